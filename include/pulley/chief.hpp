@@ -1,0 +1,123 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "pulley/concepts/transport.hpp"
+#include "pulley/detail/client.hpp"
+#include "pulley/initializers.hpp"
+
+namespace pulley {
+
+/// The chief task: registers the model with the ps tasks, initializes every variable from a
+/// seed, releases the workers (the ps tasks turn ready), reads variables back for
+/// evaluation and checkpoints, and shuts the cluster down at the end.
+///
+/// @tparam T the Transport that reaches the ps tasks
+template <Transport T>
+class Chief {
+ public:
+  /// @param seed initial values depend only on it and the variables' names
+  Chief(T transport, std::uint64_t seed, ClientOptions options = {})
+      : seed_(seed), client_(std::move(transport), options) {}
+
+  /// Registers `variables`, fills them with their initializers and sends the values to the
+  /// ps tasks that hold them. When it returns, every ps is ready and workers proceed.
+  const Placement& initialize(std::span<const VariableSpec> variables) {
+    std::vector<std::vector<float>> values;
+    values.reserve(variables.size());
+    for (const VariableSpec& spec : variables) {
+      values.emplace_back(spec.size());
+      pulley::initialize(spec, seed_, values.back());
+    }
+    return initialize(variables, values);
+  }
+
+  /// Same with explicit initial values, one vector per variable (e.g. a restored checkpoint).
+  const Placement& initialize(std::span<const VariableSpec> variables,
+                              std::span<const std::vector<float>> values) {
+    if (values.size() != variables.size()) {
+      throw Error(ErrorCode::kInvalidArgument, "initialize needs one value vector per variable");
+    }
+    for (std::size_t v = 0; v < variables.size(); ++v) {
+      if (values[v].size() != variables[v].size()) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "initial value of '" + variables[v].name + "' has " +
+                        std::to_string(values[v].size()) + " elements, expected " +
+                        std::to_string(variables[v].size()));
+      }
+    }
+    client_.register_model(variables);
+    const Placement& placement = client_.placement();
+    std::vector<Initialize> messages(client_.num_ps());
+    for (const Part& part : placement.parts) {
+      const std::size_t row_size = variables[part.variable].row_size();
+      messages[part.ps].parts.push_back(
+          {static_cast<std::uint32_t>(&part - placement.parts.data()),
+           std::span<const float>(values[part.variable])
+               .subspan(part.rows.begin * row_size, part.rows.size() * row_size)});
+    }
+    client_.template broadcast<Ack>([&](std::size_t ps) { return std::move(messages[ps]); },
+                                    timeouts().request_timeout, "initialize");
+    return placement;
+  }
+
+  /// Current values of every variable (a consistent snapshot in sync mode only if no step
+  /// completes meanwhile; see `wait_for_step`).
+  std::vector<std::vector<float>> read_variables() {
+    const auto& variables = client_.variables();
+    std::vector<std::vector<float>> values;
+    std::vector<PullRequest> requests;
+    values.reserve(variables.size());
+    for (std::size_t v = 0; v < variables.size(); ++v) {
+      values.emplace_back(variables[v].size());
+      requests.push_back({v, {0, variables[v].rows()}, values.back()});
+    }
+    client_.pull(requests, 0);
+    return values;
+  }
+
+  /// Blocks until ps 0 (which keeps the global step) has completed `step` steps; returns
+  /// the global step it reports.
+  std::int64_t wait_for_step(std::int64_t step) {
+    auto future = client_.transport().call(0, Pull{step, {}}, {});
+    return client_.template wait<PullReply>(future, 0, timeouts().wait_timeout, "wait for step")
+        .global_step;
+  }
+
+  /// Counters of every ps task, by task index.
+  std::vector<Stats> stats() {
+    std::vector<Stats> all;
+    for (auto& r : client_.template broadcast<StatsReply>([](std::size_t) { return GetStats{}; },
+                                                          timeouts().request_timeout, "stats")) {
+      all.push_back(r.stats);
+    }
+    return all;
+  }
+
+  /// Stops every ps task; requests still waiting there are cancelled.
+  void shutdown() {
+    client_.template broadcast<Ack>([](std::size_t) { return Shutdown{}; },
+                                    timeouts().request_timeout, "shutdown");
+  }
+
+  /// Where each variable lives, after `initialize`.
+  [[nodiscard]] const Placement& placement() const noexcept { return client_.placement(); }
+  /// The registered variables, after `initialize`.
+  [[nodiscard]] const std::vector<VariableSpec>& variables() const noexcept {
+    return client_.variables();
+  }
+
+ private:
+  [[nodiscard]] const ClientOptions& timeouts() const { return client_.options(); }
+
+  std::uint64_t seed_;
+  detail::Client<T> client_;
+};
+
+}  // namespace pulley

@@ -1,0 +1,31 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+
+#include <concepts>
+#include <cstddef>
+#include <span>
+
+#include "pulley/placement.hpp"
+#include "pulley/variable.hpp"
+
+namespace pulley {
+
+/// A sharding policy decides which ps task holds which rows of which variable.
+///
+/// Required:
+///   - `s.place(variables, num_ps)` → `Placement`
+///
+/// Semantic contract:
+///   - `place` is pure and deterministic: every ps task computes the placement itself and
+///     the chief checks that they all agree, so the same input must give the same output
+///     on every process;
+///   - for every variable, its parts are listed in row order and cover its rows exactly
+///     once with non-empty ranges, and every part's `ps` is below `num_ps` (the server
+///     checks this and refuses the model otherwise).
+template <class S>
+concept Sharding = std::copy_constructible<S> &&
+    requires(const S& sharding, std::span<const VariableSpec> variables, std::size_t num_ps) {
+      { sharding.place(variables, num_ps) } -> std::same_as<Placement>;
+    };
+
+}  // namespace pulley

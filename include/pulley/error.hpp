@@ -1,0 +1,49 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace pulley {
+
+/// Why a request failed. The names follow gRPC's status codes, which TensorFlow's
+/// distributed runtime reports too, so a TF user reads them without a glossary.
+enum class ErrorCode : std::uint8_t {
+  kInvalidArgument = 1,     ///< the request itself is wrong (shape mismatch, NaN gradient)
+  kNotFound = 2,            ///< an unknown variable or part
+  kAlreadyExists = 3,       ///< duplicate initialization
+  kFailedPrecondition = 4,  ///< e.g. a push before the variables are initialized
+  kUnavailable = 5,         ///< the peer is dead or unreachable
+  kDeadlineExceeded = 6,    ///< no answer in time (a dropped message ends here)
+  kCancelled = 7,           ///< the server shut down while the request waited
+};
+
+/// Stable lower-case name of a code, for logs and error messages.
+constexpr std::string_view to_string(ErrorCode code) noexcept {
+  switch (code) {
+    case ErrorCode::kInvalidArgument: return "invalid_argument";
+    case ErrorCode::kNotFound: return "not_found";
+    case ErrorCode::kAlreadyExists: return "already_exists";
+    case ErrorCode::kFailedPrecondition: return "failed_precondition";
+    case ErrorCode::kUnavailable: return "unavailable";
+    case ErrorCode::kDeadlineExceeded: return "deadline_exceeded";
+    case ErrorCode::kCancelled: return "cancelled";
+  }
+  return "unknown";
+}
+
+/// The exception every pulley call throws for a failed request; `code()` says which kind.
+class Error : public std::runtime_error {
+ public:
+  Error(ErrorCode code, const std::string& message)
+      : std::runtime_error(std::string(to_string(code)) + ": " + message), code_(code) {}
+
+  [[nodiscard]] ErrorCode code() const noexcept { return code_; }
+
+ private:
+  ErrorCode code_;
+};
+
+}  // namespace pulley

@@ -1,0 +1,44 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <span>
+#include <vector>
+
+#include "pulley/concepts/optimizer.hpp"
+
+namespace pulley {
+
+/// Adagrad with Keras' defaults and rule:
+///   accumulator += g^2
+///   w -= learning_rate * g / (sqrt(accumulator) + epsilon)
+struct Adagrad {
+  float learning_rate = 0.001F;
+  float initial_accumulator_value = 0.1F;
+  float epsilon = 1e-7F;
+
+  /// The sum of squared gradients, one value per element.
+  struct State {
+    std::vector<float> accumulator;
+  };
+
+  [[nodiscard]] State make_state(std::size_t n) const {
+    return {std::vector<float>(n, initial_accumulator_value)};
+  }
+
+  void apply(State& state, std::span<float> w, std::span<const float> g) const {
+    const float lr = learning_rate;
+    const float eps = epsilon;
+    float* __restrict wp = w.data();
+    const float* __restrict gp = g.data();
+    float* __restrict ap = state.accumulator.data();
+    for (std::size_t i = 0, n = w.size(); i < n; ++i) {
+      ap[i] += gp[i] * gp[i];
+      wp[i] -= lr * gp[i] / (std::sqrt(ap[i]) + eps);
+    }
+  }
+};
+static_assert(Optimizer<Adagrad>);
+
+}  // namespace pulley

@@ -1,0 +1,60 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "pulley/concepts/optimizer.hpp"
+
+namespace pulley {
+
+/// Adam (Kingma & Ba) in TensorFlow's form, which folds bias correction into the step size:
+///   t += 1
+///   lr_t = learning_rate * sqrt(1 - beta_2^t) / (1 - beta_1^t)
+///   m = beta_1 * m + (1 - beta_1) * g
+///   v = beta_2 * v + (1 - beta_2) * g^2
+///   w -= lr_t * m / (sqrt(v) + epsilon)
+/// Defaults are Keras'. `t` counts this part's updates, i.e. the global step in sync mode.
+struct Adam {
+  float learning_rate = 0.001F;
+  float beta_1 = 0.9F;
+  float beta_2 = 0.999F;
+  float epsilon = 1e-7F;
+
+  /// First and second moment slots plus the update count.
+  struct State {
+    std::vector<float> m;
+    std::vector<float> v;
+    std::int64_t t = 0;
+  };
+
+  [[nodiscard]] State make_state(std::size_t n) const {
+    return {std::vector<float>(n, 0.0F), std::vector<float>(n, 0.0F), 0};
+  }
+
+  void apply(State& state, std::span<float> w, std::span<const float> g) const {
+    ++state.t;
+    const auto t = static_cast<double>(state.t);
+    const auto lr_t = static_cast<float>(learning_rate *
+                                         std::sqrt(1.0 - std::pow(double{beta_2}, t)) /
+                                         (1.0 - std::pow(double{beta_1}, t)));
+    const float b1 = beta_1;
+    const float b2 = beta_2;
+    const float eps = epsilon;
+    float* __restrict wp = w.data();
+    const float* __restrict gp = g.data();
+    float* __restrict mp = state.m.data();
+    float* __restrict vp = state.v.data();
+    for (std::size_t i = 0, n = w.size(); i < n; ++i) {
+      mp[i] = b1 * mp[i] + (1.0F - b1) * gp[i];
+      vp[i] = b2 * vp[i] + (1.0F - b2) * gp[i] * gp[i];
+      wp[i] -= lr_t * mp[i] / (std::sqrt(vp[i]) + eps);
+    }
+  }
+};
+static_assert(Optimizer<Adam>);
+
+}  // namespace pulley

@@ -1,0 +1,50 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+
+#include <cstddef>
+#include <span>
+#include <vector>
+
+#include "pulley/concepts/optimizer.hpp"
+
+namespace pulley {
+
+/// Momentum SGD with TensorFlow's update rule (MomentumOptimizer):
+///   accumulation = momentum * accumulation + g
+///   w -= learning_rate * accumulation                         (classic)
+///   w -= learning_rate * (g + momentum * accumulation)        (use_nesterov)
+struct Momentum {
+  float learning_rate = 0.01F;
+  float momentum = 0.9F;
+  bool use_nesterov = false;
+
+  /// The accumulation slot, one value per element.
+  struct State {
+    std::vector<float> accumulation;
+  };
+
+  [[nodiscard]] State make_state(std::size_t n) const { return {std::vector<float>(n, 0.0F)}; }
+
+  void apply(State& state, std::span<float> w, std::span<const float> g) const {
+    const float lr = learning_rate;
+    const float mu = momentum;
+    float* __restrict wp = w.data();
+    const float* __restrict gp = g.data();
+    float* __restrict ap = state.accumulation.data();
+    const std::size_t n = w.size();
+    if (use_nesterov) {
+      for (std::size_t i = 0; i < n; ++i) {
+        ap[i] = mu * ap[i] + gp[i];
+        wp[i] -= lr * (gp[i] + mu * ap[i]);
+      }
+    } else {
+      for (std::size_t i = 0; i < n; ++i) {
+        ap[i] = mu * ap[i] + gp[i];
+        wp[i] -= lr * ap[i];
+      }
+    }
+  }
+};
+static_assert(Optimizer<Momentum>);
+
+}  // namespace pulley

@@ -1,0 +1,29 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+
+#include <cstddef>
+#include <span>
+
+#include "pulley/concepts/optimizer.hpp"
+
+namespace pulley {
+
+/// Plain stochastic gradient descent: `w -= learning_rate * g` (TF's GradientDescentOptimizer).
+struct Sgd {
+  float learning_rate = 0.01F;
+
+  /// SGD keeps no slots.
+  struct State {};
+
+  [[nodiscard]] State make_state(std::size_t /*n*/) const { return {}; }
+
+  void apply(State& /*state*/, std::span<float> w, std::span<const float> g) const {
+    const float lr = learning_rate;
+    float* __restrict wp = w.data();
+    const float* __restrict gp = g.data();
+    for (std::size_t i = 0, n = w.size(); i < n; ++i) wp[i] -= lr * gp[i];
+  }
+};
+static_assert(Optimizer<Sgd>);
+
+}  // namespace pulley

@@ -1,0 +1,62 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "pulley/variable.hpp"
+
+namespace pulley {
+
+/// One contiguous slice of a variable (rows `rows` of variable `variable`) held by ps task
+/// `ps`. A whole variable is a single part; a partitioned one has several, ordered by row.
+struct Part {
+  std::uint32_t variable = 0;  ///< index into the model's variable list
+  std::uint32_t index = 0;     ///< position among the variable's parts
+  std::uint32_t ps = 0;        ///< ps task that holds it
+  RowRange rows;
+
+  friend constexpr bool operator==(const Part&, const Part&) = default;
+};
+
+/// Where every part of every variable lives: the output of a Sharding policy. Parts are
+/// grouped by variable in variable order, and by row inside a variable, so the parts of
+/// variable `v` are `parts_of(v)` and cover its rows exactly once.
+struct Placement {
+  std::vector<Part> parts;
+  std::vector<std::size_t> first_part;  ///< first_part[v] .. first_part[v+1] are v's parts
+
+  /// The parts of variable `v`, ordered by row.
+  [[nodiscard]] std::span<const Part> parts_of(std::size_t v) const {
+    return std::span(parts).subspan(first_part[v], first_part[v + 1] - first_part[v]);
+  }
+  [[nodiscard]] std::size_t num_variables() const noexcept {
+    return first_part.empty() ? 0 : first_part.size() - 1;
+  }
+
+  friend bool operator==(const Placement&, const Placement&) = default;
+};
+
+/// Builds a Placement by appending parts variable by variable.
+class PlacementBuilder {
+ public:
+  /// Starts the next variable; its parts follow with `add`.
+  void begin_variable() { placement_.first_part.push_back(placement_.parts.size()); }
+  void add(std::uint32_t ps, RowRange rows) {
+    const auto variable = static_cast<std::uint32_t>(placement_.first_part.size() - 1);
+    const auto index =
+        static_cast<std::uint32_t>(placement_.parts.size() - placement_.first_part.back());
+    placement_.parts.push_back({variable, index, ps, rows});
+  }
+  [[nodiscard]] Placement finish() && {
+    placement_.first_part.push_back(placement_.parts.size());
+    return std::move(placement_);
+  }
+
+ private:
+  Placement placement_;
+};
+
+}  // namespace pulley

@@ -1,0 +1,285 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "pulley/concepts/transport.hpp"
+#include "pulley/messages.hpp"
+#include "pulley/node.hpp"
+#include "pulley/parameter_server.hpp"
+
+namespace pulley {
+
+/// The fabric of an in-process cluster: one mailbox and one thread per ps task, and the
+/// fault injector. Workers, the chief and the evaluator reach it through `InProcess`
+/// endpoints from threads of their own. Requests travel as the same structs the TCP
+/// transport serializes, and each ps handles its mailbox in arrival order from one thread,
+/// exactly as it handles a socket.
+///
+/// Faults, for tests: `drop_next` loses requests (the caller's deadline fires), `delay`
+/// slows a node down, `kill` makes a node fail as a crashed process would: its queued and
+/// waiting requests are answered `kUnavailable`, and so is everything sent to or by it
+/// afterwards.
+///
+/// The network must outlive every endpoint and every served ParameterServer; its destructor
+/// kills the ps tasks still running and joins their threads.
+class InProcessNetwork {
+ public:
+  /// @param num_ps the number of ps tasks (served with `serve`)
+  explicit InProcessNetwork(std::uint32_t num_ps) {
+    for (std::uint32_t i = 0; i < num_ps; ++i) mailboxes_.push_back(std::make_unique<Mailbox>());
+  }
+  InProcessNetwork(const InProcessNetwork&) = delete;
+  InProcessNetwork& operator=(const InProcessNetwork&) = delete;
+
+  ~InProcessNetwork() {
+    for (std::uint32_t i = 0; i < num_ps(); ++i) kill(Node::ps(i));
+    join();
+  }
+
+  [[nodiscard]] std::uint32_t num_ps() const noexcept {
+    return static_cast<std::uint32_t>(mailboxes_.size());
+  }
+
+  /// Starts ps task `server.task()` on a thread of its own. `Server` is any type with
+  /// `handle(Request&&, Responder)`, `stopped()` and `task()`, i.e. a ParameterServer.
+  template <class Server>
+  void serve(Server& server) {
+    const std::uint32_t task = server.task();
+    if (task >= num_ps()) {
+      throw Error(ErrorCode::kInvalidArgument, "no ps task " + std::to_string(task) + " here");
+    }
+    threads_.emplace_back([this, &server, task] { run(server, *mailboxes_[task], task); });
+  }
+
+  /// Waits until every served ps task has ended (after Shutdown, or killed).
+  void join() {
+    for (std::thread& t : threads_) {
+      if (t.joinable()) t.join();
+    }
+  }
+
+  /// Loses the next `count` requests sent to ps `ps` (from `from` only, if given).
+  void drop_next(std::uint32_t ps, std::size_t count, std::optional<Node> from = {}) {
+    std::scoped_lock lock(faults_mutex_);
+    drops_.push_back({ps, count, from});
+  }
+
+  /// Makes `node` slow: a client waits `delay` before each request it sends, a ps before
+  /// each request it handles. A zero delay ends the slowdown.
+  void delay(Node node, std::chrono::microseconds delay) {
+    std::scoped_lock lock(faults_mutex_);
+    delays_[node] = delay;
+  }
+
+  /// Kills `node` as a crash would.
+  void kill(Node node) {
+    {
+      std::scoped_lock lock(faults_mutex_);
+      dead_[node] = true;
+    }
+    if (node.job == Node::Job::kPs && node.index < num_ps()) {
+      Mailbox& box = *mailboxes_[node.index];
+      {
+        std::scoped_lock lock(box.mutex);
+        box.killed = true;
+      }
+      box.ready.notify_all();
+    }
+  }
+
+  /// True once `node` was killed.
+  [[nodiscard]] bool is_dead(Node node) const {
+    std::scoped_lock lock(faults_mutex_);
+    auto it = dead_.find(node);
+    return it != dead_.end() && it->second;
+  }
+
+ private:
+  friend class InProcess;
+
+  /// One call in flight: where its answer goes.
+  struct Call {
+    std::promise<Response> promise;
+    PullTargets targets;
+
+    void complete(Response&& response) {
+      if (auto* pull = std::get_if<PullReply>(&response)) {
+        if (pull->values.size() != targets.size()) {
+          response = ErrorReply{ErrorCode::kInvalidArgument, "pull reply has wrong slice count"};
+        } else {
+          for (std::size_t i = 0; i < targets.size(); ++i) {
+            if (pull->values[i].size() != targets[i].size()) {
+              response = ErrorReply{ErrorCode::kInvalidArgument,
+                                    "pull reply slice does not fit its destination"};
+              break;
+            }
+            std::copy(pull->values[i].begin(), pull->values[i].end(), targets[i].begin());
+            pull->values[i] = targets[i];
+          }
+        }
+      }
+      promise.set_value(std::move(response));
+    }
+  };
+
+  struct Envelope {
+    Request request;
+    std::shared_ptr<Call> call;
+  };
+
+  struct Mailbox {
+    std::mutex mutex;
+    std::condition_variable ready;
+    std::deque<Envelope> queue;
+    bool killed = false;
+    bool closed = false;
+    std::atomic<bool> dead{false};  ///< read by responders on the ps thread
+  };
+
+  struct DropRule {
+    std::uint32_t ps;
+    std::size_t remaining;
+    std::optional<Node> from;
+  };
+
+  static Response unavailable(const std::string& who) {
+    return ErrorReply{ErrorCode::kUnavailable, who + " is unavailable (killed)"};
+  }
+
+  std::future<Response> send(Node from, std::uint32_t ps, Request&& request,
+                             PullTargets&& targets) {
+    auto call = std::make_shared<Call>();
+    call->targets = std::move(targets);
+    std::future<Response> future = call->promise.get_future();
+    if (ps >= num_ps()) {
+      call->complete(ErrorReply{ErrorCode::kInvalidArgument,
+                                "no ps task " + std::to_string(ps) + " in this cluster"});
+      return future;
+    }
+    if (is_dead(from)) {
+      call->complete(unavailable(from.name()));
+      return future;
+    }
+    if (auto d = delay_of(from); d.count() > 0) std::this_thread::sleep_for(d);
+    if (take_drop(ps, from)) {
+      std::scoped_lock lock(faults_mutex_);
+      lost_.push_back(std::move(call));  // never answered; the caller's deadline fires
+      return future;
+    }
+    Mailbox& box = *mailboxes_[ps];
+    {
+      std::scoped_lock lock(box.mutex);
+      if (!box.killed && !box.closed) {
+        box.queue.push_back({std::move(request), std::move(call)});
+      }
+    }
+    if (call) {  // not queued: the ps is gone
+      call->complete(box.killed ? unavailable(Node::ps(ps).name())
+                                : Response{ErrorReply{ErrorCode::kCancelled,
+                                                      "ps " + std::to_string(ps) + " shut down"}});
+    } else {
+      box.ready.notify_one();
+    }
+    return future;
+  }
+
+  template <class Server>
+  void run(Server& server, Mailbox& box, std::uint32_t task) {
+    for (;;) {
+      Envelope envelope;
+      {
+        std::unique_lock lock(box.mutex);
+        box.ready.wait(lock, [&] { return box.killed || !box.queue.empty(); });
+        if (box.killed) break;
+        envelope = std::move(box.queue.front());
+        box.queue.pop_front();
+      }
+      if (auto d = delay_of(Node::ps(task)); d.count() > 0) std::this_thread::sleep_for(d);
+      server.handle(std::move(envelope.request),
+                    [&box, call = std::move(envelope.call), task](Response&& r) {
+                      call->complete(box.dead ? unavailable(Node::ps(task).name())
+                                              : std::move(r));
+                    });
+      if (server.stopped()) break;
+    }
+    std::deque<Envelope> orphans;
+    {
+      std::scoped_lock lock(box.mutex);
+      box.closed = true;
+      orphans = std::move(box.queue);
+      if (box.killed) box.dead = true;
+    }
+    if (box.dead) {
+      // A crashed ps answers nothing; the clients' connections break. Flush the requests it
+      // held (token and pull waiters) so that they fail now instead of at their deadline.
+      server.handle(Shutdown{}, [](Response&&) {});
+    }
+    for (Envelope& e : orphans) {
+      e.call->complete(box.dead ? unavailable(Node::ps(task).name())
+                                : Response{ErrorReply{ErrorCode::kCancelled, "ps shut down"}});
+    }
+  }
+
+  std::chrono::microseconds delay_of(Node node) const {
+    std::scoped_lock lock(faults_mutex_);
+    auto it = delays_.find(node);
+    return it == delays_.end() ? std::chrono::microseconds{0} : it->second;
+  }
+
+  bool take_drop(std::uint32_t ps, Node from) {
+    std::scoped_lock lock(faults_mutex_);
+    for (DropRule& rule : drops_) {
+      if (rule.ps == ps && rule.remaining > 0 && (!rule.from || *rule.from == from)) {
+        --rule.remaining;
+        return true;
+      }
+    }
+    return false;
+  }
+
+  std::vector<std::unique_ptr<Mailbox>> mailboxes_;
+  std::vector<std::thread> threads_;
+  mutable std::mutex faults_mutex_;
+  std::vector<DropRule> drops_;
+  std::map<Node, std::chrono::microseconds> delays_;
+  std::map<Node, bool> dead_;
+  std::vector<std::shared_ptr<Call>> lost_;
+};
+
+/// A client endpoint on an InProcessNetwork: the in-process `Transport`.
+class InProcess {
+ public:
+  /// @param network the cluster's fabric (must outlive this endpoint)
+  /// @param self    who is calling, for the fault injector
+  InProcess(InProcessNetwork& network, Node self) : network_(&network), self_(self) {}
+
+  [[nodiscard]] std::size_t num_ps() const noexcept { return network_->num_ps(); }
+  [[nodiscard]] Node self() const noexcept { return self_; }
+
+  std::future<Response> call(std::size_t ps, Request&& request, PullTargets targets = {}) {
+    return network_->send(self_, static_cast<std::uint32_t>(ps), std::move(request),
+                          std::move(targets));
+  }
+
+ private:
+  InProcessNetwork* network_;
+  Node self_;
+};
+static_assert(Transport<InProcess>);
+
+}  // namespace pulley

@@ -1,0 +1,67 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <numeric>
+#include <string>
+#include <vector>
+
+namespace pulley {
+
+/// How the chief fills a variable before training. Values are drawn from pulley's own
+/// generator (see initializers.hpp), so a seed gives the same numbers on every platform.
+struct Initializer {
+  enum class Kind : std::uint8_t {
+    kZeros,          ///< all 0
+    kConstant,       ///< all `value`
+    kUniform,        ///< U(-value, value)
+    kNormal,         ///< N(0, value^2)
+    kGlorotUniform,  ///< U(-l, l), l = sqrt(6 / (fan_in + fan_out)) — Keras' default for Dense
+  };
+  Kind kind = Kind::kZeros;
+  float value = 0.0F;
+
+  static constexpr Initializer zeros() noexcept { return {}; }
+  static constexpr Initializer constant(float v) noexcept { return {Kind::kConstant, v}; }
+  static constexpr Initializer uniform(float limit) noexcept { return {Kind::kUniform, limit}; }
+  static constexpr Initializer normal(float stddev) noexcept { return {Kind::kNormal, stddev}; }
+  static constexpr Initializer glorot_uniform() noexcept { return {Kind::kGlorotUniform, 0.0F}; }
+
+  friend bool operator==(const Initializer&, const Initializer&) = default;
+};
+
+/// A dense float32 variable as the model declares it: a name, a shape and an initializer.
+/// Its first dimension is the row dimension that partitioners split along; a scalar
+/// (empty shape) is one row of one element.
+struct VariableSpec {
+  std::string name;
+  std::vector<std::size_t> shape;
+  Initializer initializer;
+
+  /// Number of elements.
+  [[nodiscard]] std::size_t size() const noexcept {
+    return std::accumulate(shape.begin(), shape.end(), std::size_t{1}, std::multiplies<>{});
+  }
+  /// Rows along the first dimension (1 for a scalar).
+  [[nodiscard]] std::size_t rows() const noexcept { return shape.empty() ? 1 : shape.front(); }
+  /// Elements in one row.
+  [[nodiscard]] std::size_t row_size() const noexcept {
+    return rows() == 0 ? 0 : size() / rows();
+  }
+
+  friend bool operator==(const VariableSpec&, const VariableSpec&) = default;
+};
+
+/// A half-open range of rows `[begin, end)` of one variable.
+struct RowRange {
+  std::size_t begin = 0;
+  std::size_t end = 0;
+
+  [[nodiscard]] constexpr std::size_t size() const noexcept { return end - begin; }
+  [[nodiscard]] constexpr bool empty() const noexcept { return end <= begin; }
+  friend constexpr bool operator==(RowRange, RowRange) = default;
+};
+
+}  // namespace pulley

@@ -1,0 +1,113 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "pulley/concepts/model.hpp"
+#include "pulley/concepts/transport.hpp"
+#include "pulley/detail/client.hpp"
+
+namespace pulley {
+
+/// What one training step did.
+struct StepResult {
+  float loss = 0.0F;               ///< the batch's mean loss
+  std::int64_t local_step = 0;     ///< the step its gradient was computed for
+  std::int64_t global_step = 0;    ///< steps completed when its token was taken
+  std::uint32_t stale_parts = 0;   ///< part gradients the ps dropped as stale
+};
+
+/// A worker task: pulls parameters into its model, computes gradients on its own batches
+/// and pushes them (seed 002's pull → feed → compute → push; the ps does the update).
+///
+/// @tparam M the Model it trains (owned: the worker pulls into its parameters in place)
+/// @tparam T the Transport that reaches the ps tasks
+template <Model M, Transport T>
+class Worker {
+ public:
+  /// @param index this worker's task index (tags its pushes and token requests)
+  Worker(std::uint32_t index, M model, T transport, ClientOptions options = {})
+      : index_(index), model_(std::move(model)), client_(std::move(transport), options) {
+    const auto variables = std::span<const VariableSpec>(model_.variables());
+    all_.reserve(variables.size());
+    for (std::size_t v = 0; v < variables.size(); ++v) {
+      all_.push_back({v, {0, variables[v].rows()}, model_.parameter(v)});
+      gradients_.push_back(model_.gradient(v));
+    }
+  }
+
+  /// Blocks until the chief has initialized every ps, and learns where variables live.
+  void wait_ready() { client_.wait_ready(model_.variables()); }
+
+  /// One synchronous-or-not training step on `batch`: take a sync token, pull every
+  /// variable as of that step, compute the gradient, push it. If the token shows that
+  /// `last_step` global steps are done, nothing is computed and nullopt is returned: the
+  /// caller stops (TF's StopAtStepHook).
+  std::optional<StepResult> step(const typename M::Batch& batch,
+                                 std::int64_t last_step = std::numeric_limits<std::int64_t>::max()) {
+    const TokenReply token = client_.take_token(index_);
+    global_step_ = token.global_step;
+    if (token.global_step >= last_step) return std::nullopt;
+    client_.pull(all_, token.local_step);
+    StepResult result;
+    result.loss = static_cast<float>(model_.compute_gradients(batch));
+    result.local_step = token.local_step;
+    result.global_step = token.global_step;
+    // gradient(v) views are stable (Model contract), so the spans taken at construction hold.
+    result.stale_parts = client_.push(index_, token.local_step, gradients_);
+    return result;
+  }
+
+  /// Pulls every variable.
+  void pull() { client_.pull(all_, 0); }
+  /// Pulls one variable.
+  void pull(std::string_view variable) {
+    const std::size_t v = client_.variable_index(variable);
+    const PullRequest request = all_[v];
+    client_.pull(std::span(&request, 1), 0);
+  }
+  /// Pulls rows `rows` of one variable into the same rows of the model's copy.
+  void pull(std::string_view variable, RowRange rows) {
+    const std::size_t v = client_.variable_index(variable);
+    const std::size_t row_size = client_.variables()[v].row_size();
+    if (rows.end > client_.variables()[v].rows() || rows.empty()) {
+      throw Error(ErrorCode::kInvalidArgument, "rows out of range for '" +
+                                                   std::string(variable) + "'");
+    }
+    const PullRequest request{
+        v, rows, all_[v].into.subspan(rows.begin * row_size, rows.size() * row_size)};
+    client_.pull(std::span(&request, 1), 0);
+  }
+
+  /// Pushes the model's current gradients tagged with `local_step` (what `step` does after
+  /// computing); returns the number of part gradients dropped as stale.
+  std::uint32_t push(std::int64_t local_step) {
+    return client_.push(index_, local_step, gradients_);
+  }
+
+  [[nodiscard]] M& model() noexcept { return model_; }
+  [[nodiscard]] const M& model() const noexcept { return model_; }
+  [[nodiscard]] std::uint32_t index() const noexcept { return index_; }
+  /// The global step seen with the last token.
+  [[nodiscard]] std::int64_t global_step() const noexcept { return global_step_; }
+  /// Where each variable lives, once `wait_ready` returned.
+  [[nodiscard]] const Placement& placement() const noexcept { return client_.placement(); }
+
+ private:
+  std::uint32_t index_;
+  M model_;
+  detail::Client<T> client_;
+  std::vector<PullRequest> all_;                     ///< every variable into the model
+  std::vector<std::span<const float>> gradients_;    ///< the model's gradient buffers
+  std::int64_t global_step_ = 0;
+};
+
+}  // namespace pulley

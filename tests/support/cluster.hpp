@@ -1,0 +1,32 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+
+// An in-process cluster for tests: N ps tasks of one ParameterServer type, each served on a
+// thread of its own.
+
+#include <cstdint>
+#include <deque>
+
+#include "pulley/parameter_server.hpp"
+#include "pulley/transport/in_process.hpp"
+
+namespace pulley::testing {
+
+template <class S, class O, class P>
+class Cluster {
+ public:
+  Cluster(std::uint32_t num_ps, O optimizer, P sync, S sharding = {}) : network_(num_ps) {
+    for (std::uint32_t i = 0; i < num_ps; ++i) {
+      network_.serve(servers_.emplace_back(i, num_ps, optimizer, sync, sharding));
+    }
+  }
+
+  InProcessNetwork& network() { return network_; }
+  InProcess endpoint(Node self) { return InProcess(network_, self); }
+
+ private:
+  std::deque<ParameterServer<S, O, P>> servers_;  // declared first: outlives the threads
+  InProcessNetwork network_;
+};
+
+}  // namespace pulley::testing

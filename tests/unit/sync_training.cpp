@@ -1,0 +1,257 @@
+// SPDX-License-Identifier: MIT
+// End-to-end aggregation semantics on the in-process cluster: SyncReplicas in its three
+// regimes and Async, with workers as threads.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "pulley/chief.hpp"
+#include "pulley/optimizers/sgd.hpp"
+#include "pulley/sharding/partitioned.hpp"
+#include "pulley/sharding/round_robin.hpp"
+#include "pulley/sync/async.hpp"
+#include "pulley/sync/sync_replicas.hpp"
+#include "pulley/worker.hpp"
+#include "support/cluster.hpp"
+#include "support/linear_model.hpp"
+
+using namespace pulley;
+using pulley::testing::Cluster;
+using pulley::testing::LinearBatch;
+using pulley::testing::LinearData;
+using pulley::testing::LinearModel;
+
+namespace {
+
+constexpr std::size_t kIn = 5, kOut = 3, kBatch = 4;
+constexpr std::uint64_t kSeed = 7;
+constexpr float kLearningRate = 0.1F;
+
+LinearBatch rows_of(const LinearData& data, std::size_t first, std::size_t count) {
+  return {std::span(data.x).subspan(first * kIn, count * kIn),
+          std::span(data.y).subspan(first * kOut, count * kOut)};
+}
+
+// SyncReplicas with R = N over 2 ps (variables split with FixedShards) must equal
+// single-process SGD on the union of the workers' batches, step for step.
+void check_sync_equals_union_sgd(std::uint32_t workers) {
+  constexpr std::int64_t kSteps = 100;
+  const LinearData data(workers * kBatch * kSteps, kIn, kOut, 42);
+  // Worker w's batch at step s is rows [(s*workers + w)*kBatch, +kBatch), so step s's union
+  // is the contiguous block [s*workers*kBatch, +workers*kBatch).
+  LinearModel reference(kIn, kOut);
+  reference.initialize(kSeed);
+  for (std::int64_t s = 0; s < kSteps; ++s) {
+    reference.compute_gradients(rows_of(data, s * workers * kBatch, workers * kBatch));
+    for (std::size_t v = 0; v < 2; ++v) {
+      auto w = reference.parameter(v);
+      auto g = reference.gradient(v);
+      for (std::size_t i = 0; i < w.size(); ++i) w[i] -= kLearningRate * g[i];
+    }
+  }
+
+  Cluster<FixedShards, Sgd, SyncReplicas> cluster(
+      2, Sgd{kLearningRate}, SyncReplicas(static_cast<int>(workers), static_cast<int>(workers)),
+      FixedShards{2});
+  Chief chief(cluster.endpoint(Node::chief()), kSeed);
+  chief.initialize(LinearModel(kIn, kOut).variables());
+
+  std::vector<std::vector<std::int64_t>> local_steps(workers);
+  std::vector<std::thread> threads;
+  for (std::uint32_t w = 0; w < workers; ++w) {
+    threads.emplace_back([&, w] {
+      Worker worker(w, LinearModel(kIn, kOut), cluster.endpoint(Node::worker(w)));
+      worker.wait_ready();
+      for (std::int64_t k = 0;; ++k) {
+        const auto batch = rows_of(data, ((k % kSteps) * workers + w) * kBatch, kBatch);
+        const auto result = worker.step(batch, kSteps);
+        if (!result) break;
+        local_steps[w].push_back(result->local_step);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+
+  // One batch per worker per step, in order.
+  for (std::uint32_t w = 0; w < workers; ++w) {
+    REQUIRE(local_steps[w].size() == static_cast<std::size_t>(kSteps));
+    for (std::int64_t k = 0; k < kSteps; ++k) CHECK(local_steps[w][k] == k);
+  }
+  const auto values = chief.read_variables();
+  float max_diff = 0.0F;
+  for (std::size_t v = 0; v < 2; ++v) {
+    for (std::size_t i = 0; i < values[v].size(); ++i) {
+      max_diff = std::max(max_diff, std::abs(values[v][i] - reference.parameter(v)[i]));
+    }
+  }
+  CHECK(max_diff <= 1e-5F);
+  for (const Stats& s : chief.stats()) {
+    CHECK(s.global_step == kSteps);
+    CHECK(s.stale_gradients_dropped == 0);
+  }
+  chief.shutdown();
+}
+
+}  // namespace
+
+TEST_CASE("sync R = N with 2 workers equals single-process SGD on the union of batches") {
+  check_sync_equals_union_sgd(2);
+}
+
+TEST_CASE("sync R = N with 3 workers equals single-process SGD on the union of batches") {
+  check_sync_equals_union_sgd(3);
+}
+
+TEST_CASE("sync R < N: a slow backup worker's gradients are dropped as stale, never applied") {
+  // Workers 0 and 1 take ~1 ms per request, worker 2 ~40 ms: by the time its push lands,
+  // the others have finished its step many times over.
+  constexpr std::int64_t kSteps = 150;
+  const LinearData data(64, kIn, kOut, 1);
+  Cluster<RoundRobin, Sgd, SyncReplicas> cluster(1, Sgd{0.01F}, SyncReplicas(2, 3));
+  Chief chief(cluster.endpoint(Node::chief()), kSeed);
+  chief.initialize(LinearModel(kIn, kOut).variables());
+  cluster.network().delay(Node::worker(0), std::chrono::milliseconds(1));
+  cluster.network().delay(Node::worker(1), std::chrono::milliseconds(1));
+  cluster.network().delay(Node::worker(2), std::chrono::milliseconds(40));
+
+  std::vector<std::vector<StepResult>> results(3);
+  std::vector<std::thread> threads;
+  for (std::uint32_t w = 0; w < 3; ++w) {
+    threads.emplace_back([&, w] {
+      Worker worker(w, LinearModel(kIn, kOut), cluster.endpoint(Node::worker(w)));
+      worker.wait_ready();
+      if (w == 2) {  // the slow one joins once training runs, so it holds no initial token
+        Chief<InProcess>(cluster.endpoint(Node::evaluator()), 0).wait_for_step(1);
+      }
+      for (std::size_t k = 0;; ++k) {
+        const auto result = worker.step(rows_of(data, (k * 4) % 60, 4), kSteps);
+        if (!result) break;
+        results[w].push_back(*result);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+
+  const Stats stats = chief.stats().at(0);
+  CHECK(stats.global_step == kSteps);
+  CHECK(stats.updates_applied == 2 * kSteps);  // two parts, one application per step each
+  REQUIRE_FALSE(results[2].empty());
+  for (const StepResult& r : results[2]) CHECK(r.stale_parts == 2);
+  CHECK(stats.stale_gradients_dropped >= 2 * static_cast<std::int64_t>(results[2].size()));
+  chief.shutdown();
+}
+
+TEST_CASE("sync R < N: a dead backup worker does not stall training") {
+  constexpr std::int64_t kSteps = 50;
+  const LinearData data(16, kIn, kOut, 1);
+  Cluster<RoundRobin, Sgd, SyncReplicas> cluster(2, Sgd{0.01F}, SyncReplicas(2, 3));
+  Chief chief(cluster.endpoint(Node::chief()), kSeed);
+  chief.initialize(LinearModel(kIn, kOut).variables());
+  cluster.network().kill(Node::worker(2));
+
+  std::vector<std::thread> threads;
+  std::vector<int> failed(3, 0);
+  for (std::uint32_t w = 0; w < 3; ++w) {
+    threads.emplace_back([&, w] {
+      Worker worker(w, LinearModel(kIn, kOut), cluster.endpoint(Node::worker(w)));
+      try {
+        worker.wait_ready();
+        while (worker.step(rows_of(data, 4 * w, 4), kSteps)) {
+        }
+      } catch (const Error& e) {
+        failed[w] = e.code() == ErrorCode::kUnavailable ? 1 : 2;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(failed == std::vector<int>{0, 0, 1});
+  for (const Stats& s : chief.stats()) CHECK(s.global_step == kSteps);
+  chief.shutdown();
+}
+
+TEST_CASE("sync R > N: a fast worker contributes several gradients to one step") {
+  constexpr std::int64_t kSteps = 10;
+  const LinearData data(16, kIn, kOut, 1);
+  Cluster<RoundRobin, Sgd, SyncReplicas> cluster(1, Sgd{0.01F}, SyncReplicas(3, 2));
+  Chief chief(cluster.endpoint(Node::chief()), kSeed);
+  chief.initialize(LinearModel(kIn, kOut).variables());
+  cluster.network().delay(Node::worker(1), std::chrono::milliseconds(3));
+
+  std::vector<std::vector<StepResult>> results(2);
+  std::vector<std::thread> threads;
+  for (std::uint32_t w = 0; w < 2; ++w) {
+    threads.emplace_back([&, w] {
+      Worker worker(w, LinearModel(kIn, kOut), cluster.endpoint(Node::worker(w)));
+      worker.wait_ready();
+      for (std::size_t k = 0;; ++k) {
+        const auto result = worker.step(rows_of(data, (k % 4) * 4, 4), kSteps);
+        if (!result) break;
+        results[w].push_back(*result);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+
+  const Stats stats = chief.stats().at(0);
+  CHECK(stats.global_step == kSteps);
+  CHECK(stats.updates_applied == 2 * kSteps);
+  // Every applied update averaged exactly R = 3 fresh gradients.
+  CHECK(stats.gradients_accepted == 3 * stats.updates_applied);
+  std::map<std::int64_t, int> fresh_per_step;
+  for (const StepResult& r : results[0]) {
+    if (r.stale_parts == 0) ++fresh_per_step[r.local_step];
+  }
+  CHECK(std::any_of(fresh_per_step.begin(), fresh_per_step.end(),
+                    [](const auto& kv) { return kv.second >= 2; }));
+  chief.shutdown();
+}
+
+namespace {
+
+// A model whose gradient is all ones: W workers x K pushes move a zero variable to
+// exactly W*K*(-lr) under async SGD (no update may be lost or applied twice).
+class Ones {
+ public:
+  struct Batch {};
+  std::span<const VariableSpec> variables() const { return variables_; }
+  std::span<float> parameter(std::size_t) { return values_; }
+  std::span<const float> gradient(std::size_t) const { return ones_; }
+  float compute_gradients(const Batch&) { return 0.0F; }
+
+ private:
+  std::vector<VariableSpec> variables_{{"v", {6}, Initializer::zeros()}};
+  std::vector<float> values_ = std::vector<float>(6);
+  std::vector<float> ones_ = std::vector<float>(6, 1.0F);
+};
+
+}  // namespace
+
+TEST_CASE("async: W workers x K pushes of ones end at exactly W*K*(-lr)") {
+  constexpr std::uint32_t kWorkers = 3;
+  constexpr int kPushes = 50;
+  Cluster<FixedShards, Sgd, Async> cluster(2, Sgd{0.25F}, Async{}, FixedShards{2});
+  Chief chief(cluster.endpoint(Node::chief()), kSeed);
+  chief.initialize(Ones{}.variables());
+  std::vector<std::thread> threads;
+  for (std::uint32_t w = 0; w < kWorkers; ++w) {
+    threads.emplace_back([&, w] {
+      Worker worker(w, Ones{}, cluster.endpoint(Node::worker(w)));
+      worker.wait_ready();
+      for (int k = 0; k < kPushes; ++k) CHECK(worker.step(Ones::Batch{}).has_value());
+    });
+  }
+  for (auto& t : threads) t.join();
+  const auto values = chief.read_variables();
+  for (float v : values.at(0)) CHECK(v == -0.25F * kWorkers * kPushes);
+  for (const Stats& s : chief.stats()) {
+    CHECK(s.global_step == kWorkers * kPushes);
+    CHECK(s.updates_applied == kWorkers * kPushes);  // one part per ps
+  }
+  chief.shutdown();
+}
