@@ -91,8 +91,10 @@ struct ErrorReply {
   std::string message;
 };
 
-/// Answer to Register and WaitReady.
+/// Answer to Register and WaitReady: the registered variables and where they live, so a
+/// client can check that its model is the one the chief registered.
 struct PlacementReply {
+  std::vector<VariableSpec> variables;
   Placement placement;
 };
 

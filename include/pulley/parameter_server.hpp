@@ -107,7 +107,7 @@ class ParameterServer {
   void on(Register& r, Responder& reply) {
     if (registered_) {
       if (r.variables == variables_) {
-        reply(PlacementReply{placement_});
+        reply(PlacementReply{variables_, placement_});
       } else {
         reject(reply, ErrorCode::kAlreadyExists, "a different model is already registered");
       }
@@ -134,7 +134,7 @@ class ParameterServer {
                             optimizer_.make_state(n), sync_.make_accumulator(n), false});
     }
     registered_ = true;
-    reply(PlacementReply{placement_});
+    reply(PlacementReply{variables_, placement_});
     if (slots_.empty()) become_ready();
   }
 
@@ -201,7 +201,7 @@ class ParameterServer {
 
   void on(WaitReady& /*r*/, Responder& reply) {
     if (ready_) {
-      reply(PlacementReply{placement_});
+      reply(PlacementReply{variables_, placement_});
     } else {
       ready_waiters_.push_back(std::move(reply));
     }
@@ -210,7 +210,7 @@ class ParameterServer {
   void become_ready() {
     ready_ = true;
     release_tokens(sync_.initial_tokens());
-    for (Responder& waiter : std::exchange(ready_waiters_, {})) waiter(PlacementReply{placement_});
+    for (Responder& waiter : std::exchange(ready_waiters_, {})) waiter(PlacementReply{variables_, placement_});
   }
 
   // ---- TakeToken ------------------------------------------------------------------------

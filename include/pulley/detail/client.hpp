@@ -198,10 +198,19 @@ class Client {
       }
     }
     if (replies.empty()) throw Error(ErrorCode::kInvalidArgument, "the cluster has no ps task");
-    if (replies[0].placement.num_variables() != variables.size()) {
+    const auto& registered = replies[0].variables;
+    if (registered.size() != variables.size()) {
       throw Error(ErrorCode::kFailedPrecondition,
-                  "the ps tasks hold " + std::to_string(replies[0].placement.num_variables()) +
+                  "the ps tasks hold " + std::to_string(registered.size()) +
                       " variables but this model has " + std::to_string(variables.size()));
+    }
+    for (std::size_t v = 0; v < variables.size(); ++v) {
+      if (!(registered[v] == variables[v])) {
+        throw Error(ErrorCode::kFailedPrecondition,
+                    "variable " + std::to_string(v) + " of this model ('" + variables[v].name +
+                        "') differs from the one the chief registered ('" + registered[v].name +
+                        "'): name, shape and initializer must match");
+      }
     }
     placement_ = std::move(replies[0].placement);
     variables_ = std::move(variables);

@@ -1,0 +1,147 @@
+// SPDX-License-Identifier: MIT
+// The in-process transport and its fault injector, and the worker's pull variants.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "pulley/chief.hpp"
+#include "pulley/optimizers/sgd.hpp"
+#include "pulley/sharding/partitioned.hpp"
+#include "pulley/sharding/round_robin.hpp"
+#include "pulley/sync/async.hpp"
+#include "pulley/sync/sync_replicas.hpp"
+#include "pulley/worker.hpp"
+#include "support/cluster.hpp"
+#include "support/linear_model.hpp"
+
+using namespace pulley;
+using pulley::testing::Cluster;
+using pulley::testing::LinearModel;
+
+namespace {
+
+ErrorCode code_of(auto&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.code();
+  }
+  FAIL("no pulley::Error thrown");
+  return ErrorCode::kInvalidArgument;
+}
+
+}  // namespace
+
+TEST_CASE("a dropped request ends in deadline_exceeded and the next one goes through") {
+  Cluster<RoundRobin, Sgd, Async> cluster(2, Sgd{}, Async{});
+  ClientOptions fast;
+  fast.request_timeout = std::chrono::milliseconds(100);
+  Chief chief(cluster.endpoint(Node::chief()), 1, fast);
+  chief.initialize(LinearModel(3, 2).variables());
+  cluster.network().drop_next(1, 1, Node::chief());
+  CHECK(code_of([&] { chief.stats(); }) == ErrorCode::kDeadlineExceeded);
+  CHECK(chief.stats().size() == 2);
+  chief.shutdown();
+}
+
+TEST_CASE("a killed ps fails the calls waiting on it and every later call") {
+  Cluster<RoundRobin, Sgd, SyncReplicas> cluster(2, Sgd{}, SyncReplicas(2, 2));
+  Chief chief(cluster.endpoint(Node::chief()), 1);
+  chief.initialize(LinearModel(3, 2).variables());
+  const testing::LinearData data(4, 3, 2, 1);
+  const testing::LinearBatch batch{data.x, data.y};
+  Worker worker(0, LinearModel(3, 2), cluster.endpoint(Node::worker(0)));
+  worker.wait_ready();
+  CHECK(worker.step(batch).has_value());  // the initial token of step 0
+  // Worker 1 never comes: the next token waits on ps 0 until ps 0 dies.
+  std::thread killer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    cluster.network().kill(Node::ps(0));
+  });
+  CHECK(code_of([&] { worker.step(batch); }) == ErrorCode::kUnavailable);
+  killer.join();
+  CHECK(code_of([&] { worker.pull(); }) == ErrorCode::kUnavailable);
+  CHECK(cluster.network().is_dead(Node::ps(0)));
+}
+
+TEST_CASE("a killed worker's own calls fail as a dead process's would") {
+  Cluster<RoundRobin, Sgd, Async> cluster(1, Sgd{}, Async{});
+  Chief chief(cluster.endpoint(Node::chief()), 1);
+  chief.initialize(LinearModel(3, 2).variables());
+  Worker worker(0, LinearModel(3, 2), cluster.endpoint(Node::worker(0)));
+  worker.wait_ready();
+  cluster.network().kill(Node::worker(0));
+  CHECK(code_of([&] { worker.pull(); }) == ErrorCode::kUnavailable);
+  CHECK(chief.stats().size() == 1);  // everyone else is unaffected
+  chief.shutdown();
+}
+
+TEST_CASE("a worker pulls all variables, one variable, or a row range of one") {
+  // kernel [10, 3] split over 3 ps in parts of rows 0-3, 4-6, 7-9; bias [3] on its own.
+  Cluster<FixedShards, Sgd, Async> cluster(3, Sgd{}, Async{}, FixedShards{3});
+  Chief chief(cluster.endpoint(Node::chief()), 5);
+  chief.initialize(LinearModel(10, 3).variables());
+  const auto truth = chief.read_variables();
+  Worker worker(0, LinearModel(10, 3), cluster.endpoint(Node::worker(0)));
+  worker.wait_ready();
+  CHECK(worker.placement().parts_of(0).size() == 3);
+  auto kernel = worker.model().parameter(0);
+  auto bias = worker.model().parameter(1);
+  auto reset = [&] {
+    std::fill(kernel.begin(), kernel.end(), -99.0F);
+    std::fill(bias.begin(), bias.end(), -99.0F);
+  };
+
+  SUBCASE("rows 2..7 cross three parts; nothing else is touched") {
+    reset();
+    worker.pull("linear/kernel", {2, 8});
+    for (std::size_t i = 0; i < kernel.size(); ++i) {
+      const std::size_t row = i / 3;
+      CHECK(kernel[i] == (row >= 2 && row < 8 ? truth[0][i] : -99.0F));
+    }
+    CHECK(bias[0] == -99.0F);
+  }
+  SUBCASE("one variable") {
+    reset();
+    worker.pull("linear/bias");
+    CHECK(std::equal(bias.begin(), bias.end(), truth[1].begin()));
+    CHECK(kernel[0] == -99.0F);
+  }
+  SUBCASE("everything") {
+    reset();
+    worker.pull();
+    CHECK(std::equal(kernel.begin(), kernel.end(), truth[0].begin()));
+    CHECK(std::equal(bias.begin(), bias.end(), truth[1].begin()));
+  }
+  SUBCASE("unknown variable and bad rows are refused with a clear error") {
+    CHECK(code_of([&] { worker.pull("linear/nope"); }) == ErrorCode::kNotFound);
+    CHECK(code_of([&] { worker.pull("linear/kernel", {8, 11}); }) ==
+          ErrorCode::kInvalidArgument);
+    CHECK(code_of([&] { worker.pull("linear/kernel", {4, 4}); }) ==
+          ErrorCode::kInvalidArgument);
+  }
+  chief.shutdown();
+}
+
+TEST_CASE("ps tasks that disagree on the placement are caught by the chief") {
+  ParameterServer<RoundRobin, Sgd, Async> ps0(0, 2, Sgd{}, Async{});
+  ParameterServer<FixedShards, Sgd, Async> ps1(1, 2, Sgd{}, Async{}, FixedShards{2});
+  InProcessNetwork network(2);
+  network.serve(ps0);
+  network.serve(ps1);
+  Chief chief(InProcess(network, Node::chief()), 1);
+  CHECK(code_of([&] { chief.initialize(LinearModel(4, 2).variables()); }) ==
+        ErrorCode::kFailedPrecondition);
+  chief.shutdown();
+}
+
+TEST_CASE("a model whose variables differ from the registered ones is refused") {
+  Cluster<RoundRobin, Sgd, Async> cluster(1, Sgd{}, Async{});
+  Chief chief(cluster.endpoint(Node::chief()), 1);
+  chief.initialize(LinearModel(4, 2).variables());
+  Worker worker(0, LinearModel(5, 2), cluster.endpoint(Node::worker(0)));
+  CHECK(code_of([&] { worker.wait_ready(); }) == ErrorCode::kFailedPrecondition);
+  chief.shutdown();
+}
