@@ -1,10 +1,9 @@
 // SPDX-License-Identifier: MIT
 // Built with only single_include/ on the include path: proves the generated single header
 // stands alone. Extend it as the public API grows.
-#include <pulley/pulley.hpp>
-
 #include <doctest/doctest.h>
 
+#include <pulley/pulley.hpp>
 #include <utility>
 #include <vector>
 
@@ -36,8 +35,7 @@ TEST_CASE("the single header runs a cluster: chief initializes, reads back, shut
   network.serve(ps0);
   network.serve(ps1);
   pulley::Chief chief(pulley::InProcess(network, pulley::Node::chief()), 3);
-  const std::vector<pulley::VariableSpec> model{
-      {"v", {5, 2}, pulley::Initializer::constant(0.5F)}};
+  const std::vector<pulley::VariableSpec> model{{"v", {5, 2}, pulley::Initializer::constant(0.5F)}};
   CHECK(chief.initialize(model).parts_of(0).size() == 2U);
   const auto values = chief.read_variables();
   CHECK(values.at(0) == std::vector<float>(10, 0.5F));

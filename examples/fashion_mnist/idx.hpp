@@ -41,8 +41,8 @@ struct Images {
 
 /// One split of the data set: images and their labels, the same count of each.
 struct Split {
-  Images images;                      ///< the inputs
-  std::vector<std::int32_t> labels;   ///< one class in 0..9 per image
+  Images images;                     ///< the inputs
+  std::vector<std::int32_t> labels;  ///< one class in 0..9 per image
 };
 
 namespace detail {
@@ -54,7 +54,7 @@ using GzFile = std::unique_ptr<std::remove_pointer_t<gzFile>, GzClose>;
 
 [[nodiscard]] inline std::runtime_error error(const std::filesystem::path& path,
                                               const std::string& what) {
-  return std::runtime_error("fashion_mnist: " + path.string() + ": " + what);
+  return std::runtime_error(path.string() + ": " + what);
 }
 
 /// Opens `path` for reading (gzip or plain: zlib reads both), with a message that says how
@@ -74,8 +74,8 @@ using GzFile = std::unique_ptr<std::remove_pointer_t<gzFile>, GzClose>;
 }
 
 /// Reads exactly `size` bytes, or throws naming what was being read.
-inline void read_exact(gzFile file, const std::filesystem::path& path, void* out,
-                       std::size_t size, std::string_view what) {
+inline void read_exact(gzFile file, const std::filesystem::path& path, void* out, std::size_t size,
+                       std::string_view what) {
   auto* bytes = static_cast<unsigned char*>(out);
   std::size_t done = 0;
   while (done < size) {
@@ -100,8 +100,8 @@ inline void read_exact(gzFile file, const std::filesystem::path& path, void* out
                                             std::string_view what) {
   unsigned char b[4];
   read_exact(file, path, b, sizeof b, what);
-  return (std::uint32_t{b[0]} << 24U) | (std::uint32_t{b[1]} << 16U) |
-         (std::uint32_t{b[2]} << 8U) | std::uint32_t{b[3]};
+  return (std::uint32_t{b[0]} << 24U) | (std::uint32_t{b[1]} << 16U) | (std::uint32_t{b[2]} << 8U) |
+         std::uint32_t{b[3]};
 }
 
 inline void expect_magic(gzFile file, const std::filesystem::path& path, std::uint32_t expected,
@@ -140,8 +140,8 @@ inline void expect_end(gzFile file, const std::filesystem::path& path) {
   const std::size_t per_image = images.pixels_per_image();
   constexpr auto kMaxBytes = static_cast<std::size_t>(std::numeric_limits<std::ptrdiff_t>::max());
   if (images.count > kMaxBytes / sizeof(float) / per_image) {
-    throw detail::error(path, "header announces an implausible size (" +
-                                  std::to_string(images.count) + " images)");
+    throw detail::error(
+        path, "header announces an implausible size (" + std::to_string(images.count) + " images)");
   }
   const std::size_t total = images.count * per_image;
   std::vector<unsigned char> raw(total);

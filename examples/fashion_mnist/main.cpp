@@ -57,11 +57,12 @@ struct Options {
 
 [[noreturn]] void usage(const std::string& problem) {
   if (!problem.empty()) std::fprintf(stderr, "fashion_mnist: %s\n\n", problem.c_str());
-  std::fprintf(stderr,
-               "usage: fashion_mnist [--ps N] [--workers N] [--optimizer adam|sgd|momentum|adagrad]\n"
-               "                     [--learning-rate X] [--mode sync|async]\n"
-               "                     [--replicas-to-aggregate R] [--total-num-replicas N]\n"
-               "                     [--epochs N] [--batch N] [--seed N] [--data DIR]\n");
+  std::fprintf(
+      stderr,
+      "usage: fashion_mnist [--ps N] [--workers N] [--optimizer adam|sgd|momentum|adagrad]\n"
+      "                     [--learning-rate X] [--mode sync|async]\n"
+      "                     [--replicas-to-aggregate R] [--total-num-replicas N]\n"
+      "                     [--epochs N] [--batch N] [--seed N] [--data DIR]\n");
   std::exit(problem.empty() ? 0 : 2);
 }
 
@@ -81,21 +82,32 @@ Options parse(int argc, char** argv) {
       }
       return v;
     };
-    if (flag == "--ps") o.ps = static_cast<std::uint32_t>(number(1));
-    else if (flag == "--workers") o.workers = static_cast<std::uint32_t>(number(1));
-    else if (flag == "--optimizer") o.optimizer = value;
+    if (flag == "--ps")
+      o.ps = static_cast<std::uint32_t>(number(1));
+    else if (flag == "--workers")
+      o.workers = static_cast<std::uint32_t>(number(1));
+    else if (flag == "--optimizer")
+      o.optimizer = value;
     else if (flag == "--learning-rate") {
       char* end = nullptr;
       o.learning_rate = std::strtof(value.c_str(), &end);
       if (*end != '\0' || !(o.learning_rate > 0.0F)) usage("--learning-rate needs a number > 0");
-    } else if (flag == "--mode") o.mode = value;
-    else if (flag == "--replicas-to-aggregate") o.replicas_to_aggregate = static_cast<int>(number(1));
-    else if (flag == "--total-num-replicas") o.total_num_replicas = static_cast<int>(number(1));
-    else if (flag == "--epochs") o.epochs = static_cast<int>(number(1));
-    else if (flag == "--batch") o.batch = static_cast<std::size_t>(number(1));
-    else if (flag == "--seed") o.seed = static_cast<std::uint64_t>(number(0));
-    else if (flag == "--data") o.data = value;
-    else usage("unknown flag " + std::string(flag));
+    } else if (flag == "--mode")
+      o.mode = value;
+    else if (flag == "--replicas-to-aggregate")
+      o.replicas_to_aggregate = static_cast<int>(number(1));
+    else if (flag == "--total-num-replicas")
+      o.total_num_replicas = static_cast<int>(number(1));
+    else if (flag == "--epochs")
+      o.epochs = static_cast<int>(number(1));
+    else if (flag == "--batch")
+      o.batch = static_cast<std::size_t>(number(1));
+    else if (flag == "--seed")
+      o.seed = static_cast<std::uint64_t>(number(0));
+    else if (flag == "--data")
+      o.data = value;
+    else
+      usage("unknown flag " + std::string(flag));
   }
   if (o.mode != "sync" && o.mode != "async") usage("--mode is sync or async");
   if (o.total_num_replicas == 0) o.total_num_replicas = static_cast<int>(o.workers);
@@ -115,8 +127,8 @@ struct Data {
 // the same constants), which speeds up early training of a ReLU MLP.
 void standardize(Data& data) {
   const auto& train = data.train.images.pixels;
-  const double mean = std::accumulate(train.begin(), train.end(), 0.0) /
-                      static_cast<double>(train.size());
+  const double mean =
+      std::accumulate(train.begin(), train.end(), 0.0) / static_cast<double>(train.size());
   double var = 0.0;
   for (float p : train) var += (p - mean) * (p - mean);
   const auto inv_std = static_cast<float>(1.0 / std::sqrt(var / static_cast<double>(train.size())));
@@ -134,13 +146,13 @@ int train(const Options& o, const Data& data, Optimizer optimizer, Sync sync,
   const std::size_t per_worker = data.train.labels.size() / o.workers;
   const std::int64_t batches_per_worker = static_cast<std::int64_t>(per_worker / o.batch);
   // Sync: a step averages R batches; async: every batch is a step.
-  const std::int64_t steps_per_epoch =
-      batches_per_worker * o.workers / updates_per_epoch_divisor;
+  const std::int64_t steps_per_epoch = batches_per_worker * o.workers / updates_per_epoch_divisor;
   const std::int64_t last_step = steps_per_epoch * o.epochs;
 
   std::deque<Server> servers;
   pulley::InProcessNetwork network(o.ps);
-  for (std::uint32_t i = 0; i < o.ps; ++i) network.serve(servers.emplace_back(i, o.ps, optimizer, sync));
+  for (std::uint32_t i = 0; i < o.ps; ++i)
+    network.serve(servers.emplace_back(i, o.ps, optimizer, sync));
 
   pulley::Chief chief(pulley::InProcess(network, pulley::Node::chief()), o.seed);
   pulley::models::Mlp evaluator(layers);
@@ -201,11 +213,12 @@ int train(const Options& o, const Data& data, Optimizer optimizer, Sync sync,
   };
 
   const auto start = Clock::now();
-  std::printf("training 784-128-10 on %zu examples: %u ps, %u workers, %s, %s R=%d N=%d, "
-              "batch %zu, %d epochs (%lld steps)\n",
-              data.train.labels.size(), o.ps, o.workers, o.optimizer.c_str(), o.mode.c_str(),
-              o.replicas_to_aggregate, o.total_num_replicas, o.batch, o.epochs,
-              static_cast<long long>(last_step));
+  std::printf(
+      "training 784-128-10 on %zu examples: %u ps, %u workers, %s, %s R=%d N=%d, "
+      "batch %zu, %d epochs (%lld steps)\n",
+      data.train.labels.size(), o.ps, o.workers, o.optimizer.c_str(), o.mode.c_str(),
+      o.replicas_to_aggregate, o.total_num_replicas, o.batch, o.epochs,
+      static_cast<long long>(last_step));
   std::fflush(stdout);
   double accuracy = 0.0;
   double samples_per_s = 0.0;
@@ -222,10 +235,11 @@ int train(const Options& o, const Data& data, Optimizer optimizer, Sync sync,
     }
     const auto eval = evaluate();
     accuracy = eval.accuracy;
-    std::printf("epoch %2d/%d  step %6lld  train_loss %.4f  test_loss %.4f  test_accuracy %.4f  "
-                "samples/s %.0f  elapsed %.1f s\n",
-                epoch, o.epochs, static_cast<long long>(step), train_loss, eval.loss, eval.accuracy,
-                samples_per_s, seconds);
+    std::printf(
+        "epoch %2d/%d  step %6lld  train_loss %.4f  test_loss %.4f  test_accuracy %.4f  "
+        "samples/s %.0f  elapsed %.1f s\n",
+        epoch, o.epochs, static_cast<long long>(step), train_loss, eval.loss, eval.accuracy,
+        samples_per_s, seconds);
     std::fflush(stdout);
   }
   for (auto& t : workers) t.join();

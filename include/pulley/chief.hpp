@@ -46,10 +46,10 @@ class Chief {
     }
     for (std::size_t v = 0; v < variables.size(); ++v) {
       if (values[v].size() != variables[v].size()) {
-        throw Error(ErrorCode::kInvalidArgument,
-                    "initial value of '" + variables[v].name + "' has " +
-                        std::to_string(values[v].size()) + " elements, expected " +
-                        std::to_string(variables[v].size()));
+        throw Error(ErrorCode::kInvalidArgument, "initial value of '" + variables[v].name +
+                                                     "' has " + std::to_string(values[v].size()) +
+                                                     " elements, expected " +
+                                                     std::to_string(variables[v].size()));
       }
     }
     client_.register_model(variables);

@@ -23,13 +23,20 @@ enum class ErrorCode : std::uint8_t {
 /// Stable lower-case name of a code, for logs and error messages.
 constexpr std::string_view to_string(ErrorCode code) noexcept {
   switch (code) {
-    case ErrorCode::kInvalidArgument: return "invalid_argument";
-    case ErrorCode::kNotFound: return "not_found";
-    case ErrorCode::kAlreadyExists: return "already_exists";
-    case ErrorCode::kFailedPrecondition: return "failed_precondition";
-    case ErrorCode::kUnavailable: return "unavailable";
-    case ErrorCode::kDeadlineExceeded: return "deadline_exceeded";
-    case ErrorCode::kCancelled: return "cancelled";
+    case ErrorCode::kInvalidArgument:
+      return "invalid_argument";
+    case ErrorCode::kNotFound:
+      return "not_found";
+    case ErrorCode::kAlreadyExists:
+      return "already_exists";
+    case ErrorCode::kFailedPrecondition:
+      return "failed_precondition";
+    case ErrorCode::kUnavailable:
+      return "unavailable";
+    case ErrorCode::kDeadlineExceeded:
+      return "deadline_exceeded";
+    case ErrorCode::kCancelled:
+      return "cancelled";
   }
   return "unknown";
 }

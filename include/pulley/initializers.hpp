@@ -25,9 +25,7 @@ class SplitMix64 {
     return z ^ (z >> 31U);
   }
   /// Uniform in [0, 1), 53 random bits.
-  constexpr double uniform() noexcept {
-    return static_cast<double>(next() >> 11U) * 0x1.0p-53;
-  }
+  constexpr double uniform() noexcept { return static_cast<double>(next() >> 11U) * 0x1.0p-53; }
 
  private:
   std::uint64_t state_;
@@ -72,8 +70,7 @@ inline void initialize(const VariableSpec& spec, std::uint64_t seed, std::span<f
       // fan_in is the first dimension, fan_out the product of the rest (Keras' rule for a
       // Dense kernel [in, out]); a vector counts as fan_in = fan_out = its length.
       const double fan_in = static_cast<double>(spec.rows());
-      const double fan_out =
-          spec.shape.size() > 1 ? static_cast<double>(spec.row_size()) : fan_in;
+      const double fan_out = spec.shape.size() > 1 ? static_cast<double>(spec.row_size()) : fan_in;
       uniform(std::sqrt(6.0 / (fan_in + fan_out)));
       break;
     }

@@ -79,8 +79,8 @@ struct GetStats {};
 struct Shutdown {};
 
 /// Everything a ps task is asked.
-using Request = std::variant<Register, Initialize, WaitReady, TakeToken, Pull, Push, GetStats,
-                             Shutdown>;
+using Request =
+    std::variant<Register, Initialize, WaitReady, TakeToken, Pull, Push, GetStats, Shutdown>;
 
 /// Success with nothing to say.
 struct Ack {};
@@ -118,13 +118,13 @@ struct PushReply {
 
 /// Counters of one ps task.
 struct Stats {
-  std::int64_t global_step = 0;          ///< steps completed (sync) or pushes applied (async)
-  std::int64_t updates_applied = 0;      ///< optimizer applications over all parts
-  std::int64_t gradients_accepted = 0;   ///< part gradients taken into an accumulator
+  std::int64_t global_step = 0;              ///< steps completed (sync) or pushes applied (async)
+  std::int64_t updates_applied = 0;          ///< optimizer applications over all parts
+  std::int64_t gradients_accepted = 0;       ///< part gradients taken into an accumulator
   std::int64_t stale_gradients_dropped = 0;  ///< part gradients older than the step, dropped
-  std::int64_t requests_rejected = 0;    ///< requests answered with an ErrorReply
-  std::int64_t bytes_pushed = 0;         ///< gradient payload received
-  std::int64_t bytes_pulled = 0;         ///< parameter payload sent
+  std::int64_t requests_rejected = 0;        ///< requests answered with an ErrorReply
+  std::int64_t bytes_pushed = 0;             ///< gradient payload received
+  std::int64_t bytes_pulled = 0;             ///< parameter payload sent
 };
 
 /// Answer to GetStats.
@@ -133,8 +133,8 @@ struct StatsReply {
 };
 
 /// Everything a ps task answers.
-using Response = std::variant<Ack, ErrorReply, PlacementReply, TokenReply, PullReply, PushReply,
-                              StatsReply>;
+using Response =
+    std::variant<Ack, ErrorReply, PlacementReply, TokenReply, PullReply, PushReply, StatsReply>;
 
 /// Returns the reply of type `T` or throws the Error the server sent.
 template <class T>

@@ -130,8 +130,8 @@ class ParameterServer {
       const std::size_t row_size = variables_[part.variable].row_size();
       const std::size_t n = part.rows.size() * row_size;
       slot_of_part_[&part - placement_.parts.data()] = slots_.size();
-      slots_.push_back(Slot{part, row_size, std::vector<float>(n, 0.0F),
-                            optimizer_.make_state(n), sync_.make_accumulator(n), false});
+      slots_.push_back(Slot{part, row_size, std::vector<float>(n, 0.0F), optimizer_.make_state(n),
+                            sync_.make_accumulator(n), false});
     }
     registered_ = true;
     reply(PlacementReply{variables_, placement_});
@@ -210,7 +210,8 @@ class ParameterServer {
   void become_ready() {
     ready_ = true;
     release_tokens(sync_.initial_tokens());
-    for (Responder& waiter : std::exchange(ready_waiters_, {})) waiter(PlacementReply{variables_, placement_});
+    for (Responder& waiter : std::exchange(ready_waiters_, {}))
+      waiter(PlacementReply{variables_, placement_});
   }
 
   // ---- TakeToken ------------------------------------------------------------------------
@@ -312,8 +313,8 @@ class ParameterServer {
       }
       if (!all_finite(pv.values)) {
         reject(reply, ErrorCode::kInvalidArgument,
-               "non-finite (NaN or Inf) gradient for " + describe(slot->part) +
-                   " from worker " + std::to_string(r.worker) + "; nothing was applied");
+               "non-finite (NaN or Inf) gradient for " + describe(slot->part) + " from worker " +
+                   std::to_string(r.worker) + "; nothing was applied");
         return;
       }
     }
@@ -430,7 +431,7 @@ class ParameterServer {
   std::size_t initialized_slots_ = 0;
 
   typename P::Accumulator step_votes_;  ///< the global step: one vote per push message
-  std::int64_t tokens_left_ = 0;                       ///< tokens of the current step
+  std::int64_t tokens_left_ = 0;        ///< tokens of the current step
   std::map<std::uint32_t, std::int64_t> tokens_taken_;  ///< by worker, this step
   std::deque<TokenWaiter> token_waiters_;
   std::vector<Responder> ready_waiters_;

@@ -6,31 +6,26 @@
 /// but the standard library. Models (xtensor) and the TCP transport (Asio) have headers of
 /// their own.
 
-#include "pulley/error.hpp"
-#include "pulley/initializers.hpp"
-#include "pulley/messages.hpp"
-#include "pulley/node.hpp"
-#include "pulley/placement.hpp"
-#include "pulley/variable.hpp"
-
+#include "pulley/chief.hpp"
 #include "pulley/concepts/model.hpp"
 #include "pulley/concepts/optimizer.hpp"
 #include "pulley/concepts/sharding.hpp"
 #include "pulley/concepts/sync_policy.hpp"
 #include "pulley/concepts/transport.hpp"
-
+#include "pulley/error.hpp"
+#include "pulley/initializers.hpp"
+#include "pulley/messages.hpp"
+#include "pulley/node.hpp"
 #include "pulley/optimizers/adagrad.hpp"
 #include "pulley/optimizers/adam.hpp"
 #include "pulley/optimizers/momentum.hpp"
 #include "pulley/optimizers/sgd.hpp"
-
+#include "pulley/parameter_server.hpp"
+#include "pulley/placement.hpp"
 #include "pulley/sharding/partitioned.hpp"
 #include "pulley/sharding/round_robin.hpp"
-
 #include "pulley/sync/async.hpp"
 #include "pulley/sync/sync_replicas.hpp"
-
-#include "pulley/chief.hpp"
-#include "pulley/parameter_server.hpp"
 #include "pulley/transport/in_process.hpp"
+#include "pulley/variable.hpp"
 #include "pulley/worker.hpp"

@@ -47,9 +47,7 @@ struct VariableSpec {
   /// Rows along the first dimension (1 for a scalar).
   [[nodiscard]] std::size_t rows() const noexcept { return shape.empty() ? 1 : shape.front(); }
   /// Elements in one row.
-  [[nodiscard]] std::size_t row_size() const noexcept {
-    return rows() == 0 ? 0 : size() / rows();
-  }
+  [[nodiscard]] std::size_t row_size() const noexcept { return rows() == 0 ? 0 : size() / rows(); }
 
   friend bool operator==(const VariableSpec&, const VariableSpec&) = default;
 };

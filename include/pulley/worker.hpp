@@ -19,10 +19,10 @@ namespace pulley {
 
 /// What one training step did.
 struct StepResult {
-  float loss = 0.0F;               ///< the batch's mean loss
-  std::int64_t local_step = 0;     ///< the step its gradient was computed for
-  std::int64_t global_step = 0;    ///< steps completed when its token was taken
-  std::uint32_t stale_parts = 0;   ///< part gradients the ps dropped as stale
+  float loss = 0.0F;              ///< the batch's mean loss
+  std::int64_t local_step = 0;    ///< the step its gradient was computed for
+  std::int64_t global_step = 0;   ///< steps completed when its token was taken
+  std::uint32_t stale_parts = 0;  ///< part gradients the ps dropped as stale
 };
 
 /// A worker task: pulls parameters into its model, computes gradients on its own batches
@@ -51,8 +51,9 @@ class Worker {
   /// variable as of that step, compute the gradient, push it. If the token shows that
   /// `last_step` global steps are done, nothing is computed and nullopt is returned: the
   /// caller stops (TF's StopAtStepHook).
-  std::optional<StepResult> step(const typename M::Batch& batch,
-                                 std::int64_t last_step = std::numeric_limits<std::int64_t>::max()) {
+  std::optional<StepResult> step(
+      const typename M::Batch& batch,
+      std::int64_t last_step = std::numeric_limits<std::int64_t>::max()) {
     const TokenReply token = client_.take_token(index_);
     global_step_ = token.global_step;
     if (token.global_step >= last_step) return std::nullopt;
@@ -79,11 +80,11 @@ class Worker {
     const std::size_t v = client_.variable_index(variable);
     const std::size_t row_size = client_.variables()[v].row_size();
     if (rows.end > client_.variables()[v].rows() || rows.empty()) {
-      throw Error(ErrorCode::kInvalidArgument, "rows out of range for '" +
-                                                   std::string(variable) + "'");
+      throw Error(ErrorCode::kInvalidArgument,
+                  "rows out of range for '" + std::string(variable) + "'");
     }
-    const PullRequest request{
-        v, rows, all_[v].into.subspan(rows.begin * row_size, rows.size() * row_size)};
+    const PullRequest request{v, rows,
+                              all_[v].into.subspan(rows.begin * row_size, rows.size() * row_size)};
     client_.pull(std::span(&request, 1), 0);
   }
 
@@ -105,8 +106,8 @@ class Worker {
   std::uint32_t index_;
   M model_;
   detail::Client<T> client_;
-  std::vector<PullRequest> all_;                     ///< every variable into the model
-  std::vector<std::span<const float>> gradients_;    ///< the model's gradient buffers
+  std::vector<PullRequest> all_;                   ///< every variable into the model
+  std::vector<std::span<const float>> gradients_;  ///< the model's gradient buffers
   std::int64_t global_step_ = 0;
 };
 

@@ -14,6 +14,41 @@
 /// but the standard library. Models (xtensor) and the TCP transport (Asio) have headers of
 /// their own.
 
+// ---- begin pulley/chief.hpp ----
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+// ---- begin pulley/concepts/transport.hpp ----
+
+#include <concepts>
+#include <cstddef>
+#include <future>
+#include <span>
+#include <vector>
+
+// ---- begin pulley/messages.hpp ----
+
+/// The protocol between clients (workers, chief, evaluator) and ps tasks. Every transport
+/// carries exactly these structs: in-process they are moved through a mailbox, over TCP
+/// they are serialized. The server logic sees the same values either way.
+///
+/// Tensor payloads are `std::span` views, never owned vectors, so that a push reads the
+/// worker's gradient buffers and a pull reply reads the server's storage in place. Lifetime
+/// rule: a view in a request stays valid until the reply arrives (the sender waits); a view
+/// in a reply stays valid only while the transport's reply callback runs, which copies it to
+/// the caller's destination (or onto the wire) before returning.
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <variant>
+#include <vector>
+
 // ---- begin pulley/error.hpp ----
 
 #include <cstdint>
@@ -38,13 +73,20 @@ enum class ErrorCode : std::uint8_t {
 /// Stable lower-case name of a code, for logs and error messages.
 constexpr std::string_view to_string(ErrorCode code) noexcept {
   switch (code) {
-    case ErrorCode::kInvalidArgument: return "invalid_argument";
-    case ErrorCode::kNotFound: return "not_found";
-    case ErrorCode::kAlreadyExists: return "already_exists";
-    case ErrorCode::kFailedPrecondition: return "failed_precondition";
-    case ErrorCode::kUnavailable: return "unavailable";
-    case ErrorCode::kDeadlineExceeded: return "deadline_exceeded";
-    case ErrorCode::kCancelled: return "cancelled";
+    case ErrorCode::kInvalidArgument:
+      return "invalid_argument";
+    case ErrorCode::kNotFound:
+      return "not_found";
+    case ErrorCode::kAlreadyExists:
+      return "already_exists";
+    case ErrorCode::kFailedPrecondition:
+      return "failed_precondition";
+    case ErrorCode::kUnavailable:
+      return "unavailable";
+    case ErrorCode::kDeadlineExceeded:
+      return "deadline_exceeded";
+    case ErrorCode::kCancelled:
+      return "cancelled";
   }
   return "unknown";
 }
@@ -63,13 +105,12 @@ class Error : public std::runtime_error {
 
 }  // namespace pulley
 // ---- end pulley/error.hpp ----
-// ---- begin pulley/initializers.hpp ----
+// ---- begin pulley/placement.hpp ----
 
-#include <cmath>
+#include <cstddef>
 #include <cstdint>
-#include <numbers>
 #include <span>
-#include <string_view>
+#include <vector>
 
 // ---- begin pulley/variable.hpp ----
 
@@ -119,9 +160,7 @@ struct VariableSpec {
   /// Rows along the first dimension (1 for a scalar).
   [[nodiscard]] std::size_t rows() const noexcept { return shape.empty() ? 1 : shape.front(); }
   /// Elements in one row.
-  [[nodiscard]] std::size_t row_size() const noexcept {
-    return rows() == 0 ? 0 : size() / rows();
-  }
+  [[nodiscard]] std::size_t row_size() const noexcept { return rows() == 0 ? 0 : size() / rows(); }
 
   friend bool operator==(const VariableSpec&, const VariableSpec&) = default;
 };
@@ -138,104 +177,6 @@ struct RowRange {
 
 }  // namespace pulley
 // ---- end pulley/variable.hpp ----
-
-namespace pulley {
-
-/// A small, fast, portable generator (SplitMix64). Unlike the standard distributions,
-/// whose output differs between standard libraries, the values below depend only on the
-/// seed, so a seeded run initializes identically everywhere.
-class SplitMix64 {
- public:
-  explicit constexpr SplitMix64(std::uint64_t seed) noexcept : state_(seed) {}
-
-  constexpr std::uint64_t next() noexcept {
-    std::uint64_t z = (state_ += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30U)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27U)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31U);
-  }
-  /// Uniform in [0, 1), 53 random bits.
-  constexpr double uniform() noexcept {
-    return static_cast<double>(next() >> 11U) * 0x1.0p-53;
-  }
-
- private:
-  std::uint64_t state_;
-};
-
-/// FNV-1a hash of a variable name: mixes the name into the seed, so a variable's initial
-/// values do not change when other variables are added or reordered.
-constexpr std::uint64_t name_hash(std::string_view name) noexcept {
-  std::uint64_t h = 0xCBF29CE484222325ULL;
-  for (char c : name) {
-    h ^= static_cast<unsigned char>(c);
-    h *= 0x100000001B3ULL;
-  }
-  return h;
-}
-
-/// Fills `values` (which has `spec.size()` elements) as `spec.initializer` says, from
-/// `seed` and the variable's name.
-inline void initialize(const VariableSpec& spec, std::uint64_t seed, std::span<float> values) {
-  SplitMix64 rng(seed ^ name_hash(spec.name));
-  const Initializer& init = spec.initializer;
-  auto uniform = [&](double limit) {
-    for (float& v : values) v = static_cast<float>((2.0 * rng.uniform() - 1.0) * limit);
-  };
-  switch (init.kind) {
-    case Initializer::Kind::kZeros:
-      for (float& v : values) v = 0.0F;
-      break;
-    case Initializer::Kind::kConstant:
-      for (float& v : values) v = init.value;
-      break;
-    case Initializer::Kind::kUniform:
-      uniform(init.value);
-      break;
-    case Initializer::Kind::kNormal:
-      for (float& v : values) {  // Box–Muller; 1 - u keeps the log finite
-        const double r = std::sqrt(-2.0 * std::log(1.0 - rng.uniform()));
-        v = static_cast<float>(init.value * r * std::cos(2.0 * std::numbers::pi * rng.uniform()));
-      }
-      break;
-    case Initializer::Kind::kGlorotUniform: {
-      // fan_in is the first dimension, fan_out the product of the rest (Keras' rule for a
-      // Dense kernel [in, out]); a vector counts as fan_in = fan_out = its length.
-      const double fan_in = static_cast<double>(spec.rows());
-      const double fan_out =
-          spec.shape.size() > 1 ? static_cast<double>(spec.row_size()) : fan_in;
-      uniform(std::sqrt(6.0 / (fan_in + fan_out)));
-      break;
-    }
-  }
-}
-
-}  // namespace pulley
-// ---- end pulley/initializers.hpp ----
-// ---- begin pulley/messages.hpp ----
-
-/// The protocol between clients (workers, chief, evaluator) and ps tasks. Every transport
-/// carries exactly these structs: in-process they are moved through a mailbox, over TCP
-/// they are serialized. The server logic sees the same values either way.
-///
-/// Tensor payloads are `std::span` views, never owned vectors, so that a push reads the
-/// worker's gradient buffers and a pull reply reads the server's storage in place. Lifetime
-/// rule: a view in a request stays valid until the reply arrives (the sender waits); a view
-/// in a reply stays valid only while the transport's reply callback runs, which copies it to
-/// the caller's destination (or onto the wire) before returning.
-
-#include <cstdint>
-#include <span>
-#include <string>
-#include <variant>
-#include <vector>
-
-// ---- begin pulley/placement.hpp ----
-
-#include <cstddef>
-#include <cstdint>
-#include <span>
-#include <vector>
 
 namespace pulley {
 
@@ -349,8 +290,8 @@ struct GetStats {};
 struct Shutdown {};
 
 /// Everything a ps task is asked.
-using Request = std::variant<Register, Initialize, WaitReady, TakeToken, Pull, Push, GetStats,
-                             Shutdown>;
+using Request =
+    std::variant<Register, Initialize, WaitReady, TakeToken, Pull, Push, GetStats, Shutdown>;
 
 /// Success with nothing to say.
 struct Ack {};
@@ -388,13 +329,13 @@ struct PushReply {
 
 /// Counters of one ps task.
 struct Stats {
-  std::int64_t global_step = 0;          ///< steps completed (sync) or pushes applied (async)
-  std::int64_t updates_applied = 0;      ///< optimizer applications over all parts
-  std::int64_t gradients_accepted = 0;   ///< part gradients taken into an accumulator
+  std::int64_t global_step = 0;              ///< steps completed (sync) or pushes applied (async)
+  std::int64_t updates_applied = 0;          ///< optimizer applications over all parts
+  std::int64_t gradients_accepted = 0;       ///< part gradients taken into an accumulator
   std::int64_t stale_gradients_dropped = 0;  ///< part gradients older than the step, dropped
-  std::int64_t requests_rejected = 0;    ///< requests answered with an ErrorReply
-  std::int64_t bytes_pushed = 0;         ///< gradient payload received
-  std::int64_t bytes_pulled = 0;         ///< parameter payload sent
+  std::int64_t requests_rejected = 0;        ///< requests answered with an ErrorReply
+  std::int64_t bytes_pushed = 0;             ///< gradient payload received
+  std::int64_t bytes_pulled = 0;             ///< parameter payload sent
 };
 
 /// Answer to GetStats.
@@ -403,8 +344,8 @@ struct StatsReply {
 };
 
 /// Everything a ps task answers.
-using Response = std::variant<Ack, ErrorReply, PlacementReply, TokenReply, PullReply, PushReply,
-                              StatsReply>;
+using Response =
+    std::variant<Ack, ErrorReply, PlacementReply, TokenReply, PullReply, PushReply, StatsReply>;
 
 /// Returns the reply of type `T` or throws the Error the server sent.
 template <class T>
@@ -416,38 +357,452 @@ T expect(Response&& response) {
 
 }  // namespace pulley
 // ---- end pulley/messages.hpp ----
-// ---- begin pulley/node.hpp ----
-
-#include <compare>
-#include <cstdint>
-#include <string>
 
 namespace pulley {
 
-/// A task of the cluster, named as in TF_CONFIG: a job ("ps", "worker", "chief",
-/// "evaluator") and an index inside it.
-struct Node {
-  enum class Job : std::uint8_t { kPs, kWorker, kChief, kEvaluator };
-  Job job = Job::kWorker;
-  std::uint32_t index = 0;
+/// Where a pull's values go: one destination per requested slice, in request order.
+using PullTargets = std::vector<std::span<float>>;
 
-  static constexpr Node ps(std::uint32_t i) noexcept { return {Job::kPs, i}; }
-  static constexpr Node worker(std::uint32_t i) noexcept { return {Job::kWorker, i}; }
-  static constexpr Node chief() noexcept { return {Job::kChief, 0}; }
-  static constexpr Node evaluator() noexcept { return {Job::kEvaluator, 0}; }
-
-  /// "ps:1", "worker:0", ...
-  [[nodiscard]] std::string name() const {
-    constexpr const char* jobs[] = {"ps", "worker", "chief", "evaluator"};
-    return std::string(jobs[static_cast<int>(job)]) + ":" + std::to_string(index);
-  }
-
-  friend constexpr auto operator<=>(const Node&, const Node&) = default;
+/// The client side of a transport: how a worker, the chief or an evaluator reaches the ps
+/// tasks. The server side is the transport's own serving loop, which hands every request to
+/// `ParameterServer::handle` and sends back what it answers.
+///
+/// Required:
+///   - `t.num_ps()` → number of ps tasks
+///   - `t.call(ps, request, targets)` → `std::future<Response>`
+///
+/// Semantic contract:
+///   - `call` returns at once; calls to different ps tasks proceed concurrently;
+///   - requests from one client to one ps are handled in the order they were made;
+///   - for a Pull, the transport copies the reply's values into `targets` (slice by slice)
+///     before the future is ready, and the PullReply's views then point into `targets`;
+///     `targets` and every view inside `request` stay valid until the future is ready;
+///   - failures arrive as an ErrorReply, never as a broken future: `kUnavailable` for a
+///     dead or unreachable peer; a lost message leaves the future waiting, and the caller's
+///     deadline turns that into `kDeadlineExceeded`.
+template <class T>
+concept Transport = std::move_constructible<T> &&
+    requires(T& transport, const T& ctransport, std::size_t ps, Request request,
+             PullTargets targets) {
+  { ctransport.num_ps() } -> std::convertible_to<std::size_t>;
+  {
+    transport.call(ps, std::move(request), std::move(targets))
+    } -> std::same_as<std::future<Response>>;
 };
 
 }  // namespace pulley
-// ---- end pulley/node.hpp ----
+// ---- end pulley/concepts/transport.hpp ----
+// ---- begin pulley/detail/client.hpp ----
 
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <future>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace pulley {
+
+/// Deadlines of a client's requests.
+struct ClientOptions {
+  /// For requests a ps answers at once (push, ungated pull, stats, initialize).
+  std::chrono::milliseconds request_timeout{std::chrono::seconds(60)};
+  /// For requests that wait on other tasks: readiness, sync tokens, step-gated pulls.
+  std::chrono::milliseconds wait_timeout{std::chrono::minutes(30)};
+};
+
+/// One destination of a pull: rows `rows` of variable `variable`, written to `into`.
+struct PullRequest {
+  std::size_t variable = 0;
+  RowRange rows;
+  std::span<float> into;
+};
+
+namespace detail {
+
+/// What workers, the chief and the evaluator share: the placement, and turning
+/// variable-level pulls and pushes into per-ps requests sent concurrently.
+template <Transport T>
+class Client {
+ public:
+  Client(T transport, ClientOptions options)
+      : transport_(std::move(transport)), options_(options) {}
+
+  [[nodiscard]] std::size_t num_ps() const { return transport_.num_ps(); }
+  [[nodiscard]] const Placement& placement() const noexcept { return placement_; }
+  [[nodiscard]] const std::vector<VariableSpec>& variables() const noexcept { return variables_; }
+  [[nodiscard]] bool has_placement() const noexcept { return !placement_.first_part.empty(); }
+  T& transport() noexcept { return transport_; }
+  [[nodiscard]] const ClientOptions& options() const noexcept { return options_; }
+
+  /// Index of the variable called `name`; throws kNotFound naming it.
+  [[nodiscard]] std::size_t variable_index(std::string_view name) const {
+    for (std::size_t i = 0; i < variables_.size(); ++i) {
+      if (variables_[i].name == name) return i;
+    }
+    throw Error(ErrorCode::kNotFound, "unknown variable '" + std::string(name) + "'");
+  }
+
+  /// Sends `request(ps)` to every ps at once and returns the replies of type R.
+  template <class R, class MakeRequest>
+  std::vector<R> broadcast(MakeRequest make_request, std::chrono::milliseconds timeout,
+                           std::string_view what) {
+    std::vector<std::future<Response>> futures;
+    for (std::size_t ps = 0; ps < num_ps(); ++ps) {
+      futures.push_back(transport_.call(ps, Request{make_request(ps)}, {}));
+    }
+    std::vector<R> replies;
+    for (std::size_t ps = 0; ps < futures.size(); ++ps) {
+      replies.push_back(wait<R>(futures[ps], ps, timeout, what));
+    }
+    return replies;
+  }
+
+  /// Registers the model on every ps and checks that their placements agree.
+  void register_model(std::span<const VariableSpec> variables) {
+    std::vector<VariableSpec> list(variables.begin(), variables.end());
+    adopt(broadcast<PlacementReply>([&](std::size_t) { return Register{list}; },
+                                    options_.request_timeout, "register"),
+          list);
+  }
+
+  /// Waits until every ps is initialized and learns the placement.
+  void wait_ready(std::span<const VariableSpec> variables) {
+    std::vector<VariableSpec> list(variables.begin(), variables.end());
+    adopt(broadcast<PlacementReply>([](std::size_t) { return WaitReady{}; }, options_.wait_timeout,
+                                    "wait for initialization"),
+          list);
+  }
+
+  /// Takes a sync token from ps 0, which keeps the global step.
+  TokenReply take_token(std::uint32_t worker) {
+    auto future = transport_.call(0, TakeToken{worker}, {});
+    return wait<TokenReply>(future, 0, options_.wait_timeout, "take a sync token");
+  }
+
+  /// Pulls every request's rows into its destination, from all ps tasks at once; no ps
+  /// answers before it completed `min_step` steps.
+  void pull(std::span<const PullRequest> requests, std::int64_t min_step) {
+    std::vector<Pull> pulls(num_ps(), Pull{min_step, {}});
+    std::vector<PullTargets> targets(num_ps());
+    for (const PullRequest& r : requests) {
+      const VariableSpec& spec = checked_variable(r.variable);
+      if (r.rows.empty() || r.rows.end > spec.rows() ||
+          r.into.size() != r.rows.size() * spec.row_size()) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "pull of '" + spec.name + "' rows [" + std::to_string(r.rows.begin) + ", " +
+                        std::to_string(r.rows.end) + ") into " + std::to_string(r.into.size()) +
+                        " floats does not fit its shape");
+      }
+      for (const Part& part : placement_.parts_of(r.variable)) {
+        const std::size_t begin = std::max(part.rows.begin, r.rows.begin);
+        const std::size_t end = std::min(part.rows.end, r.rows.end);
+        if (begin >= end) continue;
+        pulls[part.ps].slices.push_back({global_index(part), {begin, end}});
+        targets[part.ps].push_back(r.into.subspan((begin - r.rows.begin) * spec.row_size(),
+                                                  (end - begin) * spec.row_size()));
+      }
+    }
+    std::vector<std::future<Response>> futures(num_ps());
+    for (std::size_t ps = 0; ps < num_ps(); ++ps) {
+      if (pulls[ps].slices.empty()) continue;
+      futures[ps] = transport_.call(ps, std::move(pulls[ps]), std::move(targets[ps]));
+    }
+    const auto timeout = min_step > 0 ? options_.wait_timeout : options_.request_timeout;
+    for (std::size_t ps = 0; ps < futures.size(); ++ps) {
+      if (futures[ps].valid()) wait<PullReply>(futures[ps], ps, timeout, "pull");
+    }
+  }
+
+  /// Pushes the gradients of whole variables (one span per variable, in variable order)
+  /// tagged with `local_step`; every ps gets a message, which is its step vote. Returns the
+  /// number of part gradients dropped as stale.
+  std::uint32_t push(std::uint32_t worker, std::int64_t local_step,
+                     std::span<const std::span<const float>> gradients) {
+    if (gradients.size() != variables_.size()) {
+      throw Error(ErrorCode::kInvalidArgument, "push needs one gradient per variable");
+    }
+    std::vector<Push> pushes(num_ps(), Push{worker, local_step, {}});
+    for (const Part& part : placement_.parts) {
+      const std::size_t row_size = variables_[part.variable].row_size();
+      const std::span<const float> g = gradients[part.variable];
+      if (g.size() != variables_[part.variable].size()) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "gradient of '" + variables_[part.variable].name + "' has " +
+                        std::to_string(g.size()) + " elements, expected " +
+                        std::to_string(variables_[part.variable].size()));
+      }
+      pushes[part.ps].gradients.push_back(
+          {global_index(part), g.subspan(part.rows.begin * row_size, part.rows.size() * row_size)});
+    }
+    std::vector<std::future<Response>> futures;
+    for (std::size_t ps = 0; ps < num_ps(); ++ps) {
+      futures.push_back(transport_.call(ps, std::move(pushes[ps]), {}));
+    }
+    std::uint32_t stale = 0;
+    for (std::size_t ps = 0; ps < futures.size(); ++ps) {
+      stale += wait<PushReply>(futures[ps], ps, options_.request_timeout, "push").stale_parts;
+    }
+    return stale;
+  }
+
+  /// Waits for the reply of `ps` and returns it as R, or throws the server's Error.
+  template <class R>
+  R wait(std::future<Response>& future, std::size_t ps, std::chrono::milliseconds timeout,
+         std::string_view what) {
+    if (future.wait_for(timeout) != std::future_status::ready) {
+      throw Error(ErrorCode::kDeadlineExceeded, std::string(what) + ": ps " + std::to_string(ps) +
+                                                    " did not answer within " +
+                                                    std::to_string(timeout.count()) + " ms");
+    }
+    return expect<R>(future.get());
+  }
+
+ private:
+  const VariableSpec& checked_variable(std::size_t v) const {
+    if (!has_placement()) {
+      throw Error(ErrorCode::kFailedPrecondition, "no placement yet: call wait_ready() first");
+    }
+    if (v >= variables_.size()) {
+      throw Error(ErrorCode::kNotFound, "unknown variable index " + std::to_string(v));
+    }
+    return variables_[v];
+  }
+
+  std::uint32_t global_index(const Part& part) const {
+    return static_cast<std::uint32_t>(&part - placement_.parts.data());
+  }
+
+  void adopt(std::vector<PlacementReply> replies, std::vector<VariableSpec>& variables) {
+    for (std::size_t ps = 1; ps < replies.size(); ++ps) {
+      if (!(replies[ps].placement == replies[0].placement)) {
+        throw Error(ErrorCode::kFailedPrecondition,
+                    "ps 0 and ps " + std::to_string(ps) +
+                        " place the variables differently: are they configured with the same "
+                        "sharding policy and number of ps tasks?");
+      }
+    }
+    if (replies.empty()) throw Error(ErrorCode::kInvalidArgument, "the cluster has no ps task");
+    const auto& registered = replies[0].variables;
+    if (registered.size() != variables.size()) {
+      throw Error(ErrorCode::kFailedPrecondition,
+                  "the ps tasks hold " + std::to_string(registered.size()) +
+                      " variables but this model has " + std::to_string(variables.size()));
+    }
+    for (std::size_t v = 0; v < variables.size(); ++v) {
+      if (!(registered[v] == variables[v])) {
+        throw Error(ErrorCode::kFailedPrecondition,
+                    "variable " + std::to_string(v) + " of this model ('" + variables[v].name +
+                        "') differs from the one the chief registered ('" + registered[v].name +
+                        "'): name, shape and initializer must match");
+      }
+    }
+    placement_ = std::move(replies[0].placement);
+    variables_ = std::move(variables);
+  }
+
+  T transport_;
+  ClientOptions options_;
+  Placement placement_;
+  std::vector<VariableSpec> variables_;
+};
+
+}  // namespace detail
+}  // namespace pulley
+// ---- end pulley/detail/client.hpp ----
+// ---- begin pulley/initializers.hpp ----
+
+#include <cmath>
+#include <cstdint>
+#include <numbers>
+#include <span>
+#include <string_view>
+
+namespace pulley {
+
+/// A small, fast, portable generator (SplitMix64). Unlike the standard distributions,
+/// whose output differs between standard libraries, the values below depend only on the
+/// seed, so a seeded run initializes identically everywhere.
+class SplitMix64 {
+ public:
+  explicit constexpr SplitMix64(std::uint64_t seed) noexcept : state_(seed) {}
+
+  constexpr std::uint64_t next() noexcept {
+    std::uint64_t z = (state_ += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30U)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27U)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31U);
+  }
+  /// Uniform in [0, 1), 53 random bits.
+  constexpr double uniform() noexcept { return static_cast<double>(next() >> 11U) * 0x1.0p-53; }
+
+ private:
+  std::uint64_t state_;
+};
+
+/// FNV-1a hash of a variable name: mixes the name into the seed, so a variable's initial
+/// values do not change when other variables are added or reordered.
+constexpr std::uint64_t name_hash(std::string_view name) noexcept {
+  std::uint64_t h = 0xCBF29CE484222325ULL;
+  for (char c : name) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 0x100000001B3ULL;
+  }
+  return h;
+}
+
+/// Fills `values` (which has `spec.size()` elements) as `spec.initializer` says, from
+/// `seed` and the variable's name.
+inline void initialize(const VariableSpec& spec, std::uint64_t seed, std::span<float> values) {
+  SplitMix64 rng(seed ^ name_hash(spec.name));
+  const Initializer& init = spec.initializer;
+  auto uniform = [&](double limit) {
+    for (float& v : values) v = static_cast<float>((2.0 * rng.uniform() - 1.0) * limit);
+  };
+  switch (init.kind) {
+    case Initializer::Kind::kZeros:
+      for (float& v : values) v = 0.0F;
+      break;
+    case Initializer::Kind::kConstant:
+      for (float& v : values) v = init.value;
+      break;
+    case Initializer::Kind::kUniform:
+      uniform(init.value);
+      break;
+    case Initializer::Kind::kNormal:
+      for (float& v : values) {  // Box–Muller; 1 - u keeps the log finite
+        const double r = std::sqrt(-2.0 * std::log(1.0 - rng.uniform()));
+        v = static_cast<float>(init.value * r * std::cos(2.0 * std::numbers::pi * rng.uniform()));
+      }
+      break;
+    case Initializer::Kind::kGlorotUniform: {
+      // fan_in is the first dimension, fan_out the product of the rest (Keras' rule for a
+      // Dense kernel [in, out]); a vector counts as fan_in = fan_out = its length.
+      const double fan_in = static_cast<double>(spec.rows());
+      const double fan_out = spec.shape.size() > 1 ? static_cast<double>(spec.row_size()) : fan_in;
+      uniform(std::sqrt(6.0 / (fan_in + fan_out)));
+      break;
+    }
+  }
+}
+
+}  // namespace pulley
+// ---- end pulley/initializers.hpp ----
+
+namespace pulley {
+
+/// The chief task: registers the model with the ps tasks, initializes every variable from a
+/// seed, releases the workers (the ps tasks turn ready), reads variables back for
+/// evaluation and checkpoints, and shuts the cluster down at the end.
+///
+/// @tparam T the Transport that reaches the ps tasks
+template <Transport T>
+class Chief {
+ public:
+  /// @param seed initial values depend only on it and the variables' names
+  Chief(T transport, std::uint64_t seed, ClientOptions options = {})
+      : seed_(seed), client_(std::move(transport), options) {}
+
+  /// Registers `variables`, fills them with their initializers and sends the values to the
+  /// ps tasks that hold them. When it returns, every ps is ready and workers proceed.
+  const Placement& initialize(std::span<const VariableSpec> variables) {
+    std::vector<std::vector<float>> values;
+    values.reserve(variables.size());
+    for (const VariableSpec& spec : variables) {
+      values.emplace_back(spec.size());
+      pulley::initialize(spec, seed_, values.back());
+    }
+    return initialize(variables, values);
+  }
+
+  /// Same with explicit initial values, one vector per variable (e.g. a restored checkpoint).
+  const Placement& initialize(std::span<const VariableSpec> variables,
+                              std::span<const std::vector<float>> values) {
+    if (values.size() != variables.size()) {
+      throw Error(ErrorCode::kInvalidArgument, "initialize needs one value vector per variable");
+    }
+    for (std::size_t v = 0; v < variables.size(); ++v) {
+      if (values[v].size() != variables[v].size()) {
+        throw Error(ErrorCode::kInvalidArgument, "initial value of '" + variables[v].name +
+                                                     "' has " + std::to_string(values[v].size()) +
+                                                     " elements, expected " +
+                                                     std::to_string(variables[v].size()));
+      }
+    }
+    client_.register_model(variables);
+    const Placement& placement = client_.placement();
+    std::vector<Initialize> messages(client_.num_ps());
+    for (const Part& part : placement.parts) {
+      const std::size_t row_size = variables[part.variable].row_size();
+      messages[part.ps].parts.push_back(
+          {static_cast<std::uint32_t>(&part - placement.parts.data()),
+           std::span<const float>(values[part.variable])
+               .subspan(part.rows.begin * row_size, part.rows.size() * row_size)});
+    }
+    client_.template broadcast<Ack>([&](std::size_t ps) { return std::move(messages[ps]); },
+                                    timeouts().request_timeout, "initialize");
+    return placement;
+  }
+
+  /// Current values of every variable (a consistent snapshot in sync mode only if no step
+  /// completes meanwhile; see `wait_for_step`).
+  std::vector<std::vector<float>> read_variables() {
+    const auto& variables = client_.variables();
+    std::vector<std::vector<float>> values;
+    std::vector<PullRequest> requests;
+    values.reserve(variables.size());
+    for (std::size_t v = 0; v < variables.size(); ++v) {
+      values.emplace_back(variables[v].size());
+      requests.push_back({v, {0, variables[v].rows()}, values.back()});
+    }
+    client_.pull(requests, 0);
+    return values;
+  }
+
+  /// Blocks until ps 0 (which keeps the global step) has completed `step` steps; returns
+  /// the global step it reports.
+  std::int64_t wait_for_step(std::int64_t step) {
+    auto future = client_.transport().call(0, Pull{step, {}}, {});
+    return client_.template wait<PullReply>(future, 0, timeouts().wait_timeout, "wait for step")
+        .global_step;
+  }
+
+  /// Counters of every ps task, by task index.
+  std::vector<Stats> stats() {
+    std::vector<Stats> all;
+    for (auto& r : client_.template broadcast<StatsReply>([](std::size_t) { return GetStats{}; },
+                                                          timeouts().request_timeout, "stats")) {
+      all.push_back(r.stats);
+    }
+    return all;
+  }
+
+  /// Stops every ps task; requests still waiting there are cancelled.
+  void shutdown() {
+    client_.template broadcast<Ack>([](std::size_t) { return Shutdown{}; },
+                                    timeouts().request_timeout, "shutdown");
+  }
+
+  /// Where each variable lives, after `initialize`.
+  [[nodiscard]] const Placement& placement() const noexcept { return client_.placement(); }
+  /// The registered variables, after `initialize`.
+  [[nodiscard]] const std::vector<VariableSpec>& variables() const noexcept {
+    return client_.variables();
+  }
+
+ private:
+  [[nodiscard]] const ClientOptions& timeouts() const { return client_.options(); }
+
+  std::uint64_t seed_;
+  detail::Client<T> client_;
+};
+
+}  // namespace pulley
+// ---- end pulley/chief.hpp ----
 // ---- begin pulley/concepts/model.hpp ----
 
 #include <concepts>
@@ -474,8 +829,7 @@ namespace pulley {
 ///     same address for the model's lifetime (pull and push use them in place);
 ///   - the gradient is of the batch's mean loss, so averaging R gradients is averaging losses.
 template <class M>
-concept Model = requires(M& model, const M& cmodel, std::size_t i,
-                         const typename M::Batch& batch) {
+concept Model = requires(M& model, const M& cmodel, std::size_t i, const typename M::Batch& batch) {
   typename M::Batch;
   { cmodel.variables() } -> std::convertible_to<std::span<const VariableSpec>>;
   { model.parameter(i) } -> std::same_as<std::span<float>>;
@@ -514,10 +868,10 @@ template <class O>
 concept Optimizer = std::copy_constructible<O> &&
     requires(const O& optimizer, typename O::State& state, std::span<float> weights,
              std::span<const float> gradient, std::size_t n) {
-      typename O::State;
-      { optimizer.make_state(n) } -> std::same_as<typename O::State>;
-      { optimizer.apply(state, weights, gradient) } -> std::same_as<void>;
-    };
+  typename O::State;
+  { optimizer.make_state(n) } -> std::same_as<typename O::State>;
+  { optimizer.apply(state, weights, gradient) } -> std::same_as<void>;
+};
 
 }  // namespace pulley
 // ---- end pulley/concepts/optimizer.hpp ----
@@ -544,8 +898,8 @@ namespace pulley {
 template <class S>
 concept Sharding = std::copy_constructible<S> &&
     requires(const S& sharding, std::span<const VariableSpec> variables, std::size_t num_ps) {
-      { sharding.place(variables, num_ps) } -> std::same_as<Placement>;
-    };
+  { sharding.place(variables, num_ps) } -> std::same_as<Placement>;
+};
 
 }  // namespace pulley
 // ---- end pulley/concepts/sharding.hpp ----
@@ -593,60 +947,49 @@ template <class P>
 concept SyncPolicy = std::copy_constructible<P> &&
     requires(const P& policy, typename P::Accumulator& acc, const typename P::Accumulator& cacc,
              std::span<const float> gradient, std::int64_t local_step, std::size_t n) {
-      typename P::Accumulator;
-      { policy.make_accumulator(n) } -> std::same_as<typename P::Accumulator>;
-      { policy.accumulate(acc, gradient, local_step) } -> std::same_as<Verdict>;
-      { policy.take(acc) } -> std::same_as<std::span<const float>>;
-      { policy.step(cacc) } -> std::same_as<std::int64_t>;
-      { policy.initial_tokens() } -> std::same_as<std::int64_t>;
-      { policy.tokens_per_step() } -> std::same_as<std::int64_t>;
-      { policy.tokens_per_worker() } -> std::same_as<std::int64_t>;
-    };
+  typename P::Accumulator;
+  { policy.make_accumulator(n) } -> std::same_as<typename P::Accumulator>;
+  { policy.accumulate(acc, gradient, local_step) } -> std::same_as<Verdict>;
+  { policy.take(acc) } -> std::same_as<std::span<const float>>;
+  { policy.step(cacc) } -> std::same_as<std::int64_t>;
+  { policy.initial_tokens() } -> std::same_as<std::int64_t>;
+  { policy.tokens_per_step() } -> std::same_as<std::int64_t>;
+  { policy.tokens_per_worker() } -> std::same_as<std::int64_t>;
+};
 
 }  // namespace pulley
 // ---- end pulley/concepts/sync_policy.hpp ----
-// ---- begin pulley/concepts/transport.hpp ----
+// ---- begin pulley/node.hpp ----
 
-#include <concepts>
-#include <cstddef>
-#include <future>
-#include <span>
-#include <vector>
+#include <compare>
+#include <cstdint>
+#include <string>
 
 namespace pulley {
 
-/// Where a pull's values go: one destination per requested slice, in request order.
-using PullTargets = std::vector<std::span<float>>;
+/// A task of the cluster, named as in TF_CONFIG: a job ("ps", "worker", "chief",
+/// "evaluator") and an index inside it.
+struct Node {
+  enum class Job : std::uint8_t { kPs, kWorker, kChief, kEvaluator };
+  Job job = Job::kWorker;
+  std::uint32_t index = 0;
 
-/// The client side of a transport: how a worker, the chief or an evaluator reaches the ps
-/// tasks. The server side is the transport's own serving loop, which hands every request to
-/// `ParameterServer::handle` and sends back what it answers.
-///
-/// Required:
-///   - `t.num_ps()` → number of ps tasks
-///   - `t.call(ps, request, targets)` → `std::future<Response>`
-///
-/// Semantic contract:
-///   - `call` returns at once; calls to different ps tasks proceed concurrently;
-///   - requests from one client to one ps are handled in the order they were made;
-///   - for a Pull, the transport copies the reply's values into `targets` (slice by slice)
-///     before the future is ready, and the PullReply's views then point into `targets`;
-///     `targets` and every view inside `request` stay valid until the future is ready;
-///   - failures arrive as an ErrorReply, never as a broken future: `kUnavailable` for a
-///     dead or unreachable peer; a lost message leaves the future waiting, and the caller's
-///     deadline turns that into `kDeadlineExceeded`.
-template <class T>
-concept Transport = std::move_constructible<T> &&
-    requires(T& transport, const T& ctransport, std::size_t ps, Request request,
-             PullTargets targets) {
-      { ctransport.num_ps() } -> std::convertible_to<std::size_t>;
-      { transport.call(ps, std::move(request), std::move(targets)) }
-          -> std::same_as<std::future<Response>>;
-    };
+  static constexpr Node ps(std::uint32_t i) noexcept { return {Job::kPs, i}; }
+  static constexpr Node worker(std::uint32_t i) noexcept { return {Job::kWorker, i}; }
+  static constexpr Node chief() noexcept { return {Job::kChief, 0}; }
+  static constexpr Node evaluator() noexcept { return {Job::kEvaluator, 0}; }
+
+  /// "ps:1", "worker:0", ...
+  [[nodiscard]] std::string name() const {
+    constexpr const char* jobs[] = {"ps", "worker", "chief", "evaluator"};
+    return std::string(jobs[static_cast<int>(job)]) + ":" + std::to_string(index);
+  }
+
+  friend constexpr auto operator<=>(const Node&, const Node&) = default;
+};
 
 }  // namespace pulley
-// ---- end pulley/concepts/transport.hpp ----
-
+// ---- end pulley/node.hpp ----
 // ---- begin pulley/optimizers/adagrad.hpp ----
 
 #include <cmath>
@@ -726,9 +1069,9 @@ struct Adam {
   void apply(State& state, std::span<float> w, std::span<const float> g) const {
     ++state.t;
     const auto t = static_cast<double>(state.t);
-    const auto lr_t = static_cast<float>(learning_rate *
-                                         std::sqrt(1.0 - std::pow(double{beta_2}, t)) /
-                                         (1.0 - std::pow(double{beta_1}, t)));
+    const auto lr_t =
+        static_cast<float>(learning_rate * std::sqrt(1.0 - std::pow(double{beta_2}, t)) /
+                           (1.0 - std::pow(double{beta_1}, t)));
     const float b1 = beta_1;
     const float b2 = beta_2;
     const float eps = epsilon;
@@ -822,7 +1165,443 @@ static_assert(Optimizer<Sgd>);
 
 }  // namespace pulley
 // ---- end pulley/optimizers/sgd.hpp ----
+// ---- begin pulley/parameter_server.hpp ----
 
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace pulley {
+
+/// How a transport hands a ps its way to answer one request. It may be called later (a
+/// TakeToken waits for a token) but exactly once, and it must copy or send any views in the
+/// Response before returning.
+using Responder = std::function<void(Response&&)>;
+
+/// One ps task: holds the parts of every variable placed on it, aggregates the gradients
+/// pushed to them and applies the optimizer.
+///
+/// It is a message handler and does no I/O: a transport's serving loop calls `handle` for
+/// every request from one thread, so the same logic runs in-process and over the network,
+/// and nothing here needs a lock.
+///
+/// @tparam S Sharding policy: which ps holds which rows (every ps computes the same placement)
+/// @tparam O Optimizer applied to each part, with its per-part slots kept beside the part
+/// @tparam P SyncPolicy: async, SyncReplicas, ... decides when gradients are applied
+///
+/// Bad requests are answered with an ErrorReply and change nothing; the server keeps
+/// serving. A push is all-or-nothing: it is checked whole (known parts, sizes, finite
+/// values) before any of it is accumulated, so a NaN or Inf gradient is refused with
+/// `kInvalidArgument` instead of poisoning the parameters.
+template <Sharding S, Optimizer O, SyncPolicy P>
+class ParameterServer {
+ public:
+  /// @param task    this ps task's index
+  /// @param num_ps  the number of ps tasks in the cluster
+  ParameterServer(std::uint32_t task, std::uint32_t num_ps, O optimizer, P sync, S sharding = {})
+      : task_(task),
+        num_ps_(num_ps),
+        optimizer_(std::move(optimizer)),
+        sync_(std::move(sync)),
+        sharding_(std::move(sharding)),
+        step_votes_(sync_.make_accumulator(0)) {
+    if (num_ps == 0 || task >= num_ps) {
+      throw Error(ErrorCode::kInvalidArgument, "ps task " + std::to_string(task) +
+                                                   " is outside a cluster of " +
+                                                   std::to_string(num_ps) + " ps tasks");
+    }
+  }
+
+  /// Handles one request; `reply` is called exactly once, now or later.
+  void handle(Request&& request, Responder reply) {
+    if (stopped_) {
+      reply(ErrorReply{ErrorCode::kCancelled, "ps " + std::to_string(task_) + " is shut down"});
+      return;
+    }
+    std::visit([&](auto& r) { on(r, reply); }, request);
+  }
+
+  /// True once a Shutdown request was handled; the serving loop then ends.
+  [[nodiscard]] bool stopped() const noexcept { return stopped_; }
+  /// This ps task's index.
+  [[nodiscard]] std::uint32_t task() const noexcept { return task_; }
+  /// Counters, as GetStats answers them.
+  [[nodiscard]] const Stats& stats() const noexcept { return stats_; }
+
+ private:
+  /// A part held here, with the optimizer's slots and the sync policy's accumulator.
+  struct Slot {
+    Part part;
+    std::size_t row_size = 0;
+    std::vector<float> values;
+    typename O::State optimizer_state;
+    typename P::Accumulator accumulator;
+    bool initialized = false;
+  };
+
+  struct WaitingPull {
+    Pull request;
+    Responder reply;
+  };
+
+  struct TokenWaiter {
+    std::uint32_t worker;
+    Responder reply;
+  };
+
+  void reject(Responder& reply, ErrorCode code, std::string message) {
+    ++stats_.requests_rejected;
+    reply(ErrorReply{code, "ps " + std::to_string(task_) + ": " + std::move(message)});
+  }
+
+  // ---- Register -------------------------------------------------------------------------
+
+  void on(Register& r, Responder& reply) {
+    if (registered_) {
+      if (r.variables == variables_) {
+        reply(PlacementReply{variables_, placement_});
+      } else {
+        reject(reply, ErrorCode::kAlreadyExists, "a different model is already registered");
+      }
+      return;
+    }
+    if (auto problem = check_variables(r.variables); !problem.empty()) {
+      reject(reply, ErrorCode::kInvalidArgument, problem);
+      return;
+    }
+    Placement placement = sharding_.place(r.variables, num_ps_);
+    if (auto problem = check_placement(r.variables, placement); !problem.empty()) {
+      reject(reply, ErrorCode::kInvalidArgument, "the sharding policy is broken: " + problem);
+      return;
+    }
+    variables_ = std::move(r.variables);
+    placement_ = std::move(placement);
+    slot_of_part_.assign(placement_.parts.size(), kNotHere);
+    for (const Part& part : placement_.parts) {
+      if (part.ps != task_) continue;
+      const std::size_t row_size = variables_[part.variable].row_size();
+      const std::size_t n = part.rows.size() * row_size;
+      slot_of_part_[&part - placement_.parts.data()] = slots_.size();
+      slots_.push_back(Slot{part, row_size, std::vector<float>(n, 0.0F), optimizer_.make_state(n),
+                            sync_.make_accumulator(n), false});
+    }
+    registered_ = true;
+    reply(PlacementReply{variables_, placement_});
+    if (slots_.empty()) become_ready();
+  }
+
+  static std::string check_variables(const std::vector<VariableSpec>& variables) {
+    for (std::size_t i = 0; i < variables.size(); ++i) {
+      const VariableSpec& v = variables[i];
+      if (v.name.empty()) return "variable " + std::to_string(i) + " has no name";
+      if (v.size() == 0) return "variable '" + v.name + "' has no elements";
+      for (std::size_t j = 0; j < i; ++j) {
+        if (variables[j].name == v.name) return "variable name '" + v.name + "' is used twice";
+      }
+    }
+    return {};
+  }
+
+  std::string check_placement(const std::vector<VariableSpec>& variables,
+                              const Placement& placement) const {
+    if (placement.num_variables() != variables.size()) return "wrong number of variables";
+    for (std::size_t v = 0; v < variables.size(); ++v) {
+      std::size_t next_row = 0;
+      std::uint32_t index = 0;
+      for (const Part& part : placement.parts_of(v)) {
+        if (part.variable != v || part.index != index++) return "parts are out of order";
+        if (part.ps >= num_ps_) return "a part is placed on a ps task that does not exist";
+        if (part.rows.begin != next_row || part.rows.empty()) {
+          return "the parts of '" + variables[v].name + "' do not cover its rows exactly once";
+        }
+        next_row = part.rows.end;
+      }
+      if (next_row != variables[v].rows()) {
+        return "the parts of '" + variables[v].name + "' do not cover its rows exactly once";
+      }
+    }
+    return {};
+  }
+
+  // ---- Initialize / WaitReady -----------------------------------------------------------
+
+  void on(Initialize& r, Responder& reply) {
+    if (!registered_) {
+      reject(reply, ErrorCode::kFailedPrecondition, "initialize before the model is registered");
+      return;
+    }
+    for (const PartValues& pv : r.parts) {
+      Slot* slot = nullptr;
+      if (auto problem = find_slot(pv, slot); !problem.empty()) {
+        reject(reply, ErrorCode::kInvalidArgument, std::move(problem));
+        return;
+      }
+      if (slot->initialized) {
+        reject(reply, ErrorCode::kAlreadyExists, describe(slot->part) + " is already initialized");
+        return;
+      }
+    }
+    for (const PartValues& pv : r.parts) {
+      Slot& slot = slots_[slot_of_part_[pv.part]];
+      std::copy(pv.values.begin(), pv.values.end(), slot.values.begin());
+      slot.initialized = true;
+      ++initialized_slots_;
+    }
+    reply(Ack{});
+    if (initialized_slots_ == slots_.size() && !ready_) become_ready();
+  }
+
+  void on(WaitReady& /*r*/, Responder& reply) {
+    if (ready_) {
+      reply(PlacementReply{variables_, placement_});
+    } else {
+      ready_waiters_.push_back(std::move(reply));
+    }
+  }
+
+  void become_ready() {
+    ready_ = true;
+    release_tokens(sync_.initial_tokens());
+    for (Responder& waiter : std::exchange(ready_waiters_, {}))
+      waiter(PlacementReply{variables_, placement_});
+  }
+
+  // ---- TakeToken ------------------------------------------------------------------------
+
+  void on(TakeToken& r, Responder& reply) {
+    if (!ready_) {
+      reject(reply, ErrorCode::kFailedPrecondition, "token requested before initialization");
+      return;
+    }
+    if (sync_.initial_tokens() < 0) {  // the policy does not pace workers
+      reply(TokenReply{0, global_step()});
+    } else if (!give_token(r.worker, reply)) {
+      token_waiters_.push_back({r.worker, std::move(reply)});
+    }
+  }
+
+  /// Hands `worker` a token of the current step if one is left and it may take one more.
+  bool give_token(std::uint32_t worker, Responder& reply) {
+    const std::int64_t cap = sync_.tokens_per_worker();
+    std::int64_t& taken = tokens_taken_[worker];
+    if (tokens_left_ == 0 || (cap >= 0 && taken >= cap)) return false;
+    --tokens_left_;
+    ++taken;
+    reply(TokenReply{global_step(), global_step()});
+    return true;
+  }
+
+  /// Replaces the tokens of the last step by `count` tokens of the current one.
+  void release_tokens(std::int64_t count) {
+    tokens_left_ = count < 0 ? 0 : count;
+    tokens_taken_.clear();
+    std::deque<TokenWaiter> still_waiting;
+    for (TokenWaiter& w : std::exchange(token_waiters_, {})) {
+      if (!give_token(w.worker, w.reply)) still_waiting.push_back(std::move(w));
+    }
+    token_waiters_ = std::move(still_waiting);
+  }
+
+  // ---- Pull -----------------------------------------------------------------------------
+
+  void on(Pull& r, Responder& reply) {
+    if (!ready_) {
+      reject(reply, ErrorCode::kFailedPrecondition, "pull before initialization");
+      return;
+    }
+    for (const Slice& s : r.slices) {
+      if (s.part >= slot_of_part_.size() || slot_of_part_[s.part] == kNotHere) {
+        reject(reply, ErrorCode::kNotFound, unknown_part(s.part));
+        return;
+      }
+      const Part& part = slots_[slot_of_part_[s.part]].part;
+      if (s.rows.empty() || s.rows.begin < part.rows.begin || s.rows.end > part.rows.end) {
+        reject(reply, ErrorCode::kInvalidArgument,
+               "rows [" + std::to_string(s.rows.begin) + ", " + std::to_string(s.rows.end) +
+                   ") are outside " + describe(part));
+        return;
+      }
+    }
+    if (global_step() < r.min_step) {
+      waiting_pulls_.push_back({std::move(r), std::move(reply)});
+    } else {
+      answer_pull(r, reply);
+    }
+  }
+
+  void answer_pull(const Pull& r, Responder& reply) {
+    PullReply answer{global_step(), {}};
+    answer.values.reserve(r.slices.size());
+    for (const Slice& s : r.slices) {
+      const Slot& slot = slots_[slot_of_part_[s.part]];
+      const std::size_t offset = (s.rows.begin - slot.part.rows.begin) * slot.row_size;
+      answer.values.push_back(
+          std::span<const float>(slot.values).subspan(offset, s.rows.size() * slot.row_size));
+      stats_.bytes_pulled += static_cast<std::int64_t>(answer.values.back().size_bytes());
+    }
+    reply(std::move(answer));
+  }
+
+  // ---- Push -----------------------------------------------------------------------------
+
+  void on(Push& r, Responder& reply) {
+    if (!ready_) {
+      reject(reply, ErrorCode::kFailedPrecondition,
+             "push before initialization: the chief has not initialized the variables");
+      return;
+    }
+    for (std::size_t i = 0; i < r.gradients.size(); ++i) {
+      const PartValues& pv = r.gradients[i];
+      Slot* slot = nullptr;
+      if (auto problem = find_slot(pv, slot); !problem.empty()) {
+        reject(reply, ErrorCode::kInvalidArgument, std::move(problem));
+        return;
+      }
+      for (std::size_t j = 0; j < i; ++j) {
+        if (r.gradients[j].part == pv.part) {
+          reject(reply, ErrorCode::kInvalidArgument, describe(slot->part) + " is pushed twice");
+          return;
+        }
+      }
+      if (!all_finite(pv.values)) {
+        reject(reply, ErrorCode::kInvalidArgument,
+               "non-finite (NaN or Inf) gradient for " + describe(slot->part) + " from worker " +
+                   std::to_string(r.worker) + "; nothing was applied");
+        return;
+      }
+    }
+    PushReply answer;
+    for (const PartValues& pv : r.gradients) {
+      Slot& slot = slots_[slot_of_part_[pv.part]];
+      stats_.bytes_pushed += static_cast<std::int64_t>(pv.values.size_bytes());
+      switch (sync_.accumulate(slot.accumulator, pv.values, r.local_step)) {
+        case Verdict::kStale:
+          ++stats_.stale_gradients_dropped;
+          ++answer.stale_parts;
+          break;
+        case Verdict::kPending:
+          ++stats_.gradients_accepted;
+          break;
+        case Verdict::kReady:
+          ++stats_.gradients_accepted;
+          optimizer_.apply(slot.optimizer_state, slot.values, sync_.take(slot.accumulator));
+          ++stats_.updates_applied;
+          break;
+      }
+    }
+    const Verdict vote = sync_.accumulate(step_votes_, {}, r.local_step);
+    reply(answer);
+    if (vote == Verdict::kReady) {
+      sync_.take(step_votes_);
+      stats_.global_step = global_step();
+      release_tokens(sync_.tokens_per_step());
+      answer_waiting_pulls();
+    }
+  }
+
+  void answer_waiting_pulls() {
+    std::vector<WaitingPull> still_waiting;
+    for (WaitingPull& w : std::exchange(waiting_pulls_, {})) {
+      if (global_step() >= w.request.min_step) {
+        answer_pull(w.request, w.reply);
+      } else {
+        still_waiting.push_back(std::move(w));
+      }
+    }
+    waiting_pulls_ = std::move(still_waiting);
+  }
+
+  static bool all_finite(std::span<const float> values) {
+    // Exponent all ones means Inf or NaN; integer ops so the loop vectorizes.
+    std::uint32_t bad = 0;
+    for (float v : values) {
+      bad |= static_cast<std::uint32_t>((std::bit_cast<std::uint32_t>(v) & 0x7F800000U) ==
+                                        0x7F800000U);
+    }
+    return bad == 0;
+  }
+
+  // ---- GetStats / Shutdown --------------------------------------------------------------
+
+  void on(GetStats& /*r*/, Responder& reply) { reply(StatsReply{stats_}); }
+
+  void on(Shutdown& /*r*/, Responder& reply) {
+    stopped_ = true;
+    const ErrorReply cancelled{ErrorCode::kCancelled,
+                               "ps " + std::to_string(task_) + " shut down while waiting"};
+    for (Responder& w : std::exchange(ready_waiters_, {})) w(ErrorReply{cancelled});
+    for (TokenWaiter& w : std::exchange(token_waiters_, {})) w.reply(ErrorReply{cancelled});
+    for (WaitingPull& w : std::exchange(waiting_pulls_, {})) w.reply(ErrorReply{cancelled});
+    reply(Ack{});
+  }
+
+  // ---- helpers --------------------------------------------------------------------------
+
+  [[nodiscard]] std::int64_t global_step() const { return sync_.step(step_votes_); }
+
+  /// Finds the slot of `pv.part` and checks the value count; returns a problem or "".
+  std::string find_slot(const PartValues& pv, Slot*& slot) {
+    if (pv.part >= slot_of_part_.size() || slot_of_part_[pv.part] == kNotHere) {
+      return unknown_part(pv.part);
+    }
+    slot = &slots_[slot_of_part_[pv.part]];
+    if (pv.values.size() != slot->values.size()) {
+      return describe(slot->part) + " has " + std::to_string(slot->values.size()) +
+             " elements, got " + std::to_string(pv.values.size());
+    }
+    return {};
+  }
+
+  std::string unknown_part(std::uint32_t part) const {
+    if (part >= placement_.parts.size()) {
+      return "unknown part " + std::to_string(part) + " (the model has " +
+             std::to_string(placement_.parts.size()) + " parts)";
+    }
+    return describe(placement_.parts[part]) + " is held by ps " +
+           std::to_string(placement_.parts[part].ps) + ", not here";
+  }
+
+  std::string describe(const Part& part) const {
+    return "variable '" + variables_[part.variable].name + "' part " + std::to_string(part.index);
+  }
+
+  static constexpr std::size_t kNotHere = static_cast<std::size_t>(-1);
+
+  std::uint32_t task_;
+  std::uint32_t num_ps_;
+  [[no_unique_address]] O optimizer_;
+  [[no_unique_address]] P sync_;
+  [[no_unique_address]] S sharding_;
+
+  bool registered_ = false;
+  bool ready_ = false;
+  bool stopped_ = false;
+  std::vector<VariableSpec> variables_;
+  Placement placement_;
+  std::vector<Slot> slots_;
+  std::vector<std::size_t> slot_of_part_;  ///< global part index → slot, or kNotHere
+  std::size_t initialized_slots_ = 0;
+
+  typename P::Accumulator step_votes_;  ///< the global step: one vote per push message
+  std::int64_t tokens_left_ = 0;        ///< tokens of the current step
+  std::map<std::uint32_t, std::int64_t> tokens_taken_;  ///< by worker, this step
+  std::deque<TokenWaiter> token_waiters_;
+  std::vector<Responder> ready_waiters_;
+  std::vector<WaitingPull> waiting_pulls_;
+  Stats stats_;
+};
+
+}  // namespace pulley
+// ---- end pulley/parameter_server.hpp ----
 // ---- begin pulley/sharding/partitioned.hpp ----
 
 #include <cstddef>
@@ -874,8 +1653,7 @@ namespace pulley {
 struct FixedShards {
   std::size_t num_shards = 1;
 
-  [[nodiscard]] Placement place(std::span<const VariableSpec> variables,
-                                std::size_t num_ps) const {
+  [[nodiscard]] Placement place(std::span<const VariableSpec> variables, std::size_t num_ps) const {
     return detail::place_round_robin(variables, num_ps,
                                      [this](const VariableSpec&) { return num_shards; });
   }
@@ -898,8 +1676,7 @@ struct MinSize {
     return wanted < max_shards ? wanted : max_shards;
   }
 
-  [[nodiscard]] Placement place(std::span<const VariableSpec> variables,
-                                std::size_t num_ps) const {
+  [[nodiscard]] Placement place(std::span<const VariableSpec> variables, std::size_t num_ps) const {
     return detail::place_round_robin(variables, num_ps,
                                      [this](const VariableSpec& s) { return parts_for(s); });
   }
@@ -918,8 +1695,7 @@ namespace pulley {
 /// Whole variables dealt to the ps tasks in turn: variable i on ps `i % num_ps`.
 /// TensorFlow's default (`replica_device_setter` with its round-robin strategy).
 struct RoundRobin {
-  [[nodiscard]] Placement place(std::span<const VariableSpec> variables,
-                                std::size_t num_ps) const {
+  [[nodiscard]] Placement place(std::span<const VariableSpec> variables, std::size_t num_ps) const {
     return detail::place_round_robin(variables, num_ps, [](const VariableSpec&) { return 1; });
   }
 };
@@ -927,7 +1703,6 @@ static_assert(Sharding<RoundRobin>);
 
 }  // namespace pulley
 // ---- end pulley/sharding/round_robin.hpp ----
-
 // ---- begin pulley/sync/async.hpp ----
 
 #include <cstddef>
@@ -1062,786 +1837,6 @@ static_assert(SyncPolicy<SyncReplicas>);
 
 }  // namespace pulley
 // ---- end pulley/sync/sync_replicas.hpp ----
-
-// ---- begin pulley/chief.hpp ----
-
-#include <cstddef>
-#include <cstdint>
-#include <span>
-#include <string>
-#include <utility>
-#include <vector>
-
-// ---- begin pulley/detail/client.hpp ----
-
-#include <algorithm>
-#include <chrono>
-#include <cstddef>
-#include <cstdint>
-#include <future>
-#include <span>
-#include <string>
-#include <string_view>
-#include <utility>
-#include <vector>
-
-namespace pulley {
-
-/// Deadlines of a client's requests.
-struct ClientOptions {
-  /// For requests a ps answers at once (push, ungated pull, stats, initialize).
-  std::chrono::milliseconds request_timeout{std::chrono::seconds(60)};
-  /// For requests that wait on other tasks: readiness, sync tokens, step-gated pulls.
-  std::chrono::milliseconds wait_timeout{std::chrono::minutes(30)};
-};
-
-/// One destination of a pull: rows `rows` of variable `variable`, written to `into`.
-struct PullRequest {
-  std::size_t variable = 0;
-  RowRange rows;
-  std::span<float> into;
-};
-
-namespace detail {
-
-/// What workers, the chief and the evaluator share: the placement, and turning
-/// variable-level pulls and pushes into per-ps requests sent concurrently.
-template <Transport T>
-class Client {
- public:
-  Client(T transport, ClientOptions options)
-      : transport_(std::move(transport)), options_(options) {}
-
-  [[nodiscard]] std::size_t num_ps() const { return transport_.num_ps(); }
-  [[nodiscard]] const Placement& placement() const noexcept { return placement_; }
-  [[nodiscard]] const std::vector<VariableSpec>& variables() const noexcept { return variables_; }
-  [[nodiscard]] bool has_placement() const noexcept { return !placement_.first_part.empty(); }
-  T& transport() noexcept { return transport_; }
-  [[nodiscard]] const ClientOptions& options() const noexcept { return options_; }
-
-  /// Index of the variable called `name`; throws kNotFound naming it.
-  [[nodiscard]] std::size_t variable_index(std::string_view name) const {
-    for (std::size_t i = 0; i < variables_.size(); ++i) {
-      if (variables_[i].name == name) return i;
-    }
-    throw Error(ErrorCode::kNotFound, "unknown variable '" + std::string(name) + "'");
-  }
-
-  /// Sends `request(ps)` to every ps at once and returns the replies of type R.
-  template <class R, class MakeRequest>
-  std::vector<R> broadcast(MakeRequest make_request, std::chrono::milliseconds timeout,
-                           std::string_view what) {
-    std::vector<std::future<Response>> futures;
-    for (std::size_t ps = 0; ps < num_ps(); ++ps) {
-      futures.push_back(transport_.call(ps, Request{make_request(ps)}, {}));
-    }
-    std::vector<R> replies;
-    for (std::size_t ps = 0; ps < futures.size(); ++ps) {
-      replies.push_back(wait<R>(futures[ps], ps, timeout, what));
-    }
-    return replies;
-  }
-
-  /// Registers the model on every ps and checks that their placements agree.
-  void register_model(std::span<const VariableSpec> variables) {
-    std::vector<VariableSpec> list(variables.begin(), variables.end());
-    adopt(broadcast<PlacementReply>([&](std::size_t) { return Register{list}; },
-                                    options_.request_timeout, "register"),
-          list);
-  }
-
-  /// Waits until every ps is initialized and learns the placement.
-  void wait_ready(std::span<const VariableSpec> variables) {
-    std::vector<VariableSpec> list(variables.begin(), variables.end());
-    adopt(broadcast<PlacementReply>([](std::size_t) { return WaitReady{}; },
-                                    options_.wait_timeout, "wait for initialization"),
-          list);
-  }
-
-  /// Takes a sync token from ps 0, which keeps the global step.
-  TokenReply take_token(std::uint32_t worker) {
-    auto future = transport_.call(0, TakeToken{worker}, {});
-    return wait<TokenReply>(future, 0, options_.wait_timeout, "take a sync token");
-  }
-
-  /// Pulls every request's rows into its destination, from all ps tasks at once; no ps
-  /// answers before it completed `min_step` steps.
-  void pull(std::span<const PullRequest> requests, std::int64_t min_step) {
-    std::vector<Pull> pulls(num_ps(), Pull{min_step, {}});
-    std::vector<PullTargets> targets(num_ps());
-    for (const PullRequest& r : requests) {
-      const VariableSpec& spec = checked_variable(r.variable);
-      if (r.rows.empty() || r.rows.end > spec.rows() ||
-          r.into.size() != r.rows.size() * spec.row_size()) {
-        throw Error(ErrorCode::kInvalidArgument,
-                    "pull of '" + spec.name + "' rows [" + std::to_string(r.rows.begin) + ", " +
-                        std::to_string(r.rows.end) + ") into " + std::to_string(r.into.size()) +
-                        " floats does not fit its shape");
-      }
-      for (const Part& part : placement_.parts_of(r.variable)) {
-        const std::size_t begin = std::max(part.rows.begin, r.rows.begin);
-        const std::size_t end = std::min(part.rows.end, r.rows.end);
-        if (begin >= end) continue;
-        pulls[part.ps].slices.push_back({global_index(part), {begin, end}});
-        targets[part.ps].push_back(r.into.subspan((begin - r.rows.begin) * spec.row_size(),
-                                                  (end - begin) * spec.row_size()));
-      }
-    }
-    std::vector<std::future<Response>> futures(num_ps());
-    for (std::size_t ps = 0; ps < num_ps(); ++ps) {
-      if (pulls[ps].slices.empty()) continue;
-      futures[ps] = transport_.call(ps, std::move(pulls[ps]), std::move(targets[ps]));
-    }
-    const auto timeout = min_step > 0 ? options_.wait_timeout : options_.request_timeout;
-    for (std::size_t ps = 0; ps < futures.size(); ++ps) {
-      if (futures[ps].valid()) wait<PullReply>(futures[ps], ps, timeout, "pull");
-    }
-  }
-
-  /// Pushes the gradients of whole variables (one span per variable, in variable order)
-  /// tagged with `local_step`; every ps gets a message, which is its step vote. Returns the
-  /// number of part gradients dropped as stale.
-  std::uint32_t push(std::uint32_t worker, std::int64_t local_step,
-                     std::span<const std::span<const float>> gradients) {
-    if (gradients.size() != variables_.size()) {
-      throw Error(ErrorCode::kInvalidArgument, "push needs one gradient per variable");
-    }
-    std::vector<Push> pushes(num_ps(), Push{worker, local_step, {}});
-    for (const Part& part : placement_.parts) {
-      const std::size_t row_size = variables_[part.variable].row_size();
-      const std::span<const float> g = gradients[part.variable];
-      if (g.size() != variables_[part.variable].size()) {
-        throw Error(ErrorCode::kInvalidArgument,
-                    "gradient of '" + variables_[part.variable].name + "' has " +
-                        std::to_string(g.size()) + " elements, expected " +
-                        std::to_string(variables_[part.variable].size()));
-      }
-      pushes[part.ps].gradients.push_back(
-          {global_index(part),
-           g.subspan(part.rows.begin * row_size, part.rows.size() * row_size)});
-    }
-    std::vector<std::future<Response>> futures;
-    for (std::size_t ps = 0; ps < num_ps(); ++ps) {
-      futures.push_back(transport_.call(ps, std::move(pushes[ps]), {}));
-    }
-    std::uint32_t stale = 0;
-    for (std::size_t ps = 0; ps < futures.size(); ++ps) {
-      stale += wait<PushReply>(futures[ps], ps, options_.request_timeout, "push").stale_parts;
-    }
-    return stale;
-  }
-
-  /// Waits for the reply of `ps` and returns it as R, or throws the server's Error.
-  template <class R>
-  R wait(std::future<Response>& future, std::size_t ps, std::chrono::milliseconds timeout,
-         std::string_view what) {
-    if (future.wait_for(timeout) != std::future_status::ready) {
-      throw Error(ErrorCode::kDeadlineExceeded,
-                  std::string(what) + ": ps " + std::to_string(ps) + " did not answer within " +
-                      std::to_string(timeout.count()) + " ms");
-    }
-    return expect<R>(future.get());
-  }
-
- private:
-  const VariableSpec& checked_variable(std::size_t v) const {
-    if (!has_placement()) {
-      throw Error(ErrorCode::kFailedPrecondition, "no placement yet: call wait_ready() first");
-    }
-    if (v >= variables_.size()) {
-      throw Error(ErrorCode::kNotFound, "unknown variable index " + std::to_string(v));
-    }
-    return variables_[v];
-  }
-
-  std::uint32_t global_index(const Part& part) const {
-    return static_cast<std::uint32_t>(&part - placement_.parts.data());
-  }
-
-  void adopt(std::vector<PlacementReply> replies, std::vector<VariableSpec>& variables) {
-    for (std::size_t ps = 1; ps < replies.size(); ++ps) {
-      if (!(replies[ps].placement == replies[0].placement)) {
-        throw Error(ErrorCode::kFailedPrecondition,
-                    "ps 0 and ps " + std::to_string(ps) +
-                        " place the variables differently: are they configured with the same "
-                        "sharding policy and number of ps tasks?");
-      }
-    }
-    if (replies.empty()) throw Error(ErrorCode::kInvalidArgument, "the cluster has no ps task");
-    const auto& registered = replies[0].variables;
-    if (registered.size() != variables.size()) {
-      throw Error(ErrorCode::kFailedPrecondition,
-                  "the ps tasks hold " + std::to_string(registered.size()) +
-                      " variables but this model has " + std::to_string(variables.size()));
-    }
-    for (std::size_t v = 0; v < variables.size(); ++v) {
-      if (!(registered[v] == variables[v])) {
-        throw Error(ErrorCode::kFailedPrecondition,
-                    "variable " + std::to_string(v) + " of this model ('" + variables[v].name +
-                        "') differs from the one the chief registered ('" + registered[v].name +
-                        "'): name, shape and initializer must match");
-      }
-    }
-    placement_ = std::move(replies[0].placement);
-    variables_ = std::move(variables);
-  }
-
-  T transport_;
-  ClientOptions options_;
-  Placement placement_;
-  std::vector<VariableSpec> variables_;
-};
-
-}  // namespace detail
-}  // namespace pulley
-// ---- end pulley/detail/client.hpp ----
-
-namespace pulley {
-
-/// The chief task: registers the model with the ps tasks, initializes every variable from a
-/// seed, releases the workers (the ps tasks turn ready), reads variables back for
-/// evaluation and checkpoints, and shuts the cluster down at the end.
-///
-/// @tparam T the Transport that reaches the ps tasks
-template <Transport T>
-class Chief {
- public:
-  /// @param seed initial values depend only on it and the variables' names
-  Chief(T transport, std::uint64_t seed, ClientOptions options = {})
-      : seed_(seed), client_(std::move(transport), options) {}
-
-  /// Registers `variables`, fills them with their initializers and sends the values to the
-  /// ps tasks that hold them. When it returns, every ps is ready and workers proceed.
-  const Placement& initialize(std::span<const VariableSpec> variables) {
-    std::vector<std::vector<float>> values;
-    values.reserve(variables.size());
-    for (const VariableSpec& spec : variables) {
-      values.emplace_back(spec.size());
-      pulley::initialize(spec, seed_, values.back());
-    }
-    return initialize(variables, values);
-  }
-
-  /// Same with explicit initial values, one vector per variable (e.g. a restored checkpoint).
-  const Placement& initialize(std::span<const VariableSpec> variables,
-                              std::span<const std::vector<float>> values) {
-    if (values.size() != variables.size()) {
-      throw Error(ErrorCode::kInvalidArgument, "initialize needs one value vector per variable");
-    }
-    for (std::size_t v = 0; v < variables.size(); ++v) {
-      if (values[v].size() != variables[v].size()) {
-        throw Error(ErrorCode::kInvalidArgument,
-                    "initial value of '" + variables[v].name + "' has " +
-                        std::to_string(values[v].size()) + " elements, expected " +
-                        std::to_string(variables[v].size()));
-      }
-    }
-    client_.register_model(variables);
-    const Placement& placement = client_.placement();
-    std::vector<Initialize> messages(client_.num_ps());
-    for (const Part& part : placement.parts) {
-      const std::size_t row_size = variables[part.variable].row_size();
-      messages[part.ps].parts.push_back(
-          {static_cast<std::uint32_t>(&part - placement.parts.data()),
-           std::span<const float>(values[part.variable])
-               .subspan(part.rows.begin * row_size, part.rows.size() * row_size)});
-    }
-    client_.template broadcast<Ack>([&](std::size_t ps) { return std::move(messages[ps]); },
-                                    timeouts().request_timeout, "initialize");
-    return placement;
-  }
-
-  /// Current values of every variable (a consistent snapshot in sync mode only if no step
-  /// completes meanwhile; see `wait_for_step`).
-  std::vector<std::vector<float>> read_variables() {
-    const auto& variables = client_.variables();
-    std::vector<std::vector<float>> values;
-    std::vector<PullRequest> requests;
-    values.reserve(variables.size());
-    for (std::size_t v = 0; v < variables.size(); ++v) {
-      values.emplace_back(variables[v].size());
-      requests.push_back({v, {0, variables[v].rows()}, values.back()});
-    }
-    client_.pull(requests, 0);
-    return values;
-  }
-
-  /// Blocks until ps 0 (which keeps the global step) has completed `step` steps; returns
-  /// the global step it reports.
-  std::int64_t wait_for_step(std::int64_t step) {
-    auto future = client_.transport().call(0, Pull{step, {}}, {});
-    return client_.template wait<PullReply>(future, 0, timeouts().wait_timeout, "wait for step")
-        .global_step;
-  }
-
-  /// Counters of every ps task, by task index.
-  std::vector<Stats> stats() {
-    std::vector<Stats> all;
-    for (auto& r : client_.template broadcast<StatsReply>([](std::size_t) { return GetStats{}; },
-                                                          timeouts().request_timeout, "stats")) {
-      all.push_back(r.stats);
-    }
-    return all;
-  }
-
-  /// Stops every ps task; requests still waiting there are cancelled.
-  void shutdown() {
-    client_.template broadcast<Ack>([](std::size_t) { return Shutdown{}; },
-                                    timeouts().request_timeout, "shutdown");
-  }
-
-  /// Where each variable lives, after `initialize`.
-  [[nodiscard]] const Placement& placement() const noexcept { return client_.placement(); }
-  /// The registered variables, after `initialize`.
-  [[nodiscard]] const std::vector<VariableSpec>& variables() const noexcept {
-    return client_.variables();
-  }
-
- private:
-  [[nodiscard]] const ClientOptions& timeouts() const { return client_.options(); }
-
-  std::uint64_t seed_;
-  detail::Client<T> client_;
-};
-
-}  // namespace pulley
-// ---- end pulley/chief.hpp ----
-// ---- begin pulley/parameter_server.hpp ----
-
-#include <bit>
-#include <cstddef>
-#include <cstdint>
-#include <deque>
-#include <functional>
-#include <map>
-#include <span>
-#include <string>
-#include <type_traits>
-#include <utility>
-#include <variant>
-#include <vector>
-
-namespace pulley {
-
-/// How a transport hands a ps its way to answer one request. It may be called later (a
-/// TakeToken waits for a token) but exactly once, and it must copy or send any views in the
-/// Response before returning.
-using Responder = std::function<void(Response&&)>;
-
-/// One ps task: holds the parts of every variable placed on it, aggregates the gradients
-/// pushed to them and applies the optimizer.
-///
-/// It is a message handler and does no I/O: a transport's serving loop calls `handle` for
-/// every request from one thread, so the same logic runs in-process and over the network,
-/// and nothing here needs a lock.
-///
-/// @tparam S Sharding policy: which ps holds which rows (every ps computes the same placement)
-/// @tparam O Optimizer applied to each part, with its per-part slots kept beside the part
-/// @tparam P SyncPolicy: async, SyncReplicas, ... decides when gradients are applied
-///
-/// Bad requests are answered with an ErrorReply and change nothing; the server keeps
-/// serving. A push is all-or-nothing: it is checked whole (known parts, sizes, finite
-/// values) before any of it is accumulated, so a NaN or Inf gradient is refused with
-/// `kInvalidArgument` instead of poisoning the parameters.
-template <Sharding S, Optimizer O, SyncPolicy P>
-class ParameterServer {
- public:
-  /// @param task    this ps task's index
-  /// @param num_ps  the number of ps tasks in the cluster
-  ParameterServer(std::uint32_t task, std::uint32_t num_ps, O optimizer, P sync, S sharding = {})
-      : task_(task),
-        num_ps_(num_ps),
-        optimizer_(std::move(optimizer)),
-        sync_(std::move(sync)),
-        sharding_(std::move(sharding)),
-        step_votes_(sync_.make_accumulator(0)) {
-    if (num_ps == 0 || task >= num_ps) {
-      throw Error(ErrorCode::kInvalidArgument, "ps task " + std::to_string(task) +
-                                                   " is outside a cluster of " +
-                                                   std::to_string(num_ps) + " ps tasks");
-    }
-  }
-
-  /// Handles one request; `reply` is called exactly once, now or later.
-  void handle(Request&& request, Responder reply) {
-    if (stopped_) {
-      reply(ErrorReply{ErrorCode::kCancelled, "ps " + std::to_string(task_) + " is shut down"});
-      return;
-    }
-    std::visit([&](auto& r) { on(r, reply); }, request);
-  }
-
-  /// True once a Shutdown request was handled; the serving loop then ends.
-  [[nodiscard]] bool stopped() const noexcept { return stopped_; }
-  /// This ps task's index.
-  [[nodiscard]] std::uint32_t task() const noexcept { return task_; }
-  /// Counters, as GetStats answers them.
-  [[nodiscard]] const Stats& stats() const noexcept { return stats_; }
-
- private:
-  /// A part held here, with the optimizer's slots and the sync policy's accumulator.
-  struct Slot {
-    Part part;
-    std::size_t row_size = 0;
-    std::vector<float> values;
-    typename O::State optimizer_state;
-    typename P::Accumulator accumulator;
-    bool initialized = false;
-  };
-
-  struct WaitingPull {
-    Pull request;
-    Responder reply;
-  };
-
-  struct TokenWaiter {
-    std::uint32_t worker;
-    Responder reply;
-  };
-
-  void reject(Responder& reply, ErrorCode code, std::string message) {
-    ++stats_.requests_rejected;
-    reply(ErrorReply{code, "ps " + std::to_string(task_) + ": " + std::move(message)});
-  }
-
-  // ---- Register -------------------------------------------------------------------------
-
-  void on(Register& r, Responder& reply) {
-    if (registered_) {
-      if (r.variables == variables_) {
-        reply(PlacementReply{variables_, placement_});
-      } else {
-        reject(reply, ErrorCode::kAlreadyExists, "a different model is already registered");
-      }
-      return;
-    }
-    if (auto problem = check_variables(r.variables); !problem.empty()) {
-      reject(reply, ErrorCode::kInvalidArgument, problem);
-      return;
-    }
-    Placement placement = sharding_.place(r.variables, num_ps_);
-    if (auto problem = check_placement(r.variables, placement); !problem.empty()) {
-      reject(reply, ErrorCode::kInvalidArgument, "the sharding policy is broken: " + problem);
-      return;
-    }
-    variables_ = std::move(r.variables);
-    placement_ = std::move(placement);
-    slot_of_part_.assign(placement_.parts.size(), kNotHere);
-    for (const Part& part : placement_.parts) {
-      if (part.ps != task_) continue;
-      const std::size_t row_size = variables_[part.variable].row_size();
-      const std::size_t n = part.rows.size() * row_size;
-      slot_of_part_[&part - placement_.parts.data()] = slots_.size();
-      slots_.push_back(Slot{part, row_size, std::vector<float>(n, 0.0F),
-                            optimizer_.make_state(n), sync_.make_accumulator(n), false});
-    }
-    registered_ = true;
-    reply(PlacementReply{variables_, placement_});
-    if (slots_.empty()) become_ready();
-  }
-
-  static std::string check_variables(const std::vector<VariableSpec>& variables) {
-    for (std::size_t i = 0; i < variables.size(); ++i) {
-      const VariableSpec& v = variables[i];
-      if (v.name.empty()) return "variable " + std::to_string(i) + " has no name";
-      if (v.size() == 0) return "variable '" + v.name + "' has no elements";
-      for (std::size_t j = 0; j < i; ++j) {
-        if (variables[j].name == v.name) return "variable name '" + v.name + "' is used twice";
-      }
-    }
-    return {};
-  }
-
-  std::string check_placement(const std::vector<VariableSpec>& variables,
-                              const Placement& placement) const {
-    if (placement.num_variables() != variables.size()) return "wrong number of variables";
-    for (std::size_t v = 0; v < variables.size(); ++v) {
-      std::size_t next_row = 0;
-      std::uint32_t index = 0;
-      for (const Part& part : placement.parts_of(v)) {
-        if (part.variable != v || part.index != index++) return "parts are out of order";
-        if (part.ps >= num_ps_) return "a part is placed on a ps task that does not exist";
-        if (part.rows.begin != next_row || part.rows.empty()) {
-          return "the parts of '" + variables[v].name + "' do not cover its rows exactly once";
-        }
-        next_row = part.rows.end;
-      }
-      if (next_row != variables[v].rows()) {
-        return "the parts of '" + variables[v].name + "' do not cover its rows exactly once";
-      }
-    }
-    return {};
-  }
-
-  // ---- Initialize / WaitReady -----------------------------------------------------------
-
-  void on(Initialize& r, Responder& reply) {
-    if (!registered_) {
-      reject(reply, ErrorCode::kFailedPrecondition, "initialize before the model is registered");
-      return;
-    }
-    for (const PartValues& pv : r.parts) {
-      Slot* slot = nullptr;
-      if (auto problem = find_slot(pv, slot); !problem.empty()) {
-        reject(reply, ErrorCode::kInvalidArgument, std::move(problem));
-        return;
-      }
-      if (slot->initialized) {
-        reject(reply, ErrorCode::kAlreadyExists, describe(slot->part) + " is already initialized");
-        return;
-      }
-    }
-    for (const PartValues& pv : r.parts) {
-      Slot& slot = slots_[slot_of_part_[pv.part]];
-      std::copy(pv.values.begin(), pv.values.end(), slot.values.begin());
-      slot.initialized = true;
-      ++initialized_slots_;
-    }
-    reply(Ack{});
-    if (initialized_slots_ == slots_.size() && !ready_) become_ready();
-  }
-
-  void on(WaitReady& /*r*/, Responder& reply) {
-    if (ready_) {
-      reply(PlacementReply{variables_, placement_});
-    } else {
-      ready_waiters_.push_back(std::move(reply));
-    }
-  }
-
-  void become_ready() {
-    ready_ = true;
-    release_tokens(sync_.initial_tokens());
-    for (Responder& waiter : std::exchange(ready_waiters_, {})) waiter(PlacementReply{variables_, placement_});
-  }
-
-  // ---- TakeToken ------------------------------------------------------------------------
-
-  void on(TakeToken& r, Responder& reply) {
-    if (!ready_) {
-      reject(reply, ErrorCode::kFailedPrecondition, "token requested before initialization");
-      return;
-    }
-    if (sync_.initial_tokens() < 0) {  // the policy does not pace workers
-      reply(TokenReply{0, global_step()});
-    } else if (!give_token(r.worker, reply)) {
-      token_waiters_.push_back({r.worker, std::move(reply)});
-    }
-  }
-
-  /// Hands `worker` a token of the current step if one is left and it may take one more.
-  bool give_token(std::uint32_t worker, Responder& reply) {
-    const std::int64_t cap = sync_.tokens_per_worker();
-    std::int64_t& taken = tokens_taken_[worker];
-    if (tokens_left_ == 0 || (cap >= 0 && taken >= cap)) return false;
-    --tokens_left_;
-    ++taken;
-    reply(TokenReply{global_step(), global_step()});
-    return true;
-  }
-
-  /// Replaces the tokens of the last step by `count` tokens of the current one.
-  void release_tokens(std::int64_t count) {
-    tokens_left_ = count < 0 ? 0 : count;
-    tokens_taken_.clear();
-    std::deque<TokenWaiter> still_waiting;
-    for (TokenWaiter& w : std::exchange(token_waiters_, {})) {
-      if (!give_token(w.worker, w.reply)) still_waiting.push_back(std::move(w));
-    }
-    token_waiters_ = std::move(still_waiting);
-  }
-
-  // ---- Pull -----------------------------------------------------------------------------
-
-  void on(Pull& r, Responder& reply) {
-    if (!ready_) {
-      reject(reply, ErrorCode::kFailedPrecondition, "pull before initialization");
-      return;
-    }
-    for (const Slice& s : r.slices) {
-      if (s.part >= slot_of_part_.size() || slot_of_part_[s.part] == kNotHere) {
-        reject(reply, ErrorCode::kNotFound, unknown_part(s.part));
-        return;
-      }
-      const Part& part = slots_[slot_of_part_[s.part]].part;
-      if (s.rows.empty() || s.rows.begin < part.rows.begin || s.rows.end > part.rows.end) {
-        reject(reply, ErrorCode::kInvalidArgument,
-               "rows [" + std::to_string(s.rows.begin) + ", " + std::to_string(s.rows.end) +
-                   ") are outside " + describe(part));
-        return;
-      }
-    }
-    if (global_step() < r.min_step) {
-      waiting_pulls_.push_back({std::move(r), std::move(reply)});
-    } else {
-      answer_pull(r, reply);
-    }
-  }
-
-  void answer_pull(const Pull& r, Responder& reply) {
-    PullReply answer{global_step(), {}};
-    answer.values.reserve(r.slices.size());
-    for (const Slice& s : r.slices) {
-      const Slot& slot = slots_[slot_of_part_[s.part]];
-      const std::size_t offset = (s.rows.begin - slot.part.rows.begin) * slot.row_size;
-      answer.values.push_back(
-          std::span<const float>(slot.values).subspan(offset, s.rows.size() * slot.row_size));
-      stats_.bytes_pulled += static_cast<std::int64_t>(answer.values.back().size_bytes());
-    }
-    reply(std::move(answer));
-  }
-
-  // ---- Push -----------------------------------------------------------------------------
-
-  void on(Push& r, Responder& reply) {
-    if (!ready_) {
-      reject(reply, ErrorCode::kFailedPrecondition,
-             "push before initialization: the chief has not initialized the variables");
-      return;
-    }
-    for (std::size_t i = 0; i < r.gradients.size(); ++i) {
-      const PartValues& pv = r.gradients[i];
-      Slot* slot = nullptr;
-      if (auto problem = find_slot(pv, slot); !problem.empty()) {
-        reject(reply, ErrorCode::kInvalidArgument, std::move(problem));
-        return;
-      }
-      for (std::size_t j = 0; j < i; ++j) {
-        if (r.gradients[j].part == pv.part) {
-          reject(reply, ErrorCode::kInvalidArgument, describe(slot->part) + " is pushed twice");
-          return;
-        }
-      }
-      if (!all_finite(pv.values)) {
-        reject(reply, ErrorCode::kInvalidArgument,
-               "non-finite (NaN or Inf) gradient for " + describe(slot->part) +
-                   " from worker " + std::to_string(r.worker) + "; nothing was applied");
-        return;
-      }
-    }
-    PushReply answer;
-    for (const PartValues& pv : r.gradients) {
-      Slot& slot = slots_[slot_of_part_[pv.part]];
-      stats_.bytes_pushed += static_cast<std::int64_t>(pv.values.size_bytes());
-      switch (sync_.accumulate(slot.accumulator, pv.values, r.local_step)) {
-        case Verdict::kStale:
-          ++stats_.stale_gradients_dropped;
-          ++answer.stale_parts;
-          break;
-        case Verdict::kPending:
-          ++stats_.gradients_accepted;
-          break;
-        case Verdict::kReady:
-          ++stats_.gradients_accepted;
-          optimizer_.apply(slot.optimizer_state, slot.values, sync_.take(slot.accumulator));
-          ++stats_.updates_applied;
-          break;
-      }
-    }
-    const Verdict vote = sync_.accumulate(step_votes_, {}, r.local_step);
-    reply(answer);
-    if (vote == Verdict::kReady) {
-      sync_.take(step_votes_);
-      stats_.global_step = global_step();
-      release_tokens(sync_.tokens_per_step());
-      answer_waiting_pulls();
-    }
-  }
-
-  void answer_waiting_pulls() {
-    std::vector<WaitingPull> still_waiting;
-    for (WaitingPull& w : std::exchange(waiting_pulls_, {})) {
-      if (global_step() >= w.request.min_step) {
-        answer_pull(w.request, w.reply);
-      } else {
-        still_waiting.push_back(std::move(w));
-      }
-    }
-    waiting_pulls_ = std::move(still_waiting);
-  }
-
-  static bool all_finite(std::span<const float> values) {
-    // Exponent all ones means Inf or NaN; integer ops so the loop vectorizes.
-    std::uint32_t bad = 0;
-    for (float v : values) {
-      bad |= static_cast<std::uint32_t>((std::bit_cast<std::uint32_t>(v) & 0x7F800000U) ==
-                                        0x7F800000U);
-    }
-    return bad == 0;
-  }
-
-  // ---- GetStats / Shutdown --------------------------------------------------------------
-
-  void on(GetStats& /*r*/, Responder& reply) { reply(StatsReply{stats_}); }
-
-  void on(Shutdown& /*r*/, Responder& reply) {
-    stopped_ = true;
-    const ErrorReply cancelled{ErrorCode::kCancelled,
-                               "ps " + std::to_string(task_) + " shut down while waiting"};
-    for (Responder& w : std::exchange(ready_waiters_, {})) w(ErrorReply{cancelled});
-    for (TokenWaiter& w : std::exchange(token_waiters_, {})) w.reply(ErrorReply{cancelled});
-    for (WaitingPull& w : std::exchange(waiting_pulls_, {})) w.reply(ErrorReply{cancelled});
-    reply(Ack{});
-  }
-
-  // ---- helpers --------------------------------------------------------------------------
-
-  [[nodiscard]] std::int64_t global_step() const { return sync_.step(step_votes_); }
-
-  /// Finds the slot of `pv.part` and checks the value count; returns a problem or "".
-  std::string find_slot(const PartValues& pv, Slot*& slot) {
-    if (pv.part >= slot_of_part_.size() || slot_of_part_[pv.part] == kNotHere) {
-      return unknown_part(pv.part);
-    }
-    slot = &slots_[slot_of_part_[pv.part]];
-    if (pv.values.size() != slot->values.size()) {
-      return describe(slot->part) + " has " + std::to_string(slot->values.size()) +
-             " elements, got " + std::to_string(pv.values.size());
-    }
-    return {};
-  }
-
-  std::string unknown_part(std::uint32_t part) const {
-    if (part >= placement_.parts.size()) {
-      return "unknown part " + std::to_string(part) + " (the model has " +
-             std::to_string(placement_.parts.size()) + " parts)";
-    }
-    return describe(placement_.parts[part]) + " is held by ps " +
-           std::to_string(placement_.parts[part].ps) + ", not here";
-  }
-
-  std::string describe(const Part& part) const {
-    return "variable '" + variables_[part.variable].name + "' part " + std::to_string(part.index);
-  }
-
-  static constexpr std::size_t kNotHere = static_cast<std::size_t>(-1);
-
-  std::uint32_t task_;
-  std::uint32_t num_ps_;
-  [[no_unique_address]] O optimizer_;
-  [[no_unique_address]] P sync_;
-  [[no_unique_address]] S sharding_;
-
-  bool registered_ = false;
-  bool ready_ = false;
-  bool stopped_ = false;
-  std::vector<VariableSpec> variables_;
-  Placement placement_;
-  std::vector<Slot> slots_;
-  std::vector<std::size_t> slot_of_part_;  ///< global part index → slot, or kNotHere
-  std::size_t initialized_slots_ = 0;
-
-  typename P::Accumulator step_votes_;  ///< the global step: one vote per push message
-  std::int64_t tokens_left_ = 0;                       ///< tokens of the current step
-  std::map<std::uint32_t, std::int64_t> tokens_taken_;  ///< by worker, this step
-  std::deque<TokenWaiter> token_waiters_;
-  std::vector<Responder> ready_waiters_;
-  std::vector<WaitingPull> waiting_pulls_;
-  Stats stats_;
-};
-
-}  // namespace pulley
-// ---- end pulley/parameter_server.hpp ----
 // ---- begin pulley/transport/in_process.hpp ----
 
 #include <atomic>
@@ -2050,8 +2045,7 @@ class InProcessNetwork {
       if (auto d = delay_of(Node::ps(task)); d.count() > 0) std::this_thread::sleep_for(d);
       server.handle(std::move(envelope.request),
                     [&box, call = std::move(envelope.call), task](Response&& r) {
-                      call->complete(box.dead ? unavailable(Node::ps(task).name())
-                                              : std::move(r));
+                      call->complete(box.dead ? unavailable(Node::ps(task).name()) : std::move(r));
                     });
       if (server.stopped()) break;
     }
@@ -2138,10 +2132,10 @@ namespace pulley {
 
 /// What one training step did.
 struct StepResult {
-  float loss = 0.0F;               ///< the batch's mean loss
-  std::int64_t local_step = 0;     ///< the step its gradient was computed for
-  std::int64_t global_step = 0;    ///< steps completed when its token was taken
-  std::uint32_t stale_parts = 0;   ///< part gradients the ps dropped as stale
+  float loss = 0.0F;              ///< the batch's mean loss
+  std::int64_t local_step = 0;    ///< the step its gradient was computed for
+  std::int64_t global_step = 0;   ///< steps completed when its token was taken
+  std::uint32_t stale_parts = 0;  ///< part gradients the ps dropped as stale
 };
 
 /// A worker task: pulls parameters into its model, computes gradients on its own batches
@@ -2170,8 +2164,9 @@ class Worker {
   /// variable as of that step, compute the gradient, push it. If the token shows that
   /// `last_step` global steps are done, nothing is computed and nullopt is returned: the
   /// caller stops (TF's StopAtStepHook).
-  std::optional<StepResult> step(const typename M::Batch& batch,
-                                 std::int64_t last_step = std::numeric_limits<std::int64_t>::max()) {
+  std::optional<StepResult> step(
+      const typename M::Batch& batch,
+      std::int64_t last_step = std::numeric_limits<std::int64_t>::max()) {
     const TokenReply token = client_.take_token(index_);
     global_step_ = token.global_step;
     if (token.global_step >= last_step) return std::nullopt;
@@ -2198,11 +2193,11 @@ class Worker {
     const std::size_t v = client_.variable_index(variable);
     const std::size_t row_size = client_.variables()[v].row_size();
     if (rows.end > client_.variables()[v].rows() || rows.empty()) {
-      throw Error(ErrorCode::kInvalidArgument, "rows out of range for '" +
-                                                   std::string(variable) + "'");
+      throw Error(ErrorCode::kInvalidArgument,
+                  "rows out of range for '" + std::string(variable) + "'");
     }
-    const PullRequest request{
-        v, rows, all_[v].into.subspan(rows.begin * row_size, rows.size() * row_size)};
+    const PullRequest request{v, rows,
+                              all_[v].into.subspan(rows.begin * row_size, rows.size() * row_size)};
     client_.pull(std::span(&request, 1), 0);
   }
 
@@ -2224,8 +2219,8 @@ class Worker {
   std::uint32_t index_;
   M model_;
   detail::Client<T> client_;
-  std::vector<PullRequest> all_;                     ///< every variable into the model
-  std::vector<std::span<const float>> gradients_;    ///< the model's gradient buffers
+  std::vector<PullRequest> all_;                   ///< every variable into the model
+  std::vector<std::span<const float>> gradients_;  ///< the model's gradient buffers
   std::int64_t global_step_ = 0;
 };
 

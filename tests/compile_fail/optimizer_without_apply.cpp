@@ -10,4 +10,6 @@ struct ForgotApply {
   State make_state(std::size_t) const { return {}; }
 };
 
-int main() { pulley::ParameterServer<pulley::RoundRobin, ForgotApply, pulley::Async> ps(0, 1, {}, {}); }
+int main() {
+  pulley::ParameterServer<pulley::RoundRobin, ForgotApply, pulley::Async> ps(0, 1, {}, {});
+}

@@ -17,4 +17,6 @@ struct ForgotTake {
   std::int64_t tokens_per_worker() const { return -1; }
 };
 
-int main() { pulley::ParameterServer<pulley::RoundRobin, pulley::Sgd, ForgotTake> ps(0, 1, {}, {}); }
+int main() {
+  pulley::ParameterServer<pulley::RoundRobin, pulley::Sgd, ForgotTake> ps(0, 1, {}, {});
+}

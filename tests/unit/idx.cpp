@@ -30,9 +30,9 @@ class TempDir {
  public:
   TempDir() {
     static int counter = 0;
-    path_ = fs::temp_directory_path() /
-            ("pulley-idx-test-" + std::to_string(std::random_device{}()) + "-" +
-             std::to_string(counter++));
+    path_ =
+        fs::temp_directory_path() / ("pulley-idx-test-" + std::to_string(std::random_device{}()) +
+                                     "-" + std::to_string(counter++));
     fs::create_directories(path_);
   }
   TempDir(const TempDir&) = delete;
@@ -79,8 +79,8 @@ TEST_CASE("IDX images round-trip through gzip, scaled to [0, 1]") {
   TempDir dir;
   const fs::path path = dir.path() / "images.gz";
   // 2 images of 2 × 3 pixels
-  const std::vector<unsigned char> pixels = {0, 255, 51, 102, 1, 254,  //
-                                             10, 20, 30, 40, 50, 60};
+  const std::vector<unsigned char> pixels = {0,  255, 51, 102, 1,  254,  //
+                                             10, 20,  30, 40,  50, 60};
   write_gz(path, idx(2051, {2, 2, 3}, pixels));
 
   const fashion_mnist::Images images = fashion_mnist::load_images(path);

@@ -117,10 +117,8 @@ TEST_CASE("a worker pulls all variables, one variable, or a row range of one") {
   }
   SUBCASE("unknown variable and bad rows are refused with a clear error") {
     CHECK(code_of([&] { worker.pull("linear/nope"); }) == ErrorCode::kNotFound);
-    CHECK(code_of([&] { worker.pull("linear/kernel", {8, 11}); }) ==
-          ErrorCode::kInvalidArgument);
-    CHECK(code_of([&] { worker.pull("linear/kernel", {4, 4}); }) ==
-          ErrorCode::kInvalidArgument);
+    CHECK(code_of([&] { worker.pull("linear/kernel", {8, 11}); }) == ErrorCode::kInvalidArgument);
+    CHECK(code_of([&] { worker.pull("linear/kernel", {4, 4}); }) == ErrorCode::kInvalidArgument);
   }
   chief.shutdown();
 }

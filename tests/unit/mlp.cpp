@@ -92,8 +92,7 @@ double reference_loss(const Mlp& model, const Data& data) {
 
 /// `rows` random rows for `model` whose hidden pre-activations all stay at least `margin`
 /// from zero, so a finite difference never straddles a ReLU kink.
-Data data_away_from_kinks(const Mlp& model, std::size_t rows, double margin,
-                          std::uint64_t seed) {
+Data data_away_from_kinks(const Mlp& model, std::size_t rows, double margin, std::uint64_t seed) {
   Data kept;
   const std::size_t inputs = model.input_size();
   while (kept.labels.size() < rows) {
@@ -101,8 +100,7 @@ Data data_away_from_kinks(const Mlp& model, std::size_t rows, double margin,
     double row_margin = 0.0;
     (void)reference_logits(model, candidate.features, &row_margin);
     if (row_margin < margin) continue;
-    kept.features.insert(kept.features.end(), candidate.features.begin(),
-                         candidate.features.end());
+    kept.features.insert(kept.features.end(), candidate.features.begin(), candidate.features.end());
     kept.labels.push_back(candidate.labels.front());
   }
   return kept;

@@ -38,17 +38,17 @@ TEST_CASE("Sgd: w -= lr * g") {
 
 TEST_CASE("Momentum: accumulation = mu*accumulation + g; w -= lr*accumulation") {
   const auto w = two_steps(pulley::Momentum{0.1F, 0.9F, false});
-  CHECK(w[0][0] == doctest::Approx(0.95));    // acc 0.5
-  CHECK(w[1][0] == doctest::Approx(0.855));   // acc 0.95 -> 0.95 - 0.095
-  CHECK(w[0][1] == doctest::Approx(-1.975));  // acc -0.25
-  CHECK(w[1][1] == doctest::Approx(-2.0525)); // acc 0.775 -> -1.975 - 0.0775
+  CHECK(w[0][0] == doctest::Approx(0.95));     // acc 0.5
+  CHECK(w[1][0] == doctest::Approx(0.855));    // acc 0.95 -> 0.95 - 0.095
+  CHECK(w[0][1] == doctest::Approx(-1.975));   // acc -0.25
+  CHECK(w[1][1] == doctest::Approx(-2.0525));  // acc 0.775 -> -1.975 - 0.0775
 }
 
 TEST_CASE("Momentum with Nesterov: w -= lr*(g + mu*accumulation)") {
   const auto w = two_steps(pulley::Momentum{0.1F, 0.9F, true});
-  CHECK(w[0][0] == doctest::Approx(0.905));   // 1 - 0.1*(0.5 + 0.45)
-  CHECK(w[1][0] == doctest::Approx(0.7695));  // acc 0.95: 0.905 - 0.1*(0.5 + 0.855)
-  CHECK(w[0][1] == doctest::Approx(-1.9525)); // -2 - 0.1*(-0.25 - 0.225)
+  CHECK(w[0][0] == doctest::Approx(0.905));     // 1 - 0.1*(0.5 + 0.45)
+  CHECK(w[1][0] == doctest::Approx(0.7695));    // acc 0.95: 0.905 - 0.1*(0.5 + 0.855)
+  CHECK(w[0][1] == doctest::Approx(-1.9525));   // -2 - 0.1*(-0.25 - 0.225)
   CHECK(w[1][1] == doctest::Approx(-2.12225));  // acc 0.775: -1.9525 - 0.1*(1 + 0.6975)
 }
 

@@ -2,6 +2,8 @@
 // The ps as a message handler, driven directly without any transport: bad input gets a
 // clear error and leaves the server serving; sync tokens and step-gated pulls follow
 // SyncReplicas' rules message by message.
+#include "pulley/parameter_server.hpp"
+
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -12,7 +14,6 @@
 #include <vector>
 
 #include "pulley/optimizers/sgd.hpp"
-#include "pulley/parameter_server.hpp"
 #include "pulley/sharding/round_robin.hpp"
 #include "pulley/sync/async.hpp"
 #include "pulley/sync/sync_replicas.hpp"

@@ -36,7 +36,7 @@ void check_exact_cover(const S& sharding, const std::vector<VariableSpec>& varia
 }
 
 const std::vector<VariableSpec> kOddShapes{
-    {"scalar", {}, {}},  {"vector7", {7}, {}},  {"matrix13x3", {13, 3}, {}},
+    {"scalar", {}, {}},      {"vector7", {7}, {}},         {"matrix13x3", {13, 3}, {}},
     {"tall1x5", {1, 5}, {}}, {"cube3x2x2", {3, 2, 2}, {}}, {"big101x9", {101, 9}, {}}};
 
 }  // namespace

@@ -27,8 +27,7 @@ namespace pulley {
 ///     same address for the model's lifetime (pull and push use them in place);
 ///   - the gradient is of the batch's mean loss, so averaging R gradients is averaging losses.
 template <class M>
-concept Model = requires(M& model, const M& cmodel, std::size_t i,
-                         const typename M::Batch& batch) {
+concept Model = requires(M& model, const M& cmodel, std::size_t i, const typename M::Batch& batch) {
   typename M::Batch;
   { cmodel.variables() } -> std::convertible_to<std::span<const VariableSpec>>;
   { model.parameter(i) } -> std::same_as<std::span<float>>;

@@ -28,9 +28,9 @@ template <class O>
 concept Optimizer = std::copy_constructible<O> &&
     requires(const O& optimizer, typename O::State& state, std::span<float> weights,
              std::span<const float> gradient, std::size_t n) {
-      typename O::State;
-      { optimizer.make_state(n) } -> std::same_as<typename O::State>;
-      { optimizer.apply(state, weights, gradient) } -> std::same_as<void>;
-    };
+  typename O::State;
+  { optimizer.make_state(n) } -> std::same_as<typename O::State>;
+  { optimizer.apply(state, weights, gradient) } -> std::same_as<void>;
+};
 
 }  // namespace pulley

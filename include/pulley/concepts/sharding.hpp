@@ -25,7 +25,7 @@ namespace pulley {
 template <class S>
 concept Sharding = std::copy_constructible<S> &&
     requires(const S& sharding, std::span<const VariableSpec> variables, std::size_t num_ps) {
-      { sharding.place(variables, num_ps) } -> std::same_as<Placement>;
-    };
+  { sharding.place(variables, num_ps) } -> std::same_as<Placement>;
+};
 
 }  // namespace pulley

@@ -43,14 +43,14 @@ template <class P>
 concept SyncPolicy = std::copy_constructible<P> &&
     requires(const P& policy, typename P::Accumulator& acc, const typename P::Accumulator& cacc,
              std::span<const float> gradient, std::int64_t local_step, std::size_t n) {
-      typename P::Accumulator;
-      { policy.make_accumulator(n) } -> std::same_as<typename P::Accumulator>;
-      { policy.accumulate(acc, gradient, local_step) } -> std::same_as<Verdict>;
-      { policy.take(acc) } -> std::same_as<std::span<const float>>;
-      { policy.step(cacc) } -> std::same_as<std::int64_t>;
-      { policy.initial_tokens() } -> std::same_as<std::int64_t>;
-      { policy.tokens_per_step() } -> std::same_as<std::int64_t>;
-      { policy.tokens_per_worker() } -> std::same_as<std::int64_t>;
-    };
+  typename P::Accumulator;
+  { policy.make_accumulator(n) } -> std::same_as<typename P::Accumulator>;
+  { policy.accumulate(acc, gradient, local_step) } -> std::same_as<Verdict>;
+  { policy.take(acc) } -> std::same_as<std::span<const float>>;
+  { policy.step(cacc) } -> std::same_as<std::int64_t>;
+  { policy.initial_tokens() } -> std::same_as<std::int64_t>;
+  { policy.tokens_per_step() } -> std::same_as<std::int64_t>;
+  { policy.tokens_per_worker() } -> std::same_as<std::int64_t>;
+};
 
 }  // namespace pulley

@@ -35,9 +35,10 @@ template <class T>
 concept Transport = std::move_constructible<T> &&
     requires(T& transport, const T& ctransport, std::size_t ps, Request request,
              PullTargets targets) {
-      { ctransport.num_ps() } -> std::convertible_to<std::size_t>;
-      { transport.call(ps, std::move(request), std::move(targets)) }
-          -> std::same_as<std::future<Response>>;
-    };
+  { ctransport.num_ps() } -> std::convertible_to<std::size_t>;
+  {
+    transport.call(ps, std::move(request), std::move(targets))
+    } -> std::same_as<std::future<Response>>;
+};
 
 }  // namespace pulley

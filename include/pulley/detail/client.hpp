@@ -83,8 +83,8 @@ class Client {
   /// Waits until every ps is initialized and learns the placement.
   void wait_ready(std::span<const VariableSpec> variables) {
     std::vector<VariableSpec> list(variables.begin(), variables.end());
-    adopt(broadcast<PlacementReply>([](std::size_t) { return WaitReady{}; },
-                                    options_.wait_timeout, "wait for initialization"),
+    adopt(broadcast<PlacementReply>([](std::size_t) { return WaitReady{}; }, options_.wait_timeout,
+                                    "wait for initialization"),
           list);
   }
 
@@ -147,8 +147,7 @@ class Client {
                         std::to_string(variables_[part.variable].size()));
       }
       pushes[part.ps].gradients.push_back(
-          {global_index(part),
-           g.subspan(part.rows.begin * row_size, part.rows.size() * row_size)});
+          {global_index(part), g.subspan(part.rows.begin * row_size, part.rows.size() * row_size)});
     }
     std::vector<std::future<Response>> futures;
     for (std::size_t ps = 0; ps < num_ps(); ++ps) {
@@ -166,9 +165,9 @@ class Client {
   R wait(std::future<Response>& future, std::size_t ps, std::chrono::milliseconds timeout,
          std::string_view what) {
     if (future.wait_for(timeout) != std::future_status::ready) {
-      throw Error(ErrorCode::kDeadlineExceeded,
-                  std::string(what) + ": ps " + std::to_string(ps) + " did not answer within " +
-                      std::to_string(timeout.count()) + " ms");
+      throw Error(ErrorCode::kDeadlineExceeded, std::string(what) + ": ps " + std::to_string(ps) +
+                                                    " did not answer within " +
+                                                    std::to_string(timeout.count()) + " ms");
     }
     return expect<R>(future.get());
   }

@@ -11,7 +11,6 @@
 #include <string>
 #include <utility>
 #include <vector>
-
 #include <xtensor-blas/xblas.hpp>
 #include <xtensor/xadapt.hpp>
 
@@ -48,9 +47,9 @@ class Mlp {
 
   /// What `evaluate` measures on a batch.
   struct Evaluation {
-    double loss = 0.0;          ///< mean cross-entropy
-    double accuracy = 0.0;      ///< fraction of rows whose arg-max logit is the label
-    std::size_t examples = 0;   ///< rows evaluated
+    double loss = 0.0;         ///< mean cross-entropy
+    double accuracy = 0.0;     ///< fraction of rows whose arg-max logit is the label
+    std::size_t examples = 0;  ///< rows evaluated
   };
 
   /// Builds the network `layer_sizes[0] → layer_sizes[1] → ... → layer_sizes.back()`, e.g.
@@ -66,16 +65,12 @@ class Mlp {
   /// @throws std::out_of_range for i >= variables().size().
   [[nodiscard]] std::span<float> parameter(std::size_t i) { return parameters_.at(i); }
   /// Read-only view of variable i's parameters.
-  [[nodiscard]] std::span<const float> parameter(std::size_t i) const {
-    return parameters_.at(i);
-  }
+  [[nodiscard]] std::span<const float> parameter(std::size_t i) const { return parameters_.at(i); }
 
   /// Gradient of the last `compute_gradients` batch's mean loss with respect to variable i;
   /// a stable address for the model's lifetime.
   /// @throws std::out_of_range for i >= variables().size().
-  [[nodiscard]] std::span<const float> gradient(std::size_t i) const {
-    return gradients_.at(i);
-  }
+  [[nodiscard]] std::span<const float> gradient(std::size_t i) const { return gradients_.at(i); }
 
   /// Fills every parameter from its initializer with `pulley::initialize` — what the chief
   /// does, for tests and single-process training.
@@ -93,9 +88,7 @@ class Mlp {
   Evaluation evaluate(const Batch& batch);
 
   /// The sizes given to the constructor.
-  [[nodiscard]] std::span<const std::size_t> layer_sizes() const noexcept {
-    return layer_sizes_;
-  }
+  [[nodiscard]] std::span<const std::size_t> layer_sizes() const noexcept { return layer_sizes_; }
   /// Features per row.
   [[nodiscard]] std::size_t input_size() const noexcept { return layer_sizes_.front(); }
   /// Number of classes (width of the last layer).
@@ -112,8 +105,7 @@ class Mlp {
   void forward(const float* x, std::size_t rows);
   /// Softmax cross-entropy of the logits in place (they become probabilities); returns
   /// the summed loss and, if `correct` is non-null, adds the number of arg-max hits.
-  double softmax_cross_entropy(const std::int32_t* labels, std::size_t rows,
-                               std::size_t* correct);
+  double softmax_cross_entropy(const std::int32_t* labels, std::size_t rows, std::size_t* correct);
   void backward(const float* x, const std::int32_t* labels, std::size_t rows);
 
   std::vector<std::size_t> layer_sizes_;
@@ -192,10 +184,10 @@ inline void Mlp::validate(const Batch& batch) const {
     throw std::invalid_argument("pulley::models::Mlp: empty batch (no labels)");
   }
   if (batch.features.size() % in != 0 || batch.features.size() / in != rows) {
-    throw std::invalid_argument(
-        "pulley::models::Mlp: batch has " + std::to_string(batch.features.size()) +
-        " feature values, expected " + std::to_string(rows) + " rows (one per label) x " +
-        std::to_string(in) + " inputs");
+    throw std::invalid_argument("pulley::models::Mlp: batch has " +
+                                std::to_string(batch.features.size()) +
+                                " feature values, expected " + std::to_string(rows) +
+                                " rows (one per label) x " + std::to_string(in) + " inputs");
   }
   const auto classes = static_cast<std::int64_t>(num_classes());
   for (std::size_t r = 0; r < rows; ++r) {
@@ -245,8 +237,7 @@ inline double Mlp::softmax_cross_entropy(const std::int32_t* labels, std::size_t
   for (std::size_t r = 0; r < rows; ++r) {
     float* z = logits + r * classes;
     const auto label = static_cast<std::size_t>(labels[r]);
-    const std::size_t arg_max =
-        static_cast<std::size_t>(std::max_element(z, z + classes) - z);
+    const std::size_t arg_max = static_cast<std::size_t>(std::max_element(z, z + classes) - z);
     if (correct != nullptr && arg_max == label) ++*correct;
     const float max = z[arg_max];  // subtracting it keeps exp() from overflowing
     const float shifted_label = z[label] - max;

@@ -38,9 +38,9 @@ struct Adam {
   void apply(State& state, std::span<float> w, std::span<const float> g) const {
     ++state.t;
     const auto t = static_cast<double>(state.t);
-    const auto lr_t = static_cast<float>(learning_rate *
-                                         std::sqrt(1.0 - std::pow(double{beta_2}, t)) /
-                                         (1.0 - std::pow(double{beta_1}, t)));
+    const auto lr_t =
+        static_cast<float>(learning_rate * std::sqrt(1.0 - std::pow(double{beta_2}, t)) /
+                           (1.0 - std::pow(double{beta_1}, t)));
     const float b1 = beta_1;
     const float b2 = beta_2;
     const float eps = epsilon;

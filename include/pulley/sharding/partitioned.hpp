@@ -14,8 +14,7 @@ namespace pulley {
 struct FixedShards {
   std::size_t num_shards = 1;
 
-  [[nodiscard]] Placement place(std::span<const VariableSpec> variables,
-                                std::size_t num_ps) const {
+  [[nodiscard]] Placement place(std::span<const VariableSpec> variables, std::size_t num_ps) const {
     return detail::place_round_robin(variables, num_ps,
                                      [this](const VariableSpec&) { return num_shards; });
   }
@@ -38,8 +37,7 @@ struct MinSize {
     return wanted < max_shards ? wanted : max_shards;
   }
 
-  [[nodiscard]] Placement place(std::span<const VariableSpec> variables,
-                                std::size_t num_ps) const {
+  [[nodiscard]] Placement place(std::span<const VariableSpec> variables, std::size_t num_ps) const {
     return detail::place_round_robin(variables, num_ps,
                                      [this](const VariableSpec& s) { return parts_for(s); });
   }

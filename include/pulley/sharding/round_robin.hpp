@@ -12,8 +12,7 @@ namespace pulley {
 /// Whole variables dealt to the ps tasks in turn: variable i on ps `i % num_ps`.
 /// TensorFlow's default (`replica_device_setter` with its round-robin strategy).
 struct RoundRobin {
-  [[nodiscard]] Placement place(std::span<const VariableSpec> variables,
-                                std::size_t num_ps) const {
+  [[nodiscard]] Placement place(std::span<const VariableSpec> variables, std::size_t num_ps) const {
     return detail::place_round_robin(variables, num_ps, [](const VariableSpec&) { return 1; });
   }
 };

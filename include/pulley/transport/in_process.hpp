@@ -212,8 +212,7 @@ class InProcessNetwork {
       if (auto d = delay_of(Node::ps(task)); d.count() > 0) std::this_thread::sleep_for(d);
       server.handle(std::move(envelope.request),
                     [&box, call = std::move(envelope.call), task](Response&& r) {
-                      call->complete(box.dead ? unavailable(Node::ps(task).name())
-                                              : std::move(r));
+                      call->complete(box.dead ? unavailable(Node::ps(task).name()) : std::move(r));
                     });
       if (server.stopped()) break;
     }
