@@ -163,6 +163,10 @@ int train(const Options& o, const Data& data, Optimizer optimizer, Sync sync,
   double loss_sum = 0.0;
   std::int64_t loss_count = 0;
   std::vector<std::exception_ptr> failures(o.workers);
+  // Kills every ps task: everything waiting on one fails at once instead of at its deadline.
+  auto stop_cluster = [&network, &o] {
+    for (std::uint32_t i = 0; i < o.ps; ++i) network.kill(pulley::Node::ps(i));
+  };
   std::vector<std::thread> workers;
   for (std::uint32_t w = 0; w < o.workers; ++w) {
     workers.emplace_back([&, w] {
@@ -199,6 +203,7 @@ int train(const Options& o, const Data& data, Optimizer optimizer, Sync sync,
         }
       } catch (...) {
         failures[w] = std::current_exception();
+        stop_cluster();  // the others would wait for this worker's gradients forever
       }
     });
   }
@@ -222,25 +227,34 @@ int train(const Options& o, const Data& data, Optimizer optimizer, Sync sync,
   std::fflush(stdout);
   double accuracy = 0.0;
   double samples_per_s = 0.0;
-  for (int epoch = 1; epoch <= o.epochs; ++epoch) {
-    const std::int64_t step = chief.wait_for_step(steps_per_epoch * epoch);
-    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    samples_per_s = static_cast<double>(samples.load()) / seconds;
-    double train_loss = 0.0;
-    {
-      std::scoped_lock lock(loss_mutex);
-      train_loss = loss_count ? loss_sum / static_cast<double>(loss_count) : 0.0;
-      loss_sum = 0.0;
-      loss_count = 0;
+  try {
+    for (int epoch = 1; epoch <= o.epochs; ++epoch) {
+      const std::int64_t step = chief.wait_for_step(steps_per_epoch * epoch);
+      const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+      samples_per_s = static_cast<double>(samples.load()) / seconds;
+      double train_loss = 0.0;
+      {
+        std::scoped_lock lock(loss_mutex);
+        train_loss = loss_count ? loss_sum / static_cast<double>(loss_count) : 0.0;
+        loss_sum = 0.0;
+        loss_count = 0;
+      }
+      const auto eval = evaluate();
+      accuracy = eval.accuracy;
+      std::printf(
+          "epoch %2d/%d  step %6lld  train_loss %.4f  test_loss %.4f  test_accuracy %.4f  "
+          "samples/s %.0f  elapsed %.1f s\n",
+          epoch, o.epochs, static_cast<long long>(step), train_loss, eval.loss, eval.accuracy,
+          samples_per_s, seconds);
+      std::fflush(stdout);
     }
-    const auto eval = evaluate();
-    accuracy = eval.accuracy;
-    std::printf(
-        "epoch %2d/%d  step %6lld  train_loss %.4f  test_loss %.4f  test_accuracy %.4f  "
-        "samples/s %.0f  elapsed %.1f s\n",
-        epoch, o.epochs, static_cast<long long>(step), train_loss, eval.loss, eval.accuracy,
-        samples_per_s, seconds);
-    std::fflush(stdout);
+  } catch (...) {
+    stop_cluster();
+    for (auto& t : workers) t.join();
+    for (const auto& failure : failures) {
+      if (failure) std::rethrow_exception(failure);  // the cause, not the symptom
+    }
+    throw;
   }
   for (auto& t : workers) t.join();
   for (const auto& failure : failures) {

@@ -85,8 +85,10 @@ class Chief {
   /// Blocks until ps 0 (which keeps the global step) has completed `step` steps; returns
   /// the global step it reports.
   std::int64_t wait_for_step(std::int64_t step) {
-    auto future = client_.transport().call(0, Pull{step, {}}, {});
-    return client_.template wait<PullReply>(future, 0, timeouts().wait_timeout, "wait for step")
+    std::vector<PendingCall> calls;
+    calls.push_back(client_.transport().call(0, Pull{step, {}}, {}));
+    return client_.template collect<PullReply>(calls, timeouts().wait_timeout, "wait for step")
+        .front()
         .global_step;
   }
 

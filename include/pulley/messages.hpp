@@ -1,16 +1,6 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
-/// The protocol between clients (workers, chief, evaluator) and ps tasks. Every transport
-/// carries exactly these structs: in-process they are moved through a mailbox, over TCP
-/// they are serialized. The server logic sees the same values either way.
-///
-/// Tensor payloads are `std::span` views, never owned vectors, so that a push reads the
-/// worker's gradient buffers and a pull reply reads the server's storage in place. Lifetime
-/// rule: a view in a request stays valid until the reply arrives (the sender waits); a view
-/// in a reply stays valid only while the transport's reply callback runs, which copies it to
-/// the caller's destination (or onto the wire) before returning.
-
 #include <cstdint>
 #include <span>
 #include <string>
@@ -22,6 +12,16 @@
 #include "pulley/variable.hpp"
 
 namespace pulley {
+
+// The protocol between clients (workers, chief, evaluator) and ps tasks. Every transport
+// carries exactly these structs: in-process they are moved through a mailbox, over TCP
+// they are serialized. The server logic sees the same values either way.
+//
+// Tensor payloads are `std::span` views, never owned vectors, so that a push reads the
+// worker's gradient buffers and a pull reply reads the server's storage in place. Lifetime
+// rule: a view in a request stays valid until the reply arrives (the sender waits); a view
+// in a reply stays valid only while the transport's reply callback runs, which copies it to
+// the caller's destination (or onto the wire) before returning.
 
 /// Values for one part, addressed by its global index in `Placement::parts`.
 struct PartValues {

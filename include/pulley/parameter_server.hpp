@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
-#include <bit>
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -17,6 +17,7 @@
 #include "pulley/concepts/optimizer.hpp"
 #include "pulley/concepts/sharding.hpp"
 #include "pulley/concepts/sync_policy.hpp"
+#include "pulley/detail/finite.hpp"
 #include "pulley/messages.hpp"
 
 namespace pulley {
@@ -178,12 +179,9 @@ class ParameterServer {
       reject(reply, ErrorCode::kFailedPrecondition, "initialize before the model is registered");
       return;
     }
+    if (!check_parts(r.parts, reply)) return;
     for (const PartValues& pv : r.parts) {
-      Slot* slot = nullptr;
-      if (auto problem = find_slot(pv, slot); !problem.empty()) {
-        reject(reply, ErrorCode::kInvalidArgument, std::move(problem));
-        return;
-      }
+      const Slot* slot = &slots_[slot_of_part_[pv.part]];
       if (slot->initialized) {
         reject(reply, ErrorCode::kAlreadyExists, describe(slot->part) + " is already initialized");
         return;
@@ -209,7 +207,7 @@ class ParameterServer {
 
   void become_ready() {
     ready_ = true;
-    release_tokens(sync_.initial_tokens());
+    release_tokens();
     for (Responder& waiter : std::exchange(ready_waiters_, {}))
       waiter(PlacementReply{variables_, placement_});
   }
@@ -221,7 +219,7 @@ class ParameterServer {
       reject(reply, ErrorCode::kFailedPrecondition, "token requested before initialization");
       return;
     }
-    if (sync_.initial_tokens() < 0) {  // the policy does not pace workers
+    if (sync_.token_rule().per_step <= 0) {  // the policy does not pace workers
       reply(TokenReply{0, global_step()});
     } else if (!give_token(r.worker, reply)) {
       token_waiters_.push_back({r.worker, std::move(reply)});
@@ -230,18 +228,18 @@ class ParameterServer {
 
   /// Hands `worker` a token of the current step if one is left and it may take one more.
   bool give_token(std::uint32_t worker, Responder& reply) {
-    const std::int64_t cap = sync_.tokens_per_worker();
+    const std::int64_t cap = sync_.token_rule().per_worker;
     std::int64_t& taken = tokens_taken_[worker];
-    if (tokens_left_ == 0 || (cap >= 0 && taken >= cap)) return false;
+    if (tokens_left_ == 0 || (cap > 0 && taken >= cap)) return false;
     --tokens_left_;
     ++taken;
     reply(TokenReply{global_step(), global_step()});
     return true;
   }
 
-  /// Replaces the tokens of the last step by `count` tokens of the current one.
-  void release_tokens(std::int64_t count) {
-    tokens_left_ = count < 0 ? 0 : count;
+  /// Replaces the tokens of the last step by the policy's tokens of the current one.
+  void release_tokens() {
+    tokens_left_ = std::max<std::int64_t>(sync_.token_rule().per_step, 0);
     tokens_taken_.clear();
     std::deque<TokenWaiter> still_waiting;
     for (TokenWaiter& w : std::exchange(token_waiters_, {})) {
@@ -298,20 +296,17 @@ class ParameterServer {
              "push before initialization: the chief has not initialized the variables");
       return;
     }
-    for (std::size_t i = 0; i < r.gradients.size(); ++i) {
-      const PartValues& pv = r.gradients[i];
-      Slot* slot = nullptr;
-      if (auto problem = find_slot(pv, slot); !problem.empty()) {
-        reject(reply, ErrorCode::kInvalidArgument, std::move(problem));
-        return;
-      }
-      for (std::size_t j = 0; j < i; ++j) {
-        if (r.gradients[j].part == pv.part) {
-          reject(reply, ErrorCode::kInvalidArgument, describe(slot->part) + " is pushed twice");
-          return;
-        }
-      }
-      if (!all_finite(pv.values)) {
+    if (!check_parts(r.gradients, reply)) return;
+    if (r.gradients.size() != slots_.size()) {
+      // Every part's accumulator must see every step's votes, or parts drift apart.
+      reject(reply, ErrorCode::kInvalidArgument,
+             "a push must carry a gradient for each of the " + std::to_string(slots_.size()) +
+                 " parts held here, got " + std::to_string(r.gradients.size()));
+      return;
+    }
+    for (const PartValues& pv : r.gradients) {
+      const Slot* slot = &slots_[slot_of_part_[pv.part]];
+      if (!detail::all_finite(pv.values)) {
         reject(reply, ErrorCode::kInvalidArgument,
                "non-finite (NaN or Inf) gradient for " + describe(slot->part) + " from worker " +
                    std::to_string(r.worker) + "; nothing was applied");
@@ -342,7 +337,7 @@ class ParameterServer {
     if (vote == Verdict::kReady) {
       sync_.take(step_votes_);
       stats_.global_step = global_step();
-      release_tokens(sync_.tokens_per_step());
+      release_tokens();
       answer_waiting_pulls();
     }
   }
@@ -357,16 +352,6 @@ class ParameterServer {
       }
     }
     waiting_pulls_ = std::move(still_waiting);
-  }
-
-  static bool all_finite(std::span<const float> values) {
-    // Exponent all ones means Inf or NaN; integer ops so the loop vectorizes.
-    std::uint32_t bad = 0;
-    for (float v : values) {
-      bad |= static_cast<std::uint32_t>((std::bit_cast<std::uint32_t>(v) & 0x7F800000U) ==
-                                        0x7F800000U);
-    }
-    return bad == 0;
   }
 
   // ---- GetStats / Shutdown --------------------------------------------------------------
@@ -387,17 +372,30 @@ class ParameterServer {
 
   [[nodiscard]] std::int64_t global_step() const { return sync_.step(step_votes_); }
 
-  /// Finds the slot of `pv.part` and checks the value count; returns a problem or "".
-  std::string find_slot(const PartValues& pv, Slot*& slot) {
-    if (pv.part >= slot_of_part_.size() || slot_of_part_[pv.part] == kNotHere) {
-      return unknown_part(pv.part);
+  /// Checks that every part is held here, appears once and has the right size; otherwise
+  /// rejects the request and returns false.
+  bool check_parts(const std::vector<PartValues>& parts, Responder& reply) {
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      const PartValues& pv = parts[i];
+      if (pv.part >= slot_of_part_.size() || slot_of_part_[pv.part] == kNotHere) {
+        reject(reply, ErrorCode::kNotFound, unknown_part(pv.part));
+        return false;
+      }
+      const Slot& slot = slots_[slot_of_part_[pv.part]];
+      if (pv.values.size() != slot.values.size()) {
+        reject(reply, ErrorCode::kInvalidArgument,
+               describe(slot.part) + " has " + std::to_string(slot.values.size()) +
+                   " elements, got " + std::to_string(pv.values.size()));
+        return false;
+      }
+      for (std::size_t j = 0; j < i; ++j) {
+        if (parts[j].part == pv.part) {
+          reject(reply, ErrorCode::kInvalidArgument, describe(slot.part) + " is sent twice");
+          return false;
+        }
+      }
     }
-    slot = &slots_[slot_of_part_[pv.part]];
-    if (pv.values.size() != slot->values.size()) {
-      return describe(slot->part) + " has " + std::to_string(slot->values.size()) +
-             " elements, got " + std::to_string(pv.values.size());
-    }
-    return {};
+    return true;
   }
 
   std::string unknown_part(std::uint32_t part) const {

@@ -32,6 +32,7 @@ struct Placement {
   [[nodiscard]] std::span<const Part> parts_of(std::size_t v) const {
     return std::span(parts).subspan(first_part[v], first_part[v + 1] - first_part[v]);
   }
+  /// Number of variables placed.
   [[nodiscard]] std::size_t num_variables() const noexcept {
     return first_part.empty() ? 0 : first_part.size() - 1;
   }
@@ -44,12 +45,14 @@ class PlacementBuilder {
  public:
   /// Starts the next variable; its parts follow with `add`.
   void begin_variable() { placement_.first_part.push_back(placement_.parts.size()); }
+  /// Appends the next part of the current variable: rows `rows` on ps task `ps`.
   void add(std::uint32_t ps, RowRange rows) {
     const auto variable = static_cast<std::uint32_t>(placement_.first_part.size() - 1);
     const auto index =
         static_cast<std::uint32_t>(placement_.parts.size() - placement_.first_part.back());
     placement_.parts.push_back({variable, index, ps, rows});
   }
+  /// The finished placement.
   [[nodiscard]] Placement finish() && {
     placement_.first_part.push_back(placement_.parts.size());
     return std::move(placement_);

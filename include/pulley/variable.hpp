@@ -20,13 +20,18 @@ struct Initializer {
     kNormal,         ///< N(0, value^2)
     kGlorotUniform,  ///< U(-l, l), l = sqrt(6 / (fan_in + fan_out)) — Keras' default for Dense
   };
-  Kind kind = Kind::kZeros;
-  float value = 0.0F;
+  Kind kind = Kind::kZeros;  ///< which rule
+  float value = 0.0F;        ///< the rule's parameter (constant, limit or stddev)
 
+  /// All 0.
   static constexpr Initializer zeros() noexcept { return {}; }
+  /// All `v`.
   static constexpr Initializer constant(float v) noexcept { return {Kind::kConstant, v}; }
+  /// U(-limit, limit).
   static constexpr Initializer uniform(float limit) noexcept { return {Kind::kUniform, limit}; }
+  /// N(0, stddev^2).
   static constexpr Initializer normal(float stddev) noexcept { return {Kind::kNormal, stddev}; }
+  /// Glorot (Xavier) uniform.
   static constexpr Initializer glorot_uniform() noexcept { return {Kind::kGlorotUniform, 0.0F}; }
 
   friend bool operator==(const Initializer&, const Initializer&) = default;

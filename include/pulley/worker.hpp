@@ -44,6 +44,10 @@ class Worker {
     }
   }
 
+  /// Not copyable or movable: it keeps views of its model's buffers.
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
   /// Blocks until the chief has initialized every ps, and learns where variables live.
   void wait_ready() { client_.wait_ready(model_.variables()); }
 
@@ -94,8 +98,11 @@ class Worker {
     return client_.push(index_, local_step, gradients_);
   }
 
+  /// The model it trains, with the parameters of the last pull.
   [[nodiscard]] M& model() noexcept { return model_; }
+  /// The model it trains, with the parameters of the last pull.
   [[nodiscard]] const M& model() const noexcept { return model_; }
+  /// This worker's task index.
   [[nodiscard]] std::uint32_t index() const noexcept { return index_; }
   /// The global step seen with the last token.
   [[nodiscard]] std::int64_t global_step() const noexcept { return global_step_; }

@@ -28,20 +28,13 @@
 #include <concepts>
 #include <cstddef>
 #include <future>
+#include <memory>
+#include <mutex>
 #include <span>
+#include <utility>
 #include <vector>
 
 // ---- begin pulley/messages.hpp ----
-
-/// The protocol between clients (workers, chief, evaluator) and ps tasks. Every transport
-/// carries exactly these structs: in-process they are moved through a mailbox, over TCP
-/// they are serialized. The server logic sees the same values either way.
-///
-/// Tensor payloads are `std::span` views, never owned vectors, so that a push reads the
-/// worker's gradient buffers and a pull reply reads the server's storage in place. Lifetime
-/// rule: a view in a request stays valid until the reply arrives (the sender waits); a view
-/// in a reply stays valid only while the transport's reply callback runs, which copies it to
-/// the caller's destination (or onto the wire) before returning.
 
 #include <cstdint>
 #include <span>
@@ -133,13 +126,18 @@ struct Initializer {
     kNormal,         ///< N(0, value^2)
     kGlorotUniform,  ///< U(-l, l), l = sqrt(6 / (fan_in + fan_out)) — Keras' default for Dense
   };
-  Kind kind = Kind::kZeros;
-  float value = 0.0F;
+  Kind kind = Kind::kZeros;  ///< which rule
+  float value = 0.0F;        ///< the rule's parameter (constant, limit or stddev)
 
+  /// All 0.
   static constexpr Initializer zeros() noexcept { return {}; }
+  /// All `v`.
   static constexpr Initializer constant(float v) noexcept { return {Kind::kConstant, v}; }
+  /// U(-limit, limit).
   static constexpr Initializer uniform(float limit) noexcept { return {Kind::kUniform, limit}; }
+  /// N(0, stddev^2).
   static constexpr Initializer normal(float stddev) noexcept { return {Kind::kNormal, stddev}; }
+  /// Glorot (Xavier) uniform.
   static constexpr Initializer glorot_uniform() noexcept { return {Kind::kGlorotUniform, 0.0F}; }
 
   friend bool operator==(const Initializer&, const Initializer&) = default;
@@ -202,6 +200,7 @@ struct Placement {
   [[nodiscard]] std::span<const Part> parts_of(std::size_t v) const {
     return std::span(parts).subspan(first_part[v], first_part[v + 1] - first_part[v]);
   }
+  /// Number of variables placed.
   [[nodiscard]] std::size_t num_variables() const noexcept {
     return first_part.empty() ? 0 : first_part.size() - 1;
   }
@@ -214,12 +213,14 @@ class PlacementBuilder {
  public:
   /// Starts the next variable; its parts follow with `add`.
   void begin_variable() { placement_.first_part.push_back(placement_.parts.size()); }
+  /// Appends the next part of the current variable: rows `rows` on ps task `ps`.
   void add(std::uint32_t ps, RowRange rows) {
     const auto variable = static_cast<std::uint32_t>(placement_.first_part.size() - 1);
     const auto index =
         static_cast<std::uint32_t>(placement_.parts.size() - placement_.first_part.back());
     placement_.parts.push_back({variable, index, ps, rows});
   }
+  /// The finished placement.
   [[nodiscard]] Placement finish() && {
     placement_.first_part.push_back(placement_.parts.size());
     return std::move(placement_);
@@ -233,6 +234,16 @@ class PlacementBuilder {
 // ---- end pulley/placement.hpp ----
 
 namespace pulley {
+
+// The protocol between clients (workers, chief, evaluator) and ps tasks. Every transport
+// carries exactly these structs: in-process they are moved through a mailbox, over TCP
+// they are serialized. The server logic sees the same values either way.
+//
+// Tensor payloads are `std::span` views, never owned vectors, so that a push reads the
+// worker's gradient buffers and a pull reply reads the server's storage in place. Lifetime
+// rule: a view in a request stays valid until the reply arrives (the sender waits); a view
+// in a reply stays valid only while the transport's reply callback runs, which copies it to
+// the caller's destination (or onto the wire) before returning.
 
 /// Values for one part, addressed by its global index in `Placement::parts`.
 struct PartValues {
@@ -363,31 +374,61 @@ namespace pulley {
 /// Where a pull's values go: one destination per requested slice, in request order.
 using PullTargets = std::vector<std::span<float>>;
 
+/// What a caller and a transport share about one call: the caller may give it up, and from
+/// then on the transport must not touch the call's request views or pull targets.
+class CallControl {
+ public:
+  /// Transport side: runs `f` (which may read the request or write the targets) unless the
+  /// caller gave up; a concurrent `cancel` waits until `f` returns. Re-entrant.
+  template <class F>
+  bool unless_cancelled(F&& f) {
+    std::scoped_lock lock(mutex_);
+    if (cancelled_) return false;
+    std::forward<F>(f)();
+    return true;
+  }
+  /// Caller side: after this returns, the transport runs nothing more for this call and its
+  /// future may never become ready.
+  void cancel() {
+    std::scoped_lock lock(mutex_);
+    cancelled_ = true;
+  }
+
+ private:
+  std::recursive_mutex mutex_;
+  bool cancelled_ = false;
+};
+
+/// A call in flight: the answer to come, and the handle to give it up.
+struct PendingCall {
+  std::future<Response> response;
+  std::shared_ptr<CallControl> control;
+};
+
 /// The client side of a transport: how a worker, the chief or an evaluator reaches the ps
 /// tasks. The server side is the transport's own serving loop, which hands every request to
 /// `ParameterServer::handle` and sends back what it answers.
 ///
 /// Required:
 ///   - `t.num_ps()` → number of ps tasks
-///   - `t.call(ps, request, targets)` → `std::future<Response>`
+///   - `t.call(ps, request, targets)` → `PendingCall`
 ///
 /// Semantic contract:
 ///   - `call` returns at once; calls to different ps tasks proceed concurrently;
 ///   - requests from one client to one ps are handled in the order they were made;
 ///   - for a Pull, the transport copies the reply's values into `targets` (slice by slice)
 ///     before the future is ready, and the PullReply's views then point into `targets`;
-///     `targets` and every view inside `request` stay valid until the future is ready;
+///   - `targets` and every view inside `request` stay valid until the future is ready or the
+///     caller has called `control->cancel()`; the transport touches neither afterwards;
 ///   - failures arrive as an ErrorReply, never as a broken future: `kUnavailable` for a
 ///     dead or unreachable peer; a lost message leaves the future waiting, and the caller's
-///     deadline turns that into `kDeadlineExceeded`.
+///     deadline turns that into `kDeadlineExceeded` (and a cancel).
 template <class T>
 concept Transport = std::move_constructible<T> &&
     requires(T& transport, const T& ctransport, std::size_t ps, Request request,
              PullTargets targets) {
   { ctransport.num_ps() } -> std::convertible_to<std::size_t>;
-  {
-    transport.call(ps, std::move(request), std::move(targets))
-    } -> std::same_as<std::future<Response>>;
+  { transport.call(ps, std::move(request), std::move(targets)) } -> std::same_as<PendingCall>;
 };
 
 }  // namespace pulley
@@ -399,21 +440,53 @@ concept Transport = std::move_constructible<T> &&
 #include <cstddef>
 #include <cstdint>
 #include <future>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+// ---- begin pulley/client_options.hpp ----
+
+#include <chrono>
+
 namespace pulley {
 
-/// Deadlines of a client's requests.
+/// Deadlines of a client's (worker's, chief's) requests. A request past its deadline fails
+/// with `kDeadlineExceeded` and is cancelled: the transport no longer touches its buffers.
 struct ClientOptions {
   /// For requests a ps answers at once (push, ungated pull, stats, initialize).
   std::chrono::milliseconds request_timeout{std::chrono::seconds(60)};
   /// For requests that wait on other tasks: readiness, sync tokens, step-gated pulls.
   std::chrono::milliseconds wait_timeout{std::chrono::minutes(30)};
 };
+
+}  // namespace pulley
+// ---- end pulley/client_options.hpp ----
+// ---- begin pulley/detail/finite.hpp ----
+
+#include <bit>
+#include <cstdint>
+#include <span>
+
+namespace pulley::detail {
+
+/// True if no element is NaN or Inf. An all-ones exponent marks both; integer ops keep the
+/// loop vectorizable without -ffast-math.
+inline bool all_finite(std::span<const float> values) noexcept {
+  std::uint32_t bad = 0;
+  for (float v : values) {
+    bad |=
+        static_cast<std::uint32_t>((std::bit_cast<std::uint32_t>(v) & 0x7F800000U) == 0x7F800000U);
+  }
+  return bad == 0;
+}
+
+}  // namespace pulley::detail
+// ---- end pulley/detail/finite.hpp ----
+
+namespace pulley {
 
 /// One destination of a pull: rows `rows` of variable `variable`, written to `into`.
 struct PullRequest {
@@ -447,19 +520,15 @@ class Client {
     throw Error(ErrorCode::kNotFound, "unknown variable '" + std::string(name) + "'");
   }
 
-  /// Sends `request(ps)` to every ps at once and returns the replies of type R.
+  /// Sends `make_request(ps)` to every ps at once and returns the replies of type R.
   template <class R, class MakeRequest>
   std::vector<R> broadcast(MakeRequest make_request, std::chrono::milliseconds timeout,
                            std::string_view what) {
-    std::vector<std::future<Response>> futures;
+    std::vector<PendingCall> calls;
     for (std::size_t ps = 0; ps < num_ps(); ++ps) {
-      futures.push_back(transport_.call(ps, Request{make_request(ps)}, {}));
+      calls.push_back(transport_.call(ps, Request{make_request(ps)}, {}));
     }
-    std::vector<R> replies;
-    for (std::size_t ps = 0; ps < futures.size(); ++ps) {
-      replies.push_back(wait<R>(futures[ps], ps, timeout, what));
-    }
-    return replies;
+    return collect<R>(calls, timeout, what);
   }
 
   /// Registers the model on every ps and checks that their placements agree.
@@ -480,8 +549,9 @@ class Client {
 
   /// Takes a sync token from ps 0, which keeps the global step.
   TokenReply take_token(std::uint32_t worker) {
-    auto future = transport_.call(0, TakeToken{worker}, {});
-    return wait<TokenReply>(future, 0, options_.wait_timeout, "take a sync token");
+    std::vector<PendingCall> calls;
+    calls.push_back(transport_.call(0, TakeToken{worker}, {}));
+    return collect<TokenReply>(calls, options_.wait_timeout, "take a sync token").front();
   }
 
   /// Pulls every request's rows into its destination, from all ps tasks at once; no ps
@@ -507,15 +577,13 @@ class Client {
                                                   (end - begin) * spec.row_size()));
       }
     }
-    std::vector<std::future<Response>> futures(num_ps());
+    std::vector<PendingCall> calls;
     for (std::size_t ps = 0; ps < num_ps(); ++ps) {
       if (pulls[ps].slices.empty()) continue;
-      futures[ps] = transport_.call(ps, std::move(pulls[ps]), std::move(targets[ps]));
+      calls.push_back(transport_.call(ps, std::move(pulls[ps]), std::move(targets[ps])));
     }
-    const auto timeout = min_step > 0 ? options_.wait_timeout : options_.request_timeout;
-    for (std::size_t ps = 0; ps < futures.size(); ++ps) {
-      if (futures[ps].valid()) wait<PullReply>(futures[ps], ps, timeout, "pull");
-    }
+    collect<PullReply>(calls, min_step > 0 ? options_.wait_timeout : options_.request_timeout,
+                       "pull");
   }
 
   /// Pushes the gradients of whole variables (one span per variable, in variable order)
@@ -539,27 +607,49 @@ class Client {
       pushes[part.ps].gradients.push_back(
           {global_index(part), g.subspan(part.rows.begin * row_size, part.rows.size() * row_size)});
     }
-    std::vector<std::future<Response>> futures;
+    // Checked here, before anything is sent: a push refused by one ps but applied by another
+    // would leave the ps tasks on different steps.
+    for (std::size_t v = 0; v < gradients.size(); ++v) {
+      if (!detail::all_finite(gradients[v])) {
+        throw Error(ErrorCode::kInvalidArgument, "non-finite (NaN or Inf) gradient for '" +
+                                                     variables_[v].name + "'; nothing was pushed");
+      }
+    }
+    std::vector<PendingCall> calls;
     for (std::size_t ps = 0; ps < num_ps(); ++ps) {
-      futures.push_back(transport_.call(ps, std::move(pushes[ps]), {}));
+      calls.push_back(transport_.call(ps, std::move(pushes[ps]), {}));
     }
     std::uint32_t stale = 0;
-    for (std::size_t ps = 0; ps < futures.size(); ++ps) {
-      stale += wait<PushReply>(futures[ps], ps, options_.request_timeout, "push").stale_parts;
+    for (const PushReply& r : collect<PushReply>(calls, options_.request_timeout, "push")) {
+      stale += r.stale_parts;
     }
     return stale;
   }
 
-  /// Waits for the reply of `ps` and returns it as R, or throws the server's Error.
+  /// Waits for every call (one shared deadline) and returns their replies as R, in order.
+  /// Never returns or throws while a call may still touch the caller's buffers: at the
+  /// deadline the unfinished calls are cancelled; a server error is thrown only once every
+  /// call has settled.
   template <class R>
-  R wait(std::future<Response>& future, std::size_t ps, std::chrono::milliseconds timeout,
-         std::string_view what) {
-    if (future.wait_for(timeout) != std::future_status::ready) {
-      throw Error(ErrorCode::kDeadlineExceeded, std::string(what) + ": ps " + std::to_string(ps) +
-                                                    " did not answer within " +
-                                                    std::to_string(timeout.count()) + " ms");
+  std::vector<R> collect(std::vector<PendingCall>& calls, std::chrono::milliseconds timeout,
+                         std::string_view what) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    std::vector<R> replies;
+    std::optional<Error> first_error;
+    for (std::size_t i = 0; i < calls.size(); ++i) {
+      if (calls[i].response.wait_until(deadline) != std::future_status::ready) {
+        for (PendingCall& c : calls) c.control->cancel();
+        throw Error(ErrorCode::kDeadlineExceeded, std::string(what) + ": no answer within " +
+                                                      std::to_string(timeout.count()) + " ms");
+      }
+      try {
+        replies.push_back(expect<R>(calls[i].response.get()));
+      } catch (const Error& e) {
+        if (!first_error) first_error = e;
+      }
     }
-    return expect<R>(future.get());
+    if (first_error) throw *first_error;
+    return replies;
   }
 
  private:
@@ -766,8 +856,10 @@ class Chief {
   /// Blocks until ps 0 (which keeps the global step) has completed `step` steps; returns
   /// the global step it reports.
   std::int64_t wait_for_step(std::int64_t step) {
-    auto future = client_.transport().call(0, Pull{step, {}}, {});
-    return client_.template wait<PullReply>(future, 0, timeouts().wait_timeout, "wait for step")
+    std::vector<PendingCall> calls;
+    calls.push_back(client_.transport().call(0, Pull{step, {}}, {}));
+    return client_.template collect<PullReply>(calls, timeouts().wait_timeout, "wait for step")
+        .front()
         .global_step;
   }
 
@@ -919,6 +1011,15 @@ enum class Verdict : std::uint8_t {
   kReady,    ///< kept, and the step is complete: call `take`
 };
 
+/// How a sync policy paces workers with tokens (TF's `sync_token_queue`). A worker takes a
+/// token before each step and tags its push with the token's step. When step 0 starts and
+/// each time a global step completes, `per_step` tokens of the new step are released,
+/// replacing any of the old step that nobody took (those could only buy stale gradients).
+struct TokenRule {
+  std::int64_t per_step = 0;    ///< tokens per step; 0: no tokens, TakeToken never waits
+  std::int64_t per_worker = 0;  ///< most tokens of one step a worker may take; 0: no limit
+};
+
 /// An aggregation (sync) policy decides when gradients are applied and how workers are
 /// paced. The ps keeps one `Accumulator` per part it holds plus one, of size 0, for the
 /// global step: every push message is a vote on that one.
@@ -929,12 +1030,7 @@ enum class Verdict : std::uint8_t {
 ///   - `p.accumulate(acc, gradient, local_step)` → `Verdict`
 ///   - `p.take(acc)` → the aggregated gradient to apply; advances `acc` by one step
 ///   - `p.step(acc)` → the steps `acc` has completed
-///   - `p.initial_tokens()`, `p.tokens_per_step()`, `p.tokens_per_worker()` → sync tokens:
-///     how many exist at the start, how many each completed global step releases, and how
-///     many of one step a single worker may take (negative: no limit). A negative
-///     `initial_tokens()` means tokens are not used: TakeToken never waits and hands out
-///     local step 0. Tokens of a step that nobody took by the time the next step completes
-///     are withdrawn: they could only produce stale gradients.
+///   - `p.token_rule()` → `TokenRule`: how workers are paced with sync tokens
 ///
 /// Semantic contract:
 ///   - a contribution with `local_step < step(acc)` is stale: `accumulate` returns kStale and
@@ -952,9 +1048,7 @@ concept SyncPolicy = std::copy_constructible<P> &&
   { policy.accumulate(acc, gradient, local_step) } -> std::same_as<Verdict>;
   { policy.take(acc) } -> std::same_as<std::span<const float>>;
   { policy.step(cacc) } -> std::same_as<std::int64_t>;
-  { policy.initial_tokens() } -> std::same_as<std::int64_t>;
-  { policy.tokens_per_step() } -> std::same_as<std::int64_t>;
-  { policy.tokens_per_worker() } -> std::same_as<std::int64_t>;
+  { policy.token_rule() } -> std::same_as<TokenRule>;
 };
 
 }  // namespace pulley
@@ -1003,19 +1097,21 @@ namespace pulley {
 ///   accumulator += g^2
 ///   w -= learning_rate * g / (sqrt(accumulator) + epsilon)
 struct Adagrad {
-  float learning_rate = 0.001F;
-  float initial_accumulator_value = 0.1F;
-  float epsilon = 1e-7F;
+  float learning_rate = 0.001F;            ///< step size
+  float initial_accumulator_value = 0.1F;  ///< starting sum of squares
+  float epsilon = 1e-7F;                   ///< keeps the division finite
 
   /// The sum of squared gradients, one value per element.
   struct State {
     std::vector<float> accumulator;
   };
 
+  /// Fresh slots for a part of n elements.
   [[nodiscard]] State make_state(std::size_t n) const {
     return {std::vector<float>(n, initial_accumulator_value)};
   }
 
+  /// Updates `w` in place from gradient `g` (same size as the state).
   void apply(State& state, std::span<float> w, std::span<const float> g) const {
     const float lr = learning_rate;
     const float eps = epsilon;
@@ -1050,10 +1146,10 @@ namespace pulley {
 ///   w -= lr_t * m / (sqrt(v) + epsilon)
 /// Defaults are Keras'. `t` counts this part's updates, i.e. the global step in sync mode.
 struct Adam {
-  float learning_rate = 0.001F;
-  float beta_1 = 0.9F;
-  float beta_2 = 0.999F;
-  float epsilon = 1e-7F;
+  float learning_rate = 0.001F;  ///< step size
+  float beta_1 = 0.9F;           ///< decay of the first moment
+  float beta_2 = 0.999F;         ///< decay of the second moment
+  float epsilon = 1e-7F;         ///< keeps the division finite
 
   /// First and second moment slots plus the update count.
   struct State {
@@ -1062,10 +1158,12 @@ struct Adam {
     std::int64_t t = 0;
   };
 
+  /// Fresh slots for a part of n elements.
   [[nodiscard]] State make_state(std::size_t n) const {
     return {std::vector<float>(n, 0.0F), std::vector<float>(n, 0.0F), 0};
   }
 
+  /// Updates `w` in place from gradient `g` (same size as the state).
   void apply(State& state, std::span<float> w, std::span<const float> g) const {
     ++state.t;
     const auto t = static_cast<double>(state.t);
@@ -1103,17 +1201,19 @@ namespace pulley {
 ///   w -= learning_rate * accumulation                         (classic)
 ///   w -= learning_rate * (g + momentum * accumulation)        (use_nesterov)
 struct Momentum {
-  float learning_rate = 0.01F;
-  float momentum = 0.9F;
-  bool use_nesterov = false;
+  float learning_rate = 0.01F;  ///< step size
+  float momentum = 0.9F;        ///< decay of the accumulation
+  bool use_nesterov = false;    ///< look-ahead update
 
   /// The accumulation slot, one value per element.
   struct State {
     std::vector<float> accumulation;
   };
 
+  /// Fresh slots for a part of n elements.
   [[nodiscard]] State make_state(std::size_t n) const { return {std::vector<float>(n, 0.0F)}; }
 
+  /// Updates `w` in place from gradient `g` (same size as the state).
   void apply(State& state, std::span<float> w, std::span<const float> g) const {
     const float lr = learning_rate;
     const float mu = momentum;
@@ -1147,13 +1247,15 @@ namespace pulley {
 
 /// Plain stochastic gradient descent: `w -= learning_rate * g` (TF's GradientDescentOptimizer).
 struct Sgd {
-  float learning_rate = 0.01F;
+  float learning_rate = 0.01F;  ///< step size
 
   /// SGD keeps no slots.
   struct State {};
 
+  /// Fresh slots for a part of n elements.
   [[nodiscard]] State make_state(std::size_t /*n*/) const { return {}; }
 
+  /// Updates `w` in place from gradient `g` (same size as the state).
   void apply(State& /*state*/, std::span<float> w, std::span<const float> g) const {
     const float lr = learning_rate;
     float* __restrict wp = w.data();
@@ -1167,7 +1269,7 @@ static_assert(Optimizer<Sgd>);
 // ---- end pulley/optimizers/sgd.hpp ----
 // ---- begin pulley/parameter_server.hpp ----
 
-#include <bit>
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -1339,12 +1441,9 @@ class ParameterServer {
       reject(reply, ErrorCode::kFailedPrecondition, "initialize before the model is registered");
       return;
     }
+    if (!check_parts(r.parts, reply)) return;
     for (const PartValues& pv : r.parts) {
-      Slot* slot = nullptr;
-      if (auto problem = find_slot(pv, slot); !problem.empty()) {
-        reject(reply, ErrorCode::kInvalidArgument, std::move(problem));
-        return;
-      }
+      const Slot* slot = &slots_[slot_of_part_[pv.part]];
       if (slot->initialized) {
         reject(reply, ErrorCode::kAlreadyExists, describe(slot->part) + " is already initialized");
         return;
@@ -1370,7 +1469,7 @@ class ParameterServer {
 
   void become_ready() {
     ready_ = true;
-    release_tokens(sync_.initial_tokens());
+    release_tokens();
     for (Responder& waiter : std::exchange(ready_waiters_, {}))
       waiter(PlacementReply{variables_, placement_});
   }
@@ -1382,7 +1481,7 @@ class ParameterServer {
       reject(reply, ErrorCode::kFailedPrecondition, "token requested before initialization");
       return;
     }
-    if (sync_.initial_tokens() < 0) {  // the policy does not pace workers
+    if (sync_.token_rule().per_step <= 0) {  // the policy does not pace workers
       reply(TokenReply{0, global_step()});
     } else if (!give_token(r.worker, reply)) {
       token_waiters_.push_back({r.worker, std::move(reply)});
@@ -1391,18 +1490,18 @@ class ParameterServer {
 
   /// Hands `worker` a token of the current step if one is left and it may take one more.
   bool give_token(std::uint32_t worker, Responder& reply) {
-    const std::int64_t cap = sync_.tokens_per_worker();
+    const std::int64_t cap = sync_.token_rule().per_worker;
     std::int64_t& taken = tokens_taken_[worker];
-    if (tokens_left_ == 0 || (cap >= 0 && taken >= cap)) return false;
+    if (tokens_left_ == 0 || (cap > 0 && taken >= cap)) return false;
     --tokens_left_;
     ++taken;
     reply(TokenReply{global_step(), global_step()});
     return true;
   }
 
-  /// Replaces the tokens of the last step by `count` tokens of the current one.
-  void release_tokens(std::int64_t count) {
-    tokens_left_ = count < 0 ? 0 : count;
+  /// Replaces the tokens of the last step by the policy's tokens of the current one.
+  void release_tokens() {
+    tokens_left_ = std::max<std::int64_t>(sync_.token_rule().per_step, 0);
     tokens_taken_.clear();
     std::deque<TokenWaiter> still_waiting;
     for (TokenWaiter& w : std::exchange(token_waiters_, {})) {
@@ -1459,20 +1558,17 @@ class ParameterServer {
              "push before initialization: the chief has not initialized the variables");
       return;
     }
-    for (std::size_t i = 0; i < r.gradients.size(); ++i) {
-      const PartValues& pv = r.gradients[i];
-      Slot* slot = nullptr;
-      if (auto problem = find_slot(pv, slot); !problem.empty()) {
-        reject(reply, ErrorCode::kInvalidArgument, std::move(problem));
-        return;
-      }
-      for (std::size_t j = 0; j < i; ++j) {
-        if (r.gradients[j].part == pv.part) {
-          reject(reply, ErrorCode::kInvalidArgument, describe(slot->part) + " is pushed twice");
-          return;
-        }
-      }
-      if (!all_finite(pv.values)) {
+    if (!check_parts(r.gradients, reply)) return;
+    if (r.gradients.size() != slots_.size()) {
+      // Every part's accumulator must see every step's votes, or parts drift apart.
+      reject(reply, ErrorCode::kInvalidArgument,
+             "a push must carry a gradient for each of the " + std::to_string(slots_.size()) +
+                 " parts held here, got " + std::to_string(r.gradients.size()));
+      return;
+    }
+    for (const PartValues& pv : r.gradients) {
+      const Slot* slot = &slots_[slot_of_part_[pv.part]];
+      if (!detail::all_finite(pv.values)) {
         reject(reply, ErrorCode::kInvalidArgument,
                "non-finite (NaN or Inf) gradient for " + describe(slot->part) + " from worker " +
                    std::to_string(r.worker) + "; nothing was applied");
@@ -1503,7 +1599,7 @@ class ParameterServer {
     if (vote == Verdict::kReady) {
       sync_.take(step_votes_);
       stats_.global_step = global_step();
-      release_tokens(sync_.tokens_per_step());
+      release_tokens();
       answer_waiting_pulls();
     }
   }
@@ -1518,16 +1614,6 @@ class ParameterServer {
       }
     }
     waiting_pulls_ = std::move(still_waiting);
-  }
-
-  static bool all_finite(std::span<const float> values) {
-    // Exponent all ones means Inf or NaN; integer ops so the loop vectorizes.
-    std::uint32_t bad = 0;
-    for (float v : values) {
-      bad |= static_cast<std::uint32_t>((std::bit_cast<std::uint32_t>(v) & 0x7F800000U) ==
-                                        0x7F800000U);
-    }
-    return bad == 0;
   }
 
   // ---- GetStats / Shutdown --------------------------------------------------------------
@@ -1548,17 +1634,30 @@ class ParameterServer {
 
   [[nodiscard]] std::int64_t global_step() const { return sync_.step(step_votes_); }
 
-  /// Finds the slot of `pv.part` and checks the value count; returns a problem or "".
-  std::string find_slot(const PartValues& pv, Slot*& slot) {
-    if (pv.part >= slot_of_part_.size() || slot_of_part_[pv.part] == kNotHere) {
-      return unknown_part(pv.part);
+  /// Checks that every part is held here, appears once and has the right size; otherwise
+  /// rejects the request and returns false.
+  bool check_parts(const std::vector<PartValues>& parts, Responder& reply) {
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      const PartValues& pv = parts[i];
+      if (pv.part >= slot_of_part_.size() || slot_of_part_[pv.part] == kNotHere) {
+        reject(reply, ErrorCode::kNotFound, unknown_part(pv.part));
+        return false;
+      }
+      const Slot& slot = slots_[slot_of_part_[pv.part]];
+      if (pv.values.size() != slot.values.size()) {
+        reject(reply, ErrorCode::kInvalidArgument,
+               describe(slot.part) + " has " + std::to_string(slot.values.size()) +
+                   " elements, got " + std::to_string(pv.values.size()));
+        return false;
+      }
+      for (std::size_t j = 0; j < i; ++j) {
+        if (parts[j].part == pv.part) {
+          reject(reply, ErrorCode::kInvalidArgument, describe(slot.part) + " is sent twice");
+          return false;
+        }
+      }
     }
-    slot = &slots_[slot_of_part_[pv.part]];
-    if (pv.values.size() != slot->values.size()) {
-      return describe(slot->part) + " has " + std::to_string(slot->values.size()) +
-             " elements, got " + std::to_string(pv.values.size());
-    }
-    return {};
+    return true;
   }
 
   std::string unknown_part(std::uint32_t part) const {
@@ -1607,12 +1706,11 @@ class ParameterServer {
 #include <cstddef>
 #include <span>
 
-// ---- begin pulley/sharding/detail.hpp ----
+// ---- begin pulley/detail/partition.hpp ----
 
 #include <cstddef>
 #include <cstdint>
 #include <span>
-#include <stdexcept>
 
 namespace pulley::detail {
 
@@ -1622,7 +1720,7 @@ namespace pulley::detail {
 template <class PartsFor>
 Placement place_round_robin(std::span<const VariableSpec> variables, std::size_t num_ps,
                             PartsFor parts_for) {
-  if (num_ps == 0) throw std::invalid_argument("sharding needs at least one ps task");
+  if (num_ps == 0) throw Error(ErrorCode::kInvalidArgument, "sharding needs at least one ps task");
   PlacementBuilder builder;
   std::size_t next_ps = 0;
   for (const VariableSpec& spec : variables) {
@@ -1644,15 +1742,16 @@ Placement place_round_robin(std::span<const VariableSpec> variables, std::size_t
 }
 
 }  // namespace pulley::detail
-// ---- end pulley/sharding/detail.hpp ----
+// ---- end pulley/detail/partition.hpp ----
 
 namespace pulley {
 
 /// Splits every variable along its first dimension into `num_shards` parts (fewer when it
 /// has fewer rows), like TF's `fixed_size_partitioner`; parts are dealt round-robin.
 struct FixedShards {
-  std::size_t num_shards = 1;
+  std::size_t num_shards = 1;  ///< parts per variable (fewer if it has fewer rows)
 
+  /// The placement of `variables` over `num_ps` ps tasks.
   [[nodiscard]] Placement place(std::span<const VariableSpec> variables, std::size_t num_ps) const {
     return detail::place_round_robin(variables, num_ps,
                                      [this](const VariableSpec&) { return num_shards; });
@@ -1665,9 +1764,10 @@ static_assert(Sharding<FixedShards>);
 /// = max(1, floor(min_slice_bytes / row_bytes)), parts = min(max_shards, ceil(rows / that)).
 /// Small variables stay whole; parts are dealt round-robin.
 struct MinSize {
-  std::size_t min_slice_bytes = std::size_t{256} << 10U;
-  std::size_t max_shards = 1;
+  std::size_t min_slice_bytes = std::size_t{256} << 10U;  ///< smallest part worth a split
+  std::size_t max_shards = 1;                             ///< most parts per variable
 
+  /// Number of parts for `spec` under this rule.
   [[nodiscard]] std::size_t parts_for(const VariableSpec& spec) const {
     const std::size_t row_bytes = spec.row_size() * sizeof(float);
     std::size_t rows_per_part = row_bytes == 0 ? 1 : min_slice_bytes / row_bytes;
@@ -1676,6 +1776,7 @@ struct MinSize {
     return wanted < max_shards ? wanted : max_shards;
   }
 
+  /// The placement of `variables` over `num_ps` ps tasks.
   [[nodiscard]] Placement place(std::span<const VariableSpec> variables, std::size_t num_ps) const {
     return detail::place_round_robin(variables, num_ps,
                                      [this](const VariableSpec& s) { return parts_for(s); });
@@ -1695,6 +1796,7 @@ namespace pulley {
 /// Whole variables dealt to the ps tasks in turn: variable i on ps `i % num_ps`.
 /// TensorFlow's default (`replica_device_setter` with its round-robin strategy).
 struct RoundRobin {
+  /// The placement of `variables` over `num_ps` ps tasks.
   [[nodiscard]] Placement place(std::span<const VariableSpec> variables, std::size_t num_ps) const {
     return detail::place_round_robin(variables, num_ps, [](const VariableSpec&) { return 1; });
   }
@@ -1721,23 +1823,26 @@ struct Async {
     std::int64_t step = 0;
   };
 
+  /// An accumulator for n-element gradients, at step 0.
   [[nodiscard]] Accumulator make_accumulator(std::size_t /*n*/) const { return {}; }
 
+  /// Takes one contribution tagged with the sender's local step.
   Verdict accumulate(Accumulator& acc, std::span<const float> gradient,
                      std::int64_t /*local_step*/) const {
     acc.pending = gradient;
     return Verdict::kReady;
   }
 
+  /// The gradient to apply for the completed step; advances the step.
   std::span<const float> take(Accumulator& acc) const {
     ++acc.step;
     return acc.pending;
   }
 
+  /// Steps this accumulator has completed.
   [[nodiscard]] std::int64_t step(const Accumulator& acc) const { return acc.step; }
-  [[nodiscard]] std::int64_t initial_tokens() const { return -1; }
-  [[nodiscard]] std::int64_t tokens_per_step() const { return -1; }
-  [[nodiscard]] std::int64_t tokens_per_worker() const { return -1; }
+  /// No tokens: nobody waits.
+  [[nodiscard]] TokenRule token_rule() const { return {}; }
 };
 static_assert(SyncPolicy<Async>);
 
@@ -1749,7 +1854,6 @@ static_assert(SyncPolicy<Async>);
 #include <cstddef>
 #include <cstdint>
 #include <span>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -1760,14 +1864,16 @@ namespace pulley {
 /// Each part has an accumulator at some step s. A gradient tagged with local step < s is
 /// stale and dropped. When `replicas_to_aggregate` (R) fresh gradients are in, their mean
 /// is applied once and the step advances. The global step advances the same way on push
-/// messages; each time it does, `max(R, N)` tokens carrying the new step are released, and
-/// R tokens exist at the start. A worker takes a token before each step.
+/// messages; each time it does, `max(R, N)` tokens carrying the new step are released. A
+/// worker takes a token before each step.
 ///
-/// Two refinements over TF's plain token queue, both to keep its documented regimes true:
-/// when R ≤ N a worker takes at most one token per step (TF lets a fast worker take two and
-/// crowd a slow one out of the step even when R == N), and tokens of a finished step that
-/// nobody took are withdrawn (TF lets them pile up behind a dead backup worker and hands
-/// them out later, which only buys stale gradients).
+/// Three refinements over TF's plain token queue, each to keep its documented regimes
+/// true: step 0 starts with max(R, N) tokens (TF lets every worker start its first step
+/// without one and queues R more; with R < N a dead holder of one of only R tokens would
+/// stall step 0 here); when R <= N a worker takes at most one token per step (TF lets a
+/// fast worker take two and crowd a slow one out of the step even when R == N); and tokens
+/// of a finished step that nobody took are withdrawn (TF lets them pile up behind a dead
+/// backup worker and hands them out later, which only buys stale gradients).
 ///   - R == N: every worker contributes one batch to every step.
 ///   - R >  N: fast workers take several tokens and contribute several batches to a step.
 ///   - R <  N: N - R workers are backups; the slowest gradients of a step arrive stale and
@@ -1779,13 +1885,17 @@ class SyncReplicas {
   SyncReplicas(int replicas_to_aggregate, int total_num_replicas)
       : replicas_to_aggregate_(replicas_to_aggregate), total_num_replicas_(total_num_replicas) {
     if (replicas_to_aggregate < 1 || total_num_replicas < 1) {
-      throw std::invalid_argument(
-          "SyncReplicas needs replicas_to_aggregate >= 1 and total_num_replicas >= 1, got " +
-          std::to_string(replicas_to_aggregate) + " and " + std::to_string(total_num_replicas));
+      throw Error(ErrorCode::kInvalidArgument,
+                  "SyncReplicas needs replicas_to_aggregate >= 1 and total_num_replicas >= 1, "
+                  "got " +
+                      std::to_string(replicas_to_aggregate) + " and " +
+                      std::to_string(total_num_replicas));
     }
   }
 
+  /// R: gradients averaged into one update.
   [[nodiscard]] int replicas_to_aggregate() const noexcept { return replicas_to_aggregate_; }
+  /// N: the number of workers.
   [[nodiscard]] int total_num_replicas() const noexcept { return total_num_replicas_; }
 
   /// Running sum of the current step's fresh gradients (TF's ConditionalAccumulator).
@@ -1795,10 +1905,12 @@ class SyncReplicas {
     std::int64_t step = 0;
   };
 
+  /// An accumulator for n-element gradients, at step 0.
   [[nodiscard]] Accumulator make_accumulator(std::size_t n) const {
     return {std::vector<float>(n, 0.0F), 0, 0};
   }
 
+  /// Takes one contribution tagged with the sender's local step.
   Verdict accumulate(Accumulator& acc, std::span<const float> gradient,
                      std::int64_t local_step) const {
     if (local_step < acc.step) return Verdict::kStale;
@@ -1812,6 +1924,7 @@ class SyncReplicas {
     return ++acc.count == replicas_to_aggregate_ ? Verdict::kReady : Verdict::kPending;
   }
 
+  /// The gradient to apply for the completed step; advances the step.
   std::span<const float> take(Accumulator& acc) const {
     const float scale = 1.0F / static_cast<float>(replicas_to_aggregate_);
     for (float& v : acc.sum) v *= scale;
@@ -1820,13 +1933,12 @@ class SyncReplicas {
     return acc.sum;
   }
 
+  /// Steps this accumulator has completed.
   [[nodiscard]] std::int64_t step(const Accumulator& acc) const { return acc.step; }
-  [[nodiscard]] std::int64_t initial_tokens() const { return replicas_to_aggregate_; }
-  [[nodiscard]] std::int64_t tokens_per_step() const {
-    return std::max(replicas_to_aggregate_, total_num_replicas_);
-  }
-  [[nodiscard]] std::int64_t tokens_per_worker() const {
-    return replicas_to_aggregate_ <= total_num_replicas_ ? 1 : -1;
+  /// max(R, N) tokens per step; one per worker when R <= N.
+  [[nodiscard]] TokenRule token_rule() const {
+    return {std::max(replicas_to_aggregate_, total_num_replicas_),
+            replicas_to_aggregate_ <= total_num_replicas_ ? 1 : 0};
   }
 
  private:
@@ -1845,6 +1957,7 @@ static_assert(SyncPolicy<SyncReplicas>);
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <future>
 #include <map>
 #include <memory>
@@ -1884,6 +1997,7 @@ class InProcessNetwork {
     join();
   }
 
+  /// Number of ps tasks.
   [[nodiscard]] std::uint32_t num_ps() const noexcept {
     return static_cast<std::uint32_t>(mailboxes_.size());
   }
@@ -1895,6 +2009,10 @@ class InProcessNetwork {
     const std::uint32_t task = server.task();
     if (task >= num_ps()) {
       throw Error(ErrorCode::kInvalidArgument, "no ps task " + std::to_string(task) + " here");
+    }
+    if (std::exchange(mailboxes_[task]->served, true)) {
+      throw Error(ErrorCode::kAlreadyExists,
+                  "ps task " + std::to_string(task) + " is served already");
     }
     threads_.emplace_back([this, &server, task] { run(server, *mailboxes_[task], task); });
   }
@@ -1945,28 +2063,37 @@ class InProcessNetwork {
  private:
   friend class InProcess;
 
-  /// One call in flight: where its answer goes.
+  /// One call in flight: where its answer goes. Answered at most once, and not at all
+  /// once the caller cancelled (then the targets may be gone).
   struct Call {
     std::promise<Response> promise;
     PullTargets targets;
+    std::shared_ptr<CallControl> control = std::make_shared<CallControl>();
+    bool answered = false;  ///< guarded by control
 
     void complete(Response&& response) {
-      if (auto* pull = std::get_if<PullReply>(&response)) {
-        if (pull->values.size() != targets.size()) {
-          response = ErrorReply{ErrorCode::kInvalidArgument, "pull reply has wrong slice count"};
-        } else {
-          for (std::size_t i = 0; i < targets.size(); ++i) {
-            if (pull->values[i].size() != targets[i].size()) {
-              response = ErrorReply{ErrorCode::kInvalidArgument,
-                                    "pull reply slice does not fit its destination"};
-              break;
-            }
-            std::copy(pull->values[i].begin(), pull->values[i].end(), targets[i].begin());
-            pull->values[i] = targets[i];
-          }
-        }
+      control->unless_cancelled([&] {
+        if (std::exchange(answered, true)) return;
+        if (auto* pull = std::get_if<PullReply>(&response)) copy_out(*pull, response);
+        promise.set_value(std::move(response));
+      });
+    }
+
+   private:
+    void copy_out(PullReply& pull, Response& response) {
+      if (pull.values.size() != targets.size()) {
+        response = ErrorReply{ErrorCode::kInvalidArgument, "pull reply has wrong slice count"};
+        return;
       }
-      promise.set_value(std::move(response));
+      for (std::size_t i = 0; i < targets.size(); ++i) {
+        if (pull.values[i].size() != targets[i].size()) {
+          response = ErrorReply{ErrorCode::kInvalidArgument,
+                                "pull reply slice does not fit its destination"};
+          return;
+        }
+        std::copy(pull.values[i].begin(), pull.values[i].end(), targets[i].begin());
+        pull.values[i] = targets[i];
+      }
     }
   };
 
@@ -1981,6 +2108,7 @@ class InProcessNetwork {
     std::deque<Envelope> queue;
     bool killed = false;
     bool closed = false;
+    bool served = false;            ///< only touched by serve()
     std::atomic<bool> dead{false};  ///< read by responders on the ps thread
   };
 
@@ -1994,41 +2122,44 @@ class InProcessNetwork {
     return ErrorReply{ErrorCode::kUnavailable, who + " is unavailable (killed)"};
   }
 
-  std::future<Response> send(Node from, std::uint32_t ps, Request&& request,
-                             PullTargets&& targets) {
+  PendingCall send(Node from, std::uint32_t ps, Request&& request, PullTargets&& targets) {
     auto call = std::make_shared<Call>();
     call->targets = std::move(targets);
-    std::future<Response> future = call->promise.get_future();
+    PendingCall pending{call->promise.get_future(), call->control};
     if (ps >= num_ps()) {
       call->complete(ErrorReply{ErrorCode::kInvalidArgument,
                                 "no ps task " + std::to_string(ps) + " in this cluster"});
-      return future;
+      return pending;
     }
     if (is_dead(from)) {
       call->complete(unavailable(from.name()));
-      return future;
+      return pending;
     }
     if (auto d = delay_of(from); d.count() > 0) std::this_thread::sleep_for(d);
     if (take_drop(ps, from)) {
       std::scoped_lock lock(faults_mutex_);
       lost_.push_back(std::move(call));  // never answered; the caller's deadline fires
-      return future;
+      return pending;
     }
     Mailbox& box = *mailboxes_[ps];
+    bool queued = false;
+    bool killed = false;
     {
       std::scoped_lock lock(box.mutex);
+      killed = box.killed;
       if (!box.killed && !box.closed) {
-        box.queue.push_back({std::move(request), std::move(call)});
+        box.queue.push_back({std::move(request), call});
+        queued = true;
       }
     }
-    if (call) {  // not queued: the ps is gone
-      call->complete(box.killed ? unavailable(Node::ps(ps).name())
-                                : Response{ErrorReply{ErrorCode::kCancelled,
-                                                      "ps " + std::to_string(ps) + " shut down"}});
-    } else {
+    if (queued) {
       box.ready.notify_one();
+    } else {
+      call->complete(killed ? unavailable(Node::ps(ps).name())
+                            : Response{ErrorReply{ErrorCode::kCancelled,
+                                                  "ps " + std::to_string(ps) + " shut down"}});
     }
-    return future;
+    return pending;
   }
 
   template <class Server>
@@ -2043,10 +2174,18 @@ class InProcessNetwork {
         box.queue.pop_front();
       }
       if (auto d = delay_of(Node::ps(task)); d.count() > 0) std::this_thread::sleep_for(d);
-      server.handle(std::move(envelope.request),
-                    [&box, call = std::move(envelope.call), task](Response&& r) {
-                      call->complete(box.dead ? unavailable(Node::ps(task).name()) : std::move(r));
-                    });
+      const std::shared_ptr<Call> call = envelope.call;
+      // Held while the ps reads the request's views: a caller that gives up waits for it.
+      call->control->unless_cancelled([&] {
+        try {
+          server.handle(std::move(envelope.request), [&box, call, task](Response&& r) {
+            call->complete(box.dead ? unavailable(Node::ps(task).name()) : std::move(r));
+          });
+        } catch (const std::exception& e) {  // a throwing policy must not take the ps down
+          call->complete(ErrorReply{ErrorCode::kInvalidArgument,
+                                    "ps " + std::to_string(task) + " failed: " + e.what()});
+        }
+      });
       if (server.stopped()) break;
     }
     std::deque<Envelope> orphans;
@@ -2078,6 +2217,7 @@ class InProcessNetwork {
     for (DropRule& rule : drops_) {
       if (rule.ps == ps && rule.remaining > 0 && (!rule.from || *rule.from == from)) {
         --rule.remaining;
+        std::erase_if(drops_, [](const DropRule& r) { return r.remaining == 0; });
         return true;
       }
     }
@@ -2100,10 +2240,13 @@ class InProcess {
   /// @param self    who is calling, for the fault injector
   InProcess(InProcessNetwork& network, Node self) : network_(&network), self_(self) {}
 
+  /// Number of ps tasks in the network.
   [[nodiscard]] std::size_t num_ps() const noexcept { return network_->num_ps(); }
+  /// Who this endpoint speaks for.
   [[nodiscard]] Node self() const noexcept { return self_; }
 
-  std::future<Response> call(std::size_t ps, Request&& request, PullTargets targets = {}) {
+  /// Sends `request` to ps `ps`; see the Transport concept for the contract.
+  PendingCall call(std::size_t ps, Request&& request, PullTargets targets = {}) {
     return network_->send(self_, static_cast<std::uint32_t>(ps), std::move(request),
                           std::move(targets));
   }
@@ -2157,6 +2300,10 @@ class Worker {
     }
   }
 
+  /// Not copyable or movable: it keeps views of its model's buffers.
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
   /// Blocks until the chief has initialized every ps, and learns where variables live.
   void wait_ready() { client_.wait_ready(model_.variables()); }
 
@@ -2207,8 +2354,11 @@ class Worker {
     return client_.push(index_, local_step, gradients_);
   }
 
+  /// The model it trains, with the parameters of the last pull.
   [[nodiscard]] M& model() noexcept { return model_; }
+  /// The model it trains, with the parameters of the last pull.
   [[nodiscard]] const M& model() const noexcept { return model_; }
+  /// This worker's task index.
   [[nodiscard]] std::uint32_t index() const noexcept { return index_; }
   /// The global step seen with the last token.
   [[nodiscard]] std::int64_t global_step() const noexcept { return global_step_; }

@@ -12,9 +12,7 @@ struct ForgotTake {
     return pulley::Verdict::kReady;
   }
   std::int64_t step(const Accumulator&) const { return 0; }
-  std::int64_t initial_tokens() const { return -1; }
-  std::int64_t tokens_per_step() const { return -1; }
-  std::int64_t tokens_per_worker() const { return -1; }
+  pulley::TokenRule token_rule() const { return {}; }
 };
 
 int main() {

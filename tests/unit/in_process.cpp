@@ -46,6 +46,27 @@ TEST_CASE("a dropped request ends in deadline_exceeded and the next one goes thr
   chief.shutdown();
 }
 
+TEST_CASE("a pull that timed out never writes into the caller's buffers afterwards") {
+  Cluster<RoundRobin, Sgd, Async> cluster(2, Sgd{}, Async{});
+  Chief chief(cluster.endpoint(Node::chief()), 1);
+  chief.initialize(LinearModel(3, 2).variables());
+  ClientOptions impatient;
+  impatient.request_timeout = std::chrono::milliseconds(20);
+  Worker worker(0, LinearModel(3, 2), cluster.endpoint(Node::worker(0)), impatient);
+  worker.wait_ready();
+  cluster.network().delay(Node::ps(1), std::chrono::milliseconds(150));  // holds the bias
+  CHECK(code_of([&] { worker.pull(); }) == ErrorCode::kDeadlineExceeded);
+  auto bias = worker.model().parameter(1);
+  std::fill(bias.begin(), bias.end(), -7.0F);
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));  // the ps answers meanwhile
+  CHECK(bias[0] == -7.0F);
+  CHECK(bias[1] == -7.0F);
+  cluster.network().delay(Node::ps(1), std::chrono::microseconds(0));
+  worker.pull();
+  CHECK(bias[0] != -7.0F);
+  chief.shutdown();
+}
+
 TEST_CASE("a killed ps fails the calls waiting on it and every later call") {
   Cluster<RoundRobin, Sgd, SyncReplicas> cluster(2, Sgd{}, SyncReplicas(2, 2));
   Chief chief(cluster.endpoint(Node::chief()), 1);

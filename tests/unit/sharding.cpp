@@ -96,5 +96,5 @@ TEST_CASE("MinSize splits only what is large, as min_max_variable_partitioner do
 }
 
 TEST_CASE("placement needs at least one ps task") {
-  CHECK_THROWS_AS(pulley::RoundRobin{}.place(kOddShapes, 0), std::invalid_argument);
+  CHECK_THROWS_AS(pulley::RoundRobin{}.place(kOddShapes, 0), pulley::Error);
 }

@@ -126,9 +126,6 @@ TEST_CASE("sync R < N: a slow backup worker's gradients are dropped as stale, ne
     threads.emplace_back([&, w] {
       Worker worker(w, LinearModel(kIn, kOut), cluster.endpoint(Node::worker(w)));
       worker.wait_ready();
-      if (w == 2) {  // the slow one joins once training runs, so it holds no initial token
-        Chief<InProcess>(cluster.endpoint(Node::evaluator()), 0).wait_for_step(1);
-      }
       for (std::size_t k = 0;; ++k) {
         const auto result = worker.step(rows_of(data, (k * 4) % 60, 4), kSteps);
         if (!result) break;
@@ -171,6 +168,32 @@ TEST_CASE("sync R < N: a dead backup worker does not stall training") {
   }
   for (auto& t : threads) t.join();
   CHECK(failed == std::vector<int>{0, 0, 1});
+  for (const Stats& s : chief.stats()) CHECK(s.global_step == kSteps);
+  chief.shutdown();
+}
+
+TEST_CASE("sync R < N: a worker that dies holding a token of step 0 does not stall training") {
+  constexpr std::int64_t kSteps = 30;
+  const LinearData data(16, kIn, kOut, 1);
+  Cluster<RoundRobin, Sgd, SyncReplicas> cluster(2, Sgd{0.01F}, SyncReplicas(2, 3));
+  Chief chief(cluster.endpoint(Node::chief()), kSeed);
+  chief.initialize(LinearModel(kIn, kOut).variables());
+  {  // worker 2 takes its token of step 0, then its process dies
+    InProcess doomed = cluster.endpoint(Node::worker(2));
+    PendingCall token = doomed.call(0, TakeToken{2});
+    REQUIRE(std::holds_alternative<TokenReply>(token.response.get()));
+    cluster.network().kill(Node::worker(2));
+  }
+  std::vector<std::thread> threads;
+  for (std::uint32_t w = 0; w < 2; ++w) {
+    threads.emplace_back([&, w] {
+      Worker worker(w, LinearModel(kIn, kOut), cluster.endpoint(Node::worker(w)));
+      worker.wait_ready();
+      while (worker.step(rows_of(data, 4 * w, 4), kSteps)) {
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
   for (const Stats& s : chief.stats()) CHECK(s.global_step == kSteps);
   chief.shutdown();
 }

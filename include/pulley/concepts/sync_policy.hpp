@@ -15,6 +15,15 @@ enum class Verdict : std::uint8_t {
   kReady,    ///< kept, and the step is complete: call `take`
 };
 
+/// How a sync policy paces workers with tokens (TF's `sync_token_queue`). A worker takes a
+/// token before each step and tags its push with the token's step. When step 0 starts and
+/// each time a global step completes, `per_step` tokens of the new step are released,
+/// replacing any of the old step that nobody took (those could only buy stale gradients).
+struct TokenRule {
+  std::int64_t per_step = 0;    ///< tokens per step; 0: no tokens, TakeToken never waits
+  std::int64_t per_worker = 0;  ///< most tokens of one step a worker may take; 0: no limit
+};
+
 /// An aggregation (sync) policy decides when gradients are applied and how workers are
 /// paced. The ps keeps one `Accumulator` per part it holds plus one, of size 0, for the
 /// global step: every push message is a vote on that one.
@@ -25,12 +34,7 @@ enum class Verdict : std::uint8_t {
 ///   - `p.accumulate(acc, gradient, local_step)` → `Verdict`
 ///   - `p.take(acc)` → the aggregated gradient to apply; advances `acc` by one step
 ///   - `p.step(acc)` → the steps `acc` has completed
-///   - `p.initial_tokens()`, `p.tokens_per_step()`, `p.tokens_per_worker()` → sync tokens:
-///     how many exist at the start, how many each completed global step releases, and how
-///     many of one step a single worker may take (negative: no limit). A negative
-///     `initial_tokens()` means tokens are not used: TakeToken never waits and hands out
-///     local step 0. Tokens of a step that nobody took by the time the next step completes
-///     are withdrawn: they could only produce stale gradients.
+///   - `p.token_rule()` → `TokenRule`: how workers are paced with sync tokens
 ///
 /// Semantic contract:
 ///   - a contribution with `local_step < step(acc)` is stale: `accumulate` returns kStale and
@@ -48,9 +52,7 @@ concept SyncPolicy = std::copy_constructible<P> &&
   { policy.accumulate(acc, gradient, local_step) } -> std::same_as<Verdict>;
   { policy.take(acc) } -> std::same_as<std::span<const float>>;
   { policy.step(cacc) } -> std::same_as<std::int64_t>;
-  { policy.initial_tokens() } -> std::same_as<std::int64_t>;
-  { policy.tokens_per_step() } -> std::same_as<std::int64_t>;
-  { policy.tokens_per_worker() } -> std::same_as<std::int64_t>;
+  { policy.token_rule() } -> std::same_as<TokenRule>;
 };
 
 }  // namespace pulley

@@ -4,7 +4,10 @@
 #include <concepts>
 #include <cstddef>
 #include <future>
+#include <memory>
+#include <mutex>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "pulley/messages.hpp"
@@ -14,31 +17,61 @@ namespace pulley {
 /// Where a pull's values go: one destination per requested slice, in request order.
 using PullTargets = std::vector<std::span<float>>;
 
+/// What a caller and a transport share about one call: the caller may give it up, and from
+/// then on the transport must not touch the call's request views or pull targets.
+class CallControl {
+ public:
+  /// Transport side: runs `f` (which may read the request or write the targets) unless the
+  /// caller gave up; a concurrent `cancel` waits until `f` returns. Re-entrant.
+  template <class F>
+  bool unless_cancelled(F&& f) {
+    std::scoped_lock lock(mutex_);
+    if (cancelled_) return false;
+    std::forward<F>(f)();
+    return true;
+  }
+  /// Caller side: after this returns, the transport runs nothing more for this call and its
+  /// future may never become ready.
+  void cancel() {
+    std::scoped_lock lock(mutex_);
+    cancelled_ = true;
+  }
+
+ private:
+  std::recursive_mutex mutex_;
+  bool cancelled_ = false;
+};
+
+/// A call in flight: the answer to come, and the handle to give it up.
+struct PendingCall {
+  std::future<Response> response;
+  std::shared_ptr<CallControl> control;
+};
+
 /// The client side of a transport: how a worker, the chief or an evaluator reaches the ps
 /// tasks. The server side is the transport's own serving loop, which hands every request to
 /// `ParameterServer::handle` and sends back what it answers.
 ///
 /// Required:
 ///   - `t.num_ps()` → number of ps tasks
-///   - `t.call(ps, request, targets)` → `std::future<Response>`
+///   - `t.call(ps, request, targets)` → `PendingCall`
 ///
 /// Semantic contract:
 ///   - `call` returns at once; calls to different ps tasks proceed concurrently;
 ///   - requests from one client to one ps are handled in the order they were made;
 ///   - for a Pull, the transport copies the reply's values into `targets` (slice by slice)
 ///     before the future is ready, and the PullReply's views then point into `targets`;
-///     `targets` and every view inside `request` stay valid until the future is ready;
+///   - `targets` and every view inside `request` stay valid until the future is ready or the
+///     caller has called `control->cancel()`; the transport touches neither afterwards;
 ///   - failures arrive as an ErrorReply, never as a broken future: `kUnavailable` for a
 ///     dead or unreachable peer; a lost message leaves the future waiting, and the caller's
-///     deadline turns that into `kDeadlineExceeded`.
+///     deadline turns that into `kDeadlineExceeded` (and a cancel).
 template <class T>
 concept Transport = std::move_constructible<T> &&
     requires(T& transport, const T& ctransport, std::size_t ps, Request request,
              PullTargets targets) {
   { ctransport.num_ps() } -> std::convertible_to<std::size_t>;
-  {
-    transport.call(ps, std::move(request), std::move(targets))
-    } -> std::same_as<std::future<Response>>;
+  { transport.call(ps, std::move(request), std::move(targets)) } -> std::same_as<PendingCall>;
 };
 
 }  // namespace pulley

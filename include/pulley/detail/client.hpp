@@ -6,24 +6,19 @@
 #include <cstddef>
 #include <cstdint>
 #include <future>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "pulley/client_options.hpp"
 #include "pulley/concepts/transport.hpp"
+#include "pulley/detail/finite.hpp"
 #include "pulley/messages.hpp"
 
 namespace pulley {
-
-/// Deadlines of a client's requests.
-struct ClientOptions {
-  /// For requests a ps answers at once (push, ungated pull, stats, initialize).
-  std::chrono::milliseconds request_timeout{std::chrono::seconds(60)};
-  /// For requests that wait on other tasks: readiness, sync tokens, step-gated pulls.
-  std::chrono::milliseconds wait_timeout{std::chrono::minutes(30)};
-};
 
 /// One destination of a pull: rows `rows` of variable `variable`, written to `into`.
 struct PullRequest {
@@ -57,19 +52,15 @@ class Client {
     throw Error(ErrorCode::kNotFound, "unknown variable '" + std::string(name) + "'");
   }
 
-  /// Sends `request(ps)` to every ps at once and returns the replies of type R.
+  /// Sends `make_request(ps)` to every ps at once and returns the replies of type R.
   template <class R, class MakeRequest>
   std::vector<R> broadcast(MakeRequest make_request, std::chrono::milliseconds timeout,
                            std::string_view what) {
-    std::vector<std::future<Response>> futures;
+    std::vector<PendingCall> calls;
     for (std::size_t ps = 0; ps < num_ps(); ++ps) {
-      futures.push_back(transport_.call(ps, Request{make_request(ps)}, {}));
+      calls.push_back(transport_.call(ps, Request{make_request(ps)}, {}));
     }
-    std::vector<R> replies;
-    for (std::size_t ps = 0; ps < futures.size(); ++ps) {
-      replies.push_back(wait<R>(futures[ps], ps, timeout, what));
-    }
-    return replies;
+    return collect<R>(calls, timeout, what);
   }
 
   /// Registers the model on every ps and checks that their placements agree.
@@ -90,8 +81,9 @@ class Client {
 
   /// Takes a sync token from ps 0, which keeps the global step.
   TokenReply take_token(std::uint32_t worker) {
-    auto future = transport_.call(0, TakeToken{worker}, {});
-    return wait<TokenReply>(future, 0, options_.wait_timeout, "take a sync token");
+    std::vector<PendingCall> calls;
+    calls.push_back(transport_.call(0, TakeToken{worker}, {}));
+    return collect<TokenReply>(calls, options_.wait_timeout, "take a sync token").front();
   }
 
   /// Pulls every request's rows into its destination, from all ps tasks at once; no ps
@@ -117,15 +109,13 @@ class Client {
                                                   (end - begin) * spec.row_size()));
       }
     }
-    std::vector<std::future<Response>> futures(num_ps());
+    std::vector<PendingCall> calls;
     for (std::size_t ps = 0; ps < num_ps(); ++ps) {
       if (pulls[ps].slices.empty()) continue;
-      futures[ps] = transport_.call(ps, std::move(pulls[ps]), std::move(targets[ps]));
+      calls.push_back(transport_.call(ps, std::move(pulls[ps]), std::move(targets[ps])));
     }
-    const auto timeout = min_step > 0 ? options_.wait_timeout : options_.request_timeout;
-    for (std::size_t ps = 0; ps < futures.size(); ++ps) {
-      if (futures[ps].valid()) wait<PullReply>(futures[ps], ps, timeout, "pull");
-    }
+    collect<PullReply>(calls, min_step > 0 ? options_.wait_timeout : options_.request_timeout,
+                       "pull");
   }
 
   /// Pushes the gradients of whole variables (one span per variable, in variable order)
@@ -149,27 +139,49 @@ class Client {
       pushes[part.ps].gradients.push_back(
           {global_index(part), g.subspan(part.rows.begin * row_size, part.rows.size() * row_size)});
     }
-    std::vector<std::future<Response>> futures;
+    // Checked here, before anything is sent: a push refused by one ps but applied by another
+    // would leave the ps tasks on different steps.
+    for (std::size_t v = 0; v < gradients.size(); ++v) {
+      if (!detail::all_finite(gradients[v])) {
+        throw Error(ErrorCode::kInvalidArgument, "non-finite (NaN or Inf) gradient for '" +
+                                                     variables_[v].name + "'; nothing was pushed");
+      }
+    }
+    std::vector<PendingCall> calls;
     for (std::size_t ps = 0; ps < num_ps(); ++ps) {
-      futures.push_back(transport_.call(ps, std::move(pushes[ps]), {}));
+      calls.push_back(transport_.call(ps, std::move(pushes[ps]), {}));
     }
     std::uint32_t stale = 0;
-    for (std::size_t ps = 0; ps < futures.size(); ++ps) {
-      stale += wait<PushReply>(futures[ps], ps, options_.request_timeout, "push").stale_parts;
+    for (const PushReply& r : collect<PushReply>(calls, options_.request_timeout, "push")) {
+      stale += r.stale_parts;
     }
     return stale;
   }
 
-  /// Waits for the reply of `ps` and returns it as R, or throws the server's Error.
+  /// Waits for every call (one shared deadline) and returns their replies as R, in order.
+  /// Never returns or throws while a call may still touch the caller's buffers: at the
+  /// deadline the unfinished calls are cancelled; a server error is thrown only once every
+  /// call has settled.
   template <class R>
-  R wait(std::future<Response>& future, std::size_t ps, std::chrono::milliseconds timeout,
-         std::string_view what) {
-    if (future.wait_for(timeout) != std::future_status::ready) {
-      throw Error(ErrorCode::kDeadlineExceeded, std::string(what) + ": ps " + std::to_string(ps) +
-                                                    " did not answer within " +
-                                                    std::to_string(timeout.count()) + " ms");
+  std::vector<R> collect(std::vector<PendingCall>& calls, std::chrono::milliseconds timeout,
+                         std::string_view what) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    std::vector<R> replies;
+    std::optional<Error> first_error;
+    for (std::size_t i = 0; i < calls.size(); ++i) {
+      if (calls[i].response.wait_until(deadline) != std::future_status::ready) {
+        for (PendingCall& c : calls) c.control->cancel();
+        throw Error(ErrorCode::kDeadlineExceeded, std::string(what) + ": no answer within " +
+                                                      std::to_string(timeout.count()) + " ms");
+      }
+      try {
+        replies.push_back(expect<R>(calls[i].response.get()));
+      } catch (const Error& e) {
+        if (!first_error) first_error = e;
+      }
     }
-    return expect<R>(future.get());
+    if (first_error) throw *first_error;
+    return replies;
   }
 
  private:

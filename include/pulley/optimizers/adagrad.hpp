@@ -14,19 +14,21 @@ namespace pulley {
 ///   accumulator += g^2
 ///   w -= learning_rate * g / (sqrt(accumulator) + epsilon)
 struct Adagrad {
-  float learning_rate = 0.001F;
-  float initial_accumulator_value = 0.1F;
-  float epsilon = 1e-7F;
+  float learning_rate = 0.001F;            ///< step size
+  float initial_accumulator_value = 0.1F;  ///< starting sum of squares
+  float epsilon = 1e-7F;                   ///< keeps the division finite
 
   /// The sum of squared gradients, one value per element.
   struct State {
     std::vector<float> accumulator;
   };
 
+  /// Fresh slots for a part of n elements.
   [[nodiscard]] State make_state(std::size_t n) const {
     return {std::vector<float>(n, initial_accumulator_value)};
   }
 
+  /// Updates `w` in place from gradient `g` (same size as the state).
   void apply(State& state, std::span<float> w, std::span<const float> g) const {
     const float lr = learning_rate;
     const float eps = epsilon;

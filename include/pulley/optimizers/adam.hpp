@@ -19,10 +19,10 @@ namespace pulley {
 ///   w -= lr_t * m / (sqrt(v) + epsilon)
 /// Defaults are Keras'. `t` counts this part's updates, i.e. the global step in sync mode.
 struct Adam {
-  float learning_rate = 0.001F;
-  float beta_1 = 0.9F;
-  float beta_2 = 0.999F;
-  float epsilon = 1e-7F;
+  float learning_rate = 0.001F;  ///< step size
+  float beta_1 = 0.9F;           ///< decay of the first moment
+  float beta_2 = 0.999F;         ///< decay of the second moment
+  float epsilon = 1e-7F;         ///< keeps the division finite
 
   /// First and second moment slots plus the update count.
   struct State {
@@ -31,10 +31,12 @@ struct Adam {
     std::int64_t t = 0;
   };
 
+  /// Fresh slots for a part of n elements.
   [[nodiscard]] State make_state(std::size_t n) const {
     return {std::vector<float>(n, 0.0F), std::vector<float>(n, 0.0F), 0};
   }
 
+  /// Updates `w` in place from gradient `g` (same size as the state).
   void apply(State& state, std::span<float> w, std::span<const float> g) const {
     ++state.t;
     const auto t = static_cast<double>(state.t);

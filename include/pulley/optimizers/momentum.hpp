@@ -14,17 +14,19 @@ namespace pulley {
 ///   w -= learning_rate * accumulation                         (classic)
 ///   w -= learning_rate * (g + momentum * accumulation)        (use_nesterov)
 struct Momentum {
-  float learning_rate = 0.01F;
-  float momentum = 0.9F;
-  bool use_nesterov = false;
+  float learning_rate = 0.01F;  ///< step size
+  float momentum = 0.9F;        ///< decay of the accumulation
+  bool use_nesterov = false;    ///< look-ahead update
 
   /// The accumulation slot, one value per element.
   struct State {
     std::vector<float> accumulation;
   };
 
+  /// Fresh slots for a part of n elements.
   [[nodiscard]] State make_state(std::size_t n) const { return {std::vector<float>(n, 0.0F)}; }
 
+  /// Updates `w` in place from gradient `g` (same size as the state).
   void apply(State& state, std::span<float> w, std::span<const float> g) const {
     const float lr = learning_rate;
     const float mu = momentum;

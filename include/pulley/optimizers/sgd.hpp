@@ -10,13 +10,15 @@ namespace pulley {
 
 /// Plain stochastic gradient descent: `w -= learning_rate * g` (TF's GradientDescentOptimizer).
 struct Sgd {
-  float learning_rate = 0.01F;
+  float learning_rate = 0.01F;  ///< step size
 
   /// SGD keeps no slots.
   struct State {};
 
+  /// Fresh slots for a part of n elements.
   [[nodiscard]] State make_state(std::size_t /*n*/) const { return {}; }
 
+  /// Updates `w` in place from gradient `g` (same size as the state).
   void apply(State& /*state*/, std::span<float> w, std::span<const float> g) const {
     const float lr = learning_rate;
     float* __restrict wp = w.data();

@@ -19,23 +19,26 @@ struct Async {
     std::int64_t step = 0;
   };
 
+  /// An accumulator for n-element gradients, at step 0.
   [[nodiscard]] Accumulator make_accumulator(std::size_t /*n*/) const { return {}; }
 
+  /// Takes one contribution tagged with the sender's local step.
   Verdict accumulate(Accumulator& acc, std::span<const float> gradient,
                      std::int64_t /*local_step*/) const {
     acc.pending = gradient;
     return Verdict::kReady;
   }
 
+  /// The gradient to apply for the completed step; advances the step.
   std::span<const float> take(Accumulator& acc) const {
     ++acc.step;
     return acc.pending;
   }
 
+  /// Steps this accumulator has completed.
   [[nodiscard]] std::int64_t step(const Accumulator& acc) const { return acc.step; }
-  [[nodiscard]] std::int64_t initial_tokens() const { return -1; }
-  [[nodiscard]] std::int64_t tokens_per_step() const { return -1; }
-  [[nodiscard]] std::int64_t tokens_per_worker() const { return -1; }
+  /// No tokens: nobody waits.
+  [[nodiscard]] TokenRule token_rule() const { return {}; }
 };
 static_assert(SyncPolicy<Async>);
 

@@ -5,11 +5,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "pulley/concepts/sync_policy.hpp"
+#include "pulley/error.hpp"
 
 namespace pulley {
 
@@ -18,14 +18,16 @@ namespace pulley {
 /// Each part has an accumulator at some step s. A gradient tagged with local step < s is
 /// stale and dropped. When `replicas_to_aggregate` (R) fresh gradients are in, their mean
 /// is applied once and the step advances. The global step advances the same way on push
-/// messages; each time it does, `max(R, N)` tokens carrying the new step are released, and
-/// R tokens exist at the start. A worker takes a token before each step.
+/// messages; each time it does, `max(R, N)` tokens carrying the new step are released. A
+/// worker takes a token before each step.
 ///
-/// Two refinements over TF's plain token queue, both to keep its documented regimes true:
-/// when R ≤ N a worker takes at most one token per step (TF lets a fast worker take two and
-/// crowd a slow one out of the step even when R == N), and tokens of a finished step that
-/// nobody took are withdrawn (TF lets them pile up behind a dead backup worker and hands
-/// them out later, which only buys stale gradients).
+/// Three refinements over TF's plain token queue, each to keep its documented regimes
+/// true: step 0 starts with max(R, N) tokens (TF lets every worker start its first step
+/// without one and queues R more; with R < N a dead holder of one of only R tokens would
+/// stall step 0 here); when R <= N a worker takes at most one token per step (TF lets a
+/// fast worker take two and crowd a slow one out of the step even when R == N); and tokens
+/// of a finished step that nobody took are withdrawn (TF lets them pile up behind a dead
+/// backup worker and hands them out later, which only buys stale gradients).
 ///   - R == N: every worker contributes one batch to every step.
 ///   - R >  N: fast workers take several tokens and contribute several batches to a step.
 ///   - R <  N: N - R workers are backups; the slowest gradients of a step arrive stale and
@@ -37,13 +39,17 @@ class SyncReplicas {
   SyncReplicas(int replicas_to_aggregate, int total_num_replicas)
       : replicas_to_aggregate_(replicas_to_aggregate), total_num_replicas_(total_num_replicas) {
     if (replicas_to_aggregate < 1 || total_num_replicas < 1) {
-      throw std::invalid_argument(
-          "SyncReplicas needs replicas_to_aggregate >= 1 and total_num_replicas >= 1, got " +
-          std::to_string(replicas_to_aggregate) + " and " + std::to_string(total_num_replicas));
+      throw Error(ErrorCode::kInvalidArgument,
+                  "SyncReplicas needs replicas_to_aggregate >= 1 and total_num_replicas >= 1, "
+                  "got " +
+                      std::to_string(replicas_to_aggregate) + " and " +
+                      std::to_string(total_num_replicas));
     }
   }
 
+  /// R: gradients averaged into one update.
   [[nodiscard]] int replicas_to_aggregate() const noexcept { return replicas_to_aggregate_; }
+  /// N: the number of workers.
   [[nodiscard]] int total_num_replicas() const noexcept { return total_num_replicas_; }
 
   /// Running sum of the current step's fresh gradients (TF's ConditionalAccumulator).
@@ -53,10 +59,12 @@ class SyncReplicas {
     std::int64_t step = 0;
   };
 
+  /// An accumulator for n-element gradients, at step 0.
   [[nodiscard]] Accumulator make_accumulator(std::size_t n) const {
     return {std::vector<float>(n, 0.0F), 0, 0};
   }
 
+  /// Takes one contribution tagged with the sender's local step.
   Verdict accumulate(Accumulator& acc, std::span<const float> gradient,
                      std::int64_t local_step) const {
     if (local_step < acc.step) return Verdict::kStale;
@@ -70,6 +78,7 @@ class SyncReplicas {
     return ++acc.count == replicas_to_aggregate_ ? Verdict::kReady : Verdict::kPending;
   }
 
+  /// The gradient to apply for the completed step; advances the step.
   std::span<const float> take(Accumulator& acc) const {
     const float scale = 1.0F / static_cast<float>(replicas_to_aggregate_);
     for (float& v : acc.sum) v *= scale;
@@ -78,13 +87,12 @@ class SyncReplicas {
     return acc.sum;
   }
 
+  /// Steps this accumulator has completed.
   [[nodiscard]] std::int64_t step(const Accumulator& acc) const { return acc.step; }
-  [[nodiscard]] std::int64_t initial_tokens() const { return replicas_to_aggregate_; }
-  [[nodiscard]] std::int64_t tokens_per_step() const {
-    return std::max(replicas_to_aggregate_, total_num_replicas_);
-  }
-  [[nodiscard]] std::int64_t tokens_per_worker() const {
-    return replicas_to_aggregate_ <= total_num_replicas_ ? 1 : -1;
+  /// max(R, N) tokens per step; one per worker when R <= N.
+  [[nodiscard]] TokenRule token_rule() const {
+    return {std::max(replicas_to_aggregate_, total_num_replicas_),
+            replicas_to_aggregate_ <= total_num_replicas_ ? 1 : 0};
   }
 
  private:

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <future>
 #include <map>
 #include <memory>
@@ -51,6 +52,7 @@ class InProcessNetwork {
     join();
   }
 
+  /// Number of ps tasks.
   [[nodiscard]] std::uint32_t num_ps() const noexcept {
     return static_cast<std::uint32_t>(mailboxes_.size());
   }
@@ -62,6 +64,10 @@ class InProcessNetwork {
     const std::uint32_t task = server.task();
     if (task >= num_ps()) {
       throw Error(ErrorCode::kInvalidArgument, "no ps task " + std::to_string(task) + " here");
+    }
+    if (std::exchange(mailboxes_[task]->served, true)) {
+      throw Error(ErrorCode::kAlreadyExists,
+                  "ps task " + std::to_string(task) + " is served already");
     }
     threads_.emplace_back([this, &server, task] { run(server, *mailboxes_[task], task); });
   }
@@ -112,28 +118,37 @@ class InProcessNetwork {
  private:
   friend class InProcess;
 
-  /// One call in flight: where its answer goes.
+  /// One call in flight: where its answer goes. Answered at most once, and not at all
+  /// once the caller cancelled (then the targets may be gone).
   struct Call {
     std::promise<Response> promise;
     PullTargets targets;
+    std::shared_ptr<CallControl> control = std::make_shared<CallControl>();
+    bool answered = false;  ///< guarded by control
 
     void complete(Response&& response) {
-      if (auto* pull = std::get_if<PullReply>(&response)) {
-        if (pull->values.size() != targets.size()) {
-          response = ErrorReply{ErrorCode::kInvalidArgument, "pull reply has wrong slice count"};
-        } else {
-          for (std::size_t i = 0; i < targets.size(); ++i) {
-            if (pull->values[i].size() != targets[i].size()) {
-              response = ErrorReply{ErrorCode::kInvalidArgument,
-                                    "pull reply slice does not fit its destination"};
-              break;
-            }
-            std::copy(pull->values[i].begin(), pull->values[i].end(), targets[i].begin());
-            pull->values[i] = targets[i];
-          }
-        }
+      control->unless_cancelled([&] {
+        if (std::exchange(answered, true)) return;
+        if (auto* pull = std::get_if<PullReply>(&response)) copy_out(*pull, response);
+        promise.set_value(std::move(response));
+      });
+    }
+
+   private:
+    void copy_out(PullReply& pull, Response& response) {
+      if (pull.values.size() != targets.size()) {
+        response = ErrorReply{ErrorCode::kInvalidArgument, "pull reply has wrong slice count"};
+        return;
       }
-      promise.set_value(std::move(response));
+      for (std::size_t i = 0; i < targets.size(); ++i) {
+        if (pull.values[i].size() != targets[i].size()) {
+          response = ErrorReply{ErrorCode::kInvalidArgument,
+                                "pull reply slice does not fit its destination"};
+          return;
+        }
+        std::copy(pull.values[i].begin(), pull.values[i].end(), targets[i].begin());
+        pull.values[i] = targets[i];
+      }
     }
   };
 
@@ -148,6 +163,7 @@ class InProcessNetwork {
     std::deque<Envelope> queue;
     bool killed = false;
     bool closed = false;
+    bool served = false;            ///< only touched by serve()
     std::atomic<bool> dead{false};  ///< read by responders on the ps thread
   };
 
@@ -161,41 +177,44 @@ class InProcessNetwork {
     return ErrorReply{ErrorCode::kUnavailable, who + " is unavailable (killed)"};
   }
 
-  std::future<Response> send(Node from, std::uint32_t ps, Request&& request,
-                             PullTargets&& targets) {
+  PendingCall send(Node from, std::uint32_t ps, Request&& request, PullTargets&& targets) {
     auto call = std::make_shared<Call>();
     call->targets = std::move(targets);
-    std::future<Response> future = call->promise.get_future();
+    PendingCall pending{call->promise.get_future(), call->control};
     if (ps >= num_ps()) {
       call->complete(ErrorReply{ErrorCode::kInvalidArgument,
                                 "no ps task " + std::to_string(ps) + " in this cluster"});
-      return future;
+      return pending;
     }
     if (is_dead(from)) {
       call->complete(unavailable(from.name()));
-      return future;
+      return pending;
     }
     if (auto d = delay_of(from); d.count() > 0) std::this_thread::sleep_for(d);
     if (take_drop(ps, from)) {
       std::scoped_lock lock(faults_mutex_);
       lost_.push_back(std::move(call));  // never answered; the caller's deadline fires
-      return future;
+      return pending;
     }
     Mailbox& box = *mailboxes_[ps];
+    bool queued = false;
+    bool killed = false;
     {
       std::scoped_lock lock(box.mutex);
+      killed = box.killed;
       if (!box.killed && !box.closed) {
-        box.queue.push_back({std::move(request), std::move(call)});
+        box.queue.push_back({std::move(request), call});
+        queued = true;
       }
     }
-    if (call) {  // not queued: the ps is gone
-      call->complete(box.killed ? unavailable(Node::ps(ps).name())
-                                : Response{ErrorReply{ErrorCode::kCancelled,
-                                                      "ps " + std::to_string(ps) + " shut down"}});
-    } else {
+    if (queued) {
       box.ready.notify_one();
+    } else {
+      call->complete(killed ? unavailable(Node::ps(ps).name())
+                            : Response{ErrorReply{ErrorCode::kCancelled,
+                                                  "ps " + std::to_string(ps) + " shut down"}});
     }
-    return future;
+    return pending;
   }
 
   template <class Server>
@@ -210,10 +229,18 @@ class InProcessNetwork {
         box.queue.pop_front();
       }
       if (auto d = delay_of(Node::ps(task)); d.count() > 0) std::this_thread::sleep_for(d);
-      server.handle(std::move(envelope.request),
-                    [&box, call = std::move(envelope.call), task](Response&& r) {
-                      call->complete(box.dead ? unavailable(Node::ps(task).name()) : std::move(r));
-                    });
+      const std::shared_ptr<Call> call = envelope.call;
+      // Held while the ps reads the request's views: a caller that gives up waits for it.
+      call->control->unless_cancelled([&] {
+        try {
+          server.handle(std::move(envelope.request), [&box, call, task](Response&& r) {
+            call->complete(box.dead ? unavailable(Node::ps(task).name()) : std::move(r));
+          });
+        } catch (const std::exception& e) {  // a throwing policy must not take the ps down
+          call->complete(ErrorReply{ErrorCode::kInvalidArgument,
+                                    "ps " + std::to_string(task) + " failed: " + e.what()});
+        }
+      });
       if (server.stopped()) break;
     }
     std::deque<Envelope> orphans;
@@ -245,6 +272,7 @@ class InProcessNetwork {
     for (DropRule& rule : drops_) {
       if (rule.ps == ps && rule.remaining > 0 && (!rule.from || *rule.from == from)) {
         --rule.remaining;
+        std::erase_if(drops_, [](const DropRule& r) { return r.remaining == 0; });
         return true;
       }
     }
@@ -267,10 +295,13 @@ class InProcess {
   /// @param self    who is calling, for the fault injector
   InProcess(InProcessNetwork& network, Node self) : network_(&network), self_(self) {}
 
+  /// Number of ps tasks in the network.
   [[nodiscard]] std::size_t num_ps() const noexcept { return network_->num_ps(); }
+  /// Who this endpoint speaks for.
   [[nodiscard]] Node self() const noexcept { return self_; }
 
-  std::future<Response> call(std::size_t ps, Request&& request, PullTargets targets = {}) {
+  /// Sends `request` to ps `ps`; see the Transport concept for the contract.
+  PendingCall call(std::size_t ps, Request&& request, PullTargets targets = {}) {
     return network_->send(self_, static_cast<std::uint32_t>(ps), std::move(request),
                           std::move(targets));
   }

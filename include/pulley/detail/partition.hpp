@@ -4,8 +4,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
-#include <stdexcept>
 
+#include "pulley/error.hpp"
 #include "pulley/placement.hpp"
 #include "pulley/variable.hpp"
 
@@ -17,7 +17,7 @@ namespace pulley::detail {
 template <class PartsFor>
 Placement place_round_robin(std::span<const VariableSpec> variables, std::size_t num_ps,
                             PartsFor parts_for) {
-  if (num_ps == 0) throw std::invalid_argument("sharding needs at least one ps task");
+  if (num_ps == 0) throw Error(ErrorCode::kInvalidArgument, "sharding needs at least one ps task");
   PlacementBuilder builder;
   std::size_t next_ps = 0;
   for (const VariableSpec& spec : variables) {
