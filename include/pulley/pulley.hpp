@@ -3,8 +3,9 @@
 
 /// pulley: a header-only parameter-server framework. This header is the core — the policy
 /// concepts, the stock policies, the hosts and the in-process transport — and needs nothing
-/// but the standard library. Models (xtensor) and the TCP transport (Asio) have headers of
-/// their own.
+/// but the standard library. Headers with heavier dependencies stand apart: models
+/// (`models/`, xtensor) and the wire codec of byte-stream transports (`transport/wire.hpp`,
+/// cereal).
 
 #include "pulley/chief.hpp"
 #include "pulley/concepts/model.hpp"
@@ -12,6 +13,8 @@
 #include "pulley/concepts/sharding.hpp"
 #include "pulley/concepts/sync_policy.hpp"
 #include "pulley/concepts/transport.hpp"
+#include "pulley/client_options.hpp"
+#include "pulley/cluster_spec.hpp"
 #include "pulley/error.hpp"
 #include "pulley/initializers.hpp"
 #include "pulley/messages.hpp"

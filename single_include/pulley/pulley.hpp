@@ -11,8 +11,9 @@
 
 /// pulley: a header-only parameter-server framework. This header is the core — the policy
 /// concepts, the stock policies, the hosts and the in-process transport — and needs nothing
-/// but the standard library. Models (xtensor) and the TCP transport (Asio) have headers of
-/// their own.
+/// but the standard library. Headers with heavier dependencies stand apart: models
+/// (`models/`, xtensor) and the wire codec of byte-stream transports (`transport/wire.hpp`,
+/// cereal).
 
 // ---- begin pulley/chief.hpp ----
 
@@ -1053,6 +1054,304 @@ concept SyncPolicy = std::copy_constructible<P> &&
 
 }  // namespace pulley
 // ---- end pulley/concepts/sync_policy.hpp ----
+// ---- begin pulley/cluster_spec.hpp ----
+
+#include <cstdint>
+#include <cstdlib>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+// ---- begin pulley/detail/json.hpp ----
+
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+namespace pulley::detail {
+
+/// A JSON value: just enough JSON to read small configuration documents (TF_CONFIG).
+struct Json {
+  using Object = std::map<std::string, Json, std::less<>>;
+  using Array = std::vector<Json>;
+  std::variant<std::nullptr_t, bool, double, std::string, Array, Object> value;
+
+  [[nodiscard]] const Object* object() const { return std::get_if<Object>(&value); }
+  [[nodiscard]] const Array* array() const { return std::get_if<Array>(&value); }
+  [[nodiscard]] const std::string* string() const { return std::get_if<std::string>(&value); }
+  [[nodiscard]] const double* number() const { return std::get_if<double>(&value); }
+};
+
+/// Parses `text` as one JSON document; throws kInvalidArgument with the byte offset.
+class JsonReader {
+ public:
+  explicit JsonReader(std::string_view text) : text_(text) {}
+
+  Json document() {
+    Json v = value(0);
+    skip_space();
+    if (pos_ != text_.size()) fail("trailing characters");
+    return v;
+  }
+
+ private:
+  static constexpr int kMaxDepth = 64;
+
+  [[noreturn]] void fail(const std::string& what) const {
+    throw Error(ErrorCode::kInvalidArgument,
+                "invalid JSON at byte " + std::to_string(pos_) + ": " + what);
+  }
+  void skip_space() {
+    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\n' ||
+                                   text_[pos_] == '\r' || text_[pos_] == '\t')) {
+      ++pos_;
+    }
+  }
+  bool eat(char c) {
+    skip_space();
+    if (pos_ < text_.size() && text_[pos_] == c) {
+      ++pos_;
+      return true;
+    }
+    return false;
+  }
+  void expect(char c) {
+    if (!eat(c)) fail(std::string("expected '") + c + "'");
+  }
+  bool literal(std::string_view word) {
+    if (text_.substr(pos_, word.size()) != word) return false;
+    pos_ += word.size();
+    return true;
+  }
+
+  Json value(int depth) {
+    if (depth > kMaxDepth) fail("nested too deeply");
+    skip_space();
+    if (pos_ >= text_.size()) fail("unexpected end");
+    const char c = text_[pos_];
+    if (c == '{') return object(depth);
+    if (c == '[') return array(depth);
+    if (c == '"') return {string()};
+    if (literal("true")) return {true};
+    if (literal("false")) return {false};
+    if (literal("null")) return {nullptr};
+    if (c == '-' || (c >= '0' && c <= '9')) return {number()};
+    fail(std::string("unexpected '") + c + "'");
+  }
+
+  Json object(int depth) {
+    ++pos_;
+    Json::Object members;
+    if (eat('}')) return {std::move(members)};
+    do {
+      skip_space();
+      if (pos_ >= text_.size() || text_[pos_] != '"') fail("expected a member name");
+      std::string key = string();
+      expect(':');
+      members.insert_or_assign(std::move(key), value(depth + 1));
+    } while (eat(','));
+    expect('}');
+    return {std::move(members)};
+  }
+
+  Json array(int depth) {
+    ++pos_;
+    Json::Array items;
+    if (eat(']')) return {std::move(items)};
+    do {
+      items.push_back(value(depth + 1));
+    } while (eat(','));
+    expect(']');
+    return {std::move(items)};
+  }
+
+  std::string string() {
+    ++pos_;  // opening quote
+    std::string out;
+    while (pos_ < text_.size() && text_[pos_] != '"') {
+      char c = text_[pos_++];
+      if (static_cast<unsigned char>(c) < 0x20) fail("control character in a string");
+      if (c == '\\') {
+        if (pos_ >= text_.size()) fail("unterminated escape");
+        switch (c = text_[pos_++]) {
+          case '"':
+          case '\\':
+          case '/':
+            out += c;
+            break;
+          case 'b':
+            out += '\b';
+            break;
+          case 'f':
+            out += '\f';
+            break;
+          case 'n':
+            out += '\n';
+            break;
+          case 'r':
+            out += '\r';
+            break;
+          case 't':
+            out += '\t';
+            break;
+          case 'u': {
+            if (pos_ + 4 > text_.size()) fail("short \\u escape");
+            const unsigned long code = std::stoul(std::string(text_.substr(pos_, 4)), nullptr, 16);
+            pos_ += 4;
+            if (code >= 0x80) fail("only ASCII \\u escapes are supported");
+            out += static_cast<char>(code);
+            break;
+          }
+          default:
+            fail("unknown escape");
+        }
+      } else {
+        out += c;
+      }
+    }
+    if (pos_ >= text_.size()) fail("unterminated string");
+    ++pos_;
+    return out;
+  }
+
+  double number() {
+    const std::size_t start = pos_;
+    if (text_[pos_] == '-') ++pos_;
+    while (pos_ < text_.size() &&
+           std::string_view("0123456789.eE+-").find(text_[pos_]) != std::string_view::npos) {
+      ++pos_;
+    }
+    try {
+      std::size_t used = 0;
+      const std::string digits(text_.substr(start, pos_ - start));
+      const double v = std::stod(digits, &used);
+      if (used != digits.size()) fail("malformed number");
+      return v;
+    } catch (const std::logic_error&) {
+      fail("malformed number");
+    }
+  }
+
+  std::string_view text_;
+  std::size_t pos_ = 0;
+};
+
+}  // namespace pulley::detail
+// ---- end pulley/detail/json.hpp ----
+
+namespace pulley {
+
+/// The jobs of a cluster and their tasks' addresses ("host:port"), as TensorFlow's
+/// `ClusterSpec`: {"chief": [...], "worker": [...], "ps": [...], "evaluator": [...]}.
+struct ClusterSpec {
+  std::map<std::string, std::vector<std::string>, std::less<>> jobs;
+
+  /// Addresses of `job`'s tasks (empty if the job is absent).
+  [[nodiscard]] const std::vector<std::string>& tasks(std::string_view job) const {
+    static const std::vector<std::string> kNone;
+    auto it = jobs.find(job);
+    return it == jobs.end() ? kNone : it->second;
+  }
+};
+
+/// Which task this process is: a job name and an index into it.
+struct TaskSpec {
+  std::string type;
+  std::uint32_t index = 0;
+};
+
+/// A parsed TF_CONFIG document.
+struct TfConfig {
+  ClusterSpec cluster;
+  TaskSpec task;
+};
+
+/// The job names pulley knows; "master" is TensorFlow's old name for the chief.
+inline constexpr std::string_view kJobNames[] = {"chief", "worker", "ps", "evaluator", "master"};
+
+/// Parses a TF_CONFIG document in TensorFlow's exact format,
+///   {"cluster": {"chief": ["host:port"], "worker": [...], "ps": [...]},
+///    "task": {"type": "worker", "index": 1}}
+/// and checks it: known job names, "host:port" addresses with a port in 1..65535, a task
+/// whose type is a job of the cluster and whose index is in range. An evaluator need not be
+/// listed in the cluster (TensorFlow does not list it). Throws kInvalidArgument naming the
+/// problem.
+inline TfConfig parse_tf_config(std::string_view text) {
+  auto fail = [](const std::string& what) -> Error {
+    return Error(ErrorCode::kInvalidArgument, "TF_CONFIG: " + what);
+  };
+  const detail::Json doc = detail::JsonReader(text).document();
+  const auto* root = doc.object();
+  if (root == nullptr) throw fail("not a JSON object");
+
+  TfConfig config;
+  auto cluster = root->find("cluster");
+  if (cluster == root->end() || cluster->second.object() == nullptr) {
+    throw fail("needs a \"cluster\" object");
+  }
+  for (const auto& [job, tasks] : *cluster->second.object()) {
+    bool known = false;
+    for (std::string_view name : kJobNames) known = known || job == name;
+    if (!known) throw fail("unknown job type \"" + job + "\" (chief, worker, ps, evaluator)");
+    if (tasks.array() == nullptr) throw fail("job \"" + job + "\" must list addresses");
+    auto& addresses = config.cluster.jobs[job == "master" ? "chief" : job];
+    for (const detail::Json& t : *tasks.array()) {
+      const std::string* address = t.string();
+      const auto colon = address ? address->rfind(':') : std::string::npos;
+      const std::string port = colon == std::string::npos ? "" : address->substr(colon + 1);
+      char* end = nullptr;
+      const long p = port.empty() ? 0 : std::strtol(port.c_str(), &end, 10);
+      if (address == nullptr || colon == 0 || port.empty() || *end != '\0' || p < 1 || p > 65535) {
+        throw fail("job \"" + job + "\" has an address that is not \"host:port\"" +
+                   (address ? ": \"" + *address + "\"" : std::string()));
+      }
+      addresses.push_back(*address);
+    }
+  }
+
+  auto task = root->find("task");
+  if (task == root->end() || task->second.object() == nullptr) {
+    throw fail("needs a \"task\" object naming this process's type and index");
+  }
+  const auto& t = *task->second.object();
+  auto type = t.find("type");
+  auto index = t.find("index");
+  if (type == t.end() || type->second.string() == nullptr) throw fail("task needs a \"type\"");
+  config.task.type = *type->second.string() == "master" ? "chief" : *type->second.string();
+  const double* i = index == t.end() ? nullptr : index->second.number();
+  if (index != t.end() &&
+      (i == nullptr || *i < 0 || *i != static_cast<double>(static_cast<std::uint32_t>(*i)))) {
+    throw fail("task \"index\" must be a non-negative integer");
+  }
+  config.task.index = i ? static_cast<std::uint32_t>(*i) : 0;
+  const auto& tasks = config.cluster.tasks(config.task.type);
+  const bool listed = config.cluster.jobs.contains(config.task.type);
+  if (!listed && config.task.type != "evaluator") {
+    throw fail("task type \"" + config.task.type + "\" is not a job of the cluster");
+  }
+  if (listed && config.task.index >= tasks.size()) {
+    throw fail("task index " + std::to_string(config.task.index) + " is out of range: job \"" +
+               config.task.type + "\" has " + std::to_string(tasks.size()) + " task(s)");
+  }
+  if (config.cluster.tasks("ps").empty()) throw fail("the cluster has no \"ps\" job");
+  return config;
+}
+
+/// Reads and parses the TF_CONFIG environment variable; nullopt when it is unset or empty.
+inline std::optional<TfConfig> tf_config_from_environment() {
+  const char* text = std::getenv("TF_CONFIG");
+  if (text == nullptr || *text == '\0') return std::nullopt;
+  return parse_tf_config(text);
+}
+
+}  // namespace pulley
+// ---- end pulley/cluster_spec.hpp ----
 // ---- begin pulley/node.hpp ----
 
 #include <compare>

@@ -1,0 +1,307 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+
+/// The wire format of pulley's messages, for byte-stream transports (TCP).
+///
+/// A frame is a fixed 32-byte Header, then `meta_bytes` of metadata (the message without its
+/// tensors, serialized with cereal), then `payload_bytes` of float32 tensor data: every
+/// tensor of the message, back to back, in message order. Tensors never pass through cereal,
+/// so a sender can gather-write them from their own buffers and a receiver can read them
+/// straight into place. Integers and floats are little-endian.
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <istream>
+#include <ostream>
+#include <span>
+#include <sstream>
+#include <stdexcept>
+#include <streambuf>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include <cereal/archives/binary.hpp>
+#include <cereal/types/common.hpp>
+#include <cereal/types/string.hpp>
+#include <cereal/types/vector.hpp>
+
+#include "pulley/messages.hpp"
+
+static_assert(std::endian::native == std::endian::little,
+              "pulley's wire format is little-endian; big-endian hosts are not supported");
+
+namespace pulley {
+
+template <class A>
+void serialize(A& a, Initializer& i) {
+  a(i.kind, i.value);
+}
+template <class A>
+void serialize(A& a, VariableSpec& v) {
+  a(v.name, v.shape, v.initializer);
+}
+template <class A>
+void serialize(A& a, RowRange& r) {
+  a(r.begin, r.end);
+}
+template <class A>
+void serialize(A& a, Part& p) {
+  a(p.variable, p.index, p.ps, p.rows);
+}
+template <class A>
+void serialize(A& a, Placement& p) {
+  a(p.parts, p.first_part);
+}
+template <class A>
+void serialize(A& a, Slice& s) {
+  a(s.part, s.rows);
+}
+template <class A>
+void serialize(A& a, Stats& s) {
+  a(s.global_step, s.updates_applied, s.gradients_accepted, s.stale_gradients_dropped,
+    s.requests_rejected, s.bytes_pushed, s.bytes_pulled);
+}
+
+namespace wire {
+
+inline constexpr std::uint32_t kMagic = 0x594C4C50;  ///< "PLLY" in a little-endian dump
+inline constexpr std::uint16_t kVersion = 1;         ///< bumped on any incompatible change
+inline constexpr std::uint16_t kResponseKind = 0x100;  ///< response kinds start here
+
+/// Limits a receiver enforces before it allocates anything for a frame.
+struct Limits {
+  std::uint64_t max_meta_bytes = std::uint64_t{16} << 20U;
+  std::uint64_t max_payload_bytes = std::uint64_t{4} << 30U;
+};
+
+/// The fixed frame header. `kind` is the index of the alternative in Request, or
+/// kResponseKind + the index in Response; `call` pairs a response with its request.
+struct Header {
+  std::uint32_t magic = kMagic;
+  std::uint16_t version = kVersion;
+  std::uint16_t kind = 0;
+  std::uint64_t call = 0;
+  std::uint32_t meta_bytes = 0;
+  std::uint32_t reserved = 0;
+  std::uint64_t payload_bytes = 0;
+};
+static_assert(sizeof(Header) == 32 && std::is_trivially_copyable_v<Header>);
+
+/// A frame that cannot be trusted: the receiver logs `what()` and closes the connection.
+class Malformed : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Checks a received header against the protocol and `limits`; throws Malformed naming the
+/// problem. Nothing else of the frame is read before this passes.
+inline void check(const Header& h, const Limits& limits = {}) {
+  if (h.magic != kMagic) throw Malformed("bad magic: not a pulley peer");
+  if (h.version != kVersion) {
+    throw Malformed("protocol version " + std::to_string(h.version) + ", this side speaks " +
+                    std::to_string(kVersion));
+  }
+  const bool request = h.kind < std::variant_size_v<Request>;
+  const bool response =
+      h.kind >= kResponseKind &&
+      static_cast<std::size_t>(h.kind - kResponseKind) < std::variant_size_v<Response>;
+  if (!request && !response) throw Malformed("unknown message kind " + std::to_string(h.kind));
+  if (h.meta_bytes > limits.max_meta_bytes) {
+    throw Malformed("metadata of " + std::to_string(h.meta_bytes) + " bytes exceeds the limit");
+  }
+  if (h.payload_bytes > limits.max_payload_bytes || h.payload_bytes % sizeof(float) != 0) {
+    throw Malformed("payload of " + std::to_string(h.payload_bytes) +
+                    " bytes is over the limit or not whole floats");
+  }
+}
+
+/// A message ready to send: header, metadata, and views of the tensors to write after them.
+struct Frame {
+  Header header;
+  std::string meta;
+  std::vector<std::span<const float>> payload;
+};
+
+namespace detail {
+
+/// Tensors of a message travel as their sizes in the metadata and their values in the payload.
+template <class A>
+void sizes_of(A& a, const std::vector<PartValues>& parts) {
+  std::vector<std::uint32_t> ids;
+  std::vector<std::uint64_t> sizes;
+  for (const PartValues& pv : parts) {
+    ids.push_back(pv.part);
+    sizes.push_back(pv.values.size());
+  }
+  a(ids, sizes);
+}
+
+template <class Message>
+void write_meta(cereal::BinaryOutputArchive& a, const Message& m,
+                std::vector<std::span<const float>>& payload) {
+  if constexpr (std::is_same_v<Message, Register>) {
+    a(m.variables);
+  } else if constexpr (std::is_same_v<Message, Initialize>) {
+    sizes_of(a, m.parts);
+    for (const PartValues& pv : m.parts) payload.push_back(pv.values);
+  } else if constexpr (std::is_same_v<Message, TakeToken>) {
+    a(m.worker);
+  } else if constexpr (std::is_same_v<Message, Pull>) {
+    a(m.min_step, m.slices);
+  } else if constexpr (std::is_same_v<Message, Push>) {
+    a(m.worker, m.local_step);
+    sizes_of(a, m.gradients);
+    for (const PartValues& pv : m.gradients) payload.push_back(pv.values);
+  } else if constexpr (std::is_same_v<Message, ErrorReply>) {
+    a(m.code, m.message);
+  } else if constexpr (std::is_same_v<Message, PlacementReply>) {
+    a(m.variables, m.placement);
+  } else if constexpr (std::is_same_v<Message, TokenReply>) {
+    a(m.local_step, m.global_step);
+  } else if constexpr (std::is_same_v<Message, PullReply>) {
+    std::vector<std::uint64_t> sizes;
+    for (auto v : m.values) sizes.push_back(v.size());
+    a(m.global_step, sizes);
+    for (auto v : m.values) payload.push_back(v);
+  } else if constexpr (std::is_same_v<Message, PushReply>) {
+    a(m.stale_parts);
+  } else if constexpr (std::is_same_v<Message, StatsReply>) {
+    a(m.stats);
+  }  // WaitReady, GetStats, Shutdown, Ack: nothing
+}
+
+/// Cuts `payload` into consecutive views of `sizes`; throws Malformed unless they add up.
+inline std::vector<std::span<const float>> cut(std::span<const float> payload,
+                                               const std::vector<std::uint64_t>& sizes) {
+  std::vector<std::span<const float>> views;
+  std::uint64_t offset = 0;
+  for (std::uint64_t n : sizes) {
+    if (n > payload.size() - offset) throw Malformed("tensor sizes exceed the payload");
+    views.push_back(payload.subspan(offset, n));
+    offset += n;
+  }
+  if (offset != payload.size()) throw Malformed("payload has bytes no tensor claims");
+  return views;
+}
+
+inline std::vector<PartValues> read_parts(cereal::BinaryInputArchive& a,
+                                          std::span<const float> payload) {
+  std::vector<std::uint32_t> ids;
+  std::vector<std::uint64_t> sizes;
+  a(ids, sizes);
+  if (ids.size() != sizes.size()) throw Malformed("part ids and sizes disagree");
+  const auto views = cut(payload, sizes);
+  std::vector<PartValues> parts;
+  for (std::size_t i = 0; i < ids.size(); ++i) parts.push_back({ids[i], views[i]});
+  return parts;
+}
+
+template <class Message>
+Message read_meta(cereal::BinaryInputArchive& a, std::span<const float> payload) {
+  Message m{};
+  if constexpr (std::is_same_v<Message, Register>) {
+    a(m.variables);
+  } else if constexpr (std::is_same_v<Message, Initialize>) {
+    m.parts = read_parts(a, payload);
+  } else if constexpr (std::is_same_v<Message, TakeToken>) {
+    a(m.worker);
+  } else if constexpr (std::is_same_v<Message, Pull>) {
+    a(m.min_step, m.slices);
+  } else if constexpr (std::is_same_v<Message, Push>) {
+    a(m.worker, m.local_step);
+    m.gradients = read_parts(a, payload);
+  } else if constexpr (std::is_same_v<Message, ErrorReply>) {
+    a(m.code, m.message);
+  } else if constexpr (std::is_same_v<Message, PlacementReply>) {
+    a(m.variables, m.placement);
+  } else if constexpr (std::is_same_v<Message, TokenReply>) {
+    a(m.local_step, m.global_step);
+  } else if constexpr (std::is_same_v<Message, PullReply>) {
+    std::vector<std::uint64_t> sizes;
+    a(m.global_step, sizes);
+    m.values = cut(payload, sizes);
+  } else if constexpr (std::is_same_v<Message, PushReply>) {
+    a(m.stale_parts);
+  } else if constexpr (std::is_same_v<Message, StatsReply>) {
+    a(m.stats);
+  }
+  return m;
+}
+
+/// An istream over bytes it does not own.
+class ByteSource : public std::streambuf {
+ public:
+  explicit ByteSource(std::span<const char> bytes) {
+    char* begin = const_cast<char*>(bytes.data());  // read-only use: streambuf wants char*
+    setg(begin, begin, begin + bytes.size());
+  }
+};
+
+template <class Variant, std::size_t... I>
+Variant read_alternative(std::size_t index, cereal::BinaryInputArchive& a,
+                         std::span<const float> payload, std::index_sequence<I...>) {
+  Variant out;
+  const bool found =
+      ((index == I ? (out = read_meta<std::variant_alternative_t<I, Variant>>(a, payload), true)
+                   : false) ||
+       ...);
+  if (!found) throw Malformed("unknown message kind " + std::to_string(index));
+  return out;
+}
+
+template <class Variant>
+Variant decode(std::size_t index, std::span<const char> meta, std::span<const float> payload) {
+  ByteSource source(meta);
+  std::istream in(&source);
+  try {
+    cereal::BinaryInputArchive archive(in);
+    return read_alternative<Variant>(index, archive, payload,
+                                     std::make_index_sequence<std::variant_size_v<Variant>>{});
+  } catch (const Malformed&) {
+    throw;
+  } catch (const std::exception& e) {  // cereal ran past the end, bad_alloc on a lying size
+    throw Malformed(std::string("undecodable metadata: ") + e.what());
+  }
+}
+
+}  // namespace detail
+
+/// Encodes a request or response (a Request or Response variant) as a frame for call `call`.
+/// The frame's payload views alias the message's tensors.
+template <class Variant>
+Frame encode(const Variant& message, std::uint64_t call) {
+  Frame frame;
+  std::ostringstream out;
+  {
+    cereal::BinaryOutputArchive archive(out);
+    std::visit([&](const auto& m) { detail::write_meta(archive, m, frame.payload); }, message);
+  }
+  frame.meta = std::move(out).str();
+  frame.header.kind = static_cast<std::uint16_t>(
+      message.index() + (std::is_same_v<Variant, Response> ? kResponseKind : 0));
+  frame.header.call = call;
+  frame.header.meta_bytes = static_cast<std::uint32_t>(frame.meta.size());
+  for (auto v : frame.payload) frame.header.payload_bytes += v.size_bytes();
+  return frame;
+}
+
+/// Decodes a request frame whose header passed `check`; its tensors view `payload`.
+inline Request decode_request(const Header& h, std::span<const char> meta,
+                              std::span<const float> payload) {
+  if (h.kind >= kResponseKind) throw Malformed("a response where a request was expected");
+  return detail::decode<Request>(h.kind, meta, payload);
+}
+
+/// Decodes a response frame whose header passed `check`; its tensors view `payload`.
+inline Response decode_response(const Header& h, std::span<const char> meta,
+                                std::span<const float> payload) {
+  if (h.kind < kResponseKind) throw Malformed("a request where a response was expected");
+  return detail::decode<Response>(h.kind - kResponseKind, meta, payload);
+}
+
+}  // namespace wire
+}  // namespace pulley

@@ -1,0 +1,136 @@
+// SPDX-License-Identifier: MIT
+// The wire format: every message survives a round trip with its tensors; any header or
+// metadata a peer could send wrong is refused as Malformed before it is trusted.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "pulley/transport/wire.hpp"
+
+using namespace pulley;
+
+namespace {
+
+// Writes a frame to bytes as a socket would carry it, then decodes it back.
+template <class Variant>
+Variant round_trip(const Variant& message, std::vector<float>& storage) {
+  const wire::Frame frame = wire::encode(message, 77);
+  CHECK(frame.header.call == 77);
+  wire::check(frame.header);
+  storage.clear();
+  for (auto v : frame.payload) storage.insert(storage.end(), v.begin(), v.end());
+  CHECK(storage.size() * sizeof(float) == frame.header.payload_bytes);
+  if constexpr (std::is_same_v<Variant, Request>) {
+    return wire::decode_request(frame.header, frame.meta, storage);
+  } else {
+    return wire::decode_response(frame.header, frame.meta, storage);
+  }
+}
+
+const std::vector<VariableSpec> kModel{{"dense/kernel", {3, 2}, Initializer::glorot_uniform()},
+                                       {"dense/bias", {2}, Initializer::constant(0.5F)}};
+
+}  // namespace
+
+TEST_CASE("every request survives a round trip, tensors included") {
+  std::vector<float> storage;
+  const std::vector<float> a{1, 2, 3}, b{-4.5F, 5};
+
+  auto reg = std::get<Register>(round_trip(Request{Register{kModel}}, storage));
+  CHECK(reg.variables == kModel);
+
+  auto init = std::get<Initialize>(round_trip(Request{Initialize{{{4, a}, {9, b}}}}, storage));
+  REQUIRE(init.parts.size() == 2);
+  CHECK(init.parts[0].part == 4);
+  CHECK(std::vector<float>(init.parts[0].values.begin(), init.parts[0].values.end()) == a);
+  CHECK(std::vector<float>(init.parts[1].values.begin(), init.parts[1].values.end()) == b);
+
+  auto push = std::get<Push>(round_trip(Request{Push{3, 42, {{1, b}}}}, storage));
+  CHECK(push.worker == 3);
+  CHECK(push.local_step == 42);
+  CHECK(push.gradients.at(0).values[0] == -4.5F);
+
+  auto pull = std::get<Pull>(round_trip(Request{Pull{7, {{2, {1, 3}}}}}, storage));
+  CHECK(pull.min_step == 7);
+  CHECK(pull.slices.at(0).rows == RowRange{1, 3});
+
+  CHECK(std::get<TakeToken>(round_trip(Request{TakeToken{5}}, storage)).worker == 5);
+  CHECK(std::holds_alternative<WaitReady>(round_trip(Request{WaitReady{}}, storage)));
+  CHECK(std::holds_alternative<GetStats>(round_trip(Request{GetStats{}}, storage)));
+  CHECK(std::holds_alternative<Shutdown>(round_trip(Request{Shutdown{}}, storage)));
+}
+
+TEST_CASE("every response survives a round trip, tensors included") {
+  std::vector<float> storage;
+  const std::vector<float> a{1, 2, 3}, b{4};
+  auto pull = std::get<PullReply>(round_trip(Response{PullReply{9, {a, b}}}, storage));
+  CHECK(pull.global_step == 9);
+  REQUIRE(pull.values.size() == 2);
+  CHECK(pull.values[0].size() == 3);
+  CHECK(pull.values[1][0] == 4.0F);
+
+  PlacementBuilder builder;
+  builder.begin_variable();
+  builder.add(0, {0, 2});
+  builder.add(1, {2, 3});
+  builder.begin_variable();
+  builder.add(0, {0, 2});
+  const Placement placement = std::move(builder).finish();
+  auto placed = std::get<PlacementReply>(round_trip(Response{PlacementReply{kModel, placement}},
+                                                    storage));
+  CHECK(placed.variables == kModel);
+  CHECK(placed.placement == placement);
+
+  auto error = std::get<ErrorReply>(
+      round_trip(Response{ErrorReply{ErrorCode::kNotFound, "no such part"}}, storage));
+  CHECK(error.code == ErrorCode::kNotFound);
+  CHECK(error.message == "no such part");
+
+  Stats stats;
+  stats.global_step = 11;
+  stats.bytes_pulled = 1 << 20;
+  auto got = std::get<StatsReply>(round_trip(Response{StatsReply{stats}}, storage)).stats;
+  CHECK(got.global_step == 11);
+  CHECK(got.bytes_pulled == 1 << 20);
+  CHECK(std::get<TokenReply>(round_trip(Response{TokenReply{3, 4}}, storage)).global_step == 4);
+  CHECK(std::get<PushReply>(round_trip(Response{PushReply{2}}, storage)).stale_parts == 2);
+  CHECK(std::holds_alternative<Ack>(round_trip(Response{Ack{}}, storage)));
+}
+
+TEST_CASE("a header a peer got wrong is refused before anything else is read") {
+  const wire::Frame good = wire::encode(Request{TakeToken{1}}, 1);
+  auto bad = [&](auto mutate) {
+    wire::Header h = good.header;
+    mutate(h);
+    return h;
+  };
+  CHECK_NOTHROW(wire::check(good.header));
+  CHECK_THROWS_WITH_AS(wire::check(bad([](auto& h) { h.magic = 0x47455420; })),  // "GET "
+                       doctest::Contains("magic"), wire::Malformed);
+  CHECK_THROWS_WITH_AS(wire::check(bad([](auto& h) { h.version = 2; })),
+                       doctest::Contains("version 2"), wire::Malformed);
+  CHECK_THROWS_WITH_AS(wire::check(bad([](auto& h) { h.kind = 42; })),
+                       doctest::Contains("unknown message kind"), wire::Malformed);
+  CHECK_THROWS_WITH_AS(wire::check(bad([](auto& h) { h.payload_bytes = std::uint64_t{1} << 40; })),
+                       doctest::Contains("payload"), wire::Malformed);
+  CHECK_THROWS_AS(wire::check(bad([](auto& h) { h.payload_bytes = 6; })), wire::Malformed);
+  CHECK_THROWS_AS(wire::check(bad([](auto& h) { h.meta_bytes = 1U << 30; })), wire::Malformed);
+}
+
+TEST_CASE("metadata that lies about its tensors is refused") {
+  const std::vector<float> g{1, 2, 3, 4};
+  const wire::Frame frame = wire::encode(Request{Push{0, 0, {{0, g}}}}, 1);
+  const std::vector<float> short_payload{1, 2};
+  const std::vector<float> long_payload{1, 2, 3, 4, 5};
+  CHECK_THROWS_AS(wire::decode_request(frame.header, frame.meta, short_payload), wire::Malformed);
+  CHECK_THROWS_AS(wire::decode_request(frame.header, frame.meta, long_payload), wire::Malformed);
+  // Truncated or garbage metadata.
+  CHECK_THROWS_AS(wire::decode_request(frame.header, std::string_view(frame.meta).substr(0, 5), g),
+                  wire::Malformed);
+  std::string garbage(frame.meta.size(), '\xff');
+  CHECK_THROWS_AS(wire::decode_request(frame.header, garbage, g), wire::Malformed);
+  // A response where a request belongs, and the other way round.
+  CHECK_THROWS_AS(wire::decode_response(frame.header, frame.meta, g), wire::Malformed);
+}
