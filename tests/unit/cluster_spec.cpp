@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: MIT
 // TF_CONFIG, TensorFlow's cluster description: valid documents parse, invalid ones are
 // refused with a message that says what is wrong.
+#include "pulley/cluster_spec.hpp"
+
 #include <doctest/doctest.h>
 
 #include <cstdlib>
 #include <string>
-
-#include "pulley/cluster_spec.hpp"
 
 using pulley::parse_tf_config;
 
@@ -39,7 +39,7 @@ TEST_CASE("TF_CONFIG in TensorFlow's format parses") {
   CHECK(c.cluster.tasks("nobody").empty());
 }
 
-TEST_CASE("TF_CONFIG: the legacy master job is the chief; an unlisted evaluator is fine") {
+TEST_CASE("TF_CONFIG: the legacy master job is the chief, and an unlisted evaluator is fine") {
   const auto m = parse_tf_config(
       R"({"cluster": {"master": ["a:1"], "ps": ["b:2"]}, "task": {"type": "master", "index": 0}})");
   CHECK(m.task.type == "chief");
@@ -60,8 +60,9 @@ TEST_CASE("TF_CONFIG errors say what is wrong") {
             .find("unknown job type \"gpu\"") != std::string::npos);
   CHECK(message_of(R"({"cluster": {"ps": ["nohost"]}, "task": {"type": "ps"}})")
             .find("not \"host:port\"") != std::string::npos);
-  CHECK(message_of(R"({"cluster": {"ps": ["a:70000"]}, "task": {"type": "ps"}})")
-            .find("host:port") != std::string::npos);
+  CHECK(
+      message_of(R"({"cluster": {"ps": ["a:70000"]}, "task": {"type": "ps"}})").find("host:port") !=
+      std::string::npos);
   CHECK(message_of(R"({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker"}})")
             .find("no \"ps\" job") != std::string::npos);
   CHECK(message_of(R"({"cluster": {"ps": ["a:1"]}, "task": {"type": "ps", "index": -1}})")

@@ -36,7 +36,7 @@ TEST_CASE("Sgd: w -= lr * g") {
   CHECK(w[1][1] == doctest::Approx(-2.075));
 }
 
-TEST_CASE("Momentum: accumulation = mu*accumulation + g; w -= lr*accumulation") {
+TEST_CASE("Momentum: accumulation = mu*accumulation + g, then w -= lr*accumulation") {
   const auto w = two_steps(pulley::Momentum{0.1F, 0.9F, false});
   CHECK(w[0][0] == doctest::Approx(0.95));     // acc 0.5
   CHECK(w[1][0] == doctest::Approx(0.855));    // acc 0.95 -> 0.95 - 0.095
@@ -52,7 +52,7 @@ TEST_CASE("Momentum with Nesterov: w -= lr*(g + mu*accumulation)") {
   CHECK(w[1][1] == doctest::Approx(-2.12225));  // acc 0.775: -1.9525 - 0.1*(1 + 0.6975)
 }
 
-TEST_CASE("Adagrad: accumulator += g^2; w -= lr*g/(sqrt(accumulator)+eps)") {
+TEST_CASE("Adagrad: accumulator += g^2, then w -= lr*g/(sqrt(accumulator)+eps)") {
   const auto w = two_steps(pulley::Adagrad{0.1F, 0.1F, 1e-7F});
   // step 1: acc = 0.1 + 0.25 = 0.35, sqrt = 0.5916080; w0 = 1 - 0.05/0.5916080
   CHECK(w[0][0] == doctest::Approx(0.9154846).epsilon(1e-6));

@@ -1,13 +1,13 @@
 // SPDX-License-Identifier: MIT
 // The wire format: every message survives a round trip with its tensors; any header or
 // metadata a peer could send wrong is refused as Malformed before it is trusted.
+#include "pulley/transport/wire.hpp"
+
 #include <doctest/doctest.h>
 
 #include <cstring>
 #include <numeric>
 #include <vector>
-
-#include "pulley/transport/wire.hpp"
 
 using namespace pulley;
 
@@ -78,8 +78,8 @@ TEST_CASE("every response survives a round trip, tensors included") {
   builder.begin_variable();
   builder.add(0, {0, 2});
   const Placement placement = std::move(builder).finish();
-  auto placed = std::get<PlacementReply>(round_trip(Response{PlacementReply{kModel, placement}},
-                                                    storage));
+  auto placed =
+      std::get<PlacementReply>(round_trip(Response{PlacementReply{kModel, placement}}, storage));
   CHECK(placed.variables == kModel);
   CHECK(placed.placement == placement);
 

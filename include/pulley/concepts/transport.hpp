@@ -2,6 +2,7 @@
 #pragma once
 
 #include <concepts>
+#include <condition_variable>
 #include <cstddef>
 #include <future>
 #include <memory>
@@ -21,24 +22,42 @@ using PullTargets = std::vector<std::span<float>>;
 /// then on the transport must not touch the call's request views or pull targets.
 class CallControl {
  public:
-  /// Transport side: runs `f` (which may read the request or write the targets) unless the
-  /// caller gave up; a concurrent `cancel` waits until `f` returns. Re-entrant.
-  template <class F>
-  bool unless_cancelled(F&& f) {
+  /// Transport side: starts using the call's buffers unless the caller gave up; pair with
+  /// `end_use`. A use may span several asynchronous steps (a gather-write, a scatter-read).
+  bool begin_use() {
     std::scoped_lock lock(mutex_);
     if (cancelled_) return false;
+    ++users_;
+    return true;
+  }
+  /// Transport side: ends a use begun with `begin_use`.
+  void end_use() {
+    std::scoped_lock lock(mutex_);
+    if (--users_ == 0) idle_.notify_all();
+  }
+  /// Transport side: runs `f` inside one use unless the caller gave up. Re-entrant.
+  template <class F>
+  bool unless_cancelled(F&& f) {
+    if (!begin_use()) return false;
+    struct End {
+      CallControl* c;
+      ~End() { c->end_use(); }
+    } end{this};
     std::forward<F>(f)();
     return true;
   }
-  /// Caller side: after this returns, the transport runs nothing more for this call and its
-  /// future may never become ready.
+  /// Caller side: waits until no use is under way; afterwards the transport begins none, so
+  /// the caller may free the request's buffers and the pull targets.
   void cancel() {
-    std::scoped_lock lock(mutex_);
+    std::unique_lock lock(mutex_);
     cancelled_ = true;
+    idle_.wait(lock, [&] { return users_ == 0; });
   }
 
  private:
-  std::recursive_mutex mutex_;
+  std::mutex mutex_;
+  std::condition_variable idle_;
+  int users_ = 0;
   bool cancelled_ = false;
 };
 

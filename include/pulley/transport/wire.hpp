@@ -10,6 +10,10 @@
 /// straight into place. Integers and floats are little-endian.
 
 #include <bit>
+#include <cereal/archives/binary.hpp>
+#include <cereal/types/common.hpp>
+#include <cereal/types/string.hpp>
+#include <cereal/types/vector.hpp>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -23,11 +27,6 @@
 #include <utility>
 #include <variant>
 #include <vector>
-
-#include <cereal/archives/binary.hpp>
-#include <cereal/types/common.hpp>
-#include <cereal/types/string.hpp>
-#include <cereal/types/vector.hpp>
 
 #include "pulley/messages.hpp"
 
@@ -68,8 +67,8 @@ void serialize(A& a, Stats& s) {
 
 namespace wire {
 
-inline constexpr std::uint32_t kMagic = 0x594C4C50;  ///< "PLLY" in a little-endian dump
-inline constexpr std::uint16_t kVersion = 1;         ///< bumped on any incompatible change
+inline constexpr std::uint32_t kMagic = 0x594C4C50;    ///< "PLLY" in a little-endian dump
+inline constexpr std::uint16_t kVersion = 1;           ///< bumped on any incompatible change
 inline constexpr std::uint16_t kResponseKind = 0x100;  ///< response kinds start here
 
 /// Limits a receiver enforces before it allocates anything for a frame.
@@ -90,6 +89,16 @@ struct Header {
   std::uint64_t payload_bytes = 0;
 };
 static_assert(sizeof(Header) == 32 && std::is_trivially_copyable_v<Header>);
+
+/// Index of alternative T in variant V.
+template <class V, class T, std::size_t I = 0>
+constexpr std::size_t variant_index() {
+  if constexpr (std::is_same_v<std::variant_alternative_t<I, V>, T>) {
+    return I;
+  } else {
+    return variant_index<V, T, I + 1>();
+  }
+}
 
 /// A frame that cannot be trusted: the receiver logs `what()` and closes the connection.
 class Malformed : public std::runtime_error {
@@ -288,6 +297,26 @@ Frame encode(const Variant& message, std::uint64_t call) {
   for (auto v : frame.payload) frame.header.payload_bytes += v.size_bytes();
   return frame;
 }
+
+/// Reads a PullReply's metadata alone: its global step and its tensors' sizes, so that a
+/// client can read the payload straight into its pull targets.
+inline std::pair<std::int64_t, std::vector<std::uint64_t>> read_pull_reply_meta(
+    std::span<const char> meta) {
+  detail::ByteSource source(meta);
+  std::istream in(&source);
+  std::pair<std::int64_t, std::vector<std::uint64_t>> out;
+  try {
+    cereal::BinaryInputArchive archive(in);
+    archive(out.first, out.second);
+  } catch (const std::exception& e) {
+    throw Malformed(std::string("undecodable pull reply: ") + e.what());
+  }
+  return out;
+}
+
+/// The kind of a frame carrying a PullReply.
+inline constexpr std::uint16_t kPullReplyKind =
+    static_cast<std::uint16_t>(kResponseKind + variant_index<Response, PullReply>());
 
 /// Decodes a request frame whose header passed `check`; its tensors view `payload`.
 inline Request decode_request(const Header& h, std::span<const char> meta,

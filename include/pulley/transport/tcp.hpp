@@ -1,0 +1,437 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+
+/// The TCP transport over standalone Asio: `Tcp`, the client side (a `Transport`), and
+/// `TcpServer`, which serves one ParameterServer on a port. Frames are those of wire.hpp;
+/// tensors are gather-written from the caller's buffers and a pull reply is read straight
+/// into the pull targets.
+
+#include <array>
+#include <asio.hpp>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <deque>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "pulley/concepts/transport.hpp"
+#include "pulley/parameter_server.hpp"
+#include "pulley/transport/wire.hpp"
+
+namespace pulley {
+
+namespace detail {
+
+/// Splits "host:port" (the host may be "[v6]"); throws kInvalidArgument.
+inline std::pair<std::string, std::string> split_address(const std::string& address) {
+  const auto colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {
+    throw Error(ErrorCode::kInvalidArgument, "address '" + address + "' is not host:port");
+  }
+  std::string host = address.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return {host, address.substr(colon + 1)};
+}
+
+}  // namespace detail
+
+/// Serves one ParameterServer on a TCP port. All connections are handled by one thread (the
+/// one that calls `run`), so the server sees its requests one at a time, as in-process.
+/// A frame that fails wire::check or does not decode closes that connection with a reason
+/// on stderr; the server keeps serving everyone else. `run` returns after a Shutdown
+/// request was answered.
+template <class Server>
+class TcpServer {
+ public:
+  /// Binds `host:port` (port 0 picks a free one; see `port()`).
+  TcpServer(Server& server, const std::string& host, std::uint16_t port, wire::Limits limits = {})
+      : server_(server),
+        limits_(limits),
+        acceptor_(io_, asio::ip::tcp::endpoint(asio::ip::make_address(host), port)) {}
+
+  /// The port it listens on.
+  [[nodiscard]] std::uint16_t port() const { return acceptor_.local_endpoint().port(); }
+
+  /// Serves until the ParameterServer handled a Shutdown (or `stop` is called).
+  void run() {
+    accept();
+    io_.run();
+  }
+
+  /// Stops serving now, from any thread.
+  void stop() { io_.stop(); }
+
+ private:
+  struct Connection : std::enable_shared_from_this<Connection> {
+    explicit Connection(TcpServer& owner, asio::ip::tcp::socket socket)
+        : owner(owner), socket(std::move(socket)) {}
+
+    struct Outgoing {
+      wire::Header header;
+      std::string meta;
+      std::vector<float> payload;  // a copy: the views die when the responder returns
+    };
+
+    void read_header() {
+      asio::async_read(socket, asio::buffer(&header, sizeof header),
+                       [self = this->shared_from_this()](std::error_code ec, std::size_t) {
+                         if (!ec) self->read_body();
+                       });
+    }
+
+    void read_body() {
+      try {
+        wire::check(header, owner.limits_);
+        if (header.kind >= wire::kResponseKind) throw wire::Malformed("a response sent to a ps");
+      } catch (const wire::Malformed& e) {
+        return drop(e.what());
+      }
+      meta.resize(header.meta_bytes);
+      payload.resize(header.payload_bytes / sizeof(float));
+      std::array<asio::mutable_buffer, 2> buffers{asio::buffer(meta), asio::buffer(payload)};
+      asio::async_read(socket, buffers,
+                       [self = this->shared_from_this()](std::error_code ec, std::size_t) {
+                         if (!ec) self->dispatch();
+                       });
+    }
+
+    void dispatch() {
+      Request request;
+      try {
+        request = wire::decode_request(header, meta, payload);
+      } catch (const wire::Malformed& e) {
+        return drop(e.what());
+      }
+      const std::uint64_t call = header.call;
+      auto self = this->shared_from_this();
+      try {
+        owner.server_.handle(std::move(request),
+                             [self, call](Response&& response) { self->send(response, call); });
+      } catch (const std::exception& e) {  // a throwing policy must not take the ps down
+        send(ErrorReply{ErrorCode::kInvalidArgument,
+                        "ps " + std::to_string(owner.server_.task()) + " failed: " + e.what()},
+             call);
+      }
+      if (owner.server_.stopped()) owner.stopping_ = true;
+      owner.maybe_stop();
+      read_header();
+    }
+
+    void send(const Response& response, std::uint64_t call) {
+      wire::Frame frame = wire::encode(response, call);
+      Outgoing out{frame.header, std::move(frame.meta), {}};
+      out.payload.reserve(frame.header.payload_bytes / sizeof(float));
+      for (auto v : frame.payload) out.payload.insert(out.payload.end(), v.begin(), v.end());
+      outbox.push_back(std::move(out));
+      ++owner.writes_in_flight_;
+      if (outbox.size() == 1) write_next();
+    }
+
+    void write_next() {
+      Outgoing& out = outbox.front();
+      std::array<asio::const_buffer, 3> buffers{asio::buffer(&out.header, sizeof out.header),
+                                                asio::buffer(out.meta), asio::buffer(out.payload)};
+      asio::async_write(socket, buffers,
+                        [self = this->shared_from_this()](std::error_code ec, std::size_t) {
+                          self->outbox.pop_front();
+                          --self->owner.writes_in_flight_;
+                          if (!ec && !self->outbox.empty()) self->write_next();
+                          self->owner.maybe_stop();
+                        });
+    }
+
+    void drop(const std::string& reason) {
+      std::error_code ignored;
+      const auto peer = socket.remote_endpoint(ignored);
+      std::fprintf(stderr, "pulley ps %u: closing connection from %s:%u: %s\n",
+                   static_cast<unsigned>(owner.server_.task()), peer.address().to_string().c_str(),
+                   static_cast<unsigned>(peer.port()), reason.c_str());
+      socket.close(ignored);
+    }
+
+    TcpServer& owner;
+    asio::ip::tcp::socket socket;
+    wire::Header header;
+    std::vector<char> meta;
+    std::vector<float> payload;
+    std::deque<Outgoing> outbox;
+  };
+
+  void accept() {
+    acceptor_.async_accept([this](std::error_code ec, asio::ip::tcp::socket socket) {
+      if (ec) return;
+      socket.set_option(asio::ip::tcp::no_delay(true));
+      std::make_shared<Connection>(*this, std::move(socket))->read_header();
+      accept();
+    });
+  }
+
+  /// After Shutdown, stops once every answer (the Ack, the cancelled waiters) is written.
+  void maybe_stop() {
+    if (stopping_ && writes_in_flight_ == 0) {
+      std::error_code ignored;
+      acceptor_.close(ignored);
+      io_.stop();
+    }
+  }
+
+  Server& server_;
+  wire::Limits limits_;
+  asio::io_context io_;
+  asio::ip::tcp::acceptor acceptor_;
+  bool stopping_ = false;
+  std::size_t writes_in_flight_ = 0;
+};
+
+/// How a Tcp client connects.
+struct TcpOptions {
+  /// Total time to wait for a ps that is not up yet before giving up with kUnavailable.
+  std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
+  /// First pause between connection attempts; doubles up to one second.
+  std::chrono::milliseconds initial_backoff{std::chrono::milliseconds(20)};
+  /// What replies may claim, checked before anything is allocated for them.
+  wire::Limits limits;
+};
+
+/// The TCP `Transport`: one connection per ps task, all driven by one I/O thread. Requests
+/// to different ps tasks are written concurrently; tensors are written from, and pull
+/// replies read into, the caller's own buffers.
+class Tcp {
+ public:
+  /// Connects to every ps ("host:port", by task index), retrying with backoff while they
+  /// start; throws kUnavailable naming the first address that stays unreachable.
+  explicit Tcp(const std::vector<std::string>& ps_addresses, TcpOptions options = {})
+      : impl_(std::make_unique<Impl>(ps_addresses, options)) {}
+
+  /// Number of ps tasks.
+  [[nodiscard]] std::size_t num_ps() const noexcept { return impl_->links.size(); }
+
+  /// Sends `request` to ps `ps`; see the Transport concept for the contract.
+  PendingCall call(std::size_t ps, Request&& request, PullTargets targets = {}) {
+    return impl_->call(ps, std::move(request), std::move(targets));
+  }
+
+ private:
+  struct Pending {
+    std::promise<Response> promise;
+    PullTargets targets;
+    std::shared_ptr<CallControl> control = std::make_shared<CallControl>();
+  };
+
+  struct Link {
+    std::string address;
+    asio::ip::tcp::socket socket;
+    wire::Header header;
+    std::vector<char> meta;
+    std::vector<float> scratch;
+    std::map<std::uint64_t, std::shared_ptr<Pending>> pending;  // I/O thread only
+    std::deque<std::pair<wire::Frame, std::shared_ptr<Pending>>> outbox;
+    bool broken = false;
+    std::string broken_reason;
+  };
+
+  struct Impl {
+    Impl(const std::vector<std::string>& addresses, const TcpOptions& options)
+        : options(options), work(asio::make_work_guard(io)) {
+      for (const std::string& address : addresses) {
+        links.push_back(
+            std::make_unique<Link>(Link{address, connect(address), {}, {}, {}, {}, {}, false, {}}));
+      }
+      for (auto& link : links) read_header(*link);
+      thread = std::thread([this] { io.run(); });
+    }
+
+    ~Impl() {
+      work.reset();
+      asio::post(io, [this] {
+        for (auto& link : links) fail(*link, "transport closed");
+      });
+      io.stop();
+      if (thread.joinable()) thread.join();
+    }
+
+    asio::ip::tcp::socket connect(const std::string& address) {
+      const auto [host, port] = detail::split_address(address);
+      const auto deadline = std::chrono::steady_clock::now() + options.connect_timeout;
+      auto backoff = options.initial_backoff;
+      std::string last_error;
+      for (;;) {
+        asio::ip::tcp::socket socket(io);
+        std::error_code ec;
+        asio::ip::tcp::resolver resolver(io);
+        const auto endpoints = resolver.resolve(host, port, ec);
+        if (!ec) asio::connect(socket, endpoints, ec);
+        if (!ec) {
+          socket.set_option(asio::ip::tcp::no_delay(true));
+          return socket;
+        }
+        last_error = ec.message();
+        if (std::chrono::steady_clock::now() + backoff > deadline) break;
+        std::this_thread::sleep_for(backoff);
+        backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+      }
+      throw Error(ErrorCode::kUnavailable, "ps at " + address + " unreachable for " +
+                                               std::to_string(options.connect_timeout.count()) +
+                                               " ms: " + last_error);
+    }
+
+    PendingCall call(std::size_t ps, Request&& request, PullTargets targets) {
+      auto pending = std::make_shared<Pending>();
+      pending->targets = std::move(targets);
+      PendingCall result{pending->promise.get_future(), pending->control};
+      if (ps >= links.size()) {
+        pending->promise.set_value(
+            ErrorReply{ErrorCode::kInvalidArgument, "no ps task " + std::to_string(ps)});
+        return result;
+      }
+      const std::uint64_t id = next_call.fetch_add(1);
+      // The frame's payload views alias the request's tensors (the caller's buffers), which
+      // stay valid until the call settles or is cancelled; the rest is serialized here.
+      wire::Frame frame = wire::encode(request, id);
+      asio::post(io, [this, ps, id, frame = std::move(frame), pending]() mutable {
+        Link& link = *links[ps];
+        if (link.broken) {
+          settle(*pending, unavailable(link));
+          return;
+        }
+        link.pending[id] = pending;
+        link.outbox.emplace_back(std::move(frame), pending);
+        if (link.outbox.size() == 1) write_next(link);
+      });
+      return result;
+    }
+
+    void write_next(Link& link) {
+      auto& [frame, pending] = link.outbox.front();
+      if (!pending->control->begin_use()) {  // cancelled before it went out: skip it
+        link.pending.erase(frame.header.call);
+        link.outbox.pop_front();
+        if (!link.outbox.empty()) write_next(link);
+        return;
+      }
+      std::vector<asio::const_buffer> buffers{asio::buffer(&frame.header, sizeof frame.header),
+                                              asio::buffer(frame.meta)};
+      for (auto v : frame.payload) buffers.push_back(asio::buffer(v.data(), v.size_bytes()));
+      asio::async_write(link.socket, buffers, [this, &link](std::error_code ec, std::size_t) {
+        link.outbox.front().second->control->end_use();
+        link.outbox.pop_front();
+        if (ec) return fail(link, ec.message());
+        if (!link.outbox.empty()) write_next(link);
+      });
+    }
+
+    void read_header(Link& link) {
+      asio::async_read(link.socket, asio::buffer(&link.header, sizeof link.header),
+                       [this, &link](std::error_code ec, std::size_t) {
+                         if (ec) return fail(link, ec.message());
+                         try {
+                           wire::check(link.header, options.limits);
+                         } catch (const wire::Malformed& e) {
+                           return fail(link, e.what());
+                         }
+                         link.meta.resize(link.header.meta_bytes);
+                         asio::async_read(link.socket, asio::buffer(link.meta),
+                                          [this, &link](std::error_code ec2, std::size_t) {
+                                            if (ec2) return fail(link, ec2.message());
+                                            read_payload(link);
+                                          });
+                       });
+    }
+
+    void read_payload(Link& link) {
+      auto it = link.pending.find(link.header.call);
+      std::shared_ptr<Pending> pending = it == link.pending.end() ? nullptr : it->second;
+      if (pending) link.pending.erase(it);
+      // A pull reply goes straight into the caller's targets when its sizes fit them.
+      if (pending && link.header.kind == wire::kPullReplyKind) {
+        try {
+          auto [step, sizes] = wire::read_pull_reply_meta(link.meta);
+          bool fits = sizes.size() == pending->targets.size();
+          for (std::size_t i = 0; fits && i < sizes.size(); ++i) {
+            fits = sizes[i] == pending->targets[i].size();
+          }
+          if (fits && pending->control->begin_use()) {
+            std::vector<asio::mutable_buffer> buffers;
+            for (auto t : pending->targets)
+              buffers.push_back(asio::buffer(t.data(), t.size_bytes()));
+            asio::async_read(link.socket, buffers,
+                             [this, &link, pending, step](std::error_code ec, std::size_t) {
+                               if (!ec) {
+                                 PullReply reply{step, {}};
+                                 for (auto t : pending->targets) reply.values.push_back(t);
+                                 pending->promise.set_value(std::move(reply));
+                               }
+                               pending->control->end_use();
+                               if (ec) return fail(link, ec.message());
+                               read_header(link);
+                             });
+            return;
+          }
+        } catch (const wire::Malformed& e) {
+          return fail(link, e.what());
+        }
+      }
+      link.scratch.resize(link.header.payload_bytes / sizeof(float));
+      asio::async_read(link.socket, asio::buffer(link.scratch),
+                       [this, &link, pending](std::error_code ec, std::size_t) {
+                         if (ec) return fail(link, ec.message());
+                         if (pending) {
+                           Response response;
+                           try {
+                             response = wire::decode_response(link.header, link.meta, link.scratch);
+                           } catch (const wire::Malformed& e) {
+                             return fail(link, e.what());
+                           }
+                           if (std::holds_alternative<PullReply>(response)) {
+                             response = ErrorReply{ErrorCode::kInvalidArgument,
+                                                   "pull reply does not fit its targets"};
+                           }
+                           settle(*pending, std::move(response));
+                         }
+                         read_header(link);
+                       });
+    }
+
+    static void settle(Pending& pending, Response&& response) {
+      pending.control->unless_cancelled([&] { pending.promise.set_value(std::move(response)); });
+    }
+
+    static Response unavailable(const Link& link) {
+      return ErrorReply{ErrorCode::kUnavailable,
+                        "connection to ps at " + link.address + " lost: " + link.broken_reason};
+    }
+
+    /// The connection is gone: everything waiting on it fails now.
+    void fail(Link& link, const std::string& reason) {
+      if (link.broken) return;
+      link.broken = true;
+      link.broken_reason = reason;
+      std::error_code ignored;
+      link.socket.close(ignored);
+      for (auto& [id, pending] : std::exchange(link.pending, {}))
+        settle(*pending, unavailable(link));
+    }
+
+    TcpOptions options;
+    asio::io_context io;
+    asio::executor_work_guard<asio::io_context::executor_type> work;
+    std::vector<std::unique_ptr<Link>> links;
+    std::atomic<std::uint64_t> next_call{1};
+    std::thread thread;
+  };
+
+  std::unique_ptr<Impl> impl_;
+};
+static_assert(Transport<Tcp>);
+
+}  // namespace pulley

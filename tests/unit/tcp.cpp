@@ -1,0 +1,182 @@
+// SPDX-License-Identifier: MIT
+// The TCP transport on 127.0.0.1: training over TCP gives the in-process result exactly;
+// a ps that starts late is waited for; an unreachable one is named; a client sending
+// garbage is cut off while real clients keep working.
+#include "pulley/transport/tcp.hpp"
+
+#include <doctest/doctest.h>
+
+#include <array>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "pulley/chief.hpp"
+#include "pulley/optimizers/sgd.hpp"
+#include "pulley/sharding/partitioned.hpp"
+#include "pulley/sync/sync_replicas.hpp"
+#include "pulley/transport/in_process.hpp"
+#include "pulley/worker.hpp"
+#include "support/linear_model.hpp"
+
+using namespace pulley;
+using pulley::testing::LinearBatch;
+using pulley::testing::LinearData;
+using pulley::testing::LinearModel;
+using Server = ParameterServer<FixedShards, Sgd, SyncReplicas>;
+
+namespace {
+
+constexpr std::size_t kIn = 5, kOut = 3, kBatch = 4;
+constexpr std::int64_t kSteps = 40;
+
+Server make_server(std::uint32_t task) {
+  return Server(task, 2, Sgd{0.1F}, SyncReplicas(2, 2), FixedShards{2});
+}
+
+/// Two ps tasks served over TCP on ephemeral ports of 127.0.0.1.
+struct TcpCluster {
+  std::deque<Server> servers;
+  std::vector<std::unique_ptr<TcpServer<Server>>> listeners;
+  std::vector<std::thread> threads;
+  std::vector<std::string> addresses;
+
+  TcpCluster() {
+    for (std::uint32_t i = 0; i < 2; ++i) {
+      listeners.push_back(std::make_unique<TcpServer<Server>>(servers.emplace_back(make_server(i)),
+                                                              "127.0.0.1", 0));
+      addresses.push_back("127.0.0.1:" + std::to_string(listeners.back()->port()));
+    }
+    for (auto& l : listeners) threads.emplace_back([&l] { l->run(); });
+  }
+  ~TcpCluster() {
+    for (auto& l : listeners) l->stop();  // no-op after a Shutdown
+    for (auto& t : threads) t.join();
+  }
+};
+
+// Sync R = N = 2 training of a linear model; returns the final variables.
+template <class MakeTransport>
+std::vector<std::vector<float>> train(MakeTransport make_transport) {
+  const LinearData data(2 * kBatch * kSteps, kIn, kOut, 42);
+  Chief chief(make_transport(Node::chief()), 7);
+  chief.initialize(LinearModel(kIn, kOut).variables());
+  std::vector<std::thread> workers;
+  for (std::uint32_t w = 0; w < 2; ++w) {
+    workers.emplace_back([&, w] {
+      Worker worker(w, LinearModel(kIn, kOut), make_transport(Node::worker(w)));
+      worker.wait_ready();
+      for (std::int64_t k = 0;; ++k) {
+        const std::size_t row = static_cast<std::size_t>(((k % kSteps) * 2 + w) * kBatch);
+        const LinearBatch batch{std::span(data.x).subspan(row * kIn, kBatch * kIn),
+                                std::span(data.y).subspan(row * kOut, kBatch * kOut)};
+        if (!worker.step(batch, kSteps)) break;
+      }
+    });
+  }
+  for (auto& t : workers) t.join();
+  auto values = chief.read_variables();
+  for (const Stats& s : chief.stats()) CHECK(s.global_step == kSteps);
+  chief.shutdown();
+  return values;
+}
+
+}  // namespace
+
+TEST_CASE("sync training over TCP gives exactly the in-process result") {
+  std::vector<std::vector<float>> in_process;
+  {
+    std::deque<Server> servers;
+    InProcessNetwork network(2);
+    for (std::uint32_t i = 0; i < 2; ++i) network.serve(servers.emplace_back(make_server(i)));
+    in_process = train([&](Node n) { return InProcess(network, n); });
+  }
+  TcpCluster cluster;
+  const auto over_tcp = train([&](Node) { return Tcp(cluster.addresses); });
+  // With R = 2 the accumulated sum is a + b either way round, so the results are identical.
+  CHECK(over_tcp == in_process);
+}
+
+TEST_CASE("a client waits for a ps that starts late, and names one that never comes") {
+  Server server = make_server(0);
+  auto listener = std::make_unique<TcpServer<Server>>(server, "127.0.0.1", 0);
+  const std::string address = "127.0.0.1:" + std::to_string(listener->port());
+  listener.reset();  // nobody listens yet; the port is free again
+  std::unique_ptr<TcpServer<Server>> late;
+  std::thread starter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const auto port = static_cast<std::uint16_t>(std::stoi(address.substr(address.rfind(':') + 1)));
+    late = std::make_unique<TcpServer<Server>>(server, "127.0.0.1", port);
+    late->run();
+  });
+  TcpOptions patient;
+  patient.connect_timeout = std::chrono::seconds(20);
+  {
+    Tcp tcp({address}, patient);  // blocks until the ps is up
+    auto stats = tcp.call(0, GetStats{});
+    REQUIRE(stats.response.wait_for(std::chrono::seconds(20)) == std::future_status::ready);
+    CHECK(std::holds_alternative<StatsReply>(stats.response.get()));
+    auto bye = tcp.call(0, Shutdown{});
+    CHECK(std::holds_alternative<Ack>(bye.response.get()));
+  }
+  starter.join();
+
+  TcpOptions impatient;
+  impatient.connect_timeout = std::chrono::milliseconds(200);
+  try {
+    Tcp tcp({address}, impatient);
+    FAIL("connected to nothing");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::kUnavailable);
+    CHECK(std::string(e.what()).find(address) != std::string::npos);
+  }
+}
+
+TEST_CASE("garbage, a 2^40-byte frame and a wrong version are cut off while others keep working") {
+  TcpCluster cluster;
+  Chief chief(Tcp(cluster.addresses), 7);
+  chief.initialize(LinearModel(kIn, kOut).variables());
+  const auto port = static_cast<std::uint16_t>(cluster.listeners[0]->port());
+
+  auto send_raw = [&](const void* bytes, std::size_t size) {
+    asio::io_context io;
+    asio::ip::tcp::socket socket(io);
+    socket.connect({asio::ip::make_address("127.0.0.1"), port});
+    asio::write(socket, asio::buffer(bytes, size));
+    // The ps must close the connection: the read ends (EOF) instead of hanging.
+    std::array<char, 64> reply{};
+    std::error_code ec;
+    socket.read_some(asio::buffer(reply), ec);
+    // EOF, or a reset when the ps closed with our bytes still unread: cut off either way.
+    return ec == asio::error::eof || ec == asio::error::connection_reset;
+  };
+  const std::string http = "GET / HTTP/1.1\r\nHost: x\r\n\r\n...............";
+  CHECK(send_raw(http.data(), http.size()));
+  wire::Header huge;
+  huge.kind = 5;  // Push
+  huge.payload_bytes = std::uint64_t{1} << 40U;
+  CHECK(send_raw(&huge, sizeof huge));
+  wire::Header future_version;
+  future_version.version = 99;
+  CHECK(send_raw(&future_version, sizeof future_version));
+  wire::Header lying;  // a Push whose metadata is garbage
+  lying.kind = 5;
+  lying.meta_bytes = 8;
+  const std::array<char, 40> bytes = [&] {
+    std::array<char, 40> b{};
+    std::memcpy(b.data(), &lying, sizeof lying);
+    std::memset(b.data() + 32, 0x7f, 8);
+    return b;
+  }();
+  CHECK(send_raw(bytes.data(), bytes.size()));
+
+  // The real client was never disturbed.
+  const auto stats = chief.stats();
+  CHECK(stats.size() == 2);
+  CHECK(chief.read_variables().size() == 2);
+  chief.shutdown();
+}
