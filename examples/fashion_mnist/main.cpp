@@ -28,6 +28,7 @@
 #include "fashion_mnist/idx.hpp"
 #include "pulley/models/mlp.hpp"
 #include "pulley/pulley.hpp"
+#include "pulley/transport/tcp.hpp"
 
 #ifndef PULLEY_FASHION_MNIST_DIR
 #define PULLEY_FASHION_MNIST_DIR "/usr/share/datasets/fashion-mnist"
@@ -53,7 +54,23 @@ struct Options {
   std::size_t batch = 64;
   std::uint64_t seed = 1;
   std::string data = PULLEY_FASHION_MNIST_DIR;
+  // One task of a TCP cluster (from --job/--task/--*-hosts or TF_CONFIG); empty job: all
+  // roles in this process.
+  std::string job;
+  std::uint32_t task = 0;
+  pulley::ClusterSpec cluster;
 };
+
+std::vector<std::string> split_hosts(const std::string& list) {
+  std::vector<std::string> hosts;
+  std::size_t start = 0;
+  while (start <= list.size()) {
+    const std::size_t comma = std::min(list.find(',', start), list.size());
+    if (comma > start) hosts.push_back(list.substr(start, comma - start));
+    start = comma + 1;
+  }
+  return hosts;
+}
 
 [[noreturn]] void usage(const std::string& problem) {
   if (!problem.empty()) std::fprintf(stderr, "fashion_mnist: %s\n\n", problem.c_str());
@@ -62,7 +79,10 @@ struct Options {
       "usage: fashion_mnist [--ps N] [--workers N] [--optimizer adam|sgd|momentum|adagrad]\n"
       "                     [--learning-rate X] [--mode sync|async]\n"
       "                     [--replicas-to-aggregate R] [--total-num-replicas N]\n"
-      "                     [--epochs N] [--batch N] [--seed N] [--data DIR]\n");
+      "                     [--epochs N] [--batch N] [--seed N] [--data DIR]\n"
+      "one task of a TCP cluster (or set TF_CONFIG instead):\n"
+      "                     --job ps|worker|chief --task I --ps-hosts H:P,...\n"
+      "                     --worker-hosts H:P,... [--chief-host H:P]\n");
   std::exit(problem.empty() ? 0 : 2);
 }
 
@@ -106,10 +126,41 @@ Options parse(int argc, char** argv) {
       o.seed = static_cast<std::uint64_t>(number(0));
     else if (flag == "--data")
       o.data = value;
+    else if (flag == "--job")
+      o.job = value;
+    else if (flag == "--task")
+      o.task = static_cast<std::uint32_t>(number(0));
+    else if (flag == "--ps-hosts")
+      o.cluster.jobs["ps"] = split_hosts(value);
+    else if (flag == "--worker-hosts")
+      o.cluster.jobs["worker"] = split_hosts(value);
+    else if (flag == "--chief-host")
+      o.cluster.jobs["chief"] = split_hosts(value);
     else
       usage("unknown flag " + std::string(flag));
   }
   if (o.mode != "sync" && o.mode != "async") usage("--mode is sync or async");
+  if (o.job.empty()) {
+    try {
+      if (auto config = pulley::tf_config_from_environment()) {
+        o.job = config->task.type;
+        o.task = config->task.index;
+        o.cluster = config->cluster;
+      }
+    } catch (const pulley::Error& e) {
+      usage(e.what());
+    }
+  }
+  if (!o.job.empty()) {  // the cluster's shape overrides --ps and --workers
+    if (o.cluster.tasks("ps").empty() || o.cluster.tasks("worker").empty()) {
+      usage("a cluster task needs --ps-hosts and --worker-hosts (or TF_CONFIG)");
+    }
+    o.ps = static_cast<std::uint32_t>(o.cluster.tasks("ps").size());
+    o.workers = static_cast<std::uint32_t>(o.cluster.tasks("worker").size());
+    if (o.job != "chief" && o.task >= o.cluster.tasks(o.job).size()) {
+      usage("--task " + std::to_string(o.task) + " is out of range for job " + o.job);
+    }
+  }
   if (o.total_num_replicas == 0) o.total_num_replicas = static_cast<int>(o.workers);
   if (o.replicas_to_aggregate == 0) o.replicas_to_aggregate = o.total_num_replicas;
   if (o.total_num_replicas != static_cast<int>(o.workers)) {
@@ -137,77 +188,61 @@ void standardize(Data& data) {
   }
 }
 
-// Trains with one optimizer and sync policy; returns the final test accuracy.
-template <class Optimizer, class Sync>
-int train(const Options& o, const Data& data, Optimizer optimizer, Sync sync,
-          std::int64_t updates_per_epoch_divisor) {
-  using Server = pulley::ParameterServer<pulley::RoundRobin, Optimizer, Sync>;
-  const std::vector<std::size_t> layers{784, 128, 10};
-  const std::size_t per_worker = data.train.labels.size() / o.workers;
-  const std::int64_t batches_per_worker = static_cast<std::int64_t>(per_worker / o.batch);
-  // Sync: a step averages R batches; async: every batch is a step.
-  const std::int64_t steps_per_epoch = batches_per_worker * o.workers / updates_per_epoch_divisor;
-  const std::int64_t last_step = steps_per_epoch * o.epochs;
+/// What every role derives from the options the same way.
+struct Plan {
+  std::vector<std::size_t> layers{784, 128, 10};
+  std::size_t per_worker = 0;         ///< examples in each worker's shard
+  std::int64_t samples_per_step = 0;  ///< batch x batches averaged into one step
+  std::int64_t steps_per_epoch = 0;
+  std::int64_t last_step = 0;
 
-  std::deque<Server> servers;
-  pulley::InProcessNetwork network(o.ps);
-  for (std::uint32_t i = 0; i < o.ps; ++i)
-    network.serve(servers.emplace_back(i, o.ps, optimizer, sync));
-
-  pulley::Chief chief(pulley::InProcess(network, pulley::Node::chief()), o.seed);
-  pulley::models::Mlp evaluator(layers);
-  chief.initialize(evaluator.variables());
-
-  std::atomic<std::int64_t> samples{0};
-  std::mutex loss_mutex;
-  double loss_sum = 0.0;
-  std::int64_t loss_count = 0;
-  std::vector<std::exception_ptr> failures(o.workers);
-  // Kills every ps task: everything waiting on one fails at once instead of at its deadline.
-  auto stop_cluster = [&network, &o] {
-    for (std::uint32_t i = 0; i < o.ps; ++i) network.kill(pulley::Node::ps(i));
-  };
-  std::vector<std::thread> workers;
-  for (std::uint32_t w = 0; w < o.workers; ++w) {
-    workers.emplace_back([&, w] {
-      try {
-        // Worker w's shard: examples w, w + workers, ...; reshuffled every pass.
-        std::vector<std::size_t> shard;
-        for (std::size_t i = w; i < data.train.labels.size(); i += o.workers) shard.push_back(i);
-        shard.resize(per_worker);
-        pulley::SplitMix64 rng(o.seed * 7919 + w);
-        std::vector<float> features(o.batch * 784);
-        std::vector<std::int32_t> labels(o.batch);
-        pulley::Worker worker(w, pulley::models::Mlp(layers),
-                              pulley::InProcess(network, pulley::Node::worker(w)));
-        worker.wait_ready();
-        for (std::size_t next = shard.size();; next += o.batch) {
-          if (next + o.batch > shard.size()) {
-            for (std::size_t i = shard.size() - 1; i > 0; --i) {  // Fisher–Yates
-              std::swap(shard[i], shard[rng.next() % (i + 1)]);
-            }
-            next = 0;
-          }
-          for (std::size_t r = 0; r < o.batch; ++r) {
-            const std::size_t e = shard[next + r];
-            std::copy_n(data.train.images.pixels.begin() + static_cast<std::ptrdiff_t>(e * 784),
-                        784, features.begin() + static_cast<std::ptrdiff_t>(r * 784));
-            labels[r] = data.train.labels[e];
-          }
-          const auto result = worker.step({features, labels}, last_step);
-          if (!result) break;
-          samples += static_cast<std::int64_t>(o.batch);
-          std::scoped_lock lock(loss_mutex);
-          loss_sum += result->loss;
-          ++loss_count;
-        }
-      } catch (...) {
-        failures[w] = std::current_exception();
-        stop_cluster();  // the others would wait for this worker's gradients forever
-      }
-    });
+  Plan(const Options& o, std::size_t train_size, std::int64_t batches_per_step) {
+    per_worker = train_size / o.workers;
+    const auto batches_per_worker = static_cast<std::int64_t>(per_worker / o.batch);
+    samples_per_step = static_cast<std::int64_t>(o.batch) * batches_per_step;
+    steps_per_epoch = batches_per_worker * o.workers / batches_per_step;
+    last_step = steps_per_epoch * o.epochs;
   }
+};
 
+/// Worker `w`: trains on its shard (examples w, w + workers, ...), reshuffled every pass,
+/// until the global step reaches the plan's last step.
+template <class Transport>
+void run_worker(const Options& o, const Data& data, const Plan& plan, std::uint32_t w,
+                Transport transport) {
+  std::vector<std::size_t> shard;
+  for (std::size_t i = w; i < data.train.labels.size(); i += o.workers) shard.push_back(i);
+  shard.resize(plan.per_worker);
+  pulley::SplitMix64 rng(o.seed * 7919 + w);
+  std::vector<float> features(o.batch * 784);
+  std::vector<std::int32_t> labels(o.batch);
+  pulley::Worker worker(w, pulley::models::Mlp(plan.layers), std::move(transport));
+  worker.wait_ready();
+  for (std::size_t next = shard.size();; next += o.batch) {
+    if (next + o.batch > shard.size()) {
+      for (std::size_t i = shard.size() - 1; i > 0; --i) {  // Fisher–Yates
+        std::swap(shard[i], shard[rng.next() % (i + 1)]);
+      }
+      next = 0;
+    }
+    for (std::size_t r = 0; r < o.batch; ++r) {
+      const std::size_t e = shard[next + r];
+      std::copy_n(data.train.images.pixels.begin() + static_cast<std::ptrdiff_t>(e * 784), 784,
+                  features.begin() + static_cast<std::ptrdiff_t>(r * 784));
+      labels[r] = data.train.labels[e];
+    }
+    if (!worker.step({features, labels}, plan.last_step)) break;
+  }
+}
+
+/// The chief: initializes the variables, reports every epoch, shuts the ps tasks down at
+/// the end (after `before_shutdown`, which in-process joins the worker threads).
+template <class Transport, class BeforeShutdown>
+void run_chief(const Options& o, const Data& data, const Plan& plan, Transport transport,
+               BeforeShutdown before_shutdown) {
+  pulley::Chief chief(std::move(transport), o.seed);
+  pulley::models::Mlp evaluator(plan.layers);
+  chief.initialize(evaluator.variables());
   const pulley::models::MlpBatch test{data.test.images.pixels, data.test.labels};
   auto evaluate = [&] {
     const auto values = chief.read_variables();
@@ -216,58 +251,125 @@ int train(const Options& o, const Data& data, Optimizer optimizer, Sync sync,
     }
     return evaluator.evaluate(test);
   };
-
-  const auto start = Clock::now();
   std::printf(
       "training 784-128-10 on %zu examples: %u ps, %u workers, %s, %s R=%d N=%d, "
       "batch %zu, %d epochs (%lld steps)\n",
       data.train.labels.size(), o.ps, o.workers, o.optimizer.c_str(), o.mode.c_str(),
       o.replicas_to_aggregate, o.total_num_replicas, o.batch, o.epochs,
-      static_cast<long long>(last_step));
+      static_cast<long long>(plan.last_step));
   std::fflush(stdout);
-  double accuracy = 0.0;
+  const auto start = Clock::now();
   double samples_per_s = 0.0;
-  try {
-    for (int epoch = 1; epoch <= o.epochs; ++epoch) {
-      const std::int64_t step = chief.wait_for_step(steps_per_epoch * epoch);
-      const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-      samples_per_s = static_cast<double>(samples.load()) / seconds;
-      double train_loss = 0.0;
-      {
-        std::scoped_lock lock(loss_mutex);
-        train_loss = loss_count ? loss_sum / static_cast<double>(loss_count) : 0.0;
-        loss_sum = 0.0;
-        loss_count = 0;
-      }
-      const auto eval = evaluate();
-      accuracy = eval.accuracy;
-      std::printf(
-          "epoch %2d/%d  step %6lld  train_loss %.4f  test_loss %.4f  test_accuracy %.4f  "
-          "samples/s %.0f  elapsed %.1f s\n",
-          epoch, o.epochs, static_cast<long long>(step), train_loss, eval.loss, eval.accuracy,
-          samples_per_s, seconds);
-      std::fflush(stdout);
-    }
-  } catch (...) {
-    stop_cluster();
-    for (auto& t : workers) t.join();
-    for (const auto& failure : failures) {
-      if (failure) std::rethrow_exception(failure);  // the cause, not the symptom
-    }
-    throw;
+  for (int epoch = 1; epoch <= o.epochs; ++epoch) {
+    const std::int64_t step = chief.wait_for_step(plan.steps_per_epoch * epoch);
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    samples_per_s = static_cast<double>(step * plan.samples_per_step) / seconds;
+    const auto eval = evaluate();
+    std::printf(
+        "epoch %2d/%d  step %6lld  test_loss %.4f  test_accuracy %.4f  samples/s %.0f  "
+        "elapsed %.1f s\n",
+        epoch, o.epochs, static_cast<long long>(step), eval.loss, eval.accuracy, samples_per_s,
+        seconds);
+    std::fflush(stdout);
   }
-  for (auto& t : workers) t.join();
-  for (const auto& failure : failures) {
-    if (failure) std::rethrow_exception(failure);
-  }
-  accuracy = evaluate().accuracy;  // the parameters after the very last update
+  before_shutdown();
+  const double accuracy = evaluate().accuracy;  // the parameters after the very last update
   std::int64_t stale = 0;
   for (const pulley::Stats& s : chief.stats()) stale += s.stale_gradients_dropped;
   chief.shutdown();
-  network.join();
   std::printf("stale gradients dropped: %lld\n", static_cast<long long>(stale));
   std::printf("final: test_accuracy=%.4f samples_per_s=%.0f epochs=%d workers=%u ps=%u mode=%s\n",
               accuracy, samples_per_s, o.epochs, o.workers, o.ps, o.mode.c_str());
+}
+
+/// Every role as a thread of this process, on the in-process transport.
+template <class Optimizer, class Sync>
+void train_in_process(const Options& o, const Data& data, const Plan& plan, Optimizer optimizer,
+                      Sync sync) {
+  using Server = pulley::ParameterServer<pulley::RoundRobin, Optimizer, Sync>;
+  std::deque<Server> servers;
+  pulley::InProcessNetwork network(o.ps);
+  for (std::uint32_t i = 0; i < o.ps; ++i) {
+    network.serve(servers.emplace_back(i, o.ps, optimizer, sync));
+  }
+  // Kills every ps task: everything waiting on one fails at once instead of at its deadline.
+  auto stop_cluster = [&network, &o] {
+    for (std::uint32_t i = 0; i < o.ps; ++i) network.kill(pulley::Node::ps(i));
+  };
+  std::vector<std::exception_ptr> failures(o.workers);
+  std::vector<std::thread> workers;
+  for (std::uint32_t w = 0; w < o.workers; ++w) {
+    workers.emplace_back([&, w] {
+      try {
+        run_worker(o, data, plan, w, pulley::InProcess(network, pulley::Node::worker(w)));
+      } catch (...) {
+        failures[w] = std::current_exception();
+        stop_cluster();  // the others would wait for this worker's gradients forever
+      }
+    });
+  }
+  auto join_workers = [&] {
+    for (auto& t : workers) {
+      if (t.joinable()) t.join();
+    }
+    for (const auto& failure : failures) {
+      if (failure) std::rethrow_exception(failure);  // the cause, not the symptom
+    }
+  };
+  try {
+    run_chief(o, data, plan, pulley::InProcess(network, pulley::Node::chief()), join_workers);
+  } catch (...) {
+    stop_cluster();
+    join_workers();
+    throw;
+  }
+  network.join();
+}
+
+/// This process is one task of a TCP cluster: o.job / o.task over o.cluster's addresses.
+template <class Optimizer, class Sync>
+void train_as_task(const Options& o, const Data& data, const Plan& plan, Optimizer optimizer,
+                   Sync sync) {
+  const auto& ps = o.cluster.tasks("ps");
+  if (o.job == "ps") {
+    const auto [host, port] = pulley::detail::split_address(ps.at(o.task));
+    pulley::ParameterServer<pulley::RoundRobin, Optimizer, Sync> server(
+        o.task, static_cast<std::uint32_t>(ps.size()), optimizer, sync);
+    pulley::TcpServer listener(server, host == "localhost" ? "127.0.0.1" : host,
+                               static_cast<std::uint16_t>(std::stoi(port)));
+    std::printf("ps %u serving on %s\n", o.task, ps.at(o.task).c_str());
+    std::fflush(stdout);
+    listener.run();
+    std::printf("ps %u: shut down by the chief\n", o.task);
+  } else if (o.job == "worker") {
+    try {
+      run_worker(o, data, plan, o.task, pulley::Tcp(ps));
+      std::printf("worker %u: reached step %lld\n", o.task, static_cast<long long>(plan.last_step));
+    } catch (const pulley::Error& e) {
+      // The chief shuts the ps tasks down once the last step is done; a worker still
+      // waiting for a token then is done too. Anything else is a failure.
+      if (e.code() != pulley::ErrorCode::kCancelled) throw;
+      std::printf("worker %u: the chief ended training\n", o.task);
+    }
+  } else if (o.job == "chief") {
+    // Workers stop on their own at the last step; give them a moment to take their final
+    // token before the ps tasks go away.
+    run_chief(o, data, plan, pulley::Tcp(ps),
+              [] { std::this_thread::sleep_for(std::chrono::milliseconds(200)); });
+  } else {
+    throw std::runtime_error("this example has no '" + o.job + "' role (ps, worker, chief)");
+  }
+}
+
+template <class Optimizer, class Sync>
+int train(const Options& o, const Data& data, Optimizer optimizer, Sync sync,
+          std::int64_t batches_per_step) {
+  const Plan plan(o, data.train.labels.size(), batches_per_step);
+  if (o.job.empty()) {
+    train_in_process(o, data, plan, optimizer, sync);
+  } else {
+    train_as_task(o, data, plan, optimizer, sync);
+  }
   return 0;
 }
 

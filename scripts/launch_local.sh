@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# Starts a whole pulley cluster on 127.0.0.1, one process per task, each told its role by
+# TF_CONFIG exactly as TensorFlow's launchers do:
+#
+#   scripts/launch_local.sh [--ps N] [--workers M] [--binary PATH] [-- FLAGS...]
+#
+# N ps tasks (default 1), M workers (default 2) and a chief run PATH (default
+# build/examples/fashion_mnist) with FLAGS. Every output line is prefixed with its task
+# ("[worker:1] ..."). When the chief ends, the others get a few seconds to finish; when any
+# task fails, all are stopped. Exits 0 only if every task did.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+num_ps=1
+num_workers=2
+binary="$root/build/examples/fashion_mnist"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --ps) num_ps=$2; shift 2 ;;
+    --workers) num_workers=$2; shift 2 ;;
+    --binary) binary=$2; shift 2 ;;
+    --) shift; break ;;
+    *) echo "launch_local.sh: unknown option $1 (use -- before the program's flags)" >&2; exit 2 ;;
+  esac
+done
+[ -x "$binary" ] || { echo "launch_local.sh: $binary is not built (bash scripts/train.sh builds it)" >&2; exit 2; }
+
+# Free ports on 127.0.0.1, all held at once so they differ.
+mapfile -t ports < <(python3 - "$((num_ps + num_workers + 1))" <<'PY'
+import socket, sys
+held = [socket.socket() for _ in range(int(sys.argv[1]))]
+for s in held:
+    s.bind(("127.0.0.1", 0))
+print("\n".join(str(s.getsockname()[1]) for s in held))
+PY
+)
+hosts() {  # hosts FIRST COUNT → "127.0.0.1:p1","127.0.0.1:p2"
+  local out=""
+  for ((i = $1; i < $1 + $2; i++)); do out+="${out:+,}\"127.0.0.1:${ports[$i]}\""; done
+  echo "$out"
+}
+cluster="{\"ps\": [$(hosts 0 "$num_ps")], \"worker\": [$(hosts "$num_ps" "$num_workers")], \"chief\": [$(hosts $((num_ps + num_workers)) 1)]}"
+
+declare -A task_of=()
+pids=()
+stop_all() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+}
+trap 'stop_all; exit 130' INT TERM
+# The program's flags follow the role; TF_CONFIG carries the cluster.
+start_task() { local type=$1 index=$2; shift 2; TF_CONFIG="{\"cluster\": $cluster, \"task\": {\"type\": \"$type\", \"index\": $index}}" \
+    "$binary" "$@" > >(sed -u "s/^/[$type:$index] /") 2>&1 &
+  pids+=("$!"); task_of[$!]="$type:$index"; }
+
+for ((i = 0; i < num_ps; i++)); do start_task ps "$i" "$@"; done
+for ((i = 0; i < num_workers; i++)); do start_task worker "$i" "$@"; done
+start_task chief 0 "$@"
+chief_pid=${pids[-1]}
+
+status=0
+remove() { local keep=() p; for p in "${pids[@]}"; do [ "$p" = "$1" ] || keep+=("$p"); done; pids=("${keep[@]}"); }
+# Until the chief ends: any task that fails stops the cluster.
+while :; do
+  pid=""
+  set +e
+  wait -n -p pid "${pids[@]}"
+  rc=$?
+  set -e
+  [ -n "$pid" ] || { echo "launch_local.sh: lost track of the tasks" >&2; stop_all; exit 1; }
+  remove "$pid"
+  if [ "$rc" -ne 0 ]; then
+    echo "launch_local.sh: ${task_of[$pid]} failed (exit $rc); stopping the cluster" >&2
+    stop_all
+    wait 2>/dev/null || true
+    exit 1
+  fi
+  [ "$pid" = "$chief_pid" ] && break
+done
+# The chief is done: the others get 10 s to finish.
+for ((tick = 0; tick < 50 && ${#pids[@]} > 0; tick++)); do
+  for pid in "${pids[@]}"; do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      set +e; wait "$pid"; rc=$?; set -e
+      remove "$pid"
+      if [ "$rc" -ne 0 ]; then
+        echo "launch_local.sh: ${task_of[$pid]} failed (exit $rc)" >&2
+        status=1
+      fi
+    fi
+  done
+  [ ${#pids[@]} -eq 0 ] || sleep 0.2
+done
+if [ ${#pids[@]} -gt 0 ]; then
+  echo "launch_local.sh: tasks still running 10 s after the chief ended; stopping them" >&2
+  stop_all
+  status=1
+fi
+wait 2>/dev/null || true
+exit "$status"
