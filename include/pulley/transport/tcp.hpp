@@ -130,8 +130,13 @@ class TcpServer {
     void send(const Response& response, std::uint64_t call) {
       wire::Frame frame = wire::encode(response, call);
       Outgoing out{frame.header, std::move(frame.meta), {}};
-      out.payload.reserve(frame.header.payload_bytes / sizeof(float));
-      for (auto v : frame.payload) out.payload.insert(out.payload.end(), v.begin(), v.end());
+      if (!spare.empty()) {  // reuse a sent reply's buffer: no allocation, no page faults
+        out.payload = std::move(spare.back());
+        spare.pop_back();
+      }
+      out.payload.resize(frame.header.payload_bytes / sizeof(float));
+      float* cursor = out.payload.data();
+      for (auto v : frame.payload) cursor = std::copy(v.begin(), v.end(), cursor);
       outbox.push_back(std::move(out));
       ++owner.writes_in_flight_;
       if (outbox.size() == 1) write_next();
@@ -143,6 +148,9 @@ class TcpServer {
                                                 asio::buffer(out.meta), asio::buffer(out.payload)};
       asio::async_write(socket, buffers,
                         [self = this->shared_from_this()](std::error_code ec, std::size_t) {
+                          if (self->spare.size() < 2) {
+                            self->spare.push_back(std::move(self->outbox.front().payload));
+                          }
                           self->outbox.pop_front();
                           --self->owner.writes_in_flight_;
                           if (!ec && !self->outbox.empty()) self->write_next();
@@ -165,6 +173,7 @@ class TcpServer {
     std::vector<char> meta;
     std::vector<float> payload;
     std::deque<Outgoing> outbox;
+    std::vector<std::vector<float>> spare;  ///< buffers of sent replies, for the next ones
   };
 
   void accept() {

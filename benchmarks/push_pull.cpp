@@ -1,0 +1,201 @@
+// SPDX-License-Identifier: MIT
+// pulley's push/pull throughput and latency, in-process and over TCP loopback, each printed
+// with its ratio to a reference measured in the same run: memcpy (in-process), a raw Asio
+// echo of the same bytes (TCP bandwidth), a 64-byte TCP ping-pong (latency), and a plain
+// loop doing the optimizer's math (server-side apply).
+//
+//   push_pull [--seconds-per-case 1.0]
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "pulley/pulley.hpp"
+#include "pulley/transport/tcp.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double g_seconds = 1.0;
+
+/// Runs `f` repeatedly for about g_seconds (after one warm-up); returns seconds per call.
+double time_per_call(const std::function<void()>& f) {
+  f();
+  int calls = 0;
+  const auto start = Clock::now();
+  double elapsed = 0.0;
+  do {
+    f();
+    ++calls;
+    elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+  } while (elapsed < g_seconds);
+  return elapsed / calls;
+}
+
+/// One variable of n floats; the gradient is constant.
+class Blob {
+ public:
+  struct Batch {};
+  explicit Blob(std::size_t n)
+      : spec_{{"blob", {n}, pulley::Initializer::zeros()}}, w_(n), g_(n, 1e-3F) {}
+  std::span<const pulley::VariableSpec> variables() const { return spec_; }
+  std::span<float> parameter(std::size_t) { return w_; }
+  std::span<const float> gradient(std::size_t) const { return g_; }
+  float compute_gradients(const Batch&) { return 0.0F; }
+
+ private:
+  std::vector<pulley::VariableSpec> spec_;
+  std::vector<float> w_, g_;
+};
+
+using Server = pulley::ParameterServer<pulley::RoundRobin, pulley::Sgd, pulley::Async>;
+
+/// Seconds per push+pull of n floats by each of `workers` concurrent workers.
+template <class MakeTransport>
+double push_pull(std::size_t n, std::uint32_t workers, MakeTransport make) {
+  pulley::Chief chief(make(pulley::Node::chief()), 1);
+  chief.initialize(Blob(n).variables());
+  std::vector<double> per_call(workers);
+  std::vector<std::thread> threads;
+  for (std::uint32_t w = 0; w < workers; ++w) {
+    threads.emplace_back([&, w] {
+      pulley::Worker worker(w, Blob(n), make(pulley::Node::worker(w)));
+      worker.wait_ready();
+      per_call[w] = time_per_call([&] {
+        worker.push(0);
+        worker.pull();
+      });
+    });
+  }
+  for (auto& t : threads) t.join();
+  chief.shutdown();
+  return *std::max_element(per_call.begin(), per_call.end());
+}
+
+double in_process(std::size_t n, std::uint32_t workers) {
+  Server server(0, 1, pulley::Sgd{0.0F}, pulley::Async{});
+  pulley::InProcessNetwork network(1);
+  network.serve(server);
+  return push_pull(n, workers, [&](pulley::Node node) { return pulley::InProcess(network, node); });
+}
+
+double over_tcp(std::size_t n, std::uint32_t workers) {
+  Server server(0, 1, pulley::Sgd{0.0F}, pulley::Async{});
+  pulley::TcpServer listener(server, "127.0.0.1", 0);
+  const std::string address = "127.0.0.1:" + std::to_string(listener.port());
+  std::thread serving([&] { listener.run(); });
+  const double t = push_pull(n, workers, [&](pulley::Node) { return pulley::Tcp({address}); });
+  serving.join();
+  return t;
+}
+
+/// Seconds per raw echo of `bytes` over loopback: write them, the peer reads and writes
+/// them back, read them — the bytes a push+pull moves, with no protocol at all.
+double raw_echo(std::size_t bytes) {
+  asio::io_context io;
+  asio::ip::tcp::acceptor acceptor(io, {asio::ip::make_address("127.0.0.1"), 0});
+  asio::ip::tcp::socket client(io);
+  std::thread echo([&] {
+    asio::ip::tcp::socket peer = acceptor.accept();
+    peer.set_option(asio::ip::tcp::no_delay(true));
+    std::vector<char> buffer(bytes);
+    std::error_code ec;
+    while (!ec) {
+      asio::read(peer, asio::buffer(buffer), ec);
+      if (!ec) asio::write(peer, asio::buffer(buffer), ec);
+    }
+  });
+  client.connect(acceptor.local_endpoint());
+  client.set_option(asio::ip::tcp::no_delay(true));
+  std::vector<char> out(bytes, 'x'), in(bytes);
+  const double t = time_per_call([&] {
+    asio::write(client, asio::buffer(out));
+    asio::read(client, asio::buffer(in));
+  });
+  client.close();
+  echo.join();
+  return t;
+}
+
+double memcpy_time(std::size_t bytes) {
+  std::vector<char> a(bytes, 'a'), b(bytes);
+  return time_per_call([&] {
+    std::memcpy(b.data(), a.data(), bytes);
+    asm volatile("" : : "r"(b.data()) : "memory");
+  });
+}
+
+void print(const char* what, double value, const char* unit, double reference, const char* ref) {
+  std::printf("%-44s %10.2f %-5s  ref %-22s %10.2f %-5s ratio %.2f\n", what, value, unit, ref,
+              reference, unit, value / reference);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::string(argv[i]) == "--seconds-per-case") g_seconds = std::atof(argv[++i]);
+  }
+  std::printf("pulley push/pull benchmark (%g s per case; bandwidth = bytes pushed + pulled)\n\n",
+              g_seconds);
+  const double rtt = raw_echo(64);
+  std::printf("reference: 64-byte TCP ping-pong round trip %.1f us\n\n", rtt * 1e6);
+  for (std::size_t bytes : {std::size_t{4} << 10, std::size_t{1} << 20, std::size_t{16} << 20}) {
+    const std::size_t n = bytes / sizeof(float);
+    const double gb = 2.0 * static_cast<double>(bytes) / 1e9;  // pushed + pulled
+    const std::string size = bytes < (1 << 20) ? std::to_string(bytes >> 10) + " KB"
+                                               : std::to_string(bytes >> 20) + " MB";
+    const double copy = memcpy_time(bytes);
+    const double echo = raw_echo(bytes);
+    for (std::uint32_t workers : {1U, 2U}) {
+      const std::string who =
+          std::to_string(workers) + " worker" + (workers > 1 ? "s" : "") + ", " + size;
+      const double ip = in_process(n, workers);
+      const double tcp = over_tcp(n, workers);
+      print(("in-process push+pull, " + who).c_str(), gb * workers / ip, "GB/s",
+            static_cast<double>(bytes) / 1e9 / copy, "memcpy");
+      print(("TCP push+pull, " + who).c_str(), gb * workers / tcp, "GB/s", gb / echo,
+            "raw loopback echo");
+      if (bytes == (std::size_t{4} << 10) && workers == 1) {
+        print(("TCP push+pull latency, " + size).c_str(), tcp * 1e6, "us", rtt * 1e6,
+              "64 B ping-pong");
+        print(("in-process push+pull latency, " + size).c_str(), ip * 1e6, "us", rtt * 1e6,
+              "64 B ping-pong");
+      }
+    }
+  }
+
+  // Server-side application over 16M floats against a plain loop doing the same math.
+  const std::size_t n = std::size_t{16} << 20;
+  std::vector<float> w(n, 1.0F), g(n, 1e-3F);
+  const pulley::Sgd sgd{0.01F};
+  auto sgd_state = sgd.make_state(n);
+  const double sgd_t = time_per_call([&] { sgd.apply(sgd_state, w, g); });
+  const double sgd_ref = time_per_call([&] {
+    for (std::size_t i = 0; i < n; ++i) w[i] -= 0.01F * g[i];
+  });
+  print("server Sgd::apply, 16M floats", n / sgd_t / 1e9, "Gf/s", n / sgd_ref / 1e9, "plain loop");
+  const pulley::Adam adam{};
+  auto adam_state = adam.make_state(n);
+  const double adam_t = time_per_call([&] { adam.apply(adam_state, w, g); });
+  std::vector<float> m(n), v(n);
+  const double adam_ref = time_per_call([&] {
+    const float lr = 0.001F;
+    for (std::size_t i = 0; i < n; ++i) {
+      m[i] = 0.9F * m[i] + 0.1F * g[i];
+      v[i] = 0.999F * v[i] + 0.001F * g[i] * g[i];
+      w[i] -= lr * m[i] / (std::sqrt(v[i]) + 1e-7F);
+    }
+  });
+  print("server Adam::apply, 16M floats", n / adam_t / 1e9, "Gf/s", n / adam_ref / 1e9,
+        "plain loop");
+  return 0;
+}
