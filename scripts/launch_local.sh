@@ -3,9 +3,9 @@
 # Starts a whole pulley cluster on 127.0.0.1, one process per task, each told its role by
 # TF_CONFIG exactly as TensorFlow's launchers do:
 #
-#   scripts/launch_local.sh [--ps N] [--workers M] [--binary PATH] [-- FLAGS...]
+#   scripts/launch_local.sh [--ps N] [--workers M] [--evaluator] [--binary PATH] [-- FLAGS...]
 #
-# N ps tasks (default 1), M workers (default 2) and a chief run PATH (default
+# N ps tasks (default 1), M workers (default 2), a chief and optionally an evaluator run PATH (default
 # build/examples/fashion_mnist) with FLAGS. Every output line is prefixed with its task
 # ("[worker:1] ..."). When the chief ends, the others get a few seconds to finish; when any
 # task fails, all are stopped. Exits 0 only if every task did.
@@ -14,12 +14,14 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 num_ps=1
 num_workers=2
+evaluator=0
 binary="$root/build/examples/fashion_mnist"
 while [ $# -gt 0 ]; do
   case "$1" in
     --ps) num_ps=$2; shift 2 ;;
     --workers) num_workers=$2; shift 2 ;;
     --binary) binary=$2; shift 2 ;;
+    --evaluator) evaluator=1; shift ;;
     --) shift; break ;;
     *) echo "launch_local.sh: unknown option $1 (use -- before the program's flags)" >&2; exit 2 ;;
   esac
@@ -57,6 +59,7 @@ for ((i = 0; i < num_ps; i++)); do start_task ps "$i" "$@"; done
 for ((i = 0; i < num_workers; i++)); do start_task worker "$i" "$@"; done
 start_task chief 0 "$@"
 chief_pid=${pids[-1]}
+[ "$evaluator" -eq 0 ] || start_task evaluator 0 "$@"  # not listed in the cluster, as in TF
 
 status=0
 remove() { local keep=() p; for p in "${pids[@]}"; do [ "$p" = "$1" ] || keep+=("$p"); done; pids=("${keep[@]}"); }

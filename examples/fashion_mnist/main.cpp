@@ -81,7 +81,7 @@ std::vector<std::string> split_hosts(const std::string& list) {
       "                     [--replicas-to-aggregate R] [--total-num-replicas N]\n"
       "                     [--epochs N] [--batch N] [--seed N] [--data DIR]\n"
       "one task of a TCP cluster (or set TF_CONFIG instead):\n"
-      "                     --job ps|worker|chief --task I --ps-hosts H:P,...\n"
+      "                     --job ps|worker|chief|evaluator --task I --ps-hosts H:P,...\n"
       "                     --worker-hosts H:P,... [--chief-host H:P]\n");
   std::exit(problem.empty() ? 0 : 2);
 }
@@ -157,7 +157,7 @@ Options parse(int argc, char** argv) {
     }
     o.ps = static_cast<std::uint32_t>(o.cluster.tasks("ps").size());
     o.workers = static_cast<std::uint32_t>(o.cluster.tasks("worker").size());
-    if (o.job != "chief" && o.task >= o.cluster.tasks(o.job).size()) {
+    if (o.job != "chief" && o.job != "evaluator" && o.task >= o.cluster.tasks(o.job).size()) {
       usage("--task " + std::to_string(o.task) + " is out of range for job " + o.job);
     }
   }
@@ -282,6 +282,34 @@ void run_chief(const Options& o, const Data& data, const Plan& plan, Transport t
               accuracy, samples_per_s, o.epochs, o.workers, o.ps, o.mode.c_str());
 }
 
+/// The evaluator: scores a snapshot on the test set after every epoch, apart from training.
+template <class Transport>
+void run_evaluator(const Options& o, const Data& data, const Plan& plan, Transport transport) {
+  pulley::Evaluator evaluator(std::move(transport));
+  pulley::models::Mlp model(plan.layers);
+  evaluator.wait_ready(model.variables());
+  const pulley::models::MlpBatch test{data.test.images.pixels, data.test.labels};
+  try {
+    for (int epoch = 1; epoch <= o.epochs; ++epoch) {
+      const std::int64_t step = evaluator.wait_for_step(plan.steps_per_epoch * epoch);
+      const auto values = evaluator.read_variables();
+      for (std::size_t v = 0; v < values.size(); ++v) {
+        std::copy(values[v].begin(), values[v].end(), model.parameter(v).begin());
+      }
+      const auto eval = model.evaluate(test);
+      std::printf("evaluation at step %lld: test_loss %.4f test_accuracy %.4f\n",
+                  static_cast<long long>(step), eval.loss, eval.accuracy);
+      std::fflush(stdout);
+    }
+  } catch (const pulley::Error& e) {
+    // The chief may shut the ps tasks down before the last snapshot is read.
+    if (e.code() != pulley::ErrorCode::kCancelled && e.code() != pulley::ErrorCode::kUnavailable) {
+      throw;
+    }
+    std::printf("evaluator: training ended\n");
+  }
+}
+
 /// Every role as a thread of this process, on the in-process transport.
 template <class Optimizer, class Sync>
 void train_in_process(const Options& o, const Data& data, const Plan& plan, Optimizer optimizer,
@@ -356,8 +384,11 @@ void train_as_task(const Options& o, const Data& data, const Plan& plan, Optimiz
     // token before the ps tasks go away.
     run_chief(o, data, plan, pulley::Tcp(ps),
               [] { std::this_thread::sleep_for(std::chrono::milliseconds(200)); });
+  } else if (o.job == "evaluator") {
+    run_evaluator(o, data, plan, pulley::Tcp(ps));
   } else {
-    throw std::runtime_error("this example has no '" + o.job + "' role (ps, worker, chief)");
+    throw std::runtime_error("this example has no '" + o.job +
+                             "' role (ps, worker, chief, evaluator)");
   }
 }
 

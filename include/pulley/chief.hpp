@@ -69,38 +69,14 @@ class Chief {
 
   /// Current values of every variable (a consistent snapshot in sync mode only if no step
   /// completes meanwhile; see `wait_for_step`).
-  std::vector<std::vector<float>> read_variables() {
-    const auto& variables = client_.variables();
-    std::vector<std::vector<float>> values;
-    std::vector<PullRequest> requests;
-    values.reserve(variables.size());
-    for (std::size_t v = 0; v < variables.size(); ++v) {
-      values.emplace_back(variables[v].size());
-      requests.push_back({v, {0, variables[v].rows()}, values.back()});
-    }
-    client_.pull(requests, 0);
-    return values;
-  }
+  std::vector<std::vector<float>> read_variables() { return client_.read_variables(); }
 
   /// Blocks until ps 0 (which keeps the global step) has completed `step` steps; returns
   /// the global step it reports.
-  std::int64_t wait_for_step(std::int64_t step) {
-    std::vector<PendingCall> calls;
-    calls.push_back(client_.transport().call(0, Pull{step, {}}, {}));
-    return client_.template collect<PullReply>(calls, timeouts().wait_timeout, "wait for step")
-        .front()
-        .global_step;
-  }
+  std::int64_t wait_for_step(std::int64_t step) { return client_.wait_for_step(step); }
 
   /// Counters of every ps task, by task index.
-  std::vector<Stats> stats() {
-    std::vector<Stats> all;
-    for (auto& r : client_.template broadcast<StatsReply>([](std::size_t) { return GetStats{}; },
-                                                          timeouts().request_timeout, "stats")) {
-      all.push_back(r.stats);
-    }
-    return all;
-  }
+  std::vector<Stats> stats() { return client_.stats(); }
 
   /// Stops every ps task; requests still waiting there are cancelled.
   void shutdown() {

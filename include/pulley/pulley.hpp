@@ -8,14 +8,15 @@
 /// cereal).
 
 #include "pulley/chief.hpp"
+#include "pulley/client_options.hpp"
+#include "pulley/cluster_spec.hpp"
 #include "pulley/concepts/model.hpp"
 #include "pulley/concepts/optimizer.hpp"
 #include "pulley/concepts/sharding.hpp"
 #include "pulley/concepts/sync_policy.hpp"
 #include "pulley/concepts/transport.hpp"
-#include "pulley/client_options.hpp"
-#include "pulley/cluster_spec.hpp"
 #include "pulley/error.hpp"
+#include "pulley/evaluator.hpp"
 #include "pulley/initializers.hpp"
 #include "pulley/messages.hpp"
 #include "pulley/node.hpp"

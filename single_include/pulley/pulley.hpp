@@ -646,6 +646,37 @@ class Client {
     return stale;
   }
 
+  /// Current values of every variable, pulled from every ps at once.
+  std::vector<std::vector<float>> read_variables() {
+    std::vector<std::vector<float>> values;
+    std::vector<PullRequest> requests;
+    values.reserve(variables_.size());
+    for (std::size_t v = 0; v < variables_.size(); ++v) {
+      values.emplace_back(variables_[v].size());
+      requests.push_back({v, {0, variables_[v].rows()}, values.back()});
+    }
+    pull(requests, 0);
+    return values;
+  }
+
+  /// Blocks until ps 0 (which keeps the global step) has completed `step` steps; returns
+  /// the global step it reports.
+  std::int64_t wait_for_step(std::int64_t step) {
+    std::vector<PendingCall> calls;
+    calls.push_back(transport_.call(0, Pull{step, {}}, {}));
+    return collect<PullReply>(calls, options_.wait_timeout, "wait for step").front().global_step;
+  }
+
+  /// Counters of every ps task, by task index.
+  std::vector<Stats> stats() {
+    std::vector<Stats> all;
+    for (auto& r : broadcast<StatsReply>([](std::size_t) { return GetStats{}; },
+                                         options_.request_timeout, "stats")) {
+      all.push_back(r.stats);
+    }
+    return all;
+  }
+
   /// Waits for every call (one shared deadline) and returns their replies as R, in order.
   /// Never returns or throws while a call may still touch the caller's buffers: at the
   /// deadline the unfinished calls are cancelled; a server error is thrown only once every
@@ -860,38 +891,14 @@ class Chief {
 
   /// Current values of every variable (a consistent snapshot in sync mode only if no step
   /// completes meanwhile; see `wait_for_step`).
-  std::vector<std::vector<float>> read_variables() {
-    const auto& variables = client_.variables();
-    std::vector<std::vector<float>> values;
-    std::vector<PullRequest> requests;
-    values.reserve(variables.size());
-    for (std::size_t v = 0; v < variables.size(); ++v) {
-      values.emplace_back(variables[v].size());
-      requests.push_back({v, {0, variables[v].rows()}, values.back()});
-    }
-    client_.pull(requests, 0);
-    return values;
-  }
+  std::vector<std::vector<float>> read_variables() { return client_.read_variables(); }
 
   /// Blocks until ps 0 (which keeps the global step) has completed `step` steps; returns
   /// the global step it reports.
-  std::int64_t wait_for_step(std::int64_t step) {
-    std::vector<PendingCall> calls;
-    calls.push_back(client_.transport().call(0, Pull{step, {}}, {}));
-    return client_.template collect<PullReply>(calls, timeouts().wait_timeout, "wait for step")
-        .front()
-        .global_step;
-  }
+  std::int64_t wait_for_step(std::int64_t step) { return client_.wait_for_step(step); }
 
   /// Counters of every ps task, by task index.
-  std::vector<Stats> stats() {
-    std::vector<Stats> all;
-    for (auto& r : client_.template broadcast<StatsReply>([](std::size_t) { return GetStats{}; },
-                                                          timeouts().request_timeout, "stats")) {
-      all.push_back(r.stats);
-    }
-    return all;
-  }
+  std::vector<Stats> stats() { return client_.stats(); }
 
   /// Stops every ps task; requests still waiting there are cancelled.
   void shutdown() {
@@ -915,164 +922,6 @@ class Chief {
 
 }  // namespace pulley
 // ---- end pulley/chief.hpp ----
-// ---- begin pulley/concepts/model.hpp ----
-
-#include <concepts>
-#include <cstddef>
-#include <span>
-
-namespace pulley {
-
-/// A model a worker trains: it declares its variables, owns their local copies and computes
-/// gradients on a batch.
-///
-/// Required:
-///   - `typename M::Batch`
-///   - `m.variables()` → the variable specs, in a fixed order (a range of VariableSpec)
-///   - `m.parameter(i)` → `std::span<float>` over variable i's local copy (row-major); the
-///     worker pulls into it
-///   - `m.gradient(i)` → `std::span<const float>` over the gradient of variable i from the
-///     last `compute_gradients`; the worker pushes from it
-///   - `m.compute_gradients(batch)` → the batch's mean loss (convertible to float)
-///
-/// Semantic contract:
-///   - `variables()` is the same on every worker and the chief for the same configuration;
-///   - `parameter(i)` and `gradient(i)` have `variables()[i].size()` elements and stay at the
-///     same address for the model's lifetime (pull and push use them in place);
-///   - the gradient is of the batch's mean loss, so averaging R gradients is averaging losses.
-template <class M>
-concept Model = requires(M& model, const M& cmodel, std::size_t i, const typename M::Batch& batch) {
-  typename M::Batch;
-  { cmodel.variables() } -> std::convertible_to<std::span<const VariableSpec>>;
-  { model.parameter(i) } -> std::same_as<std::span<float>>;
-  { cmodel.gradient(i) } -> std::same_as<std::span<const float>>;
-  { model.compute_gradients(batch) } -> std::convertible_to<float>;
-};
-
-}  // namespace pulley
-// ---- end pulley/concepts/model.hpp ----
-// ---- begin pulley/concepts/optimizer.hpp ----
-
-#include <concepts>
-#include <cstddef>
-#include <span>
-
-namespace pulley {
-
-/// An optimizer: a small value type holding hyper-parameters, plus a per-part `State`
-/// (slots such as momentum or Adam's moments) that the ps keeps beside the part it updates.
-///
-/// Required:
-///   - `typename O::State`
-///   - `o.make_state(n)` → `O::State` for a part of `n` elements
-///   - `o.apply(state, weights, gradient)` updates `weights` in place
-///
-/// Semantic contract (the compiler cannot check it):
-///   - `apply` is called once per global step (sync) or once per accepted push (async) for
-///     each part, with `weights.size() == gradient.size() == n` of the `make_state(n)` call;
-///   - it is deterministic: the same state, weights and gradient give the same result;
-///   - it is element-wise or at least part-local: a variable split over several ps tasks is
-///     updated part by part, so a rule that needs the whole variable (a global norm) does
-///     not belong here;
-///   - the optimizer object is shared by all parts and is never modified after construction
-///     (`apply` is const); everything that changes lives in `State`.
-template <class O>
-concept Optimizer = std::copy_constructible<O> &&
-    requires(const O& optimizer, typename O::State& state, std::span<float> weights,
-             std::span<const float> gradient, std::size_t n) {
-  typename O::State;
-  { optimizer.make_state(n) } -> std::same_as<typename O::State>;
-  { optimizer.apply(state, weights, gradient) } -> std::same_as<void>;
-};
-
-}  // namespace pulley
-// ---- end pulley/concepts/optimizer.hpp ----
-// ---- begin pulley/concepts/sharding.hpp ----
-
-#include <concepts>
-#include <cstddef>
-#include <span>
-
-namespace pulley {
-
-/// A sharding policy decides which ps task holds which rows of which variable.
-///
-/// Required:
-///   - `s.place(variables, num_ps)` → `Placement`
-///
-/// Semantic contract:
-///   - `place` is pure and deterministic: every ps task computes the placement itself and
-///     the chief checks that they all agree, so the same input must give the same output
-///     on every process;
-///   - for every variable, its parts are listed in row order and cover its rows exactly
-///     once with non-empty ranges, and every part's `ps` is below `num_ps` (the server
-///     checks this and refuses the model otherwise).
-template <class S>
-concept Sharding = std::copy_constructible<S> &&
-    requires(const S& sharding, std::span<const VariableSpec> variables, std::size_t num_ps) {
-  { sharding.place(variables, num_ps) } -> std::same_as<Placement>;
-};
-
-}  // namespace pulley
-// ---- end pulley/concepts/sharding.hpp ----
-// ---- begin pulley/concepts/sync_policy.hpp ----
-
-#include <concepts>
-#include <cstddef>
-#include <cstdint>
-#include <span>
-
-namespace pulley {
-
-/// What an accumulator did with one contribution.
-enum class Verdict : std::uint8_t {
-  kStale,    ///< older than the accumulator's step: dropped, never applied
-  kPending,  ///< kept; the step needs more contributions
-  kReady,    ///< kept, and the step is complete: call `take`
-};
-
-/// How a sync policy paces workers with tokens (TF's `sync_token_queue`). A worker takes a
-/// token before each step and tags its push with the token's step. When step 0 starts and
-/// each time a global step completes, `per_step` tokens of the new step are released,
-/// replacing any of the old step that nobody took (those could only buy stale gradients).
-struct TokenRule {
-  std::int64_t per_step = 0;    ///< tokens per step; 0: no tokens, TakeToken never waits
-  std::int64_t per_worker = 0;  ///< most tokens of one step a worker may take; 0: no limit
-};
-
-/// An aggregation (sync) policy decides when gradients are applied and how workers are
-/// paced. The ps keeps one `Accumulator` per part it holds plus one, of size 0, for the
-/// global step: every push message is a vote on that one.
-///
-/// Required:
-///   - `typename P::Accumulator`
-///   - `p.make_accumulator(n)` → an accumulator for `n`-element gradients, at step 0
-///   - `p.accumulate(acc, gradient, local_step)` → `Verdict`
-///   - `p.take(acc)` → the aggregated gradient to apply; advances `acc` by one step
-///   - `p.step(acc)` → the steps `acc` has completed
-///   - `p.token_rule()` → `TokenRule`: how workers are paced with sync tokens
-///
-/// Semantic contract:
-///   - a contribution with `local_step < step(acc)` is stale: `accumulate` returns kStale and
-///     leaves `acc` unchanged;
-///   - `take` is called exactly once after each kReady, before the next `accumulate`; the
-///     span it returns stays valid until then and may alias the last gradient passed in;
-///   - `accumulate` may keep a view of `gradient` only until the next `take`;
-///   - the policy object is never modified after construction.
-template <class P>
-concept SyncPolicy = std::copy_constructible<P> &&
-    requires(const P& policy, typename P::Accumulator& acc, const typename P::Accumulator& cacc,
-             std::span<const float> gradient, std::int64_t local_step, std::size_t n) {
-  typename P::Accumulator;
-  { policy.make_accumulator(n) } -> std::same_as<typename P::Accumulator>;
-  { policy.accumulate(acc, gradient, local_step) } -> std::same_as<Verdict>;
-  { policy.take(acc) } -> std::same_as<std::span<const float>>;
-  { policy.step(cacc) } -> std::same_as<std::int64_t>;
-  { policy.token_rule() } -> std::same_as<TokenRule>;
-};
-
-}  // namespace pulley
-// ---- end pulley/concepts/sync_policy.hpp ----
 // ---- begin pulley/cluster_spec.hpp ----
 
 #include <cstdint>
@@ -1371,6 +1220,203 @@ inline std::optional<TfConfig> tf_config_from_environment() {
 
 }  // namespace pulley
 // ---- end pulley/cluster_spec.hpp ----
+// ---- begin pulley/concepts/model.hpp ----
+
+#include <concepts>
+#include <cstddef>
+#include <span>
+
+namespace pulley {
+
+/// A model a worker trains: it declares its variables, owns their local copies and computes
+/// gradients on a batch.
+///
+/// Required:
+///   - `typename M::Batch`
+///   - `m.variables()` → the variable specs, in a fixed order (a range of VariableSpec)
+///   - `m.parameter(i)` → `std::span<float>` over variable i's local copy (row-major); the
+///     worker pulls into it
+///   - `m.gradient(i)` → `std::span<const float>` over the gradient of variable i from the
+///     last `compute_gradients`; the worker pushes from it
+///   - `m.compute_gradients(batch)` → the batch's mean loss (convertible to float)
+///
+/// Semantic contract:
+///   - `variables()` is the same on every worker and the chief for the same configuration;
+///   - `parameter(i)` and `gradient(i)` have `variables()[i].size()` elements and stay at the
+///     same address for the model's lifetime (pull and push use them in place);
+///   - the gradient is of the batch's mean loss, so averaging R gradients is averaging losses.
+template <class M>
+concept Model = requires(M& model, const M& cmodel, std::size_t i, const typename M::Batch& batch) {
+  typename M::Batch;
+  { cmodel.variables() } -> std::convertible_to<std::span<const VariableSpec>>;
+  { model.parameter(i) } -> std::same_as<std::span<float>>;
+  { cmodel.gradient(i) } -> std::same_as<std::span<const float>>;
+  { model.compute_gradients(batch) } -> std::convertible_to<float>;
+};
+
+}  // namespace pulley
+// ---- end pulley/concepts/model.hpp ----
+// ---- begin pulley/concepts/optimizer.hpp ----
+
+#include <concepts>
+#include <cstddef>
+#include <span>
+
+namespace pulley {
+
+/// An optimizer: a small value type holding hyper-parameters, plus a per-part `State`
+/// (slots such as momentum or Adam's moments) that the ps keeps beside the part it updates.
+///
+/// Required:
+///   - `typename O::State`
+///   - `o.make_state(n)` → `O::State` for a part of `n` elements
+///   - `o.apply(state, weights, gradient)` updates `weights` in place
+///
+/// Semantic contract (the compiler cannot check it):
+///   - `apply` is called once per global step (sync) or once per accepted push (async) for
+///     each part, with `weights.size() == gradient.size() == n` of the `make_state(n)` call;
+///   - it is deterministic: the same state, weights and gradient give the same result;
+///   - it is element-wise or at least part-local: a variable split over several ps tasks is
+///     updated part by part, so a rule that needs the whole variable (a global norm) does
+///     not belong here;
+///   - the optimizer object is shared by all parts and is never modified after construction
+///     (`apply` is const); everything that changes lives in `State`.
+template <class O>
+concept Optimizer = std::copy_constructible<O> &&
+    requires(const O& optimizer, typename O::State& state, std::span<float> weights,
+             std::span<const float> gradient, std::size_t n) {
+  typename O::State;
+  { optimizer.make_state(n) } -> std::same_as<typename O::State>;
+  { optimizer.apply(state, weights, gradient) } -> std::same_as<void>;
+};
+
+}  // namespace pulley
+// ---- end pulley/concepts/optimizer.hpp ----
+// ---- begin pulley/concepts/sharding.hpp ----
+
+#include <concepts>
+#include <cstddef>
+#include <span>
+
+namespace pulley {
+
+/// A sharding policy decides which ps task holds which rows of which variable.
+///
+/// Required:
+///   - `s.place(variables, num_ps)` → `Placement`
+///
+/// Semantic contract:
+///   - `place` is pure and deterministic: every ps task computes the placement itself and
+///     the chief checks that they all agree, so the same input must give the same output
+///     on every process;
+///   - for every variable, its parts are listed in row order and cover its rows exactly
+///     once with non-empty ranges, and every part's `ps` is below `num_ps` (the server
+///     checks this and refuses the model otherwise).
+template <class S>
+concept Sharding = std::copy_constructible<S> &&
+    requires(const S& sharding, std::span<const VariableSpec> variables, std::size_t num_ps) {
+  { sharding.place(variables, num_ps) } -> std::same_as<Placement>;
+};
+
+}  // namespace pulley
+// ---- end pulley/concepts/sharding.hpp ----
+// ---- begin pulley/concepts/sync_policy.hpp ----
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+namespace pulley {
+
+/// What an accumulator did with one contribution.
+enum class Verdict : std::uint8_t {
+  kStale,    ///< older than the accumulator's step: dropped, never applied
+  kPending,  ///< kept; the step needs more contributions
+  kReady,    ///< kept, and the step is complete: call `take`
+};
+
+/// How a sync policy paces workers with tokens (TF's `sync_token_queue`). A worker takes a
+/// token before each step and tags its push with the token's step. When step 0 starts and
+/// each time a global step completes, `per_step` tokens of the new step are released,
+/// replacing any of the old step that nobody took (those could only buy stale gradients).
+struct TokenRule {
+  std::int64_t per_step = 0;    ///< tokens per step; 0: no tokens, TakeToken never waits
+  std::int64_t per_worker = 0;  ///< most tokens of one step a worker may take; 0: no limit
+};
+
+/// An aggregation (sync) policy decides when gradients are applied and how workers are
+/// paced. The ps keeps one `Accumulator` per part it holds plus one, of size 0, for the
+/// global step: every push message is a vote on that one.
+///
+/// Required:
+///   - `typename P::Accumulator`
+///   - `p.make_accumulator(n)` → an accumulator for `n`-element gradients, at step 0
+///   - `p.accumulate(acc, gradient, local_step)` → `Verdict`
+///   - `p.take(acc)` → the aggregated gradient to apply; advances `acc` by one step
+///   - `p.step(acc)` → the steps `acc` has completed
+///   - `p.token_rule()` → `TokenRule`: how workers are paced with sync tokens
+///
+/// Semantic contract:
+///   - a contribution with `local_step < step(acc)` is stale: `accumulate` returns kStale and
+///     leaves `acc` unchanged;
+///   - `take` is called exactly once after each kReady, before the next `accumulate`; the
+///     span it returns stays valid until then and may alias the last gradient passed in;
+///   - `accumulate` may keep a view of `gradient` only until the next `take`;
+///   - the policy object is never modified after construction.
+template <class P>
+concept SyncPolicy = std::copy_constructible<P> &&
+    requires(const P& policy, typename P::Accumulator& acc, const typename P::Accumulator& cacc,
+             std::span<const float> gradient, std::int64_t local_step, std::size_t n) {
+  typename P::Accumulator;
+  { policy.make_accumulator(n) } -> std::same_as<typename P::Accumulator>;
+  { policy.accumulate(acc, gradient, local_step) } -> std::same_as<Verdict>;
+  { policy.take(acc) } -> std::same_as<std::span<const float>>;
+  { policy.step(cacc) } -> std::same_as<std::int64_t>;
+  { policy.token_rule() } -> std::same_as<TokenRule>;
+};
+
+}  // namespace pulley
+// ---- end pulley/concepts/sync_policy.hpp ----
+// ---- begin pulley/evaluator.hpp ----
+
+#include <cstdint>
+#include <span>
+#include <utility>
+#include <vector>
+
+namespace pulley {
+
+/// The evaluator task: follows training without taking part in it. It waits for the chief's
+/// initialization, then for chosen global steps, and reads parameter snapshots to score on
+/// held-out data. It takes no tokens and pushes nothing, so it never slows a sync step.
+///
+/// @tparam T the Transport that reaches the ps tasks
+template <Transport T>
+class Evaluator {
+ public:
+  explicit Evaluator(T transport, ClientOptions options = {})
+      : client_(std::move(transport), options) {}
+
+  /// Blocks until the chief has initialized every ps and checks that `variables` (the
+  /// evaluator's model) are the registered ones.
+  void wait_ready(std::span<const VariableSpec> variables) { client_.wait_ready(variables); }
+
+  /// Blocks until `step` global steps are done; returns the global step ps 0 reports.
+  std::int64_t wait_for_step(std::int64_t step) { return client_.wait_for_step(step); }
+
+  /// Current values of every variable, one vector per variable.
+  std::vector<std::vector<float>> read_variables() { return client_.read_variables(); }
+
+  /// Counters of every ps task, by task index.
+  std::vector<Stats> stats() { return client_.stats(); }
+
+ private:
+  detail::Client<T> client_;
+};
+
+}  // namespace pulley
+// ---- end pulley/evaluator.hpp ----
 // ---- begin pulley/node.hpp ----
 
 #include <compare>

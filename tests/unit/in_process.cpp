@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "pulley/chief.hpp"
+#include "pulley/evaluator.hpp"
 #include "pulley/optimizers/sgd.hpp"
 #include "pulley/sharding/partitioned.hpp"
 #include "pulley/sharding/round_robin.hpp"
@@ -162,5 +163,32 @@ TEST_CASE("a model whose variables differ from the registered ones is refused") 
   chief.initialize(LinearModel(4, 2).variables());
   Worker worker(0, LinearModel(5, 2), cluster.endpoint(Node::worker(0)));
   CHECK(code_of([&] { worker.wait_ready(); }) == ErrorCode::kFailedPrecondition);
+  chief.shutdown();
+}
+
+TEST_CASE("an evaluator follows training: waits for steps and reads snapshots, taking no token") {
+  Cluster<RoundRobin, Sgd, SyncReplicas> cluster(2, Sgd{0.05F}, SyncReplicas(1, 1));
+  Chief chief(cluster.endpoint(Node::chief()), 1);
+  chief.initialize(LinearModel(3, 2).variables());
+  Evaluator evaluator(cluster.endpoint(Node::evaluator()));
+  evaluator.wait_ready(LinearModel(3, 2).variables());
+  const auto before = evaluator.read_variables();
+  CHECK(before == chief.read_variables());
+
+  std::int64_t seen = -1;
+  std::thread watcher([&] { seen = evaluator.wait_for_step(5); });
+  const testing::LinearData data(4, 3, 2, 1);
+  Worker worker(0, LinearModel(3, 2), cluster.endpoint(Node::worker(0)));
+  worker.wait_ready();
+  // With R = N = 1 a worker's every step needs its own token: an evaluator that took one
+  // would stall it here.
+  while (worker.step({data.x, data.y}, 10)) {
+  }
+  watcher.join();
+  CHECK(seen >= 5);
+  const auto after = evaluator.read_variables();
+  CHECK(after == chief.read_variables());
+  CHECK(after != before);
+  CHECK(evaluator.stats().at(0).global_step == 10);
   chief.shutdown();
 }

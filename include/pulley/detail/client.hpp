@@ -158,6 +158,37 @@ class Client {
     return stale;
   }
 
+  /// Current values of every variable, pulled from every ps at once.
+  std::vector<std::vector<float>> read_variables() {
+    std::vector<std::vector<float>> values;
+    std::vector<PullRequest> requests;
+    values.reserve(variables_.size());
+    for (std::size_t v = 0; v < variables_.size(); ++v) {
+      values.emplace_back(variables_[v].size());
+      requests.push_back({v, {0, variables_[v].rows()}, values.back()});
+    }
+    pull(requests, 0);
+    return values;
+  }
+
+  /// Blocks until ps 0 (which keeps the global step) has completed `step` steps; returns
+  /// the global step it reports.
+  std::int64_t wait_for_step(std::int64_t step) {
+    std::vector<PendingCall> calls;
+    calls.push_back(transport_.call(0, Pull{step, {}}, {}));
+    return collect<PullReply>(calls, options_.wait_timeout, "wait for step").front().global_step;
+  }
+
+  /// Counters of every ps task, by task index.
+  std::vector<Stats> stats() {
+    std::vector<Stats> all;
+    for (auto& r : broadcast<StatsReply>([](std::size_t) { return GetStats{}; },
+                                         options_.request_timeout, "stats")) {
+      all.push_back(r.stats);
+    }
+    return all;
+  }
+
   /// Waits for every call (one shared deadline) and returns their replies as R, in order.
   /// Never returns or throws while a call may still touch the caller's buffers: at the
   /// deadline the unfinished calls are cancelled; a server error is thrown only once every

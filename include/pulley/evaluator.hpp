@@ -1,0 +1,42 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "pulley/concepts/transport.hpp"
+#include "pulley/detail/client.hpp"
+
+namespace pulley {
+
+/// The evaluator task: follows training without taking part in it. It waits for the chief's
+/// initialization, then for chosen global steps, and reads parameter snapshots to score on
+/// held-out data. It takes no tokens and pushes nothing, so it never slows a sync step.
+///
+/// @tparam T the Transport that reaches the ps tasks
+template <Transport T>
+class Evaluator {
+ public:
+  explicit Evaluator(T transport, ClientOptions options = {})
+      : client_(std::move(transport), options) {}
+
+  /// Blocks until the chief has initialized every ps and checks that `variables` (the
+  /// evaluator's model) are the registered ones.
+  void wait_ready(std::span<const VariableSpec> variables) { client_.wait_ready(variables); }
+
+  /// Blocks until `step` global steps are done; returns the global step ps 0 reports.
+  std::int64_t wait_for_step(std::int64_t step) { return client_.wait_for_step(step); }
+
+  /// Current values of every variable, one vector per variable.
+  std::vector<std::vector<float>> read_variables() { return client_.read_variables(); }
+
+  /// Counters of every ps task, by task index.
+  std::vector<Stats> stats() { return client_.stats(); }
+
+ private:
+  detail::Client<T> client_;
+};
+
+}  // namespace pulley
