@@ -3,18 +3,21 @@
 # Starts a whole pulley cluster on 127.0.0.1, one process per task, each told its role by
 # TF_CONFIG exactly as TensorFlow's launchers do:
 #
-#   scripts/launch_local.sh [--ps N] [--workers M] [--evaluator] [--binary PATH] [-- FLAGS...]
+#   scripts/launch_local.sh [--ps N] [--workers M] [--evaluator] [--ps-delay S]
+#                           [--binary PATH] [-- FLAGS...]
 #
 # N ps tasks (default 1), M workers (default 2), a chief and optionally an evaluator run PATH (default
 # build/examples/fashion_mnist) with FLAGS. Every output line is prefixed with its task
 # ("[worker:1] ..."). When the chief ends, the others get a few seconds to finish; when any
-# task fails, all are stopped. Exits 0 only if every task did.
+# task fails, all are stopped. Exits 0 only if every task did. --ps-delay starts the ps
+# tasks S seconds after the others, to show that clients wait for them.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 num_ps=1
 num_workers=2
 evaluator=0
+ps_delay=0
 binary="$root/build/examples/fashion_mnist"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -22,6 +25,7 @@ while [ $# -gt 0 ]; do
     --workers) num_workers=$2; shift 2 ;;
     --binary) binary=$2; shift 2 ;;
     --evaluator) evaluator=1; shift ;;
+    --ps-delay) ps_delay=$2; shift 2 ;;
     --) shift; break ;;
     *) echo "launch_local.sh: unknown option $1 (use -- before the program's flags)" >&2; exit 2 ;;
   esac
@@ -55,11 +59,12 @@ start_task() { local type=$1 index=$2; shift 2; TF_CONFIG="{\"cluster\": $cluste
     "$binary" "$@" > >(sed -u "s/^/[$type:$index] /") 2>&1 &
   pids+=("$!"); task_of[$!]="$type:$index"; }
 
-for ((i = 0; i < num_ps; i++)); do start_task ps "$i" "$@"; done
 for ((i = 0; i < num_workers; i++)); do start_task worker "$i" "$@"; done
 start_task chief 0 "$@"
 chief_pid=${pids[-1]}
 [ "$evaluator" -eq 0 ] || start_task evaluator 0 "$@"  # not listed in the cluster, as in TF
+sleep "$ps_delay"
+for ((i = 0; i < num_ps; i++)); do start_task ps "$i" "$@"; done
 
 status=0
 remove() { local keep=() p; for p in "${pids[@]}"; do [ "$p" = "$1" ] || keep+=("$p"); done; pids=("${keep[@]}"); }

@@ -141,6 +141,19 @@ TEST_CASE("garbage, a 2^40-byte frame and a wrong version are cut off while othe
   Chief chief(Tcp(cluster.addresses), 7);
   chief.initialize(LinearModel(kIn, kOut).variables());
   const auto port = static_cast<std::uint16_t>(cluster.listeners[0]->port());
+  // Two workers train 400 steps meanwhile; the garbage arrives once they are under way.
+  constexpr std::int64_t kLong = 400;
+  const LinearData data(kBatch, kIn, kOut, 3);
+  std::vector<std::thread> workers;
+  for (std::uint32_t w = 0; w < 2; ++w) {
+    workers.emplace_back([&, w] {
+      Worker worker(w, LinearModel(kIn, kOut), Tcp(cluster.addresses));
+      worker.wait_ready();
+      while (worker.step({data.x, data.y}, kLong)) {
+      }
+    });
+  }
+  CHECK(chief.wait_for_step(10) >= 10);
 
   auto send_raw = [&](const void* bytes, std::size_t size) {
     asio::io_context io;
@@ -174,9 +187,12 @@ TEST_CASE("garbage, a 2^40-byte frame and a wrong version are cut off while othe
   }();
   CHECK(send_raw(bytes.data(), bytes.size()));
 
-  // The real client was never disturbed.
+  // The real clients were never disturbed: training ran to its end.
+  CHECK(chief.wait_for_step(kLong) >= kLong);
+  for (auto& t : workers) t.join();
   const auto stats = chief.stats();
   CHECK(stats.size() == 2);
+  CHECK(stats.at(1).global_step == kLong);
   CHECK(chief.read_variables().size() == 2);
   chief.shutdown();
 }
