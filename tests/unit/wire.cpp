@@ -131,6 +131,9 @@ TEST_CASE("metadata that lies about its tensors is refused") {
                   wire::Malformed);
   std::string garbage(frame.meta.size(), '\xff');
   CHECK_THROWS_AS(wire::decode_request(frame.header, garbage, g), wire::Malformed);
+  // Tensors attached to a message that has none.
+  const wire::Frame token = wire::encode(Request{TakeToken{1}}, 2);
+  CHECK_THROWS_AS(wire::decode_request(token.header, token.meta, g), wire::Malformed);
   // A response where a request belongs, and the other way round.
   CHECK_THROWS_AS(wire::decode_response(frame.header, frame.meta, g), wire::Malformed);
 }

@@ -60,6 +60,46 @@ void serialize(A& a, Slice& s) {
   a(s.part, s.rows);
 }
 template <class A>
+void serialize(A& a, Register& m) {
+  a(m.variables);
+}
+template <class A>
+void serialize(A& a, TakeToken& m) {
+  a(m.worker);
+}
+template <class A>
+void serialize(A& a, Pull& m) {
+  a(m.min_step, m.slices);
+}
+template <class A>
+void serialize(A& a, ErrorReply& m) {
+  a(m.code, m.message);
+}
+template <class A>
+void serialize(A& a, PlacementReply& m) {
+  a(m.variables, m.placement);
+}
+template <class A>
+void serialize(A& a, TokenReply& m) {
+  a(m.local_step, m.global_step);
+}
+template <class A>
+void serialize(A& a, PushReply& m) {
+  a(m.stale_parts);
+}
+template <class A>
+void serialize(A& a, StatsReply& m) {
+  a(m.stats);
+}
+template <class A>
+void serialize(A&, WaitReady&) {}
+template <class A>
+void serialize(A&, GetStats&) {}
+template <class A>
+void serialize(A&, Shutdown&) {}
+template <class A>
+void serialize(A&, Ack&) {}
+template <class A>
 void serialize(A& a, Stats& s) {
   a(s.global_step, s.updates_applied, s.gradients_accepted, s.stale_gradients_dropped,
     s.requests_rejected, s.bytes_pushed, s.bytes_pulled);
@@ -149,38 +189,26 @@ void sizes_of(A& a, const std::vector<PartValues>& parts) {
   a(ids, sizes);
 }
 
+/// Messages with tensors send their sizes in the metadata and their values as payload;
+/// every other message is its cereal `serialize`.
 template <class Message>
 void write_meta(cereal::BinaryOutputArchive& a, const Message& m,
                 std::vector<std::span<const float>>& payload) {
-  if constexpr (std::is_same_v<Message, Register>) {
-    a(m.variables);
-  } else if constexpr (std::is_same_v<Message, Initialize>) {
+  if constexpr (std::is_same_v<Message, Initialize>) {
     sizes_of(a, m.parts);
     for (const PartValues& pv : m.parts) payload.push_back(pv.values);
-  } else if constexpr (std::is_same_v<Message, TakeToken>) {
-    a(m.worker);
-  } else if constexpr (std::is_same_v<Message, Pull>) {
-    a(m.min_step, m.slices);
   } else if constexpr (std::is_same_v<Message, Push>) {
     a(m.worker, m.local_step);
     sizes_of(a, m.gradients);
     for (const PartValues& pv : m.gradients) payload.push_back(pv.values);
-  } else if constexpr (std::is_same_v<Message, ErrorReply>) {
-    a(m.code, m.message);
-  } else if constexpr (std::is_same_v<Message, PlacementReply>) {
-    a(m.variables, m.placement);
-  } else if constexpr (std::is_same_v<Message, TokenReply>) {
-    a(m.local_step, m.global_step);
   } else if constexpr (std::is_same_v<Message, PullReply>) {
     std::vector<std::uint64_t> sizes;
     for (auto v : m.values) sizes.push_back(v.size());
     a(m.global_step, sizes);
     for (auto v : m.values) payload.push_back(v);
-  } else if constexpr (std::is_same_v<Message, PushReply>) {
-    a(m.stale_parts);
-  } else if constexpr (std::is_same_v<Message, StatsReply>) {
-    a(m.stats);
-  }  // WaitReady, GetStats, Shutdown, Ack: nothing
+  } else {
+    a(m);
+  }
 }
 
 /// Cuts `payload` into consecutive views of `sizes`; throws Malformed unless they add up.
@@ -212,31 +240,18 @@ inline std::vector<PartValues> read_parts(cereal::BinaryInputArchive& a,
 template <class Message>
 Message read_meta(cereal::BinaryInputArchive& a, std::span<const float> payload) {
   Message m{};
-  if constexpr (std::is_same_v<Message, Register>) {
-    a(m.variables);
-  } else if constexpr (std::is_same_v<Message, Initialize>) {
+  if constexpr (std::is_same_v<Message, Initialize>) {
     m.parts = read_parts(a, payload);
-  } else if constexpr (std::is_same_v<Message, TakeToken>) {
-    a(m.worker);
-  } else if constexpr (std::is_same_v<Message, Pull>) {
-    a(m.min_step, m.slices);
   } else if constexpr (std::is_same_v<Message, Push>) {
     a(m.worker, m.local_step);
     m.gradients = read_parts(a, payload);
-  } else if constexpr (std::is_same_v<Message, ErrorReply>) {
-    a(m.code, m.message);
-  } else if constexpr (std::is_same_v<Message, PlacementReply>) {
-    a(m.variables, m.placement);
-  } else if constexpr (std::is_same_v<Message, TokenReply>) {
-    a(m.local_step, m.global_step);
   } else if constexpr (std::is_same_v<Message, PullReply>) {
     std::vector<std::uint64_t> sizes;
     a(m.global_step, sizes);
     m.values = cut(payload, sizes);
-  } else if constexpr (std::is_same_v<Message, PushReply>) {
-    a(m.stale_parts);
-  } else if constexpr (std::is_same_v<Message, StatsReply>) {
-    a(m.stats);
+  } else {
+    if (!payload.empty()) throw Malformed("a message without tensors carries a payload");
+    a(m);
   }
   return m;
 }
