@@ -13,6 +13,10 @@
 # tasks S seconds after the others, to show that clients wait for them.
 set -euo pipefail
 
+if ((BASH_VERSINFO[0] < 5 || (BASH_VERSINFO[0] == 5 && BASH_VERSINFO[1] < 1))); then
+  echo "launch_local.sh: needs bash 5.1 or newer (wait -n -p)" >&2
+  exit 2
+fi
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 num_ps=1
 num_workers=2
@@ -53,7 +57,9 @@ pids=()
 stop_all() {
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
 }
-trap 'stop_all; exit 130' INT TERM
+trap stop_all EXIT  # whatever ends this script ends the tasks it started
+trap 'exit 130' INT
+trap 'exit 143' TERM
 # The program's flags follow the role; TF_CONFIG carries the cluster.
 start_task() { local type=$1 index=$2; shift 2; TF_CONFIG="{\"cluster\": $cluster, \"task\": {\"type\": \"$type\", \"index\": $index}}" \
     "$binary" "$@" > >(sed -u "s/^/[$type:$index] /") 2>&1 &

@@ -376,7 +376,11 @@ void train_as_task(const Options& o, const Data& data, const Plan& plan, Optimiz
     } catch (const pulley::Error& e) {
       // The chief shuts the ps tasks down once the last step is done; a worker still
       // waiting for a token then is done too. Anything else is a failure.
-      if (e.code() != pulley::ErrorCode::kCancelled) throw;
+      // (kCancelled from a waiting request, kUnavailable from one the closing ps cut off).
+      if (e.code() != pulley::ErrorCode::kCancelled &&
+          e.code() != pulley::ErrorCode::kUnavailable) {
+        throw;
+      }
       std::printf("worker %u: the chief ended training\n", o.task);
     }
   } else if (o.job == "chief") {

@@ -72,9 +72,10 @@ inline TfConfig parse_tf_config(std::string_view text) {
       const std::string* address = t.string();
       const auto colon = address ? address->rfind(':') : std::string::npos;
       const std::string port = colon == std::string::npos ? "" : address->substr(colon + 1);
-      char* end = nullptr;
-      const long p = port.empty() ? 0 : std::strtol(port.c_str(), &end, 10);
-      if (address == nullptr || colon == 0 || port.empty() || *end != '\0' || p < 1 || p > 65535) {
+      const bool digits = !port.empty() && port.size() <= 5 &&
+                          port.find_first_not_of("0123456789") == std::string::npos;
+      const long p = digits ? std::stol(port) : 0;
+      if (address == nullptr || colon == 0 || !digits || p < 1 || p > 65535) {
         throw fail("job \"" + job + "\" has an address that is not \"host:port\"" +
                    (address ? ": \"" + *address + "\"" : std::string()));
       }
@@ -92,8 +93,8 @@ inline TfConfig parse_tf_config(std::string_view text) {
   if (type == t.end() || type->second.string() == nullptr) throw fail("task needs a \"type\"");
   config.task.type = *type->second.string() == "master" ? "chief" : *type->second.string();
   const double* i = index == t.end() ? nullptr : index->second.number();
-  if (index != t.end() &&
-      (i == nullptr || *i < 0 || *i != static_cast<double>(static_cast<std::uint32_t>(*i)))) {
+  if (index != t.end() && (i == nullptr || *i < 0 || *i > 4294967295.0 ||
+                           *i != static_cast<double>(static_cast<std::uint32_t>(*i)))) {
     throw fail("task \"index\" must be a non-negative integer");
   }
   config.task.index = i ? static_cast<std::uint32_t>(*i) : 0;

@@ -697,6 +697,9 @@ class Client {
         replies.push_back(expect<R>(calls[i].response.get()));
       } catch (const Error& e) {
         if (!first_error) first_error = e;
+      } catch (...) {  // a broken transport: give up the others before unwinding
+        for (PendingCall& c : calls) c.control->cancel();
+        throw;
       }
     }
     if (first_error) throw *first_error;
@@ -1070,8 +1073,16 @@ class JsonReader {
             break;
           case 'u': {
             if (pos_ + 4 > text_.size()) fail("short \\u escape");
-            const unsigned long code = std::stoul(std::string(text_.substr(pos_, 4)), nullptr, 16);
-            pos_ += 4;
+            unsigned code = 0;
+            for (int k = 0; k < 4; ++k) {
+              const char h = text_[pos_++];
+              const int digit = h >= '0' && h <= '9'   ? h - '0'
+                                : h >= 'a' && h <= 'f' ? h - 'a' + 10
+                                : h >= 'A' && h <= 'F' ? h - 'A' + 10
+                                                       : -1;
+              if (digit < 0) fail("bad \\u escape");
+              code = code * 16 + static_cast<unsigned>(digit);
+            }
             if (code >= 0x80) fail("only ASCII \\u escapes are supported");
             out += static_cast<char>(code);
             break;
@@ -1173,9 +1184,10 @@ inline TfConfig parse_tf_config(std::string_view text) {
       const std::string* address = t.string();
       const auto colon = address ? address->rfind(':') : std::string::npos;
       const std::string port = colon == std::string::npos ? "" : address->substr(colon + 1);
-      char* end = nullptr;
-      const long p = port.empty() ? 0 : std::strtol(port.c_str(), &end, 10);
-      if (address == nullptr || colon == 0 || port.empty() || *end != '\0' || p < 1 || p > 65535) {
+      const bool digits = !port.empty() && port.size() <= 5 &&
+                          port.find_first_not_of("0123456789") == std::string::npos;
+      const long p = digits ? std::stol(port) : 0;
+      if (address == nullptr || colon == 0 || !digits || p < 1 || p > 65535) {
         throw fail("job \"" + job + "\" has an address that is not \"host:port\"" +
                    (address ? ": \"" + *address + "\"" : std::string()));
       }
@@ -1193,8 +1205,8 @@ inline TfConfig parse_tf_config(std::string_view text) {
   if (type == t.end() || type->second.string() == nullptr) throw fail("task needs a \"type\"");
   config.task.type = *type->second.string() == "master" ? "chief" : *type->second.string();
   const double* i = index == t.end() ? nullptr : index->second.number();
-  if (index != t.end() &&
-      (i == nullptr || *i < 0 || *i != static_cast<double>(static_cast<std::uint32_t>(*i)))) {
+  if (index != t.end() && (i == nullptr || *i < 0 || *i > 4294967295.0 ||
+                           *i != static_cast<double>(static_cast<std::uint32_t>(*i)))) {
     throw fail("task \"index\" must be a non-negative integer");
   }
   config.task.index = i ? static_cast<std::uint32_t>(*i) : 0;

@@ -85,3 +85,16 @@ TEST_CASE("TF_CONFIG is read from the environment") {
   CHECK_FALSE(pulley::tf_config_from_environment().has_value());
   ::unsetenv("TF_CONFIG");
 }
+
+TEST_CASE("TF_CONFIG: odd ports, huge indices and bad escapes are refused, not misread") {
+  CHECK(message_of(R"({"cluster": {"ps": ["a:+80"]}, "task": {"type": "ps"}})").find("host:port") !=
+        std::string::npos);
+  CHECK(message_of(R"({"cluster": {"ps": ["a: 80"]}, "task": {"type": "ps"}})").find("host:port") !=
+        std::string::npos);
+  CHECK(message_of(R"({"cluster": {"ps": ["a:1"]}, "task": {"type": "ps", "index": 1e20}})")
+            .find("non-negative integer") != std::string::npos);
+  CHECK(message_of(R"({"cluster": {"ps": ["a:1"]}, "task": {"type": "p\uzzzz"}})")
+            .find("bad \\u escape") != std::string::npos);
+  CHECK(parse_tf_config(R"({"cluster": {"ps": ["a:1"]}, "task": {"type": "p\u0073"}})").task.type ==
+        "ps");
+}

@@ -209,6 +209,9 @@ class Client {
         replies.push_back(expect<R>(calls[i].response.get()));
       } catch (const Error& e) {
         if (!first_error) first_error = e;
+      } catch (...) {  // a broken transport: give up the others before unwinding
+        for (PendingCall& c : calls) c.control->cancel();
+        throw;
       }
     }
     if (first_error) throw *first_error;

@@ -139,8 +139,16 @@ class JsonReader {
             break;
           case 'u': {
             if (pos_ + 4 > text_.size()) fail("short \\u escape");
-            const unsigned long code = std::stoul(std::string(text_.substr(pos_, 4)), nullptr, 16);
-            pos_ += 4;
+            unsigned code = 0;
+            for (int k = 0; k < 4; ++k) {
+              const char h = text_[pos_++];
+              const int digit = h >= '0' && h <= '9'   ? h - '0'
+                                : h >= 'a' && h <= 'f' ? h - 'a' + 10
+                                : h >= 'A' && h <= 'F' ? h - 'A' + 10
+                                                       : -1;
+              if (digit < 0) fail("bad \\u escape");
+              code = code * 16 + static_cast<unsigned>(digit);
+            }
             if (code >= 0x80) fail("only ASCII \\u escapes are supported");
             out += static_cast<char>(code);
             break;

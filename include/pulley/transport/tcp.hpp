@@ -116,7 +116,9 @@ class TcpServer {
       auto self = this->shared_from_this();
       try {
         owner.server_.handle(std::move(request),
-                             [self, call](Response&& response) { self->send(response, call); });
+                             [weak = std::weak_ptr<Connection>(self), call](Response&& response) {
+                               if (auto connection = weak.lock()) connection->send(response, call);
+                             });
       } catch (const std::exception& e) {  // a throwing policy must not take the ps down
         send(ErrorReply{ErrorCode::kInvalidArgument,
                         "ps " + std::to_string(owner.server_.task()) + " failed: " + e.what()},
@@ -153,7 +155,12 @@ class TcpServer {
                           }
                           self->outbox.pop_front();
                           --self->owner.writes_in_flight_;
-                          if (!ec && !self->outbox.empty()) self->write_next();
+                          if (ec) {  // the peer is gone: what is queued for it never goes out
+                            self->owner.writes_in_flight_ -= self->outbox.size();
+                            self->outbox.clear();
+                          } else if (!self->outbox.empty()) {
+                            self->write_next();
+                          }
                           self->owner.maybe_stop();
                         });
     }
@@ -179,7 +186,8 @@ class TcpServer {
   void accept() {
     acceptor_.async_accept([this](std::error_code ec, asio::ip::tcp::socket socket) {
       if (ec) return;
-      socket.set_option(asio::ip::tcp::no_delay(true));
+      std::error_code ignored;
+      socket.set_option(asio::ip::tcp::no_delay(true), ignored);
       std::make_shared<Connection>(*this, std::move(socket))->read_header();
       accept();
     });
@@ -261,11 +269,11 @@ class Tcp {
     }
 
     ~Impl() {
-      work.reset();
+      // Closing every socket ends the pending reads; run() returns once they have drained.
       asio::post(io, [this] {
         for (auto& link : links) fail(*link, "transport closed");
       });
-      io.stop();
+      work.reset();
       if (thread.joinable()) thread.join();
     }
 
@@ -281,7 +289,7 @@ class Tcp {
         const auto endpoints = resolver.resolve(host, port, ec);
         if (!ec) asio::connect(socket, endpoints, ec);
         if (!ec) {
-          socket.set_option(asio::ip::tcp::no_delay(true));
+          socket.set_option(asio::ip::tcp::no_delay(true), ec);
           return socket;
         }
         last_error = ec.message();
@@ -358,24 +366,31 @@ class Tcp {
     }
 
     void read_payload(Link& link) {
-      auto it = link.pending.find(link.header.call);
+      // The call stays in link.pending until it is settled, so a failure mid-read settles it.
+      const std::uint64_t id = link.header.call;
+      auto it = link.pending.find(id);
       std::shared_ptr<Pending> pending = it == link.pending.end() ? nullptr : it->second;
-      if (pending) link.pending.erase(it);
       // A pull reply goes straight into the caller's targets when its sizes fit them.
       if (pending && link.header.kind == wire::kPullReplyKind) {
         try {
           auto [step, sizes] = wire::read_pull_reply_meta(link.meta);
           bool fits = sizes.size() == pending->targets.size();
+          std::uint64_t total = 0;
           for (std::size_t i = 0; fits && i < sizes.size(); ++i) {
             fits = sizes[i] == pending->targets[i].size();
+            total += sizes[i];
+          }
+          if (total * sizeof(float) != link.header.payload_bytes) {
+            return fail(link, "pull reply sizes disagree with its payload");
           }
           if (fits && pending->control->begin_use()) {
             std::vector<asio::mutable_buffer> buffers;
             for (auto t : pending->targets)
               buffers.push_back(asio::buffer(t.data(), t.size_bytes()));
             asio::async_read(link.socket, buffers,
-                             [this, &link, pending, step](std::error_code ec, std::size_t) {
+                             [this, &link, pending, step, id](std::error_code ec, std::size_t) {
                                if (!ec) {
+                                 link.pending.erase(id);
                                  PullReply reply{step, {}};
                                  for (auto t : pending->targets) reply.values.push_back(t);
                                  pending->promise.set_value(std::move(reply));
@@ -392,13 +407,16 @@ class Tcp {
       }
       link.scratch.resize(link.header.payload_bytes / sizeof(float));
       asio::async_read(link.socket, asio::buffer(link.scratch),
-                       [this, &link, pending](std::error_code ec, std::size_t) {
+                       [this, &link, pending, id](std::error_code ec, std::size_t) {
                          if (ec) return fail(link, ec.message());
                          if (pending) {
+                           link.pending.erase(id);
                            Response response;
                            try {
                              response = wire::decode_response(link.header, link.meta, link.scratch);
                            } catch (const wire::Malformed& e) {
+                             link.broken_reason = e.what();
+                             settle(*pending, unavailable(link));
                              return fail(link, e.what());
                            }
                            if (std::holds_alternative<PullReply>(response)) {
