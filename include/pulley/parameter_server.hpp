@@ -9,7 +9,6 @@
 #include <map>
 #include <span>
 #include <string>
-#include <type_traits>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -75,7 +74,11 @@ class ParameterServer {
   /// This ps task's index.
   [[nodiscard]] std::uint32_t task() const noexcept { return task_; }
   /// Counters, as GetStats answers them.
-  [[nodiscard]] const Stats& stats() const noexcept { return stats_; }
+  [[nodiscard]] Stats stats() const noexcept {
+    Stats s = stats_;
+    s.global_step = global_step();
+    return s;
+  }
 
  private:
   /// A part held here, with the optimizer's slots and the sync policy's accumulator.
@@ -241,11 +244,7 @@ class ParameterServer {
   void release_tokens() {
     tokens_left_ = std::max<std::int64_t>(sync_.token_rule().per_step, 0);
     tokens_taken_.clear();
-    std::deque<TokenWaiter> still_waiting;
-    for (TokenWaiter& w : std::exchange(token_waiters_, {})) {
-      if (!give_token(w.worker, w.reply)) still_waiting.push_back(std::move(w));
-    }
-    token_waiters_ = std::move(still_waiting);
+    std::erase_if(token_waiters_, [&](TokenWaiter& w) { return give_token(w.worker, w.reply); });
   }
 
   // ---- Pull -----------------------------------------------------------------------------
@@ -336,27 +335,22 @@ class ParameterServer {
     reply(answer);
     if (vote == Verdict::kReady) {
       sync_.take(step_votes_);
-      stats_.global_step = global_step();
       release_tokens();
       answer_waiting_pulls();
     }
   }
 
   void answer_waiting_pulls() {
-    std::vector<WaitingPull> still_waiting;
-    for (WaitingPull& w : std::exchange(waiting_pulls_, {})) {
-      if (global_step() >= w.request.min_step) {
-        answer_pull(w.request, w.reply);
-      } else {
-        still_waiting.push_back(std::move(w));
-      }
-    }
-    waiting_pulls_ = std::move(still_waiting);
+    std::erase_if(waiting_pulls_, [&](WaitingPull& w) {
+      if (global_step() < w.request.min_step) return false;
+      answer_pull(w.request, w.reply);
+      return true;
+    });
   }
 
   // ---- GetStats / Shutdown --------------------------------------------------------------
 
-  void on(GetStats& /*r*/, Responder& reply) { reply(StatsReply{stats_}); }
+  void on(GetStats& /*r*/, Responder& reply) { reply(StatsReply{stats()}); }
 
   void on(Shutdown& /*r*/, Responder& reply) {
     stopped_ = true;
