@@ -70,6 +70,11 @@ struct Push {
   std::uint32_t worker = 0;
   std::int64_t local_step = 0;
   std::vector<PartValues> gradients;
+  /// The gradients were checked finite by whoever hands this message to the ps: pulley's
+  /// clients check before sending anything, so the ps need not read them twice. Not part of
+  /// the wire format: a message from a socket arrives unchecked, unless the transport
+  /// checked its bytes on receipt.
+  bool finite_checked = false;
 };
 
 /// Any client → ps: counters for monitoring and tests.

@@ -39,8 +39,9 @@ using Responder = std::function<void(Response&&)>;
 ///
 /// Bad requests are answered with an ErrorReply and change nothing; the server keeps
 /// serving. A push is all-or-nothing: it is checked whole (known parts, sizes, finite
-/// values) before any of it is accumulated, so a NaN or Inf gradient is refused with
-/// `kInvalidArgument` instead of poisoning the parameters.
+/// values, the last unless `Push::finite_checked` says that was done) before any of it is
+/// accumulated, so a NaN or Inf gradient is refused with `kInvalidArgument` instead of
+/// poisoning the parameters.
 template <Sharding S, Optimizer O, SyncPolicy P>
 class ParameterServer {
  public:
@@ -305,7 +306,7 @@ class ParameterServer {
     }
     for (const PartValues& pv : r.gradients) {
       const Slot* slot = &slots_[slot_of_part_[pv.part]];
-      if (!detail::all_finite(pv.values)) {
+      if (!r.finite_checked && !detail::all_finite(pv.values)) {
         reject(reply, ErrorCode::kInvalidArgument,
                "non-finite (NaN or Inf) gradient for " + describe(slot->part) + " from worker " +
                    std::to_string(r.worker) + "; nothing was applied");

@@ -26,13 +26,13 @@
 
 // ---- begin pulley/concepts/transport.hpp ----
 
+#include <chrono>
 #include <concepts>
 #include <condition_variable>
 #include <cstddef>
-#include <functional>
-#include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -295,6 +295,11 @@ struct Push {
   std::uint32_t worker = 0;
   std::int64_t local_step = 0;
   std::vector<PartValues> gradients;
+  /// The gradients were checked finite by whoever hands this message to the ps: pulley's
+  /// clients check before sending anything, so the ps need not read them twice. Not part of
+  /// the wire format: a message from a socket arrives unchecked, unless the transport
+  /// checked its bytes on receipt.
+  bool finite_checked = false;
 };
 
 /// Any client → ps: counters for monitoring and tests.
@@ -383,24 +388,52 @@ namespace pulley {
 /// Where a pull's values go: one destination per requested slice, in request order.
 using PullTargets = std::vector<std::span<float>>;
 
-/// What a caller and a transport share about one call: the caller may give it up, and from
-/// then on the transport must not touch the call's request views or pull targets.
+class CallControl;
+
+/// The part of a transport that needs the caller's thread. A transport with no thread of its
+/// own (Tcp) moves its I/O forward while its caller waits, and cuts a transfer under way
+/// when its caller gives up on it. A transport that answers on threads of its own
+/// (InProcess) has no driver.
+class CallDriver {
+ public:
+  /// Runs the transport's I/O until `call` is answered or `deadline` passes.
+  virtual void run_until(CallControl& call, std::chrono::steady_clock::time_point deadline) = 0;
+  /// `call`'s caller gives up while the transport uses its buffers (see `CallControl::cancel`):
+  /// end that use now, e.g. by closing a connection that stalled mid-frame.
+  virtual void abort(CallControl& call) = 0;
+
+ protected:
+  ~CallDriver() = default;
+};
+
+/// What a caller and a transport share about one call: its answer, and whether the caller
+/// gave up. A transport derives its per-call state from it (one allocation per call).
+///
+/// Transport side: `answer` once; bracket every use of the request's views or the pull
+/// targets with `begin_use`/`end_use` (or `unless_cancelled`), and begin none after the
+/// caller gave up. Caller side: through `PendingCall`.
 class CallControl {
  public:
-  /// Transport side: starts using the call's buffers unless the caller gave up; pair with
-  /// `end_use`. A use may span several asynchronous steps (a gather-write, a scatter-read).
+  explicit CallControl(CallDriver* driver = nullptr) noexcept : driver_(driver) {}
+  CallControl(const CallControl&) = delete;
+  CallControl& operator=(const CallControl&) = delete;
+
+  // ---- transport side ---------------------------------------------------------------------
+
+  /// Starts using the call's buffers unless the caller gave up; pair with `end_use`. A use
+  /// may span several asynchronous steps (a gather-write, a scatter-read).
   bool begin_use() {
     std::scoped_lock lock(mutex_);
     if (cancelled_) return false;
     ++users_;
     return true;
   }
-  /// Transport side: ends a use begun with `begin_use`.
+  /// Ends a use begun with `begin_use`.
   void end_use() {
     std::scoped_lock lock(mutex_);
-    if (--users_ == 0) idle_.notify_all();
+    if (--users_ == 0) changed_.notify_all();
   }
-  /// Transport side: runs `f` inside one use unless the caller gave up. Re-entrant.
+  /// Runs `f` inside one use unless the caller gave up; true if it ran. Re-entrant.
   template <class F>
   bool unless_cancelled(F&& f) {
     if (!begin_use()) return false;
@@ -411,41 +444,115 @@ class CallControl {
     std::forward<F>(f)();
     return true;
   }
-  /// Transport side: how to end a use in progress when the caller gives up, for uses that
-  /// may stall (a transfer to a peer that stopped reading); over TCP this closes the
-  /// connection, since a stream cut mid-frame cannot go on. Called at most once, by `cancel`,
-  /// on the caller's thread, only while a use is under way.
-  void on_abort(std::function<void()> abort) {
+  /// Sets the answer, unless the call has one or its caller gave up; true if this one is it.
+  /// Wakes the caller; waiting no longer needs the driver.
+  bool answer(Response&& response) {
     std::scoped_lock lock(mutex_);
-    abort_ = std::move(abort);
+    if (cancelled_ || response_) return false;
+    response_ = std::move(response);
+    driver_ = nullptr;
+    changed_.notify_all();
+    return true;
   }
-  /// Caller side: aborts a use under way (see `on_abort`) and waits until it ended;
-  /// afterwards the transport begins none, so the caller may free the request's buffers
-  /// and the pull targets.
+  /// True once the call has its answer.
+  [[nodiscard]] bool answered() const {
+    std::scoped_lock lock(mutex_);
+    return response_.has_value();
+  }
+  /// The transport is going away: waiting no longer moves its I/O (every call it still held
+  /// was answered first).
+  void detach_driver() {
+    std::scoped_lock lock(mutex_);
+    driver_ = nullptr;
+  }
+
+  // ---- caller side (use PendingCall) ------------------------------------------------------
+
+  /// Waits until the call is answered or `deadline` passes; true if it is answered. With a
+  /// driver, the waiting thread runs the transport's I/O meanwhile.
+  bool wait_until(std::chrono::steady_clock::time_point deadline) {
+    std::unique_lock lock(mutex_);
+    if (response_) return true;
+    if (CallDriver* driver = driver_) {
+      lock.unlock();
+      driver->run_until(*this, deadline);
+      lock.lock();
+      return response_.has_value();
+    }
+    return changed_.wait_until(lock, deadline, [&] { return response_.has_value(); });
+  }
+  /// The answer, once `wait_until` returned true; only once.
+  Response take() {
+    std::scoped_lock lock(mutex_);
+    Response r = std::move(*response_);
+    response_.reset();
+    return r;
+  }
+  /// Gives the call up: ends a use under way (the driver's `abort`) and waits until no use is
+  /// left; afterwards the transport begins none, so the caller may free the request's
+  /// buffers and the pull targets. An answer that arrives later is dropped.
   void cancel() {
-    std::function<void()> abort;
+    CallDriver* driver = nullptr;
     {
       std::scoped_lock lock(mutex_);
+      if (cancelled_) return;
       cancelled_ = true;
-      if (users_ > 0) abort = std::exchange(abort_, nullptr);
+      if (users_ > 0) driver = driver_;
     }
-    if (abort) abort();
+    if (driver != nullptr) driver->abort(*this);
     std::unique_lock lock(mutex_);
-    idle_.wait(lock, [&] { return users_ == 0; });
+    changed_.wait(lock, [&] { return users_ == 0; });
+  }
+  /// True once the caller gave up.
+  [[nodiscard]] bool cancelled() const {
+    std::scoped_lock lock(mutex_);
+    return cancelled_;
   }
 
+ protected:
+  ~CallControl() = default;  // owned through the transport's derived per-call state
+
  private:
-  std::mutex mutex_;
-  std::condition_variable idle_;
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;  ///< an answer arrived, or the last use ended
+  std::optional<Response> response_;
+  CallDriver* driver_;
   int users_ = 0;
   bool cancelled_ = false;
-  std::function<void()> abort_;
 };
 
-/// A call in flight: the answer to come, and the handle to give it up.
-struct PendingCall {
-  std::future<Response> response;
-  std::shared_ptr<CallControl> control;
+/// A call in flight, as its caller holds it: the answer to come, and the way to give it up.
+/// A call whose transport has a driver (Tcp) is waited on by the thread that uses the
+/// transport, while the transport lives.
+class PendingCall {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  explicit PendingCall(std::shared_ptr<CallControl> control) : control_(std::move(control)) {}
+
+  /// Waits until the answer is there or `deadline` passes; true if it is there.
+  bool wait_until(Clock::time_point deadline) { return control_->wait_until(deadline); }
+  /// Waits at most `timeout`; true if the answer is there.
+  template <class Rep, class Period>
+  bool wait_for(std::chrono::duration<Rep, Period> timeout) {
+    return wait_until(Clock::now() + timeout);
+  }
+  /// True if the answer is there, without blocking (a driver handles what already arrived).
+  bool ready() { return wait_until(Clock::time_point::min()); }
+  /// Waits as long as it takes and returns the answer (only once).
+  Response get() {
+    while (!wait_until(Clock::now() + std::chrono::hours(1))) {
+    }
+    return control_->take();
+  }
+  /// The answer, once `wait_until` or `ready` returned true (only once).
+  Response take() { return control_->take(); }
+  /// Gives the call up (`CallControl::cancel`): when it returns, the transport no longer
+  /// touches the request's buffers or the pull targets.
+  void cancel() { control_->cancel(); }
+
+ private:
+  std::shared_ptr<CallControl> control_;
 };
 
 /// The client side of a transport: how a worker, the chief or an evaluator reaches the ps
@@ -457,15 +564,19 @@ struct PendingCall {
 ///   - `t.call(ps, request, targets)` → `PendingCall`
 ///
 /// Semantic contract:
-///   - `call` returns at once; calls to different ps tasks proceed concurrently;
+///   - `call` never waits for another task (a request that must wait for a token or a step
+///     returns a PendingCall that is answered later); calls to different ps tasks proceed
+///     concurrently;
+///   - a transport may hold a request until its caller waits on any PendingCall, so that
+///     requests made together leave together (a push and a pull in one write);
 ///   - requests from one client to one ps are handled in the order they were made;
 ///   - for a Pull, the transport copies the reply's values into `targets` (slice by slice)
-///     before the future is ready, and the PullReply's views then point into `targets`;
-///   - `targets` and every view inside `request` stay valid until the future is ready or the
-///     caller has called `control->cancel()`; the transport touches neither afterwards;
-///   - failures arrive as an ErrorReply, never as a broken future: `kUnavailable` for a
-///     dead or unreachable peer; a lost message leaves the future waiting, and the caller's
-///     deadline turns that into `kDeadlineExceeded` (and a cancel).
+///     before the call is answered, and the PullReply's views then point into `targets`;
+///   - `targets` and every view inside `request` stay valid until the call is answered or
+///     the caller has cancelled it; the transport touches neither afterwards;
+///   - failures arrive as an ErrorReply answer: `kUnavailable` for a dead or unreachable
+///     peer; a lost message leaves the call unanswered, and the caller's deadline turns that
+///     into `kDeadlineExceeded` (and a cancel).
 template <class T>
 concept Transport = std::move_constructible<T> &&
     requires(T& transport, const T& ctransport, std::size_t ps, Request request,
@@ -482,7 +593,6 @@ concept Transport = std::move_constructible<T> &&
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <future>
 #include <limits>
 #include <optional>
 #include <span>
@@ -510,21 +620,41 @@ struct ClientOptions {
 // ---- end pulley/client_options.hpp ----
 // ---- begin pulley/detail/finite.hpp ----
 
-#include <bit>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 
 namespace pulley::detail {
 
-/// True if no element is NaN or Inf. An all-ones exponent marks both; integer ops keep the
-/// loop vectorizable without -ffast-math.
+/// True if no element is NaN or Inf: both have an all-ones exponent, so adding one to the
+/// exponent field carries into the sign bit exactly for them. Integer ops in 16 independent
+/// lanes keep the loop vectorizable (without -ffast-math) and free of a serial dependency:
+/// it checks a gradient faster than memcpy copies it, which matters since every push is
+/// checked on both sides.
 inline bool all_finite(std::span<const float> values) noexcept {
-  std::uint32_t bad = 0;
-  for (float v : values) {
-    bad |=
-        static_cast<std::uint32_t>((std::bit_cast<std::uint32_t>(v) & 0x7F800000U) == 0x7F800000U);
+  constexpr std::size_t kLanes = 16;
+  constexpr std::uint32_t kExponent = 0x7F800000U;
+  constexpr std::uint32_t kExponentOne = 0x00800000U;
+  const float* p = values.data();
+  const std::size_t n = values.size();
+  std::uint32_t lanes[kLanes] = {};
+  std::size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (std::size_t l = 0; l < kLanes; ++l) {
+      std::uint32_t bits;
+      std::memcpy(&bits, p + i + l, sizeof bits);
+      lanes[l] |= (bits & kExponent) + kExponentOne;
+    }
   }
-  return bad == 0;
+  std::uint32_t carried = 0;
+  for (; i < n; ++i) {
+    std::uint32_t bits;
+    std::memcpy(&bits, p + i, sizeof bits);
+    carried |= (bits & kExponent) + kExponentOne;
+  }
+  for (std::uint32_t lane : lanes) carried |= lane;
+  return (carried & 0x80000000U) == 0;
 }
 
 }  // namespace pulley::detail
@@ -647,7 +777,7 @@ class Client {
         }
         const auto waiting =
             std::find_if(pulled.begin(), pulled.end(), [](const auto& answer) { return !answer; });
-        pulls[static_cast<std::size_t>(waiting - pulled.begin())].response.wait_until(
+        pulls[static_cast<std::size_t>(waiting - pulled.begin())].wait_until(
             std::min(deadline, now + std::chrono::milliseconds(50)));
       }
       PushPullResult result;
@@ -658,7 +788,7 @@ class Client {
       if (pulled.empty()) result.pulled_step = 0;
       const auto push_deadline = std::chrono::steady_clock::now() + options_.request_timeout;
       for (std::size_t i = 0; i < pushes.size(); ++i) {
-        if (!pushed[i]) pushes[i].response.wait_until(push_deadline);
+        if (!pushed[i]) pushes[i].wait_until(push_deadline);
       }
       if (!take_answers<PushReply>(pushes, pushed)) {
         throw Error(
@@ -668,8 +798,8 @@ class Client {
       for (auto& answer : pushed) result.stale_parts += std::get<PushReply>(*answer).stale_parts;
       return result;
     } catch (...) {  // no call may outlive the gradients or the pull targets
-      for (PendingCall& c : pulls) c.control->cancel();
-      for (PendingCall& c : pushes) c.control->cancel();
+      for (PendingCall& c : pulls) c.cancel();
+      for (PendingCall& c : pushes) c.cancel();
       throw;
     }
   }
@@ -717,14 +847,14 @@ class Client {
     replies.reserve(calls.size());
     try {
       for (PendingCall& call : calls) {
-        if (call.response.wait_until(deadline) != std::future_status::ready) {
+        if (!call.wait_until(deadline)) {
           throw Error(ErrorCode::kDeadlineExceeded, std::string(what) + ": no answer within " +
                                                         std::to_string(timeout.count()) + " ms");
         }
-        replies.push_back(expect<R>(call.response.get()));
+        replies.push_back(expect<R>(call.take()));
       }
     } catch (...) {
-      for (PendingCall& c : calls) c.control->cancel();
+      for (PendingCall& c : calls) c.cancel();
       throw;
     }
     return replies;
@@ -738,9 +868,8 @@ class Client {
                            std::vector<std::optional<Response>>& answers) {
     bool all = true;
     for (std::size_t i = 0; i < calls.size(); ++i) {
-      if (!answers[i] &&
-          calls[i].response.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
-        answers[i] = calls[i].response.get();
+      if (!answers[i] && calls[i].ready()) {
+        answers[i] = calls[i].take();
         if (const auto* e = std::get_if<ErrorReply>(&*answers[i])) throw Error(e->code, e->message);
         if (!std::holds_alternative<R>(*answers[i])) {
           throw Error(ErrorCode::kInvalidArgument, "unexpected reply kind from server");
@@ -789,7 +918,7 @@ class Client {
     if (gradients.size() != variables_.size()) {
       throw Error(ErrorCode::kInvalidArgument, "push needs one gradient per variable");
     }
-    std::vector<Push> pushes(num_ps(), Push{worker, local_step, {}});
+    std::vector<Push> pushes(num_ps(), Push{worker, local_step, {}, /*finite_checked=*/true});
     for (const Part& part : placement_.parts) {
       const std::size_t row_size = variables_[part.variable].row_size();
       const std::span<const float> g = gradients[part.variable];
@@ -1803,8 +1932,9 @@ using Responder = std::function<void(Response&&)>;
 ///
 /// Bad requests are answered with an ErrorReply and change nothing; the server keeps
 /// serving. A push is all-or-nothing: it is checked whole (known parts, sizes, finite
-/// values) before any of it is accumulated, so a NaN or Inf gradient is refused with
-/// `kInvalidArgument` instead of poisoning the parameters.
+/// values, the last unless `Push::finite_checked` says that was done) before any of it is
+/// accumulated, so a NaN or Inf gradient is refused with `kInvalidArgument` instead of
+/// poisoning the parameters.
 template <Sharding S, Optimizer O, SyncPolicy P>
 class ParameterServer {
  public:
@@ -2069,7 +2199,7 @@ class ParameterServer {
     }
     for (const PartValues& pv : r.gradients) {
       const Slot* slot = &slots_[slot_of_part_[pv.part]];
-      if (!detail::all_finite(pv.values)) {
+      if (!r.finite_checked && !detail::all_finite(pv.values)) {
         reject(reply, ErrorCode::kInvalidArgument,
                "non-finite (NaN or Inf) gradient for " + describe(slot->part) + " from worker " +
                    std::to_string(r.worker) + "; nothing was applied");
@@ -2807,7 +2937,6 @@ static_assert(SyncPolicy<SyncReplicas>);
 #include <cstdint>
 #include <deque>
 #include <exception>
-#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -2819,11 +2948,18 @@ static_assert(SyncPolicy<SyncReplicas>);
 
 namespace pulley {
 
-/// The fabric of an in-process cluster: one mailbox and one thread per ps task, and the
-/// fault injector. Workers, the chief and the evaluator reach it through `InProcess`
-/// endpoints from threads of their own. Requests travel as the same structs the TCP
-/// transport serializes, and each ps handles its mailbox in arrival order from one thread,
-/// exactly as it handles a socket.
+/// The fabric of an in-process cluster: the ps tasks, their request queues, and the fault
+/// injector. Workers, the chief and the evaluator reach it through `InProcess` endpoints
+/// from threads of their own. Requests travel as the same structs the TCP transport
+/// serializes, and each ps handles them one at a time, in arrival order, as it handles a
+/// socket.
+///
+/// A request to an idle ps task is handled on the thread that sends it, under the task's
+/// lock: no thread hand-off, so a push+pull costs about what its copies cost. A request to
+/// a task that is busy (handling another sender's request), slowed down by `delay`, or has
+/// requests queued goes to the task's own thread instead, so `call` never blocks on a busy
+/// ps and requests from one sender keep their order. A request that must wait (a token, a
+/// step-gated pull) is answered later by whichever thread completes what it waits for.
 ///
 /// Faults, for tests: `drop_next` loses requests (the caller's deadline fires), `delay`
 /// slows a node down, `kill` makes a node fail as a crashed process would: its queued and
@@ -2851,19 +2987,24 @@ class InProcessNetwork {
     return static_cast<std::uint32_t>(mailboxes_.size());
   }
 
-  /// Starts ps task `server.task()` on a thread of its own. `Server` is any type with
-  /// `handle(Request&&, Responder)`, `stopped()` and `task()`, i.e. a ParameterServer.
+  /// Serves ps task `server.task()`. `Server` is any type with `handle(Request&&, Responder)`,
+  /// `stopped()` and `task()`, i.e. a ParameterServer. Requests sent before are handled now.
   template <class Server>
   void serve(Server& server) {
     const std::uint32_t task = server.task();
     if (task >= num_ps()) {
       throw Error(ErrorCode::kInvalidArgument, "no ps task " + std::to_string(task) + " here");
     }
-    if (std::exchange(mailboxes_[task]->served, true)) {
+    Mailbox& box = *mailboxes_[task];
+    if (box.host) {
       throw Error(ErrorCode::kAlreadyExists,
                   "ps task " + std::to_string(task) + " is served already");
     }
-    threads_.emplace_back([this, &server, task] { run(server, *mailboxes_[task], task); });
+    {
+      std::scoped_lock lock(box.serving, box.mutex);
+      box.host = std::make_unique<HostOf<Server>>(server);
+    }
+    threads_.emplace_back([this, &box, task] { run(box, task); });
   }
 
   /// Waits until every served ps task has ended (after Shutdown, or killed).
@@ -2898,7 +3039,7 @@ class InProcessNetwork {
         std::scoped_lock lock(box.mutex);
         box.killed = true;
       }
-      box.ready.notify_all();
+      box.wake.notify_all();
     }
   }
 
@@ -2914,17 +3055,14 @@ class InProcessNetwork {
 
   /// One call in flight: where its answer goes. Answered at most once, and not at all
   /// once the caller cancelled (then the targets may be gone).
-  struct Call {
-    std::promise<Response> promise;
+  struct Call : CallControl {
     PullTargets targets;
-    std::shared_ptr<CallControl> control = std::make_shared<CallControl>();
-    bool answered = false;  ///< guarded by control
 
     void complete(Response&& response) {
-      control->unless_cancelled([&] {
-        if (std::exchange(answered, true)) return;
+      unless_cancelled([&] {
+        if (answered()) return;
         if (auto* pull = std::get_if<PullReply>(&response)) copy_out(*pull, response);
-        promise.set_value(std::move(response));
+        answer(std::move(response));
       });
     }
 
@@ -2951,14 +3089,31 @@ class InProcessNetwork {
     std::shared_ptr<Call> call;
   };
 
+  /// A served ps task, whatever its ParameterServer type.
+  struct Host {
+    virtual ~Host() = default;
+    virtual void handle(Request&& request, Responder reply) = 0;
+    [[nodiscard]] virtual bool stopped() const = 0;
+  };
+  template <class Server>
+  struct HostOf final : Host {
+    explicit HostOf(Server& s) : server(s) {}
+    void handle(Request&& request, Responder reply) override {
+      server.handle(std::move(request), std::move(reply));
+    }
+    [[nodiscard]] bool stopped() const override { return server.stopped(); }
+    Server& server;
+  };
+
   struct Mailbox {
-    std::mutex mutex;
-    std::condition_variable ready;
-    std::deque<Envelope> queue;
+    std::mutex serving;  ///< held while the ps handles a request, on whichever thread
+    std::mutex mutex;    ///< guards the rest; taken after `serving`
+    std::condition_variable wake;
+    std::deque<Envelope> queue;  ///< for the ps's own thread; no sender skips it
+    std::unique_ptr<Host> host;  ///< set by serve()
     bool killed = false;
-    bool closed = false;
-    bool served = false;            ///< only touched by serve()
-    std::atomic<bool> dead{false};  ///< read by responders on the ps thread
+    bool closed = false;            ///< shut down or killed: nothing more is handled
+    std::atomic<bool> dead{false};  ///< killed and flushed: every answer is kUnavailable
   };
 
   struct DropRule {
@@ -2974,7 +3129,7 @@ class InProcessNetwork {
   PendingCall send(Node from, std::uint32_t ps, Request&& request, PullTargets&& targets) {
     auto call = std::make_shared<Call>();
     call->targets = std::move(targets);
-    PendingCall pending{call->promise.get_future(), call->control};
+    PendingCall pending(call);
     if (ps >= num_ps()) {
       call->complete(ErrorReply{ErrorCode::kInvalidArgument,
                                 "no ps task " + std::to_string(ps) + " in this cluster"});
@@ -2991,52 +3146,70 @@ class InProcessNetwork {
       return pending;
     }
     Mailbox& box = *mailboxes_[ps];
-    bool queued = false;
-    bool killed = false;
+    std::unique_lock serving(box.serving, std::try_to_lock);
     {
       std::scoped_lock lock(box.mutex);
-      killed = box.killed;
-      if (!box.killed && !box.closed) {
-        box.queue.push_back({std::move(request), call});
-        queued = true;
+      if (box.killed || box.closed) {
+        call->complete(box.killed ? unavailable(Node::ps(ps).name())
+                                  : Response{ErrorReply{ErrorCode::kCancelled,
+                                                        "ps " + std::to_string(ps) + " shut down"}});
+        return pending;
+      }
+      const bool idle = serving.owns_lock() && box.host && box.queue.empty();
+      if (!idle || delay_of(Node::ps(ps)).count() > 0) {
+        box.queue.push_back({std::move(request), std::move(call)});
+        box.wake.notify_one();
+        return pending;
       }
     }
-    if (queued) {
-      box.ready.notify_one();
-    } else {
-      call->complete(killed ? unavailable(Node::ps(ps).name())
-                            : Response{ErrorReply{ErrorCode::kCancelled,
-                                                  "ps " + std::to_string(ps) + " shut down"}});
-    }
+    handle(box, ps, std::move(request), call);  // here and now, holding `serving`
     return pending;
   }
 
-  template <class Server>
-  void run(Server& server, Mailbox& box, std::uint32_t task) {
+  /// Hands one request to the ps; the caller holds `box.serving`.
+  static void handle(Mailbox& box, std::uint32_t task, Request&& request,
+                     const std::shared_ptr<Call>& call) {
+    // One use while the ps reads the request's views: a caller that gives up waits for it.
+    call->unless_cancelled([&] {
+      try {
+        box.host->handle(std::move(request), [&box, call, task](Response&& r) {
+          call->complete(box.dead ? unavailable(Node::ps(task).name()) : std::move(r));
+        });
+      } catch (const std::exception& e) {  // a throwing policy must not take the ps down
+        call->complete(ErrorReply{ErrorCode::kInvalidArgument,
+                                  "ps " + std::to_string(task) + " failed: " + e.what()});
+      }
+    });
+    if (box.host->stopped()) {
+      {
+        std::scoped_lock lock(box.mutex);
+        box.closed = true;
+      }
+      box.wake.notify_all();
+    }
+  }
+
+  /// The ps task's own thread: serves the queue, and ends the task when it is shut down or
+  /// killed.
+  void run(Mailbox& box, std::uint32_t task) {
     for (;;) {
-      Envelope envelope;
       {
         std::unique_lock lock(box.mutex);
-        box.ready.wait(lock, [&] { return box.killed || !box.queue.empty(); });
-        if (box.killed) break;
+        box.wake.wait(lock, [&] { return box.killed || box.closed || !box.queue.empty(); });
+        if (box.killed || box.closed) break;
+      }
+      if (auto d = delay_of(Node::ps(task)); d.count() > 0) std::this_thread::sleep_for(d);
+      std::scoped_lock serving(box.serving);
+      Envelope envelope;
+      {
+        std::scoped_lock lock(box.mutex);
+        if (box.killed || box.closed || box.queue.empty()) continue;
         envelope = std::move(box.queue.front());
         box.queue.pop_front();
       }
-      if (auto d = delay_of(Node::ps(task)); d.count() > 0) std::this_thread::sleep_for(d);
-      const std::shared_ptr<Call> call = envelope.call;
-      // Held while the ps reads the request's views: a caller that gives up waits for it.
-      call->control->unless_cancelled([&] {
-        try {
-          server.handle(std::move(envelope.request), [&box, call, task](Response&& r) {
-            call->complete(box.dead ? unavailable(Node::ps(task).name()) : std::move(r));
-          });
-        } catch (const std::exception& e) {  // a throwing policy must not take the ps down
-          call->complete(ErrorReply{ErrorCode::kInvalidArgument,
-                                    "ps " + std::to_string(task) + " failed: " + e.what()});
-        }
-      });
-      if (server.stopped()) break;
+      handle(box, task, std::move(envelope.request), envelope.call);
     }
+    std::scoped_lock serving(box.serving);
     std::deque<Envelope> orphans;
     {
       std::scoped_lock lock(box.mutex);
@@ -3047,7 +3220,7 @@ class InProcessNetwork {
     if (box.dead) {
       // A crashed ps answers nothing; the clients' connections break. Flush the requests it
       // held (token and pull waiters) so that they fail now instead of at their deadline.
-      server.handle(Shutdown{}, [](Response&&) {});
+      box.host->handle(Shutdown{}, [](Response&&) {});
     }
     for (Envelope& e : orphans) {
       e.call->complete(box.dead ? unavailable(Node::ps(task).name())

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -248,5 +249,38 @@ TEST_CASE("a refused push is reported at once, not after its pull's wait for the
     CHECK(std::string(e.what()).find("refused on purpose") != std::string::npos);
   }
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(30));
+  chief.shutdown();
+}
+
+TEST_CASE("a non-finite gradient reaches no ps, so the ps tasks stay in step") {
+  Cluster<RoundRobin, Sgd, SyncReplicas> cluster(2, Sgd{0.1F}, SyncReplicas(1, 1));
+  Chief chief(cluster.endpoint(Node::chief()), 1);
+  chief.initialize(LinearModel(4, 2).variables());
+  Worker worker(0, LinearModel(4, 2), cluster.endpoint(Node::worker(0)));
+  worker.wait_ready();
+  testing::LinearData data(4, 4, 2, 1);
+  data.y[3] = std::numeric_limits<float>::quiet_NaN();  // poisons both variables' gradients
+  try {
+    worker.step({data.x, data.y});
+    FAIL("a NaN gradient was pushed");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::kInvalidArgument);
+    CHECK(std::string(e.what()).find("nothing was pushed") != std::string::npos);
+  }
+  for (const Stats& s : chief.stats()) {
+    CHECK(s.gradients_accepted == 0);
+    CHECK(s.requests_rejected == 0);  // refused before sending: no ps saw it
+    CHECK(s.global_step == 0);
+  }
+
+  // A push that nobody checked (not from a pulley client) is checked by the ps itself.
+  const auto& part = worker.placement().parts_of(0).front();  // the kernel, whole
+  const std::vector<float> poisoned(8, std::numeric_limits<float>::infinity());
+  PendingCall raw =
+      cluster.endpoint(Node::worker(0)).call(part.ps, Push{0, 0, {{0, poisoned}}, false});
+  const Response answer = raw.get();
+  REQUIRE(std::holds_alternative<ErrorReply>(answer));
+  CHECK(std::get<ErrorReply>(answer).message.find("non-finite") != std::string::npos);
+  CHECK(chief.stats().at(part.ps).requests_rejected == 1);
   chief.shutdown();
 }

@@ -181,7 +181,7 @@ TEST_CASE("sync R < N: a worker that dies holding a token of step 0 does not sta
   {  // worker 2 takes its token of step 0, then its process dies
     InProcess doomed = cluster.endpoint(Node::worker(2));
     PendingCall token = doomed.call(0, TakeToken{2});
-    REQUIRE(std::holds_alternative<TokenReply>(token.response.get()));
+    REQUIRE(std::holds_alternative<TokenReply>(token.get()));
     cluster.network().kill(Node::worker(2));
   }
   std::vector<std::thread> threads;

@@ -1,13 +1,13 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
+#include <chrono>
 #include <concepts>
 #include <condition_variable>
 #include <cstddef>
-#include <functional>
-#include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -19,24 +19,52 @@ namespace pulley {
 /// Where a pull's values go: one destination per requested slice, in request order.
 using PullTargets = std::vector<std::span<float>>;
 
-/// What a caller and a transport share about one call: the caller may give it up, and from
-/// then on the transport must not touch the call's request views or pull targets.
+class CallControl;
+
+/// The part of a transport that needs the caller's thread. A transport with no thread of its
+/// own (Tcp) moves its I/O forward while its caller waits, and cuts a transfer under way
+/// when its caller gives up on it. A transport that answers on threads of its own
+/// (InProcess) has no driver.
+class CallDriver {
+ public:
+  /// Runs the transport's I/O until `call` is answered or `deadline` passes.
+  virtual void run_until(CallControl& call, std::chrono::steady_clock::time_point deadline) = 0;
+  /// `call`'s caller gives up while the transport uses its buffers (see `CallControl::cancel`):
+  /// end that use now, e.g. by closing a connection that stalled mid-frame.
+  virtual void abort(CallControl& call) = 0;
+
+ protected:
+  ~CallDriver() = default;
+};
+
+/// What a caller and a transport share about one call: its answer, and whether the caller
+/// gave up. A transport derives its per-call state from it (one allocation per call).
+///
+/// Transport side: `answer` once; bracket every use of the request's views or the pull
+/// targets with `begin_use`/`end_use` (or `unless_cancelled`), and begin none after the
+/// caller gave up. Caller side: through `PendingCall`.
 class CallControl {
  public:
-  /// Transport side: starts using the call's buffers unless the caller gave up; pair with
-  /// `end_use`. A use may span several asynchronous steps (a gather-write, a scatter-read).
+  explicit CallControl(CallDriver* driver = nullptr) noexcept : driver_(driver) {}
+  CallControl(const CallControl&) = delete;
+  CallControl& operator=(const CallControl&) = delete;
+
+  // ---- transport side ---------------------------------------------------------------------
+
+  /// Starts using the call's buffers unless the caller gave up; pair with `end_use`. A use
+  /// may span several asynchronous steps (a gather-write, a scatter-read).
   bool begin_use() {
     std::scoped_lock lock(mutex_);
     if (cancelled_) return false;
     ++users_;
     return true;
   }
-  /// Transport side: ends a use begun with `begin_use`.
+  /// Ends a use begun with `begin_use`.
   void end_use() {
     std::scoped_lock lock(mutex_);
-    if (--users_ == 0) idle_.notify_all();
+    if (--users_ == 0) changed_.notify_all();
   }
-  /// Transport side: runs `f` inside one use unless the caller gave up. Re-entrant.
+  /// Runs `f` inside one use unless the caller gave up; true if it ran. Re-entrant.
   template <class F>
   bool unless_cancelled(F&& f) {
     if (!begin_use()) return false;
@@ -47,41 +75,115 @@ class CallControl {
     std::forward<F>(f)();
     return true;
   }
-  /// Transport side: how to end a use in progress when the caller gives up, for uses that
-  /// may stall (a transfer to a peer that stopped reading); over TCP this closes the
-  /// connection, since a stream cut mid-frame cannot go on. Called at most once, by `cancel`,
-  /// on the caller's thread, only while a use is under way.
-  void on_abort(std::function<void()> abort) {
+  /// Sets the answer, unless the call has one or its caller gave up; true if this one is it.
+  /// Wakes the caller; waiting no longer needs the driver.
+  bool answer(Response&& response) {
     std::scoped_lock lock(mutex_);
-    abort_ = std::move(abort);
+    if (cancelled_ || response_) return false;
+    response_ = std::move(response);
+    driver_ = nullptr;
+    changed_.notify_all();
+    return true;
   }
-  /// Caller side: aborts a use under way (see `on_abort`) and waits until it ended;
-  /// afterwards the transport begins none, so the caller may free the request's buffers
-  /// and the pull targets.
+  /// True once the call has its answer.
+  [[nodiscard]] bool answered() const {
+    std::scoped_lock lock(mutex_);
+    return response_.has_value();
+  }
+  /// The transport is going away: waiting no longer moves its I/O (every call it still held
+  /// was answered first).
+  void detach_driver() {
+    std::scoped_lock lock(mutex_);
+    driver_ = nullptr;
+  }
+
+  // ---- caller side (use PendingCall) ------------------------------------------------------
+
+  /// Waits until the call is answered or `deadline` passes; true if it is answered. With a
+  /// driver, the waiting thread runs the transport's I/O meanwhile.
+  bool wait_until(std::chrono::steady_clock::time_point deadline) {
+    std::unique_lock lock(mutex_);
+    if (response_) return true;
+    if (CallDriver* driver = driver_) {
+      lock.unlock();
+      driver->run_until(*this, deadline);
+      lock.lock();
+      return response_.has_value();
+    }
+    return changed_.wait_until(lock, deadline, [&] { return response_.has_value(); });
+  }
+  /// The answer, once `wait_until` returned true; only once.
+  Response take() {
+    std::scoped_lock lock(mutex_);
+    Response r = std::move(*response_);
+    response_.reset();
+    return r;
+  }
+  /// Gives the call up: ends a use under way (the driver's `abort`) and waits until no use is
+  /// left; afterwards the transport begins none, so the caller may free the request's
+  /// buffers and the pull targets. An answer that arrives later is dropped.
   void cancel() {
-    std::function<void()> abort;
+    CallDriver* driver = nullptr;
     {
       std::scoped_lock lock(mutex_);
+      if (cancelled_) return;
       cancelled_ = true;
-      if (users_ > 0) abort = std::exchange(abort_, nullptr);
+      if (users_ > 0) driver = driver_;
     }
-    if (abort) abort();
+    if (driver != nullptr) driver->abort(*this);
     std::unique_lock lock(mutex_);
-    idle_.wait(lock, [&] { return users_ == 0; });
+    changed_.wait(lock, [&] { return users_ == 0; });
+  }
+  /// True once the caller gave up.
+  [[nodiscard]] bool cancelled() const {
+    std::scoped_lock lock(mutex_);
+    return cancelled_;
   }
 
+ protected:
+  ~CallControl() = default;  // owned through the transport's derived per-call state
+
  private:
-  std::mutex mutex_;
-  std::condition_variable idle_;
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;  ///< an answer arrived, or the last use ended
+  std::optional<Response> response_;
+  CallDriver* driver_;
   int users_ = 0;
   bool cancelled_ = false;
-  std::function<void()> abort_;
 };
 
-/// A call in flight: the answer to come, and the handle to give it up.
-struct PendingCall {
-  std::future<Response> response;
-  std::shared_ptr<CallControl> control;
+/// A call in flight, as its caller holds it: the answer to come, and the way to give it up.
+/// A call whose transport has a driver (Tcp) is waited on by the thread that uses the
+/// transport, while the transport lives.
+class PendingCall {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  explicit PendingCall(std::shared_ptr<CallControl> control) : control_(std::move(control)) {}
+
+  /// Waits until the answer is there or `deadline` passes; true if it is there.
+  bool wait_until(Clock::time_point deadline) { return control_->wait_until(deadline); }
+  /// Waits at most `timeout`; true if the answer is there.
+  template <class Rep, class Period>
+  bool wait_for(std::chrono::duration<Rep, Period> timeout) {
+    return wait_until(Clock::now() + timeout);
+  }
+  /// True if the answer is there, without blocking (a driver handles what already arrived).
+  bool ready() { return wait_until(Clock::time_point::min()); }
+  /// Waits as long as it takes and returns the answer (only once).
+  Response get() {
+    while (!wait_until(Clock::now() + std::chrono::hours(1))) {
+    }
+    return control_->take();
+  }
+  /// The answer, once `wait_until` or `ready` returned true (only once).
+  Response take() { return control_->take(); }
+  /// Gives the call up (`CallControl::cancel`): when it returns, the transport no longer
+  /// touches the request's buffers or the pull targets.
+  void cancel() { control_->cancel(); }
+
+ private:
+  std::shared_ptr<CallControl> control_;
 };
 
 /// The client side of a transport: how a worker, the chief or an evaluator reaches the ps
@@ -93,15 +195,19 @@ struct PendingCall {
 ///   - `t.call(ps, request, targets)` → `PendingCall`
 ///
 /// Semantic contract:
-///   - `call` returns at once; calls to different ps tasks proceed concurrently;
+///   - `call` never waits for another task (a request that must wait for a token or a step
+///     returns a PendingCall that is answered later); calls to different ps tasks proceed
+///     concurrently;
+///   - a transport may hold a request until its caller waits on any PendingCall, so that
+///     requests made together leave together (a push and a pull in one write);
 ///   - requests from one client to one ps are handled in the order they were made;
 ///   - for a Pull, the transport copies the reply's values into `targets` (slice by slice)
-///     before the future is ready, and the PullReply's views then point into `targets`;
-///   - `targets` and every view inside `request` stay valid until the future is ready or the
-///     caller has called `control->cancel()`; the transport touches neither afterwards;
-///   - failures arrive as an ErrorReply, never as a broken future: `kUnavailable` for a
-///     dead or unreachable peer; a lost message leaves the future waiting, and the caller's
-///     deadline turns that into `kDeadlineExceeded` (and a cancel).
+///     before the call is answered, and the PullReply's views then point into `targets`;
+///   - `targets` and every view inside `request` stay valid until the call is answered or
+///     the caller has cancelled it; the transport touches neither afterwards;
+///   - failures arrive as an ErrorReply answer: `kUnavailable` for a dead or unreachable
+///     peer; a lost message leaves the call unanswered, and the caller's deadline turns that
+///     into `kDeadlineExceeded` (and a cancel).
 template <class T>
 concept Transport = std::move_constructible<T> &&
     requires(T& transport, const T& ctransport, std::size_t ps, Request request,

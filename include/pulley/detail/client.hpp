@@ -5,7 +5,6 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <future>
 #include <limits>
 #include <optional>
 #include <span>
@@ -136,7 +135,7 @@ class Client {
         }
         const auto waiting =
             std::find_if(pulled.begin(), pulled.end(), [](const auto& answer) { return !answer; });
-        pulls[static_cast<std::size_t>(waiting - pulled.begin())].response.wait_until(
+        pulls[static_cast<std::size_t>(waiting - pulled.begin())].wait_until(
             std::min(deadline, now + std::chrono::milliseconds(50)));
       }
       PushPullResult result;
@@ -147,7 +146,7 @@ class Client {
       if (pulled.empty()) result.pulled_step = 0;
       const auto push_deadline = std::chrono::steady_clock::now() + options_.request_timeout;
       for (std::size_t i = 0; i < pushes.size(); ++i) {
-        if (!pushed[i]) pushes[i].response.wait_until(push_deadline);
+        if (!pushed[i]) pushes[i].wait_until(push_deadline);
       }
       if (!take_answers<PushReply>(pushes, pushed)) {
         throw Error(
@@ -157,8 +156,8 @@ class Client {
       for (auto& answer : pushed) result.stale_parts += std::get<PushReply>(*answer).stale_parts;
       return result;
     } catch (...) {  // no call may outlive the gradients or the pull targets
-      for (PendingCall& c : pulls) c.control->cancel();
-      for (PendingCall& c : pushes) c.control->cancel();
+      for (PendingCall& c : pulls) c.cancel();
+      for (PendingCall& c : pushes) c.cancel();
       throw;
     }
   }
@@ -206,14 +205,14 @@ class Client {
     replies.reserve(calls.size());
     try {
       for (PendingCall& call : calls) {
-        if (call.response.wait_until(deadline) != std::future_status::ready) {
+        if (!call.wait_until(deadline)) {
           throw Error(ErrorCode::kDeadlineExceeded, std::string(what) + ": no answer within " +
                                                         std::to_string(timeout.count()) + " ms");
         }
-        replies.push_back(expect<R>(call.response.get()));
+        replies.push_back(expect<R>(call.take()));
       }
     } catch (...) {
-      for (PendingCall& c : calls) c.control->cancel();
+      for (PendingCall& c : calls) c.cancel();
       throw;
     }
     return replies;
@@ -227,9 +226,8 @@ class Client {
                            std::vector<std::optional<Response>>& answers) {
     bool all = true;
     for (std::size_t i = 0; i < calls.size(); ++i) {
-      if (!answers[i] &&
-          calls[i].response.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
-        answers[i] = calls[i].response.get();
+      if (!answers[i] && calls[i].ready()) {
+        answers[i] = calls[i].take();
         if (const auto* e = std::get_if<ErrorReply>(&*answers[i])) throw Error(e->code, e->message);
         if (!std::holds_alternative<R>(*answers[i])) {
           throw Error(ErrorCode::kInvalidArgument, "unexpected reply kind from server");
@@ -278,7 +276,7 @@ class Client {
     if (gradients.size() != variables_.size()) {
       throw Error(ErrorCode::kInvalidArgument, "push needs one gradient per variable");
     }
-    std::vector<Push> pushes(num_ps(), Push{worker, local_step, {}});
+    std::vector<Push> pushes(num_ps(), Push{worker, local_step, {}, /*finite_checked=*/true});
     for (const Part& part : placement_.parts) {
       const std::size_t row_size = variables_[part.variable].row_size();
       const std::span<const float> g = gradients[part.variable];

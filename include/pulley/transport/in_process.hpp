@@ -8,7 +8,6 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
-#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -25,11 +24,18 @@
 
 namespace pulley {
 
-/// The fabric of an in-process cluster: one mailbox and one thread per ps task, and the
-/// fault injector. Workers, the chief and the evaluator reach it through `InProcess`
-/// endpoints from threads of their own. Requests travel as the same structs the TCP
-/// transport serializes, and each ps handles its mailbox in arrival order from one thread,
-/// exactly as it handles a socket.
+/// The fabric of an in-process cluster: the ps tasks, their request queues, and the fault
+/// injector. Workers, the chief and the evaluator reach it through `InProcess` endpoints
+/// from threads of their own. Requests travel as the same structs the TCP transport
+/// serializes, and each ps handles them one at a time, in arrival order, as it handles a
+/// socket.
+///
+/// A request to an idle ps task is handled on the thread that sends it, under the task's
+/// lock: no thread hand-off, so a push+pull costs about what its copies cost. A request to
+/// a task that is busy (handling another sender's request), slowed down by `delay`, or has
+/// requests queued goes to the task's own thread instead, so `call` never blocks on a busy
+/// ps and requests from one sender keep their order. A request that must wait (a token, a
+/// step-gated pull) is answered later by whichever thread completes what it waits for.
 ///
 /// Faults, for tests: `drop_next` loses requests (the caller's deadline fires), `delay`
 /// slows a node down, `kill` makes a node fail as a crashed process would: its queued and
@@ -57,19 +63,24 @@ class InProcessNetwork {
     return static_cast<std::uint32_t>(mailboxes_.size());
   }
 
-  /// Starts ps task `server.task()` on a thread of its own. `Server` is any type with
-  /// `handle(Request&&, Responder)`, `stopped()` and `task()`, i.e. a ParameterServer.
+  /// Serves ps task `server.task()`. `Server` is any type with `handle(Request&&, Responder)`,
+  /// `stopped()` and `task()`, i.e. a ParameterServer. Requests sent before are handled now.
   template <class Server>
   void serve(Server& server) {
     const std::uint32_t task = server.task();
     if (task >= num_ps()) {
       throw Error(ErrorCode::kInvalidArgument, "no ps task " + std::to_string(task) + " here");
     }
-    if (std::exchange(mailboxes_[task]->served, true)) {
+    Mailbox& box = *mailboxes_[task];
+    if (box.host) {
       throw Error(ErrorCode::kAlreadyExists,
                   "ps task " + std::to_string(task) + " is served already");
     }
-    threads_.emplace_back([this, &server, task] { run(server, *mailboxes_[task], task); });
+    {
+      std::scoped_lock lock(box.serving, box.mutex);
+      box.host = std::make_unique<HostOf<Server>>(server);
+    }
+    threads_.emplace_back([this, &box, task] { run(box, task); });
   }
 
   /// Waits until every served ps task has ended (after Shutdown, or killed).
@@ -104,7 +115,7 @@ class InProcessNetwork {
         std::scoped_lock lock(box.mutex);
         box.killed = true;
       }
-      box.ready.notify_all();
+      box.wake.notify_all();
     }
   }
 
@@ -120,17 +131,14 @@ class InProcessNetwork {
 
   /// One call in flight: where its answer goes. Answered at most once, and not at all
   /// once the caller cancelled (then the targets may be gone).
-  struct Call {
-    std::promise<Response> promise;
+  struct Call : CallControl {
     PullTargets targets;
-    std::shared_ptr<CallControl> control = std::make_shared<CallControl>();
-    bool answered = false;  ///< guarded by control
 
     void complete(Response&& response) {
-      control->unless_cancelled([&] {
-        if (std::exchange(answered, true)) return;
+      unless_cancelled([&] {
+        if (answered()) return;
         if (auto* pull = std::get_if<PullReply>(&response)) copy_out(*pull, response);
-        promise.set_value(std::move(response));
+        answer(std::move(response));
       });
     }
 
@@ -157,14 +165,31 @@ class InProcessNetwork {
     std::shared_ptr<Call> call;
   };
 
+  /// A served ps task, whatever its ParameterServer type.
+  struct Host {
+    virtual ~Host() = default;
+    virtual void handle(Request&& request, Responder reply) = 0;
+    [[nodiscard]] virtual bool stopped() const = 0;
+  };
+  template <class Server>
+  struct HostOf final : Host {
+    explicit HostOf(Server& s) : server(s) {}
+    void handle(Request&& request, Responder reply) override {
+      server.handle(std::move(request), std::move(reply));
+    }
+    [[nodiscard]] bool stopped() const override { return server.stopped(); }
+    Server& server;
+  };
+
   struct Mailbox {
-    std::mutex mutex;
-    std::condition_variable ready;
-    std::deque<Envelope> queue;
+    std::mutex serving;  ///< held while the ps handles a request, on whichever thread
+    std::mutex mutex;    ///< guards the rest; taken after `serving`
+    std::condition_variable wake;
+    std::deque<Envelope> queue;  ///< for the ps's own thread; no sender skips it
+    std::unique_ptr<Host> host;  ///< set by serve()
     bool killed = false;
-    bool closed = false;
-    bool served = false;            ///< only touched by serve()
-    std::atomic<bool> dead{false};  ///< read by responders on the ps thread
+    bool closed = false;            ///< shut down or killed: nothing more is handled
+    std::atomic<bool> dead{false};  ///< killed and flushed: every answer is kUnavailable
   };
 
   struct DropRule {
@@ -180,7 +205,7 @@ class InProcessNetwork {
   PendingCall send(Node from, std::uint32_t ps, Request&& request, PullTargets&& targets) {
     auto call = std::make_shared<Call>();
     call->targets = std::move(targets);
-    PendingCall pending{call->promise.get_future(), call->control};
+    PendingCall pending(call);
     if (ps >= num_ps()) {
       call->complete(ErrorReply{ErrorCode::kInvalidArgument,
                                 "no ps task " + std::to_string(ps) + " in this cluster"});
@@ -197,52 +222,70 @@ class InProcessNetwork {
       return pending;
     }
     Mailbox& box = *mailboxes_[ps];
-    bool queued = false;
-    bool killed = false;
+    std::unique_lock serving(box.serving, std::try_to_lock);
     {
       std::scoped_lock lock(box.mutex);
-      killed = box.killed;
-      if (!box.killed && !box.closed) {
-        box.queue.push_back({std::move(request), call});
-        queued = true;
+      if (box.killed || box.closed) {
+        call->complete(box.killed ? unavailable(Node::ps(ps).name())
+                                  : Response{ErrorReply{ErrorCode::kCancelled,
+                                                        "ps " + std::to_string(ps) + " shut down"}});
+        return pending;
+      }
+      const bool idle = serving.owns_lock() && box.host && box.queue.empty();
+      if (!idle || delay_of(Node::ps(ps)).count() > 0) {
+        box.queue.push_back({std::move(request), std::move(call)});
+        box.wake.notify_one();
+        return pending;
       }
     }
-    if (queued) {
-      box.ready.notify_one();
-    } else {
-      call->complete(killed ? unavailable(Node::ps(ps).name())
-                            : Response{ErrorReply{ErrorCode::kCancelled,
-                                                  "ps " + std::to_string(ps) + " shut down"}});
-    }
+    handle(box, ps, std::move(request), call);  // here and now, holding `serving`
     return pending;
   }
 
-  template <class Server>
-  void run(Server& server, Mailbox& box, std::uint32_t task) {
+  /// Hands one request to the ps; the caller holds `box.serving`.
+  static void handle(Mailbox& box, std::uint32_t task, Request&& request,
+                     const std::shared_ptr<Call>& call) {
+    // One use while the ps reads the request's views: a caller that gives up waits for it.
+    call->unless_cancelled([&] {
+      try {
+        box.host->handle(std::move(request), [&box, call, task](Response&& r) {
+          call->complete(box.dead ? unavailable(Node::ps(task).name()) : std::move(r));
+        });
+      } catch (const std::exception& e) {  // a throwing policy must not take the ps down
+        call->complete(ErrorReply{ErrorCode::kInvalidArgument,
+                                  "ps " + std::to_string(task) + " failed: " + e.what()});
+      }
+    });
+    if (box.host->stopped()) {
+      {
+        std::scoped_lock lock(box.mutex);
+        box.closed = true;
+      }
+      box.wake.notify_all();
+    }
+  }
+
+  /// The ps task's own thread: serves the queue, and ends the task when it is shut down or
+  /// killed.
+  void run(Mailbox& box, std::uint32_t task) {
     for (;;) {
-      Envelope envelope;
       {
         std::unique_lock lock(box.mutex);
-        box.ready.wait(lock, [&] { return box.killed || !box.queue.empty(); });
-        if (box.killed) break;
+        box.wake.wait(lock, [&] { return box.killed || box.closed || !box.queue.empty(); });
+        if (box.killed || box.closed) break;
+      }
+      if (auto d = delay_of(Node::ps(task)); d.count() > 0) std::this_thread::sleep_for(d);
+      std::scoped_lock serving(box.serving);
+      Envelope envelope;
+      {
+        std::scoped_lock lock(box.mutex);
+        if (box.killed || box.closed || box.queue.empty()) continue;
         envelope = std::move(box.queue.front());
         box.queue.pop_front();
       }
-      if (auto d = delay_of(Node::ps(task)); d.count() > 0) std::this_thread::sleep_for(d);
-      const std::shared_ptr<Call> call = envelope.call;
-      // Held while the ps reads the request's views: a caller that gives up waits for it.
-      call->control->unless_cancelled([&] {
-        try {
-          server.handle(std::move(envelope.request), [&box, call, task](Response&& r) {
-            call->complete(box.dead ? unavailable(Node::ps(task).name()) : std::move(r));
-          });
-        } catch (const std::exception& e) {  // a throwing policy must not take the ps down
-          call->complete(ErrorReply{ErrorCode::kInvalidArgument,
-                                    "ps " + std::to_string(task) + " failed: " + e.what()});
-        }
-      });
-      if (server.stopped()) break;
+      handle(box, task, std::move(envelope.request), envelope.call);
     }
+    std::scoped_lock serving(box.serving);
     std::deque<Envelope> orphans;
     {
       std::scoped_lock lock(box.mutex);
@@ -253,7 +296,7 @@ class InProcessNetwork {
     if (box.dead) {
       // A crashed ps answers nothing; the clients' connections break. Flush the requests it
       // held (token and pull waiters) so that they fail now instead of at their deadline.
-      server.handle(Shutdown{}, [](Response&&) {});
+      box.host->handle(Shutdown{}, [](Response&&) {});
     }
     for (Envelope& e : orphans) {
       e.call->complete(box.dead ? unavailable(Node::ps(task).name())

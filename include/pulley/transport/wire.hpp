@@ -4,13 +4,16 @@
 /// The wire format of pulley's messages, for byte-stream transports (TCP).
 ///
 /// A frame is a fixed 32-byte Header, then `meta_bytes` of metadata (the message without its
-/// tensors, serialized with cereal), then `payload_bytes` of float32 tensor data: every
-/// tensor of the message, back to back, in message order. Tensors never pass through cereal,
-/// so a sender can gather-write them from their own buffers and a receiver can read them
-/// straight into place. Integers and floats are little-endian.
+/// tensors, serialized with cereal), then zero bytes up to a multiple of 4 (`padding`), then
+/// `payload_bytes` of float32 tensor data: every tensor of the message, back to back, in
+/// message order. Tensors never pass through cereal, so a sender can gather-write them from
+/// their own buffers and a receiver can read them straight into place; the padding keeps
+/// them aligned where a receiver reads several frames into one buffer and uses them there.
+/// Integers and floats are little-endian.
 
+#include <array>
 #include <bit>
-#include <cereal/archives/binary.hpp>
+#include <cereal/cereal.hpp>
 #include <cereal/types/common.hpp>
 #include <cereal/types/string.hpp>
 #include <cereal/types/vector.hpp>
@@ -18,9 +21,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
-#include <ostream>
 #include <span>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -108,7 +109,7 @@ void serialize(A& a, Stats& s) {
 namespace wire {
 
 inline constexpr std::uint32_t kMagic = 0x594C4C50;    ///< "PLLY" in a little-endian dump
-inline constexpr std::uint16_t kVersion = 2;           ///< bumped on any incompatible change
+inline constexpr std::uint16_t kVersion = 3;           ///< bumped on any incompatible change
 inline constexpr std::uint16_t kResponseKind = 0x100;  ///< response kinds start here
 
 /// Limits a receiver enforces before it allocates anything for a frame. A frame's metadata
@@ -148,6 +149,20 @@ constexpr std::size_t variant_index() {
   }
 }
 
+/// Zero bytes between a frame's metadata and its payload: the payload starts 4-byte aligned
+/// relative to the frame, and every frame's length is a multiple of 4.
+constexpr std::size_t padding(std::uint64_t meta_bytes) noexcept {
+  return static_cast<std::size_t>((4 - meta_bytes % 4) % 4);
+}
+
+/// Bytes of a frame before its payload: header, metadata, padding.
+constexpr std::uint64_t head_bytes(const Header& h) noexcept {
+  return sizeof(Header) + h.meta_bytes + padding(h.meta_bytes);
+}
+
+/// The zero bytes a sender writes as padding.
+inline constexpr std::array<char, 4> kZeros{};
+
 /// A frame that cannot be trusted: the receiver logs `what()` and closes the connection.
 class Malformed : public std::runtime_error {
  public:
@@ -167,6 +182,7 @@ class MetaReader : public cereal::InputArchive<MetaReader, cereal::AllowEmptyCla
   /// Copies the next `n` bytes to `out`.
   void read(void* out, std::size_t n) {
     if (n > bytes_.size()) throw Malformed("metadata ends in the middle of a field");
+    if (n == 0) return;  // an empty vector's data() may be null
     std::memcpy(out, bytes_.data(), n);
     bytes_ = bytes_.subspan(n);
   }
@@ -217,6 +233,35 @@ std::enable_if_t<!std::is_arithmetic_v<T>> CEREAL_LOAD_FUNCTION_NAME(MetaReader&
   for (cereal::size_type i = 0; i < n; ++i) a(v.emplace_back());
 }
 
+/// The cereal output archive for metadata: BinaryOutputArchive's format, appended to a
+/// string (no stream, no locale: messages are encoded on every call).
+class MetaWriter : public cereal::OutputArchive<MetaWriter, cereal::AllowEmptyClassElision> {
+ public:
+  explicit MetaWriter(std::string& out) : OutputArchive(this), out_(out) {}
+  /// Appends `n` bytes.
+  void write(const void* data, std::size_t n) { out_.append(static_cast<const char*>(data), n); }
+
+ private:
+  std::string& out_;
+};
+
+template <class T>
+std::enable_if_t<std::is_arithmetic_v<T>> CEREAL_SAVE_FUNCTION_NAME(MetaWriter& a, const T& t) {
+  a.write(std::addressof(t), sizeof(t));
+}
+template <class T>
+void CEREAL_SAVE_FUNCTION_NAME(MetaWriter& a, const cereal::NameValuePair<T>& t) {
+  a(t.value);
+}
+template <class T>
+void CEREAL_SAVE_FUNCTION_NAME(MetaWriter& a, const cereal::SizeTag<T>& t) {
+  a(t.size);
+}
+template <class T>
+void CEREAL_SAVE_FUNCTION_NAME(MetaWriter& a, const cereal::BinaryData<T>& data) {
+  a.write(data.data, static_cast<std::size_t>(data.size));
+}
+
 /// Checks a received header against the protocol and `limits`; throws Malformed naming the
 /// problem. Nothing else of the frame is read before this passes.
 inline void check(const Header& h, const Limits& limits = {}) {
@@ -239,11 +284,17 @@ inline void check(const Header& h, const Limits& limits = {}) {
   }
 }
 
-/// A message ready to send: header, metadata, and views of the tensors to write after them.
+/// A message ready to send: header, metadata, and views of the tensors to write after them
+/// (after `padding(header.meta_bytes)` zero bytes).
 struct Frame {
   Header header;
   std::string meta;
   std::vector<std::span<const float>> payload;
+
+  /// Bytes of the whole frame on the wire.
+  [[nodiscard]] std::uint64_t size() const noexcept {
+    return head_bytes(header) + header.payload_bytes;
+  }
 };
 
 namespace detail {
@@ -263,7 +314,7 @@ void sizes_of(A& a, const std::vector<PartValues>& parts) {
 /// Messages with tensors send their sizes in the metadata and their values as payload;
 /// every other message is its cereal `serialize`.
 template <class Message>
-void write_meta(cereal::BinaryOutputArchive& a, const Message& m,
+void write_meta(MetaWriter& a, const Message& m,
                 std::vector<std::span<const float>>& payload) {
   if constexpr (std::is_same_v<Message, Initialize>) {
     sizes_of(a, m.parts);
@@ -360,12 +411,8 @@ Variant decode(std::size_t index, std::span<const char> meta, std::span<const fl
 template <class Variant>
 Frame encode(const Variant& message, std::uint64_t call) {
   Frame frame;
-  std::ostringstream out;
-  {
-    cereal::BinaryOutputArchive archive(out);
-    std::visit([&](const auto& m) { detail::write_meta(archive, m, frame.payload); }, message);
-  }
-  frame.meta = std::move(out).str();
+  MetaWriter archive(frame.meta);
+  std::visit([&](const auto& m) { detail::write_meta(archive, m, frame.payload); }, message);
   frame.header.kind = static_cast<std::uint16_t>(
       message.index() + (std::is_same_v<Variant, Response> ? kResponseKind : 0));
   frame.header.call = call;
@@ -412,10 +459,5 @@ inline Response decode_response(const Header& h, std::span<const char> meta,
 }  // namespace wire
 }  // namespace pulley
 
-// cereal checks a load against the matching save; metadata is written by BinaryOutputArchive.
-namespace cereal::traits::detail {
-template <>
-struct get_output_from_input<pulley::wire::MetaReader> {
-  using type = cereal::BinaryOutputArchive;
-};
-}  // namespace cereal::traits::detail
+// cereal checks a load against the matching save.
+CEREAL_SETUP_ARCHIVE_TRAITS(pulley::wire::MetaReader, pulley::wire::MetaWriter)

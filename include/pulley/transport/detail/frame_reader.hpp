@@ -1,0 +1,265 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <new>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "pulley/detail/finite.hpp"
+#include "pulley/transport/wire.hpp"
+
+namespace pulley::detail {
+
+/// Cuts a received byte stream into frames (wire.hpp) with as few receive calls as it can.
+/// Small frames arrive many at a time in one buffer and are handed out in place; a payload
+/// too large for that buffer is received straight into its destination: the pull targets
+/// the owner routes it to, or a payload buffer that grows only as bytes arrive (so a header
+/// claiming gigabytes costs nothing until they come).
+///
+/// It does no I/O: the owner receives into `buffers()`, reports with `commit(n)`, and takes
+/// the frames that completed with `next()`. Every header is checked (wire::check) before
+/// anything is allocated for its frame; a bad one throws wire::Malformed.
+class FrameReader {
+ public:
+  /// A complete frame. Its views stay valid until the next `buffers()`.
+  struct Frame {
+    wire::Header header;
+    std::span<const char> meta;
+    std::span<const float> payload;  ///< empty when routed: the floats are in the targets
+    bool routed = false;             ///< the payload went to the targets `route` gave
+    bool finite = false;             ///< not routed, and every payload float is finite
+  };
+
+  /// @param buffer_bytes the receive buffer: frames up to this size come in place, many per
+  ///                     receive; larger payloads go straight to their destination
+  explicit FrameReader(wire::Limits limits, std::size_t buffer_bytes = std::size_t{64} << 10U)
+      : limits_(limits), buffer_(buffer_bytes / sizeof(float)) {}
+
+  /// Where the next received bytes go: the buffer, or while a payload is received outside
+  /// it, the rest of its destination and then the buffer (so the frames after a large
+  /// payload come with its last bytes). Never empty.
+  std::span<const std::span<std::byte>> buffers() {
+    scatter_size_ = 0;
+    if (direct_) {
+      std::uint64_t skip = direct_done_;
+      for (std::span<float> t : direct_targets()) {
+        const std::span<std::byte> bytes = std::as_writable_bytes(t);
+        if (skip >= bytes.size()) {
+          skip -= bytes.size();
+          continue;
+        }
+        if (scatter_size_ + 1 == scatter_.size()) break;  // keep one for the buffer
+        scatter_[scatter_size_++] = bytes.subspan(static_cast<std::size_t>(skip));
+        skip = 0;
+      }
+      direct_span_ = scatter_size_;
+      // The buffer's free end, after the head kept for the frame in progress; only once the
+      // destination's last span is in the list, or bytes would land out of order.
+      if (direct_tail_listed() && end_ < capacity()) {
+        scatter_[scatter_size_++] = std::span<std::byte>(bytes() + end_, capacity() - end_);
+      }
+      return {scatter_.data(), scatter_size_};
+    }
+    if (begin_ > 0) {  // a frame begun (typically a few bytes, or none) moves to the front
+      std::memmove(bytes(), bytes() + begin_, end_ - begin_);
+      end_ -= begin_;
+      begin_ = 0;
+    }
+    scatter_[scatter_size_++] = std::span<std::byte>(bytes() + end_, capacity() - end_);
+    return {scatter_.data(), scatter_size_};
+  }
+
+  /// `n` bytes arrived in `buffers()`.
+  void commit(std::size_t n) {
+    if (!direct_) {
+      end_ += n;
+      return;
+    }
+    const std::uint64_t left = header_.payload_bytes - direct_done_;
+    const auto to_payload = static_cast<std::size_t>(std::min<std::uint64_t>(n, left));
+    direct_done_ += to_payload;
+    end_ += n - to_payload;  // the next frames, in the buffer
+    if (!routed_) arrived_in_own();
+  }
+
+  /// The next complete frame, or nullopt when more bytes are needed. `route(header, meta)`
+  /// is asked once per frame with a payload, when its head is in: it returns the spans the
+  /// payload goes to (a `std::span<const std::span<float>>` that stays valid until the frame
+  /// is complete), or an empty one to keep it here. Throws wire::Malformed for a frame that
+  /// breaks the protocol or the limits, or whose payload is not the size of its targets.
+  template <class Route>
+  std::optional<Frame> next(Route&& route) {
+    if (direct_) {
+      if (direct_done_ < header_.payload_bytes) return std::nullopt;
+      return finish_direct();
+    }
+    const std::size_t available = end_ - begin_;
+    if (available < sizeof(wire::Header)) return std::nullopt;
+    std::memcpy(&header_, bytes() + begin_, sizeof header_);
+    wire::check(header_, limits_);
+    const std::size_t head = static_cast<std::size_t>(wire::head_bytes(header_));
+    if (head > capacity()) grow_buffer(head);  // a large metadata: bounded by the limits
+    if (available < head) return std::nullopt;
+    const std::span<const char> meta(reinterpret_cast<const char*>(bytes()) + begin_ +
+                                         sizeof(wire::Header),
+                                     header_.meta_bytes);
+    const std::uint64_t payload = header_.payload_bytes;
+    const std::size_t buffered =
+        static_cast<std::size_t>(std::min<std::uint64_t>(available - head, payload));
+    if (payload > 0 && !asked_) {
+      asked_ = true;
+      targets_ = route(header_, meta);
+    }
+    if (!targets_.empty()) {  // straight into the targets, starting with what is here
+      std::uint64_t total = 0;
+      for (std::span<float> t : targets_) total += t.size_bytes();
+      if (total != payload) throw wire::Malformed("a payload of another size than its targets");
+      scatter_copy(bytes() + begin_ + head, buffered);
+      return start_direct(head, buffered, true);
+    }
+    if (head + payload <= capacity()) {  // in place, once it is all here
+      if (available < head + payload) return std::nullopt;
+      const std::span<const float> values(
+          reinterpret_cast<const float*>(bytes() + begin_ + head),
+          static_cast<std::size_t>(payload / sizeof(float)));
+      begin_ += head + static_cast<std::size_t>(payload);
+      asked_ = false;
+      return Frame{header_, meta, values, false, all_finite(values)};
+    }
+    // Too large for the buffer: into the growing payload buffer.
+    direct_done_ = buffered;
+    checked_ = 0;
+    finite_ = true;
+    grow_own();
+    std::memcpy(own_.data(), bytes() + begin_ + head, buffered);
+    arrived_in_own();
+    return start_direct(head, buffered, false);
+  }
+
+  /// Frame views handed out so far stay valid; what is buffered is dropped (a reconnect).
+  void reset() {
+    begin_ = end_ = 0;
+    direct_ = routed_ = asked_ = false;
+    targets_ = {};
+  }
+
+ private:
+  static constexpr std::size_t kChunkFloats = (std::size_t{1} << 20U) / sizeof(float);
+
+  std::byte* bytes() noexcept { return reinterpret_cast<std::byte*>(buffer_.data()); }
+  std::size_t capacity() const noexcept { return buffer_.size() * sizeof(float); }
+
+  /// The scatter list built by buffers() reaches the end of the payload's destination.
+  bool direct_tail_listed() {
+    std::uint64_t listed = direct_done_;
+    for (std::size_t i = 0; i < direct_span_; ++i) listed += scatter_[i].size();
+    return listed == header_.payload_bytes;
+  }
+
+  std::span<const std::span<float>> direct_targets() {
+    if (routed_) return targets_;
+    const auto floats = static_cast<std::size_t>(header_.payload_bytes / sizeof(float));
+    own_target_[0] = std::span<float>(own_).first(std::min(own_.size(), floats));
+    return {own_target_.data(), 1};
+  }
+
+  /// Checks the floats that arrived in own_ while they are in cache, and grows it for what
+  /// is to come.
+  void arrived_in_own() {
+    const auto arrived = static_cast<std::size_t>(direct_done_ / sizeof(float));
+    finite_ = finite_ && all_finite(std::span<const float>(own_).subspan(checked_, arrived - checked_));
+    checked_ = arrived;
+    grow_own();
+  }
+
+  void grow_buffer(std::size_t head) {
+    std::vector<float> bigger((head + sizeof(float) - 1) / sizeof(float));
+    std::memcpy(bigger.data(), bytes() + begin_, end_ - begin_);
+    end_ -= begin_;
+    begin_ = 0;
+    buffer_ = std::move(bigger);
+  }
+
+  /// Grows the payload buffer to hold at most max(1 MiB, twice what arrived) beyond what
+  /// arrived; a buffer kept from an earlier frame is not shrunk, so steady traffic is
+  /// received in one go.
+  void grow_own() {
+    const auto floats = static_cast<std::size_t>(header_.payload_bytes / sizeof(float));
+    const auto arrived = static_cast<std::size_t>(direct_done_ / sizeof(float));
+    const std::size_t until =
+        own_.size() >= floats ? floats : std::min(floats, std::max(2 * arrived, kChunkFloats));
+    if (own_.size() >= until) return;
+    try {
+      own_.resize(until);
+    } catch (const std::bad_alloc&) {
+      throw wire::Malformed("no memory for a payload of " +
+                            std::to_string(header_.payload_bytes) + " bytes");
+    }
+  }
+
+  /// Copies `n` received bytes into the targets, from their start.
+  void scatter_copy(const std::byte* from, std::size_t n) {
+    for (std::span<float> t : targets_) {
+      const std::size_t take = std::min(n, t.size_bytes());
+      std::memcpy(t.data(), from, take);
+      from += take;
+      n -= take;
+      if (n == 0) break;
+    }
+  }
+
+  std::optional<Frame> start_direct(std::size_t head, std::size_t buffered, bool routed) {
+    // The head stays where it is (its metadata is handed out with the frame); the payload
+    // bytes buffered after it were copied out; what follows them (the next frames) stays.
+    head_at_ = begin_;
+    begin_ += head + buffered;
+    direct_ = true;
+    routed_ = routed;
+    direct_done_ = buffered;
+    if (direct_done_ < header_.payload_bytes) return std::nullopt;
+    return finish_direct();
+  }
+
+  std::optional<Frame> finish_direct() {
+    const std::span<const char> meta(
+        reinterpret_cast<const char*>(bytes()) + head_at_ + sizeof(wire::Header),
+        header_.meta_bytes);
+    Frame frame{header_, meta, {}, routed_, false};
+    if (!routed_) {
+      frame.payload = std::span<const float>(own_).first(
+          static_cast<std::size_t>(header_.payload_bytes / sizeof(float)));
+      frame.finite = finite_;
+    }
+    direct_ = routed_ = asked_ = false;
+    targets_ = {};
+    return frame;
+  }
+
+  wire::Limits limits_;
+  std::vector<float> buffer_;  ///< the receive buffer (floats: aligned for in-place payloads)
+  std::size_t begin_ = 0;      ///< first byte not handed out
+  std::size_t end_ = 0;        ///< end of what was received
+  wire::Header header_;        ///< of the frame being cut
+  bool asked_ = false;         ///< route() was asked about the current frame
+  std::span<const std::span<float>> targets_;  ///< where route() sent the current payload
+  bool direct_ = false;          ///< a payload is being received outside the buffer
+  bool routed_ = false;          ///< ... into targets_ (else into own_)
+  std::uint64_t direct_done_ = 0;  ///< payload bytes received so far
+  std::size_t head_at_ = 0;        ///< where the current frame's head is in the buffer
+  std::vector<float> own_;         ///< payloads too large for the buffer, not routed
+  std::size_t checked_ = 0;        ///< floats of own_ checked finite so far
+  bool finite_ = true;
+  std::array<std::span<float>, 1> own_target_{};
+  std::array<std::span<std::byte>, 16> scatter_{};
+  std::size_t scatter_size_ = 0;
+  std::size_t direct_span_ = 0;  ///< spans of scatter_ in the payload's destination
+};
+
+}  // namespace pulley::detail

@@ -1,0 +1,165 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+
+/// What the TCP client and server share: addresses, listening, and gather-writes of frames
+/// that take what the kernel accepts now without waiting.
+
+#include <array>
+#include <asio.hpp>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "pulley/error.hpp"
+#include "pulley/transport/wire.hpp"
+
+namespace pulley::detail {
+
+/// Splits "host:port" (the host may be "[v6]"); throws kInvalidArgument.
+inline std::pair<std::string, std::string> split_address(const std::string& address) {
+  const auto colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {
+    throw Error(ErrorCode::kInvalidArgument, "address '" + address + "' is not host:port");
+  }
+  std::string host = address.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return {host, address.substr(colon + 1)};
+}
+
+/// The first endpoint `host` resolves to (a name, a numeric address, "0.0.0.0" or "::" for
+/// every interface) with `port`; throws kInvalidArgument when it does not resolve.
+inline asio::ip::tcp::endpoint resolve_listen_endpoint(asio::io_context& io,
+                                                       const std::string& host,
+                                                       std::uint16_t port) {
+  std::error_code ec;
+  asio::ip::tcp::resolver resolver(io);
+  const auto results =
+      resolver.resolve(host, std::to_string(port), asio::ip::resolver_base::passive, ec);
+  if (ec || results.empty()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "cannot listen on '" + host + "': " + (ec ? ec.message() : "no address"));
+  }
+  return results.begin()->endpoint();
+}
+
+/// An acceptor listening on `endpoint`; throws kUnavailable naming it (e.g. a port in use).
+inline asio::ip::tcp::acceptor listen(asio::io_context& io,
+                                      const asio::ip::tcp::endpoint& endpoint) {
+  try {
+    return asio::ip::tcp::acceptor(io, endpoint);
+  } catch (const std::system_error& e) {
+    throw Error(ErrorCode::kUnavailable, "cannot listen on " + endpoint.address().to_string() +
+                                             ":" + std::to_string(endpoint.port()) + ": " +
+                                             e.code().message());
+  }
+}
+
+/// The buffers of several frames, gather-written in order and consumed as the kernel takes
+/// them.
+class GatherList {
+ public:
+  /// Appends a frame: header, metadata, padding, payload views (which must outlive the write).
+  void append(const wire::Frame& f) {
+    buffers_.emplace_back(&f.header, sizeof f.header);
+    if (!f.meta.empty()) buffers_.emplace_back(f.meta.data(), f.meta.size());
+    if (const std::size_t pad = wire::padding(f.meta.size())) {
+      buffers_.emplace_back(wire::kZeros.data(), pad);
+    }
+    for (std::span<const float> v : f.payload) {
+      if (!v.empty()) buffers_.emplace_back(v.data(), v.size_bytes());
+    }
+    bytes_ += f.size();
+  }
+
+  /// Writes what `socket` (non-blocking) takes now; returns false on an error other than
+  /// would_block, in `ec`.
+  bool write_now(asio::ip::tcp::socket& socket, std::error_code& ec) {
+    while (!empty()) {
+      const std::size_t n = socket.write_some(remaining(), ec);
+      if (ec == asio::error::would_block || ec == asio::error::try_again) {
+        ec.clear();
+        return true;
+      }
+      if (ec) return false;
+      consume(n);
+    }
+    return true;
+  }
+
+  /// What is left to write.
+  [[nodiscard]] std::span<const asio::const_buffer> remaining() const {
+    return std::span(buffers_).subspan(first_);
+  }
+  /// Bytes left to write.
+  [[nodiscard]] std::uint64_t bytes() const noexcept { return bytes_; }
+  [[nodiscard]] bool empty() const noexcept { return bytes_ == 0; }
+
+  /// Appends bytes that are no frame of their own (a copy of another list's remainder).
+  void append(const char* data, std::size_t n) {
+    if (n == 0) return;
+    buffers_.emplace_back(data, n);
+    bytes_ += n;
+  }
+
+  /// Copies what is left to `out`, which has room for `bytes()`.
+  void copy_remaining(char* out) const {
+    for (const asio::const_buffer& b : remaining()) {
+      std::memcpy(out, b.data(), b.size());
+      out += b.size();
+    }
+  }
+
+  /// `n` bytes were written.
+  void consume(std::size_t n) {
+    bytes_ -= n;
+    while (n > 0) {
+      asio::const_buffer& b = buffers_[first_];
+      if (n < b.size()) {
+        b += n;
+        return;
+      }
+      n -= b.size();
+      ++first_;
+    }
+    while (first_ < buffers_.size() && buffers_[first_].size() == 0) ++first_;
+  }
+
+  void clear() {
+    buffers_.clear();
+    first_ = 0;
+    bytes_ = 0;
+  }
+
+ private:
+  std::vector<asio::const_buffer> buffers_;
+  std::size_t first_ = 0;
+  std::uint64_t bytes_ = 0;
+};
+
+/// FrameReader's receive buffers as an Asio buffer sequence; holds them while a receive is
+/// under way.
+class ReceiveBuffers {
+ public:
+  /// The sequence for `spans` (at most 16), valid until the next call.
+  std::span<const asio::mutable_buffer> of(std::span<const std::span<std::byte>> spans) {
+    count_ = 0;
+    for (std::span<std::byte> s : spans) {
+      if (count_ == buffers_.size()) break;
+      buffers_[count_++] = asio::mutable_buffer(s.data(), s.size());
+    }
+    return {buffers_.data(), count_};
+  }
+
+ private:
+  std::array<asio::mutable_buffer, 16> buffers_{};
+  std::size_t count_ = 0;
+};
+
+}  // namespace pulley::detail

@@ -1,0 +1,396 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+
+#include <algorithm>
+#include <asio.hpp>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "pulley/concepts/transport.hpp"
+#include "pulley/transport/detail/frame_reader.hpp"
+#include "pulley/transport/detail/sockets.hpp"
+#include "pulley/transport/wire.hpp"
+
+namespace pulley {
+
+/// How a Tcp client connects.
+struct TcpOptions {
+  /// Total time to wait for a ps that is not up yet, when the transport is made, before
+  /// giving up with kUnavailable.
+  std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
+  /// First pause between those connection attempts; doubles up to one second.
+  std::chrono::milliseconds initial_backoff{std::chrono::milliseconds(20)};
+  /// Longest one connection attempt may take (a host that drops packets would otherwise
+  /// hold it for the kernel's two minutes); also bounds each reconnection attempt.
+  std::chrono::milliseconds attempt_timeout{std::chrono::seconds(2)};
+  /// What replies may claim, checked before anything is allocated for them.
+  wire::Limits limits;
+};
+
+/// The TCP `Transport`: one connection per ps task. Tensors are gather-written from the
+/// caller's own buffers, and a pull reply is received straight into the pull targets.
+///
+/// It has no thread of its own: its I/O runs on the caller's thread while the caller waits
+/// on a PendingCall (the client waits right after sending). Requests made before a wait
+/// leave together when it begins, one gather-write per ps (a push and its pull in one), to
+/// every ps at once; replies are read as they arrive, several per receive when small. A
+/// round trip thus costs the network's two wake-ups and no thread hand-off. The price: a
+/// Tcp and its PendingCalls are used from one thread at a time, and a transfer moves only
+/// while that thread waits.
+///
+/// A lost connection fails the calls waiting on it with kUnavailable (whether a request in
+/// flight was handled is then unknown). The next call to that ps reconnects first (one
+/// attempt, `attempt_timeout`), so a ps that restarts on the same address is reached
+/// again; a restarted ps has lost its state and says so (kFailedPrecondition) until the
+/// chief initializes it anew. A caller that gives up on a call in the middle of its
+/// transfer (its deadline passed while a stalled peer was not reading) closes that
+/// connection, the only way to stop a transfer half done.
+class Tcp {
+ public:
+  /// Connects to every ps ("host:port", by task index), retrying with backoff while they
+  /// start; throws kUnavailable naming the first address that stays unreachable.
+  explicit Tcp(const std::vector<std::string>& ps_addresses, TcpOptions options = {})
+      : impl_(std::make_unique<Impl>(ps_addresses, options)) {}
+
+  /// Number of ps tasks.
+  [[nodiscard]] std::size_t num_ps() const noexcept { return impl_->num_ps(); }
+
+  /// Sends `request` to ps `ps`; see the Transport concept for the contract.
+  PendingCall call(std::size_t ps, Request&& request, PullTargets targets = {}) {
+    return impl_->call(ps, std::move(request), std::move(targets));
+  }
+
+ private:
+  /// One call: what the caller shares with the transport, and the frame to send.
+  struct Pending : CallControl {
+    Pending(CallDriver* driver, std::size_t ps) : CallControl(driver), ps(ps) {}
+    std::size_t ps;
+    PullTargets targets;
+    wire::Frame frame;  ///< its payload views alias the caller's tensors
+  };
+  using PendingPtr = std::shared_ptr<Pending>;
+
+  enum class State { kConnected, kConnecting, kBroken };
+
+  /// One connection. Every handler captures the `generation` it was started in and ignores
+  /// its completion once the connection was replaced.
+  struct Link {
+    Link(asio::io_context& io, std::string address, const wire::Limits& limits)
+        : address(std::move(address)), socket(io), resolver(io), timer(io), reader(limits) {}
+
+    std::string address;
+    asio::ip::tcp::socket socket;
+    asio::ip::tcp::resolver resolver;
+    asio::steady_timer timer;  ///< bounds a connection attempt
+    State state = State::kBroken;
+    std::uint64_t generation = 0;
+    std::string broken_reason = "not connected";
+    detail::FrameReader reader;
+    detail::ReceiveBuffers receive_buffers;
+    std::map<std::uint64_t, PendingPtr> pending;  ///< sent or queued, awaiting a reply
+    std::deque<PendingPtr> outbox;                ///< not written yet
+    std::vector<PendingPtr> writing;              ///< in the write under way
+    detail::GatherList write_list;                ///< what of `writing` is left to write
+    bool write_armed = false;                     ///< an asynchronous write of write_list
+    PendingPtr reading;  ///< the call whose pull reply is being received into its targets
+    std::int64_t reading_step = 0;
+  };
+
+  class Impl final : public CallDriver {
+   public:
+    Impl(const std::vector<std::string>& addresses, const TcpOptions& options)
+        : options_(options) {
+      for (const std::string& address : addresses) {
+        detail::split_address(address);  // a malformed address fails now, not at each attempt
+        links_.push_back(std::make_unique<Link>(io_, address, options.limits));
+      }
+      for (auto& link : links_) connect_with_backoff(*link);
+    }
+
+    Impl(const Impl&) = delete;
+    Impl& operator=(const Impl&) = delete;
+
+    ~Impl() {
+      // Every call still waiting is answered kUnavailable, so none waits on this driver.
+      for (auto& link : links_) fail(*link, "transport closed");
+    }
+
+    [[nodiscard]] std::size_t num_ps() const noexcept { return links_.size(); }
+
+    PendingCall call(std::size_t ps, Request&& request, PullTargets targets) {
+      auto pending = std::make_shared<Pending>(this, ps);
+      pending->targets = std::move(targets);
+      PendingCall result(pending);
+      if (ps >= links_.size()) {
+        pending->answer(
+            ErrorReply{ErrorCode::kInvalidArgument, "no ps task " + std::to_string(ps)});
+        return result;
+      }
+      Link& link = *links_[ps];
+      const std::uint64_t id = next_call_++;
+      // The payload views alias the request's tensors (the caller's buffers), which stay
+      // valid until the call is answered or cancelled; the rest is serialized here.
+      pending->frame = wire::encode(request, id);
+      link.pending.emplace(id, pending);
+      link.outbox.push_back(std::move(pending));
+      if (link.state == State::kBroken) connect(link, [](std::error_code) {});
+      return result;
+    }
+
+    void run_until(CallControl& call, std::chrono::steady_clock::time_point deadline) override {
+      for (auto& link : links_) flush(*link);
+      while (!call.answered()) {
+        if (deadline <= std::chrono::steady_clock::now()) {
+          io_.poll();  // what already arrived
+          return;
+        }
+        io_.run_one_until(deadline);
+      }
+    }
+
+    void abort(CallControl& call) override {
+      auto& pending = static_cast<Pending&>(call);
+      Link& link = *links_[pending.ps];
+      const bool writing =
+          std::any_of(link.writing.begin(), link.writing.end(),
+                      [&](const PendingPtr& p) { return p.get() == &pending; });
+      if (writing || link.reading.get() == &pending) {
+        fail(link, "a call was given up mid-transfer");
+      }
+    }
+
+   private:
+    void connect_with_backoff(Link& link) {
+      const auto deadline = std::chrono::steady_clock::now() + options_.connect_timeout;
+      auto backoff = options_.initial_backoff;
+      for (;;) {
+        bool done = false;
+        connect(link, [&](std::error_code) { done = true; });
+        while (!done) io_.run_one();
+        if (link.state == State::kConnected) return;
+        if (std::chrono::steady_clock::now() + backoff > deadline) break;
+        std::this_thread::sleep_for(backoff);
+        backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+      }
+      throw Error(ErrorCode::kUnavailable, "ps at " + link.address + " unreachable for " +
+                                               std::to_string(options_.connect_timeout.count()) +
+                                               " ms: " + link.broken_reason);
+    }
+
+    /// One connection attempt of at most attempt_timeout; `done(ec)` follows, with the link
+    /// connected (and receiving) or broken with the reason.
+    template <class Done>
+    void connect(Link& link, Done done) {
+      const std::uint64_t gen = ++link.generation;
+      link.state = State::kConnecting;
+      link.socket = asio::ip::tcp::socket(io_);
+      auto timed_out = std::make_shared<bool>(false);
+      link.timer.expires_after(options_.attempt_timeout);
+      link.timer.async_wait([&link, gen, timed_out](std::error_code ec) {
+        if (ec || gen != link.generation || link.state != State::kConnecting) return;
+        *timed_out = true;
+        link.resolver.cancel();
+        std::error_code ignored;
+        link.socket.close(ignored);
+      });
+      auto finish = [this, &link, gen, timed_out, done](std::error_code ec) mutable {
+        if (gen != link.generation) return done(asio::error::operation_aborted);
+        link.timer.cancel();
+        if (!ec) link.socket.set_option(asio::ip::tcp::no_delay(true), ec);
+        if (!ec) link.socket.non_blocking(true, ec);  // requests are first written directly
+        if (ec) {
+          link.state = State::kBroken;
+          link.broken_reason = *timed_out
+                                   ? "no connection within " +
+                                         std::to_string(options_.attempt_timeout.count()) + " ms"
+                                   : ec.message();
+          fail_all(link);
+          return done(ec);
+        }
+        link.state = State::kConnected;
+        link.reader.reset();
+        receive(link, gen);
+        flush(link);
+        done(ec);
+      };
+      const auto [host, port] = detail::split_address(link.address);
+      link.resolver.async_resolve(
+          host, port,
+          [&link, finish](std::error_code ec,
+                          asio::ip::tcp::resolver::results_type endpoints) mutable {
+            if (ec) return finish(ec);
+            asio::async_connect(link.socket, endpoints,
+                                [finish](std::error_code ec2,
+                                         const asio::ip::tcp::endpoint&) mutable { finish(ec2); });
+          });
+    }
+
+    /// Writes the queued requests (up to 64 frames per gather-write) straight from their
+    /// buffers: what the kernel takes now, then the rest asynchronously.
+    void flush(Link& link) {
+      if (link.state != State::kConnected || link.write_armed) return;
+      while (!link.outbox.empty()) {
+        link.write_list.clear();
+        while (!link.outbox.empty() && link.writing.size() < 64) {
+          PendingPtr out = std::move(link.outbox.front());
+          link.outbox.pop_front();
+          if (!out->begin_use()) {  // given up before it went out: skip it
+            link.pending.erase(out->frame.header.call);
+            continue;
+          }
+          link.write_list.append(out->frame);
+          link.writing.push_back(std::move(out));
+        }
+        std::error_code ec;
+        if (!link.write_list.write_now(link.socket, ec)) return fail(link, ec.message());
+        if (!link.write_list.empty()) {
+          link.write_armed = true;
+          asio::async_write(link.socket, link.write_list.remaining(),
+                            [this, &link, gen = link.generation](std::error_code ec2, std::size_t) {
+                              link.write_armed = false;
+                              if (gen != link.generation) return flush(link);  // a new link
+                              end_writing(link);
+                              if (ec2) return fail(link, ec2.message());
+                              flush(link);
+                            });
+          return;
+        }
+        end_writing(link);
+      }
+    }
+
+    static void end_writing(Link& link) {
+      for (const PendingPtr& p : link.writing) p->end_use();
+      link.writing.clear();
+    }
+
+    void receive(Link& link, std::uint64_t gen) {
+      link.socket.async_read_some(
+          link.receive_buffers.of(link.reader.buffers()),
+          [this, &link, gen](std::error_code ec, std::size_t n) {
+            if (gen != link.generation) return;
+            if (ec) return fail(link, ec.message());
+            link.reader.commit(n);
+            try {
+              while (auto frame = link.reader.next([&](const wire::Header& h,
+                                                       std::span<const char> meta) {
+                       return route(link, h, meta);
+                     })) {
+                on_reply(link, *frame);
+              }
+            } catch (const wire::Malformed& e) {
+              return fail(link, e.what());
+            }
+            receive(link, gen);
+          });
+    }
+
+    /// Where a reply's payload goes: a pull reply that fits its call's targets goes straight
+    /// into them; anything else stays in the reader (and is decoded from there).
+    static std::span<const std::span<float>> route(Link& link, const wire::Header& header,
+                                                   std::span<const char> meta) {
+      if (header.kind != wire::kPullReplyKind) return {};
+      const auto it = link.pending.find(header.call);
+      if (it == link.pending.end()) return {};
+      const PendingPtr& pending = it->second;
+      auto [step, sizes] = wire::read_pull_reply_meta(meta);
+      bool fits = sizes.size() == pending->targets.size();
+      for (std::size_t i = 0; fits && i < sizes.size(); ++i) {
+        fits = sizes[i] == pending->targets[i].size();
+      }
+      if (!fits || !pending->begin_use()) return {};  // a misfit, or a call given up
+      link.reading = pending;
+      link.reading_step = step;
+      return pending->targets;
+    }
+
+    static void on_reply(Link& link, const detail::FrameReader::Frame& frame) {
+      const auto it = link.pending.find(frame.header.call);
+      if (frame.routed) {
+        const PendingPtr pending = std::exchange(link.reading, nullptr);
+        PullReply reply{link.reading_step, {}};
+        for (std::span<float> t : pending->targets) reply.values.push_back(t);
+        pending->answer(std::move(reply));
+        pending->end_use();
+        link.pending.erase(it);
+        return;
+      }
+      if (it == link.pending.end()) return;  // an answer nobody waits for any more
+      Pending& pending = *it->second;
+      Response response = wire::decode_response(frame.header, frame.meta, frame.payload);
+      if (auto* pull = std::get_if<PullReply>(&response)) {  // not routed: empty, or a misfit
+        if (!copy_out(*pull, pending)) {
+          response = ErrorReply{ErrorCode::kInvalidArgument, "pull reply does not fit its targets"};
+        }
+      }
+      pending.answer(std::move(response));
+      link.pending.erase(it);
+    }
+
+    /// Copies a pull reply received in the reader into the call's targets, if it fits them
+    /// and the caller has not given up.
+    static bool copy_out(PullReply& pull, Pending& pending) {
+      if (pull.values.size() != pending.targets.size()) return false;
+      for (std::size_t i = 0; i < pull.values.size(); ++i) {
+        if (pull.values[i].size() != pending.targets[i].size()) return false;
+      }
+      pending.unless_cancelled([&] {
+        for (std::size_t i = 0; i < pull.values.size(); ++i) {
+          std::copy(pull.values[i].begin(), pull.values[i].end(), pending.targets[i].begin());
+          pull.values[i] = pending.targets[i];
+        }
+      });
+      return true;
+    }
+
+    static Response unavailable(const Link& link) {
+      return ErrorReply{ErrorCode::kUnavailable,
+                        "connection to ps at " + link.address + " lost: " + link.broken_reason};
+    }
+
+    /// Every call waiting on the link, sent or queued, fails with kUnavailable.
+    static void fail_all(Link& link) {
+      link.outbox.clear();
+      for (auto& [id, pending] : std::exchange(link.pending, {})) {
+        pending->answer(unavailable(link));
+        pending->detach_driver();  // given up, or answered: nobody needs the I/O any more
+      }
+    }
+
+    /// The connection is gone: its handlers become stale, the uses of callers' buffers
+    /// end, everything waiting on it fails, and the next call reconnects.
+    void fail(Link& link, const std::string& reason) {
+      if (link.state == State::kBroken) return;
+      link.state = State::kBroken;
+      link.broken_reason = reason;
+      ++link.generation;
+      std::error_code ignored;
+      link.timer.cancel();
+      link.resolver.cancel();
+      link.socket.close(ignored);  // the operations under way end without touching buffers
+      end_writing(link);
+      if (link.reading) std::exchange(link.reading, nullptr)->end_use();
+      link.reader.reset();
+      fail_all(link);
+    }
+
+    TcpOptions options_;
+    asio::io_context io_{1};
+    asio::executor_work_guard<asio::io_context::executor_type> work_ =
+        asio::make_work_guard(io_);  ///< waits block until their deadline, never run dry
+    std::vector<std::unique_ptr<Link>> links_;  ///< by ps task; destroyed before io_
+    std::uint64_t next_call_ = 1;
+  };
+
+  std::unique_ptr<Impl> impl_;
+};
+static_assert(Transport<Tcp>);
+
+}  // namespace pulley

@@ -1,0 +1,332 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+
+#include <algorithm>
+#include <asio.hpp>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <deque>
+#include <exception>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "pulley/messages.hpp"
+#include "pulley/transport/detail/frame_reader.hpp"
+#include "pulley/transport/detail/sockets.hpp"
+#include "pulley/transport/wire.hpp"
+
+namespace pulley {
+
+/// Serves one ParameterServer on a TCP port. All connections are handled by one thread (the
+/// one that calls `run`), so the server sees its requests one at a time, as in-process.
+///
+/// Requests are received many at a time when they are small (a push and its pull arrive in
+/// one receive), and every reply they produce leaves in one gather-write at the end of the
+/// batch, straight from the ps's parameters. What the kernel does not take at once goes
+/// out as the socket drains, still from the parameters, unless a request that changes them
+/// (a push, an initialization) comes first: then the rest is copied, so a reply never sees
+/// the parameters change under it.
+///
+/// A frame that fails wire::check or does not decode closes that connection with a reason
+/// on stderr; the server keeps serving everyone else. A connection whose peer does not read
+/// its replies stops being read once `limits.max_unsent_bytes` of them wait (its requests
+/// wait in the kernel), and so does one with `limits.max_unanswered_requests` requests
+/// waiting in the ps, so no client can make the ps buffer without bound. `run` returns
+/// after a Shutdown request was answered.
+///
+/// @tparam Server a ParameterServer (`handle(Request&&, Responder)`, `stopped()`, `task()`)
+template <class Server>
+class TcpServer {
+ public:
+  /// Listens on `host:port`: `host` is a name ("localhost"), a numeric address, or "0.0.0.0"
+  /// / "::" for every interface (what TensorFlow's servers do: under Kubernetes a task's name
+  /// may resolve to a service address that is no local interface). Port 0 picks a free one;
+  /// see `port()`. Throws kInvalidArgument for a host that does not resolve, kUnavailable
+  /// when the address cannot be bound (a port in use).
+  TcpServer(Server& server, const std::string& host, std::uint16_t port, wire::Limits limits = {})
+      : server_(server),
+        limits_(limits),
+        acceptor_(detail::listen(io_, detail::resolve_listen_endpoint(io_, host, port))),
+        retry_accept_(io_) {}
+
+  /// The port it listens on.
+  [[nodiscard]] std::uint16_t port() const { return acceptor_.local_endpoint().port(); }
+
+  /// Serves until the ParameterServer handled a Shutdown (or `stop` is called).
+  void run() {
+    accept();
+    io_.run();
+  }
+
+  /// Stops serving now, from any thread.
+  void stop() { io_.stop(); }
+
+ private:
+  struct Connection : std::enable_shared_from_this<Connection> {
+    Connection(TcpServer& owner, asio::ip::tcp::socket socket)
+        : owner(owner), socket(std::move(socket)), reader(owner.limits_) {}
+
+    /// Too much of this connection's work is unfinished to take more requests: replies
+    /// unsent, or requests unanswered. Reading resumes when either shrinks.
+    [[nodiscard]] bool paused() const {
+      return unsent.bytes() > owner.limits_.max_unsent_bytes ||
+             unanswered >= owner.limits_.max_unanswered_requests;
+    }
+
+    TcpServer& owner;
+    asio::ip::tcp::socket socket;
+    detail::FrameReader reader;
+    detail::ReceiveBuffers receive_buffers;
+    std::deque<wire::Frame> replies;  ///< replies with bytes in `unsent` (stable addresses)
+    detail::GatherList unsent;        ///< what of them, in order, the kernel has not taken
+    std::unique_ptr<char[]> copy;     ///< a copy of unsent bytes that viewed the parameters
+    std::unique_ptr<char[]> spare;    ///< the copy before, for reuse
+    std::size_t copy_size = 0, spare_size = 0;
+    std::size_t unanswered = 0;       ///< requests handled, their replies not queued
+    bool views = false;               ///< `unsent` views the ps's parameters
+    bool listed = false;              ///< in owner.viewing_
+    bool write_waiting = false;       ///< waits for the socket to take more
+    bool receiving = false;           ///< a receive is armed
+    bool processing = false;          ///< inside process(): it reads on by itself
+    bool resume_posted = false;
+    bool dirty = false;  ///< in owner.dirty_: replies queued since the last write
+    bool closed = false;
+  };
+  using ConnectionPtr = std::shared_ptr<Connection>;
+
+  void accept() {
+    acceptor_.async_accept([this](std::error_code ec, asio::ip::tcp::socket socket) {
+      if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
+      if (ec) {  // e.g. out of file descriptors: keep serving, try again shortly
+        if (!accept_failing_) {
+          std::fprintf(stderr, "pulley ps %u: accept failed (%s); retrying every 100 ms\n",
+                       static_cast<unsigned>(server_.task()), ec.message().c_str());
+        }
+        accept_failing_ = true;
+        retry_accept_.expires_after(std::chrono::milliseconds(100));
+        retry_accept_.async_wait([this](std::error_code timer) {
+          if (!timer) accept();
+        });
+        return;
+      }
+      accept_failing_ = false;
+      std::error_code ignored;
+      socket.set_option(asio::ip::tcp::no_delay(true), ignored);
+      socket.non_blocking(true, ignored);  // replies are first written without waiting
+      auto connection = std::make_shared<Connection>(*this, std::move(socket));
+      connections_.emplace(connection.get(), connection);
+      receive(connection);
+      accept();
+    });
+  }
+
+  /// Arms one receive into the connection's reader, unless one is armed or it is paused.
+  void receive(const ConnectionPtr& c) {
+    if (c->receiving || c->closed || c->paused()) return;
+    c->receiving = true;
+    c->socket.async_read_some(c->receive_buffers.of(c->reader.buffers()),
+                              [this, c](std::error_code ec, std::size_t n) {
+                                c->receiving = false;
+                                if (c->closed) return;
+                                if (ec) return forget(*c);  // the peer left, or the link broke
+                                c->reader.commit(n);
+                                process(c);
+                              });
+  }
+
+  /// Handles every complete request received (while not paused), writes the replies they
+  /// produced, and reads on.
+  void process(const ConnectionPtr& c) {
+    c->processing = true;
+    try {
+      // Writing the replies may end a pause (the kernel took them): then handle the
+      // requests still buffered before receiving more.
+      for (bool again = true; again && !c->closed;) {
+        bool paused = false;
+        while (!c->closed && !(paused = c->paused())) {
+          auto frame = c->reader.next([](const wire::Header&, std::span<const char>) {
+            return std::span<const std::span<float>>();  // requests' payloads stay here
+          });
+          if (!frame) break;
+          dispatch(c, *frame);
+        }
+        flush_all();
+        again = paused && !c->paused();
+      }
+    } catch (const wire::Malformed& e) {
+      drop(*c, e.what());
+      flush_all();
+    }
+    c->processing = false;
+    receive(c);
+    maybe_stop();
+  }
+
+  void dispatch(const ConnectionPtr& c, const detail::FrameReader::Frame& frame) {
+    if (frame.header.kind >= wire::kResponseKind) throw wire::Malformed("a response sent to a ps");
+    Request request = wire::decode_request(frame.header, frame.meta, frame.payload);
+    if (auto* push = std::get_if<Push>(&request)) push->finite_checked = frame.finite;
+    // No reply may see the parameters change under it.
+    if (std::holds_alternative<Push>(request) || std::holds_alternative<Initialize>(request)) {
+      for (const ConnectionPtr& viewing : std::exchange(viewing_, {})) {
+        viewing->listed = false;
+        detach(*viewing);
+      }
+    }
+    const std::uint64_t call = frame.header.call;
+    ++c->unanswered;
+    try {
+      server_.handle(std::move(request),
+                     [this, weak = std::weak_ptr<Connection>(c), call](Response&& response) {
+                       if (auto connection = weak.lock()) {
+                         --connection->unanswered;
+                         queue_reply(connection, response, call);
+                         maybe_resume(connection);
+                       }
+                     });
+    } catch (const std::exception& e) {  // a throwing policy must not take the ps down
+      --c->unanswered;
+      queue_reply(c, ErrorReply{ErrorCode::kInvalidArgument,
+                                "ps " + std::to_string(server_.task()) + " failed: " + e.what()},
+                  call);
+    }
+    if (server_.stopped()) begin_stopping();
+  }
+
+  /// Queues a reply for the write at the end of the batch; its views of the parameters stay
+  /// valid until the next push or initialization (see `detach`).
+  void queue_reply(const ConnectionPtr& c, const Response& response, std::uint64_t call) {
+    if (c->closed) return;
+    c->replies.push_back(wire::encode(response, call));
+    c->unsent.append(c->replies.back());
+    if (!c->replies.back().payload.empty()) {
+      c->views = true;
+      if (!std::exchange(c->listed, true)) viewing_.push_back(c);
+    }
+    if (!std::exchange(c->dirty, true)) dirty_.push_back(c);
+  }
+
+  /// Reading was paused and need not be any longer: resume, after the current handler (the
+  /// ps may be in the middle of a request).
+  void maybe_resume(const ConnectionPtr& c) {
+    if (c->receiving || c->processing || c->closed || c->paused() || c->resume_posted) return;
+    c->resume_posted = true;
+    asio::post(io_, [this, c] {
+      c->resume_posted = false;
+      if (!c->closed && !c->processing) process(c);
+    });
+  }
+
+  void flush_all() {
+    for (const ConnectionPtr& c : std::exchange(dirty_, {})) {
+      c->dirty = false;
+      write(c);
+    }
+  }
+
+  /// Writes what the socket takes now, straight from the replies (their headers, metadata
+  /// and the parameters they view), and waits for it to take the rest.
+  void write(const ConnectionPtr& c) {
+    if (c->closed || c->write_waiting) return;
+    std::error_code ec;
+    if (!c->unsent.write_now(c->socket, ec)) return forget(*c);  // the peer is gone
+    if (c->unsent.empty()) {
+      c->unsent.clear();
+      c->replies.clear();
+      c->views = false;  // (it may stay listed in viewing_: detach does nothing then)
+      return;
+    }
+    c->write_waiting = true;
+    c->socket.async_wait(asio::socket_base::wait_write, [this, c](std::error_code wait) {
+      c->write_waiting = false;
+      if (c->closed) return;
+      if (wait) return forget(*c);
+      write(c);
+      maybe_resume(c);
+      maybe_stop();
+    });
+  }
+
+  /// The parameters are about to change: what is unsent of `c`'s replies stops viewing
+  /// them. The kernel takes what it can first; the rest is copied.
+  void detach(Connection& c) {
+    if (c.closed || !c.views) return;
+    std::error_code ec;
+    if (!c.write_waiting && !c.unsent.write_now(c.socket, ec)) return forget(c);
+    const auto n = static_cast<std::size_t>(c.unsent.bytes());
+    if (c.spare_size < n) {  // the spare may hold nothing still unsent: the copy does
+      c.spare = std::make_unique_for_overwrite<char[]>(n);
+      c.spare_size = n;
+    }
+    c.unsent.copy_remaining(c.spare.get());
+    std::swap(c.copy, c.spare);
+    std::swap(c.copy_size, c.spare_size);
+    c.unsent.clear();
+    c.replies.clear();
+    c.unsent.append(c.copy.get(), n);
+    c.views = false;
+  }
+
+  void drop(Connection& c, const std::string& reason) {
+    std::error_code ignored;
+    const auto peer = c.socket.remote_endpoint(ignored);
+    std::fprintf(stderr, "pulley ps %u: closing connection from %s:%u: %s\n",
+                 static_cast<unsigned>(server_.task()), peer.address().to_string().c_str(),
+                 static_cast<unsigned>(peer.port()), reason.c_str());
+    forget(c);
+  }
+
+  /// A connection is done: closed, its unsent replies dropped, no longer kept alive here.
+  void forget(Connection& c) {
+    if (std::exchange(c.closed, true)) return;
+    c.unsent.clear();
+    c.replies.clear();
+    std::error_code ignored;
+    c.socket.close(ignored);
+    connections_.erase(&c);
+  }
+
+  /// After Shutdown: stops once every answer (the Ack, the cancelled waiters) is written,
+  /// or after five seconds if a client does not read them.
+  void begin_stopping() {
+    if (stopping_) return;
+    stopping_ = true;
+    shutdown_grace_.expires_after(std::chrono::seconds(5));
+    shutdown_grace_.async_wait([this](std::error_code ec) {
+      if (!ec) io_.stop();
+    });
+  }
+
+  void maybe_stop() {
+    if (!stopping_ || !dirty_.empty()) return;
+    const bool written = std::none_of(connections_.begin(), connections_.end(),
+                                      [](const auto& c) { return !c.second->unsent.empty(); });
+    if (written) {
+      std::error_code ignored;
+      acceptor_.close(ignored);
+      retry_accept_.cancel();
+      shutdown_grace_.cancel();
+      io_.stop();
+    }
+  }
+
+  Server& server_;
+  wire::Limits limits_;
+  asio::io_context io_{1};
+  asio::ip::tcp::acceptor acceptor_;
+  asio::steady_timer retry_accept_;
+  asio::steady_timer shutdown_grace_{io_};
+  bool accept_failing_ = false;
+  bool stopping_ = false;
+  std::vector<ConnectionPtr> dirty_;    ///< connections with replies queued in this batch
+  std::vector<ConnectionPtr> viewing_;  ///< connections whose unsent replies view parameters
+  /// Open connections, kept alive here: one whose reading is paused has no handler pending
+  /// that would hold it, while requests it made wait in the ps. Destroyed before io_.
+  std::map<Connection*, ConnectionPtr> connections_;
+};
+
+}  // namespace pulley
