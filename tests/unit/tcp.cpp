@@ -541,3 +541,51 @@ TEST_CASE("replies the kernel takes only in part, even mid-header, reach the cli
   CHECK(client.receive(body).call == kCalls + 1);
   serving.join();
 }
+
+TEST_CASE("an answered call is cancelled at once while a larger one behind it is still sent") {
+  AsyncServer server(0, 1, Sgd{0.1F}, Async{}, FixedShards{1});
+  TcpServer listener(server, "127.0.0.1", 0);
+  std::thread serving([&] { listener.run(); });
+  Tcp tcp({"127.0.0.1:" + std::to_string(listener.port())});
+  // Both leave in one gather-write; the stats reply comes while the 64 MiB push is still
+  // being written. The stats call's use of its buffers ended with its own frame.
+  const std::vector<float> gradient(std::size_t{16} << 20U, 1.0F);
+  PendingCall stats = tcp.call(0, GetStats{});
+  PendingCall push = tcp.call(0, Push{0, 0, {{0, gradient}}});
+  REQUIRE(stats.wait_for(std::chrono::seconds(10)));
+  stats.cancel();  // must not wait for the push's write to end: nothing else would run it
+  REQUIRE(push.wait_for(std::chrono::seconds(30)));
+  const Response answer = push.get();  // the connection lived on: the ps's own verdict
+  REQUIRE(std::holds_alternative<ErrorReply>(answer));
+  CHECK(std::get<ErrorReply>(answer).code == ErrorCode::kFailedPrecondition);
+  CHECK(std::holds_alternative<Ack>(tcp.call(0, Shutdown{}).get()));
+  serving.join();
+}
+
+TEST_CASE("a connection paused for its waiting requests is read again once they are answered") {
+  AsyncServer server(0, 1, Sgd{0.1F}, Async{}, FixedShards{1});
+  wire::Limits limits;
+  limits.max_unsent_bytes = 1U << 10U;  // the 4 KiB reply alone exceeds it...
+  limits.max_unanswered_requests = 1;   // ...and one waiting pull pauses the connection
+  TcpServer listener(server, "127.0.0.1", 0, limits);
+  std::thread serving([&] { listener.run(); });
+  constexpr std::size_t kFloats = 1024;
+  Chief chief(Tcp({"127.0.0.1:" + std::to_string(listener.port())}), 1);
+  chief.initialize(std::vector<VariableSpec>{{"blob", {kFloats}, Initializer::zeros()}});
+  RawClient waiter;
+  waiter.socket.connect({asio::ip::make_address("127.0.0.1"), listener.port()});
+  waiter.send(Pull{1, {{0, {0, kFloats}}}}, 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const std::vector<float> gradient(kFloats, 1.0F);
+  RawClient pusher;
+  pusher.socket.connect({asio::ip::make_address("127.0.0.1"), listener.port()});
+  pusher.send(Push{0, 0, {{0, gradient}}}, 1);
+  std::vector<char> body;
+  REQUIRE(pusher.receive(body).call == 1);
+  // The kernel takes the released reply at once; the pause must end with it.
+  REQUIRE(waiter.receive(body).call == 1);
+  waiter.send(GetStats{}, 2);
+  CHECK(waiter.receive(body).call == 2);
+  chief.shutdown();
+  serving.join();
+}

@@ -76,22 +76,22 @@ class CallControl {
     return true;
   }
   /// Sets the answer, unless the call has one or its caller gave up; true if this one is it.
-  /// Wakes the caller; waiting no longer needs the driver.
+  /// Wakes the caller.
   bool answer(Response&& response) {
     std::scoped_lock lock(mutex_);
-    if (cancelled_ || response_) return false;
+    if (cancelled_ || answered_) return false;
     response_ = std::move(response);
-    driver_ = nullptr;
+    answered_ = true;
     changed_.notify_all();
     return true;
   }
-  /// True once the call has its answer.
+  /// True once the call has its answer (and stays true after `take`).
   [[nodiscard]] bool answered() const {
     std::scoped_lock lock(mutex_);
-    return response_.has_value();
+    return answered_;
   }
-  /// The transport is going away: waiting no longer moves its I/O (every call it still held
-  /// was answered first).
+  /// The transport is going away: it answered every call it held or ended their uses, and
+  /// neither waiting nor cancelling may reach it any more.
   void detach_driver() {
     std::scoped_lock lock(mutex_);
     driver_ = nullptr;
@@ -103,21 +103,19 @@ class CallControl {
   /// driver, the waiting thread runs the transport's I/O meanwhile.
   bool wait_until(std::chrono::steady_clock::time_point deadline) {
     std::unique_lock lock(mutex_);
-    if (response_) return true;
+    if (answered_) return true;
     if (CallDriver* driver = driver_) {
       lock.unlock();
       driver->run_until(*this, deadline);
       lock.lock();
-      return response_.has_value();
+      return answered_;
     }
-    return changed_.wait_until(lock, deadline, [&] { return response_.has_value(); });
+    return changed_.wait_until(lock, deadline, [&] { return answered_; });
   }
   /// The answer, once `wait_until` returned true; only once.
   Response take() {
     std::scoped_lock lock(mutex_);
-    Response r = std::move(*response_);
-    response_.reset();
-    return r;
+    return std::move(*response_);
   }
   /// Gives the call up: ends a use under way (the driver's `abort`) and waits until no use is
   /// left; afterwards the transport begins none, so the caller may free the request's
@@ -147,8 +145,9 @@ class CallControl {
   mutable std::mutex mutex_;
   std::condition_variable changed_;  ///< an answer arrived, or the last use ended
   std::optional<Response> response_;
-  CallDriver* driver_;
+  CallDriver* driver_;  ///< for the call's whole life: a use may outlast the answer
   int users_ = 0;
+  bool answered_ = false;
   bool cancelled_ = false;
 };
 

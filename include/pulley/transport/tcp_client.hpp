@@ -73,7 +73,9 @@ class Tcp {
     Pending(CallDriver* driver, std::size_t ps) : CallControl(driver), ps(ps) {}
     std::size_t ps;
     PullTargets targets;
-    wire::Frame frame;  ///< its payload views alias the caller's tensors
+    wire::Frame frame;           ///< its payload views alias the caller's tensors
+    std::uint64_t frame_end = 0;  ///< where its frame ends in the link's write list
+    bool writing = false;         ///< in the write list, not all written: one use
   };
   using PendingPtr = std::shared_ptr<Pending>;
 
@@ -95,10 +97,11 @@ class Tcp {
     detail::FrameReader reader;
     detail::ReceiveBuffers receive_buffers;
     std::map<std::uint64_t, PendingPtr> pending;  ///< sent or queued, awaiting a reply
-    std::deque<PendingPtr> outbox;                ///< not written yet
-    std::vector<PendingPtr> writing;              ///< in the write under way
-    detail::GatherList write_list;                ///< what of `writing` is left to write
-    bool write_armed = false;                     ///< an asynchronous write of write_list
+    std::deque<PendingPtr> outbox;                ///< made since the caller last waited
+    std::deque<PendingPtr> writing;               ///< in write_list, not all written yet
+    detail::GatherList write_list;                ///< their frames, as the kernel takes them
+    bool write_waiting = false;                   ///< waits for the socket to take more
+    bool receiving = false;                       ///< a receive is armed
     PendingPtr reading;  ///< the call whose pull reply is being received into its targets
     std::int64_t reading_step = 0;
   };
@@ -145,7 +148,10 @@ class Tcp {
     }
 
     void run_until(CallControl& call, std::chrono::steady_clock::time_point deadline) override {
-      for (auto& link : links_) flush(*link);
+      for (auto& link : links_) {
+        flush(*link);
+        receive(*link);
+      }
       while (!call.answered()) {
         if (deadline <= std::chrono::steady_clock::now()) {
           io_.poll();  // what already arrived
@@ -158,10 +164,7 @@ class Tcp {
     void abort(CallControl& call) override {
       auto& pending = static_cast<Pending&>(call);
       Link& link = *links_[pending.ps];
-      const bool writing =
-          std::any_of(link.writing.begin(), link.writing.end(),
-                      [&](const PendingPtr& p) { return p.get() == &pending; });
-      if (writing || link.reading.get() == &pending) {
+      if (pending.writing || link.reading.get() == &pending) {
         fail(link, "a call was given up mid-transfer");
       }
     }
@@ -216,8 +219,10 @@ class Tcp {
         }
         link.state = State::kConnected;
         link.reader.reset();
-        receive(link, gen);
+        link.receive_buffers = {};  // a new socket: low watermark 1
+        link.receiving = false;
         flush(link);
+        receive(link);
         done(ec);
       };
       const auto [host, port] = detail::split_address(link.address);
@@ -232,50 +237,58 @@ class Tcp {
           });
     }
 
-    /// Writes the queued requests (up to 64 frames per gather-write) straight from their
-    /// buffers: what the kernel takes now, then the rest asynchronously.
+    /// Writes the requests made since the last wait in one gather-write, straight from their
+    /// buffers: what the kernel takes now, the rest as the socket drains. A call's use of
+    /// its buffers ends once its own frame is written.
     void flush(Link& link) {
-      if (link.state != State::kConnected || link.write_armed) return;
+      if (link.state != State::kConnected) return;
       while (!link.outbox.empty()) {
-        link.write_list.clear();
-        while (!link.outbox.empty() && link.writing.size() < 64) {
-          PendingPtr out = std::move(link.outbox.front());
-          link.outbox.pop_front();
-          if (!out->begin_use()) {  // given up before it went out: skip it
-            link.pending.erase(out->frame.header.call);
-            continue;
-          }
-          link.write_list.append(out->frame);
-          link.writing.push_back(std::move(out));
+        PendingPtr out = std::move(link.outbox.front());
+        link.outbox.pop_front();
+        if (!out->begin_use()) {  // given up before it went out: forget it
+          link.pending.erase(out->frame.header.call);
+          out->detach_driver();
+          continue;
         }
-        std::error_code ec;
-        if (!link.write_list.write_now(link.socket, ec)) return fail(link, ec.message());
-        if (!link.write_list.empty()) {
-          link.write_armed = true;
-          asio::async_write(link.socket, link.write_list.remaining(),
-                            [this, &link, gen = link.generation](std::error_code ec2, std::size_t) {
-                              link.write_armed = false;
-                              if (gen != link.generation) return flush(link);  // a new link
-                              end_writing(link);
-                              if (ec2) return fail(link, ec2.message());
-                              flush(link);
-                            });
-          return;
-        }
-        end_writing(link);
+        link.write_list.append(out->frame);
+        out->frame_end = link.write_list.appended();
+        out->writing = true;
+        link.writing.push_back(std::move(out));
       }
+      if (link.write_waiting || link.write_list.empty()) return;
+      std::error_code ec;
+      if (!link.write_list.write_now(link.socket, ec)) return fail(link, ec.message());
+      while (!link.writing.empty() && link.writing.front()->frame_end <= link.write_list.written()) {
+        end_writing(*link.writing.front());
+        link.writing.pop_front();
+      }
+      if (link.write_list.empty()) return link.write_list.clear();
+      link.write_waiting = true;
+      link.socket.async_wait(asio::socket_base::wait_write,
+                             [this, &link, gen = link.generation](std::error_code wait) {
+                               if (gen != link.generation) return;  // fail() reset the link
+                               link.write_waiting = false;
+                               if (wait) return fail(link, wait.message());
+                               flush(link);
+                             });
     }
 
-    static void end_writing(Link& link) {
-      for (const PendingPtr& p : link.writing) p->end_use();
-      link.writing.clear();
+    static void end_writing(Pending& p) {
+      if (std::exchange(p.writing, false)) p.end_use();
     }
 
-    void receive(Link& link, std::uint64_t gen) {
+    /// Arms a receive while calls wait for replies on the link. Between calls none is armed:
+    /// re-arming right after the last reply would cost the caller a receive that finds
+    /// nothing; a connection that broke meanwhile is noticed by the next call.
+    void receive(Link& link) {
+      if (link.state != State::kConnected || link.receiving || link.pending.empty()) return;
+      link.receiving = true;
+      link.receive_buffers.watermark(link.socket, link.reader.payload_left());
       link.socket.async_read_some(
           link.receive_buffers.of(link.reader.buffers()),
-          [this, &link, gen](std::error_code ec, std::size_t n) {
+          [this, &link, gen = link.generation](std::error_code ec, std::size_t n) {
             if (gen != link.generation) return;
+            link.receiving = false;
             if (ec) return fail(link, ec.message());
             link.reader.commit(n);
             try {
@@ -288,7 +301,7 @@ class Tcp {
             } catch (const wire::Malformed& e) {
               return fail(link, e.what());
             }
-            receive(link, gen);
+            receive(link);
           });
     }
 
@@ -313,6 +326,10 @@ class Tcp {
 
     static void on_reply(Link& link, const detail::FrameReader::Frame& frame) {
       const auto it = link.pending.find(frame.header.call);
+      if (it != link.pending.end() && it->second->writing) {
+        // The ps answered bytes it cannot have received: the stream is not to be trusted.
+        throw wire::Malformed("a reply to a request not yet sent whole");
+      }
       if (frame.routed) {
         const PendingPtr pending = std::exchange(link.reading, nullptr);
         PullReply reply{link.reading_step, {}};
@@ -360,7 +377,7 @@ class Tcp {
       link.outbox.clear();
       for (auto& [id, pending] : std::exchange(link.pending, {})) {
         pending->answer(unavailable(link));
-        pending->detach_driver();  // given up, or answered: nobody needs the I/O any more
+        pending->detach_driver();  // answered or given up: it needs the transport no more
       }
     }
 
@@ -375,7 +392,9 @@ class Tcp {
       link.timer.cancel();
       link.resolver.cancel();
       link.socket.close(ignored);  // the operations under way end without touching buffers
-      end_writing(link);
+      for (const PendingPtr& p : std::exchange(link.writing, {})) end_writing(*p);
+      link.write_list.clear();
+      link.write_waiting = false;  // its wait completes as stale
       if (link.reading) std::exchange(link.reading, nullptr)->end_use();
       link.reader.reset();
       fail_all(link);

@@ -128,6 +128,7 @@ class TcpServer {
   void receive(const ConnectionPtr& c) {
     if (c->receiving || c->closed || c->paused()) return;
     c->receiving = true;
+    c->receive_buffers.watermark(c->socket, c->reader.payload_left());
     c->socket.async_read_some(c->receive_buffers.of(c->reader.buffers()),
                               [this, c](std::error_code ec, std::size_t n) {
                                 c->receiving = false;
@@ -238,7 +239,7 @@ class TcpServer {
       c->unsent.clear();
       c->replies.clear();
       c->views = false;  // (it may stay listed in viewing_: detach does nothing then)
-      return;
+      return maybe_resume(c);  // a pause for unsent bytes may have ended just now
     }
     c->write_waiting = true;
     c->socket.async_wait(asio::socket_base::wait_write, [this, c](std::error_code wait) {
@@ -283,6 +284,9 @@ class TcpServer {
   /// A connection is done: closed, its unsent replies dropped, no longer kept alive here.
   void forget(Connection& c) {
     if (std::exchange(c.closed, true)) return;
+    if (std::exchange(c.listed, false)) {
+      std::erase_if(viewing_, [&](const ConnectionPtr& v) { return v.get() == &c; });
+    }
     c.unsent.clear();
     c.replies.clear();
     std::error_code ignored;

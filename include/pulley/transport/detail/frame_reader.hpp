@@ -28,13 +28,15 @@ namespace pulley::detail {
 /// anything is allocated for its frame; a bad one throws wire::Malformed.
 class FrameReader {
  public:
-  /// A complete frame. Its views stay valid until the next `buffers()`.
+  /// A complete frame. Its views stay valid until the next `next()` or `buffers()`.
   struct Frame {
     wire::Header header;
     std::span<const char> meta;
     std::span<const float> payload;  ///< empty when routed: the floats are in the targets
     bool routed = false;             ///< the payload went to the targets `route` gave
-    bool finite = false;             ///< not routed, and every payload float is finite
+    /// Every payload float was checked finite as it arrived (payloads received into the
+    /// growing buffer only: they are the ones too large to check again cheaply).
+    bool finite = false;
   };
 
   /// @param buffer_bytes the receive buffer: frames up to this size come in place, many per
@@ -131,7 +133,7 @@ class FrameReader {
           static_cast<std::size_t>(payload / sizeof(float)));
       begin_ += head + static_cast<std::size_t>(payload);
       asked_ = false;
-      return Frame{header_, meta, values, false, all_finite(values)};
+      return Frame{header_, meta, values, false, false};
     }
     // Too large for the buffer: into the growing payload buffer.
     direct_done_ = buffered;
@@ -141,6 +143,11 @@ class FrameReader {
     std::memcpy(own_.data(), bytes() + begin_ + head, buffered);
     arrived_in_own();
     return start_direct(head, buffered, false);
+  }
+
+  /// Bytes of the payload being received outside the buffer still to come; 0 when none is.
+  [[nodiscard]] std::uint64_t payload_left() const noexcept {
+    return direct_ ? header_.payload_bytes - direct_done_ : 0;
   }
 
   /// Frame views handed out so far stay valid; what is buffered is dropped (a reconnect).
@@ -223,7 +230,12 @@ class FrameReader {
     direct_ = true;
     routed_ = routed;
     direct_done_ = buffered;
-    if (direct_done_ < header_.payload_bytes) return std::nullopt;
+    if (direct_done_ < header_.payload_bytes) {
+      // All that was buffered is payload. The frames after it will land from here on:
+      // aligned, so their payloads can be used in place.
+      begin_ = end_ = (begin_ + alignof(float) - 1) / alignof(float) * alignof(float);
+      return std::nullopt;
+    }
     return finish_direct();
   }
 

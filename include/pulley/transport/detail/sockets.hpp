@@ -4,6 +4,7 @@
 /// What the TCP client and server share: addresses, listening, and gather-writes of frames
 /// that take what the kernel accepts now without waiting.
 
+#include <algorithm>
 #include <array>
 #include <asio.hpp>
 #include <cstddef>
@@ -76,6 +77,7 @@ class GatherList {
       if (!v.empty()) buffers_.emplace_back(v.data(), v.size_bytes());
     }
     bytes_ += f.size();
+    appended_ += f.size();
   }
 
   /// Writes what `socket` (non-blocking) takes now; returns false on an error other than
@@ -99,6 +101,9 @@ class GatherList {
   }
   /// Bytes left to write.
   [[nodiscard]] std::uint64_t bytes() const noexcept { return bytes_; }
+  /// Bytes appended since the last `clear`, and of those, bytes written.
+  [[nodiscard]] std::uint64_t appended() const noexcept { return appended_; }
+  [[nodiscard]] std::uint64_t written() const noexcept { return appended_ - bytes_; }
   [[nodiscard]] bool empty() const noexcept { return bytes_ == 0; }
 
   /// Appends bytes that are no frame of their own (a copy of another list's remainder).
@@ -106,6 +111,7 @@ class GatherList {
     if (n == 0) return;
     buffers_.emplace_back(data, n);
     bytes_ += n;
+    appended_ += n;
   }
 
   /// Copies what is left to `out`, which has room for `bytes()`.
@@ -135,18 +141,34 @@ class GatherList {
     buffers_.clear();
     first_ = 0;
     bytes_ = 0;
+    appended_ = 0;
   }
 
  private:
   std::vector<asio::const_buffer> buffers_;
   std::size_t first_ = 0;
   std::uint64_t bytes_ = 0;
+  std::uint64_t appended_ = 0;
 };
 
 /// FrameReader's receive buffers as an Asio buffer sequence; holds them while a receive is
 /// under way.
 class ReceiveBuffers {
  public:
+  /// While a large payload comes in, a receive completes only once 512 KiB of it (or all
+  /// that is left) has arrived: a few large receives instead of one per arriving burst,
+  /// which makes an event-driven receiver as fast as a blocking one. Never more than the
+  /// peer has committed to send, so it cannot wait for bytes that will not come; a closed
+  /// connection or an error completes it at once. One setsockopt when the mark changes.
+  void watermark(asio::ip::tcp::socket& socket, std::uint64_t payload_left) {
+    constexpr std::uint64_t kMark = std::uint64_t{512} << 10U;
+    const int mark = static_cast<int>(std::clamp<std::uint64_t>(payload_left, 1, kMark));
+    if (mark == mark_) return;
+    std::error_code ignored;  // without it, receives are merely more numerous
+    socket.set_option(asio::socket_base::receive_low_watermark(mark), ignored);
+    mark_ = mark;
+  }
+
   /// The sequence for `spans` (at most 16), valid until the next call.
   std::span<const asio::mutable_buffer> of(std::span<const std::span<std::byte>> spans) {
     count_ = 0;
@@ -160,6 +182,7 @@ class ReceiveBuffers {
  private:
   std::array<asio::mutable_buffer, 16> buffers_{};
   std::size_t count_ = 0;
+  int mark_ = 1;
 };
 
 }  // namespace pulley::detail
