@@ -231,9 +231,10 @@ class FrameReader {
     routed_ = routed;
     direct_done_ = buffered;
     if (direct_done_ < header_.payload_bytes) {
-      // All that was buffered is payload. The frames after it will land from here on:
-      // aligned, so their payloads can be used in place.
-      begin_ = end_ = (begin_ + alignof(float) - 1) / alignof(float) * alignof(float);
+      // All that was buffered after the head is payload, copied out: the frames after it
+      // land right behind the head (aligned, so their payloads can be used in place), and
+      // the last receive of the payload can bring them whatever this one filled.
+      begin_ = end_ = head_at_ + head;
       return std::nullopt;
     }
     return finish_direct();
