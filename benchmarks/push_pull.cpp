@@ -5,7 +5,11 @@
 // one-way transfer with a 1-byte acknowledgement (TCP push alone, pull alone), a 64-byte TCP
 // ping-pong (latency), and a plain loop doing the optimizer's math (server-side apply).
 //
-//   push_pull [--seconds-per-case 1.0]
+// The machine may be shared and noisy, so each case and its reference are measured in
+// alternating rounds, and the medians are compared: a ratio compares figures taken moments
+// apart. The range of the rounds' own ratios follows each line.
+//
+//   push_pull [--seconds-per-case 1.0] [--rounds 5]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -25,9 +29,11 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double g_seconds = 1.0;
+double g_seconds = 1.0;  ///< per case and side, over all rounds
+int g_rounds = 5;
 
-/// Runs `f` repeatedly for about g_seconds (after one warm-up); returns seconds per call.
+/// Runs `f` repeatedly for about one round's time (after one warm-up); returns seconds per
+/// call.
 double time_per_call(const std::function<void()>& f) {
   f();
   int calls = 0;
@@ -37,8 +43,34 @@ double time_per_call(const std::function<void()>& f) {
     f();
     ++calls;
     elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-  } while (elapsed < g_seconds);
+  } while (elapsed < g_seconds / g_rounds);
   return elapsed / calls;
+}
+
+/// A case and its reference, measured in alternating rounds: seconds per call (medians),
+/// and the lowest and highest of the rounds' ratios (reference time / case time).
+struct Paired {
+  double seconds = 0.0;
+  double reference = 0.0;
+  double low = 0.0;
+  double high = 0.0;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+/// Each function returns seconds per call, measured for one round.
+Paired paired(const std::function<double()>& measure, const std::function<double()>& reference) {
+  std::vector<double> ours, refs, ratios;
+  for (int r = 0; r < g_rounds; ++r) {
+    refs.push_back(reference());
+    ours.push_back(measure());
+    ratios.push_back(refs.back() / ours.back());
+  }
+  return {median(ours), median(refs), *std::min_element(ratios.begin(), ratios.end()),
+          *std::max_element(ratios.begin(), ratios.end())};
 }
 
 /// One variable of n floats; the gradient is constant.
@@ -140,49 +172,68 @@ double memcpy_time(std::size_t bytes) {
   });
 }
 
-void print(const char* what, double value, const char* unit, double reference, const char* ref) {
-  std::printf("%-44s %10.2f %-5s  ref %-22s %10.2f %-5s ratio %.2f\n", what, value, unit, ref,
-              reference, unit, value / reference);
+/// One line: the case's figure, its reference's, their ratio (of medians) and the range of
+/// the rounds' ratios. `per_second` turns seconds per call into the figure (e.g. GB/s);
+/// nullptr prints microseconds per call (latency) instead.
+void print(const std::string& what, const Paired& p, double (*per_second)(double),
+           const char* unit, const char* ref) {
+  const bool latency = per_second == nullptr;
+  const double value = latency ? p.seconds * 1e6 : per_second(p.seconds);
+  const double reference = latency ? p.reference * 1e6 : per_second(p.reference);
+  const double ratio = latency ? p.seconds / p.reference : p.reference / p.seconds;
+  std::printf("%-40s %9.2f %-5s ref %-20s %9.2f %-5s ratio %.2f (rounds %.2f-%.2f)\n",
+              what.c_str(), value, unit, ref, reference, unit, ratio,
+              latency ? 1.0 / p.high : p.low, latency ? 1.0 / p.low : p.high);
 }
+
+std::size_t g_bytes = 0;  ///< the tensor size of the case being printed
+double gb_per_s(double seconds) { return static_cast<double>(g_bytes) / seconds / 1e9; }
+double two_gb_per_s(double seconds) { return 2.0 * gb_per_s(seconds); }  // pushed + pulled
 
 }  // namespace
 
 int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::string(argv[i]) == "--seconds-per-case") g_seconds = std::atof(argv[++i]);
+    if (std::string(argv[i]) == "--rounds") g_rounds = std::max(1, std::atoi(argv[++i]));
   }
-  std::printf("pulley push/pull benchmark (%g s per case; bandwidth = bytes pushed + pulled)\n\n",
-              g_seconds);
-  const double rtt = raw_exchange(64, 64);
-  std::printf("reference: 64-byte TCP ping-pong round trip %.1f us\n\n", rtt * 1e6);
+  std::printf(
+      "pulley push/pull benchmark (%g s per case and side, in %d alternating rounds; "
+      "bandwidth = bytes pushed + pulled)\n\n",
+      g_seconds, g_rounds);
   for (std::size_t bytes : {std::size_t{4} << 10, std::size_t{1} << 20, std::size_t{16} << 20}) {
+    g_bytes = bytes;
     const std::size_t n = bytes / sizeof(float);
-    const double gb = 2.0 * static_cast<double>(bytes) / 1e9;  // pushed + pulled
     const std::string size = bytes < (1 << 20) ? std::to_string(bytes >> 10) + " KB"
                                                : std::to_string(bytes >> 20) + " MB";
-    const double copy = memcpy_time(bytes);
-    const double echo = raw_exchange(bytes, bytes);
-    const double one_way = raw_exchange(bytes, 1);
-    const double gb1 = static_cast<double>(bytes) / 1e9;
+    // memcpy moving as many bytes as a push+pull does (2 x bytes), at memcpy's bandwidth.
+    auto copy = [&] { return 2.0 * memcpy_time(bytes); };
+    auto echo = [&] { return raw_exchange(bytes, bytes); };
+    auto one_way = [&] { return raw_exchange(bytes, 1); };
     for (std::uint32_t workers : {1U, 2U}) {
+      // Bandwidth over all workers: each moves 2 x bytes per call.
+      const double w = workers;
       const std::string who =
           std::to_string(workers) + " worker" + (workers > 1 ? "s" : "") + ", " + size;
-      const double ip = in_process(n, workers, Op::kPushPull);
-      const double tcp = over_tcp(n, workers, Op::kPushPull);
-      print(("in-process push+pull, " + who).c_str(), gb * workers / ip, "GB/s",
-            static_cast<double>(bytes) / 1e9 / copy, "memcpy");
-      print(("TCP push+pull, " + who).c_str(), gb * workers / tcp, "GB/s", gb / echo,
-            "raw loopback echo");
+      print("in-process push+pull, " + who,
+            paired([&] { return in_process(n, workers, Op::kPushPull) / w; }, copy),
+            two_gb_per_s, "GB/s", "memcpy");
+      print("TCP push+pull, " + who,
+            paired([&] { return over_tcp(n, workers, Op::kPushPull) / w; }, echo),
+            two_gb_per_s, "GB/s", "raw loopback echo");
       if (workers == 1) {
-        print(("TCP push, " + who).c_str(), gb1 / over_tcp(n, 1, Op::kPush), "GB/s", gb1 / one_way,
-              "raw one-way + ack");
-        print(("TCP pull, " + who).c_str(), gb1 / over_tcp(n, 1, Op::kPull), "GB/s", gb1 / one_way,
-              "raw one-way + ack");
+        print("TCP push, " + who, paired([&] { return over_tcp(n, 1, Op::kPush); }, one_way),
+              gb_per_s, "GB/s", "raw one-way + ack");
+        print("TCP pull, " + who, paired([&] { return over_tcp(n, 1, Op::kPull); }, one_way),
+              gb_per_s, "GB/s", "raw one-way + ack");
       }
       if (bytes == (std::size_t{4} << 10) && workers == 1) {
-        print(("TCP push+pull latency, " + size).c_str(), tcp * 1e6, "us", rtt * 1e6,
+        auto ping_pong = [] { return raw_exchange(64, 64); };
+        print("TCP push+pull latency, " + size,
+              paired([&] { return over_tcp(n, 1, Op::kPushPull); }, ping_pong), nullptr, "us",
               "64 B ping-pong");
-        print(("in-process push+pull latency, " + size).c_str(), ip * 1e6, "us", rtt * 1e6,
+        print("in-process push+pull latency, " + size,
+              paired([&] { return in_process(n, 1, Op::kPushPull); }, ping_pong), nullptr, "us",
               "64 B ping-pong");
       }
     }
@@ -190,27 +241,33 @@ int main(int argc, char** argv) {
 
   // Server-side application over 16M floats against a plain loop doing the same math.
   const std::size_t n = std::size_t{16} << 20;
+  g_bytes = n;  // "bandwidth" in G floats per second
   std::vector<float> w(n, 1.0F), g(n, 1e-3F);
   const pulley::Sgd sgd{0.01F};
   auto sgd_state = sgd.make_state(n);
-  const double sgd_t = time_per_call([&] { sgd.apply(sgd_state, w, g); });
-  const double sgd_ref = time_per_call([&] {
-    for (std::size_t i = 0; i < n; ++i) w[i] -= 0.01F * g[i];
-  });
-  print("server Sgd::apply, 16M floats", n / sgd_t / 1e9, "Gf/s", n / sgd_ref / 1e9, "plain loop");
+  print("server Sgd::apply, 16M floats",
+        paired([&] { return time_per_call([&] { sgd.apply(sgd_state, w, g); }); },
+               [&] {
+                 return time_per_call([&] {
+                   for (std::size_t i = 0; i < n; ++i) w[i] -= 0.01F * g[i];
+                 });
+               }),
+        gb_per_s, "Gf/s", "plain loop");
   const pulley::Adam adam{};
   auto adam_state = adam.make_state(n);
-  const double adam_t = time_per_call([&] { adam.apply(adam_state, w, g); });
   std::vector<float> m(n), v(n);
-  const double adam_ref = time_per_call([&] {
-    const float lr = 0.001F;
-    for (std::size_t i = 0; i < n; ++i) {
-      m[i] = 0.9F * m[i] + 0.1F * g[i];
-      v[i] = 0.999F * v[i] + 0.001F * g[i] * g[i];
-      w[i] -= lr * m[i] / (std::sqrt(v[i]) + 1e-7F);
-    }
-  });
-  print("server Adam::apply, 16M floats", n / adam_t / 1e9, "Gf/s", n / adam_ref / 1e9,
-        "plain loop");
+  print("server Adam::apply, 16M floats",
+        paired([&] { return time_per_call([&] { adam.apply(adam_state, w, g); }); },
+               [&] {
+                 return time_per_call([&] {
+                   const float lr = 0.001F;
+                   for (std::size_t i = 0; i < n; ++i) {
+                     m[i] = 0.9F * m[i] + 0.1F * g[i];
+                     v[i] = 0.999F * v[i] + 0.001F * g[i] * g[i];
+                     w[i] -= lr * m[i] / (std::sqrt(v[i]) + 1e-7F);
+                   }
+                 });
+               }),
+        gb_per_s, "Gf/s", "plain loop");
   return 0;
 }
