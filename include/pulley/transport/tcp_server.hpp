@@ -87,8 +87,7 @@ class TcpServer {
     std::unique_ptr<char[]> spare;    ///< the copy before, for reuse
     std::size_t copy_size = 0, spare_size = 0;
     std::size_t unanswered = 0;       ///< requests handled, their replies not queued
-    bool views = false;               ///< `unsent` views the ps's parameters
-    bool listed = false;              ///< in owner.viewing_
+    bool views = false;  ///< `unsent` views the ps's parameters (it is in owner.viewing_)
     bool write_waiting = false;       ///< waits for the socket to take more
     bool receiving = false;           ///< a receive is armed
     bool processing = false;          ///< inside process(): it reads on by itself
@@ -173,10 +172,7 @@ class TcpServer {
     if (auto* push = std::get_if<Push>(&request)) push->finite_checked = frame.finite;
     // No reply may see the parameters change under it.
     if (std::holds_alternative<Push>(request) || std::holds_alternative<Initialize>(request)) {
-      for (const ConnectionPtr& viewing : std::exchange(viewing_, {})) {
-        viewing->listed = false;
-        detach(*viewing);
-      }
+      for (const ConnectionPtr& viewing : std::exchange(viewing_, {})) detach(*viewing);
     }
     const std::uint64_t call = frame.header.call;
     ++c->unanswered;
@@ -205,8 +201,7 @@ class TcpServer {
     c->replies.push_back(wire::encode(response, call));
     c->unsent.append(c->replies.back());
     if (!c->replies.back().payload.empty()) {
-      c->views = true;
-      if (!std::exchange(c->listed, true)) viewing_.push_back(c);
+      if (!std::exchange(c->views, true)) viewing_.push_back(c);
     }
     if (!std::exchange(c->dirty, true)) dirty_.push_back(c);
   }
@@ -238,7 +233,7 @@ class TcpServer {
     if (c->unsent.empty()) {
       c->unsent.clear();
       c->replies.clear();
-      c->views = false;  // (it may stay listed in viewing_: detach does nothing then)
+      stop_viewing(*c);
       return maybe_resume(c);  // a pause for unsent bytes may have ended just now
     }
     c->write_waiting = true;
@@ -255,7 +250,7 @@ class TcpServer {
   /// The parameters are about to change: what is unsent of `c`'s replies stops viewing
   /// them. The kernel takes what it can first; the rest is copied.
   void detach(Connection& c) {
-    if (c.closed || !c.views) return;
+    if (c.closed || !std::exchange(c.views, false)) return;
     std::error_code ec;
     if (!c.write_waiting && !c.unsent.write_now(c.socket, ec)) return forget(c);
     const auto n = static_cast<std::size_t>(c.unsent.bytes());
@@ -269,7 +264,13 @@ class TcpServer {
     c.unsent.clear();
     c.replies.clear();
     c.unsent.append(c.copy.get(), n);
-    c.views = false;
+  }
+
+  /// `c`'s replies no longer view the parameters (all written, or the connection is done).
+  void stop_viewing(Connection& c) {
+    if (std::exchange(c.views, false)) {
+      std::erase_if(viewing_, [&](const ConnectionPtr& v) { return v.get() == &c; });
+    }
   }
 
   void drop(Connection& c, const std::string& reason) {
@@ -284,9 +285,7 @@ class TcpServer {
   /// A connection is done: closed, its unsent replies dropped, no longer kept alive here.
   void forget(Connection& c) {
     if (std::exchange(c.closed, true)) return;
-    if (std::exchange(c.listed, false)) {
-      std::erase_if(viewing_, [&](const ConnectionPtr& v) { return v.get() == &c; });
-    }
+    stop_viewing(c);
     c.unsent.clear();
     c.replies.clear();
     std::error_code ignored;
