@@ -7,10 +7,12 @@
 #include <doctest/doctest.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -589,3 +591,73 @@ TEST_CASE("a connection paused for its waiting requests is read again once they 
   chief.shutdown();
   serving.join();
 }
+
+// Address sanitizers reserve terabytes of address space: a cap on it cannot apply there.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define PULLEY_NO_ADDRESS_SPACE_CAP 1
+#endif
+
+#ifndef PULLEY_NO_ADDRESS_SPACE_CAP
+TEST_CASE("a ps that cannot hold a payload drops that connection and serves on") {
+  // The ps runs in a child process whose address space leaves 512 MiB to spare; a client
+  // claims a 2 GiB push (within the wire limits) and streams it.
+  asio::io_context io;
+  asio::ip::tcp::acceptor probe(io, {asio::ip::make_address("127.0.0.1"), 0});
+  const std::uint16_t port = probe.local_endpoint().port();
+  probe.close();
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {  // the ps: exits 0 once shut down after the failed payload, never returns
+    try {
+      AsyncServer server(0, 1, Sgd{0.1F}, Async{}, FixedShards{1});
+      TcpServer listener(server, "127.0.0.1", port);
+      rlimit cap{};
+      getrlimit(RLIMIT_AS, &cap);
+      std::size_t mapped = 0;  // what the process has mapped now, from /proc/self/statm
+      if (FILE* statm = std::fopen("/proc/self/statm", "r")) {
+        if (std::fscanf(statm, "%zu", &mapped) != 1) mapped = 0;
+        std::fclose(statm);
+      }
+      cap.rlim_cur = mapped * static_cast<std::size_t>(sysconf(_SC_PAGESIZE)) + (512U << 20U);
+      setrlimit(RLIMIT_AS, &cap);
+      listener.run();
+    } catch (...) {
+      _exit(1);
+    }
+    _exit(0);
+  }
+  auto connect = [&](RawClient& c) {  // the child may still be starting
+    for (int attempt = 0; attempt < 200; ++attempt) {
+      std::error_code ec;
+      c.socket.connect({asio::ip::make_address("127.0.0.1"), port}, ec);
+      if (!ec) return;
+      c.socket.close();
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  };
+  RawClient greedy;
+  connect(greedy);
+  wire::Header claim;
+  claim.kind = static_cast<std::uint16_t>(wire::variant_index<Request, Push>());
+  claim.payload_bytes = std::uint64_t{2} << 30U;
+  const std::vector<char> zeros(std::size_t{8} << 20U);
+  std::error_code ec;
+  asio::write(greedy.socket, asio::buffer(&claim, sizeof claim), ec);
+  std::uint64_t sent = 0;  // the ps cuts the connection once it cannot grow its buffer
+  while (!ec && sent < claim.payload_bytes) sent += asio::write(greedy.socket, asio::buffer(zeros), ec);
+  CHECK(ec);
+  CHECK(sent < claim.payload_bytes);
+
+  RawClient other;  // everyone else is still served
+  connect(other);
+  std::vector<char> body;
+  other.send(GetStats{}, 1);
+  CHECK(other.receive(body).call == 1);
+  other.send(Shutdown{}, 2);
+  CHECK(other.receive(body).call == 2);
+  int status = -1;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+}
+#endif

@@ -290,8 +290,8 @@ class Tcp {
             if (gen != link.generation) return;
             link.receiving = false;
             if (ec) return fail(link, ec.message());
-            link.reader.commit(n);
             try {
+              link.reader.commit(n);  // may fail to grow a payload buffer
               while (auto frame = link.reader.next([&](const wire::Header& h,
                                                        std::span<const char> meta) {
                        return route(link, h, meta);

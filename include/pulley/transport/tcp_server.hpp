@@ -133,7 +133,11 @@ class TcpServer {
                                 c->receiving = false;
                                 if (c->closed) return;
                                 if (ec) return forget(*c);  // the peer left, or the link broke
-                                c->reader.commit(n);
+                                try {
+                                  c->reader.commit(n);  // may fail to grow a payload buffer
+                                } catch (const wire::Malformed& e) {
+                                  return drop(*c, e.what());
+                                }
                                 process(c);
                               });
   }

@@ -160,16 +160,17 @@ class ReceiveBuffers {
   /// much is to come, small ones at the end, so the last copy overlaps the sender's.
   /// Measured on loopback: 16 MB push+pull 0.70 -> 0.9 of a blocking echo, 1 MB 0.7 -> 1.0
   /// (a fixed 512 KiB mark helped at 16 MB and hurt at 1 MB). Never more than the peer has
-  /// committed to send, and the kernel still wakes a reader under memory pressure, so it
-  /// cannot wait for bytes that will not come; a closed connection or an error completes it
-  /// at once. One setsockopt when the mark changes.
+  /// committed to send, and Linux (5.10 and later) still wakes a reader whose receive window
+  /// closes or whose memory is under pressure, so it cannot wait for bytes that will not
+  /// come; a closed connection or an error completes it at once. One setsockopt when the
+  /// mark changes.
   void watermark(asio::ip::tcp::socket& socket, std::uint64_t payload_left) {
     constexpr std::uint64_t kMaxMark = std::uint64_t{512} << 10U;
     const int mark = static_cast<int>(std::clamp<std::uint64_t>(payload_left / 4, 1, kMaxMark));
     if (mark == mark_) return;
-    std::error_code ignored;  // without it, receives are merely more numerous
-    socket.set_option(asio::socket_base::receive_low_watermark(mark), ignored);
-    mark_ = mark;
+    std::error_code failed;  // without a mark, receives are merely more numerous
+    socket.set_option(asio::socket_base::receive_low_watermark(mark), failed);
+    if (!failed) mark_ = mark;  // else the next receive sets it again
   }
 
   /// The sequence for `spans` (at most 16), valid until the next call.
