@@ -175,15 +175,15 @@ double memcpy_time(std::size_t bytes) {
 /// One line: the case's figure, its reference's, their ratio (of medians) and the range of
 /// the rounds' ratios. `per_second` turns seconds per call into the figure (e.g. GB/s);
 /// nullptr prints microseconds per call (latency) instead.
-void print(const std::string& what, const Paired& p, double (*per_second)(double),
-           const char* unit, const char* ref) {
+void print(const std::string& what, const Paired& p, double (*per_second)(double), const char* unit,
+           const char* ref) {
   const bool latency = per_second == nullptr;
   const double value = latency ? p.seconds * 1e6 : per_second(p.seconds);
   const double reference = latency ? p.reference * 1e6 : per_second(p.reference);
   const double ratio = latency ? p.seconds / p.reference : p.reference / p.seconds;
-  std::printf("%-40s %9.2f %-5s ref %-20s %9.2f %-5s ratio %.2f (rounds %.2f-%.2f)\n",
-              what.c_str(), value, unit, ref, reference, unit, ratio,
-              latency ? 1.0 / p.high : p.low, latency ? 1.0 / p.low : p.high);
+  std::printf("%-40s %9.2f %-5s ref %-20s %9.2f %-5s ratio %.2f (rounds %.2f-%.2f)\n", what.c_str(),
+              value, unit, ref, reference, unit, ratio, latency ? 1.0 / p.high : p.low,
+              latency ? 1.0 / p.low : p.high);
 }
 
 std::size_t g_bytes = 0;  ///< the tensor size of the case being printed
@@ -216,11 +216,11 @@ int main(int argc, char** argv) {
       const std::string who =
           std::to_string(workers) + " worker" + (workers > 1 ? "s" : "") + ", " + size;
       print("in-process push+pull, " + who,
-            paired([&] { return in_process(n, workers, Op::kPushPull) / w; }, copy),
-            two_gb_per_s, "GB/s", "memcpy");
+            paired([&] { return in_process(n, workers, Op::kPushPull) / w; }, copy), two_gb_per_s,
+            "GB/s", "memcpy");
       print("TCP push+pull, " + who,
-            paired([&] { return over_tcp(n, workers, Op::kPushPull) / w; }, echo),
-            two_gb_per_s, "GB/s", "raw loopback echo");
+            paired([&] { return over_tcp(n, workers, Op::kPushPull) / w; }, echo), two_gb_per_s,
+            "GB/s", "raw loopback echo");
       if (workers == 1) {
         print("TCP push, " + who, paired([&] { return over_tcp(n, 1, Op::kPush); }, one_way),
               gb_per_s, "GB/s", "raw one-way + ack");

@@ -501,11 +501,6 @@ class CallControl {
     std::unique_lock lock(mutex_);
     changed_.wait(lock, [&] { return users_ == 0; });
   }
-  /// True once the caller gave up.
-  [[nodiscard]] bool cancelled() const {
-    std::scoped_lock lock(mutex_);
-    return cancelled_;
-  }
 
  protected:
   ~CallControl() = default;  // owned through the transport's derived per-call state
@@ -564,8 +559,8 @@ class PendingCall {
 ///
 /// Semantic contract:
 ///   - `call` never waits for another task (a request that must wait for a token or a step
-///     returns a PendingCall that is answered later); calls to different ps tasks proceed
-///     concurrently;
+///     returns a PendingCall that is answered later), so calls to different ps tasks never
+///     wait for each other;
 ///   - a transport may hold a request until its caller waits on any PendingCall, so that
 ///     requests made together leave together (a push and a pull in one write);
 ///   - requests from one client to one ps are handled in the order they were made;
@@ -2945,6 +2940,31 @@ static_assert(SyncPolicy<SyncReplicas>);
 #include <utility>
 #include <vector>
 
+// ---- begin pulley/detail/pull_reply.hpp ----
+
+#include <algorithm>
+#include <cstddef>
+#include <span>
+
+namespace pulley::detail {
+
+/// Copies a pull reply's values into the caller's targets (one per slice, in order) and
+/// points the reply's views at them; false, copying nothing, when the reply does not fit.
+inline bool copy_into(PullReply& pull, std::span<const std::span<float>> targets) {
+  if (pull.values.size() != targets.size()) return false;
+  for (std::size_t i = 0; i < targets.size(); ++i) {
+    if (pull.values[i].size() != targets[i].size()) return false;
+  }
+  for (std::size_t i = 0; i < targets.size(); ++i) {
+    std::copy(pull.values[i].begin(), pull.values[i].end(), targets[i].begin());
+    pull.values[i] = targets[i];
+  }
+  return true;
+}
+
+}  // namespace pulley::detail
+// ---- end pulley/detail/pull_reply.hpp ----
+
 namespace pulley {
 
 /// The fabric of an in-process cluster: the ps tasks, their request queues, and the fault
@@ -3060,26 +3080,12 @@ class InProcessNetwork {
     void complete(Response&& response) {
       unless_cancelled([&] {
         if (answered()) return;
-        if (auto* pull = std::get_if<PullReply>(&response)) copy_out(*pull, response);
+        auto* pull = std::get_if<PullReply>(&response);
+        if (pull && !detail::copy_into(*pull, targets)) {
+          response = ErrorReply{ErrorCode::kInvalidArgument, "pull reply does not fit its targets"};
+        }
         answer(std::move(response));
       });
-    }
-
-   private:
-    void copy_out(PullReply& pull, Response& response) {
-      if (pull.values.size() != targets.size()) {
-        response = ErrorReply{ErrorCode::kInvalidArgument, "pull reply has wrong slice count"};
-        return;
-      }
-      for (std::size_t i = 0; i < targets.size(); ++i) {
-        if (pull.values[i].size() != targets[i].size()) {
-          response = ErrorReply{ErrorCode::kInvalidArgument,
-                                "pull reply slice does not fit its destination"};
-          return;
-        }
-        std::copy(pull.values[i].begin(), pull.values[i].end(), targets[i].begin());
-        pull.values[i] = targets[i];
-      }
     }
   };
 
@@ -3149,9 +3155,10 @@ class InProcessNetwork {
     {
       std::scoped_lock lock(box.mutex);
       if (box.killed || box.closed) {
-        call->complete(box.killed ? unavailable(Node::ps(ps).name())
-                                  : Response{ErrorReply{ErrorCode::kCancelled,
-                                                        "ps " + std::to_string(ps) + " shut down"}});
+        call->complete(box.killed
+                           ? unavailable(Node::ps(ps).name())
+                           : Response{ErrorReply{ErrorCode::kCancelled,
+                                                 "ps " + std::to_string(ps) + " shut down"}});
         return pending;
       }
       const bool idle = serving.owns_lock() && box.host && box.queue.empty();

@@ -14,7 +14,7 @@ TEST_CASE("all_finite accepts every finite value, extremes included") {
   const float lim_max = std::numeric_limits<float>::max();
   const float lim_min = std::numeric_limits<float>::min();
   const float denorm = std::numeric_limits<float>::denorm_min();
-  const std::vector<float> values{0.0F,    -0.0F,  1.0F,     -1.0F, lim_max, -lim_max,
+  const std::vector<float> values{0.0F,    -0.0F,  1.0F,    -1.0F, lim_max, -lim_max,
                                   lim_min, denorm, -denorm, 3e38F, -3e38F,  1e-40F};
   CHECK(all_finite(values));
   CHECK(all_finite({}));

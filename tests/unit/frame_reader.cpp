@@ -74,8 +74,7 @@ std::vector<Received> feed(FrameReader& reader, const std::vector<std::byte>& st
     at += got;
     while (auto f = reader.next(route)) {
       out.push_back({f->header.call, f->header.kind,
-                     std::vector<float>(f->payload.begin(), f->payload.end()), f->routed,
-                     f->finite,
+                     std::vector<float>(f->payload.begin(), f->payload.end()), f->routed, f->finite,
                      reinterpret_cast<std::uintptr_t>(f->payload.data()) % alignof(float) == 0});
     }
   }
@@ -97,9 +96,10 @@ TEST_CASE("frames cut into any receives come out whole, in order, each where it 
   // leave the next payload misaligned.
   append(stream, wire::encode(Request{Push{1, 5, {{0, small}}}}, 4));
   append(stream, wire::encode(Request{Pull{0, {{0, {0, 3}}}}}, 5));
-  append(stream, wire::encode(Response{PullReply{9, {std::span(pulled).first(1000),
-                                                     std::span(pulled).subspan(1000)}}},
-                              6));
+  append(stream,
+         wire::encode(Response{PullReply{
+                          9, {std::span(pulled).first(1000), std::span(pulled).subspan(1000)}}},
+                      6));
   append(stream, wire::encode(Response{PullReply{9, {std::span(small)}}}, 7));  // routed, small
   append(stream, wire::encode(Request{Push{1, 4, {{0, poisoned}}}}, 8));
   append(stream, wire::encode(Response{ErrorReply{ErrorCode::kNotFound, "x"}}, 9));
@@ -107,10 +107,10 @@ TEST_CASE("frames cut into any receives come out whole, in order, each where it 
   // Where the third frame's head ends: a first receive ending 2 bytes later leaves the
   // large payload's start, and so the frames received after it, off a 4-byte boundary
   // unless the reader realigns; a second receive brings all the rest at once.
-  const std::size_t large_head_end = wire::encode(Request{Push{1, 2, {{0, small}}}}, 1).size() +
-                                     wire::encode(Request{GetStats{}}, 2).size() +
-                                     wire::head_bytes(
-                                         wire::encode(Request{Push{1, 3, {{0, large}}}}, 3).header);
+  const std::size_t large_head_end =
+      wire::encode(Request{Push{1, 2, {{0, small}}}}, 1).size() +
+      wire::encode(Request{GetStats{}}, 2).size() +
+      wire::head_bytes(wire::encode(Request{Push{1, 3, {{0, large}}}}, 3).header);
   std::mt19937 rng(7);
   const std::vector<std::size_t> sizes{1, 3, 31, 32, 33, 1001, 1002, 1003, 4096, 70000};
   for (std::size_t pick = 0; pick <= sizes.size() + 1; ++pick) {
@@ -174,6 +174,7 @@ TEST_CASE("targets whose sizes miss the payload's are refused, not overrun") {
   std::vector<float> too_small(50);
   std::map<std::uint64_t, std::vector<std::span<float>>> routes{{1, {too_small}}};
   FrameReader reader({}, 1024);
-  CHECK_THROWS_AS(feed(reader, stream, [] { return std::size_t{4096}; }, routes),
+  CHECK_THROWS_AS(feed(
+                      reader, stream, [] { return std::size_t{4096}; }, routes),
                   wire::Malformed);
 }

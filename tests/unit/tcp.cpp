@@ -524,14 +524,14 @@ TEST_CASE("replies the kernel takes only in part, even mid-header, reach the cli
         client.socket, asio::buffer(&header, sizeof header), [&](std::error_code ec, std::size_t) {
           if (ec || header.call != whole + 1 || header.payload_bytes != 0) return;
           meta.resize(wire::head_bytes(header) - sizeof header);  // metadata and padding
-          asio::async_read(client.socket, asio::buffer(meta),
-                           [&](std::error_code ec2, std::size_t) {
-                             if (ec2) return;
-                             const Response r = wire::decode_response(
-                                 header, std::span(meta).first(header.meta_bytes), {});
-                             if (!std::holds_alternative<StatsReply>(r)) return;
-                             if (++whole < kCalls) read_reply();
-                           });
+          asio::async_read(
+              client.socket, asio::buffer(meta), [&](std::error_code ec2, std::size_t) {
+                if (ec2) return;
+                const Response r =
+                    wire::decode_response(header, std::span(meta).first(header.meta_bytes), {});
+                if (!std::holds_alternative<StatsReply>(r)) return;
+                if (++whole < kCalls) read_reply();
+              });
         });
   };
   asio::steady_timer pause(client.io, std::chrono::milliseconds(300));
@@ -644,7 +644,8 @@ TEST_CASE("a ps that cannot hold a payload drops that connection and serves on")
   std::error_code ec;
   asio::write(greedy.socket, asio::buffer(&claim, sizeof claim), ec);
   std::uint64_t sent = 0;  // the ps cuts the connection once it cannot grow its buffer
-  while (!ec && sent < claim.payload_bytes) sent += asio::write(greedy.socket, asio::buffer(zeros), ec);
+  while (!ec && sent < claim.payload_bytes)
+    sent += asio::write(greedy.socket, asio::buffer(zeros), ec);
   CHECK(ec);
   CHECK(sent < claim.payload_bytes);
 

@@ -132,11 +132,6 @@ class CallControl {
     std::unique_lock lock(mutex_);
     changed_.wait(lock, [&] { return users_ == 0; });
   }
-  /// True once the caller gave up.
-  [[nodiscard]] bool cancelled() const {
-    std::scoped_lock lock(mutex_);
-    return cancelled_;
-  }
 
  protected:
   ~CallControl() = default;  // owned through the transport's derived per-call state
@@ -195,8 +190,8 @@ class PendingCall {
 ///
 /// Semantic contract:
 ///   - `call` never waits for another task (a request that must wait for a token or a step
-///     returns a PendingCall that is answered later); calls to different ps tasks proceed
-///     concurrently;
+///     returns a PendingCall that is answered later), so calls to different ps tasks never
+///     wait for each other;
 ///   - a transport may hold a request until its caller waits on any PendingCall, so that
 ///     requests made together leave together (a push and a pull in one write);
 ///   - requests from one client to one ps are handled in the order they were made;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "pulley/concepts/transport.hpp"
+#include "pulley/detail/pull_reply.hpp"
 #include "pulley/messages.hpp"
 #include "pulley/node.hpp"
 #include "pulley/parameter_server.hpp"
@@ -137,26 +138,12 @@ class InProcessNetwork {
     void complete(Response&& response) {
       unless_cancelled([&] {
         if (answered()) return;
-        if (auto* pull = std::get_if<PullReply>(&response)) copy_out(*pull, response);
+        auto* pull = std::get_if<PullReply>(&response);
+        if (pull && !detail::copy_into(*pull, targets)) {
+          response = ErrorReply{ErrorCode::kInvalidArgument, "pull reply does not fit its targets"};
+        }
         answer(std::move(response));
       });
-    }
-
-   private:
-    void copy_out(PullReply& pull, Response& response) {
-      if (pull.values.size() != targets.size()) {
-        response = ErrorReply{ErrorCode::kInvalidArgument, "pull reply has wrong slice count"};
-        return;
-      }
-      for (std::size_t i = 0; i < targets.size(); ++i) {
-        if (pull.values[i].size() != targets[i].size()) {
-          response = ErrorReply{ErrorCode::kInvalidArgument,
-                                "pull reply slice does not fit its destination"};
-          return;
-        }
-        std::copy(pull.values[i].begin(), pull.values[i].end(), targets[i].begin());
-        pull.values[i] = targets[i];
-      }
     }
   };
 
@@ -226,9 +213,10 @@ class InProcessNetwork {
     {
       std::scoped_lock lock(box.mutex);
       if (box.killed || box.closed) {
-        call->complete(box.killed ? unavailable(Node::ps(ps).name())
-                                  : Response{ErrorReply{ErrorCode::kCancelled,
-                                                        "ps " + std::to_string(ps) + " shut down"}});
+        call->complete(box.killed
+                           ? unavailable(Node::ps(ps).name())
+                           : Response{ErrorReply{ErrorCode::kCancelled,
+                                                 "ps " + std::to_string(ps) + " shut down"}});
         return pending;
       }
       const bool idle = serving.owns_lock() && box.host && box.queue.empty();

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "pulley/concepts/transport.hpp"
+#include "pulley/detail/pull_reply.hpp"
 #include "pulley/transport/detail/frame_reader.hpp"
 #include "pulley/transport/detail/sockets.hpp"
 #include "pulley/transport/wire.hpp"
@@ -73,7 +74,7 @@ class Tcp {
     Pending(CallDriver* driver, std::size_t ps) : CallControl(driver), ps(ps) {}
     std::size_t ps;
     PullTargets targets;
-    wire::Frame frame;           ///< its payload views alias the caller's tensors
+    wire::Frame frame;            ///< its payload views alias the caller's tensors
     std::uint64_t frame_end = 0;  ///< where its frame ends in the link's write list
     bool writing = false;         ///< in the write list, not all written: one use
   };
@@ -108,8 +109,7 @@ class Tcp {
 
   class Impl final : public CallDriver {
    public:
-    Impl(const std::vector<std::string>& addresses, const TcpOptions& options)
-        : options_(options) {
+    Impl(const std::vector<std::string>& addresses, const TcpOptions& options) : options_(options) {
       for (const std::string& address : addresses) {
         detail::split_address(address);  // a malformed address fails now, not at each attempt
         links_.push_back(std::make_unique<Link>(io_, address, options.limits));
@@ -258,7 +258,8 @@ class Tcp {
       if (link.write_waiting || link.write_list.empty()) return;
       std::error_code ec;
       if (!link.write_list.write_now(link.socket, ec)) return fail(link, ec.message());
-      while (!link.writing.empty() && link.writing.front()->frame_end <= link.write_list.written()) {
+      while (!link.writing.empty() &&
+             link.writing.front()->frame_end <= link.write_list.written()) {
         end_writing(*link.writing.front());
         link.writing.pop_front();
       }
@@ -292,10 +293,10 @@ class Tcp {
             if (ec) return fail(link, ec.message());
             try {
               link.reader.commit(n);  // may fail to grow a payload buffer
-              while (auto frame = link.reader.next([&](const wire::Header& h,
-                                                       std::span<const char> meta) {
-                       return route(link, h, meta);
-                     })) {
+              while (auto frame =
+                         link.reader.next([&](const wire::Header& h, std::span<const char> meta) {
+                           return route(link, h, meta);
+                         })) {
                 on_reply(link, *frame);
               }
             } catch (const wire::Malformed& e) {
@@ -343,28 +344,14 @@ class Tcp {
       Pending& pending = *it->second;
       Response response = wire::decode_response(frame.header, frame.meta, frame.payload);
       if (auto* pull = std::get_if<PullReply>(&response)) {  // not routed: empty, or a misfit
-        if (!copy_out(*pull, pending)) {
+        bool fits = true;  // (a caller that gave up gets no copy, and no answer)
+        pending.unless_cancelled([&] { fits = detail::copy_into(*pull, pending.targets); });
+        if (!fits) {
           response = ErrorReply{ErrorCode::kInvalidArgument, "pull reply does not fit its targets"};
         }
       }
       pending.answer(std::move(response));
       link.pending.erase(it);
-    }
-
-    /// Copies a pull reply received in the reader into the call's targets, if it fits them
-    /// and the caller has not given up.
-    static bool copy_out(PullReply& pull, Pending& pending) {
-      if (pull.values.size() != pending.targets.size()) return false;
-      for (std::size_t i = 0; i < pull.values.size(); ++i) {
-        if (pull.values[i].size() != pending.targets[i].size()) return false;
-      }
-      pending.unless_cancelled([&] {
-        for (std::size_t i = 0; i < pull.values.size(); ++i) {
-          std::copy(pull.values[i].begin(), pull.values[i].end(), pending.targets[i].begin());
-          pull.values[i] = pending.targets[i];
-        }
-      });
-      return true;
     }
 
     static Response unavailable(const Link& link) {
@@ -403,7 +390,7 @@ class Tcp {
     TcpOptions options_;
     asio::io_context io_{1};
     asio::executor_work_guard<asio::io_context::executor_type> work_ =
-        asio::make_work_guard(io_);  ///< waits block until their deadline, never run dry
+        asio::make_work_guard(io_);             ///< waits block until their deadline, never run dry
     std::vector<std::unique_ptr<Link>> links_;  ///< by ps task; destroyed before io_
     std::uint64_t next_call_ = 1;
   };

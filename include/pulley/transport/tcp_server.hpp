@@ -86,11 +86,11 @@ class TcpServer {
     std::unique_ptr<char[]> copy;     ///< a copy of unsent bytes that viewed the parameters
     std::unique_ptr<char[]> spare;    ///< the copy before, for reuse
     std::size_t copy_size = 0, spare_size = 0;
-    std::size_t unanswered = 0;       ///< requests handled, their replies not queued
-    bool views = false;  ///< `unsent` views the ps's parameters (it is in owner.viewing_)
-    bool write_waiting = false;       ///< waits for the socket to take more
-    bool receiving = false;           ///< a receive is armed
-    bool processing = false;          ///< inside process(): it reads on by itself
+    std::size_t unanswered = 0;  ///< requests handled, their replies not queued
+    bool views = false;          ///< `unsent` views the ps's parameters (it is in owner.viewing_)
+    bool write_waiting = false;  ///< waits for the socket to take more
+    bool receiving = false;      ///< a receive is armed
+    bool processing = false;     ///< inside process(): it reads on by itself
     bool resume_posted = false;
     bool dirty = false;  ///< in owner.dirty_: replies queued since the last write
     bool closed = false;
@@ -171,7 +171,6 @@ class TcpServer {
   }
 
   void dispatch(const ConnectionPtr& c, const detail::FrameReader::Frame& frame) {
-    if (frame.header.kind >= wire::kResponseKind) throw wire::Malformed("a response sent to a ps");
     Request request = wire::decode_request(frame.header, frame.meta, frame.payload);
     if (auto* push = std::get_if<Push>(&request)) push->finite_checked = frame.finite;
     // No reply may see the parameters change under it.
@@ -191,8 +190,9 @@ class TcpServer {
                      });
     } catch (const std::exception& e) {  // a throwing policy must not take the ps down
       --c->unanswered;
-      queue_reply(c, ErrorReply{ErrorCode::kInvalidArgument,
-                                "ps " + std::to_string(server_.task()) + " failed: " + e.what()},
+      queue_reply(c,
+                  ErrorReply{ErrorCode::kInvalidArgument,
+                             "ps " + std::to_string(server_.task()) + " failed: " + e.what()},
                   call);
     }
     if (server_.stopped()) begin_stopping();

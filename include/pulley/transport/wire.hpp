@@ -314,8 +314,7 @@ void sizes_of(A& a, const std::vector<PartValues>& parts) {
 /// Messages with tensors send their sizes in the metadata and their values as payload;
 /// every other message is its cereal `serialize`.
 template <class Message>
-void write_meta(MetaWriter& a, const Message& m,
-                std::vector<std::span<const float>>& payload) {
+void write_meta(MetaWriter& a, const Message& m, std::vector<std::span<const float>>& payload) {
   if constexpr (std::is_same_v<Message, Initialize>) {
     sizes_of(a, m.parts);
     for (const PartValues& pv : m.parts) payload.push_back(pv.values);

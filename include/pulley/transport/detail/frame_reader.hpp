@@ -51,6 +51,7 @@ class FrameReader {
     scatter_size_ = 0;
     if (direct_) {
       std::uint64_t skip = direct_done_;
+      std::uint64_t listed = direct_done_;  // payload bytes received or listed
       for (std::span<float> t : direct_targets()) {
         const std::span<std::byte> bytes = std::as_writable_bytes(t);
         if (skip >= bytes.size()) {
@@ -59,12 +60,12 @@ class FrameReader {
         }
         if (scatter_size_ + 1 == scatter_.size()) break;  // keep one for the buffer
         scatter_[scatter_size_++] = bytes.subspan(static_cast<std::size_t>(skip));
+        listed += bytes.size() - skip;
         skip = 0;
       }
-      direct_span_ = scatter_size_;
       // The buffer's free end, after the head kept for the frame in progress; only once the
       // destination's last span is in the list, or bytes would land out of order.
-      if (direct_tail_listed() && end_ < capacity()) {
+      if (listed == header_.payload_bytes && end_ < capacity()) {
         scatter_[scatter_size_++] = std::span<std::byte>(bytes() + end_, capacity() - end_);
       }
       return {scatter_.data(), scatter_size_};
@@ -109,9 +110,8 @@ class FrameReader {
     const std::size_t head = static_cast<std::size_t>(wire::head_bytes(header_));
     if (head > capacity()) grow_buffer(head);  // a large metadata: bounded by the limits
     if (available < head) return std::nullopt;
-    const std::span<const char> meta(reinterpret_cast<const char*>(bytes()) + begin_ +
-                                         sizeof(wire::Header),
-                                     header_.meta_bytes);
+    const std::span<const char> meta(
+        reinterpret_cast<const char*>(bytes()) + begin_ + sizeof(wire::Header), header_.meta_bytes);
     const std::uint64_t payload = header_.payload_bytes;
     const std::size_t buffered =
         static_cast<std::size_t>(std::min<std::uint64_t>(available - head, payload));
@@ -128,9 +128,8 @@ class FrameReader {
     }
     if (head + payload <= capacity()) {  // in place, once it is all here
       if (available < head + payload) return std::nullopt;
-      const std::span<const float> values(
-          reinterpret_cast<const float*>(bytes() + begin_ + head),
-          static_cast<std::size_t>(payload / sizeof(float)));
+      const std::span<const float> values(reinterpret_cast<const float*>(bytes() + begin_ + head),
+                                          static_cast<std::size_t>(payload / sizeof(float)));
       begin_ += head + static_cast<std::size_t>(payload);
       asked_ = false;
       return Frame{header_, meta, values, false, false};
@@ -163,13 +162,6 @@ class FrameReader {
   std::byte* bytes() noexcept { return reinterpret_cast<std::byte*>(buffer_.data()); }
   std::size_t capacity() const noexcept { return buffer_.size() * sizeof(float); }
 
-  /// The scatter list built by buffers() reaches the end of the payload's destination.
-  bool direct_tail_listed() {
-    std::uint64_t listed = direct_done_;
-    for (std::size_t i = 0; i < direct_span_; ++i) listed += scatter_[i].size();
-    return listed == header_.payload_bytes;
-  }
-
   std::span<const std::span<float>> direct_targets() {
     if (routed_) return targets_;
     const auto floats = static_cast<std::size_t>(header_.payload_bytes / sizeof(float));
@@ -181,7 +173,8 @@ class FrameReader {
   /// is to come.
   void arrived_in_own() {
     const auto arrived = static_cast<std::size_t>(direct_done_ / sizeof(float));
-    finite_ = finite_ && all_finite(std::span<const float>(own_).subspan(checked_, arrived - checked_));
+    finite_ =
+        finite_ && all_finite(std::span<const float>(own_).subspan(checked_, arrived - checked_));
     checked_ = arrived;
     grow_own();
   }
@@ -206,8 +199,8 @@ class FrameReader {
     try {
       own_.resize(until);
     } catch (const std::bad_alloc&) {
-      throw wire::Malformed("no memory for a payload of " +
-                            std::to_string(header_.payload_bytes) + " bytes");
+      throw wire::Malformed("no memory for a payload of " + std::to_string(header_.payload_bytes) +
+                            " bytes");
     }
   }
 
@@ -222,22 +215,22 @@ class FrameReader {
     }
   }
 
+  /// The payload's `buffered` bytes after the head were copied out; the head stays where it
+  /// is (its metadata is handed out with the frame).
   std::optional<Frame> start_direct(std::size_t head, std::size_t buffered, bool routed) {
-    // The head stays where it is (its metadata is handed out with the frame); the payload
-    // bytes buffered after it were copied out; what follows them (the next frames) stays.
     head_at_ = begin_;
-    begin_ += head + buffered;
     direct_ = true;
     routed_ = routed;
     direct_done_ = buffered;
-    if (direct_done_ < header_.payload_bytes) {
-      // All that was buffered after the head is payload, copied out: the frames after it
-      // land right behind the head (aligned, so their payloads can be used in place), and
-      // the last receive of the payload can bring them whatever this one filled.
-      begin_ = end_ = head_at_ + head;
-      return std::nullopt;
+    if (direct_done_ == header_.payload_bytes) {  // all here: the next frames stay buffered
+      begin_ += head + buffered;
+      return finish_direct();
     }
-    return finish_direct();
+    // All that was buffered after the head is payload: the frames after it land right
+    // behind the head (aligned, so their payloads can be used in place), and the payload's
+    // last receive brings them whatever this one filled.
+    begin_ = end_ = head_at_ + head;
+    return std::nullopt;
   }
 
   std::optional<Frame> finish_direct() {
@@ -262,17 +255,16 @@ class FrameReader {
   wire::Header header_;        ///< of the frame being cut
   bool asked_ = false;         ///< route() was asked about the current frame
   std::span<const std::span<float>> targets_;  ///< where route() sent the current payload
-  bool direct_ = false;          ///< a payload is being received outside the buffer
-  bool routed_ = false;          ///< ... into targets_ (else into own_)
-  std::uint64_t direct_done_ = 0;  ///< payload bytes received so far
-  std::size_t head_at_ = 0;        ///< where the current frame's head is in the buffer
-  std::vector<float> own_;         ///< payloads too large for the buffer, not routed
-  std::size_t checked_ = 0;        ///< floats of own_ checked finite so far
+  bool direct_ = false;                        ///< a payload is being received outside the buffer
+  bool routed_ = false;                        ///< ... into targets_ (else into own_)
+  std::uint64_t direct_done_ = 0;              ///< payload bytes received so far
+  std::size_t head_at_ = 0;                    ///< where the current frame's head is in the buffer
+  std::vector<float> own_;                     ///< payloads too large for the buffer, not routed
+  std::size_t checked_ = 0;                    ///< floats of own_ checked finite so far
   bool finite_ = true;
   std::array<std::span<float>, 1> own_target_{};
   std::array<std::span<std::byte>, 16> scatter_{};
   std::size_t scatter_size_ = 0;
-  std::size_t direct_span_ = 0;  ///< spans of scatter_ in the payload's destination
 };
 
 }  // namespace pulley::detail
