@@ -118,16 +118,14 @@ double push_pull(std::size_t n, std::uint32_t workers, Op op, MakeTransport make
 }
 
 double in_process(std::size_t n, std::uint32_t workers, Op op) {
-  Server server(0, 1, pulley::Sgd{0.0F}, pulley::Async{});
   pulley::InProcessNetwork network(1);
-  network.serve(server);
+  network.serve(Server(0, 1, pulley::Sgd{0.0F}, pulley::Async{}));
   return push_pull(n, workers, op,
                    [&](pulley::Node node) { return pulley::InProcess(network, node); });
 }
 
 double over_tcp(std::size_t n, std::uint32_t workers, Op op) {
-  Server server(0, 1, pulley::Sgd{0.0F}, pulley::Async{});
-  pulley::TcpServer listener(server, "127.0.0.1", 0);
+  pulley::TcpServer listener(Server(0, 1, pulley::Sgd{0.0F}, pulley::Async{}), "127.0.0.1", 0);
   const std::string address = "127.0.0.1:" + std::to_string(listener.port());
   std::thread serving([&] { listener.run(); });
   const double t = push_pull(n, workers, op, [&](pulley::Node) { return pulley::Tcp({address}); });

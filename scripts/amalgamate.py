@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
-"""Generate single_include/pulley/pulley.hpp from the split headers.
+"""Generate the single headers in single_include/pulley/ from the split headers.
 
-Starting at include/pulley/pulley.hpp, every `#include "pulley/..."` is replaced by the
-text of that header, recursively and depth-first, each header once (a later include of
-an already inlined header is dropped). The inlined headers lose their `#pragma once` and
-SPDX line (the banner carries one of each); `#include <...>` lines stay as they are.
-The output depends only on the headers, so it is byte-for-byte reproducible.
+Each single header starts at one or more entry headers; every `#include "pulley/..."` is
+replaced by the text of that header, recursively and depth-first, each header once (a
+later include of an already inlined header is dropped). The inlined headers lose their
+`#pragma once` and SPDX line (the banner carries one of each); `#include <...>` lines stay
+as they are. The output depends only on the headers, so it is byte-for-byte reproducible.
 
-    python3 scripts/amalgamate.py            # (re)write the single header
-    python3 scripts/amalgamate.py --check    # exit 1 if the file on disk is stale
+    single_include/pulley/pulley.hpp      the core (include/pulley/pulley.hpp)
+    single_include/pulley/pulley_tcp.hpp  the core and the TCP transport (needs Asio, cereal)
+
+    python3 scripts/amalgamate.py            # (re)write the single headers
+    python3 scripts/amalgamate.py --check    # exit 1 if a file on disk is stale
 """
 
 from __future__ import annotations
@@ -21,8 +24,12 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ENTRY = "pulley/pulley.hpp"
-OUTPUT = Path("single_include") / ENTRY
+# Output (under single_include/) -> (entry headers, what it is).
+SINGLE_HEADERS = {
+    "pulley/pulley.hpp": (["pulley/pulley.hpp"], "the core: standard library only"),
+    "pulley/pulley_tcp.hpp": (["pulley/pulley.hpp", "pulley/transport/tcp.hpp"],
+                              "the core and the TCP transport: needs standalone Asio and cereal"),
+}
 
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s*"(?P<path>[^"]+)"')
 PRAGMA_ONCE_RE = re.compile(r"^\s*#\s*pragma\s+once\b")
@@ -80,15 +87,19 @@ class Amalgamator:
         return out
 
 
-def generate(root: Path) -> str:
+def generate(root: Path, entries: list[str], what: str) -> str:
     amalgamator = Amalgamator(root / "include")
-    body = amalgamator.header(ENTRY, None)
+    body = []
+    for entry in entries:
+        if entry not in amalgamator.seen:
+            body.extend(amalgamator.header(entry, None))
+    sources = " and ".join(f"include/{e}" for e in entries)
     banner = [
         "// SPDX-License-Identifier: MIT\n",
         "//\n",
-        f"// pulley {project_version(root)} - single-header edition.\n",
+        f"// pulley {project_version(root)} - single-header edition: {what}.\n",
         "//\n",
-        "// GENERATED FILE - DO NOT EDIT. It is include/pulley/pulley.hpp with every\n",
+        f"// GENERATED FILE - DO NOT EDIT. It is {sources} with every\n",
         "// pulley header inlined, produced by scripts/amalgamate.py; edit the headers\n",
         "// under include/ and rerun the script.\n",
         "#pragma once\n",
@@ -112,25 +123,33 @@ def main() -> int:
     args = parser.parse_args()
 
     root = args.root.resolve()
-    output = root / OUTPUT
+    status = 0
+    for name, (entries, what) in SINGLE_HEADERS.items():
+        status = max(status, process(root, Path("single_include") / name, entries, what,
+                                     args.check))
+    return status
+
+
+def process(root: Path, relative: Path, entries: list[str], what: str, check: bool) -> int:
+    output = root / relative
     try:
-        text = generate(root)
+        text = generate(root, entries, what)
     except AmalgamationError as e:
         print(f"amalgamate.py: error: {e}", file=sys.stderr)
         return 2
 
-    if args.check:
+    if check:
         current = output.read_text(encoding="utf-8") if output.is_file() else None
         if current == text:
-            print(f"{OUTPUT} is up to date")
+            print(f"{relative} is up to date")
             return 0
         if current is None:
-            print(f"error: {OUTPUT} does not exist.", file=sys.stderr)
+            print(f"error: {relative} does not exist.", file=sys.stderr)
         else:
-            print(f"error: {OUTPUT} is out of date with include/:", file=sys.stderr)
+            print(f"error: {relative} is out of date with include/:", file=sys.stderr)
             diff = list(difflib.unified_diff(current.splitlines(keepends=True),
                                              text.splitlines(keepends=True),
-                                             f"{OUTPUT} (on disk)", f"{OUTPUT} (expected)"))
+                                             f"{relative} (on disk)", f"{relative} (expected)"))
             sys.stderr.writelines(diff[:40])
             if len(diff) > 40:
                 print(f"... ({len(diff) - 40} more diff lines)", file=sys.stderr)
@@ -139,11 +158,11 @@ def main() -> int:
 
     output.parent.mkdir(parents=True, exist_ok=True)
     if output.is_file() and output.read_text(encoding="utf-8") == text:
-        print(f"{OUTPUT} is already up to date")
+        print(f"{relative} is already up to date")
         return 0
     with open(output, "w", encoding="utf-8", newline="\n") as f:
         f.write(text)
-    print(f"wrote {OUTPUT}")
+    print(f"wrote {relative}")
     return 0
 
 

@@ -27,13 +27,11 @@ TEST_CASE("the single header provides the hosts and stock policies") {
 }
 
 TEST_CASE("the single header runs a cluster: chief initializes, reads back, shuts down") {
-  pulley::ParameterServer<pulley::FixedShards, pulley::Adam, pulley::SyncReplicas> ps0(
-      0, 2, pulley::Adam{}, pulley::SyncReplicas(1, 1), pulley::FixedShards{2});
-  pulley::ParameterServer<pulley::FixedShards, pulley::Adam, pulley::SyncReplicas> ps1(
-      1, 2, pulley::Adam{}, pulley::SyncReplicas(1, 1), pulley::FixedShards{2});
+  using Server = pulley::ParameterServer<pulley::FixedShards, pulley::Adam, pulley::SyncReplicas>;
   pulley::InProcessNetwork network(2);
-  network.serve(ps0);
-  network.serve(ps1);
+  for (std::uint32_t i = 0; i < 2; ++i) {
+    network.serve(Server(i, 2, pulley::Adam{}, pulley::SyncReplicas(1, 1), pulley::FixedShards{2}));
+  }
   pulley::Chief chief(pulley::InProcess(network, pulley::Node::chief()), 3);
   const std::vector<pulley::VariableSpec> model{{"v", {5, 2}, pulley::Initializer::constant(0.5F)}};
   CHECK(chief.initialize(model).parts_of(0).size() == 2U);

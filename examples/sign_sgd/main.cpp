@@ -58,9 +58,8 @@ int main() {
   constexpr std::uint32_t kWorkers = 2;
   constexpr std::int64_t kSteps = 400;
   using Server = pulley::ParameterServer<pulley::RoundRobin, SignSgd, pulley::SyncReplicas>;
-  Server ps(0, 1, SignSgd{0.01F}, pulley::SyncReplicas(kWorkers, kWorkers));
-  pulley::InProcessNetwork network(1);
-  network.serve(ps);
+  pulley::InProcessNetwork network(1);  // owns the ps it serves
+  network.serve(Server(0, 1, SignSgd{0.01F}, pulley::SyncReplicas(kWorkers, kWorkers)));
   pulley::Chief chief(pulley::InProcess(network, pulley::Node::chief()), /*seed=*/1);
   chief.initialize(Line{}.variables());
 

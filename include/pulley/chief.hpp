@@ -10,13 +10,15 @@
 
 #include "pulley/concepts/transport.hpp"
 #include "pulley/detail/client.hpp"
+#include "pulley/detail/finite.hpp"
 #include "pulley/initializers.hpp"
 
 namespace pulley {
 
 /// The chief task: registers the model with the ps tasks, initializes every variable from a
 /// seed, releases the workers (the ps tasks turn ready), reads variables back for
-/// evaluation and checkpoints, and shuts the cluster down at the end.
+/// evaluation and checkpoints, and ends training: `shutdown` when it is complete (every
+/// task then learns so and ends successfully), `abort` when it failed.
 ///
 /// @tparam T the Transport that reaches the ps tasks
 template <Transport T>
@@ -51,6 +53,10 @@ class Chief {
                                                      " elements, expected " +
                                                      std::to_string(variables[v].size()));
       }
+      if (!detail::all_finite(values[v])) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "initial value of '" + variables[v].name + "' is not finite (NaN or Inf)");
+      }
     }
     client_.register_model(variables);
     const Placement& placement = client_.placement();
@@ -67,22 +73,29 @@ class Chief {
     return placement;
   }
 
-  /// Current values of every variable (a consistent snapshot in sync mode only if no step
-  /// completes meanwhile; see `wait_for_step`).
+  /// Current values of every variable, as each ps holds them now (while training runs, the
+  /// ps tasks may be at different steps: use `snapshot` for one step's values).
   std::vector<std::vector<float>> read_variables() { return client_.read_variables(); }
 
-  /// Blocks until ps 0 (which keeps the global step) has completed `step` steps; returns
-  /// the global step it reports.
+  /// Every variable at one global step of at least `step`, read from every ps at that same
+  /// step (see Snapshot); waits until the ps tasks reach it.
+  Snapshot snapshot(std::int64_t step) { return client_.snapshot(step); }
+
+  /// Blocks until every ps task has completed `step` global steps; returns the lowest
+  /// global step they report.
   std::int64_t wait_for_step(std::int64_t step) { return client_.wait_for_step(step); }
 
   /// Counters of every ps task, by task index.
   std::vector<Stats> stats() { return client_.stats(); }
 
-  /// Stops every ps task; requests still waiting there are cancelled.
-  void shutdown() {
-    client_.template broadcast<Ack>([](std::size_t) { return Shutdown{}; },
-                                    timeouts().request_timeout, "shutdown");
-  }
+  /// Ends training successfully: every ps answers what waits there and everything sent
+  /// later with `kOutOfRange` ("training finished"), so workers and the evaluator stop
+  /// cleanly (`Worker::step` returns nullopt); the ps tasks then stop serving.
+  void shutdown() { end({false, {}}); }
+
+  /// Ends training as failed, for `reason`: the ps tasks answer `kAborted` with it, so every
+  /// task stops with an error naming it.
+  void abort(const std::string& reason) { end({true, reason}); }
 
   /// Where each variable lives, after `initialize`.
   [[nodiscard]] const Placement& placement() const noexcept { return client_.placement(); }
@@ -93,6 +106,11 @@ class Chief {
 
  private:
   [[nodiscard]] const ClientOptions& timeouts() const { return client_.options(); }
+
+  void end(const Shutdown& message) {
+    client_.template broadcast<Ack>([&](std::size_t) { return message; },
+                                    timeouts().request_timeout, "shutdown");
+  }
 
   std::uint64_t seed_;
   detail::Client<T> client_;

@@ -17,7 +17,10 @@ enum class ErrorCode : std::uint8_t {
   kFailedPrecondition = 4,  ///< e.g. a push before the variables are initialized
   kUnavailable = 5,         ///< the peer is dead or unreachable
   kDeadlineExceeded = 6,    ///< no answer in time (a dropped message ends here)
-  kCancelled = 7,           ///< the server shut down while the request waited
+  kCancelled = 7,           ///< the caller gave the request up
+  kOutOfRange = 8,          ///< training is over: the chief ended it (TF's OutOfRangeError)
+  kAborted = 9,             ///< the chief aborted training
+  kInternal = 10,           ///< a ps failed while handling a request (a policy threw)
 };
 
 /// Stable lower-case name of a code, for logs and error messages.
@@ -37,6 +40,12 @@ constexpr std::string_view to_string(ErrorCode code) noexcept {
       return "deadline_exceeded";
     case ErrorCode::kCancelled:
       return "cancelled";
+    case ErrorCode::kOutOfRange:
+      return "out_of_range";
+    case ErrorCode::kAborted:
+      return "aborted";
+    case ErrorCode::kInternal:
+      return "internal";
   }
   return "unknown";
 }
@@ -47,7 +56,12 @@ class Error : public std::runtime_error {
   Error(ErrorCode code, const std::string& message)
       : std::runtime_error(std::string(to_string(code)) + ": " + message), code_(code) {}
 
+  /// Which kind of failure.
   [[nodiscard]] ErrorCode code() const noexcept { return code_; }
+  /// The message without the code's name in front.
+  [[nodiscard]] const char* message() const noexcept {
+    return what() + to_string(code_).size() + 2;
+  }
 
  private:
   ErrorCode code_;

@@ -12,8 +12,9 @@
 namespace pulley {
 
 /// The evaluator task: follows training without taking part in it. It waits for the chief's
-/// initialization, then for chosen global steps, and reads parameter snapshots to score on
+/// initialization, then reads parameter snapshots at chosen global steps to score on
 /// held-out data. It takes no tokens and pushes nothing, so it never slows a sync step.
+/// When the chief ends training, its calls throw `kOutOfRange`.
 ///
 /// @tparam T the Transport that reaches the ps tasks
 template <Transport T>
@@ -26,10 +27,15 @@ class Evaluator {
   /// evaluator's model) are the registered ones.
   void wait_ready(std::span<const VariableSpec> variables) { client_.wait_ready(variables); }
 
-  /// Blocks until `step` global steps are done; returns the global step ps 0 reports.
+  /// Blocks until every ps has completed `step` global steps; returns the lowest global
+  /// step they report.
   std::int64_t wait_for_step(std::int64_t step) { return client_.wait_for_step(step); }
 
-  /// Current values of every variable, one vector per variable.
+  /// Every variable at one global step of at least `step`, the same on every ps (see
+  /// Snapshot); waits until the ps tasks reach it.
+  Snapshot snapshot(std::int64_t step) { return client_.snapshot(step); }
+
+  /// Current values of every variable, one vector per variable, as each ps holds them now.
   std::vector<std::vector<float>> read_variables() { return client_.read_variables(); }
 
   /// Counters of every ps task, by task index.

@@ -4,127 +4,232 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
 #include <variant>
 #include <vector>
 
+#include "pulley/concepts/sync_policy.hpp"
 #include "pulley/error.hpp"
 #include "pulley/placement.hpp"
 #include "pulley/variable.hpp"
 
 namespace pulley {
 
-// The protocol between clients (workers, chief, evaluator) and ps tasks. Every transport
-// carries exactly these structs: in-process they are moved through a mailbox, over TCP
-// they are serialized. The server logic sees the same values either way.
+// The protocol between clients (workers, the chief, the evaluator) and ps tasks. Every
+// transport carries exactly these structs: in-process they are moved, over TCP they are
+// encoded. A message is declared here and nowhere else:
 //
-// Tensor payloads are `std::span` views, never owned vectors, so that a push reads the
-// worker's gradient buffers and a pull reply reads the server's storage in place. Lifetime
-// rule: a view in a request stays valid until the reply arrives (the sender waits); a view
-// in a reply stays valid only while the transport's reply callback runs, which copies it to
-// the caller's destination (or onto the wire) before returning.
+//   - `kName`, for logs and errors;
+//   - `serialize(archive)` lists its fields in wire order, for cereal and for pulley's own
+//     walkers. A `std::span<const float>` field is a tensor: its size travels with the
+//     other fields, its values in the frame's payload, in field order, so that a sender
+//     writes them from its own buffers and a receiver reads them into place;
+//   - `kChangesParameters = true` on a request that may change the ps's parameters (a
+//     transport must not let a reply still being sent see them change).
+//
+// Adding a message is its declaration here, its place in Request or Response, and its
+// handler in the service (`ParameterServer::on`).
+//
+// Tensors are views, never owned vectors. A view in a request stays valid until its call
+// is answered or cancelled; a view in a reply is valid only while the responder runs, which
+// copies it to the caller's destination (or onto the wire) before it returns.
 
 /// Values for one part, addressed by its global index in `Placement::parts`.
 struct PartValues {
   std::uint32_t part = 0;
-  std::span<const float> values;
+  std::span<const float> values;  ///< a tensor
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(part, values);
+  }
 };
 
 /// Rows `rows` (relative to the variable, inside the part) of part `part`.
 struct Slice {
   std::uint32_t part = 0;
   RowRange rows;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(part, rows);
+  }
 };
+
+// ---- requests ---------------------------------------------------------------------------
 
 /// Chief → every ps: the model's variables. Each ps computes the placement with its Sharding
 /// policy and answers with it, so the chief can check that all ps tasks agree. Repeating the
 /// same registration is harmless; a different one is refused.
 struct Register {
+  static constexpr std::string_view kName = "Register";
   std::vector<VariableSpec> variables;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(variables);
+  }
 };
 
 /// Chief → ps: initial values of parts this ps holds. Each part is initialized once.
 struct Initialize {
+  static constexpr std::string_view kName = "Initialize";
+  static constexpr bool kChangesParameters = true;
   std::vector<PartValues> parts;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(parts);
+  }
 };
 
 /// Client → ps: answered with the placement once every part on this ps is initialized.
-struct WaitReady {};
+struct WaitReady {
+  static constexpr std::string_view kName = "WaitReady";
+
+  template <class Archive>
+  void serialize(Archive& /*archive*/) {}
+};
 
 /// Worker → ps 0: take a sync token before a step (TF's `sync_token_queue.dequeue()`).
-/// Waits while the sync policy has no token to give.
+/// Waits while the sync policy has no token to give this worker.
 struct TakeToken {
+  static constexpr std::string_view kName = "TakeToken";
   std::uint32_t worker = 0;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(worker);
+  }
 };
 
 /// Client → ps: read slices. Waits until the ps has completed `min_step` global steps, so a
-/// worker holding the token of step k reads parameters that include every update before k.
+/// worker holding a token reads parameters that include every update its token requires.
+/// A pull that waits is answered the moment the step completes, before any later push.
 struct Pull {
+  static constexpr std::string_view kName = "Pull";
   std::int64_t min_step = 0;
   std::vector<Slice> slices;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(min_step, slices);
+  }
 };
 
 /// Worker → ps: gradients computed from parameters of `local_step`. Every worker pushes to
-/// every ps once per step (possibly with no parts): the message is also its vote towards
-/// the ps's global step.
+/// every ps once per step (possibly with no parts): the message also counts towards the
+/// ps's global step (`SyncPolicy::on_push`).
 struct Push {
+  static constexpr std::string_view kName = "Push";
+  static constexpr bool kChangesParameters = true;
   std::uint32_t worker = 0;
   std::int64_t local_step = 0;
   std::vector<PartValues> gradients;
-  /// The gradients were checked finite by whoever hands this message to the ps: pulley's
-  /// clients check before sending anything, so the ps need not read them twice. Not part of
-  /// the wire format: a message from a socket arrives unchecked, unless the transport
-  /// checked its bytes on receipt.
-  bool finite_checked = false;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(worker, local_step, gradients);
+  }
 };
 
 /// Any client → ps: counters for monitoring and tests.
-struct GetStats {};
+struct GetStats {
+  static constexpr std::string_view kName = "GetStats";
 
-/// Chief → ps: stop serving; requests still waiting are answered `kCancelled`.
-struct Shutdown {};
+  template <class Archive>
+  void serialize(Archive& /*archive*/) {}
+};
+
+/// Chief → ps: training is over. Every request waiting there and every later one is
+/// answered `kOutOfRange` ("training finished"), or `kAborted` with `reason` when the chief
+/// gave up, so each task learns how the job ended; the ps then stops serving.
+struct Shutdown {
+  static constexpr std::string_view kName = "Shutdown";
+  bool aborted = false;  ///< the job failed: tasks end with an error, not with success
+  std::string reason;    ///< why it was aborted
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(aborted, reason);
+  }
+};
 
 /// Everything a ps task is asked.
 using Request =
     std::variant<Register, Initialize, WaitReady, TakeToken, Pull, Push, GetStats, Shutdown>;
 
-/// Success with nothing to say.
-struct Ack {};
+// ---- responses --------------------------------------------------------------------------
 
-/// A refused or failed request. The server keeps serving after sending one.
+/// Success with nothing to say.
+struct Ack {
+  static constexpr std::string_view kName = "Ack";
+
+  template <class Archive>
+  void serialize(Archive& /*archive*/) {}
+};
+
+/// A refused or failed request.
 struct ErrorReply {
+  static constexpr std::string_view kName = "ErrorReply";
   ErrorCode code = ErrorCode::kInvalidArgument;
   std::string message;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(code, message);
+  }
 };
 
 /// Answer to Register and WaitReady: the registered variables and where they live, so a
 /// client can check that its model is the one the chief registered.
 struct PlacementReply {
+  static constexpr std::string_view kName = "PlacementReply";
   std::vector<VariableSpec> variables;
   Placement placement;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(variables, placement);
+  }
 };
 
-/// Answer to TakeToken: `local_step` tags the next push and gates the next pull;
-/// `global_step` is the number of steps completed, for progress and stopping.
-/// `one_token_per_step` says the worker gets no other token of `local_step` (R <= N, or no
-/// pacing at all), so after pushing it may wait for the step to complete without holding
-/// it up; with R > N the step may need its next push. `paced` is false when the sync policy
-/// hands tokens without ever waiting (Async): the worker need not ask for them again.
+/// Answer to TakeToken: the sync policy's token, and the global step (steps completed), for
+/// progress and stopping.
 struct TokenReply {
-  std::int64_t local_step = 0;
+  static constexpr std::string_view kName = "TokenReply";
+  Token token;
   std::int64_t global_step = 0;
-  bool one_token_per_step = true;
-  bool paced = true;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(token, global_step);
+  }
 };
 
-/// Answer to Pull: one view per requested slice, in request order.
+/// Answer to Pull: one tensor per requested slice, in request order.
 struct PullReply {
+  static constexpr std::string_view kName = "PullReply";
   std::int64_t global_step = 0;
   std::vector<std::span<const float>> values;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(global_step, values);
+  }
 };
 
 /// Answer to Push: how many of its part gradients were dropped as stale.
 struct PushReply {
+  static constexpr std::string_view kName = "PushReply";
   std::uint32_t stale_parts = 0;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(stale_parts);
+  }
 };
 
 /// Counters of one ps task.
@@ -136,23 +241,108 @@ struct Stats {
   std::int64_t requests_rejected = 0;        ///< requests answered with an ErrorReply
   std::int64_t bytes_pushed = 0;             ///< gradient payload received
   std::int64_t bytes_pulled = 0;             ///< parameter payload sent
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(global_step, updates_applied, gradients_accepted, stale_gradients_dropped,
+            requests_rejected, bytes_pushed, bytes_pulled);
+  }
 };
 
-/// Answer to GetStats.
+/// Answer to GetStats: the counters, and what the sync policy waits for before the next
+/// step (e.g. "step 12: 1 of 2 gradients in"), to explain a wait that lasts.
 struct StatsReply {
+  static constexpr std::string_view kName = "StatsReply";
   Stats stats;
+  std::string waiting_for;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(stats, waiting_for);
+  }
 };
 
 /// Everything a ps task answers.
 using Response =
     std::variant<Ack, ErrorReply, PlacementReply, TokenReply, PullReply, PushReply, StatsReply>;
 
+// ---- what follows from the declarations ---------------------------------------------------
+
+/// True for a message declared with `kChangesParameters = true`.
+template <class Message>
+inline constexpr bool changes_parameters_v = [] {
+  if constexpr (requires { Message::kChangesParameters; }) {
+    return Message::kChangesParameters;
+  } else {
+    return false;
+  }
+}();
+
+/// True if handling `request` may change the ps's parameters.
+inline bool changes_parameters(const Request& request) noexcept {
+  return std::visit(
+      [](const auto& m) { return changes_parameters_v<std::remove_cvref_t<decltype(m)>>; },
+      request);
+}
+
+/// The declared name of the message a Request or Response holds.
+template <class Variant>
+std::string_view message_name(const Variant& message) noexcept {
+  return std::visit([](const auto& m) { return std::remove_cvref_t<decltype(m)>::kName; },
+                    message);
+}
+
+namespace detail {
+
+/// Walks a message's fields as its `serialize` lists them, calling `f` on each tensor.
+template <class F>
+class TensorWalker {
+ public:
+  explicit TensorWalker(F& f) : f_(f) {}
+
+  template <class... Fields>
+  void operator()(Fields&... fields) {
+    (visit(fields), ...);
+  }
+
+ private:
+  void visit(std::span<const float>& tensor) { f_(tensor); }
+  template <class T, class A>
+  void visit(std::vector<T, A>& items) {
+    if constexpr (!std::is_arithmetic_v<T> && !std::is_same_v<T, std::string>) {
+      for (T& item : items) visit(item);
+    }
+  }
+  template <class T>
+  void visit(T& field) {
+    if constexpr (requires(TensorWalker& w) { field.serialize(w); }) field.serialize(*this);
+  }
+
+  F& f_;
+};
+
+}  // namespace detail
+
+/// Calls `f(std::span<const float>&)` on every tensor of `message` (a message struct, a
+/// Request or a Response), in wire order. `f` may re-point the views.
+template <class Message, class F>
+void for_each_tensor(Message& message, F&& f) {
+  if constexpr (requires { std::visit([](auto&) {}, message); }) {
+    std::visit([&](auto& m) { for_each_tensor(m, f); }, message);
+  } else {
+    detail::TensorWalker<std::remove_reference_t<F>> walker(f);
+    message.serialize(walker);
+  }
+}
+
 /// Returns the reply of type `T` or throws the Error the server sent.
 template <class T>
 T expect(Response&& response) {
   if (auto* error = std::get_if<ErrorReply>(&response)) throw Error(error->code, error->message);
   if (auto* reply = std::get_if<T>(&response)) return std::move(*reply);
-  throw Error(ErrorCode::kInvalidArgument, "unexpected reply kind from server");
+  throw Error(ErrorCode::kInvalidArgument, "unexpected reply kind " +
+                                               std::string(message_name(response)) +
+                                               " from server, expected " + std::string(T::kName));
 }
 
 }  // namespace pulley

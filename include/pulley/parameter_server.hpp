@@ -5,8 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
-#include <functional>
-#include <map>
+#include <exception>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -14,34 +14,36 @@
 #include <vector>
 
 #include "pulley/concepts/optimizer.hpp"
+#include "pulley/concepts/service.hpp"
 #include "pulley/concepts/sharding.hpp"
 #include "pulley/concepts/sync_policy.hpp"
 #include "pulley/detail/finite.hpp"
+#include "pulley/log.hpp"
 #include "pulley/messages.hpp"
 
 namespace pulley {
 
-/// How a transport hands a ps its way to answer one request. It may be called later (a
-/// TakeToken waits for a token) but exactly once, and it must copy or send any views in the
-/// Response before returning.
-using Responder = std::function<void(Response&&)>;
-
 /// One ps task: holds the parts of every variable placed on it, aggregates the gradients
-/// pushed to them and applies the optimizer.
+/// pushed to them and applies the optimizer. When gradients are applied and how workers are
+/// paced is the sync policy's decision; the ps keeps registration, storage and apply.
 ///
-/// It is a message handler and does no I/O: a transport's serving loop calls `handle` for
-/// every request from one thread, so the same logic runs in-process and over the network,
-/// and nothing here needs a lock.
+/// It is a message handler (a `Service`) and does no I/O: a transport calls `handle` for one
+/// request at a time, so the same logic runs in-process and over the network, and nothing
+/// here needs a lock.
 ///
 /// @tparam S Sharding policy: which ps holds which rows (every ps computes the same placement)
 /// @tparam O Optimizer applied to each part, with its per-part slots kept beside the part
-/// @tparam P SyncPolicy: async, SyncReplicas, ... decides when gradients are applied
+/// @tparam P SyncPolicy: Async, SyncReplicas, BoundedStaleness... paces and aggregates
 ///
-/// Bad requests are answered with an ErrorReply and change nothing; the server keeps
-/// serving. A push is all-or-nothing: it is checked whole (known parts, sizes, finite
-/// values, the last unless `Push::finite_checked` says that was done) before any of it is
-/// accumulated, so a NaN or Inf gradient is refused with `kInvalidArgument` instead of
-/// poisoning the parameters.
+/// Bad requests are answered with an ErrorReply and change nothing; the ps keeps serving. A
+/// push is all-or-nothing: it is checked whole (known parts, sizes, finite values unless
+/// the transport vouches for them, the sync policy's verdict) before any of it is applied,
+/// so a NaN or Inf gradient is refused with `kInvalidArgument` instead of poisoning the
+/// parameters. This is the one place that decides what a throwing policy costs: a throw
+/// before the ps changes anything refuses that request; a throw while it changes its
+/// state (half an update applied) fails the ps: it answers every request from then on with
+/// `kInternal` and the reason, and `stopped()` turns true, so its transport ends and the
+/// task exits with an error instead of serving parameters it cannot vouch for.
 template <Sharding S, Optimizer O, SyncPolicy P>
 class ParameterServer {
  public:
@@ -53,7 +55,7 @@ class ParameterServer {
         optimizer_(std::move(optimizer)),
         sync_(std::move(sync)),
         sharding_(std::move(sharding)),
-        step_votes_(sync_.make_accumulator(0)) {
+        pacer_(sync_.make_pacer()) {
     if (num_ps == 0 || task >= num_ps) {
       throw Error(ErrorCode::kInvalidArgument, "ps task " + std::to_string(task) +
                                                    " is outside a cluster of " +
@@ -62,16 +64,29 @@ class ParameterServer {
   }
 
   /// Handles one request; `reply` is called exactly once, now or later.
-  void handle(Request&& request, Responder reply) {
-    if (stopped_) {
-      reply(ErrorReply{ErrorCode::kCancelled, "ps " + std::to_string(task_) + " is shut down"});
+  void handle(Request&& request, const RequestContext& context, Responder reply) noexcept {
+    if (end_) {
+      ++stats_.requests_rejected;
+      send(reply, ErrorReply{*end_});
       return;
     }
-    std::visit([&](auto& r) { on(r, reply); }, request);
+    changing_ = false;
+    try {
+      std::visit([&](auto& r) { on(r, context, reply); }, request);
+    } catch (const Error& e) {
+      settle(reply, e.code(), e.message(), message_name(request));
+    } catch (const std::exception& e) {
+      settle(reply, ErrorCode::kInternal, e.what(), message_name(request));
+    } catch (...) {
+      settle(reply, ErrorCode::kInternal, "unknown exception", message_name(request));
+    }
   }
 
-  /// True once a Shutdown request was handled; the serving loop then ends.
-  [[nodiscard]] bool stopped() const noexcept { return stopped_; }
+  /// True once it serves no more: shut down by the chief, or failed.
+  [[nodiscard]] bool stopped() const noexcept { return end_.has_value(); }
+  /// How it ended, as it now answers every request: kOutOfRange (training finished),
+  /// kAborted (the chief aborted training) or kInternal (it failed); nullopt while serving.
+  [[nodiscard]] const std::optional<ErrorReply>& ended() const noexcept { return end_; }
   /// This ps task's index.
   [[nodiscard]] std::uint32_t task() const noexcept { return task_; }
   /// Counters, as GetStats answers them.
@@ -102,17 +117,51 @@ class ParameterServer {
     Responder reply;
   };
 
-  void reject(Responder& reply, ErrorCode code, std::string message) {
+  /// Answers through `reply`, which is empty afterwards (answered, or parked elsewhere).
+  static void send(Responder& reply, Response&& response) {
+    Responder r = std::exchange(reply, nullptr);
+    r(std::move(response));
+  }
+
+  void reject(Responder& reply, ErrorCode code, const std::string& message) {
     ++stats_.requests_rejected;
-    reply(ErrorReply{code, "ps " + std::to_string(task_) + ": " + std::move(message)});
+    send(reply, ErrorReply{code, "ps " + std::to_string(task_) + ": " + message});
+  }
+
+  /// A handler threw: refuse the request if nothing changed yet, else fail the ps.
+  void settle(Responder& reply, ErrorCode code, const char* what, std::string_view request) noexcept {
+    try {
+      if (!changing_) {
+        if (reply) reject(reply, code, std::string(request) + " refused: " + what);
+        return;
+      }
+      fail("a policy threw while applying a " + std::string(request) + ": " + what);
+      if (reply) send(reply, ErrorReply{*end_});
+    } catch (...) {  // no memory even for the message
+      end_ = ErrorReply{ErrorCode::kInternal, {}};
+      if (reply) send(reply, ErrorReply{ErrorCode::kInternal, {}});
+    }
+  }
+
+  /// The ps can no longer vouch for its state: it answers everything with `reason` from now.
+  void fail(const std::string& reason) {
+    end_ = ErrorReply{ErrorCode::kInternal, "ps " + std::to_string(task_) + " failed: " + reason};
+    log(LogLevel::kError, end_->message);
+    answer_all_waiting(*end_);
+  }
+
+  void answer_all_waiting(const ErrorReply& answer) {
+    for (Responder& w : std::exchange(ready_waiters_, {})) send(w, ErrorReply{answer});
+    for (TokenWaiter& w : std::exchange(token_waiters_, {})) send(w.reply, ErrorReply{answer});
+    for (WaitingPull& w : std::exchange(waiting_pulls_, {})) send(w.reply, ErrorReply{answer});
   }
 
   // ---- Register -------------------------------------------------------------------------
 
-  void on(Register& r, Responder& reply) {
+  void on(Register& r, const RequestContext& /*context*/, Responder& reply) {
     if (registered_) {
       if (r.variables == variables_) {
-        reply(PlacementReply{variables_, placement_});
+        send(reply, PlacementReply{variables_, placement_});
       } else {
         reject(reply, ErrorCode::kAlreadyExists, "a different model is already registered");
       }
@@ -127,19 +176,25 @@ class ParameterServer {
       reject(reply, ErrorCode::kInvalidArgument, "the sharding policy is broken: " + problem);
       return;
     }
+    // Everything that may throw (allocation, make_state) happens before the commit below,
+    // so a failed registration leaves nothing behind and a retry starts clean.
+    std::vector<Slot> slots;
+    std::vector<std::size_t> slot_of_part(placement.parts.size(), kNotHere);
+    for (const Part& part : placement.parts) {
+      if (part.ps != task_) continue;
+      const std::size_t row_size = r.variables[part.variable].row_size();
+      const std::size_t n = part.rows.size() * row_size;
+      slot_of_part[static_cast<std::size_t>(&part - placement.parts.data())] = slots.size();
+      slots.push_back(Slot{part, row_size, std::vector<float>(n, 0.0F), optimizer_.make_state(n),
+                           sync_.make_accumulator(n), false});
+    }
+    PlacementReply answer{r.variables, placement};
     variables_ = std::move(r.variables);
     placement_ = std::move(placement);
-    slot_of_part_.assign(placement_.parts.size(), kNotHere);
-    for (const Part& part : placement_.parts) {
-      if (part.ps != task_) continue;
-      const std::size_t row_size = variables_[part.variable].row_size();
-      const std::size_t n = part.rows.size() * row_size;
-      slot_of_part_[&part - placement_.parts.data()] = slots_.size();
-      slots_.push_back(Slot{part, row_size, std::vector<float>(n, 0.0F), optimizer_.make_state(n),
-                            sync_.make_accumulator(n), false});
-    }
+    slots_ = std::move(slots);
+    slot_of_part_ = std::move(slot_of_part);
     registered_ = true;
-    reply(PlacementReply{variables_, placement_});
+    send(reply, std::move(answer));
     if (slots_.empty()) become_ready();
   }
 
@@ -148,6 +203,9 @@ class ParameterServer {
       const VariableSpec& v = variables[i];
       if (v.name.empty()) return "variable " + std::to_string(i) + " has no name";
       if (v.size() == 0) return "variable '" + v.name + "' has no elements";
+      if (v.initializer.kind > Initializer::Kind::kGlorotUniform) {
+        return "variable '" + v.name + "' has an unknown initializer";
+      }
       for (std::size_t j = 0; j < i; ++j) {
         if (variables[j].name == v.name) return "variable name '" + v.name + "' is used twice";
       }
@@ -178,16 +236,16 @@ class ParameterServer {
 
   // ---- Initialize / WaitReady -----------------------------------------------------------
 
-  void on(Initialize& r, Responder& reply) {
+  void on(Initialize& r, const RequestContext& context, Responder& reply) {
     if (!registered_) {
       reject(reply, ErrorCode::kFailedPrecondition, "initialize before the model is registered");
       return;
     }
-    if (!check_parts(r.parts, reply)) return;
+    if (!check_parts(r.parts, context, reply)) return;
     for (const PartValues& pv : r.parts) {
-      const Slot* slot = &slots_[slot_of_part_[pv.part]];
-      if (slot->initialized) {
-        reject(reply, ErrorCode::kAlreadyExists, describe(slot->part) + " is already initialized");
+      const Slot& slot = slots_[slot_of_part_[pv.part]];
+      if (slot.initialized) {
+        reject(reply, ErrorCode::kAlreadyExists, describe(slot.part) + " is already initialized");
         return;
       }
     }
@@ -197,60 +255,58 @@ class ParameterServer {
       slot.initialized = true;
       ++initialized_slots_;
     }
-    reply(Ack{});
+    send(reply, Ack{});
     if (initialized_slots_ == slots_.size() && !ready_) become_ready();
   }
 
-  void on(WaitReady& /*r*/, Responder& reply) {
+  void on(WaitReady& /*r*/, const RequestContext& /*context*/, Responder& reply) {
     if (ready_) {
-      reply(PlacementReply{variables_, placement_});
+      send(reply, PlacementReply{variables_, placement_});
     } else {
-      ready_waiters_.push_back(std::move(reply));
+      ready_waiters_.push_back(std::exchange(reply, nullptr));
     }
   }
 
   void become_ready() {
     ready_ = true;
-    release_tokens();
-    for (Responder& waiter : std::exchange(ready_waiters_, {}))
-      waiter(PlacementReply{variables_, placement_});
+    for (Responder& waiter : std::exchange(ready_waiters_, {})) {
+      send(waiter, PlacementReply{variables_, placement_});
+    }
   }
 
   // ---- TakeToken ------------------------------------------------------------------------
 
-  void on(TakeToken& r, Responder& reply) {
+  void on(TakeToken& r, const RequestContext& /*context*/, Responder& reply) {
     if (!ready_) {
       reject(reply, ErrorCode::kFailedPrecondition, "token requested before initialization");
       return;
     }
-    if (sync_.token_rule().per_step <= 0) {  // the policy does not pace workers
-      reply(TokenReply{0, global_step(), true, false});
-    } else if (!give_token(r.worker, reply)) {
-      token_waiters_.push_back({r.worker, std::move(reply)});
+    if (std::optional<Token> token = sync_.take_token(pacer_, r.worker)) {
+      send(reply, TokenReply{*token, global_step()});
+    } else {
+      token_waiters_.push_back({r.worker, std::exchange(reply, nullptr)});
     }
   }
 
-  /// Hands `worker` a token of the current step if one is left and it may take one more.
-  bool give_token(std::uint32_t worker, Responder& reply) {
-    const std::int64_t cap = sync_.token_rule().per_worker;
-    std::int64_t& taken = tokens_taken_[worker];
-    if (tokens_left_ == 0 || (cap > 0 && taken >= cap)) return false;
-    --tokens_left_;
-    ++taken;
-    reply(TokenReply{global_step(), global_step(), cap == 1});
-    return true;
-  }
-
-  /// Replaces the tokens of the last step by the policy's tokens of the current one.
-  void release_tokens() {
-    tokens_left_ = std::max<std::int64_t>(sync_.token_rule().per_step, 0);
-    tokens_taken_.clear();
-    std::erase_if(token_waiters_, [&](TokenWaiter& w) { return give_token(w.worker, w.reply); });
+  /// Asks the sync policy again for every waiting token request, in arrival order.
+  void retry_tokens() {
+    std::erase_if(token_waiters_, [&](TokenWaiter& w) {
+      try {
+        std::optional<Token> token = sync_.take_token(pacer_, w.worker);
+        if (!token) return false;
+        send(w.reply, TokenReply{*token, global_step()});
+      } catch (const Error& e) {
+        reject(w.reply, e.code(), std::string("TakeToken refused: ") + e.message());
+      } catch (const std::exception& e) {
+        reject(w.reply, ErrorCode::kInternal, std::string("TakeToken refused: ") + e.what());
+      }
+      return true;
+    });
   }
 
   // ---- Pull -----------------------------------------------------------------------------
 
-  void on(Pull& r, Responder& reply) {
+  void on(Pull& r, const RequestContext& /*context*/, Responder& reply) {
     if (!ready_) {
       reject(reply, ErrorCode::kFailedPrecondition, "pull before initialization");
       return;
@@ -269,7 +325,7 @@ class ParameterServer {
       }
     }
     if (global_step() < r.min_step) {
-      waiting_pulls_.push_back({std::move(r), std::move(reply)});
+      waiting_pulls_.push_back({std::move(r), std::exchange(reply, nullptr)});
     } else {
       answer_pull(r, reply);
     }
@@ -285,60 +341,7 @@ class ParameterServer {
           std::span<const float>(slot.values).subspan(offset, s.rows.size() * slot.row_size));
       stats_.bytes_pulled += static_cast<std::int64_t>(answer.values.back().size_bytes());
     }
-    reply(std::move(answer));
-  }
-
-  // ---- Push -----------------------------------------------------------------------------
-
-  void on(Push& r, Responder& reply) {
-    if (!ready_) {
-      reject(reply, ErrorCode::kFailedPrecondition,
-             "push before initialization: the chief has not initialized the variables");
-      return;
-    }
-    if (!check_parts(r.gradients, reply)) return;
-    if (r.gradients.size() != slots_.size()) {
-      // Every part's accumulator must see every step's votes, or parts drift apart.
-      reject(reply, ErrorCode::kInvalidArgument,
-             "a push must carry a gradient for each of the " + std::to_string(slots_.size()) +
-                 " parts held here, got " + std::to_string(r.gradients.size()));
-      return;
-    }
-    for (const PartValues& pv : r.gradients) {
-      const Slot* slot = &slots_[slot_of_part_[pv.part]];
-      if (!r.finite_checked && !detail::all_finite(pv.values)) {
-        reject(reply, ErrorCode::kInvalidArgument,
-               "non-finite (NaN or Inf) gradient for " + describe(slot->part) + " from worker " +
-                   std::to_string(r.worker) + "; nothing was applied");
-        return;
-      }
-    }
-    PushReply answer;
-    for (const PartValues& pv : r.gradients) {
-      Slot& slot = slots_[slot_of_part_[pv.part]];
-      stats_.bytes_pushed += static_cast<std::int64_t>(pv.values.size_bytes());
-      switch (sync_.accumulate(slot.accumulator, pv.values, r.local_step)) {
-        case Verdict::kStale:
-          ++stats_.stale_gradients_dropped;
-          ++answer.stale_parts;
-          break;
-        case Verdict::kPending:
-          ++stats_.gradients_accepted;
-          break;
-        case Verdict::kReady:
-          ++stats_.gradients_accepted;
-          optimizer_.apply(slot.optimizer_state, slot.values, sync_.take(slot.accumulator));
-          ++stats_.updates_applied;
-          break;
-      }
-    }
-    const Verdict vote = sync_.accumulate(step_votes_, {}, r.local_step);
-    reply(answer);
-    if (vote == Verdict::kReady) {
-      sync_.take(step_votes_);
-      release_tokens();
-      answer_waiting_pulls();
-    }
+    send(reply, std::move(answer));
   }
 
   void answer_waiting_pulls() {
@@ -349,27 +352,79 @@ class ParameterServer {
     });
   }
 
+  // ---- Push -----------------------------------------------------------------------------
+
+  void on(Push& r, const RequestContext& context, Responder& reply) {
+    if (!ready_) {
+      reject(reply, ErrorCode::kFailedPrecondition,
+             "push before initialization: the chief has not initialized the variables");
+      return;
+    }
+    if (!check_parts(r.gradients, context, reply)) return;
+    if (r.gradients.size() != slots_.size()) {
+      // Every part must see every push's verdict, or parts drift apart.
+      reject(reply, ErrorCode::kInvalidArgument,
+             "a push must carry a gradient for each of the " + std::to_string(slots_.size()) +
+                 " parts held here, got " + std::to_string(r.gradients.size()));
+      return;
+    }
+    const std::int64_t step_before = global_step();
+    const Verdict verdict = sync_.on_push(pacer_, r.worker, r.local_step);  // may refuse
+    changing_ = true;
+    PushReply answer;
+    for (const PartValues& pv : r.gradients) {
+      Slot& slot = slots_[slot_of_part_[pv.part]];
+      stats_.bytes_pushed += static_cast<std::int64_t>(pv.values.size_bytes());
+      if (verdict == Verdict::kStale) {
+        ++stats_.stale_gradients_dropped;
+        ++answer.stale_parts;
+        continue;
+      }
+      ++stats_.gradients_accepted;
+      sync_.accumulate(slot.accumulator, pv.values);
+    }
+    if (verdict == Verdict::kReady) {
+      for (Slot& slot : slots_) {
+        const UpdateContext update{step_before, variables_[slot.part.variable].name,
+                                   slot.part.rows, slot.row_size};
+        apply_update(optimizer_, slot.optimizer_state, slot.values, sync_.take(slot.accumulator),
+                     update);
+        ++stats_.updates_applied;
+      }
+    }
+    changing_ = false;
+    send(reply, answer);
+    retry_tokens();
+    if (global_step() != step_before) answer_waiting_pulls();
+  }
+
   // ---- GetStats / Shutdown --------------------------------------------------------------
 
-  void on(GetStats& /*r*/, Responder& reply) { reply(StatsReply{stats()}); }
+  void on(GetStats& /*r*/, const RequestContext& /*context*/, Responder& reply) {
+    send(reply, StatsReply{stats(), waiting_for(sync_, pacer_)});
+  }
 
-  void on(Shutdown& /*r*/, Responder& reply) {
-    stopped_ = true;
-    const ErrorReply cancelled{ErrorCode::kCancelled,
-                               "ps " + std::to_string(task_) + " shut down while waiting"};
-    for (Responder& w : std::exchange(ready_waiters_, {})) w(ErrorReply{cancelled});
-    for (TokenWaiter& w : std::exchange(token_waiters_, {})) w.reply(ErrorReply{cancelled});
-    for (WaitingPull& w : std::exchange(waiting_pulls_, {})) w.reply(ErrorReply{cancelled});
-    reply(Ack{});
+  void on(Shutdown& r, const RequestContext& /*context*/, Responder& reply) {
+    const std::string ps = "ps " + std::to_string(task_);
+    end_ = r.aborted ? ErrorReply{ErrorCode::kAborted,
+                                  ps + ": training aborted by the chief: " + r.reason}
+                     : ErrorReply{ErrorCode::kOutOfRange,
+                                  ps + ": training finished (the chief shut the ps tasks "
+                                       "down at global step " +
+                                      std::to_string(global_step()) + ")"};
+    answer_all_waiting(*end_);
+    send(reply, Ack{});
   }
 
   // ---- helpers --------------------------------------------------------------------------
 
-  [[nodiscard]] std::int64_t global_step() const { return sync_.step(step_votes_); }
+  [[nodiscard]] std::int64_t global_step() const { return sync_.global_step(pacer_); }
 
-  /// Checks that every part is held here, appears once and has the right size; otherwise
-  /// rejects the request and returns false.
-  bool check_parts(const std::vector<PartValues>& parts, Responder& reply) {
+  /// Checks that every part is held here, appears once, has the right size and (unless the
+  /// transport vouches for it) finite values; otherwise rejects the request and returns
+  /// false.
+  bool check_parts(const std::vector<PartValues>& parts, const RequestContext& context,
+                   Responder& reply) {
     for (std::size_t i = 0; i < parts.size(); ++i) {
       const PartValues& pv = parts[i];
       if (pv.part >= slot_of_part_.size() || slot_of_part_[pv.part] == kNotHere) {
@@ -388,6 +443,12 @@ class ParameterServer {
           reject(reply, ErrorCode::kInvalidArgument, describe(slot.part) + " is sent twice");
           return false;
         }
+      }
+      if (!context.tensors_finite && !detail::all_finite(pv.values)) {
+        reject(reply, ErrorCode::kInvalidArgument,
+               "non-finite (NaN or Inf) values for " + describe(slot.part) +
+                   "; nothing was applied");
+        return false;
       }
     }
     return true;
@@ -416,16 +477,15 @@ class ParameterServer {
 
   bool registered_ = false;
   bool ready_ = false;
-  bool stopped_ = false;
+  bool changing_ = false;          ///< inside a change that a throw would leave half done
+  std::optional<ErrorReply> end_;  ///< set once stopped: what every request is answered
   std::vector<VariableSpec> variables_;
   Placement placement_;
   std::vector<Slot> slots_;
   std::vector<std::size_t> slot_of_part_;  ///< global part index → slot, or kNotHere
   std::size_t initialized_slots_ = 0;
 
-  typename P::Accumulator step_votes_;  ///< the global step: one vote per push message
-  std::int64_t tokens_left_ = 0;        ///< tokens of the current step
-  std::map<std::uint32_t, std::int64_t> tokens_taken_;  ///< by worker, this step
+  typename P::Pacer pacer_;  ///< the global step and the tokens, as the sync policy keeps them
   std::deque<TokenWaiter> token_waiters_;
   std::vector<Responder> ready_waiters_;
   std::vector<WaitingPull> waiting_pulls_;

@@ -18,6 +18,12 @@ struct Part {
   std::uint32_t ps = 0;        ///< ps task that holds it
   RowRange rows;
 
+  /// Its fields on the wire (see messages.hpp).
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(variable, index, ps, rows);
+  }
+
   friend constexpr bool operator==(const Part&, const Part&) = default;
 };
 
@@ -35,6 +41,12 @@ struct Placement {
   /// Number of variables placed.
   [[nodiscard]] std::size_t num_variables() const noexcept {
     return first_part.empty() ? 0 : first_part.size() - 1;
+  }
+
+  /// Its fields on the wire (see messages.hpp).
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(parts, first_part);
   }
 
   friend bool operator==(const Placement&, const Placement&) = default;

@@ -34,6 +34,12 @@ struct Initializer {
   /// Glorot (Xavier) uniform.
   static constexpr Initializer glorot_uniform() noexcept { return {Kind::kGlorotUniform, 0.0F}; }
 
+  /// Its fields on the wire (see messages.hpp).
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(kind, value);
+  }
+
   friend bool operator==(const Initializer&, const Initializer&) = default;
 };
 
@@ -54,6 +60,12 @@ struct VariableSpec {
   /// Elements in one row.
   [[nodiscard]] std::size_t row_size() const noexcept { return rows() == 0 ? 0 : size() / rows(); }
 
+  /// Its fields on the wire (see messages.hpp).
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(name, shape, initializer);
+  }
+
   friend bool operator==(const VariableSpec&, const VariableSpec&) = default;
 };
 
@@ -64,6 +76,11 @@ struct RowRange {
 
   [[nodiscard]] constexpr std::size_t size() const noexcept { return end - begin; }
   [[nodiscard]] constexpr bool empty() const noexcept { return end <= begin; }
+  /// Its fields on the wire (see messages.hpp).
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(begin, end);
+  }
   friend constexpr bool operator==(RowRange, RowRange) = default;
 };
 

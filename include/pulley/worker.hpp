@@ -51,34 +51,46 @@ class Worker {
   /// Blocks until the chief has initialized every ps, and learns where variables live.
   void wait_ready() { client_.wait_ready(model_.variables()); }
 
-  /// One synchronous-or-not training step on `batch`: take a sync token (under Async,
-  /// whose tokens never wait, only once: the pulls report the global step), make sure the
-  /// model holds the parameters of that step (pulling them unless the last step already
-  /// did), compute the gradient, then push it and pull the next step's parameters in one
-  /// round trip (`push_pull`). Under Async that prefetch is what the next step computes on
-  /// (as MXNet's kvstore does): after a long pause, `pull()` first to start from the newest
-  /// values. If the token shows that `last_step` global steps are done,
-  /// nothing is computed and nullopt is returned: the caller stops (TF's StopAtStepHook).
+  /// One training step on `batch`, paced by the sync policy: take a sync token (under
+  /// Async, whose tokens never wait, only once: the pulls report the global step), make sure
+  /// the model holds the parameters the token requires (pulling them unless the last step
+  /// already did), compute the gradient, then push it and pull the next step's parameters
+  /// in one round trip (`push_pull`). Under Async that prefetch is what the next step
+  /// computes on (as MXNet's kvstore does): after a long pause, `pull()` first to start
+  /// from the newest values.
+  ///
+  /// Returns nullopt when training is over: the token shows that `last_step` global steps
+  /// are done (TF's StopAtStepHook), or the chief has ended training (the ps tasks answer
+  /// `kOutOfRange`); `finished()` then says so. Any other failure throws.
   std::optional<StepResult> step(
       const typename M::Batch& batch,
       std::int64_t last_step = std::numeric_limits<std::int64_t>::max()) {
-    // Unpaced (Async) tokens are never waited for: after the first, the step the last pull
-    // reported serves as the token, and the round trip is saved.
-    const TokenReply token = paced_ || pulled_step_ < 0 ? client_.take_token(index_)
-                                                        : TokenReply{0, pulled_step_, true, false};
-    paced_ = token.paced;
-    global_step_ = token.global_step;
-    if (token.global_step >= last_step) return std::nullopt;
-    if (pulled_step_ < token.local_step) pull_all(token.local_step);
-    StepResult result;
-    result.loss = static_cast<float>(model_.compute_gradients(batch));
-    result.local_step = token.local_step;
-    result.global_step = token.global_step;
-    // Pull the next step's parameters with the push: once this step completes if nothing
-    // else of this worker is needed for it, else at once (the next token may be this step's).
-    result.stale_parts = push_pull(
-        token.local_step, token.one_token_per_step ? token.local_step + 1 : token.local_step);
-    return result;
+    if (finished_) return std::nullopt;
+    try {
+      // Unpaced (Async) tokens are never waited for: after the first, the step the last
+      // pull reported serves as the token, and the round trip is saved.
+      const TokenReply reply = paced_ || pulled_step_ < 0
+                                   ? client_.take_token(index_)
+                                   : TokenReply{Token{0, 0, 0, false}, pulled_step_};
+      const Token& token = reply.token;
+      paced_ = token.paced;
+      global_step_ = reply.global_step;
+      if (reply.global_step >= last_step) {
+        finished_ = true;
+        return std::nullopt;
+      }
+      if (pulled_step_ < token.pull_step) pull_all(token.pull_step);
+      StepResult result;
+      result.loss = static_cast<float>(model_.compute_gradients(batch));
+      result.local_step = token.local_step;
+      result.global_step = reply.global_step;
+      result.stale_parts = push_pull(token.local_step, token.next_pull_step);
+      return result;
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kOutOfRange) throw;
+      finished_ = true;  // the chief ended training; this step's gradient is not needed
+      return std::nullopt;
+    }
   }
 
   /// Pushes the model's current gradients tagged with `local_step`, then pulls every
@@ -128,6 +140,8 @@ class Worker {
   [[nodiscard]] const M& model() const noexcept { return model_; }
   /// This worker's task index.
   [[nodiscard]] std::uint32_t index() const noexcept { return index_; }
+  /// True once `step` returned nullopt: training is over.
+  [[nodiscard]] bool finished() const noexcept { return finished_; }
   /// The global step seen with the last token (Async: with the last pull).
   [[nodiscard]] std::int64_t global_step() const noexcept { return global_step_; }
   /// Where each variable lives, once `wait_ready` returned.
@@ -147,6 +161,7 @@ class Worker {
   std::int64_t global_step_ = 0;
   std::int64_t pulled_step_ = -1;  ///< the model holds every variable as of this step or later
   bool paced_ = true;              ///< the sync policy makes workers wait for tokens
+  bool finished_ = false;          ///< training is over
 };
 
 }  // namespace pulley

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 //
-// pulley 0.1.0 - single-header edition.
+// pulley 0.1.0 - single-header edition: the core: standard library only.
 //
 // GENERATED FILE - DO NOT EDIT. It is include/pulley/pulley.hpp with every
 // pulley header inlined, produced by scripts/amalgamate.py; edit the headers
@@ -11,39 +11,24 @@
 
 /// pulley: a header-only parameter-server framework. This header is the core — the policy
 /// concepts, the stock policies, the hosts and the in-process transport — and needs nothing
-/// but the standard library. Headers with heavier dependencies stand apart: models
-/// (`models/`, xtensor) and the wire codec of byte-stream transports (`transport/wire.hpp`,
-/// cereal).
+/// but the standard library. What needs more stands apart, each with its CMake target:
+/// models (`models/`, pulley::models: xtensor), the TCP transport (`transport/tcp.hpp`,
+/// pulley::tcp: Asio and cereal), cluster discovery (`cluster/`, pulley::cluster:
+/// nlohmann-json) and the role runner (`runner/`, pulley::runner: all of them).
+///
+/// The layers, each using only those before it:
+///   contracts  error, variable, placement, messages, call, concepts/
+///   policies   optimizers/, sharding/, sync/
+///   hosts      ParameterServer, Worker, Chief, Evaluator
+///   transports transport/
+///   cluster and runner
 
-// ---- begin pulley/chief.hpp ----
+// ---- begin pulley/address.hpp ----
 
 #include <cstddef>
 #include <cstdint>
-#include <span>
 #include <string>
-#include <utility>
-#include <vector>
-
-// ---- begin pulley/concepts/transport.hpp ----
-
-#include <chrono>
-#include <concepts>
-#include <condition_variable>
-#include <cstddef>
-#include <memory>
-#include <mutex>
-#include <optional>
-#include <span>
-#include <utility>
-#include <vector>
-
-// ---- begin pulley/messages.hpp ----
-
-#include <cstdint>
-#include <span>
-#include <string>
-#include <variant>
-#include <vector>
+#include <string_view>
 
 // ---- begin pulley/error.hpp ----
 
@@ -63,7 +48,10 @@ enum class ErrorCode : std::uint8_t {
   kFailedPrecondition = 4,  ///< e.g. a push before the variables are initialized
   kUnavailable = 5,         ///< the peer is dead or unreachable
   kDeadlineExceeded = 6,    ///< no answer in time (a dropped message ends here)
-  kCancelled = 7,           ///< the server shut down while the request waited
+  kCancelled = 7,           ///< the caller gave the request up
+  kOutOfRange = 8,          ///< training is over: the chief ended it (TF's OutOfRangeError)
+  kAborted = 9,             ///< the chief aborted training
+  kInternal = 10,           ///< a ps failed while handling a request (a policy threw)
 };
 
 /// Stable lower-case name of a code, for logs and error messages.
@@ -83,6 +71,12 @@ constexpr std::string_view to_string(ErrorCode code) noexcept {
       return "deadline_exceeded";
     case ErrorCode::kCancelled:
       return "cancelled";
+    case ErrorCode::kOutOfRange:
+      return "out_of_range";
+    case ErrorCode::kAborted:
+      return "aborted";
+    case ErrorCode::kInternal:
+      return "internal";
   }
   return "unknown";
 }
@@ -93,7 +87,12 @@ class Error : public std::runtime_error {
   Error(ErrorCode code, const std::string& message)
       : std::runtime_error(std::string(to_string(code)) + ": " + message), code_(code) {}
 
+  /// Which kind of failure.
   [[nodiscard]] ErrorCode code() const noexcept { return code_; }
+  /// The message without the code's name in front.
+  [[nodiscard]] const char* message() const noexcept {
+    return what() + to_string(code_).size() + 2;
+  }
 
  private:
   ErrorCode code_;
@@ -101,6 +100,244 @@ class Error : public std::runtime_error {
 
 }  // namespace pulley
 // ---- end pulley/error.hpp ----
+
+namespace pulley {
+
+/// Where a task listens: a host (a name, an IPv4 address, or an IPv6 address without its
+/// brackets) and a port. Compared as written: "localhost:80" and "127.0.0.1:80" differ.
+struct Address {
+  /// A host name or numeric address; never empty, never bracketed, no whitespace.
+  std::string host;
+  /// The TCP port, 1..65535 once parsed (0 only in a default-constructed Address).
+  std::uint16_t port = 0;
+
+  /// "host:port", brackets around IPv6 hosts ("[::1]:2222"), so that parse_address reads it
+  /// back as the same Address.
+  [[nodiscard]] std::string to_string() const {
+    const bool v6 = host.find(':') != std::string::npos;
+    return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+  }
+
+  /// Same host (exactly, case included) and same port.
+  friend bool operator==(const Address&, const Address&) = default;
+};
+
+namespace detail {
+
+/// An address split into its parts without allocating, or why it cannot be: when `problem`
+/// is not empty, `host` and `port` mean nothing.
+struct AddressParts {
+  std::string_view host;
+  std::uint16_t port = 0;
+  std::string_view problem;
+};
+
+/// The port `text` spells in 1..65535 with one to five decimal digits and nothing else (no
+/// sign, no space); 0 when it spells none.
+constexpr std::uint16_t address_port(std::string_view text) noexcept {
+  if (text.empty() || text.size() > 5) return 0;
+  std::uint32_t value = 0;
+  for (const char c : text) {
+    if (c < '0' || c > '9') return 0;
+    value = value * 10 + static_cast<std::uint32_t>(c - '0');
+  }
+  return value <= 65535 ? static_cast<std::uint16_t>(value) : 0;
+}
+
+/// The rules of parse_address, for callers that report a bad address in their own words.
+constexpr AddressParts scan_address(std::string_view text) noexcept {
+  AddressParts parts;
+  std::size_t colon = 0;  // the ':' before the port
+  if (!text.empty() && text.front() == '[') {
+    const std::size_t close = text.find(']');
+    if (close == std::string_view::npos) return {{}, 0, "'[' without ']'"};
+    parts.host = text.substr(1, close - 1);
+    colon = close + 1;
+    if (colon >= text.size() || text[colon] != ':') return {{}, 0, "no ':' after ']'"};
+  } else {
+    colon = text.rfind(':');
+    if (colon == std::string_view::npos) return {{}, 0, "no ':' before the port"};
+    parts.host = text.substr(0, colon);
+    if (parts.host.find(':') != std::string_view::npos) {
+      return {{}, 0, "an IPv6 host needs brackets, as in [::1]:2222"};
+    }
+  }
+  if (parts.host.empty()) return {{}, 0, "the host is empty"};
+  for (const char c : parts.host) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u <= 0x20 || u == 0x7f) return {{}, 0, "the host holds a space or a control character"};
+    if (c == '[' || c == ']') return {{}, 0, "a '[' or ']' that does not enclose the host"};
+  }
+  parts.port = address_port(text.substr(colon + 1));
+  if (parts.port == 0) return {{}, 0, "the port must be 1..65535 in decimal digits"};
+  return parts;
+}
+
+/// `text` with its control characters written as \xNN, so that a message quoting it stays
+/// one readable line.
+inline std::string printable_text(std::string_view text) {
+  std::string out;
+  for (const char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u >= 0x20 && u != 0x7f) {
+      out += c;
+    } else {
+      constexpr std::string_view kHex = "0123456789abcdef";
+      out += "\\x";
+      out += kHex[u >> 4];
+      out += kHex[u & 0xf];
+    }
+  }
+  return out;
+}
+
+}  // namespace detail
+
+/// Parses "host:port" or "[v6::addr]:port" (the brackets are dropped from `host`). The port
+/// is 1..65535 in at most five decimal digits, with no sign and no space; the host is not
+/// empty and holds no whitespace. An IPv6 host must be bracketed, as "::1:80" could split
+/// in more than one place. Throws kInvalidArgument "address '<text>' is not host:port: <why>".
+inline Address parse_address(std::string_view text) {
+  const detail::AddressParts parts = detail::scan_address(text);
+  if (!parts.problem.empty()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "address '" + detail::printable_text(text) +
+                    "' is not host:port: " + std::string(parts.problem));
+  }
+  return Address{std::string(parts.host), parts.port};
+}
+
+}  // namespace pulley
+// ---- end pulley/address.hpp ----
+// ---- begin pulley/call.hpp ----
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <utility>
+
+// ---- begin pulley/messages.hpp ----
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
+
+// ---- begin pulley/concepts/sync_policy.hpp ----
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+
+namespace pulley {
+
+/// What one push message counts for (`SyncPolicy::on_push`).
+enum class Verdict : std::uint8_t {
+  kStale,    ///< too old: its gradients are dropped (and counted), never applied
+  kPending,  ///< its gradients are accumulated; the step needs more
+  kReady,    ///< its gradients are accumulated and complete an update: take and apply it
+};
+
+/// A sync token: leave for one step, and what that step must read. TF's `sync_token_queue`
+/// holds only the step number; pulley's tokens also say which parameters to pull, so that
+/// one mechanism serves every pacing rule.
+struct Token {
+  /// Tags the step's push (TF's `local_step`): the policy judges staleness by it.
+  std::int64_t local_step = 0;
+  /// The step's parameters must include every update of the global steps before this one:
+  /// the worker pulls with `Pull::min_step = pull_step` (0: whatever the ps holds).
+  std::int64_t pull_step = 0;
+  /// What the worker pulls together with this step's push, for its next step: the earliest
+  /// `pull_step` its next token can have, so that the prefetch can serve it.
+  std::int64_t next_pull_step = 0;
+  /// False when tokens never wait (Async): the worker need not ask for another.
+  bool paced = true;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(local_step, pull_step, next_pull_step, paced);
+  }
+  friend bool operator==(const Token&, const Token&) = default;
+};
+
+/// An aggregation (sync) policy decides when gradients are applied and how workers are
+/// paced. It has two halves, both state the policy defines and the ps keeps:
+///   - an `Accumulator` per part the ps holds (TF's ConditionalAccumulator): it gathers the
+///     part's gradients of one update and hands the optimizer their mean;
+///   - one `Pacer` per ps task: it counts push messages towards the ps's global step, judges
+///     them fresh or stale, and (on ps 0, which paces the workers) hands out sync tokens.
+///
+/// Required:
+///   - `typename P::Accumulator`, `typename P::Pacer` (both movable)
+///   - `p.make_accumulator(n)` → an empty accumulator for `n`-element gradients
+///   - `p.accumulate(acc, gradient)` → void: adds one fresh gradient
+///   - `p.take(acc)` → `std::span<const float>`: what the optimizer applies; empties `acc`
+///   - `p.make_pacer()` → the pacer at global step 0
+///   - `p.on_push(pacer, worker, local_step)` → `Verdict` for one push message
+///   - `p.global_step(pacer)` → `std::int64_t`: global steps completed on this ps
+///   - `p.take_token(pacer, worker)` → `std::optional<Token>`; nullopt: the request waits
+/// Optional:
+///   - `p.waiting_for(pacer)` → `std::string`: what the next step waits for, in words; the
+///     ps reports it (StatsReply) and clients quote it when a token or a step never comes
+///
+/// Semantic contract:
+///   - the ps calls `on_push` once per push message, after checking it and before touching
+///     any part: kStale drops every part gradient of the message, kPending accumulates them,
+///     kReady accumulates them and then takes and applies every part's update. So every
+///     part sees the same verdicts and the parts of a variable never drift apart;
+///   - `take` returns the mean of the gradients accumulated since the last `take` (or the
+///     one gradient); the span stays valid until the next `accumulate` and may alias the
+///     last gradient passed in; `accumulate` may keep a view of its gradient until then;
+///   - `global_step` never decreases. A Pull with `min_step` waits until it reaches
+///     `min_step`, and is answered the moment it does (before the ps handles anything
+///     else), so values read at a step are exactly that step's;
+///   - `take_token` is asked for every TakeToken (sent to ps 0 only); a request it answers
+///     nullopt waits, and is asked again, in arrival order, after every push the ps handles;
+///   - `on_push` and `take_token` may refuse a request by throwing `pulley::Error` (e.g. a
+///     worker index out of range), and must then leave the pacer unchanged. Any other throw
+///     from a policy while the ps changes its state fails the ps (it stops serving, and says
+///     why), since half an update cannot be undone;
+///   - the ps calls the policy from one thread at a time; the policy object itself is never
+///     modified after construction: everything that changes lives in the Accumulators and
+///     the Pacer.
+template <class P>
+concept SyncPolicy = std::copy_constructible<P> && std::movable<typename P::Accumulator> &&
+    std::movable<typename P::Pacer> &&
+    requires(const P& policy, typename P::Accumulator& acc, typename P::Pacer& pacer,
+             const typename P::Pacer& cpacer, std::span<const float> gradient,
+             std::uint32_t worker, std::int64_t local_step, std::size_t n) {
+  { policy.make_accumulator(n) } -> std::same_as<typename P::Accumulator>;
+  { policy.accumulate(acc, gradient) } -> std::same_as<void>;
+  { policy.take(acc) } -> std::same_as<std::span<const float>>;
+  { policy.make_pacer() } -> std::same_as<typename P::Pacer>;
+  { policy.on_push(pacer, worker, local_step) } -> std::same_as<Verdict>;
+  { policy.global_step(cpacer) } -> std::same_as<std::int64_t>;
+  { policy.take_token(pacer, worker) } -> std::same_as<std::optional<Token>>;
+};
+
+/// What `policy` says the next step waits for, or "" when it does not say.
+template <SyncPolicy P>
+std::string waiting_for(const P& policy, const typename P::Pacer& pacer) {
+  if constexpr (requires { { policy.waiting_for(pacer) } -> std::convertible_to<std::string>; }) {
+    return policy.waiting_for(pacer);
+  } else {
+    return {};
+  }
+}
+
+}  // namespace pulley
+// ---- end pulley/concepts/sync_policy.hpp ----
 // ---- begin pulley/placement.hpp ----
 
 #include <cstddef>
@@ -143,6 +380,12 @@ struct Initializer {
   /// Glorot (Xavier) uniform.
   static constexpr Initializer glorot_uniform() noexcept { return {Kind::kGlorotUniform, 0.0F}; }
 
+  /// Its fields on the wire (see messages.hpp).
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(kind, value);
+  }
+
   friend bool operator==(const Initializer&, const Initializer&) = default;
 };
 
@@ -163,6 +406,12 @@ struct VariableSpec {
   /// Elements in one row.
   [[nodiscard]] std::size_t row_size() const noexcept { return rows() == 0 ? 0 : size() / rows(); }
 
+  /// Its fields on the wire (see messages.hpp).
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(name, shape, initializer);
+  }
+
   friend bool operator==(const VariableSpec&, const VariableSpec&) = default;
 };
 
@@ -173,6 +422,11 @@ struct RowRange {
 
   [[nodiscard]] constexpr std::size_t size() const noexcept { return end - begin; }
   [[nodiscard]] constexpr bool empty() const noexcept { return end <= begin; }
+  /// Its fields on the wire (see messages.hpp).
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(begin, end);
+  }
   friend constexpr bool operator==(RowRange, RowRange) = default;
 };
 
@@ -188,6 +442,12 @@ struct Part {
   std::uint32_t index = 0;     ///< position among the variable's parts
   std::uint32_t ps = 0;        ///< ps task that holds it
   RowRange rows;
+
+  /// Its fields on the wire (see messages.hpp).
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(variable, index, ps, rows);
+  }
 
   friend constexpr bool operator==(const Part&, const Part&) = default;
 };
@@ -206,6 +466,12 @@ struct Placement {
   /// Number of variables placed.
   [[nodiscard]] std::size_t num_variables() const noexcept {
     return first_part.empty() ? 0 : first_part.size() - 1;
+  }
+
+  /// Its fields on the wire (see messages.hpp).
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(parts, first_part);
   }
 
   friend bool operator==(const Placement&, const Placement&) = default;
@@ -238,118 +504,219 @@ class PlacementBuilder {
 
 namespace pulley {
 
-// The protocol between clients (workers, chief, evaluator) and ps tasks. Every transport
-// carries exactly these structs: in-process they are moved through a mailbox, over TCP
-// they are serialized. The server logic sees the same values either way.
+// The protocol between clients (workers, the chief, the evaluator) and ps tasks. Every
+// transport carries exactly these structs: in-process they are moved, over TCP they are
+// encoded. A message is declared here and nowhere else:
 //
-// Tensor payloads are `std::span` views, never owned vectors, so that a push reads the
-// worker's gradient buffers and a pull reply reads the server's storage in place. Lifetime
-// rule: a view in a request stays valid until the reply arrives (the sender waits); a view
-// in a reply stays valid only while the transport's reply callback runs, which copies it to
-// the caller's destination (or onto the wire) before returning.
+//   - `kName`, for logs and errors;
+//   - `serialize(archive)` lists its fields in wire order, for cereal and for pulley's own
+//     walkers. A `std::span<const float>` field is a tensor: its size travels with the
+//     other fields, its values in the frame's payload, in field order, so that a sender
+//     writes them from its own buffers and a receiver reads them into place;
+//   - `kChangesParameters = true` on a request that may change the ps's parameters (a
+//     transport must not let a reply still being sent see them change).
+//
+// Adding a message is its declaration here, its place in Request or Response, and its
+// handler in the service (`ParameterServer::on`).
+//
+// Tensors are views, never owned vectors. A view in a request stays valid until its call
+// is answered or cancelled; a view in a reply is valid only while the responder runs, which
+// copies it to the caller's destination (or onto the wire) before it returns.
 
 /// Values for one part, addressed by its global index in `Placement::parts`.
 struct PartValues {
   std::uint32_t part = 0;
-  std::span<const float> values;
+  std::span<const float> values;  ///< a tensor
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(part, values);
+  }
 };
 
 /// Rows `rows` (relative to the variable, inside the part) of part `part`.
 struct Slice {
   std::uint32_t part = 0;
   RowRange rows;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(part, rows);
+  }
 };
+
+// ---- requests ---------------------------------------------------------------------------
 
 /// Chief → every ps: the model's variables. Each ps computes the placement with its Sharding
 /// policy and answers with it, so the chief can check that all ps tasks agree. Repeating the
 /// same registration is harmless; a different one is refused.
 struct Register {
+  static constexpr std::string_view kName = "Register";
   std::vector<VariableSpec> variables;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(variables);
+  }
 };
 
 /// Chief → ps: initial values of parts this ps holds. Each part is initialized once.
 struct Initialize {
+  static constexpr std::string_view kName = "Initialize";
+  static constexpr bool kChangesParameters = true;
   std::vector<PartValues> parts;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(parts);
+  }
 };
 
 /// Client → ps: answered with the placement once every part on this ps is initialized.
-struct WaitReady {};
+struct WaitReady {
+  static constexpr std::string_view kName = "WaitReady";
+
+  template <class Archive>
+  void serialize(Archive& /*archive*/) {}
+};
 
 /// Worker → ps 0: take a sync token before a step (TF's `sync_token_queue.dequeue()`).
-/// Waits while the sync policy has no token to give.
+/// Waits while the sync policy has no token to give this worker.
 struct TakeToken {
+  static constexpr std::string_view kName = "TakeToken";
   std::uint32_t worker = 0;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(worker);
+  }
 };
 
 /// Client → ps: read slices. Waits until the ps has completed `min_step` global steps, so a
-/// worker holding the token of step k reads parameters that include every update before k.
+/// worker holding a token reads parameters that include every update its token requires.
+/// A pull that waits is answered the moment the step completes, before any later push.
 struct Pull {
+  static constexpr std::string_view kName = "Pull";
   std::int64_t min_step = 0;
   std::vector<Slice> slices;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(min_step, slices);
+  }
 };
 
 /// Worker → ps: gradients computed from parameters of `local_step`. Every worker pushes to
-/// every ps once per step (possibly with no parts): the message is also its vote towards
-/// the ps's global step.
+/// every ps once per step (possibly with no parts): the message also counts towards the
+/// ps's global step (`SyncPolicy::on_push`).
 struct Push {
+  static constexpr std::string_view kName = "Push";
+  static constexpr bool kChangesParameters = true;
   std::uint32_t worker = 0;
   std::int64_t local_step = 0;
   std::vector<PartValues> gradients;
-  /// The gradients were checked finite by whoever hands this message to the ps: pulley's
-  /// clients check before sending anything, so the ps need not read them twice. Not part of
-  /// the wire format: a message from a socket arrives unchecked, unless the transport
-  /// checked its bytes on receipt.
-  bool finite_checked = false;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(worker, local_step, gradients);
+  }
 };
 
 /// Any client → ps: counters for monitoring and tests.
-struct GetStats {};
+struct GetStats {
+  static constexpr std::string_view kName = "GetStats";
 
-/// Chief → ps: stop serving; requests still waiting are answered `kCancelled`.
-struct Shutdown {};
+  template <class Archive>
+  void serialize(Archive& /*archive*/) {}
+};
+
+/// Chief → ps: training is over. Every request waiting there and every later one is
+/// answered `kOutOfRange` ("training finished"), or `kAborted` with `reason` when the chief
+/// gave up, so each task learns how the job ended; the ps then stops serving.
+struct Shutdown {
+  static constexpr std::string_view kName = "Shutdown";
+  bool aborted = false;  ///< the job failed: tasks end with an error, not with success
+  std::string reason;    ///< why it was aborted
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(aborted, reason);
+  }
+};
 
 /// Everything a ps task is asked.
 using Request =
     std::variant<Register, Initialize, WaitReady, TakeToken, Pull, Push, GetStats, Shutdown>;
 
-/// Success with nothing to say.
-struct Ack {};
+// ---- responses --------------------------------------------------------------------------
 
-/// A refused or failed request. The server keeps serving after sending one.
+/// Success with nothing to say.
+struct Ack {
+  static constexpr std::string_view kName = "Ack";
+
+  template <class Archive>
+  void serialize(Archive& /*archive*/) {}
+};
+
+/// A refused or failed request.
 struct ErrorReply {
+  static constexpr std::string_view kName = "ErrorReply";
   ErrorCode code = ErrorCode::kInvalidArgument;
   std::string message;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(code, message);
+  }
 };
 
 /// Answer to Register and WaitReady: the registered variables and where they live, so a
 /// client can check that its model is the one the chief registered.
 struct PlacementReply {
+  static constexpr std::string_view kName = "PlacementReply";
   std::vector<VariableSpec> variables;
   Placement placement;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(variables, placement);
+  }
 };
 
-/// Answer to TakeToken: `local_step` tags the next push and gates the next pull;
-/// `global_step` is the number of steps completed, for progress and stopping.
-/// `one_token_per_step` says the worker gets no other token of `local_step` (R <= N, or no
-/// pacing at all), so after pushing it may wait for the step to complete without holding
-/// it up; with R > N the step may need its next push. `paced` is false when the sync policy
-/// hands tokens without ever waiting (Async): the worker need not ask for them again.
+/// Answer to TakeToken: the sync policy's token, and the global step (steps completed), for
+/// progress and stopping.
 struct TokenReply {
-  std::int64_t local_step = 0;
+  static constexpr std::string_view kName = "TokenReply";
+  Token token;
   std::int64_t global_step = 0;
-  bool one_token_per_step = true;
-  bool paced = true;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(token, global_step);
+  }
 };
 
-/// Answer to Pull: one view per requested slice, in request order.
+/// Answer to Pull: one tensor per requested slice, in request order.
 struct PullReply {
+  static constexpr std::string_view kName = "PullReply";
   std::int64_t global_step = 0;
   std::vector<std::span<const float>> values;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(global_step, values);
+  }
 };
 
 /// Answer to Push: how many of its part gradients were dropped as stale.
 struct PushReply {
+  static constexpr std::string_view kName = "PushReply";
   std::uint32_t stale_parts = 0;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(stale_parts);
+  }
 };
 
 /// Counters of one ps task.
@@ -361,23 +728,108 @@ struct Stats {
   std::int64_t requests_rejected = 0;        ///< requests answered with an ErrorReply
   std::int64_t bytes_pushed = 0;             ///< gradient payload received
   std::int64_t bytes_pulled = 0;             ///< parameter payload sent
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(global_step, updates_applied, gradients_accepted, stale_gradients_dropped,
+            requests_rejected, bytes_pushed, bytes_pulled);
+  }
 };
 
-/// Answer to GetStats.
+/// Answer to GetStats: the counters, and what the sync policy waits for before the next
+/// step (e.g. "step 12: 1 of 2 gradients in"), to explain a wait that lasts.
 struct StatsReply {
+  static constexpr std::string_view kName = "StatsReply";
   Stats stats;
+  std::string waiting_for;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(stats, waiting_for);
+  }
 };
 
 /// Everything a ps task answers.
 using Response =
     std::variant<Ack, ErrorReply, PlacementReply, TokenReply, PullReply, PushReply, StatsReply>;
 
+// ---- what follows from the declarations ---------------------------------------------------
+
+/// True for a message declared with `kChangesParameters = true`.
+template <class Message>
+inline constexpr bool changes_parameters_v = [] {
+  if constexpr (requires { Message::kChangesParameters; }) {
+    return Message::kChangesParameters;
+  } else {
+    return false;
+  }
+}();
+
+/// True if handling `request` may change the ps's parameters.
+inline bool changes_parameters(const Request& request) noexcept {
+  return std::visit(
+      [](const auto& m) { return changes_parameters_v<std::remove_cvref_t<decltype(m)>>; },
+      request);
+}
+
+/// The declared name of the message a Request or Response holds.
+template <class Variant>
+std::string_view message_name(const Variant& message) noexcept {
+  return std::visit([](const auto& m) { return std::remove_cvref_t<decltype(m)>::kName; },
+                    message);
+}
+
+namespace detail {
+
+/// Walks a message's fields as its `serialize` lists them, calling `f` on each tensor.
+template <class F>
+class TensorWalker {
+ public:
+  explicit TensorWalker(F& f) : f_(f) {}
+
+  template <class... Fields>
+  void operator()(Fields&... fields) {
+    (visit(fields), ...);
+  }
+
+ private:
+  void visit(std::span<const float>& tensor) { f_(tensor); }
+  template <class T, class A>
+  void visit(std::vector<T, A>& items) {
+    if constexpr (!std::is_arithmetic_v<T> && !std::is_same_v<T, std::string>) {
+      for (T& item : items) visit(item);
+    }
+  }
+  template <class T>
+  void visit(T& field) {
+    if constexpr (requires(TensorWalker& w) { field.serialize(w); }) field.serialize(*this);
+  }
+
+  F& f_;
+};
+
+}  // namespace detail
+
+/// Calls `f(std::span<const float>&)` on every tensor of `message` (a message struct, a
+/// Request or a Response), in wire order. `f` may re-point the views.
+template <class Message, class F>
+void for_each_tensor(Message& message, F&& f) {
+  if constexpr (requires { std::visit([](auto&) {}, message); }) {
+    std::visit([&](auto& m) { for_each_tensor(m, f); }, message);
+  } else {
+    detail::TensorWalker<std::remove_reference_t<F>> walker(f);
+    message.serialize(walker);
+  }
+}
+
 /// Returns the reply of type `T` or throws the Error the server sent.
 template <class T>
 T expect(Response&& response) {
   if (auto* error = std::get_if<ErrorReply>(&response)) throw Error(error->code, error->message);
   if (auto* reply = std::get_if<T>(&response)) return std::move(*reply);
-  throw Error(ErrorCode::kInvalidArgument, "unexpected reply kind from server");
+  throw Error(ErrorCode::kInvalidArgument, "unexpected reply kind " +
+                                               std::string(message_name(response)) +
+                                               " from server, expected " + std::string(T::kName));
 }
 
 }  // namespace pulley
@@ -385,10 +837,39 @@ T expect(Response&& response) {
 
 namespace pulley {
 
-/// Where a pull's values go: one destination per requested slice, in request order.
-using PullTargets = std::vector<std::span<float>>;
+// A call is one request in flight and its answer to come. The caller holds a PendingCall
+// (one call) or a CallGroup (several, call_group.hpp); a transport holds the shared
+// CallControl, which it derives its per-call state from.
 
 class CallControl;
+
+/// Wakes a thread that waits for any of several calls: each answer bumps a count.
+class CallSignal {
+ public:
+  /// One more answer arrived.
+  void notify() {
+    {
+      std::scoped_lock lock(mutex_);
+      ++count_;
+    }
+    changed_.notify_all();
+  }
+  /// Answers so far.
+  [[nodiscard]] std::uint64_t count() const {
+    std::scoped_lock lock(mutex_);
+    return count_;
+  }
+  /// Waits until `count()` differs from `seen` or `deadline` passes.
+  void wait_until(std::uint64_t seen, std::chrono::steady_clock::time_point deadline) {
+    std::unique_lock lock(mutex_);
+    changed_.wait_until(lock, deadline, [&] { return count_ != seen; });
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  std::uint64_t count_ = 0;
+};
 
 /// The part of a transport that needs the caller's thread. A transport with no thread of its
 /// own (Tcp) moves its I/O forward while its caller waits, and cuts a transfer under way
@@ -396,8 +877,10 @@ class CallControl;
 /// (InProcess) has no driver.
 class CallDriver {
  public:
-  /// Runs the transport's I/O until `call` is answered or `deadline` passes.
-  virtual void run_until(CallControl& call, std::chrono::steady_clock::time_point deadline) = 0;
+  /// Runs the transport's I/O on this thread until `done()` (checked after each I/O event)
+  /// or until `deadline` passes.
+  virtual void run_until(const std::function<bool()>& done,
+                         std::chrono::steady_clock::time_point deadline) = 0;
   /// `call`'s caller gives up while the transport uses its buffers (see `CallControl::cancel`):
   /// end that use now, e.g. by closing a connection that stalled mid-frame.
   virtual void abort(CallControl& call) = 0;
@@ -407,11 +890,11 @@ class CallDriver {
 };
 
 /// What a caller and a transport share about one call: its answer, and whether the caller
-/// gave up. A transport derives its per-call state from it (one allocation per call).
+/// gave up.
 ///
-/// Transport side: `answer` once; bracket every use of the request's views or the pull
+/// Transport side: `answer` once; bracket every use of the request's views or the reply
 /// targets with `begin_use`/`end_use` (or `unless_cancelled`), and begin none after the
-/// caller gave up. Caller side: through `PendingCall`.
+/// caller gave up. Caller side: through PendingCall or CallGroup.
 class CallControl {
  public:
   explicit CallControl(CallDriver* driver = nullptr) noexcept : driver_(driver) {}
@@ -452,6 +935,7 @@ class CallControl {
     response_ = std::move(response);
     answered_ = true;
     changed_.notify_all();
+    if (signal_ != nullptr) signal_->notify();
     return true;
   }
   /// True once the call has its answer (and stays true after `take`).
@@ -466,8 +950,20 @@ class CallControl {
     driver_ = nullptr;
   }
 
-  // ---- caller side (use PendingCall) ------------------------------------------------------
+  // ---- caller side ------------------------------------------------------------------------
 
+  /// The transport's driver, or null (then answers come from other threads).
+  [[nodiscard]] CallDriver* driver() const {
+    std::scoped_lock lock(mutex_);
+    return driver_;
+  }
+  /// `signal` is notified when the answer arrives (null: nothing is). Notifies it at once if
+  /// the answer is there already.
+  void watch(CallSignal* signal) {
+    std::scoped_lock lock(mutex_);
+    signal_ = signal;
+    if (signal_ != nullptr && answered_) signal_->notify();
+  }
   /// Waits until the call is answered or `deadline` passes; true if it is answered. With a
   /// driver, the waiting thread runs the transport's I/O meanwhile.
   bool wait_until(std::chrono::steady_clock::time_point deadline) {
@@ -475,26 +971,27 @@ class CallControl {
     if (answered_) return true;
     if (CallDriver* driver = driver_) {
       lock.unlock();
-      driver->run_until(*this, deadline);
+      driver->run_until([this] { return answered(); }, deadline);
       lock.lock();
       return answered_;
     }
     return changed_.wait_until(lock, deadline, [&] { return answered_; });
   }
-  /// The answer, once `wait_until` returned true; only once.
+  /// The answer, once the call is answered; only once.
   Response take() {
     std::scoped_lock lock(mutex_);
     return std::move(*response_);
   }
   /// Gives the call up: ends a use under way (the driver's `abort`) and waits until no use is
   /// left; afterwards the transport begins none, so the caller may free the request's
-  /// buffers and the pull targets. An answer that arrives later is dropped.
+  /// buffers and the reply targets. An answer that arrives later is dropped.
   void cancel() {
     CallDriver* driver = nullptr;
     {
       std::scoped_lock lock(mutex_);
       if (cancelled_) return;
       cancelled_ = true;
+      signal_ = nullptr;
       if (users_ > 0) driver = driver_;
     }
     if (driver != nullptr) driver->abort(*this);
@@ -510,14 +1007,15 @@ class CallControl {
   std::condition_variable changed_;  ///< an answer arrived, or the last use ended
   std::optional<Response> response_;
   CallDriver* driver_;  ///< for the call's whole life: a use may outlast the answer
+  CallSignal* signal_ = nullptr;
   int users_ = 0;
   bool answered_ = false;
   bool cancelled_ = false;
 };
 
-/// A call in flight, as its caller holds it: the answer to come, and the way to give it up.
-/// A call whose transport has a driver (Tcp) is waited on by the thread that uses the
-/// transport, while the transport lives.
+/// One call in flight, as its caller holds it: the answer to come, and the way to give it
+/// up. A call whose transport has a driver (Tcp) is waited on by the thread that uses the
+/// transport, while the transport lives. To wait for several calls, use a CallGroup.
 class PendingCall {
  public:
   using Clock = std::chrono::steady_clock;
@@ -542,16 +1040,176 @@ class PendingCall {
   /// The answer, once `wait_until` or `ready` returned true (only once).
   Response take() { return control_->take(); }
   /// Gives the call up (`CallControl::cancel`): when it returns, the transport no longer
-  /// touches the request's buffers or the pull targets.
+  /// touches the request's buffers or the reply targets.
   void cancel() { control_->cancel(); }
+  /// The shared state, for a CallGroup.
+  [[nodiscard]] CallControl& control() const noexcept { return *control_; }
 
  private:
   std::shared_ptr<CallControl> control_;
 };
 
-/// The client side of a transport: how a worker, the chief or an evaluator reaches the ps
-/// tasks. The server side is the transport's own serving loop, which hands every request to
-/// `ParameterServer::handle` and sends back what it answers.
+}  // namespace pulley
+// ---- end pulley/call.hpp ----
+// ---- begin pulley/call_group.hpp ----
+
+#include <chrono>
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace pulley {
+
+/// A set of calls awaited together, with one deadline: the answer of every call, or the
+/// first error among them, whichever comes first. The calls are those of one transport
+/// (one driver, or none).
+///
+/// It never returns or throws while a call may still touch its caller's buffers: at the
+/// deadline, at the first error (a refused push, a dead ps: the other answers need not be
+/// awaited), and when the group is destroyed, the unfinished calls are cancelled first.
+///
+///     CallGroup group;
+///     for (std::size_t ps = 0; ps < transport.num_ps(); ++ps)
+///       group.add(transport.call(ps, GetStats{}));
+///     group.wait(std::chrono::seconds(10), "stats");   // throws pulley::Error
+///     StatsReply first = group.take_as<StatsReply>(0);
+class CallGroup {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  CallGroup() = default;
+  CallGroup(const CallGroup&) = delete;
+  CallGroup& operator=(const CallGroup&) = delete;
+  ~CallGroup() { cancel(); }
+
+  /// Adds a call; returns its index. Throws kInvalidArgument for a call of another
+  /// transport than the group's first.
+  std::size_t add(PendingCall call) {
+    CallDriver* driver = call.control().driver();
+    if (!calls_.empty() && driver != nullptr && driver_ != nullptr && driver != driver_) {
+      call.cancel();
+      throw Error(ErrorCode::kInvalidArgument, "a CallGroup waits for calls of one transport");
+    }
+    if (driver != nullptr) driver_ = driver;
+    call.control().watch(&signal_);
+    calls_.push_back(std::move(call));
+    answers_.emplace_back();
+    return calls_.size() - 1;
+  }
+
+  /// Number of calls in the group.
+  [[nodiscard]] std::size_t size() const noexcept { return calls_.size(); }
+
+  /// Waits until every call is answered. Throws the first ErrorReply as an Error, or
+  /// kDeadlineExceeded ("<what>: no answer within <timeout> ms") once `timeout` passes; the
+  /// calls still unanswered are cancelled before it throws.
+  void wait(std::chrono::milliseconds timeout, std::string_view what) {
+    const auto deadline = Clock::now() + timeout;
+    try {
+      for (;;) {
+        const std::uint64_t seen = signal_.count();
+        if (collect()) return;
+        const auto now = Clock::now();
+        if (now >= deadline) {
+          throw Error(ErrorCode::kDeadlineExceeded, std::string(what) + ": no answer within " +
+                                                        std::to_string(timeout.count()) + " ms");
+        }
+        if (driver_ != nullptr) {
+          driver_->run_until([&] { return signal_.count() != seen; }, deadline);
+        } else {
+          signal_.wait_until(seen, deadline);
+        }
+      }
+    } catch (...) {
+      cancel();
+      throw;
+    }
+  }
+
+  /// True when every call is answered, without blocking (a driver handles what arrived);
+  /// throws the first error as `wait` does.
+  bool ready() {
+    if (driver_ != nullptr) driver_->run_until([] { return true; }, Clock::time_point::min());
+    try {
+      return collect();
+    } catch (...) {
+      cancel();
+      throw;
+    }
+  }
+
+  /// The answer of call `i`, after `wait` (moved out: once).
+  Response take(std::size_t i) { return std::move(*answers_.at(i)); }
+  /// The answer of call `i` as reply type R (`expect`).
+  template <class R>
+  R take_as(std::size_t i) {
+    return expect<R>(take(i));
+  }
+
+  /// Gives every unanswered call up (`PendingCall::cancel`): when it returns, no transport
+  /// touches their buffers any more.
+  void cancel() noexcept {
+    for (PendingCall& call : calls_) {
+      call.control().watch(nullptr);
+      call.cancel();
+    }
+  }
+
+ private:
+  /// Takes the answers that arrived; true once all have. Throws the first error.
+  bool collect() {
+    bool all = true;
+    for (std::size_t i = 0; i < calls_.size(); ++i) {
+      if (!answers_[i]) {
+        if (!calls_[i].control().answered()) {
+          all = false;
+          continue;
+        }
+        answers_[i] = calls_[i].take();
+      }
+      if (const auto* error = std::get_if<ErrorReply>(&*answers_[i])) {
+        throw Error(error->code, error->message);
+      }
+    }
+    return all;
+  }
+
+  CallSignal signal_;
+  CallDriver* driver_ = nullptr;
+  std::vector<PendingCall> calls_;
+  std::vector<std::optional<Response>> answers_;
+};
+
+}  // namespace pulley
+// ---- end pulley/call_group.hpp ----
+// ---- begin pulley/chief.hpp ----
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+// ---- begin pulley/concepts/transport.hpp ----
+
+#include <concepts>
+#include <cstddef>
+#include <span>
+#include <vector>
+
+namespace pulley {
+
+/// Where a reply's tensors go: one destination per tensor of the reply, in order (for a
+/// Pull, one per requested slice).
+using PullTargets = std::vector<std::span<float>>;
+
+/// The client half of a transport: how a worker, the chief or an evaluator reaches the ps
+/// tasks. The server half is a transport's serving loop, which hands every request to a
+/// `Service` (concepts/service.hpp).
 ///
 /// Required:
 ///   - `t.num_ps()` → number of ps tasks
@@ -561,11 +1219,15 @@ class PendingCall {
 ///   - `call` never waits for another task (a request that must wait for a token or a step
 ///     returns a PendingCall that is answered later), so calls to different ps tasks never
 ///     wait for each other;
-///   - a transport may hold a request until its caller waits on any PendingCall, so that
+///   - a transport may hold a request until its caller waits on any of its calls, so that
 ///     requests made together leave together (a push and a pull in one write);
 ///   - requests from one client to one ps are handled in the order they were made;
-///   - for a Pull, the transport copies the reply's values into `targets` (slice by slice)
-///     before the call is answered, and the PullReply's views then point into `targets`;
+///   - the caller has checked every tensor of `request` finite (pulley's clients do, before
+///     anything is sent); a transport that carries requests from another process checks
+///     them again (or lets the service check them: `RequestContext::tensors_finite`);
+///   - a reply's tensors are copied into `targets` (tensor by tensor) before the call is
+///     answered, and the reply's views then point into `targets`; a reply whose tensors do
+///     not fit `targets` is answered as a `kInvalidArgument` error instead;
 ///   - `targets` and every view inside `request` stay valid until the call is answered or
 ///     the caller has cancelled it; the transport touches neither afterwards;
 ///   - failures arrive as an ErrorReply answer: `kUnavailable` for a dead or unreachable
@@ -663,6 +1325,18 @@ struct PullRequest {
   std::span<float> into;
 };
 
+/// The values of every variable at one global step.
+struct Snapshot {
+  /// The global step every ps had completed when it was read (the lowest of them when
+  /// `consistent` is false).
+  std::int64_t step = 0;
+  /// Every ps was read at the same global step. Always so in sync training once the ps
+  /// tasks are read at a step they all reach; async ps tasks count their own pushes, so
+  /// their steps may never agree while training runs.
+  bool consistent = false;
+  std::vector<std::vector<float>> values;  ///< one vector per variable, in variable order
+};
+
 namespace detail {
 
 /// What workers, the chief and the evaluator share: the placement, and turning
@@ -692,11 +1366,14 @@ class Client {
   template <class R, class MakeRequest>
   std::vector<R> broadcast(MakeRequest make_request, std::chrono::milliseconds timeout,
                            std::string_view what) {
-    std::vector<PendingCall> calls;
+    CallGroup group;
     for (std::size_t ps = 0; ps < num_ps(); ++ps) {
-      calls.push_back(transport_.call(ps, Request{make_request(ps)}, {}));
+      group.add(transport_.call(ps, Request{make_request(ps)}, {}));
     }
-    return collect<R>(calls, timeout, what);
+    group.wait(timeout, what);
+    std::vector<R> replies;
+    for (std::size_t ps = 0; ps < num_ps(); ++ps) replies.push_back(group.take_as<R>(ps));
+    return replies;
   }
 
   /// Registers the model on every ps and checks that their placements agree.
@@ -715,28 +1392,33 @@ class Client {
           list);
   }
 
-  /// Takes a sync token from ps 0, which keeps the global step.
+  /// Takes a sync token from ps 0, which paces the workers.
   TokenReply take_token(std::uint32_t worker) {
-    std::vector<PendingCall> calls;
-    calls.push_back(transport_.call(0, TakeToken{worker}, {}));
-    return collect<TokenReply>(calls, options_.wait_timeout, "take a sync token").front();
+    CallGroup group;
+    group.add(transport_.call(0, TakeToken{worker}, {}));
+    explained(0, [&] { group.wait(options_.wait_timeout, "take a sync token"); });
+    return group.take_as<TokenReply>(0);
   }
 
   /// Pulls every request's rows into its destination, from all ps tasks at once; no ps
   /// answers before it completed `min_step` steps. Returns the lowest global step the ps
   /// tasks reported: every value pulled is at least that recent.
   std::int64_t pull(std::span<const PullRequest> requests, std::int64_t min_step) {
-    std::vector<PendingCall> calls = send_pulls(requests, min_step);
-    return lowest_step(collect<PullReply>(calls, pull_timeout(min_step), "pull"));
+    CallGroup group;
+    send_pulls(group, requests, min_step);
+    wait_gated(group, min_step, "pull");
+    return lowest_step(group, 0);
   }
 
   /// Pushes the gradients of whole variables (one span per variable, in variable order)
-  /// tagged with `local_step`; every ps gets a message, which is its step vote. Returns the
-  /// number of part gradients dropped as stale.
+  /// tagged with `local_step`; every ps gets a message, which counts towards its step.
+  /// Returns the number of part gradients dropped as stale.
   std::uint32_t push(std::uint32_t worker, std::int64_t local_step,
                      std::span<const std::span<const float>> gradients) {
-    std::vector<PendingCall> calls = send_pushes(worker, local_step, gradients);
-    return stale_parts(collect<PushReply>(calls, options_.request_timeout, "push"));
+    CallGroup group;
+    send_pushes(group, worker, local_step, gradients);
+    group.wait(options_.request_timeout, "push");
+    return stale_parts(group, 0, group.size());
   }
 
   /// What push_pull did.
@@ -747,76 +1429,51 @@ class Client {
 
   /// `push`, then `pull` once each ps has completed `min_step` steps, in one round trip:
   /// both requests go out together, and each ps handles the pull after the push (requests
-  /// from one client to one ps keep their order).
+  /// from one client to one ps keep their order). A refused push ends the wait at once,
+  /// although its pull may be waiting for a step that will not come.
   PushPullResult push_pull(std::uint32_t worker, std::int64_t local_step,
                            std::span<const std::span<const float>> gradients,
                            std::span<const PullRequest> requests, std::int64_t min_step) {
-    std::vector<PendingCall> pushes = send_pushes(worker, local_step, gradients);
-    std::vector<PendingCall> pulls;
-    std::vector<std::optional<Response>> pushed(pushes.size());
-    try {
-      pulls = send_pulls(requests, min_step);
-      std::vector<std::optional<Response>> pulled(pulls.size());
-      // Each ps answers the pull after the push, so the pulls are awaited: one wake-up of
-      // this thread, not two. Meanwhile every 50 ms the answers so far are looked at, since
-      // a refused push (or a dead ps) leaves a pull waiting for a step that never comes.
-      const auto timeout = pull_timeout(min_step);
-      const auto deadline = std::chrono::steady_clock::now() + timeout;
-      while (!take_answers<PullReply>(pulls, pulled)) {
-        take_answers<PushReply>(pushes, pushed);
-        const auto now = std::chrono::steady_clock::now();
-        if (now >= deadline) {
-          throw Error(ErrorCode::kDeadlineExceeded,
-                      "pull: no answer within " + std::to_string(timeout.count()) + " ms");
-        }
-        const auto waiting =
-            std::find_if(pulled.begin(), pulled.end(), [](const auto& answer) { return !answer; });
-        pulls[static_cast<std::size_t>(waiting - pulled.begin())].wait_until(
-            std::min(deadline, now + std::chrono::milliseconds(50)));
-      }
-      PushPullResult result;
-      result.pulled_step = std::numeric_limits<std::int64_t>::max();
-      for (auto& answer : pulled) {
-        result.pulled_step = std::min(result.pulled_step, std::get<PullReply>(*answer).global_step);
-      }
-      if (pulled.empty()) result.pulled_step = 0;
-      const auto push_deadline = std::chrono::steady_clock::now() + options_.request_timeout;
-      for (std::size_t i = 0; i < pushes.size(); ++i) {
-        if (!pushed[i]) pushes[i].wait_until(push_deadline);
-      }
-      if (!take_answers<PushReply>(pushes, pushed)) {
-        throw Error(
-            ErrorCode::kDeadlineExceeded,
-            "push: no answer within " + std::to_string(options_.request_timeout.count()) + " ms");
-      }
-      for (auto& answer : pushed) result.stale_parts += std::get<PushReply>(*answer).stale_parts;
-      return result;
-    } catch (...) {  // no call may outlive the gradients or the pull targets
-      for (PendingCall& c : pulls) c.cancel();
-      for (PendingCall& c : pushes) c.cancel();
-      throw;
-    }
+    CallGroup group;
+    send_pushes(group, worker, local_step, gradients);
+    const std::size_t pushes = group.size();
+    send_pulls(group, requests, min_step);
+    wait_gated(group, min_step, "push and pull");
+    return {stale_parts(group, 0, pushes), lowest_step(group, pushes)};
   }
 
-  /// Current values of every variable, pulled from every ps at once.
-  std::vector<std::vector<float>> read_variables() {
+  /// Current values of every variable, pulled from every ps at once once it has completed
+  /// `min_step` steps.
+  std::vector<std::vector<float>> read_variables(std::int64_t min_step = 0) {
     std::vector<std::vector<float>> values;
-    std::vector<PullRequest> requests;
-    values.reserve(variables_.size());
-    for (std::size_t v = 0; v < variables_.size(); ++v) {
-      values.emplace_back(variables_[v].size());
-      requests.push_back({v, {0, variables_[v].rows()}, values.back()});
-    }
-    pull(requests, 0);
+    read_into(values, min_step);
     return values;
   }
 
-  /// Blocks until ps 0 (which keeps the global step) has completed `step` steps; returns
-  /// the global step it reports.
+  /// Every variable at one global step of at least `step`, the same on every ps: each ps is
+  /// read once it reaches the target step, and answers at that step's end (pulls waiting
+  /// for a step are answered the moment it completes). A ps read past the target sets the
+  /// next round's target; a few rounds settle it while training runs.
+  Snapshot snapshot(std::int64_t step) {
+    constexpr int kRounds = 8;
+    Snapshot shot;
+    for (int round = 0; round < kRounds; ++round) {
+      const auto [lowest, highest] = read_into(shot.values, step);
+      shot.step = lowest;
+      shot.consistent = lowest == highest;
+      if (shot.consistent) break;
+      step = highest;
+    }
+    return shot;
+  }
+
+  /// Blocks until every ps has completed `step` steps; returns the lowest global step they
+  /// report.
   std::int64_t wait_for_step(std::int64_t step) {
-    std::vector<PendingCall> calls;
-    calls.push_back(transport_.call(0, Pull{step, {}}, {}));
-    return collect<PullReply>(calls, options_.wait_timeout, "wait for step").front().global_step;
+    CallGroup group;
+    for (std::size_t ps = 0; ps < num_ps(); ++ps) group.add(transport_.call(ps, Pull{step, {}}, {}));
+    wait_gated(group, step, "wait for step " + std::to_string(step));
+    return lowest_step(group, 0);
   }
 
   /// Counters of every ps task, by task index.
@@ -829,54 +1486,67 @@ class Client {
     return all;
   }
 
-  /// Waits for every call (one shared deadline) and returns their replies as R, in order.
-  /// Never returns or throws while a call may still touch the caller's buffers: at the
-  /// deadline, or at the first error (a dead ps need not wait for the others' answers), the
-  /// unfinished calls are cancelled first.
-  template <class R>
-  std::vector<R> collect(std::vector<PendingCall>& calls, std::chrono::milliseconds timeout,
-                         std::string_view what) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    std::vector<R> replies;
-    replies.reserve(calls.size());
-    try {
-      for (PendingCall& call : calls) {
-        if (!call.wait_until(deadline)) {
-          throw Error(ErrorCode::kDeadlineExceeded, std::string(what) + ": no answer within " +
-                                                        std::to_string(timeout.count()) + " ms");
-        }
-        replies.push_back(expect<R>(call.take()));
-      }
-    } catch (...) {
-      for (PendingCall& c : calls) c.cancel();
-      throw;
-    }
-    return replies;
+ private:
+  /// Waits for `group`, whose calls wait for global step `min_step`; a call that times out
+  /// is explained by what the ps tasks wait for.
+  void wait_gated(CallGroup& group, std::int64_t min_step, std::string_view what) {
+    if (min_step <= 0) return group.wait(options_.request_timeout, what);
+    explained(std::nullopt, [&] { group.wait(options_.wait_timeout, what); });
   }
 
- private:
-  /// Takes the answers that have arrived into `answers`; true once all have. Throws the first
-  /// error among them, or a reply of another kind than R.
-  template <class R>
-  static bool take_answers(std::vector<PendingCall>& calls,
-                           std::vector<std::optional<Response>>& answers) {
-    bool all = true;
-    for (std::size_t i = 0; i < calls.size(); ++i) {
-      if (!answers[i] && calls[i].ready()) {
-        answers[i] = calls[i].take();
-        if (const auto* e = std::get_if<ErrorReply>(&*answers[i])) throw Error(e->code, e->message);
-        if (!std::holds_alternative<R>(*answers[i])) {
-          throw Error(ErrorCode::kInvalidArgument, "unexpected reply kind from server");
+  /// Runs `wait`; a kDeadlineExceeded it throws gets what the ps (`ps`, or each) says the
+  /// next step waits for, so a stall names its cause ("worker 2 at clock 5").
+  template <class Wait>
+  void explained(std::optional<std::size_t> ps, Wait wait) {
+    try {
+      wait();
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kDeadlineExceeded) throw;
+      std::string why;
+      try {
+        CallGroup group;
+        for (std::size_t p = 0; p < num_ps(); ++p) {
+          if (!ps || *ps == p) group.add(transport_.call(p, GetStats{}, {}));
         }
+        group.wait(std::min(options_.request_timeout, std::chrono::milliseconds(5000)),
+                   "ask the ps tasks what they wait for");
+        for (std::size_t i = 0; i < group.size(); ++i) {
+          const StatsReply reply = group.take_as<StatsReply>(i);
+          why += "; ps " + std::to_string(ps ? *ps : i) + " is at step " +
+                 std::to_string(reply.stats.global_step) + ", waiting for " + reply.waiting_for;
+        }
+      } catch (const Error&) {  // the explanation is a courtesy: the deadline is the error
       }
-      all = all && answers[i].has_value();
+      throw Error(ErrorCode::kDeadlineExceeded, e.message() + why);
     }
-    return all;
+  }
+
+  /// Reads every variable into `values` once every ps has completed `min_step` steps;
+  /// returns the lowest and highest global step the ps tasks were read at.
+  std::pair<std::int64_t, std::int64_t> read_into(std::vector<std::vector<float>>& values,
+                                                  std::int64_t min_step) {
+    std::vector<PullRequest> requests;
+    values.resize(variables_.size());
+    for (std::size_t v = 0; v < variables_.size(); ++v) {
+      values[v].resize(variables_[v].size());
+      requests.push_back({v, {0, variables_[v].rows()}, values[v]});
+    }
+    CallGroup group;
+    send_pulls(group, requests, min_step);
+    wait_gated(group, min_step, "read the variables");
+    std::int64_t lowest = std::numeric_limits<std::int64_t>::max();
+    std::int64_t highest = std::numeric_limits<std::int64_t>::min();
+    for (std::size_t i = 0; i < group.size(); ++i) {
+      const std::int64_t step = group.take_as<PullReply>(i).global_step;
+      lowest = std::min(lowest, step);
+      highest = std::max(highest, step);
+    }
+    if (group.size() == 0) lowest = highest = 0;
+    return {lowest, highest};
   }
 
   /// Sends each ps its share of `requests` (checked against the variables' shapes).
-  std::vector<PendingCall> send_pulls(std::span<const PullRequest> requests,
-                                      std::int64_t min_step) {
+  void send_pulls(CallGroup& group, std::span<const PullRequest> requests, std::int64_t min_step) {
     std::vector<Pull> pulls(num_ps(), Pull{min_step, {}});
     std::vector<PullTargets> targets(num_ps());
     for (const PullRequest& r : requests) {
@@ -897,22 +1567,20 @@ class Client {
                                                   (end - begin) * spec.row_size()));
       }
     }
-    std::vector<PendingCall> calls;
     for (std::size_t ps = 0; ps < num_ps(); ++ps) {
       if (pulls[ps].slices.empty()) continue;
-      calls.push_back(transport_.call(ps, std::move(pulls[ps]), std::move(targets[ps])));
+      group.add(transport_.call(ps, std::move(pulls[ps]), std::move(targets[ps])));
     }
-    return calls;
   }
 
   /// Sends every ps the gradients of the parts it holds (checked: one finite gradient of the
   /// right size per variable, before anything is sent).
-  std::vector<PendingCall> send_pushes(std::uint32_t worker, std::int64_t local_step,
-                                       std::span<const std::span<const float>> gradients) {
+  void send_pushes(CallGroup& group, std::uint32_t worker, std::int64_t local_step,
+                   std::span<const std::span<const float>> gradients) {
     if (gradients.size() != variables_.size()) {
       throw Error(ErrorCode::kInvalidArgument, "push needs one gradient per variable");
     }
-    std::vector<Push> pushes(num_ps(), Push{worker, local_step, {}, /*finite_checked=*/true});
+    std::vector<Push> pushes(num_ps(), Push{worker, local_step, {}});
     for (const Part& part : placement_.parts) {
       const std::size_t row_size = variables_[part.variable].row_size();
       const std::span<const float> g = gradients[part.variable];
@@ -933,26 +1601,23 @@ class Client {
                                                      variables_[v].name + "'; nothing was pushed");
       }
     }
-    std::vector<PendingCall> calls;
     for (std::size_t ps = 0; ps < num_ps(); ++ps) {
-      calls.push_back(transport_.call(ps, std::move(pushes[ps]), {}));
+      group.add(transport_.call(ps, std::move(pushes[ps]), {}));
     }
-    return calls;
   }
 
-  std::chrono::milliseconds pull_timeout(std::int64_t min_step) const {
-    return min_step > 0 ? options_.wait_timeout : options_.request_timeout;
-  }
-
-  static std::int64_t lowest_step(const std::vector<PullReply>& replies) {
+  /// The lowest global step reported by the pull replies from index `first` on.
+  static std::int64_t lowest_step(CallGroup& group, std::size_t first) {
     std::int64_t step = std::numeric_limits<std::int64_t>::max();
-    for (const PullReply& r : replies) step = std::min(step, r.global_step);
-    return replies.empty() ? 0 : step;
+    for (std::size_t i = first; i < group.size(); ++i) {
+      step = std::min(step, group.take_as<PullReply>(i).global_step);
+    }
+    return first == group.size() ? 0 : step;
   }
 
-  static std::uint32_t stale_parts(const std::vector<PushReply>& replies) {
+  static std::uint32_t stale_parts(CallGroup& group, std::size_t first, std::size_t end) {
     std::uint32_t stale = 0;
-    for (const PushReply& r : replies) stale += r.stale_parts;
+    for (std::size_t i = first; i < end; ++i) stale += group.take_as<PushReply>(i).stale_parts;
     return stale;
   }
 
@@ -971,6 +1636,7 @@ class Client {
   }
 
   void adopt(std::vector<PlacementReply> replies, std::vector<VariableSpec>& variables) {
+    if (replies.empty()) throw Error(ErrorCode::kInvalidArgument, "the cluster has no ps task");
     for (std::size_t ps = 1; ps < replies.size(); ++ps) {
       if (!(replies[ps].placement == replies[0].placement)) {
         throw Error(ErrorCode::kFailedPrecondition,
@@ -979,7 +1645,6 @@ class Client {
                         "sharding policy and number of ps tasks?");
       }
     }
-    if (replies.empty()) throw Error(ErrorCode::kInvalidArgument, "the cluster has no ps task");
     const auto& registered = replies[0].variables;
     if (registered.size() != variables.size()) {
       throw Error(ErrorCode::kFailedPrecondition,
@@ -1090,7 +1755,8 @@ namespace pulley {
 
 /// The chief task: registers the model with the ps tasks, initializes every variable from a
 /// seed, releases the workers (the ps tasks turn ready), reads variables back for
-/// evaluation and checkpoints, and shuts the cluster down at the end.
+/// evaluation and checkpoints, and ends training: `shutdown` when it is complete (every
+/// task then learns so and ends successfully), `abort` when it failed.
 ///
 /// @tparam T the Transport that reaches the ps tasks
 template <Transport T>
@@ -1125,6 +1791,10 @@ class Chief {
                                                      " elements, expected " +
                                                      std::to_string(variables[v].size()));
       }
+      if (!detail::all_finite(values[v])) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "initial value of '" + variables[v].name + "' is not finite (NaN or Inf)");
+      }
     }
     client_.register_model(variables);
     const Placement& placement = client_.placement();
@@ -1141,22 +1811,29 @@ class Chief {
     return placement;
   }
 
-  /// Current values of every variable (a consistent snapshot in sync mode only if no step
-  /// completes meanwhile; see `wait_for_step`).
+  /// Current values of every variable, as each ps holds them now (while training runs, the
+  /// ps tasks may be at different steps: use `snapshot` for one step's values).
   std::vector<std::vector<float>> read_variables() { return client_.read_variables(); }
 
-  /// Blocks until ps 0 (which keeps the global step) has completed `step` steps; returns
-  /// the global step it reports.
+  /// Every variable at one global step of at least `step`, read from every ps at that same
+  /// step (see Snapshot); waits until the ps tasks reach it.
+  Snapshot snapshot(std::int64_t step) { return client_.snapshot(step); }
+
+  /// Blocks until every ps task has completed `step` global steps; returns the lowest
+  /// global step they report.
   std::int64_t wait_for_step(std::int64_t step) { return client_.wait_for_step(step); }
 
   /// Counters of every ps task, by task index.
   std::vector<Stats> stats() { return client_.stats(); }
 
-  /// Stops every ps task; requests still waiting there are cancelled.
-  void shutdown() {
-    client_.template broadcast<Ack>([](std::size_t) { return Shutdown{}; },
-                                    timeouts().request_timeout, "shutdown");
-  }
+  /// Ends training successfully: every ps answers what waits there and everything sent
+  /// later with `kOutOfRange` ("training finished"), so workers and the evaluator stop
+  /// cleanly (`Worker::step` returns nullopt); the ps tasks then stop serving.
+  void shutdown() { end({false, {}}); }
+
+  /// Ends training as failed, for `reason`: the ps tasks answer `kAborted` with it, so every
+  /// task stops with an error naming it.
+  void abort(const std::string& reason) { end({true, reason}); }
 
   /// Where each variable lives, after `initialize`.
   [[nodiscard]] const Placement& placement() const noexcept { return client_.placement(); }
@@ -1168,319 +1845,17 @@ class Chief {
  private:
   [[nodiscard]] const ClientOptions& timeouts() const { return client_.options(); }
 
+  void end(const Shutdown& message) {
+    client_.template broadcast<Ack>([&](std::size_t) { return message; },
+                                    timeouts().request_timeout, "shutdown");
+  }
+
   std::uint64_t seed_;
   detail::Client<T> client_;
 };
 
 }  // namespace pulley
 // ---- end pulley/chief.hpp ----
-// ---- begin pulley/cluster_spec.hpp ----
-
-#include <cstdint>
-#include <cstdlib>
-#include <map>
-#include <optional>
-#include <string>
-#include <string_view>
-#include <vector>
-
-// ---- begin pulley/detail/json.hpp ----
-
-#include <cstddef>
-#include <map>
-#include <memory>
-#include <string>
-#include <string_view>
-#include <variant>
-#include <vector>
-
-namespace pulley::detail {
-
-/// A JSON value: just enough JSON to read small configuration documents (TF_CONFIG).
-struct Json {
-  using Object = std::map<std::string, Json, std::less<>>;
-  using Array = std::vector<Json>;
-  std::variant<std::nullptr_t, bool, double, std::string, Array, Object> value;
-
-  [[nodiscard]] const Object* object() const { return std::get_if<Object>(&value); }
-  [[nodiscard]] const Array* array() const { return std::get_if<Array>(&value); }
-  [[nodiscard]] const std::string* string() const { return std::get_if<std::string>(&value); }
-  [[nodiscard]] const double* number() const { return std::get_if<double>(&value); }
-};
-
-/// Parses `text` as one JSON document; throws kInvalidArgument with the byte offset.
-class JsonReader {
- public:
-  explicit JsonReader(std::string_view text) : text_(text) {}
-
-  Json document() {
-    Json v = value(0);
-    skip_space();
-    if (pos_ != text_.size()) fail("trailing characters");
-    return v;
-  }
-
- private:
-  static constexpr int kMaxDepth = 64;
-
-  [[noreturn]] void fail(const std::string& what) const {
-    throw Error(ErrorCode::kInvalidArgument,
-                "invalid JSON at byte " + std::to_string(pos_) + ": " + what);
-  }
-  void skip_space() {
-    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\n' ||
-                                   text_[pos_] == '\r' || text_[pos_] == '\t')) {
-      ++pos_;
-    }
-  }
-  bool eat(char c) {
-    skip_space();
-    if (pos_ < text_.size() && text_[pos_] == c) {
-      ++pos_;
-      return true;
-    }
-    return false;
-  }
-  void expect(char c) {
-    if (!eat(c)) fail(std::string("expected '") + c + "'");
-  }
-  bool literal(std::string_view word) {
-    if (text_.substr(pos_, word.size()) != word) return false;
-    pos_ += word.size();
-    return true;
-  }
-
-  Json value(int depth) {
-    if (depth > kMaxDepth) fail("nested too deeply");
-    skip_space();
-    if (pos_ >= text_.size()) fail("unexpected end");
-    const char c = text_[pos_];
-    if (c == '{') return object(depth);
-    if (c == '[') return array(depth);
-    if (c == '"') return {string()};
-    if (literal("true")) return {true};
-    if (literal("false")) return {false};
-    if (literal("null")) return {nullptr};
-    if (c == '-' || (c >= '0' && c <= '9')) return {number()};
-    fail(std::string("unexpected '") + c + "'");
-  }
-
-  Json object(int depth) {
-    ++pos_;
-    Json::Object members;
-    if (eat('}')) return {std::move(members)};
-    do {
-      skip_space();
-      if (pos_ >= text_.size() || text_[pos_] != '"') fail("expected a member name");
-      std::string key = string();
-      expect(':');
-      members.insert_or_assign(std::move(key), value(depth + 1));
-    } while (eat(','));
-    expect('}');
-    return {std::move(members)};
-  }
-
-  Json array(int depth) {
-    ++pos_;
-    Json::Array items;
-    if (eat(']')) return {std::move(items)};
-    do {
-      items.push_back(value(depth + 1));
-    } while (eat(','));
-    expect(']');
-    return {std::move(items)};
-  }
-
-  std::string string() {
-    ++pos_;  // opening quote
-    std::string out;
-    while (pos_ < text_.size() && text_[pos_] != '"') {
-      char c = text_[pos_++];
-      if (static_cast<unsigned char>(c) < 0x20) fail("control character in a string");
-      if (c == '\\') {
-        if (pos_ >= text_.size()) fail("unterminated escape");
-        switch (c = text_[pos_++]) {
-          case '"':
-          case '\\':
-          case '/':
-            out += c;
-            break;
-          case 'b':
-            out += '\b';
-            break;
-          case 'f':
-            out += '\f';
-            break;
-          case 'n':
-            out += '\n';
-            break;
-          case 'r':
-            out += '\r';
-            break;
-          case 't':
-            out += '\t';
-            break;
-          case 'u': {
-            if (pos_ + 4 > text_.size()) fail("short \\u escape");
-            unsigned code = 0;
-            for (int k = 0; k < 4; ++k) {
-              const char h = text_[pos_++];
-              const int digit = h >= '0' && h <= '9'   ? h - '0'
-                                : h >= 'a' && h <= 'f' ? h - 'a' + 10
-                                : h >= 'A' && h <= 'F' ? h - 'A' + 10
-                                                       : -1;
-              if (digit < 0) fail("bad \\u escape");
-              code = code * 16 + static_cast<unsigned>(digit);
-            }
-            if (code >= 0x80) fail("only ASCII \\u escapes are supported");
-            out += static_cast<char>(code);
-            break;
-          }
-          default:
-            fail("unknown escape");
-        }
-      } else {
-        out += c;
-      }
-    }
-    if (pos_ >= text_.size()) fail("unterminated string");
-    ++pos_;
-    return out;
-  }
-
-  double number() {
-    const std::size_t start = pos_;
-    if (text_[pos_] == '-') ++pos_;
-    while (pos_ < text_.size() &&
-           std::string_view("0123456789.eE+-").find(text_[pos_]) != std::string_view::npos) {
-      ++pos_;
-    }
-    try {
-      std::size_t used = 0;
-      const std::string digits(text_.substr(start, pos_ - start));
-      const double v = std::stod(digits, &used);
-      if (used != digits.size()) fail("malformed number");
-      return v;
-    } catch (const std::logic_error&) {
-      fail("malformed number");
-    }
-  }
-
-  std::string_view text_;
-  std::size_t pos_ = 0;
-};
-
-}  // namespace pulley::detail
-// ---- end pulley/detail/json.hpp ----
-
-namespace pulley {
-
-/// The jobs of a cluster and their tasks' addresses ("host:port"), as TensorFlow's
-/// `ClusterSpec`: {"chief": [...], "worker": [...], "ps": [...], "evaluator": [...]}.
-struct ClusterSpec {
-  std::map<std::string, std::vector<std::string>, std::less<>> jobs;
-
-  /// Addresses of `job`'s tasks (empty if the job is absent).
-  [[nodiscard]] const std::vector<std::string>& tasks(std::string_view job) const {
-    static const std::vector<std::string> kNone;
-    auto it = jobs.find(job);
-    return it == jobs.end() ? kNone : it->second;
-  }
-};
-
-/// Which task this process is: a job name and an index into it.
-struct TaskSpec {
-  std::string type;
-  std::uint32_t index = 0;
-};
-
-/// A parsed TF_CONFIG document.
-struct TfConfig {
-  ClusterSpec cluster;
-  TaskSpec task;
-};
-
-/// The job names pulley knows; "master" is TensorFlow's old name for the chief.
-inline constexpr std::string_view kJobNames[] = {"chief", "worker", "ps", "evaluator", "master"};
-
-/// Parses a TF_CONFIG document in TensorFlow's exact format,
-///   {"cluster": {"chief": ["host:port"], "worker": [...], "ps": [...]},
-///    "task": {"type": "worker", "index": 1}}
-/// and checks it: known job names, "host:port" addresses with a port in 1..65535, a task
-/// whose type is a job of the cluster and whose index is in range. An evaluator need not be
-/// listed in the cluster (TensorFlow does not list it). Throws kInvalidArgument naming the
-/// problem.
-inline TfConfig parse_tf_config(std::string_view text) {
-  auto fail = [](const std::string& what) -> Error {
-    return Error(ErrorCode::kInvalidArgument, "TF_CONFIG: " + what);
-  };
-  const detail::Json doc = detail::JsonReader(text).document();
-  const auto* root = doc.object();
-  if (root == nullptr) throw fail("not a JSON object");
-
-  TfConfig config;
-  auto cluster = root->find("cluster");
-  if (cluster == root->end() || cluster->second.object() == nullptr) {
-    throw fail("needs a \"cluster\" object");
-  }
-  for (const auto& [job, tasks] : *cluster->second.object()) {
-    bool known = false;
-    for (std::string_view name : kJobNames) known = known || job == name;
-    if (!known) throw fail("unknown job type \"" + job + "\" (chief, worker, ps, evaluator)");
-    if (tasks.array() == nullptr) throw fail("job \"" + job + "\" must list addresses");
-    auto& addresses = config.cluster.jobs[job == "master" ? "chief" : job];
-    for (const detail::Json& t : *tasks.array()) {
-      const std::string* address = t.string();
-      const auto colon = address ? address->rfind(':') : std::string::npos;
-      const std::string port = colon == std::string::npos ? "" : address->substr(colon + 1);
-      const bool digits = !port.empty() && port.size() <= 5 &&
-                          port.find_first_not_of("0123456789") == std::string::npos;
-      const long p = digits ? std::stol(port) : 0;
-      if (address == nullptr || colon == 0 || !digits || p < 1 || p > 65535) {
-        throw fail("job \"" + job + "\" has an address that is not \"host:port\"" +
-                   (address ? ": \"" + *address + "\"" : std::string()));
-      }
-      addresses.push_back(*address);
-    }
-  }
-
-  auto task = root->find("task");
-  if (task == root->end() || task->second.object() == nullptr) {
-    throw fail("needs a \"task\" object naming this process's type and index");
-  }
-  const auto& t = *task->second.object();
-  auto type = t.find("type");
-  auto index = t.find("index");
-  if (type == t.end() || type->second.string() == nullptr) throw fail("task needs a \"type\"");
-  config.task.type = *type->second.string() == "master" ? "chief" : *type->second.string();
-  const double* i = index == t.end() ? nullptr : index->second.number();
-  if (index != t.end() && (i == nullptr || *i < 0 || *i > 4294967295.0 ||
-                           *i != static_cast<double>(static_cast<std::uint32_t>(*i)))) {
-    throw fail("task \"index\" must be a non-negative integer");
-  }
-  config.task.index = i ? static_cast<std::uint32_t>(*i) : 0;
-  const auto& tasks = config.cluster.tasks(config.task.type);
-  const bool listed = config.cluster.jobs.contains(config.task.type);
-  if (!listed && config.task.type != "evaluator") {
-    throw fail("task type \"" + config.task.type + "\" is not a job of the cluster");
-  }
-  if (listed && config.task.index >= tasks.size()) {
-    throw fail("task index " + std::to_string(config.task.index) + " is out of range: job \"" +
-               config.task.type + "\" has " + std::to_string(tasks.size()) + " task(s)");
-  }
-  if (config.cluster.tasks("ps").empty()) throw fail("the cluster has no \"ps\" job");
-  return config;
-}
-
-/// Reads and parses the TF_CONFIG environment variable; nullopt when it is unset or empty.
-inline std::optional<TfConfig> tf_config_from_environment() {
-  const char* text = std::getenv("TF_CONFIG");
-  if (text == nullptr || *text == '\0') return std::nullopt;
-  return parse_tf_config(text);
-}
-
-}  // namespace pulley
-// ---- end pulley/cluster_spec.hpp ----
 // ---- begin pulley/concepts/model.hpp ----
 
 #include <concepts>
@@ -1521,38 +1896,117 @@ concept Model = requires(M& model, const M& cmodel, std::size_t i, const typenam
 
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <span>
+#include <string_view>
 
 namespace pulley {
+
+/// What an optimizer may know about one update besides the weights and the gradient.
+struct UpdateContext {
+  /// Global steps completed before this update (sync: this update completes step
+  /// `global_step + 1`; async: pushes applied before this one). For schedules.
+  std::int64_t global_step = 0;
+  std::string_view variable;  ///< the variable's name
+  RowRange rows;              ///< the rows of the variable this part holds
+  std::size_t row_size = 0;   ///< elements per row: element i is row `rows.begin + i / row_size`
+};
 
 /// An optimizer: a small value type holding hyper-parameters, plus a per-part `State`
 /// (slots such as momentum or Adam's moments) that the ps keeps beside the part it updates.
 ///
 /// Required:
-///   - `typename O::State`
+///   - `typename O::State`, movable
 ///   - `o.make_state(n)` → `O::State` for a part of `n` elements
-///   - `o.apply(state, weights, gradient)` updates `weights` in place
+///   - `o.apply(state, weights, gradient)` or `o.apply(state, weights, gradient, context)`:
+///     updates `weights` in place (the second form also sees an UpdateContext)
 ///
 /// Semantic contract (the compiler cannot check it):
+///   - `gradient` is the mean of the gradients the sync policy aggregated for this update
+///     (SyncReplicas: of R workers' batches; Async: one worker's), each the gradient of its
+///     batch's mean loss;
 ///   - `apply` is called once per global step (sync) or once per accepted push (async) for
 ///     each part, with `weights.size() == gradient.size() == n` of the `make_state(n)` call;
+///   - calls are never concurrent: one ps applies one update at a time;
+///   - `gradient` may alias the sync policy's accumulator or the sender's message: it is
+///     valid only during the call, and must not be kept;
 ///   - it is deterministic: the same state, weights and gradient give the same result;
 ///   - it is element-wise or at least part-local: a variable split over several ps tasks is
 ///     updated part by part, so a rule that needs the whole variable (a global norm) does
-///     not belong here;
+///     not belong here (the UpdateContext tells which rows a part holds, for row-wise rules);
+///   - a throw while applying fails the ps (half an update cannot be undone), so `apply`
+///     should not throw; `make_state` may throw (the model is then refused);
 ///   - the optimizer object is shared by all parts and is never modified after construction
 ///     (`apply` is const); everything that changes lives in `State`.
 template <class O>
-concept Optimizer = std::copy_constructible<O> &&
+concept Optimizer = std::copy_constructible<O> && std::movable<typename O::State> &&
     requires(const O& optimizer, typename O::State& state, std::span<float> weights,
-             std::span<const float> gradient, std::size_t n) {
-  typename O::State;
+             std::span<const float> gradient, std::size_t n, const UpdateContext& context) {
   { optimizer.make_state(n) } -> std::same_as<typename O::State>;
-  { optimizer.apply(state, weights, gradient) } -> std::same_as<void>;
+  requires requires { { optimizer.apply(state, weights, gradient) } -> std::same_as<void>; } ||
+      requires { { optimizer.apply(state, weights, gradient, context) } -> std::same_as<void>; };
 };
+
+/// Calls whichever form of `apply` the optimizer has.
+template <Optimizer O>
+void apply_update(const O& optimizer, typename O::State& state, std::span<float> weights,
+                  std::span<const float> gradient, const UpdateContext& context) {
+  if constexpr (requires { optimizer.apply(state, weights, gradient, context); }) {
+    optimizer.apply(state, weights, gradient, context);
+  } else {
+    optimizer.apply(state, weights, gradient);
+  }
+}
 
 }  // namespace pulley
 // ---- end pulley/concepts/optimizer.hpp ----
+// ---- begin pulley/concepts/service.hpp ----
+
+#include <concepts>
+#include <cstdint>
+#include <functional>
+
+namespace pulley {
+
+/// How a service answers one request: called exactly once, now or later, from the thread
+/// that serves it. A Responder never throws, and it copies (or sends) every view in the
+/// Response before it returns.
+using Responder = std::function<void(Response&&)>;
+
+/// What a transport vouches for about a request, besides its content.
+struct RequestContext {
+  /// Every tensor of the request is finite: the transport checked it as it arrived, or the
+  /// request comes from a client in this process (pulley's clients check before sending).
+  bool tensors_finite = false;
+};
+
+/// The server half of a transport's contract: what a transport serves. A ParameterServer is
+/// one; `TcpServer` and `InProcessNetwork` serve any Service.
+///
+/// Required:
+///   - `s.handle(request, context, reply)`, declared noexcept
+///   - `s.task()` → this ps task's index
+///   - `s.stopped()` → bool: true once it serves no more (shut down, or failed)
+///
+/// Semantic contract:
+///   - the transport calls `handle` for one request at a time (never concurrently), in the
+///     order each client sent them, and never after the service is destroyed;
+///   - `handle` answers every request exactly once through `reply`, now or later (a request
+///     that waits for a token or a step is answered when another request completes it);
+///     whatever goes wrong, including a throwing policy, becomes an answer: `handle` does
+///     not throw, so the transport has no failure of the service to decide about;
+///   - a stopped service still answers what it is sent (with the error that says why it
+///     stopped): the transport keeps serving it until its clients have heard, then ends.
+template <class S>
+concept Service = requires(S& service, const S& cservice, Request&& request,
+                           const RequestContext& context, Responder reply) {
+  requires noexcept(service.handle(std::move(request), context, std::move(reply)));
+  { cservice.task() } -> std::convertible_to<std::uint32_t>;
+  { cservice.stopped() } -> std::convertible_to<bool>;
+};
+
+}  // namespace pulley
+// ---- end pulley/concepts/service.hpp ----
 // ---- begin pulley/concepts/sharding.hpp ----
 
 #include <concepts>
@@ -1581,64 +2035,6 @@ concept Sharding = std::copy_constructible<S> &&
 
 }  // namespace pulley
 // ---- end pulley/concepts/sharding.hpp ----
-// ---- begin pulley/concepts/sync_policy.hpp ----
-
-#include <concepts>
-#include <cstddef>
-#include <cstdint>
-#include <span>
-
-namespace pulley {
-
-/// What an accumulator did with one contribution.
-enum class Verdict : std::uint8_t {
-  kStale,    ///< older than the accumulator's step: dropped, never applied
-  kPending,  ///< kept; the step needs more contributions
-  kReady,    ///< kept, and the step is complete: call `take`
-};
-
-/// How a sync policy paces workers with tokens (TF's `sync_token_queue`). A worker takes a
-/// token before each step and tags its push with the token's step. When step 0 starts and
-/// each time a global step completes, `per_step` tokens of the new step are released,
-/// replacing any of the old step that nobody took (those could only buy stale gradients).
-struct TokenRule {
-  std::int64_t per_step = 0;    ///< tokens per step; 0: no tokens, TakeToken never waits
-  std::int64_t per_worker = 0;  ///< most tokens of one step a worker may take; 0: no limit
-};
-
-/// An aggregation (sync) policy decides when gradients are applied and how workers are
-/// paced. The ps keeps one `Accumulator` per part it holds plus one, of size 0, for the
-/// global step: every push message is a vote on that one.
-///
-/// Required:
-///   - `typename P::Accumulator`
-///   - `p.make_accumulator(n)` → an accumulator for `n`-element gradients, at step 0
-///   - `p.accumulate(acc, gradient, local_step)` → `Verdict`
-///   - `p.take(acc)` → the aggregated gradient to apply; advances `acc` by one step
-///   - `p.step(acc)` → the steps `acc` has completed
-///   - `p.token_rule()` → `TokenRule`: how workers are paced with sync tokens
-///
-/// Semantic contract:
-///   - a contribution with `local_step < step(acc)` is stale: `accumulate` returns kStale and
-///     leaves `acc` unchanged;
-///   - `take` is called exactly once after each kReady, before the next `accumulate`; the
-///     span it returns stays valid until then and may alias the last gradient passed in;
-///   - `accumulate` may keep a view of `gradient` only until the next `take`;
-///   - the policy object is never modified after construction.
-template <class P>
-concept SyncPolicy = std::copy_constructible<P> &&
-    requires(const P& policy, typename P::Accumulator& acc, const typename P::Accumulator& cacc,
-             std::span<const float> gradient, std::int64_t local_step, std::size_t n) {
-  typename P::Accumulator;
-  { policy.make_accumulator(n) } -> std::same_as<typename P::Accumulator>;
-  { policy.accumulate(acc, gradient, local_step) } -> std::same_as<Verdict>;
-  { policy.take(acc) } -> std::same_as<std::span<const float>>;
-  { policy.step(cacc) } -> std::same_as<std::int64_t>;
-  { policy.token_rule() } -> std::same_as<TokenRule>;
-};
-
-}  // namespace pulley
-// ---- end pulley/concepts/sync_policy.hpp ----
 // ---- begin pulley/evaluator.hpp ----
 
 #include <cstdint>
@@ -1649,8 +2045,9 @@ concept SyncPolicy = std::copy_constructible<P> &&
 namespace pulley {
 
 /// The evaluator task: follows training without taking part in it. It waits for the chief's
-/// initialization, then for chosen global steps, and reads parameter snapshots to score on
+/// initialization, then reads parameter snapshots at chosen global steps to score on
 /// held-out data. It takes no tokens and pushes nothing, so it never slows a sync step.
+/// When the chief ends training, its calls throw `kOutOfRange`.
 ///
 /// @tparam T the Transport that reaches the ps tasks
 template <Transport T>
@@ -1663,10 +2060,15 @@ class Evaluator {
   /// evaluator's model) are the registered ones.
   void wait_ready(std::span<const VariableSpec> variables) { client_.wait_ready(variables); }
 
-  /// Blocks until `step` global steps are done; returns the global step ps 0 reports.
+  /// Blocks until every ps has completed `step` global steps; returns the lowest global
+  /// step they report.
   std::int64_t wait_for_step(std::int64_t step) { return client_.wait_for_step(step); }
 
-  /// Current values of every variable, one vector per variable.
+  /// Every variable at one global step of at least `step`, the same on every ps (see
+  /// Snapshot); waits until the ps tasks reach it.
+  Snapshot snapshot(std::int64_t step) { return client_.snapshot(step); }
+
+  /// Current values of every variable, one vector per variable, as each ps holds them now.
   std::vector<std::vector<float>> read_variables() { return client_.read_variables(); }
 
   /// Counters of every ps task, by task index.
@@ -1678,6 +2080,69 @@ class Evaluator {
 
 }  // namespace pulley
 // ---- end pulley/evaluator.hpp ----
+// ---- begin pulley/log.hpp ----
+
+#include <cstdio>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace pulley {
+
+/// How much a log line matters.
+enum class LogLevel : unsigned char {
+  kInfo,     ///< progress: a task started, training reached a step
+  kWarning,  ///< something went wrong and was dealt with (a connection dropped)
+  kError,    ///< a task is about to fail
+};
+
+/// Where pulley's log lines go: called with one line at a time (no trailing newline), from
+/// any thread, never concurrently (calls are serialized). It must not throw.
+using LogSink = std::function<void(LogLevel, std::string_view)>;
+
+namespace detail {
+
+struct LogState {
+  std::mutex mutex;
+  LogSink sink;  ///< empty: stderr
+};
+
+inline LogState& log_state() {
+  static LogState state;
+  return state;
+}
+
+}  // namespace detail
+
+/// Sends pulley's log lines to `sink` instead of stderr (an empty sink restores stderr);
+/// returns the sink it replaces.
+inline LogSink set_log_sink(LogSink sink) {
+  detail::LogState& state = detail::log_state();
+  std::scoped_lock lock(state.mutex);
+  return std::exchange(state.sink, std::move(sink));
+}
+
+/// Writes one log line through the sink (by default to stderr, prefixed "pulley: ").
+inline void log(LogLevel level, std::string_view line) noexcept {
+  detail::LogState& state = detail::log_state();
+  std::scoped_lock lock(state.mutex);
+  if (state.sink) {
+    try {
+      state.sink(level, line);
+    } catch (...) {  // a log line is never worth a failure
+    }
+    return;
+  }
+  static constexpr const char* kPrefix[] = {"", "warning: ", "error: "};
+  std::fprintf(stderr, "pulley: %s%.*s\n", kPrefix[static_cast<int>(level)],
+               static_cast<int>(line.size()), line.data());
+  std::fflush(stderr);
+}
+
+}  // namespace pulley
+// ---- end pulley/log.hpp ----
 // ---- begin pulley/node.hpp ----
 
 #include <compare>
@@ -1898,8 +2363,8 @@ static_assert(Optimizer<Sgd>);
 #include <cstddef>
 #include <cstdint>
 #include <deque>
-#include <functional>
-#include <map>
+#include <exception>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -1908,27 +2373,27 @@ static_assert(Optimizer<Sgd>);
 
 namespace pulley {
 
-/// How a transport hands a ps its way to answer one request. It may be called later (a
-/// TakeToken waits for a token) but exactly once, and it must copy or send any views in the
-/// Response before returning.
-using Responder = std::function<void(Response&&)>;
-
 /// One ps task: holds the parts of every variable placed on it, aggregates the gradients
-/// pushed to them and applies the optimizer.
+/// pushed to them and applies the optimizer. When gradients are applied and how workers are
+/// paced is the sync policy's decision; the ps keeps registration, storage and apply.
 ///
-/// It is a message handler and does no I/O: a transport's serving loop calls `handle` for
-/// every request from one thread, so the same logic runs in-process and over the network,
-/// and nothing here needs a lock.
+/// It is a message handler (a `Service`) and does no I/O: a transport calls `handle` for one
+/// request at a time, so the same logic runs in-process and over the network, and nothing
+/// here needs a lock.
 ///
 /// @tparam S Sharding policy: which ps holds which rows (every ps computes the same placement)
 /// @tparam O Optimizer applied to each part, with its per-part slots kept beside the part
-/// @tparam P SyncPolicy: async, SyncReplicas, ... decides when gradients are applied
+/// @tparam P SyncPolicy: Async, SyncReplicas, BoundedStaleness... paces and aggregates
 ///
-/// Bad requests are answered with an ErrorReply and change nothing; the server keeps
-/// serving. A push is all-or-nothing: it is checked whole (known parts, sizes, finite
-/// values, the last unless `Push::finite_checked` says that was done) before any of it is
-/// accumulated, so a NaN or Inf gradient is refused with `kInvalidArgument` instead of
-/// poisoning the parameters.
+/// Bad requests are answered with an ErrorReply and change nothing; the ps keeps serving. A
+/// push is all-or-nothing: it is checked whole (known parts, sizes, finite values unless
+/// the transport vouches for them, the sync policy's verdict) before any of it is applied,
+/// so a NaN or Inf gradient is refused with `kInvalidArgument` instead of poisoning the
+/// parameters. This is the one place that decides what a throwing policy costs: a throw
+/// before the ps changes anything refuses that request; a throw while it changes its
+/// state (half an update applied) fails the ps: it answers every request from then on with
+/// `kInternal` and the reason, and `stopped()` turns true, so its transport ends and the
+/// task exits with an error instead of serving parameters it cannot vouch for.
 template <Sharding S, Optimizer O, SyncPolicy P>
 class ParameterServer {
  public:
@@ -1940,7 +2405,7 @@ class ParameterServer {
         optimizer_(std::move(optimizer)),
         sync_(std::move(sync)),
         sharding_(std::move(sharding)),
-        step_votes_(sync_.make_accumulator(0)) {
+        pacer_(sync_.make_pacer()) {
     if (num_ps == 0 || task >= num_ps) {
       throw Error(ErrorCode::kInvalidArgument, "ps task " + std::to_string(task) +
                                                    " is outside a cluster of " +
@@ -1949,16 +2414,29 @@ class ParameterServer {
   }
 
   /// Handles one request; `reply` is called exactly once, now or later.
-  void handle(Request&& request, Responder reply) {
-    if (stopped_) {
-      reply(ErrorReply{ErrorCode::kCancelled, "ps " + std::to_string(task_) + " is shut down"});
+  void handle(Request&& request, const RequestContext& context, Responder reply) noexcept {
+    if (end_) {
+      ++stats_.requests_rejected;
+      send(reply, ErrorReply{*end_});
       return;
     }
-    std::visit([&](auto& r) { on(r, reply); }, request);
+    changing_ = false;
+    try {
+      std::visit([&](auto& r) { on(r, context, reply); }, request);
+    } catch (const Error& e) {
+      settle(reply, e.code(), e.message(), message_name(request));
+    } catch (const std::exception& e) {
+      settle(reply, ErrorCode::kInternal, e.what(), message_name(request));
+    } catch (...) {
+      settle(reply, ErrorCode::kInternal, "unknown exception", message_name(request));
+    }
   }
 
-  /// True once a Shutdown request was handled; the serving loop then ends.
-  [[nodiscard]] bool stopped() const noexcept { return stopped_; }
+  /// True once it serves no more: shut down by the chief, or failed.
+  [[nodiscard]] bool stopped() const noexcept { return end_.has_value(); }
+  /// How it ended, as it now answers every request: kOutOfRange (training finished),
+  /// kAborted (the chief aborted training) or kInternal (it failed); nullopt while serving.
+  [[nodiscard]] const std::optional<ErrorReply>& ended() const noexcept { return end_; }
   /// This ps task's index.
   [[nodiscard]] std::uint32_t task() const noexcept { return task_; }
   /// Counters, as GetStats answers them.
@@ -1989,17 +2467,51 @@ class ParameterServer {
     Responder reply;
   };
 
-  void reject(Responder& reply, ErrorCode code, std::string message) {
+  /// Answers through `reply`, which is empty afterwards (answered, or parked elsewhere).
+  static void send(Responder& reply, Response&& response) {
+    Responder r = std::exchange(reply, nullptr);
+    r(std::move(response));
+  }
+
+  void reject(Responder& reply, ErrorCode code, const std::string& message) {
     ++stats_.requests_rejected;
-    reply(ErrorReply{code, "ps " + std::to_string(task_) + ": " + std::move(message)});
+    send(reply, ErrorReply{code, "ps " + std::to_string(task_) + ": " + message});
+  }
+
+  /// A handler threw: refuse the request if nothing changed yet, else fail the ps.
+  void settle(Responder& reply, ErrorCode code, const char* what, std::string_view request) noexcept {
+    try {
+      if (!changing_) {
+        if (reply) reject(reply, code, std::string(request) + " refused: " + what);
+        return;
+      }
+      fail("a policy threw while applying a " + std::string(request) + ": " + what);
+      if (reply) send(reply, ErrorReply{*end_});
+    } catch (...) {  // no memory even for the message
+      end_ = ErrorReply{ErrorCode::kInternal, {}};
+      if (reply) send(reply, ErrorReply{ErrorCode::kInternal, {}});
+    }
+  }
+
+  /// The ps can no longer vouch for its state: it answers everything with `reason` from now.
+  void fail(const std::string& reason) {
+    end_ = ErrorReply{ErrorCode::kInternal, "ps " + std::to_string(task_) + " failed: " + reason};
+    log(LogLevel::kError, end_->message);
+    answer_all_waiting(*end_);
+  }
+
+  void answer_all_waiting(const ErrorReply& answer) {
+    for (Responder& w : std::exchange(ready_waiters_, {})) send(w, ErrorReply{answer});
+    for (TokenWaiter& w : std::exchange(token_waiters_, {})) send(w.reply, ErrorReply{answer});
+    for (WaitingPull& w : std::exchange(waiting_pulls_, {})) send(w.reply, ErrorReply{answer});
   }
 
   // ---- Register -------------------------------------------------------------------------
 
-  void on(Register& r, Responder& reply) {
+  void on(Register& r, const RequestContext& /*context*/, Responder& reply) {
     if (registered_) {
       if (r.variables == variables_) {
-        reply(PlacementReply{variables_, placement_});
+        send(reply, PlacementReply{variables_, placement_});
       } else {
         reject(reply, ErrorCode::kAlreadyExists, "a different model is already registered");
       }
@@ -2014,19 +2526,25 @@ class ParameterServer {
       reject(reply, ErrorCode::kInvalidArgument, "the sharding policy is broken: " + problem);
       return;
     }
+    // Everything that may throw (allocation, make_state) happens before the commit below,
+    // so a failed registration leaves nothing behind and a retry starts clean.
+    std::vector<Slot> slots;
+    std::vector<std::size_t> slot_of_part(placement.parts.size(), kNotHere);
+    for (const Part& part : placement.parts) {
+      if (part.ps != task_) continue;
+      const std::size_t row_size = r.variables[part.variable].row_size();
+      const std::size_t n = part.rows.size() * row_size;
+      slot_of_part[static_cast<std::size_t>(&part - placement.parts.data())] = slots.size();
+      slots.push_back(Slot{part, row_size, std::vector<float>(n, 0.0F), optimizer_.make_state(n),
+                           sync_.make_accumulator(n), false});
+    }
+    PlacementReply answer{r.variables, placement};
     variables_ = std::move(r.variables);
     placement_ = std::move(placement);
-    slot_of_part_.assign(placement_.parts.size(), kNotHere);
-    for (const Part& part : placement_.parts) {
-      if (part.ps != task_) continue;
-      const std::size_t row_size = variables_[part.variable].row_size();
-      const std::size_t n = part.rows.size() * row_size;
-      slot_of_part_[&part - placement_.parts.data()] = slots_.size();
-      slots_.push_back(Slot{part, row_size, std::vector<float>(n, 0.0F), optimizer_.make_state(n),
-                            sync_.make_accumulator(n), false});
-    }
+    slots_ = std::move(slots);
+    slot_of_part_ = std::move(slot_of_part);
     registered_ = true;
-    reply(PlacementReply{variables_, placement_});
+    send(reply, std::move(answer));
     if (slots_.empty()) become_ready();
   }
 
@@ -2035,6 +2553,9 @@ class ParameterServer {
       const VariableSpec& v = variables[i];
       if (v.name.empty()) return "variable " + std::to_string(i) + " has no name";
       if (v.size() == 0) return "variable '" + v.name + "' has no elements";
+      if (v.initializer.kind > Initializer::Kind::kGlorotUniform) {
+        return "variable '" + v.name + "' has an unknown initializer";
+      }
       for (std::size_t j = 0; j < i; ++j) {
         if (variables[j].name == v.name) return "variable name '" + v.name + "' is used twice";
       }
@@ -2065,16 +2586,16 @@ class ParameterServer {
 
   // ---- Initialize / WaitReady -----------------------------------------------------------
 
-  void on(Initialize& r, Responder& reply) {
+  void on(Initialize& r, const RequestContext& context, Responder& reply) {
     if (!registered_) {
       reject(reply, ErrorCode::kFailedPrecondition, "initialize before the model is registered");
       return;
     }
-    if (!check_parts(r.parts, reply)) return;
+    if (!check_parts(r.parts, context, reply)) return;
     for (const PartValues& pv : r.parts) {
-      const Slot* slot = &slots_[slot_of_part_[pv.part]];
-      if (slot->initialized) {
-        reject(reply, ErrorCode::kAlreadyExists, describe(slot->part) + " is already initialized");
+      const Slot& slot = slots_[slot_of_part_[pv.part]];
+      if (slot.initialized) {
+        reject(reply, ErrorCode::kAlreadyExists, describe(slot.part) + " is already initialized");
         return;
       }
     }
@@ -2084,60 +2605,58 @@ class ParameterServer {
       slot.initialized = true;
       ++initialized_slots_;
     }
-    reply(Ack{});
+    send(reply, Ack{});
     if (initialized_slots_ == slots_.size() && !ready_) become_ready();
   }
 
-  void on(WaitReady& /*r*/, Responder& reply) {
+  void on(WaitReady& /*r*/, const RequestContext& /*context*/, Responder& reply) {
     if (ready_) {
-      reply(PlacementReply{variables_, placement_});
+      send(reply, PlacementReply{variables_, placement_});
     } else {
-      ready_waiters_.push_back(std::move(reply));
+      ready_waiters_.push_back(std::exchange(reply, nullptr));
     }
   }
 
   void become_ready() {
     ready_ = true;
-    release_tokens();
-    for (Responder& waiter : std::exchange(ready_waiters_, {}))
-      waiter(PlacementReply{variables_, placement_});
+    for (Responder& waiter : std::exchange(ready_waiters_, {})) {
+      send(waiter, PlacementReply{variables_, placement_});
+    }
   }
 
   // ---- TakeToken ------------------------------------------------------------------------
 
-  void on(TakeToken& r, Responder& reply) {
+  void on(TakeToken& r, const RequestContext& /*context*/, Responder& reply) {
     if (!ready_) {
       reject(reply, ErrorCode::kFailedPrecondition, "token requested before initialization");
       return;
     }
-    if (sync_.token_rule().per_step <= 0) {  // the policy does not pace workers
-      reply(TokenReply{0, global_step(), true, false});
-    } else if (!give_token(r.worker, reply)) {
-      token_waiters_.push_back({r.worker, std::move(reply)});
+    if (std::optional<Token> token = sync_.take_token(pacer_, r.worker)) {
+      send(reply, TokenReply{*token, global_step()});
+    } else {
+      token_waiters_.push_back({r.worker, std::exchange(reply, nullptr)});
     }
   }
 
-  /// Hands `worker` a token of the current step if one is left and it may take one more.
-  bool give_token(std::uint32_t worker, Responder& reply) {
-    const std::int64_t cap = sync_.token_rule().per_worker;
-    std::int64_t& taken = tokens_taken_[worker];
-    if (tokens_left_ == 0 || (cap > 0 && taken >= cap)) return false;
-    --tokens_left_;
-    ++taken;
-    reply(TokenReply{global_step(), global_step(), cap == 1});
-    return true;
-  }
-
-  /// Replaces the tokens of the last step by the policy's tokens of the current one.
-  void release_tokens() {
-    tokens_left_ = std::max<std::int64_t>(sync_.token_rule().per_step, 0);
-    tokens_taken_.clear();
-    std::erase_if(token_waiters_, [&](TokenWaiter& w) { return give_token(w.worker, w.reply); });
+  /// Asks the sync policy again for every waiting token request, in arrival order.
+  void retry_tokens() {
+    std::erase_if(token_waiters_, [&](TokenWaiter& w) {
+      try {
+        std::optional<Token> token = sync_.take_token(pacer_, w.worker);
+        if (!token) return false;
+        send(w.reply, TokenReply{*token, global_step()});
+      } catch (const Error& e) {
+        reject(w.reply, e.code(), std::string("TakeToken refused: ") + e.message());
+      } catch (const std::exception& e) {
+        reject(w.reply, ErrorCode::kInternal, std::string("TakeToken refused: ") + e.what());
+      }
+      return true;
+    });
   }
 
   // ---- Pull -----------------------------------------------------------------------------
 
-  void on(Pull& r, Responder& reply) {
+  void on(Pull& r, const RequestContext& /*context*/, Responder& reply) {
     if (!ready_) {
       reject(reply, ErrorCode::kFailedPrecondition, "pull before initialization");
       return;
@@ -2156,7 +2675,7 @@ class ParameterServer {
       }
     }
     if (global_step() < r.min_step) {
-      waiting_pulls_.push_back({std::move(r), std::move(reply)});
+      waiting_pulls_.push_back({std::move(r), std::exchange(reply, nullptr)});
     } else {
       answer_pull(r, reply);
     }
@@ -2172,60 +2691,7 @@ class ParameterServer {
           std::span<const float>(slot.values).subspan(offset, s.rows.size() * slot.row_size));
       stats_.bytes_pulled += static_cast<std::int64_t>(answer.values.back().size_bytes());
     }
-    reply(std::move(answer));
-  }
-
-  // ---- Push -----------------------------------------------------------------------------
-
-  void on(Push& r, Responder& reply) {
-    if (!ready_) {
-      reject(reply, ErrorCode::kFailedPrecondition,
-             "push before initialization: the chief has not initialized the variables");
-      return;
-    }
-    if (!check_parts(r.gradients, reply)) return;
-    if (r.gradients.size() != slots_.size()) {
-      // Every part's accumulator must see every step's votes, or parts drift apart.
-      reject(reply, ErrorCode::kInvalidArgument,
-             "a push must carry a gradient for each of the " + std::to_string(slots_.size()) +
-                 " parts held here, got " + std::to_string(r.gradients.size()));
-      return;
-    }
-    for (const PartValues& pv : r.gradients) {
-      const Slot* slot = &slots_[slot_of_part_[pv.part]];
-      if (!r.finite_checked && !detail::all_finite(pv.values)) {
-        reject(reply, ErrorCode::kInvalidArgument,
-               "non-finite (NaN or Inf) gradient for " + describe(slot->part) + " from worker " +
-                   std::to_string(r.worker) + "; nothing was applied");
-        return;
-      }
-    }
-    PushReply answer;
-    for (const PartValues& pv : r.gradients) {
-      Slot& slot = slots_[slot_of_part_[pv.part]];
-      stats_.bytes_pushed += static_cast<std::int64_t>(pv.values.size_bytes());
-      switch (sync_.accumulate(slot.accumulator, pv.values, r.local_step)) {
-        case Verdict::kStale:
-          ++stats_.stale_gradients_dropped;
-          ++answer.stale_parts;
-          break;
-        case Verdict::kPending:
-          ++stats_.gradients_accepted;
-          break;
-        case Verdict::kReady:
-          ++stats_.gradients_accepted;
-          optimizer_.apply(slot.optimizer_state, slot.values, sync_.take(slot.accumulator));
-          ++stats_.updates_applied;
-          break;
-      }
-    }
-    const Verdict vote = sync_.accumulate(step_votes_, {}, r.local_step);
-    reply(answer);
-    if (vote == Verdict::kReady) {
-      sync_.take(step_votes_);
-      release_tokens();
-      answer_waiting_pulls();
-    }
+    send(reply, std::move(answer));
   }
 
   void answer_waiting_pulls() {
@@ -2236,27 +2702,79 @@ class ParameterServer {
     });
   }
 
+  // ---- Push -----------------------------------------------------------------------------
+
+  void on(Push& r, const RequestContext& context, Responder& reply) {
+    if (!ready_) {
+      reject(reply, ErrorCode::kFailedPrecondition,
+             "push before initialization: the chief has not initialized the variables");
+      return;
+    }
+    if (!check_parts(r.gradients, context, reply)) return;
+    if (r.gradients.size() != slots_.size()) {
+      // Every part must see every push's verdict, or parts drift apart.
+      reject(reply, ErrorCode::kInvalidArgument,
+             "a push must carry a gradient for each of the " + std::to_string(slots_.size()) +
+                 " parts held here, got " + std::to_string(r.gradients.size()));
+      return;
+    }
+    const std::int64_t step_before = global_step();
+    const Verdict verdict = sync_.on_push(pacer_, r.worker, r.local_step);  // may refuse
+    changing_ = true;
+    PushReply answer;
+    for (const PartValues& pv : r.gradients) {
+      Slot& slot = slots_[slot_of_part_[pv.part]];
+      stats_.bytes_pushed += static_cast<std::int64_t>(pv.values.size_bytes());
+      if (verdict == Verdict::kStale) {
+        ++stats_.stale_gradients_dropped;
+        ++answer.stale_parts;
+        continue;
+      }
+      ++stats_.gradients_accepted;
+      sync_.accumulate(slot.accumulator, pv.values);
+    }
+    if (verdict == Verdict::kReady) {
+      for (Slot& slot : slots_) {
+        const UpdateContext update{step_before, variables_[slot.part.variable].name,
+                                   slot.part.rows, slot.row_size};
+        apply_update(optimizer_, slot.optimizer_state, slot.values, sync_.take(slot.accumulator),
+                     update);
+        ++stats_.updates_applied;
+      }
+    }
+    changing_ = false;
+    send(reply, answer);
+    retry_tokens();
+    if (global_step() != step_before) answer_waiting_pulls();
+  }
+
   // ---- GetStats / Shutdown --------------------------------------------------------------
 
-  void on(GetStats& /*r*/, Responder& reply) { reply(StatsReply{stats()}); }
+  void on(GetStats& /*r*/, const RequestContext& /*context*/, Responder& reply) {
+    send(reply, StatsReply{stats(), waiting_for(sync_, pacer_)});
+  }
 
-  void on(Shutdown& /*r*/, Responder& reply) {
-    stopped_ = true;
-    const ErrorReply cancelled{ErrorCode::kCancelled,
-                               "ps " + std::to_string(task_) + " shut down while waiting"};
-    for (Responder& w : std::exchange(ready_waiters_, {})) w(ErrorReply{cancelled});
-    for (TokenWaiter& w : std::exchange(token_waiters_, {})) w.reply(ErrorReply{cancelled});
-    for (WaitingPull& w : std::exchange(waiting_pulls_, {})) w.reply(ErrorReply{cancelled});
-    reply(Ack{});
+  void on(Shutdown& r, const RequestContext& /*context*/, Responder& reply) {
+    const std::string ps = "ps " + std::to_string(task_);
+    end_ = r.aborted ? ErrorReply{ErrorCode::kAborted,
+                                  ps + ": training aborted by the chief: " + r.reason}
+                     : ErrorReply{ErrorCode::kOutOfRange,
+                                  ps + ": training finished (the chief shut the ps tasks "
+                                       "down at global step " +
+                                      std::to_string(global_step()) + ")"};
+    answer_all_waiting(*end_);
+    send(reply, Ack{});
   }
 
   // ---- helpers --------------------------------------------------------------------------
 
-  [[nodiscard]] std::int64_t global_step() const { return sync_.step(step_votes_); }
+  [[nodiscard]] std::int64_t global_step() const { return sync_.global_step(pacer_); }
 
-  /// Checks that every part is held here, appears once and has the right size; otherwise
-  /// rejects the request and returns false.
-  bool check_parts(const std::vector<PartValues>& parts, Responder& reply) {
+  /// Checks that every part is held here, appears once, has the right size and (unless the
+  /// transport vouches for it) finite values; otherwise rejects the request and returns
+  /// false.
+  bool check_parts(const std::vector<PartValues>& parts, const RequestContext& context,
+                   Responder& reply) {
     for (std::size_t i = 0; i < parts.size(); ++i) {
       const PartValues& pv = parts[i];
       if (pv.part >= slot_of_part_.size() || slot_of_part_[pv.part] == kNotHere) {
@@ -2275,6 +2793,12 @@ class ParameterServer {
           reject(reply, ErrorCode::kInvalidArgument, describe(slot.part) + " is sent twice");
           return false;
         }
+      }
+      if (!context.tensors_finite && !detail::all_finite(pv.values)) {
+        reject(reply, ErrorCode::kInvalidArgument,
+               "non-finite (NaN or Inf) values for " + describe(slot.part) +
+                   "; nothing was applied");
+        return false;
       }
     }
     return true;
@@ -2303,16 +2827,15 @@ class ParameterServer {
 
   bool registered_ = false;
   bool ready_ = false;
-  bool stopped_ = false;
+  bool changing_ = false;          ///< inside a change that a throw would leave half done
+  std::optional<ErrorReply> end_;  ///< set once stopped: what every request is answered
   std::vector<VariableSpec> variables_;
   Placement placement_;
   std::vector<Slot> slots_;
   std::vector<std::size_t> slot_of_part_;  ///< global part index → slot, or kNotHere
   std::size_t initialized_slots_ = 0;
 
-  typename P::Accumulator step_votes_;  ///< the global step: one vote per push message
-  std::int64_t tokens_left_ = 0;        ///< tokens of the current step
-  std::map<std::uint32_t, std::int64_t> tokens_taken_;  ///< by worker, this step
+  typename P::Pacer pacer_;  ///< the global step and the tokens, as the sync policy keeps them
   std::deque<TokenWaiter> token_waiters_;
   std::vector<Responder> ready_waiters_;
   std::vector<WaitingPull> waiting_pulls_;
@@ -2321,22 +2844,39 @@ class ParameterServer {
 
 }  // namespace pulley
 // ---- end pulley/parameter_server.hpp ----
-// ---- begin pulley/sharding/partitioned.hpp ----
-
-#include <cstddef>
-#include <span>
-
-// ---- begin pulley/detail/partition.hpp ----
+// ---- begin pulley/sharding/partition.hpp ----
 
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
-namespace pulley::detail {
+namespace pulley {
 
-/// Splits every variable into `parts_for(spec)` row ranges as TensorFlow's partitioned
-/// variables do (the first `rows % k` parts get one row more) and deals the parts to the ps
-/// tasks round-robin in creation order, as `replica_device_setter` does with each part.
+// Building blocks of the stock sharding policies, for writing your own.
+
+/// Splits `rows` rows into `k` contiguous ranges as TensorFlow's partitioned variables do:
+/// the first `rows % k` ranges get one row more. `k` is clamped to [1, rows] (a variable of
+/// 0 rows gets one empty range).
+inline std::vector<RowRange> partition_rows(std::size_t rows, std::size_t k) {
+  if (k < 1) k = 1;
+  if (k > rows && rows > 0) k = rows;
+  const std::size_t base = rows / k;
+  const std::size_t extra = rows % k;
+  std::vector<RowRange> ranges;
+  ranges.reserve(k);
+  std::size_t begin = 0;
+  for (std::size_t i = 0; i < k; ++i) {
+    const std::size_t end = begin + base + (i < extra ? 1 : 0);
+    ranges.push_back({begin, end});
+    begin = end;
+  }
+  return ranges;
+}
+
+/// Splits every variable into `parts_for(spec)` parts (`partition_rows`) and deals all the
+/// parts to the ps tasks round-robin in creation order, as `replica_device_setter` does
+/// with each part. Throws kInvalidArgument when `num_ps` is 0.
 template <class PartsFor>
 Placement place_round_robin(std::span<const VariableSpec> variables, std::size_t num_ps,
                             PartsFor parts_for) {
@@ -2345,24 +2885,20 @@ Placement place_round_robin(std::span<const VariableSpec> variables, std::size_t
   std::size_t next_ps = 0;
   for (const VariableSpec& spec : variables) {
     builder.begin_variable();
-    const std::size_t rows = spec.rows();
-    std::size_t k = parts_for(spec);
-    k = k < 1 ? 1 : (k > rows && rows > 0 ? rows : k);
-    const std::size_t base = rows / k;
-    const std::size_t extra = rows % k;
-    std::size_t begin = 0;
-    for (std::size_t i = 0; i < k; ++i) {
-      const std::size_t end = begin + base + (i < extra ? 1 : 0);
-      builder.add(static_cast<std::uint32_t>(next_ps), {begin, end});
+    for (const RowRange& rows : partition_rows(spec.rows(), parts_for(spec))) {
+      builder.add(static_cast<std::uint32_t>(next_ps), rows);
       next_ps = (next_ps + 1) % num_ps;
-      begin = end;
     }
   }
   return std::move(builder).finish();
 }
 
-}  // namespace pulley::detail
-// ---- end pulley/detail/partition.hpp ----
+}  // namespace pulley
+// ---- end pulley/sharding/partition.hpp ----
+// ---- begin pulley/sharding/partitioned.hpp ----
+
+#include <cstddef>
+#include <span>
 
 namespace pulley {
 
@@ -2373,7 +2909,7 @@ struct FixedShards {
 
   /// The placement of `variables` over `num_ps` ps tasks.
   [[nodiscard]] Placement place(std::span<const VariableSpec> variables, std::size_t num_ps) const {
-    return detail::place_round_robin(variables, num_ps,
+    return place_round_robin(variables, num_ps,
                                      [this](const VariableSpec&) { return num_shards; });
   }
 };
@@ -2398,7 +2934,7 @@ struct MinSize {
 
   /// The placement of `variables` over `num_ps` ps tasks.
   [[nodiscard]] Placement place(std::span<const VariableSpec> variables, std::size_t num_ps) const {
-    return detail::place_round_robin(variables, num_ps,
+    return place_round_robin(variables, num_ps,
                                      [this](const VariableSpec& s) { return parts_for(s); });
   }
 };
@@ -2418,414 +2954,208 @@ namespace pulley {
 struct RoundRobin {
   /// The placement of `variables` over `num_ps` ps tasks.
   [[nodiscard]] Placement place(std::span<const VariableSpec> variables, std::size_t num_ps) const {
-    return detail::place_round_robin(variables, num_ps, [](const VariableSpec&) { return 1; });
+    return place_round_robin(variables, num_ps, [](const VariableSpec&) { return std::size_t{1}; });
   }
 };
 static_assert(Sharding<RoundRobin>);
 
 }  // namespace pulley
 // ---- end pulley/sharding/round_robin.hpp ----
-// ---- begin pulley/slurm.hpp ----
-
-#include <algorithm>
-#include <charconv>
-#include <concepts>
-#include <cstddef>
-#include <cstdint>
-#include <cstdlib>
-#include <functional>
-#include <limits>
-#include <optional>
-#include <set>
-#include <string>
-#include <string_view>
-#include <type_traits>
-#include <utility>
-#include <vector>
-
-namespace pulley {
-
-// The same TfConfig, built from the variables Slurm gives each task of a step, by the rules of
-// TensorFlow's `SlurmClusterResolver`: nodes in nodelist order, the i-th task on a node at
-// `port_base + i`, ranks handed to the jobs in the order they are listed.
-
-/// The jobs of a Slurm step and their task counts, in rank order: {{"ps", 1}, {"worker", 2}}
-/// makes rank 0 ps 0 and ranks 1 and 2 workers 0 and 1. Names are those of kJobNames
-/// ("master" is read as "chief"); the counts must add up to the step's number of tasks.
-using SlurmJobs = std::vector<std::pair<std::string, std::uint32_t>>;
-
-/// The port of the first task on each node, TensorFlow's default.
-inline constexpr std::uint32_t kSlurmPortBase = 8888;
-
-/// An environment for slurm_config: the value of a variable, nullopt when it is unset. The
-/// exact return type is required so that a `getenv`-like `const char*` (null when unset)
-/// cannot slip in through an implicit conversion.
-template <class F>
-concept SlurmEnvironment = std::invocable<F&, std::string_view> &&
-    std::same_as<std::invoke_result_t<F&, std::string_view>, std::optional<std::string>>;
-
-namespace detail {
-
-inline Error slurm_error(const std::string& what) {
-  return Error(ErrorCode::kInvalidArgument, "Slurm: " + what);
-}
-
-/// Bounds the nodes a list may expand to, so a typo like "n[0-999999999]" fails fast instead
-/// of exhausting memory.
-inline constexpr std::size_t kSlurmMaxNodes = std::size_t{1} << 20;
-
-/// Comma-separated fields, empty ones kept (so that "a,,b" can be refused).
-inline std::vector<std::string_view> slurm_fields(std::string_view text) {
-  std::vector<std::string_view> fields;
-  for (std::size_t start = 0;;) {
-    const std::size_t comma = std::min(text.find(',', start), text.size());
-    fields.push_back(text.substr(start, comma - start));
-    if (comma == text.size()) return fields;
-    start = comma + 1;
-  }
-}
-
-/// A number written in decimal digits only (no sign, no space); nullopt otherwise.
-inline std::optional<std::uint64_t> slurm_number(std::string_view text) {
-  std::uint64_t value = 0;
-  const char* end = text.data() + text.size();
-  const auto [stop, ec] = std::from_chars(text.data(), end, value);
-  if (text.empty() || ec != std::errc() || stop != end) return std::nullopt;
-  return value;
-}
-
-inline Error slurm_bad_hostlist(std::string_view hostlist, const std::string& why) {
-  return slurm_error("malformed hostlist \"" + std::string(hostlist) + "\": " + why);
-}
-
-/// The values of a bracket's body such as "01-03,7": each field a number or a range lo-hi,
-/// zero-padded to the width of lo as Slurm writes them ("08-10" is 08, 09, 10).
-inline std::vector<std::string> slurm_bracket_values(std::string_view body,
-                                                     std::string_view hostlist) {
-  std::vector<std::string> values;
-  for (std::string_view field : slurm_fields(body)) {
-    const std::size_t dash = field.find('-');
-    const std::string_view lo_text = field.substr(0, dash);
-    const std::string_view hi_text =
-        dash == std::string_view::npos ? lo_text : field.substr(dash + 1);
-    const auto lo = slurm_number(lo_text);
-    const auto hi = slurm_number(hi_text);
-    if (!lo || !hi) {
-      throw slurm_bad_hostlist(hostlist, "\"" + std::string(field) + "\" in [" + std::string(body) +
-                                             "] is not a number or a range lo-hi");
-    }
-    if (*lo > *hi) {
-      throw slurm_bad_hostlist(hostlist, "range \"" + std::string(field) + "\" runs backwards");
-    }
-    if (*hi - *lo >= kSlurmMaxNodes - values.size()) {
-      throw slurm_bad_hostlist(hostlist, "more than " + std::to_string(kSlurmMaxNodes) + " nodes");
-    }
-    for (std::uint64_t v = *lo; v <= *hi; ++v) {
-      std::string digits = std::to_string(v);
-      if (digits.size() < lo_text.size()) digits.insert(0, lo_text.size() - digits.size(), '0');
-      values.push_back(std::move(digits));
-    }
-  }
-  return values;
-}
-
-/// `jobs` with "master" renamed "chief", checked: known names, each once, each with a task,
-/// and a "ps" job (a TfConfig always has one, as parse_tf_config demands).
-inline SlurmJobs checked_slurm_jobs(const SlurmJobs& jobs) {
-  SlurmJobs checked;
-  for (const auto& [name, count] : jobs) {
-    const std::string job = name == "master" ? "chief" : name;
-    if (std::find(std::begin(kJobNames), std::end(kJobNames), job) == std::end(kJobNames)) {
-      throw slurm_error("unknown job \"" + name + "\" (chief, worker, ps, evaluator)");
-    }
-    if (count == 0) throw slurm_error("job \"" + job + "\" has no tasks");
-    for (const auto& seen : checked) {
-      if (seen.first == job) throw slurm_error("job \"" + job + "\" is listed twice");
-    }
-    checked.emplace_back(job, count);
-  }
-  const bool has_ps = std::any_of(checked.begin(), checked.end(),
-                                  [](const auto& job) { return job.first == "ps"; });
-  if (!has_ps) throw slurm_error("the jobs have no \"ps\" job");
-  return checked;
-}
-
-}  // namespace detail
-
-/// Parses a jobs list such as "ps:1,worker:2,chief:1" (the form a command-line flag takes)
-/// into SlurmJobs, keeping its order. Throws kInvalidArgument ("Slurm: ...") for a field that
-/// is not job:count, an unknown or repeated job, a count of 0, or no "ps" job.
-inline SlurmJobs parse_slurm_jobs(std::string_view text) {
-  SlurmJobs jobs;
-  for (std::string_view field : detail::slurm_fields(text)) {
-    const std::size_t colon = field.find(':');
-    const auto count = colon == std::string_view::npos
-                           ? std::nullopt
-                           : detail::slurm_number(field.substr(colon + 1));
-    if (colon == 0 || !count || *count > std::numeric_limits<std::uint32_t>::max()) {
-      throw detail::slurm_error("jobs \"" + std::string(text) + "\": \"" + std::string(field) +
-                                "\" is not job:count (as in \"ps:1,worker:2,chief:1\")");
-    }
-    jobs.emplace_back(std::string(field.substr(0, colon)), static_cast<std::uint32_t>(*count));
-  }
-  return detail::checked_slurm_jobs(jobs);
-}
-
-/// Expands a Slurm hostlist such as "node[01-03,07],gpu5" into its host names, in order and
-/// without removing duplicates: node01, node02, node03, node07, gpu5. A bracket holds numbers
-/// and ranges lo-hi, zero-padded to the width of lo; several brackets in one name multiply,
-/// the leftmost varying slowest ("r[1-2]n[1-2]" is r1n1, r1n2, r2n1, r2n2). Throws
-/// kInvalidArgument ("Slurm: malformed hostlist ...") for anything else: empty names, nested
-/// or unbalanced brackets, non-numbers or backward ranges in brackets, spaces.
-inline std::vector<std::string> expand_slurm_hostlist(std::string_view hostlist) {
-  std::vector<std::string> hosts;
-  for (std::size_t start = 0;;) {
-    // One name runs to the next comma outside brackets.
-    std::size_t end = start;
-    bool open = false;
-    for (; end < hostlist.size() && (open || hostlist[end] != ','); ++end) {
-      const char c = hostlist[end];
-      if (c == '[' && open) throw detail::slurm_bad_hostlist(hostlist, "nested '['");
-      if (c == ']' && !open) throw detail::slurm_bad_hostlist(hostlist, "']' without '['");
-      if (c == ' ' || c == '\t' || c == '\n') {
-        throw detail::slurm_bad_hostlist(hostlist, "a space in a host name");
-      }
-      if (c == '[' || c == ']') open = c == '[';
-    }
-    if (open) throw detail::slurm_bad_hostlist(hostlist, "'[' without ']'");
-    const std::string_view name = hostlist.substr(start, end - start);
-    if (name.empty()) throw detail::slurm_bad_hostlist(hostlist, "an empty host name");
-
-    std::vector<std::string> names{""};
-    for (std::size_t i = 0; i < name.size();) {
-      if (name[i] != '[') {
-        const std::size_t bracket = std::min(name.find('[', i), name.size());
-        for (std::string& n : names) n.append(name.substr(i, bracket - i));
-        i = bracket;
-        continue;
-      }
-      const std::size_t close = name.find(']', i);
-      const auto values = detail::slurm_bracket_values(name.substr(i + 1, close - i - 1), hostlist);
-      if (names.size() * values.size() > detail::kSlurmMaxNodes - hosts.size()) {
-        throw detail::slurm_bad_hostlist(
-            hostlist, "more than " + std::to_string(detail::kSlurmMaxNodes) + " nodes");
-      }
-      std::vector<std::string> product;
-      product.reserve(names.size() * values.size());
-      for (const std::string& n : names) {
-        for (const std::string& v : values) product.push_back(n + v);
-      }
-      names = std::move(product);
-      i = close + 1;
-    }
-    hosts.insert(hosts.end(), std::make_move_iterator(names.begin()),
-                 std::make_move_iterator(names.end()));
-    if (end == hostlist.size()) return hosts;
-    start = end + 1;
-  }
-}
-
-/// Expands Slurm's tasks-per-node list, one count per node in nodelist order: "2(x3),1" is
-/// 2, 2, 2, 1. Throws kInvalidArgument ("Slurm: malformed tasks per node ...") for a field
-/// that is not N or N(xM) with N, M >= 1.
-inline std::vector<std::uint32_t> expand_slurm_tasks_per_node(std::string_view text) {
-  std::vector<std::uint32_t> tasks;
-  for (std::string_view field : detail::slurm_fields(text)) {
-    const std::size_t paren = field.find('(');
-    const auto count = detail::slurm_number(field.substr(0, paren));
-    std::optional<std::uint64_t> repeat = 1;
-    if (paren != std::string_view::npos) {
-      const bool shaped =
-          field.size() > paren + 3 && field.substr(paren, 2) == "(x" && field.back() == ')';
-      repeat = shaped ? detail::slurm_number(field.substr(paren + 2, field.size() - paren - 3))
-                      : std::nullopt;
-    }
-    if (!count || !repeat || *count == 0 || *repeat == 0 ||
-        *count > std::numeric_limits<std::uint32_t>::max()) {
-      throw detail::slurm_error("malformed tasks per node \"" + std::string(text) + "\": \"" +
-                                std::string(field) + "\" is not N or N(xM) with N, M >= 1");
-    }
-    if (*repeat > detail::kSlurmMaxNodes - tasks.size()) {
-      throw detail::slurm_error("malformed tasks per node \"" + std::string(text) +
-                                "\": more than " + std::to_string(detail::kSlurmMaxNodes) +
-                                " nodes");
-    }
-    tasks.insert(tasks.end(), *repeat, static_cast<std::uint32_t>(*count));
-  }
-  return tasks;
-}
-
-/// Builds this task's TfConfig from Slurm's variables, read through `env`:
-///   SLURM_PROCID                                             this task's rank in the step
-///   SLURM_STEP_NUM_TASKS, else SLURM_NTASKS                  the step's number of tasks
-///   SLURM_STEP_NODELIST, else SLURM_JOB_NODELIST             its nodes (a hostlist)
-///   SLURM_STEP_TASKS_PER_NODE, else SLURM_TASKS_PER_NODE     tasks on each node
-/// (the step's own variables first, as the rank counts within the step). Ranks fill the nodes
-/// in nodelist order, which is Slurm's default block distribution (`--distribution=cyclic`
-/// would place them otherwise, and is not supported); the i-th task on a node gets
-/// "host:port_base+i", and the ranks go to `jobs` in their order (TensorFlow's resolver sorts
-/// them by name; an explicit order says which rank is which). The result is what
-/// parse_tf_config would return for the equivalent TF_CONFIG. Throws kInvalidArgument
-/// ("Slurm: ...") naming the problem: a missing or malformed variable, a node count that
-/// differs from the tasks-per-node entries, a host listed twice, task counts that disagree,
-/// a rank out of range, a port over 65535, or bad `jobs` (see parse_slurm_jobs).
-template <SlurmEnvironment Env>
-TfConfig slurm_config(const SlurmJobs& jobs, std::uint32_t port_base, Env&& env) {
-  using detail::slurm_error;
-  const SlurmJobs checked = detail::checked_slurm_jobs(jobs);
-
-  struct Variable {
-    std::string name;
-    std::string value;
-  };
-  auto read = [&](std::string_view name, std::string_view fallback = {}) -> Variable {
-    for (std::string_view n : {name, fallback}) {
-      if (n.empty()) continue;
-      std::optional<std::string> value = std::invoke(env, n);
-      if (value && !value->empty()) return {std::string(n), std::move(*value)};
-    }
-    const std::string unset = fallback.empty() ? std::string(name) + " is not set"
-                                               : "neither " + std::string(name) + " nor " +
-                                                     std::string(fallback) + " is set";
-    throw slurm_error(unset + " (not inside a Slurm step?)");
-  };
-  auto number = [](const Variable& v) {
-    const auto n = detail::slurm_number(v.value);
-    if (!n || *n > std::numeric_limits<std::uint32_t>::max()) {
-      throw slurm_error(v.name + " is not a number: \"" + v.value + "\"");
-    }
-    return *n;
-  };
-  const Variable procid = read("SLURM_PROCID");
-  const Variable ntasks_var = read("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS");
-  const Variable nodelist = read("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST");
-  const Variable per_node_var = read("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE");
-  const std::uint64_t rank = number(procid);
-  const std::uint64_t ntasks = number(ntasks_var);
-  const std::vector<std::string> hosts = expand_slurm_hostlist(nodelist.value);
-  const std::vector<std::uint32_t> per_node = expand_slurm_tasks_per_node(per_node_var.value);
-
-  if (hosts.size() != per_node.size()) {
-    throw slurm_error(nodelist.name + " names " + std::to_string(hosts.size()) + " node(s) but " +
-                      per_node_var.name + " gives tasks for " + std::to_string(per_node.size()));
-  }
-  std::set<std::string_view> seen;
-  for (const std::string& host : hosts) {
-    if (!seen.insert(host).second) {
-      throw slurm_error("node \"" + host + "\" is listed twice in " + nodelist.name);
-    }
-  }
-  std::uint64_t placed = 0;
-  for (std::uint32_t n : per_node) placed += n;
-  if (placed != ntasks) {
-    throw slurm_error(per_node_var.name + " places " + std::to_string(placed) + " task(s) but " +
-                      ntasks_var.name + " is " + std::to_string(ntasks));
-  }
-  std::uint64_t asked = 0;
-  std::string listed;
-  for (const auto& [job, count] : checked) {
-    asked += count;
-    listed += (listed.empty() ? "" : ",") + job + ":" + std::to_string(count);
-  }
-  if (asked != ntasks) {
-    throw slurm_error("the jobs " + listed + " have " + std::to_string(asked) +
-                      " task(s) but the step has " + std::to_string(ntasks) + " (" +
-                      ntasks_var.name + ")");
-  }
-  if (rank >= ntasks) {
-    throw slurm_error("SLURM_PROCID " + std::to_string(rank) + " is out of range: the step has " +
-                      std::to_string(ntasks) + " task(s)");
-  }
-  const std::uint64_t busiest = *std::max_element(per_node.begin(), per_node.end());
-  if (port_base == 0 || port_base + busiest - 1 > 65535) {
-    throw slurm_error("port base " + std::to_string(port_base) + " with " +
-                      std::to_string(busiest) + " task(s) on a node needs ports " +
-                      std::to_string(port_base) + ".." + std::to_string(port_base + busiest - 1) +
-                      ", outside 1..65535");
-  }
-
-  std::vector<std::string> addresses;
-  addresses.reserve(ntasks);
-  for (std::size_t node = 0; node < hosts.size(); ++node) {
-    for (std::uint32_t i = 0; i < per_node[node]; ++i) {
-      addresses.push_back(hosts[node] + ":" + std::to_string(port_base + i));
-    }
-  }
-  TfConfig config;
-  std::uint64_t first = 0;
-  for (const auto& [job, count] : checked) {
-    const auto begin = addresses.begin() + static_cast<std::ptrdiff_t>(first);
-    config.cluster.jobs[job].assign(begin, begin + count);
-    if (rank >= first && rank < first + count) {
-      config.task = {job, static_cast<std::uint32_t>(rank - first)};
-    }
-    first += count;
-  }
-  return config;
-}
-
-/// slurm_config over this process's environment; nullopt when SLURM_PROCID is unset or empty,
-/// that is, outside a Slurm step. Throws as slurm_config does.
-inline std::optional<TfConfig> slurm_config_from_environment(
-    const SlurmJobs& jobs, std::uint32_t port_base = kSlurmPortBase) {
-  const char* rank = std::getenv("SLURM_PROCID");
-  if (rank == nullptr || *rank == '\0') return std::nullopt;
-  return slurm_config(jobs, port_base, [](std::string_view name) -> std::optional<std::string> {
-    const char* value = std::getenv(std::string(name).c_str());
-    return value == nullptr ? std::nullopt : std::optional<std::string>(value);
-  });
-}
-
-}  // namespace pulley
-// ---- end pulley/slurm.hpp ----
 // ---- begin pulley/sync/async.hpp ----
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
+#include <string>
 
 namespace pulley {
 
 /// Asynchronous training: every push is applied as soon as it arrives and no worker ever
-/// waits for another. Nothing is stale, no tokens are used, and the global step counts
-/// push messages.
+/// waits for another. Nothing is stale, tokens never wait, and the global step counts push
+/// messages.
 struct Async {
   /// Only remembers the gradient it was handed, so `take` returns it without a copy.
   struct Accumulator {
     std::span<const float> pending;
-    std::int64_t step = 0;
   };
 
-  /// An accumulator for n-element gradients, at step 0.
-  [[nodiscard]] Accumulator make_accumulator(std::size_t /*n*/) const { return {}; }
+  /// Counts push messages.
+  struct Pacer {
+    std::int64_t pushes = 0;
+  };
 
-  /// Takes one contribution tagged with the sender's local step.
-  Verdict accumulate(Accumulator& acc, std::span<const float> gradient,
-                     std::int64_t /*local_step*/) const {
+  /// An accumulator for n-element gradients.
+  [[nodiscard]] Accumulator make_accumulator(std::size_t /*n*/) const { return {}; }
+  /// Keeps a view of `gradient` until `take`.
+  void accumulate(Accumulator& acc, std::span<const float> gradient) const {
     acc.pending = gradient;
+  }
+  /// The gradient handed last.
+  std::span<const float> take(Accumulator& acc) const { return acc.pending; }
+
+  /// At step 0.
+  [[nodiscard]] Pacer make_pacer() const { return {}; }
+  /// Every push is applied at once and is one step.
+  Verdict on_push(Pacer& pacer, std::uint32_t /*worker*/, std::int64_t /*local_step*/) const {
+    ++pacer.pushes;
     return Verdict::kReady;
   }
-
-  /// The gradient to apply for the completed step; advances the step.
-  std::span<const float> take(Accumulator& acc) const {
-    ++acc.step;
-    return acc.pending;
+  /// Push messages handled.
+  [[nodiscard]] std::int64_t global_step(const Pacer& pacer) const { return pacer.pushes; }
+  /// Always a token, which need not be asked for again.
+  std::optional<Token> take_token(Pacer& /*pacer*/, std::uint32_t /*worker*/) const {
+    return Token{0, 0, 0, false};
   }
-
-  /// Steps this accumulator has completed.
-  [[nodiscard]] std::int64_t step(const Accumulator& acc) const { return acc.step; }
-  /// No tokens: nobody waits.
-  [[nodiscard]] TokenRule token_rule() const { return {}; }
+  /// Async never waits.
+  [[nodiscard]] std::string waiting_for(const Pacer& /*pacer*/) const { return "nothing (async)"; }
 };
 static_assert(SyncPolicy<Async>);
 
 }  // namespace pulley
 // ---- end pulley/sync/async.hpp ----
+// ---- begin pulley/sync/bounded_staleness.hpp ----
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace pulley {
+
+/// Stale-synchronous parallel training (SSP, as in Petuum's Bösen; the OSDI'14 parameter
+/// server calls it bounded delay): each worker has a clock, the number of steps it has
+/// pushed, and a worker at clock c may start its next step only while the slowest worker is
+/// at clock c - s or later. Its step then reads parameters that include every update of
+/// clocks before c - s from every worker, and possibly newer ones.
+///
+/// Every push is applied as it arrives (as in Async): nothing is averaged and nothing is
+/// stale. A ps's global step is the slowest worker's clock as that ps has seen it, so a
+/// pull of step c - s waits until every worker's updates of earlier clocks are applied
+/// there. s = 0 is lockstep; `kUnbounded` never waits, which is Async with tokens.
+///
+/// A worker that dies holds the others back once they are s clocks ahead: its clock no
+/// longer moves. Their token requests then wait, and their client reports, at its
+/// deadline, what the ps waits for ("worker 2 at clock 5").
+class BoundedStaleness {
+ public:
+  /// A staleness bound that never binds.
+  static constexpr std::int64_t kUnbounded = std::numeric_limits<std::int64_t>::max();
+
+  /// @param staleness          s, how many clocks a worker may run ahead of the slowest (≥ 0)
+  /// @param total_num_replicas N, the workers, with task indices 0 .. N-1 (≥ 1)
+  BoundedStaleness(std::int64_t staleness, int total_num_replicas)
+      : staleness_(staleness), total_num_replicas_(total_num_replicas) {
+    if (staleness < 0 || total_num_replicas < 1) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "BoundedStaleness needs staleness >= 0 and total_num_replicas >= 1, got " +
+                      std::to_string(staleness) + " and " + std::to_string(total_num_replicas));
+    }
+  }
+
+  /// s: how many clocks a worker may run ahead of the slowest.
+  [[nodiscard]] std::int64_t staleness() const noexcept { return staleness_; }
+  /// N: the number of workers.
+  [[nodiscard]] int total_num_replicas() const noexcept { return total_num_replicas_; }
+
+  /// Only remembers the gradient it was handed: each push is applied as it arrives.
+  struct Accumulator {
+    std::span<const float> pending;
+  };
+
+  /// Every worker's clock as this ps has seen it.
+  struct Pacer {
+    std::vector<std::int64_t> clocks;  ///< by worker: steps pushed
+    std::int64_t slowest = 0;          ///< the lowest clock: the global step
+  };
+
+  /// An accumulator for n-element gradients.
+  [[nodiscard]] Accumulator make_accumulator(std::size_t /*n*/) const { return {}; }
+  /// Keeps a view of `gradient` until `take`.
+  void accumulate(Accumulator& acc, std::span<const float> gradient) const {
+    acc.pending = gradient;
+  }
+  /// The gradient handed last.
+  std::span<const float> take(Accumulator& acc) const { return acc.pending; }
+
+  /// Every worker at clock 0.
+  [[nodiscard]] Pacer make_pacer() const {
+    return {std::vector<std::int64_t>(static_cast<std::size_t>(total_num_replicas_), 0), 0};
+  }
+
+  /// A push for clock `local_step` moves the worker's clock past it; it is applied at once.
+  /// Refused (Error) for a worker out of range or a clock the worker cannot have had a
+  /// token of.
+  Verdict on_push(Pacer& pacer, std::uint32_t worker, std::int64_t local_step) const {
+    std::int64_t& clock = clock_of(pacer, worker);
+    if (local_step < 0 || local_step > clock) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "worker " + std::to_string(worker) + " pushed for clock " +
+                      std::to_string(local_step) + " but is at clock " + std::to_string(clock));
+    }
+    if (local_step == clock) {
+      ++clock;
+      pacer.slowest = *std::min_element(pacer.clocks.begin(), pacer.clocks.end());
+    }
+    return Verdict::kReady;
+  }
+
+  /// The slowest worker's clock.
+  [[nodiscard]] std::int64_t global_step(const Pacer& pacer) const { return pacer.slowest; }
+
+  /// The token of the worker's next clock c, once c is at most s ahead of the slowest; it
+  /// reads step c - s. Asking again before pushing gives the same token.
+  std::optional<Token> take_token(Pacer& pacer, std::uint32_t worker) const {
+    const std::int64_t clock = clock_of(pacer, worker);
+    if (clock - pacer.slowest > staleness_) return std::nullopt;
+    return Token{clock, read_step(clock), read_step(clock + 1), true};
+  }
+
+  /// "the slowest: worker 2 at clock 5 (fastest: 8, staleness 3)"
+  [[nodiscard]] std::string waiting_for(const Pacer& pacer) const {
+    std::string slowest;
+    for (std::size_t w = 0; w < pacer.clocks.size(); ++w) {
+      if (pacer.clocks[w] != pacer.slowest) continue;
+      slowest += (slowest.empty() ? "worker " : ", worker ") + std::to_string(w);
+    }
+    return "the slowest: " + slowest + " at clock " + std::to_string(pacer.slowest) +
+           " (fastest: " +
+           std::to_string(*std::max_element(pacer.clocks.begin(), pacer.clocks.end())) +
+           ", staleness " + std::to_string(staleness_) + ")";
+  }
+
+ private:
+  [[nodiscard]] std::int64_t read_step(std::int64_t clock) const {
+    return clock > staleness_ ? clock - staleness_ : 0;
+  }
+
+  std::int64_t& clock_of(Pacer& pacer, std::uint32_t worker) const {
+    if (worker >= pacer.clocks.size()) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "worker " + std::to_string(worker) + " is outside total_num_replicas " +
+                      std::to_string(total_num_replicas_));
+    }
+    return pacer.clocks[worker];
+  }
+
+  std::int64_t staleness_;
+  int total_num_replicas_;
+};
+static_assert(SyncPolicy<BoundedStaleness>);
+
+}  // namespace pulley
+// ---- end pulley/sync/bounded_staleness.hpp ----
 // ---- begin pulley/sync/sync_replicas.hpp ----
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -2834,11 +3164,11 @@ namespace pulley {
 
 /// Synchronous training with TensorFlow's `SyncReplicasOptimizer` semantics.
 ///
-/// Each part has an accumulator at some step s. A gradient tagged with local step < s is
-/// stale and dropped. When `replicas_to_aggregate` (R) fresh gradients are in, their mean
-/// is applied once and the step advances. The global step advances the same way on push
-/// messages; each time it does, `max(R, N)` tokens carrying the new step are released. A
-/// worker takes a token before each step.
+/// The ps's global step is at some step s. A push tagged with local step < s is stale: its
+/// gradients are dropped. When `replicas_to_aggregate` (R) fresh pushes are in, the mean of
+/// their gradients is applied once, part by part, and the step advances; each time it
+/// does, `max(R, N)` tokens carrying the new step are released. A worker takes a token
+/// before each step, and pulls the parameters of the token's step.
 ///
 /// Three refinements over TF's plain token queue, each to keep its documented regimes
 /// true: step 0 starts with max(R, N) tokens (TF lets every worker start its first step
@@ -2871,50 +3201,88 @@ class SyncReplicas {
   /// N: the number of workers.
   [[nodiscard]] int total_num_replicas() const noexcept { return total_num_replicas_; }
 
-  /// Running sum of the current step's fresh gradients (TF's ConditionalAccumulator).
+  /// Running sum of the current step's fresh gradients of one part.
   struct Accumulator {
     std::vector<float> sum;
     int count = 0;
-    std::int64_t step = 0;
   };
 
-  /// An accumulator for n-element gradients, at step 0.
+  /// The global step, its fresh pushes so far, and its tokens.
+  struct Pacer {
+    std::int64_t step = 0;
+    int fresh = 0;                                ///< fresh pushes of `step`
+    std::int64_t tokens_left = 0;                 ///< tokens of `step` not taken
+    std::map<std::uint32_t, std::int64_t> taken;  ///< tokens of `step` taken, by worker
+  };
+
+  /// An empty accumulator for n-element gradients.
   [[nodiscard]] Accumulator make_accumulator(std::size_t n) const {
-    return {std::vector<float>(n, 0.0F), 0, 0};
+    return {std::vector<float>(n, 0.0F), 0};
   }
 
-  /// Takes one contribution tagged with the sender's local step.
-  Verdict accumulate(Accumulator& acc, std::span<const float> gradient,
-                     std::int64_t local_step) const {
-    if (local_step < acc.step) return Verdict::kStale;
-    if (acc.count == 0) {
+  /// Adds one fresh gradient.
+  void accumulate(Accumulator& acc, std::span<const float> gradient) const {
+    if (acc.count++ == 0) {
       std::copy(gradient.begin(), gradient.end(), acc.sum.begin());
-    } else {
-      float* __restrict s = acc.sum.data();
-      const float* __restrict g = gradient.data();
-      for (std::size_t i = 0, n = acc.sum.size(); i < n; ++i) s[i] += g[i];
+      return;
     }
-    return ++acc.count == replicas_to_aggregate_ ? Verdict::kReady : Verdict::kPending;
+    float* __restrict s = acc.sum.data();
+    const float* __restrict g = gradient.data();
+    for (std::size_t i = 0, n = acc.sum.size(); i < n; ++i) s[i] += g[i];
   }
 
-  /// The gradient to apply for the completed step; advances the step.
+  /// The mean of the gradients accumulated.
   std::span<const float> take(Accumulator& acc) const {
-    const float scale = 1.0F / static_cast<float>(replicas_to_aggregate_);
+    const float scale = 1.0F / static_cast<float>(acc.count);
     for (float& v : acc.sum) v *= scale;
     acc.count = 0;
-    ++acc.step;
     return acc.sum;
   }
 
-  /// Steps this accumulator has completed.
-  [[nodiscard]] std::int64_t step(const Accumulator& acc) const { return acc.step; }
-  /// max(R, N) tokens per step; one per worker when R <= N.
-  [[nodiscard]] TokenRule token_rule() const {
-    return {std::max(replicas_to_aggregate_, total_num_replicas_),
-            replicas_to_aggregate_ <= total_num_replicas_ ? 1 : 0};
+  /// Step 0, with max(R, N) tokens.
+  [[nodiscard]] Pacer make_pacer() const { return {0, 0, tokens_per_step(), {}}; }
+
+  /// Stale if tagged before the current step; the R-th fresh push completes the step.
+  Verdict on_push(Pacer& pacer, std::uint32_t /*worker*/, std::int64_t local_step) const {
+    if (local_step < pacer.step) return Verdict::kStale;
+    if (++pacer.fresh < replicas_to_aggregate_) return Verdict::kPending;
+    ++pacer.step;
+    pacer.fresh = 0;
+    pacer.tokens_left = tokens_per_step();  // the old step's untaken tokens are withdrawn
+    pacer.taken.clear();
+    return Verdict::kReady;
+  }
+
+  /// Steps completed.
+  [[nodiscard]] std::int64_t global_step(const Pacer& pacer) const { return pacer.step; }
+
+  /// A token of the current step, if one is left and `worker` may take one more (one per
+  /// step when R <= N).
+  std::optional<Token> take_token(Pacer& pacer, std::uint32_t worker) const {
+    const bool one_each = replicas_to_aggregate_ <= total_num_replicas_;
+    if (pacer.tokens_left == 0) return std::nullopt;
+    auto taken = pacer.taken.find(worker);
+    if (one_each && taken != pacer.taken.end()) return std::nullopt;
+    --pacer.tokens_left;
+    ++pacer.taken[worker];
+    // With one token per step the worker's next step is the next global step, so its push
+    // can bring that step's parameters back; with R > N its next token may be of this step.
+    return Token{pacer.step, pacer.step, one_each ? pacer.step + 1 : pacer.step, true};
+  }
+
+  /// "step 12: 1 of 2 gradients in, 0 of 2 tokens left"
+  [[nodiscard]] std::string waiting_for(const Pacer& pacer) const {
+    return "step " + std::to_string(pacer.step) + ": " + std::to_string(pacer.fresh) + " of " +
+           std::to_string(replicas_to_aggregate_) + " gradients in, " +
+           std::to_string(pacer.tokens_left) + " of " + std::to_string(tokens_per_step()) +
+           " tokens left";
   }
 
  private:
+  [[nodiscard]] std::int64_t tokens_per_step() const {
+    return std::max(replicas_to_aggregate_, total_num_replicas_);
+  }
+
   int replicas_to_aggregate_;
   int total_num_replicas_;
 };
@@ -2924,13 +3292,11 @@ static_assert(SyncPolicy<SyncReplicas>);
 // ---- end pulley/sync/sync_replicas.hpp ----
 // ---- begin pulley/transport/in_process.hpp ----
 
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
-#include <exception>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -2940,7 +3306,7 @@ static_assert(SyncPolicy<SyncReplicas>);
 #include <utility>
 #include <vector>
 
-// ---- begin pulley/detail/pull_reply.hpp ----
+// ---- begin pulley/detail/reply_targets.hpp ----
 
 #include <algorithm>
 #include <cstddef>
@@ -2948,30 +3314,46 @@ static_assert(SyncPolicy<SyncReplicas>);
 
 namespace pulley::detail {
 
-/// Copies a pull reply's values into the caller's targets (one per slice, in order) and
+/// True if the reply's tensors match `targets` one for one, in number and size.
+inline bool fits(Response& reply, std::span<const std::span<float>> targets) {
+  std::size_t i = 0;
+  bool fit = true;
+  for_each_tensor(reply, [&](std::span<const float>& t) {
+    fit = fit && i < targets.size() && targets[i].size() == t.size();
+    ++i;
+  });
+  return fit && i == targets.size();
+}
+
+/// Points the reply's tensors at `targets`, which hold their values (they were received
+/// there).
+inline void point_at(Response& reply, std::span<const std::span<float>> targets) {
+  std::size_t i = 0;
+  for_each_tensor(reply, [&](std::span<const float>& t) { t = targets[i++]; });
+}
+
+/// Copies the reply's tensors into the caller's targets (one per tensor, in order) and
 /// points the reply's views at them; false, copying nothing, when the reply does not fit.
-inline bool copy_into(PullReply& pull, std::span<const std::span<float>> targets) {
-  if (pull.values.size() != targets.size()) return false;
-  for (std::size_t i = 0; i < targets.size(); ++i) {
-    if (pull.values[i].size() != targets[i].size()) return false;
-  }
-  for (std::size_t i = 0; i < targets.size(); ++i) {
-    std::copy(pull.values[i].begin(), pull.values[i].end(), targets[i].begin());
-    pull.values[i] = targets[i];
-  }
+inline bool copy_into(Response& reply, std::span<const std::span<float>> targets) {
+  if (!fits(reply, targets)) return false;
+  std::size_t i = 0;
+  for_each_tensor(reply, [&](std::span<const float>& t) {
+    std::copy(t.begin(), t.end(), targets[i].begin());
+    t = targets[i++];
+  });
   return true;
 }
 
 }  // namespace pulley::detail
-// ---- end pulley/detail/pull_reply.hpp ----
+// ---- end pulley/detail/reply_targets.hpp ----
 
 namespace pulley {
 
-/// The fabric of an in-process cluster: the ps tasks, their request queues, and the fault
-/// injector. Workers, the chief and the evaluator reach it through `InProcess` endpoints
-/// from threads of their own. Requests travel as the same structs the TCP transport
-/// serializes, and each ps handles them one at a time, in arrival order, as it handles a
-/// socket.
+/// The fabric of an in-process cluster: it owns the ps tasks (any `Service`, typically a
+/// ParameterServer) and their request queues, and injects faults. Workers, the chief and
+/// the evaluator reach it through `InProcess` endpoints from threads of their own. Requests
+/// travel as the same structs the TCP transport encodes, and each ps handles them one at a
+/// time, in arrival order, as it handles a socket.
 ///
 /// A request to an idle ps task is handled on the thread that sends it, under the task's
 /// lock: no thread hand-off, so a push+pull costs about what its copies cost. A request to
@@ -2981,96 +3363,77 @@ namespace pulley {
 /// step-gated pull) is answered later by whichever thread completes what it waits for.
 ///
 /// Faults, for tests: `drop_next` loses requests (the caller's deadline fires), `delay`
-/// slows a node down, `kill` makes a node fail as a crashed process would: its queued and
-/// waiting requests are answered `kUnavailable`, and so is everything sent to or by it
-/// afterwards.
+/// slows a node down, `kill` makes a node fail as a crashed process would: the requests it
+/// held and everything sent to or by it afterwards are answered `kUnavailable`.
 ///
-/// The network must outlive every endpoint and every served ParameterServer; its destructor
-/// kills the ps tasks still running and joins their threads.
+/// Lifetimes take care of themselves: the network owns the services it serves and joins
+/// their threads before destroying them; an endpoint that outlives the network gets
+/// `kUnavailable` answers.
 class InProcessNetwork {
  public:
   /// @param num_ps the number of ps tasks (served with `serve`)
-  explicit InProcessNetwork(std::uint32_t num_ps) {
-    for (std::uint32_t i = 0; i < num_ps; ++i) mailboxes_.push_back(std::make_unique<Mailbox>());
-  }
+  explicit InProcessNetwork(std::uint32_t num_ps) : fabric_(std::make_shared<Fabric>(num_ps)) {}
   InProcessNetwork(const InProcessNetwork&) = delete;
   InProcessNetwork& operator=(const InProcessNetwork&) = delete;
 
-  ~InProcessNetwork() {
-    for (std::uint32_t i = 0; i < num_ps(); ++i) kill(Node::ps(i));
-    join();
-  }
+  /// Ends every ps task still serving (their waiting requests fail), joins their threads
+  /// and destroys the services.
+  ~InProcessNetwork() { fabric_->close(); }
 
   /// Number of ps tasks.
-  [[nodiscard]] std::uint32_t num_ps() const noexcept {
-    return static_cast<std::uint32_t>(mailboxes_.size());
+  [[nodiscard]] std::uint32_t num_ps() const noexcept { return fabric_->num_ps(); }
+
+  /// Serves ps task `service.task()`, which the network now owns; returns it (valid while
+  /// the network lives; it runs on the network's threads, so read it only once `join`
+  /// returned). Requests sent before are handled now.
+  template <Service S>
+  S& serve(S service) {
+    auto host = std::make_unique<HostOf<S>>(std::move(service));
+    S& served = host->service;
+    fabric_->serve(std::move(host));
+    return served;
   }
 
-  /// Serves ps task `server.task()`. `Server` is any type with `handle(Request&&, Responder)`,
-  /// `stopped()` and `task()`, i.e. a ParameterServer. Requests sent before are handled now.
-  template <class Server>
-  void serve(Server& server) {
-    const std::uint32_t task = server.task();
-    if (task >= num_ps()) {
-      throw Error(ErrorCode::kInvalidArgument, "no ps task " + std::to_string(task) + " here");
-    }
-    Mailbox& box = *mailboxes_[task];
-    if (box.host) {
-      throw Error(ErrorCode::kAlreadyExists,
-                  "ps task " + std::to_string(task) + " is served already");
-    }
-    {
-      std::scoped_lock lock(box.serving, box.mutex);
-      box.host = std::make_unique<HostOf<Server>>(server);
-    }
-    threads_.emplace_back([this, &box, task] { run(box, task); });
-  }
-
-  /// Waits until every served ps task has ended (after Shutdown, or killed).
-  void join() {
-    for (std::thread& t : threads_) {
-      if (t.joinable()) t.join();
-    }
-  }
+  /// Waits until every served ps task has stopped (after Shutdown, a failure, or killed).
+  void join() { fabric_->join(); }
 
   /// Loses the next `count` requests sent to ps `ps` (from `from` only, if given).
   void drop_next(std::uint32_t ps, std::size_t count, std::optional<Node> from = {}) {
-    std::scoped_lock lock(faults_mutex_);
-    drops_.push_back({ps, count, from});
+    fabric_->drop_next(ps, count, from);
   }
 
   /// Makes `node` slow: a client waits `delay` before each request it sends, a ps before
   /// each request it handles. A zero delay ends the slowdown.
-  void delay(Node node, std::chrono::microseconds delay) {
-    std::scoped_lock lock(faults_mutex_);
-    delays_[node] = delay;
-  }
+  void delay(Node node, std::chrono::microseconds delay) { fabric_->set_delay(node, delay); }
 
   /// Kills `node` as a crash would.
-  void kill(Node node) {
-    {
-      std::scoped_lock lock(faults_mutex_);
-      dead_[node] = true;
-    }
-    if (node.job == Node::Job::kPs && node.index < num_ps()) {
-      Mailbox& box = *mailboxes_[node.index];
-      {
-        std::scoped_lock lock(box.mutex);
-        box.killed = true;
-      }
-      box.wake.notify_all();
-    }
-  }
+  void kill(Node node) { fabric_->kill(node); }
 
   /// True once `node` was killed.
-  [[nodiscard]] bool is_dead(Node node) const {
-    std::scoped_lock lock(faults_mutex_);
-    auto it = dead_.find(node);
-    return it != dead_.end() && it->second;
-  }
+  [[nodiscard]] bool is_dead(Node node) const { return fabric_->is_dead(node); }
 
  private:
   friend class InProcess;
+
+  /// A served ps task, whatever its Service type.
+  struct Host {
+    virtual ~Host() = default;
+    virtual void handle(Request&& request, Responder reply) noexcept = 0;
+    [[nodiscard]] virtual std::uint32_t task() const = 0;
+    [[nodiscard]] virtual bool stopped() const = 0;
+  };
+  template <Service S>
+  struct HostOf final : Host {
+    explicit HostOf(S s) : service(std::move(s)) {}
+    void handle(Request&& request, Responder reply) noexcept override {
+      // Requests come from this process's own clients, which check every tensor before
+      // they send anything.
+      service.handle(std::move(request), RequestContext{true}, std::move(reply));
+    }
+    [[nodiscard]] std::uint32_t task() const override { return service.task(); }
+    [[nodiscard]] bool stopped() const override { return service.stopped(); }
+    S service;
+  };
 
   /// One call in flight: where its answer goes. Answered at most once, and not at all
   /// once the caller cancelled (then the targets may be gone).
@@ -3080,45 +3443,32 @@ class InProcessNetwork {
     void complete(Response&& response) {
       unless_cancelled([&] {
         if (answered()) return;
-        auto* pull = std::get_if<PullReply>(&response);
-        if (pull && !detail::copy_into(*pull, targets)) {
-          response = ErrorReply{ErrorCode::kInvalidArgument, "pull reply does not fit its targets"};
+        if (!std::holds_alternative<ErrorReply>(response) &&
+            !detail::copy_into(response, targets)) {
+          response = ErrorReply{ErrorCode::kInvalidArgument, "reply does not fit its targets"};
         }
         answer(std::move(response));
       });
     }
   };
+  using CallPtr = std::shared_ptr<Call>;
 
   struct Envelope {
     Request request;
-    std::shared_ptr<Call> call;
-  };
-
-  /// A served ps task, whatever its ParameterServer type.
-  struct Host {
-    virtual ~Host() = default;
-    virtual void handle(Request&& request, Responder reply) = 0;
-    [[nodiscard]] virtual bool stopped() const = 0;
-  };
-  template <class Server>
-  struct HostOf final : Host {
-    explicit HostOf(Server& s) : server(s) {}
-    void handle(Request&& request, Responder reply) override {
-      server.handle(std::move(request), std::move(reply));
-    }
-    [[nodiscard]] bool stopped() const override { return server.stopped(); }
-    Server& server;
+    CallPtr call;
   };
 
   struct Mailbox {
-    std::mutex serving;  ///< held while the ps handles a request, on whichever thread
+    std::mutex serving;  ///< held while the service handles a request, on whichever thread
     std::mutex mutex;    ///< guards the rest; taken after `serving`
     std::condition_variable wake;
-    std::deque<Envelope> queue;  ///< for the ps's own thread; no sender skips it
-    std::unique_ptr<Host> host;  ///< set by serve()
+    std::deque<Envelope> queue;       ///< for the task's own thread; no sender skips it
+    std::unique_ptr<Host> host;       ///< set by serve()
+    std::vector<CallPtr> in_service;  ///< handed to the service; pruned as they are answered
+    bool thread_running = false;      ///< the task's own thread serves the queue
+    bool stopped = false;             ///< the service stopped: its thread ends once idle
     bool killed = false;
-    bool closed = false;            ///< shut down or killed: nothing more is handled
-    std::atomic<bool> dead{false};  ///< killed and flushed: every answer is kUnavailable
+    bool closed = false;  ///< the network is gone
   };
 
   struct DropRule {
@@ -3127,166 +3477,282 @@ class InProcessNetwork {
     std::optional<Node> from;
   };
 
-  static Response unavailable(const std::string& who) {
-    return ErrorReply{ErrorCode::kUnavailable, who + " is unavailable (killed)"};
-  }
+  /// Everything the network and its endpoints share; it outlives both.
+  class Fabric {
+   public:
+    explicit Fabric(std::uint32_t num_ps) {
+      for (std::uint32_t i = 0; i < num_ps; ++i) mailboxes_.push_back(std::make_unique<Mailbox>());
+    }
 
-  PendingCall send(Node from, std::uint32_t ps, Request&& request, PullTargets&& targets) {
-    auto call = std::make_shared<Call>();
-    call->targets = std::move(targets);
-    PendingCall pending(call);
-    if (ps >= num_ps()) {
-      call->complete(ErrorReply{ErrorCode::kInvalidArgument,
-                                "no ps task " + std::to_string(ps) + " in this cluster"});
-      return pending;
+    [[nodiscard]] std::uint32_t num_ps() const noexcept {
+      return static_cast<std::uint32_t>(mailboxes_.size());
     }
-    if (is_dead(from)) {
-      call->complete(unavailable(from.name()));
-      return pending;
-    }
-    if (auto d = delay_of(from); d.count() > 0) std::this_thread::sleep_for(d);
-    if (take_drop(ps, from)) {
-      std::scoped_lock lock(faults_mutex_);
-      lost_.push_back(std::move(call));  // never answered; the caller's deadline fires
-      return pending;
-    }
-    Mailbox& box = *mailboxes_[ps];
-    std::unique_lock serving(box.serving, std::try_to_lock);
-    {
-      std::scoped_lock lock(box.mutex);
-      if (box.killed || box.closed) {
-        call->complete(box.killed
-                           ? unavailable(Node::ps(ps).name())
-                           : Response{ErrorReply{ErrorCode::kCancelled,
-                                                 "ps " + std::to_string(ps) + " shut down"}});
-        return pending;
-      }
-      const bool idle = serving.owns_lock() && box.host && box.queue.empty();
-      if (!idle || delay_of(Node::ps(ps)).count() > 0) {
-        box.queue.push_back({std::move(request), std::move(call)});
-        box.wake.notify_one();
-        return pending;
-      }
-    }
-    handle(box, ps, std::move(request), call);  // here and now, holding `serving`
-    return pending;
-  }
 
-  /// Hands one request to the ps; the caller holds `box.serving`.
-  static void handle(Mailbox& box, std::uint32_t task, Request&& request,
-                     const std::shared_ptr<Call>& call) {
-    // One use while the ps reads the request's views: a caller that gives up waits for it.
-    call->unless_cancelled([&] {
-      try {
-        box.host->handle(std::move(request), [&box, call, task](Response&& r) {
-          call->complete(box.dead ? unavailable(Node::ps(task).name()) : std::move(r));
-        });
-      } catch (const std::exception& e) {  // a throwing policy must not take the ps down
-        call->complete(ErrorReply{ErrorCode::kInvalidArgument,
-                                  "ps " + std::to_string(task) + " failed: " + e.what()});
+    void serve(std::unique_ptr<Host> host) {
+      const std::uint32_t task = host->task();
+      if (task >= num_ps()) {
+        throw Error(ErrorCode::kInvalidArgument, "no ps task " + std::to_string(task) + " here");
       }
-    });
-    if (box.host->stopped()) {
+      Mailbox& box = *mailboxes_[task];
       {
-        std::scoped_lock lock(box.mutex);
-        box.closed = true;
+        std::scoped_lock lock(box.serving, box.mutex);
+        if (box.host) {
+          throw Error(ErrorCode::kAlreadyExists,
+                      "ps task " + std::to_string(task) + " is served already");
+        }
+        if (box.closed) return;
+        box.host = std::move(host);
+        box.thread_running = true;
       }
+      std::scoped_lock lock(threads_mutex_);
+      threads_.emplace_back([this, &box, task] { run(box, task); });
+    }
+
+    void join() {
+      std::vector<std::thread> threads;
+      {
+        std::scoped_lock lock(threads_mutex_);
+        threads.swap(threads_);
+      }
+      for (std::thread& t : threads) t.join();
+    }
+
+    /// The network is going away: everything waiting fails, the threads end, the services
+    /// are destroyed; later calls fail.
+    void close() {
+      for (auto& box : mailboxes_) {
+        std::scoped_lock lock(box->mutex);
+        box->closed = true;
+        fail_held(*box, "the in-process network was shut down");
+        box->wake.notify_all();
+      }
+      join();
+      for (auto& box : mailboxes_) {
+        std::scoped_lock serving(box->serving);
+        box->host.reset();
+      }
+    }
+
+    void drop_next(std::uint32_t ps, std::size_t count, std::optional<Node> from) {
+      std::scoped_lock lock(faults_mutex_);
+      drops_.push_back({ps, count, from});
+    }
+
+    void set_delay(Node node, std::chrono::microseconds delay) {
+      std::scoped_lock lock(faults_mutex_);
+      delays_[node] = delay;
+    }
+
+    void kill(Node node) {
+      {
+        std::scoped_lock lock(faults_mutex_);
+        dead_[node] = true;
+      }
+      if (node.job != Node::Job::kPs || node.index >= num_ps()) return;
+      Mailbox& box = *mailboxes_[node.index];
+      std::scoped_lock lock(box.mutex);
+      box.killed = true;
+      fail_held(box, node.name() + " is unavailable (killed)");
       box.wake.notify_all();
     }
-  }
 
-  /// The ps task's own thread: serves the queue, and ends the task when it is shut down or
-  /// killed.
-  void run(Mailbox& box, std::uint32_t task) {
-    for (;;) {
-      {
-        std::unique_lock lock(box.mutex);
-        box.wake.wait(lock, [&] { return box.killed || box.closed || !box.queue.empty(); });
-        if (box.killed || box.closed) break;
+    [[nodiscard]] bool is_dead(Node node) const {
+      std::scoped_lock lock(faults_mutex_);
+      auto it = dead_.find(node);
+      return it != dead_.end() && it->second;
+    }
+
+    PendingCall send(Node from, std::uint32_t ps, Request&& request, PullTargets&& targets) {
+      auto call = std::make_shared<Call>();
+      call->targets = std::move(targets);
+      PendingCall pending(call);
+      if (ps >= num_ps()) {
+        call->complete(ErrorReply{ErrorCode::kInvalidArgument,
+                                  "no ps task " + std::to_string(ps) + " in this cluster"});
+        return pending;
       }
-      if (auto d = delay_of(Node::ps(task)); d.count() > 0) std::this_thread::sleep_for(d);
-      std::scoped_lock serving(box.serving);
-      Envelope envelope;
+      if (is_dead(from)) {
+        call->complete(unavailable(from.name() + " is unavailable (killed)"));
+        return pending;
+      }
+      if (auto d = delay_of(from); d.count() > 0) std::this_thread::sleep_for(d);
+      if (take_drop(ps, from)) {
+        std::scoped_lock lock(faults_mutex_);
+        lost_.push_back(std::move(call));  // never answered; the caller's deadline fires
+        return pending;
+      }
+      Mailbox& box = *mailboxes_[ps];
+      std::unique_lock serving(box.serving, std::try_to_lock);
       {
         std::scoped_lock lock(box.mutex);
-        if (box.killed || box.closed || box.queue.empty()) continue;
-        envelope = std::move(box.queue.front());
-        box.queue.pop_front();
+        if (const auto gone = gone_reason(box, ps)) {
+          call->complete(unavailable(*gone));
+          return pending;
+        }
+        const bool idle = serving.owns_lock() && box.host && box.queue.empty() &&
+                          delay_of(Node::ps(ps)).count() == 0;
+        if (!idle && (box.thread_running || !box.host)) {
+          box.queue.push_back({std::move(request), std::move(call)});
+          box.wake.notify_one();
+          return pending;
+        }
       }
-      handle(box, task, std::move(envelope.request), envelope.call);
+      // Idle, or stopped with no thread left: handled here (a stopped service answers at
+      // once, so waiting for another sender's turn is short).
+      if (!serving.owns_lock()) serving.lock();
+      handle(box, ps, std::move(request), call);
+      return pending;
     }
-    std::scoped_lock serving(box.serving);
-    std::deque<Envelope> orphans;
-    {
-      std::scoped_lock lock(box.mutex);
-      box.closed = true;
-      orphans = std::move(box.queue);
-      if (box.killed) box.dead = true;
-    }
-    if (box.dead) {
-      // A crashed ps answers nothing; the clients' connections break. Flush the requests it
-      // held (token and pull waiters) so that they fail now instead of at their deadline.
-      box.host->handle(Shutdown{}, [](Response&&) {});
-    }
-    for (Envelope& e : orphans) {
-      e.call->complete(box.dead ? unavailable(Node::ps(task).name())
-                                : Response{ErrorReply{ErrorCode::kCancelled, "ps shut down"}});
-    }
-  }
 
-  std::chrono::microseconds delay_of(Node node) const {
-    std::scoped_lock lock(faults_mutex_);
-    auto it = delays_.find(node);
-    return it == delays_.end() ? std::chrono::microseconds{0} : it->second;
-  }
+   private:
+    static Response unavailable(const std::string& why) {
+      return ErrorReply{ErrorCode::kUnavailable, why};
+    }
 
-  bool take_drop(std::uint32_t ps, Node from) {
-    std::scoped_lock lock(faults_mutex_);
-    for (DropRule& rule : drops_) {
-      if (rule.ps == ps && rule.remaining > 0 && (!rule.from || *rule.from == from)) {
-        --rule.remaining;
-        std::erase_if(drops_, [](const DropRule& r) { return r.remaining == 0; });
-        return true;
+    static std::optional<std::string> gone_reason(const Mailbox& box, std::uint32_t ps) {
+      if (box.closed) return "the in-process network was shut down";
+      if (box.killed) return Node::ps(ps).name() + " is unavailable (killed)";
+      return std::nullopt;
+    }
+
+    /// Fails every request the task holds, queued or handed to its service (as a crashed
+    /// process's connections would break). The caller holds `box.mutex`.
+    static void fail_held(Mailbox& box, const std::string& why) {
+      for (Envelope& e : std::exchange(box.queue, {})) e.call->complete(unavailable(why));
+      for (const CallPtr& c : std::exchange(box.in_service, {})) c->complete(unavailable(why));
+    }
+
+    /// Hands one request to the service; the caller holds `box.serving`.
+    static void handle(Mailbox& box, std::uint32_t task, Request&& request, const CallPtr& call) {
+      {
+        std::scoped_lock lock(box.mutex);
+        if (const auto gone = gone_reason(box, task)) {
+          call->complete(unavailable(*gone));
+          return;
+        }
+        std::erase_if(box.in_service, [](const CallPtr& c) { return c->answered(); });
+        box.in_service.push_back(call);
+      }
+      // One use while the service reads the request's views: a caller that gives up waits
+      // for it.
+      call->unless_cancelled([&] {
+        box.host->handle(std::move(request), [call](Response&& r) { call->complete(std::move(r)); });
+      });
+      if (box.host->stopped()) {
+        std::scoped_lock lock(box.mutex);
+        box.stopped = true;
+        box.wake.notify_all();
       }
     }
-    return false;
-  }
 
-  std::vector<std::unique_ptr<Mailbox>> mailboxes_;
-  std::vector<std::thread> threads_;
-  mutable std::mutex faults_mutex_;
-  std::vector<DropRule> drops_;
-  std::map<Node, std::chrono::microseconds> delays_;
-  std::map<Node, bool> dead_;
-  std::vector<std::shared_ptr<Call>> lost_;
+    /// The task's own thread: serves the queue until the service stops (and the queue is
+    /// drained) or the task is killed.
+    void run(Mailbox& box, std::uint32_t task) {
+      for (;;) {
+        {
+          std::unique_lock lock(box.mutex);
+          box.wake.wait(lock, [&] {
+            return box.killed || box.closed || box.stopped || !box.queue.empty();
+          });
+          if (box.killed || box.closed || box.queue.empty()) {
+            box.thread_running = false;
+            return;
+          }
+        }
+        if (auto d = delay_of(Node::ps(task)); d.count() > 0) std::this_thread::sleep_for(d);
+        std::scoped_lock serving(box.serving);
+        Envelope envelope;
+        {
+          std::scoped_lock lock(box.mutex);
+          if (box.queue.empty()) continue;
+          envelope = std::move(box.queue.front());
+          box.queue.pop_front();
+        }
+        handle(box, task, std::move(envelope.request), envelope.call);
+      }
+    }
+
+    std::chrono::microseconds delay_of(Node node) const {
+      std::scoped_lock lock(faults_mutex_);
+      auto it = delays_.find(node);
+      return it == delays_.end() ? std::chrono::microseconds{0} : it->second;
+    }
+
+    bool take_drop(std::uint32_t ps, Node from) {
+      std::scoped_lock lock(faults_mutex_);
+      for (DropRule& rule : drops_) {
+        if (rule.ps == ps && rule.remaining > 0 && (!rule.from || *rule.from == from)) {
+          --rule.remaining;
+          std::erase_if(drops_, [](const DropRule& r) { return r.remaining == 0; });
+          return true;
+        }
+      }
+      return false;
+    }
+
+    std::vector<std::unique_ptr<Mailbox>> mailboxes_;
+    std::mutex threads_mutex_;
+    std::vector<std::thread> threads_;
+    mutable std::mutex faults_mutex_;
+    std::vector<DropRule> drops_;
+    std::map<Node, std::chrono::microseconds> delays_;
+    std::map<Node, bool> dead_;
+    std::vector<CallPtr> lost_;
+  };
+
+  std::shared_ptr<Fabric> fabric_;
 };
 
 /// A client endpoint on an InProcessNetwork: the in-process `Transport`.
 class InProcess {
  public:
-  /// @param network the cluster's fabric (must outlive this endpoint)
+  /// @param network the cluster's fabric
   /// @param self    who is calling, for the fault injector
-  InProcess(InProcessNetwork& network, Node self) : network_(&network), self_(self) {}
+  InProcess(InProcessNetwork& network, Node self) : fabric_(network.fabric_), self_(self) {}
 
   /// Number of ps tasks in the network.
-  [[nodiscard]] std::size_t num_ps() const noexcept { return network_->num_ps(); }
+  [[nodiscard]] std::size_t num_ps() const noexcept { return fabric_->num_ps(); }
   /// Who this endpoint speaks for.
   [[nodiscard]] Node self() const noexcept { return self_; }
 
   /// Sends `request` to ps `ps`; see the Transport concept for the contract.
   PendingCall call(std::size_t ps, Request&& request, PullTargets targets = {}) {
-    return network_->send(self_, static_cast<std::uint32_t>(ps), std::move(request),
-                          std::move(targets));
+    return fabric_->send(self_, static_cast<std::uint32_t>(ps), std::move(request),
+                         std::move(targets));
   }
 
  private:
-  InProcessNetwork* network_;
+  std::shared_ptr<InProcessNetwork::Fabric> fabric_;
   Node self_;
 };
 static_assert(Transport<InProcess>);
 
 }  // namespace pulley
 // ---- end pulley/transport/in_process.hpp ----
+// ---- begin pulley/version.hpp ----
+
+/// pulley's version, as `project(pulley VERSION ...)` in CMakeLists.txt says (a test checks
+/// that they agree) and as the release tag `v<major>.<minor>.<patch>` names it.
+#define PULLEY_VERSION_MAJOR 0
+#define PULLEY_VERSION_MINOR 2
+#define PULLEY_VERSION_PATCH 0
+
+namespace pulley {
+
+/// A version number; compare it to require a minimum.
+struct Version {
+  int major = 0;
+  int minor = 0;
+  int patch = 0;
+
+  friend constexpr auto operator<=>(const Version&, const Version&) = default;
+};
+
+/// The version of these headers.
+inline constexpr Version version{PULLEY_VERSION_MAJOR, PULLEY_VERSION_MINOR, PULLEY_VERSION_PATCH};
+
+}  // namespace pulley
+// ---- end pulley/version.hpp ----
 // ---- begin pulley/worker.hpp ----
 
 #include <cstddef>
@@ -3335,34 +3801,46 @@ class Worker {
   /// Blocks until the chief has initialized every ps, and learns where variables live.
   void wait_ready() { client_.wait_ready(model_.variables()); }
 
-  /// One synchronous-or-not training step on `batch`: take a sync token (under Async,
-  /// whose tokens never wait, only once: the pulls report the global step), make sure the
-  /// model holds the parameters of that step (pulling them unless the last step already
-  /// did), compute the gradient, then push it and pull the next step's parameters in one
-  /// round trip (`push_pull`). Under Async that prefetch is what the next step computes on
-  /// (as MXNet's kvstore does): after a long pause, `pull()` first to start from the newest
-  /// values. If the token shows that `last_step` global steps are done,
-  /// nothing is computed and nullopt is returned: the caller stops (TF's StopAtStepHook).
+  /// One training step on `batch`, paced by the sync policy: take a sync token (under
+  /// Async, whose tokens never wait, only once: the pulls report the global step), make sure
+  /// the model holds the parameters the token requires (pulling them unless the last step
+  /// already did), compute the gradient, then push it and pull the next step's parameters
+  /// in one round trip (`push_pull`). Under Async that prefetch is what the next step
+  /// computes on (as MXNet's kvstore does): after a long pause, `pull()` first to start
+  /// from the newest values.
+  ///
+  /// Returns nullopt when training is over: the token shows that `last_step` global steps
+  /// are done (TF's StopAtStepHook), or the chief has ended training (the ps tasks answer
+  /// `kOutOfRange`); `finished()` then says so. Any other failure throws.
   std::optional<StepResult> step(
       const typename M::Batch& batch,
       std::int64_t last_step = std::numeric_limits<std::int64_t>::max()) {
-    // Unpaced (Async) tokens are never waited for: after the first, the step the last pull
-    // reported serves as the token, and the round trip is saved.
-    const TokenReply token = paced_ || pulled_step_ < 0 ? client_.take_token(index_)
-                                                        : TokenReply{0, pulled_step_, true, false};
-    paced_ = token.paced;
-    global_step_ = token.global_step;
-    if (token.global_step >= last_step) return std::nullopt;
-    if (pulled_step_ < token.local_step) pull_all(token.local_step);
-    StepResult result;
-    result.loss = static_cast<float>(model_.compute_gradients(batch));
-    result.local_step = token.local_step;
-    result.global_step = token.global_step;
-    // Pull the next step's parameters with the push: once this step completes if nothing
-    // else of this worker is needed for it, else at once (the next token may be this step's).
-    result.stale_parts = push_pull(
-        token.local_step, token.one_token_per_step ? token.local_step + 1 : token.local_step);
-    return result;
+    if (finished_) return std::nullopt;
+    try {
+      // Unpaced (Async) tokens are never waited for: after the first, the step the last
+      // pull reported serves as the token, and the round trip is saved.
+      const TokenReply reply = paced_ || pulled_step_ < 0
+                                   ? client_.take_token(index_)
+                                   : TokenReply{Token{0, 0, 0, false}, pulled_step_};
+      const Token& token = reply.token;
+      paced_ = token.paced;
+      global_step_ = reply.global_step;
+      if (reply.global_step >= last_step) {
+        finished_ = true;
+        return std::nullopt;
+      }
+      if (pulled_step_ < token.pull_step) pull_all(token.pull_step);
+      StepResult result;
+      result.loss = static_cast<float>(model_.compute_gradients(batch));
+      result.local_step = token.local_step;
+      result.global_step = reply.global_step;
+      result.stale_parts = push_pull(token.local_step, token.next_pull_step);
+      return result;
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kOutOfRange) throw;
+      finished_ = true;  // the chief ended training; this step's gradient is not needed
+      return std::nullopt;
+    }
   }
 
   /// Pushes the model's current gradients tagged with `local_step`, then pulls every
@@ -3412,6 +3890,8 @@ class Worker {
   [[nodiscard]] const M& model() const noexcept { return model_; }
   /// This worker's task index.
   [[nodiscard]] std::uint32_t index() const noexcept { return index_; }
+  /// True once `step` returned nullopt: training is over.
+  [[nodiscard]] bool finished() const noexcept { return finished_; }
   /// The global step seen with the last token (Async: with the last pull).
   [[nodiscard]] std::int64_t global_step() const noexcept { return global_step_; }
   /// Where each variable lives, once `wait_ready` returned.
@@ -3431,6 +3911,7 @@ class Worker {
   std::int64_t global_step_ = 0;
   std::int64_t pulled_step_ = -1;  ///< the model holds every variable as of this step or later
   bool paced_ = true;              ///< the sync policy makes workers wait for tokens
+  bool finished_ = false;          ///< training is over
 };
 
 }  // namespace pulley

@@ -7,12 +7,15 @@
 
 struct ForgotTake {
   struct Accumulator {};
+  struct Pacer {};
   Accumulator make_accumulator(std::size_t) const { return {}; }
-  pulley::Verdict accumulate(Accumulator&, std::span<const float>, std::int64_t) const {
+  void accumulate(Accumulator&, std::span<const float>) const {}
+  Pacer make_pacer() const { return {}; }
+  pulley::Verdict on_push(Pacer&, std::uint32_t, std::int64_t) const {
     return pulley::Verdict::kReady;
   }
-  std::int64_t step(const Accumulator&) const { return 0; }
-  pulley::TokenRule token_rule() const { return {}; }
+  std::int64_t global_step(const Pacer&) const { return 0; }
+  std::optional<pulley::Token> take_token(Pacer&, std::uint32_t) const { return {}; }
 };
 
 int main() {

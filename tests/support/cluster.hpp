@@ -5,7 +5,6 @@
 // thread of its own.
 
 #include <cstdint>
-#include <deque>
 
 #include "pulley/parameter_server.hpp"
 #include "pulley/transport/in_process.hpp"
@@ -17,7 +16,7 @@ class Cluster {
  public:
   Cluster(std::uint32_t num_ps, O optimizer, P sync, S sharding = {}) : network_(num_ps) {
     for (std::uint32_t i = 0; i < num_ps; ++i) {
-      network_.serve(servers_.emplace_back(i, num_ps, optimizer, sync, sharding));
+      network_.serve(ParameterServer<S, O, P>(i, num_ps, optimizer, sync, sharding));
     }
   }
 
@@ -25,7 +24,6 @@ class Cluster {
   InProcess endpoint(Node self) { return InProcess(network_, self); }
 
  private:
-  std::deque<ParameterServer<S, O, P>> servers_;  // declared first: outlives the threads
   InProcessNetwork network_;
 };
 

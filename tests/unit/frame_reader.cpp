@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
-// detail::FrameReader, without sockets: a stream of frames cut into arbitrary receives
+// wire::FrameReader, without sockets: a stream of frames cut into arbitrary receives
 // comes out whole and in order, in place, into routed targets, or into its own buffer.
-#include "pulley/transport/detail/frame_reader.hpp"
+#include "pulley/transport/wire/frame_reader.hpp"
+#include "pulley/transport/wire/codec.hpp"
 
 #include <doctest/doctest.h>
 
@@ -17,7 +18,7 @@
 #include <vector>
 
 using namespace pulley;
-using detail::FrameReader;
+using wire::FrameReader;
 
 namespace {
 

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -148,11 +149,9 @@ TEST_CASE("a worker pulls all variables, one variable, or a row range of one") {
 }
 
 TEST_CASE("ps tasks that disagree on the placement are caught by the chief") {
-  ParameterServer<RoundRobin, Sgd, Async> ps0(0, 2, Sgd{}, Async{});
-  ParameterServer<FixedShards, Sgd, Async> ps1(1, 2, Sgd{}, Async{}, FixedShards{2});
   InProcessNetwork network(2);
-  network.serve(ps0);
-  network.serve(ps1);
+  network.serve(ParameterServer<RoundRobin, Sgd, Async>(0, 2, Sgd{}, Async{}));
+  network.serve(ParameterServer<FixedShards, Sgd, Async>(1, 2, Sgd{}, Async{}, FixedShards{2}));
   Chief chief(InProcess(network, Node::chief()), 1);
   CHECK(code_of([&] { chief.initialize(LinearModel(4, 2).variables()); }) ==
         ErrorCode::kFailedPrecondition);
@@ -220,12 +219,11 @@ TEST_CASE("push_pull applies the push and brings back the updated parameters in 
 
 namespace {
 
-/// SyncReplicas(2, 2) whose ps refuses every part gradient (its policy throws).
+/// SyncReplicas(2, 2) that refuses every push (its policy throws pulley::Error).
 struct RefusingSync : SyncReplicas {
   RefusingSync() : SyncReplicas(2, 2) {}
-  Verdict accumulate(Accumulator& a, std::span<const float> g, std::int64_t local_step) const {
-    if (!g.empty()) throw std::runtime_error("refused on purpose");
-    return SyncReplicas::accumulate(a, g, local_step);
+  Verdict on_push(Pacer&, std::uint32_t, std::int64_t) const {
+    throw Error(ErrorCode::kFailedPrecondition, "refused on purpose");
   }
 };
 
@@ -273,14 +271,91 @@ TEST_CASE("a non-finite gradient reaches no ps, so the ps tasks stay in step") {
     CHECK(s.global_step == 0);
   }
 
-  // A push that nobody checked (not from a pulley client) is checked by the ps itself.
-  const auto& part = worker.placement().parts_of(0).front();  // the kernel, whole
-  const std::vector<float> poisoned(8, std::numeric_limits<float>::infinity());
-  PendingCall raw =
-      cluster.endpoint(Node::worker(0)).call(part.ps, Push{0, 0, {{0, poisoned}}, false});
-  const Response answer = raw.get();
-  REQUIRE(std::holds_alternative<ErrorReply>(answer));
-  CHECK(std::get<ErrorReply>(answer).message.find("non-finite") != std::string::npos);
-  CHECK(chief.stats().at(part.ps).requests_rejected == 1);
+  chief.shutdown();
+}
+
+TEST_CASE("an endpoint that outlives its network gets kUnavailable, not a dangling network") {
+  std::optional<Chief<InProcess>> chief;
+  {
+    InProcessNetwork network(1);
+    network.serve(ParameterServer<RoundRobin, Sgd, Async>(0, 1, Sgd{}, Async{}));
+    chief.emplace(InProcess(network, Node::chief()), 1);
+    chief->initialize(LinearModel(3, 2).variables());
+  }  // the network and its ps are gone; the chief is not
+  CHECK(code_of([&] { chief->stats(); }) == ErrorCode::kUnavailable);
+}
+
+TEST_CASE("the network owns its ps tasks: destroying it mid-training is safe") {
+  // Whatever still runs or waits when the network goes (a worker's gated pull, the ps
+  // threads) ends; nothing is left pointing at a destroyed ps.
+  std::thread worker_thread;
+  ErrorCode worker_error = ErrorCode::kInvalidArgument;
+  {
+    InProcessNetwork network(2);
+    for (std::uint32_t i = 0; i < 2; ++i) {
+      network.serve(ParameterServer<RoundRobin, Sgd, SyncReplicas>(i, 2, Sgd{}, SyncReplicas(2, 2)));
+    }
+    Chief chief(InProcess(network, Node::chief()), 1);
+    chief.initialize(LinearModel(3, 2).variables());
+    worker_thread =
+        std::thread([endpoint = InProcess(network, Node::worker(0)), &worker_error]() mutable {
+          const testing::LinearData data(4, 3, 2, 1);
+          Worker worker(0, LinearModel(3, 2), std::move(endpoint));
+          worker.wait_ready();
+          // Worker 1 never comes: the step's pull waits until the network goes away.
+          worker_error = code_of([&] { worker.step({data.x, data.y}); });
+        });
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  worker_thread.join();
+  CHECK(worker_error == ErrorCode::kUnavailable);
+}
+
+TEST_CASE("a snapshot is one global step on every ps, even while one ps lags behind") {
+  constexpr std::int64_t kSteps = 120;
+  constexpr float kRate = 0.1F;
+  const testing::LinearData data(4 * kSteps, 3, 2, 9);
+  auto batch_of = [&](std::int64_t step) {
+    const auto row = static_cast<std::size_t>(step % kSteps) * 4;
+    return testing::LinearBatch{std::span(data.x).subspan(row * 3, 12),
+                                std::span(data.y).subspan(row * 2, 8)};
+  };
+  // The kernel lives on ps 0, the bias on ps 1, which is slowed down: read naively, the two
+  // would come from different steps.
+  Cluster<RoundRobin, Sgd, SyncReplicas> cluster(2, Sgd{kRate}, SyncReplicas(1, 1));
+  Chief chief(cluster.endpoint(Node::chief()), 4);
+  chief.initialize(LinearModel(3, 2).variables());
+  cluster.network().delay(Node::ps(1), std::chrono::microseconds(300));
+  std::thread training([&] {
+    Worker worker(0, LinearModel(3, 2), cluster.endpoint(Node::worker(0)));
+    worker.wait_ready();
+    for (std::int64_t k = 0;; ++k) {
+      if (!worker.step(batch_of(k), kSteps)) break;
+    }
+  });
+  std::vector<Snapshot> shots;
+  for (std::int64_t step : {10, 40, 70}) shots.push_back(chief.snapshot(step));
+  training.join();
+
+  for (const Snapshot& shot : shots) {
+    REQUIRE(shot.consistent);
+    // Single-process SGD over the same batches, to the snapshot's step: equal, bit for bit
+    // (R = 1: the ps applies each gradient as the reference does).
+    LinearModel reference(3, 2);
+    reference.initialize(4);
+    for (std::int64_t k = 0; k < shot.step; ++k) {
+      reference.compute_gradients(batch_of(k));
+      for (std::size_t v = 0; v < 2; ++v) {
+        auto w = reference.parameter(v);
+        auto g = reference.gradient(v);
+        for (std::size_t i = 0; i < w.size(); ++i) w[i] -= kRate * g[i];
+      }
+    }
+    for (std::size_t v = 0; v < 2; ++v) {
+      const auto expected = reference.parameter(v);
+      CHECK(std::equal(expected.begin(), expected.end(), shot.values[v].begin()));
+    }
+  }
+  CHECK(shots[0].step >= 10);
   chief.shutdown();
 }

@@ -10,22 +10,28 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "pulley/optimizers/sgd.hpp"
 #include "pulley/sharding/round_robin.hpp"
 #include "pulley/sync/async.hpp"
+#include "pulley/sync/bounded_staleness.hpp"
 #include "pulley/sync/sync_replicas.hpp"
 
 using namespace pulley;
 
 namespace {
 
+// As a request from another process arrives: nobody vouches for its tensors.
+const RequestContext kFromOutside{false};
+
 template <class Server>
 Response call(Server& ps, Request request) {
   std::optional<Response> out;
-  ps.handle(std::move(request), [&](Response&& r) { out = std::move(r); });
+  ps.handle(std::move(request), kFromOutside, [&](Response&& r) { out = std::move(r); });
   REQUIRE(out.has_value());
   return std::move(*out);
 }
@@ -34,7 +40,7 @@ Response call(Server& ps, Request request) {
 template <class Server>
 std::shared_ptr<std::optional<Response>> call_later(Server& ps, Request request) {
   auto out = std::make_shared<std::optional<Response>>();
-  ps.handle(std::move(request), [out](Response&& r) { *out = std::move(r); });
+  ps.handle(std::move(request), kFromOutside, [out](Response&& r) { *out = std::move(r); });
   return out;
 }
 
@@ -162,11 +168,11 @@ TEST_CASE("SyncReplicas at the message level: tokens, staleness, gated pulls") {
   auto ps = ready_server(SyncReplicas{2, 3});  // R = 2 of N = 3: one backup
   const std::vector<float> g{2, 4};
   // max(R, N) = 3 tokens of step 0, one per worker.
-  CHECK(std::get<TokenReply>(call(ps, TakeToken{0})).local_step == 0);
+  CHECK(std::get<TokenReply>(call(ps, TakeToken{0})).token.local_step == 0);
   auto again = call_later(ps, TakeToken{0});  // worker 0 already holds one of step 0
   CHECK_FALSE(again->has_value());
-  CHECK(std::get<TokenReply>(call(ps, TakeToken{1})).local_step == 0);
-  CHECK(std::get<TokenReply>(call(ps, TakeToken{2})).local_step == 0);
+  CHECK(std::get<TokenReply>(call(ps, TakeToken{1})).token.local_step == 0);
+  CHECK(std::get<TokenReply>(call(ps, TakeToken{2})).token.local_step == 0);
   auto third = call_later(ps, TakeToken{2});
   CHECK_FALSE(third->has_value());
   auto gated = call_later(ps, Pull{1, {{1, {0, 2}}}});  // wants step 1
@@ -181,9 +187,9 @@ TEST_CASE("SyncReplicas at the message level: tokens, staleness, gated pulls") {
   CHECK(std::get<PullReply>(**gated).global_step == 1);
   CHECK(read(ps, 1) == std::vector<float>{3, 2});
   REQUIRE(again->has_value());
-  CHECK(std::get<TokenReply>(**again).local_step == 1);
+  CHECK(std::get<TokenReply>(**again).token.local_step == 1);
   REQUIRE(third->has_value());
-  CHECK(std::get<TokenReply>(**third).local_step == 1);
+  CHECK(std::get<TokenReply>(**third).token.local_step == 1);
   // The backup's gradient of step 0 arrives late: dropped and counted.
   CHECK(std::get<PushReply>(call(ps, push_b(2, 0, g))).stale_parts == 2);
   CHECK(ps.stats().stale_gradients_dropped == 2);
@@ -192,15 +198,28 @@ TEST_CASE("SyncReplicas at the message level: tokens, staleness, gated pulls") {
   CHECK(read(ps, 1) == std::vector<float>{3, 2});
 }
 
-TEST_CASE("Shutdown cancels what waits") {
+TEST_CASE("Shutdown tells what waits, and everything after, that training is over") {
   auto ps = ready_server(SyncReplicas{1, 1});
   CHECK(std::holds_alternative<TokenReply>(call(ps, TakeToken{0})));
   auto waiting = call_later(ps, TakeToken{0});
+  auto gated = call_later(ps, Pull{5, {{1, {0, 2}}}});
   CHECK(std::holds_alternative<Ack>(call(ps, Shutdown{})));
   REQUIRE(waiting->has_value());
-  CHECK(error_of(**waiting) == ErrorCode::kCancelled);
+  CHECK(error_of(**waiting) == ErrorCode::kOutOfRange);
+  REQUIRE(gated->has_value());
+  CHECK(std::get<ErrorReply>(**gated).message.find("training finished") != std::string::npos);
   CHECK(ps.stopped());
-  CHECK(error_of(call(ps, GetStats{})) == ErrorCode::kCancelled);
+  CHECK(ps.ended()->code == ErrorCode::kOutOfRange);
+  CHECK(error_of(call(ps, GetStats{})) == ErrorCode::kOutOfRange);
+}
+
+TEST_CASE("an aborted job says why to every task that asks") {
+  auto ps = ready_server(SyncReplicas{1, 1});
+  auto waiting = call_later(ps, WaitReady{});  // answered at once: ready
+  CHECK(std::holds_alternative<Ack>(call(ps, Shutdown{true, "the data went missing"})));
+  const Response r = call(ps, TakeToken{0});
+  CHECK(error_of(r) == ErrorCode::kAborted);
+  CHECK(std::get<ErrorReply>(r).message.find("the data went missing") != std::string::npos);
 }
 
 TEST_CASE("a part initialized twice in one message is refused, and the ps is not ready") {
@@ -224,7 +243,7 @@ TEST_CASE("SyncReplicas R > N at the message level: one worker fills a step with
   auto ps = ready_server(SyncReplicas{3, 2});  // R = 3 of N = 2
   const std::vector<float> g1{3, 3}, g2{6, 6}, g3{9, 9};
   // Worker 0 takes all three tokens of step 0 (no per-worker cap when R > N).
-  for (int i = 0; i < 3; ++i) CHECK(std::get<TokenReply>(call(ps, TakeToken{0})).local_step == 0);
+  for (int i = 0; i < 3; ++i) CHECK(std::get<TokenReply>(call(ps, TakeToken{0})).token.local_step == 0);
   auto late = call_later(ps, TakeToken{1});
   CHECK_FALSE(late->has_value());
   CHECK(std::get<PushReply>(call(ps, push_b(0, 0, g1))).stale_parts == 0);
@@ -235,5 +254,120 @@ TEST_CASE("SyncReplicas R > N at the message level: one worker fills a step with
   CHECK(ps.stats().global_step == 1);
   CHECK(read(ps, 1) == std::vector<float>{-1, 0});
   REQUIRE(late->has_value());
-  CHECK(std::get<TokenReply>(**late).local_step == 1);
+  CHECK(std::get<TokenReply>(**late).token.local_step == 1);
+}
+
+namespace {
+
+/// Sgd whose make_state throws the first time it is called (out of memory, say).
+struct FlakySgd : Sgd {
+  std::shared_ptr<int> calls = std::make_shared<int>(0);
+  State make_state(std::size_t n) const {
+    if ((*calls)++ == 0) throw std::runtime_error("no memory for the slots");
+    return Sgd::make_state(n);
+  }
+};
+
+/// Sgd that records what each update saw, and throws when told to.
+struct WatchingSgd : Sgd {
+  std::shared_ptr<std::vector<UpdateContext>> seen = std::make_shared<std::vector<UpdateContext>>();
+  std::shared_ptr<bool> fail = std::make_shared<bool>(false);
+  void apply(State& s, std::span<float> w, std::span<const float> g,
+             const UpdateContext& context) const {
+    if (*fail && context.variable == "b") throw std::runtime_error("apply blew up");
+    seen->push_back(context);
+    Sgd::apply(s, w, g);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a registration that failed half way leaves nothing behind: the retry starts clean") {
+  FlakySgd flaky{{1.0F}};
+  ParameterServer<RoundRobin, FlakySgd, Async> ps(0, 1, flaky, Async{});
+  const Response first = call(ps, Register{kModel});
+  CHECK(error_of(first) == ErrorCode::kInternal);
+  CHECK(std::get<ErrorReply>(first).message.find("no memory for the slots") != std::string::npos);
+  CHECK_FALSE(ps.stopped());  // nothing had changed: refused, not failed
+  REQUIRE(std::holds_alternative<PlacementReply>(call(ps, Register{kModel})));
+  const std::vector<float> w{1, 2, 3, 4}, b{5, 6}, g{1, 1};
+  CHECK(std::holds_alternative<Ack>(call(ps, Initialize{{{0, w}, {1, b}}})));
+  // Exactly the model's two parts are held: a push of both is whole, one of three is not.
+  CHECK(std::holds_alternative<PushReply>(call(ps, push_b(0, 0, g))));
+  CHECK(std::get<ErrorReply>(call(ps, Push{0, 0, {{1, g}}})).message.find("each of the 2 parts") !=
+        std::string::npos);
+}
+
+TEST_CASE("the optimizer sees the global step and the rows of the part it updates") {
+  WatchingSgd sgd{{1.0F}};
+  auto seen = sgd.seen;
+  ParameterServer<RoundRobin, WatchingSgd, SyncReplicas> ps(0, 1, sgd, SyncReplicas(1, 1));
+  call(ps, Register{kModel});
+  const std::vector<float> w{1, 2, 3, 4}, b{5, 6}, g{1, 1};
+  call(ps, Initialize{{{0, w}, {1, b}}});
+  call(ps, push_b(0, 0, g));
+  call(ps, push_b(0, 1, g));
+  REQUIRE(seen->size() == 4);
+  CHECK((*seen)[0].global_step == 0);
+  CHECK((*seen)[0].variable == "w");
+  CHECK((*seen)[0].rows == RowRange{0, 2});
+  CHECK((*seen)[0].row_size == 2);
+  CHECK((*seen)[1].variable == "b");
+  CHECK((*seen)[1].row_size == 1);
+  CHECK((*seen)[3].global_step == 1);
+}
+
+TEST_CASE("a policy that throws half way through an update fails the ps, which says why") {
+  WatchingSgd sgd{{1.0F}};
+  ParameterServer<RoundRobin, WatchingSgd, SyncReplicas> ps(0, 1, sgd, SyncReplicas(1, 2));
+  call(ps, Register{kModel});
+  const std::vector<float> w{1, 2, 3, 4}, b{5, 6}, g{1, 1};
+  call(ps, Initialize{{{0, w}, {1, b}}});
+  auto gated = call_later(ps, Pull{1, {{1, {0, 2}}}});
+  *sgd.fail = true;  // 'w' is updated, then 'b' throws: the step is half applied
+  const Response r = call(ps, push_b(0, 0, g));
+  CHECK(error_of(r) == ErrorCode::kInternal);
+  CHECK(std::get<ErrorReply>(r).message.find("apply blew up") != std::string::npos);
+  CHECK(ps.stopped());
+  REQUIRE(gated->has_value());  // what waited hears it too, instead of waiting forever
+  CHECK(error_of(**gated) == ErrorCode::kInternal);
+  CHECK(error_of(call(ps, GetStats{})) == ErrorCode::kInternal);
+  CHECK(ps.ended()->message.find("ps 0 failed") != std::string::npos);
+}
+
+TEST_CASE("a policy that refuses a request before anything changed leaves the ps serving") {
+  auto ps = ready_server(BoundedStaleness(1, 2));
+  const std::vector<float> g{1, 1};
+  const Response r = call(ps, push_b(7, 0, g));  // worker 7 of 2
+  CHECK(error_of(r) == ErrorCode::kInvalidArgument);
+  CHECK(std::get<ErrorReply>(r).message.find("outside total_num_replicas") != std::string::npos);
+  CHECK_FALSE(ps.stopped());
+  CHECK(read(ps, 1) == std::vector<float>{5, 6});
+  CHECK(error_of(call(ps, TakeToken{9})) == ErrorCode::kInvalidArgument);
+  CHECK(std::holds_alternative<PushReply>(call(ps, push_b(0, 0, g))));
+}
+
+TEST_CASE("BoundedStaleness at the message level: tokens wait for the slowest, pulls for its clock") {
+  auto ps = ready_server(BoundedStaleness(1, 2));  // s = 1, two workers
+  const std::vector<float> g{1, 1};
+  auto token = [&](std::uint32_t w) { return std::get<TokenReply>(call(ps, TakeToken{w})); };
+  CHECK(token(0).token.local_step == 0);
+  CHECK(std::holds_alternative<PushReply>(call(ps, push_b(0, 0, g))));  // applied at once
+  CHECK(read(ps, 1) == std::vector<float>{4, 5});
+  CHECK(token(0).token.local_step == 1);  // one clock ahead of worker 1: allowed
+  call(ps, push_b(0, 1, g));
+  auto blocked = call_later(ps, TakeToken{0});  // clock 2 would be two ahead
+  CHECK_FALSE(blocked->has_value());
+  auto gated = call_later(ps, Pull{1, {{1, {0, 2}}}});  // what clock 2 must read
+  CHECK_FALSE(gated->has_value());
+  CHECK(std::get<StatsReply>(call(ps, GetStats{})).waiting_for.find("worker 1 at clock 0") !=
+        std::string::npos);
+  CHECK(token(1).token.local_step == 0);
+  call(ps, push_b(1, 0, g));  // worker 1 reaches clock 1: worker 0 may go on
+  REQUIRE(blocked->has_value());
+  CHECK(std::get<TokenReply>(**blocked).token == Token{2, 1, 2, true});
+  CHECK(std::get<TokenReply>(**blocked).global_step == 1);
+  REQUIRE(gated->has_value());
+  CHECK(std::get<PullReply>(**gated).global_step == 1);
+  CHECK(read(ps, 1) == std::vector<float>{2, 3});  // three pushes, each applied
 }

@@ -2,7 +2,7 @@
 // The cluster read from Slurm's task variables: hostlists and tasks-per-node lists expand as
 // Slurm writes them, ranks map to jobs, tasks and addresses, and bad input is refused with a
 // message that names the problem.
-#include "pulley/slurm.hpp"
+#include "pulley/cluster/slurm.hpp"
 
 #include <doctest/doctest.h>
 
@@ -14,6 +14,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "pulley/cluster/tf_config.hpp"
 
 using namespace pulley;
 

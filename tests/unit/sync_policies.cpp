@@ -1,39 +1,66 @@
 // SPDX-License-Identifier: MIT
+// The stock sync policies as their concept describes them: accumulators, verdicts, the
+// global step and tokens, driven directly.
 #include <doctest/doctest.h>
 
+#include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "pulley/sync/async.hpp"
+#include "pulley/sync/bounded_staleness.hpp"
 #include "pulley/sync/sync_replicas.hpp"
 
+using pulley::Token;
 using pulley::Verdict;
 
-TEST_CASE("SyncReplicas averages R fresh gradients and drops stale ones") {
+TEST_CASE("SyncReplicas averages R fresh pushes and drops stale ones") {
   const pulley::SyncReplicas sync{2, 3};
+  auto pacer = sync.make_pacer();
   auto acc = sync.make_accumulator(2);
-  const std::vector<float> g1{1.0F, 2.0F}, g2{3.0F, 6.0F}, g3{100.0F, 100.0F};
-  CHECK(sync.accumulate(acc, g1, 0) == Verdict::kPending);
-  CHECK(sync.accumulate(acc, g2, 0) == Verdict::kReady);
+  const std::vector<float> g1{1.0F, 2.0F}, g2{3.0F, 6.0F};
+  CHECK(sync.on_push(pacer, 0, 0) == Verdict::kPending);
+  sync.accumulate(acc, g1);
+  CHECK(sync.global_step(pacer) == 0);
+  CHECK(sync.on_push(pacer, 1, 0) == Verdict::kReady);
+  sync.accumulate(acc, g2);
   const auto mean = sync.take(acc);
   CHECK(mean[0] == 2.0F);
   CHECK(mean[1] == 4.0F);
-  CHECK(sync.step(acc) == 1);
-  // The third replica of step 0 arrives late: stale, and it must not leak into step 1.
-  CHECK(sync.accumulate(acc, g3, 0) == Verdict::kStale);
-  CHECK(sync.accumulate(acc, g1, 1) == Verdict::kPending);
-  CHECK(sync.accumulate(acc, g1, 1) == Verdict::kReady);
-  CHECK(sync.take(acc)[0] == 1.0F);
-  // A gradient from a step ahead of the accumulator counts (TF drops only older ones).
-  CHECK(sync.accumulate(acc, g1, 7) == Verdict::kPending);
+  CHECK(sync.global_step(pacer) == 1);
+  // The third replica of step 0 arrives late: stale.
+  CHECK(sync.on_push(pacer, 2, 0) == Verdict::kStale);
+  CHECK(sync.on_push(pacer, 0, 1) == Verdict::kPending);
+  // A push from a step ahead of the ps counts (TF drops only older ones).
+  CHECK(sync.on_push(pacer, 1, 7) == Verdict::kReady);
+  CHECK(sync.global_step(pacer) == 2);
+  // The accumulator starts over after take: the next mean is of the next gradients only.
+  sync.accumulate(acc, g1);
+  sync.accumulate(acc, g1);
+  CHECK(sync.take(acc)[1] == 2.0F);
 }
 
-TEST_CASE("SyncReplicas tokens: max(R, N) per step, one per worker if R <= N") {
-  const pulley::TokenRule backups = pulley::SyncReplicas{2, 3}.token_rule();
-  CHECK(backups.per_step == 3);
-  CHECK(backups.per_worker == 1);
-  const pulley::TokenRule several = pulley::SyncReplicas{5, 2}.token_rule();
-  CHECK(several.per_step == 5);
-  CHECK(several.per_worker == 0);  // a fast worker may take several
+TEST_CASE("SyncReplicas tokens: max(R, N) per step, one per worker when R <= N") {
+  const pulley::SyncReplicas backups{2, 3};
+  auto pacer = backups.make_pacer();
+  for (std::uint32_t w = 0; w < 3; ++w) {
+    const std::optional<Token> t = backups.take_token(pacer, w);
+    REQUIRE(t.has_value());
+    CHECK(*t == Token{0, 0, 1, true});  // pulls step 0, and prefetches step 1 with its push
+  }
+  CHECK_FALSE(backups.take_token(pacer, 0).has_value());  // one each
+  backups.on_push(pacer, 0, 0);
+  backups.on_push(pacer, 1, 0);  // step 1: three fresh tokens, the old ones withdrawn
+  CHECK(backups.take_token(pacer, 0)->local_step == 1);
+
+  const pulley::SyncReplicas several{5, 2};
+  auto p = several.make_pacer();
+  for (int i = 0; i < 5; ++i) {
+    const std::optional<Token> t = several.take_token(p, 0);  // a fast worker takes them all
+    REQUIRE(t.has_value());
+    CHECK(t->next_pull_step == 0);  // its next token may be of this very step
+  }
+  CHECK_FALSE(several.take_token(p, 1).has_value());
 }
 
 TEST_CASE("SyncReplicas rejects a non-positive R or N") {
@@ -43,12 +70,69 @@ TEST_CASE("SyncReplicas rejects a non-positive R or N") {
 
 TEST_CASE("Async applies every gradient as it comes, without copying it") {
   const pulley::Async async;
+  auto pacer = async.make_pacer();
   auto acc = async.make_accumulator(2);
   const std::vector<float> g{1.0F, 2.0F};
-  CHECK(async.accumulate(acc, g, 123) == Verdict::kReady);
-  const auto taken = async.take(acc);
-  CHECK(taken.data() == g.data());
-  CHECK(async.step(acc) == 1);
-  CHECK(async.accumulate(acc, g, 0) == Verdict::kReady);  // never stale
-  CHECK(async.token_rule().per_step == 0);                // no pacing
+  CHECK(async.on_push(pacer, 0, 123) == Verdict::kReady);
+  async.accumulate(acc, g);
+  CHECK(async.take(acc).data() == g.data());
+  CHECK(async.on_push(pacer, 1, 0) == Verdict::kReady);  // never stale
+  CHECK(async.global_step(pacer) == 2);
+  CHECK(async.take_token(pacer, 5) == Token{0, 0, 0, false});  // never waits, need not ask again
+}
+
+TEST_CASE("BoundedStaleness: a worker runs at most s clocks ahead of the slowest") {
+  const pulley::BoundedStaleness ssp{2, 3};
+  auto pacer = ssp.make_pacer();
+  // Worker 0 alone: clocks 0, 1, 2 are within 2 of the others' 0; clock 3 is not.
+  for (std::int64_t c = 0; c < 3; ++c) {
+    const std::optional<Token> t = ssp.take_token(pacer, 0);
+    REQUIRE(t.has_value());
+    CHECK(t->local_step == c);
+    CHECK(t->pull_step == 0);  // c - s, not below 0
+    CHECK(ssp.on_push(pacer, 0, c) == Verdict::kReady);  // applied at once, never stale
+  }
+  CHECK_FALSE(ssp.take_token(pacer, 0).has_value());
+  CHECK(ssp.global_step(pacer) == 0);
+  CHECK(ssp.waiting_for(pacer).find("worker 1, worker 2 at clock 0") != std::string::npos);
+  // Workers 1 and 2 catch up one clock: the slowest is at 1, so clock 3 is allowed.
+  ssp.on_push(pacer, 1, 0);
+  CHECK_FALSE(ssp.take_token(pacer, 0).has_value());
+  ssp.on_push(pacer, 2, 0);
+  CHECK(ssp.global_step(pacer) == 1);
+  const std::optional<Token> t = ssp.take_token(pacer, 0);
+  REQUIRE(t.has_value());
+  CHECK(*t == Token{3, 1, 2, true});  // reads step 1; its push prefetches step 2
+  CHECK(ssp.take_token(pacer, 0) == t);  // asking again before pushing: the same token
+}
+
+TEST_CASE("BoundedStaleness: 0 is lockstep, kUnbounded never waits") {
+  const pulley::BoundedStaleness lockstep{0, 2};
+  auto pacer = lockstep.make_pacer();
+  CHECK(lockstep.take_token(pacer, 0).has_value());
+  lockstep.on_push(pacer, 0, 0);
+  CHECK_FALSE(lockstep.take_token(pacer, 0).has_value());
+  lockstep.on_push(pacer, 1, 0);
+  CHECK(lockstep.take_token(pacer, 0)->pull_step == 1);
+
+  const pulley::BoundedStaleness unbounded{pulley::BoundedStaleness::kUnbounded, 2};
+  auto p = unbounded.make_pacer();
+  for (std::int64_t c = 0; c < 1000; ++c) {
+    const std::optional<Token> token = unbounded.take_token(p, 0);
+    REQUIRE(token.has_value());
+    CHECK(token->pull_step == 0);
+    unbounded.on_push(p, 0, c);
+  }
+}
+
+TEST_CASE("BoundedStaleness refuses what no worker could send, and changes nothing") {
+  const pulley::BoundedStaleness ssp{1, 2};
+  auto pacer = ssp.make_pacer();
+  CHECK_THROWS_AS(ssp.take_token(pacer, 2), pulley::Error);  // only workers 0 and 1
+  CHECK_THROWS_AS(ssp.on_push(pacer, 5, 0), pulley::Error);
+  CHECK_THROWS_AS(ssp.on_push(pacer, 0, 3), pulley::Error);  // clock 3 was never granted
+  CHECK_THROWS_AS(ssp.on_push(pacer, 0, -1), pulley::Error);
+  CHECK(pacer.clocks == std::vector<std::int64_t>{0, 0});
+  CHECK_THROWS_AS(pulley::BoundedStaleness(-1, 2), pulley::Error);
+  CHECK_THROWS_AS(pulley::BoundedStaleness(1, 0), pulley::Error);
 }

@@ -16,6 +16,7 @@
 #include "pulley/sharding/partitioned.hpp"
 #include "pulley/sharding/round_robin.hpp"
 #include "pulley/sync/async.hpp"
+#include "pulley/sync/bounded_staleness.hpp"
 #include "pulley/sync/sync_replicas.hpp"
 #include "pulley/worker.hpp"
 #include "support/cluster.hpp"
@@ -277,4 +278,108 @@ TEST_CASE("async: W workers x K pushes of ones end at exactly W*K*(-lr)") {
     CHECK(s.updates_applied == kWorkers * kPushes);  // one part per ps
   }
   chief.shutdown();
+}
+
+TEST_CASE("bounded staleness: no worker ever runs more than s clocks ahead of the slowest") {
+  constexpr std::int64_t kStaleness = 2;
+  constexpr std::int64_t kSteps = 60;
+  const LinearData data(64, kIn, kOut, 1);
+  Cluster<FixedShards, Sgd, BoundedStaleness> cluster(2, Sgd{0.01F},
+                                                      BoundedStaleness(kStaleness, 3), FixedShards{2});
+  Chief chief(cluster.endpoint(Node::chief()), kSeed);
+  chief.initialize(LinearModel(kIn, kOut).variables());
+  // Three speeds: without the bound, worker 0 would finish many clocks before worker 2.
+  cluster.network().delay(Node::worker(1), std::chrono::microseconds(300));
+  cluster.network().delay(Node::worker(2), std::chrono::milliseconds(2));
+
+  std::vector<std::vector<StepResult>> results(3);
+  std::vector<std::thread> threads;
+  for (std::uint32_t w = 0; w < 3; ++w) {
+    threads.emplace_back([&, w] {
+      Worker worker(w, LinearModel(kIn, kOut), cluster.endpoint(Node::worker(w)));
+      worker.wait_ready();
+      for (std::size_t k = 0;; ++k) {
+        const auto result = worker.step(rows_of(data, (k * 4) % 60, 4), kSteps);
+        if (!result) break;
+        results[w].push_back(*result);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+
+  bool bound_reached = false;
+  for (std::uint32_t w = 0; w < 3; ++w) {
+    REQUIRE(results[w].size() >= static_cast<std::size_t>(kSteps));
+    for (std::size_t k = 0; k < results[w].size(); ++k) {
+      const StepResult& r = results[w][k];
+      CHECK(r.local_step == static_cast<std::int64_t>(k));  // one clock per step
+      // Every token: this worker's clock minus the slowest worker's, when it was granted.
+      CHECK(r.local_step - r.global_step <= kStaleness);
+      CHECK(r.local_step - r.global_step >= 0);
+      bound_reached = bound_reached || r.local_step - r.global_step == kStaleness;
+      CHECK(r.stale_parts == 0);  // nothing is dropped under SSP
+    }
+  }
+  CHECK(bound_reached);  // the fast worker was held back, not merely lucky
+  for (const Stats& s : chief.stats()) {
+    CHECK(s.global_step == kSteps);
+    CHECK(s.stale_gradients_dropped == 0);
+  }
+  chief.shutdown();
+}
+
+TEST_CASE("bounded staleness: a dead worker is reported by name, not waited on forever") {
+  const LinearData data(16, kIn, kOut, 1);
+  Cluster<RoundRobin, Sgd, BoundedStaleness> cluster(2, Sgd{0.01F}, BoundedStaleness(3, 3));
+  Chief chief(cluster.endpoint(Node::chief()), kSeed);
+  chief.initialize(LinearModel(kIn, kOut).variables());
+  cluster.network().kill(Node::worker(2));
+  ClientOptions options;
+  options.wait_timeout = std::chrono::milliseconds(500);
+  std::vector<std::string> errors(2);
+  std::vector<std::int64_t> steps(2, 0);
+  std::vector<std::thread> threads;
+  const auto start = std::chrono::steady_clock::now();
+  for (std::uint32_t w = 0; w < 2; ++w) {
+    threads.emplace_back([&, w] {
+      Worker worker(w, LinearModel(kIn, kOut), cluster.endpoint(Node::worker(w)), options);
+      worker.wait_ready();
+      try {
+        while (worker.step(rows_of(data, 4 * w, 4), 1000)) ++steps[w];
+      } catch (const Error& e) {
+        errors[w] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(30));
+  for (std::uint32_t w = 0; w < 2; ++w) {
+    // Clocks 0..3 are at most three ahead of worker 2; clock 3's push goes in, and the pull
+    // that comes back with it (of step 1, what clock 4 must read) is where the wait starts.
+    CHECK(steps[w] == 3);
+    CHECK(errors[w].find("deadline_exceeded") != std::string::npos);
+    CHECK(errors[w].find("worker 2 at clock 0") != std::string::npos);
+  }
+  chief.shutdown();
+}
+
+TEST_CASE("a worker waiting for a step stops cleanly when the chief ends training") {
+  const LinearData data(16, kIn, kOut, 1);
+  Cluster<RoundRobin, Sgd, SyncReplicas> cluster(1, Sgd{0.01F}, SyncReplicas(2, 2));
+  Chief chief(cluster.endpoint(Node::chief()), kSeed);
+  chief.initialize(LinearModel(kIn, kOut).variables());
+  std::optional<bool> stepped;
+  bool finished = false;
+  std::thread lonely([&] {  // worker 1 never comes: worker 0's step 0 never completes
+    Worker worker(0, LinearModel(kIn, kOut), cluster.endpoint(Node::worker(0)));
+    worker.wait_ready();
+    stepped = worker.step(rows_of(data, 0, 4)).has_value();  // pushes, then waits for step 1
+    stepped = stepped.value() && worker.step(rows_of(data, 0, 4)).has_value();
+    finished = worker.finished();
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  chief.shutdown();
+  lonely.join();
+  CHECK(stepped == false);  // the end of training, not an error
+  CHECK(finished);
 }

@@ -18,14 +18,17 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "pulley/chief.hpp"
 #include "pulley/optimizers/sgd.hpp"
+#include "pulley/parameter_server.hpp"
 #include "pulley/sharding/partitioned.hpp"
 #include "pulley/sync/async.hpp"
+#include "pulley/sync/bounded_staleness.hpp"
 #include "pulley/sync/sync_replicas.hpp"
 #include "pulley/transport/in_process.hpp"
 #include "pulley/worker.hpp"
@@ -46,17 +49,24 @@ Server make_server(std::uint32_t task) {
   return Server(task, 2, Sgd{0.1F}, SyncReplicas(2, 2), FixedShards{2});
 }
 
+/// Server options for tests that shut a ps down while their own clients stay connected:
+/// the ps need not wait long for them to leave.
+TcpServerOptions brief_linger() {
+  TcpServerOptions options;
+  options.linger = std::chrono::milliseconds(100);
+  return options;
+}
+
 /// Two ps tasks served over TCP on ephemeral ports of 127.0.0.1.
 struct TcpCluster {
-  std::deque<Server> servers;
   std::vector<std::unique_ptr<TcpServer<Server>>> listeners;
   std::vector<std::thread> threads;
   std::vector<std::string> addresses;
 
   TcpCluster() {
     for (std::uint32_t i = 0; i < 2; ++i) {
-      listeners.push_back(std::make_unique<TcpServer<Server>>(servers.emplace_back(make_server(i)),
-                                                              "127.0.0.1", 0));
+      listeners.push_back(
+          std::make_unique<TcpServer<Server>>(make_server(i), "127.0.0.1", 0, brief_linger()));
       addresses.push_back("127.0.0.1:" + std::to_string(listeners.back()->port()));
     }
     for (auto& l : listeners) threads.emplace_back([&l] { l->run(); });
@@ -98,9 +108,8 @@ std::vector<std::vector<float>> train(MakeTransport make_transport) {
 TEST_CASE("sync training over TCP gives exactly the in-process result") {
   std::vector<std::vector<float>> in_process;
   {
-    std::deque<Server> servers;
     InProcessNetwork network(2);
-    for (std::uint32_t i = 0; i < 2; ++i) network.serve(servers.emplace_back(make_server(i)));
+    for (std::uint32_t i = 0; i < 2; ++i) network.serve(make_server(i));
     in_process = train([&](Node n) { return InProcess(network, n); });
   }
   TcpCluster cluster;
@@ -110,15 +119,14 @@ TEST_CASE("sync training over TCP gives exactly the in-process result") {
 }
 
 TEST_CASE("a client waits for a ps that starts late, and names one that never comes") {
-  Server server = make_server(0);
-  auto listener = std::make_unique<TcpServer<Server>>(server, "127.0.0.1", 0);
+  auto listener = std::make_unique<TcpServer<Server>>(make_server(0), "127.0.0.1", 0);
   const std::string address = "127.0.0.1:" + std::to_string(listener->port());
   listener.reset();  // nobody listens yet; the port is free again
   std::unique_ptr<TcpServer<Server>> late;
   std::thread starter([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     const auto port = static_cast<std::uint16_t>(std::stoi(address.substr(address.rfind(':') + 1)));
-    late = std::make_unique<TcpServer<Server>>(server, "127.0.0.1", port);
+    late = std::make_unique<TcpServer<Server>>(make_server(0), "127.0.0.1", port);
     late->run();
   });
   TcpOptions patient;
@@ -216,7 +224,7 @@ struct RawClient {
 
   void send(const Request& request, std::uint64_t call) {
     const wire::Frame frame = wire::encode(request, call);
-    detail::GatherList list;
+    transport_detail::GatherList list;
     list.append(frame);
     asio::write(socket, list.remaining());
   }
@@ -254,10 +262,9 @@ rlim_t lowest_free_descriptor() {
 }  // namespace
 
 TEST_CASE("a ps stops reading a client that does not read its replies, and loses none of them") {
-  AsyncServer server(0, 1, Sgd{0.1F}, Async{}, FixedShards{1});
-  wire::Limits limits;
-  limits.max_unsent_bytes = 2U << 20U;
-  TcpServer listener(server, "127.0.0.1", 0, limits);
+  TcpServerOptions options = brief_linger();
+  options.max_unsent_bytes = 2U << 20U;
+  TcpServer listener(AsyncServer(0, 1, Sgd{0.1F}, Async{}, FixedShards{1}), "127.0.0.1", 0, options);
   std::thread serving([&] { listener.run(); });
   const std::string address = "127.0.0.1:" + std::to_string(listener.port());
   constexpr std::size_t kFloats = (1U << 20U) / sizeof(float);  // 1 MiB per reply
@@ -304,8 +311,8 @@ TEST_CASE("a ps stops reading a client that does not read its replies, and loses
 }
 
 TEST_CASE("a ps that ran out of file descriptors accepts again once one is free") {
-  AsyncServer server(0, 1, Sgd{0.1F}, Async{}, FixedShards{1});
-  TcpServer listener(server, "127.0.0.1", 0);
+  TcpServer listener(AsyncServer(0, 1, Sgd{0.1F}, Async{}, FixedShards{1}), "127.0.0.1", 0,
+                     brief_linger());
   std::thread serving([&] { listener.run(); });
   const asio::ip::tcp::endpoint endpoint{asio::ip::make_address("127.0.0.1"), listener.port()};
   RawClient first, second;
@@ -338,12 +345,13 @@ TEST_CASE("a ps that ran out of file descriptors accepts again once one is free"
 }
 
 TEST_CASE("a ps listens on a host name, and a port in use is a clear error") {
-  AsyncServer server(0, 1, Sgd{0.1F}, Async{}, FixedShards{1});
-  TcpServer listener(server, "localhost", 0);
+  TcpServer listener(AsyncServer(0, 1, Sgd{0.1F}, Async{}, FixedShards{1}), "localhost", 0,
+                     brief_linger());
   std::thread serving([&] { listener.run(); });
   const std::string address = "localhost:" + std::to_string(listener.port());
   try {
-    TcpServer<AsyncServer> twin(server, "127.0.0.1", listener.port());
+    TcpServer<AsyncServer> twin(AsyncServer(0, 1, Sgd{0.1F}, Async{}, FixedShards{1}),
+                                "127.0.0.1", listener.port());
     FAIL("bound a port in use");
   } catch (const Error& e) {
     CHECK(e.code() == ErrorCode::kUnavailable);
@@ -358,8 +366,8 @@ TEST_CASE("a ps listens on a host name, and a port in use is a clear error") {
 }
 
 TEST_CASE("a client reconnects to a ps that restarted on the same address") {
-  AsyncServer first(0, 1, Sgd{0.1F}, Async{}, FixedShards{1});
-  auto listener = std::make_unique<TcpServer<AsyncServer>>(first, "127.0.0.1", 0);
+  auto listener = std::make_unique<TcpServer<AsyncServer>>(
+      AsyncServer(0, 1, Sgd{0.1F}, Async{}, FixedShards{1}), "127.0.0.1", 0, brief_linger());
   const std::uint16_t port = listener->port();
   std::thread serving([&] { listener->run(); });
   Tcp tcp({"127.0.0.1:" + std::to_string(port)});
@@ -374,8 +382,8 @@ TEST_CASE("a client reconnects to a ps that restarted on the same address") {
   CHECK(std::get<ErrorReply>(gone).message.find(std::to_string(port)) != std::string::npos);
 
   // A new ps on the same address is reached by the next call, with its own (fresh) state.
-  AsyncServer second(0, 1, Sgd{0.1F}, Async{}, FixedShards{1});
-  TcpServer restarted(second, "127.0.0.1", port);
+  TcpServer restarted(AsyncServer(0, 1, Sgd{0.1F}, Async{}, FixedShards{1}), "127.0.0.1", port,
+                      brief_linger());
   std::thread serving_again([&] { restarted.run(); });
   auto back = tcp.call(0, GetStats{});
   REQUIRE(back.wait_for(std::chrono::seconds(10)));
@@ -441,11 +449,10 @@ TEST_CASE("a connection attempt that gets no answer gives up after attempt_timeo
 }
 
 TEST_CASE("pulls waiting for a step count against a connection's limit") {
-  AsyncServer server(0, 1, Sgd{0.1F}, Async{}, FixedShards{1});
-  wire::Limits limits;
-  limits.max_unsent_bytes = 2U << 20U;
-  limits.max_unanswered_requests = 4;
-  TcpServer listener(server, "127.0.0.1", 0, limits);
+  TcpServerOptions options = brief_linger();
+  options.max_unsent_bytes = 2U << 20U;
+  options.max_unanswered_requests = 4;
+  TcpServer listener(AsyncServer(0, 1, Sgd{0.1F}, Async{}, FixedShards{1}), "127.0.0.1", 0, options);
   std::thread serving([&] { listener.run(); });
   constexpr std::size_t kFloats = (1U << 20U) / sizeof(float);
   Chief chief(Tcp({"127.0.0.1:" + std::to_string(listener.port())}), 1);
@@ -476,8 +483,10 @@ TEST_CASE("pulls waiting for a step count against a connection's limit") {
 }
 
 TEST_CASE("a ps shuts down even while a client does not read its replies") {
-  AsyncServer server(0, 1, Sgd{0.1F}, Async{}, FixedShards{1});
-  TcpServer listener(server, "127.0.0.1", 0);
+  TcpServerOptions options;
+  options.linger = std::chrono::seconds(1);  // the greedy client never leaves on its own
+  TcpServer listener(AsyncServer(0, 1, Sgd{0.1F}, Async{}, FixedShards{1}), "127.0.0.1", 0,
+                     options);
   auto serving = std::async(std::launch::async, [&] { listener.run(); });
   constexpr std::size_t kFloats = (4U << 20U) / sizeof(float);
   Chief chief(Tcp({"127.0.0.1:" + std::to_string(listener.port())}), 1);
@@ -495,10 +504,9 @@ TEST_CASE("a ps shuts down even while a client does not read its replies") {
 TEST_CASE("replies the kernel takes only in part, even mid-header, reach the client whole") {
   // 100 000 stats requests from a client that reads nothing at first: the ps's socket
   // buffers fill and its writes stop at any byte of a reply, header and metadata included.
-  AsyncServer server(0, 1, Sgd{0.1F}, Async{}, FixedShards{1});
-  wire::Limits limits;
-  limits.max_unsent_bytes = 64U << 10U;
-  TcpServer listener(server, "127.0.0.1", 0, limits);
+  TcpServerOptions options = brief_linger();
+  options.max_unsent_bytes = 64U << 10U;
+  TcpServer listener(AsyncServer(0, 1, Sgd{0.1F}, Async{}, FixedShards{1}), "127.0.0.1", 0, options);
   std::thread serving([&] { listener.run(); });
   RawClient client;
   client.socket.open(asio::ip::tcp::v4());
@@ -545,8 +553,8 @@ TEST_CASE("replies the kernel takes only in part, even mid-header, reach the cli
 }
 
 TEST_CASE("an answered call is cancelled at once while a larger one behind it is still sent") {
-  AsyncServer server(0, 1, Sgd{0.1F}, Async{}, FixedShards{1});
-  TcpServer listener(server, "127.0.0.1", 0);
+  TcpServer listener(AsyncServer(0, 1, Sgd{0.1F}, Async{}, FixedShards{1}), "127.0.0.1", 0,
+                     brief_linger());
   std::thread serving([&] { listener.run(); });
   Tcp tcp({"127.0.0.1:" + std::to_string(listener.port())});
   // Both leave in one gather-write; the stats reply comes while the 64 MiB push is still
@@ -565,11 +573,10 @@ TEST_CASE("an answered call is cancelled at once while a larger one behind it is
 }
 
 TEST_CASE("a connection paused for its waiting requests is read again once they are answered") {
-  AsyncServer server(0, 1, Sgd{0.1F}, Async{}, FixedShards{1});
-  wire::Limits limits;
-  limits.max_unsent_bytes = 1U << 10U;  // the 4 KiB reply alone exceeds it...
-  limits.max_unanswered_requests = 1;   // ...and one waiting pull pauses the connection
-  TcpServer listener(server, "127.0.0.1", 0, limits);
+  TcpServerOptions options = brief_linger();
+  options.max_unsent_bytes = 1U << 10U;  // the 4 KiB reply alone exceeds it...
+  options.max_unanswered_requests = 1;   // ...and one waiting pull pauses the connection
+  TcpServer listener(AsyncServer(0, 1, Sgd{0.1F}, Async{}, FixedShards{1}), "127.0.0.1", 0, options);
   std::thread serving([&] { listener.run(); });
   constexpr std::size_t kFloats = 1024;
   Chief chief(Tcp({"127.0.0.1:" + std::to_string(listener.port())}), 1);
@@ -609,8 +616,8 @@ TEST_CASE("a ps that cannot hold a payload drops that connection and serves on")
   REQUIRE(child >= 0);
   if (child == 0) {  // the ps: exits 0 once shut down after the failed payload, never returns
     try {
-      AsyncServer server(0, 1, Sgd{0.1F}, Async{}, FixedShards{1});
-      TcpServer listener(server, "127.0.0.1", port);
+      TcpServer listener(AsyncServer(0, 1, Sgd{0.1F}, Async{}, FixedShards{1}), "127.0.0.1", port,
+                         brief_linger());
       rlimit cap{};
       getrlimit(RLIMIT_AS, &cap);
       std::size_t mapped = 0;  // what the process has mapped now, from /proc/self/statm
@@ -638,7 +645,7 @@ TEST_CASE("a ps that cannot hold a payload drops that connection and serves on")
   RawClient greedy;
   connect(greedy);
   wire::Header claim;
-  claim.kind = static_cast<std::uint16_t>(wire::variant_index<Request, Push>());
+  claim.kind = wire::kind_of<Push>();
   claim.payload_bytes = std::uint64_t{2} << 30U;
   const std::vector<char> zeros(std::size_t{8} << 20U);
   std::error_code ec;
@@ -662,3 +669,81 @@ TEST_CASE("a ps that cannot hold a payload drops that connection and serves on")
   CHECK(WEXITSTATUS(status) == 0);
 }
 #endif
+
+TEST_CASE("bounded staleness over TCP: tokens within the bound, every step applied") {
+  using SspServer = ParameterServer<FixedShards, Sgd, BoundedStaleness>;
+  constexpr std::int64_t kStaleness = 1;
+  std::vector<std::unique_ptr<TcpServer<SspServer>>> listeners;
+  std::vector<std::string> addresses;
+  for (std::uint32_t i = 0; i < 2; ++i) {
+    listeners.push_back(std::make_unique<TcpServer<SspServer>>(
+        SspServer(i, 2, Sgd{0.05F}, BoundedStaleness(kStaleness, 2), FixedShards{2}), "127.0.0.1",
+        0));
+    addresses.push_back("127.0.0.1:" + std::to_string(listeners.back()->port()));
+  }
+  std::vector<std::thread> serving;
+  for (auto& l : listeners) serving.emplace_back([&l] { l->run(); });
+  const LinearData data(2 * kBatch * kSteps, kIn, kOut, 42);
+  std::vector<std::vector<StepResult>> results(2);
+  {
+    Chief chief(Tcp(addresses), 7);
+    chief.initialize(LinearModel(kIn, kOut).variables());
+    std::vector<std::thread> workers;
+    for (std::uint32_t w = 0; w < 2; ++w) {
+      workers.emplace_back([&, w] {
+        Worker worker(w, LinearModel(kIn, kOut), Tcp(addresses));
+        worker.wait_ready();
+        for (std::int64_t k = 0;; ++k) {
+          if (w == 1) std::this_thread::sleep_for(std::chrono::microseconds(500));  // slower
+          const std::size_t row = static_cast<std::size_t>(((k % kSteps) * 2 + w) * kBatch);
+          const LinearBatch batch{std::span(data.x).subspan(row * kIn, kBatch * kIn),
+                                  std::span(data.y).subspan(row * kOut, kBatch * kOut)};
+          const auto result = worker.step(batch, kSteps);
+          if (!result) break;
+          results[w].push_back(*result);
+        }
+      });
+    }
+    for (auto& t : workers) t.join();
+    for (const Stats& s : chief.stats()) {
+      CHECK(s.global_step == kSteps);
+      CHECK(s.stale_gradients_dropped == 0);
+    }
+    chief.shutdown();
+  }  // every client has left: the ps tasks end without waiting out their linger
+  for (auto& t : serving) t.join();
+  for (const auto& steps : results) {
+    REQUIRE(steps.size() >= static_cast<std::size_t>(kSteps));
+    for (const StepResult& r : steps) CHECK(r.local_step - r.global_step <= kStaleness);
+  }
+}
+
+TEST_CASE("over TCP a worker hears that training ended, and the ps ends once clients left") {
+  TcpServerOptions options;
+  options.linger = std::chrono::seconds(60);  // far longer than the test may take
+  TcpServer listener(Server(0, 1, Sgd{0.1F}, SyncReplicas(2, 2), FixedShards{1}), "127.0.0.1", 0,
+                     options);
+  auto serving = std::async(std::launch::async, [&] { listener.run(); });
+  const std::vector<std::string> address{"127.0.0.1:" + std::to_string(listener.port())};
+  const LinearData data(kBatch, kIn, kOut, 3);
+  std::optional<bool> stepped;
+  {
+    Chief chief(Tcp(address), 7);
+    chief.initialize(LinearModel(kIn, kOut).variables());
+    std::thread lonely([&] {  // worker 1 never comes: worker 0 waits for step 1
+      Worker worker(0, LinearModel(kIn, kOut), Tcp(address));
+      worker.wait_ready();
+      stepped = worker.step({data.x, data.y}).has_value();
+      // After the end, every later call hears it too, over a live connection.
+      CHECK_FALSE(worker.step({data.x, data.y}).has_value());
+      CHECK(worker.finished());
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    chief.shutdown();
+    lonely.join();
+    CHECK(serving.wait_for(std::chrono::milliseconds(300)) == std::future_status::timeout);
+  }  // the chief leaves last
+  CHECK(stepped == false);
+  CHECK(serving.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  CHECK(listener.service().ended()->code == ErrorCode::kOutOfRange);
+}

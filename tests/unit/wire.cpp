@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // The wire format: every message survives a round trip with its tensors; any header or
 // metadata a peer could send wrong is refused as Malformed before it is trusted.
-#include "pulley/transport/wire.hpp"
+#include "pulley/transport/wire/codec.hpp"
 
 #include <doctest/doctest.h>
 
@@ -81,7 +81,9 @@ TEST_CASE("every request survives a round trip, tensors included") {
   CHECK(std::get<TakeToken>(round_trip(Request{TakeToken{5}}, storage)).worker == 5);
   CHECK(std::holds_alternative<WaitReady>(round_trip(Request{WaitReady{}}, storage)));
   CHECK(std::holds_alternative<GetStats>(round_trip(Request{GetStats{}}, storage)));
-  CHECK(std::holds_alternative<Shutdown>(round_trip(Request{Shutdown{}}, storage)));
+  const auto bye = std::get<Shutdown>(round_trip(Request{Shutdown{true, "out of data"}}, storage));
+  CHECK(bye.aborted);
+  CHECK(bye.reason == "out of data");
 }
 
 TEST_CASE("every response survives a round trip, tensors included") {
@@ -113,17 +115,37 @@ TEST_CASE("every response survives a round trip, tensors included") {
   Stats stats;
   stats.global_step = 11;
   stats.bytes_pulled = 1 << 20;
-  auto got = std::get<StatsReply>(round_trip(Response{StatsReply{stats}}, storage)).stats;
-  CHECK(got.global_step == 11);
-  CHECK(got.bytes_pulled == 1 << 20);
+  auto got = std::get<StatsReply>(round_trip(Response{StatsReply{stats, "step 11"}}, storage));
+  CHECK(got.stats.global_step == 11);
+  CHECK(got.stats.bytes_pulled == 1 << 20);
+  CHECK(got.waiting_for == "step 11");
   const auto token =
-      std::get<TokenReply>(round_trip(Response{TokenReply{3, 4, false, false}}, storage));
-  CHECK(token.local_step == 3);
+      std::get<TokenReply>(round_trip(Response{TokenReply{Token{3, 1, 2, false}, 4}}, storage));
+  CHECK(token.token == Token{3, 1, 2, false});
   CHECK(token.global_step == 4);
-  CHECK(token.one_token_per_step == false);
-  CHECK(token.paced == false);
   CHECK(std::get<PushReply>(round_trip(Response{PushReply{2}}, storage)).stale_parts == 2);
   CHECK(std::holds_alternative<Ack>(round_trip(Response{Ack{}}, storage)));
+}
+
+TEST_CASE("a message's tensors are its declared span fields, in declaration order") {
+  const std::vector<float> a{1, 2}, b{3}, c{4, 5, 6};
+  const wire::Frame frame = wire::encode(Request{Push{1, 2, {{0, a}, {1, b}, {2, c}}}}, 5);
+  REQUIRE(frame.payload.size() == 3);
+  CHECK(frame.payload[0].data() == a.data());  // views of the sender's buffers, not copies
+  CHECK(frame.payload[2].data() == c.data());
+  CHECK(frame.header.payload_bytes == 6 * sizeof(float));
+  Request request = Push{1, 2, {{0, a}, {1, b}, {2, c}}};
+  std::vector<std::size_t> sizes;
+  for_each_tensor(request, [&](std::span<const float>& t) { sizes.push_back(t.size()); });
+  CHECK(sizes == std::vector<std::size_t>{2, 1, 3});
+  CHECK(changes_parameters(request));
+  CHECK_FALSE(changes_parameters(Request{Pull{}}));
+  CHECK(message_name(request) == "Push");
+  // A reply's metadata alone gives its tensors' sizes, for a receiver that routes them.
+  const wire::Frame reply = wire::encode(Response{PullReply{3, {a, c}}}, 6);
+  const Response routed = wire::decode_response_meta(reply.header, reply.meta, sizes);
+  CHECK(sizes == std::vector<std::size_t>{2, 3});
+  CHECK(std::get<PullReply>(routed).global_step == 3);
 }
 
 TEST_CASE("a header a peer got wrong is refused before anything else is read") {

@@ -4,55 +4,104 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
+#include <string>
 
 namespace pulley {
 
-/// What an accumulator did with one contribution.
+/// What one push message counts for (`SyncPolicy::on_push`).
 enum class Verdict : std::uint8_t {
-  kStale,    ///< older than the accumulator's step: dropped, never applied
-  kPending,  ///< kept; the step needs more contributions
-  kReady,    ///< kept, and the step is complete: call `take`
+  kStale,    ///< too old: its gradients are dropped (and counted), never applied
+  kPending,  ///< its gradients are accumulated; the step needs more
+  kReady,    ///< its gradients are accumulated and complete an update: take and apply it
 };
 
-/// How a sync policy paces workers with tokens (TF's `sync_token_queue`). A worker takes a
-/// token before each step and tags its push with the token's step. When step 0 starts and
-/// each time a global step completes, `per_step` tokens of the new step are released,
-/// replacing any of the old step that nobody took (those could only buy stale gradients).
-struct TokenRule {
-  std::int64_t per_step = 0;    ///< tokens per step; 0: no tokens, TakeToken never waits
-  std::int64_t per_worker = 0;  ///< most tokens of one step a worker may take; 0: no limit
+/// A sync token: leave for one step, and what that step must read. TF's `sync_token_queue`
+/// holds only the step number; pulley's tokens also say which parameters to pull, so that
+/// one mechanism serves every pacing rule.
+struct Token {
+  /// Tags the step's push (TF's `local_step`): the policy judges staleness by it.
+  std::int64_t local_step = 0;
+  /// The step's parameters must include every update of the global steps before this one:
+  /// the worker pulls with `Pull::min_step = pull_step` (0: whatever the ps holds).
+  std::int64_t pull_step = 0;
+  /// What the worker pulls together with this step's push, for its next step: the earliest
+  /// `pull_step` its next token can have, so that the prefetch can serve it.
+  std::int64_t next_pull_step = 0;
+  /// False when tokens never wait (Async): the worker need not ask for another.
+  bool paced = true;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(local_step, pull_step, next_pull_step, paced);
+  }
+  friend bool operator==(const Token&, const Token&) = default;
 };
 
 /// An aggregation (sync) policy decides when gradients are applied and how workers are
-/// paced. The ps keeps one `Accumulator` per part it holds plus one, of size 0, for the
-/// global step: every push message is a vote on that one.
+/// paced. It has two halves, both state the policy defines and the ps keeps:
+///   - an `Accumulator` per part the ps holds (TF's ConditionalAccumulator): it gathers the
+///     part's gradients of one update and hands the optimizer their mean;
+///   - one `Pacer` per ps task: it counts push messages towards the ps's global step, judges
+///     them fresh or stale, and (on ps 0, which paces the workers) hands out sync tokens.
 ///
 /// Required:
-///   - `typename P::Accumulator`
-///   - `p.make_accumulator(n)` → an accumulator for `n`-element gradients, at step 0
-///   - `p.accumulate(acc, gradient, local_step)` → `Verdict`
-///   - `p.take(acc)` → the aggregated gradient to apply; advances `acc` by one step
-///   - `p.step(acc)` → the steps `acc` has completed
-///   - `p.token_rule()` → `TokenRule`: how workers are paced with sync tokens
+///   - `typename P::Accumulator`, `typename P::Pacer` (both movable)
+///   - `p.make_accumulator(n)` → an empty accumulator for `n`-element gradients
+///   - `p.accumulate(acc, gradient)` → void: adds one fresh gradient
+///   - `p.take(acc)` → `std::span<const float>`: what the optimizer applies; empties `acc`
+///   - `p.make_pacer()` → the pacer at global step 0
+///   - `p.on_push(pacer, worker, local_step)` → `Verdict` for one push message
+///   - `p.global_step(pacer)` → `std::int64_t`: global steps completed on this ps
+///   - `p.take_token(pacer, worker)` → `std::optional<Token>`; nullopt: the request waits
+/// Optional:
+///   - `p.waiting_for(pacer)` → `std::string`: what the next step waits for, in words; the
+///     ps reports it (StatsReply) and clients quote it when a token or a step never comes
 ///
 /// Semantic contract:
-///   - a contribution with `local_step < step(acc)` is stale: `accumulate` returns kStale and
-///     leaves `acc` unchanged;
-///   - `take` is called exactly once after each kReady, before the next `accumulate`; the
-///     span it returns stays valid until then and may alias the last gradient passed in;
-///   - `accumulate` may keep a view of `gradient` only until the next `take`;
-///   - the policy object is never modified after construction.
+///   - the ps calls `on_push` once per push message, after checking it and before touching
+///     any part: kStale drops every part gradient of the message, kPending accumulates them,
+///     kReady accumulates them and then takes and applies every part's update. So every
+///     part sees the same verdicts and the parts of a variable never drift apart;
+///   - `take` returns the mean of the gradients accumulated since the last `take` (or the
+///     one gradient); the span stays valid until the next `accumulate` and may alias the
+///     last gradient passed in; `accumulate` may keep a view of its gradient until then;
+///   - `global_step` never decreases. A Pull with `min_step` waits until it reaches
+///     `min_step`, and is answered the moment it does (before the ps handles anything
+///     else), so values read at a step are exactly that step's;
+///   - `take_token` is asked for every TakeToken (sent to ps 0 only); a request it answers
+///     nullopt waits, and is asked again, in arrival order, after every push the ps handles;
+///   - `on_push` and `take_token` may refuse a request by throwing `pulley::Error` (e.g. a
+///     worker index out of range), and must then leave the pacer unchanged. Any other throw
+///     from a policy while the ps changes its state fails the ps (it stops serving, and says
+///     why), since half an update cannot be undone;
+///   - the ps calls the policy from one thread at a time; the policy object itself is never
+///     modified after construction: everything that changes lives in the Accumulators and
+///     the Pacer.
 template <class P>
-concept SyncPolicy = std::copy_constructible<P> &&
-    requires(const P& policy, typename P::Accumulator& acc, const typename P::Accumulator& cacc,
-             std::span<const float> gradient, std::int64_t local_step, std::size_t n) {
-  typename P::Accumulator;
+concept SyncPolicy = std::copy_constructible<P> && std::movable<typename P::Accumulator> &&
+    std::movable<typename P::Pacer> &&
+    requires(const P& policy, typename P::Accumulator& acc, typename P::Pacer& pacer,
+             const typename P::Pacer& cpacer, std::span<const float> gradient,
+             std::uint32_t worker, std::int64_t local_step, std::size_t n) {
   { policy.make_accumulator(n) } -> std::same_as<typename P::Accumulator>;
-  { policy.accumulate(acc, gradient, local_step) } -> std::same_as<Verdict>;
+  { policy.accumulate(acc, gradient) } -> std::same_as<void>;
   { policy.take(acc) } -> std::same_as<std::span<const float>>;
-  { policy.step(cacc) } -> std::same_as<std::int64_t>;
-  { policy.token_rule() } -> std::same_as<TokenRule>;
+  { policy.make_pacer() } -> std::same_as<typename P::Pacer>;
+  { policy.on_push(pacer, worker, local_step) } -> std::same_as<Verdict>;
+  { policy.global_step(cpacer) } -> std::same_as<std::int64_t>;
+  { policy.take_token(pacer, worker) } -> std::same_as<std::optional<Token>>;
 };
+
+/// What `policy` says the next step waits for, or "" when it does not say.
+template <SyncPolicy P>
+std::string waiting_for(const P& policy, const typename P::Pacer& pacer) {
+  if constexpr (requires { { policy.waiting_for(pacer) } -> std::convertible_to<std::string>; }) {
+    return policy.waiting_for(pacer);
+  } else {
+    return {};
+  }
+}
 
 }  // namespace pulley

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "pulley/call_group.hpp"
 #include "pulley/client_options.hpp"
 #include "pulley/concepts/transport.hpp"
 #include "pulley/detail/finite.hpp"
@@ -25,6 +26,18 @@ struct PullRequest {
   std::size_t variable = 0;
   RowRange rows;
   std::span<float> into;
+};
+
+/// The values of every variable at one global step.
+struct Snapshot {
+  /// The global step every ps had completed when it was read (the lowest of them when
+  /// `consistent` is false).
+  std::int64_t step = 0;
+  /// Every ps was read at the same global step. Always so in sync training once the ps
+  /// tasks are read at a step they all reach; async ps tasks count their own pushes, so
+  /// their steps may never agree while training runs.
+  bool consistent = false;
+  std::vector<std::vector<float>> values;  ///< one vector per variable, in variable order
 };
 
 namespace detail {
@@ -56,11 +69,14 @@ class Client {
   template <class R, class MakeRequest>
   std::vector<R> broadcast(MakeRequest make_request, std::chrono::milliseconds timeout,
                            std::string_view what) {
-    std::vector<PendingCall> calls;
+    CallGroup group;
     for (std::size_t ps = 0; ps < num_ps(); ++ps) {
-      calls.push_back(transport_.call(ps, Request{make_request(ps)}, {}));
+      group.add(transport_.call(ps, Request{make_request(ps)}, {}));
     }
-    return collect<R>(calls, timeout, what);
+    group.wait(timeout, what);
+    std::vector<R> replies;
+    for (std::size_t ps = 0; ps < num_ps(); ++ps) replies.push_back(group.take_as<R>(ps));
+    return replies;
   }
 
   /// Registers the model on every ps and checks that their placements agree.
@@ -79,28 +95,33 @@ class Client {
           list);
   }
 
-  /// Takes a sync token from ps 0, which keeps the global step.
+  /// Takes a sync token from ps 0, which paces the workers.
   TokenReply take_token(std::uint32_t worker) {
-    std::vector<PendingCall> calls;
-    calls.push_back(transport_.call(0, TakeToken{worker}, {}));
-    return collect<TokenReply>(calls, options_.wait_timeout, "take a sync token").front();
+    CallGroup group;
+    group.add(transport_.call(0, TakeToken{worker}, {}));
+    explained(0, [&] { group.wait(options_.wait_timeout, "take a sync token"); });
+    return group.take_as<TokenReply>(0);
   }
 
   /// Pulls every request's rows into its destination, from all ps tasks at once; no ps
   /// answers before it completed `min_step` steps. Returns the lowest global step the ps
   /// tasks reported: every value pulled is at least that recent.
   std::int64_t pull(std::span<const PullRequest> requests, std::int64_t min_step) {
-    std::vector<PendingCall> calls = send_pulls(requests, min_step);
-    return lowest_step(collect<PullReply>(calls, pull_timeout(min_step), "pull"));
+    CallGroup group;
+    send_pulls(group, requests, min_step);
+    wait_gated(group, min_step, "pull");
+    return lowest_step(group, 0);
   }
 
   /// Pushes the gradients of whole variables (one span per variable, in variable order)
-  /// tagged with `local_step`; every ps gets a message, which is its step vote. Returns the
-  /// number of part gradients dropped as stale.
+  /// tagged with `local_step`; every ps gets a message, which counts towards its step.
+  /// Returns the number of part gradients dropped as stale.
   std::uint32_t push(std::uint32_t worker, std::int64_t local_step,
                      std::span<const std::span<const float>> gradients) {
-    std::vector<PendingCall> calls = send_pushes(worker, local_step, gradients);
-    return stale_parts(collect<PushReply>(calls, options_.request_timeout, "push"));
+    CallGroup group;
+    send_pushes(group, worker, local_step, gradients);
+    group.wait(options_.request_timeout, "push");
+    return stale_parts(group, 0, group.size());
   }
 
   /// What push_pull did.
@@ -111,76 +132,51 @@ class Client {
 
   /// `push`, then `pull` once each ps has completed `min_step` steps, in one round trip:
   /// both requests go out together, and each ps handles the pull after the push (requests
-  /// from one client to one ps keep their order).
+  /// from one client to one ps keep their order). A refused push ends the wait at once,
+  /// although its pull may be waiting for a step that will not come.
   PushPullResult push_pull(std::uint32_t worker, std::int64_t local_step,
                            std::span<const std::span<const float>> gradients,
                            std::span<const PullRequest> requests, std::int64_t min_step) {
-    std::vector<PendingCall> pushes = send_pushes(worker, local_step, gradients);
-    std::vector<PendingCall> pulls;
-    std::vector<std::optional<Response>> pushed(pushes.size());
-    try {
-      pulls = send_pulls(requests, min_step);
-      std::vector<std::optional<Response>> pulled(pulls.size());
-      // Each ps answers the pull after the push, so the pulls are awaited: one wake-up of
-      // this thread, not two. Meanwhile every 50 ms the answers so far are looked at, since
-      // a refused push (or a dead ps) leaves a pull waiting for a step that never comes.
-      const auto timeout = pull_timeout(min_step);
-      const auto deadline = std::chrono::steady_clock::now() + timeout;
-      while (!take_answers<PullReply>(pulls, pulled)) {
-        take_answers<PushReply>(pushes, pushed);
-        const auto now = std::chrono::steady_clock::now();
-        if (now >= deadline) {
-          throw Error(ErrorCode::kDeadlineExceeded,
-                      "pull: no answer within " + std::to_string(timeout.count()) + " ms");
-        }
-        const auto waiting =
-            std::find_if(pulled.begin(), pulled.end(), [](const auto& answer) { return !answer; });
-        pulls[static_cast<std::size_t>(waiting - pulled.begin())].wait_until(
-            std::min(deadline, now + std::chrono::milliseconds(50)));
-      }
-      PushPullResult result;
-      result.pulled_step = std::numeric_limits<std::int64_t>::max();
-      for (auto& answer : pulled) {
-        result.pulled_step = std::min(result.pulled_step, std::get<PullReply>(*answer).global_step);
-      }
-      if (pulled.empty()) result.pulled_step = 0;
-      const auto push_deadline = std::chrono::steady_clock::now() + options_.request_timeout;
-      for (std::size_t i = 0; i < pushes.size(); ++i) {
-        if (!pushed[i]) pushes[i].wait_until(push_deadline);
-      }
-      if (!take_answers<PushReply>(pushes, pushed)) {
-        throw Error(
-            ErrorCode::kDeadlineExceeded,
-            "push: no answer within " + std::to_string(options_.request_timeout.count()) + " ms");
-      }
-      for (auto& answer : pushed) result.stale_parts += std::get<PushReply>(*answer).stale_parts;
-      return result;
-    } catch (...) {  // no call may outlive the gradients or the pull targets
-      for (PendingCall& c : pulls) c.cancel();
-      for (PendingCall& c : pushes) c.cancel();
-      throw;
-    }
+    CallGroup group;
+    send_pushes(group, worker, local_step, gradients);
+    const std::size_t pushes = group.size();
+    send_pulls(group, requests, min_step);
+    wait_gated(group, min_step, "push and pull");
+    return {stale_parts(group, 0, pushes), lowest_step(group, pushes)};
   }
 
-  /// Current values of every variable, pulled from every ps at once.
-  std::vector<std::vector<float>> read_variables() {
+  /// Current values of every variable, pulled from every ps at once once it has completed
+  /// `min_step` steps.
+  std::vector<std::vector<float>> read_variables(std::int64_t min_step = 0) {
     std::vector<std::vector<float>> values;
-    std::vector<PullRequest> requests;
-    values.reserve(variables_.size());
-    for (std::size_t v = 0; v < variables_.size(); ++v) {
-      values.emplace_back(variables_[v].size());
-      requests.push_back({v, {0, variables_[v].rows()}, values.back()});
-    }
-    pull(requests, 0);
+    read_into(values, min_step);
     return values;
   }
 
-  /// Blocks until ps 0 (which keeps the global step) has completed `step` steps; returns
-  /// the global step it reports.
+  /// Every variable at one global step of at least `step`, the same on every ps: each ps is
+  /// read once it reaches the target step, and answers at that step's end (pulls waiting
+  /// for a step are answered the moment it completes). A ps read past the target sets the
+  /// next round's target; a few rounds settle it while training runs.
+  Snapshot snapshot(std::int64_t step) {
+    constexpr int kRounds = 8;
+    Snapshot shot;
+    for (int round = 0; round < kRounds; ++round) {
+      const auto [lowest, highest] = read_into(shot.values, step);
+      shot.step = lowest;
+      shot.consistent = lowest == highest;
+      if (shot.consistent) break;
+      step = highest;
+    }
+    return shot;
+  }
+
+  /// Blocks until every ps has completed `step` steps; returns the lowest global step they
+  /// report.
   std::int64_t wait_for_step(std::int64_t step) {
-    std::vector<PendingCall> calls;
-    calls.push_back(transport_.call(0, Pull{step, {}}, {}));
-    return collect<PullReply>(calls, options_.wait_timeout, "wait for step").front().global_step;
+    CallGroup group;
+    for (std::size_t ps = 0; ps < num_ps(); ++ps) group.add(transport_.call(ps, Pull{step, {}}, {}));
+    wait_gated(group, step, "wait for step " + std::to_string(step));
+    return lowest_step(group, 0);
   }
 
   /// Counters of every ps task, by task index.
@@ -193,54 +189,67 @@ class Client {
     return all;
   }
 
-  /// Waits for every call (one shared deadline) and returns their replies as R, in order.
-  /// Never returns or throws while a call may still touch the caller's buffers: at the
-  /// deadline, or at the first error (a dead ps need not wait for the others' answers), the
-  /// unfinished calls are cancelled first.
-  template <class R>
-  std::vector<R> collect(std::vector<PendingCall>& calls, std::chrono::milliseconds timeout,
-                         std::string_view what) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    std::vector<R> replies;
-    replies.reserve(calls.size());
-    try {
-      for (PendingCall& call : calls) {
-        if (!call.wait_until(deadline)) {
-          throw Error(ErrorCode::kDeadlineExceeded, std::string(what) + ": no answer within " +
-                                                        std::to_string(timeout.count()) + " ms");
-        }
-        replies.push_back(expect<R>(call.take()));
-      }
-    } catch (...) {
-      for (PendingCall& c : calls) c.cancel();
-      throw;
-    }
-    return replies;
+ private:
+  /// Waits for `group`, whose calls wait for global step `min_step`; a call that times out
+  /// is explained by what the ps tasks wait for.
+  void wait_gated(CallGroup& group, std::int64_t min_step, std::string_view what) {
+    if (min_step <= 0) return group.wait(options_.request_timeout, what);
+    explained(std::nullopt, [&] { group.wait(options_.wait_timeout, what); });
   }
 
- private:
-  /// Takes the answers that have arrived into `answers`; true once all have. Throws the first
-  /// error among them, or a reply of another kind than R.
-  template <class R>
-  static bool take_answers(std::vector<PendingCall>& calls,
-                           std::vector<std::optional<Response>>& answers) {
-    bool all = true;
-    for (std::size_t i = 0; i < calls.size(); ++i) {
-      if (!answers[i] && calls[i].ready()) {
-        answers[i] = calls[i].take();
-        if (const auto* e = std::get_if<ErrorReply>(&*answers[i])) throw Error(e->code, e->message);
-        if (!std::holds_alternative<R>(*answers[i])) {
-          throw Error(ErrorCode::kInvalidArgument, "unexpected reply kind from server");
+  /// Runs `wait`; a kDeadlineExceeded it throws gets what the ps (`ps`, or each) says the
+  /// next step waits for, so a stall names its cause ("worker 2 at clock 5").
+  template <class Wait>
+  void explained(std::optional<std::size_t> ps, Wait wait) {
+    try {
+      wait();
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kDeadlineExceeded) throw;
+      std::string why;
+      try {
+        CallGroup group;
+        for (std::size_t p = 0; p < num_ps(); ++p) {
+          if (!ps || *ps == p) group.add(transport_.call(p, GetStats{}, {}));
         }
+        group.wait(std::min(options_.request_timeout, std::chrono::milliseconds(5000)),
+                   "ask the ps tasks what they wait for");
+        for (std::size_t i = 0; i < group.size(); ++i) {
+          const StatsReply reply = group.take_as<StatsReply>(i);
+          why += "; ps " + std::to_string(ps ? *ps : i) + " is at step " +
+                 std::to_string(reply.stats.global_step) + ", waiting for " + reply.waiting_for;
+        }
+      } catch (const Error&) {  // the explanation is a courtesy: the deadline is the error
       }
-      all = all && answers[i].has_value();
+      throw Error(ErrorCode::kDeadlineExceeded, e.message() + why);
     }
-    return all;
+  }
+
+  /// Reads every variable into `values` once every ps has completed `min_step` steps;
+  /// returns the lowest and highest global step the ps tasks were read at.
+  std::pair<std::int64_t, std::int64_t> read_into(std::vector<std::vector<float>>& values,
+                                                  std::int64_t min_step) {
+    std::vector<PullRequest> requests;
+    values.resize(variables_.size());
+    for (std::size_t v = 0; v < variables_.size(); ++v) {
+      values[v].resize(variables_[v].size());
+      requests.push_back({v, {0, variables_[v].rows()}, values[v]});
+    }
+    CallGroup group;
+    send_pulls(group, requests, min_step);
+    wait_gated(group, min_step, "read the variables");
+    std::int64_t lowest = std::numeric_limits<std::int64_t>::max();
+    std::int64_t highest = std::numeric_limits<std::int64_t>::min();
+    for (std::size_t i = 0; i < group.size(); ++i) {
+      const std::int64_t step = group.take_as<PullReply>(i).global_step;
+      lowest = std::min(lowest, step);
+      highest = std::max(highest, step);
+    }
+    if (group.size() == 0) lowest = highest = 0;
+    return {lowest, highest};
   }
 
   /// Sends each ps its share of `requests` (checked against the variables' shapes).
-  std::vector<PendingCall> send_pulls(std::span<const PullRequest> requests,
-                                      std::int64_t min_step) {
+  void send_pulls(CallGroup& group, std::span<const PullRequest> requests, std::int64_t min_step) {
     std::vector<Pull> pulls(num_ps(), Pull{min_step, {}});
     std::vector<PullTargets> targets(num_ps());
     for (const PullRequest& r : requests) {
@@ -261,22 +270,20 @@ class Client {
                                                   (end - begin) * spec.row_size()));
       }
     }
-    std::vector<PendingCall> calls;
     for (std::size_t ps = 0; ps < num_ps(); ++ps) {
       if (pulls[ps].slices.empty()) continue;
-      calls.push_back(transport_.call(ps, std::move(pulls[ps]), std::move(targets[ps])));
+      group.add(transport_.call(ps, std::move(pulls[ps]), std::move(targets[ps])));
     }
-    return calls;
   }
 
   /// Sends every ps the gradients of the parts it holds (checked: one finite gradient of the
   /// right size per variable, before anything is sent).
-  std::vector<PendingCall> send_pushes(std::uint32_t worker, std::int64_t local_step,
-                                       std::span<const std::span<const float>> gradients) {
+  void send_pushes(CallGroup& group, std::uint32_t worker, std::int64_t local_step,
+                   std::span<const std::span<const float>> gradients) {
     if (gradients.size() != variables_.size()) {
       throw Error(ErrorCode::kInvalidArgument, "push needs one gradient per variable");
     }
-    std::vector<Push> pushes(num_ps(), Push{worker, local_step, {}, /*finite_checked=*/true});
+    std::vector<Push> pushes(num_ps(), Push{worker, local_step, {}});
     for (const Part& part : placement_.parts) {
       const std::size_t row_size = variables_[part.variable].row_size();
       const std::span<const float> g = gradients[part.variable];
@@ -297,26 +304,23 @@ class Client {
                                                      variables_[v].name + "'; nothing was pushed");
       }
     }
-    std::vector<PendingCall> calls;
     for (std::size_t ps = 0; ps < num_ps(); ++ps) {
-      calls.push_back(transport_.call(ps, std::move(pushes[ps]), {}));
+      group.add(transport_.call(ps, std::move(pushes[ps]), {}));
     }
-    return calls;
   }
 
-  std::chrono::milliseconds pull_timeout(std::int64_t min_step) const {
-    return min_step > 0 ? options_.wait_timeout : options_.request_timeout;
-  }
-
-  static std::int64_t lowest_step(const std::vector<PullReply>& replies) {
+  /// The lowest global step reported by the pull replies from index `first` on.
+  static std::int64_t lowest_step(CallGroup& group, std::size_t first) {
     std::int64_t step = std::numeric_limits<std::int64_t>::max();
-    for (const PullReply& r : replies) step = std::min(step, r.global_step);
-    return replies.empty() ? 0 : step;
+    for (std::size_t i = first; i < group.size(); ++i) {
+      step = std::min(step, group.take_as<PullReply>(i).global_step);
+    }
+    return first == group.size() ? 0 : step;
   }
 
-  static std::uint32_t stale_parts(const std::vector<PushReply>& replies) {
+  static std::uint32_t stale_parts(CallGroup& group, std::size_t first, std::size_t end) {
     std::uint32_t stale = 0;
-    for (const PushReply& r : replies) stale += r.stale_parts;
+    for (std::size_t i = first; i < end; ++i) stale += group.take_as<PushReply>(i).stale_parts;
     return stale;
   }
 
@@ -335,6 +339,7 @@ class Client {
   }
 
   void adopt(std::vector<PlacementReply> replies, std::vector<VariableSpec>& variables) {
+    if (replies.empty()) throw Error(ErrorCode::kInvalidArgument, "the cluster has no ps task");
     for (std::size_t ps = 1; ps < replies.size(); ++ps) {
       if (!(replies[ps].placement == replies[0].placement)) {
         throw Error(ErrorCode::kFailedPrecondition,
@@ -343,7 +348,6 @@ class Client {
                         "sharding policy and number of ps tasks?");
       }
     }
-    if (replies.empty()) throw Error(ErrorCode::kInvalidArgument, "the cluster has no ps task");
     const auto& registered = replies[0].variables;
     if (registered.size() != variables.size()) {
       throw Error(ErrorCode::kFailedPrecondition,

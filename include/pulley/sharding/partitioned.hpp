@@ -5,7 +5,7 @@
 #include <span>
 
 #include "pulley/concepts/sharding.hpp"
-#include "pulley/detail/partition.hpp"
+#include "pulley/sharding/partition.hpp"
 
 namespace pulley {
 
@@ -16,7 +16,7 @@ struct FixedShards {
 
   /// The placement of `variables` over `num_ps` ps tasks.
   [[nodiscard]] Placement place(std::span<const VariableSpec> variables, std::size_t num_ps) const {
-    return detail::place_round_robin(variables, num_ps,
+    return place_round_robin(variables, num_ps,
                                      [this](const VariableSpec&) { return num_shards; });
   }
 };
@@ -41,7 +41,7 @@ struct MinSize {
 
   /// The placement of `variables` over `num_ps` ps tasks.
   [[nodiscard]] Placement place(std::span<const VariableSpec> variables, std::size_t num_ps) const {
-    return detail::place_round_robin(variables, num_ps,
+    return place_round_robin(variables, num_ps,
                                      [this](const VariableSpec& s) { return parts_for(s); });
   }
 };

@@ -5,7 +5,7 @@
 #include <span>
 
 #include "pulley/concepts/sharding.hpp"
-#include "pulley/detail/partition.hpp"
+#include "pulley/sharding/partition.hpp"
 
 namespace pulley {
 
@@ -14,7 +14,7 @@ namespace pulley {
 struct RoundRobin {
   /// The placement of `variables` over `num_ps` ps tasks.
   [[nodiscard]] Placement place(std::span<const VariableSpec> variables, std::size_t num_ps) const {
-    return detail::place_round_robin(variables, num_ps, [](const VariableSpec&) { return 1; });
+    return place_round_robin(variables, num_ps, [](const VariableSpec&) { return std::size_t{1}; });
   }
 };
 static_assert(Sharding<RoundRobin>);

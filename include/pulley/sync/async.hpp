@@ -3,42 +3,52 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
+#include <string>
 
 #include "pulley/concepts/sync_policy.hpp"
 
 namespace pulley {
 
 /// Asynchronous training: every push is applied as soon as it arrives and no worker ever
-/// waits for another. Nothing is stale, no tokens are used, and the global step counts
-/// push messages.
+/// waits for another. Nothing is stale, tokens never wait, and the global step counts push
+/// messages.
 struct Async {
   /// Only remembers the gradient it was handed, so `take` returns it without a copy.
   struct Accumulator {
     std::span<const float> pending;
-    std::int64_t step = 0;
   };
 
-  /// An accumulator for n-element gradients, at step 0.
-  [[nodiscard]] Accumulator make_accumulator(std::size_t /*n*/) const { return {}; }
+  /// Counts push messages.
+  struct Pacer {
+    std::int64_t pushes = 0;
+  };
 
-  /// Takes one contribution tagged with the sender's local step.
-  Verdict accumulate(Accumulator& acc, std::span<const float> gradient,
-                     std::int64_t /*local_step*/) const {
+  /// An accumulator for n-element gradients.
+  [[nodiscard]] Accumulator make_accumulator(std::size_t /*n*/) const { return {}; }
+  /// Keeps a view of `gradient` until `take`.
+  void accumulate(Accumulator& acc, std::span<const float> gradient) const {
     acc.pending = gradient;
+  }
+  /// The gradient handed last.
+  std::span<const float> take(Accumulator& acc) const { return acc.pending; }
+
+  /// At step 0.
+  [[nodiscard]] Pacer make_pacer() const { return {}; }
+  /// Every push is applied at once and is one step.
+  Verdict on_push(Pacer& pacer, std::uint32_t /*worker*/, std::int64_t /*local_step*/) const {
+    ++pacer.pushes;
     return Verdict::kReady;
   }
-
-  /// The gradient to apply for the completed step; advances the step.
-  std::span<const float> take(Accumulator& acc) const {
-    ++acc.step;
-    return acc.pending;
+  /// Push messages handled.
+  [[nodiscard]] std::int64_t global_step(const Pacer& pacer) const { return pacer.pushes; }
+  /// Always a token, which need not be asked for again.
+  std::optional<Token> take_token(Pacer& /*pacer*/, std::uint32_t /*worker*/) const {
+    return Token{0, 0, 0, false};
   }
-
-  /// Steps this accumulator has completed.
-  [[nodiscard]] std::int64_t step(const Accumulator& acc) const { return acc.step; }
-  /// No tokens: nobody waits.
-  [[nodiscard]] TokenRule token_rule() const { return {}; }
+  /// Async never waits.
+  [[nodiscard]] std::string waiting_for(const Pacer& /*pacer*/) const { return "nothing (async)"; }
 };
 static_assert(SyncPolicy<Async>);
 

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -15,11 +17,11 @@ namespace pulley {
 
 /// Synchronous training with TensorFlow's `SyncReplicasOptimizer` semantics.
 ///
-/// Each part has an accumulator at some step s. A gradient tagged with local step < s is
-/// stale and dropped. When `replicas_to_aggregate` (R) fresh gradients are in, their mean
-/// is applied once and the step advances. The global step advances the same way on push
-/// messages; each time it does, `max(R, N)` tokens carrying the new step are released. A
-/// worker takes a token before each step.
+/// The ps's global step is at some step s. A push tagged with local step < s is stale: its
+/// gradients are dropped. When `replicas_to_aggregate` (R) fresh pushes are in, the mean of
+/// their gradients is applied once, part by part, and the step advances; each time it
+/// does, `max(R, N)` tokens carrying the new step are released. A worker takes a token
+/// before each step, and pulls the parameters of the token's step.
 ///
 /// Three refinements over TF's plain token queue, each to keep its documented regimes
 /// true: step 0 starts with max(R, N) tokens (TF lets every worker start its first step
@@ -52,50 +54,88 @@ class SyncReplicas {
   /// N: the number of workers.
   [[nodiscard]] int total_num_replicas() const noexcept { return total_num_replicas_; }
 
-  /// Running sum of the current step's fresh gradients (TF's ConditionalAccumulator).
+  /// Running sum of the current step's fresh gradients of one part.
   struct Accumulator {
     std::vector<float> sum;
     int count = 0;
-    std::int64_t step = 0;
   };
 
-  /// An accumulator for n-element gradients, at step 0.
+  /// The global step, its fresh pushes so far, and its tokens.
+  struct Pacer {
+    std::int64_t step = 0;
+    int fresh = 0;                                ///< fresh pushes of `step`
+    std::int64_t tokens_left = 0;                 ///< tokens of `step` not taken
+    std::map<std::uint32_t, std::int64_t> taken;  ///< tokens of `step` taken, by worker
+  };
+
+  /// An empty accumulator for n-element gradients.
   [[nodiscard]] Accumulator make_accumulator(std::size_t n) const {
-    return {std::vector<float>(n, 0.0F), 0, 0};
+    return {std::vector<float>(n, 0.0F), 0};
   }
 
-  /// Takes one contribution tagged with the sender's local step.
-  Verdict accumulate(Accumulator& acc, std::span<const float> gradient,
-                     std::int64_t local_step) const {
-    if (local_step < acc.step) return Verdict::kStale;
-    if (acc.count == 0) {
+  /// Adds one fresh gradient.
+  void accumulate(Accumulator& acc, std::span<const float> gradient) const {
+    if (acc.count++ == 0) {
       std::copy(gradient.begin(), gradient.end(), acc.sum.begin());
-    } else {
-      float* __restrict s = acc.sum.data();
-      const float* __restrict g = gradient.data();
-      for (std::size_t i = 0, n = acc.sum.size(); i < n; ++i) s[i] += g[i];
+      return;
     }
-    return ++acc.count == replicas_to_aggregate_ ? Verdict::kReady : Verdict::kPending;
+    float* __restrict s = acc.sum.data();
+    const float* __restrict g = gradient.data();
+    for (std::size_t i = 0, n = acc.sum.size(); i < n; ++i) s[i] += g[i];
   }
 
-  /// The gradient to apply for the completed step; advances the step.
+  /// The mean of the gradients accumulated.
   std::span<const float> take(Accumulator& acc) const {
-    const float scale = 1.0F / static_cast<float>(replicas_to_aggregate_);
+    const float scale = 1.0F / static_cast<float>(acc.count);
     for (float& v : acc.sum) v *= scale;
     acc.count = 0;
-    ++acc.step;
     return acc.sum;
   }
 
-  /// Steps this accumulator has completed.
-  [[nodiscard]] std::int64_t step(const Accumulator& acc) const { return acc.step; }
-  /// max(R, N) tokens per step; one per worker when R <= N.
-  [[nodiscard]] TokenRule token_rule() const {
-    return {std::max(replicas_to_aggregate_, total_num_replicas_),
-            replicas_to_aggregate_ <= total_num_replicas_ ? 1 : 0};
+  /// Step 0, with max(R, N) tokens.
+  [[nodiscard]] Pacer make_pacer() const { return {0, 0, tokens_per_step(), {}}; }
+
+  /// Stale if tagged before the current step; the R-th fresh push completes the step.
+  Verdict on_push(Pacer& pacer, std::uint32_t /*worker*/, std::int64_t local_step) const {
+    if (local_step < pacer.step) return Verdict::kStale;
+    if (++pacer.fresh < replicas_to_aggregate_) return Verdict::kPending;
+    ++pacer.step;
+    pacer.fresh = 0;
+    pacer.tokens_left = tokens_per_step();  // the old step's untaken tokens are withdrawn
+    pacer.taken.clear();
+    return Verdict::kReady;
+  }
+
+  /// Steps completed.
+  [[nodiscard]] std::int64_t global_step(const Pacer& pacer) const { return pacer.step; }
+
+  /// A token of the current step, if one is left and `worker` may take one more (one per
+  /// step when R <= N).
+  std::optional<Token> take_token(Pacer& pacer, std::uint32_t worker) const {
+    const bool one_each = replicas_to_aggregate_ <= total_num_replicas_;
+    if (pacer.tokens_left == 0) return std::nullopt;
+    auto taken = pacer.taken.find(worker);
+    if (one_each && taken != pacer.taken.end()) return std::nullopt;
+    --pacer.tokens_left;
+    ++pacer.taken[worker];
+    // With one token per step the worker's next step is the next global step, so its push
+    // can bring that step's parameters back; with R > N its next token may be of this step.
+    return Token{pacer.step, pacer.step, one_each ? pacer.step + 1 : pacer.step, true};
+  }
+
+  /// "step 12: 1 of 2 gradients in, 0 of 2 tokens left"
+  [[nodiscard]] std::string waiting_for(const Pacer& pacer) const {
+    return "step " + std::to_string(pacer.step) + ": " + std::to_string(pacer.fresh) + " of " +
+           std::to_string(replicas_to_aggregate_) + " gradients in, " +
+           std::to_string(pacer.tokens_left) + " of " + std::to_string(tokens_per_step()) +
+           " tokens left";
   }
 
  private:
+  [[nodiscard]] std::int64_t tokens_per_step() const {
+    return std::max(replicas_to_aggregate_, total_num_replicas_);
+  }
+
   int replicas_to_aggregate_;
   int total_num_replicas_;
 };

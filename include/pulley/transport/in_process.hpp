@@ -1,13 +1,11 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
-#include <exception>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -17,19 +15,20 @@
 #include <utility>
 #include <vector>
 
+#include "pulley/call.hpp"
+#include "pulley/concepts/service.hpp"
 #include "pulley/concepts/transport.hpp"
-#include "pulley/detail/pull_reply.hpp"
+#include "pulley/detail/reply_targets.hpp"
 #include "pulley/messages.hpp"
 #include "pulley/node.hpp"
-#include "pulley/parameter_server.hpp"
 
 namespace pulley {
 
-/// The fabric of an in-process cluster: the ps tasks, their request queues, and the fault
-/// injector. Workers, the chief and the evaluator reach it through `InProcess` endpoints
-/// from threads of their own. Requests travel as the same structs the TCP transport
-/// serializes, and each ps handles them one at a time, in arrival order, as it handles a
-/// socket.
+/// The fabric of an in-process cluster: it owns the ps tasks (any `Service`, typically a
+/// ParameterServer) and their request queues, and injects faults. Workers, the chief and
+/// the evaluator reach it through `InProcess` endpoints from threads of their own. Requests
+/// travel as the same structs the TCP transport encodes, and each ps handles them one at a
+/// time, in arrival order, as it handles a socket.
 ///
 /// A request to an idle ps task is handled on the thread that sends it, under the task's
 /// lock: no thread hand-off, so a push+pull costs about what its copies cost. A request to
@@ -39,96 +38,77 @@ namespace pulley {
 /// step-gated pull) is answered later by whichever thread completes what it waits for.
 ///
 /// Faults, for tests: `drop_next` loses requests (the caller's deadline fires), `delay`
-/// slows a node down, `kill` makes a node fail as a crashed process would: its queued and
-/// waiting requests are answered `kUnavailable`, and so is everything sent to or by it
-/// afterwards.
+/// slows a node down, `kill` makes a node fail as a crashed process would: the requests it
+/// held and everything sent to or by it afterwards are answered `kUnavailable`.
 ///
-/// The network must outlive every endpoint and every served ParameterServer; its destructor
-/// kills the ps tasks still running and joins their threads.
+/// Lifetimes take care of themselves: the network owns the services it serves and joins
+/// their threads before destroying them; an endpoint that outlives the network gets
+/// `kUnavailable` answers.
 class InProcessNetwork {
  public:
   /// @param num_ps the number of ps tasks (served with `serve`)
-  explicit InProcessNetwork(std::uint32_t num_ps) {
-    for (std::uint32_t i = 0; i < num_ps; ++i) mailboxes_.push_back(std::make_unique<Mailbox>());
-  }
+  explicit InProcessNetwork(std::uint32_t num_ps) : fabric_(std::make_shared<Fabric>(num_ps)) {}
   InProcessNetwork(const InProcessNetwork&) = delete;
   InProcessNetwork& operator=(const InProcessNetwork&) = delete;
 
-  ~InProcessNetwork() {
-    for (std::uint32_t i = 0; i < num_ps(); ++i) kill(Node::ps(i));
-    join();
-  }
+  /// Ends every ps task still serving (their waiting requests fail), joins their threads
+  /// and destroys the services.
+  ~InProcessNetwork() { fabric_->close(); }
 
   /// Number of ps tasks.
-  [[nodiscard]] std::uint32_t num_ps() const noexcept {
-    return static_cast<std::uint32_t>(mailboxes_.size());
+  [[nodiscard]] std::uint32_t num_ps() const noexcept { return fabric_->num_ps(); }
+
+  /// Serves ps task `service.task()`, which the network now owns; returns it (valid while
+  /// the network lives; it runs on the network's threads, so read it only once `join`
+  /// returned). Requests sent before are handled now.
+  template <Service S>
+  S& serve(S service) {
+    auto host = std::make_unique<HostOf<S>>(std::move(service));
+    S& served = host->service;
+    fabric_->serve(std::move(host));
+    return served;
   }
 
-  /// Serves ps task `server.task()`. `Server` is any type with `handle(Request&&, Responder)`,
-  /// `stopped()` and `task()`, i.e. a ParameterServer. Requests sent before are handled now.
-  template <class Server>
-  void serve(Server& server) {
-    const std::uint32_t task = server.task();
-    if (task >= num_ps()) {
-      throw Error(ErrorCode::kInvalidArgument, "no ps task " + std::to_string(task) + " here");
-    }
-    Mailbox& box = *mailboxes_[task];
-    if (box.host) {
-      throw Error(ErrorCode::kAlreadyExists,
-                  "ps task " + std::to_string(task) + " is served already");
-    }
-    {
-      std::scoped_lock lock(box.serving, box.mutex);
-      box.host = std::make_unique<HostOf<Server>>(server);
-    }
-    threads_.emplace_back([this, &box, task] { run(box, task); });
-  }
-
-  /// Waits until every served ps task has ended (after Shutdown, or killed).
-  void join() {
-    for (std::thread& t : threads_) {
-      if (t.joinable()) t.join();
-    }
-  }
+  /// Waits until every served ps task has stopped (after Shutdown, a failure, or killed).
+  void join() { fabric_->join(); }
 
   /// Loses the next `count` requests sent to ps `ps` (from `from` only, if given).
   void drop_next(std::uint32_t ps, std::size_t count, std::optional<Node> from = {}) {
-    std::scoped_lock lock(faults_mutex_);
-    drops_.push_back({ps, count, from});
+    fabric_->drop_next(ps, count, from);
   }
 
   /// Makes `node` slow: a client waits `delay` before each request it sends, a ps before
   /// each request it handles. A zero delay ends the slowdown.
-  void delay(Node node, std::chrono::microseconds delay) {
-    std::scoped_lock lock(faults_mutex_);
-    delays_[node] = delay;
-  }
+  void delay(Node node, std::chrono::microseconds delay) { fabric_->set_delay(node, delay); }
 
   /// Kills `node` as a crash would.
-  void kill(Node node) {
-    {
-      std::scoped_lock lock(faults_mutex_);
-      dead_[node] = true;
-    }
-    if (node.job == Node::Job::kPs && node.index < num_ps()) {
-      Mailbox& box = *mailboxes_[node.index];
-      {
-        std::scoped_lock lock(box.mutex);
-        box.killed = true;
-      }
-      box.wake.notify_all();
-    }
-  }
+  void kill(Node node) { fabric_->kill(node); }
 
   /// True once `node` was killed.
-  [[nodiscard]] bool is_dead(Node node) const {
-    std::scoped_lock lock(faults_mutex_);
-    auto it = dead_.find(node);
-    return it != dead_.end() && it->second;
-  }
+  [[nodiscard]] bool is_dead(Node node) const { return fabric_->is_dead(node); }
 
  private:
   friend class InProcess;
+
+  /// A served ps task, whatever its Service type.
+  struct Host {
+    virtual ~Host() = default;
+    virtual void handle(Request&& request, Responder reply) noexcept = 0;
+    [[nodiscard]] virtual std::uint32_t task() const = 0;
+    [[nodiscard]] virtual bool stopped() const = 0;
+  };
+  template <Service S>
+  struct HostOf final : Host {
+    explicit HostOf(S s) : service(std::move(s)) {}
+    void handle(Request&& request, Responder reply) noexcept override {
+      // Requests come from this process's own clients, which check every tensor before
+      // they send anything.
+      service.handle(std::move(request), RequestContext{true}, std::move(reply));
+    }
+    [[nodiscard]] std::uint32_t task() const override { return service.task(); }
+    [[nodiscard]] bool stopped() const override { return service.stopped(); }
+    S service;
+  };
 
   /// One call in flight: where its answer goes. Answered at most once, and not at all
   /// once the caller cancelled (then the targets may be gone).
@@ -138,45 +118,32 @@ class InProcessNetwork {
     void complete(Response&& response) {
       unless_cancelled([&] {
         if (answered()) return;
-        auto* pull = std::get_if<PullReply>(&response);
-        if (pull && !detail::copy_into(*pull, targets)) {
-          response = ErrorReply{ErrorCode::kInvalidArgument, "pull reply does not fit its targets"};
+        if (!std::holds_alternative<ErrorReply>(response) &&
+            !detail::copy_into(response, targets)) {
+          response = ErrorReply{ErrorCode::kInvalidArgument, "reply does not fit its targets"};
         }
         answer(std::move(response));
       });
     }
   };
+  using CallPtr = std::shared_ptr<Call>;
 
   struct Envelope {
     Request request;
-    std::shared_ptr<Call> call;
-  };
-
-  /// A served ps task, whatever its ParameterServer type.
-  struct Host {
-    virtual ~Host() = default;
-    virtual void handle(Request&& request, Responder reply) = 0;
-    [[nodiscard]] virtual bool stopped() const = 0;
-  };
-  template <class Server>
-  struct HostOf final : Host {
-    explicit HostOf(Server& s) : server(s) {}
-    void handle(Request&& request, Responder reply) override {
-      server.handle(std::move(request), std::move(reply));
-    }
-    [[nodiscard]] bool stopped() const override { return server.stopped(); }
-    Server& server;
+    CallPtr call;
   };
 
   struct Mailbox {
-    std::mutex serving;  ///< held while the ps handles a request, on whichever thread
+    std::mutex serving;  ///< held while the service handles a request, on whichever thread
     std::mutex mutex;    ///< guards the rest; taken after `serving`
     std::condition_variable wake;
-    std::deque<Envelope> queue;  ///< for the ps's own thread; no sender skips it
-    std::unique_ptr<Host> host;  ///< set by serve()
+    std::deque<Envelope> queue;       ///< for the task's own thread; no sender skips it
+    std::unique_ptr<Host> host;       ///< set by serve()
+    std::vector<CallPtr> in_service;  ///< handed to the service; pruned as they are answered
+    bool thread_running = false;      ///< the task's own thread serves the queue
+    bool stopped = false;             ///< the service stopped: its thread ends once idle
     bool killed = false;
-    bool closed = false;            ///< shut down or killed: nothing more is handled
-    std::atomic<bool> dead{false};  ///< killed and flushed: every answer is kUnavailable
+    bool closed = false;  ///< the network is gone
   };
 
   struct DropRule {
@@ -185,160 +152,252 @@ class InProcessNetwork {
     std::optional<Node> from;
   };
 
-  static Response unavailable(const std::string& who) {
-    return ErrorReply{ErrorCode::kUnavailable, who + " is unavailable (killed)"};
-  }
+  /// Everything the network and its endpoints share; it outlives both.
+  class Fabric {
+   public:
+    explicit Fabric(std::uint32_t num_ps) {
+      for (std::uint32_t i = 0; i < num_ps; ++i) mailboxes_.push_back(std::make_unique<Mailbox>());
+    }
 
-  PendingCall send(Node from, std::uint32_t ps, Request&& request, PullTargets&& targets) {
-    auto call = std::make_shared<Call>();
-    call->targets = std::move(targets);
-    PendingCall pending(call);
-    if (ps >= num_ps()) {
-      call->complete(ErrorReply{ErrorCode::kInvalidArgument,
-                                "no ps task " + std::to_string(ps) + " in this cluster"});
-      return pending;
+    [[nodiscard]] std::uint32_t num_ps() const noexcept {
+      return static_cast<std::uint32_t>(mailboxes_.size());
     }
-    if (is_dead(from)) {
-      call->complete(unavailable(from.name()));
-      return pending;
-    }
-    if (auto d = delay_of(from); d.count() > 0) std::this_thread::sleep_for(d);
-    if (take_drop(ps, from)) {
-      std::scoped_lock lock(faults_mutex_);
-      lost_.push_back(std::move(call));  // never answered; the caller's deadline fires
-      return pending;
-    }
-    Mailbox& box = *mailboxes_[ps];
-    std::unique_lock serving(box.serving, std::try_to_lock);
-    {
-      std::scoped_lock lock(box.mutex);
-      if (box.killed || box.closed) {
-        call->complete(box.killed
-                           ? unavailable(Node::ps(ps).name())
-                           : Response{ErrorReply{ErrorCode::kCancelled,
-                                                 "ps " + std::to_string(ps) + " shut down"}});
-        return pending;
-      }
-      const bool idle = serving.owns_lock() && box.host && box.queue.empty();
-      if (!idle || delay_of(Node::ps(ps)).count() > 0) {
-        box.queue.push_back({std::move(request), std::move(call)});
-        box.wake.notify_one();
-        return pending;
-      }
-    }
-    handle(box, ps, std::move(request), call);  // here and now, holding `serving`
-    return pending;
-  }
 
-  /// Hands one request to the ps; the caller holds `box.serving`.
-  static void handle(Mailbox& box, std::uint32_t task, Request&& request,
-                     const std::shared_ptr<Call>& call) {
-    // One use while the ps reads the request's views: a caller that gives up waits for it.
-    call->unless_cancelled([&] {
-      try {
-        box.host->handle(std::move(request), [&box, call, task](Response&& r) {
-          call->complete(box.dead ? unavailable(Node::ps(task).name()) : std::move(r));
-        });
-      } catch (const std::exception& e) {  // a throwing policy must not take the ps down
-        call->complete(ErrorReply{ErrorCode::kInvalidArgument,
-                                  "ps " + std::to_string(task) + " failed: " + e.what()});
+    void serve(std::unique_ptr<Host> host) {
+      const std::uint32_t task = host->task();
+      if (task >= num_ps()) {
+        throw Error(ErrorCode::kInvalidArgument, "no ps task " + std::to_string(task) + " here");
       }
-    });
-    if (box.host->stopped()) {
+      Mailbox& box = *mailboxes_[task];
       {
-        std::scoped_lock lock(box.mutex);
-        box.closed = true;
+        std::scoped_lock lock(box.serving, box.mutex);
+        if (box.host) {
+          throw Error(ErrorCode::kAlreadyExists,
+                      "ps task " + std::to_string(task) + " is served already");
+        }
+        if (box.closed) return;
+        box.host = std::move(host);
+        box.thread_running = true;
       }
+      std::scoped_lock lock(threads_mutex_);
+      threads_.emplace_back([this, &box, task] { run(box, task); });
+    }
+
+    void join() {
+      std::vector<std::thread> threads;
+      {
+        std::scoped_lock lock(threads_mutex_);
+        threads.swap(threads_);
+      }
+      for (std::thread& t : threads) t.join();
+    }
+
+    /// The network is going away: everything waiting fails, the threads end, the services
+    /// are destroyed; later calls fail.
+    void close() {
+      for (auto& box : mailboxes_) {
+        std::scoped_lock lock(box->mutex);
+        box->closed = true;
+        fail_held(*box, "the in-process network was shut down");
+        box->wake.notify_all();
+      }
+      join();
+      for (auto& box : mailboxes_) {
+        std::scoped_lock serving(box->serving);
+        box->host.reset();
+      }
+    }
+
+    void drop_next(std::uint32_t ps, std::size_t count, std::optional<Node> from) {
+      std::scoped_lock lock(faults_mutex_);
+      drops_.push_back({ps, count, from});
+    }
+
+    void set_delay(Node node, std::chrono::microseconds delay) {
+      std::scoped_lock lock(faults_mutex_);
+      delays_[node] = delay;
+    }
+
+    void kill(Node node) {
+      {
+        std::scoped_lock lock(faults_mutex_);
+        dead_[node] = true;
+      }
+      if (node.job != Node::Job::kPs || node.index >= num_ps()) return;
+      Mailbox& box = *mailboxes_[node.index];
+      std::scoped_lock lock(box.mutex);
+      box.killed = true;
+      fail_held(box, node.name() + " is unavailable (killed)");
       box.wake.notify_all();
     }
-  }
 
-  /// The ps task's own thread: serves the queue, and ends the task when it is shut down or
-  /// killed.
-  void run(Mailbox& box, std::uint32_t task) {
-    for (;;) {
-      {
-        std::unique_lock lock(box.mutex);
-        box.wake.wait(lock, [&] { return box.killed || box.closed || !box.queue.empty(); });
-        if (box.killed || box.closed) break;
+    [[nodiscard]] bool is_dead(Node node) const {
+      std::scoped_lock lock(faults_mutex_);
+      auto it = dead_.find(node);
+      return it != dead_.end() && it->second;
+    }
+
+    PendingCall send(Node from, std::uint32_t ps, Request&& request, PullTargets&& targets) {
+      auto call = std::make_shared<Call>();
+      call->targets = std::move(targets);
+      PendingCall pending(call);
+      if (ps >= num_ps()) {
+        call->complete(ErrorReply{ErrorCode::kInvalidArgument,
+                                  "no ps task " + std::to_string(ps) + " in this cluster"});
+        return pending;
       }
-      if (auto d = delay_of(Node::ps(task)); d.count() > 0) std::this_thread::sleep_for(d);
-      std::scoped_lock serving(box.serving);
-      Envelope envelope;
+      if (is_dead(from)) {
+        call->complete(unavailable(from.name() + " is unavailable (killed)"));
+        return pending;
+      }
+      if (auto d = delay_of(from); d.count() > 0) std::this_thread::sleep_for(d);
+      if (take_drop(ps, from)) {
+        std::scoped_lock lock(faults_mutex_);
+        lost_.push_back(std::move(call));  // never answered; the caller's deadline fires
+        return pending;
+      }
+      Mailbox& box = *mailboxes_[ps];
+      std::unique_lock serving(box.serving, std::try_to_lock);
       {
         std::scoped_lock lock(box.mutex);
-        if (box.killed || box.closed || box.queue.empty()) continue;
-        envelope = std::move(box.queue.front());
-        box.queue.pop_front();
+        if (const auto gone = gone_reason(box, ps)) {
+          call->complete(unavailable(*gone));
+          return pending;
+        }
+        const bool idle = serving.owns_lock() && box.host && box.queue.empty() &&
+                          delay_of(Node::ps(ps)).count() == 0;
+        if (!idle && (box.thread_running || !box.host)) {
+          box.queue.push_back({std::move(request), std::move(call)});
+          box.wake.notify_one();
+          return pending;
+        }
       }
-      handle(box, task, std::move(envelope.request), envelope.call);
+      // Idle, or stopped with no thread left: handled here (a stopped service answers at
+      // once, so waiting for another sender's turn is short).
+      if (!serving.owns_lock()) serving.lock();
+      handle(box, ps, std::move(request), call);
+      return pending;
     }
-    std::scoped_lock serving(box.serving);
-    std::deque<Envelope> orphans;
-    {
-      std::scoped_lock lock(box.mutex);
-      box.closed = true;
-      orphans = std::move(box.queue);
-      if (box.killed) box.dead = true;
-    }
-    if (box.dead) {
-      // A crashed ps answers nothing; the clients' connections break. Flush the requests it
-      // held (token and pull waiters) so that they fail now instead of at their deadline.
-      box.host->handle(Shutdown{}, [](Response&&) {});
-    }
-    for (Envelope& e : orphans) {
-      e.call->complete(box.dead ? unavailable(Node::ps(task).name())
-                                : Response{ErrorReply{ErrorCode::kCancelled, "ps shut down"}});
-    }
-  }
 
-  std::chrono::microseconds delay_of(Node node) const {
-    std::scoped_lock lock(faults_mutex_);
-    auto it = delays_.find(node);
-    return it == delays_.end() ? std::chrono::microseconds{0} : it->second;
-  }
+   private:
+    static Response unavailable(const std::string& why) {
+      return ErrorReply{ErrorCode::kUnavailable, why};
+    }
 
-  bool take_drop(std::uint32_t ps, Node from) {
-    std::scoped_lock lock(faults_mutex_);
-    for (DropRule& rule : drops_) {
-      if (rule.ps == ps && rule.remaining > 0 && (!rule.from || *rule.from == from)) {
-        --rule.remaining;
-        std::erase_if(drops_, [](const DropRule& r) { return r.remaining == 0; });
-        return true;
+    static std::optional<std::string> gone_reason(const Mailbox& box, std::uint32_t ps) {
+      if (box.closed) return "the in-process network was shut down";
+      if (box.killed) return Node::ps(ps).name() + " is unavailable (killed)";
+      return std::nullopt;
+    }
+
+    /// Fails every request the task holds, queued or handed to its service (as a crashed
+    /// process's connections would break). The caller holds `box.mutex`.
+    static void fail_held(Mailbox& box, const std::string& why) {
+      for (Envelope& e : std::exchange(box.queue, {})) e.call->complete(unavailable(why));
+      for (const CallPtr& c : std::exchange(box.in_service, {})) c->complete(unavailable(why));
+    }
+
+    /// Hands one request to the service; the caller holds `box.serving`.
+    static void handle(Mailbox& box, std::uint32_t task, Request&& request, const CallPtr& call) {
+      {
+        std::scoped_lock lock(box.mutex);
+        if (const auto gone = gone_reason(box, task)) {
+          call->complete(unavailable(*gone));
+          return;
+        }
+        std::erase_if(box.in_service, [](const CallPtr& c) { return c->answered(); });
+        box.in_service.push_back(call);
+      }
+      // One use while the service reads the request's views: a caller that gives up waits
+      // for it.
+      call->unless_cancelled([&] {
+        box.host->handle(std::move(request), [call](Response&& r) { call->complete(std::move(r)); });
+      });
+      if (box.host->stopped()) {
+        std::scoped_lock lock(box.mutex);
+        box.stopped = true;
+        box.wake.notify_all();
       }
     }
-    return false;
-  }
 
-  std::vector<std::unique_ptr<Mailbox>> mailboxes_;
-  std::vector<std::thread> threads_;
-  mutable std::mutex faults_mutex_;
-  std::vector<DropRule> drops_;
-  std::map<Node, std::chrono::microseconds> delays_;
-  std::map<Node, bool> dead_;
-  std::vector<std::shared_ptr<Call>> lost_;
+    /// The task's own thread: serves the queue until the service stops (and the queue is
+    /// drained) or the task is killed.
+    void run(Mailbox& box, std::uint32_t task) {
+      for (;;) {
+        {
+          std::unique_lock lock(box.mutex);
+          box.wake.wait(lock, [&] {
+            return box.killed || box.closed || box.stopped || !box.queue.empty();
+          });
+          if (box.killed || box.closed || box.queue.empty()) {
+            box.thread_running = false;
+            return;
+          }
+        }
+        if (auto d = delay_of(Node::ps(task)); d.count() > 0) std::this_thread::sleep_for(d);
+        std::scoped_lock serving(box.serving);
+        Envelope envelope;
+        {
+          std::scoped_lock lock(box.mutex);
+          if (box.queue.empty()) continue;
+          envelope = std::move(box.queue.front());
+          box.queue.pop_front();
+        }
+        handle(box, task, std::move(envelope.request), envelope.call);
+      }
+    }
+
+    std::chrono::microseconds delay_of(Node node) const {
+      std::scoped_lock lock(faults_mutex_);
+      auto it = delays_.find(node);
+      return it == delays_.end() ? std::chrono::microseconds{0} : it->second;
+    }
+
+    bool take_drop(std::uint32_t ps, Node from) {
+      std::scoped_lock lock(faults_mutex_);
+      for (DropRule& rule : drops_) {
+        if (rule.ps == ps && rule.remaining > 0 && (!rule.from || *rule.from == from)) {
+          --rule.remaining;
+          std::erase_if(drops_, [](const DropRule& r) { return r.remaining == 0; });
+          return true;
+        }
+      }
+      return false;
+    }
+
+    std::vector<std::unique_ptr<Mailbox>> mailboxes_;
+    std::mutex threads_mutex_;
+    std::vector<std::thread> threads_;
+    mutable std::mutex faults_mutex_;
+    std::vector<DropRule> drops_;
+    std::map<Node, std::chrono::microseconds> delays_;
+    std::map<Node, bool> dead_;
+    std::vector<CallPtr> lost_;
+  };
+
+  std::shared_ptr<Fabric> fabric_;
 };
 
 /// A client endpoint on an InProcessNetwork: the in-process `Transport`.
 class InProcess {
  public:
-  /// @param network the cluster's fabric (must outlive this endpoint)
+  /// @param network the cluster's fabric
   /// @param self    who is calling, for the fault injector
-  InProcess(InProcessNetwork& network, Node self) : network_(&network), self_(self) {}
+  InProcess(InProcessNetwork& network, Node self) : fabric_(network.fabric_), self_(self) {}
 
   /// Number of ps tasks in the network.
-  [[nodiscard]] std::size_t num_ps() const noexcept { return network_->num_ps(); }
+  [[nodiscard]] std::size_t num_ps() const noexcept { return fabric_->num_ps(); }
   /// Who this endpoint speaks for.
   [[nodiscard]] Node self() const noexcept { return self_; }
 
   /// Sends `request` to ps `ps`; see the Transport concept for the contract.
   PendingCall call(std::size_t ps, Request&& request, PullTargets targets = {}) {
-    return network_->send(self_, static_cast<std::uint32_t>(ps), std::move(request),
-                          std::move(targets));
+    return fabric_->send(self_, static_cast<std::uint32_t>(ps), std::move(request),
+                         std::move(targets));
   }
 
  private:
-  InProcessNetwork* network_;
+  std::shared_ptr<InProcessNetwork::Fabric> fabric_;
   Node self_;
 };
 static_assert(Transport<InProcess>);

@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
-/// The TCP transport over standalone Asio: `Tcp`, the client side (a `Transport`), and
-/// `TcpServer`, which serves one ParameterServer on a port. Frames are those of wire.hpp;
-/// tensors are gather-written from the caller's buffers and a pull reply is received
-/// straight into the pull targets.
+/// The TCP transport over standalone Asio: `Tcp`, the client half (a `Transport`), and
+/// `TcpServer`, which serves one `Service` (a ParameterServer) on a port. Frames are those
+/// of wire/frame.hpp, encoded as wire/codec.hpp says; tensors are gather-written from the
+/// caller's buffers and a reply's tensors are received straight into the call's targets.
 
 #include "pulley/transport/tcp_client.hpp"
 #include "pulley/transport/tcp_server.hpp"

@@ -13,11 +13,13 @@
 #include <utility>
 #include <vector>
 
+#include "pulley/address.hpp"
+#include "pulley/call.hpp"
 #include "pulley/concepts/transport.hpp"
-#include "pulley/detail/pull_reply.hpp"
-#include "pulley/transport/detail/frame_reader.hpp"
+#include "pulley/detail/reply_targets.hpp"
 #include "pulley/transport/detail/sockets.hpp"
-#include "pulley/transport/wire.hpp"
+#include "pulley/transport/wire/codec.hpp"
+#include "pulley/transport/wire/frame_reader.hpp"
 
 namespace pulley {
 
@@ -32,11 +34,12 @@ struct TcpOptions {
   /// hold it for the kernel's two minutes); also bounds each reconnection attempt.
   std::chrono::milliseconds attempt_timeout{std::chrono::seconds(2)};
   /// What replies may claim, checked before anything is allocated for them.
-  wire::Limits limits;
+  wire::FrameLimits limits;
 };
 
 /// The TCP `Transport`: one connection per ps task. Tensors are gather-written from the
-/// caller's own buffers, and a pull reply is received straight into the pull targets.
+/// caller's own buffers, and a reply's tensors are received straight into the call's
+/// targets.
 ///
 /// It has no thread of its own: its I/O runs on the caller's thread while the caller waits
 /// on a PendingCall (the client waits right after sending). Requests made before a wait
@@ -56,9 +59,13 @@ struct TcpOptions {
 class Tcp {
  public:
   /// Connects to every ps ("host:port", by task index), retrying with backoff while they
-  /// start; throws kUnavailable naming the first address that stays unreachable.
+  /// start; throws kInvalidArgument for a malformed address (`parse_address`), and
+  /// kUnavailable naming the first address that stays unreachable.
   explicit Tcp(const std::vector<std::string>& ps_addresses, TcpOptions options = {})
-      : impl_(std::make_unique<Impl>(ps_addresses, options)) {}
+      : impl_(std::make_unique<Impl>(parse_all(ps_addresses), options)) {}
+  /// The same with parsed addresses.
+  explicit Tcp(std::vector<Address> ps_addresses, TcpOptions options = {})
+      : impl_(std::make_unique<Impl>(std::move(ps_addresses), options)) {}
 
   /// Number of ps tasks.
   [[nodiscard]] std::size_t num_ps() const noexcept { return impl_->num_ps(); }
@@ -69,9 +76,15 @@ class Tcp {
   }
 
  private:
+  static std::vector<Address> parse_all(const std::vector<std::string>& addresses) {
+    std::vector<Address> parsed;
+    for (const std::string& a : addresses) parsed.push_back(parse_address(a));
+    return parsed;
+  }
+
   /// One call: what the caller shares with the transport, and the frame to send.
   struct Pending : CallControl {
-    Pending(CallDriver* driver, std::size_t ps) : CallControl(driver), ps(ps) {}
+    Pending(CallDriver* driver, std::size_t task) : CallControl(driver), ps(task) {}
     std::size_t ps;
     PullTargets targets;
     wire::Frame frame;            ///< its payload views alias the caller's tensors
@@ -85,34 +98,42 @@ class Tcp {
   /// One connection. Every handler captures the `generation` it was started in and ignores
   /// its completion once the connection was replaced.
   struct Link {
-    Link(asio::io_context& io, std::string address, const wire::Limits& limits)
-        : address(std::move(address)), socket(io), resolver(io), timer(io), reader(limits) {}
+    Link(asio::io_context& io, Address where, const wire::FrameLimits& limits)
+        : address(where.to_string()),
+          host(std::move(where.host)),
+          port(std::to_string(where.port)),
+          socket(io),
+          resolver(io),
+          timer(io),
+          reader(limits) {}
 
-    std::string address;
+    std::string address;  ///< "host:port", for messages
+    std::string host;
+    std::string port;
     asio::ip::tcp::socket socket;
     asio::ip::tcp::resolver resolver;
     asio::steady_timer timer;  ///< bounds a connection attempt
     State state = State::kBroken;
     std::uint64_t generation = 0;
     std::string broken_reason = "not connected";
-    detail::FrameReader reader;
-    detail::ReceiveBuffers receive_buffers;
+    wire::FrameReader reader;
+    transport_detail::ReceiveBuffers receive_buffers;
     std::map<std::uint64_t, PendingPtr> pending;  ///< sent or queued, awaiting a reply
     std::deque<PendingPtr> outbox;                ///< made since the caller last waited
     std::deque<PendingPtr> writing;               ///< in write_list, not all written yet
-    detail::GatherList write_list;                ///< their frames, as the kernel takes them
+    transport_detail::GatherList write_list;      ///< their frames, as the kernel takes them
     bool write_waiting = false;                   ///< waits for the socket to take more
     bool receiving = false;                       ///< a receive is armed
-    PendingPtr reading;  ///< the call whose pull reply is being received into its targets
-    std::int64_t reading_step = 0;
+    PendingPtr reading;         ///< the call whose reply is being received into its targets
+    Response reading_response;  ///< that reply, decoded but for its tensors' values
+    std::vector<std::size_t> sizes;  ///< scratch: tensor sizes of a reply to route
   };
 
   class Impl final : public CallDriver {
    public:
-    Impl(const std::vector<std::string>& addresses, const TcpOptions& options) : options_(options) {
-      for (const std::string& address : addresses) {
-        detail::split_address(address);  // a malformed address fails now, not at each attempt
-        links_.push_back(std::make_unique<Link>(io_, address, options.limits));
+    Impl(std::vector<Address> addresses, const TcpOptions& options) : options_(options) {
+      for (Address& address : addresses) {
+        links_.push_back(std::make_unique<Link>(io_, std::move(address), options.limits));
       }
       for (auto& link : links_) connect_with_backoff(*link);
     }
@@ -147,12 +168,13 @@ class Tcp {
       return result;
     }
 
-    void run_until(CallControl& call, std::chrono::steady_clock::time_point deadline) override {
+    void run_until(const std::function<bool()>& done,
+                   std::chrono::steady_clock::time_point deadline) override {
       for (auto& link : links_) {
         flush(*link);
         receive(*link);
       }
-      while (!call.answered()) {
+      while (!done()) {
         if (deadline <= std::chrono::steady_clock::now()) {
           io_.poll();  // what already arrived
           return;
@@ -225,9 +247,8 @@ class Tcp {
         receive(link);
         done(ec);
       };
-      const auto [host, port] = detail::split_address(link.address);
       link.resolver.async_resolve(
-          host, port,
+          link.host, link.port,
           [&link, finish](std::error_code ec,
                           asio::ip::tcp::resolver::results_type endpoints) mutable {
             if (ec) return finish(ec);
@@ -306,26 +327,28 @@ class Tcp {
           });
     }
 
-    /// Where a reply's payload goes: a pull reply that fits its call's targets goes straight
-    /// into them; anything else stays in the reader (and is decoded from there).
+    /// Where a reply's payload goes: a reply whose tensors fit its call's targets one for
+    /// one goes straight into them; anything else stays in the reader (and is decoded from
+    /// there).
     static std::span<const std::span<float>> route(Link& link, const wire::Header& header,
                                                    std::span<const char> meta) {
-      if (header.kind != wire::kPullReplyKind) return {};
+      if (header.kind < wire::kResponseKind) return {};  // not a reply: on_reply refuses it
       const auto it = link.pending.find(header.call);
-      if (it == link.pending.end()) return {};
+      if (it == link.pending.end() || it->second->targets.empty()) return {};
       const PendingPtr& pending = it->second;
-      auto [step, sizes] = wire::read_pull_reply_meta(meta);
-      bool fits = sizes.size() == pending->targets.size();
-      for (std::size_t i = 0; fits && i < sizes.size(); ++i) {
-        fits = sizes[i] == pending->targets[i].size();
+      Response response = wire::decode_response_meta(header, meta, link.sizes);
+      const auto& targets = pending->targets;
+      bool fits = link.sizes.size() == targets.size();
+      for (std::size_t i = 0; fits && i < targets.size(); ++i) {
+        fits = link.sizes[i] == targets[i].size();
       }
       if (!fits || !pending->begin_use()) return {};  // a misfit, or a call given up
       link.reading = pending;
-      link.reading_step = step;
-      return pending->targets;
+      link.reading_response = std::move(response);
+      return targets;
     }
 
-    static void on_reply(Link& link, const detail::FrameReader::Frame& frame) {
+    static void on_reply(Link& link, const wire::FrameReader::Frame& frame) {
       const auto it = link.pending.find(frame.header.call);
       if (it != link.pending.end() && it->second->writing) {
         // The ps answered bytes it cannot have received: the stream is not to be trusted.
@@ -333,21 +356,21 @@ class Tcp {
       }
       if (frame.routed) {
         const PendingPtr pending = std::exchange(link.reading, nullptr);
-        PullReply reply{link.reading_step, {}};
-        for (std::span<float> t : pending->targets) reply.values.push_back(t);
-        pending->answer(std::move(reply));
+        Response response = std::move(link.reading_response);
+        detail::point_at(response, pending->targets);
+        pending->answer(std::move(response));
         pending->end_use();
         link.pending.erase(it);
         return;
       }
+      Response response = wire::decode_response(frame.header, frame.meta, frame.payload);
       if (it == link.pending.end()) return;  // an answer nobody waits for any more
       Pending& pending = *it->second;
-      Response response = wire::decode_response(frame.header, frame.meta, frame.payload);
-      if (auto* pull = std::get_if<PullReply>(&response)) {  // not routed: empty, or a misfit
+      if (!std::holds_alternative<ErrorReply>(response)) {
         bool fits = true;  // (a caller that gave up gets no copy, and no answer)
-        pending.unless_cancelled([&] { fits = detail::copy_into(*pull, pending.targets); });
+        pending.unless_cancelled([&] { fits = detail::copy_into(response, pending.targets); });
         if (!fits) {
-          response = ErrorReply{ErrorCode::kInvalidArgument, "pull reply does not fit its targets"};
+          response = ErrorReply{ErrorCode::kInvalidArgument, "reply does not fit its targets"};
         }
       }
       pending.answer(std::move(response));

@@ -5,7 +5,6 @@
 #include <asio.hpp>
 #include <chrono>
 #include <cstdint>
-#include <cstdio>
 #include <deque>
 #include <exception>
 #include <map>
@@ -14,49 +13,76 @@
 #include <utility>
 #include <vector>
 
+#include "pulley/concepts/service.hpp"
+#include "pulley/log.hpp"
 #include "pulley/messages.hpp"
-#include "pulley/transport/detail/frame_reader.hpp"
 #include "pulley/transport/detail/sockets.hpp"
-#include "pulley/transport/wire.hpp"
+#include "pulley/transport/wire/codec.hpp"
+#include "pulley/transport/wire/frame_reader.hpp"
 
 namespace pulley {
 
-/// Serves one ParameterServer on a TCP port. All connections are handled by one thread (the
-/// one that calls `run`), so the server sees its requests one at a time, as in-process.
+/// How a TcpServer treats its clients.
+struct TcpServerOptions {
+  /// What a request frame may claim, checked before anything is allocated for it.
+  wire::FrameLimits frames;
+  /// A connection stops being read while more than this many bytes of its replies wait to
+  /// be written (a client that does not read cannot grow the ps's memory).
+  std::uint64_t max_unsent_bytes = std::uint64_t{64} << 20U;
+  /// A connection stops being read while this many of its requests are handled but not
+  /// answered (pulls waiting for a step, token requests), since their replies come all at
+  /// once later. A pulley client has at most three in flight per ps.
+  std::uint32_t max_unanswered_requests = 16;
+  /// Once the service stopped, how long the server goes on answering (every request then
+  /// gets the service's final answer, e.g. "training finished") before it ends while
+  /// clients stay connected: clients in the middle of a step hear how training ended
+  /// instead of finding the connection closed. It ends sooner when every client has left.
+  std::chrono::milliseconds linger{std::chrono::seconds(10)};
+};
+
+/// Serves one Service (a ParameterServer) on a TCP port, and owns it. All connections are
+/// handled by one thread (the one that calls `run`), so the service sees its requests one
+/// at a time, as in-process.
 ///
 /// Requests are received many at a time when they are small (a push and its pull arrive in
 /// one receive), and every reply they produce leaves in one gather-write at the end of the
 /// batch, straight from the ps's parameters. What the kernel does not take at once goes
 /// out as the socket drains, still from the parameters, unless a request that changes them
-/// (a push, an initialization) comes first: then the rest is copied, so a reply never sees
-/// the parameters change under it.
+/// (`changes_parameters`: a push, an initialization) comes first: then the rest is copied,
+/// so a reply never sees the parameters change under it.
 ///
-/// A frame that fails wire::check or does not decode closes that connection with a reason
-/// on stderr; the server keeps serving everyone else. A connection whose peer does not read
-/// its replies stops being read once `limits.max_unsent_bytes` of them wait (its requests
-/// wait in the kernel), and so does one with `limits.max_unanswered_requests` requests
-/// waiting in the ps, so no client can make the ps buffer without bound. `run` returns
-/// after a Shutdown request was answered.
+/// A frame that fails wire::check or does not decode closes that connection with a logged
+/// reason; the server keeps serving everyone else. A connection whose peer does not read
+/// its replies stops being read once `max_unsent_bytes` of them wait (its requests wait in
+/// the kernel), and so does one with `max_unanswered_requests` requests waiting in the
+/// service, so no client can make the ps buffer without bound. Once the service stopped
+/// (shut down by the chief, or failed), `run` returns when every client has left, or after
+/// `linger`.
 ///
-/// @tparam Server a ParameterServer (`handle(Request&&, Responder)`, `stopped()`, `task()`)
-template <class Server>
+/// @tparam S the Service it serves
+template <Service S>
 class TcpServer {
  public:
-  /// Listens on `host:port`: `host` is a name ("localhost"), a numeric address, or "0.0.0.0"
-  /// / "::" for every interface (what TensorFlow's servers do: under Kubernetes a task's name
-  /// may resolve to a service address that is no local interface). Port 0 picks a free one;
-  /// see `port()`. Throws kInvalidArgument for a host that does not resolve, kUnavailable
-  /// when the address cannot be bound (a port in use).
-  TcpServer(Server& server, const std::string& host, std::uint16_t port, wire::Limits limits = {})
-      : server_(server),
-        limits_(limits),
-        acceptor_(detail::listen(io_, detail::resolve_listen_endpoint(io_, host, port))),
+  /// Serves `service` on `host:port`: `host` is a name ("localhost"), a numeric address, or
+  /// "0.0.0.0" / "::" for every interface (what TensorFlow's servers do: under Kubernetes a
+  /// task's name may resolve to a service address that is no local interface). Port 0 picks
+  /// a free one; see `port()`. Throws kInvalidArgument for a host that does not resolve,
+  /// kUnavailable when the address cannot be bound (a port in use).
+  TcpServer(S service, const std::string& host, std::uint16_t port, TcpServerOptions options = {})
+      : service_(std::move(service)),
+        options_(options),
+        acceptor_(transport_detail::listen(
+            io_, transport_detail::resolve_listen_endpoint(io_, host, port))),
         retry_accept_(io_) {}
 
   /// The port it listens on.
   [[nodiscard]] std::uint16_t port() const { return acceptor_.local_endpoint().port(); }
 
-  /// Serves until the ParameterServer handled a Shutdown (or `stop` is called).
+  /// The service it serves. While `run` runs, only that thread may touch it.
+  [[nodiscard]] S& service() noexcept { return service_; }
+
+  /// Serves until the service stopped and its clients heard (see the class comment), or
+  /// `stop` is called.
   void run() {
     accept();
     io_.run();
@@ -67,22 +93,22 @@ class TcpServer {
 
  private:
   struct Connection : std::enable_shared_from_this<Connection> {
-    Connection(TcpServer& owner, asio::ip::tcp::socket socket)
-        : owner(owner), socket(std::move(socket)), reader(owner.limits_) {}
+    Connection(TcpServer& server, asio::ip::tcp::socket peer)
+        : owner(server), socket(std::move(peer)), reader(server.options_.frames) {}
 
     /// Too much of this connection's work is unfinished to take more requests: replies
     /// unsent, or requests unanswered. Reading resumes when either shrinks.
     [[nodiscard]] bool paused() const {
-      return unsent.bytes() > owner.limits_.max_unsent_bytes ||
-             unanswered >= owner.limits_.max_unanswered_requests;
+      return unsent.bytes() > owner.options_.max_unsent_bytes ||
+             unanswered >= owner.options_.max_unanswered_requests;
     }
 
     TcpServer& owner;
     asio::ip::tcp::socket socket;
-    detail::FrameReader reader;
-    detail::ReceiveBuffers receive_buffers;
-    std::deque<wire::Frame> replies;  ///< replies with bytes in `unsent` (stable addresses)
-    detail::GatherList unsent;        ///< what of them, in order, the kernel has not taken
+    wire::FrameReader reader;
+    transport_detail::ReceiveBuffers receive_buffers;
+    std::deque<wire::Frame> replies;   ///< replies with bytes in `unsent` (stable addresses)
+    transport_detail::GatherList unsent;  ///< what of them, in order, the kernel has not taken
     std::unique_ptr<char[]> copy;     ///< a copy of unsent bytes that viewed the parameters
     std::unique_ptr<char[]> spare;    ///< the copy before, for reuse
     std::size_t copy_size = 0, spare_size = 0;
@@ -102,8 +128,8 @@ class TcpServer {
       if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
       if (ec) {  // e.g. out of file descriptors: keep serving, try again shortly
         if (!accept_failing_) {
-          std::fprintf(stderr, "pulley ps %u: accept failed (%s); retrying every 100 ms\n",
-                       static_cast<unsigned>(server_.task()), ec.message().c_str());
+          log(LogLevel::kWarning, "ps " + std::to_string(service_.task()) + ": accept failed (" +
+                                      ec.message() + "); retrying every 100 ms");
         }
         accept_failing_ = true;
         retry_accept_.expires_after(std::chrono::milliseconds(100));
@@ -170,32 +196,29 @@ class TcpServer {
     maybe_stop();
   }
 
-  void dispatch(const ConnectionPtr& c, const detail::FrameReader::Frame& frame) {
+  void dispatch(const ConnectionPtr& c, const wire::FrameReader::Frame& frame) {
     Request request = wire::decode_request(frame.header, frame.meta, frame.payload);
-    if (auto* push = std::get_if<Push>(&request)) push->finite_checked = frame.finite;
     // No reply may see the parameters change under it.
-    if (std::holds_alternative<Push>(request) || std::holds_alternative<Initialize>(request)) {
+    if (changes_parameters(request)) {
       for (const ConnectionPtr& viewing : std::exchange(viewing_, {})) detach(*viewing);
     }
-    const std::uint64_t call = frame.header.call;
     ++c->unanswered;
-    try {
-      server_.handle(std::move(request),
-                     [this, weak = std::weak_ptr<Connection>(c), call](Response&& response) {
-                       if (auto connection = weak.lock()) {
-                         --connection->unanswered;
-                         queue_reply(connection, response, call);
-                         maybe_resume(connection);
-                       }
-                     });
-    } catch (const std::exception& e) {  // a throwing policy must not take the ps down
-      --c->unanswered;
-      queue_reply(c,
-                  ErrorReply{ErrorCode::kInvalidArgument,
-                             "ps " + std::to_string(server_.task()) + " failed: " + e.what()},
-                  call);
-    }
-    if (server_.stopped()) begin_stopping();
+    // The frame reader checked large payloads finite as they arrived; the service checks
+    // the rest.
+    service_.handle(std::move(request), RequestContext{frame.finite},
+                    [this, weak = std::weak_ptr<Connection>(c),
+                     call = frame.header.call](Response&& response) {
+                      if (auto connection = weak.lock()) {
+                        --connection->unanswered;
+                        try {
+                          queue_reply(connection, response, call);
+                        } catch (const std::exception& e) {  // a Responder never throws
+                          drop(*connection, std::string("cannot queue a reply: ") + e.what());
+                        }
+                        maybe_resume(connection);
+                      }
+                    });
+    if (service_.stopped()) begin_stopping();
   }
 
   /// Queues a reply for the write at the end of the batch; its views of the parameters stay
@@ -280,9 +303,9 @@ class TcpServer {
   void drop(Connection& c, const std::string& reason) {
     std::error_code ignored;
     const auto peer = c.socket.remote_endpoint(ignored);
-    std::fprintf(stderr, "pulley ps %u: closing connection from %s:%u: %s\n",
-                 static_cast<unsigned>(server_.task()), peer.address().to_string().c_str(),
-                 static_cast<unsigned>(peer.port()), reason.c_str());
+    log(LogLevel::kWarning, "ps " + std::to_string(service_.task()) +
+                                ": closing connection from " + peer.address().to_string() + ":" +
+                                std::to_string(peer.port()) + ": " + reason);
     forget(c);
   }
 
@@ -295,38 +318,35 @@ class TcpServer {
     std::error_code ignored;
     c.socket.close(ignored);
     connections_.erase(&c);
+    maybe_stop();
   }
 
-  /// After Shutdown: stops once every answer (the Ack, the cancelled waiters) is written,
-  /// or after five seconds if a client does not read them.
+  /// The service stopped: go on answering until every client has left, or `linger` passed.
   void begin_stopping() {
     if (stopping_) return;
     stopping_ = true;
-    shutdown_grace_.expires_after(std::chrono::seconds(5));
-    shutdown_grace_.async_wait([this](std::error_code ec) {
+    linger_.expires_after(options_.linger);
+    linger_.async_wait([this](std::error_code ec) {
       if (!ec) io_.stop();
     });
+    maybe_stop();
   }
 
   void maybe_stop() {
-    if (!stopping_ || !dirty_.empty()) return;
-    const bool written = std::none_of(connections_.begin(), connections_.end(),
-                                      [](const auto& c) { return !c.second->unsent.empty(); });
-    if (written) {
-      std::error_code ignored;
-      acceptor_.close(ignored);
-      retry_accept_.cancel();
-      shutdown_grace_.cancel();
-      io_.stop();
-    }
+    if (!stopping_ || !connections_.empty()) return;
+    std::error_code ignored;
+    acceptor_.close(ignored);
+    retry_accept_.cancel();
+    linger_.cancel();
+    io_.stop();
   }
 
-  Server& server_;
-  wire::Limits limits_;
+  S service_;  ///< first: destroyed last, after every connection that may answer for it
+  TcpServerOptions options_;
   asio::io_context io_{1};
   asio::ip::tcp::acceptor acceptor_;
   asio::steady_timer retry_accept_;
-  asio::steady_timer shutdown_grace_{io_};
+  asio::steady_timer linger_{io_};
   bool accept_failing_ = false;
   bool stopping_ = false;
   std::vector<ConnectionPtr> dirty_;    ///< connections with replies queued in this batch

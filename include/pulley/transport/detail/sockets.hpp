@@ -17,22 +17,9 @@
 #include <vector>
 
 #include "pulley/error.hpp"
-#include "pulley/transport/wire.hpp"
+#include "pulley/transport/wire/frame.hpp"
 
-namespace pulley::detail {
-
-/// Splits "host:port" (the host may be "[v6]"); throws kInvalidArgument.
-inline std::pair<std::string, std::string> split_address(const std::string& address) {
-  const auto colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {
-    throw Error(ErrorCode::kInvalidArgument, "address '" + address + "' is not host:port");
-  }
-  std::string host = address.substr(0, colon);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  return {host, address.substr(colon + 1)};
-}
+namespace pulley::transport_detail {
 
 /// The first endpoint `host` resolves to (a name, a numeric address, "0.0.0.0" or "::" for
 /// every interface) with `port`; throws kInvalidArgument when it does not resolve.
@@ -189,4 +176,4 @@ class ReceiveBuffers {
   int mark_ = 1;
 };
 
-}  // namespace pulley::detail
+}  // namespace pulley::transport_detail

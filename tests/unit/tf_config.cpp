@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // TF_CONFIG, TensorFlow's cluster description: valid documents parse, invalid ones are
 // refused with a message that says what is wrong.
-#include "pulley/cluster_spec.hpp"
+#include "pulley/cluster/tf_config.hpp"
 
 #include <doctest/doctest.h>
 
@@ -75,11 +75,11 @@ TEST_CASE("TF_CONFIG errors say what is wrong") {
             .find("non-negative integer") != std::string::npos);
   CHECK(message_of(R"({"cluster": {"ps": ["a:1"]}, "task": {"type": "ps", "index": 0.5}})")
             .find("non-negative integer") != std::string::npos);
-  CHECK(message_of(R"({"cluster": {"ps": ["a:1"]}, "task": )").find("invalid JSON") !=
+  CHECK(message_of(R"({"cluster": {"ps": ["a:1"]}, "task": )").find("TF_CONFIG: invalid JSON") !=
         std::string::npos);
   CHECK(message_of(R"([1, 2])").find("not a JSON object") != std::string::npos);
   CHECK(message_of(R"({"cluster": {"ps": ["a:1"]}, "task": {"type": "ps"}} extra)")
-            .find("trailing") != std::string::npos);
+            .find("expected end of input") != std::string::npos);
 }
 
 TEST_CASE("TF_CONFIG is read from the environment") {
@@ -100,7 +100,68 @@ TEST_CASE("TF_CONFIG: odd ports, huge indices and bad escapes are refused, not m
   CHECK(message_of(R"({"cluster": {"ps": ["a:1"]}, "task": {"type": "ps", "index": 1e20}})")
             .find("non-negative integer") != std::string::npos);
   CHECK(message_of(R"({"cluster": {"ps": ["a:1"]}, "task": {"type": "p\uzzzz"}})")
-            .find("bad \\u escape") != std::string::npos);
+            .find("'\\u' must be followed by 4 hex digits") != std::string::npos);
   CHECK(parse_tf_config(R"({"cluster": {"ps": ["a:1"]}, "task": {"type": "p\u0073"}})").task.type ==
         "ps");
+}
+
+TEST_CASE("TF_CONFIG: the task index is a non-negative integer that fits 32 bits") {
+  const std::string ps2 = R"({"cluster": {"ps": ["a:1", "b:1", "c:1"]}, "task": {"type": "ps", )";
+  CHECK(parse_tf_config(ps2 + R"("index": 2}})").task.index == 2);
+  CHECK(parse_tf_config(ps2 + R"("index": 2.0}})").task.index == 2);  // integral, as before
+  CHECK(parse_tf_config(ps2 + R"("index": 0}})").task.index == 0);
+  for (const char* index : {"1.5", "-1", "\"1\"", "1e10", "4294967296", "true", "null", "[1]"}) {
+    CAPTURE(index);
+    CHECK(message_of(ps2 + R"("index": )" + index + "}}").find("non-negative integer") !=
+          std::string::npos);
+  }
+  // In range of 32 bits, so it gets as far as the range check against the job's size.
+  CHECK(message_of(ps2 + R"("index": 4294967295}})").find("index 4294967295 is out of range") !=
+        std::string::npos);
+}
+
+TEST_CASE("TF_CONFIG: addresses follow parse_address") {
+  const auto c = parse_tf_config(
+      R"({"cluster": {"ps": ["[fe80::1]:2222", "10.0.0.1:65535"]}, "task": {"type": "ps"}})");
+  CHECK(c.cluster.tasks("ps") == std::vector<std::string>{"[fe80::1]:2222", "10.0.0.1:65535"});
+  for (const char* address : {"\"a:0\"", "\"a:65536\"", "\":80\"", "\"a b:80\"", "\"::1:80\"",
+                              "\"[::1]80\"", "\"a:80x\"", "80", "null"}) {
+    CAPTURE(address);
+    const std::string m = message_of(std::string(R"({"cluster": {"ps": [)") + address +
+                                     R"(]}, "task": {"type": "ps"}})");
+    CHECK(m.find("TF_CONFIG: job \"ps\" has an address that is not \"host:port\"") !=
+          std::string::npos);
+  }
+  CHECK(message_of(R"({"cluster": {"ps": ["a:0"]}, "task": {"type": "ps"}})")
+            .find(R"("a:0" (the port must be 1..65535)") != std::string::npos);
+}
+
+TEST_CASE("TF_CONFIG: an address listed twice is refused, naming both tasks") {
+  CHECK(message_of(R"({"cluster": {"ps": ["h:1"], "worker": ["w:1", "h:1"]},
+                       "task": {"type": "ps"}})") ==
+        "invalid_argument: TF_CONFIG: address 'h:1' is listed twice (ps 0 and worker 1)");
+  CHECK(message_of(R"({"cluster": {"ps": ["h:1", "h:1"]}, "task": {"type": "ps"}})")
+            .find("address 'h:1' is listed twice (ps 0 and ps 1)") != std::string::npos);
+  // The same host and port however the port is spelled, and IPv6 printed with brackets.
+  CHECK(message_of(R"({"cluster": {"ps": ["h:80"], "chief": ["h:080"]}, "task": {"type": "ps"}})")
+            .find("address 'h:80' is listed twice (chief 0 and ps 0)") != std::string::npos);
+  CHECK(message_of(R"({"cluster": {"ps": ["[::1]:5", "[::1]:5"]}, "task": {"type": "ps"}})")
+            .find("address '[::1]:5' is listed twice") != std::string::npos);
+  // "master" is the chief, so its tasks number after the chief's.
+  CHECK(message_of(R"({"cluster": {"ps": ["p:1"], "chief": ["c:1"], "master": ["p:1"]},
+                       "task": {"type": "ps"}})")
+            .find("(chief 1 and ps 0)") != std::string::npos);
+  // Another port, or another host, is another task.
+  CHECK(parse_tf_config(R"({"cluster": {"ps": ["h:1", "h:2", "g:1"]}, "task": {"type": "ps"}})")
+            .cluster.tasks("ps")
+            .size() == 3);
+}
+
+TEST_CASE("TF_CONFIG: a JSON syntax error is kInvalidArgument naming TF_CONFIG") {
+  for (const char* doc : {"", "{", R"({"cluster": {"ps": ["a:1",]}})", "{'cluster': 1}",
+                          R"({"cluster": {"ps": ["a:1"]}, "task": {"type": "ps"}}})", "\xff"}) {
+    CAPTURE(doc);
+    const std::string m = message_of(doc);
+    CHECK(m.find("TF_CONFIG: invalid JSON") != std::string::npos);
+  }
 }

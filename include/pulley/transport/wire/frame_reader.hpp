@@ -13,24 +13,24 @@
 #include <vector>
 
 #include "pulley/detail/finite.hpp"
-#include "pulley/transport/wire.hpp"
+#include "pulley/transport/wire/frame.hpp"
 
-namespace pulley::detail {
+namespace pulley::wire {
 
-/// Cuts a received byte stream into frames (wire.hpp) with as few receive calls as it can.
+/// Cuts a received byte stream into frames (frame.hpp) with as few receive calls as it can.
 /// Small frames arrive many at a time in one buffer and are handed out in place; a payload
 /// too large for that buffer is received straight into its destination: the pull targets
 /// the owner routes it to, or a payload buffer that grows only as bytes arrive (so a header
 /// claiming gigabytes costs nothing until they come).
 ///
 /// It does no I/O: the owner receives into `buffers()`, reports with `commit(n)`, and takes
-/// the frames that completed with `next()`. Every header is checked (wire::check) before
-/// anything is allocated for its frame; a bad one throws wire::Malformed.
+/// the frames that completed with `next()`. Every header is checked (`check`) before
+/// anything is allocated for its frame; a bad one throws Malformed.
 class FrameReader {
  public:
   /// A complete frame. Its views stay valid until the next `next()` or `buffers()`.
   struct Frame {
-    wire::Header header;
+    Header header;
     std::span<const char> meta;
     std::span<const float> payload;  ///< empty when routed: the floats are in the targets
     bool routed = false;             ///< the payload went to the targets `route` gave
@@ -41,7 +41,7 @@ class FrameReader {
 
   /// @param buffer_bytes the receive buffer: frames up to this size come in place, many per
   ///                     receive; larger payloads go straight to their destination
-  explicit FrameReader(wire::Limits limits, std::size_t buffer_bytes = std::size_t{64} << 10U)
+  explicit FrameReader(FrameLimits limits, std::size_t buffer_bytes = std::size_t{64} << 10U)
       : limits_(limits), buffer_(buffer_bytes / sizeof(float)) {}
 
   /// Where the next received bytes go: the buffer, or while a payload is received outside
@@ -95,7 +95,7 @@ class FrameReader {
   /// The next complete frame, or nullopt when more bytes are needed. `route(header, meta)`
   /// is asked once per frame with a payload, when its head is in: it returns the spans the
   /// payload goes to (a `std::span<const std::span<float>>` that stays valid until the frame
-  /// is complete), or an empty one to keep it here. Throws wire::Malformed for a frame that
+  /// is complete), or an empty one to keep it here. Throws Malformed for a frame that
   /// breaks the protocol or the limits, or whose payload is not the size of its targets.
   template <class Route>
   std::optional<Frame> next(Route&& route) {
@@ -104,14 +104,14 @@ class FrameReader {
       return finish_direct();
     }
     const std::size_t available = end_ - begin_;
-    if (available < sizeof(wire::Header)) return std::nullopt;
+    if (available < sizeof(Header)) return std::nullopt;
     std::memcpy(&header_, bytes() + begin_, sizeof header_);
-    wire::check(header_, limits_);
-    const std::size_t head = static_cast<std::size_t>(wire::head_bytes(header_));
+    check(header_, limits_);
+    const std::size_t head = static_cast<std::size_t>(head_bytes(header_));
     if (head > capacity()) grow_buffer(head);  // a large metadata: bounded by the limits
     if (available < head) return std::nullopt;
     const std::span<const char> meta(
-        reinterpret_cast<const char*>(bytes()) + begin_ + sizeof(wire::Header), header_.meta_bytes);
+        reinterpret_cast<const char*>(bytes()) + begin_ + sizeof(Header), header_.meta_bytes);
     const std::uint64_t payload = header_.payload_bytes;
     const std::size_t buffered =
         static_cast<std::size_t>(std::min<std::uint64_t>(available - head, payload));
@@ -122,7 +122,7 @@ class FrameReader {
     if (!targets_.empty()) {  // straight into the targets, starting with what is here
       std::uint64_t total = 0;
       for (std::span<float> t : targets_) total += t.size_bytes();
-      if (total != payload) throw wire::Malformed("a payload of another size than its targets");
+      if (total != payload) throw Malformed("a payload of another size than its targets");
       scatter_copy(bytes() + begin_ + head, buffered);
       return start_direct(head, buffered, true);
     }
@@ -174,7 +174,7 @@ class FrameReader {
   void arrived_in_own() {
     const auto arrived = static_cast<std::size_t>(direct_done_ / sizeof(float));
     finite_ =
-        finite_ && all_finite(std::span<const float>(own_).subspan(checked_, arrived - checked_));
+        finite_ && pulley::detail::all_finite(std::span<const float>(own_).subspan(checked_, arrived - checked_));
     checked_ = arrived;
     grow_own();
   }
@@ -199,7 +199,7 @@ class FrameReader {
     try {
       own_.resize(until);
     } catch (const std::bad_alloc&) {
-      throw wire::Malformed("no memory for a payload of " + std::to_string(header_.payload_bytes) +
+      throw Malformed("no memory for a payload of " + std::to_string(header_.payload_bytes) +
                             " bytes");
     }
   }
@@ -235,7 +235,7 @@ class FrameReader {
 
   std::optional<Frame> finish_direct() {
     const std::span<const char> meta(
-        reinterpret_cast<const char*>(bytes()) + head_at_ + sizeof(wire::Header),
+        reinterpret_cast<const char*>(bytes()) + head_at_ + sizeof(Header),
         header_.meta_bytes);
     Frame frame{header_, meta, {}, routed_, false};
     if (!routed_) {
@@ -248,11 +248,11 @@ class FrameReader {
     return frame;
   }
 
-  wire::Limits limits_;
+  FrameLimits limits_;
   std::vector<float> buffer_;  ///< the receive buffer (floats: aligned for in-place payloads)
   std::size_t begin_ = 0;      ///< first byte not handed out
   std::size_t end_ = 0;        ///< end of what was received
-  wire::Header header_;        ///< of the frame being cut
+  Header header_;        ///< of the frame being cut
   bool asked_ = false;         ///< route() was asked about the current frame
   std::span<const std::span<float>> targets_;  ///< where route() sent the current payload
   bool direct_ = false;                        ///< a payload is being received outside the buffer
@@ -267,4 +267,4 @@ class FrameReader {
   std::size_t scatter_size_ = 0;
 };
 
-}  // namespace pulley::detail
+}  // namespace pulley::wire

@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "pulley/cluster_spec.hpp"
+#include "pulley/cluster/cluster_spec.hpp"
 #include "pulley/error.hpp"
 
 namespace pulley {

@@ -1,0 +1,49 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+
+#include <concepts>
+#include <cstdint>
+#include <functional>
+
+#include "pulley/messages.hpp"
+
+namespace pulley {
+
+/// How a service answers one request: called exactly once, now or later, from the thread
+/// that serves it. A Responder never throws, and it copies (or sends) every view in the
+/// Response before it returns.
+using Responder = std::function<void(Response&&)>;
+
+/// What a transport vouches for about a request, besides its content.
+struct RequestContext {
+  /// Every tensor of the request is finite: the transport checked it as it arrived, or the
+  /// request comes from a client in this process (pulley's clients check before sending).
+  bool tensors_finite = false;
+};
+
+/// The server half of a transport's contract: what a transport serves. A ParameterServer is
+/// one; `TcpServer` and `InProcessNetwork` serve any Service.
+///
+/// Required:
+///   - `s.handle(request, context, reply)`, declared noexcept
+///   - `s.task()` → this ps task's index
+///   - `s.stopped()` → bool: true once it serves no more (shut down, or failed)
+///
+/// Semantic contract:
+///   - the transport calls `handle` for one request at a time (never concurrently), in the
+///     order each client sent them, and never after the service is destroyed;
+///   - `handle` answers every request exactly once through `reply`, now or later (a request
+///     that waits for a token or a step is answered when another request completes it);
+///     whatever goes wrong, including a throwing policy, becomes an answer: `handle` does
+///     not throw, so the transport has no failure of the service to decide about;
+///   - a stopped service still answers what it is sent (with the error that says why it
+///     stopped): the transport keeps serving it until its clients have heard, then ends.
+template <class S>
+concept Service = requires(S& service, const S& cservice, Request&& request,
+                           const RequestContext& context, Responder reply) {
+  requires noexcept(service.handle(std::move(request), context, std::move(reply)));
+  { cservice.task() } -> std::convertible_to<std::uint32_t>;
+  { cservice.stopped() } -> std::convertible_to<bool>;
+};
+
+}  // namespace pulley

@@ -1,0 +1,138 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "pulley/concepts/sync_policy.hpp"
+#include "pulley/error.hpp"
+
+namespace pulley {
+
+/// Stale-synchronous parallel training (SSP, as in Petuum's Bösen; the OSDI'14 parameter
+/// server calls it bounded delay): each worker has a clock, the number of steps it has
+/// pushed, and a worker at clock c may start its next step only while the slowest worker is
+/// at clock c - s or later. Its step then reads parameters that include every update of
+/// clocks before c - s from every worker, and possibly newer ones.
+///
+/// Every push is applied as it arrives (as in Async): nothing is averaged and nothing is
+/// stale. A ps's global step is the slowest worker's clock as that ps has seen it, so a
+/// pull of step c - s waits until every worker's updates of earlier clocks are applied
+/// there. s = 0 is lockstep; `kUnbounded` never waits, which is Async with tokens.
+///
+/// A worker that dies holds the others back once they are s clocks ahead: its clock no
+/// longer moves. Their token requests then wait, and their client reports, at its
+/// deadline, what the ps waits for ("worker 2 at clock 5").
+class BoundedStaleness {
+ public:
+  /// A staleness bound that never binds.
+  static constexpr std::int64_t kUnbounded = std::numeric_limits<std::int64_t>::max();
+
+  /// @param staleness          s, how many clocks a worker may run ahead of the slowest (≥ 0)
+  /// @param total_num_replicas N, the workers, with task indices 0 .. N-1 (≥ 1)
+  BoundedStaleness(std::int64_t staleness, int total_num_replicas)
+      : staleness_(staleness), total_num_replicas_(total_num_replicas) {
+    if (staleness < 0 || total_num_replicas < 1) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "BoundedStaleness needs staleness >= 0 and total_num_replicas >= 1, got " +
+                      std::to_string(staleness) + " and " + std::to_string(total_num_replicas));
+    }
+  }
+
+  /// s: how many clocks a worker may run ahead of the slowest.
+  [[nodiscard]] std::int64_t staleness() const noexcept { return staleness_; }
+  /// N: the number of workers.
+  [[nodiscard]] int total_num_replicas() const noexcept { return total_num_replicas_; }
+
+  /// Only remembers the gradient it was handed: each push is applied as it arrives.
+  struct Accumulator {
+    std::span<const float> pending;
+  };
+
+  /// Every worker's clock as this ps has seen it.
+  struct Pacer {
+    std::vector<std::int64_t> clocks;  ///< by worker: steps pushed
+    std::int64_t slowest = 0;          ///< the lowest clock: the global step
+  };
+
+  /// An accumulator for n-element gradients.
+  [[nodiscard]] Accumulator make_accumulator(std::size_t /*n*/) const { return {}; }
+  /// Keeps a view of `gradient` until `take`.
+  void accumulate(Accumulator& acc, std::span<const float> gradient) const {
+    acc.pending = gradient;
+  }
+  /// The gradient handed last.
+  std::span<const float> take(Accumulator& acc) const { return acc.pending; }
+
+  /// Every worker at clock 0.
+  [[nodiscard]] Pacer make_pacer() const {
+    return {std::vector<std::int64_t>(static_cast<std::size_t>(total_num_replicas_), 0), 0};
+  }
+
+  /// A push for clock `local_step` moves the worker's clock past it; it is applied at once.
+  /// Refused (Error) for a worker out of range or a clock the worker cannot have had a
+  /// token of.
+  Verdict on_push(Pacer& pacer, std::uint32_t worker, std::int64_t local_step) const {
+    std::int64_t& clock = clock_of(pacer, worker);
+    if (local_step < 0 || local_step > clock) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "worker " + std::to_string(worker) + " pushed for clock " +
+                      std::to_string(local_step) + " but is at clock " + std::to_string(clock));
+    }
+    if (local_step == clock) {
+      ++clock;
+      pacer.slowest = *std::min_element(pacer.clocks.begin(), pacer.clocks.end());
+    }
+    return Verdict::kReady;
+  }
+
+  /// The slowest worker's clock.
+  [[nodiscard]] std::int64_t global_step(const Pacer& pacer) const { return pacer.slowest; }
+
+  /// The token of the worker's next clock c, once c is at most s ahead of the slowest; it
+  /// reads step c - s. Asking again before pushing gives the same token.
+  std::optional<Token> take_token(Pacer& pacer, std::uint32_t worker) const {
+    const std::int64_t clock = clock_of(pacer, worker);
+    if (clock - pacer.slowest > staleness_) return std::nullopt;
+    return Token{clock, read_step(clock), read_step(clock + 1), true};
+  }
+
+  /// "the slowest: worker 2 at clock 5 (fastest: 8, staleness 3)"
+  [[nodiscard]] std::string waiting_for(const Pacer& pacer) const {
+    std::string slowest;
+    for (std::size_t w = 0; w < pacer.clocks.size(); ++w) {
+      if (pacer.clocks[w] != pacer.slowest) continue;
+      slowest += (slowest.empty() ? "worker " : ", worker ") + std::to_string(w);
+    }
+    return "the slowest: " + slowest + " at clock " + std::to_string(pacer.slowest) +
+           " (fastest: " +
+           std::to_string(*std::max_element(pacer.clocks.begin(), pacer.clocks.end())) +
+           ", staleness " + std::to_string(staleness_) + ")";
+  }
+
+ private:
+  [[nodiscard]] std::int64_t read_step(std::int64_t clock) const {
+    return clock > staleness_ ? clock - staleness_ : 0;
+  }
+
+  std::int64_t& clock_of(Pacer& pacer, std::uint32_t worker) const {
+    if (worker >= pacer.clocks.size()) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "worker " + std::to_string(worker) + " is outside total_num_replicas " +
+                      std::to_string(total_num_replicas_));
+    }
+    return pacer.clocks[worker];
+  }
+
+  std::int64_t staleness_;
+  int total_num_replicas_;
+};
+static_assert(SyncPolicy<BoundedStaleness>);
+
+}  // namespace pulley

@@ -1,0 +1,5535 @@
+// SPDX-License-Identifier: MIT
+//
+// pulley 0.1.0 - single-header edition: the core and the TCP transport: needs standalone Asio and cereal.
+//
+// GENERATED FILE - DO NOT EDIT. It is include/pulley/pulley.hpp and include/pulley/transport/tcp.hpp with every
+// pulley header inlined, produced by scripts/amalgamate.py; edit the headers
+// under include/ and rerun the script.
+#pragma once
+
+// ---- begin pulley/pulley.hpp ----
+
+/// pulley: a header-only parameter-server framework. This header is the core — the policy
+/// concepts, the stock policies, the hosts and the in-process transport — and needs nothing
+/// but the standard library. What needs more stands apart, each with its CMake target:
+/// models (`models/`, pulley::models: xtensor), the TCP transport (`transport/tcp.hpp`,
+/// pulley::tcp: Asio and cereal), cluster discovery (`cluster/`, pulley::cluster:
+/// nlohmann-json) and the role runner (`runner/`, pulley::runner: all of them).
+///
+/// The layers, each using only those before it:
+///   contracts  error, variable, placement, messages, call, concepts/
+///   policies   optimizers/, sharding/, sync/
+///   hosts      ParameterServer, Worker, Chief, Evaluator
+///   transports transport/
+///   cluster and runner
+
+// ---- begin pulley/address.hpp ----
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+// ---- begin pulley/error.hpp ----
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace pulley {
+
+/// Why a request failed. The names follow gRPC's status codes, which TensorFlow's
+/// distributed runtime reports too, so a TF user reads them without a glossary.
+enum class ErrorCode : std::uint8_t {
+  kInvalidArgument = 1,     ///< the request itself is wrong (shape mismatch, NaN gradient)
+  kNotFound = 2,            ///< an unknown variable or part
+  kAlreadyExists = 3,       ///< duplicate initialization
+  kFailedPrecondition = 4,  ///< e.g. a push before the variables are initialized
+  kUnavailable = 5,         ///< the peer is dead or unreachable
+  kDeadlineExceeded = 6,    ///< no answer in time (a dropped message ends here)
+  kCancelled = 7,           ///< the caller gave the request up
+  kOutOfRange = 8,          ///< training is over: the chief ended it (TF's OutOfRangeError)
+  kAborted = 9,             ///< the chief aborted training
+  kInternal = 10,           ///< a ps failed while handling a request (a policy threw)
+};
+
+/// Stable lower-case name of a code, for logs and error messages.
+constexpr std::string_view to_string(ErrorCode code) noexcept {
+  switch (code) {
+    case ErrorCode::kInvalidArgument:
+      return "invalid_argument";
+    case ErrorCode::kNotFound:
+      return "not_found";
+    case ErrorCode::kAlreadyExists:
+      return "already_exists";
+    case ErrorCode::kFailedPrecondition:
+      return "failed_precondition";
+    case ErrorCode::kUnavailable:
+      return "unavailable";
+    case ErrorCode::kDeadlineExceeded:
+      return "deadline_exceeded";
+    case ErrorCode::kCancelled:
+      return "cancelled";
+    case ErrorCode::kOutOfRange:
+      return "out_of_range";
+    case ErrorCode::kAborted:
+      return "aborted";
+    case ErrorCode::kInternal:
+      return "internal";
+  }
+  return "unknown";
+}
+
+/// The exception every pulley call throws for a failed request; `code()` says which kind.
+class Error : public std::runtime_error {
+ public:
+  Error(ErrorCode code, const std::string& message)
+      : std::runtime_error(std::string(to_string(code)) + ": " + message), code_(code) {}
+
+  /// Which kind of failure.
+  [[nodiscard]] ErrorCode code() const noexcept { return code_; }
+  /// The message without the code's name in front.
+  [[nodiscard]] const char* message() const noexcept {
+    return what() + to_string(code_).size() + 2;
+  }
+
+ private:
+  ErrorCode code_;
+};
+
+}  // namespace pulley
+// ---- end pulley/error.hpp ----
+
+namespace pulley {
+
+/// Where a task listens: a host (a name, an IPv4 address, or an IPv6 address without its
+/// brackets) and a port. Compared as written: "localhost:80" and "127.0.0.1:80" differ.
+struct Address {
+  /// A host name or numeric address; never empty, never bracketed, no whitespace.
+  std::string host;
+  /// The TCP port, 1..65535 once parsed (0 only in a default-constructed Address).
+  std::uint16_t port = 0;
+
+  /// "host:port", brackets around IPv6 hosts ("[::1]:2222"), so that parse_address reads it
+  /// back as the same Address.
+  [[nodiscard]] std::string to_string() const {
+    const bool v6 = host.find(':') != std::string::npos;
+    return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+  }
+
+  /// Same host (exactly, case included) and same port.
+  friend bool operator==(const Address&, const Address&) = default;
+};
+
+namespace detail {
+
+/// An address split into its parts without allocating, or why it cannot be: when `problem`
+/// is not empty, `host` and `port` mean nothing.
+struct AddressParts {
+  std::string_view host;
+  std::uint16_t port = 0;
+  std::string_view problem;
+};
+
+/// The port `text` spells in 1..65535 with one to five decimal digits and nothing else (no
+/// sign, no space); 0 when it spells none.
+constexpr std::uint16_t address_port(std::string_view text) noexcept {
+  if (text.empty() || text.size() > 5) return 0;
+  std::uint32_t value = 0;
+  for (const char c : text) {
+    if (c < '0' || c > '9') return 0;
+    value = value * 10 + static_cast<std::uint32_t>(c - '0');
+  }
+  return value <= 65535 ? static_cast<std::uint16_t>(value) : 0;
+}
+
+/// The rules of parse_address, for callers that report a bad address in their own words.
+constexpr AddressParts scan_address(std::string_view text) noexcept {
+  AddressParts parts;
+  std::size_t colon = 0;  // the ':' before the port
+  if (!text.empty() && text.front() == '[') {
+    const std::size_t close = text.find(']');
+    if (close == std::string_view::npos) return {{}, 0, "'[' without ']'"};
+    parts.host = text.substr(1, close - 1);
+    colon = close + 1;
+    if (colon >= text.size() || text[colon] != ':') return {{}, 0, "no ':' after ']'"};
+  } else {
+    colon = text.rfind(':');
+    if (colon == std::string_view::npos) return {{}, 0, "no ':' before the port"};
+    parts.host = text.substr(0, colon);
+    if (parts.host.find(':') != std::string_view::npos) {
+      return {{}, 0, "an IPv6 host needs brackets, as in [::1]:2222"};
+    }
+  }
+  if (parts.host.empty()) return {{}, 0, "the host is empty"};
+  for (const char c : parts.host) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u <= 0x20 || u == 0x7f) return {{}, 0, "the host holds a space or a control character"};
+    if (c == '[' || c == ']') return {{}, 0, "a '[' or ']' that does not enclose the host"};
+  }
+  parts.port = address_port(text.substr(colon + 1));
+  if (parts.port == 0) return {{}, 0, "the port must be 1..65535 in decimal digits"};
+  return parts;
+}
+
+/// `text` with its control characters written as \xNN, so that a message quoting it stays
+/// one readable line.
+inline std::string printable_text(std::string_view text) {
+  std::string out;
+  for (const char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u >= 0x20 && u != 0x7f) {
+      out += c;
+    } else {
+      constexpr std::string_view kHex = "0123456789abcdef";
+      out += "\\x";
+      out += kHex[u >> 4];
+      out += kHex[u & 0xf];
+    }
+  }
+  return out;
+}
+
+}  // namespace detail
+
+/// Parses "host:port" or "[v6::addr]:port" (the brackets are dropped from `host`). The port
+/// is 1..65535 in at most five decimal digits, with no sign and no space; the host is not
+/// empty and holds no whitespace. An IPv6 host must be bracketed, as "::1:80" could split
+/// in more than one place. Throws kInvalidArgument "address '<text>' is not host:port: <why>".
+inline Address parse_address(std::string_view text) {
+  const detail::AddressParts parts = detail::scan_address(text);
+  if (!parts.problem.empty()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "address '" + detail::printable_text(text) +
+                    "' is not host:port: " + std::string(parts.problem));
+  }
+  return Address{std::string(parts.host), parts.port};
+}
+
+}  // namespace pulley
+// ---- end pulley/address.hpp ----
+// ---- begin pulley/call.hpp ----
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <utility>
+
+// ---- begin pulley/messages.hpp ----
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
+
+// ---- begin pulley/concepts/sync_policy.hpp ----
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+
+namespace pulley {
+
+/// What one push message counts for (`SyncPolicy::on_push`).
+enum class Verdict : std::uint8_t {
+  kStale,    ///< too old: its gradients are dropped (and counted), never applied
+  kPending,  ///< its gradients are accumulated; the step needs more
+  kReady,    ///< its gradients are accumulated and complete an update: take and apply it
+};
+
+/// A sync token: leave for one step, and what that step must read. TF's `sync_token_queue`
+/// holds only the step number; pulley's tokens also say which parameters to pull, so that
+/// one mechanism serves every pacing rule.
+struct Token {
+  /// Tags the step's push (TF's `local_step`): the policy judges staleness by it.
+  std::int64_t local_step = 0;
+  /// The step's parameters must include every update of the global steps before this one:
+  /// the worker pulls with `Pull::min_step = pull_step` (0: whatever the ps holds).
+  std::int64_t pull_step = 0;
+  /// What the worker pulls together with this step's push, for its next step: the earliest
+  /// `pull_step` its next token can have, so that the prefetch can serve it.
+  std::int64_t next_pull_step = 0;
+  /// False when tokens never wait (Async): the worker need not ask for another.
+  bool paced = true;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(local_step, pull_step, next_pull_step, paced);
+  }
+  friend bool operator==(const Token&, const Token&) = default;
+};
+
+/// An aggregation (sync) policy decides when gradients are applied and how workers are
+/// paced. It has two halves, both state the policy defines and the ps keeps:
+///   - an `Accumulator` per part the ps holds (TF's ConditionalAccumulator): it gathers the
+///     part's gradients of one update and hands the optimizer their mean;
+///   - one `Pacer` per ps task: it counts push messages towards the ps's global step, judges
+///     them fresh or stale, and (on ps 0, which paces the workers) hands out sync tokens.
+///
+/// Required:
+///   - `typename P::Accumulator`, `typename P::Pacer` (both movable)
+///   - `p.make_accumulator(n)` → an empty accumulator for `n`-element gradients
+///   - `p.accumulate(acc, gradient)` → void: adds one fresh gradient
+///   - `p.take(acc)` → `std::span<const float>`: what the optimizer applies; empties `acc`
+///   - `p.make_pacer()` → the pacer at global step 0
+///   - `p.on_push(pacer, worker, local_step)` → `Verdict` for one push message
+///   - `p.global_step(pacer)` → `std::int64_t`: global steps completed on this ps
+///   - `p.take_token(pacer, worker)` → `std::optional<Token>`; nullopt: the request waits
+/// Optional:
+///   - `p.waiting_for(pacer)` → `std::string`: what the next step waits for, in words; the
+///     ps reports it (StatsReply) and clients quote it when a token or a step never comes
+///
+/// Semantic contract:
+///   - the ps calls `on_push` once per push message, after checking it and before touching
+///     any part: kStale drops every part gradient of the message, kPending accumulates them,
+///     kReady accumulates them and then takes and applies every part's update. So every
+///     part sees the same verdicts and the parts of a variable never drift apart;
+///   - `take` returns the mean of the gradients accumulated since the last `take` (or the
+///     one gradient); the span stays valid until the next `accumulate` and may alias the
+///     last gradient passed in; `accumulate` may keep a view of its gradient until then;
+///   - `global_step` never decreases. A Pull with `min_step` waits until it reaches
+///     `min_step`, and is answered the moment it does (before the ps handles anything
+///     else), so values read at a step are exactly that step's;
+///   - `take_token` is asked for every TakeToken (sent to ps 0 only); a request it answers
+///     nullopt waits, and is asked again, in arrival order, after every push the ps handles;
+///   - `on_push` and `take_token` may refuse a request by throwing `pulley::Error` (e.g. a
+///     worker index out of range), and must then leave the pacer unchanged. Any other throw
+///     from a policy while the ps changes its state fails the ps (it stops serving, and says
+///     why), since half an update cannot be undone;
+///   - the ps calls the policy from one thread at a time; the policy object itself is never
+///     modified after construction: everything that changes lives in the Accumulators and
+///     the Pacer.
+template <class P>
+concept SyncPolicy = std::copy_constructible<P> && std::movable<typename P::Accumulator> &&
+    std::movable<typename P::Pacer> &&
+    requires(const P& policy, typename P::Accumulator& acc, typename P::Pacer& pacer,
+             const typename P::Pacer& cpacer, std::span<const float> gradient,
+             std::uint32_t worker, std::int64_t local_step, std::size_t n) {
+  { policy.make_accumulator(n) } -> std::same_as<typename P::Accumulator>;
+  { policy.accumulate(acc, gradient) } -> std::same_as<void>;
+  { policy.take(acc) } -> std::same_as<std::span<const float>>;
+  { policy.make_pacer() } -> std::same_as<typename P::Pacer>;
+  { policy.on_push(pacer, worker, local_step) } -> std::same_as<Verdict>;
+  { policy.global_step(cpacer) } -> std::same_as<std::int64_t>;
+  { policy.take_token(pacer, worker) } -> std::same_as<std::optional<Token>>;
+};
+
+/// What `policy` says the next step waits for, or "" when it does not say.
+template <SyncPolicy P>
+std::string waiting_for(const P& policy, const typename P::Pacer& pacer) {
+  if constexpr (requires { { policy.waiting_for(pacer) } -> std::convertible_to<std::string>; }) {
+    return policy.waiting_for(pacer);
+  } else {
+    return {};
+  }
+}
+
+}  // namespace pulley
+// ---- end pulley/concepts/sync_policy.hpp ----
+// ---- begin pulley/placement.hpp ----
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+// ---- begin pulley/variable.hpp ----
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <numeric>
+#include <string>
+#include <vector>
+
+namespace pulley {
+
+/// How the chief fills a variable before training. Values are drawn from pulley's own
+/// generator (see initializers.hpp), so a seed gives the same numbers on every platform.
+struct Initializer {
+  enum class Kind : std::uint8_t {
+    kZeros,          ///< all 0
+    kConstant,       ///< all `value`
+    kUniform,        ///< U(-value, value)
+    kNormal,         ///< N(0, value^2)
+    kGlorotUniform,  ///< U(-l, l), l = sqrt(6 / (fan_in + fan_out)) — Keras' default for Dense
+  };
+  Kind kind = Kind::kZeros;  ///< which rule
+  float value = 0.0F;        ///< the rule's parameter (constant, limit or stddev)
+
+  /// All 0.
+  static constexpr Initializer zeros() noexcept { return {}; }
+  /// All `v`.
+  static constexpr Initializer constant(float v) noexcept { return {Kind::kConstant, v}; }
+  /// U(-limit, limit).
+  static constexpr Initializer uniform(float limit) noexcept { return {Kind::kUniform, limit}; }
+  /// N(0, stddev^2).
+  static constexpr Initializer normal(float stddev) noexcept { return {Kind::kNormal, stddev}; }
+  /// Glorot (Xavier) uniform.
+  static constexpr Initializer glorot_uniform() noexcept { return {Kind::kGlorotUniform, 0.0F}; }
+
+  /// Its fields on the wire (see messages.hpp).
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(kind, value);
+  }
+
+  friend bool operator==(const Initializer&, const Initializer&) = default;
+};
+
+/// A dense float32 variable as the model declares it: a name, a shape and an initializer.
+/// Its first dimension is the row dimension that partitioners split along; a scalar
+/// (empty shape) is one row of one element.
+struct VariableSpec {
+  std::string name;
+  std::vector<std::size_t> shape;
+  Initializer initializer;
+
+  /// Number of elements.
+  [[nodiscard]] std::size_t size() const noexcept {
+    return std::accumulate(shape.begin(), shape.end(), std::size_t{1}, std::multiplies<>{});
+  }
+  /// Rows along the first dimension (1 for a scalar).
+  [[nodiscard]] std::size_t rows() const noexcept { return shape.empty() ? 1 : shape.front(); }
+  /// Elements in one row.
+  [[nodiscard]] std::size_t row_size() const noexcept { return rows() == 0 ? 0 : size() / rows(); }
+
+  /// Its fields on the wire (see messages.hpp).
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(name, shape, initializer);
+  }
+
+  friend bool operator==(const VariableSpec&, const VariableSpec&) = default;
+};
+
+/// A half-open range of rows `[begin, end)` of one variable.
+struct RowRange {
+  std::size_t begin = 0;
+  std::size_t end = 0;
+
+  [[nodiscard]] constexpr std::size_t size() const noexcept { return end - begin; }
+  [[nodiscard]] constexpr bool empty() const noexcept { return end <= begin; }
+  /// Its fields on the wire (see messages.hpp).
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(begin, end);
+  }
+  friend constexpr bool operator==(RowRange, RowRange) = default;
+};
+
+}  // namespace pulley
+// ---- end pulley/variable.hpp ----
+
+namespace pulley {
+
+/// One contiguous slice of a variable (rows `rows` of variable `variable`) held by ps task
+/// `ps`. A whole variable is a single part; a partitioned one has several, ordered by row.
+struct Part {
+  std::uint32_t variable = 0;  ///< index into the model's variable list
+  std::uint32_t index = 0;     ///< position among the variable's parts
+  std::uint32_t ps = 0;        ///< ps task that holds it
+  RowRange rows;
+
+  /// Its fields on the wire (see messages.hpp).
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(variable, index, ps, rows);
+  }
+
+  friend constexpr bool operator==(const Part&, const Part&) = default;
+};
+
+/// Where every part of every variable lives: the output of a Sharding policy. Parts are
+/// grouped by variable in variable order, and by row inside a variable, so the parts of
+/// variable `v` are `parts_of(v)` and cover its rows exactly once.
+struct Placement {
+  std::vector<Part> parts;
+  std::vector<std::size_t> first_part;  ///< first_part[v] .. first_part[v+1] are v's parts
+
+  /// The parts of variable `v`, ordered by row.
+  [[nodiscard]] std::span<const Part> parts_of(std::size_t v) const {
+    return std::span(parts).subspan(first_part[v], first_part[v + 1] - first_part[v]);
+  }
+  /// Number of variables placed.
+  [[nodiscard]] std::size_t num_variables() const noexcept {
+    return first_part.empty() ? 0 : first_part.size() - 1;
+  }
+
+  /// Its fields on the wire (see messages.hpp).
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(parts, first_part);
+  }
+
+  friend bool operator==(const Placement&, const Placement&) = default;
+};
+
+/// Builds a Placement by appending parts variable by variable.
+class PlacementBuilder {
+ public:
+  /// Starts the next variable; its parts follow with `add`.
+  void begin_variable() { placement_.first_part.push_back(placement_.parts.size()); }
+  /// Appends the next part of the current variable: rows `rows` on ps task `ps`.
+  void add(std::uint32_t ps, RowRange rows) {
+    const auto variable = static_cast<std::uint32_t>(placement_.first_part.size() - 1);
+    const auto index =
+        static_cast<std::uint32_t>(placement_.parts.size() - placement_.first_part.back());
+    placement_.parts.push_back({variable, index, ps, rows});
+  }
+  /// The finished placement.
+  [[nodiscard]] Placement finish() && {
+    placement_.first_part.push_back(placement_.parts.size());
+    return std::move(placement_);
+  }
+
+ private:
+  Placement placement_;
+};
+
+}  // namespace pulley
+// ---- end pulley/placement.hpp ----
+
+namespace pulley {
+
+// The protocol between clients (workers, the chief, the evaluator) and ps tasks. Every
+// transport carries exactly these structs: in-process they are moved, over TCP they are
+// encoded. A message is declared here and nowhere else:
+//
+//   - `kName`, for logs and errors;
+//   - `serialize(archive)` lists its fields in wire order, for cereal and for pulley's own
+//     walkers. A `std::span<const float>` field is a tensor: its size travels with the
+//     other fields, its values in the frame's payload, in field order, so that a sender
+//     writes them from its own buffers and a receiver reads them into place;
+//   - `kChangesParameters = true` on a request that may change the ps's parameters (a
+//     transport must not let a reply still being sent see them change).
+//
+// Adding a message is its declaration here, its place in Request or Response, and its
+// handler in the service (`ParameterServer::on`).
+//
+// Tensors are views, never owned vectors. A view in a request stays valid until its call
+// is answered or cancelled; a view in a reply is valid only while the responder runs, which
+// copies it to the caller's destination (or onto the wire) before it returns.
+
+/// Values for one part, addressed by its global index in `Placement::parts`.
+struct PartValues {
+  std::uint32_t part = 0;
+  std::span<const float> values;  ///< a tensor
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(part, values);
+  }
+};
+
+/// Rows `rows` (relative to the variable, inside the part) of part `part`.
+struct Slice {
+  std::uint32_t part = 0;
+  RowRange rows;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(part, rows);
+  }
+};
+
+// ---- requests ---------------------------------------------------------------------------
+
+/// Chief → every ps: the model's variables. Each ps computes the placement with its Sharding
+/// policy and answers with it, so the chief can check that all ps tasks agree. Repeating the
+/// same registration is harmless; a different one is refused.
+struct Register {
+  static constexpr std::string_view kName = "Register";
+  std::vector<VariableSpec> variables;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(variables);
+  }
+};
+
+/// Chief → ps: initial values of parts this ps holds. Each part is initialized once.
+struct Initialize {
+  static constexpr std::string_view kName = "Initialize";
+  static constexpr bool kChangesParameters = true;
+  std::vector<PartValues> parts;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(parts);
+  }
+};
+
+/// Client → ps: answered with the placement once every part on this ps is initialized.
+struct WaitReady {
+  static constexpr std::string_view kName = "WaitReady";
+
+  template <class Archive>
+  void serialize(Archive& /*archive*/) {}
+};
+
+/// Worker → ps 0: take a sync token before a step (TF's `sync_token_queue.dequeue()`).
+/// Waits while the sync policy has no token to give this worker.
+struct TakeToken {
+  static constexpr std::string_view kName = "TakeToken";
+  std::uint32_t worker = 0;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(worker);
+  }
+};
+
+/// Client → ps: read slices. Waits until the ps has completed `min_step` global steps, so a
+/// worker holding a token reads parameters that include every update its token requires.
+/// A pull that waits is answered the moment the step completes, before any later push.
+struct Pull {
+  static constexpr std::string_view kName = "Pull";
+  std::int64_t min_step = 0;
+  std::vector<Slice> slices;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(min_step, slices);
+  }
+};
+
+/// Worker → ps: gradients computed from parameters of `local_step`. Every worker pushes to
+/// every ps once per step (possibly with no parts): the message also counts towards the
+/// ps's global step (`SyncPolicy::on_push`).
+struct Push {
+  static constexpr std::string_view kName = "Push";
+  static constexpr bool kChangesParameters = true;
+  std::uint32_t worker = 0;
+  std::int64_t local_step = 0;
+  std::vector<PartValues> gradients;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(worker, local_step, gradients);
+  }
+};
+
+/// Any client → ps: counters for monitoring and tests.
+struct GetStats {
+  static constexpr std::string_view kName = "GetStats";
+
+  template <class Archive>
+  void serialize(Archive& /*archive*/) {}
+};
+
+/// Chief → ps: training is over. Every request waiting there and every later one is
+/// answered `kOutOfRange` ("training finished"), or `kAborted` with `reason` when the chief
+/// gave up, so each task learns how the job ended; the ps then stops serving.
+struct Shutdown {
+  static constexpr std::string_view kName = "Shutdown";
+  bool aborted = false;  ///< the job failed: tasks end with an error, not with success
+  std::string reason;    ///< why it was aborted
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(aborted, reason);
+  }
+};
+
+/// Everything a ps task is asked.
+using Request =
+    std::variant<Register, Initialize, WaitReady, TakeToken, Pull, Push, GetStats, Shutdown>;
+
+// ---- responses --------------------------------------------------------------------------
+
+/// Success with nothing to say.
+struct Ack {
+  static constexpr std::string_view kName = "Ack";
+
+  template <class Archive>
+  void serialize(Archive& /*archive*/) {}
+};
+
+/// A refused or failed request.
+struct ErrorReply {
+  static constexpr std::string_view kName = "ErrorReply";
+  ErrorCode code = ErrorCode::kInvalidArgument;
+  std::string message;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(code, message);
+  }
+};
+
+/// Answer to Register and WaitReady: the registered variables and where they live, so a
+/// client can check that its model is the one the chief registered.
+struct PlacementReply {
+  static constexpr std::string_view kName = "PlacementReply";
+  std::vector<VariableSpec> variables;
+  Placement placement;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(variables, placement);
+  }
+};
+
+/// Answer to TakeToken: the sync policy's token, and the global step (steps completed), for
+/// progress and stopping.
+struct TokenReply {
+  static constexpr std::string_view kName = "TokenReply";
+  Token token;
+  std::int64_t global_step = 0;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(token, global_step);
+  }
+};
+
+/// Answer to Pull: one tensor per requested slice, in request order.
+struct PullReply {
+  static constexpr std::string_view kName = "PullReply";
+  std::int64_t global_step = 0;
+  std::vector<std::span<const float>> values;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(global_step, values);
+  }
+};
+
+/// Answer to Push: how many of its part gradients were dropped as stale.
+struct PushReply {
+  static constexpr std::string_view kName = "PushReply";
+  std::uint32_t stale_parts = 0;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(stale_parts);
+  }
+};
+
+/// Counters of one ps task.
+struct Stats {
+  std::int64_t global_step = 0;              ///< steps completed (sync) or pushes applied (async)
+  std::int64_t updates_applied = 0;          ///< optimizer applications over all parts
+  std::int64_t gradients_accepted = 0;       ///< part gradients taken into an accumulator
+  std::int64_t stale_gradients_dropped = 0;  ///< part gradients older than the step, dropped
+  std::int64_t requests_rejected = 0;        ///< requests answered with an ErrorReply
+  std::int64_t bytes_pushed = 0;             ///< gradient payload received
+  std::int64_t bytes_pulled = 0;             ///< parameter payload sent
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(global_step, updates_applied, gradients_accepted, stale_gradients_dropped,
+            requests_rejected, bytes_pushed, bytes_pulled);
+  }
+};
+
+/// Answer to GetStats: the counters, and what the sync policy waits for before the next
+/// step (e.g. "step 12: 1 of 2 gradients in"), to explain a wait that lasts.
+struct StatsReply {
+  static constexpr std::string_view kName = "StatsReply";
+  Stats stats;
+  std::string waiting_for;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(stats, waiting_for);
+  }
+};
+
+/// Everything a ps task answers.
+using Response =
+    std::variant<Ack, ErrorReply, PlacementReply, TokenReply, PullReply, PushReply, StatsReply>;
+
+// ---- what follows from the declarations ---------------------------------------------------
+
+/// True for a message declared with `kChangesParameters = true`.
+template <class Message>
+inline constexpr bool changes_parameters_v = [] {
+  if constexpr (requires { Message::kChangesParameters; }) {
+    return Message::kChangesParameters;
+  } else {
+    return false;
+  }
+}();
+
+/// True if handling `request` may change the ps's parameters.
+inline bool changes_parameters(const Request& request) noexcept {
+  return std::visit(
+      [](const auto& m) { return changes_parameters_v<std::remove_cvref_t<decltype(m)>>; },
+      request);
+}
+
+/// The declared name of the message a Request or Response holds.
+template <class Variant>
+std::string_view message_name(const Variant& message) noexcept {
+  return std::visit([](const auto& m) { return std::remove_cvref_t<decltype(m)>::kName; },
+                    message);
+}
+
+namespace detail {
+
+/// Walks a message's fields as its `serialize` lists them, calling `f` on each tensor.
+template <class F>
+class TensorWalker {
+ public:
+  explicit TensorWalker(F& f) : f_(f) {}
+
+  template <class... Fields>
+  void operator()(Fields&... fields) {
+    (visit(fields), ...);
+  }
+
+ private:
+  void visit(std::span<const float>& tensor) { f_(tensor); }
+  template <class T, class A>
+  void visit(std::vector<T, A>& items) {
+    if constexpr (!std::is_arithmetic_v<T> && !std::is_same_v<T, std::string>) {
+      for (T& item : items) visit(item);
+    }
+  }
+  template <class T>
+  void visit(T& field) {
+    if constexpr (requires(TensorWalker& w) { field.serialize(w); }) field.serialize(*this);
+  }
+
+  F& f_;
+};
+
+}  // namespace detail
+
+/// Calls `f(std::span<const float>&)` on every tensor of `message` (a message struct, a
+/// Request or a Response), in wire order. `f` may re-point the views.
+template <class Message, class F>
+void for_each_tensor(Message& message, F&& f) {
+  if constexpr (requires { std::visit([](auto&) {}, message); }) {
+    std::visit([&](auto& m) { for_each_tensor(m, f); }, message);
+  } else {
+    detail::TensorWalker<std::remove_reference_t<F>> walker(f);
+    message.serialize(walker);
+  }
+}
+
+/// Returns the reply of type `T` or throws the Error the server sent.
+template <class T>
+T expect(Response&& response) {
+  if (auto* error = std::get_if<ErrorReply>(&response)) throw Error(error->code, error->message);
+  if (auto* reply = std::get_if<T>(&response)) return std::move(*reply);
+  throw Error(ErrorCode::kInvalidArgument, "unexpected reply kind " +
+                                               std::string(message_name(response)) +
+                                               " from server, expected " + std::string(T::kName));
+}
+
+}  // namespace pulley
+// ---- end pulley/messages.hpp ----
+
+namespace pulley {
+
+// A call is one request in flight and its answer to come. The caller holds a PendingCall
+// (one call) or a CallGroup (several, call_group.hpp); a transport holds the shared
+// CallControl, which it derives its per-call state from.
+
+class CallControl;
+
+/// Wakes a thread that waits for any of several calls: each answer bumps a count.
+class CallSignal {
+ public:
+  /// One more answer arrived.
+  void notify() {
+    {
+      std::scoped_lock lock(mutex_);
+      ++count_;
+    }
+    changed_.notify_all();
+  }
+  /// Answers so far.
+  [[nodiscard]] std::uint64_t count() const {
+    std::scoped_lock lock(mutex_);
+    return count_;
+  }
+  /// Waits until `count()` differs from `seen` or `deadline` passes.
+  void wait_until(std::uint64_t seen, std::chrono::steady_clock::time_point deadline) {
+    std::unique_lock lock(mutex_);
+    changed_.wait_until(lock, deadline, [&] { return count_ != seen; });
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  std::uint64_t count_ = 0;
+};
+
+/// The part of a transport that needs the caller's thread. A transport with no thread of its
+/// own (Tcp) moves its I/O forward while its caller waits, and cuts a transfer under way
+/// when its caller gives up on it. A transport that answers on threads of its own
+/// (InProcess) has no driver.
+class CallDriver {
+ public:
+  /// Runs the transport's I/O on this thread until `done()` (checked after each I/O event)
+  /// or until `deadline` passes.
+  virtual void run_until(const std::function<bool()>& done,
+                         std::chrono::steady_clock::time_point deadline) = 0;
+  /// `call`'s caller gives up while the transport uses its buffers (see `CallControl::cancel`):
+  /// end that use now, e.g. by closing a connection that stalled mid-frame.
+  virtual void abort(CallControl& call) = 0;
+
+ protected:
+  ~CallDriver() = default;
+};
+
+/// What a caller and a transport share about one call: its answer, and whether the caller
+/// gave up.
+///
+/// Transport side: `answer` once; bracket every use of the request's views or the reply
+/// targets with `begin_use`/`end_use` (or `unless_cancelled`), and begin none after the
+/// caller gave up. Caller side: through PendingCall or CallGroup.
+class CallControl {
+ public:
+  explicit CallControl(CallDriver* driver = nullptr) noexcept : driver_(driver) {}
+  CallControl(const CallControl&) = delete;
+  CallControl& operator=(const CallControl&) = delete;
+
+  // ---- transport side ---------------------------------------------------------------------
+
+  /// Starts using the call's buffers unless the caller gave up; pair with `end_use`. A use
+  /// may span several asynchronous steps (a gather-write, a scatter-read).
+  bool begin_use() {
+    std::scoped_lock lock(mutex_);
+    if (cancelled_) return false;
+    ++users_;
+    return true;
+  }
+  /// Ends a use begun with `begin_use`.
+  void end_use() {
+    std::scoped_lock lock(mutex_);
+    if (--users_ == 0) changed_.notify_all();
+  }
+  /// Runs `f` inside one use unless the caller gave up; true if it ran. Re-entrant.
+  template <class F>
+  bool unless_cancelled(F&& f) {
+    if (!begin_use()) return false;
+    struct End {
+      CallControl* c;
+      ~End() { c->end_use(); }
+    } end{this};
+    std::forward<F>(f)();
+    return true;
+  }
+  /// Sets the answer, unless the call has one or its caller gave up; true if this one is it.
+  /// Wakes the caller.
+  bool answer(Response&& response) {
+    std::scoped_lock lock(mutex_);
+    if (cancelled_ || answered_) return false;
+    response_ = std::move(response);
+    answered_ = true;
+    changed_.notify_all();
+    if (signal_ != nullptr) signal_->notify();
+    return true;
+  }
+  /// True once the call has its answer (and stays true after `take`).
+  [[nodiscard]] bool answered() const {
+    std::scoped_lock lock(mutex_);
+    return answered_;
+  }
+  /// The transport is going away: it answered every call it held or ended their uses, and
+  /// neither waiting nor cancelling may reach it any more.
+  void detach_driver() {
+    std::scoped_lock lock(mutex_);
+    driver_ = nullptr;
+  }
+
+  // ---- caller side ------------------------------------------------------------------------
+
+  /// The transport's driver, or null (then answers come from other threads).
+  [[nodiscard]] CallDriver* driver() const {
+    std::scoped_lock lock(mutex_);
+    return driver_;
+  }
+  /// `signal` is notified when the answer arrives (null: nothing is). Notifies it at once if
+  /// the answer is there already.
+  void watch(CallSignal* signal) {
+    std::scoped_lock lock(mutex_);
+    signal_ = signal;
+    if (signal_ != nullptr && answered_) signal_->notify();
+  }
+  /// Waits until the call is answered or `deadline` passes; true if it is answered. With a
+  /// driver, the waiting thread runs the transport's I/O meanwhile.
+  bool wait_until(std::chrono::steady_clock::time_point deadline) {
+    std::unique_lock lock(mutex_);
+    if (answered_) return true;
+    if (CallDriver* driver = driver_) {
+      lock.unlock();
+      driver->run_until([this] { return answered(); }, deadline);
+      lock.lock();
+      return answered_;
+    }
+    return changed_.wait_until(lock, deadline, [&] { return answered_; });
+  }
+  /// The answer, once the call is answered; only once.
+  Response take() {
+    std::scoped_lock lock(mutex_);
+    return std::move(*response_);
+  }
+  /// Gives the call up: ends a use under way (the driver's `abort`) and waits until no use is
+  /// left; afterwards the transport begins none, so the caller may free the request's
+  /// buffers and the reply targets. An answer that arrives later is dropped.
+  void cancel() {
+    CallDriver* driver = nullptr;
+    {
+      std::scoped_lock lock(mutex_);
+      if (cancelled_) return;
+      cancelled_ = true;
+      signal_ = nullptr;
+      if (users_ > 0) driver = driver_;
+    }
+    if (driver != nullptr) driver->abort(*this);
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return users_ == 0; });
+  }
+
+ protected:
+  ~CallControl() = default;  // owned through the transport's derived per-call state
+
+ private:
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;  ///< an answer arrived, or the last use ended
+  std::optional<Response> response_;
+  CallDriver* driver_;  ///< for the call's whole life: a use may outlast the answer
+  CallSignal* signal_ = nullptr;
+  int users_ = 0;
+  bool answered_ = false;
+  bool cancelled_ = false;
+};
+
+/// One call in flight, as its caller holds it: the answer to come, and the way to give it
+/// up. A call whose transport has a driver (Tcp) is waited on by the thread that uses the
+/// transport, while the transport lives. To wait for several calls, use a CallGroup.
+class PendingCall {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  explicit PendingCall(std::shared_ptr<CallControl> control) : control_(std::move(control)) {}
+
+  /// Waits until the answer is there or `deadline` passes; true if it is there.
+  bool wait_until(Clock::time_point deadline) { return control_->wait_until(deadline); }
+  /// Waits at most `timeout`; true if the answer is there.
+  template <class Rep, class Period>
+  bool wait_for(std::chrono::duration<Rep, Period> timeout) {
+    return wait_until(Clock::now() + timeout);
+  }
+  /// True if the answer is there, without blocking (a driver handles what already arrived).
+  bool ready() { return wait_until(Clock::time_point::min()); }
+  /// Waits as long as it takes and returns the answer (only once).
+  Response get() {
+    while (!wait_until(Clock::now() + std::chrono::hours(1))) {
+    }
+    return control_->take();
+  }
+  /// The answer, once `wait_until` or `ready` returned true (only once).
+  Response take() { return control_->take(); }
+  /// Gives the call up (`CallControl::cancel`): when it returns, the transport no longer
+  /// touches the request's buffers or the reply targets.
+  void cancel() { control_->cancel(); }
+  /// The shared state, for a CallGroup.
+  [[nodiscard]] CallControl& control() const noexcept { return *control_; }
+
+ private:
+  std::shared_ptr<CallControl> control_;
+};
+
+}  // namespace pulley
+// ---- end pulley/call.hpp ----
+// ---- begin pulley/call_group.hpp ----
+
+#include <chrono>
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace pulley {
+
+/// A set of calls awaited together, with one deadline: the answer of every call, or the
+/// first error among them, whichever comes first. The calls are those of one transport
+/// (one driver, or none).
+///
+/// It never returns or throws while a call may still touch its caller's buffers: at the
+/// deadline, at the first error (a refused push, a dead ps: the other answers need not be
+/// awaited), and when the group is destroyed, the unfinished calls are cancelled first.
+///
+///     CallGroup group;
+///     for (std::size_t ps = 0; ps < transport.num_ps(); ++ps)
+///       group.add(transport.call(ps, GetStats{}));
+///     group.wait(std::chrono::seconds(10), "stats");   // throws pulley::Error
+///     StatsReply first = group.take_as<StatsReply>(0);
+class CallGroup {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  CallGroup() = default;
+  CallGroup(const CallGroup&) = delete;
+  CallGroup& operator=(const CallGroup&) = delete;
+  ~CallGroup() { cancel(); }
+
+  /// Adds a call; returns its index. Throws kInvalidArgument for a call of another
+  /// transport than the group's first.
+  std::size_t add(PendingCall call) {
+    CallDriver* driver = call.control().driver();
+    if (!calls_.empty() && driver != nullptr && driver_ != nullptr && driver != driver_) {
+      call.cancel();
+      throw Error(ErrorCode::kInvalidArgument, "a CallGroup waits for calls of one transport");
+    }
+    if (driver != nullptr) driver_ = driver;
+    call.control().watch(&signal_);
+    calls_.push_back(std::move(call));
+    answers_.emplace_back();
+    return calls_.size() - 1;
+  }
+
+  /// Number of calls in the group.
+  [[nodiscard]] std::size_t size() const noexcept { return calls_.size(); }
+
+  /// Waits until every call is answered. Throws the first ErrorReply as an Error, or
+  /// kDeadlineExceeded ("<what>: no answer within <timeout> ms") once `timeout` passes; the
+  /// calls still unanswered are cancelled before it throws.
+  void wait(std::chrono::milliseconds timeout, std::string_view what) {
+    const auto deadline = Clock::now() + timeout;
+    try {
+      for (;;) {
+        const std::uint64_t seen = signal_.count();
+        if (collect()) return;
+        const auto now = Clock::now();
+        if (now >= deadline) {
+          throw Error(ErrorCode::kDeadlineExceeded, std::string(what) + ": no answer within " +
+                                                        std::to_string(timeout.count()) + " ms");
+        }
+        if (driver_ != nullptr) {
+          driver_->run_until([&] { return signal_.count() != seen; }, deadline);
+        } else {
+          signal_.wait_until(seen, deadline);
+        }
+      }
+    } catch (...) {
+      cancel();
+      throw;
+    }
+  }
+
+  /// True when every call is answered, without blocking (a driver handles what arrived);
+  /// throws the first error as `wait` does.
+  bool ready() {
+    if (driver_ != nullptr) driver_->run_until([] { return true; }, Clock::time_point::min());
+    try {
+      return collect();
+    } catch (...) {
+      cancel();
+      throw;
+    }
+  }
+
+  /// The answer of call `i`, after `wait` (moved out: once).
+  Response take(std::size_t i) { return std::move(*answers_.at(i)); }
+  /// The answer of call `i` as reply type R (`expect`).
+  template <class R>
+  R take_as(std::size_t i) {
+    return expect<R>(take(i));
+  }
+
+  /// Gives every unanswered call up (`PendingCall::cancel`): when it returns, no transport
+  /// touches their buffers any more.
+  void cancel() noexcept {
+    for (PendingCall& call : calls_) {
+      call.control().watch(nullptr);
+      call.cancel();
+    }
+  }
+
+ private:
+  /// Takes the answers that arrived; true once all have. Throws the first error.
+  bool collect() {
+    bool all = true;
+    for (std::size_t i = 0; i < calls_.size(); ++i) {
+      if (!answers_[i]) {
+        if (!calls_[i].control().answered()) {
+          all = false;
+          continue;
+        }
+        answers_[i] = calls_[i].take();
+      }
+      if (const auto* error = std::get_if<ErrorReply>(&*answers_[i])) {
+        throw Error(error->code, error->message);
+      }
+    }
+    return all;
+  }
+
+  CallSignal signal_;
+  CallDriver* driver_ = nullptr;
+  std::vector<PendingCall> calls_;
+  std::vector<std::optional<Response>> answers_;
+};
+
+}  // namespace pulley
+// ---- end pulley/call_group.hpp ----
+// ---- begin pulley/chief.hpp ----
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+// ---- begin pulley/concepts/transport.hpp ----
+
+#include <concepts>
+#include <cstddef>
+#include <span>
+#include <vector>
+
+namespace pulley {
+
+/// Where a reply's tensors go: one destination per tensor of the reply, in order (for a
+/// Pull, one per requested slice).
+using PullTargets = std::vector<std::span<float>>;
+
+/// The client half of a transport: how a worker, the chief or an evaluator reaches the ps
+/// tasks. The server half is a transport's serving loop, which hands every request to a
+/// `Service` (concepts/service.hpp).
+///
+/// Required:
+///   - `t.num_ps()` → number of ps tasks
+///   - `t.call(ps, request, targets)` → `PendingCall`
+///
+/// Semantic contract:
+///   - `call` never waits for another task (a request that must wait for a token or a step
+///     returns a PendingCall that is answered later), so calls to different ps tasks never
+///     wait for each other;
+///   - a transport may hold a request until its caller waits on any of its calls, so that
+///     requests made together leave together (a push and a pull in one write);
+///   - requests from one client to one ps are handled in the order they were made;
+///   - the caller has checked every tensor of `request` finite (pulley's clients do, before
+///     anything is sent); a transport that carries requests from another process checks
+///     them again (or lets the service check them: `RequestContext::tensors_finite`);
+///   - a reply's tensors are copied into `targets` (tensor by tensor) before the call is
+///     answered, and the reply's views then point into `targets`; a reply whose tensors do
+///     not fit `targets` is answered as a `kInvalidArgument` error instead;
+///   - `targets` and every view inside `request` stay valid until the call is answered or
+///     the caller has cancelled it; the transport touches neither afterwards;
+///   - failures arrive as an ErrorReply answer: `kUnavailable` for a dead or unreachable
+///     peer; a lost message leaves the call unanswered, and the caller's deadline turns that
+///     into `kDeadlineExceeded` (and a cancel).
+template <class T>
+concept Transport = std::move_constructible<T> &&
+    requires(T& transport, const T& ctransport, std::size_t ps, Request request,
+             PullTargets targets) {
+  { ctransport.num_ps() } -> std::convertible_to<std::size_t>;
+  { transport.call(ps, std::move(request), std::move(targets)) } -> std::same_as<PendingCall>;
+};
+
+}  // namespace pulley
+// ---- end pulley/concepts/transport.hpp ----
+// ---- begin pulley/detail/client.hpp ----
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+// ---- begin pulley/client_options.hpp ----
+
+#include <chrono>
+
+namespace pulley {
+
+/// Deadlines of a client's (worker's, chief's) requests. A request past its deadline fails
+/// with `kDeadlineExceeded` and is cancelled: the transport no longer touches its buffers.
+struct ClientOptions {
+  /// For requests a ps answers at once (push, ungated pull, stats, initialize).
+  std::chrono::milliseconds request_timeout{std::chrono::seconds(60)};
+  /// For requests that wait on other tasks: readiness, sync tokens, step-gated pulls.
+  std::chrono::milliseconds wait_timeout{std::chrono::minutes(30)};
+};
+
+}  // namespace pulley
+// ---- end pulley/client_options.hpp ----
+// ---- begin pulley/detail/finite.hpp ----
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+
+namespace pulley::detail {
+
+/// True if no element is NaN or Inf: both have an all-ones exponent, so adding one to the
+/// exponent field carries into the sign bit exactly for them. Integer ops in 16 independent
+/// lanes keep the loop vectorizable (without -ffast-math) and free of a serial dependency:
+/// it checks a gradient faster than memcpy copies it, which matters since every push is
+/// checked on both sides.
+inline bool all_finite(std::span<const float> values) noexcept {
+  constexpr std::size_t kLanes = 16;
+  constexpr std::uint32_t kExponent = 0x7F800000U;
+  constexpr std::uint32_t kExponentOne = 0x00800000U;
+  const float* p = values.data();
+  const std::size_t n = values.size();
+  std::uint32_t lanes[kLanes] = {};
+  std::size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (std::size_t l = 0; l < kLanes; ++l) {
+      std::uint32_t bits;
+      std::memcpy(&bits, p + i + l, sizeof bits);
+      lanes[l] |= (bits & kExponent) + kExponentOne;
+    }
+  }
+  std::uint32_t carried = 0;
+  for (; i < n; ++i) {
+    std::uint32_t bits;
+    std::memcpy(&bits, p + i, sizeof bits);
+    carried |= (bits & kExponent) + kExponentOne;
+  }
+  for (std::uint32_t lane : lanes) carried |= lane;
+  return (carried & 0x80000000U) == 0;
+}
+
+}  // namespace pulley::detail
+// ---- end pulley/detail/finite.hpp ----
+
+namespace pulley {
+
+/// One destination of a pull: rows `rows` of variable `variable`, written to `into`.
+struct PullRequest {
+  std::size_t variable = 0;
+  RowRange rows;
+  std::span<float> into;
+};
+
+/// The values of every variable at one global step.
+struct Snapshot {
+  /// The global step every ps had completed when it was read (the lowest of them when
+  /// `consistent` is false).
+  std::int64_t step = 0;
+  /// Every ps was read at the same global step. Always so in sync training once the ps
+  /// tasks are read at a step they all reach; async ps tasks count their own pushes, so
+  /// their steps may never agree while training runs.
+  bool consistent = false;
+  std::vector<std::vector<float>> values;  ///< one vector per variable, in variable order
+};
+
+namespace detail {
+
+/// What workers, the chief and the evaluator share: the placement, and turning
+/// variable-level pulls and pushes into per-ps requests sent concurrently.
+template <Transport T>
+class Client {
+ public:
+  Client(T transport, ClientOptions options)
+      : transport_(std::move(transport)), options_(options) {}
+
+  [[nodiscard]] std::size_t num_ps() const { return transport_.num_ps(); }
+  [[nodiscard]] const Placement& placement() const noexcept { return placement_; }
+  [[nodiscard]] const std::vector<VariableSpec>& variables() const noexcept { return variables_; }
+  [[nodiscard]] bool has_placement() const noexcept { return !placement_.first_part.empty(); }
+  T& transport() noexcept { return transport_; }
+  [[nodiscard]] const ClientOptions& options() const noexcept { return options_; }
+
+  /// Index of the variable called `name`; throws kNotFound naming it.
+  [[nodiscard]] std::size_t variable_index(std::string_view name) const {
+    for (std::size_t i = 0; i < variables_.size(); ++i) {
+      if (variables_[i].name == name) return i;
+    }
+    throw Error(ErrorCode::kNotFound, "unknown variable '" + std::string(name) + "'");
+  }
+
+  /// Sends `make_request(ps)` to every ps at once and returns the replies of type R.
+  template <class R, class MakeRequest>
+  std::vector<R> broadcast(MakeRequest make_request, std::chrono::milliseconds timeout,
+                           std::string_view what) {
+    CallGroup group;
+    for (std::size_t ps = 0; ps < num_ps(); ++ps) {
+      group.add(transport_.call(ps, Request{make_request(ps)}, {}));
+    }
+    group.wait(timeout, what);
+    std::vector<R> replies;
+    for (std::size_t ps = 0; ps < num_ps(); ++ps) replies.push_back(group.take_as<R>(ps));
+    return replies;
+  }
+
+  /// Registers the model on every ps and checks that their placements agree.
+  void register_model(std::span<const VariableSpec> variables) {
+    std::vector<VariableSpec> list(variables.begin(), variables.end());
+    adopt(broadcast<PlacementReply>([&](std::size_t) { return Register{list}; },
+                                    options_.request_timeout, "register"),
+          list);
+  }
+
+  /// Waits until every ps is initialized and learns the placement.
+  void wait_ready(std::span<const VariableSpec> variables) {
+    std::vector<VariableSpec> list(variables.begin(), variables.end());
+    adopt(broadcast<PlacementReply>([](std::size_t) { return WaitReady{}; }, options_.wait_timeout,
+                                    "wait for initialization"),
+          list);
+  }
+
+  /// Takes a sync token from ps 0, which paces the workers.
+  TokenReply take_token(std::uint32_t worker) {
+    CallGroup group;
+    group.add(transport_.call(0, TakeToken{worker}, {}));
+    explained(0, [&] { group.wait(options_.wait_timeout, "take a sync token"); });
+    return group.take_as<TokenReply>(0);
+  }
+
+  /// Pulls every request's rows into its destination, from all ps tasks at once; no ps
+  /// answers before it completed `min_step` steps. Returns the lowest global step the ps
+  /// tasks reported: every value pulled is at least that recent.
+  std::int64_t pull(std::span<const PullRequest> requests, std::int64_t min_step) {
+    CallGroup group;
+    send_pulls(group, requests, min_step);
+    wait_gated(group, min_step, "pull");
+    return lowest_step(group, 0);
+  }
+
+  /// Pushes the gradients of whole variables (one span per variable, in variable order)
+  /// tagged with `local_step`; every ps gets a message, which counts towards its step.
+  /// Returns the number of part gradients dropped as stale.
+  std::uint32_t push(std::uint32_t worker, std::int64_t local_step,
+                     std::span<const std::span<const float>> gradients) {
+    CallGroup group;
+    send_pushes(group, worker, local_step, gradients);
+    group.wait(options_.request_timeout, "push");
+    return stale_parts(group, 0, group.size());
+  }
+
+  /// What push_pull did.
+  struct PushPullResult {
+    std::uint32_t stale_parts = 0;  ///< part gradients dropped as stale
+    std::int64_t pulled_step = 0;   ///< lowest global step of the pulled values
+  };
+
+  /// `push`, then `pull` once each ps has completed `min_step` steps, in one round trip:
+  /// both requests go out together, and each ps handles the pull after the push (requests
+  /// from one client to one ps keep their order). A refused push ends the wait at once,
+  /// although its pull may be waiting for a step that will not come.
+  PushPullResult push_pull(std::uint32_t worker, std::int64_t local_step,
+                           std::span<const std::span<const float>> gradients,
+                           std::span<const PullRequest> requests, std::int64_t min_step) {
+    CallGroup group;
+    send_pushes(group, worker, local_step, gradients);
+    const std::size_t pushes = group.size();
+    send_pulls(group, requests, min_step);
+    wait_gated(group, min_step, "push and pull");
+    return {stale_parts(group, 0, pushes), lowest_step(group, pushes)};
+  }
+
+  /// Current values of every variable, pulled from every ps at once once it has completed
+  /// `min_step` steps.
+  std::vector<std::vector<float>> read_variables(std::int64_t min_step = 0) {
+    std::vector<std::vector<float>> values;
+    read_into(values, min_step);
+    return values;
+  }
+
+  /// Every variable at one global step of at least `step`, the same on every ps: each ps is
+  /// read once it reaches the target step, and answers at that step's end (pulls waiting
+  /// for a step are answered the moment it completes). A ps read past the target sets the
+  /// next round's target; a few rounds settle it while training runs.
+  Snapshot snapshot(std::int64_t step) {
+    constexpr int kRounds = 8;
+    Snapshot shot;
+    for (int round = 0; round < kRounds; ++round) {
+      const auto [lowest, highest] = read_into(shot.values, step);
+      shot.step = lowest;
+      shot.consistent = lowest == highest;
+      if (shot.consistent) break;
+      step = highest;
+    }
+    return shot;
+  }
+
+  /// Blocks until every ps has completed `step` steps; returns the lowest global step they
+  /// report.
+  std::int64_t wait_for_step(std::int64_t step) {
+    CallGroup group;
+    for (std::size_t ps = 0; ps < num_ps(); ++ps) group.add(transport_.call(ps, Pull{step, {}}, {}));
+    wait_gated(group, step, "wait for step " + std::to_string(step));
+    return lowest_step(group, 0);
+  }
+
+  /// Counters of every ps task, by task index.
+  std::vector<Stats> stats() {
+    std::vector<Stats> all;
+    for (auto& r : broadcast<StatsReply>([](std::size_t) { return GetStats{}; },
+                                         options_.request_timeout, "stats")) {
+      all.push_back(r.stats);
+    }
+    return all;
+  }
+
+ private:
+  /// Waits for `group`, whose calls wait for global step `min_step`; a call that times out
+  /// is explained by what the ps tasks wait for.
+  void wait_gated(CallGroup& group, std::int64_t min_step, std::string_view what) {
+    if (min_step <= 0) return group.wait(options_.request_timeout, what);
+    explained(std::nullopt, [&] { group.wait(options_.wait_timeout, what); });
+  }
+
+  /// Runs `wait`; a kDeadlineExceeded it throws gets what the ps (`ps`, or each) says the
+  /// next step waits for, so a stall names its cause ("worker 2 at clock 5").
+  template <class Wait>
+  void explained(std::optional<std::size_t> ps, Wait wait) {
+    try {
+      wait();
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kDeadlineExceeded) throw;
+      std::string why;
+      try {
+        CallGroup group;
+        for (std::size_t p = 0; p < num_ps(); ++p) {
+          if (!ps || *ps == p) group.add(transport_.call(p, GetStats{}, {}));
+        }
+        group.wait(std::min(options_.request_timeout, std::chrono::milliseconds(5000)),
+                   "ask the ps tasks what they wait for");
+        for (std::size_t i = 0; i < group.size(); ++i) {
+          const StatsReply reply = group.take_as<StatsReply>(i);
+          why += "; ps " + std::to_string(ps ? *ps : i) + " is at step " +
+                 std::to_string(reply.stats.global_step) + ", waiting for " + reply.waiting_for;
+        }
+      } catch (const Error&) {  // the explanation is a courtesy: the deadline is the error
+      }
+      throw Error(ErrorCode::kDeadlineExceeded, e.message() + why);
+    }
+  }
+
+  /// Reads every variable into `values` once every ps has completed `min_step` steps;
+  /// returns the lowest and highest global step the ps tasks were read at.
+  std::pair<std::int64_t, std::int64_t> read_into(std::vector<std::vector<float>>& values,
+                                                  std::int64_t min_step) {
+    std::vector<PullRequest> requests;
+    values.resize(variables_.size());
+    for (std::size_t v = 0; v < variables_.size(); ++v) {
+      values[v].resize(variables_[v].size());
+      requests.push_back({v, {0, variables_[v].rows()}, values[v]});
+    }
+    CallGroup group;
+    send_pulls(group, requests, min_step);
+    wait_gated(group, min_step, "read the variables");
+    std::int64_t lowest = std::numeric_limits<std::int64_t>::max();
+    std::int64_t highest = std::numeric_limits<std::int64_t>::min();
+    for (std::size_t i = 0; i < group.size(); ++i) {
+      const std::int64_t step = group.take_as<PullReply>(i).global_step;
+      lowest = std::min(lowest, step);
+      highest = std::max(highest, step);
+    }
+    if (group.size() == 0) lowest = highest = 0;
+    return {lowest, highest};
+  }
+
+  /// Sends each ps its share of `requests` (checked against the variables' shapes).
+  void send_pulls(CallGroup& group, std::span<const PullRequest> requests, std::int64_t min_step) {
+    std::vector<Pull> pulls(num_ps(), Pull{min_step, {}});
+    std::vector<PullTargets> targets(num_ps());
+    for (const PullRequest& r : requests) {
+      const VariableSpec& spec = checked_variable(r.variable);
+      if (r.rows.empty() || r.rows.end > spec.rows() ||
+          r.into.size() != r.rows.size() * spec.row_size()) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "pull of '" + spec.name + "' rows [" + std::to_string(r.rows.begin) + ", " +
+                        std::to_string(r.rows.end) + ") into " + std::to_string(r.into.size()) +
+                        " floats does not fit its shape");
+      }
+      for (const Part& part : placement_.parts_of(r.variable)) {
+        const std::size_t begin = std::max(part.rows.begin, r.rows.begin);
+        const std::size_t end = std::min(part.rows.end, r.rows.end);
+        if (begin >= end) continue;
+        pulls[part.ps].slices.push_back({global_index(part), {begin, end}});
+        targets[part.ps].push_back(r.into.subspan((begin - r.rows.begin) * spec.row_size(),
+                                                  (end - begin) * spec.row_size()));
+      }
+    }
+    for (std::size_t ps = 0; ps < num_ps(); ++ps) {
+      if (pulls[ps].slices.empty()) continue;
+      group.add(transport_.call(ps, std::move(pulls[ps]), std::move(targets[ps])));
+    }
+  }
+
+  /// Sends every ps the gradients of the parts it holds (checked: one finite gradient of the
+  /// right size per variable, before anything is sent).
+  void send_pushes(CallGroup& group, std::uint32_t worker, std::int64_t local_step,
+                   std::span<const std::span<const float>> gradients) {
+    if (gradients.size() != variables_.size()) {
+      throw Error(ErrorCode::kInvalidArgument, "push needs one gradient per variable");
+    }
+    std::vector<Push> pushes(num_ps(), Push{worker, local_step, {}});
+    for (const Part& part : placement_.parts) {
+      const std::size_t row_size = variables_[part.variable].row_size();
+      const std::span<const float> g = gradients[part.variable];
+      if (g.size() != variables_[part.variable].size()) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "gradient of '" + variables_[part.variable].name + "' has " +
+                        std::to_string(g.size()) + " elements, expected " +
+                        std::to_string(variables_[part.variable].size()));
+      }
+      pushes[part.ps].gradients.push_back(
+          {global_index(part), g.subspan(part.rows.begin * row_size, part.rows.size() * row_size)});
+    }
+    // Checked here, before anything is sent: a push refused by one ps but applied by another
+    // would leave the ps tasks on different steps.
+    for (std::size_t v = 0; v < gradients.size(); ++v) {
+      if (!detail::all_finite(gradients[v])) {
+        throw Error(ErrorCode::kInvalidArgument, "non-finite (NaN or Inf) gradient for '" +
+                                                     variables_[v].name + "'; nothing was pushed");
+      }
+    }
+    for (std::size_t ps = 0; ps < num_ps(); ++ps) {
+      group.add(transport_.call(ps, std::move(pushes[ps]), {}));
+    }
+  }
+
+  /// The lowest global step reported by the pull replies from index `first` on.
+  static std::int64_t lowest_step(CallGroup& group, std::size_t first) {
+    std::int64_t step = std::numeric_limits<std::int64_t>::max();
+    for (std::size_t i = first; i < group.size(); ++i) {
+      step = std::min(step, group.take_as<PullReply>(i).global_step);
+    }
+    return first == group.size() ? 0 : step;
+  }
+
+  static std::uint32_t stale_parts(CallGroup& group, std::size_t first, std::size_t end) {
+    std::uint32_t stale = 0;
+    for (std::size_t i = first; i < end; ++i) stale += group.take_as<PushReply>(i).stale_parts;
+    return stale;
+  }
+
+  const VariableSpec& checked_variable(std::size_t v) const {
+    if (!has_placement()) {
+      throw Error(ErrorCode::kFailedPrecondition, "no placement yet: call wait_ready() first");
+    }
+    if (v >= variables_.size()) {
+      throw Error(ErrorCode::kNotFound, "unknown variable index " + std::to_string(v));
+    }
+    return variables_[v];
+  }
+
+  std::uint32_t global_index(const Part& part) const {
+    return static_cast<std::uint32_t>(&part - placement_.parts.data());
+  }
+
+  void adopt(std::vector<PlacementReply> replies, std::vector<VariableSpec>& variables) {
+    if (replies.empty()) throw Error(ErrorCode::kInvalidArgument, "the cluster has no ps task");
+    for (std::size_t ps = 1; ps < replies.size(); ++ps) {
+      if (!(replies[ps].placement == replies[0].placement)) {
+        throw Error(ErrorCode::kFailedPrecondition,
+                    "ps 0 and ps " + std::to_string(ps) +
+                        " place the variables differently: are they configured with the same "
+                        "sharding policy and number of ps tasks?");
+      }
+    }
+    const auto& registered = replies[0].variables;
+    if (registered.size() != variables.size()) {
+      throw Error(ErrorCode::kFailedPrecondition,
+                  "the ps tasks hold " + std::to_string(registered.size()) +
+                      " variables but this model has " + std::to_string(variables.size()));
+    }
+    for (std::size_t v = 0; v < variables.size(); ++v) {
+      if (!(registered[v] == variables[v])) {
+        throw Error(ErrorCode::kFailedPrecondition,
+                    "variable " + std::to_string(v) + " of this model ('" + variables[v].name +
+                        "') differs from the one the chief registered ('" + registered[v].name +
+                        "'): name, shape and initializer must match");
+      }
+    }
+    placement_ = std::move(replies[0].placement);
+    variables_ = std::move(variables);
+  }
+
+  T transport_;
+  ClientOptions options_;
+  Placement placement_;
+  std::vector<VariableSpec> variables_;
+};
+
+}  // namespace detail
+}  // namespace pulley
+// ---- end pulley/detail/client.hpp ----
+// ---- begin pulley/initializers.hpp ----
+
+#include <cmath>
+#include <cstdint>
+#include <numbers>
+#include <span>
+#include <string_view>
+
+namespace pulley {
+
+/// A small, fast, portable generator (SplitMix64). Unlike the standard distributions,
+/// whose output differs between standard libraries, the values below depend only on the
+/// seed, so a seeded run initializes identically everywhere.
+class SplitMix64 {
+ public:
+  explicit constexpr SplitMix64(std::uint64_t seed) noexcept : state_(seed) {}
+
+  constexpr std::uint64_t next() noexcept {
+    std::uint64_t z = (state_ += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30U)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27U)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31U);
+  }
+  /// Uniform in [0, 1), 53 random bits.
+  constexpr double uniform() noexcept { return static_cast<double>(next() >> 11U) * 0x1.0p-53; }
+
+ private:
+  std::uint64_t state_;
+};
+
+/// FNV-1a hash of a variable name: mixes the name into the seed, so a variable's initial
+/// values do not change when other variables are added or reordered.
+constexpr std::uint64_t name_hash(std::string_view name) noexcept {
+  std::uint64_t h = 0xCBF29CE484222325ULL;
+  for (char c : name) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 0x100000001B3ULL;
+  }
+  return h;
+}
+
+/// Fills `values` (which has `spec.size()` elements) as `spec.initializer` says, from
+/// `seed` and the variable's name.
+inline void initialize(const VariableSpec& spec, std::uint64_t seed, std::span<float> values) {
+  SplitMix64 rng(seed ^ name_hash(spec.name));
+  const Initializer& init = spec.initializer;
+  auto uniform = [&](double limit) {
+    for (float& v : values) v = static_cast<float>((2.0 * rng.uniform() - 1.0) * limit);
+  };
+  switch (init.kind) {
+    case Initializer::Kind::kZeros:
+      for (float& v : values) v = 0.0F;
+      break;
+    case Initializer::Kind::kConstant:
+      for (float& v : values) v = init.value;
+      break;
+    case Initializer::Kind::kUniform:
+      uniform(init.value);
+      break;
+    case Initializer::Kind::kNormal:
+      for (float& v : values) {  // Box–Muller; 1 - u keeps the log finite
+        const double r = std::sqrt(-2.0 * std::log(1.0 - rng.uniform()));
+        v = static_cast<float>(init.value * r * std::cos(2.0 * std::numbers::pi * rng.uniform()));
+      }
+      break;
+    case Initializer::Kind::kGlorotUniform: {
+      // fan_in is the first dimension, fan_out the product of the rest (Keras' rule for a
+      // Dense kernel [in, out]); a vector counts as fan_in = fan_out = its length.
+      const double fan_in = static_cast<double>(spec.rows());
+      const double fan_out = spec.shape.size() > 1 ? static_cast<double>(spec.row_size()) : fan_in;
+      uniform(std::sqrt(6.0 / (fan_in + fan_out)));
+      break;
+    }
+  }
+}
+
+}  // namespace pulley
+// ---- end pulley/initializers.hpp ----
+
+namespace pulley {
+
+/// The chief task: registers the model with the ps tasks, initializes every variable from a
+/// seed, releases the workers (the ps tasks turn ready), reads variables back for
+/// evaluation and checkpoints, and ends training: `shutdown` when it is complete (every
+/// task then learns so and ends successfully), `abort` when it failed.
+///
+/// @tparam T the Transport that reaches the ps tasks
+template <Transport T>
+class Chief {
+ public:
+  /// @param seed initial values depend only on it and the variables' names
+  Chief(T transport, std::uint64_t seed, ClientOptions options = {})
+      : seed_(seed), client_(std::move(transport), options) {}
+
+  /// Registers `variables`, fills them with their initializers and sends the values to the
+  /// ps tasks that hold them. When it returns, every ps is ready and workers proceed.
+  const Placement& initialize(std::span<const VariableSpec> variables) {
+    std::vector<std::vector<float>> values;
+    values.reserve(variables.size());
+    for (const VariableSpec& spec : variables) {
+      values.emplace_back(spec.size());
+      pulley::initialize(spec, seed_, values.back());
+    }
+    return initialize(variables, values);
+  }
+
+  /// Same with explicit initial values, one vector per variable (e.g. a restored checkpoint).
+  const Placement& initialize(std::span<const VariableSpec> variables,
+                              std::span<const std::vector<float>> values) {
+    if (values.size() != variables.size()) {
+      throw Error(ErrorCode::kInvalidArgument, "initialize needs one value vector per variable");
+    }
+    for (std::size_t v = 0; v < variables.size(); ++v) {
+      if (values[v].size() != variables[v].size()) {
+        throw Error(ErrorCode::kInvalidArgument, "initial value of '" + variables[v].name +
+                                                     "' has " + std::to_string(values[v].size()) +
+                                                     " elements, expected " +
+                                                     std::to_string(variables[v].size()));
+      }
+      if (!detail::all_finite(values[v])) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "initial value of '" + variables[v].name + "' is not finite (NaN or Inf)");
+      }
+    }
+    client_.register_model(variables);
+    const Placement& placement = client_.placement();
+    std::vector<Initialize> messages(client_.num_ps());
+    for (const Part& part : placement.parts) {
+      const std::size_t row_size = variables[part.variable].row_size();
+      messages[part.ps].parts.push_back(
+          {static_cast<std::uint32_t>(&part - placement.parts.data()),
+           std::span<const float>(values[part.variable])
+               .subspan(part.rows.begin * row_size, part.rows.size() * row_size)});
+    }
+    client_.template broadcast<Ack>([&](std::size_t ps) { return std::move(messages[ps]); },
+                                    timeouts().request_timeout, "initialize");
+    return placement;
+  }
+
+  /// Current values of every variable, as each ps holds them now (while training runs, the
+  /// ps tasks may be at different steps: use `snapshot` for one step's values).
+  std::vector<std::vector<float>> read_variables() { return client_.read_variables(); }
+
+  /// Every variable at one global step of at least `step`, read from every ps at that same
+  /// step (see Snapshot); waits until the ps tasks reach it.
+  Snapshot snapshot(std::int64_t step) { return client_.snapshot(step); }
+
+  /// Blocks until every ps task has completed `step` global steps; returns the lowest
+  /// global step they report.
+  std::int64_t wait_for_step(std::int64_t step) { return client_.wait_for_step(step); }
+
+  /// Counters of every ps task, by task index.
+  std::vector<Stats> stats() { return client_.stats(); }
+
+  /// Ends training successfully: every ps answers what waits there and everything sent
+  /// later with `kOutOfRange` ("training finished"), so workers and the evaluator stop
+  /// cleanly (`Worker::step` returns nullopt); the ps tasks then stop serving.
+  void shutdown() { end({false, {}}); }
+
+  /// Ends training as failed, for `reason`: the ps tasks answer `kAborted` with it, so every
+  /// task stops with an error naming it.
+  void abort(const std::string& reason) { end({true, reason}); }
+
+  /// Where each variable lives, after `initialize`.
+  [[nodiscard]] const Placement& placement() const noexcept { return client_.placement(); }
+  /// The registered variables, after `initialize`.
+  [[nodiscard]] const std::vector<VariableSpec>& variables() const noexcept {
+    return client_.variables();
+  }
+
+ private:
+  [[nodiscard]] const ClientOptions& timeouts() const { return client_.options(); }
+
+  void end(const Shutdown& message) {
+    client_.template broadcast<Ack>([&](std::size_t) { return message; },
+                                    timeouts().request_timeout, "shutdown");
+  }
+
+  std::uint64_t seed_;
+  detail::Client<T> client_;
+};
+
+}  // namespace pulley
+// ---- end pulley/chief.hpp ----
+// ---- begin pulley/concepts/model.hpp ----
+
+#include <concepts>
+#include <cstddef>
+#include <span>
+
+namespace pulley {
+
+/// A model a worker trains: it declares its variables, owns their local copies and computes
+/// gradients on a batch.
+///
+/// Required:
+///   - `typename M::Batch`
+///   - `m.variables()` → the variable specs, in a fixed order (a range of VariableSpec)
+///   - `m.parameter(i)` → `std::span<float>` over variable i's local copy (row-major); the
+///     worker pulls into it
+///   - `m.gradient(i)` → `std::span<const float>` over the gradient of variable i from the
+///     last `compute_gradients`; the worker pushes from it
+///   - `m.compute_gradients(batch)` → the batch's mean loss (convertible to float)
+///
+/// Semantic contract:
+///   - `variables()` is the same on every worker and the chief for the same configuration;
+///   - `parameter(i)` and `gradient(i)` have `variables()[i].size()` elements and stay at the
+///     same address for the model's lifetime (pull and push use them in place);
+///   - the gradient is of the batch's mean loss, so averaging R gradients is averaging losses.
+template <class M>
+concept Model = requires(M& model, const M& cmodel, std::size_t i, const typename M::Batch& batch) {
+  typename M::Batch;
+  { cmodel.variables() } -> std::convertible_to<std::span<const VariableSpec>>;
+  { model.parameter(i) } -> std::same_as<std::span<float>>;
+  { cmodel.gradient(i) } -> std::same_as<std::span<const float>>;
+  { model.compute_gradients(batch) } -> std::convertible_to<float>;
+};
+
+}  // namespace pulley
+// ---- end pulley/concepts/model.hpp ----
+// ---- begin pulley/concepts/optimizer.hpp ----
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+namespace pulley {
+
+/// What an optimizer may know about one update besides the weights and the gradient.
+struct UpdateContext {
+  /// Global steps completed before this update (sync: this update completes step
+  /// `global_step + 1`; async: pushes applied before this one). For schedules.
+  std::int64_t global_step = 0;
+  std::string_view variable;  ///< the variable's name
+  RowRange rows;              ///< the rows of the variable this part holds
+  std::size_t row_size = 0;   ///< elements per row: element i is row `rows.begin + i / row_size`
+};
+
+/// An optimizer: a small value type holding hyper-parameters, plus a per-part `State`
+/// (slots such as momentum or Adam's moments) that the ps keeps beside the part it updates.
+///
+/// Required:
+///   - `typename O::State`, movable
+///   - `o.make_state(n)` → `O::State` for a part of `n` elements
+///   - `o.apply(state, weights, gradient)` or `o.apply(state, weights, gradient, context)`:
+///     updates `weights` in place (the second form also sees an UpdateContext)
+///
+/// Semantic contract (the compiler cannot check it):
+///   - `gradient` is the mean of the gradients the sync policy aggregated for this update
+///     (SyncReplicas: of R workers' batches; Async: one worker's), each the gradient of its
+///     batch's mean loss;
+///   - `apply` is called once per global step (sync) or once per accepted push (async) for
+///     each part, with `weights.size() == gradient.size() == n` of the `make_state(n)` call;
+///   - calls are never concurrent: one ps applies one update at a time;
+///   - `gradient` may alias the sync policy's accumulator or the sender's message: it is
+///     valid only during the call, and must not be kept;
+///   - it is deterministic: the same state, weights and gradient give the same result;
+///   - it is element-wise or at least part-local: a variable split over several ps tasks is
+///     updated part by part, so a rule that needs the whole variable (a global norm) does
+///     not belong here (the UpdateContext tells which rows a part holds, for row-wise rules);
+///   - a throw while applying fails the ps (half an update cannot be undone), so `apply`
+///     should not throw; `make_state` may throw (the model is then refused);
+///   - the optimizer object is shared by all parts and is never modified after construction
+///     (`apply` is const); everything that changes lives in `State`.
+template <class O>
+concept Optimizer = std::copy_constructible<O> && std::movable<typename O::State> &&
+    requires(const O& optimizer, typename O::State& state, std::span<float> weights,
+             std::span<const float> gradient, std::size_t n, const UpdateContext& context) {
+  { optimizer.make_state(n) } -> std::same_as<typename O::State>;
+  requires requires { { optimizer.apply(state, weights, gradient) } -> std::same_as<void>; } ||
+      requires { { optimizer.apply(state, weights, gradient, context) } -> std::same_as<void>; };
+};
+
+/// Calls whichever form of `apply` the optimizer has.
+template <Optimizer O>
+void apply_update(const O& optimizer, typename O::State& state, std::span<float> weights,
+                  std::span<const float> gradient, const UpdateContext& context) {
+  if constexpr (requires { optimizer.apply(state, weights, gradient, context); }) {
+    optimizer.apply(state, weights, gradient, context);
+  } else {
+    optimizer.apply(state, weights, gradient);
+  }
+}
+
+}  // namespace pulley
+// ---- end pulley/concepts/optimizer.hpp ----
+// ---- begin pulley/concepts/service.hpp ----
+
+#include <concepts>
+#include <cstdint>
+#include <functional>
+
+namespace pulley {
+
+/// How a service answers one request: called exactly once, now or later, from the thread
+/// that serves it. A Responder never throws, and it copies (or sends) every view in the
+/// Response before it returns.
+using Responder = std::function<void(Response&&)>;
+
+/// What a transport vouches for about a request, besides its content.
+struct RequestContext {
+  /// Every tensor of the request is finite: the transport checked it as it arrived, or the
+  /// request comes from a client in this process (pulley's clients check before sending).
+  bool tensors_finite = false;
+};
+
+/// The server half of a transport's contract: what a transport serves. A ParameterServer is
+/// one; `TcpServer` and `InProcessNetwork` serve any Service.
+///
+/// Required:
+///   - `s.handle(request, context, reply)`, declared noexcept
+///   - `s.task()` → this ps task's index
+///   - `s.stopped()` → bool: true once it serves no more (shut down, or failed)
+///
+/// Semantic contract:
+///   - the transport calls `handle` for one request at a time (never concurrently), in the
+///     order each client sent them, and never after the service is destroyed;
+///   - `handle` answers every request exactly once through `reply`, now or later (a request
+///     that waits for a token or a step is answered when another request completes it);
+///     whatever goes wrong, including a throwing policy, becomes an answer: `handle` does
+///     not throw, so the transport has no failure of the service to decide about;
+///   - a stopped service still answers what it is sent (with the error that says why it
+///     stopped): the transport keeps serving it until its clients have heard, then ends.
+template <class S>
+concept Service = requires(S& service, const S& cservice, Request&& request,
+                           const RequestContext& context, Responder reply) {
+  requires noexcept(service.handle(std::move(request), context, std::move(reply)));
+  { cservice.task() } -> std::convertible_to<std::uint32_t>;
+  { cservice.stopped() } -> std::convertible_to<bool>;
+};
+
+}  // namespace pulley
+// ---- end pulley/concepts/service.hpp ----
+// ---- begin pulley/concepts/sharding.hpp ----
+
+#include <concepts>
+#include <cstddef>
+#include <span>
+
+namespace pulley {
+
+/// A sharding policy decides which ps task holds which rows of which variable.
+///
+/// Required:
+///   - `s.place(variables, num_ps)` → `Placement`
+///
+/// Semantic contract:
+///   - `place` is pure and deterministic: every ps task computes the placement itself and
+///     the chief checks that they all agree, so the same input must give the same output
+///     on every process;
+///   - for every variable, its parts are listed in row order and cover its rows exactly
+///     once with non-empty ranges, and every part's `ps` is below `num_ps` (the server
+///     checks this and refuses the model otherwise).
+template <class S>
+concept Sharding = std::copy_constructible<S> &&
+    requires(const S& sharding, std::span<const VariableSpec> variables, std::size_t num_ps) {
+  { sharding.place(variables, num_ps) } -> std::same_as<Placement>;
+};
+
+}  // namespace pulley
+// ---- end pulley/concepts/sharding.hpp ----
+// ---- begin pulley/evaluator.hpp ----
+
+#include <cstdint>
+#include <span>
+#include <utility>
+#include <vector>
+
+namespace pulley {
+
+/// The evaluator task: follows training without taking part in it. It waits for the chief's
+/// initialization, then reads parameter snapshots at chosen global steps to score on
+/// held-out data. It takes no tokens and pushes nothing, so it never slows a sync step.
+/// When the chief ends training, its calls throw `kOutOfRange`.
+///
+/// @tparam T the Transport that reaches the ps tasks
+template <Transport T>
+class Evaluator {
+ public:
+  explicit Evaluator(T transport, ClientOptions options = {})
+      : client_(std::move(transport), options) {}
+
+  /// Blocks until the chief has initialized every ps and checks that `variables` (the
+  /// evaluator's model) are the registered ones.
+  void wait_ready(std::span<const VariableSpec> variables) { client_.wait_ready(variables); }
+
+  /// Blocks until every ps has completed `step` global steps; returns the lowest global
+  /// step they report.
+  std::int64_t wait_for_step(std::int64_t step) { return client_.wait_for_step(step); }
+
+  /// Every variable at one global step of at least `step`, the same on every ps (see
+  /// Snapshot); waits until the ps tasks reach it.
+  Snapshot snapshot(std::int64_t step) { return client_.snapshot(step); }
+
+  /// Current values of every variable, one vector per variable, as each ps holds them now.
+  std::vector<std::vector<float>> read_variables() { return client_.read_variables(); }
+
+  /// Counters of every ps task, by task index.
+  std::vector<Stats> stats() { return client_.stats(); }
+
+ private:
+  detail::Client<T> client_;
+};
+
+}  // namespace pulley
+// ---- end pulley/evaluator.hpp ----
+// ---- begin pulley/log.hpp ----
+
+#include <cstdio>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace pulley {
+
+/// How much a log line matters.
+enum class LogLevel : unsigned char {
+  kInfo,     ///< progress: a task started, training reached a step
+  kWarning,  ///< something went wrong and was dealt with (a connection dropped)
+  kError,    ///< a task is about to fail
+};
+
+/// Where pulley's log lines go: called with one line at a time (no trailing newline), from
+/// any thread, never concurrently (calls are serialized). It must not throw.
+using LogSink = std::function<void(LogLevel, std::string_view)>;
+
+namespace detail {
+
+struct LogState {
+  std::mutex mutex;
+  LogSink sink;  ///< empty: stderr
+};
+
+inline LogState& log_state() {
+  static LogState state;
+  return state;
+}
+
+}  // namespace detail
+
+/// Sends pulley's log lines to `sink` instead of stderr (an empty sink restores stderr);
+/// returns the sink it replaces.
+inline LogSink set_log_sink(LogSink sink) {
+  detail::LogState& state = detail::log_state();
+  std::scoped_lock lock(state.mutex);
+  return std::exchange(state.sink, std::move(sink));
+}
+
+/// Writes one log line through the sink (by default to stderr, prefixed "pulley: ").
+inline void log(LogLevel level, std::string_view line) noexcept {
+  detail::LogState& state = detail::log_state();
+  std::scoped_lock lock(state.mutex);
+  if (state.sink) {
+    try {
+      state.sink(level, line);
+    } catch (...) {  // a log line is never worth a failure
+    }
+    return;
+  }
+  static constexpr const char* kPrefix[] = {"", "warning: ", "error: "};
+  std::fprintf(stderr, "pulley: %s%.*s\n", kPrefix[static_cast<int>(level)],
+               static_cast<int>(line.size()), line.data());
+  std::fflush(stderr);
+}
+
+}  // namespace pulley
+// ---- end pulley/log.hpp ----
+// ---- begin pulley/node.hpp ----
+
+#include <compare>
+#include <cstdint>
+#include <string>
+
+namespace pulley {
+
+/// A task of the cluster, named as in TF_CONFIG: a job ("ps", "worker", "chief",
+/// "evaluator") and an index inside it.
+struct Node {
+  enum class Job : std::uint8_t { kPs, kWorker, kChief, kEvaluator };
+  Job job = Job::kWorker;
+  std::uint32_t index = 0;
+
+  static constexpr Node ps(std::uint32_t i) noexcept { return {Job::kPs, i}; }
+  static constexpr Node worker(std::uint32_t i) noexcept { return {Job::kWorker, i}; }
+  static constexpr Node chief() noexcept { return {Job::kChief, 0}; }
+  static constexpr Node evaluator() noexcept { return {Job::kEvaluator, 0}; }
+
+  /// "ps:1", "worker:0", ...
+  [[nodiscard]] std::string name() const {
+    constexpr const char* jobs[] = {"ps", "worker", "chief", "evaluator"};
+    return std::string(jobs[static_cast<int>(job)]) + ":" + std::to_string(index);
+  }
+
+  friend constexpr auto operator<=>(const Node&, const Node&) = default;
+};
+
+}  // namespace pulley
+// ---- end pulley/node.hpp ----
+// ---- begin pulley/optimizers/adagrad.hpp ----
+
+#include <cmath>
+#include <cstddef>
+#include <span>
+#include <vector>
+
+namespace pulley {
+
+/// Adagrad with Keras' defaults and rule:
+///   accumulator += g^2
+///   w -= learning_rate * g / (sqrt(accumulator) + epsilon)
+struct Adagrad {
+  float learning_rate = 0.001F;            ///< step size
+  float initial_accumulator_value = 0.1F;  ///< starting sum of squares
+  float epsilon = 1e-7F;                   ///< keeps the division finite
+
+  /// The sum of squared gradients, one value per element.
+  struct State {
+    std::vector<float> accumulator;
+  };
+
+  /// Fresh slots for a part of n elements.
+  [[nodiscard]] State make_state(std::size_t n) const {
+    return {std::vector<float>(n, initial_accumulator_value)};
+  }
+
+  /// Updates `w` in place from gradient `g` (same size as the state).
+  void apply(State& state, std::span<float> w, std::span<const float> g) const {
+    const float lr = learning_rate;
+    const float eps = epsilon;
+    float* __restrict wp = w.data();
+    const float* __restrict gp = g.data();
+    float* __restrict ap = state.accumulator.data();
+    for (std::size_t i = 0, n = w.size(); i < n; ++i) {
+      ap[i] += gp[i] * gp[i];
+      wp[i] -= lr * gp[i] / (std::sqrt(ap[i]) + eps);
+    }
+  }
+};
+static_assert(Optimizer<Adagrad>);
+
+}  // namespace pulley
+// ---- end pulley/optimizers/adagrad.hpp ----
+// ---- begin pulley/optimizers/adam.hpp ----
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace pulley {
+
+/// Adam (Kingma & Ba) in TensorFlow's form, which folds bias correction into the step size:
+///   t += 1
+///   lr_t = learning_rate * sqrt(1 - beta_2^t) / (1 - beta_1^t)
+///   m = beta_1 * m + (1 - beta_1) * g
+///   v = beta_2 * v + (1 - beta_2) * g^2
+///   w -= lr_t * m / (sqrt(v) + epsilon)
+/// Defaults are Keras'. `t` counts this part's updates, i.e. the global step in sync mode.
+struct Adam {
+  float learning_rate = 0.001F;  ///< step size
+  float beta_1 = 0.9F;           ///< decay of the first moment
+  float beta_2 = 0.999F;         ///< decay of the second moment
+  float epsilon = 1e-7F;         ///< keeps the division finite
+
+  /// First and second moment slots plus the update count.
+  struct State {
+    std::vector<float> m;
+    std::vector<float> v;
+    std::int64_t t = 0;
+  };
+
+  /// Fresh slots for a part of n elements.
+  [[nodiscard]] State make_state(std::size_t n) const {
+    return {std::vector<float>(n, 0.0F), std::vector<float>(n, 0.0F), 0};
+  }
+
+  /// Updates `w` in place from gradient `g` (same size as the state).
+  void apply(State& state, std::span<float> w, std::span<const float> g) const {
+    ++state.t;
+    const auto t = static_cast<double>(state.t);
+    const auto lr_t =
+        static_cast<float>(learning_rate * std::sqrt(1.0 - std::pow(double{beta_2}, t)) /
+                           (1.0 - std::pow(double{beta_1}, t)));
+    const float b1 = beta_1;
+    const float b2 = beta_2;
+    const float eps = epsilon;
+    float* __restrict wp = w.data();
+    const float* __restrict gp = g.data();
+    float* __restrict mp = state.m.data();
+    float* __restrict vp = state.v.data();
+    for (std::size_t i = 0, n = w.size(); i < n; ++i) {
+      mp[i] = b1 * mp[i] + (1.0F - b1) * gp[i];
+      vp[i] = b2 * vp[i] + (1.0F - b2) * gp[i] * gp[i];
+      wp[i] -= lr_t * mp[i] / (std::sqrt(vp[i]) + eps);
+    }
+  }
+};
+static_assert(Optimizer<Adam>);
+
+}  // namespace pulley
+// ---- end pulley/optimizers/adam.hpp ----
+// ---- begin pulley/optimizers/momentum.hpp ----
+
+#include <cstddef>
+#include <span>
+#include <vector>
+
+namespace pulley {
+
+/// Momentum SGD with TensorFlow's update rule (MomentumOptimizer):
+///   accumulation = momentum * accumulation + g
+///   w -= learning_rate * accumulation                         (classic)
+///   w -= learning_rate * (g + momentum * accumulation)        (use_nesterov)
+struct Momentum {
+  float learning_rate = 0.01F;  ///< step size
+  float momentum = 0.9F;        ///< decay of the accumulation
+  bool use_nesterov = false;    ///< look-ahead update
+
+  /// The accumulation slot, one value per element.
+  struct State {
+    std::vector<float> accumulation;
+  };
+
+  /// Fresh slots for a part of n elements.
+  [[nodiscard]] State make_state(std::size_t n) const { return {std::vector<float>(n, 0.0F)}; }
+
+  /// Updates `w` in place from gradient `g` (same size as the state).
+  void apply(State& state, std::span<float> w, std::span<const float> g) const {
+    const float lr = learning_rate;
+    const float mu = momentum;
+    float* __restrict wp = w.data();
+    const float* __restrict gp = g.data();
+    float* __restrict ap = state.accumulation.data();
+    const std::size_t n = w.size();
+    if (use_nesterov) {
+      for (std::size_t i = 0; i < n; ++i) {
+        ap[i] = mu * ap[i] + gp[i];
+        wp[i] -= lr * (gp[i] + mu * ap[i]);
+      }
+    } else {
+      for (std::size_t i = 0; i < n; ++i) {
+        ap[i] = mu * ap[i] + gp[i];
+        wp[i] -= lr * ap[i];
+      }
+    }
+  }
+};
+static_assert(Optimizer<Momentum>);
+
+}  // namespace pulley
+// ---- end pulley/optimizers/momentum.hpp ----
+// ---- begin pulley/optimizers/sgd.hpp ----
+
+#include <cstddef>
+#include <span>
+
+namespace pulley {
+
+/// Plain stochastic gradient descent: `w -= learning_rate * g` (TF's GradientDescentOptimizer).
+struct Sgd {
+  float learning_rate = 0.01F;  ///< step size
+
+  /// SGD keeps no slots.
+  struct State {};
+
+  /// Fresh slots for a part of n elements.
+  [[nodiscard]] State make_state(std::size_t /*n*/) const { return {}; }
+
+  /// Updates `w` in place from gradient `g` (same size as the state).
+  void apply(State& /*state*/, std::span<float> w, std::span<const float> g) const {
+    const float lr = learning_rate;
+    float* __restrict wp = w.data();
+    const float* __restrict gp = g.data();
+    for (std::size_t i = 0, n = w.size(); i < n; ++i) wp[i] -= lr * gp[i];
+  }
+};
+static_assert(Optimizer<Sgd>);
+
+}  // namespace pulley
+// ---- end pulley/optimizers/sgd.hpp ----
+// ---- begin pulley/parameter_server.hpp ----
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace pulley {
+
+/// One ps task: holds the parts of every variable placed on it, aggregates the gradients
+/// pushed to them and applies the optimizer. When gradients are applied and how workers are
+/// paced is the sync policy's decision; the ps keeps registration, storage and apply.
+///
+/// It is a message handler (a `Service`) and does no I/O: a transport calls `handle` for one
+/// request at a time, so the same logic runs in-process and over the network, and nothing
+/// here needs a lock.
+///
+/// @tparam S Sharding policy: which ps holds which rows (every ps computes the same placement)
+/// @tparam O Optimizer applied to each part, with its per-part slots kept beside the part
+/// @tparam P SyncPolicy: Async, SyncReplicas, BoundedStaleness... paces and aggregates
+///
+/// Bad requests are answered with an ErrorReply and change nothing; the ps keeps serving. A
+/// push is all-or-nothing: it is checked whole (known parts, sizes, finite values unless
+/// the transport vouches for them, the sync policy's verdict) before any of it is applied,
+/// so a NaN or Inf gradient is refused with `kInvalidArgument` instead of poisoning the
+/// parameters. This is the one place that decides what a throwing policy costs: a throw
+/// before the ps changes anything refuses that request; a throw while it changes its
+/// state (half an update applied) fails the ps: it answers every request from then on with
+/// `kInternal` and the reason, and `stopped()` turns true, so its transport ends and the
+/// task exits with an error instead of serving parameters it cannot vouch for.
+template <Sharding S, Optimizer O, SyncPolicy P>
+class ParameterServer {
+ public:
+  /// @param task    this ps task's index
+  /// @param num_ps  the number of ps tasks in the cluster
+  ParameterServer(std::uint32_t task, std::uint32_t num_ps, O optimizer, P sync, S sharding = {})
+      : task_(task),
+        num_ps_(num_ps),
+        optimizer_(std::move(optimizer)),
+        sync_(std::move(sync)),
+        sharding_(std::move(sharding)),
+        pacer_(sync_.make_pacer()) {
+    if (num_ps == 0 || task >= num_ps) {
+      throw Error(ErrorCode::kInvalidArgument, "ps task " + std::to_string(task) +
+                                                   " is outside a cluster of " +
+                                                   std::to_string(num_ps) + " ps tasks");
+    }
+  }
+
+  /// Handles one request; `reply` is called exactly once, now or later.
+  void handle(Request&& request, const RequestContext& context, Responder reply) noexcept {
+    if (end_) {
+      ++stats_.requests_rejected;
+      send(reply, ErrorReply{*end_});
+      return;
+    }
+    changing_ = false;
+    try {
+      std::visit([&](auto& r) { on(r, context, reply); }, request);
+    } catch (const Error& e) {
+      settle(reply, e.code(), e.message(), message_name(request));
+    } catch (const std::exception& e) {
+      settle(reply, ErrorCode::kInternal, e.what(), message_name(request));
+    } catch (...) {
+      settle(reply, ErrorCode::kInternal, "unknown exception", message_name(request));
+    }
+  }
+
+  /// True once it serves no more: shut down by the chief, or failed.
+  [[nodiscard]] bool stopped() const noexcept { return end_.has_value(); }
+  /// How it ended, as it now answers every request: kOutOfRange (training finished),
+  /// kAborted (the chief aborted training) or kInternal (it failed); nullopt while serving.
+  [[nodiscard]] const std::optional<ErrorReply>& ended() const noexcept { return end_; }
+  /// This ps task's index.
+  [[nodiscard]] std::uint32_t task() const noexcept { return task_; }
+  /// Counters, as GetStats answers them.
+  [[nodiscard]] Stats stats() const noexcept {
+    Stats s = stats_;
+    s.global_step = global_step();
+    return s;
+  }
+
+ private:
+  /// A part held here, with the optimizer's slots and the sync policy's accumulator.
+  struct Slot {
+    Part part;
+    std::size_t row_size = 0;
+    std::vector<float> values;
+    typename O::State optimizer_state;
+    typename P::Accumulator accumulator;
+    bool initialized = false;
+  };
+
+  struct WaitingPull {
+    Pull request;
+    Responder reply;
+  };
+
+  struct TokenWaiter {
+    std::uint32_t worker;
+    Responder reply;
+  };
+
+  /// Answers through `reply`, which is empty afterwards (answered, or parked elsewhere).
+  static void send(Responder& reply, Response&& response) {
+    Responder r = std::exchange(reply, nullptr);
+    r(std::move(response));
+  }
+
+  void reject(Responder& reply, ErrorCode code, const std::string& message) {
+    ++stats_.requests_rejected;
+    send(reply, ErrorReply{code, "ps " + std::to_string(task_) + ": " + message});
+  }
+
+  /// A handler threw: refuse the request if nothing changed yet, else fail the ps.
+  void settle(Responder& reply, ErrorCode code, const char* what, std::string_view request) noexcept {
+    try {
+      if (!changing_) {
+        if (reply) reject(reply, code, std::string(request) + " refused: " + what);
+        return;
+      }
+      fail("a policy threw while applying a " + std::string(request) + ": " + what);
+      if (reply) send(reply, ErrorReply{*end_});
+    } catch (...) {  // no memory even for the message
+      end_ = ErrorReply{ErrorCode::kInternal, {}};
+      if (reply) send(reply, ErrorReply{ErrorCode::kInternal, {}});
+    }
+  }
+
+  /// The ps can no longer vouch for its state: it answers everything with `reason` from now.
+  void fail(const std::string& reason) {
+    end_ = ErrorReply{ErrorCode::kInternal, "ps " + std::to_string(task_) + " failed: " + reason};
+    log(LogLevel::kError, end_->message);
+    answer_all_waiting(*end_);
+  }
+
+  void answer_all_waiting(const ErrorReply& answer) {
+    for (Responder& w : std::exchange(ready_waiters_, {})) send(w, ErrorReply{answer});
+    for (TokenWaiter& w : std::exchange(token_waiters_, {})) send(w.reply, ErrorReply{answer});
+    for (WaitingPull& w : std::exchange(waiting_pulls_, {})) send(w.reply, ErrorReply{answer});
+  }
+
+  // ---- Register -------------------------------------------------------------------------
+
+  void on(Register& r, const RequestContext& /*context*/, Responder& reply) {
+    if (registered_) {
+      if (r.variables == variables_) {
+        send(reply, PlacementReply{variables_, placement_});
+      } else {
+        reject(reply, ErrorCode::kAlreadyExists, "a different model is already registered");
+      }
+      return;
+    }
+    if (auto problem = check_variables(r.variables); !problem.empty()) {
+      reject(reply, ErrorCode::kInvalidArgument, problem);
+      return;
+    }
+    Placement placement = sharding_.place(r.variables, num_ps_);
+    if (auto problem = check_placement(r.variables, placement); !problem.empty()) {
+      reject(reply, ErrorCode::kInvalidArgument, "the sharding policy is broken: " + problem);
+      return;
+    }
+    // Everything that may throw (allocation, make_state) happens before the commit below,
+    // so a failed registration leaves nothing behind and a retry starts clean.
+    std::vector<Slot> slots;
+    std::vector<std::size_t> slot_of_part(placement.parts.size(), kNotHere);
+    for (const Part& part : placement.parts) {
+      if (part.ps != task_) continue;
+      const std::size_t row_size = r.variables[part.variable].row_size();
+      const std::size_t n = part.rows.size() * row_size;
+      slot_of_part[static_cast<std::size_t>(&part - placement.parts.data())] = slots.size();
+      slots.push_back(Slot{part, row_size, std::vector<float>(n, 0.0F), optimizer_.make_state(n),
+                           sync_.make_accumulator(n), false});
+    }
+    PlacementReply answer{r.variables, placement};
+    variables_ = std::move(r.variables);
+    placement_ = std::move(placement);
+    slots_ = std::move(slots);
+    slot_of_part_ = std::move(slot_of_part);
+    registered_ = true;
+    send(reply, std::move(answer));
+    if (slots_.empty()) become_ready();
+  }
+
+  static std::string check_variables(const std::vector<VariableSpec>& variables) {
+    for (std::size_t i = 0; i < variables.size(); ++i) {
+      const VariableSpec& v = variables[i];
+      if (v.name.empty()) return "variable " + std::to_string(i) + " has no name";
+      if (v.size() == 0) return "variable '" + v.name + "' has no elements";
+      if (v.initializer.kind > Initializer::Kind::kGlorotUniform) {
+        return "variable '" + v.name + "' has an unknown initializer";
+      }
+      for (std::size_t j = 0; j < i; ++j) {
+        if (variables[j].name == v.name) return "variable name '" + v.name + "' is used twice";
+      }
+    }
+    return {};
+  }
+
+  std::string check_placement(const std::vector<VariableSpec>& variables,
+                              const Placement& placement) const {
+    if (placement.num_variables() != variables.size()) return "wrong number of variables";
+    for (std::size_t v = 0; v < variables.size(); ++v) {
+      std::size_t next_row = 0;
+      std::uint32_t index = 0;
+      for (const Part& part : placement.parts_of(v)) {
+        if (part.variable != v || part.index != index++) return "parts are out of order";
+        if (part.ps >= num_ps_) return "a part is placed on a ps task that does not exist";
+        if (part.rows.begin != next_row || part.rows.empty()) {
+          return "the parts of '" + variables[v].name + "' do not cover its rows exactly once";
+        }
+        next_row = part.rows.end;
+      }
+      if (next_row != variables[v].rows()) {
+        return "the parts of '" + variables[v].name + "' do not cover its rows exactly once";
+      }
+    }
+    return {};
+  }
+
+  // ---- Initialize / WaitReady -----------------------------------------------------------
+
+  void on(Initialize& r, const RequestContext& context, Responder& reply) {
+    if (!registered_) {
+      reject(reply, ErrorCode::kFailedPrecondition, "initialize before the model is registered");
+      return;
+    }
+    if (!check_parts(r.parts, context, reply)) return;
+    for (const PartValues& pv : r.parts) {
+      const Slot& slot = slots_[slot_of_part_[pv.part]];
+      if (slot.initialized) {
+        reject(reply, ErrorCode::kAlreadyExists, describe(slot.part) + " is already initialized");
+        return;
+      }
+    }
+    for (const PartValues& pv : r.parts) {
+      Slot& slot = slots_[slot_of_part_[pv.part]];
+      std::copy(pv.values.begin(), pv.values.end(), slot.values.begin());
+      slot.initialized = true;
+      ++initialized_slots_;
+    }
+    send(reply, Ack{});
+    if (initialized_slots_ == slots_.size() && !ready_) become_ready();
+  }
+
+  void on(WaitReady& /*r*/, const RequestContext& /*context*/, Responder& reply) {
+    if (ready_) {
+      send(reply, PlacementReply{variables_, placement_});
+    } else {
+      ready_waiters_.push_back(std::exchange(reply, nullptr));
+    }
+  }
+
+  void become_ready() {
+    ready_ = true;
+    for (Responder& waiter : std::exchange(ready_waiters_, {})) {
+      send(waiter, PlacementReply{variables_, placement_});
+    }
+  }
+
+  // ---- TakeToken ------------------------------------------------------------------------
+
+  void on(TakeToken& r, const RequestContext& /*context*/, Responder& reply) {
+    if (!ready_) {
+      reject(reply, ErrorCode::kFailedPrecondition, "token requested before initialization");
+      return;
+    }
+    if (std::optional<Token> token = sync_.take_token(pacer_, r.worker)) {
+      send(reply, TokenReply{*token, global_step()});
+    } else {
+      token_waiters_.push_back({r.worker, std::exchange(reply, nullptr)});
+    }
+  }
+
+  /// Asks the sync policy again for every waiting token request, in arrival order.
+  void retry_tokens() {
+    std::erase_if(token_waiters_, [&](TokenWaiter& w) {
+      try {
+        std::optional<Token> token = sync_.take_token(pacer_, w.worker);
+        if (!token) return false;
+        send(w.reply, TokenReply{*token, global_step()});
+      } catch (const Error& e) {
+        reject(w.reply, e.code(), std::string("TakeToken refused: ") + e.message());
+      } catch (const std::exception& e) {
+        reject(w.reply, ErrorCode::kInternal, std::string("TakeToken refused: ") + e.what());
+      }
+      return true;
+    });
+  }
+
+  // ---- Pull -----------------------------------------------------------------------------
+
+  void on(Pull& r, const RequestContext& /*context*/, Responder& reply) {
+    if (!ready_) {
+      reject(reply, ErrorCode::kFailedPrecondition, "pull before initialization");
+      return;
+    }
+    for (const Slice& s : r.slices) {
+      if (s.part >= slot_of_part_.size() || slot_of_part_[s.part] == kNotHere) {
+        reject(reply, ErrorCode::kNotFound, unknown_part(s.part));
+        return;
+      }
+      const Part& part = slots_[slot_of_part_[s.part]].part;
+      if (s.rows.empty() || s.rows.begin < part.rows.begin || s.rows.end > part.rows.end) {
+        reject(reply, ErrorCode::kInvalidArgument,
+               "rows [" + std::to_string(s.rows.begin) + ", " + std::to_string(s.rows.end) +
+                   ") are outside " + describe(part));
+        return;
+      }
+    }
+    if (global_step() < r.min_step) {
+      waiting_pulls_.push_back({std::move(r), std::exchange(reply, nullptr)});
+    } else {
+      answer_pull(r, reply);
+    }
+  }
+
+  void answer_pull(const Pull& r, Responder& reply) {
+    PullReply answer{global_step(), {}};
+    answer.values.reserve(r.slices.size());
+    for (const Slice& s : r.slices) {
+      const Slot& slot = slots_[slot_of_part_[s.part]];
+      const std::size_t offset = (s.rows.begin - slot.part.rows.begin) * slot.row_size;
+      answer.values.push_back(
+          std::span<const float>(slot.values).subspan(offset, s.rows.size() * slot.row_size));
+      stats_.bytes_pulled += static_cast<std::int64_t>(answer.values.back().size_bytes());
+    }
+    send(reply, std::move(answer));
+  }
+
+  void answer_waiting_pulls() {
+    std::erase_if(waiting_pulls_, [&](WaitingPull& w) {
+      if (global_step() < w.request.min_step) return false;
+      answer_pull(w.request, w.reply);
+      return true;
+    });
+  }
+
+  // ---- Push -----------------------------------------------------------------------------
+
+  void on(Push& r, const RequestContext& context, Responder& reply) {
+    if (!ready_) {
+      reject(reply, ErrorCode::kFailedPrecondition,
+             "push before initialization: the chief has not initialized the variables");
+      return;
+    }
+    if (!check_parts(r.gradients, context, reply)) return;
+    if (r.gradients.size() != slots_.size()) {
+      // Every part must see every push's verdict, or parts drift apart.
+      reject(reply, ErrorCode::kInvalidArgument,
+             "a push must carry a gradient for each of the " + std::to_string(slots_.size()) +
+                 " parts held here, got " + std::to_string(r.gradients.size()));
+      return;
+    }
+    const std::int64_t step_before = global_step();
+    const Verdict verdict = sync_.on_push(pacer_, r.worker, r.local_step);  // may refuse
+    changing_ = true;
+    PushReply answer;
+    for (const PartValues& pv : r.gradients) {
+      Slot& slot = slots_[slot_of_part_[pv.part]];
+      stats_.bytes_pushed += static_cast<std::int64_t>(pv.values.size_bytes());
+      if (verdict == Verdict::kStale) {
+        ++stats_.stale_gradients_dropped;
+        ++answer.stale_parts;
+        continue;
+      }
+      ++stats_.gradients_accepted;
+      sync_.accumulate(slot.accumulator, pv.values);
+    }
+    if (verdict == Verdict::kReady) {
+      for (Slot& slot : slots_) {
+        const UpdateContext update{step_before, variables_[slot.part.variable].name,
+                                   slot.part.rows, slot.row_size};
+        apply_update(optimizer_, slot.optimizer_state, slot.values, sync_.take(slot.accumulator),
+                     update);
+        ++stats_.updates_applied;
+      }
+    }
+    changing_ = false;
+    send(reply, answer);
+    retry_tokens();
+    if (global_step() != step_before) answer_waiting_pulls();
+  }
+
+  // ---- GetStats / Shutdown --------------------------------------------------------------
+
+  void on(GetStats& /*r*/, const RequestContext& /*context*/, Responder& reply) {
+    send(reply, StatsReply{stats(), waiting_for(sync_, pacer_)});
+  }
+
+  void on(Shutdown& r, const RequestContext& /*context*/, Responder& reply) {
+    const std::string ps = "ps " + std::to_string(task_);
+    end_ = r.aborted ? ErrorReply{ErrorCode::kAborted,
+                                  ps + ": training aborted by the chief: " + r.reason}
+                     : ErrorReply{ErrorCode::kOutOfRange,
+                                  ps + ": training finished (the chief shut the ps tasks "
+                                       "down at global step " +
+                                      std::to_string(global_step()) + ")"};
+    answer_all_waiting(*end_);
+    send(reply, Ack{});
+  }
+
+  // ---- helpers --------------------------------------------------------------------------
+
+  [[nodiscard]] std::int64_t global_step() const { return sync_.global_step(pacer_); }
+
+  /// Checks that every part is held here, appears once, has the right size and (unless the
+  /// transport vouches for it) finite values; otherwise rejects the request and returns
+  /// false.
+  bool check_parts(const std::vector<PartValues>& parts, const RequestContext& context,
+                   Responder& reply) {
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      const PartValues& pv = parts[i];
+      if (pv.part >= slot_of_part_.size() || slot_of_part_[pv.part] == kNotHere) {
+        reject(reply, ErrorCode::kNotFound, unknown_part(pv.part));
+        return false;
+      }
+      const Slot& slot = slots_[slot_of_part_[pv.part]];
+      if (pv.values.size() != slot.values.size()) {
+        reject(reply, ErrorCode::kInvalidArgument,
+               describe(slot.part) + " has " + std::to_string(slot.values.size()) +
+                   " elements, got " + std::to_string(pv.values.size()));
+        return false;
+      }
+      for (std::size_t j = 0; j < i; ++j) {
+        if (parts[j].part == pv.part) {
+          reject(reply, ErrorCode::kInvalidArgument, describe(slot.part) + " is sent twice");
+          return false;
+        }
+      }
+      if (!context.tensors_finite && !detail::all_finite(pv.values)) {
+        reject(reply, ErrorCode::kInvalidArgument,
+               "non-finite (NaN or Inf) values for " + describe(slot.part) +
+                   "; nothing was applied");
+        return false;
+      }
+    }
+    return true;
+  }
+
+  std::string unknown_part(std::uint32_t part) const {
+    if (part >= placement_.parts.size()) {
+      return "unknown part " + std::to_string(part) + " (the model has " +
+             std::to_string(placement_.parts.size()) + " parts)";
+    }
+    return describe(placement_.parts[part]) + " is held by ps " +
+           std::to_string(placement_.parts[part].ps) + ", not here";
+  }
+
+  std::string describe(const Part& part) const {
+    return "variable '" + variables_[part.variable].name + "' part " + std::to_string(part.index);
+  }
+
+  static constexpr std::size_t kNotHere = static_cast<std::size_t>(-1);
+
+  std::uint32_t task_;
+  std::uint32_t num_ps_;
+  [[no_unique_address]] O optimizer_;
+  [[no_unique_address]] P sync_;
+  [[no_unique_address]] S sharding_;
+
+  bool registered_ = false;
+  bool ready_ = false;
+  bool changing_ = false;          ///< inside a change that a throw would leave half done
+  std::optional<ErrorReply> end_;  ///< set once stopped: what every request is answered
+  std::vector<VariableSpec> variables_;
+  Placement placement_;
+  std::vector<Slot> slots_;
+  std::vector<std::size_t> slot_of_part_;  ///< global part index → slot, or kNotHere
+  std::size_t initialized_slots_ = 0;
+
+  typename P::Pacer pacer_;  ///< the global step and the tokens, as the sync policy keeps them
+  std::deque<TokenWaiter> token_waiters_;
+  std::vector<Responder> ready_waiters_;
+  std::vector<WaitingPull> waiting_pulls_;
+  Stats stats_;
+};
+
+}  // namespace pulley
+// ---- end pulley/parameter_server.hpp ----
+// ---- begin pulley/sharding/partition.hpp ----
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace pulley {
+
+// Building blocks of the stock sharding policies, for writing your own.
+
+/// Splits `rows` rows into `k` contiguous ranges as TensorFlow's partitioned variables do:
+/// the first `rows % k` ranges get one row more. `k` is clamped to [1, rows] (a variable of
+/// 0 rows gets one empty range).
+inline std::vector<RowRange> partition_rows(std::size_t rows, std::size_t k) {
+  if (k < 1) k = 1;
+  if (k > rows && rows > 0) k = rows;
+  const std::size_t base = rows / k;
+  const std::size_t extra = rows % k;
+  std::vector<RowRange> ranges;
+  ranges.reserve(k);
+  std::size_t begin = 0;
+  for (std::size_t i = 0; i < k; ++i) {
+    const std::size_t end = begin + base + (i < extra ? 1 : 0);
+    ranges.push_back({begin, end});
+    begin = end;
+  }
+  return ranges;
+}
+
+/// Splits every variable into `parts_for(spec)` parts (`partition_rows`) and deals all the
+/// parts to the ps tasks round-robin in creation order, as `replica_device_setter` does
+/// with each part. Throws kInvalidArgument when `num_ps` is 0.
+template <class PartsFor>
+Placement place_round_robin(std::span<const VariableSpec> variables, std::size_t num_ps,
+                            PartsFor parts_for) {
+  if (num_ps == 0) throw Error(ErrorCode::kInvalidArgument, "sharding needs at least one ps task");
+  PlacementBuilder builder;
+  std::size_t next_ps = 0;
+  for (const VariableSpec& spec : variables) {
+    builder.begin_variable();
+    for (const RowRange& rows : partition_rows(spec.rows(), parts_for(spec))) {
+      builder.add(static_cast<std::uint32_t>(next_ps), rows);
+      next_ps = (next_ps + 1) % num_ps;
+    }
+  }
+  return std::move(builder).finish();
+}
+
+}  // namespace pulley
+// ---- end pulley/sharding/partition.hpp ----
+// ---- begin pulley/sharding/partitioned.hpp ----
+
+#include <cstddef>
+#include <span>
+
+namespace pulley {
+
+/// Splits every variable along its first dimension into `num_shards` parts (fewer when it
+/// has fewer rows), like TF's `fixed_size_partitioner`; parts are dealt round-robin.
+struct FixedShards {
+  std::size_t num_shards = 1;  ///< parts per variable (fewer if it has fewer rows)
+
+  /// The placement of `variables` over `num_ps` ps tasks.
+  [[nodiscard]] Placement place(std::span<const VariableSpec> variables, std::size_t num_ps) const {
+    return place_round_robin(variables, num_ps,
+                                     [this](const VariableSpec&) { return num_shards; });
+  }
+};
+static_assert(Sharding<FixedShards>);
+
+/// Splits a variable only as much as needed to keep each part at least `min_slice_bytes`,
+/// with at most `max_shards` parts, like TF's `min_max_variable_partitioner`: rows per part
+/// = max(1, floor(min_slice_bytes / row_bytes)), parts = min(max_shards, ceil(rows / that)).
+/// Small variables stay whole; parts are dealt round-robin.
+struct MinSize {
+  std::size_t min_slice_bytes = std::size_t{256} << 10U;  ///< smallest part worth a split
+  std::size_t max_shards = 1;                             ///< most parts per variable
+
+  /// Number of parts for `spec` under this rule.
+  [[nodiscard]] std::size_t parts_for(const VariableSpec& spec) const {
+    const std::size_t row_bytes = spec.row_size() * sizeof(float);
+    std::size_t rows_per_part = row_bytes == 0 ? 1 : min_slice_bytes / row_bytes;
+    if (rows_per_part == 0) rows_per_part = 1;
+    const std::size_t wanted = (spec.rows() + rows_per_part - 1) / rows_per_part;
+    return wanted < max_shards ? wanted : max_shards;
+  }
+
+  /// The placement of `variables` over `num_ps` ps tasks.
+  [[nodiscard]] Placement place(std::span<const VariableSpec> variables, std::size_t num_ps) const {
+    return place_round_robin(variables, num_ps,
+                                     [this](const VariableSpec& s) { return parts_for(s); });
+  }
+};
+static_assert(Sharding<MinSize>);
+
+}  // namespace pulley
+// ---- end pulley/sharding/partitioned.hpp ----
+// ---- begin pulley/sharding/round_robin.hpp ----
+
+#include <cstddef>
+#include <span>
+
+namespace pulley {
+
+/// Whole variables dealt to the ps tasks in turn: variable i on ps `i % num_ps`.
+/// TensorFlow's default (`replica_device_setter` with its round-robin strategy).
+struct RoundRobin {
+  /// The placement of `variables` over `num_ps` ps tasks.
+  [[nodiscard]] Placement place(std::span<const VariableSpec> variables, std::size_t num_ps) const {
+    return place_round_robin(variables, num_ps, [](const VariableSpec&) { return std::size_t{1}; });
+  }
+};
+static_assert(Sharding<RoundRobin>);
+
+}  // namespace pulley
+// ---- end pulley/sharding/round_robin.hpp ----
+// ---- begin pulley/sync/async.hpp ----
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+
+namespace pulley {
+
+/// Asynchronous training: every push is applied as soon as it arrives and no worker ever
+/// waits for another. Nothing is stale, tokens never wait, and the global step counts push
+/// messages.
+struct Async {
+  /// Only remembers the gradient it was handed, so `take` returns it without a copy.
+  struct Accumulator {
+    std::span<const float> pending;
+  };
+
+  /// Counts push messages.
+  struct Pacer {
+    std::int64_t pushes = 0;
+  };
+
+  /// An accumulator for n-element gradients.
+  [[nodiscard]] Accumulator make_accumulator(std::size_t /*n*/) const { return {}; }
+  /// Keeps a view of `gradient` until `take`.
+  void accumulate(Accumulator& acc, std::span<const float> gradient) const {
+    acc.pending = gradient;
+  }
+  /// The gradient handed last.
+  std::span<const float> take(Accumulator& acc) const { return acc.pending; }
+
+  /// At step 0.
+  [[nodiscard]] Pacer make_pacer() const { return {}; }
+  /// Every push is applied at once and is one step.
+  Verdict on_push(Pacer& pacer, std::uint32_t /*worker*/, std::int64_t /*local_step*/) const {
+    ++pacer.pushes;
+    return Verdict::kReady;
+  }
+  /// Push messages handled.
+  [[nodiscard]] std::int64_t global_step(const Pacer& pacer) const { return pacer.pushes; }
+  /// Always a token, which need not be asked for again.
+  std::optional<Token> take_token(Pacer& /*pacer*/, std::uint32_t /*worker*/) const {
+    return Token{0, 0, 0, false};
+  }
+  /// Async never waits.
+  [[nodiscard]] std::string waiting_for(const Pacer& /*pacer*/) const { return "nothing (async)"; }
+};
+static_assert(SyncPolicy<Async>);
+
+}  // namespace pulley
+// ---- end pulley/sync/async.hpp ----
+// ---- begin pulley/sync/bounded_staleness.hpp ----
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace pulley {
+
+/// Stale-synchronous parallel training (SSP, as in Petuum's Bösen; the OSDI'14 parameter
+/// server calls it bounded delay): each worker has a clock, the number of steps it has
+/// pushed, and a worker at clock c may start its next step only while the slowest worker is
+/// at clock c - s or later. Its step then reads parameters that include every update of
+/// clocks before c - s from every worker, and possibly newer ones.
+///
+/// Every push is applied as it arrives (as in Async): nothing is averaged and nothing is
+/// stale. A ps's global step is the slowest worker's clock as that ps has seen it, so a
+/// pull of step c - s waits until every worker's updates of earlier clocks are applied
+/// there. s = 0 is lockstep; `kUnbounded` never waits, which is Async with tokens.
+///
+/// A worker that dies holds the others back once they are s clocks ahead: its clock no
+/// longer moves. Their token requests then wait, and their client reports, at its
+/// deadline, what the ps waits for ("worker 2 at clock 5").
+class BoundedStaleness {
+ public:
+  /// A staleness bound that never binds.
+  static constexpr std::int64_t kUnbounded = std::numeric_limits<std::int64_t>::max();
+
+  /// @param staleness          s, how many clocks a worker may run ahead of the slowest (≥ 0)
+  /// @param total_num_replicas N, the workers, with task indices 0 .. N-1 (≥ 1)
+  BoundedStaleness(std::int64_t staleness, int total_num_replicas)
+      : staleness_(staleness), total_num_replicas_(total_num_replicas) {
+    if (staleness < 0 || total_num_replicas < 1) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "BoundedStaleness needs staleness >= 0 and total_num_replicas >= 1, got " +
+                      std::to_string(staleness) + " and " + std::to_string(total_num_replicas));
+    }
+  }
+
+  /// s: how many clocks a worker may run ahead of the slowest.
+  [[nodiscard]] std::int64_t staleness() const noexcept { return staleness_; }
+  /// N: the number of workers.
+  [[nodiscard]] int total_num_replicas() const noexcept { return total_num_replicas_; }
+
+  /// Only remembers the gradient it was handed: each push is applied as it arrives.
+  struct Accumulator {
+    std::span<const float> pending;
+  };
+
+  /// Every worker's clock as this ps has seen it.
+  struct Pacer {
+    std::vector<std::int64_t> clocks;  ///< by worker: steps pushed
+    std::int64_t slowest = 0;          ///< the lowest clock: the global step
+  };
+
+  /// An accumulator for n-element gradients.
+  [[nodiscard]] Accumulator make_accumulator(std::size_t /*n*/) const { return {}; }
+  /// Keeps a view of `gradient` until `take`.
+  void accumulate(Accumulator& acc, std::span<const float> gradient) const {
+    acc.pending = gradient;
+  }
+  /// The gradient handed last.
+  std::span<const float> take(Accumulator& acc) const { return acc.pending; }
+
+  /// Every worker at clock 0.
+  [[nodiscard]] Pacer make_pacer() const {
+    return {std::vector<std::int64_t>(static_cast<std::size_t>(total_num_replicas_), 0), 0};
+  }
+
+  /// A push for clock `local_step` moves the worker's clock past it; it is applied at once.
+  /// Refused (Error) for a worker out of range or a clock the worker cannot have had a
+  /// token of.
+  Verdict on_push(Pacer& pacer, std::uint32_t worker, std::int64_t local_step) const {
+    std::int64_t& clock = clock_of(pacer, worker);
+    if (local_step < 0 || local_step > clock) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "worker " + std::to_string(worker) + " pushed for clock " +
+                      std::to_string(local_step) + " but is at clock " + std::to_string(clock));
+    }
+    if (local_step == clock) {
+      ++clock;
+      pacer.slowest = *std::min_element(pacer.clocks.begin(), pacer.clocks.end());
+    }
+    return Verdict::kReady;
+  }
+
+  /// The slowest worker's clock.
+  [[nodiscard]] std::int64_t global_step(const Pacer& pacer) const { return pacer.slowest; }
+
+  /// The token of the worker's next clock c, once c is at most s ahead of the slowest; it
+  /// reads step c - s. Asking again before pushing gives the same token.
+  std::optional<Token> take_token(Pacer& pacer, std::uint32_t worker) const {
+    const std::int64_t clock = clock_of(pacer, worker);
+    if (clock - pacer.slowest > staleness_) return std::nullopt;
+    return Token{clock, read_step(clock), read_step(clock + 1), true};
+  }
+
+  /// "the slowest: worker 2 at clock 5 (fastest: 8, staleness 3)"
+  [[nodiscard]] std::string waiting_for(const Pacer& pacer) const {
+    std::string slowest;
+    for (std::size_t w = 0; w < pacer.clocks.size(); ++w) {
+      if (pacer.clocks[w] != pacer.slowest) continue;
+      slowest += (slowest.empty() ? "worker " : ", worker ") + std::to_string(w);
+    }
+    return "the slowest: " + slowest + " at clock " + std::to_string(pacer.slowest) +
+           " (fastest: " +
+           std::to_string(*std::max_element(pacer.clocks.begin(), pacer.clocks.end())) +
+           ", staleness " + std::to_string(staleness_) + ")";
+  }
+
+ private:
+  [[nodiscard]] std::int64_t read_step(std::int64_t clock) const {
+    return clock > staleness_ ? clock - staleness_ : 0;
+  }
+
+  std::int64_t& clock_of(Pacer& pacer, std::uint32_t worker) const {
+    if (worker >= pacer.clocks.size()) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "worker " + std::to_string(worker) + " is outside total_num_replicas " +
+                      std::to_string(total_num_replicas_));
+    }
+    return pacer.clocks[worker];
+  }
+
+  std::int64_t staleness_;
+  int total_num_replicas_;
+};
+static_assert(SyncPolicy<BoundedStaleness>);
+
+}  // namespace pulley
+// ---- end pulley/sync/bounded_staleness.hpp ----
+// ---- begin pulley/sync/sync_replicas.hpp ----
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace pulley {
+
+/// Synchronous training with TensorFlow's `SyncReplicasOptimizer` semantics.
+///
+/// The ps's global step is at some step s. A push tagged with local step < s is stale: its
+/// gradients are dropped. When `replicas_to_aggregate` (R) fresh pushes are in, the mean of
+/// their gradients is applied once, part by part, and the step advances; each time it
+/// does, `max(R, N)` tokens carrying the new step are released. A worker takes a token
+/// before each step, and pulls the parameters of the token's step.
+///
+/// Three refinements over TF's plain token queue, each to keep its documented regimes
+/// true: step 0 starts with max(R, N) tokens (TF lets every worker start its first step
+/// without one and queues R more; with R < N a dead holder of one of only R tokens would
+/// stall step 0 here); when R <= N a worker takes at most one token per step (TF lets a
+/// fast worker take two and crowd a slow one out of the step even when R == N); and tokens
+/// of a finished step that nobody took are withdrawn (TF lets them pile up behind a dead
+/// backup worker and hands them out later, which only buys stale gradients).
+///   - R == N: every worker contributes one batch to every step.
+///   - R >  N: fast workers take several tokens and contribute several batches to a step.
+///   - R <  N: N - R workers are backups; the slowest gradients of a step arrive stale and
+///     are dropped, so one slow or dead worker does not stall training.
+class SyncReplicas {
+ public:
+  /// @param replicas_to_aggregate R, gradients averaged into one update (≥ 1)
+  /// @param total_num_replicas    N, the number of workers (≥ 1)
+  SyncReplicas(int replicas_to_aggregate, int total_num_replicas)
+      : replicas_to_aggregate_(replicas_to_aggregate), total_num_replicas_(total_num_replicas) {
+    if (replicas_to_aggregate < 1 || total_num_replicas < 1) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "SyncReplicas needs replicas_to_aggregate >= 1 and total_num_replicas >= 1, "
+                  "got " +
+                      std::to_string(replicas_to_aggregate) + " and " +
+                      std::to_string(total_num_replicas));
+    }
+  }
+
+  /// R: gradients averaged into one update.
+  [[nodiscard]] int replicas_to_aggregate() const noexcept { return replicas_to_aggregate_; }
+  /// N: the number of workers.
+  [[nodiscard]] int total_num_replicas() const noexcept { return total_num_replicas_; }
+
+  /// Running sum of the current step's fresh gradients of one part.
+  struct Accumulator {
+    std::vector<float> sum;
+    int count = 0;
+  };
+
+  /// The global step, its fresh pushes so far, and its tokens.
+  struct Pacer {
+    std::int64_t step = 0;
+    int fresh = 0;                                ///< fresh pushes of `step`
+    std::int64_t tokens_left = 0;                 ///< tokens of `step` not taken
+    std::map<std::uint32_t, std::int64_t> taken;  ///< tokens of `step` taken, by worker
+  };
+
+  /// An empty accumulator for n-element gradients.
+  [[nodiscard]] Accumulator make_accumulator(std::size_t n) const {
+    return {std::vector<float>(n, 0.0F), 0};
+  }
+
+  /// Adds one fresh gradient.
+  void accumulate(Accumulator& acc, std::span<const float> gradient) const {
+    if (acc.count++ == 0) {
+      std::copy(gradient.begin(), gradient.end(), acc.sum.begin());
+      return;
+    }
+    float* __restrict s = acc.sum.data();
+    const float* __restrict g = gradient.data();
+    for (std::size_t i = 0, n = acc.sum.size(); i < n; ++i) s[i] += g[i];
+  }
+
+  /// The mean of the gradients accumulated.
+  std::span<const float> take(Accumulator& acc) const {
+    const float scale = 1.0F / static_cast<float>(acc.count);
+    for (float& v : acc.sum) v *= scale;
+    acc.count = 0;
+    return acc.sum;
+  }
+
+  /// Step 0, with max(R, N) tokens.
+  [[nodiscard]] Pacer make_pacer() const { return {0, 0, tokens_per_step(), {}}; }
+
+  /// Stale if tagged before the current step; the R-th fresh push completes the step.
+  Verdict on_push(Pacer& pacer, std::uint32_t /*worker*/, std::int64_t local_step) const {
+    if (local_step < pacer.step) return Verdict::kStale;
+    if (++pacer.fresh < replicas_to_aggregate_) return Verdict::kPending;
+    ++pacer.step;
+    pacer.fresh = 0;
+    pacer.tokens_left = tokens_per_step();  // the old step's untaken tokens are withdrawn
+    pacer.taken.clear();
+    return Verdict::kReady;
+  }
+
+  /// Steps completed.
+  [[nodiscard]] std::int64_t global_step(const Pacer& pacer) const { return pacer.step; }
+
+  /// A token of the current step, if one is left and `worker` may take one more (one per
+  /// step when R <= N).
+  std::optional<Token> take_token(Pacer& pacer, std::uint32_t worker) const {
+    const bool one_each = replicas_to_aggregate_ <= total_num_replicas_;
+    if (pacer.tokens_left == 0) return std::nullopt;
+    auto taken = pacer.taken.find(worker);
+    if (one_each && taken != pacer.taken.end()) return std::nullopt;
+    --pacer.tokens_left;
+    ++pacer.taken[worker];
+    // With one token per step the worker's next step is the next global step, so its push
+    // can bring that step's parameters back; with R > N its next token may be of this step.
+    return Token{pacer.step, pacer.step, one_each ? pacer.step + 1 : pacer.step, true};
+  }
+
+  /// "step 12: 1 of 2 gradients in, 0 of 2 tokens left"
+  [[nodiscard]] std::string waiting_for(const Pacer& pacer) const {
+    return "step " + std::to_string(pacer.step) + ": " + std::to_string(pacer.fresh) + " of " +
+           std::to_string(replicas_to_aggregate_) + " gradients in, " +
+           std::to_string(pacer.tokens_left) + " of " + std::to_string(tokens_per_step()) +
+           " tokens left";
+  }
+
+ private:
+  [[nodiscard]] std::int64_t tokens_per_step() const {
+    return std::max(replicas_to_aggregate_, total_num_replicas_);
+  }
+
+  int replicas_to_aggregate_;
+  int total_num_replicas_;
+};
+static_assert(SyncPolicy<SyncReplicas>);
+
+}  // namespace pulley
+// ---- end pulley/sync/sync_replicas.hpp ----
+// ---- begin pulley/transport/in_process.hpp ----
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+// ---- begin pulley/detail/reply_targets.hpp ----
+
+#include <algorithm>
+#include <cstddef>
+#include <span>
+
+namespace pulley::detail {
+
+/// True if the reply's tensors match `targets` one for one, in number and size.
+inline bool fits(Response& reply, std::span<const std::span<float>> targets) {
+  std::size_t i = 0;
+  bool fit = true;
+  for_each_tensor(reply, [&](std::span<const float>& t) {
+    fit = fit && i < targets.size() && targets[i].size() == t.size();
+    ++i;
+  });
+  return fit && i == targets.size();
+}
+
+/// Points the reply's tensors at `targets`, which hold their values (they were received
+/// there).
+inline void point_at(Response& reply, std::span<const std::span<float>> targets) {
+  std::size_t i = 0;
+  for_each_tensor(reply, [&](std::span<const float>& t) { t = targets[i++]; });
+}
+
+/// Copies the reply's tensors into the caller's targets (one per tensor, in order) and
+/// points the reply's views at them; false, copying nothing, when the reply does not fit.
+inline bool copy_into(Response& reply, std::span<const std::span<float>> targets) {
+  if (!fits(reply, targets)) return false;
+  std::size_t i = 0;
+  for_each_tensor(reply, [&](std::span<const float>& t) {
+    std::copy(t.begin(), t.end(), targets[i].begin());
+    t = targets[i++];
+  });
+  return true;
+}
+
+}  // namespace pulley::detail
+// ---- end pulley/detail/reply_targets.hpp ----
+
+namespace pulley {
+
+/// The fabric of an in-process cluster: it owns the ps tasks (any `Service`, typically a
+/// ParameterServer) and their request queues, and injects faults. Workers, the chief and
+/// the evaluator reach it through `InProcess` endpoints from threads of their own. Requests
+/// travel as the same structs the TCP transport encodes, and each ps handles them one at a
+/// time, in arrival order, as it handles a socket.
+///
+/// A request to an idle ps task is handled on the thread that sends it, under the task's
+/// lock: no thread hand-off, so a push+pull costs about what its copies cost. A request to
+/// a task that is busy (handling another sender's request), slowed down by `delay`, or has
+/// requests queued goes to the task's own thread instead, so `call` never blocks on a busy
+/// ps and requests from one sender keep their order. A request that must wait (a token, a
+/// step-gated pull) is answered later by whichever thread completes what it waits for.
+///
+/// Faults, for tests: `drop_next` loses requests (the caller's deadline fires), `delay`
+/// slows a node down, `kill` makes a node fail as a crashed process would: the requests it
+/// held and everything sent to or by it afterwards are answered `kUnavailable`.
+///
+/// Lifetimes take care of themselves: the network owns the services it serves and joins
+/// their threads before destroying them; an endpoint that outlives the network gets
+/// `kUnavailable` answers.
+class InProcessNetwork {
+ public:
+  /// @param num_ps the number of ps tasks (served with `serve`)
+  explicit InProcessNetwork(std::uint32_t num_ps) : fabric_(std::make_shared<Fabric>(num_ps)) {}
+  InProcessNetwork(const InProcessNetwork&) = delete;
+  InProcessNetwork& operator=(const InProcessNetwork&) = delete;
+
+  /// Ends every ps task still serving (their waiting requests fail), joins their threads
+  /// and destroys the services.
+  ~InProcessNetwork() { fabric_->close(); }
+
+  /// Number of ps tasks.
+  [[nodiscard]] std::uint32_t num_ps() const noexcept { return fabric_->num_ps(); }
+
+  /// Serves ps task `service.task()`, which the network now owns; returns it (valid while
+  /// the network lives; it runs on the network's threads, so read it only once `join`
+  /// returned). Requests sent before are handled now.
+  template <Service S>
+  S& serve(S service) {
+    auto host = std::make_unique<HostOf<S>>(std::move(service));
+    S& served = host->service;
+    fabric_->serve(std::move(host));
+    return served;
+  }
+
+  /// Waits until every served ps task has stopped (after Shutdown, a failure, or killed).
+  void join() { fabric_->join(); }
+
+  /// Loses the next `count` requests sent to ps `ps` (from `from` only, if given).
+  void drop_next(std::uint32_t ps, std::size_t count, std::optional<Node> from = {}) {
+    fabric_->drop_next(ps, count, from);
+  }
+
+  /// Makes `node` slow: a client waits `delay` before each request it sends, a ps before
+  /// each request it handles. A zero delay ends the slowdown.
+  void delay(Node node, std::chrono::microseconds delay) { fabric_->set_delay(node, delay); }
+
+  /// Kills `node` as a crash would.
+  void kill(Node node) { fabric_->kill(node); }
+
+  /// True once `node` was killed.
+  [[nodiscard]] bool is_dead(Node node) const { return fabric_->is_dead(node); }
+
+ private:
+  friend class InProcess;
+
+  /// A served ps task, whatever its Service type.
+  struct Host {
+    virtual ~Host() = default;
+    virtual void handle(Request&& request, Responder reply) noexcept = 0;
+    [[nodiscard]] virtual std::uint32_t task() const = 0;
+    [[nodiscard]] virtual bool stopped() const = 0;
+  };
+  template <Service S>
+  struct HostOf final : Host {
+    explicit HostOf(S s) : service(std::move(s)) {}
+    void handle(Request&& request, Responder reply) noexcept override {
+      // Requests come from this process's own clients, which check every tensor before
+      // they send anything.
+      service.handle(std::move(request), RequestContext{true}, std::move(reply));
+    }
+    [[nodiscard]] std::uint32_t task() const override { return service.task(); }
+    [[nodiscard]] bool stopped() const override { return service.stopped(); }
+    S service;
+  };
+
+  /// One call in flight: where its answer goes. Answered at most once, and not at all
+  /// once the caller cancelled (then the targets may be gone).
+  struct Call : CallControl {
+    PullTargets targets;
+
+    void complete(Response&& response) {
+      unless_cancelled([&] {
+        if (answered()) return;
+        if (!std::holds_alternative<ErrorReply>(response) &&
+            !detail::copy_into(response, targets)) {
+          response = ErrorReply{ErrorCode::kInvalidArgument, "reply does not fit its targets"};
+        }
+        answer(std::move(response));
+      });
+    }
+  };
+  using CallPtr = std::shared_ptr<Call>;
+
+  struct Envelope {
+    Request request;
+    CallPtr call;
+  };
+
+  struct Mailbox {
+    std::mutex serving;  ///< held while the service handles a request, on whichever thread
+    std::mutex mutex;    ///< guards the rest; taken after `serving`
+    std::condition_variable wake;
+    std::deque<Envelope> queue;       ///< for the task's own thread; no sender skips it
+    std::unique_ptr<Host> host;       ///< set by serve()
+    std::vector<CallPtr> in_service;  ///< handed to the service; pruned as they are answered
+    bool thread_running = false;      ///< the task's own thread serves the queue
+    bool stopped = false;             ///< the service stopped: its thread ends once idle
+    bool killed = false;
+    bool closed = false;  ///< the network is gone
+  };
+
+  struct DropRule {
+    std::uint32_t ps;
+    std::size_t remaining;
+    std::optional<Node> from;
+  };
+
+  /// Everything the network and its endpoints share; it outlives both.
+  class Fabric {
+   public:
+    explicit Fabric(std::uint32_t num_ps) {
+      for (std::uint32_t i = 0; i < num_ps; ++i) mailboxes_.push_back(std::make_unique<Mailbox>());
+    }
+
+    [[nodiscard]] std::uint32_t num_ps() const noexcept {
+      return static_cast<std::uint32_t>(mailboxes_.size());
+    }
+
+    void serve(std::unique_ptr<Host> host) {
+      const std::uint32_t task = host->task();
+      if (task >= num_ps()) {
+        throw Error(ErrorCode::kInvalidArgument, "no ps task " + std::to_string(task) + " here");
+      }
+      Mailbox& box = *mailboxes_[task];
+      {
+        std::scoped_lock lock(box.serving, box.mutex);
+        if (box.host) {
+          throw Error(ErrorCode::kAlreadyExists,
+                      "ps task " + std::to_string(task) + " is served already");
+        }
+        if (box.closed) return;
+        box.host = std::move(host);
+        box.thread_running = true;
+      }
+      std::scoped_lock lock(threads_mutex_);
+      threads_.emplace_back([this, &box, task] { run(box, task); });
+    }
+
+    void join() {
+      std::vector<std::thread> threads;
+      {
+        std::scoped_lock lock(threads_mutex_);
+        threads.swap(threads_);
+      }
+      for (std::thread& t : threads) t.join();
+    }
+
+    /// The network is going away: everything waiting fails, the threads end, the services
+    /// are destroyed; later calls fail.
+    void close() {
+      for (auto& box : mailboxes_) {
+        std::scoped_lock lock(box->mutex);
+        box->closed = true;
+        fail_held(*box, "the in-process network was shut down");
+        box->wake.notify_all();
+      }
+      join();
+      for (auto& box : mailboxes_) {
+        std::scoped_lock serving(box->serving);
+        box->host.reset();
+      }
+    }
+
+    void drop_next(std::uint32_t ps, std::size_t count, std::optional<Node> from) {
+      std::scoped_lock lock(faults_mutex_);
+      drops_.push_back({ps, count, from});
+    }
+
+    void set_delay(Node node, std::chrono::microseconds delay) {
+      std::scoped_lock lock(faults_mutex_);
+      delays_[node] = delay;
+    }
+
+    void kill(Node node) {
+      {
+        std::scoped_lock lock(faults_mutex_);
+        dead_[node] = true;
+      }
+      if (node.job != Node::Job::kPs || node.index >= num_ps()) return;
+      Mailbox& box = *mailboxes_[node.index];
+      std::scoped_lock lock(box.mutex);
+      box.killed = true;
+      fail_held(box, node.name() + " is unavailable (killed)");
+      box.wake.notify_all();
+    }
+
+    [[nodiscard]] bool is_dead(Node node) const {
+      std::scoped_lock lock(faults_mutex_);
+      auto it = dead_.find(node);
+      return it != dead_.end() && it->second;
+    }
+
+    PendingCall send(Node from, std::uint32_t ps, Request&& request, PullTargets&& targets) {
+      auto call = std::make_shared<Call>();
+      call->targets = std::move(targets);
+      PendingCall pending(call);
+      if (ps >= num_ps()) {
+        call->complete(ErrorReply{ErrorCode::kInvalidArgument,
+                                  "no ps task " + std::to_string(ps) + " in this cluster"});
+        return pending;
+      }
+      if (is_dead(from)) {
+        call->complete(unavailable(from.name() + " is unavailable (killed)"));
+        return pending;
+      }
+      if (auto d = delay_of(from); d.count() > 0) std::this_thread::sleep_for(d);
+      if (take_drop(ps, from)) {
+        std::scoped_lock lock(faults_mutex_);
+        lost_.push_back(std::move(call));  // never answered; the caller's deadline fires
+        return pending;
+      }
+      Mailbox& box = *mailboxes_[ps];
+      std::unique_lock serving(box.serving, std::try_to_lock);
+      {
+        std::scoped_lock lock(box.mutex);
+        if (const auto gone = gone_reason(box, ps)) {
+          call->complete(unavailable(*gone));
+          return pending;
+        }
+        const bool idle = serving.owns_lock() && box.host && box.queue.empty() &&
+                          delay_of(Node::ps(ps)).count() == 0;
+        if (!idle && (box.thread_running || !box.host)) {
+          box.queue.push_back({std::move(request), std::move(call)});
+          box.wake.notify_one();
+          return pending;
+        }
+      }
+      // Idle, or stopped with no thread left: handled here (a stopped service answers at
+      // once, so waiting for another sender's turn is short).
+      if (!serving.owns_lock()) serving.lock();
+      handle(box, ps, std::move(request), call);
+      return pending;
+    }
+
+   private:
+    static Response unavailable(const std::string& why) {
+      return ErrorReply{ErrorCode::kUnavailable, why};
+    }
+
+    static std::optional<std::string> gone_reason(const Mailbox& box, std::uint32_t ps) {
+      if (box.closed) return "the in-process network was shut down";
+      if (box.killed) return Node::ps(ps).name() + " is unavailable (killed)";
+      return std::nullopt;
+    }
+
+    /// Fails every request the task holds, queued or handed to its service (as a crashed
+    /// process's connections would break). The caller holds `box.mutex`.
+    static void fail_held(Mailbox& box, const std::string& why) {
+      for (Envelope& e : std::exchange(box.queue, {})) e.call->complete(unavailable(why));
+      for (const CallPtr& c : std::exchange(box.in_service, {})) c->complete(unavailable(why));
+    }
+
+    /// Hands one request to the service; the caller holds `box.serving`.
+    static void handle(Mailbox& box, std::uint32_t task, Request&& request, const CallPtr& call) {
+      {
+        std::scoped_lock lock(box.mutex);
+        if (const auto gone = gone_reason(box, task)) {
+          call->complete(unavailable(*gone));
+          return;
+        }
+        std::erase_if(box.in_service, [](const CallPtr& c) { return c->answered(); });
+        box.in_service.push_back(call);
+      }
+      // One use while the service reads the request's views: a caller that gives up waits
+      // for it.
+      call->unless_cancelled([&] {
+        box.host->handle(std::move(request), [call](Response&& r) { call->complete(std::move(r)); });
+      });
+      if (box.host->stopped()) {
+        std::scoped_lock lock(box.mutex);
+        box.stopped = true;
+        box.wake.notify_all();
+      }
+    }
+
+    /// The task's own thread: serves the queue until the service stops (and the queue is
+    /// drained) or the task is killed.
+    void run(Mailbox& box, std::uint32_t task) {
+      for (;;) {
+        {
+          std::unique_lock lock(box.mutex);
+          box.wake.wait(lock, [&] {
+            return box.killed || box.closed || box.stopped || !box.queue.empty();
+          });
+          if (box.killed || box.closed || box.queue.empty()) {
+            box.thread_running = false;
+            return;
+          }
+        }
+        if (auto d = delay_of(Node::ps(task)); d.count() > 0) std::this_thread::sleep_for(d);
+        std::scoped_lock serving(box.serving);
+        Envelope envelope;
+        {
+          std::scoped_lock lock(box.mutex);
+          if (box.queue.empty()) continue;
+          envelope = std::move(box.queue.front());
+          box.queue.pop_front();
+        }
+        handle(box, task, std::move(envelope.request), envelope.call);
+      }
+    }
+
+    std::chrono::microseconds delay_of(Node node) const {
+      std::scoped_lock lock(faults_mutex_);
+      auto it = delays_.find(node);
+      return it == delays_.end() ? std::chrono::microseconds{0} : it->second;
+    }
+
+    bool take_drop(std::uint32_t ps, Node from) {
+      std::scoped_lock lock(faults_mutex_);
+      for (DropRule& rule : drops_) {
+        if (rule.ps == ps && rule.remaining > 0 && (!rule.from || *rule.from == from)) {
+          --rule.remaining;
+          std::erase_if(drops_, [](const DropRule& r) { return r.remaining == 0; });
+          return true;
+        }
+      }
+      return false;
+    }
+
+    std::vector<std::unique_ptr<Mailbox>> mailboxes_;
+    std::mutex threads_mutex_;
+    std::vector<std::thread> threads_;
+    mutable std::mutex faults_mutex_;
+    std::vector<DropRule> drops_;
+    std::map<Node, std::chrono::microseconds> delays_;
+    std::map<Node, bool> dead_;
+    std::vector<CallPtr> lost_;
+  };
+
+  std::shared_ptr<Fabric> fabric_;
+};
+
+/// A client endpoint on an InProcessNetwork: the in-process `Transport`.
+class InProcess {
+ public:
+  /// @param network the cluster's fabric
+  /// @param self    who is calling, for the fault injector
+  InProcess(InProcessNetwork& network, Node self) : fabric_(network.fabric_), self_(self) {}
+
+  /// Number of ps tasks in the network.
+  [[nodiscard]] std::size_t num_ps() const noexcept { return fabric_->num_ps(); }
+  /// Who this endpoint speaks for.
+  [[nodiscard]] Node self() const noexcept { return self_; }
+
+  /// Sends `request` to ps `ps`; see the Transport concept for the contract.
+  PendingCall call(std::size_t ps, Request&& request, PullTargets targets = {}) {
+    return fabric_->send(self_, static_cast<std::uint32_t>(ps), std::move(request),
+                         std::move(targets));
+  }
+
+ private:
+  std::shared_ptr<InProcessNetwork::Fabric> fabric_;
+  Node self_;
+};
+static_assert(Transport<InProcess>);
+
+}  // namespace pulley
+// ---- end pulley/transport/in_process.hpp ----
+// ---- begin pulley/version.hpp ----
+
+/// pulley's version, as `project(pulley VERSION ...)` in CMakeLists.txt says (a test checks
+/// that they agree) and as the release tag `v<major>.<minor>.<patch>` names it.
+#define PULLEY_VERSION_MAJOR 0
+#define PULLEY_VERSION_MINOR 2
+#define PULLEY_VERSION_PATCH 0
+
+namespace pulley {
+
+/// A version number; compare it to require a minimum.
+struct Version {
+  int major = 0;
+  int minor = 0;
+  int patch = 0;
+
+  friend constexpr auto operator<=>(const Version&, const Version&) = default;
+};
+
+/// The version of these headers.
+inline constexpr Version version{PULLEY_VERSION_MAJOR, PULLEY_VERSION_MINOR, PULLEY_VERSION_PATCH};
+
+}  // namespace pulley
+// ---- end pulley/version.hpp ----
+// ---- begin pulley/worker.hpp ----
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace pulley {
+
+/// What one training step did.
+struct StepResult {
+  float loss = 0.0F;              ///< the batch's mean loss
+  std::int64_t local_step = 0;    ///< the step its gradient was computed for
+  std::int64_t global_step = 0;   ///< steps completed when its token was taken
+  std::uint32_t stale_parts = 0;  ///< part gradients the ps dropped as stale
+};
+
+/// A worker task: pulls parameters into its model, computes gradients on its own batches
+/// and pushes them (seed 002's pull → feed → compute → push; the ps does the update).
+///
+/// @tparam M the Model it trains (owned: the worker pulls into its parameters in place)
+/// @tparam T the Transport that reaches the ps tasks
+template <Model M, Transport T>
+class Worker {
+ public:
+  /// @param index this worker's task index (tags its pushes and token requests)
+  Worker(std::uint32_t index, M model, T transport, ClientOptions options = {})
+      : index_(index), model_(std::move(model)), client_(std::move(transport), options) {
+    const auto variables = std::span<const VariableSpec>(model_.variables());
+    all_.reserve(variables.size());
+    for (std::size_t v = 0; v < variables.size(); ++v) {
+      all_.push_back({v, {0, variables[v].rows()}, model_.parameter(v)});
+      gradients_.push_back(model_.gradient(v));
+    }
+  }
+
+  /// Not copyable or movable: it keeps views of its model's buffers.
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  /// Blocks until the chief has initialized every ps, and learns where variables live.
+  void wait_ready() { client_.wait_ready(model_.variables()); }
+
+  /// One training step on `batch`, paced by the sync policy: take a sync token (under
+  /// Async, whose tokens never wait, only once: the pulls report the global step), make sure
+  /// the model holds the parameters the token requires (pulling them unless the last step
+  /// already did), compute the gradient, then push it and pull the next step's parameters
+  /// in one round trip (`push_pull`). Under Async that prefetch is what the next step
+  /// computes on (as MXNet's kvstore does): after a long pause, `pull()` first to start
+  /// from the newest values.
+  ///
+  /// Returns nullopt when training is over: the token shows that `last_step` global steps
+  /// are done (TF's StopAtStepHook), or the chief has ended training (the ps tasks answer
+  /// `kOutOfRange`); `finished()` then says so. Any other failure throws.
+  std::optional<StepResult> step(
+      const typename M::Batch& batch,
+      std::int64_t last_step = std::numeric_limits<std::int64_t>::max()) {
+    if (finished_) return std::nullopt;
+    try {
+      // Unpaced (Async) tokens are never waited for: after the first, the step the last
+      // pull reported serves as the token, and the round trip is saved.
+      const TokenReply reply = paced_ || pulled_step_ < 0
+                                   ? client_.take_token(index_)
+                                   : TokenReply{Token{0, 0, 0, false}, pulled_step_};
+      const Token& token = reply.token;
+      paced_ = token.paced;
+      global_step_ = reply.global_step;
+      if (reply.global_step >= last_step) {
+        finished_ = true;
+        return std::nullopt;
+      }
+      if (pulled_step_ < token.pull_step) pull_all(token.pull_step);
+      StepResult result;
+      result.loss = static_cast<float>(model_.compute_gradients(batch));
+      result.local_step = token.local_step;
+      result.global_step = reply.global_step;
+      result.stale_parts = push_pull(token.local_step, token.next_pull_step);
+      return result;
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kOutOfRange) throw;
+      finished_ = true;  // the chief ended training; this step's gradient is not needed
+      return std::nullopt;
+    }
+  }
+
+  /// Pushes the model's current gradients tagged with `local_step`, then pulls every
+  /// variable once the ps tasks have completed `pull_step` steps (0: at once, with this
+  /// push applied), in one round trip: both requests go out together and each ps answers
+  /// the pull after handling the push. Returns the number of part gradients dropped as
+  /// stale.
+  std::uint32_t push_pull(std::int64_t local_step, std::int64_t pull_step) {
+    pulled_step_ = -1;  // a pull that fails part way leaves the model mixed: pull again
+    const auto done = client_.push_pull(index_, local_step, gradients_, all_, pull_step);
+    pulled_step_ = done.pulled_step;
+    return done.stale_parts;
+  }
+
+  /// Pulls every variable.
+  void pull() { pull_all(0); }
+  /// Pulls one variable.
+  void pull(std::string_view variable) {
+    const std::size_t v = client_.variable_index(variable);
+    const PullRequest request = all_[v];
+    pulled_step_ = -1;  // the model now mixes steps: the next step pulls everything
+    client_.pull(std::span(&request, 1), 0);
+  }
+  /// Pulls rows `rows` of one variable into the same rows of the model's copy.
+  void pull(std::string_view variable, RowRange rows) {
+    const std::size_t v = client_.variable_index(variable);
+    const std::size_t row_size = client_.variables()[v].row_size();
+    if (rows.end > client_.variables()[v].rows() || rows.empty()) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "rows out of range for '" + std::string(variable) + "'");
+    }
+    const PullRequest request{v, rows,
+                              all_[v].into.subspan(rows.begin * row_size, rows.size() * row_size)};
+    pulled_step_ = -1;  // the model now mixes steps: the next step pulls everything
+    client_.pull(std::span(&request, 1), 0);
+  }
+
+  /// Pushes the model's current gradients tagged with `local_step`, pulling nothing;
+  /// returns the number of part gradients dropped as stale.
+  std::uint32_t push(std::int64_t local_step) {
+    return client_.push(index_, local_step, gradients_);
+  }
+
+  /// The model it trains, with the parameters of the last pull.
+  [[nodiscard]] M& model() noexcept { return model_; }
+  /// The model it trains, with the parameters of the last pull.
+  [[nodiscard]] const M& model() const noexcept { return model_; }
+  /// This worker's task index.
+  [[nodiscard]] std::uint32_t index() const noexcept { return index_; }
+  /// True once `step` returned nullopt: training is over.
+  [[nodiscard]] bool finished() const noexcept { return finished_; }
+  /// The global step seen with the last token (Async: with the last pull).
+  [[nodiscard]] std::int64_t global_step() const noexcept { return global_step_; }
+  /// Where each variable lives, once `wait_ready` returned.
+  [[nodiscard]] const Placement& placement() const noexcept { return client_.placement(); }
+
+ private:
+  void pull_all(std::int64_t min_step) {
+    pulled_step_ = -1;  // a pull that fails part way leaves the model mixed: pull again
+    pulled_step_ = client_.pull(all_, min_step);
+  }
+
+  std::uint32_t index_;
+  M model_;
+  detail::Client<T> client_;
+  std::vector<PullRequest> all_;                   ///< every variable into the model
+  std::vector<std::span<const float>> gradients_;  ///< the model's gradient buffers
+  std::int64_t global_step_ = 0;
+  std::int64_t pulled_step_ = -1;  ///< the model holds every variable as of this step or later
+  bool paced_ = true;              ///< the sync policy makes workers wait for tokens
+  bool finished_ = false;          ///< training is over
+};
+
+}  // namespace pulley
+// ---- end pulley/worker.hpp ----
+// ---- end pulley/pulley.hpp ----
+// ---- begin pulley/transport/tcp.hpp ----
+
+/// The TCP transport over standalone Asio: `Tcp`, the client half (a `Transport`), and
+/// `TcpServer`, which serves one `Service` (a ParameterServer) on a port. Frames are those
+/// of wire/frame.hpp, encoded as wire/codec.hpp says; tensors are gather-written from the
+/// caller's buffers and a reply's tensors are received straight into the call's targets.
+
+// ---- begin pulley/transport/tcp_client.hpp ----
+
+#include <algorithm>
+#include <asio.hpp>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+// ---- begin pulley/transport/detail/sockets.hpp ----
+
+/// What the TCP client and server share: addresses, listening, and gather-writes of frames
+/// that take what the kernel accepts now without waiting.
+
+#include <algorithm>
+#include <array>
+#include <asio.hpp>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+// ---- begin pulley/transport/wire/frame.hpp ----
+
+/// The framing of pulley's messages on a byte stream (TCP).
+///
+/// A frame is a fixed 32-byte Header, then `meta_bytes` of metadata (the message's fields
+/// without its tensors' values: codec.hpp), then zero bytes up to a multiple of 4
+/// (`padding`), then `payload_bytes` of float32 tensor values: every tensor of the message,
+/// back to back, in field order. A sender gather-writes the tensors from its own buffers
+/// and a receiver reads them straight into place; the padding keeps them aligned where a
+/// receiver reads several frames into one buffer and uses them there. Integers and floats
+/// are little-endian.
+
+#include <array>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <variant>
+#include <vector>
+
+static_assert(std::endian::native == std::endian::little,
+              "pulley's wire format is little-endian; big-endian hosts are not supported");
+
+namespace pulley::wire {
+
+inline constexpr std::uint32_t kMagic = 0x594C4C50;    ///< "PLLY" in a little-endian dump
+inline constexpr std::uint16_t kVersion = 4;           ///< bumped on any incompatible change
+inline constexpr std::uint16_t kResponseKind = 0x100;  ///< response kinds start here
+
+/// What a receiver accepts in one frame, checked before it allocates anything for it. A
+/// frame's metadata is small: 4 MiB holds the placement of ~50 000 variables.
+struct FrameLimits {
+  std::uint64_t max_meta_bytes = std::uint64_t{4} << 20U;     ///< metadata of one frame
+  std::uint64_t max_payload_bytes = std::uint64_t{4} << 30U;  ///< tensor bytes of one frame
+};
+
+/// The fixed frame header. `kind` is the index of the message in Request, or kResponseKind
+/// + its index in Response; `call` pairs a response with its request.
+struct Header {
+  std::uint32_t magic = kMagic;
+  std::uint16_t version = kVersion;
+  std::uint16_t kind = 0;
+  std::uint64_t call = 0;
+  std::uint32_t meta_bytes = 0;
+  std::uint32_t reserved = 0;
+  std::uint64_t payload_bytes = 0;
+};
+static_assert(sizeof(Header) == 32 && std::is_trivially_copyable_v<Header>);
+
+/// Index of alternative T in variant V.
+template <class V, class T, std::size_t I = 0>
+constexpr std::size_t variant_index() {
+  if constexpr (std::is_same_v<std::variant_alternative_t<I, V>, T>) {
+    return I;
+  } else {
+    return variant_index<V, T, I + 1>();
+  }
+}
+
+/// True if T is one of variant V's alternatives.
+template <class V, class T>
+struct is_alternative;
+template <class... A, class T>
+struct is_alternative<std::variant<A...>, T> : std::bool_constant<(std::is_same_v<A, T> || ...)> {};
+
+/// The header kind of message type T (a Request or a Response alternative).
+template <class T>
+constexpr std::uint16_t kind_of() {
+  if constexpr (is_alternative<Request, T>::value) {
+    return static_cast<std::uint16_t>(variant_index<Request, T>());
+  } else {
+    return static_cast<std::uint16_t>(kResponseKind + variant_index<Response, T>());
+  }
+}
+
+/// Zero bytes between a frame's metadata and its payload: the payload starts 4-byte aligned
+/// relative to the frame, and every frame's length is a multiple of 4.
+constexpr std::size_t padding(std::uint64_t meta_bytes) noexcept {
+  return static_cast<std::size_t>((4 - meta_bytes % 4) % 4);
+}
+
+/// Bytes of a frame before its payload: header, metadata, padding.
+constexpr std::uint64_t head_bytes(const Header& h) noexcept {
+  return sizeof(Header) + h.meta_bytes + padding(h.meta_bytes);
+}
+
+/// The zero bytes a sender writes as padding.
+inline constexpr std::array<char, 4> kZeros{};
+
+/// A frame that cannot be trusted: the receiver logs `what()` and closes the connection.
+class Malformed : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Checks a received header against the protocol and `limits`; throws Malformed naming the
+/// problem. Nothing else of the frame is read before this passes.
+inline void check(const Header& h, const FrameLimits& limits = {}) {
+  if (h.magic != kMagic) throw Malformed("bad magic: not a pulley peer");
+  if (h.version != kVersion) {
+    throw Malformed("protocol version " + std::to_string(h.version) + ", this side speaks " +
+                    std::to_string(kVersion));
+  }
+  const bool request = h.kind < std::variant_size_v<Request>;
+  const bool response =
+      h.kind >= kResponseKind &&
+      static_cast<std::size_t>(h.kind - kResponseKind) < std::variant_size_v<Response>;
+  if (!request && !response) throw Malformed("unknown message kind " + std::to_string(h.kind));
+  if (h.meta_bytes > limits.max_meta_bytes) {
+    throw Malformed("metadata of " + std::to_string(h.meta_bytes) + " bytes exceeds the limit");
+  }
+  if (h.payload_bytes > limits.max_payload_bytes || h.payload_bytes % sizeof(float) != 0) {
+    throw Malformed("payload of " + std::to_string(h.payload_bytes) +
+                    " bytes is over the limit or not whole floats");
+  }
+}
+
+/// A message ready to send: header, metadata, and views of the tensors to write after them
+/// (after `padding(header.meta_bytes)` zero bytes).
+struct Frame {
+  Header header;
+  std::string meta;
+  std::vector<std::span<const float>> payload;
+
+  /// Bytes of the whole frame on the wire.
+  [[nodiscard]] std::uint64_t size() const noexcept {
+    return head_bytes(header) + header.payload_bytes;
+  }
+};
+
+}  // namespace pulley::wire
+// ---- end pulley/transport/wire/frame.hpp ----
+
+namespace pulley::transport_detail {
+
+/// The first endpoint `host` resolves to (a name, a numeric address, "0.0.0.0" or "::" for
+/// every interface) with `port`; throws kInvalidArgument when it does not resolve.
+inline asio::ip::tcp::endpoint resolve_listen_endpoint(asio::io_context& io,
+                                                       const std::string& host,
+                                                       std::uint16_t port) {
+  std::error_code ec;
+  asio::ip::tcp::resolver resolver(io);
+  const auto results =
+      resolver.resolve(host, std::to_string(port), asio::ip::resolver_base::passive, ec);
+  if (ec || results.empty()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "cannot listen on '" + host + "': " + (ec ? ec.message() : "no address"));
+  }
+  return results.begin()->endpoint();
+}
+
+/// An acceptor listening on `endpoint`; throws kUnavailable naming it (e.g. a port in use).
+inline asio::ip::tcp::acceptor listen(asio::io_context& io,
+                                      const asio::ip::tcp::endpoint& endpoint) {
+  try {
+    return asio::ip::tcp::acceptor(io, endpoint);
+  } catch (const std::system_error& e) {
+    throw Error(ErrorCode::kUnavailable, "cannot listen on " + endpoint.address().to_string() +
+                                             ":" + std::to_string(endpoint.port()) + ": " +
+                                             e.code().message());
+  }
+}
+
+/// The buffers of several frames, gather-written in order and consumed as the kernel takes
+/// them.
+class GatherList {
+ public:
+  /// Appends a frame: header, metadata, padding, payload views (which must outlive the write).
+  void append(const wire::Frame& f) {
+    buffers_.emplace_back(&f.header, sizeof f.header);
+    if (!f.meta.empty()) buffers_.emplace_back(f.meta.data(), f.meta.size());
+    if (const std::size_t pad = wire::padding(f.meta.size())) {
+      buffers_.emplace_back(wire::kZeros.data(), pad);
+    }
+    for (std::span<const float> v : f.payload) {
+      if (!v.empty()) buffers_.emplace_back(v.data(), v.size_bytes());
+    }
+    bytes_ += f.size();
+    appended_ += f.size();
+  }
+
+  /// Writes what `socket` (non-blocking) takes now; returns false on an error other than
+  /// would_block, in `ec`.
+  bool write_now(asio::ip::tcp::socket& socket, std::error_code& ec) {
+    while (!empty()) {
+      const std::size_t n = socket.write_some(remaining(), ec);
+      if (ec == asio::error::would_block || ec == asio::error::try_again) {
+        ec.clear();
+        return true;
+      }
+      if (ec) return false;
+      consume(n);
+    }
+    return true;
+  }
+
+  /// What is left to write.
+  [[nodiscard]] std::span<const asio::const_buffer> remaining() const {
+    return std::span(buffers_).subspan(first_);
+  }
+  /// Bytes left to write.
+  [[nodiscard]] std::uint64_t bytes() const noexcept { return bytes_; }
+  /// Bytes appended since the last `clear`, and of those, bytes written.
+  [[nodiscard]] std::uint64_t appended() const noexcept { return appended_; }
+  [[nodiscard]] std::uint64_t written() const noexcept { return appended_ - bytes_; }
+  [[nodiscard]] bool empty() const noexcept { return bytes_ == 0; }
+
+  /// Appends bytes that are no frame of their own (a copy of another list's remainder).
+  void append(const char* data, std::size_t n) {
+    if (n == 0) return;
+    buffers_.emplace_back(data, n);
+    bytes_ += n;
+    appended_ += n;
+  }
+
+  /// Copies what is left to `out`, which has room for `bytes()`.
+  void copy_remaining(char* out) const {
+    for (const asio::const_buffer& b : remaining()) {
+      std::memcpy(out, b.data(), b.size());
+      out += b.size();
+    }
+  }
+
+  /// `n` bytes were written.
+  void consume(std::size_t n) {
+    bytes_ -= n;
+    while (n > 0) {
+      asio::const_buffer& b = buffers_[first_];
+      if (n < b.size()) {
+        b += n;
+        return;
+      }
+      n -= b.size();
+      ++first_;
+    }
+    while (first_ < buffers_.size() && buffers_[first_].size() == 0) ++first_;
+  }
+
+  void clear() {
+    buffers_.clear();
+    first_ = 0;
+    bytes_ = 0;
+    appended_ = 0;
+  }
+
+ private:
+  std::vector<asio::const_buffer> buffers_;
+  std::size_t first_ = 0;
+  std::uint64_t bytes_ = 0;
+  std::uint64_t appended_ = 0;
+};
+
+/// FrameReader's receive buffers as an Asio buffer sequence; holds them while a receive is
+/// under way.
+class ReceiveBuffers {
+ public:
+  /// While a large payload comes in, a receive completes only once a quarter of what is left
+  /// of it (at most 512 KiB) has arrived, not once per arriving burst: few wake-ups while
+  /// much is to come, small ones at the end, so the last copy overlaps the sender's.
+  /// Measured on loopback: 16 MB push+pull 0.70 -> 0.9 of a blocking echo, 1 MB 0.7 -> 1.0
+  /// (a fixed 512 KiB mark helped at 16 MB and hurt at 1 MB). Never more than the peer has
+  /// committed to send, and Linux (5.10 and later) still wakes a reader whose receive window
+  /// closes or whose memory is under pressure, so it cannot wait for bytes that will not
+  /// come; a closed connection or an error completes it at once. One setsockopt when the
+  /// mark changes.
+  void watermark(asio::ip::tcp::socket& socket, std::uint64_t payload_left) {
+    constexpr std::uint64_t kMaxMark = std::uint64_t{512} << 10U;
+    const int mark = static_cast<int>(std::clamp<std::uint64_t>(payload_left / 4, 1, kMaxMark));
+    if (mark == mark_) return;
+    std::error_code failed;  // without a mark, receives are merely more numerous
+    socket.set_option(asio::socket_base::receive_low_watermark(mark), failed);
+    if (!failed) mark_ = mark;  // else the next receive sets it again
+  }
+
+  /// The sequence for `spans` (at most 16), valid until the next call.
+  std::span<const asio::mutable_buffer> of(std::span<const std::span<std::byte>> spans) {
+    count_ = 0;
+    for (std::span<std::byte> s : spans) {
+      if (count_ == buffers_.size()) break;
+      buffers_[count_++] = asio::mutable_buffer(s.data(), s.size());
+    }
+    return {buffers_.data(), count_};
+  }
+
+ private:
+  std::array<asio::mutable_buffer, 16> buffers_{};
+  std::size_t count_ = 0;
+  int mark_ = 1;
+};
+
+}  // namespace pulley::transport_detail
+// ---- end pulley/transport/detail/sockets.hpp ----
+// ---- begin pulley/transport/wire/codec.hpp ----
+
+/// Encoding and decoding whole messages, as their declarations in messages.hpp say: a
+/// message's `serialize` is its metadata, its tensor fields its payload.
+
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
+
+// ---- begin pulley/transport/wire/archive.hpp ----
+
+/// The cereal archives that write and read a frame's metadata: BinaryArchive's format,
+/// appended to a string and read from bytes in memory, distrusting them. A tensor field
+/// (`std::span<const float>`) is written as its element count, and its values go to the
+/// frame's payload (frame.hpp); reading cuts the views from the received payload.
+
+#include <cereal/cereal.hpp>
+#include <cereal/types/common.hpp>
+#include <cereal/types/string.hpp>
+#include <cereal/types/vector.hpp>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace pulley::wire {
+
+/// The output archive for metadata, collecting the message's tensors for the payload.
+class MetaWriter : public cereal::OutputArchive<MetaWriter, cereal::AllowEmptyClassElision> {
+ public:
+  /// Appends metadata to `out`, tensors (views) to `payload`.
+  MetaWriter(std::string& out, std::vector<std::span<const float>>& payload)
+      : OutputArchive(this), out_(out), payload_(payload) {}
+  /// Appends `n` bytes.
+  void write(const void* data, std::size_t n) { out_.append(static_cast<const char*>(data), n); }
+  /// A tensor: its size here, its values in the payload.
+  void tensor(std::span<const float> values) {
+    const std::uint64_t n = values.size();
+    write(&n, sizeof n);
+    payload_.push_back(values);
+  }
+
+ private:
+  std::string& out_;
+  std::vector<std::span<const float>>& payload_;
+};
+
+/// The input archive for received metadata. Every length prefix (of a vector, a string) is
+/// checked against the bytes still unread before cereal allocates for it, so a frame
+/// claiming 2^40 elements is refused instead of exhausting memory: a container can claim at
+/// most one element per remaining byte, and a vector of structs grows only as elements
+/// arrive. A tensor's size is checked against the payload left. Running past the end
+/// throws Malformed.
+class MetaReader : public cereal::InputArchive<MetaReader, cereal::AllowEmptyClassElision> {
+ public:
+  /// Reads `meta`; tensors are cut from `payload`, or, without one, left empty and their
+  /// sizes appended to `sizes` (for a receiver that routes the payload elsewhere).
+  MetaReader(std::span<const char> meta, std::optional<std::span<const float>> payload,
+             std::vector<std::size_t>* sizes = nullptr)
+      : InputArchive(this), bytes_(meta), payload_(payload), sizes_(sizes) {}
+
+  /// Copies the next `n` bytes to `out`.
+  void read(void* out, std::size_t n) {
+    if (n > bytes_.size()) throw Malformed("metadata ends in the middle of a field");
+    if (n == 0) return;  // an empty vector's data() may be null
+    std::memcpy(out, bytes_.data(), n);
+    bytes_ = bytes_.subspan(n);
+  }
+  /// The next tensor: its size, then a view of the payload.
+  std::span<const float> tensor() {
+    std::uint64_t n = 0;
+    read(&n, sizeof n);
+    const std::uint64_t left = payload_floats() - floats_;
+    if (n > left) throw Malformed("tensor sizes exceed the payload");
+    const std::size_t begin = static_cast<std::size_t>(floats_);
+    floats_ += n;
+    if (!payload_) {
+      if (sizes_ != nullptr) sizes_->push_back(static_cast<std::size_t>(n));
+      return {};
+    }
+    return payload_->subspan(begin, static_cast<std::size_t>(n));
+  }
+  /// Bytes not read yet.
+  [[nodiscard]] std::size_t remaining() const noexcept { return bytes_.size(); }
+  /// Throws Malformed unless every byte of the metadata and every float of the payload
+  /// (`payload_floats` of them when there is no payload) was claimed: a message is exactly
+  /// its frame.
+  void finish(std::uint64_t payload_floats) {
+    if (!bytes_.empty()) {
+      throw Malformed("metadata has " + std::to_string(bytes_.size()) + " bytes past the message");
+    }
+    expected_floats_ = payload_floats;
+    if (floats_ != this->payload_floats()) throw Malformed("payload has bytes no tensor claims");
+  }
+  /// Before `finish`, the payload's size in floats, when it has none to cut from.
+  void expect_payload(std::uint64_t floats) noexcept { expected_floats_ = floats; }
+
+ private:
+  [[nodiscard]] std::uint64_t payload_floats() const noexcept {
+    return payload_ ? payload_->size() : expected_floats_;
+  }
+
+  std::span<const char> bytes_;
+  std::optional<std::span<const float>> payload_;
+  std::vector<std::size_t>* sizes_;
+  std::uint64_t expected_floats_ = 0;
+  std::uint64_t floats_ = 0;  ///< payload floats claimed so far
+};
+
+// How cereal writes through a MetaWriter and reads through a MetaReader (found by
+// argument-dependent lookup).
+template <class T>
+std::enable_if_t<std::is_arithmetic_v<T>> CEREAL_SAVE_FUNCTION_NAME(MetaWriter& a, const T& t) {
+  a.write(std::addressof(t), sizeof(t));
+}
+template <class T>
+void CEREAL_SAVE_FUNCTION_NAME(MetaWriter& a, const cereal::NameValuePair<T>& t) {
+  a(t.value);
+}
+template <class T>
+void CEREAL_SAVE_FUNCTION_NAME(MetaWriter& a, const cereal::SizeTag<T>& t) {
+  a(t.size);
+}
+template <class T>
+void CEREAL_SAVE_FUNCTION_NAME(MetaWriter& a, const cereal::BinaryData<T>& data) {
+  a.write(data.data, static_cast<std::size_t>(data.size));
+}
+inline void CEREAL_SAVE_FUNCTION_NAME(MetaWriter& a, const std::span<const float>& t) {
+  a.tensor(t);
+}
+
+template <class T>
+std::enable_if_t<std::is_arithmetic_v<T>> CEREAL_LOAD_FUNCTION_NAME(MetaReader& a, T& t) {
+  a.read(std::addressof(t), sizeof(t));
+}
+template <class T>
+void CEREAL_LOAD_FUNCTION_NAME(MetaReader& a, cereal::NameValuePair<T>& t) {
+  a(t.value);
+}
+template <class T>
+void CEREAL_LOAD_FUNCTION_NAME(MetaReader& a, cereal::SizeTag<T>& t) {
+  a(t.size);
+  if (t.size > a.remaining()) {
+    throw Malformed("a length of " + std::to_string(t.size) + " with only " +
+                    std::to_string(a.remaining()) + " metadata bytes left");
+  }
+}
+template <class T>
+void CEREAL_LOAD_FUNCTION_NAME(MetaReader& a, cereal::BinaryData<T>& data) {
+  a.read(data.data, static_cast<std::size_t>(data.size));
+}
+inline void CEREAL_LOAD_FUNCTION_NAME(MetaReader& a, std::span<const float>& t) { t = a.tensor(); }
+/// Vectors of structs grow as their elements are read, never to the claimed length first:
+/// a VariableSpec takes ~64 bytes in memory for ~20 on the wire, so resizing up front would
+/// let a frame make the receiver allocate many times its size. (Arithmetic elements are
+/// read in one block, at most 8 bytes in memory per byte claimed.)
+template <class T, class A>
+std::enable_if_t<!std::is_arithmetic_v<T>> CEREAL_LOAD_FUNCTION_NAME(MetaReader& a,
+                                                                     std::vector<T, A>& v) {
+  cereal::size_type n = 0;
+  a(cereal::make_size_tag(n));
+  v.clear();
+  for (cereal::size_type i = 0; i < n; ++i) a(v.emplace_back());
+}
+
+}  // namespace pulley::wire
+
+// cereal checks a load against the matching save.
+CEREAL_SETUP_ARCHIVE_TRAITS(pulley::wire::MetaReader, pulley::wire::MetaWriter)
+// ---- end pulley/transport/wire/archive.hpp ----
+
+namespace pulley::wire {
+
+/// Encodes a request or a response (a Request or Response variant) as a frame for call
+/// `call`. The frame's payload views alias the message's tensors.
+template <class Variant>
+Frame encode(const Variant& message, std::uint64_t call) {
+  Frame frame;
+  MetaWriter archive(frame.meta, frame.payload);
+  // cereal saves through a const message; `serialize` is the one declaration of its fields.
+  std::visit([&](const auto& m) { archive(const_cast<std::remove_cvref_t<decltype(m)>&>(m)); },
+             message);
+  frame.header.kind = static_cast<std::uint16_t>(
+      message.index() + (std::is_same_v<Variant, Response> ? kResponseKind : 0));
+  frame.header.call = call;
+  frame.header.meta_bytes = static_cast<std::uint32_t>(frame.meta.size());
+  for (auto v : frame.payload) frame.header.payload_bytes += v.size_bytes();
+  return frame;
+}
+
+namespace detail {
+
+template <class Variant, std::size_t... I>
+Variant read_alternative(std::size_t index, MetaReader& a, std::index_sequence<I...>) {
+  Variant out;
+  const bool found = ((index == I ? (a(out.template emplace<I>()), true) : false) || ...);
+  if (!found) throw Malformed("unknown message kind " + std::to_string(index));
+  return out;
+}
+
+template <class Variant>
+Variant decode(std::size_t index, std::span<const char> meta,
+               std::optional<std::span<const float>> payload, std::uint64_t payload_floats,
+               std::vector<std::size_t>* sizes = nullptr) {
+  try {
+    MetaReader archive(meta, payload, sizes);
+    archive.expect_payload(payload_floats);
+    Variant message = read_alternative<Variant>(
+        index, archive, std::make_index_sequence<std::variant_size_v<Variant>>{});
+    archive.finish(payload_floats);
+    return message;
+  } catch (const Malformed&) {
+    throw;
+  } catch (const std::exception& e) {  // e.g. bad_alloc: the frame is given up, not the process
+    throw Malformed(std::string("undecodable metadata: ") + e.what());
+  }
+}
+
+}  // namespace detail
+
+/// Decodes a request frame whose header passed `check`; its tensors view `payload`.
+inline Request decode_request(const Header& h, std::span<const char> meta,
+                              std::span<const float> payload) {
+  if (h.kind >= kResponseKind) throw Malformed("a response where a request was expected");
+  return detail::decode<Request>(h.kind, meta, payload, payload.size());
+}
+
+/// Decodes a response frame whose header passed `check`; its tensors view `payload`.
+inline Response decode_response(const Header& h, std::span<const char> meta,
+                                std::span<const float> payload) {
+  if (h.kind < kResponseKind) throw Malformed("a request where a response was expected");
+  return detail::decode<Response>(h.kind - kResponseKind, meta, payload, payload.size());
+}
+
+/// Decodes a response frame's metadata alone, before its payload arrives: its tensors are
+/// empty views, and their sizes (which add up to the header's payload) go to `sizes`. A
+/// receiver routes the payload into its own buffers and then points the views at them.
+inline Response decode_response_meta(const Header& h, std::span<const char> meta,
+                                     std::vector<std::size_t>& sizes) {
+  if (h.kind < kResponseKind) throw Malformed("a request where a response was expected");
+  sizes.clear();
+  return detail::decode<Response>(h.kind - kResponseKind, meta, std::nullopt,
+                                  h.payload_bytes / sizeof(float), &sizes);
+}
+
+}  // namespace pulley::wire
+// ---- end pulley/transport/wire/codec.hpp ----
+// ---- begin pulley/transport/wire/frame_reader.hpp ----
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <new>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace pulley::wire {
+
+/// Cuts a received byte stream into frames (frame.hpp) with as few receive calls as it can.
+/// Small frames arrive many at a time in one buffer and are handed out in place; a payload
+/// too large for that buffer is received straight into its destination: the pull targets
+/// the owner routes it to, or a payload buffer that grows only as bytes arrive (so a header
+/// claiming gigabytes costs nothing until they come).
+///
+/// It does no I/O: the owner receives into `buffers()`, reports with `commit(n)`, and takes
+/// the frames that completed with `next()`. Every header is checked (`check`) before
+/// anything is allocated for its frame; a bad one throws Malformed.
+class FrameReader {
+ public:
+  /// A complete frame. Its views stay valid until the next `next()` or `buffers()`.
+  struct Frame {
+    Header header;
+    std::span<const char> meta;
+    std::span<const float> payload;  ///< empty when routed: the floats are in the targets
+    bool routed = false;             ///< the payload went to the targets `route` gave
+    /// Every payload float was checked finite as it arrived (payloads received into the
+    /// growing buffer only: they are the ones too large to check again cheaply).
+    bool finite = false;
+  };
+
+  /// @param buffer_bytes the receive buffer: frames up to this size come in place, many per
+  ///                     receive; larger payloads go straight to their destination
+  explicit FrameReader(FrameLimits limits, std::size_t buffer_bytes = std::size_t{64} << 10U)
+      : limits_(limits), buffer_(buffer_bytes / sizeof(float)) {}
+
+  /// Where the next received bytes go: the buffer, or while a payload is received outside
+  /// it, the rest of its destination and then the buffer (so the frames after a large
+  /// payload come with its last bytes). Never empty.
+  std::span<const std::span<std::byte>> buffers() {
+    scatter_size_ = 0;
+    if (direct_) {
+      std::uint64_t skip = direct_done_;
+      std::uint64_t listed = direct_done_;  // payload bytes received or listed
+      for (std::span<float> t : direct_targets()) {
+        const std::span<std::byte> bytes = std::as_writable_bytes(t);
+        if (skip >= bytes.size()) {
+          skip -= bytes.size();
+          continue;
+        }
+        if (scatter_size_ + 1 == scatter_.size()) break;  // keep one for the buffer
+        scatter_[scatter_size_++] = bytes.subspan(static_cast<std::size_t>(skip));
+        listed += bytes.size() - skip;
+        skip = 0;
+      }
+      // The buffer's free end, after the head kept for the frame in progress; only once the
+      // destination's last span is in the list, or bytes would land out of order.
+      if (listed == header_.payload_bytes && end_ < capacity()) {
+        scatter_[scatter_size_++] = std::span<std::byte>(bytes() + end_, capacity() - end_);
+      }
+      return {scatter_.data(), scatter_size_};
+    }
+    if (begin_ > 0) {  // a frame begun (typically a few bytes, or none) moves to the front
+      std::memmove(bytes(), bytes() + begin_, end_ - begin_);
+      end_ -= begin_;
+      begin_ = 0;
+    }
+    scatter_[scatter_size_++] = std::span<std::byte>(bytes() + end_, capacity() - end_);
+    return {scatter_.data(), scatter_size_};
+  }
+
+  /// `n` bytes arrived in `buffers()`.
+  void commit(std::size_t n) {
+    if (!direct_) {
+      end_ += n;
+      return;
+    }
+    const std::uint64_t left = header_.payload_bytes - direct_done_;
+    const auto to_payload = static_cast<std::size_t>(std::min<std::uint64_t>(n, left));
+    direct_done_ += to_payload;
+    end_ += n - to_payload;  // the next frames, in the buffer
+    if (!routed_) arrived_in_own();
+  }
+
+  /// The next complete frame, or nullopt when more bytes are needed. `route(header, meta)`
+  /// is asked once per frame with a payload, when its head is in: it returns the spans the
+  /// payload goes to (a `std::span<const std::span<float>>` that stays valid until the frame
+  /// is complete), or an empty one to keep it here. Throws Malformed for a frame that
+  /// breaks the protocol or the limits, or whose payload is not the size of its targets.
+  template <class Route>
+  std::optional<Frame> next(Route&& route) {
+    if (direct_) {
+      if (direct_done_ < header_.payload_bytes) return std::nullopt;
+      return finish_direct();
+    }
+    const std::size_t available = end_ - begin_;
+    if (available < sizeof(Header)) return std::nullopt;
+    std::memcpy(&header_, bytes() + begin_, sizeof header_);
+    check(header_, limits_);
+    const std::size_t head = static_cast<std::size_t>(head_bytes(header_));
+    if (head > capacity()) grow_buffer(head);  // a large metadata: bounded by the limits
+    if (available < head) return std::nullopt;
+    const std::span<const char> meta(
+        reinterpret_cast<const char*>(bytes()) + begin_ + sizeof(Header), header_.meta_bytes);
+    const std::uint64_t payload = header_.payload_bytes;
+    const std::size_t buffered =
+        static_cast<std::size_t>(std::min<std::uint64_t>(available - head, payload));
+    if (payload > 0 && !asked_) {
+      asked_ = true;
+      targets_ = route(header_, meta);
+    }
+    if (!targets_.empty()) {  // straight into the targets, starting with what is here
+      std::uint64_t total = 0;
+      for (std::span<float> t : targets_) total += t.size_bytes();
+      if (total != payload) throw Malformed("a payload of another size than its targets");
+      scatter_copy(bytes() + begin_ + head, buffered);
+      return start_direct(head, buffered, true);
+    }
+    if (head + payload <= capacity()) {  // in place, once it is all here
+      if (available < head + payload) return std::nullopt;
+      const std::span<const float> values(reinterpret_cast<const float*>(bytes() + begin_ + head),
+                                          static_cast<std::size_t>(payload / sizeof(float)));
+      begin_ += head + static_cast<std::size_t>(payload);
+      asked_ = false;
+      return Frame{header_, meta, values, false, false};
+    }
+    // Too large for the buffer: into the growing payload buffer.
+    direct_done_ = buffered;
+    checked_ = 0;
+    finite_ = true;
+    grow_own();
+    std::memcpy(own_.data(), bytes() + begin_ + head, buffered);
+    arrived_in_own();
+    return start_direct(head, buffered, false);
+  }
+
+  /// Bytes of the payload being received outside the buffer still to come; 0 when none is.
+  [[nodiscard]] std::uint64_t payload_left() const noexcept {
+    return direct_ ? header_.payload_bytes - direct_done_ : 0;
+  }
+
+  /// Frame views handed out so far stay valid; what is buffered is dropped (a reconnect).
+  void reset() {
+    begin_ = end_ = 0;
+    direct_ = routed_ = asked_ = false;
+    targets_ = {};
+  }
+
+ private:
+  static constexpr std::size_t kChunkFloats = (std::size_t{1} << 20U) / sizeof(float);
+
+  std::byte* bytes() noexcept { return reinterpret_cast<std::byte*>(buffer_.data()); }
+  std::size_t capacity() const noexcept { return buffer_.size() * sizeof(float); }
+
+  std::span<const std::span<float>> direct_targets() {
+    if (routed_) return targets_;
+    const auto floats = static_cast<std::size_t>(header_.payload_bytes / sizeof(float));
+    own_target_[0] = std::span<float>(own_).first(std::min(own_.size(), floats));
+    return {own_target_.data(), 1};
+  }
+
+  /// Checks the floats that arrived in own_ while they are in cache, and grows it for what
+  /// is to come.
+  void arrived_in_own() {
+    const auto arrived = static_cast<std::size_t>(direct_done_ / sizeof(float));
+    finite_ =
+        finite_ && pulley::detail::all_finite(std::span<const float>(own_).subspan(checked_, arrived - checked_));
+    checked_ = arrived;
+    grow_own();
+  }
+
+  void grow_buffer(std::size_t head) {
+    std::vector<float> bigger((head + sizeof(float) - 1) / sizeof(float));
+    std::memcpy(bigger.data(), bytes() + begin_, end_ - begin_);
+    end_ -= begin_;
+    begin_ = 0;
+    buffer_ = std::move(bigger);
+  }
+
+  /// Grows the payload buffer to hold at most max(1 MiB, twice what arrived) beyond what
+  /// arrived; a buffer kept from an earlier frame is not shrunk, so steady traffic is
+  /// received in one go.
+  void grow_own() {
+    const auto floats = static_cast<std::size_t>(header_.payload_bytes / sizeof(float));
+    const auto arrived = static_cast<std::size_t>(direct_done_ / sizeof(float));
+    const std::size_t until =
+        own_.size() >= floats ? floats : std::min(floats, std::max(2 * arrived, kChunkFloats));
+    if (own_.size() >= until) return;
+    try {
+      own_.resize(until);
+    } catch (const std::bad_alloc&) {
+      throw Malformed("no memory for a payload of " + std::to_string(header_.payload_bytes) +
+                            " bytes");
+    }
+  }
+
+  /// Copies `n` received bytes into the targets, from their start.
+  void scatter_copy(const std::byte* from, std::size_t n) {
+    for (std::span<float> t : targets_) {
+      const std::size_t take = std::min(n, t.size_bytes());
+      std::memcpy(t.data(), from, take);
+      from += take;
+      n -= take;
+      if (n == 0) break;
+    }
+  }
+
+  /// The payload's `buffered` bytes after the head were copied out; the head stays where it
+  /// is (its metadata is handed out with the frame).
+  std::optional<Frame> start_direct(std::size_t head, std::size_t buffered, bool routed) {
+    head_at_ = begin_;
+    direct_ = true;
+    routed_ = routed;
+    direct_done_ = buffered;
+    if (direct_done_ == header_.payload_bytes) {  // all here: the next frames stay buffered
+      begin_ += head + buffered;
+      return finish_direct();
+    }
+    // All that was buffered after the head is payload: the frames after it land right
+    // behind the head (aligned, so their payloads can be used in place), and the payload's
+    // last receive brings them whatever this one filled.
+    begin_ = end_ = head_at_ + head;
+    return std::nullopt;
+  }
+
+  std::optional<Frame> finish_direct() {
+    const std::span<const char> meta(
+        reinterpret_cast<const char*>(bytes()) + head_at_ + sizeof(Header),
+        header_.meta_bytes);
+    Frame frame{header_, meta, {}, routed_, false};
+    if (!routed_) {
+      frame.payload = std::span<const float>(own_).first(
+          static_cast<std::size_t>(header_.payload_bytes / sizeof(float)));
+      frame.finite = finite_;
+    }
+    direct_ = routed_ = asked_ = false;
+    targets_ = {};
+    return frame;
+  }
+
+  FrameLimits limits_;
+  std::vector<float> buffer_;  ///< the receive buffer (floats: aligned for in-place payloads)
+  std::size_t begin_ = 0;      ///< first byte not handed out
+  std::size_t end_ = 0;        ///< end of what was received
+  Header header_;        ///< of the frame being cut
+  bool asked_ = false;         ///< route() was asked about the current frame
+  std::span<const std::span<float>> targets_;  ///< where route() sent the current payload
+  bool direct_ = false;                        ///< a payload is being received outside the buffer
+  bool routed_ = false;                        ///< ... into targets_ (else into own_)
+  std::uint64_t direct_done_ = 0;              ///< payload bytes received so far
+  std::size_t head_at_ = 0;                    ///< where the current frame's head is in the buffer
+  std::vector<float> own_;                     ///< payloads too large for the buffer, not routed
+  std::size_t checked_ = 0;                    ///< floats of own_ checked finite so far
+  bool finite_ = true;
+  std::array<std::span<float>, 1> own_target_{};
+  std::array<std::span<std::byte>, 16> scatter_{};
+  std::size_t scatter_size_ = 0;
+};
+
+}  // namespace pulley::wire
+// ---- end pulley/transport/wire/frame_reader.hpp ----
+
+namespace pulley {
+
+/// How a Tcp client connects.
+struct TcpOptions {
+  /// Total time to wait for a ps that is not up yet, when the transport is made, before
+  /// giving up with kUnavailable.
+  std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
+  /// First pause between those connection attempts; doubles up to one second.
+  std::chrono::milliseconds initial_backoff{std::chrono::milliseconds(20)};
+  /// Longest one connection attempt may take (a host that drops packets would otherwise
+  /// hold it for the kernel's two minutes); also bounds each reconnection attempt.
+  std::chrono::milliseconds attempt_timeout{std::chrono::seconds(2)};
+  /// What replies may claim, checked before anything is allocated for them.
+  wire::FrameLimits limits;
+};
+
+/// The TCP `Transport`: one connection per ps task. Tensors are gather-written from the
+/// caller's own buffers, and a reply's tensors are received straight into the call's
+/// targets.
+///
+/// It has no thread of its own: its I/O runs on the caller's thread while the caller waits
+/// on a PendingCall (the client waits right after sending). Requests made before a wait
+/// leave together when it begins, one gather-write per ps (a push and its pull in one), to
+/// every ps at once; replies are read as they arrive, several per receive when small. A
+/// round trip thus costs the network's two wake-ups and no thread hand-off. The price: a
+/// Tcp and its PendingCalls are used from one thread at a time, and a transfer moves only
+/// while that thread waits.
+///
+/// A lost connection fails the calls waiting on it with kUnavailable (whether a request in
+/// flight was handled is then unknown). The next call to that ps reconnects first (one
+/// attempt, `attempt_timeout`), so a ps that restarts on the same address is reached
+/// again; a restarted ps has lost its state and says so (kFailedPrecondition) until the
+/// chief initializes it anew. A caller that gives up on a call in the middle of its
+/// transfer (its deadline passed while a stalled peer was not reading) closes that
+/// connection, the only way to stop a transfer half done.
+class Tcp {
+ public:
+  /// Connects to every ps ("host:port", by task index), retrying with backoff while they
+  /// start; throws kInvalidArgument for a malformed address (`parse_address`), and
+  /// kUnavailable naming the first address that stays unreachable.
+  explicit Tcp(const std::vector<std::string>& ps_addresses, TcpOptions options = {})
+      : impl_(std::make_unique<Impl>(parse_all(ps_addresses), options)) {}
+  /// The same with parsed addresses.
+  explicit Tcp(std::vector<Address> ps_addresses, TcpOptions options = {})
+      : impl_(std::make_unique<Impl>(std::move(ps_addresses), options)) {}
+
+  /// Number of ps tasks.
+  [[nodiscard]] std::size_t num_ps() const noexcept { return impl_->num_ps(); }
+
+  /// Sends `request` to ps `ps`; see the Transport concept for the contract.
+  PendingCall call(std::size_t ps, Request&& request, PullTargets targets = {}) {
+    return impl_->call(ps, std::move(request), std::move(targets));
+  }
+
+ private:
+  static std::vector<Address> parse_all(const std::vector<std::string>& addresses) {
+    std::vector<Address> parsed;
+    for (const std::string& a : addresses) parsed.push_back(parse_address(a));
+    return parsed;
+  }
+
+  /// One call: what the caller shares with the transport, and the frame to send.
+  struct Pending : CallControl {
+    Pending(CallDriver* driver, std::size_t task) : CallControl(driver), ps(task) {}
+    std::size_t ps;
+    PullTargets targets;
+    wire::Frame frame;            ///< its payload views alias the caller's tensors
+    std::uint64_t frame_end = 0;  ///< where its frame ends in the link's write list
+    bool writing = false;         ///< in the write list, not all written: one use
+  };
+  using PendingPtr = std::shared_ptr<Pending>;
+
+  enum class State { kConnected, kConnecting, kBroken };
+
+  /// One connection. Every handler captures the `generation` it was started in and ignores
+  /// its completion once the connection was replaced.
+  struct Link {
+    Link(asio::io_context& io, Address where, const wire::FrameLimits& limits)
+        : address(where.to_string()),
+          host(std::move(where.host)),
+          port(std::to_string(where.port)),
+          socket(io),
+          resolver(io),
+          timer(io),
+          reader(limits) {}
+
+    std::string address;  ///< "host:port", for messages
+    std::string host;
+    std::string port;
+    asio::ip::tcp::socket socket;
+    asio::ip::tcp::resolver resolver;
+    asio::steady_timer timer;  ///< bounds a connection attempt
+    State state = State::kBroken;
+    std::uint64_t generation = 0;
+    std::string broken_reason = "not connected";
+    wire::FrameReader reader;
+    transport_detail::ReceiveBuffers receive_buffers;
+    std::map<std::uint64_t, PendingPtr> pending;  ///< sent or queued, awaiting a reply
+    std::deque<PendingPtr> outbox;                ///< made since the caller last waited
+    std::deque<PendingPtr> writing;               ///< in write_list, not all written yet
+    transport_detail::GatherList write_list;      ///< their frames, as the kernel takes them
+    bool write_waiting = false;                   ///< waits for the socket to take more
+    bool receiving = false;                       ///< a receive is armed
+    PendingPtr reading;         ///< the call whose reply is being received into its targets
+    Response reading_response;  ///< that reply, decoded but for its tensors' values
+    std::vector<std::size_t> sizes;  ///< scratch: tensor sizes of a reply to route
+  };
+
+  class Impl final : public CallDriver {
+   public:
+    Impl(std::vector<Address> addresses, const TcpOptions& options) : options_(options) {
+      for (Address& address : addresses) {
+        links_.push_back(std::make_unique<Link>(io_, std::move(address), options.limits));
+      }
+      for (auto& link : links_) connect_with_backoff(*link);
+    }
+
+    Impl(const Impl&) = delete;
+    Impl& operator=(const Impl&) = delete;
+
+    ~Impl() {
+      // Every call still waiting is answered kUnavailable, so none waits on this driver.
+      for (auto& link : links_) fail(*link, "transport closed");
+    }
+
+    [[nodiscard]] std::size_t num_ps() const noexcept { return links_.size(); }
+
+    PendingCall call(std::size_t ps, Request&& request, PullTargets targets) {
+      auto pending = std::make_shared<Pending>(this, ps);
+      pending->targets = std::move(targets);
+      PendingCall result(pending);
+      if (ps >= links_.size()) {
+        pending->answer(
+            ErrorReply{ErrorCode::kInvalidArgument, "no ps task " + std::to_string(ps)});
+        return result;
+      }
+      Link& link = *links_[ps];
+      const std::uint64_t id = next_call_++;
+      // The payload views alias the request's tensors (the caller's buffers), which stay
+      // valid until the call is answered or cancelled; the rest is serialized here.
+      pending->frame = wire::encode(request, id);
+      link.pending.emplace(id, pending);
+      link.outbox.push_back(std::move(pending));
+      if (link.state == State::kBroken) connect(link, [](std::error_code) {});
+      return result;
+    }
+
+    void run_until(const std::function<bool()>& done,
+                   std::chrono::steady_clock::time_point deadline) override {
+      for (auto& link : links_) {
+        flush(*link);
+        receive(*link);
+      }
+      while (!done()) {
+        if (deadline <= std::chrono::steady_clock::now()) {
+          io_.poll();  // what already arrived
+          return;
+        }
+        io_.run_one_until(deadline);
+      }
+    }
+
+    void abort(CallControl& call) override {
+      auto& pending = static_cast<Pending&>(call);
+      Link& link = *links_[pending.ps];
+      if (pending.writing || link.reading.get() == &pending) {
+        fail(link, "a call was given up mid-transfer");
+      }
+    }
+
+   private:
+    void connect_with_backoff(Link& link) {
+      const auto deadline = std::chrono::steady_clock::now() + options_.connect_timeout;
+      auto backoff = options_.initial_backoff;
+      for (;;) {
+        bool done = false;
+        connect(link, [&](std::error_code) { done = true; });
+        while (!done) io_.run_one();
+        if (link.state == State::kConnected) return;
+        if (std::chrono::steady_clock::now() + backoff > deadline) break;
+        std::this_thread::sleep_for(backoff);
+        backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+      }
+      throw Error(ErrorCode::kUnavailable, "ps at " + link.address + " unreachable for " +
+                                               std::to_string(options_.connect_timeout.count()) +
+                                               " ms: " + link.broken_reason);
+    }
+
+    /// One connection attempt of at most attempt_timeout; `done(ec)` follows, with the link
+    /// connected (and receiving) or broken with the reason.
+    template <class Done>
+    void connect(Link& link, Done done) {
+      const std::uint64_t gen = ++link.generation;
+      link.state = State::kConnecting;
+      link.socket = asio::ip::tcp::socket(io_);
+      auto timed_out = std::make_shared<bool>(false);
+      link.timer.expires_after(options_.attempt_timeout);
+      link.timer.async_wait([&link, gen, timed_out](std::error_code ec) {
+        if (ec || gen != link.generation || link.state != State::kConnecting) return;
+        *timed_out = true;
+        link.resolver.cancel();
+        std::error_code ignored;
+        link.socket.close(ignored);
+      });
+      auto finish = [this, &link, gen, timed_out, done](std::error_code ec) mutable {
+        if (gen != link.generation) return done(asio::error::operation_aborted);
+        link.timer.cancel();
+        if (!ec) link.socket.set_option(asio::ip::tcp::no_delay(true), ec);
+        if (!ec) link.socket.non_blocking(true, ec);  // requests are first written directly
+        if (ec) {
+          link.state = State::kBroken;
+          link.broken_reason = *timed_out
+                                   ? "no connection within " +
+                                         std::to_string(options_.attempt_timeout.count()) + " ms"
+                                   : ec.message();
+          fail_all(link);
+          return done(ec);
+        }
+        link.state = State::kConnected;
+        link.reader.reset();
+        link.receive_buffers = {};  // a new socket: low watermark 1
+        link.receiving = false;
+        flush(link);
+        receive(link);
+        done(ec);
+      };
+      link.resolver.async_resolve(
+          link.host, link.port,
+          [&link, finish](std::error_code ec,
+                          asio::ip::tcp::resolver::results_type endpoints) mutable {
+            if (ec) return finish(ec);
+            asio::async_connect(link.socket, endpoints,
+                                [finish](std::error_code ec2,
+                                         const asio::ip::tcp::endpoint&) mutable { finish(ec2); });
+          });
+    }
+
+    /// Writes the requests made since the last wait in one gather-write, straight from their
+    /// buffers: what the kernel takes now, the rest as the socket drains. A call's use of
+    /// its buffers ends once its own frame is written.
+    void flush(Link& link) {
+      if (link.state != State::kConnected) return;
+      while (!link.outbox.empty()) {
+        PendingPtr out = std::move(link.outbox.front());
+        link.outbox.pop_front();
+        if (!out->begin_use()) {  // given up before it went out: forget it
+          link.pending.erase(out->frame.header.call);
+          out->detach_driver();
+          continue;
+        }
+        link.write_list.append(out->frame);
+        out->frame_end = link.write_list.appended();
+        out->writing = true;
+        link.writing.push_back(std::move(out));
+      }
+      if (link.write_waiting || link.write_list.empty()) return;
+      std::error_code ec;
+      if (!link.write_list.write_now(link.socket, ec)) return fail(link, ec.message());
+      while (!link.writing.empty() &&
+             link.writing.front()->frame_end <= link.write_list.written()) {
+        end_writing(*link.writing.front());
+        link.writing.pop_front();
+      }
+      if (link.write_list.empty()) return link.write_list.clear();
+      link.write_waiting = true;
+      link.socket.async_wait(asio::socket_base::wait_write,
+                             [this, &link, gen = link.generation](std::error_code wait) {
+                               if (gen != link.generation) return;  // fail() reset the link
+                               link.write_waiting = false;
+                               if (wait) return fail(link, wait.message());
+                               flush(link);
+                             });
+    }
+
+    static void end_writing(Pending& p) {
+      if (std::exchange(p.writing, false)) p.end_use();
+    }
+
+    /// Arms a receive while calls wait for replies on the link. Between calls none is armed:
+    /// re-arming right after the last reply would cost the caller a receive that finds
+    /// nothing; a connection that broke meanwhile is noticed by the next call.
+    void receive(Link& link) {
+      if (link.state != State::kConnected || link.receiving || link.pending.empty()) return;
+      link.receiving = true;
+      link.receive_buffers.watermark(link.socket, link.reader.payload_left());
+      link.socket.async_read_some(
+          link.receive_buffers.of(link.reader.buffers()),
+          [this, &link, gen = link.generation](std::error_code ec, std::size_t n) {
+            if (gen != link.generation) return;
+            link.receiving = false;
+            if (ec) return fail(link, ec.message());
+            try {
+              link.reader.commit(n);  // may fail to grow a payload buffer
+              while (auto frame =
+                         link.reader.next([&](const wire::Header& h, std::span<const char> meta) {
+                           return route(link, h, meta);
+                         })) {
+                on_reply(link, *frame);
+              }
+            } catch (const wire::Malformed& e) {
+              return fail(link, e.what());
+            }
+            receive(link);
+          });
+    }
+
+    /// Where a reply's payload goes: a reply whose tensors fit its call's targets one for
+    /// one goes straight into them; anything else stays in the reader (and is decoded from
+    /// there).
+    static std::span<const std::span<float>> route(Link& link, const wire::Header& header,
+                                                   std::span<const char> meta) {
+      if (header.kind < wire::kResponseKind) return {};  // not a reply: on_reply refuses it
+      const auto it = link.pending.find(header.call);
+      if (it == link.pending.end() || it->second->targets.empty()) return {};
+      const PendingPtr& pending = it->second;
+      Response response = wire::decode_response_meta(header, meta, link.sizes);
+      const auto& targets = pending->targets;
+      bool fits = link.sizes.size() == targets.size();
+      for (std::size_t i = 0; fits && i < targets.size(); ++i) {
+        fits = link.sizes[i] == targets[i].size();
+      }
+      if (!fits || !pending->begin_use()) return {};  // a misfit, or a call given up
+      link.reading = pending;
+      link.reading_response = std::move(response);
+      return targets;
+    }
+
+    static void on_reply(Link& link, const wire::FrameReader::Frame& frame) {
+      const auto it = link.pending.find(frame.header.call);
+      if (it != link.pending.end() && it->second->writing) {
+        // The ps answered bytes it cannot have received: the stream is not to be trusted.
+        throw wire::Malformed("a reply to a request not yet sent whole");
+      }
+      if (frame.routed) {
+        const PendingPtr pending = std::exchange(link.reading, nullptr);
+        Response response = std::move(link.reading_response);
+        detail::point_at(response, pending->targets);
+        pending->answer(std::move(response));
+        pending->end_use();
+        link.pending.erase(it);
+        return;
+      }
+      Response response = wire::decode_response(frame.header, frame.meta, frame.payload);
+      if (it == link.pending.end()) return;  // an answer nobody waits for any more
+      Pending& pending = *it->second;
+      if (!std::holds_alternative<ErrorReply>(response)) {
+        bool fits = true;  // (a caller that gave up gets no copy, and no answer)
+        pending.unless_cancelled([&] { fits = detail::copy_into(response, pending.targets); });
+        if (!fits) {
+          response = ErrorReply{ErrorCode::kInvalidArgument, "reply does not fit its targets"};
+        }
+      }
+      pending.answer(std::move(response));
+      link.pending.erase(it);
+    }
+
+    static Response unavailable(const Link& link) {
+      return ErrorReply{ErrorCode::kUnavailable,
+                        "connection to ps at " + link.address + " lost: " + link.broken_reason};
+    }
+
+    /// Every call waiting on the link, sent or queued, fails with kUnavailable.
+    static void fail_all(Link& link) {
+      link.outbox.clear();
+      for (auto& [id, pending] : std::exchange(link.pending, {})) {
+        pending->answer(unavailable(link));
+        pending->detach_driver();  // answered or given up: it needs the transport no more
+      }
+    }
+
+    /// The connection is gone: its handlers become stale, the uses of callers' buffers
+    /// end, everything waiting on it fails, and the next call reconnects.
+    void fail(Link& link, const std::string& reason) {
+      if (link.state == State::kBroken) return;
+      link.state = State::kBroken;
+      link.broken_reason = reason;
+      ++link.generation;
+      std::error_code ignored;
+      link.timer.cancel();
+      link.resolver.cancel();
+      link.socket.close(ignored);  // the operations under way end without touching buffers
+      for (const PendingPtr& p : std::exchange(link.writing, {})) end_writing(*p);
+      link.write_list.clear();
+      link.write_waiting = false;  // its wait completes as stale
+      if (link.reading) std::exchange(link.reading, nullptr)->end_use();
+      link.reader.reset();
+      fail_all(link);
+    }
+
+    TcpOptions options_;
+    asio::io_context io_{1};
+    asio::executor_work_guard<asio::io_context::executor_type> work_ =
+        asio::make_work_guard(io_);             ///< waits block until their deadline, never run dry
+    std::vector<std::unique_ptr<Link>> links_;  ///< by ps task; destroyed before io_
+    std::uint64_t next_call_ = 1;
+  };
+
+  std::unique_ptr<Impl> impl_;
+};
+static_assert(Transport<Tcp>);
+
+}  // namespace pulley
+// ---- end pulley/transport/tcp_client.hpp ----
+// ---- begin pulley/transport/tcp_server.hpp ----
+
+#include <algorithm>
+#include <asio.hpp>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace pulley {
+
+/// How a TcpServer treats its clients.
+struct TcpServerOptions {
+  /// What a request frame may claim, checked before anything is allocated for it.
+  wire::FrameLimits frames;
+  /// A connection stops being read while more than this many bytes of its replies wait to
+  /// be written (a client that does not read cannot grow the ps's memory).
+  std::uint64_t max_unsent_bytes = std::uint64_t{64} << 20U;
+  /// A connection stops being read while this many of its requests are handled but not
+  /// answered (pulls waiting for a step, token requests), since their replies come all at
+  /// once later. A pulley client has at most three in flight per ps.
+  std::uint32_t max_unanswered_requests = 16;
+  /// Once the service stopped, how long the server goes on answering (every request then
+  /// gets the service's final answer, e.g. "training finished") before it ends while
+  /// clients stay connected: clients in the middle of a step hear how training ended
+  /// instead of finding the connection closed. It ends sooner when every client has left.
+  std::chrono::milliseconds linger{std::chrono::seconds(10)};
+};
+
+/// Serves one Service (a ParameterServer) on a TCP port, and owns it. All connections are
+/// handled by one thread (the one that calls `run`), so the service sees its requests one
+/// at a time, as in-process.
+///
+/// Requests are received many at a time when they are small (a push and its pull arrive in
+/// one receive), and every reply they produce leaves in one gather-write at the end of the
+/// batch, straight from the ps's parameters. What the kernel does not take at once goes
+/// out as the socket drains, still from the parameters, unless a request that changes them
+/// (`changes_parameters`: a push, an initialization) comes first: then the rest is copied,
+/// so a reply never sees the parameters change under it.
+///
+/// A frame that fails wire::check or does not decode closes that connection with a logged
+/// reason; the server keeps serving everyone else. A connection whose peer does not read
+/// its replies stops being read once `max_unsent_bytes` of them wait (its requests wait in
+/// the kernel), and so does one with `max_unanswered_requests` requests waiting in the
+/// service, so no client can make the ps buffer without bound. Once the service stopped
+/// (shut down by the chief, or failed), `run` returns when every client has left, or after
+/// `linger`.
+///
+/// @tparam S the Service it serves
+template <Service S>
+class TcpServer {
+ public:
+  /// Serves `service` on `host:port`: `host` is a name ("localhost"), a numeric address, or
+  /// "0.0.0.0" / "::" for every interface (what TensorFlow's servers do: under Kubernetes a
+  /// task's name may resolve to a service address that is no local interface). Port 0 picks
+  /// a free one; see `port()`. Throws kInvalidArgument for a host that does not resolve,
+  /// kUnavailable when the address cannot be bound (a port in use).
+  TcpServer(S service, const std::string& host, std::uint16_t port, TcpServerOptions options = {})
+      : service_(std::move(service)),
+        options_(options),
+        acceptor_(transport_detail::listen(
+            io_, transport_detail::resolve_listen_endpoint(io_, host, port))),
+        retry_accept_(io_) {}
+
+  /// The port it listens on.
+  [[nodiscard]] std::uint16_t port() const { return acceptor_.local_endpoint().port(); }
+
+  /// The service it serves. While `run` runs, only that thread may touch it.
+  [[nodiscard]] S& service() noexcept { return service_; }
+
+  /// Serves until the service stopped and its clients heard (see the class comment), or
+  /// `stop` is called.
+  void run() {
+    accept();
+    io_.run();
+  }
+
+  /// Stops serving now, from any thread.
+  void stop() { io_.stop(); }
+
+ private:
+  struct Connection : std::enable_shared_from_this<Connection> {
+    Connection(TcpServer& server, asio::ip::tcp::socket peer)
+        : owner(server), socket(std::move(peer)), reader(server.options_.frames) {}
+
+    /// Too much of this connection's work is unfinished to take more requests: replies
+    /// unsent, or requests unanswered. Reading resumes when either shrinks.
+    [[nodiscard]] bool paused() const {
+      return unsent.bytes() > owner.options_.max_unsent_bytes ||
+             unanswered >= owner.options_.max_unanswered_requests;
+    }
+
+    TcpServer& owner;
+    asio::ip::tcp::socket socket;
+    wire::FrameReader reader;
+    transport_detail::ReceiveBuffers receive_buffers;
+    std::deque<wire::Frame> replies;   ///< replies with bytes in `unsent` (stable addresses)
+    transport_detail::GatherList unsent;  ///< what of them, in order, the kernel has not taken
+    std::unique_ptr<char[]> copy;     ///< a copy of unsent bytes that viewed the parameters
+    std::unique_ptr<char[]> spare;    ///< the copy before, for reuse
+    std::size_t copy_size = 0, spare_size = 0;
+    std::size_t unanswered = 0;  ///< requests handled, their replies not queued
+    bool views = false;          ///< `unsent` views the ps's parameters (it is in owner.viewing_)
+    bool write_waiting = false;  ///< waits for the socket to take more
+    bool receiving = false;      ///< a receive is armed
+    bool processing = false;     ///< inside process(): it reads on by itself
+    bool resume_posted = false;
+    bool dirty = false;  ///< in owner.dirty_: replies queued since the last write
+    bool closed = false;
+  };
+  using ConnectionPtr = std::shared_ptr<Connection>;
+
+  void accept() {
+    acceptor_.async_accept([this](std::error_code ec, asio::ip::tcp::socket socket) {
+      if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
+      if (ec) {  // e.g. out of file descriptors: keep serving, try again shortly
+        if (!accept_failing_) {
+          log(LogLevel::kWarning, "ps " + std::to_string(service_.task()) + ": accept failed (" +
+                                      ec.message() + "); retrying every 100 ms");
+        }
+        accept_failing_ = true;
+        retry_accept_.expires_after(std::chrono::milliseconds(100));
+        retry_accept_.async_wait([this](std::error_code timer) {
+          if (!timer) accept();
+        });
+        return;
+      }
+      accept_failing_ = false;
+      std::error_code ignored;
+      socket.set_option(asio::ip::tcp::no_delay(true), ignored);
+      socket.non_blocking(true, ignored);  // replies are first written without waiting
+      auto connection = std::make_shared<Connection>(*this, std::move(socket));
+      connections_.emplace(connection.get(), connection);
+      receive(connection);
+      accept();
+    });
+  }
+
+  /// Arms one receive into the connection's reader, unless one is armed or it is paused.
+  void receive(const ConnectionPtr& c) {
+    if (c->receiving || c->closed || c->paused()) return;
+    c->receiving = true;
+    c->receive_buffers.watermark(c->socket, c->reader.payload_left());
+    c->socket.async_read_some(c->receive_buffers.of(c->reader.buffers()),
+                              [this, c](std::error_code ec, std::size_t n) {
+                                c->receiving = false;
+                                if (c->closed) return;
+                                if (ec) return forget(*c);  // the peer left, or the link broke
+                                try {
+                                  c->reader.commit(n);  // may fail to grow a payload buffer
+                                } catch (const wire::Malformed& e) {
+                                  return drop(*c, e.what());
+                                }
+                                process(c);
+                              });
+  }
+
+  /// Handles every complete request received (while not paused), writes the replies they
+  /// produced, and reads on.
+  void process(const ConnectionPtr& c) {
+    c->processing = true;
+    try {
+      // Writing the replies may end a pause (the kernel took them): then handle the
+      // requests still buffered before receiving more.
+      for (bool again = true; again && !c->closed;) {
+        bool paused = false;
+        while (!c->closed && !(paused = c->paused())) {
+          auto frame = c->reader.next([](const wire::Header&, std::span<const char>) {
+            return std::span<const std::span<float>>();  // requests' payloads stay here
+          });
+          if (!frame) break;
+          dispatch(c, *frame);
+        }
+        flush_all();
+        again = paused && !c->paused();
+      }
+    } catch (const wire::Malformed& e) {
+      drop(*c, e.what());
+      flush_all();
+    }
+    c->processing = false;
+    receive(c);
+    maybe_stop();
+  }
+
+  void dispatch(const ConnectionPtr& c, const wire::FrameReader::Frame& frame) {
+    Request request = wire::decode_request(frame.header, frame.meta, frame.payload);
+    // No reply may see the parameters change under it.
+    if (changes_parameters(request)) {
+      for (const ConnectionPtr& viewing : std::exchange(viewing_, {})) detach(*viewing);
+    }
+    ++c->unanswered;
+    // The frame reader checked large payloads finite as they arrived; the service checks
+    // the rest.
+    service_.handle(std::move(request), RequestContext{frame.finite},
+                    [this, weak = std::weak_ptr<Connection>(c),
+                     call = frame.header.call](Response&& response) {
+                      if (auto connection = weak.lock()) {
+                        --connection->unanswered;
+                        try {
+                          queue_reply(connection, response, call);
+                        } catch (const std::exception& e) {  // a Responder never throws
+                          drop(*connection, std::string("cannot queue a reply: ") + e.what());
+                        }
+                        maybe_resume(connection);
+                      }
+                    });
+    if (service_.stopped()) begin_stopping();
+  }
+
+  /// Queues a reply for the write at the end of the batch; its views of the parameters stay
+  /// valid until the next push or initialization (see `detach`).
+  void queue_reply(const ConnectionPtr& c, const Response& response, std::uint64_t call) {
+    if (c->closed) return;
+    c->replies.push_back(wire::encode(response, call));
+    c->unsent.append(c->replies.back());
+    if (!c->replies.back().payload.empty()) {
+      if (!std::exchange(c->views, true)) viewing_.push_back(c);
+    }
+    if (!std::exchange(c->dirty, true)) dirty_.push_back(c);
+  }
+
+  /// Reading was paused and need not be any longer: resume, after the current handler (the
+  /// ps may be in the middle of a request).
+  void maybe_resume(const ConnectionPtr& c) {
+    if (c->receiving || c->processing || c->closed || c->paused() || c->resume_posted) return;
+    c->resume_posted = true;
+    asio::post(io_, [this, c] {
+      c->resume_posted = false;
+      if (!c->closed && !c->processing) process(c);
+    });
+  }
+
+  void flush_all() {
+    for (const ConnectionPtr& c : std::exchange(dirty_, {})) {
+      c->dirty = false;
+      write(c);
+    }
+  }
+
+  /// Writes what the socket takes now, straight from the replies (their headers, metadata
+  /// and the parameters they view), and waits for it to take the rest.
+  void write(const ConnectionPtr& c) {
+    if (c->closed || c->write_waiting) return;
+    std::error_code ec;
+    if (!c->unsent.write_now(c->socket, ec)) return forget(*c);  // the peer is gone
+    if (c->unsent.empty()) {
+      c->unsent.clear();
+      c->replies.clear();
+      stop_viewing(*c);
+      return maybe_resume(c);  // a pause for unsent bytes may have ended just now
+    }
+    c->write_waiting = true;
+    c->socket.async_wait(asio::socket_base::wait_write, [this, c](std::error_code wait) {
+      c->write_waiting = false;
+      if (c->closed) return;
+      if (wait) return forget(*c);
+      write(c);
+      maybe_resume(c);
+      maybe_stop();
+    });
+  }
+
+  /// The parameters are about to change: what is unsent of `c`'s replies stops viewing
+  /// them. The kernel takes what it can first; the rest is copied.
+  void detach(Connection& c) {
+    if (c.closed || !std::exchange(c.views, false)) return;
+    std::error_code ec;
+    if (!c.write_waiting && !c.unsent.write_now(c.socket, ec)) return forget(c);
+    const auto n = static_cast<std::size_t>(c.unsent.bytes());
+    if (c.spare_size < n) {  // the spare may hold nothing still unsent: the copy does
+      c.spare = std::make_unique_for_overwrite<char[]>(n);
+      c.spare_size = n;
+    }
+    c.unsent.copy_remaining(c.spare.get());
+    std::swap(c.copy, c.spare);
+    std::swap(c.copy_size, c.spare_size);
+    c.unsent.clear();
+    c.replies.clear();
+    c.unsent.append(c.copy.get(), n);
+  }
+
+  /// `c`'s replies no longer view the parameters (all written, or the connection is done).
+  void stop_viewing(Connection& c) {
+    if (std::exchange(c.views, false)) {
+      std::erase_if(viewing_, [&](const ConnectionPtr& v) { return v.get() == &c; });
+    }
+  }
+
+  void drop(Connection& c, const std::string& reason) {
+    std::error_code ignored;
+    const auto peer = c.socket.remote_endpoint(ignored);
+    log(LogLevel::kWarning, "ps " + std::to_string(service_.task()) +
+                                ": closing connection from " + peer.address().to_string() + ":" +
+                                std::to_string(peer.port()) + ": " + reason);
+    forget(c);
+  }
+
+  /// A connection is done: closed, its unsent replies dropped, no longer kept alive here.
+  void forget(Connection& c) {
+    if (std::exchange(c.closed, true)) return;
+    stop_viewing(c);
+    c.unsent.clear();
+    c.replies.clear();
+    std::error_code ignored;
+    c.socket.close(ignored);
+    connections_.erase(&c);
+    maybe_stop();
+  }
+
+  /// The service stopped: go on answering until every client has left, or `linger` passed.
+  void begin_stopping() {
+    if (stopping_) return;
+    stopping_ = true;
+    linger_.expires_after(options_.linger);
+    linger_.async_wait([this](std::error_code ec) {
+      if (!ec) io_.stop();
+    });
+    maybe_stop();
+  }
+
+  void maybe_stop() {
+    if (!stopping_ || !connections_.empty()) return;
+    std::error_code ignored;
+    acceptor_.close(ignored);
+    retry_accept_.cancel();
+    linger_.cancel();
+    io_.stop();
+  }
+
+  S service_;  ///< first: destroyed last, after every connection that may answer for it
+  TcpServerOptions options_;
+  asio::io_context io_{1};
+  asio::ip::tcp::acceptor acceptor_;
+  asio::steady_timer retry_accept_;
+  asio::steady_timer linger_{io_};
+  bool accept_failing_ = false;
+  bool stopping_ = false;
+  std::vector<ConnectionPtr> dirty_;    ///< connections with replies queued in this batch
+  std::vector<ConnectionPtr> viewing_;  ///< connections whose unsent replies view parameters
+  /// Open connections, kept alive here: one whose reading is paused has no handler pending
+  /// that would hold it, while requests it made wait in the ps. Destroyed before io_.
+  std::map<Connection*, ConnectionPtr> connections_;
+};
+
+}  // namespace pulley
+// ---- end pulley/transport/tcp_server.hpp ----
+// ---- end pulley/transport/tcp.hpp ----
