@@ -8,7 +8,7 @@ packages=(
   g++ cmake ninja-build python3
   zlib1g-dev libasio-dev libcereal-dev
   libxtensor-dev libxtensor-blas-dev libopenblas-dev liblapack-dev
-  nlohmann-json3-dev doctest-dev dataset-fashion-mnist
+  nlohmann-json3-dev libcli11-dev doctest-dev dataset-fashion-mnist
 )
 
 if ! command -v dpkg-query >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1; then

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 //
-// pulley 0.1.0 - single-header edition: the core: standard library only.
+// pulley 0.2.0 - single-header edition: the core: standard library only.
 //
 // GENERATED FILE - DO NOT EDIT. It is include/pulley/pulley.hpp with every
 // pulley header inlined, produced by scripts/amalgamate.py; edit the headers

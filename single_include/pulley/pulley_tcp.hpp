@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 //
-// pulley 0.1.0 - single-header edition: the core and the TCP transport: needs standalone Asio and cereal.
+// pulley 0.2.0 - single-header edition: the core and the TCP transport: needs standalone Asio and cereal.
 //
 // GENERATED FILE - DO NOT EDIT. It is include/pulley/pulley.hpp and include/pulley/transport/tcp.hpp with every
 // pulley header inlined, produced by scripts/amalgamate.py; edit the headers

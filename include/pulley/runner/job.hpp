@@ -1,0 +1,109 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "pulley/cluster/cluster_spec.hpp"
+#include "pulley/cluster/slurm.hpp"
+#include "pulley/cluster/tf_config.hpp"
+#include "pulley/error.hpp"
+
+namespace pulley {
+
+/// Where this process stands in a job: one task of a cluster of processes talking TCP, or
+/// every task of the job in this one process (threads on the in-process transport).
+struct Job {
+  /// This task and the cluster's addresses; nullopt: every task runs in this process.
+  std::optional<TfConfig> cluster;
+  std::uint32_t local_ps = 1;       ///< ps tasks when in-process
+  std::uint32_t local_workers = 2;  ///< workers when in-process
+
+  /// True when every task runs in this process.
+  [[nodiscard]] bool in_process() const noexcept { return !cluster.has_value(); }
+  /// Number of ps tasks in the job.
+  [[nodiscard]] std::uint32_t num_ps() const {
+    return cluster ? static_cast<std::uint32_t>(cluster->cluster.tasks("ps").size()) : local_ps;
+  }
+  /// Number of workers in the job.
+  [[nodiscard]] std::uint32_t num_workers() const {
+    return cluster ? static_cast<std::uint32_t>(cluster->cluster.tasks("worker").size())
+                   : local_workers;
+  }
+  /// "worker:1", or "in-process" when every task runs here.
+  [[nodiscard]] std::string name() const {
+    return cluster ? cluster->task.type + ":" + std::to_string(cluster->task.index)
+                   : std::string("in-process");
+  }
+};
+
+/// How a job is described on the command line (see runner/flags.hpp for the flags). The
+/// first that applies wins: `slurm_jobs` (under srun), `job` with the host lists, the
+/// TF_CONFIG environment variable, and otherwise every task in this process.
+struct JobFlags {
+  std::string job;                        ///< this task's job: ps, worker, chief, evaluator
+  std::uint32_t task = 0;                 ///< this task's index in its job
+  std::vector<std::string> ps_hosts;      ///< "host:port" of every ps task
+  std::vector<std::string> worker_hosts;  ///< "host:port" of every worker
+  std::string chief_host;                 ///< "host:port" of the chief, if it has its own task
+  std::string slurm_jobs;                 ///< e.g. "ps:1,worker:2,chief:1": the step's ranks
+  std::uint32_t slurm_port_base = kSlurmPortBase;  ///< the first task on a node listens here
+  std::uint32_t ps = 1;                   ///< ps tasks when in-process
+  std::uint32_t workers = 2;              ///< workers when in-process
+};
+
+/// The job `flags` describe (see JobFlags for the order). Throws kInvalidArgument naming the
+/// problem: a malformed or inconsistent cluster, a task out of range, --slurm-jobs outside a
+/// Slurm step, a cluster without workers, a task type the runner has no role for.
+inline Job resolve_job(const JobFlags& flags) {
+  Job job;
+  job.local_ps = flags.ps;
+  job.local_workers = flags.workers;
+  if (flags.ps == 0 || flags.workers == 0) {
+    throw Error(ErrorCode::kInvalidArgument, "a job needs at least one ps task and one worker");
+  }
+  if (!flags.slurm_jobs.empty()) {
+    if (!flags.job.empty()) {
+      throw Error(ErrorCode::kInvalidArgument, "--slurm-jobs and --job exclude each other");
+    }
+    job.cluster = slurm_config_from_environment(parse_slurm_jobs(flags.slurm_jobs),
+                                                flags.slurm_port_base);
+    if (!job.cluster) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "--slurm-jobs needs a Slurm step (SLURM_PROCID is unset): run it under srun");
+    }
+  } else if (!flags.job.empty()) {
+    // The same document TF_CONFIG would hold, so that flags are checked by the same rules.
+    nlohmann::json cluster = nlohmann::json::object();
+    cluster["ps"] = flags.ps_hosts;
+    cluster["worker"] = flags.worker_hosts;
+    if (!flags.chief_host.empty()) cluster["chief"] = std::vector<std::string>{flags.chief_host};
+    const nlohmann::json doc = {{"cluster", cluster},
+                                {"task", {{"type", flags.job}, {"index", flags.task}}}};
+    try {
+      job.cluster = parse_tf_config(doc.dump());
+    } catch (const Error& e) {
+      std::string message = e.message();
+      if (message.starts_with("TF_CONFIG: ")) message.erase(0, 11);
+      throw Error(ErrorCode::kInvalidArgument, "cluster flags: " + message);
+    }
+  } else {
+    job.cluster = tf_config_from_environment();
+  }
+  if (job.cluster) {
+    const std::string& type = job.cluster->task.type;
+    if (type != "ps" && type != "worker" && type != "chief" && type != "evaluator") {
+      throw Error(ErrorCode::kInvalidArgument, "no role for a task of type '" + type + "'");
+    }
+    if (job.cluster->cluster.tasks("worker").empty()) {
+      throw Error(ErrorCode::kInvalidArgument, "the cluster has no \"worker\" job");
+    }
+  }
+  return job;
+}
+
+}  // namespace pulley

@@ -1,0 +1,335 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "pulley/address.hpp"
+#include "pulley/call_group.hpp"
+#include "pulley/chief.hpp"
+#include "pulley/concepts/model.hpp"
+#include "pulley/concepts/optimizer.hpp"
+#include "pulley/concepts/sharding.hpp"
+#include "pulley/concepts/sync_policy.hpp"
+#include "pulley/evaluator.hpp"
+#include "pulley/log.hpp"
+#include "pulley/parameter_server.hpp"
+#include "pulley/runner/job.hpp"
+#include "pulley/transport/in_process.hpp"
+#include "pulley/transport/tcp.hpp"
+#include "pulley/worker.hpp"
+
+namespace pulley {
+
+/// What the chief (or the evaluator) knows at an evaluation.
+struct Evaluation {
+  Node::Job role = Node::Job::kChief;  ///< who evaluates: kChief or kEvaluator
+  std::int64_t step = 0;               ///< the global step of the parameters (Snapshot::step)
+  bool consistent = true;              ///< every ps was read at that step (Snapshot::consistent)
+  bool last = false;                   ///< the chief's evaluation after the last step
+  double seconds = 0.0;                ///< since the chief initialized the variables (chief)
+  double samples_per_s = 0.0;          ///< step × samples_per_step / seconds (chief)
+  std::vector<Stats> stats;            ///< every ps's counters (the chief's last evaluation)
+};
+
+/// A training job as the role runner needs it: everything but where its tasks run.
+template <Model M>
+struct Training {
+  /// Makes a fresh model. Every task makes its own; their variables must be the same.
+  std::function<M()> model;
+  /// Worker `worker`'s batches out of `num_workers`: a function that gives the next batch
+  /// each time it is called (the batch may view storage the function owns until the next
+  /// call).
+  std::function<std::function<typename M::Batch()>(std::uint32_t worker, std::uint32_t num_workers)>
+      data;
+  /// Training ends when the global step reaches it.
+  std::int64_t last_step = 0;
+  /// Global steps between evaluations; 0 evaluates at the end only.
+  std::int64_t evaluate_every = 0;
+  /// Called by the chief (and an evaluator task) with `model` holding the parameters of one
+  /// global step; optional (without it the chief logs its progress).
+  std::function<void(M& model, const Evaluation& evaluation)> evaluate;
+  /// Examples per global step, for samples/s (batch × batches aggregated into a step).
+  std::int64_t samples_per_step = 0;
+  /// The chief initializes the variables from it.
+  std::uint64_t seed = 1;
+  ClientOptions client;     ///< every client's deadlines
+  TcpOptions tcp;           ///< how clients connect, in a cluster of processes
+  TcpServerOptions server;  ///< how a ps serves, in a cluster of processes
+};
+
+namespace runner_detail {
+
+using Clock = std::chrono::steady_clock;
+
+/// The global steps at which the chief and the evaluator evaluate: every `evaluate_every`,
+/// and the last step.
+inline std::vector<std::int64_t> evaluation_steps(std::int64_t every, std::int64_t last) {
+  std::vector<std::int64_t> steps;
+  if (every > 0) {
+    for (std::int64_t s = every; s < last; s += every) steps.push_back(s);
+  }
+  steps.push_back(last);
+  return steps;
+}
+
+template <Model M>
+void load(M& model, const Snapshot& shot) {
+  for (std::size_t v = 0; v < shot.values.size(); ++v) {
+    const auto into = model.parameter(v);
+    std::copy(shot.values[v].begin(), shot.values[v].end(), into.begin());
+  }
+}
+
+/// A worker: steps until training is over.
+template <Model M, Transport T>
+void work(const Training<M>& training, std::uint32_t index, std::uint32_t num_workers,
+          T transport) {
+  Worker worker(index, training.model(), std::move(transport), training.client);
+  worker.wait_ready();
+  auto next = training.data(index, num_workers);
+  std::int64_t steps = 0;
+  while (worker.step(next(), training.last_step)) ++steps;
+  log(LogLevel::kInfo, "worker " + std::to_string(index) + ": training finished after " +
+                           std::to_string(steps) + " steps here (last global step seen: " +
+                           std::to_string(worker.global_step()) + ")");
+}
+
+/// The chief: initializes, evaluates along the way, and ends training (or aborts it, with
+/// the reason, when anything fails).
+template <Model M, Transport T>
+void lead(const Training<M>& training, T transport) {
+  Chief chief(std::move(transport), training.seed, training.client);
+  try {
+    M model = training.model();
+    chief.initialize(model.variables());
+    const auto start = Clock::now();
+    const auto steps = evaluation_steps(training.evaluate_every, training.last_step);
+    for (const std::int64_t step : steps) {
+      const Snapshot shot = chief.snapshot(step);
+      Evaluation evaluation;
+      evaluation.step = shot.step;
+      evaluation.consistent = shot.consistent;
+      evaluation.last = step == steps.back();
+      evaluation.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+      evaluation.samples_per_s = static_cast<double>(shot.step * training.samples_per_step) /
+                                 std::max(evaluation.seconds, 1e-9);
+      if (evaluation.last) evaluation.stats = chief.stats();
+      if (training.evaluate) {
+        load(model, shot);
+        training.evaluate(model, evaluation);
+      } else {
+        log(LogLevel::kInfo, "chief: global step " + std::to_string(shot.step) + " of " +
+                                 std::to_string(training.last_step) + ", " +
+                                 std::to_string(static_cast<long long>(evaluation.samples_per_s)) +
+                                 " samples/s");
+      }
+    }
+    chief.shutdown();
+    log(LogLevel::kInfo, "chief: training finished at global step " +
+                             std::to_string(training.last_step) + "; the ps tasks are shut down");
+  } catch (const std::exception& e) {
+    try {
+      chief.abort(e.what());
+    } catch (const std::exception&) {  // the ps tasks may be what failed
+    }
+    throw;
+  }
+}
+
+/// An evaluator task: evaluates at the chief's steps until training is over.
+template <Model M, Transport T>
+void follow(const Training<M>& training, T transport) {
+  Evaluator evaluator(std::move(transport), training.client);
+  M model = training.model();
+  try {
+    evaluator.wait_ready(model.variables());
+    for (const std::int64_t step : evaluation_steps(training.evaluate_every, training.last_step)) {
+      const Snapshot shot = evaluator.snapshot(step);
+      Evaluation evaluation;
+      evaluation.role = Node::Job::kEvaluator;
+      evaluation.step = shot.step;
+      evaluation.consistent = shot.consistent;
+      load(model, shot);
+      if (training.evaluate) training.evaluate(model, evaluation);
+    }
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kOutOfRange) throw;  // the chief ended training first
+  }
+  log(LogLevel::kInfo, "evaluator: training finished");
+}
+
+/// A ps task of a cluster of processes, until the chief shuts it down.
+template <Model M, Sharding S, Optimizer O, SyncPolicy P>
+void serve(const Training<M>& training, const TfConfig& config, S sharding, O optimizer, P sync) {
+  const auto& hosts = config.cluster.tasks("ps");
+  const std::uint32_t task = config.task.index;
+  const Address address = parse_address(hosts.at(task));
+  // A loopback cluster stays on loopback; otherwise listen on every interface, as
+  // TensorFlow's servers do (under Kubernetes a task's name may be a service address).
+  const bool loopback =
+      address.host == "localhost" || address.host.starts_with("127.") || address.host == "::1";
+  const std::string bind =
+      loopback ? address.host : (address.host.find(':') != std::string::npos ? "::" : "0.0.0.0");
+  TcpServer server(ParameterServer<S, O, P>(task, static_cast<std::uint32_t>(hosts.size()),
+                                            std::move(optimizer), std::move(sync),
+                                            std::move(sharding)),
+                   bind, address.port, training.server);
+  log(LogLevel::kInfo, "ps " + std::to_string(task) + " serving on " + address.to_string() +
+                           " (listening on " + bind + ":" + std::to_string(server.port()) + ")");
+  server.run();
+  const std::optional<ErrorReply>& end = server.service().ended();
+  if (!end) throw Error(ErrorCode::kInternal, "ps " + std::to_string(task) + " stopped serving");
+  if (end->code != ErrorCode::kOutOfRange) throw Error(end->code, end->message);
+  log(LogLevel::kInfo, end->message);
+}
+
+/// The first failure of an in-process job, which ends it.
+class Failure {
+ public:
+  /// Records `what` of `who` unless a failure came first; true if this one is the first.
+  bool record(const std::string& who, const char* what) {
+    std::scoped_lock lock(mutex_);
+    if (!first_.empty()) return false;
+    first_ = who + " failed: " + what;
+    return true;
+  }
+  [[nodiscard]] std::string first() const {
+    std::scoped_lock lock(mutex_);
+    return first_;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::string first_;
+};
+
+/// Every task as a thread of this process, on the in-process transport. The first failure
+/// aborts the job (every other task then stops) and is the one reported.
+template <Model M, Sharding S, Optimizer O, SyncPolicy P>
+void run_in_process(const Job& job, const Training<M>& training, S sharding, O optimizer,
+                    P sync) {
+  InProcessNetwork network(job.local_ps);
+  for (std::uint32_t i = 0; i < job.local_ps; ++i) {
+    network.serve(ParameterServer<S, O, P>(i, job.local_ps, optimizer, sync, sharding));
+  }
+  Failure failure;
+  auto fail = [&](const std::string& who, const std::exception& e) {
+    if (!failure.record(who, e.what())) return;  // a consequence of the first failure
+    CallGroup group;  // what the chief would do: every task hears why
+    InProcess endpoint(network, Node::chief());
+    for (std::uint32_t ps = 0; ps < job.local_ps; ++ps) {
+      group.add(endpoint.call(ps, Shutdown{true, failure.first()}));
+    }
+    try {
+      group.wait(std::chrono::seconds(10), "abort training");
+    } catch (const Error&) {  // a ps that already stopped heard the end another way
+    }
+  };
+  std::vector<std::thread> workers;
+  for (std::uint32_t w = 0; w < job.local_workers; ++w) {
+    workers.emplace_back([&, w] {
+      try {
+        work(training, w, job.local_workers, InProcess(network, Node::worker(w)));
+      } catch (const std::exception& e) {
+        fail("worker " + std::to_string(w), e);
+      }
+    });
+  }
+  try {
+    lead(training, InProcess(network, Node::chief()));
+  } catch (const std::exception& e) {
+    fail("chief", e);
+  }
+  for (std::thread& t : workers) t.join();
+  network.join();
+  if (const std::string first = failure.first(); !first.empty()) {
+    throw Error(ErrorCode::kAborted, first);
+  }
+}
+
+/// This process's task of a cluster of processes.
+template <Model M, Sharding S, Optimizer O, SyncPolicy P>
+void run_task(const TfConfig& config, const Training<M>& training, S sharding, O optimizer,
+              P sync) {
+  const std::string& type = config.task.type;
+  const std::vector<std::string>& ps = config.cluster.tasks("ps");
+  const auto num_workers = static_cast<std::uint32_t>(config.cluster.tasks("worker").size());
+  auto transport = [&] { return Tcp(ps, training.tcp); };
+  if (type == "ps") {
+    serve(training, config, std::move(sharding), std::move(optimizer), std::move(sync));
+  } else if (type == "chief") {
+    lead(training, transport());
+  } else if (type == "evaluator") {
+    follow(training, transport());
+  } else if (type == "worker" && config.task.index == 0 && !config.cluster.jobs.contains("chief")) {
+    // No chief task: worker 0 is also the chief (TensorFlow's convention), on a thread.
+    std::exception_ptr chief_failure;
+    std::thread chief([&] {
+      try {
+        lead(training, transport());
+      } catch (...) {
+        chief_failure = std::current_exception();
+      }
+    });
+    try {
+      work(training, 0, num_workers, transport());
+    } catch (...) {
+      chief.join();
+      throw;
+    }
+    chief.join();
+    if (chief_failure) std::rethrow_exception(chief_failure);
+  } else {
+    work(training, config.task.index, num_workers, transport());
+  }
+}
+
+}  // namespace runner_detail
+
+/// Runs this process's part of `job`: a ps task (serving until the chief ends training), a
+/// worker (stepping until training is over), the chief (initializing, evaluating every
+/// `training.evaluate_every` steps, ending training at `training.last_step`) or an
+/// evaluator; or, for an in-process job, all of them as threads. In a cluster without a
+/// chief task, worker 0 is also the chief, as in TensorFlow.
+///
+/// Returns the process's exit status: 0 once training finished, 1 after logging one line
+/// that names the failure (so a launcher such as Slurm's `srun -K` can stop the job). A
+/// failed chief aborts training, and every task then fails naming the chief's reason; a
+/// failed worker or ps fails its own task only (other workers go on, or stall and report
+/// why at their deadline).
+///
+/// @tparam M the Model (made by `training.model`)
+/// @tparam S, O, P the ps's Sharding, Optimizer and SyncPolicy, as in ParameterServer
+template <Model M, Sharding S, Optimizer O, SyncPolicy P>
+int run(const Job& job, const Training<M>& training, S sharding, O optimizer, P sync) {
+  try {
+    if (training.last_step <= 0) {
+      throw Error(ErrorCode::kInvalidArgument, "Training::last_step must be positive");
+    }
+    if (!training.model || !training.data) {
+      throw Error(ErrorCode::kInvalidArgument, "Training needs a model and a data source");
+    }
+    if (job.in_process()) {
+      runner_detail::run_in_process(job, training, std::move(sharding), std::move(optimizer),
+                                    std::move(sync));
+    } else {
+      runner_detail::run_task(*job.cluster, training, std::move(sharding), std::move(optimizer),
+                              std::move(sync));
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    log(LogLevel::kError, job.name() + " failed: " + e.what());
+    return 1;
+  }
+}
+
+}  // namespace pulley

@@ -1,0 +1,266 @@
+// SPDX-License-Identifier: MIT
+// The role runner: a job in one process and as one task per thread over TCP, the end of
+// training said by a message, failures that end in a non-zero status and one line naming
+// the cause, and the job read from flags and TF_CONFIG.
+#include "pulley/runner/run.hpp"
+
+#include <doctest/doctest.h>
+#include <stdlib.h>
+
+#include <asio.hpp>
+#include <atomic>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "pulley/optimizers/sgd.hpp"
+#include "pulley/runner/job.hpp"
+#include "pulley/sharding/round_robin.hpp"
+#include "pulley/sync/bounded_staleness.hpp"
+#include "pulley/sync/sync_replicas.hpp"
+#include "support/linear_model.hpp"
+
+using namespace pulley;
+using pulley::testing::LinearBatch;
+using pulley::testing::LinearData;
+using pulley::testing::LinearModel;
+
+namespace {
+
+/// Captures pulley's log lines while it lives.
+class LogCapture {
+ public:
+  LogCapture()
+      : previous_(set_log_sink([this](LogLevel level, std::string_view line) {
+          std::scoped_lock lock(mutex_);
+          lines_.push_back({level, std::string(line)});
+        })) {}
+  ~LogCapture() { set_log_sink(previous_); }
+  LogCapture(const LogCapture&) = delete;
+  LogCapture& operator=(const LogCapture&) = delete;
+
+  /// The lines of `level` that contain `text`.
+  std::vector<std::string> find(LogLevel level, const std::string& text) {
+    std::scoped_lock lock(mutex_);
+    std::vector<std::string> found;
+    for (const auto& [l, line] : lines_) {
+      if (l == level && line.find(text) != std::string::npos) found.push_back(line);
+    }
+    return found;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::pair<LogLevel, std::string>> lines_;
+  LogSink previous_;
+};
+
+/// A linear-regression job: 60 steps, evaluated every 20.
+struct Recorded {
+  std::mutex mutex;
+  std::vector<Evaluation> evaluations;
+};
+
+Training<LinearModel> linear_training(const LinearData& data, Recorded& recorded) {
+  Training<LinearModel> training;
+  training.model = [] { return LinearModel(3, 2); };
+  training.data = [&data](std::uint32_t, std::uint32_t) {
+    return [&data] { return LinearBatch{data.x, data.y}; };
+  };
+  training.last_step = 60;
+  training.evaluate_every = 20;
+  training.samples_per_step = 4;
+  training.evaluate = [&recorded](LinearModel&, const Evaluation& e) {
+    std::scoped_lock lock(recorded.mutex);
+    recorded.evaluations.push_back(e);
+  };
+  return training;
+}
+
+/// Free TCP ports of 127.0.0.1, held together so that they differ.
+std::vector<std::string> free_addresses(std::size_t n) {
+  asio::io_context io;
+  std::vector<asio::ip::tcp::acceptor> held;
+  std::vector<std::string> addresses;
+  for (std::size_t i = 0; i < n; ++i) {
+    held.emplace_back(io, asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+    addresses.push_back("127.0.0.1:" + std::to_string(held.back().local_endpoint().port()));
+  }
+  return addresses;
+}
+
+Job task_of(const ClusterSpec& cluster, const std::string& type, std::uint32_t index) {
+  Job job;
+  job.cluster = TfConfig{cluster, {type, index}};
+  return job;
+}
+
+}  // namespace
+
+TEST_CASE("an in-process job trains, evaluates at the steps asked, and ends with status 0") {
+  const LinearData data(4, 3, 2, 1);
+  Recorded recorded;
+  Job job;
+  job.local_ps = 2;
+  job.local_workers = 2;
+  const int status = run(job, linear_training(data, recorded), RoundRobin{}, Sgd{0.05F},
+                         SyncReplicas(2, 2));
+  CHECK(status == 0);
+  REQUIRE(recorded.evaluations.size() == 3);
+  CHECK(recorded.evaluations[0].step == 20);
+  CHECK(recorded.evaluations[1].step == 40);
+  CHECK(recorded.evaluations[2].step == 60);
+  for (const Evaluation& e : recorded.evaluations) CHECK(e.consistent);
+  CHECK(recorded.evaluations[2].last);
+  CHECK_FALSE(recorded.evaluations[1].last);
+  REQUIRE(recorded.evaluations[2].stats.size() == 2);
+  CHECK(recorded.evaluations[2].stats[0].global_step == 60);
+}
+
+TEST_CASE("an in-process job whose worker fails ends every task and names the worker") {
+  LogCapture log;
+  const LinearData data(4, 3, 2, 1);
+  Recorded recorded;
+  Training<LinearModel> training = linear_training(data, recorded);
+  training.last_step = 100000;  // it would run for long: the failure must end it
+  training.data = [&data](std::uint32_t worker, std::uint32_t) {
+    return [&data, worker, calls = 0]() mutable {
+      if (worker == 1 && ++calls == 30) throw std::runtime_error("the disk went away");
+      return LinearBatch{data.x, data.y};
+    };
+  };
+  Job job;
+  job.local_workers = 3;
+  const int status =
+      run(job, training, RoundRobin{}, Sgd{0.05F}, SyncReplicas(3, 3));
+  CHECK(status == 1);
+  const auto lines = log.find(LogLevel::kError, "worker 1 failed: the disk went away");
+  CHECK(lines.size() == 1);  // one line: the cause, not its consequences
+}
+
+TEST_CASE("one task per thread over TCP: ps, chief, workers and evaluator all end with 0") {
+  const auto addresses = free_addresses(5);
+  ClusterSpec cluster;
+  cluster.jobs["ps"] = {addresses[0], addresses[1]};
+  cluster.jobs["worker"] = {addresses[2], addresses[3]};
+  cluster.jobs["chief"] = {addresses[4]};
+  const LinearData data(4, 3, 2, 1);
+  Recorded recorded;
+  const Training<LinearModel> training = linear_training(data, recorded);
+  std::vector<std::pair<Job, int>> tasks;
+  for (std::uint32_t i = 0; i < 2; ++i) tasks.emplace_back(task_of(cluster, "ps", i), -1);
+  for (std::uint32_t i = 0; i < 2; ++i) tasks.emplace_back(task_of(cluster, "worker", i), -1);
+  tasks.emplace_back(task_of(cluster, "chief", 0), -1);
+  tasks.emplace_back(task_of(cluster, "evaluator", 0), -1);
+  std::vector<std::thread> threads;
+  for (auto& [job, status] : tasks) {
+    threads.emplace_back([&, &job = job, &status = status] {
+      status = run(job, training, RoundRobin{}, Sgd{0.05F}, BoundedStaleness(1, 2));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& [job, status] : tasks) {
+    INFO(job.name());
+    CHECK(status == 0);
+  }
+  std::size_t chief = 0, evaluator = 0;
+  for (const Evaluation& e : recorded.evaluations) {
+    (e.role == Node::Job::kChief ? chief : evaluator) += 1;
+  }
+  CHECK(chief == 3);
+  CHECK(evaluator <= 3);  // it may hear of the end before its last evaluation
+}
+
+TEST_CASE("over TCP a chief that fails aborts the job, and every task fails naming why") {
+  LogCapture log;
+  const auto addresses = free_addresses(3);
+  ClusterSpec cluster;
+  cluster.jobs["ps"] = {addresses[0]};
+  cluster.jobs["worker"] = {addresses[1]};
+  cluster.jobs["chief"] = {addresses[2]};
+  const LinearData data(4, 3, 2, 1);
+  Recorded recorded;
+  Training<LinearModel> training = linear_training(data, recorded);
+  training.evaluate = [](LinearModel&, const Evaluation&) {
+    throw std::runtime_error("the evaluation set is corrupt");
+  };
+  std::vector<std::pair<Job, int>> tasks{{task_of(cluster, "ps", 0), -1},
+                                         {task_of(cluster, "worker", 0), -1},
+                                         {task_of(cluster, "chief", 0), -1}};
+  std::vector<std::thread> threads;
+  for (auto& [job, status] : tasks) {
+    threads.emplace_back([&, &job = job, &status = status] {
+      status = run(job, training, RoundRobin{}, Sgd{0.05F}, SyncReplicas(1, 1));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& [job, status] : tasks) {
+    INFO(job.name());
+    CHECK(status == 1);
+  }
+  CHECK(log.find(LogLevel::kError, "chief:0 failed: the evaluation set is corrupt").size() == 1);
+  CHECK(log.find(LogLevel::kError, "worker:0 failed: aborted").size() == 1);
+  CHECK(log.find(LogLevel::kError, "ps:0 failed: aborted").size() == 1);
+  CHECK(log.find(LogLevel::kError, "the evaluation set is corrupt").size() == 3);
+}
+
+TEST_CASE("a cluster without a chief task makes worker 0 the chief, as TensorFlow does") {
+  const auto addresses = free_addresses(3);
+  ClusterSpec cluster;
+  cluster.jobs["ps"] = {addresses[0]};
+  cluster.jobs["worker"] = {addresses[1], addresses[2]};
+  const LinearData data(4, 3, 2, 1);
+  Recorded recorded;
+  const Training<LinearModel> training = linear_training(data, recorded);
+  std::vector<std::pair<Job, int>> tasks{{task_of(cluster, "ps", 0), -1},
+                                         {task_of(cluster, "worker", 0), -1},
+                                         {task_of(cluster, "worker", 1), -1}};
+  std::vector<std::thread> threads;
+  for (auto& [job, status] : tasks) {
+    threads.emplace_back([&, &job = job, &status = status] {
+      status = run(job, training, RoundRobin{}, Sgd{0.05F}, SyncReplicas(2, 2));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& [job, status] : tasks) CHECK(status == 0);
+  CHECK(recorded.evaluations.size() == 3);
+}
+
+TEST_CASE("the job comes from --slurm-jobs, then --job, then TF_CONFIG, then in-process") {
+  ::unsetenv("TF_CONFIG");
+  ::unsetenv("SLURM_PROCID");
+  JobFlags flags;
+  flags.ps = 3;
+  flags.workers = 4;
+  Job job = resolve_job(flags);
+  CHECK(job.in_process());
+  CHECK(job.num_ps() == 3);
+  CHECK(job.num_workers() == 4);
+
+  ::setenv("TF_CONFIG",
+           R"({"cluster": {"ps": ["h:1"], "worker": ["h:2", "h:3"]}, "task": {"type": "worker", "index": 1}})",
+           1);
+  job = resolve_job(flags);
+  REQUIRE_FALSE(job.in_process());
+  CHECK(job.name() == "worker:1");
+  CHECK(job.num_workers() == 2);
+
+  flags.job = "ps";
+  flags.ps_hosts = {"a:10"};
+  flags.worker_hosts = {"b:11"};
+  job = resolve_job(flags);  // flags win over TF_CONFIG
+  CHECK(job.name() == "ps:0");
+  CHECK(job.num_workers() == 1);
+
+  flags.worker_hosts = {"a:10"};  // the same address twice
+  CHECK_THROWS_WITH_AS(resolve_job(flags), doctest::Contains("cluster flags: address"), Error);
+  flags.worker_hosts = {};
+  CHECK_THROWS_WITH_AS(resolve_job(flags), doctest::Contains("no \"worker\" job"), Error);
+  flags.slurm_jobs = "ps:1,worker:1";
+  CHECK_THROWS_WITH_AS(resolve_job(flags), doctest::Contains("exclude each other"), Error);
+  flags.job.clear();
+  CHECK_THROWS_WITH_AS(resolve_job(flags), doctest::Contains("needs a Slurm step"), Error);
+  ::unsetenv("TF_CONFIG");
+}
