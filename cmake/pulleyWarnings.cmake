@@ -6,8 +6,7 @@
 include_guard(GLOBAL)
 
 function(pulley_target_warnings target)
-  # -Wconversion is not on yet: enable it here once the code base is clean under it.
-  set(gnu_like -Wall -Wextra -Wpedantic)
+  set(gnu_like -Wall -Wextra -Wpedantic -Wshadow -Wconversion)
   set(msvc /W4 /permissive-)
   if(PULLEY_WARNINGS_AS_ERRORS)
     list(APPEND gnu_like -Werror)
