@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <numeric>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -108,6 +109,10 @@ int train(const pulley::Job& job, const Options& o, const Data& data, Optimizer 
   const std::uint32_t workers = job.num_workers();
   const auto batches_per_worker = static_cast<std::int64_t>(data.train.labels.size() / workers / o.batch);
   const std::int64_t steps_per_epoch = batches_per_worker * workers / batches_per_step;
+  if (steps_per_epoch == 0) {
+    throw std::runtime_error("an epoch has fewer batches than one step aggregates: lower "
+                             "--replicas-to-aggregate or --batch");
+  }
   const pulley::models::MlpBatch test{data.test.images.pixels, data.test.labels};
 
   pulley::Training<pulley::models::Mlp> training;
@@ -174,7 +179,8 @@ int main(int argc, char** argv) {
   app.add_option("--mode", o.mode, "sync (SyncReplicas), async, or ssp (BoundedStaleness)")
       ->check(CLI::IsMember({"sync", "async", "ssp"}));
   app.add_option("--replicas-to-aggregate", o.replicas_to_aggregate,
-                 "sync: gradients per step, R (default: every worker); R < workers adds backups")
+                 "sync: gradients per step, R (default: every worker); R < workers adds backups "
+                 "(an epoch then counts the R*batch examples each step applies)")
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("--staleness", o.staleness, "ssp: clocks a worker may run ahead of the slowest")
       ->check(CLI::Range(0, 1 << 20));

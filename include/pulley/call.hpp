@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -20,32 +21,33 @@ namespace pulley {
 
 class CallControl;
 
-/// Wakes a thread that waits for any of several calls: each answer bumps a count.
+/// Wakes a thread that waits for any of several calls: each answer bumps a count. An answer
+/// nobody waits for yet costs no lock.
 class CallSignal {
  public:
   /// One more answer arrived.
   void notify() {
-    {
-      std::scoped_lock lock(mutex_);
-      ++count_;
+    count_.fetch_add(1);
+    if (waiters_.load() > 0) {
+      std::scoped_lock lock(mutex_);  // a waiter between its check and its sleep holds it
+      changed_.notify_all();
     }
-    changed_.notify_all();
   }
   /// Answers so far.
-  [[nodiscard]] std::uint64_t count() const {
-    std::scoped_lock lock(mutex_);
-    return count_;
-  }
+  [[nodiscard]] std::uint64_t count() const { return count_.load(); }
   /// Waits until `count()` differs from `seen` or `deadline` passes.
   void wait_until(std::uint64_t seen, std::chrono::steady_clock::time_point deadline) {
     std::unique_lock lock(mutex_);
-    changed_.wait_until(lock, deadline, [&] { return count_ != seen; });
+    waiters_.fetch_add(1);
+    changed_.wait_until(lock, deadline, [&] { return count_.load() != seen; });
+    waiters_.fetch_sub(1);
   }
 
  private:
-  mutable std::mutex mutex_;
+  std::mutex mutex_;
   std::condition_variable changed_;
-  std::uint64_t count_ = 0;
+  std::atomic<std::uint64_t> count_{0};
+  std::atomic<int> waiters_{0};
 };
 
 /// The part of a transport that needs the caller's thread. A transport with no thread of its
@@ -71,7 +73,9 @@ class CallDriver {
 ///
 /// Transport side: `answer` once; bracket every use of the request's views or the reply
 /// targets with `begin_use`/`end_use` (or `unless_cancelled`), and begin none after the
-/// caller gave up. Caller side: through PendingCall or CallGroup.
+/// caller gave up. Caller side: through PendingCall or CallGroup. The caller sees the call
+/// `answered` only once it has its answer and no use is under way, so acting on an answer
+/// (freeing buffers) never races a transport thread that still touches them.
 class CallControl {
  public:
   explicit CallControl(CallDriver* driver = nullptr) noexcept : driver_(driver) {}
@@ -91,7 +95,10 @@ class CallControl {
   /// Ends a use begun with `begin_use`.
   void end_use() {
     std::scoped_lock lock(mutex_);
-    if (--users_ == 0) changed_.notify_all();
+    if (--users_ == 0) {
+      changed_.notify_all();
+      settle();
+    }
   }
   /// Runs `f` inside one use unless the caller gave up; true if it ran. Re-entrant.
   template <class F>
@@ -105,21 +112,18 @@ class CallControl {
     return true;
   }
   /// Sets the answer, unless the call has one or its caller gave up; true if this one is it.
-  /// Wakes the caller.
+  /// Wakes the caller once no use is under way.
   bool answer(Response&& response) {
     std::scoped_lock lock(mutex_);
-    if (cancelled_ || answered_) return false;
+    if (cancelled_ || has_answer_) return false;
     response_ = std::move(response);
-    answered_ = true;
-    changed_.notify_all();
-    if (signal_ != nullptr) signal_->notify();
+    has_answer_.store(true, std::memory_order_release);
+    settle();
     return true;
   }
-  /// True once the call has its answer (and stays true after `take`).
-  [[nodiscard]] bool answered() const {
-    std::scoped_lock lock(mutex_);
-    return answered_;
-  }
+  /// True once the call has an answer, whether or not a use is still under way. Takes no
+  /// lock.
+  [[nodiscard]] bool has_answer() const { return has_answer_.load(std::memory_order_acquire); }
   /// The transport is going away: it answered every call it held or ended their uses, and
   /// neither waiting nor cancelling may reach it any more.
   void detach_driver() {
@@ -129,17 +133,21 @@ class CallControl {
 
   // ---- caller side ------------------------------------------------------------------------
 
+  /// True once the call has its answer and no use of its buffers is under way (and stays
+  /// true after `take`). Takes no lock.
+  [[nodiscard]] bool answered() const { return answered_.load(std::memory_order_acquire); }
   /// The transport's driver, or null (then answers come from other threads).
   [[nodiscard]] CallDriver* driver() const {
     std::scoped_lock lock(mutex_);
     return driver_;
   }
-  /// `signal` is notified when the answer arrives (null: nothing is). Notifies it at once if
-  /// the answer is there already.
-  void watch(CallSignal* signal) {
+  /// `signal` is notified when the call turns `answered` (null: nothing is); it is notified
+  /// at once if it is already. Returns the transport's driver, or null.
+  CallDriver* watch(CallSignal* signal) {
     std::scoped_lock lock(mutex_);
     signal_ = signal;
     if (signal_ != nullptr && answered_) signal_->notify();
+    return driver_;
   }
   /// Waits until the call is answered or `deadline` passes; true if it is answered. With a
   /// driver, the waiting thread runs the transport's I/O meanwhile.
@@ -149,10 +157,9 @@ class CallControl {
     if (CallDriver* driver = driver_) {
       lock.unlock();
       driver->run_until([this] { return answered(); }, deadline);
-      lock.lock();
-      return answered_;
+      return answered();
     }
-    return changed_.wait_until(lock, deadline, [&] { return answered_; });
+    return changed_.wait_until(lock, deadline, [&] { return answered_.load(); });
   }
   /// The answer, once the call is answered; only once.
   Response take() {
@@ -161,15 +168,15 @@ class CallControl {
   }
   /// Gives the call up: ends a use under way (the driver's `abort`) and waits until no use is
   /// left; afterwards the transport begins none, so the caller may free the request's
-  /// buffers and the reply targets. An answer that arrives later is dropped.
+  /// buffers and the reply targets. An answer that arrives later is dropped. Every caller
+  /// of `cancel` waits, the second one too.
   void cancel() {
     CallDriver* driver = nullptr;
     {
       std::scoped_lock lock(mutex_);
-      if (cancelled_) return;
-      cancelled_ = true;
       signal_ = nullptr;
-      if (users_ > 0) driver = driver_;
+      if (!cancelled_ && users_ > 0) driver = driver_;
+      cancelled_ = true;
     }
     if (driver != nullptr) driver->abort(*this);
     std::unique_lock lock(mutex_);
@@ -180,13 +187,23 @@ class CallControl {
   ~CallControl() = default;  // owned through the transport's derived per-call state
 
  private:
+  /// The caller may act on the answer once there is one and no use is under way. The caller
+  /// holds `mutex_`.
+  void settle() {
+    if (!has_answer_ || users_ > 0 || answered_) return;
+    answered_.store(true, std::memory_order_release);
+    changed_.notify_all();
+    if (signal_ != nullptr) signal_->notify();
+  }
+
   mutable std::mutex mutex_;
-  std::condition_variable changed_;  ///< an answer arrived, or the last use ended
+  std::condition_variable changed_;  ///< an answer settled, or the last use ended
   std::optional<Response> response_;
   CallDriver* driver_;  ///< for the call's whole life: a use may outlast the answer
   CallSignal* signal_ = nullptr;
   int users_ = 0;
-  bool answered_ = false;
+  std::atomic<bool> has_answer_{false};  ///< set under `mutex_`, read without it
+  std::atomic<bool> answered_{false};    ///< has an answer and no use: set under `mutex_`
   bool cancelled_ = false;
 };
 
@@ -198,6 +215,11 @@ class PendingCall {
   using Clock = std::chrono::steady_clock;
 
   explicit PendingCall(std::shared_ptr<CallControl> control) : control_(std::move(control)) {}
+  PendingCall(PendingCall&&) noexcept = default;
+  PendingCall& operator=(PendingCall&&) noexcept = default;
+  /// One caller per call: a copy could give it up behind its other holder's back.
+  PendingCall(const PendingCall&) = delete;
+  PendingCall& operator=(const PendingCall&) = delete;
 
   /// Waits until the answer is there or `deadline` passes; true if it is there.
   bool wait_until(Clock::time_point deadline) { return control_->wait_until(deadline); }

@@ -40,13 +40,20 @@ class CallGroup {
   /// Adds a call; returns its index. Throws kInvalidArgument for a call of another
   /// transport than the group's first.
   std::size_t add(PendingCall call) {
-    CallDriver* driver = call.control().driver();
-    if (!calls_.empty() && driver != nullptr && driver_ != nullptr && driver != driver_) {
+    calls_.reserve(calls_.size() + 1);  // nothing below throws once the call is watched
+    answers_.reserve(answers_.size() + 1);
+    CallDriver* driver = call.control().watch(&signal_);
+    // A driver runs only its own transport's I/O: it would not see another transport's
+    // answer, nor one from another thread.
+    const bool threaded = driver == nullptr && !call.control().answered();
+    if ((driver != nullptr && driver_ != nullptr && driver != driver_) ||
+        (driver != nullptr && threaded_) || (threaded && driver_ != nullptr)) {
+      call.control().watch(nullptr);
       call.cancel();
       throw Error(ErrorCode::kInvalidArgument, "a CallGroup waits for calls of one transport");
     }
     if (driver != nullptr) driver_ = driver;
-    call.control().watch(&signal_);
+    threaded_ = threaded_ || threaded;
     calls_.push_back(std::move(call));
     answers_.emplace_back();
     return calls_.size() - 1;
@@ -59,16 +66,22 @@ class CallGroup {
   /// kDeadlineExceeded ("<what>: no answer within <timeout> ms") once `timeout` passes; the
   /// calls still unanswered are cancelled before it throws.
   void wait(std::chrono::milliseconds timeout, std::string_view what) {
+    if (wait_for(timeout)) return;
+    cancel();
+    throw Error(ErrorCode::kDeadlineExceeded, std::string(what) + ": no answer within " +
+                                                  std::to_string(timeout.count()) + " ms");
+  }
+
+  /// Waits at most `timeout` for every call to be answered; true if they are. Throws the
+  /// first ErrorReply as an Error (cancelling the rest first); at the timeout the calls
+  /// stay in flight, to be waited for again or cancelled.
+  bool wait_for(std::chrono::milliseconds timeout) {
     const auto deadline = Clock::now() + timeout;
     try {
       for (;;) {
         const std::uint64_t seen = signal_.count();
-        if (collect()) return;
-        const auto now = Clock::now();
-        if (now >= deadline) {
-          throw Error(ErrorCode::kDeadlineExceeded, std::string(what) + ": no answer within " +
-                                                        std::to_string(timeout.count()) + " ms");
-        }
+        if (collect()) return true;
+        if (Clock::now() >= deadline) return false;
         if (driver_ != nullptr) {
           driver_->run_until([&] { return signal_.count() != seen; }, deadline);
         } else {
@@ -84,7 +97,8 @@ class CallGroup {
   /// True when every call is answered, without blocking (a driver handles what arrived);
   /// throws the first error as `wait` does.
   bool ready() {
-    if (driver_ != nullptr) driver_->run_until([] { return true; }, Clock::time_point::min());
+    // A deadline in the past: the driver handles what arrived, and returns.
+    if (driver_ != nullptr) driver_->run_until([] { return false; }, Clock::time_point::min());
     try {
       return collect();
     } catch (...) {
@@ -102,11 +116,13 @@ class CallGroup {
   }
 
   /// Gives every unanswered call up (`PendingCall::cancel`): when it returns, no transport
-  /// touches their buffers any more.
+  /// touches their buffers any more. (An answered call's transport touches them no more
+  /// already: the Transport contract.)
   void cancel() noexcept {
-    for (PendingCall& call : calls_) {
-      call.control().watch(nullptr);
-      call.cancel();
+    for (std::size_t i = 0; i < calls_.size(); ++i) {
+      if (answers_[i]) continue;  // taken: answered, and its signal will not be used again
+      calls_[i].control().watch(nullptr);
+      calls_[i].cancel();
     }
   }
 
@@ -130,7 +146,8 @@ class CallGroup {
   }
 
   CallSignal signal_;
-  CallDriver* driver_ = nullptr;
+  CallDriver* driver_ = nullptr;  ///< the calls' transport runs its I/O on the waiting thread
+  bool threaded_ = false;         ///< a call is answered from another thread
   std::vector<PendingCall> calls_;
   std::vector<std::optional<Response>> answers_;
 };

@@ -20,6 +20,8 @@ namespace pulley {
 template <Transport T>
 class Evaluator {
  public:
+  /// @param transport reaches the ps tasks
+  /// @param options   its calls' deadlines
   explicit Evaluator(T transport, ClientOptions options = {})
       : client_(std::move(transport), options) {}
 

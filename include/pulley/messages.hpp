@@ -33,8 +33,9 @@ namespace pulley {
 // handler in the service (`ParameterServer::on`).
 //
 // Tensors are views, never owned vectors. A view in a request stays valid until its call
-// is answered or cancelled; a view in a reply is valid only while the responder runs, which
-// copies it to the caller's destination (or onto the wire) before it returns.
+// is answered or cancelled. A view in a reply stays valid and unchanged until the service
+// handles a request that `changes_parameters` (see Responder, concepts/service.hpp): a
+// transport copies it to the caller's destination, or writes it onto the wire, before then.
 
 /// Values for one part, addressed by its global index in `Placement::parts`.
 struct PartValues {

@@ -9,6 +9,8 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
+#include <unordered_set>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -120,8 +122,12 @@ class ParameterServer {
   /// Answers through `reply`, which is empty afterwards (answered, or parked elsewhere).
   static void send(Responder& reply, Response&& response) {
     Responder r = std::exchange(reply, nullptr);
-    r(std::move(response));
+    if (r) r(std::move(response));  // empty only after a policy threw half way through
   }
+
+  /// Parks a request's `reply` in `slot`, made beforehand (so that a full container leaves
+  /// the reply with its request, to be answered with the error).
+  static void park(Responder& slot, Responder& reply) noexcept { slot = std::exchange(reply, nullptr); }
 
   void reject(Responder& reply, ErrorCode code, const std::string& message) {
     ++stats_.requests_rejected;
@@ -199,6 +205,7 @@ class ParameterServer {
   }
 
   static std::string check_variables(const std::vector<VariableSpec>& variables) {
+    std::unordered_set<std::string_view> names;
     for (std::size_t i = 0; i < variables.size(); ++i) {
       const VariableSpec& v = variables[i];
       if (v.name.empty()) return "variable " + std::to_string(i) + " has no name";
@@ -206,9 +213,7 @@ class ParameterServer {
       if (v.initializer.kind > Initializer::Kind::kGlorotUniform) {
         return "variable '" + v.name + "' has an unknown initializer";
       }
-      for (std::size_t j = 0; j < i; ++j) {
-        if (variables[j].name == v.name) return "variable name '" + v.name + "' is used twice";
-      }
+      if (!names.insert(v.name).second) return "variable name '" + v.name + "' is used twice";
     }
     return {};
   }
@@ -263,7 +268,7 @@ class ParameterServer {
     if (ready_) {
       send(reply, PlacementReply{variables_, placement_});
     } else {
-      ready_waiters_.push_back(std::exchange(reply, nullptr));
+      park(ready_waiters_.emplace_back(), reply);
     }
   }
 
@@ -281,27 +286,29 @@ class ParameterServer {
       reject(reply, ErrorCode::kFailedPrecondition, "token requested before initialization");
       return;
     }
-    if (std::optional<Token> token = sync_.take_token(pacer_, r.worker)) {
-      send(reply, TokenReply{*token, global_step()});
-    } else {
-      token_waiters_.push_back({r.worker, std::exchange(reply, nullptr)});
-    }
+    TokenWaiter& waiter = token_waiters_.emplace_back(TokenWaiter{r.worker, nullptr});
+    park(waiter.reply, reply);
+    retry_tokens();
   }
 
-  /// Asks the sync policy again for every waiting token request, in arrival order.
+  /// Asks the sync policy again for every waiting token request, in arrival order. A
+  /// refusal (pulley::Error) answers that request; any other throw fails the ps, since the
+  /// policy may have changed its pacer half way.
   void retry_tokens() {
+    const bool changing = std::exchange(changing_, true);
     std::erase_if(token_waiters_, [&](TokenWaiter& w) {
+      std::optional<Token> token;
       try {
-        std::optional<Token> token = sync_.take_token(pacer_, w.worker);
-        if (!token) return false;
-        send(w.reply, TokenReply{*token, global_step()});
+        token = sync_.take_token(pacer_, w.worker);
       } catch (const Error& e) {
         reject(w.reply, e.code(), std::string("TakeToken refused: ") + e.message());
-      } catch (const std::exception& e) {
-        reject(w.reply, ErrorCode::kInternal, std::string("TakeToken refused: ") + e.what());
+        return true;
       }
+      if (!token) return false;
+      send(w.reply, TokenReply{*token, global_step()});
       return true;
     });
+    changing_ = changing;
   }
 
   // ---- Pull -----------------------------------------------------------------------------
@@ -325,7 +332,8 @@ class ParameterServer {
       }
     }
     if (global_step() < r.min_step) {
-      waiting_pulls_.push_back({std::move(r), std::exchange(reply, nullptr)});
+      WaitingPull& waiting = waiting_pulls_.emplace_back(WaitingPull{std::move(r), nullptr});
+      park(waiting.reply, reply);
     } else {
       answer_pull(r, reply);
     }
@@ -369,8 +377,15 @@ class ParameterServer {
       return;
     }
     const std::int64_t step_before = global_step();
-    const Verdict verdict = sync_.on_push(pacer_, r.worker, r.local_step);  // may refuse
-    changing_ = true;
+    changing_ = true;  // the policy's own refusal (pulley::Error) leaves its pacer unchanged
+    Verdict verdict = Verdict::kStale;
+    try {
+      verdict = sync_.on_push(pacer_, r.worker, r.local_step);
+    } catch (const Error& e) {
+      changing_ = false;
+      reject(reply, e.code(), std::string("Push refused: ") + e.message());
+      return;
+    }
     PushReply answer;
     for (const PartValues& pv : r.gradients) {
       Slot& slot = slots_[slot_of_part_[pv.part]];
@@ -392,10 +407,10 @@ class ParameterServer {
         ++stats_.updates_applied;
       }
     }
-    changing_ = false;
     send(reply, answer);
     retry_tokens();
     if (global_step() != step_before) answer_waiting_pulls();
+    changing_ = false;
   }
 
   // ---- GetStats / Shutdown --------------------------------------------------------------

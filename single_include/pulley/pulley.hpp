@@ -211,6 +211,7 @@ inline Address parse_address(std::string_view text) {
 // ---- end pulley/address.hpp ----
 // ---- begin pulley/call.hpp ----
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -294,14 +295,16 @@ struct Token {
 /// Semantic contract:
 ///   - the ps calls `on_push` once per push message, after checking it and before touching
 ///     any part: kStale drops every part gradient of the message, kPending accumulates them,
-///     kReady accumulates them and then takes and applies every part's update. So every
-///     part sees the same verdicts and the parts of a variable never drift apart;
+///     kReady accumulates them and then takes and applies every part's update. So the parts
+///     one ps holds all see the same verdicts and never drift apart. (Parts on different ps
+///     tasks are paced by each ps's own pacer, as TensorFlow's accumulators are: with
+///     backup workers, two ps may average the gradients of different workers for one step.)
 ///   - `take` returns the mean of the gradients accumulated since the last `take` (or the
 ///     one gradient); the span stays valid until the next `accumulate` and may alias the
 ///     last gradient passed in; `accumulate` may keep a view of its gradient until then;
 ///   - `global_step` never decreases. A Pull with `min_step` waits until it reaches
 ///     `min_step`, and is answered the moment it does (before the ps handles anything
-///     else), so values read at a step are exactly that step's;
+///     else), so the values it reads are this ps's at that step;
 ///   - `take_token` is asked for every TakeToken (sent to ps 0 only); a request it answers
 ///     nullopt waits, and is asked again, in arrival order, after every push the ps handles;
 ///   - `on_push` and `take_token` may refuse a request by throwing `pulley::Error` (e.g. a
@@ -520,8 +523,9 @@ namespace pulley {
 // handler in the service (`ParameterServer::on`).
 //
 // Tensors are views, never owned vectors. A view in a request stays valid until its call
-// is answered or cancelled; a view in a reply is valid only while the responder runs, which
-// copies it to the caller's destination (or onto the wire) before it returns.
+// is answered or cancelled. A view in a reply stays valid and unchanged until the service
+// handles a request that `changes_parameters` (see Responder, concepts/service.hpp): a
+// transport copies it to the caller's destination, or writes it onto the wire, before then.
 
 /// Values for one part, addressed by its global index in `Placement::parts`.
 struct PartValues {
@@ -843,32 +847,33 @@ namespace pulley {
 
 class CallControl;
 
-/// Wakes a thread that waits for any of several calls: each answer bumps a count.
+/// Wakes a thread that waits for any of several calls: each answer bumps a count. An answer
+/// nobody waits for yet costs no lock.
 class CallSignal {
  public:
   /// One more answer arrived.
   void notify() {
-    {
-      std::scoped_lock lock(mutex_);
-      ++count_;
+    count_.fetch_add(1);
+    if (waiters_.load() > 0) {
+      std::scoped_lock lock(mutex_);  // a waiter between its check and its sleep holds it
+      changed_.notify_all();
     }
-    changed_.notify_all();
   }
   /// Answers so far.
-  [[nodiscard]] std::uint64_t count() const {
-    std::scoped_lock lock(mutex_);
-    return count_;
-  }
+  [[nodiscard]] std::uint64_t count() const { return count_.load(); }
   /// Waits until `count()` differs from `seen` or `deadline` passes.
   void wait_until(std::uint64_t seen, std::chrono::steady_clock::time_point deadline) {
     std::unique_lock lock(mutex_);
-    changed_.wait_until(lock, deadline, [&] { return count_ != seen; });
+    waiters_.fetch_add(1);
+    changed_.wait_until(lock, deadline, [&] { return count_.load() != seen; });
+    waiters_.fetch_sub(1);
   }
 
  private:
-  mutable std::mutex mutex_;
+  std::mutex mutex_;
   std::condition_variable changed_;
-  std::uint64_t count_ = 0;
+  std::atomic<std::uint64_t> count_{0};
+  std::atomic<int> waiters_{0};
 };
 
 /// The part of a transport that needs the caller's thread. A transport with no thread of its
@@ -894,7 +899,9 @@ class CallDriver {
 ///
 /// Transport side: `answer` once; bracket every use of the request's views or the reply
 /// targets with `begin_use`/`end_use` (or `unless_cancelled`), and begin none after the
-/// caller gave up. Caller side: through PendingCall or CallGroup.
+/// caller gave up. Caller side: through PendingCall or CallGroup. The caller sees the call
+/// `answered` only once it has its answer and no use is under way, so acting on an answer
+/// (freeing buffers) never races a transport thread that still touches them.
 class CallControl {
  public:
   explicit CallControl(CallDriver* driver = nullptr) noexcept : driver_(driver) {}
@@ -914,7 +921,10 @@ class CallControl {
   /// Ends a use begun with `begin_use`.
   void end_use() {
     std::scoped_lock lock(mutex_);
-    if (--users_ == 0) changed_.notify_all();
+    if (--users_ == 0) {
+      changed_.notify_all();
+      settle();
+    }
   }
   /// Runs `f` inside one use unless the caller gave up; true if it ran. Re-entrant.
   template <class F>
@@ -928,21 +938,18 @@ class CallControl {
     return true;
   }
   /// Sets the answer, unless the call has one or its caller gave up; true if this one is it.
-  /// Wakes the caller.
+  /// Wakes the caller once no use is under way.
   bool answer(Response&& response) {
     std::scoped_lock lock(mutex_);
-    if (cancelled_ || answered_) return false;
+    if (cancelled_ || has_answer_) return false;
     response_ = std::move(response);
-    answered_ = true;
-    changed_.notify_all();
-    if (signal_ != nullptr) signal_->notify();
+    has_answer_.store(true, std::memory_order_release);
+    settle();
     return true;
   }
-  /// True once the call has its answer (and stays true after `take`).
-  [[nodiscard]] bool answered() const {
-    std::scoped_lock lock(mutex_);
-    return answered_;
-  }
+  /// True once the call has an answer, whether or not a use is still under way. Takes no
+  /// lock.
+  [[nodiscard]] bool has_answer() const { return has_answer_.load(std::memory_order_acquire); }
   /// The transport is going away: it answered every call it held or ended their uses, and
   /// neither waiting nor cancelling may reach it any more.
   void detach_driver() {
@@ -952,17 +959,21 @@ class CallControl {
 
   // ---- caller side ------------------------------------------------------------------------
 
+  /// True once the call has its answer and no use of its buffers is under way (and stays
+  /// true after `take`). Takes no lock.
+  [[nodiscard]] bool answered() const { return answered_.load(std::memory_order_acquire); }
   /// The transport's driver, or null (then answers come from other threads).
   [[nodiscard]] CallDriver* driver() const {
     std::scoped_lock lock(mutex_);
     return driver_;
   }
-  /// `signal` is notified when the answer arrives (null: nothing is). Notifies it at once if
-  /// the answer is there already.
-  void watch(CallSignal* signal) {
+  /// `signal` is notified when the call turns `answered` (null: nothing is); it is notified
+  /// at once if it is already. Returns the transport's driver, or null.
+  CallDriver* watch(CallSignal* signal) {
     std::scoped_lock lock(mutex_);
     signal_ = signal;
     if (signal_ != nullptr && answered_) signal_->notify();
+    return driver_;
   }
   /// Waits until the call is answered or `deadline` passes; true if it is answered. With a
   /// driver, the waiting thread runs the transport's I/O meanwhile.
@@ -972,10 +983,9 @@ class CallControl {
     if (CallDriver* driver = driver_) {
       lock.unlock();
       driver->run_until([this] { return answered(); }, deadline);
-      lock.lock();
-      return answered_;
+      return answered();
     }
-    return changed_.wait_until(lock, deadline, [&] { return answered_; });
+    return changed_.wait_until(lock, deadline, [&] { return answered_.load(); });
   }
   /// The answer, once the call is answered; only once.
   Response take() {
@@ -984,15 +994,15 @@ class CallControl {
   }
   /// Gives the call up: ends a use under way (the driver's `abort`) and waits until no use is
   /// left; afterwards the transport begins none, so the caller may free the request's
-  /// buffers and the reply targets. An answer that arrives later is dropped.
+  /// buffers and the reply targets. An answer that arrives later is dropped. Every caller
+  /// of `cancel` waits, the second one too.
   void cancel() {
     CallDriver* driver = nullptr;
     {
       std::scoped_lock lock(mutex_);
-      if (cancelled_) return;
-      cancelled_ = true;
       signal_ = nullptr;
-      if (users_ > 0) driver = driver_;
+      if (!cancelled_ && users_ > 0) driver = driver_;
+      cancelled_ = true;
     }
     if (driver != nullptr) driver->abort(*this);
     std::unique_lock lock(mutex_);
@@ -1003,13 +1013,23 @@ class CallControl {
   ~CallControl() = default;  // owned through the transport's derived per-call state
 
  private:
+  /// The caller may act on the answer once there is one and no use is under way. The caller
+  /// holds `mutex_`.
+  void settle() {
+    if (!has_answer_ || users_ > 0 || answered_) return;
+    answered_.store(true, std::memory_order_release);
+    changed_.notify_all();
+    if (signal_ != nullptr) signal_->notify();
+  }
+
   mutable std::mutex mutex_;
-  std::condition_variable changed_;  ///< an answer arrived, or the last use ended
+  std::condition_variable changed_;  ///< an answer settled, or the last use ended
   std::optional<Response> response_;
   CallDriver* driver_;  ///< for the call's whole life: a use may outlast the answer
   CallSignal* signal_ = nullptr;
   int users_ = 0;
-  bool answered_ = false;
+  std::atomic<bool> has_answer_{false};  ///< set under `mutex_`, read without it
+  std::atomic<bool> answered_{false};    ///< has an answer and no use: set under `mutex_`
   bool cancelled_ = false;
 };
 
@@ -1021,6 +1041,11 @@ class PendingCall {
   using Clock = std::chrono::steady_clock;
 
   explicit PendingCall(std::shared_ptr<CallControl> control) : control_(std::move(control)) {}
+  PendingCall(PendingCall&&) noexcept = default;
+  PendingCall& operator=(PendingCall&&) noexcept = default;
+  /// One caller per call: a copy could give it up behind its other holder's back.
+  PendingCall(const PendingCall&) = delete;
+  PendingCall& operator=(const PendingCall&) = delete;
 
   /// Waits until the answer is there or `deadline` passes; true if it is there.
   bool wait_until(Clock::time_point deadline) { return control_->wait_until(deadline); }
@@ -1088,13 +1113,20 @@ class CallGroup {
   /// Adds a call; returns its index. Throws kInvalidArgument for a call of another
   /// transport than the group's first.
   std::size_t add(PendingCall call) {
-    CallDriver* driver = call.control().driver();
-    if (!calls_.empty() && driver != nullptr && driver_ != nullptr && driver != driver_) {
+    calls_.reserve(calls_.size() + 1);  // nothing below throws once the call is watched
+    answers_.reserve(answers_.size() + 1);
+    CallDriver* driver = call.control().watch(&signal_);
+    // A driver runs only its own transport's I/O: it would not see another transport's
+    // answer, nor one from another thread.
+    const bool threaded = driver == nullptr && !call.control().answered();
+    if ((driver != nullptr && driver_ != nullptr && driver != driver_) ||
+        (driver != nullptr && threaded_) || (threaded && driver_ != nullptr)) {
+      call.control().watch(nullptr);
       call.cancel();
       throw Error(ErrorCode::kInvalidArgument, "a CallGroup waits for calls of one transport");
     }
     if (driver != nullptr) driver_ = driver;
-    call.control().watch(&signal_);
+    threaded_ = threaded_ || threaded;
     calls_.push_back(std::move(call));
     answers_.emplace_back();
     return calls_.size() - 1;
@@ -1107,16 +1139,22 @@ class CallGroup {
   /// kDeadlineExceeded ("<what>: no answer within <timeout> ms") once `timeout` passes; the
   /// calls still unanswered are cancelled before it throws.
   void wait(std::chrono::milliseconds timeout, std::string_view what) {
+    if (wait_for(timeout)) return;
+    cancel();
+    throw Error(ErrorCode::kDeadlineExceeded, std::string(what) + ": no answer within " +
+                                                  std::to_string(timeout.count()) + " ms");
+  }
+
+  /// Waits at most `timeout` for every call to be answered; true if they are. Throws the
+  /// first ErrorReply as an Error (cancelling the rest first); at the timeout the calls
+  /// stay in flight, to be waited for again or cancelled.
+  bool wait_for(std::chrono::milliseconds timeout) {
     const auto deadline = Clock::now() + timeout;
     try {
       for (;;) {
         const std::uint64_t seen = signal_.count();
-        if (collect()) return;
-        const auto now = Clock::now();
-        if (now >= deadline) {
-          throw Error(ErrorCode::kDeadlineExceeded, std::string(what) + ": no answer within " +
-                                                        std::to_string(timeout.count()) + " ms");
-        }
+        if (collect()) return true;
+        if (Clock::now() >= deadline) return false;
         if (driver_ != nullptr) {
           driver_->run_until([&] { return signal_.count() != seen; }, deadline);
         } else {
@@ -1132,7 +1170,8 @@ class CallGroup {
   /// True when every call is answered, without blocking (a driver handles what arrived);
   /// throws the first error as `wait` does.
   bool ready() {
-    if (driver_ != nullptr) driver_->run_until([] { return true; }, Clock::time_point::min());
+    // A deadline in the past: the driver handles what arrived, and returns.
+    if (driver_ != nullptr) driver_->run_until([] { return false; }, Clock::time_point::min());
     try {
       return collect();
     } catch (...) {
@@ -1150,11 +1189,13 @@ class CallGroup {
   }
 
   /// Gives every unanswered call up (`PendingCall::cancel`): when it returns, no transport
-  /// touches their buffers any more.
+  /// touches their buffers any more. (An answered call's transport touches them no more
+  /// already: the Transport contract.)
   void cancel() noexcept {
-    for (PendingCall& call : calls_) {
-      call.control().watch(nullptr);
-      call.cancel();
+    for (std::size_t i = 0; i < calls_.size(); ++i) {
+      if (answers_[i]) continue;  // taken: answered, and its signal will not be used again
+      calls_[i].control().watch(nullptr);
+      calls_[i].cancel();
     }
   }
 
@@ -1178,7 +1219,8 @@ class CallGroup {
   }
 
   CallSignal signal_;
-  CallDriver* driver_ = nullptr;
+  CallDriver* driver_ = nullptr;  ///< the calls' transport runs its I/O on the waiting thread
+  bool threaded_ = false;         ///< a call is answered from another thread
   std::vector<PendingCall> calls_;
   std::vector<std::optional<Response>> answers_;
 };
@@ -1325,14 +1367,15 @@ struct PullRequest {
   std::span<float> into;
 };
 
-/// The values of every variable at one global step.
+/// The values of every variable, read from every ps task at one global step.
 struct Snapshot {
   /// The global step every ps had completed when it was read (the lowest of them when
   /// `consistent` is false).
   std::int64_t step = 0;
-  /// Every ps was read at the same global step. Always so in sync training once the ps
-  /// tasks are read at a step they all reach; async ps tasks count their own pushes, so
-  /// their steps may never agree while training runs.
+  /// Every ps was read at the same global step. Under SyncReplicas that makes the values
+  /// one step's: `step` updates applied on every ps, nothing after them. Under Async and
+  /// BoundedStaleness a ps's global step counts what that ps has seen, so even equal steps
+  /// may hold different pushes, and while training runs they seldom agree.
   bool consistent = false;
   std::vector<std::vector<float>> values;  ///< one vector per variable, in variable order
 };
@@ -1396,7 +1439,7 @@ class Client {
   TokenReply take_token(std::uint32_t worker) {
     CallGroup group;
     group.add(transport_.call(0, TakeToken{worker}, {}));
-    explained(0, [&] { group.wait(options_.wait_timeout, "take a sync token"); });
+    wait_progressing(group, "take a sync token");
     return group.take_as<TokenReply>(0);
   }
 
@@ -1405,7 +1448,7 @@ class Client {
   /// tasks reported: every value pulled is at least that recent.
   std::int64_t pull(std::span<const PullRequest> requests, std::int64_t min_step) {
     CallGroup group;
-    send_pulls(group, requests, min_step);
+    send(group, split_pulls(requests, min_step));
     wait_gated(group, min_step, "pull");
     return lowest_step(group, 0);
   }
@@ -1430,14 +1473,16 @@ class Client {
   /// `push`, then `pull` once each ps has completed `min_step` steps, in one round trip:
   /// both requests go out together, and each ps handles the pull after the push (requests
   /// from one client to one ps keep their order). A refused push ends the wait at once,
-  /// although its pull may be waiting for a step that will not come.
+  /// although its pull may be waiting for a step that will not come. Both are checked
+  /// before either is sent.
   PushPullResult push_pull(std::uint32_t worker, std::int64_t local_step,
                            std::span<const std::span<const float>> gradients,
                            std::span<const PullRequest> requests, std::int64_t min_step) {
+    PullsPerPs pulls = split_pulls(requests, min_step);
     CallGroup group;
     send_pushes(group, worker, local_step, gradients);
     const std::size_t pushes = group.size();
-    send_pulls(group, requests, min_step);
+    send(group, std::move(pulls));
     wait_gated(group, min_step, "push and pull");
     return {stale_parts(group, 0, pushes), lowest_step(group, pushes)};
   }
@@ -1446,24 +1491,29 @@ class Client {
   /// `min_step` steps.
   std::vector<std::vector<float>> read_variables(std::int64_t min_step = 0) {
     std::vector<std::vector<float>> values;
-    read_into(values, min_step);
+    read_into(values, min_step, true);
     return values;
   }
 
-  /// Every variable at one global step of at least `step`, the same on every ps: each ps is
-  /// read once it reaches the target step, and answers at that step's end (pulls waiting
-  /// for a step are answered the moment it completes). A ps read past the target sets the
-  /// next round's target; a few rounds settle it while training runs.
+  /// Every variable at one global step of at least `step`, the same on every ps when the
+  /// ps tasks can agree (see Snapshot): each ps is read once it reaches the target step, and
+  /// answers at that step's end (pulls waiting for a step are answered the moment it
+  /// completes). A ps read past the target sets the next round's target; a few rounds
+  /// settle it while sync training runs. A later round that does not complete at once (the
+  /// ps tasks count pushes that will never agree) leaves the last read as it is.
   Snapshot snapshot(std::int64_t step) {
     constexpr int kRounds = 8;
     Snapshot shot;
-    for (int round = 0; round < kRounds; ++round) {
-      const auto [lowest, highest] = read_into(shot.values, step);
-      shot.step = lowest;
-      shot.consistent = lowest == highest;
-      if (shot.consistent) break;
-      step = highest;
+    auto steps = *read_into(shot.values, step, true);  // (lowest, highest)
+    for (int round = 1; round < kRounds && steps.first != steps.second; ++round) {
+      std::vector<std::vector<float>> again;
+      const auto read = read_into(again, steps.second, false);
+      if (!read) break;
+      steps = *read;
+      shot.values = std::move(again);
     }
+    shot.step = steps.first;
+    shot.consistent = steps.first == steps.second;
     return shot;
   }
 
@@ -1487,44 +1537,73 @@ class Client {
   }
 
  private:
-  /// Waits for `group`, whose calls wait for global step `min_step`; a call that times out
-  /// is explained by what the ps tasks wait for.
+  /// Waits for `group`, whose calls wait for the ps tasks to complete global step
+  /// `min_step` (none when it is 0).
   void wait_gated(CallGroup& group, std::int64_t min_step, std::string_view what) {
     if (min_step <= 0) return group.wait(options_.request_timeout, what);
-    explained(std::nullopt, [&] { group.wait(options_.wait_timeout, what); });
+    wait_progressing(group, what);
   }
 
-  /// Runs `wait`; a kDeadlineExceeded it throws gets what the ps (`ps`, or each) says the
-  /// next step waits for, so a stall names its cause ("worker 2 at clock 5").
-  template <class Wait>
-  void explained(std::optional<std::size_t> ps, Wait wait) {
-    try {
-      wait();
-    } catch (const Error& e) {
-      if (e.code() != ErrorCode::kDeadlineExceeded) throw;
+  /// Waits for `group`, whose calls wait for other tasks, for as long as the ps tasks make
+  /// progress: every so often it asks them their global steps, and gives up
+  /// (kDeadlineExceeded, cancelling the calls) once none has moved for `wait_timeout`. The
+  /// error says what the ps tasks wait for ("worker 2 at clock 5"), so a stall names its
+  /// cause; a long wait for a step far ahead is no stall.
+  void wait_progressing(CallGroup& group, std::string_view what) {
+    using Clock = std::chrono::steady_clock;
+    const auto patience = options_.wait_timeout;
+    const auto look_every = std::min(patience, std::chrono::milliseconds(10000));
+    std::vector<std::int64_t> steps;  // the ps tasks' global steps when last looked at
+    auto still_since = Clock::now();
+    for (;;) {
+      if (group.wait_for(look_every)) return;
       std::string why;
-      try {
-        CallGroup group;
-        for (std::size_t p = 0; p < num_ps(); ++p) {
-          if (!ps || *ps == p) group.add(transport_.call(p, GetStats{}, {}));
-        }
-        group.wait(std::min(options_.request_timeout, std::chrono::milliseconds(5000)),
-                   "ask the ps tasks what they wait for");
-        for (std::size_t i = 0; i < group.size(); ++i) {
-          const StatsReply reply = group.take_as<StatsReply>(i);
-          why += "; ps " + std::to_string(ps ? *ps : i) + " is at step " +
-                 std::to_string(reply.stats.global_step) + ", waiting for " + reply.waiting_for;
-        }
-      } catch (const Error&) {  // the explanation is a courtesy: the deadline is the error
+      const std::vector<std::int64_t> now_steps = global_steps(why);
+      const auto now = Clock::now();
+      if (!now_steps.empty()) {
+        if (!steps.empty() && now_steps != steps) still_since = now;
+        steps = now_steps;
       }
-      throw Error(ErrorCode::kDeadlineExceeded, e.message() + why);
+      if (now - still_since >= patience) {
+        group.cancel();
+        throw Error(ErrorCode::kDeadlineExceeded,
+                    std::string(what) + ": no progress for " +
+                        std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                           now - still_since)
+                                           .count()) +
+                        " ms" + why);
+      }
     }
   }
 
-  /// Reads every variable into `values` once every ps has completed `min_step` steps;
-  /// returns the lowest and highest global step the ps tasks were read at.
-  std::pair<std::int64_t, std::int64_t> read_into(std::vector<std::vector<float>>& values,
-                                                  std::int64_t min_step) {
+  /// Every ps's global step, and in `why` what each waits for; empty if a ps does not
+  /// answer in time (the question is a courtesy: the wait is what matters).
+  std::vector<std::int64_t> global_steps(std::string& why) {
+    std::vector<std::int64_t> steps;
+    try {
+      CallGroup group;
+      for (std::size_t ps = 0; ps < num_ps(); ++ps) group.add(transport_.call(ps, GetStats{}, {}));
+      group.wait(std::min(options_.request_timeout, std::chrono::milliseconds(5000)),
+                 "ask the ps tasks what they wait for");
+      for (std::size_t ps = 0; ps < group.size(); ++ps) {
+        const StatsReply reply = group.take_as<StatsReply>(ps);
+        steps.push_back(reply.stats.global_step);
+        why += "; ps " + std::to_string(ps) + " is at step " +
+               std::to_string(reply.stats.global_step) + ", waiting for " + reply.waiting_for;
+      }
+    } catch (const Error& e) {
+      why += std::string("; the ps tasks do not say why (") + e.what() + ")";
+      steps.clear();
+    }
+    return steps;
+  }
+
+  /// Reads every variable into `values` once every ps has completed `min_step` steps, and
+  /// returns the lowest and highest global step the ps tasks were read at. `patient`: as
+  /// long as training makes progress; otherwise only briefly, and nullopt (the values
+  /// half read) if the ps tasks do not answer at once.
+  std::optional<std::pair<std::int64_t, std::int64_t>> read_into(
+      std::vector<std::vector<float>>& values, std::int64_t min_step, bool patient) {
     std::vector<PullRequest> requests;
     values.resize(variables_.size());
     for (std::size_t v = 0; v < variables_.size(); ++v) {
@@ -1532,8 +1611,12 @@ class Client {
       requests.push_back({v, {0, variables_[v].rows()}, values[v]});
     }
     CallGroup group;
-    send_pulls(group, requests, min_step);
-    wait_gated(group, min_step, "read the variables");
+    send(group, split_pulls(requests, min_step));
+    if (patient) {
+      wait_gated(group, min_step, "read the variables");
+    } else if (!group.wait_for(std::min(options_.request_timeout, std::chrono::milliseconds(2000)))) {
+      return std::nullopt;  // the group cancels the reads as it goes
+    }
     std::int64_t lowest = std::numeric_limits<std::int64_t>::max();
     std::int64_t highest = std::numeric_limits<std::int64_t>::min();
     for (std::size_t i = 0; i < group.size(); ++i) {
@@ -1542,13 +1625,17 @@ class Client {
       highest = std::max(highest, step);
     }
     if (group.size() == 0) lowest = highest = 0;
-    return {lowest, highest};
+    return std::pair{lowest, highest};
   }
 
-  /// Sends each ps its share of `requests` (checked against the variables' shapes).
-  void send_pulls(CallGroup& group, std::span<const PullRequest> requests, std::int64_t min_step) {
-    std::vector<Pull> pulls(num_ps(), Pull{min_step, {}});
-    std::vector<PullTargets> targets(num_ps());
+  /// Each ps's share of `requests` (checked against the variables' shapes), as a Pull and
+  /// the targets its reply goes to.
+  struct PullsPerPs {
+    std::vector<Pull> pulls;
+    std::vector<PullTargets> targets;
+  };
+  PullsPerPs split_pulls(std::span<const PullRequest> requests, std::int64_t min_step) {
+    PullsPerPs out{std::vector<Pull>(num_ps(), Pull{min_step, {}}), std::vector<PullTargets>(num_ps())};
     for (const PullRequest& r : requests) {
       const VariableSpec& spec = checked_variable(r.variable);
       if (r.rows.empty() || r.rows.end > spec.rows() ||
@@ -1562,14 +1649,19 @@ class Client {
         const std::size_t begin = std::max(part.rows.begin, r.rows.begin);
         const std::size_t end = std::min(part.rows.end, r.rows.end);
         if (begin >= end) continue;
-        pulls[part.ps].slices.push_back({global_index(part), {begin, end}});
-        targets[part.ps].push_back(r.into.subspan((begin - r.rows.begin) * spec.row_size(),
-                                                  (end - begin) * spec.row_size()));
+        out.pulls[part.ps].slices.push_back({global_index(part), {begin, end}});
+        out.targets[part.ps].push_back(r.into.subspan((begin - r.rows.begin) * spec.row_size(),
+                                                      (end - begin) * spec.row_size()));
       }
     }
+    return out;
+  }
+
+  /// Sends each ps its pull, if it has one.
+  void send(CallGroup& group, PullsPerPs&& split) {
     for (std::size_t ps = 0; ps < num_ps(); ++ps) {
-      if (pulls[ps].slices.empty()) continue;
-      group.add(transport_.call(ps, std::move(pulls[ps]), std::move(targets[ps])));
+      if (split.pulls[ps].slices.empty()) continue;
+      group.add(transport_.call(ps, std::move(split.pulls[ps]), std::move(split.targets[ps])));
     }
   }
 
@@ -1658,6 +1750,18 @@ class Client {
                         "') differs from the one the chief registered ('" + registered[v].name +
                         "'): name, shape and initializer must match");
       }
+    }
+    for (const Part& part : replies[0].placement.parts) {
+      if (part.ps >= num_ps()) {
+        throw Error(ErrorCode::kFailedPrecondition,
+                    "the ps tasks place parts on ps " + std::to_string(part.ps) + ", but this "
+                    "client knows " + std::to_string(num_ps()) + " ps tasks: are they configured "
+                    "with the same cluster?");
+      }
+    }
+    if (replies[0].placement.num_variables() != variables.size()) {
+      throw Error(ErrorCode::kFailedPrecondition,
+                  "the ps tasks' placement does not cover this model's variables");
     }
     placement_ = std::move(replies[0].placement);
     variables_ = std::move(variables);
@@ -1969,8 +2073,11 @@ void apply_update(const O& optimizer, typename O::State& state, std::span<float>
 namespace pulley {
 
 /// How a service answers one request: called exactly once, now or later, from the thread
-/// that serves it. A Responder never throws, and it copies (or sends) every view in the
-/// Response before it returns.
+/// that serves it. A Responder never throws. It may keep the Response's views (a TCP server
+/// writes a pull reply straight from the parameters as the socket drains), so a service
+/// keeps what they view valid and unchanged until it handles a request that
+/// `changes_parameters`, or is destroyed; a transport finishes with the views before it
+/// hands the service such a request.
 using Responder = std::function<void(Response&&)>;
 
 /// What a transport vouches for about a request, besides its content.
@@ -2053,6 +2160,8 @@ namespace pulley {
 template <Transport T>
 class Evaluator {
  public:
+  /// @param transport reaches the ps tasks
+  /// @param options   its calls' deadlines
   explicit Evaluator(T transport, ClientOptions options = {})
       : client_(std::move(transport), options) {}
 
@@ -2367,6 +2476,8 @@ static_assert(Optimizer<Sgd>);
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
+#include <unordered_set>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -2470,8 +2581,12 @@ class ParameterServer {
   /// Answers through `reply`, which is empty afterwards (answered, or parked elsewhere).
   static void send(Responder& reply, Response&& response) {
     Responder r = std::exchange(reply, nullptr);
-    r(std::move(response));
+    if (r) r(std::move(response));  // empty only after a policy threw half way through
   }
+
+  /// Parks a request's `reply` in `slot`, made beforehand (so that a full container leaves
+  /// the reply with its request, to be answered with the error).
+  static void park(Responder& slot, Responder& reply) noexcept { slot = std::exchange(reply, nullptr); }
 
   void reject(Responder& reply, ErrorCode code, const std::string& message) {
     ++stats_.requests_rejected;
@@ -2549,6 +2664,7 @@ class ParameterServer {
   }
 
   static std::string check_variables(const std::vector<VariableSpec>& variables) {
+    std::unordered_set<std::string_view> names;
     for (std::size_t i = 0; i < variables.size(); ++i) {
       const VariableSpec& v = variables[i];
       if (v.name.empty()) return "variable " + std::to_string(i) + " has no name";
@@ -2556,9 +2672,7 @@ class ParameterServer {
       if (v.initializer.kind > Initializer::Kind::kGlorotUniform) {
         return "variable '" + v.name + "' has an unknown initializer";
       }
-      for (std::size_t j = 0; j < i; ++j) {
-        if (variables[j].name == v.name) return "variable name '" + v.name + "' is used twice";
-      }
+      if (!names.insert(v.name).second) return "variable name '" + v.name + "' is used twice";
     }
     return {};
   }
@@ -2613,7 +2727,7 @@ class ParameterServer {
     if (ready_) {
       send(reply, PlacementReply{variables_, placement_});
     } else {
-      ready_waiters_.push_back(std::exchange(reply, nullptr));
+      park(ready_waiters_.emplace_back(), reply);
     }
   }
 
@@ -2631,27 +2745,29 @@ class ParameterServer {
       reject(reply, ErrorCode::kFailedPrecondition, "token requested before initialization");
       return;
     }
-    if (std::optional<Token> token = sync_.take_token(pacer_, r.worker)) {
-      send(reply, TokenReply{*token, global_step()});
-    } else {
-      token_waiters_.push_back({r.worker, std::exchange(reply, nullptr)});
-    }
+    TokenWaiter& waiter = token_waiters_.emplace_back(TokenWaiter{r.worker, nullptr});
+    park(waiter.reply, reply);
+    retry_tokens();
   }
 
-  /// Asks the sync policy again for every waiting token request, in arrival order.
+  /// Asks the sync policy again for every waiting token request, in arrival order. A
+  /// refusal (pulley::Error) answers that request; any other throw fails the ps, since the
+  /// policy may have changed its pacer half way.
   void retry_tokens() {
+    const bool changing = std::exchange(changing_, true);
     std::erase_if(token_waiters_, [&](TokenWaiter& w) {
+      std::optional<Token> token;
       try {
-        std::optional<Token> token = sync_.take_token(pacer_, w.worker);
-        if (!token) return false;
-        send(w.reply, TokenReply{*token, global_step()});
+        token = sync_.take_token(pacer_, w.worker);
       } catch (const Error& e) {
         reject(w.reply, e.code(), std::string("TakeToken refused: ") + e.message());
-      } catch (const std::exception& e) {
-        reject(w.reply, ErrorCode::kInternal, std::string("TakeToken refused: ") + e.what());
+        return true;
       }
+      if (!token) return false;
+      send(w.reply, TokenReply{*token, global_step()});
       return true;
     });
+    changing_ = changing;
   }
 
   // ---- Pull -----------------------------------------------------------------------------
@@ -2675,7 +2791,8 @@ class ParameterServer {
       }
     }
     if (global_step() < r.min_step) {
-      waiting_pulls_.push_back({std::move(r), std::exchange(reply, nullptr)});
+      WaitingPull& waiting = waiting_pulls_.emplace_back(WaitingPull{std::move(r), nullptr});
+      park(waiting.reply, reply);
     } else {
       answer_pull(r, reply);
     }
@@ -2719,8 +2836,15 @@ class ParameterServer {
       return;
     }
     const std::int64_t step_before = global_step();
-    const Verdict verdict = sync_.on_push(pacer_, r.worker, r.local_step);  // may refuse
-    changing_ = true;
+    changing_ = true;  // the policy's own refusal (pulley::Error) leaves its pacer unchanged
+    Verdict verdict = Verdict::kStale;
+    try {
+      verdict = sync_.on_push(pacer_, r.worker, r.local_step);
+    } catch (const Error& e) {
+      changing_ = false;
+      reject(reply, e.code(), std::string("Push refused: ") + e.message());
+      return;
+    }
     PushReply answer;
     for (const PartValues& pv : r.gradients) {
       Slot& slot = slots_[slot_of_part_[pv.part]];
@@ -2742,10 +2866,10 @@ class ParameterServer {
         ++stats_.updates_applied;
       }
     }
-    changing_ = false;
     send(reply, answer);
     retry_tokens();
     if (global_step() != step_before) answer_waiting_pulls();
+    changing_ = false;
   }
 
   // ---- GetStats / Shutdown --------------------------------------------------------------
@@ -3033,8 +3157,8 @@ namespace pulley {
 /// at clock c - s or later. Its step then reads parameters that include every update of
 /// clocks before c - s from every worker, and possibly newer ones.
 ///
-/// Every push is applied as it arrives (as in Async): nothing is averaged and nothing is
-/// stale. A ps's global step is the slowest worker's clock as that ps has seen it, so a
+/// Every push is applied as it arrives (as in Async): nothing is averaged, and nothing is
+/// stale but a repeated push of a clock already counted. A ps's global step is the slowest worker's clock as that ps has seen it, so a
 /// pull of step c - s waits until every worker's updates of earlier clocks are applied
 /// there. s = 0 is lockstep; `kUnbounded` never waits, which is Async with tokens.
 ///
@@ -3087,9 +3211,10 @@ class BoundedStaleness {
     return {std::vector<std::int64_t>(static_cast<std::size_t>(total_num_replicas_), 0), 0};
   }
 
-  /// A push for clock `local_step` moves the worker's clock past it; it is applied at once.
-  /// Refused (Error) for a worker out of range or a clock the worker cannot have had a
-  /// token of.
+  /// A push for the worker's clock moves it on and is applied at once. A push for a clock
+  /// it has passed is a repeat (a retried step): stale, dropped, so that no update counts
+  /// twice. Refused (Error) for a worker out of range or a clock the worker cannot have had
+  /// a token of.
   Verdict on_push(Pacer& pacer, std::uint32_t worker, std::int64_t local_step) const {
     std::int64_t& clock = clock_of(pacer, worker);
     if (local_step < 0 || local_step > clock) {
@@ -3097,10 +3222,9 @@ class BoundedStaleness {
                   "worker " + std::to_string(worker) + " pushed for clock " +
                       std::to_string(local_step) + " but is at clock " + std::to_string(clock));
     }
-    if (local_step == clock) {
-      ++clock;
-      pacer.slowest = *std::min_element(pacer.clocks.begin(), pacer.clocks.end());
-    }
+    if (local_step < clock) return Verdict::kStale;
+    ++clock;
+    pacer.slowest = *std::min_element(pacer.clocks.begin(), pacer.clocks.end());
     return Verdict::kReady;
   }
 
@@ -3261,10 +3385,9 @@ class SyncReplicas {
   std::optional<Token> take_token(Pacer& pacer, std::uint32_t worker) const {
     const bool one_each = replicas_to_aggregate_ <= total_num_replicas_;
     if (pacer.tokens_left == 0) return std::nullopt;
-    auto taken = pacer.taken.find(worker);
-    if (one_each && taken != pacer.taken.end()) return std::nullopt;
+    if (one_each && pacer.taken.contains(worker)) return std::nullopt;
+    ++pacer.taken[worker];  // first: an insertion that throws leaves the pacer as it was
     --pacer.tokens_left;
-    ++pacer.taken[worker];
     // With one token per step the worker's next step is the next global step, so its push
     // can bring that step's parameters back; with R > N its next token may be of this step.
     return Token{pacer.step, pacer.step, one_each ? pacer.step + 1 : pacer.step, true};
@@ -3383,15 +3506,11 @@ class InProcessNetwork {
   /// Number of ps tasks.
   [[nodiscard]] std::uint32_t num_ps() const noexcept { return fabric_->num_ps(); }
 
-  /// Serves ps task `service.task()`, which the network now owns; returns it (valid while
-  /// the network lives; it runs on the network's threads, so read it only once `join`
-  /// returned). Requests sent before are handled now.
+  /// Serves ps task `service.task()`, which the network now owns (ask it through its
+  /// protocol: GetStats). Requests sent before are handled now.
   template <Service S>
-  S& serve(S service) {
-    auto host = std::make_unique<HostOf<S>>(std::move(service));
-    S& served = host->service;
-    fabric_->serve(std::move(host));
-    return served;
+  void serve(S service) {
+    fabric_->serve(std::make_unique<HostOf<S>>(std::move(service)));
   }
 
   /// Waits until every served ps task has stopped (after Shutdown, a failure, or killed).
@@ -3442,7 +3561,7 @@ class InProcessNetwork {
 
     void complete(Response&& response) {
       unless_cancelled([&] {
-        if (answered()) return;
+        if (has_answer()) return;
         if (!std::holds_alternative<ErrorReply>(response) &&
             !detail::copy_into(response, targets)) {
           response = ErrorReply{ErrorCode::kInvalidArgument, "reply does not fit its targets"};
@@ -3630,7 +3749,7 @@ class InProcessNetwork {
           call->complete(unavailable(*gone));
           return;
         }
-        std::erase_if(box.in_service, [](const CallPtr& c) { return c->answered(); });
+        std::erase_if(box.in_service, [](const CallPtr& c) { return c->has_answer(); });
         box.in_service.push_back(call);
       }
       // One use while the service reads the request's views: a caller that gives up waits

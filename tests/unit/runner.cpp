@@ -9,6 +9,7 @@
 
 #include <asio.hpp>
 #include <atomic>
+#include <chrono>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -263,4 +264,38 @@ TEST_CASE("the job comes from --slurm-jobs, then --job, then TF_CONFIG, then in-
   flags.job.clear();
   CHECK_THROWS_WITH_AS(resolve_job(flags), doctest::Contains("needs a Slurm step"), Error);
   ::unsetenv("TF_CONFIG");
+}
+
+TEST_CASE("when worker 0 is also the chief and fails, it ends the job at once, naming why") {
+  LogCapture log;
+  const auto addresses = free_addresses(3);
+  ClusterSpec cluster;
+  cluster.jobs["ps"] = {addresses[0]};
+  cluster.jobs["worker"] = {addresses[1], addresses[2]};
+  const LinearData data(4, 3, 2, 1);
+  Recorded recorded;
+  Training<LinearModel> training = linear_training(data, recorded);
+  training.last_step = 100000;
+  training.data = [&data](std::uint32_t worker, std::uint32_t) {
+    return [&data, worker, calls = 0]() mutable {
+      if (worker == 0 && ++calls == 20) throw std::runtime_error("out of examples");
+      return LinearBatch{data.x, data.y};
+    };
+  };
+  std::vector<std::pair<Job, int>> tasks{{task_of(cluster, "ps", 0), -1},
+                                         {task_of(cluster, "worker", 0), -1},
+                                         {task_of(cluster, "worker", 1), -1}};
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads;
+  for (auto& [job, status] : tasks) {
+    threads.emplace_back([&, &job = job, &status = status] {
+      status = run(job, training, RoundRobin{}, Sgd{0.05F}, SyncReplicas(2, 2));
+    });
+  }
+  for (auto& t : threads) t.join();
+  // Without the abort, the chief's thread would wait for steps until its 30-minute deadline.
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(60));
+  for (const auto& [job, status] : tasks) CHECK(status == 1);
+  CHECK(log.find(LogLevel::kError, "worker:0 failed: out of examples").size() == 1);
+  CHECK(log.find(LogLevel::kError, "worker:1 failed: aborted").size() == 1);
 }

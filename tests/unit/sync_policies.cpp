@@ -93,6 +93,8 @@ TEST_CASE("BoundedStaleness: a worker runs at most s clocks ahead of the slowest
     CHECK(ssp.on_push(pacer, 0, c) == Verdict::kReady);  // applied at once, never stale
   }
   CHECK_FALSE(ssp.take_token(pacer, 0).has_value());
+  CHECK(ssp.on_push(pacer, 0, 1) == Verdict::kStale);  // a repeat (a retried step) counts once
+  CHECK(pacer.clocks[0] == 3);
   CHECK(ssp.global_step(pacer) == 0);
   CHECK(ssp.waiting_for(pacer).find("worker 1, worker 2 at clock 0") != std::string::npos);
   // Workers 1 and 2 catch up one clock: the slowest is at 1, so clock 3 is allowed.

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <map>
 #include <mutex>
@@ -382,4 +383,65 @@ TEST_CASE("a worker waiting for a step stops cleanly when the chief ends trainin
   lonely.join();
   CHECK(stepped == false);  // the end of training, not an error
   CHECK(finished);
+}
+
+namespace {
+
+/// Two variables (one per ps under RoundRobin) whose gradient is all ones: under Sgd{1}
+/// every push lowers every parameter by exactly 1, so a parameter's value counts the pushes
+/// applied before it was read. Records that count at each step, per variable.
+class PushCounter {
+ public:
+  struct Batch {};
+  std::span<const VariableSpec> variables() const { return variables_; }
+  std::span<float> parameter(std::size_t i) { return values_[i]; }
+  std::span<const float> gradient(std::size_t) const { return ones_; }
+  float compute_gradients(const Batch&) {
+    seen.push_back({-values_[0][0], -values_[1][0]});
+    return 0.0F;
+  }
+  std::vector<std::array<float, 2>> seen;  ///< pushes counted on ps 0 and ps 1, by step
+
+ private:
+  std::vector<VariableSpec> variables_{{"a", {1}, Initializer::zeros()},
+                                       {"b", {1}, Initializer::zeros()}};
+  std::vector<std::vector<float>> values_{std::vector<float>(1), std::vector<float>(1)};
+  std::vector<float> ones_ = std::vector<float>(1, 1.0F);
+};
+
+}  // namespace
+
+TEST_CASE("bounded staleness: a step reads every update of clocks before c - s, on every ps") {
+  constexpr std::int64_t kStaleness = 1;
+  constexpr std::uint32_t kWorkers = 3;
+  constexpr std::int64_t kSteps = 40;
+  Cluster<RoundRobin, Sgd, BoundedStaleness> cluster(2, Sgd{1.0F},
+                                                     BoundedStaleness(kStaleness, kWorkers));
+  Chief chief(cluster.endpoint(Node::chief()), kSeed);
+  chief.initialize(PushCounter{}.variables());
+  // ps 1 lags: its pushes land late, and a read of it must wait for the clocks it needs.
+  cluster.network().delay(Node::ps(1), std::chrono::microseconds(400));
+  cluster.network().delay(Node::worker(2), std::chrono::microseconds(700));
+  std::vector<std::vector<std::int64_t>> clocks(kWorkers);
+  std::vector<std::vector<std::array<float, 2>>> seen(kWorkers);
+  std::vector<std::thread> threads;
+  for (std::uint32_t w = 0; w < kWorkers; ++w) {
+    threads.emplace_back([&, w] {
+      Worker worker(w, PushCounter{}, cluster.endpoint(Node::worker(w)));
+      worker.wait_ready();
+      while (const auto result = worker.step({}, kSteps)) clocks[w].push_back(result->local_step);
+      seen[w] = worker.model().seen;
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (std::uint32_t w = 0; w < kWorkers; ++w) {
+    REQUIRE(seen[w].size() >= clocks[w].size());
+    for (std::size_t k = 0; k < clocks[w].size(); ++k) {
+      // Clock c reads step c - s: every worker's pushes of clocks before it, on both ps.
+      const std::int64_t must = kWorkers * std::max<std::int64_t>(clocks[w][k] - kStaleness, 0);
+      CHECK(seen[w][k][0] >= static_cast<float>(must));
+      CHECK(seen[w][k][1] >= static_cast<float>(must));
+    }
+  }
+  chief.shutdown();
 }

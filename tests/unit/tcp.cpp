@@ -747,3 +747,20 @@ TEST_CASE("over TCP a worker hears that training ended, and the ps ends once cli
   CHECK(serving.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
   CHECK(listener.service().ended()->code == ErrorCode::kOutOfRange);
 }
+
+TEST_CASE("a ps whose clients all left without ending training gives up, and says so") {
+  TcpServerOptions options;
+  options.orphaned_after = std::chrono::milliseconds(300);
+  TcpServer listener(AsyncServer(0, 1, Sgd{0.1F}, Async{}, FixedShards{1}), "127.0.0.1", 0,
+                     options);
+  auto serving = std::async(std::launch::async, [&] { listener.run(); });
+  // No client yet: a ps waits as long as its job takes to start.
+  CHECK(serving.wait_for(std::chrono::milliseconds(600)) == std::future_status::timeout);
+  {
+    Chief chief(Tcp({"127.0.0.1:" + std::to_string(listener.port())}), 1);
+    chief.initialize(std::vector<VariableSpec>{{"w", {4}, Initializer::zeros()}});
+  }  // the chief is gone without a Shutdown (as if it had crashed)
+  REQUIRE(serving.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  CHECK(listener.orphaned());
+  CHECK_FALSE(listener.service().stopped());
+}

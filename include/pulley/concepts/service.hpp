@@ -10,8 +10,11 @@
 namespace pulley {
 
 /// How a service answers one request: called exactly once, now or later, from the thread
-/// that serves it. A Responder never throws, and it copies (or sends) every view in the
-/// Response before it returns.
+/// that serves it. A Responder never throws. It may keep the Response's views (a TCP server
+/// writes a pull reply straight from the parameters as the socket drains), so a service
+/// keeps what they view valid and unchanged until it handles a request that
+/// `changes_parameters`, or is destroyed; a transport finishes with the views before it
+/// hands the service such a request.
 using Responder = std::function<void(Response&&)>;
 
 /// What a transport vouches for about a request, besides its content.

@@ -62,14 +62,16 @@ struct Token {
 /// Semantic contract:
 ///   - the ps calls `on_push` once per push message, after checking it and before touching
 ///     any part: kStale drops every part gradient of the message, kPending accumulates them,
-///     kReady accumulates them and then takes and applies every part's update. So every
-///     part sees the same verdicts and the parts of a variable never drift apart;
+///     kReady accumulates them and then takes and applies every part's update. So the parts
+///     one ps holds all see the same verdicts and never drift apart. (Parts on different ps
+///     tasks are paced by each ps's own pacer, as TensorFlow's accumulators are: with
+///     backup workers, two ps may average the gradients of different workers for one step.)
 ///   - `take` returns the mean of the gradients accumulated since the last `take` (or the
 ///     one gradient); the span stays valid until the next `accumulate` and may alias the
 ///     last gradient passed in; `accumulate` may keep a view of its gradient until then;
 ///   - `global_step` never decreases. A Pull with `min_step` waits until it reaches
 ///     `min_step`, and is answered the moment it does (before the ps handles anything
-///     else), so values read at a step are exactly that step's;
+///     else), so the values it reads are this ps's at that step;
 ///   - `take_token` is asked for every TakeToken (sent to ps 0 only); a request it answers
 ///     nullopt waits, and is asked again, in arrival order, after every push the ps handles;
 ///   - `on_push` and `take_token` may refuse a request by throwing `pulley::Error` (e.g. a

@@ -28,14 +28,15 @@ struct PullRequest {
   std::span<float> into;
 };
 
-/// The values of every variable at one global step.
+/// The values of every variable, read from every ps task at one global step.
 struct Snapshot {
   /// The global step every ps had completed when it was read (the lowest of them when
   /// `consistent` is false).
   std::int64_t step = 0;
-  /// Every ps was read at the same global step. Always so in sync training once the ps
-  /// tasks are read at a step they all reach; async ps tasks count their own pushes, so
-  /// their steps may never agree while training runs.
+  /// Every ps was read at the same global step. Under SyncReplicas that makes the values
+  /// one step's: `step` updates applied on every ps, nothing after them. Under Async and
+  /// BoundedStaleness a ps's global step counts what that ps has seen, so even equal steps
+  /// may hold different pushes, and while training runs they seldom agree.
   bool consistent = false;
   std::vector<std::vector<float>> values;  ///< one vector per variable, in variable order
 };
@@ -99,7 +100,7 @@ class Client {
   TokenReply take_token(std::uint32_t worker) {
     CallGroup group;
     group.add(transport_.call(0, TakeToken{worker}, {}));
-    explained(0, [&] { group.wait(options_.wait_timeout, "take a sync token"); });
+    wait_progressing(group, "take a sync token");
     return group.take_as<TokenReply>(0);
   }
 
@@ -108,7 +109,7 @@ class Client {
   /// tasks reported: every value pulled is at least that recent.
   std::int64_t pull(std::span<const PullRequest> requests, std::int64_t min_step) {
     CallGroup group;
-    send_pulls(group, requests, min_step);
+    send(group, split_pulls(requests, min_step));
     wait_gated(group, min_step, "pull");
     return lowest_step(group, 0);
   }
@@ -133,14 +134,16 @@ class Client {
   /// `push`, then `pull` once each ps has completed `min_step` steps, in one round trip:
   /// both requests go out together, and each ps handles the pull after the push (requests
   /// from one client to one ps keep their order). A refused push ends the wait at once,
-  /// although its pull may be waiting for a step that will not come.
+  /// although its pull may be waiting for a step that will not come. Both are checked
+  /// before either is sent.
   PushPullResult push_pull(std::uint32_t worker, std::int64_t local_step,
                            std::span<const std::span<const float>> gradients,
                            std::span<const PullRequest> requests, std::int64_t min_step) {
+    PullsPerPs pulls = split_pulls(requests, min_step);
     CallGroup group;
     send_pushes(group, worker, local_step, gradients);
     const std::size_t pushes = group.size();
-    send_pulls(group, requests, min_step);
+    send(group, std::move(pulls));
     wait_gated(group, min_step, "push and pull");
     return {stale_parts(group, 0, pushes), lowest_step(group, pushes)};
   }
@@ -149,24 +152,29 @@ class Client {
   /// `min_step` steps.
   std::vector<std::vector<float>> read_variables(std::int64_t min_step = 0) {
     std::vector<std::vector<float>> values;
-    read_into(values, min_step);
+    read_into(values, min_step, true);
     return values;
   }
 
-  /// Every variable at one global step of at least `step`, the same on every ps: each ps is
-  /// read once it reaches the target step, and answers at that step's end (pulls waiting
-  /// for a step are answered the moment it completes). A ps read past the target sets the
-  /// next round's target; a few rounds settle it while training runs.
+  /// Every variable at one global step of at least `step`, the same on every ps when the
+  /// ps tasks can agree (see Snapshot): each ps is read once it reaches the target step, and
+  /// answers at that step's end (pulls waiting for a step are answered the moment it
+  /// completes). A ps read past the target sets the next round's target; a few rounds
+  /// settle it while sync training runs. A later round that does not complete at once (the
+  /// ps tasks count pushes that will never agree) leaves the last read as it is.
   Snapshot snapshot(std::int64_t step) {
     constexpr int kRounds = 8;
     Snapshot shot;
-    for (int round = 0; round < kRounds; ++round) {
-      const auto [lowest, highest] = read_into(shot.values, step);
-      shot.step = lowest;
-      shot.consistent = lowest == highest;
-      if (shot.consistent) break;
-      step = highest;
+    auto steps = *read_into(shot.values, step, true);  // (lowest, highest)
+    for (int round = 1; round < kRounds && steps.first != steps.second; ++round) {
+      std::vector<std::vector<float>> again;
+      const auto read = read_into(again, steps.second, false);
+      if (!read) break;
+      steps = *read;
+      shot.values = std::move(again);
     }
+    shot.step = steps.first;
+    shot.consistent = steps.first == steps.second;
     return shot;
   }
 
@@ -190,44 +198,73 @@ class Client {
   }
 
  private:
-  /// Waits for `group`, whose calls wait for global step `min_step`; a call that times out
-  /// is explained by what the ps tasks wait for.
+  /// Waits for `group`, whose calls wait for the ps tasks to complete global step
+  /// `min_step` (none when it is 0).
   void wait_gated(CallGroup& group, std::int64_t min_step, std::string_view what) {
     if (min_step <= 0) return group.wait(options_.request_timeout, what);
-    explained(std::nullopt, [&] { group.wait(options_.wait_timeout, what); });
+    wait_progressing(group, what);
   }
 
-  /// Runs `wait`; a kDeadlineExceeded it throws gets what the ps (`ps`, or each) says the
-  /// next step waits for, so a stall names its cause ("worker 2 at clock 5").
-  template <class Wait>
-  void explained(std::optional<std::size_t> ps, Wait wait) {
-    try {
-      wait();
-    } catch (const Error& e) {
-      if (e.code() != ErrorCode::kDeadlineExceeded) throw;
+  /// Waits for `group`, whose calls wait for other tasks, for as long as the ps tasks make
+  /// progress: every so often it asks them their global steps, and gives up
+  /// (kDeadlineExceeded, cancelling the calls) once none has moved for `wait_timeout`. The
+  /// error says what the ps tasks wait for ("worker 2 at clock 5"), so a stall names its
+  /// cause; a long wait for a step far ahead is no stall.
+  void wait_progressing(CallGroup& group, std::string_view what) {
+    using Clock = std::chrono::steady_clock;
+    const auto patience = options_.wait_timeout;
+    const auto look_every = std::min(patience, std::chrono::milliseconds(10000));
+    std::vector<std::int64_t> steps;  // the ps tasks' global steps when last looked at
+    auto still_since = Clock::now();
+    for (;;) {
+      if (group.wait_for(look_every)) return;
       std::string why;
-      try {
-        CallGroup group;
-        for (std::size_t p = 0; p < num_ps(); ++p) {
-          if (!ps || *ps == p) group.add(transport_.call(p, GetStats{}, {}));
-        }
-        group.wait(std::min(options_.request_timeout, std::chrono::milliseconds(5000)),
-                   "ask the ps tasks what they wait for");
-        for (std::size_t i = 0; i < group.size(); ++i) {
-          const StatsReply reply = group.take_as<StatsReply>(i);
-          why += "; ps " + std::to_string(ps ? *ps : i) + " is at step " +
-                 std::to_string(reply.stats.global_step) + ", waiting for " + reply.waiting_for;
-        }
-      } catch (const Error&) {  // the explanation is a courtesy: the deadline is the error
+      const std::vector<std::int64_t> now_steps = global_steps(why);
+      const auto now = Clock::now();
+      if (!now_steps.empty()) {
+        if (!steps.empty() && now_steps != steps) still_since = now;
+        steps = now_steps;
       }
-      throw Error(ErrorCode::kDeadlineExceeded, e.message() + why);
+      if (now - still_since >= patience) {
+        group.cancel();
+        throw Error(ErrorCode::kDeadlineExceeded,
+                    std::string(what) + ": no progress for " +
+                        std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                           now - still_since)
+                                           .count()) +
+                        " ms" + why);
+      }
     }
   }
 
-  /// Reads every variable into `values` once every ps has completed `min_step` steps;
-  /// returns the lowest and highest global step the ps tasks were read at.
-  std::pair<std::int64_t, std::int64_t> read_into(std::vector<std::vector<float>>& values,
-                                                  std::int64_t min_step) {
+  /// Every ps's global step, and in `why` what each waits for; empty if a ps does not
+  /// answer in time (the question is a courtesy: the wait is what matters).
+  std::vector<std::int64_t> global_steps(std::string& why) {
+    std::vector<std::int64_t> steps;
+    try {
+      CallGroup group;
+      for (std::size_t ps = 0; ps < num_ps(); ++ps) group.add(transport_.call(ps, GetStats{}, {}));
+      group.wait(std::min(options_.request_timeout, std::chrono::milliseconds(5000)),
+                 "ask the ps tasks what they wait for");
+      for (std::size_t ps = 0; ps < group.size(); ++ps) {
+        const StatsReply reply = group.take_as<StatsReply>(ps);
+        steps.push_back(reply.stats.global_step);
+        why += "; ps " + std::to_string(ps) + " is at step " +
+               std::to_string(reply.stats.global_step) + ", waiting for " + reply.waiting_for;
+      }
+    } catch (const Error& e) {
+      why += std::string("; the ps tasks do not say why (") + e.what() + ")";
+      steps.clear();
+    }
+    return steps;
+  }
+
+  /// Reads every variable into `values` once every ps has completed `min_step` steps, and
+  /// returns the lowest and highest global step the ps tasks were read at. `patient`: as
+  /// long as training makes progress; otherwise only briefly, and nullopt (the values
+  /// half read) if the ps tasks do not answer at once.
+  std::optional<std::pair<std::int64_t, std::int64_t>> read_into(
+      std::vector<std::vector<float>>& values, std::int64_t min_step, bool patient) {
     std::vector<PullRequest> requests;
     values.resize(variables_.size());
     for (std::size_t v = 0; v < variables_.size(); ++v) {
@@ -235,8 +272,12 @@ class Client {
       requests.push_back({v, {0, variables_[v].rows()}, values[v]});
     }
     CallGroup group;
-    send_pulls(group, requests, min_step);
-    wait_gated(group, min_step, "read the variables");
+    send(group, split_pulls(requests, min_step));
+    if (patient) {
+      wait_gated(group, min_step, "read the variables");
+    } else if (!group.wait_for(std::min(options_.request_timeout, std::chrono::milliseconds(2000)))) {
+      return std::nullopt;  // the group cancels the reads as it goes
+    }
     std::int64_t lowest = std::numeric_limits<std::int64_t>::max();
     std::int64_t highest = std::numeric_limits<std::int64_t>::min();
     for (std::size_t i = 0; i < group.size(); ++i) {
@@ -245,13 +286,17 @@ class Client {
       highest = std::max(highest, step);
     }
     if (group.size() == 0) lowest = highest = 0;
-    return {lowest, highest};
+    return std::pair{lowest, highest};
   }
 
-  /// Sends each ps its share of `requests` (checked against the variables' shapes).
-  void send_pulls(CallGroup& group, std::span<const PullRequest> requests, std::int64_t min_step) {
-    std::vector<Pull> pulls(num_ps(), Pull{min_step, {}});
-    std::vector<PullTargets> targets(num_ps());
+  /// Each ps's share of `requests` (checked against the variables' shapes), as a Pull and
+  /// the targets its reply goes to.
+  struct PullsPerPs {
+    std::vector<Pull> pulls;
+    std::vector<PullTargets> targets;
+  };
+  PullsPerPs split_pulls(std::span<const PullRequest> requests, std::int64_t min_step) {
+    PullsPerPs out{std::vector<Pull>(num_ps(), Pull{min_step, {}}), std::vector<PullTargets>(num_ps())};
     for (const PullRequest& r : requests) {
       const VariableSpec& spec = checked_variable(r.variable);
       if (r.rows.empty() || r.rows.end > spec.rows() ||
@@ -265,14 +310,19 @@ class Client {
         const std::size_t begin = std::max(part.rows.begin, r.rows.begin);
         const std::size_t end = std::min(part.rows.end, r.rows.end);
         if (begin >= end) continue;
-        pulls[part.ps].slices.push_back({global_index(part), {begin, end}});
-        targets[part.ps].push_back(r.into.subspan((begin - r.rows.begin) * spec.row_size(),
-                                                  (end - begin) * spec.row_size()));
+        out.pulls[part.ps].slices.push_back({global_index(part), {begin, end}});
+        out.targets[part.ps].push_back(r.into.subspan((begin - r.rows.begin) * spec.row_size(),
+                                                      (end - begin) * spec.row_size()));
       }
     }
+    return out;
+  }
+
+  /// Sends each ps its pull, if it has one.
+  void send(CallGroup& group, PullsPerPs&& split) {
     for (std::size_t ps = 0; ps < num_ps(); ++ps) {
-      if (pulls[ps].slices.empty()) continue;
-      group.add(transport_.call(ps, std::move(pulls[ps]), std::move(targets[ps])));
+      if (split.pulls[ps].slices.empty()) continue;
+      group.add(transport_.call(ps, std::move(split.pulls[ps]), std::move(split.targets[ps])));
     }
   }
 
@@ -361,6 +411,18 @@ class Client {
                         "') differs from the one the chief registered ('" + registered[v].name +
                         "'): name, shape and initializer must match");
       }
+    }
+    for (const Part& part : replies[0].placement.parts) {
+      if (part.ps >= num_ps()) {
+        throw Error(ErrorCode::kFailedPrecondition,
+                    "the ps tasks place parts on ps " + std::to_string(part.ps) + ", but this "
+                    "client knows " + std::to_string(num_ps()) + " ps tasks: are they configured "
+                    "with the same cluster?");
+      }
+    }
+    if (replies[0].placement.num_variables() != variables.size()) {
+      throw Error(ErrorCode::kFailedPrecondition,
+                  "the ps tasks' placement does not cover this model's variables");
     }
     placement_ = std::move(replies[0].placement);
     variables_ = std::move(variables);

@@ -102,6 +102,9 @@ inline Job resolve_job(const JobFlags& flags) {
     if (job.cluster->cluster.tasks("worker").empty()) {
       throw Error(ErrorCode::kInvalidArgument, "the cluster has no \"worker\" job");
     }
+    if (job.cluster->cluster.tasks("chief").size() > 1) {
+      throw Error(ErrorCode::kInvalidArgument, "the cluster lists more than one chief");
+    }
   }
   return job;
 }

@@ -34,7 +34,7 @@ struct Evaluation {
   Node::Job role = Node::Job::kChief;  ///< who evaluates: kChief or kEvaluator
   std::int64_t step = 0;               ///< the global step of the parameters (Snapshot::step)
   bool consistent = true;              ///< every ps was read at that step (Snapshot::consistent)
-  bool last = false;                   ///< the chief's evaluation after the last step
+  bool last = false;                   ///< the evaluation at the last step
   double seconds = 0.0;                ///< since the chief initialized the variables (chief)
   double samples_per_s = 0.0;          ///< step × samples_per_step / seconds (chief)
   std::vector<Stats> stats;            ///< every ps's counters (the chief's last evaluation)
@@ -94,7 +94,13 @@ template <Model M, Transport T>
 void work(const Training<M>& training, std::uint32_t index, std::uint32_t num_workers,
           T transport) {
   Worker worker(index, training.model(), std::move(transport), training.client);
-  worker.wait_ready();
+  try {
+    worker.wait_ready();
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kOutOfRange) throw;
+    log(LogLevel::kInfo, "worker " + std::to_string(index) + ": training finished before it began");
+    return;
+  }
   auto next = training.data(index, num_workers);
   std::int64_t steps = 0;
   while (worker.step(next(), training.last_step)) ++steps;
@@ -152,12 +158,14 @@ void follow(const Training<M>& training, T transport) {
   M model = training.model();
   try {
     evaluator.wait_ready(model.variables());
-    for (const std::int64_t step : evaluation_steps(training.evaluate_every, training.last_step)) {
+    const auto steps = evaluation_steps(training.evaluate_every, training.last_step);
+    for (const std::int64_t step : steps) {
       const Snapshot shot = evaluator.snapshot(step);
       Evaluation evaluation;
       evaluation.role = Node::Job::kEvaluator;
       evaluation.step = shot.step;
       evaluation.consistent = shot.consistent;
+      evaluation.last = step == steps.back();
       load(model, shot);
       if (training.evaluate) training.evaluate(model, evaluation);
     }
@@ -187,9 +195,29 @@ void serve(const Training<M>& training, const TfConfig& config, S sharding, O op
                            " (listening on " + bind + ":" + std::to_string(server.port()) + ")");
   server.run();
   const std::optional<ErrorReply>& end = server.service().ended();
+  if (!end && server.orphaned()) {
+    throw Error(ErrorCode::kUnavailable,
+                "every client has been gone for " +
+                    std::to_string(training.server.orphaned_after.count() / 1000) +
+                    " s and the chief never ended training (did it fail?)");
+  }
   if (!end) throw Error(ErrorCode::kInternal, "ps " + std::to_string(task) + " stopped serving");
   if (end->code != ErrorCode::kOutOfRange) throw Error(end->code, end->message);
   log(LogLevel::kInfo, end->message);
+}
+
+/// Ends training as failed, for `reason`, as the chief would: every ps answers `kAborted`
+/// from now on, so every task hears why. Best effort: a ps that is gone heard another way.
+template <Transport T>
+void abort_training(T& transport, const std::string& reason, std::chrono::milliseconds timeout) {
+  try {
+    CallGroup group;
+    for (std::size_t ps = 0; ps < transport.num_ps(); ++ps) {
+      group.add(transport.call(ps, Shutdown{true, reason}, {}));
+    }
+    group.wait(timeout, "abort training");
+  } catch (const Error&) {
+  }
 }
 
 /// The first failure of an in-process job, which ends it.
@@ -224,15 +252,8 @@ void run_in_process(const Job& job, const Training<M>& training, S sharding, O o
   Failure failure;
   auto fail = [&](const std::string& who, const std::exception& e) {
     if (!failure.record(who, e.what())) return;  // a consequence of the first failure
-    CallGroup group;  // what the chief would do: every task hears why
     InProcess endpoint(network, Node::chief());
-    for (std::uint32_t ps = 0; ps < job.local_ps; ++ps) {
-      group.add(endpoint.call(ps, Shutdown{true, failure.first()}));
-    }
-    try {
-      group.wait(std::chrono::seconds(10), "abort training");
-    } catch (const Error&) {  // a ps that already stopped heard the end another way
-    }
+    abort_training(endpoint, failure.first(), training.client.request_timeout);
   };
   std::vector<std::thread> workers;
   for (std::uint32_t w = 0; w < job.local_workers; ++w) {
@@ -282,7 +303,14 @@ void run_task(const TfConfig& config, const Training<M>& training, S sharding, O
     });
     try {
       work(training, 0, num_workers, transport());
-    } catch (...) {
+    } catch (const std::exception& e) {
+      // The chief thread may be waiting for steps this worker will not push: end the job.
+      try {
+        Tcp aborting = transport();
+        abort_training(aborting, std::string("worker 0 failed: ") + e.what(),
+                       training.client.request_timeout);
+      } catch (const std::exception&) {  // the ps tasks are unreachable: the chief hears that
+      }
       chief.join();
       throw;
     }

@@ -21,8 +21,8 @@ namespace pulley {
 /// at clock c - s or later. Its step then reads parameters that include every update of
 /// clocks before c - s from every worker, and possibly newer ones.
 ///
-/// Every push is applied as it arrives (as in Async): nothing is averaged and nothing is
-/// stale. A ps's global step is the slowest worker's clock as that ps has seen it, so a
+/// Every push is applied as it arrives (as in Async): nothing is averaged, and nothing is
+/// stale but a repeated push of a clock already counted. A ps's global step is the slowest worker's clock as that ps has seen it, so a
 /// pull of step c - s waits until every worker's updates of earlier clocks are applied
 /// there. s = 0 is lockstep; `kUnbounded` never waits, which is Async with tokens.
 ///
@@ -75,9 +75,10 @@ class BoundedStaleness {
     return {std::vector<std::int64_t>(static_cast<std::size_t>(total_num_replicas_), 0), 0};
   }
 
-  /// A push for clock `local_step` moves the worker's clock past it; it is applied at once.
-  /// Refused (Error) for a worker out of range or a clock the worker cannot have had a
-  /// token of.
+  /// A push for the worker's clock moves it on and is applied at once. A push for a clock
+  /// it has passed is a repeat (a retried step): stale, dropped, so that no update counts
+  /// twice. Refused (Error) for a worker out of range or a clock the worker cannot have had
+  /// a token of.
   Verdict on_push(Pacer& pacer, std::uint32_t worker, std::int64_t local_step) const {
     std::int64_t& clock = clock_of(pacer, worker);
     if (local_step < 0 || local_step > clock) {
@@ -85,10 +86,9 @@ class BoundedStaleness {
                   "worker " + std::to_string(worker) + " pushed for clock " +
                       std::to_string(local_step) + " but is at clock " + std::to_string(clock));
     }
-    if (local_step == clock) {
-      ++clock;
-      pacer.slowest = *std::min_element(pacer.clocks.begin(), pacer.clocks.end());
-    }
+    if (local_step < clock) return Verdict::kStale;
+    ++clock;
+    pacer.slowest = *std::min_element(pacer.clocks.begin(), pacer.clocks.end());
     return Verdict::kReady;
   }
 

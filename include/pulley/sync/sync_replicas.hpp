@@ -114,10 +114,9 @@ class SyncReplicas {
   std::optional<Token> take_token(Pacer& pacer, std::uint32_t worker) const {
     const bool one_each = replicas_to_aggregate_ <= total_num_replicas_;
     if (pacer.tokens_left == 0) return std::nullopt;
-    auto taken = pacer.taken.find(worker);
-    if (one_each && taken != pacer.taken.end()) return std::nullopt;
+    if (one_each && pacer.taken.contains(worker)) return std::nullopt;
+    ++pacer.taken[worker];  // first: an insertion that throws leaves the pacer as it was
     --pacer.tokens_left;
-    ++pacer.taken[worker];
     // With one token per step the worker's next step is the next global step, so its push
     // can bring that step's parameters back; with R > N its next token may be of this step.
     return Token{pacer.step, pacer.step, one_each ? pacer.step + 1 : pacer.step, true};

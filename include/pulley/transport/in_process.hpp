@@ -58,15 +58,11 @@ class InProcessNetwork {
   /// Number of ps tasks.
   [[nodiscard]] std::uint32_t num_ps() const noexcept { return fabric_->num_ps(); }
 
-  /// Serves ps task `service.task()`, which the network now owns; returns it (valid while
-  /// the network lives; it runs on the network's threads, so read it only once `join`
-  /// returned). Requests sent before are handled now.
+  /// Serves ps task `service.task()`, which the network now owns (ask it through its
+  /// protocol: GetStats). Requests sent before are handled now.
   template <Service S>
-  S& serve(S service) {
-    auto host = std::make_unique<HostOf<S>>(std::move(service));
-    S& served = host->service;
-    fabric_->serve(std::move(host));
-    return served;
+  void serve(S service) {
+    fabric_->serve(std::make_unique<HostOf<S>>(std::move(service)));
   }
 
   /// Waits until every served ps task has stopped (after Shutdown, a failure, or killed).
@@ -117,7 +113,7 @@ class InProcessNetwork {
 
     void complete(Response&& response) {
       unless_cancelled([&] {
-        if (answered()) return;
+        if (has_answer()) return;
         if (!std::holds_alternative<ErrorReply>(response) &&
             !detail::copy_into(response, targets)) {
           response = ErrorReply{ErrorCode::kInvalidArgument, "reply does not fit its targets"};
@@ -305,7 +301,7 @@ class InProcessNetwork {
           call->complete(unavailable(*gone));
           return;
         }
-        std::erase_if(box.in_service, [](const CallPtr& c) { return c->answered(); });
+        std::erase_if(box.in_service, [](const CallPtr& c) { return c->has_answer(); });
         box.in_service.push_back(call);
       }
       // One use while the service reads the request's views: a caller that gives up waits

@@ -90,6 +90,7 @@ class Tcp {
     wire::Frame frame;            ///< its payload views alias the caller's tensors
     std::uint64_t frame_end = 0;  ///< where its frame ends in the link's write list
     bool writing = false;         ///< in the write list, not all written: one use
+    bool sent = false;            ///< its frame is written whole: a reply may come
   };
   using PendingPtr = std::shared_ptr<Pending>;
 
@@ -296,7 +297,19 @@ class Tcp {
     }
 
     static void end_writing(Pending& p) {
-      if (std::exchange(p.writing, false)) p.end_use();
+      if (!std::exchange(p.writing, false)) return;
+      p.sent = true;
+      p.end_use();
+    }
+
+    /// The call a reply answers, or null if nobody waits for it any more. Throws Malformed
+    /// for a reply to a request not yet sent whole: the ps answered bytes it cannot have
+    /// received, so the stream is not to be trusted.
+    static Pending* replied(Link& link, std::uint64_t call) {
+      const auto it = link.pending.find(call);
+      if (it == link.pending.end()) return nullptr;
+      if (!it->second->sent) throw wire::Malformed("a reply to a request not yet sent whole");
+      return it->second.get();
     }
 
     /// Arms a receive while calls wait for replies on the link. Between calls none is armed:
@@ -333,9 +346,9 @@ class Tcp {
     static std::span<const std::span<float>> route(Link& link, const wire::Header& header,
                                                    std::span<const char> meta) {
       if (header.kind < wire::kResponseKind) return {};  // not a reply: on_reply refuses it
-      const auto it = link.pending.find(header.call);
-      if (it == link.pending.end() || it->second->targets.empty()) return {};
-      const PendingPtr& pending = it->second;
+      if (replied(link, header.call) == nullptr) return {};
+      const PendingPtr& pending = link.pending.at(header.call);
+      if (pending->targets.empty()) return {};
       Response response = wire::decode_response_meta(header, meta, link.sizes);
       const auto& targets = pending->targets;
       bool fits = link.sizes.size() == targets.size();
@@ -349,11 +362,8 @@ class Tcp {
     }
 
     static void on_reply(Link& link, const wire::FrameReader::Frame& frame) {
+      replied(link, frame.header.call);  // throws for a reply before its request
       const auto it = link.pending.find(frame.header.call);
-      if (it != link.pending.end() && it->second->writing) {
-        // The ps answered bytes it cannot have received: the stream is not to be trusted.
-        throw wire::Malformed("a reply to a request not yet sent whole");
-      }
       if (frame.routed) {
         const PendingPtr pending = std::exchange(link.reading, nullptr);
         Response response = std::move(link.reading_response);

@@ -9,6 +9,7 @@
 #include <exception>
 #include <map>
 #include <memory>
+#include <new>
 #include <string>
 #include <utility>
 #include <vector>
@@ -37,7 +38,12 @@ struct TcpServerOptions {
   /// gets the service's final answer, e.g. "training finished") before it ends while
   /// clients stay connected: clients in the middle of a step hear how training ended
   /// instead of finding the connection closed. It ends sooner when every client has left.
-  std::chrono::milliseconds linger{std::chrono::seconds(10)};
+  std::chrono::milliseconds linger{std::chrono::seconds(60)};
+  /// How long the server goes on once every client has left while the service still runs
+  /// (the chief died before it ended training, say): then `run` returns and `orphaned()`
+  /// says so, so the task can fail instead of waiting for ever. Counted only once a
+  /// request was handled: a ps may wait as long as it takes for its job to start.
+  std::chrono::milliseconds orphaned_after{std::chrono::minutes(5)};
 };
 
 /// Serves one Service (a ParameterServer) on a TCP port, and owns it. All connections are
@@ -91,6 +97,10 @@ class TcpServer {
   /// Stops serving now, from any thread.
   void stop() { io_.stop(); }
 
+  /// True if `run` returned because every client had left for `orphaned_after` while the
+  /// service was still serving.
+  [[nodiscard]] bool orphaned() const noexcept { return orphaned_; }
+
  private:
   struct Connection : std::enable_shared_from_this<Connection> {
     Connection(TcpServer& server, asio::ip::tcp::socket peer)
@@ -139,6 +149,7 @@ class TcpServer {
         return;
       }
       accept_failing_ = false;
+      orphan_.cancel();
       std::error_code ignored;
       socket.set_option(asio::ip::tcp::no_delay(true), ignored);
       socket.non_blocking(true, ignored);  // replies are first written without waiting
@@ -187,8 +198,8 @@ class TcpServer {
         flush_all();
         again = paused && !c->paused();
       }
-    } catch (const wire::Malformed& e) {
-      drop(*c, e.what());
+    } catch (const std::exception& e) {  // a bad frame, or no memory for what it asks:
+      drop(*c, e.what());                 // that connection goes, the ps serves on
       flush_all();
     }
     c->processing = false;
@@ -198,6 +209,7 @@ class TcpServer {
 
   void dispatch(const ConnectionPtr& c, const wire::FrameReader::Frame& frame) {
     Request request = wire::decode_request(frame.header, frame.meta, frame.payload);
+    served_ = true;
     // No reply may see the parameters change under it.
     if (changes_parameters(request)) {
       for (const ConnectionPtr& viewing : std::exchange(viewing_, {})) detach(*viewing);
@@ -208,14 +220,18 @@ class TcpServer {
     service_.handle(std::move(request), RequestContext{frame.finite},
                     [this, weak = std::weak_ptr<Connection>(c),
                      call = frame.header.call](Response&& response) {
-                      if (auto connection = weak.lock()) {
-                        --connection->unanswered;
-                        try {
-                          queue_reply(connection, response, call);
-                        } catch (const std::exception& e) {  // a Responder never throws
-                          drop(*connection, std::string("cannot queue a reply: ") + e.what());
-                        }
+                      auto connection = weak.lock();
+                      if (!connection) return;
+                      --connection->unanswered;
+                      try {  // a Responder never throws: a reply that cannot be queued costs
+                        queue_reply(connection, response, call);  // its connection only
                         maybe_resume(connection);
+                      } catch (const std::exception& e) {
+                        try {
+                          drop(*connection, std::string("cannot queue a reply: ") + e.what());
+                        } catch (const std::exception&) {
+                          forget(*connection);
+                        }
                       }
                     });
     if (service_.stopped()) begin_stopping();
@@ -282,7 +298,11 @@ class TcpServer {
     if (!c.write_waiting && !c.unsent.write_now(c.socket, ec)) return forget(c);
     const auto n = static_cast<std::size_t>(c.unsent.bytes());
     if (c.spare_size < n) {  // the spare may hold nothing still unsent: the copy does
-      c.spare = std::make_unique_for_overwrite<char[]>(n);
+      try {
+        c.spare = std::make_unique_for_overwrite<char[]>(n);
+      } catch (const std::bad_alloc&) {  // its replies cannot wait: that connection goes
+        return drop(c, "no memory to keep " + std::to_string(n) + " unsent reply bytes");
+      }
       c.spare_size = n;
     }
     c.unsent.copy_remaining(c.spare.get());
@@ -333,12 +353,25 @@ class TcpServer {
   }
 
   void maybe_stop() {
-    if (!stopping_ || !connections_.empty()) return;
+    if (!connections_.empty()) return;
+    if (!stopping_) return watch_orphan();
     std::error_code ignored;
     acceptor_.close(ignored);
     retry_accept_.cancel();
     linger_.cancel();
+    orphan_.cancel();
     io_.stop();
+  }
+
+  /// Every client is gone while the service still serves: wait `orphaned_after` for one.
+  void watch_orphan() {
+    if (!served_) return;
+    orphan_.expires_after(options_.orphaned_after);
+    orphan_.async_wait([this](std::error_code ec) {
+      if (ec || !connections_.empty() || stopping_) return;
+      orphaned_ = true;
+      io_.stop();
+    });
   }
 
   S service_;  ///< first: destroyed last, after every connection that may answer for it
@@ -347,6 +380,9 @@ class TcpServer {
   asio::ip::tcp::acceptor acceptor_;
   asio::steady_timer retry_accept_;
   asio::steady_timer linger_{io_};
+  asio::steady_timer orphan_{io_};
+  bool served_ = false;    ///< a request was handled: the job has started
+  bool orphaned_ = false;  ///< run() returned because every client left
   bool accept_failing_ = false;
   bool stopping_ = false;
   std::vector<ConnectionPtr> dirty_;    ///< connections with replies queued in this batch
