@@ -125,11 +125,19 @@ double in_process(std::size_t n, std::uint32_t workers, Op op) {
 }
 
 double over_tcp(std::size_t n, std::uint32_t workers, Op op) {
-  pulley::TcpServer listener(Server(0, 1, pulley::Sgd{0.0F}, pulley::Async{}), "127.0.0.1", 0);
+  const pulley::Credentials job{"push-pull", "the benchmark's secret"};
+  pulley::TcpServerOptions serving;
+  serving.credentials = job;
+  pulley::TcpServer listener(Server(0, 1, pulley::Sgd{0.0F}, pulley::Async{}), "127.0.0.1", 0,
+                             serving);
   const std::string address = "127.0.0.1:" + std::to_string(listener.port());
-  std::thread serving([&] { listener.run(); });
-  const double t = push_pull(n, workers, op, [&](pulley::Node) { return pulley::Tcp({address}); });
-  serving.join();
+  std::thread serving_thread([&] { listener.run(); });
+  pulley::TcpOptions options;
+  options.credentials = job;
+  const double t = push_pull(n, workers, op, [&](pulley::Node node) {
+    return pulley::Tcp(node, {address}, options);
+  });
+  serving_thread.join();
   return t;
 }
 

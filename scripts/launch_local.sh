@@ -10,7 +10,8 @@
 # build/examples/fashion_mnist) with FLAGS. Every output line is prefixed with its task
 # ("[worker:1] ..."). When the chief ends, the others get a few seconds to finish; when any
 # task fails, all are stopped. Exits 0 only if every task did. --ps-delay starts the ps
-# tasks S seconds after the others, to show that clients wait for them.
+# tasks S seconds after the others, to show that clients wait for them. The tasks share a
+# fresh PULLEY_SECRET (or the one exported).
 set -euo pipefail
 
 if ((BASH_VERSINFO[0] < 5 || (BASH_VERSINFO[0] == 5 && BASH_VERSINFO[1] < 1))); then
@@ -51,6 +52,13 @@ hosts() {  # hosts FIRST COUNT → "127.0.0.1:p1","127.0.0.1:p2"
   echo "$out"
 }
 cluster="{\"ps\": [$(hosts 0 "$num_ps")], \"worker\": [$(hosts "$num_ps" "$num_workers")], \"chief\": [$(hosts $((num_ps + num_workers)) 1)]}"
+
+# One fresh secret per run, which every task proves when it connects (README, Security);
+# an exported PULLEY_SECRET is kept.
+if [ -z "${PULLEY_SECRET:-}" ]; then
+  PULLEY_SECRET=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
+fi
+export PULLEY_SECRET
 
 declare -A task_of=()
 pids=()

@@ -33,14 +33,19 @@ class Scalar {
 
 TEST_CASE("the TCP single header trains a model over loopback") {
   using Server = pulley::ParameterServer<pulley::RoundRobin, pulley::Sgd, pulley::SyncReplicas>;
+  const pulley::Credentials job{"single-header", "its secret"};
+  pulley::TcpServerOptions serving_options;
+  serving_options.credentials = job;
   pulley::TcpServer<Server> listener(Server(0, 1, pulley::Sgd{0.5F}, pulley::SyncReplicas(1, 1)),
-                                     "127.0.0.1", 0);
+                                     "127.0.0.1", 0, serving_options);
   std::thread serving([&] { listener.run(); });
   const std::vector<std::string> ps{"127.0.0.1:" + std::to_string(listener.port())};
+  pulley::TcpOptions options;
+  options.credentials = job;
   {
-    pulley::Chief chief(pulley::Tcp(ps), 1);
+    pulley::Chief chief(pulley::Tcp(pulley::Node::chief(), ps, options), 1);
     chief.initialize(Scalar{}.variables());
-    pulley::Worker worker(0, Scalar{}, pulley::Tcp(ps));
+    pulley::Worker worker(0, Scalar{}, pulley::Tcp(pulley::Node::worker(0), ps, options));
     worker.wait_ready();
     while (worker.step({}, 30)) {
     }

@@ -21,6 +21,8 @@ enum class ErrorCode : std::uint8_t {
   kOutOfRange = 8,          ///< training is over: the chief ended it (TF's OutOfRangeError)
   kAborted = 9,             ///< the chief aborted training
   kInternal = 10,           ///< a ps failed while handling a request (a policy threw)
+  kPermissionDenied = 11,   ///< the sender's role may not make this request
+  kUnauthenticated = 12,    ///< a peer of another job, or without the job's secret
 };
 
 /// Stable lower-case name of a code, for logs and error messages.
@@ -46,6 +48,10 @@ constexpr std::string_view to_string(ErrorCode code) noexcept {
       return "aborted";
     case ErrorCode::kInternal:
       return "internal";
+    case ErrorCode::kPermissionDenied:
+      return "permission_denied";
+    case ErrorCode::kUnauthenticated:
+      return "unauthenticated";
   }
   return "unknown";
 }

@@ -12,6 +12,7 @@
 
 #include "pulley/concepts/sync_policy.hpp"
 #include "pulley/error.hpp"
+#include "pulley/node.hpp"
 #include "pulley/placement.hpp"
 #include "pulley/variable.hpp"
 
@@ -27,7 +28,10 @@ namespace pulley {
 //     other fields, its values in the frame's payload, in field order, so that a sender
 //     writes them from its own buffers and a receiver reads them into place;
 //   - `kChangesParameters = true` on a request that may change the ps's parameters (a
-//     transport must not let a reply still being sent see them change).
+//     transport must not let a reply still being sent see them change);
+//   - `kSenders`, on a request: the jobs whose tasks may send it (the ps refuses it from
+//     any other with `kPermissionDenied`): only the chief registers, initializes and ends
+//     training, only workers take tokens and push, evaluators only read.
 //
 // Adding a message is its declaration here, its place in Request or Response, and its
 // handler in the service (`ParameterServer::on`).
@@ -66,6 +70,7 @@ struct Slice {
 /// same registration is harmless; a different one is refused.
 struct Register {
   static constexpr std::string_view kName = "Register";
+  static constexpr JobSet kSenders{Node::Job::kChief};
   std::vector<VariableSpec> variables;
 
   template <class Archive>
@@ -77,6 +82,7 @@ struct Register {
 /// Chief → ps: initial values of parts this ps holds. Each part is initialized once.
 struct Initialize {
   static constexpr std::string_view kName = "Initialize";
+  static constexpr JobSet kSenders{Node::Job::kChief};
   static constexpr bool kChangesParameters = true;
   std::vector<PartValues> parts;
 
@@ -89,6 +95,7 @@ struct Initialize {
 /// Client → ps: answered with the placement once every part on this ps is initialized.
 struct WaitReady {
   static constexpr std::string_view kName = "WaitReady";
+  static constexpr JobSet kSenders{Node::Job::kWorker, Node::Job::kChief, Node::Job::kEvaluator};
 
   template <class Archive>
   void serialize(Archive& /*archive*/) {}
@@ -98,6 +105,7 @@ struct WaitReady {
 /// Waits while the sync policy has no token to give this worker.
 struct TakeToken {
   static constexpr std::string_view kName = "TakeToken";
+  static constexpr JobSet kSenders{Node::Job::kWorker};
   std::uint32_t worker = 0;
 
   template <class Archive>
@@ -111,6 +119,7 @@ struct TakeToken {
 /// A pull that waits is answered the moment the step completes, before any later push.
 struct Pull {
   static constexpr std::string_view kName = "Pull";
+  static constexpr JobSet kSenders{Node::Job::kWorker, Node::Job::kChief, Node::Job::kEvaluator};
   std::int64_t min_step = 0;
   std::vector<Slice> slices;
 
@@ -125,6 +134,7 @@ struct Pull {
 /// ps's global step (`SyncPolicy::on_push`).
 struct Push {
   static constexpr std::string_view kName = "Push";
+  static constexpr JobSet kSenders{Node::Job::kWorker};
   static constexpr bool kChangesParameters = true;
   std::uint32_t worker = 0;
   std::int64_t local_step = 0;
@@ -139,6 +149,7 @@ struct Push {
 /// Any client → ps: counters for monitoring and tests.
 struct GetStats {
   static constexpr std::string_view kName = "GetStats";
+  static constexpr JobSet kSenders{Node::Job::kWorker, Node::Job::kChief, Node::Job::kEvaluator};
 
   template <class Archive>
   void serialize(Archive& /*archive*/) {}
@@ -149,6 +160,7 @@ struct GetStats {
 /// gave up, so each task learns how the job ended; the ps then stops serving.
 struct Shutdown {
   static constexpr std::string_view kName = "Shutdown";
+  static constexpr JobSet kSenders{Node::Job::kChief};
   bool aborted = false;  ///< the job failed: tasks end with an error, not with success
   std::string reason;    ///< why it was aborted
 
@@ -242,11 +254,14 @@ struct Stats {
   std::int64_t requests_rejected = 0;        ///< requests answered with an ErrorReply
   std::int64_t bytes_pushed = 0;             ///< gradient payload received
   std::int64_t bytes_pulled = 0;             ///< parameter payload sent
+  /// Pushes refused, and updates skipped, because applying them would have made a
+  /// parameter or an optimizer slot non-finite.
+  std::int64_t updates_refused = 0;
 
   template <class Archive>
   void serialize(Archive& archive) {
     archive(global_step, updates_applied, gradients_accepted, stale_gradients_dropped,
-            requests_rejected, bytes_pushed, bytes_pulled);
+            requests_rejected, bytes_pushed, bytes_pulled, updates_refused);
   }
 };
 
@@ -278,6 +293,12 @@ inline constexpr bool changes_parameters_v = [] {
     return false;
   }
 }();
+
+/// The jobs that may send `request` (its declared `kSenders`).
+inline JobSet senders(const Request& request) noexcept {
+  return std::visit([](const auto& m) { return std::remove_cvref_t<decltype(m)>::kSenders; },
+                    request);
+}
 
 /// True if handling `request` may change the ps's parameters.
 inline bool changes_parameters(const Request& request) noexcept {

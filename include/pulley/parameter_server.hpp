@@ -8,8 +8,10 @@
 #include <exception>
 #include <optional>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <unordered_set>
 #include <utility>
 #include <variant>
@@ -74,6 +76,13 @@ class ParameterServer {
     }
     changing_ = false;
     try {
+      if (context.peer && !senders(request).contains(context.peer->job)) {
+        const std::string problem = "refused " + std::string(message_name(request)) + " from " +
+                                    context.peer->name() + ": only a " +
+                                    senders(request).describe() + " may send it";
+        log(LogLevel::kWarning, "ps " + std::to_string(task_) + ": " + problem);
+        return reject(reply, ErrorCode::kPermissionDenied, problem);
+      }
       std::visit([&](auto& r) { on(r, context, reply); }, request);
     } catch (const Error& e) {
       settle(reply, e.code(), e.message(), message_name(request));
@@ -97,6 +106,32 @@ class ParameterServer {
     s.global_step = global_step();
     return s;
   }
+
+  /// The transport lost its last connection from `node`. A worker's parked token requests
+  /// are answered kUnavailable, and the tokens it took and did not push for go back to the
+  /// sync policy (`SyncPolicy::release`), so a worker that vanished holding one cannot
+  /// stall a step.
+  void disconnected(const Node& node) noexcept {
+    if (node.job != Node::Job::kWorker || end_) return;
+    try {
+      const std::string gone = "ps " + std::to_string(task_) + ": " + node.name() + " disconnected";
+      std::erase_if(token_waiters_, [&](TokenWaiter& w) {
+        if (w.worker != node.index) return false;
+        send(w.reply, ErrorReply{ErrorCode::kUnavailable, gone});
+        return true;
+      });
+      release(sync_, pacer_, node.index);
+      retry_tokens();
+    } catch (const std::exception& e) {
+      fail(std::string("giving back a disconnected worker's tokens: ") + e.what());
+    } catch (...) {
+      end_ = ErrorReply{ErrorCode::kInternal, {}};
+    }
+  }
+
+  /// The most tensor bytes a request can carry: a push or an initialization has one value per
+  /// element held here (0 before registration: nothing can carry a tensor yet).
+  [[nodiscard]] std::uint64_t max_request_payload() const noexcept { return held_bytes_; }
 
  private:
   /// A part held here, with the optimizer's slots and the sync policy's accumulator.
@@ -199,6 +234,8 @@ class ParameterServer {
     placement_ = std::move(placement);
     slots_ = std::move(slots);
     slot_of_part_ = std::move(slot_of_part);
+    held_bytes_ = 0;
+    for (const Slot& slot : slots_) held_bytes_ += slot.values.size() * sizeof(float);
     registered_ = true;
     send(reply, std::move(answer));
     if (slots_.empty()) become_ready();
@@ -281,11 +318,12 @@ class ParameterServer {
 
   // ---- TakeToken ------------------------------------------------------------------------
 
-  void on(TakeToken& r, const RequestContext& /*context*/, Responder& reply) {
+  void on(TakeToken& r, const RequestContext& context, Responder& reply) {
     if (!ready_) {
       reject(reply, ErrorCode::kFailedPrecondition, "token requested before initialization");
       return;
     }
+    if (!is_sender(r.worker, context, reply, "TakeToken")) return;
     TokenWaiter& waiter = token_waiters_.emplace_back(TokenWaiter{r.worker, nullptr});
     park(waiter.reply, reply);
     retry_tokens();
@@ -331,12 +369,36 @@ class ParameterServer {
         return;
       }
     }
+    if (const Slice* twice = overlapping(r.slices)) {
+      // Every row at most once: a reply is then never larger than what is held here.
+      reject(reply, ErrorCode::kInvalidArgument,
+             "a pull asks for rows of " + describe(slots_[slot_of_part_[twice->part]].part) +
+                 " twice (around rows [" + std::to_string(twice->rows.begin) + ", " +
+                 std::to_string(twice->rows.end) + "))");
+      return;
+    }
     if (global_step() < r.min_step) {
       WaitingPull& waiting = waiting_pulls_.emplace_back(WaitingPull{std::move(r), nullptr});
       park(waiting.reply, reply);
     } else {
       answer_pull(r, reply);
     }
+  }
+
+  /// A slice that overlaps another of `slices` (of the same part), or null.
+  const Slice* overlapping(const std::vector<Slice>& slices) {
+    if (slices.size() < 2) return nullptr;
+    order_.resize(slices.size());
+    for (std::size_t i = 0; i < slices.size(); ++i) order_[i] = &slices[i];
+    std::sort(order_.begin(), order_.end(), [](const Slice* a, const Slice* b) {
+      return a->part != b->part ? a->part < b->part : a->rows.begin < b->rows.begin;
+    });
+    for (std::size_t i = 1; i < order_.size(); ++i) {
+      if (order_[i]->part == order_[i - 1]->part && order_[i]->rows.begin < order_[i - 1]->rows.end) {
+        return order_[i];
+      }
+    }
+    return nullptr;
   }
 
   void answer_pull(const Pull& r, Responder& reply) {
@@ -368,6 +430,7 @@ class ParameterServer {
              "push before initialization: the chief has not initialized the variables");
       return;
     }
+    if (!is_sender(r.worker, context, reply, "Push")) return;
     if (!check_parts(r.gradients, context, reply)) return;
     if (r.gradients.size() != slots_.size()) {
       // Every part must see every push's verdict, or parts drift apart.
@@ -375,6 +438,24 @@ class ParameterServer {
              "a push must carry a gradient for each of the " + std::to_string(slots_.size()) +
                  " parts held here, got " + std::to_string(r.gradients.size()));
       return;
+    }
+    if constexpr (PredictsFiniteness<O>) {
+      // Checked against the state it would be applied to, before anything changes. A mean
+      // of gradients that each pass passes too (the optimizer's contract), so a sync step
+      // only needs its mean checked for a sum that overflowed (apply_all).
+      for (const PartValues& pv : r.gradients) {
+        const Slot& slot = slots_[slot_of_part_[pv.part]];
+        if (!optimizer_.stays_finite(slot.optimizer_state, slot.values, pv.values)) {
+          ++stats_.updates_refused;
+          const std::string problem =
+              "push from worker " + std::to_string(r.worker) + " refused: its gradient for " +
+              describe(slot.part) +
+              " would make a parameter or an optimizer slot non-finite (or larger than "
+              "float's range allows); nothing was applied";
+          log(LogLevel::kWarning, "ps " + std::to_string(task_) + ": " + problem);
+          return reject(reply, ErrorCode::kInvalidArgument, problem);
+        }
+      }
     }
     const std::int64_t step_before = global_step();
     changing_ = true;  // the policy's own refusal (pulley::Error) leaves its pacer unchanged
@@ -398,19 +479,84 @@ class ParameterServer {
       ++stats_.gradients_accepted;
       sync_.accumulate(slot.accumulator, pv.values);
     }
-    if (verdict == Verdict::kReady) {
-      for (Slot& slot : slots_) {
-        const UpdateContext update{step_before, variables_[slot.part.variable].name,
-                                   slot.part.rows, slot.row_size};
-        apply_update(optimizer_, slot.optimizer_state, slot.values, sync_.take(slot.accumulator),
-                     update);
-        ++stats_.updates_applied;
-      }
-    }
+    if (verdict == Verdict::kReady) apply_all(step_before);
     send(reply, answer);
     retry_tokens();
     if (global_step() != step_before) answer_waiting_pulls();
     changing_ = false;
+  }
+
+  /// Takes every part's update from its accumulator and applies it, unless that would make
+  /// a parameter (or, for an optimizer that predicts it, a slot) non-finite: then this
+  /// update is skipped on this ps, counted and logged. With `stays_finite`, each push was
+  /// checked on arrival and only the mean needs a look (a sum of R gradients can overflow
+  /// float); without it, the update is applied to copies that replace the parts only if
+  /// every weight stayed finite.
+  void apply_all(std::int64_t step_before) {
+    updates_.clear();
+    for (Slot& slot : slots_) updates_.push_back(sync_.take(slot.accumulator));
+    if constexpr (PredictsFiniteness<O>) {
+      for (std::size_t i = 0; i < slots_.size(); ++i) {
+        if (!detail::all_finite(updates_[i])) return skip_update(step_before, slots_[i]);
+      }
+      for (std::size_t i = 0; i < slots_.size(); ++i) apply_to(slots_[i], slots_[i].values,
+                                                             slots_[i].optimizer_state,
+                                                             updates_[i], step_before);
+    } else if constexpr (std::is_copy_assignable_v<typename O::State>) {
+      shadows_.resize(slots_.size());
+      for (std::size_t i = 0; i < slots_.size(); ++i) {
+        Slot& slot = slots_[i];
+        Shadow& shadow = shadows_[i];
+        shadow.values = slot.values;  // copy-assignments reuse the shadows' memory
+        if (!shadow.state) {
+          shadow.state.emplace(slot.optimizer_state);
+        } else {
+          *shadow.state = slot.optimizer_state;
+        }
+        apply_to(slot, shadow.values, *shadow.state, updates_[i], step_before);
+        if (!detail::all_finite(shadow.values)) return skip_update(step_before, slot);
+      }
+      for (std::size_t i = 0; i < slots_.size(); ++i) {
+        std::swap(slots_[i].values, shadows_[i].values);
+        std::swap(slots_[i].optimizer_state, *shadows_[i].state);
+      }
+    } else {
+      for (Slot& slot : slots_) {
+        apply_to(slot, slot.values, slot.optimizer_state, updates_[&slot - slots_.data()],
+                 step_before);
+        if (!detail::all_finite(slot.values)) {
+          throw std::runtime_error("the parameters of " + describe(slot.part) +
+                                   " went non-finite, and the optimizer's State cannot be "
+                                   "copied to undo it (give the optimizer stays_finite)");
+        }
+      }
+    }
+  }
+
+  void apply_to(const Slot& slot, std::span<float> values, typename O::State& state,
+                std::span<const float> update, std::int64_t step_before) {
+    const UpdateContext context{step_before, variables_[slot.part.variable].name, slot.part.rows,
+                                slot.row_size};
+    apply_update(optimizer_, state, values, update, context);
+    ++stats_.updates_applied;
+  }
+
+  void skip_update(std::int64_t step_before, const Slot& slot) {
+    ++stats_.updates_refused;
+    log(LogLevel::kWarning,
+        "ps " + std::to_string(task_) + ": skipped the update of global step " +
+            std::to_string(step_before + 1) + ": it would have made " + describe(slot.part) +
+            " non-finite (a sum of gradients overflowed float, or the optimizer diverged)");
+  }
+
+  /// Checks that a worker's request names the worker that sent it.
+  bool is_sender(std::uint32_t worker, const RequestContext& context, Responder& reply,
+                 std::string_view what) {
+    if (!context.peer || context.peer->index == worker) return true;
+    reject(reply, ErrorCode::kPermissionDenied,
+           "refused " + std::string(what) + " for worker " + std::to_string(worker) + " from " +
+               context.peer->name());
+    return false;
   }
 
   // ---- GetStats / Shutdown --------------------------------------------------------------
@@ -499,6 +645,18 @@ class ParameterServer {
   std::vector<Slot> slots_;
   std::vector<std::size_t> slot_of_part_;  ///< global part index → slot, or kNotHere
   std::size_t initialized_slots_ = 0;
+
+  std::uint64_t held_bytes_ = 0;  ///< bytes of the parts held here
+
+  /// A part's values and State as an update leaves them, kept only if they stay finite
+  /// (optimizers without `stays_finite`).
+  struct Shadow {
+    std::vector<float> values;
+    std::optional<typename O::State> state;
+  };
+  std::vector<Shadow> shadows_;
+  std::vector<std::span<const float>> updates_;  ///< scratch: each part's update
+  std::vector<const Slice*> order_;              ///< scratch: a pull's slices, sorted
 
   typename P::Pacer pacer_;  ///< the global step and the tokens, as the sync policy keeps them
   std::deque<TokenWaiter> token_waiters_;

@@ -52,6 +52,8 @@ enum class ErrorCode : std::uint8_t {
   kOutOfRange = 8,          ///< training is over: the chief ended it (TF's OutOfRangeError)
   kAborted = 9,             ///< the chief aborted training
   kInternal = 10,           ///< a ps failed while handling a request (a policy threw)
+  kPermissionDenied = 11,   ///< the sender's role may not make this request
+  kUnauthenticated = 12,    ///< a peer of another job, or without the job's secret
 };
 
 /// Stable lower-case name of a code, for logs and error messages.
@@ -77,6 +79,10 @@ constexpr std::string_view to_string(ErrorCode code) noexcept {
       return "aborted";
     case ErrorCode::kInternal:
       return "internal";
+    case ErrorCode::kPermissionDenied:
+      return "permission_denied";
+    case ErrorCode::kUnauthenticated:
+      return "unauthenticated";
   }
   return "unknown";
 }
@@ -291,6 +297,10 @@ struct Token {
 /// Optional:
 ///   - `p.waiting_for(pacer)` → `std::string`: what the next step waits for, in words; the
 ///     ps reports it (StatsReply) and clients quote it when a token or a step never comes
+///   - `p.release(pacer, worker)` → void, noexcept: worker `worker` is gone (its process
+///     ended or its link broke): give back the tokens it took and did not push for, so a
+///     vanished taker cannot hold a step up (a token is a lease). The worker may come back
+///     and take tokens again.
 ///
 /// Semantic contract:
 ///   - the ps calls `on_push` once per push message, after checking it and before touching
@@ -339,8 +349,93 @@ std::string waiting_for(const P& policy, const typename P::Pacer& pacer) {
   }
 }
 
+/// Gives back what worker `worker` held, if the policy leases tokens (`release`).
+template <SyncPolicy P>
+void release(const P& policy, typename P::Pacer& pacer, std::uint32_t worker) noexcept {
+  if constexpr (requires { policy.release(pacer, worker); }) {
+    static_assert(noexcept(policy.release(pacer, worker)), "SyncPolicy::release must be noexcept");
+    policy.release(pacer, worker);
+  }
+}
+
 }  // namespace pulley
 // ---- end pulley/concepts/sync_policy.hpp ----
+// ---- begin pulley/node.hpp ----
+
+#include <compare>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+namespace pulley {
+
+/// A task of the cluster, named as in TF_CONFIG: a job ("ps", "worker", "chief",
+/// "evaluator") and an index inside it.
+struct Node {
+  enum class Job : std::uint8_t { kPs, kWorker, kChief, kEvaluator };
+  Job job = Job::kWorker;
+  std::uint32_t index = 0;
+
+  static constexpr Node ps(std::uint32_t i) noexcept { return {Job::kPs, i}; }
+  static constexpr Node worker(std::uint32_t i) noexcept { return {Job::kWorker, i}; }
+  static constexpr Node chief() noexcept { return {Job::kChief, 0}; }
+  static constexpr Node evaluator() noexcept { return {Job::kEvaluator, 0}; }
+
+  /// "ps", "worker", "chief" or "evaluator".
+  static constexpr const char* job_name(Job job) noexcept {
+    constexpr const char* jobs[] = {"ps", "worker", "chief", "evaluator"};
+    return static_cast<unsigned>(job) < 4 ? jobs[static_cast<unsigned>(job)] : "unknown";
+  }
+
+  /// "ps:1", "worker:0", ...
+  [[nodiscard]] std::string name() const {
+    return std::string(job_name(job)) + ":" + std::to_string(index);
+  }
+
+  /// Its fields on the wire (see messages.hpp).
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(job, index);
+  }
+
+  friend constexpr auto operator<=>(const Node&, const Node&) = default;
+};
+
+/// A set of jobs: who may send a message (`kSenders` in messages.hpp).
+class JobSet {
+ public:
+  /// The jobs listed.
+  constexpr JobSet(std::initializer_list<Node::Job> jobs) noexcept {
+    for (const Node::Job job : jobs) bits_ = static_cast<std::uint8_t>(bits_ | bit(job));
+  }
+  /// Every job.
+  static constexpr JobSet all() noexcept {
+    return {Node::Job::kPs, Node::Job::kWorker, Node::Job::kChief, Node::Job::kEvaluator};
+  }
+  /// True if `job` is in the set.
+  [[nodiscard]] constexpr bool contains(Node::Job job) const noexcept {
+    return (bits_ & bit(job)) != 0;
+  }
+  /// "chief", "worker or chief", ...
+  [[nodiscard]] std::string describe() const {
+    std::string out;
+    for (unsigned j = 0; j < 4; ++j) {
+      if (!contains(static_cast<Node::Job>(j))) continue;
+      if (!out.empty()) out += " or ";
+      out += Node::job_name(static_cast<Node::Job>(j));
+    }
+    return out.empty() ? "nobody" : out;
+  }
+
+ private:
+  static constexpr std::uint8_t bit(Node::Job job) noexcept {
+    return static_cast<std::uint8_t>(1U << static_cast<unsigned>(job));
+  }
+  std::uint8_t bits_ = 0;
+};
+
+}  // namespace pulley
+// ---- end pulley/node.hpp ----
 // ---- begin pulley/placement.hpp ----
 
 #include <cstddef>
@@ -517,7 +612,10 @@ namespace pulley {
 //     other fields, its values in the frame's payload, in field order, so that a sender
 //     writes them from its own buffers and a receiver reads them into place;
 //   - `kChangesParameters = true` on a request that may change the ps's parameters (a
-//     transport must not let a reply still being sent see them change).
+//     transport must not let a reply still being sent see them change);
+//   - `kSenders`, on a request: the jobs whose tasks may send it (the ps refuses it from
+//     any other with `kPermissionDenied`): only the chief registers, initializes and ends
+//     training, only workers take tokens and push, evaluators only read.
 //
 // Adding a message is its declaration here, its place in Request or Response, and its
 // handler in the service (`ParameterServer::on`).
@@ -556,6 +654,7 @@ struct Slice {
 /// same registration is harmless; a different one is refused.
 struct Register {
   static constexpr std::string_view kName = "Register";
+  static constexpr JobSet kSenders{Node::Job::kChief};
   std::vector<VariableSpec> variables;
 
   template <class Archive>
@@ -567,6 +666,7 @@ struct Register {
 /// Chief → ps: initial values of parts this ps holds. Each part is initialized once.
 struct Initialize {
   static constexpr std::string_view kName = "Initialize";
+  static constexpr JobSet kSenders{Node::Job::kChief};
   static constexpr bool kChangesParameters = true;
   std::vector<PartValues> parts;
 
@@ -579,6 +679,7 @@ struct Initialize {
 /// Client → ps: answered with the placement once every part on this ps is initialized.
 struct WaitReady {
   static constexpr std::string_view kName = "WaitReady";
+  static constexpr JobSet kSenders{Node::Job::kWorker, Node::Job::kChief, Node::Job::kEvaluator};
 
   template <class Archive>
   void serialize(Archive& /*archive*/) {}
@@ -588,6 +689,7 @@ struct WaitReady {
 /// Waits while the sync policy has no token to give this worker.
 struct TakeToken {
   static constexpr std::string_view kName = "TakeToken";
+  static constexpr JobSet kSenders{Node::Job::kWorker};
   std::uint32_t worker = 0;
 
   template <class Archive>
@@ -601,6 +703,7 @@ struct TakeToken {
 /// A pull that waits is answered the moment the step completes, before any later push.
 struct Pull {
   static constexpr std::string_view kName = "Pull";
+  static constexpr JobSet kSenders{Node::Job::kWorker, Node::Job::kChief, Node::Job::kEvaluator};
   std::int64_t min_step = 0;
   std::vector<Slice> slices;
 
@@ -615,6 +718,7 @@ struct Pull {
 /// ps's global step (`SyncPolicy::on_push`).
 struct Push {
   static constexpr std::string_view kName = "Push";
+  static constexpr JobSet kSenders{Node::Job::kWorker};
   static constexpr bool kChangesParameters = true;
   std::uint32_t worker = 0;
   std::int64_t local_step = 0;
@@ -629,6 +733,7 @@ struct Push {
 /// Any client → ps: counters for monitoring and tests.
 struct GetStats {
   static constexpr std::string_view kName = "GetStats";
+  static constexpr JobSet kSenders{Node::Job::kWorker, Node::Job::kChief, Node::Job::kEvaluator};
 
   template <class Archive>
   void serialize(Archive& /*archive*/) {}
@@ -639,6 +744,7 @@ struct GetStats {
 /// gave up, so each task learns how the job ended; the ps then stops serving.
 struct Shutdown {
   static constexpr std::string_view kName = "Shutdown";
+  static constexpr JobSet kSenders{Node::Job::kChief};
   bool aborted = false;  ///< the job failed: tasks end with an error, not with success
   std::string reason;    ///< why it was aborted
 
@@ -732,11 +838,14 @@ struct Stats {
   std::int64_t requests_rejected = 0;        ///< requests answered with an ErrorReply
   std::int64_t bytes_pushed = 0;             ///< gradient payload received
   std::int64_t bytes_pulled = 0;             ///< parameter payload sent
+  /// Pushes refused, and updates skipped, because applying them would have made a
+  /// parameter or an optimizer slot non-finite.
+  std::int64_t updates_refused = 0;
 
   template <class Archive>
   void serialize(Archive& archive) {
     archive(global_step, updates_applied, gradients_accepted, stale_gradients_dropped,
-            requests_rejected, bytes_pushed, bytes_pulled);
+            requests_rejected, bytes_pushed, bytes_pulled, updates_refused);
   }
 };
 
@@ -768,6 +877,12 @@ inline constexpr bool changes_parameters_v = [] {
     return false;
   }
 }();
+
+/// The jobs that may send `request` (its declared `kSenders`).
+inline JobSet senders(const Request& request) noexcept {
+  return std::visit([](const auto& m) { return std::remove_cvref_t<decltype(m)>::kSenders; },
+                    request);
+}
 
 /// True if handling `request` may change the ps's parameters.
 inline bool changes_parameters(const Request& request) noexcept {
@@ -2001,6 +2116,7 @@ concept Model = requires(M& model, const M& cmodel, std::size_t i, const typenam
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string_view>
 
@@ -2016,6 +2132,11 @@ struct UpdateContext {
   std::size_t row_size = 0;   ///< elements per row: element i is row `rows.begin + i / row_size`
 };
 
+/// The largest magnitude the stock optimizers' `stays_finite` lets a parameter or a slot
+/// reach: a quarter of float's range, so that rounding (of a mean of gradients, of the
+/// update itself) cannot carry a value it passed into infinity.
+inline constexpr float kFiniteBound = std::numeric_limits<float>::max() / 4;
+
 /// An optimizer: a small value type holding hyper-parameters, plus a per-part `State`
 /// (slots such as momentum or Adam's moments) that the ps keeps beside the part it updates.
 ///
@@ -2024,6 +2145,17 @@ struct UpdateContext {
 ///   - `o.make_state(n)` → `O::State` for a part of `n` elements
 ///   - `o.apply(state, weights, gradient)` or `o.apply(state, weights, gradient, context)`:
 ///     updates `weights` in place (the second form also sees an UpdateContext)
+/// Optional:
+///   - `o.stays_finite(state, weights, gradient)` → bool, with `state` const: true only if
+///     `apply` with these arguments would leave every weight and every slot finite. It may
+///     be conservative (false for a few updates that would have stayed finite, far beyond
+///     any real gradient) but never optimistic, and it must hold for any gradient between
+///     two it accepted (the mean of accepted gradients stays accepted). The ps asks it for
+///     every push before changing anything and refuses a push it answers false, naming the
+///     variable and the sender. Without it, the ps applies each update to a copy of the
+///     part and its State (which must then be copyable), keeps the copy only if the weights
+///     stayed finite, and fails if the State cannot be copied and the weights went
+///     non-finite; `stays_finite` saves that copy and guards the slots too.
 ///
 /// Semantic contract (the compiler cannot check it):
 ///   - `gradient` is the mean of the gradients the sync policy aggregated for this update
@@ -2051,6 +2183,14 @@ concept Optimizer = std::copy_constructible<O> && std::movable<typename O::State
       requires { { optimizer.apply(state, weights, gradient, context) } -> std::same_as<void>; };
 };
 
+/// True if the optimizer can tell in advance whether an update stays finite.
+template <class O>
+concept PredictsFiniteness = Optimizer<O> &&
+    requires(const O& optimizer, const typename O::State& state, std::span<const float> weights,
+             std::span<const float> gradient) {
+  { optimizer.stays_finite(state, weights, gradient) } -> std::convertible_to<bool>;
+};
+
 /// Calls whichever form of `apply` the optimizer has.
 template <Optimizer O>
 void apply_update(const O& optimizer, typename O::State& state, std::span<float> weights,
@@ -2069,6 +2209,8 @@ void apply_update(const O& optimizer, typename O::State& state, std::span<float>
 #include <concepts>
 #include <cstdint>
 #include <functional>
+#include <limits>
+#include <optional>
 
 namespace pulley {
 
@@ -2085,6 +2227,10 @@ struct RequestContext {
   /// Every tensor of the request is finite: the transport checked it as it arrived, or the
   /// request comes from a client in this process (pulley's clients check before sending).
   bool tensors_finite = false;
+  /// The task that sent it, as the transport knows it (over TCP: as the handshake proved
+  /// it); the service refuses what that task's job may not send (`kSenders`). nullopt: a
+  /// caller the transport does not name, trusted (pulley's transports always name it).
+  std::optional<Node> peer;
 };
 
 /// The server half of a transport's contract: what a transport serves. A ParameterServer is
@@ -2095,9 +2241,18 @@ struct RequestContext {
 ///   - `s.task()` → this ps task's index
 ///   - `s.stopped()` → bool: true once it serves no more (shut down, or failed)
 ///
+/// Optional:
+///   - `s.disconnected(node)`: the transport lost its last connection from task `node` (the
+///     process ended, or the link broke). The service gives back what that task held, such
+///     as a sync token it took and will not push for (a lease).
+///   - `s.max_request_payload()` → std::uint64_t: the most tensor bytes a request can
+///     legitimately carry now (a ParameterServer: the bytes of the parts it holds). A
+///     transport refuses a frame that claims more before it receives any of it.
+///
 /// Semantic contract:
-///   - the transport calls `handle` for one request at a time (never concurrently), in the
-///     order each client sent them, and never after the service is destroyed;
+///   - the transport calls `handle` (and `disconnected`) for one request at a time (never
+///     concurrently), in the order each client sent them, and never after the service is
+///     destroyed;
 ///   - `handle` answers every request exactly once through `reply`, now or later (a request
 ///     that waits for a token or a step is answered when another request completes it);
 ///     whatever goes wrong, including a throwing policy, becomes an answer: `handle` does
@@ -2111,6 +2266,26 @@ concept Service = requires(S& service, const S& cservice, Request&& request,
   { cservice.task() } -> std::convertible_to<std::uint32_t>;
   { cservice.stopped() } -> std::convertible_to<bool>;
 };
+
+/// Tells `service` that task `node` left, if the service cares (`disconnected`).
+template <Service S>
+void notify_disconnected(S& service, const Node& node) noexcept {
+  if constexpr (requires { service.disconnected(node); }) {
+    static_assert(noexcept(service.disconnected(node)), "Service::disconnected must be noexcept");
+    service.disconnected(node);
+  }
+}
+
+/// The most tensor bytes a request to `service` can carry now (`max_request_payload`), or no
+/// limit if it does not say.
+template <Service S>
+std::uint64_t max_request_payload(const S& service) noexcept {
+  if constexpr (requires { { service.max_request_payload() } -> std::convertible_to<std::uint64_t>; }) {
+    return service.max_request_payload();
+  } else {
+    return std::numeric_limits<std::uint64_t>::max();
+  }
+}
 
 }  // namespace pulley
 // ---- end pulley/concepts/service.hpp ----
@@ -2252,37 +2427,6 @@ inline void log(LogLevel level, std::string_view line) noexcept {
 
 }  // namespace pulley
 // ---- end pulley/log.hpp ----
-// ---- begin pulley/node.hpp ----
-
-#include <compare>
-#include <cstdint>
-#include <string>
-
-namespace pulley {
-
-/// A task of the cluster, named as in TF_CONFIG: a job ("ps", "worker", "chief",
-/// "evaluator") and an index inside it.
-struct Node {
-  enum class Job : std::uint8_t { kPs, kWorker, kChief, kEvaluator };
-  Job job = Job::kWorker;
-  std::uint32_t index = 0;
-
-  static constexpr Node ps(std::uint32_t i) noexcept { return {Job::kPs, i}; }
-  static constexpr Node worker(std::uint32_t i) noexcept { return {Job::kWorker, i}; }
-  static constexpr Node chief() noexcept { return {Job::kChief, 0}; }
-  static constexpr Node evaluator() noexcept { return {Job::kEvaluator, 0}; }
-
-  /// "ps:1", "worker:0", ...
-  [[nodiscard]] std::string name() const {
-    constexpr const char* jobs[] = {"ps", "worker", "chief", "evaluator"};
-    return std::string(jobs[static_cast<int>(job)]) + ":" + std::to_string(index);
-  }
-
-  friend constexpr auto operator<=>(const Node&, const Node&) = default;
-};
-
-}  // namespace pulley
-// ---- end pulley/node.hpp ----
 // ---- begin pulley/optimizers/adagrad.hpp ----
 
 #include <cmath>
@@ -2321,6 +2465,20 @@ struct Adagrad {
       ap[i] += gp[i] * gp[i];
       wp[i] -= lr * gp[i] / (std::sqrt(ap[i]) + eps);
     }
+  }
+
+  /// True if `apply` keeps every weight and the accumulator within kFiniteBound. A step is
+  /// at most learning_rate * |g| / sqrt(g^2) = learning_rate, so no division is needed.
+  [[nodiscard]] bool stays_finite(const State& state, std::span<const float> w,
+                                  std::span<const float> g) const {
+    const float lr = std::abs(learning_rate);
+    const float* a = state.accumulator.data();
+    unsigned bad = 0;
+    for (std::size_t i = 0, n = w.size(); i < n; ++i) {
+      bad |= static_cast<unsigned>(!(a[i] + g[i] * g[i] <= kFiniteBound) ||
+                                   !(std::abs(w[i]) + lr <= kFiniteBound));
+    }
+    return bad == 0;
   }
 };
 static_assert(Optimizer<Adagrad>);
@@ -2365,10 +2523,7 @@ struct Adam {
   /// Updates `w` in place from gradient `g` (same size as the state).
   void apply(State& state, std::span<float> w, std::span<const float> g) const {
     ++state.t;
-    const auto t = static_cast<double>(state.t);
-    const auto lr_t =
-        static_cast<float>(learning_rate * std::sqrt(1.0 - std::pow(double{beta_2}, t)) /
-                           (1.0 - std::pow(double{beta_1}, t)));
+    const float lr_t = step_size(state.t);
     const float b1 = beta_1;
     const float b2 = beta_2;
     const float eps = epsilon;
@@ -2382,6 +2537,33 @@ struct Adam {
       wp[i] -= lr_t * mp[i] / (std::sqrt(vp[i]) + eps);
     }
   }
+
+  /// True if `apply` keeps every weight and both moments within kFiniteBound. A step is at
+  /// most lr_t * |m| / epsilon, which bounds it without a square root or a division.
+  [[nodiscard]] bool stays_finite(const State& state, std::span<const float> w,
+                                  std::span<const float> g) const {
+    const float reach = std::abs(step_size(state.t + 1)) / epsilon;
+    const float b1 = beta_1;
+    const float b2 = beta_2;
+    const float* m = state.m.data();
+    const float* v = state.v.data();
+    unsigned bad = 0;
+    for (std::size_t i = 0, n = w.size(); i < n; ++i) {
+      const float m1 = b1 * m[i] + (1.0F - b1) * g[i];
+      const float v1 = b2 * v[i] + (1.0F - b2) * g[i] * g[i];
+      bad |= static_cast<unsigned>(!(std::abs(m1) <= kFiniteBound) || !(v1 <= kFiniteBound) ||
+                                   !(std::abs(w[i]) + reach * std::abs(m1) <= kFiniteBound));
+    }
+    return bad == 0;
+  }
+
+ private:
+  /// lr_t of update number t.
+  [[nodiscard]] float step_size(std::int64_t t) const {
+    const auto td = static_cast<double>(t);
+    return static_cast<float>(learning_rate * std::sqrt(1.0 - std::pow(double{beta_2}, td)) /
+                              (1.0 - std::pow(double{beta_1}, td)));
+  }
 };
 static_assert(Optimizer<Adam>);
 
@@ -2389,6 +2571,7 @@ static_assert(Optimizer<Adam>);
 // ---- end pulley/optimizers/adam.hpp ----
 // ---- begin pulley/optimizers/momentum.hpp ----
 
+#include <cmath>
 #include <cstddef>
 #include <span>
 #include <vector>
@@ -2432,6 +2615,22 @@ struct Momentum {
       }
     }
   }
+
+  /// True if `apply` keeps every weight and the accumulation within kFiniteBound.
+  [[nodiscard]] bool stays_finite(const State& state, std::span<const float> w,
+                                  std::span<const float> g) const {
+    const float lr = learning_rate;
+    const float mu = momentum;
+    const float* a = state.accumulation.data();
+    unsigned bad = 0;
+    for (std::size_t i = 0, n = w.size(); i < n; ++i) {
+      const float acc = mu * a[i] + g[i];
+      const float step = use_nesterov ? g[i] + mu * acc : acc;
+      bad |= static_cast<unsigned>(!(std::abs(acc) <= kFiniteBound) ||
+                                   !(std::abs(w[i] - lr * step) <= kFiniteBound));
+    }
+    return bad == 0;
+  }
 };
 static_assert(Optimizer<Momentum>);
 
@@ -2439,6 +2638,7 @@ static_assert(Optimizer<Momentum>);
 // ---- end pulley/optimizers/momentum.hpp ----
 // ---- begin pulley/optimizers/sgd.hpp ----
 
+#include <cmath>
 #include <cstddef>
 #include <span>
 
@@ -2461,6 +2661,17 @@ struct Sgd {
     const float* __restrict gp = g.data();
     for (std::size_t i = 0, n = w.size(); i < n; ++i) wp[i] -= lr * gp[i];
   }
+
+  /// True if `apply` keeps every weight within kFiniteBound.
+  [[nodiscard]] bool stays_finite(const State& /*state*/, std::span<const float> w,
+                                  std::span<const float> g) const {
+    const float lr = learning_rate;
+    unsigned bad = 0;
+    for (std::size_t i = 0, n = w.size(); i < n; ++i) {
+      bad |= static_cast<unsigned>(!(std::abs(w[i] - lr * g[i]) <= kFiniteBound));
+    }
+    return bad == 0;
+  }
 };
 static_assert(Optimizer<Sgd>);
 
@@ -2475,8 +2686,10 @@ static_assert(Optimizer<Sgd>);
 #include <exception>
 #include <optional>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <unordered_set>
 #include <utility>
 #include <variant>
@@ -2533,6 +2746,13 @@ class ParameterServer {
     }
     changing_ = false;
     try {
+      if (context.peer && !senders(request).contains(context.peer->job)) {
+        const std::string problem = "refused " + std::string(message_name(request)) + " from " +
+                                    context.peer->name() + ": only a " +
+                                    senders(request).describe() + " may send it";
+        log(LogLevel::kWarning, "ps " + std::to_string(task_) + ": " + problem);
+        return reject(reply, ErrorCode::kPermissionDenied, problem);
+      }
       std::visit([&](auto& r) { on(r, context, reply); }, request);
     } catch (const Error& e) {
       settle(reply, e.code(), e.message(), message_name(request));
@@ -2556,6 +2776,32 @@ class ParameterServer {
     s.global_step = global_step();
     return s;
   }
+
+  /// The transport lost its last connection from `node`. A worker's parked token requests
+  /// are answered kUnavailable, and the tokens it took and did not push for go back to the
+  /// sync policy (`SyncPolicy::release`), so a worker that vanished holding one cannot
+  /// stall a step.
+  void disconnected(const Node& node) noexcept {
+    if (node.job != Node::Job::kWorker || end_) return;
+    try {
+      const std::string gone = "ps " + std::to_string(task_) + ": " + node.name() + " disconnected";
+      std::erase_if(token_waiters_, [&](TokenWaiter& w) {
+        if (w.worker != node.index) return false;
+        send(w.reply, ErrorReply{ErrorCode::kUnavailable, gone});
+        return true;
+      });
+      release(sync_, pacer_, node.index);
+      retry_tokens();
+    } catch (const std::exception& e) {
+      fail(std::string("giving back a disconnected worker's tokens: ") + e.what());
+    } catch (...) {
+      end_ = ErrorReply{ErrorCode::kInternal, {}};
+    }
+  }
+
+  /// The most tensor bytes a request can carry: a push or an initialization has one value per
+  /// element held here (0 before registration: nothing can carry a tensor yet).
+  [[nodiscard]] std::uint64_t max_request_payload() const noexcept { return held_bytes_; }
 
  private:
   /// A part held here, with the optimizer's slots and the sync policy's accumulator.
@@ -2658,6 +2904,8 @@ class ParameterServer {
     placement_ = std::move(placement);
     slots_ = std::move(slots);
     slot_of_part_ = std::move(slot_of_part);
+    held_bytes_ = 0;
+    for (const Slot& slot : slots_) held_bytes_ += slot.values.size() * sizeof(float);
     registered_ = true;
     send(reply, std::move(answer));
     if (slots_.empty()) become_ready();
@@ -2740,11 +2988,12 @@ class ParameterServer {
 
   // ---- TakeToken ------------------------------------------------------------------------
 
-  void on(TakeToken& r, const RequestContext& /*context*/, Responder& reply) {
+  void on(TakeToken& r, const RequestContext& context, Responder& reply) {
     if (!ready_) {
       reject(reply, ErrorCode::kFailedPrecondition, "token requested before initialization");
       return;
     }
+    if (!is_sender(r.worker, context, reply, "TakeToken")) return;
     TokenWaiter& waiter = token_waiters_.emplace_back(TokenWaiter{r.worker, nullptr});
     park(waiter.reply, reply);
     retry_tokens();
@@ -2790,12 +3039,36 @@ class ParameterServer {
         return;
       }
     }
+    if (const Slice* twice = overlapping(r.slices)) {
+      // Every row at most once: a reply is then never larger than what is held here.
+      reject(reply, ErrorCode::kInvalidArgument,
+             "a pull asks for rows of " + describe(slots_[slot_of_part_[twice->part]].part) +
+                 " twice (around rows [" + std::to_string(twice->rows.begin) + ", " +
+                 std::to_string(twice->rows.end) + "))");
+      return;
+    }
     if (global_step() < r.min_step) {
       WaitingPull& waiting = waiting_pulls_.emplace_back(WaitingPull{std::move(r), nullptr});
       park(waiting.reply, reply);
     } else {
       answer_pull(r, reply);
     }
+  }
+
+  /// A slice that overlaps another of `slices` (of the same part), or null.
+  const Slice* overlapping(const std::vector<Slice>& slices) {
+    if (slices.size() < 2) return nullptr;
+    order_.resize(slices.size());
+    for (std::size_t i = 0; i < slices.size(); ++i) order_[i] = &slices[i];
+    std::sort(order_.begin(), order_.end(), [](const Slice* a, const Slice* b) {
+      return a->part != b->part ? a->part < b->part : a->rows.begin < b->rows.begin;
+    });
+    for (std::size_t i = 1; i < order_.size(); ++i) {
+      if (order_[i]->part == order_[i - 1]->part && order_[i]->rows.begin < order_[i - 1]->rows.end) {
+        return order_[i];
+      }
+    }
+    return nullptr;
   }
 
   void answer_pull(const Pull& r, Responder& reply) {
@@ -2827,6 +3100,7 @@ class ParameterServer {
              "push before initialization: the chief has not initialized the variables");
       return;
     }
+    if (!is_sender(r.worker, context, reply, "Push")) return;
     if (!check_parts(r.gradients, context, reply)) return;
     if (r.gradients.size() != slots_.size()) {
       // Every part must see every push's verdict, or parts drift apart.
@@ -2834,6 +3108,24 @@ class ParameterServer {
              "a push must carry a gradient for each of the " + std::to_string(slots_.size()) +
                  " parts held here, got " + std::to_string(r.gradients.size()));
       return;
+    }
+    if constexpr (PredictsFiniteness<O>) {
+      // Checked against the state it would be applied to, before anything changes. A mean
+      // of gradients that each pass passes too (the optimizer's contract), so a sync step
+      // only needs its mean checked for a sum that overflowed (apply_all).
+      for (const PartValues& pv : r.gradients) {
+        const Slot& slot = slots_[slot_of_part_[pv.part]];
+        if (!optimizer_.stays_finite(slot.optimizer_state, slot.values, pv.values)) {
+          ++stats_.updates_refused;
+          const std::string problem =
+              "push from worker " + std::to_string(r.worker) + " refused: its gradient for " +
+              describe(slot.part) +
+              " would make a parameter or an optimizer slot non-finite (or larger than "
+              "float's range allows); nothing was applied";
+          log(LogLevel::kWarning, "ps " + std::to_string(task_) + ": " + problem);
+          return reject(reply, ErrorCode::kInvalidArgument, problem);
+        }
+      }
     }
     const std::int64_t step_before = global_step();
     changing_ = true;  // the policy's own refusal (pulley::Error) leaves its pacer unchanged
@@ -2857,19 +3149,84 @@ class ParameterServer {
       ++stats_.gradients_accepted;
       sync_.accumulate(slot.accumulator, pv.values);
     }
-    if (verdict == Verdict::kReady) {
-      for (Slot& slot : slots_) {
-        const UpdateContext update{step_before, variables_[slot.part.variable].name,
-                                   slot.part.rows, slot.row_size};
-        apply_update(optimizer_, slot.optimizer_state, slot.values, sync_.take(slot.accumulator),
-                     update);
-        ++stats_.updates_applied;
-      }
-    }
+    if (verdict == Verdict::kReady) apply_all(step_before);
     send(reply, answer);
     retry_tokens();
     if (global_step() != step_before) answer_waiting_pulls();
     changing_ = false;
+  }
+
+  /// Takes every part's update from its accumulator and applies it, unless that would make
+  /// a parameter (or, for an optimizer that predicts it, a slot) non-finite: then this
+  /// update is skipped on this ps, counted and logged. With `stays_finite`, each push was
+  /// checked on arrival and only the mean needs a look (a sum of R gradients can overflow
+  /// float); without it, the update is applied to copies that replace the parts only if
+  /// every weight stayed finite.
+  void apply_all(std::int64_t step_before) {
+    updates_.clear();
+    for (Slot& slot : slots_) updates_.push_back(sync_.take(slot.accumulator));
+    if constexpr (PredictsFiniteness<O>) {
+      for (std::size_t i = 0; i < slots_.size(); ++i) {
+        if (!detail::all_finite(updates_[i])) return skip_update(step_before, slots_[i]);
+      }
+      for (std::size_t i = 0; i < slots_.size(); ++i) apply_to(slots_[i], slots_[i].values,
+                                                             slots_[i].optimizer_state,
+                                                             updates_[i], step_before);
+    } else if constexpr (std::is_copy_assignable_v<typename O::State>) {
+      shadows_.resize(slots_.size());
+      for (std::size_t i = 0; i < slots_.size(); ++i) {
+        Slot& slot = slots_[i];
+        Shadow& shadow = shadows_[i];
+        shadow.values = slot.values;  // copy-assignments reuse the shadows' memory
+        if (!shadow.state) {
+          shadow.state.emplace(slot.optimizer_state);
+        } else {
+          *shadow.state = slot.optimizer_state;
+        }
+        apply_to(slot, shadow.values, *shadow.state, updates_[i], step_before);
+        if (!detail::all_finite(shadow.values)) return skip_update(step_before, slot);
+      }
+      for (std::size_t i = 0; i < slots_.size(); ++i) {
+        std::swap(slots_[i].values, shadows_[i].values);
+        std::swap(slots_[i].optimizer_state, *shadows_[i].state);
+      }
+    } else {
+      for (Slot& slot : slots_) {
+        apply_to(slot, slot.values, slot.optimizer_state, updates_[&slot - slots_.data()],
+                 step_before);
+        if (!detail::all_finite(slot.values)) {
+          throw std::runtime_error("the parameters of " + describe(slot.part) +
+                                   " went non-finite, and the optimizer's State cannot be "
+                                   "copied to undo it (give the optimizer stays_finite)");
+        }
+      }
+    }
+  }
+
+  void apply_to(const Slot& slot, std::span<float> values, typename O::State& state,
+                std::span<const float> update, std::int64_t step_before) {
+    const UpdateContext context{step_before, variables_[slot.part.variable].name, slot.part.rows,
+                                slot.row_size};
+    apply_update(optimizer_, state, values, update, context);
+    ++stats_.updates_applied;
+  }
+
+  void skip_update(std::int64_t step_before, const Slot& slot) {
+    ++stats_.updates_refused;
+    log(LogLevel::kWarning,
+        "ps " + std::to_string(task_) + ": skipped the update of global step " +
+            std::to_string(step_before + 1) + ": it would have made " + describe(slot.part) +
+            " non-finite (a sum of gradients overflowed float, or the optimizer diverged)");
+  }
+
+  /// Checks that a worker's request names the worker that sent it.
+  bool is_sender(std::uint32_t worker, const RequestContext& context, Responder& reply,
+                 std::string_view what) {
+    if (!context.peer || context.peer->index == worker) return true;
+    reject(reply, ErrorCode::kPermissionDenied,
+           "refused " + std::string(what) + " for worker " + std::to_string(worker) + " from " +
+               context.peer->name());
+    return false;
   }
 
   // ---- GetStats / Shutdown --------------------------------------------------------------
@@ -2958,6 +3315,18 @@ class ParameterServer {
   std::vector<Slot> slots_;
   std::vector<std::size_t> slot_of_part_;  ///< global part index → slot, or kNotHere
   std::size_t initialized_slots_ = 0;
+
+  std::uint64_t held_bytes_ = 0;  ///< bytes of the parts held here
+
+  /// A part's values and State as an update leaves them, kept only if they stay finite
+  /// (optimizers without `stays_finite`).
+  struct Shadow {
+    std::vector<float> values;
+    std::optional<typename O::State> state;
+  };
+  std::vector<Shadow> shadows_;
+  std::vector<std::span<const float>> updates_;  ///< scratch: each part's update
+  std::vector<const Slice*> order_;              ///< scratch: a pull's slices, sorted
 
   typename P::Pacer pacer_;  ///< the global step and the tokens, as the sync policy keeps them
   std::deque<TokenWaiter> token_waiters_;
@@ -3337,6 +3706,7 @@ class SyncReplicas {
     int fresh = 0;                                ///< fresh pushes of `step`
     std::int64_t tokens_left = 0;                 ///< tokens of `step` not taken
     std::map<std::uint32_t, std::int64_t> taken;  ///< tokens of `step` taken, by worker
+    std::map<std::uint32_t, std::int64_t> held;   ///< ... and not pushed for yet
   };
 
   /// An empty accumulator for n-element gradients.
@@ -3364,17 +3734,38 @@ class SyncReplicas {
   }
 
   /// Step 0, with max(R, N) tokens.
-  [[nodiscard]] Pacer make_pacer() const { return {0, 0, tokens_per_step(), {}}; }
+  [[nodiscard]] Pacer make_pacer() const { return {0, 0, tokens_per_step(), {}, {}}; }
 
   /// Stale if tagged before the current step; the R-th fresh push completes the step.
-  Verdict on_push(Pacer& pacer, std::uint32_t /*worker*/, std::int64_t local_step) const {
+  Verdict on_push(Pacer& pacer, std::uint32_t worker, std::int64_t local_step) const {
     if (local_step < pacer.step) return Verdict::kStale;
+    if (const auto held = pacer.held.find(worker); held != pacer.held.end()) {
+      if (held->second <= 1) {
+        pacer.held.erase(held);  // erasing cannot throw
+      } else {
+        --held->second;
+      }
+    }
     if (++pacer.fresh < replicas_to_aggregate_) return Verdict::kPending;
     ++pacer.step;
     pacer.fresh = 0;
     pacer.tokens_left = tokens_per_step();  // the old step's untaken tokens are withdrawn
     pacer.taken.clear();
+    pacer.held.clear();
     return Verdict::kReady;
+  }
+
+  /// Gives back the tokens of the current step `worker` took and did not push for; it may
+  /// take them again (one per step still holds when R <= N).
+  void release(Pacer& pacer, std::uint32_t worker) const noexcept {
+    const auto held = pacer.held.find(worker);
+    if (held == pacer.held.end()) return;
+    pacer.tokens_left += std::max<std::int64_t>(held->second, 0);
+    const auto taken = pacer.taken.find(worker);
+    if (taken != pacer.taken.end() && (taken->second -= held->second) <= 0) {
+      pacer.taken.erase(taken);
+    }
+    pacer.held.erase(held);
   }
 
   /// Steps completed.
@@ -3386,7 +3777,9 @@ class SyncReplicas {
     const bool one_each = replicas_to_aggregate_ <= total_num_replicas_;
     if (pacer.tokens_left == 0) return std::nullopt;
     if (one_each && pacer.taken.contains(worker)) return std::nullopt;
-    ++pacer.taken[worker];  // first: an insertion that throws leaves the pacer as it was
+    std::int64_t& held = pacer.held[worker];  // insertions first: one that throws
+    ++pacer.taken[worker];                     // leaves the pacer as it was
+    ++held;
     --pacer.tokens_left;
     // With one token per step the worker's next step is the next global step, so its push
     // can bring that step's parameters back; with R > N its next token may be of this step.
@@ -3487,7 +3880,8 @@ namespace pulley {
 ///
 /// Faults, for tests: `drop_next` loses requests (the caller's deadline fires), `delay`
 /// slows a node down, `kill` makes a node fail as a crashed process would: the requests it
-/// held and everything sent to or by it afterwards are answered `kUnavailable`.
+/// held and everything sent to or by it afterwards are answered `kUnavailable`, and every
+/// ps hears that a killed client left (`Service::disconnected`).
 ///
 /// Lifetimes take care of themselves: the network owns the services it serves and joins
 /// their threads before destroying them; an endpoint that outlives the network gets
@@ -3537,18 +3931,20 @@ class InProcessNetwork {
   /// A served ps task, whatever its Service type.
   struct Host {
     virtual ~Host() = default;
-    virtual void handle(Request&& request, Responder reply) noexcept = 0;
+    virtual void handle(Request&& request, Node from, Responder reply) noexcept = 0;
+    virtual void disconnected(Node node) noexcept = 0;
     [[nodiscard]] virtual std::uint32_t task() const = 0;
     [[nodiscard]] virtual bool stopped() const = 0;
   };
   template <Service S>
   struct HostOf final : Host {
     explicit HostOf(S s) : service(std::move(s)) {}
-    void handle(Request&& request, Responder reply) noexcept override {
+    void handle(Request&& request, Node from, Responder reply) noexcept override {
       // Requests come from this process's own clients, which check every tensor before
       // they send anything.
-      service.handle(std::move(request), RequestContext{true}, std::move(reply));
+      service.handle(std::move(request), RequestContext{true, from}, std::move(reply));
     }
+    void disconnected(Node node) noexcept override { notify_disconnected(service, node); }
     [[nodiscard]] std::uint32_t task() const override { return service.task(); }
     [[nodiscard]] bool stopped() const override { return service.stopped(); }
     S service;
@@ -3575,6 +3971,7 @@ class InProcessNetwork {
   struct Envelope {
     Request request;
     CallPtr call;
+    Node from;
   };
 
   struct Mailbox {
@@ -3667,7 +4064,15 @@ class InProcessNetwork {
         std::scoped_lock lock(faults_mutex_);
         dead_[node] = true;
       }
-      if (node.job != Node::Job::kPs || node.index >= num_ps()) return;
+      if (node.job != Node::Job::kPs) {
+        // Its connections break: every ps hears that it left, as a TCP ps would.
+        for (auto& box : mailboxes_) {
+          std::scoped_lock serving(box->serving);
+          if (box->host && !box->closed) box->host->disconnected(node);
+        }
+        return;
+      }
+      if (node.index >= num_ps()) return;
       Mailbox& box = *mailboxes_[node.index];
       std::scoped_lock lock(box.mutex);
       box.killed = true;
@@ -3711,7 +4116,7 @@ class InProcessNetwork {
         const bool idle = serving.owns_lock() && box.host && box.queue.empty() &&
                           delay_of(Node::ps(ps)).count() == 0;
         if (!idle && (box.thread_running || !box.host)) {
-          box.queue.push_back({std::move(request), std::move(call)});
+          box.queue.push_back({std::move(request), std::move(call), from});
           box.wake.notify_one();
           return pending;
         }
@@ -3719,7 +4124,7 @@ class InProcessNetwork {
       // Idle, or stopped with no thread left: handled here (a stopped service answers at
       // once, so waiting for another sender's turn is short).
       if (!serving.owns_lock()) serving.lock();
-      handle(box, ps, std::move(request), call);
+      handle(box, ps, std::move(request), from, call);
       return pending;
     }
 
@@ -3742,7 +4147,8 @@ class InProcessNetwork {
     }
 
     /// Hands one request to the service; the caller holds `box.serving`.
-    static void handle(Mailbox& box, std::uint32_t task, Request&& request, const CallPtr& call) {
+    static void handle(Mailbox& box, std::uint32_t task, Request&& request, Node from,
+                       const CallPtr& call) {
       {
         std::scoped_lock lock(box.mutex);
         if (const auto gone = gone_reason(box, task)) {
@@ -3755,7 +4161,8 @@ class InProcessNetwork {
       // One use while the service reads the request's views: a caller that gives up waits
       // for it.
       call->unless_cancelled([&] {
-        box.host->handle(std::move(request), [call](Response&& r) { call->complete(std::move(r)); });
+        box.host->handle(std::move(request), from,
+                         [call](Response&& r) { call->complete(std::move(r)); });
       });
       if (box.host->stopped()) {
         std::scoped_lock lock(box.mutex);
@@ -3787,7 +4194,7 @@ class InProcessNetwork {
           envelope = std::move(box.queue.front());
           box.queue.pop_front();
         }
-        handle(box, task, std::move(envelope.request), envelope.call);
+        handle(box, task, std::move(envelope.request), envelope.from, envelope.call);
       }
     }
 
@@ -3826,7 +4233,8 @@ class InProcessNetwork {
 class InProcess {
  public:
   /// @param network the cluster's fabric
-  /// @param self    who is calling, for the fault injector
+  /// @param self    who is calling: the ps tasks check what its job may send, and the fault
+  ///                injector acts on it
   InProcess(InProcessNetwork& network, Node self) : fabric_(network.fabric_), self_(self) {}
 
   /// Number of ps tasks in the network.

@@ -52,6 +52,8 @@ enum class ErrorCode : std::uint8_t {
   kOutOfRange = 8,          ///< training is over: the chief ended it (TF's OutOfRangeError)
   kAborted = 9,             ///< the chief aborted training
   kInternal = 10,           ///< a ps failed while handling a request (a policy threw)
+  kPermissionDenied = 11,   ///< the sender's role may not make this request
+  kUnauthenticated = 12,    ///< a peer of another job, or without the job's secret
 };
 
 /// Stable lower-case name of a code, for logs and error messages.
@@ -77,6 +79,10 @@ constexpr std::string_view to_string(ErrorCode code) noexcept {
       return "aborted";
     case ErrorCode::kInternal:
       return "internal";
+    case ErrorCode::kPermissionDenied:
+      return "permission_denied";
+    case ErrorCode::kUnauthenticated:
+      return "unauthenticated";
   }
   return "unknown";
 }
@@ -291,6 +297,10 @@ struct Token {
 /// Optional:
 ///   - `p.waiting_for(pacer)` → `std::string`: what the next step waits for, in words; the
 ///     ps reports it (StatsReply) and clients quote it when a token or a step never comes
+///   - `p.release(pacer, worker)` → void, noexcept: worker `worker` is gone (its process
+///     ended or its link broke): give back the tokens it took and did not push for, so a
+///     vanished taker cannot hold a step up (a token is a lease). The worker may come back
+///     and take tokens again.
 ///
 /// Semantic contract:
 ///   - the ps calls `on_push` once per push message, after checking it and before touching
@@ -339,8 +349,93 @@ std::string waiting_for(const P& policy, const typename P::Pacer& pacer) {
   }
 }
 
+/// Gives back what worker `worker` held, if the policy leases tokens (`release`).
+template <SyncPolicy P>
+void release(const P& policy, typename P::Pacer& pacer, std::uint32_t worker) noexcept {
+  if constexpr (requires { policy.release(pacer, worker); }) {
+    static_assert(noexcept(policy.release(pacer, worker)), "SyncPolicy::release must be noexcept");
+    policy.release(pacer, worker);
+  }
+}
+
 }  // namespace pulley
 // ---- end pulley/concepts/sync_policy.hpp ----
+// ---- begin pulley/node.hpp ----
+
+#include <compare>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+namespace pulley {
+
+/// A task of the cluster, named as in TF_CONFIG: a job ("ps", "worker", "chief",
+/// "evaluator") and an index inside it.
+struct Node {
+  enum class Job : std::uint8_t { kPs, kWorker, kChief, kEvaluator };
+  Job job = Job::kWorker;
+  std::uint32_t index = 0;
+
+  static constexpr Node ps(std::uint32_t i) noexcept { return {Job::kPs, i}; }
+  static constexpr Node worker(std::uint32_t i) noexcept { return {Job::kWorker, i}; }
+  static constexpr Node chief() noexcept { return {Job::kChief, 0}; }
+  static constexpr Node evaluator() noexcept { return {Job::kEvaluator, 0}; }
+
+  /// "ps", "worker", "chief" or "evaluator".
+  static constexpr const char* job_name(Job job) noexcept {
+    constexpr const char* jobs[] = {"ps", "worker", "chief", "evaluator"};
+    return static_cast<unsigned>(job) < 4 ? jobs[static_cast<unsigned>(job)] : "unknown";
+  }
+
+  /// "ps:1", "worker:0", ...
+  [[nodiscard]] std::string name() const {
+    return std::string(job_name(job)) + ":" + std::to_string(index);
+  }
+
+  /// Its fields on the wire (see messages.hpp).
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(job, index);
+  }
+
+  friend constexpr auto operator<=>(const Node&, const Node&) = default;
+};
+
+/// A set of jobs: who may send a message (`kSenders` in messages.hpp).
+class JobSet {
+ public:
+  /// The jobs listed.
+  constexpr JobSet(std::initializer_list<Node::Job> jobs) noexcept {
+    for (const Node::Job job : jobs) bits_ = static_cast<std::uint8_t>(bits_ | bit(job));
+  }
+  /// Every job.
+  static constexpr JobSet all() noexcept {
+    return {Node::Job::kPs, Node::Job::kWorker, Node::Job::kChief, Node::Job::kEvaluator};
+  }
+  /// True if `job` is in the set.
+  [[nodiscard]] constexpr bool contains(Node::Job job) const noexcept {
+    return (bits_ & bit(job)) != 0;
+  }
+  /// "chief", "worker or chief", ...
+  [[nodiscard]] std::string describe() const {
+    std::string out;
+    for (unsigned j = 0; j < 4; ++j) {
+      if (!contains(static_cast<Node::Job>(j))) continue;
+      if (!out.empty()) out += " or ";
+      out += Node::job_name(static_cast<Node::Job>(j));
+    }
+    return out.empty() ? "nobody" : out;
+  }
+
+ private:
+  static constexpr std::uint8_t bit(Node::Job job) noexcept {
+    return static_cast<std::uint8_t>(1U << static_cast<unsigned>(job));
+  }
+  std::uint8_t bits_ = 0;
+};
+
+}  // namespace pulley
+// ---- end pulley/node.hpp ----
 // ---- begin pulley/placement.hpp ----
 
 #include <cstddef>
@@ -517,7 +612,10 @@ namespace pulley {
 //     other fields, its values in the frame's payload, in field order, so that a sender
 //     writes them from its own buffers and a receiver reads them into place;
 //   - `kChangesParameters = true` on a request that may change the ps's parameters (a
-//     transport must not let a reply still being sent see them change).
+//     transport must not let a reply still being sent see them change);
+//   - `kSenders`, on a request: the jobs whose tasks may send it (the ps refuses it from
+//     any other with `kPermissionDenied`): only the chief registers, initializes and ends
+//     training, only workers take tokens and push, evaluators only read.
 //
 // Adding a message is its declaration here, its place in Request or Response, and its
 // handler in the service (`ParameterServer::on`).
@@ -556,6 +654,7 @@ struct Slice {
 /// same registration is harmless; a different one is refused.
 struct Register {
   static constexpr std::string_view kName = "Register";
+  static constexpr JobSet kSenders{Node::Job::kChief};
   std::vector<VariableSpec> variables;
 
   template <class Archive>
@@ -567,6 +666,7 @@ struct Register {
 /// Chief → ps: initial values of parts this ps holds. Each part is initialized once.
 struct Initialize {
   static constexpr std::string_view kName = "Initialize";
+  static constexpr JobSet kSenders{Node::Job::kChief};
   static constexpr bool kChangesParameters = true;
   std::vector<PartValues> parts;
 
@@ -579,6 +679,7 @@ struct Initialize {
 /// Client → ps: answered with the placement once every part on this ps is initialized.
 struct WaitReady {
   static constexpr std::string_view kName = "WaitReady";
+  static constexpr JobSet kSenders{Node::Job::kWorker, Node::Job::kChief, Node::Job::kEvaluator};
 
   template <class Archive>
   void serialize(Archive& /*archive*/) {}
@@ -588,6 +689,7 @@ struct WaitReady {
 /// Waits while the sync policy has no token to give this worker.
 struct TakeToken {
   static constexpr std::string_view kName = "TakeToken";
+  static constexpr JobSet kSenders{Node::Job::kWorker};
   std::uint32_t worker = 0;
 
   template <class Archive>
@@ -601,6 +703,7 @@ struct TakeToken {
 /// A pull that waits is answered the moment the step completes, before any later push.
 struct Pull {
   static constexpr std::string_view kName = "Pull";
+  static constexpr JobSet kSenders{Node::Job::kWorker, Node::Job::kChief, Node::Job::kEvaluator};
   std::int64_t min_step = 0;
   std::vector<Slice> slices;
 
@@ -615,6 +718,7 @@ struct Pull {
 /// ps's global step (`SyncPolicy::on_push`).
 struct Push {
   static constexpr std::string_view kName = "Push";
+  static constexpr JobSet kSenders{Node::Job::kWorker};
   static constexpr bool kChangesParameters = true;
   std::uint32_t worker = 0;
   std::int64_t local_step = 0;
@@ -629,6 +733,7 @@ struct Push {
 /// Any client → ps: counters for monitoring and tests.
 struct GetStats {
   static constexpr std::string_view kName = "GetStats";
+  static constexpr JobSet kSenders{Node::Job::kWorker, Node::Job::kChief, Node::Job::kEvaluator};
 
   template <class Archive>
   void serialize(Archive& /*archive*/) {}
@@ -639,6 +744,7 @@ struct GetStats {
 /// gave up, so each task learns how the job ended; the ps then stops serving.
 struct Shutdown {
   static constexpr std::string_view kName = "Shutdown";
+  static constexpr JobSet kSenders{Node::Job::kChief};
   bool aborted = false;  ///< the job failed: tasks end with an error, not with success
   std::string reason;    ///< why it was aborted
 
@@ -732,11 +838,14 @@ struct Stats {
   std::int64_t requests_rejected = 0;        ///< requests answered with an ErrorReply
   std::int64_t bytes_pushed = 0;             ///< gradient payload received
   std::int64_t bytes_pulled = 0;             ///< parameter payload sent
+  /// Pushes refused, and updates skipped, because applying them would have made a
+  /// parameter or an optimizer slot non-finite.
+  std::int64_t updates_refused = 0;
 
   template <class Archive>
   void serialize(Archive& archive) {
     archive(global_step, updates_applied, gradients_accepted, stale_gradients_dropped,
-            requests_rejected, bytes_pushed, bytes_pulled);
+            requests_rejected, bytes_pushed, bytes_pulled, updates_refused);
   }
 };
 
@@ -768,6 +877,12 @@ inline constexpr bool changes_parameters_v = [] {
     return false;
   }
 }();
+
+/// The jobs that may send `request` (its declared `kSenders`).
+inline JobSet senders(const Request& request) noexcept {
+  return std::visit([](const auto& m) { return std::remove_cvref_t<decltype(m)>::kSenders; },
+                    request);
+}
 
 /// True if handling `request` may change the ps's parameters.
 inline bool changes_parameters(const Request& request) noexcept {
@@ -2001,6 +2116,7 @@ concept Model = requires(M& model, const M& cmodel, std::size_t i, const typenam
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string_view>
 
@@ -2016,6 +2132,11 @@ struct UpdateContext {
   std::size_t row_size = 0;   ///< elements per row: element i is row `rows.begin + i / row_size`
 };
 
+/// The largest magnitude the stock optimizers' `stays_finite` lets a parameter or a slot
+/// reach: a quarter of float's range, so that rounding (of a mean of gradients, of the
+/// update itself) cannot carry a value it passed into infinity.
+inline constexpr float kFiniteBound = std::numeric_limits<float>::max() / 4;
+
 /// An optimizer: a small value type holding hyper-parameters, plus a per-part `State`
 /// (slots such as momentum or Adam's moments) that the ps keeps beside the part it updates.
 ///
@@ -2024,6 +2145,17 @@ struct UpdateContext {
 ///   - `o.make_state(n)` → `O::State` for a part of `n` elements
 ///   - `o.apply(state, weights, gradient)` or `o.apply(state, weights, gradient, context)`:
 ///     updates `weights` in place (the second form also sees an UpdateContext)
+/// Optional:
+///   - `o.stays_finite(state, weights, gradient)` → bool, with `state` const: true only if
+///     `apply` with these arguments would leave every weight and every slot finite. It may
+///     be conservative (false for a few updates that would have stayed finite, far beyond
+///     any real gradient) but never optimistic, and it must hold for any gradient between
+///     two it accepted (the mean of accepted gradients stays accepted). The ps asks it for
+///     every push before changing anything and refuses a push it answers false, naming the
+///     variable and the sender. Without it, the ps applies each update to a copy of the
+///     part and its State (which must then be copyable), keeps the copy only if the weights
+///     stayed finite, and fails if the State cannot be copied and the weights went
+///     non-finite; `stays_finite` saves that copy and guards the slots too.
 ///
 /// Semantic contract (the compiler cannot check it):
 ///   - `gradient` is the mean of the gradients the sync policy aggregated for this update
@@ -2051,6 +2183,14 @@ concept Optimizer = std::copy_constructible<O> && std::movable<typename O::State
       requires { { optimizer.apply(state, weights, gradient, context) } -> std::same_as<void>; };
 };
 
+/// True if the optimizer can tell in advance whether an update stays finite.
+template <class O>
+concept PredictsFiniteness = Optimizer<O> &&
+    requires(const O& optimizer, const typename O::State& state, std::span<const float> weights,
+             std::span<const float> gradient) {
+  { optimizer.stays_finite(state, weights, gradient) } -> std::convertible_to<bool>;
+};
+
 /// Calls whichever form of `apply` the optimizer has.
 template <Optimizer O>
 void apply_update(const O& optimizer, typename O::State& state, std::span<float> weights,
@@ -2069,6 +2209,8 @@ void apply_update(const O& optimizer, typename O::State& state, std::span<float>
 #include <concepts>
 #include <cstdint>
 #include <functional>
+#include <limits>
+#include <optional>
 
 namespace pulley {
 
@@ -2085,6 +2227,10 @@ struct RequestContext {
   /// Every tensor of the request is finite: the transport checked it as it arrived, or the
   /// request comes from a client in this process (pulley's clients check before sending).
   bool tensors_finite = false;
+  /// The task that sent it, as the transport knows it (over TCP: as the handshake proved
+  /// it); the service refuses what that task's job may not send (`kSenders`). nullopt: a
+  /// caller the transport does not name, trusted (pulley's transports always name it).
+  std::optional<Node> peer;
 };
 
 /// The server half of a transport's contract: what a transport serves. A ParameterServer is
@@ -2095,9 +2241,18 @@ struct RequestContext {
 ///   - `s.task()` → this ps task's index
 ///   - `s.stopped()` → bool: true once it serves no more (shut down, or failed)
 ///
+/// Optional:
+///   - `s.disconnected(node)`: the transport lost its last connection from task `node` (the
+///     process ended, or the link broke). The service gives back what that task held, such
+///     as a sync token it took and will not push for (a lease).
+///   - `s.max_request_payload()` → std::uint64_t: the most tensor bytes a request can
+///     legitimately carry now (a ParameterServer: the bytes of the parts it holds). A
+///     transport refuses a frame that claims more before it receives any of it.
+///
 /// Semantic contract:
-///   - the transport calls `handle` for one request at a time (never concurrently), in the
-///     order each client sent them, and never after the service is destroyed;
+///   - the transport calls `handle` (and `disconnected`) for one request at a time (never
+///     concurrently), in the order each client sent them, and never after the service is
+///     destroyed;
 ///   - `handle` answers every request exactly once through `reply`, now or later (a request
 ///     that waits for a token or a step is answered when another request completes it);
 ///     whatever goes wrong, including a throwing policy, becomes an answer: `handle` does
@@ -2111,6 +2266,26 @@ concept Service = requires(S& service, const S& cservice, Request&& request,
   { cservice.task() } -> std::convertible_to<std::uint32_t>;
   { cservice.stopped() } -> std::convertible_to<bool>;
 };
+
+/// Tells `service` that task `node` left, if the service cares (`disconnected`).
+template <Service S>
+void notify_disconnected(S& service, const Node& node) noexcept {
+  if constexpr (requires { service.disconnected(node); }) {
+    static_assert(noexcept(service.disconnected(node)), "Service::disconnected must be noexcept");
+    service.disconnected(node);
+  }
+}
+
+/// The most tensor bytes a request to `service` can carry now (`max_request_payload`), or no
+/// limit if it does not say.
+template <Service S>
+std::uint64_t max_request_payload(const S& service) noexcept {
+  if constexpr (requires { { service.max_request_payload() } -> std::convertible_to<std::uint64_t>; }) {
+    return service.max_request_payload();
+  } else {
+    return std::numeric_limits<std::uint64_t>::max();
+  }
+}
 
 }  // namespace pulley
 // ---- end pulley/concepts/service.hpp ----
@@ -2252,37 +2427,6 @@ inline void log(LogLevel level, std::string_view line) noexcept {
 
 }  // namespace pulley
 // ---- end pulley/log.hpp ----
-// ---- begin pulley/node.hpp ----
-
-#include <compare>
-#include <cstdint>
-#include <string>
-
-namespace pulley {
-
-/// A task of the cluster, named as in TF_CONFIG: a job ("ps", "worker", "chief",
-/// "evaluator") and an index inside it.
-struct Node {
-  enum class Job : std::uint8_t { kPs, kWorker, kChief, kEvaluator };
-  Job job = Job::kWorker;
-  std::uint32_t index = 0;
-
-  static constexpr Node ps(std::uint32_t i) noexcept { return {Job::kPs, i}; }
-  static constexpr Node worker(std::uint32_t i) noexcept { return {Job::kWorker, i}; }
-  static constexpr Node chief() noexcept { return {Job::kChief, 0}; }
-  static constexpr Node evaluator() noexcept { return {Job::kEvaluator, 0}; }
-
-  /// "ps:1", "worker:0", ...
-  [[nodiscard]] std::string name() const {
-    constexpr const char* jobs[] = {"ps", "worker", "chief", "evaluator"};
-    return std::string(jobs[static_cast<int>(job)]) + ":" + std::to_string(index);
-  }
-
-  friend constexpr auto operator<=>(const Node&, const Node&) = default;
-};
-
-}  // namespace pulley
-// ---- end pulley/node.hpp ----
 // ---- begin pulley/optimizers/adagrad.hpp ----
 
 #include <cmath>
@@ -2321,6 +2465,20 @@ struct Adagrad {
       ap[i] += gp[i] * gp[i];
       wp[i] -= lr * gp[i] / (std::sqrt(ap[i]) + eps);
     }
+  }
+
+  /// True if `apply` keeps every weight and the accumulator within kFiniteBound. A step is
+  /// at most learning_rate * |g| / sqrt(g^2) = learning_rate, so no division is needed.
+  [[nodiscard]] bool stays_finite(const State& state, std::span<const float> w,
+                                  std::span<const float> g) const {
+    const float lr = std::abs(learning_rate);
+    const float* a = state.accumulator.data();
+    unsigned bad = 0;
+    for (std::size_t i = 0, n = w.size(); i < n; ++i) {
+      bad |= static_cast<unsigned>(!(a[i] + g[i] * g[i] <= kFiniteBound) ||
+                                   !(std::abs(w[i]) + lr <= kFiniteBound));
+    }
+    return bad == 0;
   }
 };
 static_assert(Optimizer<Adagrad>);
@@ -2365,10 +2523,7 @@ struct Adam {
   /// Updates `w` in place from gradient `g` (same size as the state).
   void apply(State& state, std::span<float> w, std::span<const float> g) const {
     ++state.t;
-    const auto t = static_cast<double>(state.t);
-    const auto lr_t =
-        static_cast<float>(learning_rate * std::sqrt(1.0 - std::pow(double{beta_2}, t)) /
-                           (1.0 - std::pow(double{beta_1}, t)));
+    const float lr_t = step_size(state.t);
     const float b1 = beta_1;
     const float b2 = beta_2;
     const float eps = epsilon;
@@ -2382,6 +2537,33 @@ struct Adam {
       wp[i] -= lr_t * mp[i] / (std::sqrt(vp[i]) + eps);
     }
   }
+
+  /// True if `apply` keeps every weight and both moments within kFiniteBound. A step is at
+  /// most lr_t * |m| / epsilon, which bounds it without a square root or a division.
+  [[nodiscard]] bool stays_finite(const State& state, std::span<const float> w,
+                                  std::span<const float> g) const {
+    const float reach = std::abs(step_size(state.t + 1)) / epsilon;
+    const float b1 = beta_1;
+    const float b2 = beta_2;
+    const float* m = state.m.data();
+    const float* v = state.v.data();
+    unsigned bad = 0;
+    for (std::size_t i = 0, n = w.size(); i < n; ++i) {
+      const float m1 = b1 * m[i] + (1.0F - b1) * g[i];
+      const float v1 = b2 * v[i] + (1.0F - b2) * g[i] * g[i];
+      bad |= static_cast<unsigned>(!(std::abs(m1) <= kFiniteBound) || !(v1 <= kFiniteBound) ||
+                                   !(std::abs(w[i]) + reach * std::abs(m1) <= kFiniteBound));
+    }
+    return bad == 0;
+  }
+
+ private:
+  /// lr_t of update number t.
+  [[nodiscard]] float step_size(std::int64_t t) const {
+    const auto td = static_cast<double>(t);
+    return static_cast<float>(learning_rate * std::sqrt(1.0 - std::pow(double{beta_2}, td)) /
+                              (1.0 - std::pow(double{beta_1}, td)));
+  }
 };
 static_assert(Optimizer<Adam>);
 
@@ -2389,6 +2571,7 @@ static_assert(Optimizer<Adam>);
 // ---- end pulley/optimizers/adam.hpp ----
 // ---- begin pulley/optimizers/momentum.hpp ----
 
+#include <cmath>
 #include <cstddef>
 #include <span>
 #include <vector>
@@ -2432,6 +2615,22 @@ struct Momentum {
       }
     }
   }
+
+  /// True if `apply` keeps every weight and the accumulation within kFiniteBound.
+  [[nodiscard]] bool stays_finite(const State& state, std::span<const float> w,
+                                  std::span<const float> g) const {
+    const float lr = learning_rate;
+    const float mu = momentum;
+    const float* a = state.accumulation.data();
+    unsigned bad = 0;
+    for (std::size_t i = 0, n = w.size(); i < n; ++i) {
+      const float acc = mu * a[i] + g[i];
+      const float step = use_nesterov ? g[i] + mu * acc : acc;
+      bad |= static_cast<unsigned>(!(std::abs(acc) <= kFiniteBound) ||
+                                   !(std::abs(w[i] - lr * step) <= kFiniteBound));
+    }
+    return bad == 0;
+  }
 };
 static_assert(Optimizer<Momentum>);
 
@@ -2439,6 +2638,7 @@ static_assert(Optimizer<Momentum>);
 // ---- end pulley/optimizers/momentum.hpp ----
 // ---- begin pulley/optimizers/sgd.hpp ----
 
+#include <cmath>
 #include <cstddef>
 #include <span>
 
@@ -2461,6 +2661,17 @@ struct Sgd {
     const float* __restrict gp = g.data();
     for (std::size_t i = 0, n = w.size(); i < n; ++i) wp[i] -= lr * gp[i];
   }
+
+  /// True if `apply` keeps every weight within kFiniteBound.
+  [[nodiscard]] bool stays_finite(const State& /*state*/, std::span<const float> w,
+                                  std::span<const float> g) const {
+    const float lr = learning_rate;
+    unsigned bad = 0;
+    for (std::size_t i = 0, n = w.size(); i < n; ++i) {
+      bad |= static_cast<unsigned>(!(std::abs(w[i] - lr * g[i]) <= kFiniteBound));
+    }
+    return bad == 0;
+  }
 };
 static_assert(Optimizer<Sgd>);
 
@@ -2475,8 +2686,10 @@ static_assert(Optimizer<Sgd>);
 #include <exception>
 #include <optional>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <unordered_set>
 #include <utility>
 #include <variant>
@@ -2533,6 +2746,13 @@ class ParameterServer {
     }
     changing_ = false;
     try {
+      if (context.peer && !senders(request).contains(context.peer->job)) {
+        const std::string problem = "refused " + std::string(message_name(request)) + " from " +
+                                    context.peer->name() + ": only a " +
+                                    senders(request).describe() + " may send it";
+        log(LogLevel::kWarning, "ps " + std::to_string(task_) + ": " + problem);
+        return reject(reply, ErrorCode::kPermissionDenied, problem);
+      }
       std::visit([&](auto& r) { on(r, context, reply); }, request);
     } catch (const Error& e) {
       settle(reply, e.code(), e.message(), message_name(request));
@@ -2556,6 +2776,32 @@ class ParameterServer {
     s.global_step = global_step();
     return s;
   }
+
+  /// The transport lost its last connection from `node`. A worker's parked token requests
+  /// are answered kUnavailable, and the tokens it took and did not push for go back to the
+  /// sync policy (`SyncPolicy::release`), so a worker that vanished holding one cannot
+  /// stall a step.
+  void disconnected(const Node& node) noexcept {
+    if (node.job != Node::Job::kWorker || end_) return;
+    try {
+      const std::string gone = "ps " + std::to_string(task_) + ": " + node.name() + " disconnected";
+      std::erase_if(token_waiters_, [&](TokenWaiter& w) {
+        if (w.worker != node.index) return false;
+        send(w.reply, ErrorReply{ErrorCode::kUnavailable, gone});
+        return true;
+      });
+      release(sync_, pacer_, node.index);
+      retry_tokens();
+    } catch (const std::exception& e) {
+      fail(std::string("giving back a disconnected worker's tokens: ") + e.what());
+    } catch (...) {
+      end_ = ErrorReply{ErrorCode::kInternal, {}};
+    }
+  }
+
+  /// The most tensor bytes a request can carry: a push or an initialization has one value per
+  /// element held here (0 before registration: nothing can carry a tensor yet).
+  [[nodiscard]] std::uint64_t max_request_payload() const noexcept { return held_bytes_; }
 
  private:
   /// A part held here, with the optimizer's slots and the sync policy's accumulator.
@@ -2658,6 +2904,8 @@ class ParameterServer {
     placement_ = std::move(placement);
     slots_ = std::move(slots);
     slot_of_part_ = std::move(slot_of_part);
+    held_bytes_ = 0;
+    for (const Slot& slot : slots_) held_bytes_ += slot.values.size() * sizeof(float);
     registered_ = true;
     send(reply, std::move(answer));
     if (slots_.empty()) become_ready();
@@ -2740,11 +2988,12 @@ class ParameterServer {
 
   // ---- TakeToken ------------------------------------------------------------------------
 
-  void on(TakeToken& r, const RequestContext& /*context*/, Responder& reply) {
+  void on(TakeToken& r, const RequestContext& context, Responder& reply) {
     if (!ready_) {
       reject(reply, ErrorCode::kFailedPrecondition, "token requested before initialization");
       return;
     }
+    if (!is_sender(r.worker, context, reply, "TakeToken")) return;
     TokenWaiter& waiter = token_waiters_.emplace_back(TokenWaiter{r.worker, nullptr});
     park(waiter.reply, reply);
     retry_tokens();
@@ -2790,12 +3039,36 @@ class ParameterServer {
         return;
       }
     }
+    if (const Slice* twice = overlapping(r.slices)) {
+      // Every row at most once: a reply is then never larger than what is held here.
+      reject(reply, ErrorCode::kInvalidArgument,
+             "a pull asks for rows of " + describe(slots_[slot_of_part_[twice->part]].part) +
+                 " twice (around rows [" + std::to_string(twice->rows.begin) + ", " +
+                 std::to_string(twice->rows.end) + "))");
+      return;
+    }
     if (global_step() < r.min_step) {
       WaitingPull& waiting = waiting_pulls_.emplace_back(WaitingPull{std::move(r), nullptr});
       park(waiting.reply, reply);
     } else {
       answer_pull(r, reply);
     }
+  }
+
+  /// A slice that overlaps another of `slices` (of the same part), or null.
+  const Slice* overlapping(const std::vector<Slice>& slices) {
+    if (slices.size() < 2) return nullptr;
+    order_.resize(slices.size());
+    for (std::size_t i = 0; i < slices.size(); ++i) order_[i] = &slices[i];
+    std::sort(order_.begin(), order_.end(), [](const Slice* a, const Slice* b) {
+      return a->part != b->part ? a->part < b->part : a->rows.begin < b->rows.begin;
+    });
+    for (std::size_t i = 1; i < order_.size(); ++i) {
+      if (order_[i]->part == order_[i - 1]->part && order_[i]->rows.begin < order_[i - 1]->rows.end) {
+        return order_[i];
+      }
+    }
+    return nullptr;
   }
 
   void answer_pull(const Pull& r, Responder& reply) {
@@ -2827,6 +3100,7 @@ class ParameterServer {
              "push before initialization: the chief has not initialized the variables");
       return;
     }
+    if (!is_sender(r.worker, context, reply, "Push")) return;
     if (!check_parts(r.gradients, context, reply)) return;
     if (r.gradients.size() != slots_.size()) {
       // Every part must see every push's verdict, or parts drift apart.
@@ -2834,6 +3108,24 @@ class ParameterServer {
              "a push must carry a gradient for each of the " + std::to_string(slots_.size()) +
                  " parts held here, got " + std::to_string(r.gradients.size()));
       return;
+    }
+    if constexpr (PredictsFiniteness<O>) {
+      // Checked against the state it would be applied to, before anything changes. A mean
+      // of gradients that each pass passes too (the optimizer's contract), so a sync step
+      // only needs its mean checked for a sum that overflowed (apply_all).
+      for (const PartValues& pv : r.gradients) {
+        const Slot& slot = slots_[slot_of_part_[pv.part]];
+        if (!optimizer_.stays_finite(slot.optimizer_state, slot.values, pv.values)) {
+          ++stats_.updates_refused;
+          const std::string problem =
+              "push from worker " + std::to_string(r.worker) + " refused: its gradient for " +
+              describe(slot.part) +
+              " would make a parameter or an optimizer slot non-finite (or larger than "
+              "float's range allows); nothing was applied";
+          log(LogLevel::kWarning, "ps " + std::to_string(task_) + ": " + problem);
+          return reject(reply, ErrorCode::kInvalidArgument, problem);
+        }
+      }
     }
     const std::int64_t step_before = global_step();
     changing_ = true;  // the policy's own refusal (pulley::Error) leaves its pacer unchanged
@@ -2857,19 +3149,84 @@ class ParameterServer {
       ++stats_.gradients_accepted;
       sync_.accumulate(slot.accumulator, pv.values);
     }
-    if (verdict == Verdict::kReady) {
-      for (Slot& slot : slots_) {
-        const UpdateContext update{step_before, variables_[slot.part.variable].name,
-                                   slot.part.rows, slot.row_size};
-        apply_update(optimizer_, slot.optimizer_state, slot.values, sync_.take(slot.accumulator),
-                     update);
-        ++stats_.updates_applied;
-      }
-    }
+    if (verdict == Verdict::kReady) apply_all(step_before);
     send(reply, answer);
     retry_tokens();
     if (global_step() != step_before) answer_waiting_pulls();
     changing_ = false;
+  }
+
+  /// Takes every part's update from its accumulator and applies it, unless that would make
+  /// a parameter (or, for an optimizer that predicts it, a slot) non-finite: then this
+  /// update is skipped on this ps, counted and logged. With `stays_finite`, each push was
+  /// checked on arrival and only the mean needs a look (a sum of R gradients can overflow
+  /// float); without it, the update is applied to copies that replace the parts only if
+  /// every weight stayed finite.
+  void apply_all(std::int64_t step_before) {
+    updates_.clear();
+    for (Slot& slot : slots_) updates_.push_back(sync_.take(slot.accumulator));
+    if constexpr (PredictsFiniteness<O>) {
+      for (std::size_t i = 0; i < slots_.size(); ++i) {
+        if (!detail::all_finite(updates_[i])) return skip_update(step_before, slots_[i]);
+      }
+      for (std::size_t i = 0; i < slots_.size(); ++i) apply_to(slots_[i], slots_[i].values,
+                                                             slots_[i].optimizer_state,
+                                                             updates_[i], step_before);
+    } else if constexpr (std::is_copy_assignable_v<typename O::State>) {
+      shadows_.resize(slots_.size());
+      for (std::size_t i = 0; i < slots_.size(); ++i) {
+        Slot& slot = slots_[i];
+        Shadow& shadow = shadows_[i];
+        shadow.values = slot.values;  // copy-assignments reuse the shadows' memory
+        if (!shadow.state) {
+          shadow.state.emplace(slot.optimizer_state);
+        } else {
+          *shadow.state = slot.optimizer_state;
+        }
+        apply_to(slot, shadow.values, *shadow.state, updates_[i], step_before);
+        if (!detail::all_finite(shadow.values)) return skip_update(step_before, slot);
+      }
+      for (std::size_t i = 0; i < slots_.size(); ++i) {
+        std::swap(slots_[i].values, shadows_[i].values);
+        std::swap(slots_[i].optimizer_state, *shadows_[i].state);
+      }
+    } else {
+      for (Slot& slot : slots_) {
+        apply_to(slot, slot.values, slot.optimizer_state, updates_[&slot - slots_.data()],
+                 step_before);
+        if (!detail::all_finite(slot.values)) {
+          throw std::runtime_error("the parameters of " + describe(slot.part) +
+                                   " went non-finite, and the optimizer's State cannot be "
+                                   "copied to undo it (give the optimizer stays_finite)");
+        }
+      }
+    }
+  }
+
+  void apply_to(const Slot& slot, std::span<float> values, typename O::State& state,
+                std::span<const float> update, std::int64_t step_before) {
+    const UpdateContext context{step_before, variables_[slot.part.variable].name, slot.part.rows,
+                                slot.row_size};
+    apply_update(optimizer_, state, values, update, context);
+    ++stats_.updates_applied;
+  }
+
+  void skip_update(std::int64_t step_before, const Slot& slot) {
+    ++stats_.updates_refused;
+    log(LogLevel::kWarning,
+        "ps " + std::to_string(task_) + ": skipped the update of global step " +
+            std::to_string(step_before + 1) + ": it would have made " + describe(slot.part) +
+            " non-finite (a sum of gradients overflowed float, or the optimizer diverged)");
+  }
+
+  /// Checks that a worker's request names the worker that sent it.
+  bool is_sender(std::uint32_t worker, const RequestContext& context, Responder& reply,
+                 std::string_view what) {
+    if (!context.peer || context.peer->index == worker) return true;
+    reject(reply, ErrorCode::kPermissionDenied,
+           "refused " + std::string(what) + " for worker " + std::to_string(worker) + " from " +
+               context.peer->name());
+    return false;
   }
 
   // ---- GetStats / Shutdown --------------------------------------------------------------
@@ -2958,6 +3315,18 @@ class ParameterServer {
   std::vector<Slot> slots_;
   std::vector<std::size_t> slot_of_part_;  ///< global part index → slot, or kNotHere
   std::size_t initialized_slots_ = 0;
+
+  std::uint64_t held_bytes_ = 0;  ///< bytes of the parts held here
+
+  /// A part's values and State as an update leaves them, kept only if they stay finite
+  /// (optimizers without `stays_finite`).
+  struct Shadow {
+    std::vector<float> values;
+    std::optional<typename O::State> state;
+  };
+  std::vector<Shadow> shadows_;
+  std::vector<std::span<const float>> updates_;  ///< scratch: each part's update
+  std::vector<const Slice*> order_;              ///< scratch: a pull's slices, sorted
 
   typename P::Pacer pacer_;  ///< the global step and the tokens, as the sync policy keeps them
   std::deque<TokenWaiter> token_waiters_;
@@ -3337,6 +3706,7 @@ class SyncReplicas {
     int fresh = 0;                                ///< fresh pushes of `step`
     std::int64_t tokens_left = 0;                 ///< tokens of `step` not taken
     std::map<std::uint32_t, std::int64_t> taken;  ///< tokens of `step` taken, by worker
+    std::map<std::uint32_t, std::int64_t> held;   ///< ... and not pushed for yet
   };
 
   /// An empty accumulator for n-element gradients.
@@ -3364,17 +3734,38 @@ class SyncReplicas {
   }
 
   /// Step 0, with max(R, N) tokens.
-  [[nodiscard]] Pacer make_pacer() const { return {0, 0, tokens_per_step(), {}}; }
+  [[nodiscard]] Pacer make_pacer() const { return {0, 0, tokens_per_step(), {}, {}}; }
 
   /// Stale if tagged before the current step; the R-th fresh push completes the step.
-  Verdict on_push(Pacer& pacer, std::uint32_t /*worker*/, std::int64_t local_step) const {
+  Verdict on_push(Pacer& pacer, std::uint32_t worker, std::int64_t local_step) const {
     if (local_step < pacer.step) return Verdict::kStale;
+    if (const auto held = pacer.held.find(worker); held != pacer.held.end()) {
+      if (held->second <= 1) {
+        pacer.held.erase(held);  // erasing cannot throw
+      } else {
+        --held->second;
+      }
+    }
     if (++pacer.fresh < replicas_to_aggregate_) return Verdict::kPending;
     ++pacer.step;
     pacer.fresh = 0;
     pacer.tokens_left = tokens_per_step();  // the old step's untaken tokens are withdrawn
     pacer.taken.clear();
+    pacer.held.clear();
     return Verdict::kReady;
+  }
+
+  /// Gives back the tokens of the current step `worker` took and did not push for; it may
+  /// take them again (one per step still holds when R <= N).
+  void release(Pacer& pacer, std::uint32_t worker) const noexcept {
+    const auto held = pacer.held.find(worker);
+    if (held == pacer.held.end()) return;
+    pacer.tokens_left += std::max<std::int64_t>(held->second, 0);
+    const auto taken = pacer.taken.find(worker);
+    if (taken != pacer.taken.end() && (taken->second -= held->second) <= 0) {
+      pacer.taken.erase(taken);
+    }
+    pacer.held.erase(held);
   }
 
   /// Steps completed.
@@ -3386,7 +3777,9 @@ class SyncReplicas {
     const bool one_each = replicas_to_aggregate_ <= total_num_replicas_;
     if (pacer.tokens_left == 0) return std::nullopt;
     if (one_each && pacer.taken.contains(worker)) return std::nullopt;
-    ++pacer.taken[worker];  // first: an insertion that throws leaves the pacer as it was
+    std::int64_t& held = pacer.held[worker];  // insertions first: one that throws
+    ++pacer.taken[worker];                     // leaves the pacer as it was
+    ++held;
     --pacer.tokens_left;
     // With one token per step the worker's next step is the next global step, so its push
     // can bring that step's parameters back; with R > N its next token may be of this step.
@@ -3487,7 +3880,8 @@ namespace pulley {
 ///
 /// Faults, for tests: `drop_next` loses requests (the caller's deadline fires), `delay`
 /// slows a node down, `kill` makes a node fail as a crashed process would: the requests it
-/// held and everything sent to or by it afterwards are answered `kUnavailable`.
+/// held and everything sent to or by it afterwards are answered `kUnavailable`, and every
+/// ps hears that a killed client left (`Service::disconnected`).
 ///
 /// Lifetimes take care of themselves: the network owns the services it serves and joins
 /// their threads before destroying them; an endpoint that outlives the network gets
@@ -3537,18 +3931,20 @@ class InProcessNetwork {
   /// A served ps task, whatever its Service type.
   struct Host {
     virtual ~Host() = default;
-    virtual void handle(Request&& request, Responder reply) noexcept = 0;
+    virtual void handle(Request&& request, Node from, Responder reply) noexcept = 0;
+    virtual void disconnected(Node node) noexcept = 0;
     [[nodiscard]] virtual std::uint32_t task() const = 0;
     [[nodiscard]] virtual bool stopped() const = 0;
   };
   template <Service S>
   struct HostOf final : Host {
     explicit HostOf(S s) : service(std::move(s)) {}
-    void handle(Request&& request, Responder reply) noexcept override {
+    void handle(Request&& request, Node from, Responder reply) noexcept override {
       // Requests come from this process's own clients, which check every tensor before
       // they send anything.
-      service.handle(std::move(request), RequestContext{true}, std::move(reply));
+      service.handle(std::move(request), RequestContext{true, from}, std::move(reply));
     }
+    void disconnected(Node node) noexcept override { notify_disconnected(service, node); }
     [[nodiscard]] std::uint32_t task() const override { return service.task(); }
     [[nodiscard]] bool stopped() const override { return service.stopped(); }
     S service;
@@ -3575,6 +3971,7 @@ class InProcessNetwork {
   struct Envelope {
     Request request;
     CallPtr call;
+    Node from;
   };
 
   struct Mailbox {
@@ -3667,7 +4064,15 @@ class InProcessNetwork {
         std::scoped_lock lock(faults_mutex_);
         dead_[node] = true;
       }
-      if (node.job != Node::Job::kPs || node.index >= num_ps()) return;
+      if (node.job != Node::Job::kPs) {
+        // Its connections break: every ps hears that it left, as a TCP ps would.
+        for (auto& box : mailboxes_) {
+          std::scoped_lock serving(box->serving);
+          if (box->host && !box->closed) box->host->disconnected(node);
+        }
+        return;
+      }
+      if (node.index >= num_ps()) return;
       Mailbox& box = *mailboxes_[node.index];
       std::scoped_lock lock(box.mutex);
       box.killed = true;
@@ -3711,7 +4116,7 @@ class InProcessNetwork {
         const bool idle = serving.owns_lock() && box.host && box.queue.empty() &&
                           delay_of(Node::ps(ps)).count() == 0;
         if (!idle && (box.thread_running || !box.host)) {
-          box.queue.push_back({std::move(request), std::move(call)});
+          box.queue.push_back({std::move(request), std::move(call), from});
           box.wake.notify_one();
           return pending;
         }
@@ -3719,7 +4124,7 @@ class InProcessNetwork {
       // Idle, or stopped with no thread left: handled here (a stopped service answers at
       // once, so waiting for another sender's turn is short).
       if (!serving.owns_lock()) serving.lock();
-      handle(box, ps, std::move(request), call);
+      handle(box, ps, std::move(request), from, call);
       return pending;
     }
 
@@ -3742,7 +4147,8 @@ class InProcessNetwork {
     }
 
     /// Hands one request to the service; the caller holds `box.serving`.
-    static void handle(Mailbox& box, std::uint32_t task, Request&& request, const CallPtr& call) {
+    static void handle(Mailbox& box, std::uint32_t task, Request&& request, Node from,
+                       const CallPtr& call) {
       {
         std::scoped_lock lock(box.mutex);
         if (const auto gone = gone_reason(box, task)) {
@@ -3755,7 +4161,8 @@ class InProcessNetwork {
       // One use while the service reads the request's views: a caller that gives up waits
       // for it.
       call->unless_cancelled([&] {
-        box.host->handle(std::move(request), [call](Response&& r) { call->complete(std::move(r)); });
+        box.host->handle(std::move(request), from,
+                         [call](Response&& r) { call->complete(std::move(r)); });
       });
       if (box.host->stopped()) {
         std::scoped_lock lock(box.mutex);
@@ -3787,7 +4194,7 @@ class InProcessNetwork {
           envelope = std::move(box.queue.front());
           box.queue.pop_front();
         }
-        handle(box, task, std::move(envelope.request), envelope.call);
+        handle(box, task, std::move(envelope.request), envelope.from, envelope.call);
       }
     }
 
@@ -3826,7 +4233,8 @@ class InProcessNetwork {
 class InProcess {
  public:
   /// @param network the cluster's fabric
-  /// @param self    who is calling, for the fault injector
+  /// @param self    who is calling: the ps tasks check what its job may send, and the fault
+  ///                injector acts on it
   InProcess(InProcessNetwork& network, Node self) : fabric_(network.fabric_), self_(self) {}
 
   /// Number of ps tasks in the network.
@@ -4103,8 +4511,10 @@ static_assert(std::endian::native == std::endian::little,
 namespace pulley::wire {
 
 inline constexpr std::uint32_t kMagic = 0x594C4C50;    ///< "PLLY" in a little-endian dump
-inline constexpr std::uint16_t kVersion = 4;           ///< bumped on any incompatible change
+inline constexpr std::uint16_t kVersion = 5;           ///< bumped on any incompatible change
 inline constexpr std::uint16_t kResponseKind = 0x100;  ///< response kinds start here
+inline constexpr std::uint16_t kHandshakeKind = 0x200;  ///< handshake kinds start here
+inline constexpr std::size_t kHandshakeKinds = 4;       ///< Challenge, Hello, Welcome, Refusal
 
 /// What a receiver accepts in one frame, checked before it allocates anything for it. A
 /// frame's metadata is small: 4 MiB holds the placement of ~50 000 variables.
@@ -4113,8 +4523,9 @@ struct FrameLimits {
   std::uint64_t max_payload_bytes = std::uint64_t{4} << 30U;  ///< tensor bytes of one frame
 };
 
-/// The fixed frame header. `kind` is the index of the message in Request, or kResponseKind
-/// + its index in Response; `call` pairs a response with its request.
+/// The fixed frame header. `kind` is the index of the message in Request, kResponseKind +
+/// its index in Response, or kHandshakeKind + its index in wire::Handshake (handshake.hpp);
+/// `call` pairs a response with its request.
 struct Header {
   std::uint32_t magic = kMagic;
   std::uint16_t version = kVersion;
@@ -4184,7 +4595,11 @@ inline void check(const Header& h, const FrameLimits& limits = {}) {
   const bool response =
       h.kind >= kResponseKind &&
       static_cast<std::size_t>(h.kind - kResponseKind) < std::variant_size_v<Response>;
-  if (!request && !response) throw Malformed("unknown message kind " + std::to_string(h.kind));
+  const bool handshake =
+      h.kind >= kHandshakeKind && static_cast<std::size_t>(h.kind - kHandshakeKind) < kHandshakeKinds;
+  if (!request && !response && !handshake) {
+    throw Malformed("unknown message kind " + std::to_string(h.kind));
+  }
   if (h.meta_bytes > limits.max_meta_bytes) {
     throw Malformed("metadata of " + std::to_string(h.meta_bytes) + " bytes exceeds the limit");
   }
@@ -4551,11 +4966,363 @@ std::enable_if_t<!std::is_arithmetic_v<T>> CEREAL_LOAD_FUNCTION_NAME(MetaReader&
 // cereal checks a load against the matching save.
 CEREAL_SETUP_ARCHIVE_TRAITS(pulley::wire::MetaReader, pulley::wire::MetaWriter)
 // ---- end pulley/transport/wire/archive.hpp ----
+// ---- begin pulley/transport/wire/handshake.hpp ----
+
+/// The handshake that opens every TCP connection, before any request:
+///
+///   ps     → client   Challenge {job, ps task, server nonce}
+///   client → ps       Hello     {job, client task, client nonce, proof}
+///   ps     → client   Welcome   {proof}           or   Refusal {code, reason}, then close
+///
+/// Each proof is an HMAC-SHA-256, keyed by the job's shared secret, over everything both
+/// sides said (both nonces, the job, both tasks) and which side proves: the client shows it
+/// knows the secret without sending it, for this connection only (the server's nonce is
+/// fresh), and the ps shows the same back, so a client never trains against a ps of another
+/// job or an impostor. A ps refuses a peer of another job, without the secret or naming a
+/// task it cannot be, with one logged line; such a peer never reaches the service.
+///
+/// What it does not do: encrypt or sign the frames that follow. Someone on the path between
+/// two tasks can read parameters and inject frames into an open connection; run a job's
+/// traffic over a private network or an encrypted one (WireGuard, IPsec, an SSH or stunnel
+/// tunnel) where that matters (README, "Security").
+
+#include <array>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <random>
+#include <span>
+#include <string>
+#include <string_view>
+#include <variant>
+
+#if defined(__linux__)
+#include <sys/random.h>
+#endif
+
+// ---- begin pulley/transport/detail/hmac.hpp ----
+
+/// SHA-256 (FIPS 180-4) and HMAC-SHA-256 (RFC 2104), for the TCP handshake's proofs of the
+/// shared secret. They run once per connection over a few hundred bytes, so clarity wins
+/// over speed; the test checks them against the FIPS and RFC 4231 vectors.
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <span>
+#include <string_view>
+
+namespace pulley::transport_detail {
+
+/// A SHA-256 digest.
+using Digest = std::array<std::uint8_t, 32>;
+
+/// Incremental SHA-256.
+class Sha256 {
+ public:
+  /// Adds `data` to the message.
+  void update(std::span<const std::uint8_t> data) noexcept {
+    for (const std::uint8_t byte : data) {
+      block_[filled_++] = byte;
+      if (filled_ == block_.size()) {
+        compress();
+        filled_ = 0;
+      }
+    }
+    length_ += data.size();
+  }
+  /// Adds the bytes of `text`.
+  void update(std::string_view text) noexcept {
+    update(std::span(reinterpret_cast<const std::uint8_t*>(text.data()), text.size()));
+  }
+
+  /// The digest of everything added; the object is spent afterwards.
+  Digest finish() noexcept {
+    const std::uint64_t bits = length_ * 8;
+    const std::uint8_t one = 0x80;
+    update(std::span(&one, 1));
+    const std::uint8_t zero = 0;
+    while (filled_ != 56) update(std::span(&zero, 1));
+    std::array<std::uint8_t, 8> tail{};
+    for (int i = 0; i < 8; ++i) tail[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(bits >> (56 - 8 * i));
+    update(tail);
+    Digest out{};
+    for (std::size_t i = 0; i < 8; ++i) {
+      for (std::size_t b = 0; b < 4; ++b) {
+        out[4 * i + b] = static_cast<std::uint8_t>(state_[i] >> (24 - 8 * b));
+      }
+    }
+    return out;
+  }
+
+ private:
+  void compress() noexcept {
+    static constexpr std::array<std::uint32_t, 64> k = {
+        0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4,
+        0xab1c5ed5, 0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe,
+        0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f,
+        0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7,
+        0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc,
+        0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b,
+        0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116,
+        0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+        0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7,
+        0xc67178f2};
+    std::array<std::uint32_t, 64> w{};
+    for (std::size_t i = 0; i < 16; ++i) {
+      w[i] = std::uint32_t{block_[4 * i]} << 24U | std::uint32_t{block_[4 * i + 1]} << 16U |
+             std::uint32_t{block_[4 * i + 2]} << 8U | std::uint32_t{block_[4 * i + 3]};
+    }
+    for (std::size_t i = 16; i < 64; ++i) {
+      const std::uint32_t s0 = std::rotr(w[i - 15], 7) ^ std::rotr(w[i - 15], 18) ^ (w[i - 15] >> 3U);
+      const std::uint32_t s1 = std::rotr(w[i - 2], 17) ^ std::rotr(w[i - 2], 19) ^ (w[i - 2] >> 10U);
+      w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+    }
+    std::array<std::uint32_t, 8> v = state_;
+    for (std::size_t i = 0; i < 64; ++i) {
+      const std::uint32_t s1 = std::rotr(v[4], 6) ^ std::rotr(v[4], 11) ^ std::rotr(v[4], 25);
+      const std::uint32_t ch = (v[4] & v[5]) ^ (~v[4] & v[6]);
+      const std::uint32_t t1 = v[7] + s1 + ch + k[i] + w[i];
+      const std::uint32_t s0 = std::rotr(v[0], 2) ^ std::rotr(v[0], 13) ^ std::rotr(v[0], 22);
+      const std::uint32_t maj = (v[0] & v[1]) ^ (v[0] & v[2]) ^ (v[1] & v[2]);
+      const std::uint32_t t2 = s0 + maj;
+      v = {t1 + t2, v[0], v[1], v[2], v[3] + t1, v[4], v[5], v[6]};
+    }
+    for (std::size_t i = 0; i < 8; ++i) state_[i] += v[i];
+  }
+
+  std::array<std::uint32_t, 8> state_ = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+                                         0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+  std::array<std::uint8_t, 64> block_{};
+  std::size_t filled_ = 0;
+  std::uint64_t length_ = 0;
+};
+
+/// HMAC-SHA-256 of the concatenation of `parts` under `key`.
+inline Digest hmac_sha256(std::string_view key, std::initializer_list<std::string_view> parts) {
+  std::array<std::uint8_t, 64> padded{};
+  if (key.size() > padded.size()) {
+    Sha256 h;
+    h.update(key);
+    const Digest d = h.finish();
+    std::copy(d.begin(), d.end(), padded.begin());
+  } else {
+    std::copy(key.begin(), key.end(), padded.begin());
+  }
+  std::array<std::uint8_t, 64> pad{};
+  for (std::size_t i = 0; i < pad.size(); ++i) pad[i] = padded[i] ^ 0x36U;
+  Sha256 inner;
+  inner.update(pad);
+  for (const std::string_view part : parts) inner.update(part);
+  const Digest inner_digest = inner.finish();
+  for (std::size_t i = 0; i < pad.size(); ++i) pad[i] = padded[i] ^ 0x5cU;
+  Sha256 outer;
+  outer.update(pad);
+  outer.update(inner_digest);
+  return outer.finish();
+}
+
+/// Compares two digests in time that does not depend on where they differ.
+inline bool same_digest(std::span<const std::uint8_t> a, std::span<const std::uint8_t> b) noexcept {
+  if (a.size() != b.size()) return false;
+  std::uint8_t diff = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) diff = static_cast<std::uint8_t>(diff | (a[i] ^ b[i]));
+  return diff == 0;
+}
+
+}  // namespace pulley::transport_detail
+// ---- end pulley/transport/detail/hmac.hpp ----
+
+namespace pulley {
+
+/// What a task proves when it connects: the job it belongs to and the job's shared secret.
+/// Every task of a job holds the same; see `runner/credentials.hpp` for where the runner
+/// takes them from (environment, a file, generated).
+struct Credentials {
+  /// The job's name: a ps refuses tasks of any other job (two jobs that share a port by
+  /// mistake fail at once instead of training each other's model). At most 256 bytes.
+  std::string job = "pulley";
+  /// The shared secret. Empty: the handshake still names the job and the task, but proves
+  /// nothing, and a ps says so in its log when it starts.
+  std::string secret;
+};
+
+namespace wire {
+
+/// Bytes of a handshake nonce.
+inline constexpr std::size_t kNonceBytes = 32;
+/// Longest job name a handshake carries.
+inline constexpr std::size_t kMaxJobName = 256;
+/// What a handshake frame may claim: a few hundred bytes of metadata and no payload.
+inline constexpr FrameLimits kHandshakeLimits{4096, 0};
+
+/// ps → client, first thing on a connection.
+struct Challenge {
+  static constexpr std::string_view kName = "Challenge";
+  std::string job;         ///< the job the ps belongs to
+  std::uint32_t ps = 0;    ///< its task index
+  std::string nonce;       ///< kNonceBytes fresh random bytes
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(job, ps, nonce);
+  }
+};
+
+/// client → ps, its first frame.
+struct Hello {
+  static constexpr std::string_view kName = "Hello";
+  std::string job;    ///< the job the client belongs to
+  Node peer;          ///< the client's task
+  std::string nonce;  ///< kNonceBytes fresh random bytes
+  std::string proof;  ///< client_proof(...)
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(job, peer, nonce, proof);
+  }
+};
+
+/// ps → client: the client is in.
+struct Welcome {
+  static constexpr std::string_view kName = "Welcome";
+  std::string proof;  ///< server_proof(...)
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(proof);
+  }
+};
+
+/// ps → client: the client is not let in, and why; the ps closes the connection.
+struct Refusal {
+  static constexpr std::string_view kName = "Refusal";
+  ErrorCode code = ErrorCode::kUnauthenticated;
+  std::string reason;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(code, reason);
+  }
+};
+
+/// The handshake's messages; their frame kinds start at kHandshakeKind.
+using Handshake = std::variant<Challenge, Hello, Welcome, Refusal>;
+static_assert(std::variant_size_v<Handshake> == kHandshakeKinds);
+
+/// `kNonceBytes` bytes from the operating system's random source (getrandom(2) on Linux:
+/// no file descriptor, so it works when a ps has used up its descriptors).
+inline std::string make_nonce() {
+  std::string nonce(kNonceBytes, '\0');
+#if defined(__linux__)
+  std::size_t filled = 0;
+  while (filled < kNonceBytes) {
+    const ssize_t n = ::getrandom(nonce.data() + filled, kNonceBytes - filled, 0);
+    if (n > 0) filled += static_cast<std::size_t>(n);
+    else if (errno != EINTR) break;
+  }
+  if (filled == kNonceBytes) return nonce;
+#endif
+  std::random_device source;
+  for (std::size_t i = 0; i < kNonceBytes; i += 4) {
+    const std::uint32_t word = source();
+    for (std::size_t b = 0; b < 4 && i + b < kNonceBytes; ++b) {
+      nonce[i + b] = static_cast<char>((word >> (8 * b)) & 0xFFU);
+    }
+  }
+  return nonce;
+}
+
+namespace detail {
+
+/// The HMAC over what both sides said, each field length-prefixed so that no two
+/// transcripts share bytes; `side` says who proves.
+inline std::string proof(std::string_view side, const std::string& secret, const Challenge& c,
+                         const Node& peer, const std::string& client_nonce) {
+  auto field = [](std::string_view text) {
+    std::string out = std::to_string(text.size()) + ":";
+    out += text;
+    return out;
+  };
+  const transport_detail::Digest digest = transport_detail::hmac_sha256(
+      secret, {field("pulley handshake v1"), field(side), field(c.job),
+               field(std::to_string(c.ps)), field(c.nonce), field(peer.name()),
+               field(client_nonce)});
+  return {reinterpret_cast<const char*>(digest.data()), digest.size()};
+}
+
+}  // namespace detail
+
+/// The client's proof that it holds `secret`, for this challenge.
+inline std::string client_proof(const std::string& secret, const Challenge& c, const Node& peer,
+                                const std::string& client_nonce) {
+  return detail::proof("client", secret, c, peer, client_nonce);
+}
+
+/// The ps's proof that it holds `secret` too, for this challenge and hello.
+inline std::string server_proof(const std::string& secret, const Challenge& c, const Hello& h) {
+  return detail::proof("server", secret, c, h.peer, h.nonce);
+}
+
+/// True if `proof` is `expected` (compared in constant time).
+inline bool proof_matches(std::string_view proof, std::string_view expected) {
+  return transport_detail::same_digest(
+      std::span(reinterpret_cast<const std::uint8_t*>(proof.data()), proof.size()),
+      std::span(reinterpret_cast<const std::uint8_t*>(expected.data()), expected.size()));
+}
+
+/// Why the ps would refuse `hello` after `challenge`, or "" when it lets it in: another job,
+/// a malformed hello, a ps task as a client, or a proof that does not match the secret.
+inline std::string refusal_reason(const Credentials& credentials, const Challenge& challenge,
+                                  const Hello& hello) {
+  if (hello.job != challenge.job) {
+    return "a task of job '" + hello.job.substr(0, kMaxJobName) + "' connected to a ps of job '" +
+           challenge.job + "'";
+  }
+  if (hello.nonce.size() != kNonceBytes) return "a malformed hello (nonce)";
+  if (static_cast<unsigned>(hello.peer.job) > static_cast<unsigned>(Node::Job::kEvaluator)) {
+    return "a hello naming an unknown job type";
+  }
+  if (hello.peer.job == Node::Job::kPs) return "a ps task cannot connect as a client";
+  if (!proof_matches(hello.proof, client_proof(credentials.secret, challenge, hello.peer, hello.nonce))) {
+    return hello.peer.name() + " did not prove the job's shared secret (a wrong PULLEY_SECRET?)";
+  }
+  return {};
+}
+
+/// Throws kInvalidArgument unless `credentials` can go into a handshake.
+inline void check_credentials(const Credentials& credentials) {
+  if (credentials.job.empty() || credentials.job.size() > kMaxJobName) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "a job name must have 1 to " + std::to_string(kMaxJobName) + " bytes");
+  }
+}
+
+}  // namespace wire
+}  // namespace pulley
+// ---- end pulley/transport/wire/handshake.hpp ----
 
 namespace pulley::wire {
 
-/// Encodes a request or a response (a Request or Response variant) as a frame for call
-/// `call`. The frame's payload views alias the message's tensors.
+/// The first frame kind of a Request, Response or Handshake variant.
+template <class Variant>
+constexpr std::uint16_t first_kind() noexcept {
+  if constexpr (std::is_same_v<Variant, Response>) {
+    return kResponseKind;
+  } else if constexpr (std::is_same_v<Variant, Handshake>) {
+    return kHandshakeKind;
+  } else {
+    static_assert(std::is_same_v<Variant, Request>);
+    return 0;
+  }
+}
+
+/// Encodes a request, a response or a handshake message (a Request, Response or Handshake
+/// variant) as a frame for call `call`. The frame's payload views alias the message's
+/// tensors.
 template <class Variant>
 Frame encode(const Variant& message, std::uint64_t call) {
   Frame frame;
@@ -4563,8 +5330,7 @@ Frame encode(const Variant& message, std::uint64_t call) {
   // cereal saves through a const message; `serialize` is the one declaration of its fields.
   std::visit([&](const auto& m) { archive(const_cast<std::remove_cvref_t<decltype(m)>&>(m)); },
              message);
-  frame.header.kind = static_cast<std::uint16_t>(
-      message.index() + (std::is_same_v<Variant, Response> ? kResponseKind : 0));
+  frame.header.kind = static_cast<std::uint16_t>(message.index() + first_kind<Variant>());
   frame.header.call = call;
   frame.header.meta_bytes = static_cast<std::uint32_t>(frame.meta.size());
   for (auto v : frame.payload) frame.header.payload_bytes += v.size_bytes();
@@ -4604,14 +5370,16 @@ Variant decode(std::size_t index, std::span<const char> meta,
 /// Decodes a request frame whose header passed `check`; its tensors view `payload`.
 inline Request decode_request(const Header& h, std::span<const char> meta,
                               std::span<const float> payload) {
-  if (h.kind >= kResponseKind) throw Malformed("a response where a request was expected");
+  if (h.kind >= kResponseKind) throw Malformed("a reply or a handshake where a request was expected");
   return detail::decode<Request>(h.kind, meta, payload, payload.size());
 }
 
 /// Decodes a response frame whose header passed `check`; its tensors view `payload`.
 inline Response decode_response(const Header& h, std::span<const char> meta,
                                 std::span<const float> payload) {
-  if (h.kind < kResponseKind) throw Malformed("a request where a response was expected");
+  if (h.kind < kResponseKind || h.kind >= kHandshakeKind) {
+    throw Malformed("a request or a handshake where a response was expected");
+  }
   return detail::decode<Response>(h.kind - kResponseKind, meta, payload, payload.size());
 }
 
@@ -4620,10 +5388,30 @@ inline Response decode_response(const Header& h, std::span<const char> meta,
 /// receiver routes the payload into its own buffers and then points the views at them.
 inline Response decode_response_meta(const Header& h, std::span<const char> meta,
                                      std::vector<std::size_t>& sizes) {
-  if (h.kind < kResponseKind) throw Malformed("a request where a response was expected");
+  if (h.kind < kResponseKind || h.kind >= kHandshakeKind) {
+    throw Malformed("a request or a handshake where a response was expected");
+  }
   sizes.clear();
   return detail::decode<Response>(h.kind - kResponseKind, meta, std::nullopt,
                                   h.payload_bytes / sizeof(float), &sizes);
+}
+
+/// Decodes a handshake frame whose header passed `check`; throws Malformed for a frame that
+/// is no handshake message.
+inline Handshake decode_handshake(const Header& h, std::span<const char> meta) {
+  if (h.kind < kHandshakeKind || h.payload_bytes != 0) {
+    throw Malformed("a request or a reply where the handshake was expected");
+  }
+  return detail::decode<Handshake>(h.kind - kHandshakeKind, meta, std::nullopt, 0);
+}
+
+/// Decodes a handshake frame that must hold alternative `Expected`.
+template <class Expected>
+Expected decode_handshake_as(const Header& h, std::span<const char> meta) {
+  Handshake message = decode_handshake(h, meta);
+  if (auto* expected = std::get_if<Expected>(&message)) return std::move(*expected);
+  throw Malformed("expected " + std::string(Expected::kName) + " in the handshake, got " +
+                  std::string(message_name(message)));
 }
 
 }  // namespace pulley::wire
@@ -4635,6 +5423,8 @@ inline Response decode_response_meta(const Header& h, std::span<const char> meta
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <new>
 #include <optional>
 #include <span>
@@ -4642,6 +5432,41 @@ inline Response decode_response_meta(const Header& h, std::span<const char> meta
 #include <vector>
 
 namespace pulley::wire {
+
+/// Bytes that the readers of one process side (a ps's connections) may hold together: their
+/// receive buffers, large payloads, and what their owner charges to it (copies of unsent
+/// replies). Single-threaded, like the I/O that uses it.
+class MemoryBudget {
+ public:
+  /// @param limit bytes that may be held at once
+  explicit MemoryBudget(std::uint64_t limit) noexcept : limit_(limit) {}
+  MemoryBudget(const MemoryBudget&) = delete;
+  MemoryBudget& operator=(const MemoryBudget&) = delete;
+
+  /// Takes `n` bytes if they fit; otherwise asks `reclaim` (when set) to give back what is
+  /// held but idle, and tries once more. False if they still do not fit.
+  bool take(std::uint64_t n) {
+    if (fits(n)) return used_ += n, true;
+    if (reclaim) reclaim();
+    if (fits(n)) return used_ += n, true;
+    return false;
+  }
+  /// Gives back `n` bytes taken earlier.
+  void give(std::uint64_t n) noexcept { used_ -= std::min(n, used_); }
+
+  [[nodiscard]] std::uint64_t used() const noexcept { return used_; }
+  [[nodiscard]] std::uint64_t limit() const noexcept { return limit_; }
+
+  /// Called when a take does not fit: frees what is held but not in use (e.g.
+  /// `FrameReader::release_idle` on every reader).
+  std::function<void()> reclaim;
+
+ private:
+  [[nodiscard]] bool fits(std::uint64_t n) const noexcept { return n <= limit_ - std::min(used_, limit_); }
+
+  std::uint64_t limit_;
+  std::uint64_t used_ = 0;
+};
 
 /// Cuts a received byte stream into frames (frame.hpp) with as few receive calls as it can.
 /// Small frames arrive many at a time in one buffer and are handed out in place; a payload
@@ -4651,7 +5476,9 @@ namespace pulley::wire {
 ///
 /// It does no I/O: the owner receives into `buffers()`, reports with `commit(n)`, and takes
 /// the frames that completed with `next()`. Every header is checked (`check`) before
-/// anything is allocated for its frame; a bad one throws Malformed.
+/// anything is allocated for its frame; a bad one throws Malformed. With a MemoryBudget,
+/// every byte it allocates is charged to it first, and a frame that would overdraw it
+/// throws Malformed instead.
 class FrameReader {
  public:
   /// A complete frame. Its views stay valid until the next `next()` or `buffers()`.
@@ -4667,8 +5494,41 @@ class FrameReader {
 
   /// @param buffer_bytes the receive buffer: frames up to this size come in place, many per
   ///                     receive; larger payloads go straight to their destination
-  explicit FrameReader(FrameLimits limits, std::size_t buffer_bytes = std::size_t{64} << 10U)
-      : limits_(limits), buffer_(buffer_bytes / sizeof(float)) {}
+  /// @param budget       charged for what it allocates (null: unbounded); must outlive it
+  explicit FrameReader(FrameLimits limits, std::size_t buffer_bytes = std::size_t{64} << 10U,
+                       MemoryBudget* budget = nullptr)
+      : limits_(limits), budget_(budget) {
+    charge(buffer_bytes);
+    buffer_.resize(buffer_bytes / sizeof(float));
+  }
+  FrameReader(const FrameReader&) = delete;
+  FrameReader& operator=(const FrameReader&) = delete;
+  ~FrameReader() {
+    if (budget_ != nullptr) budget_->give(buffer_.size() * sizeof(float) + own_capacity_ * sizeof(float));
+  }
+
+  /// What frames may claim from now on (a ps lets a client past its handshake).
+  void set_limits(const FrameLimits& limits) noexcept { limits_ = limits; }
+
+  /// True while a frame has begun and is not complete: bytes of it arrived, or its payload
+  /// is being received outside the buffer.
+  [[nodiscard]] bool mid_frame() const noexcept { return direct_ || end_ > begin_; }
+  /// The payload bytes of the frame in progress, once its header is in (else 0).
+  [[nodiscard]] std::uint64_t frame_payload() const noexcept {
+    if (direct_) return header_.payload_bytes;
+    if (end_ - begin_ < sizeof(Header)) return 0;
+    Header h;
+    std::memcpy(&h, reinterpret_cast<const std::byte*>(buffer_.data()) + begin_, sizeof h);
+    return h.payload_bytes;
+  }
+  /// Frees the large-payload buffer kept from earlier frames, unless a payload is being
+  /// received into it now.
+  void release_idle() noexcept {
+    if ((direct_ && !routed_) || !own_) return;
+    own_.reset();
+    if (budget_ != nullptr) budget_->give(own_capacity_ * sizeof(float));
+    own_capacity_ = 0;
+  }
 
   /// Where the next received bytes go: the buffer, or while a payload is received outside
   /// it, the rest of its destination and then the buffer (so the frames after a large
@@ -4764,8 +5624,8 @@ class FrameReader {
     direct_done_ = buffered;
     checked_ = 0;
     finite_ = true;
-    grow_own();
-    std::memcpy(own_.data(), bytes() + begin_ + head, buffered);
+    grow_own(false);  // a new frame: nothing in the buffer is worth keeping
+    std::memcpy(own_.get(), bytes() + begin_ + head, buffered);
     arrived_in_own();
     return start_direct(head, buffered, false);
   }
@@ -4791,7 +5651,7 @@ class FrameReader {
   std::span<const std::span<float>> direct_targets() {
     if (routed_) return targets_;
     const auto floats = static_cast<std::size_t>(header_.payload_bytes / sizeof(float));
-    own_target_[0] = std::span<float>(own_).first(std::min(own_.size(), floats));
+    own_target_[0] = std::span<float>(own_.get(), std::min(own_capacity_, floats));
     return {own_target_.data(), 1};
   }
 
@@ -4799,35 +5659,54 @@ class FrameReader {
   /// is to come.
   void arrived_in_own() {
     const auto arrived = static_cast<std::size_t>(direct_done_ / sizeof(float));
-    finite_ =
-        finite_ && pulley::detail::all_finite(std::span<const float>(own_).subspan(checked_, arrived - checked_));
+    finite_ = finite_ && pulley::detail::all_finite(
+                             std::span<const float>(own_.get() + checked_, arrived - checked_));
     checked_ = arrived;
     grow_own();
   }
 
   void grow_buffer(std::size_t head) {
-    std::vector<float> bigger((head + sizeof(float) - 1) / sizeof(float));
+    const std::size_t floats = (head + sizeof(float) - 1) / sizeof(float);
+    charge((floats - buffer_.size()) * sizeof(float));
+    std::vector<float> bigger(floats);
     std::memcpy(bigger.data(), bytes() + begin_, end_ - begin_);
     end_ -= begin_;
     begin_ = 0;
     buffer_ = std::move(bigger);
   }
 
-  /// Grows the payload buffer to hold at most max(1 MiB, twice what arrived) beyond what
-  /// arrived; a buffer kept from an earlier frame is not shrunk, so steady traffic is
-  /// received in one go.
-  void grow_own() {
+  /// Grows the payload buffer to hold at most max(1 MiB, twice what arrived), keeping what
+  /// arrived in it (`keep`) or not (a new frame, whose first bytes are still in the receive
+  /// buffer): memory follows
+  /// the bytes that came, not what a header claims. It is not zero-filled (every byte is
+  /// received before it is read), and a buffer kept from an earlier frame is not shrunk, so
+  /// steady traffic is received in one go.
+  void grow_own(bool keep = true) {
     const auto floats = static_cast<std::size_t>(header_.payload_bytes / sizeof(float));
     const auto arrived = static_cast<std::size_t>(direct_done_ / sizeof(float));
     const std::size_t until =
-        own_.size() >= floats ? floats : std::min(floats, std::max(2 * arrived, kChunkFloats));
-    if (own_.size() >= until) return;
+        own_capacity_ >= floats ? floats : std::min(floats, std::max(2 * arrived, kChunkFloats));
+    if (own_capacity_ >= until) return;
+    charge((until - own_capacity_) * sizeof(float));
+    std::unique_ptr<float[]> bigger;
     try {
-      own_.resize(until);
+      bigger = std::make_unique_for_overwrite<float[]>(until);
     } catch (const std::bad_alloc&) {
+      if (budget_ != nullptr) budget_->give((until - own_capacity_) * sizeof(float));
       throw Malformed("no memory for a payload of " + std::to_string(header_.payload_bytes) +
-                            " bytes");
+                      " bytes");
     }
+    if (keep && arrived > 0) std::memcpy(bigger.get(), own_.get(), arrived * sizeof(float));
+    own_ = std::move(bigger);
+    own_capacity_ = until;
+  }
+
+  /// Charges `n` bytes to the budget, or throws Malformed when they do not fit.
+  void charge(std::uint64_t n) {
+    if (budget_ == nullptr || n == 0 || budget_->take(n)) return;
+    throw Malformed("the memory budget (" + std::to_string(budget_->limit() >> 20U) +
+                    " MiB across all connections) cannot hold " + std::to_string(n) +
+                    " more bytes for this frame");
   }
 
   /// Copies `n` received bytes into the targets, from their start.
@@ -4865,8 +5744,8 @@ class FrameReader {
         header_.meta_bytes);
     Frame frame{header_, meta, {}, routed_, false};
     if (!routed_) {
-      frame.payload = std::span<const float>(own_).first(
-          static_cast<std::size_t>(header_.payload_bytes / sizeof(float)));
+      frame.payload = std::span<const float>(
+          own_.get(), static_cast<std::size_t>(header_.payload_bytes / sizeof(float)));
       frame.finite = finite_;
     }
     direct_ = routed_ = asked_ = false;
@@ -4875,6 +5754,7 @@ class FrameReader {
   }
 
   FrameLimits limits_;
+  MemoryBudget* budget_;       ///< charged for buffer_ and own_, if set
   std::vector<float> buffer_;  ///< the receive buffer (floats: aligned for in-place payloads)
   std::size_t begin_ = 0;      ///< first byte not handed out
   std::size_t end_ = 0;        ///< end of what was received
@@ -4885,7 +5765,8 @@ class FrameReader {
   bool routed_ = false;                        ///< ... into targets_ (else into own_)
   std::uint64_t direct_done_ = 0;              ///< payload bytes received so far
   std::size_t head_at_ = 0;                    ///< where the current frame's head is in the buffer
-  std::vector<float> own_;                     ///< payloads too large for the buffer, not routed
+  std::unique_ptr<float[]> own_;               ///< payloads too large for the buffer, not routed
+  std::size_t own_capacity_ = 0;               ///< floats allocated in own_
   std::size_t checked_ = 0;                    ///< floats of own_ checked finite so far
   bool finite_ = true;
   std::array<std::span<float>, 1> own_target_{};
@@ -4900,13 +5781,17 @@ namespace pulley {
 
 /// How a Tcp client connects.
 struct TcpOptions {
+  /// The job this task belongs to and its shared secret, proved to every ps in the
+  /// handshake (transport/wire/handshake.hpp).
+  Credentials credentials;
   /// Total time to wait for a ps that is not up yet, when the transport is made, before
   /// giving up with kUnavailable.
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
   /// First pause between those connection attempts; doubles up to one second.
   std::chrono::milliseconds initial_backoff{std::chrono::milliseconds(20)};
-  /// Longest one connection attempt may take (a host that drops packets would otherwise
-  /// hold it for the kernel's two minutes); also bounds each reconnection attempt.
+  /// Longest one connection attempt may take, handshake included (a host that drops packets
+  /// would otherwise hold it for the kernel's two minutes); also bounds each reconnection
+  /// attempt.
   std::chrono::milliseconds attempt_timeout{std::chrono::seconds(2)};
   /// What replies may claim, checked before anything is allocated for them.
   wire::FrameLimits limits;
@@ -4924,6 +5809,12 @@ struct TcpOptions {
 /// Tcp and its PendingCalls are used from one thread at a time, and a transfer moves only
 /// while that thread waits.
 ///
+/// Every connection opens with the handshake: the client proves its job, its task and the
+/// job's secret, and the ps proves the same back, naming its task index. A ps of another
+/// job, one that cannot prove the secret, or one listed at the wrong index is refused at
+/// once with a message that says so (kUnauthenticated), and so is this client by a ps that
+/// refuses it; neither is retried while the transport is made.
+///
 /// A lost connection fails the calls waiting on it with kUnavailable (whether a request in
 /// flight was handled is then unknown). The next call to that ps reconnects first (one
 /// attempt, `attempt_timeout`), so a ps that restarts on the same address is reached
@@ -4933,14 +5824,15 @@ struct TcpOptions {
 /// connection, the only way to stop a transfer half done.
 class Tcp {
  public:
-  /// Connects to every ps ("host:port", by task index), retrying with backoff while they
-  /// start; throws kInvalidArgument for a malformed address (`parse_address`), and
-  /// kUnavailable naming the first address that stays unreachable.
-  explicit Tcp(const std::vector<std::string>& ps_addresses, TcpOptions options = {})
-      : impl_(std::make_unique<Impl>(parse_all(ps_addresses), options)) {}
+  /// Connects task `self` to every ps ("host:port", by task index), retrying with backoff
+  /// while they start; throws kInvalidArgument for a malformed address (`parse_address`) or
+  /// job name, kUnavailable naming the first address that stays unreachable, and
+  /// kUnauthenticated when a ps and this task do not belong to the same job (or secret).
+  Tcp(Node self, const std::vector<std::string>& ps_addresses, TcpOptions options = {})
+      : impl_(std::make_unique<Impl>(self, parse_all(ps_addresses), std::move(options))) {}
   /// The same with parsed addresses.
-  explicit Tcp(std::vector<Address> ps_addresses, TcpOptions options = {})
-      : impl_(std::make_unique<Impl>(std::move(ps_addresses), options)) {}
+  Tcp(Node self, std::vector<Address> ps_addresses, TcpOptions options = {})
+      : impl_(std::make_unique<Impl>(self, std::move(ps_addresses), std::move(options))) {}
 
   /// Number of ps tasks.
   [[nodiscard]] std::size_t num_ps() const noexcept { return impl_->num_ps(); }
@@ -4969,7 +5861,7 @@ class Tcp {
   };
   using PendingPtr = std::shared_ptr<Pending>;
 
-  enum class State { kConnected, kConnecting, kBroken };
+  enum class State { kConnected, kConnecting, kHandshaking, kBroken };
 
   /// One connection. Every handler captures the `generation` it was started in and ignores
   /// its completion once the connection was replaced.
@@ -4992,6 +5884,11 @@ class Tcp {
     State state = State::kBroken;
     std::uint64_t generation = 0;
     std::string broken_reason = "not connected";
+    std::optional<ErrorReply> refused;   ///< the last handshake failed for good: why
+    std::optional<wire::Challenge> challenge;  ///< the ps's, while handshaking
+    std::string nonce;                   ///< this side's, while handshaking
+    wire::Frame hello;                   ///< being written, while handshaking
+    std::function<void(std::error_code)> connected;  ///< the attempt's `done`
     wire::FrameReader reader;
     transport_detail::ReceiveBuffers receive_buffers;
     std::map<std::uint64_t, PendingPtr> pending;  ///< sent or queued, awaiting a reply
@@ -5007,7 +5904,9 @@ class Tcp {
 
   class Impl final : public CallDriver {
    public:
-    Impl(std::vector<Address> addresses, const TcpOptions& options) : options_(options) {
+    Impl(Node self, std::vector<Address> addresses, TcpOptions options)
+        : self_(self), options_(std::move(options)) {
+      wire::check_credentials(options_.credentials);
       for (Address& address : addresses) {
         links_.push_back(std::make_unique<Link>(io_, std::move(address), options.limits));
       }
@@ -5076,6 +5975,7 @@ class Tcp {
         connect(link, [&](std::error_code) { done = true; });
         while (!done) io_.run_one();
         if (link.state == State::kConnected) return;
+        if (link.refused) throw Error(link.refused->code, link.refused->message);
         if (std::chrono::steady_clock::now() + backoff > deadline) break;
         std::this_thread::sleep_for(backoff);
         backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
@@ -5085,43 +5985,53 @@ class Tcp {
                                                " ms: " + link.broken_reason);
     }
 
-    /// One connection attempt of at most attempt_timeout; `done(ec)` follows, with the link
-    /// connected (and receiving) or broken with the reason.
+    /// One connection attempt of at most attempt_timeout, handshake included; `done(ec)`
+    /// follows, with the link connected (and receiving) or broken with the reason (and
+    /// `refused` set when the handshake failed for good).
     template <class Done>
     void connect(Link& link, Done done) {
       const std::uint64_t gen = ++link.generation;
       link.state = State::kConnecting;
       link.socket = asio::ip::tcp::socket(io_);
+      link.refused.reset();
+      link.connected = std::move(done);
       auto timed_out = std::make_shared<bool>(false);
       link.timer.expires_after(options_.attempt_timeout);
-      link.timer.async_wait([&link, gen, timed_out](std::error_code ec) {
-        if (ec || gen != link.generation || link.state != State::kConnecting) return;
+      link.timer.async_wait([this, &link, gen, timed_out](std::error_code ec) {
+        if (ec || gen != link.generation ||
+            (link.state != State::kConnecting && link.state != State::kHandshaking)) {
+          return;
+        }
         *timed_out = true;
         link.resolver.cancel();
+        if (link.state == State::kHandshaking) {
+          return fail(link, "no handshake within " +
+                                std::to_string(options_.attempt_timeout.count()) + " ms");
+        }
         std::error_code ignored;
         link.socket.close(ignored);
       });
-      auto finish = [this, &link, gen, timed_out, done](std::error_code ec) mutable {
-        if (gen != link.generation) return done(asio::error::operation_aborted);
-        link.timer.cancel();
+      auto finish = [this, &link, gen, timed_out](std::error_code ec) {
+        if (gen != link.generation) return;
         if (!ec) link.socket.set_option(asio::ip::tcp::no_delay(true), ec);
         if (!ec) link.socket.non_blocking(true, ec);  // requests are first written directly
         if (ec) {
+          link.timer.cancel();
           link.state = State::kBroken;
           link.broken_reason = *timed_out
                                    ? "no connection within " +
                                          std::to_string(options_.attempt_timeout.count()) + " ms"
                                    : ec.message();
           fail_all(link);
-          return done(ec);
+          return connected(link, ec);
         }
-        link.state = State::kConnected;
+        // Connected: the ps speaks first (its challenge), and the handshake follows.
+        link.state = State::kHandshaking;
         link.reader.reset();
+        link.reader.set_limits(wire::kHandshakeLimits);
         link.receive_buffers = {};  // a new socket: low watermark 1
         link.receiving = false;
-        flush(link);
         receive(link);
-        done(ec);
       };
       link.resolver.async_resolve(
           link.host, link.port,
@@ -5134,12 +6044,77 @@ class Tcp {
           });
     }
 
+    /// Ends a connection attempt: calls its `done`.
+    static void connected(Link& link, std::error_code ec) {
+      if (auto done = std::exchange(link.connected, nullptr)) done(ec);
+    }
+
+    /// A handshake frame from the ps: its challenge (answered with this task's hello), then
+    /// its welcome (checked: it must prove the secret too) or its refusal.
+    void on_handshake(Link& link, const wire::FrameReader::Frame& frame) {
+      wire::Handshake message = wire::decode_handshake(frame.header, frame.meta);
+      if (!link.challenge) {
+        auto* challenge = std::get_if<wire::Challenge>(&message);
+        if (challenge == nullptr) throw wire::Malformed("the ps did not open with a challenge");
+        if (challenge->job != options_.credentials.job) {
+          return refuse(link, "it serves job '" + challenge->job.substr(0, wire::kMaxJobName) +
+                                  "', and this task belongs to job '" + options_.credentials.job + "'");
+        }
+        if (challenge->ps != task_of(link)) {
+          return refuse(link, "it is ps " + std::to_string(challenge->ps) + ", but is listed as ps " +
+                                  std::to_string(task_of(link)) + " (are the ps addresses in task order?)");
+        }
+        if (challenge->nonce.size() != wire::kNonceBytes) throw wire::Malformed("a malformed challenge");
+        link.challenge = std::move(*challenge);
+        link.nonce = wire::make_nonce();
+        link.hello = wire::encode(
+            wire::Handshake{wire::Hello{options_.credentials.job, self_, link.nonce,
+                                        wire::client_proof(options_.credentials.secret,
+                                                           *link.challenge, self_, link.nonce)}},
+            0);
+        link.write_list.append(link.hello);
+        return flush(link);
+      }
+      if (auto* refusal = std::get_if<wire::Refusal>(&message)) {
+        link.refused = ErrorReply{refusal->code, refusal->reason.substr(0, 1024)};
+        return fail(link, "refused by the ps: " + refusal->reason.substr(0, 1024));
+      }
+      auto* welcome = std::get_if<wire::Welcome>(&message);
+      if (welcome == nullptr) throw wire::Malformed("the ps answered the hello with neither welcome nor refusal");
+      const wire::Hello said{options_.credentials.job, self_, link.nonce, {}};
+      if (!wire::proof_matches(welcome->proof, wire::server_proof(options_.credentials.secret,
+                                                                  *link.challenge, said))) {
+        return refuse(link, "it did not prove the job's shared secret (a ps of another job, or a "
+                            "wrong PULLEY_SECRET?)");
+      }
+      link.challenge.reset();
+      link.timer.cancel();
+      link.state = State::kConnected;
+      link.reader.set_limits(options_.limits);
+      flush(link);  // the receive handler that brought the welcome arms the next receive
+      connected(link, {});
+    }
+
+    /// This side refuses the ps it reached, for good.
+    void refuse(Link& link, const std::string& why) {
+      const std::string reason = "ps at " + link.address + " cannot be used: " + why;
+      link.refused = ErrorReply{ErrorCode::kUnauthenticated, reason};
+      fail(link, why);
+    }
+
+    [[nodiscard]] std::uint32_t task_of(const Link& link) const {
+      for (std::size_t i = 0; i < links_.size(); ++i) {
+        if (links_[i].get() == &link) return static_cast<std::uint32_t>(i);
+      }
+      return 0;
+    }
+
     /// Writes the requests made since the last wait in one gather-write, straight from their
     /// buffers: what the kernel takes now, the rest as the socket drains. A call's use of
     /// its buffers ends once its own frame is written.
     void flush(Link& link) {
-      if (link.state != State::kConnected) return;
-      while (!link.outbox.empty()) {
+      if (link.state != State::kConnected && link.state != State::kHandshaking) return;
+      while (link.state == State::kConnected && !link.outbox.empty()) {
         PendingPtr out = std::move(link.outbox.front());
         link.outbox.pop_front();
         if (!out->begin_use()) {  // given up before it went out: forget it
@@ -5191,7 +6166,10 @@ class Tcp {
     /// re-arming right after the last reply would cost the caller a receive that finds
     /// nothing; a connection that broke meanwhile is noticed by the next call.
     void receive(Link& link) {
-      if (link.state != State::kConnected || link.receiving || link.pending.empty()) return;
+      if (link.receiving) return;
+      if (link.state != State::kHandshaking && (link.state != State::kConnected || link.pending.empty())) {
+        return;
+      }
       link.receiving = true;
       link.receive_buffers.watermark(link.socket, link.reader.payload_left());
       link.socket.async_read_some(
@@ -5206,7 +6184,12 @@ class Tcp {
                          link.reader.next([&](const wire::Header& h, std::span<const char> meta) {
                            return route(link, h, meta);
                          })) {
-                on_reply(link, *frame);
+                if (link.state == State::kHandshaking) {
+                  on_handshake(link, *frame);
+                  if (link.state != State::kConnected && link.state != State::kHandshaking) return;
+                } else {
+                  on_reply(link, *frame);
+                }
               }
             } catch (const wire::Malformed& e) {
               return fail(link, e.what());
@@ -5220,6 +6203,7 @@ class Tcp {
     /// there).
     static std::span<const std::span<float>> route(Link& link, const wire::Header& header,
                                                    std::span<const char> meta) {
+      if (link.state != State::kConnected) return {};   // the handshake has no payload
       if (header.kind < wire::kResponseKind) return {};  // not a reply: on_reply refuses it
       if (replied(link, header.call) == nullptr) return {};
       const PendingPtr& pending = link.pending.at(header.call);
@@ -5263,6 +6247,7 @@ class Tcp {
     }
 
     static Response unavailable(const Link& link) {
+      if (link.refused) return ErrorReply{*link.refused};
       return ErrorReply{ErrorCode::kUnavailable,
                         "connection to ps at " + link.address + " lost: " + link.broken_reason};
     }
@@ -5292,9 +6277,12 @@ class Tcp {
       link.write_waiting = false;  // its wait completes as stale
       if (link.reading) std::exchange(link.reading, nullptr)->end_use();
       link.reader.reset();
+      link.challenge.reset();
       fail_all(link);
+      connected(link, asio::error::connection_aborted);  // an attempt under way ends
     }
 
+    Node self_;
     TcpOptions options_;
     asio::io_context io_{1};
     asio::executor_work_guard<asio::io_context::executor_type> work_ =
@@ -5320,16 +6308,40 @@ static_assert(Transport<Tcp>);
 #include <map>
 #include <memory>
 #include <new>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace pulley {
 
-/// How a TcpServer treats its clients.
+/// How a TcpServer treats its clients. Every limit protects the ps from a client that is
+/// careless or hostile; README's "Limits" lists them with their defaults.
 struct TcpServerOptions {
-  /// What a request frame may claim, checked before anything is allocated for it.
+  /// The job this ps belongs to and its shared secret: a client must prove both in the
+  /// handshake before it may send a request (transport/wire/handshake.hpp).
+  Credentials credentials;
+  /// What a request frame may claim, checked before anything is allocated for it. (A frame
+  /// also may not carry more tensor bytes than the service holds:
+  /// `Service::max_request_payload`.)
   wire::FrameLimits frames;
+  /// Bytes the ps may hold for all its connections together: receive buffers, payloads
+  /// being received, and copies of replies a client has not read when a push is about to
+  /// change the parameters they show. A connection whose frame or reply would overdraw it
+  /// is closed, with a log line naming this limit.
+  std::uint64_t max_buffered_bytes = std::uint64_t{1} << 30U;
+  /// Open connections at most; one more is closed at once, with a log line.
+  std::uint32_t max_connections = 1024;
+  /// A connection must complete the handshake within this, or is closed.
+  std::chrono::milliseconds handshake_timeout{std::chrono::seconds(10)};
+  /// A frame begun must be complete within this, plus its payload at `min_receive_rate`, or
+  /// the connection is closed (a client that stalls, or trickles a frame in).
+  std::chrono::milliseconds frame_timeout{std::chrono::seconds(60)};
+  /// Bytes per second a frame's payload must at least arrive at (see `frame_timeout`).
+  std::uint64_t min_receive_rate = std::uint64_t{1} << 20U;
+  /// A connection with no request in the ps, no reply unsent and no frame begun for this
+  /// long is closed (its client reconnects on its next call).
+  std::chrono::milliseconds idle_timeout{std::chrono::minutes(10)};
   /// A connection stops being read while more than this many bytes of its replies wait to
   /// be written (a client that does not read cannot grow the ps's memory).
   std::uint64_t max_unsent_bytes = std::uint64_t{64} << 20U;
@@ -5353,6 +6365,12 @@ struct TcpServerOptions {
 /// handled by one thread (the one that calls `run`), so the service sees its requests one
 /// at a time, as in-process.
 ///
+/// Every connection begins with the handshake (wire/handshake.hpp): until a client has
+/// proved its job and the job's secret, nothing it sends reaches the service, and a frame
+/// may carry only a few hundred bytes. The task it proved is the request's `peer`, so the
+/// service refuses what that task's job may not send. When the last connection of a task
+/// closes, the service hears of it (`Service::disconnected`: a worker's tokens come back).
+///
 /// Requests are received many at a time when they are small (a push and its pull arrive in
 /// one receive), and every reply they produce leaves in one gather-write at the end of the
 /// batch, straight from the ps's parameters. What the kernel does not take at once goes
@@ -5360,13 +6378,15 @@ struct TcpServerOptions {
 /// (`changes_parameters`: a push, an initialization) comes first: then the rest is copied,
 /// so a reply never sees the parameters change under it.
 ///
-/// A frame that fails wire::check or does not decode closes that connection with a logged
-/// reason; the server keeps serving everyone else. A connection whose peer does not read
-/// its replies stops being read once `max_unsent_bytes` of them wait (its requests wait in
-/// the kernel), and so does one with `max_unanswered_requests` requests waiting in the
-/// service, so no client can make the ps buffer without bound. Once the service stopped
-/// (shut down by the chief, or failed), `run` returns when every client has left, or after
-/// `linger`.
+/// A client cannot make the ps use memory or time without bound: a frame that fails
+/// wire::check, does not decode, claims more tensor bytes than the service holds, or would
+/// overdraw `max_buffered_bytes` closes that connection with a logged reason, as do a
+/// handshake, a frame or an idleness that outlasts its deadline; a connection whose peer
+/// does not read its replies stops being read once `max_unsent_bytes` of them wait, and so
+/// does one with `max_unanswered_requests` requests waiting in the service. Nothing a
+/// client does ends the server: every other connection is served on. Once the service
+/// stopped (shut down by the chief, or failed), `run` returns when every client has left,
+/// or after `linger`.
 ///
 /// @tparam S the Service it serves
 template <Service S>
@@ -5375,14 +6395,29 @@ class TcpServer {
   /// Serves `service` on `host:port`: `host` is a name ("localhost"), a numeric address, or
   /// "0.0.0.0" / "::" for every interface (what TensorFlow's servers do: under Kubernetes a
   /// task's name may resolve to a service address that is no local interface). Port 0 picks
-  /// a free one; see `port()`. Throws kInvalidArgument for a host that does not resolve,
-  /// kUnavailable when the address cannot be bound (a port in use).
+  /// a free one; see `port()`. Throws kInvalidArgument for a host that does not resolve or
+  /// bad credentials, kUnavailable when the address cannot be bound (a port in use).
   TcpServer(S service, const std::string& host, std::uint16_t port, TcpServerOptions options = {})
       : service_(std::move(service)),
-        options_(options),
+        options_(std::move(options)),
+        budget_(options_.max_buffered_bytes),
         acceptor_(transport_detail::listen(
             io_, transport_detail::resolve_listen_endpoint(io_, host, port))),
-        retry_accept_(io_) {}
+        retry_accept_(io_) {
+    wire::check_credentials(options_.credentials);
+    budget_.reclaim = [this] {
+      for (auto& [raw, connection] : connections_) {
+        connection->reader.release_idle();
+        connection->release_spare(budget_);
+      }
+    };
+    if (options_.credentials.secret.empty()) {
+      log(LogLevel::kWarning, "ps " + std::to_string(service_.task()) +
+                                  ": no shared secret is set: any peer that reaches this port "
+                                  "may join job '" + options_.credentials.job +
+                                  "' (set TcpServerOptions::credentials; README, Security)");
+    }
+  }
 
   /// The port it listens on.
   [[nodiscard]] std::uint16_t port() const { return acceptor_.local_endpoint().port(); }
@@ -5391,10 +6426,20 @@ class TcpServer {
   [[nodiscard]] S& service() noexcept { return service_; }
 
   /// Serves until the service stopped and its clients heard (see the class comment), or
-  /// `stop` is called.
+  /// `stop` is called. A handler that throws (it should not: each closes its own
+  /// connection) is logged, and serving goes on.
   void run() {
     accept();
-    io_.run();
+    sweep();
+    for (;;) {
+      try {
+        io_.run();
+        return;
+      } catch (const std::exception& e) {
+        log(LogLevel::kError, "ps " + std::to_string(service_.task()) +
+                                  ": an I/O handler failed (" + e.what() + "); serving on");
+      }
+    }
   }
 
   /// Stops serving now, from any thread.
@@ -5404,10 +6449,27 @@ class TcpServer {
   /// service was still serving.
   [[nodiscard]] bool orphaned() const noexcept { return orphaned_; }
 
+  /// Bytes held for connections now (see `TcpServerOptions::max_buffered_bytes`). Only from
+  /// the thread that runs the server, or once it has returned.
+  [[nodiscard]] std::uint64_t buffered_bytes() const noexcept { return budget_.used(); }
+
  private:
+  using Clock = std::chrono::steady_clock;
+
   struct Connection : std::enable_shared_from_this<Connection> {
-    Connection(TcpServer& server, asio::ip::tcp::socket peer)
-        : owner(server), socket(std::move(peer)), reader(server.options_.frames) {}
+    Connection(TcpServer& server, asio::ip::tcp::socket peer_socket)
+        : owner(server),
+          socket(std::move(peer_socket)),
+          reader(wire::kHandshakeLimits, std::size_t{64} << 10U, &server.budget_),
+          accepted(Clock::now()),
+          last_heard(accepted) {
+      std::error_code ignored;
+      const auto endpoint = socket.remote_endpoint(ignored);
+      address = endpoint.address().to_string() + ":" + std::to_string(endpoint.port());
+    }
+    ~Connection() {
+      owner.budget_.give(copy_size + spare_size);
+    }
 
     /// Too much of this connection's work is unfinished to take more requests: replies
     /// unsent, or requests unanswered. Reading resumes when either shrinks.
@@ -5416,16 +6478,37 @@ class TcpServer {
              unanswered >= owner.options_.max_unanswered_requests;
     }
 
+    /// Frees the copy of unsent replies kept for reuse.
+    void release_spare(wire::MemoryBudget& budget) noexcept {
+      if (!spare) return;
+      spare.reset();
+      budget.give(spare_size);
+      spare_size = 0;
+    }
+
+    /// "worker:1 at 10.0.0.2:4711", or the address alone before the handshake.
+    [[nodiscard]] std::string who() const {
+      return peer ? peer->name() + " at " + address : address;
+    }
+
     TcpServer& owner;
     asio::ip::tcp::socket socket;
+    std::string address;  ///< the peer's, for log lines
     wire::FrameReader reader;
     transport_detail::ReceiveBuffers receive_buffers;
+    std::optional<wire::Challenge> challenge;  ///< sent; until the client answers it
+    std::optional<Node> peer;                  ///< the task it proved, after the handshake
     std::deque<wire::Frame> replies;   ///< replies with bytes in `unsent` (stable addresses)
     transport_detail::GatherList unsent;  ///< what of them, in order, the kernel has not taken
     std::unique_ptr<char[]> copy;     ///< a copy of unsent bytes that viewed the parameters
     std::unique_ptr<char[]> spare;    ///< the copy before, for reuse
-    std::size_t copy_size = 0, spare_size = 0;
+    std::size_t copy_size = 0, spare_size = 0;  ///< (both charged to the budget)
     std::size_t unanswered = 0;  ///< requests handled, their replies not queued
+    Clock::time_point accepted;
+    Clock::time_point last_heard;  ///< the last receive
+    std::optional<Clock::time_point> frame_deadline;  ///< while a frame is half in
+    std::optional<Clock::time_point> paused_at;       ///< reading paused since
+    Clock::duration frame_allowance{};                ///< the frame's time, as last computed
     bool views = false;          ///< `unsent` views the ps's parameters (it is in owner.viewing_)
     bool write_waiting = false;  ///< waits for the socket to take more
     bool receiving = false;      ///< a receive is armed
@@ -5433,6 +6516,7 @@ class TcpServer {
     bool resume_posted = false;
     bool dirty = false;  ///< in owner.dirty_: replies queued since the last write
     bool closed = false;
+    bool closing = false;  ///< refused: closes once its last frame is written
   };
   using ConnectionPtr = std::shared_ptr<Connection>;
 
@@ -5452,20 +6536,53 @@ class TcpServer {
         return;
       }
       accept_failing_ = false;
-      orphan_.cancel();
-      std::error_code ignored;
-      socket.set_option(asio::ip::tcp::no_delay(true), ignored);
-      socket.non_blocking(true, ignored);  // replies are first written without waiting
-      auto connection = std::make_shared<Connection>(*this, std::move(socket));
-      connections_.emplace(connection.get(), connection);
-      receive(connection);
+      admit(std::move(socket));
       accept();
     });
   }
 
+  /// A new connection: refused at once over the connection limit or the memory budget;
+  /// otherwise challenged, and read.
+  void admit(asio::ip::tcp::socket socket) {
+    std::error_code ignored;
+    if (connections_.size() >= options_.max_connections) {
+      const auto endpoint = socket.remote_endpoint(ignored);
+      warn_limited("refused a connection from " + endpoint.address().to_string() + ":" +
+                   std::to_string(endpoint.port()) + ": " +
+                   std::to_string(options_.max_connections) +
+                   " connections are open (TcpServerOptions::max_connections)");
+      socket.close(ignored);
+      return;
+    }
+    socket.set_option(asio::ip::tcp::no_delay(true), ignored);
+    socket.non_blocking(true, ignored);  // replies are first written without waiting
+    ConnectionPtr c;
+    try {
+      c = std::make_shared<Connection>(*this, std::move(socket));
+      c->challenge = wire::Challenge{options_.credentials.job, service_.task(), wire::make_nonce()};
+      connections_.emplace(c.get(), c);
+      orphan_.cancel();
+      queue_frame(c, wire::encode(wire::Handshake{*c->challenge}, 0));
+    } catch (const std::exception& e) {  // no memory, or the budget is spent
+      warn_limited("refused a connection: " + std::string(e.what()));
+      if (c) forget(*c);
+      return;
+    }
+    write(c);
+    receive(c);
+  }
+
   /// Arms one receive into the connection's reader, unless one is armed or it is paused.
   void receive(const ConnectionPtr& c) {
-    if (c->receiving || c->closed || c->paused()) return;
+    if (c->receiving || c->closed || c->closing) return;
+    if (c->paused()) {
+      if (!c->paused_at) c->paused_at = Clock::now();
+      return;
+    }
+    if (c->paused_at) {  // a frame's deadline does not run while the ps does not read
+      if (c->frame_deadline) *c->frame_deadline += Clock::now() - *c->paused_at;
+      c->paused_at.reset();
+    }
     c->receiving = true;
     c->receive_buffers.watermark(c->socket, c->reader.payload_left());
     c->socket.async_read_some(c->receive_buffers.of(c->reader.buffers()),
@@ -5473,6 +6590,7 @@ class TcpServer {
                                 c->receiving = false;
                                 if (c->closed) return;
                                 if (ec) return forget(*c);  // the peer left, or the link broke
+                                c->last_heard = Clock::now();
                                 try {
                                   c->reader.commit(n);  // may fail to grow a payload buffer
                                 } catch (const wire::Malformed& e) {
@@ -5489,10 +6607,16 @@ class TcpServer {
     try {
       // Writing the replies may end a pause (the kernel took them): then handle the
       // requests still buffered before receiving more.
-      for (bool again = true; again && !c->closed;) {
+      for (bool again = true; again && !c->closed && !c->closing;) {
         bool paused = false;
-        while (!c->closed && !(paused = c->paused())) {
-          auto frame = c->reader.next([](const wire::Header&, std::span<const char>) {
+        while (!c->closed && !c->closing && !(paused = c->paused())) {
+          auto frame = c->reader.next([&](const wire::Header& h, std::span<const char>) {
+            // A request carries at most one value per element the service holds.
+            if (const std::uint64_t most = max_request_payload(service_); h.payload_bytes > most) {
+              throw wire::Malformed("a payload of " + std::to_string(h.payload_bytes) +
+                                    " bytes, more than the " + std::to_string(most) +
+                                    " bytes a request to this ps can carry");
+            }
             return std::span<const std::span<float>>();  // requests' payloads stay here
           });
           if (!frame) break;
@@ -5506,11 +6630,31 @@ class TcpServer {
       flush_all();
     }
     c->processing = false;
+    time_frame(*c);
     receive(c);
     maybe_stop();
   }
 
+  /// Starts or ends the deadline of a frame half received.
+  void time_frame(Connection& c) {
+    if (!c.reader.mid_frame()) {
+      c.frame_deadline.reset();
+      return;
+    }
+    const std::uint64_t payload = c.reader.frame_payload();
+    const auto allowance = options_.frame_timeout +
+                           std::chrono::milliseconds(payload * 1000 / std::max<std::uint64_t>(options_.min_receive_rate, 1));
+    if (!c.frame_deadline) {
+      c.frame_deadline = c.last_heard + allowance;
+      c.frame_allowance = allowance;
+    } else if (allowance > c.frame_allowance) {  // the header came in: its payload counts
+      *c.frame_deadline += allowance - c.frame_allowance;
+      c.frame_allowance = allowance;
+    }
+  }
+
   void dispatch(const ConnectionPtr& c, const wire::FrameReader::Frame& frame) {
+    if (!c->peer) return on_hello(c, frame);
     Request request = wire::decode_request(frame.header, frame.meta, frame.payload);
     served_ = true;
     // No reply may see the parameters change under it.
@@ -5520,14 +6664,14 @@ class TcpServer {
     ++c->unanswered;
     // The frame reader checked large payloads finite as they arrived; the service checks
     // the rest.
-    service_.handle(std::move(request), RequestContext{frame.finite},
+    service_.handle(std::move(request), RequestContext{frame.finite, c->peer},
                     [this, weak = std::weak_ptr<Connection>(c),
                      call = frame.header.call](Response&& response) {
                       auto connection = weak.lock();
                       if (!connection) return;
                       --connection->unanswered;
                       try {  // a Responder never throws: a reply that cannot be queued costs
-                        queue_reply(connection, response, call);  // its connection only
+                        queue_frame(connection, wire::encode(response, call));  // its connection only
                         maybe_resume(connection);
                       } catch (const std::exception& e) {
                         try {
@@ -5540,11 +6684,33 @@ class TcpServer {
     if (service_.stopped()) begin_stopping();
   }
 
-  /// Queues a reply for the write at the end of the batch; its views of the parameters stay
-  /// valid until the next push or initialization (see `detach`).
-  void queue_reply(const ConnectionPtr& c, const Response& response, std::uint64_t call) {
+  /// The client's answer to the challenge: let it in, or refuse it with one log line.
+  void on_hello(const ConnectionPtr& c, const wire::FrameReader::Frame& frame) {
+    const wire::Hello hello = wire::decode_handshake_as<wire::Hello>(frame.header, frame.meta);
+    const std::string problem = wire::refusal_reason(options_.credentials, *c->challenge, hello);
+    if (!problem.empty()) {
+      warn_limited("refused a connection from " + c->address + ": " + problem);
+      c->closing = true;
+      queue_frame(c, wire::encode(wire::Handshake{wire::Refusal{ErrorCode::kUnauthenticated,
+                                                                "ps " + std::to_string(service_.task()) +
+                                                                    " refused the connection: " + problem}},
+                                  0));
+      return;
+    }
+    c->peer = hello.peer;
+    ++peers_[hello.peer];
+    c->reader.set_limits(options_.frames);
+    queue_frame(c, wire::encode(wire::Handshake{wire::Welcome{
+                                    wire::server_proof(options_.credentials.secret, *c->challenge, hello)}},
+                                0));
+    c->challenge.reset();
+  }
+
+  /// Queues a frame for the write at the end of the batch; a reply's views of the parameters
+  /// stay valid until the next push or initialization (see `detach`).
+  void queue_frame(const ConnectionPtr& c, wire::Frame&& frame) {
     if (c->closed) return;
-    c->replies.push_back(wire::encode(response, call));
+    c->replies.push_back(std::move(frame));
     c->unsent.append(c->replies.back());
     if (!c->replies.back().payload.empty()) {
       if (!std::exchange(c->views, true)) viewing_.push_back(c);
@@ -5580,6 +6746,7 @@ class TcpServer {
       c->unsent.clear();
       c->replies.clear();
       stop_viewing(*c);
+      if (c->closing) return forget(*c);  // a refusal, written whole
       return maybe_resume(c);  // a pause for unsent bytes may have ended just now
     }
     c->write_waiting = true;
@@ -5594,16 +6761,23 @@ class TcpServer {
   }
 
   /// The parameters are about to change: what is unsent of `c`'s replies stops viewing
-  /// them. The kernel takes what it can first; the rest is copied.
+  /// them. The kernel takes what it can first; the rest is copied, charged to the budget.
   void detach(Connection& c) {
     if (c.closed || !std::exchange(c.views, false)) return;
     std::error_code ec;
     if (!c.write_waiting && !c.unsent.write_now(c.socket, ec)) return forget(c);
     const auto n = static_cast<std::size_t>(c.unsent.bytes());
     if (c.spare_size < n) {  // the spare may hold nothing still unsent: the copy does
+      c.release_spare(budget_);
+      if (!budget_.take(n)) {
+        return drop(c, std::to_string(n) + " bytes of its replies are unread and the ps's "
+                       "buffer budget cannot keep them (TcpServerOptions::max_buffered_bytes: " +
+                       std::to_string(budget_.limit() >> 20U) + " MiB)");
+      }
       try {
         c.spare = std::make_unique_for_overwrite<char[]>(n);
       } catch (const std::bad_alloc&) {  // its replies cannot wait: that connection goes
+        budget_.give(n);
         return drop(c, "no memory to keep " + std::to_string(n) + " unsent reply bytes");
       }
       c.spare_size = n;
@@ -5624,15 +6798,12 @@ class TcpServer {
   }
 
   void drop(Connection& c, const std::string& reason) {
-    std::error_code ignored;
-    const auto peer = c.socket.remote_endpoint(ignored);
-    log(LogLevel::kWarning, "ps " + std::to_string(service_.task()) +
-                                ": closing connection from " + peer.address().to_string() + ":" +
-                                std::to_string(peer.port()) + ": " + reason);
+    warn_limited("closing connection from " + c.who() + ": " + reason);
     forget(c);
   }
 
   /// A connection is done: closed, its unsent replies dropped, no longer kept alive here.
+  /// The last connection of a task tells the service that the task left.
   void forget(Connection& c) {
     if (std::exchange(c.closed, true)) return;
     stop_viewing(c);
@@ -5640,8 +6811,75 @@ class TcpServer {
     c.replies.clear();
     std::error_code ignored;
     c.socket.close(ignored);
-    connections_.erase(&c);
+    ConnectionPtr keep;  // alive until this returns
+    if (const auto it = connections_.find(&c); it != connections_.end()) {
+      keep = it->second;
+      connections_.erase(it);
+    }
+    if (c.peer) {
+      const auto it = peers_.find(*c.peer);
+      if (it != peers_.end() && --it->second == 0) {
+        peers_.erase(it);
+        notify_disconnected(service_, *c.peer);
+        // Its tokens may have gone to others, whose replies wait to be written.
+        asio::post(io_, [this] { flush_all(); });
+      }
+    }
     maybe_stop();
+  }
+
+  /// Closes the connections whose handshake, frame or idleness outlasted its deadline;
+  /// runs a few times per the shortest deadline.
+  void sweep() {
+    const auto shortest =
+        std::min({options_.handshake_timeout, options_.frame_timeout, options_.idle_timeout});
+    const auto every = std::clamp<std::chrono::milliseconds>(
+        shortest / 4, std::chrono::milliseconds(10), std::chrono::milliseconds(1000));
+    sweep_.expires_after(every);
+    sweep_.async_wait([this](std::error_code ec) {
+      if (ec) return;
+      const auto now = Clock::now();
+      std::vector<ConnectionPtr> all;
+      for (auto& [raw, c] : connections_) all.push_back(c);
+      for (const ConnectionPtr& c : all) {
+        if (c->closed) continue;
+        if (!c->peer && now - c->accepted > options_.handshake_timeout) {
+          drop(*c, "no handshake within " + std::to_string(options_.handshake_timeout.count()) + " ms");
+        } else if (c->frame_deadline && c->receiving && now > *c->frame_deadline) {
+          drop(*c, "a frame begun " +
+                       std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                          now - *c->frame_deadline + c->frame_allowance)
+                                          .count()) +
+                       " ms ago is still not complete (TcpServerOptions::frame_timeout)");
+        } else if (c->peer && !c->frame_deadline && c->unanswered == 0 && c->unsent.empty() &&
+                   now - c->last_heard > options_.idle_timeout) {
+          log(LogLevel::kInfo, "ps " + std::to_string(service_.task()) + ": closing idle connection from " +
+                                   c->who());
+          forget(*c);
+        }
+      }
+      flush_all();
+      sweep();
+    });
+  }
+
+  /// Logs a warning about a client, at most 20 a second (a flood of bad connections must
+  /// not flood the log): the rest are counted and reported with the next line.
+  void warn_limited(const std::string& line) {
+    const auto now = Clock::now();
+    if (now - warn_window_ > std::chrono::seconds(1)) {
+      warn_window_ = now;
+      warned_ = 0;
+    }
+    if (++warned_ > 20) {
+      ++suppressed_;
+      return;
+    }
+    std::string text = "ps " + std::to_string(service_.task()) + ": " + line;
+    if (suppressed_ > 0) {
+      text += " (" + std::to_string(std::exchange(suppressed_, 0)) + " similar lines suppressed)";
+    }
+    log(LogLevel::kWarning, text);
   }
 
   /// The service stopped: go on answering until every client has left, or `linger` passed.
@@ -5663,6 +6901,7 @@ class TcpServer {
     retry_accept_.cancel();
     linger_.cancel();
     orphan_.cancel();
+    sweep_.cancel();
     io_.stop();
   }
 
@@ -5679,17 +6918,23 @@ class TcpServer {
 
   S service_;  ///< first: destroyed last, after every connection that may answer for it
   TcpServerOptions options_;
+  wire::MemoryBudget budget_;  ///< before the connections, which give back to it
   asio::io_context io_{1};
   asio::ip::tcp::acceptor acceptor_;
   asio::steady_timer retry_accept_;
   asio::steady_timer linger_{io_};
   asio::steady_timer orphan_{io_};
+  asio::steady_timer sweep_{io_};
   bool served_ = false;    ///< a request was handled: the job has started
   bool orphaned_ = false;  ///< run() returned because every client left
   bool accept_failing_ = false;
   bool stopping_ = false;
+  Clock::time_point warn_window_{};
+  int warned_ = 0;
+  std::uint64_t suppressed_ = 0;
   std::vector<ConnectionPtr> dirty_;    ///< connections with replies queued in this batch
   std::vector<ConnectionPtr> viewing_;  ///< connections whose unsent replies view parameters
+  std::map<Node, int> peers_;           ///< open connections of each task that proved itself
   /// Open connections, kept alive here: one whose reading is paused has no handler pending
   /// that would hold it, while requests it made wait in the ps. Destroyed before io_.
   std::map<Connection*, ConnectionPtr> connections_;

@@ -26,7 +26,7 @@ using namespace pulley;
 namespace {
 
 // As a request from another process arrives: nobody vouches for its tensors.
-const RequestContext kFromOutside{false};
+const RequestContext kFromOutside{false, std::nullopt};
 
 template <class Server>
 Response call(Server& ps, Request request) {

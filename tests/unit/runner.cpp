@@ -230,6 +230,7 @@ TEST_CASE("a cluster without a chief task makes worker 0 the chief, as TensorFlo
 }
 
 TEST_CASE("the job comes from --slurm-jobs, then --job, then TF_CONFIG, then in-process") {
+  ::setenv("PULLEY_SECRET", "the runner test's secret", 1);  // no secret file is made
   ::unsetenv("TF_CONFIG");
   ::unsetenv("SLURM_PROCID");
   JobFlags flags;

@@ -33,11 +33,15 @@
 #include "pulley/transport/in_process.hpp"
 #include "pulley/worker.hpp"
 #include "support/linear_model.hpp"
+#include "support/tcp.hpp"
 
 using namespace pulley;
 using pulley::testing::LinearBatch;
 using pulley::testing::LinearData;
 using pulley::testing::LinearModel;
+using pulley::testing::RawClient;
+using pulley::testing::client;
+using pulley::testing::test_server_options;
 using Server = ParameterServer<FixedShards, Sgd, SyncReplicas>;
 
 namespace {
@@ -49,14 +53,6 @@ Server make_server(std::uint32_t task) {
   return Server(task, 2, Sgd{0.1F}, SyncReplicas(2, 2), FixedShards{2});
 }
 
-/// Server options for tests that shut a ps down while their own clients stay connected:
-/// the ps need not wait long for them to leave.
-TcpServerOptions brief_linger() {
-  TcpServerOptions options;
-  options.linger = std::chrono::milliseconds(100);
-  return options;
-}
-
 /// Two ps tasks served over TCP on ephemeral ports of 127.0.0.1.
 struct TcpCluster {
   std::vector<std::unique_ptr<TcpServer<Server>>> listeners;
@@ -66,7 +62,7 @@ struct TcpCluster {
   TcpCluster() {
     for (std::uint32_t i = 0; i < 2; ++i) {
       listeners.push_back(
-          std::make_unique<TcpServer<Server>>(make_server(i), "127.0.0.1", 0, brief_linger()));
+          std::make_unique<TcpServer<Server>>(make_server(i), "127.0.0.1", 0, test_server_options()));
       addresses.push_back("127.0.0.1:" + std::to_string(listeners.back()->port()));
     }
     for (auto& l : listeners) threads.emplace_back([&l] { l->run(); });
@@ -113,26 +109,28 @@ TEST_CASE("sync training over TCP gives exactly the in-process result") {
     in_process = train([&](Node n) { return InProcess(network, n); });
   }
   TcpCluster cluster;
-  const auto over_tcp = train([&](Node) { return Tcp(cluster.addresses); });
+  const auto over_tcp = train([&](Node n) { return client(n, cluster.addresses); });
   // With R = 2 the accumulated sum is a + b either way round, so the results are identical.
   CHECK(over_tcp == in_process);
 }
 
 TEST_CASE("a client waits for a ps that starts late, and names one that never comes") {
-  auto listener = std::make_unique<TcpServer<Server>>(make_server(0), "127.0.0.1", 0);
+  auto listener =
+      std::make_unique<TcpServer<Server>>(make_server(0), "127.0.0.1", 0, test_server_options());
   const std::string address = "127.0.0.1:" + std::to_string(listener->port());
   listener.reset();  // nobody listens yet; the port is free again
   std::unique_ptr<TcpServer<Server>> late;
   std::thread starter([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     const auto port = static_cast<std::uint16_t>(std::stoi(address.substr(address.rfind(':') + 1)));
-    late = std::make_unique<TcpServer<Server>>(make_server(0), "127.0.0.1", port);
+    late = std::make_unique<TcpServer<Server>>(make_server(0), "127.0.0.1", port,
+                                               test_server_options());
     late->run();
   });
   TcpOptions patient;
   patient.connect_timeout = std::chrono::seconds(20);
   {
-    Tcp tcp({address}, patient);  // blocks until the ps is up
+    Tcp tcp = client(Node::chief(), {address}, patient);  // blocks until the ps is up
     auto stats = tcp.call(0, GetStats{});
     REQUIRE(stats.wait_for(std::chrono::seconds(20)));
     CHECK(std::holds_alternative<StatsReply>(stats.get()));
@@ -144,7 +142,7 @@ TEST_CASE("a client waits for a ps that starts late, and names one that never co
   TcpOptions impatient;
   impatient.connect_timeout = std::chrono::milliseconds(200);
   try {
-    Tcp tcp({address}, impatient);
+    Tcp tcp = client(Node::chief(), {address}, impatient);
     FAIL("connected to nothing");
   } catch (const Error& e) {
     CHECK(e.code() == ErrorCode::kUnavailable);
@@ -154,7 +152,7 @@ TEST_CASE("a client waits for a ps that starts late, and names one that never co
 
 TEST_CASE("garbage, a 2^40-byte frame and a wrong version are cut off while others keep working") {
   TcpCluster cluster;
-  Chief chief(Tcp(cluster.addresses), 7);
+  Chief chief(client(Node::chief(), cluster.addresses), 7);
   chief.initialize(LinearModel(kIn, kOut).variables());
   const auto port = static_cast<std::uint16_t>(cluster.listeners[0]->port());
   // Two workers train 400 steps meanwhile; the garbage arrives once they are under way.
@@ -163,7 +161,7 @@ TEST_CASE("garbage, a 2^40-byte frame and a wrong version are cut off while othe
   std::vector<std::thread> workers;
   for (std::uint32_t w = 0; w < 2; ++w) {
     workers.emplace_back([&, w] {
-      Worker worker(w, LinearModel(kIn, kOut), Tcp(cluster.addresses));
+      Worker worker(w, LinearModel(kIn, kOut), client(Node::worker(w), cluster.addresses));
       worker.wait_ready();
       while (worker.step({data.x, data.y}, kLong)) {
       }
@@ -176,10 +174,11 @@ TEST_CASE("garbage, a 2^40-byte frame and a wrong version are cut off while othe
     asio::ip::tcp::socket socket(io);
     socket.connect({asio::ip::make_address("127.0.0.1"), port});
     asio::write(socket, asio::buffer(bytes, size));
-    // The ps must close the connection: the read ends (EOF) instead of hanging.
+    // The ps must close the connection: reading (its challenge, then nothing) ends in EOF
+    // instead of hanging.
     std::array<char, 64> reply{};
     std::error_code ec;
-    socket.read_some(asio::buffer(reply), ec);
+    while (!ec) socket.read_some(asio::buffer(reply), ec);
     // EOF, or a reset when the ps closed with our bytes still unread: cut off either way.
     return ec == asio::error::eof || ec == asio::error::connection_reset;
   };
@@ -217,41 +216,6 @@ namespace {
 
 using AsyncServer = ParameterServer<FixedShards, Sgd, Async>;
 
-/// A raw connection to a ps, for sending frames a real client would not.
-struct RawClient {
-  asio::io_context io;
-  asio::ip::tcp::socket socket{io};
-
-  void send(const Request& request, std::uint64_t call) {
-    const wire::Frame frame = wire::encode(request, call);
-    transport_detail::GatherList list;
-    list.append(frame);
-    asio::write(socket, list.remaining());
-  }
-  /// Reads one whole frame within five seconds; returns its header (call 0 on timeout).
-  wire::Header receive(std::vector<char>& body) {
-    wire::Header header;
-    header.call = 0;
-    bool done = false;
-    asio::async_read(socket, asio::buffer(&header, sizeof header),
-                     [&](std::error_code ec, std::size_t) {
-                       if (ec) return;
-                       body.resize(wire::head_bytes(header) - sizeof header + header.payload_bytes);
-                       asio::async_read(socket, asio::buffer(body),
-                                        [&](std::error_code, std::size_t) { done = true; });
-                     });
-    io.restart();
-    io.run_for(std::chrono::seconds(5));
-    if (!done) {
-      socket.close();
-      io.restart();
-      io.run();
-      header.call = 0;
-    }
-    return header;
-  }
-};
-
 /// The number the next file descriptor of this process would get (the lowest free one).
 rlim_t lowest_free_descriptor() {
   const int fd = dup(0);
@@ -262,18 +226,18 @@ rlim_t lowest_free_descriptor() {
 }  // namespace
 
 TEST_CASE("a ps stops reading a client that does not read its replies, and loses none of them") {
-  TcpServerOptions options = brief_linger();
+  TcpServerOptions options = test_server_options();
   options.max_unsent_bytes = 2U << 20U;
   TcpServer listener(AsyncServer(0, 1, Sgd{0.1F}, Async{}, FixedShards{1}), "127.0.0.1", 0, options);
   std::thread serving([&] { listener.run(); });
   const std::string address = "127.0.0.1:" + std::to_string(listener.port());
   constexpr std::size_t kFloats = (1U << 20U) / sizeof(float);  // 1 MiB per reply
-  Chief chief(Tcp({address}), 1);
+  Chief chief(client(Node::chief(), {address}), 1);
   chief.initialize(std::vector<VariableSpec>{{"blob", {kFloats}, Initializer::constant(2.0F)}});
 
   // A ramp gradient makes every parameter different: w[i] = 2 - 0.1 i.
   RawClient greedy;
-  greedy.socket.connect({asio::ip::make_address("127.0.0.1"), listener.port()});
+  REQUIRE(greedy.join(listener.port(), Node::worker(0)).empty());
   std::vector<float> ramp(kFloats), expected(kFloats, 2.0F);
   for (std::size_t i = 0; i < kFloats; ++i) {
     ramp[i] = static_cast<float>(i);
@@ -312,7 +276,7 @@ TEST_CASE("a ps stops reading a client that does not read its replies, and loses
 
 TEST_CASE("a ps that ran out of file descriptors accepts again once one is free") {
   TcpServer listener(AsyncServer(0, 1, Sgd{0.1F}, Async{}, FixedShards{1}), "127.0.0.1", 0,
-                     brief_linger());
+                     test_server_options());
   std::thread serving([&] { listener.run(); });
   const asio::ip::tcp::endpoint endpoint{asio::ip::make_address("127.0.0.1"), listener.port()};
   RawClient first, second;
@@ -327,7 +291,7 @@ TEST_CASE("a ps that ran out of file descriptors accepts again once one is free"
   tight.rlim_cur = lowest_free_descriptor() + 1;
   REQUIRE(setrlimit(RLIMIT_NOFILE, &tight) == 0);
   std::vector<char> body;
-  first.socket.connect(endpoint);
+  const bool first_joined = first.join(listener.port(), Node::chief()).empty();
   first.send(GetStats{}, 1);
   const bool first_served = first.receive(body).call == 1;
   second.socket.connect(endpoint);  // the kernel completes it; the ps's accept fails (EMFILE)
@@ -335,8 +299,11 @@ TEST_CASE("a ps that ran out of file descriptors accepts again once one is free"
   first.socket.close();  // the ps sees EOF and frees its descriptor
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   REQUIRE(setrlimit(RLIMIT_NOFILE, &saved) == 0);
+  CHECK(first_joined);
   CHECK(first_served);
 
+  // The ps accepts `second` now: its handshake completes and it is served.
+  REQUIRE(second.handshake(Node::chief()).empty());
   second.send(GetStats{}, 2);
   CHECK(second.receive(body).call == 2);
   second.send(Shutdown{}, 3);
@@ -346,7 +313,7 @@ TEST_CASE("a ps that ran out of file descriptors accepts again once one is free"
 
 TEST_CASE("a ps listens on a host name, and a port in use is a clear error") {
   TcpServer listener(AsyncServer(0, 1, Sgd{0.1F}, Async{}, FixedShards{1}), "localhost", 0,
-                     brief_linger());
+                     test_server_options());
   std::thread serving([&] { listener.run(); });
   const std::string address = "localhost:" + std::to_string(listener.port());
   try {
@@ -357,7 +324,7 @@ TEST_CASE("a ps listens on a host name, and a port in use is a clear error") {
     CHECK(e.code() == ErrorCode::kUnavailable);
     CHECK(std::string(e.what()).find(std::to_string(listener.port())) != std::string::npos);
   }
-  Tcp tcp({address});
+  Tcp tcp = client(Node::chief(), {address});
   auto stats = tcp.call(0, GetStats{});
   REQUIRE(stats.wait_for(std::chrono::seconds(10)));
   CHECK(std::holds_alternative<StatsReply>(stats.get()));
@@ -367,10 +334,10 @@ TEST_CASE("a ps listens on a host name, and a port in use is a clear error") {
 
 TEST_CASE("a client reconnects to a ps that restarted on the same address") {
   auto listener = std::make_unique<TcpServer<AsyncServer>>(
-      AsyncServer(0, 1, Sgd{0.1F}, Async{}, FixedShards{1}), "127.0.0.1", 0, brief_linger());
+      AsyncServer(0, 1, Sgd{0.1F}, Async{}, FixedShards{1}), "127.0.0.1", 0, test_server_options());
   const std::uint16_t port = listener->port();
   std::thread serving([&] { listener->run(); });
-  Tcp tcp({"127.0.0.1:" + std::to_string(port)});
+  Tcp tcp = client(Node::chief(), {"127.0.0.1:" + std::to_string(port)});
   CHECK(std::holds_alternative<Ack>(tcp.call(0, Shutdown{}).get()));
   serving.join();
   listener.reset();
@@ -383,7 +350,7 @@ TEST_CASE("a client reconnects to a ps that restarted on the same address") {
 
   // A new ps on the same address is reached by the next call, with its own (fresh) state.
   TcpServer restarted(AsyncServer(0, 1, Sgd{0.1F}, Async{}, FixedShards{1}), "127.0.0.1", port,
-                      brief_linger());
+                      test_server_options());
   std::thread serving_again([&] { restarted.run(); });
   auto back = tcp.call(0, GetStats{});
   REQUIRE(back.wait_for(std::chrono::seconds(10)));
@@ -398,9 +365,12 @@ TEST_CASE("giving up on a push stalled mid-transfer returns, and closes that con
   asio::ip::tcp::acceptor acceptor(io, {asio::ip::make_address("127.0.0.1"), 0});
   std::vector<asio::ip::tcp::socket> accepted;
   std::thread accepting([&] {
-    for (int i = 0; i < 2; ++i) accepted.push_back(acceptor.accept());
+    for (int i = 0; i < 2; ++i) {
+      accepted.push_back(acceptor.accept());
+      pulley::testing::welcome(io, accepted.back());  // a ps's handshake, then no reading
+    }
   });
-  Tcp tcp({"127.0.0.1:" + std::to_string(acceptor.local_endpoint().port())});
+  Tcp tcp = client(Node::worker(0), {"127.0.0.1:" + std::to_string(acceptor.local_endpoint().port())});
   const std::vector<float> gradient(std::size_t{16} << 20U, 1.0F);
   PendingCall push = tcp.call(0, Push{0, 0, {{0, gradient}}});
   CHECK(!push.wait_for(std::chrono::milliseconds(300)));
@@ -438,7 +408,7 @@ TEST_CASE("a connection attempt that gets no answer gives up after attempt_timeo
   options.attempt_timeout = std::chrono::milliseconds(200);
   const auto start = std::chrono::steady_clock::now();
   try {
-    Tcp tcp({"127.0.0.1:" + std::to_string(endpoint.port())}, options);
+    Tcp tcp = client(Node::chief(), {"127.0.0.1:" + std::to_string(endpoint.port())}, options);
     FAIL("connected to a full accept queue");
   } catch (const Error& e) {
     CHECK(e.code() == ErrorCode::kUnavailable);
@@ -449,20 +419,20 @@ TEST_CASE("a connection attempt that gets no answer gives up after attempt_timeo
 }
 
 TEST_CASE("pulls waiting for a step count against a connection's limit") {
-  TcpServerOptions options = brief_linger();
+  TcpServerOptions options = test_server_options();
   options.max_unsent_bytes = 2U << 20U;
   options.max_unanswered_requests = 4;
   TcpServer listener(AsyncServer(0, 1, Sgd{0.1F}, Async{}, FixedShards{1}), "127.0.0.1", 0, options);
   std::thread serving([&] { listener.run(); });
   constexpr std::size_t kFloats = (1U << 20U) / sizeof(float);
-  Chief chief(Tcp({"127.0.0.1:" + std::to_string(listener.port())}), 1);
+  Chief chief(client(Node::chief(), {"127.0.0.1:" + std::to_string(listener.port())}), 1);
   chief.initialize(std::vector<VariableSpec>{{"blob", {kFloats}, Initializer::zeros()}});
 
   // 64 pulls that wait for step 1, then one push that releases them all at once.
   constexpr std::uint64_t kPulls = 64;
   RawClient greedy, pusher;
-  greedy.socket.connect({asio::ip::make_address("127.0.0.1"), listener.port()});
-  pusher.socket.connect({asio::ip::make_address("127.0.0.1"), listener.port()});
+  REQUIRE(greedy.join(listener.port(), Node::evaluator()).empty());
+  REQUIRE(pusher.join(listener.port(), Node::worker(0)).empty());
   for (std::uint64_t call = 1; call <= kPulls; ++call) {
     greedy.send(Pull{1, {{0, {0, kFloats}}}}, call);
   }
@@ -483,16 +453,16 @@ TEST_CASE("pulls waiting for a step count against a connection's limit") {
 }
 
 TEST_CASE("a ps shuts down even while a client does not read its replies") {
-  TcpServerOptions options;
+  TcpServerOptions options = test_server_options();
   options.linger = std::chrono::seconds(1);  // the greedy client never leaves on its own
   TcpServer listener(AsyncServer(0, 1, Sgd{0.1F}, Async{}, FixedShards{1}), "127.0.0.1", 0,
                      options);
   auto serving = std::async(std::launch::async, [&] { listener.run(); });
   constexpr std::size_t kFloats = (4U << 20U) / sizeof(float);
-  Chief chief(Tcp({"127.0.0.1:" + std::to_string(listener.port())}), 1);
+  Chief chief(client(Node::chief(), {"127.0.0.1:" + std::to_string(listener.port())}), 1);
   chief.initialize(std::vector<VariableSpec>{{"blob", {kFloats}, Initializer::zeros()}});
   RawClient greedy;
-  greedy.socket.connect({asio::ip::make_address("127.0.0.1"), listener.port()});
+  REQUIRE(greedy.join(listener.port(), Node::evaluator()).empty());
   for (std::uint64_t call = 1; call <= 8; ++call) greedy.send(Pull{0, {{0, {0, kFloats}}}}, call);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   chief.shutdown();
@@ -504,14 +474,15 @@ TEST_CASE("a ps shuts down even while a client does not read its replies") {
 TEST_CASE("replies the kernel takes only in part, even mid-header, reach the client whole") {
   // 100 000 stats requests from a client that reads nothing at first: the ps's socket
   // buffers fill and its writes stop at any byte of a reply, header and metadata included.
-  TcpServerOptions options = brief_linger();
+  TcpServerOptions options = test_server_options();
   options.max_unsent_bytes = 64U << 10U;
   TcpServer listener(AsyncServer(0, 1, Sgd{0.1F}, Async{}, FixedShards{1}), "127.0.0.1", 0, options);
   std::thread serving([&] { listener.run(); });
-  RawClient client;
-  client.socket.open(asio::ip::tcp::v4());
-  client.socket.set_option(asio::socket_base::receive_buffer_size(16 << 10));
-  client.socket.connect({asio::ip::make_address("127.0.0.1"), listener.port()});
+  RawClient raw;
+  raw.socket.open(asio::ip::tcp::v4());
+  raw.socket.set_option(asio::socket_base::receive_buffer_size(16 << 10));
+  raw.socket.connect({asio::ip::make_address("127.0.0.1"), listener.port()});
+  REQUIRE(raw.handshake(Node::chief()).empty());
   constexpr std::uint64_t kCalls = 100000;
   std::vector<char> requests;
   const wire::Frame frame = wire::encode(Request{GetStats{}}, 0);
@@ -523,17 +494,17 @@ TEST_CASE("replies the kernel takes only in part, even mid-header, reach the cli
   }
   // One thread drives both: the requests go out while the replies are read (after a pause
   // that lets the ps's buffers fill), each checked whole and in order.
-  asio::async_write(client.socket, asio::buffer(requests), [](std::error_code, std::size_t) {});
+  asio::async_write(raw.socket, asio::buffer(requests), [](std::error_code, std::size_t) {});
   std::uint64_t whole = 0;
   wire::Header header;
   std::vector<char> meta;
   std::function<void()> read_reply = [&] {
     asio::async_read(
-        client.socket, asio::buffer(&header, sizeof header), [&](std::error_code ec, std::size_t) {
+        raw.socket, asio::buffer(&header, sizeof header), [&](std::error_code ec, std::size_t) {
           if (ec || header.call != whole + 1 || header.payload_bytes != 0) return;
           meta.resize(wire::head_bytes(header) - sizeof header);  // metadata and padding
           asio::async_read(
-              client.socket, asio::buffer(meta), [&](std::error_code ec2, std::size_t) {
+              raw.socket, asio::buffer(meta), [&](std::error_code ec2, std::size_t) {
                 if (ec2) return;
                 const Response r =
                     wire::decode_response(header, std::span(meta).first(header.meta_bytes), {});
@@ -542,21 +513,27 @@ TEST_CASE("replies the kernel takes only in part, even mid-header, reach the cli
               });
         });
   };
-  asio::steady_timer pause(client.io, std::chrono::milliseconds(300));
+  asio::steady_timer pause(raw.io, std::chrono::milliseconds(300));
   pause.async_wait([&](std::error_code) { read_reply(); });
-  client.io.run_for(std::chrono::seconds(60));
+  raw.io.restart();
+  raw.io.run_for(std::chrono::seconds(60));
   CHECK(whole == kCalls);
   std::vector<char> body;
-  client.send(Shutdown{}, kCalls + 1);
-  CHECK(client.receive(body).call == kCalls + 1);
+  raw.send(Shutdown{}, kCalls + 1);
+  CHECK(raw.receive(body).call == kCalls + 1);
   serving.join();
 }
 
 TEST_CASE("an answered call is cancelled at once while a larger one behind it is still sent") {
   TcpServer listener(AsyncServer(0, 1, Sgd{0.1F}, Async{}, FixedShards{1}), "127.0.0.1", 0,
-                     brief_linger());
+                     test_server_options());
   std::thread serving([&] { listener.run(); });
-  Tcp tcp({"127.0.0.1:" + std::to_string(listener.port())});
+  const std::vector<std::string> address{"127.0.0.1:" + std::to_string(listener.port())};
+  Tcp chief = client(Node::chief(), address);
+  // Registered but not initialized: the ps takes a 64 MiB push, and refuses it.
+  const std::vector<VariableSpec> model{{"big", {std::size_t{16} << 20U}, Initializer::zeros()}};
+  REQUIRE(std::holds_alternative<PlacementReply>(chief.call(0, Register{model}).get()));
+  Tcp tcp = client(Node::worker(0), address);
   // Both leave in one gather-write; the stats reply comes while the 64 MiB push is still
   // being written. The stats call's use of its buffers ended with its own frame.
   const std::vector<float> gradient(std::size_t{16} << 20U, 1.0F);
@@ -568,26 +545,26 @@ TEST_CASE("an answered call is cancelled at once while a larger one behind it is
   const Response answer = push.get();  // the connection lived on: the ps's own verdict
   REQUIRE(std::holds_alternative<ErrorReply>(answer));
   CHECK(std::get<ErrorReply>(answer).code == ErrorCode::kFailedPrecondition);
-  CHECK(std::holds_alternative<Ack>(tcp.call(0, Shutdown{}).get()));
+  CHECK(std::holds_alternative<Ack>(chief.call(0, Shutdown{}).get()));
   serving.join();
 }
 
 TEST_CASE("a connection paused for its waiting requests is read again once they are answered") {
-  TcpServerOptions options = brief_linger();
+  TcpServerOptions options = test_server_options();
   options.max_unsent_bytes = 1U << 10U;  // the 4 KiB reply alone exceeds it...
   options.max_unanswered_requests = 1;   // ...and one waiting pull pauses the connection
   TcpServer listener(AsyncServer(0, 1, Sgd{0.1F}, Async{}, FixedShards{1}), "127.0.0.1", 0, options);
   std::thread serving([&] { listener.run(); });
   constexpr std::size_t kFloats = 1024;
-  Chief chief(Tcp({"127.0.0.1:" + std::to_string(listener.port())}), 1);
+  Chief chief(client(Node::chief(), {"127.0.0.1:" + std::to_string(listener.port())}), 1);
   chief.initialize(std::vector<VariableSpec>{{"blob", {kFloats}, Initializer::zeros()}});
   RawClient waiter;
-  waiter.socket.connect({asio::ip::make_address("127.0.0.1"), listener.port()});
+  REQUIRE(waiter.join(listener.port(), Node::evaluator()).empty());
   waiter.send(Pull{1, {{0, {0, kFloats}}}}, 1);
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   const std::vector<float> gradient(kFloats, 1.0F);
   RawClient pusher;
-  pusher.socket.connect({asio::ip::make_address("127.0.0.1"), listener.port()});
+  REQUIRE(pusher.join(listener.port(), Node::worker(0)).empty());
   pusher.send(Push{0, 0, {{0, gradient}}}, 1);
   std::vector<char> body;
   REQUIRE(pusher.receive(body).call == 1);
@@ -606,8 +583,8 @@ TEST_CASE("a connection paused for its waiting requests is read again once they 
 
 #ifndef PULLEY_NO_ADDRESS_SPACE_CAP
 TEST_CASE("a ps that cannot hold a payload drops that connection and serves on") {
-  // The ps runs in a child process whose address space leaves 512 MiB to spare; a client
-  // claims a 2 GiB push (within the wire limits) and streams it.
+  // The ps runs in a child process whose address space leaves 96 MiB to spare: a 64 MiB
+  // variable fits, but not also the buffer its 64 MiB initial value is received into.
   asio::io_context io;
   asio::ip::tcp::acceptor probe(io, {asio::ip::make_address("127.0.0.1"), 0});
   const std::uint16_t port = probe.local_endpoint().port();
@@ -617,7 +594,7 @@ TEST_CASE("a ps that cannot hold a payload drops that connection and serves on")
   if (child == 0) {  // the ps: exits 0 once shut down after the failed payload, never returns
     try {
       TcpServer listener(AsyncServer(0, 1, Sgd{0.1F}, Async{}, FixedShards{1}), "127.0.0.1", port,
-                         brief_linger());
+                         test_server_options());
       rlimit cap{};
       getrlimit(RLIMIT_AS, &cap);
       std::size_t mapped = 0;  // what the process has mapped now, from /proc/self/statm
@@ -625,7 +602,7 @@ TEST_CASE("a ps that cannot hold a payload drops that connection and serves on")
         if (std::fscanf(statm, "%zu", &mapped) != 1) mapped = 0;
         std::fclose(statm);
       }
-      cap.rlim_cur = mapped * static_cast<std::size_t>(sysconf(_SC_PAGESIZE)) + (512U << 20U);
+      cap.rlim_cur = mapped * static_cast<std::size_t>(sysconf(_SC_PAGESIZE)) + (96U << 20U);
       setrlimit(RLIMIT_AS, &cap);
       listener.run();
     } catch (...) {
@@ -633,31 +610,19 @@ TEST_CASE("a ps that cannot hold a payload drops that connection and serves on")
     }
     _exit(0);
   }
-  auto connect = [&](RawClient& c) {  // the child may still be starting
-    for (int attempt = 0; attempt < 200; ++attempt) {
-      std::error_code ec;
-      c.socket.connect({asio::ip::make_address("127.0.0.1"), port}, ec);
-      if (!ec) return;
-      c.socket.close();
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const std::vector<std::string> address{"127.0.0.1:" + std::to_string(port)};
+  {
+    Chief chief(client(Node::chief(), address), 1);  // waits for the child to listen
+    constexpr std::size_t kFloats = (64U << 20U) / sizeof(float);
+    try {
+      chief.initialize(std::vector<VariableSpec>{{"big", {kFloats}, Initializer::zeros()}});
+      FAIL("a ps without the memory took the initial value");
+    } catch (const Error& e) {
+      CHECK(e.code() == ErrorCode::kUnavailable);  // its connection was closed
     }
-  };
-  RawClient greedy;
-  connect(greedy);
-  wire::Header claim;
-  claim.kind = wire::kind_of<Push>();
-  claim.payload_bytes = std::uint64_t{2} << 30U;
-  const std::vector<char> zeros(std::size_t{8} << 20U);
-  std::error_code ec;
-  asio::write(greedy.socket, asio::buffer(&claim, sizeof claim), ec);
-  std::uint64_t sent = 0;  // the ps cuts the connection once it cannot grow its buffer
-  while (!ec && sent < claim.payload_bytes)
-    sent += asio::write(greedy.socket, asio::buffer(zeros), ec);
-  CHECK(ec);
-  CHECK(sent < claim.payload_bytes);
-
+  }
   RawClient other;  // everyone else is still served
-  connect(other);
+  REQUIRE(other.join(port, Node::chief()).empty());
   std::vector<char> body;
   other.send(GetStats{}, 1);
   CHECK(other.receive(body).call == 1);
@@ -678,7 +643,7 @@ TEST_CASE("bounded staleness over TCP: tokens within the bound, every step appli
   for (std::uint32_t i = 0; i < 2; ++i) {
     listeners.push_back(std::make_unique<TcpServer<SspServer>>(
         SspServer(i, 2, Sgd{0.05F}, BoundedStaleness(kStaleness, 2), FixedShards{2}), "127.0.0.1",
-        0));
+        0, test_server_options()));
     addresses.push_back("127.0.0.1:" + std::to_string(listeners.back()->port()));
   }
   std::vector<std::thread> serving;
@@ -686,12 +651,12 @@ TEST_CASE("bounded staleness over TCP: tokens within the bound, every step appli
   const LinearData data(2 * kBatch * kSteps, kIn, kOut, 42);
   std::vector<std::vector<StepResult>> results(2);
   {
-    Chief chief(Tcp(addresses), 7);
+    Chief chief(client(Node::chief(), addresses), 7);
     chief.initialize(LinearModel(kIn, kOut).variables());
     std::vector<std::thread> workers;
     for (std::uint32_t w = 0; w < 2; ++w) {
       workers.emplace_back([&, w] {
-        Worker worker(w, LinearModel(kIn, kOut), Tcp(addresses));
+        Worker worker(w, LinearModel(kIn, kOut), client(Node::worker(w), addresses));
         worker.wait_ready();
         for (std::int64_t k = 0;; ++k) {
           if (w == 1) std::this_thread::sleep_for(std::chrono::microseconds(500));  // slower
@@ -719,7 +684,7 @@ TEST_CASE("bounded staleness over TCP: tokens within the bound, every step appli
 }
 
 TEST_CASE("over TCP a worker hears that training ended, and the ps ends once clients left") {
-  TcpServerOptions options;
+  TcpServerOptions options = test_server_options();
   options.linger = std::chrono::seconds(60);  // far longer than the test may take
   TcpServer listener(Server(0, 1, Sgd{0.1F}, SyncReplicas(2, 2), FixedShards{1}), "127.0.0.1", 0,
                      options);
@@ -728,10 +693,10 @@ TEST_CASE("over TCP a worker hears that training ended, and the ps ends once cli
   const LinearData data(kBatch, kIn, kOut, 3);
   std::optional<bool> stepped;
   {
-    Chief chief(Tcp(address), 7);
+    Chief chief(client(Node::chief(), address), 7);
     chief.initialize(LinearModel(kIn, kOut).variables());
     std::thread lonely([&] {  // worker 1 never comes: worker 0 waits for step 1
-      Worker worker(0, LinearModel(kIn, kOut), Tcp(address));
+      Worker worker(0, LinearModel(kIn, kOut), client(Node::worker(0), address));
       worker.wait_ready();
       stepped = worker.step({data.x, data.y}).has_value();
       // After the end, every later call hears it too, over a live connection.
@@ -749,7 +714,7 @@ TEST_CASE("over TCP a worker hears that training ended, and the ps ends once cli
 }
 
 TEST_CASE("a ps whose clients all left without ending training gives up, and says so") {
-  TcpServerOptions options;
+  TcpServerOptions options = test_server_options();
   options.orphaned_after = std::chrono::milliseconds(300);
   TcpServer listener(AsyncServer(0, 1, Sgd{0.1F}, Async{}, FixedShards{1}), "127.0.0.1", 0,
                      options);
@@ -757,7 +722,7 @@ TEST_CASE("a ps whose clients all left without ending training gives up, and say
   // No client yet: a ps waits as long as its job takes to start.
   CHECK(serving.wait_for(std::chrono::milliseconds(600)) == std::future_status::timeout);
   {
-    Chief chief(Tcp({"127.0.0.1:" + std::to_string(listener.port())}), 1);
+    Chief chief(client(Node::chief(), {"127.0.0.1:" + std::to_string(listener.port())}), 1);
     chief.initialize(std::vector<VariableSpec>{{"w", {4}, Initializer::zeros()}});
   }  // the chief is gone without a Shutdown (as if it had crashed)
   REQUIRE(serving.wait_for(std::chrono::seconds(10)) == std::future_status::ready);

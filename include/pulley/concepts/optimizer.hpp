@@ -4,6 +4,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string_view>
 
@@ -21,6 +22,11 @@ struct UpdateContext {
   std::size_t row_size = 0;   ///< elements per row: element i is row `rows.begin + i / row_size`
 };
 
+/// The largest magnitude the stock optimizers' `stays_finite` lets a parameter or a slot
+/// reach: a quarter of float's range, so that rounding (of a mean of gradients, of the
+/// update itself) cannot carry a value it passed into infinity.
+inline constexpr float kFiniteBound = std::numeric_limits<float>::max() / 4;
+
 /// An optimizer: a small value type holding hyper-parameters, plus a per-part `State`
 /// (slots such as momentum or Adam's moments) that the ps keeps beside the part it updates.
 ///
@@ -29,6 +35,17 @@ struct UpdateContext {
 ///   - `o.make_state(n)` → `O::State` for a part of `n` elements
 ///   - `o.apply(state, weights, gradient)` or `o.apply(state, weights, gradient, context)`:
 ///     updates `weights` in place (the second form also sees an UpdateContext)
+/// Optional:
+///   - `o.stays_finite(state, weights, gradient)` → bool, with `state` const: true only if
+///     `apply` with these arguments would leave every weight and every slot finite. It may
+///     be conservative (false for a few updates that would have stayed finite, far beyond
+///     any real gradient) but never optimistic, and it must hold for any gradient between
+///     two it accepted (the mean of accepted gradients stays accepted). The ps asks it for
+///     every push before changing anything and refuses a push it answers false, naming the
+///     variable and the sender. Without it, the ps applies each update to a copy of the
+///     part and its State (which must then be copyable), keeps the copy only if the weights
+///     stayed finite, and fails if the State cannot be copied and the weights went
+///     non-finite; `stays_finite` saves that copy and guards the slots too.
 ///
 /// Semantic contract (the compiler cannot check it):
 ///   - `gradient` is the mean of the gradients the sync policy aggregated for this update
@@ -54,6 +71,14 @@ concept Optimizer = std::copy_constructible<O> && std::movable<typename O::State
   { optimizer.make_state(n) } -> std::same_as<typename O::State>;
   requires requires { { optimizer.apply(state, weights, gradient) } -> std::same_as<void>; } ||
       requires { { optimizer.apply(state, weights, gradient, context) } -> std::same_as<void>; };
+};
+
+/// True if the optimizer can tell in advance whether an update stays finite.
+template <class O>
+concept PredictsFiniteness = Optimizer<O> &&
+    requires(const O& optimizer, const typename O::State& state, std::span<const float> weights,
+             std::span<const float> gradient) {
+  { optimizer.stays_finite(state, weights, gradient) } -> std::convertible_to<bool>;
 };
 
 /// Calls whichever form of `apply` the optimizer has.

@@ -4,6 +4,8 @@
 #include <concepts>
 #include <cstdint>
 #include <functional>
+#include <limits>
+#include <optional>
 
 #include "pulley/messages.hpp"
 
@@ -22,6 +24,10 @@ struct RequestContext {
   /// Every tensor of the request is finite: the transport checked it as it arrived, or the
   /// request comes from a client in this process (pulley's clients check before sending).
   bool tensors_finite = false;
+  /// The task that sent it, as the transport knows it (over TCP: as the handshake proved
+  /// it); the service refuses what that task's job may not send (`kSenders`). nullopt: a
+  /// caller the transport does not name, trusted (pulley's transports always name it).
+  std::optional<Node> peer;
 };
 
 /// The server half of a transport's contract: what a transport serves. A ParameterServer is
@@ -32,9 +38,18 @@ struct RequestContext {
 ///   - `s.task()` → this ps task's index
 ///   - `s.stopped()` → bool: true once it serves no more (shut down, or failed)
 ///
+/// Optional:
+///   - `s.disconnected(node)`: the transport lost its last connection from task `node` (the
+///     process ended, or the link broke). The service gives back what that task held, such
+///     as a sync token it took and will not push for (a lease).
+///   - `s.max_request_payload()` → std::uint64_t: the most tensor bytes a request can
+///     legitimately carry now (a ParameterServer: the bytes of the parts it holds). A
+///     transport refuses a frame that claims more before it receives any of it.
+///
 /// Semantic contract:
-///   - the transport calls `handle` for one request at a time (never concurrently), in the
-///     order each client sent them, and never after the service is destroyed;
+///   - the transport calls `handle` (and `disconnected`) for one request at a time (never
+///     concurrently), in the order each client sent them, and never after the service is
+///     destroyed;
 ///   - `handle` answers every request exactly once through `reply`, now or later (a request
 ///     that waits for a token or a step is answered when another request completes it);
 ///     whatever goes wrong, including a throwing policy, becomes an answer: `handle` does
@@ -48,5 +63,25 @@ concept Service = requires(S& service, const S& cservice, Request&& request,
   { cservice.task() } -> std::convertible_to<std::uint32_t>;
   { cservice.stopped() } -> std::convertible_to<bool>;
 };
+
+/// Tells `service` that task `node` left, if the service cares (`disconnected`).
+template <Service S>
+void notify_disconnected(S& service, const Node& node) noexcept {
+  if constexpr (requires { service.disconnected(node); }) {
+    static_assert(noexcept(service.disconnected(node)), "Service::disconnected must be noexcept");
+    service.disconnected(node);
+  }
+}
+
+/// The most tensor bytes a request to `service` can carry now (`max_request_payload`), or no
+/// limit if it does not say.
+template <Service S>
+std::uint64_t max_request_payload(const S& service) noexcept {
+  if constexpr (requires { { service.max_request_payload() } -> std::convertible_to<std::uint64_t>; }) {
+    return service.max_request_payload();
+  } else {
+    return std::numeric_limits<std::uint64_t>::max();
+  }
+}
 
 }  // namespace pulley

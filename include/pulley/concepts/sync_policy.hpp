@@ -58,6 +58,10 @@ struct Token {
 /// Optional:
 ///   - `p.waiting_for(pacer)` → `std::string`: what the next step waits for, in words; the
 ///     ps reports it (StatsReply) and clients quote it when a token or a step never comes
+///   - `p.release(pacer, worker)` → void, noexcept: worker `worker` is gone (its process
+///     ended or its link broke): give back the tokens it took and did not push for, so a
+///     vanished taker cannot hold a step up (a token is a lease). The worker may come back
+///     and take tokens again.
 ///
 /// Semantic contract:
 ///   - the ps calls `on_push` once per push message, after checking it and before touching
@@ -103,6 +107,15 @@ std::string waiting_for(const P& policy, const typename P::Pacer& pacer) {
     return policy.waiting_for(pacer);
   } else {
     return {};
+  }
+}
+
+/// Gives back what worker `worker` held, if the policy leases tokens (`release`).
+template <SyncPolicy P>
+void release(const P& policy, typename P::Pacer& pacer, std::uint32_t worker) noexcept {
+  if constexpr (requires { policy.release(pacer, worker); }) {
+    static_assert(noexcept(policy.release(pacer, worker)), "SyncPolicy::release must be noexcept");
+    policy.release(pacer, worker);
   }
 }
 

@@ -40,6 +40,20 @@ struct Adagrad {
       wp[i] -= lr * gp[i] / (std::sqrt(ap[i]) + eps);
     }
   }
+
+  /// True if `apply` keeps every weight and the accumulator within kFiniteBound. A step is
+  /// at most learning_rate * |g| / sqrt(g^2) = learning_rate, so no division is needed.
+  [[nodiscard]] bool stays_finite(const State& state, std::span<const float> w,
+                                  std::span<const float> g) const {
+    const float lr = std::abs(learning_rate);
+    const float* a = state.accumulator.data();
+    unsigned bad = 0;
+    for (std::size_t i = 0, n = w.size(); i < n; ++i) {
+      bad |= static_cast<unsigned>(!(a[i] + g[i] * g[i] <= kFiniteBound) ||
+                                   !(std::abs(w[i]) + lr <= kFiniteBound));
+    }
+    return bad == 0;
+  }
 };
 static_assert(Optimizer<Adagrad>);
 

@@ -39,10 +39,7 @@ struct Adam {
   /// Updates `w` in place from gradient `g` (same size as the state).
   void apply(State& state, std::span<float> w, std::span<const float> g) const {
     ++state.t;
-    const auto t = static_cast<double>(state.t);
-    const auto lr_t =
-        static_cast<float>(learning_rate * std::sqrt(1.0 - std::pow(double{beta_2}, t)) /
-                           (1.0 - std::pow(double{beta_1}, t)));
+    const float lr_t = step_size(state.t);
     const float b1 = beta_1;
     const float b2 = beta_2;
     const float eps = epsilon;
@@ -55,6 +52,33 @@ struct Adam {
       vp[i] = b2 * vp[i] + (1.0F - b2) * gp[i] * gp[i];
       wp[i] -= lr_t * mp[i] / (std::sqrt(vp[i]) + eps);
     }
+  }
+
+  /// True if `apply` keeps every weight and both moments within kFiniteBound. A step is at
+  /// most lr_t * |m| / epsilon, which bounds it without a square root or a division.
+  [[nodiscard]] bool stays_finite(const State& state, std::span<const float> w,
+                                  std::span<const float> g) const {
+    const float reach = std::abs(step_size(state.t + 1)) / epsilon;
+    const float b1 = beta_1;
+    const float b2 = beta_2;
+    const float* m = state.m.data();
+    const float* v = state.v.data();
+    unsigned bad = 0;
+    for (std::size_t i = 0, n = w.size(); i < n; ++i) {
+      const float m1 = b1 * m[i] + (1.0F - b1) * g[i];
+      const float v1 = b2 * v[i] + (1.0F - b2) * g[i] * g[i];
+      bad |= static_cast<unsigned>(!(std::abs(m1) <= kFiniteBound) || !(v1 <= kFiniteBound) ||
+                                   !(std::abs(w[i]) + reach * std::abs(m1) <= kFiniteBound));
+    }
+    return bad == 0;
+  }
+
+ private:
+  /// lr_t of update number t.
+  [[nodiscard]] float step_size(std::int64_t t) const {
+    const auto td = static_cast<double>(t);
+    return static_cast<float>(learning_rate * std::sqrt(1.0 - std::pow(double{beta_2}, td)) /
+                              (1.0 - std::pow(double{beta_1}, td)));
   }
 };
 static_assert(Optimizer<Adam>);

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <span>
 #include <vector>
@@ -45,6 +46,22 @@ struct Momentum {
         wp[i] -= lr * ap[i];
       }
     }
+  }
+
+  /// True if `apply` keeps every weight and the accumulation within kFiniteBound.
+  [[nodiscard]] bool stays_finite(const State& state, std::span<const float> w,
+                                  std::span<const float> g) const {
+    const float lr = learning_rate;
+    const float mu = momentum;
+    const float* a = state.accumulation.data();
+    unsigned bad = 0;
+    for (std::size_t i = 0, n = w.size(); i < n; ++i) {
+      const float acc = mu * a[i] + g[i];
+      const float step = use_nesterov ? g[i] + mu * acc : acc;
+      bad |= static_cast<unsigned>(!(std::abs(acc) <= kFiniteBound) ||
+                                   !(std::abs(w[i] - lr * step) <= kFiniteBound));
+    }
+    return bad == 0;
   }
 };
 static_assert(Optimizer<Momentum>);

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <span>
 
@@ -24,6 +25,17 @@ struct Sgd {
     float* __restrict wp = w.data();
     const float* __restrict gp = g.data();
     for (std::size_t i = 0, n = w.size(); i < n; ++i) wp[i] -= lr * gp[i];
+  }
+
+  /// True if `apply` keeps every weight within kFiniteBound.
+  [[nodiscard]] bool stays_finite(const State& /*state*/, std::span<const float> w,
+                                  std::span<const float> g) const {
+    const float lr = learning_rate;
+    unsigned bad = 0;
+    for (std::size_t i = 0, n = w.size(); i < n; ++i) {
+      bad |= static_cast<unsigned>(!(std::abs(w[i] - lr * g[i]) <= kFiniteBound));
+    }
+    return bad == 0;
   }
 };
 static_assert(Optimizer<Sgd>);

@@ -13,7 +13,9 @@ namespace pulley {
 ///   --ps N --workers N                     every task in this process (the default)
 ///   --job TYPE --task I --ps-hosts H:P,... --worker-hosts H:P,... [--chief-host H:P]
 ///   --slurm-jobs ps:1,worker:2,chief:1 [--slurm-port-base 8888]
-/// or none of them, with TF_CONFIG set. Numbers out of range are refused by CLI11.
+///   [--job-name NAME] [--secret-file PATH]  what every connection proves (credentials.hpp)
+/// or none of them, with TF_CONFIG set. Numbers out of range are refused by CLI11. It also
+/// makes a parse error print one line (the app's name, the error) instead of the usage.
 inline void add_job_flags(CLI::App& app, JobFlags& flags) {
   const std::string group = "Cluster (default: every task in this process; or TF_CONFIG)";
   app.add_option("--ps", flags.ps, "ps tasks, when every task runs in this process")
@@ -41,6 +43,19 @@ inline void add_job_flags(CLI::App& app, JobFlags& flags) {
                  "under srun: the port of the first task on each node (the i-th: base + i)")
       ->check(CLI::Range(1, 65535))
       ->group(group);
+  app.add_option("--job-name", flags.job_name,
+                 "the job's name, which every connection proves (default: the Slurm job, or "
+                 "a hash of the cluster)")
+      ->group(group);
+  app.add_option("--secret-file", flags.secret_file,
+                 "a file holding the job's shared secret (default: PULLEY_SECRET, "
+                 "PULLEY_SECRET_FILE, or ~/.config/pulley/secret)")
+      ->check(CLI::ExistingFile)
+      ->group(group);
+  // A mistake is one line naming it; the usage only on --help.
+  app.failure_message([](const CLI::App* failed, const CLI::Error& e) {
+    return failed->get_name() + ": " + e.what() + " (--help lists the flags)\n";
+  });
 }
 
 }  // namespace pulley

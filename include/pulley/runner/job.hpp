@@ -12,6 +12,7 @@
 #include "pulley/cluster/slurm.hpp"
 #include "pulley/cluster/tf_config.hpp"
 #include "pulley/error.hpp"
+#include "pulley/runner/credentials.hpp"
 
 namespace pulley {
 
@@ -22,6 +23,9 @@ struct Job {
   std::optional<TfConfig> cluster;
   std::uint32_t local_ps = 1;       ///< ps tasks when in-process
   std::uint32_t local_workers = 2;  ///< workers when in-process
+  /// What this task proves to the others (its job's name and secret), in a cluster of
+  /// processes (runner/credentials.hpp says where they come from).
+  Credentials credentials;
 
   /// True when every task runs in this process.
   [[nodiscard]] bool in_process() const noexcept { return !cluster.has_value(); }
@@ -54,6 +58,8 @@ struct JobFlags {
   std::uint32_t slurm_port_base = kSlurmPortBase;  ///< the first task on a node listens here
   std::uint32_t ps = 1;                   ///< ps tasks when in-process
   std::uint32_t workers = 2;              ///< workers when in-process
+  std::string job_name;     ///< the job's name in handshakes ("": derived, credentials.hpp)
+  std::string secret_file;  ///< a file holding the job's shared secret ("": see credentials.hpp)
 };
 
 /// The job `flags` describe (see JobFlags for the order). Throws kInvalidArgument naming the
@@ -105,6 +111,7 @@ inline Job resolve_job(const JobFlags& flags) {
     if (job.cluster->cluster.tasks("chief").size() > 1) {
       throw Error(ErrorCode::kInvalidArgument, "the cluster lists more than one chief");
     }
+    job.credentials = task_credentials(job.cluster->cluster, flags.job_name, flags.secret_file);
   }
   return job;
 }

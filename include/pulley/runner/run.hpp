@@ -62,8 +62,10 @@ struct Training {
   /// The chief initializes the variables from it.
   std::uint64_t seed = 1;
   ClientOptions client;     ///< every client's deadlines
-  TcpOptions tcp;           ///< how clients connect, in a cluster of processes
-  TcpServerOptions server;  ///< how a ps serves, in a cluster of processes
+  /// How clients connect, in a cluster of processes (its credentials are the Job's).
+  TcpOptions tcp;
+  /// How a ps serves, in a cluster of processes (its credentials are the Job's).
+  TcpServerOptions server;
 };
 
 namespace runner_detail {
@@ -175,9 +177,17 @@ void follow(const Training<M>& training, T transport) {
   log(LogLevel::kInfo, "evaluator: training finished");
 }
 
+/// `options` with `credentials` in place of its own.
+template <class Options>
+Options with(Options options, const Credentials& credentials) {
+  options.credentials = credentials;
+  return options;
+}
+
 /// A ps task of a cluster of processes, until the chief shuts it down.
 template <Model M, Sharding S, Optimizer O, SyncPolicy P>
-void serve(const Training<M>& training, const TfConfig& config, S sharding, O optimizer, P sync) {
+void serve(const Training<M>& training, const TfConfig& config, const Credentials& credentials,
+           S sharding, O optimizer, P sync) {
   const auto& hosts = config.cluster.tasks("ps");
   const std::uint32_t task = config.task.index;
   const Address address = parse_address(hosts.at(task));
@@ -190,7 +200,7 @@ void serve(const Training<M>& training, const TfConfig& config, S sharding, O op
   TcpServer server(ParameterServer<S, O, P>(task, static_cast<std::uint32_t>(hosts.size()),
                                             std::move(optimizer), std::move(sync),
                                             std::move(sharding)),
-                   bind, address.port, training.server);
+                   bind, address.port, with(training.server, credentials));
   log(LogLevel::kInfo, "ps " + std::to_string(task) + " serving on " + address.to_string() +
                            " (listening on " + bind + ":" + std::to_string(server.port()) + ")");
   server.run();
@@ -279,34 +289,36 @@ void run_in_process(const Job& job, const Training<M>& training, S sharding, O o
 
 /// This process's task of a cluster of processes.
 template <Model M, Sharding S, Optimizer O, SyncPolicy P>
-void run_task(const TfConfig& config, const Training<M>& training, S sharding, O optimizer,
-              P sync) {
+void run_task(const TfConfig& config, const Credentials& credentials, const Training<M>& training,
+              S sharding, O optimizer, P sync) {
   const std::string& type = config.task.type;
   const std::vector<std::string>& ps = config.cluster.tasks("ps");
   const auto num_workers = static_cast<std::uint32_t>(config.cluster.tasks("worker").size());
-  auto transport = [&] { return Tcp(ps, training.tcp); };
+  const TcpOptions tcp = with(training.tcp, credentials);
+  auto transport = [&](Node self) { return Tcp(self, ps, tcp); };
   if (type == "ps") {
-    serve(training, config, std::move(sharding), std::move(optimizer), std::move(sync));
+    serve(training, config, credentials, std::move(sharding), std::move(optimizer),
+          std::move(sync));
   } else if (type == "chief") {
-    lead(training, transport());
+    lead(training, transport(Node::chief()));
   } else if (type == "evaluator") {
-    follow(training, transport());
+    follow(training, transport(Node{Node::Job::kEvaluator, config.task.index}));
   } else if (type == "worker" && config.task.index == 0 && !config.cluster.jobs.contains("chief")) {
     // No chief task: worker 0 is also the chief (TensorFlow's convention), on a thread.
     std::exception_ptr chief_failure;
     std::thread chief([&] {
       try {
-        lead(training, transport());
+        lead(training, transport(Node::chief()));
       } catch (...) {
         chief_failure = std::current_exception();
       }
     });
     try {
-      work(training, 0, num_workers, transport());
+      work(training, 0, num_workers, transport(Node::worker(0)));
     } catch (const std::exception& e) {
       // The chief thread may be waiting for steps this worker will not push: end the job.
       try {
-        Tcp aborting = transport();
+        Tcp aborting = transport(Node::chief());
         abort_training(aborting, std::string("worker 0 failed: ") + e.what(),
                        training.client.request_timeout);
       } catch (const std::exception&) {  // the ps tasks are unreachable: the chief hears that
@@ -317,7 +329,7 @@ void run_task(const TfConfig& config, const Training<M>& training, S sharding, O
     chief.join();
     if (chief_failure) std::rethrow_exception(chief_failure);
   } else {
-    work(training, config.task.index, num_workers, transport());
+    work(training, config.task.index, num_workers, transport(Node::worker(config.task.index)));
   }
 }
 
@@ -350,8 +362,8 @@ int run(const Job& job, const Training<M>& training, S sharding, O optimizer, P 
       runner_detail::run_in_process(job, training, std::move(sharding), std::move(optimizer),
                                     std::move(sync));
     } else {
-      runner_detail::run_task(*job.cluster, training, std::move(sharding), std::move(optimizer),
-                              std::move(sync));
+      runner_detail::run_task(*job.cluster, job.credentials, training, std::move(sharding),
+                              std::move(optimizer), std::move(sync));
     }
     return 0;
   } catch (const std::exception& e) {

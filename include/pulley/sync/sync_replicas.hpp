@@ -66,6 +66,7 @@ class SyncReplicas {
     int fresh = 0;                                ///< fresh pushes of `step`
     std::int64_t tokens_left = 0;                 ///< tokens of `step` not taken
     std::map<std::uint32_t, std::int64_t> taken;  ///< tokens of `step` taken, by worker
+    std::map<std::uint32_t, std::int64_t> held;   ///< ... and not pushed for yet
   };
 
   /// An empty accumulator for n-element gradients.
@@ -93,17 +94,38 @@ class SyncReplicas {
   }
 
   /// Step 0, with max(R, N) tokens.
-  [[nodiscard]] Pacer make_pacer() const { return {0, 0, tokens_per_step(), {}}; }
+  [[nodiscard]] Pacer make_pacer() const { return {0, 0, tokens_per_step(), {}, {}}; }
 
   /// Stale if tagged before the current step; the R-th fresh push completes the step.
-  Verdict on_push(Pacer& pacer, std::uint32_t /*worker*/, std::int64_t local_step) const {
+  Verdict on_push(Pacer& pacer, std::uint32_t worker, std::int64_t local_step) const {
     if (local_step < pacer.step) return Verdict::kStale;
+    if (const auto held = pacer.held.find(worker); held != pacer.held.end()) {
+      if (held->second <= 1) {
+        pacer.held.erase(held);  // erasing cannot throw
+      } else {
+        --held->second;
+      }
+    }
     if (++pacer.fresh < replicas_to_aggregate_) return Verdict::kPending;
     ++pacer.step;
     pacer.fresh = 0;
     pacer.tokens_left = tokens_per_step();  // the old step's untaken tokens are withdrawn
     pacer.taken.clear();
+    pacer.held.clear();
     return Verdict::kReady;
+  }
+
+  /// Gives back the tokens of the current step `worker` took and did not push for; it may
+  /// take them again (one per step still holds when R <= N).
+  void release(Pacer& pacer, std::uint32_t worker) const noexcept {
+    const auto held = pacer.held.find(worker);
+    if (held == pacer.held.end()) return;
+    pacer.tokens_left += std::max<std::int64_t>(held->second, 0);
+    const auto taken = pacer.taken.find(worker);
+    if (taken != pacer.taken.end() && (taken->second -= held->second) <= 0) {
+      pacer.taken.erase(taken);
+    }
+    pacer.held.erase(held);
   }
 
   /// Steps completed.
@@ -115,7 +137,9 @@ class SyncReplicas {
     const bool one_each = replicas_to_aggregate_ <= total_num_replicas_;
     if (pacer.tokens_left == 0) return std::nullopt;
     if (one_each && pacer.taken.contains(worker)) return std::nullopt;
-    ++pacer.taken[worker];  // first: an insertion that throws leaves the pacer as it was
+    std::int64_t& held = pacer.held[worker];  // insertions first: one that throws
+    ++pacer.taken[worker];                     // leaves the pacer as it was
+    ++held;
     --pacer.tokens_left;
     // With one token per step the worker's next step is the next global step, so its push
     // can bring that step's parameters back; with R > N its next token may be of this step.

@@ -39,7 +39,8 @@ namespace pulley {
 ///
 /// Faults, for tests: `drop_next` loses requests (the caller's deadline fires), `delay`
 /// slows a node down, `kill` makes a node fail as a crashed process would: the requests it
-/// held and everything sent to or by it afterwards are answered `kUnavailable`.
+/// held and everything sent to or by it afterwards are answered `kUnavailable`, and every
+/// ps hears that a killed client left (`Service::disconnected`).
 ///
 /// Lifetimes take care of themselves: the network owns the services it serves and joins
 /// their threads before destroying them; an endpoint that outlives the network gets
@@ -89,18 +90,20 @@ class InProcessNetwork {
   /// A served ps task, whatever its Service type.
   struct Host {
     virtual ~Host() = default;
-    virtual void handle(Request&& request, Responder reply) noexcept = 0;
+    virtual void handle(Request&& request, Node from, Responder reply) noexcept = 0;
+    virtual void disconnected(Node node) noexcept = 0;
     [[nodiscard]] virtual std::uint32_t task() const = 0;
     [[nodiscard]] virtual bool stopped() const = 0;
   };
   template <Service S>
   struct HostOf final : Host {
     explicit HostOf(S s) : service(std::move(s)) {}
-    void handle(Request&& request, Responder reply) noexcept override {
+    void handle(Request&& request, Node from, Responder reply) noexcept override {
       // Requests come from this process's own clients, which check every tensor before
       // they send anything.
-      service.handle(std::move(request), RequestContext{true}, std::move(reply));
+      service.handle(std::move(request), RequestContext{true, from}, std::move(reply));
     }
+    void disconnected(Node node) noexcept override { notify_disconnected(service, node); }
     [[nodiscard]] std::uint32_t task() const override { return service.task(); }
     [[nodiscard]] bool stopped() const override { return service.stopped(); }
     S service;
@@ -127,6 +130,7 @@ class InProcessNetwork {
   struct Envelope {
     Request request;
     CallPtr call;
+    Node from;
   };
 
   struct Mailbox {
@@ -219,7 +223,15 @@ class InProcessNetwork {
         std::scoped_lock lock(faults_mutex_);
         dead_[node] = true;
       }
-      if (node.job != Node::Job::kPs || node.index >= num_ps()) return;
+      if (node.job != Node::Job::kPs) {
+        // Its connections break: every ps hears that it left, as a TCP ps would.
+        for (auto& box : mailboxes_) {
+          std::scoped_lock serving(box->serving);
+          if (box->host && !box->closed) box->host->disconnected(node);
+        }
+        return;
+      }
+      if (node.index >= num_ps()) return;
       Mailbox& box = *mailboxes_[node.index];
       std::scoped_lock lock(box.mutex);
       box.killed = true;
@@ -263,7 +275,7 @@ class InProcessNetwork {
         const bool idle = serving.owns_lock() && box.host && box.queue.empty() &&
                           delay_of(Node::ps(ps)).count() == 0;
         if (!idle && (box.thread_running || !box.host)) {
-          box.queue.push_back({std::move(request), std::move(call)});
+          box.queue.push_back({std::move(request), std::move(call), from});
           box.wake.notify_one();
           return pending;
         }
@@ -271,7 +283,7 @@ class InProcessNetwork {
       // Idle, or stopped with no thread left: handled here (a stopped service answers at
       // once, so waiting for another sender's turn is short).
       if (!serving.owns_lock()) serving.lock();
-      handle(box, ps, std::move(request), call);
+      handle(box, ps, std::move(request), from, call);
       return pending;
     }
 
@@ -294,7 +306,8 @@ class InProcessNetwork {
     }
 
     /// Hands one request to the service; the caller holds `box.serving`.
-    static void handle(Mailbox& box, std::uint32_t task, Request&& request, const CallPtr& call) {
+    static void handle(Mailbox& box, std::uint32_t task, Request&& request, Node from,
+                       const CallPtr& call) {
       {
         std::scoped_lock lock(box.mutex);
         if (const auto gone = gone_reason(box, task)) {
@@ -307,7 +320,8 @@ class InProcessNetwork {
       // One use while the service reads the request's views: a caller that gives up waits
       // for it.
       call->unless_cancelled([&] {
-        box.host->handle(std::move(request), [call](Response&& r) { call->complete(std::move(r)); });
+        box.host->handle(std::move(request), from,
+                         [call](Response&& r) { call->complete(std::move(r)); });
       });
       if (box.host->stopped()) {
         std::scoped_lock lock(box.mutex);
@@ -339,7 +353,7 @@ class InProcessNetwork {
           envelope = std::move(box.queue.front());
           box.queue.pop_front();
         }
-        handle(box, task, std::move(envelope.request), envelope.call);
+        handle(box, task, std::move(envelope.request), envelope.from, envelope.call);
       }
     }
 
@@ -378,7 +392,8 @@ class InProcessNetwork {
 class InProcess {
  public:
   /// @param network the cluster's fabric
-  /// @param self    who is calling, for the fault injector
+  /// @param self    who is calling: the ps tasks check what its job may send, and the fault
+  ///                injector acts on it
   InProcess(InProcessNetwork& network, Node self) : fabric_(network.fabric_), self_(self) {}
 
   /// Number of ps tasks in the network.

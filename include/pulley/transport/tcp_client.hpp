@@ -18,20 +18,26 @@
 #include "pulley/concepts/transport.hpp"
 #include "pulley/detail/reply_targets.hpp"
 #include "pulley/transport/detail/sockets.hpp"
+#include "pulley/node.hpp"
 #include "pulley/transport/wire/codec.hpp"
 #include "pulley/transport/wire/frame_reader.hpp"
+#include "pulley/transport/wire/handshake.hpp"
 
 namespace pulley {
 
 /// How a Tcp client connects.
 struct TcpOptions {
+  /// The job this task belongs to and its shared secret, proved to every ps in the
+  /// handshake (transport/wire/handshake.hpp).
+  Credentials credentials;
   /// Total time to wait for a ps that is not up yet, when the transport is made, before
   /// giving up with kUnavailable.
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
   /// First pause between those connection attempts; doubles up to one second.
   std::chrono::milliseconds initial_backoff{std::chrono::milliseconds(20)};
-  /// Longest one connection attempt may take (a host that drops packets would otherwise
-  /// hold it for the kernel's two minutes); also bounds each reconnection attempt.
+  /// Longest one connection attempt may take, handshake included (a host that drops packets
+  /// would otherwise hold it for the kernel's two minutes); also bounds each reconnection
+  /// attempt.
   std::chrono::milliseconds attempt_timeout{std::chrono::seconds(2)};
   /// What replies may claim, checked before anything is allocated for them.
   wire::FrameLimits limits;
@@ -49,6 +55,12 @@ struct TcpOptions {
 /// Tcp and its PendingCalls are used from one thread at a time, and a transfer moves only
 /// while that thread waits.
 ///
+/// Every connection opens with the handshake: the client proves its job, its task and the
+/// job's secret, and the ps proves the same back, naming its task index. A ps of another
+/// job, one that cannot prove the secret, or one listed at the wrong index is refused at
+/// once with a message that says so (kUnauthenticated), and so is this client by a ps that
+/// refuses it; neither is retried while the transport is made.
+///
 /// A lost connection fails the calls waiting on it with kUnavailable (whether a request in
 /// flight was handled is then unknown). The next call to that ps reconnects first (one
 /// attempt, `attempt_timeout`), so a ps that restarts on the same address is reached
@@ -58,14 +70,15 @@ struct TcpOptions {
 /// connection, the only way to stop a transfer half done.
 class Tcp {
  public:
-  /// Connects to every ps ("host:port", by task index), retrying with backoff while they
-  /// start; throws kInvalidArgument for a malformed address (`parse_address`), and
-  /// kUnavailable naming the first address that stays unreachable.
-  explicit Tcp(const std::vector<std::string>& ps_addresses, TcpOptions options = {})
-      : impl_(std::make_unique<Impl>(parse_all(ps_addresses), options)) {}
+  /// Connects task `self` to every ps ("host:port", by task index), retrying with backoff
+  /// while they start; throws kInvalidArgument for a malformed address (`parse_address`) or
+  /// job name, kUnavailable naming the first address that stays unreachable, and
+  /// kUnauthenticated when a ps and this task do not belong to the same job (or secret).
+  Tcp(Node self, const std::vector<std::string>& ps_addresses, TcpOptions options = {})
+      : impl_(std::make_unique<Impl>(self, parse_all(ps_addresses), std::move(options))) {}
   /// The same with parsed addresses.
-  explicit Tcp(std::vector<Address> ps_addresses, TcpOptions options = {})
-      : impl_(std::make_unique<Impl>(std::move(ps_addresses), options)) {}
+  Tcp(Node self, std::vector<Address> ps_addresses, TcpOptions options = {})
+      : impl_(std::make_unique<Impl>(self, std::move(ps_addresses), std::move(options))) {}
 
   /// Number of ps tasks.
   [[nodiscard]] std::size_t num_ps() const noexcept { return impl_->num_ps(); }
@@ -94,7 +107,7 @@ class Tcp {
   };
   using PendingPtr = std::shared_ptr<Pending>;
 
-  enum class State { kConnected, kConnecting, kBroken };
+  enum class State { kConnected, kConnecting, kHandshaking, kBroken };
 
   /// One connection. Every handler captures the `generation` it was started in and ignores
   /// its completion once the connection was replaced.
@@ -117,6 +130,11 @@ class Tcp {
     State state = State::kBroken;
     std::uint64_t generation = 0;
     std::string broken_reason = "not connected";
+    std::optional<ErrorReply> refused;   ///< the last handshake failed for good: why
+    std::optional<wire::Challenge> challenge;  ///< the ps's, while handshaking
+    std::string nonce;                   ///< this side's, while handshaking
+    wire::Frame hello;                   ///< being written, while handshaking
+    std::function<void(std::error_code)> connected;  ///< the attempt's `done`
     wire::FrameReader reader;
     transport_detail::ReceiveBuffers receive_buffers;
     std::map<std::uint64_t, PendingPtr> pending;  ///< sent or queued, awaiting a reply
@@ -132,7 +150,9 @@ class Tcp {
 
   class Impl final : public CallDriver {
    public:
-    Impl(std::vector<Address> addresses, const TcpOptions& options) : options_(options) {
+    Impl(Node self, std::vector<Address> addresses, TcpOptions options)
+        : self_(self), options_(std::move(options)) {
+      wire::check_credentials(options_.credentials);
       for (Address& address : addresses) {
         links_.push_back(std::make_unique<Link>(io_, std::move(address), options.limits));
       }
@@ -201,6 +221,7 @@ class Tcp {
         connect(link, [&](std::error_code) { done = true; });
         while (!done) io_.run_one();
         if (link.state == State::kConnected) return;
+        if (link.refused) throw Error(link.refused->code, link.refused->message);
         if (std::chrono::steady_clock::now() + backoff > deadline) break;
         std::this_thread::sleep_for(backoff);
         backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
@@ -210,43 +231,53 @@ class Tcp {
                                                " ms: " + link.broken_reason);
     }
 
-    /// One connection attempt of at most attempt_timeout; `done(ec)` follows, with the link
-    /// connected (and receiving) or broken with the reason.
+    /// One connection attempt of at most attempt_timeout, handshake included; `done(ec)`
+    /// follows, with the link connected (and receiving) or broken with the reason (and
+    /// `refused` set when the handshake failed for good).
     template <class Done>
     void connect(Link& link, Done done) {
       const std::uint64_t gen = ++link.generation;
       link.state = State::kConnecting;
       link.socket = asio::ip::tcp::socket(io_);
+      link.refused.reset();
+      link.connected = std::move(done);
       auto timed_out = std::make_shared<bool>(false);
       link.timer.expires_after(options_.attempt_timeout);
-      link.timer.async_wait([&link, gen, timed_out](std::error_code ec) {
-        if (ec || gen != link.generation || link.state != State::kConnecting) return;
+      link.timer.async_wait([this, &link, gen, timed_out](std::error_code ec) {
+        if (ec || gen != link.generation ||
+            (link.state != State::kConnecting && link.state != State::kHandshaking)) {
+          return;
+        }
         *timed_out = true;
         link.resolver.cancel();
+        if (link.state == State::kHandshaking) {
+          return fail(link, "no handshake within " +
+                                std::to_string(options_.attempt_timeout.count()) + " ms");
+        }
         std::error_code ignored;
         link.socket.close(ignored);
       });
-      auto finish = [this, &link, gen, timed_out, done](std::error_code ec) mutable {
-        if (gen != link.generation) return done(asio::error::operation_aborted);
-        link.timer.cancel();
+      auto finish = [this, &link, gen, timed_out](std::error_code ec) {
+        if (gen != link.generation) return;
         if (!ec) link.socket.set_option(asio::ip::tcp::no_delay(true), ec);
         if (!ec) link.socket.non_blocking(true, ec);  // requests are first written directly
         if (ec) {
+          link.timer.cancel();
           link.state = State::kBroken;
           link.broken_reason = *timed_out
                                    ? "no connection within " +
                                          std::to_string(options_.attempt_timeout.count()) + " ms"
                                    : ec.message();
           fail_all(link);
-          return done(ec);
+          return connected(link, ec);
         }
-        link.state = State::kConnected;
+        // Connected: the ps speaks first (its challenge), and the handshake follows.
+        link.state = State::kHandshaking;
         link.reader.reset();
+        link.reader.set_limits(wire::kHandshakeLimits);
         link.receive_buffers = {};  // a new socket: low watermark 1
         link.receiving = false;
-        flush(link);
         receive(link);
-        done(ec);
       };
       link.resolver.async_resolve(
           link.host, link.port,
@@ -259,12 +290,77 @@ class Tcp {
           });
     }
 
+    /// Ends a connection attempt: calls its `done`.
+    static void connected(Link& link, std::error_code ec) {
+      if (auto done = std::exchange(link.connected, nullptr)) done(ec);
+    }
+
+    /// A handshake frame from the ps: its challenge (answered with this task's hello), then
+    /// its welcome (checked: it must prove the secret too) or its refusal.
+    void on_handshake(Link& link, const wire::FrameReader::Frame& frame) {
+      wire::Handshake message = wire::decode_handshake(frame.header, frame.meta);
+      if (!link.challenge) {
+        auto* challenge = std::get_if<wire::Challenge>(&message);
+        if (challenge == nullptr) throw wire::Malformed("the ps did not open with a challenge");
+        if (challenge->job != options_.credentials.job) {
+          return refuse(link, "it serves job '" + challenge->job.substr(0, wire::kMaxJobName) +
+                                  "', and this task belongs to job '" + options_.credentials.job + "'");
+        }
+        if (challenge->ps != task_of(link)) {
+          return refuse(link, "it is ps " + std::to_string(challenge->ps) + ", but is listed as ps " +
+                                  std::to_string(task_of(link)) + " (are the ps addresses in task order?)");
+        }
+        if (challenge->nonce.size() != wire::kNonceBytes) throw wire::Malformed("a malformed challenge");
+        link.challenge = std::move(*challenge);
+        link.nonce = wire::make_nonce();
+        link.hello = wire::encode(
+            wire::Handshake{wire::Hello{options_.credentials.job, self_, link.nonce,
+                                        wire::client_proof(options_.credentials.secret,
+                                                           *link.challenge, self_, link.nonce)}},
+            0);
+        link.write_list.append(link.hello);
+        return flush(link);
+      }
+      if (auto* refusal = std::get_if<wire::Refusal>(&message)) {
+        link.refused = ErrorReply{refusal->code, refusal->reason.substr(0, 1024)};
+        return fail(link, "refused by the ps: " + refusal->reason.substr(0, 1024));
+      }
+      auto* welcome = std::get_if<wire::Welcome>(&message);
+      if (welcome == nullptr) throw wire::Malformed("the ps answered the hello with neither welcome nor refusal");
+      const wire::Hello said{options_.credentials.job, self_, link.nonce, {}};
+      if (!wire::proof_matches(welcome->proof, wire::server_proof(options_.credentials.secret,
+                                                                  *link.challenge, said))) {
+        return refuse(link, "it did not prove the job's shared secret (a ps of another job, or a "
+                            "wrong PULLEY_SECRET?)");
+      }
+      link.challenge.reset();
+      link.timer.cancel();
+      link.state = State::kConnected;
+      link.reader.set_limits(options_.limits);
+      flush(link);  // the receive handler that brought the welcome arms the next receive
+      connected(link, {});
+    }
+
+    /// This side refuses the ps it reached, for good.
+    void refuse(Link& link, const std::string& why) {
+      const std::string reason = "ps at " + link.address + " cannot be used: " + why;
+      link.refused = ErrorReply{ErrorCode::kUnauthenticated, reason};
+      fail(link, why);
+    }
+
+    [[nodiscard]] std::uint32_t task_of(const Link& link) const {
+      for (std::size_t i = 0; i < links_.size(); ++i) {
+        if (links_[i].get() == &link) return static_cast<std::uint32_t>(i);
+      }
+      return 0;
+    }
+
     /// Writes the requests made since the last wait in one gather-write, straight from their
     /// buffers: what the kernel takes now, the rest as the socket drains. A call's use of
     /// its buffers ends once its own frame is written.
     void flush(Link& link) {
-      if (link.state != State::kConnected) return;
-      while (!link.outbox.empty()) {
+      if (link.state != State::kConnected && link.state != State::kHandshaking) return;
+      while (link.state == State::kConnected && !link.outbox.empty()) {
         PendingPtr out = std::move(link.outbox.front());
         link.outbox.pop_front();
         if (!out->begin_use()) {  // given up before it went out: forget it
@@ -316,7 +412,10 @@ class Tcp {
     /// re-arming right after the last reply would cost the caller a receive that finds
     /// nothing; a connection that broke meanwhile is noticed by the next call.
     void receive(Link& link) {
-      if (link.state != State::kConnected || link.receiving || link.pending.empty()) return;
+      if (link.receiving) return;
+      if (link.state != State::kHandshaking && (link.state != State::kConnected || link.pending.empty())) {
+        return;
+      }
       link.receiving = true;
       link.receive_buffers.watermark(link.socket, link.reader.payload_left());
       link.socket.async_read_some(
@@ -331,7 +430,12 @@ class Tcp {
                          link.reader.next([&](const wire::Header& h, std::span<const char> meta) {
                            return route(link, h, meta);
                          })) {
-                on_reply(link, *frame);
+                if (link.state == State::kHandshaking) {
+                  on_handshake(link, *frame);
+                  if (link.state != State::kConnected && link.state != State::kHandshaking) return;
+                } else {
+                  on_reply(link, *frame);
+                }
               }
             } catch (const wire::Malformed& e) {
               return fail(link, e.what());
@@ -345,6 +449,7 @@ class Tcp {
     /// there).
     static std::span<const std::span<float>> route(Link& link, const wire::Header& header,
                                                    std::span<const char> meta) {
+      if (link.state != State::kConnected) return {};   // the handshake has no payload
       if (header.kind < wire::kResponseKind) return {};  // not a reply: on_reply refuses it
       if (replied(link, header.call) == nullptr) return {};
       const PendingPtr& pending = link.pending.at(header.call);
@@ -388,6 +493,7 @@ class Tcp {
     }
 
     static Response unavailable(const Link& link) {
+      if (link.refused) return ErrorReply{*link.refused};
       return ErrorReply{ErrorCode::kUnavailable,
                         "connection to ps at " + link.address + " lost: " + link.broken_reason};
     }
@@ -417,9 +523,12 @@ class Tcp {
       link.write_waiting = false;  // its wait completes as stale
       if (link.reading) std::exchange(link.reading, nullptr)->end_use();
       link.reader.reset();
+      link.challenge.reset();
       fail_all(link);
+      connected(link, asio::error::connection_aborted);  // an attempt under way ends
     }
 
+    Node self_;
     TcpOptions options_;
     asio::io_context io_{1};
     asio::executor_work_guard<asio::io_context::executor_type> work_ =

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <new>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -17,16 +18,41 @@
 #include "pulley/concepts/service.hpp"
 #include "pulley/log.hpp"
 #include "pulley/messages.hpp"
+#include "pulley/node.hpp"
 #include "pulley/transport/detail/sockets.hpp"
 #include "pulley/transport/wire/codec.hpp"
 #include "pulley/transport/wire/frame_reader.hpp"
+#include "pulley/transport/wire/handshake.hpp"
 
 namespace pulley {
 
-/// How a TcpServer treats its clients.
+/// How a TcpServer treats its clients. Every limit protects the ps from a client that is
+/// careless or hostile; README's "Limits" lists them with their defaults.
 struct TcpServerOptions {
-  /// What a request frame may claim, checked before anything is allocated for it.
+  /// The job this ps belongs to and its shared secret: a client must prove both in the
+  /// handshake before it may send a request (transport/wire/handshake.hpp).
+  Credentials credentials;
+  /// What a request frame may claim, checked before anything is allocated for it. (A frame
+  /// also may not carry more tensor bytes than the service holds:
+  /// `Service::max_request_payload`.)
   wire::FrameLimits frames;
+  /// Bytes the ps may hold for all its connections together: receive buffers, payloads
+  /// being received, and copies of replies a client has not read when a push is about to
+  /// change the parameters they show. A connection whose frame or reply would overdraw it
+  /// is closed, with a log line naming this limit.
+  std::uint64_t max_buffered_bytes = std::uint64_t{1} << 30U;
+  /// Open connections at most; one more is closed at once, with a log line.
+  std::uint32_t max_connections = 1024;
+  /// A connection must complete the handshake within this, or is closed.
+  std::chrono::milliseconds handshake_timeout{std::chrono::seconds(10)};
+  /// A frame begun must be complete within this, plus its payload at `min_receive_rate`, or
+  /// the connection is closed (a client that stalls, or trickles a frame in).
+  std::chrono::milliseconds frame_timeout{std::chrono::seconds(60)};
+  /// Bytes per second a frame's payload must at least arrive at (see `frame_timeout`).
+  std::uint64_t min_receive_rate = std::uint64_t{1} << 20U;
+  /// A connection with no request in the ps, no reply unsent and no frame begun for this
+  /// long is closed (its client reconnects on its next call).
+  std::chrono::milliseconds idle_timeout{std::chrono::minutes(10)};
   /// A connection stops being read while more than this many bytes of its replies wait to
   /// be written (a client that does not read cannot grow the ps's memory).
   std::uint64_t max_unsent_bytes = std::uint64_t{64} << 20U;
@@ -50,6 +76,12 @@ struct TcpServerOptions {
 /// handled by one thread (the one that calls `run`), so the service sees its requests one
 /// at a time, as in-process.
 ///
+/// Every connection begins with the handshake (wire/handshake.hpp): until a client has
+/// proved its job and the job's secret, nothing it sends reaches the service, and a frame
+/// may carry only a few hundred bytes. The task it proved is the request's `peer`, so the
+/// service refuses what that task's job may not send. When the last connection of a task
+/// closes, the service hears of it (`Service::disconnected`: a worker's tokens come back).
+///
 /// Requests are received many at a time when they are small (a push and its pull arrive in
 /// one receive), and every reply they produce leaves in one gather-write at the end of the
 /// batch, straight from the ps's parameters. What the kernel does not take at once goes
@@ -57,13 +89,15 @@ struct TcpServerOptions {
 /// (`changes_parameters`: a push, an initialization) comes first: then the rest is copied,
 /// so a reply never sees the parameters change under it.
 ///
-/// A frame that fails wire::check or does not decode closes that connection with a logged
-/// reason; the server keeps serving everyone else. A connection whose peer does not read
-/// its replies stops being read once `max_unsent_bytes` of them wait (its requests wait in
-/// the kernel), and so does one with `max_unanswered_requests` requests waiting in the
-/// service, so no client can make the ps buffer without bound. Once the service stopped
-/// (shut down by the chief, or failed), `run` returns when every client has left, or after
-/// `linger`.
+/// A client cannot make the ps use memory or time without bound: a frame that fails
+/// wire::check, does not decode, claims more tensor bytes than the service holds, or would
+/// overdraw `max_buffered_bytes` closes that connection with a logged reason, as do a
+/// handshake, a frame or an idleness that outlasts its deadline; a connection whose peer
+/// does not read its replies stops being read once `max_unsent_bytes` of them wait, and so
+/// does one with `max_unanswered_requests` requests waiting in the service. Nothing a
+/// client does ends the server: every other connection is served on. Once the service
+/// stopped (shut down by the chief, or failed), `run` returns when every client has left,
+/// or after `linger`.
 ///
 /// @tparam S the Service it serves
 template <Service S>
@@ -72,14 +106,29 @@ class TcpServer {
   /// Serves `service` on `host:port`: `host` is a name ("localhost"), a numeric address, or
   /// "0.0.0.0" / "::" for every interface (what TensorFlow's servers do: under Kubernetes a
   /// task's name may resolve to a service address that is no local interface). Port 0 picks
-  /// a free one; see `port()`. Throws kInvalidArgument for a host that does not resolve,
-  /// kUnavailable when the address cannot be bound (a port in use).
+  /// a free one; see `port()`. Throws kInvalidArgument for a host that does not resolve or
+  /// bad credentials, kUnavailable when the address cannot be bound (a port in use).
   TcpServer(S service, const std::string& host, std::uint16_t port, TcpServerOptions options = {})
       : service_(std::move(service)),
-        options_(options),
+        options_(std::move(options)),
+        budget_(options_.max_buffered_bytes),
         acceptor_(transport_detail::listen(
             io_, transport_detail::resolve_listen_endpoint(io_, host, port))),
-        retry_accept_(io_) {}
+        retry_accept_(io_) {
+    wire::check_credentials(options_.credentials);
+    budget_.reclaim = [this] {
+      for (auto& [raw, connection] : connections_) {
+        connection->reader.release_idle();
+        connection->release_spare(budget_);
+      }
+    };
+    if (options_.credentials.secret.empty()) {
+      log(LogLevel::kWarning, "ps " + std::to_string(service_.task()) +
+                                  ": no shared secret is set: any peer that reaches this port "
+                                  "may join job '" + options_.credentials.job +
+                                  "' (set TcpServerOptions::credentials; README, Security)");
+    }
+  }
 
   /// The port it listens on.
   [[nodiscard]] std::uint16_t port() const { return acceptor_.local_endpoint().port(); }
@@ -88,10 +137,20 @@ class TcpServer {
   [[nodiscard]] S& service() noexcept { return service_; }
 
   /// Serves until the service stopped and its clients heard (see the class comment), or
-  /// `stop` is called.
+  /// `stop` is called. A handler that throws (it should not: each closes its own
+  /// connection) is logged, and serving goes on.
   void run() {
     accept();
-    io_.run();
+    sweep();
+    for (;;) {
+      try {
+        io_.run();
+        return;
+      } catch (const std::exception& e) {
+        log(LogLevel::kError, "ps " + std::to_string(service_.task()) +
+                                  ": an I/O handler failed (" + e.what() + "); serving on");
+      }
+    }
   }
 
   /// Stops serving now, from any thread.
@@ -101,10 +160,27 @@ class TcpServer {
   /// service was still serving.
   [[nodiscard]] bool orphaned() const noexcept { return orphaned_; }
 
+  /// Bytes held for connections now (see `TcpServerOptions::max_buffered_bytes`). Only from
+  /// the thread that runs the server, or once it has returned.
+  [[nodiscard]] std::uint64_t buffered_bytes() const noexcept { return budget_.used(); }
+
  private:
+  using Clock = std::chrono::steady_clock;
+
   struct Connection : std::enable_shared_from_this<Connection> {
-    Connection(TcpServer& server, asio::ip::tcp::socket peer)
-        : owner(server), socket(std::move(peer)), reader(server.options_.frames) {}
+    Connection(TcpServer& server, asio::ip::tcp::socket peer_socket)
+        : owner(server),
+          socket(std::move(peer_socket)),
+          reader(wire::kHandshakeLimits, std::size_t{64} << 10U, &server.budget_),
+          accepted(Clock::now()),
+          last_heard(accepted) {
+      std::error_code ignored;
+      const auto endpoint = socket.remote_endpoint(ignored);
+      address = endpoint.address().to_string() + ":" + std::to_string(endpoint.port());
+    }
+    ~Connection() {
+      owner.budget_.give(copy_size + spare_size);
+    }
 
     /// Too much of this connection's work is unfinished to take more requests: replies
     /// unsent, or requests unanswered. Reading resumes when either shrinks.
@@ -113,16 +189,37 @@ class TcpServer {
              unanswered >= owner.options_.max_unanswered_requests;
     }
 
+    /// Frees the copy of unsent replies kept for reuse.
+    void release_spare(wire::MemoryBudget& budget) noexcept {
+      if (!spare) return;
+      spare.reset();
+      budget.give(spare_size);
+      spare_size = 0;
+    }
+
+    /// "worker:1 at 10.0.0.2:4711", or the address alone before the handshake.
+    [[nodiscard]] std::string who() const {
+      return peer ? peer->name() + " at " + address : address;
+    }
+
     TcpServer& owner;
     asio::ip::tcp::socket socket;
+    std::string address;  ///< the peer's, for log lines
     wire::FrameReader reader;
     transport_detail::ReceiveBuffers receive_buffers;
+    std::optional<wire::Challenge> challenge;  ///< sent; until the client answers it
+    std::optional<Node> peer;                  ///< the task it proved, after the handshake
     std::deque<wire::Frame> replies;   ///< replies with bytes in `unsent` (stable addresses)
     transport_detail::GatherList unsent;  ///< what of them, in order, the kernel has not taken
     std::unique_ptr<char[]> copy;     ///< a copy of unsent bytes that viewed the parameters
     std::unique_ptr<char[]> spare;    ///< the copy before, for reuse
-    std::size_t copy_size = 0, spare_size = 0;
+    std::size_t copy_size = 0, spare_size = 0;  ///< (both charged to the budget)
     std::size_t unanswered = 0;  ///< requests handled, their replies not queued
+    Clock::time_point accepted;
+    Clock::time_point last_heard;  ///< the last receive
+    std::optional<Clock::time_point> frame_deadline;  ///< while a frame is half in
+    std::optional<Clock::time_point> paused_at;       ///< reading paused since
+    Clock::duration frame_allowance{};                ///< the frame's time, as last computed
     bool views = false;          ///< `unsent` views the ps's parameters (it is in owner.viewing_)
     bool write_waiting = false;  ///< waits for the socket to take more
     bool receiving = false;      ///< a receive is armed
@@ -130,6 +227,7 @@ class TcpServer {
     bool resume_posted = false;
     bool dirty = false;  ///< in owner.dirty_: replies queued since the last write
     bool closed = false;
+    bool closing = false;  ///< refused: closes once its last frame is written
   };
   using ConnectionPtr = std::shared_ptr<Connection>;
 
@@ -149,20 +247,53 @@ class TcpServer {
         return;
       }
       accept_failing_ = false;
-      orphan_.cancel();
-      std::error_code ignored;
-      socket.set_option(asio::ip::tcp::no_delay(true), ignored);
-      socket.non_blocking(true, ignored);  // replies are first written without waiting
-      auto connection = std::make_shared<Connection>(*this, std::move(socket));
-      connections_.emplace(connection.get(), connection);
-      receive(connection);
+      admit(std::move(socket));
       accept();
     });
   }
 
+  /// A new connection: refused at once over the connection limit or the memory budget;
+  /// otherwise challenged, and read.
+  void admit(asio::ip::tcp::socket socket) {
+    std::error_code ignored;
+    if (connections_.size() >= options_.max_connections) {
+      const auto endpoint = socket.remote_endpoint(ignored);
+      warn_limited("refused a connection from " + endpoint.address().to_string() + ":" +
+                   std::to_string(endpoint.port()) + ": " +
+                   std::to_string(options_.max_connections) +
+                   " connections are open (TcpServerOptions::max_connections)");
+      socket.close(ignored);
+      return;
+    }
+    socket.set_option(asio::ip::tcp::no_delay(true), ignored);
+    socket.non_blocking(true, ignored);  // replies are first written without waiting
+    ConnectionPtr c;
+    try {
+      c = std::make_shared<Connection>(*this, std::move(socket));
+      c->challenge = wire::Challenge{options_.credentials.job, service_.task(), wire::make_nonce()};
+      connections_.emplace(c.get(), c);
+      orphan_.cancel();
+      queue_frame(c, wire::encode(wire::Handshake{*c->challenge}, 0));
+    } catch (const std::exception& e) {  // no memory, or the budget is spent
+      warn_limited("refused a connection: " + std::string(e.what()));
+      if (c) forget(*c);
+      return;
+    }
+    write(c);
+    receive(c);
+  }
+
   /// Arms one receive into the connection's reader, unless one is armed or it is paused.
   void receive(const ConnectionPtr& c) {
-    if (c->receiving || c->closed || c->paused()) return;
+    if (c->receiving || c->closed || c->closing) return;
+    if (c->paused()) {
+      if (!c->paused_at) c->paused_at = Clock::now();
+      return;
+    }
+    if (c->paused_at) {  // a frame's deadline does not run while the ps does not read
+      if (c->frame_deadline) *c->frame_deadline += Clock::now() - *c->paused_at;
+      c->paused_at.reset();
+    }
     c->receiving = true;
     c->receive_buffers.watermark(c->socket, c->reader.payload_left());
     c->socket.async_read_some(c->receive_buffers.of(c->reader.buffers()),
@@ -170,6 +301,7 @@ class TcpServer {
                                 c->receiving = false;
                                 if (c->closed) return;
                                 if (ec) return forget(*c);  // the peer left, or the link broke
+                                c->last_heard = Clock::now();
                                 try {
                                   c->reader.commit(n);  // may fail to grow a payload buffer
                                 } catch (const wire::Malformed& e) {
@@ -186,10 +318,16 @@ class TcpServer {
     try {
       // Writing the replies may end a pause (the kernel took them): then handle the
       // requests still buffered before receiving more.
-      for (bool again = true; again && !c->closed;) {
+      for (bool again = true; again && !c->closed && !c->closing;) {
         bool paused = false;
-        while (!c->closed && !(paused = c->paused())) {
-          auto frame = c->reader.next([](const wire::Header&, std::span<const char>) {
+        while (!c->closed && !c->closing && !(paused = c->paused())) {
+          auto frame = c->reader.next([&](const wire::Header& h, std::span<const char>) {
+            // A request carries at most one value per element the service holds.
+            if (const std::uint64_t most = max_request_payload(service_); h.payload_bytes > most) {
+              throw wire::Malformed("a payload of " + std::to_string(h.payload_bytes) +
+                                    " bytes, more than the " + std::to_string(most) +
+                                    " bytes a request to this ps can carry");
+            }
             return std::span<const std::span<float>>();  // requests' payloads stay here
           });
           if (!frame) break;
@@ -203,11 +341,31 @@ class TcpServer {
       flush_all();
     }
     c->processing = false;
+    time_frame(*c);
     receive(c);
     maybe_stop();
   }
 
+  /// Starts or ends the deadline of a frame half received.
+  void time_frame(Connection& c) {
+    if (!c.reader.mid_frame()) {
+      c.frame_deadline.reset();
+      return;
+    }
+    const std::uint64_t payload = c.reader.frame_payload();
+    const auto allowance = options_.frame_timeout +
+                           std::chrono::milliseconds(payload * 1000 / std::max<std::uint64_t>(options_.min_receive_rate, 1));
+    if (!c.frame_deadline) {
+      c.frame_deadline = c.last_heard + allowance;
+      c.frame_allowance = allowance;
+    } else if (allowance > c.frame_allowance) {  // the header came in: its payload counts
+      *c.frame_deadline += allowance - c.frame_allowance;
+      c.frame_allowance = allowance;
+    }
+  }
+
   void dispatch(const ConnectionPtr& c, const wire::FrameReader::Frame& frame) {
+    if (!c->peer) return on_hello(c, frame);
     Request request = wire::decode_request(frame.header, frame.meta, frame.payload);
     served_ = true;
     // No reply may see the parameters change under it.
@@ -217,14 +375,14 @@ class TcpServer {
     ++c->unanswered;
     // The frame reader checked large payloads finite as they arrived; the service checks
     // the rest.
-    service_.handle(std::move(request), RequestContext{frame.finite},
+    service_.handle(std::move(request), RequestContext{frame.finite, c->peer},
                     [this, weak = std::weak_ptr<Connection>(c),
                      call = frame.header.call](Response&& response) {
                       auto connection = weak.lock();
                       if (!connection) return;
                       --connection->unanswered;
                       try {  // a Responder never throws: a reply that cannot be queued costs
-                        queue_reply(connection, response, call);  // its connection only
+                        queue_frame(connection, wire::encode(response, call));  // its connection only
                         maybe_resume(connection);
                       } catch (const std::exception& e) {
                         try {
@@ -237,11 +395,33 @@ class TcpServer {
     if (service_.stopped()) begin_stopping();
   }
 
-  /// Queues a reply for the write at the end of the batch; its views of the parameters stay
-  /// valid until the next push or initialization (see `detach`).
-  void queue_reply(const ConnectionPtr& c, const Response& response, std::uint64_t call) {
+  /// The client's answer to the challenge: let it in, or refuse it with one log line.
+  void on_hello(const ConnectionPtr& c, const wire::FrameReader::Frame& frame) {
+    const wire::Hello hello = wire::decode_handshake_as<wire::Hello>(frame.header, frame.meta);
+    const std::string problem = wire::refusal_reason(options_.credentials, *c->challenge, hello);
+    if (!problem.empty()) {
+      warn_limited("refused a connection from " + c->address + ": " + problem);
+      c->closing = true;
+      queue_frame(c, wire::encode(wire::Handshake{wire::Refusal{ErrorCode::kUnauthenticated,
+                                                                "ps " + std::to_string(service_.task()) +
+                                                                    " refused the connection: " + problem}},
+                                  0));
+      return;
+    }
+    c->peer = hello.peer;
+    ++peers_[hello.peer];
+    c->reader.set_limits(options_.frames);
+    queue_frame(c, wire::encode(wire::Handshake{wire::Welcome{
+                                    wire::server_proof(options_.credentials.secret, *c->challenge, hello)}},
+                                0));
+    c->challenge.reset();
+  }
+
+  /// Queues a frame for the write at the end of the batch; a reply's views of the parameters
+  /// stay valid until the next push or initialization (see `detach`).
+  void queue_frame(const ConnectionPtr& c, wire::Frame&& frame) {
     if (c->closed) return;
-    c->replies.push_back(wire::encode(response, call));
+    c->replies.push_back(std::move(frame));
     c->unsent.append(c->replies.back());
     if (!c->replies.back().payload.empty()) {
       if (!std::exchange(c->views, true)) viewing_.push_back(c);
@@ -277,6 +457,7 @@ class TcpServer {
       c->unsent.clear();
       c->replies.clear();
       stop_viewing(*c);
+      if (c->closing) return forget(*c);  // a refusal, written whole
       return maybe_resume(c);  // a pause for unsent bytes may have ended just now
     }
     c->write_waiting = true;
@@ -291,16 +472,23 @@ class TcpServer {
   }
 
   /// The parameters are about to change: what is unsent of `c`'s replies stops viewing
-  /// them. The kernel takes what it can first; the rest is copied.
+  /// them. The kernel takes what it can first; the rest is copied, charged to the budget.
   void detach(Connection& c) {
     if (c.closed || !std::exchange(c.views, false)) return;
     std::error_code ec;
     if (!c.write_waiting && !c.unsent.write_now(c.socket, ec)) return forget(c);
     const auto n = static_cast<std::size_t>(c.unsent.bytes());
     if (c.spare_size < n) {  // the spare may hold nothing still unsent: the copy does
+      c.release_spare(budget_);
+      if (!budget_.take(n)) {
+        return drop(c, std::to_string(n) + " bytes of its replies are unread and the ps's "
+                       "buffer budget cannot keep them (TcpServerOptions::max_buffered_bytes: " +
+                       std::to_string(budget_.limit() >> 20U) + " MiB)");
+      }
       try {
         c.spare = std::make_unique_for_overwrite<char[]>(n);
       } catch (const std::bad_alloc&) {  // its replies cannot wait: that connection goes
+        budget_.give(n);
         return drop(c, "no memory to keep " + std::to_string(n) + " unsent reply bytes");
       }
       c.spare_size = n;
@@ -321,15 +509,12 @@ class TcpServer {
   }
 
   void drop(Connection& c, const std::string& reason) {
-    std::error_code ignored;
-    const auto peer = c.socket.remote_endpoint(ignored);
-    log(LogLevel::kWarning, "ps " + std::to_string(service_.task()) +
-                                ": closing connection from " + peer.address().to_string() + ":" +
-                                std::to_string(peer.port()) + ": " + reason);
+    warn_limited("closing connection from " + c.who() + ": " + reason);
     forget(c);
   }
 
   /// A connection is done: closed, its unsent replies dropped, no longer kept alive here.
+  /// The last connection of a task tells the service that the task left.
   void forget(Connection& c) {
     if (std::exchange(c.closed, true)) return;
     stop_viewing(c);
@@ -337,8 +522,75 @@ class TcpServer {
     c.replies.clear();
     std::error_code ignored;
     c.socket.close(ignored);
-    connections_.erase(&c);
+    ConnectionPtr keep;  // alive until this returns
+    if (const auto it = connections_.find(&c); it != connections_.end()) {
+      keep = it->second;
+      connections_.erase(it);
+    }
+    if (c.peer) {
+      const auto it = peers_.find(*c.peer);
+      if (it != peers_.end() && --it->second == 0) {
+        peers_.erase(it);
+        notify_disconnected(service_, *c.peer);
+        // Its tokens may have gone to others, whose replies wait to be written.
+        asio::post(io_, [this] { flush_all(); });
+      }
+    }
     maybe_stop();
+  }
+
+  /// Closes the connections whose handshake, frame or idleness outlasted its deadline;
+  /// runs a few times per the shortest deadline.
+  void sweep() {
+    const auto shortest =
+        std::min({options_.handshake_timeout, options_.frame_timeout, options_.idle_timeout});
+    const auto every = std::clamp<std::chrono::milliseconds>(
+        shortest / 4, std::chrono::milliseconds(10), std::chrono::milliseconds(1000));
+    sweep_.expires_after(every);
+    sweep_.async_wait([this](std::error_code ec) {
+      if (ec) return;
+      const auto now = Clock::now();
+      std::vector<ConnectionPtr> all;
+      for (auto& [raw, c] : connections_) all.push_back(c);
+      for (const ConnectionPtr& c : all) {
+        if (c->closed) continue;
+        if (!c->peer && now - c->accepted > options_.handshake_timeout) {
+          drop(*c, "no handshake within " + std::to_string(options_.handshake_timeout.count()) + " ms");
+        } else if (c->frame_deadline && c->receiving && now > *c->frame_deadline) {
+          drop(*c, "a frame begun " +
+                       std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                          now - *c->frame_deadline + c->frame_allowance)
+                                          .count()) +
+                       " ms ago is still not complete (TcpServerOptions::frame_timeout)");
+        } else if (c->peer && !c->frame_deadline && c->unanswered == 0 && c->unsent.empty() &&
+                   now - c->last_heard > options_.idle_timeout) {
+          log(LogLevel::kInfo, "ps " + std::to_string(service_.task()) + ": closing idle connection from " +
+                                   c->who());
+          forget(*c);
+        }
+      }
+      flush_all();
+      sweep();
+    });
+  }
+
+  /// Logs a warning about a client, at most 20 a second (a flood of bad connections must
+  /// not flood the log): the rest are counted and reported with the next line.
+  void warn_limited(const std::string& line) {
+    const auto now = Clock::now();
+    if (now - warn_window_ > std::chrono::seconds(1)) {
+      warn_window_ = now;
+      warned_ = 0;
+    }
+    if (++warned_ > 20) {
+      ++suppressed_;
+      return;
+    }
+    std::string text = "ps " + std::to_string(service_.task()) + ": " + line;
+    if (suppressed_ > 0) {
+      text += " (" + std::to_string(std::exchange(suppressed_, 0)) + " similar lines suppressed)";
+    }
+    log(LogLevel::kWarning, text);
   }
 
   /// The service stopped: go on answering until every client has left, or `linger` passed.
@@ -360,6 +612,7 @@ class TcpServer {
     retry_accept_.cancel();
     linger_.cancel();
     orphan_.cancel();
+    sweep_.cancel();
     io_.stop();
   }
 
@@ -376,17 +629,23 @@ class TcpServer {
 
   S service_;  ///< first: destroyed last, after every connection that may answer for it
   TcpServerOptions options_;
+  wire::MemoryBudget budget_;  ///< before the connections, which give back to it
   asio::io_context io_{1};
   asio::ip::tcp::acceptor acceptor_;
   asio::steady_timer retry_accept_;
   asio::steady_timer linger_{io_};
   asio::steady_timer orphan_{io_};
+  asio::steady_timer sweep_{io_};
   bool served_ = false;    ///< a request was handled: the job has started
   bool orphaned_ = false;  ///< run() returned because every client left
   bool accept_failing_ = false;
   bool stopping_ = false;
+  Clock::time_point warn_window_{};
+  int warned_ = 0;
+  std::uint64_t suppressed_ = 0;
   std::vector<ConnectionPtr> dirty_;    ///< connections with replies queued in this batch
   std::vector<ConnectionPtr> viewing_;  ///< connections whose unsent replies view parameters
+  std::map<Node, int> peers_;           ///< open connections of each task that proved itself
   /// Open connections, kept alive here: one whose reading is paused has no handler pending
   /// that would hold it, while requests it made wait in the ps. Destroyed before io_.
   std::map<Connection*, ConnectionPtr> connections_;

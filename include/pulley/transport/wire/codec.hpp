@@ -18,11 +18,26 @@
 #include "pulley/messages.hpp"
 #include "pulley/transport/wire/archive.hpp"
 #include "pulley/transport/wire/frame.hpp"
+#include "pulley/transport/wire/handshake.hpp"
 
 namespace pulley::wire {
 
-/// Encodes a request or a response (a Request or Response variant) as a frame for call
-/// `call`. The frame's payload views alias the message's tensors.
+/// The first frame kind of a Request, Response or Handshake variant.
+template <class Variant>
+constexpr std::uint16_t first_kind() noexcept {
+  if constexpr (std::is_same_v<Variant, Response>) {
+    return kResponseKind;
+  } else if constexpr (std::is_same_v<Variant, Handshake>) {
+    return kHandshakeKind;
+  } else {
+    static_assert(std::is_same_v<Variant, Request>);
+    return 0;
+  }
+}
+
+/// Encodes a request, a response or a handshake message (a Request, Response or Handshake
+/// variant) as a frame for call `call`. The frame's payload views alias the message's
+/// tensors.
 template <class Variant>
 Frame encode(const Variant& message, std::uint64_t call) {
   Frame frame;
@@ -30,8 +45,7 @@ Frame encode(const Variant& message, std::uint64_t call) {
   // cereal saves through a const message; `serialize` is the one declaration of its fields.
   std::visit([&](const auto& m) { archive(const_cast<std::remove_cvref_t<decltype(m)>&>(m)); },
              message);
-  frame.header.kind = static_cast<std::uint16_t>(
-      message.index() + (std::is_same_v<Variant, Response> ? kResponseKind : 0));
+  frame.header.kind = static_cast<std::uint16_t>(message.index() + first_kind<Variant>());
   frame.header.call = call;
   frame.header.meta_bytes = static_cast<std::uint32_t>(frame.meta.size());
   for (auto v : frame.payload) frame.header.payload_bytes += v.size_bytes();
@@ -71,14 +85,16 @@ Variant decode(std::size_t index, std::span<const char> meta,
 /// Decodes a request frame whose header passed `check`; its tensors view `payload`.
 inline Request decode_request(const Header& h, std::span<const char> meta,
                               std::span<const float> payload) {
-  if (h.kind >= kResponseKind) throw Malformed("a response where a request was expected");
+  if (h.kind >= kResponseKind) throw Malformed("a reply or a handshake where a request was expected");
   return detail::decode<Request>(h.kind, meta, payload, payload.size());
 }
 
 /// Decodes a response frame whose header passed `check`; its tensors view `payload`.
 inline Response decode_response(const Header& h, std::span<const char> meta,
                                 std::span<const float> payload) {
-  if (h.kind < kResponseKind) throw Malformed("a request where a response was expected");
+  if (h.kind < kResponseKind || h.kind >= kHandshakeKind) {
+    throw Malformed("a request or a handshake where a response was expected");
+  }
   return detail::decode<Response>(h.kind - kResponseKind, meta, payload, payload.size());
 }
 
@@ -87,10 +103,30 @@ inline Response decode_response(const Header& h, std::span<const char> meta,
 /// receiver routes the payload into its own buffers and then points the views at them.
 inline Response decode_response_meta(const Header& h, std::span<const char> meta,
                                      std::vector<std::size_t>& sizes) {
-  if (h.kind < kResponseKind) throw Malformed("a request where a response was expected");
+  if (h.kind < kResponseKind || h.kind >= kHandshakeKind) {
+    throw Malformed("a request or a handshake where a response was expected");
+  }
   sizes.clear();
   return detail::decode<Response>(h.kind - kResponseKind, meta, std::nullopt,
                                   h.payload_bytes / sizeof(float), &sizes);
+}
+
+/// Decodes a handshake frame whose header passed `check`; throws Malformed for a frame that
+/// is no handshake message.
+inline Handshake decode_handshake(const Header& h, std::span<const char> meta) {
+  if (h.kind < kHandshakeKind || h.payload_bytes != 0) {
+    throw Malformed("a request or a reply where the handshake was expected");
+  }
+  return detail::decode<Handshake>(h.kind - kHandshakeKind, meta, std::nullopt, 0);
+}
+
+/// Decodes a handshake frame that must hold alternative `Expected`.
+template <class Expected>
+Expected decode_handshake_as(const Header& h, std::span<const char> meta) {
+  Handshake message = decode_handshake(h, meta);
+  if (auto* expected = std::get_if<Expected>(&message)) return std::move(*expected);
+  throw Malformed("expected " + std::string(Expected::kName) + " in the handshake, got " +
+                  std::string(message_name(message)));
 }
 
 }  // namespace pulley::wire

@@ -30,8 +30,10 @@ static_assert(std::endian::native == std::endian::little,
 namespace pulley::wire {
 
 inline constexpr std::uint32_t kMagic = 0x594C4C50;    ///< "PLLY" in a little-endian dump
-inline constexpr std::uint16_t kVersion = 4;           ///< bumped on any incompatible change
+inline constexpr std::uint16_t kVersion = 5;           ///< bumped on any incompatible change
 inline constexpr std::uint16_t kResponseKind = 0x100;  ///< response kinds start here
+inline constexpr std::uint16_t kHandshakeKind = 0x200;  ///< handshake kinds start here
+inline constexpr std::size_t kHandshakeKinds = 4;       ///< Challenge, Hello, Welcome, Refusal
 
 /// What a receiver accepts in one frame, checked before it allocates anything for it. A
 /// frame's metadata is small: 4 MiB holds the placement of ~50 000 variables.
@@ -40,8 +42,9 @@ struct FrameLimits {
   std::uint64_t max_payload_bytes = std::uint64_t{4} << 30U;  ///< tensor bytes of one frame
 };
 
-/// The fixed frame header. `kind` is the index of the message in Request, or kResponseKind
-/// + its index in Response; `call` pairs a response with its request.
+/// The fixed frame header. `kind` is the index of the message in Request, kResponseKind +
+/// its index in Response, or kHandshakeKind + its index in wire::Handshake (handshake.hpp);
+/// `call` pairs a response with its request.
 struct Header {
   std::uint32_t magic = kMagic;
   std::uint16_t version = kVersion;
@@ -111,7 +114,11 @@ inline void check(const Header& h, const FrameLimits& limits = {}) {
   const bool response =
       h.kind >= kResponseKind &&
       static_cast<std::size_t>(h.kind - kResponseKind) < std::variant_size_v<Response>;
-  if (!request && !response) throw Malformed("unknown message kind " + std::to_string(h.kind));
+  const bool handshake =
+      h.kind >= kHandshakeKind && static_cast<std::size_t>(h.kind - kHandshakeKind) < kHandshakeKinds;
+  if (!request && !response && !handshake) {
+    throw Malformed("unknown message kind " + std::to_string(h.kind));
+  }
   if (h.meta_bytes > limits.max_meta_bytes) {
     throw Malformed("metadata of " + std::to_string(h.meta_bytes) + " bytes exceeds the limit");
   }

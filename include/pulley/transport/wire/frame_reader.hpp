@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <new>
 #include <optional>
 #include <span>
@@ -17,6 +19,41 @@
 
 namespace pulley::wire {
 
+/// Bytes that the readers of one process side (a ps's connections) may hold together: their
+/// receive buffers, large payloads, and what their owner charges to it (copies of unsent
+/// replies). Single-threaded, like the I/O that uses it.
+class MemoryBudget {
+ public:
+  /// @param limit bytes that may be held at once
+  explicit MemoryBudget(std::uint64_t limit) noexcept : limit_(limit) {}
+  MemoryBudget(const MemoryBudget&) = delete;
+  MemoryBudget& operator=(const MemoryBudget&) = delete;
+
+  /// Takes `n` bytes if they fit; otherwise asks `reclaim` (when set) to give back what is
+  /// held but idle, and tries once more. False if they still do not fit.
+  bool take(std::uint64_t n) {
+    if (fits(n)) return used_ += n, true;
+    if (reclaim) reclaim();
+    if (fits(n)) return used_ += n, true;
+    return false;
+  }
+  /// Gives back `n` bytes taken earlier.
+  void give(std::uint64_t n) noexcept { used_ -= std::min(n, used_); }
+
+  [[nodiscard]] std::uint64_t used() const noexcept { return used_; }
+  [[nodiscard]] std::uint64_t limit() const noexcept { return limit_; }
+
+  /// Called when a take does not fit: frees what is held but not in use (e.g.
+  /// `FrameReader::release_idle` on every reader).
+  std::function<void()> reclaim;
+
+ private:
+  [[nodiscard]] bool fits(std::uint64_t n) const noexcept { return n <= limit_ - std::min(used_, limit_); }
+
+  std::uint64_t limit_;
+  std::uint64_t used_ = 0;
+};
+
 /// Cuts a received byte stream into frames (frame.hpp) with as few receive calls as it can.
 /// Small frames arrive many at a time in one buffer and are handed out in place; a payload
 /// too large for that buffer is received straight into its destination: the pull targets
@@ -25,7 +62,9 @@ namespace pulley::wire {
 ///
 /// It does no I/O: the owner receives into `buffers()`, reports with `commit(n)`, and takes
 /// the frames that completed with `next()`. Every header is checked (`check`) before
-/// anything is allocated for its frame; a bad one throws Malformed.
+/// anything is allocated for its frame; a bad one throws Malformed. With a MemoryBudget,
+/// every byte it allocates is charged to it first, and a frame that would overdraw it
+/// throws Malformed instead.
 class FrameReader {
  public:
   /// A complete frame. Its views stay valid until the next `next()` or `buffers()`.
@@ -41,8 +80,41 @@ class FrameReader {
 
   /// @param buffer_bytes the receive buffer: frames up to this size come in place, many per
   ///                     receive; larger payloads go straight to their destination
-  explicit FrameReader(FrameLimits limits, std::size_t buffer_bytes = std::size_t{64} << 10U)
-      : limits_(limits), buffer_(buffer_bytes / sizeof(float)) {}
+  /// @param budget       charged for what it allocates (null: unbounded); must outlive it
+  explicit FrameReader(FrameLimits limits, std::size_t buffer_bytes = std::size_t{64} << 10U,
+                       MemoryBudget* budget = nullptr)
+      : limits_(limits), budget_(budget) {
+    charge(buffer_bytes);
+    buffer_.resize(buffer_bytes / sizeof(float));
+  }
+  FrameReader(const FrameReader&) = delete;
+  FrameReader& operator=(const FrameReader&) = delete;
+  ~FrameReader() {
+    if (budget_ != nullptr) budget_->give(buffer_.size() * sizeof(float) + own_capacity_ * sizeof(float));
+  }
+
+  /// What frames may claim from now on (a ps lets a client past its handshake).
+  void set_limits(const FrameLimits& limits) noexcept { limits_ = limits; }
+
+  /// True while a frame has begun and is not complete: bytes of it arrived, or its payload
+  /// is being received outside the buffer.
+  [[nodiscard]] bool mid_frame() const noexcept { return direct_ || end_ > begin_; }
+  /// The payload bytes of the frame in progress, once its header is in (else 0).
+  [[nodiscard]] std::uint64_t frame_payload() const noexcept {
+    if (direct_) return header_.payload_bytes;
+    if (end_ - begin_ < sizeof(Header)) return 0;
+    Header h;
+    std::memcpy(&h, reinterpret_cast<const std::byte*>(buffer_.data()) + begin_, sizeof h);
+    return h.payload_bytes;
+  }
+  /// Frees the large-payload buffer kept from earlier frames, unless a payload is being
+  /// received into it now.
+  void release_idle() noexcept {
+    if ((direct_ && !routed_) || !own_) return;
+    own_.reset();
+    if (budget_ != nullptr) budget_->give(own_capacity_ * sizeof(float));
+    own_capacity_ = 0;
+  }
 
   /// Where the next received bytes go: the buffer, or while a payload is received outside
   /// it, the rest of its destination and then the buffer (so the frames after a large
@@ -138,8 +210,8 @@ class FrameReader {
     direct_done_ = buffered;
     checked_ = 0;
     finite_ = true;
-    grow_own();
-    std::memcpy(own_.data(), bytes() + begin_ + head, buffered);
+    grow_own(false);  // a new frame: nothing in the buffer is worth keeping
+    std::memcpy(own_.get(), bytes() + begin_ + head, buffered);
     arrived_in_own();
     return start_direct(head, buffered, false);
   }
@@ -165,7 +237,7 @@ class FrameReader {
   std::span<const std::span<float>> direct_targets() {
     if (routed_) return targets_;
     const auto floats = static_cast<std::size_t>(header_.payload_bytes / sizeof(float));
-    own_target_[0] = std::span<float>(own_).first(std::min(own_.size(), floats));
+    own_target_[0] = std::span<float>(own_.get(), std::min(own_capacity_, floats));
     return {own_target_.data(), 1};
   }
 
@@ -173,35 +245,54 @@ class FrameReader {
   /// is to come.
   void arrived_in_own() {
     const auto arrived = static_cast<std::size_t>(direct_done_ / sizeof(float));
-    finite_ =
-        finite_ && pulley::detail::all_finite(std::span<const float>(own_).subspan(checked_, arrived - checked_));
+    finite_ = finite_ && pulley::detail::all_finite(
+                             std::span<const float>(own_.get() + checked_, arrived - checked_));
     checked_ = arrived;
     grow_own();
   }
 
   void grow_buffer(std::size_t head) {
-    std::vector<float> bigger((head + sizeof(float) - 1) / sizeof(float));
+    const std::size_t floats = (head + sizeof(float) - 1) / sizeof(float);
+    charge((floats - buffer_.size()) * sizeof(float));
+    std::vector<float> bigger(floats);
     std::memcpy(bigger.data(), bytes() + begin_, end_ - begin_);
     end_ -= begin_;
     begin_ = 0;
     buffer_ = std::move(bigger);
   }
 
-  /// Grows the payload buffer to hold at most max(1 MiB, twice what arrived) beyond what
-  /// arrived; a buffer kept from an earlier frame is not shrunk, so steady traffic is
-  /// received in one go.
-  void grow_own() {
+  /// Grows the payload buffer to hold at most max(1 MiB, twice what arrived), keeping what
+  /// arrived in it (`keep`) or not (a new frame, whose first bytes are still in the receive
+  /// buffer): memory follows
+  /// the bytes that came, not what a header claims. It is not zero-filled (every byte is
+  /// received before it is read), and a buffer kept from an earlier frame is not shrunk, so
+  /// steady traffic is received in one go.
+  void grow_own(bool keep = true) {
     const auto floats = static_cast<std::size_t>(header_.payload_bytes / sizeof(float));
     const auto arrived = static_cast<std::size_t>(direct_done_ / sizeof(float));
     const std::size_t until =
-        own_.size() >= floats ? floats : std::min(floats, std::max(2 * arrived, kChunkFloats));
-    if (own_.size() >= until) return;
+        own_capacity_ >= floats ? floats : std::min(floats, std::max(2 * arrived, kChunkFloats));
+    if (own_capacity_ >= until) return;
+    charge((until - own_capacity_) * sizeof(float));
+    std::unique_ptr<float[]> bigger;
     try {
-      own_.resize(until);
+      bigger = std::make_unique_for_overwrite<float[]>(until);
     } catch (const std::bad_alloc&) {
+      if (budget_ != nullptr) budget_->give((until - own_capacity_) * sizeof(float));
       throw Malformed("no memory for a payload of " + std::to_string(header_.payload_bytes) +
-                            " bytes");
+                      " bytes");
     }
+    if (keep && arrived > 0) std::memcpy(bigger.get(), own_.get(), arrived * sizeof(float));
+    own_ = std::move(bigger);
+    own_capacity_ = until;
+  }
+
+  /// Charges `n` bytes to the budget, or throws Malformed when they do not fit.
+  void charge(std::uint64_t n) {
+    if (budget_ == nullptr || n == 0 || budget_->take(n)) return;
+    throw Malformed("the memory budget (" + std::to_string(budget_->limit() >> 20U) +
+                    " MiB across all connections) cannot hold " + std::to_string(n) +
+                    " more bytes for this frame");
   }
 
   /// Copies `n` received bytes into the targets, from their start.
@@ -239,8 +330,8 @@ class FrameReader {
         header_.meta_bytes);
     Frame frame{header_, meta, {}, routed_, false};
     if (!routed_) {
-      frame.payload = std::span<const float>(own_).first(
-          static_cast<std::size_t>(header_.payload_bytes / sizeof(float)));
+      frame.payload = std::span<const float>(
+          own_.get(), static_cast<std::size_t>(header_.payload_bytes / sizeof(float)));
       frame.finite = finite_;
     }
     direct_ = routed_ = asked_ = false;
@@ -249,6 +340,7 @@ class FrameReader {
   }
 
   FrameLimits limits_;
+  MemoryBudget* budget_;       ///< charged for buffer_ and own_, if set
   std::vector<float> buffer_;  ///< the receive buffer (floats: aligned for in-place payloads)
   std::size_t begin_ = 0;      ///< first byte not handed out
   std::size_t end_ = 0;        ///< end of what was received
@@ -259,7 +351,8 @@ class FrameReader {
   bool routed_ = false;                        ///< ... into targets_ (else into own_)
   std::uint64_t direct_done_ = 0;              ///< payload bytes received so far
   std::size_t head_at_ = 0;                    ///< where the current frame's head is in the buffer
-  std::vector<float> own_;                     ///< payloads too large for the buffer, not routed
+  std::unique_ptr<float[]> own_;               ///< payloads too large for the buffer, not routed
+  std::size_t own_capacity_ = 0;               ///< floats allocated in own_
   std::size_t checked_ = 0;                    ///< floats of own_ checked finite so far
   bool finite_ = true;
   std::array<std::span<float>, 1> own_target_{};

@@ -1,0 +1,207 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+
+/// The handshake that opens every TCP connection, before any request:
+///
+///   ps     → client   Challenge {job, ps task, server nonce}
+///   client → ps       Hello     {job, client task, client nonce, proof}
+///   ps     → client   Welcome   {proof}           or   Refusal {code, reason}, then close
+///
+/// Each proof is an HMAC-SHA-256, keyed by the job's shared secret, over everything both
+/// sides said (both nonces, the job, both tasks) and which side proves: the client shows it
+/// knows the secret without sending it, for this connection only (the server's nonce is
+/// fresh), and the ps shows the same back, so a client never trains against a ps of another
+/// job or an impostor. A ps refuses a peer of another job, without the secret or naming a
+/// task it cannot be, with one logged line; such a peer never reaches the service.
+///
+/// What it does not do: encrypt or sign the frames that follow. Someone on the path between
+/// two tasks can read parameters and inject frames into an open connection; run a job's
+/// traffic over a private network or an encrypted one (WireGuard, IPsec, an SSH or stunnel
+/// tunnel) where that matters (README, "Security").
+
+#include <array>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <random>
+#include <span>
+#include <string>
+#include <string_view>
+#include <variant>
+
+#if defined(__linux__)
+#include <sys/random.h>
+#endif
+
+#include "pulley/error.hpp"
+#include "pulley/node.hpp"
+#include "pulley/transport/detail/hmac.hpp"
+#include "pulley/transport/wire/frame.hpp"
+
+namespace pulley {
+
+/// What a task proves when it connects: the job it belongs to and the job's shared secret.
+/// Every task of a job holds the same; see `runner/credentials.hpp` for where the runner
+/// takes them from (environment, a file, generated).
+struct Credentials {
+  /// The job's name: a ps refuses tasks of any other job (two jobs that share a port by
+  /// mistake fail at once instead of training each other's model). At most 256 bytes.
+  std::string job = "pulley";
+  /// The shared secret. Empty: the handshake still names the job and the task, but proves
+  /// nothing, and a ps says so in its log when it starts.
+  std::string secret;
+};
+
+namespace wire {
+
+/// Bytes of a handshake nonce.
+inline constexpr std::size_t kNonceBytes = 32;
+/// Longest job name a handshake carries.
+inline constexpr std::size_t kMaxJobName = 256;
+/// What a handshake frame may claim: a few hundred bytes of metadata and no payload.
+inline constexpr FrameLimits kHandshakeLimits{4096, 0};
+
+/// ps → client, first thing on a connection.
+struct Challenge {
+  static constexpr std::string_view kName = "Challenge";
+  std::string job;         ///< the job the ps belongs to
+  std::uint32_t ps = 0;    ///< its task index
+  std::string nonce;       ///< kNonceBytes fresh random bytes
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(job, ps, nonce);
+  }
+};
+
+/// client → ps, its first frame.
+struct Hello {
+  static constexpr std::string_view kName = "Hello";
+  std::string job;    ///< the job the client belongs to
+  Node peer;          ///< the client's task
+  std::string nonce;  ///< kNonceBytes fresh random bytes
+  std::string proof;  ///< client_proof(...)
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(job, peer, nonce, proof);
+  }
+};
+
+/// ps → client: the client is in.
+struct Welcome {
+  static constexpr std::string_view kName = "Welcome";
+  std::string proof;  ///< server_proof(...)
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(proof);
+  }
+};
+
+/// ps → client: the client is not let in, and why; the ps closes the connection.
+struct Refusal {
+  static constexpr std::string_view kName = "Refusal";
+  ErrorCode code = ErrorCode::kUnauthenticated;
+  std::string reason;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(code, reason);
+  }
+};
+
+/// The handshake's messages; their frame kinds start at kHandshakeKind.
+using Handshake = std::variant<Challenge, Hello, Welcome, Refusal>;
+static_assert(std::variant_size_v<Handshake> == kHandshakeKinds);
+
+/// `kNonceBytes` bytes from the operating system's random source (getrandom(2) on Linux:
+/// no file descriptor, so it works when a ps has used up its descriptors).
+inline std::string make_nonce() {
+  std::string nonce(kNonceBytes, '\0');
+#if defined(__linux__)
+  std::size_t filled = 0;
+  while (filled < kNonceBytes) {
+    const ssize_t n = ::getrandom(nonce.data() + filled, kNonceBytes - filled, 0);
+    if (n > 0) filled += static_cast<std::size_t>(n);
+    else if (errno != EINTR) break;
+  }
+  if (filled == kNonceBytes) return nonce;
+#endif
+  std::random_device source;
+  for (std::size_t i = 0; i < kNonceBytes; i += 4) {
+    const std::uint32_t word = source();
+    for (std::size_t b = 0; b < 4 && i + b < kNonceBytes; ++b) {
+      nonce[i + b] = static_cast<char>((word >> (8 * b)) & 0xFFU);
+    }
+  }
+  return nonce;
+}
+
+namespace detail {
+
+/// The HMAC over what both sides said, each field length-prefixed so that no two
+/// transcripts share bytes; `side` says who proves.
+inline std::string proof(std::string_view side, const std::string& secret, const Challenge& c,
+                         const Node& peer, const std::string& client_nonce) {
+  auto field = [](std::string_view text) {
+    std::string out = std::to_string(text.size()) + ":";
+    out += text;
+    return out;
+  };
+  const transport_detail::Digest digest = transport_detail::hmac_sha256(
+      secret, {field("pulley handshake v1"), field(side), field(c.job),
+               field(std::to_string(c.ps)), field(c.nonce), field(peer.name()),
+               field(client_nonce)});
+  return {reinterpret_cast<const char*>(digest.data()), digest.size()};
+}
+
+}  // namespace detail
+
+/// The client's proof that it holds `secret`, for this challenge.
+inline std::string client_proof(const std::string& secret, const Challenge& c, const Node& peer,
+                                const std::string& client_nonce) {
+  return detail::proof("client", secret, c, peer, client_nonce);
+}
+
+/// The ps's proof that it holds `secret` too, for this challenge and hello.
+inline std::string server_proof(const std::string& secret, const Challenge& c, const Hello& h) {
+  return detail::proof("server", secret, c, h.peer, h.nonce);
+}
+
+/// True if `proof` is `expected` (compared in constant time).
+inline bool proof_matches(std::string_view proof, std::string_view expected) {
+  return transport_detail::same_digest(
+      std::span(reinterpret_cast<const std::uint8_t*>(proof.data()), proof.size()),
+      std::span(reinterpret_cast<const std::uint8_t*>(expected.data()), expected.size()));
+}
+
+/// Why the ps would refuse `hello` after `challenge`, or "" when it lets it in: another job,
+/// a malformed hello, a ps task as a client, or a proof that does not match the secret.
+inline std::string refusal_reason(const Credentials& credentials, const Challenge& challenge,
+                                  const Hello& hello) {
+  if (hello.job != challenge.job) {
+    return "a task of job '" + hello.job.substr(0, kMaxJobName) + "' connected to a ps of job '" +
+           challenge.job + "'";
+  }
+  if (hello.nonce.size() != kNonceBytes) return "a malformed hello (nonce)";
+  if (static_cast<unsigned>(hello.peer.job) > static_cast<unsigned>(Node::Job::kEvaluator)) {
+    return "a hello naming an unknown job type";
+  }
+  if (hello.peer.job == Node::Job::kPs) return "a ps task cannot connect as a client";
+  if (!proof_matches(hello.proof, client_proof(credentials.secret, challenge, hello.peer, hello.nonce))) {
+    return hello.peer.name() + " did not prove the job's shared secret (a wrong PULLEY_SECRET?)";
+  }
+  return {};
+}
+
+/// Throws kInvalidArgument unless `credentials` can go into a handshake.
+inline void check_credentials(const Credentials& credentials) {
+  if (credentials.job.empty() || credentials.job.size() > kMaxJobName) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "a job name must have 1 to " + std::to_string(kMaxJobName) + " bytes");
+  }
+}
+
+}  // namespace wire
+}  // namespace pulley
