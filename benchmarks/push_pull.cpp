@@ -3,7 +3,9 @@
 // with its ratio to a reference measured in the same run: memcpy (in-process), a raw Asio
 // echo of the same bytes (TCP push+pull, which is Worker::push_pull: one round trip), a raw
 // one-way transfer with a 1-byte acknowledgement (TCP push alone, pull alone), a 64-byte TCP
-// ping-pong (latency), and a plain loop doing the optimizer's math (server-side apply).
+// ping-pong (latency), a raw connect with a 64-byte exchange (a new connection: the TCP
+// handshake's cost), and a plain loop doing the optimizer's math (server-side apply, alone
+// and with the finiteness check the ps makes of every push).
 //
 // The machine may be shared and noisy, so each case and its reference are measured in
 // alternating rounds, and the medians are compared: a ratio compares figures taken moments
@@ -11,6 +13,8 @@
 //
 //   push_pull [--seconds-per-case 1.0] [--rounds 5]
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -141,6 +145,57 @@ double over_tcp(std::size_t n, std::uint32_t workers, Op op) {
   return t;
 }
 
+/// Seconds to open a Tcp to a ps (TCP connect and the handshake) and make a first call.
+double tcp_first_call() {
+  const pulley::Credentials job{"push-pull", "the benchmark's secret"};
+  pulley::TcpServerOptions serving;
+  serving.credentials = job;
+  pulley::TcpServer listener(Server(0, 1, pulley::Sgd{0.0F}, pulley::Async{}), "127.0.0.1", 0,
+                             serving);
+  const std::string address = "127.0.0.1:" + std::to_string(listener.port());
+  std::thread serving_thread([&] { listener.run(); });
+  pulley::TcpOptions options;
+  options.credentials = job;
+  const double t = time_per_call([&] {
+    pulley::Tcp tcp(pulley::Node::chief(), {address}, options);
+    (void)tcp.call(0, pulley::GetStats{}).get();
+  });
+  listener.stop();
+  serving_thread.join();
+  return t;
+}
+
+/// Seconds to open a raw TCP connection and exchange 64 bytes each way: what a first call
+/// costs with no protocol.
+double raw_first_exchange() {
+  asio::io_context io;
+  asio::ip::tcp::acceptor acceptor(io, {asio::ip::make_address("127.0.0.1"), 0});
+  std::atomic<bool> done{false};
+  std::thread echo([&] {
+    while (!done) {
+      asio::ip::tcp::socket peer = acceptor.accept();
+      std::array<char, 64> buffer{};
+      std::error_code ec;
+      asio::read(peer, asio::buffer(buffer), ec);
+      if (!ec) asio::write(peer, asio::buffer(buffer), ec);
+    }
+  });
+  std::array<char, 64> out{}, in{};
+  const double t = time_per_call([&] {
+    asio::ip::tcp::socket client(io);
+    client.connect(acceptor.local_endpoint());
+    client.set_option(asio::ip::tcp::no_delay(true));
+    asio::write(client, asio::buffer(out));
+    asio::read(client, asio::buffer(in));
+  });
+  done = true;
+  asio::ip::tcp::socket last(io);  // wakes the accept loop to see `done`
+  last.connect(acceptor.local_endpoint());
+  last.close();
+  echo.join();
+  return t;
+}
+
 /// Seconds per raw exchange over loopback with no protocol at all: write `out` bytes, the
 /// peer reads them and writes `back` bytes, read those. An echo (out = back = n) moves what
 /// a push+pull moves; out = n, back = 1 is a one-way transfer with its acknowledgement.
@@ -245,6 +300,11 @@ int main(int argc, char** argv) {
     }
   }
 
+  // A connection's cost: TCP connect, the handshake (a nonce each way, two HMACs) and a
+  // first round trip, against a raw connect and a 64-byte exchange.
+  print("TCP connect + handshake + first call", paired(tcp_first_call, raw_first_exchange),
+        nullptr, "us", "connect + 64 B ping-pong");
+
   // Server-side application over 16M floats against a plain loop doing the same math.
   const std::size_t n = std::size_t{16} << 20;
   g_bytes = n;  // "bandwidth" in G floats per second
@@ -259,11 +319,42 @@ int main(int argc, char** argv) {
                  });
                }),
         gb_per_s, "Gf/s", "plain loop");
+  // What the ps does per push with a stock optimizer: ask it whether the update stays
+  // finite (reads the weights, the slots and the gradient), then apply.
+  print("server Sgd check + apply, 16M floats",
+        paired([&] {
+          return time_per_call([&] {
+            if (sgd.stays_finite(sgd_state, w, g)) sgd.apply(sgd_state, w, g);
+          });
+        },
+               [&] {
+                 return time_per_call([&] {
+                   for (std::size_t i = 0; i < n; ++i) w[i] -= 0.01F * g[i];
+                 });
+               }),
+        gb_per_s, "Gf/s", "plain loop");
   const pulley::Adam adam{};
   auto adam_state = adam.make_state(n);
   std::vector<float> m(n), v(n);
   print("server Adam::apply, 16M floats",
         paired([&] { return time_per_call([&] { adam.apply(adam_state, w, g); }); },
+               [&] {
+                 return time_per_call([&] {
+                   const float lr = 0.001F;
+                   for (std::size_t i = 0; i < n; ++i) {
+                     m[i] = 0.9F * m[i] + 0.1F * g[i];
+                     v[i] = 0.999F * v[i] + 0.001F * g[i] * g[i];
+                     w[i] -= lr * m[i] / (std::sqrt(v[i]) + 1e-7F);
+                   }
+                 });
+               }),
+        gb_per_s, "Gf/s", "plain loop");
+  print("server Adam check + apply, 16M floats",
+        paired([&] {
+          return time_per_call([&] {
+            if (adam.stays_finite(adam_state, w, g)) adam.apply(adam_state, w, g);
+          });
+        },
                [&] {
                  return time_per_call([&] {
                    const float lr = 0.001F;

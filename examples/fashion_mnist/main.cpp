@@ -41,6 +41,9 @@ struct Options {
   std::size_t batch = 64;
   std::uint64_t seed = 1;
   std::string data = PULLEY_FASHION_MNIST_DIR;
+  pulley::ClientOptions client;     // --request-timeout-ms, --clip-norm, ...
+  pulley::TcpOptions tcp;           // --connect-timeout-ms, ...
+  pulley::TcpServerOptions server;  // --ps-max-buffered-bytes, ...
 };
 
 struct Data {
@@ -122,6 +125,9 @@ int train(const pulley::Job& job, const Options& o, const Data& data, Optimizer 
   training.evaluate_every = steps_per_epoch;
   training.samples_per_step = static_cast<std::int64_t>(o.batch) * batches_per_step;
   training.seed = o.seed;
+  training.client = o.client;
+  training.tcp = o.tcp;
+  training.server = o.server;
   training.evaluate = [&](pulley::models::Mlp& model, const pulley::Evaluation& e) {
     const auto scores = model.evaluate(test);
     if (e.role == pulley::Node::Job::kEvaluator) {
@@ -189,6 +195,7 @@ int main(int argc, char** argv) {
   app.add_option("--seed", o.seed);
   app.add_option("--data", o.data, "directory of the *-ubyte.gz files");
   pulley::add_job_flags(app, job_flags);
+  pulley::add_limit_flags(app, o.client, o.tcp, o.server);
   CLI11_PARSE(app, argc, argv);
   if (openblas_set_num_threads != nullptr) openblas_set_num_threads(1);
   try {

@@ -82,6 +82,8 @@ int main(int argc, char** argv) {
   app.add_option("--mode", mode, "sync, async or ssp")->check(CLI::IsMember({"sync", "async", "ssp"}));
   app.add_option("--steps", steps, "global steps to train")->check(CLI::Range(1, 1 << 30));
   pulley::add_job_flags(app, job_flags);
+  pulley::Training<Line> training;
+  pulley::add_limit_flags(app, training.client, training.tcp, training.server);
   CLI11_PARSE(app, argc, argv);
 
   pulley::Job job;
@@ -91,7 +93,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "linear_regression: %s\n", e.what());
     return 2;
   }
-  pulley::Training<Line> training;
   training.model = [] { return Line(); };
   training.data = [](std::uint32_t worker, std::uint32_t) { return Samples(worker + 1); };
   training.last_step = steps;

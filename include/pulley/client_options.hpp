@@ -5,13 +5,19 @@
 
 namespace pulley {
 
-/// Deadlines of a client's (worker's, chief's) requests. A request past its deadline fails
-/// with `kDeadlineExceeded` and is cancelled: the transport no longer touches its buffers.
+/// How a client (worker, chief, evaluator) calls the ps tasks: its requests' deadlines (a
+/// request past its deadline fails with `kDeadlineExceeded` and is cancelled: the transport
+/// no longer touches its buffers), and a worker's gradient clipping.
 struct ClientOptions {
   /// For requests a ps answers at once (push, ungated pull, stats, initialize).
   std::chrono::milliseconds request_timeout{std::chrono::seconds(60)};
   /// For requests that wait on other tasks: readiness, sync tokens, step-gated pulls.
   std::chrono::milliseconds wait_timeout{std::chrono::minutes(30)};
+  /// Workers: when positive, each push's gradients are scaled down to this global norm
+  /// (the L2 norm over every variable together) when theirs is larger, as TensorFlow's
+  /// `clip_by_global_norm` before `apply_gradients`; a gradient that explodes then moves
+  /// the parameters no further than a normal one. 0: no clipping.
+  float clip_norm = 0.0F;
 };
 
 }  // namespace pulley

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <exception>
 #include <optional>
 #include <span>
@@ -107,21 +108,26 @@ class ParameterServer {
     return s;
   }
 
-  /// The transport lost its last connection from `node`. A worker's parked token requests
-  /// are answered kUnavailable, and the tokens it took and did not push for go back to the
-  /// sync policy (`SyncPolicy::release`), so a worker that vanished holding one cannot
-  /// stall a step.
-  void disconnected(const Node& node) noexcept {
+  /// The transport lost connection `session` of task `node` (0: all of them). A worker's
+  /// token requests parked on it are answered kUnavailable, and if it is the connection
+  /// the worker took its last token on, the tokens it took and did not push for go back to
+  /// the sync policy (`SyncPolicy::release`): a worker that vanished holding one cannot
+  /// stall a step, even while a process restarted in its place is already connected.
+  void disconnected(const Node& node, std::uint64_t session) noexcept {
     if (node.job != Node::Job::kWorker || end_) return;
     try {
       const std::string gone = "ps " + std::to_string(task_) + ": " + node.name() + " disconnected";
       std::erase_if(token_waiters_, [&](TokenWaiter& w) {
-        if (w.worker != node.index) return false;
+        if (w.worker != node.index || (session != 0 && w.session != session)) return false;
         send(w.reply, ErrorReply{ErrorCode::kUnavailable, gone});
         return true;
       });
-      release(sync_, pacer_, node.index);
-      retry_tokens();
+      const auto holder = token_session_.find(node.index);
+      if (holder != token_session_.end() && (session == 0 || holder->second == session)) {
+        token_session_.erase(holder);
+        release(sync_, pacer_, node.index);
+        retry_tokens();
+      }
     } catch (const std::exception& e) {
       fail(std::string("giving back a disconnected worker's tokens: ") + e.what());
     } catch (...) {
@@ -151,6 +157,7 @@ class ParameterServer {
 
   struct TokenWaiter {
     std::uint32_t worker;
+    std::uint64_t session;  ///< the connection it came on
     Responder reply;
   };
 
@@ -246,7 +253,14 @@ class ParameterServer {
     for (std::size_t i = 0; i < variables.size(); ++i) {
       const VariableSpec& v = variables[i];
       if (v.name.empty()) return "variable " + std::to_string(i) + " has no name";
-      if (v.size() == 0) return "variable '" + v.name + "' has no elements";
+      std::size_t elements = 1;  // the shape's product, which must not wrap around
+      for (const std::size_t d : v.shape) {
+        if (d != 0 && elements > kMaxElements / d) {
+          return "variable '" + v.name + "' has more elements than a ps can hold (2^40 at most)";
+        }
+        elements *= d;
+      }
+      if (elements == 0) return "variable '" + v.name + "' has no elements";
       if (v.initializer.kind > Initializer::Kind::kGlorotUniform) {
         return "variable '" + v.name + "' has an unknown initializer";
       }
@@ -324,7 +338,7 @@ class ParameterServer {
       return;
     }
     if (!is_sender(r.worker, context, reply, "TakeToken")) return;
-    TokenWaiter& waiter = token_waiters_.emplace_back(TokenWaiter{r.worker, nullptr});
+    TokenWaiter& waiter = token_waiters_.emplace_back(TokenWaiter{r.worker, context.session, nullptr});
     park(waiter.reply, reply);
     retry_tokens();
   }
@@ -343,6 +357,7 @@ class ParameterServer {
         return true;
       }
       if (!token) return false;
+      token_session_[w.worker] = w.session;  // (a throw here fails the ps: changing_)
       send(w.reply, TokenReply{*token, global_step()});
       return true;
     });
@@ -499,9 +514,9 @@ class ParameterServer {
       for (std::size_t i = 0; i < slots_.size(); ++i) {
         if (!detail::all_finite(updates_[i])) return skip_update(step_before, slots_[i]);
       }
-      for (std::size_t i = 0; i < slots_.size(); ++i) apply_to(slots_[i], slots_[i].values,
-                                                             slots_[i].optimizer_state,
-                                                             updates_[i], step_before);
+      for (std::size_t i = 0; i < slots_.size(); ++i) {
+        apply_to(slots_[i], slots_[i].values, slots_[i].optimizer_state, updates_[i], step_before);
+      }
     } else if constexpr (std::is_copy_assignable_v<typename O::State>) {
       shadows_.resize(slots_.size());
       for (std::size_t i = 0; i < slots_.size(); ++i) {
@@ -531,6 +546,7 @@ class ParameterServer {
         }
       }
     }
+    stats_.updates_applied += static_cast<std::int64_t>(slots_.size());
   }
 
   void apply_to(const Slot& slot, std::span<float> values, typename O::State& state,
@@ -538,7 +554,6 @@ class ParameterServer {
     const UpdateContext context{step_before, variables_[slot.part.variable].name, slot.part.rows,
                                 slot.row_size};
     apply_update(optimizer_, state, values, update, context);
-    ++stats_.updates_applied;
   }
 
   void skip_update(std::int64_t step_before, const Slot& slot) {
@@ -629,6 +644,9 @@ class ParameterServer {
   }
 
   static constexpr std::size_t kNotHere = static_cast<std::size_t>(-1);
+  /// Elements a variable may have: 4 TiB of floats, beyond any ps, and no product of its
+  /// shape wraps around on the way.
+  static constexpr std::size_t kMaxElements = std::size_t{1} << 40U;
 
   std::uint32_t task_;
   std::uint32_t num_ps_;
@@ -660,6 +678,8 @@ class ParameterServer {
 
   typename P::Pacer pacer_;  ///< the global step and the tokens, as the sync policy keeps them
   std::deque<TokenWaiter> token_waiters_;
+  /// By worker: the connection it took its last token on, which holds its tokens' lease.
+  std::map<std::uint32_t, std::uint64_t> token_session_;
   std::vector<Responder> ready_waiters_;
   std::vector<WaitingPull> waiting_pulls_;
   Stats stats_;

@@ -138,6 +138,10 @@ class Worker {
   [[nodiscard]] M& model() noexcept { return model_; }
   /// The model it trains, with the parameters of the last pull.
   [[nodiscard]] const M& model() const noexcept { return model_; }
+  /// Steps whose gradients `ClientOptions::clip_norm` scaled down.
+  [[nodiscard]] std::int64_t clipped_steps() const noexcept { return client_.clipped_steps(); }
+  /// The global norm of the last pushed gradients before clipping (0 unless clipping is on).
+  [[nodiscard]] double last_gradient_norm() const noexcept { return client_.last_gradient_norm(); }
   /// This worker's task index.
   [[nodiscard]] std::uint32_t index() const noexcept { return index_; }
   /// True once `step` returned nullopt: training is over.

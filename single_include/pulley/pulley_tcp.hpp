@@ -297,10 +297,11 @@ struct Token {
 /// Optional:
 ///   - `p.waiting_for(pacer)` → `std::string`: what the next step waits for, in words; the
 ///     ps reports it (StatsReply) and clients quote it when a token or a step never comes
-///   - `p.release(pacer, worker)` → void, noexcept: worker `worker` is gone (its process
-///     ended or its link broke): give back the tokens it took and did not push for, so a
-///     vanished taker cannot hold a step up (a token is a lease). The worker may come back
-///     and take tokens again.
+///   - `p.release(pacer, worker)` → void, noexcept: the connection worker `worker` took its
+///     last token on is gone (its process ended, or its link broke): give back the tokens
+///     it took and did not push for, so a vanished taker cannot hold a step up (a token is
+///     a lease). The worker, or a process restarted in its place, may take tokens again; a
+///     worker that pushed for a step still may not take a second token of it when R <= N.
 ///
 /// Semantic contract:
 ///   - the ps calls `on_push` once per push message, after checking it and before touching
@@ -1404,6 +1405,7 @@ concept Transport = std::move_constructible<T> &&
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -1420,13 +1422,19 @@ concept Transport = std::move_constructible<T> &&
 
 namespace pulley {
 
-/// Deadlines of a client's (worker's, chief's) requests. A request past its deadline fails
-/// with `kDeadlineExceeded` and is cancelled: the transport no longer touches its buffers.
+/// How a client (worker, chief, evaluator) calls the ps tasks: its requests' deadlines (a
+/// request past its deadline fails with `kDeadlineExceeded` and is cancelled: the transport
+/// no longer touches its buffers), and a worker's gradient clipping.
 struct ClientOptions {
   /// For requests a ps answers at once (push, ungated pull, stats, initialize).
   std::chrono::milliseconds request_timeout{std::chrono::seconds(60)};
   /// For requests that wait on other tasks: readiness, sync tokens, step-gated pulls.
   std::chrono::milliseconds wait_timeout{std::chrono::minutes(30)};
+  /// Workers: when positive, each push's gradients are scaled down to this global norm
+  /// (the L2 norm over every variable together) when theirs is larger, as TensorFlow's
+  /// `clip_by_global_norm` before `apply_gradients`; a gradient that explodes then moves
+  /// the parameters no further than a normal one. 0: no clipping.
+  float clip_norm = 0.0F;
 };
 
 }  // namespace pulley
@@ -1787,6 +1795,7 @@ class Client {
     if (gradients.size() != variables_.size()) {
       throw Error(ErrorCode::kInvalidArgument, "push needs one gradient per variable");
     }
+    if (options_.clip_norm > 0.0F) gradients = clipped(gradients);
     std::vector<Push> pushes(num_ps(), Push{worker, local_step, {}});
     for (const Part& part : placement_.parts) {
       const std::size_t row_size = variables_[part.variable].row_size();
@@ -1813,6 +1822,37 @@ class Client {
     }
   }
 
+  /// `gradients` scaled by clip_norm / their global norm when that norm is larger (TF's
+  /// clip_by_global_norm), copied into buffers of this client; as they are otherwise. A
+  /// non-finite norm leaves them as they are, for the finiteness check to refuse.
+  std::span<const std::span<const float>> clipped(std::span<const std::span<const float>> gradients) {
+    double squares = 0.0;
+    for (const std::span<const float> g : gradients) {
+      for (const float x : g) squares += static_cast<double>(x) * static_cast<double>(x);
+    }
+    const double norm = std::sqrt(squares);
+    last_norm_ = norm;
+    if (!(norm > options_.clip_norm) || !std::isfinite(norm)) return gradients;
+    const auto scale = static_cast<float>(options_.clip_norm / norm);
+    clipped_.resize(gradients.size());
+    clipped_views_.clear();
+    for (std::size_t v = 0; v < gradients.size(); ++v) {
+      clipped_[v].resize(gradients[v].size());
+      std::transform(gradients[v].begin(), gradients[v].end(), clipped_[v].begin(),
+                     [scale](float x) { return x * scale; });
+      clipped_views_.emplace_back(clipped_[v]);
+    }
+    ++clipped_steps_;
+    return clipped_views_;
+  }
+
+ public:
+  /// Pushes whose gradients `ClientOptions::clip_norm` scaled down.
+  [[nodiscard]] std::int64_t clipped_steps() const noexcept { return clipped_steps_; }
+  /// The global norm of the last push's gradients, when clipping is on (else 0).
+  [[nodiscard]] double last_gradient_norm() const noexcept { return last_norm_; }
+
+ private:
   /// The lowest global step reported by the pull replies from index `first` on.
   static std::int64_t lowest_step(CallGroup& group, std::size_t first) {
     std::int64_t step = std::numeric_limits<std::int64_t>::max();
@@ -1884,6 +1924,10 @@ class Client {
 
   T transport_;
   ClientOptions options_;
+  std::vector<std::vector<float>> clipped_;           ///< gradients scaled by clipping
+  std::vector<std::span<const float>> clipped_views_;  ///< views of them, by variable
+  std::int64_t clipped_steps_ = 0;
+  double last_norm_ = 0.0;
   Placement placement_;
   std::vector<VariableSpec> variables_;
 };
@@ -2231,6 +2275,10 @@ struct RequestContext {
   /// it); the service refuses what that task's job may not send (`kSenders`). nullopt: a
   /// caller the transport does not name, trusted (pulley's transports always name it).
   std::optional<Node> peer;
+  /// The connection (or in-process endpoint) it came on, unique while the transport lives;
+  /// 0: unknown. What a peer takes on a connection (a sync token) it holds while that
+  /// connection lives: see `disconnected`.
+  std::uint64_t session = 0;
 };
 
 /// The server half of a transport's contract: what a transport serves. A ParameterServer is
@@ -2242,9 +2290,10 @@ struct RequestContext {
 ///   - `s.stopped()` → bool: true once it serves no more (shut down, or failed)
 ///
 /// Optional:
-///   - `s.disconnected(node)`: the transport lost its last connection from task `node` (the
-///     process ended, or the link broke). The service gives back what that task held, such
-///     as a sync token it took and will not push for (a lease).
+///   - `s.disconnected(node, session)`, noexcept: the transport lost connection `session`
+///     from task `node` (its process ended, or the link broke; session 0: every connection
+///     of that task, e.g. an in-process task that was killed). The service gives back what
+///     was taken on it, such as a sync token whose push will not come (a lease).
 ///   - `s.max_request_payload()` → std::uint64_t: the most tensor bytes a request can
 ///     legitimately carry now (a ParameterServer: the bytes of the parts it holds). A
 ///     transport refuses a frame that claims more before it receives any of it.
@@ -2267,12 +2316,14 @@ concept Service = requires(S& service, const S& cservice, Request&& request,
   { cservice.stopped() } -> std::convertible_to<bool>;
 };
 
-/// Tells `service` that task `node` left, if the service cares (`disconnected`).
+/// Tells `service` that connection `session` of task `node` is gone, if the service cares
+/// (`disconnected`).
 template <Service S>
-void notify_disconnected(S& service, const Node& node) noexcept {
-  if constexpr (requires { service.disconnected(node); }) {
-    static_assert(noexcept(service.disconnected(node)), "Service::disconnected must be noexcept");
-    service.disconnected(node);
+void notify_disconnected(S& service, const Node& node, std::uint64_t session) noexcept {
+  if constexpr (requires { service.disconnected(node, session); }) {
+    static_assert(noexcept(service.disconnected(node, session)),
+                  "Service::disconnected must be noexcept");
+    service.disconnected(node, session);
   }
 }
 
@@ -2683,6 +2734,7 @@ static_assert(Optimizer<Sgd>);
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <exception>
 #include <optional>
 #include <span>
@@ -2777,21 +2829,26 @@ class ParameterServer {
     return s;
   }
 
-  /// The transport lost its last connection from `node`. A worker's parked token requests
-  /// are answered kUnavailable, and the tokens it took and did not push for go back to the
-  /// sync policy (`SyncPolicy::release`), so a worker that vanished holding one cannot
-  /// stall a step.
-  void disconnected(const Node& node) noexcept {
+  /// The transport lost connection `session` of task `node` (0: all of them). A worker's
+  /// token requests parked on it are answered kUnavailable, and if it is the connection
+  /// the worker took its last token on, the tokens it took and did not push for go back to
+  /// the sync policy (`SyncPolicy::release`): a worker that vanished holding one cannot
+  /// stall a step, even while a process restarted in its place is already connected.
+  void disconnected(const Node& node, std::uint64_t session) noexcept {
     if (node.job != Node::Job::kWorker || end_) return;
     try {
       const std::string gone = "ps " + std::to_string(task_) + ": " + node.name() + " disconnected";
       std::erase_if(token_waiters_, [&](TokenWaiter& w) {
-        if (w.worker != node.index) return false;
+        if (w.worker != node.index || (session != 0 && w.session != session)) return false;
         send(w.reply, ErrorReply{ErrorCode::kUnavailable, gone});
         return true;
       });
-      release(sync_, pacer_, node.index);
-      retry_tokens();
+      const auto holder = token_session_.find(node.index);
+      if (holder != token_session_.end() && (session == 0 || holder->second == session)) {
+        token_session_.erase(holder);
+        release(sync_, pacer_, node.index);
+        retry_tokens();
+      }
     } catch (const std::exception& e) {
       fail(std::string("giving back a disconnected worker's tokens: ") + e.what());
     } catch (...) {
@@ -2821,6 +2878,7 @@ class ParameterServer {
 
   struct TokenWaiter {
     std::uint32_t worker;
+    std::uint64_t session;  ///< the connection it came on
     Responder reply;
   };
 
@@ -2916,7 +2974,14 @@ class ParameterServer {
     for (std::size_t i = 0; i < variables.size(); ++i) {
       const VariableSpec& v = variables[i];
       if (v.name.empty()) return "variable " + std::to_string(i) + " has no name";
-      if (v.size() == 0) return "variable '" + v.name + "' has no elements";
+      std::size_t elements = 1;  // the shape's product, which must not wrap around
+      for (const std::size_t d : v.shape) {
+        if (d != 0 && elements > kMaxElements / d) {
+          return "variable '" + v.name + "' has more elements than a ps can hold (2^40 at most)";
+        }
+        elements *= d;
+      }
+      if (elements == 0) return "variable '" + v.name + "' has no elements";
       if (v.initializer.kind > Initializer::Kind::kGlorotUniform) {
         return "variable '" + v.name + "' has an unknown initializer";
       }
@@ -2994,7 +3059,7 @@ class ParameterServer {
       return;
     }
     if (!is_sender(r.worker, context, reply, "TakeToken")) return;
-    TokenWaiter& waiter = token_waiters_.emplace_back(TokenWaiter{r.worker, nullptr});
+    TokenWaiter& waiter = token_waiters_.emplace_back(TokenWaiter{r.worker, context.session, nullptr});
     park(waiter.reply, reply);
     retry_tokens();
   }
@@ -3013,6 +3078,7 @@ class ParameterServer {
         return true;
       }
       if (!token) return false;
+      token_session_[w.worker] = w.session;  // (a throw here fails the ps: changing_)
       send(w.reply, TokenReply{*token, global_step()});
       return true;
     });
@@ -3169,9 +3235,9 @@ class ParameterServer {
       for (std::size_t i = 0; i < slots_.size(); ++i) {
         if (!detail::all_finite(updates_[i])) return skip_update(step_before, slots_[i]);
       }
-      for (std::size_t i = 0; i < slots_.size(); ++i) apply_to(slots_[i], slots_[i].values,
-                                                             slots_[i].optimizer_state,
-                                                             updates_[i], step_before);
+      for (std::size_t i = 0; i < slots_.size(); ++i) {
+        apply_to(slots_[i], slots_[i].values, slots_[i].optimizer_state, updates_[i], step_before);
+      }
     } else if constexpr (std::is_copy_assignable_v<typename O::State>) {
       shadows_.resize(slots_.size());
       for (std::size_t i = 0; i < slots_.size(); ++i) {
@@ -3201,6 +3267,7 @@ class ParameterServer {
         }
       }
     }
+    stats_.updates_applied += static_cast<std::int64_t>(slots_.size());
   }
 
   void apply_to(const Slot& slot, std::span<float> values, typename O::State& state,
@@ -3208,7 +3275,6 @@ class ParameterServer {
     const UpdateContext context{step_before, variables_[slot.part.variable].name, slot.part.rows,
                                 slot.row_size};
     apply_update(optimizer_, state, values, update, context);
-    ++stats_.updates_applied;
   }
 
   void skip_update(std::int64_t step_before, const Slot& slot) {
@@ -3299,6 +3365,9 @@ class ParameterServer {
   }
 
   static constexpr std::size_t kNotHere = static_cast<std::size_t>(-1);
+  /// Elements a variable may have: 4 TiB of floats, beyond any ps, and no product of its
+  /// shape wraps around on the way.
+  static constexpr std::size_t kMaxElements = std::size_t{1} << 40U;
 
   std::uint32_t task_;
   std::uint32_t num_ps_;
@@ -3330,6 +3399,8 @@ class ParameterServer {
 
   typename P::Pacer pacer_;  ///< the global step and the tokens, as the sync policy keeps them
   std::deque<TokenWaiter> token_waiters_;
+  /// By worker: the connection it took its last token on, which holds its tokens' lease.
+  std::map<std::uint32_t, std::uint64_t> token_session_;
   std::vector<Responder> ready_waiters_;
   std::vector<WaitingPull> waiting_pulls_;
   Stats stats_;
@@ -3649,6 +3720,7 @@ static_assert(SyncPolicy<BoundedStaleness>);
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -3707,6 +3779,7 @@ class SyncReplicas {
     std::int64_t tokens_left = 0;                 ///< tokens of `step` not taken
     std::map<std::uint32_t, std::int64_t> taken;  ///< tokens of `step` taken, by worker
     std::map<std::uint32_t, std::int64_t> held;   ///< ... and not pushed for yet
+    std::set<std::uint32_t> pushed;               ///< workers with a fresh push of `step`
   };
 
   /// An empty accumulator for n-element gradients.
@@ -3734,11 +3807,12 @@ class SyncReplicas {
   }
 
   /// Step 0, with max(R, N) tokens.
-  [[nodiscard]] Pacer make_pacer() const { return {0, 0, tokens_per_step(), {}, {}}; }
+  [[nodiscard]] Pacer make_pacer() const { return {0, 0, tokens_per_step(), {}, {}, {}}; }
 
   /// Stale if tagged before the current step; the R-th fresh push completes the step.
   Verdict on_push(Pacer& pacer, std::uint32_t worker, std::int64_t local_step) const {
     if (local_step < pacer.step) return Verdict::kStale;
+    pacer.pushed.insert(worker);  // first: an insertion that throws leaves the pacer as it was
     if (const auto held = pacer.held.find(worker); held != pacer.held.end()) {
       if (held->second <= 1) {
         pacer.held.erase(held);  // erasing cannot throw
@@ -3752,6 +3826,7 @@ class SyncReplicas {
     pacer.tokens_left = tokens_per_step();  // the old step's untaken tokens are withdrawn
     pacer.taken.clear();
     pacer.held.clear();
+    pacer.pushed.clear();
     return Verdict::kReady;
   }
 
@@ -3776,7 +3851,9 @@ class SyncReplicas {
   std::optional<Token> take_token(Pacer& pacer, std::uint32_t worker) const {
     const bool one_each = replicas_to_aggregate_ <= total_num_replicas_;
     if (pacer.tokens_left == 0) return std::nullopt;
-    if (one_each && pacer.taken.contains(worker)) return std::nullopt;
+    if (one_each && (pacer.taken.contains(worker) || pacer.pushed.contains(worker))) {
+      return std::nullopt;
+    }
     std::int64_t& held = pacer.held[worker];  // insertions first: one that throws
     ++pacer.taken[worker];                     // leaves the pacer as it was
     ++held;
@@ -3808,6 +3885,7 @@ static_assert(SyncPolicy<SyncReplicas>);
 // ---- end pulley/sync/sync_replicas.hpp ----
 // ---- begin pulley/transport/in_process.hpp ----
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -3931,7 +4009,8 @@ class InProcessNetwork {
   /// A served ps task, whatever its Service type.
   struct Host {
     virtual ~Host() = default;
-    virtual void handle(Request&& request, Node from, Responder reply) noexcept = 0;
+    virtual void handle(Request&& request, Node from, std::uint64_t session,
+                        Responder reply) noexcept = 0;
     virtual void disconnected(Node node) noexcept = 0;
     [[nodiscard]] virtual std::uint32_t task() const = 0;
     [[nodiscard]] virtual bool stopped() const = 0;
@@ -3939,12 +4018,13 @@ class InProcessNetwork {
   template <Service S>
   struct HostOf final : Host {
     explicit HostOf(S s) : service(std::move(s)) {}
-    void handle(Request&& request, Node from, Responder reply) noexcept override {
+    void handle(Request&& request, Node from, std::uint64_t session,
+                Responder reply) noexcept override {
       // Requests come from this process's own clients, which check every tensor before
       // they send anything.
-      service.handle(std::move(request), RequestContext{true, from}, std::move(reply));
+      service.handle(std::move(request), RequestContext{true, from, session}, std::move(reply));
     }
-    void disconnected(Node node) noexcept override { notify_disconnected(service, node); }
+    void disconnected(Node node) noexcept override { notify_disconnected(service, node, 0); }
     [[nodiscard]] std::uint32_t task() const override { return service.task(); }
     [[nodiscard]] bool stopped() const override { return service.stopped(); }
     S service;
@@ -3972,6 +4052,7 @@ class InProcessNetwork {
     Request request;
     CallPtr call;
     Node from;
+    std::uint64_t session = 0;
   };
 
   struct Mailbox {
@@ -4086,7 +4167,11 @@ class InProcessNetwork {
       return it != dead_.end() && it->second;
     }
 
-    PendingCall send(Node from, std::uint32_t ps, Request&& request, PullTargets&& targets) {
+    /// A session id for a new endpoint.
+    std::uint64_t new_session() noexcept { return next_session_.fetch_add(1) + 1; }
+
+    PendingCall send(Node from, std::uint64_t session, std::uint32_t ps, Request&& request,
+                     PullTargets&& targets) {
       auto call = std::make_shared<Call>();
       call->targets = std::move(targets);
       PendingCall pending(call);
@@ -4116,7 +4201,7 @@ class InProcessNetwork {
         const bool idle = serving.owns_lock() && box.host && box.queue.empty() &&
                           delay_of(Node::ps(ps)).count() == 0;
         if (!idle && (box.thread_running || !box.host)) {
-          box.queue.push_back({std::move(request), std::move(call), from});
+          box.queue.push_back({std::move(request), std::move(call), from, session});
           box.wake.notify_one();
           return pending;
         }
@@ -4124,7 +4209,7 @@ class InProcessNetwork {
       // Idle, or stopped with no thread left: handled here (a stopped service answers at
       // once, so waiting for another sender's turn is short).
       if (!serving.owns_lock()) serving.lock();
-      handle(box, ps, std::move(request), from, call);
+      handle(box, ps, std::move(request), from, session, call);
       return pending;
     }
 
@@ -4148,7 +4233,7 @@ class InProcessNetwork {
 
     /// Hands one request to the service; the caller holds `box.serving`.
     static void handle(Mailbox& box, std::uint32_t task, Request&& request, Node from,
-                       const CallPtr& call) {
+                       std::uint64_t session, const CallPtr& call) {
       {
         std::scoped_lock lock(box.mutex);
         if (const auto gone = gone_reason(box, task)) {
@@ -4161,7 +4246,7 @@ class InProcessNetwork {
       // One use while the service reads the request's views: a caller that gives up waits
       // for it.
       call->unless_cancelled([&] {
-        box.host->handle(std::move(request), from,
+        box.host->handle(std::move(request), from, session,
                          [call](Response&& r) { call->complete(std::move(r)); });
       });
       if (box.host->stopped()) {
@@ -4194,7 +4279,8 @@ class InProcessNetwork {
           envelope = std::move(box.queue.front());
           box.queue.pop_front();
         }
-        handle(box, task, std::move(envelope.request), envelope.from, envelope.call);
+        handle(box, task, std::move(envelope.request), envelope.from, envelope.session,
+               envelope.call);
       }
     }
 
@@ -4224,6 +4310,7 @@ class InProcessNetwork {
     std::map<Node, std::chrono::microseconds> delays_;
     std::map<Node, bool> dead_;
     std::vector<CallPtr> lost_;
+    std::atomic<std::uint64_t> next_session_{0};
   };
 
   std::shared_ptr<Fabric> fabric_;
@@ -4235,7 +4322,8 @@ class InProcess {
   /// @param network the cluster's fabric
   /// @param self    who is calling: the ps tasks check what its job may send, and the fault
   ///                injector acts on it
-  InProcess(InProcessNetwork& network, Node self) : fabric_(network.fabric_), self_(self) {}
+  InProcess(InProcessNetwork& network, Node self)
+      : fabric_(network.fabric_), self_(self), session_(fabric_->new_session()) {}
 
   /// Number of ps tasks in the network.
   [[nodiscard]] std::size_t num_ps() const noexcept { return fabric_->num_ps(); }
@@ -4244,13 +4332,14 @@ class InProcess {
 
   /// Sends `request` to ps `ps`; see the Transport concept for the contract.
   PendingCall call(std::size_t ps, Request&& request, PullTargets targets = {}) {
-    return fabric_->send(self_, static_cast<std::uint32_t>(ps), std::move(request),
+    return fabric_->send(self_, session_, static_cast<std::uint32_t>(ps), std::move(request),
                          std::move(targets));
   }
 
  private:
   std::shared_ptr<InProcessNetwork::Fabric> fabric_;
   Node self_;
+  std::uint64_t session_;  ///< this endpoint's, as a TCP connection's
 };
 static_assert(Transport<InProcess>);
 
@@ -4415,6 +4504,10 @@ class Worker {
   [[nodiscard]] M& model() noexcept { return model_; }
   /// The model it trains, with the parameters of the last pull.
   [[nodiscard]] const M& model() const noexcept { return model_; }
+  /// Steps whose gradients `ClientOptions::clip_norm` scaled down.
+  [[nodiscard]] std::int64_t clipped_steps() const noexcept { return client_.clipped_steps(); }
+  /// The global norm of the last pushed gradients before clipping (0 unless clipping is on).
+  [[nodiscard]] double last_gradient_norm() const noexcept { return client_.last_gradient_norm(); }
   /// This worker's task index.
   [[nodiscard]] std::uint32_t index() const noexcept { return index_; }
   /// True once `step` returned nullopt: training is over.
@@ -4453,8 +4546,11 @@ class Worker {
 
 // ---- begin pulley/transport/tcp_client.hpp ----
 
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <asio.hpp>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -5522,9 +5618,10 @@ class FrameReader {
     return h.payload_bytes;
   }
   /// Frees the large-payload buffer kept from earlier frames, unless a payload is being
-  /// received into it now.
+  /// received into it, or the last frame handed out views it (until the next `next()` or
+  /// `buffers()`).
   void release_idle() noexcept {
-    if ((direct_ && !routed_) || !own_) return;
+    if ((direct_ && !routed_) || !own_ || own_viewed_) return;
     own_.reset();
     if (budget_ != nullptr) budget_->give(own_capacity_ * sizeof(float));
     own_capacity_ = 0;
@@ -5534,6 +5631,7 @@ class FrameReader {
   /// it, the rest of its destination and then the buffer (so the frames after a large
   /// payload come with its last bytes). Never empty.
   std::span<const std::span<std::byte>> buffers() {
+    own_viewed_ = false;
     scatter_size_ = 0;
     if (direct_) {
       std::uint64_t skip = direct_done_;
@@ -5585,6 +5683,7 @@ class FrameReader {
   /// breaks the protocol or the limits, or whose payload is not the size of its targets.
   template <class Route>
   std::optional<Frame> next(Route&& route) {
+    own_viewed_ = false;
     if (direct_) {
       if (direct_done_ < header_.payload_bytes) return std::nullopt;
       return finish_direct();
@@ -5696,7 +5795,10 @@ class FrameReader {
       throw Malformed("no memory for a payload of " + std::to_string(header_.payload_bytes) +
                       " bytes");
     }
-    if (keep && arrived > 0) std::memcpy(bigger.get(), own_.get(), arrived * sizeof(float));
+    // Every byte that arrived, a float's first bytes included (arrived counts whole ones).
+    if (keep && direct_done_ > 0) {
+      std::memcpy(bigger.get(), own_.get(), static_cast<std::size_t>(direct_done_));
+    }
     own_ = std::move(bigger);
     own_capacity_ = until;
   }
@@ -5747,6 +5849,7 @@ class FrameReader {
       frame.payload = std::span<const float>(
           own_.get(), static_cast<std::size_t>(header_.payload_bytes / sizeof(float)));
       frame.finite = finite_;
+      own_viewed_ = true;
     }
     direct_ = routed_ = asked_ = false;
     targets_ = {};
@@ -5767,6 +5870,7 @@ class FrameReader {
   std::size_t head_at_ = 0;                    ///< where the current frame's head is in the buffer
   std::unique_ptr<float[]> own_;               ///< payloads too large for the buffer, not routed
   std::size_t own_capacity_ = 0;               ///< floats allocated in own_
+  bool own_viewed_ = false;                    ///< the last frame handed out views own_
   std::size_t checked_ = 0;                    ///< floats of own_ checked finite so far
   bool finite_ = true;
   std::array<std::span<float>, 1> own_target_{};
@@ -5900,6 +6004,7 @@ class Tcp {
     PendingPtr reading;         ///< the call whose reply is being received into its targets
     Response reading_response;  ///< that reply, decoded but for its tensors' values
     std::vector<std::size_t> sizes;  ///< scratch: tensor sizes of a reply to route
+    std::chrono::steady_clock::time_point last_active;  ///< the last reply, or connection
   };
 
   class Impl final : public CallDriver {
@@ -5933,6 +6038,9 @@ class Tcp {
         return result;
       }
       Link& link = *links_[ps];
+      if (link.state == State::kConnected && link.pending.empty() && closed_while_quiet(link)) {
+        fail(link, "closed by the ps while idle");  // reconnect below, not fail this call
+      }
       const std::uint64_t id = next_call_++;
       // The payload views alias the request's tensors (the caller's buffers), which stay
       // valid until the call is answered or cancelled; the rest is serialized here.
@@ -5956,6 +6064,19 @@ class Tcp {
         }
         io_.run_one_until(deadline);
       }
+    }
+
+    /// True if the ps closed a connection that has been quiet for a second or more (it
+    /// closes idle ones: TcpServerOptions::idle_timeout), so that a call made now goes out
+    /// on a new connection instead of failing on the old one. A busy link is not asked:
+    /// one look costs a system call.
+    static bool closed_while_quiet(Link& link) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now - link.last_active < std::chrono::seconds(1)) return false;
+      link.last_active = now;
+      char byte = 0;
+      const ssize_t n = ::recv(link.socket.native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+      return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
     }
 
     void abort(CallControl& call) override {
@@ -6090,6 +6211,7 @@ class Tcp {
       link.challenge.reset();
       link.timer.cancel();
       link.state = State::kConnected;
+      link.last_active = std::chrono::steady_clock::now();
       link.reader.set_limits(options_.limits);
       flush(link);  // the receive handler that brought the welcome arms the next receive
       connected(link, {});
@@ -6222,6 +6344,7 @@ class Tcp {
 
     static void on_reply(Link& link, const wire::FrameReader::Frame& frame) {
       replied(link, frame.header.call);  // throws for a reply before its request
+      link.last_active = std::chrono::steady_clock::now();
       const auto it = link.pending.find(frame.header.call);
       if (frame.routed) {
         const PendingPtr pending = std::exchange(link.reading, nullptr);
@@ -6368,8 +6491,8 @@ struct TcpServerOptions {
 /// Every connection begins with the handshake (wire/handshake.hpp): until a client has
 /// proved its job and the job's secret, nothing it sends reaches the service, and a frame
 /// may carry only a few hundred bytes. The task it proved is the request's `peer`, so the
-/// service refuses what that task's job may not send. When the last connection of a task
-/// closes, the service hears of it (`Service::disconnected`: a worker's tokens come back).
+/// service refuses what that task's job may not send. When a task's connection closes, the
+/// service hears of it (`Service::disconnected`: a token taken on it comes back).
 ///
 /// Requests are received many at a time when they are small (a push and its pull arrive in
 /// one receive), and every reply they produce leaves in one gather-write at the end of the
@@ -6461,6 +6584,7 @@ class TcpServer {
         : owner(server),
           socket(std::move(peer_socket)),
           reader(wire::kHandshakeLimits, std::size_t{64} << 10U, &server.budget_),
+          session(++server.sessions_),
           accepted(Clock::now()),
           last_heard(accepted) {
       std::error_code ignored;
@@ -6498,6 +6622,7 @@ class TcpServer {
     transport_detail::ReceiveBuffers receive_buffers;
     std::optional<wire::Challenge> challenge;  ///< sent; until the client answers it
     std::optional<Node> peer;                  ///< the task it proved, after the handshake
+    std::uint64_t session;                     ///< this connection's id, for the service
     std::deque<wire::Frame> replies;   ///< replies with bytes in `unsent` (stable addresses)
     transport_detail::GatherList unsent;  ///< what of them, in order, the kernel has not taken
     std::unique_ptr<char[]> copy;     ///< a copy of unsent bytes that viewed the parameters
@@ -6664,7 +6789,7 @@ class TcpServer {
     ++c->unanswered;
     // The frame reader checked large payloads finite as they arrived; the service checks
     // the rest.
-    service_.handle(std::move(request), RequestContext{frame.finite, c->peer},
+    service_.handle(std::move(request), RequestContext{frame.finite, c->peer, c->session},
                     [this, weak = std::weak_ptr<Connection>(c),
                      call = frame.header.call](Response&& response) {
                       auto connection = weak.lock();
@@ -6698,7 +6823,6 @@ class TcpServer {
       return;
     }
     c->peer = hello.peer;
-    ++peers_[hello.peer];
     c->reader.set_limits(options_.frames);
     queue_frame(c, wire::encode(wire::Handshake{wire::Welcome{
                                     wire::server_proof(options_.credentials.secret, *c->challenge, hello)}},
@@ -6817,13 +6941,9 @@ class TcpServer {
       connections_.erase(it);
     }
     if (c.peer) {
-      const auto it = peers_.find(*c.peer);
-      if (it != peers_.end() && --it->second == 0) {
-        peers_.erase(it);
-        notify_disconnected(service_, *c.peer);
-        // Its tokens may have gone to others, whose replies wait to be written.
-        asio::post(io_, [this] { flush_all(); });
-      }
+      notify_disconnected(service_, *c.peer, c.session);
+      // What it held may have gone to others, whose replies wait to be written.
+      asio::post(io_, [this] { flush_all(); });
     }
     maybe_stop();
   }
@@ -6929,12 +7049,12 @@ class TcpServer {
   bool orphaned_ = false;  ///< run() returned because every client left
   bool accept_failing_ = false;
   bool stopping_ = false;
+  std::uint64_t sessions_ = 0;  ///< connections accepted so far
   Clock::time_point warn_window_{};
   int warned_ = 0;
   std::uint64_t suppressed_ = 0;
   std::vector<ConnectionPtr> dirty_;    ///< connections with replies queued in this batch
   std::vector<ConnectionPtr> viewing_;  ///< connections whose unsent replies view parameters
-  std::map<Node, int> peers_;           ///< open connections of each task that proved itself
   /// Open connections, kept alive here: one whose reading is paused has no handler pending
   /// that would hold it, while requests it made wait in the ps. Destroyed before io_.
   std::map<Connection*, ConnectionPtr> connections_;

@@ -179,3 +179,74 @@ TEST_CASE("targets whose sizes miss the payload's are refused, not overrun") {
                       reader, stream, [] { return std::size_t{4096}; }, routes),
                   wire::Malformed);
 }
+
+TEST_CASE("a payload larger than the growth steps arrives whole however its receives split floats") {
+  // 3 MiB and a float: the payload buffer grows (1 MiB, then twice what arrived) while
+  // receives end in the middle of floats.
+  const auto big = ramp((std::size_t{3} << 20U) / sizeof(float) + 1, 0.25F);
+  std::vector<std::byte> stream;
+  append(stream, wire::encode(Request{Push{0, 1, {{0, big}}}}, 1));
+  append(stream, wire::encode(Request{GetStats{}}, 2));
+  for (const std::size_t size : {std::size_t{65537}, std::size_t{100003}, std::size_t{1} << 20U}) {
+    CAPTURE(size);
+    wire::MemoryBudget budget(std::uint64_t{64} << 20U);
+    std::map<std::uint64_t, std::vector<std::span<float>>> none;
+    {
+      FrameReader reader({}, 4096, &budget);
+      const auto frames = feed(reader, stream, [&] { return size; }, none);
+      REQUIRE(frames.size() == 2);
+      CHECK(frames[0].payload == big);
+      CHECK(frames[0].finite);
+      // Charged: the receive buffer and the payload buffer, at most twice what arrived.
+      CHECK(budget.used() > big.size() * sizeof(float));
+      CHECK(budget.used() <= 4096 + 2 * big.size() * sizeof(float));
+      reader.release_idle();  // between frames the payload buffer may go back
+      CHECK(budget.used() == 4096);
+    }
+    CHECK(budget.used() == 0);  // and everything, when the reader goes
+  }
+}
+
+TEST_CASE("a payload that would overdraw the memory budget is refused as it grows") {
+  const auto big = ramp((std::size_t{8} << 20U) / sizeof(float), 1.0F);
+  std::vector<std::byte> stream;
+  append(stream, wire::encode(Request{Push{0, 1, {{0, big}}}}, 1));
+  wire::MemoryBudget budget(std::uint64_t{3} << 20U);
+  bool reclaimed = false;
+  budget.reclaim = [&] { reclaimed = true; };
+  std::map<std::uint64_t, std::vector<std::span<float>>> none;
+  FrameReader reader({}, 4096, &budget);
+  CHECK_THROWS_WITH_AS(feed(reader, stream, [] { return std::size_t{1} << 20U; }, none),
+                       doctest::Contains("memory budget (3 MiB across all connections)"),
+                       wire::Malformed);
+  CHECK(reclaimed);  // the owner was asked to give back idle buffers first
+  CHECK(budget.used() <= budget.limit());
+}
+
+TEST_CASE("a payload buffer a frame still views is not given back") {
+  const auto big = ramp((std::size_t{2} << 20U) / sizeof(float), 3.0F);
+  std::vector<std::byte> stream;
+  append(stream, wire::encode(Request{Push{0, 1, {{0, big}}}}, 1));
+  wire::MemoryBudget budget(std::uint64_t{64} << 20U);
+  FrameReader reader({}, 4096, &budget);
+  std::size_t at = 0;
+  std::optional<FrameReader::Frame> frame;
+  auto keep = [](const wire::Header&, std::span<const char>) {
+    return std::span<const std::span<float>>();
+  };
+  while (!frame) {
+    const auto spans = reader.buffers();
+    const std::size_t n = std::min(spans[0].size(), stream.size() - at);
+    std::memcpy(spans[0].data(), stream.data() + at, n);
+    reader.commit(n);
+    at += n;
+    frame = reader.next(keep);
+  }
+  const std::uint64_t held = budget.used();
+  reader.release_idle();  // e.g. the budget reclaiming for another connection meanwhile
+  CHECK(budget.used() == held);
+  CHECK(std::equal(frame->payload.begin(), frame->payload.end(), big.begin(), big.end()));
+  CHECK_FALSE(reader.next(keep));  // the frame is done with: now it may go
+  reader.release_idle();
+  CHECK(budget.used() < held);
+}

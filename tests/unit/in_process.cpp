@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <cmath>
 #include <limits>
 #include <optional>
 #include <stdexcept>
@@ -357,5 +358,41 @@ TEST_CASE("a snapshot is one global step on every ps, even while one ps lags beh
     }
   }
   CHECK(shots[0].step >= 10);
+  chief.shutdown();
+}
+
+TEST_CASE("with clip_norm a worker pushes its gradients scaled to that global norm") {
+  Cluster<RoundRobin, Sgd, SyncReplicas> cluster(2, Sgd{1.0F}, SyncReplicas(1, 1));
+  Chief chief(cluster.endpoint(Node::chief()), 1);
+  chief.initialize(LinearModel(4, 2).variables());
+  const auto before = chief.read_variables();
+  ClientOptions clipping;
+  clipping.clip_norm = 0.5F;
+  Worker worker(0, LinearModel(4, 2), cluster.endpoint(Node::worker(0)), clipping);
+  worker.wait_ready();
+  testing::LinearData data(4, 4, 2, 1);
+  for (float& y : data.y) y *= 1000.0F;  // a gradient far beyond the clip norm
+  REQUIRE(worker.step({data.x, data.y}).has_value());
+  CHECK(worker.clipped_steps() == 1);
+  CHECK(worker.last_gradient_norm() > 10.0);
+  // With rate 1, the update is the clipped gradient itself: its norm across both
+  // variables (on both ps tasks) is the clip norm.
+  const auto after = chief.read_variables();
+  double squares = 0.0;
+  for (std::size_t v = 0; v < after.size(); ++v) {
+    for (std::size_t i = 0; i < after[v].size(); ++i) {
+      const double d = static_cast<double>(after[v][i]) - before[v][i];
+      squares += d * d;
+    }
+  }
+  CHECK(std::sqrt(squares) == doctest::Approx(0.5).epsilon(1e-4));
+  // A gradient within the norm goes as it is.
+  ClientOptions loose;
+  loose.clip_norm = 1e9F;
+  Worker other(0, LinearModel(4, 2), cluster.endpoint(Node::worker(0)), loose);
+  other.wait_ready();
+  REQUIRE(other.step({data.x, data.y}).has_value());
+  CHECK(other.clipped_steps() == 0);
+  CHECK(other.last_gradient_norm() > 0.0);
   chief.shutdown();
 }

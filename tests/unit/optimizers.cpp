@@ -2,6 +2,10 @@
 // Each optimizer against values worked out by hand from its update formula.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <iterator>
+#include <random>
 #include <vector>
 
 #include "pulley/optimizers/adagrad.hpp"
@@ -91,4 +95,68 @@ TEST_CASE("optimizer state is per part: two parts updated independently stay ind
   CHECK(sa.t == 2);
   CHECK(sb.t == 1);
   CHECK(a[0] < b[0]);
+}
+
+namespace {
+
+/// Applies `optimizer` to copies and says whether every weight and slot stayed finite.
+template <class O>
+bool apply_stays_finite(const O& optimizer, const typename O::State& state, std::vector<float> w,
+                        const std::vector<float>& g) {
+  auto s = state;
+  optimizer.apply(s, w, g);
+  bool finite = std::all_of(w.begin(), w.end(), [](float x) { return std::isfinite(x); });
+  if constexpr (requires { s.m; }) {
+    for (const auto* slot : {&s.m, &s.v}) {
+      finite = finite && std::all_of(slot->begin(), slot->end(), [](float x) { return std::isfinite(x); });
+    }
+  } else if constexpr (requires { s.accumulation; }) {
+    finite = finite && std::all_of(s.accumulation.begin(), s.accumulation.end(),
+                                   [](float x) { return std::isfinite(x); });
+  } else if constexpr (requires { s.accumulator; }) {
+    finite = finite && std::all_of(s.accumulator.begin(), s.accumulator.end(),
+                                   [](float x) { return std::isfinite(x); });
+  }
+  return finite;
+}
+
+/// stays_finite is never optimistic (true only when apply stays finite), and says true for
+/// every gradient of an everyday size.
+template <class O>
+void check_prediction(const O& optimizer) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> unit(-1.0F, 1.0F);
+  const float scales[] = {0.0F, 1e-3F, 1.0F, 1e3F, 1e18F, 1e19F, 1e20F, 1e30F, 1e36F, 1e37F, 1e38F,
+                          3e38F};
+  int refused = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const float wscale = scales[static_cast<std::size_t>(trial) % std::size(scales)];
+    const float gscale = scales[static_cast<std::size_t>(trial / 12) % std::size(scales)];
+    std::vector<float> w(8), g(8);
+    for (float& x : w) x = unit(rng) * wscale;
+    for (float& x : g) x = unit(rng) * gscale;
+    auto state = optimizer.make_state(w.size());
+    if (trial % 3 == 1) optimizer.apply(state, w, g);  // a state that saw a gradient already
+    const bool predicted = optimizer.stays_finite(state, w, g);
+    CAPTURE(trial);
+    if (predicted) CHECK(apply_stays_finite(optimizer, state, w, g));
+    if (wscale <= 1e3F && gscale <= 1e3F) CHECK(predicted);  // no refusal of real gradients
+    refused += predicted ? 0 : 1;
+  }
+  CHECK(refused > 0);  // the extremes were tried
+}
+
+}  // namespace
+
+TEST_CASE("each stock optimizer predicts finiteness: never optimistic, never in the way") {
+  check_prediction(pulley::Sgd{0.1F});
+  check_prediction(pulley::Momentum{0.1F, 0.9F, false});
+  check_prediction(pulley::Momentum{0.1F, 0.9F, true});
+  check_prediction(pulley::Adagrad{0.1F});
+  check_prediction(pulley::Adam{0.01F});
+  // Adam refuses a gradient whose square overflows its second moment, as a finite weight
+  // update would hide it (every parameter would freeze).
+  const pulley::Adam adam{0.001F};
+  const std::vector<float> w{1.0F}, g{3e38F};
+  CHECK_FALSE(adam.stays_finite(adam.make_state(1), w, g));
 }

@@ -144,6 +144,11 @@ TEST_CASE("invalid models are refused at registration") {
         ErrorCode::kInvalidArgument);
   CHECK(error_of(call(ps, Register{{{"", {2}, {}}}})) == ErrorCode::kInvalidArgument);
   CHECK(error_of(call(ps, Register{{{"empty", {0, 3}, {}}}})) == ErrorCode::kInvalidArgument);
+  // A shape whose product wraps around (2^66 elements would read as 4) is no small model.
+  const std::size_t big = std::size_t{1} << 33U;
+  const auto wraps = call(ps, Register{{{"huge", {big, big, 4}, {}}}});
+  CHECK(error_of(wraps) == ErrorCode::kInvalidArgument);
+  CHECK(std::get<ErrorReply>(wraps).message.find("more elements than a ps can hold") != std::string::npos);
   CHECK(std::holds_alternative<PlacementReply>(call(ps, Register{kModel})));
   CHECK_THROWS_AS((ParameterServer<RoundRobin, Sgd, Async>(2, 2, Sgd{}, Async{})), Error);
 }
@@ -370,4 +375,159 @@ TEST_CASE("BoundedStaleness at the message level: tokens wait for the slowest, p
   REQUIRE(gated->has_value());
   CHECK(std::get<PullReply>(**gated).global_step == 1);
   CHECK(read(ps, 1) == std::vector<float>{2, 3});  // three pushes, each applied
+}
+
+namespace {
+
+template <class Server>
+Response call_as(Server& ps, Request request, Node peer, std::uint64_t session = 1) {
+  std::optional<Response> out;
+  ps.handle(std::move(request), RequestContext{false, peer, session},
+            [&](Response&& r) { out = std::move(r); });
+  REQUIRE(out.has_value());
+  return std::move(*out);
+}
+
+}  // namespace
+
+TEST_CASE("each request is taken only from the jobs that may send it") {
+  auto ps = ready_server(Async{});
+  const std::vector<float> g{1, 1};
+  const Node worker = Node::worker(0), chief = Node::chief(), evaluator = Node::evaluator();
+  // The chief registers, initializes and ends training; nobody else.
+  CHECK(error_of(call_as(ps, Register{kModel}, worker)) == ErrorCode::kPermissionDenied);
+  CHECK(error_of(call_as(ps, Initialize{{{1, g}}}, evaluator)) == ErrorCode::kPermissionDenied);
+  CHECK(error_of(call_as(ps, Shutdown{}, worker)) == ErrorCode::kPermissionDenied);
+  const auto denied = call_as(ps, Shutdown{}, evaluator);
+  CHECK(std::get<ErrorReply>(denied).message.find("only a chief may send it") != std::string::npos);
+  // Workers take tokens and push, for their own index only.
+  CHECK(error_of(call_as(ps, push_b(0, 0, g), chief)) == ErrorCode::kPermissionDenied);
+  CHECK(error_of(call_as(ps, TakeToken{0}, evaluator)) == ErrorCode::kPermissionDenied);
+  CHECK(error_of(call_as(ps, push_b(1, 0, g), worker)) == ErrorCode::kPermissionDenied);
+  CHECK(error_of(call_as(ps, TakeToken{1}, worker)) == ErrorCode::kPermissionDenied);
+  CHECK(read(ps, 1) == std::vector<float>{5, 6});  // nothing of it was applied
+  // What each may do, it may.
+  CHECK(std::holds_alternative<PushReply>(call_as(ps, push_b(0, 0, g), worker)));
+  CHECK(std::holds_alternative<TokenReply>(call_as(ps, TakeToken{0}, worker)));
+  CHECK(std::holds_alternative<PullReply>(call_as(ps, Pull{0, {{1, {0, 2}}}}, evaluator)));
+  CHECK(std::holds_alternative<StatsReply>(call_as(ps, GetStats{}, evaluator)));
+  CHECK(std::holds_alternative<PlacementReply>(call_as(ps, Register{kModel}, chief)));
+  CHECK(std::holds_alternative<Ack>(call_as(ps, Shutdown{}, chief)));
+}
+
+TEST_CASE("a pull may ask for each row once: a reply is never larger than what the ps holds") {
+  auto ps = ready_server(Async{});
+  CHECK(error_of(call(ps, Pull{0, {{0, {0, 2}}, {0, {0, 2}}}})) == ErrorCode::kInvalidArgument);
+  const auto overlap = call(ps, Pull{0, {{1, {0, 2}}, {0, {0, 1}}, {1, {1, 2}}}});
+  CHECK(error_of(overlap) == ErrorCode::kInvalidArgument);
+  CHECK(std::get<ErrorReply>(overlap).message.find("twice") != std::string::npos);
+  // Adjacent or separate rows of one part are fine, in any order.
+  const auto ok = call(ps, Pull{0, {{0, {1, 2}}, {1, {0, 2}}, {0, {0, 1}}}});
+  REQUIRE(std::holds_alternative<PullReply>(ok));
+  CHECK(std::get<PullReply>(ok).values.size() == 3);
+  CHECK(ps.max_request_payload() == 6 * sizeof(float));
+}
+
+TEST_CASE("a token is a lease on the connection it was taken on") {
+  ParameterServer<RoundRobin, Sgd, SyncReplicas> ps(0, 1, Sgd{1.0F}, SyncReplicas(2, 2));
+  call(ps, Register{kModel});
+  const std::vector<float> w{1, 2, 3, 4}, b{5, 6}, g{1, 1};
+  call(ps, Initialize{{{0, w}, {1, b}}});
+  const Node one = Node::worker(1);
+  // Worker 1 takes its token of step 0 on connection 10, and that connection goes.
+  REQUIRE(std::holds_alternative<TokenReply>(call_as(ps, TakeToken{1}, one, 10)));
+  // A process in its place (connection 11) asks for a token: one per worker per step.
+  std::optional<Response> second;
+  ps.handle(TakeToken{1}, RequestContext{false, one, 11}, [&](Response&& r) { second = std::move(r); });
+  CHECK_FALSE(second.has_value());
+  ps.disconnected(one, 99);  // another connection of worker 1: not the lease holder
+  CHECK_FALSE(second.has_value());
+  ps.disconnected(one, 10);  // the holder: its token comes back, to the one waiting
+  REQUIRE(second.has_value());
+  CHECK(std::get<TokenReply>(*second).token.local_step == 0);
+  // Worker 1 pushes on 11; that connection goes too: nothing to give back, and worker 1 may
+  // not take a second token of the step it pushed for.
+  CHECK(std::holds_alternative<PushReply>(call_as(ps, push_b(1, 0, g), one, 11)));
+  ps.disconnected(one, 11);
+  std::optional<Response> third;
+  ps.handle(TakeToken{1}, RequestContext{false, one, 12}, [&](Response&& r) { third = std::move(r); });
+  CHECK_FALSE(third.has_value());
+  // A parked request whose connection goes is answered, not left to take a token later.
+  ps.disconnected(one, 12);
+  REQUIRE(third.has_value());
+  CHECK(error_of(*third) == ErrorCode::kUnavailable);
+}
+
+TEST_CASE("a sync step whose mean overflows float is skipped, counted, and the step moves on") {
+  // Sgd with rate 0.1 accepts each 3e38 gradient (w - 3e37 is finite); their sum is not.
+  ParameterServer<RoundRobin, Sgd, SyncReplicas> ps(0, 1, Sgd{0.1F}, SyncReplicas(2, 2));
+  call(ps, Register{kModel});
+  const std::vector<float> w{1, 2, 3, 4}, b{5, 6}, huge{3e38F, 3e38F};
+  call(ps, Initialize{{{0, w}, {1, b}}});
+  CHECK(std::holds_alternative<PushReply>(call(ps, push_b(0, 0, huge))));
+  CHECK(std::holds_alternative<PushReply>(call(ps, push_b(1, 0, huge))));
+  const Stats stats = ps.stats();
+  CHECK(stats.global_step == 1);
+  CHECK(stats.updates_refused == 1);
+  CHECK(stats.updates_applied == 0);
+  CHECK(read(ps, 1) == std::vector<float>{5, 6});
+}
+
+namespace {
+
+/// An optimizer that does not predict finiteness: the ps applies it to copies.
+struct Blowup {
+  float learning_rate = 1.0F;
+  struct State {
+    std::vector<float> count;
+  };
+  State make_state(std::size_t n) const { return {std::vector<float>(n, 0.0F)}; }
+  void apply(State& state, std::span<float> w, std::span<const float> g) const {
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      state.count[i] += 1.0F;
+      w[i] = w[i] * learning_rate - g[i];
+    }
+  }
+};
+
+/// The same, with a State that cannot be copied.
+struct UncopyableBlowup {
+  struct State {
+    std::unique_ptr<int> marker;
+  };
+  State make_state(std::size_t) const { return {std::make_unique<int>(0)}; }
+  void apply(State&, std::span<float> w, std::span<const float> g) const {
+    for (std::size_t i = 0; i < w.size(); ++i) w[i] = w[i] * 1e38F - g[i];
+  }
+};
+
+}  // namespace
+
+TEST_CASE("an optimizer that cannot predict finiteness is applied to copies kept only if finite") {
+  ParameterServer<RoundRobin, Blowup, Async> ps(0, 1, Blowup{1e38F}, Async{});
+  call(ps, Register{kModel});
+  const std::vector<float> w{1, 2, 3, 4}, b{5, 6}, g{1, 1};
+  call(ps, Initialize{{{0, w}, {1, b}}});
+  // 5 * 1e38 overflows: the update is skipped on every part, and the state kept too.
+  CHECK(std::holds_alternative<PushReply>(call(ps, push_b(0, 0, g))));
+  CHECK(read(ps, 1) == std::vector<float>{5, 6});
+  CHECK(read(ps, 0) == std::vector<float>{1, 2, 3, 4});
+  CHECK(ps.stats().updates_refused == 1);
+  CHECK(ps.stats().updates_applied == 0);
+
+  ParameterServer<RoundRobin, Blowup, Async> tame(0, 1, Blowup{1.0F}, Async{});
+  call(tame, Register{kModel});
+  call(tame, Initialize{{{0, w}, {1, b}}});
+  CHECK(std::holds_alternative<PushReply>(call(tame, push_b(0, 0, g))));
+  CHECK(read(tame, 1) == std::vector<float>{4, 5});  // applied: 5 - 1, 6 - 1
+  CHECK(tame.stats().updates_applied == 2);
+
+  // Without a copyable State nothing can be undone: the ps fails rather than serve Inf.
+  ParameterServer<RoundRobin, UncopyableBlowup, Async> stuck(0, 1, UncopyableBlowup{}, Async{});
+  call(stuck, Register{kModel});
+  call(stuck, Initialize{{{0, w}, {1, b}}});
+  const auto failed = call(stuck, push_b(0, 0, g));
+  CHECK(error_of(failed) == ErrorCode::kInternal);
+  CHECK(std::get<ErrorReply>(failed).message.find("went non-finite") != std::string::npos);
+  CHECK(stuck.stopped());
 }

@@ -22,8 +22,10 @@
 #include "pulley/sync/bounded_staleness.hpp"
 #include "pulley/sync/sync_replicas.hpp"
 #include "support/linear_model.hpp"
+#include "support/log_capture.hpp"
 
 using namespace pulley;
+using pulley::testing::LogCapture;
 using pulley::testing::LinearBatch;
 using pulley::testing::LinearData;
 using pulley::testing::LinearModel;
@@ -31,32 +33,6 @@ using pulley::testing::LinearModel;
 namespace {
 
 /// Captures pulley's log lines while it lives.
-class LogCapture {
- public:
-  LogCapture()
-      : previous_(set_log_sink([this](LogLevel level, std::string_view line) {
-          std::scoped_lock lock(mutex_);
-          lines_.push_back({level, std::string(line)});
-        })) {}
-  ~LogCapture() { set_log_sink(previous_); }
-  LogCapture(const LogCapture&) = delete;
-  LogCapture& operator=(const LogCapture&) = delete;
-
-  /// The lines of `level` that contain `text`.
-  std::vector<std::string> find(LogLevel level, const std::string& text) {
-    std::scoped_lock lock(mutex_);
-    std::vector<std::string> found;
-    for (const auto& [l, line] : lines_) {
-      if (l == level && line.find(text) != std::string::npos) found.push_back(line);
-    }
-    return found;
-  }
-
- private:
-  std::mutex mutex_;
-  std::vector<std::pair<LogLevel, std::string>> lines_;
-  LogSink previous_;
-};
 
 /// A linear-regression job: 60 steps, evaluated every 20.
 struct Recorded {

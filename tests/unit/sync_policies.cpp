@@ -138,3 +138,31 @@ TEST_CASE("BoundedStaleness refuses what no worker could send, and changes nothi
   CHECK_THROWS_AS(pulley::BoundedStaleness(-1, 2), pulley::Error);
   CHECK_THROWS_AS(pulley::BoundedStaleness(1, 0), pulley::Error);
 }
+
+TEST_CASE("SyncReplicas gives back the tokens of a worker that left without pushing") {
+  const pulley::SyncReplicas sync{2, 2};
+  auto pacer = sync.make_pacer();
+  REQUIRE(sync.take_token(pacer, 0).has_value());
+  REQUIRE(sync.take_token(pacer, 1).has_value());
+  CHECK_FALSE(sync.take_token(pacer, 1).has_value());  // one each
+  sync.release(pacer, 1);                               // worker 1 left holding it
+  CHECK(sync.take_token(pacer, 1).has_value());          // its successor takes it again
+  CHECK(sync.on_push(pacer, 1, 0) == Verdict::kPending);
+  sync.release(pacer, 1);  // it pushed: nothing to give back...
+  CHECK_FALSE(sync.take_token(pacer, 1).has_value());  // ...and no second token of the step
+  sync.release(pacer, 0);  // worker 0's token comes back, as it had not pushed
+  CHECK(sync.take_token(pacer, 0).has_value());
+  CHECK(sync.on_push(pacer, 0, 0) == Verdict::kReady);
+  // A step that completes ends every lease of it: step 1 starts with all its tokens.
+  CHECK(sync.take_token(pacer, 0)->local_step == 1);
+  CHECK(sync.take_token(pacer, 1)->local_step == 1);
+}
+
+TEST_CASE("a worker that pushed for a step gets no second token of it, even after a release") {
+  const pulley::SyncReplicas sync{2, 2};
+  auto pacer = sync.make_pacer();
+  REQUIRE(sync.take_token(pacer, 0).has_value());
+  sync.release(pacer, 0);  // its connection went first...
+  CHECK(sync.on_push(pacer, 0, 0) == Verdict::kPending);  // ...then its push came on a new one
+  CHECK_FALSE(sync.take_token(pacer, 0).has_value());
+}

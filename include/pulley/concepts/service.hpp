@@ -28,6 +28,10 @@ struct RequestContext {
   /// it); the service refuses what that task's job may not send (`kSenders`). nullopt: a
   /// caller the transport does not name, trusted (pulley's transports always name it).
   std::optional<Node> peer;
+  /// The connection (or in-process endpoint) it came on, unique while the transport lives;
+  /// 0: unknown. What a peer takes on a connection (a sync token) it holds while that
+  /// connection lives: see `disconnected`.
+  std::uint64_t session = 0;
 };
 
 /// The server half of a transport's contract: what a transport serves. A ParameterServer is
@@ -39,9 +43,10 @@ struct RequestContext {
 ///   - `s.stopped()` → bool: true once it serves no more (shut down, or failed)
 ///
 /// Optional:
-///   - `s.disconnected(node)`: the transport lost its last connection from task `node` (the
-///     process ended, or the link broke). The service gives back what that task held, such
-///     as a sync token it took and will not push for (a lease).
+///   - `s.disconnected(node, session)`, noexcept: the transport lost connection `session`
+///     from task `node` (its process ended, or the link broke; session 0: every connection
+///     of that task, e.g. an in-process task that was killed). The service gives back what
+///     was taken on it, such as a sync token whose push will not come (a lease).
 ///   - `s.max_request_payload()` → std::uint64_t: the most tensor bytes a request can
 ///     legitimately carry now (a ParameterServer: the bytes of the parts it holds). A
 ///     transport refuses a frame that claims more before it receives any of it.
@@ -64,12 +69,14 @@ concept Service = requires(S& service, const S& cservice, Request&& request,
   { cservice.stopped() } -> std::convertible_to<bool>;
 };
 
-/// Tells `service` that task `node` left, if the service cares (`disconnected`).
+/// Tells `service` that connection `session` of task `node` is gone, if the service cares
+/// (`disconnected`).
 template <Service S>
-void notify_disconnected(S& service, const Node& node) noexcept {
-  if constexpr (requires { service.disconnected(node); }) {
-    static_assert(noexcept(service.disconnected(node)), "Service::disconnected must be noexcept");
-    service.disconnected(node);
+void notify_disconnected(S& service, const Node& node, std::uint64_t session) noexcept {
+  if constexpr (requires { service.disconnected(node, session); }) {
+    static_assert(noexcept(service.disconnected(node, session)),
+                  "Service::disconnected must be noexcept");
+    service.disconnected(node, session);
   }
 }
 

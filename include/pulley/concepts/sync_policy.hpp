@@ -58,10 +58,11 @@ struct Token {
 /// Optional:
 ///   - `p.waiting_for(pacer)` → `std::string`: what the next step waits for, in words; the
 ///     ps reports it (StatsReply) and clients quote it when a token or a step never comes
-///   - `p.release(pacer, worker)` → void, noexcept: worker `worker` is gone (its process
-///     ended or its link broke): give back the tokens it took and did not push for, so a
-///     vanished taker cannot hold a step up (a token is a lease). The worker may come back
-///     and take tokens again.
+///   - `p.release(pacer, worker)` → void, noexcept: the connection worker `worker` took its
+///     last token on is gone (its process ended, or its link broke): give back the tokens
+///     it took and did not push for, so a vanished taker cannot hold a step up (a token is
+///     a lease). The worker, or a process restarted in its place, may take tokens again; a
+///     worker that pushed for a step still may not take a second token of it when R <= N.
 ///
 /// Semantic contract:
 ///   - the ps calls `on_push` once per push message, after checking it and before touching

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -333,6 +334,7 @@ class Client {
     if (gradients.size() != variables_.size()) {
       throw Error(ErrorCode::kInvalidArgument, "push needs one gradient per variable");
     }
+    if (options_.clip_norm > 0.0F) gradients = clipped(gradients);
     std::vector<Push> pushes(num_ps(), Push{worker, local_step, {}});
     for (const Part& part : placement_.parts) {
       const std::size_t row_size = variables_[part.variable].row_size();
@@ -359,6 +361,37 @@ class Client {
     }
   }
 
+  /// `gradients` scaled by clip_norm / their global norm when that norm is larger (TF's
+  /// clip_by_global_norm), copied into buffers of this client; as they are otherwise. A
+  /// non-finite norm leaves them as they are, for the finiteness check to refuse.
+  std::span<const std::span<const float>> clipped(std::span<const std::span<const float>> gradients) {
+    double squares = 0.0;
+    for (const std::span<const float> g : gradients) {
+      for (const float x : g) squares += static_cast<double>(x) * static_cast<double>(x);
+    }
+    const double norm = std::sqrt(squares);
+    last_norm_ = norm;
+    if (!(norm > options_.clip_norm) || !std::isfinite(norm)) return gradients;
+    const auto scale = static_cast<float>(options_.clip_norm / norm);
+    clipped_.resize(gradients.size());
+    clipped_views_.clear();
+    for (std::size_t v = 0; v < gradients.size(); ++v) {
+      clipped_[v].resize(gradients[v].size());
+      std::transform(gradients[v].begin(), gradients[v].end(), clipped_[v].begin(),
+                     [scale](float x) { return x * scale; });
+      clipped_views_.emplace_back(clipped_[v]);
+    }
+    ++clipped_steps_;
+    return clipped_views_;
+  }
+
+ public:
+  /// Pushes whose gradients `ClientOptions::clip_norm` scaled down.
+  [[nodiscard]] std::int64_t clipped_steps() const noexcept { return clipped_steps_; }
+  /// The global norm of the last push's gradients, when clipping is on (else 0).
+  [[nodiscard]] double last_gradient_norm() const noexcept { return last_norm_; }
+
+ private:
   /// The lowest global step reported by the pull replies from index `first` on.
   static std::int64_t lowest_step(CallGroup& group, std::size_t first) {
     std::int64_t step = std::numeric_limits<std::int64_t>::max();
@@ -430,6 +463,10 @@ class Client {
 
   T transport_;
   ClientOptions options_;
+  std::vector<std::vector<float>> clipped_;           ///< gradients scaled by clipping
+  std::vector<std::span<const float>> clipped_views_;  ///< views of them, by variable
+  std::int64_t clipped_steps_ = 0;
+  double last_norm_ = 0.0;
   Placement placement_;
   std::vector<VariableSpec> variables_;
 };

@@ -2,10 +2,14 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cstdint>
+#include <string>
 
+#include "pulley/client_options.hpp"
 #include "pulley/cluster/slurm.hpp"
 #include "pulley/runner/job.hpp"
+#include "pulley/transport/tcp.hpp"
 
 namespace pulley {
 
@@ -54,8 +58,51 @@ inline void add_job_flags(CLI::App& app, JobFlags& flags) {
       ->group(group);
   // A mistake is one line naming it; the usage only on --help.
   app.failure_message([](const CLI::App* failed, const CLI::Error& e) {
-    return failed->get_name() + ": " + e.what() + " (--help lists the flags)\n";
+    std::string name = failed->get_name();
+    name.erase(0, name.find_last_of('/') + 1);  // the program, not its path
+    return name + ": " + e.what() + " (--help lists the flags)\n";
   });
+}
+
+/// Adds the flags of the limits a job runs under (README, Limits), in a "Limits" group,
+/// writing into the options the role runner takes (`Training::client`, `::tcp`, `::server`).
+/// Times are in milliseconds, sizes in bytes; every one keeps its default unless given.
+inline void add_limit_flags(CLI::App& app, ClientOptions& client, TcpOptions& tcp,
+                            TcpServerOptions& server) {
+  const std::string group = "Limits";
+  auto millis = [&](const char* name, std::chrono::milliseconds& value, const char* what) {
+    app.add_option_function<std::int64_t>(
+           name, [&value](std::int64_t ms) { value = std::chrono::milliseconds(ms); }, what)
+        ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40))
+        ->group(group);
+  };
+  millis("--request-timeout-ms", client.request_timeout, "a request a ps answers at once");
+  millis("--wait-timeout-ms", client.wait_timeout,
+         "readiness, tokens and step-gated pulls while no ps makes progress");
+  app.add_option("--clip-norm", client.clip_norm,
+                 "workers: scale each push's gradients down to this global norm (0: off)")
+      ->check(CLI::Range(0.0F, 1e30F))
+      ->group(group);
+  millis("--connect-timeout-ms", tcp.connect_timeout, "waiting for a ps that is not up");
+  millis("--attempt-timeout-ms", tcp.attempt_timeout, "one connection attempt, handshake included");
+  app.add_option("--ps-max-buffered-bytes", server.max_buffered_bytes,
+                 "ps: bytes held for all connections together (buffers, unread replies)")
+      ->check(CLI::Range(std::uint64_t{1} << 20U, std::uint64_t{1} << 50U))
+      ->group(group);
+  app.add_option("--ps-max-connections", server.max_connections, "ps: open connections at most")
+      ->check(CLI::Range(1, 1 << 20))
+      ->group(group);
+  app.add_option("--ps-max-unsent-bytes", server.max_unsent_bytes,
+                 "ps: unsent reply bytes before it stops reading a connection")
+      ->check(CLI::Range(std::uint64_t{1} << 10U, std::uint64_t{1} << 50U))
+      ->group(group);
+  millis("--ps-handshake-timeout-ms", server.handshake_timeout, "ps: time to complete the handshake");
+  millis("--ps-frame-timeout-ms", server.frame_timeout,
+         "ps: time for a frame begun to be whole (plus its payload at 1 MiB/s)");
+  millis("--ps-idle-timeout-ms", server.idle_timeout, "ps: a connection with nothing to do is closed after");
+  millis("--ps-linger-ms", server.linger, "ps: answering after training ended, while clients stay");
+  millis("--ps-orphaned-after-ms", server.orphaned_after,
+         "ps: giving up once every client left without the chief ending training");
 }
 
 }  // namespace pulley

@@ -19,6 +19,7 @@
 #include "pulley/concepts/optimizer.hpp"
 #include "pulley/concepts/sharding.hpp"
 #include "pulley/concepts/sync_policy.hpp"
+#include "pulley/detail/finite.hpp"
 #include "pulley/evaluator.hpp"
 #include "pulley/log.hpp"
 #include "pulley/parameter_server.hpp"
@@ -91,6 +92,19 @@ void load(M& model, const Snapshot& shot) {
   }
 }
 
+/// Throws kInternal naming the first variable of `shot` with a value that is not finite: a
+/// job whose parameters diverged ends with an error, never "successfully". (The ps tasks
+/// refuse updates that would get there; this is the last line, for any that slipped by.)
+inline void check_finite(const Snapshot& shot, const std::vector<VariableSpec>& variables) {
+  for (std::size_t v = 0; v < shot.values.size(); ++v) {
+    if (!detail::all_finite(shot.values[v])) {
+      throw Error(ErrorCode::kInternal, "the parameters of '" + variables.at(v).name +
+                                            "' are not finite at global step " +
+                                            std::to_string(shot.step) + ": training diverged");
+    }
+  }
+}
+
 /// A worker: steps until training is over.
 template <Model M, Transport T>
 void work(const Training<M>& training, std::uint32_t index, std::uint32_t num_workers,
@@ -123,6 +137,7 @@ void lead(const Training<M>& training, T transport) {
     const auto steps = evaluation_steps(training.evaluate_every, training.last_step);
     for (const std::int64_t step : steps) {
       const Snapshot shot = chief.snapshot(step);
+      check_finite(shot, chief.variables());
       Evaluation evaluation;
       evaluation.step = shot.step;
       evaluation.consistent = shot.consistent;

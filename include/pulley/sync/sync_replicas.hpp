@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -67,6 +68,7 @@ class SyncReplicas {
     std::int64_t tokens_left = 0;                 ///< tokens of `step` not taken
     std::map<std::uint32_t, std::int64_t> taken;  ///< tokens of `step` taken, by worker
     std::map<std::uint32_t, std::int64_t> held;   ///< ... and not pushed for yet
+    std::set<std::uint32_t> pushed;               ///< workers with a fresh push of `step`
   };
 
   /// An empty accumulator for n-element gradients.
@@ -94,11 +96,12 @@ class SyncReplicas {
   }
 
   /// Step 0, with max(R, N) tokens.
-  [[nodiscard]] Pacer make_pacer() const { return {0, 0, tokens_per_step(), {}, {}}; }
+  [[nodiscard]] Pacer make_pacer() const { return {0, 0, tokens_per_step(), {}, {}, {}}; }
 
   /// Stale if tagged before the current step; the R-th fresh push completes the step.
   Verdict on_push(Pacer& pacer, std::uint32_t worker, std::int64_t local_step) const {
     if (local_step < pacer.step) return Verdict::kStale;
+    pacer.pushed.insert(worker);  // first: an insertion that throws leaves the pacer as it was
     if (const auto held = pacer.held.find(worker); held != pacer.held.end()) {
       if (held->second <= 1) {
         pacer.held.erase(held);  // erasing cannot throw
@@ -112,6 +115,7 @@ class SyncReplicas {
     pacer.tokens_left = tokens_per_step();  // the old step's untaken tokens are withdrawn
     pacer.taken.clear();
     pacer.held.clear();
+    pacer.pushed.clear();
     return Verdict::kReady;
   }
 
@@ -136,7 +140,9 @@ class SyncReplicas {
   std::optional<Token> take_token(Pacer& pacer, std::uint32_t worker) const {
     const bool one_each = replicas_to_aggregate_ <= total_num_replicas_;
     if (pacer.tokens_left == 0) return std::nullopt;
-    if (one_each && pacer.taken.contains(worker)) return std::nullopt;
+    if (one_each && (pacer.taken.contains(worker) || pacer.pushed.contains(worker))) {
+      return std::nullopt;
+    }
     std::int64_t& held = pacer.held[worker];  // insertions first: one that throws
     ++pacer.taken[worker];                     // leaves the pacer as it was
     ++held;

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -90,7 +91,8 @@ class InProcessNetwork {
   /// A served ps task, whatever its Service type.
   struct Host {
     virtual ~Host() = default;
-    virtual void handle(Request&& request, Node from, Responder reply) noexcept = 0;
+    virtual void handle(Request&& request, Node from, std::uint64_t session,
+                        Responder reply) noexcept = 0;
     virtual void disconnected(Node node) noexcept = 0;
     [[nodiscard]] virtual std::uint32_t task() const = 0;
     [[nodiscard]] virtual bool stopped() const = 0;
@@ -98,12 +100,13 @@ class InProcessNetwork {
   template <Service S>
   struct HostOf final : Host {
     explicit HostOf(S s) : service(std::move(s)) {}
-    void handle(Request&& request, Node from, Responder reply) noexcept override {
+    void handle(Request&& request, Node from, std::uint64_t session,
+                Responder reply) noexcept override {
       // Requests come from this process's own clients, which check every tensor before
       // they send anything.
-      service.handle(std::move(request), RequestContext{true, from}, std::move(reply));
+      service.handle(std::move(request), RequestContext{true, from, session}, std::move(reply));
     }
-    void disconnected(Node node) noexcept override { notify_disconnected(service, node); }
+    void disconnected(Node node) noexcept override { notify_disconnected(service, node, 0); }
     [[nodiscard]] std::uint32_t task() const override { return service.task(); }
     [[nodiscard]] bool stopped() const override { return service.stopped(); }
     S service;
@@ -131,6 +134,7 @@ class InProcessNetwork {
     Request request;
     CallPtr call;
     Node from;
+    std::uint64_t session = 0;
   };
 
   struct Mailbox {
@@ -245,7 +249,11 @@ class InProcessNetwork {
       return it != dead_.end() && it->second;
     }
 
-    PendingCall send(Node from, std::uint32_t ps, Request&& request, PullTargets&& targets) {
+    /// A session id for a new endpoint.
+    std::uint64_t new_session() noexcept { return next_session_.fetch_add(1) + 1; }
+
+    PendingCall send(Node from, std::uint64_t session, std::uint32_t ps, Request&& request,
+                     PullTargets&& targets) {
       auto call = std::make_shared<Call>();
       call->targets = std::move(targets);
       PendingCall pending(call);
@@ -275,7 +283,7 @@ class InProcessNetwork {
         const bool idle = serving.owns_lock() && box.host && box.queue.empty() &&
                           delay_of(Node::ps(ps)).count() == 0;
         if (!idle && (box.thread_running || !box.host)) {
-          box.queue.push_back({std::move(request), std::move(call), from});
+          box.queue.push_back({std::move(request), std::move(call), from, session});
           box.wake.notify_one();
           return pending;
         }
@@ -283,7 +291,7 @@ class InProcessNetwork {
       // Idle, or stopped with no thread left: handled here (a stopped service answers at
       // once, so waiting for another sender's turn is short).
       if (!serving.owns_lock()) serving.lock();
-      handle(box, ps, std::move(request), from, call);
+      handle(box, ps, std::move(request), from, session, call);
       return pending;
     }
 
@@ -307,7 +315,7 @@ class InProcessNetwork {
 
     /// Hands one request to the service; the caller holds `box.serving`.
     static void handle(Mailbox& box, std::uint32_t task, Request&& request, Node from,
-                       const CallPtr& call) {
+                       std::uint64_t session, const CallPtr& call) {
       {
         std::scoped_lock lock(box.mutex);
         if (const auto gone = gone_reason(box, task)) {
@@ -320,7 +328,7 @@ class InProcessNetwork {
       // One use while the service reads the request's views: a caller that gives up waits
       // for it.
       call->unless_cancelled([&] {
-        box.host->handle(std::move(request), from,
+        box.host->handle(std::move(request), from, session,
                          [call](Response&& r) { call->complete(std::move(r)); });
       });
       if (box.host->stopped()) {
@@ -353,7 +361,8 @@ class InProcessNetwork {
           envelope = std::move(box.queue.front());
           box.queue.pop_front();
         }
-        handle(box, task, std::move(envelope.request), envelope.from, envelope.call);
+        handle(box, task, std::move(envelope.request), envelope.from, envelope.session,
+               envelope.call);
       }
     }
 
@@ -383,6 +392,7 @@ class InProcessNetwork {
     std::map<Node, std::chrono::microseconds> delays_;
     std::map<Node, bool> dead_;
     std::vector<CallPtr> lost_;
+    std::atomic<std::uint64_t> next_session_{0};
   };
 
   std::shared_ptr<Fabric> fabric_;
@@ -394,7 +404,8 @@ class InProcess {
   /// @param network the cluster's fabric
   /// @param self    who is calling: the ps tasks check what its job may send, and the fault
   ///                injector acts on it
-  InProcess(InProcessNetwork& network, Node self) : fabric_(network.fabric_), self_(self) {}
+  InProcess(InProcessNetwork& network, Node self)
+      : fabric_(network.fabric_), self_(self), session_(fabric_->new_session()) {}
 
   /// Number of ps tasks in the network.
   [[nodiscard]] std::size_t num_ps() const noexcept { return fabric_->num_ps(); }
@@ -403,13 +414,14 @@ class InProcess {
 
   /// Sends `request` to ps `ps`; see the Transport concept for the contract.
   PendingCall call(std::size_t ps, Request&& request, PullTargets targets = {}) {
-    return fabric_->send(self_, static_cast<std::uint32_t>(ps), std::move(request),
+    return fabric_->send(self_, session_, static_cast<std::uint32_t>(ps), std::move(request),
                          std::move(targets));
   }
 
  private:
   std::shared_ptr<InProcessNetwork::Fabric> fabric_;
   Node self_;
+  std::uint64_t session_;  ///< this endpoint's, as a TCP connection's
 };
 static_assert(Transport<InProcess>);
 

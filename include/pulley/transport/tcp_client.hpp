@@ -1,8 +1,11 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <asio.hpp>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -17,8 +20,8 @@
 #include "pulley/call.hpp"
 #include "pulley/concepts/transport.hpp"
 #include "pulley/detail/reply_targets.hpp"
-#include "pulley/transport/detail/sockets.hpp"
 #include "pulley/node.hpp"
+#include "pulley/transport/detail/sockets.hpp"
 #include "pulley/transport/wire/codec.hpp"
 #include "pulley/transport/wire/frame_reader.hpp"
 #include "pulley/transport/wire/handshake.hpp"
@@ -146,6 +149,7 @@ class Tcp {
     PendingPtr reading;         ///< the call whose reply is being received into its targets
     Response reading_response;  ///< that reply, decoded but for its tensors' values
     std::vector<std::size_t> sizes;  ///< scratch: tensor sizes of a reply to route
+    std::chrono::steady_clock::time_point last_active;  ///< the last reply, or connection
   };
 
   class Impl final : public CallDriver {
@@ -179,6 +183,9 @@ class Tcp {
         return result;
       }
       Link& link = *links_[ps];
+      if (link.state == State::kConnected && link.pending.empty() && closed_while_quiet(link)) {
+        fail(link, "closed by the ps while idle");  // reconnect below, not fail this call
+      }
       const std::uint64_t id = next_call_++;
       // The payload views alias the request's tensors (the caller's buffers), which stay
       // valid until the call is answered or cancelled; the rest is serialized here.
@@ -202,6 +209,19 @@ class Tcp {
         }
         io_.run_one_until(deadline);
       }
+    }
+
+    /// True if the ps closed a connection that has been quiet for a second or more (it
+    /// closes idle ones: TcpServerOptions::idle_timeout), so that a call made now goes out
+    /// on a new connection instead of failing on the old one. A busy link is not asked:
+    /// one look costs a system call.
+    static bool closed_while_quiet(Link& link) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now - link.last_active < std::chrono::seconds(1)) return false;
+      link.last_active = now;
+      char byte = 0;
+      const ssize_t n = ::recv(link.socket.native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+      return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
     }
 
     void abort(CallControl& call) override {
@@ -336,6 +356,7 @@ class Tcp {
       link.challenge.reset();
       link.timer.cancel();
       link.state = State::kConnected;
+      link.last_active = std::chrono::steady_clock::now();
       link.reader.set_limits(options_.limits);
       flush(link);  // the receive handler that brought the welcome arms the next receive
       connected(link, {});
@@ -468,6 +489,7 @@ class Tcp {
 
     static void on_reply(Link& link, const wire::FrameReader::Frame& frame) {
       replied(link, frame.header.call);  // throws for a reply before its request
+      link.last_active = std::chrono::steady_clock::now();
       const auto it = link.pending.find(frame.header.call);
       if (frame.routed) {
         const PendingPtr pending = std::exchange(link.reading, nullptr);

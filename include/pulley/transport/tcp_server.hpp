@@ -79,8 +79,8 @@ struct TcpServerOptions {
 /// Every connection begins with the handshake (wire/handshake.hpp): until a client has
 /// proved its job and the job's secret, nothing it sends reaches the service, and a frame
 /// may carry only a few hundred bytes. The task it proved is the request's `peer`, so the
-/// service refuses what that task's job may not send. When the last connection of a task
-/// closes, the service hears of it (`Service::disconnected`: a worker's tokens come back).
+/// service refuses what that task's job may not send. When a task's connection closes, the
+/// service hears of it (`Service::disconnected`: a token taken on it comes back).
 ///
 /// Requests are received many at a time when they are small (a push and its pull arrive in
 /// one receive), and every reply they produce leaves in one gather-write at the end of the
@@ -172,6 +172,7 @@ class TcpServer {
         : owner(server),
           socket(std::move(peer_socket)),
           reader(wire::kHandshakeLimits, std::size_t{64} << 10U, &server.budget_),
+          session(++server.sessions_),
           accepted(Clock::now()),
           last_heard(accepted) {
       std::error_code ignored;
@@ -209,6 +210,7 @@ class TcpServer {
     transport_detail::ReceiveBuffers receive_buffers;
     std::optional<wire::Challenge> challenge;  ///< sent; until the client answers it
     std::optional<Node> peer;                  ///< the task it proved, after the handshake
+    std::uint64_t session;                     ///< this connection's id, for the service
     std::deque<wire::Frame> replies;   ///< replies with bytes in `unsent` (stable addresses)
     transport_detail::GatherList unsent;  ///< what of them, in order, the kernel has not taken
     std::unique_ptr<char[]> copy;     ///< a copy of unsent bytes that viewed the parameters
@@ -375,7 +377,7 @@ class TcpServer {
     ++c->unanswered;
     // The frame reader checked large payloads finite as they arrived; the service checks
     // the rest.
-    service_.handle(std::move(request), RequestContext{frame.finite, c->peer},
+    service_.handle(std::move(request), RequestContext{frame.finite, c->peer, c->session},
                     [this, weak = std::weak_ptr<Connection>(c),
                      call = frame.header.call](Response&& response) {
                       auto connection = weak.lock();
@@ -409,7 +411,6 @@ class TcpServer {
       return;
     }
     c->peer = hello.peer;
-    ++peers_[hello.peer];
     c->reader.set_limits(options_.frames);
     queue_frame(c, wire::encode(wire::Handshake{wire::Welcome{
                                     wire::server_proof(options_.credentials.secret, *c->challenge, hello)}},
@@ -528,13 +529,9 @@ class TcpServer {
       connections_.erase(it);
     }
     if (c.peer) {
-      const auto it = peers_.find(*c.peer);
-      if (it != peers_.end() && --it->second == 0) {
-        peers_.erase(it);
-        notify_disconnected(service_, *c.peer);
-        // Its tokens may have gone to others, whose replies wait to be written.
-        asio::post(io_, [this] { flush_all(); });
-      }
+      notify_disconnected(service_, *c.peer, c.session);
+      // What it held may have gone to others, whose replies wait to be written.
+      asio::post(io_, [this] { flush_all(); });
     }
     maybe_stop();
   }
@@ -640,12 +637,12 @@ class TcpServer {
   bool orphaned_ = false;  ///< run() returned because every client left
   bool accept_failing_ = false;
   bool stopping_ = false;
+  std::uint64_t sessions_ = 0;  ///< connections accepted so far
   Clock::time_point warn_window_{};
   int warned_ = 0;
   std::uint64_t suppressed_ = 0;
   std::vector<ConnectionPtr> dirty_;    ///< connections with replies queued in this batch
   std::vector<ConnectionPtr> viewing_;  ///< connections whose unsent replies view parameters
-  std::map<Node, int> peers_;           ///< open connections of each task that proved itself
   /// Open connections, kept alive here: one whose reading is paused has no handler pending
   /// that would hold it, while requests it made wait in the ps. Destroyed before io_.
   std::map<Connection*, ConnectionPtr> connections_;

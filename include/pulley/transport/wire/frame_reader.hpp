@@ -108,9 +108,10 @@ class FrameReader {
     return h.payload_bytes;
   }
   /// Frees the large-payload buffer kept from earlier frames, unless a payload is being
-  /// received into it now.
+  /// received into it, or the last frame handed out views it (until the next `next()` or
+  /// `buffers()`).
   void release_idle() noexcept {
-    if ((direct_ && !routed_) || !own_) return;
+    if ((direct_ && !routed_) || !own_ || own_viewed_) return;
     own_.reset();
     if (budget_ != nullptr) budget_->give(own_capacity_ * sizeof(float));
     own_capacity_ = 0;
@@ -120,6 +121,7 @@ class FrameReader {
   /// it, the rest of its destination and then the buffer (so the frames after a large
   /// payload come with its last bytes). Never empty.
   std::span<const std::span<std::byte>> buffers() {
+    own_viewed_ = false;
     scatter_size_ = 0;
     if (direct_) {
       std::uint64_t skip = direct_done_;
@@ -171,6 +173,7 @@ class FrameReader {
   /// breaks the protocol or the limits, or whose payload is not the size of its targets.
   template <class Route>
   std::optional<Frame> next(Route&& route) {
+    own_viewed_ = false;
     if (direct_) {
       if (direct_done_ < header_.payload_bytes) return std::nullopt;
       return finish_direct();
@@ -282,7 +285,10 @@ class FrameReader {
       throw Malformed("no memory for a payload of " + std::to_string(header_.payload_bytes) +
                       " bytes");
     }
-    if (keep && arrived > 0) std::memcpy(bigger.get(), own_.get(), arrived * sizeof(float));
+    // Every byte that arrived, a float's first bytes included (arrived counts whole ones).
+    if (keep && direct_done_ > 0) {
+      std::memcpy(bigger.get(), own_.get(), static_cast<std::size_t>(direct_done_));
+    }
     own_ = std::move(bigger);
     own_capacity_ = until;
   }
@@ -333,6 +339,7 @@ class FrameReader {
       frame.payload = std::span<const float>(
           own_.get(), static_cast<std::size_t>(header_.payload_bytes / sizeof(float)));
       frame.finite = finite_;
+      own_viewed_ = true;
     }
     direct_ = routed_ = asked_ = false;
     targets_ = {};
@@ -353,6 +360,7 @@ class FrameReader {
   std::size_t head_at_ = 0;                    ///< where the current frame's head is in the buffer
   std::unique_ptr<float[]> own_;               ///< payloads too large for the buffer, not routed
   std::size_t own_capacity_ = 0;               ///< floats allocated in own_
+  bool own_viewed_ = false;                    ///< the last frame handed out views own_
   std::size_t checked_ = 0;                    ///< floats of own_ checked finite so far
   bool finite_ = true;
   std::array<std::span<float>, 1> own_target_{};

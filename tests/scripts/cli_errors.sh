@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# An operator's mistakes on the command line of a program built on the role runner: each
+# must exit non-zero with exactly one line on stderr that names the mistake (the usage only
+# on --help).   tests/scripts/cli_errors.sh BINARY
+set -uo pipefail
+binary=$1
+failures=0
+expect() {  # expect "TEXT IN THE LINE" ARGS...
+  local want=$1; shift
+  local err rc
+  err=$("$binary" "$@" 2>&1 >/dev/null </dev/null); rc=$?
+  local lines
+  lines=$(printf '%s' "$err" | grep -c '')
+  if [ "$rc" -eq 0 ] || [ "$lines" -ne 1 ] || ! grep -qF -- "$want" <<<"$err"; then
+    echo "FAIL: $* -> rc=$rc, $lines lines: $err" >&2
+    failures=$((failures + 1))
+  else
+    echo "ok: $* -> rc=$rc: $err"
+  fi
+}
+expect "Could not convert: --task = 4294967296" --job worker --task 4294967296 --ps-hosts a:1 --worker-hosts b:2
+expect "not in range" --steps 99999999999999999999
+expect "not in range" --steps -5
+expect "--bogus" --bogus
+expect "address 'a:1' is listed twice" --job worker --task 0 --ps-hosts a:1,a:1 --worker-hosts b:2
+expect "port" --job worker --task 0 --ps-hosts a:99999 --worker-hosts b:2
+expect "task index 3" --job worker --task 3 --ps-hosts a:1 --worker-hosts b:2
+expect "needs a Slurm step" --slurm-jobs ps:1,worker:1
+TF_CONFIG='{"cluster": {"ps": ["a:1"], "worker": ["b:2"]}, "task": {"type": "worker", "index": 0' \
+  expect "TF_CONFIG"
+out=$("$binary" --help 2>&1); rc=$?
+if [ "$rc" -ne 0 ] || ! grep -q -- "--ps-hosts" <<<"$out"; then
+  echo "FAIL: --help -> rc=$rc" >&2
+  failures=$((failures + 1))
+fi
+[ "$failures" -eq 0 ] && echo "all operator errors are one line and a non-zero exit"
+exit "$failures"
