@@ -2850,7 +2850,11 @@ class ParameterServer {
         retry_tokens();
       }
     } catch (const std::exception& e) {
-      fail(std::string("giving back a disconnected worker's tokens: ") + e.what());
+      try {
+        fail(std::string("giving back a disconnected worker's tokens: ") + e.what());
+      } catch (...) {  // no memory even for the message
+        end_ = ErrorReply{ErrorCode::kInternal, {}};
+      }
     } catch (...) {
       end_ = ErrorReply{ErrorCode::kInternal, {}};
     }
@@ -3175,24 +3179,6 @@ class ParameterServer {
                  " parts held here, got " + std::to_string(r.gradients.size()));
       return;
     }
-    if constexpr (PredictsFiniteness<O>) {
-      // Checked against the state it would be applied to, before anything changes. A mean
-      // of gradients that each pass passes too (the optimizer's contract), so a sync step
-      // only needs its mean checked for a sum that overflowed (apply_all).
-      for (const PartValues& pv : r.gradients) {
-        const Slot& slot = slots_[slot_of_part_[pv.part]];
-        if (!optimizer_.stays_finite(slot.optimizer_state, slot.values, pv.values)) {
-          ++stats_.updates_refused;
-          const std::string problem =
-              "push from worker " + std::to_string(r.worker) + " refused: its gradient for " +
-              describe(slot.part) +
-              " would make a parameter or an optimizer slot non-finite (or larger than "
-              "float's range allows); nothing was applied";
-          log(LogLevel::kWarning, "ps " + std::to_string(task_) + ": " + problem);
-          return reject(reply, ErrorCode::kInvalidArgument, problem);
-        }
-      }
-    }
     const std::int64_t step_before = global_step();
     changing_ = true;  // the policy's own refusal (pulley::Error) leaves its pacer unchanged
     Verdict verdict = Verdict::kStale;
@@ -3203,6 +3189,10 @@ class ParameterServer {
       reject(reply, e.code(), std::string("Push refused: ") + e.message());
       return;
     }
+    // A push whose update would not stay finite still counts towards this ps's step (the
+    // other ps tasks may have taken their share of it, and their steps must not drift from
+    // this one's), but none of its gradients is taken here.
+    const std::string overflow = verdict == Verdict::kStale ? std::string() : would_overflow(r);
     PushReply answer;
     for (const PartValues& pv : r.gradients) {
       Slot& slot = slots_[slot_of_part_[pv.part]];
@@ -3212,14 +3202,46 @@ class ParameterServer {
         ++answer.stale_parts;
         continue;
       }
+      if (!overflow.empty()) continue;
       ++stats_.gradients_accepted;
       sync_.accumulate(slot.accumulator, pv.values);
     }
-    if (verdict == Verdict::kReady) apply_all(step_before);
-    send(reply, answer);
+    if (verdict != Verdict::kStale && overflow.empty()) ++accumulated_;
+    if (verdict == Verdict::kReady) {
+      // An update of nothing (each push of it refused here) applies nothing.
+      if (std::exchange(accumulated_, 0) > 0) apply_all(step_before);
+    }
+    if (overflow.empty()) {
+      send(reply, answer);
+    } else {
+      ++stats_.updates_refused;
+      log(LogLevel::kWarning, "ps " + std::to_string(task_) + ": " + overflow);
+      reject(reply, ErrorCode::kInvalidArgument, overflow);
+    }
     retry_tokens();
     if (global_step() != step_before) answer_waiting_pulls();
     changing_ = false;
+  }
+
+  /// Why applying push `r` would make a parameter or a slot non-finite (the optimizer's
+  /// `stays_finite`, asked of every part against the state it would be applied to; a mean
+  /// of gradients that each pass passes too, so a sync step only has its mean checked for a
+  /// sum that overflowed, in apply_all), or "" when it would not, or when the optimizer
+  /// cannot tell (apply_all guards those).
+  std::string would_overflow(const Push& r) const {
+    if constexpr (PredictsFiniteness<O>) {
+      for (const PartValues& pv : r.gradients) {
+        const Slot& slot = slots_[slot_of_part_[pv.part]];
+        if (!optimizer_.stays_finite(slot.optimizer_state, slot.values, pv.values)) {
+          return "push from worker " + std::to_string(r.worker) + " refused: its gradient for " +
+                 describe(slot.part) +
+                 " would make a parameter or an optimizer slot non-finite (or larger than "
+                 "float's range allows); none of it was applied (it counts towards the step, "
+                 "as on the other ps tasks)";
+        }
+      }
+    }
+    return {};
   }
 
   /// Takes every part's update from its accumulator and applies it, unless that would make
@@ -3395,6 +3417,7 @@ class ParameterServer {
   };
   std::vector<Shadow> shadows_;
   std::vector<std::span<const float>> updates_;  ///< scratch: each part's update
+  std::int64_t accumulated_ = 0;  ///< pushes whose gradients are in the accumulators
   std::vector<const Slice*> order_;              ///< scratch: a pull's slices, sorted
 
   typename P::Pacer pacer_;  ///< the global step and the tokens, as the sync policy keeps them
@@ -4146,9 +4169,15 @@ class InProcessNetwork {
         dead_[node] = true;
       }
       if (node.job != Node::Job::kPs) {
-        // Its connections break: every ps hears that it left, as a TCP ps would.
+        // Its connections break: what it sent and no ps handled yet is lost, and every ps
+        // hears that it left, as a TCP ps would. (handle() refuses what slips past.)
         for (auto& box : mailboxes_) {
-          std::scoped_lock serving(box->serving);
+          std::scoped_lock lock(box->serving, box->mutex);
+          std::erase_if(box->queue, [&](Envelope& e) {
+            if (e.from != node) return false;
+            e.call->complete(unavailable(node.name() + " is unavailable (killed)"));
+            return true;
+          });
           if (box->host && !box->closed) box->host->disconnected(node);
         }
         return;
@@ -4209,7 +4238,7 @@ class InProcessNetwork {
       // Idle, or stopped with no thread left: handled here (a stopped service answers at
       // once, so waiting for another sender's turn is short).
       if (!serving.owns_lock()) serving.lock();
-      handle(box, ps, std::move(request), from, session, call);
+      handle(*this, box, ps, std::move(request), from, session, call);
       return pending;
     }
 
@@ -4232,12 +4261,16 @@ class InProcessNetwork {
     }
 
     /// Hands one request to the service; the caller holds `box.serving`.
-    static void handle(Mailbox& box, std::uint32_t task, Request&& request, Node from,
-                       std::uint64_t session, const CallPtr& call) {
+    static void handle(Fabric& fabric, Mailbox& box, std::uint32_t task, Request&& request,
+                       Node from, std::uint64_t session, const CallPtr& call) {
       {
         std::scoped_lock lock(box.mutex);
         if (const auto gone = gone_reason(box, task)) {
           call->complete(unavailable(*gone));
+          return;
+        }
+        if (fabric.is_dead(from)) {  // killed after it sent this: a dead process sends nothing
+          call->complete(unavailable(from.name() + " is unavailable (killed)"));
           return;
         }
         std::erase_if(box.in_service, [](const CallPtr& c) { return c->has_answer(); });
@@ -4279,7 +4312,7 @@ class InProcessNetwork {
           envelope = std::move(box.queue.front());
           box.queue.pop_front();
         }
-        handle(box, task, std::move(envelope.request), envelope.from, envelope.session,
+        handle(*this, box, task, std::move(envelope.request), envelope.from, envelope.session,
                envelope.call);
       }
     }

@@ -2850,7 +2850,11 @@ class ParameterServer {
         retry_tokens();
       }
     } catch (const std::exception& e) {
-      fail(std::string("giving back a disconnected worker's tokens: ") + e.what());
+      try {
+        fail(std::string("giving back a disconnected worker's tokens: ") + e.what());
+      } catch (...) {  // no memory even for the message
+        end_ = ErrorReply{ErrorCode::kInternal, {}};
+      }
     } catch (...) {
       end_ = ErrorReply{ErrorCode::kInternal, {}};
     }
@@ -3175,24 +3179,6 @@ class ParameterServer {
                  " parts held here, got " + std::to_string(r.gradients.size()));
       return;
     }
-    if constexpr (PredictsFiniteness<O>) {
-      // Checked against the state it would be applied to, before anything changes. A mean
-      // of gradients that each pass passes too (the optimizer's contract), so a sync step
-      // only needs its mean checked for a sum that overflowed (apply_all).
-      for (const PartValues& pv : r.gradients) {
-        const Slot& slot = slots_[slot_of_part_[pv.part]];
-        if (!optimizer_.stays_finite(slot.optimizer_state, slot.values, pv.values)) {
-          ++stats_.updates_refused;
-          const std::string problem =
-              "push from worker " + std::to_string(r.worker) + " refused: its gradient for " +
-              describe(slot.part) +
-              " would make a parameter or an optimizer slot non-finite (or larger than "
-              "float's range allows); nothing was applied";
-          log(LogLevel::kWarning, "ps " + std::to_string(task_) + ": " + problem);
-          return reject(reply, ErrorCode::kInvalidArgument, problem);
-        }
-      }
-    }
     const std::int64_t step_before = global_step();
     changing_ = true;  // the policy's own refusal (pulley::Error) leaves its pacer unchanged
     Verdict verdict = Verdict::kStale;
@@ -3203,6 +3189,10 @@ class ParameterServer {
       reject(reply, e.code(), std::string("Push refused: ") + e.message());
       return;
     }
+    // A push whose update would not stay finite still counts towards this ps's step (the
+    // other ps tasks may have taken their share of it, and their steps must not drift from
+    // this one's), but none of its gradients is taken here.
+    const std::string overflow = verdict == Verdict::kStale ? std::string() : would_overflow(r);
     PushReply answer;
     for (const PartValues& pv : r.gradients) {
       Slot& slot = slots_[slot_of_part_[pv.part]];
@@ -3212,14 +3202,46 @@ class ParameterServer {
         ++answer.stale_parts;
         continue;
       }
+      if (!overflow.empty()) continue;
       ++stats_.gradients_accepted;
       sync_.accumulate(slot.accumulator, pv.values);
     }
-    if (verdict == Verdict::kReady) apply_all(step_before);
-    send(reply, answer);
+    if (verdict != Verdict::kStale && overflow.empty()) ++accumulated_;
+    if (verdict == Verdict::kReady) {
+      // An update of nothing (each push of it refused here) applies nothing.
+      if (std::exchange(accumulated_, 0) > 0) apply_all(step_before);
+    }
+    if (overflow.empty()) {
+      send(reply, answer);
+    } else {
+      ++stats_.updates_refused;
+      log(LogLevel::kWarning, "ps " + std::to_string(task_) + ": " + overflow);
+      reject(reply, ErrorCode::kInvalidArgument, overflow);
+    }
     retry_tokens();
     if (global_step() != step_before) answer_waiting_pulls();
     changing_ = false;
+  }
+
+  /// Why applying push `r` would make a parameter or a slot non-finite (the optimizer's
+  /// `stays_finite`, asked of every part against the state it would be applied to; a mean
+  /// of gradients that each pass passes too, so a sync step only has its mean checked for a
+  /// sum that overflowed, in apply_all), or "" when it would not, or when the optimizer
+  /// cannot tell (apply_all guards those).
+  std::string would_overflow(const Push& r) const {
+    if constexpr (PredictsFiniteness<O>) {
+      for (const PartValues& pv : r.gradients) {
+        const Slot& slot = slots_[slot_of_part_[pv.part]];
+        if (!optimizer_.stays_finite(slot.optimizer_state, slot.values, pv.values)) {
+          return "push from worker " + std::to_string(r.worker) + " refused: its gradient for " +
+                 describe(slot.part) +
+                 " would make a parameter or an optimizer slot non-finite (or larger than "
+                 "float's range allows); none of it was applied (it counts towards the step, "
+                 "as on the other ps tasks)";
+        }
+      }
+    }
+    return {};
   }
 
   /// Takes every part's update from its accumulator and applies it, unless that would make
@@ -3395,6 +3417,7 @@ class ParameterServer {
   };
   std::vector<Shadow> shadows_;
   std::vector<std::span<const float>> updates_;  ///< scratch: each part's update
+  std::int64_t accumulated_ = 0;  ///< pushes whose gradients are in the accumulators
   std::vector<const Slice*> order_;              ///< scratch: a pull's slices, sorted
 
   typename P::Pacer pacer_;  ///< the global step and the tokens, as the sync policy keeps them
@@ -4146,9 +4169,15 @@ class InProcessNetwork {
         dead_[node] = true;
       }
       if (node.job != Node::Job::kPs) {
-        // Its connections break: every ps hears that it left, as a TCP ps would.
+        // Its connections break: what it sent and no ps handled yet is lost, and every ps
+        // hears that it left, as a TCP ps would. (handle() refuses what slips past.)
         for (auto& box : mailboxes_) {
-          std::scoped_lock serving(box->serving);
+          std::scoped_lock lock(box->serving, box->mutex);
+          std::erase_if(box->queue, [&](Envelope& e) {
+            if (e.from != node) return false;
+            e.call->complete(unavailable(node.name() + " is unavailable (killed)"));
+            return true;
+          });
           if (box->host && !box->closed) box->host->disconnected(node);
         }
         return;
@@ -4209,7 +4238,7 @@ class InProcessNetwork {
       // Idle, or stopped with no thread left: handled here (a stopped service answers at
       // once, so waiting for another sender's turn is short).
       if (!serving.owns_lock()) serving.lock();
-      handle(box, ps, std::move(request), from, session, call);
+      handle(*this, box, ps, std::move(request), from, session, call);
       return pending;
     }
 
@@ -4232,12 +4261,16 @@ class InProcessNetwork {
     }
 
     /// Hands one request to the service; the caller holds `box.serving`.
-    static void handle(Mailbox& box, std::uint32_t task, Request&& request, Node from,
-                       std::uint64_t session, const CallPtr& call) {
+    static void handle(Fabric& fabric, Mailbox& box, std::uint32_t task, Request&& request,
+                       Node from, std::uint64_t session, const CallPtr& call) {
       {
         std::scoped_lock lock(box.mutex);
         if (const auto gone = gone_reason(box, task)) {
           call->complete(unavailable(*gone));
+          return;
+        }
+        if (fabric.is_dead(from)) {  // killed after it sent this: a dead process sends nothing
+          call->complete(unavailable(from.name() + " is unavailable (killed)"));
           return;
         }
         std::erase_if(box.in_service, [](const CallPtr& c) { return c->has_answer(); });
@@ -4279,7 +4312,7 @@ class InProcessNetwork {
           envelope = std::move(box.queue.front());
           box.queue.pop_front();
         }
-        handle(box, task, std::move(envelope.request), envelope.from, envelope.session,
+        handle(*this, box, task, std::move(envelope.request), envelope.from, envelope.session,
                envelope.call);
       }
     }
@@ -5516,8 +5549,10 @@ Expected decode_handshake_as(const Header& h, std::span<const char> meta) {
 
 #include <algorithm>
 #include <array>
+#include <cassert>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -5548,7 +5583,10 @@ class MemoryBudget {
     return false;
   }
   /// Gives back `n` bytes taken earlier.
-  void give(std::uint64_t n) noexcept { used_ -= std::min(n, used_); }
+  void give(std::uint64_t n) noexcept {
+    assert(n <= used_ && "a MemoryBudget was given back more than was taken");
+    used_ -= std::min(n, used_);
+  }
 
   [[nodiscard]] std::uint64_t used() const noexcept { return used_; }
   [[nodiscard]] std::uint64_t limit() const noexcept { return limit_; }
@@ -5595,7 +5633,12 @@ class FrameReader {
                        MemoryBudget* budget = nullptr)
       : limits_(limits), budget_(budget) {
     charge(buffer_bytes);
-    buffer_.resize(buffer_bytes / sizeof(float));
+    try {
+      buffer_.resize(buffer_bytes / sizeof(float));
+    } catch (...) {
+      if (budget_ != nullptr) budget_->give(buffer_bytes);
+      throw;
+    }
   }
   FrameReader(const FrameReader&) = delete;
   FrameReader& operator=(const FrameReader&) = delete;
@@ -5621,10 +5664,8 @@ class FrameReader {
   /// received into it, or the last frame handed out views it (until the next `next()` or
   /// `buffers()`).
   void release_idle() noexcept {
-    if ((direct_ && !routed_) || !own_ || own_viewed_) return;
-    own_.reset();
-    if (budget_ != nullptr) budget_->give(own_capacity_ * sizeof(float));
-    own_capacity_ = 0;
+    if ((direct_ && !routed_) || !own_ || own_viewed_ || growing_) return;
+    release_own();
   }
 
   /// Where the next received bytes go: the buffer, or while a payload is received outside
@@ -5766,8 +5807,15 @@ class FrameReader {
 
   void grow_buffer(std::size_t head) {
     const std::size_t floats = (head + sizeof(float) - 1) / sizeof(float);
-    charge((floats - buffer_.size()) * sizeof(float));
-    std::vector<float> bigger(floats);
+    const std::size_t more = (floats - buffer_.size()) * sizeof(float);
+    charge(more);
+    std::vector<float> bigger;
+    try {
+      bigger.resize(floats);
+    } catch (...) {
+      if (budget_ != nullptr) budget_->give(more);
+      throw;
+    }
     std::memcpy(bigger.data(), bytes() + begin_, end_ - begin_);
     end_ -= begin_;
     begin_ = 0;
@@ -5776,7 +5824,7 @@ class FrameReader {
 
   /// Grows the payload buffer to hold at most max(1 MiB, twice what arrived), keeping what
   /// arrived in it (`keep`) or not (a new frame, whose first bytes are still in the receive
-  /// buffer): memory follows
+  /// buffer: the old buffer is freed first): memory follows
   /// the bytes that came, not what a header claims. It is not zero-filled (every byte is
   /// received before it is read), and a buffer kept from an earlier frame is not shrunk, so
   /// steady traffic is received in one go.
@@ -5786,21 +5834,35 @@ class FrameReader {
     const std::size_t until =
         own_capacity_ >= floats ? floats : std::min(floats, std::max(2 * arrived, kChunkFloats));
     if (own_capacity_ >= until) return;
-    charge((until - own_capacity_) * sizeof(float));
-    std::unique_ptr<float[]> bigger;
+    if (!keep) release_own();  // a new frame: give the old buffer back before the new one
+    const std::size_t more = (until - own_capacity_) * sizeof(float);
+    growing_ = true;  // the budget's reclaim must not free own_ under this
     try {
-      bigger = std::make_unique_for_overwrite<float[]>(until);
-    } catch (const std::bad_alloc&) {
-      if (budget_ != nullptr) budget_->give((until - own_capacity_) * sizeof(float));
+      charge(more);
+    } catch (...) {
+      growing_ = false;
+      throw;
+    }
+    growing_ = false;
+    // realloc keeps what arrived (a float's first bytes included) and, for a large block,
+    // moves its pages instead of copying them, so the old and the new buffer are never both
+    // in memory.
+    void* bigger = std::realloc(own_.get(), until * sizeof(float));
+    if (bigger == nullptr) {
+      if (budget_ != nullptr) budget_->give(more);
       throw Malformed("no memory for a payload of " + std::to_string(header_.payload_bytes) +
                       " bytes");
     }
-    // Every byte that arrived, a float's first bytes included (arrived counts whole ones).
-    if (keep && direct_done_ > 0) {
-      std::memcpy(bigger.get(), own_.get(), static_cast<std::size_t>(direct_done_));
-    }
-    own_ = std::move(bigger);
+    (void)own_.release();
+    own_.reset(static_cast<float*>(bigger));
     own_capacity_ = until;
+  }
+
+  /// Frees the payload buffer and gives its bytes back.
+  void release_own() noexcept {
+    own_.reset();
+    if (budget_ != nullptr) budget_->give(own_capacity_ * sizeof(float));
+    own_capacity_ = 0;
   }
 
   /// Charges `n` bytes to the budget, or throws Malformed when they do not fit.
@@ -5868,9 +5930,14 @@ class FrameReader {
   bool routed_ = false;                        ///< ... into targets_ (else into own_)
   std::uint64_t direct_done_ = 0;              ///< payload bytes received so far
   std::size_t head_at_ = 0;                    ///< where the current frame's head is in the buffer
-  std::unique_ptr<float[]> own_;               ///< payloads too large for the buffer, not routed
+  /// Frees what malloc gave.
+  struct Free {
+    void operator()(float* p) const noexcept { std::free(p); }
+  };
+  std::unique_ptr<float, Free> own_;           ///< payloads too large for the buffer, not routed
   std::size_t own_capacity_ = 0;               ///< floats allocated in own_
   bool own_viewed_ = false;                    ///< the last frame handed out views own_
+  bool growing_ = false;                       ///< own_ is being replaced (charge under way)
   std::size_t checked_ = 0;                    ///< floats of own_ checked finite so far
   bool finite_ = true;
   std::array<std::span<float>, 1> own_target_{};
@@ -6197,8 +6264,12 @@ class Tcp {
         return flush(link);
       }
       if (auto* refusal = std::get_if<wire::Refusal>(&message)) {
-        link.refused = ErrorReply{refusal->code, refusal->reason.substr(0, 1024)};
-        return fail(link, "refused by the ps: " + refusal->reason.substr(0, 1024));
+        // Its words are quoted, its code is not trusted: whoever answers on the port has
+        // proved nothing yet, and must not make a worker believe training finished.
+        const std::string said = refusal->reason.substr(0, 1024);
+        link.refused = ErrorReply{ErrorCode::kUnauthenticated,
+                                  "ps at " + link.address + " refused the connection: \"" + said + "\""};
+        return fail(link, "refused by the ps: " + said);
       }
       auto* welcome = std::get_if<wire::Welcome>(&message);
       if (welcome == nullptr) throw wire::Malformed("the ps answered the hello with neither welcome nor refusal");
@@ -6313,7 +6384,7 @@ class Tcp {
                   on_reply(link, *frame);
                 }
               }
-            } catch (const wire::Malformed& e) {
+            } catch (const std::exception& e) {  // a bad frame, or no memory: this link only
               return fail(link, e.what());
             }
             receive(link);
@@ -6633,6 +6704,7 @@ class TcpServer {
     Clock::time_point last_heard;  ///< the last receive
     std::optional<Clock::time_point> frame_deadline;  ///< while a frame is half in
     std::optional<Clock::time_point> paused_at;       ///< reading paused since
+    Clock::time_point last_written;  ///< the kernel last took reply bytes (or they began)
     Clock::duration frame_allowance{};                ///< the frame's time, as last computed
     bool views = false;          ///< `unsent` views the ps's parameters (it is in owner.viewing_)
     bool write_waiting = false;  ///< waits for the socket to take more
@@ -6686,7 +6758,6 @@ class TcpServer {
       c = std::make_shared<Connection>(*this, std::move(socket));
       c->challenge = wire::Challenge{options_.credentials.job, service_.task(), wire::make_nonce()};
       connections_.emplace(c.get(), c);
-      orphan_.cancel();
       queue_frame(c, wire::encode(wire::Handshake{*c->challenge}, 0));
     } catch (const std::exception& e) {  // no memory, or the budget is spent
       warn_limited("refused a connection: " + std::string(e.what()));
@@ -6745,6 +6816,7 @@ class TcpServer {
             return std::span<const std::span<float>>();  // requests' payloads stay here
           });
           if (!frame) break;
+          c->frame_deadline.reset();  // that frame is whole: the next one gets its own time
           dispatch(c, *frame);
         }
         flush_all();
@@ -6785,6 +6857,7 @@ class TcpServer {
     // No reply may see the parameters change under it.
     if (changes_parameters(request)) {
       for (const ConnectionPtr& viewing : std::exchange(viewing_, {})) detach(*viewing);
+      if (c->closed) return;  // its own unread replies could not be kept: it is gone
     }
     ++c->unanswered;
     // The frame reader checked large payloads finite as they arrived; the service checks
@@ -6816,13 +6889,12 @@ class TcpServer {
     if (!problem.empty()) {
       warn_limited("refused a connection from " + c->address + ": " + problem);
       c->closing = true;
-      queue_frame(c, wire::encode(wire::Handshake{wire::Refusal{ErrorCode::kUnauthenticated,
-                                                                "ps " + std::to_string(service_.task()) +
-                                                                    " refused the connection: " + problem}},
-                                  0));
+      queue_frame(c, wire::encode(wire::Handshake{wire::Refusal{ErrorCode::kUnauthenticated, problem}}, 0));
       return;
     }
     c->peer = hello.peer;
+    ++clients_;
+    orphan_.cancel();
     c->reader.set_limits(options_.frames);
     queue_frame(c, wire::encode(wire::Handshake{wire::Welcome{
                                     wire::server_proof(options_.credentials.secret, *c->challenge, hello)}},
@@ -6834,6 +6906,7 @@ class TcpServer {
   /// stay valid until the next push or initialization (see `detach`).
   void queue_frame(const ConnectionPtr& c, wire::Frame&& frame) {
     if (c->closed) return;
+    if (c->unsent.empty()) c->last_written = Clock::now();  // the reader's clock starts
     c->replies.push_back(std::move(frame));
     c->unsent.append(c->replies.back());
     if (!c->replies.back().payload.empty()) {
@@ -6865,11 +6938,18 @@ class TcpServer {
   void write(const ConnectionPtr& c) {
     if (c->closed || c->write_waiting) return;
     std::error_code ec;
+    const std::uint64_t before = c->unsent.bytes();
     if (!c->unsent.write_now(c->socket, ec)) return forget(*c);  // the peer is gone
+    if (c->unsent.bytes() != before) c->last_written = Clock::now();
     if (c->unsent.empty()) {
       c->unsent.clear();
       c->replies.clear();
       stop_viewing(*c);
+      if (c->copy) {  // written: the copy is spare now, which the budget may reclaim
+        c->release_spare(budget_);
+        c->spare = std::move(c->copy);
+        c->spare_size = std::exchange(c->copy_size, 0);
+      }
       if (c->closing) return forget(*c);  // a refusal, written whole
       return maybe_resume(c);  // a pause for unsent bytes may have ended just now
     }
@@ -6927,7 +7007,8 @@ class TcpServer {
   }
 
   /// A connection is done: closed, its unsent replies dropped, no longer kept alive here.
-  /// The last connection of a task tells the service that the task left.
+  /// The service hears that this connection of its task is gone (what was taken on it, a
+  /// token, comes back).
   void forget(Connection& c) {
     if (std::exchange(c.closed, true)) return;
     stop_viewing(c);
@@ -6941,6 +7022,7 @@ class TcpServer {
       connections_.erase(it);
     }
     if (c.peer) {
+      --clients_;
       notify_disconnected(service_, *c.peer, c.session);
       // What it held may have gone to others, whose replies wait to be written.
       asio::post(io_, [this] { flush_all(); });
@@ -6948,8 +7030,8 @@ class TcpServer {
     maybe_stop();
   }
 
-  /// Closes the connections whose handshake, frame or idleness outlasted its deadline;
-  /// runs a few times per the shortest deadline.
+  /// Closes the connections whose handshake, frame, unread replies or idleness outlasted
+  /// its deadline; runs a few times per the shortest deadline.
   void sweep() {
     const auto shortest =
         std::min({options_.handshake_timeout, options_.frame_timeout, options_.idle_timeout});
@@ -6958,29 +7040,42 @@ class TcpServer {
     sweep_.expires_after(every);
     sweep_.async_wait([this](std::error_code ec) {
       if (ec) return;
+      sweep();  // first: a throw below must not end the deadlines
       const auto now = Clock::now();
       std::vector<ConnectionPtr> all;
       for (auto& [raw, c] : connections_) all.push_back(c);
       for (const ConnectionPtr& c : all) {
-        if (c->closed) continue;
-        if (!c->peer && now - c->accepted > options_.handshake_timeout) {
-          drop(*c, "no handshake within " + std::to_string(options_.handshake_timeout.count()) + " ms");
-        } else if (c->frame_deadline && c->receiving && now > *c->frame_deadline) {
-          drop(*c, "a frame begun " +
-                       std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                          now - *c->frame_deadline + c->frame_allowance)
-                                          .count()) +
-                       " ms ago is still not complete (TcpServerOptions::frame_timeout)");
-        } else if (c->peer && !c->frame_deadline && c->unanswered == 0 && c->unsent.empty() &&
-                   now - c->last_heard > options_.idle_timeout) {
-          log(LogLevel::kInfo, "ps " + std::to_string(service_.task()) + ": closing idle connection from " +
-                                   c->who());
+        try {
+          expire(*c, now);
+        } catch (const std::exception&) {  // no memory for a log line: close it quietly
           forget(*c);
         }
       }
       flush_all();
-      sweep();
     });
+  }
+
+  /// Closes `c` if its handshake, its frame, its unread replies or its idleness outlasted
+  /// their deadline.
+  void expire(Connection& c, Clock::time_point now) {
+    if (c.closed) return;
+    const auto ms = [](Clock::duration d) {
+      return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(d).count());
+    };
+    if (!c.peer && now - c.accepted > options_.handshake_timeout) {
+      drop(c, "no handshake within " + ms(options_.handshake_timeout) + " ms");
+    } else if (c.frame_deadline && c.receiving && now > *c.frame_deadline) {
+      drop(c, "a frame begun " + ms(now - *c.frame_deadline + c.frame_allowance) +
+                  " ms ago is still not complete (TcpServerOptions::frame_timeout)");
+    } else if (!c.unsent.empty() && now - c.last_written > options_.frame_timeout) {
+      drop(c, "it has not read its replies for " + ms(now - c.last_written) +
+                  " ms (TcpServerOptions::frame_timeout)");
+    } else if (c.peer && !c.frame_deadline && c.unanswered == 0 && c.unsent.empty() &&
+               now - c.last_heard > options_.idle_timeout) {
+      log(LogLevel::kInfo, "ps " + std::to_string(service_.task()) +
+                               ": closing idle connection from " + c.who());
+      forget(c);
+    }
   }
 
   /// Logs a warning about a client, at most 20 a second (a flood of bad connections must
@@ -7013,8 +7108,11 @@ class TcpServer {
     maybe_stop();
   }
 
+  /// Stops once the service stopped and every client that proved itself has left (a
+  /// connection still in its handshake keeps no ps alive), or, while the service runs,
+  /// starts waiting for one (`watch_orphan`).
   void maybe_stop() {
-    if (!connections_.empty()) return;
+    if (clients_ > 0) return;
     if (!stopping_) return watch_orphan();
     std::error_code ignored;
     acceptor_.close(ignored);
@@ -7027,10 +7125,12 @@ class TcpServer {
 
   /// Every client is gone while the service still serves: wait `orphaned_after` for one.
   void watch_orphan() {
-    if (!served_) return;
+    if (!served_ || orphan_armed_) return;  // a connection that came and went restarts nothing
+    orphan_armed_ = true;
     orphan_.expires_after(options_.orphaned_after);
     orphan_.async_wait([this](std::error_code ec) {
-      if (ec || !connections_.empty() || stopping_) return;
+      orphan_armed_ = false;
+      if (ec || clients_ > 0 || stopping_) return;
       orphaned_ = true;
       io_.stop();
     });
@@ -7047,9 +7147,11 @@ class TcpServer {
   asio::steady_timer sweep_{io_};
   bool served_ = false;    ///< a request was handled: the job has started
   bool orphaned_ = false;  ///< run() returned because every client left
+  bool orphan_armed_ = false;  ///< orphan_ runs
   bool accept_failing_ = false;
   bool stopping_ = false;
   std::uint64_t sessions_ = 0;  ///< connections accepted so far
+  std::size_t clients_ = 0;     ///< open connections that completed the handshake
   Clock::time_point warn_window_{};
   int warned_ = 0;
   std::uint64_t suppressed_ = 0;

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "pulley/chief.hpp"
+#include "pulley/initializers.hpp"
 #include "pulley/optimizers/adam.hpp"
 #include "pulley/optimizers/sgd.hpp"
 #include "pulley/parameter_server.hpp"
@@ -37,9 +39,13 @@
 
 using namespace pulley;
 using pulley::testing::client;
-#define CHECK_MEMORY(condition) \
-  do {                          \
-    if (kMeasureMemory) CHECK(condition); \
+// Checks (and prints, for the record) how far resident memory rose during an attack.
+#define CHECK_GROWTH(what, before, bound_mib)                                             \
+  do {                                                                                   \
+    const std::int64_t grown = growth_since(before);                                     \
+    std::printf("memory: %s: peak +%.1f MiB (bound %d MiB)\n", what,                     \
+                static_cast<double>(grown) / (1 << 20), bound_mib);                      \
+    if (kMeasureMemory) CHECK(grown < (std::int64_t{bound_mib} << 20U));                 \
   } while (false)
 using pulley::testing::LinearBatch;
 using pulley::testing::LinearData;
@@ -77,6 +83,11 @@ std::uint64_t status_kib(const char* field) {
 }
 std::uint64_t resident() { return status_kib("VmRSS:"); }
 std::uint64_t peak_resident() { return status_kib("VmHWM:"); }
+/// How far the peak rose above `before` (the kernel's counters are approximate: a peak
+/// may read a little below a later reading).
+std::int64_t growth_since(std::uint64_t before) {
+  return static_cast<std::int64_t>(peak_resident()) - static_cast<std::int64_t>(before);
+}
 /// Starts a new peak (Linux: writing 5 to clear_refs resets VmHWM to the current RSS).
 void reset_peak() {
   std::ofstream clear("/proc/self/clear_refs");
@@ -173,6 +184,27 @@ Outcome train(const Attack& attack = {}, bool restart_worker_1 = false) {
   Outcome outcome{chief.read_variables(), chief.stats().at(0)};
   chief.shutdown();
   return outcome;
+}
+
+/// The mean loss of the linear model with `values` over the training data.
+float loss(const std::vector<std::vector<float>>& values) {
+  const LinearData data(2 * kBatch * kSteps, kIn, kOut, 42);
+  LinearModel model(kIn, kOut);
+  for (std::size_t v = 0; v < values.size(); ++v) {
+    std::copy(values[v].begin(), values[v].end(), model.parameter(v).begin());
+  }
+  return model.compute_gradients({data.x, data.y});
+}
+
+/// The variables as the chief initializes them (seed 7).
+std::vector<std::vector<float>> initial_values() {
+  std::vector<std::vector<float>> values;
+  const LinearModel model(kIn, kOut);
+  for (const VariableSpec& spec : model.variables()) {
+    values.emplace_back(spec.size());
+    initialize(spec, 7, values.back());
+  }
+  return values;
 }
 
 const Outcome& unattacked() {
@@ -292,8 +324,16 @@ TEST_CASE("a push that would overflow Adam's moments is refused, named and count
     CHECK(std::get<ErrorReply>(answer).message.find("linear/kernel") != std::string::npos);
     CHECK(std::get<ErrorReply>(answer).message.find("worker 0") != std::string::npos);
   });
-  check_unharmed(outcome);  // the refused push was not counted among the step's R
+  // Nothing of it was applied: it counted towards its step (as it would on every other ps,
+  // so that they stay in step) in the place of worker 0's push of that step, whose batch
+  // went to the next step instead. Training ended as well as without it.
+  CHECK(outcome.stats.global_step == kSteps);
   CHECK(outcome.stats.updates_refused == 1);
+  for (const auto& v : outcome.values) {
+    for (const float x : v) CHECK(std::isfinite(x));
+  }
+  CHECK(loss(outcome.values) == doctest::Approx(loss(unattacked().values)).epsilon(0.05));
+  CHECK(loss(outcome.values) < 0.5 * loss(initial_values()));
   CHECK(log.find(LogLevel::kWarning, "push from worker 0 refused").size() == 1);
 }
 
@@ -315,7 +355,7 @@ TEST_CASE("a pull listing the largest part over and over is refused before any r
     CHECK(std::get<ErrorReply>(answer).message.find("twice") != std::string::npos);
     // The request itself (4 MB, read into the ps's buffer and decoded): tens of MiB at
     // most, never the reply's 48 MB.
-    CHECK_MEMORY(peak_resident() - before < (std::uint64_t{32} << 20U));
+    CHECK_GROWTH("a pull of 200 000 slices", before, 32);
   });
   check_unharmed(outcome);
 }
@@ -345,7 +385,7 @@ TEST_CASE("a client that never reads its replies costs the ps at most its buffer
     }
   }
   CHECK(greedy.closed_by_ps());
-  CHECK_MEMORY(peak_resident() - before < (std::uint64_t{40} << 20U));  // budget + a worker's push
+  CHECK_GROWTH("64 MB of replies never read, 24 MiB budget", before, 40);  // + a push
   CHECK(log.wait_for(LogLevel::kWarning, "max_buffered_bytes"));
   const auto values = chief.read_variables();
   CHECK(values.at(0).front() == doctest::Approx(1.0F - 3 * 0.5F));
@@ -379,7 +419,7 @@ TEST_CASE("a frame that claims more than the ps holds, or than its budget, is cu
     while (!ec && sent < (std::uint64_t{256} << 20U)) sent += asio::write(liar.socket, asio::buffer(chunk), ec);
     CHECK(ec);  // cut off long before
   }
-  CHECK_MEMORY(peak_resident() - before < (std::uint64_t{16} << 20U));
+  CHECK_GROWTH("a 4 GiB claim, 256 MiB sent", before, 16);
   CHECK(log.wait_for(LogLevel::kWarning, "more than the 67108864 bytes a request to this ps can carry"));
 
   // Claims 64 MiB (what the ps holds) and sends it: the 16 MiB budget stops it midway.
@@ -397,7 +437,7 @@ TEST_CASE("a frame that claims more than the ps holds, or than its budget, is cu
     while (!ec && sent < claim.payload_bytes) sent += asio::write(heavy.socket, asio::buffer(chunk), ec);
     CHECK(ec);
   }
-  CHECK_MEMORY(peak_resident() - before < (std::uint64_t{24} << 20U));  // the budget, and slack
+  CHECK_GROWTH("a 64 MiB push against a 16 MiB budget", before, 24);
   CHECK(log.wait_for(LogLevel::kWarning, "memory budget (16 MiB across all connections)"));
 
   // The ps serves on.

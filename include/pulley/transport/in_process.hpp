@@ -228,9 +228,15 @@ class InProcessNetwork {
         dead_[node] = true;
       }
       if (node.job != Node::Job::kPs) {
-        // Its connections break: every ps hears that it left, as a TCP ps would.
+        // Its connections break: what it sent and no ps handled yet is lost, and every ps
+        // hears that it left, as a TCP ps would. (handle() refuses what slips past.)
         for (auto& box : mailboxes_) {
-          std::scoped_lock serving(box->serving);
+          std::scoped_lock lock(box->serving, box->mutex);
+          std::erase_if(box->queue, [&](Envelope& e) {
+            if (e.from != node) return false;
+            e.call->complete(unavailable(node.name() + " is unavailable (killed)"));
+            return true;
+          });
           if (box->host && !box->closed) box->host->disconnected(node);
         }
         return;
@@ -291,7 +297,7 @@ class InProcessNetwork {
       // Idle, or stopped with no thread left: handled here (a stopped service answers at
       // once, so waiting for another sender's turn is short).
       if (!serving.owns_lock()) serving.lock();
-      handle(box, ps, std::move(request), from, session, call);
+      handle(*this, box, ps, std::move(request), from, session, call);
       return pending;
     }
 
@@ -314,12 +320,16 @@ class InProcessNetwork {
     }
 
     /// Hands one request to the service; the caller holds `box.serving`.
-    static void handle(Mailbox& box, std::uint32_t task, Request&& request, Node from,
-                       std::uint64_t session, const CallPtr& call) {
+    static void handle(Fabric& fabric, Mailbox& box, std::uint32_t task, Request&& request,
+                       Node from, std::uint64_t session, const CallPtr& call) {
       {
         std::scoped_lock lock(box.mutex);
         if (const auto gone = gone_reason(box, task)) {
           call->complete(unavailable(*gone));
+          return;
+        }
+        if (fabric.is_dead(from)) {  // killed after it sent this: a dead process sends nothing
+          call->complete(unavailable(from.name() + " is unavailable (killed)"));
           return;
         }
         std::erase_if(box.in_service, [](const CallPtr& c) { return c->has_answer(); });
@@ -361,7 +371,7 @@ class InProcessNetwork {
           envelope = std::move(box.queue.front());
           box.queue.pop_front();
         }
-        handle(box, task, std::move(envelope.request), envelope.from, envelope.session,
+        handle(*this, box, task, std::move(envelope.request), envelope.from, envelope.session,
                envelope.call);
       }
     }

@@ -342,8 +342,12 @@ class Tcp {
         return flush(link);
       }
       if (auto* refusal = std::get_if<wire::Refusal>(&message)) {
-        link.refused = ErrorReply{refusal->code, refusal->reason.substr(0, 1024)};
-        return fail(link, "refused by the ps: " + refusal->reason.substr(0, 1024));
+        // Its words are quoted, its code is not trusted: whoever answers on the port has
+        // proved nothing yet, and must not make a worker believe training finished.
+        const std::string said = refusal->reason.substr(0, 1024);
+        link.refused = ErrorReply{ErrorCode::kUnauthenticated,
+                                  "ps at " + link.address + " refused the connection: \"" + said + "\""};
+        return fail(link, "refused by the ps: " + said);
       }
       auto* welcome = std::get_if<wire::Welcome>(&message);
       if (welcome == nullptr) throw wire::Malformed("the ps answered the hello with neither welcome nor refusal");
@@ -458,7 +462,7 @@ class Tcp {
                   on_reply(link, *frame);
                 }
               }
-            } catch (const wire::Malformed& e) {
+            } catch (const std::exception& e) {  // a bad frame, or no memory: this link only
               return fail(link, e.what());
             }
             receive(link);

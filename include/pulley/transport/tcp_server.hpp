@@ -221,6 +221,7 @@ class TcpServer {
     Clock::time_point last_heard;  ///< the last receive
     std::optional<Clock::time_point> frame_deadline;  ///< while a frame is half in
     std::optional<Clock::time_point> paused_at;       ///< reading paused since
+    Clock::time_point last_written;  ///< the kernel last took reply bytes (or they began)
     Clock::duration frame_allowance{};                ///< the frame's time, as last computed
     bool views = false;          ///< `unsent` views the ps's parameters (it is in owner.viewing_)
     bool write_waiting = false;  ///< waits for the socket to take more
@@ -274,7 +275,6 @@ class TcpServer {
       c = std::make_shared<Connection>(*this, std::move(socket));
       c->challenge = wire::Challenge{options_.credentials.job, service_.task(), wire::make_nonce()};
       connections_.emplace(c.get(), c);
-      orphan_.cancel();
       queue_frame(c, wire::encode(wire::Handshake{*c->challenge}, 0));
     } catch (const std::exception& e) {  // no memory, or the budget is spent
       warn_limited("refused a connection: " + std::string(e.what()));
@@ -333,6 +333,7 @@ class TcpServer {
             return std::span<const std::span<float>>();  // requests' payloads stay here
           });
           if (!frame) break;
+          c->frame_deadline.reset();  // that frame is whole: the next one gets its own time
           dispatch(c, *frame);
         }
         flush_all();
@@ -373,6 +374,7 @@ class TcpServer {
     // No reply may see the parameters change under it.
     if (changes_parameters(request)) {
       for (const ConnectionPtr& viewing : std::exchange(viewing_, {})) detach(*viewing);
+      if (c->closed) return;  // its own unread replies could not be kept: it is gone
     }
     ++c->unanswered;
     // The frame reader checked large payloads finite as they arrived; the service checks
@@ -404,13 +406,12 @@ class TcpServer {
     if (!problem.empty()) {
       warn_limited("refused a connection from " + c->address + ": " + problem);
       c->closing = true;
-      queue_frame(c, wire::encode(wire::Handshake{wire::Refusal{ErrorCode::kUnauthenticated,
-                                                                "ps " + std::to_string(service_.task()) +
-                                                                    " refused the connection: " + problem}},
-                                  0));
+      queue_frame(c, wire::encode(wire::Handshake{wire::Refusal{ErrorCode::kUnauthenticated, problem}}, 0));
       return;
     }
     c->peer = hello.peer;
+    ++clients_;
+    orphan_.cancel();
     c->reader.set_limits(options_.frames);
     queue_frame(c, wire::encode(wire::Handshake{wire::Welcome{
                                     wire::server_proof(options_.credentials.secret, *c->challenge, hello)}},
@@ -422,6 +423,7 @@ class TcpServer {
   /// stay valid until the next push or initialization (see `detach`).
   void queue_frame(const ConnectionPtr& c, wire::Frame&& frame) {
     if (c->closed) return;
+    if (c->unsent.empty()) c->last_written = Clock::now();  // the reader's clock starts
     c->replies.push_back(std::move(frame));
     c->unsent.append(c->replies.back());
     if (!c->replies.back().payload.empty()) {
@@ -453,11 +455,18 @@ class TcpServer {
   void write(const ConnectionPtr& c) {
     if (c->closed || c->write_waiting) return;
     std::error_code ec;
+    const std::uint64_t before = c->unsent.bytes();
     if (!c->unsent.write_now(c->socket, ec)) return forget(*c);  // the peer is gone
+    if (c->unsent.bytes() != before) c->last_written = Clock::now();
     if (c->unsent.empty()) {
       c->unsent.clear();
       c->replies.clear();
       stop_viewing(*c);
+      if (c->copy) {  // written: the copy is spare now, which the budget may reclaim
+        c->release_spare(budget_);
+        c->spare = std::move(c->copy);
+        c->spare_size = std::exchange(c->copy_size, 0);
+      }
       if (c->closing) return forget(*c);  // a refusal, written whole
       return maybe_resume(c);  // a pause for unsent bytes may have ended just now
     }
@@ -515,7 +524,8 @@ class TcpServer {
   }
 
   /// A connection is done: closed, its unsent replies dropped, no longer kept alive here.
-  /// The last connection of a task tells the service that the task left.
+  /// The service hears that this connection of its task is gone (what was taken on it, a
+  /// token, comes back).
   void forget(Connection& c) {
     if (std::exchange(c.closed, true)) return;
     stop_viewing(c);
@@ -529,6 +539,7 @@ class TcpServer {
       connections_.erase(it);
     }
     if (c.peer) {
+      --clients_;
       notify_disconnected(service_, *c.peer, c.session);
       // What it held may have gone to others, whose replies wait to be written.
       asio::post(io_, [this] { flush_all(); });
@@ -536,8 +547,8 @@ class TcpServer {
     maybe_stop();
   }
 
-  /// Closes the connections whose handshake, frame or idleness outlasted its deadline;
-  /// runs a few times per the shortest deadline.
+  /// Closes the connections whose handshake, frame, unread replies or idleness outlasted
+  /// its deadline; runs a few times per the shortest deadline.
   void sweep() {
     const auto shortest =
         std::min({options_.handshake_timeout, options_.frame_timeout, options_.idle_timeout});
@@ -546,29 +557,42 @@ class TcpServer {
     sweep_.expires_after(every);
     sweep_.async_wait([this](std::error_code ec) {
       if (ec) return;
+      sweep();  // first: a throw below must not end the deadlines
       const auto now = Clock::now();
       std::vector<ConnectionPtr> all;
       for (auto& [raw, c] : connections_) all.push_back(c);
       for (const ConnectionPtr& c : all) {
-        if (c->closed) continue;
-        if (!c->peer && now - c->accepted > options_.handshake_timeout) {
-          drop(*c, "no handshake within " + std::to_string(options_.handshake_timeout.count()) + " ms");
-        } else if (c->frame_deadline && c->receiving && now > *c->frame_deadline) {
-          drop(*c, "a frame begun " +
-                       std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                          now - *c->frame_deadline + c->frame_allowance)
-                                          .count()) +
-                       " ms ago is still not complete (TcpServerOptions::frame_timeout)");
-        } else if (c->peer && !c->frame_deadline && c->unanswered == 0 && c->unsent.empty() &&
-                   now - c->last_heard > options_.idle_timeout) {
-          log(LogLevel::kInfo, "ps " + std::to_string(service_.task()) + ": closing idle connection from " +
-                                   c->who());
+        try {
+          expire(*c, now);
+        } catch (const std::exception&) {  // no memory for a log line: close it quietly
           forget(*c);
         }
       }
       flush_all();
-      sweep();
     });
+  }
+
+  /// Closes `c` if its handshake, its frame, its unread replies or its idleness outlasted
+  /// their deadline.
+  void expire(Connection& c, Clock::time_point now) {
+    if (c.closed) return;
+    const auto ms = [](Clock::duration d) {
+      return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(d).count());
+    };
+    if (!c.peer && now - c.accepted > options_.handshake_timeout) {
+      drop(c, "no handshake within " + ms(options_.handshake_timeout) + " ms");
+    } else if (c.frame_deadline && c.receiving && now > *c.frame_deadline) {
+      drop(c, "a frame begun " + ms(now - *c.frame_deadline + c.frame_allowance) +
+                  " ms ago is still not complete (TcpServerOptions::frame_timeout)");
+    } else if (!c.unsent.empty() && now - c.last_written > options_.frame_timeout) {
+      drop(c, "it has not read its replies for " + ms(now - c.last_written) +
+                  " ms (TcpServerOptions::frame_timeout)");
+    } else if (c.peer && !c.frame_deadline && c.unanswered == 0 && c.unsent.empty() &&
+               now - c.last_heard > options_.idle_timeout) {
+      log(LogLevel::kInfo, "ps " + std::to_string(service_.task()) +
+                               ": closing idle connection from " + c.who());
+      forget(c);
+    }
   }
 
   /// Logs a warning about a client, at most 20 a second (a flood of bad connections must
@@ -601,8 +625,11 @@ class TcpServer {
     maybe_stop();
   }
 
+  /// Stops once the service stopped and every client that proved itself has left (a
+  /// connection still in its handshake keeps no ps alive), or, while the service runs,
+  /// starts waiting for one (`watch_orphan`).
   void maybe_stop() {
-    if (!connections_.empty()) return;
+    if (clients_ > 0) return;
     if (!stopping_) return watch_orphan();
     std::error_code ignored;
     acceptor_.close(ignored);
@@ -615,10 +642,12 @@ class TcpServer {
 
   /// Every client is gone while the service still serves: wait `orphaned_after` for one.
   void watch_orphan() {
-    if (!served_) return;
+    if (!served_ || orphan_armed_) return;  // a connection that came and went restarts nothing
+    orphan_armed_ = true;
     orphan_.expires_after(options_.orphaned_after);
     orphan_.async_wait([this](std::error_code ec) {
-      if (ec || !connections_.empty() || stopping_) return;
+      orphan_armed_ = false;
+      if (ec || clients_ > 0 || stopping_) return;
       orphaned_ = true;
       io_.stop();
     });
@@ -635,9 +664,11 @@ class TcpServer {
   asio::steady_timer sweep_{io_};
   bool served_ = false;    ///< a request was handled: the job has started
   bool orphaned_ = false;  ///< run() returned because every client left
+  bool orphan_armed_ = false;  ///< orphan_ runs
   bool accept_failing_ = false;
   bool stopping_ = false;
   std::uint64_t sessions_ = 0;  ///< connections accepted so far
+  std::size_t clients_ = 0;     ///< open connections that completed the handshake
   Clock::time_point warn_window_{};
   int warned_ = 0;
   std::uint64_t suppressed_ = 0;

@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <array>
+#include <cassert>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -38,7 +40,10 @@ class MemoryBudget {
     return false;
   }
   /// Gives back `n` bytes taken earlier.
-  void give(std::uint64_t n) noexcept { used_ -= std::min(n, used_); }
+  void give(std::uint64_t n) noexcept {
+    assert(n <= used_ && "a MemoryBudget was given back more than was taken");
+    used_ -= std::min(n, used_);
+  }
 
   [[nodiscard]] std::uint64_t used() const noexcept { return used_; }
   [[nodiscard]] std::uint64_t limit() const noexcept { return limit_; }
@@ -85,7 +90,12 @@ class FrameReader {
                        MemoryBudget* budget = nullptr)
       : limits_(limits), budget_(budget) {
     charge(buffer_bytes);
-    buffer_.resize(buffer_bytes / sizeof(float));
+    try {
+      buffer_.resize(buffer_bytes / sizeof(float));
+    } catch (...) {
+      if (budget_ != nullptr) budget_->give(buffer_bytes);
+      throw;
+    }
   }
   FrameReader(const FrameReader&) = delete;
   FrameReader& operator=(const FrameReader&) = delete;
@@ -111,10 +121,8 @@ class FrameReader {
   /// received into it, or the last frame handed out views it (until the next `next()` or
   /// `buffers()`).
   void release_idle() noexcept {
-    if ((direct_ && !routed_) || !own_ || own_viewed_) return;
-    own_.reset();
-    if (budget_ != nullptr) budget_->give(own_capacity_ * sizeof(float));
-    own_capacity_ = 0;
+    if ((direct_ && !routed_) || !own_ || own_viewed_ || growing_) return;
+    release_own();
   }
 
   /// Where the next received bytes go: the buffer, or while a payload is received outside
@@ -256,8 +264,15 @@ class FrameReader {
 
   void grow_buffer(std::size_t head) {
     const std::size_t floats = (head + sizeof(float) - 1) / sizeof(float);
-    charge((floats - buffer_.size()) * sizeof(float));
-    std::vector<float> bigger(floats);
+    const std::size_t more = (floats - buffer_.size()) * sizeof(float);
+    charge(more);
+    std::vector<float> bigger;
+    try {
+      bigger.resize(floats);
+    } catch (...) {
+      if (budget_ != nullptr) budget_->give(more);
+      throw;
+    }
     std::memcpy(bigger.data(), bytes() + begin_, end_ - begin_);
     end_ -= begin_;
     begin_ = 0;
@@ -266,7 +281,7 @@ class FrameReader {
 
   /// Grows the payload buffer to hold at most max(1 MiB, twice what arrived), keeping what
   /// arrived in it (`keep`) or not (a new frame, whose first bytes are still in the receive
-  /// buffer): memory follows
+  /// buffer: the old buffer is freed first): memory follows
   /// the bytes that came, not what a header claims. It is not zero-filled (every byte is
   /// received before it is read), and a buffer kept from an earlier frame is not shrunk, so
   /// steady traffic is received in one go.
@@ -276,21 +291,35 @@ class FrameReader {
     const std::size_t until =
         own_capacity_ >= floats ? floats : std::min(floats, std::max(2 * arrived, kChunkFloats));
     if (own_capacity_ >= until) return;
-    charge((until - own_capacity_) * sizeof(float));
-    std::unique_ptr<float[]> bigger;
+    if (!keep) release_own();  // a new frame: give the old buffer back before the new one
+    const std::size_t more = (until - own_capacity_) * sizeof(float);
+    growing_ = true;  // the budget's reclaim must not free own_ under this
     try {
-      bigger = std::make_unique_for_overwrite<float[]>(until);
-    } catch (const std::bad_alloc&) {
-      if (budget_ != nullptr) budget_->give((until - own_capacity_) * sizeof(float));
+      charge(more);
+    } catch (...) {
+      growing_ = false;
+      throw;
+    }
+    growing_ = false;
+    // realloc keeps what arrived (a float's first bytes included) and, for a large block,
+    // moves its pages instead of copying them, so the old and the new buffer are never both
+    // in memory.
+    void* bigger = std::realloc(own_.get(), until * sizeof(float));
+    if (bigger == nullptr) {
+      if (budget_ != nullptr) budget_->give(more);
       throw Malformed("no memory for a payload of " + std::to_string(header_.payload_bytes) +
                       " bytes");
     }
-    // Every byte that arrived, a float's first bytes included (arrived counts whole ones).
-    if (keep && direct_done_ > 0) {
-      std::memcpy(bigger.get(), own_.get(), static_cast<std::size_t>(direct_done_));
-    }
-    own_ = std::move(bigger);
+    (void)own_.release();
+    own_.reset(static_cast<float*>(bigger));
     own_capacity_ = until;
+  }
+
+  /// Frees the payload buffer and gives its bytes back.
+  void release_own() noexcept {
+    own_.reset();
+    if (budget_ != nullptr) budget_->give(own_capacity_ * sizeof(float));
+    own_capacity_ = 0;
   }
 
   /// Charges `n` bytes to the budget, or throws Malformed when they do not fit.
@@ -358,9 +387,14 @@ class FrameReader {
   bool routed_ = false;                        ///< ... into targets_ (else into own_)
   std::uint64_t direct_done_ = 0;              ///< payload bytes received so far
   std::size_t head_at_ = 0;                    ///< where the current frame's head is in the buffer
-  std::unique_ptr<float[]> own_;               ///< payloads too large for the buffer, not routed
+  /// Frees what malloc gave.
+  struct Free {
+    void operator()(float* p) const noexcept { std::free(p); }
+  };
+  std::unique_ptr<float, Free> own_;           ///< payloads too large for the buffer, not routed
   std::size_t own_capacity_ = 0;               ///< floats allocated in own_
   bool own_viewed_ = false;                    ///< the last frame handed out views own_
+  bool growing_ = false;                       ///< own_ is being replaced (charge under way)
   std::size_t checked_ = 0;                    ///< floats of own_ checked finite so far
   bool finite_ = true;
   std::array<std::span<float>, 1> own_target_{};
