@@ -142,9 +142,15 @@ int train(const pulley::Job& job, const Options& o, const Data& data, Optimizer 
           e.consistent ? "" : "  (ps tasks read at different steps)");
     }
     if (e.last) {
-      std::int64_t stale = 0;
-      for (const pulley::Stats& s : e.stats) stale += s.stale_gradients_dropped;
-      std::printf("stale gradients dropped: %lld\n", static_cast<long long>(stale));
+      std::int64_t stale = 0, applied = 0, refused = 0;
+      for (const pulley::Stats& s : e.stats) {
+        stale += s.stale_gradients_dropped;
+        applied += s.updates_applied;
+        refused += s.updates_refused;
+      }
+      std::printf("updates applied: %lld, stale gradients dropped: %lld, updates refused: %lld\n",
+                  static_cast<long long>(applied), static_cast<long long>(stale),
+                  static_cast<long long>(refused));
       std::printf(
           "final: test_accuracy=%.4f samples_per_s=%.0f epochs=%d workers=%u ps=%u mode=%s\n",
           scores.accuracy, e.samples_per_s, o.epochs, workers, job.num_ps(), o.mode.c_str());

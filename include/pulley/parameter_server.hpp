@@ -468,10 +468,14 @@ class ParameterServer {
       reject(reply, e.code(), std::string("Push refused: ") + e.message());
       return;
     }
-    // A push whose update would not stay finite still counts towards this ps's step (the
-    // other ps tasks may have taken their share of it, and their steps must not drift from
-    // this one's), but none of its gradients is taken here.
-    const std::string overflow = verdict == Verdict::kStale ? std::string() : would_overflow(r);
+    // A push that is an update by itself (Async, BoundedStaleness; SyncReplicas with R = 1)
+    // is checked now, against the state it would be applied to: if it would not stay finite
+    // it is refused, naming the sender, and still counts towards this ps's step (the other
+    // ps tasks may have taken their share of it, and their steps must not drift from this
+    // one's), but none of it is taken here. A push that is one of several in an update is
+    // taken, and their mean is checked once, when it is applied (apply_all).
+    const bool alone = verdict == Verdict::kReady && accumulated_ == 0;
+    const std::string overflow = alone ? would_overflow(r) : std::string();
     PushReply answer;
     for (const PartValues& pv : r.gradients) {
       Slot& slot = slots_[slot_of_part_[pv.part]];
@@ -485,10 +489,15 @@ class ParameterServer {
       ++stats_.gradients_accepted;
       sync_.accumulate(slot.accumulator, pv.values);
     }
-    if (verdict != Verdict::kStale && overflow.empty()) ++accumulated_;
+    if (verdict != Verdict::kStale && overflow.empty()) {
+      ++accumulated_;
+      contributors_.push_back(r.worker);
+    }
     if (verdict == Verdict::kReady) {
-      // An update of nothing (each push of it refused here) applies nothing.
-      if (std::exchange(accumulated_, 0) > 0) apply_all(step_before);
+      // An update of nothing (its one push refused here) applies nothing.
+      const std::int64_t pushes = std::exchange(accumulated_, 0);
+      if (pushes > 0) apply_all(step_before, /*checked=*/alone);
+      contributors_.clear();
     }
     if (overflow.empty()) {
       send(reply, answer);
@@ -502,11 +511,10 @@ class ParameterServer {
     changing_ = false;
   }
 
-  /// Why applying push `r` would make a parameter or a slot non-finite (the optimizer's
-  /// `stays_finite`, asked of every part against the state it would be applied to; a mean
-  /// of gradients that each pass passes too, so a sync step only has its mean checked for a
-  /// sum that overflowed, in apply_all), or "" when it would not, or when the optimizer
-  /// cannot tell (apply_all guards those).
+  /// Why applying push `r` alone would make a parameter or a slot non-finite (the
+  /// optimizer's `stays_finite`, asked of every part against the state it would be applied
+  /// to), or "" when it would not, or when the optimizer cannot tell (apply_all guards
+  /// those).
   std::string would_overflow(const Push& r) const {
     if constexpr (PredictsFiniteness<O>) {
       for (const PartValues& pv : r.gradients) {
@@ -525,16 +533,18 @@ class ParameterServer {
 
   /// Takes every part's update from its accumulator and applies it, unless that would make
   /// a parameter (or, for an optimizer that predicts it, a slot) non-finite: then this
-  /// update is skipped on this ps, counted and logged. With `stays_finite`, each push was
-  /// checked on arrival and only the mean needs a look (a sum of R gradients can overflow
-  /// float); without it, the update is applied to copies that replace the parts only if
-  /// every weight stayed finite.
-  void apply_all(std::int64_t step_before) {
+  /// update is skipped on this ps (the step is rolled back here), counted and logged with
+  /// the variable and the workers whose pushes made it. With `stays_finite`, the update is
+  /// asked about once, unless its one push already was (`checked`); without it, the update
+  /// is applied to copies that replace the parts only if every weight stayed finite.
+  void apply_all(std::int64_t step_before, bool checked) {
     updates_.clear();
     for (Slot& slot : slots_) updates_.push_back(sync_.take(slot.accumulator));
     if constexpr (PredictsFiniteness<O>) {
-      for (std::size_t i = 0; i < slots_.size(); ++i) {
-        if (!detail::all_finite(updates_[i])) return skip_update(step_before, slots_[i]);
+      for (std::size_t i = 0; !checked && i < slots_.size(); ++i) {
+        if (!optimizer_.stays_finite(slots_[i].optimizer_state, slots_[i].values, updates_[i])) {
+          return skip_update(step_before, slots_[i]);
+        }
       }
       for (std::size_t i = 0; i < slots_.size(); ++i) {
         apply_to(slots_[i], slots_[i].values, slots_[i].optimizer_state, updates_[i], step_before);
@@ -580,10 +590,14 @@ class ParameterServer {
 
   void skip_update(std::int64_t step_before, const Slot& slot) {
     ++stats_.updates_refused;
+    std::string from;
+    for (const std::uint32_t w : contributors_) {
+      from += (from.empty() ? "worker " : ", worker ") + std::to_string(w);
+    }
     log(LogLevel::kWarning,
-        "ps " + std::to_string(task_) + ": skipped the update of global step " +
-            std::to_string(step_before + 1) + ": it would have made " + describe(slot.part) +
-            " non-finite (a sum of gradients overflowed float, or the optimizer diverged)");
+        "ps " + std::to_string(task_) + ": rolled back the update of global step " +
+            std::to_string(step_before + 1) + " (gradients from " + from + "): it would have made " +
+            describe(slot.part) + " non-finite");
   }
 
   /// Checks that a worker's request names the worker that sent it.
@@ -697,6 +711,7 @@ class ParameterServer {
   std::vector<Shadow> shadows_;
   std::vector<std::span<const float>> updates_;  ///< scratch: each part's update
   std::int64_t accumulated_ = 0;  ///< pushes whose gradients are in the accumulators
+  std::vector<std::uint32_t> contributors_;  ///< ... and whose they are, for a rollback's log
   std::vector<const Slice*> order_;              ///< scratch: a pull's slices, sorted
 
   typename P::Pacer pacer_;  ///< the global step and the tokens, as the sync policy keeps them

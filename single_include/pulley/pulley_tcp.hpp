@@ -2160,7 +2160,7 @@ concept Model = requires(M& model, const M& cmodel, std::size_t i, const typenam
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
-#include <limits>
+#include <cstring>
 #include <span>
 #include <string_view>
 
@@ -2177,9 +2177,40 @@ struct UpdateContext {
 };
 
 /// The largest magnitude the stock optimizers' `stays_finite` lets a parameter or a slot
-/// reach: a quarter of float's range, so that rounding (of a mean of gradients, of the
-/// update itself) cannot carry a value it passed into infinity.
-inline constexpr float kFiniteBound = std::numeric_limits<float>::max() / 4;
+/// reach: just under 2^127, half of float's range, so that rounding (of a mean of
+/// gradients, of the update itself) cannot carry a value it passed into infinity. A value
+/// passes exactly when its exponent field is at most 253 (see `bounded`).
+inline constexpr float kFiniteBound = 0x1.fffffep126F;
+
+namespace detail {
+
+/// Folds `x` into `lane`: its top bit becomes set if |x| > kFiniteBound or x is NaN. Integer
+/// operations, so that loops of it vectorize without -ffast-math: the exponent field plus 2
+/// carries into the sign bit exactly for exponents of 254 (2^127 and up) and 255 (Inf, NaN).
+inline void fold_bound(std::uint32_t& lane, float x) noexcept {
+  std::uint32_t bits = 0;
+  std::memcpy(&bits, &x, sizeof bits);
+  lane |= (bits & 0x7F800000U) + 0x01000000U;
+}
+
+}  // namespace detail
+
+/// True if every value `fold(i, lane)` folds (with `detail::fold_bound`) for i in [0, n) is
+/// within kFiniteBound. The values of 16 consecutive i go to 16 independent lanes, so the
+/// loop vectorizes: a stock optimizer's `stays_finite` costs about one read of its operands.
+template <class Fold>
+bool bounded(std::size_t n, Fold&& fold) noexcept {
+  constexpr std::size_t kLanes = 16;
+  std::uint32_t lanes[kLanes] = {};
+  std::size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (std::size_t l = 0; l < kLanes; ++l) fold(i + l, lanes[l]);
+  }
+  std::uint32_t all = 0;
+  for (; i < n; ++i) fold(i, all);
+  for (const std::uint32_t lane : lanes) all |= lane;
+  return (all & 0x80000000U) == 0;
+}
 
 /// An optimizer: a small value type holding hyper-parameters, plus a per-part `State`
 /// (slots such as momentum or Adam's moments) that the ps keeps beside the part it updates.
@@ -2193,13 +2224,14 @@ inline constexpr float kFiniteBound = std::numeric_limits<float>::max() / 4;
 ///   - `o.stays_finite(state, weights, gradient)` → bool, with `state` const: true only if
 ///     `apply` with these arguments would leave every weight and every slot finite. It may
 ///     be conservative (false for a few updates that would have stayed finite, far beyond
-///     any real gradient) but never optimistic, and it must hold for any gradient between
-///     two it accepted (the mean of accepted gradients stays accepted). The ps asks it for
-///     every push before changing anything and refuses a push it answers false, naming the
-///     variable and the sender. Without it, the ps applies each update to a copy of the
-///     part and its State (which must then be copyable), keeps the copy only if the weights
-///     stayed finite, and fails if the State cannot be copied and the weights went
-///     non-finite; `stays_finite` saves that copy and guards the slots too.
+///     any real gradient) but never optimistic. The ps asks it about every update before
+///     applying it: a push that is an update by itself (Async, BoundedStaleness) is refused
+///     when it answers false, naming the variable and the sender; an update averaged from
+///     several pushes (SyncReplicas) is rolled back on that ps, and logged. Without it, the
+///     ps applies each update to a copy of the part and its State (which must then be
+///     copyable), keeps the copy only if the weights stayed finite, and fails if the State
+///     cannot be copied and the weights went non-finite; `stays_finite` saves that copy and
+///     guards the slots too.
 ///
 /// Semantic contract (the compiler cannot check it):
 ///   - `gradient` is the mean of the gradients the sync policy aggregated for this update
@@ -2482,6 +2514,7 @@ inline void log(LogLevel level, std::string_view line) noexcept {
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <vector>
 
@@ -2523,13 +2556,13 @@ struct Adagrad {
   [[nodiscard]] bool stays_finite(const State& state, std::span<const float> w,
                                   std::span<const float> g) const {
     const float lr = std::abs(learning_rate);
-    const float* a = state.accumulator.data();
-    unsigned bad = 0;
-    for (std::size_t i = 0, n = w.size(); i < n; ++i) {
-      bad |= static_cast<unsigned>(!(a[i] + g[i] * g[i] <= kFiniteBound) ||
-                                   !(std::abs(w[i]) + lr <= kFiniteBound));
-    }
-    return bad == 0;
+    const float* wp = w.data();
+    const float* gp = g.data();
+    const float* ap = state.accumulator.data();
+    return bounded(w.size(), [&](std::size_t i, std::uint32_t& lane) {
+      detail::fold_bound(lane, ap[i] + gp[i] * gp[i]);
+      detail::fold_bound(lane, std::abs(wp[i]) + lr);
+    });
   }
 };
 static_assert(Optimizer<Adagrad>);
@@ -2596,16 +2629,17 @@ struct Adam {
     const float reach = std::abs(step_size(state.t + 1)) / epsilon;
     const float b1 = beta_1;
     const float b2 = beta_2;
-    const float* m = state.m.data();
-    const float* v = state.v.data();
-    unsigned bad = 0;
-    for (std::size_t i = 0, n = w.size(); i < n; ++i) {
-      const float m1 = b1 * m[i] + (1.0F - b1) * g[i];
-      const float v1 = b2 * v[i] + (1.0F - b2) * g[i] * g[i];
-      bad |= static_cast<unsigned>(!(std::abs(m1) <= kFiniteBound) || !(v1 <= kFiniteBound) ||
-                                   !(std::abs(w[i]) + reach * std::abs(m1) <= kFiniteBound));
-    }
-    return bad == 0;
+    const float* wp = w.data();
+    const float* gp = g.data();
+    const float* mp = state.m.data();
+    const float* vp = state.v.data();
+    return bounded(w.size(), [&](std::size_t i, std::uint32_t& lane) {
+      const float m1 = b1 * mp[i] + (1.0F - b1) * gp[i];
+      const float v1 = b2 * vp[i] + (1.0F - b2) * gp[i] * gp[i];
+      detail::fold_bound(lane, m1);
+      detail::fold_bound(lane, v1);
+      detail::fold_bound(lane, std::abs(wp[i]) + reach * std::abs(m1));
+    });
   }
 
  private:
@@ -2622,8 +2656,8 @@ static_assert(Optimizer<Adam>);
 // ---- end pulley/optimizers/adam.hpp ----
 // ---- begin pulley/optimizers/momentum.hpp ----
 
-#include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <vector>
 
@@ -2672,15 +2706,16 @@ struct Momentum {
                                   std::span<const float> g) const {
     const float lr = learning_rate;
     const float mu = momentum;
-    const float* a = state.accumulation.data();
-    unsigned bad = 0;
-    for (std::size_t i = 0, n = w.size(); i < n; ++i) {
-      const float acc = mu * a[i] + g[i];
-      const float step = use_nesterov ? g[i] + mu * acc : acc;
-      bad |= static_cast<unsigned>(!(std::abs(acc) <= kFiniteBound) ||
-                                   !(std::abs(w[i] - lr * step) <= kFiniteBound));
-    }
-    return bad == 0;
+    const float* wp = w.data();
+    const float* gp = g.data();
+    const float* ap = state.accumulation.data();
+    return bounded(w.size(), [&](std::size_t i, std::uint32_t& lane) {
+      const float acc = mu * ap[i] + gp[i];
+      // Nesterov's step g + mu * acc; plain momentum's acc (the same float ops as apply's).
+      const float step = use_nesterov ? gp[i] + mu * acc : acc;
+      detail::fold_bound(lane, acc);
+      detail::fold_bound(lane, wp[i] - lr * step);
+    });
   }
 };
 static_assert(Optimizer<Momentum>);
@@ -2689,8 +2724,8 @@ static_assert(Optimizer<Momentum>);
 // ---- end pulley/optimizers/momentum.hpp ----
 // ---- begin pulley/optimizers/sgd.hpp ----
 
-#include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 
 namespace pulley {
@@ -2717,11 +2752,11 @@ struct Sgd {
   [[nodiscard]] bool stays_finite(const State& /*state*/, std::span<const float> w,
                                   std::span<const float> g) const {
     const float lr = learning_rate;
-    unsigned bad = 0;
-    for (std::size_t i = 0, n = w.size(); i < n; ++i) {
-      bad |= static_cast<unsigned>(!(std::abs(w[i] - lr * g[i]) <= kFiniteBound));
-    }
-    return bad == 0;
+    const float* wp = w.data();
+    const float* gp = g.data();
+    return bounded(w.size(), [&](std::size_t i, std::uint32_t& lane) {
+      detail::fold_bound(lane, wp[i] - lr * gp[i]);
+    });
   }
 };
 static_assert(Optimizer<Sgd>);
@@ -3189,10 +3224,14 @@ class ParameterServer {
       reject(reply, e.code(), std::string("Push refused: ") + e.message());
       return;
     }
-    // A push whose update would not stay finite still counts towards this ps's step (the
-    // other ps tasks may have taken their share of it, and their steps must not drift from
-    // this one's), but none of its gradients is taken here.
-    const std::string overflow = verdict == Verdict::kStale ? std::string() : would_overflow(r);
+    // A push that is an update by itself (Async, BoundedStaleness; SyncReplicas with R = 1)
+    // is checked now, against the state it would be applied to: if it would not stay finite
+    // it is refused, naming the sender, and still counts towards this ps's step (the other
+    // ps tasks may have taken their share of it, and their steps must not drift from this
+    // one's), but none of it is taken here. A push that is one of several in an update is
+    // taken, and their mean is checked once, when it is applied (apply_all).
+    const bool alone = verdict == Verdict::kReady && accumulated_ == 0;
+    const std::string overflow = alone ? would_overflow(r) : std::string();
     PushReply answer;
     for (const PartValues& pv : r.gradients) {
       Slot& slot = slots_[slot_of_part_[pv.part]];
@@ -3206,10 +3245,15 @@ class ParameterServer {
       ++stats_.gradients_accepted;
       sync_.accumulate(slot.accumulator, pv.values);
     }
-    if (verdict != Verdict::kStale && overflow.empty()) ++accumulated_;
+    if (verdict != Verdict::kStale && overflow.empty()) {
+      ++accumulated_;
+      contributors_.push_back(r.worker);
+    }
     if (verdict == Verdict::kReady) {
-      // An update of nothing (each push of it refused here) applies nothing.
-      if (std::exchange(accumulated_, 0) > 0) apply_all(step_before);
+      // An update of nothing (its one push refused here) applies nothing.
+      const std::int64_t pushes = std::exchange(accumulated_, 0);
+      if (pushes > 0) apply_all(step_before, /*checked=*/alone);
+      contributors_.clear();
     }
     if (overflow.empty()) {
       send(reply, answer);
@@ -3223,11 +3267,10 @@ class ParameterServer {
     changing_ = false;
   }
 
-  /// Why applying push `r` would make a parameter or a slot non-finite (the optimizer's
-  /// `stays_finite`, asked of every part against the state it would be applied to; a mean
-  /// of gradients that each pass passes too, so a sync step only has its mean checked for a
-  /// sum that overflowed, in apply_all), or "" when it would not, or when the optimizer
-  /// cannot tell (apply_all guards those).
+  /// Why applying push `r` alone would make a parameter or a slot non-finite (the
+  /// optimizer's `stays_finite`, asked of every part against the state it would be applied
+  /// to), or "" when it would not, or when the optimizer cannot tell (apply_all guards
+  /// those).
   std::string would_overflow(const Push& r) const {
     if constexpr (PredictsFiniteness<O>) {
       for (const PartValues& pv : r.gradients) {
@@ -3246,16 +3289,18 @@ class ParameterServer {
 
   /// Takes every part's update from its accumulator and applies it, unless that would make
   /// a parameter (or, for an optimizer that predicts it, a slot) non-finite: then this
-  /// update is skipped on this ps, counted and logged. With `stays_finite`, each push was
-  /// checked on arrival and only the mean needs a look (a sum of R gradients can overflow
-  /// float); without it, the update is applied to copies that replace the parts only if
-  /// every weight stayed finite.
-  void apply_all(std::int64_t step_before) {
+  /// update is skipped on this ps (the step is rolled back here), counted and logged with
+  /// the variable and the workers whose pushes made it. With `stays_finite`, the update is
+  /// asked about once, unless its one push already was (`checked`); without it, the update
+  /// is applied to copies that replace the parts only if every weight stayed finite.
+  void apply_all(std::int64_t step_before, bool checked) {
     updates_.clear();
     for (Slot& slot : slots_) updates_.push_back(sync_.take(slot.accumulator));
     if constexpr (PredictsFiniteness<O>) {
-      for (std::size_t i = 0; i < slots_.size(); ++i) {
-        if (!detail::all_finite(updates_[i])) return skip_update(step_before, slots_[i]);
+      for (std::size_t i = 0; !checked && i < slots_.size(); ++i) {
+        if (!optimizer_.stays_finite(slots_[i].optimizer_state, slots_[i].values, updates_[i])) {
+          return skip_update(step_before, slots_[i]);
+        }
       }
       for (std::size_t i = 0; i < slots_.size(); ++i) {
         apply_to(slots_[i], slots_[i].values, slots_[i].optimizer_state, updates_[i], step_before);
@@ -3301,10 +3346,14 @@ class ParameterServer {
 
   void skip_update(std::int64_t step_before, const Slot& slot) {
     ++stats_.updates_refused;
+    std::string from;
+    for (const std::uint32_t w : contributors_) {
+      from += (from.empty() ? "worker " : ", worker ") + std::to_string(w);
+    }
     log(LogLevel::kWarning,
-        "ps " + std::to_string(task_) + ": skipped the update of global step " +
-            std::to_string(step_before + 1) + ": it would have made " + describe(slot.part) +
-            " non-finite (a sum of gradients overflowed float, or the optimizer diverged)");
+        "ps " + std::to_string(task_) + ": rolled back the update of global step " +
+            std::to_string(step_before + 1) + " (gradients from " + from + "): it would have made " +
+            describe(slot.part) + " non-finite");
   }
 
   /// Checks that a worker's request names the worker that sent it.
@@ -3418,6 +3467,7 @@ class ParameterServer {
   std::vector<Shadow> shadows_;
   std::vector<std::span<const float>> updates_;  ///< scratch: each part's update
   std::int64_t accumulated_ = 0;  ///< pushes whose gradients are in the accumulators
+  std::vector<std::uint32_t> contributors_;  ///< ... and whose they are, for a rollback's log
   std::vector<const Slice*> order_;              ///< scratch: a pull's slices, sorted
 
   typename P::Pacer pacer_;  ///< the global step and the tokens, as the sync policy keeps them

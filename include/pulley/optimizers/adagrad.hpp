@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <vector>
 
@@ -46,13 +47,13 @@ struct Adagrad {
   [[nodiscard]] bool stays_finite(const State& state, std::span<const float> w,
                                   std::span<const float> g) const {
     const float lr = std::abs(learning_rate);
-    const float* a = state.accumulator.data();
-    unsigned bad = 0;
-    for (std::size_t i = 0, n = w.size(); i < n; ++i) {
-      bad |= static_cast<unsigned>(!(a[i] + g[i] * g[i] <= kFiniteBound) ||
-                                   !(std::abs(w[i]) + lr <= kFiniteBound));
-    }
-    return bad == 0;
+    const float* wp = w.data();
+    const float* gp = g.data();
+    const float* ap = state.accumulator.data();
+    return bounded(w.size(), [&](std::size_t i, std::uint32_t& lane) {
+      detail::fold_bound(lane, ap[i] + gp[i] * gp[i]);
+      detail::fold_bound(lane, std::abs(wp[i]) + lr);
+    });
   }
 };
 static_assert(Optimizer<Adagrad>);

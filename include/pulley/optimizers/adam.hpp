@@ -61,16 +61,17 @@ struct Adam {
     const float reach = std::abs(step_size(state.t + 1)) / epsilon;
     const float b1 = beta_1;
     const float b2 = beta_2;
-    const float* m = state.m.data();
-    const float* v = state.v.data();
-    unsigned bad = 0;
-    for (std::size_t i = 0, n = w.size(); i < n; ++i) {
-      const float m1 = b1 * m[i] + (1.0F - b1) * g[i];
-      const float v1 = b2 * v[i] + (1.0F - b2) * g[i] * g[i];
-      bad |= static_cast<unsigned>(!(std::abs(m1) <= kFiniteBound) || !(v1 <= kFiniteBound) ||
-                                   !(std::abs(w[i]) + reach * std::abs(m1) <= kFiniteBound));
-    }
-    return bad == 0;
+    const float* wp = w.data();
+    const float* gp = g.data();
+    const float* mp = state.m.data();
+    const float* vp = state.v.data();
+    return bounded(w.size(), [&](std::size_t i, std::uint32_t& lane) {
+      const float m1 = b1 * mp[i] + (1.0F - b1) * gp[i];
+      const float v1 = b2 * vp[i] + (1.0F - b2) * gp[i] * gp[i];
+      detail::fold_bound(lane, m1);
+      detail::fold_bound(lane, v1);
+      detail::fold_bound(lane, std::abs(wp[i]) + reach * std::abs(m1));
+    });
   }
 
  private:

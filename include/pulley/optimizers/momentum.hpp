@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
-#include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <vector>
 
@@ -53,15 +53,16 @@ struct Momentum {
                                   std::span<const float> g) const {
     const float lr = learning_rate;
     const float mu = momentum;
-    const float* a = state.accumulation.data();
-    unsigned bad = 0;
-    for (std::size_t i = 0, n = w.size(); i < n; ++i) {
-      const float acc = mu * a[i] + g[i];
-      const float step = use_nesterov ? g[i] + mu * acc : acc;
-      bad |= static_cast<unsigned>(!(std::abs(acc) <= kFiniteBound) ||
-                                   !(std::abs(w[i] - lr * step) <= kFiniteBound));
-    }
-    return bad == 0;
+    const float* wp = w.data();
+    const float* gp = g.data();
+    const float* ap = state.accumulation.data();
+    return bounded(w.size(), [&](std::size_t i, std::uint32_t& lane) {
+      const float acc = mu * ap[i] + gp[i];
+      // Nesterov's step g + mu * acc; plain momentum's acc (the same float ops as apply's).
+      const float step = use_nesterov ? gp[i] + mu * acc : acc;
+      detail::fold_bound(lane, acc);
+      detail::fold_bound(lane, wp[i] - lr * step);
+    });
   }
 };
 static_assert(Optimizer<Momentum>);

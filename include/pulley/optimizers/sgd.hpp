@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
-#include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 
 #include "pulley/concepts/optimizer.hpp"
@@ -31,11 +31,11 @@ struct Sgd {
   [[nodiscard]] bool stays_finite(const State& /*state*/, std::span<const float> w,
                                   std::span<const float> g) const {
     const float lr = learning_rate;
-    unsigned bad = 0;
-    for (std::size_t i = 0, n = w.size(); i < n; ++i) {
-      bad |= static_cast<unsigned>(!(std::abs(w[i] - lr * g[i]) <= kFiniteBound));
-    }
-    return bad == 0;
+    const float* wp = w.data();
+    const float* gp = g.data();
+    return bounded(w.size(), [&](std::size_t i, std::uint32_t& lane) {
+      detail::fold_bound(lane, wp[i] - lr * gp[i]);
+    });
   }
 };
 static_assert(Optimizer<Sgd>);
