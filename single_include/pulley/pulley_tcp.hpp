@@ -6271,6 +6271,14 @@ class Tcp {
         link.receiving = false;
         receive(link);
       };
+      // A numeric address needs no resolver (whose first use starts a thread).
+      std::error_code not_numeric;
+      const asio::ip::address numeric = asio::ip::make_address(link.host, not_numeric);
+      if (!not_numeric) {
+        const asio::ip::tcp::endpoint endpoint(numeric, static_cast<std::uint16_t>(std::stoi(link.port)));
+        link.socket.async_connect(endpoint, [finish](std::error_code ec) mutable { finish(ec); });
+        return;
+      }
       link.resolver.async_resolve(
           link.host, link.port,
           [&link, finish](std::error_code ec,
