@@ -1,9 +1,12 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
+#include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -59,5 +62,39 @@ inline void log(LogLevel level, std::string_view line) noexcept {
                static_cast<int>(line.size()), line.data());
   std::fflush(stderr);
 }
+
+/// Passes at most `per_second` lines a second on to `log`, and counts the rest, which the
+/// next line that passes reports: a flood of bad requests must not flood the log. Not
+/// thread-safe: one per thread that logs through it (a ps's, a server's).
+class LimitedLog {
+ public:
+  explicit LimitedLog(int per_second = 20) noexcept : per_second_(per_second) {}
+
+  /// Logs `line` at `level` unless this second's allowance is spent.
+  void operator()(LogLevel level, const std::string& line) noexcept {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - window_ > std::chrono::seconds(1)) {
+      window_ = now;
+      used_ = 0;
+    }
+    if (++used_ > per_second_) {
+      ++suppressed_;
+      return;
+    }
+    if (suppressed_ == 0) return log(level, line);
+    try {
+      log(level, line + " (" + std::to_string(std::exchange(suppressed_, 0)) +
+                     " similar lines suppressed)");
+    } catch (...) {  // no memory for the longer line: the line alone
+      log(level, line);
+    }
+  }
+
+ private:
+  int per_second_;
+  std::chrono::steady_clock::time_point window_{};
+  int used_ = 0;
+  std::uint64_t suppressed_ = 0;
+};
 
 }  // namespace pulley

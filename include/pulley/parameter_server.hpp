@@ -81,7 +81,6 @@ class ParameterServer {
         const std::string problem = "refused " + std::string(message_name(request)) + " from " +
                                     context.peer->name() + ": only a " +
                                     senders(request).describe() + " may send it";
-        log(LogLevel::kWarning, "ps " + std::to_string(task_) + ": " + problem);
         return reject(reply, ErrorCode::kPermissionDenied, problem);
       }
       std::visit([&](auto& r) { on(r, context, reply); }, request);
@@ -125,7 +124,12 @@ class ParameterServer {
       const auto holder = token_session_.find(node.index);
       if (holder != token_session_.end() && (session == 0 || holder->second == session)) {
         token_session_.erase(holder);
+        const std::string before = waiting_for(sync_, pacer_);
         release(sync_, pacer_, node.index);
+        if (waiting_for(sync_, pacer_) != before) {
+          log(LogLevel::kInfo, gone + " holding its token: given back (" +
+                                   waiting_for(sync_, pacer_) + ")");
+        }
         retry_tokens();
       }
     } catch (const std::exception& e) {
@@ -175,9 +179,13 @@ class ParameterServer {
   /// the reply with its request, to be answered with the error).
   static void park(Responder& slot, Responder& reply) noexcept { slot = std::exchange(reply, nullptr); }
 
+  /// Refuses a request: answers the error, counts it, and logs it (at most 20 lines a
+  /// second), so that an operator sees what a careless or hostile client tried.
   void reject(Responder& reply, ErrorCode code, const std::string& message) {
     ++stats_.requests_rejected;
-    send(reply, ErrorReply{code, "ps " + std::to_string(task_) + ": " + message});
+    std::string line = "ps " + std::to_string(task_) + ": " + message;
+    rejections_(LogLevel::kWarning, line);
+    send(reply, ErrorReply{code, std::move(line)});
   }
 
   /// A handler threw: refuse the request if nothing changed yet, else fail the ps.
@@ -503,7 +511,6 @@ class ParameterServer {
       send(reply, answer);
     } else {
       ++stats_.updates_refused;
-      log(LogLevel::kWarning, "ps " + std::to_string(task_) + ": " + overflow);
       reject(reply, ErrorCode::kInvalidArgument, overflow);
     }
     retry_tokens();
@@ -721,6 +728,7 @@ class ParameterServer {
   std::vector<Responder> ready_waiters_;
   std::vector<WaitingPull> waiting_pulls_;
   Stats stats_;
+  LimitedLog rejections_;  ///< logs refused requests, a few a second at most
 };
 
 }  // namespace pulley

@@ -2449,9 +2449,12 @@ class Evaluator {
 // ---- end pulley/evaluator.hpp ----
 // ---- begin pulley/log.hpp ----
 
+#include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -2507,6 +2510,40 @@ inline void log(LogLevel level, std::string_view line) noexcept {
                static_cast<int>(line.size()), line.data());
   std::fflush(stderr);
 }
+
+/// Passes at most `per_second` lines a second on to `log`, and counts the rest, which the
+/// next line that passes reports: a flood of bad requests must not flood the log. Not
+/// thread-safe: one per thread that logs through it (a ps's, a server's).
+class LimitedLog {
+ public:
+  explicit LimitedLog(int per_second = 20) noexcept : per_second_(per_second) {}
+
+  /// Logs `line` at `level` unless this second's allowance is spent.
+  void operator()(LogLevel level, const std::string& line) noexcept {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - window_ > std::chrono::seconds(1)) {
+      window_ = now;
+      used_ = 0;
+    }
+    if (++used_ > per_second_) {
+      ++suppressed_;
+      return;
+    }
+    if (suppressed_ == 0) return log(level, line);
+    try {
+      log(level, line + " (" + std::to_string(std::exchange(suppressed_, 0)) +
+                     " similar lines suppressed)");
+    } catch (...) {  // no memory for the longer line: the line alone
+      log(level, line);
+    }
+  }
+
+ private:
+  int per_second_;
+  std::chrono::steady_clock::time_point window_{};
+  int used_ = 0;
+  std::uint64_t suppressed_ = 0;
+};
 
 }  // namespace pulley
 // ---- end pulley/log.hpp ----
@@ -2837,7 +2874,6 @@ class ParameterServer {
         const std::string problem = "refused " + std::string(message_name(request)) + " from " +
                                     context.peer->name() + ": only a " +
                                     senders(request).describe() + " may send it";
-        log(LogLevel::kWarning, "ps " + std::to_string(task_) + ": " + problem);
         return reject(reply, ErrorCode::kPermissionDenied, problem);
       }
       std::visit([&](auto& r) { on(r, context, reply); }, request);
@@ -2881,7 +2917,12 @@ class ParameterServer {
       const auto holder = token_session_.find(node.index);
       if (holder != token_session_.end() && (session == 0 || holder->second == session)) {
         token_session_.erase(holder);
+        const std::string before = waiting_for(sync_, pacer_);
         release(sync_, pacer_, node.index);
+        if (waiting_for(sync_, pacer_) != before) {
+          log(LogLevel::kInfo, gone + " holding its token: given back (" +
+                                   waiting_for(sync_, pacer_) + ")");
+        }
         retry_tokens();
       }
     } catch (const std::exception& e) {
@@ -2931,9 +2972,13 @@ class ParameterServer {
   /// the reply with its request, to be answered with the error).
   static void park(Responder& slot, Responder& reply) noexcept { slot = std::exchange(reply, nullptr); }
 
+  /// Refuses a request: answers the error, counts it, and logs it (at most 20 lines a
+  /// second), so that an operator sees what a careless or hostile client tried.
   void reject(Responder& reply, ErrorCode code, const std::string& message) {
     ++stats_.requests_rejected;
-    send(reply, ErrorReply{code, "ps " + std::to_string(task_) + ": " + message});
+    std::string line = "ps " + std::to_string(task_) + ": " + message;
+    rejections_(LogLevel::kWarning, line);
+    send(reply, ErrorReply{code, std::move(line)});
   }
 
   /// A handler threw: refuse the request if nothing changed yet, else fail the ps.
@@ -3259,7 +3304,6 @@ class ParameterServer {
       send(reply, answer);
     } else {
       ++stats_.updates_refused;
-      log(LogLevel::kWarning, "ps " + std::to_string(task_) + ": " + overflow);
       reject(reply, ErrorCode::kInvalidArgument, overflow);
     }
     retry_tokens();
@@ -3477,6 +3521,7 @@ class ParameterServer {
   std::vector<Responder> ready_waiters_;
   std::vector<WaitingPull> waiting_pulls_;
   Stats stats_;
+  LimitedLog rejections_;  ///< logs refused requests, a few a second at most
 };
 
 }  // namespace pulley
@@ -7137,22 +7182,9 @@ class TcpServer {
   }
 
   /// Logs a warning about a client, at most 20 a second (a flood of bad connections must
-  /// not flood the log): the rest are counted and reported with the next line.
+  /// not flood the log).
   void warn_limited(const std::string& line) {
-    const auto now = Clock::now();
-    if (now - warn_window_ > std::chrono::seconds(1)) {
-      warn_window_ = now;
-      warned_ = 0;
-    }
-    if (++warned_ > 20) {
-      ++suppressed_;
-      return;
-    }
-    std::string text = "ps " + std::to_string(service_.task()) + ": " + line;
-    if (suppressed_ > 0) {
-      text += " (" + std::to_string(std::exchange(suppressed_, 0)) + " similar lines suppressed)";
-    }
-    log(LogLevel::kWarning, text);
+    warnings_(LogLevel::kWarning, "ps " + std::to_string(service_.task()) + ": " + line);
   }
 
   /// The service stopped: go on answering until every client has left, or `linger` passed.
@@ -7210,9 +7242,7 @@ class TcpServer {
   bool stopping_ = false;
   std::uint64_t sessions_ = 0;  ///< connections accepted so far
   std::size_t clients_ = 0;     ///< open connections that completed the handshake
-  Clock::time_point warn_window_{};
-  int warned_ = 0;
-  std::uint64_t suppressed_ = 0;
+  LimitedLog warnings_;
   std::vector<ConnectionPtr> dirty_;    ///< connections with replies queued in this batch
   std::vector<ConnectionPtr> viewing_;  ///< connections whose unsent replies view parameters
   /// Open connections, kept alive here: one whose reading is paused has no handler pending

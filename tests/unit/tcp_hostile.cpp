@@ -304,6 +304,8 @@ TEST_CASE("a token taken by a connection that closes before pushing is given bac
       },
       /*restart_worker_1=*/true);
   check_unharmed(outcome);
+  CHECK(log.wait_for(LogLevel::kInfo, "worker:1 disconnected holding its token: given back"));
+  CHECK(log.find(LogLevel::kWarning, "refused TakeToken for worker 0 from worker:1").size() == 1);
 }
 
 TEST_CASE("a push that would overflow Adam's moments is rolled back, named and counted") {
@@ -356,6 +358,7 @@ TEST_CASE("a pull listing the largest part over and over is refused before any r
     CHECK_GROWTH("a pull of 200 000 slices", before, 32);
   });
   check_unharmed(outcome);
+  CHECK(log.find(LogLevel::kWarning, "a pull asks for rows of variable 'linear/kernel' part 0 twice").size() == 1);
 }
 
 TEST_CASE("a client that never reads its replies costs the ps at most its buffer budget") {

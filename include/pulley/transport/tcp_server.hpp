@@ -596,22 +596,9 @@ class TcpServer {
   }
 
   /// Logs a warning about a client, at most 20 a second (a flood of bad connections must
-  /// not flood the log): the rest are counted and reported with the next line.
+  /// not flood the log).
   void warn_limited(const std::string& line) {
-    const auto now = Clock::now();
-    if (now - warn_window_ > std::chrono::seconds(1)) {
-      warn_window_ = now;
-      warned_ = 0;
-    }
-    if (++warned_ > 20) {
-      ++suppressed_;
-      return;
-    }
-    std::string text = "ps " + std::to_string(service_.task()) + ": " + line;
-    if (suppressed_ > 0) {
-      text += " (" + std::to_string(std::exchange(suppressed_, 0)) + " similar lines suppressed)";
-    }
-    log(LogLevel::kWarning, text);
+    warnings_(LogLevel::kWarning, "ps " + std::to_string(service_.task()) + ": " + line);
   }
 
   /// The service stopped: go on answering until every client has left, or `linger` passed.
@@ -669,9 +656,7 @@ class TcpServer {
   bool stopping_ = false;
   std::uint64_t sessions_ = 0;  ///< connections accepted so far
   std::size_t clients_ = 0;     ///< open connections that completed the handshake
-  Clock::time_point warn_window_{};
-  int warned_ = 0;
-  std::uint64_t suppressed_ = 0;
+  LimitedLog warnings_;
   std::vector<ConnectionPtr> dirty_;    ///< connections with replies queued in this batch
   std::vector<ConnectionPtr> viewing_;  ///< connections whose unsent replies view parameters
   /// Open connections, kept alive here: one whose reading is paused has no handler pending
