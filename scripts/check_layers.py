@@ -6,7 +6,8 @@ The layers, and what each may include besides itself:
 
     contracts   error, variable, placement, node, messages, call, concepts/, ...  nothing
     policies    optimizers/, sharding/, sync/, models/                            contracts
-    hosts       parameter_server, worker, chief, evaluator (and detail/client)    policies, contracts
+    storage     checkpoint/ (checkpoints on disk)                                 contracts
+    hosts       parameter_server, worker, chief, evaluator (and detail/client)    storage, policies, contracts
     transports  transport/                                                        contracts
     cluster     cluster/                                                          contracts
     runner      runner/                                                           everything
@@ -30,10 +31,11 @@ ROOT = Path(__file__).resolve().parent.parent / "include"
 ALLOWED = {
     "contracts": {"contracts"},
     "policies": {"contracts", "policies"},
-    "hosts": {"contracts", "policies", "hosts"},
+    "storage": {"contracts", "storage"},
+    "hosts": {"contracts", "policies", "storage", "hosts"},
     "transports": {"contracts", "transports"},
     "cluster": {"contracts", "cluster"},
-    "runner": {"contracts", "policies", "hosts", "transports", "cluster", "runner"},
+    "runner": {"contracts", "policies", "storage", "hosts", "transports", "cluster", "runner"},
 }
 # First match wins: (path prefix under include/, layer).
 RULES = [
@@ -44,6 +46,7 @@ RULES = [
     ("pulley/sharding/", "policies"),
     ("pulley/sync/", "policies"),
     ("pulley/models/", "policies"),
+    ("pulley/checkpoint/", "storage"),
     ("pulley/parameter_server.hpp", "hosts"),
     ("pulley/worker.hpp", "hosts"),
     ("pulley/chief.hpp", "hosts"),

@@ -54,6 +54,7 @@ enum class ErrorCode : std::uint8_t {
   kInternal = 10,           ///< a ps failed while handling a request (a policy threw)
   kPermissionDenied = 11,   ///< the sender's role may not make this request
   kUnauthenticated = 12,    ///< a peer of another job, or without the job's secret
+  kDataLoss = 13,           ///< stored data that is corrupt or truncated (a checkpoint)
 };
 
 /// Stable lower-case name of a code, for logs and error messages.
@@ -83,6 +84,8 @@ constexpr std::string_view to_string(ErrorCode code) noexcept {
       return "permission_denied";
     case ErrorCode::kUnauthenticated:
       return "unauthenticated";
+    case ErrorCode::kDataLoss:
+      return "data_loss";
   }
   return "unknown";
 }

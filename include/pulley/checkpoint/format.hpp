@@ -1,0 +1,365 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+
+/// One checkpoint on disk: a directory holding two files.
+///
+///   data   every tensor (each variable's values, then its slots), float32 little-endian,
+///          each starting at a multiple of 64 bytes
+///   index  what the tensors are: "PULLEYCK", the format version, the global step, the sync
+///          policy's state, and per variable its name, shape, initializer, where each of its
+///          tensors lies in `data` with its CRC-32C, its slot names and its counters by part;
+///          last, the CRC-32C of everything before it
+///
+/// `write_checkpoint` writes both files and flushes them to the disk (fsync) before it
+/// returns; `read_checkpoint` checks every length against what is left and every CRC, and
+/// throws `kDataLoss` naming what is wrong, so a checkpoint cut short by a crash or damaged
+/// on disk is never taken for a good one. Integers are little-endian.
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <bit>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "pulley/checkpoint/crc32c.hpp"
+#include "pulley/checkpoint/model_state.hpp"
+#include "pulley/error.hpp"
+
+static_assert(std::endian::native == std::endian::little,
+              "pulley's checkpoint format is little-endian; big-endian hosts are not supported");
+
+namespace pulley::checkpoint {
+
+inline constexpr char kMagic[8] = {'P', 'U', 'L', 'L', 'E', 'Y', 'C', 'K'};
+inline constexpr std::uint32_t kFormatVersion = 1;  ///< bumped on any incompatible change
+inline constexpr std::size_t kAlignment = 64;       ///< of each tensor in the data file
+
+namespace detail {
+
+/// A file descriptor, closed when it goes.
+class File {
+ public:
+  File(const std::filesystem::path& path, int flags, mode_t mode = 0644)
+      : fd_(::open(path.c_str(), flags | O_CLOEXEC, mode)), path_(path) {
+    if (fd_ < 0) fail("cannot open");
+  }
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+  ~File() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  /// Writes all of `bytes`.
+  void write(std::span<const std::byte> bytes) {
+    while (!bytes.empty()) {
+      const ssize_t n = ::write(fd_, bytes.data(), bytes.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) fail("cannot write");
+      bytes = bytes.subspan(static_cast<std::size_t>(n));
+    }
+  }
+  /// Reads exactly `out.size()` bytes at `offset`; throws kDataLoss if the file ends first.
+  void read_at(std::span<std::byte> out, std::uint64_t offset) const {
+    while (!out.empty()) {
+      const ssize_t n = ::pread(fd_, out.data(), out.size(), static_cast<off_t>(offset));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) fail("cannot read");
+      if (n == 0) throw Error(ErrorCode::kDataLoss, path_.string() + " is truncated");
+      out = out.subspan(static_cast<std::size_t>(n));
+      offset += static_cast<std::uint64_t>(n);
+    }
+  }
+  /// The file's size in bytes.
+  [[nodiscard]] std::uint64_t size() const {
+    struct stat info {};
+    if (::fstat(fd_, &info) != 0) fail("cannot stat");
+    return static_cast<std::uint64_t>(info.st_size);
+  }
+  /// Flushes what was written to the disk.
+  void sync() {
+    if (::fsync(fd_) != 0) fail("cannot flush");
+  }
+
+ private:
+  [[noreturn]] void fail(const char* what) const {
+    throw Error(ErrorCode::kUnavailable, std::string(what) + " " + path_.string() + ": " +
+                                             std::strerror(errno));
+  }
+
+  int fd_;
+  std::filesystem::path path_;
+};
+
+/// Flushes a directory's entries (a file created or renamed in it) to the disk.
+inline void sync_directory(const std::filesystem::path& dir) {
+  File d(dir, O_RDONLY | O_DIRECTORY);
+  d.sync();
+}
+
+/// Appends little-endian fields to a byte string.
+class IndexWriter {
+ public:
+  template <class T>
+  void put(T value) {
+    static_assert(std::is_arithmetic_v<T>);
+    bytes_.append(reinterpret_cast<const char*>(&value), sizeof value);
+  }
+  void put(std::string_view text) {
+    put(static_cast<std::uint32_t>(text.size()));
+    bytes_.append(text);
+  }
+  [[nodiscard]] const std::string& bytes() const noexcept { return bytes_; }
+  std::string& bytes() noexcept { return bytes_; }
+
+ private:
+  std::string bytes_;
+};
+
+/// Reads fields back, each checked against the bytes left; a count is checked to fit.
+class IndexReader {
+ public:
+  IndexReader(std::span<const char> bytes, std::string where)
+      : bytes_(bytes), where_(std::move(where)) {}
+
+  template <class T>
+  T get() {
+    static_assert(std::is_arithmetic_v<T>);
+    T value{};
+    take(&value, sizeof value);
+    return value;
+  }
+  std::string get_string() {
+    const auto n = get<std::uint32_t>();
+    if (n > bytes_.size()) bad("a string longer than the index");
+    std::string out(bytes_.data(), n);
+    bytes_ = bytes_.subspan(n);
+    return out;
+  }
+  /// A count of items of at least `bytes_each` bytes each: no more than can follow.
+  std::uint32_t get_count(std::size_t bytes_each) {
+    const auto n = get<std::uint32_t>();
+    if (static_cast<std::uint64_t>(n) * bytes_each > bytes_.size()) bad("a count larger than the index");
+    return n;
+  }
+  [[nodiscard]] std::size_t left() const noexcept { return bytes_.size(); }
+  [[noreturn]] void bad(const std::string& what) const {
+    throw Error(ErrorCode::kDataLoss, where_ + ": " + what);
+  }
+
+ private:
+  void take(void* out, std::size_t n) {
+    if (n > bytes_.size()) bad("the index ends in the middle of a field");
+    std::memcpy(out, bytes_.data(), n);
+    bytes_ = bytes_.subspan(n);
+  }
+
+  std::span<const char> bytes_;
+  std::string where_;
+};
+
+/// Where a tensor lies in the data file.
+struct TensorRef {
+  std::uint64_t offset = 0;
+  std::uint64_t floats = 0;
+  std::uint32_t crc = 0;
+};
+
+inline void put_ref(IndexWriter& w, const TensorRef& r) {
+  w.put(r.offset);
+  w.put(r.floats);
+  w.put(r.crc);
+}
+inline TensorRef get_ref(IndexReader& r) {
+  TensorRef ref;
+  ref.offset = r.get<std::uint64_t>();
+  ref.floats = r.get<std::uint64_t>();
+  ref.crc = r.get<std::uint32_t>();
+  return ref;
+}
+
+}  // namespace detail
+
+/// Writes `state` as a checkpoint in the directory `dir`, which must not exist yet (it is
+/// created): the data file, then the index, each flushed to the disk, then the directory.
+/// Throws kInvalidArgument for a state whose tensors do not fit its specs, kUnavailable when
+/// the disk refuses.
+inline void write_checkpoint(const std::filesystem::path& dir, const ModelState& state) {
+  for (const VariableState& v : state.variables) {
+    const std::size_t n = v.spec.size();
+    bool fits = v.values.size() == n;
+    for (const SlotState& s : v.slots) fits = fits && s.values.size() == n;
+    for (const PartCounters& c : v.counters) fits = fits && c.values.size() == v.counter_names.size();
+    if (!fits) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "checkpoint: the tensors of '" + v.spec.name + "' do not fit its shape");
+    }
+  }
+  std::error_code ec;
+  if (!std::filesystem::create_directory(dir, ec)) {
+    throw Error(ErrorCode::kUnavailable, "cannot create " + dir.string() + ": " +
+                                             (ec ? ec.message() : std::string("it exists")));
+  }
+  detail::IndexWriter index;
+  index.bytes().append(kMagic, sizeof kMagic);
+  index.put(kFormatVersion);
+  index.put(state.global_step);
+  index.put(static_cast<std::uint32_t>(state.pacer.size()));
+  for (const std::int64_t x : state.pacer) index.put(x);
+  index.put(static_cast<std::uint32_t>(state.variables.size()));
+  {
+    detail::File data(dir / "data", O_WRONLY | O_CREAT | O_EXCL);
+    std::uint64_t offset = 0;
+    static constexpr std::byte kZeros[kAlignment] = {};
+    auto put_tensor = [&](const std::vector<float>& values) {
+      const auto bytes = std::as_bytes(std::span(values));
+      data.write(bytes);
+      detail::put_ref(index, {offset, values.size(), crc32c(bytes)});
+      offset += bytes.size();
+      const std::size_t pad = (kAlignment - offset % kAlignment) % kAlignment;
+      data.write(std::span(kZeros, pad));
+      offset += pad;
+    };
+    for (const VariableState& v : state.variables) {
+      index.put(std::string_view(v.spec.name));
+      index.put(static_cast<std::uint32_t>(v.spec.shape.size()));
+      for (const std::size_t d : v.spec.shape) index.put(static_cast<std::uint64_t>(d));
+      index.put(static_cast<std::uint8_t>(v.spec.initializer.kind));
+      index.put(v.spec.initializer.value);
+      put_tensor(v.values);
+      index.put(static_cast<std::uint32_t>(v.slots.size()));
+      for (const SlotState& s : v.slots) {
+        index.put(std::string_view(s.name));
+        put_tensor(s.values);
+      }
+      index.put(static_cast<std::uint32_t>(v.counter_names.size()));
+      for (const std::string& name : v.counter_names) index.put(std::string_view(name));
+      index.put(static_cast<std::uint32_t>(v.counters.size()));
+      for (const PartCounters& c : v.counters) {
+        index.put(static_cast<std::uint64_t>(c.rows.begin));
+        index.put(static_cast<std::uint64_t>(c.rows.end));
+        for (const std::int64_t x : c.values) index.put(x);
+      }
+    }
+    data.sync();
+  }
+  index.put(crc32c(std::as_bytes(std::span(index.bytes().data(), index.bytes().size()))));
+  {
+    detail::File file(dir / "index", O_WRONLY | O_CREAT | O_EXCL);
+    file.write(std::as_bytes(std::span(index.bytes().data(), index.bytes().size())));
+    file.sync();
+  }
+  detail::sync_directory(dir);
+}
+
+/// Reads the checkpoint in `dir`. With `values` false only the index is read (every field
+/// checked, the tensors left empty): what the checkpoint holds, without its weight. Throws
+/// kDataLoss naming the problem for anything incomplete or damaged (a missing index, a
+/// wrong magic or version, a bad CRC, a data file shorter than the index says).
+inline ModelState read_checkpoint(const std::filesystem::path& dir, bool values = true) {
+  const std::string where = "checkpoint " + dir.string();
+  std::string bytes;
+  {
+    std::error_code ec;
+    if (!std::filesystem::exists(dir / "index", ec)) {
+      throw Error(ErrorCode::kDataLoss, where + " has no index (it was never finished)");
+    }
+    detail::File file(dir / "index", O_RDONLY);
+    const std::uint64_t size = file.size();
+    if (size > (std::uint64_t{1} << 32U)) throw Error(ErrorCode::kDataLoss, where + ": an index of 4 GiB or more");
+    bytes.resize(static_cast<std::size_t>(size));
+    file.read_at(std::as_writable_bytes(std::span(bytes.data(), bytes.size())), 0);
+  }
+  if (bytes.size() < sizeof kMagic + 8 || std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0) {
+    throw Error(ErrorCode::kDataLoss, where + ": not a pulley checkpoint index");
+  }
+  std::uint32_t stored_crc = 0;
+  std::memcpy(&stored_crc, bytes.data() + bytes.size() - 4, 4);
+  const auto body = std::span(bytes.data(), bytes.size() - 4);
+  if (crc32c(std::as_bytes(body)) != stored_crc) {
+    throw Error(ErrorCode::kDataLoss, where + ": the index is damaged (its CRC-32C does not match)");
+  }
+  detail::IndexReader in(body.subspan(sizeof kMagic), where);
+  if (const auto version = in.get<std::uint32_t>(); version != kFormatVersion) {
+    in.bad("format version " + std::to_string(version) + ", this pulley reads version " +
+           std::to_string(kFormatVersion));
+  }
+  ModelState state;
+  state.global_step = in.get<std::int64_t>();
+  for (std::uint32_t i = 0, n = in.get_count(8); i < n; ++i) state.pacer.push_back(in.get<std::int64_t>());
+  struct Pending {
+    std::vector<float>* into;
+    detail::TensorRef ref;
+    std::string what;
+  };
+  std::vector<Pending> tensors;
+  const std::uint32_t num_variables = in.get_count(20);
+  state.variables.resize(num_variables);
+  for (VariableState& v : state.variables) {
+    v.spec.name = in.get_string();
+    for (std::uint32_t d = 0, rank = in.get_count(8); d < rank; ++d) {
+      v.spec.shape.push_back(static_cast<std::size_t>(in.get<std::uint64_t>()));
+    }
+    v.spec.initializer.kind = static_cast<Initializer::Kind>(in.get<std::uint8_t>());
+    v.spec.initializer.value = in.get<float>();
+    tensors.push_back({&v.values, detail::get_ref(in), "'" + v.spec.name + "'"});
+    for (std::uint32_t s = 0, n = in.get_count(24); s < n; ++s) {
+      v.slots.push_back({in.get_string(), {}});
+      tensors.push_back({nullptr, detail::get_ref(in), "slot '" + v.slots.back().name + "' of '" + v.spec.name + "'"});
+    }
+    for (std::uint32_t c = 0, n = in.get_count(4); c < n; ++c) v.counter_names.push_back(in.get_string());
+    for (std::uint32_t p = 0, n = in.get_count(16); p < n; ++p) {
+      PartCounters part;
+      part.rows.begin = static_cast<std::size_t>(in.get<std::uint64_t>());
+      part.rows.end = static_cast<std::size_t>(in.get<std::uint64_t>());
+      for (std::size_t c = 0; c < v.counter_names.size(); ++c) part.values.push_back(in.get<std::int64_t>());
+      v.counters.push_back(std::move(part));
+    }
+  }
+  if (in.left() != 0) in.bad("bytes after the last variable");
+  // Slot tensors point into the slots now that the vectors will not move.
+  {
+    std::size_t t = 0;
+    for (VariableState& v : state.variables) {
+      ++t;
+      for (SlotState& s : v.slots) tensors[t++].into = &s.values;
+    }
+  }
+  for (const VariableState& v : state.variables) {
+    for (const PartCounters& c : v.counters) {
+      if (c.rows.empty() || c.rows.end > v.spec.rows()) in.bad("counters of '" + v.spec.name + "' for rows it does not have");
+    }
+  }
+  detail::File data(dir / "data", O_RDONLY);
+  const std::uint64_t data_size = data.size();
+  for (std::size_t t = 0, vi = 0; t < tensors.size(); ++vi) {
+    const VariableState& v = state.variables[vi];
+    for (std::size_t k = 0; k <= v.slots.size(); ++k, ++t) {
+      const Pending& p = tensors[t];
+      if (p.ref.floats != v.spec.size()) in.bad(p.what + " has the wrong number of elements");
+      const std::uint64_t bytes_n = p.ref.floats * sizeof(float);
+      if (p.ref.offset > data_size || bytes_n > data_size - p.ref.offset) {
+        throw Error(ErrorCode::kDataLoss, where + ": the data file is truncated (" + p.what + ")");
+      }
+      if (!values) continue;
+      p.into->resize(static_cast<std::size_t>(p.ref.floats));
+      data.read_at(std::as_writable_bytes(std::span(*p.into)), p.ref.offset);
+      if (crc32c(std::span<const float>(*p.into)) != p.ref.crc) {
+        throw Error(ErrorCode::kDataLoss, where + ": " + p.what + " is damaged (CRC-32C mismatch)");
+      }
+    }
+  }
+  return state;
+}
+
+}  // namespace pulley::checkpoint
