@@ -88,6 +88,23 @@ class Chief {
   /// Counters of every ps task, by task index.
   std::vector<Stats> stats() { return client_.stats(); }
 
+  /// Every variable with its optimizer state and the sync policy's state, as one consistent
+  /// cut across all ps tasks, for a checkpoint (`CheckpointDirectory::save`). How the cut is
+  /// made: every ps is paused (pushes that arrive wait, unanswered), tells how many pushes
+  /// of each worker it has taken, and is brought to the largest of those counts (taking the
+  /// pushes that were on their way to it) before it is read and resumed. So every ps holds
+  /// the same pushes at the cut, under any sync policy: Async and BoundedStaleness, whose
+  /// ps tasks apply pushes as they come, included. Training stands still while the state
+  /// is read, not while it is written.
+  ModelState save_state() { return client_.read_state(); }
+
+  /// Sets every ps from `state` (a checkpoint): registers its model, and restores values,
+  /// optimizer state and the sync policy's state, at a new epoch. Use it in place of
+  /// `initialize` to resume a job, or while training runs to roll every ps back to the
+  /// checkpoint (after a ps was lost): what waited on the ps tasks is refused, and their
+  /// clients start their step again. When it returns, every ps is ready.
+  void restore(const ModelState& state) { client_.restore(state); }
+
   /// Ends training successfully: every ps answers what waits there and everything sent
   /// later with `kOutOfRange` ("training finished"), so workers and the evaluator stop
   /// cleanly (`Worker::step` returns nullopt); the ps tasks then stop serving.

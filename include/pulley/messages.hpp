@@ -52,6 +52,21 @@ struct PartValues {
   }
 };
 
+/// One part with its optimizer state, as a checkpoint reads and restores it: its values, its
+/// optimizer slots (one value per element each, in the order the ps names them) and its
+/// counters.
+struct PartState {
+  std::uint32_t part = 0;
+  std::span<const float> values;               ///< a tensor
+  std::vector<std::span<const float>> slots;   ///< tensors
+  std::vector<std::int64_t> counters;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(part, values, slots, counters);
+  }
+};
+
 /// Rows `rows` (relative to the variable, inside the part) of part `part`.
 struct Slice {
   std::uint32_t part = 0;
@@ -107,10 +122,11 @@ struct TakeToken {
   static constexpr std::string_view kName = "TakeToken";
   static constexpr JobSet kSenders{Node::Job::kWorker};
   std::uint32_t worker = 0;
+  std::uint64_t epoch = 0;  ///< the restore the worker knows of (PlacementReply::epoch)
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(worker);
+    archive(worker, epoch);
   }
 };
 
@@ -122,10 +138,13 @@ struct Pull {
   static constexpr JobSet kSenders{Node::Job::kWorker, Node::Job::kChief, Node::Job::kEvaluator};
   std::int64_t min_step = 0;
   std::vector<Slice> slices;
+  /// The restore the client knows of: a pull that waits for a step of an earlier one is
+  /// refused (`kFailedPrecondition`), as that step means something else now.
+  std::uint64_t epoch = 0;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(min_step, slices);
+    archive(min_step, slices, epoch);
   }
 };
 
@@ -134,15 +153,20 @@ struct Pull {
 /// ps's global step (`SyncPolicy::on_push`).
 struct Push {
   static constexpr std::string_view kName = "Push";
-  static constexpr JobSet kSenders{Node::Job::kWorker};
   static constexpr bool kChangesParameters = true;
+  static constexpr JobSet kSenders{Node::Job::kWorker};
   std::uint32_t worker = 0;
   std::int64_t local_step = 0;
   std::vector<PartValues> gradients;
+  /// The restore the worker knows of: a push of an earlier one is refused.
+  std::uint64_t epoch = 0;
+  /// Numbers the worker's pushes (0: none): a push sent again after a lost connection has
+  /// the number of the one before it and is answered as that one was, not counted twice.
+  std::uint64_t sequence = 0;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(worker, local_step, gradients);
+    archive(worker, local_step, gradients, epoch, sequence);
   }
 };
 
@@ -170,9 +194,63 @@ struct Shutdown {
   }
 };
 
+/// Chief → every ps, to read a checkpoint's cut: hold the pushes that arrive from now on
+/// (their workers wait), and say how many pushes of each worker were taken so far. Ends
+/// with Resume, or when the chief's connection closes.
+struct Pause {
+  static constexpr std::string_view kName = "Pause";
+  static constexpr JobSet kSenders{Node::Job::kChief};
+
+  template <class Archive>
+  void serialize(Archive& /*archive*/) {}
+};
+
+/// Chief → a paused ps: once it has taken exactly `until[w]` pushes of each worker w (taking
+/// held ones as needed, in order), answer with its state: every part it holds with its
+/// optimizer state, and the sync policy's. With the largest counts over all ps tasks as
+/// `until`, every ps answers at the same cut.
+struct ReadState {
+  static constexpr std::string_view kName = "ReadState";
+  static constexpr JobSet kSenders{Node::Job::kChief};
+  std::vector<std::uint64_t> until;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(until);
+  }
+};
+
+/// Chief → a paused ps: take the held pushes, and go on.
+struct Resume {
+  static constexpr std::string_view kName = "Resume";
+  static constexpr JobSet kSenders{Node::Job::kChief};
+
+  template <class Archive>
+  void serialize(Archive& /*archive*/) {}
+};
+
+/// Chief → ps: set every part this ps holds, with its optimizer state, and the sync
+/// policy's state, from a checkpoint: to resume a job, or to roll every ps back to one
+/// when a ps was lost (TensorFlow restores every variable then). The ps is ready after it,
+/// at epoch `epoch`: what waited there, and whatever arrives for an earlier epoch, is
+/// refused (`kFailedPrecondition`), so that clients start their step again.
+struct Restore {
+  static constexpr std::string_view kName = "Restore";
+  static constexpr bool kChangesParameters = true;
+  static constexpr JobSet kSenders{Node::Job::kChief};
+  std::uint64_t epoch = 0;
+  std::vector<std::int64_t> pacer;  ///< SyncPolicy::save's, or {global step}
+  std::vector<PartState> parts;     ///< every part held here
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(epoch, pacer, parts);
+  }
+};
+
 /// Everything a ps task is asked.
-using Request =
-    std::variant<Register, Initialize, WaitReady, TakeToken, Pull, Push, GetStats, Shutdown>;
+using Request = std::variant<Register, Initialize, WaitReady, TakeToken, Pull, Push, GetStats,
+                             Shutdown, Pause, ReadState, Resume, Restore>;
 
 // ---- responses --------------------------------------------------------------------------
 
@@ -202,10 +280,13 @@ struct PlacementReply {
   static constexpr std::string_view kName = "PlacementReply";
   std::vector<VariableSpec> variables;
   Placement placement;
+  std::uint64_t epoch = 0;  ///< restores so far: requests carry it
+  std::vector<std::string> slot_names;     ///< the optimizer's slots, in PartState order
+  std::vector<std::string> counter_names;  ///< the optimizer's counters
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(variables, placement);
+    archive(variables, placement, epoch, slot_names, counter_names);
   }
 };
 
@@ -278,9 +359,38 @@ struct StatsReply {
   }
 };
 
+/// Answer to Pause: where this ps stands, and what its parts' optimizer state is made of.
+struct PauseReply {
+  static constexpr std::string_view kName = "PauseReply";
+  std::int64_t global_step = 0;
+  std::uint64_t epoch = 0;
+  std::vector<std::uint64_t> pushes;       ///< by worker: pushes taken so far
+  std::vector<std::string> slot_names;     ///< the optimizer's slots, in PartState order
+  std::vector<std::string> counter_names;  ///< the optimizer's counters
+  bool whole = true;  ///< the optimizer's State is all in the slots and counters
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(global_step, epoch, pushes, slot_names, counter_names, whole);
+  }
+};
+
+/// Answer to ReadState: this ps's part of the cut.
+struct StateReply {
+  static constexpr std::string_view kName = "StateReply";
+  std::int64_t global_step = 0;
+  std::vector<std::int64_t> pacer;  ///< SyncPolicy::save's
+  std::vector<PartState> parts;     ///< every part held here, in part order
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(global_step, pacer, parts);
+  }
+};
+
 /// Everything a ps task answers.
-using Response =
-    std::variant<Ack, ErrorReply, PlacementReply, TokenReply, PullReply, PushReply, StatsReply>;
+using Response = std::variant<Ack, ErrorReply, PlacementReply, TokenReply, PullReply, PushReply,
+                              StatsReply, PauseReply, StateReply>;
 
 // ---- what follows from the declarations ---------------------------------------------------
 

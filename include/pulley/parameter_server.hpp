@@ -113,7 +113,18 @@ class ParameterServer {
   /// the sync policy (`SyncPolicy::release`): a worker that vanished holding one cannot
   /// stall a step, even while a process restarted in its place is already connected.
   void disconnected(const Node& node, std::uint64_t session) noexcept {
-    if (node.job != Node::Job::kWorker || end_) return;
+    if (end_) return;
+    if (node.job == Node::Job::kChief && paused_ && (session == 0 || session == pause_session_)) {
+      try {
+        log(LogLevel::kWarning, "ps " + std::to_string(task_) +
+                                    ": the chief left while it paused this ps: resuming");
+        resume();
+      } catch (...) {
+        end_ = ErrorReply{ErrorCode::kInternal, {}};
+      }
+      return;
+    }
+    if (node.job != Node::Job::kWorker) return;
     try {
       const std::string gone = "ps " + std::to_string(task_) + ": " + node.name() + " disconnected";
       std::erase_if(token_waiters_, [&](TokenWaiter& w) {
@@ -151,6 +162,7 @@ class ParameterServer {
   /// A part held here, with the optimizer's slots and the sync policy's accumulator.
   struct Slot {
     Part part;
+    std::uint32_t index = 0;  ///< the part's global index in the placement
     std::size_t row_size = 0;
     std::vector<float> values;
     typename O::State optimizer_state;
@@ -214,6 +226,12 @@ class ParameterServer {
     for (Responder& w : std::exchange(ready_waiters_, {})) send(w, ErrorReply{answer});
     for (TokenWaiter& w : std::exchange(token_waiters_, {})) send(w.reply, ErrorReply{answer});
     for (WaitingPull& w : std::exchange(waiting_pulls_, {})) send(w.reply, ErrorReply{answer});
+    for (HeldPush& h : std::exchange(held_, {})) send(h.reply, ErrorReply{answer});
+    if (pending_read_) {
+      send(pending_read_->reply, ErrorReply{answer});
+      pending_read_.reset();
+    }
+    paused_ = false;
   }
 
   // ---- Register -------------------------------------------------------------------------
@@ -221,7 +239,7 @@ class ParameterServer {
   void on(Register& r, const RequestContext& /*context*/, Responder& reply) {
     if (registered_) {
       if (r.variables == variables_) {
-        send(reply, PlacementReply{variables_, placement_});
+        send(reply, placement_reply());
       } else {
         reject(reply, ErrorCode::kAlreadyExists, "a different model is already registered");
       }
@@ -245,10 +263,12 @@ class ParameterServer {
       const std::size_t row_size = r.variables[part.variable].row_size();
       const std::size_t n = part.rows.size() * row_size;
       slot_of_part[static_cast<std::size_t>(&part - placement.parts.data())] = slots.size();
-      slots.push_back(Slot{part, row_size, std::vector<float>(n, 0.0F), optimizer_.make_state(n),
+      slots.push_back(Slot{part, static_cast<std::uint32_t>(&part - placement.parts.data()),
+                           row_size, std::vector<float>(n, 0.0F), optimizer_.make_state(n),
                            sync_.make_accumulator(n), false});
     }
-    PlacementReply answer{r.variables, placement};
+    PlacementReply answer{r.variables, placement, epoch_, {}, {}};
+    optimizer_state_names(answer.slot_names, answer.counter_names);
     variables_ = std::move(r.variables);
     placement_ = std::move(placement);
     slots_ = std::move(slots);
@@ -329,7 +349,7 @@ class ParameterServer {
 
   void on(WaitReady& /*r*/, const RequestContext& /*context*/, Responder& reply) {
     if (ready_) {
-      send(reply, PlacementReply{variables_, placement_});
+      send(reply, placement_reply());
     } else {
       park(ready_waiters_.emplace_back(), reply);
     }
@@ -338,7 +358,7 @@ class ParameterServer {
   void become_ready() {
     ready_ = true;
     for (Responder& waiter : std::exchange(ready_waiters_, {})) {
-      send(waiter, PlacementReply{variables_, placement_});
+      send(waiter, placement_reply());
     }
   }
 
@@ -350,6 +370,7 @@ class ParameterServer {
       return;
     }
     if (!is_sender(r.worker, context, reply, "TakeToken")) return;
+    if (!current_epoch(r.epoch, reply, "token request")) return;
     TokenWaiter& waiter = token_waiters_.emplace_back(TokenWaiter{r.worker, context.session, nullptr});
     park(waiter.reply, reply);
     retry_tokens();
@@ -383,6 +404,7 @@ class ParameterServer {
       reject(reply, ErrorCode::kFailedPrecondition, "pull before initialization");
       return;
     }
+    if (r.min_step > 0 && !current_epoch(r.epoch, reply, "pull")) return;
     for (const Slice& s : r.slices) {
       if (s.part >= slot_of_part_.size() || slot_of_part_[s.part] == kNotHere) {
         reject(reply, ErrorCode::kNotFound, unknown_part(s.part));
@@ -466,6 +488,24 @@ class ParameterServer {
                  " parts held here, got " + std::to_string(r.gradients.size()));
       return;
     }
+    if (!current_epoch(r.epoch, reply, "push")) return;
+    if (r.worker >= kMaxWorkers) {
+      reject(reply, ErrorCode::kInvalidArgument, "worker index " + std::to_string(r.worker) + " is too large");
+      return;
+    }
+    if (r.sequence != 0 && r.worker < last_push_.size() &&
+        last_push_[r.worker].sequence == r.sequence) {
+      // Sent again after a lost connection: answered as the first time, counted once.
+      send(reply, PushReply{last_push_[r.worker].stale_parts});
+      return;
+    }
+    if (paused_) return hold(r, reply);
+    take(r, reply);
+  }
+
+  /// Takes a push that passed every check: the sync policy's verdict, the gradients into
+  /// the accumulators, and the update when it completes one.
+  void take(const Push& r, Responder& reply) {
     const std::int64_t step_before = global_step();
     changing_ = true;  // the policy's own refusal (pulley::Error) leaves its pacer unchanged
     Verdict verdict = Verdict::kStale;
@@ -476,6 +516,8 @@ class ParameterServer {
       reject(reply, e.code(), std::string("Push refused: ") + e.message());
       return;
     }
+    if (taken_.size() <= r.worker) taken_.resize(r.worker + 1, 0);
+    ++taken_[r.worker];
     // A push that is an update by itself (Async, BoundedStaleness; SyncReplicas with R = 1)
     // is checked now, against the state it would be applied to: if it would not stay finite
     // it is refused, naming the sender, and still counts towards this ps's step (the other
@@ -507,6 +549,10 @@ class ParameterServer {
       if (pushes > 0) apply_all(step_before, /*checked=*/alone);
       contributors_.clear();
     }
+    if (r.sequence != 0) {
+      if (last_push_.size() <= r.worker) last_push_.resize(r.worker + 1);
+      last_push_[r.worker] = {r.sequence, answer.stale_parts};
+    }
     if (overflow.empty()) {
       send(reply, answer);
     } else {
@@ -516,6 +562,218 @@ class ParameterServer {
     retry_tokens();
     if (global_step() != step_before) answer_waiting_pulls();
     changing_ = false;
+  }
+
+  /// True if `epoch` is this ps's; otherwise refuses the request: the job was rolled back
+  /// (or resumed) since its sender last looked, and must start its step again.
+  bool current_epoch(std::uint64_t epoch, Responder& reply, std::string_view what) {
+    if (epoch == epoch_) return true;
+    reject(reply, ErrorCode::kFailedPrecondition,
+           std::string(what) + " of epoch " + std::to_string(epoch) + " refused: the job was " +
+               "restored from a checkpoint at global step " + std::to_string(restored_step_) +
+               " (epoch " + std::to_string(epoch_) + "): wait until ready and start the step again");
+    return false;
+  }
+
+  // ---- Pause / ReadState / Resume: a checkpoint's cut -------------------------------------
+
+  /// A push that arrived while paused, with its gradients copied out of the transport's
+  /// buffers (they are reused once `handle` returns).
+  struct HeldPush {
+    Push push;
+    std::vector<std::vector<float>> storage;
+    Responder reply;
+  };
+
+  void hold(const Push& r, Responder& reply) {
+    HeldPush& held = held_.emplace_back();
+    held.push = Push{r.worker, r.local_step, {}, r.epoch, r.sequence};
+    held.storage.reserve(r.gradients.size());
+    for (const PartValues& pv : r.gradients) {
+      held.storage.emplace_back(pv.values.begin(), pv.values.end());
+      held.push.gradients.push_back({pv.part, held.storage.back()});
+    }
+    park(held.reply, reply);
+    advance_to_cut();
+  }
+
+  void on(Pause& /*r*/, const RequestContext& context, Responder& reply) {
+    if (!ready_) {
+      reject(reply, ErrorCode::kFailedPrecondition, "pause before initialization");
+      return;
+    }
+    PauseReply answer{global_step(), epoch_, taken_, {}, {}, checkpoints_whole_state_v<O>};
+    optimizer_state_names(answer.slot_names, answer.counter_names);
+    paused_ = true;
+    pause_session_ = context.session;
+    send(reply, std::move(answer));
+  }
+
+  void on(ReadState& r, const RequestContext& /*context*/, Responder& reply) {
+    if (!paused_) {
+      reject(reply, ErrorCode::kFailedPrecondition, "ReadState without Pause");
+      return;
+    }
+    for (std::size_t w = 0; w < taken_.size(); ++w) {
+      if (taken_[w] > (w < r.until.size() ? r.until[w] : 0)) {
+        reject(reply, ErrorCode::kFailedPrecondition,
+               "ReadState: this ps has taken more pushes of worker " + std::to_string(w) +
+                   " than the cut");
+        return;
+      }
+    }
+    if (pending_read_) {
+      send(pending_read_->reply, ErrorReply{ErrorCode::kCancelled, "a newer ReadState came"});
+    }
+    pending_read_.emplace(PendingRead{std::move(r.until), nullptr});
+    park(pending_read_->reply, reply);
+    advance_to_cut();
+  }
+
+  void on(Resume& /*r*/, const RequestContext& /*context*/, Responder& reply) {
+    resume();
+    send(reply, Ack{});
+  }
+
+  /// Ends a pause: a cut not reached is given up, the held pushes are taken in order.
+  void resume() {
+    if (!paused_) return;
+    paused_ = false;
+    if (pending_read_) {
+      send(pending_read_->reply,
+           ErrorReply{ErrorCode::kCancelled, "resumed before the cut was reached"});
+      pending_read_.reset();
+    }
+    for (HeldPush& held : std::exchange(held_, {})) take(held.push, held.reply);
+  }
+
+  /// Takes held pushes, in order, while their workers are short of the cut; answers the
+  /// pending ReadState once this ps is exactly at it.
+  void advance_to_cut() {
+    if (!pending_read_) return;
+    const auto& until = pending_read_->until;
+    auto wanted = [&](std::uint32_t w) {
+      const std::uint64_t have = w < taken_.size() ? taken_[w] : 0;
+      return have < (w < until.size() ? until[w] : 0);
+    };
+    std::deque<HeldPush> later;
+    for (HeldPush& held : std::exchange(held_, {})) {
+      // A worker's pushes are taken in the order they came: one held back holds back the rest.
+      const bool blocked = std::any_of(later.begin(), later.end(), [&](const HeldPush& h) {
+        return h.push.worker == held.push.worker;
+      });
+      if (!blocked && wanted(held.push.worker)) {
+        take(held.push, held.reply);
+      } else {
+        later.push_back(std::move(held));
+      }
+    }
+    held_ = std::move(later);
+    for (std::uint32_t w = 0; w < until.size(); ++w) {
+      if (wanted(w)) return;  // its push is still on its way here
+    }
+    StateReply answer{global_step(), save_pacer(sync_, pacer_), {}};
+    for (Slot& slot : slots_) {
+      PartState part{slot.index, slot.values, {}, {}};
+      for (const OptimizerSlot& s : slots_of(optimizer_, slot.optimizer_state)) part.slots.push_back(s.values);
+      for (const OptimizerCounter& c : counters_of(optimizer_, slot.optimizer_state)) {
+        part.counters.push_back(*c.value);
+      }
+      answer.parts.push_back(std::move(part));
+    }
+    Responder reply = std::move(pending_read_->reply);
+    pending_read_.reset();
+    send(reply, std::move(answer));
+  }
+
+  // ---- Restore --------------------------------------------------------------------------
+
+  void on(Restore& r, const RequestContext& /*context*/, Responder& reply) {
+    if (!registered_) {
+      reject(reply, ErrorCode::kFailedPrecondition, "restore before the model is registered");
+      return;
+    }
+    // Everything is checked, and the pacer loaded aside, before anything changes.
+    if (r.parts.size() != slots_.size()) {
+      reject(reply, ErrorCode::kInvalidArgument,
+             "a restore must carry each of the " + std::to_string(slots_.size()) +
+                 " parts held here, got " + std::to_string(r.parts.size()));
+      return;
+    }
+    std::vector<const PartState*> by_slot(slots_.size(), nullptr);
+    for (const PartState& ps : r.parts) {
+      if (ps.part >= slot_of_part_.size() || slot_of_part_[ps.part] == kNotHere) {
+        reject(reply, ErrorCode::kNotFound, unknown_part(ps.part));
+        return;
+      }
+      const std::size_t k = slot_of_part_[ps.part];
+      Slot& slot = slots_[k];
+      const auto slots = slots_of(optimizer_, slot.optimizer_state);
+      const auto counters = counters_of(optimizer_, slot.optimizer_state);
+      // No slots or counters at all: the optimizer's state starts afresh (a checkpoint of
+      // another optimizer, or of one that does not name its state).
+      bool fits = by_slot[k] == nullptr && ps.values.size() == slot.values.size() &&
+                  (ps.counters.empty() || ps.counters.size() == counters.size()) &&
+                  (ps.slots.empty() || ps.slots.size() == slots.size());
+      for (const auto& s : ps.slots) fits = fits && s.size() == slot.values.size();
+      if (!fits) {
+        reject(reply, ErrorCode::kInvalidArgument,
+               "the restored state of " + describe(slot.part) +
+                   " does not fit it (its size, or the optimizer's slots and counters)");
+        return;
+      }
+      if (!detail::all_finite(ps.values)) {
+        reject(reply, ErrorCode::kInvalidArgument, "non-finite values restored for " + describe(slot.part));
+        return;
+      }
+      by_slot[k] = &ps;
+    }
+    typename P::Pacer pacer = load_pacer(sync_, r.pacer);  // a pulley::Error refuses it
+    changing_ = true;
+    for (std::size_t k = 0; k < slots_.size(); ++k) {
+      Slot& slot = slots_[k];
+      const PartState& ps = *by_slot[k];
+      std::copy(ps.values.begin(), ps.values.end(), slot.values.begin());
+      slot.optimizer_state = optimizer_.make_state(slot.values.size());
+      const auto slots = slots_of(optimizer_, slot.optimizer_state);
+      for (std::size_t s = 0; s < ps.slots.size(); ++s) {
+        std::copy(ps.slots[s].begin(), ps.slots[s].end(), slots[s].values.begin());
+      }
+      const auto counters = counters_of(optimizer_, slot.optimizer_state);
+      for (std::size_t c = 0; c < ps.counters.size(); ++c) *counters[c].value = ps.counters[c];
+      slot.accumulator = sync_.make_accumulator(slot.values.size());
+      slot.initialized = true;
+    }
+    initialized_slots_ = slots_.size();
+    pacer_ = std::move(pacer);
+    accumulated_ = 0;
+    contributors_.clear();
+    taken_.clear();
+    last_push_.clear();
+    token_session_.clear();
+    epoch_ = r.epoch;
+    restored_step_ = global_step();
+    // What waited belongs to the time before: its clients start their step again.
+    const ErrorReply gone{ErrorCode::kFailedPrecondition,
+                          "ps " + std::to_string(task_) + ": the job was restored from a "
+                          "checkpoint at global step " + std::to_string(restored_step_) +
+                          ": wait until ready and start the step again"};
+    for (TokenWaiter& w : std::exchange(token_waiters_, {})) send(w.reply, ErrorReply{gone});
+    for (WaitingPull& w : std::exchange(waiting_pulls_, {})) send(w.reply, ErrorReply{gone});
+    for (HeldPush& h : std::exchange(held_, {})) send(h.reply, ErrorReply{gone});
+    if (pending_read_) {
+      send(pending_read_->reply, ErrorReply{gone});
+      pending_read_.reset();
+    }
+    paused_ = false;
+    log(LogLevel::kInfo, "ps " + std::to_string(task_) + ": restored at global step " +
+                             std::to_string(restored_step_) + " (epoch " +
+                             std::to_string(epoch_) + ")");
+    send(reply, Ack{});
+    changing_ = false;
+    if (!ready_) {
+      become_ready();
+    }
   }
 
   /// Why applying push `r` alone would make a parameter or a slot non-finite (the
@@ -637,6 +895,22 @@ class ParameterServer {
 
   // ---- helpers --------------------------------------------------------------------------
 
+  /// What Register and WaitReady answer: the model, where it lives, the epoch, and the names
+  /// of the optimizer's slots and counters.
+  PlacementReply placement_reply() {
+    PlacementReply answer{variables_, placement_, epoch_, {}, {}};
+    optimizer_state_names(answer.slot_names, answer.counter_names);
+    return answer;
+  }
+
+  /// The names of the optimizer's slots and counters (those of a fresh State: they do not
+  /// depend on its size).
+  void optimizer_state_names(std::vector<std::string>& slots, std::vector<std::string>& counters) const {
+    typename O::State probe = optimizer_.make_state(0);
+    for (const OptimizerSlot& slot : slots_of(optimizer_, probe)) slots.emplace_back(slot.name);
+    for (const OptimizerCounter& counter : counters_of(optimizer_, probe)) counters.emplace_back(counter.name);
+  }
+
   [[nodiscard]] std::int64_t global_step() const { return sync_.global_step(pacer_); }
 
   /// Checks that every part is held here, appears once, has the right size and (unless the
@@ -690,6 +964,8 @@ class ParameterServer {
   /// Elements a variable may have: 4 TiB of floats, beyond any ps, and no product of its
   /// shape wraps around on the way.
   static constexpr std::size_t kMaxElements = std::size_t{1} << 40U;
+  /// Worker indices a ps keeps counts for.
+  static constexpr std::uint32_t kMaxWorkers = std::uint32_t{1} << 20U;
 
   std::uint32_t task_;
   std::uint32_t num_ps_;
@@ -718,6 +994,23 @@ class ParameterServer {
   std::vector<Shadow> shadows_;
   std::vector<std::span<const float>> updates_;  ///< scratch: each part's update
   std::int64_t accumulated_ = 0;  ///< pushes whose gradients are in the accumulators
+  std::uint64_t epoch_ = 0;          ///< restores so far (Restore::epoch)
+  std::int64_t restored_step_ = 0;   ///< the global step of the last restore
+  std::vector<std::uint64_t> taken_;  ///< by worker: pushes taken since the last restore
+  /// By worker: its last push's sequence number and answer, to answer a resend as the first.
+  struct LastPush {
+    std::uint64_t sequence = 0;
+    std::uint32_t stale_parts = 0;
+  };
+  std::vector<LastPush> last_push_;
+  bool paused_ = false;             ///< holding pushes for a checkpoint's cut
+  std::uint64_t pause_session_ = 0;  ///< the chief's connection that paused it
+  std::deque<HeldPush> held_;        ///< pushes that arrived while paused, in order
+  struct PendingRead {
+    std::vector<std::uint64_t> until;
+    Responder reply;
+  };
+  std::optional<PendingRead> pending_read_;  ///< a ReadState waiting for its cut
   std::vector<std::uint32_t> contributors_;  ///< ... and whose they are, for a rollback's log
   std::vector<const Slice*> order_;              ///< scratch: a pull's slices, sorted
 

@@ -249,6 +249,7 @@ inline Address parse_address(std::string_view text) {
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 namespace pulley {
 
@@ -300,6 +301,12 @@ struct Token {
 /// Optional:
 ///   - `p.waiting_for(pacer)` → `std::string`: what the next step waits for, in words; the
 ///     ps reports it (StatsReply) and clients quote it when a token or a step never comes
+///   - `p.save(pacer)` → `std::vector<std::int64_t>` and `p.load(pacer, state)` (state: a
+///     `std::span<const std::int64_t>` that `save` gave): the pacer as a checkpoint keeps it.
+///     The ps saves at a cut where no push is half counted (every ps took the same pushes),
+///     and loads into a fresh pacer; `load` throws `pulley::Error` for a state it cannot take
+///     (say, of another number of workers), leaving the pacer as it was. Without them a
+///     checkpoint keeps only the global step, and a restore starts the pacer afresh.
 ///   - `p.release(pacer, worker)` → void, noexcept: the connection worker `worker` took its
 ///     last token on is gone (its process ended, or its link broke): give back the tokens
 ///     it took and did not push for, so a vanished taker cannot hold a step up (a token is
@@ -351,6 +358,25 @@ std::string waiting_for(const P& policy, const typename P::Pacer& pacer) {
   } else {
     return {};
   }
+}
+
+/// The pacer's state for a checkpoint (`save`), or {global step} when the policy has none.
+template <SyncPolicy P>
+std::vector<std::int64_t> save_pacer(const P& policy, const typename P::Pacer& pacer) {
+  if constexpr (requires { { policy.save(pacer) } -> std::convertible_to<std::vector<std::int64_t>>; }) {
+    return policy.save(pacer);
+  } else {
+    return {policy.global_step(pacer)};
+  }
+}
+
+/// A pacer restored from `state` (`load` on a fresh one), or a fresh one when the policy
+/// cannot load.
+template <SyncPolicy P>
+typename P::Pacer load_pacer(const P& policy, std::span<const std::int64_t> state) {
+  typename P::Pacer pacer = policy.make_pacer();
+  if constexpr (requires { policy.load(pacer, state); }) policy.load(pacer, state);
+  return pacer;
 }
 
 /// Gives back what worker `worker` held, if the policy leases tokens (`release`).
@@ -640,6 +666,21 @@ struct PartValues {
   }
 };
 
+/// One part with its optimizer state, as a checkpoint reads and restores it: its values, its
+/// optimizer slots (one value per element each, in the order the ps names them) and its
+/// counters.
+struct PartState {
+  std::uint32_t part = 0;
+  std::span<const float> values;               ///< a tensor
+  std::vector<std::span<const float>> slots;   ///< tensors
+  std::vector<std::int64_t> counters;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(part, values, slots, counters);
+  }
+};
+
 /// Rows `rows` (relative to the variable, inside the part) of part `part`.
 struct Slice {
   std::uint32_t part = 0;
@@ -695,10 +736,11 @@ struct TakeToken {
   static constexpr std::string_view kName = "TakeToken";
   static constexpr JobSet kSenders{Node::Job::kWorker};
   std::uint32_t worker = 0;
+  std::uint64_t epoch = 0;  ///< the restore the worker knows of (PlacementReply::epoch)
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(worker);
+    archive(worker, epoch);
   }
 };
 
@@ -710,10 +752,13 @@ struct Pull {
   static constexpr JobSet kSenders{Node::Job::kWorker, Node::Job::kChief, Node::Job::kEvaluator};
   std::int64_t min_step = 0;
   std::vector<Slice> slices;
+  /// The restore the client knows of: a pull that waits for a step of an earlier one is
+  /// refused (`kFailedPrecondition`), as that step means something else now.
+  std::uint64_t epoch = 0;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(min_step, slices);
+    archive(min_step, slices, epoch);
   }
 };
 
@@ -722,15 +767,20 @@ struct Pull {
 /// ps's global step (`SyncPolicy::on_push`).
 struct Push {
   static constexpr std::string_view kName = "Push";
-  static constexpr JobSet kSenders{Node::Job::kWorker};
   static constexpr bool kChangesParameters = true;
+  static constexpr JobSet kSenders{Node::Job::kWorker};
   std::uint32_t worker = 0;
   std::int64_t local_step = 0;
   std::vector<PartValues> gradients;
+  /// The restore the worker knows of: a push of an earlier one is refused.
+  std::uint64_t epoch = 0;
+  /// Numbers the worker's pushes (0: none): a push sent again after a lost connection has
+  /// the number of the one before it and is answered as that one was, not counted twice.
+  std::uint64_t sequence = 0;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(worker, local_step, gradients);
+    archive(worker, local_step, gradients, epoch, sequence);
   }
 };
 
@@ -758,9 +808,63 @@ struct Shutdown {
   }
 };
 
+/// Chief → every ps, to read a checkpoint's cut: hold the pushes that arrive from now on
+/// (their workers wait), and say how many pushes of each worker were taken so far. Ends
+/// with Resume, or when the chief's connection closes.
+struct Pause {
+  static constexpr std::string_view kName = "Pause";
+  static constexpr JobSet kSenders{Node::Job::kChief};
+
+  template <class Archive>
+  void serialize(Archive& /*archive*/) {}
+};
+
+/// Chief → a paused ps: once it has taken exactly `until[w]` pushes of each worker w (taking
+/// held ones as needed, in order), answer with its state: every part it holds with its
+/// optimizer state, and the sync policy's. With the largest counts over all ps tasks as
+/// `until`, every ps answers at the same cut.
+struct ReadState {
+  static constexpr std::string_view kName = "ReadState";
+  static constexpr JobSet kSenders{Node::Job::kChief};
+  std::vector<std::uint64_t> until;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(until);
+  }
+};
+
+/// Chief → a paused ps: take the held pushes, and go on.
+struct Resume {
+  static constexpr std::string_view kName = "Resume";
+  static constexpr JobSet kSenders{Node::Job::kChief};
+
+  template <class Archive>
+  void serialize(Archive& /*archive*/) {}
+};
+
+/// Chief → ps: set every part this ps holds, with its optimizer state, and the sync
+/// policy's state, from a checkpoint: to resume a job, or to roll every ps back to one
+/// when a ps was lost (TensorFlow restores every variable then). The ps is ready after it,
+/// at epoch `epoch`: what waited there, and whatever arrives for an earlier epoch, is
+/// refused (`kFailedPrecondition`), so that clients start their step again.
+struct Restore {
+  static constexpr std::string_view kName = "Restore";
+  static constexpr bool kChangesParameters = true;
+  static constexpr JobSet kSenders{Node::Job::kChief};
+  std::uint64_t epoch = 0;
+  std::vector<std::int64_t> pacer;  ///< SyncPolicy::save's, or {global step}
+  std::vector<PartState> parts;     ///< every part held here
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(epoch, pacer, parts);
+  }
+};
+
 /// Everything a ps task is asked.
-using Request =
-    std::variant<Register, Initialize, WaitReady, TakeToken, Pull, Push, GetStats, Shutdown>;
+using Request = std::variant<Register, Initialize, WaitReady, TakeToken, Pull, Push, GetStats,
+                             Shutdown, Pause, ReadState, Resume, Restore>;
 
 // ---- responses --------------------------------------------------------------------------
 
@@ -790,10 +894,13 @@ struct PlacementReply {
   static constexpr std::string_view kName = "PlacementReply";
   std::vector<VariableSpec> variables;
   Placement placement;
+  std::uint64_t epoch = 0;  ///< restores so far: requests carry it
+  std::vector<std::string> slot_names;     ///< the optimizer's slots, in PartState order
+  std::vector<std::string> counter_names;  ///< the optimizer's counters
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(variables, placement);
+    archive(variables, placement, epoch, slot_names, counter_names);
   }
 };
 
@@ -866,9 +973,38 @@ struct StatsReply {
   }
 };
 
+/// Answer to Pause: where this ps stands, and what its parts' optimizer state is made of.
+struct PauseReply {
+  static constexpr std::string_view kName = "PauseReply";
+  std::int64_t global_step = 0;
+  std::uint64_t epoch = 0;
+  std::vector<std::uint64_t> pushes;       ///< by worker: pushes taken so far
+  std::vector<std::string> slot_names;     ///< the optimizer's slots, in PartState order
+  std::vector<std::string> counter_names;  ///< the optimizer's counters
+  bool whole = true;  ///< the optimizer's State is all in the slots and counters
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(global_step, epoch, pushes, slot_names, counter_names, whole);
+  }
+};
+
+/// Answer to ReadState: this ps's part of the cut.
+struct StateReply {
+  static constexpr std::string_view kName = "StateReply";
+  std::int64_t global_step = 0;
+  std::vector<std::int64_t> pacer;  ///< SyncPolicy::save's
+  std::vector<PartState> parts;     ///< every part held here, in part order
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(global_step, pacer, parts);
+  }
+};
+
 /// Everything a ps task answers.
-using Response =
-    std::variant<Ack, ErrorReply, PlacementReply, TokenReply, PullReply, PushReply, StatsReply>;
+using Response = std::variant<Ack, ErrorReply, PlacementReply, TokenReply, PullReply, PushReply,
+                              StatsReply, PauseReply, StateReply>;
 
 // ---- what follows from the declarations ---------------------------------------------------
 
@@ -1419,6 +1555,64 @@ concept Transport = std::move_constructible<T> &&
 #include <utility>
 #include <vector>
 
+// ---- begin pulley/checkpoint/model_state.hpp ----
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace pulley {
+
+/// An optimizer slot of one variable (Adam's "m", Momentum's "accumulation"): one value per
+/// element of the variable, row-major as the variable.
+struct SlotState {
+  std::string name;
+  std::vector<float> values;
+
+  friend bool operator==(const SlotState&, const SlotState&) = default;
+};
+
+/// The optimizer's counters of one part of a variable (Adam's "t"), with the rows that part
+/// held: counters belong to a part, since each part is updated on its own.
+struct PartCounters {
+  RowRange rows;
+  std::vector<std::int64_t> values;  ///< one per counter name, in order
+
+  friend bool operator==(const PartCounters&, const PartCounters&) = default;
+};
+
+/// One variable as a checkpoint holds it: its values, its optimizer slots and counters.
+struct VariableState {
+  VariableSpec spec;
+  std::vector<float> values;                ///< spec.size() floats, row-major
+  std::vector<SlotState> slots;             ///< each spec.size() floats
+  std::vector<std::string> counter_names;   ///< e.g. {"t"}
+  std::vector<PartCounters> counters;       ///< by part, in row order
+
+  friend bool operator==(const VariableState&, const VariableState&) = default;
+};
+
+/// What a job needs to go on from a global step: every variable with its optimizer state,
+/// and the sync policy's state, as one consistent cut across all ps tasks (Chief::save).
+struct ModelState {
+  /// Global steps completed at the cut.
+  std::int64_t global_step = 0;
+  /// The sync policy's state at the cut (`SyncPolicy::save`), the same on every ps.
+  std::vector<std::int64_t> pacer;
+  std::vector<VariableState> variables;
+
+  /// The variables' specs, in order.
+  [[nodiscard]] std::vector<VariableSpec> specs() const {
+    std::vector<VariableSpec> out;
+    for (const VariableState& v : variables) out.push_back(v.spec);
+    return out;
+  }
+
+  friend bool operator==(const ModelState&, const ModelState&) = default;
+};
+
+}  // namespace pulley
+// ---- end pulley/checkpoint/model_state.hpp ----
 // ---- begin pulley/client_options.hpp ----
 
 #include <chrono>
@@ -1483,6 +1677,149 @@ inline bool all_finite(std::span<const float> values) noexcept {
 
 }  // namespace pulley::detail
 // ---- end pulley/detail/finite.hpp ----
+// ---- begin pulley/detail/random.hpp ----
+
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <random>
+
+#if defined(__linux__)
+#include <sys/random.h>
+#endif
+
+namespace pulley::detail {
+
+/// Fills `out` with `n` bytes from the operating system's random source: getrandom(2) on
+/// Linux (no file descriptor, so it works in a process that has used up its descriptors),
+/// std::random_device elsewhere.
+inline void random_bytes(void* out, std::size_t n) {
+  auto* bytes = static_cast<unsigned char*>(out);
+#if defined(__linux__)
+  std::size_t filled = 0;
+  while (filled < n) {
+    const ssize_t got = ::getrandom(bytes + filled, n - filled, 0);
+    if (got > 0) {
+      filled += static_cast<std::size_t>(got);
+    } else if (errno != EINTR) {
+      break;
+    }
+  }
+  if (filled == n) return;
+#endif
+  std::random_device source;
+  for (std::size_t i = 0; i < n; ++i) bytes[i] = static_cast<unsigned char>(source());
+}
+
+/// A random 64-bit number.
+inline std::uint64_t random_u64() {
+  std::uint64_t value = 0;
+  random_bytes(&value, sizeof value);
+  return value;
+}
+
+}  // namespace pulley::detail
+// ---- end pulley/detail/random.hpp ----
+// ---- begin pulley/log.hpp ----
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace pulley {
+
+/// How much a log line matters.
+enum class LogLevel : unsigned char {
+  kInfo,     ///< progress: a task started, training reached a step
+  kWarning,  ///< something went wrong and was dealt with (a connection dropped)
+  kError,    ///< a task is about to fail
+};
+
+/// Where pulley's log lines go: called with one line at a time (no trailing newline), from
+/// any thread, never concurrently (calls are serialized). It must not throw.
+using LogSink = std::function<void(LogLevel, std::string_view)>;
+
+namespace detail {
+
+struct LogState {
+  std::mutex mutex;
+  LogSink sink;  ///< empty: stderr
+};
+
+inline LogState& log_state() {
+  static LogState state;
+  return state;
+}
+
+}  // namespace detail
+
+/// Sends pulley's log lines to `sink` instead of stderr (an empty sink restores stderr);
+/// returns the sink it replaces.
+inline LogSink set_log_sink(LogSink sink) {
+  detail::LogState& state = detail::log_state();
+  std::scoped_lock lock(state.mutex);
+  return std::exchange(state.sink, std::move(sink));
+}
+
+/// Writes one log line through the sink (by default to stderr, prefixed "pulley: ").
+inline void log(LogLevel level, std::string_view line) noexcept {
+  detail::LogState& state = detail::log_state();
+  std::scoped_lock lock(state.mutex);
+  if (state.sink) {
+    try {
+      state.sink(level, line);
+    } catch (...) {  // a log line is never worth a failure
+    }
+    return;
+  }
+  static constexpr const char* kPrefix[] = {"", "warning: ", "error: "};
+  std::fprintf(stderr, "pulley: %s%.*s\n", kPrefix[static_cast<int>(level)],
+               static_cast<int>(line.size()), line.data());
+  std::fflush(stderr);
+}
+
+/// Passes at most `per_second` lines a second on to `log`, and counts the rest, which the
+/// next line that passes reports: a flood of bad requests must not flood the log. Not
+/// thread-safe: one per thread that logs through it (a ps's, a server's).
+class LimitedLog {
+ public:
+  explicit LimitedLog(int per_second = 20) noexcept : per_second_(per_second) {}
+
+  /// Logs `line` at `level` unless this second's allowance is spent.
+  void operator()(LogLevel level, const std::string& line) noexcept {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - window_ > std::chrono::seconds(1)) {
+      window_ = now;
+      used_ = 0;
+    }
+    if (++used_ > per_second_) {
+      ++suppressed_;
+      return;
+    }
+    if (suppressed_ == 0) return log(level, line);
+    try {
+      log(level, line + " (" + std::to_string(std::exchange(suppressed_, 0)) +
+                     " similar lines suppressed)");
+    } catch (...) {  // no memory for the longer line: the line alone
+      log(level, line);
+    }
+  }
+
+ private:
+  int per_second_;
+  std::chrono::steady_clock::time_point window_{};
+  int used_ = 0;
+  std::uint64_t suppressed_ = 0;
+};
+
+}  // namespace pulley
+// ---- end pulley/log.hpp ----
 
 namespace pulley {
 
@@ -1520,6 +1857,13 @@ class Client {
   [[nodiscard]] const Placement& placement() const noexcept { return placement_; }
   [[nodiscard]] const std::vector<VariableSpec>& variables() const noexcept { return variables_; }
   [[nodiscard]] bool has_placement() const noexcept { return !placement_.first_part.empty(); }
+  /// The ps tasks' epoch (restores so far), as last learned.
+  [[nodiscard]] std::uint64_t epoch() const noexcept { return epoch_; }
+  /// The optimizer's slot and counter names, as the ps tasks said at registration.
+  [[nodiscard]] const std::vector<std::string>& slot_names() const noexcept { return slot_names_; }
+  [[nodiscard]] const std::vector<std::string>& counter_names() const noexcept { return counter_names_; }
+
+  static std::uint64_t random_start() { return detail::random_u64() >> 1U; }  // never wraps
   T& transport() noexcept { return transport_; }
   [[nodiscard]] const ClientOptions& options() const noexcept { return options_; }
 
@@ -1564,7 +1908,7 @@ class Client {
   /// Takes a sync token from ps 0, which paces the workers.
   TokenReply take_token(std::uint32_t worker) {
     CallGroup group;
-    group.add(transport_.call(0, TakeToken{worker}, {}));
+    group.add(transport_.call(0, TakeToken{worker, epoch_}, {}));
     wait_progressing(group, "take a sync token");
     return group.take_as<TokenReply>(0);
   }
@@ -1647,9 +1991,139 @@ class Client {
   /// report.
   std::int64_t wait_for_step(std::int64_t step) {
     CallGroup group;
-    for (std::size_t ps = 0; ps < num_ps(); ++ps) group.add(transport_.call(ps, Pull{step, {}}, {}));
+    for (std::size_t ps = 0; ps < num_ps(); ++ps) {
+      group.add(transport_.call(ps, Pull{step, {}, epoch_}, {}));
+    }
     wait_gated(group, step, "wait for step " + std::to_string(step));
     return lowest_step(group, 0);
+  }
+
+  /// Every variable with its optimizer state, and the sync policy's state, as one cut across
+  /// all ps tasks (a checkpoint): every ps is paused (pushes that arrive wait), each is
+  /// brought to the same count of pushes taken from every worker (the largest any had),
+  /// read there, and resumed. Training stands still only while the state is read.
+  ModelState read_state() {
+    if (!has_placement()) throw Error(ErrorCode::kFailedPrecondition, "no model registered yet");
+    struct Resumer {  // whatever happens, the ps tasks go on
+      Client* client;
+      ~Resumer() {
+        try {
+          client->broadcast<Ack>([](std::size_t) { return Resume{}; },
+                                 client->options_.request_timeout, "resume the ps tasks");
+        } catch (const Error&) {  // a ps that is gone resumes when the chief's link closes
+        }
+      }
+    } resumer{this};
+    const auto paused = broadcast<PauseReply>([](std::size_t) { return Pause{}; },
+                                              options_.request_timeout, "pause the ps tasks");
+    std::vector<std::uint64_t> until;
+    for (const PauseReply& p : paused) {
+      if (until.size() < p.pushes.size()) until.resize(p.pushes.size(), 0);
+      for (std::size_t w = 0; w < p.pushes.size(); ++w) until[w] = std::max(until[w], p.pushes[w]);
+    }
+    if (!paused[0].whole) {
+      log(LogLevel::kWarning, "the optimizer keeps state it does not name (slots, counters): a "
+                              "checkpoint holds the rest, and a restore starts that afresh");
+    }
+    ModelState state;
+    const std::size_t num_slots = paused[0].slot_names.size();
+    for (const VariableSpec& spec : variables_) {
+      VariableState v;
+      v.spec = spec;
+      v.values.resize(spec.size());
+      for (const std::string& name : paused[0].slot_names) {
+        v.slots.push_back({name, std::vector<float>(spec.size())});
+      }
+      v.counter_names = paused[0].counter_names;
+      state.variables.push_back(std::move(v));
+    }
+    CallGroup group;
+    for (std::size_t ps = 0; ps < num_ps(); ++ps) {
+      PullTargets targets;
+      for (const Part& part : placement_.parts) {
+        if (part.ps != ps) continue;
+        VariableState& v = state.variables[part.variable];
+        const std::size_t row = v.spec.row_size();
+        const std::size_t at = part.rows.begin * row, n = part.rows.size() * row;
+        targets.push_back(std::span(v.values).subspan(at, n));
+        for (std::size_t k = 0; k < num_slots; ++k) {
+          targets.push_back(std::span(v.slots[k].values).subspan(at, n));
+        }
+      }
+      group.add(transport_.call(ps, ReadState{until}, std::move(targets)));
+    }
+    group.wait(options_.request_timeout, "read the ps tasks' state at one cut");
+    for (std::size_t ps = 0; ps < num_ps(); ++ps) {
+      const StateReply reply = group.take_as<StateReply>(ps);
+      if (ps == 0) {
+        state.global_step = reply.global_step;
+        state.pacer = reply.pacer;
+      } else if (reply.pacer != state.pacer) {
+        log(LogLevel::kWarning, "ps " + std::to_string(ps) + " and ps 0 disagree on the sync "
+                                "policy's state at the cut: the checkpoint keeps ps 0's");
+      }
+      for (const PartState& p : reply.parts) {
+        if (p.part >= placement_.parts.size() || placement_.parts[p.part].ps != ps) {
+          throw Error(ErrorCode::kInternal, "ps " + std::to_string(ps) + " answered for a part it does not hold");
+        }
+        const Part& part = placement_.parts[p.part];
+        state.variables[part.variable].counters.push_back({part.rows, p.counters});
+      }
+    }
+    for (VariableState& v : state.variables) {
+      std::sort(v.counters.begin(), v.counters.end(),
+                [](const PartCounters& a, const PartCounters& b) { return a.rows.begin < b.rows.begin; });
+    }
+    return state;
+  }
+
+  /// Registers `state`'s model and sets every ps from it (Restore): values, optimizer state
+  /// (slots and counters matched by name: a checkpoint of another optimizer restores the
+  /// values alone), the sync policy's state, at a new epoch. The placement may differ from
+  /// the checkpoint's (another number of ps tasks): tensors are split anew, and each part
+  /// takes the counters of the saved part that held its first row.
+  void restore(const ModelState& state) {
+    register_model(state.specs());
+    const std::uint64_t epoch = epoch_ + 1;
+    std::vector<Restore> messages(num_ps(), Restore{epoch, state.pacer, {}});
+    bool whole = true;
+    for (const Part& part : placement_.parts) {
+      const VariableState& v = state.variables[part.variable];
+      const std::size_t row = v.spec.row_size();
+      const std::size_t at = part.rows.begin * row, n = part.rows.size() * row;
+      PartState ps{global_index(part), std::span<const float>(v.values).subspan(at, n), {}, {}};
+      for (const std::string& name : slot_names_) {
+        const auto it = std::find_if(v.slots.begin(), v.slots.end(),
+                                     [&](const SlotState& s) { return s.name == name; });
+        if (it == v.slots.end() || v.slots.size() != slot_names_.size()) {
+          ps.slots.clear();
+          whole = false;
+          break;
+        }
+        ps.slots.push_back(std::span<const float>(it->values).subspan(at, n));
+      }
+      const auto saved = std::find_if(v.counters.begin(), v.counters.end(), [&](const PartCounters& c) {
+        return c.rows.begin <= part.rows.begin && part.rows.begin < c.rows.end;
+      });
+      for (const std::string& name : counter_names_) {
+        const auto k = std::find(v.counter_names.begin(), v.counter_names.end(), name);
+        if (saved == v.counters.end() || k == v.counter_names.end() ||
+            v.counter_names.size() != counter_names_.size()) {
+          ps.counters.clear();
+          whole = false;
+          break;
+        }
+        ps.counters.push_back(saved->values[static_cast<std::size_t>(k - v.counter_names.begin())]);
+      }
+      messages[part.ps].parts.push_back(std::move(ps));
+    }
+    if (!whole) {
+      log(LogLevel::kWarning, "the checkpoint's optimizer state does not match this optimizer's "
+                              "slots and counters: the values are restored, the optimizer starts afresh");
+    }
+    broadcast<Ack>([&](std::size_t ps) { return std::move(messages[ps]); }, options_.request_timeout,
+                   "restore the ps tasks");
+    epoch_ = epoch;
   }
 
   /// Counters of every ps task, by task index.
@@ -1761,7 +2235,8 @@ class Client {
     std::vector<PullTargets> targets;
   };
   PullsPerPs split_pulls(std::span<const PullRequest> requests, std::int64_t min_step) {
-    PullsPerPs out{std::vector<Pull>(num_ps(), Pull{min_step, {}}), std::vector<PullTargets>(num_ps())};
+    PullsPerPs out{std::vector<Pull>(num_ps(), Pull{min_step, {}, epoch_}),
+                   std::vector<PullTargets>(num_ps())};
     for (const PullRequest& r : requests) {
       const VariableSpec& spec = checked_variable(r.variable);
       if (r.rows.empty() || r.rows.end > spec.rows() ||
@@ -1799,7 +2274,9 @@ class Client {
       throw Error(ErrorCode::kInvalidArgument, "push needs one gradient per variable");
     }
     if (options_.clip_norm > 0.0F) gradients = clipped(gradients);
-    std::vector<Push> pushes(num_ps(), Push{worker, local_step, {}});
+    // One number for the push to every ps: a push sent again is recognized by it.
+    const std::uint64_t sequence = ++sequence_;
+    std::vector<Push> pushes(num_ps(), Push{worker, local_step, {}, epoch_, sequence});
     for (const Part& part : placement_.parts) {
       const std::size_t row_size = variables_[part.variable].row_size();
       const std::span<const float> g = gradients[part.variable];
@@ -1923,10 +2400,20 @@ class Client {
     }
     placement_ = std::move(replies[0].placement);
     variables_ = std::move(variables);
+    epoch_ = 0;
+    for (const PlacementReply& r : replies) epoch_ = std::max(epoch_, r.epoch);
+    slot_names_ = std::move(replies[0].slot_names);
+    counter_names_ = std::move(replies[0].counter_names);
   }
 
   T transport_;
   ClientOptions options_;
+  std::uint64_t epoch_ = 0;  ///< the ps tasks' restores so far, as last learned
+  /// Numbers this client's pushes: from a random start, so that a client that restarts is
+  /// not taken for the one before it.
+  std::uint64_t sequence_ = random_start();
+  std::vector<std::string> slot_names_;     ///< the optimizer's slots, as the ps tasks name them
+  std::vector<std::string> counter_names_;  ///< the optimizer's counters
   std::vector<std::vector<float>> clipped_;           ///< gradients scaled by clipping
   std::vector<std::span<const float>> clipped_views_;  ///< views of them, by variable
   std::int64_t clipped_steps_ = 0;
@@ -2092,6 +2579,23 @@ class Chief {
   /// Counters of every ps task, by task index.
   std::vector<Stats> stats() { return client_.stats(); }
 
+  /// Every variable with its optimizer state and the sync policy's state, as one consistent
+  /// cut across all ps tasks, for a checkpoint (`CheckpointDirectory::save`). How the cut is
+  /// made: every ps is paused (pushes that arrive wait, unanswered), tells how many pushes
+  /// of each worker it has taken, and is brought to the largest of those counts (taking the
+  /// pushes that were on their way to it) before it is read and resumed. So every ps holds
+  /// the same pushes at the cut, under any sync policy: Async and BoundedStaleness, whose
+  /// ps tasks apply pushes as they come, included. Training stands still while the state
+  /// is read, not while it is written.
+  ModelState save_state() { return client_.read_state(); }
+
+  /// Sets every ps from `state` (a checkpoint): registers its model, and restores values,
+  /// optimizer state and the sync policy's state, at a new epoch. Use it in place of
+  /// `initialize` to resume a job, or while training runs to roll every ps back to the
+  /// checkpoint (after a ps was lost): what waited on the ps tasks is refused, and their
+  /// clients start their step again. When it returns, every ps is ready.
+  void restore(const ModelState& state) { client_.restore(state); }
+
   /// Ends training successfully: every ps answers what waits there and everything sent
   /// later with `kOutOfRange` ("training finished"), so workers and the evaluator stop
   /// cleanly (`Worker::step` returns nullopt); the ps tasks then stop serving.
@@ -2164,8 +2668,11 @@ concept Model = requires(M& model, const M& cmodel, std::size_t i, const typenam
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <ranges>
 #include <span>
 #include <string_view>
+#include <type_traits>
+#include <vector>
 
 namespace pulley {
 
@@ -2235,6 +2742,11 @@ bool bounded(std::size_t n, Fold&& fold) noexcept {
 ///     copyable), keeps the copy only if the weights stayed finite, and fails if the State
 ///     cannot be copied and the weights went non-finite; `stays_finite` saves that copy and
 ///     guards the slots too.
+///   - `o.slots(state)` → a range of `OptimizerSlot` (name, `std::span<float>` of n values,
+///     one per element of the part) and `o.counters(state)` → a range of `OptimizerCounter`
+///     (name, `std::int64_t*`): the State as checkpoints save and restore it. A State that
+///     holds anything else is not checkpointed (a restore starts it from `make_state`, and
+///     the chief says so in its log); an empty State needs neither.
 ///
 /// Semantic contract (the compiler cannot check it):
 ///   - `gradient` is the mean of the gradients the sync policy aggregated for this update
@@ -2261,6 +2773,51 @@ concept Optimizer = std::copy_constructible<O> && std::movable<typename O::State
   requires requires { { optimizer.apply(state, weights, gradient) } -> std::same_as<void>; } ||
       requires { { optimizer.apply(state, weights, gradient, context) } -> std::same_as<void>; };
 };
+
+/// One element-wise slot of an optimizer's State (Adam's "m"): one value per element.
+struct OptimizerSlot {
+  std::string_view name;
+  std::span<float> values;
+};
+
+/// One counter of an optimizer's State (Adam's "t").
+struct OptimizerCounter {
+  std::string_view name;
+  std::int64_t* value;
+};
+
+/// True if the optimizer names its State's slots and counters, for checkpoints.
+template <class O>
+concept ExposesState = Optimizer<O> && requires(const O& optimizer, typename O::State& state) {
+  { optimizer.slots(state) } -> std::ranges::range;
+  { optimizer.counters(state) } -> std::ranges::range;
+};
+
+/// The slots of `state`, or none if the optimizer does not name them.
+template <Optimizer O>
+std::vector<OptimizerSlot> slots_of(const O& optimizer, typename O::State& state) {
+  std::vector<OptimizerSlot> out;
+  if constexpr (ExposesState<O>) {
+    for (const OptimizerSlot& slot : optimizer.slots(state)) out.push_back(slot);
+  }
+  return out;
+}
+
+/// The counters of `state`, or none if the optimizer does not name them.
+template <Optimizer O>
+std::vector<OptimizerCounter> counters_of(const O& optimizer, typename O::State& state) {
+  std::vector<OptimizerCounter> out;
+  if constexpr (ExposesState<O>) {
+    for (const OptimizerCounter& counter : optimizer.counters(state)) out.push_back(counter);
+  }
+  return out;
+}
+
+/// True if a checkpoint holds all of the optimizer's State: it names its slots and
+/// counters, or its State is empty.
+template <Optimizer O>
+inline constexpr bool checkpoints_whole_state_v =
+    ExposesState<O> || std::is_empty_v<typename O::State>;
 
 /// True if the optimizer can tell in advance whether an update stays finite.
 template <class O>
@@ -2450,108 +3007,9 @@ class Evaluator {
 
 }  // namespace pulley
 // ---- end pulley/evaluator.hpp ----
-// ---- begin pulley/log.hpp ----
-
-#include <chrono>
-#include <cstdint>
-#include <cstdio>
-#include <functional>
-#include <mutex>
-#include <string>
-#include <string>
-#include <string_view>
-#include <utility>
-
-namespace pulley {
-
-/// How much a log line matters.
-enum class LogLevel : unsigned char {
-  kInfo,     ///< progress: a task started, training reached a step
-  kWarning,  ///< something went wrong and was dealt with (a connection dropped)
-  kError,    ///< a task is about to fail
-};
-
-/// Where pulley's log lines go: called with one line at a time (no trailing newline), from
-/// any thread, never concurrently (calls are serialized). It must not throw.
-using LogSink = std::function<void(LogLevel, std::string_view)>;
-
-namespace detail {
-
-struct LogState {
-  std::mutex mutex;
-  LogSink sink;  ///< empty: stderr
-};
-
-inline LogState& log_state() {
-  static LogState state;
-  return state;
-}
-
-}  // namespace detail
-
-/// Sends pulley's log lines to `sink` instead of stderr (an empty sink restores stderr);
-/// returns the sink it replaces.
-inline LogSink set_log_sink(LogSink sink) {
-  detail::LogState& state = detail::log_state();
-  std::scoped_lock lock(state.mutex);
-  return std::exchange(state.sink, std::move(sink));
-}
-
-/// Writes one log line through the sink (by default to stderr, prefixed "pulley: ").
-inline void log(LogLevel level, std::string_view line) noexcept {
-  detail::LogState& state = detail::log_state();
-  std::scoped_lock lock(state.mutex);
-  if (state.sink) {
-    try {
-      state.sink(level, line);
-    } catch (...) {  // a log line is never worth a failure
-    }
-    return;
-  }
-  static constexpr const char* kPrefix[] = {"", "warning: ", "error: "};
-  std::fprintf(stderr, "pulley: %s%.*s\n", kPrefix[static_cast<int>(level)],
-               static_cast<int>(line.size()), line.data());
-  std::fflush(stderr);
-}
-
-/// Passes at most `per_second` lines a second on to `log`, and counts the rest, which the
-/// next line that passes reports: a flood of bad requests must not flood the log. Not
-/// thread-safe: one per thread that logs through it (a ps's, a server's).
-class LimitedLog {
- public:
-  explicit LimitedLog(int per_second = 20) noexcept : per_second_(per_second) {}
-
-  /// Logs `line` at `level` unless this second's allowance is spent.
-  void operator()(LogLevel level, const std::string& line) noexcept {
-    const auto now = std::chrono::steady_clock::now();
-    if (now - window_ > std::chrono::seconds(1)) {
-      window_ = now;
-      used_ = 0;
-    }
-    if (++used_ > per_second_) {
-      ++suppressed_;
-      return;
-    }
-    if (suppressed_ == 0) return log(level, line);
-    try {
-      log(level, line + " (" + std::to_string(std::exchange(suppressed_, 0)) +
-                     " similar lines suppressed)");
-    } catch (...) {  // no memory for the longer line: the line alone
-      log(level, line);
-    }
-  }
-
- private:
-  int per_second_;
-  std::chrono::steady_clock::time_point window_{};
-  int used_ = 0;
-  std::uint64_t suppressed_ = 0;
-};
-
-}  // namespace pulley
-// ---- end pulley/log.hpp ----
 // ---- begin pulley/optimizers/adagrad.hpp ----
 
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -2591,6 +3049,13 @@ struct Adagrad {
     }
   }
 
+  /// The accumulator, for checkpoints.
+  [[nodiscard]] std::array<OptimizerSlot, 1> slots(State& state) const {
+    return {OptimizerSlot{"accumulator", state.accumulator}};
+  }
+  /// No counters.
+  [[nodiscard]] std::array<OptimizerCounter, 0> counters(State& /*state*/) const { return {}; }
+
   /// True if `apply` keeps every weight and the accumulator within kFiniteBound. A step is
   /// at most learning_rate * |g| / sqrt(g^2) = learning_rate, so no division is needed.
   [[nodiscard]] bool stays_finite(const State& state, std::span<const float> w,
@@ -2611,6 +3076,7 @@ static_assert(Optimizer<Adagrad>);
 // ---- end pulley/optimizers/adagrad.hpp ----
 // ---- begin pulley/optimizers/adam.hpp ----
 
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -2662,6 +3128,15 @@ struct Adam {
     }
   }
 
+  /// The moments, for checkpoints.
+  [[nodiscard]] std::array<OptimizerSlot, 2> slots(State& state) const {
+    return {OptimizerSlot{"m", state.m}, OptimizerSlot{"v", state.v}};
+  }
+  /// The update count, for checkpoints.
+  [[nodiscard]] std::array<OptimizerCounter, 1> counters(State& state) const {
+    return {OptimizerCounter{"t", &state.t}};
+  }
+
   /// True if `apply` keeps every weight and both moments within kFiniteBound. A step is at
   /// most lr_t * |m| / epsilon, which bounds it without a square root or a division.
   [[nodiscard]] bool stays_finite(const State& state, std::span<const float> w,
@@ -2696,6 +3171,7 @@ static_assert(Optimizer<Adam>);
 // ---- end pulley/optimizers/adam.hpp ----
 // ---- begin pulley/optimizers/momentum.hpp ----
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -2740,6 +3216,13 @@ struct Momentum {
       }
     }
   }
+
+  /// The accumulation, for checkpoints.
+  [[nodiscard]] std::array<OptimizerSlot, 1> slots(State& state) const {
+    return {OptimizerSlot{"accumulation", state.accumulation}};
+  }
+  /// No counters.
+  [[nodiscard]] std::array<OptimizerCounter, 0> counters(State& /*state*/) const { return {}; }
 
   /// True if `apply` keeps every weight and the accumulation within kFiniteBound.
   [[nodiscard]] bool stays_finite(const State& state, std::span<const float> w,
@@ -2909,7 +3392,18 @@ class ParameterServer {
   /// the sync policy (`SyncPolicy::release`): a worker that vanished holding one cannot
   /// stall a step, even while a process restarted in its place is already connected.
   void disconnected(const Node& node, std::uint64_t session) noexcept {
-    if (node.job != Node::Job::kWorker || end_) return;
+    if (end_) return;
+    if (node.job == Node::Job::kChief && paused_ && (session == 0 || session == pause_session_)) {
+      try {
+        log(LogLevel::kWarning, "ps " + std::to_string(task_) +
+                                    ": the chief left while it paused this ps: resuming");
+        resume();
+      } catch (...) {
+        end_ = ErrorReply{ErrorCode::kInternal, {}};
+      }
+      return;
+    }
+    if (node.job != Node::Job::kWorker) return;
     try {
       const std::string gone = "ps " + std::to_string(task_) + ": " + node.name() + " disconnected";
       std::erase_if(token_waiters_, [&](TokenWaiter& w) {
@@ -2947,6 +3441,7 @@ class ParameterServer {
   /// A part held here, with the optimizer's slots and the sync policy's accumulator.
   struct Slot {
     Part part;
+    std::uint32_t index = 0;  ///< the part's global index in the placement
     std::size_t row_size = 0;
     std::vector<float> values;
     typename O::State optimizer_state;
@@ -3010,6 +3505,12 @@ class ParameterServer {
     for (Responder& w : std::exchange(ready_waiters_, {})) send(w, ErrorReply{answer});
     for (TokenWaiter& w : std::exchange(token_waiters_, {})) send(w.reply, ErrorReply{answer});
     for (WaitingPull& w : std::exchange(waiting_pulls_, {})) send(w.reply, ErrorReply{answer});
+    for (HeldPush& h : std::exchange(held_, {})) send(h.reply, ErrorReply{answer});
+    if (pending_read_) {
+      send(pending_read_->reply, ErrorReply{answer});
+      pending_read_.reset();
+    }
+    paused_ = false;
   }
 
   // ---- Register -------------------------------------------------------------------------
@@ -3017,7 +3518,7 @@ class ParameterServer {
   void on(Register& r, const RequestContext& /*context*/, Responder& reply) {
     if (registered_) {
       if (r.variables == variables_) {
-        send(reply, PlacementReply{variables_, placement_});
+        send(reply, placement_reply());
       } else {
         reject(reply, ErrorCode::kAlreadyExists, "a different model is already registered");
       }
@@ -3041,10 +3542,12 @@ class ParameterServer {
       const std::size_t row_size = r.variables[part.variable].row_size();
       const std::size_t n = part.rows.size() * row_size;
       slot_of_part[static_cast<std::size_t>(&part - placement.parts.data())] = slots.size();
-      slots.push_back(Slot{part, row_size, std::vector<float>(n, 0.0F), optimizer_.make_state(n),
+      slots.push_back(Slot{part, static_cast<std::uint32_t>(&part - placement.parts.data()),
+                           row_size, std::vector<float>(n, 0.0F), optimizer_.make_state(n),
                            sync_.make_accumulator(n), false});
     }
-    PlacementReply answer{r.variables, placement};
+    PlacementReply answer{r.variables, placement, epoch_, {}, {}};
+    optimizer_state_names(answer.slot_names, answer.counter_names);
     variables_ = std::move(r.variables);
     placement_ = std::move(placement);
     slots_ = std::move(slots);
@@ -3125,7 +3628,7 @@ class ParameterServer {
 
   void on(WaitReady& /*r*/, const RequestContext& /*context*/, Responder& reply) {
     if (ready_) {
-      send(reply, PlacementReply{variables_, placement_});
+      send(reply, placement_reply());
     } else {
       park(ready_waiters_.emplace_back(), reply);
     }
@@ -3134,7 +3637,7 @@ class ParameterServer {
   void become_ready() {
     ready_ = true;
     for (Responder& waiter : std::exchange(ready_waiters_, {})) {
-      send(waiter, PlacementReply{variables_, placement_});
+      send(waiter, placement_reply());
     }
   }
 
@@ -3146,6 +3649,7 @@ class ParameterServer {
       return;
     }
     if (!is_sender(r.worker, context, reply, "TakeToken")) return;
+    if (!current_epoch(r.epoch, reply, "token request")) return;
     TokenWaiter& waiter = token_waiters_.emplace_back(TokenWaiter{r.worker, context.session, nullptr});
     park(waiter.reply, reply);
     retry_tokens();
@@ -3179,6 +3683,7 @@ class ParameterServer {
       reject(reply, ErrorCode::kFailedPrecondition, "pull before initialization");
       return;
     }
+    if (r.min_step > 0 && !current_epoch(r.epoch, reply, "pull")) return;
     for (const Slice& s : r.slices) {
       if (s.part >= slot_of_part_.size() || slot_of_part_[s.part] == kNotHere) {
         reject(reply, ErrorCode::kNotFound, unknown_part(s.part));
@@ -3262,6 +3767,24 @@ class ParameterServer {
                  " parts held here, got " + std::to_string(r.gradients.size()));
       return;
     }
+    if (!current_epoch(r.epoch, reply, "push")) return;
+    if (r.worker >= kMaxWorkers) {
+      reject(reply, ErrorCode::kInvalidArgument, "worker index " + std::to_string(r.worker) + " is too large");
+      return;
+    }
+    if (r.sequence != 0 && r.worker < last_push_.size() &&
+        last_push_[r.worker].sequence == r.sequence) {
+      // Sent again after a lost connection: answered as the first time, counted once.
+      send(reply, PushReply{last_push_[r.worker].stale_parts});
+      return;
+    }
+    if (paused_) return hold(r, reply);
+    take(r, reply);
+  }
+
+  /// Takes a push that passed every check: the sync policy's verdict, the gradients into
+  /// the accumulators, and the update when it completes one.
+  void take(const Push& r, Responder& reply) {
     const std::int64_t step_before = global_step();
     changing_ = true;  // the policy's own refusal (pulley::Error) leaves its pacer unchanged
     Verdict verdict = Verdict::kStale;
@@ -3272,6 +3795,8 @@ class ParameterServer {
       reject(reply, e.code(), std::string("Push refused: ") + e.message());
       return;
     }
+    if (taken_.size() <= r.worker) taken_.resize(r.worker + 1, 0);
+    ++taken_[r.worker];
     // A push that is an update by itself (Async, BoundedStaleness; SyncReplicas with R = 1)
     // is checked now, against the state it would be applied to: if it would not stay finite
     // it is refused, naming the sender, and still counts towards this ps's step (the other
@@ -3303,6 +3828,10 @@ class ParameterServer {
       if (pushes > 0) apply_all(step_before, /*checked=*/alone);
       contributors_.clear();
     }
+    if (r.sequence != 0) {
+      if (last_push_.size() <= r.worker) last_push_.resize(r.worker + 1);
+      last_push_[r.worker] = {r.sequence, answer.stale_parts};
+    }
     if (overflow.empty()) {
       send(reply, answer);
     } else {
@@ -3312,6 +3841,218 @@ class ParameterServer {
     retry_tokens();
     if (global_step() != step_before) answer_waiting_pulls();
     changing_ = false;
+  }
+
+  /// True if `epoch` is this ps's; otherwise refuses the request: the job was rolled back
+  /// (or resumed) since its sender last looked, and must start its step again.
+  bool current_epoch(std::uint64_t epoch, Responder& reply, std::string_view what) {
+    if (epoch == epoch_) return true;
+    reject(reply, ErrorCode::kFailedPrecondition,
+           std::string(what) + " of epoch " + std::to_string(epoch) + " refused: the job was " +
+               "restored from a checkpoint at global step " + std::to_string(restored_step_) +
+               " (epoch " + std::to_string(epoch_) + "): wait until ready and start the step again");
+    return false;
+  }
+
+  // ---- Pause / ReadState / Resume: a checkpoint's cut -------------------------------------
+
+  /// A push that arrived while paused, with its gradients copied out of the transport's
+  /// buffers (they are reused once `handle` returns).
+  struct HeldPush {
+    Push push;
+    std::vector<std::vector<float>> storage;
+    Responder reply;
+  };
+
+  void hold(const Push& r, Responder& reply) {
+    HeldPush& held = held_.emplace_back();
+    held.push = Push{r.worker, r.local_step, {}, r.epoch, r.sequence};
+    held.storage.reserve(r.gradients.size());
+    for (const PartValues& pv : r.gradients) {
+      held.storage.emplace_back(pv.values.begin(), pv.values.end());
+      held.push.gradients.push_back({pv.part, held.storage.back()});
+    }
+    park(held.reply, reply);
+    advance_to_cut();
+  }
+
+  void on(Pause& /*r*/, const RequestContext& context, Responder& reply) {
+    if (!ready_) {
+      reject(reply, ErrorCode::kFailedPrecondition, "pause before initialization");
+      return;
+    }
+    PauseReply answer{global_step(), epoch_, taken_, {}, {}, checkpoints_whole_state_v<O>};
+    optimizer_state_names(answer.slot_names, answer.counter_names);
+    paused_ = true;
+    pause_session_ = context.session;
+    send(reply, std::move(answer));
+  }
+
+  void on(ReadState& r, const RequestContext& /*context*/, Responder& reply) {
+    if (!paused_) {
+      reject(reply, ErrorCode::kFailedPrecondition, "ReadState without Pause");
+      return;
+    }
+    for (std::size_t w = 0; w < taken_.size(); ++w) {
+      if (taken_[w] > (w < r.until.size() ? r.until[w] : 0)) {
+        reject(reply, ErrorCode::kFailedPrecondition,
+               "ReadState: this ps has taken more pushes of worker " + std::to_string(w) +
+                   " than the cut");
+        return;
+      }
+    }
+    if (pending_read_) {
+      send(pending_read_->reply, ErrorReply{ErrorCode::kCancelled, "a newer ReadState came"});
+    }
+    pending_read_.emplace(PendingRead{std::move(r.until), nullptr});
+    park(pending_read_->reply, reply);
+    advance_to_cut();
+  }
+
+  void on(Resume& /*r*/, const RequestContext& /*context*/, Responder& reply) {
+    resume();
+    send(reply, Ack{});
+  }
+
+  /// Ends a pause: a cut not reached is given up, the held pushes are taken in order.
+  void resume() {
+    if (!paused_) return;
+    paused_ = false;
+    if (pending_read_) {
+      send(pending_read_->reply,
+           ErrorReply{ErrorCode::kCancelled, "resumed before the cut was reached"});
+      pending_read_.reset();
+    }
+    for (HeldPush& held : std::exchange(held_, {})) take(held.push, held.reply);
+  }
+
+  /// Takes held pushes, in order, while their workers are short of the cut; answers the
+  /// pending ReadState once this ps is exactly at it.
+  void advance_to_cut() {
+    if (!pending_read_) return;
+    const auto& until = pending_read_->until;
+    auto wanted = [&](std::uint32_t w) {
+      const std::uint64_t have = w < taken_.size() ? taken_[w] : 0;
+      return have < (w < until.size() ? until[w] : 0);
+    };
+    std::deque<HeldPush> later;
+    for (HeldPush& held : std::exchange(held_, {})) {
+      // A worker's pushes are taken in the order they came: one held back holds back the rest.
+      const bool blocked = std::any_of(later.begin(), later.end(), [&](const HeldPush& h) {
+        return h.push.worker == held.push.worker;
+      });
+      if (!blocked && wanted(held.push.worker)) {
+        take(held.push, held.reply);
+      } else {
+        later.push_back(std::move(held));
+      }
+    }
+    held_ = std::move(later);
+    for (std::uint32_t w = 0; w < until.size(); ++w) {
+      if (wanted(w)) return;  // its push is still on its way here
+    }
+    StateReply answer{global_step(), save_pacer(sync_, pacer_), {}};
+    for (Slot& slot : slots_) {
+      PartState part{slot.index, slot.values, {}, {}};
+      for (const OptimizerSlot& s : slots_of(optimizer_, slot.optimizer_state)) part.slots.push_back(s.values);
+      for (const OptimizerCounter& c : counters_of(optimizer_, slot.optimizer_state)) {
+        part.counters.push_back(*c.value);
+      }
+      answer.parts.push_back(std::move(part));
+    }
+    Responder reply = std::move(pending_read_->reply);
+    pending_read_.reset();
+    send(reply, std::move(answer));
+  }
+
+  // ---- Restore --------------------------------------------------------------------------
+
+  void on(Restore& r, const RequestContext& /*context*/, Responder& reply) {
+    if (!registered_) {
+      reject(reply, ErrorCode::kFailedPrecondition, "restore before the model is registered");
+      return;
+    }
+    // Everything is checked, and the pacer loaded aside, before anything changes.
+    if (r.parts.size() != slots_.size()) {
+      reject(reply, ErrorCode::kInvalidArgument,
+             "a restore must carry each of the " + std::to_string(slots_.size()) +
+                 " parts held here, got " + std::to_string(r.parts.size()));
+      return;
+    }
+    std::vector<const PartState*> by_slot(slots_.size(), nullptr);
+    for (const PartState& ps : r.parts) {
+      if (ps.part >= slot_of_part_.size() || slot_of_part_[ps.part] == kNotHere) {
+        reject(reply, ErrorCode::kNotFound, unknown_part(ps.part));
+        return;
+      }
+      const std::size_t k = slot_of_part_[ps.part];
+      Slot& slot = slots_[k];
+      const auto slots = slots_of(optimizer_, slot.optimizer_state);
+      const auto counters = counters_of(optimizer_, slot.optimizer_state);
+      // No slots or counters at all: the optimizer's state starts afresh (a checkpoint of
+      // another optimizer, or of one that does not name its state).
+      bool fits = by_slot[k] == nullptr && ps.values.size() == slot.values.size() &&
+                  (ps.counters.empty() || ps.counters.size() == counters.size()) &&
+                  (ps.slots.empty() || ps.slots.size() == slots.size());
+      for (const auto& s : ps.slots) fits = fits && s.size() == slot.values.size();
+      if (!fits) {
+        reject(reply, ErrorCode::kInvalidArgument,
+               "the restored state of " + describe(slot.part) +
+                   " does not fit it (its size, or the optimizer's slots and counters)");
+        return;
+      }
+      if (!detail::all_finite(ps.values)) {
+        reject(reply, ErrorCode::kInvalidArgument, "non-finite values restored for " + describe(slot.part));
+        return;
+      }
+      by_slot[k] = &ps;
+    }
+    typename P::Pacer pacer = load_pacer(sync_, r.pacer);  // a pulley::Error refuses it
+    changing_ = true;
+    for (std::size_t k = 0; k < slots_.size(); ++k) {
+      Slot& slot = slots_[k];
+      const PartState& ps = *by_slot[k];
+      std::copy(ps.values.begin(), ps.values.end(), slot.values.begin());
+      slot.optimizer_state = optimizer_.make_state(slot.values.size());
+      const auto slots = slots_of(optimizer_, slot.optimizer_state);
+      for (std::size_t s = 0; s < ps.slots.size(); ++s) {
+        std::copy(ps.slots[s].begin(), ps.slots[s].end(), slots[s].values.begin());
+      }
+      const auto counters = counters_of(optimizer_, slot.optimizer_state);
+      for (std::size_t c = 0; c < ps.counters.size(); ++c) *counters[c].value = ps.counters[c];
+      slot.accumulator = sync_.make_accumulator(slot.values.size());
+      slot.initialized = true;
+    }
+    initialized_slots_ = slots_.size();
+    pacer_ = std::move(pacer);
+    accumulated_ = 0;
+    contributors_.clear();
+    taken_.clear();
+    last_push_.clear();
+    token_session_.clear();
+    epoch_ = r.epoch;
+    restored_step_ = global_step();
+    // What waited belongs to the time before: its clients start their step again.
+    const ErrorReply gone{ErrorCode::kFailedPrecondition,
+                          "ps " + std::to_string(task_) + ": the job was restored from a "
+                          "checkpoint at global step " + std::to_string(restored_step_) +
+                          ": wait until ready and start the step again"};
+    for (TokenWaiter& w : std::exchange(token_waiters_, {})) send(w.reply, ErrorReply{gone});
+    for (WaitingPull& w : std::exchange(waiting_pulls_, {})) send(w.reply, ErrorReply{gone});
+    for (HeldPush& h : std::exchange(held_, {})) send(h.reply, ErrorReply{gone});
+    if (pending_read_) {
+      send(pending_read_->reply, ErrorReply{gone});
+      pending_read_.reset();
+    }
+    paused_ = false;
+    log(LogLevel::kInfo, "ps " + std::to_string(task_) + ": restored at global step " +
+                             std::to_string(restored_step_) + " (epoch " +
+                             std::to_string(epoch_) + ")");
+    send(reply, Ack{});
+    changing_ = false;
+    if (!ready_) {
+      become_ready();
+    }
   }
 
   /// Why applying push `r` alone would make a parameter or a slot non-finite (the
@@ -3433,6 +4174,22 @@ class ParameterServer {
 
   // ---- helpers --------------------------------------------------------------------------
 
+  /// What Register and WaitReady answer: the model, where it lives, the epoch, and the names
+  /// of the optimizer's slots and counters.
+  PlacementReply placement_reply() {
+    PlacementReply answer{variables_, placement_, epoch_, {}, {}};
+    optimizer_state_names(answer.slot_names, answer.counter_names);
+    return answer;
+  }
+
+  /// The names of the optimizer's slots and counters (those of a fresh State: they do not
+  /// depend on its size).
+  void optimizer_state_names(std::vector<std::string>& slots, std::vector<std::string>& counters) const {
+    typename O::State probe = optimizer_.make_state(0);
+    for (const OptimizerSlot& slot : slots_of(optimizer_, probe)) slots.emplace_back(slot.name);
+    for (const OptimizerCounter& counter : counters_of(optimizer_, probe)) counters.emplace_back(counter.name);
+  }
+
   [[nodiscard]] std::int64_t global_step() const { return sync_.global_step(pacer_); }
 
   /// Checks that every part is held here, appears once, has the right size and (unless the
@@ -3486,6 +4243,8 @@ class ParameterServer {
   /// Elements a variable may have: 4 TiB of floats, beyond any ps, and no product of its
   /// shape wraps around on the way.
   static constexpr std::size_t kMaxElements = std::size_t{1} << 40U;
+  /// Worker indices a ps keeps counts for.
+  static constexpr std::uint32_t kMaxWorkers = std::uint32_t{1} << 20U;
 
   std::uint32_t task_;
   std::uint32_t num_ps_;
@@ -3514,6 +4273,23 @@ class ParameterServer {
   std::vector<Shadow> shadows_;
   std::vector<std::span<const float>> updates_;  ///< scratch: each part's update
   std::int64_t accumulated_ = 0;  ///< pushes whose gradients are in the accumulators
+  std::uint64_t epoch_ = 0;          ///< restores so far (Restore::epoch)
+  std::int64_t restored_step_ = 0;   ///< the global step of the last restore
+  std::vector<std::uint64_t> taken_;  ///< by worker: pushes taken since the last restore
+  /// By worker: its last push's sequence number and answer, to answer a resend as the first.
+  struct LastPush {
+    std::uint64_t sequence = 0;
+    std::uint32_t stale_parts = 0;
+  };
+  std::vector<LastPush> last_push_;
+  bool paused_ = false;             ///< holding pushes for a checkpoint's cut
+  std::uint64_t pause_session_ = 0;  ///< the chief's connection that paused it
+  std::deque<HeldPush> held_;        ///< pushes that arrived while paused, in order
+  struct PendingRead {
+    std::vector<std::uint64_t> until;
+    Responder reply;
+  };
+  std::optional<PendingRead> pending_read_;  ///< a ReadState waiting for its cut
   std::vector<std::uint32_t> contributors_;  ///< ... and whose they are, for a rollback's log
   std::vector<const Slice*> order_;              ///< scratch: a pull's slices, sorted
 
@@ -3653,6 +4429,7 @@ static_assert(Sharding<RoundRobin>);
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 namespace pulley {
 
@@ -3691,6 +4468,15 @@ struct Async {
   /// Always a token, which need not be asked for again.
   std::optional<Token> take_token(Pacer& /*pacer*/, std::uint32_t /*worker*/) const {
     return Token{0, 0, 0, false};
+  }
+  /// The pushes counted.
+  [[nodiscard]] std::vector<std::int64_t> save(const Pacer& pacer) const { return {pacer.pushes}; }
+  /// Goes on from the saved count.
+  void load(Pacer& pacer, std::span<const std::int64_t> state) const {
+    if (state.size() != 1 || state[0] < 0) {
+      throw Error(ErrorCode::kInvalidArgument, "Async cannot load a pacer of another policy");
+    }
+    pacer.pushes = state[0];
   }
   /// Async never waits.
   [[nodiscard]] std::string waiting_for(const Pacer& /*pacer*/) const { return "nothing (async)"; }
@@ -3798,6 +4584,22 @@ class BoundedStaleness {
     const std::int64_t clock = clock_of(pacer, worker);
     if (clock - pacer.slowest > staleness_) return std::nullopt;
     return Token{clock, read_step(clock), read_step(clock + 1), true};
+  }
+
+  /// Every worker's clock.
+  [[nodiscard]] std::vector<std::int64_t> save(const Pacer& pacer) const { return pacer.clocks; }
+
+  /// Goes on from the saved clocks. A job resumed with more workers starts the new ones at
+  /// the slowest clock saved; with fewer, the clocks of the workers gone are dropped.
+  void load(Pacer& pacer, std::span<const std::int64_t> state) const {
+    if (state.empty() || *std::min_element(state.begin(), state.end()) < 0) {
+      throw Error(ErrorCode::kInvalidArgument, "BoundedStaleness cannot load a pacer of another policy");
+    }
+    const std::int64_t slowest = *std::min_element(state.begin(), state.end());
+    std::vector<std::int64_t> clocks(static_cast<std::size_t>(total_num_replicas_), slowest);
+    std::copy_n(state.begin(), std::min(state.size(), clocks.size()), clocks.begin());
+    pacer.slowest = *std::min_element(clocks.begin(), clocks.end());
+    pacer.clocks = std::move(clocks);
   }
 
   /// "the slowest: worker 2 at clock 5 (fastest: 8, staleness 3)"
@@ -3949,6 +4751,19 @@ class SyncReplicas {
     pacer.held.clear();
     pacer.pushed.clear();
     return Verdict::kReady;
+  }
+
+  /// The global step: a checkpoint's cut has no step half aggregated (what was is redone).
+  [[nodiscard]] std::vector<std::int64_t> save(const Pacer& pacer) const { return {pacer.step}; }
+
+  /// Starts at the saved global step with all its tokens.
+  void load(Pacer& pacer, std::span<const std::int64_t> state) const {
+    if (state.size() != 1 || state[0] < 0) {
+      throw Error(ErrorCode::kInvalidArgument, "SyncReplicas cannot load a pacer of another policy");
+    }
+    Pacer fresh = make_pacer();
+    fresh.step = state[0];
+    pacer = std::move(fresh);
   }
 
   /// Gives back the tokens of the current step `worker` took and did not push for; it may

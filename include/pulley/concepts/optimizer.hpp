@@ -5,8 +5,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <ranges>
 #include <span>
 #include <string_view>
+#include <type_traits>
+#include <vector>
 
 #include "pulley/variable.hpp"
 
@@ -78,6 +81,11 @@ bool bounded(std::size_t n, Fold&& fold) noexcept {
 ///     copyable), keeps the copy only if the weights stayed finite, and fails if the State
 ///     cannot be copied and the weights went non-finite; `stays_finite` saves that copy and
 ///     guards the slots too.
+///   - `o.slots(state)` → a range of `OptimizerSlot` (name, `std::span<float>` of n values,
+///     one per element of the part) and `o.counters(state)` → a range of `OptimizerCounter`
+///     (name, `std::int64_t*`): the State as checkpoints save and restore it. A State that
+///     holds anything else is not checkpointed (a restore starts it from `make_state`, and
+///     the chief says so in its log); an empty State needs neither.
 ///
 /// Semantic contract (the compiler cannot check it):
 ///   - `gradient` is the mean of the gradients the sync policy aggregated for this update
@@ -104,6 +112,51 @@ concept Optimizer = std::copy_constructible<O> && std::movable<typename O::State
   requires requires { { optimizer.apply(state, weights, gradient) } -> std::same_as<void>; } ||
       requires { { optimizer.apply(state, weights, gradient, context) } -> std::same_as<void>; };
 };
+
+/// One element-wise slot of an optimizer's State (Adam's "m"): one value per element.
+struct OptimizerSlot {
+  std::string_view name;
+  std::span<float> values;
+};
+
+/// One counter of an optimizer's State (Adam's "t").
+struct OptimizerCounter {
+  std::string_view name;
+  std::int64_t* value;
+};
+
+/// True if the optimizer names its State's slots and counters, for checkpoints.
+template <class O>
+concept ExposesState = Optimizer<O> && requires(const O& optimizer, typename O::State& state) {
+  { optimizer.slots(state) } -> std::ranges::range;
+  { optimizer.counters(state) } -> std::ranges::range;
+};
+
+/// The slots of `state`, or none if the optimizer does not name them.
+template <Optimizer O>
+std::vector<OptimizerSlot> slots_of(const O& optimizer, typename O::State& state) {
+  std::vector<OptimizerSlot> out;
+  if constexpr (ExposesState<O>) {
+    for (const OptimizerSlot& slot : optimizer.slots(state)) out.push_back(slot);
+  }
+  return out;
+}
+
+/// The counters of `state`, or none if the optimizer does not name them.
+template <Optimizer O>
+std::vector<OptimizerCounter> counters_of(const O& optimizer, typename O::State& state) {
+  std::vector<OptimizerCounter> out;
+  if constexpr (ExposesState<O>) {
+    for (const OptimizerCounter& counter : optimizer.counters(state)) out.push_back(counter);
+  }
+  return out;
+}
+
+/// True if a checkpoint holds all of the optimizer's State: it names its slots and
+/// counters, or its State is empty.
+template <Optimizer O>
+inline constexpr bool checkpoints_whole_state_v =
+    ExposesState<O> || std::is_empty_v<typename O::State>;
 
 /// True if the optimizer can tell in advance whether an update stays finite.
 template <class O>

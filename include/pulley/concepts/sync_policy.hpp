@@ -7,6 +7,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 namespace pulley {
 
@@ -58,6 +59,12 @@ struct Token {
 /// Optional:
 ///   - `p.waiting_for(pacer)` → `std::string`: what the next step waits for, in words; the
 ///     ps reports it (StatsReply) and clients quote it when a token or a step never comes
+///   - `p.save(pacer)` → `std::vector<std::int64_t>` and `p.load(pacer, state)` (state: a
+///     `std::span<const std::int64_t>` that `save` gave): the pacer as a checkpoint keeps it.
+///     The ps saves at a cut where no push is half counted (every ps took the same pushes),
+///     and loads into a fresh pacer; `load` throws `pulley::Error` for a state it cannot take
+///     (say, of another number of workers), leaving the pacer as it was. Without them a
+///     checkpoint keeps only the global step, and a restore starts the pacer afresh.
 ///   - `p.release(pacer, worker)` → void, noexcept: the connection worker `worker` took its
 ///     last token on is gone (its process ended, or its link broke): give back the tokens
 ///     it took and did not push for, so a vanished taker cannot hold a step up (a token is
@@ -109,6 +116,25 @@ std::string waiting_for(const P& policy, const typename P::Pacer& pacer) {
   } else {
     return {};
   }
+}
+
+/// The pacer's state for a checkpoint (`save`), or {global step} when the policy has none.
+template <SyncPolicy P>
+std::vector<std::int64_t> save_pacer(const P& policy, const typename P::Pacer& pacer) {
+  if constexpr (requires { { policy.save(pacer) } -> std::convertible_to<std::vector<std::int64_t>>; }) {
+    return policy.save(pacer);
+  } else {
+    return {policy.global_step(pacer)};
+  }
+}
+
+/// A pacer restored from `state` (`load` on a fresh one), or a fresh one when the policy
+/// cannot load.
+template <SyncPolicy P>
+typename P::Pacer load_pacer(const P& policy, std::span<const std::int64_t> state) {
+  typename P::Pacer pacer = policy.make_pacer();
+  if constexpr (requires { policy.load(pacer, state); }) policy.load(pacer, state);
+  return pacer;
 }
 
 /// Gives back what worker `worker` held, if the policy leases tokens (`release`).

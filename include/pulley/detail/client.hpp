@@ -15,9 +15,12 @@
 #include <vector>
 
 #include "pulley/call_group.hpp"
+#include "pulley/checkpoint/model_state.hpp"
 #include "pulley/client_options.hpp"
 #include "pulley/concepts/transport.hpp"
 #include "pulley/detail/finite.hpp"
+#include "pulley/detail/random.hpp"
+#include "pulley/log.hpp"
 #include "pulley/messages.hpp"
 
 namespace pulley {
@@ -56,6 +59,13 @@ class Client {
   [[nodiscard]] const Placement& placement() const noexcept { return placement_; }
   [[nodiscard]] const std::vector<VariableSpec>& variables() const noexcept { return variables_; }
   [[nodiscard]] bool has_placement() const noexcept { return !placement_.first_part.empty(); }
+  /// The ps tasks' epoch (restores so far), as last learned.
+  [[nodiscard]] std::uint64_t epoch() const noexcept { return epoch_; }
+  /// The optimizer's slot and counter names, as the ps tasks said at registration.
+  [[nodiscard]] const std::vector<std::string>& slot_names() const noexcept { return slot_names_; }
+  [[nodiscard]] const std::vector<std::string>& counter_names() const noexcept { return counter_names_; }
+
+  static std::uint64_t random_start() { return detail::random_u64() >> 1U; }  // never wraps
   T& transport() noexcept { return transport_; }
   [[nodiscard]] const ClientOptions& options() const noexcept { return options_; }
 
@@ -100,7 +110,7 @@ class Client {
   /// Takes a sync token from ps 0, which paces the workers.
   TokenReply take_token(std::uint32_t worker) {
     CallGroup group;
-    group.add(transport_.call(0, TakeToken{worker}, {}));
+    group.add(transport_.call(0, TakeToken{worker, epoch_}, {}));
     wait_progressing(group, "take a sync token");
     return group.take_as<TokenReply>(0);
   }
@@ -183,9 +193,139 @@ class Client {
   /// report.
   std::int64_t wait_for_step(std::int64_t step) {
     CallGroup group;
-    for (std::size_t ps = 0; ps < num_ps(); ++ps) group.add(transport_.call(ps, Pull{step, {}}, {}));
+    for (std::size_t ps = 0; ps < num_ps(); ++ps) {
+      group.add(transport_.call(ps, Pull{step, {}, epoch_}, {}));
+    }
     wait_gated(group, step, "wait for step " + std::to_string(step));
     return lowest_step(group, 0);
+  }
+
+  /// Every variable with its optimizer state, and the sync policy's state, as one cut across
+  /// all ps tasks (a checkpoint): every ps is paused (pushes that arrive wait), each is
+  /// brought to the same count of pushes taken from every worker (the largest any had),
+  /// read there, and resumed. Training stands still only while the state is read.
+  ModelState read_state() {
+    if (!has_placement()) throw Error(ErrorCode::kFailedPrecondition, "no model registered yet");
+    struct Resumer {  // whatever happens, the ps tasks go on
+      Client* client;
+      ~Resumer() {
+        try {
+          client->broadcast<Ack>([](std::size_t) { return Resume{}; },
+                                 client->options_.request_timeout, "resume the ps tasks");
+        } catch (const Error&) {  // a ps that is gone resumes when the chief's link closes
+        }
+      }
+    } resumer{this};
+    const auto paused = broadcast<PauseReply>([](std::size_t) { return Pause{}; },
+                                              options_.request_timeout, "pause the ps tasks");
+    std::vector<std::uint64_t> until;
+    for (const PauseReply& p : paused) {
+      if (until.size() < p.pushes.size()) until.resize(p.pushes.size(), 0);
+      for (std::size_t w = 0; w < p.pushes.size(); ++w) until[w] = std::max(until[w], p.pushes[w]);
+    }
+    if (!paused[0].whole) {
+      log(LogLevel::kWarning, "the optimizer keeps state it does not name (slots, counters): a "
+                              "checkpoint holds the rest, and a restore starts that afresh");
+    }
+    ModelState state;
+    const std::size_t num_slots = paused[0].slot_names.size();
+    for (const VariableSpec& spec : variables_) {
+      VariableState v;
+      v.spec = spec;
+      v.values.resize(spec.size());
+      for (const std::string& name : paused[0].slot_names) {
+        v.slots.push_back({name, std::vector<float>(spec.size())});
+      }
+      v.counter_names = paused[0].counter_names;
+      state.variables.push_back(std::move(v));
+    }
+    CallGroup group;
+    for (std::size_t ps = 0; ps < num_ps(); ++ps) {
+      PullTargets targets;
+      for (const Part& part : placement_.parts) {
+        if (part.ps != ps) continue;
+        VariableState& v = state.variables[part.variable];
+        const std::size_t row = v.spec.row_size();
+        const std::size_t at = part.rows.begin * row, n = part.rows.size() * row;
+        targets.push_back(std::span(v.values).subspan(at, n));
+        for (std::size_t k = 0; k < num_slots; ++k) {
+          targets.push_back(std::span(v.slots[k].values).subspan(at, n));
+        }
+      }
+      group.add(transport_.call(ps, ReadState{until}, std::move(targets)));
+    }
+    group.wait(options_.request_timeout, "read the ps tasks' state at one cut");
+    for (std::size_t ps = 0; ps < num_ps(); ++ps) {
+      const StateReply reply = group.take_as<StateReply>(ps);
+      if (ps == 0) {
+        state.global_step = reply.global_step;
+        state.pacer = reply.pacer;
+      } else if (reply.pacer != state.pacer) {
+        log(LogLevel::kWarning, "ps " + std::to_string(ps) + " and ps 0 disagree on the sync "
+                                "policy's state at the cut: the checkpoint keeps ps 0's");
+      }
+      for (const PartState& p : reply.parts) {
+        if (p.part >= placement_.parts.size() || placement_.parts[p.part].ps != ps) {
+          throw Error(ErrorCode::kInternal, "ps " + std::to_string(ps) + " answered for a part it does not hold");
+        }
+        const Part& part = placement_.parts[p.part];
+        state.variables[part.variable].counters.push_back({part.rows, p.counters});
+      }
+    }
+    for (VariableState& v : state.variables) {
+      std::sort(v.counters.begin(), v.counters.end(),
+                [](const PartCounters& a, const PartCounters& b) { return a.rows.begin < b.rows.begin; });
+    }
+    return state;
+  }
+
+  /// Registers `state`'s model and sets every ps from it (Restore): values, optimizer state
+  /// (slots and counters matched by name: a checkpoint of another optimizer restores the
+  /// values alone), the sync policy's state, at a new epoch. The placement may differ from
+  /// the checkpoint's (another number of ps tasks): tensors are split anew, and each part
+  /// takes the counters of the saved part that held its first row.
+  void restore(const ModelState& state) {
+    register_model(state.specs());
+    const std::uint64_t epoch = epoch_ + 1;
+    std::vector<Restore> messages(num_ps(), Restore{epoch, state.pacer, {}});
+    bool whole = true;
+    for (const Part& part : placement_.parts) {
+      const VariableState& v = state.variables[part.variable];
+      const std::size_t row = v.spec.row_size();
+      const std::size_t at = part.rows.begin * row, n = part.rows.size() * row;
+      PartState ps{global_index(part), std::span<const float>(v.values).subspan(at, n), {}, {}};
+      for (const std::string& name : slot_names_) {
+        const auto it = std::find_if(v.slots.begin(), v.slots.end(),
+                                     [&](const SlotState& s) { return s.name == name; });
+        if (it == v.slots.end() || v.slots.size() != slot_names_.size()) {
+          ps.slots.clear();
+          whole = false;
+          break;
+        }
+        ps.slots.push_back(std::span<const float>(it->values).subspan(at, n));
+      }
+      const auto saved = std::find_if(v.counters.begin(), v.counters.end(), [&](const PartCounters& c) {
+        return c.rows.begin <= part.rows.begin && part.rows.begin < c.rows.end;
+      });
+      for (const std::string& name : counter_names_) {
+        const auto k = std::find(v.counter_names.begin(), v.counter_names.end(), name);
+        if (saved == v.counters.end() || k == v.counter_names.end() ||
+            v.counter_names.size() != counter_names_.size()) {
+          ps.counters.clear();
+          whole = false;
+          break;
+        }
+        ps.counters.push_back(saved->values[static_cast<std::size_t>(k - v.counter_names.begin())]);
+      }
+      messages[part.ps].parts.push_back(std::move(ps));
+    }
+    if (!whole) {
+      log(LogLevel::kWarning, "the checkpoint's optimizer state does not match this optimizer's "
+                              "slots and counters: the values are restored, the optimizer starts afresh");
+    }
+    broadcast<Ack>([&](std::size_t ps) { return std::move(messages[ps]); }, options_.request_timeout,
+                   "restore the ps tasks");
+    epoch_ = epoch;
   }
 
   /// Counters of every ps task, by task index.
@@ -297,7 +437,8 @@ class Client {
     std::vector<PullTargets> targets;
   };
   PullsPerPs split_pulls(std::span<const PullRequest> requests, std::int64_t min_step) {
-    PullsPerPs out{std::vector<Pull>(num_ps(), Pull{min_step, {}}), std::vector<PullTargets>(num_ps())};
+    PullsPerPs out{std::vector<Pull>(num_ps(), Pull{min_step, {}, epoch_}),
+                   std::vector<PullTargets>(num_ps())};
     for (const PullRequest& r : requests) {
       const VariableSpec& spec = checked_variable(r.variable);
       if (r.rows.empty() || r.rows.end > spec.rows() ||
@@ -335,7 +476,9 @@ class Client {
       throw Error(ErrorCode::kInvalidArgument, "push needs one gradient per variable");
     }
     if (options_.clip_norm > 0.0F) gradients = clipped(gradients);
-    std::vector<Push> pushes(num_ps(), Push{worker, local_step, {}});
+    // One number for the push to every ps: a push sent again is recognized by it.
+    const std::uint64_t sequence = ++sequence_;
+    std::vector<Push> pushes(num_ps(), Push{worker, local_step, {}, epoch_, sequence});
     for (const Part& part : placement_.parts) {
       const std::size_t row_size = variables_[part.variable].row_size();
       const std::span<const float> g = gradients[part.variable];
@@ -459,10 +602,20 @@ class Client {
     }
     placement_ = std::move(replies[0].placement);
     variables_ = std::move(variables);
+    epoch_ = 0;
+    for (const PlacementReply& r : replies) epoch_ = std::max(epoch_, r.epoch);
+    slot_names_ = std::move(replies[0].slot_names);
+    counter_names_ = std::move(replies[0].counter_names);
   }
 
   T transport_;
   ClientOptions options_;
+  std::uint64_t epoch_ = 0;  ///< the ps tasks' restores so far, as last learned
+  /// Numbers this client's pushes: from a random start, so that a client that restarts is
+  /// not taken for the one before it.
+  std::uint64_t sequence_ = random_start();
+  std::vector<std::string> slot_names_;     ///< the optimizer's slots, as the ps tasks name them
+  std::vector<std::string> counter_names_;  ///< the optimizer's counters
   std::vector<std::vector<float>> clipped_;           ///< gradients scaled by clipping
   std::vector<std::span<const float>> clipped_views_;  ///< views of them, by variable
   std::int64_t clipped_steps_ = 0;

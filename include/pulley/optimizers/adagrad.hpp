@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -41,6 +42,13 @@ struct Adagrad {
       wp[i] -= lr * gp[i] / (std::sqrt(ap[i]) + eps);
     }
   }
+
+  /// The accumulator, for checkpoints.
+  [[nodiscard]] std::array<OptimizerSlot, 1> slots(State& state) const {
+    return {OptimizerSlot{"accumulator", state.accumulator}};
+  }
+  /// No counters.
+  [[nodiscard]] std::array<OptimizerCounter, 0> counters(State& /*state*/) const { return {}; }
 
   /// True if `apply` keeps every weight and the accumulator within kFiniteBound. A step is
   /// at most learning_rate * |g| / sqrt(g^2) = learning_rate, so no division is needed.

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -52,6 +53,15 @@ struct Adam {
       vp[i] = b2 * vp[i] + (1.0F - b2) * gp[i] * gp[i];
       wp[i] -= lr_t * mp[i] / (std::sqrt(vp[i]) + eps);
     }
+  }
+
+  /// The moments, for checkpoints.
+  [[nodiscard]] std::array<OptimizerSlot, 2> slots(State& state) const {
+    return {OptimizerSlot{"m", state.m}, OptimizerSlot{"v", state.v}};
+  }
+  /// The update count, for checkpoints.
+  [[nodiscard]] std::array<OptimizerCounter, 1> counters(State& state) const {
+    return {OptimizerCounter{"t", &state.t}};
   }
 
   /// True if `apply` keeps every weight and both moments within kFiniteBound. A step is at

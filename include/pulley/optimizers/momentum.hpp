@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -47,6 +48,13 @@ struct Momentum {
       }
     }
   }
+
+  /// The accumulation, for checkpoints.
+  [[nodiscard]] std::array<OptimizerSlot, 1> slots(State& state) const {
+    return {OptimizerSlot{"accumulation", state.accumulation}};
+  }
+  /// No counters.
+  [[nodiscard]] std::array<OptimizerCounter, 0> counters(State& /*state*/) const { return {}; }
 
   /// True if `apply` keeps every weight and the accumulation within kFiniteBound.
   [[nodiscard]] bool stays_finite(const State& state, std::span<const float> w,

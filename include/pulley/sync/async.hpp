@@ -6,8 +6,10 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "pulley/concepts/sync_policy.hpp"
+#include "pulley/error.hpp"
 
 namespace pulley {
 
@@ -46,6 +48,15 @@ struct Async {
   /// Always a token, which need not be asked for again.
   std::optional<Token> take_token(Pacer& /*pacer*/, std::uint32_t /*worker*/) const {
     return Token{0, 0, 0, false};
+  }
+  /// The pushes counted.
+  [[nodiscard]] std::vector<std::int64_t> save(const Pacer& pacer) const { return {pacer.pushes}; }
+  /// Goes on from the saved count.
+  void load(Pacer& pacer, std::span<const std::int64_t> state) const {
+    if (state.size() != 1 || state[0] < 0) {
+      throw Error(ErrorCode::kInvalidArgument, "Async cannot load a pacer of another policy");
+    }
+    pacer.pushes = state[0];
   }
   /// Async never waits.
   [[nodiscard]] std::string waiting_for(const Pacer& /*pacer*/) const { return "nothing (async)"; }

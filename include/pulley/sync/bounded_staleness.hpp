@@ -103,6 +103,22 @@ class BoundedStaleness {
     return Token{clock, read_step(clock), read_step(clock + 1), true};
   }
 
+  /// Every worker's clock.
+  [[nodiscard]] std::vector<std::int64_t> save(const Pacer& pacer) const { return pacer.clocks; }
+
+  /// Goes on from the saved clocks. A job resumed with more workers starts the new ones at
+  /// the slowest clock saved; with fewer, the clocks of the workers gone are dropped.
+  void load(Pacer& pacer, std::span<const std::int64_t> state) const {
+    if (state.empty() || *std::min_element(state.begin(), state.end()) < 0) {
+      throw Error(ErrorCode::kInvalidArgument, "BoundedStaleness cannot load a pacer of another policy");
+    }
+    const std::int64_t slowest = *std::min_element(state.begin(), state.end());
+    std::vector<std::int64_t> clocks(static_cast<std::size_t>(total_num_replicas_), slowest);
+    std::copy_n(state.begin(), std::min(state.size(), clocks.size()), clocks.begin());
+    pacer.slowest = *std::min_element(clocks.begin(), clocks.end());
+    pacer.clocks = std::move(clocks);
+  }
+
   /// "the slowest: worker 2 at clock 5 (fastest: 8, staleness 3)"
   [[nodiscard]] std::string waiting_for(const Pacer& pacer) const {
     std::string slowest;

@@ -119,6 +119,19 @@ class SyncReplicas {
     return Verdict::kReady;
   }
 
+  /// The global step: a checkpoint's cut has no step half aggregated (what was is redone).
+  [[nodiscard]] std::vector<std::int64_t> save(const Pacer& pacer) const { return {pacer.step}; }
+
+  /// Starts at the saved global step with all its tokens.
+  void load(Pacer& pacer, std::span<const std::int64_t> state) const {
+    if (state.size() != 1 || state[0] < 0) {
+      throw Error(ErrorCode::kInvalidArgument, "SyncReplicas cannot load a pacer of another policy");
+    }
+    Pacer fresh = make_pacer();
+    fresh.step = state[0];
+    pacer = std::move(fresh);
+  }
+
   /// Gives back the tokens of the current step `worker` took and did not push for; it may
   /// take them again (one per step still holds when R <= N).
   void release(Pacer& pacer, std::uint32_t worker) const noexcept {

@@ -20,19 +20,14 @@
 /// tunnel) where that matters (README, "Security").
 
 #include <array>
-#include <cerrno>
 #include <cstddef>
 #include <cstdint>
-#include <random>
 #include <span>
 #include <string>
 #include <string_view>
 #include <variant>
 
-#if defined(__linux__)
-#include <sys/random.h>
-#endif
-
+#include "pulley/detail/random.hpp"
 #include "pulley/error.hpp"
 #include "pulley/node.hpp"
 #include "pulley/transport/detail/hmac.hpp"
@@ -115,26 +110,10 @@ struct Refusal {
 using Handshake = std::variant<Challenge, Hello, Welcome, Refusal>;
 static_assert(std::variant_size_v<Handshake> == kHandshakeKinds);
 
-/// `kNonceBytes` bytes from the operating system's random source (getrandom(2) on Linux:
-/// no file descriptor, so it works when a ps has used up its descriptors).
+/// `kNonceBytes` bytes from the operating system's random source.
 inline std::string make_nonce() {
   std::string nonce(kNonceBytes, '\0');
-#if defined(__linux__)
-  std::size_t filled = 0;
-  while (filled < kNonceBytes) {
-    const ssize_t n = ::getrandom(nonce.data() + filled, kNonceBytes - filled, 0);
-    if (n > 0) filled += static_cast<std::size_t>(n);
-    else if (errno != EINTR) break;
-  }
-  if (filled == kNonceBytes) return nonce;
-#endif
-  std::random_device source;
-  for (std::size_t i = 0; i < kNonceBytes; i += 4) {
-    const std::uint32_t word = source();
-    for (std::size_t b = 0; b < 4 && i + b < kNonceBytes; ++b) {
-      nonce[i + b] = static_cast<char>((word >> (8 * b)) & 0xFFU);
-    }
-  }
+  pulley::detail::random_bytes(nonce.data(), nonce.size());
   return nonce;
 }
 

@@ -1,0 +1,283 @@
+// SPDX-License-Identifier: MIT
+// Reading a job's state as one cut and restoring it, in-process: a sync R = N job resumed
+// from a checkpoint ends bit for bit where the uninterrupted one does; an async job's cut
+// holds the same pushes on every ps while training runs; a restore may change the number of
+// ps tasks; and, message by message, what a pause holds, what a restore refuses, and a push
+// sent twice.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <filesystem>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "pulley/checkpoint/directory.hpp"
+#include "pulley/chief.hpp"
+#include "pulley/optimizers/adam.hpp"
+#include "pulley/optimizers/sgd.hpp"
+#include "pulley/parameter_server.hpp"
+#include "pulley/sharding/partitioned.hpp"
+#include "pulley/sharding/round_robin.hpp"
+#include "pulley/sync/async.hpp"
+#include "pulley/sync/bounded_staleness.hpp"
+#include "pulley/sync/sync_replicas.hpp"
+#include "pulley/worker.hpp"
+#include "support/cluster.hpp"
+#include "support/linear_model.hpp"
+
+using namespace pulley;
+using pulley::testing::Cluster;
+using pulley::testing::LinearBatch;
+using pulley::testing::LinearData;
+using pulley::testing::LinearModel;
+
+namespace {
+
+constexpr std::size_t kIn = 6, kOut = 4, kBatch = 4;
+
+/// Worker w's batch of step k: always the same rows.
+LinearBatch batch_of(const LinearData& data, std::uint32_t w, std::int64_t k) {
+  const std::size_t row = static_cast<std::size_t>((k * 2 + w) * static_cast<std::int64_t>(kBatch));
+  return {std::span(data.x).subspan(row * kIn, kBatch * kIn),
+          std::span(data.y).subspan(row * kOut, kBatch * kOut)};
+}
+
+/// Two workers step from step `from` to `to` (sync R = N = 2, one batch per step each).
+template <class Net>
+void run_steps(Net& cluster, const LinearData& data, std::int64_t from, std::int64_t to) {
+  std::vector<std::thread> workers;
+  for (std::uint32_t w = 0; w < 2; ++w) {
+    workers.emplace_back([&, w] {
+      Worker worker(w, LinearModel(kIn, kOut), cluster.endpoint(Node::worker(w)));
+      worker.wait_ready();
+      for (std::int64_t k = from; worker.step(batch_of(data, w, k), to); ++k) {
+      }
+    });
+  }
+  for (auto& t : workers) t.join();
+}
+
+using SyncAdam = Cluster<FixedShards, Adam, SyncReplicas>;
+
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "pulley-resume-XXXXXX").string();
+    path = ::mkdtemp(pattern.data());
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+};
+
+}  // namespace
+
+TEST_CASE("a sync R = N job resumed from a checkpoint ends bit for bit where the uninterrupted one does") {
+  const LinearData data(2 * kBatch * 60, kIn, kOut, 5);
+  // Uninterrupted: 60 steps.
+  std::vector<std::vector<float>> straight;
+  {
+    SyncAdam cluster(2, Adam{0.01F}, SyncReplicas(2, 2), FixedShards{2});
+    Chief chief(cluster.endpoint(Node::chief()), 3);
+    chief.initialize(LinearModel(kIn, kOut).variables());
+    run_steps(cluster, data, 0, 60);
+    straight = chief.read_variables();
+    chief.shutdown();
+  }
+  // Interrupted at step 25: saved to disk, the job gone, then a new job resumed from it.
+  TempDir tmp;
+  {
+    SyncAdam cluster(2, Adam{0.01F}, SyncReplicas(2, 2), FixedShards{2});
+    Chief chief(cluster.endpoint(Node::chief()), 3);
+    chief.initialize(LinearModel(kIn, kOut).variables());
+    run_steps(cluster, data, 0, 25);
+    const ModelState state = chief.save_state();
+    CHECK(state.global_step == 25);
+    CHECK(state.pacer == std::vector<std::int64_t>{25});
+    REQUIRE(state.variables.size() == 2);
+    CHECK(state.variables[0].slots.size() == 2);  // Adam's m and v
+    CHECK(state.variables[0].counters.size() == 2);  // one per part (FixedShards{2})
+    CHECK(state.variables[0].counters[0].values == std::vector<std::int64_t>{25});  // t
+    CheckpointDirectory(tmp.path).save(state);
+    chief.shutdown();
+  }
+  std::vector<std::vector<float>> resumed;
+  {
+    SyncAdam cluster(2, Adam{0.01F}, SyncReplicas(2, 2), FixedShards{2});
+    Chief chief(cluster.endpoint(Node::chief()), 99);  // another seed: nothing comes from it
+    const auto latest = CheckpointDirectory(tmp.path).latest();
+    REQUIRE(latest.has_value());
+    chief.restore(latest->first);
+    CHECK(chief.stats().at(0).global_step == 25);
+    run_steps(cluster, data, 25, 60);
+    resumed = chief.read_variables();
+    chief.shutdown();
+  }
+  CHECK(resumed == straight);
+}
+
+TEST_CASE("an async job's cut holds the same pushes on every ps, read while it trains") {
+  // Sgd at rate 1 with gradients of ones: every element of every part ends at minus the
+  // number of pushes it took, so a cut is consistent exactly when all elements agree.
+  using Server = Cluster<FixedShards, Sgd, Async>;
+  Server cluster(3, Sgd{1.0F}, Async{}, FixedShards{3});
+  struct Ones {
+    struct Batch {};
+    std::vector<VariableSpec> specs{{"w", {9, 2}, Initializer::zeros()}};
+    std::vector<float> w = std::vector<float>(18), g = std::vector<float>(18, 1.0F);
+    std::span<const VariableSpec> variables() const { return specs; }
+    std::span<float> parameter(std::size_t) { return w; }
+    std::span<const float> gradient(std::size_t) const { return g; }
+    float compute_gradients(const Batch&) { return 0.0F; }
+  };
+  Chief chief(cluster.endpoint(Node::chief()), 1);
+  chief.initialize(Ones{}.variables());
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> workers;
+  for (std::uint32_t w = 0; w < 3; ++w) {
+    workers.emplace_back([&, w] {
+      Worker worker(w, Ones{}, cluster.endpoint(Node::worker(w)));
+      worker.wait_ready();
+      while (!stop) worker.push(0);
+    });
+  }
+  for (int cut = 0; cut < 20; ++cut) {
+    const ModelState state = chief.save_state();
+    const auto& values = state.variables.at(0).values;
+    CHECK(values.front() < 0.0F);
+    for (const float x : values) CHECK(x == values.front());
+    // Async counts pushes: every ps at the cut took as many as the values say.
+    CHECK(state.global_step == static_cast<std::int64_t>(-values.front()));
+    CHECK(state.pacer == std::vector<std::int64_t>{state.global_step});
+  }
+  stop = true;
+  for (auto& t : workers) t.join();
+  chief.shutdown();
+}
+
+TEST_CASE("a checkpoint restores onto another number of ps tasks") {
+  const LinearData data(2 * kBatch * 30, kIn, kOut, 8);
+  ModelState state;
+  {
+    SyncAdam cluster(2, Adam{0.01F}, SyncReplicas(2, 2), FixedShards{2});
+    Chief chief(cluster.endpoint(Node::chief()), 3);
+    chief.initialize(LinearModel(kIn, kOut).variables());
+    run_steps(cluster, data, 0, 10);
+    state = chief.save_state();
+    chief.shutdown();
+  }
+  SyncAdam three(3, Adam{0.01F}, SyncReplicas(2, 2), FixedShards{3});
+  Chief chief(three.endpoint(Node::chief()), 3);
+  chief.restore(state);
+  const ModelState back = chief.save_state();
+  CHECK(back.global_step == 10);
+  for (std::size_t v = 0; v < state.variables.size(); ++v) {
+    CHECK(back.variables[v].values == state.variables[v].values);
+    CHECK(back.variables[v].slots == state.variables[v].slots);
+    CHECK(back.variables[v].counters.size() == 3);  // three parts now, each with t = 10
+    for (const PartCounters& c : back.variables[v].counters) CHECK(c.values == std::vector<std::int64_t>{10});
+  }
+  run_steps(three, data, 10, 20);  // and it trains on
+  CHECK(chief.stats().at(0).global_step == 20);
+  chief.shutdown();
+}
+
+namespace {
+
+using SgdSync = ParameterServer<RoundRobin, Sgd, SyncReplicas>;
+
+Response ask(SgdSync& ps, Request request, Node from, std::uint64_t session = 1) {
+  std::optional<Response> out;
+  ps.handle(std::move(request), RequestContext{false, from, session},
+            [&](Response&& r) { out = std::move(r); });
+  REQUIRE(out.has_value());
+  return std::move(*out);
+}
+
+std::shared_ptr<std::optional<Response>> ask_later(SgdSync& ps, Request request, Node from,
+                                                   std::uint64_t session = 1) {
+  auto out = std::make_shared<std::optional<Response>>();
+  ps.handle(std::move(request), RequestContext{false, from, session},
+            [out](Response&& r) { *out = std::move(r); });
+  return out;
+}
+
+const std::vector<VariableSpec> kModel{{"w", {2}, {}}};
+const Node kChief = Node::chief(), kW0 = Node::worker(0), kW1 = Node::worker(1);
+
+}  // namespace
+
+TEST_CASE("a pause holds pushes, a cut takes the ones on their way, resume takes the rest") {
+  SgdSync ps(0, 1, Sgd{1.0F}, SyncReplicas(1, 2));  // every push is a step
+  ask(ps, Register{kModel}, kChief);
+  const std::vector<float> w{0, 0}, g{1, 1};
+  ask(ps, Initialize{{{0, w}}}, kChief);
+  ask(ps, Push{0, 0, {{0, g}}}, kW0);
+  const auto paused = std::get<PauseReply>(ask(ps, Pause{}, kChief));
+  CHECK(paused.pushes == std::vector<std::uint64_t>{1});
+  // While paused, pushes wait; a cut that wants one more of worker 1 takes it, not worker 0's.
+  auto held0 = ask_later(ps, Push{0, 1, {{0, g}}}, kW0);
+  auto cut = ask_later(ps, ReadState{{1, 1}}, kChief);
+  CHECK_FALSE(held0->has_value());
+  CHECK_FALSE(cut->has_value());  // worker 1's push is still on its way
+  auto held1 = ask_later(ps, Push{1, 1, {{0, g}}}, kW1);
+  REQUIRE(cut->has_value());
+  REQUIRE(held1->has_value());  // taken for the cut
+  CHECK_FALSE(held0->has_value());
+  const auto state = std::get<StateReply>(**cut);
+  CHECK(state.global_step == 2);
+  CHECK(std::vector<float>(state.parts.at(0).values.begin(), state.parts.at(0).values.end()) ==
+        std::vector<float>{-2, -2});
+  // Resume takes what waited.
+  CHECK(std::holds_alternative<Ack>(ask(ps, Resume{}, kChief)));
+  REQUIRE(held0->has_value());
+  CHECK(std::get<PushReply>(**held0).stale_parts == 1);  // of step 1, which the cut completed
+  CHECK(ps.stats().global_step == 2);
+  // A chief that pauses and leaves does not leave the ps paused.
+  ask(ps, Pause{}, kChief, 7);
+  auto waits = ask_later(ps, Push{0, 3, {{0, g}}}, kW0);
+  CHECK_FALSE(waits->has_value());
+  ps.disconnected(kChief, 7);
+  CHECK(waits->has_value());
+}
+
+TEST_CASE("a restore refuses what waited and what comes from an earlier epoch") {
+  SgdSync ps(0, 1, Sgd{1.0F}, SyncReplicas(2, 2));
+  ask(ps, Register{kModel}, kChief);
+  const std::vector<float> w{0, 0}, g{1, 1}, saved{5, 6};
+  ask(ps, Initialize{{{0, w}}}, kChief);
+  auto token = std::get<TokenReply>(ask(ps, TakeToken{0, 0}, kW0));
+  ask(ps, Push{0, 0, {{0, g}}}, kW0);  // half of step 0
+  auto gated = ask_later(ps, Pull{1, {{0, {0, 2}}}, 0}, kW0);  // waits for step 1
+  CHECK_FALSE(gated->has_value());
+  const auto restored = ask(ps, Restore{1, {40}, {{0, saved, {}, {}}}}, kChief);
+  REQUIRE(std::holds_alternative<Ack>(restored));
+  REQUIRE(gated->has_value());
+  CHECK(std::get<ErrorReply>(**gated).code == ErrorCode::kFailedPrecondition);
+  CHECK(ps.stats().global_step == 40);
+  // Epoch 0's requests are refused; epoch 1's served, from the restored values.
+  CHECK(std::get<ErrorReply>(ask(ps, Push{1, 0, {{0, g}}, 0}, kW1)).code == ErrorCode::kFailedPrecondition);
+  CHECK(std::get<ErrorReply>(ask(ps, TakeToken{1, 0}, kW1)).code == ErrorCode::kFailedPrecondition);
+  const auto fresh = std::get<TokenReply>(ask(ps, TakeToken{1, 1}, kW1));
+  CHECK(fresh.token.local_step == 40);
+  const auto read = std::get<PullReply>(ask(ps, Pull{0, {{0, {0, 2}}}, 1}, kW1));
+  CHECK(read.values.at(0)[1] == 6.0F);
+  CHECK(std::get<PlacementReply>(ask(ps, WaitReady{}, kW1)).epoch == 1);
+  (void)token;
+}
+
+TEST_CASE("a push sent again is answered as the first time and counted once") {
+  SgdSync ps(0, 1, Sgd{1.0F}, SyncReplicas(2, 2));
+  ask(ps, Register{kModel}, kChief);
+  const std::vector<float> w{0, 0}, g{1, 1};
+  ask(ps, Initialize{{{0, w}}}, kChief);
+  CHECK(std::holds_alternative<PushReply>(ask(ps, Push{0, 0, {{0, g}}, 0, 77}, kW0)));
+  CHECK(std::holds_alternative<PushReply>(ask(ps, Push{0, 0, {{0, g}}, 0, 77}, kW0)));  // again
+  CHECK(ps.stats().global_step == 0);  // one push of two: the step waits
+  CHECK(ps.stats().gradients_accepted == 1);
+  CHECK(std::holds_alternative<PushReply>(ask(ps, Push{1, 0, {{0, g}}, 0, 5}, kW1)));
+  CHECK(ps.stats().global_step == 1);
+}
