@@ -41,6 +41,7 @@ struct Options {
   std::size_t batch = 64;
   std::uint64_t seed = 1;
   std::string data = PULLEY_FASHION_MNIST_DIR;
+  pulley::CheckpointOptions checkpoint;  // --checkpoint-dir, --save-checkpoint-steps, ...
   pulley::ClientOptions client;     // --request-timeout-ms, --clip-norm, ...
   pulley::TcpOptions tcp;           // --connect-timeout-ms, ...
   pulley::TcpServerOptions server;  // --ps-max-buffered-bytes, ...
@@ -65,18 +66,34 @@ void standardize(Data& data) {
   }
 }
 
-/// Worker w's batches: its shard (examples w, w + workers, ...), reshuffled every pass.
+/// A worker's batches: its share of the examples (w, w + count, ...), reshuffled every pass,
+/// starting `start_step` batches in, so that a resumed job reads what the uninterrupted one
+/// would have.
 class Shard {
  public:
-  Shard(const Data& data, std::size_t batch, std::uint64_t seed, std::uint32_t w,
-        std::uint32_t workers)
-      : data_(&data), rng_(seed * 7919 + w), features_(batch * 784), labels_(batch) {
-    for (std::size_t i = w; i < data.train.labels.size(); i += workers) order_.push_back(i);
-    order_.resize(data.train.labels.size() / workers);
+  Shard(const Data& data, std::size_t batch, std::uint64_t seed, const pulley::DataShard& shard)
+      : data_(&data), rng_(seed * 7919 + shard.index), features_(batch * 784), labels_(batch) {
+    for (std::size_t i = shard.index; i < data.train.labels.size(); i += shard.count) order_.push_back(i);
+    order_.resize(data.train.labels.size() / shard.count);
     next_ = order_.size();
+    for (std::int64_t s = 0; s < shard.start_step; ++s) advance();
   }
 
   pulley::models::MlpBatch operator()() {
+    const std::size_t first = advance();
+    const auto& pixels = data_->train.images.pixels;
+    for (std::size_t r = 0; r < labels_.size(); ++r) {
+      const std::size_t e = order_[first + r];
+      std::copy_n(pixels.begin() + static_cast<std::ptrdiff_t>(e * 784), 784,
+                  features_.begin() + static_cast<std::ptrdiff_t>(r * 784));
+      labels_[r] = data_->train.labels[e];
+    }
+    return {features_, labels_};
+  }
+
+ private:
+  /// Moves on by one batch (reshuffling when a pass is done); returns where it starts.
+  std::size_t advance() {
     const std::size_t batch = labels_.size();
     if (next_ + batch > order_.size()) {
       for (std::size_t i = order_.size() - 1; i > 0; --i) {  // Fisher–Yates
@@ -84,15 +101,8 @@ class Shard {
       }
       next_ = 0;
     }
-    const auto& pixels = data_->train.images.pixels;
-    for (std::size_t r = 0; r < batch; ++r) {
-      const std::size_t e = order_[next_ + r];
-      std::copy_n(pixels.begin() + static_cast<std::ptrdiff_t>(e * 784), 784,
-                  features_.begin() + static_cast<std::ptrdiff_t>(r * 784));
-      labels_[r] = data_->train.labels[e];
-    }
     next_ += batch;
-    return {features_, labels_};
+    return next_ - batch;
   }
 
  private:
@@ -120,11 +130,12 @@ int train(const pulley::Job& job, const Options& o, const Data& data, Optimizer 
 
   pulley::Training<pulley::models::Mlp> training;
   training.model = [] { return pulley::models::Mlp({784, 128, 10}); };
-  training.data = [&](std::uint32_t w, std::uint32_t n) { return Shard(data, o.batch, o.seed, w, n); };
+  training.data = [&](const pulley::DataShard& shard) { return Shard(data, o.batch, o.seed, shard); };
   training.last_step = steps_per_epoch * o.epochs;
   training.evaluate_every = steps_per_epoch;
   training.samples_per_step = static_cast<std::int64_t>(o.batch) * batches_per_step;
   training.seed = o.seed;
+  training.checkpoint = o.checkpoint;
   training.client = o.client;
   training.tcp = o.tcp;
   training.server = o.server;
@@ -201,6 +212,7 @@ int main(int argc, char** argv) {
   app.add_option("--seed", o.seed);
   app.add_option("--data", o.data, "directory of the *-ubyte.gz files");
   pulley::add_job_flags(app, job_flags);
+  pulley::add_checkpoint_flags(app, o.checkpoint);
   pulley::add_limit_flags(app, o.client, o.tcp, o.server);
   CLI11_PARSE(app, argc, argv);
   if (openblas_set_num_threads != nullptr) openblas_set_num_threads(1);

@@ -83,6 +83,7 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps, "global steps to train")->check(CLI::Range(1, 1 << 30));
   pulley::add_job_flags(app, job_flags);
   pulley::Training<Line> training;
+  pulley::add_checkpoint_flags(app, training.checkpoint);
   pulley::add_limit_flags(app, training.client, training.tcp, training.server);
   CLI11_PARSE(app, argc, argv);
 
@@ -94,7 +95,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   training.model = [] { return Line(); };
-  training.data = [](std::uint32_t worker, std::uint32_t) { return Samples(worker + 1); };
+  training.data = [](const pulley::DataShard& shard) { return Samples(shard.index + 1); };
   training.last_step = steps;
   training.evaluate = [&](Line& line, const pulley::Evaluation& e) {
     if (!e.last) return;

@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -81,9 +83,21 @@ class Chief {
   /// step (see Snapshot); waits until the ps tasks reach it.
   Snapshot snapshot(std::int64_t step) { return client_.snapshot(step); }
 
+  /// Like snapshot, but nullopt if `deadline` passes before the ps tasks reach `step`.
+  std::optional<Snapshot> snapshot_until(std::int64_t step,
+                                         std::chrono::steady_clock::time_point deadline) {
+    return client_.snapshot_until(step, deadline);
+  }
+
   /// Blocks until every ps task has completed `step` global steps; returns the lowest
   /// global step they report.
   std::int64_t wait_for_step(std::int64_t step) { return client_.wait_for_step(step); }
+
+  /// Like wait_for_step, but gives up at `deadline`: nullopt then.
+  std::optional<std::int64_t> wait_for_step_until(std::int64_t step,
+                                                  std::chrono::steady_clock::time_point deadline) {
+    return client_.wait_for_step_until(step, deadline);
+  }
 
   /// Counters of every ps task, by task index.
   std::vector<Stats> stats() { return client_.stats(); }
@@ -97,6 +111,11 @@ class Chief {
   /// ps tasks apply pushes as they come, included. Training stands still while the state
   /// is read, not while it is written.
   ModelState save_state() { return client_.read_state(); }
+
+  /// The same, cut the moment every ps completes global step `step` (waiting for it as long
+  /// as training progresses): under SyncReplicas every ps is then exactly at that step, with
+  /// nothing of the next one taken.
+  ModelState save_state_at(std::int64_t step) { return client_.read_state(step); }
 
   /// Sets every ps from `state` (a checkpoint): registers its model, and restores values,
   /// optimizer state and the sync policy's state, at a new epoch. Use it in place of

@@ -13,6 +13,9 @@ struct ClientOptions {
   std::chrono::milliseconds request_timeout{std::chrono::seconds(60)};
   /// For requests that wait on other tasks: readiness, sync tokens, step-gated pulls.
   std::chrono::milliseconds wait_timeout{std::chrono::minutes(30)};
+  /// A wait with no progress for this long logs what the ps tasks wait for, and again each
+  /// time as long again passes ("step 812: waiting for worker:1 (last heard 14.2 s ago)").
+  std::chrono::milliseconds stall_report{std::chrono::seconds(10)};
   /// Workers: when positive, each push's gradients are scaled down to this global norm
   /// (the L2 norm over every variable together) when theirs is larger, as TensorFlow's
   /// `clip_by_global_norm` before `apply_gradients`; a gradient that explodes then moves

@@ -194,15 +194,20 @@ struct Shutdown {
   }
 };
 
-/// Chief → every ps, to read a checkpoint's cut: hold the pushes that arrive from now on
-/// (their workers wait), and say how many pushes of each worker were taken so far. Ends
-/// with Resume, or when the chief's connection closes.
+/// Chief → every ps, to read a checkpoint's cut: once the ps has completed `at_step` global
+/// steps (at once for 0; the moment that step completes otherwise, as a step-gated pull),
+/// hold the pushes that arrive from then on (their workers wait), and say how many pushes
+/// of each worker were taken so far. Ends with Resume, or when the chief's connection
+/// closes.
 struct Pause {
   static constexpr std::string_view kName = "Pause";
   static constexpr JobSet kSenders{Node::Job::kChief};
+  std::int64_t at_step = 0;
 
   template <class Archive>
-  void serialize(Archive& /*archive*/) {}
+  void serialize(Archive& archive) {
+    archive(at_step);
+  }
 };
 
 /// Chief → a paused ps: once it has taken exactly `until[w]` pushes of each worker w (taking

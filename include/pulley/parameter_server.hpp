@@ -227,6 +227,7 @@ class ParameterServer {
     for (TokenWaiter& w : std::exchange(token_waiters_, {})) send(w.reply, ErrorReply{answer});
     for (WaitingPull& w : std::exchange(waiting_pulls_, {})) send(w.reply, ErrorReply{answer});
     for (HeldPush& h : std::exchange(held_, {})) send(h.reply, ErrorReply{answer});
+    for (WaitingPause& w : std::exchange(waiting_pauses_, {})) send(w.reply, ErrorReply{answer});
     if (pending_read_) {
       send(pending_read_->reply, ErrorReply{answer});
       pending_read_.reset();
@@ -469,6 +470,11 @@ class ParameterServer {
       answer_pull(w.request, w.reply);
       return true;
     });
+    std::erase_if(waiting_pauses_, [&](WaitingPause& w) {
+      if (global_step() < w.at_step) return false;
+      pause(w.session, w.reply);
+      return true;
+    });
   }
 
   // ---- Push -----------------------------------------------------------------------------
@@ -597,15 +603,24 @@ class ParameterServer {
     advance_to_cut();
   }
 
-  void on(Pause& /*r*/, const RequestContext& context, Responder& reply) {
+  void on(Pause& r, const RequestContext& context, Responder& reply) {
     if (!ready_) {
       reject(reply, ErrorCode::kFailedPrecondition, "pause before initialization");
       return;
     }
+    if (global_step() < r.at_step) {  // paused the moment that step completes
+      WaitingPause& waiting = waiting_pauses_.emplace_back(WaitingPause{r.at_step, context.session, nullptr});
+      park(waiting.reply, reply);
+      return;
+    }
+    pause(context.session, reply);
+  }
+
+  void pause(std::uint64_t session, Responder& reply) {
     PauseReply answer{global_step(), epoch_, taken_, {}, {}, checkpoints_whole_state_v<O>};
     optimizer_state_names(answer.slot_names, answer.counter_names);
     paused_ = true;
-    pause_session_ = context.session;
+    pause_session_ = session;
     send(reply, std::move(answer));
   }
 
@@ -761,6 +776,7 @@ class ParameterServer {
     for (TokenWaiter& w : std::exchange(token_waiters_, {})) send(w.reply, ErrorReply{gone});
     for (WaitingPull& w : std::exchange(waiting_pulls_, {})) send(w.reply, ErrorReply{gone});
     for (HeldPush& h : std::exchange(held_, {})) send(h.reply, ErrorReply{gone});
+    for (WaitingPause& w : std::exchange(waiting_pauses_, {})) send(w.reply, ErrorReply{gone});
     if (pending_read_) {
       send(pending_read_->reply, ErrorReply{gone});
       pending_read_.reset();
@@ -1011,6 +1027,12 @@ class ParameterServer {
     Responder reply;
   };
   std::optional<PendingRead> pending_read_;  ///< a ReadState waiting for its cut
+  struct WaitingPause {
+    std::int64_t at_step;
+    std::uint64_t session;
+    Responder reply;
+  };
+  std::vector<WaitingPause> waiting_pauses_;  ///< Pauses for a step not completed yet
   std::vector<std::uint32_t> contributors_;  ///< ... and whose they are, for a rollback's log
   std::vector<const Slice*> order_;              ///< scratch: a pull's slices, sorted
 

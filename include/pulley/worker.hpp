@@ -138,6 +138,8 @@ class Worker {
   [[nodiscard]] M& model() noexcept { return model_; }
   /// The model it trains, with the parameters of the last pull.
   [[nodiscard]] const M& model() const noexcept { return model_; }
+  /// Counters of every ps task, by task index (their global steps among them).
+  std::vector<Stats> stats() { return client_.stats(); }
   /// Steps whose gradients `ClientOptions::clip_norm` scaled down.
   [[nodiscard]] std::int64_t clipped_steps() const noexcept { return client_.clipped_steps(); }
   /// The global norm of the last pushed gradients before clipping (0 unless clipping is on).

@@ -808,15 +808,20 @@ struct Shutdown {
   }
 };
 
-/// Chief → every ps, to read a checkpoint's cut: hold the pushes that arrive from now on
-/// (their workers wait), and say how many pushes of each worker were taken so far. Ends
-/// with Resume, or when the chief's connection closes.
+/// Chief → every ps, to read a checkpoint's cut: once the ps has completed `at_step` global
+/// steps (at once for 0; the moment that step completes otherwise, as a step-gated pull),
+/// hold the pushes that arrive from then on (their workers wait), and say how many pushes
+/// of each worker were taken so far. Ends with Resume, or when the chief's connection
+/// closes.
 struct Pause {
   static constexpr std::string_view kName = "Pause";
   static constexpr JobSet kSenders{Node::Job::kChief};
+  std::int64_t at_step = 0;
 
   template <class Archive>
-  void serialize(Archive& /*archive*/) {}
+  void serialize(Archive& archive) {
+    archive(at_step);
+  }
 };
 
 /// Chief → a paused ps: once it has taken exactly `until[w]` pushes of each worker w (taking
@@ -1484,8 +1489,10 @@ class CallGroup {
 // ---- end pulley/call_group.hpp ----
 // ---- begin pulley/chief.hpp ----
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -1545,6 +1552,7 @@ concept Transport = std::move_constructible<T> &&
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -1627,6 +1635,9 @@ struct ClientOptions {
   std::chrono::milliseconds request_timeout{std::chrono::seconds(60)};
   /// For requests that wait on other tasks: readiness, sync tokens, step-gated pulls.
   std::chrono::milliseconds wait_timeout{std::chrono::minutes(30)};
+  /// A wait with no progress for this long logs what the ps tasks wait for, and again each
+  /// time as long again passes ("step 812: waiting for worker:1 (last heard 14.2 s ago)").
+  std::chrono::milliseconds stall_report{std::chrono::seconds(10)};
   /// Workers: when positive, each push's gradients are scaled down to this global norm
   /// (the L2 norm over every variable together) when theirs is larger, as TensorFlow's
   /// `clip_by_global_norm` before `apply_gradients`; a gradient that explodes then moves
@@ -1909,7 +1920,7 @@ class Client {
   TokenReply take_token(std::uint32_t worker) {
     CallGroup group;
     group.add(transport_.call(0, TakeToken{worker, epoch_}, {}));
-    wait_progressing(group, "take a sync token");
+    (void)wait_progressing(group, "worker " + std::to_string(worker) + ": take a sync token");
     return group.take_as<TokenReply>(0);
   }
 
@@ -1972,9 +1983,17 @@ class Client {
   /// settle it while sync training runs. A later round that does not complete at once (the
   /// ps tasks count pushes that will never agree) leaves the last read as it is.
   Snapshot snapshot(std::int64_t step) {
+    return *snapshot_until(step, std::chrono::steady_clock::time_point::max());
+  }
+
+  /// Like snapshot, but nullopt if `deadline` passes before the ps tasks reach `step`.
+  std::optional<Snapshot> snapshot_until(std::int64_t step,
+                                         std::chrono::steady_clock::time_point deadline) {
     constexpr int kRounds = 8;
     Snapshot shot;
-    auto steps = *read_into(shot.values, step, true);  // (lowest, highest)
+    const auto first = read_into(shot.values, step, true, deadline);  // (lowest, highest)
+    if (!first) return std::nullopt;
+    auto steps = *first;
     for (int round = 1; round < kRounds && steps.first != steps.second; ++round) {
       std::vector<std::vector<float>> again;
       const auto read = read_into(again, steps.second, false);
@@ -1990,19 +2009,30 @@ class Client {
   /// Blocks until every ps has completed `step` steps; returns the lowest global step they
   /// report.
   std::int64_t wait_for_step(std::int64_t step) {
+    return *wait_for_step_until(step, std::chrono::steady_clock::time_point::max());
+  }
+
+  /// Like wait_for_step, but nullopt once `deadline` passes first.
+  std::optional<std::int64_t> wait_for_step_until(std::int64_t step,
+                                                  std::chrono::steady_clock::time_point deadline) {
     CallGroup group;
     for (std::size_t ps = 0; ps < num_ps(); ++ps) {
       group.add(transport_.call(ps, Pull{step, {}, epoch_}, {}));
     }
-    wait_gated(group, step, "wait for step " + std::to_string(step));
+    if (step <= 0) {
+      group.wait(options_.request_timeout, "read the global step");
+    } else if (!wait_progressing(group, "wait for step " + std::to_string(step), deadline)) {
+      return std::nullopt;
+    }
     return lowest_step(group, 0);
   }
 
   /// Every variable with its optimizer state, and the sync policy's state, as one cut across
-  /// all ps tasks (a checkpoint): every ps is paused (pushes that arrive wait), each is
-  /// brought to the same count of pushes taken from every worker (the largest any had),
-  /// read there, and resumed. Training stands still only while the state is read.
-  ModelState read_state() {
+  /// all ps tasks (a checkpoint): every ps is paused (at once, or the moment it completes
+  /// `at_step`; pushes that arrive then wait), each is brought to the same count of pushes
+  /// taken from every worker (the largest any had), read there, and resumed. Training
+  /// stands still only while the state is read.
+  ModelState read_state(std::int64_t at_step = 0) {
     if (!has_placement()) throw Error(ErrorCode::kFailedPrecondition, "no model registered yet");
     struct Resumer {  // whatever happens, the ps tasks go on
       Client* client;
@@ -2014,8 +2044,13 @@ class Client {
         }
       }
     } resumer{this};
-    const auto paused = broadcast<PauseReply>([](std::size_t) { return Pause{}; },
-                                              options_.request_timeout, "pause the ps tasks");
+    std::vector<PauseReply> paused;
+    {
+      CallGroup group;
+      for (std::size_t ps = 0; ps < num_ps(); ++ps) group.add(transport_.call(ps, Pause{at_step}, {}));
+      wait_gated(group, at_step, "pause the ps tasks at step " + std::to_string(at_step));
+      for (std::size_t ps = 0; ps < num_ps(); ++ps) paused.push_back(group.take_as<PauseReply>(ps));
+    }
     std::vector<std::uint64_t> until;
     for (const PauseReply& p : paused) {
       if (until.size() < p.pushes.size()) until.resize(p.pushes.size(), 0);
@@ -2141,22 +2176,35 @@ class Client {
   /// `min_step` (none when it is 0).
   void wait_gated(CallGroup& group, std::int64_t min_step, std::string_view what) {
     if (min_step <= 0) return group.wait(options_.request_timeout, what);
-    wait_progressing(group, what);
+    (void)wait_progressing(group, what);
   }
 
   /// Waits for `group`, whose calls wait for other tasks, for as long as the ps tasks make
-  /// progress: every so often it asks them their global steps, and gives up
-  /// (kDeadlineExceeded, cancelling the calls) once none has moved for `wait_timeout`. The
-  /// error says what the ps tasks wait for ("worker 2 at clock 5"), so a stall names its
-  /// cause; a long wait for a step far ahead is no stall.
-  void wait_progressing(CallGroup& group, std::string_view what) {
+  /// progress: every so often it asks them their global steps, logs what they wait for once
+  /// none has moved for `stall_report` ("worker 2 at clock 5", "worker:1 (last heard 14.2 s
+  /// ago)"), and gives up (kDeadlineExceeded, cancelling the calls) once none has moved for
+  /// `wait_timeout`, naming the same; a long wait for a step far ahead is no stall. With a
+  /// `deadline`, returns false (the calls cancelled) when it passes first.
+  bool wait_progressing(CallGroup& group, std::string_view what,
+                        std::chrono::steady_clock::time_point deadline =
+                            std::chrono::steady_clock::time_point::max()) {
     using Clock = std::chrono::steady_clock;
     const auto patience = options_.wait_timeout;
-    const auto look_every = std::min(patience, std::chrono::milliseconds(10000));
+    const auto look_every = std::min({patience, options_.stall_report, std::chrono::milliseconds(10000)});
     std::vector<std::int64_t> steps;  // the ps tasks' global steps when last looked at
     auto still_since = Clock::now();
     for (;;) {
-      if (group.wait_for(look_every)) return;
+      const auto now0 = Clock::now();
+      const auto slice = deadline == Clock::time_point::max()
+                             ? look_every
+                             : std::min<std::chrono::milliseconds>(
+                                   look_every, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                   std::max(deadline - now0, Clock::duration::zero())));
+      if (group.wait_for(slice)) return true;
+      if (Clock::now() >= deadline) {
+        group.cancel();
+        return false;
+      }
       std::string why;
       const std::vector<std::int64_t> now_steps = global_steps(why);
       const auto now = Clock::now();
@@ -2164,14 +2212,17 @@ class Client {
         if (!steps.empty() && now_steps != steps) still_since = now;
         steps = now_steps;
       }
-      if (now - still_since >= patience) {
+      const auto stalled = std::chrono::duration_cast<std::chrono::milliseconds>(now - still_since);
+      if (stalled >= patience) {
         group.cancel();
         throw Error(ErrorCode::kDeadlineExceeded,
-                    std::string(what) + ": no progress for " +
-                        std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                           now - still_since)
-                                           .count()) +
+                    std::string(what) + ": no progress for " + std::to_string(stalled.count()) +
                         " ms" + why);
+      }
+      if (stalled >= options_.stall_report) {  // a hang explains itself while it lasts
+        char seconds[32];
+        std::snprintf(seconds, sizeof seconds, "%.1f", static_cast<double>(stalled.count()) / 1000.0);
+        log(LogLevel::kWarning, std::string(what) + ": no progress for " + seconds + " s" + why);
       }
     }
   }
@@ -2203,7 +2254,8 @@ class Client {
   /// long as training makes progress; otherwise only briefly, and nullopt (the values
   /// half read) if the ps tasks do not answer at once.
   std::optional<std::pair<std::int64_t, std::int64_t>> read_into(
-      std::vector<std::vector<float>>& values, std::int64_t min_step, bool patient) {
+      std::vector<std::vector<float>>& values, std::int64_t min_step, bool patient,
+      std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max()) {
     std::vector<PullRequest> requests;
     values.resize(variables_.size());
     for (std::size_t v = 0; v < variables_.size(); ++v) {
@@ -2213,7 +2265,12 @@ class Client {
     CallGroup group;
     send(group, split_pulls(requests, min_step));
     if (patient) {
-      wait_gated(group, min_step, "read the variables");
+      if (min_step <= 0) {
+        group.wait(options_.request_timeout, "read the variables");
+      } else if (!wait_progressing(group, "read the variables at step " + std::to_string(min_step),
+                                   deadline)) {
+        return std::nullopt;
+      }
     } else if (!group.wait_for(std::min(options_.request_timeout, std::chrono::milliseconds(2000)))) {
       return std::nullopt;  // the group cancels the reads as it goes
     }
@@ -2572,9 +2629,21 @@ class Chief {
   /// step (see Snapshot); waits until the ps tasks reach it.
   Snapshot snapshot(std::int64_t step) { return client_.snapshot(step); }
 
+  /// Like snapshot, but nullopt if `deadline` passes before the ps tasks reach `step`.
+  std::optional<Snapshot> snapshot_until(std::int64_t step,
+                                         std::chrono::steady_clock::time_point deadline) {
+    return client_.snapshot_until(step, deadline);
+  }
+
   /// Blocks until every ps task has completed `step` global steps; returns the lowest
   /// global step they report.
   std::int64_t wait_for_step(std::int64_t step) { return client_.wait_for_step(step); }
+
+  /// Like wait_for_step, but gives up at `deadline`: nullopt then.
+  std::optional<std::int64_t> wait_for_step_until(std::int64_t step,
+                                                  std::chrono::steady_clock::time_point deadline) {
+    return client_.wait_for_step_until(step, deadline);
+  }
 
   /// Counters of every ps task, by task index.
   std::vector<Stats> stats() { return client_.stats(); }
@@ -2588,6 +2657,11 @@ class Chief {
   /// ps tasks apply pushes as they come, included. Training stands still while the state
   /// is read, not while it is written.
   ModelState save_state() { return client_.read_state(); }
+
+  /// The same, cut the moment every ps completes global step `step` (waiting for it as long
+  /// as training progresses): under SyncReplicas every ps is then exactly at that step, with
+  /// nothing of the next one taken.
+  ModelState save_state_at(std::int64_t step) { return client_.read_state(step); }
 
   /// Sets every ps from `state` (a checkpoint): registers its model, and restores values,
   /// optimizer state and the sync policy's state, at a new epoch. Use it in place of
@@ -3506,6 +3580,7 @@ class ParameterServer {
     for (TokenWaiter& w : std::exchange(token_waiters_, {})) send(w.reply, ErrorReply{answer});
     for (WaitingPull& w : std::exchange(waiting_pulls_, {})) send(w.reply, ErrorReply{answer});
     for (HeldPush& h : std::exchange(held_, {})) send(h.reply, ErrorReply{answer});
+    for (WaitingPause& w : std::exchange(waiting_pauses_, {})) send(w.reply, ErrorReply{answer});
     if (pending_read_) {
       send(pending_read_->reply, ErrorReply{answer});
       pending_read_.reset();
@@ -3748,6 +3823,11 @@ class ParameterServer {
       answer_pull(w.request, w.reply);
       return true;
     });
+    std::erase_if(waiting_pauses_, [&](WaitingPause& w) {
+      if (global_step() < w.at_step) return false;
+      pause(w.session, w.reply);
+      return true;
+    });
   }
 
   // ---- Push -----------------------------------------------------------------------------
@@ -3876,15 +3956,24 @@ class ParameterServer {
     advance_to_cut();
   }
 
-  void on(Pause& /*r*/, const RequestContext& context, Responder& reply) {
+  void on(Pause& r, const RequestContext& context, Responder& reply) {
     if (!ready_) {
       reject(reply, ErrorCode::kFailedPrecondition, "pause before initialization");
       return;
     }
+    if (global_step() < r.at_step) {  // paused the moment that step completes
+      WaitingPause& waiting = waiting_pauses_.emplace_back(WaitingPause{r.at_step, context.session, nullptr});
+      park(waiting.reply, reply);
+      return;
+    }
+    pause(context.session, reply);
+  }
+
+  void pause(std::uint64_t session, Responder& reply) {
     PauseReply answer{global_step(), epoch_, taken_, {}, {}, checkpoints_whole_state_v<O>};
     optimizer_state_names(answer.slot_names, answer.counter_names);
     paused_ = true;
-    pause_session_ = context.session;
+    pause_session_ = session;
     send(reply, std::move(answer));
   }
 
@@ -4040,6 +4129,7 @@ class ParameterServer {
     for (TokenWaiter& w : std::exchange(token_waiters_, {})) send(w.reply, ErrorReply{gone});
     for (WaitingPull& w : std::exchange(waiting_pulls_, {})) send(w.reply, ErrorReply{gone});
     for (HeldPush& h : std::exchange(held_, {})) send(h.reply, ErrorReply{gone});
+    for (WaitingPause& w : std::exchange(waiting_pauses_, {})) send(w.reply, ErrorReply{gone});
     if (pending_read_) {
       send(pending_read_->reply, ErrorReply{gone});
       pending_read_.reset();
@@ -4290,6 +4380,12 @@ class ParameterServer {
     Responder reply;
   };
   std::optional<PendingRead> pending_read_;  ///< a ReadState waiting for its cut
+  struct WaitingPause {
+    std::int64_t at_step;
+    std::uint64_t session;
+    Responder reply;
+  };
+  std::vector<WaitingPause> waiting_pauses_;  ///< Pauses for a step not completed yet
   std::vector<std::uint32_t> contributors_;  ///< ... and whose they are, for a rollback's log
   std::vector<const Slice*> order_;              ///< scratch: a pull's slices, sorted
 
@@ -5450,6 +5546,8 @@ class Worker {
   [[nodiscard]] M& model() noexcept { return model_; }
   /// The model it trains, with the parameters of the last pull.
   [[nodiscard]] const M& model() const noexcept { return model_; }
+  /// Counters of every ps task, by task index (their global steps among them).
+  std::vector<Stats> stats() { return client_.stats(); }
   /// Steps whose gradients `ClientOptions::clip_norm` scaled down.
   [[nodiscard]] std::int64_t clipped_steps() const noexcept { return client_.clipped_steps(); }
   /// The global norm of the last pushed gradients before clipping (0 unless clipping is on).

@@ -136,14 +136,19 @@ TEST_CASE("an async job's cut holds the same pushes on every ps, read while it t
   Chief chief(cluster.endpoint(Node::chief()), 1);
   chief.initialize(Ones{}.variables());
   std::atomic<bool> stop{false};
+  std::atomic<int> pushed{0};
   std::vector<std::thread> workers;
   for (std::uint32_t w = 0; w < 3; ++w) {
     workers.emplace_back([&, w] {
       Worker worker(w, Ones{}, cluster.endpoint(Node::worker(w)));
       worker.wait_ready();
-      while (!stop) worker.push(0);
+      while (!stop) {
+        worker.push(0);
+        ++pushed;
+      }
     });
   }
+  while (pushed == 0) std::this_thread::yield();  // the first cut is taken after a push
   for (int cut = 0; cut < 20; ++cut) {
     const ModelState state = chief.save_state();
     const auto& values = state.variables.at(0).values;

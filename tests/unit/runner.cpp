@@ -2,7 +2,9 @@
 // The role runner: a job in one process and as one task per thread over TCP, the end of
 // training said by a message, failures that end in a non-zero status and one line naming
 // the cause, and the job read from flags and TF_CONFIG.
+#include "pulley/optimizers/adam.hpp"
 #include "pulley/runner/run.hpp"
+#include "pulley/sharding/partitioned.hpp"
 
 #include <doctest/doctest.h>
 #include <stdlib.h>
@@ -10,6 +12,7 @@
 #include <asio.hpp>
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -43,7 +46,7 @@ struct Recorded {
 Training<LinearModel> linear_training(const LinearData& data, Recorded& recorded) {
   Training<LinearModel> training;
   training.model = [] { return LinearModel(3, 2); };
-  training.data = [&data](std::uint32_t, std::uint32_t) {
+  training.data = [&data](const DataShard&) {
     return [&data] { return LinearBatch{data.x, data.y}; };
   };
   training.last_step = 60;
@@ -102,7 +105,8 @@ TEST_CASE("an in-process job whose worker fails ends every task and names the wo
   Recorded recorded;
   Training<LinearModel> training = linear_training(data, recorded);
   training.last_step = 100000;  // it would run for long: the failure must end it
-  training.data = [&data](std::uint32_t worker, std::uint32_t) {
+  training.data = [&data](const DataShard& shard) {
+    const std::uint32_t worker = shard.index;
     return [&data, worker, calls = 0]() mutable {
       if (worker == 1 && ++calls == 30) throw std::runtime_error("the disk went away");
       return LinearBatch{data.x, data.y};
@@ -253,7 +257,8 @@ TEST_CASE("when worker 0 is also the chief and fails, it ends the job at once, n
   Recorded recorded;
   Training<LinearModel> training = linear_training(data, recorded);
   training.last_step = 100000;
-  training.data = [&data](std::uint32_t worker, std::uint32_t) {
+  training.data = [&data](const DataShard& shard) {
+    const std::uint32_t worker = shard.index;
     return [&data, worker, calls = 0]() mutable {
       if (worker == 0 && ++calls == 20) throw std::runtime_error("out of examples");
       return LinearBatch{data.x, data.y};
@@ -275,4 +280,45 @@ TEST_CASE("when worker 0 is also the chief and fails, it ends the job at once, n
   for (const auto& [job, status] : tasks) CHECK(status == 1);
   CHECK(log.find(LogLevel::kError, "worker:0 failed: out of examples").size() == 1);
   CHECK(log.find(LogLevel::kError, "worker:1 failed: aborted").size() == 1);
+}
+
+TEST_CASE("a job resumed from its checkpoints ends where the uninterrupted one does") {
+  // Sync R = N = 2 with a batch per worker per step from DataShard::start_step: a job that
+  // stops at step 30 and one that resumes from its checkpoint to step 60 together are the
+  // 60-step job, bit for bit.
+  const LinearData data(2 * 4 * 60, 3, 2, 11);
+  auto training_to = [&](std::int64_t last, const std::string& directory, std::vector<float>& out) {
+    Training<LinearModel> training;
+    training.model = [] { return LinearModel(3, 2); };
+    training.data = [&data](const DataShard& shard) {
+      return [&data, shard, k = shard.start_step]() mutable {
+        const std::size_t row = static_cast<std::size_t>((k++ * 2 + shard.index) * 4);
+        return LinearBatch{std::span(data.x).subspan(row * 3, 12), std::span(data.y).subspan(row * 2, 8)};
+      };
+    };
+    training.last_step = last;
+    training.evaluate_every = 10;
+    training.checkpoint.directory = directory;
+    training.checkpoint.save_steps = 10;
+    training.evaluate = [&out](LinearModel& model, const Evaluation& e) {
+      if (!e.last) return;
+      out.assign(model.parameter(0).begin(), model.parameter(0).end());
+      out.insert(out.end(), model.parameter(1).begin(), model.parameter(1).end());
+    };
+    Job job;
+    job.local_ps = 2;
+    job.local_workers = 2;
+    return run(job, training, FixedShards{2}, Adam{0.01F}, SyncReplicas(2, 2));
+  };
+  const auto tmp = std::filesystem::temp_directory_path() / ("pulley-runner-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(tmp);
+  std::vector<float> straight, first, resumed;
+  REQUIRE(training_to(60, "", straight) == 0);
+  REQUIRE(training_to(30, tmp.string(), first) == 0);
+  CHECK(CheckpointDirectory::list(tmp).front().first == 30);
+  REQUIRE(training_to(60, tmp.string(), resumed) == 0);
+  CHECK(CheckpointDirectory::list(tmp).front().first == 60);
+  CHECK(resumed == straight);
+  CHECK(first != straight);
+  std::filesystem::remove_all(tmp);
 }

@@ -521,7 +521,7 @@ TEST_CASE("a task of another job fails at once and exits non-zero, naming both j
   Training<LinearModel> training;
   training.model = [] { return LinearModel(kIn, kOut); };
   const LinearData data(kBatch, kIn, kOut, 1);
-  training.data = [&](std::uint32_t, std::uint32_t) {
+  training.data = [&](const DataShard&) {
     return [&] { return LinearBatch{data.x, data.y}; };
   };
   training.last_step = 10;

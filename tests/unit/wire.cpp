@@ -69,10 +69,22 @@ TEST_CASE("every request survives a round trip, tensors included") {
   CHECK(std::vector<float>(init.parts[0].values.begin(), init.parts[0].values.end()) == a);
   CHECK(std::vector<float>(init.parts[1].values.begin(), init.parts[1].values.end()) == b);
 
-  auto push = std::get<Push>(round_trip(Request{Push{3, 42, {{1, b}}}}, storage));
+  auto push = std::get<Push>(round_trip(Request{Push{3, 42, {{1, b}}, 2, 99}}, storage));
   CHECK(push.worker == 3);
   CHECK(push.local_step == 42);
   CHECK(push.gradients.at(0).values[0] == -4.5F);
+  CHECK(push.epoch == 2);
+  CHECK(push.sequence == 99);
+
+  auto restore = std::get<Restore>(round_trip(Request{Restore{4, {10, 11}, {{1, a, {b}, {3}}}}}, storage));
+  CHECK(restore.epoch == 4);
+  CHECK(restore.pacer == std::vector<std::int64_t>{10, 11});
+  CHECK(restore.parts.at(0).values[2] == 3.0F);
+  CHECK(restore.parts.at(0).slots.at(0)[1] == 5.0F);
+  CHECK(std::get<ReadState>(round_trip(Request{ReadState{{1, 2}}}, storage)).until ==
+        std::vector<std::uint64_t>{1, 2});
+  CHECK(std::holds_alternative<Pause>(round_trip(Request{Pause{}}, storage)));
+  CHECK(std::holds_alternative<Resume>(round_trip(Request{Resume{}}, storage)));
 
   auto pull = std::get<Pull>(round_trip(Request{Pull{7, {{2, {1, 3}}}}}, storage));
   CHECK(pull.min_step == 7);
@@ -102,10 +114,29 @@ TEST_CASE("every response survives a round trip, tensors included") {
   builder.begin_variable();
   builder.add(0, {0, 2});
   const Placement placement = std::move(builder).finish();
-  auto placed =
-      std::get<PlacementReply>(round_trip(Response{PlacementReply{kModel, placement}}, storage));
+  auto placed = std::get<PlacementReply>(
+      round_trip(Response{PlacementReply{kModel, placement, 3, {"m", "v"}, {"t"}}}, storage));
   CHECK(placed.variables == kModel);
   CHECK(placed.placement == placement);
+  CHECK(placed.epoch == 3);
+  CHECK(placed.slot_names == std::vector<std::string>{"m", "v"});
+  CHECK(placed.counter_names == std::vector<std::string>{"t"});
+
+  const auto paused = std::get<PauseReply>(
+      round_trip(Response{PauseReply{12, 2, {4, 0, 7}, {"m"}, {"t"}, false}}, storage));
+  CHECK(paused.global_step == 12);
+  CHECK(paused.pushes == std::vector<std::uint64_t>{4, 0, 7});
+  CHECK_FALSE(paused.whole);
+  const std::vector<float> m{7, 8, 9};
+  auto state = std::get<StateReply>(
+      round_trip(Response{StateReply{5, {5}, {{2, a, {m}, {5}}, {6, b, {}, {}}}}}, storage));
+  CHECK(state.pacer == std::vector<std::int64_t>{5});
+  REQUIRE(state.parts.size() == 2);
+  CHECK(state.parts[0].part == 2);
+  CHECK(state.parts[0].values.size() == 3);
+  CHECK(state.parts[0].slots.at(0)[2] == 9.0F);
+  CHECK(state.parts[0].counters == std::vector<std::int64_t>{5});
+  CHECK(state.parts[1].values[0] == 4.0F);
 
   auto error = std::get<ErrorReply>(
       round_trip(Response{ErrorReply{ErrorCode::kNotFound, "no such part"}}, storage));

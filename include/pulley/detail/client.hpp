@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -111,7 +112,7 @@ class Client {
   TokenReply take_token(std::uint32_t worker) {
     CallGroup group;
     group.add(transport_.call(0, TakeToken{worker, epoch_}, {}));
-    wait_progressing(group, "take a sync token");
+    (void)wait_progressing(group, "worker " + std::to_string(worker) + ": take a sync token");
     return group.take_as<TokenReply>(0);
   }
 
@@ -174,9 +175,17 @@ class Client {
   /// settle it while sync training runs. A later round that does not complete at once (the
   /// ps tasks count pushes that will never agree) leaves the last read as it is.
   Snapshot snapshot(std::int64_t step) {
+    return *snapshot_until(step, std::chrono::steady_clock::time_point::max());
+  }
+
+  /// Like snapshot, but nullopt if `deadline` passes before the ps tasks reach `step`.
+  std::optional<Snapshot> snapshot_until(std::int64_t step,
+                                         std::chrono::steady_clock::time_point deadline) {
     constexpr int kRounds = 8;
     Snapshot shot;
-    auto steps = *read_into(shot.values, step, true);  // (lowest, highest)
+    const auto first = read_into(shot.values, step, true, deadline);  // (lowest, highest)
+    if (!first) return std::nullopt;
+    auto steps = *first;
     for (int round = 1; round < kRounds && steps.first != steps.second; ++round) {
       std::vector<std::vector<float>> again;
       const auto read = read_into(again, steps.second, false);
@@ -192,19 +201,30 @@ class Client {
   /// Blocks until every ps has completed `step` steps; returns the lowest global step they
   /// report.
   std::int64_t wait_for_step(std::int64_t step) {
+    return *wait_for_step_until(step, std::chrono::steady_clock::time_point::max());
+  }
+
+  /// Like wait_for_step, but nullopt once `deadline` passes first.
+  std::optional<std::int64_t> wait_for_step_until(std::int64_t step,
+                                                  std::chrono::steady_clock::time_point deadline) {
     CallGroup group;
     for (std::size_t ps = 0; ps < num_ps(); ++ps) {
       group.add(transport_.call(ps, Pull{step, {}, epoch_}, {}));
     }
-    wait_gated(group, step, "wait for step " + std::to_string(step));
+    if (step <= 0) {
+      group.wait(options_.request_timeout, "read the global step");
+    } else if (!wait_progressing(group, "wait for step " + std::to_string(step), deadline)) {
+      return std::nullopt;
+    }
     return lowest_step(group, 0);
   }
 
   /// Every variable with its optimizer state, and the sync policy's state, as one cut across
-  /// all ps tasks (a checkpoint): every ps is paused (pushes that arrive wait), each is
-  /// brought to the same count of pushes taken from every worker (the largest any had),
-  /// read there, and resumed. Training stands still only while the state is read.
-  ModelState read_state() {
+  /// all ps tasks (a checkpoint): every ps is paused (at once, or the moment it completes
+  /// `at_step`; pushes that arrive then wait), each is brought to the same count of pushes
+  /// taken from every worker (the largest any had), read there, and resumed. Training
+  /// stands still only while the state is read.
+  ModelState read_state(std::int64_t at_step = 0) {
     if (!has_placement()) throw Error(ErrorCode::kFailedPrecondition, "no model registered yet");
     struct Resumer {  // whatever happens, the ps tasks go on
       Client* client;
@@ -216,8 +236,13 @@ class Client {
         }
       }
     } resumer{this};
-    const auto paused = broadcast<PauseReply>([](std::size_t) { return Pause{}; },
-                                              options_.request_timeout, "pause the ps tasks");
+    std::vector<PauseReply> paused;
+    {
+      CallGroup group;
+      for (std::size_t ps = 0; ps < num_ps(); ++ps) group.add(transport_.call(ps, Pause{at_step}, {}));
+      wait_gated(group, at_step, "pause the ps tasks at step " + std::to_string(at_step));
+      for (std::size_t ps = 0; ps < num_ps(); ++ps) paused.push_back(group.take_as<PauseReply>(ps));
+    }
     std::vector<std::uint64_t> until;
     for (const PauseReply& p : paused) {
       if (until.size() < p.pushes.size()) until.resize(p.pushes.size(), 0);
@@ -343,22 +368,35 @@ class Client {
   /// `min_step` (none when it is 0).
   void wait_gated(CallGroup& group, std::int64_t min_step, std::string_view what) {
     if (min_step <= 0) return group.wait(options_.request_timeout, what);
-    wait_progressing(group, what);
+    (void)wait_progressing(group, what);
   }
 
   /// Waits for `group`, whose calls wait for other tasks, for as long as the ps tasks make
-  /// progress: every so often it asks them their global steps, and gives up
-  /// (kDeadlineExceeded, cancelling the calls) once none has moved for `wait_timeout`. The
-  /// error says what the ps tasks wait for ("worker 2 at clock 5"), so a stall names its
-  /// cause; a long wait for a step far ahead is no stall.
-  void wait_progressing(CallGroup& group, std::string_view what) {
+  /// progress: every so often it asks them their global steps, logs what they wait for once
+  /// none has moved for `stall_report` ("worker 2 at clock 5", "worker:1 (last heard 14.2 s
+  /// ago)"), and gives up (kDeadlineExceeded, cancelling the calls) once none has moved for
+  /// `wait_timeout`, naming the same; a long wait for a step far ahead is no stall. With a
+  /// `deadline`, returns false (the calls cancelled) when it passes first.
+  bool wait_progressing(CallGroup& group, std::string_view what,
+                        std::chrono::steady_clock::time_point deadline =
+                            std::chrono::steady_clock::time_point::max()) {
     using Clock = std::chrono::steady_clock;
     const auto patience = options_.wait_timeout;
-    const auto look_every = std::min(patience, std::chrono::milliseconds(10000));
+    const auto look_every = std::min({patience, options_.stall_report, std::chrono::milliseconds(10000)});
     std::vector<std::int64_t> steps;  // the ps tasks' global steps when last looked at
     auto still_since = Clock::now();
     for (;;) {
-      if (group.wait_for(look_every)) return;
+      const auto now0 = Clock::now();
+      const auto slice = deadline == Clock::time_point::max()
+                             ? look_every
+                             : std::min<std::chrono::milliseconds>(
+                                   look_every, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                   std::max(deadline - now0, Clock::duration::zero())));
+      if (group.wait_for(slice)) return true;
+      if (Clock::now() >= deadline) {
+        group.cancel();
+        return false;
+      }
       std::string why;
       const std::vector<std::int64_t> now_steps = global_steps(why);
       const auto now = Clock::now();
@@ -366,14 +404,17 @@ class Client {
         if (!steps.empty() && now_steps != steps) still_since = now;
         steps = now_steps;
       }
-      if (now - still_since >= patience) {
+      const auto stalled = std::chrono::duration_cast<std::chrono::milliseconds>(now - still_since);
+      if (stalled >= patience) {
         group.cancel();
         throw Error(ErrorCode::kDeadlineExceeded,
-                    std::string(what) + ": no progress for " +
-                        std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                           now - still_since)
-                                           .count()) +
+                    std::string(what) + ": no progress for " + std::to_string(stalled.count()) +
                         " ms" + why);
+      }
+      if (stalled >= options_.stall_report) {  // a hang explains itself while it lasts
+        char seconds[32];
+        std::snprintf(seconds, sizeof seconds, "%.1f", static_cast<double>(stalled.count()) / 1000.0);
+        log(LogLevel::kWarning, std::string(what) + ": no progress for " + seconds + " s" + why);
       }
     }
   }
@@ -405,7 +446,8 @@ class Client {
   /// long as training makes progress; otherwise only briefly, and nullopt (the values
   /// half read) if the ps tasks do not answer at once.
   std::optional<std::pair<std::int64_t, std::int64_t>> read_into(
-      std::vector<std::vector<float>>& values, std::int64_t min_step, bool patient) {
+      std::vector<std::vector<float>>& values, std::int64_t min_step, bool patient,
+      std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max()) {
     std::vector<PullRequest> requests;
     values.resize(variables_.size());
     for (std::size_t v = 0; v < variables_.size(); ++v) {
@@ -415,7 +457,12 @@ class Client {
     CallGroup group;
     send(group, split_pulls(requests, min_step));
     if (patient) {
-      wait_gated(group, min_step, "read the variables");
+      if (min_step <= 0) {
+        group.wait(options_.request_timeout, "read the variables");
+      } else if (!wait_progressing(group, "read the variables at step " + std::to_string(min_step),
+                                   deadline)) {
+        return std::nullopt;
+      }
     } else if (!group.wait_for(std::min(options_.request_timeout, std::chrono::milliseconds(2000)))) {
       return std::nullopt;  // the group cancels the reads as it goes
     }

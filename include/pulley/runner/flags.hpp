@@ -9,6 +9,7 @@
 #include "pulley/client_options.hpp"
 #include "pulley/cluster/slurm.hpp"
 #include "pulley/runner/job.hpp"
+#include "pulley/runner/run.hpp"
 #include "pulley/transport/tcp.hpp"
 
 namespace pulley {
@@ -62,6 +63,28 @@ inline void add_job_flags(CLI::App& app, JobFlags& flags) {
     name.erase(0, name.find_last_of('/') + 1);  // the program, not its path
     return name + ": " + e.what() + " (--help lists the flags)\n";
   });
+}
+
+/// Adds the checkpoint flags (TensorFlow's names) to a CLI11 app, in a "Checkpoints" group:
+///   --checkpoint-dir DIR  --save-checkpoint-steps N  --save-checkpoint-secs S  --keep-checkpoints K
+inline void add_checkpoint_flags(CLI::App& app, CheckpointOptions& options) {
+  const std::string group = "Checkpoints";
+  app.add_option("--checkpoint-dir", options.directory,
+                 "write checkpoints here, and resume from the newest one found there")
+      ->group(group);
+  app.add_option("--save-checkpoint-steps", options.save_steps,
+                 "global steps between checkpoints (0: not by steps)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 50))
+      ->group(group);
+  app.add_option_function<std::int64_t>(
+         "--save-checkpoint-secs",
+         [&options](std::int64_t secs) { options.save_secs = std::chrono::seconds(secs); },
+         "seconds between checkpoints (0: not by time; default 600)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40))
+      ->group(group);
+  app.add_option("--keep-checkpoints", options.keep, "checkpoints kept, newest first (0: all)")
+      ->check(CLI::Range(std::size_t{0}, std::size_t{1} << 20))
+      ->group(group);
 }
 
 /// Adds the flags of the limits a job runs under (README, Limits), in a "Limits" group,

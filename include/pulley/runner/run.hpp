@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <filesystem>
 #include <functional>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -14,6 +17,7 @@
 
 #include "pulley/address.hpp"
 #include "pulley/call_group.hpp"
+#include "pulley/checkpoint/directory.hpp"
 #include "pulley/chief.hpp"
 #include "pulley/concepts/model.hpp"
 #include "pulley/concepts/optimizer.hpp"
@@ -41,16 +45,42 @@ struct Evaluation {
   std::vector<Stats> stats;            ///< every ps's counters (the chief's last evaluation)
 };
 
+/// Which of a job's data a worker reads, and from where.
+struct DataShard {
+  std::uint32_t index = 0;     ///< this worker's share, out of `count`
+  std::uint32_t count = 1;     ///< the shares the data is split into
+  /// The global step the job is at when the worker starts: 0 for a new job, the restored
+  /// step for a resumed one. A source that gives one batch per worker per global step
+  /// (sync, R = N) skips that many batches, and a resumed job then reads what the
+  /// uninterrupted one would have.
+  std::int64_t start_step = 0;
+};
+
+/// Where and how often the chief writes checkpoints (TensorFlow's MonitoredTrainingSession
+/// arguments, and its defaults).
+struct CheckpointOptions {
+  /// The checkpoint directory; "" writes none. A job started with one that holds a
+  /// checkpoint resumes from the newest that reads back whole.
+  std::string directory;
+  /// Global steps between checkpoints (0: not by steps).
+  std::int64_t save_steps = 0;
+  /// Seconds between checkpoints (0: not by time).
+  std::chrono::seconds save_secs{600};
+  /// Checkpoints kept, newest first (0: all).
+  std::size_t keep = 5;
+};
+
 /// A training job as the role runner needs it: everything but where its tasks run.
 template <Model M>
 struct Training {
   /// Makes a fresh model. Every task makes its own; their variables must be the same.
   std::function<M()> model;
-  /// Worker `worker`'s batches out of `num_workers`: a function that gives the next batch
-  /// each time it is called (the batch may view storage the function owns until the next
-  /// call).
-  std::function<std::function<typename M::Batch()>(std::uint32_t worker, std::uint32_t num_workers)>
-      data;
+  /// A worker's batches: a function that gives the next batch each time it is called (the
+  /// batch may view storage the function owns until the next call), for its share of the
+  /// data and the step it starts at (DataShard).
+  std::function<std::function<typename M::Batch()>(const DataShard& shard)> data;
+  /// Checkpoints: where, how often, how many kept; and resuming from them.
+  CheckpointOptions checkpoint;
   /// Training ends when the global step reaches it.
   std::int64_t last_step = 0;
   /// Global steps between evaluations; 0 evaluates at the end only.
@@ -110,14 +140,16 @@ template <Model M, Transport T>
 void work(const Training<M>& training, std::uint32_t index, std::uint32_t num_workers,
           T transport) {
   Worker worker(index, training.model(), std::move(transport), training.client);
+  std::int64_t start_step = 0;
   try {
     worker.wait_ready();
+    start_step = worker.stats().at(0).global_step;
   } catch (const Error& e) {
     if (e.code() != ErrorCode::kOutOfRange) throw;
     log(LogLevel::kInfo, "worker " + std::to_string(index) + ": training finished before it began");
     return;
   }
-  auto next = training.data(index, num_workers);
+  auto next = training.data(DataShard{index, num_workers, start_step});
   std::int64_t steps = 0;
   while (worker.step(next(), training.last_step)) ++steps;
   log(LogLevel::kInfo, "worker " + std::to_string(index) + ": training finished after " +
@@ -125,36 +157,114 @@ void work(const Training<M>& training, std::uint32_t index, std::uint32_t num_wo
                            std::to_string(worker.global_step()) + ")");
 }
 
-/// The chief: initializes, evaluates along the way, and ends training (or aborts it, with
-/// the reason, when anything fails).
+/// Saves a checkpoint of the job (cut the moment every ps completes `at_step`; 0: now),
+/// logs it, and returns what it saved.
+template <Transport T>
+ModelState save_checkpoint(Chief<T>& chief, CheckpointDirectory& directory, std::int64_t at_step) {
+  const auto began = Clock::now();
+  ModelState state = chief.save_state_at(at_step);
+  const auto cut = Clock::now();
+  const std::filesystem::path path = directory.save(state);
+  const auto saved = Clock::now();
+  std::uint64_t floats = 0;
+  for (const VariableState& v : state.variables) floats += v.values.size() * (1 + v.slots.size());
+  auto ms = [](Clock::duration d) {
+    return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(d).count());
+  };
+  log(LogLevel::kInfo, "chief: checkpoint at global step " + std::to_string(state.global_step) +
+                           ": " + path.string() + " (" + std::to_string(floats * 4 >> 20U) +
+                           " MiB; read in " + ms(cut - began) + " ms, written in " +
+                           ms(saved - cut) + " ms)");
+  return state;
+}
+
+/// The chief: initializes (or resumes from the newest checkpoint), evaluates and saves
+/// checkpoints along the way, and ends training (or aborts it, with the reason, when
+/// anything fails). A checkpoint due at an evaluation's step is cut exactly there, and the
+/// evaluation reads its values.
 template <Model M, Transport T>
 void lead(const Training<M>& training, T transport) {
   Chief chief(std::move(transport), training.seed, training.client);
   try {
     M model = training.model();
-    chief.initialize(model.variables());
+    std::optional<CheckpointDirectory> checkpoints;
+    const CheckpointOptions& every = training.checkpoint;
+    if (!every.directory.empty()) checkpoints.emplace(every.directory, every.keep);
+    const bool by_steps = checkpoints && every.save_steps > 0;
+    const bool by_time = checkpoints && every.save_secs.count() > 0;
+    std::int64_t step = 0;
+    if (auto latest = checkpoints ? checkpoints->latest() : std::nullopt) {
+      chief.restore(latest->first);
+      step = latest->first.global_step;
+      log(LogLevel::kInfo, "chief: resumed from " + latest->second.string() + " at global step " +
+                               std::to_string(step));
+    } else {
+      chief.initialize(model.variables());
+    }
     const auto start = Clock::now();
-    const auto steps = evaluation_steps(training.evaluate_every, training.last_step);
-    for (const std::int64_t step : steps) {
-      const Snapshot shot = chief.snapshot(step);
-      check_finite(shot, chief.variables());
+    const std::int64_t start_step = step;
+    std::int64_t saved_step = step;
+    auto last_save = start;
+    const auto evaluations = evaluation_steps(training.evaluate_every, training.last_step);
+    auto next = std::upper_bound(evaluations.begin(), evaluations.end(), step);
+    if (step >= training.last_step) next = std::prev(evaluations.end());
+    while (next != evaluations.end()) {
+      const bool last = std::next(next) == evaluations.end();
+      // What is due next: an evaluation, a checkpoint by steps (the last step has one),
+      // or by time.
+      std::int64_t checkpoint_step = std::numeric_limits<std::int64_t>::max();
+      if (by_steps) checkpoint_step = (saved_step / every.save_steps + 1) * every.save_steps;
+      if (checkpoints && last) checkpoint_step = std::min(checkpoint_step, *next);
+      const std::int64_t target = std::min(*next, checkpoint_step);
+      const auto deadline = by_time ? last_save + every.save_secs : Clock::time_point::max();
+      // A checkpoint due at the target is cut there (and is the evaluation's snapshot too);
+      // otherwise the evaluation's snapshot is what waits for the target.
+      std::optional<ModelState> saved;
+      std::optional<Snapshot> shot;
+      bool reached = true;
+      if (target == checkpoint_step) {
+        reached = chief.wait_for_step_until(target, deadline).has_value();
+        if (reached) saved = save_checkpoint(chief, *checkpoints, target);
+      } else {
+        shot = chief.snapshot_until(target, deadline);
+        reached = shot.has_value();
+      }
+      if (!reached) saved = save_checkpoint(chief, *checkpoints, 0);  // by time, wherever it is
+      if (saved) {
+        saved_step = std::max(saved_step, saved->global_step);
+        last_save = Clock::now();
+      }
+      if (!reached || target < *next) continue;
+      if (!shot) {
+        if (saved && saved->global_step == *next) {  // the checkpoint is this step's values
+          shot.emplace();
+          shot->step = saved->global_step;
+          shot->consistent = true;
+          for (VariableState& v : saved->variables) shot->values.push_back(std::move(v.values));
+        } else {
+          shot = chief.snapshot(*next);
+        }
+      }
+      check_finite(*shot, chief.variables());
       Evaluation evaluation;
-      evaluation.step = shot.step;
-      evaluation.consistent = shot.consistent;
-      evaluation.last = step == steps.back();
+      evaluation.step = shot->step;
+      evaluation.consistent = shot->consistent;
+      evaluation.last = last;
       evaluation.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-      evaluation.samples_per_s = static_cast<double>(shot.step * training.samples_per_step) /
-                                 std::max(evaluation.seconds, 1e-9);
+      evaluation.samples_per_s =
+          static_cast<double>((shot->step - start_step) * training.samples_per_step) /
+          std::max(evaluation.seconds, 1e-9);
       if (evaluation.last) evaluation.stats = chief.stats();
       if (training.evaluate) {
-        load(model, shot);
+        load(model, *shot);
         training.evaluate(model, evaluation);
       } else {
-        log(LogLevel::kInfo, "chief: global step " + std::to_string(shot.step) + " of " +
+        log(LogLevel::kInfo, "chief: global step " + std::to_string(shot->step) + " of " +
                                  std::to_string(training.last_step) + ", " +
                                  std::to_string(static_cast<long long>(evaluation.samples_per_s)) +
                                  " samples/s");
       }
+      ++next;
     }
     chief.shutdown();
     log(LogLevel::kInfo, "chief: training finished at global step " +
