@@ -8,11 +8,13 @@
 //   final: test_accuracy=0.8812 samples_per_s=71234 epochs=10 workers=2 ps=2 mode=sync
 
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <numeric>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fashion_mnist/idx.hpp"
@@ -45,6 +47,7 @@ struct Options {
   pulley::ClientOptions client;     // --request-timeout-ms, --clip-norm, ...
   pulley::TcpOptions tcp;           // --connect-timeout-ms, ...
   pulley::TcpServerOptions server;  // --ps-max-buffered-bytes, ...
+  std::chrono::milliseconds worker_timeout{std::chrono::seconds(5)};  // --worker-timeout-ms
 };
 
 struct Data {
@@ -66,17 +69,16 @@ void standardize(Data& data) {
   }
 }
 
-/// A worker's batches: its share of the examples (w, w + count, ...), reshuffled every pass,
-/// starting `start_step` batches in, so that a resumed job reads what the uninterrupted one
-/// would have.
+/// A worker's batches: its share of the examples (rank, rank + count, ... among the workers
+/// not lost), reshuffled every pass, starting `start_step` batches in, so that a resumed job
+/// reads what the uninterrupted one would have. Each pass splits the examples anew over the
+/// workers then alive: a lost worker's examples go to the others.
 class Shard {
  public:
-  Shard(const Data& data, std::size_t batch, std::uint64_t seed, const pulley::DataShard& shard)
-      : data_(&data), rng_(seed * 7919 + shard.index), features_(batch * 784), labels_(batch) {
-    for (std::size_t i = shard.index; i < data.train.labels.size(); i += shard.count) order_.push_back(i);
-    order_.resize(data.train.labels.size() / shard.count);
-    next_ = order_.size();
-    for (std::int64_t s = 0; s < shard.start_step; ++s) advance();
+  Shard(const Data& data, std::size_t batch, std::uint64_t seed, pulley::DataShard shard)
+      : data_(&data), shard_(std::move(shard)), rng_(seed * 7919 + shard_.index),
+        features_(batch * 784), labels_(batch) {
+    for (std::int64_t s = 0; s < shard_.start_step; ++s) advance();
   }
 
   pulley::models::MlpBatch operator()() {
@@ -96,6 +98,13 @@ class Shard {
   std::size_t advance() {
     const std::size_t batch = labels_.size();
     if (next_ + batch > order_.size()) {
+      if (const auto share = shard_.share(); share != share_ || order_.empty()) {
+        share_ = share;
+        order_.clear();
+        const std::size_t examples = data_->train.labels.size();
+        for (std::size_t i = share.first; i < examples; i += share.second) order_.push_back(i);
+        order_.resize(examples / share.second);
+      }
       for (std::size_t i = order_.size() - 1; i > 0; --i) {  // Fisher–Yates
         std::swap(order_[i], order_[rng_.next() % (i + 1)]);
       }
@@ -107,6 +116,8 @@ class Shard {
 
  private:
   const Data* data_;
+  pulley::DataShard shard_;
+  std::pair<std::uint32_t, std::uint32_t> share_;  ///< the share `order_` holds
   pulley::SplitMix64 rng_;
   std::vector<std::size_t> order_;
   std::size_t next_ = 0;
@@ -139,6 +150,7 @@ int train(const pulley::Job& job, const Options& o, const Data& data, Optimizer 
   training.client = o.client;
   training.tcp = o.tcp;
   training.server = o.server;
+  training.worker_timeout = o.worker_timeout;
   training.evaluate = [&](pulley::models::Mlp& model, const pulley::Evaluation& e) {
     const auto scores = model.evaluate(test);
     if (e.role == pulley::Node::Job::kEvaluator) {
@@ -213,7 +225,7 @@ int main(int argc, char** argv) {
   app.add_option("--data", o.data, "directory of the *-ubyte.gz files");
   pulley::add_job_flags(app, job_flags);
   pulley::add_checkpoint_flags(app, o.checkpoint);
-  pulley::add_limit_flags(app, o.client, o.tcp, o.server);
+  pulley::add_limit_flags(app, o.client, o.tcp, o.server, o.worker_timeout);
   CLI11_PARSE(app, argc, argv);
   if (openblas_set_num_threads != nullptr) openblas_set_num_threads(1);
   try {

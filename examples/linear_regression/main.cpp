@@ -84,7 +84,8 @@ int main(int argc, char** argv) {
   pulley::add_job_flags(app, job_flags);
   pulley::Training<Line> training;
   pulley::add_checkpoint_flags(app, training.checkpoint);
-  pulley::add_limit_flags(app, training.client, training.tcp, training.server);
+  pulley::add_limit_flags(app, training.client, training.tcp, training.server,
+                          training.worker_timeout);
   CLI11_PARSE(app, argc, argv);
 
   pulley::Job job;

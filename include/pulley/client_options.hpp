@@ -21,6 +21,12 @@ struct ClientOptions {
   /// `clip_by_global_norm` before `apply_gradients`; a gradient that explodes then moves
   /// the parameters no further than a normal one. 0: no clipping.
   float clip_norm = 0.0F;
+  /// How long a worker (and the role runner's chief and evaluator) waits for lost ps tasks
+  /// to be back and restored, retrying, before it fails naming the ps.
+  std::chrono::milliseconds recovery_timeout{std::chrono::minutes(5)};
+  /// Workers run by the role runner: how often they tell every ps they are alive
+  /// (HeartbeatSender). Keep it well below the ps tasks' worker timeout.
+  std::chrono::milliseconds heartbeat_interval{std::chrono::seconds(1)};
 };
 
 }  // namespace pulley

@@ -179,6 +179,25 @@ struct GetStats {
   void serialize(Archive& /*archive*/) {}
 };
 
+/// Worker → every ps, every second or so from a thread of its own (`HeartbeatSender`,
+/// heartbeat.hpp): the worker is alive. A ps that heard a worker once and then
+/// hears nothing for its worker timeout holds it lost: the sync policy stops waiting for it
+/// (`SyncPolicy::on_worker_lost`) until its heartbeats come back. Answered with a
+/// StatsReply, whose `lost` tells the worker which others are gone.
+struct Heartbeat {
+  static constexpr std::string_view kName = "Heartbeat";
+  static constexpr JobSet kSenders{Node::Job::kWorker};
+  std::uint32_t worker = 0;
+  /// The worker ends (its training is over): the ps forgets it instead of holding it lost
+  /// once it is quiet.
+  bool leaving = false;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(worker, leaving);
+  }
+};
+
 /// Chief → ps: training is over. Every request waiting there and every later one is
 /// answered `kOutOfRange` ("training finished"), or `kAborted` with `reason` when the chief
 /// gave up, so each task learns how the job ended; the ps then stops serving.
@@ -255,7 +274,7 @@ struct Restore {
 
 /// Everything a ps task is asked.
 using Request = std::variant<Register, Initialize, WaitReady, TakeToken, Pull, Push, GetStats,
-                             Shutdown, Pause, ReadState, Resume, Restore>;
+                             Shutdown, Pause, ReadState, Resume, Restore, Heartbeat>;
 
 // ---- responses --------------------------------------------------------------------------
 
@@ -343,24 +362,28 @@ struct Stats {
   /// Pushes refused, and updates skipped, because applying them would have made a
   /// parameter or an optimizer slot non-finite.
   std::int64_t updates_refused = 0;
+  /// Times a worker was held lost: heard once, then silent for the worker timeout.
+  std::int64_t workers_lost = 0;
 
   template <class Archive>
   void serialize(Archive& archive) {
     archive(global_step, updates_applied, gradients_accepted, stale_gradients_dropped,
-            requests_rejected, bytes_pushed, bytes_pulled, updates_refused);
+            requests_rejected, bytes_pushed, bytes_pulled, updates_refused, workers_lost);
   }
 };
 
-/// Answer to GetStats: the counters, and what the sync policy waits for before the next
-/// step (e.g. "step 12: 1 of 2 gradients in"), to explain a wait that lasts.
+/// Answer to GetStats and Heartbeat: the counters, what the sync policy waits for before
+/// the next step, to explain a wait that lasts ("step 812: 1 of 2 gradients in; waiting for
+/// worker:1 (last heard 14.2 s ago)"), and the workers this ps holds lost now.
 struct StatsReply {
   static constexpr std::string_view kName = "StatsReply";
   Stats stats;
   std::string waiting_for;
+  std::vector<std::uint32_t> lost;  ///< workers held lost, ascending
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(stats, waiting_for);
+    archive(stats, waiting_for, lost);
   }
 };
 

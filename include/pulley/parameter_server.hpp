@@ -2,7 +2,9 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
+#include <cstdio>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -100,6 +102,9 @@ class ParameterServer {
   [[nodiscard]] const std::optional<ErrorReply>& ended() const noexcept { return end_; }
   /// This ps task's index.
   [[nodiscard]] std::uint32_t task() const noexcept { return task_; }
+  /// How long a worker that sent heartbeats may fall silent before this ps holds it lost
+  /// (default 5 s; see Heartbeat). Workers that never sent one are never held lost.
+  void set_worker_timeout(std::chrono::milliseconds timeout) noexcept { worker_timeout_ = timeout; }
   /// Counters, as GetStats answers them.
   [[nodiscard]] Stats stats() const noexcept {
     Stats s = stats_;
@@ -155,8 +160,11 @@ class ParameterServer {
   }
 
   /// The most tensor bytes a request can carry: a push or an initialization has one value per
-  /// element held here (0 before registration: nothing can carry a tensor yet).
-  [[nodiscard]] std::uint64_t max_request_payload() const noexcept { return held_bytes_; }
+  /// element held here, a restore one more per optimizer slot (0 before registration:
+  /// nothing can carry a tensor yet).
+  [[nodiscard]] std::uint64_t max_request_payload() const noexcept {
+    return held_bytes_ * (1 + slots_per_part_);
+  }
 
  private:
   /// A part held here, with the optimizer's slots and the sync policy's accumulator.
@@ -276,6 +284,9 @@ class ParameterServer {
     slot_of_part_ = std::move(slot_of_part);
     held_bytes_ = 0;
     for (const Slot& slot : slots_) held_bytes_ += slot.values.size() * sizeof(float);
+    std::vector<std::string> slot_names, counter_names;
+    optimizer_state_names(slot_names, counter_names);
+    slots_per_part_ = slot_names.size();
     registered_ = true;
     send(reply, std::move(answer));
     if (slots_.empty()) become_ready();
@@ -372,6 +383,7 @@ class ParameterServer {
     }
     if (!is_sender(r.worker, context, reply, "TakeToken")) return;
     if (!current_epoch(r.epoch, reply, "token request")) return;
+    revive(r.worker);  // before its heartbeat, maybe: it starts from the step in progress
     TokenWaiter& waiter = token_waiters_.emplace_back(TokenWaiter{r.worker, context.session, nullptr});
     park(waiter.reply, reply);
     retry_tokens();
@@ -760,7 +772,9 @@ class ParameterServer {
       slot.initialized = true;
     }
     initialized_slots_ = slots_.size();
+    const std::int64_t step_before = ready_ ? global_step() : -1;
     pacer_ = std::move(pacer);
+    relose_workers();
     accumulated_ = 0;
     contributors_.clear();
     taken_.clear();
@@ -782,9 +796,15 @@ class ParameterServer {
       pending_read_.reset();
     }
     paused_ = false;
+    // A rollback (a ps was lost) undoes what this ps applied since the checkpoint.
+    const std::string undone =
+        step_before < 0 ? std::string()
+                        : ", rolled back from global step " + std::to_string(step_before) + ": " +
+                              std::to_string(std::max<std::int64_t>(step_before - restored_step_, 0)) +
+                              " steps' updates lost";
     log(LogLevel::kInfo, "ps " + std::to_string(task_) + ": restored at global step " +
                              std::to_string(restored_step_) + " (epoch " +
-                             std::to_string(epoch_) + ")");
+                             std::to_string(epoch_) + ")" + undone);
     send(reply, Ack{});
     changing_ = false;
     if (!ready_) {
@@ -894,7 +914,125 @@ class ParameterServer {
   // ---- GetStats / Shutdown --------------------------------------------------------------
 
   void on(GetStats& /*r*/, const RequestContext& /*context*/, Responder& reply) {
-    send(reply, StatsReply{stats(), waiting_for(sync_, pacer_)});
+    check_heartbeats();
+    send(reply, stats_reply());
+  }
+
+  // ---- Heartbeat: lost workers ------------------------------------------------------------
+
+  void on(Heartbeat& r, const RequestContext& context, Responder& reply) {
+    if (!is_sender(r.worker, context, reply, "Heartbeat")) return;
+    if (r.worker >= kMaxWorkers) {
+      reject(reply, ErrorCode::kInvalidArgument, "worker index " + std::to_string(r.worker) + " is too large");
+      return;
+    }
+    if (r.leaving) {
+      // Done: forgotten rather than held lost once quiet (one lost stays so), and the
+      // tokens it took and did not push for (it found training over) go back.
+      if (const auto gone = heard_.find(r.worker); gone != heard_.end() && !gone->second.lost) {
+        heard_.erase(gone);
+      }
+      if (ready_) {
+        changing_ = true;
+        token_session_.erase(r.worker);
+        release(sync_, pacer_, r.worker);
+        changing_ = false;
+        retry_tokens();
+      }
+      send(reply, stats_reply());
+      return;
+    }
+    heard_[r.worker].last = Clock::now();
+    revive(r.worker);
+    check_heartbeats();
+    send(reply, stats_reply());
+  }
+
+  /// A worker held lost was heard from (a heartbeat, a token request): it counts again.
+  void revive(std::uint32_t worker) {
+    const auto heard = heard_.find(worker);
+    if (heard == heard_.end() || !heard->second.lost || !ready_ || paused_) return;
+    heard->second.last = Clock::now();
+    changing_ = true;  // a throw from the policy leaves its pacer half changed
+    worker_back(sync_, pacer_, worker);
+    heard->second.lost = false;
+    changing_ = false;
+    log(LogLevel::kInfo, "ps " + std::to_string(task_) + ": " + Node::worker(worker).name() +
+                             " is back; " + describe_wait());
+    retry_tokens();
+  }
+
+  /// Holds lost every worker heard before and silent for the worker timeout: the sync
+  /// policy stops waiting for it, and an update that needed only it is applied now. Not
+  /// while paused for a checkpoint's cut, which must see no step complete on its own.
+  void check_heartbeats() {
+    if (!ready_ || paused_) return;
+    const auto now = Clock::now();
+    for (auto& [worker, heard] : heard_) {
+      if (heard.lost || now - heard.last < worker_timeout_) continue;
+      const std::int64_t step_before = global_step();
+      changing_ = true;
+      heard.lost = true;
+      ++stats_.workers_lost;
+      const Verdict verdict = worker_lost(sync_, pacer_, worker);
+      token_session_.erase(worker);  // its lease is given back with it
+      if (verdict == Verdict::kReady) {
+        if (std::exchange(accumulated_, 0) > 0) apply_all(step_before, /*checked=*/false);
+        contributors_.clear();
+      }
+      changing_ = false;
+      log(LogLevel::kWarning, "ps " + std::to_string(task_) + ": " + Node::worker(worker).name() +
+                                  " lost (last heard " + seconds_since(heard.last, now) +
+                                  " s ago): training goes on without it; " + describe_wait());
+      retry_tokens();
+      if (global_step() != step_before) answer_waiting_pulls();
+    }
+  }
+
+  /// Tells a restored pacer which workers are lost.
+  void relose_workers() {
+    for (const auto& [worker, heard] : heard_) {
+      if (heard.lost) (void)worker_lost(sync_, pacer_, worker);
+    }
+  }
+
+  /// What GetStats and Heartbeat answer.
+  StatsReply stats_reply() const {
+    StatsReply answer{stats(), describe_wait(), {}};
+    for (const auto& [worker, heard] : heard_) {
+      if (heard.lost) answer.lost.push_back(worker);
+    }
+    return answer;
+  }
+
+  /// The sync policy's wait in words, with how long ago each awaited worker was heard:
+  /// "step 812: 1 of 2 gradients in, 1 of 2 tokens left; waiting for worker:1 (last heard
+  /// 14.2 s ago)".
+  std::string describe_wait() const {
+    std::string text = waiting_for(sync_, pacer_);
+    const std::vector<std::uint32_t> workers = awaited(sync_, pacer_);
+    if (workers.empty()) return text;
+    text += text.empty() ? "waiting for " : "; waiting for ";
+    const auto now = Clock::now();
+    for (std::size_t i = 0; i < workers.size(); ++i) {
+      if (i == 8) {
+        text += ", and " + std::to_string(workers.size() - i) + " more";
+        break;
+      }
+      if (i > 0) text += ", ";
+      text += Node::worker(workers[i]).name();
+      const auto heard = heard_.find(workers[i]);
+      if (heard != heard_.end()) text += " (last heard " + seconds_since(heard->second.last, now) + " s ago)";
+    }
+    return text;
+  }
+
+  using Clock = std::chrono::steady_clock;
+
+  static std::string seconds_since(Clock::time_point then, Clock::time_point now) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.1f", std::chrono::duration<double>(now - then).count());
+    return text;
   }
 
   void on(Shutdown& r, const RequestContext& /*context*/, Responder& reply) {
@@ -1000,6 +1138,7 @@ class ParameterServer {
   std::size_t initialized_slots_ = 0;
 
   std::uint64_t held_bytes_ = 0;  ///< bytes of the parts held here
+  std::uint64_t slots_per_part_ = 0;  ///< the optimizer's slots, which a Restore also carries
 
   /// A part's values and State as an update leaves them, kept only if they stay finite
   /// (optimizers without `stays_finite`).
@@ -1037,6 +1176,13 @@ class ParameterServer {
   std::vector<const Slice*> order_;              ///< scratch: a pull's slices, sorted
 
   typename P::Pacer pacer_;  ///< the global step and the tokens, as the sync policy keeps them
+  /// By worker, those that sent heartbeats: when last heard, and whether held lost.
+  struct Heard {
+    Clock::time_point last;
+    bool lost = false;
+  };
+  std::map<std::uint32_t, Heard> heard_;
+  std::chrono::milliseconds worker_timeout_{std::chrono::seconds(5)};
   std::deque<TokenWaiter> token_waiters_;
   /// By worker: the connection it took its last token on, which holds its tokens' lease.
   std::map<std::uint32_t, std::uint64_t> token_session_;

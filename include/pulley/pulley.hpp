@@ -28,6 +28,7 @@
 #include "pulley/concepts/transport.hpp"
 #include "pulley/error.hpp"
 #include "pulley/evaluator.hpp"
+#include "pulley/heartbeat.hpp"
 #include "pulley/initializers.hpp"
 #include "pulley/log.hpp"
 #include "pulley/messages.hpp"

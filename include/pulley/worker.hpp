@@ -14,6 +14,7 @@
 #include "pulley/concepts/model.hpp"
 #include "pulley/concepts/transport.hpp"
 #include "pulley/detail/client.hpp"
+#include "pulley/detail/recovery.hpp"
 
 namespace pulley {
 
@@ -61,35 +62,35 @@ class Worker {
   ///
   /// Returns nullopt when training is over: the token shows that `last_step` global steps
   /// are done (TF's StopAtStepHook), or the chief has ended training (the ps tasks answer
-  /// `kOutOfRange`); `finished()` then says so. Any other failure throws.
+  /// `kOutOfRange`); `finished()` then says so.
+  ///
+  /// A ps that is lost (`kUnavailable`) or a job rolled back to a checkpoint while the step
+  /// ran (`kFailedPrecondition`: the chief restored the ps tasks after losing one) is
+  /// waited out: the worker waits until every ps is ready again, learns the new epoch, and
+  /// starts the step again on the same batch, as TensorFlow's workers do after a ps
+  /// failure. It gives up after `ClientOptions::recovery_timeout` with `kUnavailable`
+  /// naming the last failure (the ps). Any other failure throws at once.
   std::optional<StepResult> step(
       const typename M::Batch& batch,
       std::int64_t last_step = std::numeric_limits<std::int64_t>::max()) {
     if (finished_) return std::nullopt;
-    try {
-      // Unpaced (Async) tokens are never waited for: after the first, the step the last
-      // pull reported serves as the token, and the round trip is saved.
-      const TokenReply reply = paced_ || pulled_step_ < 0
-                                   ? client_.take_token(index_)
-                                   : TokenReply{Token{0, 0, 0, false}, pulled_step_};
-      const Token& token = reply.token;
-      paced_ = token.paced;
-      global_step_ = reply.global_step;
-      if (reply.global_step >= last_step) {
-        finished_ = true;
-        return std::nullopt;
+    std::optional<detail::Recovery> recovery;
+    for (bool again = false;; again = true) {
+      try {
+        if (again) recover();
+        return try_step(batch, last_step);
+      } catch (const Error& e) {
+        if (e.code() == ErrorCode::kOutOfRange) {
+          finished_ = true;  // the chief ended training; this step's gradient is not needed
+          return std::nullopt;
+        }
+        if (e.code() == ErrorCode::kFailedPrecondition && !rolled_back()) throw;
+        if (!recovery) recovery.emplace("worker " + std::to_string(index_), client_.options());
+        if (e.code() != ErrorCode::kFailedPrecondition) {
+          if (!detail::Recovery::may_recover(e.code())) throw;
+          recovery->wait(e);  // throws once the ps tasks stay lost too long
+        }
       }
-      if (pulled_step_ < token.pull_step) pull_all(token.pull_step);
-      StepResult result;
-      result.loss = static_cast<float>(model_.compute_gradients(batch));
-      result.local_step = token.local_step;
-      result.global_step = reply.global_step;
-      result.stale_parts = push_pull(token.local_step, token.next_pull_step);
-      return result;
-    } catch (const Error& e) {
-      if (e.code() != ErrorCode::kOutOfRange) throw;
-      finished_ = true;  // the chief ended training; this step's gradient is not needed
-      return std::nullopt;
     }
   }
 
@@ -154,6 +155,49 @@ class Worker {
   [[nodiscard]] const Placement& placement() const noexcept { return client_.placement(); }
 
  private:
+  std::optional<StepResult> try_step(const typename M::Batch& batch, std::int64_t last_step) {
+    // Unpaced (Async) tokens are never waited for: after the first, the step the last
+    // pull reported serves as the token, and the round trip is saved.
+    const TokenReply reply = paced_ || pulled_step_ < 0
+                                 ? client_.take_token(index_)
+                                 : TokenReply{Token{0, 0, 0, false}, pulled_step_};
+    const Token& token = reply.token;
+    paced_ = token.paced;
+    global_step_ = reply.global_step;
+    if (reply.global_step >= last_step) {
+      finished_ = true;
+      return std::nullopt;
+    }
+    if (pulled_step_ < token.pull_step) pull_all(token.pull_step);
+    StepResult result;
+    result.loss = static_cast<float>(model_.compute_gradients(batch));
+    result.local_step = token.local_step;
+    result.global_step = reply.global_step;
+    result.stale_parts = push_pull(token.local_step, token.next_pull_step);
+    return result;
+  }
+
+  /// After a lost ps or a rollback: ready again, at the ps tasks' epoch, pulling afresh.
+  void recover() {
+    pulled_step_ = -1;
+    paced_ = true;
+    client_.wait_ready(model_.variables());
+  }
+
+  /// After a kFailedPrecondition: true if the ps tasks were restored since this worker
+  /// last looked (it is then ready at the new epoch); false if the refusal was about the
+  /// request itself. Waits while a restarted ps is not restored yet; a ps lost meanwhile
+  /// counts as a rollback to come.
+  bool rolled_back() {
+    const std::uint64_t before = client_.epoch();
+    try {
+      recover();
+    } catch (const Error& e) {
+      return detail::Recovery::may_recover(e.code());
+    }
+    return client_.epoch() != before;
+  }
+
   void pull_all(std::int64_t min_step) {
     pulled_step_ = -1;  // a pull that fails part way leaves the model mixed: pull again
     pulled_step_ = client_.pull(all_, min_step);

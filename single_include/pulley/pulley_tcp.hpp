@@ -312,6 +312,15 @@ struct Token {
 ///     it took and did not push for, so a vanished taker cannot hold a step up (a token is
 ///     a lease). The worker, or a process restarted in its place, may take tokens again; a
 ///     worker that pushed for a step still may not take a second token of it when R <= N.
+///   - `p.on_worker_lost(pacer, worker)` → `Verdict`: the ps holds `worker` lost (its
+///     heartbeats stopped): stop waiting for it. kReady when that completes the update in
+///     progress (the ps then takes and applies it as after a push), else kPending. The
+///     policy gives back its tokens as `release` does. `p.on_worker_back(pacer, worker)` →
+///     void: its heartbeats came back; it counts again from the step in progress. A throw
+///     from either fails the ps. Without them a lost worker is only released, and the
+///     policy waits for it.
+///   - `p.awaited(pacer)` → `std::vector<std::uint32_t>`: the workers the next step waits
+///     for; the ps quotes each with how long ago it last heard it.
 ///
 /// Semantic contract:
 ///   - the ps calls `on_push` once per push message, after checking it and before touching
@@ -385,6 +394,36 @@ void release(const P& policy, typename P::Pacer& pacer, std::uint32_t worker) no
   if constexpr (requires { policy.release(pacer, worker); }) {
     static_assert(noexcept(policy.release(pacer, worker)), "SyncPolicy::release must be noexcept");
     policy.release(pacer, worker);
+  }
+}
+
+/// Tells the policy `worker` is lost (`on_worker_lost`; without it, `release`): kReady
+/// when the update in progress is complete without it.
+template <SyncPolicy P>
+Verdict worker_lost(const P& policy, typename P::Pacer& pacer, std::uint32_t worker) {
+  if constexpr (requires { { policy.on_worker_lost(pacer, worker) } -> std::same_as<Verdict>; }) {
+    return policy.on_worker_lost(pacer, worker);
+  } else {
+    release(policy, pacer, worker);
+    return Verdict::kPending;
+  }
+}
+
+/// Tells the policy a lost `worker` is back (`on_worker_back`, if it has one).
+template <SyncPolicy P>
+void worker_back(const P& policy, typename P::Pacer& pacer, std::uint32_t worker) {
+  if constexpr (requires { policy.on_worker_back(pacer, worker); }) {
+    policy.on_worker_back(pacer, worker);
+  }
+}
+
+/// The workers the next step waits for (`awaited`), or none when the policy does not say.
+template <SyncPolicy P>
+std::vector<std::uint32_t> awaited(const P& policy, const typename P::Pacer& pacer) {
+  if constexpr (requires { { policy.awaited(pacer) } -> std::convertible_to<std::vector<std::uint32_t>>; }) {
+    return policy.awaited(pacer);
+  } else {
+    return {};
   }
 }
 
@@ -793,6 +832,25 @@ struct GetStats {
   void serialize(Archive& /*archive*/) {}
 };
 
+/// Worker → every ps, every second or so from a thread of its own (`HeartbeatSender`,
+/// heartbeat.hpp): the worker is alive. A ps that heard a worker once and then
+/// hears nothing for its worker timeout holds it lost: the sync policy stops waiting for it
+/// (`SyncPolicy::on_worker_lost`) until its heartbeats come back. Answered with a
+/// StatsReply, whose `lost` tells the worker which others are gone.
+struct Heartbeat {
+  static constexpr std::string_view kName = "Heartbeat";
+  static constexpr JobSet kSenders{Node::Job::kWorker};
+  std::uint32_t worker = 0;
+  /// The worker ends (its training is over): the ps forgets it instead of holding it lost
+  /// once it is quiet.
+  bool leaving = false;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(worker, leaving);
+  }
+};
+
 /// Chief → ps: training is over. Every request waiting there and every later one is
 /// answered `kOutOfRange` ("training finished"), or `kAborted` with `reason` when the chief
 /// gave up, so each task learns how the job ended; the ps then stops serving.
@@ -869,7 +927,7 @@ struct Restore {
 
 /// Everything a ps task is asked.
 using Request = std::variant<Register, Initialize, WaitReady, TakeToken, Pull, Push, GetStats,
-                             Shutdown, Pause, ReadState, Resume, Restore>;
+                             Shutdown, Pause, ReadState, Resume, Restore, Heartbeat>;
 
 // ---- responses --------------------------------------------------------------------------
 
@@ -957,24 +1015,28 @@ struct Stats {
   /// Pushes refused, and updates skipped, because applying them would have made a
   /// parameter or an optimizer slot non-finite.
   std::int64_t updates_refused = 0;
+  /// Times a worker was held lost: heard once, then silent for the worker timeout.
+  std::int64_t workers_lost = 0;
 
   template <class Archive>
   void serialize(Archive& archive) {
     archive(global_step, updates_applied, gradients_accepted, stale_gradients_dropped,
-            requests_rejected, bytes_pushed, bytes_pulled, updates_refused);
+            requests_rejected, bytes_pushed, bytes_pulled, updates_refused, workers_lost);
   }
 };
 
-/// Answer to GetStats: the counters, and what the sync policy waits for before the next
-/// step (e.g. "step 12: 1 of 2 gradients in"), to explain a wait that lasts.
+/// Answer to GetStats and Heartbeat: the counters, what the sync policy waits for before
+/// the next step, to explain a wait that lasts ("step 812: 1 of 2 gradients in; waiting for
+/// worker:1 (last heard 14.2 s ago)"), and the workers this ps holds lost now.
 struct StatsReply {
   static constexpr std::string_view kName = "StatsReply";
   Stats stats;
   std::string waiting_for;
+  std::vector<std::uint32_t> lost;  ///< workers held lost, ascending
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(stats, waiting_for);
+    archive(stats, waiting_for, lost);
   }
 };
 
@@ -1643,6 +1705,12 @@ struct ClientOptions {
   /// `clip_by_global_norm` before `apply_gradients`; a gradient that explodes then moves
   /// the parameters no further than a normal one. 0: no clipping.
   float clip_norm = 0.0F;
+  /// How long a worker (and the role runner's chief and evaluator) waits for lost ps tasks
+  /// to be back and restored, retrying, before it fails naming the ps.
+  std::chrono::milliseconds recovery_timeout{std::chrono::minutes(5)};
+  /// Workers run by the role runner: how often they tell every ps they are alive
+  /// (HeartbeatSender). Keep it well below the ps tasks' worker timeout.
+  std::chrono::milliseconds heartbeat_interval{std::chrono::seconds(1)};
 };
 
 }  // namespace pulley
@@ -3081,6 +3149,128 @@ class Evaluator {
 
 }  // namespace pulley
 // ---- end pulley/evaluator.hpp ----
+// ---- begin pulley/heartbeat.hpp ----
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace pulley {
+
+/// A worker's heartbeats: while it lives, a thread of its own sends `Heartbeat` to every ps
+/// task every `interval`, over a transport of its own (so a worker blocked on a token or
+/// computing a long step still beats). A ps that heard it once and then hears nothing for
+/// its worker timeout (`ParameterServer::set_worker_timeout`, default 5 s: keep `interval`
+/// well below it) holds the worker lost, and the sync policy stops waiting for it; the
+/// next heartbeat that arrives makes it count again. Destroying it says goodbye: the ps
+/// tasks forget the worker instead of holding it lost once it is quiet.
+///
+/// It also tells the worker which others are lost (`lost`), so that a data source can
+/// hand their share of the data to the workers that remain (runner/run.hpp's DataShard).
+///
+///     HeartbeatSender beat(index, InProcess(network, Node::worker(index)));
+///     Worker worker(index, model, InProcess(network, Node::worker(index)));
+template <Transport T>
+class HeartbeatSender {
+ public:
+  /// Starts beating at once, on its own thread, as worker `worker`.
+  HeartbeatSender(std::uint32_t worker, T transport,
+            std::chrono::milliseconds interval = std::chrono::seconds(1))
+      : worker_(worker), interval_(interval), transport_(std::move(transport)) {
+    thread_ = std::thread([this] { beat(); });
+  }
+
+  HeartbeatSender(const HeartbeatSender&) = delete;
+  HeartbeatSender& operator=(const HeartbeatSender&) = delete;
+
+  /// Stops beating, after telling the ps tasks the worker leaves (best effort, one
+  /// interval at most).
+  ~HeartbeatSender() {
+    {
+      std::scoped_lock lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+
+  /// The workers some ps task holds lost, as of the last beat answered, ascending.
+  [[nodiscard]] std::vector<std::uint32_t> lost() const {
+    std::scoped_lock lock(mutex_);
+    return lost_;
+  }
+
+  /// Beats that at least one ps task answered.
+  [[nodiscard]] std::uint64_t beats() const {
+    std::scoped_lock lock(mutex_);
+    return beats_;
+  }
+
+ private:
+  void beat() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      const bool leaving = stopping_;
+      lock.unlock();
+      std::set<std::uint32_t> lost;
+      const bool heard = send_all(leaving, lost);
+      lock.lock();
+      if (heard) {
+        lost_.assign(lost.begin(), lost.end());
+        ++beats_;
+      }
+      if (leaving) return;
+      wake_.wait_for(lock, interval_, [this] { return stopping_; });
+    }
+  }
+
+  /// One Heartbeat to every ps, answered within an interval or given up; true if any
+  /// answered. A ps that is down, or refuses, is simply not heard this time.
+  bool send_all(bool leaving, std::set<std::uint32_t>& lost) noexcept {
+    try {
+      std::vector<PendingCall> calls;
+      for (std::size_t ps = 0; ps < transport_.num_ps(); ++ps) {
+        calls.push_back(transport_.call(ps, Heartbeat{worker_, leaving}, {}));
+      }
+      const auto deadline = std::chrono::steady_clock::now() + interval_;
+      bool heard = false;
+      for (PendingCall& call : calls) {
+        if (!call.wait_until(deadline)) {
+          call.cancel();
+          continue;
+        }
+        const Response answer = call.take();
+        if (const auto* stats = std::get_if<StatsReply>(&answer)) {
+          heard = true;
+          lost.insert(stats->lost.begin(), stats->lost.end());
+        }
+      }
+      return heard;
+    } catch (...) {  // no memory, a transport that throws: try again next beat
+      return false;
+    }
+  }
+
+  std::uint32_t worker_;
+  std::chrono::milliseconds interval_;
+  T transport_;
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stopping_ = false;
+  std::vector<std::uint32_t> lost_;
+  std::uint64_t beats_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace pulley
+// ---- end pulley/heartbeat.hpp ----
 // ---- begin pulley/optimizers/adagrad.hpp ----
 
 #include <array>
@@ -3363,7 +3553,9 @@ static_assert(Optimizer<Sgd>);
 // ---- begin pulley/parameter_server.hpp ----
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
+#include <cstdio>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -3453,6 +3645,9 @@ class ParameterServer {
   [[nodiscard]] const std::optional<ErrorReply>& ended() const noexcept { return end_; }
   /// This ps task's index.
   [[nodiscard]] std::uint32_t task() const noexcept { return task_; }
+  /// How long a worker that sent heartbeats may fall silent before this ps holds it lost
+  /// (default 5 s; see Heartbeat). Workers that never sent one are never held lost.
+  void set_worker_timeout(std::chrono::milliseconds timeout) noexcept { worker_timeout_ = timeout; }
   /// Counters, as GetStats answers them.
   [[nodiscard]] Stats stats() const noexcept {
     Stats s = stats_;
@@ -3508,8 +3703,11 @@ class ParameterServer {
   }
 
   /// The most tensor bytes a request can carry: a push or an initialization has one value per
-  /// element held here (0 before registration: nothing can carry a tensor yet).
-  [[nodiscard]] std::uint64_t max_request_payload() const noexcept { return held_bytes_; }
+  /// element held here, a restore one more per optimizer slot (0 before registration:
+  /// nothing can carry a tensor yet).
+  [[nodiscard]] std::uint64_t max_request_payload() const noexcept {
+    return held_bytes_ * (1 + slots_per_part_);
+  }
 
  private:
   /// A part held here, with the optimizer's slots and the sync policy's accumulator.
@@ -3629,6 +3827,9 @@ class ParameterServer {
     slot_of_part_ = std::move(slot_of_part);
     held_bytes_ = 0;
     for (const Slot& slot : slots_) held_bytes_ += slot.values.size() * sizeof(float);
+    std::vector<std::string> slot_names, counter_names;
+    optimizer_state_names(slot_names, counter_names);
+    slots_per_part_ = slot_names.size();
     registered_ = true;
     send(reply, std::move(answer));
     if (slots_.empty()) become_ready();
@@ -3725,6 +3926,7 @@ class ParameterServer {
     }
     if (!is_sender(r.worker, context, reply, "TakeToken")) return;
     if (!current_epoch(r.epoch, reply, "token request")) return;
+    revive(r.worker);  // before its heartbeat, maybe: it starts from the step in progress
     TokenWaiter& waiter = token_waiters_.emplace_back(TokenWaiter{r.worker, context.session, nullptr});
     park(waiter.reply, reply);
     retry_tokens();
@@ -4113,7 +4315,9 @@ class ParameterServer {
       slot.initialized = true;
     }
     initialized_slots_ = slots_.size();
+    const std::int64_t step_before = ready_ ? global_step() : -1;
     pacer_ = std::move(pacer);
+    relose_workers();
     accumulated_ = 0;
     contributors_.clear();
     taken_.clear();
@@ -4135,9 +4339,15 @@ class ParameterServer {
       pending_read_.reset();
     }
     paused_ = false;
+    // A rollback (a ps was lost) undoes what this ps applied since the checkpoint.
+    const std::string undone =
+        step_before < 0 ? std::string()
+                        : ", rolled back from global step " + std::to_string(step_before) + ": " +
+                              std::to_string(std::max<std::int64_t>(step_before - restored_step_, 0)) +
+                              " steps' updates lost";
     log(LogLevel::kInfo, "ps " + std::to_string(task_) + ": restored at global step " +
                              std::to_string(restored_step_) + " (epoch " +
-                             std::to_string(epoch_) + ")");
+                             std::to_string(epoch_) + ")" + undone);
     send(reply, Ack{});
     changing_ = false;
     if (!ready_) {
@@ -4247,7 +4457,125 @@ class ParameterServer {
   // ---- GetStats / Shutdown --------------------------------------------------------------
 
   void on(GetStats& /*r*/, const RequestContext& /*context*/, Responder& reply) {
-    send(reply, StatsReply{stats(), waiting_for(sync_, pacer_)});
+    check_heartbeats();
+    send(reply, stats_reply());
+  }
+
+  // ---- Heartbeat: lost workers ------------------------------------------------------------
+
+  void on(Heartbeat& r, const RequestContext& context, Responder& reply) {
+    if (!is_sender(r.worker, context, reply, "Heartbeat")) return;
+    if (r.worker >= kMaxWorkers) {
+      reject(reply, ErrorCode::kInvalidArgument, "worker index " + std::to_string(r.worker) + " is too large");
+      return;
+    }
+    if (r.leaving) {
+      // Done: forgotten rather than held lost once quiet (one lost stays so), and the
+      // tokens it took and did not push for (it found training over) go back.
+      if (const auto gone = heard_.find(r.worker); gone != heard_.end() && !gone->second.lost) {
+        heard_.erase(gone);
+      }
+      if (ready_) {
+        changing_ = true;
+        token_session_.erase(r.worker);
+        release(sync_, pacer_, r.worker);
+        changing_ = false;
+        retry_tokens();
+      }
+      send(reply, stats_reply());
+      return;
+    }
+    heard_[r.worker].last = Clock::now();
+    revive(r.worker);
+    check_heartbeats();
+    send(reply, stats_reply());
+  }
+
+  /// A worker held lost was heard from (a heartbeat, a token request): it counts again.
+  void revive(std::uint32_t worker) {
+    const auto heard = heard_.find(worker);
+    if (heard == heard_.end() || !heard->second.lost || !ready_ || paused_) return;
+    heard->second.last = Clock::now();
+    changing_ = true;  // a throw from the policy leaves its pacer half changed
+    worker_back(sync_, pacer_, worker);
+    heard->second.lost = false;
+    changing_ = false;
+    log(LogLevel::kInfo, "ps " + std::to_string(task_) + ": " + Node::worker(worker).name() +
+                             " is back; " + describe_wait());
+    retry_tokens();
+  }
+
+  /// Holds lost every worker heard before and silent for the worker timeout: the sync
+  /// policy stops waiting for it, and an update that needed only it is applied now. Not
+  /// while paused for a checkpoint's cut, which must see no step complete on its own.
+  void check_heartbeats() {
+    if (!ready_ || paused_) return;
+    const auto now = Clock::now();
+    for (auto& [worker, heard] : heard_) {
+      if (heard.lost || now - heard.last < worker_timeout_) continue;
+      const std::int64_t step_before = global_step();
+      changing_ = true;
+      heard.lost = true;
+      ++stats_.workers_lost;
+      const Verdict verdict = worker_lost(sync_, pacer_, worker);
+      token_session_.erase(worker);  // its lease is given back with it
+      if (verdict == Verdict::kReady) {
+        if (std::exchange(accumulated_, 0) > 0) apply_all(step_before, /*checked=*/false);
+        contributors_.clear();
+      }
+      changing_ = false;
+      log(LogLevel::kWarning, "ps " + std::to_string(task_) + ": " + Node::worker(worker).name() +
+                                  " lost (last heard " + seconds_since(heard.last, now) +
+                                  " s ago): training goes on without it; " + describe_wait());
+      retry_tokens();
+      if (global_step() != step_before) answer_waiting_pulls();
+    }
+  }
+
+  /// Tells a restored pacer which workers are lost.
+  void relose_workers() {
+    for (const auto& [worker, heard] : heard_) {
+      if (heard.lost) (void)worker_lost(sync_, pacer_, worker);
+    }
+  }
+
+  /// What GetStats and Heartbeat answer.
+  StatsReply stats_reply() const {
+    StatsReply answer{stats(), describe_wait(), {}};
+    for (const auto& [worker, heard] : heard_) {
+      if (heard.lost) answer.lost.push_back(worker);
+    }
+    return answer;
+  }
+
+  /// The sync policy's wait in words, with how long ago each awaited worker was heard:
+  /// "step 812: 1 of 2 gradients in, 1 of 2 tokens left; waiting for worker:1 (last heard
+  /// 14.2 s ago)".
+  std::string describe_wait() const {
+    std::string text = waiting_for(sync_, pacer_);
+    const std::vector<std::uint32_t> workers = awaited(sync_, pacer_);
+    if (workers.empty()) return text;
+    text += text.empty() ? "waiting for " : "; waiting for ";
+    const auto now = Clock::now();
+    for (std::size_t i = 0; i < workers.size(); ++i) {
+      if (i == 8) {
+        text += ", and " + std::to_string(workers.size() - i) + " more";
+        break;
+      }
+      if (i > 0) text += ", ";
+      text += Node::worker(workers[i]).name();
+      const auto heard = heard_.find(workers[i]);
+      if (heard != heard_.end()) text += " (last heard " + seconds_since(heard->second.last, now) + " s ago)";
+    }
+    return text;
+  }
+
+  using Clock = std::chrono::steady_clock;
+
+  static std::string seconds_since(Clock::time_point then, Clock::time_point now) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.1f", std::chrono::duration<double>(now - then).count());
+    return text;
   }
 
   void on(Shutdown& r, const RequestContext& /*context*/, Responder& reply) {
@@ -4353,6 +4681,7 @@ class ParameterServer {
   std::size_t initialized_slots_ = 0;
 
   std::uint64_t held_bytes_ = 0;  ///< bytes of the parts held here
+  std::uint64_t slots_per_part_ = 0;  ///< the optimizer's slots, which a Restore also carries
 
   /// A part's values and State as an update leaves them, kept only if they stay finite
   /// (optimizers without `stays_finite`).
@@ -4390,6 +4719,13 @@ class ParameterServer {
   std::vector<const Slice*> order_;              ///< scratch: a pull's slices, sorted
 
   typename P::Pacer pacer_;  ///< the global step and the tokens, as the sync policy keeps them
+  /// By worker, those that sent heartbeats: when last heard, and whether held lost.
+  struct Heard {
+    Clock::time_point last;
+    bool lost = false;
+  };
+  std::map<std::uint32_t, Heard> heard_;
+  std::chrono::milliseconds worker_timeout_{std::chrono::seconds(5)};
   std::deque<TokenWaiter> token_waiters_;
   /// By worker: the connection it took its last token on, which holds its tokens' lease.
   std::map<std::uint32_t, std::uint64_t> token_session_;
@@ -4606,8 +4942,11 @@ namespace pulley {
 /// there. s = 0 is lockstep; `kUnbounded` never waits, which is Async with tokens.
 ///
 /// A worker that dies holds the others back once they are s clocks ahead: its clock no
-/// longer moves. Their token requests then wait, and their client reports, at its
-/// deadline, what the ps waits for ("worker 2 at clock 5").
+/// longer moves. Their token requests then wait, and their client reports what the ps
+/// waits for ("worker 2 at clock 5"), until the ps holds the worker lost (its heartbeats
+/// stopped, parameter_server.hpp): the slowest clock is then taken over the others. A
+/// lost worker that comes back starts at the slowest clock (its clocks in between are
+/// skipped; what it pushes for them is stale), so the global step never goes back.
 class BoundedStaleness {
  public:
   /// A staleness bound that never binds.
@@ -4637,7 +4976,8 @@ class BoundedStaleness {
   /// Every worker's clock as this ps has seen it.
   struct Pacer {
     std::vector<std::int64_t> clocks;  ///< by worker: steps pushed
-    std::int64_t slowest = 0;          ///< the lowest clock: the global step
+    std::int64_t slowest = 0;          ///< the lowest clock of a worker not lost: the global step
+    std::vector<char> lost;            ///< by worker: held lost by the ps
   };
 
   /// An accumulator for n-element gradients.
@@ -4651,7 +4991,8 @@ class BoundedStaleness {
 
   /// Every worker at clock 0.
   [[nodiscard]] Pacer make_pacer() const {
-    return {std::vector<std::int64_t>(static_cast<std::size_t>(total_num_replicas_), 0), 0};
+    const auto n = static_cast<std::size_t>(total_num_replicas_);
+    return {std::vector<std::int64_t>(n, 0), 0, std::vector<char>(n, 0)};
   }
 
   /// A push for the worker's clock moves it on and is applied at once. A push for a clock
@@ -4667,8 +5008,31 @@ class BoundedStaleness {
     }
     if (local_step < clock) return Verdict::kStale;
     ++clock;
-    pacer.slowest = *std::min_element(pacer.clocks.begin(), pacer.clocks.end());
+    update_slowest(pacer);
     return Verdict::kReady;
+  }
+
+  /// Takes the slowest clock over the other workers from now on.
+  Verdict on_worker_lost(Pacer& pacer, std::uint32_t worker) const {
+    if (worker < pacer.lost.size()) pacer.lost[worker] = 1;
+    update_slowest(pacer);
+    return Verdict::kPending;  // every push was applied as it came: nothing is pending
+  }
+
+  /// Counts `worker` again, from the slowest clock if it fell behind.
+  void on_worker_back(Pacer& pacer, std::uint32_t worker) const {
+    if (worker >= pacer.lost.size()) return;
+    pacer.lost[worker] = 0;
+    pacer.clocks[worker] = std::max(pacer.clocks[worker], pacer.slowest);
+  }
+
+  /// The workers at the slowest clock (the others wait for them once s clocks ahead).
+  [[nodiscard]] std::vector<std::uint32_t> awaited(const Pacer& pacer) const {
+    std::vector<std::uint32_t> workers;
+    for (std::uint32_t w = 0; w < pacer.clocks.size(); ++w) {
+      if (pacer.lost[w] == 0 && pacer.clocks[w] == pacer.slowest) workers.push_back(w);
+    }
+    return workers;
   }
 
   /// The slowest worker's clock.
@@ -4694,15 +5058,17 @@ class BoundedStaleness {
     const std::int64_t slowest = *std::min_element(state.begin(), state.end());
     std::vector<std::int64_t> clocks(static_cast<std::size_t>(total_num_replicas_), slowest);
     std::copy_n(state.begin(), std::min(state.size(), clocks.size()), clocks.begin());
-    pacer.slowest = *std::min_element(clocks.begin(), clocks.end());
+    pacer.lost.assign(clocks.size(), 0);  // who is lost is the ps's to say, not the checkpoint's
     pacer.clocks = std::move(clocks);
+    pacer.slowest = 0;
+    update_slowest(pacer);
   }
 
   /// "the slowest: worker 2 at clock 5 (fastest: 8, staleness 3)"
   [[nodiscard]] std::string waiting_for(const Pacer& pacer) const {
     std::string slowest;
     for (std::size_t w = 0; w < pacer.clocks.size(); ++w) {
-      if (pacer.clocks[w] != pacer.slowest) continue;
+      if (pacer.clocks[w] != pacer.slowest || pacer.lost[w] != 0) continue;
       slowest += (slowest.empty() ? "worker " : ", worker ") + std::to_string(w);
     }
     return "the slowest: " + slowest + " at clock " + std::to_string(pacer.slowest) +
@@ -4712,6 +5078,18 @@ class BoundedStaleness {
   }
 
  private:
+  /// The lowest clock of the workers not lost; it never goes back (nor moves while every
+  /// worker is lost).
+  static void update_slowest(Pacer& pacer) {
+    std::int64_t slowest = std::numeric_limits<std::int64_t>::max();
+    for (std::size_t w = 0; w < pacer.clocks.size(); ++w) {
+      if (pacer.lost[w] == 0) slowest = std::min(slowest, pacer.clocks[w]);
+    }
+    if (slowest != std::numeric_limits<std::int64_t>::max()) {
+      pacer.slowest = std::max(pacer.slowest, slowest);
+    }
+  }
+
   [[nodiscard]] std::int64_t read_step(std::int64_t clock) const {
     return clock > staleness_ ? clock - staleness_ : 0;
   }
@@ -4765,6 +5143,16 @@ namespace pulley {
 ///   - R >  N: fast workers take several tokens and contribute several batches to a step.
 ///   - R <  N: N - R workers are backups; the slowest gradients of a step arrive stale and
 ///     are dropped, so one slow or dead worker does not stall training.
+///
+/// Lost workers (a deviation from TensorFlow, which waits for them forever): when the ps
+/// holds a worker lost (its heartbeats stopped, parameter_server.hpp), a step needs
+/// min(R, N - L) fresh gradients (at least 1), where L counts the lost workers that have
+/// not pushed for this step; with R > N it still needs R (the live workers take the lost
+/// one's tokens). The update is the mean of the fresh gradients the step got: those of the
+/// live workers, and the lost worker's own if it pushed before it was lost. A step that
+/// already has them all completes the moment the worker is lost. A lost worker whose
+/// heartbeats come back counts again from the step in progress; what it pushes for a step
+/// that completed without it is stale and dropped.
 class SyncReplicas {
  public:
   /// @param replicas_to_aggregate R, gradients averaged into one update (≥ 1)
@@ -4799,6 +5187,7 @@ class SyncReplicas {
     std::map<std::uint32_t, std::int64_t> taken;  ///< tokens of `step` taken, by worker
     std::map<std::uint32_t, std::int64_t> held;   ///< ... and not pushed for yet
     std::set<std::uint32_t> pushed;               ///< workers with a fresh push of `step`
+    std::set<std::uint32_t> lost;                 ///< workers the ps holds lost
   };
 
   /// An empty accumulator for n-element gradients.
@@ -4826,7 +5215,7 @@ class SyncReplicas {
   }
 
   /// Step 0, with max(R, N) tokens.
-  [[nodiscard]] Pacer make_pacer() const { return {0, 0, tokens_per_step(), {}, {}, {}}; }
+  [[nodiscard]] Pacer make_pacer() const { return {0, 0, tokens_per_step(), {}, {}, {}, {}}; }
 
   /// Stale if tagged before the current step; the R-th fresh push completes the step.
   Verdict on_push(Pacer& pacer, std::uint32_t worker, std::int64_t local_step) const {
@@ -4839,14 +5228,32 @@ class SyncReplicas {
         --held->second;
       }
     }
-    if (++pacer.fresh < replicas_to_aggregate_) return Verdict::kPending;
-    ++pacer.step;
-    pacer.fresh = 0;
-    pacer.tokens_left = tokens_per_step();  // the old step's untaken tokens are withdrawn
-    pacer.taken.clear();
-    pacer.held.clear();
-    pacer.pushed.clear();
+    if (++pacer.fresh < required(pacer)) return Verdict::kPending;
+    next_step(pacer);
     return Verdict::kReady;
+  }
+
+  /// Stops waiting for `worker` (and gives back its tokens): the step completes now if the
+  /// others' fresh gradients are all it needs.
+  Verdict on_worker_lost(Pacer& pacer, std::uint32_t worker) const {
+    pacer.lost.insert(worker);
+    release(pacer, worker);
+    if (pacer.fresh == 0 || pacer.fresh < required(pacer)) return Verdict::kPending;
+    next_step(pacer);
+    return Verdict::kReady;
+  }
+
+  /// Waits for `worker` again, from the step in progress.
+  void on_worker_back(Pacer& pacer, std::uint32_t worker) const { pacer.lost.erase(worker); }
+
+  /// The workers that have not pushed for the step in progress and are not lost (R <= N:
+  /// each owes one gradient; with R > N any of them may bring the rest).
+  [[nodiscard]] std::vector<std::uint32_t> awaited(const Pacer& pacer) const {
+    std::vector<std::uint32_t> workers;
+    for (std::uint32_t w = 0; w < static_cast<std::uint32_t>(total_num_replicas_); ++w) {
+      if (!pacer.pushed.contains(w) && !pacer.lost.contains(w)) workers.push_back(w);
+    }
+    return workers;
   }
 
   /// The global step: a checkpoint's cut has no step half aggregated (what was is redone).
@@ -4895,15 +5302,36 @@ class SyncReplicas {
     return Token{pacer.step, pacer.step, one_each ? pacer.step + 1 : pacer.step, true};
   }
 
-  /// "step 12: 1 of 2 gradients in, 0 of 2 tokens left"
+  /// "step 12: 1 of 2 gradients in, 0 of 2 tokens left" (of those the step needs: fewer
+  /// than R while workers are lost)
   [[nodiscard]] std::string waiting_for(const Pacer& pacer) const {
     return "step " + std::to_string(pacer.step) + ": " + std::to_string(pacer.fresh) + " of " +
-           std::to_string(replicas_to_aggregate_) + " gradients in, " +
+           std::to_string(required(pacer)) + " gradients in, " +
            std::to_string(pacer.tokens_left) + " of " + std::to_string(tokens_per_step()) +
            " tokens left";
   }
 
  private:
+  /// Fresh gradients the step in progress needs: R, less the lost workers that owe one.
+  [[nodiscard]] int required(const Pacer& pacer) const {
+    if (replicas_to_aggregate_ > total_num_replicas_) return replicas_to_aggregate_;
+    int owing = 0;
+    for (const std::uint32_t w : pacer.lost) {
+      if (w < static_cast<std::uint32_t>(total_num_replicas_) && !pacer.pushed.contains(w)) ++owing;
+    }
+    return std::max(1, std::min(replicas_to_aggregate_, total_num_replicas_ - owing));
+  }
+
+  /// Moves on to the next step, withdrawing the old step's untaken tokens.
+  void next_step(Pacer& pacer) const {
+    ++pacer.step;
+    pacer.fresh = 0;
+    pacer.tokens_left = tokens_per_step();
+    pacer.taken.clear();
+    pacer.held.clear();
+    pacer.pushed.clear();
+  }
+
   [[nodiscard]] std::int64_t tokens_per_step() const {
     return std::max(replicas_to_aggregate_, total_num_replicas_);
   }
@@ -5423,6 +5851,65 @@ inline constexpr Version version{PULLEY_VERSION_MAJOR, PULLEY_VERSION_MINOR, PUL
 #include <utility>
 #include <vector>
 
+// ---- begin pulley/detail/recovery.hpp ----
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <thread>
+#include <utility>
+
+namespace pulley::detail {
+
+/// A client's wait for lost ps tasks to come back: retries with a growing pause (0.1 s to
+/// 2 s), logs the first failure, and gives up once `ClientOptions::recovery_timeout` has
+/// passed since it, naming the last failure.
+class Recovery {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  /// @param who "worker 2", "chief": who waits, for the log and the error
+  Recovery(std::string who, const ClientOptions& options)
+      : who_(std::move(who)), timeout_(options.recovery_timeout), deadline_(Clock::now() + timeout_) {}
+
+  /// True for what a lost ps gives: `kUnavailable` (it is gone, or not reachable). (A
+  /// ps restarted and not restored yet, or restored since the request's epoch, answers
+  /// `kFailedPrecondition`: a client tells that from a request it got wrong by waiting
+  /// until ready and seeing whether the epoch moved.)
+  static bool may_recover(ErrorCode code) noexcept { return code == ErrorCode::kUnavailable; }
+
+  /// Pauses before the next try after `failure`; throws kUnavailable once the deadline
+  /// has passed.
+  void wait(const Error& failure) {
+    const std::string seconds = std::to_string(timeout_.count() / 1000);
+    if (tries_++ == 0) {
+      log(LogLevel::kWarning, who_ + ": " + failure.what() + "; waiting for the ps tasks to be back " +
+                                  "(at most " + seconds + " s)");
+    }
+    const auto now = Clock::now();
+    if (now >= deadline_) {
+      throw Error(ErrorCode::kUnavailable, who_ + ": the ps tasks were not back within " + seconds +
+                                               " s (" + std::to_string(tries_) + " tries); last: " +
+                                               failure.what());
+    }
+    std::this_thread::sleep_for(std::min<Clock::duration>(pause_, deadline_ - now));
+    pause_ = std::min<std::chrono::milliseconds>(pause_ * 2, std::chrono::seconds(2));
+  }
+
+  /// Tries so far.
+  [[nodiscard]] int tries() const noexcept { return tries_; }
+
+ private:
+  std::string who_;
+  std::chrono::milliseconds timeout_;
+  Clock::time_point deadline_;
+  std::chrono::milliseconds pause_{100};
+  int tries_ = 0;
+};
+
+}  // namespace pulley::detail
+// ---- end pulley/detail/recovery.hpp ----
+
 namespace pulley {
 
 /// What one training step did.
@@ -5469,35 +5956,35 @@ class Worker {
   ///
   /// Returns nullopt when training is over: the token shows that `last_step` global steps
   /// are done (TF's StopAtStepHook), or the chief has ended training (the ps tasks answer
-  /// `kOutOfRange`); `finished()` then says so. Any other failure throws.
+  /// `kOutOfRange`); `finished()` then says so.
+  ///
+  /// A ps that is lost (`kUnavailable`) or a job rolled back to a checkpoint while the step
+  /// ran (`kFailedPrecondition`: the chief restored the ps tasks after losing one) is
+  /// waited out: the worker waits until every ps is ready again, learns the new epoch, and
+  /// starts the step again on the same batch, as TensorFlow's workers do after a ps
+  /// failure. It gives up after `ClientOptions::recovery_timeout` with `kUnavailable`
+  /// naming the last failure (the ps). Any other failure throws at once.
   std::optional<StepResult> step(
       const typename M::Batch& batch,
       std::int64_t last_step = std::numeric_limits<std::int64_t>::max()) {
     if (finished_) return std::nullopt;
-    try {
-      // Unpaced (Async) tokens are never waited for: after the first, the step the last
-      // pull reported serves as the token, and the round trip is saved.
-      const TokenReply reply = paced_ || pulled_step_ < 0
-                                   ? client_.take_token(index_)
-                                   : TokenReply{Token{0, 0, 0, false}, pulled_step_};
-      const Token& token = reply.token;
-      paced_ = token.paced;
-      global_step_ = reply.global_step;
-      if (reply.global_step >= last_step) {
-        finished_ = true;
-        return std::nullopt;
+    std::optional<detail::Recovery> recovery;
+    for (bool again = false;; again = true) {
+      try {
+        if (again) recover();
+        return try_step(batch, last_step);
+      } catch (const Error& e) {
+        if (e.code() == ErrorCode::kOutOfRange) {
+          finished_ = true;  // the chief ended training; this step's gradient is not needed
+          return std::nullopt;
+        }
+        if (e.code() == ErrorCode::kFailedPrecondition && !rolled_back()) throw;
+        if (!recovery) recovery.emplace("worker " + std::to_string(index_), client_.options());
+        if (e.code() != ErrorCode::kFailedPrecondition) {
+          if (!detail::Recovery::may_recover(e.code())) throw;
+          recovery->wait(e);  // throws once the ps tasks stay lost too long
+        }
       }
-      if (pulled_step_ < token.pull_step) pull_all(token.pull_step);
-      StepResult result;
-      result.loss = static_cast<float>(model_.compute_gradients(batch));
-      result.local_step = token.local_step;
-      result.global_step = reply.global_step;
-      result.stale_parts = push_pull(token.local_step, token.next_pull_step);
-      return result;
-    } catch (const Error& e) {
-      if (e.code() != ErrorCode::kOutOfRange) throw;
-      finished_ = true;  // the chief ended training; this step's gradient is not needed
-      return std::nullopt;
     }
   }
 
@@ -5562,6 +6049,49 @@ class Worker {
   [[nodiscard]] const Placement& placement() const noexcept { return client_.placement(); }
 
  private:
+  std::optional<StepResult> try_step(const typename M::Batch& batch, std::int64_t last_step) {
+    // Unpaced (Async) tokens are never waited for: after the first, the step the last
+    // pull reported serves as the token, and the round trip is saved.
+    const TokenReply reply = paced_ || pulled_step_ < 0
+                                 ? client_.take_token(index_)
+                                 : TokenReply{Token{0, 0, 0, false}, pulled_step_};
+    const Token& token = reply.token;
+    paced_ = token.paced;
+    global_step_ = reply.global_step;
+    if (reply.global_step >= last_step) {
+      finished_ = true;
+      return std::nullopt;
+    }
+    if (pulled_step_ < token.pull_step) pull_all(token.pull_step);
+    StepResult result;
+    result.loss = static_cast<float>(model_.compute_gradients(batch));
+    result.local_step = token.local_step;
+    result.global_step = reply.global_step;
+    result.stale_parts = push_pull(token.local_step, token.next_pull_step);
+    return result;
+  }
+
+  /// After a lost ps or a rollback: ready again, at the ps tasks' epoch, pulling afresh.
+  void recover() {
+    pulled_step_ = -1;
+    paced_ = true;
+    client_.wait_ready(model_.variables());
+  }
+
+  /// After a kFailedPrecondition: true if the ps tasks were restored since this worker
+  /// last looked (it is then ready at the new epoch); false if the refusal was about the
+  /// request itself. Waits while a restarted ps is not restored yet; a ps lost meanwhile
+  /// counts as a rollback to come.
+  bool rolled_back() {
+    const std::uint64_t before = client_.epoch();
+    try {
+      recover();
+    } catch (const Error& e) {
+      return detail::Recovery::may_recover(e.code());
+    }
+    return client_.epoch() != before;
+  }
+
   void pull_all(std::int64_t min_step) {
     pulled_step_ = -1;  // a pull that fails part way leaves the model mixed: pull again
     pulled_step_ = client_.pull(all_, min_step);
@@ -5651,7 +6181,7 @@ static_assert(std::endian::native == std::endian::little,
 namespace pulley::wire {
 
 inline constexpr std::uint32_t kMagic = 0x594C4C50;    ///< "PLLY" in a little-endian dump
-inline constexpr std::uint16_t kVersion = 6;           ///< bumped on any incompatible change
+inline constexpr std::uint16_t kVersion = 7;           ///< bumped on any incompatible change
 inline constexpr std::uint16_t kResponseKind = 0x100;  ///< response kinds start here
 inline constexpr std::uint16_t kHandshakeKind = 0x200;  ///< handshake kinds start here
 inline constexpr std::size_t kHandshakeKinds = 4;       ///< Challenge, Hello, Welcome, Refusal

@@ -4,6 +4,7 @@
 // An in-process cluster for tests: N ps tasks of one ParameterServer type, each served on a
 // thread of its own.
 
+#include <chrono>
 #include <cstdint>
 
 #include "pulley/parameter_server.hpp"
@@ -14,9 +15,13 @@ namespace pulley::testing {
 template <class S, class O, class P>
 class Cluster {
  public:
-  Cluster(std::uint32_t num_ps, O optimizer, P sync, S sharding = {}) : network_(num_ps) {
+  Cluster(std::uint32_t num_ps, O optimizer, P sync, S sharding = {},
+          std::chrono::milliseconds worker_timeout = std::chrono::seconds(5))
+      : network_(num_ps) {
     for (std::uint32_t i = 0; i < num_ps; ++i) {
-      network_.serve(ParameterServer<S, O, P>(i, num_ps, optimizer, sync, sharding));
+      ParameterServer<S, O, P> ps(i, num_ps, optimizer, sync, sharding);
+      ps.set_worker_timeout(worker_timeout);
+      network_.serve(std::move(ps));
     }
   }
 

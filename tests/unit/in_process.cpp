@@ -79,14 +79,26 @@ TEST_CASE("a killed ps fails the calls waiting on it and every later call") {
   chief.initialize(LinearModel(3, 2).variables());
   const testing::LinearData data(4, 3, 2, 1);
   const testing::LinearBatch batch{data.x, data.y};
-  Worker worker(0, LinearModel(3, 2), cluster.endpoint(Node::worker(0)));
+  ClientOptions options;
+  options.recovery_timeout = std::chrono::milliseconds(300);
+  Worker worker(0, LinearModel(3, 2), cluster.endpoint(Node::worker(0)), options);
   worker.wait_ready();
   // Worker 1 never comes: after its push, the step's pull waits for step 1 until ps 0 dies.
+  // The step waits for the ps to be back, and gives up at the recovery timeout.
   std::thread killer([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     cluster.network().kill(Node::ps(0));
   });
-  CHECK(code_of([&] { worker.step(batch); }) == ErrorCode::kUnavailable);
+  std::string why;
+  CHECK(code_of([&] {
+          try {
+            worker.step(batch);
+          } catch (const Error& e) {
+            why = e.what();
+            throw;
+          }
+        }) == ErrorCode::kUnavailable);
+  CHECK(why.find("worker 0: the ps tasks were not back within") != std::string::npos);
   killer.join();
   CHECK(code_of([&] { worker.pull(); }) == ErrorCode::kUnavailable);
   CHECK(cluster.network().is_dead(Node::ps(0)));
@@ -301,7 +313,9 @@ TEST_CASE("the network owns its ps tasks: destroying it mid-training is safe") {
     worker_thread =
         std::thread([endpoint = InProcess(network, Node::worker(0)), &worker_error]() mutable {
           const testing::LinearData data(4, 3, 2, 1);
-          Worker worker(0, LinearModel(3, 2), std::move(endpoint));
+          ClientOptions options;
+          options.recovery_timeout = std::chrono::milliseconds(300);
+          Worker worker(0, LinearModel(3, 2), std::move(endpoint), options);
           worker.wait_ready();
           // Worker 1 never comes: the step's pull waits until the network goes away.
           worker_error = code_of([&] { worker.step({data.x, data.y}); });

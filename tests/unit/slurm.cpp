@@ -42,16 +42,22 @@ bool contains(const std::string& text, const std::string& part) {
   return false;
 }
 
-// Two nodes with two tasks each: ranks 0, 1 on node01 and ranks 2, 3 on node02.
+// Two nodes with two tasks each, as srun starts them: ranks 0, 1 on node01 and ranks 2, 3 on
+// node02 (SLURMD_NODENAME, which Slurm sets too, is left out where a test does not need it).
 Env two_nodes(const std::string& rank) {
   return {{"SLURM_PROCID", rank},
+          {"SLURM_JOB_ID", "1000"},
+          {"SLURM_STEP_ID", "0"},
           {"SLURM_STEP_NUM_TASKS", "4"},
           {"SLURM_STEP_NODELIST", "node[01-02]"},
           {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"}};
 }
 
+// An explicit port base (TensorFlow's default), which most tests give to read addresses.
+constexpr std::uint32_t kBase = 8888;
+
 pulley::TfConfig slurm(const Env& env, const std::string& jobs = "ps:1,worker:2,chief:1",
-                       std::uint32_t port_base = pulley::kSlurmPortBase) {
+                       std::optional<std::uint32_t> port_base = kBase) {
   return pulley::slurm_config(pulley::parse_slurm_jobs(jobs), port_base,
                               [&env](std::string_view name) -> std::optional<std::string> {
                                 auto it = env.find(name);
@@ -61,7 +67,7 @@ pulley::TfConfig slurm(const Env& env, const std::string& jobs = "ps:1,worker:2,
 }
 
 std::string slurm_error(const Env& env, const std::string& jobs = "ps:1,worker:2,chief:1",
-                        std::uint32_t port_base = pulley::kSlurmPortBase) {
+                        std::optional<std::uint32_t> port_base = kBase) {
   return error_of([&] { slurm(env, jobs, port_base); });
 }
 
@@ -180,6 +186,7 @@ TEST_CASE(
 
 TEST_CASE("Slurm: uneven nodes, another port base and another job order") {
   const Env env{{"SLURM_PROCID", "3"},
+                {"SLURM_STEP_ID", "2"},
                 {"SLURM_STEP_NUM_TASKS", "5"},
                 {"SLURM_STEP_NODELIST", "gpu[7-8],cpu1"},
                 {"SLURM_STEP_TASKS_PER_NODE", "3,1(x2)"}};
@@ -194,6 +201,7 @@ TEST_CASE("Slurm: uneven nodes, another port base and another job order") {
 
 TEST_CASE("Slurm: the step's variables win, and the job's are the fallback") {
   const Env job_only{{"SLURM_PROCID", "1"},
+                     {"SLURM_STEP_ID", "0"},
                      {"SLURM_NTASKS", "2"},
                      {"SLURM_JOB_NODELIST", "a[1-2]"},
                      {"SLURM_TASKS_PER_NODE", "1(x2)"}};
@@ -250,6 +258,98 @@ TEST_CASE("Slurm errors name the problem") {
   CHECK(contains(slurm_error(two_nodes("0"), "ps:1,worker:2,chief:1", 0), "port base 0"));
   CHECK(contains(slurm_error(two_nodes("0"), "ps:1,evaluator:2,trainer:1"),
                  "unknown job \"trainer\""));
+}
+
+TEST_CASE("Slurm: with no port base, the base comes from the job id and stays in the range") {
+  using pulley::derived_slurm_port_base;
+  // 20000 + (id mod floor(12768 / busiest)) * busiest
+  CHECK(derived_slurm_port_base(1000, 2) == 22000);
+  CHECK(derived_slurm_port_base(1001, 2) == 22002);
+  CHECK(derived_slurm_port_base(1000, 4) == 24000);
+  CHECK(derived_slurm_port_base(6384 + 7, 2) == 20014);  // 6384 slots of 2 ports: wraps
+  CHECK(derived_slurm_port_base(5, 12768) == 20000);     // one slot, the whole range
+  for (const std::uint32_t busiest : {1U, 2U, 3U, 7U, 64U, 1000U, 12768U}) {
+    for (std::uint64_t id = 0; id < 40000; id += 37) {
+      CAPTURE(busiest);
+      CAPTURE(id);
+      const std::uint32_t base = derived_slurm_port_base(id, busiest);
+      REQUIRE(base >= pulley::kSlurmPortRangeBegin);
+      REQUIRE(base + busiest <= pulley::kSlurmPortRangeEnd);
+      if (busiest < 12768) CHECK(derived_slurm_port_base(id + 1, busiest) != base);
+    }
+  }
+  CHECK(contains(error_of([] { derived_slurm_port_base(1, 12769); }),
+                 "12769 task(s) on a node do not fit in the 12768 ports"));
+  CHECK(contains(error_of([] { derived_slurm_port_base(1, 0); }), "0 task(s) on a node"));
+
+  // Two jobs sharing node01: each task's addresses follow its job's id, and do not meet.
+  const pulley::TfConfig a = slurm(two_nodes("0"), "ps:1,worker:2,chief:1", std::nullopt);
+  const pulley::TfConfig b =
+      slurm(with(two_nodes("0"), "SLURM_JOB_ID", "1001"), "ps:1,worker:2,chief:1", std::nullopt);
+  CHECK(a.cluster.tasks("ps") == Hosts{"node01:22000"});
+  CHECK(a.cluster.tasks("worker") == Hosts{"node01:22001", "node02:22000"});
+  CHECK(b.cluster.tasks("ps") == Hosts{"node01:22002"});
+  CHECK(b.cluster.tasks("worker") == Hosts{"node01:22003", "node02:22002"});
+  // SLURM_JOBID, the old name, serves as well; neither set is an error only when it is needed.
+  const Env old_name = with(without(two_nodes("0"), "SLURM_JOB_ID"), "SLURM_JOBID", "1001");
+  CHECK(slurm(old_name, "ps:1,worker:2,chief:1", std::nullopt).cluster.tasks("ps") ==
+        Hosts{"node01:22002"});
+  CHECK(contains(
+      slurm_error(without(two_nodes("0"), "SLURM_JOB_ID"), "ps:1,worker:2,chief:1", std::nullopt),
+      "neither SLURM_JOB_ID nor SLURM_JOBID is set"));
+  CHECK(slurm(without(two_nodes("0"), "SLURM_JOB_ID")).cluster.tasks("ps") == Hosts{"node01:8888"});
+}
+
+TEST_CASE("Slurm: an explicit port base wins over the derived one") {
+  const pulley::TfConfig c = slurm(two_nodes("3"), "ps:1,worker:2,chief:1", 9000);
+  CHECK(c.cluster.tasks("ps") == Hosts{"node01:9000"});
+  CHECK(c.cluster.tasks("worker") == Hosts{"node01:9001", "node02:9000"});
+  CHECK(c.cluster.tasks("chief") == Hosts{"node02:9001"});
+}
+
+TEST_CASE("Slurm: a task on another node than its rank maps to is refused, naming both") {
+  // Ranks 0, 1 belong on node01 and ranks 2, 3 on node02.
+  for (const auto& [rank, host] : {std::pair{"0", "node01"}, std::pair{"1", "node01"},
+                                   std::pair{"2", "node02"}, std::pair{"3", "node02"}}) {
+    CAPTURE(rank);
+    CHECK_NOTHROW(slurm(with(two_nodes(rank), "SLURMD_NODENAME", host)));
+  }
+  // What --distribution=cyclic does: rank 1 on the second node.
+  const std::string error = slurm_error(with(two_nodes("1"), "SLURMD_NODENAME", "node02"));
+  CHECK(contains(error, "Slurm: rank 1 maps to node \"node01\" in SLURM_STEP_NODELIST"));
+  CHECK(contains(error, "but this task runs on \"node02\" (SLURMD_NODENAME)"));
+  CHECK(contains(slurm_error(with(two_nodes("2"), "SLURMD_NODENAME", "node01")),
+                 "rank 2 maps to node \"node02\""));
+  // An uneven step: rank 3 is the first task of the third node.
+  const Env uneven{{"SLURM_PROCID", "3"},
+                   {"SLURM_STEP_ID", "0"},
+                   {"SLURM_STEP_NUM_TASKS", "4"},
+                   {"SLURM_STEP_NODELIST", "a,b,c"},
+                   {"SLURM_STEP_TASKS_PER_NODE", "2,1,1"}};
+  CHECK(slurm(with(uneven, "SLURMD_NODENAME", "c")).task.type == "chief");
+  CHECK(contains(slurm_error(with(uneven, "SLURMD_NODENAME", "b")),
+                 "rank 3 maps to node \"c\" in SLURM_STEP_NODELIST, but this task runs on \"b\""));
+}
+
+TEST_CASE("Slurm: a batch script that runs the program without srun is refused") {
+  // What sbatch gives its script: the job's variables and SLURM_PROCID=0, but no step id and
+  // no step variables (a step of its own would have been launched by srun).
+  const Env batch{{"SLURM_PROCID", "0"},
+                  {"SLURM_JOB_ID", "1000"},
+                  {"SLURM_NTASKS", "4"},
+                  {"SLURM_JOB_NODELIST", "node[01-02]"},
+                  {"SLURM_TASKS_PER_NODE", "2(x2)"},
+                  {"SLURMD_NODENAME", "node01"}};
+  const std::string error = slurm_error(batch);
+  CHECK(contains(error, "Slurm: SLURM_PROCID is set but SLURM_STEP_ID is not"));
+  CHECK(contains(error, "launch the tasks with srun"));
+  CHECK(error.find('\n') == std::string::npos);
+  CHECK(contains(slurm_error(with(batch, "SLURM_STEP_ID", "")), "launch the tasks with srun"));
+  // A task that srun launched has a step id (SLURM_STEPID is the old name), and runs.
+  CHECK(slurm(with(batch, "SLURM_STEP_ID", "0")).task.type == "ps");
+  CHECK(slurm(with(batch, "SLURM_STEPID", "3")).task.type == "ps");
+  CHECK(contains(slurm_error(with(batch, "SLURM_STEP_ID", "batch")),
+                 "SLURM_STEP_ID is not a number: \"batch\""));
 }
 
 TEST_CASE("Slurm is read from the environment, and absent outside a Slurm step") {

@@ -166,3 +166,85 @@ TEST_CASE("a worker that pushed for a step gets no second token of it, even afte
   CHECK(sync.on_push(pacer, 0, 0) == Verdict::kPending);  // ...then its push came on a new one
   CHECK_FALSE(sync.take_token(pacer, 0).has_value());
 }
+
+TEST_CASE("SyncReplicas completes a step over the live workers, and waits again for one back") {
+  const pulley::SyncReplicas sync{3, 3};
+  auto pacer = sync.make_pacer();
+  CHECK(sync.on_push(pacer, 0, 0) == Verdict::kPending);
+  CHECK(sync.on_push(pacer, 1, 0) == Verdict::kPending);
+  CHECK(sync.awaited(pacer) == std::vector<std::uint32_t>{2});
+  // Worker 2 is lost: the two gradients in are all step 0 needs, and it completes now.
+  CHECK(sync.on_worker_lost(pacer, 2) == Verdict::kReady);
+  CHECK(sync.global_step(pacer) == 1);
+  CHECK(sync.awaited(pacer) == std::vector<std::uint32_t>{0, 1});
+  CHECK(sync.on_push(pacer, 0, 1) == Verdict::kPending);
+  CHECK(sync.on_push(pacer, 1, 1) == Verdict::kReady);  // two of two
+  // What the lost worker pushes for a step done without it is stale.
+  CHECK(sync.on_push(pacer, 2, 0) == Verdict::kStale);
+  // Back: step 2 needs all three again.
+  sync.on_worker_back(pacer, 2);
+  CHECK(sync.on_push(pacer, 0, 2) == Verdict::kPending);
+  CHECK(sync.on_push(pacer, 1, 2) == Verdict::kPending);
+  CHECK(sync.on_push(pacer, 2, 2) == Verdict::kReady);
+  CHECK(sync.global_step(pacer) == 3);
+}
+
+TEST_CASE("SyncReplicas: a lost worker's gradient pushed before it was lost still counts") {
+  const pulley::SyncReplicas sync{2, 2};
+  auto pacer = sync.make_pacer();
+  CHECK(sync.on_push(pacer, 1, 0) == Verdict::kPending);
+  // It pushed and then went quiet (finished, or died): the step still waits for worker 0,
+  // and ends as the mean of both, as without the loss.
+  CHECK(sync.on_worker_lost(pacer, 1) == Verdict::kPending);
+  CHECK(sync.awaited(pacer) == std::vector<std::uint32_t>{0});
+  CHECK(sync.on_push(pacer, 0, 0) == Verdict::kReady);
+  // From step 1 on, one gradient is a step; losing the last worker too completes nothing.
+  CHECK(sync.on_worker_lost(pacer, 0) == Verdict::kPending);
+  CHECK(sync.global_step(pacer) == 1);
+}
+
+TEST_CASE("SyncReplicas with backups needs R while R workers live, fewer below") {
+  const pulley::SyncReplicas sync{2, 4};
+  auto pacer = sync.make_pacer();
+  CHECK(sync.on_worker_lost(pacer, 3) == Verdict::kPending);
+  CHECK(sync.on_push(pacer, 0, 0) == Verdict::kPending);
+  CHECK(sync.on_push(pacer, 1, 0) == Verdict::kReady);  // R = 2 of the three left
+  CHECK(sync.on_worker_lost(pacer, 2) == Verdict::kPending);
+  CHECK(sync.on_push(pacer, 0, 1) == Verdict::kPending);
+  CHECK(sync.on_worker_lost(pacer, 1) == Verdict::kReady);  // one worker left: one gradient
+  // The lost worker's token goes back with it.
+  const pulley::SyncReplicas one{1, 2};
+  auto p = one.make_pacer();
+  REQUIRE(one.take_token(p, 0));
+  REQUIRE(one.take_token(p, 1));
+  CHECK_FALSE(one.take_token(p, 0));
+  CHECK(one.on_worker_lost(p, 1) == Verdict::kPending);
+  CHECK(one.take_token(p, 0).has_value() == false);  // one per step when R <= N
+  CHECK(p.tokens_left == 1);
+}
+
+TEST_CASE("BoundedStaleness goes on without a lost worker, which starts back at the slowest clock") {
+  const pulley::BoundedStaleness ssp{1, 3};
+  auto pacer = ssp.make_pacer();
+  for (std::uint32_t w = 0; w < 2; ++w) {
+    CHECK(ssp.on_push(pacer, w, 0) == Verdict::kReady);
+    CHECK(ssp.on_push(pacer, w, 1) == Verdict::kReady);
+  }
+  // Workers 0 and 1 are at clock 2, worker 2 at 0: they wait for it.
+  CHECK_FALSE(ssp.take_token(pacer, 0));
+  CHECK(ssp.awaited(pacer) == std::vector<std::uint32_t>{2});
+  CHECK(ssp.on_worker_lost(pacer, 2) == Verdict::kPending);
+  CHECK(ssp.global_step(pacer) == 2);
+  REQUIRE(ssp.take_token(pacer, 0));
+  CHECK(ssp.on_push(pacer, 0, 2) == Verdict::kReady);
+  CHECK(ssp.on_push(pacer, 1, 2) == Verdict::kReady);
+  CHECK(ssp.global_step(pacer) == 3);
+  // Back, worker 2 skips to clock 3: the global step does not go back, and its old
+  // clocks' pushes are repeats.
+  ssp.on_worker_back(pacer, 2);
+  CHECK(ssp.global_step(pacer) == 3);
+  CHECK(ssp.on_push(pacer, 2, 0) == Verdict::kStale);
+  const auto token = ssp.take_token(pacer, 2);
+  REQUIRE(token);
+  CHECK(token->local_step == 3);
+}

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
+#include <initializer_list>
 #include <limits>
 #include <optional>
 #include <set>
@@ -24,15 +25,22 @@ namespace pulley {
 
 // The same TfConfig, built from the variables Slurm gives each task of a step, by the rules of
 // TensorFlow's `SlurmClusterResolver`: nodes in nodelist order, the i-th task on a node at
-// `port_base + i`, ranks handed to the jobs in the order they are listed.
+// `port_base + i`, ranks handed to the jobs in the order they are listed. Unlike the resolver,
+// the default port base comes from the job id (so that two jobs sharing a node do not fight
+// over ports), and a task that is not where its rank says, or that no srun launched, is
+// refused at once instead of waiting for peers that will never answer.
 
 /// The jobs of a Slurm step and their task counts, in rank order: {{"ps", 1}, {"worker", 2}}
 /// makes rank 0 ps 0 and ranks 1 and 2 workers 0 and 1. Names are those of kJobNames
 /// ("master" is read as "chief"); the counts must add up to the step's number of tasks.
 using SlurmJobs = std::vector<std::pair<std::string, std::uint32_t>>;
 
-/// The port of the first task on each node, TensorFlow's default.
-inline constexpr std::uint32_t kSlurmPortBase = 8888;
+/// The ports a derived port base (derived_slurm_port_base) lies in: [begin, end). They end
+/// below Linux's default ephemeral range (net.ipv4.ip_local_port_range, 32768..60999), from
+/// which the kernel takes the local port of every outgoing connection, so that a task seldom
+/// finds its port already held by some connection.
+inline constexpr std::uint32_t kSlurmPortRangeBegin = 20000;
+inline constexpr std::uint32_t kSlurmPortRangeEnd = 32768;  ///< see kSlurmPortRangeBegin
 
 /// An environment for slurm_config: the value of a variable, nullopt when it is unset. The
 /// exact return type is required so that a `getenv`-like `const char*` (null when unset)
@@ -232,22 +240,50 @@ inline std::vector<std::uint32_t> expand_slurm_tasks_per_node(std::string_view t
   return tasks;
 }
 
+/// The port base of a Slurm job that names none: the ports [kSlurmPortRangeBegin,
+/// kSlurmPortRangeEnd) cut into slots of `busiest` ports (the most tasks any node of the step
+/// runs), the job taking slot `job_id` mod slots:
+///   base = 20000 + (job_id mod floor(12768 / busiest)) * busiest
+/// so that its tasks on a node listen on base .. base + busiest - 1, all inside the range.
+/// Every task of a step computes the same base. Two jobs with the same `busiest` whose ids
+/// differ by less than the number of slots (6384 for 2 tasks a node, 3192 for 4) listen on
+/// disjoint ports on any node they share; others may meet, as with any fixed base. Throws
+/// kInvalidArgument when `busiest` is 0 or more than the range holds.
+inline std::uint32_t derived_slurm_port_base(std::uint64_t job_id, std::uint32_t busiest) {
+  constexpr std::uint32_t ports = kSlurmPortRangeEnd - kSlurmPortRangeBegin;
+  if (busiest == 0 || busiest > ports) {
+    throw detail::slurm_error(std::to_string(busiest) + " task(s) on a node do not fit in the " +
+                              std::to_string(ports) +
+                              " ports of derived port bases: give a port base");
+  }
+  const std::uint32_t slots = ports / busiest;
+  return kSlurmPortRangeBegin + static_cast<std::uint32_t>(job_id % slots) * busiest;
+}
+
 /// Builds this task's TfConfig from Slurm's variables, read through `env`:
 ///   SLURM_PROCID                                             this task's rank in the step
+///   SLURM_STEP_ID, else SLURM_STEPID                         that srun launched it
 ///   SLURM_STEP_NUM_TASKS, else SLURM_NTASKS                  the step's number of tasks
 ///   SLURM_STEP_NODELIST, else SLURM_JOB_NODELIST             its nodes (a hostlist)
 ///   SLURM_STEP_TASKS_PER_NODE, else SLURM_TASKS_PER_NODE     tasks on each node
+///   SLURM_JOB_ID, else SLURM_JOBID                           only for the derived port base
+///   SLURMD_NODENAME (if set)                                 the node this task runs on
 /// (the step's own variables first, as the rank counts within the step). Ranks fill the nodes
-/// in nodelist order, which is Slurm's default block distribution (`--distribution=cyclic`
-/// would place them otherwise, and is not supported); the i-th task on a node gets
-/// "host:port_base+i", and the ranks go to `jobs` in their order (TensorFlow's resolver sorts
-/// them by name; an explicit order says which rank is which). The result is what
-/// parse_tf_config would return for the equivalent TF_CONFIG. Throws kInvalidArgument
-/// ("Slurm: ...") naming the problem: a missing or malformed variable, a node count that
+/// in nodelist order, which is Slurm's default block distribution; the i-th task on a node
+/// gets "host:port_base+i", where port_base is `port_base`, or when nullopt
+/// derived_slurm_port_base(job id, most tasks on a node); the ranks go to `jobs` in their order
+/// (TensorFlow's resolver sorts them by name; an explicit order says which rank is which). The
+/// result is what parse_tf_config would return for the equivalent TF_CONFIG.
+///
+/// Two launches that would otherwise hang are refused: a batch script (or an salloc shell)
+/// that ran the program itself instead of through srun, which Slurm gives SLURM_PROCID=0 but
+/// no step id; and a task whose node (SLURMD_NODENAME) is not the one its rank maps to, as
+/// under `--distribution=cyclic`, which is not supported. Throws kInvalidArgument ("Slurm:
+/// ...") naming the problem: those two, a missing or malformed variable, a node count that
 /// differs from the tasks-per-node entries, a host listed twice, task counts that disagree,
 /// a rank out of range, a port over 65535, or bad `jobs` (see parse_slurm_jobs).
 template <SlurmEnvironment Env>
-TfConfig slurm_config(const SlurmJobs& jobs, std::uint32_t port_base, Env&& env) {
+TfConfig slurm_config(const SlurmJobs& jobs, std::optional<std::uint32_t> port_base, Env&& env) {
   using detail::slurm_error;
   const SlurmJobs checked = detail::checked_slurm_jobs(jobs);
 
@@ -255,16 +291,18 @@ TfConfig slurm_config(const SlurmJobs& jobs, std::uint32_t port_base, Env&& env)
     std::string name;
     std::string value;
   };
-  auto read = [&](std::string_view name, std::string_view fallback = {}) -> Variable {
-    for (std::string_view n : {name, fallback}) {
-      if (n.empty()) continue;
+  // The first of `names` that is set and not empty.
+  auto find = [&](std::initializer_list<std::string_view> names) -> std::optional<Variable> {
+    for (std::string_view n : names) {
       std::optional<std::string> value = std::invoke(env, n);
-      if (value && !value->empty()) return {std::string(n), std::move(*value)};
+      if (value && !value->empty()) return Variable{std::string(n), std::move(*value)};
     }
-    const std::string unset = fallback.empty() ? std::string(name) + " is not set"
-                                               : "neither " + std::string(name) + " nor " +
-                                                     std::string(fallback) + " is set";
-    throw slurm_error(unset + " (not inside a Slurm step?)");
+    return std::nullopt;
+  };
+  auto read = [&](std::string_view name, std::string_view fallback) -> Variable {
+    if (std::optional<Variable> v = find({name, fallback})) return std::move(*v);
+    throw slurm_error("neither " + std::string(name) + " nor " + std::string(fallback) +
+                      " is set (not inside a Slurm step?)");
   };
   auto number = [](const Variable& v) {
     const auto n = detail::slurm_number(v.value);
@@ -273,11 +311,21 @@ TfConfig slurm_config(const SlurmJobs& jobs, std::uint32_t port_base, Env&& env)
     }
     return *n;
   };
-  const Variable procid = read("SLURM_PROCID");
+  const std::optional<Variable> procid = find({"SLURM_PROCID"});
+  if (!procid) throw slurm_error("SLURM_PROCID is not set (not inside a Slurm step?)");
+  const std::uint64_t rank = number(*procid);
+  // srun sets the step id for its tasks; the batch step (and salloc's interactive one) has
+  // none, though Slurm gives its one process SLURM_PROCID=0, which would make it rank 0.
+  const std::optional<Variable> step = find({"SLURM_STEP_ID", "SLURM_STEPID"});
+  if (!step) {
+    throw slurm_error(
+        "SLURM_PROCID is set but SLURM_STEP_ID is not: this is a batch script, not a task srun "
+        "launched; launch the tasks with srun, as in `srun -K ./program --slurm-jobs ...`");
+  }
+  number(*step);  // refused, as any variable, when it is not a number
   const Variable ntasks_var = read("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS");
   const Variable nodelist = read("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST");
   const Variable per_node_var = read("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE");
-  const std::uint64_t rank = number(procid);
   const std::uint64_t ntasks = number(ntasks_var);
   const std::vector<std::string> hosts = expand_slurm_hostlist(nodelist.value);
   const std::vector<std::uint32_t> per_node = expand_slurm_tasks_per_node(per_node_var.value);
@@ -313,19 +361,30 @@ TfConfig slurm_config(const SlurmJobs& jobs, std::uint32_t port_base, Env&& env)
     throw slurm_error("SLURM_PROCID " + std::to_string(rank) + " is out of range: the step has " +
                       std::to_string(ntasks) + " task(s)");
   }
-  const std::uint64_t busiest = *std::max_element(per_node.begin(), per_node.end());
-  if (port_base == 0 || port_base + busiest - 1 > 65535) {
-    throw slurm_error("port base " + std::to_string(port_base) + " with " +
-                      std::to_string(busiest) + " task(s) on a node needs ports " +
-                      std::to_string(port_base) + ".." + std::to_string(port_base + busiest - 1) +
-                      ", outside 1..65535");
+  std::size_t node = 0;      // the node `rank` runs on under block distribution
+  std::uint64_t before = 0;  // the tasks on the nodes before `node`
+  while (before + per_node[node] <= rank) before += per_node[node++];
+  if (const std::optional<Variable> here = find({"SLURMD_NODENAME"});
+      here && here->value != hosts[node]) {
+    throw slurm_error("rank " + std::to_string(rank) + " maps to node \"" + hosts[node] + "\" in " +
+                      nodelist.name + ", but this task runs on \"" + here->value +
+                      "\" (SLURMD_NODENAME): launch with srun's default --distribution=block");
+  }
+  const std::uint32_t busiest = *std::max_element(per_node.begin(), per_node.end());
+  const std::uint32_t base =
+      port_base ? *port_base
+                : derived_slurm_port_base(number(read("SLURM_JOB_ID", "SLURM_JOBID")), busiest);
+  if (base == 0 || std::uint64_t{base} + busiest - 1 > 65535) {
+    throw slurm_error("port base " + std::to_string(base) + " with " + std::to_string(busiest) +
+                      " task(s) on a node needs ports " + std::to_string(base) + ".." +
+                      std::to_string(std::uint64_t{base} + busiest - 1) + ", outside 1..65535");
   }
 
   std::vector<std::string> addresses;
   addresses.reserve(ntasks);
-  for (std::size_t node = 0; node < hosts.size(); ++node) {
-    for (std::uint32_t i = 0; i < per_node[node]; ++i) {
-      addresses.push_back(hosts[node] + ":" + std::to_string(port_base + i));
+  for (std::size_t n = 0; n < hosts.size(); ++n) {
+    for (std::uint32_t i = 0; i < per_node[n]; ++i) {
+      addresses.push_back(hosts[n] + ":" + std::to_string(base + i));
     }
   }
   TfConfig config;
@@ -342,9 +401,10 @@ TfConfig slurm_config(const SlurmJobs& jobs, std::uint32_t port_base, Env&& env)
 }
 
 /// slurm_config over this process's environment; nullopt when SLURM_PROCID is unset or empty,
-/// that is, outside a Slurm step. Throws as slurm_config does.
+/// that is, outside a Slurm job. `port_base` nullopt: derived from the job id. Throws as
+/// slurm_config does (in a batch script that did not use srun, too).
 inline std::optional<TfConfig> slurm_config_from_environment(
-    const SlurmJobs& jobs, std::uint32_t port_base = kSlurmPortBase) {
+    const SlurmJobs& jobs, std::optional<std::uint32_t> port_base = std::nullopt) {
   const char* rank = std::getenv("SLURM_PROCID");
   if (rank == nullptr || *rank == '\0') return std::nullopt;
   return slurm_config(jobs, port_base, [](std::string_view name) -> std::optional<std::string> {

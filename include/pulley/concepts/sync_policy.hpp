@@ -70,6 +70,15 @@ struct Token {
 ///     it took and did not push for, so a vanished taker cannot hold a step up (a token is
 ///     a lease). The worker, or a process restarted in its place, may take tokens again; a
 ///     worker that pushed for a step still may not take a second token of it when R <= N.
+///   - `p.on_worker_lost(pacer, worker)` → `Verdict`: the ps holds `worker` lost (its
+///     heartbeats stopped): stop waiting for it. kReady when that completes the update in
+///     progress (the ps then takes and applies it as after a push), else kPending. The
+///     policy gives back its tokens as `release` does. `p.on_worker_back(pacer, worker)` →
+///     void: its heartbeats came back; it counts again from the step in progress. A throw
+///     from either fails the ps. Without them a lost worker is only released, and the
+///     policy waits for it.
+///   - `p.awaited(pacer)` → `std::vector<std::uint32_t>`: the workers the next step waits
+///     for; the ps quotes each with how long ago it last heard it.
 ///
 /// Semantic contract:
 ///   - the ps calls `on_push` once per push message, after checking it and before touching
@@ -143,6 +152,36 @@ void release(const P& policy, typename P::Pacer& pacer, std::uint32_t worker) no
   if constexpr (requires { policy.release(pacer, worker); }) {
     static_assert(noexcept(policy.release(pacer, worker)), "SyncPolicy::release must be noexcept");
     policy.release(pacer, worker);
+  }
+}
+
+/// Tells the policy `worker` is lost (`on_worker_lost`; without it, `release`): kReady
+/// when the update in progress is complete without it.
+template <SyncPolicy P>
+Verdict worker_lost(const P& policy, typename P::Pacer& pacer, std::uint32_t worker) {
+  if constexpr (requires { { policy.on_worker_lost(pacer, worker) } -> std::same_as<Verdict>; }) {
+    return policy.on_worker_lost(pacer, worker);
+  } else {
+    release(policy, pacer, worker);
+    return Verdict::kPending;
+  }
+}
+
+/// Tells the policy a lost `worker` is back (`on_worker_back`, if it has one).
+template <SyncPolicy P>
+void worker_back(const P& policy, typename P::Pacer& pacer, std::uint32_t worker) {
+  if constexpr (requires { policy.on_worker_back(pacer, worker); }) {
+    policy.on_worker_back(pacer, worker);
+  }
+}
+
+/// The workers the next step waits for (`awaited`), or none when the policy does not say.
+template <SyncPolicy P>
+std::vector<std::uint32_t> awaited(const P& policy, const typename P::Pacer& pacer) {
+  if constexpr (requires { { policy.awaited(pacer) } -> std::convertible_to<std::vector<std::uint32_t>>; }) {
+    return policy.awaited(pacer);
+  } else {
+    return {};
   }
 }
 

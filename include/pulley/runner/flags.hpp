@@ -17,7 +17,7 @@ namespace pulley {
 /// Adds the flags that describe a job (JobFlags) to a CLI11 app, in a "Cluster" group:
 ///   --ps N --workers N                     every task in this process (the default)
 ///   --job TYPE --task I --ps-hosts H:P,... --worker-hosts H:P,... [--chief-host H:P]
-///   --slurm-jobs ps:1,worker:2,chief:1 [--slurm-port-base 8888]
+///   --slurm-jobs ps:1,worker:2,chief:1 [--slurm-port-base PORT]
 ///   [--job-name NAME] [--secret-file PATH]  what every connection proves (credentials.hpp)
 /// or none of them, with TF_CONFIG set. Numbers out of range are refused by CLI11. It also
 /// makes a parse error print one line (the app's name, the error) instead of the usage.
@@ -45,7 +45,8 @@ inline void add_job_flags(CLI::App& app, JobFlags& flags) {
                  "under srun: the step's ranks by job, in order, e.g. ps:1,worker:2,chief:1")
       ->group(group);
   app.add_option("--slurm-port-base", flags.slurm_port_base,
-                 "under srun: the port of the first task on each node (the i-th: base + i)")
+                 "under srun: the port of the first task on each node (the i-th: base + i; "
+                 "default: derived from SLURM_JOB_ID, in 20000..32767)")
       ->check(CLI::Range(1, 65535))
       ->group(group);
   app.add_option("--job-name", flags.job_name,
@@ -126,6 +127,24 @@ inline void add_limit_flags(CLI::App& app, ClientOptions& client, TcpOptions& tc
   millis("--ps-linger-ms", server.linger, "ps: answering after training ended, while clients stay");
   millis("--ps-orphaned-after-ms", server.orphaned_after,
          "ps: giving up once every client left without the chief ending training");
+  millis("--recovery-timeout-ms", client.recovery_timeout,
+         "waiting for lost ps tasks to be back and restored, before failing");
+  millis("--heartbeat-interval-ms", client.heartbeat_interval,
+         "workers: how often each tells every ps it is alive");
+}
+
+/// add_limit_flags, and the ps tasks' worker timeout (`Training::worker_timeout`):
+///   --worker-timeout-ms MS   a worker silent this long is held lost; training goes on
+inline void add_limit_flags(CLI::App& app, ClientOptions& client, TcpOptions& tcp,
+                            TcpServerOptions& server, std::chrono::milliseconds& worker_timeout) {
+  add_limit_flags(app, client, tcp, server);
+  app.add_option_function<std::int64_t>(
+         "--worker-timeout-ms",
+         [&worker_timeout](std::int64_t ms) { worker_timeout = std::chrono::milliseconds(ms); },
+         "ps: a worker whose heartbeats stop for this long is held lost, and training goes on "
+         "without it (default 5000)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40))
+      ->group("Limits");
 }
 
 }  // namespace pulley

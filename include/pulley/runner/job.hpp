@@ -55,11 +55,13 @@ struct JobFlags {
   std::vector<std::string> worker_hosts;  ///< "host:port" of every worker
   std::string chief_host;                 ///< "host:port" of the chief, if it has its own task
   std::string slurm_jobs;                 ///< e.g. "ps:1,worker:2,chief:1": the step's ranks
-  std::uint32_t slurm_port_base = kSlurmPortBase;  ///< the first task on a node listens here
-  std::uint32_t ps = 1;                   ///< ps tasks when in-process
-  std::uint32_t workers = 2;              ///< workers when in-process
-  std::string job_name;     ///< the job's name in handshakes ("": derived, credentials.hpp)
-  std::string secret_file;  ///< a file holding the job's shared secret ("": see credentials.hpp)
+  /// The port of the first task on each node under Slurm; nullopt: derived from the job id
+  /// (derived_slurm_port_base), so that two jobs sharing a node do not collide.
+  std::optional<std::uint32_t> slurm_port_base;
+  std::uint32_t ps = 1;       ///< ps tasks when in-process
+  std::uint32_t workers = 2;  ///< workers when in-process
+  std::string job_name;       ///< the job's name in handshakes ("": derived, credentials.hpp)
+  std::string secret_file;    ///< a file holding the job's shared secret ("": see credentials.hpp)
 };
 
 /// The job `flags` describe (see JobFlags for the order). Throws kInvalidArgument naming the
@@ -76,8 +78,8 @@ inline Job resolve_job(const JobFlags& flags) {
     if (!flags.job.empty()) {
       throw Error(ErrorCode::kInvalidArgument, "--slurm-jobs and --job exclude each other");
     }
-    job.cluster = slurm_config_from_environment(parse_slurm_jobs(flags.slurm_jobs),
-                                                flags.slurm_port_base);
+    job.cluster =
+        slurm_config_from_environment(parse_slurm_jobs(flags.slurm_jobs), flags.slurm_port_base);
     if (!job.cluster) {
       throw Error(ErrorCode::kInvalidArgument,
                   "--slurm-jobs needs a Slurm step (SLURM_PROCID is unset): run it under srun");

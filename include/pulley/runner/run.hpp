@@ -24,7 +24,9 @@
 #include "pulley/concepts/sharding.hpp"
 #include "pulley/concepts/sync_policy.hpp"
 #include "pulley/detail/finite.hpp"
+#include "pulley/detail/recovery.hpp"
 #include "pulley/evaluator.hpp"
+#include "pulley/heartbeat.hpp"
 #include "pulley/log.hpp"
 #include "pulley/parameter_server.hpp"
 #include "pulley/runner/job.hpp"
@@ -54,6 +56,26 @@ struct DataShard {
   /// (sync, R = N) skips that many batches, and a resumed job then reads what the
   /// uninterrupted one would have.
   std::int64_t start_step = 0;
+  /// The workers the ps tasks hold lost now (their heartbeats stopped), ascending; empty
+  /// when none is, or when nobody tracks it. See `share`.
+  std::function<std::vector<std::uint32_t>()> lost;
+
+  /// This worker's share among the workers not lost: {its rank among them, their count}.
+  /// A source that splits each epoch's data by `share()` at the epoch's start hands a lost
+  /// worker's data to the others from the next epoch on (and takes it back when it
+  /// returns); with no worker lost it is {index, count}. While workers disagree on who is
+  /// lost (a heartbeat apart), an epoch may read a few batches twice or not at all.
+  [[nodiscard]] std::pair<std::uint32_t, std::uint32_t> share() const {
+    const std::vector<std::uint32_t> gone = lost ? lost() : std::vector<std::uint32_t>{};
+    if (std::binary_search(gone.begin(), gone.end(), index)) return {index, count};
+    std::uint32_t rank = index, live = count;
+    for (const std::uint32_t w : gone) {
+      if (w >= count) continue;
+      --live;
+      if (w < index) --rank;
+    }
+    return {rank, live};
+  }
 };
 
 /// Where and how often the chief writes checkpoints (TensorFlow's MonitoredTrainingSession
@@ -97,6 +119,9 @@ struct Training {
   TcpOptions tcp;
   /// How a ps serves, in a cluster of processes (its credentials are the Job's).
   TcpServerOptions server;
+  /// The ps tasks hold a worker lost when its heartbeats (every `client.heartbeat_interval`)
+  /// stop for this long, and training goes on without it (SyncReplicas, BoundedStaleness).
+  std::chrono::milliseconds worker_timeout{std::chrono::seconds(5)};
 };
 
 namespace runner_detail {
@@ -135,11 +160,13 @@ inline void check_finite(const Snapshot& shot, const std::vector<VariableSpec>& 
   }
 }
 
-/// A worker: steps until training is over.
-template <Model M, Transport T>
+/// A worker: steps until training is over, beating its heart on a transport of its own
+/// (`connect()` makes each).
+template <Model M, class Connect>
 void work(const Training<M>& training, std::uint32_t index, std::uint32_t num_workers,
-          T transport) {
-  Worker worker(index, training.model(), std::move(transport), training.client);
+          Connect connect) {
+  HeartbeatSender heartbeat(index, connect(), training.client.heartbeat_interval);
+  Worker worker(index, training.model(), connect(), training.client);
   std::int64_t start_step = 0;
   try {
     worker.wait_ready();
@@ -149,7 +176,8 @@ void work(const Training<M>& training, std::uint32_t index, std::uint32_t num_wo
     log(LogLevel::kInfo, "worker " + std::to_string(index) + ": training finished before it began");
     return;
   }
-  auto next = training.data(DataShard{index, num_workers, start_step});
+  auto next = training.data(
+      DataShard{index, num_workers, start_step, [&heartbeat] { return heartbeat.lost(); }});
   std::int64_t steps = 0;
   while (worker.step(next(), training.last_step)) ++steps;
   log(LogLevel::kInfo, "worker " + std::to_string(index) + ": training finished after " +
@@ -178,6 +206,35 @@ ModelState save_checkpoint(Chief<T>& chief, CheckpointDirectory& directory, std:
   return state;
 }
 
+/// After losing a ps (`lost`): waits until every ps answers again (a restarted one, or a
+/// new one on its address), then restores them all from the newest checkpoint in
+/// `checkpoints` (or `initial`), at a new epoch; returns its global step. The updates
+/// applied since that checkpoint are lost (each ps logs how many). Throws kUnavailable once
+/// `ClientOptions::recovery_timeout` passes without every ps back.
+template <Transport T>
+std::int64_t roll_back(Chief<T>& chief, const Error& lost, const CheckpointDirectory* checkpoints,
+                       const std::optional<ModelState>& initial, const ClientOptions& options) {
+  std::optional<std::pair<ModelState, std::filesystem::path>> latest;
+  if (checkpoints != nullptr) latest = checkpoints->latest();
+  if (!latest && !initial) throw lost;  // nothing to roll back to
+  const ModelState& target = latest ? latest->first : *initial;
+  const std::string from = latest ? latest->second.string() : std::string("the initial values");
+  detail::Recovery recovery("chief", options);
+  for (Error failure = lost;;) {
+    recovery.wait(failure);
+    try {
+      chief.restore(target);
+      log(LogLevel::kWarning, "chief: every ps restored from " + from + " at global step " +
+                                  std::to_string(target.global_step) + " after " +
+                                  std::to_string(recovery.tries()) + " tries; training goes on");
+      return target.global_step;
+    } catch (const Error& e) {
+      if (!detail::Recovery::may_recover(e.code())) throw;
+      failure = e;
+    }
+  }
+}
+
 /// The chief: initializes (or resumes from the newest checkpoint), evaluates and saves
 /// checkpoints along the way, and ends training (or aborts it, with the reason, when
 /// anything fails). A checkpoint due at an evaluation's step is cut exactly there, and the
@@ -193,6 +250,9 @@ void lead(const Training<M>& training, T transport) {
     const bool by_steps = checkpoints && every.save_steps > 0;
     const bool by_time = checkpoints && every.save_secs.count() > 0;
     std::int64_t step = 0;
+    // Where a lost ps rolls the job back to: the newest checkpoint, or (without a
+    // checkpoint directory) the initial values, kept here.
+    std::optional<ModelState> initial;
     if (auto latest = checkpoints ? checkpoints->latest() : std::nullopt) {
       chief.restore(latest->first);
       step = latest->first.global_step;
@@ -200,6 +260,11 @@ void lead(const Training<M>& training, T transport) {
                                std::to_string(step));
     } else {
       chief.initialize(model.variables());
+      if (checkpoints) {
+        save_checkpoint(chief, *checkpoints, 0);  // step 0, as TensorFlow's saver does
+      } else {
+        initial = chief.save_state();
+      }
     }
     const auto start = Clock::now();
     const std::int64_t start_step = step;
@@ -209,6 +274,7 @@ void lead(const Training<M>& training, T transport) {
     auto next = std::upper_bound(evaluations.begin(), evaluations.end(), step);
     if (step >= training.last_step) next = std::prev(evaluations.end());
     while (next != evaluations.end()) {
+     try {
       const bool last = std::next(next) == evaluations.end();
       // What is due next: an evaluation, a checkpoint by steps (the last step has one),
       // or by time.
@@ -265,6 +331,16 @@ void lead(const Training<M>& training, T transport) {
                                  " samples/s");
       }
       ++next;
+     } catch (const Error& e) {
+      if (e.code() != ErrorCode::kUnavailable) throw;
+      // A ps was lost: once it (or a task in its place) is back, every ps is restored from
+      // the newest checkpoint, as TensorFlow's chief does, and training goes on from there.
+      step = roll_back(chief, e, checkpoints ? &*checkpoints : nullptr, initial, training.client);
+      saved_step = step;
+      last_save = Clock::now();
+      next = std::upper_bound(evaluations.begin(), evaluations.end(), step);
+      if (step >= training.last_step) next = std::prev(evaluations.end());
+     }
     }
     chief.shutdown();
     log(LogLevel::kInfo, "chief: training finished at global step " +
@@ -287,7 +363,20 @@ void follow(const Training<M>& training, T transport) {
     evaluator.wait_ready(model.variables());
     const auto steps = evaluation_steps(training.evaluate_every, training.last_step);
     for (const std::int64_t step : steps) {
-      const Snapshot shot = evaluator.snapshot(step);
+      std::optional<detail::Recovery> recovery;  // a lost ps: wait until the job is back
+      std::optional<Snapshot> read;
+      while (!read) {
+        try {
+          if (recovery) evaluator.wait_ready(model.variables());  // at the new epoch
+          read = evaluator.snapshot(step);
+        } catch (const Error& e) {
+          // A read refused kFailedPrecondition: the job was rolled back since it looked.
+          if (!detail::Recovery::may_recover(e.code()) && e.code() != ErrorCode::kFailedPrecondition) throw;
+          if (!recovery) recovery.emplace("evaluator", training.client);
+          recovery->wait(e);
+        }
+      }
+      const Snapshot& shot = *read;
       Evaluation evaluation;
       evaluation.role = Node::Job::kEvaluator;
       evaluation.step = shot.step;
@@ -322,10 +411,10 @@ void serve(const Training<M>& training, const TfConfig& config, const Credential
       address.host == "localhost" || address.host.starts_with("127.") || address.host == "::1";
   const std::string bind =
       loopback ? address.host : (address.host.find(':') != std::string::npos ? "::" : "0.0.0.0");
-  TcpServer server(ParameterServer<S, O, P>(task, static_cast<std::uint32_t>(hosts.size()),
-                                            std::move(optimizer), std::move(sync),
-                                            std::move(sharding)),
-                   bind, address.port, with(training.server, credentials));
+  ParameterServer<S, O, P> ps(task, static_cast<std::uint32_t>(hosts.size()), std::move(optimizer),
+                              std::move(sync), std::move(sharding));
+  ps.set_worker_timeout(training.worker_timeout);
+  TcpServer server(std::move(ps), bind, address.port, with(training.server, credentials));
   log(LogLevel::kInfo, "ps " + std::to_string(task) + " serving on " + address.to_string() +
                            " (listening on " + bind + ":" + std::to_string(server.port()) + ")");
   server.run();
@@ -382,7 +471,9 @@ void run_in_process(const Job& job, const Training<M>& training, S sharding, O o
                     P sync) {
   InProcessNetwork network(job.local_ps);
   for (std::uint32_t i = 0; i < job.local_ps; ++i) {
-    network.serve(ParameterServer<S, O, P>(i, job.local_ps, optimizer, sync, sharding));
+    ParameterServer<S, O, P> ps(i, job.local_ps, optimizer, sync, sharding);
+    ps.set_worker_timeout(training.worker_timeout);
+    network.serve(std::move(ps));
   }
   Failure failure;
   auto fail = [&](const std::string& who, const std::exception& e) {
@@ -394,7 +485,7 @@ void run_in_process(const Job& job, const Training<M>& training, S sharding, O o
   for (std::uint32_t w = 0; w < job.local_workers; ++w) {
     workers.emplace_back([&, w] {
       try {
-        work(training, w, job.local_workers, InProcess(network, Node::worker(w)));
+        work(training, w, job.local_workers, [&] { return InProcess(network, Node::worker(w)); });
       } catch (const std::exception& e) {
         fail("worker " + std::to_string(w), e);
       }
@@ -439,7 +530,7 @@ void run_task(const TfConfig& config, const Credentials& credentials, const Trai
       }
     });
     try {
-      work(training, 0, num_workers, transport(Node::worker(0)));
+      work(training, 0, num_workers, [&] { return transport(Node::worker(0)); });
     } catch (const std::exception& e) {
       // The chief thread may be waiting for steps this worker will not push: end the job.
       try {
@@ -454,7 +545,8 @@ void run_task(const TfConfig& config, const Credentials& credentials, const Trai
     chief.join();
     if (chief_failure) std::rethrow_exception(chief_failure);
   } else {
-    work(training, config.task.index, num_workers, transport(Node::worker(config.task.index)));
+    work(training, config.task.index, num_workers,
+         [&] { return transport(Node::worker(config.task.index)); });
   }
 }
 

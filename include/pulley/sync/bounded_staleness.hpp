@@ -27,8 +27,11 @@ namespace pulley {
 /// there. s = 0 is lockstep; `kUnbounded` never waits, which is Async with tokens.
 ///
 /// A worker that dies holds the others back once they are s clocks ahead: its clock no
-/// longer moves. Their token requests then wait, and their client reports, at its
-/// deadline, what the ps waits for ("worker 2 at clock 5").
+/// longer moves. Their token requests then wait, and their client reports what the ps
+/// waits for ("worker 2 at clock 5"), until the ps holds the worker lost (its heartbeats
+/// stopped, parameter_server.hpp): the slowest clock is then taken over the others. A
+/// lost worker that comes back starts at the slowest clock (its clocks in between are
+/// skipped; what it pushes for them is stale), so the global step never goes back.
 class BoundedStaleness {
  public:
   /// A staleness bound that never binds.
@@ -58,7 +61,8 @@ class BoundedStaleness {
   /// Every worker's clock as this ps has seen it.
   struct Pacer {
     std::vector<std::int64_t> clocks;  ///< by worker: steps pushed
-    std::int64_t slowest = 0;          ///< the lowest clock: the global step
+    std::int64_t slowest = 0;          ///< the lowest clock of a worker not lost: the global step
+    std::vector<char> lost;            ///< by worker: held lost by the ps
   };
 
   /// An accumulator for n-element gradients.
@@ -72,7 +76,8 @@ class BoundedStaleness {
 
   /// Every worker at clock 0.
   [[nodiscard]] Pacer make_pacer() const {
-    return {std::vector<std::int64_t>(static_cast<std::size_t>(total_num_replicas_), 0), 0};
+    const auto n = static_cast<std::size_t>(total_num_replicas_);
+    return {std::vector<std::int64_t>(n, 0), 0, std::vector<char>(n, 0)};
   }
 
   /// A push for the worker's clock moves it on and is applied at once. A push for a clock
@@ -88,8 +93,31 @@ class BoundedStaleness {
     }
     if (local_step < clock) return Verdict::kStale;
     ++clock;
-    pacer.slowest = *std::min_element(pacer.clocks.begin(), pacer.clocks.end());
+    update_slowest(pacer);
     return Verdict::kReady;
+  }
+
+  /// Takes the slowest clock over the other workers from now on.
+  Verdict on_worker_lost(Pacer& pacer, std::uint32_t worker) const {
+    if (worker < pacer.lost.size()) pacer.lost[worker] = 1;
+    update_slowest(pacer);
+    return Verdict::kPending;  // every push was applied as it came: nothing is pending
+  }
+
+  /// Counts `worker` again, from the slowest clock if it fell behind.
+  void on_worker_back(Pacer& pacer, std::uint32_t worker) const {
+    if (worker >= pacer.lost.size()) return;
+    pacer.lost[worker] = 0;
+    pacer.clocks[worker] = std::max(pacer.clocks[worker], pacer.slowest);
+  }
+
+  /// The workers at the slowest clock (the others wait for them once s clocks ahead).
+  [[nodiscard]] std::vector<std::uint32_t> awaited(const Pacer& pacer) const {
+    std::vector<std::uint32_t> workers;
+    for (std::uint32_t w = 0; w < pacer.clocks.size(); ++w) {
+      if (pacer.lost[w] == 0 && pacer.clocks[w] == pacer.slowest) workers.push_back(w);
+    }
+    return workers;
   }
 
   /// The slowest worker's clock.
@@ -115,15 +143,17 @@ class BoundedStaleness {
     const std::int64_t slowest = *std::min_element(state.begin(), state.end());
     std::vector<std::int64_t> clocks(static_cast<std::size_t>(total_num_replicas_), slowest);
     std::copy_n(state.begin(), std::min(state.size(), clocks.size()), clocks.begin());
-    pacer.slowest = *std::min_element(clocks.begin(), clocks.end());
+    pacer.lost.assign(clocks.size(), 0);  // who is lost is the ps's to say, not the checkpoint's
     pacer.clocks = std::move(clocks);
+    pacer.slowest = 0;
+    update_slowest(pacer);
   }
 
   /// "the slowest: worker 2 at clock 5 (fastest: 8, staleness 3)"
   [[nodiscard]] std::string waiting_for(const Pacer& pacer) const {
     std::string slowest;
     for (std::size_t w = 0; w < pacer.clocks.size(); ++w) {
-      if (pacer.clocks[w] != pacer.slowest) continue;
+      if (pacer.clocks[w] != pacer.slowest || pacer.lost[w] != 0) continue;
       slowest += (slowest.empty() ? "worker " : ", worker ") + std::to_string(w);
     }
     return "the slowest: " + slowest + " at clock " + std::to_string(pacer.slowest) +
@@ -133,6 +163,18 @@ class BoundedStaleness {
   }
 
  private:
+  /// The lowest clock of the workers not lost; it never goes back (nor moves while every
+  /// worker is lost).
+  static void update_slowest(Pacer& pacer) {
+    std::int64_t slowest = std::numeric_limits<std::int64_t>::max();
+    for (std::size_t w = 0; w < pacer.clocks.size(); ++w) {
+      if (pacer.lost[w] == 0) slowest = std::min(slowest, pacer.clocks[w]);
+    }
+    if (slowest != std::numeric_limits<std::int64_t>::max()) {
+      pacer.slowest = std::max(pacer.slowest, slowest);
+    }
+  }
+
   [[nodiscard]] std::int64_t read_step(std::int64_t clock) const {
     return clock > staleness_ ? clock - staleness_ : 0;
   }

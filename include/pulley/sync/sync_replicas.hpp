@@ -35,6 +35,16 @@ namespace pulley {
 ///   - R >  N: fast workers take several tokens and contribute several batches to a step.
 ///   - R <  N: N - R workers are backups; the slowest gradients of a step arrive stale and
 ///     are dropped, so one slow or dead worker does not stall training.
+///
+/// Lost workers (a deviation from TensorFlow, which waits for them forever): when the ps
+/// holds a worker lost (its heartbeats stopped, parameter_server.hpp), a step needs
+/// min(R, N - L) fresh gradients (at least 1), where L counts the lost workers that have
+/// not pushed for this step; with R > N it still needs R (the live workers take the lost
+/// one's tokens). The update is the mean of the fresh gradients the step got: those of the
+/// live workers, and the lost worker's own if it pushed before it was lost. A step that
+/// already has them all completes the moment the worker is lost. A lost worker whose
+/// heartbeats come back counts again from the step in progress; what it pushes for a step
+/// that completed without it is stale and dropped.
 class SyncReplicas {
  public:
   /// @param replicas_to_aggregate R, gradients averaged into one update (≥ 1)
@@ -69,6 +79,7 @@ class SyncReplicas {
     std::map<std::uint32_t, std::int64_t> taken;  ///< tokens of `step` taken, by worker
     std::map<std::uint32_t, std::int64_t> held;   ///< ... and not pushed for yet
     std::set<std::uint32_t> pushed;               ///< workers with a fresh push of `step`
+    std::set<std::uint32_t> lost;                 ///< workers the ps holds lost
   };
 
   /// An empty accumulator for n-element gradients.
@@ -96,7 +107,7 @@ class SyncReplicas {
   }
 
   /// Step 0, with max(R, N) tokens.
-  [[nodiscard]] Pacer make_pacer() const { return {0, 0, tokens_per_step(), {}, {}, {}}; }
+  [[nodiscard]] Pacer make_pacer() const { return {0, 0, tokens_per_step(), {}, {}, {}, {}}; }
 
   /// Stale if tagged before the current step; the R-th fresh push completes the step.
   Verdict on_push(Pacer& pacer, std::uint32_t worker, std::int64_t local_step) const {
@@ -109,14 +120,32 @@ class SyncReplicas {
         --held->second;
       }
     }
-    if (++pacer.fresh < replicas_to_aggregate_) return Verdict::kPending;
-    ++pacer.step;
-    pacer.fresh = 0;
-    pacer.tokens_left = tokens_per_step();  // the old step's untaken tokens are withdrawn
-    pacer.taken.clear();
-    pacer.held.clear();
-    pacer.pushed.clear();
+    if (++pacer.fresh < required(pacer)) return Verdict::kPending;
+    next_step(pacer);
     return Verdict::kReady;
+  }
+
+  /// Stops waiting for `worker` (and gives back its tokens): the step completes now if the
+  /// others' fresh gradients are all it needs.
+  Verdict on_worker_lost(Pacer& pacer, std::uint32_t worker) const {
+    pacer.lost.insert(worker);
+    release(pacer, worker);
+    if (pacer.fresh == 0 || pacer.fresh < required(pacer)) return Verdict::kPending;
+    next_step(pacer);
+    return Verdict::kReady;
+  }
+
+  /// Waits for `worker` again, from the step in progress.
+  void on_worker_back(Pacer& pacer, std::uint32_t worker) const { pacer.lost.erase(worker); }
+
+  /// The workers that have not pushed for the step in progress and are not lost (R <= N:
+  /// each owes one gradient; with R > N any of them may bring the rest).
+  [[nodiscard]] std::vector<std::uint32_t> awaited(const Pacer& pacer) const {
+    std::vector<std::uint32_t> workers;
+    for (std::uint32_t w = 0; w < static_cast<std::uint32_t>(total_num_replicas_); ++w) {
+      if (!pacer.pushed.contains(w) && !pacer.lost.contains(w)) workers.push_back(w);
+    }
+    return workers;
   }
 
   /// The global step: a checkpoint's cut has no step half aggregated (what was is redone).
@@ -165,15 +194,36 @@ class SyncReplicas {
     return Token{pacer.step, pacer.step, one_each ? pacer.step + 1 : pacer.step, true};
   }
 
-  /// "step 12: 1 of 2 gradients in, 0 of 2 tokens left"
+  /// "step 12: 1 of 2 gradients in, 0 of 2 tokens left" (of those the step needs: fewer
+  /// than R while workers are lost)
   [[nodiscard]] std::string waiting_for(const Pacer& pacer) const {
     return "step " + std::to_string(pacer.step) + ": " + std::to_string(pacer.fresh) + " of " +
-           std::to_string(replicas_to_aggregate_) + " gradients in, " +
+           std::to_string(required(pacer)) + " gradients in, " +
            std::to_string(pacer.tokens_left) + " of " + std::to_string(tokens_per_step()) +
            " tokens left";
   }
 
  private:
+  /// Fresh gradients the step in progress needs: R, less the lost workers that owe one.
+  [[nodiscard]] int required(const Pacer& pacer) const {
+    if (replicas_to_aggregate_ > total_num_replicas_) return replicas_to_aggregate_;
+    int owing = 0;
+    for (const std::uint32_t w : pacer.lost) {
+      if (w < static_cast<std::uint32_t>(total_num_replicas_) && !pacer.pushed.contains(w)) ++owing;
+    }
+    return std::max(1, std::min(replicas_to_aggregate_, total_num_replicas_ - owing));
+  }
+
+  /// Moves on to the next step, withdrawing the old step's untaken tokens.
+  void next_step(Pacer& pacer) const {
+    ++pacer.step;
+    pacer.fresh = 0;
+    pacer.tokens_left = tokens_per_step();
+    pacer.taken.clear();
+    pacer.held.clear();
+    pacer.pushed.clear();
+  }
+
   [[nodiscard]] std::int64_t tokens_per_step() const {
     return std::max(replicas_to_aggregate_, total_num_replicas_);
   }

@@ -1,0 +1,125 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "pulley/concepts/transport.hpp"
+#include "pulley/messages.hpp"
+
+namespace pulley {
+
+/// A worker's heartbeats: while it lives, a thread of its own sends `Heartbeat` to every ps
+/// task every `interval`, over a transport of its own (so a worker blocked on a token or
+/// computing a long step still beats). A ps that heard it once and then hears nothing for
+/// its worker timeout (`ParameterServer::set_worker_timeout`, default 5 s: keep `interval`
+/// well below it) holds the worker lost, and the sync policy stops waiting for it; the
+/// next heartbeat that arrives makes it count again. Destroying it says goodbye: the ps
+/// tasks forget the worker instead of holding it lost once it is quiet.
+///
+/// It also tells the worker which others are lost (`lost`), so that a data source can
+/// hand their share of the data to the workers that remain (runner/run.hpp's DataShard).
+///
+///     HeartbeatSender beat(index, InProcess(network, Node::worker(index)));
+///     Worker worker(index, model, InProcess(network, Node::worker(index)));
+template <Transport T>
+class HeartbeatSender {
+ public:
+  /// Starts beating at once, on its own thread, as worker `worker`.
+  HeartbeatSender(std::uint32_t worker, T transport,
+            std::chrono::milliseconds interval = std::chrono::seconds(1))
+      : worker_(worker), interval_(interval), transport_(std::move(transport)) {
+    thread_ = std::thread([this] { beat(); });
+  }
+
+  HeartbeatSender(const HeartbeatSender&) = delete;
+  HeartbeatSender& operator=(const HeartbeatSender&) = delete;
+
+  /// Stops beating, after telling the ps tasks the worker leaves (best effort, one
+  /// interval at most).
+  ~HeartbeatSender() {
+    {
+      std::scoped_lock lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+
+  /// The workers some ps task holds lost, as of the last beat answered, ascending.
+  [[nodiscard]] std::vector<std::uint32_t> lost() const {
+    std::scoped_lock lock(mutex_);
+    return lost_;
+  }
+
+  /// Beats that at least one ps task answered.
+  [[nodiscard]] std::uint64_t beats() const {
+    std::scoped_lock lock(mutex_);
+    return beats_;
+  }
+
+ private:
+  void beat() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      const bool leaving = stopping_;
+      lock.unlock();
+      std::set<std::uint32_t> lost;
+      const bool heard = send_all(leaving, lost);
+      lock.lock();
+      if (heard) {
+        lost_.assign(lost.begin(), lost.end());
+        ++beats_;
+      }
+      if (leaving) return;
+      wake_.wait_for(lock, interval_, [this] { return stopping_; });
+    }
+  }
+
+  /// One Heartbeat to every ps, answered within an interval or given up; true if any
+  /// answered. A ps that is down, or refuses, is simply not heard this time.
+  bool send_all(bool leaving, std::set<std::uint32_t>& lost) noexcept {
+    try {
+      std::vector<PendingCall> calls;
+      for (std::size_t ps = 0; ps < transport_.num_ps(); ++ps) {
+        calls.push_back(transport_.call(ps, Heartbeat{worker_, leaving}, {}));
+      }
+      const auto deadline = std::chrono::steady_clock::now() + interval_;
+      bool heard = false;
+      for (PendingCall& call : calls) {
+        if (!call.wait_until(deadline)) {
+          call.cancel();
+          continue;
+        }
+        const Response answer = call.take();
+        if (const auto* stats = std::get_if<StatsReply>(&answer)) {
+          heard = true;
+          lost.insert(stats->lost.begin(), stats->lost.end());
+        }
+      }
+      return heard;
+    } catch (...) {  // no memory, a transport that throws: try again next beat
+      return false;
+    }
+  }
+
+  std::uint32_t worker_;
+  std::chrono::milliseconds interval_;
+  T transport_;
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stopping_ = false;
+  std::vector<std::uint32_t> lost_;
+  std::uint64_t beats_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace pulley

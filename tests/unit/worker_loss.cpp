@@ -1,0 +1,159 @@
+// SPDX-License-Identifier: MIT
+// Workers that die, stall and come back, in-process: the ps tasks hold a worker whose
+// heartbeats stop lost, the step completes over the live workers and says whom it waited
+// for; a worker back takes tokens and counts again; one that leaves is not held lost.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "pulley/call_group.hpp"
+#include "pulley/chief.hpp"
+#include "pulley/heartbeat.hpp"
+#include "pulley/optimizers/sgd.hpp"
+#include "pulley/parameter_server.hpp"
+#include "pulley/sharding/round_robin.hpp"
+#include "pulley/sync/bounded_staleness.hpp"
+#include "pulley/sync/sync_replicas.hpp"
+#include "pulley/worker.hpp"
+#include "support/cluster.hpp"
+#include "support/linear_model.hpp"
+
+using namespace pulley;
+using namespace std::chrono_literals;
+using pulley::testing::Cluster;
+using pulley::testing::LinearBatch;
+using pulley::testing::LinearData;
+using pulley::testing::LinearModel;
+
+namespace {
+
+constexpr std::size_t kIn = 5, kOut = 3, kBatch = 4;
+constexpr auto kTimeout = 400ms;  // the ps tasks' worker timeout here
+constexpr auto kBeat = 40ms;
+
+LinearBatch batch_of(const LinearData& data, std::int64_t k) {
+  const auto row = static_cast<std::size_t>(k % 16) * kBatch;
+  return {std::span(data.x).subspan(row * kIn, kBatch * kIn),
+          std::span(data.y).subspan(row * kOut, kBatch * kOut)};
+}
+
+/// Every ps's StatsReply.
+template <class Net>
+std::vector<StatsReply> stats_of(Net& cluster, std::uint32_t num_ps) {
+  InProcess chief = cluster.endpoint(Node::chief());
+  CallGroup group;
+  for (std::uint32_t ps = 0; ps < num_ps; ++ps) group.add(chief.call(ps, GetStats{}, {}));
+  group.wait(5s, "stats");
+  std::vector<StatsReply> replies;
+  for (std::uint32_t ps = 0; ps < num_ps; ++ps) replies.push_back(group.take_as<StatsReply>(ps));
+  return replies;
+}
+
+/// A worker with heartbeats, stepping until `last_step`; returns its steps not stale.
+template <class Net>
+int train(Net& cluster, const LinearData& data, std::uint32_t w, std::int64_t last_step) {
+  HeartbeatSender beat(w, cluster.endpoint(Node::worker(w)), kBeat);
+  Worker worker(w, LinearModel(kIn, kOut), cluster.endpoint(Node::worker(w)));
+  worker.wait_ready();
+  int fresh = 0;
+  for (std::int64_t k = 0;; ++k) {
+    const auto result = worker.step(batch_of(data, k), last_step);
+    if (!result) return fresh;
+    if (result->stale_parts == 0) ++fresh;
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a worker that dies holding its token does not stall sync training and counts again once back") {
+  using Sync = Cluster<RoundRobin, Sgd, SyncReplicas>;
+  Sync cluster(2, Sgd{0.05F}, SyncReplicas(3, 3), RoundRobin{}, kTimeout);
+  const LinearData data(16 * kBatch, kIn, kOut, 4);
+  Chief chief(cluster.endpoint(Node::chief()), 7);
+  chief.initialize(LinearModel(kIn, kOut).variables());
+
+  // Worker 2 beats once, takes the token of step 0, and is never heard again.
+  InProcess ghost = cluster.endpoint(Node::worker(2));
+  for (std::uint32_t ps = 0; ps < 2; ++ps) {
+    CHECK(std::holds_alternative<StatsReply>(ghost.call(ps, Heartbeat{2, false}, {}).get()));
+  }
+  CHECK(std::holds_alternative<TokenReply>(ghost.call(0, TakeToken{2, 0}, {}).get()));
+
+  std::vector<std::thread> workers;
+  for (std::uint32_t w = 0; w < 2; ++w) {
+    workers.emplace_back([&, w] { CHECK(train(cluster, data, w, 20) > 0); });
+  }
+  // Before the timeout, step 0 waits for worker 2 and says so.
+  std::this_thread::sleep_for(150ms);
+  const std::string waiting = stats_of(cluster, 2).at(0).waiting_for;
+  CHECK(waiting.find("waiting for worker:2 (last heard") != std::string::npos);
+  for (std::thread& t : workers) t.join();  // then 20 steps without it
+
+  const auto lost = stats_of(cluster, 2);
+  for (const StatsReply& r : lost) {
+    CHECK(r.stats.global_step == 20);
+    CHECK(r.stats.workers_lost == 1);
+    CHECK(r.lost == std::vector<std::uint32_t>{2});
+  }
+
+  // All three, worker 2 back: its heartbeats make the steps wait for it again, and its
+  // gradients count.
+  workers.clear();
+  int back = 0;
+  workers.emplace_back([&] { back = train(cluster, data, 2, 40); });
+  for (int i = 0; i < 500 && !(stats_of(cluster, 2)[0].lost.empty() && stats_of(cluster, 2)[1].lost.empty()); ++i) {
+    std::this_thread::sleep_for(5ms);
+  }
+  for (std::uint32_t w = 0; w < 2; ++w) {
+    workers.emplace_back([&, w] { (void)train(cluster, data, w, 40); });
+  }
+  for (std::thread& t : workers) t.join();
+  CHECK(back == 20);  // every step waited for it again
+  const auto after = stats_of(cluster, 2);
+  CHECK(after.at(0).lost.empty());
+  CHECK(after.at(0).stats.global_step == 40);
+  chief.shutdown();
+}
+
+TEST_CASE("a worker that stalls under bounded staleness is passed by, and rejoins at the slowest clock") {
+  using Ssp = Cluster<RoundRobin, Sgd, BoundedStaleness>;
+  Ssp cluster(1, Sgd{0.05F}, BoundedStaleness(2, 2), RoundRobin{}, kTimeout);
+  const LinearData data(16 * kBatch, kIn, kOut, 5);
+  Chief chief(cluster.endpoint(Node::chief()), 7);
+  chief.initialize(LinearModel(kIn, kOut).variables());
+  InProcess ghost = cluster.endpoint(Node::worker(1));
+  CHECK(std::holds_alternative<StatsReply>(ghost.call(0, Heartbeat{1, false}, {}).get()));
+  std::thread w0([&] { CHECK(train(cluster, data, 0, 30) > 0); });
+  w0.join();  // 30 clocks while worker 1 stays at 0: it was held lost
+  CHECK(stats_of(cluster, 1).at(0).stats.workers_lost == 1);
+  int back = 0;
+  std::thread w1([&] { back = train(cluster, data, 1, 35); });
+  for (int i = 0; i < 500 && !stats_of(cluster, 1)[0].lost.empty(); ++i) std::this_thread::sleep_for(5ms);
+  std::thread w0b([&] { (void)train(cluster, data, 0, 35); });
+  w1.join();
+  w0b.join();
+  // From clock 30 (not 0) to the global step 35, and up to s = 2 clocks past it while
+  // worker 0 finishes: none of them stale.
+  CHECK(back >= 5);
+  CHECK(back <= 7);
+  CHECK(stats_of(cluster, 1).at(0).lost.empty());
+  chief.shutdown();
+}
+
+TEST_CASE("a worker that leaves says goodbye and is not held lost") {
+  using Sync = Cluster<RoundRobin, Sgd, SyncReplicas>;
+  Sync cluster(1, Sgd{0.05F}, SyncReplicas(1, 1), RoundRobin{}, kTimeout);
+  const LinearData data(16 * kBatch, kIn, kOut, 6);
+  Chief chief(cluster.endpoint(Node::chief()), 7);
+  chief.initialize(LinearModel(kIn, kOut).variables());
+  CHECK(train(cluster, data, 0, 5) == 5);
+  std::this_thread::sleep_for(kTimeout + 200ms);
+  const StatsReply r = stats_of(cluster, 1).at(0);
+  CHECK(r.stats.workers_lost == 0);
+  CHECK(r.lost.empty());
+  chief.shutdown();
+}
