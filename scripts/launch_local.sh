@@ -4,14 +4,17 @@
 # TF_CONFIG exactly as TensorFlow's launchers do:
 #
 #   scripts/launch_local.sh [--ps N] [--workers M] [--evaluator] [--ps-delay S]
-#                           [--binary PATH] [-- FLAGS...]
+#                           [--restart-failed K] [--binary PATH] [-- FLAGS...]
 #
 # N ps tasks (default 1), M workers (default 2), a chief and optionally an evaluator run PATH (default
 # build/examples/fashion_mnist) with FLAGS. Every output line is prefixed with its task
 # ("[worker:1] ..."). When the chief ends, the others get a few seconds to finish; when any
 # task fails, all are stopped. Exits 0 only if every task did. --ps-delay starts the ps
-# tasks S seconds after the others, to show that clients wait for them. The tasks share a
-# fresh PULLEY_SECRET (or the one exported).
+# tasks S seconds after the others, to show that clients wait for them. --restart-failed K
+# starts a ps or worker that fails again on its address (K times in all) instead of stopping
+# the cluster, as a cluster scheduler would: a ps restarted is restored by the chief from the
+# newest checkpoint, a worker rejoins. The tasks share a fresh PULLEY_SECRET (or the one
+# exported).
 set -euo pipefail
 
 if ((BASH_VERSINFO[0] < 5 || (BASH_VERSINFO[0] == 5 && BASH_VERSINFO[1] < 1))); then
@@ -23,6 +26,7 @@ num_ps=1
 num_workers=2
 evaluator=0
 ps_delay=0
+restarts=0
 binary="$root/build/examples/fashion_mnist"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -31,6 +35,7 @@ while [ $# -gt 0 ]; do
     --binary) binary=$2; shift 2 ;;
     --evaluator) evaluator=1; shift ;;
     --ps-delay) ps_delay=$2; shift 2 ;;
+    --restart-failed) restarts=$2; shift 2 ;;
     --) shift; break ;;
     *) echo "launch_local.sh: unknown option $1 (use -- before the program's flags)" >&2; exit 2 ;;
   esac
@@ -91,8 +96,15 @@ while :; do
   set -e
   [ -n "$pid" ] || { echo "launch_local.sh: lost track of the tasks" >&2; stop_all; exit 1; }
   remove "$pid"
+  task=${task_of[$pid]}
+  if [ "$rc" -ne 0 ] && [ "$restarts" -gt 0 ] && [[ $task == ps:* || $task == worker:* ]]; then
+    restarts=$((restarts - 1))
+    echo "launch_local.sh: $task failed (exit $rc); starting it again ($restarts restarts left)" >&2
+    start_task "${task%%:*}" "${task##*:}" "$@"
+    continue
+  fi
   if [ "$rc" -ne 0 ]; then
-    echo "launch_local.sh: ${task_of[$pid]} failed (exit $rc); stopping the cluster" >&2
+    echo "launch_local.sh: $task failed (exit $rc); stopping the cluster" >&2
     stop_all
     wait 2>/dev/null || true
     exit 1

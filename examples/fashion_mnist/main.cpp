@@ -164,7 +164,7 @@ int train(const pulley::Job& job, const Options& o, const Data& data, Optimizer 
           scores.loss, scores.accuracy, e.samples_per_s, e.seconds,
           e.consistent ? "" : "  (ps tasks read at different steps)");
     }
-    if (e.last) {
+    if (e.last && e.role == pulley::Node::Job::kChief) {  // the chief's summary of the job
       std::int64_t stale = 0, applied = 0, refused = 0;
       for (const pulley::Stats& s : e.stats) {
         stale += s.stale_gradients_dropped;

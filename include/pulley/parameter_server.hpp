@@ -586,6 +586,13 @@ class ParameterServer {
   /// (or resumed) since its sender last looked, and must start its step again.
   bool current_epoch(std::uint64_t epoch, Responder& reply, std::string_view what) {
     if (epoch == epoch_) return true;
+    if (epoch > epoch_) {
+      // The sender saw another ps restored already; this one's restore is on its way.
+      reject(reply, ErrorCode::kUnavailable,
+             "ps " + std::to_string(task_) + " is not restored to epoch " + std::to_string(epoch) +
+                 " yet (it is at epoch " + std::to_string(epoch_) + "): try again");
+      return false;
+    }
     reject(reply, ErrorCode::kFailedPrecondition,
            std::string(what) + " of epoch " + std::to_string(epoch) + " refused: the job was " +
                "restored from a checkpoint at global step " + std::to_string(restored_step_) +
@@ -942,7 +949,15 @@ class ParameterServer {
       send(reply, stats_reply());
       return;
     }
-    heard_[r.worker].last = Clock::now();
+    const auto now = Clock::now();
+    if (now - last_heartbeat_ >= worker_timeout_) {
+      // This ps heard no worker for a whole timeout: it was the one cut off (a partition,
+      // a pause). Every worker gets a fresh timeout to be heard from again, instead of all
+      // but the first one back being held lost.
+      for (auto& [worker, heard] : heard_) heard.last = now;
+    }
+    last_heartbeat_ = now;
+    heard_[r.worker].last = now;
     revive(r.worker);
     check_heartbeats();
     send(reply, stats_reply());
@@ -1183,6 +1198,7 @@ class ParameterServer {
   };
   std::map<std::uint32_t, Heard> heard_;
   std::chrono::milliseconds worker_timeout_{std::chrono::seconds(5)};
+  Clock::time_point last_heartbeat_;  ///< the last heartbeat of any worker
   std::deque<TokenWaiter> token_waiters_;
   /// By worker: the connection it took its last token on, which holds its tokens' lease.
   std::map<std::uint32_t, std::uint64_t> token_session_;

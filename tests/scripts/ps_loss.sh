@@ -60,6 +60,11 @@ start ps1 ps 1 "${flags[@]}"; ps1=$last_pid
 wait_for "$work/chief.log" 'every ps restored from' 60 || fail "the chief did not restore the ps tasks"
 restored_at=$(date +%s.%N)
 for _ in $(seq 1 2400); do kill -0 "$chief" 2>/dev/null || break; sleep 0.05; done
+kill -0 "$chief" 2>/dev/null && fail "the chief did not finish within 120 s of the restore"
+for pid in "$w0" "$w1" "$ps0" "$ps1"; do  # the others end with the chief's shutdown
+  for _ in $(seq 1 600); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
+  kill -0 "$pid" 2>/dev/null && fail "a task did not end within 30 s of the chief"
+done
 wait "$chief"; chief_rc=$?
 wait "$w0"; w0_rc=$?
 wait "$w1"; w1_rc=$?

@@ -266,6 +266,9 @@ TEST_CASE("a restore refuses what waited and what comes from an earlier epoch") 
   // Epoch 0's requests are refused; epoch 1's served, from the restored values.
   CHECK(std::get<ErrorReply>(ask(ps, Push{1, 0, {{0, g}}, 0}, kW1)).code == ErrorCode::kFailedPrecondition);
   CHECK(std::get<ErrorReply>(ask(ps, TakeToken{1, 0}, kW1)).code == ErrorCode::kFailedPrecondition);
+  // A request of an epoch this ps has not reached (another ps was restored first): try
+  // again, not start over.
+  CHECK(std::get<ErrorReply>(ask(ps, TakeToken{1, 2}, kW1)).code == ErrorCode::kUnavailable);
   const auto fresh = std::get<TokenReply>(ask(ps, TakeToken{1, 1}, kW1));
   CHECK(fresh.token.local_step == 40);
   const auto read = std::get<PullReply>(ask(ps, Pull{0, {{0, {0, 2}}}, 1}, kW1));

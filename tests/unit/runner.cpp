@@ -12,6 +12,7 @@
 #include <asio.hpp>
 #include <atomic>
 #include <chrono>
+#include <exception>
 #include <filesystem>
 #include <mutex>
 #include <stdexcept>
@@ -320,5 +321,124 @@ TEST_CASE("a job resumed from its checkpoints ends where the uninterrupted one d
   CHECK(CheckpointDirectory::list(tmp).front().first == 60);
   CHECK(resumed == straight);
   CHECK(first != straight);
+  std::filesystem::remove_all(tmp);
+}
+
+namespace {
+
+/// What an evaluator scored: each evaluation, and the parameters it was given.
+struct Scored {
+  std::mutex mutex;
+  std::vector<Evaluation> evaluations;
+  std::vector<std::vector<float>> values;  ///< every parameter, concatenated, by evaluation
+};
+
+/// The linear job with a checkpoint every 10 steps to `directory`, all kept; its evaluator
+/// records into `scored` (the chief's evaluations are not recorded).
+Training<LinearModel> checkpointed_training(const LinearData& data, const std::string& directory,
+                                            Scored& scored) {
+  Recorded unused;
+  Training<LinearModel> training = linear_training(data, unused);
+  training.checkpoint.directory = directory;
+  training.checkpoint.save_steps = 10;
+  training.checkpoint.keep = 0;
+  training.evaluate = [&scored](LinearModel& model, const Evaluation& e) {
+    if (e.role != Node::Job::kEvaluator) return;
+    std::vector<float> values(model.parameter(0).begin(), model.parameter(0).end());
+    values.insert(values.end(), model.parameter(1).begin(), model.parameter(1).end());
+    std::scoped_lock lock(scored.mutex);
+    scored.evaluations.push_back(e);
+    scored.values.push_back(std::move(values));
+  };
+  return training;
+}
+
+/// A checkpoint's parameters, concatenated as the evaluate callback records them.
+std::vector<float> checkpoint_values(const std::filesystem::path& directory, std::int64_t step) {
+  const ModelState state =
+      checkpoint::read_checkpoint(directory / CheckpointDirectory::name_of(step));
+  std::vector<float> values;
+  for (const VariableState& v : state.variables) values.insert(values.end(), v.values.begin(), v.values.end());
+  return values;
+}
+
+/// Writes the checkpoints of the linear job to `directory`: steps 0, 10, ..., 60, each the
+/// last step of a job resumed from the one before (a running chief may cut a checkpoint
+/// later than due when training outruns it; the last step's is exact).
+void write_checkpoints(const LinearData& data, const std::string& directory) {
+  Scored unused;
+  Training<LinearModel> training = checkpointed_training(data, directory, unused);
+  Job job;
+  job.local_ps = 2;
+  job.local_workers = 2;
+  for (training.last_step = 10; training.last_step <= 60; training.last_step += 10) {
+    REQUIRE(run(job, training, RoundRobin{}, Sgd{0.05F}, SyncReplicas(2, 2)) == 0);
+  }
+}
+
+/// A transport factory for an evaluator that must not use one.
+InProcess no_ps() { throw std::logic_error("the evaluator connected to the ps tasks"); }
+
+}  // namespace
+
+TEST_CASE("an evaluator on the checkpoint directory scores each checkpoint once, from disk") {
+  const auto tmp = std::filesystem::temp_directory_path() / ("pulley-follow-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(tmp);
+  const LinearData data(4, 3, 2, 1);
+  Scored scored;
+  const Training<LinearModel> training = checkpointed_training(data, tmp.string(), scored);
+  // The evaluator starts before the job (the directory does not exist yet) and follows it.
+  std::exception_ptr failed;
+  std::thread evaluator([&] {
+    try {
+      runner_detail::follow(training, no_ps);
+    } catch (...) {
+      failed = std::current_exception();
+    }
+  });
+  write_checkpoints(data, tmp.string());
+  evaluator.join();
+  REQUIRE_FALSE(failed);
+  // Every checkpoint written, each once, in order, with its values; only the last marked last.
+  const std::vector<std::int64_t> written{0, 10, 20, 30, 40, 50, 60};
+  REQUIRE(CheckpointDirectory::list(tmp).size() == written.size());
+  REQUIRE(scored.evaluations.size() == written.size());
+  for (std::size_t i = 0; i < written.size(); ++i) {
+    const Evaluation& e = scored.evaluations[i];
+    INFO("step " << written[i]);
+    CHECK(e.step == written[i]);
+    CHECK(e.consistent);
+    CHECK(e.last == (i + 1 == written.size()));
+    CHECK(scored.values[i] == checkpoint_values(tmp, written[i]));
+  }
+  CHECK(scored.values.front() != scored.values.back());  // it trained: the values differ
+
+  // A finished job's directory, read again: the same evaluations.
+  Scored again;
+  runner_detail::follow(checkpointed_training(data, tmp.string(), again), no_ps);
+  REQUIRE(again.evaluations.size() == written.size());
+  CHECK(again.values == scored.values);
+  std::filesystem::remove_all(tmp);
+}
+
+TEST_CASE("an evaluator skips a damaged checkpoint, and fails naming the wait for the last one") {
+  LogCapture log;
+  const auto tmp = std::filesystem::temp_directory_path() / ("pulley-follow-bad-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(tmp);
+  const LinearData data(4, 3, 2, 1);
+  Scored scored;
+  Training<LinearModel> training = checkpointed_training(data, tmp.string(), scored);
+  write_checkpoints(data, tmp.string());
+  std::filesystem::resize_file(tmp / CheckpointDirectory::name_of(30) / "data", 10);
+  std::filesystem::remove_all(tmp / CheckpointDirectory::name_of(60));  // the last never comes
+  training.client.wait_timeout = std::chrono::milliseconds(100);
+  CHECK_THROWS_WITH_AS(runner_detail::follow(training, no_ps),
+                       doctest::Contains(("no new checkpoint in " + tmp.string()).c_str()), Error);
+  std::vector<std::int64_t> steps;
+  for (const Evaluation& e : scored.evaluations) steps.push_back(e.step);
+  CHECK(steps == std::vector<std::int64_t>{0, 10, 20, 40, 50});
+  for (const Evaluation& e : scored.evaluations) CHECK_FALSE(e.last);
+  CHECK(log.find(LogLevel::kWarning, "skipping checkpoint " + (tmp / CheckpointDirectory::name_of(30)).string() + ": ")
+            .size() == 1);
   std::filesystem::remove_all(tmp);
 }

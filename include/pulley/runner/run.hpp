@@ -10,6 +10,7 @@
 #include <limits>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
@@ -82,7 +83,12 @@ struct DataShard {
 /// arguments, and its defaults).
 struct CheckpointOptions {
   /// The checkpoint directory; "" writes none. A job started with one that holds a
-  /// checkpoint resumes from the newest that reads back whole.
+  /// checkpoint resumes from the newest that reads back whole. An evaluator task given one
+  /// follows it, as TensorFlow's evaluator does: it scores each checkpoint written there
+  /// once, oldest first, reading it from disk (never from the ps tasks, so it never slows
+  /// training), and ends after the one at `Training::last_step`; one that does not read back
+  /// whole, or that `keep` removed before it was read, is skipped with a log line. Without
+  /// one, an evaluator reads live snapshots from the ps at the chief's evaluation steps.
   std::string directory;
   /// Global steps between checkpoints (0: not by steps).
   std::int64_t save_steps = 0;
@@ -354,10 +360,103 @@ void lead(const Training<M>& training, T transport) {
   }
 }
 
-/// An evaluator task: evaluates at the chief's steps until training is over.
-template <Model M, Transport T>
-void follow(const Training<M>& training, T transport) {
-  Evaluator evaluator(std::move(transport), training.client);
+/// How often an evaluator that follows a checkpoint directory looks for a new checkpoint:
+/// listing a directory is cheap, and a checkpoint is scored at most this late.
+inline constexpr std::chrono::milliseconds kCheckpointPoll{250};
+
+/// Throws kFailedPrecondition unless `state` (read from `path`) holds the variables of
+/// `variables`, by name and shape, in order: values of another model must not be copied in.
+inline void check_variables(const ModelState& state, std::span<const VariableSpec> variables,
+                            const std::filesystem::path& path) {
+  bool same = state.variables.size() == variables.size();
+  for (std::size_t v = 0; same && v < variables.size(); ++v) {
+    same = state.variables[v].spec.name == variables[v].name &&
+           state.variables[v].spec.shape == variables[v].shape;
+  }
+  if (!same) {
+    throw Error(ErrorCode::kFailedPrecondition,
+                "checkpoint " + path.string() + " holds " + std::to_string(state.variables.size()) +
+                    " variables that are not the model's " + std::to_string(variables.size()) +
+                    " (by name and shape): is it another model's checkpoint directory?");
+  }
+}
+
+/// An evaluator task on `training.checkpoint.directory` (TensorFlow's evaluator): scores
+/// every checkpoint that appears there newer than the last one it looked at, each once,
+/// oldest first (a checkpoint removed by the chief's `keep` before it is read is skipped:
+/// so a slow evaluator falls behind by `keep` checkpoints at most); one that does not read
+/// back whole is skipped with a log line. Scoring loads the checkpoint's values into a model
+/// and calls `training.evaluate` with its global step (consistent: a checkpoint is one cut).
+/// It reads from disk only, never the ps tasks, so it never slows training, and can score
+/// a finished job's directory. Ends once it has looked at the checkpoint of
+/// `training.last_step` (the chief always writes one there); throws kDeadlineExceeded when
+/// no new checkpoint appears for `ClientOptions::wait_timeout` before then (the chief
+/// failed, or writes too seldom).
+template <Model M>
+void follow_checkpoints(const Training<M>& training) {
+  const std::filesystem::path root = training.checkpoint.directory;
+  M model = training.model();
+  std::int64_t seen = -1;  // the newest step looked at (scored or skipped)
+  auto last_new = Clock::now();
+  while (seen < training.last_step) {
+    const auto found = CheckpointDirectory::list(root);  // newest first
+    bool any = false;
+    for (auto it = found.rbegin(); it != found.rend() && seen < training.last_step; ++it) {
+      const auto& [step, path] = *it;
+      if (step <= seen) continue;
+      seen = step;
+      any = true;
+      ModelState state;
+      try {
+        state = checkpoint::read_checkpoint(path);
+      } catch (const Error& e) {  // pruned since listed, or damaged: it will not heal
+        log(LogLevel::kWarning, "evaluator: skipping checkpoint " + path.string() + ": " + e.what());
+        continue;
+      }
+      check_variables(state, model.variables(), path);
+      for (std::size_t v = 0; v < state.variables.size(); ++v) {
+        const auto into = model.parameter(v);
+        std::copy(state.variables[v].values.begin(), state.variables[v].values.end(), into.begin());
+      }
+      Evaluation evaluation;
+      evaluation.role = Node::Job::kEvaluator;
+      evaluation.step = state.global_step;
+      evaluation.consistent = true;
+      evaluation.last = state.global_step >= training.last_step;
+      log(LogLevel::kInfo, "evaluator: scoring " + path.string() + " (global step " +
+                               std::to_string(state.global_step) + ")");
+      if (training.evaluate) training.evaluate(model, evaluation);
+    }
+    if (seen >= training.last_step) break;
+    const auto now = Clock::now();
+    if (any) {
+      last_new = now;
+    } else if (now - last_new >= training.client.wait_timeout) {
+      throw Error(ErrorCode::kDeadlineExceeded,
+                  "no new checkpoint in " + root.string() + " for " +
+                      std::to_string(training.client.wait_timeout.count()) +
+                      " ms (--wait-timeout-ms; the newest looked at: " +
+                      (seen < 0 ? std::string("none") : "global step " + std::to_string(seen)) +
+                      ", training ends at " + std::to_string(training.last_step) + ")");
+    }
+    std::this_thread::sleep_for(std::min(kCheckpointPoll, training.client.wait_timeout));
+  }
+  log(LogLevel::kInfo, "evaluator: scored the checkpoints up to global step " +
+                           std::to_string(training.last_step));
+}
+
+/// An evaluator task. With a checkpoint directory (`training.checkpoint.directory`, the
+/// chief's `--checkpoint-dir`) it follows the checkpoints there (follow_checkpoints), as
+/// TensorFlow's evaluator does, and never connects to the ps tasks. Without one it reads
+/// live snapshots (each one global step on every ps) at the chief's evaluation steps, over
+/// a transport `connect()` makes, until training is over.
+template <Model M, class Connect>
+void follow(const Training<M>& training, Connect connect) {
+  if (!training.checkpoint.directory.empty()) {
+    follow_checkpoints(training);
+    return;
+  }
+  Evaluator evaluator(connect(), training.client);
   M model = training.model();
   try {
     evaluator.wait_ready(model.variables());
@@ -518,7 +617,7 @@ void run_task(const TfConfig& config, const Credentials& credentials, const Trai
   } else if (type == "chief") {
     lead(training, transport(Node::chief()));
   } else if (type == "evaluator") {
-    follow(training, transport(Node{Node::Job::kEvaluator, config.task.index}));
+    follow(training, [&] { return transport(Node{Node::Job::kEvaluator, config.task.index}); });
   } else if (type == "worker" && config.task.index == 0 && !config.cluster.jobs.contains("chief")) {
     // No chief task: worker 0 is also the chief (TensorFlow's convention), on a thread.
     std::exception_ptr chief_failure;

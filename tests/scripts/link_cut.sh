@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# A network link cut under a sync job of real processes on real (non-loopback) addresses:
+# ps 0 in one network namespace, the chief and 2 workers in another, joined by a veth
+# pair. After the chief's second epoch the link is cut for 5 s (the ps's end set down) and
+# brought back. TCP carries the open connections across the cut, so the job must finish
+# with a normal accuracy and every task must exit 0. Prints what the tasks logged about
+# the cut (workers held lost and back, waits) and how long training stood still.
+# Needs root and `ip netns`; skips (exit 77, a line "SKIP: ...") without them.
+#   tests/scripts/link_cut.sh FASHION_MNIST_BINARY
+set -uo pipefail
+binary=$1
+epochs=20
+cut_s=5
+
+[ "$(id -u)" = 0 ] || { echo "SKIP: network namespaces need root"; exit 77; }
+command -v ip >/dev/null || { echo "SKIP: no ip command (iproute2)"; exit 77; }
+
+work=$(mktemp -d)
+ns_ps=pulley-ps-$$
+ns_wk=pulley-wk-$$
+veth_ps=plps$$  # interface names: 15 characters at most
+veth_wk=plwk$$
+pids=()
+made=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null; done
+  for ns in "${made[@]}"; do ip netns delete "$ns" 2>/dev/null; done  # takes the veth pair along
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM HUP  # the namespaces go with the EXIT trap
+fail() { echo "FAIL: $*"; for f in "$work"/*.log; do echo "--- $f"; tail -n 15 "$f"; done; exit 1; }
+now() { date +%s.%N; }
+
+if ! error=$(ip netns add "$ns_ps" 2>&1); then echo "SKIP: ip netns unavailable: $error"; exit 77; fi
+made+=("$ns_ps")
+if ! error=$(ip netns exec "$ns_ps" true 2>&1); then echo "SKIP: ip netns exec unavailable: $error"; exit 77; fi
+ip netns add "$ns_wk" || fail "could not add namespace $ns_wk"
+made+=("$ns_wk")
+if ! error=$(ip link add "$veth_ps" netns "$ns_ps" type veth peer name "$veth_wk" netns "$ns_wk" 2>&1); then
+  echo "SKIP: no veth pair: $error"
+  exit 77
+fi
+net=10.213.$((RANDOM % 250 + 1))
+ps_ip=$net.1
+wk_ip=$net.2
+ip -n "$ns_ps" addr add "$ps_ip/24" dev "$veth_ps" || fail "could not address $veth_ps"
+ip -n "$ns_wk" addr add "$wk_ip/24" dev "$veth_wk" || fail "could not address $veth_wk"
+for ns in "$ns_ps" "$ns_wk"; do ip -n "$ns" link set lo up || fail "lo down in $ns"; done
+ip -n "$ns_ps" link set "$veth_ps" up || fail "could not bring $veth_ps up"
+ip -n "$ns_wk" link set "$veth_wk" up || fail "could not bring $veth_wk up"
+reachable=0
+for _ in $(seq 1 50); do  # the veth pair takes a moment to carry traffic
+  # A refused connection proves the ps's address answers: nothing listens there yet.
+  ip netns exec "$ns_wk" python3 - "$ps_ip" <<'PY' && { reachable=1; break; }
+import socket, sys
+try:
+    socket.create_connection((sys.argv[1], 2222), timeout=1).close()
+except ConnectionRefusedError:
+    pass
+except OSError:
+    sys.exit(1)
+PY
+  sleep 0.1
+done
+[ "$reachable" = 1 ] || fail "$ps_ip unreachable from $ns_wk before the cut"
+echo "ps 0 at $ps_ip in $ns_ps; chief and workers at $wk_ip in $ns_wk"
+
+# Fresh namespaces: every port is free.
+cluster="{\"ps\": [\"$ps_ip:2222\"], \"worker\": [\"$wk_ip:2223\", \"$wk_ip:2224\"], \"chief\": [\"$wk_ip:2225\"]}"
+export PULLEY_SECRET=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
+# Default worker timeout (5 s) and heartbeats (1 s): a cut as long as the timeout may hold
+# the workers lost until their heartbeats come through again. A request deadline (60 s)
+# must not be reached; a wait that fails names its cause rather than hanging.
+flags=(--epochs "$epochs" --wait-timeout-ms 120000 --recovery-timeout-ms 60000)
+start() {  # start NAMESPACE TYPE INDEX: one task, its output in $work/TYPE-INDEX.log
+  TF_CONFIG="{\"cluster\": $cluster, \"task\": {\"type\": \"$2\", \"index\": $3}}" \
+    ip netns exec "$1" "$binary" "${flags[@]}" >"$work/$2-$3.log" 2>&1 &
+  pids+=("$!")  # ip netns exec execs the binary: the same process
+  last_pid=$!
+}
+start "$ns_ps" ps 0; ps_pid=$last_pid
+start "$ns_wk" worker 0; w0=$last_pid
+start "$ns_wk" worker 1; w1=$last_pid
+start "$ns_wk" chief 0; chief=$last_pid
+
+# When each epoch line appeared (the chief's log carries no times).
+( seen=0
+  for _ in $(seq 1 6000); do
+    n=$(grep -c '^epoch' "$work/chief-0.log" 2>/dev/null)
+    while [ "${n:-0}" -gt "$seen" ]; do seen=$((seen + 1)); echo "$seen $(now)"; done
+    [ "$seen" -ge "$epochs" ] && break
+    sleep 0.05
+  done ) >"$work/epoch_times" &
+pids+=("$!")
+watcher=$!
+
+for _ in $(seq 1 1200); do  # 60 s, or until the chief fails
+  grep -q "^epoch  2/$epochs" "$work/chief-0.log" && break
+  kill -0 "$chief" 2>/dev/null || break
+  sleep 0.05
+done
+grep -q "^epoch  2/$epochs" "$work/chief-0.log" || fail "the job never reached epoch 2"
+ip -n "$ns_ps" link set "$veth_ps" down || fail "could not cut the link"
+cut_at=$(now)
+echo "cut the link after: $(grep '^epoch' "$work/chief-0.log" | tail -1)"
+sleep "$cut_s"
+ip -n "$ns_ps" link set "$veth_ps" up || fail "could not restore the link"
+restored_at=$(now)
+echo "link restored after $cut_s s, at: $(grep '^epoch' "$work/chief-0.log" | tail -1)"
+
+for _ in $(seq 1 3000); do kill -0 "$chief" 2>/dev/null || break; sleep 0.05; done
+kill -0 "$chief" 2>/dev/null && fail "the chief did not finish within 150 s of the cut"
+wait "$chief"; chief_rc=$?
+wait "$w0"; w0_rc=$?
+wait "$w1"; w1_rc=$?
+for _ in $(seq 1 400); do kill -0 "$ps_pid" 2>/dev/null || break; sleep 0.05; done
+wait "$ps_pid"; ps_rc=$?
+for _ in $(seq 1 100); do kill -0 "$watcher" 2>/dev/null || break; sleep 0.05; done
+
+echo "--- what the tasks logged"
+for f in ps-0 worker-0 worker-1 chief-0; do
+  grep -E 'lost|is back|waiting|no progress|warning|error|failed' "$work/$f.log" | sed "s/^/$f: /"
+done
+echo "---"
+[ "$chief_rc$w0_rc$w1_rc$ps_rc" = 0000 ] ||
+  fail "a task failed (chief $chief_rc, workers $w0_rc $w1_rc, ps $ps_rc)"
+python3 - "$work/epoch_times" "$cut_at" "$restored_at" "$cut_s" <<'PY'
+import statistics, sys
+times = [float(line.split()[1]) for line in open(sys.argv[1]) if line.strip()]
+cut, restored = float(sys.argv[2]), float(sys.argv[3])
+gaps = [b - a for a, b in zip(times, times[1:])]
+if not gaps:
+    sys.exit(0)
+typical = statistics.median(gaps)
+across = [g for a, g in zip(times, gaps) if a + g > cut and a < restored + typical]
+longest = max(across) if across else max(gaps)
+print("epochs took %.2f s (median); the one across the cut %.2f s: training stood still "
+      "about %.1f s for a %.1f s cut; epoch gaps: %s"
+      % (typical, longest, longest - typical, restored - cut,
+         " ".join("%.1f" % g for g in gaps)))
+# A cut that does not stop a sync job was no cut: the test would prove nothing.
+if longest - typical < float(sys.argv[4]) / 2:
+    print("FAIL: training went on through the cut: the link was not cut")
+    sys.exit(1)
+PY
+[ $? = 0 ] || fail "the cut did not stop training"
+final=$(grep '^final:' "$work/chief-0.log")
+grep '^updates applied' "$work/chief-0.log"  # stale gradients: steps applied without a worker
+echo "$final"
+# A request past its deadline; not the courtesy question of a stall report, which the
+# ps cannot answer while the link is down.
+grep -i 'deadline' "$work"/*.log | grep -vq 'ask the ps tasks what they wait for' &&
+  fail "a request reached its deadline across the cut"
+for w in 0 1; do  # a worker held lost in the cut must have been heard again
+  lost=$(grep -c "worker:$w lost" "$work/ps-0.log")
+  back=$(grep -c "worker:$w is back" "$work/ps-0.log")
+  [ "$lost" = "$back" ] || fail "worker $w was held lost $lost times but back only $back"
+  [ "$lost" = 0 ] || echo "worker $w: held lost $lost time(s) when the link came back, and back each time"
+done
+accuracy=$(echo "$final" | sed -n 's/.*test_accuracy=\([0-9.]*\).*/\1/p')
+[ -n "$accuracy" ] || fail "the chief printed no final accuracy"
+python3 -c "import sys; sys.exit(0 if float('$accuracy') >= 0.85 else 1)" \
+  || fail "accuracy $accuracy is below 0.85"
+echo "PASS: the job finished at accuracy $accuracy across a $cut_s s link cut"
