@@ -163,6 +163,43 @@ TEST_CASE("an async job's cut holds the same pushes on every ps, read while it t
   chief.shutdown();
 }
 
+TEST_CASE("a ps killed and started again is restored with the others, and the workers go on") {
+  const LinearData data(2 * kBatch * 40, kIn, kOut, 12);
+  SyncAdam cluster(2, Adam{0.01F}, SyncReplicas(2, 2), FixedShards{2});
+  Chief chief(cluster.endpoint(Node::chief()), 3);
+  chief.initialize(LinearModel(kIn, kOut).variables());
+  run_steps(cluster, data, 0, 10);
+  const ModelState checkpoint = chief.save_state();
+  REQUIRE(checkpoint.global_step == 10);
+  chief.restore(checkpoint);  // the first workers' tokens of step 10 go with their epoch
+  std::atomic<int> failures{0};
+  std::vector<std::thread> workers;
+  for (std::uint32_t w = 0; w < 2; ++w) {
+    workers.emplace_back([&, w] {
+      ClientOptions options;
+      options.recovery_timeout = std::chrono::seconds(30);
+      Worker worker(w, LinearModel(kIn, kOut), cluster.endpoint(Node::worker(w)), options);
+      try {
+        worker.wait_ready();
+        for (std::int64_t k = 10; worker.step(batch_of(data, w, k % 40), 40); ++k) {
+        }
+      } catch (const Error&) {
+        ++failures;
+      }
+    });
+  }
+  chief.wait_for_step(20);
+  cluster.network().kill(Node::ps(1));  // the workers wait for it
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  cluster.network().restart(ParameterServer<FixedShards, Adam, SyncReplicas>(
+      1, 2, Adam{0.01F}, SyncReplicas(2, 2), FixedShards{2}));
+  chief.restore(checkpoint);  // both ps back at step 10, at a new epoch
+  for (auto& t : workers) t.join();
+  CHECK(failures == 0);
+  for (const Stats& s : chief.stats()) CHECK(s.global_step == 40);
+  chief.shutdown();
+}
+
 TEST_CASE("a checkpoint restores onto another number of ps tasks") {
   const LinearData data(2 * kBatch * 30, kIn, kOut, 8);
   ModelState state;

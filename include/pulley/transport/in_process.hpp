@@ -39,7 +39,8 @@ namespace pulley {
 /// step-gated pull) is answered later by whichever thread completes what it waits for.
 ///
 /// Faults, for tests: `drop_next` loses requests (the caller's deadline fires), `delay`
-/// slows a node down, `kill` makes a node fail as a crashed process would: the requests it
+/// slows a node down, `restart` serves a fresh ps in place of a killed one, `kill` makes a
+/// node fail as a crashed process would: the requests it
 /// held and everything sent to or by it afterwards are answered `kUnavailable`, and every
 /// ps hears that a killed client left (`Service::disconnected`).
 ///
@@ -84,6 +85,15 @@ class InProcessNetwork {
 
   /// True once `node` was killed.
   [[nodiscard]] bool is_dead(Node node) const { return fabric_->is_dead(node); }
+
+  /// Serves `service` in place of killed ps task `service.task()`, as a process started
+  /// again on its address: the old service is destroyed, and the new one (fresh, until the
+  /// chief restores it) answers from now on. Throws kFailedPrecondition if that task was
+  /// not killed.
+  template <Service S>
+  void restart(S service) {
+    fabric_->restart(std::make_unique<HostOf<S>>(std::move(service)));
+  }
 
  private:
   friend class InProcess;
@@ -247,6 +257,36 @@ class InProcessNetwork {
       box.killed = true;
       fail_held(box, node.name() + " is unavailable (killed)");
       box.wake.notify_all();
+    }
+
+    void restart(std::unique_ptr<Host> host) {
+      const std::uint32_t task = host->task();
+      if (task >= num_ps() || !is_dead(Node::ps(task))) {
+        throw Error(ErrorCode::kFailedPrecondition,
+                    "ps task " + std::to_string(task) + " was not killed: nothing to restart");
+      }
+      Mailbox& box = *mailboxes_[task];
+      for (;;) {  // the killed task's thread sees the kill and ends
+        std::scoped_lock lock(box.mutex);
+        if (!box.thread_running) break;
+        box.wake.notify_all();
+        std::this_thread::yield();
+      }
+      std::unique_ptr<Host> old;
+      {
+        std::scoped_lock lock(box.serving, box.mutex);
+        if (box.closed) return;
+        old = std::exchange(box.host, std::move(host));
+        box.killed = false;
+        box.stopped = false;
+        box.thread_running = true;
+      }
+      {
+        std::scoped_lock lock(faults_mutex_);
+        dead_[Node::ps(task)] = false;
+      }
+      std::scoped_lock lock(threads_mutex_);
+      threads_.emplace_back([this, &box, task] { run(box, task); });
     }
 
     [[nodiscard]] bool is_dead(Node node) const {
