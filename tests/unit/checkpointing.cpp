@@ -174,21 +174,24 @@ TEST_CASE("a ps killed and started again is restored with the others, and the wo
   chief.restore(checkpoint);  // the first workers' tokens of step 10 go with their epoch
   std::atomic<int> failures{0};
   std::vector<std::thread> workers;
+  constexpr std::int64_t kLast = 200;
   for (std::uint32_t w = 0; w < 2; ++w) {
+    // 1 ms before each request: training is still on when ps 1 is killed at step 20.
+    cluster.network().delay(Node::worker(w), std::chrono::milliseconds(1));
     workers.emplace_back([&, w] {
       ClientOptions options;
       options.recovery_timeout = std::chrono::seconds(30);
       Worker worker(w, LinearModel(kIn, kOut), cluster.endpoint(Node::worker(w)), options);
       try {
         worker.wait_ready();
-        for (std::int64_t k = 10; worker.step(batch_of(data, w, k % 40), 40); ++k) {
+        for (std::int64_t k = 10; worker.step(batch_of(data, w, k % 40), kLast); ++k) {
         }
       } catch (const Error&) {
         ++failures;
       }
     });
   }
-  chief.wait_for_step(20);
+  REQUIRE(chief.wait_for_step(20) < kLast - 20);
   cluster.network().kill(Node::ps(1));  // the workers wait for it
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   cluster.network().restart(ParameterServer<FixedShards, Adam, SyncReplicas>(
@@ -196,7 +199,7 @@ TEST_CASE("a ps killed and started again is restored with the others, and the wo
   chief.restore(checkpoint);  // both ps back at step 10, at a new epoch
   for (auto& t : workers) t.join();
   CHECK(failures == 0);
-  for (const Stats& s : chief.stats()) CHECK(s.global_step == 40);
+  for (const Stats& s : chief.stats()) CHECK(s.global_step == kLast);
   chief.shutdown();
 }
 
