@@ -17,6 +17,10 @@
 //               `--drop-caches` also writes 3 to /proc/sys/vm/drop_caches, which does). The
 //               share of each file in the page cache is checked (mincore) before it is
 //               read, and printed.
+//   read again  checkpoint::read_checkpoint_into a state that holds the same variables (an
+//               evaluator following a directory, a ps restored again): every tensor read
+//               into memory already touched; against the plain read() into a buffer
+//               allocated once. Cached and not, as above.
 //   CRC-32C     over the 100 MB state (out of the processor's caches) and over 256 KiB
 //               again and again (in cache).
 //
@@ -353,6 +357,8 @@ int run(int argc, char** argv) {
   std::vector<std::byte> sink(source.size(), std::byte{1});  // faulted in once
   Rounds write, read_cached, read_uncached, crc;
   Rounds fresh_cached, fresh_uncached;  // the same reads against read() into new memory
+  Rounds again_cached, again_uncached;  // read_checkpoint_into the last state read
+  pulley::ModelState again = state;     // its memory touched, as an evaluator's is
   std::vector<std::byte> small(std::size_t{256} << 10U);
   std::memcpy(small.data(), source.data(), small.size());
   const std::size_t repeats = source.size() / small.size();
@@ -406,11 +412,27 @@ int run(int argc, char** argv) {
       if (!cached) evict(plain);
       fresh_of.reference.push_back(plain_read_new_memory(plain, sink.size()));
     };
+    auto read_again = [&](Rounds& rounds_of, bool cached) {
+      if (!cached) evict(saved);
+      rounds_of.ours_cached.push_back(cached_share(saved));
+      const auto start = Clock::now();
+      pulley::checkpoint::read_checkpoint_into(saved, again);
+      rounds_of.ours.push_back(seconds_since(start));
+      if (again.global_step != state.global_step) throw Failure{"read again the wrong checkpoint"};
+    };
+    auto read_plain_again = [&](Rounds& rounds_of, bool cached) {
+      if (!cached) evict(plain);
+      rounds_of.reference_cached.push_back(cached_share(plain));
+      rounds_of.reference.push_back(plain_read(plain, sink));
+    };
     // Reads with the files in the page cache, as written, then out of it.
     in_turn([&] { read_plain(read_cached, fresh_cached, true); },
             [&] { read_back(read_cached, fresh_cached, true); });
     in_turn([&] { read_plain(read_uncached, fresh_uncached, false); },
             [&] { read_back(read_uncached, fresh_uncached, false); });
+    in_turn([&] { read_plain_again(again_cached, true); }, [&] { read_again(again_cached, true); });
+    in_turn([&] { read_plain_again(again_uncached, false); },
+            [&] { read_again(again_uncached, false); });
 
     // CRC-32C alone; the "reference" of these lines is the other one.
     auto start = Clock::now();
@@ -435,13 +457,18 @@ int run(int argc, char** argv) {
   const double ru = print("read back + CRC, not cached", "plain read(), not cached", read_uncached,
                           b, 1e6, "MB/s");
   const double fu = print("", "read() into new memory, uncached", fresh_uncached, b, 1e6, "MB/s");
+  const double ac = print("read again + CRC, in page cache", "plain read(), in page cache",
+                          again_cached, b, 1e6, "MB/s");
+  const double au = print("read again + CRC, not cached", "plain read(), not cached",
+                          again_uncached, b, 1e6, "MB/s");
   std::printf("%-31s %8.2f GB/s (in cache, 256 KiB again and again: %.2f GB/s)\n",
               "CRC-32C over the state in memory", b / median(crc.ours) / 1e9,
               static_cast<double>(repeats * small.size()) / median(crc.reference) / 1e9);
   std::printf(
       "\nratios (target >= 0.5): save %.2f; read back, in page cache %.2f, not cached %.2f; "
-      "read back against read() into new memory, in page cache %.2f, not cached %.2f\n",
-      w, rc, ru, fc, fu);
+      "read back against read() into new memory, in page cache %.2f, not cached %.2f; "
+      "read again (into memory already touched), in page cache %.2f, not cached %.2f\n",
+      w, rc, ru, fc, fu, ac, au);
   return 0;
 }
 

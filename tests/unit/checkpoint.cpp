@@ -77,10 +77,11 @@ TEST_CASE("CRC-32C gives the published check values, with and without the instru
   std::vector<unsigned char> ramp(32);
   std::iota(ramp.begin(), ramp.end(), 0);
   CHECK(crc_of(ramp) == 0x46DD794EU);
-  // The table gives the same as the instruction, for every length and split.
-  std::vector<unsigned char> data(1000);
-  for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<unsigned char>(i * 7 + 3);
-  for (std::size_t len : {0U, 1U, 7U, 8U, 9U, 63U, 1000U}) {
+  // The table gives the same as the instruction, for every length and split, on both sides
+  // of the three-stream blocks (3 x 8 KiB) and their joins.
+  std::vector<unsigned char> data(100003);
+  for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<unsigned char>(i * 7 + 3 + i / 251);
+  for (std::size_t len : {0U, 1U, 7U, 8U, 9U, 63U, 1000U, 24575U, 24576U, 24577U, 49159U, 100003U}) {
     const std::uint32_t table = ~checkpoint::detail::crc32c_table(~0U, data.data(), len);
     CHECK(table == checkpoint::crc32c(std::as_bytes(std::span(data).first(len))));
   }
@@ -88,6 +89,7 @@ TEST_CASE("CRC-32C gives the published check values, with and without the instru
   const std::uint32_t split = checkpoint::crc32c(
       std::as_bytes(std::span(data).subspan(333)), checkpoint::crc32c(std::as_bytes(std::span(data).first(333))));
   CHECK(split == whole);
+  CHECK(whole == ~checkpoint::detail::crc32c_table(~0U, data.data(), data.size()));
 }
 
 TEST_CASE("a checkpoint reads back exactly what was written") {
@@ -109,6 +111,31 @@ TEST_CASE("a checkpoint reads back exactly what was written") {
   CHECK(text.find("min -2 max 3 mean 0.666667") != std::string::npos);  // dense/bias
   // A directory that exists is never written over.
   CHECK_THROWS_AS(checkpoint::write_checkpoint(tmp.path / "c", state), Error);
+}
+
+TEST_CASE("read_checkpoint_into reads into the memory of the tensors it is given") {
+  TempDir tmp;
+  const ModelState first = sample_state(1, 3000);
+  const ModelState second = sample_state(2, 3000);
+  checkpoint::write_checkpoint(tmp.path / "1", first);
+  checkpoint::write_checkpoint(tmp.path / "2", second);
+  ModelState into;
+  checkpoint::read_checkpoint_into(tmp.path / "1", into);  // nothing to reuse yet
+  CHECK(into == first);
+  const float* values = into.variables[0].values.data();
+  const float* slot_v = into.variables[0].slots[1].values.data();
+  checkpoint::read_checkpoint_into(tmp.path / "2", into);
+  CHECK(into == second);
+  CHECK(into.variables[0].values.data() == values);  // the same memory, by variable and slot
+  CHECK(into.variables[0].slots[1].values.data() == slot_v);
+  // A state of other variables, or other sizes, is no obstacle: it reads as read_checkpoint.
+  ModelState other = sample_state(9, 6);
+  other.variables[1].spec.name = "elsewhere";
+  checkpoint::read_checkpoint_into(tmp.path / "1", other);
+  CHECK(other == first);
+  // A damaged checkpoint is refused as by read_checkpoint.
+  flip_byte(tmp.path / "2" / "data", 4 * 1500);
+  CHECK_THROWS_AS(checkpoint::read_checkpoint_into(tmp.path / "2", into), Error);
 }
 
 TEST_CASE("a damaged, truncated or unfinished checkpoint is refused, naming the problem") {

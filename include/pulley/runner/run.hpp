@@ -398,6 +398,7 @@ void follow_checkpoints(const Training<M>& training) {
   M model = training.model();
   std::int64_t seen = -1;  // the newest step looked at (scored or skipped)
   auto last_new = Clock::now();
+  ModelState state;  // each checkpoint is read into the last one's memory
   while (seen < training.last_step) {
     const auto found = CheckpointDirectory::list(root);  // newest first
     bool any = false;
@@ -406,9 +407,8 @@ void follow_checkpoints(const Training<M>& training) {
       if (step <= seen) continue;
       seen = step;
       any = true;
-      ModelState state;
       try {
-        state = checkpoint::read_checkpoint(path);
+        checkpoint::read_checkpoint_into(path, state);
       } catch (const Error& e) {  // pruned since listed, or damaged: it will not heal
         log(LogLevel::kWarning, "evaluator: skipping checkpoint " + path.string() + ": " + e.what());
         continue;
