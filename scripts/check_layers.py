@@ -7,7 +7,8 @@ The layers, and what each may include besides itself:
     contracts   error, variable, placement, node, messages, call, concepts/, ...  nothing
     policies    optimizers/, sharding/, sync/, models/                            contracts
     storage     checkpoint/ (checkpoints on disk)                                 contracts
-    hosts       parameter_server, worker, chief, evaluator, heartbeat (and detail/client)
+    hosts       parameter_server, worker, chief, evaluator, heartbeat, embedding_table
+                (and detail/client)
                                                                                   storage, policies, contracts
     transports  transport/                                                        contracts
     cluster     cluster/                                                          contracts
@@ -53,6 +54,7 @@ RULES = [
     ("pulley/chief.hpp", "hosts"),
     ("pulley/evaluator.hpp", "hosts"),
     ("pulley/heartbeat.hpp", "hosts"),
+    ("pulley/embedding_table.hpp", "hosts"),
     ("pulley/transport/", "transports"),
     ("pulley/cluster/", "cluster"),
     ("pulley/runner/", "runner"),

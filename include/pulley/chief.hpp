@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -14,6 +16,7 @@
 #include "pulley/detail/client.hpp"
 #include "pulley/detail/finite.hpp"
 #include "pulley/initializers.hpp"
+#include "pulley/sharding/ids.hpp"
 
 namespace pulley {
 
@@ -32,19 +35,24 @@ class Chief {
 
   /// Registers `variables`, fills them with their initializers and sends the values to the
   /// ps tasks that hold them. When it returns, every ps is ready and workers proceed.
-  const Placement& initialize(std::span<const VariableSpec> variables) {
+  ///
+  /// `tables` are the model's embedding tables: registered with the same seed, their rows
+  /// are created by the ps tasks as they are first pulled (nothing is sent for them).
+  const Placement& initialize(std::span<const VariableSpec> variables,
+                              std::span<const TableSpec> tables = {}) {
     std::vector<std::vector<float>> values;
     values.reserve(variables.size());
     for (const VariableSpec& spec : variables) {
       values.emplace_back(spec.size());
       pulley::initialize(spec, seed_, values.back());
     }
-    return initialize(variables, values);
+    return initialize(variables, values, tables);
   }
 
   /// Same with explicit initial values, one vector per variable (e.g. a restored checkpoint).
   const Placement& initialize(std::span<const VariableSpec> variables,
-                              std::span<const std::vector<float>> values) {
+                              std::span<const std::vector<float>> values,
+                              std::span<const TableSpec> tables = {}) {
     if (values.size() != variables.size()) {
       throw Error(ErrorCode::kInvalidArgument, "initialize needs one value vector per variable");
     }
@@ -60,7 +68,7 @@ class Chief {
                     "initial value of '" + variables[v].name + "' is not finite (NaN or Inf)");
       }
     }
-    client_.register_model(variables);
+    client_.register_model(variables, tables, seed_);
     const Placement& placement = client_.placement();
     std::vector<Initialize> messages(client_.num_ps());
     for (const Part& part : placement.parts) {
@@ -101,6 +109,41 @@ class Chief {
 
   /// Counters of every ps task, by task index.
   std::vector<Stats> stats() { return client_.stats(); }
+
+  /// The current rows `ids` of embedding table `table` (ids.size() × dim floats, in order),
+  /// read from the ps tasks that hold them under id sharding `sharding` (the ps tasks'); a
+  /// row not held yet reads as its initial value (and is created, as by any pull). For
+  /// evaluation and tests: training never needs the chief to read rows.
+  template <IdSharding I = HashIds>
+  std::vector<float> read_rows(std::string_view table, std::span<const std::uint64_t> ids,
+                               I sharding = {}) {
+    const auto& tables = client_.tables();
+    const auto it = std::find_if(tables.begin(), tables.end(),
+                                 [&](const TableSpec& t) { return t.name == table; });
+    if (it == tables.end()) throw Error(ErrorCode::kNotFound, "unknown table '" + std::string(table) + "'");
+    const auto num_ps = static_cast<std::uint32_t>(client_.num_ps());
+    // Grouped by ps for the pull, then put back in the caller's order.
+    std::vector<std::pair<std::uint32_t, std::size_t>> order;
+    for (std::size_t i = 0; i < ids.size(); ++i) order.push_back({sharding.ps_of(table, ids[i], num_ps), i});
+    std::stable_sort(order.begin(), order.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::vector<std::uint64_t> grouped;
+    std::vector<std::size_t> ps_begin(num_ps + 1, 0);
+    for (const auto& [ps, i] : order) {
+      grouped.push_back(ids[i]);
+      ++ps_begin[ps + 1];
+    }
+    for (std::uint32_t p = 0; p < num_ps; ++p) ps_begin[p + 1] += ps_begin[p];
+    std::vector<float> rows(ids.size() * it->dim);
+    const RowRequest request{static_cast<std::size_t>(it - tables.begin()), grouped, ps_begin, rows};
+    (void)client_.pull_rows(std::span(&request, 1), 0);
+    std::vector<float> out(rows.size());
+    for (std::size_t k = 0; k < order.size(); ++k) {
+      std::copy_n(rows.begin() + static_cast<std::ptrdiff_t>(k * it->dim), it->dim,
+                  out.begin() + static_cast<std::ptrdiff_t>(order[k].second * it->dim));
+    }
+    return out;
+  }
 
   /// Every variable with its optimizer state and the sync policy's state, as one consistent
   /// cut across all ps tasks, for a checkpoint (`CheckpointDirectory::save`). How the cut is

@@ -24,6 +24,7 @@ enum class ErrorCode : std::uint8_t {
   kPermissionDenied = 11,   ///< the sender's role may not make this request
   kUnauthenticated = 12,    ///< a peer of another job, or without the job's secret
   kDataLoss = 13,           ///< stored data that is corrupt or truncated (a checkpoint)
+  kResourceExhausted = 14,  ///< a limit is reached (rows of a table on one ps)
 };
 
 /// Stable lower-case name of a code, for logs and error messages.
@@ -53,6 +54,8 @@ constexpr std::string_view to_string(ErrorCode code) noexcept {
       return "permission_denied";
     case ErrorCode::kUnauthenticated:
       return "unauthenticated";
+    case ErrorCode::kResourceExhausted:
+      return "resource_exhausted";
     case ErrorCode::kDataLoss:
       return "data_loss";
   }

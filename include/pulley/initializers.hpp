@@ -77,4 +77,21 @@ inline void initialize(const VariableSpec& spec, std::uint64_t seed, std::span<f
   }
 }
 
+/// Mixes a 64-bit id into a seed (the SplitMix64 finalizer): neighbouring ids give
+/// unrelated streams.
+constexpr std::uint64_t mix_id(std::uint64_t id) noexcept {
+  id = (id ^ (id >> 30U)) * 0xBF58476D1CE4E5B9ULL;
+  id = (id ^ (id >> 27U)) * 0x94D049BB133111EBULL;
+  return id ^ (id >> 31U);
+}
+
+/// Fills `row` (`spec.dim` floats) with the initial value of row `id` of table `spec`: a
+/// function of the initializer, the table's name, the id and `seed` alone. Glorot's rule has
+/// no fans in a table; it is refused where a table is registered.
+inline void initialize_row(const TableSpec& spec, std::uint64_t seed, std::uint64_t id,
+                           std::span<float> row) {
+  const VariableSpec as_vector{spec.name, {row.size()}, spec.initializer};
+  initialize(as_vector, seed ^ mix_id(id ^ 0x9E3779B97F4A7C15ULL), row);
+}
+
 }  // namespace pulley

@@ -67,6 +67,19 @@ struct PartState {
   }
 };
 
+/// Rows of one embedding table: which ids, and in a push one row of the table's dim floats
+/// per id. The ids ride in the metadata (8 bytes each); the rows are a tensor.
+struct TableRows {
+  std::uint32_t table = 0;          ///< index into the model's tables
+  std::vector<std::uint64_t> ids;   ///< distinct
+  std::span<const float> values;    ///< a tensor: ids.size() × dim (empty in a pull)
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(table, ids, values);
+  }
+};
+
 /// Rows `rows` (relative to the variable, inside the part) of part `part`.
 struct Slice {
   std::uint32_t part = 0;
@@ -87,10 +100,14 @@ struct Register {
   static constexpr std::string_view kName = "Register";
   static constexpr JobSet kSenders{Node::Job::kChief};
   std::vector<VariableSpec> variables;
+  /// The model's embedding tables: each ps creates the rows it holds as they are first
+  /// pulled, from `table_seed` (no Initialize).
+  std::vector<TableSpec> tables = {};
+  std::uint64_t table_seed = 0;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(variables);
+    archive(variables, tables, table_seed);
   }
 };
 
@@ -163,10 +180,30 @@ struct Push {
   /// Numbers the worker's pushes (0: none): a push sent again after a lost connection has
   /// the number of the one before it and is answered as that one was, not counted twice.
   std::uint64_t sequence = 0;
+  /// Gradient rows of embedding tables held here, duplicates summed by the worker; they
+  /// share the push's verdict (stale rows are dropped with its parts).
+  std::vector<TableRows> rows = {};
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(worker, local_step, gradients, epoch, sequence);
+    archive(worker, local_step, gradients, epoch, sequence, rows);
+  }
+};
+
+/// Client → ps: read rows of embedding tables (`TableRows::values` empty), gated on
+/// `min_step` and `epoch` as Pull is. Rows not held yet are created (or read as their
+/// initial value until admitted), so it counts as changing the ps.
+struct PullRows {
+  static constexpr std::string_view kName = "PullRows";
+  static constexpr JobSet kSenders{Node::Job::kWorker, Node::Job::kChief, Node::Job::kEvaluator};
+  static constexpr bool kChangesParameters = true;
+  std::int64_t min_step = 0;
+  std::uint64_t epoch = 0;
+  std::vector<TableRows> tables;  ///< distinct ids per table, each table at most once
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(min_step, epoch, tables);
   }
 };
 
@@ -274,7 +311,7 @@ struct Restore {
 
 /// Everything a ps task is asked.
 using Request = std::variant<Register, Initialize, WaitReady, TakeToken, Pull, Push, GetStats,
-                             Shutdown, Pause, ReadState, Resume, Restore, Heartbeat>;
+                             Shutdown, Pause, ReadState, Resume, Restore, Heartbeat, PullRows>;
 
 // ---- responses --------------------------------------------------------------------------
 
@@ -307,10 +344,11 @@ struct PlacementReply {
   std::uint64_t epoch = 0;  ///< restores so far: requests carry it
   std::vector<std::string> slot_names;     ///< the optimizer's slots, in PartState order
   std::vector<std::string> counter_names;  ///< the optimizer's counters
+  std::vector<TableSpec> tables = {};      ///< the registered embedding tables
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(variables, placement, epoch, slot_names, counter_names);
+    archive(variables, placement, epoch, slot_names, counter_names, tables);
   }
 };
 
@@ -339,6 +377,18 @@ struct PullReply {
   }
 };
 
+/// Answer to PullRows: one tensor per requested table, its rows in the order of its ids.
+struct RowsReply {
+  static constexpr std::string_view kName = "RowsReply";
+  std::int64_t global_step = 0;
+  std::vector<std::span<const float>> rows;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(global_step, rows);
+  }
+};
+
 /// Answer to Push: how many of its part gradients were dropped as stale.
 struct PushReply {
   static constexpr std::string_view kName = "PushReply";
@@ -364,11 +414,16 @@ struct Stats {
   std::int64_t updates_refused = 0;
   /// Times a worker was held lost: heard once, then silent for the worker timeout.
   std::int64_t workers_lost = 0;
+  std::int64_t table_rows = 0;          ///< embedding-table rows held now
+  std::int64_t table_rows_evicted = 0;  ///< rows removed for being untouched too long
+  /// Pushed rows dropped: not admitted yet (or evicted), or stale.
+  std::int64_t table_rows_dropped = 0;
 
   template <class Archive>
   void serialize(Archive& archive) {
     archive(global_step, updates_applied, gradients_accepted, stale_gradients_dropped,
-            requests_rejected, bytes_pushed, bytes_pulled, updates_refused, workers_lost);
+            requests_rejected, bytes_pushed, bytes_pulled, updates_refused, workers_lost,
+            table_rows, table_rows_evicted, table_rows_dropped);
   }
 };
 
@@ -418,7 +473,7 @@ struct StateReply {
 
 /// Everything a ps task answers.
 using Response = std::variant<Ack, ErrorReply, PlacementReply, TokenReply, PullReply, PushReply,
-                              StatsReply, PauseReply, StateReply>;
+                              StatsReply, PauseReply, StateReply, RowsReply>;
 
 // ---- what follows from the declarations ---------------------------------------------------
 

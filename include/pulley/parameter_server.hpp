@@ -25,8 +25,10 @@
 #include "pulley/concepts/sharding.hpp"
 #include "pulley/concepts/sync_policy.hpp"
 #include "pulley/detail/finite.hpp"
+#include "pulley/embedding_table.hpp"
 #include "pulley/log.hpp"
 #include "pulley/messages.hpp"
+#include "pulley/sync/sparse_accumulator.hpp"
 
 namespace pulley {
 
@@ -41,6 +43,16 @@ namespace pulley {
 /// @tparam S Sharding policy: which ps holds which rows (every ps computes the same placement)
 /// @tparam O Optimizer applied to each part, with its per-part slots kept beside the part
 /// @tparam P SyncPolicy: Async, SyncReplicas, BoundedStaleness... paces and aggregates
+/// @tparam T Tables<RowWiseOptimizer, IdSharding> for models with embedding tables, or
+///           NoTables; by default Tables<O> when O can update rows (Sgd, Adagrad, Adam,
+///           Ftrl, RmsProp), NoTables otherwise (Momentum)
+///
+/// Embedding tables: the rows a ps holds are created when first pulled (PullRows), with a
+/// value that depends only on the table, the id and the registered seed; a push's rows
+/// share its verdict and go into a per-table SparseAccumulator, and each update applies the
+/// row-wise optimizer to the rows pushed in it (each row's mean over the pushes that held
+/// it), all or nothing together with the dense parts. Checkpoints do not hold tables yet:
+/// a ps that holds one refuses ReadState, and a Restore leaves its tables as they are.
 ///
 /// Bad requests are answered with an ErrorReply and change nothing; the ps keeps serving. A
 /// push is all-or-nothing: it is checked whole (known parts, sizes, finite values unless
@@ -51,22 +63,37 @@ namespace pulley {
 /// state (half an update applied) fails the ps: it answers every request from then on with
 /// `kInternal` and the reason, and `stopped()` turns true, so its transport ends and the
 /// task exits with an error instead of serving parameters it cannot vouch for.
-template <Sharding S, Optimizer O, SyncPolicy P>
+template <Sharding S, Optimizer O, SyncPolicy P, class T = DefaultTables<O>>
 class ParameterServer {
  public:
   /// @param task    this ps task's index
   /// @param num_ps  the number of ps tasks in the cluster
-  ParameterServer(std::uint32_t task, std::uint32_t num_ps, O optimizer, P sync, S sharding = {})
+  /// @param tables  the embedding tables' policy; by default, when the tables' optimizer is
+  ///                of the dense one's type, a copy of `optimizer` (the same settings)
+  ParameterServer(std::uint32_t task, std::uint32_t num_ps, O optimizer, P sync, S sharding = {},
+                  std::optional<T> tables = std::nullopt)
       : task_(task),
         num_ps_(num_ps),
         optimizer_(std::move(optimizer)),
         sync_(std::move(sync)),
         sharding_(std::move(sharding)),
+        table_policy_(tables ? std::move(*tables) : default_tables(optimizer_)),
         pacer_(sync_.make_pacer()) {
     if (num_ps == 0 || task >= num_ps) {
       throw Error(ErrorCode::kInvalidArgument, "ps task " + std::to_string(task) +
                                                    " is outside a cluster of " +
                                                    std::to_string(num_ps) + " ps tasks");
+    }
+  }
+
+  /// The table policy a ParameterServer gets when none is given.
+  static T default_tables(const O& optimizer) {
+    if constexpr (std::is_same_v<typename T::Optimizer, O>) {
+      T tables{};
+      tables.optimizer = optimizer;
+      return tables;
+    } else {
+      return T{};
     }
   }
 
@@ -78,6 +105,9 @@ class ParameterServer {
       return;
     }
     changing_ = false;
+    // A transport is done with every reply's views before it hands over a request that
+    // changes parameters: the buffers of earlier row replies are free again.
+    if (changes_parameters(request)) row_replies_used_ = 0;
     try {
       if (context.peer && !senders(request).contains(context.peer->job)) {
         const std::string problem = "refused " + std::string(message_name(request)) + " from " +
@@ -109,7 +139,19 @@ class ParameterServer {
   [[nodiscard]] Stats stats() const noexcept {
     Stats s = stats_;
     s.global_step = global_step();
+    for (const Table& t : tables_) {
+      const TableStats ts = t.rows.stats();
+      s.table_rows += static_cast<std::int64_t>(ts.rows);
+      s.table_rows_evicted += static_cast<std::int64_t>(ts.rows_evicted);
+      s.table_rows_dropped += static_cast<std::int64_t>(ts.pushes_dropped);
+    }
     return s;
+  }
+  /// The counters of each embedding table held here, in the model's table order.
+  [[nodiscard]] std::vector<TableStats> table_stats() const {
+    std::vector<TableStats> out;
+    for (const Table& t : tables_) out.push_back(t.rows.stats());
+    return out;
   }
 
   /// The transport lost connection `session` of task `node` (0: all of them). A worker's
@@ -163,7 +205,9 @@ class ParameterServer {
   /// element held here, a restore one more per optimizer slot (0 before registration:
   /// nothing can carry a tensor yet).
   [[nodiscard]] std::uint64_t max_request_payload() const noexcept {
-    return held_bytes_ * (1 + slots_per_part_);
+    std::uint64_t rows = 0;  // a push may carry up to kMaxRowsPerRequest rows of each table
+    for (const TableSpec& t : table_specs_) rows += kMaxRowsPerRequest * t.dim * sizeof(float);
+    return held_bytes_ * (1 + slots_per_part_) + rows;
   }
 
  private:
@@ -181,6 +225,21 @@ class ParameterServer {
   struct WaitingPull {
     Pull request;
     Responder reply;
+  };
+  struct WaitingRows {
+    PullRows request;
+    Responder reply;
+  };
+
+  using TableOptimizer = typename T::Optimizer;
+  /// An embedding table held here: its rows, the current update's gradients, its update
+  /// count (lazy Adam's t) and the step of its next eviction pass.
+  struct Table {
+    EmbeddingTable<TableOptimizer> rows;
+    SparseAccumulator accumulator;
+    std::int64_t updates = 0;
+    std::int64_t next_eviction = 0;
+    bool prepared = false;  ///< its rows of the update being applied wait for commit
   };
 
   struct TokenWaiter {
@@ -234,6 +293,7 @@ class ParameterServer {
     for (Responder& w : std::exchange(ready_waiters_, {})) send(w, ErrorReply{answer});
     for (TokenWaiter& w : std::exchange(token_waiters_, {})) send(w.reply, ErrorReply{answer});
     for (WaitingPull& w : std::exchange(waiting_pulls_, {})) send(w.reply, ErrorReply{answer});
+    for (WaitingRows& w : std::exchange(waiting_rows_, {})) send(w.reply, ErrorReply{answer});
     for (HeldPush& h : std::exchange(held_, {})) send(h.reply, ErrorReply{answer});
     for (WaitingPause& w : std::exchange(waiting_pauses_, {})) send(w.reply, ErrorReply{answer});
     if (pending_read_) {
@@ -247,7 +307,7 @@ class ParameterServer {
 
   void on(Register& r, const RequestContext& /*context*/, Responder& reply) {
     if (registered_) {
-      if (r.variables == variables_) {
+      if (r.variables == variables_ && r.tables == table_specs_ && r.table_seed == table_seed_) {
         send(reply, placement_reply());
       } else {
         reject(reply, ErrorCode::kAlreadyExists, "a different model is already registered");
@@ -255,6 +315,17 @@ class ParameterServer {
       return;
     }
     if (auto problem = check_variables(r.variables); !problem.empty()) {
+      reject(reply, ErrorCode::kInvalidArgument, problem);
+      return;
+    }
+    if (!r.tables.empty() && std::is_same_v<T, NoTables>) {
+      reject(reply, ErrorCode::kFailedPrecondition,
+             "the model has embedding tables, and this ps serves none: its optimizer has no "
+             "row-wise apply (RowWiseOptimizer); compose ParameterServer<S, O, P, "
+             "Tables<Adagrad>> or another RowWiseOptimizer for the tables");
+      return;
+    }
+    if (auto problem = check_tables(r.tables, r.variables); !problem.empty()) {
       reject(reply, ErrorCode::kInvalidArgument, problem);
       return;
     }
@@ -276,8 +347,17 @@ class ParameterServer {
                            row_size, std::vector<float>(n, 0.0F), optimizer_.make_state(n),
                            sync_.make_accumulator(n), false});
     }
-    PlacementReply answer{r.variables, placement, epoch_, {}, {}};
+    std::vector<Table> tables;
+    tables.reserve(r.tables.size());
+    for (const TableSpec& spec : r.tables) {
+      tables.push_back(Table{EmbeddingTable<TableOptimizer>(spec, table_policy_.optimizer, r.table_seed),
+                             SparseAccumulator(spec.dim), 0, 0, false});
+    }
+    PlacementReply answer{r.variables, placement, epoch_, {}, {}, r.tables};
     optimizer_state_names(answer.slot_names, answer.counter_names);
+    tables_ = std::move(tables);
+    table_specs_ = std::move(r.tables);
+    table_seed_ = r.table_seed;
     variables_ = std::move(r.variables);
     placement_ = std::move(placement);
     slots_ = std::move(slots);
@@ -309,6 +389,29 @@ class ParameterServer {
         return "variable '" + v.name + "' has an unknown initializer";
       }
       if (!names.insert(v.name).second) return "variable name '" + v.name + "' is used twice";
+    }
+    return {};
+  }
+
+  /// Why `tables` cannot be registered beside `variables`, or "".
+  static std::string check_tables(const std::vector<TableSpec>& tables,
+                                  const std::vector<VariableSpec>& variables) {
+    std::unordered_set<std::string_view> names;
+    for (const VariableSpec& v : variables) names.insert(v.name);
+    for (std::size_t i = 0; i < tables.size(); ++i) {
+      const TableSpec& t = tables[i];
+      if (t.name.empty()) return "table " + std::to_string(i) + " has no name";
+      if (t.dim == 0 || t.dim > kMaxTableDim) {
+        return "table '" + t.name + "' has dim " + std::to_string(t.dim) + " (1 to " +
+               std::to_string(kMaxTableDim) + ")";
+      }
+      if (t.initializer.kind > Initializer::Kind::kNormal) {
+        return "table '" + t.name + "': its rows need zeros, constant, uniform or normal "
+               "initial values (Glorot's rule has no fans in a table)";
+      }
+      if (t.admit_after == 0) return "table '" + t.name + "' has admit_after 0 (1 admits at once)";
+      if (t.evict_after_steps < 0) return "table '" + t.name + "' has a negative evict_after_steps";
+      if (!names.insert(t.name).second) return "name '" + t.name + "' is used twice";
     }
     return {};
   }
@@ -482,11 +585,86 @@ class ParameterServer {
       answer_pull(w.request, w.reply);
       return true;
     });
+    std::erase_if(waiting_rows_, [&](WaitingRows& w) {
+      if (global_step() < w.request.min_step) return false;
+      answer_rows(w.request, w.reply);
+      return true;
+    });
     std::erase_if(waiting_pauses_, [&](WaitingPause& w) {
       if (global_step() < w.at_step) return false;
       pause(w.session, w.reply);
       return true;
     });
+  }
+
+  // ---- PullRows: rows of embedding tables ----------------------------------------------
+
+  void on(PullRows& r, const RequestContext& /*context*/, Responder& reply) {
+    if (!ready_) {
+      reject(reply, ErrorCode::kFailedPrecondition, "row pull before initialization");
+      return;
+    }
+    if (r.min_step > 0 && !current_epoch(r.epoch, reply, "row pull")) return;
+    if (auto problem = check_rows(r.tables, false); !problem.empty()) {
+      reject(reply, ErrorCode::kInvalidArgument, problem);
+      return;
+    }
+    if (global_step() < r.min_step) {
+      WaitingRows& waiting = waiting_rows_.emplace_back(WaitingRows{std::move(r), nullptr});
+      park(waiting.reply, reply);
+    } else {
+      answer_rows(r, reply);
+    }
+  }
+
+  /// Why `rows` (of a pull, or with `values` of a push) cannot be served here, or "": a
+  /// table that does not exist or comes twice, too many ids, an id another ps holds, rows
+  /// of the wrong size.
+  std::string check_rows(const std::vector<TableRows>& rows, bool values) const {
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const TableRows& tr = rows[i];
+      if (tr.table >= tables_.size()) {
+        return "unknown table " + std::to_string(tr.table) + " (the model has " +
+               std::to_string(tables_.size()) + ")";
+      }
+      const TableSpec& spec = table_specs_[tr.table];
+      for (std::size_t j = 0; j < i; ++j) {
+        if (rows[j].table == tr.table) return "table '" + spec.name + "' comes twice";
+      }
+      if (tr.ids.size() > kMaxRowsPerRequest) {
+        return std::to_string(tr.ids.size()) + " ids of table '" + spec.name + "' in one request (at most " +
+               std::to_string(kMaxRowsPerRequest) + ")";
+      }
+      if (tr.values.size() != (values ? tr.ids.size() * spec.dim : 0)) {
+        return "table '" + spec.name + "': " + std::to_string(tr.values.size()) + " values for " +
+               std::to_string(tr.ids.size()) + " rows of dim " + std::to_string(spec.dim);
+      }
+      for (const std::uint64_t id : tr.ids) {
+        const std::uint32_t owner = table_policy_.sharding.ps_of(spec.name, id, num_ps_);
+        if (owner != task_) {
+          return "row " + std::to_string(id) + " of table '" + spec.name + "' is held by ps " +
+                 std::to_string(owner) + ", not here (do the worker and the ps use the same " +
+                 "id sharding?)";
+        }
+      }
+    }
+    return {};
+  }
+
+  void answer_rows(const PullRows& r, Responder& reply) {
+    if (row_replies_used_ == row_replies_.size()) row_replies_.emplace_back();
+    std::vector<std::vector<float>>& buffers = row_replies_[row_replies_used_++];
+    buffers.resize(r.tables.size());
+    RowsReply answer{global_step(), {}};
+    for (std::size_t i = 0; i < r.tables.size(); ++i) {
+      const TableRows& tr = r.tables[i];
+      Table& table = tables_[tr.table];
+      buffers[i].resize(tr.ids.size() * table.rows.dim());
+      table.rows.pull(tr.ids, buffers[i], global_step());
+      answer.rows.emplace_back(buffers[i]);
+      stats_.bytes_pulled += static_cast<std::int64_t>(buffers[i].size() * sizeof(float));
+    }
+    send(reply, std::move(answer));
   }
 
   // ---- Push -----------------------------------------------------------------------------
@@ -499,6 +677,20 @@ class ParameterServer {
     }
     if (!is_sender(r.worker, context, reply, "Push")) return;
     if (!check_parts(r.gradients, context, reply)) return;
+    if (auto problem = check_rows(r.rows, true); !problem.empty()) {
+      reject(reply, ErrorCode::kInvalidArgument, problem);
+      return;
+    }
+    if (!context.tensors_finite) {
+      for (const TableRows& tr : r.rows) {
+        if (!detail::all_finite(tr.values)) {
+          reject(reply, ErrorCode::kInvalidArgument,
+                 "non-finite (NaN or Inf) rows for table '" + table_specs_[tr.table].name +
+                     "'; nothing was applied");
+          return;
+        }
+      }
+    }
     if (r.gradients.size() != slots_.size()) {
       // Every part must see every push's verdict, or parts drift apart.
       reject(reply, ErrorCode::kInvalidArgument,
@@ -557,6 +749,15 @@ class ParameterServer {
       ++stats_.gradients_accepted;
       sync_.accumulate(slot.accumulator, pv.values);
     }
+    for (const TableRows& tr : r.rows) {
+      stats_.bytes_pushed += static_cast<std::int64_t>(tr.values.size_bytes());
+      if (verdict == Verdict::kStale) {
+        stats_.table_rows_dropped += static_cast<std::int64_t>(tr.ids.size());
+        continue;
+      }
+      if (!overflow.empty()) continue;
+      tables_[tr.table].accumulator.add(tr.ids, tr.values);
+    }
     if (verdict != Verdict::kStale && overflow.empty()) {
       ++accumulated_;
       contributors_.push_back(r.worker);
@@ -613,10 +814,14 @@ class ParameterServer {
   void hold(const Push& r, Responder& reply) {
     HeldPush& held = held_.emplace_back();
     held.push = Push{r.worker, r.local_step, {}, r.epoch, r.sequence};
-    held.storage.reserve(r.gradients.size());
+    held.storage.reserve(r.gradients.size() + r.rows.size());
     for (const PartValues& pv : r.gradients) {
       held.storage.emplace_back(pv.values.begin(), pv.values.end());
       held.push.gradients.push_back({pv.part, held.storage.back()});
+    }
+    for (const TableRows& tr : r.rows) {
+      held.storage.emplace_back(tr.values.begin(), tr.values.end());
+      held.push.rows.push_back({tr.table, tr.ids, held.storage.back()});
     }
     park(held.reply, reply);
     advance_to_cut();
@@ -646,6 +851,12 @@ class ParameterServer {
   void on(ReadState& r, const RequestContext& /*context*/, Responder& reply) {
     if (!paused_) {
       reject(reply, ErrorCode::kFailedPrecondition, "ReadState without Pause");
+      return;
+    }
+    if (!tables_.empty()) {
+      reject(reply, ErrorCode::kFailedPrecondition,
+             "checkpoints do not hold embedding tables yet: this ps holds table '" +
+                 table_specs_.front().name + "'");
       return;
     }
     for (std::size_t w = 0; w < taken_.size(); ++w) {
@@ -796,6 +1007,8 @@ class ParameterServer {
                           ": wait until ready and start the step again"};
     for (TokenWaiter& w : std::exchange(token_waiters_, {})) send(w.reply, ErrorReply{gone});
     for (WaitingPull& w : std::exchange(waiting_pulls_, {})) send(w.reply, ErrorReply{gone});
+    for (WaitingRows& w : std::exchange(waiting_rows_, {})) send(w.reply, ErrorReply{gone});
+    for (Table& table : tables_) table.accumulator.clear();
     for (HeldPush& h : std::exchange(held_, {})) send(h.reply, ErrorReply{gone});
     for (WaitingPause& w : std::exchange(waiting_pauses_, {})) send(w.reply, ErrorReply{gone});
     if (pending_read_) {
@@ -848,10 +1061,18 @@ class ParameterServer {
   void apply_all(std::int64_t step_before, bool checked) {
     updates_.clear();
     for (Slot& slot : slots_) updates_.push_back(sync_.take(slot.accumulator));
+    // The tables' rows first, into scratch memory: committed with the dense parts below, or
+    // not at all.
+    for (Table& table : tables_) {
+      if (table.accumulator.empty()) continue;
+      const std::span<const float> means = table.accumulator.take();
+      table.prepared = table.rows.prepare(table.accumulator.ids(), means, step_before, table.updates + 1);
+      if (!table.prepared) return skip_update(step_before, "table '" + table.rows.spec().name + "'");
+    }
     if constexpr (PredictsFiniteness<O>) {
       for (std::size_t i = 0; !checked && i < slots_.size(); ++i) {
         if (!optimizer_.stays_finite(slots_[i].optimizer_state, slots_[i].values, updates_[i])) {
-          return skip_update(step_before, slots_[i]);
+          return skip_update(step_before, describe(slots_[i].part));
         }
       }
       for (std::size_t i = 0; i < slots_.size(); ++i) {
@@ -869,7 +1090,7 @@ class ParameterServer {
           *shadow.state = slot.optimizer_state;
         }
         apply_to(slot, shadow.values, *shadow.state, updates_[i], step_before);
-        if (!detail::all_finite(shadow.values)) return skip_update(step_before, slot);
+        if (!detail::all_finite(shadow.values)) return skip_update(step_before, describe(slot.part));
       }
       for (std::size_t i = 0; i < slots_.size(); ++i) {
         std::swap(slots_[i].values, shadows_[i].values);
@@ -887,6 +1108,26 @@ class ParameterServer {
       }
     }
     stats_.updates_applied += static_cast<std::int64_t>(slots_.size());
+    commit_tables(step_before);
+  }
+
+  /// Writes every table's prepared rows back, and evicts rows gone untouched too long
+  /// (every eighth of the eviction window: a pass costs one look at every row).
+  void commit_tables(std::int64_t step_before) {
+    for (Table& table : tables_) {
+      if (!std::exchange(table.prepared, false)) continue;  // no row pushed in this update
+      table.rows.commit(step_before);
+      ++table.updates;
+      table.accumulator.clear();
+      ++stats_.updates_applied;
+    }
+    const std::int64_t step = step_before + 1;
+    for (Table& table : tables_) {
+      const std::int64_t window = table.rows.spec().evict_after_steps;
+      if (window <= 0 || step < table.next_eviction) continue;
+      table.rows.evict(step);
+      table.next_eviction = step + std::max<std::int64_t>(1, window / 8);
+    }
   }
 
   void apply_to(const Slot& slot, std::span<float> values, typename O::State& state,
@@ -896,8 +1137,12 @@ class ParameterServer {
     apply_update(optimizer_, state, values, update, context);
   }
 
-  void skip_update(std::int64_t step_before, const Slot& slot) {
+  void skip_update(std::int64_t step_before, const std::string& what) {
     ++stats_.updates_refused;
+    for (Table& table : tables_) {
+      table.accumulator.clear();
+      table.prepared = false;
+    }
     std::string from;
     for (const std::uint32_t w : contributors_) {
       from += (from.empty() ? "worker " : ", worker ") + std::to_string(w);
@@ -905,7 +1150,7 @@ class ParameterServer {
     log(LogLevel::kWarning,
         "ps " + std::to_string(task_) + ": rolled back the update of global step " +
             std::to_string(step_before + 1) + " (gradients from " + from + "): it would have made " +
-            describe(slot.part) + " non-finite");
+            what + " non-finite");
   }
 
   /// Checks that a worker's request names the worker that sent it.
@@ -1067,7 +1312,7 @@ class ParameterServer {
   /// What Register and WaitReady answer: the model, where it lives, the epoch, and the names
   /// of the optimizer's slots and counters.
   PlacementReply placement_reply() {
-    PlacementReply answer{variables_, placement_, epoch_, {}, {}};
+    PlacementReply answer{variables_, placement_, epoch_, {}, {}, table_specs_};
     optimizer_state_names(answer.slot_names, answer.counter_names);
     return answer;
   }
@@ -1130,6 +1375,10 @@ class ParameterServer {
   }
 
   static constexpr std::size_t kNotHere = static_cast<std::size_t>(-1);
+  /// Ids of one table in one request: a reply is at most this many rows.
+  static constexpr std::size_t kMaxRowsPerRequest = std::size_t{1} << 22U;
+  /// Floats in one row of a table.
+  static constexpr std::size_t kMaxTableDim = std::size_t{1} << 16U;
   /// Elements a variable may have: 4 TiB of floats, beyond any ps, and no product of its
   /// shape wraps around on the way.
   static constexpr std::size_t kMaxElements = std::size_t{1} << 40U;
@@ -1141,6 +1390,7 @@ class ParameterServer {
   [[no_unique_address]] O optimizer_;
   [[no_unique_address]] P sync_;
   [[no_unique_address]] S sharding_;
+  [[no_unique_address]] T table_policy_;
 
   bool registered_ = false;
   bool ready_ = false;
@@ -1150,6 +1400,14 @@ class ParameterServer {
   Placement placement_;
   std::vector<Slot> slots_;
   std::vector<std::size_t> slot_of_part_;  ///< global part index → slot, or kNotHere
+  std::vector<TableSpec> table_specs_;
+  std::uint64_t table_seed_ = 0;
+  std::vector<Table> tables_;
+  /// Buffers of row replies, by request: those before `row_replies_used_` may be viewed by
+  /// a transport until the next request that changes parameters.
+  std::deque<std::vector<std::vector<float>>> row_replies_;
+  std::size_t row_replies_used_ = 0;
+  std::vector<WaitingRows> waiting_rows_;
   std::size_t initialized_slots_ = 0;
 
   std::uint64_t held_bytes_ = 0;  ///< bytes of the parts held here

@@ -11,7 +11,7 @@
 /// The layers, each using only those before it:
 ///   contracts  error, variable, placement, messages, call, concepts/
 ///   policies   optimizers/, sharding/, sync/
-///   hosts      ParameterServer, Worker, Chief, Evaluator
+///   hosts      ParameterServer (with EmbeddingTable), Worker, Chief, Evaluator
 ///   transports transport/
 ///   cluster and runner
 
@@ -26,6 +26,7 @@
 #include "pulley/concepts/sharding.hpp"
 #include "pulley/concepts/sync_policy.hpp"
 #include "pulley/concepts/transport.hpp"
+#include "pulley/embedding_table.hpp"
 #include "pulley/error.hpp"
 #include "pulley/evaluator.hpp"
 #include "pulley/heartbeat.hpp"
@@ -35,15 +36,19 @@
 #include "pulley/node.hpp"
 #include "pulley/optimizers/adagrad.hpp"
 #include "pulley/optimizers/adam.hpp"
+#include "pulley/optimizers/ftrl.hpp"
 #include "pulley/optimizers/momentum.hpp"
+#include "pulley/optimizers/rmsprop.hpp"
 #include "pulley/optimizers/sgd.hpp"
 #include "pulley/parameter_server.hpp"
 #include "pulley/placement.hpp"
+#include "pulley/sharding/ids.hpp"
 #include "pulley/sharding/partition.hpp"
 #include "pulley/sharding/partitioned.hpp"
 #include "pulley/sharding/round_robin.hpp"
 #include "pulley/sync/async.hpp"
 #include "pulley/sync/bounded_staleness.hpp"
+#include "pulley/sync/sparse_accumulator.hpp"
 #include "pulley/sync/sync_replicas.hpp"
 #include "pulley/transport/in_process.hpp"
 #include "pulley/variable.hpp"

@@ -69,6 +69,31 @@ struct VariableSpec {
   friend bool operator==(const VariableSpec&, const VariableSpec&) = default;
 };
 
+/// An embedding table as the model declares it: rows of `dim` floats keyed by 64-bit ids,
+/// with no fixed vocabulary. A row exists on the ps that holds its id from the first time it
+/// is admitted (see below), with a value that depends only on the initializer, the table's
+/// name, the id and the job's seed, so that it is the same whichever ps holds it and
+/// whatever order ids arrive in. A worker pulls and pushes only the rows its batch touches.
+struct TableSpec {
+  std::string name;
+  std::size_t dim = 0;      ///< floats per row
+  Initializer initializer;  ///< of each new row: zeros, constant, uniform or normal
+  /// Admission: a row is created only once its id was pulled this many times (1: at once).
+  /// Until then it reads as its initial value, and pushes to it are dropped and counted.
+  std::uint32_t admit_after = 1;
+  /// Eviction: a row neither pulled nor pushed for this many global steps is removed (and
+  /// starts again from its initial value if it comes back); 0 keeps rows for ever.
+  std::int64_t evict_after_steps = 0;
+
+  /// Its fields on the wire (see messages.hpp).
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(name, dim, initializer, admit_after, evict_after_steps);
+  }
+
+  friend bool operator==(const TableSpec&, const TableSpec&) = default;
+};
+
 /// A half-open range of rows `[begin, end)` of one variable.
 struct RowRange {
   std::size_t begin = 0;

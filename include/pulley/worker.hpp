@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -8,6 +9,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -15,6 +17,7 @@
 #include "pulley/concepts/transport.hpp"
 #include "pulley/detail/client.hpp"
 #include "pulley/detail/recovery.hpp"
+#include "pulley/embedding_table.hpp"
 
 namespace pulley {
 
@@ -29,19 +32,34 @@ struct StepResult {
 /// A worker task: pulls parameters into its model, computes gradients on its own batches
 /// and pushes them (seed 002's pull → feed → compute → push; the ps does the update).
 ///
-/// @tparam M the Model it trains (owned: the worker pulls into its parameters in place)
+/// With a TableModel, each step also pulls the rows of the embedding tables its batch
+/// touches (their distinct ids, grouped by the ps that holds them: `lookup`), in the same
+/// round trip as the dense parameters it needs then, and pushes their gradients with the
+/// dense ones. A worker never holds, pulls or pushes a whole table.
+///
+/// @tparam M the Model or TableModel it trains (owned: the worker pulls into its parameters
+///           in place)
 /// @tparam T the Transport that reaches the ps tasks
-template <Model M, Transport T>
+/// @tparam I the IdSharding of the tables' rows: the ps tasks' (HashIds by default)
+template <Model M, Transport T, IdSharding I = HashIds>
 class Worker {
  public:
   /// @param index this worker's task index (tags its pushes and token requests)
-  Worker(std::uint32_t index, M model, T transport, ClientOptions options = {})
-      : index_(index), model_(std::move(model)), client_(std::move(transport), options) {
+  Worker(std::uint32_t index, M model, T transport, ClientOptions options = {}, I sharding = {})
+      : index_(index),
+        model_(std::move(model)),
+        client_(std::move(transport), options),
+        sharding_(std::move(sharding)) {
     const auto variables = std::span<const VariableSpec>(model_.variables());
     all_.reserve(variables.size());
     for (std::size_t v = 0; v < variables.size(); ++v) {
       all_.push_back({v, {0, variables[v].rows()}, model_.parameter(v)});
       gradients_.push_back(model_.gradient(v));
+    }
+    if constexpr (TableModel<M>) {
+      const auto tables = std::span<const TableSpec>(model_.tables());
+      batches_.resize(tables.size());
+      for (std::size_t t = 0; t < tables.size(); ++t) batches_[t].spec = tables[t];
     }
   }
 
@@ -50,7 +68,13 @@ class Worker {
   Worker& operator=(const Worker&) = delete;
 
   /// Blocks until the chief has initialized every ps, and learns where variables live.
-  void wait_ready() { client_.wait_ready(model_.variables()); }
+  void wait_ready() {
+    if constexpr (TableModel<M>) {
+      client_.wait_ready(model_.variables(), std::span<const TableSpec>(model_.tables()));
+    } else {
+      client_.wait_ready(model_.variables());
+    }
+  }
 
   /// One training step on `batch`, paced by the sync policy: take a sync token (under
   /// Async, whose tokens never wait, only once: the pulls report the global step), make sure
@@ -101,7 +125,7 @@ class Worker {
   /// stale.
   std::uint32_t push_pull(std::int64_t local_step, std::int64_t pull_step) {
     pulled_step_ = -1;  // a pull that fails part way leaves the model mixed: pull again
-    const auto done = client_.push_pull(index_, local_step, gradients_, all_, pull_step);
+    const auto done = client_.push_pull(index_, local_step, gradients_, all_, pull_step, push_rows_);
     pulled_step_ = done.pulled_step;
     return done.stale_parts;
   }
@@ -132,7 +156,7 @@ class Worker {
   /// Pushes the model's current gradients tagged with `local_step`, pulling nothing;
   /// returns the number of part gradients dropped as stale.
   std::uint32_t push(std::int64_t local_step) {
-    return client_.push(index_, local_step, gradients_);
+    return client_.push(index_, local_step, gradients_, push_rows_);
   }
 
   /// The model it trains, with the parameters of the last pull.
@@ -168,9 +192,21 @@ class Worker {
       finished_ = true;
       return std::nullopt;
     }
-    if (pulled_step_ < token.pull_step) pull_all(token.pull_step);
     StepResult result;
-    result.loss = static_cast<float>(model_.compute_gradients(batch));
+    if constexpr (TableModel<M>) {
+      gather_rows(batch);
+      if (pulled_step_ < token.pull_step) {
+        pulled_step_ = -1;
+        pulled_step_ = client_.pull_with_rows(all_, row_requests_, token.pull_step);
+      } else {
+        (void)client_.pull_rows(row_requests_, token.pull_step);
+      }
+      for (TableState& t : batches_) std::fill(t.gradients.begin(), t.gradients.end(), 0.0F);
+      result.loss = static_cast<float>(model_.compute_gradients(batch, std::span<const TableBatch>(views_)));
+    } else {
+      if (pulled_step_ < token.pull_step) pull_all(token.pull_step);
+      result.loss = static_cast<float>(model_.compute_gradients(batch));
+    }
     result.local_step = token.local_step;
     result.global_step = reply.global_step;
     result.stale_parts = push_pull(token.local_step, token.next_pull_step);
@@ -181,7 +217,7 @@ class Worker {
   void recover() {
     pulled_step_ = -1;
     paced_ = true;
-    client_.wait_ready(model_.variables());
+    wait_ready();
   }
 
   /// After a kFailedPrecondition: true if the ps tasks were restored since this worker
@@ -203,11 +239,63 @@ class Worker {
     pulled_step_ = client_.pull(all_, min_step);
   }
 
+  /// One table's rows for the current batch: its distinct ids grouped by ps (ascending
+  /// within each), where each id is, the rows pulled and their gradients.
+  struct TableState {
+    TableSpec spec;
+    std::vector<std::uint64_t> ids;
+    std::vector<std::size_t> ps_begin;
+    std::unordered_map<std::uint64_t, std::size_t> positions;
+    std::vector<float> rows;
+    std::vector<float> gradients;
+  };
+
+  /// Asks the model which ids the batch uses, and lays out every table's buffers for them.
+  void gather_rows(const typename M::Batch& batch) {
+    const auto num_ps = static_cast<std::uint32_t>(client_.num_ps());
+    row_requests_.clear();
+    views_.clear();
+    for (std::size_t t = 0; t < batches_.size(); ++t) {
+      TableState& table = batches_[t];
+      table.ids.clear();
+      model_.lookup(batch, t, table.ids);
+      // By (ps, id): each ps's ids are one run, and the order is the same on every run.
+      keyed_.clear();
+      for (const std::uint64_t id : table.ids) keyed_.push_back({sharding_.ps_of(table.spec.name, id, num_ps), id});
+      std::sort(keyed_.begin(), keyed_.end());
+      keyed_.erase(std::unique(keyed_.begin(), keyed_.end()), keyed_.end());
+      table.ids.clear();
+      table.ps_begin.assign(num_ps + 1, 0);
+      table.positions.clear();
+      for (const auto& [ps, id] : keyed_) {
+        table.positions.emplace(id, table.ids.size());
+        table.ids.push_back(id);
+        ++table.ps_begin[ps + 1];
+      }
+      for (std::uint32_t p = 0; p < num_ps; ++p) table.ps_begin[p + 1] += table.ps_begin[p];
+      table.rows.resize(table.ids.size() * table.spec.dim);
+      table.gradients.resize(table.ids.size() * table.spec.dim);
+      row_requests_.push_back({t, table.ids, table.ps_begin, table.rows});
+      views_.push_back({table.spec.dim, table.ids, table.rows, table.gradients, &table.positions});
+    }
+    // The pulls write into the rows; the pushes send the gradients.
+    push_rows_.clear();
+    for (std::size_t t = 0; t < batches_.size(); ++t) {
+      push_rows_.push_back({t, batches_[t].ids, batches_[t].ps_begin, batches_[t].gradients});
+    }
+  }
+
   std::uint32_t index_;
   M model_;
   detail::Client<T> client_;
   std::vector<PullRequest> all_;                   ///< every variable into the model
   std::vector<std::span<const float>> gradients_;  ///< the model's gradient buffers
+  [[no_unique_address]] I sharding_;
+  std::vector<TableState> batches_;                ///< by table: the current batch's rows
+  std::vector<RowRequest> row_requests_;           ///< pulls into batches_' rows
+  std::vector<RowRequest> push_rows_;              ///< pushes of batches_' gradients
+  std::vector<TableBatch> views_;                  ///< what the model computes with
+  std::vector<std::pair<std::uint32_t, std::uint64_t>> keyed_;  ///< scratch: (ps, id)
   std::int64_t global_step_ = 0;
   std::int64_t pulled_step_ = -1;  ///< the model holds every variable as of this step or later
   bool paced_ = true;              ///< the sync policy makes workers wait for tokens

@@ -19,7 +19,7 @@
 /// The layers, each using only those before it:
 ///   contracts  error, variable, placement, messages, call, concepts/
 ///   policies   optimizers/, sharding/, sync/
-///   hosts      ParameterServer, Worker, Chief, Evaluator
+///   hosts      ParameterServer (with EmbeddingTable), Worker, Chief, Evaluator
 ///   transports transport/
 ///   cluster and runner
 
@@ -55,6 +55,7 @@ enum class ErrorCode : std::uint8_t {
   kPermissionDenied = 11,   ///< the sender's role may not make this request
   kUnauthenticated = 12,    ///< a peer of another job, or without the job's secret
   kDataLoss = 13,           ///< stored data that is corrupt or truncated (a checkpoint)
+  kResourceExhausted = 14,  ///< a limit is reached (rows of a table on one ps)
 };
 
 /// Stable lower-case name of a code, for logs and error messages.
@@ -84,6 +85,8 @@ constexpr std::string_view to_string(ErrorCode code) noexcept {
       return "permission_denied";
     case ErrorCode::kUnauthenticated:
       return "unauthenticated";
+    case ErrorCode::kResourceExhausted:
+      return "resource_exhausted";
     case ErrorCode::kDataLoss:
       return "data_loss";
   }
@@ -582,6 +585,31 @@ struct VariableSpec {
   friend bool operator==(const VariableSpec&, const VariableSpec&) = default;
 };
 
+/// An embedding table as the model declares it: rows of `dim` floats keyed by 64-bit ids,
+/// with no fixed vocabulary. A row exists on the ps that holds its id from the first time it
+/// is admitted (see below), with a value that depends only on the initializer, the table's
+/// name, the id and the job's seed, so that it is the same whichever ps holds it and
+/// whatever order ids arrive in. A worker pulls and pushes only the rows its batch touches.
+struct TableSpec {
+  std::string name;
+  std::size_t dim = 0;      ///< floats per row
+  Initializer initializer;  ///< of each new row: zeros, constant, uniform or normal
+  /// Admission: a row is created only once its id was pulled this many times (1: at once).
+  /// Until then it reads as its initial value, and pushes to it are dropped and counted.
+  std::uint32_t admit_after = 1;
+  /// Eviction: a row neither pulled nor pushed for this many global steps is removed (and
+  /// starts again from its initial value if it comes back); 0 keeps rows for ever.
+  std::int64_t evict_after_steps = 0;
+
+  /// Its fields on the wire (see messages.hpp).
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(name, dim, initializer, admit_after, evict_after_steps);
+  }
+
+  friend bool operator==(const TableSpec&, const TableSpec&) = default;
+};
+
 /// A half-open range of rows `[begin, end)` of one variable.
 struct RowRange {
   std::size_t begin = 0;
@@ -720,6 +748,19 @@ struct PartState {
   }
 };
 
+/// Rows of one embedding table: which ids, and in a push one row of the table's dim floats
+/// per id. The ids ride in the metadata (8 bytes each); the rows are a tensor.
+struct TableRows {
+  std::uint32_t table = 0;          ///< index into the model's tables
+  std::vector<std::uint64_t> ids;   ///< distinct
+  std::span<const float> values;    ///< a tensor: ids.size() × dim (empty in a pull)
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(table, ids, values);
+  }
+};
+
 /// Rows `rows` (relative to the variable, inside the part) of part `part`.
 struct Slice {
   std::uint32_t part = 0;
@@ -740,10 +781,14 @@ struct Register {
   static constexpr std::string_view kName = "Register";
   static constexpr JobSet kSenders{Node::Job::kChief};
   std::vector<VariableSpec> variables;
+  /// The model's embedding tables: each ps creates the rows it holds as they are first
+  /// pulled, from `table_seed` (no Initialize).
+  std::vector<TableSpec> tables = {};
+  std::uint64_t table_seed = 0;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(variables);
+    archive(variables, tables, table_seed);
   }
 };
 
@@ -816,10 +861,30 @@ struct Push {
   /// Numbers the worker's pushes (0: none): a push sent again after a lost connection has
   /// the number of the one before it and is answered as that one was, not counted twice.
   std::uint64_t sequence = 0;
+  /// Gradient rows of embedding tables held here, duplicates summed by the worker; they
+  /// share the push's verdict (stale rows are dropped with its parts).
+  std::vector<TableRows> rows = {};
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(worker, local_step, gradients, epoch, sequence);
+    archive(worker, local_step, gradients, epoch, sequence, rows);
+  }
+};
+
+/// Client → ps: read rows of embedding tables (`TableRows::values` empty), gated on
+/// `min_step` and `epoch` as Pull is. Rows not held yet are created (or read as their
+/// initial value until admitted), so it counts as changing the ps.
+struct PullRows {
+  static constexpr std::string_view kName = "PullRows";
+  static constexpr JobSet kSenders{Node::Job::kWorker, Node::Job::kChief, Node::Job::kEvaluator};
+  static constexpr bool kChangesParameters = true;
+  std::int64_t min_step = 0;
+  std::uint64_t epoch = 0;
+  std::vector<TableRows> tables;  ///< distinct ids per table, each table at most once
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(min_step, epoch, tables);
   }
 };
 
@@ -927,7 +992,7 @@ struct Restore {
 
 /// Everything a ps task is asked.
 using Request = std::variant<Register, Initialize, WaitReady, TakeToken, Pull, Push, GetStats,
-                             Shutdown, Pause, ReadState, Resume, Restore, Heartbeat>;
+                             Shutdown, Pause, ReadState, Resume, Restore, Heartbeat, PullRows>;
 
 // ---- responses --------------------------------------------------------------------------
 
@@ -960,10 +1025,11 @@ struct PlacementReply {
   std::uint64_t epoch = 0;  ///< restores so far: requests carry it
   std::vector<std::string> slot_names;     ///< the optimizer's slots, in PartState order
   std::vector<std::string> counter_names;  ///< the optimizer's counters
+  std::vector<TableSpec> tables = {};      ///< the registered embedding tables
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(variables, placement, epoch, slot_names, counter_names);
+    archive(variables, placement, epoch, slot_names, counter_names, tables);
   }
 };
 
@@ -992,6 +1058,18 @@ struct PullReply {
   }
 };
 
+/// Answer to PullRows: one tensor per requested table, its rows in the order of its ids.
+struct RowsReply {
+  static constexpr std::string_view kName = "RowsReply";
+  std::int64_t global_step = 0;
+  std::vector<std::span<const float>> rows;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(global_step, rows);
+  }
+};
+
 /// Answer to Push: how many of its part gradients were dropped as stale.
 struct PushReply {
   static constexpr std::string_view kName = "PushReply";
@@ -1017,11 +1095,16 @@ struct Stats {
   std::int64_t updates_refused = 0;
   /// Times a worker was held lost: heard once, then silent for the worker timeout.
   std::int64_t workers_lost = 0;
+  std::int64_t table_rows = 0;          ///< embedding-table rows held now
+  std::int64_t table_rows_evicted = 0;  ///< rows removed for being untouched too long
+  /// Pushed rows dropped: not admitted yet (or evicted), or stale.
+  std::int64_t table_rows_dropped = 0;
 
   template <class Archive>
   void serialize(Archive& archive) {
     archive(global_step, updates_applied, gradients_accepted, stale_gradients_dropped,
-            requests_rejected, bytes_pushed, bytes_pulled, updates_refused, workers_lost);
+            requests_rejected, bytes_pushed, bytes_pulled, updates_refused, workers_lost,
+            table_rows, table_rows_evicted, table_rows_dropped);
   }
 };
 
@@ -1071,7 +1154,7 @@ struct StateReply {
 
 /// Everything a ps task answers.
 using Response = std::variant<Ack, ErrorReply, PlacementReply, TokenReply, PullReply, PushReply,
-                              StatsReply, PauseReply, StateReply>;
+                              StatsReply, PauseReply, StateReply, RowsReply>;
 
 // ---- what follows from the declarations ---------------------------------------------------
 
@@ -1551,12 +1634,14 @@ class CallGroup {
 // ---- end pulley/call_group.hpp ----
 // ---- begin pulley/chief.hpp ----
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -1909,6 +1994,17 @@ struct PullRequest {
   std::span<float> into;
 };
 
+/// Rows of one embedding table to pull into `values`, or whose gradients in `values` to
+/// push. The ids are grouped by the ps that holds them: `ps_begin[p]` to `ps_begin[p + 1]`
+/// are ps p's (num_ps + 1 offsets), so each ps's share of `values` is one contiguous span
+/// that a reply is written into, or a push sent from, with no copy.
+struct RowRequest {
+  std::size_t table = 0;
+  std::span<const std::uint64_t> ids;
+  std::span<const std::size_t> ps_begin;
+  std::span<float> values;  ///< ids.size() × dim
+};
+
 /// The values of every variable, read from every ps task at one global step.
 struct Snapshot {
   /// The global step every ps had completed when it was read (the lowest of them when
@@ -1935,6 +2031,8 @@ class Client {
   [[nodiscard]] std::size_t num_ps() const { return transport_.num_ps(); }
   [[nodiscard]] const Placement& placement() const noexcept { return placement_; }
   [[nodiscard]] const std::vector<VariableSpec>& variables() const noexcept { return variables_; }
+  /// The embedding tables the ps tasks hold.
+  [[nodiscard]] const std::vector<TableSpec>& tables() const noexcept { return tables_; }
   [[nodiscard]] bool has_placement() const noexcept { return !placement_.first_part.empty(); }
   /// The ps tasks' epoch (restores so far), as last learned.
   [[nodiscard]] std::uint64_t epoch() const noexcept { return epoch_; }
@@ -1968,20 +2066,41 @@ class Client {
     return replies;
   }
 
-  /// Registers the model on every ps and checks that their placements agree.
-  void register_model(std::span<const VariableSpec> variables) {
+  /// Registers the model (its variables, and its embedding tables with the seed of their
+  /// rows) on every ps and checks that their placements agree.
+  void register_model(std::span<const VariableSpec> variables,
+                      std::span<const TableSpec> tables = {}, std::uint64_t table_seed = 0) {
     std::vector<VariableSpec> list(variables.begin(), variables.end());
-    adopt(broadcast<PlacementReply>([&](std::size_t) { return Register{list}; },
-                                    options_.request_timeout, "register"),
-          list);
+    std::vector<TableSpec> table_list(tables.begin(), tables.end());
+    adopt(broadcast<PlacementReply>(
+              [&](std::size_t) { return Register{list, table_list, table_seed}; },
+              options_.request_timeout, "register"),
+          list, &table_list);
+    table_seed_ = table_seed;
   }
 
-  /// Waits until every ps is initialized and learns the placement.
-  void wait_ready(std::span<const VariableSpec> variables) {
+  /// Waits until every ps is initialized and learns the placement; with `tables`, checks
+  /// that the ps tasks hold exactly those embedding tables.
+  void wait_ready(std::span<const VariableSpec> variables,
+                  std::optional<std::span<const TableSpec>> tables = std::nullopt) {
     std::vector<VariableSpec> list(variables.begin(), variables.end());
+    std::optional<std::vector<TableSpec>> table_list;
+    if (tables) table_list.emplace(tables->begin(), tables->end());
     adopt(broadcast<PlacementReply>([](std::size_t) { return WaitReady{}; }, options_.wait_timeout,
                                     "wait for initialization"),
-          list);
+          list, table_list ? &*table_list : nullptr);
+  }
+
+  /// Pulls the rows of every request into its values, from all ps tasks at once; no ps
+  /// answers before it completed `min_step` steps. Returns the lowest global step the ps
+  /// tasks reported.
+  std::int64_t pull_rows(std::span<const RowRequest> requests, std::int64_t min_step) {
+    CallGroup group;
+    send_row_pulls(group, requests, min_step);
+    wait_gated(group, min_step, "pull rows");
+    std::int64_t step = std::numeric_limits<std::int64_t>::max();
+    for (std::size_t i = 0; i < group.size(); ++i) step = std::min(step, group.take_as<RowsReply>(i).global_step);
+    return group.size() == 0 ? 0 : step;
   }
 
   /// Takes a sync token from ps 0, which paces the workers.
@@ -2002,13 +2121,29 @@ class Client {
     return lowest_step(group, 0);
   }
 
+  /// `pull` and `pull_rows` together, in one round trip; returns the lowest global step
+  /// the dense pulls reported (the rows' are as recent: they wait for the same step).
+  std::int64_t pull_with_rows(std::span<const PullRequest> requests,
+                              std::span<const RowRequest> rows, std::int64_t min_step) {
+    CallGroup group;
+    send(group, split_pulls(requests, min_step));
+    const std::size_t dense = group.size();
+    send_row_pulls(group, rows, min_step);
+    wait_gated(group, min_step, "pull");
+    std::int64_t step = std::numeric_limits<std::int64_t>::max();
+    for (std::size_t i = 0; i < dense; ++i) step = std::min(step, group.take_as<PullReply>(i).global_step);
+    for (std::size_t i = dense; i < group.size(); ++i) step = std::min(step, group.take_as<RowsReply>(i).global_step);
+    return group.size() == 0 ? 0 : step;
+  }
+
   /// Pushes the gradients of whole variables (one span per variable, in variable order)
   /// tagged with `local_step`; every ps gets a message, which counts towards its step.
   /// Returns the number of part gradients dropped as stale.
   std::uint32_t push(std::uint32_t worker, std::int64_t local_step,
-                     std::span<const std::span<const float>> gradients) {
+                     std::span<const std::span<const float>> gradients,
+                     std::span<const RowRequest> rows = {}) {
     CallGroup group;
-    send_pushes(group, worker, local_step, gradients);
+    send_pushes(group, worker, local_step, gradients, rows);
     group.wait(options_.request_timeout, "push");
     return stale_parts(group, 0, group.size());
   }
@@ -2026,10 +2161,11 @@ class Client {
   /// before either is sent.
   PushPullResult push_pull(std::uint32_t worker, std::int64_t local_step,
                            std::span<const std::span<const float>> gradients,
-                           std::span<const PullRequest> requests, std::int64_t min_step) {
+                           std::span<const PullRequest> requests, std::int64_t min_step,
+                           std::span<const RowRequest> rows = {}) {
     PullsPerPs pulls = split_pulls(requests, min_step);
     CallGroup group;
-    send_pushes(group, worker, local_step, gradients);
+    send_pushes(group, worker, local_step, gradients, rows);
     const std::size_t pushes = group.size();
     send(group, std::move(pulls));
     wait_gated(group, min_step, "push and pull");
@@ -2186,7 +2322,7 @@ class Client {
   /// the checkpoint's (another number of ps tasks): tensors are split anew, and each part
   /// takes the counters of the saved part that held its first row.
   void restore(const ModelState& state) {
-    register_model(state.specs());
+    register_model(state.specs(), std::vector<TableSpec>(tables_), table_seed_);
     const std::uint64_t epoch = epoch_ + 1;
     std::vector<Restore> messages(num_ps(), Restore{epoch, state.pacer, {}});
     bool whole = true;
@@ -2394,11 +2530,13 @@ class Client {
   /// Sends every ps the gradients of the parts it holds (checked: one finite gradient of the
   /// right size per variable, before anything is sent).
   void send_pushes(CallGroup& group, std::uint32_t worker, std::int64_t local_step,
-                   std::span<const std::span<const float>> gradients) {
+                   std::span<const std::span<const float>> gradients,
+                   std::span<const RowRequest> rows = {}) {
     if (gradients.size() != variables_.size()) {
       throw Error(ErrorCode::kInvalidArgument, "push needs one gradient per variable");
     }
-    if (options_.clip_norm > 0.0F) gradients = clipped(gradients);
+    for (const RowRequest& r : rows) check_rows(r);
+    if (options_.clip_norm > 0.0F) gradients = clipped(gradients, rows);
     // One number for the push to every ps: a push sent again is recognized by it.
     const std::uint64_t sequence = ++sequence_;
     std::vector<Push> pushes(num_ps(), Push{worker, local_step, {}, epoch_, sequence});
@@ -2422,23 +2560,88 @@ class Client {
                                                      variables_[v].name + "'; nothing was pushed");
       }
     }
+    for (const RowRequest& r : rows) {
+      if (!detail::all_finite(r.values)) {
+        throw Error(ErrorCode::kInvalidArgument, "non-finite (NaN or Inf) row gradients for table '" +
+                                                     tables_[r.table].name + "'; nothing was pushed");
+      }
+      const std::size_t dim = tables_[r.table].dim;
+      for (std::size_t ps = 0; ps < num_ps(); ++ps) {
+        const std::size_t begin = r.ps_begin[ps], end = r.ps_begin[ps + 1];
+        if (begin == end) continue;
+        pushes[ps].rows.push_back({static_cast<std::uint32_t>(r.table),
+                                   std::vector<std::uint64_t>(r.ids.begin() + static_cast<std::ptrdiff_t>(begin),
+                                                              r.ids.begin() + static_cast<std::ptrdiff_t>(end)),
+                                   std::span<const float>(r.values).subspan(begin * dim, (end - begin) * dim)});
+      }
+    }
     for (std::size_t ps = 0; ps < num_ps(); ++ps) {
       group.add(transport_.call(ps, std::move(pushes[ps]), {}));
+    }
+  }
+
+  /// Checks a row request against the tables: a known table, ids grouped by ps as
+  /// `ps_begin` says, values of ids × dim.
+  void check_rows(const RowRequest& r) const {
+    if (r.table >= tables_.size()) {
+      throw Error(ErrorCode::kNotFound, "unknown table index " + std::to_string(r.table));
+    }
+    const TableSpec& spec = tables_[r.table];
+    if (r.ps_begin.size() != num_ps() + 1 || r.ps_begin.front() != 0 ||
+        r.ps_begin.back() != r.ids.size() || !std::is_sorted(r.ps_begin.begin(), r.ps_begin.end()) ||
+        r.values.size() != r.ids.size() * spec.dim) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "rows of table '" + spec.name + "': " + std::to_string(r.ids.size()) + " ids, " +
+                      std::to_string(r.values.size()) + " values of dim " + std::to_string(spec.dim) +
+                      ", grouped by " + std::to_string(r.ps_begin.size()) + " offsets for " +
+                      std::to_string(num_ps()) + " ps tasks: they do not fit");
+    }
+  }
+
+  /// Sends each ps a PullRows of its share of `requests`, replies written into place.
+  void send_row_pulls(CallGroup& group, std::span<const RowRequest> requests, std::int64_t min_step) {
+    std::vector<PullRows> pulls(num_ps(), PullRows{min_step, epoch_, {}});
+    std::vector<PullTargets> targets(num_ps());
+    for (const RowRequest& r : requests) {
+      check_rows(r);
+      const std::size_t dim = tables_[r.table].dim;
+      for (std::size_t ps = 0; ps < num_ps(); ++ps) {
+        const std::size_t begin = r.ps_begin[ps], end = r.ps_begin[ps + 1];
+        if (begin == end) continue;
+        pulls[ps].tables.push_back({static_cast<std::uint32_t>(r.table),
+                                    std::vector<std::uint64_t>(r.ids.begin() + static_cast<std::ptrdiff_t>(begin),
+                                                               r.ids.begin() + static_cast<std::ptrdiff_t>(end)),
+                                    {}});
+        targets[ps].push_back(r.values.subspan(begin * dim, (end - begin) * dim));
+      }
+    }
+    for (std::size_t ps = 0; ps < num_ps(); ++ps) {
+      if (pulls[ps].tables.empty()) continue;
+      group.add(transport_.call(ps, std::move(pulls[ps]), std::move(targets[ps])));
     }
   }
 
   /// `gradients` scaled by clip_norm / their global norm when that norm is larger (TF's
   /// clip_by_global_norm), copied into buffers of this client; as they are otherwise. A
   /// non-finite norm leaves them as they are, for the finiteness check to refuse.
-  std::span<const std::span<const float>> clipped(std::span<const std::span<const float>> gradients) {
+  /// The rows' gradients count in the norm too (as TensorFlow's clip_by_global_norm counts
+  /// IndexedSlices), and are scaled where they are: they are the worker's own buffers.
+  std::span<const std::span<const float>> clipped(std::span<const std::span<const float>> gradients,
+                                                 std::span<const RowRequest> rows) {
     double squares = 0.0;
     for (const std::span<const float> g : gradients) {
       for (const float x : g) squares += static_cast<double>(x) * static_cast<double>(x);
+    }
+    for (const RowRequest& r : rows) {
+      for (const float x : r.values) squares += static_cast<double>(x) * static_cast<double>(x);
     }
     const double norm = std::sqrt(squares);
     last_norm_ = norm;
     if (!(norm > options_.clip_norm) || !std::isfinite(norm)) return gradients;
     const auto scale = static_cast<float>(options_.clip_norm / norm);
+    for (const RowRequest& r : rows) {
+      for (float& x : r.values) x *= scale;
+    }
     clipped_.resize(gradients.size());
     clipped_views_.clear();
     for (std::size_t v = 0; v < gradients.size(); ++v) {
@@ -2487,8 +2690,15 @@ class Client {
     return static_cast<std::uint32_t>(&part - placement_.parts.data());
   }
 
-  void adopt(std::vector<PlacementReply> replies, std::vector<VariableSpec>& variables) {
+  void adopt(std::vector<PlacementReply> replies, std::vector<VariableSpec>& variables,
+             const std::vector<TableSpec>* tables = nullptr) {
     if (replies.empty()) throw Error(ErrorCode::kInvalidArgument, "the cluster has no ps task");
+    if (tables != nullptr && replies[0].tables != *tables) {
+      throw Error(ErrorCode::kFailedPrecondition,
+                  "the ps tasks hold " + std::to_string(replies[0].tables.size()) +
+                      " embedding table(s), and this model declares " + std::to_string(tables->size()) +
+                      " that differ from them (name, dim, initializer, admission, eviction must match)");
+    }
     for (std::size_t ps = 1; ps < replies.size(); ++ps) {
       if (!(replies[ps].placement == replies[0].placement)) {
         throw Error(ErrorCode::kFailedPrecondition,
@@ -2529,6 +2739,7 @@ class Client {
     for (const PlacementReply& r : replies) epoch_ = std::max(epoch_, r.epoch);
     slot_names_ = std::move(replies[0].slot_names);
     counter_names_ = std::move(replies[0].counter_names);
+    tables_ = std::move(replies[0].tables);
   }
 
   T transport_;
@@ -2545,6 +2756,8 @@ class Client {
   double last_norm_ = 0.0;
   Placement placement_;
   std::vector<VariableSpec> variables_;
+  std::vector<TableSpec> tables_;   ///< the embedding tables the ps tasks hold
+  std::uint64_t table_seed_ = 0;    ///< as registered (kept for a restore's registration)
 };
 
 }  // namespace detail
@@ -2626,8 +2839,110 @@ inline void initialize(const VariableSpec& spec, std::uint64_t seed, std::span<f
   }
 }
 
+/// Mixes a 64-bit id into a seed (the SplitMix64 finalizer): neighbouring ids give
+/// unrelated streams.
+constexpr std::uint64_t mix_id(std::uint64_t id) noexcept {
+  id = (id ^ (id >> 30U)) * 0xBF58476D1CE4E5B9ULL;
+  id = (id ^ (id >> 27U)) * 0x94D049BB133111EBULL;
+  return id ^ (id >> 31U);
+}
+
+/// Fills `row` (`spec.dim` floats) with the initial value of row `id` of table `spec`: a
+/// function of the initializer, the table's name, the id and `seed` alone. Glorot's rule has
+/// no fans in a table; it is refused where a table is registered.
+inline void initialize_row(const TableSpec& spec, std::uint64_t seed, std::uint64_t id,
+                           std::span<float> row) {
+  const VariableSpec as_vector{spec.name, {row.size()}, spec.initializer};
+  initialize(as_vector, seed ^ mix_id(id ^ 0x9E3779B97F4A7C15ULL), row);
+}
+
 }  // namespace pulley
 // ---- end pulley/initializers.hpp ----
+// ---- begin pulley/sharding/ids.hpp ----
+
+#include <cstdint>
+#include <string_view>
+
+// ---- begin pulley/concepts/sharding.hpp ----
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <span>
+
+namespace pulley {
+
+/// A sharding policy decides which ps task holds which rows of which variable.
+///
+/// Required:
+///   - `s.place(variables, num_ps)` → `Placement`
+///
+/// Semantic contract:
+///   - `place` is pure and deterministic: every ps task computes the placement itself and
+///     the chief checks that they all agree, so the same input must give the same output
+///     on every process;
+///   - for every variable, its parts are listed in row order and cover its rows exactly
+///     once with non-empty ranges, and every part's `ps` is below `num_ps` (the server
+///     checks this and refuses the model otherwise).
+template <class S>
+concept Sharding = std::copy_constructible<S> &&
+    requires(const S& sharding, std::span<const VariableSpec> variables, std::size_t num_ps) {
+  { sharding.place(variables, num_ps) } -> std::same_as<Placement>;
+};
+
+/// An id sharding policy decides which ps task holds each row of an embedding table.
+///
+/// Required:
+///   - `s.ps_of(table, id, num_ps)` → `std::uint32_t`: the ps task that holds row `id` of the
+///     table named `table`
+///
+/// Semantic contract:
+///   - pure and deterministic, as `Sharding::place`: every worker and every ps computes it
+///     and they must agree;
+///   - the result is below `num_ps` (a ps refuses rows that are not its own).
+template <class S>
+concept IdSharding = std::copy_constructible<S> &&
+    requires(const S& sharding, std::string_view table, std::uint64_t id, std::uint32_t num_ps) {
+  { sharding.ps_of(table, id, num_ps) } -> std::convertible_to<std::uint32_t>;
+};
+
+}  // namespace pulley
+// ---- end pulley/concepts/sharding.hpp ----
+
+namespace pulley {
+
+/// Rows of embedding tables spread by a hash of the id (and the table's name, so that the
+/// same id in many tables does not always land on the same ps): the default, which keeps
+/// the load even whatever the ids look like (TensorFlow's `mod` partition strategy does the
+/// same with the id itself, which skewed ids defeat).
+struct HashIds {
+  /// The ps task that holds row `id` of `table`.
+  [[nodiscard]] std::uint32_t ps_of(std::string_view table, std::uint64_t id,
+                                    std::uint32_t num_ps) const noexcept {
+    return static_cast<std::uint32_t>(mix_id(id ^ name_hash(table)) % num_ps);
+  }
+};
+static_assert(IdSharding<HashIds>);
+
+/// Rows of embedding tables spread by range: the id space [0, 2^64) cut into `num_ps` equal
+/// contiguous ranges, ps i holding [i·2^64/num_ps, (i+1)·2^64/num_ps) (TensorFlow's `div`
+/// strategy over the whole id space). Ids that are already hashes spread evenly; small
+/// sequential ids all land on ps 0, so use it for ids drawn over the whole 64-bit range.
+struct RangeIds {
+  /// The ps task that holds row `id` (the table does not matter).
+  [[nodiscard]] std::uint32_t ps_of(std::string_view /*table*/, std::uint64_t id,
+                                    std::uint32_t num_ps) const noexcept {
+    // floor(id · num_ps / 2^64), in two 32-bit halves so that nothing overflows.
+    const std::uint64_t high = (id >> 32U) * num_ps;
+    const std::uint64_t low = ((id & 0xFFFFFFFFU) * num_ps) >> 32U;
+    return static_cast<std::uint32_t>((high + low) >> 32U);
+  }
+};
+static_assert(IdSharding<RangeIds>);
+
+}  // namespace pulley
+// ---- end pulley/sharding/ids.hpp ----
 
 namespace pulley {
 
@@ -2646,19 +2961,24 @@ class Chief {
 
   /// Registers `variables`, fills them with their initializers and sends the values to the
   /// ps tasks that hold them. When it returns, every ps is ready and workers proceed.
-  const Placement& initialize(std::span<const VariableSpec> variables) {
+  ///
+  /// `tables` are the model's embedding tables: registered with the same seed, their rows
+  /// are created by the ps tasks as they are first pulled (nothing is sent for them).
+  const Placement& initialize(std::span<const VariableSpec> variables,
+                              std::span<const TableSpec> tables = {}) {
     std::vector<std::vector<float>> values;
     values.reserve(variables.size());
     for (const VariableSpec& spec : variables) {
       values.emplace_back(spec.size());
       pulley::initialize(spec, seed_, values.back());
     }
-    return initialize(variables, values);
+    return initialize(variables, values, tables);
   }
 
   /// Same with explicit initial values, one vector per variable (e.g. a restored checkpoint).
   const Placement& initialize(std::span<const VariableSpec> variables,
-                              std::span<const std::vector<float>> values) {
+                              std::span<const std::vector<float>> values,
+                              std::span<const TableSpec> tables = {}) {
     if (values.size() != variables.size()) {
       throw Error(ErrorCode::kInvalidArgument, "initialize needs one value vector per variable");
     }
@@ -2674,7 +2994,7 @@ class Chief {
                     "initial value of '" + variables[v].name + "' is not finite (NaN or Inf)");
       }
     }
-    client_.register_model(variables);
+    client_.register_model(variables, tables, seed_);
     const Placement& placement = client_.placement();
     std::vector<Initialize> messages(client_.num_ps());
     for (const Part& part : placement.parts) {
@@ -2715,6 +3035,41 @@ class Chief {
 
   /// Counters of every ps task, by task index.
   std::vector<Stats> stats() { return client_.stats(); }
+
+  /// The current rows `ids` of embedding table `table` (ids.size() × dim floats, in order),
+  /// read from the ps tasks that hold them under id sharding `sharding` (the ps tasks'); a
+  /// row not held yet reads as its initial value (and is created, as by any pull). For
+  /// evaluation and tests: training never needs the chief to read rows.
+  template <IdSharding I = HashIds>
+  std::vector<float> read_rows(std::string_view table, std::span<const std::uint64_t> ids,
+                               I sharding = {}) {
+    const auto& tables = client_.tables();
+    const auto it = std::find_if(tables.begin(), tables.end(),
+                                 [&](const TableSpec& t) { return t.name == table; });
+    if (it == tables.end()) throw Error(ErrorCode::kNotFound, "unknown table '" + std::string(table) + "'");
+    const auto num_ps = static_cast<std::uint32_t>(client_.num_ps());
+    // Grouped by ps for the pull, then put back in the caller's order.
+    std::vector<std::pair<std::uint32_t, std::size_t>> order;
+    for (std::size_t i = 0; i < ids.size(); ++i) order.push_back({sharding.ps_of(table, ids[i], num_ps), i});
+    std::stable_sort(order.begin(), order.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::vector<std::uint64_t> grouped;
+    std::vector<std::size_t> ps_begin(num_ps + 1, 0);
+    for (const auto& [ps, i] : order) {
+      grouped.push_back(ids[i]);
+      ++ps_begin[ps + 1];
+    }
+    for (std::uint32_t p = 0; p < num_ps; ++p) ps_begin[p + 1] += ps_begin[p];
+    std::vector<float> rows(ids.size() * it->dim);
+    const RowRequest request{static_cast<std::size_t>(it - tables.begin()), grouped, ps_begin, rows};
+    (void)client_.pull_rows(std::span(&request, 1), 0);
+    std::vector<float> out(rows.size());
+    for (std::size_t k = 0; k < order.size(); ++k) {
+      std::copy_n(rows.begin() + static_cast<std::ptrdiff_t>(k * it->dim), it->dim,
+                  out.begin() + static_cast<std::ptrdiff_t>(order[k].second * it->dim));
+    }
+    return out;
+  }
 
   /// Every variable with its optimizer state and the sync policy's state, as one consistent
   /// cut across all ps tasks, for a checkpoint (`CheckpointDirectory::save`). How the cut is
@@ -2772,9 +3127,33 @@ class Chief {
 
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <span>
+#include <unordered_map>
+#include <vector>
 
 namespace pulley {
+
+/// The rows of one embedding table that a batch touches, as a worker pulled them for a step:
+/// what a TableModel computes with and writes its row gradients into.
+struct TableBatch {
+  std::size_t dim = 0;                  ///< floats per row
+  std::span<const std::uint64_t> ids;   ///< the batch's distinct ids, in the worker's order
+  std::span<const float> rows;          ///< ids.size() × dim: the rows, in that order
+  std::span<float> gradients;           ///< ids.size() × dim, zero before the step: add into it
+  const std::unordered_map<std::uint64_t, std::size_t>* positions = nullptr;  ///< id → index
+
+  /// The index of `id` in `ids` (it must be one of them).
+  [[nodiscard]] std::size_t index(std::uint64_t id) const { return positions->at(id); }
+  /// The row of `id`.
+  [[nodiscard]] std::span<const float> row(std::uint64_t id) const {
+    return rows.subspan(index(id) * dim, dim);
+  }
+  /// Where the gradient of `id`'s row goes (add to it: an id used twice in a batch sums).
+  [[nodiscard]] std::span<float> gradient(std::uint64_t id) const {
+    return gradients.subspan(index(id) * dim, dim);
+  }
+};
 
 /// A model a worker trains: it declares its variables, owns their local copies and computes
 /// gradients on a batch.
@@ -2786,7 +3165,8 @@ namespace pulley {
 ///     worker pulls into it
 ///   - `m.gradient(i)` → `std::span<const float>` over the gradient of variable i from the
 ///     last `compute_gradients`; the worker pushes from it
-///   - `m.compute_gradients(batch)` → the batch's mean loss (convertible to float)
+///   - `m.compute_gradients(batch)` → the batch's mean loss (convertible to float); or, in
+///     a model with embedding tables, the members of TableModel in its place
 ///
 /// Semantic contract:
 ///   - `variables()` is the same on every worker and the chief for the same configuration;
@@ -2799,7 +3179,36 @@ concept Model = requires(M& model, const M& cmodel, std::size_t i, const typenam
   { cmodel.variables() } -> std::convertible_to<std::span<const VariableSpec>>;
   { model.parameter(i) } -> std::same_as<std::span<float>>;
   { cmodel.gradient(i) } -> std::same_as<std::span<const float>>;
-  { model.compute_gradients(batch) } -> std::convertible_to<float>;
+  requires requires { { model.compute_gradients(batch) } -> std::convertible_to<float>; } ||
+      requires(std::vector<std::uint64_t>& ids, std::span<const TableBatch> tables) {
+        { cmodel.tables() } -> std::convertible_to<std::span<const TableSpec>>;
+        { cmodel.lookup(batch, i, ids) } -> std::same_as<void>;
+        { model.compute_gradients(batch, tables) } -> std::convertible_to<float>;
+      };
+};
+
+/// A model with embedding tables (a recommendation model): dense variables as a Model has,
+/// plus tables of rows keyed by 64-bit ids, of which a batch touches a few. The worker
+/// pulls only the rows of the batch's ids, and pushes only their gradients.
+///
+/// Required:
+///   - `typename M::Batch`, `m.variables()`, `m.parameter(i)`, `m.gradient(i)` as for Model
+///   - `m.tables()` → the table specs, in a fixed order (a range of TableSpec)
+///   - `m.lookup(batch, t, ids)`: appends to `ids` (a std::vector<std::uint64_t>) the ids of
+///     table t that `batch` uses, duplicates allowed (the worker removes them)
+///   - `m.compute_gradients(batch, tables)` with `tables` a std::span<const TableBatch>, one
+///     per table: the batch's mean loss; the dense gradients go to `gradient(i)` as for
+///     Model, each row's gradient is added into `tables[t].gradient(id)`
+///
+/// Semantic contract: as Model's; `lookup` lists every id that `compute_gradients` reads or
+/// writes, and the row gradients are of the batch's mean loss.
+template <class M>
+concept TableModel = Model<M> &&
+    requires(M& model, const M& cmodel, std::size_t i, const typename M::Batch& batch,
+             std::vector<std::uint64_t>& ids, std::span<const TableBatch> tables) {
+  { cmodel.tables() } -> std::convertible_to<std::span<const TableSpec>>;
+  { cmodel.lookup(batch, i, ids) } -> std::same_as<void>;
+  { model.compute_gradients(batch, tables) } -> std::convertible_to<float>;
 };
 
 }  // namespace pulley
@@ -2969,6 +3378,51 @@ concept PredictsFiniteness = Optimizer<O> &&
   { optimizer.stays_finite(state, weights, gradient) } -> std::convertible_to<bool>;
 };
 
+/// What a row-wise (sparse) update of one row of an embedding table may know.
+struct RowContext {
+  /// Global steps completed before this update (as UpdateContext::global_step).
+  std::int64_t global_step = 0;
+  /// Updates of this table on this ps so far, this one included: 1 for the first. Lazy
+  /// Adam's `t`, the same for every row of one update.
+  std::int64_t updates = 0;
+  std::string_view table;  ///< the table's name
+  std::uint64_t id = 0;    ///< the row's id
+};
+
+/// An optimizer that can also update embedding tables row by row (sparse apply), as
+/// TensorFlow's `sparse_apply_*` kernels do: only the rows pushed in an update are touched,
+/// with slots of their own kept beside each row. An optimizer says it supports tables by
+/// having these members; a table used with one that lacks them fails to compile, naming
+/// them.
+///
+/// Required (besides Optimizer):
+///   - `O::kRowSlots`, a `static constexpr std::size_t`: slots per row (Adagrad 1, Adam 2)
+///   - `o.row_slot_names()` → `std::array<std::string_view, O::kRowSlots>`, for checkpoints
+///   - `o.init_row(slots)`: fills a new row's slots; `slots` holds kRowSlots × dim floats,
+///     slot k at [k × dim, (k + 1) × dim)
+///   - `o.apply_row(weights, slots, gradient, context)`: updates one row (`weights` and
+///     `gradient` of dim floats, `slots` as above) in place
+///
+/// Semantic contract (the compiler cannot check it):
+///   - `gradient` is the mean of the gradients pushed for this row in this update (sync: over
+///     the replicas whose push held the row, as TensorFlow's sparse conditional accumulator
+///     averages; async: one worker's, duplicates summed by the worker);
+///   - `apply_row` is called once per update for each row pushed in it and never for the
+///     others ("lazy": an untouched row's slots do not decay), one row at a time;
+///   - it is deterministic, touches nothing but its arguments, and does not throw;
+///   - what it does to a row with a zero gradient is its business (FTRL's weights move);
+///   - the ps checks every updated row for finite values and drops the whole update of the
+///     table if one is not, so `apply_row` need not guard against overflow.
+template <class O>
+concept RowWiseOptimizer = Optimizer<O> &&
+    requires(const O& optimizer, std::span<float> weights, std::span<float> slots,
+             std::span<const float> gradient, const RowContext& context) {
+  { O::kRowSlots } -> std::convertible_to<std::size_t>;
+  { optimizer.row_slot_names() } -> std::ranges::range;
+  { optimizer.init_row(slots) } -> std::same_as<void>;
+  { optimizer.apply_row(weights, slots, gradient, context) } -> std::same_as<void>;
+};
+
 /// Calls whichever form of `apply` the optimizer has.
 template <Optimizer O>
 void apply_update(const O& optimizer, typename O::State& state, std::span<float> weights,
@@ -3074,34 +3528,459 @@ std::uint64_t max_request_payload(const S& service) noexcept {
 
 }  // namespace pulley
 // ---- end pulley/concepts/service.hpp ----
-// ---- begin pulley/concepts/sharding.hpp ----
+// ---- begin pulley/embedding_table.hpp ----
 
-#include <concepts>
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <limits>
 #include <span>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+// ---- begin pulley/optimizers/sgd.hpp ----
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
 
 namespace pulley {
 
-/// A sharding policy decides which ps task holds which rows of which variable.
-///
-/// Required:
-///   - `s.place(variables, num_ps)` → `Placement`
-///
-/// Semantic contract:
-///   - `place` is pure and deterministic: every ps task computes the placement itself and
-///     the chief checks that they all agree, so the same input must give the same output
-///     on every process;
-///   - for every variable, its parts are listed in row order and cover its rows exactly
-///     once with non-empty ranges, and every part's `ps` is below `num_ps` (the server
-///     checks this and refuses the model otherwise).
-template <class S>
-concept Sharding = std::copy_constructible<S> &&
-    requires(const S& sharding, std::span<const VariableSpec> variables, std::size_t num_ps) {
-  { sharding.place(variables, num_ps) } -> std::same_as<Placement>;
+/// Plain stochastic gradient descent: `w -= learning_rate * g` (TF's GradientDescentOptimizer).
+/// The same rule updates a dense part (`apply`) or one row of an embedding table
+/// (`apply_row`, TF's sparse_apply of GradientDescent), which keeps no slots either.
+struct Sgd {
+  float learning_rate = 0.01F;  ///< step size
+
+  /// SGD keeps no slots.
+  struct State {};
+
+  /// Fresh slots for a part of n elements.
+  [[nodiscard]] State make_state(std::size_t /*n*/) const { return {}; }
+
+  /// Updates `w` in place from gradient `g` (same size as the state).
+  void apply(State& /*state*/, std::span<float> w, std::span<const float> g) const {
+    update(learning_rate, w.data(), g.data(), w.size());
+  }
+
+  /// True if `apply` keeps every weight within kFiniteBound.
+  [[nodiscard]] bool stays_finite(const State& /*state*/, std::span<const float> w,
+                                  std::span<const float> g) const {
+    const float lr = learning_rate;
+    const float* wp = w.data();
+    const float* gp = g.data();
+    return bounded(w.size(), [&](std::size_t i, std::uint32_t& lane) {
+      detail::fold_bound(lane, wp[i] - lr * gp[i]);
+    });
+  }
+
+  /// A table row keeps no slots.
+  static constexpr std::size_t kRowSlots = 0;
+
+  /// No slot names.
+  [[nodiscard]] std::array<std::string_view, kRowSlots> row_slot_names() const { return {}; }
+
+  /// Nothing to fill: a row has no slots.
+  void init_row(std::span<float> /*slots*/) const {}
+
+  /// Updates one table row `w` in place from its gradient `g`, as `apply` does.
+  void apply_row(std::span<float> w, std::span<float> /*slots*/, std::span<const float> g,
+                 const RowContext& /*context*/) const {
+    update(learning_rate, w.data(), g.data(), w.size());
+  }
+
+ private:
+  /// The rule over n elements, behind `apply` and `apply_row`.
+  static void update(float lr, float* __restrict w, const float* __restrict g, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) w[i] -= lr * g[i];
+  }
 };
+static_assert(Optimizer<Sgd>);
+static_assert(RowWiseOptimizer<Sgd>);
 
 }  // namespace pulley
-// ---- end pulley/concepts/sharding.hpp ----
+// ---- end pulley/optimizers/sgd.hpp ----
+
+namespace pulley {
+
+/// What an embedding table on one ps has done, for monitoring and tests.
+struct TableStats {
+  std::uint64_t rows = 0;              ///< rows held now
+  std::uint64_t rows_created = 0;      ///< rows created (admitted), evicted ones included
+  std::uint64_t rows_evicted = 0;      ///< rows removed for being untouched too long
+  std::uint64_t candidates = 0;        ///< ids pulled but not admitted yet
+  std::uint64_t pushes_dropped = 0;    ///< pushed rows dropped: not admitted (or evicted)
+  std::uint64_t updates_refused = 0;   ///< updates dropped whole: a row would go non-finite
+  std::uint64_t bytes = 0;             ///< memory held for rows, ids and the index
+};
+
+/// The rows of one embedding table that one ps holds: a hash map from 64-bit id to a row of
+/// `dim` values and the optimizer's `kRowSlots` slots, created lazily, updated row-wise.
+///
+/// Rows live in chunks of kChunkRows rows, each `(1 + kRowSlots) × dim` floats (values, then
+/// slot after slot), allocated whole; the ids and last-touched steps in chunks beside them; the index is open addressing with linear probing over 32-bit row
+/// numbers, at most 3/4 full. So a row costs its floats plus 12 bytes plus 5.3 to 10.7
+/// bytes of index (the bench prints the measured bytes per row), and memory never holds
+/// more than one chunk of slack. At most 2^32 − 2 rows per table per ps.
+///
+/// It does no I/O and takes no lock: the ps calls it for one request at a time.
+///
+/// @tparam O RowWiseOptimizer that updates the rows (a dense-only optimizer fails here,
+///           naming the member it lacks)
+template <RowWiseOptimizer O>
+class EmbeddingTable {
+ public:
+  static constexpr std::size_t kChunkRows = 1024;  ///< rows allocated at a time
+
+  /// An empty table of `spec` (its dim must be positive), updated by `optimizer`, whose rows
+  /// start from `initialize_row(spec, seed, id, ...)`.
+  EmbeddingTable(TableSpec spec, O optimizer, std::uint64_t seed)
+      : spec_(std::move(spec)),
+        optimizer_(std::move(optimizer)),
+        seed_(seed),
+        stride_((1 + O::kRowSlots) * spec_.dim) {
+    if (spec_.dim == 0) throw Error(ErrorCode::kInvalidArgument, "table '" + spec_.name + "' has dim 0");
+  }
+
+  [[nodiscard]] const TableSpec& spec() const noexcept { return spec_; }
+  [[nodiscard]] std::size_t dim() const noexcept { return spec_.dim; }
+  [[nodiscard]] std::size_t size() const noexcept { return rows_; }
+  [[nodiscard]] const O& optimizer() const noexcept { return optimizer_; }
+
+  /// Writes the rows of `ids` into `out` (`ids.size() × dim` floats, in order), at global
+  /// step `step`. A row not held is created when its id is admitted (pulled
+  /// `spec.admit_after` times), else read as its initial value. Duplicate ids are allowed.
+  void pull(std::span<const std::uint64_t> ids, std::span<float> out, std::int64_t step) {
+    const std::size_t d = spec_.dim;
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      const std::span<float> into = out.subspan(i * d, d);
+      std::uint32_t row = find(ids[i]);
+      if (row == kNone && admit(ids[i], step)) row = create(ids[i]);
+      if (row == kNone) {
+        initialize_row(spec_, seed_, ids[i], into);
+        continue;
+      }
+      touch(row, step);
+      const float* values = at(row);
+      std::copy(values, values + d, into.begin());
+    }
+  }
+
+  /// Applies one update at global step `step` (steps completed before it; `updates` of this
+  /// table so far, this one included): for each of `ids`, which must be distinct, the mean
+  /// gradient in `gradients` (`ids.size() × dim`). A row not held is dropped and counted.
+  /// All or nothing: if any updated row would hold a non-finite value, nothing changes and
+  /// false is returned (counted in `updates_refused`).
+  bool apply(std::span<const std::uint64_t> ids, std::span<const float> gradients,
+             std::int64_t step, std::int64_t updates) {
+    if (!prepare(ids, gradients, step, updates)) return false;
+    commit(step);
+    return true;
+  }
+
+  /// The first half of `apply`: computes the update into scratch memory and returns true
+  /// if every updated row stays finite; nothing changes until `commit`. A ps prepares every
+  /// table of an update, and commits them only if all (and its dense parts) stay finite.
+  bool prepare(std::span<const std::uint64_t> ids, std::span<const float> gradients,
+               std::int64_t step, std::int64_t updates) {
+    const std::size_t d = spec_.dim;
+    scratch_rows_.clear();
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      const std::uint32_t row = find(ids[i]);
+      if (row == kNone) {
+        ++stats_.pushes_dropped;
+        continue;
+      }
+      scratch_rows_.push_back({row, i});
+    }
+    // Updated into a copy first, so that a row going non-finite changes nothing.
+    scratch_.resize(scratch_rows_.size() * stride_);
+    for (std::size_t k = 0; k < scratch_rows_.size(); ++k) {
+      const auto [row, i] = scratch_rows_[k];
+      float* copy = scratch_.data() + k * stride_;
+      std::copy(at(row), at(row) + stride_, copy);
+      const RowContext context{step, updates, spec_.name, ids[i]};
+      optimizer_.apply_row(std::span<float>(copy, d), std::span<float>(copy + d, stride_ - d),
+                           gradients.subspan(i * d, d), context);
+    }
+    if (!detail::all_finite(scratch_)) {
+      ++stats_.updates_refused;
+      scratch_rows_.clear();
+      return false;
+    }
+    return true;
+  }
+
+  /// The second half of `apply`: writes the prepared rows back (nothing if the last
+  /// `prepare` failed or was committed already).
+  void commit(std::int64_t step) {
+    for (std::size_t k = 0; k < scratch_rows_.size(); ++k) {
+      const std::uint32_t row = scratch_rows_[k].first;
+      std::copy(scratch_.data() + k * stride_, scratch_.data() + (k + 1) * stride_, at(row));
+      touch(row, step);
+    }
+    scratch_rows_.clear();
+  }
+
+  /// Removes the rows untouched (neither pulled nor pushed) since global step
+  /// `step - spec.evict_after_steps`, and forgets admission counts as old; returns the rows
+  /// removed. Does nothing when the spec keeps rows for ever.
+  std::size_t evict(std::int64_t step) {
+    if (spec_.evict_after_steps <= 0) return 0;
+    const std::int64_t before = step - spec_.evict_after_steps;
+    if (before <= 0) return 0;
+    std::size_t removed = 0;
+    for (std::uint32_t row = 0; row < rows_;) {
+      if (static_cast<std::int64_t>(touched(row)) < before) {
+        erase(row);  // the last row moves here: look at this row again
+        ++removed;
+      } else {
+        ++row;
+      }
+    }
+    std::erase_if(candidates_, [&](const auto& c) { return static_cast<std::int64_t>(c.second.last) < before; });
+    stats_.rows_evicted += removed;
+    return removed;
+  }
+
+  /// Calls `f(id, values, slots)` for every row held (values: dim floats; slots:
+  /// kRowSlots × dim floats), in no particular order: what a checkpoint saves.
+  template <class F>
+  void for_each_row(F&& f) const {
+    const std::size_t d = spec_.dim;
+    for (std::uint32_t row = 0; row < rows_; ++row) {
+      const float* r = at(row);
+      f(id_of(row), std::span<const float>(r, d), std::span<const float>(r + d, stride_ - d));
+    }
+  }
+
+  /// Sets row `id` (created if absent) to `values` and `slots` (as for_each_row gives them):
+  /// what a restore loads. Throws kInvalidArgument for sizes that do not fit.
+  void set_row(std::uint64_t id, std::span<const float> values, std::span<const float> slots,
+               std::int64_t step) {
+    if (values.size() != spec_.dim || slots.size() != stride_ - spec_.dim) {
+      throw Error(ErrorCode::kInvalidArgument, "a row of table '" + spec_.name + "' does not fit it");
+    }
+    std::uint32_t row = find(id);
+    if (row == kNone) row = create(id);
+    std::copy(values.begin(), values.end(), at(row));
+    std::copy(slots.begin(), slots.end(), at(row) + spec_.dim);
+    touch(row, step);
+  }
+
+  /// Removes every row and admission count.
+  void clear() {
+    chunks_.clear();
+    index_.clear();
+    candidates_.clear();
+    rows_ = 0;
+  }
+
+  /// Counters and the memory held now.
+  [[nodiscard]] TableStats stats() const noexcept {
+    TableStats s = stats_;
+    s.rows = rows_;
+    s.candidates = candidates_.size();
+    s.bytes = chunks_.size() * kChunkRows * (stride_ * sizeof(float) + sizeof(std::uint64_t) +
+                                            sizeof(std::uint32_t)) +
+              index_.size() * sizeof(std::uint32_t) +
+              candidates_.size() * (sizeof(std::uint64_t) + sizeof(Candidate) + 2 * sizeof(void*));
+    return s;
+  }
+
+ private:
+  static constexpr std::uint32_t kNone = std::numeric_limits<std::uint32_t>::max();
+
+  /// One chunk of kChunkRows rows: their floats, ids and last-touched steps.
+  struct Chunk {
+    std::vector<float> floats;
+    std::vector<std::uint64_t> ids;
+    std::vector<std::uint32_t> touched;
+  };
+  /// An id pulled, not admitted yet.
+  struct Candidate {
+    std::uint32_t count = 0;
+    std::uint32_t last = 0;  ///< step last pulled
+  };
+
+  [[nodiscard]] float* at(std::uint32_t row) noexcept {
+    return chunks_[row / kChunkRows].floats.data() + (row % kChunkRows) * stride_;
+  }
+  [[nodiscard]] const float* at(std::uint32_t row) const noexcept {
+    return chunks_[row / kChunkRows].floats.data() + (row % kChunkRows) * stride_;
+  }
+  [[nodiscard]] std::uint64_t& id_of(std::uint32_t row) noexcept {
+    return chunks_[row / kChunkRows].ids[row % kChunkRows];
+  }
+  [[nodiscard]] std::uint64_t id_of(std::uint32_t row) const noexcept {
+    return chunks_[row / kChunkRows].ids[row % kChunkRows];
+  }
+  [[nodiscard]] std::uint32_t& touched(std::uint32_t row) noexcept {
+    return chunks_[row / kChunkRows].touched[row % kChunkRows];
+  }
+  static std::uint32_t clamp_step(std::int64_t step) noexcept {
+    return static_cast<std::uint32_t>(std::clamp<std::int64_t>(step, 0, kNone - 1));
+  }
+  void touch(std::uint32_t row, std::int64_t step) noexcept {
+    std::uint32_t& t = touched(row);
+    t = std::max(t, clamp_step(step));
+  }
+
+  [[nodiscard]] std::size_t home(std::uint64_t id) const noexcept {
+    return static_cast<std::size_t>(mix_id(id)) & (index_.size() - 1);
+  }
+
+  /// The row of `id`, or kNone.
+  [[nodiscard]] std::uint32_t find(std::uint64_t id) const noexcept {
+    if (index_.empty()) return kNone;
+    for (std::size_t slot = home(id);; slot = (slot + 1) & (index_.size() - 1)) {
+      const std::uint32_t entry = index_[slot];
+      if (entry == 0) return kNone;
+      if (id_of(entry - 1) == id) return entry - 1;
+    }
+  }
+
+  /// Counts a pull of `id`, which has no row: true once it is admitted.
+  bool admit(std::uint64_t id, std::int64_t step) {
+    if (spec_.admit_after <= 1) return true;
+    Candidate& c = candidates_[id];
+    ++c.count;
+    c.last = clamp_step(step);
+    if (c.count < spec_.admit_after) return false;
+    candidates_.erase(id);
+    return true;
+  }
+
+  /// A new row for `id` (absent), with its initial value and fresh slots.
+  std::uint32_t create(std::uint64_t id) {
+    if (rows_ >= kNone - 1) {
+      throw Error(ErrorCode::kResourceExhausted, "table '" + spec_.name + "' holds 2^32 - 2 rows on this ps");
+    }
+    if ((rows_ + 1) * 4 > index_.size() * 3) grow_index();
+    if (rows_ == chunks_.size() * kChunkRows) {
+      chunks_.push_back(Chunk{std::vector<float>(kChunkRows * stride_),
+                              std::vector<std::uint64_t>(kChunkRows),
+                              std::vector<std::uint32_t>(kChunkRows)});
+    }
+    const auto row = static_cast<std::uint32_t>(rows_);
+    float* r = at(row);
+    initialize_row(spec_, seed_, id, std::span<float>(r, spec_.dim));
+    optimizer_.init_row(std::span<float>(r + spec_.dim, stride_ - spec_.dim));
+    id_of(row) = id;
+    touched(row) = 0;
+    place(id, row);
+    ++rows_;
+    ++stats_.rows_created;
+    return row;
+  }
+
+  void place(std::uint64_t id, std::uint32_t row) noexcept {
+    std::size_t slot = home(id);
+    while (index_[slot] != 0) slot = (slot + 1) & (index_.size() - 1);
+    index_[slot] = row + 1;
+  }
+
+  void grow_index() {
+    std::vector<std::uint32_t> old = std::move(index_);
+    index_.assign(std::max<std::size_t>(64, old.size() * 2), 0);
+    for (const std::uint32_t entry : old) {
+      if (entry != 0) place(id_of(entry - 1), entry - 1);
+    }
+  }
+
+  /// The index slot that holds `row`.
+  [[nodiscard]] std::size_t slot_of(std::uint32_t row) const noexcept {
+    std::size_t slot = home(id_of(row));
+    while (index_[slot] != row + 1) slot = (slot + 1) & (index_.size() - 1);
+    return slot;
+  }
+
+  /// Removes `row`: the last row moves into its place, and its index entry goes with
+  /// backward-shift deletion, so that probing needs no tombstones.
+  void erase(std::uint32_t row) {
+    const std::size_t mask = index_.size() - 1;
+    std::size_t hole = slot_of(row);
+    for (std::size_t next = (hole + 1) & mask; index_[next] != 0; next = (next + 1) & mask) {
+      const std::size_t want = home(id_of(index_[next] - 1));
+      // Move the entry at `next` back into the hole unless its home lies in (hole, next].
+      const bool stays = hole <= next ? (want > hole && want <= next) : (want > hole || want <= next);
+      if (!stays) {
+        index_[hole] = index_[next];
+        hole = next;
+      }
+    }
+    index_[hole] = 0;
+    const auto last = static_cast<std::uint32_t>(rows_ - 1);
+    if (row != last) {
+      index_[slot_of(last)] = row + 1;
+      std::copy(at(last), at(last) + stride_, at(row));
+      id_of(row) = id_of(last);
+      touched(row) = touched(last);
+    }
+    --rows_;
+    const std::size_t needed = (rows_ + kChunkRows - 1) / kChunkRows;
+    while (chunks_.size() > needed + 1) chunks_.pop_back();  // one spare chunk at most
+  }
+
+  TableSpec spec_;
+  [[no_unique_address]] O optimizer_;
+  std::uint64_t seed_;
+  std::size_t stride_;  ///< floats per row: values and slots
+  std::vector<Chunk> chunks_;
+  std::vector<std::uint32_t> index_;  ///< row + 1, or 0 for an empty slot
+  std::size_t rows_ = 0;
+  std::unordered_map<std::uint64_t, Candidate> candidates_;
+  TableStats stats_;
+  std::vector<std::pair<std::uint32_t, std::size_t>> scratch_rows_;  ///< row, position in ids
+  std::vector<float> scratch_;                                       ///< rows being updated
+};
+
+/// The embedding-table policy of a ParameterServer: the row-wise optimizer its tables are
+/// updated with (it may differ from the dense variables' optimizer: Adagrad or FTRL for
+/// embeddings and Adam for the rest is common) and how their rows are spread over the ps
+/// tasks. Workers must use the same id sharding (a ps refuses rows that are not its own).
+///
+/// @tparam O RowWiseOptimizer of the tables; a dense-only one fails to compile here
+/// @tparam I IdSharding of the rows (HashIds by default)
+template <RowWiseOptimizer O, IdSharding I = HashIds>
+struct Tables {
+  using Optimizer = O;
+  using Sharding = I;
+  O optimizer{};  ///< updates every table's rows
+  I sharding{};   ///< which ps holds which row
+};
+
+/// The table policy of a ParameterServer that serves no embedding tables (a model that
+/// declares some is refused, naming the fix); the default when its optimizer has no
+/// row-wise apply. Its members only keep the code that is never used compiling.
+struct NoTables {
+  using Optimizer = Sgd;
+  using Sharding = HashIds;
+  Sgd optimizer{};
+  HashIds sharding{};
+};
+
+namespace detail {
+template <class O, bool = RowWiseOptimizer<O>>
+struct default_tables {
+  using type = NoTables;
+};
+template <class O>
+struct default_tables<O, true> {
+  using type = Tables<O>;
+};
+}  // namespace detail
+
+/// Tables<O> when O can update rows, NoTables otherwise: a ParameterServer's default.
+template <class O>
+using DefaultTables = typename detail::default_tables<O>::type;
+
+}  // namespace pulley
+// ---- end pulley/embedding_table.hpp ----
 // ---- begin pulley/evaluator.hpp ----
 
 #include <cstdint>
@@ -3273,11 +4152,13 @@ class HeartbeatSender {
 // ---- end pulley/heartbeat.hpp ----
 // ---- begin pulley/optimizers/adagrad.hpp ----
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <vector>
 
 namespace pulley {
@@ -3285,6 +4166,8 @@ namespace pulley {
 /// Adagrad with Keras' defaults and rule:
 ///   accumulator += g^2
 ///   w -= learning_rate * g / (sqrt(accumulator) + epsilon)
+/// The same rule updates a dense part (`apply`) or one row of an embedding table
+/// (`apply_row`, TF's SparseApplyAdagrad), whose accumulator is its one row slot.
 struct Adagrad {
   float learning_rate = 0.001F;            ///< step size
   float initial_accumulator_value = 0.1F;  ///< starting sum of squares
@@ -3302,15 +4185,7 @@ struct Adagrad {
 
   /// Updates `w` in place from gradient `g` (same size as the state).
   void apply(State& state, std::span<float> w, std::span<const float> g) const {
-    const float lr = learning_rate;
-    const float eps = epsilon;
-    float* __restrict wp = w.data();
-    const float* __restrict gp = g.data();
-    float* __restrict ap = state.accumulator.data();
-    for (std::size_t i = 0, n = w.size(); i < n; ++i) {
-      ap[i] += gp[i] * gp[i];
-      wp[i] -= lr * gp[i] / (std::sqrt(ap[i]) + eps);
-    }
+    update(w.data(), state.accumulator.data(), g.data(), w.size());
   }
 
   /// The accumulator, for checkpoints.
@@ -3333,18 +4208,53 @@ struct Adagrad {
       detail::fold_bound(lane, std::abs(wp[i]) + lr);
     });
   }
+
+  /// A table row keeps one slot: its accumulator.
+  static constexpr std::size_t kRowSlots = 1;
+
+  /// The row slot's name, the same as the dense slot's.
+  [[nodiscard]] std::array<std::string_view, kRowSlots> row_slot_names() const {
+    return {"accumulator"};
+  }
+
+  /// Starts a new row's accumulator at initial_accumulator_value.
+  void init_row(std::span<float> slots) const {
+    std::ranges::fill(slots, initial_accumulator_value);
+  }
+
+  /// Updates one table row `w` in place from its gradient `g`, as `apply` does; `slots`
+  /// holds the row's accumulator (w.size() floats).
+  void apply_row(std::span<float> w, std::span<float> slots, std::span<const float> g,
+                 const RowContext& /*context*/) const {
+    update(w.data(), slots.data(), g.data(), w.size());
+  }
+
+ private:
+  /// The rule over n elements, behind `apply` and `apply_row`.
+  void update(float* __restrict w, float* __restrict accumulator, const float* __restrict g,
+              std::size_t n) const {
+    const float lr = learning_rate;
+    const float eps = epsilon;
+    for (std::size_t i = 0; i < n; ++i) {
+      accumulator[i] += g[i] * g[i];
+      w[i] -= lr * g[i] / (std::sqrt(accumulator[i]) + eps);
+    }
+  }
 };
 static_assert(Optimizer<Adagrad>);
+static_assert(RowWiseOptimizer<Adagrad>);
 
 }  // namespace pulley
 // ---- end pulley/optimizers/adagrad.hpp ----
 // ---- begin pulley/optimizers/adam.hpp ----
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <vector>
 
 namespace pulley {
@@ -3356,6 +4266,12 @@ namespace pulley {
 ///   v = beta_2 * v + (1 - beta_2) * g^2
 ///   w -= lr_t * m / (sqrt(v) + epsilon)
 /// Defaults are Keras'. `t` counts this part's updates, i.e. the global step in sync mode.
+///
+/// A row of an embedding table (`apply_row`) follows TensorFlow's LazyAdam: its moments are
+/// its two row slots and advance only when the row is pushed (an untouched row's do not
+/// decay), while `t` is the table's update count `RowContext::updates`, the same for every
+/// row of one update. A row pushed at every update therefore moves exactly as `apply` moves
+/// a dense element.
 struct Adam {
   float learning_rate = 0.001F;  ///< step size
   float beta_1 = 0.9F;           ///< decay of the first moment
@@ -3377,19 +4293,7 @@ struct Adam {
   /// Updates `w` in place from gradient `g` (same size as the state).
   void apply(State& state, std::span<float> w, std::span<const float> g) const {
     ++state.t;
-    const float lr_t = step_size(state.t);
-    const float b1 = beta_1;
-    const float b2 = beta_2;
-    const float eps = epsilon;
-    float* __restrict wp = w.data();
-    const float* __restrict gp = g.data();
-    float* __restrict mp = state.m.data();
-    float* __restrict vp = state.v.data();
-    for (std::size_t i = 0, n = w.size(); i < n; ++i) {
-      mp[i] = b1 * mp[i] + (1.0F - b1) * gp[i];
-      vp[i] = b2 * vp[i] + (1.0F - b2) * gp[i] * gp[i];
-      wp[i] -= lr_t * mp[i] / (std::sqrt(vp[i]) + eps);
-    }
+    update(step_size(state.t), w.data(), state.m.data(), state.v.data(), g.data(), w.size());
   }
 
   /// The moments, for checkpoints.
@@ -3421,7 +4325,40 @@ struct Adam {
     });
   }
 
+  /// A table row keeps two slots: its first and second moments.
+  static constexpr std::size_t kRowSlots = 2;
+
+  /// The row slots' names, the same as the dense slots'.
+  [[nodiscard]] std::array<std::string_view, kRowSlots> row_slot_names() const {
+    return {"m", "v"};
+  }
+
+  /// Starts a new row's moments at zero.
+  void init_row(std::span<float> slots) const { std::ranges::fill(slots, 0.0F); }
+
+  /// Updates one table row `w` in place from its gradient `g` (LazyAdam): `slots` holds the
+  /// row's m then v (w.size() floats each), and `t` is `context.updates`, which must be at
+  /// least 1 (the step size of t = 0 is 0/0).
+  void apply_row(std::span<float> w, std::span<float> slots, std::span<const float> g,
+                 const RowContext& context) const {
+    const std::size_t n = w.size();
+    update(step_size(context.updates), w.data(), slots.data(), slots.data() + n, g.data(), n);
+  }
+
  private:
+  /// The rule over n elements at step size lr_t, behind `apply` and `apply_row`.
+  void update(float lr_t, float* __restrict w, float* __restrict m, float* __restrict v,
+              const float* __restrict g, std::size_t n) const {
+    const float b1 = beta_1;
+    const float b2 = beta_2;
+    const float eps = epsilon;
+    for (std::size_t i = 0; i < n; ++i) {
+      m[i] = b1 * m[i] + (1.0F - b1) * g[i];
+      v[i] = b2 * v[i] + (1.0F - b2) * g[i] * g[i];
+      w[i] -= lr_t * m[i] / (std::sqrt(v[i]) + eps);
+    }
+  }
+
   /// lr_t of update number t.
   [[nodiscard]] float step_size(std::int64_t t) const {
     const auto td = static_cast<double>(t);
@@ -3430,9 +4367,183 @@ struct Adam {
   }
 };
 static_assert(Optimizer<Adam>);
+static_assert(RowWiseOptimizer<Adam>);
 
 }  // namespace pulley
 // ---- end pulley/optimizers/adam.hpp ----
+// ---- begin pulley/optimizers/ftrl.hpp ----
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+namespace pulley {
+
+/// FTRL-Proximal (McMahan et al., "Ad Click Prediction", 2013) with TensorFlow's rule
+/// (ApplyFtrlV2) and Keras' defaults, Keras' `beta` folded into the L2 strength as Keras
+/// does. Per element, with p = learning_rate_power and l2_adj = l2 + beta / (2 * lr):
+///   g_shrink   = g + 2 * l2_shrinkage * w
+///   accum_new  = accumulator + g^2
+///   linear    += g_shrink - (accum_new^(-p) - accumulator^(-p)) / lr * w
+///   quadratic  = accum_new^(-p) / lr + 2 * l2_adj
+///   w          = |linear| > l1 ? (sign(linear) * l1 - linear) / quadratic : 0
+///   accumulator = accum_new
+/// The weight is worked out from the slots, not stepped from its old value: L1 sets it to
+/// exactly 0 while |linear| stays within l1, which is what makes FTRL's models sparse. The
+/// hyper-parameters must be those Keras accepts: learning_rate > 0, learning_rate_power
+/// <= 0, initial_accumulator_value >= 0, and the regularization strengths and beta >= 0.
+///
+/// The same rule updates a dense part (`apply`) or one row of an embedding table
+/// (`apply_row`, TF's SparseApplyFtrlV2), whose accumulator and linear are its two row
+/// slots. A row's weights can move on a zero gradient: its first update replaces its
+/// initial value with the solution from its slots, and l2_shrinkage keeps pulling it to 0.
+struct Ftrl {
+  float learning_rate = 0.001F;                       ///< lr: step size
+  float learning_rate_power = -0.5F;                  ///< p: how lr decays with the accumulator
+  float initial_accumulator_value = 0.1F;             ///< starting sum of squares
+  float l1_regularization_strength = 0.0F;            ///< l1: zeroes weights with small |linear|
+  float l2_regularization_strength = 0.0F;            ///< l2: shrinks weights towards 0
+  float l2_shrinkage_regularization_strength = 0.0F;  ///< l2_shrinkage: a magnitude penalty
+  float beta = 0.0F;                                  ///< Keras' beta: adds beta / (2 * lr) to l2
+
+  /// The accumulator (sum of squared gradients) and linear slots, one value per element.
+  struct State {
+    std::vector<float> accumulator;
+    std::vector<float> linear;
+  };
+
+  /// Fresh slots for a part of n elements.
+  [[nodiscard]] State make_state(std::size_t n) const {
+    return {std::vector<float>(n, initial_accumulator_value), std::vector<float>(n, 0.0F)};
+  }
+
+  /// Updates `w` in place from gradient `g` (same size as the state).
+  void apply(State& state, std::span<float> w, std::span<const float> g) const {
+    update(w.data(), state.accumulator.data(), state.linear.data(), g.data(), w.size());
+  }
+
+  /// The accumulator and linear slots, for checkpoints.
+  [[nodiscard]] std::array<OptimizerSlot, 2> slots(State& state) const {
+    return {OptimizerSlot{"accumulator", state.accumulator}, OptimizerSlot{"linear", state.linear}};
+  }
+  /// No counters.
+  [[nodiscard]] std::array<OptimizerCounter, 0> counters(State& /*state*/) const { return {}; }
+
+  /// True if `apply` keeps every weight and both slots within kFiniteBound. The new weight
+  /// is a quotient of two terms that depend on the slots, so no cheap bound holds for every
+  /// state: this works out the update itself (as `apply` does, without storing it) and
+  /// checks its results, which costs about as much as `apply`.
+  [[nodiscard]] bool stays_finite(const State& state, std::span<const float> w,
+                                  std::span<const float> g) const {
+    const Terms k = terms();
+    const float* wp = w.data();
+    const float* gp = g.data();
+    const float* ap = state.accumulator.data();
+    const float* lp = state.linear.data();
+    return with_power([&](auto power) {
+      return bounded(w.size(), [&](std::size_t i, std::uint32_t& lane) {
+        float wi = wp[i];
+        float ai = ap[i];
+        float li = lp[i];
+        step(k, power, wi, ai, li, gp[i]);
+        detail::fold_bound(lane, wi);
+        detail::fold_bound(lane, ai);
+        detail::fold_bound(lane, li);
+      });
+    });
+  }
+
+  /// A table row keeps two slots: its accumulator and its linear term.
+  static constexpr std::size_t kRowSlots = 2;
+
+  /// The row slots' names, the same as the dense slots'.
+  [[nodiscard]] std::array<std::string_view, kRowSlots> row_slot_names() const {
+    return {"accumulator", "linear"};
+  }
+
+  /// Starts a new row's accumulator at initial_accumulator_value and its linear at 0.
+  void init_row(std::span<float> slots) const {
+    const std::size_t n = slots.size() / kRowSlots;
+    std::ranges::fill(slots.first(n), initial_accumulator_value);
+    std::ranges::fill(slots.subspan(n), 0.0F);
+  }
+
+  /// Updates one table row `w` in place from its gradient `g`, as `apply` does; `slots`
+  /// holds the row's accumulator then its linear (w.size() floats each).
+  void apply_row(std::span<float> w, std::span<float> slots, std::span<const float> g,
+                 const RowContext& /*context*/) const {
+    const std::size_t n = w.size();
+    update(w.data(), slots.data(), slots.data() + n, g.data(), n);
+  }
+
+ private:
+  /// The hyper-parameters as one update uses them, copied out of the object once.
+  struct Terms {
+    float lr;
+    float l1;
+    float two_l2_adj;        ///< 2 * (l2 + beta / (2 * lr))
+    float two_l2_shrinkage;  ///< 2 * l2_shrinkage
+  };
+
+  /// This object's Terms.
+  [[nodiscard]] Terms terms() const {
+    const float lr = learning_rate;
+    return {lr, l1_regularization_strength,
+            2.0F * (l2_regularization_strength + beta / (2.0F * lr)),
+            2.0F * l2_shrinkage_regularization_strength};
+  }
+
+  /// x^(-p) for p = -0.5, Keras' default: a square root, far cheaper than std::pow.
+  struct SqrtPower {
+    float operator()(float x) const { return std::sqrt(x); }
+  };
+  /// x^(-p) for any other p.
+  struct AnyPower {
+    float minus_p;
+    float operator()(float x) const { return std::pow(x, minus_p); }
+  };
+
+  /// Calls `f` with the x^(-p) that learning_rate_power asks for, chosen once per update
+  /// rather than per element.
+  template <class F>
+  auto with_power(F&& f) const -> decltype(f(SqrtPower{})) {
+    if (learning_rate_power == -0.5F) return f(SqrtPower{});
+    return f(AnyPower{-learning_rate_power});
+  }
+
+  /// The rule for one element, behind `update` and `stays_finite`.
+  template <class Power>
+  static void step(const Terms& k, Power power, float& w, float& accumulator, float& linear,
+                   float g) {
+    const float g_shrink = g + k.two_l2_shrinkage * w;
+    const float accum_new = accumulator + g * g;
+    const float power_new = power(accum_new);
+    linear += g_shrink - (power_new - power(accumulator)) / k.lr * w;
+    const float quadratic = power_new / k.lr + k.two_l2_adj;
+    const float sign = linear > 0.0F ? 1.0F : (linear < 0.0F ? -1.0F : 0.0F);
+    w = std::abs(linear) > k.l1 ? (sign * k.l1 - linear) / quadratic : 0.0F;
+    accumulator = accum_new;
+  }
+
+  /// The rule over n elements, behind `apply` and `apply_row`.
+  void update(float* __restrict w, float* __restrict accumulator, float* __restrict linear,
+              const float* __restrict g, std::size_t n) const {
+    const Terms k = terms();
+    with_power([&](auto power) {
+      for (std::size_t i = 0; i < n; ++i) step(k, power, w[i], accumulator[i], linear[i], g[i]);
+    });
+  }
+};
+static_assert(Optimizer<Ftrl>);
+static_assert(RowWiseOptimizer<Ftrl>);
+
+}  // namespace pulley
+// ---- end pulley/optimizers/ftrl.hpp ----
 // ---- begin pulley/optimizers/momentum.hpp ----
 
 #include <array>
@@ -3509,47 +4620,131 @@ static_assert(Optimizer<Momentum>);
 
 }  // namespace pulley
 // ---- end pulley/optimizers/momentum.hpp ----
-// ---- begin pulley/optimizers/sgd.hpp ----
+// ---- begin pulley/optimizers/rmsprop.hpp ----
 
+#include <algorithm>
+#include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string_view>
+#include <vector>
 
 namespace pulley {
 
-/// Plain stochastic gradient descent: `w -= learning_rate * g` (TF's GradientDescentOptimizer).
-struct Sgd {
-  float learning_rate = 0.01F;  ///< step size
+/// RMSProp with TensorFlow's rule (ApplyRMSProp) and Keras' defaults, where `ms` is the
+/// slot "rms" and `mom` the slot "momentum":
+///   ms  = rho * ms + (1 - rho) * g^2
+///   mom = momentum * mom + learning_rate * g / sqrt(ms + epsilon)
+///   w  -= mom
+/// At the default momentum = 0, `mom` is just the last step. Not centered: the mean
+/// gradient is not subtracted from `ms` (TF's ApplyCenteredRMSProp, Keras'
+/// `centered=True`, is another rule with a third slot).
+///
+/// The same rule updates a dense part (`apply`) or one row of an embedding table
+/// (`apply_row`, TF's SparseApplyRMSProp), whose rms and momentum are its two row slots.
+struct RmsProp {
+  float learning_rate = 0.001F;  ///< step size
+  float rho = 0.9F;              ///< decay of the mean square
+  float momentum = 0.0F;         ///< decay of the momentum slot (0: plain RMSProp)
+  float epsilon = 1e-7F;         ///< keeps the division finite
 
-  /// SGD keeps no slots.
-  struct State {};
+  /// The mean-square and momentum slots, one value per element.
+  struct State {
+    std::vector<float> rms;
+    std::vector<float> momentum;
+  };
 
   /// Fresh slots for a part of n elements.
-  [[nodiscard]] State make_state(std::size_t /*n*/) const { return {}; }
+  [[nodiscard]] State make_state(std::size_t n) const {
+    return {std::vector<float>(n, 0.0F), std::vector<float>(n, 0.0F)};
+  }
 
   /// Updates `w` in place from gradient `g` (same size as the state).
-  void apply(State& /*state*/, std::span<float> w, std::span<const float> g) const {
-    const float lr = learning_rate;
-    float* __restrict wp = w.data();
-    const float* __restrict gp = g.data();
-    for (std::size_t i = 0, n = w.size(); i < n; ++i) wp[i] -= lr * gp[i];
+  void apply(State& state, std::span<float> w, std::span<const float> g) const {
+    update(w.data(), state.rms.data(), state.momentum.data(), g.data(), w.size());
   }
 
-  /// True if `apply` keeps every weight within kFiniteBound.
-  [[nodiscard]] bool stays_finite(const State& /*state*/, std::span<const float> w,
+  /// The rms and momentum slots, for checkpoints.
+  [[nodiscard]] std::array<OptimizerSlot, 2> slots(State& state) const {
+    return {OptimizerSlot{"rms", state.rms}, OptimizerSlot{"momentum", state.momentum}};
+  }
+  /// No counters.
+  [[nodiscard]] std::array<OptimizerCounter, 0> counters(State& /*state*/) const { return {}; }
+
+  /// True if `apply` keeps every weight and both slots within kFiniteBound. It works out
+  /// the update itself (as `apply` does, without storing it) and checks its results, so it
+  /// holds for any slots and hyper-parameters (a bound through sqrt(epsilon) would assume
+  /// rms >= 0); it costs about as much as `apply`.
+  [[nodiscard]] bool stays_finite(const State& state, std::span<const float> w,
                                   std::span<const float> g) const {
-    const float lr = learning_rate;
+    const Terms k = terms();
     const float* wp = w.data();
     const float* gp = g.data();
+    const float* rp = state.rms.data();
+    const float* mp = state.momentum.data();
     return bounded(w.size(), [&](std::size_t i, std::uint32_t& lane) {
-      detail::fold_bound(lane, wp[i] - lr * gp[i]);
+      float wi = wp[i];
+      float ri = rp[i];
+      float mi = mp[i];
+      step(k, wi, ri, mi, gp[i]);
+      detail::fold_bound(lane, wi);
+      detail::fold_bound(lane, ri);
+      detail::fold_bound(lane, mi);
     });
   }
+
+  /// A table row keeps two slots: its mean square and its momentum.
+  static constexpr std::size_t kRowSlots = 2;
+
+  /// The row slots' names, the same as the dense slots'.
+  [[nodiscard]] std::array<std::string_view, kRowSlots> row_slot_names() const {
+    return {"rms", "momentum"};
+  }
+
+  /// Starts a new row's slots at zero.
+  void init_row(std::span<float> slots) const { std::ranges::fill(slots, 0.0F); }
+
+  /// Updates one table row `w` in place from its gradient `g`, as `apply` does; `slots`
+  /// holds the row's rms then its momentum (w.size() floats each).
+  void apply_row(std::span<float> w, std::span<float> slots, std::span<const float> g,
+                 const RowContext& /*context*/) const {
+    const std::size_t n = w.size();
+    update(w.data(), slots.data(), slots.data() + n, g.data(), n);
+  }
+
+ private:
+  /// The hyper-parameters, copied out of the object once per update.
+  struct Terms {
+    float lr;
+    float rho;
+    float momentum;
+    float epsilon;
+  };
+
+  /// This object's Terms.
+  [[nodiscard]] Terms terms() const { return {learning_rate, rho, momentum, epsilon}; }
+
+  /// The rule for one element, behind `update` and `stays_finite`.
+  static void step(const Terms& k, float& w, float& ms, float& mom, float g) {
+    ms = k.rho * ms + (1.0F - k.rho) * g * g;
+    mom = k.momentum * mom + k.lr * g / std::sqrt(ms + k.epsilon);
+    w -= mom;
+  }
+
+  /// The rule over n elements, behind `apply` and `apply_row`.
+  void update(float* __restrict w, float* __restrict ms, float* __restrict mom,
+              const float* __restrict g, std::size_t n) const {
+    const Terms k = terms();
+    for (std::size_t i = 0; i < n; ++i) step(k, w[i], ms[i], mom[i], g[i]);
+  }
 };
-static_assert(Optimizer<Sgd>);
+static_assert(Optimizer<RmsProp>);
+static_assert(RowWiseOptimizer<RmsProp>);
 
 }  // namespace pulley
-// ---- end pulley/optimizers/sgd.hpp ----
+// ---- end pulley/optimizers/rmsprop.hpp ----
 // ---- begin pulley/parameter_server.hpp ----
 
 #include <algorithm>
@@ -3571,6 +4766,83 @@ static_assert(Optimizer<Sgd>);
 #include <variant>
 #include <vector>
 
+// ---- begin pulley/sync/sparse_accumulator.hpp ----
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+namespace pulley {
+
+/// The gradient accumulator of one embedding table for one update: sums the rows pushed,
+/// by id, and counts the pushes that held each row. `take` gives each row's mean over the
+/// pushes that held it, as TensorFlow's SparseConditionalAccumulator averages (element-wise
+/// by each row's own count, not by the number of pushes): a row pushed by 1 of R replicas
+/// moves by that replica's gradient, not by a 1/R share of it.
+class SparseAccumulator {
+ public:
+  /// An accumulator of rows of `dim` floats.
+  explicit SparseAccumulator(std::size_t dim = 0) : dim_(dim) {}
+
+  /// Adds one push: rows `rows` (`ids.size() × dim` floats) of the distinct ids `ids`.
+  void add(std::span<const std::uint64_t> ids, std::span<const float> rows) {
+    if (taken_) clear();
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      const auto [at, fresh] = position_.try_emplace(ids[i], ids_.size());
+      const float* row = rows.data() + i * dim_;
+      if (fresh) {
+        ids_.push_back(ids[i]);
+        counts_.push_back(1);
+        sums_.insert(sums_.end(), row, row + dim_);
+      } else {
+        ++counts_[at->second];
+        float* sum = sums_.data() + at->second * dim_;
+        for (std::size_t k = 0; k < dim_; ++k) sum[k] += row[k];
+      }
+    }
+  }
+
+  /// The ids pushed since the last take, in the order they first came.
+  [[nodiscard]] std::span<const std::uint64_t> ids() const noexcept { return ids_; }
+  /// True if nothing was added since the last take.
+  [[nodiscard]] bool empty() const noexcept { return taken_ || ids_.empty(); }
+
+  /// Each row's mean (ids() order, `ids().size() × dim` floats), valid until the next add
+  /// or clear; the next add starts a new update.
+  [[nodiscard]] std::span<const float> take() {
+    for (std::size_t r = 0; r < ids_.size(); ++r) {
+      if (counts_[r] == 1) continue;
+      const float n = static_cast<float>(counts_[r]);
+      float* sum = sums_.data() + r * dim_;
+      for (std::size_t k = 0; k < dim_; ++k) sum[k] /= n;
+    }
+    taken_ = true;
+    return sums_;
+  }
+
+  /// Forgets everything added (memory is kept for the next update).
+  void clear() noexcept {
+    position_.clear();
+    ids_.clear();
+    counts_.clear();
+    sums_.clear();
+    taken_ = false;
+  }
+
+ private:
+  std::size_t dim_;
+  std::unordered_map<std::uint64_t, std::size_t> position_;
+  std::vector<std::uint64_t> ids_;
+  std::vector<std::uint32_t> counts_;
+  std::vector<float> sums_;
+  bool taken_ = false;
+};
+
+}  // namespace pulley
+// ---- end pulley/sync/sparse_accumulator.hpp ----
+
 namespace pulley {
 
 /// One ps task: holds the parts of every variable placed on it, aggregates the gradients
@@ -3584,6 +4856,16 @@ namespace pulley {
 /// @tparam S Sharding policy: which ps holds which rows (every ps computes the same placement)
 /// @tparam O Optimizer applied to each part, with its per-part slots kept beside the part
 /// @tparam P SyncPolicy: Async, SyncReplicas, BoundedStaleness... paces and aggregates
+/// @tparam T Tables<RowWiseOptimizer, IdSharding> for models with embedding tables, or
+///           NoTables; by default Tables<O> when O can update rows (Sgd, Adagrad, Adam,
+///           Ftrl, RmsProp), NoTables otherwise (Momentum)
+///
+/// Embedding tables: the rows a ps holds are created when first pulled (PullRows), with a
+/// value that depends only on the table, the id and the registered seed; a push's rows
+/// share its verdict and go into a per-table SparseAccumulator, and each update applies the
+/// row-wise optimizer to the rows pushed in it (each row's mean over the pushes that held
+/// it), all or nothing together with the dense parts. Checkpoints do not hold tables yet:
+/// a ps that holds one refuses ReadState, and a Restore leaves its tables as they are.
 ///
 /// Bad requests are answered with an ErrorReply and change nothing; the ps keeps serving. A
 /// push is all-or-nothing: it is checked whole (known parts, sizes, finite values unless
@@ -3594,22 +4876,37 @@ namespace pulley {
 /// state (half an update applied) fails the ps: it answers every request from then on with
 /// `kInternal` and the reason, and `stopped()` turns true, so its transport ends and the
 /// task exits with an error instead of serving parameters it cannot vouch for.
-template <Sharding S, Optimizer O, SyncPolicy P>
+template <Sharding S, Optimizer O, SyncPolicy P, class T = DefaultTables<O>>
 class ParameterServer {
  public:
   /// @param task    this ps task's index
   /// @param num_ps  the number of ps tasks in the cluster
-  ParameterServer(std::uint32_t task, std::uint32_t num_ps, O optimizer, P sync, S sharding = {})
+  /// @param tables  the embedding tables' policy; by default, when the tables' optimizer is
+  ///                of the dense one's type, a copy of `optimizer` (the same settings)
+  ParameterServer(std::uint32_t task, std::uint32_t num_ps, O optimizer, P sync, S sharding = {},
+                  std::optional<T> tables = std::nullopt)
       : task_(task),
         num_ps_(num_ps),
         optimizer_(std::move(optimizer)),
         sync_(std::move(sync)),
         sharding_(std::move(sharding)),
+        table_policy_(tables ? std::move(*tables) : default_tables(optimizer_)),
         pacer_(sync_.make_pacer()) {
     if (num_ps == 0 || task >= num_ps) {
       throw Error(ErrorCode::kInvalidArgument, "ps task " + std::to_string(task) +
                                                    " is outside a cluster of " +
                                                    std::to_string(num_ps) + " ps tasks");
+    }
+  }
+
+  /// The table policy a ParameterServer gets when none is given.
+  static T default_tables(const O& optimizer) {
+    if constexpr (std::is_same_v<typename T::Optimizer, O>) {
+      T tables{};
+      tables.optimizer = optimizer;
+      return tables;
+    } else {
+      return T{};
     }
   }
 
@@ -3621,6 +4918,9 @@ class ParameterServer {
       return;
     }
     changing_ = false;
+    // A transport is done with every reply's views before it hands over a request that
+    // changes parameters: the buffers of earlier row replies are free again.
+    if (changes_parameters(request)) row_replies_used_ = 0;
     try {
       if (context.peer && !senders(request).contains(context.peer->job)) {
         const std::string problem = "refused " + std::string(message_name(request)) + " from " +
@@ -3652,7 +4952,19 @@ class ParameterServer {
   [[nodiscard]] Stats stats() const noexcept {
     Stats s = stats_;
     s.global_step = global_step();
+    for (const Table& t : tables_) {
+      const TableStats ts = t.rows.stats();
+      s.table_rows += static_cast<std::int64_t>(ts.rows);
+      s.table_rows_evicted += static_cast<std::int64_t>(ts.rows_evicted);
+      s.table_rows_dropped += static_cast<std::int64_t>(ts.pushes_dropped);
+    }
     return s;
+  }
+  /// The counters of each embedding table held here, in the model's table order.
+  [[nodiscard]] std::vector<TableStats> table_stats() const {
+    std::vector<TableStats> out;
+    for (const Table& t : tables_) out.push_back(t.rows.stats());
+    return out;
   }
 
   /// The transport lost connection `session` of task `node` (0: all of them). A worker's
@@ -3706,7 +5018,9 @@ class ParameterServer {
   /// element held here, a restore one more per optimizer slot (0 before registration:
   /// nothing can carry a tensor yet).
   [[nodiscard]] std::uint64_t max_request_payload() const noexcept {
-    return held_bytes_ * (1 + slots_per_part_);
+    std::uint64_t rows = 0;  // a push may carry up to kMaxRowsPerRequest rows of each table
+    for (const TableSpec& t : table_specs_) rows += kMaxRowsPerRequest * t.dim * sizeof(float);
+    return held_bytes_ * (1 + slots_per_part_) + rows;
   }
 
  private:
@@ -3724,6 +5038,21 @@ class ParameterServer {
   struct WaitingPull {
     Pull request;
     Responder reply;
+  };
+  struct WaitingRows {
+    PullRows request;
+    Responder reply;
+  };
+
+  using TableOptimizer = typename T::Optimizer;
+  /// An embedding table held here: its rows, the current update's gradients, its update
+  /// count (lazy Adam's t) and the step of its next eviction pass.
+  struct Table {
+    EmbeddingTable<TableOptimizer> rows;
+    SparseAccumulator accumulator;
+    std::int64_t updates = 0;
+    std::int64_t next_eviction = 0;
+    bool prepared = false;  ///< its rows of the update being applied wait for commit
   };
 
   struct TokenWaiter {
@@ -3777,6 +5106,7 @@ class ParameterServer {
     for (Responder& w : std::exchange(ready_waiters_, {})) send(w, ErrorReply{answer});
     for (TokenWaiter& w : std::exchange(token_waiters_, {})) send(w.reply, ErrorReply{answer});
     for (WaitingPull& w : std::exchange(waiting_pulls_, {})) send(w.reply, ErrorReply{answer});
+    for (WaitingRows& w : std::exchange(waiting_rows_, {})) send(w.reply, ErrorReply{answer});
     for (HeldPush& h : std::exchange(held_, {})) send(h.reply, ErrorReply{answer});
     for (WaitingPause& w : std::exchange(waiting_pauses_, {})) send(w.reply, ErrorReply{answer});
     if (pending_read_) {
@@ -3790,7 +5120,7 @@ class ParameterServer {
 
   void on(Register& r, const RequestContext& /*context*/, Responder& reply) {
     if (registered_) {
-      if (r.variables == variables_) {
+      if (r.variables == variables_ && r.tables == table_specs_ && r.table_seed == table_seed_) {
         send(reply, placement_reply());
       } else {
         reject(reply, ErrorCode::kAlreadyExists, "a different model is already registered");
@@ -3798,6 +5128,17 @@ class ParameterServer {
       return;
     }
     if (auto problem = check_variables(r.variables); !problem.empty()) {
+      reject(reply, ErrorCode::kInvalidArgument, problem);
+      return;
+    }
+    if (!r.tables.empty() && std::is_same_v<T, NoTables>) {
+      reject(reply, ErrorCode::kFailedPrecondition,
+             "the model has embedding tables, and this ps serves none: its optimizer has no "
+             "row-wise apply (RowWiseOptimizer); compose ParameterServer<S, O, P, "
+             "Tables<Adagrad>> or another RowWiseOptimizer for the tables");
+      return;
+    }
+    if (auto problem = check_tables(r.tables, r.variables); !problem.empty()) {
       reject(reply, ErrorCode::kInvalidArgument, problem);
       return;
     }
@@ -3819,8 +5160,17 @@ class ParameterServer {
                            row_size, std::vector<float>(n, 0.0F), optimizer_.make_state(n),
                            sync_.make_accumulator(n), false});
     }
-    PlacementReply answer{r.variables, placement, epoch_, {}, {}};
+    std::vector<Table> tables;
+    tables.reserve(r.tables.size());
+    for (const TableSpec& spec : r.tables) {
+      tables.push_back(Table{EmbeddingTable<TableOptimizer>(spec, table_policy_.optimizer, r.table_seed),
+                             SparseAccumulator(spec.dim), 0, 0, false});
+    }
+    PlacementReply answer{r.variables, placement, epoch_, {}, {}, r.tables};
     optimizer_state_names(answer.slot_names, answer.counter_names);
+    tables_ = std::move(tables);
+    table_specs_ = std::move(r.tables);
+    table_seed_ = r.table_seed;
     variables_ = std::move(r.variables);
     placement_ = std::move(placement);
     slots_ = std::move(slots);
@@ -3852,6 +5202,29 @@ class ParameterServer {
         return "variable '" + v.name + "' has an unknown initializer";
       }
       if (!names.insert(v.name).second) return "variable name '" + v.name + "' is used twice";
+    }
+    return {};
+  }
+
+  /// Why `tables` cannot be registered beside `variables`, or "".
+  static std::string check_tables(const std::vector<TableSpec>& tables,
+                                  const std::vector<VariableSpec>& variables) {
+    std::unordered_set<std::string_view> names;
+    for (const VariableSpec& v : variables) names.insert(v.name);
+    for (std::size_t i = 0; i < tables.size(); ++i) {
+      const TableSpec& t = tables[i];
+      if (t.name.empty()) return "table " + std::to_string(i) + " has no name";
+      if (t.dim == 0 || t.dim > kMaxTableDim) {
+        return "table '" + t.name + "' has dim " + std::to_string(t.dim) + " (1 to " +
+               std::to_string(kMaxTableDim) + ")";
+      }
+      if (t.initializer.kind > Initializer::Kind::kNormal) {
+        return "table '" + t.name + "': its rows need zeros, constant, uniform or normal "
+               "initial values (Glorot's rule has no fans in a table)";
+      }
+      if (t.admit_after == 0) return "table '" + t.name + "' has admit_after 0 (1 admits at once)";
+      if (t.evict_after_steps < 0) return "table '" + t.name + "' has a negative evict_after_steps";
+      if (!names.insert(t.name).second) return "name '" + t.name + "' is used twice";
     }
     return {};
   }
@@ -4025,11 +5398,86 @@ class ParameterServer {
       answer_pull(w.request, w.reply);
       return true;
     });
+    std::erase_if(waiting_rows_, [&](WaitingRows& w) {
+      if (global_step() < w.request.min_step) return false;
+      answer_rows(w.request, w.reply);
+      return true;
+    });
     std::erase_if(waiting_pauses_, [&](WaitingPause& w) {
       if (global_step() < w.at_step) return false;
       pause(w.session, w.reply);
       return true;
     });
+  }
+
+  // ---- PullRows: rows of embedding tables ----------------------------------------------
+
+  void on(PullRows& r, const RequestContext& /*context*/, Responder& reply) {
+    if (!ready_) {
+      reject(reply, ErrorCode::kFailedPrecondition, "row pull before initialization");
+      return;
+    }
+    if (r.min_step > 0 && !current_epoch(r.epoch, reply, "row pull")) return;
+    if (auto problem = check_rows(r.tables, false); !problem.empty()) {
+      reject(reply, ErrorCode::kInvalidArgument, problem);
+      return;
+    }
+    if (global_step() < r.min_step) {
+      WaitingRows& waiting = waiting_rows_.emplace_back(WaitingRows{std::move(r), nullptr});
+      park(waiting.reply, reply);
+    } else {
+      answer_rows(r, reply);
+    }
+  }
+
+  /// Why `rows` (of a pull, or with `values` of a push) cannot be served here, or "": a
+  /// table that does not exist or comes twice, too many ids, an id another ps holds, rows
+  /// of the wrong size.
+  std::string check_rows(const std::vector<TableRows>& rows, bool values) const {
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const TableRows& tr = rows[i];
+      if (tr.table >= tables_.size()) {
+        return "unknown table " + std::to_string(tr.table) + " (the model has " +
+               std::to_string(tables_.size()) + ")";
+      }
+      const TableSpec& spec = table_specs_[tr.table];
+      for (std::size_t j = 0; j < i; ++j) {
+        if (rows[j].table == tr.table) return "table '" + spec.name + "' comes twice";
+      }
+      if (tr.ids.size() > kMaxRowsPerRequest) {
+        return std::to_string(tr.ids.size()) + " ids of table '" + spec.name + "' in one request (at most " +
+               std::to_string(kMaxRowsPerRequest) + ")";
+      }
+      if (tr.values.size() != (values ? tr.ids.size() * spec.dim : 0)) {
+        return "table '" + spec.name + "': " + std::to_string(tr.values.size()) + " values for " +
+               std::to_string(tr.ids.size()) + " rows of dim " + std::to_string(spec.dim);
+      }
+      for (const std::uint64_t id : tr.ids) {
+        const std::uint32_t owner = table_policy_.sharding.ps_of(spec.name, id, num_ps_);
+        if (owner != task_) {
+          return "row " + std::to_string(id) + " of table '" + spec.name + "' is held by ps " +
+                 std::to_string(owner) + ", not here (do the worker and the ps use the same " +
+                 "id sharding?)";
+        }
+      }
+    }
+    return {};
+  }
+
+  void answer_rows(const PullRows& r, Responder& reply) {
+    if (row_replies_used_ == row_replies_.size()) row_replies_.emplace_back();
+    std::vector<std::vector<float>>& buffers = row_replies_[row_replies_used_++];
+    buffers.resize(r.tables.size());
+    RowsReply answer{global_step(), {}};
+    for (std::size_t i = 0; i < r.tables.size(); ++i) {
+      const TableRows& tr = r.tables[i];
+      Table& table = tables_[tr.table];
+      buffers[i].resize(tr.ids.size() * table.rows.dim());
+      table.rows.pull(tr.ids, buffers[i], global_step());
+      answer.rows.emplace_back(buffers[i]);
+      stats_.bytes_pulled += static_cast<std::int64_t>(buffers[i].size() * sizeof(float));
+    }
+    send(reply, std::move(answer));
   }
 
   // ---- Push -----------------------------------------------------------------------------
@@ -4042,6 +5490,20 @@ class ParameterServer {
     }
     if (!is_sender(r.worker, context, reply, "Push")) return;
     if (!check_parts(r.gradients, context, reply)) return;
+    if (auto problem = check_rows(r.rows, true); !problem.empty()) {
+      reject(reply, ErrorCode::kInvalidArgument, problem);
+      return;
+    }
+    if (!context.tensors_finite) {
+      for (const TableRows& tr : r.rows) {
+        if (!detail::all_finite(tr.values)) {
+          reject(reply, ErrorCode::kInvalidArgument,
+                 "non-finite (NaN or Inf) rows for table '" + table_specs_[tr.table].name +
+                     "'; nothing was applied");
+          return;
+        }
+      }
+    }
     if (r.gradients.size() != slots_.size()) {
       // Every part must see every push's verdict, or parts drift apart.
       reject(reply, ErrorCode::kInvalidArgument,
@@ -4100,6 +5562,15 @@ class ParameterServer {
       ++stats_.gradients_accepted;
       sync_.accumulate(slot.accumulator, pv.values);
     }
+    for (const TableRows& tr : r.rows) {
+      stats_.bytes_pushed += static_cast<std::int64_t>(tr.values.size_bytes());
+      if (verdict == Verdict::kStale) {
+        stats_.table_rows_dropped += static_cast<std::int64_t>(tr.ids.size());
+        continue;
+      }
+      if (!overflow.empty()) continue;
+      tables_[tr.table].accumulator.add(tr.ids, tr.values);
+    }
     if (verdict != Verdict::kStale && overflow.empty()) {
       ++accumulated_;
       contributors_.push_back(r.worker);
@@ -4156,10 +5627,14 @@ class ParameterServer {
   void hold(const Push& r, Responder& reply) {
     HeldPush& held = held_.emplace_back();
     held.push = Push{r.worker, r.local_step, {}, r.epoch, r.sequence};
-    held.storage.reserve(r.gradients.size());
+    held.storage.reserve(r.gradients.size() + r.rows.size());
     for (const PartValues& pv : r.gradients) {
       held.storage.emplace_back(pv.values.begin(), pv.values.end());
       held.push.gradients.push_back({pv.part, held.storage.back()});
+    }
+    for (const TableRows& tr : r.rows) {
+      held.storage.emplace_back(tr.values.begin(), tr.values.end());
+      held.push.rows.push_back({tr.table, tr.ids, held.storage.back()});
     }
     park(held.reply, reply);
     advance_to_cut();
@@ -4189,6 +5664,12 @@ class ParameterServer {
   void on(ReadState& r, const RequestContext& /*context*/, Responder& reply) {
     if (!paused_) {
       reject(reply, ErrorCode::kFailedPrecondition, "ReadState without Pause");
+      return;
+    }
+    if (!tables_.empty()) {
+      reject(reply, ErrorCode::kFailedPrecondition,
+             "checkpoints do not hold embedding tables yet: this ps holds table '" +
+                 table_specs_.front().name + "'");
       return;
     }
     for (std::size_t w = 0; w < taken_.size(); ++w) {
@@ -4339,6 +5820,8 @@ class ParameterServer {
                           ": wait until ready and start the step again"};
     for (TokenWaiter& w : std::exchange(token_waiters_, {})) send(w.reply, ErrorReply{gone});
     for (WaitingPull& w : std::exchange(waiting_pulls_, {})) send(w.reply, ErrorReply{gone});
+    for (WaitingRows& w : std::exchange(waiting_rows_, {})) send(w.reply, ErrorReply{gone});
+    for (Table& table : tables_) table.accumulator.clear();
     for (HeldPush& h : std::exchange(held_, {})) send(h.reply, ErrorReply{gone});
     for (WaitingPause& w : std::exchange(waiting_pauses_, {})) send(w.reply, ErrorReply{gone});
     if (pending_read_) {
@@ -4391,10 +5874,18 @@ class ParameterServer {
   void apply_all(std::int64_t step_before, bool checked) {
     updates_.clear();
     for (Slot& slot : slots_) updates_.push_back(sync_.take(slot.accumulator));
+    // The tables' rows first, into scratch memory: committed with the dense parts below, or
+    // not at all.
+    for (Table& table : tables_) {
+      if (table.accumulator.empty()) continue;
+      const std::span<const float> means = table.accumulator.take();
+      table.prepared = table.rows.prepare(table.accumulator.ids(), means, step_before, table.updates + 1);
+      if (!table.prepared) return skip_update(step_before, "table '" + table.rows.spec().name + "'");
+    }
     if constexpr (PredictsFiniteness<O>) {
       for (std::size_t i = 0; !checked && i < slots_.size(); ++i) {
         if (!optimizer_.stays_finite(slots_[i].optimizer_state, slots_[i].values, updates_[i])) {
-          return skip_update(step_before, slots_[i]);
+          return skip_update(step_before, describe(slots_[i].part));
         }
       }
       for (std::size_t i = 0; i < slots_.size(); ++i) {
@@ -4412,7 +5903,7 @@ class ParameterServer {
           *shadow.state = slot.optimizer_state;
         }
         apply_to(slot, shadow.values, *shadow.state, updates_[i], step_before);
-        if (!detail::all_finite(shadow.values)) return skip_update(step_before, slot);
+        if (!detail::all_finite(shadow.values)) return skip_update(step_before, describe(slot.part));
       }
       for (std::size_t i = 0; i < slots_.size(); ++i) {
         std::swap(slots_[i].values, shadows_[i].values);
@@ -4430,6 +5921,26 @@ class ParameterServer {
       }
     }
     stats_.updates_applied += static_cast<std::int64_t>(slots_.size());
+    commit_tables(step_before);
+  }
+
+  /// Writes every table's prepared rows back, and evicts rows gone untouched too long
+  /// (every eighth of the eviction window: a pass costs one look at every row).
+  void commit_tables(std::int64_t step_before) {
+    for (Table& table : tables_) {
+      if (!std::exchange(table.prepared, false)) continue;  // no row pushed in this update
+      table.rows.commit(step_before);
+      ++table.updates;
+      table.accumulator.clear();
+      ++stats_.updates_applied;
+    }
+    const std::int64_t step = step_before + 1;
+    for (Table& table : tables_) {
+      const std::int64_t window = table.rows.spec().evict_after_steps;
+      if (window <= 0 || step < table.next_eviction) continue;
+      table.rows.evict(step);
+      table.next_eviction = step + std::max<std::int64_t>(1, window / 8);
+    }
   }
 
   void apply_to(const Slot& slot, std::span<float> values, typename O::State& state,
@@ -4439,8 +5950,12 @@ class ParameterServer {
     apply_update(optimizer_, state, values, update, context);
   }
 
-  void skip_update(std::int64_t step_before, const Slot& slot) {
+  void skip_update(std::int64_t step_before, const std::string& what) {
     ++stats_.updates_refused;
+    for (Table& table : tables_) {
+      table.accumulator.clear();
+      table.prepared = false;
+    }
     std::string from;
     for (const std::uint32_t w : contributors_) {
       from += (from.empty() ? "worker " : ", worker ") + std::to_string(w);
@@ -4448,7 +5963,7 @@ class ParameterServer {
     log(LogLevel::kWarning,
         "ps " + std::to_string(task_) + ": rolled back the update of global step " +
             std::to_string(step_before + 1) + " (gradients from " + from + "): it would have made " +
-            describe(slot.part) + " non-finite");
+            what + " non-finite");
   }
 
   /// Checks that a worker's request names the worker that sent it.
@@ -4610,7 +6125,7 @@ class ParameterServer {
   /// What Register and WaitReady answer: the model, where it lives, the epoch, and the names
   /// of the optimizer's slots and counters.
   PlacementReply placement_reply() {
-    PlacementReply answer{variables_, placement_, epoch_, {}, {}};
+    PlacementReply answer{variables_, placement_, epoch_, {}, {}, table_specs_};
     optimizer_state_names(answer.slot_names, answer.counter_names);
     return answer;
   }
@@ -4673,6 +6188,10 @@ class ParameterServer {
   }
 
   static constexpr std::size_t kNotHere = static_cast<std::size_t>(-1);
+  /// Ids of one table in one request: a reply is at most this many rows.
+  static constexpr std::size_t kMaxRowsPerRequest = std::size_t{1} << 22U;
+  /// Floats in one row of a table.
+  static constexpr std::size_t kMaxTableDim = std::size_t{1} << 16U;
   /// Elements a variable may have: 4 TiB of floats, beyond any ps, and no product of its
   /// shape wraps around on the way.
   static constexpr std::size_t kMaxElements = std::size_t{1} << 40U;
@@ -4684,6 +6203,7 @@ class ParameterServer {
   [[no_unique_address]] O optimizer_;
   [[no_unique_address]] P sync_;
   [[no_unique_address]] S sharding_;
+  [[no_unique_address]] T table_policy_;
 
   bool registered_ = false;
   bool ready_ = false;
@@ -4693,6 +6213,14 @@ class ParameterServer {
   Placement placement_;
   std::vector<Slot> slots_;
   std::vector<std::size_t> slot_of_part_;  ///< global part index → slot, or kNotHere
+  std::vector<TableSpec> table_specs_;
+  std::uint64_t table_seed_ = 0;
+  std::vector<Table> tables_;
+  /// Buffers of row replies, by request: those before `row_replies_used_` may be viewed by
+  /// a transport until the next request that changes parameters.
+  std::deque<std::vector<std::vector<float>>> row_replies_;
+  std::size_t row_replies_used_ = 0;
+  std::vector<WaitingRows> waiting_rows_;
   std::size_t initialized_slots_ = 0;
 
   std::uint64_t held_bytes_ = 0;  ///< bytes of the parts held here
@@ -5897,6 +7425,7 @@ inline constexpr Version version{PULLEY_VERSION_MAJOR, PULLEY_VERSION_MINOR, PUL
 // ---- end pulley/version.hpp ----
 // ---- begin pulley/worker.hpp ----
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -5904,6 +7433,7 @@ inline constexpr Version version{PULLEY_VERSION_MAJOR, PULLEY_VERSION_MINOR, PUL
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -5979,19 +7509,34 @@ struct StepResult {
 /// A worker task: pulls parameters into its model, computes gradients on its own batches
 /// and pushes them (seed 002's pull → feed → compute → push; the ps does the update).
 ///
-/// @tparam M the Model it trains (owned: the worker pulls into its parameters in place)
+/// With a TableModel, each step also pulls the rows of the embedding tables its batch
+/// touches (their distinct ids, grouped by the ps that holds them: `lookup`), in the same
+/// round trip as the dense parameters it needs then, and pushes their gradients with the
+/// dense ones. A worker never holds, pulls or pushes a whole table.
+///
+/// @tparam M the Model or TableModel it trains (owned: the worker pulls into its parameters
+///           in place)
 /// @tparam T the Transport that reaches the ps tasks
-template <Model M, Transport T>
+/// @tparam I the IdSharding of the tables' rows: the ps tasks' (HashIds by default)
+template <Model M, Transport T, IdSharding I = HashIds>
 class Worker {
  public:
   /// @param index this worker's task index (tags its pushes and token requests)
-  Worker(std::uint32_t index, M model, T transport, ClientOptions options = {})
-      : index_(index), model_(std::move(model)), client_(std::move(transport), options) {
+  Worker(std::uint32_t index, M model, T transport, ClientOptions options = {}, I sharding = {})
+      : index_(index),
+        model_(std::move(model)),
+        client_(std::move(transport), options),
+        sharding_(std::move(sharding)) {
     const auto variables = std::span<const VariableSpec>(model_.variables());
     all_.reserve(variables.size());
     for (std::size_t v = 0; v < variables.size(); ++v) {
       all_.push_back({v, {0, variables[v].rows()}, model_.parameter(v)});
       gradients_.push_back(model_.gradient(v));
+    }
+    if constexpr (TableModel<M>) {
+      const auto tables = std::span<const TableSpec>(model_.tables());
+      batches_.resize(tables.size());
+      for (std::size_t t = 0; t < tables.size(); ++t) batches_[t].spec = tables[t];
     }
   }
 
@@ -6000,7 +7545,13 @@ class Worker {
   Worker& operator=(const Worker&) = delete;
 
   /// Blocks until the chief has initialized every ps, and learns where variables live.
-  void wait_ready() { client_.wait_ready(model_.variables()); }
+  void wait_ready() {
+    if constexpr (TableModel<M>) {
+      client_.wait_ready(model_.variables(), std::span<const TableSpec>(model_.tables()));
+    } else {
+      client_.wait_ready(model_.variables());
+    }
+  }
 
   /// One training step on `batch`, paced by the sync policy: take a sync token (under
   /// Async, whose tokens never wait, only once: the pulls report the global step), make sure
@@ -6051,7 +7602,7 @@ class Worker {
   /// stale.
   std::uint32_t push_pull(std::int64_t local_step, std::int64_t pull_step) {
     pulled_step_ = -1;  // a pull that fails part way leaves the model mixed: pull again
-    const auto done = client_.push_pull(index_, local_step, gradients_, all_, pull_step);
+    const auto done = client_.push_pull(index_, local_step, gradients_, all_, pull_step, push_rows_);
     pulled_step_ = done.pulled_step;
     return done.stale_parts;
   }
@@ -6082,7 +7633,7 @@ class Worker {
   /// Pushes the model's current gradients tagged with `local_step`, pulling nothing;
   /// returns the number of part gradients dropped as stale.
   std::uint32_t push(std::int64_t local_step) {
-    return client_.push(index_, local_step, gradients_);
+    return client_.push(index_, local_step, gradients_, push_rows_);
   }
 
   /// The model it trains, with the parameters of the last pull.
@@ -6118,9 +7669,21 @@ class Worker {
       finished_ = true;
       return std::nullopt;
     }
-    if (pulled_step_ < token.pull_step) pull_all(token.pull_step);
     StepResult result;
-    result.loss = static_cast<float>(model_.compute_gradients(batch));
+    if constexpr (TableModel<M>) {
+      gather_rows(batch);
+      if (pulled_step_ < token.pull_step) {
+        pulled_step_ = -1;
+        pulled_step_ = client_.pull_with_rows(all_, row_requests_, token.pull_step);
+      } else {
+        (void)client_.pull_rows(row_requests_, token.pull_step);
+      }
+      for (TableState& t : batches_) std::fill(t.gradients.begin(), t.gradients.end(), 0.0F);
+      result.loss = static_cast<float>(model_.compute_gradients(batch, std::span<const TableBatch>(views_)));
+    } else {
+      if (pulled_step_ < token.pull_step) pull_all(token.pull_step);
+      result.loss = static_cast<float>(model_.compute_gradients(batch));
+    }
     result.local_step = token.local_step;
     result.global_step = reply.global_step;
     result.stale_parts = push_pull(token.local_step, token.next_pull_step);
@@ -6131,7 +7694,7 @@ class Worker {
   void recover() {
     pulled_step_ = -1;
     paced_ = true;
-    client_.wait_ready(model_.variables());
+    wait_ready();
   }
 
   /// After a kFailedPrecondition: true if the ps tasks were restored since this worker
@@ -6153,11 +7716,63 @@ class Worker {
     pulled_step_ = client_.pull(all_, min_step);
   }
 
+  /// One table's rows for the current batch: its distinct ids grouped by ps (ascending
+  /// within each), where each id is, the rows pulled and their gradients.
+  struct TableState {
+    TableSpec spec;
+    std::vector<std::uint64_t> ids;
+    std::vector<std::size_t> ps_begin;
+    std::unordered_map<std::uint64_t, std::size_t> positions;
+    std::vector<float> rows;
+    std::vector<float> gradients;
+  };
+
+  /// Asks the model which ids the batch uses, and lays out every table's buffers for them.
+  void gather_rows(const typename M::Batch& batch) {
+    const auto num_ps = static_cast<std::uint32_t>(client_.num_ps());
+    row_requests_.clear();
+    views_.clear();
+    for (std::size_t t = 0; t < batches_.size(); ++t) {
+      TableState& table = batches_[t];
+      table.ids.clear();
+      model_.lookup(batch, t, table.ids);
+      // By (ps, id): each ps's ids are one run, and the order is the same on every run.
+      keyed_.clear();
+      for (const std::uint64_t id : table.ids) keyed_.push_back({sharding_.ps_of(table.spec.name, id, num_ps), id});
+      std::sort(keyed_.begin(), keyed_.end());
+      keyed_.erase(std::unique(keyed_.begin(), keyed_.end()), keyed_.end());
+      table.ids.clear();
+      table.ps_begin.assign(num_ps + 1, 0);
+      table.positions.clear();
+      for (const auto& [ps, id] : keyed_) {
+        table.positions.emplace(id, table.ids.size());
+        table.ids.push_back(id);
+        ++table.ps_begin[ps + 1];
+      }
+      for (std::uint32_t p = 0; p < num_ps; ++p) table.ps_begin[p + 1] += table.ps_begin[p];
+      table.rows.resize(table.ids.size() * table.spec.dim);
+      table.gradients.resize(table.ids.size() * table.spec.dim);
+      row_requests_.push_back({t, table.ids, table.ps_begin, table.rows});
+      views_.push_back({table.spec.dim, table.ids, table.rows, table.gradients, &table.positions});
+    }
+    // The pulls write into the rows; the pushes send the gradients.
+    push_rows_.clear();
+    for (std::size_t t = 0; t < batches_.size(); ++t) {
+      push_rows_.push_back({t, batches_[t].ids, batches_[t].ps_begin, batches_[t].gradients});
+    }
+  }
+
   std::uint32_t index_;
   M model_;
   detail::Client<T> client_;
   std::vector<PullRequest> all_;                   ///< every variable into the model
   std::vector<std::span<const float>> gradients_;  ///< the model's gradient buffers
+  [[no_unique_address]] I sharding_;
+  std::vector<TableState> batches_;                ///< by table: the current batch's rows
+  std::vector<RowRequest> row_requests_;           ///< pulls into batches_' rows
+  std::vector<RowRequest> push_rows_;              ///< pushes of batches_' gradients
+  std::vector<TableBatch> views_;                  ///< what the model computes with
+  std::vector<std::pair<std::uint32_t, std::uint64_t>> keyed_;  ///< scratch: (ps, id)
   std::int64_t global_step_ = 0;
   std::int64_t pulled_step_ = -1;  ///< the model holds every variable as of this step or later
   bool paced_ = true;              ///< the sync policy makes workers wait for tokens

@@ -4,13 +4,18 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <cstdint>
 #include <iterator>
+#include <limits>
 #include <random>
 #include <vector>
 
 #include "pulley/optimizers/adagrad.hpp"
 #include "pulley/optimizers/adam.hpp"
+#include "pulley/optimizers/ftrl.hpp"
 #include "pulley/optimizers/momentum.hpp"
+#include "pulley/optimizers/rmsprop.hpp"
 #include "pulley/optimizers/sgd.hpp"
 
 namespace {
@@ -105,17 +110,10 @@ bool apply_stays_finite(const O& optimizer, const typename O::State& state, std:
                         const std::vector<float>& g) {
   auto s = state;
   optimizer.apply(s, w, g);
-  bool finite = std::all_of(w.begin(), w.end(), [](float x) { return std::isfinite(x); });
-  if constexpr (requires { s.m; }) {
-    for (const auto* slot : {&s.m, &s.v}) {
-      finite = finite && std::all_of(slot->begin(), slot->end(), [](float x) { return std::isfinite(x); });
-    }
-  } else if constexpr (requires { s.accumulation; }) {
-    finite = finite && std::all_of(s.accumulation.begin(), s.accumulation.end(),
-                                   [](float x) { return std::isfinite(x); });
-  } else if constexpr (requires { s.accumulator; }) {
-    finite = finite && std::all_of(s.accumulator.begin(), s.accumulator.end(),
-                                   [](float x) { return std::isfinite(x); });
+  const auto is_finite = [](float x) { return std::isfinite(x); };
+  bool finite = std::all_of(w.begin(), w.end(), is_finite);
+  for (const pulley::OptimizerSlot& slot : pulley::slots_of(optimizer, s)) {
+    finite = finite && std::all_of(slot.values.begin(), slot.values.end(), is_finite);
   }
   return finite;
 }
@@ -154,9 +152,201 @@ TEST_CASE("each stock optimizer predicts finiteness: never optimistic, never in 
   check_prediction(pulley::Momentum{0.1F, 0.9F, true});
   check_prediction(pulley::Adagrad{0.1F});
   check_prediction(pulley::Adam{0.01F});
+  check_prediction(pulley::Ftrl{0.1F});
+  check_prediction(pulley::Ftrl{.learning_rate = 0.1F,
+                                .learning_rate_power = -0.25F,
+                                .l1_regularization_strength = 0.01F,
+                                .l2_regularization_strength = 0.1F,
+                                .l2_shrinkage_regularization_strength = 0.1F,
+                                .beta = 0.5F});
+  check_prediction(pulley::RmsProp{0.1F});
+  check_prediction(pulley::RmsProp{.learning_rate = 0.1F, .momentum = 0.9F});
   // Adam refuses a gradient whose square overflows its second moment, as a finite weight
   // update would hide it (every parameter would freeze).
   const pulley::Adam adam{0.001F};
   const std::vector<float> w{1.0F}, g{3e38F};
   CHECK_FALSE(adam.stays_finite(adam.make_state(1), w, g));
+}
+
+TEST_CASE("Ftrl: linear and accumulator slots, the weight solved from them") {
+  const auto w = two_steps(pulley::Ftrl{.learning_rate = 0.1F});
+  // step 1, w0 = 1, g = 0.5: accum 0.1 -> 0.35, sqrt 0.3162278 -> 0.5916080
+  //   linear = 0 + 0.5 - (0.5916080 - 0.3162278)/0.1*1 = 0.5 - 2.7538021 = -2.2538021
+  //   quadratic = 0.5916080/0.1 = 5.9160798; w0 = 2.2538021/5.9160798
+  CHECK(w[0][0] == doctest::Approx(0.3809621));
+  // w1 = -2, g = -0.25: accum 0.1 -> 0.1625, sqrt 0.3162278 -> 0.4031129
+  //   linear = -0.25 - (0.0868851/0.1)*(-2) = -0.25 + 1.7377024 = 1.4877024
+  //   quadratic = 4.0311289; w1 = -1.4877024/4.0311289
+  CHECK(w[0][1] == doctest::Approx(-0.3690536));
+  // step 2, g = 0.5: accum 0.35 -> 0.6, sqrt -> 0.7745967
+  //   linear = -2.2538021 + 0.5 - (0.1829887/0.1)*0.3809621 = -1.7538021 - 0.6971175
+  //          = -2.4509197; quadratic = 7.7459667; w0 = 2.4509197/7.7459667
+  CHECK(w[1][0] == doctest::Approx(0.3164124));
+  // g = 1: accum 0.1625 -> 1.1625, sqrt -> 1.0781929
+  //   linear = 1.4877024 + 1 - (0.6750800/0.1)*(-0.3690536) = 2.4877024 + 2.4914069
+  //          = 4.9791093; quadratic = 10.7819293; w1 = -4.9791093/10.7819293
+  CHECK(w[1][1] == doctest::Approx(-0.4618013));
+}
+
+TEST_CASE("Ftrl with l1: a weight whose |linear| is within l1 is exactly 0") {
+  const auto w = two_steps(pulley::Ftrl{.learning_rate = 0.1F, .l1_regularization_strength = 2.0F});
+  // step 1: linear and quadratic as without l1 (the old weight enters linear, not l1).
+  //   w0: linear -2.2538021, |linear| > 2: w0 = (-2 + 2.2538021)/5.9160798
+  CHECK(w[0][0] == doctest::Approx(0.0429004));
+  //   w1: linear 1.4877024 <= 2: w1 = 0
+  CHECK(w[0][1] == 0.0F);
+  // step 2: linear0 = -2.2538021 + 0.5 - (0.1829887/0.1)*0.0429004 = -1.8323050, <= 2: 0
+  CHECK(w[1][0] == 0.0F);
+  //   linear1 = 1.4877024 + 1 - (...)*0 = 2.4877024 > 2: w1 = (2 - 2.4877024)/10.7819293
+  CHECK(w[1][1] == doctest::Approx(-0.0452333));
+}
+
+TEST_CASE("Ftrl with l2 and beta: quadratic gains 2*(l2 + beta/(2*lr))") {
+  // l2_adj = 0.5 + 0.1/(2*0.1) = 1, so quadratic = sqrt(accum_new)/0.1 + 2.
+  const auto w = two_steps(
+      pulley::Ftrl{.learning_rate = 0.1F, .l2_regularization_strength = 0.5F, .beta = 0.1F});
+  // step 1: linear as without l2 (-2.2538021, 1.4877024); quadratic 7.9160798, 6.0311289
+  CHECK(w[0][0] == doctest::Approx(0.2847119));   // 2.2538021/7.9160798
+  CHECK(w[0][1] == doctest::Approx(-0.2466706));  // -1.4877024/6.0311289
+  // step 2: linear0 = -2.2538021 + 0.5 - 1.8298871*0.2847119 = -1.7538021 - 0.5209906
+  //   = -2.2747927; quadratic 7.7459667 + 2 = 9.7459667
+  CHECK(w[1][0] == doctest::Approx(0.2334086));  // 2.2747927/9.7459667
+  //   linear1 = 1.4877024 + 1 - 6.7508003*(-0.2466706) = 2.4877024 + 1.6652243 = 4.1529267
+  //   quadratic 10.7819293 + 2 = 12.7819293
+  CHECK(w[1][1] == doctest::Approx(-0.3249061));  // -4.1529267/12.7819293
+}
+
+TEST_CASE("Ftrl with learning_rate_power = -1 (std::pow) and l2 shrinkage") {
+  // accum^(-p) = accum itself; g_shrink = g + 2*0.1*w.
+  const auto w = two_steps(pulley::Ftrl{.learning_rate = 0.1F,
+                                        .learning_rate_power = -1.0F,
+                                        .l2_shrinkage_regularization_strength = 0.1F});
+  // step 1, w0 = 1, g = 0.5: g_shrink = 0.5 + 0.2 = 0.7; accum 0.1 -> 0.35
+  //   linear = 0.7 - (0.35 - 0.1)/0.1*1 = 0.7 - 2.5 = -1.8; quadratic = 0.35/0.1 = 3.5
+  CHECK(w[0][0] == doctest::Approx(0.5142857));  // 1.8/3.5
+  // w1 = -2, g = -0.25: g_shrink = -0.25 - 0.4 = -0.65; accum 0.1 -> 0.1625
+  //   linear = -0.65 - (0.0625/0.1)*(-2) = -0.65 + 1.25 = 0.6; quadratic = 1.625
+  CHECK(w[0][1] == doctest::Approx(-0.3692308));  // -0.6/1.625
+  // step 2, g = 0.5: g_shrink = 0.5 + 0.2*0.5142857 = 0.6028571; accum 0.35 -> 0.6
+  //   linear = -1.8 + 0.6028571 - 2.5*0.5142857 = -1.1971429 - 1.2857143 = -2.4828571
+  //   quadratic = 6
+  CHECK(w[1][0] == doctest::Approx(0.4138095));  // 2.4828571/6
+  // g = 1: g_shrink = 1 - 0.2*0.3692308 = 0.9261538; accum 0.1625 -> 1.1625
+  //   linear = 0.6 + 0.9261538 - 10*(-0.3692308) = 1.5261538 + 3.6923077 = 5.2184615
+  //   quadratic = 11.625
+  CHECK(w[1][1] == doctest::Approx(-0.4488999));  // -5.2184615/11.625
+}
+
+TEST_CASE("RmsProp: ms = rho*ms + (1-rho)*g^2, then w -= lr*g/sqrt(ms+eps)") {
+  const auto w = two_steps(pulley::RmsProp{0.1F, 0.9F, 0.0F, 1e-7F});
+  // step 1: ms0 = 0.1*0.25 = 0.025, sqrt(0.025 + 1e-7) = 0.1581142
+  //   w0 = 1 - 0.1*0.5/0.1581142 = 1 - 0.3162271
+  CHECK(w[0][0] == doctest::Approx(0.6837729));
+  //   ms1 = 0.1*0.0625 = 0.00625, sqrt(ms1 + eps) = 0.0790576; w1 = -2 + 0.025/0.0790576
+  CHECK(w[0][1] == doctest::Approx(-1.6837748));
+  // step 2: ms0 = 0.9*0.025 + 0.025 = 0.0475, sqrt = 0.2179452
+  //   w0 = 0.6837729 - 0.05/0.2179452 = 0.6837729 - 0.2294155
+  CHECK(w[1][0] == doctest::Approx(0.4543574));
+  //   ms1 = 0.9*0.00625 + 0.1 = 0.105625, sqrt = 0.3250002; w1 = -1.6837748 - 0.1/0.3250002
+  CHECK(w[1][1] == doctest::Approx(-1.9914669));
+}
+
+TEST_CASE("RmsProp with momentum: mom = momentum*mom + lr*g/sqrt(ms+eps), w -= mom") {
+  const auto w = two_steps(pulley::RmsProp{0.1F, 0.9F, 0.5F, 1e-7F});
+  // step 1: mom starts at 0, so as without momentum (mom0 = 0.3162271, mom1 = -0.3162252)
+  CHECK(w[0][0] == doctest::Approx(0.6837729));
+  CHECK(w[0][1] == doctest::Approx(-1.6837748));
+  // step 2: mom0 = 0.5*0.3162271 + 0.2294155 = 0.3875291; w0 = 0.6837729 - 0.3875291
+  CHECK(w[1][0] == doctest::Approx(0.2962438));
+  //   mom1 = 0.5*(-0.3162252) + 0.3076922 = 0.1495796; w1 = -1.6837748 - 0.1495796
+  CHECK(w[1][1] == doctest::Approx(-1.8333543));
+}
+
+namespace {
+
+/// Updates a row of dim 3 (slots from init_row, at updates 1 then 2) and a part of 3
+/// elements (from make_state) with the same gradients, and checks that they hold the same
+/// weights and slots, bit for bit, and that the row slots carry the dense slots' names.
+template <pulley::RowWiseOptimizer O>
+void check_row_matches_dense(const O& optimizer) {
+  const std::vector<float> start{1.0F, -2.0F, 0.5F};
+  const std::vector<std::vector<float>> gradients{{0.5F, -0.25F, 2.0F}, {0.5F, 1.0F, -0.75F}};
+  const std::size_t dim = start.size();
+  std::vector<float> dense = start;
+  auto state = optimizer.make_state(dim);
+  std::vector<float> row = start;
+  // NaN where init_row must write: a slot it forgets shows up as a mismatch.
+  std::vector<float> slots(O::kRowSlots * dim, std::numeric_limits<float>::quiet_NaN());
+  optimizer.init_row(slots);
+  const auto names = optimizer.row_slot_names();
+  for (std::size_t u = 0; u < gradients.size(); ++u) {
+    CAPTURE(u);
+    optimizer.apply(state, dense, gradients[u]);
+    pulley::RowContext context;
+    context.global_step = static_cast<std::int64_t>(u);
+    context.updates = static_cast<std::int64_t>(u + 1);  // Adam: the dense part's t
+    context.table = "t";
+    context.id = 42;
+    optimizer.apply_row(row, slots, gradients[u], context);
+    for (std::size_t i = 0; i < dim; ++i) CHECK(row[i] == dense[i]);
+    const std::vector<pulley::OptimizerSlot> dense_slots = pulley::slots_of(optimizer, state);
+    REQUIRE(dense_slots.size() == O::kRowSlots);
+    for (std::size_t k = 0; k < O::kRowSlots; ++k) {
+      CHECK(names[k] == dense_slots[k].name);
+      for (std::size_t i = 0; i < dim; ++i) CHECK(slots[k * dim + i] == dense_slots[k].values[i]);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("apply_row on a row equals apply on a part, for every table optimizer") {
+  check_row_matches_dense(pulley::Sgd{0.1F});
+  check_row_matches_dense(pulley::Adagrad{0.1F});
+  check_row_matches_dense(pulley::Adam{0.1F});
+  check_row_matches_dense(pulley::Ftrl{.learning_rate = 0.1F,
+                                       .l1_regularization_strength = 0.5F,
+                                       .l2_regularization_strength = 0.1F,
+                                       .l2_shrinkage_regularization_strength = 0.05F,
+                                       .beta = 0.2F});
+  check_row_matches_dense(pulley::Ftrl{.learning_rate = 0.1F, .learning_rate_power = -0.75F});
+  check_row_matches_dense(pulley::RmsProp{0.1F});
+  check_row_matches_dense(pulley::RmsProp{0.1F, 0.9F, 0.5F});
+  // Momentum has no row form: it is the dense-only example (a table with it fails to
+  // compile, see tests/compile_fail/table_optimizer_without_apply_row.cpp).
+  static_assert(!pulley::RowWiseOptimizer<pulley::Momentum>);
+}
+
+TEST_CASE("Adam's apply_row is lazy: a row skipped at an update keeps its moments") {
+  const pulley::Adam adam{0.1F, 0.9F, 0.999F, 1e-7F};
+  std::vector<float> w{1.0F};
+  std::vector<float> slots(2, 1.0F);
+  adam.init_row(slots);
+  CHECK(slots[0] == 0.0F);
+  CHECK(slots[1] == 0.0F);
+  const std::vector<float> g{0.5F};
+  pulley::RowContext context;
+  context.updates = 1;
+  adam.apply_row(w, slots, g, context);
+  // t=1: lr_t = 0.1*sqrt(1-0.999)/(1-0.9) = 0.0316228; m = 0.05, v = 0.00025
+  //      w = 1 - 0.0316228*0.05/(0.0158114 + 1e-7) = 1 - 0.0999994 = 0.9000006
+  CHECK(w[0] == doctest::Approx(0.9000006).epsilon(1e-6));
+  context.updates = 3;  // the table's update 2 did not push this row
+  adam.apply_row(w, slots, g, context);
+  // t=3: lr_t = 0.1*sqrt(1-0.999^3)/(1-0.9^3) = 0.1*sqrt(0.002997001)/0.271
+  //           = 0.1*0.0547449/0.271 = 0.0202011
+  //      m = 0.9*0.05 + 0.1*0.5 = 0.095 and v = 0.999*0.00025 + 0.001*0.25 = 0.00049975:
+  //      one decay each, none for update 2
+  CHECK(slots[0] == doctest::Approx(0.095).epsilon(1e-6));
+  CHECK(slots[1] == doctest::Approx(0.00049975).epsilon(1e-6));
+  //      w = 0.9000006 - 0.0202011*0.095/(0.0223551 + 1e-7) = 0.9000006 - 0.0858459
+  CHECK(w[0] == doctest::Approx(0.8141548).epsilon(1e-6));
+  // A dense part given a zero gradient at update 2 decays its moments there (m 0.045,
+  // v 0.00024975, w 0.8329952) and ends elsewhere: 0.8329952 - 0.0202011*0.0905/0.0223495.
+  auto state = adam.make_state(1);
+  std::vector<float> dense{1.0F};
+  adam.apply(state, dense, g);
+  adam.apply(state, dense, std::vector<float>{0.0F});
+  adam.apply(state, dense, g);
+  CHECK(dense[0] == doctest::Approx(0.7511953).epsilon(1e-6));
 }

@@ -3,11 +3,35 @@
 
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <span>
+#include <unordered_map>
+#include <vector>
 
 #include "pulley/variable.hpp"
 
 namespace pulley {
+
+/// The rows of one embedding table that a batch touches, as a worker pulled them for a step:
+/// what a TableModel computes with and writes its row gradients into.
+struct TableBatch {
+  std::size_t dim = 0;                  ///< floats per row
+  std::span<const std::uint64_t> ids;   ///< the batch's distinct ids, in the worker's order
+  std::span<const float> rows;          ///< ids.size() × dim: the rows, in that order
+  std::span<float> gradients;           ///< ids.size() × dim, zero before the step: add into it
+  const std::unordered_map<std::uint64_t, std::size_t>* positions = nullptr;  ///< id → index
+
+  /// The index of `id` in `ids` (it must be one of them).
+  [[nodiscard]] std::size_t index(std::uint64_t id) const { return positions->at(id); }
+  /// The row of `id`.
+  [[nodiscard]] std::span<const float> row(std::uint64_t id) const {
+    return rows.subspan(index(id) * dim, dim);
+  }
+  /// Where the gradient of `id`'s row goes (add to it: an id used twice in a batch sums).
+  [[nodiscard]] std::span<float> gradient(std::uint64_t id) const {
+    return gradients.subspan(index(id) * dim, dim);
+  }
+};
 
 /// A model a worker trains: it declares its variables, owns their local copies and computes
 /// gradients on a batch.
@@ -19,7 +43,8 @@ namespace pulley {
 ///     worker pulls into it
 ///   - `m.gradient(i)` → `std::span<const float>` over the gradient of variable i from the
 ///     last `compute_gradients`; the worker pushes from it
-///   - `m.compute_gradients(batch)` → the batch's mean loss (convertible to float)
+///   - `m.compute_gradients(batch)` → the batch's mean loss (convertible to float); or, in
+///     a model with embedding tables, the members of TableModel in its place
 ///
 /// Semantic contract:
 ///   - `variables()` is the same on every worker and the chief for the same configuration;
@@ -32,7 +57,38 @@ concept Model = requires(M& model, const M& cmodel, std::size_t i, const typenam
   { cmodel.variables() } -> std::convertible_to<std::span<const VariableSpec>>;
   { model.parameter(i) } -> std::same_as<std::span<float>>;
   { cmodel.gradient(i) } -> std::same_as<std::span<const float>>;
-  { model.compute_gradients(batch) } -> std::convertible_to<float>;
+  requires requires { { model.compute_gradients(batch) } -> std::convertible_to<float>; } ||
+      requires(std::vector<std::uint64_t>& ids, std::span<const TableBatch> tables) {
+        { cmodel.tables() } -> std::convertible_to<std::span<const TableSpec>>;
+        { cmodel.lookup(batch, i, ids) } -> std::same_as<void>;
+        { model.compute_gradients(batch, tables) } -> std::convertible_to<float>;
+      };
 };
+
+
+/// A model with embedding tables (a recommendation model): dense variables as a Model has,
+/// plus tables of rows keyed by 64-bit ids, of which a batch touches a few. The worker
+/// pulls only the rows of the batch's ids, and pushes only their gradients.
+///
+/// Required:
+///   - `typename M::Batch`, `m.variables()`, `m.parameter(i)`, `m.gradient(i)` as for Model
+///   - `m.tables()` → the table specs, in a fixed order (a range of TableSpec)
+///   - `m.lookup(batch, t, ids)`: appends to `ids` (a std::vector<std::uint64_t>) the ids of
+///     table t that `batch` uses, duplicates allowed (the worker removes them)
+///   - `m.compute_gradients(batch, tables)` with `tables` a std::span<const TableBatch>, one
+///     per table: the batch's mean loss; the dense gradients go to `gradient(i)` as for
+///     Model, each row's gradient is added into `tables[t].gradient(id)`
+///
+/// Semantic contract: as Model's; `lookup` lists every id that `compute_gradients` reads or
+/// writes, and the row gradients are of the batch's mean loss.
+template <class M>
+concept TableModel = Model<M> &&
+    requires(M& model, const M& cmodel, std::size_t i, const typename M::Batch& batch,
+             std::vector<std::uint64_t>& ids, std::span<const TableBatch> tables) {
+  { cmodel.tables() } -> std::convertible_to<std::span<const TableSpec>>;
+  { cmodel.lookup(batch, i, ids) } -> std::same_as<void>;
+  { model.compute_gradients(batch, tables) } -> std::convertible_to<float>;
+};
+
 
 }  // namespace pulley

@@ -166,6 +166,51 @@ concept PredictsFiniteness = Optimizer<O> &&
   { optimizer.stays_finite(state, weights, gradient) } -> std::convertible_to<bool>;
 };
 
+/// What a row-wise (sparse) update of one row of an embedding table may know.
+struct RowContext {
+  /// Global steps completed before this update (as UpdateContext::global_step).
+  std::int64_t global_step = 0;
+  /// Updates of this table on this ps so far, this one included: 1 for the first. Lazy
+  /// Adam's `t`, the same for every row of one update.
+  std::int64_t updates = 0;
+  std::string_view table;  ///< the table's name
+  std::uint64_t id = 0;    ///< the row's id
+};
+
+/// An optimizer that can also update embedding tables row by row (sparse apply), as
+/// TensorFlow's `sparse_apply_*` kernels do: only the rows pushed in an update are touched,
+/// with slots of their own kept beside each row. An optimizer says it supports tables by
+/// having these members; a table used with one that lacks them fails to compile, naming
+/// them.
+///
+/// Required (besides Optimizer):
+///   - `O::kRowSlots`, a `static constexpr std::size_t`: slots per row (Adagrad 1, Adam 2)
+///   - `o.row_slot_names()` → `std::array<std::string_view, O::kRowSlots>`, for checkpoints
+///   - `o.init_row(slots)`: fills a new row's slots; `slots` holds kRowSlots × dim floats,
+///     slot k at [k × dim, (k + 1) × dim)
+///   - `o.apply_row(weights, slots, gradient, context)`: updates one row (`weights` and
+///     `gradient` of dim floats, `slots` as above) in place
+///
+/// Semantic contract (the compiler cannot check it):
+///   - `gradient` is the mean of the gradients pushed for this row in this update (sync: over
+///     the replicas whose push held the row, as TensorFlow's sparse conditional accumulator
+///     averages; async: one worker's, duplicates summed by the worker);
+///   - `apply_row` is called once per update for each row pushed in it and never for the
+///     others ("lazy": an untouched row's slots do not decay), one row at a time;
+///   - it is deterministic, touches nothing but its arguments, and does not throw;
+///   - what it does to a row with a zero gradient is its business (FTRL's weights move);
+///   - the ps checks every updated row for finite values and drops the whole update of the
+///     table if one is not, so `apply_row` need not guard against overflow.
+template <class O>
+concept RowWiseOptimizer = Optimizer<O> &&
+    requires(const O& optimizer, std::span<float> weights, std::span<float> slots,
+             std::span<const float> gradient, const RowContext& context) {
+  { O::kRowSlots } -> std::convertible_to<std::size_t>;
+  { optimizer.row_slot_names() } -> std::ranges::range;
+  { optimizer.init_row(slots) } -> std::same_as<void>;
+  { optimizer.apply_row(weights, slots, gradient, context) } -> std::same_as<void>;
+};
+
 /// Calls whichever form of `apply` the optimizer has.
 template <Optimizer O>
 void apply_update(const O& optimizer, typename O::State& state, std::span<float> weights,

@@ -3,6 +3,8 @@
 
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
+#include <string_view>
 #include <span>
 
 #include "pulley/placement.hpp"
@@ -26,6 +28,22 @@ template <class S>
 concept Sharding = std::copy_constructible<S> &&
     requires(const S& sharding, std::span<const VariableSpec> variables, std::size_t num_ps) {
   { sharding.place(variables, num_ps) } -> std::same_as<Placement>;
+};
+
+/// An id sharding policy decides which ps task holds each row of an embedding table.
+///
+/// Required:
+///   - `s.ps_of(table, id, num_ps)` → `std::uint32_t`: the ps task that holds row `id` of the
+///     table named `table`
+///
+/// Semantic contract:
+///   - pure and deterministic, as `Sharding::place`: every worker and every ps computes it
+///     and they must agree;
+///   - the result is below `num_ps` (a ps refuses rows that are not its own).
+template <class S>
+concept IdSharding = std::copy_constructible<S> &&
+    requires(const S& sharding, std::string_view table, std::uint64_t id, std::uint32_t num_ps) {
+  { sharding.ps_of(table, id, num_ps) } -> std::convertible_to<std::uint32_t>;
 };
 
 }  // namespace pulley

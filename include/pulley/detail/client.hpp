@@ -33,6 +33,17 @@ struct PullRequest {
   std::span<float> into;
 };
 
+/// Rows of one embedding table to pull into `values`, or whose gradients in `values` to
+/// push. The ids are grouped by the ps that holds them: `ps_begin[p]` to `ps_begin[p + 1]`
+/// are ps p's (num_ps + 1 offsets), so each ps's share of `values` is one contiguous span
+/// that a reply is written into, or a push sent from, with no copy.
+struct RowRequest {
+  std::size_t table = 0;
+  std::span<const std::uint64_t> ids;
+  std::span<const std::size_t> ps_begin;
+  std::span<float> values;  ///< ids.size() × dim
+};
+
 /// The values of every variable, read from every ps task at one global step.
 struct Snapshot {
   /// The global step every ps had completed when it was read (the lowest of them when
@@ -59,6 +70,8 @@ class Client {
   [[nodiscard]] std::size_t num_ps() const { return transport_.num_ps(); }
   [[nodiscard]] const Placement& placement() const noexcept { return placement_; }
   [[nodiscard]] const std::vector<VariableSpec>& variables() const noexcept { return variables_; }
+  /// The embedding tables the ps tasks hold.
+  [[nodiscard]] const std::vector<TableSpec>& tables() const noexcept { return tables_; }
   [[nodiscard]] bool has_placement() const noexcept { return !placement_.first_part.empty(); }
   /// The ps tasks' epoch (restores so far), as last learned.
   [[nodiscard]] std::uint64_t epoch() const noexcept { return epoch_; }
@@ -92,20 +105,41 @@ class Client {
     return replies;
   }
 
-  /// Registers the model on every ps and checks that their placements agree.
-  void register_model(std::span<const VariableSpec> variables) {
+  /// Registers the model (its variables, and its embedding tables with the seed of their
+  /// rows) on every ps and checks that their placements agree.
+  void register_model(std::span<const VariableSpec> variables,
+                      std::span<const TableSpec> tables = {}, std::uint64_t table_seed = 0) {
     std::vector<VariableSpec> list(variables.begin(), variables.end());
-    adopt(broadcast<PlacementReply>([&](std::size_t) { return Register{list}; },
-                                    options_.request_timeout, "register"),
-          list);
+    std::vector<TableSpec> table_list(tables.begin(), tables.end());
+    adopt(broadcast<PlacementReply>(
+              [&](std::size_t) { return Register{list, table_list, table_seed}; },
+              options_.request_timeout, "register"),
+          list, &table_list);
+    table_seed_ = table_seed;
   }
 
-  /// Waits until every ps is initialized and learns the placement.
-  void wait_ready(std::span<const VariableSpec> variables) {
+  /// Waits until every ps is initialized and learns the placement; with `tables`, checks
+  /// that the ps tasks hold exactly those embedding tables.
+  void wait_ready(std::span<const VariableSpec> variables,
+                  std::optional<std::span<const TableSpec>> tables = std::nullopt) {
     std::vector<VariableSpec> list(variables.begin(), variables.end());
+    std::optional<std::vector<TableSpec>> table_list;
+    if (tables) table_list.emplace(tables->begin(), tables->end());
     adopt(broadcast<PlacementReply>([](std::size_t) { return WaitReady{}; }, options_.wait_timeout,
                                     "wait for initialization"),
-          list);
+          list, table_list ? &*table_list : nullptr);
+  }
+
+  /// Pulls the rows of every request into its values, from all ps tasks at once; no ps
+  /// answers before it completed `min_step` steps. Returns the lowest global step the ps
+  /// tasks reported.
+  std::int64_t pull_rows(std::span<const RowRequest> requests, std::int64_t min_step) {
+    CallGroup group;
+    send_row_pulls(group, requests, min_step);
+    wait_gated(group, min_step, "pull rows");
+    std::int64_t step = std::numeric_limits<std::int64_t>::max();
+    for (std::size_t i = 0; i < group.size(); ++i) step = std::min(step, group.take_as<RowsReply>(i).global_step);
+    return group.size() == 0 ? 0 : step;
   }
 
   /// Takes a sync token from ps 0, which paces the workers.
@@ -126,13 +160,29 @@ class Client {
     return lowest_step(group, 0);
   }
 
+  /// `pull` and `pull_rows` together, in one round trip; returns the lowest global step
+  /// the dense pulls reported (the rows' are as recent: they wait for the same step).
+  std::int64_t pull_with_rows(std::span<const PullRequest> requests,
+                              std::span<const RowRequest> rows, std::int64_t min_step) {
+    CallGroup group;
+    send(group, split_pulls(requests, min_step));
+    const std::size_t dense = group.size();
+    send_row_pulls(group, rows, min_step);
+    wait_gated(group, min_step, "pull");
+    std::int64_t step = std::numeric_limits<std::int64_t>::max();
+    for (std::size_t i = 0; i < dense; ++i) step = std::min(step, group.take_as<PullReply>(i).global_step);
+    for (std::size_t i = dense; i < group.size(); ++i) step = std::min(step, group.take_as<RowsReply>(i).global_step);
+    return group.size() == 0 ? 0 : step;
+  }
+
   /// Pushes the gradients of whole variables (one span per variable, in variable order)
   /// tagged with `local_step`; every ps gets a message, which counts towards its step.
   /// Returns the number of part gradients dropped as stale.
   std::uint32_t push(std::uint32_t worker, std::int64_t local_step,
-                     std::span<const std::span<const float>> gradients) {
+                     std::span<const std::span<const float>> gradients,
+                     std::span<const RowRequest> rows = {}) {
     CallGroup group;
-    send_pushes(group, worker, local_step, gradients);
+    send_pushes(group, worker, local_step, gradients, rows);
     group.wait(options_.request_timeout, "push");
     return stale_parts(group, 0, group.size());
   }
@@ -150,10 +200,11 @@ class Client {
   /// before either is sent.
   PushPullResult push_pull(std::uint32_t worker, std::int64_t local_step,
                            std::span<const std::span<const float>> gradients,
-                           std::span<const PullRequest> requests, std::int64_t min_step) {
+                           std::span<const PullRequest> requests, std::int64_t min_step,
+                           std::span<const RowRequest> rows = {}) {
     PullsPerPs pulls = split_pulls(requests, min_step);
     CallGroup group;
-    send_pushes(group, worker, local_step, gradients);
+    send_pushes(group, worker, local_step, gradients, rows);
     const std::size_t pushes = group.size();
     send(group, std::move(pulls));
     wait_gated(group, min_step, "push and pull");
@@ -310,7 +361,7 @@ class Client {
   /// the checkpoint's (another number of ps tasks): tensors are split anew, and each part
   /// takes the counters of the saved part that held its first row.
   void restore(const ModelState& state) {
-    register_model(state.specs());
+    register_model(state.specs(), std::vector<TableSpec>(tables_), table_seed_);
     const std::uint64_t epoch = epoch_ + 1;
     std::vector<Restore> messages(num_ps(), Restore{epoch, state.pacer, {}});
     bool whole = true;
@@ -518,11 +569,13 @@ class Client {
   /// Sends every ps the gradients of the parts it holds (checked: one finite gradient of the
   /// right size per variable, before anything is sent).
   void send_pushes(CallGroup& group, std::uint32_t worker, std::int64_t local_step,
-                   std::span<const std::span<const float>> gradients) {
+                   std::span<const std::span<const float>> gradients,
+                   std::span<const RowRequest> rows = {}) {
     if (gradients.size() != variables_.size()) {
       throw Error(ErrorCode::kInvalidArgument, "push needs one gradient per variable");
     }
-    if (options_.clip_norm > 0.0F) gradients = clipped(gradients);
+    for (const RowRequest& r : rows) check_rows(r);
+    if (options_.clip_norm > 0.0F) gradients = clipped(gradients, rows);
     // One number for the push to every ps: a push sent again is recognized by it.
     const std::uint64_t sequence = ++sequence_;
     std::vector<Push> pushes(num_ps(), Push{worker, local_step, {}, epoch_, sequence});
@@ -546,23 +599,88 @@ class Client {
                                                      variables_[v].name + "'; nothing was pushed");
       }
     }
+    for (const RowRequest& r : rows) {
+      if (!detail::all_finite(r.values)) {
+        throw Error(ErrorCode::kInvalidArgument, "non-finite (NaN or Inf) row gradients for table '" +
+                                                     tables_[r.table].name + "'; nothing was pushed");
+      }
+      const std::size_t dim = tables_[r.table].dim;
+      for (std::size_t ps = 0; ps < num_ps(); ++ps) {
+        const std::size_t begin = r.ps_begin[ps], end = r.ps_begin[ps + 1];
+        if (begin == end) continue;
+        pushes[ps].rows.push_back({static_cast<std::uint32_t>(r.table),
+                                   std::vector<std::uint64_t>(r.ids.begin() + static_cast<std::ptrdiff_t>(begin),
+                                                              r.ids.begin() + static_cast<std::ptrdiff_t>(end)),
+                                   std::span<const float>(r.values).subspan(begin * dim, (end - begin) * dim)});
+      }
+    }
     for (std::size_t ps = 0; ps < num_ps(); ++ps) {
       group.add(transport_.call(ps, std::move(pushes[ps]), {}));
+    }
+  }
+
+  /// Checks a row request against the tables: a known table, ids grouped by ps as
+  /// `ps_begin` says, values of ids × dim.
+  void check_rows(const RowRequest& r) const {
+    if (r.table >= tables_.size()) {
+      throw Error(ErrorCode::kNotFound, "unknown table index " + std::to_string(r.table));
+    }
+    const TableSpec& spec = tables_[r.table];
+    if (r.ps_begin.size() != num_ps() + 1 || r.ps_begin.front() != 0 ||
+        r.ps_begin.back() != r.ids.size() || !std::is_sorted(r.ps_begin.begin(), r.ps_begin.end()) ||
+        r.values.size() != r.ids.size() * spec.dim) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "rows of table '" + spec.name + "': " + std::to_string(r.ids.size()) + " ids, " +
+                      std::to_string(r.values.size()) + " values of dim " + std::to_string(spec.dim) +
+                      ", grouped by " + std::to_string(r.ps_begin.size()) + " offsets for " +
+                      std::to_string(num_ps()) + " ps tasks: they do not fit");
+    }
+  }
+
+  /// Sends each ps a PullRows of its share of `requests`, replies written into place.
+  void send_row_pulls(CallGroup& group, std::span<const RowRequest> requests, std::int64_t min_step) {
+    std::vector<PullRows> pulls(num_ps(), PullRows{min_step, epoch_, {}});
+    std::vector<PullTargets> targets(num_ps());
+    for (const RowRequest& r : requests) {
+      check_rows(r);
+      const std::size_t dim = tables_[r.table].dim;
+      for (std::size_t ps = 0; ps < num_ps(); ++ps) {
+        const std::size_t begin = r.ps_begin[ps], end = r.ps_begin[ps + 1];
+        if (begin == end) continue;
+        pulls[ps].tables.push_back({static_cast<std::uint32_t>(r.table),
+                                    std::vector<std::uint64_t>(r.ids.begin() + static_cast<std::ptrdiff_t>(begin),
+                                                               r.ids.begin() + static_cast<std::ptrdiff_t>(end)),
+                                    {}});
+        targets[ps].push_back(r.values.subspan(begin * dim, (end - begin) * dim));
+      }
+    }
+    for (std::size_t ps = 0; ps < num_ps(); ++ps) {
+      if (pulls[ps].tables.empty()) continue;
+      group.add(transport_.call(ps, std::move(pulls[ps]), std::move(targets[ps])));
     }
   }
 
   /// `gradients` scaled by clip_norm / their global norm when that norm is larger (TF's
   /// clip_by_global_norm), copied into buffers of this client; as they are otherwise. A
   /// non-finite norm leaves them as they are, for the finiteness check to refuse.
-  std::span<const std::span<const float>> clipped(std::span<const std::span<const float>> gradients) {
+  /// The rows' gradients count in the norm too (as TensorFlow's clip_by_global_norm counts
+  /// IndexedSlices), and are scaled where they are: they are the worker's own buffers.
+  std::span<const std::span<const float>> clipped(std::span<const std::span<const float>> gradients,
+                                                 std::span<const RowRequest> rows) {
     double squares = 0.0;
     for (const std::span<const float> g : gradients) {
       for (const float x : g) squares += static_cast<double>(x) * static_cast<double>(x);
+    }
+    for (const RowRequest& r : rows) {
+      for (const float x : r.values) squares += static_cast<double>(x) * static_cast<double>(x);
     }
     const double norm = std::sqrt(squares);
     last_norm_ = norm;
     if (!(norm > options_.clip_norm) || !std::isfinite(norm)) return gradients;
     const auto scale = static_cast<float>(options_.clip_norm / norm);
+    for (const RowRequest& r : rows) {
+      for (float& x : r.values) x *= scale;
+    }
     clipped_.resize(gradients.size());
     clipped_views_.clear();
     for (std::size_t v = 0; v < gradients.size(); ++v) {
@@ -611,8 +729,15 @@ class Client {
     return static_cast<std::uint32_t>(&part - placement_.parts.data());
   }
 
-  void adopt(std::vector<PlacementReply> replies, std::vector<VariableSpec>& variables) {
+  void adopt(std::vector<PlacementReply> replies, std::vector<VariableSpec>& variables,
+             const std::vector<TableSpec>* tables = nullptr) {
     if (replies.empty()) throw Error(ErrorCode::kInvalidArgument, "the cluster has no ps task");
+    if (tables != nullptr && replies[0].tables != *tables) {
+      throw Error(ErrorCode::kFailedPrecondition,
+                  "the ps tasks hold " + std::to_string(replies[0].tables.size()) +
+                      " embedding table(s), and this model declares " + std::to_string(tables->size()) +
+                      " that differ from them (name, dim, initializer, admission, eviction must match)");
+    }
     for (std::size_t ps = 1; ps < replies.size(); ++ps) {
       if (!(replies[ps].placement == replies[0].placement)) {
         throw Error(ErrorCode::kFailedPrecondition,
@@ -653,6 +778,7 @@ class Client {
     for (const PlacementReply& r : replies) epoch_ = std::max(epoch_, r.epoch);
     slot_names_ = std::move(replies[0].slot_names);
     counter_names_ = std::move(replies[0].counter_names);
+    tables_ = std::move(replies[0].tables);
   }
 
   T transport_;
@@ -669,6 +795,8 @@ class Client {
   double last_norm_ = 0.0;
   Placement placement_;
   std::vector<VariableSpec> variables_;
+  std::vector<TableSpec> tables_;   ///< the embedding tables the ps tasks hold
+  std::uint64_t table_seed_ = 0;    ///< as registered (kept for a restore's registration)
 };
 
 }  // namespace detail

@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "pulley/concepts/optimizer.hpp"
@@ -15,6 +17,8 @@ namespace pulley {
 /// Adagrad with Keras' defaults and rule:
 ///   accumulator += g^2
 ///   w -= learning_rate * g / (sqrt(accumulator) + epsilon)
+/// The same rule updates a dense part (`apply`) or one row of an embedding table
+/// (`apply_row`, TF's SparseApplyAdagrad), whose accumulator is its one row slot.
 struct Adagrad {
   float learning_rate = 0.001F;            ///< step size
   float initial_accumulator_value = 0.1F;  ///< starting sum of squares
@@ -32,15 +36,7 @@ struct Adagrad {
 
   /// Updates `w` in place from gradient `g` (same size as the state).
   void apply(State& state, std::span<float> w, std::span<const float> g) const {
-    const float lr = learning_rate;
-    const float eps = epsilon;
-    float* __restrict wp = w.data();
-    const float* __restrict gp = g.data();
-    float* __restrict ap = state.accumulator.data();
-    for (std::size_t i = 0, n = w.size(); i < n; ++i) {
-      ap[i] += gp[i] * gp[i];
-      wp[i] -= lr * gp[i] / (std::sqrt(ap[i]) + eps);
-    }
+    update(w.data(), state.accumulator.data(), g.data(), w.size());
   }
 
   /// The accumulator, for checkpoints.
@@ -63,7 +59,40 @@ struct Adagrad {
       detail::fold_bound(lane, std::abs(wp[i]) + lr);
     });
   }
+
+  /// A table row keeps one slot: its accumulator.
+  static constexpr std::size_t kRowSlots = 1;
+
+  /// The row slot's name, the same as the dense slot's.
+  [[nodiscard]] std::array<std::string_view, kRowSlots> row_slot_names() const {
+    return {"accumulator"};
+  }
+
+  /// Starts a new row's accumulator at initial_accumulator_value.
+  void init_row(std::span<float> slots) const {
+    std::ranges::fill(slots, initial_accumulator_value);
+  }
+
+  /// Updates one table row `w` in place from its gradient `g`, as `apply` does; `slots`
+  /// holds the row's accumulator (w.size() floats).
+  void apply_row(std::span<float> w, std::span<float> slots, std::span<const float> g,
+                 const RowContext& /*context*/) const {
+    update(w.data(), slots.data(), g.data(), w.size());
+  }
+
+ private:
+  /// The rule over n elements, behind `apply` and `apply_row`.
+  void update(float* __restrict w, float* __restrict accumulator, const float* __restrict g,
+              std::size_t n) const {
+    const float lr = learning_rate;
+    const float eps = epsilon;
+    for (std::size_t i = 0; i < n; ++i) {
+      accumulator[i] += g[i] * g[i];
+      w[i] -= lr * g[i] / (std::sqrt(accumulator[i]) + eps);
+    }
+  }
 };
 static_assert(Optimizer<Adagrad>);
+static_assert(RowWiseOptimizer<Adagrad>);
 
 }  // namespace pulley

@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "pulley/concepts/optimizer.hpp"
@@ -19,6 +21,12 @@ namespace pulley {
 ///   v = beta_2 * v + (1 - beta_2) * g^2
 ///   w -= lr_t * m / (sqrt(v) + epsilon)
 /// Defaults are Keras'. `t` counts this part's updates, i.e. the global step in sync mode.
+///
+/// A row of an embedding table (`apply_row`) follows TensorFlow's LazyAdam: its moments are
+/// its two row slots and advance only when the row is pushed (an untouched row's do not
+/// decay), while `t` is the table's update count `RowContext::updates`, the same for every
+/// row of one update. A row pushed at every update therefore moves exactly as `apply` moves
+/// a dense element.
 struct Adam {
   float learning_rate = 0.001F;  ///< step size
   float beta_1 = 0.9F;           ///< decay of the first moment
@@ -40,19 +48,7 @@ struct Adam {
   /// Updates `w` in place from gradient `g` (same size as the state).
   void apply(State& state, std::span<float> w, std::span<const float> g) const {
     ++state.t;
-    const float lr_t = step_size(state.t);
-    const float b1 = beta_1;
-    const float b2 = beta_2;
-    const float eps = epsilon;
-    float* __restrict wp = w.data();
-    const float* __restrict gp = g.data();
-    float* __restrict mp = state.m.data();
-    float* __restrict vp = state.v.data();
-    for (std::size_t i = 0, n = w.size(); i < n; ++i) {
-      mp[i] = b1 * mp[i] + (1.0F - b1) * gp[i];
-      vp[i] = b2 * vp[i] + (1.0F - b2) * gp[i] * gp[i];
-      wp[i] -= lr_t * mp[i] / (std::sqrt(vp[i]) + eps);
-    }
+    update(step_size(state.t), w.data(), state.m.data(), state.v.data(), g.data(), w.size());
   }
 
   /// The moments, for checkpoints.
@@ -84,7 +80,40 @@ struct Adam {
     });
   }
 
+  /// A table row keeps two slots: its first and second moments.
+  static constexpr std::size_t kRowSlots = 2;
+
+  /// The row slots' names, the same as the dense slots'.
+  [[nodiscard]] std::array<std::string_view, kRowSlots> row_slot_names() const {
+    return {"m", "v"};
+  }
+
+  /// Starts a new row's moments at zero.
+  void init_row(std::span<float> slots) const { std::ranges::fill(slots, 0.0F); }
+
+  /// Updates one table row `w` in place from its gradient `g` (LazyAdam): `slots` holds the
+  /// row's m then v (w.size() floats each), and `t` is `context.updates`, which must be at
+  /// least 1 (the step size of t = 0 is 0/0).
+  void apply_row(std::span<float> w, std::span<float> slots, std::span<const float> g,
+                 const RowContext& context) const {
+    const std::size_t n = w.size();
+    update(step_size(context.updates), w.data(), slots.data(), slots.data() + n, g.data(), n);
+  }
+
  private:
+  /// The rule over n elements at step size lr_t, behind `apply` and `apply_row`.
+  void update(float lr_t, float* __restrict w, float* __restrict m, float* __restrict v,
+              const float* __restrict g, std::size_t n) const {
+    const float b1 = beta_1;
+    const float b2 = beta_2;
+    const float eps = epsilon;
+    for (std::size_t i = 0; i < n; ++i) {
+      m[i] = b1 * m[i] + (1.0F - b1) * g[i];
+      v[i] = b2 * v[i] + (1.0F - b2) * g[i] * g[i];
+      w[i] -= lr_t * m[i] / (std::sqrt(v[i]) + eps);
+    }
+  }
+
   /// lr_t of update number t.
   [[nodiscard]] float step_size(std::int64_t t) const {
     const auto td = static_cast<double>(t);
@@ -93,5 +122,6 @@ struct Adam {
   }
 };
 static_assert(Optimizer<Adam>);
+static_assert(RowWiseOptimizer<Adam>);
 
 }  // namespace pulley

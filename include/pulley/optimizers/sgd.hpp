@@ -1,15 +1,19 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string_view>
 
 #include "pulley/concepts/optimizer.hpp"
 
 namespace pulley {
 
 /// Plain stochastic gradient descent: `w -= learning_rate * g` (TF's GradientDescentOptimizer).
+/// The same rule updates a dense part (`apply`) or one row of an embedding table
+/// (`apply_row`, TF's sparse_apply of GradientDescent), which keeps no slots either.
 struct Sgd {
   float learning_rate = 0.01F;  ///< step size
 
@@ -21,10 +25,7 @@ struct Sgd {
 
   /// Updates `w` in place from gradient `g` (same size as the state).
   void apply(State& /*state*/, std::span<float> w, std::span<const float> g) const {
-    const float lr = learning_rate;
-    float* __restrict wp = w.data();
-    const float* __restrict gp = g.data();
-    for (std::size_t i = 0, n = w.size(); i < n; ++i) wp[i] -= lr * gp[i];
+    update(learning_rate, w.data(), g.data(), w.size());
   }
 
   /// True if `apply` keeps every weight within kFiniteBound.
@@ -37,7 +38,29 @@ struct Sgd {
       detail::fold_bound(lane, wp[i] - lr * gp[i]);
     });
   }
+
+  /// A table row keeps no slots.
+  static constexpr std::size_t kRowSlots = 0;
+
+  /// No slot names.
+  [[nodiscard]] std::array<std::string_view, kRowSlots> row_slot_names() const { return {}; }
+
+  /// Nothing to fill: a row has no slots.
+  void init_row(std::span<float> /*slots*/) const {}
+
+  /// Updates one table row `w` in place from its gradient `g`, as `apply` does.
+  void apply_row(std::span<float> w, std::span<float> /*slots*/, std::span<const float> g,
+                 const RowContext& /*context*/) const {
+    update(learning_rate, w.data(), g.data(), w.size());
+  }
+
+ private:
+  /// The rule over n elements, behind `apply` and `apply_row`.
+  static void update(float lr, float* __restrict w, const float* __restrict g, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) w[i] -= lr * g[i];
+  }
 };
 static_assert(Optimizer<Sgd>);
+static_assert(RowWiseOptimizer<Sgd>);
 
 }  // namespace pulley

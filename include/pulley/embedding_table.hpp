@@ -1,0 +1,397 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "pulley/concepts/optimizer.hpp"
+#include "pulley/concepts/sharding.hpp"
+#include "pulley/detail/finite.hpp"
+#include "pulley/error.hpp"
+#include "pulley/initializers.hpp"
+#include "pulley/optimizers/sgd.hpp"
+#include "pulley/sharding/ids.hpp"
+#include "pulley/variable.hpp"
+
+namespace pulley {
+
+/// What an embedding table on one ps has done, for monitoring and tests.
+struct TableStats {
+  std::uint64_t rows = 0;              ///< rows held now
+  std::uint64_t rows_created = 0;      ///< rows created (admitted), evicted ones included
+  std::uint64_t rows_evicted = 0;      ///< rows removed for being untouched too long
+  std::uint64_t candidates = 0;        ///< ids pulled but not admitted yet
+  std::uint64_t pushes_dropped = 0;    ///< pushed rows dropped: not admitted (or evicted)
+  std::uint64_t updates_refused = 0;   ///< updates dropped whole: a row would go non-finite
+  std::uint64_t bytes = 0;             ///< memory held for rows, ids and the index
+};
+
+/// The rows of one embedding table that one ps holds: a hash map from 64-bit id to a row of
+/// `dim` values and the optimizer's `kRowSlots` slots, created lazily, updated row-wise.
+///
+/// Rows live in chunks of kChunkRows rows, each `(1 + kRowSlots) × dim` floats (values, then
+/// slot after slot), allocated whole; the ids and last-touched steps in chunks beside them; the index is open addressing with linear probing over 32-bit row
+/// numbers, at most 3/4 full. So a row costs its floats plus 12 bytes plus 5.3 to 10.7
+/// bytes of index (the bench prints the measured bytes per row), and memory never holds
+/// more than one chunk of slack. At most 2^32 − 2 rows per table per ps.
+///
+/// It does no I/O and takes no lock: the ps calls it for one request at a time.
+///
+/// @tparam O RowWiseOptimizer that updates the rows (a dense-only optimizer fails here,
+///           naming the member it lacks)
+template <RowWiseOptimizer O>
+class EmbeddingTable {
+ public:
+  static constexpr std::size_t kChunkRows = 1024;  ///< rows allocated at a time
+
+  /// An empty table of `spec` (its dim must be positive), updated by `optimizer`, whose rows
+  /// start from `initialize_row(spec, seed, id, ...)`.
+  EmbeddingTable(TableSpec spec, O optimizer, std::uint64_t seed)
+      : spec_(std::move(spec)),
+        optimizer_(std::move(optimizer)),
+        seed_(seed),
+        stride_((1 + O::kRowSlots) * spec_.dim) {
+    if (spec_.dim == 0) throw Error(ErrorCode::kInvalidArgument, "table '" + spec_.name + "' has dim 0");
+  }
+
+  [[nodiscard]] const TableSpec& spec() const noexcept { return spec_; }
+  [[nodiscard]] std::size_t dim() const noexcept { return spec_.dim; }
+  [[nodiscard]] std::size_t size() const noexcept { return rows_; }
+  [[nodiscard]] const O& optimizer() const noexcept { return optimizer_; }
+
+  /// Writes the rows of `ids` into `out` (`ids.size() × dim` floats, in order), at global
+  /// step `step`. A row not held is created when its id is admitted (pulled
+  /// `spec.admit_after` times), else read as its initial value. Duplicate ids are allowed.
+  void pull(std::span<const std::uint64_t> ids, std::span<float> out, std::int64_t step) {
+    const std::size_t d = spec_.dim;
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      const std::span<float> into = out.subspan(i * d, d);
+      std::uint32_t row = find(ids[i]);
+      if (row == kNone && admit(ids[i], step)) row = create(ids[i]);
+      if (row == kNone) {
+        initialize_row(spec_, seed_, ids[i], into);
+        continue;
+      }
+      touch(row, step);
+      const float* values = at(row);
+      std::copy(values, values + d, into.begin());
+    }
+  }
+
+  /// Applies one update at global step `step` (steps completed before it; `updates` of this
+  /// table so far, this one included): for each of `ids`, which must be distinct, the mean
+  /// gradient in `gradients` (`ids.size() × dim`). A row not held is dropped and counted.
+  /// All or nothing: if any updated row would hold a non-finite value, nothing changes and
+  /// false is returned (counted in `updates_refused`).
+  bool apply(std::span<const std::uint64_t> ids, std::span<const float> gradients,
+             std::int64_t step, std::int64_t updates) {
+    if (!prepare(ids, gradients, step, updates)) return false;
+    commit(step);
+    return true;
+  }
+
+  /// The first half of `apply`: computes the update into scratch memory and returns true
+  /// if every updated row stays finite; nothing changes until `commit`. A ps prepares every
+  /// table of an update, and commits them only if all (and its dense parts) stay finite.
+  bool prepare(std::span<const std::uint64_t> ids, std::span<const float> gradients,
+               std::int64_t step, std::int64_t updates) {
+    const std::size_t d = spec_.dim;
+    scratch_rows_.clear();
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      const std::uint32_t row = find(ids[i]);
+      if (row == kNone) {
+        ++stats_.pushes_dropped;
+        continue;
+      }
+      scratch_rows_.push_back({row, i});
+    }
+    // Updated into a copy first, so that a row going non-finite changes nothing.
+    scratch_.resize(scratch_rows_.size() * stride_);
+    for (std::size_t k = 0; k < scratch_rows_.size(); ++k) {
+      const auto [row, i] = scratch_rows_[k];
+      float* copy = scratch_.data() + k * stride_;
+      std::copy(at(row), at(row) + stride_, copy);
+      const RowContext context{step, updates, spec_.name, ids[i]};
+      optimizer_.apply_row(std::span<float>(copy, d), std::span<float>(copy + d, stride_ - d),
+                           gradients.subspan(i * d, d), context);
+    }
+    if (!detail::all_finite(scratch_)) {
+      ++stats_.updates_refused;
+      scratch_rows_.clear();
+      return false;
+    }
+    return true;
+  }
+
+  /// The second half of `apply`: writes the prepared rows back (nothing if the last
+  /// `prepare` failed or was committed already).
+  void commit(std::int64_t step) {
+    for (std::size_t k = 0; k < scratch_rows_.size(); ++k) {
+      const std::uint32_t row = scratch_rows_[k].first;
+      std::copy(scratch_.data() + k * stride_, scratch_.data() + (k + 1) * stride_, at(row));
+      touch(row, step);
+    }
+    scratch_rows_.clear();
+  }
+
+  /// Removes the rows untouched (neither pulled nor pushed) since global step
+  /// `step - spec.evict_after_steps`, and forgets admission counts as old; returns the rows
+  /// removed. Does nothing when the spec keeps rows for ever.
+  std::size_t evict(std::int64_t step) {
+    if (spec_.evict_after_steps <= 0) return 0;
+    const std::int64_t before = step - spec_.evict_after_steps;
+    if (before <= 0) return 0;
+    std::size_t removed = 0;
+    for (std::uint32_t row = 0; row < rows_;) {
+      if (static_cast<std::int64_t>(touched(row)) < before) {
+        erase(row);  // the last row moves here: look at this row again
+        ++removed;
+      } else {
+        ++row;
+      }
+    }
+    std::erase_if(candidates_, [&](const auto& c) { return static_cast<std::int64_t>(c.second.last) < before; });
+    stats_.rows_evicted += removed;
+    return removed;
+  }
+
+  /// Calls `f(id, values, slots)` for every row held (values: dim floats; slots:
+  /// kRowSlots × dim floats), in no particular order: what a checkpoint saves.
+  template <class F>
+  void for_each_row(F&& f) const {
+    const std::size_t d = spec_.dim;
+    for (std::uint32_t row = 0; row < rows_; ++row) {
+      const float* r = at(row);
+      f(id_of(row), std::span<const float>(r, d), std::span<const float>(r + d, stride_ - d));
+    }
+  }
+
+  /// Sets row `id` (created if absent) to `values` and `slots` (as for_each_row gives them):
+  /// what a restore loads. Throws kInvalidArgument for sizes that do not fit.
+  void set_row(std::uint64_t id, std::span<const float> values, std::span<const float> slots,
+               std::int64_t step) {
+    if (values.size() != spec_.dim || slots.size() != stride_ - spec_.dim) {
+      throw Error(ErrorCode::kInvalidArgument, "a row of table '" + spec_.name + "' does not fit it");
+    }
+    std::uint32_t row = find(id);
+    if (row == kNone) row = create(id);
+    std::copy(values.begin(), values.end(), at(row));
+    std::copy(slots.begin(), slots.end(), at(row) + spec_.dim);
+    touch(row, step);
+  }
+
+  /// Removes every row and admission count.
+  void clear() {
+    chunks_.clear();
+    index_.clear();
+    candidates_.clear();
+    rows_ = 0;
+  }
+
+  /// Counters and the memory held now.
+  [[nodiscard]] TableStats stats() const noexcept {
+    TableStats s = stats_;
+    s.rows = rows_;
+    s.candidates = candidates_.size();
+    s.bytes = chunks_.size() * kChunkRows * (stride_ * sizeof(float) + sizeof(std::uint64_t) +
+                                            sizeof(std::uint32_t)) +
+              index_.size() * sizeof(std::uint32_t) +
+              candidates_.size() * (sizeof(std::uint64_t) + sizeof(Candidate) + 2 * sizeof(void*));
+    return s;
+  }
+
+ private:
+  static constexpr std::uint32_t kNone = std::numeric_limits<std::uint32_t>::max();
+
+  /// One chunk of kChunkRows rows: their floats, ids and last-touched steps.
+  struct Chunk {
+    std::vector<float> floats;
+    std::vector<std::uint64_t> ids;
+    std::vector<std::uint32_t> touched;
+  };
+  /// An id pulled, not admitted yet.
+  struct Candidate {
+    std::uint32_t count = 0;
+    std::uint32_t last = 0;  ///< step last pulled
+  };
+
+  [[nodiscard]] float* at(std::uint32_t row) noexcept {
+    return chunks_[row / kChunkRows].floats.data() + (row % kChunkRows) * stride_;
+  }
+  [[nodiscard]] const float* at(std::uint32_t row) const noexcept {
+    return chunks_[row / kChunkRows].floats.data() + (row % kChunkRows) * stride_;
+  }
+  [[nodiscard]] std::uint64_t& id_of(std::uint32_t row) noexcept {
+    return chunks_[row / kChunkRows].ids[row % kChunkRows];
+  }
+  [[nodiscard]] std::uint64_t id_of(std::uint32_t row) const noexcept {
+    return chunks_[row / kChunkRows].ids[row % kChunkRows];
+  }
+  [[nodiscard]] std::uint32_t& touched(std::uint32_t row) noexcept {
+    return chunks_[row / kChunkRows].touched[row % kChunkRows];
+  }
+  static std::uint32_t clamp_step(std::int64_t step) noexcept {
+    return static_cast<std::uint32_t>(std::clamp<std::int64_t>(step, 0, kNone - 1));
+  }
+  void touch(std::uint32_t row, std::int64_t step) noexcept {
+    std::uint32_t& t = touched(row);
+    t = std::max(t, clamp_step(step));
+  }
+
+  [[nodiscard]] std::size_t home(std::uint64_t id) const noexcept {
+    return static_cast<std::size_t>(mix_id(id)) & (index_.size() - 1);
+  }
+
+  /// The row of `id`, or kNone.
+  [[nodiscard]] std::uint32_t find(std::uint64_t id) const noexcept {
+    if (index_.empty()) return kNone;
+    for (std::size_t slot = home(id);; slot = (slot + 1) & (index_.size() - 1)) {
+      const std::uint32_t entry = index_[slot];
+      if (entry == 0) return kNone;
+      if (id_of(entry - 1) == id) return entry - 1;
+    }
+  }
+
+  /// Counts a pull of `id`, which has no row: true once it is admitted.
+  bool admit(std::uint64_t id, std::int64_t step) {
+    if (spec_.admit_after <= 1) return true;
+    Candidate& c = candidates_[id];
+    ++c.count;
+    c.last = clamp_step(step);
+    if (c.count < spec_.admit_after) return false;
+    candidates_.erase(id);
+    return true;
+  }
+
+  /// A new row for `id` (absent), with its initial value and fresh slots.
+  std::uint32_t create(std::uint64_t id) {
+    if (rows_ >= kNone - 1) {
+      throw Error(ErrorCode::kResourceExhausted, "table '" + spec_.name + "' holds 2^32 - 2 rows on this ps");
+    }
+    if ((rows_ + 1) * 4 > index_.size() * 3) grow_index();
+    if (rows_ == chunks_.size() * kChunkRows) {
+      chunks_.push_back(Chunk{std::vector<float>(kChunkRows * stride_),
+                              std::vector<std::uint64_t>(kChunkRows),
+                              std::vector<std::uint32_t>(kChunkRows)});
+    }
+    const auto row = static_cast<std::uint32_t>(rows_);
+    float* r = at(row);
+    initialize_row(spec_, seed_, id, std::span<float>(r, spec_.dim));
+    optimizer_.init_row(std::span<float>(r + spec_.dim, stride_ - spec_.dim));
+    id_of(row) = id;
+    touched(row) = 0;
+    place(id, row);
+    ++rows_;
+    ++stats_.rows_created;
+    return row;
+  }
+
+  void place(std::uint64_t id, std::uint32_t row) noexcept {
+    std::size_t slot = home(id);
+    while (index_[slot] != 0) slot = (slot + 1) & (index_.size() - 1);
+    index_[slot] = row + 1;
+  }
+
+  void grow_index() {
+    std::vector<std::uint32_t> old = std::move(index_);
+    index_.assign(std::max<std::size_t>(64, old.size() * 2), 0);
+    for (const std::uint32_t entry : old) {
+      if (entry != 0) place(id_of(entry - 1), entry - 1);
+    }
+  }
+
+  /// The index slot that holds `row`.
+  [[nodiscard]] std::size_t slot_of(std::uint32_t row) const noexcept {
+    std::size_t slot = home(id_of(row));
+    while (index_[slot] != row + 1) slot = (slot + 1) & (index_.size() - 1);
+    return slot;
+  }
+
+  /// Removes `row`: the last row moves into its place, and its index entry goes with
+  /// backward-shift deletion, so that probing needs no tombstones.
+  void erase(std::uint32_t row) {
+    const std::size_t mask = index_.size() - 1;
+    std::size_t hole = slot_of(row);
+    for (std::size_t next = (hole + 1) & mask; index_[next] != 0; next = (next + 1) & mask) {
+      const std::size_t want = home(id_of(index_[next] - 1));
+      // Move the entry at `next` back into the hole unless its home lies in (hole, next].
+      const bool stays = hole <= next ? (want > hole && want <= next) : (want > hole || want <= next);
+      if (!stays) {
+        index_[hole] = index_[next];
+        hole = next;
+      }
+    }
+    index_[hole] = 0;
+    const auto last = static_cast<std::uint32_t>(rows_ - 1);
+    if (row != last) {
+      index_[slot_of(last)] = row + 1;
+      std::copy(at(last), at(last) + stride_, at(row));
+      id_of(row) = id_of(last);
+      touched(row) = touched(last);
+    }
+    --rows_;
+    const std::size_t needed = (rows_ + kChunkRows - 1) / kChunkRows;
+    while (chunks_.size() > needed + 1) chunks_.pop_back();  // one spare chunk at most
+  }
+
+  TableSpec spec_;
+  [[no_unique_address]] O optimizer_;
+  std::uint64_t seed_;
+  std::size_t stride_;  ///< floats per row: values and slots
+  std::vector<Chunk> chunks_;
+  std::vector<std::uint32_t> index_;  ///< row + 1, or 0 for an empty slot
+  std::size_t rows_ = 0;
+  std::unordered_map<std::uint64_t, Candidate> candidates_;
+  TableStats stats_;
+  std::vector<std::pair<std::uint32_t, std::size_t>> scratch_rows_;  ///< row, position in ids
+  std::vector<float> scratch_;                                       ///< rows being updated
+};
+
+/// The embedding-table policy of a ParameterServer: the row-wise optimizer its tables are
+/// updated with (it may differ from the dense variables' optimizer: Adagrad or FTRL for
+/// embeddings and Adam for the rest is common) and how their rows are spread over the ps
+/// tasks. Workers must use the same id sharding (a ps refuses rows that are not its own).
+///
+/// @tparam O RowWiseOptimizer of the tables; a dense-only one fails to compile here
+/// @tparam I IdSharding of the rows (HashIds by default)
+template <RowWiseOptimizer O, IdSharding I = HashIds>
+struct Tables {
+  using Optimizer = O;
+  using Sharding = I;
+  O optimizer{};  ///< updates every table's rows
+  I sharding{};   ///< which ps holds which row
+};
+
+/// The table policy of a ParameterServer that serves no embedding tables (a model that
+/// declares some is refused, naming the fix); the default when its optimizer has no
+/// row-wise apply. Its members only keep the code that is never used compiling.
+struct NoTables {
+  using Optimizer = Sgd;
+  using Sharding = HashIds;
+  Sgd optimizer{};
+  HashIds sharding{};
+};
+
+namespace detail {
+template <class O, bool = RowWiseOptimizer<O>>
+struct default_tables {
+  using type = NoTables;
+};
+template <class O>
+struct default_tables<O, true> {
+  using type = Tables<O>;
+};
+}  // namespace detail
+
+/// Tables<O> when O can update rows, NoTables otherwise: a ParameterServer's default.
+template <class O>
+using DefaultTables = typename detail::default_tables<O>::type;
+
+}  // namespace pulley

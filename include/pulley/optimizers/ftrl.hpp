@@ -1,0 +1,175 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "pulley/concepts/optimizer.hpp"
+
+namespace pulley {
+
+/// FTRL-Proximal (McMahan et al., "Ad Click Prediction", 2013) with TensorFlow's rule
+/// (ApplyFtrlV2) and Keras' defaults, Keras' `beta` folded into the L2 strength as Keras
+/// does. Per element, with p = learning_rate_power and l2_adj = l2 + beta / (2 * lr):
+///   g_shrink   = g + 2 * l2_shrinkage * w
+///   accum_new  = accumulator + g^2
+///   linear    += g_shrink - (accum_new^(-p) - accumulator^(-p)) / lr * w
+///   quadratic  = accum_new^(-p) / lr + 2 * l2_adj
+///   w          = |linear| > l1 ? (sign(linear) * l1 - linear) / quadratic : 0
+///   accumulator = accum_new
+/// The weight is worked out from the slots, not stepped from its old value: L1 sets it to
+/// exactly 0 while |linear| stays within l1, which is what makes FTRL's models sparse. The
+/// hyper-parameters must be those Keras accepts: learning_rate > 0, learning_rate_power
+/// <= 0, initial_accumulator_value >= 0, and the regularization strengths and beta >= 0.
+///
+/// The same rule updates a dense part (`apply`) or one row of an embedding table
+/// (`apply_row`, TF's SparseApplyFtrlV2), whose accumulator and linear are its two row
+/// slots. A row's weights can move on a zero gradient: its first update replaces its
+/// initial value with the solution from its slots, and l2_shrinkage keeps pulling it to 0.
+struct Ftrl {
+  float learning_rate = 0.001F;                       ///< lr: step size
+  float learning_rate_power = -0.5F;                  ///< p: how lr decays with the accumulator
+  float initial_accumulator_value = 0.1F;             ///< starting sum of squares
+  float l1_regularization_strength = 0.0F;            ///< l1: zeroes weights with small |linear|
+  float l2_regularization_strength = 0.0F;            ///< l2: shrinks weights towards 0
+  float l2_shrinkage_regularization_strength = 0.0F;  ///< l2_shrinkage: a magnitude penalty
+  float beta = 0.0F;                                  ///< Keras' beta: adds beta / (2 * lr) to l2
+
+  /// The accumulator (sum of squared gradients) and linear slots, one value per element.
+  struct State {
+    std::vector<float> accumulator;
+    std::vector<float> linear;
+  };
+
+  /// Fresh slots for a part of n elements.
+  [[nodiscard]] State make_state(std::size_t n) const {
+    return {std::vector<float>(n, initial_accumulator_value), std::vector<float>(n, 0.0F)};
+  }
+
+  /// Updates `w` in place from gradient `g` (same size as the state).
+  void apply(State& state, std::span<float> w, std::span<const float> g) const {
+    update(w.data(), state.accumulator.data(), state.linear.data(), g.data(), w.size());
+  }
+
+  /// The accumulator and linear slots, for checkpoints.
+  [[nodiscard]] std::array<OptimizerSlot, 2> slots(State& state) const {
+    return {OptimizerSlot{"accumulator", state.accumulator}, OptimizerSlot{"linear", state.linear}};
+  }
+  /// No counters.
+  [[nodiscard]] std::array<OptimizerCounter, 0> counters(State& /*state*/) const { return {}; }
+
+  /// True if `apply` keeps every weight and both slots within kFiniteBound. The new weight
+  /// is a quotient of two terms that depend on the slots, so no cheap bound holds for every
+  /// state: this works out the update itself (as `apply` does, without storing it) and
+  /// checks its results, which costs about as much as `apply`.
+  [[nodiscard]] bool stays_finite(const State& state, std::span<const float> w,
+                                  std::span<const float> g) const {
+    const Terms k = terms();
+    const float* wp = w.data();
+    const float* gp = g.data();
+    const float* ap = state.accumulator.data();
+    const float* lp = state.linear.data();
+    return with_power([&](auto power) {
+      return bounded(w.size(), [&](std::size_t i, std::uint32_t& lane) {
+        float wi = wp[i];
+        float ai = ap[i];
+        float li = lp[i];
+        step(k, power, wi, ai, li, gp[i]);
+        detail::fold_bound(lane, wi);
+        detail::fold_bound(lane, ai);
+        detail::fold_bound(lane, li);
+      });
+    });
+  }
+
+  /// A table row keeps two slots: its accumulator and its linear term.
+  static constexpr std::size_t kRowSlots = 2;
+
+  /// The row slots' names, the same as the dense slots'.
+  [[nodiscard]] std::array<std::string_view, kRowSlots> row_slot_names() const {
+    return {"accumulator", "linear"};
+  }
+
+  /// Starts a new row's accumulator at initial_accumulator_value and its linear at 0.
+  void init_row(std::span<float> slots) const {
+    const std::size_t n = slots.size() / kRowSlots;
+    std::ranges::fill(slots.first(n), initial_accumulator_value);
+    std::ranges::fill(slots.subspan(n), 0.0F);
+  }
+
+  /// Updates one table row `w` in place from its gradient `g`, as `apply` does; `slots`
+  /// holds the row's accumulator then its linear (w.size() floats each).
+  void apply_row(std::span<float> w, std::span<float> slots, std::span<const float> g,
+                 const RowContext& /*context*/) const {
+    const std::size_t n = w.size();
+    update(w.data(), slots.data(), slots.data() + n, g.data(), n);
+  }
+
+ private:
+  /// The hyper-parameters as one update uses them, copied out of the object once.
+  struct Terms {
+    float lr;
+    float l1;
+    float two_l2_adj;        ///< 2 * (l2 + beta / (2 * lr))
+    float two_l2_shrinkage;  ///< 2 * l2_shrinkage
+  };
+
+  /// This object's Terms.
+  [[nodiscard]] Terms terms() const {
+    const float lr = learning_rate;
+    return {lr, l1_regularization_strength,
+            2.0F * (l2_regularization_strength + beta / (2.0F * lr)),
+            2.0F * l2_shrinkage_regularization_strength};
+  }
+
+  /// x^(-p) for p = -0.5, Keras' default: a square root, far cheaper than std::pow.
+  struct SqrtPower {
+    float operator()(float x) const { return std::sqrt(x); }
+  };
+  /// x^(-p) for any other p.
+  struct AnyPower {
+    float minus_p;
+    float operator()(float x) const { return std::pow(x, minus_p); }
+  };
+
+  /// Calls `f` with the x^(-p) that learning_rate_power asks for, chosen once per update
+  /// rather than per element.
+  template <class F>
+  auto with_power(F&& f) const -> decltype(f(SqrtPower{})) {
+    if (learning_rate_power == -0.5F) return f(SqrtPower{});
+    return f(AnyPower{-learning_rate_power});
+  }
+
+  /// The rule for one element, behind `update` and `stays_finite`.
+  template <class Power>
+  static void step(const Terms& k, Power power, float& w, float& accumulator, float& linear,
+                   float g) {
+    const float g_shrink = g + k.two_l2_shrinkage * w;
+    const float accum_new = accumulator + g * g;
+    const float power_new = power(accum_new);
+    linear += g_shrink - (power_new - power(accumulator)) / k.lr * w;
+    const float quadratic = power_new / k.lr + k.two_l2_adj;
+    const float sign = linear > 0.0F ? 1.0F : (linear < 0.0F ? -1.0F : 0.0F);
+    w = std::abs(linear) > k.l1 ? (sign * k.l1 - linear) / quadratic : 0.0F;
+    accumulator = accum_new;
+  }
+
+  /// The rule over n elements, behind `apply` and `apply_row`.
+  void update(float* __restrict w, float* __restrict accumulator, float* __restrict linear,
+              const float* __restrict g, std::size_t n) const {
+    const Terms k = terms();
+    with_power([&](auto power) {
+      for (std::size_t i = 0; i < n; ++i) step(k, power, w[i], accumulator[i], linear[i], g[i]);
+    });
+  }
+};
+static_assert(Optimizer<Ftrl>);
+static_assert(RowWiseOptimizer<Ftrl>);
+
+}  // namespace pulley

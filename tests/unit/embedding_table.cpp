@@ -1,0 +1,273 @@
+// SPDX-License-Identifier: MIT
+// Embedding tables on one ps: rows created lazily with a value that depends on the id alone,
+// row-wise updates that touch only their rows, admission, eviction, the index against a
+// reference map, memory per row, and the id sharding policies and sparse accumulator.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "pulley/embedding_table.hpp"
+#include "pulley/optimizers/adagrad.hpp"
+#include "pulley/optimizers/sgd.hpp"
+#include "pulley/sharding/ids.hpp"
+#include "pulley/sync/sparse_accumulator.hpp"
+
+using namespace pulley;
+
+namespace {
+
+constexpr std::uint64_t kSeed = 42;
+
+TableSpec spec(std::size_t dim = 4, std::uint32_t admit_after = 1, std::int64_t evict_after = 0) {
+  return TableSpec{"emb", dim, Initializer::uniform(0.05F), admit_after, evict_after};
+}
+
+std::vector<float> pull(EmbeddingTable<Sgd>& table, std::vector<std::uint64_t> ids,
+                        std::int64_t step = 0) {
+  std::vector<float> out(ids.size() * table.dim());
+  table.pull(ids, out, step);
+  return out;
+}
+
+std::vector<float> initial(const TableSpec& s, std::uint64_t id) {
+  std::vector<float> row(s.dim);
+  initialize_row(s, kSeed, id, row);
+  return row;
+}
+
+}  // namespace
+
+TEST_CASE("a row is created on first pull with a value that depends only on the table, id and seed") {
+  EmbeddingTable<Sgd> a(spec(), Sgd{0.1F}, kSeed);
+  EmbeddingTable<Sgd> b(spec(), Sgd{0.1F}, kSeed);
+  const std::uint64_t big = std::numeric_limits<std::uint64_t>::max();
+  // Other orders, other neighbours: the same values.
+  const auto from_a = pull(a, {7, 0, big});
+  const auto from_b = pull(b, {big, 12345, 0, 7});
+  CHECK(std::vector<float>(from_a.begin(), from_a.begin() + 4) == initial(spec(), 7));
+  CHECK(std::vector<float>(from_b.begin() + 12, from_b.end()) == initial(spec(), 7));
+  CHECK(std::vector<float>(from_a.begin() + 8, from_a.end()) == initial(spec(), big));
+  CHECK(a.size() == 3);
+  CHECK(a.stats().rows_created == 3);
+  // Values are spread over the initializer's range, and differ from id to id and table to table.
+  CHECK(initial(spec(), 1) != initial(spec(), 2));
+  TableSpec other = spec();
+  other.name = "other";
+  CHECK(initial(other, 1) != initial(spec(), 1));
+  for (const float v : initial(spec(), 99)) CHECK(std::abs(v) <= 0.05F);
+  // A seed changes every row.
+  std::vector<float> reseeded(4);
+  initialize_row(spec(), kSeed + 1, 7, reseeded);
+  CHECK(reseeded != initial(spec(), 7));
+}
+
+TEST_CASE("lazy init is the same whichever ps holds the row, for any number of ps tasks") {
+  std::vector<std::uint64_t> ids;
+  std::mt19937_64 rng(3);
+  for (int i = 0; i < 200; ++i) ids.push_back(rng());
+  for (const std::uint32_t num_ps : {1U, 2U, 3U, 7U}) {
+    std::vector<EmbeddingTable<Sgd>> shards;
+    for (std::uint32_t p = 0; p < num_ps; ++p) shards.emplace_back(spec(), Sgd{0.1F}, kSeed);
+    for (const std::uint64_t id : ids) {
+      const std::uint32_t owner = HashIds{}.ps_of("emb", id, num_ps);
+      REQUIRE(owner < num_ps);
+      CHECK(pull(shards[owner], {id}) == initial(spec(), id));
+    }
+  }
+}
+
+TEST_CASE("a sparse update touches only its rows, the others stay bit for bit") {
+  EmbeddingTable<Sgd> table(spec(2), Sgd{0.5F}, kSeed);
+  const auto before = pull(table, {1, 2, 3});
+  const std::vector<std::uint64_t> pushed{2};
+  const std::vector<float> gradient{1.0F, -2.0F};
+  REQUIRE(table.apply(pushed, gradient, 0, 1));
+  const auto after = pull(table, {1, 2, 3});
+  CHECK(after[0] == before[0]);
+  CHECK(after[1] == before[1]);
+  CHECK(after[2] == doctest::Approx(before[2] - 0.5F));
+  CHECK(after[3] == doctest::Approx(before[3] + 1.0F));
+  CHECK(after[4] == before[4]);
+  CHECK(after[5] == before[5]);
+}
+
+TEST_CASE("a row-wise optimizer keeps its slots beside each row: Adagrad, two updates of one row") {
+  EmbeddingTable<Adagrad> table(TableSpec{"emb", 1, Initializer::constant(1.0F)},
+                                Adagrad{0.1F, 0.1F, 0.0F}, kSeed);
+  std::vector<float> out(2);
+  const std::vector<std::uint64_t> ids{5, 6};
+  table.pull(ids, out, 0);
+  const std::vector<std::uint64_t> five{5};
+  const std::vector<float> g{2.0F};
+  REQUIRE(table.apply(five, g, 0, 1));  // accumulator 0.1 + 4 = 4.1: w = 1 - 0.1 * 2 / sqrt(4.1)
+  REQUIRE(table.apply(five, g, 1, 2));  // 8.1: w -= 0.1 * 2 / sqrt(8.1)
+  table.pull(ids, out, 2);
+  CHECK(out[0] == doctest::Approx(1.0 - 0.2 / std::sqrt(4.1) - 0.2 / std::sqrt(8.1)));
+  CHECK(out[1] == 1.0F);  // row 6 was never pushed: its accumulator did not move either
+  std::vector<float> accumulators;
+  table.for_each_row([&](std::uint64_t id, std::span<const float> values, std::span<const float> slots) {
+    CHECK(values.size() == 1);
+    REQUIRE(slots.size() == 1);
+    accumulators.push_back(id == 5 ? slots[0] - 8.1F : slots[0] - 0.1F);
+  });
+  REQUIRE(accumulators.size() == 2);
+  for (const float a : accumulators) CHECK(std::abs(a) < 1e-5F);
+}
+
+TEST_CASE("a pushed row the ps does not hold is dropped and counted, a non-finite update changes nothing") {
+  EmbeddingTable<Sgd> table(spec(2), Sgd{1.0F}, kSeed);
+  const auto before = pull(table, {1, 2});
+  const std::vector<std::uint64_t> ids{1, 99};
+  const std::vector<float> g{1.0F, 1.0F, 1.0F, 1.0F};
+  REQUIRE(table.apply(ids, g, 0, 1));
+  CHECK(table.stats().pushes_dropped == 1);
+  CHECK(table.size() == 2);  // a push creates nothing
+  const std::vector<std::uint64_t> both{1, 2};
+  const std::vector<float> overflow{0.0F, 0.0F, 0.0F, std::numeric_limits<float>::infinity()};
+  CHECK_FALSE(table.apply(both, overflow, 1, 2));
+  CHECK(table.stats().updates_refused == 1);
+  const auto after = pull(table, {1, 2});
+  CHECK(after[0] == doctest::Approx(before[0] - 1.0F));  // the first update only
+  CHECK(after[2] == before[2]);
+  CHECK(after[3] == before[3]);
+}
+
+TEST_CASE("admission: a row is created on the k-th pull, until then it reads as its initial value") {
+  EmbeddingTable<Sgd> table(spec(2, 3), Sgd{1.0F}, kSeed);
+  const std::vector<std::uint64_t> id{8};
+  const std::vector<float> g{1.0F, 1.0F};
+  CHECK(pull(table, {8}) == initial(spec(2), 8));
+  REQUIRE(table.apply(id, g, 0, 1));  // not admitted: dropped
+  CHECK(pull(table, {8}) == initial(spec(2), 8));
+  CHECK(table.size() == 0);
+  CHECK(table.stats().candidates == 1);
+  CHECK(table.stats().pushes_dropped == 1);
+  CHECK(pull(table, {8}) == initial(spec(2), 8));  // the third pull admits it
+  CHECK(table.size() == 1);
+  CHECK(table.stats().candidates == 0);
+  REQUIRE(table.apply(id, g, 0, 2));
+  const auto moved = pull(table, {8});
+  CHECK(moved[0] == doctest::Approx(initial(spec(2), 8)[0] - 1.0F));
+}
+
+TEST_CASE("eviction: rows untouched for the given steps go, and come back as new") {
+  EmbeddingTable<Sgd> table(spec(2, 1, 10), Sgd{1.0F}, kSeed);
+  (void)pull(table, {1, 2, 3}, 0);
+  const std::vector<std::uint64_t> two{2};
+  const std::vector<float> g{1.0F, 1.0F};
+  REQUIRE(table.apply(two, g, 5, 1));  // row 2 touched at step 5
+  (void)pull(table, {3}, 8);           // row 3 at step 8
+  CHECK(table.evict(10) == 0);         // nothing older than step 0
+  CHECK(table.evict(12) == 1);         // row 1 (step 0 < 2)
+  CHECK(table.size() == 2);
+  CHECK(table.evict(16) == 1);  // row 2 (step 5 < 6)
+  CHECK(table.stats().rows_evicted == 2);
+  CHECK(pull(table, {2}, 16) == initial(spec(2), 2));  // back as new
+  CHECK(table.size() == 2);
+  EmbeddingTable<Sgd> forever(spec(2), Sgd{1.0F}, kSeed);
+  (void)pull(forever, {1}, 0);
+  CHECK(forever.evict(1'000'000) == 0);
+}
+
+TEST_CASE("the index agrees with a reference map through many creations and evictions") {
+  EmbeddingTable<Sgd> table(spec(1, 1, 3), Sgd{1.0F}, kSeed);
+  std::map<std::uint64_t, std::int64_t> reference;  // id -> step last touched
+  std::mt19937_64 rng(11);
+  std::vector<float> out(1);
+  for (std::int64_t step = 0; step < 400; ++step) {
+    for (int k = 0; k < 50; ++k) {
+      // Few distinct ids, so rows are found again, evicted and created again; a few
+      // adjacent ids collide in the index.
+      const std::uint64_t id = rng() % 700 + (k % 2 == 0 ? 0 : (std::uint64_t{1} << 63U));
+      const std::vector<std::uint64_t> one{id};
+      table.pull(one, out, step);
+      reference[id] = step;
+    }
+    const std::size_t removed = table.evict(step);
+    std::size_t expected = 0;
+    for (auto it = reference.begin(); it != reference.end();) {
+      if (it->second < step - 3) {
+        it = reference.erase(it);
+        ++expected;
+      } else {
+        ++it;
+      }
+    }
+    REQUIRE(removed == expected);
+    REQUIRE(table.size() == reference.size());
+  }
+  std::size_t seen = 0;
+  table.for_each_row([&](std::uint64_t id, std::span<const float>, std::span<const float>) {
+    CHECK(reference.count(id) == 1);
+    ++seen;
+  });
+  CHECK(seen == reference.size());
+}
+
+TEST_CASE("one pull of a million ids, and the memory a row costs") {
+  EmbeddingTable<Adagrad> table(TableSpec{"emb", 16, Initializer::normal(0.01F)}, Adagrad{}, kSeed);
+  std::vector<std::uint64_t> ids(1'000'000);
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = mix_id(i);
+  std::vector<float> out(ids.size() * 16);
+  table.pull(ids, out, 0);
+  CHECK(table.size() == ids.size());
+  std::vector<float> row(16);
+  initialize_row(table.spec(), kSeed, ids[777'777], row);
+  CHECK(std::vector<float>(out.begin() + 777'777 * 16, out.begin() + 777'778 * 16) == row);
+  // Values and Adagrad's accumulator are 128 bytes a row; the table holds at most 1.5 times
+  // that (ids, last-touched steps, the index and one chunk of slack included).
+  const double per_row = static_cast<double>(table.stats().bytes) / static_cast<double>(table.size());
+  MESSAGE("bytes per row: " << per_row);
+  CHECK(per_row <= 1.5 * 128);
+}
+
+TEST_CASE("HashIds and RangeIds place every id on a ps that exists") {
+  std::mt19937_64 rng(5);
+  std::vector<std::size_t> hashed(4), ranged(4);
+  for (int i = 0; i < 100'000; ++i) {
+    const std::uint64_t id = rng();
+    ++hashed.at(HashIds{}.ps_of("t", id, 4));
+    ++ranged.at(RangeIds{}.ps_of("t", id, 4));
+  }
+  for (std::size_t p = 0; p < 4; ++p) {
+    CHECK(hashed[p] > 23'000);  // 25 000 each, within a few percent
+    CHECK(ranged[p] > 23'000);
+  }
+  // Sequential ids: hashed spread, ranged all on ps 0 (what its doc warns of).
+  std::vector<std::size_t> sequential(4);
+  for (std::uint64_t id = 0; id < 1000; ++id) ++sequential.at(HashIds{}.ps_of("t", id, 4));
+  for (const std::size_t n : sequential) CHECK(n > 200);
+  CHECK(RangeIds{}.ps_of("t", 999, 4) == 0);
+  CHECK(RangeIds{}.ps_of("t", std::numeric_limits<std::uint64_t>::max(), 4) == 3);
+  CHECK(RangeIds{}.ps_of("t", std::uint64_t{1} << 63U, 4) == 2);
+  CHECK(RangeIds{}.ps_of("t", (std::uint64_t{1} << 63U) - 1, 4) == 1);
+  CHECK(RangeIds{}.ps_of("t", std::numeric_limits<std::uint64_t>::max(), 7) == 6);
+}
+
+TEST_CASE("the sparse accumulator averages each row over the pushes that held it") {
+  SparseAccumulator acc(2);
+  const std::vector<std::uint64_t> a{1, 2};
+  const std::vector<float> ga{1.0F, 1.0F, 2.0F, 2.0F};
+  const std::vector<std::uint64_t> b{2, 3};
+  const std::vector<float> gb{4.0F, 0.0F, 5.0F, 5.0F};
+  acc.add(a, ga);
+  acc.add(b, gb);
+  REQUIRE(acc.ids().size() == 3);
+  CHECK(acc.ids()[0] == 1);
+  CHECK(acc.ids()[1] == 2);
+  CHECK(acc.ids()[2] == 3);
+  const auto means = acc.take();
+  CHECK(std::vector<float>(means.begin(), means.end()) ==
+        std::vector<float>{1.0F, 1.0F, 3.0F, 1.0F, 5.0F, 5.0F});
+  CHECK(acc.empty());
+  acc.add(b, gb);  // a new update
+  CHECK(acc.ids().size() == 2);
+  const auto again = acc.take();
+  CHECK(again[0] == 4.0F);
+}

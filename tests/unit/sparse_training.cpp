@@ -1,0 +1,261 @@
+// SPDX-License-Identifier: MIT
+// Embedding tables end to end: workers that pull only their batch's rows and push only
+// their gradients, through ps tasks that create rows lazily, in-process and over TCP; sync
+// R = N against one process applying TensorFlow's sparse-accumulator rule; async; admission;
+// a ps whose optimizer cannot serve a table.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "pulley/chief.hpp"
+#include "pulley/optimizers/adagrad.hpp"
+#include "pulley/optimizers/momentum.hpp"
+#include "pulley/optimizers/sgd.hpp"
+#include "pulley/sharding/round_robin.hpp"
+#include "pulley/sync/async.hpp"
+#include "pulley/sync/sync_replicas.hpp"
+#include "pulley/transport/tcp.hpp"
+#include "pulley/worker.hpp"
+#include "support/cluster.hpp"
+#include "support/table_model.hpp"
+#include "support/tcp.hpp"
+
+using namespace pulley;
+using pulley::testing::Cluster;
+using pulley::testing::TableBatchOf;
+using pulley::testing::TinyTableModel;
+
+namespace {
+
+constexpr std::uint64_t kSeed = 11;
+constexpr float kLearningRate = 0.5F;
+constexpr std::int64_t kSteps = 30;
+constexpr std::uint32_t kWorkers = 2;
+
+/// What one process computes for sync R = N with TensorFlow's rules: the dense gradients
+/// averaged over the workers, each row's gradient averaged over the workers whose batch
+/// used it, then SGD.
+struct Reference {
+  TinyTableModel model;
+  std::map<std::uint64_t, std::vector<float>> rows;
+
+  std::vector<float>& row(std::uint64_t id) {
+    auto it = rows.find(id);
+    if (it == rows.end()) {
+      std::vector<float> r(TinyTableModel::kDim);
+      initialize_row(model.tables()[0], kSeed, id, r);
+      it = rows.emplace(id, std::move(r)).first;
+    }
+    return it->second;
+  }
+
+  Reference() {
+    for (std::size_t v = 0; v < 2; ++v) initialize(model.variables()[v], kSeed, model.parameter(v));
+  }
+
+  void step(const std::vector<const TableBatchOf*>& batches) {
+    std::vector<std::vector<float>> dense(2);
+    std::map<std::uint64_t, std::pair<std::vector<float>, int>> sums;  // row: sum, count
+    for (const TableBatchOf* batch : batches) {
+      std::map<std::uint64_t, std::vector<float>> mine;
+      model.compute(
+          *batch, [&](std::uint64_t id) { return std::span<const float>(row(id)); },
+          [&](std::uint64_t id) {
+            auto& g = mine[id];
+            g.resize(TinyTableModel::kDim, 0.0F);
+            return std::span<float>(g);
+          });
+      for (std::size_t v = 0; v < 2; ++v) {
+        const auto g = model.gradient(v);
+        dense[v].resize(g.size(), 0.0F);
+        for (std::size_t i = 0; i < g.size(); ++i) dense[v][i] += g[i];
+      }
+      for (auto& [id, g] : mine) {
+        auto& [sum, count] = sums[id];
+        sum.resize(g.size(), 0.0F);
+        for (std::size_t k = 0; k < g.size(); ++k) sum[k] += g[k];
+        ++count;
+      }
+    }
+    const auto n = static_cast<float>(batches.size());
+    for (std::size_t v = 0; v < 2; ++v) {
+      auto w = model.parameter(v);
+      for (std::size_t i = 0; i < w.size(); ++i) w[i] -= kLearningRate * (dense[v][i] / n);
+    }
+    for (auto& [id, entry] : sums) {
+      auto& r = row(id);
+      const auto count = static_cast<float>(entry.second);
+      for (std::size_t k = 0; k < r.size(); ++k) r[k] -= kLearningRate * (count == 1.0F ? entry.first[k] : entry.first[k] / count);
+    }
+  }
+};
+
+/// Trains TinyTableModel with sync R = N = 2 on `batches` (worker w's batch at step s is
+/// batches[2s + w]) through `make_transport`; checks the result against the reference and
+/// returns the rows of every id used, in id order.
+template <class MakeTransport>
+std::vector<float> train_sync(MakeTransport make_transport, const std::vector<TableBatchOf>& batches) {
+  Chief chief(make_transport(Node::chief()), kSeed);
+  const TinyTableModel shape;
+  chief.initialize(shape.variables(), shape.tables());
+  std::vector<std::thread> threads;
+  for (std::uint32_t w = 0; w < kWorkers; ++w) {
+    threads.emplace_back([&, w] {
+      Worker worker(w, TinyTableModel(), make_transport(Node::worker(w)));
+      worker.wait_ready();
+      for (std::int64_t k = 0;; ++k) {
+        if (!worker.step(batches[static_cast<std::size_t>((k % kSteps) * kWorkers + w)], kSteps)) break;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+
+  Reference reference;
+  for (std::int64_t s = 0; s < kSteps; ++s) {
+    reference.step({&batches[static_cast<std::size_t>(s * 2)], &batches[static_cast<std::size_t>(s * 2 + 1)]});
+  }
+  const auto dense = chief.read_variables();
+  for (std::size_t v = 0; v < 2; ++v) {
+    for (std::size_t i = 0; i < dense[v].size(); ++i) {
+      CHECK(dense[v][i] == doctest::Approx(reference.model.parameter(v)[i]).epsilon(1e-5));
+    }
+  }
+  std::vector<std::uint64_t> ids;
+  for (const auto& [id, r] : reference.rows) ids.push_back(id);
+  const std::vector<float> rows = chief.read_rows("emb", ids);
+  float max_diff = 0.0F;
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    const auto& expected = reference.rows[ids[i]];
+    for (std::size_t k = 0; k < expected.size(); ++k) {
+      max_diff = std::max(max_diff, std::abs(rows[i * TinyTableModel::kDim + k] - expected[k]));
+    }
+  }
+  CHECK(max_diff <= 1e-6F);
+  std::int64_t held = 0;
+  for (const Stats& s : chief.stats()) {
+    CHECK(s.global_step == kSteps);
+    CHECK(s.table_rows_dropped == 0);
+    held += s.table_rows;
+  }
+  CHECK(held == static_cast<std::int64_t>(ids.size()));  // exactly the rows some batch used
+  chief.shutdown();
+  return rows;
+}
+
+}  // namespace
+
+TEST_CASE("sync R = N with tables over 2 ps equals one process applying the sparse accumulator's rule") {
+  const auto batches = pulley::testing::table_batches(kSteps * kWorkers, 8, 200, 3);
+  Cluster<RoundRobin, Sgd, SyncReplicas> cluster(2, Sgd{kLearningRate}, SyncReplicas(2, 2));
+  (void)train_sync([&](Node self) { return cluster.endpoint(self); }, batches);
+}
+
+TEST_CASE("sync training with tables over TCP gives exactly the in-process result") {
+  const auto batches = pulley::testing::table_batches(kSteps * kWorkers, 8, 200, 5);
+  std::vector<float> in_process;
+  {
+    Cluster<RoundRobin, Sgd, SyncReplicas> cluster(2, Sgd{kLearningRate}, SyncReplicas(2, 2));
+    in_process = train_sync([&](Node self) { return cluster.endpoint(self); }, batches);
+  }
+  using Server = ParameterServer<RoundRobin, Sgd, SyncReplicas>;
+  std::vector<std::unique_ptr<TcpServer<Server>>> listeners;
+  std::vector<std::string> addresses;
+  for (std::uint32_t i = 0; i < 2; ++i) {
+    listeners.push_back(std::make_unique<TcpServer<Server>>(
+        Server(i, 2, Sgd{kLearningRate}, SyncReplicas(2, 2)), "127.0.0.1", 0,
+        pulley::testing::test_server_options()));
+    addresses.push_back("127.0.0.1:" + std::to_string(listeners.back()->port()));
+  }
+  std::vector<std::thread> serving;
+  for (auto& l : listeners) serving.emplace_back([&l] { l->run(); });
+  const auto over_tcp =
+      train_sync([&](Node self) { return pulley::testing::client(self, addresses); }, batches);
+  for (auto& l : listeners) l->stop();
+  for (auto& t : serving) t.join();
+  CHECK(over_tcp == in_process);
+}
+
+TEST_CASE("async with tables: every push is applied as it comes, rows created once") {
+  const auto batches = pulley::testing::table_batches(40, 8, 100, 9);
+  Cluster<RoundRobin, Adagrad, Async> cluster(3, Adagrad{0.1F}, Async{});
+  Chief chief(cluster.endpoint(Node::chief()), kSeed);
+  const TinyTableModel shape;
+  chief.initialize(shape.variables(), shape.tables());
+  std::set<std::uint64_t> used;
+  for (const auto& b : batches) {
+    for (const auto& e : b) used.insert(e.ids.begin(), e.ids.end());
+  }
+  std::vector<std::thread> threads;
+  for (std::uint32_t w = 0; w < 2; ++w) {
+    threads.emplace_back([&, w] {
+      Worker worker(w, TinyTableModel(), cluster.endpoint(Node::worker(w)));
+      worker.wait_ready();
+      for (std::size_t k = w; k < batches.size(); k += 2) REQUIRE(worker.step(batches[k]));
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::int64_t held = 0;
+  for (const Stats& s : chief.stats()) {
+    CHECK(s.global_step == 40);  // every ps counts every push (each push reaches every ps)
+    held += s.table_rows;
+  }
+  CHECK(held == static_cast<std::int64_t>(used.size()));
+  // A row no batch used reads as its initial value; every used row moved.
+  const std::vector<std::uint64_t> fresh{12345678};
+  std::vector<float> initial(TinyTableModel::kDim);
+  initialize_row(shape.tables()[0], kSeed, fresh[0], initial);
+  CHECK(chief.read_rows("emb", fresh) == initial);
+  const std::uint64_t first = *used.begin();
+  initialize_row(shape.tables()[0], kSeed, first, initial);
+  CHECK(chief.read_rows("emb", std::span(&first, 1)) != initial);
+  chief.shutdown();
+}
+
+TEST_CASE("admission over the cluster: rows pulled fewer than k times are not created, their pushes counted") {
+  TableSpec spec{"emb", TinyTableModel::kDim, Initializer::uniform(0.5F), 3, 0};
+  Cluster<RoundRobin, Sgd, SyncReplicas> cluster(1, Sgd{0.1F}, SyncReplicas(1, 1));
+  Chief chief(cluster.endpoint(Node::chief()), kSeed);
+  const TinyTableModel shape(spec);
+  chief.initialize(shape.variables(), shape.tables());
+  const TableBatchOf rare{{{mix_id(1)}, 1.0F}};
+  Worker worker(0, TinyTableModel(spec), cluster.endpoint(Node::worker(0)));
+  worker.wait_ready();
+  REQUIRE(worker.step(rare));  // first pull: not admitted, its push dropped
+  REQUIRE(worker.step(rare));  // second
+  CHECK(chief.stats()[0].table_rows == 0);
+  CHECK(chief.stats()[0].table_rows_dropped == 2);
+  REQUIRE(worker.step(rare));  // third pull admits it: the push is applied
+  CHECK(chief.stats()[0].table_rows == 1);
+  CHECK(chief.stats()[0].table_rows_dropped == 2);
+  chief.shutdown();
+}
+
+TEST_CASE("a ps whose optimizer has no row-wise apply refuses a model with tables, naming the fix") {
+  Cluster<RoundRobin, Momentum, Async> cluster(1, Momentum{}, Async{});
+  Chief chief(cluster.endpoint(Node::chief()), kSeed);
+  const TinyTableModel shape;
+  try {
+    chief.initialize(shape.variables(), shape.tables());
+    FAIL("a ps that serves no tables took a model with one");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::kFailedPrecondition);
+    CHECK(std::string(e.what()).find("Tables<") != std::string::npos);
+  }
+  // The same optimizer for the dense variables, Adagrad for the table: served.
+  using Mixed = ParameterServer<RoundRobin, Momentum, Async, Tables<Adagrad>>;
+  InProcessNetwork network(1);
+  network.serve(Mixed(0, 1, Momentum{}, Async{}, RoundRobin{}, Tables<Adagrad>{Adagrad{0.1F}}));
+  Chief mixed(InProcess(network, Node::chief()), kSeed);
+  mixed.initialize(shape.variables(), shape.tables());
+  const std::uint64_t id = 5;
+  CHECK(mixed.read_rows("emb", std::span(&id, 1)).size() == TinyTableModel::kDim);
+  mixed.shutdown();
+  chief.shutdown();
+}
