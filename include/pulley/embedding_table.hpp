@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <span>
 #include <string>
@@ -36,11 +37,14 @@ struct TableStats {
 /// The rows of one embedding table that one ps holds: a hash map from 64-bit id to a row of
 /// `dim` values and the optimizer's `kRowSlots` slots, created lazily, updated row-wise.
 ///
-/// Rows live in chunks of kChunkRows rows, each `(1 + kRowSlots) × dim` floats (values, then
-/// slot after slot), allocated whole; the ids and last-touched steps in chunks beside them; the index is open addressing with linear probing over 32-bit row
-/// numbers, at most 3/4 full. So a row costs its floats plus 12 bytes plus 5.3 to 10.7
-/// bytes of index (the bench prints the measured bytes per row), and memory never holds
-/// more than one chunk of slack. At most 2^32 − 2 rows per table per ps.
+/// Rows live in chunks of kChunkRows records, allocated whole: a record is the row's id and
+/// last-touched step (16 bytes), then its `(1 + kRowSlots) × dim` floats (values, then slot
+/// after slot), so that finding, reading and updating a row touch the same cache lines. The
+/// index is open addressing with linear probing over 32-bit row numbers, at most 3/4 full.
+/// So a row costs its floats plus 16 bytes plus 5.3 to 10.7 bytes of index (the benchmark
+/// prints the measured bytes per row), and memory never holds more than one chunk of
+/// slack. Lookups of a batch are pipelined: the index slots and records of ids a few
+/// places ahead are prefetched. At most 2^32 − 2 rows per table per ps.
 ///
 /// It does no I/O and takes no lock: the ps calls it for one request at a time.
 ///
@@ -57,7 +61,8 @@ class EmbeddingTable {
       : spec_(std::move(spec)),
         optimizer_(std::move(optimizer)),
         seed_(seed),
-        stride_((1 + O::kRowSlots) * spec_.dim) {
+        stride_((1 + O::kRowSlots) * spec_.dim),
+        record_(kHeader + stride_) {
     if (spec_.dim == 0) throw Error(ErrorCode::kInvalidArgument, "table '" + spec_.name + "' has dim 0");
   }
 
@@ -71,18 +76,17 @@ class EmbeddingTable {
   /// `spec.admit_after` times), else read as its initial value. Duplicate ids are allowed.
   void pull(std::span<const std::uint64_t> ids, std::span<float> out, std::int64_t step) {
     const std::size_t d = spec_.dim;
-    for (std::size_t i = 0; i < ids.size(); ++i) {
+    for_each_found(ids, [&](std::size_t i, std::uint32_t row) {
       const std::span<float> into = out.subspan(i * d, d);
-      std::uint32_t row = find(ids[i]);
       if (row == kNone && admit(ids[i], step)) row = create(ids[i]);
       if (row == kNone) {
         initialize_row(spec_, seed_, ids[i], into);
-        continue;
+        return;
       }
       touch(row, step);
       const float* values = at(row);
       std::copy(values, values + d, into.begin());
-    }
+    });
   }
 
   /// Applies one update at global step `step` (steps completed before it; `updates` of this
@@ -104,20 +108,21 @@ class EmbeddingTable {
                std::int64_t step, std::int64_t updates) {
     const std::size_t d = spec_.dim;
     scratch_rows_.clear();
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-      const std::uint32_t row = find(ids[i]);
+    // Updated into a copy first, so that a row going non-finite changes nothing; each row is
+    // copied the moment it is found, while its prefetched record is in cache.
+    scratch_.resize(ids.size() * stride_);
+    for_each_found(ids, [&](std::size_t i, std::uint32_t row) {
       if (row == kNone) {
         ++stats_.pushes_dropped;
-        continue;
+        return;
       }
+      std::copy(at(row), at(row) + stride_, scratch_.data() + scratch_rows_.size() * stride_);
       scratch_rows_.push_back({row, i});
-    }
-    // Updated into a copy first, so that a row going non-finite changes nothing.
+    });
     scratch_.resize(scratch_rows_.size() * stride_);
     for (std::size_t k = 0; k < scratch_rows_.size(); ++k) {
-      const auto [row, i] = scratch_rows_[k];
+      const std::size_t i = scratch_rows_[k].second;
       float* copy = scratch_.data() + k * stride_;
-      std::copy(at(row), at(row) + stride_, copy);
       const RowContext context{step, updates, spec_.name, ids[i]};
       optimizer_.apply_row(std::span<float>(copy, d), std::span<float>(copy + d, stride_ - d),
                            gradients.subspan(i * d, d), context);
@@ -133,7 +138,9 @@ class EmbeddingTable {
   /// The second half of `apply`: writes the prepared rows back (nothing if the last
   /// `prepare` failed or was committed already).
   void commit(std::int64_t step) {
+    constexpr std::size_t kAhead = 8;
     for (std::size_t k = 0; k < scratch_rows_.size(); ++k) {
+      if (k + kAhead < scratch_rows_.size()) __builtin_prefetch(record(scratch_rows_[k + kAhead].first), 1);
       const std::uint32_t row = scratch_rows_[k].first;
       std::copy(scratch_.data() + k * stride_, scratch_.data() + (k + 1) * stride_, at(row));
       touch(row, step);
@@ -200,8 +207,7 @@ class EmbeddingTable {
     TableStats s = stats_;
     s.rows = rows_;
     s.candidates = candidates_.size();
-    s.bytes = chunks_.size() * kChunkRows * (stride_ * sizeof(float) + sizeof(std::uint64_t) +
-                                            sizeof(std::uint32_t)) +
+    s.bytes = chunks_.size() * kChunkRows * record_ * sizeof(float) +
               index_.size() * sizeof(std::uint32_t) +
               candidates_.size() * (sizeof(std::uint64_t) + sizeof(Candidate) + 2 * sizeof(void*));
     return s;
@@ -211,10 +217,11 @@ class EmbeddingTable {
   static constexpr std::uint32_t kNone = std::numeric_limits<std::uint32_t>::max();
 
   /// One chunk of kChunkRows rows: their floats, ids and last-touched steps.
+  /// Floats of a record's header: the id (two floats' bytes), the step last touched, one
+  /// spare. Read and written with memcpy: they are bytes, never arithmetic.
+  static constexpr std::size_t kHeader = 4;
   struct Chunk {
-    std::vector<float> floats;
-    std::vector<std::uint64_t> ids;
-    std::vector<std::uint32_t> touched;
+    std::vector<float> records;  ///< kChunkRows records
   };
   /// An id pulled, not admitted yet.
   struct Candidate {
@@ -222,27 +229,54 @@ class EmbeddingTable {
     std::uint32_t last = 0;  ///< step last pulled
   };
 
-  [[nodiscard]] float* at(std::uint32_t row) noexcept {
-    return chunks_[row / kChunkRows].floats.data() + (row % kChunkRows) * stride_;
+  [[nodiscard]] float* record(std::uint32_t row) noexcept {
+    return chunks_[row / kChunkRows].records.data() + (row % kChunkRows) * record_;
   }
-  [[nodiscard]] const float* at(std::uint32_t row) const noexcept {
-    return chunks_[row / kChunkRows].floats.data() + (row % kChunkRows) * stride_;
+  [[nodiscard]] const float* record(std::uint32_t row) const noexcept {
+    return chunks_[row / kChunkRows].records.data() + (row % kChunkRows) * record_;
   }
-  [[nodiscard]] std::uint64_t& id_of(std::uint32_t row) noexcept {
-    return chunks_[row / kChunkRows].ids[row % kChunkRows];
-  }
+  /// The row's values, then its slots.
+  [[nodiscard]] float* at(std::uint32_t row) noexcept { return record(row) + kHeader; }
+  [[nodiscard]] const float* at(std::uint32_t row) const noexcept { return record(row) + kHeader; }
   [[nodiscard]] std::uint64_t id_of(std::uint32_t row) const noexcept {
-    return chunks_[row / kChunkRows].ids[row % kChunkRows];
+    std::uint64_t id = 0;
+    std::memcpy(&id, record(row), sizeof id);
+    return id;
   }
-  [[nodiscard]] std::uint32_t& touched(std::uint32_t row) noexcept {
-    return chunks_[row / kChunkRows].touched[row % kChunkRows];
+  void set_id(std::uint32_t row, std::uint64_t id) noexcept { std::memcpy(record(row), &id, sizeof id); }
+  [[nodiscard]] std::uint32_t touched(std::uint32_t row) const noexcept {
+    std::uint32_t step = 0;
+    std::memcpy(&step, record(row) + 2, sizeof step);
+    return step;
+  }
+  void set_touched(std::uint32_t row, std::uint32_t step) noexcept {
+    std::memcpy(record(row) + 2, &step, sizeof step);
   }
   static std::uint32_t clamp_step(std::int64_t step) noexcept {
     return static_cast<std::uint32_t>(std::clamp<std::int64_t>(step, 0, kNone - 1));
   }
   void touch(std::uint32_t row, std::int64_t step) noexcept {
-    std::uint32_t& t = touched(row);
-    t = std::max(t, clamp_step(step));
+    set_touched(row, std::max(touched(row), clamp_step(step)));
+  }
+
+  /// Calls `f(i, row)` for each of `ids` with the row that holds it (kNone if none), in
+  /// order, prefetching the index slot 16 ids ahead and the record its entry names 8 ids
+  /// ahead: a batch's lookups then wait for memory in parallel, not one after the other.
+  template <class F>
+  void for_each_found(std::span<const std::uint64_t> ids, F&& f) {
+    constexpr std::size_t kIndexAhead = 16;
+    constexpr std::size_t kRecordAhead = 8;
+    const std::size_t n = ids.size();
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!index_.empty()) {
+        if (i + kIndexAhead < n) __builtin_prefetch(&index_[home(ids[i + kIndexAhead])]);
+        if (i + kRecordAhead < n) {
+          const std::uint32_t entry = index_[home(ids[i + kRecordAhead])];
+          if (entry != 0) __builtin_prefetch(record(entry - 1));
+        }
+      }
+      f(i, find(ids[i]));
+    }
   }
 
   [[nodiscard]] std::size_t home(std::uint64_t id) const noexcept {
@@ -277,16 +311,14 @@ class EmbeddingTable {
     }
     if ((rows_ + 1) * 4 > index_.size() * 3) grow_index();
     if (rows_ == chunks_.size() * kChunkRows) {
-      chunks_.push_back(Chunk{std::vector<float>(kChunkRows * stride_),
-                              std::vector<std::uint64_t>(kChunkRows),
-                              std::vector<std::uint32_t>(kChunkRows)});
+      chunks_.push_back(Chunk{std::vector<float>(kChunkRows * record_)});
     }
     const auto row = static_cast<std::uint32_t>(rows_);
     float* r = at(row);
     initialize_row(spec_, seed_, id, std::span<float>(r, spec_.dim));
     optimizer_.init_row(std::span<float>(r + spec_.dim, stride_ - spec_.dim));
-    id_of(row) = id;
-    touched(row) = 0;
+    set_id(row, id);
+    set_touched(row, 0);
     place(id, row);
     ++rows_;
     ++stats_.rows_created;
@@ -332,9 +364,7 @@ class EmbeddingTable {
     const auto last = static_cast<std::uint32_t>(rows_ - 1);
     if (row != last) {
       index_[slot_of(last)] = row + 1;
-      std::copy(at(last), at(last) + stride_, at(row));
-      id_of(row) = id_of(last);
-      touched(row) = touched(last);
+      std::copy(record(last), record(last) + record_, record(row));
     }
     --rows_;
     const std::size_t needed = (rows_ + kChunkRows - 1) / kChunkRows;
@@ -345,6 +375,7 @@ class EmbeddingTable {
   [[no_unique_address]] O optimizer_;
   std::uint64_t seed_;
   std::size_t stride_;  ///< floats per row: values and slots
+  std::size_t record_;  ///< floats per record: the header, values and slots
   std::vector<Chunk> chunks_;
   std::vector<std::uint32_t> index_;  ///< row + 1, or 0 for an empty slot
   std::size_t rows_ = 0;
