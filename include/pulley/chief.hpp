@@ -124,7 +124,14 @@ class Chief {
     const auto num_ps = static_cast<std::uint32_t>(client_.num_ps());
     // Grouped by ps for the pull, then put back in the caller's order.
     std::vector<std::pair<std::uint32_t, std::size_t>> order;
-    for (std::size_t i = 0; i < ids.size(); ++i) order.push_back({sharding.ps_of(table, ids[i], num_ps), i});
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      const std::uint32_t ps = sharding.ps_of(table, ids[i], num_ps);
+      if (ps >= num_ps) {
+        throw Error(ErrorCode::kInvalidArgument, "the id sharding put row " + std::to_string(ids[i]) +
+                                                     " on ps " + std::to_string(ps) + " of " + std::to_string(num_ps));
+      }
+      order.push_back({ps, i});
+    }
     std::stable_sort(order.begin(), order.end(),
                      [](const auto& a, const auto& b) { return a.first < b.first; });
     std::vector<std::uint64_t> grouped;

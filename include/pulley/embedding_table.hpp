@@ -15,6 +15,7 @@
 #include "pulley/concepts/optimizer.hpp"
 #include "pulley/concepts/sharding.hpp"
 #include "pulley/detail/finite.hpp"
+#include "pulley/detail/random.hpp"
 #include "pulley/error.hpp"
 #include "pulley/initializers.hpp"
 #include "pulley/optimizers/sgd.hpp"
@@ -46,7 +47,9 @@ struct TableStats {
 /// slack. Lookups of a batch are pipelined: the index slots and records of ids a few
 /// places ahead are prefetched. At most 2^32 − 2 rows per table per ps.
 ///
-/// It does no I/O and takes no lock: the ps calls it for one request at a time.
+/// The index hashes ids with a random key of its own, so that no choice of ids piles them
+/// onto one slot (ids a client picked to collide would otherwise make every lookup walk
+/// them all). It does no I/O and takes no lock: the ps calls it for one request at a time.
 ///
 /// @tparam O RowWiseOptimizer that updates the rows (a dense-only optimizer fails here,
 ///           naming the member it lacks)
@@ -72,18 +75,21 @@ class EmbeddingTable {
   [[nodiscard]] const O& optimizer() const noexcept { return optimizer_; }
 
   /// Writes the rows of `ids` into `out` (`ids.size() × dim` floats, in order), at global
-  /// step `step`. A row not held is created when its id is admitted (pulled
-  /// `spec.admit_after` times), else read as its initial value. Duplicate ids are allowed.
-  void pull(std::span<const std::uint64_t> ids, std::span<float> out, std::int64_t step) {
+  /// step `step`. With `create` (a worker's pull), a row not held is created when its id is
+  /// admitted (pulled `spec.admit_after` times), else read as its initial value, and a row
+  /// read counts as touched; without (a reader's: the chief's, an evaluator's), nothing is
+  /// created, counted or touched. Duplicate ids are allowed (each counts towards admission).
+  void pull(std::span<const std::uint64_t> ids, std::span<float> out, std::int64_t step,
+            bool create = true) {
     const std::size_t d = spec_.dim;
     for_each_found(ids, [&](std::size_t i, std::uint32_t row) {
       const std::span<float> into = out.subspan(i * d, d);
-      if (row == kNone && admit(ids[i], step)) row = create(ids[i]);
+      if (row == kNone && create && admit(ids[i], step)) row = this->create(ids[i]);
       if (row == kNone) {
         initialize_row(spec_, seed_, ids[i], into);
         return;
       }
-      touch(row, step);
+      if (create) touch(row, step);
       const float* values = at(row);
       std::copy(values, values + d, into.begin());
     });
@@ -280,7 +286,7 @@ class EmbeddingTable {
   }
 
   [[nodiscard]] std::size_t home(std::uint64_t id) const noexcept {
-    return static_cast<std::size_t>(mix_id(id)) & (index_.size() - 1);
+    return static_cast<std::size_t>(mix_id(id ^ key_)) & (index_.size() - 1);
   }
 
   /// The row of `id`, or kNone.
@@ -374,6 +380,7 @@ class EmbeddingTable {
   TableSpec spec_;
   [[no_unique_address]] O optimizer_;
   std::uint64_t seed_;
+  std::uint64_t key_ = detail::random_u64();  ///< of the index's hash
   std::size_t stride_;  ///< floats per row: values and slots
   std::size_t record_;  ///< floats per record: the header, values and slots
   std::vector<Chunk> chunks_;

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -66,6 +67,14 @@ struct PartState {
     archive(part, values, slots, counters);
   }
 };
+
+/// The most ids one PullRows or Push carries to one ps, over all its tables (2 MiB of ids,
+/// half the metadata a TCP frame may hold): a client splits a larger row pull into several
+/// and refuses a larger push (its batch is too large), a ps refuses more.
+inline constexpr std::size_t kMaxIdsPerMessage = std::size_t{1} << 18U;
+/// The most bytes of rows of one table that one PullRows answer or Push carries: a client
+/// splits larger row pulls, a ps refuses more.
+inline constexpr std::size_t kMaxRowBytesPerMessage = std::size_t{256} << 20U;
 
 /// Rows of one embedding table: which ids, and in a push one row of the table's dim floats
 /// per id. The ids ride in the metadata (8 bytes each); the rows are a tensor.

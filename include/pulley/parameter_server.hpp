@@ -25,6 +25,8 @@
 #include "pulley/concepts/sharding.hpp"
 #include "pulley/concepts/sync_policy.hpp"
 #include "pulley/detail/finite.hpp"
+#include "pulley/detail/id_set.hpp"
+#include "pulley/detail/random.hpp"
 #include "pulley/embedding_table.hpp"
 #include "pulley/log.hpp"
 #include "pulley/messages.hpp"
@@ -205,8 +207,10 @@ class ParameterServer {
   /// element held here, a restore one more per optimizer slot (0 before registration:
   /// nothing can carry a tensor yet).
   [[nodiscard]] std::uint64_t max_request_payload() const noexcept {
-    std::uint64_t rows = 0;  // a push may carry up to kMaxRowsPerRequest rows of each table
-    for (const TableSpec& t : table_specs_) rows += kMaxRowsPerRequest * t.dim * sizeof(float);
+    std::uint64_t rows = 0;  // a push may carry up to kMaxRowBytes of rows of each table
+    for (const TableSpec& t : table_specs_) {
+      rows += std::min<std::uint64_t>(kMaxRowsPerRequest * t.dim * sizeof(float), kMaxRowBytes);
+    }
     return held_bytes_ * (1 + slots_per_part_) + rows;
   }
 
@@ -228,6 +232,7 @@ class ParameterServer {
   };
   struct WaitingRows {
     PullRows request;
+    bool create;  ///< a worker's: creates, admits and touches rows
     Responder reply;
   };
 
@@ -587,7 +592,13 @@ class ParameterServer {
     });
     std::erase_if(waiting_rows_, [&](WaitingRows& w) {
       if (global_step() < w.request.min_step) return false;
-      answer_rows(w.request, w.reply);
+      // A row pull that cannot be answered (no memory for its rows) is refused alone: it is
+      // answered inside the push that completed the step, which must not fail the ps.
+      try {
+        answer_rows(w.request, w.create, w.reply);
+      } catch (const std::exception& e) {
+        if (w.reply) reject(w.reply, ErrorCode::kResourceExhausted, std::string("PullRows refused: ") + e.what());
+      }
       return true;
     });
     std::erase_if(waiting_pauses_, [&](WaitingPause& w) {
@@ -599,7 +610,7 @@ class ParameterServer {
 
   // ---- PullRows: rows of embedding tables ----------------------------------------------
 
-  void on(PullRows& r, const RequestContext& /*context*/, Responder& reply) {
+  void on(PullRows& r, const RequestContext& context, Responder& reply) {
     if (!ready_) {
       reject(reply, ErrorCode::kFailedPrecondition, "row pull before initialization");
       return;
@@ -609,18 +620,21 @@ class ParameterServer {
       reject(reply, ErrorCode::kInvalidArgument, problem);
       return;
     }
+    // Only a worker's pull creates, admits and touches rows: the chief and evaluators read.
+    const bool create = !context.peer || context.peer->job == Node::Job::kWorker;
     if (global_step() < r.min_step) {
-      WaitingRows& waiting = waiting_rows_.emplace_back(WaitingRows{std::move(r), nullptr});
+      WaitingRows& waiting = waiting_rows_.emplace_back(WaitingRows{std::move(r), create, nullptr});
       park(waiting.reply, reply);
     } else {
-      answer_rows(r, reply);
+      answer_rows(r, create, reply);
     }
   }
 
   /// Why `rows` (of a pull, or with `values` of a push) cannot be served here, or "": a
-  /// table that does not exist or comes twice, too many ids, an id another ps holds, rows
-  /// of the wrong size.
-  std::string check_rows(const std::vector<TableRows>& rows, bool values) const {
+  /// table that does not exist or comes twice, too many ids or bytes, an id twice, an id
+  /// another ps holds, rows of the wrong size. So a reply is never larger than the rows it
+  /// names once each.
+  std::string check_rows(const std::vector<TableRows>& rows, bool values) {
     for (std::size_t i = 0; i < rows.size(); ++i) {
       const TableRows& tr = rows[i];
       if (tr.table >= tables_.size()) {
@@ -631,13 +645,18 @@ class ParameterServer {
       for (std::size_t j = 0; j < i; ++j) {
         if (rows[j].table == tr.table) return "table '" + spec.name + "' comes twice";
       }
-      if (tr.ids.size() > kMaxRowsPerRequest) {
+      if (tr.ids.size() > kMaxRowsPerRequest || tr.ids.size() * spec.dim * sizeof(float) > kMaxRowBytes) {
         return std::to_string(tr.ids.size()) + " ids of table '" + spec.name + "' in one request (at most " +
-               std::to_string(kMaxRowsPerRequest) + ")";
+               std::to_string(std::min<std::size_t>(kMaxRowsPerRequest, kMaxRowBytes / sizeof(float) / spec.dim)) +
+               ")";
       }
       if (tr.values.size() != (values ? tr.ids.size() * spec.dim : 0)) {
         return "table '" + spec.name + "': " + std::to_string(tr.values.size()) + " values for " +
                std::to_string(tr.ids.size()) + " rows of dim " + std::to_string(spec.dim);
+      }
+      if (const std::uint64_t* twice = ids_seen_.first_duplicate(tr.ids)) {
+        return "row " + std::to_string(*twice) + " of table '" + spec.name +
+               "' comes twice in one request (a worker sums a row's gradients before it pushes)";
       }
       for (const std::uint64_t id : tr.ids) {
         const std::uint32_t owner = table_policy_.sharding.ps_of(spec.name, id, num_ps_);
@@ -651,7 +670,7 @@ class ParameterServer {
     return {};
   }
 
-  void answer_rows(const PullRows& r, Responder& reply) {
+  void answer_rows(const PullRows& r, bool create, Responder& reply) {
     if (row_replies_used_ == row_replies_.size()) row_replies_.emplace_back();
     std::vector<std::vector<float>>& buffers = row_replies_[row_replies_used_++];
     buffers.resize(r.tables.size());
@@ -660,7 +679,7 @@ class ParameterServer {
       const TableRows& tr = r.tables[i];
       Table& table = tables_[tr.table];
       buffers[i].resize(tr.ids.size() * table.rows.dim());
-      table.rows.pull(tr.ids, buffers[i], global_step());
+      table.rows.pull(tr.ids, buffers[i], global_step(), create);
       answer.rows.emplace_back(buffers[i]);
       stats_.bytes_pulled += static_cast<std::int64_t>(buffers[i].size() * sizeof(float));
     }
@@ -735,7 +754,7 @@ class ParameterServer {
     // one's), but none of it is taken here. A push that is one of several in an update is
     // taken, and their mean is checked once, when it is applied (apply_all).
     const bool alone = verdict == Verdict::kReady && accumulated_ == 0;
-    const std::string overflow = alone ? would_overflow(r) : std::string();
+    std::string overflow = alone ? would_overflow(r) : std::string();
     PushReply answer;
     for (const PartValues& pv : r.gradients) {
       Slot& slot = slots_[slot_of_part_[pv.part]];
@@ -762,11 +781,17 @@ class ParameterServer {
       ++accumulated_;
       contributors_.push_back(r.worker);
     }
+    std::string rolled_back;  // a push alone whose rows would go non-finite is refused too
     if (verdict == Verdict::kReady) {
       // An update of nothing (its one push refused here) applies nothing.
       const std::int64_t pushes = std::exchange(accumulated_, 0);
-      if (pushes > 0) apply_all(step_before, /*checked=*/alone);
+      if (pushes > 0) rolled_back = apply_all(step_before, /*checked=*/alone);
       contributors_.clear();
+    }
+    if (alone && overflow.empty() && !rolled_back.empty()) {
+      overflow = "push from worker " + std::to_string(r.worker) + " refused: its rows would make " +
+                 rolled_back + " non-finite; none of it was applied (it counts towards the step, "
+                 "as on the other ps tasks)";
     }
     if (r.sequence != 0) {
       if (last_push_.size() <= r.worker) last_push_.resize(r.worker + 1);
@@ -775,7 +800,7 @@ class ParameterServer {
     if (overflow.empty()) {
       send(reply, answer);
     } else {
-      ++stats_.updates_refused;
+      if (rolled_back.empty()) ++stats_.updates_refused;  // (skip_update counted a rollback)
       reject(reply, ErrorCode::kInvalidArgument, overflow);
     }
     retry_tokens();
@@ -1058,7 +1083,8 @@ class ParameterServer {
   /// the variable and the workers whose pushes made it. With `stays_finite`, the update is
   /// asked about once, unless its one push already was (`checked`); without it, the update
   /// is applied to copies that replace the parts only if every weight stayed finite.
-  void apply_all(std::int64_t step_before, bool checked) {
+  /// Returns what would have gone non-finite when the update was skipped, "" when applied.
+  std::string apply_all(std::int64_t step_before, bool checked) {
     updates_.clear();
     for (Slot& slot : slots_) updates_.push_back(sync_.take(slot.accumulator));
     // The tables' rows first, into scratch memory: committed with the dense parts below, or
@@ -1109,6 +1135,7 @@ class ParameterServer {
     }
     stats_.updates_applied += static_cast<std::int64_t>(slots_.size());
     commit_tables(step_before);
+    return {};
   }
 
   /// Writes every table's prepared rows back, and evicts rows gone untouched too long
@@ -1137,7 +1164,7 @@ class ParameterServer {
     apply_update(optimizer_, state, values, update, context);
   }
 
-  void skip_update(std::int64_t step_before, const std::string& what) {
+  std::string skip_update(std::int64_t step_before, const std::string& what) {
     ++stats_.updates_refused;
     for (Table& table : tables_) {
       table.accumulator.clear();
@@ -1151,6 +1178,7 @@ class ParameterServer {
         "ps " + std::to_string(task_) + ": rolled back the update of global step " +
             std::to_string(step_before + 1) + " (gradients from " + from + "): it would have made " +
             what + " non-finite");
+    return what;
   }
 
   /// Checks that a worker's request names the worker that sent it.
@@ -1237,7 +1265,7 @@ class ParameterServer {
       const Verdict verdict = worker_lost(sync_, pacer_, worker);
       token_session_.erase(worker);  // its lease is given back with it
       if (verdict == Verdict::kReady) {
-        if (std::exchange(accumulated_, 0) > 0) apply_all(step_before, /*checked=*/false);
+        if (std::exchange(accumulated_, 0) > 0) (void)apply_all(step_before, /*checked=*/false);
         contributors_.clear();
       }
       changing_ = false;
@@ -1375,8 +1403,10 @@ class ParameterServer {
   }
 
   static constexpr std::size_t kNotHere = static_cast<std::size_t>(-1);
-  /// Ids of one table in one request: a reply is at most this many rows.
-  static constexpr std::size_t kMaxRowsPerRequest = std::size_t{1} << 22U;
+  /// Ids of one table in one request, and the bytes of their rows: a reply is at most this
+  /// large.
+  static constexpr std::size_t kMaxRowsPerRequest = kMaxIdsPerMessage;
+  static constexpr std::size_t kMaxRowBytes = kMaxRowBytesPerMessage;
   /// Floats in one row of a table.
   static constexpr std::size_t kMaxTableDim = std::size_t{1} << 16U;
   /// Elements a variable may have: 4 TiB of floats, beyond any ps, and no product of its
@@ -1408,6 +1438,7 @@ class ParameterServer {
   std::deque<std::vector<std::vector<float>>> row_replies_;
   std::size_t row_replies_used_ = 0;
   std::vector<WaitingRows> waiting_rows_;
+  detail::IdSet ids_seen_{detail::random_u64()};  ///< finds an id twice in a request
   std::size_t initialized_slots_ = 0;
 
   std::uint64_t held_bytes_ = 0;  ///< bytes of the parts held here

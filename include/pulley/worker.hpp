@@ -261,7 +261,15 @@ class Worker {
       model_.lookup(batch, t, table.ids);
       // By (ps, id): each ps's ids are one run, and the order is the same on every run.
       keyed_.clear();
-      for (const std::uint64_t id : table.ids) keyed_.push_back({sharding_.ps_of(table.spec.name, id, num_ps), id});
+      for (const std::uint64_t id : table.ids) {
+        const std::uint32_t ps = sharding_.ps_of(table.spec.name, id, num_ps);
+        if (ps >= num_ps) {
+          throw Error(ErrorCode::kInvalidArgument, "the id sharding put row " + std::to_string(id) +
+                                                       " of table '" + table.spec.name + "' on ps " +
+                                                       std::to_string(ps) + " of " + std::to_string(num_ps));
+        }
+        keyed_.push_back({ps, id});
+      }
       std::sort(keyed_.begin(), keyed_.end());
       keyed_.erase(std::unique(keyed_.begin(), keyed_.end()), keyed_.end());
       table.ids.clear();

@@ -235,6 +235,7 @@ inline Address parse_address(std::string_view text) {
 
 // ---- begin pulley/messages.hpp ----
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -747,6 +748,14 @@ struct PartState {
     archive(part, values, slots, counters);
   }
 };
+
+/// The most ids one PullRows or Push carries to one ps, over all its tables (2 MiB of ids,
+/// half the metadata a TCP frame may hold): a client splits a larger row pull into several
+/// and refuses a larger push (its batch is too large), a ps refuses more.
+inline constexpr std::size_t kMaxIdsPerMessage = std::size_t{1} << 18U;
+/// The most bytes of rows of one table that one PullRows answer or Push carries: a client
+/// splits larger row pulls, a ps refuses more.
+inline constexpr std::size_t kMaxRowBytesPerMessage = std::size_t{256} << 20U;
 
 /// Rows of one embedding table: which ids, and in a push one row of the table's dim floats
 /// per id. The ids ride in the metadata (8 bytes each); the rows are a tensor.
@@ -2125,14 +2134,16 @@ class Client {
   /// the dense pulls reported (the rows' are as recent: they wait for the same step).
   std::int64_t pull_with_rows(std::span<const PullRequest> requests,
                               std::span<const RowRequest> rows, std::int64_t min_step) {
+    // The rows first: a row pull counts as changing the ps (it may create rows), which makes
+    // a TCP server copy whatever of the dense replies before it is still unsent.
     CallGroup group;
-    send(group, split_pulls(requests, min_step));
-    const std::size_t dense = group.size();
     send_row_pulls(group, rows, min_step);
+    const std::size_t row_pulls = group.size();
+    send(group, split_pulls(requests, min_step));
     wait_gated(group, min_step, "pull");
     std::int64_t step = std::numeric_limits<std::int64_t>::max();
-    for (std::size_t i = 0; i < dense; ++i) step = std::min(step, group.take_as<PullReply>(i).global_step);
-    for (std::size_t i = dense; i < group.size(); ++i) step = std::min(step, group.take_as<RowsReply>(i).global_step);
+    for (std::size_t i = 0; i < row_pulls; ++i) step = std::min(step, group.take_as<RowsReply>(i).global_step);
+    for (std::size_t i = row_pulls; i < group.size(); ++i) step = std::min(step, group.take_as<PullReply>(i).global_step);
     return group.size() == 0 ? 0 : step;
   }
 
@@ -2560,6 +2571,20 @@ class Client {
                                                      variables_[v].name + "'; nothing was pushed");
       }
     }
+    // One push per ps, whole: its rows must fit in one message.
+    std::vector<std::size_t> ids_to(num_ps(), 0);
+    for (const RowRequest& r : rows) {
+      for (std::size_t ps = 0; ps < num_ps(); ++ps) {
+        const std::size_t n = r.ps_begin[ps + 1] - r.ps_begin[ps];
+        ids_to[ps] += n;
+        if (ids_to[ps] > kMaxIdsPerMessage || n * tables_[r.table].dim * sizeof(float) > kMaxRowBytesPerMessage) {
+          throw Error(ErrorCode::kInvalidArgument,
+                      "a push to ps " + std::to_string(ps) + " of more rows than one message carries (" +
+                          std::to_string(kMaxIdsPerMessage) + " ids, and 256 MiB of rows of a table): " +
+                          "use smaller batches, or more ps tasks");
+        }
+      }
+    }
     for (const RowRequest& r : rows) {
       if (!detail::all_finite(r.values)) {
         throw Error(ErrorCode::kInvalidArgument, "non-finite (NaN or Inf) row gradients for table '" +
@@ -2598,26 +2623,39 @@ class Client {
     }
   }
 
-  /// Sends each ps a PullRows of its share of `requests`, replies written into place.
+  /// Sends each ps PullRows of its share of `requests`, replies written into place: one
+  /// request per kMaxIdsPerMessage ids (a larger share goes as several).
   void send_row_pulls(CallGroup& group, std::span<const RowRequest> requests, std::int64_t min_step) {
-    std::vector<PullRows> pulls(num_ps(), PullRows{min_step, epoch_, {}});
-    std::vector<PullTargets> targets(num_ps());
-    for (const RowRequest& r : requests) {
-      check_rows(r);
-      const std::size_t dim = tables_[r.table].dim;
-      for (std::size_t ps = 0; ps < num_ps(); ++ps) {
-        const std::size_t begin = r.ps_begin[ps], end = r.ps_begin[ps + 1];
-        if (begin == end) continue;
-        pulls[ps].tables.push_back({static_cast<std::uint32_t>(r.table),
-                                    std::vector<std::uint64_t>(r.ids.begin() + static_cast<std::ptrdiff_t>(begin),
-                                                               r.ids.begin() + static_cast<std::ptrdiff_t>(end)),
-                                    {}});
-        targets[ps].push_back(r.values.subspan(begin * dim, (end - begin) * dim));
-      }
-    }
+    for (const RowRequest& r : requests) check_rows(r);
     for (std::size_t ps = 0; ps < num_ps(); ++ps) {
-      if (pulls[ps].tables.empty()) continue;
-      group.add(transport_.call(ps, std::move(pulls[ps]), std::move(targets[ps])));
+      PullRows pull{min_step, epoch_, {}};
+      PullTargets targets;
+      std::size_t ids = 0;
+      auto flush = [&] {
+        if (pull.tables.empty()) return;
+        group.add(transport_.call(ps, std::move(pull), std::move(targets)));
+        pull = PullRows{min_step, epoch_, {}};
+        targets = {};
+        ids = 0;
+      };
+      for (const RowRequest& r : requests) {
+        const std::size_t dim = tables_[r.table].dim;
+        for (std::size_t begin = r.ps_begin[ps], end = r.ps_begin[ps + 1]; begin < end;) {
+          if (ids == kMaxIdsPerMessage) flush();
+          const std::size_t n = std::min({end - begin, kMaxIdsPerMessage - ids,
+                                          std::max<std::size_t>(1, kMaxRowBytesPerMessage / (dim * sizeof(float)))});
+          pull.tables.push_back({static_cast<std::uint32_t>(r.table),
+                                 std::vector<std::uint64_t>(r.ids.begin() + static_cast<std::ptrdiff_t>(begin),
+                                                            r.ids.begin() + static_cast<std::ptrdiff_t>(begin + n)),
+                                 {}});
+          targets.push_back(r.values.subspan(begin * dim, n * dim));
+          ids += n;
+          begin += n;
+          // A table comes once per request: the next piece of this one goes in the next.
+          if (begin < end) flush();
+        }
+      }
+      flush();
     }
   }
 
@@ -3050,7 +3088,14 @@ class Chief {
     const auto num_ps = static_cast<std::uint32_t>(client_.num_ps());
     // Grouped by ps for the pull, then put back in the caller's order.
     std::vector<std::pair<std::uint32_t, std::size_t>> order;
-    for (std::size_t i = 0; i < ids.size(); ++i) order.push_back({sharding.ps_of(table, ids[i], num_ps), i});
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      const std::uint32_t ps = sharding.ps_of(table, ids[i], num_ps);
+      if (ps >= num_ps) {
+        throw Error(ErrorCode::kInvalidArgument, "the id sharding put row " + std::to_string(ids[i]) +
+                                                     " on ps " + std::to_string(ps) + " of " + std::to_string(num_ps));
+      }
+      order.push_back({ps, i});
+    }
     std::stable_sort(order.begin(), order.end(),
                      [](const auto& a, const auto& b) { return a.first < b.first; });
     std::vector<std::uint64_t> grouped;
@@ -3533,6 +3578,7 @@ std::uint64_t max_request_payload(const S& service) noexcept {
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <span>
 #include <string>
@@ -3621,13 +3667,18 @@ struct TableStats {
 /// The rows of one embedding table that one ps holds: a hash map from 64-bit id to a row of
 /// `dim` values and the optimizer's `kRowSlots` slots, created lazily, updated row-wise.
 ///
-/// Rows live in chunks of kChunkRows rows, each `(1 + kRowSlots) × dim` floats (values, then
-/// slot after slot), allocated whole; the ids and last-touched steps in chunks beside them; the index is open addressing with linear probing over 32-bit row
-/// numbers, at most 3/4 full. So a row costs its floats plus 12 bytes plus 5.3 to 10.7
-/// bytes of index (the bench prints the measured bytes per row), and memory never holds
-/// more than one chunk of slack. At most 2^32 − 2 rows per table per ps.
+/// Rows live in chunks of kChunkRows records, allocated whole: a record is the row's id and
+/// last-touched step (16 bytes), then its `(1 + kRowSlots) × dim` floats (values, then slot
+/// after slot), so that finding, reading and updating a row touch the same cache lines. The
+/// index is open addressing with linear probing over 32-bit row numbers, at most 3/4 full.
+/// So a row costs its floats plus 16 bytes plus 5.3 to 10.7 bytes of index (the benchmark
+/// prints the measured bytes per row), and memory never holds more than one chunk of
+/// slack. Lookups of a batch are pipelined: the index slots and records of ids a few
+/// places ahead are prefetched. At most 2^32 − 2 rows per table per ps.
 ///
-/// It does no I/O and takes no lock: the ps calls it for one request at a time.
+/// The index hashes ids with a random key of its own, so that no choice of ids piles them
+/// onto one slot (ids a client picked to collide would otherwise make every lookup walk
+/// them all). It does no I/O and takes no lock: the ps calls it for one request at a time.
 ///
 /// @tparam O RowWiseOptimizer that updates the rows (a dense-only optimizer fails here,
 ///           naming the member it lacks)
@@ -3642,7 +3693,8 @@ class EmbeddingTable {
       : spec_(std::move(spec)),
         optimizer_(std::move(optimizer)),
         seed_(seed),
-        stride_((1 + O::kRowSlots) * spec_.dim) {
+        stride_((1 + O::kRowSlots) * spec_.dim),
+        record_(kHeader + stride_) {
     if (spec_.dim == 0) throw Error(ErrorCode::kInvalidArgument, "table '" + spec_.name + "' has dim 0");
   }
 
@@ -3652,22 +3704,24 @@ class EmbeddingTable {
   [[nodiscard]] const O& optimizer() const noexcept { return optimizer_; }
 
   /// Writes the rows of `ids` into `out` (`ids.size() × dim` floats, in order), at global
-  /// step `step`. A row not held is created when its id is admitted (pulled
-  /// `spec.admit_after` times), else read as its initial value. Duplicate ids are allowed.
-  void pull(std::span<const std::uint64_t> ids, std::span<float> out, std::int64_t step) {
+  /// step `step`. With `create` (a worker's pull), a row not held is created when its id is
+  /// admitted (pulled `spec.admit_after` times), else read as its initial value, and a row
+  /// read counts as touched; without (a reader's: the chief's, an evaluator's), nothing is
+  /// created, counted or touched. Duplicate ids are allowed (each counts towards admission).
+  void pull(std::span<const std::uint64_t> ids, std::span<float> out, std::int64_t step,
+            bool create = true) {
     const std::size_t d = spec_.dim;
-    for (std::size_t i = 0; i < ids.size(); ++i) {
+    for_each_found(ids, [&](std::size_t i, std::uint32_t row) {
       const std::span<float> into = out.subspan(i * d, d);
-      std::uint32_t row = find(ids[i]);
-      if (row == kNone && admit(ids[i], step)) row = create(ids[i]);
+      if (row == kNone && create && admit(ids[i], step)) row = this->create(ids[i]);
       if (row == kNone) {
         initialize_row(spec_, seed_, ids[i], into);
-        continue;
+        return;
       }
-      touch(row, step);
+      if (create) touch(row, step);
       const float* values = at(row);
       std::copy(values, values + d, into.begin());
-    }
+    });
   }
 
   /// Applies one update at global step `step` (steps completed before it; `updates` of this
@@ -3689,20 +3743,21 @@ class EmbeddingTable {
                std::int64_t step, std::int64_t updates) {
     const std::size_t d = spec_.dim;
     scratch_rows_.clear();
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-      const std::uint32_t row = find(ids[i]);
+    // Updated into a copy first, so that a row going non-finite changes nothing; each row is
+    // copied the moment it is found, while its prefetched record is in cache.
+    scratch_.resize(ids.size() * stride_);
+    for_each_found(ids, [&](std::size_t i, std::uint32_t row) {
       if (row == kNone) {
         ++stats_.pushes_dropped;
-        continue;
+        return;
       }
+      std::copy(at(row), at(row) + stride_, scratch_.data() + scratch_rows_.size() * stride_);
       scratch_rows_.push_back({row, i});
-    }
-    // Updated into a copy first, so that a row going non-finite changes nothing.
+    });
     scratch_.resize(scratch_rows_.size() * stride_);
     for (std::size_t k = 0; k < scratch_rows_.size(); ++k) {
-      const auto [row, i] = scratch_rows_[k];
+      const std::size_t i = scratch_rows_[k].second;
       float* copy = scratch_.data() + k * stride_;
-      std::copy(at(row), at(row) + stride_, copy);
       const RowContext context{step, updates, spec_.name, ids[i]};
       optimizer_.apply_row(std::span<float>(copy, d), std::span<float>(copy + d, stride_ - d),
                            gradients.subspan(i * d, d), context);
@@ -3718,7 +3773,9 @@ class EmbeddingTable {
   /// The second half of `apply`: writes the prepared rows back (nothing if the last
   /// `prepare` failed or was committed already).
   void commit(std::int64_t step) {
+    constexpr std::size_t kAhead = 8;
     for (std::size_t k = 0; k < scratch_rows_.size(); ++k) {
+      if (k + kAhead < scratch_rows_.size()) __builtin_prefetch(record(scratch_rows_[k + kAhead].first), 1);
       const std::uint32_t row = scratch_rows_[k].first;
       std::copy(scratch_.data() + k * stride_, scratch_.data() + (k + 1) * stride_, at(row));
       touch(row, step);
@@ -3785,8 +3842,7 @@ class EmbeddingTable {
     TableStats s = stats_;
     s.rows = rows_;
     s.candidates = candidates_.size();
-    s.bytes = chunks_.size() * kChunkRows * (stride_ * sizeof(float) + sizeof(std::uint64_t) +
-                                            sizeof(std::uint32_t)) +
+    s.bytes = chunks_.size() * kChunkRows * record_ * sizeof(float) +
               index_.size() * sizeof(std::uint32_t) +
               candidates_.size() * (sizeof(std::uint64_t) + sizeof(Candidate) + 2 * sizeof(void*));
     return s;
@@ -3796,10 +3852,11 @@ class EmbeddingTable {
   static constexpr std::uint32_t kNone = std::numeric_limits<std::uint32_t>::max();
 
   /// One chunk of kChunkRows rows: their floats, ids and last-touched steps.
+  /// Floats of a record's header: the id (two floats' bytes), the step last touched, one
+  /// spare. Read and written with memcpy: they are bytes, never arithmetic.
+  static constexpr std::size_t kHeader = 4;
   struct Chunk {
-    std::vector<float> floats;
-    std::vector<std::uint64_t> ids;
-    std::vector<std::uint32_t> touched;
+    std::vector<float> records;  ///< kChunkRows records
   };
   /// An id pulled, not admitted yet.
   struct Candidate {
@@ -3807,31 +3864,58 @@ class EmbeddingTable {
     std::uint32_t last = 0;  ///< step last pulled
   };
 
-  [[nodiscard]] float* at(std::uint32_t row) noexcept {
-    return chunks_[row / kChunkRows].floats.data() + (row % kChunkRows) * stride_;
+  [[nodiscard]] float* record(std::uint32_t row) noexcept {
+    return chunks_[row / kChunkRows].records.data() + (row % kChunkRows) * record_;
   }
-  [[nodiscard]] const float* at(std::uint32_t row) const noexcept {
-    return chunks_[row / kChunkRows].floats.data() + (row % kChunkRows) * stride_;
+  [[nodiscard]] const float* record(std::uint32_t row) const noexcept {
+    return chunks_[row / kChunkRows].records.data() + (row % kChunkRows) * record_;
   }
-  [[nodiscard]] std::uint64_t& id_of(std::uint32_t row) noexcept {
-    return chunks_[row / kChunkRows].ids[row % kChunkRows];
-  }
+  /// The row's values, then its slots.
+  [[nodiscard]] float* at(std::uint32_t row) noexcept { return record(row) + kHeader; }
+  [[nodiscard]] const float* at(std::uint32_t row) const noexcept { return record(row) + kHeader; }
   [[nodiscard]] std::uint64_t id_of(std::uint32_t row) const noexcept {
-    return chunks_[row / kChunkRows].ids[row % kChunkRows];
+    std::uint64_t id = 0;
+    std::memcpy(&id, record(row), sizeof id);
+    return id;
   }
-  [[nodiscard]] std::uint32_t& touched(std::uint32_t row) noexcept {
-    return chunks_[row / kChunkRows].touched[row % kChunkRows];
+  void set_id(std::uint32_t row, std::uint64_t id) noexcept { std::memcpy(record(row), &id, sizeof id); }
+  [[nodiscard]] std::uint32_t touched(std::uint32_t row) const noexcept {
+    std::uint32_t step = 0;
+    std::memcpy(&step, record(row) + 2, sizeof step);
+    return step;
+  }
+  void set_touched(std::uint32_t row, std::uint32_t step) noexcept {
+    std::memcpy(record(row) + 2, &step, sizeof step);
   }
   static std::uint32_t clamp_step(std::int64_t step) noexcept {
     return static_cast<std::uint32_t>(std::clamp<std::int64_t>(step, 0, kNone - 1));
   }
   void touch(std::uint32_t row, std::int64_t step) noexcept {
-    std::uint32_t& t = touched(row);
-    t = std::max(t, clamp_step(step));
+    set_touched(row, std::max(touched(row), clamp_step(step)));
+  }
+
+  /// Calls `f(i, row)` for each of `ids` with the row that holds it (kNone if none), in
+  /// order, prefetching the index slot 16 ids ahead and the record its entry names 8 ids
+  /// ahead: a batch's lookups then wait for memory in parallel, not one after the other.
+  template <class F>
+  void for_each_found(std::span<const std::uint64_t> ids, F&& f) {
+    constexpr std::size_t kIndexAhead = 16;
+    constexpr std::size_t kRecordAhead = 8;
+    const std::size_t n = ids.size();
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!index_.empty()) {
+        if (i + kIndexAhead < n) __builtin_prefetch(&index_[home(ids[i + kIndexAhead])]);
+        if (i + kRecordAhead < n) {
+          const std::uint32_t entry = index_[home(ids[i + kRecordAhead])];
+          if (entry != 0) __builtin_prefetch(record(entry - 1));
+        }
+      }
+      f(i, find(ids[i]));
+    }
   }
 
   [[nodiscard]] std::size_t home(std::uint64_t id) const noexcept {
-    return static_cast<std::size_t>(mix_id(id)) & (index_.size() - 1);
+    return static_cast<std::size_t>(mix_id(id ^ key_)) & (index_.size() - 1);
   }
 
   /// The row of `id`, or kNone.
@@ -3862,16 +3946,14 @@ class EmbeddingTable {
     }
     if ((rows_ + 1) * 4 > index_.size() * 3) grow_index();
     if (rows_ == chunks_.size() * kChunkRows) {
-      chunks_.push_back(Chunk{std::vector<float>(kChunkRows * stride_),
-                              std::vector<std::uint64_t>(kChunkRows),
-                              std::vector<std::uint32_t>(kChunkRows)});
+      chunks_.push_back(Chunk{std::vector<float>(kChunkRows * record_)});
     }
     const auto row = static_cast<std::uint32_t>(rows_);
     float* r = at(row);
     initialize_row(spec_, seed_, id, std::span<float>(r, spec_.dim));
     optimizer_.init_row(std::span<float>(r + spec_.dim, stride_ - spec_.dim));
-    id_of(row) = id;
-    touched(row) = 0;
+    set_id(row, id);
+    set_touched(row, 0);
     place(id, row);
     ++rows_;
     ++stats_.rows_created;
@@ -3917,9 +3999,7 @@ class EmbeddingTable {
     const auto last = static_cast<std::uint32_t>(rows_ - 1);
     if (row != last) {
       index_[slot_of(last)] = row + 1;
-      std::copy(at(last), at(last) + stride_, at(row));
-      id_of(row) = id_of(last);
-      touched(row) = touched(last);
+      std::copy(record(last), record(last) + record_, record(row));
     }
     --rows_;
     const std::size_t needed = (rows_ + kChunkRows - 1) / kChunkRows;
@@ -3929,7 +4009,9 @@ class EmbeddingTable {
   TableSpec spec_;
   [[no_unique_address]] O optimizer_;
   std::uint64_t seed_;
+  std::uint64_t key_ = detail::random_u64();  ///< of the index's hash
   std::size_t stride_;  ///< floats per row: values and slots
+  std::size_t record_;  ///< floats per record: the header, values and slots
   std::vector<Chunk> chunks_;
   std::vector<std::uint32_t> index_;  ///< row + 1, or 0 for an empty slot
   std::size_t rows_ = 0;
@@ -4766,6 +4848,62 @@ static_assert(RowWiseOptimizer<RmsProp>);
 #include <variant>
 #include <vector>
 
+// ---- begin pulley/detail/id_set.hpp ----
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace pulley::detail {
+
+/// Tells whether a list of 64-bit ids holds one twice, in about one probe per id: an
+/// open-addressing set reused from list to list (emptied by a generation count, not by
+/// clearing it), its hash keyed with a random number so that chosen ids cannot pile onto
+/// one slot.
+class IdSet {
+ public:
+  explicit IdSet(std::uint64_t key) : key_(key) {}
+
+  /// The first id of `ids` that comes twice, or nullptr.
+  const std::uint64_t* first_duplicate(std::span<const std::uint64_t> ids) {
+    if (++generation_ == 0) {  // wrapped: forget every old mark
+      for (Slot& s : slots_) s.generation = 0;
+      generation_ = 1;
+    }
+    std::size_t capacity = slots_.size();
+    if (capacity < 2 * ids.size() || capacity < 16) {
+      capacity = 16;
+      while (capacity < 2 * ids.size()) capacity *= 2;
+      slots_.assign(capacity, Slot{});
+      generation_ = 1;
+    }
+    const std::size_t mask = capacity - 1;
+    for (const std::uint64_t& id : ids) {
+      for (std::size_t at = static_cast<std::size_t>(mix_id(id ^ key_)) & mask;; at = (at + 1) & mask) {
+        Slot& s = slots_[at];
+        if (s.generation != generation_) {
+          s = Slot{id, generation_};
+          break;
+        }
+        if (s.id == id) return &id;
+      }
+    }
+    return nullptr;
+  }
+
+ private:
+  struct Slot {
+    std::uint64_t id = 0;
+    std::uint32_t generation = 0;
+  };
+  std::uint64_t key_;
+  std::uint32_t generation_ = 0;
+  std::vector<Slot> slots_;
+};
+
+}  // namespace pulley::detail
+// ---- end pulley/detail/id_set.hpp ----
 // ---- begin pulley/sync/sparse_accumulator.hpp ----
 
 #include <cstddef>
@@ -5018,8 +5156,10 @@ class ParameterServer {
   /// element held here, a restore one more per optimizer slot (0 before registration:
   /// nothing can carry a tensor yet).
   [[nodiscard]] std::uint64_t max_request_payload() const noexcept {
-    std::uint64_t rows = 0;  // a push may carry up to kMaxRowsPerRequest rows of each table
-    for (const TableSpec& t : table_specs_) rows += kMaxRowsPerRequest * t.dim * sizeof(float);
+    std::uint64_t rows = 0;  // a push may carry up to kMaxRowBytes of rows of each table
+    for (const TableSpec& t : table_specs_) {
+      rows += std::min<std::uint64_t>(kMaxRowsPerRequest * t.dim * sizeof(float), kMaxRowBytes);
+    }
     return held_bytes_ * (1 + slots_per_part_) + rows;
   }
 
@@ -5041,6 +5181,7 @@ class ParameterServer {
   };
   struct WaitingRows {
     PullRows request;
+    bool create;  ///< a worker's: creates, admits and touches rows
     Responder reply;
   };
 
@@ -5400,7 +5541,13 @@ class ParameterServer {
     });
     std::erase_if(waiting_rows_, [&](WaitingRows& w) {
       if (global_step() < w.request.min_step) return false;
-      answer_rows(w.request, w.reply);
+      // A row pull that cannot be answered (no memory for its rows) is refused alone: it is
+      // answered inside the push that completed the step, which must not fail the ps.
+      try {
+        answer_rows(w.request, w.create, w.reply);
+      } catch (const std::exception& e) {
+        if (w.reply) reject(w.reply, ErrorCode::kResourceExhausted, std::string("PullRows refused: ") + e.what());
+      }
       return true;
     });
     std::erase_if(waiting_pauses_, [&](WaitingPause& w) {
@@ -5412,7 +5559,7 @@ class ParameterServer {
 
   // ---- PullRows: rows of embedding tables ----------------------------------------------
 
-  void on(PullRows& r, const RequestContext& /*context*/, Responder& reply) {
+  void on(PullRows& r, const RequestContext& context, Responder& reply) {
     if (!ready_) {
       reject(reply, ErrorCode::kFailedPrecondition, "row pull before initialization");
       return;
@@ -5422,18 +5569,21 @@ class ParameterServer {
       reject(reply, ErrorCode::kInvalidArgument, problem);
       return;
     }
+    // Only a worker's pull creates, admits and touches rows: the chief and evaluators read.
+    const bool create = !context.peer || context.peer->job == Node::Job::kWorker;
     if (global_step() < r.min_step) {
-      WaitingRows& waiting = waiting_rows_.emplace_back(WaitingRows{std::move(r), nullptr});
+      WaitingRows& waiting = waiting_rows_.emplace_back(WaitingRows{std::move(r), create, nullptr});
       park(waiting.reply, reply);
     } else {
-      answer_rows(r, reply);
+      answer_rows(r, create, reply);
     }
   }
 
   /// Why `rows` (of a pull, or with `values` of a push) cannot be served here, or "": a
-  /// table that does not exist or comes twice, too many ids, an id another ps holds, rows
-  /// of the wrong size.
-  std::string check_rows(const std::vector<TableRows>& rows, bool values) const {
+  /// table that does not exist or comes twice, too many ids or bytes, an id twice, an id
+  /// another ps holds, rows of the wrong size. So a reply is never larger than the rows it
+  /// names once each.
+  std::string check_rows(const std::vector<TableRows>& rows, bool values) {
     for (std::size_t i = 0; i < rows.size(); ++i) {
       const TableRows& tr = rows[i];
       if (tr.table >= tables_.size()) {
@@ -5444,13 +5594,18 @@ class ParameterServer {
       for (std::size_t j = 0; j < i; ++j) {
         if (rows[j].table == tr.table) return "table '" + spec.name + "' comes twice";
       }
-      if (tr.ids.size() > kMaxRowsPerRequest) {
+      if (tr.ids.size() > kMaxRowsPerRequest || tr.ids.size() * spec.dim * sizeof(float) > kMaxRowBytes) {
         return std::to_string(tr.ids.size()) + " ids of table '" + spec.name + "' in one request (at most " +
-               std::to_string(kMaxRowsPerRequest) + ")";
+               std::to_string(std::min<std::size_t>(kMaxRowsPerRequest, kMaxRowBytes / sizeof(float) / spec.dim)) +
+               ")";
       }
       if (tr.values.size() != (values ? tr.ids.size() * spec.dim : 0)) {
         return "table '" + spec.name + "': " + std::to_string(tr.values.size()) + " values for " +
                std::to_string(tr.ids.size()) + " rows of dim " + std::to_string(spec.dim);
+      }
+      if (const std::uint64_t* twice = ids_seen_.first_duplicate(tr.ids)) {
+        return "row " + std::to_string(*twice) + " of table '" + spec.name +
+               "' comes twice in one request (a worker sums a row's gradients before it pushes)";
       }
       for (const std::uint64_t id : tr.ids) {
         const std::uint32_t owner = table_policy_.sharding.ps_of(spec.name, id, num_ps_);
@@ -5464,7 +5619,7 @@ class ParameterServer {
     return {};
   }
 
-  void answer_rows(const PullRows& r, Responder& reply) {
+  void answer_rows(const PullRows& r, bool create, Responder& reply) {
     if (row_replies_used_ == row_replies_.size()) row_replies_.emplace_back();
     std::vector<std::vector<float>>& buffers = row_replies_[row_replies_used_++];
     buffers.resize(r.tables.size());
@@ -5473,7 +5628,7 @@ class ParameterServer {
       const TableRows& tr = r.tables[i];
       Table& table = tables_[tr.table];
       buffers[i].resize(tr.ids.size() * table.rows.dim());
-      table.rows.pull(tr.ids, buffers[i], global_step());
+      table.rows.pull(tr.ids, buffers[i], global_step(), create);
       answer.rows.emplace_back(buffers[i]);
       stats_.bytes_pulled += static_cast<std::int64_t>(buffers[i].size() * sizeof(float));
     }
@@ -5548,7 +5703,7 @@ class ParameterServer {
     // one's), but none of it is taken here. A push that is one of several in an update is
     // taken, and their mean is checked once, when it is applied (apply_all).
     const bool alone = verdict == Verdict::kReady && accumulated_ == 0;
-    const std::string overflow = alone ? would_overflow(r) : std::string();
+    std::string overflow = alone ? would_overflow(r) : std::string();
     PushReply answer;
     for (const PartValues& pv : r.gradients) {
       Slot& slot = slots_[slot_of_part_[pv.part]];
@@ -5575,11 +5730,17 @@ class ParameterServer {
       ++accumulated_;
       contributors_.push_back(r.worker);
     }
+    std::string rolled_back;  // a push alone whose rows would go non-finite is refused too
     if (verdict == Verdict::kReady) {
       // An update of nothing (its one push refused here) applies nothing.
       const std::int64_t pushes = std::exchange(accumulated_, 0);
-      if (pushes > 0) apply_all(step_before, /*checked=*/alone);
+      if (pushes > 0) rolled_back = apply_all(step_before, /*checked=*/alone);
       contributors_.clear();
+    }
+    if (alone && overflow.empty() && !rolled_back.empty()) {
+      overflow = "push from worker " + std::to_string(r.worker) + " refused: its rows would make " +
+                 rolled_back + " non-finite; none of it was applied (it counts towards the step, "
+                 "as on the other ps tasks)";
     }
     if (r.sequence != 0) {
       if (last_push_.size() <= r.worker) last_push_.resize(r.worker + 1);
@@ -5588,7 +5749,7 @@ class ParameterServer {
     if (overflow.empty()) {
       send(reply, answer);
     } else {
-      ++stats_.updates_refused;
+      if (rolled_back.empty()) ++stats_.updates_refused;  // (skip_update counted a rollback)
       reject(reply, ErrorCode::kInvalidArgument, overflow);
     }
     retry_tokens();
@@ -5871,7 +6032,8 @@ class ParameterServer {
   /// the variable and the workers whose pushes made it. With `stays_finite`, the update is
   /// asked about once, unless its one push already was (`checked`); without it, the update
   /// is applied to copies that replace the parts only if every weight stayed finite.
-  void apply_all(std::int64_t step_before, bool checked) {
+  /// Returns what would have gone non-finite when the update was skipped, "" when applied.
+  std::string apply_all(std::int64_t step_before, bool checked) {
     updates_.clear();
     for (Slot& slot : slots_) updates_.push_back(sync_.take(slot.accumulator));
     // The tables' rows first, into scratch memory: committed with the dense parts below, or
@@ -5922,6 +6084,7 @@ class ParameterServer {
     }
     stats_.updates_applied += static_cast<std::int64_t>(slots_.size());
     commit_tables(step_before);
+    return {};
   }
 
   /// Writes every table's prepared rows back, and evicts rows gone untouched too long
@@ -5950,7 +6113,7 @@ class ParameterServer {
     apply_update(optimizer_, state, values, update, context);
   }
 
-  void skip_update(std::int64_t step_before, const std::string& what) {
+  std::string skip_update(std::int64_t step_before, const std::string& what) {
     ++stats_.updates_refused;
     for (Table& table : tables_) {
       table.accumulator.clear();
@@ -5964,6 +6127,7 @@ class ParameterServer {
         "ps " + std::to_string(task_) + ": rolled back the update of global step " +
             std::to_string(step_before + 1) + " (gradients from " + from + "): it would have made " +
             what + " non-finite");
+    return what;
   }
 
   /// Checks that a worker's request names the worker that sent it.
@@ -6050,7 +6214,7 @@ class ParameterServer {
       const Verdict verdict = worker_lost(sync_, pacer_, worker);
       token_session_.erase(worker);  // its lease is given back with it
       if (verdict == Verdict::kReady) {
-        if (std::exchange(accumulated_, 0) > 0) apply_all(step_before, /*checked=*/false);
+        if (std::exchange(accumulated_, 0) > 0) (void)apply_all(step_before, /*checked=*/false);
         contributors_.clear();
       }
       changing_ = false;
@@ -6188,8 +6352,10 @@ class ParameterServer {
   }
 
   static constexpr std::size_t kNotHere = static_cast<std::size_t>(-1);
-  /// Ids of one table in one request: a reply is at most this many rows.
-  static constexpr std::size_t kMaxRowsPerRequest = std::size_t{1} << 22U;
+  /// Ids of one table in one request, and the bytes of their rows: a reply is at most this
+  /// large.
+  static constexpr std::size_t kMaxRowsPerRequest = kMaxIdsPerMessage;
+  static constexpr std::size_t kMaxRowBytes = kMaxRowBytesPerMessage;
   /// Floats in one row of a table.
   static constexpr std::size_t kMaxTableDim = std::size_t{1} << 16U;
   /// Elements a variable may have: 4 TiB of floats, beyond any ps, and no product of its
@@ -6221,6 +6387,7 @@ class ParameterServer {
   std::deque<std::vector<std::vector<float>>> row_replies_;
   std::size_t row_replies_used_ = 0;
   std::vector<WaitingRows> waiting_rows_;
+  detail::IdSet ids_seen_{detail::random_u64()};  ///< finds an id twice in a request
   std::size_t initialized_slots_ = 0;
 
   std::uint64_t held_bytes_ = 0;  ///< bytes of the parts held here
@@ -7738,7 +7905,15 @@ class Worker {
       model_.lookup(batch, t, table.ids);
       // By (ps, id): each ps's ids are one run, and the order is the same on every run.
       keyed_.clear();
-      for (const std::uint64_t id : table.ids) keyed_.push_back({sharding_.ps_of(table.spec.name, id, num_ps), id});
+      for (const std::uint64_t id : table.ids) {
+        const std::uint32_t ps = sharding_.ps_of(table.spec.name, id, num_ps);
+        if (ps >= num_ps) {
+          throw Error(ErrorCode::kInvalidArgument, "the id sharding put row " + std::to_string(id) +
+                                                       " of table '" + table.spec.name + "' on ps " +
+                                                       std::to_string(ps) + " of " + std::to_string(num_ps));
+        }
+        keyed_.push_back({ps, id});
+      }
       std::sort(keyed_.begin(), keyed_.end());
       keyed_.erase(std::unique(keyed_.begin(), keyed_.end()), keyed_.end());
       table.ids.clear();

@@ -62,6 +62,21 @@ TEST_CASE("every request survives a round trip, tensors included") {
 
   auto reg = std::get<Register>(round_trip(Request{Register{kModel}}, storage));
   CHECK(reg.variables == kModel);
+  const std::vector<TableSpec> tables{{"emb", 16, Initializer::normal(0.01F), 3, 100}};
+  auto with_tables = std::get<Register>(round_trip(Request{Register{kModel, tables, 77}}, storage));
+  CHECK(with_tables.tables == tables);
+  CHECK(with_tables.table_seed == 77);
+  const std::uint64_t top = ~std::uint64_t{0};
+  auto rows = std::get<PullRows>(round_trip(Request{PullRows{6, 1, {{1, {0, top}, {}}}}}, storage));
+  CHECK(rows.min_step == 6);
+  CHECK(rows.epoch == 1);
+  CHECK(rows.tables.at(0).table == 1);
+  CHECK(rows.tables.at(0).ids == std::vector<std::uint64_t>{0, top});
+  CHECK(rows.tables.at(0).values.empty());
+  auto sparse = std::get<Push>(round_trip(Request{Push{1, 2, {{0, a}}, 0, 5, {{0, {top}, b}}}}, storage));
+  CHECK(sparse.gradients.at(0).values[2] == 3.0F);
+  CHECK(sparse.rows.at(0).ids == std::vector<std::uint64_t>{top});
+  CHECK(std::vector<float>(sparse.rows.at(0).values.begin(), sparse.rows.at(0).values.end()) == b);
 
   auto init = std::get<Initialize>(round_trip(Request{Initialize{{{4, a}, {9, b}}}}, storage));
   REQUIRE(init.parts.size() == 2);
@@ -140,6 +155,12 @@ TEST_CASE("every response survives a round trip, tensors included") {
   CHECK(state.parts[0].slots.at(0)[2] == 9.0F);
   CHECK(state.parts[0].counters == std::vector<std::int64_t>{5});
   CHECK(state.parts[1].values[0] == 4.0F);
+
+  auto row_reply = std::get<RowsReply>(round_trip(Response{RowsReply{8, {a, b}}}, storage));
+  CHECK(row_reply.global_step == 8);
+  REQUIRE(row_reply.rows.size() == 2);
+  CHECK(row_reply.rows[1].size() == 1);
+  CHECK(row_reply.rows[1][0] == 4.0F);
 
   auto error = std::get<ErrorReply>(
       round_trip(Response{ErrorReply{ErrorCode::kNotFound, "no such part"}}, storage));

@@ -164,14 +164,16 @@ class Client {
   /// the dense pulls reported (the rows' are as recent: they wait for the same step).
   std::int64_t pull_with_rows(std::span<const PullRequest> requests,
                               std::span<const RowRequest> rows, std::int64_t min_step) {
+    // The rows first: a row pull counts as changing the ps (it may create rows), which makes
+    // a TCP server copy whatever of the dense replies before it is still unsent.
     CallGroup group;
-    send(group, split_pulls(requests, min_step));
-    const std::size_t dense = group.size();
     send_row_pulls(group, rows, min_step);
+    const std::size_t row_pulls = group.size();
+    send(group, split_pulls(requests, min_step));
     wait_gated(group, min_step, "pull");
     std::int64_t step = std::numeric_limits<std::int64_t>::max();
-    for (std::size_t i = 0; i < dense; ++i) step = std::min(step, group.take_as<PullReply>(i).global_step);
-    for (std::size_t i = dense; i < group.size(); ++i) step = std::min(step, group.take_as<RowsReply>(i).global_step);
+    for (std::size_t i = 0; i < row_pulls; ++i) step = std::min(step, group.take_as<RowsReply>(i).global_step);
+    for (std::size_t i = row_pulls; i < group.size(); ++i) step = std::min(step, group.take_as<PullReply>(i).global_step);
     return group.size() == 0 ? 0 : step;
   }
 
@@ -599,6 +601,20 @@ class Client {
                                                      variables_[v].name + "'; nothing was pushed");
       }
     }
+    // One push per ps, whole: its rows must fit in one message.
+    std::vector<std::size_t> ids_to(num_ps(), 0);
+    for (const RowRequest& r : rows) {
+      for (std::size_t ps = 0; ps < num_ps(); ++ps) {
+        const std::size_t n = r.ps_begin[ps + 1] - r.ps_begin[ps];
+        ids_to[ps] += n;
+        if (ids_to[ps] > kMaxIdsPerMessage || n * tables_[r.table].dim * sizeof(float) > kMaxRowBytesPerMessage) {
+          throw Error(ErrorCode::kInvalidArgument,
+                      "a push to ps " + std::to_string(ps) + " of more rows than one message carries (" +
+                          std::to_string(kMaxIdsPerMessage) + " ids, and 256 MiB of rows of a table): " +
+                          "use smaller batches, or more ps tasks");
+        }
+      }
+    }
     for (const RowRequest& r : rows) {
       if (!detail::all_finite(r.values)) {
         throw Error(ErrorCode::kInvalidArgument, "non-finite (NaN or Inf) row gradients for table '" +
@@ -637,26 +653,39 @@ class Client {
     }
   }
 
-  /// Sends each ps a PullRows of its share of `requests`, replies written into place.
+  /// Sends each ps PullRows of its share of `requests`, replies written into place: one
+  /// request per kMaxIdsPerMessage ids (a larger share goes as several).
   void send_row_pulls(CallGroup& group, std::span<const RowRequest> requests, std::int64_t min_step) {
-    std::vector<PullRows> pulls(num_ps(), PullRows{min_step, epoch_, {}});
-    std::vector<PullTargets> targets(num_ps());
-    for (const RowRequest& r : requests) {
-      check_rows(r);
-      const std::size_t dim = tables_[r.table].dim;
-      for (std::size_t ps = 0; ps < num_ps(); ++ps) {
-        const std::size_t begin = r.ps_begin[ps], end = r.ps_begin[ps + 1];
-        if (begin == end) continue;
-        pulls[ps].tables.push_back({static_cast<std::uint32_t>(r.table),
-                                    std::vector<std::uint64_t>(r.ids.begin() + static_cast<std::ptrdiff_t>(begin),
-                                                               r.ids.begin() + static_cast<std::ptrdiff_t>(end)),
-                                    {}});
-        targets[ps].push_back(r.values.subspan(begin * dim, (end - begin) * dim));
-      }
-    }
+    for (const RowRequest& r : requests) check_rows(r);
     for (std::size_t ps = 0; ps < num_ps(); ++ps) {
-      if (pulls[ps].tables.empty()) continue;
-      group.add(transport_.call(ps, std::move(pulls[ps]), std::move(targets[ps])));
+      PullRows pull{min_step, epoch_, {}};
+      PullTargets targets;
+      std::size_t ids = 0;
+      auto flush = [&] {
+        if (pull.tables.empty()) return;
+        group.add(transport_.call(ps, std::move(pull), std::move(targets)));
+        pull = PullRows{min_step, epoch_, {}};
+        targets = {};
+        ids = 0;
+      };
+      for (const RowRequest& r : requests) {
+        const std::size_t dim = tables_[r.table].dim;
+        for (std::size_t begin = r.ps_begin[ps], end = r.ps_begin[ps + 1]; begin < end;) {
+          if (ids == kMaxIdsPerMessage) flush();
+          const std::size_t n = std::min({end - begin, kMaxIdsPerMessage - ids,
+                                          std::max<std::size_t>(1, kMaxRowBytesPerMessage / (dim * sizeof(float)))});
+          pull.tables.push_back({static_cast<std::uint32_t>(r.table),
+                                 std::vector<std::uint64_t>(r.ids.begin() + static_cast<std::ptrdiff_t>(begin),
+                                                            r.ids.begin() + static_cast<std::ptrdiff_t>(begin + n)),
+                                 {}});
+          targets.push_back(r.values.subspan(begin * dim, n * dim));
+          ids += n;
+          begin += n;
+          // A table comes once per request: the next piece of this one goes in the next.
+          if (begin < end) flush();
+        }
+      }
+      flush();
     }
   }
 

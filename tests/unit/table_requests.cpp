@@ -1,0 +1,122 @@
+// SPDX-License-Identifier: MIT
+// Embedding-table requests sent straight to a ps, as a raw client could: every malformed or
+// oversized one is refused by name and changes nothing; readers create no rows; a push alone
+// whose rows would go non-finite is refused, not applied in part.
+#include "pulley/parameter_server.hpp"
+
+#include <doctest/doctest.h>
+
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "pulley/optimizers/sgd.hpp"
+#include "pulley/sharding/ids.hpp"
+#include "pulley/sharding/round_robin.hpp"
+#include "pulley/sync/async.hpp"
+
+using namespace pulley;
+
+namespace {
+
+using Server = ParameterServer<RoundRobin, Sgd, Async>;
+
+Response call(Server& ps, Request request, std::optional<Node> from = Node::worker(0)) {
+  std::optional<Response> out;
+  ps.handle(std::move(request), RequestContext{false, from, 1}, [&](Response&& r) { out = std::move(r); });
+  REQUIRE(out.has_value());
+  return std::move(*out);
+}
+
+std::string refusal(const Response& r) {
+  REQUIRE(std::holds_alternative<ErrorReply>(r));
+  return std::get<ErrorReply>(r).message;
+}
+
+const std::vector<VariableSpec> kModel{{"b", {1}, {}}};
+const std::vector<TableSpec> kTables{{"emb", 2, Initializer::constant(0.5F)}};
+const std::vector<float> kZero{0.0F};
+
+/// A ready ps (1 of `num_ps`) with the model and its table.
+Server ready(std::uint32_t task = 0, std::uint32_t num_ps = 1) {
+  Server ps(task, num_ps, Sgd{4.0F}, Async{});
+  const auto placed = call(ps, Register{kModel, kTables, 7}, Node::chief());
+  REQUIRE(std::holds_alternative<PlacementReply>(placed));
+  const auto& parts = std::get<PlacementReply>(placed).placement.parts;
+  if (parts[0].ps == task) REQUIRE(std::holds_alternative<Ack>(call(ps, Initialize{{{0, kZero}}}, Node::chief())));
+  return ps;
+}
+
+/// An id that ps `task` of `num_ps` holds.
+std::uint64_t id_on(std::uint32_t task, std::uint32_t num_ps, std::uint64_t from = 1) {
+  while (HashIds{}.ps_of("emb", from, num_ps) != task) ++from;
+  return from;
+}
+
+}  // namespace
+
+TEST_CASE("a row pull or push that names an id twice is refused, and counts nothing") {
+  Server ps = ready();
+  CHECK(refusal(call(ps, PullRows{0, 0, {{0, {3, 4, 3}, {}}}})).find("row 3 of table 'emb' comes twice") !=
+        std::string::npos);
+  const std::vector<float> rows(6, 1.0F);
+  CHECK(refusal(call(ps, Push{0, 0, {{0, kZero}}, 0, 0, {{0, {5, 5, 6}, rows}}})).find("comes twice") !=
+        std::string::npos);
+  CHECK(ps.stats().table_rows == 0);
+  CHECK(ps.stats().global_step == 0);  // the refused push did not count
+}
+
+TEST_CASE("row requests of unknown tables, wrong sizes, other ps's ids or too many ids are refused") {
+  Server ps = ready(0, 2);
+  const std::uint64_t mine = id_on(0, 2), theirs = id_on(1, 2);
+  CHECK(refusal(call(ps, PullRows{0, 0, {{1, {mine}, {}}}})).find("unknown table 1") != std::string::npos);
+  CHECK(refusal(call(ps, PullRows{0, 0, {{0, {mine}, {}}, {0, {}, {}}}})).find("comes twice") != std::string::npos);
+  CHECK(refusal(call(ps, PullRows{0, 0, {{0, {theirs}, {}}}})).find("is held by ps 1") != std::string::npos);
+  const std::vector<float> three(3, 1.0F);
+  CHECK(refusal(call(ps, Push{0, 0, {}, 0, 0, {{0, {mine}, three}}})).find("3 values for 1 rows of dim 2") !=
+        std::string::npos);
+  std::vector<std::uint64_t> many;
+  for (std::uint64_t id = 0; many.size() <= kMaxIdsPerMessage; ++id) {
+    if (HashIds{}.ps_of("emb", id, 2) == 0) many.push_back(id);
+  }
+  CHECK(refusal(call(ps, PullRows{0, 0, {{0, many, {}}}})).find("in one request (at most") != std::string::npos);
+  const std::vector<float> nan{std::numeric_limits<float>::quiet_NaN(), 0.0F};
+  CHECK(refusal(call(ps, Push{0, 0, {}, 0, 0, {{0, {mine}, nan}}})).find("non-finite") != std::string::npos);
+  CHECK(ps.stats().table_rows == 0);
+  // What is well-formed is served.
+  const auto rows = call(ps, PullRows{0, 0, {{0, {mine}, {}}}});
+  REQUIRE(std::holds_alternative<RowsReply>(rows));
+  CHECK(std::get<RowsReply>(rows).rows.at(0).size() == 2);
+}
+
+TEST_CASE("the chief and evaluators read rows without creating them; a worker's pull creates them") {
+  Server ps = ready();
+  const auto read = call(ps, PullRows{0, 0, {{0, {9, 10}, {}}}}, Node::evaluator());
+  REQUIRE(std::holds_alternative<RowsReply>(read));
+  CHECK(std::get<RowsReply>(read).rows[0][3] == 0.5F);  // the initial value
+  (void)call(ps, PullRows{0, 0, {{0, {9}, {}}}}, Node::chief());
+  CHECK(ps.stats().table_rows == 0);
+  (void)call(ps, PullRows{0, 0, {{0, {9, 10}, {}}}}, Node::worker(0));
+  CHECK(ps.stats().table_rows == 2);
+}
+
+TEST_CASE("an async push whose rows would go non-finite is refused whole, naming the table") {
+  Server ps = ready();
+  (void)call(ps, PullRows{0, 0, {{0, {1}, {}}}});  // row 1 exists
+  const std::vector<float> b_gradient{1.0F};
+  const std::vector<float> huge{3e38F, 3e38F};  // 4 x 3e38 overflows float
+  const Response r = call(ps, Push{0, 0, {{0, b_gradient}}, 0, 0, {{0, {1}, huge}}});
+  CHECK(refusal(r).find("table 'emb'") != std::string::npos);
+  CHECK(ps.stats().updates_refused == 1);
+  // Neither the dense part nor the row moved.
+  const auto b = call(ps, Pull{0, {{0, {0, 1}}}});
+  CHECK(std::get<PullReply>(b).values[0][0] == 0.0F);
+  const auto row = call(ps, PullRows{0, 0, {{0, {1}, {}}}});
+  CHECK(std::get<RowsReply>(row).rows[0][0] == 0.5F);
+  // A finite one is applied: the row and the dense part move together.
+  const std::vector<float> small{1.0F, 2.0F};
+  REQUIRE(std::holds_alternative<PushReply>(call(ps, Push{0, 0, {{0, b_gradient}}, 0, 0, {{0, {1}, small}}})));
+  CHECK(std::get<RowsReply>(call(ps, PullRows{0, 0, {{0, {1}, {}}}})).rows[0][1] == -7.5F);  // 0.5 - 4 x 2
+  CHECK(std::get<PullReply>(call(ps, Pull{0, {{0, {0, 1}}}})).values[0][0] == -4.0F);
+}
