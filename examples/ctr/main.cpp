@@ -7,7 +7,7 @@
 //
 //   ctr [--transport in-process|tcp] [--mode sync|async] [--ps 2] [--workers 2]
 //       [--train-examples 2000000] [--test-examples 200000] [--vocabulary 400000]
-//       [--epochs 1] [--batch 256] [--data-dir /tmp/pulley-ctr]
+//       [--epochs 1] [--batch 256] [--admit-after 1] [--data-dir /tmp/pulley-ctr]
 //
 // Ends with `final: auc=... planted_auc=... logloss=... samples_per_s=... workers=... ps=...
 // mode=...`, planted_auc being the planted model's own AUC on the same held-out examples.
@@ -45,7 +45,13 @@ struct Options {
   std::uint32_t vocabulary = 400'000;
   int epochs = 1;
   std::size_t batch = 256;
+  std::uint32_t admit_after = 1;
   float table_learning_rate = 0.05F;
+  /// Adagrad's starting sum of squares for the tables' rows. Keras' 0.1 is far larger than
+  /// the squared gradients of a row a few examples of a batch use (a batch's mean loss
+  /// spreads each example's gradient over the batch), and would keep the long tail of
+  /// values from learning anything.
+  float table_initial_accumulator = 0.001F;
   float dense_learning_rate = 0.001F;
   std::uint64_t seed = 1;
   std::string data_dir = "/tmp/pulley-ctr";
@@ -128,11 +134,11 @@ int train(const Options& o, Sync sync, const std::vector<ctr::Example>& train_se
   using Server = pulley::ParameterServer<pulley::RoundRobin, pulley::Adam, Sync, pulley::Tables<pulley::Adagrad>>;
   Cluster<Server> cluster(o, [&](std::uint32_t i) {
     return Server(i, o.ps, pulley::Adam{o.dense_learning_rate}, sync, pulley::RoundRobin{},
-                  pulley::Tables<pulley::Adagrad>{pulley::Adagrad{o.table_learning_rate, 0.1F, 1e-7F}});
+                  pulley::Tables<pulley::Adagrad>{pulley::Adagrad{o.table_learning_rate, o.table_initial_accumulator, 1e-7F}});
   });
   return cluster.with(pulley::Node::chief(), [&](auto chief_transport) {
     pulley::Chief chief(std::move(chief_transport), o.seed);
-    const ctr::WideDeep shape;
+    const ctr::WideDeep shape(o.admit_after);
     chief.initialize(shape.variables(), shape.tables());
 
     // Worker w trains on examples w, w + W, ...: its shard, in batches, for the epochs.
@@ -150,7 +156,7 @@ int train(const Options& o, Sync sync, const std::vector<ctr::Example>& train_se
       threads.emplace_back([&, w] {
         try {
           cluster.with(pulley::Node::worker(w), [&](auto transport) {
-            pulley::Worker worker(w, ctr::WideDeep(), std::move(transport));
+            pulley::Worker worker(w, ctr::WideDeep(o.admit_after), std::move(transport));
             worker.wait_ready();
             double loss_sum = 0.0;
             std::int64_t losses = 0;
@@ -189,7 +195,7 @@ int train(const Options& o, Sync sync, const std::vector<ctr::Example>& train_se
     }
 
     // Held-out evaluation: the dense variables and the rows of every held-out id.
-    ctr::WideDeep model;
+    ctr::WideDeep model(o.admit_after);
     const auto dense = chief.read_variables();
     for (std::size_t v = 0; v < dense.size(); ++v) std::copy(dense[v].begin(), dense[v].end(), model.parameter(v).begin());
     std::vector<std::uint64_t> ids;
@@ -247,7 +253,11 @@ int main(int argc, char** argv) {
   app.add_option("--vocabulary", o.vocabulary, "values per categorical field")->check(CLI::Range(100, 100'000'000));
   app.add_option("--epochs", o.epochs, "passes over the training data")->check(CLI::Range(1, 100));
   app.add_option("--batch", o.batch, "examples per worker step")->check(CLI::Range(1, 65536));
+  app.add_option("--admit-after", o.admit_after, "pulls of a value before it gets rows (1: at once)")
+      ->check(CLI::Range(1, 1000));
   app.add_option("--table-learning-rate", o.table_learning_rate, "Adagrad's, for the tables");
+  app.add_option("--table-initial-accumulator", o.table_initial_accumulator, "Adagrad's, for the tables")
+      ->check(CLI::Range(1e-12, 10.0));
   app.add_option("--dense-learning-rate", o.dense_learning_rate, "Adam's, for the MLP");
   app.add_option("--seed", o.seed, "of the data, the planted model and the initial values");
   app.add_option("--data-dir", o.data_dir, "where the generated data is written and read");
