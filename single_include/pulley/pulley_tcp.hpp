@@ -3335,9 +3335,10 @@ bool bounded(std::size_t n, Fold&& fold) noexcept {
 ///     when it answers false, naming the variable and the sender; an update averaged from
 ///     several pushes (SyncReplicas) is rolled back on that ps, and logged. Without it, the
 ///     ps applies each update to a copy of the part and its State (which must then be
-///     copyable), keeps the copy only if the weights stayed finite, and fails if the State
-///     cannot be copied and the weights went non-finite; `stays_finite` saves that copy and
-///     guards the slots too.
+///     copyable), keeps the copy only if the weights stayed finite (a push that was an
+///     update by itself is then refused as above), and fails if the State cannot be copied
+///     and the weights went non-finite; `stays_finite` saves that copy and guards the
+///     slots too.
 ///   - `o.slots(state)` → a range of `OptimizerSlot` (name, `std::span<float>` of n values,
 ///     one per element of the part) and `o.counters(state)` → a range of `OptimizerCounter`
 ///     (name, `std::int64_t*`): the State as checkpoints save and restore it. A State that
@@ -4924,9 +4925,21 @@ class SparseAccumulator {
   /// An accumulator of rows of `dim` floats.
   explicit SparseAccumulator(std::size_t dim = 0) : dim_(dim) {}
 
-  /// Adds one push: rows `rows` (`ids.size() × dim` floats) of the distinct ids `ids`.
+  /// Adds one push: rows `rows` (`ids.size() × dim` floats) of the distinct ids `ids`. The
+  /// first push of an update is kept as it came, with no lookups (every push of Async, the
+  /// first of a sync step); ids are indexed only when a second one comes.
   void add(std::span<const std::uint64_t> ids, std::span<const float> rows) {
     if (taken_) clear();
+    if (ids_.empty()) {
+      ids_.assign(ids.begin(), ids.end());
+      counts_.assign(ids.size(), 1);
+      sums_.assign(rows.begin(), rows.begin() + static_cast<std::ptrdiff_t>(ids.size() * dim_));
+      return;
+    }
+    if (position_.empty()) {
+      position_.reserve(ids_.size() + ids.size());
+      for (std::size_t r = 0; r < ids_.size(); ++r) position_.emplace(ids_[r], r);
+    }
     for (std::size_t i = 0; i < ids.size(); ++i) {
       const auto [at, fresh] = position_.try_emplace(ids[i], ids_.size());
       const float* row = rows.data() + i * dim_;

@@ -508,8 +508,9 @@ TEST_CASE("an optimizer that cannot predict finiteness is applied to copies kept
   call(ps, Register{kModel});
   const std::vector<float> w{1, 2, 3, 4}, b{5, 6}, g{1, 1};
   call(ps, Initialize{{{0, w}, {1, b}}});
-  // 5 * 1e38 overflows: the update is skipped on every part, and the state kept too.
-  CHECK(std::holds_alternative<PushReply>(call(ps, push_b(0, 0, g))));
+  // 5 * 1e38 overflows: the update is skipped on every part, and the state kept too; the
+  // push, an update by itself, is refused, as one that stays_finite rejects would be.
+  CHECK(error_of(call(ps, push_b(0, 0, g))) == ErrorCode::kInvalidArgument);
   CHECK(read(ps, 1) == std::vector<float>{5, 6});
   CHECK(read(ps, 0) == std::vector<float>{1, 2, 3, 4});
   CHECK(ps.stats().updates_refused == 1);

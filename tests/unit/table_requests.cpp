@@ -90,7 +90,7 @@ TEST_CASE("row requests of unknown tables, wrong sizes, other ps's ids or too ma
   CHECK(std::get<RowsReply>(rows).rows.at(0).size() == 2);
 }
 
-TEST_CASE("the chief and evaluators read rows without creating them; a worker's pull creates them") {
+TEST_CASE("the chief and evaluators read rows without creating them, a worker's pull creates them") {
   Server ps = ready();
   const auto read = call(ps, PullRows{0, 0, {{0, {9, 10}, {}}}}, Node::evaluator());
   REQUIRE(std::holds_alternative<RowsReply>(read));

@@ -78,9 +78,10 @@ bool bounded(std::size_t n, Fold&& fold) noexcept {
 ///     when it answers false, naming the variable and the sender; an update averaged from
 ///     several pushes (SyncReplicas) is rolled back on that ps, and logged. Without it, the
 ///     ps applies each update to a copy of the part and its State (which must then be
-///     copyable), keeps the copy only if the weights stayed finite, and fails if the State
-///     cannot be copied and the weights went non-finite; `stays_finite` saves that copy and
-///     guards the slots too.
+///     copyable), keeps the copy only if the weights stayed finite (a push that was an
+///     update by itself is then refused as above), and fails if the State cannot be copied
+///     and the weights went non-finite; `stays_finite` saves that copy and guards the
+///     slots too.
 ///   - `o.slots(state)` → a range of `OptimizerSlot` (name, `std::span<float>` of n values,
 ///     one per element of the part) and `o.counters(state)` → a range of `OptimizerCounter`
 ///     (name, `std::int64_t*`): the State as checkpoints save and restore it. A State that
