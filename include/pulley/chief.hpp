@@ -112,8 +112,9 @@ class Chief {
 
   /// The current rows `ids` of embedding table `table` (ids.size() × dim floats, in order),
   /// read from the ps tasks that hold them under id sharding `sharding` (the ps tasks'); a
-  /// row not held yet reads as its initial value (and is created, as by any pull). For
-  /// evaluation and tests: training never needs the chief to read rows.
+  /// row not held reads as its initial value, and the read creates, admits and touches
+  /// nothing (only a worker's pull does). For evaluation and tests: training never needs
+  /// the chief to read rows. Ids, any number, go in messages of kMaxIdsPerMessage at most.
   template <IdSharding I = HashIds>
   std::vector<float> read_rows(std::string_view table, std::span<const std::uint64_t> ids,
                                I sharding = {}) {
