@@ -17,7 +17,7 @@
 #include "pulley/concepts/transport.hpp"
 #include "pulley/detail/client.hpp"
 #include "pulley/detail/recovery.hpp"
-#include "pulley/embedding_table.hpp"
+#include "pulley/sharding/ids.hpp"
 
 namespace pulley {
 
