@@ -186,28 +186,6 @@ class EmbeddingTable {
     }
   }
 
-  /// Sets row `id` (created if absent) to `values` and `slots` (as for_each_row gives them):
-  /// what a restore loads. Throws kInvalidArgument for sizes that do not fit.
-  void set_row(std::uint64_t id, std::span<const float> values, std::span<const float> slots,
-               std::int64_t step) {
-    if (values.size() != spec_.dim || slots.size() != stride_ - spec_.dim) {
-      throw Error(ErrorCode::kInvalidArgument, "a row of table '" + spec_.name + "' does not fit it");
-    }
-    std::uint32_t row = find(id);
-    if (row == kNone) row = create(id);
-    std::copy(values.begin(), values.end(), at(row));
-    std::copy(slots.begin(), slots.end(), at(row) + spec_.dim);
-    touch(row, step);
-  }
-
-  /// Removes every row and admission count.
-  void clear() {
-    chunks_.clear();
-    index_.clear();
-    candidates_.clear();
-    rows_ = 0;
-  }
-
   /// Counters and the memory held now.
   [[nodiscard]] TableStats stats() const noexcept {
     TableStats s = stats_;

@@ -88,17 +88,6 @@ class ParameterServer {
     }
   }
 
-  /// The table policy a ParameterServer gets when none is given.
-  static T default_tables(const O& optimizer) {
-    if constexpr (std::is_same_v<typename T::Optimizer, O>) {
-      T tables{};
-      tables.optimizer = optimizer;
-      return tables;
-    } else {
-      return T{};
-    }
-  }
-
   /// Handles one request; `reply` is called exactly once, now or later.
   void handle(Request&& request, const RequestContext& context, Responder reply) noexcept {
     if (end_) {
@@ -252,6 +241,17 @@ class ParameterServer {
     std::uint64_t session;  ///< the connection it came on
     Responder reply;
   };
+
+  /// The table policy a ParameterServer gets when none is given.
+  static T default_tables(const O& optimizer) {
+    if constexpr (std::is_same_v<typename T::Optimizer, O>) {
+      T tables{};
+      tables.optimizer = optimizer;
+      return tables;
+    } else {
+      return T{};
+    }
+  }
 
   /// Answers through `reply`, which is empty afterwards (answered, or parked elsewhere).
   static void send(Responder& reply, Response&& response) {

@@ -254,6 +254,7 @@ class Worker {
   void gather_rows(const typename M::Batch& batch) {
     const auto num_ps = static_cast<std::uint32_t>(client_.num_ps());
     row_requests_.clear();
+    push_rows_.clear();
     views_.clear();
     for (std::size_t t = 0; t < batches_.size(); ++t) {
       TableState& table = batches_[t];
@@ -283,13 +284,10 @@ class Worker {
       for (std::uint32_t p = 0; p < num_ps; ++p) table.ps_begin[p + 1] += table.ps_begin[p];
       table.rows.resize(table.ids.size() * table.spec.dim);
       table.gradients.resize(table.ids.size() * table.spec.dim);
+      // The pulls write into the rows; the pushes send the gradients.
       row_requests_.push_back({t, table.ids, table.ps_begin, table.rows});
+      push_rows_.push_back({t, table.ids, table.ps_begin, table.gradients});
       views_.push_back({table.spec.dim, table.ids, table.rows, table.gradients, &table.positions});
-    }
-    // The pulls write into the rows; the pushes send the gradients.
-    push_rows_.clear();
-    for (std::size_t t = 0; t < batches_.size(); ++t) {
-      push_rows_.push_back({t, batches_[t].ids, batches_[t].ps_begin, batches_[t].gradients});
     }
   }
 

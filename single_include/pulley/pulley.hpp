@@ -3817,28 +3817,6 @@ class EmbeddingTable {
     }
   }
 
-  /// Sets row `id` (created if absent) to `values` and `slots` (as for_each_row gives them):
-  /// what a restore loads. Throws kInvalidArgument for sizes that do not fit.
-  void set_row(std::uint64_t id, std::span<const float> values, std::span<const float> slots,
-               std::int64_t step) {
-    if (values.size() != spec_.dim || slots.size() != stride_ - spec_.dim) {
-      throw Error(ErrorCode::kInvalidArgument, "a row of table '" + spec_.name + "' does not fit it");
-    }
-    std::uint32_t row = find(id);
-    if (row == kNone) row = create(id);
-    std::copy(values.begin(), values.end(), at(row));
-    std::copy(slots.begin(), slots.end(), at(row) + spec_.dim);
-    touch(row, step);
-  }
-
-  /// Removes every row and admission count.
-  void clear() {
-    chunks_.clear();
-    index_.clear();
-    candidates_.clear();
-    rows_ = 0;
-  }
-
   /// Counters and the memory held now.
   [[nodiscard]] TableStats stats() const noexcept {
     TableStats s = stats_;
@@ -5051,17 +5029,6 @@ class ParameterServer {
     }
   }
 
-  /// The table policy a ParameterServer gets when none is given.
-  static T default_tables(const O& optimizer) {
-    if constexpr (std::is_same_v<typename T::Optimizer, O>) {
-      T tables{};
-      tables.optimizer = optimizer;
-      return tables;
-    } else {
-      return T{};
-    }
-  }
-
   /// Handles one request; `reply` is called exactly once, now or later.
   void handle(Request&& request, const RequestContext& context, Responder reply) noexcept {
     if (end_) {
@@ -5215,6 +5182,17 @@ class ParameterServer {
     std::uint64_t session;  ///< the connection it came on
     Responder reply;
   };
+
+  /// The table policy a ParameterServer gets when none is given.
+  static T default_tables(const O& optimizer) {
+    if constexpr (std::is_same_v<typename T::Optimizer, O>) {
+      T tables{};
+      tables.optimizer = optimizer;
+      return tables;
+    } else {
+      return T{};
+    }
+  }
 
   /// Answers through `reply`, which is empty afterwards (answered, or parked elsewhere).
   static void send(Responder& reply, Response&& response) {
@@ -7912,6 +7890,7 @@ class Worker {
   void gather_rows(const typename M::Batch& batch) {
     const auto num_ps = static_cast<std::uint32_t>(client_.num_ps());
     row_requests_.clear();
+    push_rows_.clear();
     views_.clear();
     for (std::size_t t = 0; t < batches_.size(); ++t) {
       TableState& table = batches_[t];
@@ -7941,13 +7920,10 @@ class Worker {
       for (std::uint32_t p = 0; p < num_ps; ++p) table.ps_begin[p + 1] += table.ps_begin[p];
       table.rows.resize(table.ids.size() * table.spec.dim);
       table.gradients.resize(table.ids.size() * table.spec.dim);
+      // The pulls write into the rows; the pushes send the gradients.
       row_requests_.push_back({t, table.ids, table.ps_begin, table.rows});
+      push_rows_.push_back({t, table.ids, table.ps_begin, table.gradients});
       views_.push_back({table.spec.dim, table.ids, table.rows, table.gradients, &table.positions});
-    }
-    // The pulls write into the rows; the pushes send the gradients.
-    push_rows_.clear();
-    for (std::size_t t = 0; t < batches_.size(); ++t) {
-      push_rows_.push_back({t, batches_[t].ids, batches_[t].ps_begin, batches_[t].gradients});
     }
   }
 
