@@ -6,7 +6,7 @@
 // workers are threads of this process, reached in-process or over TCP on 127.0.0.1.
 //
 //   ctr [--transport in-process|tcp] [--mode sync|async] [--ps 2] [--workers 2]
-//       [--train-examples 2000000] [--test-examples 200000] [--vocabulary 400000]
+//       [--train-examples 4000000] [--test-examples 200000] [--vocabulary 400000]
 //       [--epochs 1] [--batch 256] [--admit-after 1] [--data-dir /tmp/pulley-ctr]
 //
 // Ends with `final: auc=... planted_auc=... logloss=... samples_per_s=... workers=... ps=...
@@ -40,13 +40,13 @@ struct Options {
   std::string mode = "sync";
   std::uint32_t ps = 2;
   std::uint32_t workers = 2;
-  std::size_t train_examples = 2'000'000;
+  std::size_t train_examples = 4'000'000;
   std::size_t test_examples = 200'000;
   std::uint32_t vocabulary = 400'000;
   int epochs = 1;
   std::size_t batch = 256;
   std::uint32_t admit_after = 1;
-  float table_learning_rate = 0.05F;
+  float table_learning_rate = 0.1F;
   /// Adagrad's starting sum of squares for the tables' rows. Keras' 0.1 is far larger than
   /// the squared gradients of a row a few examples of a batch use (a batch's mean loss
   /// spreads each example's gradient over the batch), and would keep the long tail of
