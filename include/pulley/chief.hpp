@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <compare>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -114,7 +115,8 @@ class Chief {
   /// read from the ps tasks that hold them under id sharding `sharding` (the ps tasks'); a
   /// row not held reads as its initial value, and the read creates, admits and touches
   /// nothing (only a worker's pull does). For evaluation and tests: training never needs
-  /// the chief to read rows. Ids, any number, go in messages of kMaxIdsPerMessage at most.
+  /// the chief to read rows. Ids, any number and any of them more than once, go in messages
+  /// of kMaxIdsPerMessage at most, each id once.
   template <IdSharding I = HashIds>
   std::vector<float> read_rows(std::string_view table, std::span<const std::uint64_t> ids,
                                I sharding = {}) {
@@ -123,32 +125,43 @@ class Chief {
                                  [&](const TableSpec& t) { return t.name == table; });
     if (it == tables.end()) throw Error(ErrorCode::kNotFound, "unknown table '" + std::string(table) + "'");
     const auto num_ps = static_cast<std::uint32_t>(client_.num_ps());
-    // Grouped by ps for the pull, then put back in the caller's order.
-    std::vector<std::pair<std::uint32_t, std::size_t>> order;
+    // Each id once, grouped by ps for the pull (a ps refuses an id twice in a request), then
+    // every one of the caller's ids gets its row back, in the caller's order.
+    struct Wanted {
+      std::uint32_t ps;
+      std::uint64_t id;
+      std::size_t at;  ///< in the caller's ids
+      auto operator<=>(const Wanted&) const = default;
+    };
+    std::vector<Wanted> order;
+    order.reserve(ids.size());
     for (std::size_t i = 0; i < ids.size(); ++i) {
       const std::uint32_t ps = sharding.ps_of(table, ids[i], num_ps);
       if (ps >= num_ps) {
         throw Error(ErrorCode::kInvalidArgument, "the id sharding put row " + std::to_string(ids[i]) +
                                                      " on ps " + std::to_string(ps) + " of " + std::to_string(num_ps));
       }
-      order.push_back({ps, i});
+      order.push_back({ps, ids[i], i});
     }
-    std::stable_sort(order.begin(), order.end(),
-                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::sort(order.begin(), order.end());
     std::vector<std::uint64_t> grouped;
+    std::vector<std::size_t> row_of(ids.size());  // caller's index → index in grouped
     std::vector<std::size_t> ps_begin(num_ps + 1, 0);
-    for (const auto& [ps, i] : order) {
-      grouped.push_back(ids[i]);
-      ++ps_begin[ps + 1];
+    for (const Wanted& w : order) {
+      if (grouped.empty() || grouped.back() != w.id) {  // an id always has the same ps
+        grouped.push_back(w.id);
+        ++ps_begin[w.ps + 1];
+      }
+      row_of[w.at] = grouped.size() - 1;
     }
     for (std::uint32_t p = 0; p < num_ps; ++p) ps_begin[p + 1] += ps_begin[p];
-    std::vector<float> rows(ids.size() * it->dim);
+    std::vector<float> rows(grouped.size() * it->dim);
     const RowRequest request{static_cast<std::size_t>(it - tables.begin()), grouped, ps_begin, rows};
     (void)client_.pull_rows(std::span(&request, 1), 0);
-    std::vector<float> out(rows.size());
-    for (std::size_t k = 0; k < order.size(); ++k) {
-      std::copy_n(rows.begin() + static_cast<std::ptrdiff_t>(k * it->dim), it->dim,
-                  out.begin() + static_cast<std::ptrdiff_t>(order[k].second * it->dim));
+    std::vector<float> out(ids.size() * it->dim);
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      std::copy_n(rows.begin() + static_cast<std::ptrdiff_t>(row_of[i] * it->dim), it->dim,
+                  out.begin() + static_cast<std::ptrdiff_t>(i * it->dim));
     }
     return out;
   }

@@ -283,9 +283,7 @@ class EmbeddingTable {
     Candidate& c = candidates_[id];
     ++c.count;
     c.last = clamp_step(step);
-    if (c.count < spec_.admit_after) return false;
-    candidates_.erase(id);
-    return true;
+    return c.count >= spec_.admit_after;  // its count goes once its row exists (create)
   }
 
   /// A new row for `id` (absent), with its initial value and fresh slots.
@@ -306,6 +304,7 @@ class EmbeddingTable {
     place(id, row);
     ++rows_;
     ++stats_.rows_created;
+    if (spec_.admit_after > 1) candidates_.erase(id);  // admitted: its count is done
     return row;
   }
 
@@ -315,10 +314,12 @@ class EmbeddingTable {
     index_[slot] = row + 1;
   }
 
+  /// Twice the slots. The new index is allocated before the old one is let go: a failed
+  /// allocation leaves the table as it was.
   void grow_index() {
-    std::vector<std::uint32_t> old = std::move(index_);
-    index_.assign(std::max<std::size_t>(64, old.size() * 2), 0);
-    for (const std::uint32_t entry : old) {
+    std::vector<std::uint32_t> grown(std::max<std::size_t>(64, index_.size() * 2), 0);
+    grown.swap(index_);
+    for (const std::uint32_t entry : grown) {
       if (entry != 0) place(id_of(entry - 1), entry - 1);
     }
   }

@@ -28,8 +28,9 @@ namespace pulley {
 //     walkers. A `std::span<const float>` field is a tensor: its size travels with the
 //     other fields, its values in the frame's payload, in field order, so that a sender
 //     writes them from its own buffers and a receiver reads them into place;
-//   - `kChangesParameters = true` on a request that may change the ps's parameters (a
-//     transport must not let a reply still being sent see them change);
+//   - `kChangesParameters = true` on a request that may change the ps's parameters, by
+//     itself or by what it sets off (a push held, a step that waited for a worker found
+//     lost): a transport must not let a reply still being sent see them change;
 //   - `kSenders`, on a request: the jobs whose tasks may send it (the ps refuses it from
 //     any other with `kPermissionDenied`): only the chief registers, initializes and ends
 //     training, only workers take tokens and push, evaluators only read.
@@ -219,6 +220,8 @@ struct PullRows {
 /// Any client → ps: counters for monitoring and tests.
 struct GetStats {
   static constexpr std::string_view kName = "GetStats";
+  /// A worker found lost on the way may complete the step that waited for it.
+  static constexpr bool kChangesParameters = true;
   static constexpr JobSet kSenders{Node::Job::kWorker, Node::Job::kChief, Node::Job::kEvaluator};
 
   template <class Archive>
@@ -232,6 +235,8 @@ struct GetStats {
 /// StatsReply, whose `lost` tells the worker which others are gone.
 struct Heartbeat {
   static constexpr std::string_view kName = "Heartbeat";
+  /// Another worker found lost on the way may complete the step that waited for it.
+  static constexpr bool kChangesParameters = true;
   static constexpr JobSet kSenders{Node::Job::kWorker};
   std::uint32_t worker = 0;
   /// The worker ends (its training is over): the ps forgets it instead of holding it lost
@@ -281,6 +286,8 @@ struct Pause {
 /// `until`, every ps answers at the same cut.
 struct ReadState {
   static constexpr std::string_view kName = "ReadState";
+  /// Held pushes taken to reach the cut are applied.
+  static constexpr bool kChangesParameters = true;
   static constexpr JobSet kSenders{Node::Job::kChief};
   std::vector<std::uint64_t> until;
 
@@ -293,6 +300,8 @@ struct ReadState {
 /// Chief → a paused ps: take the held pushes, and go on.
 struct Resume {
   static constexpr std::string_view kName = "Resume";
+  /// The held pushes are applied.
+  static constexpr bool kChangesParameters = true;
   static constexpr JobSet kSenders{Node::Job::kChief};
 
   template <class Archive>

@@ -25,7 +25,7 @@
 #include "pulley/concepts/sharding.hpp"
 #include "pulley/concepts/sync_policy.hpp"
 #include "pulley/detail/finite.hpp"
-#include "pulley/detail/id_set.hpp"
+#include "pulley/detail/id_index.hpp"
 #include "pulley/detail/random.hpp"
 #include "pulley/embedding_table.hpp"
 #include "pulley/log.hpp"
@@ -98,7 +98,7 @@ class ParameterServer {
     changing_ = false;
     // A transport is done with every reply's views before it hands over a request that
     // changes parameters: the buffers of earlier row replies are free again.
-    if (changes_parameters(request)) row_replies_used_ = 0;
+    if (changes_parameters(request)) free_row_replies();
     try {
       if (context.peer && !senders(request).contains(context.peer->job)) {
         const std::string problem = "refused " + std::string(message_name(request)) + " from " +
@@ -668,6 +668,19 @@ class ParameterServer {
       }
     }
     return {};
+  }
+
+  /// Makes every row reply buffer free for reuse. Buffers over 64 MiB are given back, and
+  /// those of more than 64 requests: an outsized pull (a careless or hostile worker's) does
+  /// not hold its memory for the job's life.
+  void free_row_replies() noexcept {
+    while (row_replies_.size() > 64) row_replies_.pop_back();
+    row_replies_used_ = 0;
+    for (auto& buffers : row_replies_) {
+      for (std::vector<float>& b : buffers) {
+        if (b.capacity() > (std::size_t{64} << 20U) / sizeof(float)) std::vector<float>().swap(b);
+      }
+    }
   }
 
   void answer_rows(const PullRows& r, bool create, Responder& reply) {
@@ -1438,7 +1451,7 @@ class ParameterServer {
   std::deque<std::vector<std::vector<float>>> row_replies_;
   std::size_t row_replies_used_ = 0;
   std::vector<WaitingRows> waiting_rows_;
-  detail::IdSet ids_seen_{detail::random_u64()};  ///< finds an id twice in a request
+  detail::IdIndex ids_seen_{detail::random_u64()};  ///< finds an id twice in a request
   std::size_t initialized_slots_ = 0;
 
   std::uint64_t held_bytes_ = 0;  ///< bytes of the parts held here

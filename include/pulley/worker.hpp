@@ -9,7 +9,6 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -245,7 +244,7 @@ class Worker {
     TableSpec spec;
     std::vector<std::uint64_t> ids;
     std::vector<std::size_t> ps_begin;
-    std::unordered_map<std::uint64_t, std::size_t> positions;
+    detail::IdIndex positions;  ///< id → index in ids
     std::vector<float> rows;
     std::vector<float> gradients;
   };
@@ -276,8 +275,9 @@ class Worker {
       table.ids.clear();
       table.ps_begin.assign(num_ps + 1, 0);
       table.positions.clear();
+      table.positions.reserve(keyed_.size());
       for (const auto& [ps, id] : keyed_) {
-        table.positions.emplace(id, table.ids.size());
+        table.positions.insert(id);  // numbered as ids is ordered
         table.ids.push_back(id);
         ++table.ps_begin[ps + 1];
       }

@@ -709,8 +709,9 @@ namespace pulley {
 //     walkers. A `std::span<const float>` field is a tensor: its size travels with the
 //     other fields, its values in the frame's payload, in field order, so that a sender
 //     writes them from its own buffers and a receiver reads them into place;
-//   - `kChangesParameters = true` on a request that may change the ps's parameters (a
-//     transport must not let a reply still being sent see them change);
+//   - `kChangesParameters = true` on a request that may change the ps's parameters, by
+//     itself or by what it sets off (a push held, a step that waited for a worker found
+//     lost): a transport must not let a reply still being sent see them change;
 //   - `kSenders`, on a request: the jobs whose tasks may send it (the ps refuses it from
 //     any other with `kPermissionDenied`): only the chief registers, initializes and ends
 //     training, only workers take tokens and push, evaluators only read.
@@ -900,6 +901,8 @@ struct PullRows {
 /// Any client → ps: counters for monitoring and tests.
 struct GetStats {
   static constexpr std::string_view kName = "GetStats";
+  /// A worker found lost on the way may complete the step that waited for it.
+  static constexpr bool kChangesParameters = true;
   static constexpr JobSet kSenders{Node::Job::kWorker, Node::Job::kChief, Node::Job::kEvaluator};
 
   template <class Archive>
@@ -913,6 +916,8 @@ struct GetStats {
 /// StatsReply, whose `lost` tells the worker which others are gone.
 struct Heartbeat {
   static constexpr std::string_view kName = "Heartbeat";
+  /// Another worker found lost on the way may complete the step that waited for it.
+  static constexpr bool kChangesParameters = true;
   static constexpr JobSet kSenders{Node::Job::kWorker};
   std::uint32_t worker = 0;
   /// The worker ends (its training is over): the ps forgets it instead of holding it lost
@@ -962,6 +967,8 @@ struct Pause {
 /// `until`, every ps answers at the same cut.
 struct ReadState {
   static constexpr std::string_view kName = "ReadState";
+  /// Held pushes taken to reach the cut are applied.
+  static constexpr bool kChangesParameters = true;
   static constexpr JobSet kSenders{Node::Job::kChief};
   std::vector<std::uint64_t> until;
 
@@ -974,6 +981,8 @@ struct ReadState {
 /// Chief → a paused ps: take the held pushes, and go on.
 struct Resume {
   static constexpr std::string_view kName = "Resume";
+  /// The held pushes are applied.
+  static constexpr bool kChangesParameters = true;
   static constexpr JobSet kSenders{Node::Job::kChief};
 
   template <class Archive>
@@ -1644,6 +1653,7 @@ class CallGroup {
 // ---- begin pulley/chief.hpp ----
 
 #include <algorithm>
+#include <compare>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -3078,7 +3088,8 @@ class Chief {
   /// read from the ps tasks that hold them under id sharding `sharding` (the ps tasks'); a
   /// row not held reads as its initial value, and the read creates, admits and touches
   /// nothing (only a worker's pull does). For evaluation and tests: training never needs
-  /// the chief to read rows. Ids, any number, go in messages of kMaxIdsPerMessage at most.
+  /// the chief to read rows. Ids, any number and any of them more than once, go in messages
+  /// of kMaxIdsPerMessage at most, each id once.
   template <IdSharding I = HashIds>
   std::vector<float> read_rows(std::string_view table, std::span<const std::uint64_t> ids,
                                I sharding = {}) {
@@ -3087,32 +3098,43 @@ class Chief {
                                  [&](const TableSpec& t) { return t.name == table; });
     if (it == tables.end()) throw Error(ErrorCode::kNotFound, "unknown table '" + std::string(table) + "'");
     const auto num_ps = static_cast<std::uint32_t>(client_.num_ps());
-    // Grouped by ps for the pull, then put back in the caller's order.
-    std::vector<std::pair<std::uint32_t, std::size_t>> order;
+    // Each id once, grouped by ps for the pull (a ps refuses an id twice in a request), then
+    // every one of the caller's ids gets its row back, in the caller's order.
+    struct Wanted {
+      std::uint32_t ps;
+      std::uint64_t id;
+      std::size_t at;  ///< in the caller's ids
+      auto operator<=>(const Wanted&) const = default;
+    };
+    std::vector<Wanted> order;
+    order.reserve(ids.size());
     for (std::size_t i = 0; i < ids.size(); ++i) {
       const std::uint32_t ps = sharding.ps_of(table, ids[i], num_ps);
       if (ps >= num_ps) {
         throw Error(ErrorCode::kInvalidArgument, "the id sharding put row " + std::to_string(ids[i]) +
                                                      " on ps " + std::to_string(ps) + " of " + std::to_string(num_ps));
       }
-      order.push_back({ps, i});
+      order.push_back({ps, ids[i], i});
     }
-    std::stable_sort(order.begin(), order.end(),
-                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::sort(order.begin(), order.end());
     std::vector<std::uint64_t> grouped;
+    std::vector<std::size_t> row_of(ids.size());  // caller's index → index in grouped
     std::vector<std::size_t> ps_begin(num_ps + 1, 0);
-    for (const auto& [ps, i] : order) {
-      grouped.push_back(ids[i]);
-      ++ps_begin[ps + 1];
+    for (const Wanted& w : order) {
+      if (grouped.empty() || grouped.back() != w.id) {  // an id always has the same ps
+        grouped.push_back(w.id);
+        ++ps_begin[w.ps + 1];
+      }
+      row_of[w.at] = grouped.size() - 1;
     }
     for (std::uint32_t p = 0; p < num_ps; ++p) ps_begin[p + 1] += ps_begin[p];
-    std::vector<float> rows(ids.size() * it->dim);
+    std::vector<float> rows(grouped.size() * it->dim);
     const RowRequest request{static_cast<std::size_t>(it - tables.begin()), grouped, ps_begin, rows};
     (void)client_.pull_rows(std::span(&request, 1), 0);
-    std::vector<float> out(rows.size());
-    for (std::size_t k = 0; k < order.size(); ++k) {
-      std::copy_n(rows.begin() + static_cast<std::ptrdiff_t>(k * it->dim), it->dim,
-                  out.begin() + static_cast<std::ptrdiff_t>(order[k].second * it->dim));
+    std::vector<float> out(ids.size() * it->dim);
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      std::copy_n(rows.begin() + static_cast<std::ptrdiff_t>(row_of[i] * it->dim), it->dim,
+                  out.begin() + static_cast<std::ptrdiff_t>(i * it->dim));
     }
     return out;
   }
@@ -3175,8 +3197,120 @@ class Chief {
 #include <cstddef>
 #include <cstdint>
 #include <span>
-#include <unordered_map>
+#include <stdexcept>
+#include <string>
 #include <vector>
+
+// ---- begin pulley/detail/id_index.hpp ----
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <utility>
+#include <vector>
+
+namespace pulley::detail {
+
+/// The positions of distinct 64-bit ids, numbered in the order they were added, in about
+/// one probe per id: an open-addressing table kept at most half full and reused from batch
+/// to batch (emptied by a generation count, not by clearing it). Its hash is keyed with
+/// `key`: where ids come from a peer, give a random key, so that chosen ids cannot pile
+/// onto one slot (std::unordered_map hashes a 64-bit id to itself).
+class IdIndex {
+ public:
+  static constexpr std::size_t npos = std::numeric_limits<std::size_t>::max();
+
+  explicit IdIndex(std::uint64_t key = 0) : key_(key) {}
+
+  /// Forgets every id; keeps the memory.
+  void clear() noexcept {
+    size_ = 0;
+    if (++generation_ == 0) {  // wrapped: forget every old mark
+      for (Slot& s : slots_) s.generation = 0;
+      generation_ = 1;
+    }
+  }
+
+  /// Room for `n` ids without growing.
+  void reserve(std::size_t n) {
+    if (2 * n > slots_.size()) rehash(n);
+  }
+
+  /// The ids held.
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+
+  /// The position of `id`, and true if it was added now (its position is then size() - 1).
+  std::pair<std::size_t, bool> insert(std::uint64_t id) {
+    if (2 * (size_ + 1) > slots_.size()) rehash(2 * (size_ + 1));
+    for (std::size_t at = home(id);; at = (at + 1) & mask_) {
+      Slot& s = slots_[at];
+      if (s.generation != generation_) {
+        s = Slot{id, size_, generation_};
+        return {size_++, true};
+      }
+      if (s.id == id) return {s.position, false};
+    }
+  }
+
+  /// The position of `id`, or npos.
+  [[nodiscard]] std::size_t find(std::uint64_t id) const noexcept {
+    if (slots_.empty()) return npos;
+    for (std::size_t at = home(id);; at = (at + 1) & mask_) {
+      const Slot& s = slots_[at];
+      if (s.generation != generation_) return npos;
+      if (s.id == id) return s.position;
+    }
+  }
+
+  /// The first id of `ids` that comes twice, or nullptr; the index then holds `ids` up to
+  /// it (all of them when none comes twice).
+  const std::uint64_t* first_duplicate(std::span<const std::uint64_t> ids) {
+    clear();
+    reserve(ids.size());
+    for (const std::uint64_t& id : ids) {
+      if (!insert(id).second) return &id;
+    }
+    return nullptr;
+  }
+
+ private:
+  struct Slot {
+    std::uint64_t id = 0;
+    std::size_t position = 0;
+    std::uint32_t generation = 0;  ///< the slot is taken when this is the index's
+  };
+
+  [[nodiscard]] std::size_t home(std::uint64_t id) const noexcept {
+    return static_cast<std::size_t>(mix_id(id ^ key_)) & mask_;
+  }
+
+  /// Room for `n` ids: at least 2n slots, a power of two; the ids held move over.
+  void rehash(std::size_t n) {
+    std::size_t capacity = 16;
+    while (capacity < 2 * n) capacity *= 2;
+    std::vector<Slot> old(capacity);
+    old.swap(slots_);
+    const std::uint32_t live = generation_;
+    generation_ = 1;
+    mask_ = capacity - 1;
+    for (const Slot& s : old) {
+      if (s.generation != live) continue;
+      std::size_t at = home(s.id);
+      while (slots_[at].generation == generation_) at = (at + 1) & mask_;
+      slots_[at] = Slot{s.id, s.position, generation_};
+    }
+  }
+
+  std::uint64_t key_;
+  std::uint32_t generation_ = 1;  ///< slots start at 0: empty
+  std::size_t size_ = 0;
+  std::size_t mask_ = 0;
+  std::vector<Slot> slots_;
+};
+
+}  // namespace pulley::detail
+// ---- end pulley/detail/id_index.hpp ----
 
 namespace pulley {
 
@@ -3187,10 +3321,16 @@ struct TableBatch {
   std::span<const std::uint64_t> ids;   ///< the batch's distinct ids, in the worker's order
   std::span<const float> rows;          ///< ids.size() × dim: the rows, in that order
   std::span<float> gradients;           ///< ids.size() × dim, zero before the step: add into it
-  const std::unordered_map<std::uint64_t, std::size_t>* positions = nullptr;  ///< id → index
+  const detail::IdIndex* positions = nullptr;  ///< id → index in ids
 
-  /// The index of `id` in `ids` (it must be one of them).
-  [[nodiscard]] std::size_t index(std::uint64_t id) const { return positions->at(id); }
+  /// The index of `id` in `ids`; throws std::out_of_range if it is not one of them.
+  [[nodiscard]] std::size_t index(std::uint64_t id) const {
+    const std::size_t at = positions->find(id);
+    if (at == detail::IdIndex::npos) {
+      throw std::out_of_range("id " + std::to_string(id) + " is not one of the batch's ids");
+    }
+    return at;
+  }
   /// The row of `id`.
   [[nodiscard]] std::span<const float> row(std::uint64_t id) const {
     return rows.subspan(index(id) * dim, dim);
@@ -3914,9 +4054,7 @@ class EmbeddingTable {
     Candidate& c = candidates_[id];
     ++c.count;
     c.last = clamp_step(step);
-    if (c.count < spec_.admit_after) return false;
-    candidates_.erase(id);
-    return true;
+    return c.count >= spec_.admit_after;  // its count goes once its row exists (create)
   }
 
   /// A new row for `id` (absent), with its initial value and fresh slots.
@@ -3937,6 +4075,7 @@ class EmbeddingTable {
     place(id, row);
     ++rows_;
     ++stats_.rows_created;
+    if (spec_.admit_after > 1) candidates_.erase(id);  // admitted: its count is done
     return row;
   }
 
@@ -3946,10 +4085,12 @@ class EmbeddingTable {
     index_[slot] = row + 1;
   }
 
+  /// Twice the slots. The new index is allocated before the old one is let go: a failed
+  /// allocation leaves the table as it was.
   void grow_index() {
-    std::vector<std::uint32_t> old = std::move(index_);
-    index_.assign(std::max<std::size_t>(64, old.size() * 2), 0);
-    for (const std::uint32_t entry : old) {
+    std::vector<std::uint32_t> grown(std::max<std::size_t>(64, index_.size() * 2), 0);
+    grown.swap(index_);
+    for (const std::uint32_t entry : grown) {
       if (entry != 0) place(id_of(entry - 1), entry - 1);
     }
   }
@@ -4828,68 +4969,11 @@ static_assert(RowWiseOptimizer<RmsProp>);
 #include <variant>
 #include <vector>
 
-// ---- begin pulley/detail/id_set.hpp ----
-
-#include <cstddef>
-#include <cstdint>
-#include <span>
-#include <vector>
-
-namespace pulley::detail {
-
-/// Tells whether a list of 64-bit ids holds one twice, in about one probe per id: an
-/// open-addressing set reused from list to list (emptied by a generation count, not by
-/// clearing it), its hash keyed with a random number so that chosen ids cannot pile onto
-/// one slot.
-class IdSet {
- public:
-  explicit IdSet(std::uint64_t key) : key_(key) {}
-
-  /// The first id of `ids` that comes twice, or nullptr.
-  const std::uint64_t* first_duplicate(std::span<const std::uint64_t> ids) {
-    if (++generation_ == 0) {  // wrapped: forget every old mark
-      for (Slot& s : slots_) s.generation = 0;
-      generation_ = 1;
-    }
-    std::size_t capacity = slots_.size();
-    if (capacity < 2 * ids.size() || capacity < 16) {
-      capacity = 16;
-      while (capacity < 2 * ids.size()) capacity *= 2;
-      slots_.assign(capacity, Slot{});
-      generation_ = 1;
-    }
-    const std::size_t mask = capacity - 1;
-    for (const std::uint64_t& id : ids) {
-      for (std::size_t at = static_cast<std::size_t>(mix_id(id ^ key_)) & mask;; at = (at + 1) & mask) {
-        Slot& s = slots_[at];
-        if (s.generation != generation_) {
-          s = Slot{id, generation_};
-          break;
-        }
-        if (s.id == id) return &id;
-      }
-    }
-    return nullptr;
-  }
-
- private:
-  struct Slot {
-    std::uint64_t id = 0;
-    std::uint32_t generation = 0;
-  };
-  std::uint64_t key_;
-  std::uint32_t generation_ = 0;
-  std::vector<Slot> slots_;
-};
-
-}  // namespace pulley::detail
-// ---- end pulley/detail/id_set.hpp ----
 // ---- begin pulley/sync/sparse_accumulator.hpp ----
 
 #include <cstddef>
 #include <cstdint>
 #include <span>
-#include <unordered_map>
 #include <vector>
 
 namespace pulley {
@@ -4898,7 +4982,8 @@ namespace pulley {
 /// by id, and counts the pushes that held each row. `take` gives each row's mean over the
 /// pushes that held it, as TensorFlow's SparseConditionalAccumulator averages (element-wise
 /// by each row's own count, not by the number of pushes): a row pushed by 1 of R replicas
-/// moves by that replica's gradient, not by a 1/R share of it.
+/// moves by that replica's gradient, not by a 1/R share of it. Ids come from peers: they
+/// are indexed with a hash keyed at random.
 class SparseAccumulator {
  public:
   /// An accumulator of rows of `dim` floats.
@@ -4915,20 +5000,20 @@ class SparseAccumulator {
       sums_.assign(rows.begin(), rows.begin() + static_cast<std::ptrdiff_t>(ids.size() * dim_));
       return;
     }
-    if (position_.empty()) {
+    if (position_.size() == 0) {  // positions are numbered as ids_ is ordered
       position_.reserve(ids_.size() + ids.size());
-      for (std::size_t r = 0; r < ids_.size(); ++r) position_.emplace(ids_[r], r);
+      for (const std::uint64_t id : ids_) position_.insert(id);
     }
     for (std::size_t i = 0; i < ids.size(); ++i) {
-      const auto [at, fresh] = position_.try_emplace(ids[i], ids_.size());
+      const auto [at, fresh] = position_.insert(ids[i]);
       const float* row = rows.data() + i * dim_;
       if (fresh) {
         ids_.push_back(ids[i]);
         counts_.push_back(1);
         sums_.insert(sums_.end(), row, row + dim_);
       } else {
-        ++counts_[at->second];
-        float* sum = sums_.data() + at->second * dim_;
+        ++counts_[at];
+        float* sum = sums_.data() + at * dim_;
         for (std::size_t k = 0; k < dim_; ++k) sum[k] += row[k];
       }
     }
@@ -4963,7 +5048,7 @@ class SparseAccumulator {
 
  private:
   std::size_t dim_;
-  std::unordered_map<std::uint64_t, std::size_t> position_;
+  detail::IdIndex position_{detail::random_u64()};  ///< id → place in ids_, from the second push
   std::vector<std::uint64_t> ids_;
   std::vector<std::uint32_t> counts_;
   std::vector<float> sums_;
@@ -5039,7 +5124,7 @@ class ParameterServer {
     changing_ = false;
     // A transport is done with every reply's views before it hands over a request that
     // changes parameters: the buffers of earlier row replies are free again.
-    if (changes_parameters(request)) row_replies_used_ = 0;
+    if (changes_parameters(request)) free_row_replies();
     try {
       if (context.peer && !senders(request).contains(context.peer->job)) {
         const std::string problem = "refused " + std::string(message_name(request)) + " from " +
@@ -5609,6 +5694,19 @@ class ParameterServer {
       }
     }
     return {};
+  }
+
+  /// Makes every row reply buffer free for reuse. Buffers over 64 MiB are given back, and
+  /// those of more than 64 requests: an outsized pull (a careless or hostile worker's) does
+  /// not hold its memory for the job's life.
+  void free_row_replies() noexcept {
+    while (row_replies_.size() > 64) row_replies_.pop_back();
+    row_replies_used_ = 0;
+    for (auto& buffers : row_replies_) {
+      for (std::vector<float>& b : buffers) {
+        if (b.capacity() > (std::size_t{64} << 20U) / sizeof(float)) std::vector<float>().swap(b);
+      }
+    }
   }
 
   void answer_rows(const PullRows& r, bool create, Responder& reply) {
@@ -6379,7 +6477,7 @@ class ParameterServer {
   std::deque<std::vector<std::vector<float>>> row_replies_;
   std::size_t row_replies_used_ = 0;
   std::vector<WaitingRows> waiting_rows_;
-  detail::IdSet ids_seen_{detail::random_u64()};  ///< finds an id twice in a request
+  detail::IdIndex ids_seen_{detail::random_u64()};  ///< finds an id twice in a request
   std::size_t initialized_slots_ = 0;
 
   std::uint64_t held_bytes_ = 0;  ///< bytes of the parts held here
@@ -7592,7 +7690,6 @@ inline constexpr Version version{PULLEY_VERSION_MAJOR, PULLEY_VERSION_MINOR, PUL
 #include <span>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -7881,7 +7978,7 @@ class Worker {
     TableSpec spec;
     std::vector<std::uint64_t> ids;
     std::vector<std::size_t> ps_begin;
-    std::unordered_map<std::uint64_t, std::size_t> positions;
+    detail::IdIndex positions;  ///< id → index in ids
     std::vector<float> rows;
     std::vector<float> gradients;
   };
@@ -7912,8 +8009,9 @@ class Worker {
       table.ids.clear();
       table.ps_begin.assign(num_ps + 1, 0);
       table.positions.clear();
+      table.positions.reserve(keyed_.size());
       for (const auto& [ps, id] : keyed_) {
-        table.positions.emplace(id, table.ids.size());
+        table.positions.insert(id);  // numbered as ids is ordered
         table.ids.push_back(id);
         ++table.ps_begin[ps + 1];
       }
@@ -10386,6 +10484,9 @@ class TcpServer {
     }
     if (c.peer) {
       --clients_;
+      // The service may apply what the peer's leaving sets off (held pushes, when the
+      // chief leaves a ps it paused): no reply may see the parameters change under it.
+      for (const ConnectionPtr& viewing : std::exchange(viewing_, {})) detach(*viewing);
       notify_disconnected(service_, *c.peer, c.session);
       // What it held may have gone to others, whose replies wait to be written.
       asio::post(io_, [this] { flush_all(); });

@@ -6,8 +6,10 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <map>
+#include <new>
 #include <random>
 #include <span>
 #include <vector>
@@ -19,6 +21,27 @@
 #include "pulley/sync/sparse_accumulator.hpp"
 
 using namespace pulley;
+
+// Every allocation of this program goes through here, so that a test can make the next
+// allocation of one exact size fail, as a ps out of memory would see it.
+namespace {
+std::size_t fail_next_of_size = 0;
+}  // namespace
+
+// (GCC takes the std::free below for a mismatch with the operator new it sees inlined.)
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
+void* operator new(std::size_t n) {
+  if (fail_next_of_size != 0 && n == fail_next_of_size) {
+    fail_next_of_size = 0;
+    throw std::bad_alloc();
+  }
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t /*n*/) noexcept { std::free(p); }
 
 namespace {
 
@@ -270,4 +293,33 @@ TEST_CASE("the sparse accumulator averages each row over the pushes that held it
   CHECK(acc.ids().size() == 2);
   const auto again = acc.take();
   CHECK(again[0] == 4.0F);
+}
+
+TEST_CASE("a pull that runs out of memory growing the index leaves the table as it was") {
+  EmbeddingTable<Sgd> table(spec(2, 1, 5), Sgd{1.0F}, kSeed);
+  for (std::uint64_t id = 0; id < 48; ++id) (void)pull(table, {id});  // 48 rows: 64 slots
+  fail_next_of_size = 128 * sizeof(std::uint32_t);                   // the growth to 128
+  CHECK_THROWS_AS((void)pull(table, {48}), std::bad_alloc);
+  CHECK(fail_next_of_size == 0);  // the growth was tried, and failed
+  CHECK(table.size() == 48);
+  // Every row is still found: pulled again, none is created twice.
+  for (std::uint64_t id = 0; id < 48; ++id) (void)pull(table, {id}, 10);
+  CHECK(table.size() == 48);
+  std::map<std::uint64_t, int> held;
+  table.for_each_row([&](std::uint64_t id, auto, auto) { ++held[id]; });
+  CHECK(held.size() == 48);
+  (void)pull(table, {48}, 10);  // with memory, the growth goes through
+  CHECK(table.size() == 49);
+  CHECK(table.evict(14) == 0);  // everything was touched at step 10, kept for 5 steps
+  CHECK(table.evict(16) == 49);
+  CHECK(table.size() == 0);
+}
+
+TEST_CASE("an admitted id's count is kept until its row exists") {
+  EmbeddingTable<Sgd> table(spec(2, 2), Sgd{1.0F}, kSeed);
+  (void)pull(table, {5});
+  CHECK(table.stats().candidates == 1);
+  (void)pull(table, {5});  // the second pull admits it
+  CHECK(table.size() == 1);
+  CHECK(table.stats().candidates == 0);
 }

@@ -226,7 +226,19 @@ TEST_CASE("async with tables: every push is applied as it comes, rows created on
   CHECK(chief.read_rows("emb", fresh) == initial);
   const std::uint64_t first = *used.begin();
   initialize_row(shape.tables()[0], kSeed, first, initial);
-  CHECK(chief.read_rows("emb", std::span(&first, 1)) != initial);
+  const std::vector<float> first_row = chief.read_rows("emb", std::span(&first, 1));
+  CHECK(first_row != initial);
+  // Ids named more than once (a ps refuses that in one request): each gets its row.
+  const std::uint64_t last = *used.rbegin();
+  const std::vector<float> last_row = chief.read_rows("emb", std::span(&last, 1));
+  const std::vector<std::uint64_t> repeated{first, last, first, first, last};
+  const std::vector<float> rows = chief.read_rows("emb", repeated);
+  REQUIRE(rows.size() == repeated.size() * TinyTableModel::kDim);
+  for (std::size_t i = 0; i < repeated.size(); ++i) {
+    const std::vector<float> row(rows.begin() + static_cast<std::ptrdiff_t>(i * TinyTableModel::kDim),
+                                 rows.begin() + static_cast<std::ptrdiff_t>((i + 1) * TinyTableModel::kDim));
+    CHECK(row == (repeated[i] == first ? first_row : last_row));
+  }
   chief.shutdown();
 }
 

@@ -196,6 +196,13 @@ TEST_CASE("a message's tensors are its declared span fields, in declaration orde
   CHECK(sizes == std::vector<std::size_t>{2, 1, 3});
   CHECK(changes_parameters(request));
   CHECK_FALSE(changes_parameters(Request{Pull{}}));
+  // Requests that may apply an update by what they set off: a worker found lost on the way
+  // (GetStats, Heartbeat), held pushes taken (ReadState, Resume).
+  CHECK(changes_parameters(Request{GetStats{}}));
+  CHECK(changes_parameters(Request{Heartbeat{}}));
+  CHECK(changes_parameters(Request{ReadState{}}));
+  CHECK(changes_parameters(Request{Resume{}}));
+  CHECK_FALSE(changes_parameters(Request{Pause{}}));
   CHECK(message_name(request) == "Push");
   // A reply's metadata alone gives its tensors' sizes, for a receiver that routes them.
   const wire::Frame reply = wire::encode(Response{PullReply{3, {a, c}}}, 6);

@@ -5,9 +5,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
-#include <unordered_map>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
+#include "pulley/detail/id_index.hpp"
 #include "pulley/variable.hpp"
 
 namespace pulley {
@@ -19,10 +21,16 @@ struct TableBatch {
   std::span<const std::uint64_t> ids;   ///< the batch's distinct ids, in the worker's order
   std::span<const float> rows;          ///< ids.size() × dim: the rows, in that order
   std::span<float> gradients;           ///< ids.size() × dim, zero before the step: add into it
-  const std::unordered_map<std::uint64_t, std::size_t>* positions = nullptr;  ///< id → index
+  const detail::IdIndex* positions = nullptr;  ///< id → index in ids
 
-  /// The index of `id` in `ids` (it must be one of them).
-  [[nodiscard]] std::size_t index(std::uint64_t id) const { return positions->at(id); }
+  /// The index of `id` in `ids`; throws std::out_of_range if it is not one of them.
+  [[nodiscard]] std::size_t index(std::uint64_t id) const {
+    const std::size_t at = positions->find(id);
+    if (at == detail::IdIndex::npos) {
+      throw std::out_of_range("id " + std::to_string(id) + " is not one of the batch's ids");
+    }
+    return at;
+  }
   /// The row of `id`.
   [[nodiscard]] std::span<const float> row(std::uint64_t id) const {
     return rows.subspan(index(id) * dim, dim);

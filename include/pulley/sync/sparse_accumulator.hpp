@@ -4,8 +4,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
-#include <unordered_map>
 #include <vector>
+
+#include "pulley/detail/id_index.hpp"
+#include "pulley/detail/random.hpp"
 
 namespace pulley {
 
@@ -13,7 +15,8 @@ namespace pulley {
 /// by id, and counts the pushes that held each row. `take` gives each row's mean over the
 /// pushes that held it, as TensorFlow's SparseConditionalAccumulator averages (element-wise
 /// by each row's own count, not by the number of pushes): a row pushed by 1 of R replicas
-/// moves by that replica's gradient, not by a 1/R share of it.
+/// moves by that replica's gradient, not by a 1/R share of it. Ids come from peers: they
+/// are indexed with a hash keyed at random.
 class SparseAccumulator {
  public:
   /// An accumulator of rows of `dim` floats.
@@ -30,20 +33,20 @@ class SparseAccumulator {
       sums_.assign(rows.begin(), rows.begin() + static_cast<std::ptrdiff_t>(ids.size() * dim_));
       return;
     }
-    if (position_.empty()) {
+    if (position_.size() == 0) {  // positions are numbered as ids_ is ordered
       position_.reserve(ids_.size() + ids.size());
-      for (std::size_t r = 0; r < ids_.size(); ++r) position_.emplace(ids_[r], r);
+      for (const std::uint64_t id : ids_) position_.insert(id);
     }
     for (std::size_t i = 0; i < ids.size(); ++i) {
-      const auto [at, fresh] = position_.try_emplace(ids[i], ids_.size());
+      const auto [at, fresh] = position_.insert(ids[i]);
       const float* row = rows.data() + i * dim_;
       if (fresh) {
         ids_.push_back(ids[i]);
         counts_.push_back(1);
         sums_.insert(sums_.end(), row, row + dim_);
       } else {
-        ++counts_[at->second];
-        float* sum = sums_.data() + at->second * dim_;
+        ++counts_[at];
+        float* sum = sums_.data() + at * dim_;
         for (std::size_t k = 0; k < dim_; ++k) sum[k] += row[k];
       }
     }
@@ -78,7 +81,7 @@ class SparseAccumulator {
 
  private:
   std::size_t dim_;
-  std::unordered_map<std::uint64_t, std::size_t> position_;
+  detail::IdIndex position_{detail::random_u64()};  ///< id → place in ids_, from the second push
   std::vector<std::uint64_t> ids_;
   std::vector<std::uint32_t> counts_;
   std::vector<float> sums_;

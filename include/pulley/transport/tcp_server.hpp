@@ -540,6 +540,9 @@ class TcpServer {
     }
     if (c.peer) {
       --clients_;
+      // The service may apply what the peer's leaving sets off (held pushes, when the
+      // chief leaves a ps it paused): no reply may see the parameters change under it.
+      for (const ConnectionPtr& viewing : std::exchange(viewing_, {})) detach(*viewing);
       notify_disconnected(service_, *c.peer, c.session);
       // What it held may have gone to others, whose replies wait to be written.
       asio::post(io_, [this] { flush_all(); });
