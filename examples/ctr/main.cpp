@@ -7,7 +7,7 @@
 //
 //   ctr [--transport in-process|tcp] [--mode sync|async] [--ps 2] [--workers 2]
 //       [--train-examples 4000000] [--test-examples 200000] [--vocabulary 400000]
-//       [--epochs 1] [--batch 256] [--admit-after 1] [--data-dir /tmp/pulley-ctr]
+//       [--epochs 1] [--batch 128] [--admit-after 1] [--data-dir /tmp/pulley-ctr]
 //
 // Ends with `final: auc=... planted_auc=... logloss=... samples_per_s=... workers=... ps=...
 // mode=...`, planted_auc being the planted model's own AUC on the same held-out examples.
@@ -44,7 +44,7 @@ struct Options {
   std::size_t test_examples = 200'000;
   std::uint32_t vocabulary = 400'000;
   int epochs = 1;
-  std::size_t batch = 256;
+  std::size_t batch = 128;
   std::uint32_t admit_after = 1;
   float table_learning_rate = 0.1F;
   /// Adagrad's starting sum of squares for the tables' rows. Keras' 0.1 is far larger than
