@@ -2,8 +2,8 @@
 #pragma once
 
 #include <algorithm>
-#include <compare>
 #include <chrono>
+#include <compare>
 #include <cstddef>
 #include <cstdint>
 #include <optional>

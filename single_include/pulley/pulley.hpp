@@ -1653,8 +1653,8 @@ class CallGroup {
 // ---- begin pulley/chief.hpp ----
 
 #include <algorithm>
-#include <compare>
 #include <chrono>
+#include <compare>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -3242,7 +3242,7 @@ class IdIndex {
 
   /// The position of `id`, and true if it was added now (its position is then size() - 1).
   std::pair<std::size_t, bool> insert(std::uint64_t id) {
-    if (2 * (size_ + 1) > slots_.size()) rehash(2 * (size_ + 1));
+    if (2 * (size_ + 1) > slots_.size()) rehash(2 * (size_ + 1));  // full: room for twice as many
     for (std::size_t at = home(id);; at = (at + 1) & mask_) {
       Slot& s = slots_[at];
       if (s.generation != generation_) {
