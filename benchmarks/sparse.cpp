@@ -28,7 +28,7 @@
 #include <string>
 #include <vector>
 
-#include "pulley/embedding_table.hpp"
+#include "pulley/ps/embedding_table.hpp"
 #include "pulley/optimizers/adagrad.hpp"
 #include "pulley/optimizers/ftrl.hpp"
 

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "pulley/initializers.hpp"
+#include "pulley/core/initializers.hpp"
 
 namespace ctr {
 

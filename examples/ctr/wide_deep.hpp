@@ -17,7 +17,7 @@
 
 #include "ctr/data.hpp"
 #include "pulley/concepts/model.hpp"
-#include "pulley/variable.hpp"
+#include "pulley/core/variable.hpp"
 
 namespace ctr {
 

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 //
-// pulley 0.2.0 - single-header edition: the core and the TCP transport: needs standalone Asio and cereal.
+// pulley 0.3.0 - single-header edition: the core and the TCP transport: needs standalone Asio and cereal.
 //
 // GENERATED FILE - DO NOT EDIT. It is include/pulley/pulley.hpp and include/pulley/transport/tcp.hpp with every
 // pulley header inlined, produced by scripts/amalgamate.py; edit the headers
@@ -23,14 +23,14 @@
 ///   transports transport/
 ///   cluster and runner
 
-// ---- begin pulley/address.hpp ----
+// ---- begin pulley/core/address.hpp ----
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
 
-// ---- begin pulley/error.hpp ----
+// ---- begin pulley/core/error.hpp ----
 
 #include <cstdint>
 #include <stdexcept>
@@ -111,7 +111,7 @@ class Error : public std::runtime_error {
 };
 
 }  // namespace pulley
-// ---- end pulley/error.hpp ----
+// ---- end pulley/core/error.hpp ----
 
 namespace pulley {
 
@@ -220,8 +220,8 @@ inline Address parse_address(std::string_view text) {
 }
 
 }  // namespace pulley
-// ---- end pulley/address.hpp ----
-// ---- begin pulley/call.hpp ----
+// ---- end pulley/core/address.hpp ----
+// ---- begin pulley/protocol/call.hpp ----
 
 #include <atomic>
 #include <chrono>
@@ -233,7 +233,7 @@ inline Address parse_address(std::string_view text) {
 #include <optional>
 #include <utility>
 
-// ---- begin pulley/messages.hpp ----
+// ---- begin pulley/protocol/messages.hpp ----
 
 #include <cstddef>
 #include <cstdint>
@@ -245,195 +245,7 @@ inline Address parse_address(std::string_view text) {
 #include <variant>
 #include <vector>
 
-// ---- begin pulley/concepts/sync_policy.hpp ----
-
-#include <concepts>
-#include <cstddef>
-#include <cstdint>
-#include <optional>
-#include <span>
-#include <string>
-#include <vector>
-
-namespace pulley {
-
-/// What one push message counts for (`SyncPolicy::on_push`).
-enum class Verdict : std::uint8_t {
-  kStale,    ///< too old: its gradients are dropped (and counted), never applied
-  kPending,  ///< its gradients are accumulated; the step needs more
-  kReady,    ///< its gradients are accumulated and complete an update: take and apply it
-};
-
-/// A sync token: leave for one step, and what that step must read. TF's `sync_token_queue`
-/// holds only the step number; pulley's tokens also say which parameters to pull, so that
-/// one mechanism serves every pacing rule.
-struct Token {
-  /// Tags the step's push (TF's `local_step`): the policy judges staleness by it.
-  std::int64_t local_step = 0;
-  /// The step's parameters must include every update of the global steps before this one:
-  /// the worker pulls with `Pull::min_step = pull_step` (0: whatever the ps holds).
-  std::int64_t pull_step = 0;
-  /// What the worker pulls together with this step's push, for its next step: the earliest
-  /// `pull_step` its next token can have, so that the prefetch can serve it.
-  std::int64_t next_pull_step = 0;
-  /// False when tokens never wait (Async): the worker need not ask for another.
-  bool paced = true;
-
-  template <class Archive>
-  void serialize(Archive& archive) {
-    archive(local_step, pull_step, next_pull_step, paced);
-  }
-  friend bool operator==(const Token&, const Token&) = default;
-};
-
-/// An aggregation (sync) policy decides when gradients are applied and how workers are
-/// paced. It has two halves, both state the policy defines and the ps keeps:
-///   - an `Accumulator` per part the ps holds (TF's ConditionalAccumulator): it gathers the
-///     part's gradients of one update and hands the optimizer their mean;
-///   - one `Pacer` per ps task: it counts push messages towards the ps's global step, judges
-///     them fresh or stale, and (on ps 0, which paces the workers) hands out sync tokens.
-///
-/// Required:
-///   - `typename P::Accumulator`, `typename P::Pacer` (both movable)
-///   - `p.make_accumulator(n)` → an empty accumulator for `n`-element gradients
-///   - `p.accumulate(acc, gradient)` → void: adds one fresh gradient
-///   - `p.take(acc)` → `std::span<const float>`: what the optimizer applies; empties `acc`
-///   - `p.make_pacer()` → the pacer at global step 0
-///   - `p.on_push(pacer, worker, local_step)` → `Verdict` for one push message
-///   - `p.global_step(pacer)` → `std::int64_t`: global steps completed on this ps
-///   - `p.take_token(pacer, worker)` → `std::optional<Token>`; nullopt: the request waits
-/// Optional:
-///   - `p.waiting_for(pacer)` → `std::string`: what the next step waits for, in words; the
-///     ps reports it (StatsReply) and clients quote it when a token or a step never comes
-///   - `p.save(pacer)` → `std::vector<std::int64_t>` and `p.load(pacer, state)` (state: a
-///     `std::span<const std::int64_t>` that `save` gave): the pacer as a checkpoint keeps it.
-///     The ps saves at a cut where no push is half counted (every ps took the same pushes),
-///     and loads into a fresh pacer; `load` throws `pulley::Error` for a state it cannot take
-///     (say, of another number of workers), leaving the pacer as it was. Without them a
-///     checkpoint keeps only the global step, and a restore starts the pacer afresh.
-///   - `p.release(pacer, worker)` → void, noexcept: the connection worker `worker` took its
-///     last token on is gone (its process ended, or its link broke): give back the tokens
-///     it took and did not push for, so a vanished taker cannot hold a step up (a token is
-///     a lease). The worker, or a process restarted in its place, may take tokens again; a
-///     worker that pushed for a step still may not take a second token of it when R <= N.
-///   - `p.on_worker_lost(pacer, worker)` → `Verdict`: the ps holds `worker` lost (its
-///     heartbeats stopped): stop waiting for it. kReady when that completes the update in
-///     progress (the ps then takes and applies it as after a push), else kPending. The
-///     policy gives back its tokens as `release` does. `p.on_worker_back(pacer, worker)` →
-///     void: its heartbeats came back; it counts again from the step in progress. A throw
-///     from either fails the ps. Without them a lost worker is only released, and the
-///     policy waits for it.
-///   - `p.awaited(pacer)` → `std::vector<std::uint32_t>`: the workers the next step waits
-///     for; the ps quotes each with how long ago it last heard it.
-///
-/// Semantic contract:
-///   - the ps calls `on_push` once per push message, after checking it and before touching
-///     any part: kStale drops every part gradient of the message, kPending accumulates them,
-///     kReady accumulates them and then takes and applies every part's update. So the parts
-///     one ps holds all see the same verdicts and never drift apart. (Parts on different ps
-///     tasks are paced by each ps's own pacer, as TensorFlow's accumulators are: with
-///     backup workers, two ps may average the gradients of different workers for one step.)
-///   - `take` returns the mean of the gradients accumulated since the last `take` (or the
-///     one gradient); the span stays valid until the next `accumulate` and may alias the
-///     last gradient passed in; `accumulate` may keep a view of its gradient until then;
-///   - `global_step` never decreases. A Pull with `min_step` waits until it reaches
-///     `min_step`, and is answered the moment it does (before the ps handles anything
-///     else), so the values it reads are this ps's at that step;
-///   - `take_token` is asked for every TakeToken (sent to ps 0 only); a request it answers
-///     nullopt waits, and is asked again, in arrival order, after every push the ps handles;
-///   - `on_push` and `take_token` may refuse a request by throwing `pulley::Error` (e.g. a
-///     worker index out of range), and must then leave the pacer unchanged. Any other throw
-///     from a policy while the ps changes its state fails the ps (it stops serving, and says
-///     why), since half an update cannot be undone;
-///   - the ps calls the policy from one thread at a time; the policy object itself is never
-///     modified after construction: everything that changes lives in the Accumulators and
-///     the Pacer.
-template <class P>
-concept SyncPolicy = std::copy_constructible<P> && std::movable<typename P::Accumulator> &&
-    std::movable<typename P::Pacer> &&
-    requires(const P& policy, typename P::Accumulator& acc, typename P::Pacer& pacer,
-             const typename P::Pacer& cpacer, std::span<const float> gradient,
-             std::uint32_t worker, std::int64_t local_step, std::size_t n) {
-  { policy.make_accumulator(n) } -> std::same_as<typename P::Accumulator>;
-  { policy.accumulate(acc, gradient) } -> std::same_as<void>;
-  { policy.take(acc) } -> std::same_as<std::span<const float>>;
-  { policy.make_pacer() } -> std::same_as<typename P::Pacer>;
-  { policy.on_push(pacer, worker, local_step) } -> std::same_as<Verdict>;
-  { policy.global_step(cpacer) } -> std::same_as<std::int64_t>;
-  { policy.take_token(pacer, worker) } -> std::same_as<std::optional<Token>>;
-};
-
-/// What `policy` says the next step waits for, or "" when it does not say.
-template <SyncPolicy P>
-std::string waiting_for(const P& policy, const typename P::Pacer& pacer) {
-  if constexpr (requires { { policy.waiting_for(pacer) } -> std::convertible_to<std::string>; }) {
-    return policy.waiting_for(pacer);
-  } else {
-    return {};
-  }
-}
-
-/// The pacer's state for a checkpoint (`save`), or {global step} when the policy has none.
-template <SyncPolicy P>
-std::vector<std::int64_t> save_pacer(const P& policy, const typename P::Pacer& pacer) {
-  if constexpr (requires { { policy.save(pacer) } -> std::convertible_to<std::vector<std::int64_t>>; }) {
-    return policy.save(pacer);
-  } else {
-    return {policy.global_step(pacer)};
-  }
-}
-
-/// A pacer restored from `state` (`load` on a fresh one), or a fresh one when the policy
-/// cannot load.
-template <SyncPolicy P>
-typename P::Pacer load_pacer(const P& policy, std::span<const std::int64_t> state) {
-  typename P::Pacer pacer = policy.make_pacer();
-  if constexpr (requires { policy.load(pacer, state); }) policy.load(pacer, state);
-  return pacer;
-}
-
-/// Gives back what worker `worker` held, if the policy leases tokens (`release`).
-template <SyncPolicy P>
-void release(const P& policy, typename P::Pacer& pacer, std::uint32_t worker) noexcept {
-  if constexpr (requires { policy.release(pacer, worker); }) {
-    static_assert(noexcept(policy.release(pacer, worker)), "SyncPolicy::release must be noexcept");
-    policy.release(pacer, worker);
-  }
-}
-
-/// Tells the policy `worker` is lost (`on_worker_lost`; without it, `release`): kReady
-/// when the update in progress is complete without it.
-template <SyncPolicy P>
-Verdict worker_lost(const P& policy, typename P::Pacer& pacer, std::uint32_t worker) {
-  if constexpr (requires { { policy.on_worker_lost(pacer, worker) } -> std::same_as<Verdict>; }) {
-    return policy.on_worker_lost(pacer, worker);
-  } else {
-    release(policy, pacer, worker);
-    return Verdict::kPending;
-  }
-}
-
-/// Tells the policy a lost `worker` is back (`on_worker_back`, if it has one).
-template <SyncPolicy P>
-void worker_back(const P& policy, typename P::Pacer& pacer, std::uint32_t worker) {
-  if constexpr (requires { policy.on_worker_back(pacer, worker); }) {
-    policy.on_worker_back(pacer, worker);
-  }
-}
-
-/// The workers the next step waits for (`awaited`), or none when the policy does not say.
-template <SyncPolicy P>
-std::vector<std::uint32_t> awaited(const P& policy, const typename P::Pacer& pacer) {
-  if constexpr (requires { { policy.awaited(pacer) } -> std::convertible_to<std::vector<std::uint32_t>>; }) {
-    return policy.awaited(pacer);
-  } else {
-    return {};
-  }
-}
-
-}  // namespace pulley
-// ---- end pulley/concepts/sync_policy.hpp ----
-// ---- begin pulley/node.hpp ----
+// ---- begin pulley/core/node.hpp ----
 
 #include <compare>
 #include <cstdint>
@@ -508,15 +320,15 @@ class JobSet {
 };
 
 }  // namespace pulley
-// ---- end pulley/node.hpp ----
-// ---- begin pulley/placement.hpp ----
+// ---- end pulley/core/node.hpp ----
+// ---- begin pulley/core/placement.hpp ----
 
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <vector>
 
-// ---- begin pulley/variable.hpp ----
+// ---- begin pulley/core/variable.hpp ----
 
 #include <cstddef>
 #include <cstdint>
@@ -627,7 +439,7 @@ struct RowRange {
 };
 
 }  // namespace pulley
-// ---- end pulley/variable.hpp ----
+// ---- end pulley/core/variable.hpp ----
 
 namespace pulley {
 
@@ -696,7 +508,37 @@ class PlacementBuilder {
 };
 
 }  // namespace pulley
-// ---- end pulley/placement.hpp ----
+// ---- end pulley/core/placement.hpp ----
+// ---- begin pulley/protocol/token.hpp ----
+
+#include <cstdint>
+
+namespace pulley {
+
+/// A sync token: leave for one step, and what that step must read. TF's `sync_token_queue`
+/// holds only the step number; pulley's tokens also say which parameters to pull, so that
+/// one mechanism serves every pacing rule.
+struct Token {
+  /// Tags the step's push (TF's `local_step`): the policy judges staleness by it.
+  std::int64_t local_step = 0;
+  /// The step's parameters must include every update of the global steps before this one:
+  /// the worker pulls with `Pull::min_step = pull_step` (0: whatever the ps holds).
+  std::int64_t pull_step = 0;
+  /// What the worker pulls together with this step's push, for its next step: the earliest
+  /// `pull_step` its next token can have, so that the prefetch can serve it.
+  std::int64_t next_pull_step = 0;
+  /// False when tokens never wait (Async): the worker need not ask for another.
+  bool paced = true;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(local_step, pull_step, next_pull_step, paced);
+  }
+  friend bool operator==(const Token&, const Token&) = default;
+};
+
+}  // namespace pulley
+// ---- end pulley/protocol/token.hpp ----
 
 namespace pulley {
 
@@ -1260,7 +1102,7 @@ T expect(Response&& response) {
 }
 
 }  // namespace pulley
-// ---- end pulley/messages.hpp ----
+// ---- end pulley/protocol/messages.hpp ----
 
 namespace pulley {
 
@@ -1498,8 +1340,8 @@ class PendingCall {
 };
 
 }  // namespace pulley
-// ---- end pulley/call.hpp ----
-// ---- begin pulley/call_group.hpp ----
+// ---- end pulley/protocol/call.hpp ----
+// ---- begin pulley/protocol/call_group.hpp ----
 
 #include <chrono>
 #include <cstddef>
@@ -1649,8 +1491,8 @@ class CallGroup {
 };
 
 }  // namespace pulley
-// ---- end pulley/call_group.hpp ----
-// ---- begin pulley/chief.hpp ----
+// ---- end pulley/protocol/call_group.hpp ----
+// ---- begin pulley/client/chief.hpp ----
 
 #include <algorithm>
 #include <chrono>
@@ -1713,7 +1555,7 @@ concept Transport = std::move_constructible<T> &&
 
 }  // namespace pulley
 // ---- end pulley/concepts/transport.hpp ----
-// ---- begin pulley/detail/client.hpp ----
+// ---- begin pulley/client/client.hpp ----
 
 #include <algorithm>
 #include <chrono>
@@ -1787,7 +1629,7 @@ struct ModelState {
 
 }  // namespace pulley
 // ---- end pulley/checkpoint/model_state.hpp ----
-// ---- begin pulley/client_options.hpp ----
+// ---- begin pulley/client/options.hpp ----
 
 #include <chrono>
 
@@ -1818,8 +1660,8 @@ struct ClientOptions {
 };
 
 }  // namespace pulley
-// ---- end pulley/client_options.hpp ----
-// ---- begin pulley/detail/finite.hpp ----
+// ---- end pulley/client/options.hpp ----
+// ---- begin pulley/core/detail/finite.hpp ----
 
 #include <cstddef>
 #include <cstdint>
@@ -1859,8 +1701,8 @@ inline bool all_finite(std::span<const float> values) noexcept {
 }
 
 }  // namespace pulley::detail
-// ---- end pulley/detail/finite.hpp ----
-// ---- begin pulley/detail/random.hpp ----
+// ---- end pulley/core/detail/finite.hpp ----
+// ---- begin pulley/core/detail/random.hpp ----
 
 #include <cerrno>
 #include <cstddef>
@@ -1902,8 +1744,8 @@ inline std::uint64_t random_u64() {
 }
 
 }  // namespace pulley::detail
-// ---- end pulley/detail/random.hpp ----
-// ---- begin pulley/log.hpp ----
+// ---- end pulley/core/detail/random.hpp ----
+// ---- begin pulley/core/log.hpp ----
 
 #include <chrono>
 #include <cstdint>
@@ -2002,7 +1844,7 @@ class LimitedLog {
 };
 
 }  // namespace pulley
-// ---- end pulley/log.hpp ----
+// ---- end pulley/core/log.hpp ----
 
 namespace pulley {
 
@@ -2810,8 +2652,8 @@ class Client {
 
 }  // namespace detail
 }  // namespace pulley
-// ---- end pulley/detail/client.hpp ----
-// ---- begin pulley/initializers.hpp ----
+// ---- end pulley/client/client.hpp ----
+// ---- begin pulley/core/initializers.hpp ----
 
 #include <cmath>
 #include <cstdint>
@@ -2905,7 +2747,7 @@ inline void initialize_row(const TableSpec& spec, std::uint64_t seed, std::uint6
 }
 
 }  // namespace pulley
-// ---- end pulley/initializers.hpp ----
+// ---- end pulley/core/initializers.hpp ----
 // ---- begin pulley/sharding/ids.hpp ----
 
 #include <cstdint>
@@ -3190,7 +3032,7 @@ class Chief {
 };
 
 }  // namespace pulley
-// ---- end pulley/chief.hpp ----
+// ---- end pulley/client/chief.hpp ----
 // ---- begin pulley/concepts/model.hpp ----
 
 #include <concepts>
@@ -3201,7 +3043,7 @@ class Chief {
 #include <string>
 #include <vector>
 
-// ---- begin pulley/detail/id_index.hpp ----
+// ---- begin pulley/core/id_index.hpp ----
 
 #include <cstddef>
 #include <cstdint>
@@ -3310,7 +3152,7 @@ class IdIndex {
 };
 
 }  // namespace pulley::detail
-// ---- end pulley/detail/id_index.hpp ----
+// ---- end pulley/core/id_index.hpp ----
 
 namespace pulley {
 
@@ -3715,7 +3557,173 @@ std::uint64_t max_request_payload(const S& service) noexcept {
 
 }  // namespace pulley
 // ---- end pulley/concepts/service.hpp ----
-// ---- begin pulley/embedding_table.hpp ----
+// ---- begin pulley/concepts/sync_policy.hpp ----
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace pulley {
+
+/// What one push message counts for (`SyncPolicy::on_push`).
+enum class Verdict : std::uint8_t {
+  kStale,    ///< too old: its gradients are dropped (and counted), never applied
+  kPending,  ///< its gradients are accumulated; the step needs more
+  kReady,    ///< its gradients are accumulated and complete an update: take and apply it
+};
+
+/// An aggregation (sync) policy decides when gradients are applied and how workers are
+/// paced. It has two halves, both state the policy defines and the ps keeps:
+///   - an `Accumulator` per part the ps holds (TF's ConditionalAccumulator): it gathers the
+///     part's gradients of one update and hands the optimizer their mean;
+///   - one `Pacer` per ps task: it counts push messages towards the ps's global step, judges
+///     them fresh or stale, and (on ps 0, which paces the workers) hands out sync tokens.
+///
+/// Required:
+///   - `typename P::Accumulator`, `typename P::Pacer` (both movable)
+///   - `p.make_accumulator(n)` → an empty accumulator for `n`-element gradients
+///   - `p.accumulate(acc, gradient)` → void: adds one fresh gradient
+///   - `p.take(acc)` → `std::span<const float>`: what the optimizer applies; empties `acc`
+///   - `p.make_pacer()` → the pacer at global step 0
+///   - `p.on_push(pacer, worker, local_step)` → `Verdict` for one push message
+///   - `p.global_step(pacer)` → `std::int64_t`: global steps completed on this ps
+///   - `p.take_token(pacer, worker)` → `std::optional<Token>`; nullopt: the request waits
+/// Optional:
+///   - `p.waiting_for(pacer)` → `std::string`: what the next step waits for, in words; the
+///     ps reports it (StatsReply) and clients quote it when a token or a step never comes
+///   - `p.save(pacer)` → `std::vector<std::int64_t>` and `p.load(pacer, state)` (state: a
+///     `std::span<const std::int64_t>` that `save` gave): the pacer as a checkpoint keeps it.
+///     The ps saves at a cut where no push is half counted (every ps took the same pushes),
+///     and loads into a fresh pacer; `load` throws `pulley::Error` for a state it cannot take
+///     (say, of another number of workers), leaving the pacer as it was. Without them a
+///     checkpoint keeps only the global step, and a restore starts the pacer afresh.
+///   - `p.release(pacer, worker)` → void, noexcept: the connection worker `worker` took its
+///     last token on is gone (its process ended, or its link broke): give back the tokens
+///     it took and did not push for, so a vanished taker cannot hold a step up (a token is
+///     a lease). The worker, or a process restarted in its place, may take tokens again; a
+///     worker that pushed for a step still may not take a second token of it when R <= N.
+///   - `p.on_worker_lost(pacer, worker)` → `Verdict`: the ps holds `worker` lost (its
+///     heartbeats stopped): stop waiting for it. kReady when that completes the update in
+///     progress (the ps then takes and applies it as after a push), else kPending. The
+///     policy gives back its tokens as `release` does. `p.on_worker_back(pacer, worker)` →
+///     void: its heartbeats came back; it counts again from the step in progress. A throw
+///     from either fails the ps. Without them a lost worker is only released, and the
+///     policy waits for it.
+///   - `p.awaited(pacer)` → `std::vector<std::uint32_t>`: the workers the next step waits
+///     for; the ps quotes each with how long ago it last heard it.
+///
+/// Semantic contract:
+///   - the ps calls `on_push` once per push message, after checking it and before touching
+///     any part: kStale drops every part gradient of the message, kPending accumulates them,
+///     kReady accumulates them and then takes and applies every part's update. So the parts
+///     one ps holds all see the same verdicts and never drift apart. (Parts on different ps
+///     tasks are paced by each ps's own pacer, as TensorFlow's accumulators are: with
+///     backup workers, two ps may average the gradients of different workers for one step.)
+///   - `take` returns the mean of the gradients accumulated since the last `take` (or the
+///     one gradient); the span stays valid until the next `accumulate` and may alias the
+///     last gradient passed in; `accumulate` may keep a view of its gradient until then;
+///   - `global_step` never decreases. A Pull with `min_step` waits until it reaches
+///     `min_step`, and is answered the moment it does (before the ps handles anything
+///     else), so the values it reads are this ps's at that step;
+///   - `take_token` is asked for every TakeToken (sent to ps 0 only); a request it answers
+///     nullopt waits, and is asked again, in arrival order, after every push the ps handles;
+///   - `on_push` and `take_token` may refuse a request by throwing `pulley::Error` (e.g. a
+///     worker index out of range), and must then leave the pacer unchanged. Any other throw
+///     from a policy while the ps changes its state fails the ps (it stops serving, and says
+///     why), since half an update cannot be undone;
+///   - the ps calls the policy from one thread at a time; the policy object itself is never
+///     modified after construction: everything that changes lives in the Accumulators and
+///     the Pacer.
+template <class P>
+concept SyncPolicy = std::copy_constructible<P> && std::movable<typename P::Accumulator> &&
+    std::movable<typename P::Pacer> &&
+    requires(const P& policy, typename P::Accumulator& acc, typename P::Pacer& pacer,
+             const typename P::Pacer& cpacer, std::span<const float> gradient,
+             std::uint32_t worker, std::int64_t local_step, std::size_t n) {
+  { policy.make_accumulator(n) } -> std::same_as<typename P::Accumulator>;
+  { policy.accumulate(acc, gradient) } -> std::same_as<void>;
+  { policy.take(acc) } -> std::same_as<std::span<const float>>;
+  { policy.make_pacer() } -> std::same_as<typename P::Pacer>;
+  { policy.on_push(pacer, worker, local_step) } -> std::same_as<Verdict>;
+  { policy.global_step(cpacer) } -> std::same_as<std::int64_t>;
+  { policy.take_token(pacer, worker) } -> std::same_as<std::optional<Token>>;
+};
+
+/// What `policy` says the next step waits for, or "" when it does not say.
+template <SyncPolicy P>
+std::string waiting_for(const P& policy, const typename P::Pacer& pacer) {
+  if constexpr (requires { { policy.waiting_for(pacer) } -> std::convertible_to<std::string>; }) {
+    return policy.waiting_for(pacer);
+  } else {
+    return {};
+  }
+}
+
+/// The pacer's state for a checkpoint (`save`), or {global step} when the policy has none.
+template <SyncPolicy P>
+std::vector<std::int64_t> save_pacer(const P& policy, const typename P::Pacer& pacer) {
+  if constexpr (requires { { policy.save(pacer) } -> std::convertible_to<std::vector<std::int64_t>>; }) {
+    return policy.save(pacer);
+  } else {
+    return {policy.global_step(pacer)};
+  }
+}
+
+/// A pacer restored from `state` (`load` on a fresh one), or a fresh one when the policy
+/// cannot load.
+template <SyncPolicy P>
+typename P::Pacer load_pacer(const P& policy, std::span<const std::int64_t> state) {
+  typename P::Pacer pacer = policy.make_pacer();
+  if constexpr (requires { policy.load(pacer, state); }) policy.load(pacer, state);
+  return pacer;
+}
+
+/// Gives back what worker `worker` held, if the policy leases tokens (`release`).
+template <SyncPolicy P>
+void release(const P& policy, typename P::Pacer& pacer, std::uint32_t worker) noexcept {
+  if constexpr (requires { policy.release(pacer, worker); }) {
+    static_assert(noexcept(policy.release(pacer, worker)), "SyncPolicy::release must be noexcept");
+    policy.release(pacer, worker);
+  }
+}
+
+/// Tells the policy `worker` is lost (`on_worker_lost`; without it, `release`): kReady
+/// when the update in progress is complete without it.
+template <SyncPolicy P>
+Verdict worker_lost(const P& policy, typename P::Pacer& pacer, std::uint32_t worker) {
+  if constexpr (requires { { policy.on_worker_lost(pacer, worker) } -> std::same_as<Verdict>; }) {
+    return policy.on_worker_lost(pacer, worker);
+  } else {
+    release(policy, pacer, worker);
+    return Verdict::kPending;
+  }
+}
+
+/// Tells the policy a lost `worker` is back (`on_worker_back`, if it has one).
+template <SyncPolicy P>
+void worker_back(const P& policy, typename P::Pacer& pacer, std::uint32_t worker) {
+  if constexpr (requires { policy.on_worker_back(pacer, worker); }) {
+    policy.on_worker_back(pacer, worker);
+  }
+}
+
+/// The workers the next step waits for (`awaited`), or none when the policy does not say.
+template <SyncPolicy P>
+std::vector<std::uint32_t> awaited(const P& policy, const typename P::Pacer& pacer) {
+  if constexpr (requires { { policy.awaited(pacer) } -> std::convertible_to<std::vector<std::uint32_t>>; }) {
+    return policy.awaited(pacer);
+  } else {
+    return {};
+  }
+}
+
+}  // namespace pulley
+// ---- end pulley/concepts/sync_policy.hpp ----
+// ---- begin pulley/ps/embedding_table.hpp ----
 
 #include <algorithm>
 #include <cstddef>
@@ -4183,8 +4191,8 @@ template <class O>
 using DefaultTables = typename detail::default_tables<O>::type;
 
 }  // namespace pulley
-// ---- end pulley/embedding_table.hpp ----
-// ---- begin pulley/evaluator.hpp ----
+// ---- end pulley/ps/embedding_table.hpp ----
+// ---- begin pulley/client/evaluator.hpp ----
 
 #include <cstdint>
 #include <span>
@@ -4230,8 +4238,8 @@ class Evaluator {
 };
 
 }  // namespace pulley
-// ---- end pulley/evaluator.hpp ----
-// ---- begin pulley/heartbeat.hpp ----
+// ---- end pulley/client/evaluator.hpp ----
+// ---- begin pulley/client/heartbeat.hpp ----
 
 #include <algorithm>
 #include <chrono>
@@ -4352,7 +4360,7 @@ class HeartbeatSender {
 };
 
 }  // namespace pulley
-// ---- end pulley/heartbeat.hpp ----
+// ---- end pulley/client/heartbeat.hpp ----
 // ---- begin pulley/optimizers/adagrad.hpp ----
 
 #include <algorithm>
@@ -4948,7 +4956,7 @@ static_assert(RowWiseOptimizer<RmsProp>);
 
 }  // namespace pulley
 // ---- end pulley/optimizers/rmsprop.hpp ----
-// ---- begin pulley/parameter_server.hpp ----
+// ---- begin pulley/ps/parameter_server.hpp ----
 
 #include <algorithm>
 #include <chrono>
@@ -4969,7 +4977,7 @@ static_assert(RowWiseOptimizer<RmsProp>);
 #include <variant>
 #include <vector>
 
-// ---- begin pulley/sync/sparse_accumulator.hpp ----
+// ---- begin pulley/tables/row_aggregation.hpp ----
 
 #include <cstddef>
 #include <cstdint>
@@ -5056,7 +5064,7 @@ class SparseAccumulator {
 };
 
 }  // namespace pulley
-// ---- end pulley/sync/sparse_accumulator.hpp ----
+// ---- end pulley/tables/row_aggregation.hpp ----
 
 namespace pulley {
 
@@ -6537,7 +6545,7 @@ class ParameterServer {
 };
 
 }  // namespace pulley
-// ---- end pulley/parameter_server.hpp ----
+// ---- end pulley/ps/parameter_server.hpp ----
 // ---- begin pulley/sharding/partition.hpp ----
 
 #include <cstddef>
@@ -7161,7 +7169,7 @@ static_assert(SyncPolicy<SyncReplicas>);
 #include <utility>
 #include <vector>
 
-// ---- begin pulley/detail/reply_targets.hpp ----
+// ---- begin pulley/transport/detail/reply_targets.hpp ----
 
 #include <algorithm>
 #include <cstddef>
@@ -7200,7 +7208,7 @@ inline bool copy_into(Response& reply, std::span<const std::span<float>> targets
 }
 
 }  // namespace pulley::detail
-// ---- end pulley/detail/reply_targets.hpp ----
+// ---- end pulley/transport/detail/reply_targets.hpp ----
 
 namespace pulley {
 
@@ -7656,12 +7664,12 @@ static_assert(Transport<InProcess>);
 
 }  // namespace pulley
 // ---- end pulley/transport/in_process.hpp ----
-// ---- begin pulley/version.hpp ----
+// ---- begin pulley/core/version.hpp ----
 
 /// pulley's version, as `project(pulley VERSION ...)` in CMakeLists.txt says (a test checks
 /// that they agree) and as the release tag `v<major>.<minor>.<patch>` names it.
 #define PULLEY_VERSION_MAJOR 0
-#define PULLEY_VERSION_MINOR 2
+#define PULLEY_VERSION_MINOR 3
 #define PULLEY_VERSION_PATCH 0
 
 namespace pulley {
@@ -7679,8 +7687,8 @@ struct Version {
 inline constexpr Version version{PULLEY_VERSION_MAJOR, PULLEY_VERSION_MINOR, PULLEY_VERSION_PATCH};
 
 }  // namespace pulley
-// ---- end pulley/version.hpp ----
-// ---- begin pulley/worker.hpp ----
+// ---- end pulley/core/version.hpp ----
+// ---- begin pulley/client/worker.hpp ----
 
 #include <algorithm>
 #include <cstddef>
@@ -7693,7 +7701,7 @@ inline constexpr Version version{PULLEY_VERSION_MAJOR, PULLEY_VERSION_MINOR, PUL
 #include <utility>
 #include <vector>
 
-// ---- begin pulley/detail/recovery.hpp ----
+// ---- begin pulley/client/recovery.hpp ----
 
 #include <algorithm>
 #include <chrono>
@@ -7750,7 +7758,7 @@ class Recovery {
 };
 
 }  // namespace pulley::detail
-// ---- end pulley/detail/recovery.hpp ----
+// ---- end pulley/client/recovery.hpp ----
 
 namespace pulley {
 
@@ -8043,7 +8051,7 @@ class Worker {
 };
 
 }  // namespace pulley
-// ---- end pulley/worker.hpp ----
+// ---- end pulley/client/worker.hpp ----
 // ---- end pulley/pulley.hpp ----
 // ---- begin pulley/transport/tcp.hpp ----
 

@@ -2,7 +2,7 @@
 // SPDX-License-Identifier: MIT
 // A model without `gradient` is rejected by Worker, and the diagnostic names it.
 #include "pulley/transport/in_process.hpp"
-#include "pulley/worker.hpp"
+#include "pulley/client/worker.hpp"
 
 struct ForgotGradient {
   struct Batch {};

@@ -5,7 +5,7 @@
 #include <mutex>
 
 #include "pulley/optimizers/sgd.hpp"
-#include "pulley/parameter_server.hpp"
+#include "pulley/ps/parameter_server.hpp"
 #include "pulley/sharding/round_robin.hpp"
 #include "pulley/sync/async.hpp"
 

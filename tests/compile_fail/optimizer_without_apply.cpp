@@ -1,7 +1,7 @@
 // expect: optimizer\.apply\(state, weights, gradient\)
 // SPDX-License-Identifier: MIT
 // An optimizer without `apply` is rejected, and the diagnostic names the missing member.
-#include "pulley/parameter_server.hpp"
+#include "pulley/ps/parameter_server.hpp"
 #include "pulley/sharding/round_robin.hpp"
 #include "pulley/sync/async.hpp"
 

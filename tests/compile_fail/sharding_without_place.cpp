@@ -2,7 +2,7 @@
 // SPDX-License-Identifier: MIT
 // A sharding policy without `place` is rejected, and the diagnostic names it.
 #include "pulley/optimizers/sgd.hpp"
-#include "pulley/parameter_server.hpp"
+#include "pulley/ps/parameter_server.hpp"
 #include "pulley/sync/async.hpp"
 
 struct ForgotPlace {

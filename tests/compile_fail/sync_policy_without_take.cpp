@@ -2,7 +2,7 @@
 // SPDX-License-Identifier: MIT
 // A sync policy without `take` is rejected, and the diagnostic names it.
 #include "pulley/optimizers/sgd.hpp"
-#include "pulley/parameter_server.hpp"
+#include "pulley/ps/parameter_server.hpp"
 #include "pulley/sharding/round_robin.hpp"
 
 struct ForgotTake {

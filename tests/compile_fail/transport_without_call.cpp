@@ -1,7 +1,7 @@
 // expect: transport\.call\(
 // SPDX-License-Identifier: MIT
 // A transport without `call` is rejected by Worker, and the diagnostic names it.
-#include "pulley/worker.hpp"
+#include "pulley/client/worker.hpp"
 #include "support/linear_model.hpp"
 
 struct ForgotCall {

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "pulley/optimizers/adam.hpp"
-#include "pulley/parameter_server.hpp"
+#include "pulley/ps/parameter_server.hpp"
 #include "pulley/sharding/partitioned.hpp"
 #include "pulley/sync/sync_replicas.hpp"
 #include "pulley/transport/wire/codec.hpp"

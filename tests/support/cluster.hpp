@@ -7,7 +7,7 @@
 #include <chrono>
 #include <cstdint>
 
-#include "pulley/parameter_server.hpp"
+#include "pulley/ps/parameter_server.hpp"
 #include "pulley/transport/in_process.hpp"
 
 namespace pulley::testing {

@@ -9,8 +9,8 @@
 #include <span>
 #include <vector>
 
-#include "pulley/initializers.hpp"
-#include "pulley/variable.hpp"
+#include "pulley/core/initializers.hpp"
+#include "pulley/core/variable.hpp"
 
 namespace pulley::testing {
 

@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "pulley/log.hpp"
+#include "pulley/core/log.hpp"
 
 namespace pulley::testing {
 

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "pulley/concepts/model.hpp"
-#include "pulley/initializers.hpp"
-#include "pulley/variable.hpp"
+#include "pulley/core/initializers.hpp"
+#include "pulley/core/variable.hpp"
 
 namespace pulley::testing {
 

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // "host:port" addresses: what parses, what is refused and why, and the round trip through
 // to_string.
-#include "pulley/address.hpp"
+#include "pulley/core/address.hpp"
 
 #include <doctest/doctest.h>
 

@@ -17,16 +17,16 @@
 #include <vector>
 
 #include "pulley/checkpoint/directory.hpp"
-#include "pulley/chief.hpp"
+#include "pulley/client/chief.hpp"
 #include "pulley/optimizers/adam.hpp"
 #include "pulley/optimizers/sgd.hpp"
-#include "pulley/parameter_server.hpp"
+#include "pulley/ps/parameter_server.hpp"
 #include "pulley/sharding/partitioned.hpp"
 #include "pulley/sharding/round_robin.hpp"
 #include "pulley/sync/async.hpp"
 #include "pulley/sync/bounded_staleness.hpp"
 #include "pulley/sync/sync_replicas.hpp"
-#include "pulley/worker.hpp"
+#include "pulley/client/worker.hpp"
 #include "support/cluster.hpp"
 #include "support/linear_model.hpp"
 

@@ -14,11 +14,11 @@
 #include <span>
 #include <vector>
 
-#include "pulley/embedding_table.hpp"
+#include "pulley/ps/embedding_table.hpp"
 #include "pulley/optimizers/adagrad.hpp"
 #include "pulley/optimizers/sgd.hpp"
 #include "pulley/sharding/ids.hpp"
-#include "pulley/sync/sparse_accumulator.hpp"
+#include "pulley/tables/row_aggregation.hpp"
 
 using namespace pulley;
 

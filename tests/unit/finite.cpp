@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 // detail::all_finite, which guards every push on the worker and on the ps.
-#include "pulley/detail/finite.hpp"
+#include "pulley/core/detail/finite.hpp"
 
 #include <doctest/doctest.h>
 

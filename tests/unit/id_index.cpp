@@ -8,7 +8,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "pulley/detail/id_index.hpp"
+#include "pulley/core/id_index.hpp"
 
 using pulley::detail::IdIndex;
 

@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "pulley/initializers.hpp"
+#include "pulley/core/initializers.hpp"
 
 namespace {
 

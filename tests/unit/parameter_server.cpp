@@ -2,7 +2,7 @@
 // The ps as a message handler, driven directly without any transport: bad input gets a
 // clear error and leaves the server serving; sync tokens and step-gated pulls follow
 // SyncReplicas' rules message by message.
-#include "pulley/parameter_server.hpp"
+#include "pulley/ps/parameter_server.hpp"
 
 #include <doctest/doctest.h>
 

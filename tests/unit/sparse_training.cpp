@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "pulley/chief.hpp"
+#include "pulley/client/chief.hpp"
 #include "pulley/optimizers/adagrad.hpp"
 #include "pulley/optimizers/momentum.hpp"
 #include "pulley/optimizers/sgd.hpp"
@@ -22,7 +22,7 @@
 #include "pulley/sync/async.hpp"
 #include "pulley/sync/sync_replicas.hpp"
 #include "pulley/transport/tcp.hpp"
-#include "pulley/worker.hpp"
+#include "pulley/client/worker.hpp"
 #include "support/cluster.hpp"
 #include "support/table_model.hpp"
 #include "support/tcp.hpp"

@@ -2,7 +2,7 @@
 // Embedding-table requests sent straight to a ps, as a raw client could: every malformed or
 // oversized one is refused by name and changes nothing; readers create no rows; a push alone
 // whose rows would go non-finite is refused, not applied in part.
-#include "pulley/parameter_server.hpp"
+#include "pulley/ps/parameter_server.hpp"
 
 #include <doctest/doctest.h>
 

@@ -23,15 +23,15 @@
 #include <thread>
 #include <vector>
 
-#include "pulley/chief.hpp"
+#include "pulley/client/chief.hpp"
 #include "pulley/optimizers/sgd.hpp"
-#include "pulley/parameter_server.hpp"
+#include "pulley/ps/parameter_server.hpp"
 #include "pulley/sharding/partitioned.hpp"
 #include "pulley/sync/async.hpp"
 #include "pulley/sync/bounded_staleness.hpp"
 #include "pulley/sync/sync_replicas.hpp"
 #include "pulley/transport/in_process.hpp"
-#include "pulley/worker.hpp"
+#include "pulley/client/worker.hpp"
 #include "support/linear_model.hpp"
 #include "support/tcp.hpp"
 

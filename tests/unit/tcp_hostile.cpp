@@ -22,17 +22,17 @@
 #include <thread>
 #include <vector>
 
-#include "pulley/chief.hpp"
-#include "pulley/initializers.hpp"
+#include "pulley/client/chief.hpp"
+#include "pulley/core/initializers.hpp"
 #include "pulley/optimizers/adam.hpp"
 #include "pulley/optimizers/sgd.hpp"
-#include "pulley/parameter_server.hpp"
+#include "pulley/ps/parameter_server.hpp"
 #include "pulley/runner/run.hpp"
 #include "pulley/sharding/round_robin.hpp"
 #include "pulley/sync/async.hpp"
 #include "pulley/sync/sync_replicas.hpp"
 #include "pulley/transport/tcp.hpp"
-#include "pulley/worker.hpp"
+#include "pulley/client/worker.hpp"
 #include "support/linear_model.hpp"
 #include "support/log_capture.hpp"
 #include "support/tcp.hpp"

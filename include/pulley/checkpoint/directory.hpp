@@ -15,8 +15,8 @@
 
 #include "pulley/checkpoint/format.hpp"
 #include "pulley/checkpoint/model_state.hpp"
-#include "pulley/error.hpp"
-#include "pulley/log.hpp"
+#include "pulley/core/error.hpp"
+#include "pulley/core/log.hpp"
 
 namespace pulley {
 

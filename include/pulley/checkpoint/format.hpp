@@ -37,7 +37,7 @@
 
 #include "pulley/checkpoint/crc32c.hpp"
 #include "pulley/checkpoint/model_state.hpp"
-#include "pulley/error.hpp"
+#include "pulley/core/error.hpp"
 
 static_assert(std::endian::native == std::endian::little,
               "pulley's checkpoint format is little-endian; big-endian hosts are not supported");

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "pulley/variable.hpp"
+#include "pulley/core/variable.hpp"
 
 namespace pulley {
 

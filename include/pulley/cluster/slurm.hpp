@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "pulley/cluster/cluster_spec.hpp"
-#include "pulley/error.hpp"
+#include "pulley/core/error.hpp"
 
 namespace pulley {
 

@@ -15,9 +15,9 @@
 #include <string_view>
 #include <utility>
 
-#include "pulley/address.hpp"
+#include "pulley/core/address.hpp"
 #include "pulley/cluster/cluster_spec.hpp"
-#include "pulley/error.hpp"
+#include "pulley/core/error.hpp"
 
 namespace pulley {
 

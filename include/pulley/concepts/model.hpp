@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "pulley/detail/id_index.hpp"
-#include "pulley/variable.hpp"
+#include "pulley/core/id_index.hpp"
+#include "pulley/core/variable.hpp"
 
 namespace pulley {
 

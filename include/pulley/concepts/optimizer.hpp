@@ -11,7 +11,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "pulley/variable.hpp"
+#include "pulley/core/variable.hpp"
 
 namespace pulley {
 

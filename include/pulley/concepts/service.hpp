@@ -7,7 +7,7 @@
 #include <limits>
 #include <optional>
 
-#include "pulley/messages.hpp"
+#include "pulley/protocol/messages.hpp"
 
 namespace pulley {
 

@@ -7,8 +7,8 @@
 #include <string_view>
 #include <span>
 
-#include "pulley/placement.hpp"
-#include "pulley/variable.hpp"
+#include "pulley/core/placement.hpp"
+#include "pulley/core/variable.hpp"
 
 namespace pulley {
 

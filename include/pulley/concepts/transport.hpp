@@ -6,8 +6,8 @@
 #include <span>
 #include <vector>
 
-#include "pulley/call.hpp"
-#include "pulley/messages.hpp"
+#include "pulley/protocol/call.hpp"
+#include "pulley/protocol/messages.hpp"
 
 namespace pulley {
 

@@ -15,8 +15,8 @@
 #include <xtensor/xadapt.hpp>
 
 #include "pulley/concepts/model.hpp"
-#include "pulley/initializers.hpp"
-#include "pulley/variable.hpp"
+#include "pulley/core/initializers.hpp"
+#include "pulley/core/variable.hpp"
 
 namespace pulley::models {
 

@@ -29,8 +29,8 @@
 #include <string_view>
 
 #include "pulley/cluster/cluster_spec.hpp"
-#include "pulley/error.hpp"
-#include "pulley/log.hpp"
+#include "pulley/core/error.hpp"
+#include "pulley/core/log.hpp"
 #include "pulley/transport/wire/handshake.hpp"
 
 namespace pulley {

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "pulley/client_options.hpp"
+#include "pulley/client/options.hpp"
 #include "pulley/cluster/slurm.hpp"
 #include "pulley/runner/job.hpp"
 #include "pulley/runner/run.hpp"

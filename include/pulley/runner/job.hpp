@@ -11,7 +11,7 @@
 #include "pulley/cluster/cluster_spec.hpp"
 #include "pulley/cluster/slurm.hpp"
 #include "pulley/cluster/tf_config.hpp"
-#include "pulley/error.hpp"
+#include "pulley/core/error.hpp"
 #include "pulley/runner/credentials.hpp"
 
 namespace pulley {

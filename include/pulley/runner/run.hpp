@@ -16,24 +16,24 @@
 #include <utility>
 #include <vector>
 
-#include "pulley/address.hpp"
-#include "pulley/call_group.hpp"
+#include "pulley/core/address.hpp"
+#include "pulley/protocol/call_group.hpp"
 #include "pulley/checkpoint/directory.hpp"
-#include "pulley/chief.hpp"
+#include "pulley/client/chief.hpp"
 #include "pulley/concepts/model.hpp"
 #include "pulley/concepts/optimizer.hpp"
 #include "pulley/concepts/sharding.hpp"
 #include "pulley/concepts/sync_policy.hpp"
-#include "pulley/detail/finite.hpp"
-#include "pulley/detail/recovery.hpp"
-#include "pulley/evaluator.hpp"
-#include "pulley/heartbeat.hpp"
-#include "pulley/log.hpp"
-#include "pulley/parameter_server.hpp"
+#include "pulley/core/detail/finite.hpp"
+#include "pulley/client/recovery.hpp"
+#include "pulley/client/evaluator.hpp"
+#include "pulley/client/heartbeat.hpp"
+#include "pulley/core/log.hpp"
+#include "pulley/ps/parameter_server.hpp"
 #include "pulley/runner/job.hpp"
 #include "pulley/transport/in_process.hpp"
 #include "pulley/transport/tcp.hpp"
-#include "pulley/worker.hpp"
+#include "pulley/client/worker.hpp"
 
 namespace pulley {
 

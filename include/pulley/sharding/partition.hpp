@@ -6,9 +6,9 @@
 #include <span>
 #include <vector>
 
-#include "pulley/error.hpp"
-#include "pulley/placement.hpp"
-#include "pulley/variable.hpp"
+#include "pulley/core/error.hpp"
+#include "pulley/core/placement.hpp"
+#include "pulley/core/variable.hpp"
 
 namespace pulley {
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "pulley/concepts/sync_policy.hpp"
-#include "pulley/error.hpp"
+#include "pulley/core/error.hpp"
 
 namespace pulley {
 

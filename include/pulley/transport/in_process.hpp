@@ -16,12 +16,12 @@
 #include <utility>
 #include <vector>
 
-#include "pulley/call.hpp"
+#include "pulley/protocol/call.hpp"
 #include "pulley/concepts/service.hpp"
 #include "pulley/concepts/transport.hpp"
-#include "pulley/detail/reply_targets.hpp"
-#include "pulley/messages.hpp"
-#include "pulley/node.hpp"
+#include "pulley/transport/detail/reply_targets.hpp"
+#include "pulley/protocol/messages.hpp"
+#include "pulley/core/node.hpp"
 
 namespace pulley {
 

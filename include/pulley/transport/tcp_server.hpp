@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "pulley/concepts/service.hpp"
-#include "pulley/log.hpp"
-#include "pulley/messages.hpp"
-#include "pulley/node.hpp"
+#include "pulley/core/log.hpp"
+#include "pulley/protocol/messages.hpp"
+#include "pulley/core/node.hpp"
 #include "pulley/transport/detail/sockets.hpp"
 #include "pulley/transport/wire/codec.hpp"
 #include "pulley/transport/wire/frame_reader.hpp"

@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "pulley/error.hpp"
+#include "pulley/core/error.hpp"
 #include "pulley/transport/wire/frame.hpp"
 
 namespace pulley::transport_detail {

@@ -15,7 +15,7 @@
 #include <variant>
 #include <vector>
 
-#include "pulley/messages.hpp"
+#include "pulley/protocol/messages.hpp"
 #include "pulley/transport/wire/archive.hpp"
 #include "pulley/transport/wire/frame.hpp"
 #include "pulley/transport/wire/handshake.hpp"

@@ -22,7 +22,7 @@
 #include <variant>
 #include <vector>
 
-#include "pulley/messages.hpp"
+#include "pulley/protocol/messages.hpp"
 
 static_assert(std::endian::native == std::endian::little,
               "pulley's wire format is little-endian; big-endian hosts are not supported");

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "pulley/detail/finite.hpp"
+#include "pulley/core/detail/finite.hpp"
 #include "pulley/transport/wire/frame.hpp"
 
 namespace pulley::wire {

@@ -27,9 +27,9 @@
 #include <string_view>
 #include <variant>
 
-#include "pulley/detail/random.hpp"
-#include "pulley/error.hpp"
-#include "pulley/node.hpp"
+#include "pulley/core/detail/random.hpp"
+#include "pulley/core/error.hpp"
+#include "pulley/core/node.hpp"
 #include "pulley/transport/detail/hmac.hpp"
 #include "pulley/transport/wire/frame.hpp"
 

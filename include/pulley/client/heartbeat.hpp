@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "pulley/concepts/transport.hpp"
-#include "pulley/messages.hpp"
+#include "pulley/protocol/messages.hpp"
 
 namespace pulley {
 

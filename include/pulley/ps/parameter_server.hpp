@@ -24,13 +24,13 @@
 #include "pulley/concepts/service.hpp"
 #include "pulley/concepts/sharding.hpp"
 #include "pulley/concepts/sync_policy.hpp"
-#include "pulley/detail/finite.hpp"
-#include "pulley/detail/id_index.hpp"
-#include "pulley/detail/random.hpp"
-#include "pulley/embedding_table.hpp"
-#include "pulley/log.hpp"
-#include "pulley/messages.hpp"
-#include "pulley/sync/sparse_accumulator.hpp"
+#include "pulley/core/detail/finite.hpp"
+#include "pulley/core/id_index.hpp"
+#include "pulley/core/detail/random.hpp"
+#include "pulley/ps/embedding_table.hpp"
+#include "pulley/core/log.hpp"
+#include "pulley/protocol/messages.hpp"
+#include "pulley/tables/row_aggregation.hpp"
 
 namespace pulley {
 

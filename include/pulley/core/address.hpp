@@ -6,7 +6,7 @@
 #include <string>
 #include <string_view>
 
-#include "pulley/error.hpp"
+#include "pulley/core/error.hpp"
 
 namespace pulley {
 

@@ -9,9 +9,9 @@
 #include <utility>
 #include <vector>
 
-#include "pulley/call.hpp"
-#include "pulley/error.hpp"
-#include "pulley/messages.hpp"
+#include "pulley/protocol/call.hpp"
+#include "pulley/core/error.hpp"
+#include "pulley/protocol/messages.hpp"
 
 namespace pulley {
 

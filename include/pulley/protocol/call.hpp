@@ -11,7 +11,7 @@
 #include <optional>
 #include <utility>
 
-#include "pulley/messages.hpp"
+#include "pulley/protocol/messages.hpp"
 
 namespace pulley {
 

@@ -14,13 +14,13 @@
 
 #include "pulley/concepts/optimizer.hpp"
 #include "pulley/concepts/sharding.hpp"
-#include "pulley/detail/finite.hpp"
-#include "pulley/detail/random.hpp"
-#include "pulley/error.hpp"
-#include "pulley/initializers.hpp"
+#include "pulley/core/detail/finite.hpp"
+#include "pulley/core/detail/random.hpp"
+#include "pulley/core/error.hpp"
+#include "pulley/core/initializers.hpp"
 #include "pulley/optimizers/sgd.hpp"
 #include "pulley/sharding/ids.hpp"
-#include "pulley/variable.hpp"
+#include "pulley/core/variable.hpp"
 
 namespace pulley {
 

@@ -4,7 +4,7 @@
 /// pulley's version, as `project(pulley VERSION ...)` in CMakeLists.txt says (a test checks
 /// that they agree) and as the release tag `v<major>.<minor>.<patch>` names it.
 #define PULLEY_VERSION_MAJOR 0
-#define PULLEY_VERSION_MINOR 2
+#define PULLEY_VERSION_MINOR 3
 #define PULLEY_VERSION_PATCH 0
 
 namespace pulley {

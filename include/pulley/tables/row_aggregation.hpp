@@ -6,8 +6,8 @@
 #include <span>
 #include <vector>
 
-#include "pulley/detail/id_index.hpp"
-#include "pulley/detail/random.hpp"
+#include "pulley/core/id_index.hpp"
+#include "pulley/core/detail/random.hpp"
 
 namespace pulley {
 

@@ -7,9 +7,9 @@
 #include <thread>
 #include <utility>
 
-#include "pulley/client_options.hpp"
-#include "pulley/error.hpp"
-#include "pulley/log.hpp"
+#include "pulley/client/options.hpp"
+#include "pulley/core/error.hpp"
+#include "pulley/core/log.hpp"
 
 namespace pulley::detail {
 

@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <span>
 
-#include "pulley/messages.hpp"
+#include "pulley/protocol/messages.hpp"
 
 namespace pulley::detail {
 

@@ -15,14 +15,14 @@
 #include <utility>
 #include <vector>
 
-#include "pulley/call_group.hpp"
+#include "pulley/protocol/call_group.hpp"
 #include "pulley/checkpoint/model_state.hpp"
-#include "pulley/client_options.hpp"
+#include "pulley/client/options.hpp"
 #include "pulley/concepts/transport.hpp"
-#include "pulley/detail/finite.hpp"
-#include "pulley/detail/random.hpp"
-#include "pulley/log.hpp"
-#include "pulley/messages.hpp"
+#include "pulley/core/detail/finite.hpp"
+#include "pulley/core/detail/random.hpp"
+#include "pulley/core/log.hpp"
+#include "pulley/protocol/messages.hpp"
 
 namespace pulley {
 

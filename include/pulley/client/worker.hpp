@@ -14,8 +14,8 @@
 
 #include "pulley/concepts/model.hpp"
 #include "pulley/concepts/transport.hpp"
-#include "pulley/detail/client.hpp"
-#include "pulley/detail/recovery.hpp"
+#include "pulley/client/client.hpp"
+#include "pulley/client/recovery.hpp"
 #include "pulley/sharding/ids.hpp"
 
 namespace pulley {

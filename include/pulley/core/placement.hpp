@@ -6,7 +6,7 @@
 #include <span>
 #include <vector>
 
-#include "pulley/variable.hpp"
+#include "pulley/core/variable.hpp"
 
 namespace pulley {
 

@@ -11,11 +11,11 @@
 #include <variant>
 #include <vector>
 
-#include "pulley/concepts/sync_policy.hpp"
-#include "pulley/error.hpp"
-#include "pulley/node.hpp"
-#include "pulley/placement.hpp"
-#include "pulley/variable.hpp"
+#include "pulley/core/error.hpp"
+#include "pulley/core/node.hpp"
+#include "pulley/core/placement.hpp"
+#include "pulley/core/variable.hpp"
+#include "pulley/protocol/token.hpp"
 
 namespace pulley {
 

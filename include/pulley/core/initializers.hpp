@@ -7,7 +7,7 @@
 #include <span>
 #include <string_view>
 
-#include "pulley/variable.hpp"
+#include "pulley/core/variable.hpp"
 
 namespace pulley {
 

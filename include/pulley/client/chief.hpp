@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "pulley/concepts/transport.hpp"
-#include "pulley/detail/client.hpp"
-#include "pulley/detail/finite.hpp"
-#include "pulley/initializers.hpp"
+#include "pulley/client/client.hpp"
+#include "pulley/core/detail/finite.hpp"
+#include "pulley/core/initializers.hpp"
 #include "pulley/sharding/ids.hpp"
 
 namespace pulley {

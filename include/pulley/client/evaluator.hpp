@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "pulley/concepts/transport.hpp"
-#include "pulley/detail/client.hpp"
+#include "pulley/client/client.hpp"
 
 namespace pulley {
 

@@ -1,0 +1,30 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+
+#include <cstdint>
+
+namespace pulley {
+
+/// A sync token: leave for one step, and what that step must read. TF's `sync_token_queue`
+/// holds only the step number; pulley's tokens also say which parameters to pull, so that
+/// one mechanism serves every pacing rule.
+struct Token {
+  /// Tags the step's push (TF's `local_step`): the policy judges staleness by it.
+  std::int64_t local_step = 0;
+  /// The step's parameters must include every update of the global steps before this one:
+  /// the worker pulls with `Pull::min_step = pull_step` (0: whatever the ps holds).
+  std::int64_t pull_step = 0;
+  /// What the worker pulls together with this step's push, for its next step: the earliest
+  /// `pull_step` its next token can have, so that the prefetch can serve it.
+  std::int64_t next_pull_step = 0;
+  /// False when tokens never wait (Async): the worker need not ask for another.
+  bool paced = true;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(local_step, pull_step, next_pull_step, paced);
+  }
+  friend bool operator==(const Token&, const Token&) = default;
+};
+
+}  // namespace pulley
