@@ -28,9 +28,9 @@
 #include <string>
 #include <vector>
 
-#include "pulley/ps/embedding_table.hpp"
 #include "pulley/optimizers/adagrad.hpp"
 #include "pulley/optimizers/ftrl.hpp"
+#include "pulley/ps/embedding_table.hpp"
 
 namespace {
 

@@ -153,7 +153,7 @@ int train(const pulley::Job& job, const Options& o, const Data& data, Optimizer 
   training.worker_timeout = o.worker_timeout;
   training.evaluate = [&](pulley::models::Mlp& model, const pulley::Evaluation& e) {
     const auto scores = model.evaluate(test);
-    if (e.role == pulley::Node::Job::kEvaluator) {
+    if (e.role == pulley::Node::Role::kEvaluator) {
       std::printf("evaluation at step %lld: test_loss %.4f test_accuracy %.4f\n",
                   static_cast<long long>(e.step), scores.loss, scores.accuracy);
     } else {
@@ -164,7 +164,7 @@ int train(const pulley::Job& job, const Options& o, const Data& data, Optimizer 
           scores.loss, scores.accuracy, e.samples_per_s, e.seconds,
           e.consistent ? "" : "  (ps tasks read at different steps)");
     }
-    if (e.last && e.role == pulley::Node::Job::kChief) {  // the chief's summary of the job
+    if (e.last && e.role == pulley::Node::Role::kChief) {  // the chief's summary of the job
       std::int64_t stale = 0, applied = 0, refused = 0;
       for (const pulley::Stats& s : e.stats) {
         stale += s.stale_gradients_dropped;

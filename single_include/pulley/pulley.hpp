@@ -16,316 +16,41 @@
 /// pulley::tcp: Asio and cereal), cluster discovery (`cluster/`, pulley::cluster:
 /// nlohmann-json) and the role runner (`runner/`, pulley::runner: all of them).
 ///
-/// The layers, each using only those before it:
-///   contracts  error, variable, placement, messages, call, concepts/
-///   policies   optimizers/, sharding/, sync/
-///   hosts      ParameterServer (with EmbeddingTable), Worker, Chief, Evaluator
-///   transports transport/
+/// The layers, each a folder, each using only those before it (docs/ARCHITECTURE.md):
+///   contracts   core/, protocol/, concepts/
+///   policies    optimizers/, sharding/, sync/, tables/, (models/)
+///   storage     checkpoint/
+///   hosts       ps/ (ParameterServer), client/ (Worker, Chief, Evaluator)
+///   transports  transport/
 ///   cluster and runner
 
-// ---- begin pulley/core/address.hpp ----
+// ---- begin pulley/client/chief.hpp ----
 
-#include <cstddef>
-#include <cstdint>
-#include <string>
-#include <string_view>
-
-// ---- begin pulley/core/error.hpp ----
-
-#include <cstdint>
-#include <stdexcept>
-#include <string>
-#include <string_view>
-
-namespace pulley {
-
-/// Why a request failed. The names follow gRPC's status codes, which TensorFlow's
-/// distributed runtime reports too, so a TF user reads them without a glossary.
-enum class ErrorCode : std::uint8_t {
-  kInvalidArgument = 1,     ///< the request itself is wrong (shape mismatch, NaN gradient)
-  kNotFound = 2,            ///< an unknown variable or part
-  kAlreadyExists = 3,       ///< duplicate initialization
-  kFailedPrecondition = 4,  ///< e.g. a push before the variables are initialized
-  kUnavailable = 5,         ///< the peer is dead or unreachable
-  kDeadlineExceeded = 6,    ///< no answer in time (a dropped message ends here)
-  kCancelled = 7,           ///< the caller gave the request up
-  kOutOfRange = 8,          ///< training is over: the chief ended it (TF's OutOfRangeError)
-  kAborted = 9,             ///< the chief aborted training
-  kInternal = 10,           ///< a ps failed while handling a request (a policy threw)
-  kPermissionDenied = 11,   ///< the sender's role may not make this request
-  kUnauthenticated = 12,    ///< a peer of another job, or without the job's secret
-  kDataLoss = 13,           ///< stored data that is corrupt or truncated (a checkpoint)
-  kResourceExhausted = 14,  ///< a limit is reached (rows of a table on one ps)
-};
-
-/// Stable lower-case name of a code, for logs and error messages.
-constexpr std::string_view to_string(ErrorCode code) noexcept {
-  switch (code) {
-    case ErrorCode::kInvalidArgument:
-      return "invalid_argument";
-    case ErrorCode::kNotFound:
-      return "not_found";
-    case ErrorCode::kAlreadyExists:
-      return "already_exists";
-    case ErrorCode::kFailedPrecondition:
-      return "failed_precondition";
-    case ErrorCode::kUnavailable:
-      return "unavailable";
-    case ErrorCode::kDeadlineExceeded:
-      return "deadline_exceeded";
-    case ErrorCode::kCancelled:
-      return "cancelled";
-    case ErrorCode::kOutOfRange:
-      return "out_of_range";
-    case ErrorCode::kAborted:
-      return "aborted";
-    case ErrorCode::kInternal:
-      return "internal";
-    case ErrorCode::kPermissionDenied:
-      return "permission_denied";
-    case ErrorCode::kUnauthenticated:
-      return "unauthenticated";
-    case ErrorCode::kResourceExhausted:
-      return "resource_exhausted";
-    case ErrorCode::kDataLoss:
-      return "data_loss";
-  }
-  return "unknown";
-}
-
-/// The exception every pulley call throws for a failed request; `code()` says which kind.
-class Error : public std::runtime_error {
- public:
-  Error(ErrorCode code, const std::string& message)
-      : std::runtime_error(std::string(to_string(code)) + ": " + message), code_(code) {}
-
-  /// Which kind of failure.
-  [[nodiscard]] ErrorCode code() const noexcept { return code_; }
-  /// The message without the code's name in front.
-  [[nodiscard]] const char* message() const noexcept {
-    return what() + to_string(code_).size() + 2;
-  }
-
- private:
-  ErrorCode code_;
-};
-
-}  // namespace pulley
-// ---- end pulley/core/error.hpp ----
-
-namespace pulley {
-
-/// Where a task listens: a host (a name, an IPv4 address, or an IPv6 address without its
-/// brackets) and a port. Compared as written: "localhost:80" and "127.0.0.1:80" differ.
-struct Address {
-  /// A host name or numeric address; never empty, never bracketed, no whitespace.
-  std::string host;
-  /// The TCP port, 1..65535 once parsed (0 only in a default-constructed Address).
-  std::uint16_t port = 0;
-
-  /// "host:port", brackets around IPv6 hosts ("[::1]:2222"), so that parse_address reads it
-  /// back as the same Address.
-  [[nodiscard]] std::string to_string() const {
-    const bool v6 = host.find(':') != std::string::npos;
-    return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
-  }
-
-  /// Same host (exactly, case included) and same port.
-  friend bool operator==(const Address&, const Address&) = default;
-};
-
-namespace detail {
-
-/// An address split into its parts without allocating, or why it cannot be: when `problem`
-/// is not empty, `host` and `port` mean nothing.
-struct AddressParts {
-  std::string_view host;
-  std::uint16_t port = 0;
-  std::string_view problem;
-};
-
-/// The port `text` spells in 1..65535 with one to five decimal digits and nothing else (no
-/// sign, no space); 0 when it spells none.
-constexpr std::uint16_t address_port(std::string_view text) noexcept {
-  if (text.empty() || text.size() > 5) return 0;
-  std::uint32_t value = 0;
-  for (const char c : text) {
-    if (c < '0' || c > '9') return 0;
-    value = value * 10 + static_cast<std::uint32_t>(c - '0');
-  }
-  return value <= 65535 ? static_cast<std::uint16_t>(value) : 0;
-}
-
-/// The rules of parse_address, for callers that report a bad address in their own words.
-constexpr AddressParts scan_address(std::string_view text) noexcept {
-  AddressParts parts;
-  std::size_t colon = 0;  // the ':' before the port
-  if (!text.empty() && text.front() == '[') {
-    const std::size_t close = text.find(']');
-    if (close == std::string_view::npos) return {{}, 0, "'[' without ']'"};
-    parts.host = text.substr(1, close - 1);
-    colon = close + 1;
-    if (colon >= text.size() || text[colon] != ':') return {{}, 0, "no ':' after ']'"};
-  } else {
-    colon = text.rfind(':');
-    if (colon == std::string_view::npos) return {{}, 0, "no ':' before the port"};
-    parts.host = text.substr(0, colon);
-    if (parts.host.find(':') != std::string_view::npos) {
-      return {{}, 0, "an IPv6 host needs brackets, as in [::1]:2222"};
-    }
-  }
-  if (parts.host.empty()) return {{}, 0, "the host is empty"};
-  for (const char c : parts.host) {
-    const auto u = static_cast<unsigned char>(c);
-    if (u <= 0x20 || u == 0x7f) return {{}, 0, "the host holds a space or a control character"};
-    if (c == '[' || c == ']') return {{}, 0, "a '[' or ']' that does not enclose the host"};
-  }
-  parts.port = address_port(text.substr(colon + 1));
-  if (parts.port == 0) return {{}, 0, "the port must be 1..65535 in decimal digits"};
-  return parts;
-}
-
-/// `text` with its control characters written as \xNN, so that a message quoting it stays
-/// one readable line.
-inline std::string printable_text(std::string_view text) {
-  std::string out;
-  for (const char c : text) {
-    const auto u = static_cast<unsigned char>(c);
-    if (u >= 0x20 && u != 0x7f) {
-      out += c;
-    } else {
-      constexpr std::string_view kHex = "0123456789abcdef";
-      out += "\\x";
-      out += kHex[u >> 4];
-      out += kHex[u & 0xf];
-    }
-  }
-  return out;
-}
-
-}  // namespace detail
-
-/// Parses "host:port" or "[v6::addr]:port" (the brackets are dropped from `host`). The port
-/// is 1..65535 in at most five decimal digits, with no sign and no space; the host is not
-/// empty and holds no whitespace. An IPv6 host must be bracketed, as "::1:80" could split
-/// in more than one place. Throws kInvalidArgument "address '<text>' is not host:port: <why>".
-inline Address parse_address(std::string_view text) {
-  const detail::AddressParts parts = detail::scan_address(text);
-  if (!parts.problem.empty()) {
-    throw Error(ErrorCode::kInvalidArgument,
-                "address '" + detail::printable_text(text) +
-                    "' is not host:port: " + std::string(parts.problem));
-  }
-  return Address{std::string(parts.host), parts.port};
-}
-
-}  // namespace pulley
-// ---- end pulley/core/address.hpp ----
-// ---- begin pulley/protocol/call.hpp ----
-
-#include <atomic>
+#include <algorithm>
 #include <chrono>
-#include <condition_variable>
-#include <cstdint>
-#include <functional>
-#include <memory>
-#include <mutex>
-#include <optional>
-#include <utility>
-
-// ---- begin pulley/protocol/messages.hpp ----
-
+#include <compare>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
-#include <type_traits>
 #include <utility>
-#include <variant>
 #include <vector>
 
-// ---- begin pulley/core/node.hpp ----
+// ---- begin pulley/client/checkpoint_cut.hpp ----
 
-#include <compare>
-#include <cstdint>
-#include <initializer_list>
-#include <string>
-
-namespace pulley {
-
-/// A task of the cluster, named as in TF_CONFIG: a job ("ps", "worker", "chief",
-/// "evaluator") and an index inside it.
-struct Node {
-  enum class Job : std::uint8_t { kPs, kWorker, kChief, kEvaluator };
-  Job job = Job::kWorker;
-  std::uint32_t index = 0;
-
-  static constexpr Node ps(std::uint32_t i) noexcept { return {Job::kPs, i}; }
-  static constexpr Node worker(std::uint32_t i) noexcept { return {Job::kWorker, i}; }
-  static constexpr Node chief() noexcept { return {Job::kChief, 0}; }
-  static constexpr Node evaluator() noexcept { return {Job::kEvaluator, 0}; }
-
-  /// "ps", "worker", "chief" or "evaluator".
-  static constexpr const char* job_name(Job job) noexcept {
-    constexpr const char* jobs[] = {"ps", "worker", "chief", "evaluator"};
-    return static_cast<unsigned>(job) < 4 ? jobs[static_cast<unsigned>(job)] : "unknown";
-  }
-
-  /// "ps:1", "worker:0", ...
-  [[nodiscard]] std::string name() const {
-    return std::string(job_name(job)) + ":" + std::to_string(index);
-  }
-
-  /// Its fields on the wire (see messages.hpp).
-  template <class Archive>
-  void serialize(Archive& archive) {
-    archive(job, index);
-  }
-
-  friend constexpr auto operator<=>(const Node&, const Node&) = default;
-};
-
-/// A set of jobs: who may send a message (`kSenders` in messages.hpp).
-class JobSet {
- public:
-  /// The jobs listed.
-  constexpr JobSet(std::initializer_list<Node::Job> jobs) noexcept {
-    for (const Node::Job job : jobs) bits_ = static_cast<std::uint8_t>(bits_ | bit(job));
-  }
-  /// Every job.
-  static constexpr JobSet all() noexcept {
-    return {Node::Job::kPs, Node::Job::kWorker, Node::Job::kChief, Node::Job::kEvaluator};
-  }
-  /// True if `job` is in the set.
-  [[nodiscard]] constexpr bool contains(Node::Job job) const noexcept {
-    return (bits_ & bit(job)) != 0;
-  }
-  /// "chief", "worker or chief", ...
-  [[nodiscard]] std::string describe() const {
-    std::string out;
-    for (unsigned j = 0; j < 4; ++j) {
-      if (!contains(static_cast<Node::Job>(j))) continue;
-      if (!out.empty()) out += " or ";
-      out += Node::job_name(static_cast<Node::Job>(j));
-    }
-    return out.empty() ? "nobody" : out;
-  }
-
- private:
-  static constexpr std::uint8_t bit(Node::Job job) noexcept {
-    return static_cast<std::uint8_t>(1U << static_cast<unsigned>(job));
-  }
-  std::uint8_t bits_ = 0;
-};
-
-}  // namespace pulley
-// ---- end pulley/core/node.hpp ----
-// ---- begin pulley/core/placement.hpp ----
-
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
+#include <vector>
+
+// ---- begin pulley/checkpoint/model_state.hpp ----
+
+#include <cstdint>
+#include <string>
 #include <vector>
 
 // ---- begin pulley/core/variable.hpp ----
@@ -443,6 +168,104 @@ struct RowRange {
 
 namespace pulley {
 
+/// An optimizer slot of one variable (Adam's "m", Momentum's "accumulation"): one value per
+/// element of the variable, row-major as the variable.
+struct SlotState {
+  std::string name;
+  std::vector<float> values;
+
+  friend bool operator==(const SlotState&, const SlotState&) = default;
+};
+
+/// The optimizer's counters of one part of a variable (Adam's "t"), with the rows that part
+/// held: counters belong to a part, since each part is updated on its own.
+struct PartCounters {
+  RowRange rows;
+  std::vector<std::int64_t> values;  ///< one per counter name, in order
+
+  friend bool operator==(const PartCounters&, const PartCounters&) = default;
+};
+
+/// One variable as a checkpoint holds it: its values, its optimizer slots and counters.
+struct VariableState {
+  VariableSpec spec;
+  std::vector<float> values;                ///< spec.size() floats, row-major
+  std::vector<SlotState> slots;             ///< each spec.size() floats
+  std::vector<std::string> counter_names;   ///< e.g. {"t"}
+  std::vector<PartCounters> counters;       ///< by part, in row order
+
+  friend bool operator==(const VariableState&, const VariableState&) = default;
+};
+
+/// What a job needs to go on from a global step: every variable with its optimizer state,
+/// and the sync policy's state, as one consistent cut across all ps tasks (Chief::save).
+struct ModelState {
+  /// Global steps completed at the cut.
+  std::int64_t global_step = 0;
+  /// The sync policy's state at the cut (`SyncPolicy::save`), the same on every ps.
+  std::vector<std::int64_t> pacer;
+  std::vector<VariableState> variables;
+
+  /// The variables' specs, in order.
+  [[nodiscard]] std::vector<VariableSpec> specs() const {
+    std::vector<VariableSpec> out;
+    for (const VariableState& v : variables) out.push_back(v.spec);
+    return out;
+  }
+
+  friend bool operator==(const ModelState&, const ModelState&) = default;
+};
+
+}  // namespace pulley
+// ---- end pulley/checkpoint/model_state.hpp ----
+// ---- begin pulley/client/client.hpp ----
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+// ---- begin pulley/client/detail/push_builder.hpp ----
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+// ---- begin pulley/client/detail/split.hpp ----
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+// ---- begin pulley/client/requests.hpp ----
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+// ---- begin pulley/core/placement.hpp ----
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace pulley {
+
 /// One contiguous slice of a variable (rows `rows` of variable `variable`) held by ps task
 /// `ps`. A whole variable is a single part; a partitioned one has several, ordered by row.
 struct Part {
@@ -509,6 +332,220 @@ class PlacementBuilder {
 
 }  // namespace pulley
 // ---- end pulley/core/placement.hpp ----
+
+namespace pulley {
+
+/// One destination of a pull: rows `rows` of variable `variable`, written to `into`.
+struct PullRequest {
+  std::size_t variable = 0;
+  RowRange rows;
+  std::span<float> into;
+};
+
+/// Rows of one embedding table to pull into `values`, or whose gradients in `values` to
+/// push. The ids are grouped by the ps that holds them: `ps_begin[p]` to `ps_begin[p + 1]`
+/// are ps p's (num_ps + 1 offsets), so each ps's share of `values` is one contiguous span
+/// that a reply is written into, or a push sent from, with no copy.
+struct RowRequest {
+  std::size_t table = 0;
+  std::span<const std::uint64_t> ids;
+  std::span<const std::size_t> ps_begin;
+  std::span<float> values;  ///< ids.size() × dim
+};
+
+}  // namespace pulley
+// ---- end pulley/client/requests.hpp ----
+// ---- begin pulley/concepts/transport.hpp ----
+
+#include <concepts>
+#include <cstddef>
+#include <span>
+#include <vector>
+
+// ---- begin pulley/protocol/call.hpp ----
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <utility>
+
+// ---- begin pulley/protocol/messages.hpp ----
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
+
+// ---- begin pulley/core/error.hpp ----
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace pulley {
+
+/// Why a request failed. The names follow gRPC's status codes, which TensorFlow's
+/// distributed runtime reports too, so a TF user reads them without a glossary.
+enum class ErrorCode : std::uint8_t {
+  kInvalidArgument = 1,     ///< the request itself is wrong (shape mismatch, NaN gradient)
+  kNotFound = 2,            ///< an unknown variable or part
+  kAlreadyExists = 3,       ///< duplicate initialization
+  kFailedPrecondition = 4,  ///< e.g. a push before the variables are initialized
+  kUnavailable = 5,         ///< the peer is dead or unreachable
+  kDeadlineExceeded = 6,    ///< no answer in time (a dropped message ends here)
+  kCancelled = 7,           ///< the caller gave the request up
+  kOutOfRange = 8,          ///< training is over: the chief ended it (TF's OutOfRangeError)
+  kAborted = 9,             ///< the chief aborted training
+  kInternal = 10,           ///< a ps failed while handling a request (a policy threw)
+  kPermissionDenied = 11,   ///< the sender's role may not make this request
+  kUnauthenticated = 12,    ///< a peer of another job, or without the job's secret
+  kDataLoss = 13,           ///< stored data that is corrupt or truncated (a checkpoint)
+  kResourceExhausted = 14,  ///< a limit is reached (rows of a table on one ps)
+};
+
+/// Stable lower-case name of a code, for logs and error messages.
+constexpr std::string_view to_string(ErrorCode code) noexcept {
+  switch (code) {
+    case ErrorCode::kInvalidArgument:
+      return "invalid_argument";
+    case ErrorCode::kNotFound:
+      return "not_found";
+    case ErrorCode::kAlreadyExists:
+      return "already_exists";
+    case ErrorCode::kFailedPrecondition:
+      return "failed_precondition";
+    case ErrorCode::kUnavailable:
+      return "unavailable";
+    case ErrorCode::kDeadlineExceeded:
+      return "deadline_exceeded";
+    case ErrorCode::kCancelled:
+      return "cancelled";
+    case ErrorCode::kOutOfRange:
+      return "out_of_range";
+    case ErrorCode::kAborted:
+      return "aborted";
+    case ErrorCode::kInternal:
+      return "internal";
+    case ErrorCode::kPermissionDenied:
+      return "permission_denied";
+    case ErrorCode::kUnauthenticated:
+      return "unauthenticated";
+    case ErrorCode::kResourceExhausted:
+      return "resource_exhausted";
+    case ErrorCode::kDataLoss:
+      return "data_loss";
+  }
+  return "unknown";
+}
+
+/// The exception every pulley call throws for a failed request; `code()` says which kind.
+class Error : public std::runtime_error {
+ public:
+  Error(ErrorCode code, const std::string& message)
+      : std::runtime_error(std::string(to_string(code)) + ": " + message), code_(code) {}
+
+  /// Which kind of failure.
+  [[nodiscard]] ErrorCode code() const noexcept { return code_; }
+  /// The message without the code's name in front.
+  [[nodiscard]] const char* message() const noexcept {
+    return what() + to_string(code_).size() + 2;
+  }
+
+ private:
+  ErrorCode code_;
+};
+
+}  // namespace pulley
+// ---- end pulley/core/error.hpp ----
+// ---- begin pulley/core/node.hpp ----
+
+#include <compare>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+namespace pulley {
+
+/// A task of the cluster, named as in TF_CONFIG: its role ("ps", "worker", "chief",
+/// "evaluator"; TF_CONFIG's task "type", the name of its job in a TensorFlow cluster spec)
+/// and its index among the tasks of that role.
+struct Node {
+  /// What a task does.
+  enum class Role : std::uint8_t { kPs, kWorker, kChief, kEvaluator };
+  Role role = Role::kWorker;
+  std::uint32_t index = 0;
+
+  static constexpr Node ps(std::uint32_t i) noexcept { return {Role::kPs, i}; }
+  static constexpr Node worker(std::uint32_t i) noexcept { return {Role::kWorker, i}; }
+  static constexpr Node chief() noexcept { return {Role::kChief, 0}; }
+  static constexpr Node evaluator() noexcept { return {Role::kEvaluator, 0}; }
+
+  /// "ps", "worker", "chief" or "evaluator".
+  static constexpr const char* role_name(Role role) noexcept {
+    constexpr const char* roles[] = {"ps", "worker", "chief", "evaluator"};
+    return static_cast<unsigned>(role) < 4 ? roles[static_cast<unsigned>(role)] : "unknown";
+  }
+
+  /// "ps:1", "worker:0", ...
+  [[nodiscard]] std::string name() const {
+    return std::string(role_name(role)) + ":" + std::to_string(index);
+  }
+
+  /// Its fields on the wire (see protocol/messages.hpp).
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(role, index);
+  }
+
+  friend constexpr auto operator<=>(const Node&, const Node&) = default;
+};
+
+/// A set of roles: who may send a message (`kSenders` in protocol/messages.hpp).
+class RoleSet {
+ public:
+  /// The roles listed.
+  constexpr RoleSet(std::initializer_list<Node::Role> roles) noexcept {
+    for (const Node::Role role : roles) bits_ = static_cast<std::uint8_t>(bits_ | bit(role));
+  }
+  /// Every role.
+  static constexpr RoleSet all() noexcept {
+    return {Node::Role::kPs, Node::Role::kWorker, Node::Role::kChief, Node::Role::kEvaluator};
+  }
+  /// True if `role` is in the set.
+  [[nodiscard]] constexpr bool contains(Node::Role role) const noexcept {
+    return (bits_ & bit(role)) != 0;
+  }
+  /// "chief", "worker or chief", ...
+  [[nodiscard]] std::string describe() const {
+    std::string out;
+    for (unsigned j = 0; j < 4; ++j) {
+      if (!contains(static_cast<Node::Role>(j))) continue;
+      if (!out.empty()) out += " or ";
+      out += Node::role_name(static_cast<Node::Role>(j));
+    }
+    return out.empty() ? "nobody" : out;
+  }
+
+ private:
+  static constexpr std::uint8_t bit(Node::Role role) noexcept {
+    return static_cast<std::uint8_t>(1U << static_cast<unsigned>(role));
+  }
+  std::uint8_t bits_ = 0;
+};
+
+}  // namespace pulley
+// ---- end pulley/core/node.hpp ----
 // ---- begin pulley/protocol/token.hpp ----
 
 #include <cstdint>
@@ -554,12 +591,13 @@ namespace pulley {
 //   - `kChangesParameters = true` on a request that may change the ps's parameters, by
 //     itself or by what it sets off (a push held, a step that waited for a worker found
 //     lost): a transport must not let a reply still being sent see them change;
-//   - `kSenders`, on a request: the jobs whose tasks may send it (the ps refuses it from
+//   - `kSenders`, on a request: the roles whose tasks may send it (the ps refuses it from
 //     any other with `kPermissionDenied`): only the chief registers, initializes and ends
 //     training, only workers take tokens and push, evaluators only read.
 //
 // Adding a message is its declaration here, its place in Request or Response, and its
-// handler in the service (`ParameterServer::on`).
+// handler in the ps (an `on` overload in ps/parameter_server.hpp, which hands it to the
+// part that owns what it reads or changes).
 //
 // Tensors are views, never owned vectors. A view in a request stays valid until its call
 // is answered or cancelled. A view in a reply stays valid and unchanged until the service
@@ -631,7 +669,7 @@ struct Slice {
 /// same registration is harmless; a different one is refused.
 struct Register {
   static constexpr std::string_view kName = "Register";
-  static constexpr JobSet kSenders{Node::Job::kChief};
+  static constexpr RoleSet kSenders{Node::Role::kChief};
   std::vector<VariableSpec> variables;
   /// The model's embedding tables: each ps creates the rows it holds as they are first
   /// pulled, from `table_seed` (no Initialize).
@@ -647,7 +685,7 @@ struct Register {
 /// Chief → ps: initial values of parts this ps holds. Each part is initialized once.
 struct Initialize {
   static constexpr std::string_view kName = "Initialize";
-  static constexpr JobSet kSenders{Node::Job::kChief};
+  static constexpr RoleSet kSenders{Node::Role::kChief};
   static constexpr bool kChangesParameters = true;
   std::vector<PartValues> parts;
 
@@ -660,7 +698,7 @@ struct Initialize {
 /// Client → ps: answered with the placement once every part on this ps is initialized.
 struct WaitReady {
   static constexpr std::string_view kName = "WaitReady";
-  static constexpr JobSet kSenders{Node::Job::kWorker, Node::Job::kChief, Node::Job::kEvaluator};
+  static constexpr RoleSet kSenders{Node::Role::kWorker, Node::Role::kChief, Node::Role::kEvaluator};
 
   template <class Archive>
   void serialize(Archive& /*archive*/) {}
@@ -670,7 +708,7 @@ struct WaitReady {
 /// Waits while the sync policy has no token to give this worker.
 struct TakeToken {
   static constexpr std::string_view kName = "TakeToken";
-  static constexpr JobSet kSenders{Node::Job::kWorker};
+  static constexpr RoleSet kSenders{Node::Role::kWorker};
   std::uint32_t worker = 0;
   std::uint64_t epoch = 0;  ///< the restore the worker knows of (PlacementReply::epoch)
 
@@ -685,7 +723,7 @@ struct TakeToken {
 /// A pull that waits is answered the moment the step completes, before any later push.
 struct Pull {
   static constexpr std::string_view kName = "Pull";
-  static constexpr JobSet kSenders{Node::Job::kWorker, Node::Job::kChief, Node::Job::kEvaluator};
+  static constexpr RoleSet kSenders{Node::Role::kWorker, Node::Role::kChief, Node::Role::kEvaluator};
   std::int64_t min_step = 0;
   std::vector<Slice> slices;
   /// The restore the client knows of: a pull that waits for a step of an earlier one is
@@ -704,7 +742,7 @@ struct Pull {
 struct Push {
   static constexpr std::string_view kName = "Push";
   static constexpr bool kChangesParameters = true;
-  static constexpr JobSet kSenders{Node::Job::kWorker};
+  static constexpr RoleSet kSenders{Node::Role::kWorker};
   std::uint32_t worker = 0;
   std::int64_t local_step = 0;
   std::vector<PartValues> gradients;
@@ -728,7 +766,7 @@ struct Push {
 /// initial value until admitted), so it counts as changing the ps.
 struct PullRows {
   static constexpr std::string_view kName = "PullRows";
-  static constexpr JobSet kSenders{Node::Job::kWorker, Node::Job::kChief, Node::Job::kEvaluator};
+  static constexpr RoleSet kSenders{Node::Role::kWorker, Node::Role::kChief, Node::Role::kEvaluator};
   static constexpr bool kChangesParameters = true;
   std::int64_t min_step = 0;
   std::uint64_t epoch = 0;
@@ -745,7 +783,7 @@ struct GetStats {
   static constexpr std::string_view kName = "GetStats";
   /// A worker found lost on the way may complete the step that waited for it.
   static constexpr bool kChangesParameters = true;
-  static constexpr JobSet kSenders{Node::Job::kWorker, Node::Job::kChief, Node::Job::kEvaluator};
+  static constexpr RoleSet kSenders{Node::Role::kWorker, Node::Role::kChief, Node::Role::kEvaluator};
 
   template <class Archive>
   void serialize(Archive& /*archive*/) {}
@@ -760,7 +798,7 @@ struct Heartbeat {
   static constexpr std::string_view kName = "Heartbeat";
   /// Another worker found lost on the way may complete the step that waited for it.
   static constexpr bool kChangesParameters = true;
-  static constexpr JobSet kSenders{Node::Job::kWorker};
+  static constexpr RoleSet kSenders{Node::Role::kWorker};
   std::uint32_t worker = 0;
   /// The worker ends (its training is over): the ps forgets it instead of holding it lost
   /// once it is quiet.
@@ -777,7 +815,7 @@ struct Heartbeat {
 /// gave up, so each task learns how the job ended; the ps then stops serving.
 struct Shutdown {
   static constexpr std::string_view kName = "Shutdown";
-  static constexpr JobSet kSenders{Node::Job::kChief};
+  static constexpr RoleSet kSenders{Node::Role::kChief};
   bool aborted = false;  ///< the job failed: tasks end with an error, not with success
   std::string reason;    ///< why it was aborted
 
@@ -794,7 +832,7 @@ struct Shutdown {
 /// closes.
 struct Pause {
   static constexpr std::string_view kName = "Pause";
-  static constexpr JobSet kSenders{Node::Job::kChief};
+  static constexpr RoleSet kSenders{Node::Role::kChief};
   std::int64_t at_step = 0;
 
   template <class Archive>
@@ -811,7 +849,7 @@ struct ReadState {
   static constexpr std::string_view kName = "ReadState";
   /// Held pushes taken to reach the cut are applied.
   static constexpr bool kChangesParameters = true;
-  static constexpr JobSet kSenders{Node::Job::kChief};
+  static constexpr RoleSet kSenders{Node::Role::kChief};
   std::vector<std::uint64_t> until;
 
   template <class Archive>
@@ -825,7 +863,7 @@ struct Resume {
   static constexpr std::string_view kName = "Resume";
   /// The held pushes are applied.
   static constexpr bool kChangesParameters = true;
-  static constexpr JobSet kSenders{Node::Job::kChief};
+  static constexpr RoleSet kSenders{Node::Role::kChief};
 
   template <class Archive>
   void serialize(Archive& /*archive*/) {}
@@ -839,7 +877,7 @@ struct Resume {
 struct Restore {
   static constexpr std::string_view kName = "Restore";
   static constexpr bool kChangesParameters = true;
-  static constexpr JobSet kSenders{Node::Job::kChief};
+  static constexpr RoleSet kSenders{Node::Role::kChief};
   std::uint64_t epoch = 0;
   std::vector<std::int64_t> pacer;  ///< SyncPolicy::save's, or {global step}
   std::vector<PartState> parts;     ///< every part held here
@@ -886,10 +924,13 @@ struct PlacementReply {
   std::vector<std::string> slot_names;     ///< the optimizer's slots, in PartState order
   std::vector<std::string> counter_names;  ///< the optimizer's counters
   std::vector<TableSpec> tables = {};      ///< the registered embedding tables
+  /// Where the ps's IdSharding puts the tables' rows (`id_sharding_fingerprint`): a worker
+  /// with another one is refused when it gets ready.
+  std::uint64_t id_sharding = 0;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(variables, placement, epoch, slot_names, counter_names, tables);
+    archive(variables, placement, epoch, slot_names, counter_names, tables, id_sharding);
   }
 };
 
@@ -1028,8 +1069,8 @@ inline constexpr bool changes_parameters_v = [] {
   }
 }();
 
-/// The jobs that may send `request` (its declared `kSenders`).
-inline JobSet senders(const Request& request) noexcept {
+/// The roles that may send `request` (its declared `kSenders`).
+inline RoleSet senders(const Request& request) noexcept {
   return std::visit([](const auto& m) { return std::remove_cvref_t<decltype(m)>::kSenders; },
                     request);
 }
@@ -1341,6 +1382,501 @@ class PendingCall {
 
 }  // namespace pulley
 // ---- end pulley/protocol/call.hpp ----
+
+namespace pulley {
+
+/// Where a reply's tensors go: one destination per tensor of the reply, in order (for a
+/// Pull, one per requested slice).
+using PullTargets = std::vector<std::span<float>>;
+
+/// The client half of a transport: how a worker, the chief or an evaluator reaches the ps
+/// tasks. The server half is a transport's serving loop, which hands every request to a
+/// `Service` (concepts/service.hpp).
+///
+/// Required:
+///   - `t.num_ps()` → number of ps tasks
+///   - `t.call(ps, request, targets)` → `PendingCall`
+///
+/// Semantic contract:
+///   - `call` never waits for another task (a request that must wait for a token or a step
+///     returns a PendingCall that is answered later), so calls to different ps tasks never
+///     wait for each other;
+///   - a transport may hold a request until its caller waits on any of its calls, so that
+///     requests made together leave together (a push and a pull in one write);
+///   - requests from one client to one ps are handled in the order they were made;
+///   - the caller has checked every tensor of `request` finite (pulley's clients do, before
+///     anything is sent); a transport that carries requests from another process checks
+///     them again (or lets the service check them: `RequestContext::tensors_finite`);
+///   - a reply's tensors are copied into `targets` (tensor by tensor) before the call is
+///     answered, and the reply's views then point into `targets`; a reply whose tensors do
+///     not fit `targets` is answered as a `kInvalidArgument` error instead;
+///   - `targets` and every view inside `request` stay valid until the call is answered or
+///     the caller has cancelled it; the transport touches neither afterwards;
+///   - failures arrive as an ErrorReply answer: `kUnavailable` for a dead or unreachable
+///     peer; a lost message leaves the call unanswered, and the caller's deadline turns that
+///     into `kDeadlineExceeded` (and a cancel).
+template <class T>
+concept Transport = std::move_constructible<T> &&
+    requires(T& transport, const T& ctransport, std::size_t ps, Request request,
+             PullTargets targets) {
+  { ctransport.num_ps() } -> std::convertible_to<std::size_t>;
+  { transport.call(ps, std::move(request), std::move(targets)) } -> std::same_as<PendingCall>;
+};
+
+}  // namespace pulley
+// ---- end pulley/concepts/transport.hpp ----
+
+namespace pulley::detail {
+
+/// Each ps's share of a pull: its Pull message (no slices: nothing to send) and where the
+/// reply's tensors go.
+struct PullSplit {
+  std::vector<Pull> pulls;
+  std::vector<PullTargets> targets;
+};
+
+/// Splits `requests` (checked against the variables' shapes) over the parts `placement`
+/// puts on each of `num_ps` ps tasks: each part's rows become a slice of its ps's Pull, and
+/// the matching span of the caller's buffer its target.
+inline PullSplit split_pulls(const Placement& placement, const std::vector<VariableSpec>& variables,
+                             std::size_t num_ps, std::span<const PullRequest> requests, std::int64_t min_step,
+                             std::uint64_t epoch) {
+  PullSplit out{std::vector<Pull>(num_ps, Pull{min_step, {}, epoch}), std::vector<PullTargets>(num_ps)};
+  for (const PullRequest& r : requests) {
+    if (placement.first_part.empty()) {
+      throw Error(ErrorCode::kFailedPrecondition, "no placement yet: call wait_ready() first");
+    }
+    if (r.variable >= variables.size()) {
+      throw Error(ErrorCode::kNotFound, "unknown variable index " + std::to_string(r.variable));
+    }
+    const VariableSpec& spec = variables[r.variable];
+    if (r.rows.empty() || r.rows.end > spec.rows() || r.into.size() != r.rows.size() * spec.row_size()) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "pull of '" + spec.name + "' rows [" + std::to_string(r.rows.begin) + ", " +
+                      std::to_string(r.rows.end) + ") into " + std::to_string(r.into.size()) +
+                      " floats does not fit its shape");
+    }
+    for (const Part& part : placement.parts_of(r.variable)) {
+      const std::size_t begin = std::max(part.rows.begin, r.rows.begin);
+      const std::size_t end = std::min(part.rows.end, r.rows.end);
+      if (begin >= end) continue;
+      out.pulls[part.ps].slices.push_back({static_cast<std::uint32_t>(&part - placement.parts.data()), {begin, end}});
+      out.targets[part.ps].push_back(
+          r.into.subspan((begin - r.rows.begin) * spec.row_size(), (end - begin) * spec.row_size()));
+    }
+  }
+  return out;
+}
+
+/// Checks a row request against `tables`: a known table, ids grouped by `num_ps` ps tasks
+/// as `ps_begin` says, values of ids × dim.
+inline void check_rows(const RowRequest& r, const std::vector<TableSpec>& tables, std::size_t num_ps) {
+  if (r.table >= tables.size()) throw Error(ErrorCode::kNotFound, "unknown table index " + std::to_string(r.table));
+  const TableSpec& spec = tables[r.table];
+  if (r.ps_begin.size() != num_ps + 1 || r.ps_begin.front() != 0 || r.ps_begin.back() != r.ids.size() ||
+      !std::is_sorted(r.ps_begin.begin(), r.ps_begin.end()) || r.values.size() != r.ids.size() * spec.dim) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "rows of table '" + spec.name + "': " + std::to_string(r.ids.size()) + " ids, " +
+                    std::to_string(r.values.size()) + " values of dim " + std::to_string(spec.dim) +
+                    ", grouped by " + std::to_string(r.ps_begin.size()) + " offsets for " + std::to_string(num_ps) +
+                    " ps tasks: they do not fit");
+  }
+}
+
+/// Splits row pulls (checked) into PullRows messages, one per kMaxIdsPerMessage ids and
+/// table piece at most (a larger share of a ps goes as several), and calls
+/// `send(ps, message, targets)` for each: its replies are written into place.
+template <class Send>
+void split_row_pulls(const std::vector<TableSpec>& tables, std::size_t num_ps, std::span<const RowRequest> requests,
+                     std::int64_t min_step, std::uint64_t epoch, Send&& send) {
+  for (const RowRequest& r : requests) check_rows(r, tables, num_ps);
+  for (std::size_t ps = 0; ps < num_ps; ++ps) {
+    PullRows pull{min_step, epoch, {}};
+    PullTargets targets;
+    std::size_t ids = 0;
+    auto flush = [&] {
+      if (pull.tables.empty()) return;
+      send(ps, std::move(pull), std::move(targets));
+      pull = PullRows{min_step, epoch, {}};
+      targets = {};
+      ids = 0;
+    };
+    for (const RowRequest& r : requests) {
+      const std::size_t dim = tables[r.table].dim;
+      for (std::size_t begin = r.ps_begin[ps], end = r.ps_begin[ps + 1]; begin < end;) {
+        if (ids == kMaxIdsPerMessage) flush();
+        const std::size_t n = std::min({end - begin, kMaxIdsPerMessage - ids,
+                                        std::max<std::size_t>(1, kMaxRowBytesPerMessage / (dim * sizeof(float)))});
+        pull.tables.push_back({static_cast<std::uint32_t>(r.table),
+                               std::vector<std::uint64_t>(r.ids.begin() + static_cast<std::ptrdiff_t>(begin),
+                                                          r.ids.begin() + static_cast<std::ptrdiff_t>(begin + n)),
+                               {}});
+        targets.push_back(r.values.subspan(begin * dim, n * dim));
+        ids += n;
+        begin += n;
+        // A table comes once per request: the next piece of this one goes in the next.
+        if (begin < end) flush();
+      }
+    }
+    flush();
+  }
+}
+
+}  // namespace pulley::detail
+// ---- end pulley/client/detail/split.hpp ----
+// ---- begin pulley/core/detail/finite.hpp ----
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+
+namespace pulley::detail {
+
+/// True if no element is NaN or Inf: both have an all-ones exponent, so adding one to the
+/// exponent field carries into the sign bit exactly for them. Integer ops in 16 independent
+/// lanes keep the loop vectorizable (without -ffast-math) and free of a serial dependency:
+/// it checks a gradient faster than memcpy copies it, which matters since every push is
+/// checked on both sides.
+inline bool all_finite(std::span<const float> values) noexcept {
+  constexpr std::size_t kLanes = 16;
+  constexpr std::uint32_t kExponent = 0x7F800000U;
+  constexpr std::uint32_t kExponentOne = 0x00800000U;
+  const float* p = values.data();
+  const std::size_t n = values.size();
+  std::uint32_t lanes[kLanes] = {};
+  std::size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (std::size_t l = 0; l < kLanes; ++l) {
+      std::uint32_t bits;
+      std::memcpy(&bits, p + i + l, sizeof bits);
+      lanes[l] |= (bits & kExponent) + kExponentOne;
+    }
+  }
+  std::uint32_t carried = 0;
+  for (; i < n; ++i) {
+    std::uint32_t bits;
+    std::memcpy(&bits, p + i, sizeof bits);
+    carried |= (bits & kExponent) + kExponentOne;
+  }
+  for (std::uint32_t lane : lanes) carried |= lane;
+  return (carried & 0x80000000U) == 0;
+}
+
+}  // namespace pulley::detail
+// ---- end pulley/core/detail/finite.hpp ----
+// ---- begin pulley/core/detail/random.hpp ----
+
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <random>
+
+#if defined(__linux__)
+#include <sys/random.h>
+#endif
+
+namespace pulley::detail {
+
+/// Fills `out` with `n` bytes from the operating system's random source: getrandom(2) on
+/// Linux (no file descriptor, so it works in a process that has used up its descriptors),
+/// std::random_device elsewhere.
+inline void random_bytes(void* out, std::size_t n) {
+  auto* bytes = static_cast<unsigned char*>(out);
+#if defined(__linux__)
+  std::size_t filled = 0;
+  while (filled < n) {
+    const ssize_t got = ::getrandom(bytes + filled, n - filled, 0);
+    if (got > 0) {
+      filled += static_cast<std::size_t>(got);
+    } else if (errno != EINTR) {
+      break;
+    }
+  }
+  if (filled == n) return;
+#endif
+  std::random_device source;
+  for (std::size_t i = 0; i < n; ++i) bytes[i] = static_cast<unsigned char>(source());
+}
+
+/// A random 64-bit number.
+inline std::uint64_t random_u64() {
+  std::uint64_t value = 0;
+  random_bytes(&value, sizeof value);
+  return value;
+}
+
+}  // namespace pulley::detail
+// ---- end pulley/core/detail/random.hpp ----
+
+namespace pulley::detail {
+
+/// Turns a worker's gradients (one span per variable, and the rows of its tables) into one
+/// Push per ps: each ps gets the gradient of every part it holds, viewed in place, and its
+/// share of the rows. Everything is checked before anything is sent (one finite gradient
+/// of the right size per variable, rows that fit one message per ps): a push refused by
+/// one ps but applied by another would leave the ps tasks on different steps. Gradients are
+/// clipped by their global norm first when asked (TensorFlow's clip_by_global_norm), into
+/// buffers of its own.
+class PushBuilder {
+ public:
+  /// @param clip_norm clips gradients whose global norm is larger (0: never)
+  explicit PushBuilder(float clip_norm = 0.0F) : clip_norm_(clip_norm) {}
+
+  /// One Push per ps of `num_ps`, all numbered alike (a push sent again is recognized by
+  /// its number on every ps).
+  std::vector<Push> build(const Placement& placement, const std::vector<VariableSpec>& variables,
+                          const std::vector<TableSpec>& tables, std::size_t num_ps, std::uint32_t worker,
+                          std::int64_t local_step, std::uint64_t epoch,
+                          std::span<const std::span<const float>> gradients, std::span<const RowRequest> rows) {
+    if (gradients.size() != variables.size()) {
+      throw Error(ErrorCode::kInvalidArgument, "push needs one gradient per variable");
+    }
+    for (const RowRequest& r : rows) check_rows(r, tables, num_ps);
+    if (clip_norm_ > 0.0F) gradients = clipped(gradients, rows);
+    const std::uint64_t sequence = ++sequence_;
+    std::vector<Push> pushes(num_ps, Push{worker, local_step, {}, epoch, sequence});
+    for (const Part& part : placement.parts) {
+      const VariableSpec& spec = variables[part.variable];
+      const std::span<const float> g = gradients[part.variable];
+      if (g.size() != spec.size()) {
+        throw Error(ErrorCode::kInvalidArgument, "gradient of '" + spec.name + "' has " + std::to_string(g.size()) +
+                                                     " elements, expected " + std::to_string(spec.size()));
+      }
+      pushes[part.ps].gradients.push_back({static_cast<std::uint32_t>(&part - placement.parts.data()),
+                                           g.subspan(part.rows.begin * spec.row_size(), part.rows.size() * spec.row_size())});
+    }
+    for (std::size_t v = 0; v < gradients.size(); ++v) {
+      if (!all_finite(gradients[v])) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "non-finite (NaN or Inf) gradient for '" + variables[v].name + "'; nothing was pushed");
+      }
+    }
+    // One push per ps, whole: its rows must fit in one message.
+    std::vector<std::size_t> ids_to(num_ps, 0);
+    for (const RowRequest& r : rows) {
+      for (std::size_t ps = 0; ps < num_ps; ++ps) {
+        const std::size_t n = r.ps_begin[ps + 1] - r.ps_begin[ps];
+        ids_to[ps] += n;
+        if (ids_to[ps] > kMaxIdsPerMessage || n * tables[r.table].dim * sizeof(float) > kMaxRowBytesPerMessage) {
+          throw Error(ErrorCode::kInvalidArgument,
+                      "a push to ps " + std::to_string(ps) + " of more rows than one message carries (" +
+                          std::to_string(kMaxIdsPerMessage) +
+                          " ids, and 256 MiB of rows of a table): use smaller batches, or more ps tasks");
+        }
+      }
+    }
+    for (const RowRequest& r : rows) {
+      if (!all_finite(r.values)) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "non-finite (NaN or Inf) row gradients for table '" + tables[r.table].name + "'; nothing was pushed");
+      }
+      const std::size_t dim = tables[r.table].dim;
+      for (std::size_t ps = 0; ps < num_ps; ++ps) {
+        const std::size_t begin = r.ps_begin[ps], end = r.ps_begin[ps + 1];
+        if (begin == end) continue;
+        pushes[ps].rows.push_back({static_cast<std::uint32_t>(r.table),
+                                   std::vector<std::uint64_t>(r.ids.begin() + static_cast<std::ptrdiff_t>(begin),
+                                                              r.ids.begin() + static_cast<std::ptrdiff_t>(end)),
+                                   std::span<const float>(r.values).subspan(begin * dim, (end - begin) * dim)});
+      }
+    }
+    return pushes;
+  }
+
+  /// Pushes whose gradients clipping scaled down.
+  [[nodiscard]] std::int64_t clipped_steps() const noexcept { return clipped_steps_; }
+  /// The global norm of the last push's gradients, when clipping is on (else 0).
+  [[nodiscard]] double last_gradient_norm() const noexcept { return last_norm_; }
+
+ private:
+  /// `gradients` scaled by clip_norm / their global norm when that norm is larger, copied
+  /// into buffers of this builder; as they are otherwise. A non-finite norm leaves them as
+  /// they are, for the finiteness check to refuse. The rows' gradients count in the norm
+  /// too (as TensorFlow's clip_by_global_norm counts IndexedSlices), and are scaled where
+  /// they are: they are the worker's own buffers.
+  std::span<const std::span<const float>> clipped(std::span<const std::span<const float>> gradients,
+                                                 std::span<const RowRequest> rows) {
+    double squares = 0.0;
+    for (const std::span<const float> g : gradients) {
+      for (const float x : g) squares += static_cast<double>(x) * static_cast<double>(x);
+    }
+    for (const RowRequest& r : rows) {
+      for (const float x : r.values) squares += static_cast<double>(x) * static_cast<double>(x);
+    }
+    const double norm = std::sqrt(squares);
+    last_norm_ = norm;
+    if (!(norm > clip_norm_) || !std::isfinite(norm)) return gradients;
+    const auto scale = static_cast<float>(clip_norm_ / norm);
+    for (const RowRequest& r : rows) {
+      for (float& x : r.values) x *= scale;
+    }
+    clipped_.resize(gradients.size());
+    views_.clear();
+    for (std::size_t v = 0; v < gradients.size(); ++v) {
+      clipped_[v].resize(gradients[v].size());
+      std::transform(gradients[v].begin(), gradients[v].end(), clipped_[v].begin(),
+                     [scale](float x) { return x * scale; });
+      views_.emplace_back(clipped_[v]);
+    }
+    ++clipped_steps_;
+    return views_;
+  }
+
+  float clip_norm_;
+  /// Numbers the pushes: from a random start, so that a client that restarts is not taken
+  /// for the one before it (and never wraps).
+  std::uint64_t sequence_ = random_u64() >> 1U;
+  std::vector<std::vector<float>> clipped_;    ///< gradients scaled by clipping
+  std::vector<std::span<const float>> views_;  ///< views of them, by variable
+  std::int64_t clipped_steps_ = 0;
+  double last_norm_ = 0.0;
+};
+
+}  // namespace pulley::detail
+// ---- end pulley/client/detail/push_builder.hpp ----
+// ---- begin pulley/client/detail/stall.hpp ----
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <string_view>
+#include <vector>
+
+// ---- begin pulley/client/options.hpp ----
+
+#include <chrono>
+
+namespace pulley {
+
+/// How a client (worker, chief, evaluator) calls the ps tasks: its requests' deadlines (a
+/// request past its deadline fails with `kDeadlineExceeded` and is cancelled: the transport
+/// no longer touches its buffers), and a worker's gradient clipping.
+struct ClientOptions {
+  /// For requests a ps answers at once (push, ungated pull, stats, initialize).
+  std::chrono::milliseconds request_timeout{std::chrono::seconds(60)};
+  /// For requests that wait on other tasks: readiness, sync tokens, step-gated pulls.
+  std::chrono::milliseconds wait_timeout{std::chrono::minutes(30)};
+  /// A wait with no progress for this long logs what the ps tasks wait for, and again each
+  /// time as long again passes ("step 812: waiting for worker:1 (last heard 14.2 s ago)").
+  std::chrono::milliseconds stall_report{std::chrono::seconds(10)};
+  /// Workers: when positive, each push's gradients are scaled down to this global norm
+  /// (the L2 norm over every variable together) when theirs is larger, as TensorFlow's
+  /// `clip_by_global_norm` before `apply_gradients`; a gradient that explodes then moves
+  /// the parameters no further than a normal one. 0: no clipping.
+  float clip_norm = 0.0F;
+  /// How long a worker (and the role runner's chief and evaluator) waits for lost ps tasks
+  /// to be back and restored, retrying, before it fails naming the ps.
+  std::chrono::milliseconds recovery_timeout{std::chrono::minutes(5)};
+  /// Workers run by the role runner: how often they tell every ps they are alive
+  /// (HeartbeatSender). Keep it well below the ps tasks' worker timeout.
+  std::chrono::milliseconds heartbeat_interval{std::chrono::seconds(1)};
+};
+
+}  // namespace pulley
+// ---- end pulley/client/options.hpp ----
+// ---- begin pulley/core/log.hpp ----
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace pulley {
+
+/// How much a log line matters.
+enum class LogLevel : unsigned char {
+  kInfo,     ///< progress: a task started, training reached a step
+  kWarning,  ///< something went wrong and was dealt with (a connection dropped)
+  kError,    ///< a task is about to fail
+};
+
+/// Where pulley's log lines go: called with one line at a time (no trailing newline), from
+/// any thread, never concurrently (calls are serialized). It must not throw.
+using LogSink = std::function<void(LogLevel, std::string_view)>;
+
+namespace detail {
+
+struct LogState {
+  std::mutex mutex;
+  LogSink sink;  ///< empty: stderr
+};
+
+inline LogState& log_state() {
+  static LogState state;
+  return state;
+}
+
+}  // namespace detail
+
+/// Sends pulley's log lines to `sink` instead of stderr (an empty sink restores stderr);
+/// returns the sink it replaces.
+inline LogSink set_log_sink(LogSink sink) {
+  detail::LogState& state = detail::log_state();
+  std::scoped_lock lock(state.mutex);
+  return std::exchange(state.sink, std::move(sink));
+}
+
+/// Writes one log line through the sink (by default to stderr, prefixed "pulley: ").
+inline void log(LogLevel level, std::string_view line) noexcept {
+  detail::LogState& state = detail::log_state();
+  std::scoped_lock lock(state.mutex);
+  if (state.sink) {
+    try {
+      state.sink(level, line);
+    } catch (...) {  // a log line is never worth a failure
+    }
+    return;
+  }
+  static constexpr const char* kPrefix[] = {"", "warning: ", "error: "};
+  std::fprintf(stderr, "pulley: %s%.*s\n", kPrefix[static_cast<int>(level)],
+               static_cast<int>(line.size()), line.data());
+  std::fflush(stderr);
+}
+
+/// Passes at most `per_second` lines a second on to `log`, and counts the rest, which the
+/// next line that passes reports: a flood of bad requests must not flood the log. Not
+/// thread-safe: one per thread that logs through it (a ps's, a server's).
+class LimitedLog {
+ public:
+  explicit LimitedLog(int per_second = 20) noexcept : per_second_(per_second) {}
+
+  /// Logs `line` at `level` unless this second's allowance is spent.
+  void operator()(LogLevel level, const std::string& line) noexcept {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - window_ > std::chrono::seconds(1)) {
+      window_ = now;
+      used_ = 0;
+    }
+    if (++used_ > per_second_) {
+      ++suppressed_;
+      return;
+    }
+    if (suppressed_ == 0) return log(level, line);
+    try {
+      log(level, line + " (" + std::to_string(std::exchange(suppressed_, 0)) +
+                     " similar lines suppressed)");
+    } catch (...) {  // no memory for the longer line: the line alone
+      log(level, line);
+    }
+  }
+
+ private:
+  int per_second_;
+  std::chrono::steady_clock::time_point window_{};
+  int used_ = 0;
+  std::uint64_t suppressed_ = 0;
+};
+
+}  // namespace pulley
+// ---- end pulley/core/log.hpp ----
 // ---- begin pulley/protocol/call_group.hpp ----
 
 #include <chrono>
@@ -1492,1267 +2028,89 @@ class CallGroup {
 
 }  // namespace pulley
 // ---- end pulley/protocol/call_group.hpp ----
-// ---- begin pulley/client/chief.hpp ----
-
-#include <algorithm>
-#include <chrono>
-#include <compare>
-#include <cstddef>
-#include <cstdint>
-#include <optional>
-#include <span>
-#include <string>
-#include <string_view>
-#include <utility>
-#include <vector>
-
-// ---- begin pulley/concepts/transport.hpp ----
-
-#include <concepts>
-#include <cstddef>
-#include <span>
-#include <vector>
-
-namespace pulley {
-
-/// Where a reply's tensors go: one destination per tensor of the reply, in order (for a
-/// Pull, one per requested slice).
-using PullTargets = std::vector<std::span<float>>;
-
-/// The client half of a transport: how a worker, the chief or an evaluator reaches the ps
-/// tasks. The server half is a transport's serving loop, which hands every request to a
-/// `Service` (concepts/service.hpp).
-///
-/// Required:
-///   - `t.num_ps()` → number of ps tasks
-///   - `t.call(ps, request, targets)` → `PendingCall`
-///
-/// Semantic contract:
-///   - `call` never waits for another task (a request that must wait for a token or a step
-///     returns a PendingCall that is answered later), so calls to different ps tasks never
-///     wait for each other;
-///   - a transport may hold a request until its caller waits on any of its calls, so that
-///     requests made together leave together (a push and a pull in one write);
-///   - requests from one client to one ps are handled in the order they were made;
-///   - the caller has checked every tensor of `request` finite (pulley's clients do, before
-///     anything is sent); a transport that carries requests from another process checks
-///     them again (or lets the service check them: `RequestContext::tensors_finite`);
-///   - a reply's tensors are copied into `targets` (tensor by tensor) before the call is
-///     answered, and the reply's views then point into `targets`; a reply whose tensors do
-///     not fit `targets` is answered as a `kInvalidArgument` error instead;
-///   - `targets` and every view inside `request` stay valid until the call is answered or
-///     the caller has cancelled it; the transport touches neither afterwards;
-///   - failures arrive as an ErrorReply answer: `kUnavailable` for a dead or unreachable
-///     peer; a lost message leaves the call unanswered, and the caller's deadline turns that
-///     into `kDeadlineExceeded` (and a cancel).
-template <class T>
-concept Transport = std::move_constructible<T> &&
-    requires(T& transport, const T& ctransport, std::size_t ps, Request request,
-             PullTargets targets) {
-  { ctransport.num_ps() } -> std::convertible_to<std::size_t>;
-  { transport.call(ps, std::move(request), std::move(targets)) } -> std::same_as<PendingCall>;
-};
-
-}  // namespace pulley
-// ---- end pulley/concepts/transport.hpp ----
-// ---- begin pulley/client/client.hpp ----
-
-#include <algorithm>
-#include <chrono>
-#include <cmath>
-#include <cstdio>
-#include <cstddef>
-#include <cstdint>
-#include <limits>
-#include <optional>
-#include <span>
-#include <string>
-#include <string_view>
-#include <utility>
-#include <vector>
-
-// ---- begin pulley/checkpoint/model_state.hpp ----
-
-#include <cstdint>
-#include <string>
-#include <vector>
-
-namespace pulley {
-
-/// An optimizer slot of one variable (Adam's "m", Momentum's "accumulation"): one value per
-/// element of the variable, row-major as the variable.
-struct SlotState {
-  std::string name;
-  std::vector<float> values;
-
-  friend bool operator==(const SlotState&, const SlotState&) = default;
-};
-
-/// The optimizer's counters of one part of a variable (Adam's "t"), with the rows that part
-/// held: counters belong to a part, since each part is updated on its own.
-struct PartCounters {
-  RowRange rows;
-  std::vector<std::int64_t> values;  ///< one per counter name, in order
-
-  friend bool operator==(const PartCounters&, const PartCounters&) = default;
-};
-
-/// One variable as a checkpoint holds it: its values, its optimizer slots and counters.
-struct VariableState {
-  VariableSpec spec;
-  std::vector<float> values;                ///< spec.size() floats, row-major
-  std::vector<SlotState> slots;             ///< each spec.size() floats
-  std::vector<std::string> counter_names;   ///< e.g. {"t"}
-  std::vector<PartCounters> counters;       ///< by part, in row order
-
-  friend bool operator==(const VariableState&, const VariableState&) = default;
-};
-
-/// What a job needs to go on from a global step: every variable with its optimizer state,
-/// and the sync policy's state, as one consistent cut across all ps tasks (Chief::save).
-struct ModelState {
-  /// Global steps completed at the cut.
-  std::int64_t global_step = 0;
-  /// The sync policy's state at the cut (`SyncPolicy::save`), the same on every ps.
-  std::vector<std::int64_t> pacer;
-  std::vector<VariableState> variables;
-
-  /// The variables' specs, in order.
-  [[nodiscard]] std::vector<VariableSpec> specs() const {
-    std::vector<VariableSpec> out;
-    for (const VariableState& v : variables) out.push_back(v.spec);
-    return out;
-  }
-
-  friend bool operator==(const ModelState&, const ModelState&) = default;
-};
-
-}  // namespace pulley
-// ---- end pulley/checkpoint/model_state.hpp ----
-// ---- begin pulley/client/options.hpp ----
-
-#include <chrono>
-
-namespace pulley {
-
-/// How a client (worker, chief, evaluator) calls the ps tasks: its requests' deadlines (a
-/// request past its deadline fails with `kDeadlineExceeded` and is cancelled: the transport
-/// no longer touches its buffers), and a worker's gradient clipping.
-struct ClientOptions {
-  /// For requests a ps answers at once (push, ungated pull, stats, initialize).
-  std::chrono::milliseconds request_timeout{std::chrono::seconds(60)};
-  /// For requests that wait on other tasks: readiness, sync tokens, step-gated pulls.
-  std::chrono::milliseconds wait_timeout{std::chrono::minutes(30)};
-  /// A wait with no progress for this long logs what the ps tasks wait for, and again each
-  /// time as long again passes ("step 812: waiting for worker:1 (last heard 14.2 s ago)").
-  std::chrono::milliseconds stall_report{std::chrono::seconds(10)};
-  /// Workers: when positive, each push's gradients are scaled down to this global norm
-  /// (the L2 norm over every variable together) when theirs is larger, as TensorFlow's
-  /// `clip_by_global_norm` before `apply_gradients`; a gradient that explodes then moves
-  /// the parameters no further than a normal one. 0: no clipping.
-  float clip_norm = 0.0F;
-  /// How long a worker (and the role runner's chief and evaluator) waits for lost ps tasks
-  /// to be back and restored, retrying, before it fails naming the ps.
-  std::chrono::milliseconds recovery_timeout{std::chrono::minutes(5)};
-  /// Workers run by the role runner: how often they tell every ps they are alive
-  /// (HeartbeatSender). Keep it well below the ps tasks' worker timeout.
-  std::chrono::milliseconds heartbeat_interval{std::chrono::seconds(1)};
-};
-
-}  // namespace pulley
-// ---- end pulley/client/options.hpp ----
-// ---- begin pulley/core/detail/finite.hpp ----
-
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <span>
 
 namespace pulley::detail {
 
-/// True if no element is NaN or Inf: both have an all-ones exponent, so adding one to the
-/// exponent field carries into the sign bit exactly for them. Integer ops in 16 independent
-/// lanes keep the loop vectorizable (without -ffast-math) and free of a serial dependency:
-/// it checks a gradient faster than memcpy copies it, which matters since every push is
-/// checked on both sides.
-inline bool all_finite(std::span<const float> values) noexcept {
-  constexpr std::size_t kLanes = 16;
-  constexpr std::uint32_t kExponent = 0x7F800000U;
-  constexpr std::uint32_t kExponentOne = 0x00800000U;
-  const float* p = values.data();
-  const std::size_t n = values.size();
-  std::uint32_t lanes[kLanes] = {};
-  std::size_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (std::size_t l = 0; l < kLanes; ++l) {
-      std::uint32_t bits;
-      std::memcpy(&bits, p + i + l, sizeof bits);
-      lanes[l] |= (bits & kExponent) + kExponentOne;
-    }
-  }
-  std::uint32_t carried = 0;
-  for (; i < n; ++i) {
-    std::uint32_t bits;
-    std::memcpy(&bits, p + i, sizeof bits);
-    carried |= (bits & kExponent) + kExponentOne;
-  }
-  for (std::uint32_t lane : lanes) carried |= lane;
-  return (carried & 0x80000000U) == 0;
-}
-
-}  // namespace pulley::detail
-// ---- end pulley/core/detail/finite.hpp ----
-// ---- begin pulley/core/detail/random.hpp ----
-
-#include <cerrno>
-#include <cstddef>
-#include <cstdint>
-#include <random>
-
-#if defined(__linux__)
-#include <sys/random.h>
-#endif
-
-namespace pulley::detail {
-
-/// Fills `out` with `n` bytes from the operating system's random source: getrandom(2) on
-/// Linux (no file descriptor, so it works in a process that has used up its descriptors),
-/// std::random_device elsewhere.
-inline void random_bytes(void* out, std::size_t n) {
-  auto* bytes = static_cast<unsigned char*>(out);
-#if defined(__linux__)
-  std::size_t filled = 0;
-  while (filled < n) {
-    const ssize_t got = ::getrandom(bytes + filled, n - filled, 0);
-    if (got > 0) {
-      filled += static_cast<std::size_t>(got);
-    } else if (errno != EINTR) {
-      break;
-    }
-  }
-  if (filled == n) return;
-#endif
-  std::random_device source;
-  for (std::size_t i = 0; i < n; ++i) bytes[i] = static_cast<unsigned char>(source());
-}
-
-/// A random 64-bit number.
-inline std::uint64_t random_u64() {
-  std::uint64_t value = 0;
-  random_bytes(&value, sizeof value);
-  return value;
-}
-
-}  // namespace pulley::detail
-// ---- end pulley/core/detail/random.hpp ----
-// ---- begin pulley/core/log.hpp ----
-
-#include <chrono>
-#include <cstdint>
-#include <cstdio>
-#include <functional>
-#include <mutex>
-#include <string>
-#include <string>
-#include <string_view>
-#include <utility>
-
-namespace pulley {
-
-/// How much a log line matters.
-enum class LogLevel : unsigned char {
-  kInfo,     ///< progress: a task started, training reached a step
-  kWarning,  ///< something went wrong and was dealt with (a connection dropped)
-  kError,    ///< a task is about to fail
-};
-
-/// Where pulley's log lines go: called with one line at a time (no trailing newline), from
-/// any thread, never concurrently (calls are serialized). It must not throw.
-using LogSink = std::function<void(LogLevel, std::string_view)>;
-
-namespace detail {
-
-struct LogState {
-  std::mutex mutex;
-  LogSink sink;  ///< empty: stderr
-};
-
-inline LogState& log_state() {
-  static LogState state;
-  return state;
-}
-
-}  // namespace detail
-
-/// Sends pulley's log lines to `sink` instead of stderr (an empty sink restores stderr);
-/// returns the sink it replaces.
-inline LogSink set_log_sink(LogSink sink) {
-  detail::LogState& state = detail::log_state();
-  std::scoped_lock lock(state.mutex);
-  return std::exchange(state.sink, std::move(sink));
-}
-
-/// Writes one log line through the sink (by default to stderr, prefixed "pulley: ").
-inline void log(LogLevel level, std::string_view line) noexcept {
-  detail::LogState& state = detail::log_state();
-  std::scoped_lock lock(state.mutex);
-  if (state.sink) {
-    try {
-      state.sink(level, line);
-    } catch (...) {  // a log line is never worth a failure
-    }
-    return;
-  }
-  static constexpr const char* kPrefix[] = {"", "warning: ", "error: "};
-  std::fprintf(stderr, "pulley: %s%.*s\n", kPrefix[static_cast<int>(level)],
-               static_cast<int>(line.size()), line.data());
-  std::fflush(stderr);
-}
-
-/// Passes at most `per_second` lines a second on to `log`, and counts the rest, which the
-/// next line that passes reports: a flood of bad requests must not flood the log. Not
-/// thread-safe: one per thread that logs through it (a ps's, a server's).
-class LimitedLog {
- public:
-  explicit LimitedLog(int per_second = 20) noexcept : per_second_(per_second) {}
-
-  /// Logs `line` at `level` unless this second's allowance is spent.
-  void operator()(LogLevel level, const std::string& line) noexcept {
-    const auto now = std::chrono::steady_clock::now();
-    if (now - window_ > std::chrono::seconds(1)) {
-      window_ = now;
-      used_ = 0;
-    }
-    if (++used_ > per_second_) {
-      ++suppressed_;
-      return;
-    }
-    if (suppressed_ == 0) return log(level, line);
-    try {
-      log(level, line + " (" + std::to_string(std::exchange(suppressed_, 0)) +
-                     " similar lines suppressed)");
-    } catch (...) {  // no memory for the longer line: the line alone
-      log(level, line);
-    }
-  }
-
- private:
-  int per_second_;
-  std::chrono::steady_clock::time_point window_{};
-  int used_ = 0;
-  std::uint64_t suppressed_ = 0;
-};
-
-}  // namespace pulley
-// ---- end pulley/core/log.hpp ----
-
-namespace pulley {
-
-/// One destination of a pull: rows `rows` of variable `variable`, written to `into`.
-struct PullRequest {
-  std::size_t variable = 0;
-  RowRange rows;
-  std::span<float> into;
-};
-
-/// Rows of one embedding table to pull into `values`, or whose gradients in `values` to
-/// push. The ids are grouped by the ps that holds them: `ps_begin[p]` to `ps_begin[p + 1]`
-/// are ps p's (num_ps + 1 offsets), so each ps's share of `values` is one contiguous span
-/// that a reply is written into, or a push sent from, with no copy.
-struct RowRequest {
-  std::size_t table = 0;
-  std::span<const std::uint64_t> ids;
-  std::span<const std::size_t> ps_begin;
-  std::span<float> values;  ///< ids.size() × dim
-};
-
-/// The values of every variable, read from every ps task at one global step.
-struct Snapshot {
-  /// The global step every ps had completed when it was read (the lowest of them when
-  /// `consistent` is false).
-  std::int64_t step = 0;
-  /// Every ps was read at the same global step. Under SyncReplicas that makes the values
-  /// one step's: `step` updates applied on every ps, nothing after them. Under Async and
-  /// BoundedStaleness a ps's global step counts what that ps has seen, so even equal steps
-  /// may hold different pushes, and while training runs they seldom agree.
-  bool consistent = false;
-  std::vector<std::vector<float>> values;  ///< one vector per variable, in variable order
-};
-
-namespace detail {
-
-/// What workers, the chief and the evaluator share: the placement, and turning
-/// variable-level pulls and pushes into per-ps requests sent concurrently.
+/// Every ps's global step, and in `why` what each waits for; empty if a ps does not answer
+/// in time (the question is a courtesy: the wait is what matters).
 template <Transport T>
-class Client {
- public:
-  Client(T transport, ClientOptions options)
-      : transport_(std::move(transport)), options_(options) {}
-
-  [[nodiscard]] std::size_t num_ps() const { return transport_.num_ps(); }
-  [[nodiscard]] const Placement& placement() const noexcept { return placement_; }
-  [[nodiscard]] const std::vector<VariableSpec>& variables() const noexcept { return variables_; }
-  /// The embedding tables the ps tasks hold.
-  [[nodiscard]] const std::vector<TableSpec>& tables() const noexcept { return tables_; }
-  [[nodiscard]] bool has_placement() const noexcept { return !placement_.first_part.empty(); }
-  /// The ps tasks' epoch (restores so far), as last learned.
-  [[nodiscard]] std::uint64_t epoch() const noexcept { return epoch_; }
-  /// The optimizer's slot and counter names, as the ps tasks said at registration.
-  [[nodiscard]] const std::vector<std::string>& slot_names() const noexcept { return slot_names_; }
-  [[nodiscard]] const std::vector<std::string>& counter_names() const noexcept { return counter_names_; }
-
-  static std::uint64_t random_start() { return detail::random_u64() >> 1U; }  // never wraps
-  T& transport() noexcept { return transport_; }
-  [[nodiscard]] const ClientOptions& options() const noexcept { return options_; }
-
-  /// Index of the variable called `name`; throws kNotFound naming it.
-  [[nodiscard]] std::size_t variable_index(std::string_view name) const {
-    for (std::size_t i = 0; i < variables_.size(); ++i) {
-      if (variables_[i].name == name) return i;
-    }
-    throw Error(ErrorCode::kNotFound, "unknown variable '" + std::string(name) + "'");
-  }
-
-  /// Sends `make_request(ps)` to every ps at once and returns the replies of type R.
-  template <class R, class MakeRequest>
-  std::vector<R> broadcast(MakeRequest make_request, std::chrono::milliseconds timeout,
-                           std::string_view what) {
+std::vector<std::int64_t> global_steps(T& transport, const ClientOptions& options, std::string& why) {
+  std::vector<std::int64_t> steps;
+  try {
     CallGroup group;
-    for (std::size_t ps = 0; ps < num_ps(); ++ps) {
-      group.add(transport_.call(ps, Request{make_request(ps)}, {}));
+    for (std::size_t ps = 0; ps < transport.num_ps(); ++ps) group.add(transport.call(ps, GetStats{}, {}));
+    group.wait(std::min(options.request_timeout, std::chrono::milliseconds(5000)), "ask the ps tasks what they wait for");
+    for (std::size_t ps = 0; ps < group.size(); ++ps) {
+      const StatsReply reply = group.take_as<StatsReply>(ps);
+      steps.push_back(reply.stats.global_step);
+      why += "; ps " + std::to_string(ps) + " is at step " + std::to_string(reply.stats.global_step) +
+             ", waiting for " + reply.waiting_for;
     }
-    group.wait(timeout, what);
-    std::vector<R> replies;
-    for (std::size_t ps = 0; ps < num_ps(); ++ps) replies.push_back(group.take_as<R>(ps));
-    return replies;
+  } catch (const Error& e) {
+    why += std::string("; the ps tasks do not say why (") + e.what() + ")";
+    steps.clear();
   }
-
-  /// Registers the model (its variables, and its embedding tables with the seed of their
-  /// rows) on every ps and checks that their placements agree.
-  void register_model(std::span<const VariableSpec> variables,
-                      std::span<const TableSpec> tables = {}, std::uint64_t table_seed = 0) {
-    std::vector<VariableSpec> list(variables.begin(), variables.end());
-    std::vector<TableSpec> table_list(tables.begin(), tables.end());
-    adopt(broadcast<PlacementReply>(
-              [&](std::size_t) { return Register{list, table_list, table_seed}; },
-              options_.request_timeout, "register"),
-          list, &table_list);
-    table_seed_ = table_seed;
-  }
-
-  /// Waits until every ps is initialized and learns the placement; with `tables`, checks
-  /// that the ps tasks hold exactly those embedding tables.
-  void wait_ready(std::span<const VariableSpec> variables,
-                  std::optional<std::span<const TableSpec>> tables = std::nullopt) {
-    std::vector<VariableSpec> list(variables.begin(), variables.end());
-    std::optional<std::vector<TableSpec>> table_list;
-    if (tables) table_list.emplace(tables->begin(), tables->end());
-    adopt(broadcast<PlacementReply>([](std::size_t) { return WaitReady{}; }, options_.wait_timeout,
-                                    "wait for initialization"),
-          list, table_list ? &*table_list : nullptr);
-  }
-
-  /// Pulls the rows of every request into its values, from all ps tasks at once; no ps
-  /// answers before it completed `min_step` steps. Returns the lowest global step the ps
-  /// tasks reported.
-  std::int64_t pull_rows(std::span<const RowRequest> requests, std::int64_t min_step) {
-    CallGroup group;
-    send_row_pulls(group, requests, min_step);
-    wait_gated(group, min_step, "pull rows");
-    std::int64_t step = std::numeric_limits<std::int64_t>::max();
-    for (std::size_t i = 0; i < group.size(); ++i) step = std::min(step, group.take_as<RowsReply>(i).global_step);
-    return group.size() == 0 ? 0 : step;
-  }
-
-  /// Takes a sync token from ps 0, which paces the workers.
-  TokenReply take_token(std::uint32_t worker) {
-    CallGroup group;
-    group.add(transport_.call(0, TakeToken{worker, epoch_}, {}));
-    (void)wait_progressing(group, "worker " + std::to_string(worker) + ": take a sync token");
-    return group.take_as<TokenReply>(0);
-  }
-
-  /// Pulls every request's rows into its destination, from all ps tasks at once; no ps
-  /// answers before it completed `min_step` steps. Returns the lowest global step the ps
-  /// tasks reported: every value pulled is at least that recent.
-  std::int64_t pull(std::span<const PullRequest> requests, std::int64_t min_step) {
-    CallGroup group;
-    send(group, split_pulls(requests, min_step));
-    wait_gated(group, min_step, "pull");
-    return lowest_step(group, 0);
-  }
-
-  /// `pull` and `pull_rows` together, in one round trip; returns the lowest global step
-  /// the dense pulls reported (the rows' are as recent: they wait for the same step).
-  std::int64_t pull_with_rows(std::span<const PullRequest> requests,
-                              std::span<const RowRequest> rows, std::int64_t min_step) {
-    // The rows first: a row pull counts as changing the ps (it may create rows), which makes
-    // a TCP server copy whatever of the dense replies before it is still unsent.
-    CallGroup group;
-    send_row_pulls(group, rows, min_step);
-    const std::size_t row_pulls = group.size();
-    send(group, split_pulls(requests, min_step));
-    wait_gated(group, min_step, "pull");
-    std::int64_t step = std::numeric_limits<std::int64_t>::max();
-    for (std::size_t i = 0; i < row_pulls; ++i) step = std::min(step, group.take_as<RowsReply>(i).global_step);
-    for (std::size_t i = row_pulls; i < group.size(); ++i) step = std::min(step, group.take_as<PullReply>(i).global_step);
-    return group.size() == 0 ? 0 : step;
-  }
-
-  /// Pushes the gradients of whole variables (one span per variable, in variable order)
-  /// tagged with `local_step`; every ps gets a message, which counts towards its step.
-  /// Returns the number of part gradients dropped as stale.
-  std::uint32_t push(std::uint32_t worker, std::int64_t local_step,
-                     std::span<const std::span<const float>> gradients,
-                     std::span<const RowRequest> rows = {}) {
-    CallGroup group;
-    send_pushes(group, worker, local_step, gradients, rows);
-    group.wait(options_.request_timeout, "push");
-    return stale_parts(group, 0, group.size());
-  }
-
-  /// What push_pull did.
-  struct PushPullResult {
-    std::uint32_t stale_parts = 0;  ///< part gradients dropped as stale
-    std::int64_t pulled_step = 0;   ///< lowest global step of the pulled values
-  };
-
-  /// `push`, then `pull` once each ps has completed `min_step` steps, in one round trip:
-  /// both requests go out together, and each ps handles the pull after the push (requests
-  /// from one client to one ps keep their order). A refused push ends the wait at once,
-  /// although its pull may be waiting for a step that will not come. Both are checked
-  /// before either is sent.
-  PushPullResult push_pull(std::uint32_t worker, std::int64_t local_step,
-                           std::span<const std::span<const float>> gradients,
-                           std::span<const PullRequest> requests, std::int64_t min_step,
-                           std::span<const RowRequest> rows = {}) {
-    PullsPerPs pulls = split_pulls(requests, min_step);
-    CallGroup group;
-    send_pushes(group, worker, local_step, gradients, rows);
-    const std::size_t pushes = group.size();
-    send(group, std::move(pulls));
-    wait_gated(group, min_step, "push and pull");
-    return {stale_parts(group, 0, pushes), lowest_step(group, pushes)};
-  }
-
-  /// Current values of every variable, pulled from every ps at once once it has completed
-  /// `min_step` steps.
-  std::vector<std::vector<float>> read_variables(std::int64_t min_step = 0) {
-    std::vector<std::vector<float>> values;
-    read_into(values, min_step, true);
-    return values;
-  }
-
-  /// Every variable at one global step of at least `step`, the same on every ps when the
-  /// ps tasks can agree (see Snapshot): each ps is read once it reaches the target step, and
-  /// answers at that step's end (pulls waiting for a step are answered the moment it
-  /// completes). A ps read past the target sets the next round's target; a few rounds
-  /// settle it while sync training runs. A later round that does not complete at once (the
-  /// ps tasks count pushes that will never agree) leaves the last read as it is.
-  Snapshot snapshot(std::int64_t step) {
-    return *snapshot_until(step, std::chrono::steady_clock::time_point::max());
-  }
-
-  /// Like snapshot, but nullopt if `deadline` passes before the ps tasks reach `step`.
-  std::optional<Snapshot> snapshot_until(std::int64_t step,
-                                         std::chrono::steady_clock::time_point deadline) {
-    constexpr int kRounds = 8;
-    Snapshot shot;
-    const auto first = read_into(shot.values, step, true, deadline);  // (lowest, highest)
-    if (!first) return std::nullopt;
-    auto steps = *first;
-    for (int round = 1; round < kRounds && steps.first != steps.second; ++round) {
-      std::vector<std::vector<float>> again;
-      const auto read = read_into(again, steps.second, false);
-      if (!read) break;
-      steps = *read;
-      shot.values = std::move(again);
-    }
-    shot.step = steps.first;
-    shot.consistent = steps.first == steps.second;
-    return shot;
-  }
-
-  /// Blocks until every ps has completed `step` steps; returns the lowest global step they
-  /// report.
-  std::int64_t wait_for_step(std::int64_t step) {
-    return *wait_for_step_until(step, std::chrono::steady_clock::time_point::max());
-  }
-
-  /// Like wait_for_step, but nullopt once `deadline` passes first.
-  std::optional<std::int64_t> wait_for_step_until(std::int64_t step,
-                                                  std::chrono::steady_clock::time_point deadline) {
-    CallGroup group;
-    for (std::size_t ps = 0; ps < num_ps(); ++ps) {
-      group.add(transport_.call(ps, Pull{step, {}, epoch_}, {}));
-    }
-    if (step <= 0) {
-      group.wait(options_.request_timeout, "read the global step");
-    } else if (!wait_progressing(group, "wait for step " + std::to_string(step), deadline)) {
-      return std::nullopt;
-    }
-    return lowest_step(group, 0);
-  }
-
-  /// Every variable with its optimizer state, and the sync policy's state, as one cut across
-  /// all ps tasks (a checkpoint): every ps is paused (at once, or the moment it completes
-  /// `at_step`; pushes that arrive then wait), each is brought to the same count of pushes
-  /// taken from every worker (the largest any had), read there, and resumed. Training
-  /// stands still only while the state is read.
-  ModelState read_state(std::int64_t at_step = 0) {
-    if (!has_placement()) throw Error(ErrorCode::kFailedPrecondition, "no model registered yet");
-    struct Resumer {  // whatever happens, the ps tasks go on
-      Client* client;
-      ~Resumer() {
-        try {
-          client->broadcast<Ack>([](std::size_t) { return Resume{}; },
-                                 client->options_.request_timeout, "resume the ps tasks");
-        } catch (const Error&) {  // a ps that is gone resumes when the chief's link closes
-        }
-      }
-    } resumer{this};
-    std::vector<PauseReply> paused;
-    {
-      CallGroup group;
-      for (std::size_t ps = 0; ps < num_ps(); ++ps) group.add(transport_.call(ps, Pause{at_step}, {}));
-      wait_gated(group, at_step, "pause the ps tasks at step " + std::to_string(at_step));
-      for (std::size_t ps = 0; ps < num_ps(); ++ps) paused.push_back(group.take_as<PauseReply>(ps));
-    }
-    std::vector<std::uint64_t> until;
-    for (const PauseReply& p : paused) {
-      if (until.size() < p.pushes.size()) until.resize(p.pushes.size(), 0);
-      for (std::size_t w = 0; w < p.pushes.size(); ++w) until[w] = std::max(until[w], p.pushes[w]);
-    }
-    if (!paused[0].whole) {
-      log(LogLevel::kWarning, "the optimizer keeps state it does not name (slots, counters): a "
-                              "checkpoint holds the rest, and a restore starts that afresh");
-    }
-    ModelState state;
-    const std::size_t num_slots = paused[0].slot_names.size();
-    for (const VariableSpec& spec : variables_) {
-      VariableState v;
-      v.spec = spec;
-      v.values.resize(spec.size());
-      for (const std::string& name : paused[0].slot_names) {
-        v.slots.push_back({name, std::vector<float>(spec.size())});
-      }
-      v.counter_names = paused[0].counter_names;
-      state.variables.push_back(std::move(v));
-    }
-    CallGroup group;
-    for (std::size_t ps = 0; ps < num_ps(); ++ps) {
-      PullTargets targets;
-      for (const Part& part : placement_.parts) {
-        if (part.ps != ps) continue;
-        VariableState& v = state.variables[part.variable];
-        const std::size_t row = v.spec.row_size();
-        const std::size_t at = part.rows.begin * row, n = part.rows.size() * row;
-        targets.push_back(std::span(v.values).subspan(at, n));
-        for (std::size_t k = 0; k < num_slots; ++k) {
-          targets.push_back(std::span(v.slots[k].values).subspan(at, n));
-        }
-      }
-      group.add(transport_.call(ps, ReadState{until}, std::move(targets)));
-    }
-    group.wait(options_.request_timeout, "read the ps tasks' state at one cut");
-    for (std::size_t ps = 0; ps < num_ps(); ++ps) {
-      const StateReply reply = group.take_as<StateReply>(ps);
-      if (ps == 0) {
-        state.global_step = reply.global_step;
-        state.pacer = reply.pacer;
-      } else if (reply.pacer != state.pacer) {
-        log(LogLevel::kWarning, "ps " + std::to_string(ps) + " and ps 0 disagree on the sync "
-                                "policy's state at the cut: the checkpoint keeps ps 0's");
-      }
-      for (const PartState& p : reply.parts) {
-        if (p.part >= placement_.parts.size() || placement_.parts[p.part].ps != ps) {
-          throw Error(ErrorCode::kInternal, "ps " + std::to_string(ps) + " answered for a part it does not hold");
-        }
-        const Part& part = placement_.parts[p.part];
-        state.variables[part.variable].counters.push_back({part.rows, p.counters});
-      }
-    }
-    for (VariableState& v : state.variables) {
-      std::sort(v.counters.begin(), v.counters.end(),
-                [](const PartCounters& a, const PartCounters& b) { return a.rows.begin < b.rows.begin; });
-    }
-    return state;
-  }
-
-  /// Registers `state`'s model and sets every ps from it (Restore): values, optimizer state
-  /// (slots and counters matched by name: a checkpoint of another optimizer restores the
-  /// values alone), the sync policy's state, at a new epoch. The placement may differ from
-  /// the checkpoint's (another number of ps tasks): tensors are split anew, and each part
-  /// takes the counters of the saved part that held its first row.
-  void restore(const ModelState& state) {
-    register_model(state.specs(), std::vector<TableSpec>(tables_), table_seed_);
-    const std::uint64_t epoch = epoch_ + 1;
-    std::vector<Restore> messages(num_ps(), Restore{epoch, state.pacer, {}});
-    bool whole = true;
-    for (const Part& part : placement_.parts) {
-      const VariableState& v = state.variables[part.variable];
-      const std::size_t row = v.spec.row_size();
-      const std::size_t at = part.rows.begin * row, n = part.rows.size() * row;
-      PartState ps{global_index(part), std::span<const float>(v.values).subspan(at, n), {}, {}};
-      for (const std::string& name : slot_names_) {
-        const auto it = std::find_if(v.slots.begin(), v.slots.end(),
-                                     [&](const SlotState& s) { return s.name == name; });
-        if (it == v.slots.end() || v.slots.size() != slot_names_.size()) {
-          ps.slots.clear();
-          whole = false;
-          break;
-        }
-        ps.slots.push_back(std::span<const float>(it->values).subspan(at, n));
-      }
-      const auto saved = std::find_if(v.counters.begin(), v.counters.end(), [&](const PartCounters& c) {
-        return c.rows.begin <= part.rows.begin && part.rows.begin < c.rows.end;
-      });
-      for (const std::string& name : counter_names_) {
-        const auto k = std::find(v.counter_names.begin(), v.counter_names.end(), name);
-        if (saved == v.counters.end() || k == v.counter_names.end() ||
-            v.counter_names.size() != counter_names_.size()) {
-          ps.counters.clear();
-          whole = false;
-          break;
-        }
-        ps.counters.push_back(saved->values[static_cast<std::size_t>(k - v.counter_names.begin())]);
-      }
-      messages[part.ps].parts.push_back(std::move(ps));
-    }
-    if (!whole) {
-      log(LogLevel::kWarning, "the checkpoint's optimizer state does not match this optimizer's "
-                              "slots and counters: the values are restored, the optimizer starts afresh");
-    }
-    broadcast<Ack>([&](std::size_t ps) { return std::move(messages[ps]); }, options_.request_timeout,
-                   "restore the ps tasks");
-    epoch_ = epoch;
-  }
-
-  /// Counters of every ps task, by task index.
-  std::vector<Stats> stats() {
-    std::vector<Stats> all;
-    for (auto& r : broadcast<StatsReply>([](std::size_t) { return GetStats{}; },
-                                         options_.request_timeout, "stats")) {
-      all.push_back(r.stats);
-    }
-    return all;
-  }
-
- private:
-  /// Waits for `group`, whose calls wait for the ps tasks to complete global step
-  /// `min_step` (none when it is 0).
-  void wait_gated(CallGroup& group, std::int64_t min_step, std::string_view what) {
-    if (min_step <= 0) return group.wait(options_.request_timeout, what);
-    (void)wait_progressing(group, what);
-  }
-
-  /// Waits for `group`, whose calls wait for other tasks, for as long as the ps tasks make
-  /// progress: every so often it asks them their global steps, logs what they wait for once
-  /// none has moved for `stall_report` ("worker 2 at clock 5", "worker:1 (last heard 14.2 s
-  /// ago)"), and gives up (kDeadlineExceeded, cancelling the calls) once none has moved for
-  /// `wait_timeout`, naming the same; a long wait for a step far ahead is no stall. With a
-  /// `deadline`, returns false (the calls cancelled) when it passes first.
-  bool wait_progressing(CallGroup& group, std::string_view what,
-                        std::chrono::steady_clock::time_point deadline =
-                            std::chrono::steady_clock::time_point::max()) {
-    using Clock = std::chrono::steady_clock;
-    const auto patience = options_.wait_timeout;
-    const auto look_every = std::min({patience, options_.stall_report, std::chrono::milliseconds(10000)});
-    std::vector<std::int64_t> steps;  // the ps tasks' global steps when last looked at
-    auto still_since = Clock::now();
-    for (;;) {
-      const auto now0 = Clock::now();
-      const auto slice = deadline == Clock::time_point::max()
-                             ? look_every
-                             : std::min<std::chrono::milliseconds>(
-                                   look_every, std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                   std::max(deadline - now0, Clock::duration::zero())));
-      if (group.wait_for(slice)) return true;
-      if (Clock::now() >= deadline) {
-        group.cancel();
-        return false;
-      }
-      std::string why;
-      const std::vector<std::int64_t> now_steps = global_steps(why);
-      const auto now = Clock::now();
-      if (!now_steps.empty()) {
-        if (!steps.empty() && now_steps != steps) still_since = now;
-        steps = now_steps;
-      }
-      const auto stalled = std::chrono::duration_cast<std::chrono::milliseconds>(now - still_since);
-      if (stalled >= patience) {
-        group.cancel();
-        throw Error(ErrorCode::kDeadlineExceeded,
-                    std::string(what) + ": no progress for " + std::to_string(stalled.count()) +
-                        " ms" + why);
-      }
-      if (stalled >= options_.stall_report) {  // a hang explains itself while it lasts
-        char seconds[32];
-        std::snprintf(seconds, sizeof seconds, "%.1f", static_cast<double>(stalled.count()) / 1000.0);
-        log(LogLevel::kWarning, std::string(what) + ": no progress for " + seconds + " s" + why);
-      }
-    }
-  }
-
-  /// Every ps's global step, and in `why` what each waits for; empty if a ps does not
-  /// answer in time (the question is a courtesy: the wait is what matters).
-  std::vector<std::int64_t> global_steps(std::string& why) {
-    std::vector<std::int64_t> steps;
-    try {
-      CallGroup group;
-      for (std::size_t ps = 0; ps < num_ps(); ++ps) group.add(transport_.call(ps, GetStats{}, {}));
-      group.wait(std::min(options_.request_timeout, std::chrono::milliseconds(5000)),
-                 "ask the ps tasks what they wait for");
-      for (std::size_t ps = 0; ps < group.size(); ++ps) {
-        const StatsReply reply = group.take_as<StatsReply>(ps);
-        steps.push_back(reply.stats.global_step);
-        why += "; ps " + std::to_string(ps) + " is at step " +
-               std::to_string(reply.stats.global_step) + ", waiting for " + reply.waiting_for;
-      }
-    } catch (const Error& e) {
-      why += std::string("; the ps tasks do not say why (") + e.what() + ")";
-      steps.clear();
-    }
-    return steps;
-  }
-
-  /// Reads every variable into `values` once every ps has completed `min_step` steps, and
-  /// returns the lowest and highest global step the ps tasks were read at. `patient`: as
-  /// long as training makes progress; otherwise only briefly, and nullopt (the values
-  /// half read) if the ps tasks do not answer at once.
-  std::optional<std::pair<std::int64_t, std::int64_t>> read_into(
-      std::vector<std::vector<float>>& values, std::int64_t min_step, bool patient,
-      std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max()) {
-    std::vector<PullRequest> requests;
-    values.resize(variables_.size());
-    for (std::size_t v = 0; v < variables_.size(); ++v) {
-      values[v].resize(variables_[v].size());
-      requests.push_back({v, {0, variables_[v].rows()}, values[v]});
-    }
-    CallGroup group;
-    send(group, split_pulls(requests, min_step));
-    if (patient) {
-      if (min_step <= 0) {
-        group.wait(options_.request_timeout, "read the variables");
-      } else if (!wait_progressing(group, "read the variables at step " + std::to_string(min_step),
-                                   deadline)) {
-        return std::nullopt;
-      }
-    } else if (!group.wait_for(std::min(options_.request_timeout, std::chrono::milliseconds(2000)))) {
-      return std::nullopt;  // the group cancels the reads as it goes
-    }
-    std::int64_t lowest = std::numeric_limits<std::int64_t>::max();
-    std::int64_t highest = std::numeric_limits<std::int64_t>::min();
-    for (std::size_t i = 0; i < group.size(); ++i) {
-      const std::int64_t step = group.take_as<PullReply>(i).global_step;
-      lowest = std::min(lowest, step);
-      highest = std::max(highest, step);
-    }
-    if (group.size() == 0) lowest = highest = 0;
-    return std::pair{lowest, highest};
-  }
-
-  /// Each ps's share of `requests` (checked against the variables' shapes), as a Pull and
-  /// the targets its reply goes to.
-  struct PullsPerPs {
-    std::vector<Pull> pulls;
-    std::vector<PullTargets> targets;
-  };
-  PullsPerPs split_pulls(std::span<const PullRequest> requests, std::int64_t min_step) {
-    PullsPerPs out{std::vector<Pull>(num_ps(), Pull{min_step, {}, epoch_}),
-                   std::vector<PullTargets>(num_ps())};
-    for (const PullRequest& r : requests) {
-      const VariableSpec& spec = checked_variable(r.variable);
-      if (r.rows.empty() || r.rows.end > spec.rows() ||
-          r.into.size() != r.rows.size() * spec.row_size()) {
-        throw Error(ErrorCode::kInvalidArgument,
-                    "pull of '" + spec.name + "' rows [" + std::to_string(r.rows.begin) + ", " +
-                        std::to_string(r.rows.end) + ") into " + std::to_string(r.into.size()) +
-                        " floats does not fit its shape");
-      }
-      for (const Part& part : placement_.parts_of(r.variable)) {
-        const std::size_t begin = std::max(part.rows.begin, r.rows.begin);
-        const std::size_t end = std::min(part.rows.end, r.rows.end);
-        if (begin >= end) continue;
-        out.pulls[part.ps].slices.push_back({global_index(part), {begin, end}});
-        out.targets[part.ps].push_back(r.into.subspan((begin - r.rows.begin) * spec.row_size(),
-                                                      (end - begin) * spec.row_size()));
-      }
-    }
-    return out;
-  }
-
-  /// Sends each ps its pull, if it has one.
-  void send(CallGroup& group, PullsPerPs&& split) {
-    for (std::size_t ps = 0; ps < num_ps(); ++ps) {
-      if (split.pulls[ps].slices.empty()) continue;
-      group.add(transport_.call(ps, std::move(split.pulls[ps]), std::move(split.targets[ps])));
-    }
-  }
-
-  /// Sends every ps the gradients of the parts it holds (checked: one finite gradient of the
-  /// right size per variable, before anything is sent).
-  void send_pushes(CallGroup& group, std::uint32_t worker, std::int64_t local_step,
-                   std::span<const std::span<const float>> gradients,
-                   std::span<const RowRequest> rows = {}) {
-    if (gradients.size() != variables_.size()) {
-      throw Error(ErrorCode::kInvalidArgument, "push needs one gradient per variable");
-    }
-    for (const RowRequest& r : rows) check_rows(r);
-    if (options_.clip_norm > 0.0F) gradients = clipped(gradients, rows);
-    // One number for the push to every ps: a push sent again is recognized by it.
-    const std::uint64_t sequence = ++sequence_;
-    std::vector<Push> pushes(num_ps(), Push{worker, local_step, {}, epoch_, sequence});
-    for (const Part& part : placement_.parts) {
-      const std::size_t row_size = variables_[part.variable].row_size();
-      const std::span<const float> g = gradients[part.variable];
-      if (g.size() != variables_[part.variable].size()) {
-        throw Error(ErrorCode::kInvalidArgument,
-                    "gradient of '" + variables_[part.variable].name + "' has " +
-                        std::to_string(g.size()) + " elements, expected " +
-                        std::to_string(variables_[part.variable].size()));
-      }
-      pushes[part.ps].gradients.push_back(
-          {global_index(part), g.subspan(part.rows.begin * row_size, part.rows.size() * row_size)});
-    }
-    // Checked here, before anything is sent: a push refused by one ps but applied by another
-    // would leave the ps tasks on different steps.
-    for (std::size_t v = 0; v < gradients.size(); ++v) {
-      if (!detail::all_finite(gradients[v])) {
-        throw Error(ErrorCode::kInvalidArgument, "non-finite (NaN or Inf) gradient for '" +
-                                                     variables_[v].name + "'; nothing was pushed");
-      }
-    }
-    // One push per ps, whole: its rows must fit in one message.
-    std::vector<std::size_t> ids_to(num_ps(), 0);
-    for (const RowRequest& r : rows) {
-      for (std::size_t ps = 0; ps < num_ps(); ++ps) {
-        const std::size_t n = r.ps_begin[ps + 1] - r.ps_begin[ps];
-        ids_to[ps] += n;
-        if (ids_to[ps] > kMaxIdsPerMessage || n * tables_[r.table].dim * sizeof(float) > kMaxRowBytesPerMessage) {
-          throw Error(ErrorCode::kInvalidArgument,
-                      "a push to ps " + std::to_string(ps) + " of more rows than one message carries (" +
-                          std::to_string(kMaxIdsPerMessage) + " ids, and 256 MiB of rows of a table): " +
-                          "use smaller batches, or more ps tasks");
-        }
-      }
-    }
-    for (const RowRequest& r : rows) {
-      if (!detail::all_finite(r.values)) {
-        throw Error(ErrorCode::kInvalidArgument, "non-finite (NaN or Inf) row gradients for table '" +
-                                                     tables_[r.table].name + "'; nothing was pushed");
-      }
-      const std::size_t dim = tables_[r.table].dim;
-      for (std::size_t ps = 0; ps < num_ps(); ++ps) {
-        const std::size_t begin = r.ps_begin[ps], end = r.ps_begin[ps + 1];
-        if (begin == end) continue;
-        pushes[ps].rows.push_back({static_cast<std::uint32_t>(r.table),
-                                   std::vector<std::uint64_t>(r.ids.begin() + static_cast<std::ptrdiff_t>(begin),
-                                                              r.ids.begin() + static_cast<std::ptrdiff_t>(end)),
-                                   std::span<const float>(r.values).subspan(begin * dim, (end - begin) * dim)});
-      }
-    }
-    for (std::size_t ps = 0; ps < num_ps(); ++ps) {
-      group.add(transport_.call(ps, std::move(pushes[ps]), {}));
-    }
-  }
-
-  /// Checks a row request against the tables: a known table, ids grouped by ps as
-  /// `ps_begin` says, values of ids × dim.
-  void check_rows(const RowRequest& r) const {
-    if (r.table >= tables_.size()) {
-      throw Error(ErrorCode::kNotFound, "unknown table index " + std::to_string(r.table));
-    }
-    const TableSpec& spec = tables_[r.table];
-    if (r.ps_begin.size() != num_ps() + 1 || r.ps_begin.front() != 0 ||
-        r.ps_begin.back() != r.ids.size() || !std::is_sorted(r.ps_begin.begin(), r.ps_begin.end()) ||
-        r.values.size() != r.ids.size() * spec.dim) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  "rows of table '" + spec.name + "': " + std::to_string(r.ids.size()) + " ids, " +
-                      std::to_string(r.values.size()) + " values of dim " + std::to_string(spec.dim) +
-                      ", grouped by " + std::to_string(r.ps_begin.size()) + " offsets for " +
-                      std::to_string(num_ps()) + " ps tasks: they do not fit");
-    }
-  }
-
-  /// Sends each ps PullRows of its share of `requests`, replies written into place: one
-  /// request per kMaxIdsPerMessage ids (a larger share goes as several).
-  void send_row_pulls(CallGroup& group, std::span<const RowRequest> requests, std::int64_t min_step) {
-    for (const RowRequest& r : requests) check_rows(r);
-    for (std::size_t ps = 0; ps < num_ps(); ++ps) {
-      PullRows pull{min_step, epoch_, {}};
-      PullTargets targets;
-      std::size_t ids = 0;
-      auto flush = [&] {
-        if (pull.tables.empty()) return;
-        group.add(transport_.call(ps, std::move(pull), std::move(targets)));
-        pull = PullRows{min_step, epoch_, {}};
-        targets = {};
-        ids = 0;
-      };
-      for (const RowRequest& r : requests) {
-        const std::size_t dim = tables_[r.table].dim;
-        for (std::size_t begin = r.ps_begin[ps], end = r.ps_begin[ps + 1]; begin < end;) {
-          if (ids == kMaxIdsPerMessage) flush();
-          const std::size_t n = std::min({end - begin, kMaxIdsPerMessage - ids,
-                                          std::max<std::size_t>(1, kMaxRowBytesPerMessage / (dim * sizeof(float)))});
-          pull.tables.push_back({static_cast<std::uint32_t>(r.table),
-                                 std::vector<std::uint64_t>(r.ids.begin() + static_cast<std::ptrdiff_t>(begin),
-                                                            r.ids.begin() + static_cast<std::ptrdiff_t>(begin + n)),
-                                 {}});
-          targets.push_back(r.values.subspan(begin * dim, n * dim));
-          ids += n;
-          begin += n;
-          // A table comes once per request: the next piece of this one goes in the next.
-          if (begin < end) flush();
-        }
-      }
-      flush();
-    }
-  }
-
-  /// `gradients` scaled by clip_norm / their global norm when that norm is larger (TF's
-  /// clip_by_global_norm), copied into buffers of this client; as they are otherwise. A
-  /// non-finite norm leaves them as they are, for the finiteness check to refuse.
-  /// The rows' gradients count in the norm too (as TensorFlow's clip_by_global_norm counts
-  /// IndexedSlices), and are scaled where they are: they are the worker's own buffers.
-  std::span<const std::span<const float>> clipped(std::span<const std::span<const float>> gradients,
-                                                 std::span<const RowRequest> rows) {
-    double squares = 0.0;
-    for (const std::span<const float> g : gradients) {
-      for (const float x : g) squares += static_cast<double>(x) * static_cast<double>(x);
-    }
-    for (const RowRequest& r : rows) {
-      for (const float x : r.values) squares += static_cast<double>(x) * static_cast<double>(x);
-    }
-    const double norm = std::sqrt(squares);
-    last_norm_ = norm;
-    if (!(norm > options_.clip_norm) || !std::isfinite(norm)) return gradients;
-    const auto scale = static_cast<float>(options_.clip_norm / norm);
-    for (const RowRequest& r : rows) {
-      for (float& x : r.values) x *= scale;
-    }
-    clipped_.resize(gradients.size());
-    clipped_views_.clear();
-    for (std::size_t v = 0; v < gradients.size(); ++v) {
-      clipped_[v].resize(gradients[v].size());
-      std::transform(gradients[v].begin(), gradients[v].end(), clipped_[v].begin(),
-                     [scale](float x) { return x * scale; });
-      clipped_views_.emplace_back(clipped_[v]);
-    }
-    ++clipped_steps_;
-    return clipped_views_;
-  }
-
- public:
-  /// Pushes whose gradients `ClientOptions::clip_norm` scaled down.
-  [[nodiscard]] std::int64_t clipped_steps() const noexcept { return clipped_steps_; }
-  /// The global norm of the last push's gradients, when clipping is on (else 0).
-  [[nodiscard]] double last_gradient_norm() const noexcept { return last_norm_; }
-
- private:
-  /// The lowest global step reported by the pull replies from index `first` on.
-  static std::int64_t lowest_step(CallGroup& group, std::size_t first) {
-    std::int64_t step = std::numeric_limits<std::int64_t>::max();
-    for (std::size_t i = first; i < group.size(); ++i) {
-      step = std::min(step, group.take_as<PullReply>(i).global_step);
-    }
-    return first == group.size() ? 0 : step;
-  }
-
-  static std::uint32_t stale_parts(CallGroup& group, std::size_t first, std::size_t end) {
-    std::uint32_t stale = 0;
-    for (std::size_t i = first; i < end; ++i) stale += group.take_as<PushReply>(i).stale_parts;
-    return stale;
-  }
-
-  const VariableSpec& checked_variable(std::size_t v) const {
-    if (!has_placement()) {
-      throw Error(ErrorCode::kFailedPrecondition, "no placement yet: call wait_ready() first");
-    }
-    if (v >= variables_.size()) {
-      throw Error(ErrorCode::kNotFound, "unknown variable index " + std::to_string(v));
-    }
-    return variables_[v];
-  }
-
-  std::uint32_t global_index(const Part& part) const {
-    return static_cast<std::uint32_t>(&part - placement_.parts.data());
-  }
-
-  void adopt(std::vector<PlacementReply> replies, std::vector<VariableSpec>& variables,
-             const std::vector<TableSpec>* tables = nullptr) {
-    if (replies.empty()) throw Error(ErrorCode::kInvalidArgument, "the cluster has no ps task");
-    if (tables != nullptr && replies[0].tables != *tables) {
-      throw Error(ErrorCode::kFailedPrecondition,
-                  "the ps tasks hold " + std::to_string(replies[0].tables.size()) +
-                      " embedding table(s), and this model declares " + std::to_string(tables->size()) +
-                      " that differ from them (name, dim, initializer, admission, eviction must match)");
-    }
-    for (std::size_t ps = 1; ps < replies.size(); ++ps) {
-      if (!(replies[ps].placement == replies[0].placement)) {
-        throw Error(ErrorCode::kFailedPrecondition,
-                    "ps 0 and ps " + std::to_string(ps) +
-                        " place the variables differently: are they configured with the same "
-                        "sharding policy and number of ps tasks?");
-      }
-    }
-    const auto& registered = replies[0].variables;
-    if (registered.size() != variables.size()) {
-      throw Error(ErrorCode::kFailedPrecondition,
-                  "the ps tasks hold " + std::to_string(registered.size()) +
-                      " variables but this model has " + std::to_string(variables.size()));
-    }
-    for (std::size_t v = 0; v < variables.size(); ++v) {
-      if (!(registered[v] == variables[v])) {
-        throw Error(ErrorCode::kFailedPrecondition,
-                    "variable " + std::to_string(v) + " of this model ('" + variables[v].name +
-                        "') differs from the one the chief registered ('" + registered[v].name +
-                        "'): name, shape and initializer must match");
-      }
-    }
-    for (const Part& part : replies[0].placement.parts) {
-      if (part.ps >= num_ps()) {
-        throw Error(ErrorCode::kFailedPrecondition,
-                    "the ps tasks place parts on ps " + std::to_string(part.ps) + ", but this "
-                    "client knows " + std::to_string(num_ps()) + " ps tasks: are they configured "
-                    "with the same cluster?");
-      }
-    }
-    if (replies[0].placement.num_variables() != variables.size()) {
-      throw Error(ErrorCode::kFailedPrecondition,
-                  "the ps tasks' placement does not cover this model's variables");
-    }
-    placement_ = std::move(replies[0].placement);
-    variables_ = std::move(variables);
-    epoch_ = 0;
-    for (const PlacementReply& r : replies) epoch_ = std::max(epoch_, r.epoch);
-    slot_names_ = std::move(replies[0].slot_names);
-    counter_names_ = std::move(replies[0].counter_names);
-    tables_ = std::move(replies[0].tables);
-  }
-
-  T transport_;
-  ClientOptions options_;
-  std::uint64_t epoch_ = 0;  ///< the ps tasks' restores so far, as last learned
-  /// Numbers this client's pushes: from a random start, so that a client that restarts is
-  /// not taken for the one before it.
-  std::uint64_t sequence_ = random_start();
-  std::vector<std::string> slot_names_;     ///< the optimizer's slots, as the ps tasks name them
-  std::vector<std::string> counter_names_;  ///< the optimizer's counters
-  std::vector<std::vector<float>> clipped_;           ///< gradients scaled by clipping
-  std::vector<std::span<const float>> clipped_views_;  ///< views of them, by variable
-  std::int64_t clipped_steps_ = 0;
-  double last_norm_ = 0.0;
-  Placement placement_;
-  std::vector<VariableSpec> variables_;
-  std::vector<TableSpec> tables_;   ///< the embedding tables the ps tasks hold
-  std::uint64_t table_seed_ = 0;    ///< as registered (kept for a restore's registration)
-};
-
-}  // namespace detail
-}  // namespace pulley
-// ---- end pulley/client/client.hpp ----
-// ---- begin pulley/core/initializers.hpp ----
-
-#include <cmath>
-#include <cstdint>
-#include <numbers>
-#include <span>
-#include <string_view>
-
-namespace pulley {
-
-/// A small, fast, portable generator (SplitMix64). Unlike the standard distributions,
-/// whose output differs between standard libraries, the values below depend only on the
-/// seed, so a seeded run initializes identically everywhere.
-class SplitMix64 {
- public:
-  explicit constexpr SplitMix64(std::uint64_t seed) noexcept : state_(seed) {}
-
-  constexpr std::uint64_t next() noexcept {
-    std::uint64_t z = (state_ += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30U)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27U)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31U);
-  }
-  /// Uniform in [0, 1), 53 random bits.
-  constexpr double uniform() noexcept { return static_cast<double>(next() >> 11U) * 0x1.0p-53; }
-
- private:
-  std::uint64_t state_;
-};
-
-/// FNV-1a hash of a variable name: mixes the name into the seed, so a variable's initial
-/// values do not change when other variables are added or reordered.
-constexpr std::uint64_t name_hash(std::string_view name) noexcept {
-  std::uint64_t h = 0xCBF29CE484222325ULL;
-  for (char c : name) {
-    h ^= static_cast<unsigned char>(c);
-    h *= 0x100000001B3ULL;
-  }
-  return h;
+  return steps;
 }
 
-/// Fills `values` (which has `spec.size()` elements) as `spec.initializer` says, from
-/// `seed` and the variable's name.
-inline void initialize(const VariableSpec& spec, std::uint64_t seed, std::span<float> values) {
-  SplitMix64 rng(seed ^ name_hash(spec.name));
-  const Initializer& init = spec.initializer;
-  auto uniform = [&](double limit) {
-    for (float& v : values) v = static_cast<float>((2.0 * rng.uniform() - 1.0) * limit);
-  };
-  switch (init.kind) {
-    case Initializer::Kind::kZeros:
-      for (float& v : values) v = 0.0F;
-      break;
-    case Initializer::Kind::kConstant:
-      for (float& v : values) v = init.value;
-      break;
-    case Initializer::Kind::kUniform:
-      uniform(init.value);
-      break;
-    case Initializer::Kind::kNormal:
-      for (float& v : values) {  // Box–Muller; 1 - u keeps the log finite
-        const double r = std::sqrt(-2.0 * std::log(1.0 - rng.uniform()));
-        v = static_cast<float>(init.value * r * std::cos(2.0 * std::numbers::pi * rng.uniform()));
-      }
-      break;
-    case Initializer::Kind::kGlorotUniform: {
-      // fan_in is the first dimension, fan_out the product of the rest (Keras' rule for a
-      // Dense kernel [in, out]); a vector counts as fan_in = fan_out = its length.
-      const double fan_in = static_cast<double>(spec.rows());
-      const double fan_out = spec.shape.size() > 1 ? static_cast<double>(spec.row_size()) : fan_in;
-      uniform(std::sqrt(6.0 / (fan_in + fan_out)));
-      break;
+/// Waits for `group`, whose calls wait for other tasks (a token, a step), for as long as
+/// the ps tasks make progress: every so often it asks them their global steps, logs what
+/// they wait for once none has moved for `stall_report` ("worker 2 at clock 5", "worker:1
+/// (last heard 14.2 s ago)"), and gives up (kDeadlineExceeded, cancelling the calls) once
+/// none has moved for `wait_timeout`, naming the same: a long wait for a step far ahead is
+/// no stall. With a `deadline`, returns false (the calls cancelled) when it passes first.
+template <Transport T>
+bool wait_progressing(T& transport, const ClientOptions& options, CallGroup& group, std::string_view what,
+                      std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max()) {
+  using Clock = std::chrono::steady_clock;
+  const auto patience = options.wait_timeout;
+  const auto look_every = std::min({patience, options.stall_report, std::chrono::milliseconds(10000)});
+  std::vector<std::int64_t> steps;  // the ps tasks' global steps when last looked at
+  auto still_since = Clock::now();
+  for (;;) {
+    const auto now0 = Clock::now();
+    const auto slice = deadline == Clock::time_point::max()
+                           ? look_every
+                           : std::min<std::chrono::milliseconds>(
+                                 look_every, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                 std::max(deadline - now0, Clock::duration::zero())));
+    if (group.wait_for(slice)) return true;
+    if (Clock::now() >= deadline) {
+      group.cancel();
+      return false;
+    }
+    std::string why;
+    const std::vector<std::int64_t> now_steps = global_steps(transport, options, why);
+    const auto now = Clock::now();
+    if (!now_steps.empty()) {
+      if (!steps.empty() && now_steps != steps) still_since = now;
+      steps = now_steps;
+    }
+    const auto stalled = std::chrono::duration_cast<std::chrono::milliseconds>(now - still_since);
+    if (stalled >= patience) {
+      group.cancel();
+      throw Error(ErrorCode::kDeadlineExceeded,
+                  std::string(what) + ": no progress for " + std::to_string(stalled.count()) + " ms" + why);
+    }
+    if (stalled >= options.stall_report) {  // a hang explains itself while it lasts
+      char seconds[32];
+      std::snprintf(seconds, sizeof seconds, "%.1f", static_cast<double>(stalled.count()) / 1000.0);
+      log(LogLevel::kWarning, std::string(what) + ": no progress for " + seconds + " s" + why);
     }
   }
 }
 
-/// Mixes a 64-bit id into a seed (the SplitMix64 finalizer): neighbouring ids give
-/// unrelated streams.
-constexpr std::uint64_t mix_id(std::uint64_t id) noexcept {
-  id = (id ^ (id >> 30U)) * 0xBF58476D1CE4E5B9ULL;
-  id = (id ^ (id >> 27U)) * 0x94D049BB133111EBULL;
-  return id ^ (id >> 31U);
+/// Waits for `group`, whose calls wait for the ps tasks to complete global step `min_step`
+/// (none when it is 0: then they are answered at once).
+template <Transport T>
+void wait_gated(T& transport, const ClientOptions& options, CallGroup& group, std::int64_t min_step,
+                std::string_view what) {
+  if (min_step <= 0) return group.wait(options.request_timeout, what);
+  (void)wait_progressing(transport, options, group, what);
 }
 
-/// Fills `row` (`spec.dim` floats) with the initial value of row `id` of table `spec`: a
-/// function of the initializer, the table's name, the id and `seed` alone. Glorot's rule has
-/// no fans in a table; it is refused where a table is registered.
-inline void initialize_row(const TableSpec& spec, std::uint64_t seed, std::uint64_t id,
-                           std::span<float> row) {
-  const VariableSpec as_vector{spec.name, {row.size()}, spec.initializer};
-  initialize(as_vector, seed ^ mix_id(id ^ 0x9E3779B97F4A7C15ULL), row);
-}
-
-}  // namespace pulley
-// ---- end pulley/core/initializers.hpp ----
-// ---- begin pulley/sharding/ids.hpp ----
-
-#include <cstdint>
-#include <string_view>
-
+}  // namespace pulley::detail
+// ---- end pulley/client/detail/stall.hpp ----
 // ---- begin pulley/concepts/sharding.hpp ----
 
 #include <concepts>
@@ -2760,6 +2118,39 @@ inline void initialize_row(const TableSpec& spec, std::uint64_t seed, std::uint6
 #include <cstdint>
 #include <string_view>
 #include <span>
+
+// ---- begin pulley/core/hash.hpp ----
+
+#include <cstdint>
+#include <string_view>
+
+namespace pulley {
+
+/// pulley's hashes, each defined once: what seeds initial values, spreads table rows over
+/// the ps tasks, keys id indexes and names a cluster. They depend only on their input, so
+/// every process computes the same value.
+
+/// FNV-1a (64 bits) of `text`, continuing from `hash` (the offset basis by default): mixes
+/// a variable's name into its seed, so its initial values do not change when other
+/// variables are added or reordered.
+constexpr std::uint64_t name_hash(std::string_view text,
+                                  std::uint64_t hash = 0xCBF29CE484222325ULL) noexcept {
+  for (const char c : text) {
+    hash ^= static_cast<unsigned char>(c);
+    hash *= 0x100000001B3ULL;
+  }
+  return hash;
+}
+
+/// The SplitMix64 finalizer: neighbouring 64-bit ids give unrelated values.
+constexpr std::uint64_t mix_id(std::uint64_t id) noexcept {
+  id = (id ^ (id >> 30U)) * 0xBF58476D1CE4E5B9ULL;
+  id = (id ^ (id >> 27U)) * 0x94D049BB133111EBULL;
+  return id ^ (id >> 31U);
+}
+
+}  // namespace pulley
+// ---- end pulley/core/hash.hpp ----
 
 namespace pulley {
 
@@ -2797,8 +2188,694 @@ concept IdSharding = std::copy_constructible<S> &&
   { sharding.ps_of(table, id, num_ps) } -> std::convertible_to<std::uint32_t>;
 };
 
+/// Where `sharding` puts rows of `tables` over `num_ps` ps tasks, as one number: the ps
+/// of 64 small ids and 64 ids spread over the whole id space, for every table, hashed. The
+/// ps tasks say theirs when a client gets ready (PlacementReply::id_sharding), so that a
+/// worker (or a ps) whose id sharding puts rows elsewhere is refused then, by name, instead
+/// of having each push refused. Every sharding agrees with every other on one ps task.
+template <IdSharding I>
+std::uint64_t id_sharding_fingerprint(const I& sharding, std::span<const TableSpec> tables, std::uint32_t num_ps) {
+  std::uint64_t hash = name_hash("id sharding");
+  for (const TableSpec& table : tables) {
+    hash = name_hash(table.name, hash);
+    for (std::uint64_t k = 0; k < 64; ++k) {
+      hash = mix_id(hash ^ static_cast<std::uint32_t>(sharding.ps_of(table.name, k, num_ps)));
+      hash = mix_id(hash ^ static_cast<std::uint32_t>(sharding.ps_of(table.name, mix_id(k + 1), num_ps)));
+    }
+  }
+  return hash;
+}
+
 }  // namespace pulley
 // ---- end pulley/concepts/sharding.hpp ----
+
+namespace pulley {
+
+/// What every client role (Worker, Chief, Evaluator) is made of: a transport to the ps
+/// tasks, the model as they registered it (variables, tables, placement, epoch), and the
+/// calls that turn variable-level pulls and pushes into one request per ps, sent
+/// concurrently and awaited together. Waits for other tasks (a token, a step) last as long
+/// as training progresses and explain themselves when it does not (`ClientOptions`).
+///
+/// A Client is used from one thread at a time, as the role that owns it.
+///
+/// @tparam T the Transport that reaches the ps tasks
+template <Transport T>
+class Client {
+ public:
+  Client(T transport, ClientOptions options)
+      : transport_(std::move(transport)), options_(options), pushes_(options.clip_norm) {}
+
+  [[nodiscard]] std::size_t num_ps() const { return transport_.num_ps(); }
+  /// Where each variable lives, once registered or ready.
+  [[nodiscard]] const Placement& placement() const noexcept { return placement_; }
+  /// The registered variables.
+  [[nodiscard]] const std::vector<VariableSpec>& variables() const noexcept { return variables_; }
+  /// The embedding tables the ps tasks hold.
+  [[nodiscard]] const std::vector<TableSpec>& tables() const noexcept { return tables_; }
+  /// Where the ps tasks' IdSharding puts the tables' rows (`id_sharding_fingerprint`).
+  [[nodiscard]] std::uint64_t id_sharding() const noexcept { return id_sharding_; }
+  /// Throws kFailedPrecondition, naming the fix, unless `sharding` (a worker's, or the
+  /// chief's read_rows') puts the tables' rows where the ps tasks' own sharding does.
+  template <IdSharding I>
+  void check_id_sharding(const I& sharding) const {
+    if (tables_.empty() ||
+        id_sharding_fingerprint(sharding, tables_, static_cast<std::uint32_t>(num_ps())) == id_sharding_) {
+      return;
+    }
+    throw Error(ErrorCode::kFailedPrecondition,
+                "this task's IdSharding puts rows of table '" + tables_.front().name +
+                    "' on other ps tasks than the ps tasks' own does: give it the IdSharding of the ps "
+                    "tasks' Tables policy (Worker<M, T, MyTables::Sharding>, read_rows(..., MyTables::Sharding{}))");
+  }
+  /// The seed of the tables' rows, as this client registered it.
+  [[nodiscard]] std::uint64_t table_seed() const noexcept { return table_seed_; }
+  /// True once the placement is known.
+  [[nodiscard]] bool has_placement() const noexcept { return !placement_.first_part.empty(); }
+  /// The ps tasks' epoch (restores so far), as last learned.
+  [[nodiscard]] std::uint64_t epoch() const noexcept { return epoch_; }
+  /// The ps tasks were restored at `epoch` (by this client).
+  void adopt_epoch(std::uint64_t epoch) noexcept { epoch_ = epoch; }
+  /// The optimizer's slot and counter names, as the ps tasks said at registration.
+  [[nodiscard]] const std::vector<std::string>& slot_names() const noexcept { return slot_names_; }
+  [[nodiscard]] const std::vector<std::string>& counter_names() const noexcept { return counter_names_; }
+  [[nodiscard]] T& transport() noexcept { return transport_; }
+  [[nodiscard]] const ClientOptions& options() const noexcept { return options_; }
+
+  /// Index of the variable called `name`; throws kNotFound naming it.
+  [[nodiscard]] std::size_t variable_index(std::string_view name) const {
+    for (std::size_t i = 0; i < variables_.size(); ++i) {
+      if (variables_[i].name == name) return i;
+    }
+    throw Error(ErrorCode::kNotFound, "unknown variable '" + std::string(name) + "'");
+  }
+
+  /// Sends `make_request(ps)` to every ps at once and returns the replies of type R.
+  template <class R, class MakeRequest>
+  std::vector<R> broadcast(MakeRequest make_request, std::chrono::milliseconds timeout, std::string_view what) {
+    CallGroup group;
+    for (std::size_t ps = 0; ps < num_ps(); ++ps) group.add(transport_.call(ps, Request{make_request(ps)}, {}));
+    group.wait(timeout, what);
+    std::vector<R> replies;
+    for (std::size_t ps = 0; ps < num_ps(); ++ps) replies.push_back(group.take_as<R>(ps));
+    return replies;
+  }
+
+  /// Registers the model (its variables, and its embedding tables with the seed of their
+  /// rows) on every ps and checks that their placements agree.
+  void register_model(std::span<const VariableSpec> variables, std::span<const TableSpec> tables = {},
+                      std::uint64_t table_seed = 0) {
+    std::vector<VariableSpec> list(variables.begin(), variables.end());
+    std::vector<TableSpec> table_list(tables.begin(), tables.end());
+    adopt(broadcast<PlacementReply>([&](std::size_t) { return Register{list, table_list, table_seed}; },
+                                    options_.request_timeout, "register"),
+          list, &table_list);
+    table_seed_ = table_seed;
+  }
+
+  /// Waits until every ps is initialized and learns the placement; with `tables`, checks
+  /// that the ps tasks hold exactly those embedding tables.
+  void wait_ready(std::span<const VariableSpec> variables, std::optional<std::span<const TableSpec>> tables = std::nullopt) {
+    std::vector<VariableSpec> list(variables.begin(), variables.end());
+    std::optional<std::vector<TableSpec>> table_list;
+    if (tables) table_list.emplace(tables->begin(), tables->end());
+    adopt(broadcast<PlacementReply>([](std::size_t) { return WaitReady{}; }, options_.wait_timeout,
+                                    "wait for initialization"),
+          list, table_list ? &*table_list : nullptr);
+  }
+
+  /// Takes a sync token from ps 0, which paces the workers.
+  TokenReply take_token(std::uint32_t worker) {
+    CallGroup group;
+    group.add(transport_.call(0, TakeToken{worker, epoch_}, {}));
+    (void)detail::wait_progressing(transport_, options_, group, "worker " + std::to_string(worker) + ": take a sync token");
+    return group.take_as<TokenReply>(0);
+  }
+
+  /// Pulls every request's rows into its destination, from all ps tasks at once; no ps
+  /// answers before it completed `min_step` steps. Returns the lowest global step the ps
+  /// tasks reported: every value pulled is at least that recent.
+  std::int64_t pull(std::span<const PullRequest> requests, std::int64_t min_step) {
+    CallGroup group;
+    send_pulls(group, requests, min_step);
+    detail::wait_gated(transport_, options_, group, min_step, "pull");
+    return lowest_step<PullReply>(group, 0, group.size());
+  }
+
+  /// Pulls the rows of every request into its values, from all ps tasks at once; no ps
+  /// answers before it completed `min_step` steps. Returns the lowest global step the ps
+  /// tasks reported.
+  std::int64_t pull_rows(std::span<const RowRequest> requests, std::int64_t min_step) {
+    CallGroup group;
+    send_row_pulls(group, requests, min_step);
+    detail::wait_gated(transport_, options_, group, min_step, "pull rows");
+    return lowest_step<RowsReply>(group, 0, group.size());
+  }
+
+  /// `pull` and `pull_rows` together, in one round trip; returns the lowest global step
+  /// reported.
+  std::int64_t pull_with_rows(std::span<const PullRequest> requests, std::span<const RowRequest> rows,
+                              std::int64_t min_step) {
+    // The rows first: a row pull counts as changing the ps (it may create rows), which makes
+    // a TCP server copy whatever of the dense replies before it is still unsent.
+    CallGroup group;
+    send_row_pulls(group, rows, min_step);
+    const std::size_t row_pulls = group.size();
+    send_pulls(group, requests, min_step);
+    detail::wait_gated(transport_, options_, group, min_step, "pull");
+    std::int64_t step = std::numeric_limits<std::int64_t>::max();
+    for (std::size_t i = 0; i < row_pulls; ++i) step = std::min(step, group.take_as<RowsReply>(i).global_step);
+    for (std::size_t i = row_pulls; i < group.size(); ++i) step = std::min(step, group.take_as<PullReply>(i).global_step);
+    return group.size() == 0 ? 0 : step;
+  }
+
+  /// Pushes the gradients of whole variables (one span per variable, in variable order)
+  /// tagged with `local_step`; every ps gets a message, which counts towards its step.
+  /// Returns the number of part gradients dropped as stale.
+  std::uint32_t push(std::uint32_t worker, std::int64_t local_step, std::span<const std::span<const float>> gradients,
+                     std::span<const RowRequest> rows = {}) {
+    CallGroup group;
+    send_pushes(group, worker, local_step, gradients, rows);
+    group.wait(options_.request_timeout, "push");
+    return stale_parts(group, 0, group.size());
+  }
+
+  /// What push_pull did.
+  struct PushPullResult {
+    std::uint32_t stale_parts = 0;  ///< part gradients dropped as stale
+    std::int64_t pulled_step = 0;   ///< lowest global step of the pulled values
+  };
+
+  /// `push`, then `pull` once each ps has completed `min_step` steps, in one round trip:
+  /// both requests go out together, and each ps handles the pull after the push (requests
+  /// from one client to one ps keep their order). A refused push ends the wait at once,
+  /// although its pull may be waiting for a step that will not come. Both are checked
+  /// before either is sent.
+  PushPullResult push_pull(std::uint32_t worker, std::int64_t local_step,
+                           std::span<const std::span<const float>> gradients, std::span<const PullRequest> requests,
+                           std::int64_t min_step, std::span<const RowRequest> rows = {}) {
+    detail::PullSplit pulls = split(requests, min_step);
+    CallGroup group;
+    send_pushes(group, worker, local_step, gradients, rows);
+    const std::size_t pushes = group.size();
+    send(group, std::move(pulls));
+    detail::wait_gated(transport_, options_, group, min_step, "push and pull");
+    return {stale_parts(group, 0, pushes), lowest_step<PullReply>(group, pushes, group.size())};
+  }
+
+  /// Blocks until every ps has completed `step` steps; returns the lowest global step they
+  /// report.
+  std::int64_t wait_for_step(std::int64_t step) {
+    return *wait_for_step_until(step, std::chrono::steady_clock::time_point::max());
+  }
+
+  /// Like wait_for_step, but nullopt once `deadline` passes first.
+  std::optional<std::int64_t> wait_for_step_until(std::int64_t step, std::chrono::steady_clock::time_point deadline) {
+    CallGroup group;
+    for (std::size_t ps = 0; ps < num_ps(); ++ps) group.add(transport_.call(ps, Pull{step, {}, epoch_}, {}));
+    if (step <= 0) {
+      group.wait(options_.request_timeout, "read the global step");
+    } else if (!detail::wait_progressing(transport_, options_, group, "wait for step " + std::to_string(step), deadline)) {
+      return std::nullopt;
+    }
+    return lowest_step<PullReply>(group, 0, group.size());
+  }
+
+  /// Counters of every ps task, by task index.
+  std::vector<Stats> stats() {
+    std::vector<Stats> all;
+    for (auto& r : broadcast<StatsReply>([](std::size_t) { return GetStats{}; }, options_.request_timeout, "stats")) {
+      all.push_back(r.stats);
+    }
+    return all;
+  }
+
+  /// Sends each ps its share of `requests` (checked), answered once it completed
+  /// `min_step` steps, into `group`: the pulls of one round trip, awaited by the caller.
+  void send_pulls(CallGroup& group, std::span<const PullRequest> requests, std::int64_t min_step) {
+    send(group, split(requests, min_step));
+  }
+
+  /// Sends each ps its share of row pulls (checked) into `group`.
+  void send_row_pulls(CallGroup& group, std::span<const RowRequest> requests, std::int64_t min_step) {
+    detail::split_row_pulls(tables_, num_ps(), requests, min_step, epoch_,
+                            [&](std::size_t ps, PullRows&& message, PullTargets&& targets) {
+                              group.add(transport_.call(ps, std::move(message), std::move(targets)));
+                            });
+  }
+
+  /// The lowest global step of the replies of type R in `group` from `first` to `end`
+  /// (0 when there are none).
+  template <class R>
+  static std::int64_t lowest_step(CallGroup& group, std::size_t first, std::size_t end) {
+    std::int64_t step = std::numeric_limits<std::int64_t>::max();
+    for (std::size_t i = first; i < end; ++i) step = std::min(step, group.take_as<R>(i).global_step);
+    return first == end ? 0 : step;
+  }
+
+  /// Pushes whose gradients `ClientOptions::clip_norm` scaled down.
+  [[nodiscard]] std::int64_t clipped_steps() const noexcept { return pushes_.clipped_steps(); }
+  /// The global norm of the last push's gradients, when clipping is on (else 0).
+  [[nodiscard]] double last_gradient_norm() const noexcept { return pushes_.last_gradient_norm(); }
+
+ private:
+  detail::PullSplit split(std::span<const PullRequest> requests, std::int64_t min_step) const {
+    return detail::split_pulls(placement_, variables_, num_ps(), requests, min_step, epoch_);
+  }
+
+  void send(CallGroup& group, detail::PullSplit&& split) {
+    for (std::size_t ps = 0; ps < num_ps(); ++ps) {
+      if (split.pulls[ps].slices.empty()) continue;
+      group.add(transport_.call(ps, std::move(split.pulls[ps]), std::move(split.targets[ps])));
+    }
+  }
+
+  void send_pushes(CallGroup& group, std::uint32_t worker, std::int64_t local_step,
+                   std::span<const std::span<const float>> gradients, std::span<const RowRequest> rows) {
+    std::vector<Push> pushes =
+        pushes_.build(placement_, variables_, tables_, num_ps(), worker, local_step, epoch_, gradients, rows);
+    for (std::size_t ps = 0; ps < num_ps(); ++ps) group.add(transport_.call(ps, std::move(pushes[ps]), {}));
+  }
+
+  static std::uint32_t stale_parts(CallGroup& group, std::size_t first, std::size_t end) {
+    std::uint32_t stale = 0;
+    for (std::size_t i = first; i < end; ++i) stale += group.take_as<PushReply>(i).stale_parts;
+    return stale;
+  }
+
+  /// Learns the model from every ps's PlacementReply, checking that they agree with each
+  /// other and with `variables` (and `tables`, when given).
+  void adopt(std::vector<PlacementReply> replies, std::vector<VariableSpec>& variables,
+             const std::vector<TableSpec>* tables = nullptr) {
+    if (replies.empty()) throw Error(ErrorCode::kInvalidArgument, "the cluster has no ps task");
+    if (tables != nullptr && replies[0].tables != *tables) {
+      throw Error(ErrorCode::kFailedPrecondition,
+                  "the ps tasks hold " + std::to_string(replies[0].tables.size()) +
+                      " embedding table(s), and this model declares " + std::to_string(tables->size()) +
+                      " that differ from them (name, dim, initializer, admission, eviction must match)");
+    }
+    for (std::size_t ps = 1; ps < replies.size(); ++ps) {
+      if (replies[ps].id_sharding != replies[0].id_sharding) {
+        throw Error(ErrorCode::kFailedPrecondition,
+                    "ps 0 and ps " + std::to_string(ps) +
+                        " spread the rows of embedding tables differently: are they configured with the same "
+                        "Tables policy (IdSharding)?");
+      }
+      if (!(replies[ps].placement == replies[0].placement)) {
+        throw Error(ErrorCode::kFailedPrecondition,
+                    "ps 0 and ps " + std::to_string(ps) +
+                        " place the variables differently: are they configured with the same sharding policy "
+                        "and number of ps tasks?");
+      }
+    }
+    const auto& registered = replies[0].variables;
+    if (registered.size() != variables.size()) {
+      throw Error(ErrorCode::kFailedPrecondition, "the ps tasks hold " + std::to_string(registered.size()) +
+                                                      " variables but this model has " +
+                                                      std::to_string(variables.size()));
+    }
+    for (std::size_t v = 0; v < variables.size(); ++v) {
+      if (!(registered[v] == variables[v])) {
+        throw Error(ErrorCode::kFailedPrecondition,
+                    "variable " + std::to_string(v) + " of this model ('" + variables[v].name +
+                        "') differs from the one the chief registered ('" + registered[v].name +
+                        "'): name, shape and initializer must match");
+      }
+    }
+    for (const Part& part : replies[0].placement.parts) {
+      if (part.ps >= num_ps()) {
+        throw Error(ErrorCode::kFailedPrecondition,
+                    "the ps tasks place parts on ps " + std::to_string(part.ps) + ", but this client knows " +
+                        std::to_string(num_ps()) + " ps tasks: are they configured with the same cluster?");
+      }
+    }
+    if (replies[0].placement.num_variables() != variables.size()) {
+      throw Error(ErrorCode::kFailedPrecondition, "the ps tasks' placement does not cover this model's variables");
+    }
+    placement_ = std::move(replies[0].placement);
+    variables_ = std::move(variables);
+    epoch_ = 0;
+    for (const PlacementReply& r : replies) epoch_ = std::max(epoch_, r.epoch);
+    slot_names_ = std::move(replies[0].slot_names);
+    counter_names_ = std::move(replies[0].counter_names);
+    tables_ = std::move(replies[0].tables);
+    id_sharding_ = replies[0].id_sharding;
+  }
+
+  T transport_;
+  ClientOptions options_;
+  detail::PushBuilder pushes_;
+  std::uint64_t epoch_ = 0;  ///< the ps tasks' restores so far, as last learned
+  std::vector<std::string> slot_names_;     ///< the optimizer's slots, as the ps tasks name them
+  std::vector<std::string> counter_names_;  ///< the optimizer's counters
+  Placement placement_;
+  std::vector<VariableSpec> variables_;
+  std::vector<TableSpec> tables_;  ///< the embedding tables the ps tasks hold
+  std::uint64_t table_seed_ = 0;   ///< as registered (kept for a restore's registration)
+  std::uint64_t id_sharding_ = 0;  ///< where the ps tasks put the tables' rows
+};
+
+}  // namespace pulley
+// ---- end pulley/client/client.hpp ----
+
+namespace pulley {
+
+/// The chief's half of a checkpoint's cut (the ps's half is `ps/checkpoint_cut.hpp`): every
+/// variable with its optimizer state, and the sync policy's state, read as one cut across
+/// all ps tasks. Every ps is paused (at once, or the moment it completes `at_step`; pushes
+/// that arrive then wait), each is brought to the same count of pushes taken from every
+/// worker (the largest any had), read there, and resumed. Training stands still only while
+/// the state is read.
+template <Transport T>
+ModelState read_state(Client<T>& client, std::int64_t at_step = 0) {
+  if (!client.has_placement()) throw Error(ErrorCode::kFailedPrecondition, "no model registered yet");
+  struct Resumer {  // whatever happens, the ps tasks go on
+    Client<T>& client;
+    ~Resumer() {
+      try {
+        client.template broadcast<Ack>([](std::size_t) { return Resume{}; }, client.options().request_timeout,
+                                       "resume the ps tasks");
+      } catch (const Error&) {  // a ps that is gone resumes when the chief's link closes
+      }
+    }
+  } resumer{client};
+  std::vector<PauseReply> paused;
+  {
+    CallGroup group;
+    for (std::size_t ps = 0; ps < client.num_ps(); ++ps) group.add(client.transport().call(ps, Pause{at_step}, {}));
+    detail::wait_gated(client.transport(), client.options(), group, at_step, "pause the ps tasks at step " + std::to_string(at_step));
+    for (std::size_t ps = 0; ps < client.num_ps(); ++ps) paused.push_back(group.take_as<PauseReply>(ps));
+  }
+  std::vector<std::uint64_t> until;
+  for (const PauseReply& p : paused) {
+    if (until.size() < p.pushes.size()) until.resize(p.pushes.size(), 0);
+    for (std::size_t w = 0; w < p.pushes.size(); ++w) until[w] = std::max(until[w], p.pushes[w]);
+  }
+  if (!paused[0].whole) {
+    log(LogLevel::kWarning, "the optimizer keeps state it does not name (slots, counters): a "
+                            "checkpoint holds the rest, and a restore starts that afresh");
+  }
+  ModelState state;
+  const std::size_t num_slots = paused[0].slot_names.size();
+  for (const VariableSpec& spec : client.variables()) {
+    VariableState v;
+    v.spec = spec;
+    v.values.resize(spec.size());
+    for (const std::string& name : paused[0].slot_names) {
+      v.slots.push_back({name, std::vector<float>(spec.size())});
+    }
+    v.counter_names = paused[0].counter_names;
+    state.variables.push_back(std::move(v));
+  }
+  const Placement& placement = client.placement();
+  CallGroup group;
+  for (std::size_t ps = 0; ps < client.num_ps(); ++ps) {
+    PullTargets targets;
+    for (const Part& part : placement.parts) {
+      if (part.ps != ps) continue;
+      VariableState& v = state.variables[part.variable];
+      const std::size_t row = v.spec.row_size();
+      const std::size_t at = part.rows.begin * row, n = part.rows.size() * row;
+      targets.push_back(std::span(v.values).subspan(at, n));
+      for (std::size_t k = 0; k < num_slots; ++k) {
+        targets.push_back(std::span(v.slots[k].values).subspan(at, n));
+      }
+    }
+    group.add(client.transport().call(ps, ReadState{until}, std::move(targets)));
+  }
+  group.wait(client.options().request_timeout, "read the ps tasks' state at one cut");
+  for (std::size_t ps = 0; ps < client.num_ps(); ++ps) {
+    const StateReply reply = group.take_as<StateReply>(ps);
+    if (ps == 0) {
+      state.global_step = reply.global_step;
+      state.pacer = reply.pacer;
+    } else if (reply.pacer != state.pacer) {
+      log(LogLevel::kWarning, "ps " + std::to_string(ps) + " and ps 0 disagree on the sync "
+                              "policy's state at the cut: the checkpoint keeps ps 0's");
+    }
+    for (const PartState& p : reply.parts) {
+      if (p.part >= placement.parts.size() || placement.parts[p.part].ps != ps) {
+        throw Error(ErrorCode::kInternal, "ps " + std::to_string(ps) + " answered for a part it does not hold");
+      }
+      const Part& part = placement.parts[p.part];
+      state.variables[part.variable].counters.push_back({part.rows, p.counters});
+    }
+  }
+  for (VariableState& v : state.variables) {
+    std::sort(v.counters.begin(), v.counters.end(),
+              [](const PartCounters& a, const PartCounters& b) { return a.rows.begin < b.rows.begin; });
+  }
+  return state;
+}
+
+/// Registers `state`'s model and sets every ps from it (Restore): values, optimizer state
+/// (slots and counters matched by name: a checkpoint of another optimizer restores the
+/// values alone), the sync policy's state, at a new epoch. The placement may differ from
+/// the checkpoint's (another number of ps tasks): tensors are split anew, and each part
+/// takes the counters of the saved part that held its first row.
+template <Transport T>
+void restore_state(Client<T>& client, const ModelState& state) {
+  client.register_model(state.specs(), std::vector<TableSpec>(client.tables()), client.table_seed());
+  const std::uint64_t epoch = client.epoch() + 1;
+  const Placement& placement = client.placement();
+  const std::vector<std::string>& slot_names = client.slot_names();
+  const std::vector<std::string>& counter_names = client.counter_names();
+  std::vector<Restore> messages(client.num_ps(), Restore{epoch, state.pacer, {}});
+  bool whole = true;
+  for (const Part& part : placement.parts) {
+    const VariableState& v = state.variables[part.variable];
+    const std::size_t row = v.spec.row_size();
+    const std::size_t at = part.rows.begin * row, n = part.rows.size() * row;
+    PartState ps{static_cast<std::uint32_t>(&part - placement.parts.data()), std::span<const float>(v.values).subspan(at, n), {}, {}};
+    for (const std::string& name : slot_names) {
+      const auto it = std::find_if(v.slots.begin(), v.slots.end(),
+                                   [&](const SlotState& s) { return s.name == name; });
+      if (it == v.slots.end() || v.slots.size() != slot_names.size()) {
+        ps.slots.clear();
+        whole = false;
+        break;
+      }
+      ps.slots.push_back(std::span<const float>(it->values).subspan(at, n));
+    }
+    const auto saved = std::find_if(v.counters.begin(), v.counters.end(), [&](const PartCounters& c) {
+      return c.rows.begin <= part.rows.begin && part.rows.begin < c.rows.end;
+    });
+    for (const std::string& name : counter_names) {
+      const auto k = std::find(v.counter_names.begin(), v.counter_names.end(), name);
+      if (saved == v.counters.end() || k == v.counter_names.end() ||
+          v.counter_names.size() != counter_names.size()) {
+        ps.counters.clear();
+        whole = false;
+        break;
+      }
+      ps.counters.push_back(saved->values[static_cast<std::size_t>(k - v.counter_names.begin())]);
+    }
+    messages[part.ps].parts.push_back(std::move(ps));
+  }
+  if (!whole) {
+    log(LogLevel::kWarning, "the checkpoint's optimizer state does not match this optimizer's "
+                            "slots and counters: the values are restored, the optimizer starts afresh");
+  }
+  client.template broadcast<Ack>([&](std::size_t ps) { return std::move(messages[ps]); },
+                                 client.options().request_timeout, "restore the ps tasks");
+  client.adopt_epoch(epoch);
+}
+
+}  // namespace pulley
+// ---- end pulley/client/checkpoint_cut.hpp ----
+// ---- begin pulley/client/snapshot.hpp ----
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <utility>
+#include <vector>
+
+namespace pulley {
+
+/// The values of every variable, read from every ps task at one global step.
+struct Snapshot {
+  /// The global step every ps had completed when it was read (the lowest of them when
+  /// `consistent` is false).
+  std::int64_t step = 0;
+  /// Every ps was read at the same global step. Under SyncReplicas that makes the values
+  /// one step's: `step` updates applied on every ps, nothing after them. Under Async and
+  /// BoundedStaleness a ps's global step counts what that ps has seen, so even equal steps
+  /// may hold different pushes, and while training runs they seldom agree.
+  bool consistent = false;
+  std::vector<std::vector<float>> values;  ///< one vector per variable, in variable order
+};
+
+namespace detail {
+
+/// Reads every variable into `values` once every ps has completed `min_step` steps, and
+/// returns the lowest and highest global step the ps tasks were read at. `patient`: as long
+/// as training makes progress (or until `deadline`); otherwise only briefly, and nullopt
+/// (the values half read) if the ps tasks do not answer at once.
+template <Transport T>
+std::optional<std::pair<std::int64_t, std::int64_t>> read_into(
+    Client<T>& client, std::vector<std::vector<float>>& values, std::int64_t min_step, bool patient,
+    std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max()) {
+  const auto& variables = client.variables();
+  std::vector<PullRequest> requests;
+  values.resize(variables.size());
+  for (std::size_t v = 0; v < variables.size(); ++v) {
+    values[v].resize(variables[v].size());
+    requests.push_back({v, {0, variables[v].rows()}, values[v]});
+  }
+  const ClientOptions& options = client.options();
+  CallGroup group;
+  client.send_pulls(group, requests, min_step);
+  if (patient) {
+    if (min_step <= 0) {
+      group.wait(options.request_timeout, "read the variables");
+    } else if (!wait_progressing(client.transport(), options, group,
+                                 "read the variables at step " + std::to_string(min_step), deadline)) {
+      return std::nullopt;
+    }
+  } else if (!group.wait_for(std::min(options.request_timeout, std::chrono::milliseconds(2000)))) {
+    return std::nullopt;  // the group cancels the reads as it goes
+  }
+  std::int64_t lowest = std::numeric_limits<std::int64_t>::max();
+  std::int64_t highest = std::numeric_limits<std::int64_t>::min();
+  for (std::size_t i = 0; i < group.size(); ++i) {
+    const std::int64_t step = group.take_as<PullReply>(i).global_step;
+    lowest = std::min(lowest, step);
+    highest = std::max(highest, step);
+  }
+  if (group.size() == 0) lowest = highest = 0;
+  return std::pair{lowest, highest};
+}
+
+}  // namespace detail
+
+/// Current values of every variable, pulled from every ps at once once it has completed
+/// `min_step` steps (while training runs, the ps tasks may be at different steps: use
+/// `snapshot` for one step's values).
+template <Transport T>
+std::vector<std::vector<float>> read_variables(Client<T>& client, std::int64_t min_step = 0) {
+  std::vector<std::vector<float>> values;
+  detail::read_into(client, values, min_step, true);
+  return values;
+}
+
+/// Every variable at one global step of at least `step`, the same on every ps when the ps
+/// tasks can agree (see Snapshot): each ps is read once it reaches the target step, and
+/// answers at that step's end (pulls waiting for a step are answered the moment it
+/// completes). A ps read past the target sets the next round's target; a few rounds settle
+/// it while sync training runs. A later round that does not complete at once (the ps tasks
+/// count pushes that will never agree) leaves the last read as it is. nullopt if `deadline`
+/// passes before the ps tasks reach `step`.
+template <Transport T>
+std::optional<Snapshot> snapshot_until(Client<T>& client, std::int64_t step,
+                                       std::chrono::steady_clock::time_point deadline) {
+  constexpr int kRounds = 8;
+  Snapshot shot;
+  const auto first = detail::read_into(client, shot.values, step, true, deadline);  // (lowest, highest)
+  if (!first) return std::nullopt;
+  auto steps = *first;
+  for (int round = 1; round < kRounds && steps.first != steps.second; ++round) {
+    std::vector<std::vector<float>> again;
+    const auto read = detail::read_into(client, again, steps.second, false);
+    if (!read) break;
+    steps = *read;
+    shot.values = std::move(again);
+  }
+  shot.step = steps.first;
+  shot.consistent = steps.first == steps.second;
+  return shot;
+}
+
+/// Like snapshot_until, with no deadline: waits as long as training progresses.
+template <Transport T>
+Snapshot snapshot(Client<T>& client, std::int64_t step) {
+  return *snapshot_until(client, step, std::chrono::steady_clock::time_point::max());
+}
+
+}  // namespace pulley
+// ---- end pulley/client/snapshot.hpp ----
+// ---- begin pulley/core/initializers.hpp ----
+
+#include <cmath>
+#include <cstdint>
+#include <numbers>
+#include <span>
+#include <string_view>
+
+namespace pulley {
+
+/// A small, fast, portable generator (SplitMix64). Unlike the standard distributions,
+/// whose output differs between standard libraries, the values below depend only on the
+/// seed, so a seeded run initializes identically everywhere.
+class SplitMix64 {
+ public:
+  explicit constexpr SplitMix64(std::uint64_t seed) noexcept : state_(seed) {}
+
+  constexpr std::uint64_t next() noexcept {
+    std::uint64_t z = (state_ += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30U)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27U)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31U);
+  }
+  /// Uniform in [0, 1), 53 random bits.
+  constexpr double uniform() noexcept { return static_cast<double>(next() >> 11U) * 0x1.0p-53; }
+
+ private:
+  std::uint64_t state_;
+};
+
+/// Fills `values` (which has `spec.size()` elements) as `spec.initializer` says, from
+/// `seed` and the variable's name.
+inline void initialize(const VariableSpec& spec, std::uint64_t seed, std::span<float> values) {
+  SplitMix64 rng(seed ^ name_hash(spec.name));
+  const Initializer& init = spec.initializer;
+  auto uniform = [&](double limit) {
+    for (float& v : values) v = static_cast<float>((2.0 * rng.uniform() - 1.0) * limit);
+  };
+  switch (init.kind) {
+    case Initializer::Kind::kZeros:
+      for (float& v : values) v = 0.0F;
+      break;
+    case Initializer::Kind::kConstant:
+      for (float& v : values) v = init.value;
+      break;
+    case Initializer::Kind::kUniform:
+      uniform(init.value);
+      break;
+    case Initializer::Kind::kNormal:
+      for (float& v : values) {  // Box–Muller; 1 - u keeps the log finite
+        const double r = std::sqrt(-2.0 * std::log(1.0 - rng.uniform()));
+        v = static_cast<float>(init.value * r * std::cos(2.0 * std::numbers::pi * rng.uniform()));
+      }
+      break;
+    case Initializer::Kind::kGlorotUniform: {
+      // fan_in is the first dimension, fan_out the product of the rest (Keras' rule for a
+      // Dense kernel [in, out]); a vector counts as fan_in = fan_out = its length.
+      const double fan_in = static_cast<double>(spec.rows());
+      const double fan_out = spec.shape.size() > 1 ? static_cast<double>(spec.row_size()) : fan_in;
+      uniform(std::sqrt(6.0 / (fan_in + fan_out)));
+      break;
+    }
+  }
+}
+
+/// Fills `row` (`spec.dim` floats) with the initial value of row `id` of table `spec`: a
+/// function of the initializer, the table's name, the id and `seed` alone. Glorot's rule has
+/// no fans in a table; it is refused where a table is registered.
+inline void initialize_row(const TableSpec& spec, std::uint64_t seed, std::uint64_t id,
+                           std::span<float> row) {
+  const VariableSpec as_vector{spec.name, {row.size()}, spec.initializer};
+  initialize(as_vector, seed ^ mix_id(id ^ 0x9E3779B97F4A7C15ULL), row);
+}
+
+}  // namespace pulley
+// ---- end pulley/core/initializers.hpp ----
+// ---- begin pulley/sharding/ids.hpp ----
+
+#include <cstdint>
+#include <string_view>
 
 namespace pulley {
 
@@ -2901,16 +2978,16 @@ class Chief {
 
   /// Current values of every variable, as each ps holds them now (while training runs, the
   /// ps tasks may be at different steps: use `snapshot` for one step's values).
-  std::vector<std::vector<float>> read_variables() { return client_.read_variables(); }
+  std::vector<std::vector<float>> read_variables() { return pulley::read_variables(client_); }
 
   /// Every variable at one global step of at least `step`, read from every ps at that same
   /// step (see Snapshot); waits until the ps tasks reach it.
-  Snapshot snapshot(std::int64_t step) { return client_.snapshot(step); }
+  Snapshot snapshot(std::int64_t step) { return pulley::snapshot(client_, step); }
 
   /// Like snapshot, but nullopt if `deadline` passes before the ps tasks reach `step`.
   std::optional<Snapshot> snapshot_until(std::int64_t step,
                                          std::chrono::steady_clock::time_point deadline) {
-    return client_.snapshot_until(step, deadline);
+    return pulley::snapshot_until(client_, step, deadline);
   }
 
   /// Blocks until every ps task has completed `step` global steps; returns the lowest
@@ -2939,6 +3016,7 @@ class Chief {
     const auto it = std::find_if(tables.begin(), tables.end(),
                                  [&](const TableSpec& t) { return t.name == table; });
     if (it == tables.end()) throw Error(ErrorCode::kNotFound, "unknown table '" + std::string(table) + "'");
+    client_.check_id_sharding(sharding);
     const auto num_ps = static_cast<std::uint32_t>(client_.num_ps());
     // Each id once, grouped by ps for the pull (a ps refuses an id twice in a request), then
     // every one of the caller's ids gets its row back, in the caller's order.
@@ -2989,19 +3067,19 @@ class Chief {
   /// the same pushes at the cut, under any sync policy: Async and BoundedStaleness, whose
   /// ps tasks apply pushes as they come, included. Training stands still while the state
   /// is read, not while it is written.
-  ModelState save_state() { return client_.read_state(); }
+  ModelState save_state() { return read_state(client_); }
 
   /// The same, cut the moment every ps completes global step `step` (waiting for it as long
   /// as training progresses): under SyncReplicas every ps is then exactly at that step, with
   /// nothing of the next one taken.
-  ModelState save_state_at(std::int64_t step) { return client_.read_state(step); }
+  ModelState save_state_at(std::int64_t step) { return read_state(client_, step); }
 
   /// Sets every ps from `state` (a checkpoint): registers its model, and restores values,
   /// optimizer state and the sync policy's state, at a new epoch. Use it in place of
   /// `initialize` to resume a job, or while training runs to roll every ps back to the
   /// checkpoint (after a ps was lost): what waited on the ps tasks is refused, and their
   /// clients start their step again. When it returns, every ps is ready.
-  void restore(const ModelState& state) { client_.restore(state); }
+  void restore(const ModelState& state) { restore_state(client_, state); }
 
   /// Ends training successfully: every ps answers what waits there and everything sent
   /// later with `kOutOfRange` ("training finished"), so workers and the evaluator stop
@@ -3028,11 +3106,251 @@ class Chief {
   }
 
   std::uint64_t seed_;
-  detail::Client<T> client_;
+  Client<T> client_;
 };
 
 }  // namespace pulley
 // ---- end pulley/client/chief.hpp ----
+// ---- begin pulley/client/evaluator.hpp ----
+
+#include <cstdint>
+#include <span>
+#include <utility>
+#include <vector>
+
+namespace pulley {
+
+/// The evaluator task: follows training without taking part in it. It waits for the chief's
+/// initialization, then reads parameter snapshots at chosen global steps to score on
+/// held-out data. It takes no tokens and pushes nothing, so it never slows a sync step.
+/// When the chief ends training, its calls throw `kOutOfRange`.
+///
+/// @tparam T the Transport that reaches the ps tasks
+template <Transport T>
+class Evaluator {
+ public:
+  /// @param transport reaches the ps tasks
+  /// @param options   its calls' deadlines
+  explicit Evaluator(T transport, ClientOptions options = {})
+      : client_(std::move(transport), options) {}
+
+  /// Blocks until the chief has initialized every ps and checks that `variables` (the
+  /// evaluator's model) are the registered ones.
+  void wait_ready(std::span<const VariableSpec> variables) { client_.wait_ready(variables); }
+
+  /// Blocks until every ps has completed `step` global steps; returns the lowest global
+  /// step they report.
+  std::int64_t wait_for_step(std::int64_t step) { return client_.wait_for_step(step); }
+
+  /// Every variable at one global step of at least `step`, the same on every ps (see
+  /// Snapshot); waits until the ps tasks reach it.
+  Snapshot snapshot(std::int64_t step) { return pulley::snapshot(client_, step); }
+
+  /// Current values of every variable, one vector per variable, as each ps holds them now.
+  std::vector<std::vector<float>> read_variables() { return pulley::read_variables(client_); }
+
+  /// Counters of every ps task, by task index.
+  std::vector<Stats> stats() { return client_.stats(); }
+
+ private:
+  Client<T> client_;
+};
+
+}  // namespace pulley
+// ---- end pulley/client/evaluator.hpp ----
+// ---- begin pulley/client/heartbeat.hpp ----
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace pulley {
+
+/// A worker's heartbeats: while it lives, a thread of its own sends `Heartbeat` to every ps
+/// task every `interval`, over a transport of its own (so a worker blocked on a token or
+/// computing a long step still beats). A ps that heard it once and then hears nothing for
+/// its worker timeout (`ParameterServer::set_worker_timeout`, default 5 s: keep `interval`
+/// well below it) holds the worker lost, and the sync policy stops waiting for it; the
+/// next heartbeat that arrives makes it count again. Destroying it says goodbye: the ps
+/// tasks forget the worker instead of holding it lost once it is quiet.
+///
+/// It also tells the worker which others are lost (`lost`), so that a data source can
+/// hand their share of the data to the workers that remain (runner/run.hpp's DataShard).
+///
+///     HeartbeatSender beat(index, InProcess(network, Node::worker(index)));
+///     Worker worker(index, model, InProcess(network, Node::worker(index)));
+template <Transport T>
+class HeartbeatSender {
+ public:
+  /// Starts beating at once, on its own thread, as worker `worker`.
+  HeartbeatSender(std::uint32_t worker, T transport,
+            std::chrono::milliseconds interval = std::chrono::seconds(1))
+      : worker_(worker), interval_(interval), transport_(std::move(transport)) {
+    thread_ = std::thread([this] { beat(); });
+  }
+
+  HeartbeatSender(const HeartbeatSender&) = delete;
+  HeartbeatSender& operator=(const HeartbeatSender&) = delete;
+
+  /// Stops beating, after telling the ps tasks the worker leaves (best effort, one
+  /// interval at most).
+  ~HeartbeatSender() {
+    {
+      std::scoped_lock lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+
+  /// The workers some ps task holds lost, as of the last beat answered, ascending.
+  [[nodiscard]] std::vector<std::uint32_t> lost() const {
+    std::scoped_lock lock(mutex_);
+    return lost_;
+  }
+
+  /// Beats that at least one ps task answered.
+  [[nodiscard]] std::uint64_t beats() const {
+    std::scoped_lock lock(mutex_);
+    return beats_;
+  }
+
+ private:
+  void beat() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      const bool leaving = stopping_;
+      lock.unlock();
+      std::set<std::uint32_t> lost;
+      const bool heard = send_all(leaving, lost);
+      lock.lock();
+      if (heard) {
+        lost_.assign(lost.begin(), lost.end());
+        ++beats_;
+      }
+      if (leaving) return;
+      wake_.wait_for(lock, interval_, [this] { return stopping_; });
+    }
+  }
+
+  /// One Heartbeat to every ps, answered within an interval or given up; true if any
+  /// answered. A ps that is down, or refuses, is simply not heard this time.
+  bool send_all(bool leaving, std::set<std::uint32_t>& lost) noexcept {
+    try {
+      std::vector<PendingCall> calls;
+      for (std::size_t ps = 0; ps < transport_.num_ps(); ++ps) {
+        calls.push_back(transport_.call(ps, Heartbeat{worker_, leaving}, {}));
+      }
+      const auto deadline = std::chrono::steady_clock::now() + interval_;
+      bool heard = false;
+      for (PendingCall& call : calls) {
+        if (!call.wait_until(deadline)) {
+          call.cancel();
+          continue;
+        }
+        const Response answer = call.take();
+        if (const auto* stats = std::get_if<StatsReply>(&answer)) {
+          heard = true;
+          lost.insert(stats->lost.begin(), stats->lost.end());
+        }
+      }
+      return heard;
+    } catch (...) {  // no memory, a transport that throws: try again next beat
+      return false;
+    }
+  }
+
+  std::uint32_t worker_;
+  std::chrono::milliseconds interval_;
+  T transport_;
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stopping_ = false;
+  std::vector<std::uint32_t> lost_;
+  std::uint64_t beats_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace pulley
+// ---- end pulley/client/heartbeat.hpp ----
+// ---- begin pulley/client/worker.hpp ----
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+// ---- begin pulley/client/detail/recovery.hpp ----
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <thread>
+#include <utility>
+
+namespace pulley::detail {
+
+/// A client's wait for lost ps tasks to come back: retries with a growing pause (0.1 s to
+/// 2 s), logs the first failure, and gives up once `ClientOptions::recovery_timeout` has
+/// passed since it, naming the last failure.
+class Recovery {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  /// @param who "worker 2", "chief": who waits, for the log and the error
+  Recovery(std::string who, const ClientOptions& options)
+      : who_(std::move(who)), timeout_(options.recovery_timeout), deadline_(Clock::now() + timeout_) {}
+
+  /// True for what a lost ps gives: `kUnavailable` (it is gone, or not reachable). (A
+  /// ps restarted and not restored yet, or restored since the request's epoch, answers
+  /// `kFailedPrecondition`: a client tells that from a request it got wrong by waiting
+  /// until ready and seeing whether the epoch moved.)
+  static bool may_recover(ErrorCode code) noexcept { return code == ErrorCode::kUnavailable; }
+
+  /// Pauses before the next try after `failure`; throws kUnavailable once the deadline
+  /// has passed.
+  void wait(const Error& failure) {
+    const std::string seconds = std::to_string(timeout_.count() / 1000);
+    if (tries_++ == 0) {
+      log(LogLevel::kWarning, who_ + ": " + failure.what() + "; waiting for the ps tasks to be back " +
+                                  "(at most " + seconds + " s)");
+    }
+    const auto now = Clock::now();
+    if (now >= deadline_) {
+      throw Error(ErrorCode::kUnavailable, who_ + ": the ps tasks were not back within " + seconds +
+                                               " s (" + std::to_string(tries_) + " tries); last: " +
+                                               failure.what());
+    }
+    std::this_thread::sleep_for(std::min<Clock::duration>(pause_, deadline_ - now));
+    pause_ = std::min<std::chrono::milliseconds>(pause_ * 2, std::chrono::seconds(2));
+  }
+
+  /// Tries so far.
+  [[nodiscard]] int tries() const noexcept { return tries_; }
+
+ private:
+  std::string who_;
+  std::chrono::milliseconds timeout_;
+  Clock::time_point deadline_;
+  std::chrono::milliseconds pause_{100};
+  int tries_ = 0;
+};
+
+}  // namespace pulley::detail
+// ---- end pulley/client/detail/recovery.hpp ----
 // ---- begin pulley/concepts/model.hpp ----
 
 #include <concepts>
@@ -3045,6 +3363,7 @@ class Chief {
 
 // ---- begin pulley/core/id_index.hpp ----
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -3052,61 +3371,196 @@ class Chief {
 #include <utility>
 #include <vector>
 
-namespace pulley::detail {
+namespace pulley {
 
-/// The positions of distinct 64-bit ids, numbered in the order they were added, in about
-/// one probe per id: an open-addressing table kept at most half full and reused from batch
-/// to batch (emptied by a generation count, not by clearing it). Its hash is keyed with
-/// `key`: where ids come from a peer, give a random key, so that chosen ids cannot pile
-/// onto one slot (std::unordered_map hashes a 64-bit id to itself).
+/// pulley's one hash index of 64-bit ids: open addressing with linear probing over 32-bit
+/// slots, each holding an entry number + 1 (0: empty). It does not store the ids: the
+/// caller keeps them where they belong (an embedding table's records, IdPositions' list)
+/// and `key_of(entry)` gives an entry's id back, so a slot costs 4 bytes. Removal shifts
+/// entries back (no tombstones), so lookups never slow down with churn.
+///
+/// Ids are hashed with `mix_id(id ^ key)`: where ids come from a peer, give a random key,
+/// so that chosen ids cannot pile onto one slot (std::unordered_map hashes a 64-bit id to
+/// itself). At most 2^32 - 2 entries.
 class IdIndex {
  public:
-  static constexpr std::size_t npos = std::numeric_limits<std::size_t>::max();
+  /// "No entry".
+  static constexpr std::uint32_t kNone = std::numeric_limits<std::uint32_t>::max();
 
-  explicit IdIndex(std::uint64_t key = 0) : key_(key) {}
+  /// @param key            keys the hash (see above)
+  /// @param max_load_num   the index grows past `max_load_num / 4` full (2: half, 3: 3/4)
+  explicit IdIndex(std::uint64_t key = 0, unsigned max_load_num = 3) noexcept
+      : key_(key), max_load_num_(max_load_num) {}
 
-  /// Forgets every id; keeps the memory.
-  void clear() noexcept {
-    size_ = 0;
-    if (++generation_ == 0) {  // wrapped: forget every old mark
-      for (Slot& s : slots_) s.generation = 0;
-      generation_ = 1;
+  /// The entry whose id is `id`, or kNone.
+  template <class KeyOf>
+  [[nodiscard]] std::uint32_t find(std::uint64_t id, KeyOf&& key_of) const noexcept {
+    if (slots_.empty()) return kNone;
+    for (std::size_t at = home(id);; at = next(at)) {
+      const std::uint32_t slot = slots_[at];
+      if (slot == 0) return kNone;
+      if (key_of(slot - 1) == id) return slot - 1;
     }
   }
 
-  /// Room for `n` ids without growing.
-  void reserve(std::size_t n) {
-    if (2 * n > slots_.size()) rehash(n);
+  /// Adds `entry`, whose id (`key_of(entry)`) is not in the index yet. Grows first when
+  /// full; a failed allocation leaves the index as it was.
+  template <class KeyOf>
+  void insert(std::uint32_t entry, KeyOf&& key_of) {
+    if ((size_ + 1) * 4 > slots_.size() * max_load_num_) grow(slots_.size() * 2, key_of);
+    place(key_of(entry), entry);
+    ++size_;
   }
 
-  /// The ids held.
+  /// The entry whose id is `id`, or, when there is none, `entry` added for it (its id must
+  /// then be `id`); true if added. One probe either way.
+  template <class KeyOf>
+  std::pair<std::uint32_t, bool> emplace(std::uint64_t id, std::uint32_t entry, KeyOf&& key_of) {
+    if ((size_ + 1) * 4 > slots_.size() * max_load_num_) grow(slots_.size() * 2, key_of);
+    for (std::size_t at = home(id);; at = next(at)) {
+      const std::uint32_t slot = slots_[at];
+      if (slot == 0) {
+        slots_[at] = entry + 1;
+        ++size_;
+        return {entry, true};
+      }
+      if (key_of(slot - 1) == id) return {slot - 1, false};
+    }
+  }
+
+  /// Removes `entry` (present): the entries after it in its probe run move back into the
+  /// hole unless their home lies between.
+  template <class KeyOf>
+  void erase(std::uint32_t entry, KeyOf&& key_of) noexcept {
+    std::size_t hole = slot_of(entry, key_of);
+    for (std::size_t at = next(hole); slots_[at] != 0; at = next(at)) {
+      const std::size_t want = home(key_of(slots_[at] - 1));
+      const bool stays = hole <= at ? (want > hole && want <= at) : (want > hole || want <= at);
+      if (!stays) {
+        slots_[hole] = slots_[at];
+        hole = at;
+      }
+    }
+    slots_[hole] = 0;
+    --size_;
+  }
+
+  /// Entry `from` is now numbered `to` (its id unchanged; `key_of(from)` still gives it).
+  template <class KeyOf>
+  void renumber(std::uint32_t from, std::uint32_t to, KeyOf&& key_of) noexcept {
+    slots_[slot_of(from, key_of)] = to + 1;
+  }
+
+  /// Room for `n` entries without growing.
+  template <class KeyOf>
+  void reserve(std::size_t n, KeyOf&& key_of) {
+    if (n * 4 > slots_.size() * max_load_num_) grow(n * 4 / max_load_num_ + 1, key_of);
+  }
+
+  /// Forgets every entry. An index much larger than what it held keeps less memory, so that
+  /// one outsized batch does not make every later clear cost its size.
+  void clear() noexcept {
+    if (slots_.size() > 64 && size_ * 16 < slots_.size()) {
+      std::vector<std::uint32_t>().swap(slots_);
+    } else {
+      std::fill(slots_.begin(), slots_.end(), 0U);
+    }
+    size_ = 0;
+  }
+
+  /// Entries held.
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  /// Bytes of its slots.
+  [[nodiscard]] std::size_t bytes() const noexcept { return slots_.size() * sizeof(std::uint32_t); }
+
+  /// Asks the cache for the slot where `id`'s probe starts (a batch's lookups then wait
+  /// for memory together, not one after the other).
+  void prefetch(std::uint64_t id) const noexcept {
+    if (!slots_.empty()) __builtin_prefetch(&slots_[home(id)]);
+  }
+  /// The entry in the slot where `id`'s probe starts (maybe another id's), or kNone: what
+  /// to prefetch of the caller's records ahead of `find`.
+  [[nodiscard]] std::uint32_t first_entry(std::uint64_t id) const noexcept {
+    if (slots_.empty()) return kNone;
+    const std::uint32_t slot = slots_[home(id)];
+    return slot == 0 ? kNone : slot - 1;
+  }
+
+ private:
+  [[nodiscard]] std::size_t home(std::uint64_t id) const noexcept {
+    return static_cast<std::size_t>(mix_id(id ^ key_)) & (slots_.size() - 1);
+  }
+  [[nodiscard]] std::size_t next(std::size_t at) const noexcept { return (at + 1) & (slots_.size() - 1); }
+
+  void place(std::uint64_t id, std::uint32_t entry) noexcept {
+    std::size_t at = home(id);
+    while (slots_[at] != 0) at = next(at);
+    slots_[at] = entry + 1;
+  }
+
+  template <class KeyOf>
+  [[nodiscard]] std::size_t slot_of(std::uint32_t entry, KeyOf&& key_of) const noexcept {
+    std::size_t at = home(key_of(entry));
+    while (slots_[at] != entry + 1) at = next(at);
+    return at;
+  }
+
+  /// At least `capacity` slots (a power of two, 16 or more); the entries move over. The new
+  /// slots are allocated before the old ones are let go.
+  template <class KeyOf>
+  void grow(std::size_t capacity, KeyOf&& key_of) {
+    std::vector<std::uint32_t> grown(std::bit_ceil(std::max<std::size_t>(16, capacity)), 0U);
+    grown.swap(slots_);
+    for (const std::uint32_t slot : grown) {
+      if (slot != 0) place(key_of(slot - 1), slot - 1);
+    }
+  }
+
+  std::uint64_t key_;
+  unsigned max_load_num_;
+  std::size_t size_ = 0;
+  std::vector<std::uint32_t> slots_;
+};
+
+/// Distinct 64-bit ids numbered in the order they were added (their positions), found in
+/// about one probe: what a worker's batch, a TableBatch and a ps's sparse accumulator look
+/// ids up in. Kept at most half full, reused from batch to batch.
+class IdPositions {
+  /// An entry's id: its place in the list.
+  struct KeyOf {
+    const std::vector<std::uint64_t>* ids;
+    std::uint64_t operator()(std::uint32_t entry) const noexcept { return (*ids)[entry]; }
+  };
+
+ public:
+  /// "Not there".
+  static constexpr std::size_t npos = std::numeric_limits<std::size_t>::max();
+
+  /// @param key keys the hash (see IdIndex): random where ids come from a peer
+  explicit IdPositions(std::uint64_t key = 0) noexcept : index_(key, 2) {}
 
   /// The position of `id`, and true if it was added now (its position is then size() - 1).
   std::pair<std::size_t, bool> insert(std::uint64_t id) {
-    if (2 * (size_ + 1) > slots_.size()) rehash(2 * (size_ + 1));  // full: room for twice as many
-    for (std::size_t at = home(id);; at = (at + 1) & mask_) {
-      Slot& s = slots_[at];
-      if (s.generation != generation_) {
-        s = Slot{id, size_, generation_};
-        return {size_++, true};
-      }
-      if (s.id == id) return {s.position, false};
+    ids_.push_back(id);  // taken back below unless it is new
+    std::pair<std::uint32_t, bool> placed;
+    try {
+      placed = index_.emplace(id, static_cast<std::uint32_t>(ids_.size() - 1), key_of());
+    } catch (...) {
+      ids_.pop_back();
+      throw;
     }
+    if (!placed.second) ids_.pop_back();
+    return {placed.first, placed.second};
   }
 
   /// The position of `id`, or npos.
   [[nodiscard]] std::size_t find(std::uint64_t id) const noexcept {
-    if (slots_.empty()) return npos;
-    for (std::size_t at = home(id);; at = (at + 1) & mask_) {
-      const Slot& s = slots_[at];
-      if (s.generation != generation_) return npos;
-      if (s.id == id) return s.position;
-    }
+    const std::uint32_t found = index_.find(id, key_of());
+    return found == IdIndex::kNone ? npos : found;
   }
 
-  /// The first id of `ids` that comes twice, or nullptr; the index then holds `ids` up to
-  /// it (all of them when none comes twice).
+  /// The first id of `ids` that comes twice, or nullptr; afterwards the positions hold
+  /// `ids` up to it (all of them when none comes twice).
   const std::uint64_t* first_duplicate(std::span<const std::uint64_t> ids) {
     clear();
     reserve(ids.size());
@@ -3116,42 +3570,29 @@ class IdIndex {
     return nullptr;
   }
 
+  /// Room for `n` ids without growing.
+  void reserve(std::size_t n) {
+    ids_.reserve(n);
+    index_.reserve(n, key_of());
+  }
+  /// Forgets every id.
+  void clear() noexcept {
+    ids_.clear();
+    index_.clear();
+  }
+  /// The ids held.
+  [[nodiscard]] std::size_t size() const noexcept { return ids_.size(); }
+  /// The ids, by position.
+  [[nodiscard]] std::span<const std::uint64_t> ids() const noexcept { return ids_; }
+
  private:
-  struct Slot {
-    std::uint64_t id = 0;
-    std::size_t position = 0;
-    std::uint32_t generation = 0;  ///< the slot is taken when this is the index's
-  };
+  [[nodiscard]] KeyOf key_of() const noexcept { return KeyOf{&ids_}; }
 
-  [[nodiscard]] std::size_t home(std::uint64_t id) const noexcept {
-    return static_cast<std::size_t>(mix_id(id ^ key_)) & mask_;
-  }
-
-  /// Room for `n` ids: at least 2n slots, a power of two; the ids held move over.
-  void rehash(std::size_t n) {
-    std::size_t capacity = 16;
-    while (capacity < 2 * n) capacity *= 2;
-    std::vector<Slot> old(capacity);
-    old.swap(slots_);
-    const std::uint32_t live = generation_;
-    generation_ = 1;
-    mask_ = capacity - 1;
-    for (const Slot& s : old) {
-      if (s.generation != live) continue;
-      std::size_t at = home(s.id);
-      while (slots_[at].generation == generation_) at = (at + 1) & mask_;
-      slots_[at] = Slot{s.id, s.position, generation_};
-    }
-  }
-
-  std::uint64_t key_;
-  std::uint32_t generation_ = 1;  ///< slots start at 0: empty
-  std::size_t size_ = 0;
-  std::size_t mask_ = 0;
-  std::vector<Slot> slots_;
+  std::vector<std::uint64_t> ids_;
+  IdIndex index_;
 };
 
-}  // namespace pulley::detail
+}  // namespace pulley
 // ---- end pulley/core/id_index.hpp ----
 
 namespace pulley {
@@ -3163,12 +3604,12 @@ struct TableBatch {
   std::span<const std::uint64_t> ids;   ///< the batch's distinct ids, in the worker's order
   std::span<const float> rows;          ///< ids.size() × dim: the rows, in that order
   std::span<float> gradients;           ///< ids.size() × dim, zero before the step: add into it
-  const detail::IdIndex* positions = nullptr;  ///< id → index in ids
+  const IdPositions* positions = nullptr;  ///< id → index in ids
 
   /// The index of `id` in `ids`; throws std::out_of_range if it is not one of them.
   [[nodiscard]] std::size_t index(std::uint64_t id) const {
     const std::size_t at = positions->find(id);
-    if (at == detail::IdIndex::npos) {
+    if (at == IdPositions::npos) {
       throw std::out_of_range("id " + std::to_string(id) + " is not one of the batch's ids");
     }
     return at;
@@ -3241,6 +3682,302 @@ concept TableModel = Model<M> &&
 
 }  // namespace pulley
 // ---- end pulley/concepts/model.hpp ----
+
+namespace pulley {
+
+/// What one training step did.
+struct StepResult {
+  float loss = 0.0F;              ///< the batch's mean loss
+  std::int64_t local_step = 0;    ///< the step its gradient was computed for
+  std::int64_t global_step = 0;   ///< steps completed when its token was taken
+  std::uint32_t stale_parts = 0;  ///< part gradients the ps dropped as stale
+};
+
+/// A worker task: pulls parameters into its model, computes gradients on its own batches
+/// and pushes them (seed 002's pull → feed → compute → push; the ps does the update).
+///
+/// With a TableModel, each step also pulls the rows of the embedding tables its batch
+/// touches (their distinct ids, grouped by the ps that holds them: `lookup`), in the same
+/// round trip as the dense parameters it needs then, and pushes their gradients with the
+/// dense ones. A worker never holds, pulls or pushes a whole table.
+///
+/// @tparam M the Model or TableModel it trains (owned: the worker pulls into its parameters
+///           in place)
+/// @tparam T the Transport that reaches the ps tasks
+/// @tparam I the IdSharding of the tables' rows: the ps tasks' (HashIds by default; name it
+///           once, `MyTables::Sharding` of the ps tasks' `Tables<O, MyIds>`): a worker whose
+///           sharding puts rows elsewhere is refused by `wait_ready`
+template <Model M, Transport T, IdSharding I = HashIds>
+class Worker {
+ public:
+  /// @param index this worker's task index (tags its pushes and token requests)
+  Worker(std::uint32_t index, M model, T transport, ClientOptions options = {}, I sharding = {})
+      : index_(index),
+        model_(std::move(model)),
+        client_(std::move(transport), options),
+        sharding_(std::move(sharding)) {
+    const auto variables = std::span<const VariableSpec>(model_.variables());
+    all_.reserve(variables.size());
+    for (std::size_t v = 0; v < variables.size(); ++v) {
+      all_.push_back({v, {0, variables[v].rows()}, model_.parameter(v)});
+      gradients_.push_back(model_.gradient(v));
+    }
+    if constexpr (TableModel<M>) {
+      const auto tables = std::span<const TableSpec>(model_.tables());
+      batches_.resize(tables.size());
+      for (std::size_t t = 0; t < tables.size(); ++t) batches_[t].spec = tables[t];
+    }
+  }
+
+  /// Not copyable or movable: it keeps views of its model's buffers.
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  /// Blocks until the chief has initialized every ps, and learns where variables live.
+  void wait_ready() {
+    if constexpr (TableModel<M>) {
+      client_.wait_ready(model_.variables(), std::span<const TableSpec>(model_.tables()));
+      client_.check_id_sharding(sharding_);  // a worker that would send rows astray is refused now
+    } else {
+      client_.wait_ready(model_.variables());
+    }
+  }
+
+  /// One training step on `batch`, paced by the sync policy: take a sync token (under
+  /// Async, whose tokens never wait, only once: the pulls report the global step), make sure
+  /// the model holds the parameters the token requires (pulling them unless the last step
+  /// already did), compute the gradient, then push it and pull the next step's parameters
+  /// in one round trip (`push_pull`). Under Async that prefetch is what the next step
+  /// computes on (as MXNet's kvstore does): after a long pause, `pull()` first to start
+  /// from the newest values.
+  ///
+  /// Returns nullopt when training is over: the token shows that `last_step` global steps
+  /// are done (TF's StopAtStepHook), or the chief has ended training (the ps tasks answer
+  /// `kOutOfRange`); `finished()` then says so.
+  ///
+  /// A ps that is lost (`kUnavailable`) or a job rolled back to a checkpoint while the step
+  /// ran (`kFailedPrecondition`: the chief restored the ps tasks after losing one) is
+  /// waited out: the worker waits until every ps is ready again, learns the new epoch, and
+  /// starts the step again on the same batch, as TensorFlow's workers do after a ps
+  /// failure. It gives up after `ClientOptions::recovery_timeout` with `kUnavailable`
+  /// naming the last failure (the ps). Any other failure throws at once.
+  std::optional<StepResult> step(
+      const typename M::Batch& batch,
+      std::int64_t last_step = std::numeric_limits<std::int64_t>::max()) {
+    if (finished_) return std::nullopt;
+    std::optional<detail::Recovery> recovery;
+    for (bool again = false;; again = true) {
+      try {
+        if (again) recover();
+        return try_step(batch, last_step);
+      } catch (const Error& e) {
+        if (e.code() == ErrorCode::kOutOfRange) {
+          finished_ = true;  // the chief ended training; this step's gradient is not needed
+          return std::nullopt;
+        }
+        if (e.code() == ErrorCode::kFailedPrecondition && !rolled_back()) throw;
+        if (!recovery) recovery.emplace("worker " + std::to_string(index_), client_.options());
+        if (e.code() != ErrorCode::kFailedPrecondition) {
+          if (!detail::Recovery::may_recover(e.code())) throw;
+          recovery->wait(e);  // throws once the ps tasks stay lost too long
+        }
+      }
+    }
+  }
+
+  /// Pushes the model's current gradients tagged with `local_step`, then pulls every
+  /// variable once the ps tasks have completed `pull_step` steps (0: at once, with this
+  /// push applied), in one round trip: both requests go out together and each ps answers
+  /// the pull after handling the push. Returns the number of part gradients dropped as
+  /// stale.
+  std::uint32_t push_pull(std::int64_t local_step, std::int64_t pull_step) {
+    pulled_step_ = -1;  // a pull that fails part way leaves the model mixed: pull again
+    const auto done = client_.push_pull(index_, local_step, gradients_, all_, pull_step, push_rows_);
+    pulled_step_ = done.pulled_step;
+    return done.stale_parts;
+  }
+
+  /// Pulls every variable.
+  void pull() { pull_all(0); }
+  /// Pulls one variable.
+  void pull(std::string_view variable) {
+    const std::size_t v = client_.variable_index(variable);
+    const PullRequest request = all_[v];
+    pulled_step_ = -1;  // the model now mixes steps: the next step pulls everything
+    client_.pull(std::span(&request, 1), 0);
+  }
+  /// Pulls rows `rows` of one variable into the same rows of the model's copy.
+  void pull(std::string_view variable, RowRange rows) {
+    const std::size_t v = client_.variable_index(variable);
+    const std::size_t row_size = client_.variables()[v].row_size();
+    if (rows.end > client_.variables()[v].rows() || rows.empty()) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "rows out of range for '" + std::string(variable) + "'");
+    }
+    const PullRequest request{v, rows,
+                              all_[v].into.subspan(rows.begin * row_size, rows.size() * row_size)};
+    pulled_step_ = -1;  // the model now mixes steps: the next step pulls everything
+    client_.pull(std::span(&request, 1), 0);
+  }
+
+  /// Pushes the model's current gradients tagged with `local_step`, pulling nothing;
+  /// returns the number of part gradients dropped as stale.
+  std::uint32_t push(std::int64_t local_step) {
+    return client_.push(index_, local_step, gradients_, push_rows_);
+  }
+
+  /// The model it trains, with the parameters of the last pull.
+  [[nodiscard]] M& model() noexcept { return model_; }
+  /// The model it trains, with the parameters of the last pull.
+  [[nodiscard]] const M& model() const noexcept { return model_; }
+  /// Counters of every ps task, by task index (their global steps among them).
+  std::vector<Stats> stats() { return client_.stats(); }
+  /// Steps whose gradients `ClientOptions::clip_norm` scaled down.
+  [[nodiscard]] std::int64_t clipped_steps() const noexcept { return client_.clipped_steps(); }
+  /// The global norm of the last pushed gradients before clipping (0 unless clipping is on).
+  [[nodiscard]] double last_gradient_norm() const noexcept { return client_.last_gradient_norm(); }
+  /// This worker's task index.
+  [[nodiscard]] std::uint32_t index() const noexcept { return index_; }
+  /// True once `step` returned nullopt: training is over.
+  [[nodiscard]] bool finished() const noexcept { return finished_; }
+  /// The global step seen with the last token (Async: with the last pull).
+  [[nodiscard]] std::int64_t global_step() const noexcept { return global_step_; }
+  /// Where each variable lives, once `wait_ready` returned.
+  [[nodiscard]] const Placement& placement() const noexcept { return client_.placement(); }
+
+ private:
+  std::optional<StepResult> try_step(const typename M::Batch& batch, std::int64_t last_step) {
+    // Unpaced (Async) tokens are never waited for: after the first, the step the last
+    // pull reported serves as the token, and the round trip is saved.
+    const TokenReply reply = paced_ || pulled_step_ < 0
+                                 ? client_.take_token(index_)
+                                 : TokenReply{Token{0, 0, 0, false}, pulled_step_};
+    const Token& token = reply.token;
+    paced_ = token.paced;
+    global_step_ = reply.global_step;
+    if (reply.global_step >= last_step) {
+      finished_ = true;
+      return std::nullopt;
+    }
+    StepResult result;
+    if constexpr (TableModel<M>) {
+      gather_rows(batch);
+      if (pulled_step_ < token.pull_step) {
+        pulled_step_ = -1;
+        pulled_step_ = client_.pull_with_rows(all_, row_requests_, token.pull_step);
+      } else {
+        (void)client_.pull_rows(row_requests_, token.pull_step);
+      }
+      for (TableState& t : batches_) std::fill(t.gradients.begin(), t.gradients.end(), 0.0F);
+      result.loss = static_cast<float>(model_.compute_gradients(batch, std::span<const TableBatch>(views_)));
+    } else {
+      if (pulled_step_ < token.pull_step) pull_all(token.pull_step);
+      result.loss = static_cast<float>(model_.compute_gradients(batch));
+    }
+    result.local_step = token.local_step;
+    result.global_step = reply.global_step;
+    result.stale_parts = push_pull(token.local_step, token.next_pull_step);
+    return result;
+  }
+
+  /// After a lost ps or a rollback: ready again, at the ps tasks' epoch, pulling afresh.
+  void recover() {
+    pulled_step_ = -1;
+    paced_ = true;
+    wait_ready();
+  }
+
+  /// After a kFailedPrecondition: true if the ps tasks were restored since this worker
+  /// last looked (it is then ready at the new epoch); false if the refusal was about the
+  /// request itself. Waits while a restarted ps is not restored yet; a ps lost meanwhile
+  /// counts as a rollback to come.
+  bool rolled_back() {
+    const std::uint64_t before = client_.epoch();
+    try {
+      recover();
+    } catch (const Error& e) {
+      return detail::Recovery::may_recover(e.code());
+    }
+    return client_.epoch() != before;
+  }
+
+  void pull_all(std::int64_t min_step) {
+    pulled_step_ = -1;  // a pull that fails part way leaves the model mixed: pull again
+    pulled_step_ = client_.pull(all_, min_step);
+  }
+
+  /// One table's rows for the current batch: its distinct ids grouped by ps (ascending
+  /// within each), where each id is, the rows pulled and their gradients.
+  struct TableState {
+    TableSpec spec;
+    std::vector<std::uint64_t> ids;
+    std::vector<std::size_t> ps_begin;
+    IdPositions positions;  ///< id → index in ids
+    std::vector<float> rows;
+    std::vector<float> gradients;
+  };
+
+  /// Asks the model which ids the batch uses, and lays out every table's buffers for them.
+  void gather_rows(const typename M::Batch& batch) {
+    const auto num_ps = static_cast<std::uint32_t>(client_.num_ps());
+    row_requests_.clear();
+    push_rows_.clear();
+    views_.clear();
+    for (std::size_t t = 0; t < batches_.size(); ++t) {
+      TableState& table = batches_[t];
+      table.ids.clear();
+      model_.lookup(batch, t, table.ids);
+      // By (ps, id): each ps's ids are one run, and the order is the same on every run.
+      keyed_.clear();
+      for (const std::uint64_t id : table.ids) {
+        const std::uint32_t ps = sharding_.ps_of(table.spec.name, id, num_ps);
+        if (ps >= num_ps) {
+          throw Error(ErrorCode::kInvalidArgument, "the id sharding put row " + std::to_string(id) +
+                                                       " of table '" + table.spec.name + "' on ps " +
+                                                       std::to_string(ps) + " of " + std::to_string(num_ps));
+        }
+        keyed_.push_back({ps, id});
+      }
+      std::sort(keyed_.begin(), keyed_.end());
+      keyed_.erase(std::unique(keyed_.begin(), keyed_.end()), keyed_.end());
+      table.ids.clear();
+      table.ps_begin.assign(num_ps + 1, 0);
+      table.positions.clear();
+      table.positions.reserve(keyed_.size());
+      for (const auto& [ps, id] : keyed_) {
+        table.positions.insert(id);  // numbered as ids is ordered
+        table.ids.push_back(id);
+        ++table.ps_begin[ps + 1];
+      }
+      for (std::uint32_t p = 0; p < num_ps; ++p) table.ps_begin[p + 1] += table.ps_begin[p];
+      table.rows.resize(table.ids.size() * table.spec.dim);
+      table.gradients.resize(table.ids.size() * table.spec.dim);
+      // The pulls write into the rows; the pushes send the gradients.
+      row_requests_.push_back({t, table.ids, table.ps_begin, table.rows});
+      push_rows_.push_back({t, table.ids, table.ps_begin, table.gradients});
+      views_.push_back({table.spec.dim, table.ids, table.rows, table.gradients, &table.positions});
+    }
+  }
+
+  std::uint32_t index_;
+  M model_;
+  Client<T> client_;
+  std::vector<PullRequest> all_;                   ///< every variable into the model
+  std::vector<std::span<const float>> gradients_;  ///< the model's gradient buffers
+  [[no_unique_address]] I sharding_;
+  std::vector<TableState> batches_;                ///< by table: the current batch's rows
+  std::vector<RowRequest> row_requests_;           ///< pulls into batches_' rows
+  std::vector<RowRequest> push_rows_;              ///< pushes of batches_' gradients
+  std::vector<TableBatch> views_;                  ///< what the model computes with
+  std::vector<std::pair<std::uint32_t, std::uint64_t>> keyed_;  ///< scratch: (ps, id)
+  std::int64_t global_step_ = 0;
+  std::int64_t pulled_step_ = -1;  ///< the model holds every variable as of this step or later
+  bool paced_ = true;              ///< the sync policy makes workers wait for tokens
+  bool finished_ = false;          ///< training is over
+};
+
+}  // namespace pulley
+// ---- end pulley/client/worker.hpp ----
 // ---- begin pulley/concepts/optimizer.hpp ----
 
 #include <concepts>
@@ -3465,6 +4202,54 @@ void apply_update(const O& optimizer, typename O::State& state, std::span<float>
 
 }  // namespace pulley
 // ---- end pulley/concepts/optimizer.hpp ----
+// ---- begin pulley/concepts/row_aggregation.hpp ----
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+namespace pulley {
+
+/// A row aggregation policy decides how the rows of one embedding table pushed for one
+/// update become the rows its optimizer applies: TensorFlow's SparseConditionalAccumulator
+/// and its `reduction_type`. The ps keeps one `Accumulator` per table; the sync policy
+/// decides which pushes belong to an update (their rows share the push's verdict), this
+/// policy what their rows add up to.
+///
+/// Required:
+///   - `typename A::Accumulator`, movable
+///   - `a.make_accumulator(dim)` → an empty accumulator of rows of `dim` floats
+///   - `a.add(acc, ids, rows)` → void: one push's rows, `ids` distinct, `rows` holding
+///     `ids.size() × dim` floats in the order of `ids`
+///   - `a.ids(acc)` → `std::span<const std::uint64_t>`: the distinct ids added since the last
+///     `clear`, each once
+///   - `a.take(acc)` → `std::span<const float>`: the update's rows, `ids(acc).size() × dim`
+///     floats in the order of `ids(acc)`
+///   - `a.clear(acc)`, noexcept: forgets everything added (memory may be kept)
+///
+/// Semantic contract:
+///   - deterministic: the same pushes in the same order give the same rows;
+///   - `take` is called once per update, after at least one `add`; its span stays valid
+///     until the next `add` or `clear`, and the ps clears the accumulator after each update
+///     (applied or rolled back);
+///   - ids come from peers: an accumulator that hashes them should key its hash at random,
+///     so that chosen ids cannot pile onto one slot;
+///   - the policy object is never modified after construction; everything that changes
+///     lives in the Accumulator.
+template <class A>
+concept RowAggregation = std::copy_constructible<A> && std::movable<typename A::Accumulator> &&
+    requires(const A& policy, typename A::Accumulator& acc, const typename A::Accumulator& cacc,
+             std::span<const std::uint64_t> ids, std::span<const float> rows, std::size_t dim) {
+  { policy.make_accumulator(dim) } -> std::same_as<typename A::Accumulator>;
+  { policy.add(acc, ids, rows) } -> std::same_as<void>;
+  { policy.ids(cacc) } -> std::convertible_to<std::span<const std::uint64_t>>;
+  { policy.take(acc) } -> std::convertible_to<std::span<const float>>;
+  { policy.clear(acc) } noexcept;
+};
+
+}  // namespace pulley
+// ---- end pulley/concepts/row_aggregation.hpp ----
 // ---- begin pulley/concepts/service.hpp ----
 
 #include <concepts>
@@ -3472,6 +4257,7 @@ void apply_update(const O& optimizer, typename O::State& state, std::span<float>
 #include <functional>
 #include <limits>
 #include <optional>
+#include <utility>
 
 namespace pulley {
 
@@ -3483,13 +4269,20 @@ namespace pulley {
 /// hands the service such a request.
 using Responder = std::function<void(Response&&)>;
 
+/// Answers through `reply`, which is empty afterwards: a request is answered once, and a
+/// reply already given (or parked elsewhere) is left alone.
+inline void respond(Responder& reply, Response&& response) {
+  Responder r = std::exchange(reply, nullptr);
+  if (r) r(std::move(response));
+}
+
 /// What a transport vouches for about a request, besides its content.
 struct RequestContext {
   /// Every tensor of the request is finite: the transport checked it as it arrived, or the
   /// request comes from a client in this process (pulley's clients check before sending).
   bool tensors_finite = false;
   /// The task that sent it, as the transport knows it (over TCP: as the handshake proved
-  /// it); the service refuses what that task's job may not send (`kSenders`). nullopt: a
+  /// it); the service refuses what that task's role may not send (`kSenders`). nullopt: a
   /// caller the transport does not name, trusted (pulley's transports always name it).
   std::optional<Node> peer;
   /// The connection (or in-process endpoint) it came on, unique while the transport lives;
@@ -3723,644 +4516,145 @@ std::vector<std::uint32_t> awaited(const P& policy, const typename P::Pacer& pac
 
 }  // namespace pulley
 // ---- end pulley/concepts/sync_policy.hpp ----
-// ---- begin pulley/ps/embedding_table.hpp ----
+// ---- begin pulley/core/address.hpp ----
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
-#include <limits>
-#include <span>
 #include <string>
-#include <unordered_map>
-#include <utility>
-#include <vector>
-
-// ---- begin pulley/optimizers/sgd.hpp ----
-
-#include <array>
-#include <cstddef>
-#include <cstdint>
-#include <span>
 #include <string_view>
 
 namespace pulley {
 
-/// Plain stochastic gradient descent: `w -= learning_rate * g` (TF's GradientDescentOptimizer).
-/// The same rule updates a dense part (`apply`) or one row of an embedding table
-/// (`apply_row`, TF's sparse_apply of GradientDescent), which keeps no slots either.
-struct Sgd {
-  float learning_rate = 0.01F;  ///< step size
+/// Where a task listens: a host (a name, an IPv4 address, or an IPv6 address without its
+/// brackets) and a port. Compared as written: "localhost:80" and "127.0.0.1:80" differ.
+struct Address {
+  /// A host name or numeric address; never empty, never bracketed, no whitespace.
+  std::string host;
+  /// The TCP port, 1..65535 once parsed (0 only in a default-constructed Address).
+  std::uint16_t port = 0;
 
-  /// SGD keeps no slots.
-  struct State {};
-
-  /// Fresh slots for a part of n elements.
-  [[nodiscard]] State make_state(std::size_t /*n*/) const { return {}; }
-
-  /// Updates `w` in place from gradient `g` (same size as the state).
-  void apply(State& /*state*/, std::span<float> w, std::span<const float> g) const {
-    update(learning_rate, w.data(), g.data(), w.size());
+  /// "host:port", brackets around IPv6 hosts ("[::1]:2222"), so that parse_address reads it
+  /// back as the same Address.
+  [[nodiscard]] std::string to_string() const {
+    const bool v6 = host.find(':') != std::string::npos;
+    return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
   }
 
-  /// True if `apply` keeps every weight within kFiniteBound.
-  [[nodiscard]] bool stays_finite(const State& /*state*/, std::span<const float> w,
-                                  std::span<const float> g) const {
-    const float lr = learning_rate;
-    const float* wp = w.data();
-    const float* gp = g.data();
-    return bounded(w.size(), [&](std::size_t i, std::uint32_t& lane) {
-      detail::fold_bound(lane, wp[i] - lr * gp[i]);
-    });
-  }
-
-  /// A table row keeps no slots.
-  static constexpr std::size_t kRowSlots = 0;
-
-  /// No slot names.
-  [[nodiscard]] std::array<std::string_view, kRowSlots> row_slot_names() const { return {}; }
-
-  /// Nothing to fill: a row has no slots.
-  void init_row(std::span<float> /*slots*/) const {}
-
-  /// Updates one table row `w` in place from its gradient `g`, as `apply` does.
-  void apply_row(std::span<float> w, std::span<float> /*slots*/, std::span<const float> g,
-                 const RowContext& /*context*/) const {
-    update(learning_rate, w.data(), g.data(), w.size());
-  }
-
- private:
-  /// The rule over n elements, behind `apply` and `apply_row`.
-  static void update(float lr, float* __restrict w, const float* __restrict g, std::size_t n) {
-    for (std::size_t i = 0; i < n; ++i) w[i] -= lr * g[i];
-  }
-};
-static_assert(Optimizer<Sgd>);
-static_assert(RowWiseOptimizer<Sgd>);
-
-}  // namespace pulley
-// ---- end pulley/optimizers/sgd.hpp ----
-
-namespace pulley {
-
-/// What an embedding table on one ps has done, for monitoring and tests.
-struct TableStats {
-  std::uint64_t rows = 0;              ///< rows held now
-  std::uint64_t rows_created = 0;      ///< rows created (admitted), evicted ones included
-  std::uint64_t rows_evicted = 0;      ///< rows removed for being untouched too long
-  std::uint64_t candidates = 0;        ///< ids pulled but not admitted yet
-  std::uint64_t pushes_dropped = 0;    ///< pushed rows dropped: not admitted (or evicted)
-  std::uint64_t updates_refused = 0;   ///< updates dropped whole: a row would go non-finite
-  std::uint64_t bytes = 0;             ///< memory held for rows, ids and the index
-};
-
-/// The rows of one embedding table that one ps holds: a hash map from 64-bit id to a row of
-/// `dim` values and the optimizer's `kRowSlots` slots, created lazily, updated row-wise.
-///
-/// Rows live in chunks of kChunkRows records, allocated whole: a record is the row's id and
-/// last-touched step (16 bytes), then its `(1 + kRowSlots) × dim` floats (values, then slot
-/// after slot), so that finding, reading and updating a row touch the same cache lines. The
-/// index is open addressing with linear probing over 32-bit row numbers, at most 3/4 full.
-/// So a row costs its floats plus 16 bytes plus 5.3 to 10.7 bytes of index (the benchmark
-/// prints the measured bytes per row), and memory never holds more than one chunk of
-/// slack. Lookups of a batch are pipelined: the index slots and records of ids a few
-/// places ahead are prefetched. At most 2^32 − 2 rows per table per ps.
-///
-/// The index hashes ids with a random key of its own, so that no choice of ids piles them
-/// onto one slot (ids a client picked to collide would otherwise make every lookup walk
-/// them all). It does no I/O and takes no lock: the ps calls it for one request at a time.
-///
-/// @tparam O RowWiseOptimizer that updates the rows (a dense-only optimizer fails here,
-///           naming the member it lacks)
-template <RowWiseOptimizer O>
-class EmbeddingTable {
- public:
-  static constexpr std::size_t kChunkRows = 1024;  ///< rows allocated at a time
-
-  /// An empty table of `spec` (its dim must be positive), updated by `optimizer`, whose rows
-  /// start from `initialize_row(spec, seed, id, ...)`.
-  EmbeddingTable(TableSpec spec, O optimizer, std::uint64_t seed)
-      : spec_(std::move(spec)),
-        optimizer_(std::move(optimizer)),
-        seed_(seed),
-        stride_((1 + O::kRowSlots) * spec_.dim),
-        record_(kHeader + stride_) {
-    if (spec_.dim == 0) throw Error(ErrorCode::kInvalidArgument, "table '" + spec_.name + "' has dim 0");
-  }
-
-  [[nodiscard]] const TableSpec& spec() const noexcept { return spec_; }
-  [[nodiscard]] std::size_t dim() const noexcept { return spec_.dim; }
-  [[nodiscard]] std::size_t size() const noexcept { return rows_; }
-  [[nodiscard]] const O& optimizer() const noexcept { return optimizer_; }
-
-  /// Writes the rows of `ids` into `out` (`ids.size() × dim` floats, in order), at global
-  /// step `step`. With `create` (a worker's pull), a row not held is created when its id is
-  /// admitted (pulled `spec.admit_after` times), else read as its initial value, and a row
-  /// read counts as touched; without (a reader's: the chief's, an evaluator's), nothing is
-  /// created, counted or touched. Duplicate ids are allowed (each counts towards admission).
-  void pull(std::span<const std::uint64_t> ids, std::span<float> out, std::int64_t step,
-            bool create = true) {
-    const std::size_t d = spec_.dim;
-    for_each_found(ids, [&](std::size_t i, std::uint32_t row) {
-      const std::span<float> into = out.subspan(i * d, d);
-      if (row == kNone && create && admit(ids[i], step)) row = this->create(ids[i]);
-      if (row == kNone) {
-        initialize_row(spec_, seed_, ids[i], into);
-        return;
-      }
-      if (create) touch(row, step);
-      const float* values = at(row);
-      std::copy(values, values + d, into.begin());
-    });
-  }
-
-  /// Applies one update at global step `step` (steps completed before it; `updates` of this
-  /// table so far, this one included): for each of `ids`, which must be distinct, the mean
-  /// gradient in `gradients` (`ids.size() × dim`). A row not held is dropped and counted.
-  /// All or nothing: if any updated row would hold a non-finite value, nothing changes and
-  /// false is returned (counted in `updates_refused`).
-  bool apply(std::span<const std::uint64_t> ids, std::span<const float> gradients,
-             std::int64_t step, std::int64_t updates) {
-    if (!prepare(ids, gradients, step, updates)) return false;
-    commit(step);
-    return true;
-  }
-
-  /// The first half of `apply`: computes the update into scratch memory and returns true
-  /// if every updated row stays finite; nothing changes until `commit`. A ps prepares every
-  /// table of an update, and commits them only if all (and its dense parts) stay finite.
-  bool prepare(std::span<const std::uint64_t> ids, std::span<const float> gradients,
-               std::int64_t step, std::int64_t updates) {
-    const std::size_t d = spec_.dim;
-    scratch_rows_.clear();
-    // Updated into a copy first, so that a row going non-finite changes nothing; each row is
-    // copied the moment it is found, while its prefetched record is in cache.
-    scratch_.resize(ids.size() * stride_);
-    for_each_found(ids, [&](std::size_t i, std::uint32_t row) {
-      if (row == kNone) {
-        ++stats_.pushes_dropped;
-        return;
-      }
-      std::copy(at(row), at(row) + stride_, scratch_.data() + scratch_rows_.size() * stride_);
-      scratch_rows_.push_back({row, i});
-    });
-    scratch_.resize(scratch_rows_.size() * stride_);
-    for (std::size_t k = 0; k < scratch_rows_.size(); ++k) {
-      const std::size_t i = scratch_rows_[k].second;
-      float* copy = scratch_.data() + k * stride_;
-      const RowContext context{step, updates, spec_.name, ids[i]};
-      optimizer_.apply_row(std::span<float>(copy, d), std::span<float>(copy + d, stride_ - d),
-                           gradients.subspan(i * d, d), context);
-    }
-    if (!detail::all_finite(scratch_)) {
-      ++stats_.updates_refused;
-      scratch_rows_.clear();
-      return false;
-    }
-    return true;
-  }
-
-  /// The second half of `apply`: writes the prepared rows back (nothing if the last
-  /// `prepare` failed or was committed already).
-  void commit(std::int64_t step) {
-    constexpr std::size_t kAhead = 8;
-    for (std::size_t k = 0; k < scratch_rows_.size(); ++k) {
-      if (k + kAhead < scratch_rows_.size()) __builtin_prefetch(record(scratch_rows_[k + kAhead].first), 1);
-      const std::uint32_t row = scratch_rows_[k].first;
-      std::copy(scratch_.data() + k * stride_, scratch_.data() + (k + 1) * stride_, at(row));
-      touch(row, step);
-    }
-    scratch_rows_.clear();
-  }
-
-  /// Removes the rows untouched (neither pulled nor pushed) since global step
-  /// `step - spec.evict_after_steps`, and forgets admission counts as old; returns the rows
-  /// removed. Does nothing when the spec keeps rows for ever.
-  std::size_t evict(std::int64_t step) {
-    if (spec_.evict_after_steps <= 0) return 0;
-    const std::int64_t before = step - spec_.evict_after_steps;
-    if (before <= 0) return 0;
-    std::size_t removed = 0;
-    for (std::uint32_t row = 0; row < rows_;) {
-      if (static_cast<std::int64_t>(touched(row)) < before) {
-        erase(row);  // the last row moves here: look at this row again
-        ++removed;
-      } else {
-        ++row;
-      }
-    }
-    std::erase_if(candidates_, [&](const auto& c) { return static_cast<std::int64_t>(c.second.last) < before; });
-    stats_.rows_evicted += removed;
-    return removed;
-  }
-
-  /// Calls `f(id, values, slots)` for every row held (values: dim floats; slots:
-  /// kRowSlots × dim floats), in no particular order: what a checkpoint saves.
-  template <class F>
-  void for_each_row(F&& f) const {
-    const std::size_t d = spec_.dim;
-    for (std::uint32_t row = 0; row < rows_; ++row) {
-      const float* r = at(row);
-      f(id_of(row), std::span<const float>(r, d), std::span<const float>(r + d, stride_ - d));
-    }
-  }
-
-  /// Counters and the memory held now.
-  [[nodiscard]] TableStats stats() const noexcept {
-    TableStats s = stats_;
-    s.rows = rows_;
-    s.candidates = candidates_.size();
-    s.bytes = chunks_.size() * kChunkRows * record_ * sizeof(float) +
-              index_.size() * sizeof(std::uint32_t) +
-              candidates_.size() * (sizeof(std::uint64_t) + sizeof(Candidate) + 2 * sizeof(void*));
-    return s;
-  }
-
- private:
-  static constexpr std::uint32_t kNone = std::numeric_limits<std::uint32_t>::max();
-
-  /// One chunk of kChunkRows rows: their floats, ids and last-touched steps.
-  /// Floats of a record's header: the id (two floats' bytes), the step last touched, one
-  /// spare. Read and written with memcpy: they are bytes, never arithmetic.
-  static constexpr std::size_t kHeader = 4;
-  struct Chunk {
-    std::vector<float> records;  ///< kChunkRows records
-  };
-  /// An id pulled, not admitted yet.
-  struct Candidate {
-    std::uint32_t count = 0;
-    std::uint32_t last = 0;  ///< step last pulled
-  };
-
-  [[nodiscard]] float* record(std::uint32_t row) noexcept {
-    return chunks_[row / kChunkRows].records.data() + (row % kChunkRows) * record_;
-  }
-  [[nodiscard]] const float* record(std::uint32_t row) const noexcept {
-    return chunks_[row / kChunkRows].records.data() + (row % kChunkRows) * record_;
-  }
-  /// The row's values, then its slots.
-  [[nodiscard]] float* at(std::uint32_t row) noexcept { return record(row) + kHeader; }
-  [[nodiscard]] const float* at(std::uint32_t row) const noexcept { return record(row) + kHeader; }
-  [[nodiscard]] std::uint64_t id_of(std::uint32_t row) const noexcept {
-    std::uint64_t id = 0;
-    std::memcpy(&id, record(row), sizeof id);
-    return id;
-  }
-  void set_id(std::uint32_t row, std::uint64_t id) noexcept { std::memcpy(record(row), &id, sizeof id); }
-  [[nodiscard]] std::uint32_t touched(std::uint32_t row) const noexcept {
-    std::uint32_t step = 0;
-    std::memcpy(&step, record(row) + 2, sizeof step);
-    return step;
-  }
-  void set_touched(std::uint32_t row, std::uint32_t step) noexcept {
-    std::memcpy(record(row) + 2, &step, sizeof step);
-  }
-  static std::uint32_t clamp_step(std::int64_t step) noexcept {
-    return static_cast<std::uint32_t>(std::clamp<std::int64_t>(step, 0, kNone - 1));
-  }
-  void touch(std::uint32_t row, std::int64_t step) noexcept {
-    set_touched(row, std::max(touched(row), clamp_step(step)));
-  }
-
-  /// Calls `f(i, row)` for each of `ids` with the row that holds it (kNone if none), in
-  /// order, prefetching the index slot 16 ids ahead and the record its entry names 8 ids
-  /// ahead: a batch's lookups then wait for memory in parallel, not one after the other.
-  template <class F>
-  void for_each_found(std::span<const std::uint64_t> ids, F&& f) {
-    constexpr std::size_t kIndexAhead = 16;
-    constexpr std::size_t kRecordAhead = 8;
-    const std::size_t n = ids.size();
-    for (std::size_t i = 0; i < n; ++i) {
-      if (!index_.empty()) {
-        if (i + kIndexAhead < n) __builtin_prefetch(&index_[home(ids[i + kIndexAhead])]);
-        if (i + kRecordAhead < n) {
-          const std::uint32_t entry = index_[home(ids[i + kRecordAhead])];
-          if (entry != 0) __builtin_prefetch(record(entry - 1));
-        }
-      }
-      f(i, find(ids[i]));
-    }
-  }
-
-  [[nodiscard]] std::size_t home(std::uint64_t id) const noexcept {
-    return static_cast<std::size_t>(mix_id(id ^ key_)) & (index_.size() - 1);
-  }
-
-  /// The row of `id`, or kNone.
-  [[nodiscard]] std::uint32_t find(std::uint64_t id) const noexcept {
-    if (index_.empty()) return kNone;
-    for (std::size_t slot = home(id);; slot = (slot + 1) & (index_.size() - 1)) {
-      const std::uint32_t entry = index_[slot];
-      if (entry == 0) return kNone;
-      if (id_of(entry - 1) == id) return entry - 1;
-    }
-  }
-
-  /// Counts a pull of `id`, which has no row: true once it is admitted.
-  bool admit(std::uint64_t id, std::int64_t step) {
-    if (spec_.admit_after <= 1) return true;
-    Candidate& c = candidates_[id];
-    ++c.count;
-    c.last = clamp_step(step);
-    return c.count >= spec_.admit_after;  // its count goes once its row exists (create)
-  }
-
-  /// A new row for `id` (absent), with its initial value and fresh slots.
-  std::uint32_t create(std::uint64_t id) {
-    if (rows_ >= kNone - 1) {
-      throw Error(ErrorCode::kResourceExhausted, "table '" + spec_.name + "' holds 2^32 - 2 rows on this ps");
-    }
-    if ((rows_ + 1) * 4 > index_.size() * 3) grow_index();
-    if (rows_ == chunks_.size() * kChunkRows) {
-      chunks_.push_back(Chunk{std::vector<float>(kChunkRows * record_)});
-    }
-    const auto row = static_cast<std::uint32_t>(rows_);
-    float* r = at(row);
-    initialize_row(spec_, seed_, id, std::span<float>(r, spec_.dim));
-    optimizer_.init_row(std::span<float>(r + spec_.dim, stride_ - spec_.dim));
-    set_id(row, id);
-    set_touched(row, 0);
-    place(id, row);
-    ++rows_;
-    ++stats_.rows_created;
-    if (spec_.admit_after > 1) candidates_.erase(id);  // admitted: its count is done
-    return row;
-  }
-
-  void place(std::uint64_t id, std::uint32_t row) noexcept {
-    std::size_t slot = home(id);
-    while (index_[slot] != 0) slot = (slot + 1) & (index_.size() - 1);
-    index_[slot] = row + 1;
-  }
-
-  /// Twice the slots. The new index is allocated before the old one is let go: a failed
-  /// allocation leaves the table as it was.
-  void grow_index() {
-    std::vector<std::uint32_t> grown(std::max<std::size_t>(64, index_.size() * 2), 0);
-    grown.swap(index_);
-    for (const std::uint32_t entry : grown) {
-      if (entry != 0) place(id_of(entry - 1), entry - 1);
-    }
-  }
-
-  /// The index slot that holds `row`.
-  [[nodiscard]] std::size_t slot_of(std::uint32_t row) const noexcept {
-    std::size_t slot = home(id_of(row));
-    while (index_[slot] != row + 1) slot = (slot + 1) & (index_.size() - 1);
-    return slot;
-  }
-
-  /// Removes `row`: the last row moves into its place, and its index entry goes with
-  /// backward-shift deletion, so that probing needs no tombstones.
-  void erase(std::uint32_t row) {
-    const std::size_t mask = index_.size() - 1;
-    std::size_t hole = slot_of(row);
-    for (std::size_t next = (hole + 1) & mask; index_[next] != 0; next = (next + 1) & mask) {
-      const std::size_t want = home(id_of(index_[next] - 1));
-      // Move the entry at `next` back into the hole unless its home lies in (hole, next].
-      const bool stays = hole <= next ? (want > hole && want <= next) : (want > hole || want <= next);
-      if (!stays) {
-        index_[hole] = index_[next];
-        hole = next;
-      }
-    }
-    index_[hole] = 0;
-    const auto last = static_cast<std::uint32_t>(rows_ - 1);
-    if (row != last) {
-      index_[slot_of(last)] = row + 1;
-      std::copy(record(last), record(last) + record_, record(row));
-    }
-    --rows_;
-    const std::size_t needed = (rows_ + kChunkRows - 1) / kChunkRows;
-    while (chunks_.size() > needed + 1) chunks_.pop_back();  // one spare chunk at most
-  }
-
-  TableSpec spec_;
-  [[no_unique_address]] O optimizer_;
-  std::uint64_t seed_;
-  std::uint64_t key_ = detail::random_u64();  ///< of the index's hash
-  std::size_t stride_;  ///< floats per row: values and slots
-  std::size_t record_;  ///< floats per record: the header, values and slots
-  std::vector<Chunk> chunks_;
-  std::vector<std::uint32_t> index_;  ///< row + 1, or 0 for an empty slot
-  std::size_t rows_ = 0;
-  std::unordered_map<std::uint64_t, Candidate> candidates_;
-  TableStats stats_;
-  std::vector<std::pair<std::uint32_t, std::size_t>> scratch_rows_;  ///< row, position in ids
-  std::vector<float> scratch_;                                       ///< rows being updated
-};
-
-/// The embedding-table policy of a ParameterServer: the row-wise optimizer its tables are
-/// updated with (it may differ from the dense variables' optimizer: Adagrad or FTRL for
-/// embeddings and Adam for the rest is common) and how their rows are spread over the ps
-/// tasks. Workers must use the same id sharding (a ps refuses rows that are not its own).
-///
-/// @tparam O RowWiseOptimizer of the tables; a dense-only one fails to compile here
-/// @tparam I IdSharding of the rows (HashIds by default)
-template <RowWiseOptimizer O, IdSharding I = HashIds>
-struct Tables {
-  using Optimizer = O;
-  using Sharding = I;
-  O optimizer{};  ///< updates every table's rows
-  I sharding{};   ///< which ps holds which row
-};
-
-/// The table policy of a ParameterServer that serves no embedding tables (a model that
-/// declares some is refused, naming the fix); the default when its optimizer has no
-/// row-wise apply. Its members only keep the code that is never used compiling.
-struct NoTables {
-  using Optimizer = Sgd;
-  using Sharding = HashIds;
-  Sgd optimizer{};
-  HashIds sharding{};
+  /// Same host (exactly, case included) and same port.
+  friend bool operator==(const Address&, const Address&) = default;
 };
 
 namespace detail {
-template <class O, bool = RowWiseOptimizer<O>>
-struct default_tables {
-  using type = NoTables;
+
+/// An address split into its parts without allocating, or why it cannot be: when `problem`
+/// is not empty, `host` and `port` mean nothing.
+struct AddressParts {
+  std::string_view host;
+  std::uint16_t port = 0;
+  std::string_view problem;
 };
-template <class O>
-struct default_tables<O, true> {
-  using type = Tables<O>;
-};
+
+/// The port `text` spells in 1..65535 with one to five decimal digits and nothing else (no
+/// sign, no space); 0 when it spells none.
+constexpr std::uint16_t address_port(std::string_view text) noexcept {
+  if (text.empty() || text.size() > 5) return 0;
+  std::uint32_t value = 0;
+  for (const char c : text) {
+    if (c < '0' || c > '9') return 0;
+    value = value * 10 + static_cast<std::uint32_t>(c - '0');
+  }
+  return value <= 65535 ? static_cast<std::uint16_t>(value) : 0;
+}
+
+/// The rules of parse_address, for callers that report a bad address in their own words.
+constexpr AddressParts scan_address(std::string_view text) noexcept {
+  AddressParts parts;
+  std::size_t colon = 0;  // the ':' before the port
+  if (!text.empty() && text.front() == '[') {
+    const std::size_t close = text.find(']');
+    if (close == std::string_view::npos) return {{}, 0, "'[' without ']'"};
+    parts.host = text.substr(1, close - 1);
+    colon = close + 1;
+    if (colon >= text.size() || text[colon] != ':') return {{}, 0, "no ':' after ']'"};
+  } else {
+    colon = text.rfind(':');
+    if (colon == std::string_view::npos) return {{}, 0, "no ':' before the port"};
+    parts.host = text.substr(0, colon);
+    if (parts.host.find(':') != std::string_view::npos) {
+      return {{}, 0, "an IPv6 host needs brackets, as in [::1]:2222"};
+    }
+  }
+  if (parts.host.empty()) return {{}, 0, "the host is empty"};
+  for (const char c : parts.host) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u <= 0x20 || u == 0x7f) return {{}, 0, "the host holds a space or a control character"};
+    if (c == '[' || c == ']') return {{}, 0, "a '[' or ']' that does not enclose the host"};
+  }
+  parts.port = address_port(text.substr(colon + 1));
+  if (parts.port == 0) return {{}, 0, "the port must be 1..65535 in decimal digits"};
+  return parts;
+}
+
+/// `text` with its control characters written as \xNN, so that a message quoting it stays
+/// one readable line.
+inline std::string printable_text(std::string_view text) {
+  std::string out;
+  for (const char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u >= 0x20 && u != 0x7f) {
+      out += c;
+    } else {
+      constexpr std::string_view kHex = "0123456789abcdef";
+      out += "\\x";
+      out += kHex[u >> 4];
+      out += kHex[u & 0xf];
+    }
+  }
+  return out;
+}
+
 }  // namespace detail
 
-/// Tables<O> when O can update rows, NoTables otherwise: a ParameterServer's default.
-template <class O>
-using DefaultTables = typename detail::default_tables<O>::type;
+/// Parses "host:port" or "[v6::addr]:port" (the brackets are dropped from `host`). The port
+/// is 1..65535 in at most five decimal digits, with no sign and no space; the host is not
+/// empty and holds no whitespace. An IPv6 host must be bracketed, as "::1:80" could split
+/// in more than one place. Throws kInvalidArgument "address '<text>' is not host:port: <why>".
+inline Address parse_address(std::string_view text) {
+  const detail::AddressParts parts = detail::scan_address(text);
+  if (!parts.problem.empty()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "address '" + detail::printable_text(text) +
+                    "' is not host:port: " + std::string(parts.problem));
+  }
+  return Address{std::string(parts.host), parts.port};
+}
 
 }  // namespace pulley
-// ---- end pulley/ps/embedding_table.hpp ----
-// ---- begin pulley/client/evaluator.hpp ----
+// ---- end pulley/core/address.hpp ----
+// ---- begin pulley/core/version.hpp ----
 
-#include <cstdint>
-#include <span>
-#include <utility>
-#include <vector>
+/// pulley's version, as `project(pulley VERSION ...)` in CMakeLists.txt says (a test checks
+/// that they agree) and as the release tag `v<major>.<minor>.<patch>` names it.
+#define PULLEY_VERSION_MAJOR 0
+#define PULLEY_VERSION_MINOR 3
+#define PULLEY_VERSION_PATCH 0
 
 namespace pulley {
 
-/// The evaluator task: follows training without taking part in it. It waits for the chief's
-/// initialization, then reads parameter snapshots at chosen global steps to score on
-/// held-out data. It takes no tokens and pushes nothing, so it never slows a sync step.
-/// When the chief ends training, its calls throw `kOutOfRange`.
-///
-/// @tparam T the Transport that reaches the ps tasks
-template <Transport T>
-class Evaluator {
- public:
-  /// @param transport reaches the ps tasks
-  /// @param options   its calls' deadlines
-  explicit Evaluator(T transport, ClientOptions options = {})
-      : client_(std::move(transport), options) {}
+/// A version number; compare it to require a minimum.
+struct Version {
+  int major = 0;
+  int minor = 0;
+  int patch = 0;
 
-  /// Blocks until the chief has initialized every ps and checks that `variables` (the
-  /// evaluator's model) are the registered ones.
-  void wait_ready(std::span<const VariableSpec> variables) { client_.wait_ready(variables); }
-
-  /// Blocks until every ps has completed `step` global steps; returns the lowest global
-  /// step they report.
-  std::int64_t wait_for_step(std::int64_t step) { return client_.wait_for_step(step); }
-
-  /// Every variable at one global step of at least `step`, the same on every ps (see
-  /// Snapshot); waits until the ps tasks reach it.
-  Snapshot snapshot(std::int64_t step) { return client_.snapshot(step); }
-
-  /// Current values of every variable, one vector per variable, as each ps holds them now.
-  std::vector<std::vector<float>> read_variables() { return client_.read_variables(); }
-
-  /// Counters of every ps task, by task index.
-  std::vector<Stats> stats() { return client_.stats(); }
-
- private:
-  detail::Client<T> client_;
+  friend constexpr auto operator<=>(const Version&, const Version&) = default;
 };
 
-}  // namespace pulley
-// ---- end pulley/client/evaluator.hpp ----
-// ---- begin pulley/client/heartbeat.hpp ----
-
-#include <algorithm>
-#include <chrono>
-#include <condition_variable>
-#include <cstdint>
-#include <mutex>
-#include <set>
-#include <thread>
-#include <utility>
-#include <variant>
-#include <vector>
-
-namespace pulley {
-
-/// A worker's heartbeats: while it lives, a thread of its own sends `Heartbeat` to every ps
-/// task every `interval`, over a transport of its own (so a worker blocked on a token or
-/// computing a long step still beats). A ps that heard it once and then hears nothing for
-/// its worker timeout (`ParameterServer::set_worker_timeout`, default 5 s: keep `interval`
-/// well below it) holds the worker lost, and the sync policy stops waiting for it; the
-/// next heartbeat that arrives makes it count again. Destroying it says goodbye: the ps
-/// tasks forget the worker instead of holding it lost once it is quiet.
-///
-/// It also tells the worker which others are lost (`lost`), so that a data source can
-/// hand their share of the data to the workers that remain (runner/run.hpp's DataShard).
-///
-///     HeartbeatSender beat(index, InProcess(network, Node::worker(index)));
-///     Worker worker(index, model, InProcess(network, Node::worker(index)));
-template <Transport T>
-class HeartbeatSender {
- public:
-  /// Starts beating at once, on its own thread, as worker `worker`.
-  HeartbeatSender(std::uint32_t worker, T transport,
-            std::chrono::milliseconds interval = std::chrono::seconds(1))
-      : worker_(worker), interval_(interval), transport_(std::move(transport)) {
-    thread_ = std::thread([this] { beat(); });
-  }
-
-  HeartbeatSender(const HeartbeatSender&) = delete;
-  HeartbeatSender& operator=(const HeartbeatSender&) = delete;
-
-  /// Stops beating, after telling the ps tasks the worker leaves (best effort, one
-  /// interval at most).
-  ~HeartbeatSender() {
-    {
-      std::scoped_lock lock(mutex_);
-      stopping_ = true;
-    }
-    wake_.notify_all();
-    thread_.join();
-  }
-
-  /// The workers some ps task holds lost, as of the last beat answered, ascending.
-  [[nodiscard]] std::vector<std::uint32_t> lost() const {
-    std::scoped_lock lock(mutex_);
-    return lost_;
-  }
-
-  /// Beats that at least one ps task answered.
-  [[nodiscard]] std::uint64_t beats() const {
-    std::scoped_lock lock(mutex_);
-    return beats_;
-  }
-
- private:
-  void beat() {
-    std::unique_lock lock(mutex_);
-    for (;;) {
-      const bool leaving = stopping_;
-      lock.unlock();
-      std::set<std::uint32_t> lost;
-      const bool heard = send_all(leaving, lost);
-      lock.lock();
-      if (heard) {
-        lost_.assign(lost.begin(), lost.end());
-        ++beats_;
-      }
-      if (leaving) return;
-      wake_.wait_for(lock, interval_, [this] { return stopping_; });
-    }
-  }
-
-  /// One Heartbeat to every ps, answered within an interval or given up; true if any
-  /// answered. A ps that is down, or refuses, is simply not heard this time.
-  bool send_all(bool leaving, std::set<std::uint32_t>& lost) noexcept {
-    try {
-      std::vector<PendingCall> calls;
-      for (std::size_t ps = 0; ps < transport_.num_ps(); ++ps) {
-        calls.push_back(transport_.call(ps, Heartbeat{worker_, leaving}, {}));
-      }
-      const auto deadline = std::chrono::steady_clock::now() + interval_;
-      bool heard = false;
-      for (PendingCall& call : calls) {
-        if (!call.wait_until(deadline)) {
-          call.cancel();
-          continue;
-        }
-        const Response answer = call.take();
-        if (const auto* stats = std::get_if<StatsReply>(&answer)) {
-          heard = true;
-          lost.insert(stats->lost.begin(), stats->lost.end());
-        }
-      }
-      return heard;
-    } catch (...) {  // no memory, a transport that throws: try again next beat
-      return false;
-    }
-  }
-
-  std::uint32_t worker_;
-  std::chrono::milliseconds interval_;
-  T transport_;
-  mutable std::mutex mutex_;
-  std::condition_variable wake_;
-  bool stopping_ = false;
-  std::vector<std::uint32_t> lost_;
-  std::uint64_t beats_ = 0;
-  std::thread thread_;
-};
+/// The version of these headers.
+inline constexpr Version version{PULLEY_VERSION_MAJOR, PULLEY_VERSION_MINOR, PULLEY_VERSION_PATCH};
 
 }  // namespace pulley
-// ---- end pulley/client/heartbeat.hpp ----
+// ---- end pulley/core/version.hpp ----
 // ---- begin pulley/optimizers/adagrad.hpp ----
 
 #include <algorithm>
@@ -4956,461 +5250,709 @@ static_assert(RowWiseOptimizer<RmsProp>);
 
 }  // namespace pulley
 // ---- end pulley/optimizers/rmsprop.hpp ----
+// ---- begin pulley/optimizers/sgd.hpp ----
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+namespace pulley {
+
+/// Plain stochastic gradient descent: `w -= learning_rate * g` (TF's GradientDescentOptimizer).
+/// The same rule updates a dense part (`apply`) or one row of an embedding table
+/// (`apply_row`, TF's sparse_apply of GradientDescent), which keeps no slots either.
+struct Sgd {
+  float learning_rate = 0.01F;  ///< step size
+
+  /// SGD keeps no slots.
+  struct State {};
+
+  /// Fresh slots for a part of n elements.
+  [[nodiscard]] State make_state(std::size_t /*n*/) const { return {}; }
+
+  /// Updates `w` in place from gradient `g` (same size as the state).
+  void apply(State& /*state*/, std::span<float> w, std::span<const float> g) const {
+    update(learning_rate, w.data(), g.data(), w.size());
+  }
+
+  /// True if `apply` keeps every weight within kFiniteBound.
+  [[nodiscard]] bool stays_finite(const State& /*state*/, std::span<const float> w,
+                                  std::span<const float> g) const {
+    const float lr = learning_rate;
+    const float* wp = w.data();
+    const float* gp = g.data();
+    return bounded(w.size(), [&](std::size_t i, std::uint32_t& lane) {
+      detail::fold_bound(lane, wp[i] - lr * gp[i]);
+    });
+  }
+
+  /// A table row keeps no slots.
+  static constexpr std::size_t kRowSlots = 0;
+
+  /// No slot names.
+  [[nodiscard]] std::array<std::string_view, kRowSlots> row_slot_names() const { return {}; }
+
+  /// Nothing to fill: a row has no slots.
+  void init_row(std::span<float> /*slots*/) const {}
+
+  /// Updates one table row `w` in place from its gradient `g`, as `apply` does.
+  void apply_row(std::span<float> w, std::span<float> /*slots*/, std::span<const float> g,
+                 const RowContext& /*context*/) const {
+    update(learning_rate, w.data(), g.data(), w.size());
+  }
+
+ private:
+  /// The rule over n elements, behind `apply` and `apply_row`.
+  static void update(float lr, float* __restrict w, const float* __restrict g, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) w[i] -= lr * g[i];
+  }
+};
+static_assert(Optimizer<Sgd>);
+static_assert(RowWiseOptimizer<Sgd>);
+
+}  // namespace pulley
+// ---- end pulley/optimizers/sgd.hpp ----
 // ---- begin pulley/ps/parameter_server.hpp ----
 
 #include <algorithm>
 #include <chrono>
-#include <cstddef>
-#include <cstdio>
 #include <cstdint>
-#include <deque>
-#include <map>
 #include <exception>
 #include <optional>
-#include <span>
-#include <stdexcept>
 #include <string>
 #include <string_view>
-#include <type_traits>
-#include <unordered_set>
 #include <utility>
 #include <variant>
 #include <vector>
 
-// ---- begin pulley/tables/row_aggregation.hpp ----
+// ---- begin pulley/ps/checkpoint_cut.hpp ----
 
-#include <cstddef>
+#include <algorithm>
 #include <cstdint>
-#include <span>
+#include <deque>
+#include <optional>
+#include <utility>
+#include <vector>
+
+// ---- begin pulley/ps/push_ledger.hpp ----
+
+#include <cstdint>
+#include <optional>
 #include <vector>
 
 namespace pulley {
 
-/// The gradient accumulator of one embedding table for one update: sums the rows pushed,
-/// by id, and counts the pushes that held each row. `take` gives each row's mean over the
-/// pushes that held it, as TensorFlow's SparseConditionalAccumulator averages (element-wise
-/// by each row's own count, not by the number of pushes): a row pushed by 1 of R replicas
-/// moves by that replica's gradient, not by a 1/R share of it. Ids come from peers: they
-/// are indexed with a hash keyed at random.
-class SparseAccumulator {
+/// What a ps task has taken from each worker since the last restore: how many pushes (a
+/// checkpoint's cut brings every ps to the same counts, see CheckpointCut), and the
+/// sequence number and answer of the last one, so that a push sent again after a lost
+/// connection is answered as the first was and counted once.
+class PushLedger {
  public:
-  /// An accumulator of rows of `dim` floats.
-  explicit SparseAccumulator(std::size_t dim = 0) : dim_(dim) {}
-
-  /// Adds one push: rows `rows` (`ids.size() × dim` floats) of the distinct ids `ids`. The
-  /// first push of an update is kept as it came, with no lookups (every push of Async, the
-  /// first of a sync step); ids are indexed only when a second one comes.
-  void add(std::span<const std::uint64_t> ids, std::span<const float> rows) {
-    if (taken_) clear();
-    if (ids_.empty()) {
-      ids_.assign(ids.begin(), ids.end());
-      counts_.assign(ids.size(), 1);
-      sums_.assign(rows.begin(), rows.begin() + static_cast<std::ptrdiff_t>(ids.size() * dim_));
-      return;
+  /// The answer to a push of `worker` numbered `sequence` if it is the last one taken again
+  /// (its stale parts), else nullopt. Sequence 0 numbers nothing.
+  [[nodiscard]] std::optional<std::uint32_t> repeated(std::uint32_t worker,
+                                                      std::uint64_t sequence) const {
+    if (sequence == 0 || worker >= last_.size() || last_[worker].sequence != sequence) {
+      return std::nullopt;
     }
-    if (position_.size() == 0) {  // positions are numbered as ids_ is ordered
-      position_.reserve(ids_.size() + ids.size());
-      for (const std::uint64_t id : ids_) position_.insert(id);
-    }
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-      const auto [at, fresh] = position_.insert(ids[i]);
-      const float* row = rows.data() + i * dim_;
-      if (fresh) {
-        ids_.push_back(ids[i]);
-        counts_.push_back(1);
-        sums_.insert(sums_.end(), row, row + dim_);
-      } else {
-        ++counts_[at];
-        float* sum = sums_.data() + at * dim_;
-        for (std::size_t k = 0; k < dim_; ++k) sum[k] += row[k];
-      }
-    }
+    return last_[worker].stale_parts;
   }
 
-  /// The ids pushed since the last take, in the order they first came.
-  [[nodiscard]] std::span<const std::uint64_t> ids() const noexcept { return ids_; }
-  /// True if nothing was added since the last take.
-  [[nodiscard]] bool empty() const noexcept { return taken_ || ids_.empty(); }
-
-  /// Each row's mean (ids() order, `ids().size() × dim` floats), valid until the next add
-  /// or clear; the next add starts a new update.
-  [[nodiscard]] std::span<const float> take() {
-    for (std::size_t r = 0; r < ids_.size(); ++r) {
-      if (counts_[r] == 1) continue;
-      const float n = static_cast<float>(counts_[r]);
-      float* sum = sums_.data() + r * dim_;
-      for (std::size_t k = 0; k < dim_; ++k) sum[k] /= n;
-    }
-    taken_ = true;
-    return sums_;
+  /// Counts one push of `worker` taken (its verdict not known yet).
+  void count(std::uint32_t worker) {
+    if (taken_.size() <= worker) taken_.resize(worker + 1, 0);
+    ++taken_[worker];
   }
 
-  /// Forgets everything added (memory is kept for the next update).
+  /// Remembers the answer to push `sequence` of `worker` (0: unnumbered, nothing kept).
+  void answered(std::uint32_t worker, std::uint64_t sequence, std::uint32_t stale_parts) {
+    if (sequence == 0) return;
+    if (last_.size() <= worker) last_.resize(worker + 1);
+    last_[worker] = {sequence, stale_parts};
+  }
+
+  /// Pushes of `worker` taken so far.
+  [[nodiscard]] std::uint64_t taken(std::uint32_t worker) const noexcept {
+    return worker < taken_.size() ? taken_[worker] : 0;
+  }
+  /// Pushes taken so far, by worker.
+  [[nodiscard]] const std::vector<std::uint64_t>& taken() const noexcept { return taken_; }
+
+  /// Forgets everything (a restore starts a new epoch).
   void clear() noexcept {
-    position_.clear();
-    ids_.clear();
-    counts_.clear();
-    sums_.clear();
-    taken_ = false;
+    taken_.clear();
+    last_.clear();
   }
 
  private:
-  std::size_t dim_;
-  detail::IdIndex position_{detail::random_u64()};  ///< id → place in ids_, from the second push
-  std::vector<std::uint64_t> ids_;
-  std::vector<std::uint32_t> counts_;
-  std::vector<float> sums_;
-  bool taken_ = false;
+  struct Last {
+    std::uint64_t sequence = 0;
+    std::uint32_t stale_parts = 0;
+  };
+  std::vector<std::uint64_t> taken_;
+  std::vector<Last> last_;
 };
 
 }  // namespace pulley
-// ---- end pulley/tables/row_aggregation.hpp ----
+// ---- end pulley/ps/push_ledger.hpp ----
+// ---- begin pulley/ps/step_gate.hpp ----
+
+#include <cstdint>
+#include <utility>
+#include <vector>
 
 namespace pulley {
 
-/// One ps task: holds the parts of every variable placed on it, aggregates the gradients
-/// pushed to them and applies the optimizer. When gradients are applied and how workers are
-/// paced is the sync policy's decision; the ps keeps registration, storage and apply.
+/// Requests parked until the ps's global step reaches theirs: a Pull or PullRows with a
+/// `min_step` ahead (a worker holding a token reads parameters that include every update
+/// its token requires), a Pause for a step to come. Each is answered the moment its step
+/// completes, before the ps handles anything else, in the order it came.
 ///
-/// It is a message handler (a `Service`) and does no I/O: a transport calls `handle` for one
-/// request at a time, so the same logic runs in-process and over the network, and nothing
-/// here needs a lock.
-///
-/// @tparam S Sharding policy: which ps holds which rows (every ps computes the same placement)
-/// @tparam O Optimizer applied to each part, with its per-part slots kept beside the part
-/// @tparam P SyncPolicy: Async, SyncReplicas, BoundedStaleness... paces and aggregates
-/// @tparam T Tables<RowWiseOptimizer, IdSharding> for models with embedding tables, or
-///           NoTables; by default Tables<O> when O can update rows (Sgd, Adagrad, Adam,
-///           Ftrl, RmsProp), NoTables otherwise (Momentum)
-///
-/// Embedding tables: the rows a ps holds are created when first pulled (PullRows), with a
-/// value that depends only on the table, the id and the registered seed; a push's rows
-/// share its verdict and go into a per-table SparseAccumulator, and each update applies the
-/// row-wise optimizer to the rows pushed in it (each row's mean over the pushes that held
-/// it), all or nothing together with the dense parts. Checkpoints do not hold tables yet:
-/// a ps that holds one refuses ReadState, and a Restore leaves its tables as they are.
-///
-/// Bad requests are answered with an ErrorReply and change nothing; the ps keeps serving. A
-/// push is all-or-nothing: it is checked whole (known parts, sizes, finite values unless
-/// the transport vouches for them, the sync policy's verdict) before any of it is applied,
-/// so a NaN or Inf gradient is refused with `kInvalidArgument` instead of poisoning the
-/// parameters. This is the one place that decides what a throwing policy costs: a throw
-/// before the ps changes anything refuses that request; a throw while it changes its
-/// state (half an update applied) fails the ps: it answers every request from then on with
-/// `kInternal` and the reason, and `stopped()` turns true, so its transport ends and the
-/// task exits with an error instead of serving parameters it cannot vouch for.
-template <Sharding S, Optimizer O, SyncPolicy P, class T = DefaultTables<O>>
-class ParameterServer {
+/// @tparam R what is kept of each request until it is answered
+template <class R>
+class StepGate {
  public:
-  /// @param task    this ps task's index
-  /// @param num_ps  the number of ps tasks in the cluster
-  /// @param tables  the embedding tables' policy; by default, when the tables' optimizer is
-  ///                of the dense one's type, a copy of `optimizer` (the same settings)
-  ParameterServer(std::uint32_t task, std::uint32_t num_ps, O optimizer, P sync, S sharding = {},
-                  std::optional<T> tables = std::nullopt)
-      : task_(task),
-        num_ps_(num_ps),
-        optimizer_(std::move(optimizer)),
-        sync_(std::move(sync)),
-        sharding_(std::move(sharding)),
-        table_policy_(tables ? std::move(*tables) : default_tables(optimizer_)),
-        pacer_(sync_.make_pacer()) {
-    if (num_ps == 0 || task >= num_ps) {
-      throw Error(ErrorCode::kInvalidArgument, "ps task " + std::to_string(task) +
-                                                   " is outside a cluster of " +
-                                                   std::to_string(num_ps) + " ps tasks");
-    }
+  /// Parks `request` (with its reply) until global step `step`.
+  void park(std::int64_t step, R request, Responder& reply) {
+    Waiting& w = waiting_.emplace_back(Waiting{step, std::move(request), nullptr});
+    w.reply = std::exchange(reply, nullptr);
   }
 
-  /// Handles one request; `reply` is called exactly once, now or later.
-  void handle(Request&& request, const RequestContext& context, Responder reply) noexcept {
-    if (end_) {
-      ++stats_.requests_rejected;
-      send(reply, ErrorReply{*end_});
-      return;
-    }
-    changing_ = false;
-    // A transport is done with every reply's views before it hands over a request that
-    // changes parameters: the buffers of earlier row replies are free again.
-    if (changes_parameters(request)) free_row_replies();
-    try {
-      if (context.peer && !senders(request).contains(context.peer->job)) {
-        const std::string problem = "refused " + std::string(message_name(request)) + " from " +
-                                    context.peer->name() + ": only a " +
-                                    senders(request).describe() + " may send it";
-        return reject(reply, ErrorCode::kPermissionDenied, problem);
-      }
-      std::visit([&](auto& r) { on(r, context, reply); }, request);
-    } catch (const Error& e) {
-      settle(reply, e.code(), e.message(), message_name(request));
-    } catch (const std::exception& e) {
-      settle(reply, ErrorCode::kInternal, e.what(), message_name(request));
-    } catch (...) {
-      settle(reply, ErrorCode::kInternal, "unknown exception", message_name(request));
-    }
+  /// Calls `answer(request, reply)` for every request whose step `global_step` reached, in
+  /// the order they came, and forgets them.
+  template <class Answer>
+  void release(std::int64_t global_step, Answer&& answer) {
+    std::erase_if(waiting_, [&](Waiting& w) {
+      if (global_step < w.step) return false;
+      answer(w.request, w.reply);
+      return true;
+    });
   }
 
-  /// True once it serves no more: shut down by the chief, or failed.
-  [[nodiscard]] bool stopped() const noexcept { return end_.has_value(); }
-  /// How it ended, as it now answers every request: kOutOfRange (training finished),
-  /// kAborted (the chief aborted training) or kInternal (it failed); nullopt while serving.
-  [[nodiscard]] const std::optional<ErrorReply>& ended() const noexcept { return end_; }
-  /// This ps task's index.
-  [[nodiscard]] std::uint32_t task() const noexcept { return task_; }
-  /// How long a worker that sent heartbeats may fall silent before this ps holds it lost
-  /// (default 5 s; see Heartbeat). Workers that never sent one are never held lost.
-  void set_worker_timeout(std::chrono::milliseconds timeout) noexcept { worker_timeout_ = timeout; }
-  /// Counters, as GetStats answers them.
-  [[nodiscard]] Stats stats() const noexcept {
-    Stats s = stats_;
-    s.global_step = global_step();
-    for (const Table& t : tables_) {
-      const TableStats ts = t.rows.stats();
-      s.table_rows += static_cast<std::int64_t>(ts.rows);
-      s.table_rows_evicted += static_cast<std::int64_t>(ts.rows_evicted);
-      s.table_rows_dropped += static_cast<std::int64_t>(ts.pushes_dropped);
-    }
-    return s;
-  }
-  /// The counters of each embedding table held here, in the model's table order.
-  [[nodiscard]] std::vector<TableStats> table_stats() const {
-    std::vector<TableStats> out;
-    for (const Table& t : tables_) out.push_back(t.rows.stats());
-    return out;
+  /// Answers every parked request with `error`.
+  void answer_all(const ErrorReply& error) {
+    for (Waiting& w : std::exchange(waiting_, {})) respond(w.reply, ErrorReply{error});
   }
 
-  /// The transport lost connection `session` of task `node` (0: all of them). A worker's
-  /// token requests parked on it are answered kUnavailable, and if it is the connection
-  /// the worker took its last token on, the tokens it took and did not push for go back to
-  /// the sync policy (`SyncPolicy::release`): a worker that vanished holding one cannot
-  /// stall a step, even while a process restarted in its place is already connected.
-  void disconnected(const Node& node, std::uint64_t session) noexcept {
-    if (end_) return;
-    if (node.job == Node::Job::kChief && paused_ && (session == 0 || session == pause_session_)) {
-      try {
-        log(LogLevel::kWarning, "ps " + std::to_string(task_) +
-                                    ": the chief left while it paused this ps: resuming");
-        resume();
-      } catch (...) {
-        end_ = ErrorReply{ErrorCode::kInternal, {}};
-      }
-      return;
+  /// Requests parked now.
+  [[nodiscard]] std::size_t size() const noexcept { return waiting_.size(); }
+
+ private:
+  struct Waiting {
+    std::int64_t step;
+    R request;
+    Responder reply;
+  };
+  std::vector<Waiting> waiting_;
+};
+
+}  // namespace pulley
+// ---- end pulley/ps/step_gate.hpp ----
+
+namespace pulley {
+
+/// A ps task's half of a checkpoint's cut (Pause, ReadState, Resume; the chief's half is
+/// `client/checkpoint_cut.hpp`): while paused, pushes that arrive are held, copied out of
+/// the transport's buffers; a ReadState names how many pushes of each worker the cut holds
+/// (the largest count any ps had taken), and the ps takes held pushes, in the order they
+/// came, until it has taken exactly that many of every worker, then answers with its state.
+/// So every ps is read at the same pushes, under any sync policy.
+///
+/// The part keeps the pause, the held pushes and the pending read; the ps takes the pushes
+/// and builds the state (the callbacks of `advance` and `resume`).
+class CheckpointCut {
+ public:
+  /// A push that arrived while paused, with its tensors copied.
+  struct HeldPush {
+    Push push;
+    std::vector<std::vector<float>> storage;
+    Responder reply;
+  };
+
+  /// True while paused: pushes are held.
+  [[nodiscard]] bool paused() const noexcept { return paused_; }
+
+  /// Pauses, for the chief's connection `session`.
+  void pause(std::uint64_t session) noexcept {
+    paused_ = true;
+    session_ = session;
+  }
+
+  /// True if a pause is on and connection `session` made it (0: any connection).
+  [[nodiscard]] bool paused_by(std::uint64_t session) const noexcept {
+    return paused_ && (session == 0 || session == session_);
+  }
+
+  /// Holds `push`, with its reply, until the cut or Resume takes it.
+  void hold(const Push& push, Responder& reply) {
+    HeldPush& held = held_.emplace_back();
+    held.push = Push{push.worker, push.local_step, {}, push.epoch, push.sequence};
+    held.storage.reserve(push.gradients.size() + push.rows.size());
+    for (const PartValues& pv : push.gradients) {
+      held.storage.emplace_back(pv.values.begin(), pv.values.end());
+      held.push.gradients.push_back({pv.part, held.storage.back()});
     }
-    if (node.job != Node::Job::kWorker) return;
-    try {
-      const std::string gone = "ps " + std::to_string(task_) + ": " + node.name() + " disconnected";
-      std::erase_if(token_waiters_, [&](TokenWaiter& w) {
-        if (w.worker != node.index || (session != 0 && w.session != session)) return false;
-        send(w.reply, ErrorReply{ErrorCode::kUnavailable, gone});
-        return true;
+    for (const TableRows& tr : push.rows) {
+      held.storage.emplace_back(tr.values.begin(), tr.values.end());
+      held.push.rows.push_back({tr.table, tr.ids, held.storage.back()});
+    }
+    held.reply = std::exchange(reply, nullptr);
+  }
+
+  /// Asks for the state at the cut `until` (pushes of each worker), answered through
+  /// `reply` by `advance`; a read asked before is cancelled.
+  void read_at(std::vector<std::uint64_t> until, Responder& reply) {
+    if (pending_) respond(pending_->reply, ErrorReply{ErrorCode::kCancelled, "a newer ReadState came"});
+    pending_.emplace(PendingRead{std::move(until), std::exchange(reply, nullptr)});
+  }
+
+  /// A worker of whom the ps has taken more pushes than `until` allows, if any.
+  [[nodiscard]] static std::optional<std::uint32_t> past(const PushLedger& ledger,
+                                                         const std::vector<std::uint64_t>& until) {
+    const auto& taken = ledger.taken();
+    for (std::size_t w = 0; w < taken.size(); ++w) {
+      if (taken[w] > (w < until.size() ? until[w] : 0)) return static_cast<std::uint32_t>(w);
+    }
+    return std::nullopt;
+  }
+
+  /// Takes held pushes (`take(push, reply)`), in the order they came, while their workers
+  /// are short of the cut; once every worker is exactly at it, answers the pending read
+  /// with `state()` (a StateReply).
+  template <class Take, class State>
+  void advance(const PushLedger& ledger, Take&& take, State&& state) {
+    if (!pending_) return;
+    const std::vector<std::uint64_t>& until = pending_->until;
+    auto short_of_cut = [&](std::uint32_t w) { return ledger.taken(w) < (w < until.size() ? until[w] : 0); };
+    std::deque<HeldPush> later;
+    for (HeldPush& held : std::exchange(held_, {})) {
+      // A worker's pushes are taken in the order they came: one held back holds back the rest.
+      const bool blocked = std::any_of(later.begin(), later.end(), [&](const HeldPush& h) {
+        return h.push.worker == held.push.worker;
       });
-      const auto holder = token_session_.find(node.index);
-      if (holder != token_session_.end() && (session == 0 || holder->second == session)) {
-        token_session_.erase(holder);
-        const std::string before = waiting_for(sync_, pacer_);
-        release(sync_, pacer_, node.index);
-        if (waiting_for(sync_, pacer_) != before) {
-          log(LogLevel::kInfo, gone + " holding its token: given back (" +
-                                   waiting_for(sync_, pacer_) + ")");
-        }
-        retry_tokens();
+      if (!blocked && short_of_cut(held.push.worker)) {
+        take(held.push, held.reply);
+      } else {
+        later.push_back(std::move(held));
       }
-    } catch (const std::exception& e) {
-      try {
-        fail(std::string("giving back a disconnected worker's tokens: ") + e.what());
-      } catch (...) {  // no memory even for the message
-        end_ = ErrorReply{ErrorCode::kInternal, {}};
-      }
-    } catch (...) {
-      end_ = ErrorReply{ErrorCode::kInternal, {}};
     }
+    held_ = std::move(later);
+    for (std::uint32_t w = 0; w < until.size(); ++w) {
+      if (short_of_cut(w)) return;  // its push is still on its way here
+    }
+    Responder reply = std::move(pending_->reply);
+    pending_.reset();
+    respond(reply, state());
   }
 
-  /// The most tensor bytes a request can carry: a push or an initialization has one value per
-  /// element held here, a restore one more per optimizer slot (0 before registration:
-  /// nothing can carry a tensor yet).
-  [[nodiscard]] std::uint64_t max_request_payload() const noexcept {
-    std::uint64_t rows = 0;  // a push may carry up to kMaxRowBytes of rows of each table
-    for (const TableSpec& t : table_specs_) {
-      rows += std::min<std::uint64_t>(kMaxRowsPerRequest * t.dim * sizeof(float), kMaxRowBytes);
+  /// Ends the pause: a cut not reached is given up, and the held pushes are taken in order.
+  template <class Take>
+  void resume(Take&& take) {
+    if (!paused_) return;
+    paused_ = false;
+    if (pending_) {
+      respond(pending_->reply, ErrorReply{ErrorCode::kCancelled, "resumed before the cut was reached"});
+      pending_.reset();
     }
-    return held_bytes_ * (1 + slots_per_part_) + rows;
+    for (HeldPush& held : std::exchange(held_, {})) take(held.push, held.reply);
+  }
+
+  /// Parks a Pause of connection `session` that waits for global step `at_step`.
+  void park_pause(std::int64_t at_step, std::uint64_t session, Responder& reply) {
+    pauses_.park(at_step, session, reply);
+  }
+
+  /// Pauses for each parked Pause whose step `step` reached: `pause(session, reply)`.
+  template <class Pause>
+  void release_pauses(std::int64_t step, Pause&& pause) {
+    pauses_.release(step, pause);
+  }
+
+  /// Answers everything held or waiting with `answer`, and ends the pause.
+  void answer_all(const ErrorReply& answer) {
+    for (HeldPush& h : std::exchange(held_, {})) respond(h.reply, ErrorReply{answer});
+    pauses_.answer_all(answer);
+    if (pending_) {
+      respond(pending_->reply, ErrorReply{answer});
+      pending_.reset();
+    }
+    paused_ = false;
   }
 
  private:
-  /// A part held here, with the optimizer's slots and the sync policy's accumulator.
-  struct Slot {
-    Part part;
-    std::uint32_t index = 0;  ///< the part's global index in the placement
-    std::size_t row_size = 0;
-    std::vector<float> values;
-    typename O::State optimizer_state;
-    typename P::Accumulator accumulator;
-    bool initialized = false;
-  };
-
-  struct WaitingPull {
-    Pull request;
-    Responder reply;
-  };
-  struct WaitingRows {
-    PullRows request;
-    bool create;  ///< a worker's: creates, admits and touches rows
+  struct PendingRead {
+    std::vector<std::uint64_t> until;
     Responder reply;
   };
 
-  using TableOptimizer = typename T::Optimizer;
-  /// An embedding table held here: its rows, the current update's gradients, its update
-  /// count (lazy Adam's t) and the step of its next eviction pass.
-  struct Table {
-    EmbeddingTable<TableOptimizer> rows;
-    SparseAccumulator accumulator;
-    std::int64_t updates = 0;
-    std::int64_t next_eviction = 0;
-    bool prepared = false;  ///< its rows of the update being applied wait for commit
-  };
+  bool paused_ = false;
+  std::uint64_t session_ = 0;        ///< the chief's connection that paused it
+  std::deque<HeldPush> held_;        ///< pushes that arrived while paused, in order
+  std::optional<PendingRead> pending_;  ///< a ReadState waiting for its cut
+  StepGate<std::uint64_t> pauses_;      ///< Pauses for a step to come, by the chief's connection
+};
 
+}  // namespace pulley
+// ---- end pulley/ps/checkpoint_cut.hpp ----
+// ---- begin pulley/ps/liveness.hpp ----
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace pulley {
+
+/// Where a ps task detects a lost worker: the workers it heard from (a heartbeat, a token
+/// request) and when, and which of them it holds lost. A worker is held lost once it was
+/// heard and then stays silent for the worker timeout; one never heard is never lost (a
+/// Worker made by hand without a HeartbeatSender, as in TensorFlow). The ps tells its sync
+/// policy of every change; this part keeps only the clock and the verdicts.
+///
+/// A ps that heard no worker at all for a whole timeout was the one cut off (a partition,
+/// a stopped process): every worker then gets a fresh timeout to be heard from again,
+/// instead of all but the first one back being held lost.
+class Liveness {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  /// How long a worker heard before may be silent (default 5 s).
+  void set_timeout(std::chrono::milliseconds timeout) noexcept { timeout_ = timeout; }
+
+  /// `worker` was heard at `now` (its lost verdict stands until `back`).
+  void heard(std::uint32_t worker, Clock::time_point now) {
+    if (now - last_heard_any_ >= timeout_) {
+      for (auto& [w, heard] : workers_) heard.last = now;
+    }
+    last_heard_any_ = now;
+    workers_[worker].last = now;
+  }
+
+  /// True if `worker` is held lost now.
+  [[nodiscard]] bool is_lost(std::uint32_t worker) const {
+    const auto it = workers_.find(worker);
+    return it != workers_.end() && it->second.lost;
+  }
+
+  /// A lost `worker` counts again, heard at `now`.
+  void back(std::uint32_t worker, Clock::time_point now) {
+    Heard& heard = workers_[worker];
+    heard.lost = false;
+    heard.last = now;
+  }
+
+  /// `worker` ended normally: forgotten, so it is not held lost once quiet (one already
+  /// lost stays lost).
+  void leave(std::uint32_t worker) {
+    if (const auto it = workers_.find(worker); it != workers_.end() && !it->second.lost) {
+      workers_.erase(it);
+    }
+  }
+
+  /// Holds lost every worker silent for the timeout at `now`, calling
+  /// `on_lost(worker, last_heard)` for each, in worker order, right after marking it.
+  template <class OnLost>
+  void expire(Clock::time_point now, OnLost&& on_lost) {
+    for (auto& [worker, heard] : workers_) {
+      if (heard.lost || now - heard.last < timeout_) continue;
+      heard.lost = true;
+      on_lost(worker, heard.last);
+    }
+  }
+
+  /// The workers held lost, ascending.
+  [[nodiscard]] std::vector<std::uint32_t> lost() const {
+    std::vector<std::uint32_t> out;
+    for (const auto& [worker, heard] : workers_) {
+      if (heard.lost) out.push_back(worker);
+    }
+    return out;
+  }
+
+  /// " (last heard 14.2 s ago)" for a worker heard before `now`, else "".
+  [[nodiscard]] std::string last_heard(std::uint32_t worker, Clock::time_point now) const {
+    const auto it = workers_.find(worker);
+    if (it == workers_.end()) return {};
+    return " (last heard " + seconds_between(it->second.last, now) + " s ago)";
+  }
+
+  /// "worker:1 (last heard 14.2 s ago), worker:2": `workers` with how long ago each was
+  /// heard (the first 8, then how many more).
+  [[nodiscard]] std::string describe(const std::vector<std::uint32_t>& workers, Clock::time_point now) const {
+    std::string text;
+    for (std::size_t i = 0; i < workers.size(); ++i) {
+      if (i == 8) return text + ", and " + std::to_string(workers.size() - i) + " more";
+      if (i > 0) text += ", ";
+      text += "worker:" + std::to_string(workers[i]) + last_heard(workers[i], now);
+    }
+    return text;
+  }
+
+  /// "14.2": seconds from `then` to `now`, one decimal.
+  static std::string seconds_between(Clock::time_point then, Clock::time_point now) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.1f", std::chrono::duration<double>(now - then).count());
+    return text;
+  }
+
+ private:
+  struct Heard {
+    Clock::time_point last;
+    bool lost = false;
+  };
+  std::map<std::uint32_t, Heard> workers_;
+  std::chrono::milliseconds timeout_{std::chrono::seconds(5)};
+  Clock::time_point last_heard_any_;
+};
+
+}  // namespace pulley
+// ---- end pulley/ps/liveness.hpp ----
+// ---- begin pulley/ps/pacing.hpp ----
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace pulley {
+
+/// Where a ps task hands out sync tokens: the front of the ps that its sync policy drives.
+/// It holds the policy's `Pacer` (the global step, fresh or stale, tokens), the TakeToken
+/// requests that wait for a token, and each worker's lease: the connection it took its
+/// last token on. When that connection closes before the push, the policy gets the tokens
+/// back (`SyncPolicy::release`), so a vanished worker cannot hold a step up.
+///
+/// Every call that changes the pacer may throw from the policy; the ps decides what a
+/// throw costs (a refusal before anything changed, else the ps fails).
+///
+/// @tparam P the SyncPolicy
+template <SyncPolicy P>
+class Pacing {
+ public:
+  explicit Pacing(P sync) : sync_(std::move(sync)), pacer_(sync_.make_pacer()) {}
+
+  /// The sync policy (its accumulators are the ps's parts').
+  [[nodiscard]] const P& policy() const noexcept { return sync_; }
+  /// Global steps completed on this ps.
+  [[nodiscard]] std::int64_t global_step() const { return sync_.global_step(pacer_); }
+
+  /// The policy's verdict on one push message (`SyncPolicy::on_push`); a `pulley::Error`
+  /// refuses the push and leaves the pacer as it was.
+  Verdict on_push(std::uint32_t worker, std::int64_t local_step) {
+    return sync_.on_push(pacer_, worker, local_step);
+  }
+
+  /// Parks a TakeToken of `worker`, which came on connection `session`, until `hand_out`
+  /// gives it a token.
+  void wait_for_token(std::uint32_t worker, std::uint64_t session, Responder& reply) {
+    TokenWaiter& waiter = waiters_.emplace_back(TokenWaiter{worker, session, nullptr});
+    waiter.reply = std::exchange(reply, nullptr);
+  }
+
+  /// Asks the policy again for every waiting token request, in arrival order: a token is
+  /// answered (and the worker's lease moves to that connection), a refusal (`pulley::Error`)
+  /// goes to `refuse(reply, code, message)`, nullopt keeps waiting. Any other throw is the
+  /// caller's to handle (the pacer may be half changed).
+  template <class Refuse>
+  void hand_out(Refuse&& refuse) {
+    std::erase_if(waiters_, [&](TokenWaiter& w) {
+      std::optional<Token> token;
+      try {
+        token = sync_.take_token(pacer_, w.worker);
+      } catch (const Error& e) {
+        refuse(w.reply, e.code(), std::string("TakeToken refused: ") + e.message());
+        return true;
+      }
+      if (!token) return false;
+      leases_[w.worker] = w.session;
+      respond(w.reply, TokenReply{*token, global_step()});
+      return true;
+    });
+  }
+
+  /// Connection `session` of `worker` is gone (0: all of them): its waiting token requests
+  /// are answered `gone` (kUnavailable). Returns true if it held the worker's lease, whose
+  /// tokens then went back to the policy.
+  bool disconnected(std::uint32_t worker, std::uint64_t session, const std::string& gone) {
+    std::erase_if(waiters_, [&](TokenWaiter& w) {
+      if (w.worker != worker || (session != 0 && w.session != session)) return false;
+      respond(w.reply, ErrorReply{ErrorCode::kUnavailable, gone});
+      return true;
+    });
+    const auto lease = leases_.find(worker);
+    if (lease == leases_.end() || (session != 0 && lease->second != session)) return false;
+    leases_.erase(lease);
+    release(sync_, pacer_, worker);
+    return true;
+  }
+
+  /// `worker` ends normally: the tokens it took and did not push for go back.
+  void leave(std::uint32_t worker) {
+    leases_.erase(worker);
+    release(sync_, pacer_, worker);
+  }
+
+  /// The ps holds `worker` lost: the policy stops waiting for it, and its lease goes with
+  /// it. kReady when that completes the update in progress.
+  Verdict lost(std::uint32_t worker) {
+    const Verdict verdict = worker_lost(sync_, pacer_, worker);
+    leases_.erase(worker);
+    return verdict;
+  }
+
+  /// A lost `worker` is back: it counts again from the step in progress.
+  void back(std::uint32_t worker) { worker_back(sync_, pacer_, worker); }
+
+  /// What the next step waits for, in the policy's words ("" if it does not say).
+  [[nodiscard]] std::string waiting_for() const { return pulley::waiting_for(sync_, pacer_); }
+  /// The workers the next step waits for (none if the policy does not say).
+  [[nodiscard]] std::vector<std::uint32_t> awaited() const { return pulley::awaited(sync_, pacer_); }
+
+  /// The pacer as a checkpoint keeps it.
+  [[nodiscard]] std::vector<std::int64_t> save() const { return save_pacer(sync_, pacer_); }
+  /// A pacer loaded from `state`, aside (a `pulley::Error` refuses the state); `reset`
+  /// puts it in place.
+  [[nodiscard]] typename P::Pacer load(std::span<const std::int64_t> state) const {
+    return load_pacer(sync_, state);
+  }
+  /// Puts `pacer` in place (a restore): leases are forgotten, and waiting token requests
+  /// are answered `gone`.
+  void reset(typename P::Pacer pacer, const ErrorReply& gone) {
+    pacer_ = std::move(pacer);
+    leases_.clear();
+    answer_all(gone);
+  }
+
+  /// Answers every waiting token request with `error`.
+  void answer_all(const ErrorReply& error) {
+    for (TokenWaiter& w : std::exchange(waiters_, {})) respond(w.reply, ErrorReply{error});
+  }
+
+ private:
   struct TokenWaiter {
     std::uint32_t worker;
     std::uint64_t session;  ///< the connection it came on
     Responder reply;
   };
 
-  /// The table policy a ParameterServer gets when none is given.
-  static T default_tables(const O& optimizer) {
-    if constexpr (std::is_same_v<typename T::Optimizer, O>) {
-      T tables{};
-      tables.optimizer = optimizer;
-      return tables;
-    } else {
-      return T{};
-    }
-  }
+  P sync_;
+  typename P::Pacer pacer_;
+  std::deque<TokenWaiter> waiters_;
+  /// By worker: the connection it took its last token on, which holds its tokens' lease.
+  std::map<std::uint32_t, std::uint64_t> leases_;
+};
 
-  /// Answers through `reply`, which is empty afterwards (answered, or parked elsewhere).
-  static void send(Responder& reply, Response&& response) {
-    Responder r = std::exchange(reply, nullptr);
-    if (r) r(std::move(response));  // empty only after a policy threw half way through
-  }
+}  // namespace pulley
+// ---- end pulley/ps/pacing.hpp ----
+// ---- begin pulley/ps/registration.hpp ----
 
-  /// Parks a request's `reply` in `slot`, made beforehand (so that a full container leaves
-  /// the reply with its request, to be answered with the error).
-  static void park(Responder& slot, Responder& reply) noexcept { slot = std::exchange(reply, nullptr); }
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_set>
+#include <utility>
+#include <vector>
 
-  /// Refuses a request: answers the error, counts it, and logs it (at most 20 lines a
-  /// second), so that an operator sees what a careless or hostile client tried.
-  void reject(Responder& reply, ErrorCode code, const std::string& message) {
-    ++stats_.requests_rejected;
-    std::string line = "ps " + std::to_string(task_) + ": " + message;
-    rejections_(LogLevel::kWarning, line);
-    send(reply, ErrorReply{code, std::move(line)});
-  }
+namespace pulley {
 
-  /// A handler threw: refuse the request if nothing changed yet, else fail the ps.
-  void settle(Responder& reply, ErrorCode code, const char* what, std::string_view request) noexcept {
-    try {
-      if (!changing_) {
-        if (reply) reject(reply, code, std::string(request) + " refused: " + what);
-        return;
-      }
-      fail("a policy threw while applying a " + std::string(request) + ": " + what);
-      if (reply) send(reply, ErrorReply{*end_});
-    } catch (...) {  // no memory even for the message
-      end_ = ErrorReply{ErrorCode::kInternal, {}};
-      if (reply) send(reply, ErrorReply{ErrorCode::kInternal, {}});
-    }
-  }
+/// Where a ps task learns its model, and whether it may serve: what the chief registers is
+/// checked (names, shapes, initializers, tables), placed with the sharding policy (every
+/// ps computes the same placement, and the chief compares them), and the ps turns ready
+/// once every part it holds is initialized or restored; WaitReady requests wait until
+/// then. It also keeps the epoch: the restores so far, which every request of a step
+/// carries, so that what a client began before a rollback is refused after it.
+///
+/// @tparam S the Sharding policy
+template <Sharding S>
+class Registration {
+ public:
+  /// Elements a variable may have: 4 TiB of floats, beyond any ps, and no product of its
+  /// shape wraps around on the way.
+  static constexpr std::size_t kMaxElements = std::size_t{1} << 40U;
+  /// Floats in a row of an embedding table.
+  static constexpr std::size_t kMaxTableDim = std::size_t{1} << 16U;
 
-  /// The ps can no longer vouch for its state: it answers everything with `reason` from now.
-  void fail(const std::string& reason) {
-    end_ = ErrorReply{ErrorCode::kInternal, "ps " + std::to_string(task_) + " failed: " + reason};
-    log(LogLevel::kError, end_->message);
-    answer_all_waiting(*end_);
-  }
+  Registration(std::uint32_t task, std::uint32_t num_ps, S sharding)
+      : task_(task), num_ps_(num_ps), sharding_(std::move(sharding)) {}
 
-  void answer_all_waiting(const ErrorReply& answer) {
-    for (Responder& w : std::exchange(ready_waiters_, {})) send(w, ErrorReply{answer});
-    for (TokenWaiter& w : std::exchange(token_waiters_, {})) send(w.reply, ErrorReply{answer});
-    for (WaitingPull& w : std::exchange(waiting_pulls_, {})) send(w.reply, ErrorReply{answer});
-    for (WaitingRows& w : std::exchange(waiting_rows_, {})) send(w.reply, ErrorReply{answer});
-    for (HeldPush& h : std::exchange(held_, {})) send(h.reply, ErrorReply{answer});
-    for (WaitingPause& w : std::exchange(waiting_pauses_, {})) send(w.reply, ErrorReply{answer});
-    if (pending_read_) {
-      send(pending_read_->reply, ErrorReply{answer});
-      pending_read_.reset();
-    }
-    paused_ = false;
-  }
-
-  // ---- Register -------------------------------------------------------------------------
-
-  void on(Register& r, const RequestContext& /*context*/, Responder& reply) {
-    if (registered_) {
-      if (r.variables == variables_ && r.tables == table_specs_ && r.table_seed == table_seed_) {
-        send(reply, placement_reply());
-      } else {
-        reject(reply, ErrorCode::kAlreadyExists, "a different model is already registered");
-      }
-      return;
-    }
+  /// Why the model of `r` cannot be registered, or nullopt with its placement in `placement`.
+  /// `serves_tables`: the ps has a table policy.
+  [[nodiscard]] std::optional<ErrorReply> check(const Register& r, bool serves_tables, Placement& placement) const {
     if (auto problem = check_variables(r.variables); !problem.empty()) {
-      reject(reply, ErrorCode::kInvalidArgument, problem);
-      return;
+      return ErrorReply{ErrorCode::kInvalidArgument, std::move(problem)};
     }
-    if (!r.tables.empty() && std::is_same_v<T, NoTables>) {
-      reject(reply, ErrorCode::kFailedPrecondition,
-             "the model has embedding tables, and this ps serves none: its optimizer has no "
-             "row-wise apply (RowWiseOptimizer); compose ParameterServer<S, O, P, "
-             "Tables<Adagrad>> or another RowWiseOptimizer for the tables");
-      return;
+    if (!r.tables.empty() && !serves_tables) {
+      return ErrorReply{ErrorCode::kFailedPrecondition,
+                        "the model has embedding tables, and this ps serves none: its optimizer has no "
+                        "row-wise apply (RowWiseOptimizer); compose ParameterServer<S, O, P, "
+                        "Tables<Adagrad>> or another RowWiseOptimizer for the tables"};
     }
     if (auto problem = check_tables(r.tables, r.variables); !problem.empty()) {
-      reject(reply, ErrorCode::kInvalidArgument, problem);
-      return;
+      return ErrorReply{ErrorCode::kInvalidArgument, std::move(problem)};
     }
-    Placement placement = sharding_.place(r.variables, num_ps_);
-    if (auto problem = check_placement(r.variables, placement); !problem.empty()) {
-      reject(reply, ErrorCode::kInvalidArgument, "the sharding policy is broken: " + problem);
-      return;
+    placement = sharding_.place(r.variables, num_ps_);
+    if (auto problem = check_placement(r.variables, placement, num_ps_); !problem.empty()) {
+      return ErrorReply{ErrorCode::kInvalidArgument, "the sharding policy is broken: " + problem};
     }
-    // Everything that may throw (allocation, make_state) happens before the commit below,
-    // so a failed registration leaves nothing behind and a retry starts clean.
-    std::vector<Slot> slots;
-    std::vector<std::size_t> slot_of_part(placement.parts.size(), kNotHere);
-    for (const Part& part : placement.parts) {
-      if (part.ps != task_) continue;
-      const std::size_t row_size = r.variables[part.variable].row_size();
-      const std::size_t n = part.rows.size() * row_size;
-      slot_of_part[static_cast<std::size_t>(&part - placement.parts.data())] = slots.size();
-      slots.push_back(Slot{part, static_cast<std::uint32_t>(&part - placement.parts.data()),
-                           row_size, std::vector<float>(n, 0.0F), optimizer_.make_state(n),
-                           sync_.make_accumulator(n), false});
-    }
-    std::vector<Table> tables;
-    tables.reserve(r.tables.size());
-    for (const TableSpec& spec : r.tables) {
-      tables.push_back(Table{EmbeddingTable<TableOptimizer>(spec, table_policy_.optimizer, r.table_seed),
-                             SparseAccumulator(spec.dim), 0, 0, false});
-    }
-    PlacementReply answer{r.variables, placement, epoch_, {}, {}, r.tables};
-    optimizer_state_names(answer.slot_names, answer.counter_names);
-    tables_ = std::move(tables);
-    table_specs_ = std::move(r.tables);
-    table_seed_ = r.table_seed;
-    variables_ = std::move(r.variables);
-    placement_ = std::move(placement);
-    slots_ = std::move(slots);
-    slot_of_part_ = std::move(slot_of_part);
-    held_bytes_ = 0;
-    for (const Slot& slot : slots_) held_bytes_ += slot.values.size() * sizeof(float);
-    std::vector<std::string> slot_names, counter_names;
-    optimizer_state_names(slot_names, counter_names);
-    slots_per_part_ = slot_names.size();
-    registered_ = true;
-    send(reply, std::move(answer));
-    if (slots_.empty()) become_ready();
+    return std::nullopt;
   }
 
+  /// True once every part held here is initialized (or restored): the ps serves training.
+  [[nodiscard]] bool ready() const noexcept { return ready_; }
+
+  /// Parks a WaitReady until the ps is ready.
+  void wait_ready(Responder& reply) { waiters_.emplace_back(std::exchange(reply, nullptr)); }
+
+  /// The ps is ready: each waiting WaitReady gets `answer()` (a PlacementReply).
+  template <class Answer>
+  void become_ready(Answer&& answer) {
+    ready_ = true;
+    for (Responder& waiter : std::exchange(waiters_, {})) respond(waiter, answer());
+  }
+
+  /// Answers every waiting WaitReady with `error`.
+  void answer_all(const ErrorReply& error) {
+    for (Responder& waiter : std::exchange(waiters_, {})) respond(waiter, ErrorReply{error});
+  }
+
+  /// Restores so far.
+  [[nodiscard]] std::uint64_t epoch() const noexcept { return epoch_; }
+  /// A restore at global step `step` began epoch `epoch`.
+  void restored(std::uint64_t epoch, std::int64_t step) noexcept {
+    epoch_ = epoch;
+    restored_step_ = step;
+  }
+  /// The global step of the last restore.
+  [[nodiscard]] std::int64_t restored_step() const noexcept { return restored_step_; }
+
+  /// Why a request (`what`) of epoch `epoch` is refused, or nullopt if it is this ps's. A
+  /// later epoch: the sender saw another ps restored already, and this one's restore is on
+  /// its way (kUnavailable: try again). An earlier one: the job was rolled back since its
+  /// sender last looked (kFailedPrecondition: start the step again).
+  [[nodiscard]] std::optional<ErrorReply> check_epoch(std::uint64_t epoch, std::string_view what) const {
+    if (epoch == epoch_) return std::nullopt;
+    if (epoch > epoch_) {
+      return ErrorReply{ErrorCode::kUnavailable, "ps " + std::to_string(task_) + " is not restored to epoch " +
+                                                     std::to_string(epoch) + " yet (it is at epoch " +
+                                                     std::to_string(epoch_) + "): try again"};
+    }
+    return ErrorReply{ErrorCode::kFailedPrecondition,
+                      std::string(what) + " of epoch " + std::to_string(epoch) + " refused: the job was " +
+                          "restored from a checkpoint at global step " + std::to_string(restored_step_) +
+                          " (epoch " + std::to_string(epoch_) + "): wait until ready and start the step again"};
+  }
+
+  /// Why `variables` cannot be registered, or "": a name missing or used twice, no
+  /// elements, more than kMaxElements, an unknown initializer.
   static std::string check_variables(const std::vector<VariableSpec>& variables) {
     std::unordered_set<std::string_view> names;
     for (std::size_t i = 0; i < variables.size(); ++i) {
@@ -5433,20 +5975,20 @@ class ParameterServer {
   }
 
   /// Why `tables` cannot be registered beside `variables`, or "".
-  static std::string check_tables(const std::vector<TableSpec>& tables,
-                                  const std::vector<VariableSpec>& variables) {
+  static std::string check_tables(const std::vector<TableSpec>& tables, const std::vector<VariableSpec>& variables) {
     std::unordered_set<std::string_view> names;
     for (const VariableSpec& v : variables) names.insert(v.name);
     for (std::size_t i = 0; i < tables.size(); ++i) {
       const TableSpec& t = tables[i];
       if (t.name.empty()) return "table " + std::to_string(i) + " has no name";
       if (t.dim == 0 || t.dim > kMaxTableDim) {
-        return "table '" + t.name + "' has dim " + std::to_string(t.dim) + " (1 to " +
-               std::to_string(kMaxTableDim) + ")";
+        return "table '" + t.name + "' has dim " + std::to_string(t.dim) + " (1 to " + std::to_string(kMaxTableDim) +
+               ")";
       }
       if (t.initializer.kind > Initializer::Kind::kNormal) {
-        return "table '" + t.name + "': its rows need zeros, constant, uniform or normal "
-               "initial values (Glorot's rule has no fans in a table)";
+        return "table '" + t.name +
+               "': its rows need zeros, constant, uniform or normal initial values (Glorot's rule has no "
+               "fans in a table)";
       }
       if (t.admit_after == 0) return "table '" + t.name + "' has admit_after 0 (1 admits at once)";
       if (t.evict_after_steps < 0) return "table '" + t.name + "' has a negative evict_after_steps";
@@ -5455,15 +5997,17 @@ class ParameterServer {
     return {};
   }
 
-  std::string check_placement(const std::vector<VariableSpec>& variables,
-                              const Placement& placement) const {
+  /// Why `placement` is not one of `variables` over `num_ps` ps tasks, or "": each
+  /// variable's parts in order, on existing ps tasks, covering its rows exactly once.
+  static std::string check_placement(const std::vector<VariableSpec>& variables, const Placement& placement,
+                                     std::uint32_t num_ps) {
     if (placement.num_variables() != variables.size()) return "wrong number of variables";
     for (std::size_t v = 0; v < variables.size(); ++v) {
       std::size_t next_row = 0;
       std::uint32_t index = 0;
       for (const Part& part : placement.parts_of(v)) {
         if (part.variable != v || part.index != index++) return "parts are out of order";
-        if (part.ps >= num_ps_) return "a part is placed on a ps task that does not exist";
+        if (part.ps >= num_ps) return "a part is placed on a ps task that does not exist";
         if (part.rows.begin != next_row || part.rows.empty()) {
           return "the parts of '" + variables[v].name + "' do not cover its rows exactly once";
         }
@@ -5476,119 +6020,1072 @@ class ParameterServer {
     return {};
   }
 
-  // ---- Initialize / WaitReady -----------------------------------------------------------
+ private:
+  std::uint32_t task_;
+  std::uint32_t num_ps_;
+  [[no_unique_address]] S sharding_;
+  bool ready_ = false;
+  std::vector<Responder> waiters_;
+  std::uint64_t epoch_ = 0;           ///< restores so far (Restore::epoch)
+  std::int64_t restored_step_ = 0;    ///< the global step of the last restore
+};
 
-  void on(Initialize& r, const RequestContext& context, Responder& reply) {
-    if (!registered_) {
-      reject(reply, ErrorCode::kFailedPrecondition, "initialize before the model is registered");
-      return;
-    }
-    if (!check_parts(r.parts, context, reply)) return;
-    for (const PartValues& pv : r.parts) {
-      const Slot& slot = slots_[slot_of_part_[pv.part]];
-      if (slot.initialized) {
-        reject(reply, ErrorCode::kAlreadyExists, describe(slot.part) + " is already initialized");
+}  // namespace pulley
+// ---- end pulley/ps/registration.hpp ----
+// ---- begin pulley/ps/shard.hpp ----
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+// ---- begin pulley/ps/table_shard.hpp ----
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <string>
+#include <vector>
+
+// ---- begin pulley/ps/embedding_table.hpp ----
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace pulley {
+
+/// What an embedding table on one ps has done, for monitoring and tests.
+struct TableStats {
+  std::uint64_t rows = 0;              ///< rows held now
+  std::uint64_t rows_created = 0;      ///< rows created (admitted), evicted ones included
+  std::uint64_t rows_evicted = 0;      ///< rows removed for being untouched too long
+  std::uint64_t candidates = 0;        ///< ids pulled but not admitted yet
+  std::uint64_t pushes_dropped = 0;    ///< pushed rows dropped: not admitted (or evicted)
+  std::uint64_t updates_refused = 0;   ///< updates dropped whole: a row would go non-finite
+  std::uint64_t bytes = 0;             ///< memory held for rows, ids and the index
+};
+
+/// The rows of one embedding table that one ps holds: a hash map from 64-bit id to a row of
+/// `dim` values and the optimizer's `kRowSlots` slots, created lazily, updated row-wise.
+///
+/// Rows live in chunks of kChunkRows records, allocated whole: a record is the row's id and
+/// last-touched step (16 bytes), then its `(1 + kRowSlots) × dim` floats (values, then slot
+/// after slot), so that finding, reading and updating a row touch the same cache lines. The
+/// index is an IdIndex over row numbers (4 bytes a slot, at most 3/4 full), whose ids are
+/// read from the records.
+/// So a row costs its floats plus 16 bytes plus 5.3 to 10.7 bytes of index (the benchmark
+/// prints the measured bytes per row), and memory never holds more than one chunk of
+/// slack. Lookups of a batch are pipelined: the index slots and records of ids a few
+/// places ahead are prefetched. At most 2^32 − 2 rows per table per ps.
+///
+/// The index hashes ids with a random key of its own, so that no choice of ids piles them
+/// onto one slot (ids a client picked to collide would otherwise make every lookup walk
+/// them all). It is the rows of one table on one ps, part of the ps's Shard (TableShard);
+/// it does no I/O and takes no lock: the ps calls it for one request at a time.
+///
+/// @tparam O RowWiseOptimizer that updates the rows (a dense-only optimizer fails here,
+///           naming the member it lacks)
+template <RowWiseOptimizer O>
+class EmbeddingTable {
+ public:
+  static constexpr std::size_t kChunkRows = 1024;  ///< rows allocated at a time
+
+  /// An empty table of `spec` (its dim must be positive), updated by `optimizer`, whose rows
+  /// start from `initialize_row(spec, seed, id, ...)`.
+  EmbeddingTable(TableSpec spec, O optimizer, std::uint64_t seed)
+      : spec_(std::move(spec)),
+        optimizer_(std::move(optimizer)),
+        seed_(seed),
+        stride_((1 + O::kRowSlots) * spec_.dim),
+        record_(kHeader + stride_) {
+    if (spec_.dim == 0) throw Error(ErrorCode::kInvalidArgument, "table '" + spec_.name + "' has dim 0");
+  }
+
+  [[nodiscard]] const TableSpec& spec() const noexcept { return spec_; }
+  [[nodiscard]] std::size_t dim() const noexcept { return spec_.dim; }
+  [[nodiscard]] std::size_t size() const noexcept { return rows_; }
+  [[nodiscard]] const O& optimizer() const noexcept { return optimizer_; }
+
+  /// Writes the rows of `ids` into `out` (`ids.size() × dim` floats, in order), at global
+  /// step `step`. With `create` (a worker's pull), a row not held is created when its id is
+  /// admitted (pulled `spec.admit_after` times), else read as its initial value, and a row
+  /// read counts as touched; without (a reader's: the chief's, an evaluator's), nothing is
+  /// created, counted or touched. Duplicate ids are allowed (each counts towards admission).
+  void pull(std::span<const std::uint64_t> ids, std::span<float> out, std::int64_t step,
+            bool create = true) {
+    const std::size_t d = spec_.dim;
+    for_each_found(ids, [&](std::size_t i, std::uint32_t row) {
+      const std::span<float> into = out.subspan(i * d, d);
+      if (row == kNone && create && admit(ids[i], step)) row = this->create(ids[i]);
+      if (row == kNone) {
+        initialize_row(spec_, seed_, ids[i], into);
         return;
       }
-    }
-    for (const PartValues& pv : r.parts) {
-      Slot& slot = slots_[slot_of_part_[pv.part]];
-      std::copy(pv.values.begin(), pv.values.end(), slot.values.begin());
-      slot.initialized = true;
-      ++initialized_slots_;
-    }
-    send(reply, Ack{});
-    if (initialized_slots_ == slots_.size() && !ready_) become_ready();
-  }
-
-  void on(WaitReady& /*r*/, const RequestContext& /*context*/, Responder& reply) {
-    if (ready_) {
-      send(reply, placement_reply());
-    } else {
-      park(ready_waiters_.emplace_back(), reply);
-    }
-  }
-
-  void become_ready() {
-    ready_ = true;
-    for (Responder& waiter : std::exchange(ready_waiters_, {})) {
-      send(waiter, placement_reply());
-    }
-  }
-
-  // ---- TakeToken ------------------------------------------------------------------------
-
-  void on(TakeToken& r, const RequestContext& context, Responder& reply) {
-    if (!ready_) {
-      reject(reply, ErrorCode::kFailedPrecondition, "token requested before initialization");
-      return;
-    }
-    if (!is_sender(r.worker, context, reply, "TakeToken")) return;
-    if (!current_epoch(r.epoch, reply, "token request")) return;
-    revive(r.worker);  // before its heartbeat, maybe: it starts from the step in progress
-    TokenWaiter& waiter = token_waiters_.emplace_back(TokenWaiter{r.worker, context.session, nullptr});
-    park(waiter.reply, reply);
-    retry_tokens();
-  }
-
-  /// Asks the sync policy again for every waiting token request, in arrival order. A
-  /// refusal (pulley::Error) answers that request; any other throw fails the ps, since the
-  /// policy may have changed its pacer half way.
-  void retry_tokens() {
-    const bool changing = std::exchange(changing_, true);
-    std::erase_if(token_waiters_, [&](TokenWaiter& w) {
-      std::optional<Token> token;
-      try {
-        token = sync_.take_token(pacer_, w.worker);
-      } catch (const Error& e) {
-        reject(w.reply, e.code(), std::string("TakeToken refused: ") + e.message());
-        return true;
-      }
-      if (!token) return false;
-      token_session_[w.worker] = w.session;  // (a throw here fails the ps: changing_)
-      send(w.reply, TokenReply{*token, global_step()});
-      return true;
+      if (create) touch(row, step);
+      const float* values = at(row);
+      std::copy(values, values + d, into.begin());
     });
-    changing_ = changing;
   }
 
-  // ---- Pull -----------------------------------------------------------------------------
+  /// Applies one update at global step `step` (steps completed before it; `updates` of this
+  /// table so far, this one included): for each of `ids`, which must be distinct, the mean
+  /// gradient in `gradients` (`ids.size() × dim`). A row not held is dropped and counted.
+  /// All or nothing: if any updated row would hold a non-finite value, nothing changes and
+  /// false is returned (counted in `updates_refused`).
+  bool apply(std::span<const std::uint64_t> ids, std::span<const float> gradients,
+             std::int64_t step, std::int64_t updates) {
+    if (!prepare(ids, gradients, step, updates)) return false;
+    commit(step);
+    return true;
+  }
 
-  void on(Pull& r, const RequestContext& /*context*/, Responder& reply) {
-    if (!ready_) {
-      reject(reply, ErrorCode::kFailedPrecondition, "pull before initialization");
-      return;
-    }
-    if (r.min_step > 0 && !current_epoch(r.epoch, reply, "pull")) return;
-    for (const Slice& s : r.slices) {
-      if (s.part >= slot_of_part_.size() || slot_of_part_[s.part] == kNotHere) {
-        reject(reply, ErrorCode::kNotFound, unknown_part(s.part));
+  /// The first half of `apply`: computes the update into scratch memory and returns true
+  /// if every updated row stays finite; nothing changes until `commit`. A ps prepares every
+  /// table of an update, and commits them only if all (and its dense parts) stay finite.
+  bool prepare(std::span<const std::uint64_t> ids, std::span<const float> gradients,
+               std::int64_t step, std::int64_t updates) {
+    const std::size_t d = spec_.dim;
+    scratch_rows_.clear();
+    // Updated into a copy first, so that a row going non-finite changes nothing; each row is
+    // copied the moment it is found, while its prefetched record is in cache.
+    scratch_.resize(ids.size() * stride_);
+    for_each_found(ids, [&](std::size_t i, std::uint32_t row) {
+      if (row == kNone) {
+        ++stats_.pushes_dropped;
         return;
       }
-      const Part& part = slots_[slot_of_part_[s.part]].part;
-      if (s.rows.empty() || s.rows.begin < part.rows.begin || s.rows.end > part.rows.end) {
-        reject(reply, ErrorCode::kInvalidArgument,
-               "rows [" + std::to_string(s.rows.begin) + ", " + std::to_string(s.rows.end) +
-                   ") are outside " + describe(part));
-        return;
+      std::copy(at(row), at(row) + stride_, scratch_.data() + scratch_rows_.size() * stride_);
+      scratch_rows_.push_back({row, i});
+    });
+    scratch_.resize(scratch_rows_.size() * stride_);
+    for (std::size_t k = 0; k < scratch_rows_.size(); ++k) {
+      const std::size_t i = scratch_rows_[k].second;
+      float* copy = scratch_.data() + k * stride_;
+      const RowContext context{step, updates, spec_.name, ids[i]};
+      optimizer_.apply_row(std::span<float>(copy, d), std::span<float>(copy + d, stride_ - d),
+                           gradients.subspan(i * d, d), context);
+    }
+    if (!detail::all_finite(scratch_)) {
+      ++stats_.updates_refused;
+      scratch_rows_.clear();
+      return false;
+    }
+    return true;
+  }
+
+  /// The second half of `apply`: writes the prepared rows back (nothing if the last
+  /// `prepare` failed or was committed already).
+  void commit(std::int64_t step) {
+    constexpr std::size_t kAhead = 8;
+    for (std::size_t k = 0; k < scratch_rows_.size(); ++k) {
+      if (k + kAhead < scratch_rows_.size()) __builtin_prefetch(record(scratch_rows_[k + kAhead].first), 1);
+      const std::uint32_t row = scratch_rows_[k].first;
+      std::copy(scratch_.data() + k * stride_, scratch_.data() + (k + 1) * stride_, at(row));
+      touch(row, step);
+    }
+    scratch_rows_.clear();
+  }
+
+  /// Removes the rows untouched (neither pulled nor pushed) since global step
+  /// `step - spec.evict_after_steps`, and forgets admission counts as old; returns the rows
+  /// removed. Does nothing when the spec keeps rows for ever.
+  std::size_t evict(std::int64_t step) {
+    if (spec_.evict_after_steps <= 0) return 0;
+    const std::int64_t before = step - spec_.evict_after_steps;
+    if (before <= 0) return 0;
+    std::size_t removed = 0;
+    for (std::uint32_t row = 0; row < rows_;) {
+      if (static_cast<std::int64_t>(touched(row)) < before) {
+        erase(row);  // the last row moves here: look at this row again
+        ++removed;
+      } else {
+        ++row;
       }
     }
-    if (const Slice* twice = overlapping(r.slices)) {
-      // Every row at most once: a reply is then never larger than what is held here.
-      reject(reply, ErrorCode::kInvalidArgument,
-             "a pull asks for rows of " + describe(slots_[slot_of_part_[twice->part]].part) +
-                 " twice (around rows [" + std::to_string(twice->rows.begin) + ", " +
-                 std::to_string(twice->rows.end) + "))");
-      return;
-    }
-    if (global_step() < r.min_step) {
-      WaitingPull& waiting = waiting_pulls_.emplace_back(WaitingPull{std::move(r), nullptr});
-      park(waiting.reply, reply);
-    } else {
-      answer_pull(r, reply);
+    std::erase_if(candidates_, [&](const auto& c) { return static_cast<std::int64_t>(c.second.last) < before; });
+    stats_.rows_evicted += removed;
+    return removed;
+  }
+
+  /// Calls `f(id, values, slots)` for every row held (values: dim floats; slots:
+  /// kRowSlots × dim floats), in no particular order: what a checkpoint saves.
+  template <class F>
+  void for_each_row(F&& f) const {
+    const std::size_t d = spec_.dim;
+    for (std::uint32_t row = 0; row < rows_; ++row) {
+      const float* r = at(row);
+      f(id_of(row), std::span<const float>(r, d), std::span<const float>(r + d, stride_ - d));
     }
   }
 
+  /// Counters and the memory held now.
+  [[nodiscard]] TableStats stats() const noexcept {
+    TableStats s = stats_;
+    s.rows = rows_;
+    s.candidates = candidates_.size();
+    s.bytes = chunks_.size() * kChunkRows * record_ * sizeof(float) +
+              index_.bytes() +
+              candidates_.size() * (sizeof(std::uint64_t) + sizeof(Candidate) + 2 * sizeof(void*));
+    return s;
+  }
+
+ private:
+  static constexpr std::uint32_t kNone = IdIndex::kNone;
+
+  /// One chunk of kChunkRows rows: their floats, ids and last-touched steps.
+  /// Floats of a record's header: the id (two floats' bytes), the step last touched, one
+  /// spare. Read and written with memcpy: they are bytes, never arithmetic.
+  static constexpr std::size_t kHeader = 4;
+  struct Chunk {
+    std::vector<float> records;  ///< kChunkRows records
+  };
+  /// An id pulled, not admitted yet.
+  struct Candidate {
+    std::uint32_t count = 0;
+    std::uint32_t last = 0;  ///< step last pulled
+  };
+
+  [[nodiscard]] float* record(std::uint32_t row) noexcept {
+    return chunks_[row / kChunkRows].records.data() + (row % kChunkRows) * record_;
+  }
+  [[nodiscard]] const float* record(std::uint32_t row) const noexcept {
+    return chunks_[row / kChunkRows].records.data() + (row % kChunkRows) * record_;
+  }
+  /// The row's values, then its slots.
+  [[nodiscard]] float* at(std::uint32_t row) noexcept { return record(row) + kHeader; }
+  [[nodiscard]] const float* at(std::uint32_t row) const noexcept { return record(row) + kHeader; }
+  [[nodiscard]] std::uint64_t id_of(std::uint32_t row) const noexcept {
+    std::uint64_t id = 0;
+    std::memcpy(&id, record(row), sizeof id);
+    return id;
+  }
+  void set_id(std::uint32_t row, std::uint64_t id) noexcept { std::memcpy(record(row), &id, sizeof id); }
+  [[nodiscard]] std::uint32_t touched(std::uint32_t row) const noexcept {
+    std::uint32_t step = 0;
+    std::memcpy(&step, record(row) + 2, sizeof step);
+    return step;
+  }
+  void set_touched(std::uint32_t row, std::uint32_t step) noexcept {
+    std::memcpy(record(row) + 2, &step, sizeof step);
+  }
+  static std::uint32_t clamp_step(std::int64_t step) noexcept {
+    return static_cast<std::uint32_t>(std::clamp<std::int64_t>(step, 0, kNone - 1));
+  }
+  void touch(std::uint32_t row, std::int64_t step) noexcept {
+    set_touched(row, std::max(touched(row), clamp_step(step)));
+  }
+
+  /// Calls `f(i, row)` for each of `ids` with the row that holds it (kNone if none), in
+  /// order, prefetching the index slot 16 ids ahead and the record its entry names 8 ids
+  /// ahead: a batch's lookups then wait for memory in parallel, not one after the other.
+  template <class F>
+  void for_each_found(std::span<const std::uint64_t> ids, F&& f) {
+    constexpr std::size_t kIndexAhead = 16;
+    constexpr std::size_t kRecordAhead = 8;
+    const std::size_t n = ids.size();
+    for (std::size_t i = 0; i < n; ++i) {
+      if (i + kIndexAhead < n) index_.prefetch(ids[i + kIndexAhead]);
+      if (i + kRecordAhead < n) {
+        const std::uint32_t row = index_.first_entry(ids[i + kRecordAhead]);
+        if (row != kNone) __builtin_prefetch(record(row));
+      }
+      f(i, find(ids[i]));
+    }
+  }
+
+  /// Reads a row's id from its record: what the index hashes.
+  struct IdOf {
+    const EmbeddingTable* table;
+    std::uint64_t operator()(std::uint32_t row) const noexcept { return table->id_of(row); }
+  };
+  [[nodiscard]] IdOf ids() const noexcept { return IdOf{this}; }
+
+  /// The row of `id`, or kNone.
+  [[nodiscard]] std::uint32_t find(std::uint64_t id) const noexcept { return index_.find(id, ids()); }
+
+  /// Counts a pull of `id`, which has no row: true once it is admitted.
+  bool admit(std::uint64_t id, std::int64_t step) {
+    if (spec_.admit_after <= 1) return true;
+    Candidate& c = candidates_[id];
+    ++c.count;
+    c.last = clamp_step(step);
+    return c.count >= spec_.admit_after;  // its count goes once its row exists (create)
+  }
+
+  /// A new row for `id` (absent), with its initial value and fresh slots.
+  std::uint32_t create(std::uint64_t id) {
+    if (rows_ >= kNone - 1) {
+      throw Error(ErrorCode::kResourceExhausted, "table '" + spec_.name + "' holds 2^32 - 2 rows on this ps");
+    }
+    if (rows_ == chunks_.size() * kChunkRows) {
+      chunks_.push_back(Chunk{std::vector<float>(kChunkRows * record_)});
+    }
+    const auto row = static_cast<std::uint32_t>(rows_);
+    float* r = at(row);
+    initialize_row(spec_, seed_, id, std::span<float>(r, spec_.dim));
+    optimizer_.init_row(std::span<float>(r + spec_.dim, stride_ - spec_.dim));
+    set_id(row, id);
+    set_touched(row, 0);
+    index_.insert(row, ids());  // (a failed allocation leaves the row unused)
+    ++rows_;
+    ++stats_.rows_created;
+    if (spec_.admit_after > 1) candidates_.erase(id);  // admitted: its count is done
+    return row;
+  }
+
+  /// Removes `row`: its index entry goes, and the last row moves into its place.
+  void erase(std::uint32_t row) {
+    index_.erase(row, ids());
+    const auto last = static_cast<std::uint32_t>(rows_ - 1);
+    if (row != last) {
+      index_.renumber(last, row, ids());
+      std::copy(record(last), record(last) + record_, record(row));
+    }
+    --rows_;
+    const std::size_t needed = (rows_ + kChunkRows - 1) / kChunkRows;
+    while (chunks_.size() > needed + 1) chunks_.pop_back();  // one spare chunk at most
+  }
+
+  TableSpec spec_;
+  [[no_unique_address]] O optimizer_;
+  std::uint64_t seed_;
+  std::size_t stride_;  ///< floats per row: values and slots
+  std::size_t record_;  ///< floats per record: the header, values and slots
+  std::vector<Chunk> chunks_;
+  IdIndex index_{detail::random_u64()};  ///< id → row, the ids read from the records
+  std::size_t rows_ = 0;
+  std::unordered_map<std::uint64_t, Candidate> candidates_;
+  TableStats stats_;
+  std::vector<std::pair<std::uint32_t, std::size_t>> scratch_rows_;  ///< row, position in ids
+  std::vector<float> scratch_;                                       ///< rows being updated
+};
+
+}  // namespace pulley
+// ---- end pulley/ps/embedding_table.hpp ----
+// ---- begin pulley/tables/tables.hpp ----
+
+#include <type_traits>
+
+// ---- begin pulley/tables/row_aggregation.hpp ----
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace pulley {
+
+/// The rows of one table pushed for one update, summed by id, with the number of pushes
+/// that held each row: what RowMean and RowSum keep. The first push of an update is kept
+/// as it came, with no lookups (every push of Async, the first of a sync step); ids are
+/// indexed only when a second one comes, with a hash keyed at random.
+class RowSums {
+ public:
+  /// Rows of `dim` floats.
+  explicit RowSums(std::size_t dim = 0) : dim_(dim) {}
+
+  /// Adds one push: `rows` (`ids.size() × dim` floats) of the distinct `ids`.
+  void add(std::span<const std::uint64_t> ids, std::span<const float> rows) {
+    if (ids_.empty()) {
+      ids_.assign(ids.begin(), ids.end());
+      counts_.assign(ids.size(), 1);
+      sums_.assign(rows.begin(), rows.begin() + static_cast<std::ptrdiff_t>(ids.size() * dim_));
+      return;
+    }
+    if (positions_.size() == 0) {  // positions are numbered as ids_ is ordered
+      positions_.reserve(ids_.size() + ids.size());
+      for (const std::uint64_t id : ids_) positions_.insert(id);
+    }
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      const auto [at, fresh] = positions_.insert(ids[i]);
+      const float* row = rows.data() + i * dim_;
+      if (fresh) {
+        ids_.push_back(ids[i]);
+        counts_.push_back(1);
+        sums_.insert(sums_.end(), row, row + dim_);
+      } else {
+        ++counts_[at];
+        float* sum = sums_.data() + at * dim_;
+        for (std::size_t k = 0; k < dim_; ++k) sum[k] += row[k];
+      }
+    }
+  }
+
+  /// The distinct ids added, in the order they first came.
+  [[nodiscard]] std::span<const std::uint64_t> ids() const noexcept { return ids_; }
+  /// The sums, `ids().size() × dim` floats in ids() order.
+  [[nodiscard]] std::span<float> sums() noexcept { return sums_; }
+  /// How many pushes held each row, in ids() order.
+  [[nodiscard]] std::span<const std::uint32_t> counts() const noexcept { return counts_; }
+  /// Floats in a row.
+  [[nodiscard]] std::size_t dim() const noexcept { return dim_; }
+
+  /// Forgets everything added (memory is kept for the next update).
+  void clear() noexcept {
+    positions_.clear();
+    ids_.clear();
+    counts_.clear();
+    sums_.clear();
+  }
+
+ private:
+  std::size_t dim_;
+  IdPositions positions_{detail::random_u64()};  ///< id → place in ids_, from the second push
+  std::vector<std::uint64_t> ids_;
+  std::vector<std::uint32_t> counts_;
+  std::vector<float> sums_;
+};
+
+/// Each row's update is its mean over the pushes of the update that held it, as
+/// TensorFlow's SparseConditionalAccumulator with `reduction_type='MEAN'` (element-wise by
+/// each row's own count, not by the number of pushes): a row that 1 of R replicas pushed
+/// moves by that replica's gradient, not by a 1/R share of it. The default.
+struct RowMean {
+  using Accumulator = RowSums;
+  [[nodiscard]] RowSums make_accumulator(std::size_t dim) const { return RowSums(dim); }
+  void add(RowSums& acc, std::span<const std::uint64_t> ids, std::span<const float> rows) const {
+    acc.add(ids, rows);
+  }
+  [[nodiscard]] std::span<const std::uint64_t> ids(const RowSums& acc) const noexcept { return acc.ids(); }
+  /// Divides each sum by its count, in place.
+  [[nodiscard]] std::span<const float> take(RowSums& acc) const noexcept {
+    const std::span<float> sums = acc.sums();
+    const std::size_t dim = acc.dim();
+    for (std::size_t r = 0; r < acc.counts().size(); ++r) {
+      const std::uint32_t n = acc.counts()[r];
+      if (n == 1) continue;
+      for (float& x : sums.subspan(r * dim, dim)) x /= static_cast<float>(n);
+    }
+    return sums;
+  }
+  void clear(RowSums& acc) const noexcept { acc.clear(); }
+};
+static_assert(RowAggregation<RowMean>);
+
+/// Each row's update is the sum of its gradients over the update's pushes, as TensorFlow's
+/// SparseConditionalAccumulator with `reduction_type='SUM'`: with gradients of each
+/// replica's mean loss, a row many replicas pushed moves by all of them.
+struct RowSum {
+  using Accumulator = RowSums;
+  [[nodiscard]] RowSums make_accumulator(std::size_t dim) const { return RowSums(dim); }
+  void add(RowSums& acc, std::span<const std::uint64_t> ids, std::span<const float> rows) const {
+    acc.add(ids, rows);
+  }
+  [[nodiscard]] std::span<const std::uint64_t> ids(const RowSums& acc) const noexcept { return acc.ids(); }
+  [[nodiscard]] std::span<const float> take(RowSums& acc) const noexcept { return acc.sums(); }
+  void clear(RowSums& acc) const noexcept { acc.clear(); }
+};
+static_assert(RowAggregation<RowSum>);
+
+}  // namespace pulley
+// ---- end pulley/tables/row_aggregation.hpp ----
+
+namespace pulley {
+
+/// The embedding-table policy of a ParameterServer (its fourth policy): the row-wise
+/// optimizer its tables are updated with (it may differ from the dense variables' one:
+/// Adagrad or FTRL for embeddings and Adam for the rest is common), how their rows are
+/// spread over the ps tasks, and how the rows pushed for one update are combined. Workers
+/// must use the same id sharding: name it once (`using MyTables = Tables<...>`) and give
+/// the workers `MyTables::Sharding`; ps tasks and workers that disagree are refused when
+/// the workers get ready.
+///
+/// @tparam O RowWiseOptimizer of the tables; a dense-only one fails to compile here
+/// @tparam I IdSharding of the rows (HashIds by default)
+/// @tparam A RowAggregation of an update's rows (RowMean by default, as TensorFlow's
+///           SparseConditionalAccumulator)
+template <RowWiseOptimizer O, IdSharding I = HashIds, RowAggregation A = RowMean>
+struct Tables {
+  using Optimizer = O;
+  using Sharding = I;
+  using Aggregation = A;
+  [[no_unique_address]] O optimizer{};    ///< updates every table's rows
+  [[no_unique_address]] I sharding{};     ///< which ps holds which row
+  [[no_unique_address]] A aggregation{};  ///< what an update's pushed rows add up to
+};
+
+/// The table policy of a ParameterServer that serves no embedding tables: a model that
+/// declares some is refused at registration, naming the fix. The default when the
+/// ParameterServer's optimizer has no row-wise apply (Momentum).
+struct NoTables {};
+
+/// True for `Tables<...>` and any policy of its shape; NoTables is not one.
+template <class T>
+concept TablePolicy = RowWiseOptimizer<typename T::Optimizer> && IdSharding<typename T::Sharding> &&
+    RowAggregation<typename T::Aggregation> && requires(const T& tables) {
+  { tables.optimizer } -> std::convertible_to<const typename T::Optimizer&>;
+  { tables.sharding } -> std::convertible_to<const typename T::Sharding&>;
+  { tables.aggregation } -> std::convertible_to<const typename T::Aggregation&>;
+};
+
+/// A ParameterServer's fourth policy: a TablePolicy, or NoTables.
+template <class T>
+concept TablesOrNone = TablePolicy<T> || std::is_same_v<T, NoTables>;
+
+namespace detail {
+template <class O, bool = RowWiseOptimizer<O>>
+struct default_tables {
+  using type = NoTables;
+};
+template <class O>
+struct default_tables<O, true> {
+  using type = Tables<O>;
+};
+}  // namespace detail
+
+/// Tables<O> when O can update rows, NoTables otherwise: a ParameterServer's default.
+template <class O>
+using DefaultTables = typename detail::default_tables<O>::type;
+
+/// The table policy a ParameterServer gets when none is given: T{}, its optimizer a copy of
+/// the dense `optimizer` (the same settings) when it is of the same type.
+template <TablesOrNone T, class O>
+T default_table_policy(const O& optimizer) {
+  T tables{};
+  if constexpr (TablePolicy<T>) {
+    if constexpr (std::is_same_v<typename T::Optimizer, O>) tables.optimizer = optimizer;
+  }
+  return tables;
+}
+
+}  // namespace pulley
+// ---- end pulley/tables/tables.hpp ----
+
+namespace pulley {
+
+/// The rows of embedding tables a ps task holds: one EmbeddingTable per table of the model,
+/// the accumulator of each table's rows pushed for the update in progress (the table
+/// policy's RowAggregation), its update count (lazy Adam's t) and the step of its next
+/// eviction pass. Part of the ps's Shard. `TableShard<NoTables>` holds none and refuses
+/// every row.
+///
+/// An update of the tables is two-phase: `prepare` computes every pushed row's new value
+/// aside and says whether all stay finite, `commit` writes them; the ps commits only when
+/// its dense parts stay finite too, so an update is applied whole or not at all.
+///
+/// @tparam T the ParameterServer's table policy (Tables<...>)
+template <class T>
+class TableShard {
+ public:
+  using Optimizer = typename T::Optimizer;
+  /// Floats in one row of a table.
+  static constexpr std::size_t kMaxDim = std::size_t{1} << 16U;
+
+  explicit TableShard(T policy = {}) : policy_(std::move(policy)) {}
+
+  /// The table policy.
+  [[nodiscard]] const T& policy() const noexcept { return policy_; }
+
+  /// Empty tables for `specs` (checked: see ParameterServer), whose rows start from
+  /// `seed`, on ps `task` of `num_ps`. All of it is built before any of it is kept.
+  void assign(std::uint32_t task, std::uint32_t num_ps, const std::vector<TableSpec>& specs,
+              std::uint64_t seed) {
+    std::vector<Table> tables;
+    tables.reserve(specs.size());
+    for (const TableSpec& spec : specs) {
+      tables.push_back(Table{EmbeddingTable<Optimizer>(spec, policy_.optimizer, seed),
+                             policy_.aggregation.make_accumulator(spec.dim), 0, 0, false});
+    }
+    tables_ = std::move(tables);
+    task_ = task;
+    num_ps_ = num_ps;
+  }
+
+  /// Tables held.
+  [[nodiscard]] std::size_t size() const noexcept { return tables_.size(); }
+  /// Where this ps's id sharding puts the tables' rows (`id_sharding_fingerprint`).
+  [[nodiscard]] std::uint64_t id_sharding(const std::vector<TableSpec>& specs) const {
+    return id_sharding_fingerprint(policy_.sharding, specs, num_ps_);
+  }
+  /// The spec of table `t`.
+  [[nodiscard]] const TableSpec& spec(std::size_t t) const { return tables_[t].rows.spec(); }
+
+  /// Why `rows` (of a pull, or with values of a push) cannot be served here, or nullopt: a
+  /// table that does not exist or comes twice, too many ids or bytes, an id twice, an id
+  /// another ps holds, rows of the wrong size, non-finite values (unless `finite_known`).
+  /// So a reply is never larger than the rows it names once each.
+  [[nodiscard]] std::optional<ErrorReply> check(const std::vector<TableRows>& rows, bool with_values,
+                                                bool finite_known) {
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const TableRows& tr = rows[i];
+      if (tr.table >= tables_.size()) {
+        return refuse("unknown table " + std::to_string(tr.table) + " (the model has " +
+                      std::to_string(tables_.size()) + ")");
+      }
+      const TableSpec& s = spec(tr.table);
+      for (std::size_t j = 0; j < i; ++j) {
+        if (rows[j].table == tr.table) return refuse("table '" + s.name + "' comes twice");
+      }
+      if (tr.ids.size() > kMaxIdsPerMessage || tr.ids.size() * s.dim * sizeof(float) > kMaxRowBytesPerMessage) {
+        return refuse(std::to_string(tr.ids.size()) + " ids of table '" + s.name + "' in one request (at most " +
+                      std::to_string(std::min<std::size_t>(kMaxIdsPerMessage,
+                                                           kMaxRowBytesPerMessage / sizeof(float) / s.dim)) +
+                      ")");
+      }
+      if (tr.values.size() != (with_values ? tr.ids.size() * s.dim : 0)) {
+        return refuse("table '" + s.name + "': " + std::to_string(tr.values.size()) + " values for " +
+                      std::to_string(tr.ids.size()) + " rows of dim " + std::to_string(s.dim));
+      }
+      if (const std::uint64_t* twice = seen_.first_duplicate(tr.ids)) {
+        return refuse("row " + std::to_string(*twice) + " of table '" + s.name +
+                      "' comes twice in one request (a worker sums a row's gradients before it pushes)");
+      }
+      for (const std::uint64_t id : tr.ids) {
+        const std::uint32_t owner = policy_.sharding.ps_of(s.name, id, num_ps_);
+        if (owner != task_) {
+          return refuse("row " + std::to_string(id) + " of table '" + s.name + "' is held by ps " +
+                        std::to_string(owner) + ", not here (do the worker and the ps use the same " +
+                        "id sharding?)");
+        }
+      }
+      if (with_values && !finite_known && !detail::all_finite(tr.values)) {
+        return refuse("non-finite (NaN or Inf) rows for table '" + s.name + "'; nothing was applied");
+      }
+    }
+    return std::nullopt;
+  }
+
+  /// The rows `request` asks for, at global step `step`, in buffers that stay valid until
+  /// `free_replies`; `create` (a worker's pull) creates, admits and touches rows.
+  RowsReply pull(const PullRows& request, bool create, std::int64_t step, Stats& stats) {
+    if (used_ == replies_.size()) replies_.emplace_back();
+    std::vector<std::vector<float>>& buffers = replies_[used_++];
+    buffers.resize(request.tables.size());
+    RowsReply answer{step, {}};
+    for (std::size_t i = 0; i < request.tables.size(); ++i) {
+      const TableRows& tr = request.tables[i];
+      EmbeddingTable<Optimizer>& table = tables_[tr.table].rows;
+      buffers[i].resize(tr.ids.size() * table.dim());
+      table.pull(tr.ids, buffers[i], step, create);
+      answer.rows.emplace_back(buffers[i]);
+      stats.bytes_pulled += static_cast<std::int64_t>(buffers[i].size() * sizeof(float));
+    }
+    return answer;
+  }
+
+  /// Makes every row reply buffer free for reuse (a transport is done with the replies'
+  /// views before it hands the ps a request that changes it). Buffers over 64 MiB are given
+  /// back, and those of more than 64 requests: an outsized pull (a careless or hostile
+  /// worker's) does not hold its memory for the job's life.
+  void free_replies() noexcept {
+    while (replies_.size() > 64) replies_.pop_back();
+    used_ = 0;
+    for (auto& buffers : replies_) {
+      for (std::vector<float>& b : buffers) {
+        if (b.capacity() > (std::size_t{64} << 20U) / sizeof(float)) std::vector<float>().swap(b);
+      }
+    }
+  }
+
+  /// Adds a fresh push's rows to the update in progress.
+  void add(const TableRows& rows) { policy_.aggregation.add(tables_[rows.table].accumulator, rows.ids, rows.values); }
+
+  /// Computes every table's update from its accumulated rows, at global step `step`
+  /// (steps completed before it), aside; returns the name of a table whose rows would go
+  /// non-finite (the update must then be dropped: `clear`), or nullopt.
+  [[nodiscard]] std::optional<std::string> prepare(std::int64_t step) {
+    for (Table& table : tables_) {
+      const auto ids = policy_.aggregation.ids(table.accumulator);
+      if (ids.empty()) continue;
+      const auto means = policy_.aggregation.take(table.accumulator);
+      table.prepared = table.rows.prepare(ids, means, step, table.updates + 1);
+      if (!table.prepared) return table.rows.spec().name;
+    }
+    return std::nullopt;
+  }
+
+  /// Writes the prepared rows back and evicts rows gone untouched too long (every eighth of
+  /// the eviction window: a pass costs one look at every row). Returns the tables updated.
+  std::int64_t commit(std::int64_t step) {
+    std::int64_t updated = 0;
+    for (Table& table : tables_) {
+      if (!std::exchange(table.prepared, false)) continue;  // no row pushed in this update
+      table.rows.commit(step);
+      ++table.updates;
+      policy_.aggregation.clear(table.accumulator);
+      ++updated;
+    }
+    const std::int64_t next = step + 1;
+    for (Table& table : tables_) {
+      const std::int64_t window = table.rows.spec().evict_after_steps;
+      if (window <= 0 || next < table.next_eviction) continue;
+      table.rows.evict(next);
+      table.next_eviction = next + std::max<std::int64_t>(1, window / 8);
+    }
+    return updated;
+  }
+
+  /// Drops the update in progress.
+  void clear() noexcept {
+    for (Table& table : tables_) {
+      policy_.aggregation.clear(table.accumulator);
+      table.prepared = false;
+    }
+  }
+
+  /// The most row bytes one request can carry to this ps.
+  [[nodiscard]] std::uint64_t max_payload() const noexcept {
+    std::uint64_t bytes = 0;
+    for (const Table& t : tables_) {
+      bytes += std::min<std::uint64_t>(kMaxIdsPerMessage * t.rows.dim() * sizeof(float), kMaxRowBytesPerMessage);
+    }
+    return bytes;
+  }
+
+  /// Adds the tables' rows held, evicted and dropped to `stats`.
+  void count(Stats& stats) const noexcept {
+    for (const Table& t : tables_) {
+      const TableStats ts = t.rows.stats();
+      stats.table_rows += static_cast<std::int64_t>(ts.rows);
+      stats.table_rows_evicted += static_cast<std::int64_t>(ts.rows_evicted);
+      stats.table_rows_dropped += static_cast<std::int64_t>(ts.pushes_dropped);
+    }
+  }
+
+  /// Each table's counters, in the model's order.
+  [[nodiscard]] std::vector<TableStats> stats() const {
+    std::vector<TableStats> out;
+    for (const Table& t : tables_) out.push_back(t.rows.stats());
+    return out;
+  }
+
+ private:
+  struct Table {
+    EmbeddingTable<Optimizer> rows;
+    typename T::Aggregation::Accumulator accumulator;
+    std::int64_t updates = 0;
+    std::int64_t next_eviction = 0;
+    bool prepared = false;  ///< its rows of the update being applied wait for commit
+  };
+
+  static ErrorReply refuse(std::string message) { return ErrorReply{ErrorCode::kInvalidArgument, std::move(message)}; }
+
+  T policy_;
+  std::uint32_t task_ = 0;
+  std::uint32_t num_ps_ = 1;
+  std::vector<Table> tables_;
+  IdPositions seen_{detail::random_u64()};  ///< finds an id twice in a request
+  /// Buffers of row replies, by request: those before `used_` may be viewed by a transport
+  /// until the next request that changes the ps.
+  std::deque<std::vector<std::vector<float>>> replies_;
+  std::size_t used_ = 0;
+};
+
+/// A ps that serves no embedding tables: it holds none, and refuses any row.
+template <>
+class TableShard<NoTables> {
+ public:
+  explicit TableShard(NoTables = {}) noexcept {}
+  [[nodiscard]] NoTables policy() const noexcept { return {}; }
+  void assign(std::uint32_t, std::uint32_t, const std::vector<TableSpec>&, std::uint64_t) noexcept {}
+  [[nodiscard]] std::size_t size() const noexcept { return 0; }
+  [[nodiscard]] std::uint64_t id_sharding(const std::vector<TableSpec>&) const noexcept { return 0; }
+  [[nodiscard]] std::optional<ErrorReply> check(const std::vector<TableRows>& rows, bool, bool) const {
+    if (rows.empty()) return std::nullopt;
+    return ErrorReply{ErrorCode::kInvalidArgument,
+                      "unknown table " + std::to_string(rows.front().table) + " (the model has 0)"};
+  }
+  RowsReply pull(const PullRows&, bool, std::int64_t step, Stats&) const { return RowsReply{step, {}}; }
+  void free_replies() noexcept {}
+  void add(const TableRows&) noexcept {}
+  [[nodiscard]] std::optional<std::string> prepare(std::int64_t) noexcept { return std::nullopt; }
+  std::int64_t commit(std::int64_t) noexcept { return 0; }
+  void clear() noexcept {}
+  [[nodiscard]] std::uint64_t max_payload() const noexcept { return 0; }
+  void count(Stats&) const noexcept {}
+  [[nodiscard]] std::vector<TableStats> stats() const { return {}; }
+};
+
+}  // namespace pulley
+// ---- end pulley/ps/table_shard.hpp ----
+
+namespace pulley {
+
+/// A part of a dense variable held by a ps task, with what the ps keeps beside it.
+template <Optimizer O, SyncPolicy P>
+struct HeldPart {
+  Part part;                            ///< which rows of which variable
+  std::uint32_t index = 0;              ///< its global index in the placement
+  std::size_t row_size = 0;             ///< elements per row
+  std::vector<float> values;            ///< the parameters
+  typename O::State optimizer_state;    ///< the optimizer's slots and counters for it
+  typename P::Accumulator accumulator;  ///< gradients of the update in progress
+  bool initialized = false;
+};
+
+/// What one ps task holds of the model: the parts of dense variables placed on it, each
+/// with its optimizer State and the sync policy's accumulator, and the rows of every
+/// embedding table it holds (TableShard). It is the unit a checkpoint reads and a restore
+/// sets; it also knows the model it is a shard of (variables, tables, placement), to check
+/// requests against it and to name what it refuses.
+///
+/// It neither paces nor applies: the ps's Update applies the pushes the sync policy lets
+/// through.
+///
+/// @tparam O the dense variables' Optimizer
+/// @tparam P the SyncPolicy (its Accumulator is kept per part)
+/// @tparam T the table policy (Tables<...>, or NoTables)
+template <Optimizer O, SyncPolicy P, class T>
+class Shard {
+ public:
+  using Part = HeldPart<O, P>;
+  static constexpr std::size_t kNotHere = static_cast<std::size_t>(-1);
+
+  Shard(std::uint32_t task, O optimizer, T tables)
+      : task_(task), optimizer_(std::move(optimizer)), tables_(std::move(tables)) {}
+
+  /// Holds the parts of `r`'s model that `placement` puts on this ps (zeros, a fresh
+  /// optimizer State, an empty accumulator; not initialized) and empty tables. Everything
+  /// that may throw (allocation, `make_state`) happens before anything is kept: a throw
+  /// leaves the shard as it was.
+  void assign(Register&& r, Placement&& placement, std::uint32_t num_ps, const P& sync) {
+    std::vector<Part> parts;
+    std::vector<std::size_t> local(placement.parts.size(), kNotHere);
+    for (std::size_t i = 0; i < placement.parts.size(); ++i) {
+      const pulley::Part& part = placement.parts[i];
+      if (part.ps != task_) continue;
+      const std::size_t row_size = r.variables[part.variable].row_size();
+      const std::size_t n = part.rows.size() * row_size;
+      local[i] = parts.size();
+      parts.push_back(Part{part, static_cast<std::uint32_t>(i), row_size, std::vector<float>(n, 0.0F),
+                           optimizer_.make_state(n), sync.make_accumulator(n), false});
+    }
+    TableShard<T> tables(tables_.policy());
+    tables.assign(task_, num_ps, r.tables, r.table_seed);
+    std::uint64_t bytes = 0;
+    for (const Part& part : parts) bytes += part.values.size() * sizeof(float);
+    std::vector<std::string> slot_names, counter_names;
+    state_names(slot_names, counter_names);
+    tables_ = std::move(tables);
+    parts_ = std::move(parts);
+    local_ = std::move(local);
+    variables_ = std::move(r.variables);
+    table_specs_ = std::move(r.tables);
+    table_seed_ = r.table_seed;
+    placement_ = std::move(placement);
+    held_bytes_ = bytes;
+    slots_per_part_ = slot_names.size();
+    initialized_ = 0;
+    assigned_ = true;
+  }
+
+  /// True once `assign`ed: a model is registered.
+  [[nodiscard]] bool assigned() const noexcept { return assigned_; }
+  /// True if `r` registers the model held here.
+  [[nodiscard]] bool holds(const Register& r) const {
+    return r.variables == variables_ && r.tables == table_specs_ && r.table_seed == table_seed_;
+  }
+
+  [[nodiscard]] std::uint32_t task() const noexcept { return task_; }
+  [[nodiscard]] const O& optimizer() const noexcept { return optimizer_; }
+  [[nodiscard]] const std::vector<VariableSpec>& variables() const noexcept { return variables_; }
+  [[nodiscard]] const std::vector<TableSpec>& table_specs() const noexcept { return table_specs_; }
+  [[nodiscard]] const Placement& placement() const noexcept { return placement_; }
+  [[nodiscard]] std::span<Part> parts() noexcept { return parts_; }
+  [[nodiscard]] std::span<const Part> parts() const noexcept { return parts_; }
+  [[nodiscard]] TableShard<T>& tables() noexcept { return tables_; }
+  [[nodiscard]] const TableShard<T>& tables() const noexcept { return tables_; }
+
+  /// The part of global index `part` if it is held here, else null.
+  [[nodiscard]] Part* find(std::uint32_t part) noexcept {
+    return part < local_.size() && local_[part] != kNotHere ? &parts_[local_[part]] : nullptr;
+  }
+
+  /// True once every part held here is initialized (or restored).
+  [[nodiscard]] bool initialized() const noexcept { return initialized_ == parts_.size(); }
+
+  /// The names of the optimizer's slots and counters (those of a fresh State: they do not
+  /// depend on its size).
+  void state_names(std::vector<std::string>& slots, std::vector<std::string>& counters) const {
+    typename O::State probe = optimizer_.make_state(0);
+    for (const OptimizerSlot& slot : slots_of(optimizer_, probe)) slots.emplace_back(slot.name);
+    for (const OptimizerCounter& counter : counters_of(optimizer_, probe)) counters.emplace_back(counter.name);
+  }
+
+  /// The most tensor bytes a request can carry: a push or an initialization has one value
+  /// per element held here, a restore one more per optimizer slot, a push its rows.
+  [[nodiscard]] std::uint64_t max_request_payload() const noexcept {
+    return held_bytes_ * (1 + slots_per_part_) + tables_.max_payload();
+  }
+
+  /// Why `parts` (of an Initialize or a Push) cannot be taken, or nullopt: a part not held
+  /// here, sent twice, of the wrong size, or with non-finite values (unless `finite_known`).
+  [[nodiscard]] std::optional<ErrorReply> check(const std::vector<PartValues>& parts, bool finite_known) {
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      const PartValues& pv = parts[i];
+      const Part* held = find(pv.part);
+      if (held == nullptr) return ErrorReply{ErrorCode::kNotFound, unknown_part(pv.part)};
+      if (pv.values.size() != held->values.size()) {
+        return ErrorReply{ErrorCode::kInvalidArgument, describe(held->part) + " has " +
+                                                           std::to_string(held->values.size()) +
+                                                           " elements, got " + std::to_string(pv.values.size())};
+      }
+      for (std::size_t j = 0; j < i; ++j) {
+        if (parts[j].part == pv.part) {
+          return ErrorReply{ErrorCode::kInvalidArgument, describe(held->part) + " is sent twice"};
+        }
+      }
+      if (!finite_known && !detail::all_finite(pv.values)) {
+        return ErrorReply{ErrorCode::kInvalidArgument, "non-finite (NaN or Inf) values for " +
+                                                           describe(held->part) + "; nothing was applied"};
+      }
+    }
+    return std::nullopt;
+  }
+
+  /// Why `slices` (of a Pull) cannot be read here, or nullopt: a part not held here, rows
+  /// outside it, or rows asked twice (so a reply is never larger than what is held here).
+  [[nodiscard]] std::optional<ErrorReply> check(const std::vector<Slice>& slices) {
+    for (const Slice& s : slices) {
+      const Part* held = find(s.part);
+      if (held == nullptr) return ErrorReply{ErrorCode::kNotFound, unknown_part(s.part)};
+      if (s.rows.empty() || s.rows.begin < held->part.rows.begin || s.rows.end > held->part.rows.end) {
+        return ErrorReply{ErrorCode::kInvalidArgument, "rows [" + std::to_string(s.rows.begin) + ", " +
+                                                           std::to_string(s.rows.end) + ") are outside " +
+                                                           describe(held->part)};
+      }
+    }
+    if (const Slice* twice = overlapping(slices)) {
+      return ErrorReply{ErrorCode::kInvalidArgument,
+                        "a pull asks for rows of " + describe(find(twice->part)->part) + " twice (around rows [" +
+                            std::to_string(twice->rows.begin) + ", " + std::to_string(twice->rows.end) + "))"};
+    }
+    return std::nullopt;
+  }
+
+  /// Why `parts` cannot be initialized (a part initialized already), or nullopt; checked
+  /// with `check` first.
+  [[nodiscard]] std::optional<ErrorReply> check_fresh(const std::vector<PartValues>& parts) {
+    for (const PartValues& pv : parts) {
+      const Part& held = *find(pv.part);
+      if (held.initialized) {
+        return ErrorReply{ErrorCode::kAlreadyExists, describe(held.part) + " is already initialized"};
+      }
+    }
+    return std::nullopt;
+  }
+
+  /// Sets the initial values of `parts` (checked).
+  void initialize(const std::vector<PartValues>& parts) {
+    for (const PartValues& pv : parts) {
+      Part& held = *find(pv.part);
+      std::copy(pv.values.begin(), pv.values.end(), held.values.begin());
+      held.initialized = true;
+      ++initialized_;
+    }
+  }
+
+  /// The values `slices` (checked) name, as views of the parts, at global step `step`.
+  PullReply read(const std::vector<Slice>& slices, std::int64_t step, Stats& stats) {
+    PullReply answer{step, {}};
+    answer.values.reserve(slices.size());
+    for (const Slice& s : slices) {
+      const Part& held = *find(s.part);
+      const std::size_t offset = (s.rows.begin - held.part.rows.begin) * held.row_size;
+      answer.values.push_back(std::span<const float>(held.values).subspan(offset, s.rows.size() * held.row_size));
+      stats.bytes_pulled += static_cast<std::int64_t>(answer.values.back().size_bytes());
+    }
+    return answer;
+  }
+
+  /// Every part with its optimizer State, as views: a checkpoint's share of this ps.
+  std::vector<PartState> read_state() {
+    std::vector<PartState> out;
+    out.reserve(parts_.size());
+    for (Part& held : parts_) {
+      PartState part{held.index, held.values, {}, {}};
+      for (const OptimizerSlot& s : slots_of(optimizer_, held.optimizer_state)) part.slots.push_back(s.values);
+      for (const OptimizerCounter& c : counters_of(optimizer_, held.optimizer_state)) part.counters.push_back(*c.value);
+      out.push_back(std::move(part));
+    }
+    return out;
+  }
+
+  /// Why `parts` cannot restore this shard, or nullopt; else fills `by_part` (one per part
+  /// held here, in part order) for `restore`. Each part held here must come once, with its
+  /// size, finite values and the optimizer's slots and counters (or none: the optimizer
+  /// then starts afresh, as for a checkpoint of another optimizer).
+  [[nodiscard]] std::optional<ErrorReply> check_restore(const std::vector<PartState>& parts,
+                                                        std::vector<const PartState*>& by_part) {
+    if (parts.size() != parts_.size()) {
+      return ErrorReply{ErrorCode::kInvalidArgument, "a restore must carry each of the " +
+                                                         std::to_string(parts_.size()) + " parts held here, got " +
+                                                         std::to_string(parts.size())};
+    }
+    by_part.assign(parts_.size(), nullptr);
+    for (const PartState& ps : parts) {
+      Part* held = find(ps.part);
+      if (held == nullptr) return ErrorReply{ErrorCode::kNotFound, unknown_part(ps.part)};
+      const std::size_t k = local_[ps.part];
+      const auto slots = slots_of(optimizer_, held->optimizer_state);
+      const auto counters = counters_of(optimizer_, held->optimizer_state);
+      bool fits = by_part[k] == nullptr && ps.values.size() == held->values.size() &&
+                  (ps.counters.empty() || ps.counters.size() == counters.size()) &&
+                  (ps.slots.empty() || ps.slots.size() == slots.size());
+      for (const auto& s : ps.slots) fits = fits && s.size() == held->values.size();
+      if (!fits) {
+        return ErrorReply{ErrorCode::kInvalidArgument,
+                          "the restored state of " + describe(held->part) +
+                              " does not fit it (its size, or the optimizer's slots and counters)"};
+      }
+      if (!detail::all_finite(ps.values)) {
+        return ErrorReply{ErrorCode::kInvalidArgument, "non-finite values restored for " + describe(held->part)};
+      }
+      by_part[k] = &ps;
+    }
+    return std::nullopt;
+  }
+
+  /// Sets every part from `by_part` (checked by `check_restore`), its accumulator emptied.
+  void restore(const std::vector<const PartState*>& by_part, const P& sync) {
+    for (std::size_t k = 0; k < parts_.size(); ++k) {
+      Part& held = parts_[k];
+      const PartState& ps = *by_part[k];
+      std::copy(ps.values.begin(), ps.values.end(), held.values.begin());
+      held.optimizer_state = optimizer_.make_state(held.values.size());
+      const auto slots = slots_of(optimizer_, held.optimizer_state);
+      for (std::size_t s = 0; s < ps.slots.size(); ++s) {
+        std::copy(ps.slots[s].begin(), ps.slots[s].end(), slots[s].values.begin());
+      }
+      const auto counters = counters_of(optimizer_, held.optimizer_state);
+      for (std::size_t c = 0; c < ps.counters.size(); ++c) *counters[c].value = ps.counters[c];
+      held.accumulator = sync.make_accumulator(held.values.size());
+      held.initialized = true;
+    }
+    initialized_ = parts_.size();
+    tables_.clear();
+  }
+
+  /// "variable 'w' part 2".
+  [[nodiscard]] std::string describe(const pulley::Part& part) const {
+    return "variable '" + variables_[part.variable].name + "' part " + std::to_string(part.index);
+  }
+
+  /// Why part `part` is not held here.
+  [[nodiscard]] std::string unknown_part(std::uint32_t part) const {
+    if (part >= placement_.parts.size()) {
+      return "unknown part " + std::to_string(part) + " (the model has " +
+             std::to_string(placement_.parts.size()) + " parts)";
+    }
+    return describe(placement_.parts[part]) + " is held by ps " + std::to_string(placement_.parts[part].ps) +
+           ", not here";
+  }
+
+ private:
   /// A slice that overlaps another of `slices` (of the same part), or null.
   const Slice* overlapping(const std::vector<Slice>& slices) {
     if (slices.size() < 2) return nullptr;
@@ -5605,519 +7102,141 @@ class ParameterServer {
     return nullptr;
   }
 
-  void answer_pull(const Pull& r, Responder& reply) {
-    PullReply answer{global_step(), {}};
-    answer.values.reserve(r.slices.size());
-    for (const Slice& s : r.slices) {
-      const Slot& slot = slots_[slot_of_part_[s.part]];
-      const std::size_t offset = (s.rows.begin - slot.part.rows.begin) * slot.row_size;
-      answer.values.push_back(
-          std::span<const float>(slot.values).subspan(offset, s.rows.size() * slot.row_size));
-      stats_.bytes_pulled += static_cast<std::int64_t>(answer.values.back().size_bytes());
-    }
-    send(reply, std::move(answer));
-  }
+  std::uint32_t task_;
+  [[no_unique_address]] O optimizer_;
+  std::vector<Part> parts_;
+  std::vector<std::size_t> local_;  ///< global part index → index in parts_, or kNotHere
+  bool assigned_ = false;
+  std::size_t initialized_ = 0;
+  std::uint64_t held_bytes_ = 0;      ///< bytes of the parts' values
+  std::uint64_t slots_per_part_ = 0;  ///< the optimizer's slots, which a Restore also carries
+  std::vector<VariableSpec> variables_;
+  std::vector<TableSpec> table_specs_;
+  std::uint64_t table_seed_ = 0;
+  Placement placement_;
+  TableShard<T> tables_;
+  std::vector<const Slice*> order_;  ///< scratch: a pull's slices, sorted
+};
 
-  void answer_waiting_pulls() {
-    std::erase_if(waiting_pulls_, [&](WaitingPull& w) {
-      if (global_step() < w.request.min_step) return false;
-      answer_pull(w.request, w.reply);
-      return true;
-    });
-    std::erase_if(waiting_rows_, [&](WaitingRows& w) {
-      if (global_step() < w.request.min_step) return false;
-      // A row pull that cannot be answered (no memory for its rows) is refused alone: it is
-      // answered inside the push that completed the step, which must not fail the ps.
-      try {
-        answer_rows(w.request, w.create, w.reply);
-      } catch (const std::exception& e) {
-        if (w.reply) reject(w.reply, ErrorCode::kResourceExhausted, std::string("PullRows refused: ") + e.what());
-      }
-      return true;
-    });
-    std::erase_if(waiting_pauses_, [&](WaitingPause& w) {
-      if (global_step() < w.at_step) return false;
-      pause(w.session, w.reply);
-      return true;
-    });
-  }
+}  // namespace pulley
+// ---- end pulley/ps/shard.hpp ----
+// ---- begin pulley/ps/update.hpp ----
 
-  // ---- PullRows: rows of embedding tables ----------------------------------------------
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
-  void on(PullRows& r, const RequestContext& context, Responder& reply) {
-    if (!ready_) {
-      reject(reply, ErrorCode::kFailedPrecondition, "row pull before initialization");
-      return;
-    }
-    if (r.min_step > 0 && !current_epoch(r.epoch, reply, "row pull")) return;
-    if (auto problem = check_rows(r.tables, false); !problem.empty()) {
-      reject(reply, ErrorCode::kInvalidArgument, problem);
-      return;
-    }
-    // Only a worker's pull creates, admits and touches rows: the chief and evaluators read.
-    const bool create = !context.peer || context.peer->job == Node::Job::kWorker;
-    if (global_step() < r.min_step) {
-      WaitingRows& waiting = waiting_rows_.emplace_back(WaitingRows{std::move(r), create, nullptr});
-      park(waiting.reply, reply);
-    } else {
-      answer_rows(r, create, reply);
-    }
-  }
+namespace pulley {
 
-  /// Why `rows` (of a pull, or with `values` of a push) cannot be served here, or "": a
-  /// table that does not exist or comes twice, too many ids or bytes, an id twice, an id
-  /// another ps holds, rows of the wrong size. So a reply is never larger than the rows it
-  /// names once each.
-  std::string check_rows(const std::vector<TableRows>& rows, bool values) {
-    for (std::size_t i = 0; i < rows.size(); ++i) {
-      const TableRows& tr = rows[i];
-      if (tr.table >= tables_.size()) {
-        return "unknown table " + std::to_string(tr.table) + " (the model has " +
-               std::to_string(tables_.size()) + ")";
-      }
-      const TableSpec& spec = table_specs_[tr.table];
-      for (std::size_t j = 0; j < i; ++j) {
-        if (rows[j].table == tr.table) return "table '" + spec.name + "' comes twice";
-      }
-      if (tr.ids.size() > kMaxRowsPerRequest || tr.ids.size() * spec.dim * sizeof(float) > kMaxRowBytes) {
-        return std::to_string(tr.ids.size()) + " ids of table '" + spec.name + "' in one request (at most " +
-               std::to_string(std::min<std::size_t>(kMaxRowsPerRequest, kMaxRowBytes / sizeof(float) / spec.dim)) +
-               ")";
-      }
-      if (tr.values.size() != (values ? tr.ids.size() * spec.dim : 0)) {
-        return "table '" + spec.name + "': " + std::to_string(tr.values.size()) + " values for " +
-               std::to_string(tr.ids.size()) + " rows of dim " + std::to_string(spec.dim);
-      }
-      if (const std::uint64_t* twice = ids_seen_.first_duplicate(tr.ids)) {
-        return "row " + std::to_string(*twice) + " of table '" + spec.name +
-               "' comes twice in one request (a worker sums a row's gradients before it pushes)";
-      }
-      for (const std::uint64_t id : tr.ids) {
-        const std::uint32_t owner = table_policy_.sharding.ps_of(spec.name, id, num_ps_);
-        if (owner != task_) {
-          return "row " + std::to_string(id) + " of table '" + spec.name + "' is held by ps " +
-                 std::to_string(owner) + ", not here (do the worker and the ps use the same " +
-                 "id sharding?)";
-        }
-      }
-    }
-    return {};
-  }
+/// Where a push is applied: the update in progress on one ps task. Each push comes with
+/// the sync policy's verdict: a stale one is dropped and counted; a fresh one's gradients
+/// go into the parts' accumulators (and its rows into the tables' ones); the push that
+/// completes an update (kReady) makes every part apply its accumulator's mean with the
+/// optimizer, and every table its rows.
+///
+/// Nothing non-finite is ever applied, and an update is applied whole or not at all:
+///   - a push that is an update by itself (Async, BoundedStaleness; SyncReplicas with
+///     R = 1) is checked against the state it would be applied to, and refused, naming its
+///     sender, if anything would go non-finite; it still counts towards the step (the other
+///     ps tasks may have taken their share of it, and steps must not drift apart);
+///   - an update averaged from several pushes is checked once, when it is applied, and
+///     rolled back on this ps (logged, with the workers whose pushes made it) if anything
+///     would go non-finite.
+/// Optimizers with `stays_finite` are asked before applying; others apply into a copy of
+/// the part and its State that replaces them only if it stayed finite (or, if the State
+/// cannot be copied, fail the ps when the part goes non-finite).
+///
+/// @tparam O, P, T as the Shard it updates
+template <Optimizer O, SyncPolicy P, class T>
+class Update {
+ public:
+  /// What taking one push did.
+  struct Outcome {
+    std::uint32_t stale_parts = 0;  ///< part gradients dropped as stale
+    std::string refused;            ///< why the push was refused (it counts towards the step), or ""
+  };
 
-  /// Makes every row reply buffer free for reuse. Buffers over 64 MiB are given back, and
-  /// those of more than 64 requests: an outsized pull (a careless or hostile worker's) does
-  /// not hold its memory for the job's life.
-  void free_row_replies() noexcept {
-    while (row_replies_.size() > 64) row_replies_.pop_back();
-    row_replies_used_ = 0;
-    for (auto& buffers : row_replies_) {
-      for (std::vector<float>& b : buffers) {
-        if (b.capacity() > (std::size_t{64} << 20U) / sizeof(float)) std::vector<float>().swap(b);
-      }
-    }
-  }
-
-  void answer_rows(const PullRows& r, bool create, Responder& reply) {
-    if (row_replies_used_ == row_replies_.size()) row_replies_.emplace_back();
-    std::vector<std::vector<float>>& buffers = row_replies_[row_replies_used_++];
-    buffers.resize(r.tables.size());
-    RowsReply answer{global_step(), {}};
-    for (std::size_t i = 0; i < r.tables.size(); ++i) {
-      const TableRows& tr = r.tables[i];
-      Table& table = tables_[tr.table];
-      buffers[i].resize(tr.ids.size() * table.rows.dim());
-      table.rows.pull(tr.ids, buffers[i], global_step(), create);
-      answer.rows.emplace_back(buffers[i]);
-      stats_.bytes_pulled += static_cast<std::int64_t>(buffers[i].size() * sizeof(float));
-    }
-    send(reply, std::move(answer));
-  }
-
-  // ---- Push -----------------------------------------------------------------------------
-
-  void on(Push& r, const RequestContext& context, Responder& reply) {
-    if (!ready_) {
-      reject(reply, ErrorCode::kFailedPrecondition,
-             "push before initialization: the chief has not initialized the variables");
-      return;
-    }
-    if (!is_sender(r.worker, context, reply, "Push")) return;
-    if (!check_parts(r.gradients, context, reply)) return;
-    if (auto problem = check_rows(r.rows, true); !problem.empty()) {
-      reject(reply, ErrorCode::kInvalidArgument, problem);
-      return;
-    }
-    if (!context.tensors_finite) {
-      for (const TableRows& tr : r.rows) {
-        if (!detail::all_finite(tr.values)) {
-          reject(reply, ErrorCode::kInvalidArgument,
-                 "non-finite (NaN or Inf) rows for table '" + table_specs_[tr.table].name +
-                     "'; nothing was applied");
-          return;
-        }
-      }
-    }
-    if (r.gradients.size() != slots_.size()) {
-      // Every part must see every push's verdict, or parts drift apart.
-      reject(reply, ErrorCode::kInvalidArgument,
-             "a push must carry a gradient for each of the " + std::to_string(slots_.size()) +
-                 " parts held here, got " + std::to_string(r.gradients.size()));
-      return;
-    }
-    if (!current_epoch(r.epoch, reply, "push")) return;
-    if (r.worker >= kMaxWorkers) {
-      reject(reply, ErrorCode::kInvalidArgument, "worker index " + std::to_string(r.worker) + " is too large");
-      return;
-    }
-    if (r.sequence != 0 && r.worker < last_push_.size() &&
-        last_push_[r.worker].sequence == r.sequence) {
-      // Sent again after a lost connection: answered as the first time, counted once.
-      send(reply, PushReply{last_push_[r.worker].stale_parts});
-      return;
-    }
-    if (paused_) return hold(r, reply);
-    take(r, reply);
-  }
-
-  /// Takes a push that passed every check: the sync policy's verdict, the gradients into
-  /// the accumulators, and the update when it completes one.
-  void take(const Push& r, Responder& reply) {
-    const std::int64_t step_before = global_step();
-    changing_ = true;  // the policy's own refusal (pulley::Error) leaves its pacer unchanged
-    Verdict verdict = Verdict::kStale;
-    try {
-      verdict = sync_.on_push(pacer_, r.worker, r.local_step);
-    } catch (const Error& e) {
-      changing_ = false;
-      reject(reply, e.code(), std::string("Push refused: ") + e.message());
-      return;
-    }
-    if (taken_.size() <= r.worker) taken_.resize(r.worker + 1, 0);
-    ++taken_[r.worker];
-    // A push that is an update by itself (Async, BoundedStaleness; SyncReplicas with R = 1)
-    // is checked now, against the state it would be applied to: if it would not stay finite
-    // it is refused, naming the sender, and still counts towards this ps's step (the other
-    // ps tasks may have taken their share of it, and their steps must not drift from this
-    // one's), but none of it is taken here. A push that is one of several in an update is
-    // taken, and their mean is checked once, when it is applied (apply_all).
+  /// Takes push `r` (checked) with the sync policy's `verdict`, made at global step
+  /// `step_before`, and applies the update it completes. A throw from the optimizer or the
+  /// policy leaves the update half applied: the ps then fails.
+  Outcome take(Shard<O, P, T>& shard, const P& sync, const Push& r, Verdict verdict,
+               std::int64_t step_before, Stats& stats) {
+    const bool stale = verdict == Verdict::kStale;
     const bool alone = verdict == Verdict::kReady && accumulated_ == 0;
-    std::string overflow = alone ? would_overflow(r) : std::string();
-    PushReply answer;
+    Outcome out;
+    std::string refused = alone ? would_overflow(shard, r) : std::string();
     for (const PartValues& pv : r.gradients) {
-      Slot& slot = slots_[slot_of_part_[pv.part]];
-      stats_.bytes_pushed += static_cast<std::int64_t>(pv.values.size_bytes());
-      if (verdict == Verdict::kStale) {
-        ++stats_.stale_gradients_dropped;
-        ++answer.stale_parts;
+      stats.bytes_pushed += static_cast<std::int64_t>(pv.values.size_bytes());
+      if (stale) {
+        ++stats.stale_gradients_dropped;
+        ++out.stale_parts;
         continue;
       }
-      if (!overflow.empty()) continue;
-      ++stats_.gradients_accepted;
-      sync_.accumulate(slot.accumulator, pv.values);
+      if (!refused.empty()) continue;
+      ++stats.gradients_accepted;
+      sync.accumulate(shard.find(pv.part)->accumulator, pv.values);
     }
     for (const TableRows& tr : r.rows) {
-      stats_.bytes_pushed += static_cast<std::int64_t>(tr.values.size_bytes());
-      if (verdict == Verdict::kStale) {
-        stats_.table_rows_dropped += static_cast<std::int64_t>(tr.ids.size());
+      stats.bytes_pushed += static_cast<std::int64_t>(tr.values.size_bytes());
+      if (stale) {
+        stats.table_rows_dropped += static_cast<std::int64_t>(tr.ids.size());
         continue;
       }
-      if (!overflow.empty()) continue;
-      tables_[tr.table].accumulator.add(tr.ids, tr.values);
+      if (refused.empty()) shard.tables().add(tr);
     }
-    if (verdict != Verdict::kStale && overflow.empty()) {
+    if (!stale && refused.empty()) {
       ++accumulated_;
       contributors_.push_back(r.worker);
     }
-    std::string rolled_back;  // a push alone whose rows would go non-finite is refused too
+    std::string rolled_back;
     if (verdict == Verdict::kReady) {
       // An update of nothing (its one push refused here) applies nothing.
-      const std::int64_t pushes = std::exchange(accumulated_, 0);
-      if (pushes > 0) rolled_back = apply_all(step_before, /*checked=*/alone);
+      if (std::exchange(accumulated_, 0) > 0) rolled_back = apply(shard, sync, step_before, alone, stats);
       contributors_.clear();
     }
-    if (alone && overflow.empty() && !rolled_back.empty()) {
-      overflow = "push from worker " + std::to_string(r.worker) + " refused: its rows would make " +
-                 rolled_back + " non-finite; none of it was applied (it counts towards the step, "
-                 "as on the other ps tasks)";
+    if (alone && refused.empty() && !rolled_back.empty()) {
+      refused = "push from worker " + std::to_string(r.worker) + " refused: it would make " + rolled_back +
+                " non-finite; none of it was applied (it counts towards the step, as on the other ps tasks)";
+    } else if (!refused.empty()) {
+      ++stats.updates_refused;  // (a rollback counted itself)
     }
-    if (r.sequence != 0) {
-      if (last_push_.size() <= r.worker) last_push_.resize(r.worker + 1);
-      last_push_[r.worker] = {r.sequence, answer.stale_parts};
-    }
-    if (overflow.empty()) {
-      send(reply, answer);
-    } else {
-      if (rolled_back.empty()) ++stats_.updates_refused;  // (skip_update counted a rollback)
-      reject(reply, ErrorCode::kInvalidArgument, overflow);
-    }
-    retry_tokens();
-    if (global_step() != step_before) answer_waiting_pulls();
-    changing_ = false;
+    out.refused = std::move(refused);
+    return out;
   }
 
-  /// True if `epoch` is this ps's; otherwise refuses the request: the job was rolled back
-  /// (or resumed) since its sender last looked, and must start its step again.
-  bool current_epoch(std::uint64_t epoch, Responder& reply, std::string_view what) {
-    if (epoch == epoch_) return true;
-    if (epoch > epoch_) {
-      // The sender saw another ps restored already; this one's restore is on its way.
-      reject(reply, ErrorCode::kUnavailable,
-             "ps " + std::to_string(task_) + " is not restored to epoch " + std::to_string(epoch) +
-                 " yet (it is at epoch " + std::to_string(epoch_) + "): try again");
-      return false;
-    }
-    reject(reply, ErrorCode::kFailedPrecondition,
-           std::string(what) + " of epoch " + std::to_string(epoch) + " refused: the job was " +
-               "restored from a checkpoint at global step " + std::to_string(restored_step_) +
-               " (epoch " + std::to_string(epoch_) + "): wait until ready and start the step again");
-    return false;
+  /// The update in progress needs no more pushes (a worker it waited for was held lost):
+  /// applies what it has, at global step `step_before`.
+  void complete(Shard<O, P, T>& shard, const P& sync, std::int64_t step_before, Stats& stats) {
+    if (std::exchange(accumulated_, 0) > 0) (void)apply(shard, sync, step_before, /*checked=*/false, stats);
+    contributors_.clear();
   }
 
-  // ---- Pause / ReadState / Resume: a checkpoint's cut -------------------------------------
-
-  /// A push that arrived while paused, with its gradients copied out of the transport's
-  /// buffers (they are reused once `handle` returns).
-  struct HeldPush {
-    Push push;
-    std::vector<std::vector<float>> storage;
-    Responder reply;
-  };
-
-  void hold(const Push& r, Responder& reply) {
-    HeldPush& held = held_.emplace_back();
-    held.push = Push{r.worker, r.local_step, {}, r.epoch, r.sequence};
-    held.storage.reserve(r.gradients.size() + r.rows.size());
-    for (const PartValues& pv : r.gradients) {
-      held.storage.emplace_back(pv.values.begin(), pv.values.end());
-      held.push.gradients.push_back({pv.part, held.storage.back()});
-    }
-    for (const TableRows& tr : r.rows) {
-      held.storage.emplace_back(tr.values.begin(), tr.values.end());
-      held.push.rows.push_back({tr.table, tr.ids, held.storage.back()});
-    }
-    park(held.reply, reply);
-    advance_to_cut();
-  }
-
-  void on(Pause& r, const RequestContext& context, Responder& reply) {
-    if (!ready_) {
-      reject(reply, ErrorCode::kFailedPrecondition, "pause before initialization");
-      return;
-    }
-    if (global_step() < r.at_step) {  // paused the moment that step completes
-      WaitingPause& waiting = waiting_pauses_.emplace_back(WaitingPause{r.at_step, context.session, nullptr});
-      park(waiting.reply, reply);
-      return;
-    }
-    pause(context.session, reply);
-  }
-
-  void pause(std::uint64_t session, Responder& reply) {
-    PauseReply answer{global_step(), epoch_, taken_, {}, {}, checkpoints_whole_state_v<O>};
-    optimizer_state_names(answer.slot_names, answer.counter_names);
-    paused_ = true;
-    pause_session_ = session;
-    send(reply, std::move(answer));
-  }
-
-  void on(ReadState& r, const RequestContext& /*context*/, Responder& reply) {
-    if (!paused_) {
-      reject(reply, ErrorCode::kFailedPrecondition, "ReadState without Pause");
-      return;
-    }
-    if (!tables_.empty()) {
-      reject(reply, ErrorCode::kFailedPrecondition,
-             "checkpoints do not hold embedding tables yet: this ps holds table '" +
-                 table_specs_.front().name + "'");
-      return;
-    }
-    for (std::size_t w = 0; w < taken_.size(); ++w) {
-      if (taken_[w] > (w < r.until.size() ? r.until[w] : 0)) {
-        reject(reply, ErrorCode::kFailedPrecondition,
-               "ReadState: this ps has taken more pushes of worker " + std::to_string(w) +
-                   " than the cut");
-        return;
-      }
-    }
-    if (pending_read_) {
-      send(pending_read_->reply, ErrorReply{ErrorCode::kCancelled, "a newer ReadState came"});
-    }
-    pending_read_.emplace(PendingRead{std::move(r.until), nullptr});
-    park(pending_read_->reply, reply);
-    advance_to_cut();
-  }
-
-  void on(Resume& /*r*/, const RequestContext& /*context*/, Responder& reply) {
-    resume();
-    send(reply, Ack{});
-  }
-
-  /// Ends a pause: a cut not reached is given up, the held pushes are taken in order.
-  void resume() {
-    if (!paused_) return;
-    paused_ = false;
-    if (pending_read_) {
-      send(pending_read_->reply,
-           ErrorReply{ErrorCode::kCancelled, "resumed before the cut was reached"});
-      pending_read_.reset();
-    }
-    for (HeldPush& held : std::exchange(held_, {})) take(held.push, held.reply);
-  }
-
-  /// Takes held pushes, in order, while their workers are short of the cut; answers the
-  /// pending ReadState once this ps is exactly at it.
-  void advance_to_cut() {
-    if (!pending_read_) return;
-    const auto& until = pending_read_->until;
-    auto wanted = [&](std::uint32_t w) {
-      const std::uint64_t have = w < taken_.size() ? taken_[w] : 0;
-      return have < (w < until.size() ? until[w] : 0);
-    };
-    std::deque<HeldPush> later;
-    for (HeldPush& held : std::exchange(held_, {})) {
-      // A worker's pushes are taken in the order they came: one held back holds back the rest.
-      const bool blocked = std::any_of(later.begin(), later.end(), [&](const HeldPush& h) {
-        return h.push.worker == held.push.worker;
-      });
-      if (!blocked && wanted(held.push.worker)) {
-        take(held.push, held.reply);
-      } else {
-        later.push_back(std::move(held));
-      }
-    }
-    held_ = std::move(later);
-    for (std::uint32_t w = 0; w < until.size(); ++w) {
-      if (wanted(w)) return;  // its push is still on its way here
-    }
-    StateReply answer{global_step(), save_pacer(sync_, pacer_), {}};
-    for (Slot& slot : slots_) {
-      PartState part{slot.index, slot.values, {}, {}};
-      for (const OptimizerSlot& s : slots_of(optimizer_, slot.optimizer_state)) part.slots.push_back(s.values);
-      for (const OptimizerCounter& c : counters_of(optimizer_, slot.optimizer_state)) {
-        part.counters.push_back(*c.value);
-      }
-      answer.parts.push_back(std::move(part));
-    }
-    Responder reply = std::move(pending_read_->reply);
-    pending_read_.reset();
-    send(reply, std::move(answer));
-  }
-
-  // ---- Restore --------------------------------------------------------------------------
-
-  void on(Restore& r, const RequestContext& /*context*/, Responder& reply) {
-    if (!registered_) {
-      reject(reply, ErrorCode::kFailedPrecondition, "restore before the model is registered");
-      return;
-    }
-    // Everything is checked, and the pacer loaded aside, before anything changes.
-    if (r.parts.size() != slots_.size()) {
-      reject(reply, ErrorCode::kInvalidArgument,
-             "a restore must carry each of the " + std::to_string(slots_.size()) +
-                 " parts held here, got " + std::to_string(r.parts.size()));
-      return;
-    }
-    std::vector<const PartState*> by_slot(slots_.size(), nullptr);
-    for (const PartState& ps : r.parts) {
-      if (ps.part >= slot_of_part_.size() || slot_of_part_[ps.part] == kNotHere) {
-        reject(reply, ErrorCode::kNotFound, unknown_part(ps.part));
-        return;
-      }
-      const std::size_t k = slot_of_part_[ps.part];
-      Slot& slot = slots_[k];
-      const auto slots = slots_of(optimizer_, slot.optimizer_state);
-      const auto counters = counters_of(optimizer_, slot.optimizer_state);
-      // No slots or counters at all: the optimizer's state starts afresh (a checkpoint of
-      // another optimizer, or of one that does not name its state).
-      bool fits = by_slot[k] == nullptr && ps.values.size() == slot.values.size() &&
-                  (ps.counters.empty() || ps.counters.size() == counters.size()) &&
-                  (ps.slots.empty() || ps.slots.size() == slots.size());
-      for (const auto& s : ps.slots) fits = fits && s.size() == slot.values.size();
-      if (!fits) {
-        reject(reply, ErrorCode::kInvalidArgument,
-               "the restored state of " + describe(slot.part) +
-                   " does not fit it (its size, or the optimizer's slots and counters)");
-        return;
-      }
-      if (!detail::all_finite(ps.values)) {
-        reject(reply, ErrorCode::kInvalidArgument, "non-finite values restored for " + describe(slot.part));
-        return;
-      }
-      by_slot[k] = &ps;
-    }
-    typename P::Pacer pacer = load_pacer(sync_, r.pacer);  // a pulley::Error refuses it
-    changing_ = true;
-    for (std::size_t k = 0; k < slots_.size(); ++k) {
-      Slot& slot = slots_[k];
-      const PartState& ps = *by_slot[k];
-      std::copy(ps.values.begin(), ps.values.end(), slot.values.begin());
-      slot.optimizer_state = optimizer_.make_state(slot.values.size());
-      const auto slots = slots_of(optimizer_, slot.optimizer_state);
-      for (std::size_t s = 0; s < ps.slots.size(); ++s) {
-        std::copy(ps.slots[s].begin(), ps.slots[s].end(), slots[s].values.begin());
-      }
-      const auto counters = counters_of(optimizer_, slot.optimizer_state);
-      for (std::size_t c = 0; c < ps.counters.size(); ++c) *counters[c].value = ps.counters[c];
-      slot.accumulator = sync_.make_accumulator(slot.values.size());
-      slot.initialized = true;
-    }
-    initialized_slots_ = slots_.size();
-    const std::int64_t step_before = ready_ ? global_step() : -1;
-    pacer_ = std::move(pacer);
-    relose_workers();
+  /// Forgets the update in progress (a restore empties the shard's accumulators).
+  void clear() noexcept {
     accumulated_ = 0;
     contributors_.clear();
-    taken_.clear();
-    last_push_.clear();
-    token_session_.clear();
-    epoch_ = r.epoch;
-    restored_step_ = global_step();
-    // What waited belongs to the time before: its clients start their step again.
-    const ErrorReply gone{ErrorCode::kFailedPrecondition,
-                          "ps " + std::to_string(task_) + ": the job was restored from a "
-                          "checkpoint at global step " + std::to_string(restored_step_) +
-                          ": wait until ready and start the step again"};
-    for (TokenWaiter& w : std::exchange(token_waiters_, {})) send(w.reply, ErrorReply{gone});
-    for (WaitingPull& w : std::exchange(waiting_pulls_, {})) send(w.reply, ErrorReply{gone});
-    for (WaitingRows& w : std::exchange(waiting_rows_, {})) send(w.reply, ErrorReply{gone});
-    for (Table& table : tables_) table.accumulator.clear();
-    for (HeldPush& h : std::exchange(held_, {})) send(h.reply, ErrorReply{gone});
-    for (WaitingPause& w : std::exchange(waiting_pauses_, {})) send(w.reply, ErrorReply{gone});
-    if (pending_read_) {
-      send(pending_read_->reply, ErrorReply{gone});
-      pending_read_.reset();
-    }
-    paused_ = false;
-    // A rollback (a ps was lost) undoes what this ps applied since the checkpoint.
-    const std::string undone =
-        step_before < 0 ? std::string()
-                        : ", rolled back from global step " + std::to_string(step_before) + ": " +
-                              std::to_string(std::max<std::int64_t>(step_before - restored_step_, 0)) +
-                              " steps' updates lost";
-    log(LogLevel::kInfo, "ps " + std::to_string(task_) + ": restored at global step " +
-                             std::to_string(restored_step_) + " (epoch " +
-                             std::to_string(epoch_) + ")" + undone);
-    send(reply, Ack{});
-    changing_ = false;
-    if (!ready_) {
-      become_ready();
-    }
   }
 
+ private:
   /// Why applying push `r` alone would make a parameter or a slot non-finite (the
   /// optimizer's `stays_finite`, asked of every part against the state it would be applied
-  /// to), or "" when it would not, or when the optimizer cannot tell (apply_all guards
-  /// those).
-  std::string would_overflow(const Push& r) const {
+  /// to), or "" when it would not, or when the optimizer cannot tell (`apply` guards those).
+  std::string would_overflow(Shard<O, P, T>& shard, const Push& r) const {
     if constexpr (PredictsFiniteness<O>) {
       for (const PartValues& pv : r.gradients) {
-        const Slot& slot = slots_[slot_of_part_[pv.part]];
-        if (!optimizer_.stays_finite(slot.optimizer_state, slot.values, pv.values)) {
+        const auto& held = *shard.find(pv.part);
+        if (!shard.optimizer().stays_finite(held.optimizer_state, held.values, pv.values)) {
           return "push from worker " + std::to_string(r.worker) + " refused: its gradient for " +
-                 describe(slot.part) +
-                 " would make a parameter or an optimizer slot non-finite (or larger than "
-                 "float's range allows); none of it was applied (it counts towards the step, "
-                 "as on the other ps tasks)";
+                 shard.describe(held.part) +
+                 " would make a parameter or an optimizer slot non-finite (or larger than float's "
+                 "range allows); none of it was applied (it counts towards the step, as on the other "
+                 "ps tasks)";
         }
       }
     }
@@ -6125,371 +7244,79 @@ class ParameterServer {
   }
 
   /// Takes every part's update from its accumulator and applies it, unless that would make
-  /// a parameter (or, for an optimizer that predicts it, a slot) non-finite: then this
-  /// update is skipped on this ps (the step is rolled back here), counted and logged with
-  /// the variable and the workers whose pushes made it. With `stays_finite`, the update is
-  /// asked about once, unless its one push already was (`checked`); without it, the update
-  /// is applied to copies that replace the parts only if every weight stayed finite.
-  /// Returns what would have gone non-finite when the update was skipped, "" when applied.
-  std::string apply_all(std::int64_t step_before, bool checked) {
+  /// a parameter (or, for an optimizer that predicts it, a slot) non-finite: the update is
+  /// then skipped on this ps. With `stays_finite`, the update is asked about once, unless
+  /// its one push already was (`checked`). Returns what would have gone non-finite when the
+  /// update was skipped, "" when applied.
+  std::string apply(Shard<O, P, T>& shard, const P& sync, std::int64_t step_before, bool checked, Stats& stats) {
+    const auto parts = shard.parts();
+    const O& optimizer = shard.optimizer();
     updates_.clear();
-    for (Slot& slot : slots_) updates_.push_back(sync_.take(slot.accumulator));
+    for (auto& held : parts) updates_.push_back(sync.take(held.accumulator));
     // The tables' rows first, into scratch memory: committed with the dense parts below, or
     // not at all.
-    for (Table& table : tables_) {
-      if (table.accumulator.empty()) continue;
-      const std::span<const float> means = table.accumulator.take();
-      table.prepared = table.rows.prepare(table.accumulator.ids(), means, step_before, table.updates + 1);
-      if (!table.prepared) return skip_update(step_before, "table '" + table.rows.spec().name + "'");
+    if (const auto table = shard.tables().prepare(step_before)) {
+      return skip(shard, step_before, "table '" + *table + "'", stats);
     }
     if constexpr (PredictsFiniteness<O>) {
-      for (std::size_t i = 0; !checked && i < slots_.size(); ++i) {
-        if (!optimizer_.stays_finite(slots_[i].optimizer_state, slots_[i].values, updates_[i])) {
-          return skip_update(step_before, describe(slots_[i].part));
+      for (std::size_t i = 0; !checked && i < parts.size(); ++i) {
+        if (!optimizer.stays_finite(parts[i].optimizer_state, parts[i].values, updates_[i])) {
+          return skip(shard, step_before, shard.describe(parts[i].part), stats);
         }
       }
-      for (std::size_t i = 0; i < slots_.size(); ++i) {
-        apply_to(slots_[i], slots_[i].values, slots_[i].optimizer_state, updates_[i], step_before);
+      for (std::size_t i = 0; i < parts.size(); ++i) {
+        apply_to(shard, parts[i], parts[i].values, parts[i].optimizer_state, updates_[i], step_before);
       }
     } else if constexpr (std::is_copy_assignable_v<typename O::State>) {
-      shadows_.resize(slots_.size());
-      for (std::size_t i = 0; i < slots_.size(); ++i) {
-        Slot& slot = slots_[i];
+      shadows_.resize(parts.size());
+      for (std::size_t i = 0; i < parts.size(); ++i) {
         Shadow& shadow = shadows_[i];
-        shadow.values = slot.values;  // copy-assignments reuse the shadows' memory
+        shadow.values = parts[i].values;  // copy-assignments reuse the shadows' memory
         if (!shadow.state) {
-          shadow.state.emplace(slot.optimizer_state);
+          shadow.state.emplace(parts[i].optimizer_state);
         } else {
-          *shadow.state = slot.optimizer_state;
+          *shadow.state = parts[i].optimizer_state;
         }
-        apply_to(slot, shadow.values, *shadow.state, updates_[i], step_before);
-        if (!detail::all_finite(shadow.values)) return skip_update(step_before, describe(slot.part));
+        apply_to(shard, parts[i], shadow.values, *shadow.state, updates_[i], step_before);
+        if (!detail::all_finite(shadow.values)) return skip(shard, step_before, shard.describe(parts[i].part), stats);
       }
-      for (std::size_t i = 0; i < slots_.size(); ++i) {
-        std::swap(slots_[i].values, shadows_[i].values);
-        std::swap(slots_[i].optimizer_state, *shadows_[i].state);
+      for (std::size_t i = 0; i < parts.size(); ++i) {
+        std::swap(parts[i].values, shadows_[i].values);
+        std::swap(parts[i].optimizer_state, *shadows_[i].state);
       }
     } else {
-      for (Slot& slot : slots_) {
-        apply_to(slot, slot.values, slot.optimizer_state, updates_[&slot - slots_.data()],
-                 step_before);
-        if (!detail::all_finite(slot.values)) {
-          throw std::runtime_error("the parameters of " + describe(slot.part) +
-                                   " went non-finite, and the optimizer's State cannot be "
-                                   "copied to undo it (give the optimizer stays_finite)");
+      for (std::size_t i = 0; i < parts.size(); ++i) {
+        apply_to(shard, parts[i], parts[i].values, parts[i].optimizer_state, updates_[i], step_before);
+        if (!detail::all_finite(parts[i].values)) {
+          throw std::runtime_error("the parameters of " + shard.describe(parts[i].part) +
+                                   " went non-finite, and the optimizer's State cannot be copied to "
+                                   "undo it (give the optimizer stays_finite)");
         }
       }
     }
-    stats_.updates_applied += static_cast<std::int64_t>(slots_.size());
-    commit_tables(step_before);
+    stats.updates_applied += static_cast<std::int64_t>(parts.size());
+    stats.updates_applied += shard.tables().commit(step_before);
     return {};
   }
 
-  /// Writes every table's prepared rows back, and evicts rows gone untouched too long
-  /// (every eighth of the eviction window: a pass costs one look at every row).
-  void commit_tables(std::int64_t step_before) {
-    for (Table& table : tables_) {
-      if (!std::exchange(table.prepared, false)) continue;  // no row pushed in this update
-      table.rows.commit(step_before);
-      ++table.updates;
-      table.accumulator.clear();
-      ++stats_.updates_applied;
-    }
-    const std::int64_t step = step_before + 1;
-    for (Table& table : tables_) {
-      const std::int64_t window = table.rows.spec().evict_after_steps;
-      if (window <= 0 || step < table.next_eviction) continue;
-      table.rows.evict(step);
-      table.next_eviction = step + std::max<std::int64_t>(1, window / 8);
-    }
+  static void apply_to(const Shard<O, P, T>& shard, const HeldPart<O, P>& held, std::span<float> values,
+                       typename O::State& state, std::span<const float> update, std::int64_t step_before) {
+    const UpdateContext context{step_before, shard.variables()[held.part.variable].name, held.part.rows,
+                                held.row_size};
+    apply_update(shard.optimizer(), state, values, update, context);
   }
 
-  void apply_to(const Slot& slot, std::span<float> values, typename O::State& state,
-                std::span<const float> update, std::int64_t step_before) {
-    const UpdateContext context{step_before, variables_[slot.part.variable].name, slot.part.rows,
-                                slot.row_size};
-    apply_update(optimizer_, state, values, update, context);
-  }
-
-  std::string skip_update(std::int64_t step_before, const std::string& what) {
-    ++stats_.updates_refused;
-    for (Table& table : tables_) {
-      table.accumulator.clear();
-      table.prepared = false;
-    }
+  /// Drops the update (counted, and logged with the workers whose pushes made it).
+  std::string skip(Shard<O, P, T>& shard, std::int64_t step_before, const std::string& what, Stats& stats) {
+    ++stats.updates_refused;
+    shard.tables().clear();
     std::string from;
-    for (const std::uint32_t w : contributors_) {
-      from += (from.empty() ? "worker " : ", worker ") + std::to_string(w);
-    }
-    log(LogLevel::kWarning,
-        "ps " + std::to_string(task_) + ": rolled back the update of global step " +
-            std::to_string(step_before + 1) + " (gradients from " + from + "): it would have made " +
-            what + " non-finite");
+    for (const std::uint32_t w : contributors_) from += (from.empty() ? "worker " : ", worker ") + std::to_string(w);
+    log(LogLevel::kWarning, "ps " + std::to_string(shard.task()) + ": rolled back the update of global step " +
+                                std::to_string(step_before + 1) + " (gradients from " + from +
+                                "): it would have made " + what + " non-finite");
     return what;
   }
-
-  /// Checks that a worker's request names the worker that sent it.
-  bool is_sender(std::uint32_t worker, const RequestContext& context, Responder& reply,
-                 std::string_view what) {
-    if (!context.peer || context.peer->index == worker) return true;
-    reject(reply, ErrorCode::kPermissionDenied,
-           "refused " + std::string(what) + " for worker " + std::to_string(worker) + " from " +
-               context.peer->name());
-    return false;
-  }
-
-  // ---- GetStats / Shutdown --------------------------------------------------------------
-
-  void on(GetStats& /*r*/, const RequestContext& /*context*/, Responder& reply) {
-    check_heartbeats();
-    send(reply, stats_reply());
-  }
-
-  // ---- Heartbeat: lost workers ------------------------------------------------------------
-
-  void on(Heartbeat& r, const RequestContext& context, Responder& reply) {
-    if (!is_sender(r.worker, context, reply, "Heartbeat")) return;
-    if (r.worker >= kMaxWorkers) {
-      reject(reply, ErrorCode::kInvalidArgument, "worker index " + std::to_string(r.worker) + " is too large");
-      return;
-    }
-    if (r.leaving) {
-      // Done: forgotten rather than held lost once quiet (one lost stays so), and the
-      // tokens it took and did not push for (it found training over) go back.
-      if (const auto gone = heard_.find(r.worker); gone != heard_.end() && !gone->second.lost) {
-        heard_.erase(gone);
-      }
-      if (ready_) {
-        changing_ = true;
-        token_session_.erase(r.worker);
-        release(sync_, pacer_, r.worker);
-        changing_ = false;
-        retry_tokens();
-      }
-      send(reply, stats_reply());
-      return;
-    }
-    const auto now = Clock::now();
-    if (now - last_heartbeat_ >= worker_timeout_) {
-      // This ps heard no worker for a whole timeout: it was the one cut off (a partition,
-      // a pause). Every worker gets a fresh timeout to be heard from again, instead of all
-      // but the first one back being held lost.
-      for (auto& [worker, heard] : heard_) heard.last = now;
-    }
-    last_heartbeat_ = now;
-    heard_[r.worker].last = now;
-    revive(r.worker);
-    check_heartbeats();
-    send(reply, stats_reply());
-  }
-
-  /// A worker held lost was heard from (a heartbeat, a token request): it counts again.
-  void revive(std::uint32_t worker) {
-    const auto heard = heard_.find(worker);
-    if (heard == heard_.end() || !heard->second.lost || !ready_ || paused_) return;
-    heard->second.last = Clock::now();
-    changing_ = true;  // a throw from the policy leaves its pacer half changed
-    worker_back(sync_, pacer_, worker);
-    heard->second.lost = false;
-    changing_ = false;
-    log(LogLevel::kInfo, "ps " + std::to_string(task_) + ": " + Node::worker(worker).name() +
-                             " is back; " + describe_wait());
-    retry_tokens();
-  }
-
-  /// Holds lost every worker heard before and silent for the worker timeout: the sync
-  /// policy stops waiting for it, and an update that needed only it is applied now. Not
-  /// while paused for a checkpoint's cut, which must see no step complete on its own.
-  void check_heartbeats() {
-    if (!ready_ || paused_) return;
-    const auto now = Clock::now();
-    for (auto& [worker, heard] : heard_) {
-      if (heard.lost || now - heard.last < worker_timeout_) continue;
-      const std::int64_t step_before = global_step();
-      changing_ = true;
-      heard.lost = true;
-      ++stats_.workers_lost;
-      const Verdict verdict = worker_lost(sync_, pacer_, worker);
-      token_session_.erase(worker);  // its lease is given back with it
-      if (verdict == Verdict::kReady) {
-        if (std::exchange(accumulated_, 0) > 0) (void)apply_all(step_before, /*checked=*/false);
-        contributors_.clear();
-      }
-      changing_ = false;
-      log(LogLevel::kWarning, "ps " + std::to_string(task_) + ": " + Node::worker(worker).name() +
-                                  " lost (last heard " + seconds_since(heard.last, now) +
-                                  " s ago): training goes on without it; " + describe_wait());
-      retry_tokens();
-      if (global_step() != step_before) answer_waiting_pulls();
-    }
-  }
-
-  /// Tells a restored pacer which workers are lost.
-  void relose_workers() {
-    for (const auto& [worker, heard] : heard_) {
-      if (heard.lost) (void)worker_lost(sync_, pacer_, worker);
-    }
-  }
-
-  /// What GetStats and Heartbeat answer.
-  StatsReply stats_reply() const {
-    StatsReply answer{stats(), describe_wait(), {}};
-    for (const auto& [worker, heard] : heard_) {
-      if (heard.lost) answer.lost.push_back(worker);
-    }
-    return answer;
-  }
-
-  /// The sync policy's wait in words, with how long ago each awaited worker was heard:
-  /// "step 812: 1 of 2 gradients in, 1 of 2 tokens left; waiting for worker:1 (last heard
-  /// 14.2 s ago)".
-  std::string describe_wait() const {
-    std::string text = waiting_for(sync_, pacer_);
-    const std::vector<std::uint32_t> workers = awaited(sync_, pacer_);
-    if (workers.empty()) return text;
-    text += text.empty() ? "waiting for " : "; waiting for ";
-    const auto now = Clock::now();
-    for (std::size_t i = 0; i < workers.size(); ++i) {
-      if (i == 8) {
-        text += ", and " + std::to_string(workers.size() - i) + " more";
-        break;
-      }
-      if (i > 0) text += ", ";
-      text += Node::worker(workers[i]).name();
-      const auto heard = heard_.find(workers[i]);
-      if (heard != heard_.end()) text += " (last heard " + seconds_since(heard->second.last, now) + " s ago)";
-    }
-    return text;
-  }
-
-  using Clock = std::chrono::steady_clock;
-
-  static std::string seconds_since(Clock::time_point then, Clock::time_point now) {
-    char text[32];
-    std::snprintf(text, sizeof text, "%.1f", std::chrono::duration<double>(now - then).count());
-    return text;
-  }
-
-  void on(Shutdown& r, const RequestContext& /*context*/, Responder& reply) {
-    const std::string ps = "ps " + std::to_string(task_);
-    end_ = r.aborted ? ErrorReply{ErrorCode::kAborted,
-                                  ps + ": training aborted by the chief: " + r.reason}
-                     : ErrorReply{ErrorCode::kOutOfRange,
-                                  ps + ": training finished (the chief shut the ps tasks "
-                                       "down at global step " +
-                                      std::to_string(global_step()) + ")"};
-    answer_all_waiting(*end_);
-    send(reply, Ack{});
-  }
-
-  // ---- helpers --------------------------------------------------------------------------
-
-  /// What Register and WaitReady answer: the model, where it lives, the epoch, and the names
-  /// of the optimizer's slots and counters.
-  PlacementReply placement_reply() {
-    PlacementReply answer{variables_, placement_, epoch_, {}, {}, table_specs_};
-    optimizer_state_names(answer.slot_names, answer.counter_names);
-    return answer;
-  }
-
-  /// The names of the optimizer's slots and counters (those of a fresh State: they do not
-  /// depend on its size).
-  void optimizer_state_names(std::vector<std::string>& slots, std::vector<std::string>& counters) const {
-    typename O::State probe = optimizer_.make_state(0);
-    for (const OptimizerSlot& slot : slots_of(optimizer_, probe)) slots.emplace_back(slot.name);
-    for (const OptimizerCounter& counter : counters_of(optimizer_, probe)) counters.emplace_back(counter.name);
-  }
-
-  [[nodiscard]] std::int64_t global_step() const { return sync_.global_step(pacer_); }
-
-  /// Checks that every part is held here, appears once, has the right size and (unless the
-  /// transport vouches for it) finite values; otherwise rejects the request and returns
-  /// false.
-  bool check_parts(const std::vector<PartValues>& parts, const RequestContext& context,
-                   Responder& reply) {
-    for (std::size_t i = 0; i < parts.size(); ++i) {
-      const PartValues& pv = parts[i];
-      if (pv.part >= slot_of_part_.size() || slot_of_part_[pv.part] == kNotHere) {
-        reject(reply, ErrorCode::kNotFound, unknown_part(pv.part));
-        return false;
-      }
-      const Slot& slot = slots_[slot_of_part_[pv.part]];
-      if (pv.values.size() != slot.values.size()) {
-        reject(reply, ErrorCode::kInvalidArgument,
-               describe(slot.part) + " has " + std::to_string(slot.values.size()) +
-                   " elements, got " + std::to_string(pv.values.size()));
-        return false;
-      }
-      for (std::size_t j = 0; j < i; ++j) {
-        if (parts[j].part == pv.part) {
-          reject(reply, ErrorCode::kInvalidArgument, describe(slot.part) + " is sent twice");
-          return false;
-        }
-      }
-      if (!context.tensors_finite && !detail::all_finite(pv.values)) {
-        reject(reply, ErrorCode::kInvalidArgument,
-               "non-finite (NaN or Inf) values for " + describe(slot.part) +
-                   "; nothing was applied");
-        return false;
-      }
-    }
-    return true;
-  }
-
-  std::string unknown_part(std::uint32_t part) const {
-    if (part >= placement_.parts.size()) {
-      return "unknown part " + std::to_string(part) + " (the model has " +
-             std::to_string(placement_.parts.size()) + " parts)";
-    }
-    return describe(placement_.parts[part]) + " is held by ps " +
-           std::to_string(placement_.parts[part].ps) + ", not here";
-  }
-
-  std::string describe(const Part& part) const {
-    return "variable '" + variables_[part.variable].name + "' part " + std::to_string(part.index);
-  }
-
-  static constexpr std::size_t kNotHere = static_cast<std::size_t>(-1);
-  /// Ids of one table in one request, and the bytes of their rows: a reply is at most this
-  /// large.
-  static constexpr std::size_t kMaxRowsPerRequest = kMaxIdsPerMessage;
-  static constexpr std::size_t kMaxRowBytes = kMaxRowBytesPerMessage;
-  /// Floats in one row of a table.
-  static constexpr std::size_t kMaxTableDim = std::size_t{1} << 16U;
-  /// Elements a variable may have: 4 TiB of floats, beyond any ps, and no product of its
-  /// shape wraps around on the way.
-  static constexpr std::size_t kMaxElements = std::size_t{1} << 40U;
-  /// Worker indices a ps keeps counts for.
-  static constexpr std::uint32_t kMaxWorkers = std::uint32_t{1} << 20U;
-
-  std::uint32_t task_;
-  std::uint32_t num_ps_;
-  [[no_unique_address]] O optimizer_;
-  [[no_unique_address]] P sync_;
-  [[no_unique_address]] S sharding_;
-  [[no_unique_address]] T table_policy_;
-
-  bool registered_ = false;
-  bool ready_ = false;
-  bool changing_ = false;          ///< inside a change that a throw would leave half done
-  std::optional<ErrorReply> end_;  ///< set once stopped: what every request is answered
-  std::vector<VariableSpec> variables_;
-  Placement placement_;
-  std::vector<Slot> slots_;
-  std::vector<std::size_t> slot_of_part_;  ///< global part index → slot, or kNotHere
-  std::vector<TableSpec> table_specs_;
-  std::uint64_t table_seed_ = 0;
-  std::vector<Table> tables_;
-  /// Buffers of row replies, by request: those before `row_replies_used_` may be viewed by
-  /// a transport until the next request that changes parameters.
-  std::deque<std::vector<std::vector<float>>> row_replies_;
-  std::size_t row_replies_used_ = 0;
-  std::vector<WaitingRows> waiting_rows_;
-  detail::IdIndex ids_seen_{detail::random_u64()};  ///< finds an id twice in a request
-  std::size_t initialized_slots_ = 0;
-
-  std::uint64_t held_bytes_ = 0;  ///< bytes of the parts held here
-  std::uint64_t slots_per_part_ = 0;  ///< the optimizer's slots, which a Restore also carries
 
   /// A part's values and State as an update leaves them, kept only if they stay finite
   /// (optimizers without `stays_finite`).
@@ -6497,49 +7324,584 @@ class ParameterServer {
     std::vector<float> values;
     std::optional<typename O::State> state;
   };
+
+  std::int64_t accumulated_ = 0;             ///< pushes whose gradients are in the accumulators
+  std::vector<std::uint32_t> contributors_;  ///< ... and whose they are, for a rollback's log
   std::vector<Shadow> shadows_;
   std::vector<std::span<const float>> updates_;  ///< scratch: each part's update
-  std::int64_t accumulated_ = 0;  ///< pushes whose gradients are in the accumulators
-  std::uint64_t epoch_ = 0;          ///< restores so far (Restore::epoch)
-  std::int64_t restored_step_ = 0;   ///< the global step of the last restore
-  std::vector<std::uint64_t> taken_;  ///< by worker: pushes taken since the last restore
-  /// By worker: its last push's sequence number and answer, to answer a resend as the first.
-  struct LastPush {
-    std::uint64_t sequence = 0;
-    std::uint32_t stale_parts = 0;
-  };
-  std::vector<LastPush> last_push_;
-  bool paused_ = false;             ///< holding pushes for a checkpoint's cut
-  std::uint64_t pause_session_ = 0;  ///< the chief's connection that paused it
-  std::deque<HeldPush> held_;        ///< pushes that arrived while paused, in order
-  struct PendingRead {
-    std::vector<std::uint64_t> until;
-    Responder reply;
-  };
-  std::optional<PendingRead> pending_read_;  ///< a ReadState waiting for its cut
-  struct WaitingPause {
-    std::int64_t at_step;
-    std::uint64_t session;
-    Responder reply;
-  };
-  std::vector<WaitingPause> waiting_pauses_;  ///< Pauses for a step not completed yet
-  std::vector<std::uint32_t> contributors_;  ///< ... and whose they are, for a rollback's log
-  std::vector<const Slice*> order_;              ///< scratch: a pull's slices, sorted
+};
 
-  typename P::Pacer pacer_;  ///< the global step and the tokens, as the sync policy keeps them
-  /// By worker, those that sent heartbeats: when last heard, and whether held lost.
-  struct Heard {
-    Clock::time_point last;
-    bool lost = false;
+}  // namespace pulley
+// ---- end pulley/ps/update.hpp ----
+
+namespace pulley {
+
+/// One ps task: holds the parts of every variable placed on it (and the rows of embedding
+/// tables), aggregates the gradients pushed to them and applies the optimizer.
+///
+/// It is a message handler (a `Service`) and does no I/O: a transport calls `handle` for
+/// one request at a time, so the same logic runs in-process and over the network, and
+/// nothing here needs a lock. It is a thin host over named parts, each in `ps/`:
+///
+///   Registration   the model's checks and placement, readiness, epoch  Register, WaitReady
+///   Shard          the parts and table rows held here                 Initialize, Pull, PullRows,
+///                                                                     ReadState, Restore
+///   Pacing         the sync policy's pacer, tokens and their leases   TakeToken
+///   Update         the update in progress: where a push is applied    Push
+///   PushLedger     pushes taken from each worker, resends             Push, ReadState
+///   CheckpointCut  the pause, held pushes, the cut                    Pause, ReadState, Resume
+///   Liveness       workers heard and lost                             Heartbeat, GetStats
+///
+/// Bad requests are answered with an ErrorReply and change nothing; the ps keeps serving.
+/// A push is all-or-nothing: it is checked whole (known parts, sizes, finite values unless
+/// the transport vouches for them, the sync policy's verdict) before any of it is applied.
+/// This is the one place that decides what a throwing policy costs: a throw before the ps
+/// changes anything refuses that request; a throw while it changes its state (half an
+/// update applied) fails the ps: it answers every request from then on with `kInternal`
+/// and the reason, and `stopped()` turns true, so its transport ends and the task exits
+/// with an error instead of serving parameters it cannot vouch for.
+///
+/// @tparam S Sharding policy: which ps holds which rows (every ps computes the same placement)
+/// @tparam O Optimizer applied to each part, with its per-part slots kept beside the part
+/// @tparam P SyncPolicy: Async, SyncReplicas, BoundedStaleness... paces and aggregates
+/// @tparam T Tables<RowWiseOptimizer, IdSharding, RowAggregation> for models with embedding
+///           tables, or NoTables; by default Tables<O> when O can update rows (Sgd, Adagrad,
+///           Adam, Ftrl, RmsProp), NoTables otherwise (Momentum)
+template <Sharding S, Optimizer O, SyncPolicy P, TablesOrNone T = DefaultTables<O>>
+class ParameterServer {
+ public:
+  /// @param task    this ps task's index
+  /// @param num_ps  the number of ps tasks in the cluster
+  /// @param tables  the embedding tables' policy; by default, when the tables' optimizer is
+  ///                of the dense one's type, a copy of `optimizer` (the same settings)
+  ParameterServer(std::uint32_t task, std::uint32_t num_ps, O optimizer, P sync, S sharding = {},
+                  std::optional<T> tables = std::nullopt)
+      : task_(task),
+        name_("ps " + std::to_string(task)),
+        registration_(task, num_ps, std::move(sharding)),
+        shard_(task, optimizer, tables ? std::move(*tables) : default_table_policy<T>(optimizer)),
+        pacing_(std::move(sync)) {
+    if (num_ps == 0 || task >= num_ps) {
+      throw Error(ErrorCode::kInvalidArgument, "ps task " + std::to_string(task) + " is outside a cluster of " +
+                                                   std::to_string(num_ps) + " ps tasks");
+    }
+    num_ps_ = num_ps;
+  }
+
+  /// Handles one request; `reply` is called exactly once, now or later.
+  void handle(Request&& request, const RequestContext& context, Responder reply) noexcept {
+    if (end_) {
+      ++stats_.requests_rejected;
+      respond(reply, ErrorReply{*end_});
+      return;
+    }
+    changing_ = false;
+    // A transport is done with every reply's views before it hands over a request that
+    // changes the ps: the buffers of earlier row replies are free again.
+    if (changes_parameters(request)) shard_.tables().free_replies();
+    try {
+      if (context.peer && !senders(request).contains(context.peer->role)) {
+        return reject(reply, ErrorCode::kPermissionDenied,
+                      "refused " + std::string(message_name(request)) + " from " + context.peer->name() +
+                          ": only a " + senders(request).describe() + " may send it");
+      }
+      std::visit([&](auto& r) { on(r, context, reply); }, request);
+    } catch (const Error& e) {
+      settle(reply, e.code(), e.message(), message_name(request));
+    } catch (const std::exception& e) {
+      settle(reply, ErrorCode::kInternal, e.what(), message_name(request));
+    } catch (...) {
+      settle(reply, ErrorCode::kInternal, "unknown exception", message_name(request));
+    }
+  }
+
+  /// True once it serves no more: shut down by the chief, or failed.
+  [[nodiscard]] bool stopped() const noexcept { return end_.has_value(); }
+  /// How it ended, as it now answers every request: kOutOfRange (training finished),
+  /// kAborted (the chief aborted training) or kInternal (it failed); nullopt while serving.
+  [[nodiscard]] const std::optional<ErrorReply>& ended() const noexcept { return end_; }
+  /// This ps task's index.
+  [[nodiscard]] std::uint32_t task() const noexcept { return task_; }
+  /// How long a worker that sent heartbeats may fall silent before this ps holds it lost
+  /// (default 5 s; see Liveness). Workers that never sent one are never held lost.
+  void set_worker_timeout(std::chrono::milliseconds timeout) noexcept { liveness_.set_timeout(timeout); }
+
+  /// Counters, as GetStats answers them.
+  [[nodiscard]] Stats stats() const noexcept {
+    Stats s = stats_;
+    s.global_step = pacing_.global_step();
+    shard_.tables().count(s);
+    return s;
+  }
+  /// The counters of each embedding table held here, in the model's table order.
+  [[nodiscard]] std::vector<TableStats> table_stats() const { return shard_.tables().stats(); }
+
+  /// The transport lost connection `session` of task `node` (0: all of them). A worker's
+  /// token requests parked on it are answered kUnavailable, and if it is the connection
+  /// the worker took its last token on, the tokens it took and did not push for go back to
+  /// the sync policy: a worker that vanished holding one cannot stall a step, even while a
+  /// process restarted in its place is already connected. A chief that paused this ps for
+  /// a checkpoint's cut and left resumes it.
+  void disconnected(const Node& node, std::uint64_t session) noexcept {
+    if (end_) return;
+    try {
+      if (node.role == Node::Role::kChief && cut_.paused_by(session)) {
+        log(LogLevel::kWarning, name_ + ": the chief left while it paused this ps: resuming");
+        changing_ = true;
+        resume();
+      } else if (node.role == Node::Role::kWorker) {
+        const std::string gone = name_ + ": " + node.name() + " disconnected";
+        const std::string before = pacing_.waiting_for();
+        changing_ = true;
+        if (pacing_.disconnected(node.index, session, gone)) {
+          if (pacing_.waiting_for() != before) {
+            log(LogLevel::kInfo, gone + " holding its token: given back (" + pacing_.waiting_for() + ")");
+          }
+          hand_out_tokens();
+        }
+      }
+      changing_ = false;
+    } catch (const std::exception& e) {
+      fail_quietly(std::string("after a disconnection: ") + e.what());
+    } catch (...) {
+      fail_quietly("after a disconnection: unknown exception");
+    }
+  }
+
+  /// The most tensor bytes a request can carry now: a push or an initialization has one
+  /// value per element held here, a restore one more per optimizer slot, a push its rows
+  /// (0 before registration: nothing can carry a tensor yet).
+  [[nodiscard]] std::uint64_t max_request_payload() const noexcept { return shard_.max_request_payload(); }
+
+ private:
+  using Clock = Liveness::Clock;
+
+  // ---- answering, refusing, failing ----------------------------------------------------
+
+  /// Refuses a request: answers the error, counts it, and logs it (at most 20 lines a
+  /// second), so that an operator sees what a careless or hostile client tried.
+  void reject(Responder& reply, ErrorCode code, const std::string& message) {
+    ++stats_.requests_rejected;
+    std::string line = name_ + ": " + message;
+    rejections_(LogLevel::kWarning, line);
+    respond(reply, ErrorReply{code, std::move(line)});
+  }
+  /// Refuses with a part's verdict; true if there was one.
+  bool refused(Responder& reply, std::optional<ErrorReply>&& refusal) {
+    if (!refusal) return false;
+    reject(reply, refusal->code, refusal->message);
+    return true;
+  }
+
+  /// A handler threw: refuse the request if nothing changed yet, else fail the ps.
+  void settle(Responder& reply, ErrorCode code, const char* what, std::string_view request) noexcept {
+    try {
+      if (!changing_) {
+        if (reply) reject(reply, code, std::string(request) + " refused: " + what);
+        return;
+      }
+      fail("a policy threw while applying a " + std::string(request) + ": " + what);
+      if (reply) respond(reply, ErrorReply{*end_});
+    } catch (...) {  // no memory even for the message
+      end_ = ErrorReply{ErrorCode::kInternal, {}};
+      if (reply) respond(reply, ErrorReply{ErrorCode::kInternal, {}});
+    }
+  }
+
+  /// The ps can no longer vouch for its state: it answers everything with `reason` from now.
+  void fail(const std::string& reason) {
+    end_ = ErrorReply{ErrorCode::kInternal, name_ + " failed: " + reason};
+    log(LogLevel::kError, end_->message);
+    answer_all_waiting(*end_);
+  }
+  void fail_quietly(const std::string& reason) noexcept {
+    try {
+      fail(reason);
+    } catch (...) {  // no memory even for the message
+      end_ = ErrorReply{ErrorCode::kInternal, {}};
+    }
+  }
+
+  void answer_all_waiting(const ErrorReply& answer) {
+    registration_.answer_all(answer);
+    pacing_.answer_all(answer);
+    pulls_.answer_all(answer);
+    row_pulls_.answer_all(answer);
+    cut_.answer_all(answer);
+  }
+
+  /// Checks that a worker's request names the worker that sent it (and a sane index).
+  bool is_sender(std::uint32_t worker, const RequestContext& context, Responder& reply, std::string_view what) {
+    if (context.peer && context.peer->index != worker) {
+      reject(reply, ErrorCode::kPermissionDenied, "refused " + std::string(what) + " for worker " +
+                                                      std::to_string(worker) + " from " + context.peer->name());
+      return false;
+    }
+    if (worker >= kMaxWorkers) {
+      reject(reply, ErrorCode::kInvalidArgument, "worker index " + std::to_string(worker) + " is too large");
+      return false;
+    }
+    return true;
+  }
+
+  /// True if the ps is ready for `what`; otherwise refuses it.
+  bool is_ready(Responder& reply, std::string_view what) {
+    if (registration_.ready()) return true;
+    reject(reply, ErrorCode::kFailedPrecondition, std::string(what) + " before initialization");
+    return false;
+  }
+
+  // ---- Register / Initialize / WaitReady: registration.hpp -------------------------------
+
+  void on(Register& r, const RequestContext&, Responder& reply) {
+    if (shard_.assigned()) {
+      if (shard_.holds(r)) return respond(reply, placement_reply());
+      return reject(reply, ErrorCode::kAlreadyExists, "a different model is already registered");
+    }
+    Placement placement;
+    if (refused(reply, registration_.check(r, TablePolicy<T>, placement))) return;
+    shard_.assign(std::move(r), std::move(placement), num_ps_, pacing_.policy());  // a throw changes nothing
+    respond(reply, placement_reply());
+    if (shard_.initialized()) become_ready();  // no part is held here
+  }
+
+  void on(Initialize& r, const RequestContext& context, Responder& reply) {
+    if (!shard_.assigned()) {
+      return reject(reply, ErrorCode::kFailedPrecondition, "initialize before the model is registered");
+    }
+    if (refused(reply, shard_.check(r.parts, context.tensors_finite)) || refused(reply, shard_.check_fresh(r.parts))) {
+      return;
+    }
+    shard_.initialize(r.parts);
+    respond(reply, Ack{});
+    if (shard_.initialized() && !registration_.ready()) become_ready();
+  }
+
+  void on(WaitReady&, const RequestContext&, Responder& reply) {
+    if (registration_.ready()) return respond(reply, placement_reply());
+    registration_.wait_ready(reply);
+  }
+
+  void become_ready() {
+    registration_.become_ready([this] { return placement_reply(); });
+  }
+
+  /// What Register and WaitReady answer: the model, where it lives, the epoch, and the
+  /// names of the optimizer's slots and counters.
+  PlacementReply placement_reply() const {
+    PlacementReply answer{shard_.variables(),  shard_.placement(), registration_.epoch(), {}, {},
+                          shard_.table_specs(), shard_.tables().id_sharding(shard_.table_specs())};
+    shard_.state_names(answer.slot_names, answer.counter_names);
+    return answer;
+  }
+
+  // ---- TakeToken: pacing.hpp -------------------------------------------------------------
+
+  void on(TakeToken& r, const RequestContext& context, Responder& reply) {
+    if (!is_ready(reply, "token requested") || !is_sender(r.worker, context, reply, "TakeToken") ||
+        refused(reply, registration_.check_epoch(r.epoch, "token request"))) {
+      return;
+    }
+    revive(r.worker);  // before its heartbeat, maybe: it starts from the step in progress
+    pacing_.wait_for_token(r.worker, context.session, reply);
+    hand_out_tokens();
+  }
+
+  /// Asks the sync policy again for every waiting token request. A refusal answers that
+  /// request; any other throw fails the ps (the policy may have changed its pacer half way).
+  void hand_out_tokens() {
+    const bool changing = std::exchange(changing_, true);
+    pacing_.hand_out([this](Responder& reply, ErrorCode code, const std::string& message) {
+      reject(reply, code, message);
+    });
+    changing_ = changing;
+  }
+
+  /// The global step moved: the pulls and pauses waiting for it are answered.
+  void release_step_gates() {
+    const std::int64_t step = pacing_.global_step();
+    pulls_.release(step, [&](Pull& pull, Responder& reply) { respond(reply, shard_.read(pull.slices, step, stats_)); });
+    row_pulls_.release(step, [&](RowPull& pull, Responder& reply) {
+      // A row pull that cannot be answered (no memory for its rows) is refused alone: it is
+      // answered inside the push that completed the step, which must not fail the ps.
+      try {
+        respond(reply, shard_.tables().pull(pull.request, pull.create, step, stats_));
+      } catch (const std::exception& e) {
+        if (reply) reject(reply, ErrorCode::kResourceExhausted, std::string("PullRows refused: ") + e.what());
+      }
+    });
+    cut_.release_pauses(step, [&](std::uint64_t session, Responder& reply) { pause(session, reply); });
+  }
+
+  // ---- Pull / PullRows: shard.hpp, table_shard.hpp ----------------------------------------
+
+  void on(Pull& r, const RequestContext&, Responder& reply) {
+    if (!is_ready(reply, "pull") ||
+        (r.min_step > 0 && refused(reply, registration_.check_epoch(r.epoch, "pull"))) ||
+        refused(reply, shard_.check(r.slices))) {
+      return;
+    }
+    const std::int64_t step = pacing_.global_step();
+    if (step < r.min_step) return pulls_.park(r.min_step, std::move(r), reply);
+    respond(reply, shard_.read(r.slices, step, stats_));
+  }
+
+  void on(PullRows& r, const RequestContext& context, Responder& reply) {
+    if (!is_ready(reply, "row pull") ||
+        (r.min_step > 0 && refused(reply, registration_.check_epoch(r.epoch, "row pull"))) ||
+        refused(reply, shard_.tables().check(r.tables, false, context.tensors_finite))) {
+      return;
+    }
+    // Only a worker's pull creates, admits and touches rows: the chief and evaluators read.
+    const bool create = !context.peer || context.peer->role == Node::Role::kWorker;
+    const std::int64_t step = pacing_.global_step();
+    if (step < r.min_step) return row_pulls_.park(r.min_step, RowPull{std::move(r), create}, reply);
+    respond(reply, shard_.tables().pull(r, create, step, stats_));
+  }
+
+  // ---- Push: update.hpp, push_ledger.hpp --------------------------------------------------
+
+  void on(Push& r, const RequestContext& context, Responder& reply) {
+    if (!registration_.ready()) {
+      return reject(reply, ErrorCode::kFailedPrecondition,
+                    "push before initialization: the chief has not initialized the variables");
+    }
+    if (!is_sender(r.worker, context, reply, "Push") ||
+        refused(reply, shard_.check(r.gradients, context.tensors_finite)) ||
+        refused(reply, shard_.tables().check(r.rows, true, context.tensors_finite))) {
+      return;
+    }
+    if (r.gradients.size() != shard_.parts().size()) {
+      // Every part must see every push's verdict, or parts drift apart.
+      return reject(reply, ErrorCode::kInvalidArgument,
+                    "a push must carry a gradient for each of the " + std::to_string(shard_.parts().size()) +
+                        " parts held here, got " + std::to_string(r.gradients.size()));
+    }
+    if (refused(reply, registration_.check_epoch(r.epoch, "push"))) return;
+    if (const auto answer = ledger_.repeated(r.worker, r.sequence)) {
+      return respond(reply, PushReply{*answer});  // sent again after a lost connection: counted once
+    }
+    if (cut_.paused()) {
+      cut_.hold(r, reply);
+      return advance_cut();
+    }
+    take(r, reply);
+  }
+
+  /// Takes a push that passed every check: the sync policy's verdict, then the update.
+  void take(const Push& r, Responder& reply) {
+    const std::int64_t step_before = pacing_.global_step();
+    changing_ = true;  // the policy's own refusal (pulley::Error) leaves its pacer unchanged
+    Verdict verdict = Verdict::kStale;
+    try {
+      verdict = pacing_.on_push(r.worker, r.local_step);
+    } catch (const Error& e) {
+      changing_ = false;
+      return reject(reply, e.code(), std::string("Push refused: ") + e.message());
+    }
+    ledger_.count(r.worker);
+    const auto outcome = update_.take(shard_, pacing_.policy(), r, verdict, step_before, stats_);
+    ledger_.answered(r.worker, r.sequence, outcome.stale_parts);
+    if (outcome.refused.empty()) {
+      respond(reply, PushReply{outcome.stale_parts});
+    } else {
+      reject(reply, ErrorCode::kInvalidArgument, outcome.refused);
+    }
+    hand_out_tokens();
+    if (pacing_.global_step() != step_before) release_step_gates();
+    changing_ = false;
+  }
+
+  // ---- Pause / ReadState / Resume: checkpoint_cut.hpp --------------------------------------
+
+  void on(Pause& r, const RequestContext& context, Responder& reply) {
+    if (!is_ready(reply, "pause")) return;
+    if (pacing_.global_step() < r.at_step) return cut_.park_pause(r.at_step, context.session, reply);
+    pause(context.session, reply);
+  }
+
+  void pause(std::uint64_t session, Responder& reply) {
+    PauseReply answer{pacing_.global_step(), registration_.epoch(), ledger_.taken(), {}, {},
+                      checkpoints_whole_state_v<O>};
+    shard_.state_names(answer.slot_names, answer.counter_names);
+    cut_.pause(session);
+    respond(reply, std::move(answer));
+  }
+
+  void on(ReadState& r, const RequestContext&, Responder& reply) {
+    if (!cut_.paused()) return reject(reply, ErrorCode::kFailedPrecondition, "ReadState without Pause");
+    if (shard_.tables().size() > 0) {
+      return reject(reply, ErrorCode::kFailedPrecondition,
+                    "checkpoints do not hold embedding tables yet: this ps holds table '" +
+                        shard_.table_specs().front().name + "'");
+    }
+    if (const auto worker = CheckpointCut::past(ledger_, r.until)) {
+      return reject(reply, ErrorCode::kFailedPrecondition, "ReadState: this ps has taken more pushes of worker " +
+                                                               std::to_string(*worker) + " than the cut");
+    }
+    cut_.read_at(std::move(r.until), reply);
+    advance_cut();
+  }
+
+  void advance_cut() {
+    cut_.advance(
+        ledger_, [this](const Push& push, Responder& reply) { take(push, reply); },
+        [this] { return StateReply{pacing_.global_step(), pacing_.save(), shard_.read_state()}; });
+  }
+
+  void on(Resume&, const RequestContext&, Responder& reply) {
+    resume();
+    respond(reply, Ack{});
+  }
+
+  void resume() {
+    cut_.resume([this](const Push& push, Responder& reply) { take(push, reply); });
+  }
+
+  // ---- Restore: shard.hpp ------------------------------------------------------------------
+
+  void on(Restore& r, const RequestContext&, Responder& reply) {
+    if (!shard_.assigned()) return reject(reply, ErrorCode::kFailedPrecondition, "restore before the model is registered");
+    // Everything is checked, and the pacer loaded aside, before anything changes.
+    std::vector<const PartState*> by_part;
+    if (refused(reply, shard_.check_restore(r.parts, by_part))) return;
+    typename P::Pacer pacer = pacing_.load(r.pacer);  // a pulley::Error refuses it
+    changing_ = true;
+    const std::int64_t step_before = registration_.ready() ? pacing_.global_step() : -1;
+    const std::int64_t step = pacing_.policy().global_step(pacer);
+    shard_.restore(by_part, pacing_.policy());
+    update_.clear();
+    ledger_.clear();
+    // What waited belongs to the time before: its clients start their step again.
+    const ErrorReply gone{ErrorCode::kFailedPrecondition,
+                          name_ + ": the job was restored from a checkpoint at global step " +
+                              std::to_string(step) + ": wait until ready and start the step again"};
+    pacing_.reset(std::move(pacer), gone);
+    for (const std::uint32_t worker : liveness_.lost()) (void)pacing_.lost(worker);  // still lost
+    registration_.restored(r.epoch, step);
+    pulls_.answer_all(gone);
+    row_pulls_.answer_all(gone);
+    cut_.answer_all(gone);
+    // A rollback (a ps was lost) undoes what this ps applied since the checkpoint.
+    const std::string undone =
+        step_before < 0 ? std::string()
+                        : ", rolled back from global step " + std::to_string(step_before) + ": " +
+                              std::to_string(std::max<std::int64_t>(step_before - step, 0)) + " steps' updates lost";
+    log(LogLevel::kInfo, name_ + ": restored at global step " + std::to_string(step) +
+                             " (epoch " + std::to_string(registration_.epoch()) + ")" + undone);
+    respond(reply, Ack{});
+    changing_ = false;
+    if (!registration_.ready()) become_ready();
+  }
+
+  // ---- Heartbeat / GetStats: liveness.hpp ---------------------------------------------------
+
+  void on(Heartbeat& r, const RequestContext& context, Responder& reply) {
+    if (!is_sender(r.worker, context, reply, "Heartbeat")) return;
+    if (r.leaving) {
+      // Done: forgotten rather than held lost once quiet, and the tokens it took and did
+      // not push for (it found training over) go back.
+      liveness_.leave(r.worker);
+      if (registration_.ready()) {
+        changing_ = true;
+        pacing_.leave(r.worker);
+        changing_ = false;
+        hand_out_tokens();
+      }
+      return respond(reply, stats_reply());
+    }
+    liveness_.heard(r.worker, Clock::now());
+    revive(r.worker);
+    check_heartbeats();
+    respond(reply, stats_reply());
+  }
+
+  void on(GetStats&, const RequestContext&, Responder& reply) {
+    check_heartbeats();
+    respond(reply, stats_reply());
+  }
+
+  /// A worker held lost was heard from (a heartbeat, a token request): it counts again.
+  /// Not while paused for a checkpoint's cut, which must see no pacing change on its own.
+  void revive(std::uint32_t worker) {
+    if (!liveness_.is_lost(worker) || !registration_.ready() || cut_.paused()) return;
+    changing_ = true;  // a throw from the policy leaves its pacer half changed
+    pacing_.back(worker);
+    liveness_.back(worker, Clock::now());
+    changing_ = false;
+    log(LogLevel::kInfo, name_ + ": " + Node::worker(worker).name() + " is back; " +
+                             describe_wait());
+    hand_out_tokens();
+  }
+
+  /// Holds lost every worker heard before and silent for the worker timeout: the sync
+  /// policy stops waiting for it, and an update that needed only it is applied now. Not
+  /// while paused for a checkpoint's cut, which must see no step complete on its own.
+  void check_heartbeats() {
+    if (!registration_.ready() || cut_.paused()) return;
+    const auto now = Clock::now();
+    liveness_.expire(now, [&](std::uint32_t worker, Clock::time_point last) {
+      const std::int64_t step_before = pacing_.global_step();
+      changing_ = true;
+      ++stats_.workers_lost;
+      if (pacing_.lost(worker) == Verdict::kReady) update_.complete(shard_, pacing_.policy(), step_before, stats_);
+      changing_ = false;
+      log(LogLevel::kWarning, name_ + ": " + Node::worker(worker).name() +
+                                  " lost (last heard " + Liveness::seconds_between(last, now) +
+                                  " s ago): training goes on without it; " + describe_wait());
+      hand_out_tokens();
+      if (pacing_.global_step() != step_before) release_step_gates();
+    });
+  }
+
+  /// What GetStats and Heartbeat answer.
+  StatsReply stats_reply() const { return StatsReply{stats(), describe_wait(), liveness_.lost()}; }
+
+  /// The sync policy's wait in words, with how long ago each awaited worker was heard:
+  /// "step 812: 1 of 2 gradients in, 1 of 2 tokens left; waiting for worker:1 (last heard
+  /// 14.2 s ago)".
+  std::string describe_wait() const {
+    std::string text = pacing_.waiting_for();
+    const std::string workers = liveness_.describe(pacing_.awaited(), Clock::now());
+    if (workers.empty()) return text;
+    return text + (text.empty() ? "waiting for " : "; waiting for ") + workers;
+  }
+
+  // ---- Shutdown ------------------------------------------------------------------------------
+
+  void on(Shutdown& r, const RequestContext&, Responder& reply) {
+    const std::string ps = name_;
+    end_ = r.aborted ? ErrorReply{ErrorCode::kAborted, ps + ": training aborted by the chief: " + r.reason}
+                     : ErrorReply{ErrorCode::kOutOfRange,
+                                  ps + ": training finished (the chief shut the ps tasks down at global step " +
+                                      std::to_string(pacing_.global_step()) + ")"};
+    answer_all_waiting(*end_);
+    respond(reply, Ack{});
+  }
+
+  /// Worker indices a ps keeps counts for.
+  static constexpr std::uint32_t kMaxWorkers = std::uint32_t{1} << 20U;
+
+  /// A row pull waiting for its step.
+  struct RowPull {
+    PullRows request;
+    bool create;  ///< a worker's: creates, admits and touches rows
   };
-  std::map<std::uint32_t, Heard> heard_;
-  std::chrono::milliseconds worker_timeout_{std::chrono::seconds(5)};
-  Clock::time_point last_heartbeat_;  ///< the last heartbeat of any worker
-  std::deque<TokenWaiter> token_waiters_;
-  /// By worker: the connection it took its last token on, which holds its tokens' lease.
-  std::map<std::uint32_t, std::uint64_t> token_session_;
-  std::vector<Responder> ready_waiters_;
-  std::vector<WaitingPull> waiting_pulls_;
+
+  std::uint32_t task_;
+  std::string name_;  ///< "ps 3", as log lines and errors name it
+  std::uint32_t num_ps_ = 1;
+  bool changing_ = false;          ///< inside a change that a throw would leave half done
+  std::optional<ErrorReply> end_;  ///< set once stopped: what every request is answered
+  Registration<S> registration_;
+  Shard<O, P, T> shard_;
+  Pacing<P> pacing_;
+  Update<O, P, T> update_;
+  PushLedger ledger_;
+  CheckpointCut cut_;
+  Liveness liveness_;
+  StepGate<Pull> pulls_;         ///< pulls waiting for their step
+  StepGate<RowPull> row_pulls_;  ///< row pulls waiting for their step
   Stats stats_;
   LimitedLog rejections_;  ///< logs refused requests, a few a second at most
 };
@@ -7424,7 +8786,7 @@ class InProcessNetwork {
         std::scoped_lock lock(faults_mutex_);
         dead_[node] = true;
       }
-      if (node.job != Node::Job::kPs) {
+      if (node.role != Node::Role::kPs) {
         // Its connections break: what it sent and no ps handled yet is lost, and every ps
         // hears that it left, as a TCP ps would. (handle() refuses what slips past.)
         for (auto& box : mailboxes_) {
@@ -7664,392 +9026,4 @@ static_assert(Transport<InProcess>);
 
 }  // namespace pulley
 // ---- end pulley/transport/in_process.hpp ----
-// ---- begin pulley/core/version.hpp ----
-
-/// pulley's version, as `project(pulley VERSION ...)` in CMakeLists.txt says (a test checks
-/// that they agree) and as the release tag `v<major>.<minor>.<patch>` names it.
-#define PULLEY_VERSION_MAJOR 0
-#define PULLEY_VERSION_MINOR 3
-#define PULLEY_VERSION_PATCH 0
-
-namespace pulley {
-
-/// A version number; compare it to require a minimum.
-struct Version {
-  int major = 0;
-  int minor = 0;
-  int patch = 0;
-
-  friend constexpr auto operator<=>(const Version&, const Version&) = default;
-};
-
-/// The version of these headers.
-inline constexpr Version version{PULLEY_VERSION_MAJOR, PULLEY_VERSION_MINOR, PULLEY_VERSION_PATCH};
-
-}  // namespace pulley
-// ---- end pulley/core/version.hpp ----
-// ---- begin pulley/client/worker.hpp ----
-
-#include <algorithm>
-#include <cstddef>
-#include <cstdint>
-#include <limits>
-#include <optional>
-#include <span>
-#include <string>
-#include <string_view>
-#include <utility>
-#include <vector>
-
-// ---- begin pulley/client/recovery.hpp ----
-
-#include <algorithm>
-#include <chrono>
-#include <string>
-#include <thread>
-#include <utility>
-
-namespace pulley::detail {
-
-/// A client's wait for lost ps tasks to come back: retries with a growing pause (0.1 s to
-/// 2 s), logs the first failure, and gives up once `ClientOptions::recovery_timeout` has
-/// passed since it, naming the last failure.
-class Recovery {
- public:
-  using Clock = std::chrono::steady_clock;
-
-  /// @param who "worker 2", "chief": who waits, for the log and the error
-  Recovery(std::string who, const ClientOptions& options)
-      : who_(std::move(who)), timeout_(options.recovery_timeout), deadline_(Clock::now() + timeout_) {}
-
-  /// True for what a lost ps gives: `kUnavailable` (it is gone, or not reachable). (A
-  /// ps restarted and not restored yet, or restored since the request's epoch, answers
-  /// `kFailedPrecondition`: a client tells that from a request it got wrong by waiting
-  /// until ready and seeing whether the epoch moved.)
-  static bool may_recover(ErrorCode code) noexcept { return code == ErrorCode::kUnavailable; }
-
-  /// Pauses before the next try after `failure`; throws kUnavailable once the deadline
-  /// has passed.
-  void wait(const Error& failure) {
-    const std::string seconds = std::to_string(timeout_.count() / 1000);
-    if (tries_++ == 0) {
-      log(LogLevel::kWarning, who_ + ": " + failure.what() + "; waiting for the ps tasks to be back " +
-                                  "(at most " + seconds + " s)");
-    }
-    const auto now = Clock::now();
-    if (now >= deadline_) {
-      throw Error(ErrorCode::kUnavailable, who_ + ": the ps tasks were not back within " + seconds +
-                                               " s (" + std::to_string(tries_) + " tries); last: " +
-                                               failure.what());
-    }
-    std::this_thread::sleep_for(std::min<Clock::duration>(pause_, deadline_ - now));
-    pause_ = std::min<std::chrono::milliseconds>(pause_ * 2, std::chrono::seconds(2));
-  }
-
-  /// Tries so far.
-  [[nodiscard]] int tries() const noexcept { return tries_; }
-
- private:
-  std::string who_;
-  std::chrono::milliseconds timeout_;
-  Clock::time_point deadline_;
-  std::chrono::milliseconds pause_{100};
-  int tries_ = 0;
-};
-
-}  // namespace pulley::detail
-// ---- end pulley/client/recovery.hpp ----
-
-namespace pulley {
-
-/// What one training step did.
-struct StepResult {
-  float loss = 0.0F;              ///< the batch's mean loss
-  std::int64_t local_step = 0;    ///< the step its gradient was computed for
-  std::int64_t global_step = 0;   ///< steps completed when its token was taken
-  std::uint32_t stale_parts = 0;  ///< part gradients the ps dropped as stale
-};
-
-/// A worker task: pulls parameters into its model, computes gradients on its own batches
-/// and pushes them (seed 002's pull → feed → compute → push; the ps does the update).
-///
-/// With a TableModel, each step also pulls the rows of the embedding tables its batch
-/// touches (their distinct ids, grouped by the ps that holds them: `lookup`), in the same
-/// round trip as the dense parameters it needs then, and pushes their gradients with the
-/// dense ones. A worker never holds, pulls or pushes a whole table.
-///
-/// @tparam M the Model or TableModel it trains (owned: the worker pulls into its parameters
-///           in place)
-/// @tparam T the Transport that reaches the ps tasks
-/// @tparam I the IdSharding of the tables' rows: the ps tasks' (HashIds by default)
-template <Model M, Transport T, IdSharding I = HashIds>
-class Worker {
- public:
-  /// @param index this worker's task index (tags its pushes and token requests)
-  Worker(std::uint32_t index, M model, T transport, ClientOptions options = {}, I sharding = {})
-      : index_(index),
-        model_(std::move(model)),
-        client_(std::move(transport), options),
-        sharding_(std::move(sharding)) {
-    const auto variables = std::span<const VariableSpec>(model_.variables());
-    all_.reserve(variables.size());
-    for (std::size_t v = 0; v < variables.size(); ++v) {
-      all_.push_back({v, {0, variables[v].rows()}, model_.parameter(v)});
-      gradients_.push_back(model_.gradient(v));
-    }
-    if constexpr (TableModel<M>) {
-      const auto tables = std::span<const TableSpec>(model_.tables());
-      batches_.resize(tables.size());
-      for (std::size_t t = 0; t < tables.size(); ++t) batches_[t].spec = tables[t];
-    }
-  }
-
-  /// Not copyable or movable: it keeps views of its model's buffers.
-  Worker(const Worker&) = delete;
-  Worker& operator=(const Worker&) = delete;
-
-  /// Blocks until the chief has initialized every ps, and learns where variables live.
-  void wait_ready() {
-    if constexpr (TableModel<M>) {
-      client_.wait_ready(model_.variables(), std::span<const TableSpec>(model_.tables()));
-    } else {
-      client_.wait_ready(model_.variables());
-    }
-  }
-
-  /// One training step on `batch`, paced by the sync policy: take a sync token (under
-  /// Async, whose tokens never wait, only once: the pulls report the global step), make sure
-  /// the model holds the parameters the token requires (pulling them unless the last step
-  /// already did), compute the gradient, then push it and pull the next step's parameters
-  /// in one round trip (`push_pull`). Under Async that prefetch is what the next step
-  /// computes on (as MXNet's kvstore does): after a long pause, `pull()` first to start
-  /// from the newest values.
-  ///
-  /// Returns nullopt when training is over: the token shows that `last_step` global steps
-  /// are done (TF's StopAtStepHook), or the chief has ended training (the ps tasks answer
-  /// `kOutOfRange`); `finished()` then says so.
-  ///
-  /// A ps that is lost (`kUnavailable`) or a job rolled back to a checkpoint while the step
-  /// ran (`kFailedPrecondition`: the chief restored the ps tasks after losing one) is
-  /// waited out: the worker waits until every ps is ready again, learns the new epoch, and
-  /// starts the step again on the same batch, as TensorFlow's workers do after a ps
-  /// failure. It gives up after `ClientOptions::recovery_timeout` with `kUnavailable`
-  /// naming the last failure (the ps). Any other failure throws at once.
-  std::optional<StepResult> step(
-      const typename M::Batch& batch,
-      std::int64_t last_step = std::numeric_limits<std::int64_t>::max()) {
-    if (finished_) return std::nullopt;
-    std::optional<detail::Recovery> recovery;
-    for (bool again = false;; again = true) {
-      try {
-        if (again) recover();
-        return try_step(batch, last_step);
-      } catch (const Error& e) {
-        if (e.code() == ErrorCode::kOutOfRange) {
-          finished_ = true;  // the chief ended training; this step's gradient is not needed
-          return std::nullopt;
-        }
-        if (e.code() == ErrorCode::kFailedPrecondition && !rolled_back()) throw;
-        if (!recovery) recovery.emplace("worker " + std::to_string(index_), client_.options());
-        if (e.code() != ErrorCode::kFailedPrecondition) {
-          if (!detail::Recovery::may_recover(e.code())) throw;
-          recovery->wait(e);  // throws once the ps tasks stay lost too long
-        }
-      }
-    }
-  }
-
-  /// Pushes the model's current gradients tagged with `local_step`, then pulls every
-  /// variable once the ps tasks have completed `pull_step` steps (0: at once, with this
-  /// push applied), in one round trip: both requests go out together and each ps answers
-  /// the pull after handling the push. Returns the number of part gradients dropped as
-  /// stale.
-  std::uint32_t push_pull(std::int64_t local_step, std::int64_t pull_step) {
-    pulled_step_ = -1;  // a pull that fails part way leaves the model mixed: pull again
-    const auto done = client_.push_pull(index_, local_step, gradients_, all_, pull_step, push_rows_);
-    pulled_step_ = done.pulled_step;
-    return done.stale_parts;
-  }
-
-  /// Pulls every variable.
-  void pull() { pull_all(0); }
-  /// Pulls one variable.
-  void pull(std::string_view variable) {
-    const std::size_t v = client_.variable_index(variable);
-    const PullRequest request = all_[v];
-    pulled_step_ = -1;  // the model now mixes steps: the next step pulls everything
-    client_.pull(std::span(&request, 1), 0);
-  }
-  /// Pulls rows `rows` of one variable into the same rows of the model's copy.
-  void pull(std::string_view variable, RowRange rows) {
-    const std::size_t v = client_.variable_index(variable);
-    const std::size_t row_size = client_.variables()[v].row_size();
-    if (rows.end > client_.variables()[v].rows() || rows.empty()) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  "rows out of range for '" + std::string(variable) + "'");
-    }
-    const PullRequest request{v, rows,
-                              all_[v].into.subspan(rows.begin * row_size, rows.size() * row_size)};
-    pulled_step_ = -1;  // the model now mixes steps: the next step pulls everything
-    client_.pull(std::span(&request, 1), 0);
-  }
-
-  /// Pushes the model's current gradients tagged with `local_step`, pulling nothing;
-  /// returns the number of part gradients dropped as stale.
-  std::uint32_t push(std::int64_t local_step) {
-    return client_.push(index_, local_step, gradients_, push_rows_);
-  }
-
-  /// The model it trains, with the parameters of the last pull.
-  [[nodiscard]] M& model() noexcept { return model_; }
-  /// The model it trains, with the parameters of the last pull.
-  [[nodiscard]] const M& model() const noexcept { return model_; }
-  /// Counters of every ps task, by task index (their global steps among them).
-  std::vector<Stats> stats() { return client_.stats(); }
-  /// Steps whose gradients `ClientOptions::clip_norm` scaled down.
-  [[nodiscard]] std::int64_t clipped_steps() const noexcept { return client_.clipped_steps(); }
-  /// The global norm of the last pushed gradients before clipping (0 unless clipping is on).
-  [[nodiscard]] double last_gradient_norm() const noexcept { return client_.last_gradient_norm(); }
-  /// This worker's task index.
-  [[nodiscard]] std::uint32_t index() const noexcept { return index_; }
-  /// True once `step` returned nullopt: training is over.
-  [[nodiscard]] bool finished() const noexcept { return finished_; }
-  /// The global step seen with the last token (Async: with the last pull).
-  [[nodiscard]] std::int64_t global_step() const noexcept { return global_step_; }
-  /// Where each variable lives, once `wait_ready` returned.
-  [[nodiscard]] const Placement& placement() const noexcept { return client_.placement(); }
-
- private:
-  std::optional<StepResult> try_step(const typename M::Batch& batch, std::int64_t last_step) {
-    // Unpaced (Async) tokens are never waited for: after the first, the step the last
-    // pull reported serves as the token, and the round trip is saved.
-    const TokenReply reply = paced_ || pulled_step_ < 0
-                                 ? client_.take_token(index_)
-                                 : TokenReply{Token{0, 0, 0, false}, pulled_step_};
-    const Token& token = reply.token;
-    paced_ = token.paced;
-    global_step_ = reply.global_step;
-    if (reply.global_step >= last_step) {
-      finished_ = true;
-      return std::nullopt;
-    }
-    StepResult result;
-    if constexpr (TableModel<M>) {
-      gather_rows(batch);
-      if (pulled_step_ < token.pull_step) {
-        pulled_step_ = -1;
-        pulled_step_ = client_.pull_with_rows(all_, row_requests_, token.pull_step);
-      } else {
-        (void)client_.pull_rows(row_requests_, token.pull_step);
-      }
-      for (TableState& t : batches_) std::fill(t.gradients.begin(), t.gradients.end(), 0.0F);
-      result.loss = static_cast<float>(model_.compute_gradients(batch, std::span<const TableBatch>(views_)));
-    } else {
-      if (pulled_step_ < token.pull_step) pull_all(token.pull_step);
-      result.loss = static_cast<float>(model_.compute_gradients(batch));
-    }
-    result.local_step = token.local_step;
-    result.global_step = reply.global_step;
-    result.stale_parts = push_pull(token.local_step, token.next_pull_step);
-    return result;
-  }
-
-  /// After a lost ps or a rollback: ready again, at the ps tasks' epoch, pulling afresh.
-  void recover() {
-    pulled_step_ = -1;
-    paced_ = true;
-    wait_ready();
-  }
-
-  /// After a kFailedPrecondition: true if the ps tasks were restored since this worker
-  /// last looked (it is then ready at the new epoch); false if the refusal was about the
-  /// request itself. Waits while a restarted ps is not restored yet; a ps lost meanwhile
-  /// counts as a rollback to come.
-  bool rolled_back() {
-    const std::uint64_t before = client_.epoch();
-    try {
-      recover();
-    } catch (const Error& e) {
-      return detail::Recovery::may_recover(e.code());
-    }
-    return client_.epoch() != before;
-  }
-
-  void pull_all(std::int64_t min_step) {
-    pulled_step_ = -1;  // a pull that fails part way leaves the model mixed: pull again
-    pulled_step_ = client_.pull(all_, min_step);
-  }
-
-  /// One table's rows for the current batch: its distinct ids grouped by ps (ascending
-  /// within each), where each id is, the rows pulled and their gradients.
-  struct TableState {
-    TableSpec spec;
-    std::vector<std::uint64_t> ids;
-    std::vector<std::size_t> ps_begin;
-    detail::IdIndex positions;  ///< id → index in ids
-    std::vector<float> rows;
-    std::vector<float> gradients;
-  };
-
-  /// Asks the model which ids the batch uses, and lays out every table's buffers for them.
-  void gather_rows(const typename M::Batch& batch) {
-    const auto num_ps = static_cast<std::uint32_t>(client_.num_ps());
-    row_requests_.clear();
-    push_rows_.clear();
-    views_.clear();
-    for (std::size_t t = 0; t < batches_.size(); ++t) {
-      TableState& table = batches_[t];
-      table.ids.clear();
-      model_.lookup(batch, t, table.ids);
-      // By (ps, id): each ps's ids are one run, and the order is the same on every run.
-      keyed_.clear();
-      for (const std::uint64_t id : table.ids) {
-        const std::uint32_t ps = sharding_.ps_of(table.spec.name, id, num_ps);
-        if (ps >= num_ps) {
-          throw Error(ErrorCode::kInvalidArgument, "the id sharding put row " + std::to_string(id) +
-                                                       " of table '" + table.spec.name + "' on ps " +
-                                                       std::to_string(ps) + " of " + std::to_string(num_ps));
-        }
-        keyed_.push_back({ps, id});
-      }
-      std::sort(keyed_.begin(), keyed_.end());
-      keyed_.erase(std::unique(keyed_.begin(), keyed_.end()), keyed_.end());
-      table.ids.clear();
-      table.ps_begin.assign(num_ps + 1, 0);
-      table.positions.clear();
-      table.positions.reserve(keyed_.size());
-      for (const auto& [ps, id] : keyed_) {
-        table.positions.insert(id);  // numbered as ids is ordered
-        table.ids.push_back(id);
-        ++table.ps_begin[ps + 1];
-      }
-      for (std::uint32_t p = 0; p < num_ps; ++p) table.ps_begin[p + 1] += table.ps_begin[p];
-      table.rows.resize(table.ids.size() * table.spec.dim);
-      table.gradients.resize(table.ids.size() * table.spec.dim);
-      // The pulls write into the rows; the pushes send the gradients.
-      row_requests_.push_back({t, table.ids, table.ps_begin, table.rows});
-      push_rows_.push_back({t, table.ids, table.ps_begin, table.gradients});
-      views_.push_back({table.spec.dim, table.ids, table.rows, table.gradients, &table.positions});
-    }
-  }
-
-  std::uint32_t index_;
-  M model_;
-  detail::Client<T> client_;
-  std::vector<PullRequest> all_;                   ///< every variable into the model
-  std::vector<std::span<const float>> gradients_;  ///< the model's gradient buffers
-  [[no_unique_address]] I sharding_;
-  std::vector<TableState> batches_;                ///< by table: the current batch's rows
-  std::vector<RowRequest> row_requests_;           ///< pulls into batches_' rows
-  std::vector<RowRequest> push_rows_;              ///< pushes of batches_' gradients
-  std::vector<TableBatch> views_;                  ///< what the model computes with
-  std::vector<std::pair<std::uint32_t, std::uint64_t>> keyed_;  ///< scratch: (ps, id)
-  std::int64_t global_step_ = 0;
-  std::int64_t pulled_step_ = -1;  ///< the model holds every variable as of this step or later
-  bool paced_ = true;              ///< the sync policy makes workers wait for tokens
-  bool finished_ = false;          ///< training is over
-};
-
-}  // namespace pulley
-// ---- end pulley/client/worker.hpp ----
 // ---- end pulley/pulley.hpp ----

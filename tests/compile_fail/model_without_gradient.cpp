@@ -1,8 +1,8 @@
 // expect: cmodel\.gradient\(i\)
 // SPDX-License-Identifier: MIT
 // A model without `gradient` is rejected by Worker, and the diagnostic names it.
-#include "pulley/transport/in_process.hpp"
 #include "pulley/client/worker.hpp"
+#include "pulley/transport/in_process.hpp"
 
 struct ForgotGradient {
   struct Batch {};

@@ -18,6 +18,7 @@
 
 #include "pulley/checkpoint/directory.hpp"
 #include "pulley/client/chief.hpp"
+#include "pulley/client/worker.hpp"
 #include "pulley/optimizers/adam.hpp"
 #include "pulley/optimizers/sgd.hpp"
 #include "pulley/ps/parameter_server.hpp"
@@ -26,7 +27,6 @@
 #include "pulley/sync/async.hpp"
 #include "pulley/sync/bounded_staleness.hpp"
 #include "pulley/sync/sync_replicas.hpp"
-#include "pulley/client/worker.hpp"
 #include "support/cluster.hpp"
 #include "support/linear_model.hpp"
 

@@ -14,9 +14,9 @@
 #include <span>
 #include <vector>
 
-#include "pulley/ps/embedding_table.hpp"
 #include "pulley/optimizers/adagrad.hpp"
 #include "pulley/optimizers/sgd.hpp"
+#include "pulley/ps/embedding_table.hpp"
 #include "pulley/sharding/ids.hpp"
 #include "pulley/tables/row_aggregation.hpp"
 
@@ -271,28 +271,6 @@ TEST_CASE("HashIds and RangeIds place every id on a ps that exists") {
   CHECK(RangeIds{}.ps_of("t", std::uint64_t{1} << 63U, 4) == 2);
   CHECK(RangeIds{}.ps_of("t", (std::uint64_t{1} << 63U) - 1, 4) == 1);
   CHECK(RangeIds{}.ps_of("t", std::numeric_limits<std::uint64_t>::max(), 7) == 6);
-}
-
-TEST_CASE("the sparse accumulator averages each row over the pushes that held it") {
-  SparseAccumulator acc(2);
-  const std::vector<std::uint64_t> a{1, 2};
-  const std::vector<float> ga{1.0F, 1.0F, 2.0F, 2.0F};
-  const std::vector<std::uint64_t> b{2, 3};
-  const std::vector<float> gb{4.0F, 0.0F, 5.0F, 5.0F};
-  acc.add(a, ga);
-  acc.add(b, gb);
-  REQUIRE(acc.ids().size() == 3);
-  CHECK(acc.ids()[0] == 1);
-  CHECK(acc.ids()[1] == 2);
-  CHECK(acc.ids()[2] == 3);
-  const auto means = acc.take();
-  CHECK(std::vector<float>(means.begin(), means.end()) ==
-        std::vector<float>{1.0F, 1.0F, 3.0F, 1.0F, 5.0F, 5.0F});
-  CHECK(acc.empty());
-  acc.add(b, gb);  // a new update
-  CHECK(acc.ids().size() == 2);
-  const auto again = acc.take();
-  CHECK(again[0] == 4.0F);
 }
 
 TEST_CASE("a pull that runs out of memory growing the index leaves the table as it was") {

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: MIT
 // wire::FrameReader, without sockets: a stream of frames cut into arbitrary receives
 // comes out whole and in order, in place, into routed targets, or into its own buffer.
-#include "pulley/transport/wire/frame_reader.hpp"
 #include "pulley/transport/wire/codec.hpp"
+#include "pulley/transport/wire/frame_reader.hpp"
 
 #include <doctest/doctest.h>
 

@@ -90,8 +90,11 @@ TEST_CASE("an in-process job trains, evaluates at the steps asked, and ends with
                          SyncReplicas(2, 2));
   CHECK(status == 0);
   REQUIRE(recorded.evaluations.size() == 3);
-  CHECK(recorded.evaluations[0].step == 20);
-  CHECK(recorded.evaluations[1].step == 40);
+  // Training does not wait for the chief: a snapshot is read at its step or, when the chief
+  // comes late (a loaded machine), at the step the ps tasks are at then.
+  CHECK(recorded.evaluations[0].step >= 20);
+  CHECK(recorded.evaluations[1].step >= 40);
+  CHECK(recorded.evaluations[1].step >= recorded.evaluations[0].step);
   CHECK(recorded.evaluations[2].step == 60);
   for (const Evaluation& e : recorded.evaluations) CHECK(e.consistent);
   CHECK(recorded.evaluations[2].last);
@@ -149,7 +152,7 @@ TEST_CASE("one task per thread over TCP: ps, chief, workers and evaluator all en
   }
   std::size_t chief = 0, evaluator = 0;
   for (const Evaluation& e : recorded.evaluations) {
-    (e.role == Node::Job::kChief ? chief : evaluator) += 1;
+    (e.role == Node::Role::kChief ? chief : evaluator) += 1;
   }
   CHECK(chief == 3);
   CHECK(evaluator <= 3);  // it may hear of the end before its last evaluation
@@ -343,7 +346,7 @@ Training<LinearModel> checkpointed_training(const LinearData& data, const std::s
   training.checkpoint.save_steps = 10;
   training.checkpoint.keep = 0;
   training.evaluate = [&scored](LinearModel& model, const Evaluation& e) {
-    if (e.role != Node::Job::kEvaluator) return;
+    if (e.role != Node::Role::kEvaluator) return;
     std::vector<float> values(model.parameter(0).begin(), model.parameter(0).end());
     values.insert(values.end(), model.parameter(1).begin(), model.parameter(1).end());
     std::scoped_lock lock(scored.mutex);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "pulley/client/chief.hpp"
+#include "pulley/client/worker.hpp"
 #include "pulley/optimizers/adagrad.hpp"
 #include "pulley/optimizers/momentum.hpp"
 #include "pulley/optimizers/sgd.hpp"
@@ -22,7 +23,6 @@
 #include "pulley/sync/async.hpp"
 #include "pulley/sync/sync_replicas.hpp"
 #include "pulley/transport/tcp.hpp"
-#include "pulley/client/worker.hpp"
 #include "support/cluster.hpp"
 #include "support/table_model.hpp"
 #include "support/tcp.hpp"
@@ -281,6 +281,33 @@ TEST_CASE("a ps whose optimizer has no row-wise apply refuses a model with table
   const std::uint64_t id = 5;
   CHECK(mixed.read_rows("emb", std::span(&id, 1)).size() == TinyTableModel::kDim);
   mixed.shutdown();
+  chief.shutdown();
+}
+
+TEST_CASE("a worker or a reader whose id sharding differs from the ps tasks' is refused, naming the fix") {
+  using RangeTables = Tables<Sgd, RangeIds>;
+  using Server = ParameterServer<RoundRobin, Sgd, Async, RangeTables>;
+  InProcessNetwork network(2);
+  for (std::uint32_t i = 0; i < 2; ++i) network.serve(Server(i, 2, Sgd{kLearningRate}, Async{}));
+  Chief chief(InProcess(network, Node::chief()), kSeed);
+  const TinyTableModel shape;
+  chief.initialize(shape.variables(), shape.tables());
+  // The default (HashIds) against ps tasks that spread rows by range: refused at once.
+  Worker astray(0, TinyTableModel{}, InProcess(network, Node::worker(0)));
+  try {
+    astray.wait_ready();
+    FAIL("a worker with another id sharding got ready");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::kFailedPrecondition);
+    CHECK(std::string(e.what()).find("MyTables::Sharding") != std::string::npos);
+  }
+  const std::uint64_t id = 5;
+  CHECK_THROWS_AS((void)chief.read_rows("emb", std::span(&id, 1)), Error);
+  // The ps tasks' own, named once through the policy: served.
+  Worker<TinyTableModel, InProcess, RangeTables::Sharding> worker(0, TinyTableModel{},
+                                                                  InProcess(network, Node::worker(0)));
+  worker.wait_ready();
+  CHECK(chief.read_rows("emb", std::span(&id, 1), RangeTables::Sharding{}).size() == TinyTableModel::kDim);
   chief.shutdown();
 }
 

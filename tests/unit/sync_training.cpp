@@ -13,13 +13,13 @@
 #include <vector>
 
 #include "pulley/client/chief.hpp"
+#include "pulley/client/worker.hpp"
 #include "pulley/optimizers/sgd.hpp"
 #include "pulley/sharding/partitioned.hpp"
 #include "pulley/sharding/round_robin.hpp"
 #include "pulley/sync/async.hpp"
 #include "pulley/sync/bounded_staleness.hpp"
 #include "pulley/sync/sync_replicas.hpp"
-#include "pulley/client/worker.hpp"
 #include "support/cluster.hpp"
 #include "support/linear_model.hpp"
 

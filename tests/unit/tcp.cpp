@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "pulley/client/chief.hpp"
+#include "pulley/client/worker.hpp"
 #include "pulley/optimizers/sgd.hpp"
 #include "pulley/ps/parameter_server.hpp"
 #include "pulley/sharding/partitioned.hpp"
@@ -31,7 +32,6 @@
 #include "pulley/sync/bounded_staleness.hpp"
 #include "pulley/sync/sync_replicas.hpp"
 #include "pulley/transport/in_process.hpp"
-#include "pulley/client/worker.hpp"
 #include "support/linear_model.hpp"
 #include "support/tcp.hpp"
 

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "pulley/client/chief.hpp"
+#include "pulley/client/worker.hpp"
 #include "pulley/core/initializers.hpp"
 #include "pulley/optimizers/adam.hpp"
 #include "pulley/optimizers/sgd.hpp"
@@ -32,7 +33,6 @@
 #include "pulley/sync/async.hpp"
 #include "pulley/sync/sync_replicas.hpp"
 #include "pulley/transport/tcp.hpp"
-#include "pulley/client/worker.hpp"
 #include "support/linear_model.hpp"
 #include "support/log_capture.hpp"
 #include "support/tcp.hpp"

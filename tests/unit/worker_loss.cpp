@@ -10,15 +10,15 @@
 #include <thread>
 #include <vector>
 
-#include "pulley/protocol/call_group.hpp"
 #include "pulley/client/chief.hpp"
 #include "pulley/client/heartbeat.hpp"
+#include "pulley/client/worker.hpp"
 #include "pulley/optimizers/sgd.hpp"
+#include "pulley/protocol/call_group.hpp"
 #include "pulley/ps/parameter_server.hpp"
 #include "pulley/sharding/round_robin.hpp"
 #include "pulley/sync/bounded_staleness.hpp"
 #include "pulley/sync/sync_replicas.hpp"
-#include "pulley/client/worker.hpp"
 #include "support/cluster.hpp"
 #include "support/linear_model.hpp"
 

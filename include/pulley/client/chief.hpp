@@ -13,8 +13,10 @@
 #include <utility>
 #include <vector>
 
-#include "pulley/concepts/transport.hpp"
+#include "pulley/client/checkpoint_cut.hpp"
 #include "pulley/client/client.hpp"
+#include "pulley/client/snapshot.hpp"
+#include "pulley/concepts/transport.hpp"
 #include "pulley/core/detail/finite.hpp"
 #include "pulley/core/initializers.hpp"
 #include "pulley/sharding/ids.hpp"
@@ -86,16 +88,16 @@ class Chief {
 
   /// Current values of every variable, as each ps holds them now (while training runs, the
   /// ps tasks may be at different steps: use `snapshot` for one step's values).
-  std::vector<std::vector<float>> read_variables() { return client_.read_variables(); }
+  std::vector<std::vector<float>> read_variables() { return pulley::read_variables(client_); }
 
   /// Every variable at one global step of at least `step`, read from every ps at that same
   /// step (see Snapshot); waits until the ps tasks reach it.
-  Snapshot snapshot(std::int64_t step) { return client_.snapshot(step); }
+  Snapshot snapshot(std::int64_t step) { return pulley::snapshot(client_, step); }
 
   /// Like snapshot, but nullopt if `deadline` passes before the ps tasks reach `step`.
   std::optional<Snapshot> snapshot_until(std::int64_t step,
                                          std::chrono::steady_clock::time_point deadline) {
-    return client_.snapshot_until(step, deadline);
+    return pulley::snapshot_until(client_, step, deadline);
   }
 
   /// Blocks until every ps task has completed `step` global steps; returns the lowest
@@ -124,6 +126,7 @@ class Chief {
     const auto it = std::find_if(tables.begin(), tables.end(),
                                  [&](const TableSpec& t) { return t.name == table; });
     if (it == tables.end()) throw Error(ErrorCode::kNotFound, "unknown table '" + std::string(table) + "'");
+    client_.check_id_sharding(sharding);
     const auto num_ps = static_cast<std::uint32_t>(client_.num_ps());
     // Each id once, grouped by ps for the pull (a ps refuses an id twice in a request), then
     // every one of the caller's ids gets its row back, in the caller's order.
@@ -174,19 +177,19 @@ class Chief {
   /// the same pushes at the cut, under any sync policy: Async and BoundedStaleness, whose
   /// ps tasks apply pushes as they come, included. Training stands still while the state
   /// is read, not while it is written.
-  ModelState save_state() { return client_.read_state(); }
+  ModelState save_state() { return read_state(client_); }
 
   /// The same, cut the moment every ps completes global step `step` (waiting for it as long
   /// as training progresses): under SyncReplicas every ps is then exactly at that step, with
   /// nothing of the next one taken.
-  ModelState save_state_at(std::int64_t step) { return client_.read_state(step); }
+  ModelState save_state_at(std::int64_t step) { return read_state(client_, step); }
 
   /// Sets every ps from `state` (a checkpoint): registers its model, and restores values,
   /// optimizer state and the sync policy's state, at a new epoch. Use it in place of
   /// `initialize` to resume a job, or while training runs to roll every ps back to the
   /// checkpoint (after a ps was lost): what waited on the ps tasks is refused, and their
   /// clients start their step again. When it returns, every ps is ready.
-  void restore(const ModelState& state) { client_.restore(state); }
+  void restore(const ModelState& state) { restore_state(client_, state); }
 
   /// Ends training successfully: every ps answers what waits there and everything sent
   /// later with `kOutOfRange` ("training finished"), so workers and the evaluator stop
@@ -213,7 +216,7 @@ class Chief {
   }
 
   std::uint64_t seed_;
-  detail::Client<T> client_;
+  Client<T> client_;
 };
 
 }  // namespace pulley

@@ -6,8 +6,9 @@
 #include <utility>
 #include <vector>
 
-#include "pulley/concepts/transport.hpp"
 #include "pulley/client/client.hpp"
+#include "pulley/client/snapshot.hpp"
+#include "pulley/concepts/transport.hpp"
 
 namespace pulley {
 
@@ -35,16 +36,16 @@ class Evaluator {
 
   /// Every variable at one global step of at least `step`, the same on every ps (see
   /// Snapshot); waits until the ps tasks reach it.
-  Snapshot snapshot(std::int64_t step) { return client_.snapshot(step); }
+  Snapshot snapshot(std::int64_t step) { return pulley::snapshot(client_, step); }
 
   /// Current values of every variable, one vector per variable, as each ps holds them now.
-  std::vector<std::vector<float>> read_variables() { return client_.read_variables(); }
+  std::vector<std::vector<float>> read_variables() { return pulley::read_variables(client_); }
 
   /// Counters of every ps task, by task index.
   std::vector<Stats> stats() { return client_.stats(); }
 
  private:
-  detail::Client<T> client_;
+  Client<T> client_;
 };
 
 }  // namespace pulley

@@ -12,10 +12,10 @@
 #include <utility>
 #include <vector>
 
+#include "pulley/client/client.hpp"
+#include "pulley/client/detail/recovery.hpp"
 #include "pulley/concepts/model.hpp"
 #include "pulley/concepts/transport.hpp"
-#include "pulley/client/client.hpp"
-#include "pulley/client/recovery.hpp"
 #include "pulley/sharding/ids.hpp"
 
 namespace pulley {
@@ -39,7 +39,9 @@ struct StepResult {
 /// @tparam M the Model or TableModel it trains (owned: the worker pulls into its parameters
 ///           in place)
 /// @tparam T the Transport that reaches the ps tasks
-/// @tparam I the IdSharding of the tables' rows: the ps tasks' (HashIds by default)
+/// @tparam I the IdSharding of the tables' rows: the ps tasks' (HashIds by default; name it
+///           once, `MyTables::Sharding` of the ps tasks' `Tables<O, MyIds>`): a worker whose
+///           sharding puts rows elsewhere is refused by `wait_ready`
 template <Model M, Transport T, IdSharding I = HashIds>
 class Worker {
  public:
@@ -70,6 +72,7 @@ class Worker {
   void wait_ready() {
     if constexpr (TableModel<M>) {
       client_.wait_ready(model_.variables(), std::span<const TableSpec>(model_.tables()));
+      client_.check_id_sharding(sharding_);  // a worker that would send rows astray is refused now
     } else {
       client_.wait_ready(model_.variables());
     }
@@ -244,7 +247,7 @@ class Worker {
     TableSpec spec;
     std::vector<std::uint64_t> ids;
     std::vector<std::size_t> ps_begin;
-    detail::IdIndex positions;  ///< id → index in ids
+    IdPositions positions;  ///< id → index in ids
     std::vector<float> rows;
     std::vector<float> gradients;
   };
@@ -293,7 +296,7 @@ class Worker {
 
   std::uint32_t index_;
   M model_;
-  detail::Client<T> client_;
+  Client<T> client_;
   std::vector<PullRequest> all_;                   ///< every variable into the model
   std::vector<std::span<const float>> gradients_;  ///< the model's gradient buffers
   [[no_unique_address]] I sharding_;

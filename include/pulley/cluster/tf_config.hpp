@@ -15,8 +15,8 @@
 #include <string_view>
 #include <utility>
 
-#include "pulley/core/address.hpp"
 #include "pulley/cluster/cluster_spec.hpp"
+#include "pulley/core/address.hpp"
 #include "pulley/core/error.hpp"
 
 namespace pulley {

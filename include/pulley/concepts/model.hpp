@@ -21,12 +21,12 @@ struct TableBatch {
   std::span<const std::uint64_t> ids;   ///< the batch's distinct ids, in the worker's order
   std::span<const float> rows;          ///< ids.size() × dim: the rows, in that order
   std::span<float> gradients;           ///< ids.size() × dim, zero before the step: add into it
-  const detail::IdIndex* positions = nullptr;  ///< id → index in ids
+  const IdPositions* positions = nullptr;  ///< id → index in ids
 
   /// The index of `id` in `ids`; throws std::out_of_range if it is not one of them.
   [[nodiscard]] std::size_t index(std::uint64_t id) const {
     const std::size_t at = positions->find(id);
-    if (at == detail::IdIndex::npos) {
+    if (at == IdPositions::npos) {
       throw std::out_of_range("id " + std::to_string(id) + " is not one of the batch's ids");
     }
     return at;

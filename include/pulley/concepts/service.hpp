@@ -6,6 +6,7 @@
 #include <functional>
 #include <limits>
 #include <optional>
+#include <utility>
 
 #include "pulley/protocol/messages.hpp"
 
@@ -19,13 +20,20 @@ namespace pulley {
 /// hands the service such a request.
 using Responder = std::function<void(Response&&)>;
 
+/// Answers through `reply`, which is empty afterwards: a request is answered once, and a
+/// reply already given (or parked elsewhere) is left alone.
+inline void respond(Responder& reply, Response&& response) {
+  Responder r = std::exchange(reply, nullptr);
+  if (r) r(std::move(response));
+}
+
 /// What a transport vouches for about a request, besides its content.
 struct RequestContext {
   /// Every tensor of the request is finite: the transport checked it as it arrived, or the
   /// request comes from a client in this process (pulley's clients check before sending).
   bool tensors_finite = false;
   /// The task that sent it, as the transport knows it (over TCP: as the handshake proved
-  /// it); the service refuses what that task's job may not send (`kSenders`). nullopt: a
+  /// it); the service refuses what that task's role may not send (`kSenders`). nullopt: a
   /// caller the transport does not name, trusted (pulley's transports always name it).
   std::optional<Node> peer;
   /// The connection (or in-process endpoint) it came on, unique while the transport lives;

@@ -7,6 +7,7 @@
 #include <span>
 #include <string_view>
 
+#include "pulley/core/hash.hpp"
 #include "pulley/core/variable.hpp"
 
 namespace pulley {
@@ -30,17 +31,6 @@ class SplitMix64 {
  private:
   std::uint64_t state_;
 };
-
-/// FNV-1a hash of a variable name: mixes the name into the seed, so a variable's initial
-/// values do not change when other variables are added or reordered.
-constexpr std::uint64_t name_hash(std::string_view name) noexcept {
-  std::uint64_t h = 0xCBF29CE484222325ULL;
-  for (char c : name) {
-    h ^= static_cast<unsigned char>(c);
-    h *= 0x100000001B3ULL;
-  }
-  return h;
-}
 
 /// Fills `values` (which has `spec.size()` elements) as `spec.initializer` says, from
 /// `seed` and the variable's name.
@@ -75,14 +65,6 @@ inline void initialize(const VariableSpec& spec, std::uint64_t seed, std::span<f
       break;
     }
   }
-}
-
-/// Mixes a 64-bit id into a seed (the SplitMix64 finalizer): neighbouring ids give
-/// unrelated streams.
-constexpr std::uint64_t mix_id(std::uint64_t id) noexcept {
-  id = (id ^ (id >> 30U)) * 0xBF58476D1CE4E5B9ULL;
-  id = (id ^ (id >> 27U)) * 0x94D049BB133111EBULL;
-  return id ^ (id >> 31U);
 }
 
 /// Fills `row` (`spec.dim` floats) with the initial value of row `id` of table `spec`: a

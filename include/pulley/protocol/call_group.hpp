@@ -9,8 +9,8 @@
 #include <utility>
 #include <vector>
 
-#include "pulley/protocol/call.hpp"
 #include "pulley/core/error.hpp"
+#include "pulley/protocol/call.hpp"
 #include "pulley/protocol/messages.hpp"
 
 namespace pulley {

@@ -31,12 +31,13 @@ namespace pulley {
 //   - `kChangesParameters = true` on a request that may change the ps's parameters, by
 //     itself or by what it sets off (a push held, a step that waited for a worker found
 //     lost): a transport must not let a reply still being sent see them change;
-//   - `kSenders`, on a request: the jobs whose tasks may send it (the ps refuses it from
+//   - `kSenders`, on a request: the roles whose tasks may send it (the ps refuses it from
 //     any other with `kPermissionDenied`): only the chief registers, initializes and ends
 //     training, only workers take tokens and push, evaluators only read.
 //
 // Adding a message is its declaration here, its place in Request or Response, and its
-// handler in the service (`ParameterServer::on`).
+// handler in the ps (an `on` overload in ps/parameter_server.hpp, which hands it to the
+// part that owns what it reads or changes).
 //
 // Tensors are views, never owned vectors. A view in a request stays valid until its call
 // is answered or cancelled. A view in a reply stays valid and unchanged until the service
@@ -108,7 +109,7 @@ struct Slice {
 /// same registration is harmless; a different one is refused.
 struct Register {
   static constexpr std::string_view kName = "Register";
-  static constexpr JobSet kSenders{Node::Job::kChief};
+  static constexpr RoleSet kSenders{Node::Role::kChief};
   std::vector<VariableSpec> variables;
   /// The model's embedding tables: each ps creates the rows it holds as they are first
   /// pulled, from `table_seed` (no Initialize).
@@ -124,7 +125,7 @@ struct Register {
 /// Chief → ps: initial values of parts this ps holds. Each part is initialized once.
 struct Initialize {
   static constexpr std::string_view kName = "Initialize";
-  static constexpr JobSet kSenders{Node::Job::kChief};
+  static constexpr RoleSet kSenders{Node::Role::kChief};
   static constexpr bool kChangesParameters = true;
   std::vector<PartValues> parts;
 
@@ -137,7 +138,7 @@ struct Initialize {
 /// Client → ps: answered with the placement once every part on this ps is initialized.
 struct WaitReady {
   static constexpr std::string_view kName = "WaitReady";
-  static constexpr JobSet kSenders{Node::Job::kWorker, Node::Job::kChief, Node::Job::kEvaluator};
+  static constexpr RoleSet kSenders{Node::Role::kWorker, Node::Role::kChief, Node::Role::kEvaluator};
 
   template <class Archive>
   void serialize(Archive& /*archive*/) {}
@@ -147,7 +148,7 @@ struct WaitReady {
 /// Waits while the sync policy has no token to give this worker.
 struct TakeToken {
   static constexpr std::string_view kName = "TakeToken";
-  static constexpr JobSet kSenders{Node::Job::kWorker};
+  static constexpr RoleSet kSenders{Node::Role::kWorker};
   std::uint32_t worker = 0;
   std::uint64_t epoch = 0;  ///< the restore the worker knows of (PlacementReply::epoch)
 
@@ -162,7 +163,7 @@ struct TakeToken {
 /// A pull that waits is answered the moment the step completes, before any later push.
 struct Pull {
   static constexpr std::string_view kName = "Pull";
-  static constexpr JobSet kSenders{Node::Job::kWorker, Node::Job::kChief, Node::Job::kEvaluator};
+  static constexpr RoleSet kSenders{Node::Role::kWorker, Node::Role::kChief, Node::Role::kEvaluator};
   std::int64_t min_step = 0;
   std::vector<Slice> slices;
   /// The restore the client knows of: a pull that waits for a step of an earlier one is
@@ -181,7 +182,7 @@ struct Pull {
 struct Push {
   static constexpr std::string_view kName = "Push";
   static constexpr bool kChangesParameters = true;
-  static constexpr JobSet kSenders{Node::Job::kWorker};
+  static constexpr RoleSet kSenders{Node::Role::kWorker};
   std::uint32_t worker = 0;
   std::int64_t local_step = 0;
   std::vector<PartValues> gradients;
@@ -205,7 +206,7 @@ struct Push {
 /// initial value until admitted), so it counts as changing the ps.
 struct PullRows {
   static constexpr std::string_view kName = "PullRows";
-  static constexpr JobSet kSenders{Node::Job::kWorker, Node::Job::kChief, Node::Job::kEvaluator};
+  static constexpr RoleSet kSenders{Node::Role::kWorker, Node::Role::kChief, Node::Role::kEvaluator};
   static constexpr bool kChangesParameters = true;
   std::int64_t min_step = 0;
   std::uint64_t epoch = 0;
@@ -222,7 +223,7 @@ struct GetStats {
   static constexpr std::string_view kName = "GetStats";
   /// A worker found lost on the way may complete the step that waited for it.
   static constexpr bool kChangesParameters = true;
-  static constexpr JobSet kSenders{Node::Job::kWorker, Node::Job::kChief, Node::Job::kEvaluator};
+  static constexpr RoleSet kSenders{Node::Role::kWorker, Node::Role::kChief, Node::Role::kEvaluator};
 
   template <class Archive>
   void serialize(Archive& /*archive*/) {}
@@ -237,7 +238,7 @@ struct Heartbeat {
   static constexpr std::string_view kName = "Heartbeat";
   /// Another worker found lost on the way may complete the step that waited for it.
   static constexpr bool kChangesParameters = true;
-  static constexpr JobSet kSenders{Node::Job::kWorker};
+  static constexpr RoleSet kSenders{Node::Role::kWorker};
   std::uint32_t worker = 0;
   /// The worker ends (its training is over): the ps forgets it instead of holding it lost
   /// once it is quiet.
@@ -254,7 +255,7 @@ struct Heartbeat {
 /// gave up, so each task learns how the job ended; the ps then stops serving.
 struct Shutdown {
   static constexpr std::string_view kName = "Shutdown";
-  static constexpr JobSet kSenders{Node::Job::kChief};
+  static constexpr RoleSet kSenders{Node::Role::kChief};
   bool aborted = false;  ///< the job failed: tasks end with an error, not with success
   std::string reason;    ///< why it was aborted
 
@@ -271,7 +272,7 @@ struct Shutdown {
 /// closes.
 struct Pause {
   static constexpr std::string_view kName = "Pause";
-  static constexpr JobSet kSenders{Node::Job::kChief};
+  static constexpr RoleSet kSenders{Node::Role::kChief};
   std::int64_t at_step = 0;
 
   template <class Archive>
@@ -288,7 +289,7 @@ struct ReadState {
   static constexpr std::string_view kName = "ReadState";
   /// Held pushes taken to reach the cut are applied.
   static constexpr bool kChangesParameters = true;
-  static constexpr JobSet kSenders{Node::Job::kChief};
+  static constexpr RoleSet kSenders{Node::Role::kChief};
   std::vector<std::uint64_t> until;
 
   template <class Archive>
@@ -302,7 +303,7 @@ struct Resume {
   static constexpr std::string_view kName = "Resume";
   /// The held pushes are applied.
   static constexpr bool kChangesParameters = true;
-  static constexpr JobSet kSenders{Node::Job::kChief};
+  static constexpr RoleSet kSenders{Node::Role::kChief};
 
   template <class Archive>
   void serialize(Archive& /*archive*/) {}
@@ -316,7 +317,7 @@ struct Resume {
 struct Restore {
   static constexpr std::string_view kName = "Restore";
   static constexpr bool kChangesParameters = true;
-  static constexpr JobSet kSenders{Node::Job::kChief};
+  static constexpr RoleSet kSenders{Node::Role::kChief};
   std::uint64_t epoch = 0;
   std::vector<std::int64_t> pacer;  ///< SyncPolicy::save's, or {global step}
   std::vector<PartState> parts;     ///< every part held here
@@ -363,10 +364,13 @@ struct PlacementReply {
   std::vector<std::string> slot_names;     ///< the optimizer's slots, in PartState order
   std::vector<std::string> counter_names;  ///< the optimizer's counters
   std::vector<TableSpec> tables = {};      ///< the registered embedding tables
+  /// Where the ps's IdSharding puts the tables' rows (`id_sharding_fingerprint`): a worker
+  /// with another one is refused when it gets ready.
+  std::uint64_t id_sharding = 0;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(variables, placement, epoch, slot_names, counter_names, tables);
+    archive(variables, placement, epoch, slot_names, counter_names, tables, id_sharding);
   }
 };
 
@@ -505,8 +509,8 @@ inline constexpr bool changes_parameters_v = [] {
   }
 }();
 
-/// The jobs that may send `request` (its declared `kSenders`).
-inline JobSet senders(const Request& request) noexcept {
+/// The roles that may send `request` (its declared `kSenders`).
+inline RoleSet senders(const Request& request) noexcept {
   return std::visit([](const auto& m) { return std::remove_cvref_t<decltype(m)>::kSenders; },
                     request);
 }

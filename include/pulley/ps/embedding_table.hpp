@@ -13,13 +13,11 @@
 #include <vector>
 
 #include "pulley/concepts/optimizer.hpp"
-#include "pulley/concepts/sharding.hpp"
 #include "pulley/core/detail/finite.hpp"
 #include "pulley/core/detail/random.hpp"
 #include "pulley/core/error.hpp"
+#include "pulley/core/id_index.hpp"
 #include "pulley/core/initializers.hpp"
-#include "pulley/optimizers/sgd.hpp"
-#include "pulley/sharding/ids.hpp"
 #include "pulley/core/variable.hpp"
 
 namespace pulley {
@@ -41,7 +39,8 @@ struct TableStats {
 /// Rows live in chunks of kChunkRows records, allocated whole: a record is the row's id and
 /// last-touched step (16 bytes), then its `(1 + kRowSlots) × dim` floats (values, then slot
 /// after slot), so that finding, reading and updating a row touch the same cache lines. The
-/// index is open addressing with linear probing over 32-bit row numbers, at most 3/4 full.
+/// index is an IdIndex over row numbers (4 bytes a slot, at most 3/4 full), whose ids are
+/// read from the records.
 /// So a row costs its floats plus 16 bytes plus 5.3 to 10.7 bytes of index (the benchmark
 /// prints the measured bytes per row), and memory never holds more than one chunk of
 /// slack. Lookups of a batch are pipelined: the index slots and records of ids a few
@@ -49,7 +48,8 @@ struct TableStats {
 ///
 /// The index hashes ids with a random key of its own, so that no choice of ids piles them
 /// onto one slot (ids a client picked to collide would otherwise make every lookup walk
-/// them all). It does no I/O and takes no lock: the ps calls it for one request at a time.
+/// them all). It is the rows of one table on one ps, part of the ps's Shard (TableShard);
+/// it does no I/O and takes no lock: the ps calls it for one request at a time.
 ///
 /// @tparam O RowWiseOptimizer that updates the rows (a dense-only optimizer fails here,
 ///           naming the member it lacks)
@@ -192,13 +192,13 @@ class EmbeddingTable {
     s.rows = rows_;
     s.candidates = candidates_.size();
     s.bytes = chunks_.size() * kChunkRows * record_ * sizeof(float) +
-              index_.size() * sizeof(std::uint32_t) +
+              index_.bytes() +
               candidates_.size() * (sizeof(std::uint64_t) + sizeof(Candidate) + 2 * sizeof(void*));
     return s;
   }
 
  private:
-  static constexpr std::uint32_t kNone = std::numeric_limits<std::uint32_t>::max();
+  static constexpr std::uint32_t kNone = IdIndex::kNone;
 
   /// One chunk of kChunkRows rows: their floats, ids and last-touched steps.
   /// Floats of a record's header: the id (two floats' bytes), the step last touched, one
@@ -252,30 +252,24 @@ class EmbeddingTable {
     constexpr std::size_t kRecordAhead = 8;
     const std::size_t n = ids.size();
     for (std::size_t i = 0; i < n; ++i) {
-      if (!index_.empty()) {
-        if (i + kIndexAhead < n) __builtin_prefetch(&index_[home(ids[i + kIndexAhead])]);
-        if (i + kRecordAhead < n) {
-          const std::uint32_t entry = index_[home(ids[i + kRecordAhead])];
-          if (entry != 0) __builtin_prefetch(record(entry - 1));
-        }
+      if (i + kIndexAhead < n) index_.prefetch(ids[i + kIndexAhead]);
+      if (i + kRecordAhead < n) {
+        const std::uint32_t row = index_.first_entry(ids[i + kRecordAhead]);
+        if (row != kNone) __builtin_prefetch(record(row));
       }
       f(i, find(ids[i]));
     }
   }
 
-  [[nodiscard]] std::size_t home(std::uint64_t id) const noexcept {
-    return static_cast<std::size_t>(mix_id(id ^ key_)) & (index_.size() - 1);
-  }
+  /// Reads a row's id from its record: what the index hashes.
+  struct IdOf {
+    const EmbeddingTable* table;
+    std::uint64_t operator()(std::uint32_t row) const noexcept { return table->id_of(row); }
+  };
+  [[nodiscard]] IdOf ids() const noexcept { return IdOf{this}; }
 
   /// The row of `id`, or kNone.
-  [[nodiscard]] std::uint32_t find(std::uint64_t id) const noexcept {
-    if (index_.empty()) return kNone;
-    for (std::size_t slot = home(id);; slot = (slot + 1) & (index_.size() - 1)) {
-      const std::uint32_t entry = index_[slot];
-      if (entry == 0) return kNone;
-      if (id_of(entry - 1) == id) return entry - 1;
-    }
-  }
+  [[nodiscard]] std::uint32_t find(std::uint64_t id) const noexcept { return index_.find(id, ids()); }
 
   /// Counts a pull of `id`, which has no row: true once it is admitted.
   bool admit(std::uint64_t id, std::int64_t step) {
@@ -291,7 +285,6 @@ class EmbeddingTable {
     if (rows_ >= kNone - 1) {
       throw Error(ErrorCode::kResourceExhausted, "table '" + spec_.name + "' holds 2^32 - 2 rows on this ps");
     }
-    if ((rows_ + 1) * 4 > index_.size() * 3) grow_index();
     if (rows_ == chunks_.size() * kChunkRows) {
       chunks_.push_back(Chunk{std::vector<float>(kChunkRows * record_)});
     }
@@ -301,54 +294,19 @@ class EmbeddingTable {
     optimizer_.init_row(std::span<float>(r + spec_.dim, stride_ - spec_.dim));
     set_id(row, id);
     set_touched(row, 0);
-    place(id, row);
+    index_.insert(row, ids());  // (a failed allocation leaves the row unused)
     ++rows_;
     ++stats_.rows_created;
     if (spec_.admit_after > 1) candidates_.erase(id);  // admitted: its count is done
     return row;
   }
 
-  void place(std::uint64_t id, std::uint32_t row) noexcept {
-    std::size_t slot = home(id);
-    while (index_[slot] != 0) slot = (slot + 1) & (index_.size() - 1);
-    index_[slot] = row + 1;
-  }
-
-  /// Twice the slots. The new index is allocated before the old one is let go: a failed
-  /// allocation leaves the table as it was.
-  void grow_index() {
-    std::vector<std::uint32_t> grown(std::max<std::size_t>(64, index_.size() * 2), 0);
-    grown.swap(index_);
-    for (const std::uint32_t entry : grown) {
-      if (entry != 0) place(id_of(entry - 1), entry - 1);
-    }
-  }
-
-  /// The index slot that holds `row`.
-  [[nodiscard]] std::size_t slot_of(std::uint32_t row) const noexcept {
-    std::size_t slot = home(id_of(row));
-    while (index_[slot] != row + 1) slot = (slot + 1) & (index_.size() - 1);
-    return slot;
-  }
-
-  /// Removes `row`: the last row moves into its place, and its index entry goes with
-  /// backward-shift deletion, so that probing needs no tombstones.
+  /// Removes `row`: its index entry goes, and the last row moves into its place.
   void erase(std::uint32_t row) {
-    const std::size_t mask = index_.size() - 1;
-    std::size_t hole = slot_of(row);
-    for (std::size_t next = (hole + 1) & mask; index_[next] != 0; next = (next + 1) & mask) {
-      const std::size_t want = home(id_of(index_[next] - 1));
-      // Move the entry at `next` back into the hole unless its home lies in (hole, next].
-      const bool stays = hole <= next ? (want > hole && want <= next) : (want > hole || want <= next);
-      if (!stays) {
-        index_[hole] = index_[next];
-        hole = next;
-      }
-    }
-    index_[hole] = 0;
+    index_.erase(row, ids());
     const auto last = static_cast<std::uint32_t>(rows_ - 1);
     if (row != last) {
-      index_[slot_of(last)] = row + 1;
+      index_.renumber(last, row, ids());
       std::copy(record(last), record(last) + record_, record(row));
     }
     --rows_;
@@ -359,56 +317,15 @@ class EmbeddingTable {
   TableSpec spec_;
   [[no_unique_address]] O optimizer_;
   std::uint64_t seed_;
-  std::uint64_t key_ = detail::random_u64();  ///< of the index's hash
   std::size_t stride_;  ///< floats per row: values and slots
   std::size_t record_;  ///< floats per record: the header, values and slots
   std::vector<Chunk> chunks_;
-  std::vector<std::uint32_t> index_;  ///< row + 1, or 0 for an empty slot
+  IdIndex index_{detail::random_u64()};  ///< id → row, the ids read from the records
   std::size_t rows_ = 0;
   std::unordered_map<std::uint64_t, Candidate> candidates_;
   TableStats stats_;
   std::vector<std::pair<std::uint32_t, std::size_t>> scratch_rows_;  ///< row, position in ids
   std::vector<float> scratch_;                                       ///< rows being updated
 };
-
-/// The embedding-table policy of a ParameterServer: the row-wise optimizer its tables are
-/// updated with (it may differ from the dense variables' optimizer: Adagrad or FTRL for
-/// embeddings and Adam for the rest is common) and how their rows are spread over the ps
-/// tasks. Workers must use the same id sharding (a ps refuses rows that are not its own).
-///
-/// @tparam O RowWiseOptimizer of the tables; a dense-only one fails to compile here
-/// @tparam I IdSharding of the rows (HashIds by default)
-template <RowWiseOptimizer O, IdSharding I = HashIds>
-struct Tables {
-  using Optimizer = O;
-  using Sharding = I;
-  O optimizer{};  ///< updates every table's rows
-  I sharding{};   ///< which ps holds which row
-};
-
-/// The table policy of a ParameterServer that serves no embedding tables (a model that
-/// declares some is refused, naming the fix); the default when its optimizer has no
-/// row-wise apply. Its members only keep the code that is never used compiling.
-struct NoTables {
-  using Optimizer = Sgd;
-  using Sharding = HashIds;
-  Sgd optimizer{};
-  HashIds sharding{};
-};
-
-namespace detail {
-template <class O, bool = RowWiseOptimizer<O>>
-struct default_tables {
-  using type = NoTables;
-};
-template <class O>
-struct default_tables<O, true> {
-  using type = Tables<O>;
-};
-}  // namespace detail
-
-/// Tables<O> when O can update rows, NoTables otherwise: a ParameterServer's default.
-template <class O>
-using DefaultTables = typename detail::default_tables<O>::type;
 
 }  // namespace pulley

@@ -30,6 +30,7 @@
 
 #include "pulley/cluster/cluster_spec.hpp"
 #include "pulley/core/error.hpp"
+#include "pulley/core/hash.hpp"
 #include "pulley/core/log.hpp"
 #include "pulley/transport/wire/handshake.hpp"
 
@@ -106,19 +107,14 @@ inline std::string user_secret() {
   return read_secret_file(path);
 }
 
-/// A short, stable name for a cluster: FNV-1a over its jobs and addresses.
+/// A short, stable name for a cluster: FNV-1a over its roles and addresses.
 inline std::string cluster_name(const ClusterSpec& cluster) {
-  std::uint64_t hash = 1469598103934665603ULL;
+  std::uint64_t hash = name_hash({});
   auto mix = [&](std::string_view text) {
-    for (const char c : text) {
-      hash ^= static_cast<unsigned char>(c);
-      hash *= 1099511628211ULL;
-    }
-    hash ^= 0xFFU;  // a separator no address holds
-    hash *= 1099511628211ULL;
+    hash = name_hash(std::string_view("\xFF", 1), name_hash(text, hash));  // a separator no address holds
   };
-  for (const auto& [job, addresses] : cluster.jobs) {
-    mix(job);
+  for (const auto& [role, addresses] : cluster.jobs) {
+    mix(role);
     for (const std::string& address : addresses) mix(address);
   }
   char text[17];

@@ -16,30 +16,30 @@
 #include <utility>
 #include <vector>
 
-#include "pulley/core/address.hpp"
-#include "pulley/protocol/call_group.hpp"
 #include "pulley/checkpoint/directory.hpp"
 #include "pulley/client/chief.hpp"
+#include "pulley/client/detail/recovery.hpp"
+#include "pulley/client/evaluator.hpp"
+#include "pulley/client/heartbeat.hpp"
+#include "pulley/client/worker.hpp"
 #include "pulley/concepts/model.hpp"
 #include "pulley/concepts/optimizer.hpp"
 #include "pulley/concepts/sharding.hpp"
 #include "pulley/concepts/sync_policy.hpp"
+#include "pulley/core/address.hpp"
 #include "pulley/core/detail/finite.hpp"
-#include "pulley/client/recovery.hpp"
-#include "pulley/client/evaluator.hpp"
-#include "pulley/client/heartbeat.hpp"
 #include "pulley/core/log.hpp"
+#include "pulley/protocol/call_group.hpp"
 #include "pulley/ps/parameter_server.hpp"
 #include "pulley/runner/job.hpp"
 #include "pulley/transport/in_process.hpp"
 #include "pulley/transport/tcp.hpp"
-#include "pulley/client/worker.hpp"
 
 namespace pulley {
 
 /// What the chief (or the evaluator) knows at an evaluation.
 struct Evaluation {
-  Node::Job role = Node::Job::kChief;  ///< who evaluates: kChief or kEvaluator
+  Node::Role role = Node::Role::kChief;  ///< who evaluates: kChief or kEvaluator
   std::int64_t step = 0;               ///< the global step of the parameters (Snapshot::step)
   bool consistent = true;              ///< every ps was read at that step (Snapshot::consistent)
   bool last = false;                   ///< the evaluation at the last step
@@ -419,7 +419,7 @@ void follow_checkpoints(const Training<M>& training) {
         std::copy(state.variables[v].values.begin(), state.variables[v].values.end(), into.begin());
       }
       Evaluation evaluation;
-      evaluation.role = Node::Job::kEvaluator;
+      evaluation.role = Node::Role::kEvaluator;
       evaluation.step = state.global_step;
       evaluation.consistent = true;
       evaluation.last = state.global_step >= training.last_step;
@@ -477,7 +477,7 @@ void follow(const Training<M>& training, Connect connect) {
       }
       const Snapshot& shot = *read;
       Evaluation evaluation;
-      evaluation.role = Node::Job::kEvaluator;
+      evaluation.role = Node::Role::kEvaluator;
       evaluation.step = shot.step;
       evaluation.consistent = shot.consistent;
       evaluation.last = step == steps.back();
@@ -617,7 +617,7 @@ void run_task(const TfConfig& config, const Credentials& credentials, const Trai
   } else if (type == "chief") {
     lead(training, transport(Node::chief()));
   } else if (type == "evaluator") {
-    follow(training, [&] { return transport(Node{Node::Job::kEvaluator, config.task.index}); });
+    follow(training, [&] { return transport(Node{Node::Role::kEvaluator, config.task.index}); });
   } else if (type == "worker" && config.task.index == 0 && !config.cluster.jobs.contains("chief")) {
     // No chief task: worker 0 is also the chief (TensorFlow's convention), on a thread.
     std::exception_ptr chief_failure;

@@ -5,7 +5,7 @@
 #include <string_view>
 
 #include "pulley/concepts/sharding.hpp"
-#include "pulley/core/initializers.hpp"
+#include "pulley/core/hash.hpp"
 
 namespace pulley {
 

@@ -6,39 +6,35 @@
 #include <span>
 #include <vector>
 
-#include "pulley/core/id_index.hpp"
+#include "pulley/concepts/row_aggregation.hpp"
 #include "pulley/core/detail/random.hpp"
+#include "pulley/core/id_index.hpp"
 
 namespace pulley {
 
-/// The gradient accumulator of one embedding table for one update: sums the rows pushed,
-/// by id, and counts the pushes that held each row. `take` gives each row's mean over the
-/// pushes that held it, as TensorFlow's SparseConditionalAccumulator averages (element-wise
-/// by each row's own count, not by the number of pushes): a row pushed by 1 of R replicas
-/// moves by that replica's gradient, not by a 1/R share of it. Ids come from peers: they
-/// are indexed with a hash keyed at random.
-class SparseAccumulator {
+/// The rows of one table pushed for one update, summed by id, with the number of pushes
+/// that held each row: what RowMean and RowSum keep. The first push of an update is kept
+/// as it came, with no lookups (every push of Async, the first of a sync step); ids are
+/// indexed only when a second one comes, with a hash keyed at random.
+class RowSums {
  public:
-  /// An accumulator of rows of `dim` floats.
-  explicit SparseAccumulator(std::size_t dim = 0) : dim_(dim) {}
+  /// Rows of `dim` floats.
+  explicit RowSums(std::size_t dim = 0) : dim_(dim) {}
 
-  /// Adds one push: rows `rows` (`ids.size() × dim` floats) of the distinct ids `ids`. The
-  /// first push of an update is kept as it came, with no lookups (every push of Async, the
-  /// first of a sync step); ids are indexed only when a second one comes.
+  /// Adds one push: `rows` (`ids.size() × dim` floats) of the distinct `ids`.
   void add(std::span<const std::uint64_t> ids, std::span<const float> rows) {
-    if (taken_) clear();
     if (ids_.empty()) {
       ids_.assign(ids.begin(), ids.end());
       counts_.assign(ids.size(), 1);
       sums_.assign(rows.begin(), rows.begin() + static_cast<std::ptrdiff_t>(ids.size() * dim_));
       return;
     }
-    if (position_.size() == 0) {  // positions are numbered as ids_ is ordered
-      position_.reserve(ids_.size() + ids.size());
-      for (const std::uint64_t id : ids_) position_.insert(id);
+    if (positions_.size() == 0) {  // positions are numbered as ids_ is ordered
+      positions_.reserve(ids_.size() + ids.size());
+      for (const std::uint64_t id : ids_) positions_.insert(id);
     }
     for (std::size_t i = 0; i < ids.size(); ++i) {
-      const auto [at, fresh] = position_.insert(ids[i]);
+      const auto [at, fresh] = positions_.insert(ids[i]);
       const float* row = rows.data() + i * dim_;
       if (fresh) {
         ids_.push_back(ids[i]);
@@ -52,40 +48,70 @@ class SparseAccumulator {
     }
   }
 
-  /// The ids pushed since the last take, in the order they first came.
+  /// The distinct ids added, in the order they first came.
   [[nodiscard]] std::span<const std::uint64_t> ids() const noexcept { return ids_; }
-  /// True if nothing was added since the last take.
-  [[nodiscard]] bool empty() const noexcept { return taken_ || ids_.empty(); }
-
-  /// Each row's mean (ids() order, `ids().size() × dim` floats), valid until the next add
-  /// or clear; the next add starts a new update.
-  [[nodiscard]] std::span<const float> take() {
-    for (std::size_t r = 0; r < ids_.size(); ++r) {
-      if (counts_[r] == 1) continue;
-      const float n = static_cast<float>(counts_[r]);
-      float* sum = sums_.data() + r * dim_;
-      for (std::size_t k = 0; k < dim_; ++k) sum[k] /= n;
-    }
-    taken_ = true;
-    return sums_;
-  }
+  /// The sums, `ids().size() × dim` floats in ids() order.
+  [[nodiscard]] std::span<float> sums() noexcept { return sums_; }
+  /// How many pushes held each row, in ids() order.
+  [[nodiscard]] std::span<const std::uint32_t> counts() const noexcept { return counts_; }
+  /// Floats in a row.
+  [[nodiscard]] std::size_t dim() const noexcept { return dim_; }
 
   /// Forgets everything added (memory is kept for the next update).
   void clear() noexcept {
-    position_.clear();
+    positions_.clear();
     ids_.clear();
     counts_.clear();
     sums_.clear();
-    taken_ = false;
   }
 
  private:
   std::size_t dim_;
-  detail::IdIndex position_{detail::random_u64()};  ///< id → place in ids_, from the second push
+  IdPositions positions_{detail::random_u64()};  ///< id → place in ids_, from the second push
   std::vector<std::uint64_t> ids_;
   std::vector<std::uint32_t> counts_;
   std::vector<float> sums_;
-  bool taken_ = false;
 };
+
+/// Each row's update is its mean over the pushes of the update that held it, as
+/// TensorFlow's SparseConditionalAccumulator with `reduction_type='MEAN'` (element-wise by
+/// each row's own count, not by the number of pushes): a row that 1 of R replicas pushed
+/// moves by that replica's gradient, not by a 1/R share of it. The default.
+struct RowMean {
+  using Accumulator = RowSums;
+  [[nodiscard]] RowSums make_accumulator(std::size_t dim) const { return RowSums(dim); }
+  void add(RowSums& acc, std::span<const std::uint64_t> ids, std::span<const float> rows) const {
+    acc.add(ids, rows);
+  }
+  [[nodiscard]] std::span<const std::uint64_t> ids(const RowSums& acc) const noexcept { return acc.ids(); }
+  /// Divides each sum by its count, in place.
+  [[nodiscard]] std::span<const float> take(RowSums& acc) const noexcept {
+    const std::span<float> sums = acc.sums();
+    const std::size_t dim = acc.dim();
+    for (std::size_t r = 0; r < acc.counts().size(); ++r) {
+      const std::uint32_t n = acc.counts()[r];
+      if (n == 1) continue;
+      for (float& x : sums.subspan(r * dim, dim)) x /= static_cast<float>(n);
+    }
+    return sums;
+  }
+  void clear(RowSums& acc) const noexcept { acc.clear(); }
+};
+static_assert(RowAggregation<RowMean>);
+
+/// Each row's update is the sum of its gradients over the update's pushes, as TensorFlow's
+/// SparseConditionalAccumulator with `reduction_type='SUM'`: with gradients of each
+/// replica's mean loss, a row many replicas pushed moves by all of them.
+struct RowSum {
+  using Accumulator = RowSums;
+  [[nodiscard]] RowSums make_accumulator(std::size_t dim) const { return RowSums(dim); }
+  void add(RowSums& acc, std::span<const std::uint64_t> ids, std::span<const float> rows) const {
+    acc.add(ids, rows);
+  }
+  [[nodiscard]] std::span<const std::uint64_t> ids(const RowSums& acc) const noexcept { return acc.ids(); }
+  [[nodiscard]] std::span<const float> take(RowSums& acc) const noexcept { return acc.sums(); }
+  void clear(RowSums& acc) const noexcept { acc.clear(); }
+};
+static_assert(RowAggregation<RowSum>);
 
 }  // namespace pulley

@@ -16,12 +16,12 @@
 #include <utility>
 #include <vector>
 
-#include "pulley/protocol/call.hpp"
 #include "pulley/concepts/service.hpp"
 #include "pulley/concepts/transport.hpp"
-#include "pulley/transport/detail/reply_targets.hpp"
-#include "pulley/protocol/messages.hpp"
 #include "pulley/core/node.hpp"
+#include "pulley/protocol/call.hpp"
+#include "pulley/protocol/messages.hpp"
+#include "pulley/transport/detail/reply_targets.hpp"
 
 namespace pulley {
 
@@ -237,7 +237,7 @@ class InProcessNetwork {
         std::scoped_lock lock(faults_mutex_);
         dead_[node] = true;
       }
-      if (node.job != Node::Job::kPs) {
+      if (node.role != Node::Role::kPs) {
         // Its connections break: what it sent and no ps handled yet is lost, and every ps
         // hears that it left, as a TCP ps would. (handle() refuses what slips past.)
         for (auto& box : mailboxes_) {

@@ -16,11 +16,11 @@
 #include <utility>
 #include <vector>
 
-#include "pulley/core/address.hpp"
-#include "pulley/protocol/call.hpp"
 #include "pulley/concepts/transport.hpp"
-#include "pulley/transport/detail/reply_targets.hpp"
+#include "pulley/core/address.hpp"
 #include "pulley/core/node.hpp"
+#include "pulley/protocol/call.hpp"
+#include "pulley/transport/detail/reply_targets.hpp"
 #include "pulley/transport/detail/sockets.hpp"
 #include "pulley/transport/wire/codec.hpp"
 #include "pulley/transport/wire/frame_reader.hpp"

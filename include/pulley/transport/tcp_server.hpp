@@ -17,8 +17,8 @@
 
 #include "pulley/concepts/service.hpp"
 #include "pulley/core/log.hpp"
-#include "pulley/protocol/messages.hpp"
 #include "pulley/core/node.hpp"
+#include "pulley/protocol/messages.hpp"
 #include "pulley/transport/detail/sockets.hpp"
 #include "pulley/transport/wire/codec.hpp"
 #include "pulley/transport/wire/frame_reader.hpp"

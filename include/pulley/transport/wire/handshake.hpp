@@ -164,10 +164,10 @@ inline std::string refusal_reason(const Credentials& credentials, const Challeng
            challenge.job + "'";
   }
   if (hello.nonce.size() != kNonceBytes) return "a malformed hello (nonce)";
-  if (static_cast<unsigned>(hello.peer.job) > static_cast<unsigned>(Node::Job::kEvaluator)) {
+  if (static_cast<unsigned>(hello.peer.role) > static_cast<unsigned>(Node::Role::kEvaluator)) {
     return "a hello naming an unknown job type";
   }
-  if (hello.peer.job == Node::Job::kPs) return "a ps task cannot connect as a client";
+  if (hello.peer.role == Node::Role::kPs) return "a ps task cannot connect as a client";
   if (!proof_matches(hello.proof, client_proof(credentials.secret, challenge, hello.peer, hello.nonce))) {
     return hello.peer.name() + " did not prove the job's shared secret (a wrong PULLEY_SECRET?)";
   }

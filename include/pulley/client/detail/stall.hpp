@@ -1,0 +1,99 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "pulley/client/options.hpp"
+#include "pulley/concepts/transport.hpp"
+#include "pulley/core/error.hpp"
+#include "pulley/core/log.hpp"
+#include "pulley/protocol/call_group.hpp"
+#include "pulley/protocol/messages.hpp"
+
+namespace pulley::detail {
+
+/// Every ps's global step, and in `why` what each waits for; empty if a ps does not answer
+/// in time (the question is a courtesy: the wait is what matters).
+template <Transport T>
+std::vector<std::int64_t> global_steps(T& transport, const ClientOptions& options, std::string& why) {
+  std::vector<std::int64_t> steps;
+  try {
+    CallGroup group;
+    for (std::size_t ps = 0; ps < transport.num_ps(); ++ps) group.add(transport.call(ps, GetStats{}, {}));
+    group.wait(std::min(options.request_timeout, std::chrono::milliseconds(5000)), "ask the ps tasks what they wait for");
+    for (std::size_t ps = 0; ps < group.size(); ++ps) {
+      const StatsReply reply = group.take_as<StatsReply>(ps);
+      steps.push_back(reply.stats.global_step);
+      why += "; ps " + std::to_string(ps) + " is at step " + std::to_string(reply.stats.global_step) +
+             ", waiting for " + reply.waiting_for;
+    }
+  } catch (const Error& e) {
+    why += std::string("; the ps tasks do not say why (") + e.what() + ")";
+    steps.clear();
+  }
+  return steps;
+}
+
+/// Waits for `group`, whose calls wait for other tasks (a token, a step), for as long as
+/// the ps tasks make progress: every so often it asks them their global steps, logs what
+/// they wait for once none has moved for `stall_report` ("worker 2 at clock 5", "worker:1
+/// (last heard 14.2 s ago)"), and gives up (kDeadlineExceeded, cancelling the calls) once
+/// none has moved for `wait_timeout`, naming the same: a long wait for a step far ahead is
+/// no stall. With a `deadline`, returns false (the calls cancelled) when it passes first.
+template <Transport T>
+bool wait_progressing(T& transport, const ClientOptions& options, CallGroup& group, std::string_view what,
+                      std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max()) {
+  using Clock = std::chrono::steady_clock;
+  const auto patience = options.wait_timeout;
+  const auto look_every = std::min({patience, options.stall_report, std::chrono::milliseconds(10000)});
+  std::vector<std::int64_t> steps;  // the ps tasks' global steps when last looked at
+  auto still_since = Clock::now();
+  for (;;) {
+    const auto now0 = Clock::now();
+    const auto slice = deadline == Clock::time_point::max()
+                           ? look_every
+                           : std::min<std::chrono::milliseconds>(
+                                 look_every, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                 std::max(deadline - now0, Clock::duration::zero())));
+    if (group.wait_for(slice)) return true;
+    if (Clock::now() >= deadline) {
+      group.cancel();
+      return false;
+    }
+    std::string why;
+    const std::vector<std::int64_t> now_steps = global_steps(transport, options, why);
+    const auto now = Clock::now();
+    if (!now_steps.empty()) {
+      if (!steps.empty() && now_steps != steps) still_since = now;
+      steps = now_steps;
+    }
+    const auto stalled = std::chrono::duration_cast<std::chrono::milliseconds>(now - still_since);
+    if (stalled >= patience) {
+      group.cancel();
+      throw Error(ErrorCode::kDeadlineExceeded,
+                  std::string(what) + ": no progress for " + std::to_string(stalled.count()) + " ms" + why);
+    }
+    if (stalled >= options.stall_report) {  // a hang explains itself while it lasts
+      char seconds[32];
+      std::snprintf(seconds, sizeof seconds, "%.1f", static_cast<double>(stalled.count()) / 1000.0);
+      log(LogLevel::kWarning, std::string(what) + ": no progress for " + seconds + " s" + why);
+    }
+  }
+}
+
+/// Waits for `group`, whose calls wait for the ps tasks to complete global step `min_step`
+/// (none when it is 0: then they are answered at once).
+template <Transport T>
+void wait_gated(T& transport, const ClientOptions& options, CallGroup& group, std::int64_t min_step,
+                std::string_view what) {
+  if (min_step <= 0) return group.wait(options.request_timeout, what);
+  (void)wait_progressing(transport, options, group, what);
+}
+
+}  // namespace pulley::detail

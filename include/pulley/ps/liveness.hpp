@@ -1,0 +1,115 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace pulley {
+
+/// Where a ps task detects a lost worker: the workers it heard from (a heartbeat, a token
+/// request) and when, and which of them it holds lost. A worker is held lost once it was
+/// heard and then stays silent for the worker timeout; one never heard is never lost (a
+/// Worker made by hand without a HeartbeatSender, as in TensorFlow). The ps tells its sync
+/// policy of every change; this part keeps only the clock and the verdicts.
+///
+/// A ps that heard no worker at all for a whole timeout was the one cut off (a partition,
+/// a stopped process): every worker then gets a fresh timeout to be heard from again,
+/// instead of all but the first one back being held lost.
+class Liveness {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  /// How long a worker heard before may be silent (default 5 s).
+  void set_timeout(std::chrono::milliseconds timeout) noexcept { timeout_ = timeout; }
+
+  /// `worker` was heard at `now` (its lost verdict stands until `back`).
+  void heard(std::uint32_t worker, Clock::time_point now) {
+    if (now - last_heard_any_ >= timeout_) {
+      for (auto& [w, heard] : workers_) heard.last = now;
+    }
+    last_heard_any_ = now;
+    workers_[worker].last = now;
+  }
+
+  /// True if `worker` is held lost now.
+  [[nodiscard]] bool is_lost(std::uint32_t worker) const {
+    const auto it = workers_.find(worker);
+    return it != workers_.end() && it->second.lost;
+  }
+
+  /// A lost `worker` counts again, heard at `now`.
+  void back(std::uint32_t worker, Clock::time_point now) {
+    Heard& heard = workers_[worker];
+    heard.lost = false;
+    heard.last = now;
+  }
+
+  /// `worker` ended normally: forgotten, so it is not held lost once quiet (one already
+  /// lost stays lost).
+  void leave(std::uint32_t worker) {
+    if (const auto it = workers_.find(worker); it != workers_.end() && !it->second.lost) {
+      workers_.erase(it);
+    }
+  }
+
+  /// Holds lost every worker silent for the timeout at `now`, calling
+  /// `on_lost(worker, last_heard)` for each, in worker order, right after marking it.
+  template <class OnLost>
+  void expire(Clock::time_point now, OnLost&& on_lost) {
+    for (auto& [worker, heard] : workers_) {
+      if (heard.lost || now - heard.last < timeout_) continue;
+      heard.lost = true;
+      on_lost(worker, heard.last);
+    }
+  }
+
+  /// The workers held lost, ascending.
+  [[nodiscard]] std::vector<std::uint32_t> lost() const {
+    std::vector<std::uint32_t> out;
+    for (const auto& [worker, heard] : workers_) {
+      if (heard.lost) out.push_back(worker);
+    }
+    return out;
+  }
+
+  /// " (last heard 14.2 s ago)" for a worker heard before `now`, else "".
+  [[nodiscard]] std::string last_heard(std::uint32_t worker, Clock::time_point now) const {
+    const auto it = workers_.find(worker);
+    if (it == workers_.end()) return {};
+    return " (last heard " + seconds_between(it->second.last, now) + " s ago)";
+  }
+
+  /// "worker:1 (last heard 14.2 s ago), worker:2": `workers` with how long ago each was
+  /// heard (the first 8, then how many more).
+  [[nodiscard]] std::string describe(const std::vector<std::uint32_t>& workers, Clock::time_point now) const {
+    std::string text;
+    for (std::size_t i = 0; i < workers.size(); ++i) {
+      if (i == 8) return text + ", and " + std::to_string(workers.size() - i) + " more";
+      if (i > 0) text += ", ";
+      text += "worker:" + std::to_string(workers[i]) + last_heard(workers[i], now);
+    }
+    return text;
+  }
+
+  /// "14.2": seconds from `then` to `now`, one decimal.
+  static std::string seconds_between(Clock::time_point then, Clock::time_point now) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.1f", std::chrono::duration<double>(now - then).count());
+    return text;
+  }
+
+ private:
+  struct Heard {
+    Clock::time_point last;
+    bool lost = false;
+  };
+  std::map<std::uint32_t, Heard> workers_;
+  std::chrono::milliseconds timeout_{std::chrono::seconds(5)};
+  Clock::time_point last_heard_any_;
+};
+
+}  // namespace pulley

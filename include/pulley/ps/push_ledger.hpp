@@ -1,0 +1,61 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+namespace pulley {
+
+/// What a ps task has taken from each worker since the last restore: how many pushes (a
+/// checkpoint's cut brings every ps to the same counts, see CheckpointCut), and the
+/// sequence number and answer of the last one, so that a push sent again after a lost
+/// connection is answered as the first was and counted once.
+class PushLedger {
+ public:
+  /// The answer to a push of `worker` numbered `sequence` if it is the last one taken again
+  /// (its stale parts), else nullopt. Sequence 0 numbers nothing.
+  [[nodiscard]] std::optional<std::uint32_t> repeated(std::uint32_t worker,
+                                                      std::uint64_t sequence) const {
+    if (sequence == 0 || worker >= last_.size() || last_[worker].sequence != sequence) {
+      return std::nullopt;
+    }
+    return last_[worker].stale_parts;
+  }
+
+  /// Counts one push of `worker` taken (its verdict not known yet).
+  void count(std::uint32_t worker) {
+    if (taken_.size() <= worker) taken_.resize(worker + 1, 0);
+    ++taken_[worker];
+  }
+
+  /// Remembers the answer to push `sequence` of `worker` (0: unnumbered, nothing kept).
+  void answered(std::uint32_t worker, std::uint64_t sequence, std::uint32_t stale_parts) {
+    if (sequence == 0) return;
+    if (last_.size() <= worker) last_.resize(worker + 1);
+    last_[worker] = {sequence, stale_parts};
+  }
+
+  /// Pushes of `worker` taken so far.
+  [[nodiscard]] std::uint64_t taken(std::uint32_t worker) const noexcept {
+    return worker < taken_.size() ? taken_[worker] : 0;
+  }
+  /// Pushes taken so far, by worker.
+  [[nodiscard]] const std::vector<std::uint64_t>& taken() const noexcept { return taken_; }
+
+  /// Forgets everything (a restore starts a new epoch).
+  void clear() noexcept {
+    taken_.clear();
+    last_.clear();
+  }
+
+ private:
+  struct Last {
+    std::uint64_t sequence = 0;
+    std::uint32_t stale_parts = 0;
+  };
+  std::vector<std::uint64_t> taken_;
+  std::vector<Last> last_;
+};
+
+}  // namespace pulley

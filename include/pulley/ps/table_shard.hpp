@@ -1,0 +1,265 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "pulley/core/detail/finite.hpp"
+#include "pulley/core/detail/random.hpp"
+#include "pulley/core/id_index.hpp"
+#include "pulley/core/variable.hpp"
+#include "pulley/protocol/messages.hpp"
+#include "pulley/ps/embedding_table.hpp"
+#include "pulley/tables/tables.hpp"
+
+namespace pulley {
+
+/// The rows of embedding tables a ps task holds: one EmbeddingTable per table of the model,
+/// the accumulator of each table's rows pushed for the update in progress (the table
+/// policy's RowAggregation), its update count (lazy Adam's t) and the step of its next
+/// eviction pass. Part of the ps's Shard. `TableShard<NoTables>` holds none and refuses
+/// every row.
+///
+/// An update of the tables is two-phase: `prepare` computes every pushed row's new value
+/// aside and says whether all stay finite, `commit` writes them; the ps commits only when
+/// its dense parts stay finite too, so an update is applied whole or not at all.
+///
+/// @tparam T the ParameterServer's table policy (Tables<...>)
+template <class T>
+class TableShard {
+ public:
+  using Optimizer = typename T::Optimizer;
+  /// Floats in one row of a table.
+  static constexpr std::size_t kMaxDim = std::size_t{1} << 16U;
+
+  explicit TableShard(T policy = {}) : policy_(std::move(policy)) {}
+
+  /// The table policy.
+  [[nodiscard]] const T& policy() const noexcept { return policy_; }
+
+  /// Empty tables for `specs` (checked: see ParameterServer), whose rows start from
+  /// `seed`, on ps `task` of `num_ps`. All of it is built before any of it is kept.
+  void assign(std::uint32_t task, std::uint32_t num_ps, const std::vector<TableSpec>& specs,
+              std::uint64_t seed) {
+    std::vector<Table> tables;
+    tables.reserve(specs.size());
+    for (const TableSpec& spec : specs) {
+      tables.push_back(Table{EmbeddingTable<Optimizer>(spec, policy_.optimizer, seed),
+                             policy_.aggregation.make_accumulator(spec.dim), 0, 0, false});
+    }
+    tables_ = std::move(tables);
+    task_ = task;
+    num_ps_ = num_ps;
+  }
+
+  /// Tables held.
+  [[nodiscard]] std::size_t size() const noexcept { return tables_.size(); }
+  /// Where this ps's id sharding puts the tables' rows (`id_sharding_fingerprint`).
+  [[nodiscard]] std::uint64_t id_sharding(const std::vector<TableSpec>& specs) const {
+    return id_sharding_fingerprint(policy_.sharding, specs, num_ps_);
+  }
+  /// The spec of table `t`.
+  [[nodiscard]] const TableSpec& spec(std::size_t t) const { return tables_[t].rows.spec(); }
+
+  /// Why `rows` (of a pull, or with values of a push) cannot be served here, or nullopt: a
+  /// table that does not exist or comes twice, too many ids or bytes, an id twice, an id
+  /// another ps holds, rows of the wrong size, non-finite values (unless `finite_known`).
+  /// So a reply is never larger than the rows it names once each.
+  [[nodiscard]] std::optional<ErrorReply> check(const std::vector<TableRows>& rows, bool with_values,
+                                                bool finite_known) {
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const TableRows& tr = rows[i];
+      if (tr.table >= tables_.size()) {
+        return refuse("unknown table " + std::to_string(tr.table) + " (the model has " +
+                      std::to_string(tables_.size()) + ")");
+      }
+      const TableSpec& s = spec(tr.table);
+      for (std::size_t j = 0; j < i; ++j) {
+        if (rows[j].table == tr.table) return refuse("table '" + s.name + "' comes twice");
+      }
+      if (tr.ids.size() > kMaxIdsPerMessage || tr.ids.size() * s.dim * sizeof(float) > kMaxRowBytesPerMessage) {
+        return refuse(std::to_string(tr.ids.size()) + " ids of table '" + s.name + "' in one request (at most " +
+                      std::to_string(std::min<std::size_t>(kMaxIdsPerMessage,
+                                                           kMaxRowBytesPerMessage / sizeof(float) / s.dim)) +
+                      ")");
+      }
+      if (tr.values.size() != (with_values ? tr.ids.size() * s.dim : 0)) {
+        return refuse("table '" + s.name + "': " + std::to_string(tr.values.size()) + " values for " +
+                      std::to_string(tr.ids.size()) + " rows of dim " + std::to_string(s.dim));
+      }
+      if (const std::uint64_t* twice = seen_.first_duplicate(tr.ids)) {
+        return refuse("row " + std::to_string(*twice) + " of table '" + s.name +
+                      "' comes twice in one request (a worker sums a row's gradients before it pushes)");
+      }
+      for (const std::uint64_t id : tr.ids) {
+        const std::uint32_t owner = policy_.sharding.ps_of(s.name, id, num_ps_);
+        if (owner != task_) {
+          return refuse("row " + std::to_string(id) + " of table '" + s.name + "' is held by ps " +
+                        std::to_string(owner) + ", not here (do the worker and the ps use the same " +
+                        "id sharding?)");
+        }
+      }
+      if (with_values && !finite_known && !detail::all_finite(tr.values)) {
+        return refuse("non-finite (NaN or Inf) rows for table '" + s.name + "'; nothing was applied");
+      }
+    }
+    return std::nullopt;
+  }
+
+  /// The rows `request` asks for, at global step `step`, in buffers that stay valid until
+  /// `free_replies`; `create` (a worker's pull) creates, admits and touches rows.
+  RowsReply pull(const PullRows& request, bool create, std::int64_t step, Stats& stats) {
+    if (used_ == replies_.size()) replies_.emplace_back();
+    std::vector<std::vector<float>>& buffers = replies_[used_++];
+    buffers.resize(request.tables.size());
+    RowsReply answer{step, {}};
+    for (std::size_t i = 0; i < request.tables.size(); ++i) {
+      const TableRows& tr = request.tables[i];
+      EmbeddingTable<Optimizer>& table = tables_[tr.table].rows;
+      buffers[i].resize(tr.ids.size() * table.dim());
+      table.pull(tr.ids, buffers[i], step, create);
+      answer.rows.emplace_back(buffers[i]);
+      stats.bytes_pulled += static_cast<std::int64_t>(buffers[i].size() * sizeof(float));
+    }
+    return answer;
+  }
+
+  /// Makes every row reply buffer free for reuse (a transport is done with the replies'
+  /// views before it hands the ps a request that changes it). Buffers over 64 MiB are given
+  /// back, and those of more than 64 requests: an outsized pull (a careless or hostile
+  /// worker's) does not hold its memory for the job's life.
+  void free_replies() noexcept {
+    while (replies_.size() > 64) replies_.pop_back();
+    used_ = 0;
+    for (auto& buffers : replies_) {
+      for (std::vector<float>& b : buffers) {
+        if (b.capacity() > (std::size_t{64} << 20U) / sizeof(float)) std::vector<float>().swap(b);
+      }
+    }
+  }
+
+  /// Adds a fresh push's rows to the update in progress.
+  void add(const TableRows& rows) { policy_.aggregation.add(tables_[rows.table].accumulator, rows.ids, rows.values); }
+
+  /// Computes every table's update from its accumulated rows, at global step `step`
+  /// (steps completed before it), aside; returns the name of a table whose rows would go
+  /// non-finite (the update must then be dropped: `clear`), or nullopt.
+  [[nodiscard]] std::optional<std::string> prepare(std::int64_t step) {
+    for (Table& table : tables_) {
+      const auto ids = policy_.aggregation.ids(table.accumulator);
+      if (ids.empty()) continue;
+      const auto means = policy_.aggregation.take(table.accumulator);
+      table.prepared = table.rows.prepare(ids, means, step, table.updates + 1);
+      if (!table.prepared) return table.rows.spec().name;
+    }
+    return std::nullopt;
+  }
+
+  /// Writes the prepared rows back and evicts rows gone untouched too long (every eighth of
+  /// the eviction window: a pass costs one look at every row). Returns the tables updated.
+  std::int64_t commit(std::int64_t step) {
+    std::int64_t updated = 0;
+    for (Table& table : tables_) {
+      if (!std::exchange(table.prepared, false)) continue;  // no row pushed in this update
+      table.rows.commit(step);
+      ++table.updates;
+      policy_.aggregation.clear(table.accumulator);
+      ++updated;
+    }
+    const std::int64_t next = step + 1;
+    for (Table& table : tables_) {
+      const std::int64_t window = table.rows.spec().evict_after_steps;
+      if (window <= 0 || next < table.next_eviction) continue;
+      table.rows.evict(next);
+      table.next_eviction = next + std::max<std::int64_t>(1, window / 8);
+    }
+    return updated;
+  }
+
+  /// Drops the update in progress.
+  void clear() noexcept {
+    for (Table& table : tables_) {
+      policy_.aggregation.clear(table.accumulator);
+      table.prepared = false;
+    }
+  }
+
+  /// The most row bytes one request can carry to this ps.
+  [[nodiscard]] std::uint64_t max_payload() const noexcept {
+    std::uint64_t bytes = 0;
+    for (const Table& t : tables_) {
+      bytes += std::min<std::uint64_t>(kMaxIdsPerMessage * t.rows.dim() * sizeof(float), kMaxRowBytesPerMessage);
+    }
+    return bytes;
+  }
+
+  /// Adds the tables' rows held, evicted and dropped to `stats`.
+  void count(Stats& stats) const noexcept {
+    for (const Table& t : tables_) {
+      const TableStats ts = t.rows.stats();
+      stats.table_rows += static_cast<std::int64_t>(ts.rows);
+      stats.table_rows_evicted += static_cast<std::int64_t>(ts.rows_evicted);
+      stats.table_rows_dropped += static_cast<std::int64_t>(ts.pushes_dropped);
+    }
+  }
+
+  /// Each table's counters, in the model's order.
+  [[nodiscard]] std::vector<TableStats> stats() const {
+    std::vector<TableStats> out;
+    for (const Table& t : tables_) out.push_back(t.rows.stats());
+    return out;
+  }
+
+ private:
+  struct Table {
+    EmbeddingTable<Optimizer> rows;
+    typename T::Aggregation::Accumulator accumulator;
+    std::int64_t updates = 0;
+    std::int64_t next_eviction = 0;
+    bool prepared = false;  ///< its rows of the update being applied wait for commit
+  };
+
+  static ErrorReply refuse(std::string message) { return ErrorReply{ErrorCode::kInvalidArgument, std::move(message)}; }
+
+  T policy_;
+  std::uint32_t task_ = 0;
+  std::uint32_t num_ps_ = 1;
+  std::vector<Table> tables_;
+  IdPositions seen_{detail::random_u64()};  ///< finds an id twice in a request
+  /// Buffers of row replies, by request: those before `used_` may be viewed by a transport
+  /// until the next request that changes the ps.
+  std::deque<std::vector<std::vector<float>>> replies_;
+  std::size_t used_ = 0;
+};
+
+/// A ps that serves no embedding tables: it holds none, and refuses any row.
+template <>
+class TableShard<NoTables> {
+ public:
+  explicit TableShard(NoTables = {}) noexcept {}
+  [[nodiscard]] NoTables policy() const noexcept { return {}; }
+  void assign(std::uint32_t, std::uint32_t, const std::vector<TableSpec>&, std::uint64_t) noexcept {}
+  [[nodiscard]] std::size_t size() const noexcept { return 0; }
+  [[nodiscard]] std::uint64_t id_sharding(const std::vector<TableSpec>&) const noexcept { return 0; }
+  [[nodiscard]] std::optional<ErrorReply> check(const std::vector<TableRows>& rows, bool, bool) const {
+    if (rows.empty()) return std::nullopt;
+    return ErrorReply{ErrorCode::kInvalidArgument,
+                      "unknown table " + std::to_string(rows.front().table) + " (the model has 0)"};
+  }
+  RowsReply pull(const PullRows&, bool, std::int64_t step, Stats&) const { return RowsReply{step, {}}; }
+  void free_replies() noexcept {}
+  void add(const TableRows&) noexcept {}
+  [[nodiscard]] std::optional<std::string> prepare(std::int64_t) noexcept { return std::nullopt; }
+  std::int64_t commit(std::int64_t) noexcept { return 0; }
+  void clear() noexcept {}
+  [[nodiscard]] std::uint64_t max_payload() const noexcept { return 0; }
+  void count(Stats&) const noexcept {}
+  [[nodiscard]] std::vector<TableStats> stats() const { return {}; }
+};
+
+}  // namespace pulley

@@ -1,0 +1,267 @@
+// SPDX-License-Identifier: MIT
+// The parts a ParameterServer is made of, each on its own, with no ps and no transport:
+// Liveness (lost workers), PushLedger (pushes taken, resends), StepGate (requests waiting
+// for a step), CheckpointCut (the ps's half of a cut), Pacing (tokens and their leases) and
+// Registration (the model's checks, readiness, the epoch).
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "pulley/ps/checkpoint_cut.hpp"
+#include "pulley/ps/liveness.hpp"
+#include "pulley/ps/pacing.hpp"
+#include "pulley/ps/push_ledger.hpp"
+#include "pulley/ps/registration.hpp"
+#include "pulley/ps/step_gate.hpp"
+#include "pulley/sharding/round_robin.hpp"
+#include "pulley/sync/sync_replicas.hpp"
+
+using namespace pulley;
+using namespace std::chrono_literals;
+
+namespace {
+
+/// A reply slot: where a Responder's answer lands.
+struct Answer {
+  std::optional<Response> response;
+  Responder responder() {
+    return [this](Response&& r) { response = std::move(r); };
+  }
+  template <class R>
+  [[nodiscard]] bool is() const {
+    return response && std::holds_alternative<R>(*response);
+  }
+  [[nodiscard]] ErrorCode code() const { return std::get<ErrorReply>(*response).code; }
+};
+
+const Liveness::Clock::time_point kT0{};
+
+}  // namespace
+
+TEST_CASE("Liveness: a worker heard once and then silent for the timeout is lost, once") {
+  Liveness liveness;
+  liveness.set_timeout(5s);
+  liveness.heard(0, kT0 + 1s);
+  liveness.heard(1, kT0 + 1s);
+  std::vector<std::uint32_t> lost;
+  auto expire = [&](auto at) { liveness.expire(at, [&](std::uint32_t w, auto) { lost.push_back(w); }); };
+  liveness.heard(0, kT0 + 5s);
+  expire(kT0 + 5900ms);  // worker 1 silent 4.9 s: not yet
+  CHECK(lost.empty());
+  expire(kT0 + 6s);
+  CHECK(lost == std::vector<std::uint32_t>{1});
+  expire(kT0 + 7s);  // held lost already: not again
+  CHECK(lost == std::vector<std::uint32_t>{1});
+  CHECK(liveness.lost() == std::vector<std::uint32_t>{1});
+  CHECK(liveness.describe({1, 0}, kT0 + 7s) == "worker:1 (last heard 6.0 s ago), worker:0 (last heard 2.0 s ago)");
+  liveness.back(1, kT0 + 8s);
+  CHECK_FALSE(liveness.is_lost(1));
+  CHECK(liveness.lost().empty());
+}
+
+TEST_CASE("Liveness: a ps that heard nobody for a whole timeout gives every worker a fresh one") {
+  // The ps was the one cut off (stopped, partitioned): the first worker back must not make
+  // the others look lost.
+  Liveness liveness;
+  liveness.set_timeout(5s);
+  liveness.heard(0, kT0);
+  liveness.heard(1, kT0);
+  liveness.heard(0, kT0 + 20s);  // the first heartbeat after 20 s of silence
+  bool any = false;
+  liveness.expire(kT0 + 21s, [&](std::uint32_t, auto) { any = true; });
+  CHECK_FALSE(any);
+  liveness.expire(kT0 + 25s, [&](std::uint32_t, auto) { any = true; });
+  CHECK(any);  // worker 1 stayed silent for a whole fresh timeout
+}
+
+TEST_CASE("Liveness: a worker that leaves is forgotten, one already lost stays lost") {
+  Liveness liveness;
+  liveness.set_timeout(1s);
+  liveness.heard(0, kT0);
+  liveness.heard(1, kT0);
+  liveness.leave(0);
+  liveness.expire(kT0 + 2s, [](std::uint32_t, auto) {});
+  CHECK(liveness.lost() == std::vector<std::uint32_t>{1});
+  liveness.leave(1);
+  CHECK(liveness.lost() == std::vector<std::uint32_t>{1});
+  CHECK(liveness.last_heard(7, kT0).empty());  // never heard: nothing to say
+}
+
+TEST_CASE("PushLedger: counts pushes by worker and answers a resend as the first") {
+  PushLedger ledger;
+  ledger.count(2);
+  ledger.answered(2, 41, 3);
+  CHECK(ledger.taken(2) == 1);
+  CHECK(ledger.taken(0) == 0);
+  CHECK(ledger.taken() == std::vector<std::uint64_t>{0, 0, 1});
+  CHECK(ledger.repeated(2, 41) == std::optional<std::uint32_t>{3});
+  CHECK_FALSE(ledger.repeated(2, 42).has_value());
+  CHECK_FALSE(ledger.repeated(1, 41).has_value());
+  ledger.answered(0, 0, 5);  // unnumbered: nothing to recognize it by
+  CHECK_FALSE(ledger.repeated(0, 0).has_value());
+  ledger.clear();
+  CHECK_FALSE(ledger.repeated(2, 41).has_value());
+  CHECK(ledger.taken(2) == 0);
+}
+
+TEST_CASE("StepGate: requests are answered once their step comes, in the order they came") {
+  StepGate<int> gate;
+  Answer a, b, c;
+  Responder ra = a.responder(), rb = b.responder(), rc = c.responder();
+  gate.park(3, 1, ra);
+  gate.park(2, 2, rb);
+  gate.park(3, 3, rc);
+  CHECK(!ra);  // parked: the gate holds the reply now
+  std::vector<int> order;
+  auto answer = [&](int& request, Responder& reply) {
+    order.push_back(request);
+    respond(reply, Ack{});
+  };
+  gate.release(1, answer);
+  CHECK(order.empty());
+  gate.release(2, answer);
+  CHECK(order == std::vector<int>{2});
+  gate.release(5, answer);
+  CHECK(order == std::vector<int>{2, 1, 3});
+  CHECK(a.is<Ack>());
+  CHECK(gate.size() == 0);
+  Answer d;
+  Responder rd = d.responder();
+  gate.park(9, 4, rd);
+  gate.answer_all(ErrorReply{ErrorCode::kOutOfRange, "over"});
+  CHECK(d.code() == ErrorCode::kOutOfRange);
+}
+
+TEST_CASE("CheckpointCut: held pushes are taken up to the cut, in order, then the state is read") {
+  CheckpointCut cut;
+  PushLedger ledger;
+  cut.pause(7);
+  CHECK(cut.paused_by(7));
+  CHECK(cut.paused_by(0));
+  CHECK_FALSE(cut.paused_by(8));
+  const std::vector<float> g{1.0F};
+  Answer p1, p2, p3, read;
+  Responder r1 = p1.responder(), r2 = p2.responder(), r3 = p3.responder(), rr = read.responder();
+  // Worker 0 pushes twice, worker 1 once; the cut holds one of each worker 0 and 1.
+  cut.hold(Push{0, 0, {{0, g}}, 0, 1}, r1);
+  cut.hold(Push{0, 1, {{0, g}}, 0, 2}, r2);
+  cut.hold(Push{1, 0, {{0, g}}, 0, 3}, r3);
+  std::vector<std::uint64_t> taken_sequences;
+  auto take = [&](const Push& push, Responder& reply) {
+    CHECK(push.gradients.at(0).values[0] == 1.0F);  // copied out of the sender's buffer
+    taken_sequences.push_back(push.sequence);
+    ledger.count(push.worker);
+    respond(reply, PushReply{});
+  };
+  auto state = [] { return StateReply{42, {}, {}}; };
+  CHECK_FALSE(CheckpointCut::past(ledger, {1, 1}).has_value());
+  cut.read_at({1, 1}, rr);
+  cut.advance(ledger, take, state);
+  CHECK(taken_sequences == std::vector<std::uint64_t>{1, 3});
+  REQUIRE(read.is<StateReply>());
+  CHECK(std::get<StateReply>(*read.response).global_step == 42);
+  CHECK_FALSE(p2.response.has_value());  // past the cut: still held
+  CHECK(CheckpointCut::past(ledger, {0, 1}) == std::optional<std::uint32_t>{0});
+  cut.resume(take);  // the rest is taken in order
+  CHECK(taken_sequences == std::vector<std::uint64_t>{1, 3, 2});
+  CHECK(p2.is<PushReply>());
+  CHECK_FALSE(cut.paused());
+}
+
+TEST_CASE("CheckpointCut: a cut not reached is cancelled by Resume, and a failure answers everything") {
+  CheckpointCut cut;
+  PushLedger ledger;
+  cut.pause(1);
+  Answer read, held, pause;
+  Responder rr = read.responder(), rh = held.responder(), rp = pause.responder();
+  cut.read_at({2}, rr);  // worker 0's second push never came
+  cut.advance(ledger, [](const Push&, Responder&) {}, [] { return StateReply{}; });
+  CHECK_FALSE(read.response.has_value());
+  cut.resume([](const Push&, Responder&) {});
+  CHECK(read.code() == ErrorCode::kCancelled);
+  cut.pause(1);
+  cut.hold(Push{0, 0, {}, 0, 0}, rh);
+  cut.park_pause(10, 1, rp);
+  cut.answer_all(ErrorReply{ErrorCode::kAborted, "gone"});
+  CHECK(held.code() == ErrorCode::kAborted);
+  CHECK(pause.code() == ErrorCode::kAborted);
+  CHECK_FALSE(cut.paused());
+}
+
+TEST_CASE("Pacing: a token is a lease on the connection it was taken on") {
+  Pacing<SyncReplicas> pacing(SyncReplicas(1, 2));
+  Answer first, refused_twice;
+  Responder r1 = first.responder();
+  pacing.wait_for_token(0, /*session=*/5, r1);
+  pacing.hand_out([](Responder&, ErrorCode, const std::string&) { FAIL("no refusal expected"); });
+  REQUIRE(first.is<TokenReply>());
+  CHECK(std::get<TokenReply>(*first.response).token.local_step == 0);
+  // Another connection of worker 0 closing does not give its token back...
+  CHECK_FALSE(pacing.disconnected(0, 6, "gone"));
+  // ... the connection it was taken on does, and a waiting request on it is answered.
+  Responder r2 = refused_twice.responder();
+  pacing.wait_for_token(0, 5, r2);
+  CHECK(pacing.disconnected(0, 5, "ps 0: worker:0 disconnected"));
+  CHECK(refused_twice.code() == ErrorCode::kUnavailable);
+  CHECK(pacing.global_step() == 0);
+  CHECK(pacing.on_push(1, 0) == Verdict::kReady);  // R = 1: a push is a step
+  CHECK(pacing.global_step() == 1);
+  CHECK(pacing.on_push(1, 0) == Verdict::kStale);
+  // A restore puts a loaded pacer in place and answers what waited.
+  const auto saved = pacing.save();
+  Answer waiting;
+  Responder rw = waiting.responder();
+  pacing.wait_for_token(1, 9, rw);
+  pacing.reset(pacing.load(saved), ErrorReply{ErrorCode::kFailedPrecondition, "restored"});
+  CHECK(waiting.code() == ErrorCode::kFailedPrecondition);
+  CHECK(pacing.global_step() == 1);
+}
+
+TEST_CASE("Registration: a model is checked and placed, the epoch refuses what came before") {
+  Registration<RoundRobin> registration(1, 2, RoundRobin{});
+  Placement placement;
+  CHECK_FALSE(registration.check(Register{{{"w", {4}, {}}, {"b", {2}, {}}}}, true, placement).has_value());
+  CHECK(placement.parts.size() == 2);
+  CHECK(registration.check(Register{{{"w", {4}, {}}, {"w", {2}, {}}}}, true, placement)->message ==
+        "variable name 'w' is used twice");
+  CHECK(registration.check(Register{{{"w", {0}, {}}}}, true, placement)->message == "variable 'w' has no elements");
+  const auto no_tables = registration.check(Register{{{"w", {4}, {}}}, {TableSpec{"emb", 8, {}}}}, false, placement);
+  REQUIRE(no_tables.has_value());
+  CHECK(no_tables->code == ErrorCode::kFailedPrecondition);
+  CHECK(registration.check(Register{{{"w", {4}, {}}}, {TableSpec{"w", 8, {}}}}, true, placement)->message ==
+        "name 'w' is used twice");
+  // Readiness: a WaitReady waits, then every waiter gets the answer.
+  Answer waiter;
+  Responder rw = waiter.responder();
+  registration.wait_ready(rw);
+  CHECK_FALSE(registration.ready());
+  registration.become_ready([] { return PlacementReply{}; });
+  CHECK(registration.ready());
+  CHECK(waiter.is<PlacementReply>());
+  // The epoch: a request of an earlier one is refused (start the step again), a later one
+  // waits for this ps's restore (try again).
+  registration.restored(2, 300);
+  CHECK_FALSE(registration.check_epoch(2, "push").has_value());
+  CHECK(registration.check_epoch(1, "push")->code == ErrorCode::kFailedPrecondition);
+  CHECK(registration.check_epoch(3, "push")->code == ErrorCode::kUnavailable);
+}
+
+TEST_CASE("Registration: a broken sharding policy is named") {
+  struct Broken {  // places every part on a ps that does not exist
+    Placement place(std::span<const VariableSpec> variables, std::size_t num_ps) const {
+      Placement p = RoundRobin{}.place(variables, num_ps);
+      for (Part& part : p.parts) part.ps = 99;
+      return p;
+    }
+  };
+  Registration<Broken> registration(0, 2, Broken{});
+  Placement placement;
+  const auto refused = registration.check(Register{{{"w", {4}, {}}}}, true, placement);
+  REQUIRE(refused.has_value());
+  CHECK(refused->message == "the sharding policy is broken: a part is placed on a ps task that does not exist");
+}
