@@ -29,8 +29,11 @@
 
 #include "pulley/pulley.hpp"
 #include "pulley/transport/tcp.hpp"
+#include "support/references.hpp"
 
 namespace {
+
+namespace bench = pulley::bench;
 
 using Clock = std::chrono::steady_clock;
 double g_seconds = 1.0;  ///< per case and side, over all rounds
@@ -196,41 +199,15 @@ double raw_first_exchange() {
   return t;
 }
 
-/// Seconds per raw exchange over loopback with no protocol at all: write `out` bytes, the
-/// peer reads them and writes `back` bytes, read those. An echo (out = back = n) moves what
-/// a push+pull moves; out = n, back = 1 is a one-way transfer with its acknowledgement.
+/// Seconds per raw exchange over loopback with no protocol at all (bench::RawLoopback).
 double raw_exchange(std::size_t out_bytes, std::size_t back_bytes) {
-  asio::io_context io;
-  asio::ip::tcp::acceptor acceptor(io, {asio::ip::make_address("127.0.0.1"), 0});
-  asio::ip::tcp::socket client(io);
-  std::thread echo([&] {
-    asio::ip::tcp::socket peer = acceptor.accept();
-    peer.set_option(asio::ip::tcp::no_delay(true));
-    std::vector<char> buffer(out_bytes), reply(back_bytes, 'y');
-    std::error_code ec;
-    while (!ec) {
-      asio::read(peer, asio::buffer(buffer), ec);
-      if (!ec) asio::write(peer, asio::buffer(reply), ec);
-    }
-  });
-  client.connect(acceptor.local_endpoint());
-  client.set_option(asio::ip::tcp::no_delay(true));
-  std::vector<char> out(out_bytes, 'x'), in(back_bytes);
-  const double t = time_per_call([&] {
-    asio::write(client, asio::buffer(out));
-    asio::read(client, asio::buffer(in));
-  });
-  client.close();
-  echo.join();
-  return t;
+  bench::RawLoopback link(out_bytes, back_bytes);
+  return time_per_call([&] { link.exchange(); });
 }
 
 double memcpy_time(std::size_t bytes) {
-  std::vector<char> a(bytes, 'a'), b(bytes);
-  return time_per_call([&] {
-    std::memcpy(b.data(), a.data(), bytes);
-    asm volatile("" : : "r"(b.data()) : "memory");
-  });
+  bench::Memcpy copy(bytes);
+  return time_per_call(copy);
 }
 
 /// One line: the case's figure, its reference's, their ratio (of medians) and the range of

@@ -25,8 +25,11 @@
 
 #include "pulley/pulley.hpp"
 #include "pulley/transport/tcp.hpp"
+#include "support/references.hpp"
 
 namespace {
+
+namespace bench = pulley::bench;
 
 using Clock = std::chrono::steady_clock;
 constexpr std::size_t kIds = 4096 * 26;
@@ -63,43 +66,18 @@ class RowsOnly {
 
 using Server = pulley::ParameterServer<pulley::RoundRobin, pulley::Sgd, pulley::Async>;
 
-/// Seconds per raw loopback exchange: write `out` bytes, the peer reads them and writes
-/// `back` bytes, read those; `times` times.
+/// Seconds per raw loopback exchange (bench::RawLoopback), over `times` of them.
 double raw_exchange(std::size_t out_bytes, std::size_t back_bytes, int times) {
-  asio::io_context io;
-  asio::ip::tcp::acceptor acceptor(io, {asio::ip::make_address("127.0.0.1"), 0});
-  asio::ip::tcp::socket client(io);
-  std::thread echo([&] {
-    asio::ip::tcp::socket peer = acceptor.accept();
-    peer.set_option(asio::ip::tcp::no_delay(true));
-    std::vector<char> buffer(out_bytes), reply(back_bytes, 'y');
-    std::error_code ec;
-    while (!ec) {
-      asio::read(peer, asio::buffer(buffer), ec);
-      if (!ec) asio::write(peer, asio::buffer(reply), ec);
-    }
-  });
-  client.connect(acceptor.local_endpoint());
-  client.set_option(asio::ip::tcp::no_delay(true));
-  std::vector<char> out(out_bytes, 'x'), in(back_bytes);
+  bench::RawLoopback link(out_bytes, back_bytes);
   const auto start = Clock::now();
-  for (int i = 0; i < times; ++i) {
-    asio::write(client, asio::buffer(out));
-    asio::read(client, asio::buffer(in));
-  }
-  const double t = std::chrono::duration<double>(Clock::now() - start).count() / times;
-  client.close();
-  echo.join();
-  return t;
+  for (int i = 0; i < times; ++i) link.exchange();
+  return std::chrono::duration<double>(Clock::now() - start).count() / times;
 }
 
 double memcpy_time(std::size_t bytes, int times) {
-  std::vector<char> a(bytes, 'a'), b(bytes);
+  bench::Memcpy copy(bytes);
   const auto start = Clock::now();
-  for (int i = 0; i < times; ++i) {
-    std::memcpy(b.data(), a.data(), bytes);
-    asm volatile("" : : "r"(b.data()) : "memory");
-  }
+  for (int i = 0; i < times; ++i) copy();
   return std::chrono::duration<double>(Clock::now() - start).count() / times;
 }
 

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // Trains a 784-128-10 MLP on Fashion-MNIST with a parameter-server job: every task as a
 // thread of this process (the default), or this process as one task of a TCP cluster
-// (TF_CONFIG, --job/--task/--*-hosts, or --slurm-jobs under srun). The role runner
+// (TF_CONFIG, --role/--task/--*-hosts, or --slurm-roles under srun). The role runner
 // (pulley/runner/run.hpp) does the rest; `fashion_mnist --help` lists the flags.
 //
 // It prints one line per epoch and ends with a machine-readable line:

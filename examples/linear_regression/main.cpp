@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // Learns y = 2 x0 - 3 x1 + 0.5 from noisy samples with a parameter-server job: the smallest
 // complete use of the role runner. Every task in this process by default, or one task of a
-// TCP cluster (TF_CONFIG, --job/--task/--*-hosts, --slurm-jobs); `--help` lists the flags.
+// TCP cluster (TF_CONFIG, --role/--task/--*-hosts, --slurm-roles); `--help` lists the flags.
 // It ends with a line such as
 //   final: w0=2.0003 w1=-2.9991 b=0.4998 mse=0.0025 step=2000 mode=ssp
 

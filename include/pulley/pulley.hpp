@@ -16,11 +16,13 @@
 ///   transports  transport/
 ///   cluster and runner
 
+#include "pulley/client/checkpoint_cut.hpp"
 #include "pulley/client/chief.hpp"
 #include "pulley/client/client.hpp"
 #include "pulley/client/evaluator.hpp"
 #include "pulley/client/heartbeat.hpp"
 #include "pulley/client/options.hpp"
+#include "pulley/client/snapshot.hpp"
 #include "pulley/client/worker.hpp"
 #include "pulley/concepts/model.hpp"
 #include "pulley/concepts/optimizer.hpp"

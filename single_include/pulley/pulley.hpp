@@ -24,20 +24,6 @@
 ///   transports  transport/
 ///   cluster and runner
 
-// ---- begin pulley/client/chief.hpp ----
-
-#include <algorithm>
-#include <chrono>
-#include <compare>
-#include <cstddef>
-#include <cstdint>
-#include <optional>
-#include <span>
-#include <string>
-#include <string_view>
-#include <utility>
-#include <vector>
-
 // ---- begin pulley/client/checkpoint_cut.hpp ----
 
 #include <algorithm>
@@ -2683,6 +2669,20 @@ void restore_state(Client<T>& client, const ModelState& state) {
 
 }  // namespace pulley
 // ---- end pulley/client/checkpoint_cut.hpp ----
+// ---- begin pulley/client/chief.hpp ----
+
+#include <algorithm>
+#include <chrono>
+#include <compare>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
 // ---- begin pulley/client/snapshot.hpp ----
 
 #include <algorithm>

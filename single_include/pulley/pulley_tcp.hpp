@@ -24,20 +24,6 @@
 ///   transports  transport/
 ///   cluster and runner
 
-// ---- begin pulley/client/chief.hpp ----
-
-#include <algorithm>
-#include <chrono>
-#include <compare>
-#include <cstddef>
-#include <cstdint>
-#include <optional>
-#include <span>
-#include <string>
-#include <string_view>
-#include <utility>
-#include <vector>
-
 // ---- begin pulley/client/checkpoint_cut.hpp ----
 
 #include <algorithm>
@@ -2683,6 +2669,20 @@ void restore_state(Client<T>& client, const ModelState& state) {
 
 }  // namespace pulley
 // ---- end pulley/client/checkpoint_cut.hpp ----
+// ---- begin pulley/client/chief.hpp ----
+
+#include <algorithm>
+#include <chrono>
+#include <compare>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
 // ---- begin pulley/client/snapshot.hpp ----
 
 #include <algorithm>
@@ -9370,188 +9370,12 @@ class ReceiveBuffers {
 
 }  // namespace pulley::transport_detail
 // ---- end pulley/transport/detail/sockets.hpp ----
-// ---- begin pulley/transport/wire/codec.hpp ----
+// ---- begin pulley/transport/tcp_options.hpp ----
 
-/// Encoding and decoding whole messages, as their declarations in messages.hpp say: a
-/// message's `serialize` is its metadata, its tensor fields its payload.
-
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <exception>
-#include <optional>
-#include <span>
-#include <string>
-#include <type_traits>
-#include <utility>
-#include <variant>
-#include <vector>
 
-// ---- begin pulley/transport/wire/archive.hpp ----
-
-/// The cereal archives that write and read a frame's metadata: BinaryArchive's format,
-/// appended to a string and read from bytes in memory, distrusting them. A tensor field
-/// (`std::span<const float>`) is written as its element count, and its values go to the
-/// frame's payload (frame.hpp); reading cuts the views from the received payload.
-
-#include <cereal/cereal.hpp>
-#include <cereal/types/common.hpp>
-#include <cereal/types/string.hpp>
-#include <cereal/types/vector.hpp>
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <memory>
-#include <optional>
-#include <span>
-#include <string>
-#include <type_traits>
-#include <vector>
-
-namespace pulley::wire {
-
-/// The output archive for metadata, collecting the message's tensors for the payload.
-class MetaWriter : public cereal::OutputArchive<MetaWriter, cereal::AllowEmptyClassElision> {
- public:
-  /// Appends metadata to `out`, tensors (views) to `payload`.
-  MetaWriter(std::string& out, std::vector<std::span<const float>>& payload)
-      : OutputArchive(this), out_(out), payload_(payload) {}
-  /// Appends `n` bytes.
-  void write(const void* data, std::size_t n) { out_.append(static_cast<const char*>(data), n); }
-  /// A tensor: its size here, its values in the payload.
-  void tensor(std::span<const float> values) {
-    const std::uint64_t n = values.size();
-    write(&n, sizeof n);
-    payload_.push_back(values);
-  }
-
- private:
-  std::string& out_;
-  std::vector<std::span<const float>>& payload_;
-};
-
-/// The input archive for received metadata. Every length prefix (of a vector, a string) is
-/// checked against the bytes still unread before cereal allocates for it, so a frame
-/// claiming 2^40 elements is refused instead of exhausting memory: a container can claim at
-/// most one element per remaining byte, and a vector of structs grows only as elements
-/// arrive. A tensor's size is checked against the payload left. Running past the end
-/// throws Malformed.
-class MetaReader : public cereal::InputArchive<MetaReader, cereal::AllowEmptyClassElision> {
- public:
-  /// Reads `meta`; tensors are cut from `payload`, or, without one, left empty and their
-  /// sizes appended to `sizes` (for a receiver that routes the payload elsewhere).
-  MetaReader(std::span<const char> meta, std::optional<std::span<const float>> payload,
-             std::vector<std::size_t>* sizes = nullptr)
-      : InputArchive(this), bytes_(meta), payload_(payload), sizes_(sizes) {}
-
-  /// Copies the next `n` bytes to `out`.
-  void read(void* out, std::size_t n) {
-    if (n > bytes_.size()) throw Malformed("metadata ends in the middle of a field");
-    if (n == 0) return;  // an empty vector's data() may be null
-    std::memcpy(out, bytes_.data(), n);
-    bytes_ = bytes_.subspan(n);
-  }
-  /// The next tensor: its size, then a view of the payload.
-  std::span<const float> tensor() {
-    std::uint64_t n = 0;
-    read(&n, sizeof n);
-    const std::uint64_t left = payload_floats() - floats_;
-    if (n > left) throw Malformed("tensor sizes exceed the payload");
-    const std::size_t begin = static_cast<std::size_t>(floats_);
-    floats_ += n;
-    if (!payload_) {
-      if (sizes_ != nullptr) sizes_->push_back(static_cast<std::size_t>(n));
-      return {};
-    }
-    return payload_->subspan(begin, static_cast<std::size_t>(n));
-  }
-  /// Bytes not read yet.
-  [[nodiscard]] std::size_t remaining() const noexcept { return bytes_.size(); }
-  /// Throws Malformed unless every byte of the metadata and every float of the payload
-  /// (`payload_floats` of them when there is no payload) was claimed: a message is exactly
-  /// its frame.
-  void finish(std::uint64_t payload_floats) {
-    if (!bytes_.empty()) {
-      throw Malformed("metadata has " + std::to_string(bytes_.size()) + " bytes past the message");
-    }
-    expected_floats_ = payload_floats;
-    if (floats_ != this->payload_floats()) throw Malformed("payload has bytes no tensor claims");
-  }
-  /// Before `finish`, the payload's size in floats, when it has none to cut from.
-  void expect_payload(std::uint64_t floats) noexcept { expected_floats_ = floats; }
-
- private:
-  [[nodiscard]] std::uint64_t payload_floats() const noexcept {
-    return payload_ ? payload_->size() : expected_floats_;
-  }
-
-  std::span<const char> bytes_;
-  std::optional<std::span<const float>> payload_;
-  std::vector<std::size_t>* sizes_;
-  std::uint64_t expected_floats_ = 0;
-  std::uint64_t floats_ = 0;  ///< payload floats claimed so far
-};
-
-// How cereal writes through a MetaWriter and reads through a MetaReader (found by
-// argument-dependent lookup).
-template <class T>
-std::enable_if_t<std::is_arithmetic_v<T>> CEREAL_SAVE_FUNCTION_NAME(MetaWriter& a, const T& t) {
-  a.write(std::addressof(t), sizeof(t));
-}
-template <class T>
-void CEREAL_SAVE_FUNCTION_NAME(MetaWriter& a, const cereal::NameValuePair<T>& t) {
-  a(t.value);
-}
-template <class T>
-void CEREAL_SAVE_FUNCTION_NAME(MetaWriter& a, const cereal::SizeTag<T>& t) {
-  a(t.size);
-}
-template <class T>
-void CEREAL_SAVE_FUNCTION_NAME(MetaWriter& a, const cereal::BinaryData<T>& data) {
-  a.write(data.data, static_cast<std::size_t>(data.size));
-}
-inline void CEREAL_SAVE_FUNCTION_NAME(MetaWriter& a, const std::span<const float>& t) {
-  a.tensor(t);
-}
-
-template <class T>
-std::enable_if_t<std::is_arithmetic_v<T>> CEREAL_LOAD_FUNCTION_NAME(MetaReader& a, T& t) {
-  a.read(std::addressof(t), sizeof(t));
-}
-template <class T>
-void CEREAL_LOAD_FUNCTION_NAME(MetaReader& a, cereal::NameValuePair<T>& t) {
-  a(t.value);
-}
-template <class T>
-void CEREAL_LOAD_FUNCTION_NAME(MetaReader& a, cereal::SizeTag<T>& t) {
-  a(t.size);
-  if (t.size > a.remaining()) {
-    throw Malformed("a length of " + std::to_string(t.size) + " with only " +
-                    std::to_string(a.remaining()) + " metadata bytes left");
-  }
-}
-template <class T>
-void CEREAL_LOAD_FUNCTION_NAME(MetaReader& a, cereal::BinaryData<T>& data) {
-  a.read(data.data, static_cast<std::size_t>(data.size));
-}
-inline void CEREAL_LOAD_FUNCTION_NAME(MetaReader& a, std::span<const float>& t) { t = a.tensor(); }
-/// Vectors of structs grow as their elements are read, never to the claimed length first:
-/// a VariableSpec takes ~64 bytes in memory for ~20 on the wire, so resizing up front would
-/// let a frame make the receiver allocate many times its size. (Arithmetic elements are
-/// read in one block, at most 8 bytes in memory per byte claimed.)
-template <class T, class A>
-std::enable_if_t<!std::is_arithmetic_v<T>> CEREAL_LOAD_FUNCTION_NAME(MetaReader& a,
-                                                                     std::vector<T, A>& v) {
-  cereal::size_type n = 0;
-  a(cereal::make_size_tag(n));
-  v.clear();
-  for (cereal::size_type i = 0; i < n; ++i) a(v.emplace_back());
-}
-
-}  // namespace pulley::wire
-
-// cereal checks a load against the matching save.
-CEREAL_SETUP_ARCHIVE_TRAITS(pulley::wire::MetaReader, pulley::wire::MetaWriter)
-// ---- end pulley/transport/wire/archive.hpp ----
 // ---- begin pulley/transport/wire/handshake.hpp ----
 
 /// The handshake that opens every TCP connection, before any request:
@@ -9868,6 +9692,286 @@ inline void check_credentials(const Credentials& credentials) {
 }  // namespace wire
 }  // namespace pulley
 // ---- end pulley/transport/wire/handshake.hpp ----
+
+namespace pulley {
+
+/// How a Tcp client connects.
+struct TcpOptions {
+  /// The job this task belongs to and its shared secret, proved to every ps in the
+  /// handshake (transport/wire/handshake.hpp).
+  Credentials credentials;
+  /// Total time to wait for a ps that is not up yet, when the transport is made, before
+  /// giving up with kUnavailable.
+  std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
+  /// First pause between those connection attempts; doubles up to one second.
+  std::chrono::milliseconds initial_backoff{std::chrono::milliseconds(20)};
+  /// Longest one connection attempt may take, handshake included (a host that drops packets
+  /// would otherwise hold it for the kernel's two minutes); also bounds each reconnection
+  /// attempt.
+  std::chrono::milliseconds attempt_timeout{std::chrono::seconds(2)};
+  /// What replies may claim, checked before anything is allocated for them.
+  wire::FrameLimits limits;
+};
+
+/// How a TcpServer treats its clients. Every limit protects the ps from a client that is
+/// careless or hostile; README's "Limits" lists them with their defaults.
+struct TcpServerOptions {
+  /// The job this ps belongs to and its shared secret: a client must prove both in the
+  /// handshake before it may send a request (transport/wire/handshake.hpp).
+  Credentials credentials;
+  /// What a request frame may claim, checked before anything is allocated for it. (A frame
+  /// also may not carry more tensor bytes than the service holds:
+  /// `Service::max_request_payload`.)
+  wire::FrameLimits frames;
+  /// Bytes the ps may hold for all its connections together: receive buffers, payloads
+  /// being received, and copies of replies a client has not read when a push is about to
+  /// change the parameters they show. A connection whose frame or reply would overdraw it
+  /// is closed, with a log line naming this limit.
+  std::uint64_t max_buffered_bytes = std::uint64_t{1} << 30U;
+  /// Open connections at most; one more is closed at once, with a log line.
+  std::uint32_t max_connections = 1024;
+  /// A connection must complete the handshake within this, or is closed.
+  std::chrono::milliseconds handshake_timeout{std::chrono::seconds(10)};
+  /// A frame begun must be complete within this, plus its payload at `min_receive_rate`, or
+  /// the connection is closed (a client that stalls, or trickles a frame in).
+  std::chrono::milliseconds frame_timeout{std::chrono::seconds(60)};
+  /// Bytes per second a frame's payload must at least arrive at (see `frame_timeout`).
+  std::uint64_t min_receive_rate = std::uint64_t{1} << 20U;
+  /// A connection with no request in the ps, no reply unsent and no frame begun for this
+  /// long is closed (its client reconnects on its next call).
+  std::chrono::milliseconds idle_timeout{std::chrono::minutes(10)};
+  /// A connection stops being read while more than this many bytes of its replies wait to
+  /// be written (a client that does not read cannot grow the ps's memory).
+  std::uint64_t max_unsent_bytes = std::uint64_t{64} << 20U;
+  /// A connection stops being read while this many of its requests are handled but not
+  /// answered (pulls waiting for a step, token requests), since their replies come all at
+  /// once later. A pulley client has at most three in flight per ps.
+  std::uint32_t max_unanswered_requests = 16;
+  /// Once the service stopped, how long the server goes on answering (every request then
+  /// gets the service's final answer, e.g. "training finished") before it ends while
+  /// clients stay connected: clients in the middle of a step hear how training ended
+  /// instead of finding the connection closed. It ends sooner when every client has left.
+  std::chrono::milliseconds linger{std::chrono::seconds(60)};
+  /// How long the server goes on once every client has left while the service still runs
+  /// (the chief died before it ended training, say): then `run` returns and `orphaned()`
+  /// says so, so the task can fail instead of waiting for ever. Counted only once a
+  /// request was handled: a ps may wait as long as it takes for its job to start.
+  std::chrono::milliseconds orphaned_after{std::chrono::minutes(5)};
+};
+
+/// Serves one Service (a ParameterServer) on a TCP port, and owns it. All connections are
+/// handled by one thread (the one that calls `run`), so the service sees its requests one
+/// at a time, as in-process.
+///
+/// Every connection begins with the handshake (wire/handshake.hpp): until a client has
+/// proved its job and the job's secret, nothing it sends reaches the service, and a frame
+/// may carry only a few hundred bytes. The task it proved is the request's `peer`, so the
+/// service refuses what that task's job may not send. When a task's connection closes, the
+/// service hears of it (`Service::disconnected`: a token taken on it comes back).
+///
+/// Requests are received many at a time when they are small (a push and its pull arrive in
+/// one receive), and every reply they produce leaves in one gather-write at the end of the
+/// batch, straight from the ps's parameters. What the kernel does not take at once goes
+/// out as the socket drains, still from the parameters, unless a request that changes them
+/// (`changes_parameters`: a push, an initialization) comes first: then the rest is copied,
+/// so a reply never sees the parameters change under it.
+///
+/// A client cannot make the ps use memory or time without bound: a frame that fails
+/// wire::check, does not decode, claims more tensor bytes than the service holds, or would
+/// overdraw `max_buffered_bytes` closes that connection with a logged reason, as do a
+/// handshake, a frame or an idleness that outlasts its deadline; a connection whose peer
+/// does not read its replies stops being read once `max_unsent_bytes` of them wait, and so
+/// does one with `max_unanswered_requests` requests waiting in the service. Nothing a
+/// client does ends the server: every other connection is served on. Once the service
+/// stopped (shut down by the chief, or failed), `run` returns when every client has left,
+/// or after `linger`.
+///
+/// @tparam S the Service it serves
+
+}  // namespace pulley
+// ---- end pulley/transport/tcp_options.hpp ----
+// ---- begin pulley/transport/wire/codec.hpp ----
+
+/// Encoding and decoding whole messages, as their declarations in messages.hpp say: a
+/// message's `serialize` is its metadata, its tensor fields its payload.
+
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
+
+// ---- begin pulley/transport/wire/archive.hpp ----
+
+/// The cereal archives that write and read a frame's metadata: BinaryArchive's format,
+/// appended to a string and read from bytes in memory, distrusting them. A tensor field
+/// (`std::span<const float>`) is written as its element count, and its values go to the
+/// frame's payload (frame.hpp); reading cuts the views from the received payload.
+
+#include <cereal/cereal.hpp>
+#include <cereal/types/common.hpp>
+#include <cereal/types/string.hpp>
+#include <cereal/types/vector.hpp>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace pulley::wire {
+
+/// The output archive for metadata, collecting the message's tensors for the payload.
+class MetaWriter : public cereal::OutputArchive<MetaWriter, cereal::AllowEmptyClassElision> {
+ public:
+  /// Appends metadata to `out`, tensors (views) to `payload`.
+  MetaWriter(std::string& out, std::vector<std::span<const float>>& payload)
+      : OutputArchive(this), out_(out), payload_(payload) {}
+  /// Appends `n` bytes.
+  void write(const void* data, std::size_t n) { out_.append(static_cast<const char*>(data), n); }
+  /// A tensor: its size here, its values in the payload.
+  void tensor(std::span<const float> values) {
+    const std::uint64_t n = values.size();
+    write(&n, sizeof n);
+    payload_.push_back(values);
+  }
+
+ private:
+  std::string& out_;
+  std::vector<std::span<const float>>& payload_;
+};
+
+/// The input archive for received metadata. Every length prefix (of a vector, a string) is
+/// checked against the bytes still unread before cereal allocates for it, so a frame
+/// claiming 2^40 elements is refused instead of exhausting memory: a container can claim at
+/// most one element per remaining byte, and a vector of structs grows only as elements
+/// arrive. A tensor's size is checked against the payload left. Running past the end
+/// throws Malformed.
+class MetaReader : public cereal::InputArchive<MetaReader, cereal::AllowEmptyClassElision> {
+ public:
+  /// Reads `meta`; tensors are cut from `payload`, or, without one, left empty and their
+  /// sizes appended to `sizes` (for a receiver that routes the payload elsewhere).
+  MetaReader(std::span<const char> meta, std::optional<std::span<const float>> payload,
+             std::vector<std::size_t>* sizes = nullptr)
+      : InputArchive(this), bytes_(meta), payload_(payload), sizes_(sizes) {}
+
+  /// Copies the next `n` bytes to `out`.
+  void read(void* out, std::size_t n) {
+    if (n > bytes_.size()) throw Malformed("metadata ends in the middle of a field");
+    if (n == 0) return;  // an empty vector's data() may be null
+    std::memcpy(out, bytes_.data(), n);
+    bytes_ = bytes_.subspan(n);
+  }
+  /// The next tensor: its size, then a view of the payload.
+  std::span<const float> tensor() {
+    std::uint64_t n = 0;
+    read(&n, sizeof n);
+    const std::uint64_t left = payload_floats() - floats_;
+    if (n > left) throw Malformed("tensor sizes exceed the payload");
+    const std::size_t begin = static_cast<std::size_t>(floats_);
+    floats_ += n;
+    if (!payload_) {
+      if (sizes_ != nullptr) sizes_->push_back(static_cast<std::size_t>(n));
+      return {};
+    }
+    return payload_->subspan(begin, static_cast<std::size_t>(n));
+  }
+  /// Bytes not read yet.
+  [[nodiscard]] std::size_t remaining() const noexcept { return bytes_.size(); }
+  /// Throws Malformed unless every byte of the metadata and every float of the payload
+  /// (`payload_floats` of them when there is no payload) was claimed: a message is exactly
+  /// its frame.
+  void finish(std::uint64_t payload_floats) {
+    if (!bytes_.empty()) {
+      throw Malformed("metadata has " + std::to_string(bytes_.size()) + " bytes past the message");
+    }
+    expected_floats_ = payload_floats;
+    if (floats_ != this->payload_floats()) throw Malformed("payload has bytes no tensor claims");
+  }
+  /// Before `finish`, the payload's size in floats, when it has none to cut from.
+  void expect_payload(std::uint64_t floats) noexcept { expected_floats_ = floats; }
+
+ private:
+  [[nodiscard]] std::uint64_t payload_floats() const noexcept {
+    return payload_ ? payload_->size() : expected_floats_;
+  }
+
+  std::span<const char> bytes_;
+  std::optional<std::span<const float>> payload_;
+  std::vector<std::size_t>* sizes_;
+  std::uint64_t expected_floats_ = 0;
+  std::uint64_t floats_ = 0;  ///< payload floats claimed so far
+};
+
+// How cereal writes through a MetaWriter and reads through a MetaReader (found by
+// argument-dependent lookup).
+template <class T>
+std::enable_if_t<std::is_arithmetic_v<T>> CEREAL_SAVE_FUNCTION_NAME(MetaWriter& a, const T& t) {
+  a.write(std::addressof(t), sizeof(t));
+}
+template <class T>
+void CEREAL_SAVE_FUNCTION_NAME(MetaWriter& a, const cereal::NameValuePair<T>& t) {
+  a(t.value);
+}
+template <class T>
+void CEREAL_SAVE_FUNCTION_NAME(MetaWriter& a, const cereal::SizeTag<T>& t) {
+  a(t.size);
+}
+template <class T>
+void CEREAL_SAVE_FUNCTION_NAME(MetaWriter& a, const cereal::BinaryData<T>& data) {
+  a.write(data.data, static_cast<std::size_t>(data.size));
+}
+inline void CEREAL_SAVE_FUNCTION_NAME(MetaWriter& a, const std::span<const float>& t) {
+  a.tensor(t);
+}
+
+template <class T>
+std::enable_if_t<std::is_arithmetic_v<T>> CEREAL_LOAD_FUNCTION_NAME(MetaReader& a, T& t) {
+  a.read(std::addressof(t), sizeof(t));
+}
+template <class T>
+void CEREAL_LOAD_FUNCTION_NAME(MetaReader& a, cereal::NameValuePair<T>& t) {
+  a(t.value);
+}
+template <class T>
+void CEREAL_LOAD_FUNCTION_NAME(MetaReader& a, cereal::SizeTag<T>& t) {
+  a(t.size);
+  if (t.size > a.remaining()) {
+    throw Malformed("a length of " + std::to_string(t.size) + " with only " +
+                    std::to_string(a.remaining()) + " metadata bytes left");
+  }
+}
+template <class T>
+void CEREAL_LOAD_FUNCTION_NAME(MetaReader& a, cereal::BinaryData<T>& data) {
+  a.read(data.data, static_cast<std::size_t>(data.size));
+}
+inline void CEREAL_LOAD_FUNCTION_NAME(MetaReader& a, std::span<const float>& t) { t = a.tensor(); }
+/// Vectors of structs grow as their elements are read, never to the claimed length first:
+/// a VariableSpec takes ~64 bytes in memory for ~20 on the wire, so resizing up front would
+/// let a frame make the receiver allocate many times its size. (Arithmetic elements are
+/// read in one block, at most 8 bytes in memory per byte claimed.)
+template <class T, class A>
+std::enable_if_t<!std::is_arithmetic_v<T>> CEREAL_LOAD_FUNCTION_NAME(MetaReader& a,
+                                                                     std::vector<T, A>& v) {
+  cereal::size_type n = 0;
+  a(cereal::make_size_tag(n));
+  v.clear();
+  for (cereal::size_type i = 0; i < n; ++i) a(v.emplace_back());
+}
+
+}  // namespace pulley::wire
+
+// cereal checks a load against the matching save.
+CEREAL_SETUP_ARCHIVE_TRAITS(pulley::wire::MetaReader, pulley::wire::MetaWriter)
+// ---- end pulley/transport/wire/archive.hpp ----
 
 namespace pulley::wire {
 
@@ -10384,24 +10488,6 @@ class FrameReader {
 // ---- end pulley/transport/wire/frame_reader.hpp ----
 
 namespace pulley {
-
-/// How a Tcp client connects.
-struct TcpOptions {
-  /// The job this task belongs to and its shared secret, proved to every ps in the
-  /// handshake (transport/wire/handshake.hpp).
-  Credentials credentials;
-  /// Total time to wait for a ps that is not up yet, when the transport is made, before
-  /// giving up with kUnavailable.
-  std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
-  /// First pause between those connection attempts; doubles up to one second.
-  std::chrono::milliseconds initial_backoff{std::chrono::milliseconds(20)};
-  /// Longest one connection attempt may take, handshake included (a host that drops packets
-  /// would otherwise hold it for the kernel's two minutes); also bounds each reconnection
-  /// attempt.
-  std::chrono::milliseconds attempt_timeout{std::chrono::seconds(2)};
-  /// What replies may claim, checked before anything is allocated for them.
-  wire::FrameLimits limits;
-};
 
 /// The TCP `Transport`: one connection per ps task. Tensors are gather-written from the
 /// caller's own buffers, and a reply's tensors are received straight into the call's
@@ -10952,80 +11038,6 @@ static_assert(Transport<Tcp>);
 
 namespace pulley {
 
-/// How a TcpServer treats its clients. Every limit protects the ps from a client that is
-/// careless or hostile; README's "Limits" lists them with their defaults.
-struct TcpServerOptions {
-  /// The job this ps belongs to and its shared secret: a client must prove both in the
-  /// handshake before it may send a request (transport/wire/handshake.hpp).
-  Credentials credentials;
-  /// What a request frame may claim, checked before anything is allocated for it. (A frame
-  /// also may not carry more tensor bytes than the service holds:
-  /// `Service::max_request_payload`.)
-  wire::FrameLimits frames;
-  /// Bytes the ps may hold for all its connections together: receive buffers, payloads
-  /// being received, and copies of replies a client has not read when a push is about to
-  /// change the parameters they show. A connection whose frame or reply would overdraw it
-  /// is closed, with a log line naming this limit.
-  std::uint64_t max_buffered_bytes = std::uint64_t{1} << 30U;
-  /// Open connections at most; one more is closed at once, with a log line.
-  std::uint32_t max_connections = 1024;
-  /// A connection must complete the handshake within this, or is closed.
-  std::chrono::milliseconds handshake_timeout{std::chrono::seconds(10)};
-  /// A frame begun must be complete within this, plus its payload at `min_receive_rate`, or
-  /// the connection is closed (a client that stalls, or trickles a frame in).
-  std::chrono::milliseconds frame_timeout{std::chrono::seconds(60)};
-  /// Bytes per second a frame's payload must at least arrive at (see `frame_timeout`).
-  std::uint64_t min_receive_rate = std::uint64_t{1} << 20U;
-  /// A connection with no request in the ps, no reply unsent and no frame begun for this
-  /// long is closed (its client reconnects on its next call).
-  std::chrono::milliseconds idle_timeout{std::chrono::minutes(10)};
-  /// A connection stops being read while more than this many bytes of its replies wait to
-  /// be written (a client that does not read cannot grow the ps's memory).
-  std::uint64_t max_unsent_bytes = std::uint64_t{64} << 20U;
-  /// A connection stops being read while this many of its requests are handled but not
-  /// answered (pulls waiting for a step, token requests), since their replies come all at
-  /// once later. A pulley client has at most three in flight per ps.
-  std::uint32_t max_unanswered_requests = 16;
-  /// Once the service stopped, how long the server goes on answering (every request then
-  /// gets the service's final answer, e.g. "training finished") before it ends while
-  /// clients stay connected: clients in the middle of a step hear how training ended
-  /// instead of finding the connection closed. It ends sooner when every client has left.
-  std::chrono::milliseconds linger{std::chrono::seconds(60)};
-  /// How long the server goes on once every client has left while the service still runs
-  /// (the chief died before it ended training, say): then `run` returns and `orphaned()`
-  /// says so, so the task can fail instead of waiting for ever. Counted only once a
-  /// request was handled: a ps may wait as long as it takes for its job to start.
-  std::chrono::milliseconds orphaned_after{std::chrono::minutes(5)};
-};
-
-/// Serves one Service (a ParameterServer) on a TCP port, and owns it. All connections are
-/// handled by one thread (the one that calls `run`), so the service sees its requests one
-/// at a time, as in-process.
-///
-/// Every connection begins with the handshake (wire/handshake.hpp): until a client has
-/// proved its job and the job's secret, nothing it sends reaches the service, and a frame
-/// may carry only a few hundred bytes. The task it proved is the request's `peer`, so the
-/// service refuses what that task's job may not send. When a task's connection closes, the
-/// service hears of it (`Service::disconnected`: a token taken on it comes back).
-///
-/// Requests are received many at a time when they are small (a push and its pull arrive in
-/// one receive), and every reply they produce leaves in one gather-write at the end of the
-/// batch, straight from the ps's parameters. What the kernel does not take at once goes
-/// out as the socket drains, still from the parameters, unless a request that changes them
-/// (`changes_parameters`: a push, an initialization) comes first: then the rest is copied,
-/// so a reply never sees the parameters change under it.
-///
-/// A client cannot make the ps use memory or time without bound: a frame that fails
-/// wire::check, does not decode, claims more tensor bytes than the service holds, or would
-/// overdraw `max_buffered_bytes` closes that connection with a logged reason, as do a
-/// handshake, a frame or an idleness that outlasts its deadline; a connection whose peer
-/// does not read its replies stops being read once `max_unsent_bytes` of them wait, and so
-/// does one with `max_unanswered_requests` requests waiting in the service. Nothing a
-/// client does ends the server: every other connection is served on. Once the service
-/// stopped (shut down by the chief, or failed), `run` returns when every client has left,
-/// or after `linger`.
-///
-/// @tparam S the Service it serves
 template <Service S>
 class TcpServer {
  public:

@@ -19,12 +19,15 @@ expect() {  # expect "TEXT IN THE LINE" ARGS...
     echo "ok: $* -> rc=$rc: $err"
   fi
 }
-expect "Could not convert: --task = 4294967296" --job worker --task 4294967296 --ps-hosts a:1 --worker-hosts b:2
+expect "Could not convert: --task = 4294967296" --role worker --task 4294967296 --ps-hosts a:1 --worker-hosts b:2
 expect "not in range" --steps 99999999999999999999
 expect "not in range" --steps -5
 expect "--bogus" --bogus
-expect "address 'a:1' is listed twice" --job worker --task 0 --ps-hosts a:1,a:1 --worker-hosts b:2
-expect "port" --job worker --task 0 --ps-hosts a:99999 --worker-hosts b:2
+expect "address 'a:1' is listed twice" --role worker --task 0 --ps-hosts a:1,a:1 --worker-hosts b:2
+expect "port" --role worker --task 0 --ps-hosts a:99999 --worker-hosts b:2
+expect "task index 3" --role worker --task 3 --ps-hosts a:1 --worker-hosts b:2
+expect "needs a Slurm step" --slurm-roles ps:1,worker:1
+# The names of 0.2 still work: --job for --role, --slurm-jobs for --slurm-roles.
 expect "task index 3" --job worker --task 3 --ps-hosts a:1 --worker-hosts b:2
 expect "needs a Slurm step" --slurm-jobs ps:1,worker:1
 TF_CONFIG='{"cluster": {"ps": ["a:1"], "worker": ["b:2"]}, "task": {"type": "worker", "index": 0' \

@@ -128,9 +128,9 @@ TEST_CASE("an in-process job whose worker fails ends every task and names the wo
 TEST_CASE("one task per thread over TCP: ps, chief, workers and evaluator all end with 0") {
   const auto addresses = free_addresses(5);
   ClusterSpec cluster;
-  cluster.jobs["ps"] = {addresses[0], addresses[1]};
-  cluster.jobs["worker"] = {addresses[2], addresses[3]};
-  cluster.jobs["chief"] = {addresses[4]};
+  cluster.roles["ps"] = {addresses[0], addresses[1]};
+  cluster.roles["worker"] = {addresses[2], addresses[3]};
+  cluster.roles["chief"] = {addresses[4]};
   const LinearData data(4, 3, 2, 1);
   Recorded recorded;
   const Training<LinearModel> training = linear_training(data, recorded);
@@ -162,9 +162,9 @@ TEST_CASE("over TCP a chief that fails aborts the job, and every task fails nami
   LogCapture log;
   const auto addresses = free_addresses(3);
   ClusterSpec cluster;
-  cluster.jobs["ps"] = {addresses[0]};
-  cluster.jobs["worker"] = {addresses[1]};
-  cluster.jobs["chief"] = {addresses[2]};
+  cluster.roles["ps"] = {addresses[0]};
+  cluster.roles["worker"] = {addresses[1]};
+  cluster.roles["chief"] = {addresses[2]};
   const LinearData data(4, 3, 2, 1);
   Recorded recorded;
   Training<LinearModel> training = linear_training(data, recorded);
@@ -194,8 +194,8 @@ TEST_CASE("over TCP a chief that fails aborts the job, and every task fails nami
 TEST_CASE("a cluster without a chief task makes worker 0 the chief, as TensorFlow does") {
   const auto addresses = free_addresses(3);
   ClusterSpec cluster;
-  cluster.jobs["ps"] = {addresses[0]};
-  cluster.jobs["worker"] = {addresses[1], addresses[2]};
+  cluster.roles["ps"] = {addresses[0]};
+  cluster.roles["worker"] = {addresses[1], addresses[2]};
   const LinearData data(4, 3, 2, 1);
   Recorded recorded;
   const Training<LinearModel> training = linear_training(data, recorded);
@@ -213,7 +213,7 @@ TEST_CASE("a cluster without a chief task makes worker 0 the chief, as TensorFlo
   CHECK(recorded.evaluations.size() == 3);
 }
 
-TEST_CASE("the job comes from --slurm-jobs, then --job, then TF_CONFIG, then in-process") {
+TEST_CASE("the job comes from --slurm-roles, then --role, then TF_CONFIG, then in-process") {
   ::setenv("PULLEY_SECRET", "the runner test's secret", 1);  // no secret file is made
   ::unsetenv("TF_CONFIG");
   ::unsetenv("SLURM_PROCID");
@@ -233,7 +233,7 @@ TEST_CASE("the job comes from --slurm-jobs, then --job, then TF_CONFIG, then in-
   CHECK(job.name() == "worker:1");
   CHECK(job.num_workers() == 2);
 
-  flags.job = "ps";
+  flags.role = "ps";
   flags.ps_hosts = {"a:10"};
   flags.worker_hosts = {"b:11"};
   job = resolve_job(flags);  // flags win over TF_CONFIG
@@ -243,10 +243,10 @@ TEST_CASE("the job comes from --slurm-jobs, then --job, then TF_CONFIG, then in-
   flags.worker_hosts = {"a:10"};  // the same address twice
   CHECK_THROWS_WITH_AS(resolve_job(flags), doctest::Contains("cluster flags: address"), Error);
   flags.worker_hosts = {};
-  CHECK_THROWS_WITH_AS(resolve_job(flags), doctest::Contains("no \"worker\" job"), Error);
-  flags.slurm_jobs = "ps:1,worker:1";
+  CHECK_THROWS_WITH_AS(resolve_job(flags), doctest::Contains("no \"worker\" task"), Error);
+  flags.slurm_roles = "ps:1,worker:1";
   CHECK_THROWS_WITH_AS(resolve_job(flags), doctest::Contains("exclude each other"), Error);
-  flags.job.clear();
+  flags.role.clear();
   CHECK_THROWS_WITH_AS(resolve_job(flags), doctest::Contains("needs a Slurm step"), Error);
   ::unsetenv("TF_CONFIG");
 }
@@ -255,8 +255,8 @@ TEST_CASE("when worker 0 is also the chief and fails, it ends the job at once, n
   LogCapture log;
   const auto addresses = free_addresses(3);
   ClusterSpec cluster;
-  cluster.jobs["ps"] = {addresses[0]};
-  cluster.jobs["worker"] = {addresses[1], addresses[2]};
+  cluster.roles["ps"] = {addresses[0]};
+  cluster.roles["worker"] = {addresses[1], addresses[2]};
   const LinearData data(4, 3, 2, 1);
   Recorded recorded;
   Training<LinearModel> training = linear_training(data, recorded);

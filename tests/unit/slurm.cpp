@@ -58,7 +58,7 @@ constexpr std::uint32_t kBase = 8888;
 
 pulley::TfConfig slurm(const Env& env, const std::string& jobs = "ps:1,worker:2,chief:1",
                        std::optional<std::uint32_t> port_base = kBase) {
-  return pulley::slurm_config(pulley::parse_slurm_jobs(jobs), port_base,
+  return pulley::slurm_config(pulley::parse_slurm_roles(jobs), port_base,
                               [&env](std::string_view name) -> std::optional<std::string> {
                                 auto it = env.find(name);
                                 if (it == env.end()) return std::nullopt;
@@ -134,28 +134,28 @@ TEST_CASE("Slurm tasks per node expand N(xM) repetitions in order") {
 }
 
 TEST_CASE("Slurm jobs strings parse in order, and bad ones are refused") {
-  using pulley::parse_slurm_jobs;
-  CHECK(parse_slurm_jobs("ps:1,worker:2,chief:1") ==
-        pulley::SlurmJobs{{"ps", 1}, {"worker", 2}, {"chief", 1}});
-  CHECK(parse_slurm_jobs("master:1,ps:2") == pulley::SlurmJobs{{"chief", 1}, {"ps", 2}});
-  auto error = [](const char* jobs) { return error_of([&] { parse_slurm_jobs(jobs); }); };
-  CHECK(contains(error("ps:1,worker"), "\"worker\" is not job:count"));
-  CHECK(contains(error("ps:1,worker:two"), "\"worker:two\" is not job:count"));
-  CHECK(contains(error("ps:1,:2"), "\":2\" is not job:count"));
-  CHECK(contains(error("ps:1,,worker:1"), "\"\" is not job:count"));
-  CHECK(contains(error("ps:-1"), "is not job:count"));
-  CHECK(contains(error("ps:1,gpu:2"), "unknown job \"gpu\""));
-  CHECK(contains(error("ps:1,worker:0"), "job \"worker\" has no tasks"));
-  CHECK(contains(error("ps:1,worker:1,ps:1"), "job \"ps\" is listed twice"));
-  CHECK(contains(error("chief:1,master:1,ps:1"), "job \"chief\" is listed twice"));
-  CHECK(contains(error("worker:2,chief:1"), "no \"ps\" job"));
-  // A SlurmJobs built in code is checked as well.
+  using pulley::parse_slurm_roles;
+  CHECK(parse_slurm_roles("ps:1,worker:2,chief:1") ==
+        pulley::SlurmRoles{{"ps", 1}, {"worker", 2}, {"chief", 1}});
+  CHECK(parse_slurm_roles("master:1,ps:2") == pulley::SlurmRoles{{"chief", 1}, {"ps", 2}});
+  auto error = [](const char* jobs) { return error_of([&] { parse_slurm_roles(jobs); }); };
+  CHECK(contains(error("ps:1,worker"), "\"worker\" is not role:count"));
+  CHECK(contains(error("ps:1,worker:two"), "\"worker:two\" is not role:count"));
+  CHECK(contains(error("ps:1,:2"), "\":2\" is not role:count"));
+  CHECK(contains(error("ps:1,,worker:1"), "\"\" is not role:count"));
+  CHECK(contains(error("ps:-1"), "is not role:count"));
+  CHECK(contains(error("ps:1,gpu:2"), "unknown role \"gpu\""));
+  CHECK(contains(error("ps:1,worker:0"), "role \"worker\" has no tasks"));
+  CHECK(contains(error("ps:1,worker:1,ps:1"), "role \"ps\" is listed twice"));
+  CHECK(contains(error("chief:1,master:1,ps:1"), "role \"chief\" is listed twice"));
+  CHECK(contains(error("worker:2,chief:1"), "the roles have no \"ps\" task"));
+  // A SlurmRoles built in code is checked as well.
   CHECK(contains(error_of([] {
                    pulley::slurm_config(
-                       pulley::SlurmJobs{{"trainer", 1}}, 8888,
+                       pulley::SlurmRoles{{"trainer", 1}}, 8888,
                        [](std::string_view) -> std::optional<std::string> { return "0"; });
                  }),
-                 "unknown job \"trainer\""));
+                 "unknown role \"trainer\""));
 }
 
 TEST_CASE(
@@ -172,19 +172,19 @@ TEST_CASE(
     CHECK(c.cluster.tasks("ps") == ps);
     CHECK(c.cluster.tasks("worker") == workers);
     CHECK(c.cluster.tasks("chief") == chief);
-    CHECK(c.cluster.jobs.size() == 3);
+    CHECK(c.cluster.roles.size() == 3);
   }
   // The same as the equivalent TF_CONFIG.
   const auto tf = parse_tf_config(
       R"({"cluster": {"ps": ["node01:8888"], "worker": ["node01:8889", "node02:8888"],
                       "chief": ["node02:8889"]}, "task": {"type": "worker", "index": 1}})");
   const auto s = slurm(two_nodes("2"));
-  CHECK(s.cluster.jobs == tf.cluster.jobs);
+  CHECK(s.cluster.roles == tf.cluster.roles);
   CHECK(s.task.type == tf.task.type);
   CHECK(s.task.index == tf.task.index);
 }
 
-TEST_CASE("Slurm: uneven nodes, another port base and another job order") {
+TEST_CASE("Slurm: uneven nodes, another port base and another role order") {
   const Env env{{"SLURM_PROCID", "3"},
                 {"SLURM_STEP_ID", "2"},
                 {"SLURM_STEP_NUM_TASKS", "5"},
@@ -247,7 +247,7 @@ TEST_CASE("Slurm errors name the problem") {
                  "SLURM_STEP_TASKS_PER_NODE places 5 task(s) but SLURM_STEP_NUM_TASKS is 4"));
   CHECK(
       contains(slurm_error(two_nodes("0"), "ps:1,worker:2"),
-               "the jobs ps:1,worker:2 have 3 task(s) but the step has 4 (SLURM_STEP_NUM_TASKS)"));
+               "the roles ps:1,worker:2 have 3 task(s) but the step has 4 (SLURM_STEP_NUM_TASKS)"));
   CHECK(contains(slurm_error(two_nodes("0"), "ps:2,worker:2,chief:1"), "have 5 task(s)"));
   CHECK(contains(slurm_error(two_nodes("4")),
                  "SLURM_PROCID 4 is out of range: the step has 4 task(s)"));
@@ -257,7 +257,7 @@ TEST_CASE("Slurm errors name the problem") {
         Hosts{"node02:65535"});
   CHECK(contains(slurm_error(two_nodes("0"), "ps:1,worker:2,chief:1", 0), "port base 0"));
   CHECK(contains(slurm_error(two_nodes("0"), "ps:1,evaluator:2,trainer:1"),
-                 "unknown job \"trainer\""));
+                 "unknown role \"trainer\""));
 }
 
 TEST_CASE("Slurm: with no port base, the base comes from the job id and stays in the range") {
@@ -353,7 +353,7 @@ TEST_CASE("Slurm: a batch script that runs the program without srun is refused")
 }
 
 TEST_CASE("Slurm is read from the environment, and absent outside a Slurm step") {
-  const auto jobs = pulley::parse_slurm_jobs("ps:1,worker:2,chief:1");
+  const auto jobs = pulley::parse_slurm_roles("ps:1,worker:2,chief:1");
   ::unsetenv("SLURM_PROCID");
   CHECK_FALSE(pulley::slurm_config_from_environment(jobs).has_value());
   for (const auto& [name, value] : two_nodes("1")) ::setenv(name.c_str(), value.c_str(), 1);

@@ -45,7 +45,7 @@ TEST_CASE("TF_CONFIG in TensorFlow's format parses") {
   CHECK(c.cluster.tasks("nobody").empty());
 }
 
-TEST_CASE("TF_CONFIG: the legacy master job is the chief, and an unlisted evaluator is fine") {
+TEST_CASE("TF_CONFIG: the legacy master role is the chief, and an unlisted evaluator is fine") {
   const auto m = parse_tf_config(
       R"({"cluster": {"master": ["a:1"], "ps": ["b:2"]}, "task": {"type": "master", "index": 0}})");
   CHECK(m.task.type == "chief");
@@ -59,18 +59,18 @@ TEST_CASE("TF_CONFIG: the legacy master job is the chief, and an unlisted evalua
 TEST_CASE("TF_CONFIG errors say what is wrong") {
   CHECK(message_of(R"({"cluster": {"ps": ["a:1"]}})").find("\"task\"") != std::string::npos);
   CHECK(message_of("{" + kCluster + R"(, "task": {"type": "worker", "index": 2}})")
-            .find("index 2 is out of range: job \"worker\" has 2") != std::string::npos);
+            .find("index 2 is out of range: role \"worker\" has 2") != std::string::npos);
   CHECK(message_of("{" + kCluster + R"(, "task": {"type": "trainer", "index": 0}})")
-            .find("\"trainer\" is not a job") != std::string::npos);
+            .find("\"trainer\" is not a role") != std::string::npos);
   CHECK(message_of(R"({"cluster": {"ps": ["a:1"], "gpu": ["b:2"]}, "task": {"type": "ps"}})")
-            .find("unknown job type \"gpu\"") != std::string::npos);
+            .find("unknown role \"gpu\"") != std::string::npos);
   CHECK(message_of(R"({"cluster": {"ps": ["nohost"]}, "task": {"type": "ps"}})")
             .find("not \"host:port\"") != std::string::npos);
   CHECK(
       message_of(R"({"cluster": {"ps": ["a:70000"]}, "task": {"type": "ps"}})").find("host:port") !=
       std::string::npos);
   CHECK(message_of(R"({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker"}})")
-            .find("no \"ps\" job") != std::string::npos);
+            .find("no \"ps\" task") != std::string::npos);
   CHECK(message_of(R"({"cluster": {"ps": ["a:1"]}, "task": {"type": "ps", "index": -1}})")
             .find("non-negative integer") != std::string::npos);
   CHECK(message_of(R"({"cluster": {"ps": ["a:1"]}, "task": {"type": "ps", "index": 0.5}})")
@@ -115,7 +115,7 @@ TEST_CASE("TF_CONFIG: the task index is a non-negative integer that fits 32 bits
     CHECK(message_of(ps2 + R"("index": )" + index + "}}").find("non-negative integer") !=
           std::string::npos);
   }
-  // In range of 32 bits, so it gets as far as the range check against the job's size.
+  // In range of 32 bits, so it gets as far as the range check against the role's size.
   CHECK(message_of(ps2 + R"("index": 4294967295}})").find("index 4294967295 is out of range") !=
         std::string::npos);
 }
@@ -129,7 +129,7 @@ TEST_CASE("TF_CONFIG: addresses follow parse_address") {
     CAPTURE(address);
     const std::string m = message_of(std::string(R"({"cluster": {"ps": [)") + address +
                                      R"(]}, "task": {"type": "ps"}})");
-    CHECK(m.find("TF_CONFIG: job \"ps\" has an address that is not \"host:port\"") !=
+    CHECK(m.find("TF_CONFIG: role \"ps\" has an address that is not \"host:port\"") !=
           std::string::npos);
   }
   CHECK(message_of(R"({"cluster": {"ps": ["a:0"]}, "task": {"type": "ps"}})")

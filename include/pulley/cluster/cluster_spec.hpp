@@ -14,25 +14,26 @@
 
 namespace pulley {
 
-/// The jobs of a cluster and their tasks' addresses ("host:port"), as TensorFlow's
-/// `ClusterSpec`: {"chief": [...], "worker": [...], "ps": [...], "evaluator": [...]}.
+/// The tasks of a cluster by role, and their addresses ("host:port"), as TensorFlow's
+/// `ClusterSpec`: {"chief": [...], "worker": [...], "ps": [...], "evaluator": [...]}
+/// (TensorFlow calls the tasks of one role a job; pulley keeps "job" for the training run).
 struct ClusterSpec {
-  /// Job name ("chief", "worker", "ps", "evaluator") to its tasks' addresses, by task index.
-  std::map<std::string, std::vector<std::string>, std::less<>> jobs;
+  /// Role ("chief", "worker", "ps", "evaluator") to its tasks' addresses, by task index.
+  std::map<std::string, std::vector<std::string>, std::less<>> roles;
 
-  /// Addresses of `job`'s tasks (empty if the job is absent).
-  [[nodiscard]] const std::vector<std::string>& tasks(std::string_view job) const {
+  /// Addresses of the tasks of `role` (empty if the cluster has none).
+  [[nodiscard]] const std::vector<std::string>& tasks(std::string_view role) const {
     static const std::vector<std::string> kNone;
-    auto it = jobs.find(job);
-    return it == jobs.end() ? kNone : it->second;
+    auto it = roles.find(role);
+    return it == roles.end() ? kNone : it->second;
   }
 };
 
-/// Which task this process is: a job name and an index into it.
+/// Which task this process is: its role and its index among the tasks of that role.
 struct TaskSpec {
-  /// The job's name, as in ClusterSpec::jobs ("master" is already read as "chief").
+  /// Its role, TF_CONFIG's task "type" ("master" is already read as "chief").
   std::string type;
-  /// The task's position in its job's address list.
+  /// The task's position in its role's address list.
   std::uint32_t index = 0;
 };
 
@@ -44,7 +45,7 @@ struct TfConfig {
   TaskSpec task;
 };
 
-/// The job names pulley knows; "master" is TensorFlow's old name for the chief.
-inline constexpr std::string_view kJobNames[] = {"chief", "worker", "ps", "evaluator", "master"};
+/// The roles pulley knows; "master" is TensorFlow's old name for the chief.
+inline constexpr std::string_view kRoleNames[] = {"chief", "worker", "ps", "evaluator", "master"};
 
 }  // namespace pulley

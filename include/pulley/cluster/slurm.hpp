@@ -25,15 +25,15 @@ namespace pulley {
 
 // The same TfConfig, built from the variables Slurm gives each task of a step, by the rules of
 // TensorFlow's `SlurmClusterResolver`: nodes in nodelist order, the i-th task on a node at
-// `port_base + i`, ranks handed to the jobs in the order they are listed. Unlike the resolver,
+// `port_base + i`, ranks handed to the roles in the order they are listed. Unlike the resolver,
 // the default port base comes from the job id (so that two jobs sharing a node do not fight
 // over ports), and a task that is not where its rank says, or that no srun launched, is
 // refused at once instead of waiting for peers that will never answer.
 
-/// The jobs of a Slurm step and their task counts, in rank order: {{"ps", 1}, {"worker", 2}}
-/// makes rank 0 ps 0 and ranks 1 and 2 workers 0 and 1. Names are those of kJobNames
+/// The roles of a Slurm step and their task counts, in rank order: {{"ps", 1}, {"worker", 2}}
+/// makes rank 0 ps 0 and ranks 1 and 2 workers 0 and 1. Names are those of kRoleNames
 /// ("master" is read as "chief"); the counts must add up to the step's number of tasks.
-using SlurmJobs = std::vector<std::pair<std::string, std::uint32_t>>;
+using SlurmRoles = std::vector<std::pair<std::string, std::uint32_t>>;
 
 /// The ports a derived port base (derived_slurm_port_base) lies in: [begin, end). They end
 /// below Linux's default ephemeral range (net.ipv4.ip_local_port_range, 32768..60999), from
@@ -114,46 +114,46 @@ inline std::vector<std::string> slurm_bracket_values(std::string_view body,
   return values;
 }
 
-/// `jobs` with "master" renamed "chief", checked: known names, each once, each with a task,
-/// and a "ps" job (a TfConfig always has one, as parse_tf_config demands).
-inline SlurmJobs checked_slurm_jobs(const SlurmJobs& jobs) {
-  SlurmJobs checked;
-  for (const auto& [name, count] : jobs) {
-    const std::string job = name == "master" ? "chief" : name;
-    if (std::find(std::begin(kJobNames), std::end(kJobNames), job) == std::end(kJobNames)) {
-      throw slurm_error("unknown job \"" + name + "\" (chief, worker, ps, evaluator)");
+/// `roles` with "master" renamed "chief", checked: known names, each once, each with a task,
+/// and a "ps" role (a TfConfig always has one, as parse_tf_config demands).
+inline SlurmRoles checked_slurm_roles(const SlurmRoles& roles) {
+  SlurmRoles checked;
+  for (const auto& [name, count] : roles) {
+    const std::string role = name == "master" ? "chief" : name;
+    if (std::find(std::begin(kRoleNames), std::end(kRoleNames), role) == std::end(kRoleNames)) {
+      throw slurm_error("unknown role \"" + name + "\" (chief, worker, ps, evaluator)");
     }
-    if (count == 0) throw slurm_error("job \"" + job + "\" has no tasks");
+    if (count == 0) throw slurm_error("role \"" + role + "\" has no tasks");
     for (const auto& seen : checked) {
-      if (seen.first == job) throw slurm_error("job \"" + job + "\" is listed twice");
+      if (seen.first == role) throw slurm_error("role \"" + role + "\" is listed twice");
     }
-    checked.emplace_back(job, count);
+    checked.emplace_back(role, count);
   }
   const bool has_ps = std::any_of(checked.begin(), checked.end(),
-                                  [](const auto& job) { return job.first == "ps"; });
-  if (!has_ps) throw slurm_error("the jobs have no \"ps\" job");
+                                  [](const auto& role) { return role.first == "ps"; });
+  if (!has_ps) throw slurm_error("the roles have no \"ps\" task");
   return checked;
 }
 
 }  // namespace detail
 
-/// Parses a jobs list such as "ps:1,worker:2,chief:1" (the form a command-line flag takes)
-/// into SlurmJobs, keeping its order. Throws kInvalidArgument ("Slurm: ...") for a field that
-/// is not job:count, an unknown or repeated job, a count of 0, or no "ps" job.
-inline SlurmJobs parse_slurm_jobs(std::string_view text) {
-  SlurmJobs jobs;
+/// Parses a list of roles such as "ps:1,worker:2,chief:1" (the form a command-line flag takes)
+/// into SlurmRoles, keeping its order. Throws kInvalidArgument ("Slurm: ...") for a field that
+/// is not role:count, an unknown or repeated role, a count of 0, or no "ps" role.
+inline SlurmRoles parse_slurm_roles(std::string_view text) {
+  SlurmRoles roles;
   for (std::string_view field : detail::slurm_fields(text)) {
     const std::size_t colon = field.find(':');
     const auto count = colon == std::string_view::npos
                            ? std::nullopt
                            : detail::slurm_number(field.substr(colon + 1));
     if (colon == 0 || !count || *count > std::numeric_limits<std::uint32_t>::max()) {
-      throw detail::slurm_error("jobs \"" + std::string(text) + "\": \"" + std::string(field) +
-                                "\" is not job:count (as in \"ps:1,worker:2,chief:1\")");
+      throw detail::slurm_error("roles \"" + std::string(text) + "\": \"" + std::string(field) +
+                                "\" is not role:count (as in \"ps:1,worker:2,chief:1\")");
     }
-    jobs.emplace_back(std::string(field.substr(0, colon)), static_cast<std::uint32_t>(*count));
+    roles.emplace_back(std::string(field.substr(0, colon)), static_cast<std::uint32_t>(*count));
   }
-  return detail::checked_slurm_jobs(jobs);
+  return detail::checked_slurm_roles(roles);
 }
 
 /// Expands a Slurm hostlist such as "node[01-03,07],gpu5" into its host names, in order and
@@ -271,7 +271,7 @@ inline std::uint32_t derived_slurm_port_base(std::uint64_t job_id, std::uint32_t
 /// (the step's own variables first, as the rank counts within the step). Ranks fill the nodes
 /// in nodelist order, which is Slurm's default block distribution; the i-th task on a node
 /// gets "host:port_base+i", where port_base is `port_base`, or when nullopt
-/// derived_slurm_port_base(job id, most tasks on a node); the ranks go to `jobs` in their order
+/// derived_slurm_port_base(job id, most tasks on a node); the ranks go to `roles` in their order
 /// (TensorFlow's resolver sorts them by name; an explicit order says which rank is which). The
 /// result is what parse_tf_config would return for the equivalent TF_CONFIG.
 ///
@@ -281,11 +281,11 @@ inline std::uint32_t derived_slurm_port_base(std::uint64_t job_id, std::uint32_t
 /// under `--distribution=cyclic`, which is not supported. Throws kInvalidArgument ("Slurm:
 /// ...") naming the problem: those two, a missing or malformed variable, a node count that
 /// differs from the tasks-per-node entries, a host listed twice, task counts that disagree,
-/// a rank out of range, a port over 65535, or bad `jobs` (see parse_slurm_jobs).
+/// a rank out of range, a port over 65535, or bad `roles` (see parse_slurm_roles).
 template <SlurmEnvironment Env>
-TfConfig slurm_config(const SlurmJobs& jobs, std::optional<std::uint32_t> port_base, Env&& env) {
+TfConfig slurm_config(const SlurmRoles& roles, std::optional<std::uint32_t> port_base, Env&& env) {
   using detail::slurm_error;
-  const SlurmJobs checked = detail::checked_slurm_jobs(jobs);
+  const SlurmRoles checked = detail::checked_slurm_roles(roles);
 
   struct Variable {
     std::string name;
@@ -320,7 +320,7 @@ TfConfig slurm_config(const SlurmJobs& jobs, std::optional<std::uint32_t> port_b
   if (!step) {
     throw slurm_error(
         "SLURM_PROCID is set but SLURM_STEP_ID is not: this is a batch script, not a task srun "
-        "launched; launch the tasks with srun, as in `srun -K ./program --slurm-jobs ...`");
+        "launched; launch the tasks with srun, as in `srun -K ./program --slurm-roles ...`");
   }
   number(*step);  // refused, as any variable, when it is not a number
   const Variable ntasks_var = read("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS");
@@ -348,12 +348,12 @@ TfConfig slurm_config(const SlurmJobs& jobs, std::optional<std::uint32_t> port_b
   }
   std::uint64_t asked = 0;
   std::string listed;
-  for (const auto& [job, count] : checked) {
+  for (const auto& [role, count] : checked) {
     asked += count;
-    listed += (listed.empty() ? "" : ",") + job + ":" + std::to_string(count);
+    listed += (listed.empty() ? "" : ",") + role + ":" + std::to_string(count);
   }
   if (asked != ntasks) {
-    throw slurm_error("the jobs " + listed + " have " + std::to_string(asked) +
+    throw slurm_error("the roles " + listed + " have " + std::to_string(asked) +
                       " task(s) but the step has " + std::to_string(ntasks) + " (" +
                       ntasks_var.name + ")");
   }
@@ -389,11 +389,11 @@ TfConfig slurm_config(const SlurmJobs& jobs, std::optional<std::uint32_t> port_b
   }
   TfConfig config;
   std::uint64_t first = 0;
-  for (const auto& [job, count] : checked) {
+  for (const auto& [role, count] : checked) {
     const auto begin = addresses.begin() + static_cast<std::ptrdiff_t>(first);
-    config.cluster.jobs[job].assign(begin, begin + count);
+    config.cluster.roles[role].assign(begin, begin + count);
     if (rank >= first && rank < first + count) {
-      config.task = {job, static_cast<std::uint32_t>(rank - first)};
+      config.task = {role, static_cast<std::uint32_t>(rank - first)};
     }
     first += count;
   }
@@ -404,10 +404,10 @@ TfConfig slurm_config(const SlurmJobs& jobs, std::optional<std::uint32_t> port_b
 /// that is, outside a Slurm job. `port_base` nullopt: derived from the job id. Throws as
 /// slurm_config does (in a batch script that did not use srun, too).
 inline std::optional<TfConfig> slurm_config_from_environment(
-    const SlurmJobs& jobs, std::optional<std::uint32_t> port_base = std::nullopt) {
+    const SlurmRoles& roles, std::optional<std::uint32_t> port_base = std::nullopt) {
   const char* rank = std::getenv("SLURM_PROCID");
   if (rank == nullptr || *rank == '\0') return std::nullopt;
-  return slurm_config(jobs, port_base, [](std::string_view name) -> std::optional<std::string> {
+  return slurm_config(roles, port_base, [](std::string_view name) -> std::optional<std::string> {
     const char* value = std::getenv(std::string(name).c_str());
     return value == nullptr ? std::nullopt : std::optional<std::string>(value);
   });

@@ -50,9 +50,9 @@ inline std::optional<std::uint32_t> tf_config_index(const nlohmann::json& index)
 /// Parses a TF_CONFIG document in TensorFlow's exact format,
 ///   {"cluster": {"chief": ["host:port"], "worker": [...], "ps": [...]},
 ///    "task": {"type": "worker", "index": 1}}
-/// and checks it: known job names ("master" is read as "chief"), addresses that
-/// parse_address accepts, no address listed twice in the whole cluster, a "ps" job, and a task
-/// whose type is a job of the cluster and whose index (a non-negative integer, 0 when absent)
+/// and checks it: known roles ("master" is read as "chief"), addresses that
+/// parse_address accepts, no address listed twice in the whole cluster, a "ps" role, and a task
+/// whose type is a role of the cluster and whose index (a non-negative integer, 0 when absent)
 /// is in range. An evaluator need not be listed in the cluster (TensorFlow does not list it).
 /// Addresses are kept as written. Throws kInvalidArgument "TF_CONFIG: ..." naming the problem,
 /// malformed JSON included.
@@ -76,22 +76,22 @@ inline TfConfig parse_tf_config(std::string_view text) {
   std::map<std::pair<std::string, std::uint16_t>, std::string> owners;
   for (const auto& [name, tasks] : cluster->get_ref<const json::object_t&>()) {
     bool known = false;
-    for (std::string_view n : kJobNames) known = known || name == n;
+    for (std::string_view n : kRoleNames) known = known || name == n;
     if (!known) {
-      throw tf_config_error("unknown job type \"" + name + "\" (chief, worker, ps, evaluator)");
+      throw tf_config_error("unknown role \"" + name + "\" (chief, worker, ps, evaluator)");
     }
-    if (!tasks.is_array()) throw tf_config_error("job \"" + name + "\" must list addresses");
-    const std::string job = name == "master" ? "chief" : name;
-    auto& addresses = config.cluster.jobs[job];
+    if (!tasks.is_array()) throw tf_config_error("role \"" + name + "\" must list addresses");
+    const std::string role = name == "master" ? "chief" : name;
+    auto& addresses = config.cluster.roles[role];
     for (const json& task : tasks) {
       const std::string* written = task.is_string() ? task.get_ptr<const std::string*>() : nullptr;
       const detail::AddressParts parts =
           written ? detail::scan_address(*written) : detail::AddressParts{{}, 0, "not a string"};
       if (!parts.problem.empty()) {
-        throw tf_config_error("job \"" + job + "\" has an address that is not \"host:port\": " +
+        throw tf_config_error("role \"" + role + "\" has an address that is not \"host:port\": " +
                               task.dump() + " (" + std::string(parts.problem) + ")");
       }
-      const std::string owner = job + " " + std::to_string(addresses.size());
+      const std::string owner = role + " " + std::to_string(addresses.size());
       const auto [seen, fresh] = owners.try_emplace({std::string(parts.host), parts.port}, owner);
       if (!fresh) {
         const Address address{seen->first.first, seen->first.second};
@@ -117,16 +117,16 @@ inline TfConfig parse_tf_config(std::string_view text) {
     config.task.index = *i;
   }
   const auto& tasks = config.cluster.tasks(config.task.type);
-  const bool listed = config.cluster.jobs.contains(config.task.type);
+  const bool listed = config.cluster.roles.contains(config.task.type);
   if (!listed && config.task.type != "evaluator") {
-    throw tf_config_error("task type \"" + config.task.type + "\" is not a job of the cluster");
+    throw tf_config_error("task type \"" + config.task.type + "\" is not a role of the cluster");
   }
   if (listed && config.task.index >= tasks.size()) {
     throw tf_config_error("task index " + std::to_string(config.task.index) +
-                          " is out of range: job \"" + config.task.type + "\" has " +
+                          " is out of range: role \"" + config.task.type + "\" has " +
                           std::to_string(tasks.size()) + " task(s)");
   }
-  if (config.cluster.tasks("ps").empty()) throw tf_config_error("the cluster has no \"ps\" job");
+  if (config.cluster.tasks("ps").empty()) throw tf_config_error("the cluster has no \"ps\" task");
   return config;
 }
 

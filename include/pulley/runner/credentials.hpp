@@ -113,7 +113,7 @@ inline std::string cluster_name(const ClusterSpec& cluster) {
   auto mix = [&](std::string_view text) {
     hash = name_hash(std::string_view("\xFF", 1), name_hash(text, hash));  // a separator no address holds
   };
-  for (const auto& [role, addresses] : cluster.jobs) {
+  for (const auto& [role, addresses] : cluster.roles) {
     mix(role);
     for (const std::string& address : addresses) mix(address);
   }

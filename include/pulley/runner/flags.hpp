@@ -10,16 +10,17 @@
 #include "pulley/cluster/slurm.hpp"
 #include "pulley/runner/job.hpp"
 #include "pulley/runner/run.hpp"
-#include "pulley/transport/tcp.hpp"
+#include "pulley/transport/tcp_options.hpp"
 
 namespace pulley {
 
 /// Adds the flags that describe a job (JobFlags) to a CLI11 app, in a "Cluster" group:
 ///   --ps N --workers N                     every task in this process (the default)
-///   --job TYPE --task I --ps-hosts H:P,... --worker-hosts H:P,... [--chief-host H:P]
-///   --slurm-jobs ps:1,worker:2,chief:1 [--slurm-port-base PORT]
+///   --role ROLE --task I --ps-hosts H:P,... --worker-hosts H:P,... [--chief-host H:P]
+///   --slurm-roles ps:1,worker:2,chief:1 [--slurm-port-base PORT]
 ///   [--job-name NAME] [--secret-file PATH]  what every connection proves (credentials.hpp)
-/// or none of them, with TF_CONFIG set. Numbers out of range are refused by CLI11. It also
+/// or none of them, with TF_CONFIG set. `--job` and `--slurm-jobs`, their names before 0.3,
+/// still work. Numbers out of range are refused by CLI11. It also
 /// makes a parse error print one line (the app's name, the error) instead of the usage.
 inline void add_job_flags(CLI::App& app, JobFlags& flags) {
   const std::string group = "Cluster (default: every task in this process; or TF_CONFIG)";
@@ -29,10 +30,10 @@ inline void add_job_flags(CLI::App& app, JobFlags& flags) {
   app.add_option("--workers", flags.workers, "workers, when every task runs in this process")
       ->check(CLI::Range(1, 1024))
       ->group(group);
-  app.add_option("--job", flags.job, "this task's job, in a cluster of processes")
+  app.add_option("--role,--job", flags.role, "this task's role, in a cluster of processes")
       ->check(CLI::IsMember({"ps", "worker", "chief", "evaluator"}))
       ->group(group);
-  app.add_option("--task", flags.task, "this task's index in its job")->group(group);
+  app.add_option("--task", flags.task, "this task's index among the tasks of its role")->group(group);
   app.add_option("--ps-hosts", flags.ps_hosts, "host:port of every ps task")
       ->delimiter(',')
       ->group(group);
@@ -41,8 +42,8 @@ inline void add_job_flags(CLI::App& app, JobFlags& flags) {
       ->group(group);
   app.add_option("--chief-host", flags.chief_host, "host:port of the chief's own task")
       ->group(group);
-  app.add_option("--slurm-jobs", flags.slurm_jobs,
-                 "under srun: the step's ranks by job, in order, e.g. ps:1,worker:2,chief:1")
+  app.add_option("--slurm-roles,--slurm-jobs", flags.slurm_roles,
+                 "under srun: the step's ranks by role, in order, e.g. ps:1,worker:2,chief:1")
       ->group(group);
   app.add_option("--slurm-port-base", flags.slurm_port_base,
                  "under srun: the port of the first task on each node (the i-th: base + i; "

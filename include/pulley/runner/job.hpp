@@ -46,15 +46,15 @@ struct Job {
 };
 
 /// How a job is described on the command line (see runner/flags.hpp for the flags). The
-/// first that applies wins: `slurm_jobs` (under srun), `job` with the host lists, the
+/// first that applies wins: `slurm_roles` (under srun), `role` with the host lists, the
 /// TF_CONFIG environment variable, and otherwise every task in this process.
 struct JobFlags {
-  std::string job;                        ///< this task's job: ps, worker, chief, evaluator
-  std::uint32_t task = 0;                 ///< this task's index in its job
+  std::string role;                       ///< this task's role: ps, worker, chief, evaluator
+  std::uint32_t task = 0;                 ///< this task's index among the tasks of its role
   std::vector<std::string> ps_hosts;      ///< "host:port" of every ps task
   std::vector<std::string> worker_hosts;  ///< "host:port" of every worker
   std::string chief_host;                 ///< "host:port" of the chief, if it has its own task
-  std::string slurm_jobs;                 ///< e.g. "ps:1,worker:2,chief:1": the step's ranks
+  std::string slurm_roles;                ///< e.g. "ps:1,worker:2,chief:1": the step's ranks
   /// The port of the first task on each node under Slurm; nullopt: derived from the job id
   /// (derived_slurm_port_base), so that two jobs sharing a node do not collide.
   std::optional<std::uint32_t> slurm_port_base;
@@ -65,7 +65,7 @@ struct JobFlags {
 };
 
 /// The job `flags` describe (see JobFlags for the order). Throws kInvalidArgument naming the
-/// problem: a malformed or inconsistent cluster, a task out of range, --slurm-jobs outside a
+/// problem: a malformed or inconsistent cluster, a task out of range, --slurm-roles outside a
 /// Slurm step, a cluster without workers, a task type the runner has no role for.
 inline Job resolve_job(const JobFlags& flags) {
   Job job;
@@ -74,24 +74,24 @@ inline Job resolve_job(const JobFlags& flags) {
   if (flags.ps == 0 || flags.workers == 0) {
     throw Error(ErrorCode::kInvalidArgument, "a job needs at least one ps task and one worker");
   }
-  if (!flags.slurm_jobs.empty()) {
-    if (!flags.job.empty()) {
-      throw Error(ErrorCode::kInvalidArgument, "--slurm-jobs and --job exclude each other");
+  if (!flags.slurm_roles.empty()) {
+    if (!flags.role.empty()) {
+      throw Error(ErrorCode::kInvalidArgument, "--slurm-roles and --role exclude each other");
     }
     job.cluster =
-        slurm_config_from_environment(parse_slurm_jobs(flags.slurm_jobs), flags.slurm_port_base);
+        slurm_config_from_environment(parse_slurm_roles(flags.slurm_roles), flags.slurm_port_base);
     if (!job.cluster) {
       throw Error(ErrorCode::kInvalidArgument,
-                  "--slurm-jobs needs a Slurm step (SLURM_PROCID is unset): run it under srun");
+                  "--slurm-roles needs a Slurm step (SLURM_PROCID is unset): run it under srun");
     }
-  } else if (!flags.job.empty()) {
+  } else if (!flags.role.empty()) {
     // The same document TF_CONFIG would hold, so that flags are checked by the same rules.
     nlohmann::json cluster = nlohmann::json::object();
     cluster["ps"] = flags.ps_hosts;
     cluster["worker"] = flags.worker_hosts;
     if (!flags.chief_host.empty()) cluster["chief"] = std::vector<std::string>{flags.chief_host};
     const nlohmann::json doc = {{"cluster", cluster},
-                                {"task", {{"type", flags.job}, {"index", flags.task}}}};
+                                {"task", {{"type", flags.role}, {"index", flags.task}}}};
     try {
       job.cluster = parse_tf_config(doc.dump());
     } catch (const Error& e) {
@@ -108,7 +108,7 @@ inline Job resolve_job(const JobFlags& flags) {
       throw Error(ErrorCode::kInvalidArgument, "no role for a task of type '" + type + "'");
     }
     if (job.cluster->cluster.tasks("worker").empty()) {
-      throw Error(ErrorCode::kInvalidArgument, "the cluster has no \"worker\" job");
+      throw Error(ErrorCode::kInvalidArgument, "the cluster has no \"worker\" task");
     }
     if (job.cluster->cluster.tasks("chief").size() > 1) {
       throw Error(ErrorCode::kInvalidArgument, "the cluster lists more than one chief");

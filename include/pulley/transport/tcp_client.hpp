@@ -22,29 +22,12 @@
 #include "pulley/protocol/call.hpp"
 #include "pulley/transport/detail/reply_targets.hpp"
 #include "pulley/transport/detail/sockets.hpp"
+#include "pulley/transport/tcp_options.hpp"
 #include "pulley/transport/wire/codec.hpp"
 #include "pulley/transport/wire/frame_reader.hpp"
 #include "pulley/transport/wire/handshake.hpp"
 
 namespace pulley {
-
-/// How a Tcp client connects.
-struct TcpOptions {
-  /// The job this task belongs to and its shared secret, proved to every ps in the
-  /// handshake (transport/wire/handshake.hpp).
-  Credentials credentials;
-  /// Total time to wait for a ps that is not up yet, when the transport is made, before
-  /// giving up with kUnavailable.
-  std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
-  /// First pause between those connection attempts; doubles up to one second.
-  std::chrono::milliseconds initial_backoff{std::chrono::milliseconds(20)};
-  /// Longest one connection attempt may take, handshake included (a host that drops packets
-  /// would otherwise hold it for the kernel's two minutes); also bounds each reconnection
-  /// attempt.
-  std::chrono::milliseconds attempt_timeout{std::chrono::seconds(2)};
-  /// What replies may claim, checked before anything is allocated for them.
-  wire::FrameLimits limits;
-};
 
 /// The TCP `Transport`: one connection per ps task. Tensors are gather-written from the
 /// caller's own buffers, and a reply's tensors are received straight into the call's

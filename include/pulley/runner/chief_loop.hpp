@@ -1,0 +1,238 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "pulley/checkpoint/directory.hpp"
+#include "pulley/client/chief.hpp"
+#include "pulley/client/detail/recovery.hpp"
+#include "pulley/concepts/model.hpp"
+#include "pulley/concepts/transport.hpp"
+#include "pulley/core/detail/finite.hpp"
+#include "pulley/core/log.hpp"
+#include "pulley/runner/schedule.hpp"
+#include "pulley/runner/training.hpp"
+
+namespace pulley {
+namespace runner_detail {
+
+using Clock = std::chrono::steady_clock;
+
+/// Copies a snapshot's values into `model`'s parameters.
+template <Model M>
+void load(M& model, const Snapshot& shot) {
+  for (std::size_t v = 0; v < shot.values.size(); ++v) {
+    const auto into = model.parameter(v);
+    std::copy(shot.values[v].begin(), shot.values[v].end(), into.begin());
+  }
+}
+
+/// Throws kInternal naming the first variable of `shot` with a value that is not finite: a
+/// job whose parameters diverged ends with an error, never "successfully". (The ps tasks
+/// refuse updates that would get there; this is the last line, for any that slipped by.)
+inline void check_finite(const Snapshot& shot, const std::vector<VariableSpec>& variables) {
+  for (std::size_t v = 0; v < shot.values.size(); ++v) {
+    if (!detail::all_finite(shot.values[v])) {
+      throw Error(ErrorCode::kInternal, "the parameters of '" + variables.at(v).name +
+                                            "' are not finite at global step " +
+                                            std::to_string(shot.step) + ": training diverged");
+    }
+  }
+}
+
+/// Saves a checkpoint of the job (cut the moment every ps completes `at_step`; 0: now),
+/// logs it, and returns what it saved.
+template <Transport T>
+ModelState save_checkpoint(Chief<T>& chief, CheckpointDirectory& directory, std::int64_t at_step) {
+  const auto began = Clock::now();
+  ModelState state = chief.save_state_at(at_step);
+  const auto cut = Clock::now();
+  const std::filesystem::path path = directory.save(state);
+  const auto saved = Clock::now();
+  std::uint64_t floats = 0;
+  for (const VariableState& v : state.variables) floats += v.values.size() * (1 + v.slots.size());
+  auto ms = [](Clock::duration d) {
+    return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(d).count());
+  };
+  log(LogLevel::kInfo, "chief: checkpoint at global step " + std::to_string(state.global_step) +
+                           ": " + path.string() + " (" + std::to_string(floats * 4 >> 20U) +
+                           " MiB; read in " + ms(cut - began) + " ms, written in " +
+                           ms(saved - cut) + " ms)");
+  return state;
+}
+
+/// After losing a ps (`lost`): waits until every ps answers again (a restarted one, or a
+/// new one on its address), then restores them all from the newest checkpoint in
+/// `checkpoints` (or `initial`), at a new epoch; returns its global step. The updates
+/// applied since that checkpoint are lost (each ps logs how many). Throws kUnavailable once
+/// `ClientOptions::recovery_timeout` passes without every ps back.
+template <Transport T>
+std::int64_t roll_back(Chief<T>& chief, const Error& lost, const CheckpointDirectory* checkpoints,
+                       const std::optional<ModelState>& initial, const ClientOptions& options) {
+  std::optional<std::pair<ModelState, std::filesystem::path>> latest;
+  if (checkpoints != nullptr) latest = checkpoints->latest();
+  if (!latest && !initial) throw lost;  // nothing to roll back to
+  const ModelState& target = latest ? latest->first : *initial;
+  const std::string from = latest ? latest->second.string() : std::string("the initial values");
+  detail::Recovery recovery("chief", options);
+  for (Error failure = lost;;) {
+    recovery.wait(failure);
+    try {
+      chief.restore(target);
+      log(LogLevel::kWarning, "chief: every ps restored from " + from + " at global step " +
+                                  std::to_string(target.global_step) + " after " +
+                                  std::to_string(recovery.tries()) + " tries; training goes on");
+      return target.global_step;
+    } catch (const Error& e) {
+      if (!detail::Recovery::may_recover(e.code())) throw;
+      failure = e;
+    }
+  }
+}
+
+
+/// The chief's part of a job: initializes the variables (or resumes from the newest
+/// checkpoint), then follows its ChiefSchedule: waits for each step due, cuts the
+/// checkpoints due there (or by time, wherever training is), evaluates, and rolls every ps
+/// back to the newest checkpoint when one is lost. The caller ends training.
+template <Model M, Transport T>
+class ChiefLoop {
+ public:
+  ChiefLoop(const Training<M>& training, Chief<T>& chief)
+      : training_(training), chief_(chief), model_(training.model()) {
+    const CheckpointOptions& every = training.checkpoint;
+    if (!every.directory.empty()) checkpoints_.emplace(every.directory, every.keep);
+  }
+
+  /// Runs the job from its first (or resumed) step to its last evaluation.
+  void run() {
+    ChiefSchedule schedule({training_.last_step, training_.evaluate_every, checkpoints_.has_value(),
+                            training_.checkpoint.save_steps, training_.checkpoint.save_secs},
+                           begin(), Clock::now());
+    start_ = Clock::now();
+    while (!schedule.done()) {
+      try {
+        step_to(schedule);
+      } catch (const Error& e) {
+        if (e.code() != ErrorCode::kUnavailable) throw;
+        // A ps was lost: once it (or a task in its place) is back, every ps is restored from
+        // the newest checkpoint, as TensorFlow's chief does, and training goes on from there.
+        const std::int64_t step =
+            roll_back(chief_, e, checkpoints_ ? &*checkpoints_ : nullptr, initial_, training_.client);
+        schedule.restart(step, Clock::now());
+      }
+    }
+  }
+
+ private:
+  /// Initializes every variable (saving checkpoint 0, as TensorFlow's saver does, or keeping
+  /// the initial values to roll back to), or restores the newest checkpoint; returns the
+  /// global step training starts from.
+  std::int64_t begin() {
+    if (auto latest = checkpoints_ ? checkpoints_->latest() : std::nullopt) {
+      chief_.restore(latest->first);
+      start_step_ = latest->first.global_step;
+      log(LogLevel::kInfo, "chief: resumed from " + latest->second.string() + " at global step " +
+                               std::to_string(start_step_));
+      return start_step_;
+    }
+    chief_.initialize(model_.variables());
+    if (checkpoints_) {
+      save_checkpoint(chief_, *checkpoints_, 0);
+    } else {
+      initial_ = chief_.save_state();
+    }
+    return 0;
+  }
+
+  /// Waits for what is due next and does it: a checkpoint cut at its step (which is the
+  /// evaluation's snapshot too), else the evaluation's snapshot; a checkpoint by time
+  /// wherever training is when its deadline comes first.
+  void step_to(ChiefSchedule& schedule) {
+    const ChiefSchedule::Due due = schedule.next();
+    std::optional<ModelState> saved;
+    std::optional<Snapshot> shot;
+    bool reached = true;
+    if (due.checkpoint) {
+      reached = chief_.wait_for_step_until(due.step, due.deadline).has_value();
+      if (reached) saved = save_checkpoint(chief_, *checkpoints_, due.step);
+    } else {
+      shot = chief_.snapshot_until(due.step, due.deadline);
+      reached = shot.has_value();
+    }
+    if (!reached) saved = save_checkpoint(chief_, *checkpoints_, 0);  // by time, wherever it is
+    if (saved) schedule.saved(saved->global_step, Clock::now());
+    if (!reached || !due.evaluation) return;
+    if (!shot) {
+      if (saved && saved->global_step == due.step) {  // the checkpoint is this step's values
+        shot.emplace();
+        shot->step = saved->global_step;
+        shot->consistent = true;
+        for (VariableState& v : saved->variables) shot->values.push_back(std::move(v.values));
+      } else {
+        shot = chief_.snapshot(due.step);
+      }
+    }
+    evaluate(*shot, due.last);
+    schedule.evaluated();
+  }
+
+  /// Checks `shot` is finite and hands it to `training.evaluate` (or logs the progress).
+  void evaluate(const Snapshot& shot, bool last) {
+    check_finite(shot, chief_.variables());
+    Evaluation evaluation;
+    evaluation.step = shot.step;
+    evaluation.consistent = shot.consistent;
+    evaluation.last = last;
+    evaluation.seconds = std::chrono::duration<double>(Clock::now() - start_).count();
+    evaluation.samples_per_s = static_cast<double>((shot.step - start_step_) * training_.samples_per_step) /
+                               std::max(evaluation.seconds, 1e-9);
+    if (evaluation.last) evaluation.stats = chief_.stats();
+    if (training_.evaluate) {
+      load(model_, shot);
+      training_.evaluate(model_, evaluation);
+    } else {
+      log(LogLevel::kInfo, "chief: global step " + std::to_string(shot.step) + " of " +
+                               std::to_string(training_.last_step) + ", " +
+                               std::to_string(static_cast<long long>(evaluation.samples_per_s)) + " samples/s");
+    }
+  }
+
+  const Training<M>& training_;
+  Chief<T>& chief_;
+  M model_;
+  std::optional<CheckpointDirectory> checkpoints_;
+  /// Where a lost ps rolls the job back to without a checkpoint directory: the initial values.
+  std::optional<ModelState> initial_;
+  Clock::time_point start_;
+  std::int64_t start_step_ = 0;
+};
+
+/// The chief task: runs the ChiefLoop, then ends training (or aborts it, with the reason,
+/// when anything fails: every task then hears why).
+template <Model M, Transport T>
+void lead(const Training<M>& training, T transport) {
+  Chief chief(std::move(transport), training.seed, training.client);
+  try {
+    ChiefLoop<M, T>(training, chief).run();
+    chief.shutdown();
+    log(LogLevel::kInfo, "chief: training finished at global step " + std::to_string(training.last_step) +
+                             "; the ps tasks are shut down");
+  } catch (const std::exception& e) {
+    try {
+      chief.abort(e.what());
+    } catch (const std::exception&) {  // the ps tasks may be what failed
+    }
+    throw;
+  }
+}
+
+}  // namespace runner_detail
+}  // namespace pulley

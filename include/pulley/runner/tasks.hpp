@@ -1,0 +1,235 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "pulley/checkpoint/directory.hpp"
+#include "pulley/client/detail/recovery.hpp"
+#include "pulley/client/evaluator.hpp"
+#include "pulley/client/heartbeat.hpp"
+#include "pulley/client/worker.hpp"
+#include "pulley/cluster/cluster_spec.hpp"
+#include "pulley/cluster/tf_config.hpp"
+#include "pulley/concepts/model.hpp"
+#include "pulley/concepts/optimizer.hpp"
+#include "pulley/concepts/sharding.hpp"
+#include "pulley/concepts/sync_policy.hpp"
+#include "pulley/core/address.hpp"
+#include "pulley/core/log.hpp"
+#include "pulley/ps/parameter_server.hpp"
+#include "pulley/runner/chief_loop.hpp"
+#include "pulley/runner/schedule.hpp"
+#include "pulley/runner/training.hpp"
+#include "pulley/transport/tcp.hpp"
+
+/// The tasks of a job other than the chief (runner/chief_loop.hpp): a worker, an evaluator,
+/// a ps of a cluster of processes. `pulley::run` (runner/run.hpp) picks this process's.
+
+namespace pulley {
+namespace runner_detail {
+
+/// A worker: steps until training is over, beating its heart on a transport of its own
+/// (`connect()` makes each).
+template <Model M, class Connect>
+void work(const Training<M>& training, std::uint32_t index, std::uint32_t num_workers,
+          Connect connect) {
+  HeartbeatSender heartbeat(index, connect(), training.client.heartbeat_interval);
+  Worker worker(index, training.model(), connect(), training.client);
+  std::int64_t start_step = 0;
+  try {
+    worker.wait_ready();
+    start_step = worker.stats().at(0).global_step;
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kOutOfRange) throw;
+    log(LogLevel::kInfo, "worker " + std::to_string(index) + ": training finished before it began");
+    return;
+  }
+  auto next = training.data(
+      DataShard{index, num_workers, start_step, [&heartbeat] { return heartbeat.lost(); }});
+  std::int64_t steps = 0;
+  while (worker.step(next(), training.last_step)) ++steps;
+  log(LogLevel::kInfo, "worker " + std::to_string(index) + ": training finished after " +
+                           std::to_string(steps) + " steps here (last global step seen: " +
+                           std::to_string(worker.global_step()) + ")");
+}
+
+/// How often an evaluator that follows a checkpoint directory looks for a new checkpoint:
+/// listing a directory is cheap, and a checkpoint is scored at most this late.
+inline constexpr std::chrono::milliseconds kCheckpointPoll{250};
+
+/// Throws kFailedPrecondition unless `state` (read from `path`) holds the variables of
+/// `variables`, by name and shape, in order: values of another model must not be copied in.
+inline void check_variables(const ModelState& state, std::span<const VariableSpec> variables,
+                            const std::filesystem::path& path) {
+  bool same = state.variables.size() == variables.size();
+  for (std::size_t v = 0; same && v < variables.size(); ++v) {
+    same = state.variables[v].spec.name == variables[v].name &&
+           state.variables[v].spec.shape == variables[v].shape;
+  }
+  if (!same) {
+    throw Error(ErrorCode::kFailedPrecondition,
+                "checkpoint " + path.string() + " holds " + std::to_string(state.variables.size()) +
+                    " variables that are not the model's " + std::to_string(variables.size()) +
+                    " (by name and shape): is it another model's checkpoint directory?");
+  }
+}
+
+/// An evaluator task on `training.checkpoint.directory` (TensorFlow's evaluator): scores
+/// every checkpoint that appears there newer than the last one it looked at, each once,
+/// oldest first (a checkpoint removed by the chief's `keep` before it is read is skipped:
+/// so a slow evaluator falls behind by `keep` checkpoints at most); one that does not read
+/// back whole is skipped with a log line. Scoring loads the checkpoint's values into a model
+/// and calls `training.evaluate` with its global step (consistent: a checkpoint is one cut).
+/// It reads from disk only, never the ps tasks, so it never slows training, and can score
+/// a finished job's directory. Ends once it has looked at the checkpoint of
+/// `training.last_step` (the chief always writes one there); throws kDeadlineExceeded when
+/// no new checkpoint appears for `ClientOptions::wait_timeout` before then (the chief
+/// failed, or writes too seldom).
+template <Model M>
+void follow_checkpoints(const Training<M>& training) {
+  const std::filesystem::path root = training.checkpoint.directory;
+  M model = training.model();
+  std::int64_t seen = -1;  // the newest step looked at (scored or skipped)
+  auto last_new = Clock::now();
+  ModelState state;  // each checkpoint is read into the last one's memory
+  while (seen < training.last_step) {
+    const auto found = CheckpointDirectory::list(root);  // newest first
+    bool any = false;
+    for (auto it = found.rbegin(); it != found.rend() && seen < training.last_step; ++it) {
+      const auto& [step, path] = *it;
+      if (step <= seen) continue;
+      seen = step;
+      any = true;
+      try {
+        checkpoint::read_checkpoint_into(path, state);
+      } catch (const Error& e) {  // pruned since listed, or damaged: it will not heal
+        log(LogLevel::kWarning, "evaluator: skipping checkpoint " + path.string() + ": " + e.what());
+        continue;
+      }
+      check_variables(state, model.variables(), path);
+      for (std::size_t v = 0; v < state.variables.size(); ++v) {
+        const auto into = model.parameter(v);
+        std::copy(state.variables[v].values.begin(), state.variables[v].values.end(), into.begin());
+      }
+      Evaluation evaluation;
+      evaluation.role = Node::Role::kEvaluator;
+      evaluation.step = state.global_step;
+      evaluation.consistent = true;
+      evaluation.last = state.global_step >= training.last_step;
+      log(LogLevel::kInfo, "evaluator: scoring " + path.string() + " (global step " +
+                               std::to_string(state.global_step) + ")");
+      if (training.evaluate) training.evaluate(model, evaluation);
+    }
+    if (seen >= training.last_step) break;
+    const auto now = Clock::now();
+    if (any) {
+      last_new = now;
+    } else if (now - last_new >= training.client.wait_timeout) {
+      throw Error(ErrorCode::kDeadlineExceeded,
+                  "no new checkpoint in " + root.string() + " for " +
+                      std::to_string(training.client.wait_timeout.count()) +
+                      " ms (--wait-timeout-ms; the newest looked at: " +
+                      (seen < 0 ? std::string("none") : "global step " + std::to_string(seen)) +
+                      ", training ends at " + std::to_string(training.last_step) + ")");
+    }
+    std::this_thread::sleep_for(std::min(kCheckpointPoll, training.client.wait_timeout));
+  }
+  log(LogLevel::kInfo, "evaluator: scored the checkpoints up to global step " +
+                           std::to_string(training.last_step));
+}
+
+/// An evaluator task. With a checkpoint directory (`training.checkpoint.directory`, the
+/// chief's `--checkpoint-dir`) it follows the checkpoints there (follow_checkpoints), as
+/// TensorFlow's evaluator does, and never connects to the ps tasks. Without one it reads
+/// live snapshots (each one global step on every ps) at the chief's evaluation steps, over
+/// a transport `connect()` makes, until training is over.
+template <Model M, class Connect>
+void follow(const Training<M>& training, Connect connect) {
+  if (!training.checkpoint.directory.empty()) {
+    follow_checkpoints(training);
+    return;
+  }
+  Evaluator evaluator(connect(), training.client);
+  M model = training.model();
+  try {
+    evaluator.wait_ready(model.variables());
+    const auto steps = evaluation_steps(training.evaluate_every, training.last_step);
+    for (const std::int64_t step : steps) {
+      std::optional<detail::Recovery> recovery;  // a lost ps: wait until the job is back
+      std::optional<Snapshot> read;
+      while (!read) {
+        try {
+          if (recovery) evaluator.wait_ready(model.variables());  // at the new epoch
+          read = evaluator.snapshot(step);
+        } catch (const Error& e) {
+          // A read refused kFailedPrecondition: the job was rolled back since it looked.
+          if (!detail::Recovery::may_recover(e.code()) && e.code() != ErrorCode::kFailedPrecondition) throw;
+          if (!recovery) recovery.emplace("evaluator", training.client);
+          recovery->wait(e);
+        }
+      }
+      const Snapshot& shot = *read;
+      Evaluation evaluation;
+      evaluation.role = Node::Role::kEvaluator;
+      evaluation.step = shot.step;
+      evaluation.consistent = shot.consistent;
+      evaluation.last = step == steps.back();
+      load(model, shot);
+      if (training.evaluate) training.evaluate(model, evaluation);
+    }
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kOutOfRange) throw;  // the chief ended training first
+  }
+  log(LogLevel::kInfo, "evaluator: training finished");
+}
+
+/// `options` with `credentials` in place of its own.
+template <class Options>
+Options with(Options options, const Credentials& credentials) {
+  options.credentials = credentials;
+  return options;
+}
+
+/// A ps task of a cluster of processes, until the chief shuts it down.
+template <Model M, Sharding S, Optimizer O, SyncPolicy P>
+void serve(const Training<M>& training, const TfConfig& config, const Credentials& credentials,
+           S sharding, O optimizer, P sync) {
+  const auto& hosts = config.cluster.tasks("ps");
+  const std::uint32_t task = config.task.index;
+  const Address address = parse_address(hosts.at(task));
+  // A loopback cluster stays on loopback; otherwise listen on every interface, as
+  // TensorFlow's servers do (under Kubernetes a task's name may be a service address).
+  const bool loopback =
+      address.host == "localhost" || address.host.starts_with("127.") || address.host == "::1";
+  const std::string bind =
+      loopback ? address.host : (address.host.find(':') != std::string::npos ? "::" : "0.0.0.0");
+  ParameterServer<S, O, P> ps(task, static_cast<std::uint32_t>(hosts.size()), std::move(optimizer),
+                              std::move(sync), std::move(sharding));
+  ps.set_worker_timeout(training.worker_timeout);
+  TcpServer server(std::move(ps), bind, address.port, with(training.server, credentials));
+  log(LogLevel::kInfo, "ps " + std::to_string(task) + " serving on " + address.to_string() +
+                           " (listening on " + bind + ":" + std::to_string(server.port()) + ")");
+  server.run();
+  const std::optional<ErrorReply>& end = server.service().ended();
+  if (!end && server.orphaned()) {
+    throw Error(ErrorCode::kUnavailable,
+                "every client has been gone for " +
+                    std::to_string(training.server.orphaned_after.count() / 1000) +
+                    " s and the chief never ended training (did it fail?)");
+  }
+  if (!end) throw Error(ErrorCode::kInternal, "ps " + std::to_string(task) + " stopped serving");
+  if (end->code != ErrorCode::kOutOfRange) throw Error(end->code, end->message);
+  log(LogLevel::kInfo, end->message);
+}
+
+}  // namespace runner_detail
+}  // namespace pulley

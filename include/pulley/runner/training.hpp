@@ -1,0 +1,114 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "pulley/client/options.hpp"
+#include "pulley/concepts/model.hpp"
+#include "pulley/core/node.hpp"
+#include "pulley/protocol/messages.hpp"
+#include "pulley/transport/tcp_options.hpp"
+
+namespace pulley {
+
+/// What the chief (or the evaluator) knows at an evaluation.
+struct Evaluation {
+  Node::Role role = Node::Role::kChief;  ///< who evaluates: kChief or kEvaluator
+  std::int64_t step = 0;               ///< the global step of the parameters (Snapshot::step)
+  bool consistent = true;              ///< every ps was read at that step (Snapshot::consistent)
+  bool last = false;                   ///< the evaluation at the last step
+  double seconds = 0.0;                ///< since the chief initialized the variables (chief)
+  double samples_per_s = 0.0;          ///< step × samples_per_step / seconds (chief)
+  std::vector<Stats> stats;            ///< every ps's counters (the chief's last evaluation)
+};
+
+/// Which of a job's data a worker reads, and from where.
+struct DataShard {
+  std::uint32_t index = 0;     ///< this worker's share, out of `count`
+  std::uint32_t count = 1;     ///< the shares the data is split into
+  /// The global step the job is at when the worker starts: 0 for a new job, the restored
+  /// step for a resumed one. A source that gives one batch per worker per global step
+  /// (sync, R = N) skips that many batches, and a resumed job then reads what the
+  /// uninterrupted one would have.
+  std::int64_t start_step = 0;
+  /// The workers the ps tasks hold lost now (their heartbeats stopped), ascending; empty
+  /// when none is, or when nobody tracks it. See `share`.
+  std::function<std::vector<std::uint32_t>()> lost;
+
+  /// This worker's share among the workers not lost: {its rank among them, their count}.
+  /// A source that splits each epoch's data by `share()` at the epoch's start hands a lost
+  /// worker's data to the others from the next epoch on (and takes it back when it
+  /// returns); with no worker lost it is {index, count}. While workers disagree on who is
+  /// lost (a heartbeat apart), an epoch may read a few batches twice or not at all.
+  [[nodiscard]] std::pair<std::uint32_t, std::uint32_t> share() const {
+    const std::vector<std::uint32_t> gone = lost ? lost() : std::vector<std::uint32_t>{};
+    if (std::binary_search(gone.begin(), gone.end(), index)) return {index, count};
+    std::uint32_t rank = index, live = count;
+    for (const std::uint32_t w : gone) {
+      if (w >= count) continue;
+      --live;
+      if (w < index) --rank;
+    }
+    return {rank, live};
+  }
+};
+
+/// Where and how often the chief writes checkpoints (TensorFlow's MonitoredTrainingSession
+/// arguments, and its defaults).
+struct CheckpointOptions {
+  /// The checkpoint directory; "" writes none. A job started with one that holds a
+  /// checkpoint resumes from the newest that reads back whole. An evaluator task given one
+  /// follows it, as TensorFlow's evaluator does: it scores each checkpoint written there
+  /// once, oldest first, reading it from disk (never from the ps tasks, so it never slows
+  /// training), and ends after the one at `Training::last_step`; one that does not read back
+  /// whole, or that `keep` removed before it was read, is skipped with a log line. Without
+  /// one, an evaluator reads live snapshots from the ps at the chief's evaluation steps.
+  std::string directory;
+  /// Global steps between checkpoints (0: not by steps).
+  std::int64_t save_steps = 0;
+  /// Seconds between checkpoints (0: not by time).
+  std::chrono::seconds save_secs{600};
+  /// Checkpoints kept, newest first (0: all).
+  std::size_t keep = 5;
+};
+
+/// A training job as the role runner needs it: everything but where its tasks run.
+template <Model M>
+struct Training {
+  /// Makes a fresh model. Every task makes its own; their variables must be the same.
+  std::function<M()> model;
+  /// A worker's batches: a function that gives the next batch each time it is called (the
+  /// batch may view storage the function owns until the next call), for its share of the
+  /// data and the step it starts at (DataShard).
+  std::function<std::function<typename M::Batch()>(const DataShard& shard)> data;
+  /// Checkpoints: where, how often, how many kept; and resuming from them.
+  CheckpointOptions checkpoint;
+  /// Training ends when the global step reaches it.
+  std::int64_t last_step = 0;
+  /// Global steps between evaluations; 0 evaluates at the end only.
+  std::int64_t evaluate_every = 0;
+  /// Called by the chief (and an evaluator task) with `model` holding the parameters of one
+  /// global step; optional (without it the chief logs its progress).
+  std::function<void(M& model, const Evaluation& evaluation)> evaluate;
+  /// Examples per global step, for samples/s (batch × batches aggregated into a step).
+  std::int64_t samples_per_step = 0;
+  /// The chief initializes the variables from it.
+  std::uint64_t seed = 1;
+  ClientOptions client;     ///< every client's deadlines
+  /// How clients connect, in a cluster of processes (its credentials are the Job's).
+  TcpOptions tcp;
+  /// How a ps serves, in a cluster of processes (its credentials are the Job's).
+  TcpServerOptions server;
+  /// The ps tasks hold a worker lost when its heartbeats (every `client.heartbeat_interval`)
+  /// stop for this long, and training goes on without it (SyncReplicas, BoundedStaleness).
+  std::chrono::milliseconds worker_timeout{std::chrono::seconds(5)};
+};
+
+}  // namespace pulley

@@ -1,0 +1,106 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+
+#include "pulley/transport/wire/frame.hpp"
+#include "pulley/transport/wire/handshake.hpp"
+
+namespace pulley {
+
+/// How a Tcp client connects.
+struct TcpOptions {
+  /// The job this task belongs to and its shared secret, proved to every ps in the
+  /// handshake (transport/wire/handshake.hpp).
+  Credentials credentials;
+  /// Total time to wait for a ps that is not up yet, when the transport is made, before
+  /// giving up with kUnavailable.
+  std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
+  /// First pause between those connection attempts; doubles up to one second.
+  std::chrono::milliseconds initial_backoff{std::chrono::milliseconds(20)};
+  /// Longest one connection attempt may take, handshake included (a host that drops packets
+  /// would otherwise hold it for the kernel's two minutes); also bounds each reconnection
+  /// attempt.
+  std::chrono::milliseconds attempt_timeout{std::chrono::seconds(2)};
+  /// What replies may claim, checked before anything is allocated for them.
+  wire::FrameLimits limits;
+};
+
+/// How a TcpServer treats its clients. Every limit protects the ps from a client that is
+/// careless or hostile; README's "Limits" lists them with their defaults.
+struct TcpServerOptions {
+  /// The job this ps belongs to and its shared secret: a client must prove both in the
+  /// handshake before it may send a request (transport/wire/handshake.hpp).
+  Credentials credentials;
+  /// What a request frame may claim, checked before anything is allocated for it. (A frame
+  /// also may not carry more tensor bytes than the service holds:
+  /// `Service::max_request_payload`.)
+  wire::FrameLimits frames;
+  /// Bytes the ps may hold for all its connections together: receive buffers, payloads
+  /// being received, and copies of replies a client has not read when a push is about to
+  /// change the parameters they show. A connection whose frame or reply would overdraw it
+  /// is closed, with a log line naming this limit.
+  std::uint64_t max_buffered_bytes = std::uint64_t{1} << 30U;
+  /// Open connections at most; one more is closed at once, with a log line.
+  std::uint32_t max_connections = 1024;
+  /// A connection must complete the handshake within this, or is closed.
+  std::chrono::milliseconds handshake_timeout{std::chrono::seconds(10)};
+  /// A frame begun must be complete within this, plus its payload at `min_receive_rate`, or
+  /// the connection is closed (a client that stalls, or trickles a frame in).
+  std::chrono::milliseconds frame_timeout{std::chrono::seconds(60)};
+  /// Bytes per second a frame's payload must at least arrive at (see `frame_timeout`).
+  std::uint64_t min_receive_rate = std::uint64_t{1} << 20U;
+  /// A connection with no request in the ps, no reply unsent and no frame begun for this
+  /// long is closed (its client reconnects on its next call).
+  std::chrono::milliseconds idle_timeout{std::chrono::minutes(10)};
+  /// A connection stops being read while more than this many bytes of its replies wait to
+  /// be written (a client that does not read cannot grow the ps's memory).
+  std::uint64_t max_unsent_bytes = std::uint64_t{64} << 20U;
+  /// A connection stops being read while this many of its requests are handled but not
+  /// answered (pulls waiting for a step, token requests), since their replies come all at
+  /// once later. A pulley client has at most three in flight per ps.
+  std::uint32_t max_unanswered_requests = 16;
+  /// Once the service stopped, how long the server goes on answering (every request then
+  /// gets the service's final answer, e.g. "training finished") before it ends while
+  /// clients stay connected: clients in the middle of a step hear how training ended
+  /// instead of finding the connection closed. It ends sooner when every client has left.
+  std::chrono::milliseconds linger{std::chrono::seconds(60)};
+  /// How long the server goes on once every client has left while the service still runs
+  /// (the chief died before it ended training, say): then `run` returns and `orphaned()`
+  /// says so, so the task can fail instead of waiting for ever. Counted only once a
+  /// request was handled: a ps may wait as long as it takes for its job to start.
+  std::chrono::milliseconds orphaned_after{std::chrono::minutes(5)};
+};
+
+/// Serves one Service (a ParameterServer) on a TCP port, and owns it. All connections are
+/// handled by one thread (the one that calls `run`), so the service sees its requests one
+/// at a time, as in-process.
+///
+/// Every connection begins with the handshake (wire/handshake.hpp): until a client has
+/// proved its job and the job's secret, nothing it sends reaches the service, and a frame
+/// may carry only a few hundred bytes. The task it proved is the request's `peer`, so the
+/// service refuses what that task's job may not send. When a task's connection closes, the
+/// service hears of it (`Service::disconnected`: a token taken on it comes back).
+///
+/// Requests are received many at a time when they are small (a push and its pull arrive in
+/// one receive), and every reply they produce leaves in one gather-write at the end of the
+/// batch, straight from the ps's parameters. What the kernel does not take at once goes
+/// out as the socket drains, still from the parameters, unless a request that changes them
+/// (`changes_parameters`: a push, an initialization) comes first: then the rest is copied,
+/// so a reply never sees the parameters change under it.
+///
+/// A client cannot make the ps use memory or time without bound: a frame that fails
+/// wire::check, does not decode, claims more tensor bytes than the service holds, or would
+/// overdraw `max_buffered_bytes` closes that connection with a logged reason, as do a
+/// handshake, a frame or an idleness that outlasts its deadline; a connection whose peer
+/// does not read its replies stops being read once `max_unsent_bytes` of them wait, and so
+/// does one with `max_unanswered_requests` requests waiting in the service. Nothing a
+/// client does ends the server: every other connection is served on. Once the service
+/// stopped (shut down by the chief, or failed), `run` returns when every client has left,
+/// or after `linger`.
+///
+/// @tparam S the Service it serves
+
+}  // namespace pulley
