@@ -36,8 +36,6 @@ using pulley::testing::LinearModel;
 
 namespace {
 
-/// Captures pulley's log lines while it lives.
-
 /// A linear-regression job: 60 steps, evaluated every 20.
 struct Recorded {
   std::mutex mutex;
@@ -438,7 +436,13 @@ TEST_CASE("an evaluator skips a damaged checkpoint, and fails naming the wait fo
   CHECK_THROWS_WITH_AS(runner_detail::follow(training, no_ps),
                        doctest::Contains(("no new checkpoint in " + tmp.string()).c_str()), Error);
   std::vector<std::int64_t> steps;
-  for (const Evaluation& e : scored.evaluations) steps.push_back(e.step);
+  std::string listed;  // for the failure message: doctest prints a vector as {?}
+  for (const Evaluation& e : scored.evaluations) {
+    steps.push_back(e.step);
+    listed += std::to_string(e.step) + " ";
+  }
+  for (const auto& [step, path] : CheckpointDirectory::list(tmp)) listed += "[on disk: " + std::to_string(step) + "] ";
+  INFO("scored: " << listed);
   CHECK(steps == std::vector<std::int64_t>{0, 10, 20, 40, 50});
   for (const Evaluation& e : scored.evaluations) CHECK_FALSE(e.last);
   CHECK(log.find(LogLevel::kWarning, "skipping checkpoint " + (tmp / CheckpointDirectory::name_of(30)).string() + ": ")
