@@ -674,10 +674,14 @@ struct Initialize {
   static constexpr RoleSet kSenders{Node::Role::kChief};
   static constexpr bool kChangesParameters = true;
   std::vector<PartValues> parts;
+  /// True: the ps is paused for the sender's checkpoint cut from the moment it is
+  /// initialized (pushes are held until Resume), so the chief reads global step 0 exactly
+  /// however fast the workers start.
+  bool hold = false;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(parts);
+    archive(parts, hold);
   }
 };
 
@@ -2933,47 +2937,29 @@ class Chief {
   /// are created by the ps tasks as they are first pulled (nothing is sent for them).
   const Placement& initialize(std::span<const VariableSpec> variables,
                               std::span<const TableSpec> tables = {}) {
-    std::vector<std::vector<float>> values;
-    values.reserve(variables.size());
-    for (const VariableSpec& spec : variables) {
-      values.emplace_back(spec.size());
-      pulley::initialize(spec, seed_, values.back());
-    }
-    return initialize(variables, values, tables);
+    return send_initial(variables, initial_values(variables), tables, false);
   }
 
   /// Same with explicit initial values, one vector per variable (e.g. a restored checkpoint).
   const Placement& initialize(std::span<const VariableSpec> variables,
                               std::span<const std::vector<float>> values,
                               std::span<const TableSpec> tables = {}) {
-    if (values.size() != variables.size()) {
-      throw Error(ErrorCode::kInvalidArgument, "initialize needs one value vector per variable");
+    return send_initial(variables, values, tables, false);
+  }
+
+  /// Initializes as `initialize` does and returns the job's state at global step 0 exactly,
+  /// optimizer slots included: every ps holds the workers' first pushes until it is read
+  /// (however fast they start). It is the checkpoint TensorFlow's saver writes before the
+  /// first step, and what a lost ps rolls the job back to when there is no checkpoint.
+  ModelState initialize_and_save(std::span<const VariableSpec> variables,
+                                 std::span<const TableSpec> tables = {}) {
+    try {
+      send_initial(variables, initial_values(variables), tables, true);
+    } catch (const Error&) {
+      resume_all();  // the ps tasks that were initialized, and so paused, go on
+      throw;
     }
-    for (std::size_t v = 0; v < variables.size(); ++v) {
-      if (values[v].size() != variables[v].size()) {
-        throw Error(ErrorCode::kInvalidArgument, "initial value of '" + variables[v].name +
-                                                     "' has " + std::to_string(values[v].size()) +
-                                                     " elements, expected " +
-                                                     std::to_string(variables[v].size()));
-      }
-      if (!detail::all_finite(values[v])) {
-        throw Error(ErrorCode::kInvalidArgument,
-                    "initial value of '" + variables[v].name + "' is not finite (NaN or Inf)");
-      }
-    }
-    client_.register_model(variables, tables, seed_);
-    const Placement& placement = client_.placement();
-    std::vector<Initialize> messages(client_.num_ps());
-    for (const Part& part : placement.parts) {
-      const std::size_t row_size = variables[part.variable].row_size();
-      messages[part.ps].parts.push_back(
-          {static_cast<std::uint32_t>(&part - placement.parts.data()),
-           std::span<const float>(values[part.variable])
-               .subspan(part.rows.begin * row_size, part.rows.size() * row_size)});
-    }
-    client_.template broadcast<Ack>([&](std::size_t ps) { return std::move(messages[ps]); },
-                                    timeouts().request_timeout, "initialize");
-    return placement;
+    return read_state(client_);  // resumes every ps, whatever happens
   }
 
   /// Current values of every variable, as each ps holds them now (while training runs, the
@@ -3099,6 +3085,61 @@ class Chief {
 
  private:
   [[nodiscard]] const ClientOptions& timeouts() const { return client_.options(); }
+
+  /// Every variable filled by its initializer, from the job's seed.
+  std::vector<std::vector<float>> initial_values(std::span<const VariableSpec> variables) const {
+    std::vector<std::vector<float>> values;
+    values.reserve(variables.size());
+    for (const VariableSpec& spec : variables) {
+      values.emplace_back(spec.size());
+      pulley::initialize(spec, seed_, values.back());
+    }
+    return values;
+  }
+
+  /// Registers the model and sends each ps its parts' values (`hold`: see Initialize::hold).
+  const Placement& send_initial(std::span<const VariableSpec> variables,
+                                std::span<const std::vector<float>> values,
+                                std::span<const TableSpec> tables, bool hold) {
+    if (values.size() != variables.size()) {
+      throw Error(ErrorCode::kInvalidArgument, "initialize needs one value vector per variable");
+    }
+    for (std::size_t v = 0; v < variables.size(); ++v) {
+      if (values[v].size() != variables[v].size()) {
+        throw Error(ErrorCode::kInvalidArgument, "initial value of '" + variables[v].name +
+                                                     "' has " + std::to_string(values[v].size()) +
+                                                     " elements, expected " +
+                                                     std::to_string(variables[v].size()));
+      }
+      if (!detail::all_finite(values[v])) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "initial value of '" + variables[v].name + "' is not finite (NaN or Inf)");
+      }
+    }
+    client_.register_model(variables, tables, seed_);
+    const Placement& placement = client_.placement();
+    std::vector<Initialize> messages(client_.num_ps());
+    for (Initialize& m : messages) m.hold = hold;
+    for (const Part& part : placement.parts) {
+      const std::size_t row_size = variables[part.variable].row_size();
+      messages[part.ps].parts.push_back(
+          {static_cast<std::uint32_t>(&part - placement.parts.data()),
+           std::span<const float>(values[part.variable])
+               .subspan(part.rows.begin * row_size, part.rows.size() * row_size)});
+    }
+    client_.template broadcast<Ack>([&](std::size_t ps) { return std::move(messages[ps]); },
+                                    timeouts().request_timeout, "initialize");
+    return placement;
+  }
+
+  /// Resumes every ps that answers (after a failed `initialize_and_save`).
+  void resume_all() noexcept {
+    try {
+      client_.template broadcast<Ack>([](std::size_t) { return Resume{}; }, timeouts().request_timeout,
+                                      "resume the ps tasks");
+    } catch (const Error&) {  // a ps that is gone resumes when the chief's link closes
+    }
+  }
 
   void end(const Shutdown& message) {
     client_.template broadcast<Ack>([&](std::size_t) { return message; },
@@ -3374,13 +3415,13 @@ class Recovery {
 namespace pulley {
 
 /// pulley's one hash index of 64-bit ids: open addressing with linear probing over 32-bit
-/// slots, each holding an entry number + 1 (0: empty). It does not store the ids: the
+/// buckets, each holding an entry number + 1 (0: empty). It does not store the ids: the
 /// caller keeps them where they belong (an embedding table's records, IdPositions' list)
-/// and `key_of(entry)` gives an entry's id back, so a slot costs 4 bytes. Removal shifts
+/// and `key_of(entry)` gives an entry's id back, so a bucket costs 4 bytes. Removal shifts
 /// entries back (no tombstones), so lookups never slow down with churn.
 ///
 /// Ids are hashed with `mix_id(id ^ key)`: where ids come from a peer, give a random key,
-/// so that chosen ids cannot pile onto one slot (std::unordered_map hashes a 64-bit id to
+/// so that chosen ids cannot pile onto one bucket (std::unordered_map hashes a 64-bit id to
 /// itself). At most 2^32 - 2 entries.
 class IdIndex {
  public:
@@ -3395,11 +3436,11 @@ class IdIndex {
   /// The entry whose id is `id`, or kNone.
   template <class KeyOf>
   [[nodiscard]] std::uint32_t find(std::uint64_t id, KeyOf&& key_of) const noexcept {
-    if (slots_.empty()) return kNone;
+    if (buckets_.empty()) return kNone;
     for (std::size_t at = home(id);; at = next(at)) {
-      const std::uint32_t slot = slots_[at];
-      if (slot == 0) return kNone;
-      if (key_of(slot - 1) == id) return slot - 1;
+      const std::uint32_t bucket = buckets_[at];
+      if (bucket == 0) return kNone;
+      if (key_of(bucket - 1) == id) return bucket - 1;
     }
   }
 
@@ -3407,7 +3448,7 @@ class IdIndex {
   /// full; a failed allocation leaves the index as it was.
   template <class KeyOf>
   void insert(std::uint32_t entry, KeyOf&& key_of) {
-    if ((size_ + 1) * 4 > slots_.size() * max_load_num_) grow(slots_.size() * 2, key_of);
+    if ((size_ + 1) * 4 > buckets_.size() * max_load_num_) grow(buckets_.size() * 2, key_of);
     place(key_of(entry), entry);
     ++size_;
   }
@@ -3416,15 +3457,15 @@ class IdIndex {
   /// then be `id`); true if added. One probe either way.
   template <class KeyOf>
   std::pair<std::uint32_t, bool> emplace(std::uint64_t id, std::uint32_t entry, KeyOf&& key_of) {
-    if ((size_ + 1) * 4 > slots_.size() * max_load_num_) grow(slots_.size() * 2, key_of);
+    if ((size_ + 1) * 4 > buckets_.size() * max_load_num_) grow(buckets_.size() * 2, key_of);
     for (std::size_t at = home(id);; at = next(at)) {
-      const std::uint32_t slot = slots_[at];
-      if (slot == 0) {
-        slots_[at] = entry + 1;
+      const std::uint32_t bucket = buckets_[at];
+      if (bucket == 0) {
+        buckets_[at] = entry + 1;
         ++size_;
         return {entry, true};
       }
-      if (key_of(slot - 1) == id) return {slot - 1, false};
+      if (key_of(bucket - 1) == id) return {bucket - 1, false};
     }
   }
 
@@ -3432,94 +3473,94 @@ class IdIndex {
   /// hole unless their home lies between.
   template <class KeyOf>
   void erase(std::uint32_t entry, KeyOf&& key_of) noexcept {
-    std::size_t hole = slot_of(entry, key_of);
-    for (std::size_t at = next(hole); slots_[at] != 0; at = next(at)) {
-      const std::size_t want = home(key_of(slots_[at] - 1));
+    std::size_t hole = bucket_of(entry, key_of);
+    for (std::size_t at = next(hole); buckets_[at] != 0; at = next(at)) {
+      const std::size_t want = home(key_of(buckets_[at] - 1));
       const bool stays = hole <= at ? (want > hole && want <= at) : (want > hole || want <= at);
       if (!stays) {
-        slots_[hole] = slots_[at];
+        buckets_[hole] = buckets_[at];
         hole = at;
       }
     }
-    slots_[hole] = 0;
+    buckets_[hole] = 0;
     --size_;
   }
 
   /// Entry `from` is now numbered `to` (its id unchanged; `key_of(from)` still gives it).
   template <class KeyOf>
   void renumber(std::uint32_t from, std::uint32_t to, KeyOf&& key_of) noexcept {
-    slots_[slot_of(from, key_of)] = to + 1;
+    buckets_[bucket_of(from, key_of)] = to + 1;
   }
 
   /// Room for `n` entries without growing.
   template <class KeyOf>
   void reserve(std::size_t n, KeyOf&& key_of) {
-    if (n * 4 > slots_.size() * max_load_num_) grow(n * 4 / max_load_num_ + 1, key_of);
+    if (n * 4 > buckets_.size() * max_load_num_) grow(n * 4 / max_load_num_ + 1, key_of);
   }
 
   /// Forgets every entry. An index much larger than what it held keeps less memory, so that
   /// one outsized batch does not make every later clear cost its size.
   void clear() noexcept {
-    if (slots_.size() > 64 && size_ * 16 < slots_.size()) {
-      std::vector<std::uint32_t>().swap(slots_);
+    if (buckets_.size() > 64 && size_ * 16 < buckets_.size()) {
+      std::vector<std::uint32_t>().swap(buckets_);
     } else {
-      std::fill(slots_.begin(), slots_.end(), 0U);
+      std::fill(buckets_.begin(), buckets_.end(), 0U);
     }
     size_ = 0;
   }
 
   /// Entries held.
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
-  /// Bytes of its slots.
-  [[nodiscard]] std::size_t bytes() const noexcept { return slots_.size() * sizeof(std::uint32_t); }
+  /// Bytes of its buckets.
+  [[nodiscard]] std::size_t bytes() const noexcept { return buckets_.size() * sizeof(std::uint32_t); }
 
-  /// Asks the cache for the slot where `id`'s probe starts (a batch's lookups then wait
+  /// Asks the cache for the bucket where `id`'s probe starts (a batch's lookups then wait
   /// for memory together, not one after the other).
   void prefetch(std::uint64_t id) const noexcept {
-    if (!slots_.empty()) __builtin_prefetch(&slots_[home(id)]);
+    if (!buckets_.empty()) __builtin_prefetch(&buckets_[home(id)]);
   }
-  /// The entry in the slot where `id`'s probe starts (maybe another id's), or kNone: what
+  /// The entry in the bucket where `id`'s probe starts (maybe another id's), or kNone: what
   /// to prefetch of the caller's records ahead of `find`.
   [[nodiscard]] std::uint32_t first_entry(std::uint64_t id) const noexcept {
-    if (slots_.empty()) return kNone;
-    const std::uint32_t slot = slots_[home(id)];
-    return slot == 0 ? kNone : slot - 1;
+    if (buckets_.empty()) return kNone;
+    const std::uint32_t bucket = buckets_[home(id)];
+    return bucket == 0 ? kNone : bucket - 1;
   }
 
  private:
   [[nodiscard]] std::size_t home(std::uint64_t id) const noexcept {
-    return static_cast<std::size_t>(mix_id(id ^ key_)) & (slots_.size() - 1);
+    return static_cast<std::size_t>(mix_id(id ^ key_)) & (buckets_.size() - 1);
   }
-  [[nodiscard]] std::size_t next(std::size_t at) const noexcept { return (at + 1) & (slots_.size() - 1); }
+  [[nodiscard]] std::size_t next(std::size_t at) const noexcept { return (at + 1) & (buckets_.size() - 1); }
 
   void place(std::uint64_t id, std::uint32_t entry) noexcept {
     std::size_t at = home(id);
-    while (slots_[at] != 0) at = next(at);
-    slots_[at] = entry + 1;
+    while (buckets_[at] != 0) at = next(at);
+    buckets_[at] = entry + 1;
   }
 
   template <class KeyOf>
-  [[nodiscard]] std::size_t slot_of(std::uint32_t entry, KeyOf&& key_of) const noexcept {
+  [[nodiscard]] std::size_t bucket_of(std::uint32_t entry, KeyOf&& key_of) const noexcept {
     std::size_t at = home(key_of(entry));
-    while (slots_[at] != entry + 1) at = next(at);
+    while (buckets_[at] != entry + 1) at = next(at);
     return at;
   }
 
-  /// At least `capacity` slots (a power of two, 16 or more); the entries move over. The new
-  /// slots are allocated before the old ones are let go.
+  /// At least `capacity` buckets (a power of two, 16 or more); the entries move over. The new
+  /// buckets are allocated before the old ones are let go.
   template <class KeyOf>
   void grow(std::size_t capacity, KeyOf&& key_of) {
     std::vector<std::uint32_t> grown(std::bit_ceil(std::max<std::size_t>(16, capacity)), 0U);
-    grown.swap(slots_);
-    for (const std::uint32_t slot : grown) {
-      if (slot != 0) place(key_of(slot - 1), slot - 1);
+    grown.swap(buckets_);
+    for (const std::uint32_t bucket : grown) {
+      if (bucket != 0) place(key_of(bucket - 1), bucket - 1);
     }
   }
 
   std::uint64_t key_;
   unsigned max_load_num_;
   std::size_t size_ = 0;
-  std::vector<std::uint32_t> slots_;
+  std::vector<std::uint32_t> buckets_;
 };
 
 /// Distinct 64-bit ids numbered in the order they were added (their positions), found in
@@ -6085,15 +6126,15 @@ struct TableStats {
 /// Rows live in chunks of kChunkRows records, allocated whole: a record is the row's id and
 /// last-touched step (16 bytes), then its `(1 + kRowSlots) × dim` floats (values, then slot
 /// after slot), so that finding, reading and updating a row touch the same cache lines. The
-/// index is an IdIndex over row numbers (4 bytes a slot, at most 3/4 full), whose ids are
+/// index is an IdIndex over row numbers (4 bytes a bucket, at most 3/4 full), whose ids are
 /// read from the records.
 /// So a row costs its floats plus 16 bytes plus 5.3 to 10.7 bytes of index (the benchmark
 /// prints the measured bytes per row), and memory never holds more than one chunk of
-/// slack. Lookups of a batch are pipelined: the index slots and records of ids a few
+/// slack. Lookups of a batch are pipelined: the index buckets and records of ids a few
 /// places ahead are prefetched. At most 2^32 − 2 rows per table per ps.
 ///
 /// The index hashes ids with a random key of its own, so that no choice of ids piles them
-/// onto one slot (ids a client picked to collide would otherwise make every lookup walk
+/// onto one bucket (ids a client picked to collide would otherwise make every lookup walk
 /// them all). It is the rows of one table on one ps, part of the ps's Shard (TableShard);
 /// it does no I/O and takes no lock: the ps calls it for one request at a time.
 ///
@@ -6290,7 +6331,7 @@ class EmbeddingTable {
   }
 
   /// Calls `f(i, row)` for each of `ids` with the row that holds it (kNone if none), in
-  /// order, prefetching the index slot 16 ids ahead and the record its entry names 8 ids
+  /// order, prefetching the index bucket 16 ids ahead and the record its entry names 8 ids
   /// ahead: a batch's lookups then wait for memory in parallel, not one after the other.
   template <class F>
   void for_each_found(std::span<const std::uint64_t> ids, F&& f) {
@@ -6450,32 +6491,6 @@ class RowSums {
   std::vector<float> sums_;
 };
 
-/// Each row's update is its mean over the pushes of the update that held it, as
-/// TensorFlow's SparseConditionalAccumulator with `reduction_type='MEAN'` (element-wise by
-/// each row's own count, not by the number of pushes): a row that 1 of R replicas pushed
-/// moves by that replica's gradient, not by a 1/R share of it. The default.
-struct RowMean {
-  using Accumulator = RowSums;
-  [[nodiscard]] RowSums make_accumulator(std::size_t dim) const { return RowSums(dim); }
-  void add(RowSums& acc, std::span<const std::uint64_t> ids, std::span<const float> rows) const {
-    acc.add(ids, rows);
-  }
-  [[nodiscard]] std::span<const std::uint64_t> ids(const RowSums& acc) const noexcept { return acc.ids(); }
-  /// Divides each sum by its count, in place.
-  [[nodiscard]] std::span<const float> take(RowSums& acc) const noexcept {
-    const std::span<float> sums = acc.sums();
-    const std::size_t dim = acc.dim();
-    for (std::size_t r = 0; r < acc.counts().size(); ++r) {
-      const std::uint32_t n = acc.counts()[r];
-      if (n == 1) continue;
-      for (float& x : sums.subspan(r * dim, dim)) x /= static_cast<float>(n);
-    }
-    return sums;
-  }
-  void clear(RowSums& acc) const noexcept { acc.clear(); }
-};
-static_assert(RowAggregation<RowMean>);
-
 /// Each row's update is the sum of its gradients over the update's pushes, as TensorFlow's
 /// SparseConditionalAccumulator with `reduction_type='SUM'`: with gradients of each
 /// replica's mean loss, a row many replicas pushed moves by all of them.
@@ -6490,6 +6505,26 @@ struct RowSum {
   void clear(RowSums& acc) const noexcept { acc.clear(); }
 };
 static_assert(RowAggregation<RowSum>);
+
+/// Each row's update is its mean over the pushes of the update that held it, as
+/// TensorFlow's SparseConditionalAccumulator with `reduction_type='MEAN'` (element-wise by
+/// each row's own count, not by the number of pushes): a row that 1 of R replicas pushed
+/// moves by that replica's gradient, not by a 1/R share of it. The default. RowSum's
+/// accumulator, divided at the end.
+struct RowMean : RowSum {
+  /// Divides each sum by its count, in place.
+  [[nodiscard]] std::span<const float> take(RowSums& acc) const noexcept {
+    const std::span<float> sums = acc.sums();
+    const std::size_t dim = acc.dim();
+    for (std::size_t r = 0; r < acc.counts().size(); ++r) {
+      const std::uint32_t n = acc.counts()[r];
+      if (n == 1) continue;
+      for (float& x : sums.subspan(r * dim, dim)) x /= static_cast<float>(n);
+    }
+    return sums;
+  }
+};
+static_assert(RowAggregation<RowMean>);
 
 }  // namespace pulley
 // ---- end pulley/tables/row_aggregation.hpp ----
@@ -7573,6 +7608,7 @@ class ParameterServer {
       return;
     }
     shard_.initialize(r.parts);
+    if (r.hold) cut_.pause(context.session);  // before any worker can see it ready
     respond(reply, Ack{});
     if (shard_.initialized() && !registration_.ready()) become_ready();
   }

@@ -119,6 +119,27 @@ TEST_CASE("a sync R = N job resumed from a checkpoint ends bit for bit where the
   CHECK(resumed == straight);
 }
 
+TEST_CASE("the state the chief saves at initialization is step 0's, with workers already waiting") {
+  const LinearData data(2 * kBatch * 5, kIn, kOut, 5);
+  SyncAdam cluster(2, Adam{0.01F}, SyncReplicas(2, 2), FixedShards{2});
+  Chief chief(cluster.endpoint(Node::chief()), 3);
+  std::thread workers([&] { run_steps(cluster, data, 0, 5); });  // they start the moment it is ready
+  const ModelState initial = chief.initialize_and_save(LinearModel(kIn, kOut).variables());
+  workers.join();
+  CHECK(initial.global_step == 0);
+  CHECK(initial.pacer == std::vector<std::int64_t>{0});
+  // The values the chief's seed gives, and Adam's slots untouched.
+  REQUIRE(initial.variables.size() == 2);
+  for (const VariableState& v : initial.variables) {
+    std::vector<float> expected(v.spec.size());
+    initialize(v.spec, 3, expected);
+    CHECK(v.values == expected);
+    for (const SlotState& slot : v.slots) CHECK(slot.values == std::vector<float>(v.spec.size(), 0.0F));
+  }
+  CHECK(chief.stats().at(0).global_step == 5);  // and training went on
+  chief.shutdown();
+}
+
 TEST_CASE("an async job's cut holds the same pushes on every ps, read while it trains") {
   // Sgd at rate 1 with gradients of ones: every element of every part ends at minus the
   // number of pushes it took, so a cut is consistent exactly when all elements agree.
@@ -287,6 +308,36 @@ TEST_CASE("a pause holds pushes, a cut takes the ones on their way, resume takes
   CHECK_FALSE(waits->has_value());
   ps.disconnected(kChief, 7);
   CHECK(waits->has_value());
+}
+
+TEST_CASE("an Initialize that holds pauses the ps at once: the cut reads step 0 however fast the workers are") {
+  SgdSync ps(0, 1, Sgd{1.0F}, SyncReplicas(1, 2));  // every push is a step
+  ask(ps, Register{kModel}, kChief);
+  const std::vector<float> w{3, 4}, g{1, 1};
+  Initialize initialize{{{0, w}}};
+  initialize.hold = true;
+  ask(ps, initialize, kChief);
+  // A worker that saw the ps ready pulls the initial values, and its push waits.
+  CHECK(std::holds_alternative<PlacementReply>(ask(ps, WaitReady{}, kW0)));
+  auto early = ask_later(ps, Push{0, 0, {{0, g}}}, kW0);
+  CHECK_FALSE(early->has_value());
+  CHECK(ps.stats().global_step == 0);
+  const auto paused = std::get<PauseReply>(ask(ps, Pause{}, kChief));
+  CHECK(paused.global_step == 0);
+  const auto state = std::get<StateReply>(ask(ps, ReadState{{0}}, kChief));
+  CHECK(state.global_step == 0);
+  CHECK(std::vector<float>(state.parts.at(0).values.begin(), state.parts.at(0).values.end()) == w);
+  CHECK_FALSE(early->has_value());
+  CHECK(std::holds_alternative<Ack>(ask(ps, Resume{}, kChief)));
+  REQUIRE(early->has_value());
+  CHECK(std::holds_alternative<PushReply>(**early));
+  CHECK(ps.stats().global_step == 1);
+  // Without hold, the same push is taken at once.
+  SgdSync plain(0, 1, Sgd{1.0F}, SyncReplicas(1, 2));
+  ask(plain, Register{kModel}, kChief);
+  ask(plain, Initialize{{{0, w}}}, kChief);
+  CHECK(std::holds_alternative<PushReply>(ask(plain, Push{0, 0, {{0, g}}}, kW0)));
+  CHECK(plain.stats().global_step == 1);
 }
 
 TEST_CASE("a restore refuses what waited and what comes from an earlier epoch") {

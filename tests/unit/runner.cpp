@@ -363,9 +363,8 @@ std::vector<float> checkpoint_values(const std::filesystem::path& directory, std
   return values;
 }
 
-/// Writes the checkpoints of the linear job to `directory`: steps 0, 10, ..., 60, each the
-/// last step of a job resumed from the one before (a running chief may cut a checkpoint
-/// later than due when training outruns it; the last step's is exact).
+/// Writes the checkpoints of the linear job to `directory`: step 0 (cut before any push is
+/// taken), then 10, ..., 60, each the last step of a job resumed from the one before.
 void write_checkpoints(const LinearData& data, const std::string& directory) {
   Scored unused;
   Training<LinearModel> training = checkpointed_training(data, directory, unused);

@@ -43,47 +43,29 @@ class Chief {
   /// are created by the ps tasks as they are first pulled (nothing is sent for them).
   const Placement& initialize(std::span<const VariableSpec> variables,
                               std::span<const TableSpec> tables = {}) {
-    std::vector<std::vector<float>> values;
-    values.reserve(variables.size());
-    for (const VariableSpec& spec : variables) {
-      values.emplace_back(spec.size());
-      pulley::initialize(spec, seed_, values.back());
-    }
-    return initialize(variables, values, tables);
+    return send_initial(variables, initial_values(variables), tables, false);
   }
 
   /// Same with explicit initial values, one vector per variable (e.g. a restored checkpoint).
   const Placement& initialize(std::span<const VariableSpec> variables,
                               std::span<const std::vector<float>> values,
                               std::span<const TableSpec> tables = {}) {
-    if (values.size() != variables.size()) {
-      throw Error(ErrorCode::kInvalidArgument, "initialize needs one value vector per variable");
+    return send_initial(variables, values, tables, false);
+  }
+
+  /// Initializes as `initialize` does and returns the job's state at global step 0 exactly,
+  /// optimizer slots included: every ps holds the workers' first pushes until it is read
+  /// (however fast they start). It is the checkpoint TensorFlow's saver writes before the
+  /// first step, and what a lost ps rolls the job back to when there is no checkpoint.
+  ModelState initialize_and_save(std::span<const VariableSpec> variables,
+                                 std::span<const TableSpec> tables = {}) {
+    try {
+      send_initial(variables, initial_values(variables), tables, true);
+    } catch (const Error&) {
+      resume_all();  // the ps tasks that were initialized, and so paused, go on
+      throw;
     }
-    for (std::size_t v = 0; v < variables.size(); ++v) {
-      if (values[v].size() != variables[v].size()) {
-        throw Error(ErrorCode::kInvalidArgument, "initial value of '" + variables[v].name +
-                                                     "' has " + std::to_string(values[v].size()) +
-                                                     " elements, expected " +
-                                                     std::to_string(variables[v].size()));
-      }
-      if (!detail::all_finite(values[v])) {
-        throw Error(ErrorCode::kInvalidArgument,
-                    "initial value of '" + variables[v].name + "' is not finite (NaN or Inf)");
-      }
-    }
-    client_.register_model(variables, tables, seed_);
-    const Placement& placement = client_.placement();
-    std::vector<Initialize> messages(client_.num_ps());
-    for (const Part& part : placement.parts) {
-      const std::size_t row_size = variables[part.variable].row_size();
-      messages[part.ps].parts.push_back(
-          {static_cast<std::uint32_t>(&part - placement.parts.data()),
-           std::span<const float>(values[part.variable])
-               .subspan(part.rows.begin * row_size, part.rows.size() * row_size)});
-    }
-    client_.template broadcast<Ack>([&](std::size_t ps) { return std::move(messages[ps]); },
-                                    timeouts().request_timeout, "initialize");
-    return placement;
+    return read_state(client_);  // resumes every ps, whatever happens
   }
 
   /// Current values of every variable, as each ps holds them now (while training runs, the
@@ -209,6 +191,62 @@ class Chief {
 
  private:
   [[nodiscard]] const ClientOptions& timeouts() const { return client_.options(); }
+
+  /// Every variable filled by its initializer, from the job's seed.
+  std::vector<std::vector<float>> initial_values(std::span<const VariableSpec> variables) const {
+    std::vector<std::vector<float>> values;
+    values.reserve(variables.size());
+    for (const VariableSpec& spec : variables) {
+      values.emplace_back(spec.size());
+      pulley::initialize(spec, seed_, values.back());
+    }
+    return values;
+  }
+
+  /// Registers the model and sends each ps its parts' values (`hold`: see Initialize::hold).
+  const Placement& send_initial(std::span<const VariableSpec> variables,
+                                std::span<const std::vector<float>> values,
+                                std::span<const TableSpec> tables, bool hold) {
+    if (values.size() != variables.size()) {
+      throw Error(ErrorCode::kInvalidArgument, "initialize needs one value vector per variable");
+    }
+    for (std::size_t v = 0; v < variables.size(); ++v) {
+      if (values[v].size() != variables[v].size()) {
+        throw Error(ErrorCode::kInvalidArgument, "initial value of '" + variables[v].name +
+                                                     "' has " + std::to_string(values[v].size()) +
+                                                     " elements, expected " +
+                                                     std::to_string(variables[v].size()));
+      }
+      if (!detail::all_finite(values[v])) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "initial value of '" + variables[v].name + "' is not finite (NaN or Inf)");
+      }
+    }
+    client_.register_model(variables, tables, seed_);
+    const Placement& placement = client_.placement();
+    std::vector<Initialize> messages(client_.num_ps());
+    for (Initialize& m : messages) m.hold = hold;
+    for (const Part& part : placement.parts) {
+      const std::size_t row_size = variables[part.variable].row_size();
+      messages[part.ps].parts.push_back(
+          {static_cast<std::uint32_t>(&part - placement.parts.data()),
+           std::span<const float>(values[part.variable])
+               .subspan(part.rows.begin * row_size, part.rows.size() * row_size)});
+    }
+    client_.template broadcast<Ack>([&](std::size_t ps) { return std::move(messages[ps]); },
+                                    timeouts().request_timeout, "initialize");
+    return placement;
+  }
+
+  /// Resumes every ps that answers (after a failed `initialize_and_save`).
+  void resume_all() noexcept {
+    try {
+      client_.template broadcast<Ack>([](std::size_t) { return Resume{}; }, timeouts().request_timeout,
+                                      "resume the ps tasks");
+    } catch (const Error&) {  // a ps that is gone resumes when the chief's link closes
+    }
+  }
+
 
   void end(const Shutdown& message) {
     client_.template broadcast<Ack>([&](std::size_t) { return message; },

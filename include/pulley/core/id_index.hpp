@@ -14,13 +14,13 @@
 namespace pulley {
 
 /// pulley's one hash index of 64-bit ids: open addressing with linear probing over 32-bit
-/// slots, each holding an entry number + 1 (0: empty). It does not store the ids: the
+/// buckets, each holding an entry number + 1 (0: empty). It does not store the ids: the
 /// caller keeps them where they belong (an embedding table's records, IdPositions' list)
-/// and `key_of(entry)` gives an entry's id back, so a slot costs 4 bytes. Removal shifts
+/// and `key_of(entry)` gives an entry's id back, so a bucket costs 4 bytes. Removal shifts
 /// entries back (no tombstones), so lookups never slow down with churn.
 ///
 /// Ids are hashed with `mix_id(id ^ key)`: where ids come from a peer, give a random key,
-/// so that chosen ids cannot pile onto one slot (std::unordered_map hashes a 64-bit id to
+/// so that chosen ids cannot pile onto one bucket (std::unordered_map hashes a 64-bit id to
 /// itself). At most 2^32 - 2 entries.
 class IdIndex {
  public:
@@ -35,11 +35,11 @@ class IdIndex {
   /// The entry whose id is `id`, or kNone.
   template <class KeyOf>
   [[nodiscard]] std::uint32_t find(std::uint64_t id, KeyOf&& key_of) const noexcept {
-    if (slots_.empty()) return kNone;
+    if (buckets_.empty()) return kNone;
     for (std::size_t at = home(id);; at = next(at)) {
-      const std::uint32_t slot = slots_[at];
-      if (slot == 0) return kNone;
-      if (key_of(slot - 1) == id) return slot - 1;
+      const std::uint32_t bucket = buckets_[at];
+      if (bucket == 0) return kNone;
+      if (key_of(bucket - 1) == id) return bucket - 1;
     }
   }
 
@@ -47,7 +47,7 @@ class IdIndex {
   /// full; a failed allocation leaves the index as it was.
   template <class KeyOf>
   void insert(std::uint32_t entry, KeyOf&& key_of) {
-    if ((size_ + 1) * 4 > slots_.size() * max_load_num_) grow(slots_.size() * 2, key_of);
+    if ((size_ + 1) * 4 > buckets_.size() * max_load_num_) grow(buckets_.size() * 2, key_of);
     place(key_of(entry), entry);
     ++size_;
   }
@@ -56,15 +56,15 @@ class IdIndex {
   /// then be `id`); true if added. One probe either way.
   template <class KeyOf>
   std::pair<std::uint32_t, bool> emplace(std::uint64_t id, std::uint32_t entry, KeyOf&& key_of) {
-    if ((size_ + 1) * 4 > slots_.size() * max_load_num_) grow(slots_.size() * 2, key_of);
+    if ((size_ + 1) * 4 > buckets_.size() * max_load_num_) grow(buckets_.size() * 2, key_of);
     for (std::size_t at = home(id);; at = next(at)) {
-      const std::uint32_t slot = slots_[at];
-      if (slot == 0) {
-        slots_[at] = entry + 1;
+      const std::uint32_t bucket = buckets_[at];
+      if (bucket == 0) {
+        buckets_[at] = entry + 1;
         ++size_;
         return {entry, true};
       }
-      if (key_of(slot - 1) == id) return {slot - 1, false};
+      if (key_of(bucket - 1) == id) return {bucket - 1, false};
     }
   }
 
@@ -72,94 +72,94 @@ class IdIndex {
   /// hole unless their home lies between.
   template <class KeyOf>
   void erase(std::uint32_t entry, KeyOf&& key_of) noexcept {
-    std::size_t hole = slot_of(entry, key_of);
-    for (std::size_t at = next(hole); slots_[at] != 0; at = next(at)) {
-      const std::size_t want = home(key_of(slots_[at] - 1));
+    std::size_t hole = bucket_of(entry, key_of);
+    for (std::size_t at = next(hole); buckets_[at] != 0; at = next(at)) {
+      const std::size_t want = home(key_of(buckets_[at] - 1));
       const bool stays = hole <= at ? (want > hole && want <= at) : (want > hole || want <= at);
       if (!stays) {
-        slots_[hole] = slots_[at];
+        buckets_[hole] = buckets_[at];
         hole = at;
       }
     }
-    slots_[hole] = 0;
+    buckets_[hole] = 0;
     --size_;
   }
 
   /// Entry `from` is now numbered `to` (its id unchanged; `key_of(from)` still gives it).
   template <class KeyOf>
   void renumber(std::uint32_t from, std::uint32_t to, KeyOf&& key_of) noexcept {
-    slots_[slot_of(from, key_of)] = to + 1;
+    buckets_[bucket_of(from, key_of)] = to + 1;
   }
 
   /// Room for `n` entries without growing.
   template <class KeyOf>
   void reserve(std::size_t n, KeyOf&& key_of) {
-    if (n * 4 > slots_.size() * max_load_num_) grow(n * 4 / max_load_num_ + 1, key_of);
+    if (n * 4 > buckets_.size() * max_load_num_) grow(n * 4 / max_load_num_ + 1, key_of);
   }
 
   /// Forgets every entry. An index much larger than what it held keeps less memory, so that
   /// one outsized batch does not make every later clear cost its size.
   void clear() noexcept {
-    if (slots_.size() > 64 && size_ * 16 < slots_.size()) {
-      std::vector<std::uint32_t>().swap(slots_);
+    if (buckets_.size() > 64 && size_ * 16 < buckets_.size()) {
+      std::vector<std::uint32_t>().swap(buckets_);
     } else {
-      std::fill(slots_.begin(), slots_.end(), 0U);
+      std::fill(buckets_.begin(), buckets_.end(), 0U);
     }
     size_ = 0;
   }
 
   /// Entries held.
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
-  /// Bytes of its slots.
-  [[nodiscard]] std::size_t bytes() const noexcept { return slots_.size() * sizeof(std::uint32_t); }
+  /// Bytes of its buckets.
+  [[nodiscard]] std::size_t bytes() const noexcept { return buckets_.size() * sizeof(std::uint32_t); }
 
-  /// Asks the cache for the slot where `id`'s probe starts (a batch's lookups then wait
+  /// Asks the cache for the bucket where `id`'s probe starts (a batch's lookups then wait
   /// for memory together, not one after the other).
   void prefetch(std::uint64_t id) const noexcept {
-    if (!slots_.empty()) __builtin_prefetch(&slots_[home(id)]);
+    if (!buckets_.empty()) __builtin_prefetch(&buckets_[home(id)]);
   }
-  /// The entry in the slot where `id`'s probe starts (maybe another id's), or kNone: what
+  /// The entry in the bucket where `id`'s probe starts (maybe another id's), or kNone: what
   /// to prefetch of the caller's records ahead of `find`.
   [[nodiscard]] std::uint32_t first_entry(std::uint64_t id) const noexcept {
-    if (slots_.empty()) return kNone;
-    const std::uint32_t slot = slots_[home(id)];
-    return slot == 0 ? kNone : slot - 1;
+    if (buckets_.empty()) return kNone;
+    const std::uint32_t bucket = buckets_[home(id)];
+    return bucket == 0 ? kNone : bucket - 1;
   }
 
  private:
   [[nodiscard]] std::size_t home(std::uint64_t id) const noexcept {
-    return static_cast<std::size_t>(mix_id(id ^ key_)) & (slots_.size() - 1);
+    return static_cast<std::size_t>(mix_id(id ^ key_)) & (buckets_.size() - 1);
   }
-  [[nodiscard]] std::size_t next(std::size_t at) const noexcept { return (at + 1) & (slots_.size() - 1); }
+  [[nodiscard]] std::size_t next(std::size_t at) const noexcept { return (at + 1) & (buckets_.size() - 1); }
 
   void place(std::uint64_t id, std::uint32_t entry) noexcept {
     std::size_t at = home(id);
-    while (slots_[at] != 0) at = next(at);
-    slots_[at] = entry + 1;
+    while (buckets_[at] != 0) at = next(at);
+    buckets_[at] = entry + 1;
   }
 
   template <class KeyOf>
-  [[nodiscard]] std::size_t slot_of(std::uint32_t entry, KeyOf&& key_of) const noexcept {
+  [[nodiscard]] std::size_t bucket_of(std::uint32_t entry, KeyOf&& key_of) const noexcept {
     std::size_t at = home(key_of(entry));
-    while (slots_[at] != entry + 1) at = next(at);
+    while (buckets_[at] != entry + 1) at = next(at);
     return at;
   }
 
-  /// At least `capacity` slots (a power of two, 16 or more); the entries move over. The new
-  /// slots are allocated before the old ones are let go.
+  /// At least `capacity` buckets (a power of two, 16 or more); the entries move over. The new
+  /// buckets are allocated before the old ones are let go.
   template <class KeyOf>
   void grow(std::size_t capacity, KeyOf&& key_of) {
     std::vector<std::uint32_t> grown(std::bit_ceil(std::max<std::size_t>(16, capacity)), 0U);
-    grown.swap(slots_);
-    for (const std::uint32_t slot : grown) {
-      if (slot != 0) place(key_of(slot - 1), slot - 1);
+    grown.swap(buckets_);
+    for (const std::uint32_t bucket : grown) {
+      if (bucket != 0) place(key_of(bucket - 1), bucket - 1);
     }
   }
 
   std::uint64_t key_;
   unsigned max_load_num_;
   std::size_t size_ = 0;
-  std::vector<std::uint32_t> slots_;
+  std::vector<std::uint32_t> buckets_;
 };
 
 /// Distinct 64-bit ids numbered in the order they were added (their positions), found in

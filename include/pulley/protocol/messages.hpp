@@ -128,10 +128,14 @@ struct Initialize {
   static constexpr RoleSet kSenders{Node::Role::kChief};
   static constexpr bool kChangesParameters = true;
   std::vector<PartValues> parts;
+  /// True: the ps is paused for the sender's checkpoint cut from the moment it is
+  /// initialized (pushes are held until Resume), so the chief reads global step 0 exactly
+  /// however fast the workers start.
+  bool hold = false;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(parts);
+    archive(parts, hold);
   }
 };
 

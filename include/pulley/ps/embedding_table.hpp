@@ -39,15 +39,15 @@ struct TableStats {
 /// Rows live in chunks of kChunkRows records, allocated whole: a record is the row's id and
 /// last-touched step (16 bytes), then its `(1 + kRowSlots) × dim` floats (values, then slot
 /// after slot), so that finding, reading and updating a row touch the same cache lines. The
-/// index is an IdIndex over row numbers (4 bytes a slot, at most 3/4 full), whose ids are
+/// index is an IdIndex over row numbers (4 bytes a bucket, at most 3/4 full), whose ids are
 /// read from the records.
 /// So a row costs its floats plus 16 bytes plus 5.3 to 10.7 bytes of index (the benchmark
 /// prints the measured bytes per row), and memory never holds more than one chunk of
-/// slack. Lookups of a batch are pipelined: the index slots and records of ids a few
+/// slack. Lookups of a batch are pipelined: the index buckets and records of ids a few
 /// places ahead are prefetched. At most 2^32 − 2 rows per table per ps.
 ///
 /// The index hashes ids with a random key of its own, so that no choice of ids piles them
-/// onto one slot (ids a client picked to collide would otherwise make every lookup walk
+/// onto one bucket (ids a client picked to collide would otherwise make every lookup walk
 /// them all). It is the rows of one table on one ps, part of the ps's Shard (TableShard);
 /// it does no I/O and takes no lock: the ps calls it for one request at a time.
 ///
@@ -244,7 +244,7 @@ class EmbeddingTable {
   }
 
   /// Calls `f(i, row)` for each of `ids` with the row that holds it (kNone if none), in
-  /// order, prefetching the index slot 16 ids ahead and the record its entry names 8 ids
+  /// order, prefetching the index bucket 16 ids ahead and the record its entry names 8 ids
   /// ahead: a batch's lookups then wait for memory in parallel, not one after the other.
   template <class F>
   void for_each_found(std::span<const std::uint64_t> ids, F&& f) {

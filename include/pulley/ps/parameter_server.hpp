@@ -268,6 +268,7 @@ class ParameterServer {
       return;
     }
     shard_.initialize(r.parts);
+    if (r.hold) cut_.pause(context.session);  // before any worker can see it ready
     respond(reply, Ack{});
     if (shard_.initialized() && !registration_.ready()) become_ready();
   }

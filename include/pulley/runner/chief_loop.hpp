@@ -47,12 +47,12 @@ inline void check_finite(const Snapshot& shot, const std::vector<VariableSpec>& 
   }
 }
 
-/// Saves a checkpoint of the job (cut the moment every ps completes `at_step`; 0: now),
-/// logs it, and returns what it saved.
-template <Transport T>
-ModelState save_checkpoint(Chief<T>& chief, CheckpointDirectory& directory, std::int64_t at_step) {
+/// Saves the checkpoint `read()` cuts from the ps tasks to `directory`, logs it, and
+/// returns what it saved.
+template <class Read>
+ModelState save_checkpoint(CheckpointDirectory& directory, Read&& read) {
   const auto began = Clock::now();
-  ModelState state = chief.save_state_at(at_step);
+  ModelState state = read();
   const auto cut = Clock::now();
   const std::filesystem::path path = directory.save(state);
   const auto saved = Clock::now();
@@ -132,9 +132,9 @@ class ChiefLoop {
   }
 
  private:
-  /// Initializes every variable (saving checkpoint 0, as TensorFlow's saver does, or keeping
-  /// the initial values to roll back to), or restores the newest checkpoint; returns the
-  /// global step training starts from.
+  /// Initializes every variable and reads global step 0's state (saved as checkpoint 0, as
+  /// TensorFlow's saver does, or kept to roll back to), or restores the newest checkpoint;
+  /// returns the global step training starts from.
   std::int64_t begin() {
     if (auto latest = checkpoints_ ? checkpoints_->latest() : std::nullopt) {
       chief_.restore(latest->first);
@@ -143,11 +143,11 @@ class ChiefLoop {
                                std::to_string(start_step_));
       return start_step_;
     }
-    chief_.initialize(model_.variables());
+    const auto initialize = [&] { return chief_.initialize_and_save(model_.variables()); };
     if (checkpoints_) {
-      save_checkpoint(chief_, *checkpoints_, 0);
+      save_checkpoint(*checkpoints_, initialize);
     } else {
-      initial_ = chief_.save_state();
+      initial_ = initialize();
     }
     return 0;
   }
@@ -162,12 +162,12 @@ class ChiefLoop {
     bool reached = true;
     if (due.checkpoint) {
       reached = chief_.wait_for_step_until(due.step, due.deadline).has_value();
-      if (reached) saved = save_checkpoint(chief_, *checkpoints_, due.step);
+      if (reached) saved = save_checkpoint(*checkpoints_, [&] { return chief_.save_state_at(due.step); });
     } else {
       shot = chief_.snapshot_until(due.step, due.deadline);
       reached = shot.has_value();
     }
-    if (!reached) saved = save_checkpoint(chief_, *checkpoints_, 0);  // by time, wherever it is
+    if (!reached) saved = save_checkpoint(*checkpoints_, [&] { return chief_.save_state(); });  // by time
     if (saved) schedule.saved(saved->global_step, Clock::now());
     if (!reached || !due.evaluation) return;
     if (!shot) {

@@ -73,32 +73,6 @@ class RowSums {
   std::vector<float> sums_;
 };
 
-/// Each row's update is its mean over the pushes of the update that held it, as
-/// TensorFlow's SparseConditionalAccumulator with `reduction_type='MEAN'` (element-wise by
-/// each row's own count, not by the number of pushes): a row that 1 of R replicas pushed
-/// moves by that replica's gradient, not by a 1/R share of it. The default.
-struct RowMean {
-  using Accumulator = RowSums;
-  [[nodiscard]] RowSums make_accumulator(std::size_t dim) const { return RowSums(dim); }
-  void add(RowSums& acc, std::span<const std::uint64_t> ids, std::span<const float> rows) const {
-    acc.add(ids, rows);
-  }
-  [[nodiscard]] std::span<const std::uint64_t> ids(const RowSums& acc) const noexcept { return acc.ids(); }
-  /// Divides each sum by its count, in place.
-  [[nodiscard]] std::span<const float> take(RowSums& acc) const noexcept {
-    const std::span<float> sums = acc.sums();
-    const std::size_t dim = acc.dim();
-    for (std::size_t r = 0; r < acc.counts().size(); ++r) {
-      const std::uint32_t n = acc.counts()[r];
-      if (n == 1) continue;
-      for (float& x : sums.subspan(r * dim, dim)) x /= static_cast<float>(n);
-    }
-    return sums;
-  }
-  void clear(RowSums& acc) const noexcept { acc.clear(); }
-};
-static_assert(RowAggregation<RowMean>);
-
 /// Each row's update is the sum of its gradients over the update's pushes, as TensorFlow's
 /// SparseConditionalAccumulator with `reduction_type='SUM'`: with gradients of each
 /// replica's mean loss, a row many replicas pushed moves by all of them.
@@ -113,5 +87,25 @@ struct RowSum {
   void clear(RowSums& acc) const noexcept { acc.clear(); }
 };
 static_assert(RowAggregation<RowSum>);
+
+/// Each row's update is its mean over the pushes of the update that held it, as
+/// TensorFlow's SparseConditionalAccumulator with `reduction_type='MEAN'` (element-wise by
+/// each row's own count, not by the number of pushes): a row that 1 of R replicas pushed
+/// moves by that replica's gradient, not by a 1/R share of it. The default. RowSum's
+/// accumulator, divided at the end.
+struct RowMean : RowSum {
+  /// Divides each sum by its count, in place.
+  [[nodiscard]] std::span<const float> take(RowSums& acc) const noexcept {
+    const std::span<float> sums = acc.sums();
+    const std::size_t dim = acc.dim();
+    for (std::size_t r = 0; r < acc.counts().size(); ++r) {
+      const std::uint32_t n = acc.counts()[r];
+      if (n == 1) continue;
+      for (float& x : sums.subspan(r * dim, dim)) x /= static_cast<float>(n);
+    }
+    return sums;
+  }
+};
+static_assert(RowAggregation<RowMean>);
 
 }  // namespace pulley
