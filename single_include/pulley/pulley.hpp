@@ -183,19 +183,50 @@ struct VariableState {
   friend bool operator==(const VariableState&, const VariableState&) = default;
 };
 
+/// One embedding table as a checkpoint holds it: every row the ps tasks held at the cut,
+/// with its optimizer slots and the step it was last touched, and the ids admission was
+/// counting (pulled, not admitted yet). Rows are in no particular order.
+struct TableState {
+  TableSpec spec;
+  std::vector<std::string> slot_names;  ///< the row-wise optimizer's, in row order
+  std::vector<std::uint64_t> ids;       ///< one per row, distinct
+  /// Per row, its `spec.dim` values then each slot's `spec.dim` floats: `stride()` floats.
+  std::vector<float> rows;
+  std::vector<std::uint32_t> touched;   ///< per row: the global step it was last pulled or pushed
+  std::vector<std::uint64_t> candidate_ids;     ///< ids pulled, not admitted yet
+  std::vector<std::uint32_t> candidate_counts;  ///< per candidate: pulls counted
+  std::vector<std::uint32_t> candidate_steps;   ///< per candidate: the step last pulled
+  /// The table's update count (lazy Adam's `t`) on each ps that wrote the checkpoint, by
+  /// task: restored as it was onto as many ps tasks, else every ps takes the largest.
+  std::vector<std::int64_t> updates;
+
+  /// Floats per row: its values and slots.
+  [[nodiscard]] std::size_t stride() const noexcept { return (1 + slot_names.size()) * spec.dim; }
+
+  friend bool operator==(const TableState&, const TableState&) = default;
+};
+
 /// What a job needs to go on from a global step: every variable with its optimizer state,
-/// and the sync policy's state, as one consistent cut across all ps tasks (Chief::save).
+/// its embedding tables' rows, and the sync policy's state, as one consistent cut across
+/// all ps tasks (Chief::save_state).
 struct ModelState {
   /// Global steps completed at the cut.
   std::int64_t global_step = 0;
   /// The sync policy's state at the cut (`SyncPolicy::save`), the same on every ps.
   std::vector<std::int64_t> pacer;
   std::vector<VariableState> variables;
+  std::vector<TableState> tables;
 
   /// The variables' specs, in order.
   [[nodiscard]] std::vector<VariableSpec> specs() const {
     std::vector<VariableSpec> out;
     for (const VariableState& v : variables) out.push_back(v.spec);
+    return out;
+  }
+  /// The tables' specs, in order.
+  [[nodiscard]] std::vector<TableSpec> table_specs() const {
+    std::vector<TableSpec> out;
+    for (const TableState& t : tables) out.push_back(t.spec);
     return out;
   }
 
@@ -362,6 +393,7 @@ struct RowRequest {
 
 // ---- begin pulley/protocol/messages.hpp ----
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -871,16 +903,75 @@ struct Restore {
   std::uint64_t epoch = 0;
   std::vector<std::int64_t> pacer;  ///< SyncPolicy::save's, or {global step}
   std::vector<PartState> parts;     ///< every part held here
+  /// True: the tables are emptied, and their rows follow in RestoreRows; the ps is not
+  /// ready (WaitReady waits, pulls are refused) until the one with `done`.
+  bool tables_follow = false;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(epoch, pacer, parts);
+    archive(epoch, pacer, parts, tables_follow);
+  }
+};
+
+/// Rows of `stride` floats one ReadRows answer carries at most: kMaxIdsPerMessage, and 64 MiB.
+inline std::size_t rows_per_chunk(std::size_t stride) noexcept {
+  constexpr std::size_t kBytes = std::size_t{64} << 20U;
+  return std::max<std::size_t>(1, std::min(kMaxIdsPerMessage, kBytes / (std::max<std::size_t>(stride, 1) * sizeof(float))));
+}
+
+/// Chief → a ps paused at a checkpoint's cut, after its ReadState: the rows of table `table`
+/// held at the cut, from row number `begin` on, at most `max_rows` of them (the ps caps a
+/// chunk at kMaxIdsPerMessage rows and 64 MiB, so its memory for a checkpoint is bounded
+/// however large its tables are); with `candidates`, the ids admission was counting
+/// instead. Answered with a RowsChunk.
+struct ReadRows {
+  static constexpr std::string_view kName = "ReadRows";
+  /// Its reply views buffers the next request reuses (as a pull of rows).
+  static constexpr bool kChangesParameters = true;
+  static constexpr RoleSet kSenders{Node::Role::kChief};
+  std::uint32_t table = 0;
+  std::uint64_t begin = 0;
+  std::uint32_t max_rows = 0;
+  bool candidates = false;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(table, begin, max_rows, candidates);
+  }
+};
+
+/// Chief → ps, after a Restore with `tables_follow`: rows of table `table` (each its values,
+/// then one dim of floats per name in `slot_names`, the checkpoint's optimizer slots) with
+/// the step each was last touched, or with `candidates` admission counts (`counts`,
+/// `steps`; `rows` empty); the ps keeps those its id sharding gives it and ignores the rest.
+/// Slots named otherwise than the ps's optimizer names its own are dropped (the rows'
+/// optimizer starts afresh). `updates` sets the table's update count (-1: leave it). The
+/// message with `done` ends the restore: the ps turns ready.
+struct RestoreRows {
+  static constexpr std::string_view kName = "RestoreRows";
+  static constexpr bool kChangesParameters = true;
+  static constexpr RoleSet kSenders{Node::Role::kChief};
+  std::uint64_t epoch = 0;
+  std::uint32_t table = 0;
+  std::int64_t updates = -1;
+  std::vector<std::string> slot_names;
+  std::vector<std::uint64_t> ids;
+  std::span<const float> rows;          ///< a tensor: ids.size() × (1 + slot_names.size()) × dim
+  std::vector<std::uint32_t> steps;     ///< per id: last touched (rows) or last pulled (candidates)
+  std::vector<std::uint32_t> counts;    ///< per id, candidates only
+  bool candidates = false;
+  bool done = false;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(epoch, table, updates, slot_names, ids, rows, steps, counts, candidates, done);
   }
 };
 
 /// Everything a ps task is asked.
 using Request = std::variant<Register, Initialize, WaitReady, TakeToken, Pull, Push, GetStats,
-                             Shutdown, Pause, ReadState, Resume, Restore, Heartbeat, PullRows>;
+                             Shutdown, Pause, ReadState, Resume, Restore, Heartbeat, PullRows,
+                             ReadRows, RestoreRows>;
 
 // ---- responses --------------------------------------------------------------------------
 
@@ -1043,9 +1134,26 @@ struct StateReply {
   }
 };
 
+/// Answer to ReadRows: one chunk of a table's rows at the cut (or of its candidates).
+struct RowsChunk {
+  static constexpr std::string_view kName = "RowsChunk";
+  std::uint64_t total = 0;    ///< rows (or candidates) at the cut: read until `begin` reaches it
+  std::int64_t updates = 0;   ///< the table's update count on this ps
+  std::vector<std::string> slot_names;  ///< the row-wise optimizer's, in row order
+  std::vector<std::uint64_t> ids;
+  std::span<const float> rows;          ///< a tensor: ids.size() × stride (empty for candidates)
+  std::vector<std::uint32_t> steps;     ///< per id: last touched (rows) or last pulled (candidates)
+  std::vector<std::uint32_t> counts;    ///< per id, candidates only
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(total, updates, slot_names, ids, rows, steps, counts);
+  }
+};
+
 /// Everything a ps task answers.
 using Response = std::variant<Ack, ErrorReply, PlacementReply, TokenReply, PullReply, PushReply,
-                              StatsReply, PauseReply, StateReply, RowsReply>;
+                              StatsReply, PauseReply, StateReply, RowsReply, RowsChunk>;
 
 // ---- what follows from the declarations ---------------------------------------------------
 
@@ -2530,6 +2638,149 @@ class Client {
 
 namespace pulley {
 
+namespace detail {
+
+/// Reads table `t`'s rows and admission counts at the cut from every ps (paused, its cut
+/// read), chunk by chunk: each ps holds at most one chunk more than its rows meanwhile.
+template <Transport T>
+TableState read_table(Client<T>& client, std::uint32_t t) {
+  const std::size_t num_ps = client.num_ps();
+  const auto timeout = client.options().request_timeout;
+  TableState table;
+  table.spec = client.tables()[t];
+  // What each ps holds: its rows at the cut, its update count, the optimizer's slots.
+  std::vector<std::uint64_t> total(num_ps);
+  {
+    CallGroup group;
+    for (std::size_t ps = 0; ps < num_ps; ++ps) {
+      group.add(client.transport().call(ps, ReadRows{t, 0, 0, false}, PullTargets{std::span<float>()}));
+    }
+    group.wait(timeout, "read the rows of table '" + table.spec.name + "'");
+    for (std::size_t ps = 0; ps < num_ps; ++ps) {
+      RowsChunk head = group.take_as<RowsChunk>(ps);
+      if (ps == 0) table.slot_names = std::move(head.slot_names);
+      total[ps] = head.total;
+      table.updates.push_back(head.updates);
+    }
+  }
+  const std::size_t stride = table.stride();
+  std::uint64_t rows = 0;
+  for (const std::uint64_t n : total) rows += n;
+  table.ids.reserve(rows);
+  table.touched.reserve(rows);
+  table.rows.resize(rows * stride);
+  // Chunks of every ps at once, round after round, each read straight into its place.
+  std::vector<std::uint64_t> begin(num_ps, 0);
+  std::size_t filled = 0;
+  for (;;) {
+    CallGroup group;
+    std::vector<std::size_t> asked;
+    std::vector<std::size_t> at;
+    for (std::size_t ps = 0; ps < num_ps; ++ps) {
+      if (begin[ps] >= total[ps]) continue;
+      const std::size_t n = std::min<std::size_t>(total[ps] - begin[ps], rows_per_chunk(stride));
+      PullTargets target{std::span(table.rows).subspan(filled * stride, n * stride)};
+      group.add(client.transport().call(ps, ReadRows{t, begin[ps], static_cast<std::uint32_t>(n), false},
+                                        std::move(target)));
+      asked.push_back(ps);
+      at.push_back(n);
+      filled += n;
+    }
+    if (asked.empty()) break;
+    group.wait(timeout, "read the rows of table '" + table.spec.name + "'");
+    for (std::size_t k = 0; k < asked.size(); ++k) {
+      RowsChunk chunk = group.take_as<RowsChunk>(k);
+      if (chunk.ids.size() != at[k] || chunk.steps.size() != at[k]) {
+        throw Error(ErrorCode::kInternal, "ps " + std::to_string(asked[k]) + " answered a chunk of table '" +
+                                              table.spec.name + "' of the wrong size");
+      }
+      table.ids.insert(table.ids.end(), chunk.ids.begin(), chunk.ids.end());
+      table.touched.insert(table.touched.end(), chunk.steps.begin(), chunk.steps.end());
+      begin[asked[k]] += at[k];
+    }
+  }
+  // The ids admission was counting, a ps after the other (their chunks' rows are empty).
+  for (std::size_t ps = 0; ps < num_ps; ++ps) {
+    for (std::uint64_t from = 0;;) {
+      CallGroup group;
+      group.add(client.transport().call(
+          ps, ReadRows{t, from, static_cast<std::uint32_t>(kMaxIdsPerMessage), true}, PullTargets{std::span<float>()}));
+      group.wait(timeout, "read the admission counts of table '" + table.spec.name + "'");
+      RowsChunk chunk = group.take_as<RowsChunk>(0);
+      table.candidate_ids.insert(table.candidate_ids.end(), chunk.ids.begin(), chunk.ids.end());
+      table.candidate_counts.insert(table.candidate_counts.end(), chunk.counts.begin(), chunk.counts.end());
+      table.candidate_steps.insert(table.candidate_steps.end(), chunk.steps.begin(), chunk.steps.end());
+      from += chunk.ids.size();
+      if (chunk.ids.empty() || from >= chunk.total) break;
+    }
+  }
+  return table;
+}
+
+/// Sends table `t` of `table` to every ps (each keeps the rows its id sharding gives it),
+/// in chunks, at epoch `epoch`; its update count as saved when the ps tasks are as many as
+/// wrote it, else the largest.
+template <Transport T>
+void restore_table(Client<T>& client, std::uint32_t t, const TableState& table, std::uint64_t epoch) {
+  const std::size_t num_ps = client.num_ps();
+  const auto timeout = client.options().request_timeout;
+  const std::string what = "restore the rows of table '" + table.spec.name + "'";
+  const std::int64_t largest =
+      table.updates.empty() ? 0 : *std::max_element(table.updates.begin(), table.updates.end());
+  const std::size_t stride = table.stride();
+  const std::size_t rows = table.ids.size();
+  // Rows, then candidates; the first message to each ps carries its update count.
+  bool first = true;
+  auto send = [&](std::size_t from, std::size_t n, bool candidates) {
+    client.template broadcast<Ack>(
+        [&](std::size_t ps) {
+          RestoreRows m;
+          m.epoch = epoch;
+          m.table = t;
+          if (first) m.updates = table.updates.size() == num_ps ? table.updates[ps] : largest;
+          m.slot_names = table.slot_names;
+          m.candidates = candidates;
+          if (candidates) {
+            m.ids.assign(table.candidate_ids.begin() + from, table.candidate_ids.begin() + from + n);
+            m.counts.assign(table.candidate_counts.begin() + from, table.candidate_counts.begin() + from + n);
+            m.steps.assign(table.candidate_steps.begin() + from, table.candidate_steps.begin() + from + n);
+          } else {
+            m.ids.assign(table.ids.begin() + from, table.ids.begin() + from + n);
+            m.rows = std::span(table.rows).subspan(from * stride, n * stride);
+            m.steps.assign(table.touched.begin() + from, table.touched.begin() + from + n);
+          }
+          return m;
+        },
+        timeout, what);
+    first = false;
+  };
+  const std::size_t chunk = rows_per_chunk(stride);
+  for (std::size_t from = 0; from < rows; from += chunk) send(from, std::min(chunk, rows - from), false);
+  const std::size_t candidates = table.candidate_ids.size();
+  for (std::size_t from = 0; from < candidates; from += kMaxIdsPerMessage) {
+    send(from, std::min(kMaxIdsPerMessage, candidates - from), true);
+  }
+  if (first) send(0, 0, false);  // an empty table: its update count still goes
+}
+
+/// Why `table` cannot be restored (its name or dim differs from `spec`, the model's, or
+/// its rows do not fit its shape), or "".
+inline std::string check_table(const TableState& table, const TableSpec& spec) {
+  if (table.spec.name != spec.name || table.spec.dim != spec.dim) {
+    return "the checkpoint's table '" + table.spec.name + "' (dim " + std::to_string(table.spec.dim) +
+           ") is not the model's '" + spec.name + "' (dim " + std::to_string(spec.dim) + ")";
+  }
+  const std::size_t n = table.ids.size();
+  if (table.rows.size() != n * table.stride() || table.touched.size() != n ||
+      table.candidate_counts.size() != table.candidate_ids.size() ||
+      table.candidate_steps.size() != table.candidate_ids.size()) {
+    return "the checkpoint's table '" + spec.name + "' has rows that do not fit its shape";
+  }
+  return {};
+}
+
+}  // namespace detail
+
 /// The chief's half of a checkpoint's cut (the ps's half is `ps/checkpoint_cut.hpp`): every
 /// variable with its optimizer state, and the sync policy's state, read as one cut across
 /// all ps tasks. Every ps is paused (at once, or the moment it completes `at_step`; pushes
@@ -2615,6 +2866,7 @@ ModelState read_state(Client<T>& client, std::int64_t at_step = 0) {
     std::sort(v.counters.begin(), v.counters.end(),
               [](const PartCounters& a, const PartCounters& b) { return a.rows.begin < b.rows.begin; });
   }
+  for (std::uint32_t t = 0; t < client.tables().size(); ++t) state.tables.push_back(detail::read_table(client, t));
   return state;
 }
 
@@ -2622,15 +2874,24 @@ ModelState read_state(Client<T>& client, std::int64_t at_step = 0) {
 /// (slots and counters matched by name: a checkpoint of another optimizer restores the
 /// values alone), the sync policy's state, at a new epoch. The placement may differ from
 /// the checkpoint's (another number of ps tasks): tensors are split anew, and each part
-/// takes the counters of the saved part that held its first row.
+/// takes the counters of the saved part that held its first row. The embedding tables'
+/// rows follow in chunks, each ps keeping those its id sharding gives it (so any number
+/// of ps tasks can take them), and no ps serves until its rows are in; rows created later
+/// start from `table_seed`, the seed the job registered its tables with.
 template <Transport T>
-void restore_state(Client<T>& client, const ModelState& state) {
-  client.register_model(state.specs(), std::vector<TableSpec>(client.tables()), client.table_seed());
+void restore_state(Client<T>& client, const ModelState& state, std::uint64_t table_seed) {
+  const std::vector<TableSpec> tables = state.tables.empty() ? client.tables() : state.table_specs();
+  for (std::size_t t = 0; t < state.tables.size(); ++t) {
+    if (auto problem = detail::check_table(state.tables[t], tables[t]); !problem.empty()) {
+      throw Error(ErrorCode::kInvalidArgument, problem);
+    }
+  }
+  client.register_model(state.specs(), tables, table_seed);
   const std::uint64_t epoch = client.epoch() + 1;
   const Placement& placement = client.placement();
   const std::vector<std::string>& slot_names = client.slot_names();
   const std::vector<std::string>& counter_names = client.counter_names();
-  std::vector<Restore> messages(client.num_ps(), Restore{epoch, state.pacer, {}});
+  std::vector<Restore> messages(client.num_ps(), Restore{epoch, state.pacer, {}, !state.tables.empty()});
   bool whole = true;
   for (const Part& part : placement.parts) {
     const VariableState& v = state.variables[part.variable];
@@ -2668,6 +2929,17 @@ void restore_state(Client<T>& client, const ModelState& state) {
   }
   client.template broadcast<Ack>([&](std::size_t ps) { return std::move(messages[ps]); },
                                  client.options().request_timeout, "restore the ps tasks");
+  if (!state.tables.empty()) {
+    for (std::uint32_t t = 0; t < state.tables.size(); ++t) detail::restore_table(client, t, state.tables[t], epoch);
+    client.template broadcast<Ack>(
+        [&](std::size_t) {
+          RestoreRows done;
+          done.epoch = epoch;
+          done.done = true;
+          return done;
+        },
+        client.options().request_timeout, "end the restore of the tables");
+  }
   client.adopt_epoch(epoch);
 }
 
@@ -3065,7 +3337,7 @@ class Chief {
   /// `initialize` to resume a job, or while training runs to roll every ps back to the
   /// checkpoint (after a ps was lost): what waited on the ps tasks is refused, and their
   /// clients start their step again. When it returns, every ps is ready.
-  void restore(const ModelState& state) { restore_state(client_, state); }
+  void restore(const ModelState& state) { restore_state(client_, state, seed_); }
 
   /// Ends training successfully: every ps answers what waits there and everything sent
   /// later with `kOutOfRange` ("training finished"), so workers and the evaluator stop
@@ -5960,6 +6232,9 @@ class Registration {
     for (Responder& waiter : std::exchange(waiters_, {})) respond(waiter, answer());
   }
 
+  /// The ps stops serving training until it is ready again (a restore in progress).
+  void unready() noexcept { ready_ = false; }
+
   /// Answers every waiting WaitReady with `error`.
   void answer_all(const ErrorReply& error) {
     for (Responder& waiter : std::exchange(waiters_, {})) respond(waiter, ErrorReply{error});
@@ -6250,7 +6525,7 @@ class EmbeddingTable {
     if (before <= 0) return 0;
     std::size_t removed = 0;
     for (std::uint32_t row = 0; row < rows_;) {
-      if (static_cast<std::int64_t>(touched(row)) < before) {
+      if (static_cast<std::int64_t>(touched_step(row)) < before) {
         erase(row);  // the last row moves here: look at this row again
         ++removed;
       } else {
@@ -6260,6 +6535,70 @@ class EmbeddingTable {
     std::erase_if(candidates_, [&](const auto& c) { return static_cast<std::int64_t>(c.second.last) < before; });
     stats_.rows_evicted += removed;
     return removed;
+  }
+
+  /// Floats per row: its values and slots.
+  [[nodiscard]] std::size_t stride() const noexcept { return stride_; }
+  /// Ids pulled and not admitted yet.
+  [[nodiscard]] std::size_t candidates() const noexcept { return candidates_.size(); }
+
+  // ---- what a checkpoint reads and restores --------------------------------------------
+  // Rows are numbered 0 to size() − 1; pulls append rows and only an update's eviction
+  // renumbers them, so a ps paused for a checkpoint's cut reads rows [0, n) of the cut by
+  // number, chunk after chunk, however many pulls come meanwhile.
+
+  /// Appends rows [begin, begin + n) to `ids`, `rows` (stride() floats each: values, then
+  /// slots) and `touched` (the step each was last pulled or pushed).
+  void read_rows(std::size_t begin, std::size_t n, std::vector<std::uint64_t>& ids, std::vector<float>& rows,
+                 std::vector<std::uint32_t>& touched) const {
+    n = std::min(n, rows_ - std::min(begin, rows_));
+    rows.reserve(rows.size() + n * stride_);
+    for (std::size_t k = 0; k < n; ++k) {
+      const auto row = static_cast<std::uint32_t>(begin + k);
+      ids.push_back(id_of(row));
+      rows.insert(rows.end(), at(row), at(row) + stride_);
+      touched.push_back(touched_step(row));
+    }
+  }
+
+  /// Appends the ids admission is counting, each with its count and the step last pulled.
+  void read_candidates(std::vector<std::uint64_t>& ids, std::vector<std::uint32_t>& counts,
+                       std::vector<std::uint32_t>& steps) const {
+    for (const auto& [id, c] : candidates_) {
+      ids.push_back(id);
+      counts.push_back(c.count);
+      steps.push_back(c.last);
+    }
+  }
+
+  /// Forgets every row and candidate: a restore follows.
+  void clear() noexcept {
+    chunks_.clear();
+    index_.clear();
+    rows_ = 0;
+    candidates_.clear();
+    scratch_rows_.clear();
+  }
+
+  /// Sets the row of `id` to `row` (stride() floats: values, then slots; or dim() floats:
+  /// values, with fresh slots), last touched at `touched`, creating it if it is not held.
+  /// Throws kResourceExhausted at the row limit.
+  void restore_row(std::uint64_t id, std::span<const float> row, std::uint32_t touched) {
+    std::uint32_t r = find(id);
+    if (r == kNone) {
+      r = create(id);
+      --stats_.rows_created;  // restored, not created
+    } else if (row.size() < stride_) {
+      optimizer_.init_row(std::span<float>(at(r) + spec_.dim, stride_ - spec_.dim));
+    }
+    std::copy(row.begin(), row.begin() + static_cast<std::ptrdiff_t>(std::min(row.size(), stride_)), at(r));
+    set_touched(r, touched);
+  }
+
+  /// Sets the admission count of `id`, which has no row, to `count` pulls, the last at `step`.
+  void restore_candidate(std::uint64_t id, std::uint32_t count, std::uint32_t step) {
+    if (spec_.admit_after <= 1 || find(id) != kNone) return;
+    candidates_[id] = Candidate{count, step};
   }
 
   /// Calls `f(id, values, slots)` for every row held (values: dim floats; slots:
@@ -6315,7 +6654,7 @@ class EmbeddingTable {
     return id;
   }
   void set_id(std::uint32_t row, std::uint64_t id) noexcept { std::memcpy(record(row), &id, sizeof id); }
-  [[nodiscard]] std::uint32_t touched(std::uint32_t row) const noexcept {
+  [[nodiscard]] std::uint32_t touched_step(std::uint32_t row) const noexcept {
     std::uint32_t step = 0;
     std::memcpy(&step, record(row) + 2, sizeof step);
     return step;
@@ -6327,7 +6666,7 @@ class EmbeddingTable {
     return static_cast<std::uint32_t>(std::clamp<std::int64_t>(step, 0, kNone - 1));
   }
   void touch(std::uint32_t row, std::int64_t step) noexcept {
-    set_touched(row, std::max(touched(row), clamp_step(step)));
+    set_touched(row, std::max(touched_step(row), clamp_step(step)));
   }
 
   /// Calls `f(i, row)` for each of `ids` with the row that holds it (kNone if none), in
@@ -6633,7 +6972,7 @@ class TableShard {
     tables.reserve(specs.size());
     for (const TableSpec& spec : specs) {
       tables.push_back(Table{EmbeddingTable<Optimizer>(spec, policy_.optimizer, seed),
-                             policy_.aggregation.make_accumulator(spec.dim), 0, 0, false});
+                             policy_.aggregation.make_accumulator(spec.dim), 0, 0, false, 0, {}});
     }
     tables_ = std::move(tables);
     task_ = task;
@@ -6772,6 +7111,116 @@ class TableShard {
     }
   }
 
+  // ---- a checkpoint's cut and a restore ---------------------------------------------------
+
+  /// The cut was read (the ps is paused): remembers each table's rows and admission counts
+  /// at this moment, which ReadRows then reads chunk by chunk.
+  void mark_cut() {
+    for (Table& t : tables_) {
+      t.cut_rows = t.rows.size();
+      t.cut_candidates = {};
+      t.rows.read_candidates(t.cut_candidates.ids, t.cut_candidates.counts, t.cut_candidates.steps);
+    }
+    cut_marked_ = true;
+  }
+  /// The pause ended: what the cut remembered goes.
+  void end_cut() noexcept {
+    for (Table& t : tables_) t.cut_candidates = {};
+    cut_marked_ = false;
+  }
+
+  /// Why `r` cannot be read, or nullopt.
+  [[nodiscard]] std::optional<ErrorReply> check(const ReadRows& r) const {
+    if (!cut_marked_) return ErrorReply{ErrorCode::kFailedPrecondition, "ReadRows before the cut was read"};
+    if (r.table >= tables_.size()) return refuse("unknown table " + std::to_string(r.table));
+    return std::nullopt;
+  }
+
+  /// A chunk of the rows (or candidates) of `r.table` at the cut (`check`ed): rows
+  /// [r.begin, r.begin + n), n = min(r.max_rows, rows_per_chunk(stride), rows left), in a
+  /// buffer valid until `free_replies`.
+  RowsChunk read(const ReadRows& r) {
+    const Table& t = tables_[r.table];
+    RowsChunk answer;
+    answer.updates = t.updates;
+    for (const std::string_view name : policy_.optimizer.row_slot_names()) answer.slot_names.emplace_back(name);
+    if (r.candidates) {
+      const Candidates& c = t.cut_candidates;
+      answer.total = c.ids.size();
+      const std::size_t begin = std::min<std::size_t>(r.begin, c.ids.size());
+      const std::size_t n = std::min<std::size_t>({r.max_rows, kMaxIdsPerMessage, c.ids.size() - begin});
+      answer.ids.assign(c.ids.begin() + begin, c.ids.begin() + begin + n);
+      answer.counts.assign(c.counts.begin() + begin, c.counts.begin() + begin + n);
+      answer.steps.assign(c.steps.begin() + begin, c.steps.begin() + begin + n);
+      return answer;
+    }
+    answer.total = t.cut_rows;
+    const std::size_t begin = std::min<std::size_t>(r.begin, t.cut_rows);
+    const std::size_t n = std::min<std::size_t>({r.max_rows, rows_per_chunk(t.rows.stride()), t.cut_rows - begin});
+    if (used_ == replies_.size()) replies_.emplace_back();
+    std::vector<std::vector<float>>& buffers = replies_[used_++];
+    buffers.resize(1);
+    buffers[0].clear();
+    t.rows.read_rows(begin, n, answer.ids, buffers[0], answer.steps);
+    answer.rows = buffers[0];
+    return answer;
+  }
+
+  /// Empties every table for a restore: their rows follow (`restore`), or the tables start
+  /// afresh.
+  void begin_restore() noexcept {
+    for (Table& t : tables_) {
+      t.rows.clear();
+      policy_.aggregation.clear(t.accumulator);
+      t.updates = 0;
+      t.next_eviction = 0;
+      t.prepared = false;
+    }
+    end_cut();
+  }
+
+  /// Why the rows of `r` cannot be restored, or nullopt: an unknown table, sizes that do not
+  /// match, non-finite values.
+  [[nodiscard]] std::optional<ErrorReply> check(const RestoreRows& r) const {
+    if (r.table >= tables_.size()) {
+      if (r.ids.empty() && r.done) return std::nullopt;
+      return refuse("unknown table " + std::to_string(r.table));
+    }
+    const std::size_t n = r.ids.size();
+    const std::size_t stride = (1 + r.slot_names.size()) * spec(r.table).dim;
+    const bool fits = r.steps.size() == n && (r.candidates ? r.rows.empty() && r.counts.size() == n
+                                                           : r.rows.size() == n * stride && r.counts.empty());
+    if (!fits) return refuse("RestoreRows of table '" + spec(r.table).name + "': sizes do not match its rows");
+    if (!detail::all_finite(r.rows)) return refuse("RestoreRows of table '" + spec(r.table).name + "': non-finite rows");
+    return std::nullopt;
+  }
+
+  /// Takes the rows (or candidates) of `r` (`check`ed) that this ps's id sharding gives it;
+  /// returns how many.
+  std::size_t restore(const RestoreRows& r) {
+    if (r.table >= tables_.size()) return 0;
+    Table& t = tables_[r.table];
+    if (r.updates >= 0) t.updates = r.updates;
+    const std::string& name = spec(r.table).name;
+    const std::size_t dim = spec(r.table).dim;
+    const std::size_t stride = (1 + r.slot_names.size()) * dim;
+    // The checkpoint's slots when they are this optimizer's, else the values alone.
+    const auto own = policy_.optimizer.row_slot_names();
+    const bool same_slots = std::equal(own.begin(), own.end(), r.slot_names.begin(), r.slot_names.end());
+    const std::size_t take = same_slots ? stride : dim;
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < r.ids.size(); ++i) {
+      if (policy_.sharding.ps_of(name, r.ids[i], num_ps_) != task_) continue;
+      if (r.candidates) {
+        t.rows.restore_candidate(r.ids[i], r.counts[i], r.steps[i]);
+      } else {
+        t.rows.restore_row(r.ids[i], r.rows.subspan(i * stride, take), r.steps[i]);
+      }
+      ++kept;
+    }
+    return kept;
+  }
+
   /// The most row bytes one request can carry to this ps.
   [[nodiscard]] std::uint64_t max_payload() const noexcept {
     std::uint64_t bytes = 0;
@@ -6799,17 +7248,25 @@ class TableShard {
   }
 
  private:
+  /// Admission counts as a cut saw them.
+  struct Candidates {
+    std::vector<std::uint64_t> ids;
+    std::vector<std::uint32_t> counts, steps;
+  };
   struct Table {
     EmbeddingTable<Optimizer> rows;
     typename T::Aggregation::Accumulator accumulator;
     std::int64_t updates = 0;
     std::int64_t next_eviction = 0;
     bool prepared = false;  ///< its rows of the update being applied wait for commit
+    std::size_t cut_rows = 0;       ///< rows held at the last cut
+    Candidates cut_candidates;      ///< admission counts at the last cut
   };
 
   static ErrorReply refuse(std::string message) { return ErrorReply{ErrorCode::kInvalidArgument, std::move(message)}; }
 
   T policy_;
+  bool cut_marked_ = false;  ///< a cut was read and the pause goes on
   std::uint32_t task_ = 0;
   std::uint32_t num_ps_ = 1;
   std::vector<Table> tables_;
@@ -6840,6 +7297,18 @@ class TableShard<NoTables> {
   [[nodiscard]] std::optional<std::string> prepare(std::int64_t) noexcept { return std::nullopt; }
   std::int64_t commit(std::int64_t) noexcept { return 0; }
   void clear() noexcept {}
+  void mark_cut() noexcept {}
+  void end_cut() noexcept {}
+  [[nodiscard]] std::optional<ErrorReply> check(const ReadRows& r) const {
+    return ErrorReply{ErrorCode::kInvalidArgument, "unknown table " + std::to_string(r.table) + " (the model has 0)"};
+  }
+  RowsChunk read(const ReadRows&) const { return {}; }
+  void begin_restore() noexcept {}
+  [[nodiscard]] std::optional<ErrorReply> check(const RestoreRows& r) const {
+    if (r.ids.empty()) return std::nullopt;
+    return ErrorReply{ErrorCode::kInvalidArgument, "unknown table " + std::to_string(r.table) + " (the model has 0)"};
+  }
+  std::size_t restore(const RestoreRows&) const noexcept { return 0; }
   [[nodiscard]] std::uint64_t max_payload() const noexcept { return 0; }
   void count(Stats&) const noexcept {}
   [[nodiscard]] std::vector<TableStats> stats() const { return {}; }
@@ -7380,7 +7849,8 @@ namespace pulley {
 ///
 ///   Registration   the model's checks and placement, readiness, epoch  Register, WaitReady
 ///   Shard          the parts and table rows held here                 Initialize, Pull, PullRows,
-///                                                                     ReadState, Restore
+///                                                                     ReadState, ReadRows,
+///                                                                     Restore, RestoreRows
 ///   Pacing         the sync policy's pacer, tokens and their leases   TakeToken
 ///   Update         the update in progress: where a push is applied    Push
 ///   PushLedger     pushes taken from each worker, resends             Push, ReadState
@@ -7766,11 +8236,6 @@ class ParameterServer {
 
   void on(ReadState& r, const RequestContext&, Responder& reply) {
     if (!cut_.paused()) return reject(reply, ErrorCode::kFailedPrecondition, "ReadState without Pause");
-    if (shard_.tables().size() > 0) {
-      return reject(reply, ErrorCode::kFailedPrecondition,
-                    "checkpoints do not hold embedding tables yet: this ps holds table '" +
-                        shard_.table_specs().front().name + "'");
-    }
     if (const auto worker = CheckpointCut::past(ledger_, r.until)) {
       return reject(reply, ErrorCode::kFailedPrecondition, "ReadState: this ps has taken more pushes of worker " +
                                                                std::to_string(*worker) + " than the cut");
@@ -7782,7 +8247,16 @@ class ParameterServer {
   void advance_cut() {
     cut_.advance(
         ledger_, [this](const Push& push, Responder& reply) { take(push, reply); },
-        [this] { return StateReply{pacing_.global_step(), pacing_.save(), shard_.read_state()}; });
+        [this] {
+          shard_.tables().mark_cut();  // the rows at the cut, read next (ReadRows)
+          return StateReply{pacing_.global_step(), pacing_.save(), shard_.read_state()};
+        });
+  }
+
+  void on(ReadRows& r, const RequestContext&, Responder& reply) {
+    if (!cut_.paused()) return reject(reply, ErrorCode::kFailedPrecondition, "ReadRows without Pause");
+    if (refused(reply, shard_.tables().check(r))) return;
+    respond(reply, shard_.tables().read(r));
   }
 
   void on(Resume&, const RequestContext&, Responder& reply) {
@@ -7791,6 +8265,7 @@ class ParameterServer {
   }
 
   void resume() {
+    shard_.tables().end_cut();
     cut_.resume([this](const Push& push, Responder& reply) { take(push, reply); });
   }
 
@@ -7806,6 +8281,11 @@ class ParameterServer {
     const std::int64_t step_before = registration_.ready() ? pacing_.global_step() : -1;
     const std::int64_t step = pacing_.policy().global_step(pacer);
     shard_.restore(by_part, pacing_.policy());
+    shard_.tables().begin_restore();
+    if (shard_.tables().size() > 0 && !r.tables_follow) {
+      log(LogLevel::kWarning, name_ + ": the restore holds no rows of the embedding tables: their rows start "
+                                      "again from their initial values");
+    }
     update_.clear();
     ledger_.clear();
     // What waited belongs to the time before: its clients start their step again.
@@ -7827,7 +8307,32 @@ class ParameterServer {
                              " (epoch " + std::to_string(registration_.epoch()) + ")" + undone);
     respond(reply, Ack{});
     changing_ = false;
-    if (!registration_.ready()) become_ready();
+    restoring_rows_ = r.tables_follow ? std::optional(r.epoch) : std::nullopt;
+    if (restoring_rows_) {
+      registration_.unready();  // until the rows are in (RestoreRows with done)
+    } else if (!registration_.ready()) {
+      become_ready();
+    }
+  }
+
+  void on(RestoreRows& r, const RequestContext&, Responder& reply) {
+    if (restoring_rows_ != r.epoch) {
+      return reject(reply, ErrorCode::kFailedPrecondition, "RestoreRows without a Restore of epoch " +
+                                                               std::to_string(r.epoch) + " that awaits rows");
+    }
+    if (refused(reply, shard_.tables().check(r))) return;
+    try {
+      restored_rows_ += shard_.tables().restore(r);
+    } catch (const Error& e) {  // the row limit: the restore cannot complete
+      return reject(reply, e.code(), e.what());
+    }
+    respond(reply, Ack{});
+    if (r.done) {
+      restoring_rows_.reset();
+      log(LogLevel::kInfo, name_ + ": " + std::to_string(std::exchange(restored_rows_, 0)) +
+                               " rows of the embedding tables restored");
+      become_ready();
+    }
   }
 
   // ---- Heartbeat / GetStats: liveness.hpp ---------------------------------------------------
@@ -7928,6 +8433,8 @@ class ParameterServer {
   std::string name_;  ///< "ps 3", as log lines and errors name it
   std::uint32_t num_ps_ = 1;
   bool changing_ = false;          ///< inside a change that a throw would leave half done
+  std::optional<std::uint64_t> restoring_rows_;  ///< a Restore of this epoch awaits its rows
+  std::size_t restored_rows_ = 0;                ///< rows of that restore kept so far
   std::optional<ErrorReply> end_;  ///< set once stopped: what every request is answered
   Registration<S> registration_;
   Shard<O, P, T> shard_;

@@ -52,6 +52,16 @@ TEST_CASE("checkpoints every n steps interleave with evaluations, and the last s
   CHECK(walk(ChiefSchedule({60, 30, true, 0, 0s}, 0, kT0)) == "30:e 60:cel");
 }
 
+TEST_CASE("a checkpoint cut late, at the last step, is that step's: it is not written twice") {
+  ChiefSchedule schedule({40, 0, true, 10, 0s}, 0, kT0);
+  CHECK(schedule.next().step == 10);
+  schedule.saved(40, kT0);  // the workers outran the chief: the cut due at 10 came at 40
+  const auto due = schedule.next();
+  CHECK(due.step == 40);
+  CHECK(due.evaluation);
+  CHECK_FALSE(due.checkpoint);
+}
+
 TEST_CASE("a checkpoint by time is due save_secs after the last one, wherever training is") {
   ChiefSchedule schedule({1000, 100, true, 0, 600s}, 0, kT0);
   CHECK(schedule.next().deadline == kT0 + 600s);
@@ -65,8 +75,9 @@ TEST_CASE("a checkpoint by time is due save_secs after the last one, wherever tr
 TEST_CASE("a resumed or rolled back job evaluates again from the step it is at") {
   // Resumed at step 45 of 60: evaluations after 45 only.
   CHECK(walk(ChiefSchedule({60, 20, true, 25, 0s}, 45, kT0)) == "50:c 60:cel");
-  // Resumed from the checkpoint of the last step: its evaluation once more, to end cleanly.
-  CHECK(walk(ChiefSchedule({60, 20, true, 25, 0s}, 60, kT0)) == "60:cel");
+  // Resumed from the checkpoint of the last step: its evaluation once more, to end cleanly,
+  // and no second checkpoint of that step.
+  CHECK(walk(ChiefSchedule({60, 20, true, 25, 0s}, 60, kT0)) == "60:el");
   // Rolled back from 40 to the checkpoint of step 25: the evaluation of 40 is due again,
   // and the next checkpoint counts from 25.
   ChiefSchedule schedule({60, 20, true, 25, 0s}, 0, kT0);

@@ -4,11 +4,17 @@
 /// One checkpoint on disk: a directory holding two files.
 ///
 ///   data   every tensor (each variable's values, then its slots), float32 little-endian,
-///          each starting at a multiple of 64 bytes
+///          each starting at a multiple of 64 bytes; then each embedding table's arrays
+///          (ids, rows, last-touched steps, admission counts), each in chunks of at most
+///          64 MiB, each chunk starting at a multiple of 64 bytes
 ///   index  what the tensors are: "PULLEYCK", the format version, the global step, the sync
 ///          policy's state, and per variable its name, shape, initializer, where each of its
 ///          tensors lies in `data` with its CRC-32C, its slot names and its counters by part;
-///          last, the CRC-32C of everything before it
+///          then (version 2) per table its spec, slot names, update counts, and where each
+///          chunk of its arrays lies with its CRC-32C; last, the CRC-32C of everything
+///          before it
+///
+/// Version 1 (pulley 0.2, no tables) still reads.
 ///
 /// `write_checkpoint` writes both files and flushes them to the disk (fsync) before it
 /// returns; `read_checkpoint` checks every length against what is left and every CRC, and
@@ -45,7 +51,9 @@ static_assert(std::endian::native == std::endian::little,
 namespace pulley::checkpoint {
 
 inline constexpr char kMagic[8] = {'P', 'U', 'L', 'L', 'E', 'Y', 'C', 'K'};
-inline constexpr std::uint32_t kFormatVersion = 1;  ///< bumped on any incompatible change
+inline constexpr std::uint32_t kFormatVersion = 2;  ///< bumped on any incompatible change
+inline constexpr std::uint32_t kOldestVersion = 1;  ///< the oldest version read
+inline constexpr std::size_t kChunkBytes = std::size_t{64} << 20U;  ///< of a table's arrays
 inline constexpr std::size_t kAlignment = 64;       ///< of each tensor in the data file
 
 namespace detail {
@@ -208,6 +216,13 @@ inline void write_checkpoint(const std::filesystem::path& dir, const ModelState&
                   "checkpoint: the tensors of '" + v.spec.name + "' do not fit its shape");
     }
   }
+  for (const TableState& t : state.tables) {
+    const std::size_t n = t.ids.size(), c = t.candidate_ids.size();
+    if (t.spec.dim == 0 || t.rows.size() != n * t.stride() || t.touched.size() != n ||
+        t.candidate_counts.size() != c || t.candidate_steps.size() != c) {
+      throw Error(ErrorCode::kInvalidArgument, "checkpoint: the rows of table '" + t.spec.name + "' do not fit it");
+    }
+  }
   std::error_code ec;
   if (!std::filesystem::create_directory(dir, ec)) {
     throw Error(ErrorCode::kUnavailable, "cannot create " + dir.string() + ": " +
@@ -253,6 +268,42 @@ inline void write_checkpoint(const std::filesystem::path& dir, const ModelState&
         index.put(static_cast<std::uint64_t>(c.rows.end));
         for (const std::int64_t x : c.values) index.put(x);
       }
+    }
+    // Each table's arrays, chunk by chunk: where each chunk lies and its CRC-32C (a chunk's
+    // TensorRef counts bytes, not floats).
+    auto put_array = [&](std::span<const std::byte> bytes) {
+      const std::size_t chunks = (bytes.size() + kChunkBytes - 1) / kChunkBytes;
+      index.put(static_cast<std::uint32_t>(chunks));
+      for (std::size_t c = 0; c < chunks; ++c) {
+        const std::span<const std::byte> chunk = bytes.subspan(c * kChunkBytes, std::min(kChunkBytes, bytes.size() - c * kChunkBytes));
+        data.write(chunk);
+        detail::put_ref(index, {offset, chunk.size(), crc32c(chunk)});
+        offset += chunk.size();
+        const std::size_t pad = (kAlignment - offset % kAlignment) % kAlignment;
+        data.write(std::span(kZeros, pad));
+        offset += pad;
+      }
+    };
+    index.put(static_cast<std::uint32_t>(state.tables.size()));
+    for (const TableState& t : state.tables) {
+      index.put(std::string_view(t.spec.name));
+      index.put(static_cast<std::uint64_t>(t.spec.dim));
+      index.put(static_cast<std::uint8_t>(t.spec.initializer.kind));
+      index.put(t.spec.initializer.value);
+      index.put(t.spec.admit_after);
+      index.put(t.spec.evict_after_steps);
+      index.put(static_cast<std::uint32_t>(t.slot_names.size()));
+      for (const std::string& name : t.slot_names) index.put(std::string_view(name));
+      index.put(static_cast<std::uint32_t>(t.updates.size()));
+      for (const std::int64_t u : t.updates) index.put(u);
+      index.put(static_cast<std::uint64_t>(t.ids.size()));
+      index.put(static_cast<std::uint64_t>(t.candidate_ids.size()));
+      put_array(std::as_bytes(std::span(t.ids)));
+      put_array(std::as_bytes(std::span(t.rows)));
+      put_array(std::as_bytes(std::span(t.touched)));
+      put_array(std::as_bytes(std::span(t.candidate_ids)));
+      put_array(std::as_bytes(std::span(t.candidate_counts)));
+      put_array(std::as_bytes(std::span(t.candidate_steps)));
     }
     data.sync();
   }
@@ -330,7 +381,10 @@ class TensorPool {
   std::vector<Entry> tensors_;
 };
 
-inline ModelState read_checkpoint(const std::filesystem::path& dir, bool values, ModelState* reuse);
+/// `table_rows`, if given, gets each table's row count from the index (read with or without
+/// the values).
+inline ModelState read_checkpoint(const std::filesystem::path& dir, bool values, ModelState* reuse,
+                                  std::vector<std::uint64_t>* table_rows = nullptr);
 
 }  // namespace detail
 
@@ -352,7 +406,7 @@ inline void read_checkpoint_into(const std::filesystem::path& dir, ModelState& i
 }
 
 inline ModelState detail::read_checkpoint(const std::filesystem::path& dir, bool values,
-                                          ModelState* reuse) {
+                                          ModelState* reuse, std::vector<std::uint64_t>* table_rows) {
   const std::string where = "checkpoint " + dir.string();
   std::string bytes;
   {
@@ -376,9 +430,10 @@ inline ModelState detail::read_checkpoint(const std::filesystem::path& dir, bool
     throw Error(ErrorCode::kDataLoss, where + ": the index is damaged (its CRC-32C does not match)");
   }
   detail::IndexReader in(body.subspan(sizeof kMagic), where);
-  if (const auto version = in.get<std::uint32_t>(); version != kFormatVersion) {
-    in.bad("format version " + std::to_string(version) + ", this pulley reads version " +
-           std::to_string(kFormatVersion));
+  const auto version = in.get<std::uint32_t>();
+  if (version < kOldestVersion || version > kFormatVersion) {
+    in.bad("format version " + std::to_string(version) + ", this pulley reads versions " +
+           std::to_string(kOldestVersion) + " to " + std::to_string(kFormatVersion));
   }
   ModelState state;
   state.global_step = in.get<std::int64_t>();
@@ -412,7 +467,59 @@ inline ModelState detail::read_checkpoint(const std::filesystem::path& dir, bool
       v.counters.push_back(std::move(part));
     }
   }
-  if (in.left() != 0) in.bad("bytes after the last variable");
+  // Tables (version 2): their specs and where their arrays' chunks lie.
+  struct PendingArray {
+    std::span<std::byte> into;
+    std::vector<detail::TensorRef> chunks;
+    std::string what;
+  };
+  std::vector<PendingArray> arrays;
+  if (version >= 2) {
+    const std::uint32_t num_tables = in.get_count(40);
+    state.tables.resize(num_tables);
+    for (TableState& t : state.tables) {
+      t.spec.name = in.get_string();
+      t.spec.dim = static_cast<std::size_t>(in.get<std::uint64_t>());
+      t.spec.initializer.kind = static_cast<Initializer::Kind>(in.get<std::uint8_t>());
+      t.spec.initializer.value = in.get<float>();
+      t.spec.admit_after = in.get<std::uint32_t>();
+      t.spec.evict_after_steps = in.get<std::int64_t>();
+      for (std::uint32_t k = 0, n = in.get_count(4); k < n; ++k) t.slot_names.push_back(in.get_string());
+      for (std::uint32_t k = 0, n = in.get_count(8); k < n; ++k) t.updates.push_back(in.get<std::int64_t>());
+      const auto rows = in.get<std::uint64_t>();
+      const auto candidates = in.get<std::uint64_t>();
+      if (table_rows != nullptr) table_rows->push_back(rows);
+      if (t.spec.dim == 0 || t.spec.dim > (std::size_t{1} << 16U) || t.slot_names.size() > 64) {
+        in.bad("table '" + t.spec.name + "' has dim " + std::to_string(t.spec.dim) + " and " +
+               std::to_string(t.slot_names.size()) + " slots");
+      }
+      // Sizes are checked against the data file before anything is allocated.
+      const std::uint64_t stride_bytes = t.stride() * sizeof(float);
+      const std::string what = "table '" + t.spec.name + "'";
+      auto array = [&](std::uint64_t count, std::uint64_t each, std::string part) {
+        PendingArray a;
+        a.what = what + " (" + std::move(part) + ")";
+        std::uint64_t bytes_n = 0;
+        for (std::uint32_t c = 0, n = in.get_count(20); c < n; ++c) {
+          a.chunks.push_back(detail::get_ref(in));
+          if (a.chunks.back().floats > kChunkBytes) in.bad(a.what + " has a chunk over 64 MiB");
+          bytes_n += a.chunks.back().floats;
+        }
+        if (count > (std::uint64_t{1} << 48U) / each || bytes_n != count * each) {
+          in.bad(a.what + " has " + std::to_string(bytes_n) + " bytes, not " + std::to_string(count) + " × " +
+                 std::to_string(each));
+        }
+        arrays.push_back(std::move(a));
+      };
+      array(rows, 8, "ids");
+      array(rows, stride_bytes, "rows");
+      array(rows, 4, "steps");
+      array(candidates, 8, "candidate ids");
+      array(candidates, 4, "candidate counts");
+      array(candidates, 4, "candidate steps");
+    }
+  }
+  if (in.left() != 0) in.bad("bytes after the last table");
   // Slot tensors point into the slots now that the vectors will not move.
   {
     std::size_t t = 0;
@@ -444,6 +551,41 @@ inline ModelState detail::read_checkpoint(const std::filesystem::path& dir, bool
       detail::size_for_read(*p.into, static_cast<std::size_t>(p.ref.floats));
       if (detail::read_summed(data, std::as_writable_bytes(std::span(*p.into)), p.ref.offset) != p.ref.crc) {
         throw Error(ErrorCode::kDataLoss, where + ": " + p.what + " is damaged (CRC-32C mismatch)");
+      }
+    }
+  }
+  // The tables' arrays: each chunk checked to lie in the data file, then read and summed.
+  for (const PendingArray& a : arrays) {
+    for (const detail::TensorRef& c : a.chunks) {
+      if (c.offset > data_size || c.floats > data_size - c.offset) {
+        throw Error(ErrorCode::kDataLoss, where + ": the data file is truncated (" + a.what + ")");
+      }
+    }
+  }
+  if (values) {
+    std::size_t k = 0;
+    for (TableState& t : state.tables) {
+      auto bytes_of = [](auto& vector, std::size_t n) {
+        vector.resize(n);
+        return std::as_writable_bytes(std::span(vector));
+      };
+      std::uint64_t n_rows = 0, n_candidates = 0;  // from the ids' bytes, checked above
+      for (const detail::TensorRef& c : arrays[k].chunks) n_rows += c.floats / 8;
+      for (const detail::TensorRef& c : arrays[k + 3].chunks) n_candidates += c.floats / 8;
+      const std::span<std::byte> into[6] = {
+          bytes_of(t.ids, n_rows),           bytes_of(t.rows, n_rows * t.stride()),
+          bytes_of(t.touched, n_rows),       bytes_of(t.candidate_ids, n_candidates),
+          bytes_of(t.candidate_counts, n_candidates), bytes_of(t.candidate_steps, n_candidates)};
+      for (const std::span<std::byte> target : into) {
+        const PendingArray& a = arrays[k++];
+        std::size_t at = 0;
+        for (const detail::TensorRef& c : a.chunks) {
+          const std::span<std::byte> chunk = target.subspan(at, c.floats);
+          if (detail::read_summed(data, chunk, c.offset) != c.crc) {
+            throw Error(ErrorCode::kDataLoss, where + ": " + a.what + " is damaged (CRC-32C mismatch)");
+          }
+          at += chunk.size();
+        }
       }
     }
   }

@@ -13,10 +13,11 @@ namespace pulley::checkpoint {
 
 /// What a checkpoint holds, as text (TensorFlow's `inspect_checkpoint`): its global step and
 /// the sync policy's state, then per variable its shape, its optimizer slots and counters,
-/// and with `statistics`, the smallest, largest and mean value of each tensor (which reads
-/// and checks every tensor). Throws kDataLoss for a checkpoint that does not read back.
+/// per embedding table its dim, rows and row slots, and with `statistics`, the smallest,
+/// largest and mean value of each tensor (which reads and checks every tensor). Throws kDataLoss for a checkpoint that does not read back.
 inline std::string describe(const std::filesystem::path& dir, bool statistics = false) {
-  const ModelState state = read_checkpoint(dir, statistics);
+  std::vector<std::uint64_t> rows;
+  const ModelState state = detail::read_checkpoint(dir, statistics, nullptr, &rows);
   std::string out = "checkpoint " + dir.string() + "\n  global step " +
                     std::to_string(state.global_step) + "\n  sync policy state [";
   for (std::size_t i = 0; i < state.pacer.size(); ++i) {
@@ -49,6 +50,16 @@ inline std::string describe(const std::filesystem::path& dir, bool statistics = 
       }
       out.back() = '\n';
     }
+  }
+  for (std::size_t k = 0; k < state.tables.size(); ++k) {
+    const TableState& t = state.tables[k];
+    std::string slots;
+    for (const std::string& name : t.slot_names) {
+      if (!slots.empty()) slots += ", ";
+      slots += name;
+    }
+    out += "  table " + t.spec.name + " dim " + std::to_string(t.spec.dim) + ", " + std::to_string(rows[k]) +
+           " rows, slots [" + slots + "]" + stats(t.rows) + "\n";
   }
   return out;
 }

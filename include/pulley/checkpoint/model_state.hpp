@@ -38,19 +38,50 @@ struct VariableState {
   friend bool operator==(const VariableState&, const VariableState&) = default;
 };
 
+/// One embedding table as a checkpoint holds it: every row the ps tasks held at the cut,
+/// with its optimizer slots and the step it was last touched, and the ids admission was
+/// counting (pulled, not admitted yet). Rows are in no particular order.
+struct TableState {
+  TableSpec spec;
+  std::vector<std::string> slot_names;  ///< the row-wise optimizer's, in row order
+  std::vector<std::uint64_t> ids;       ///< one per row, distinct
+  /// Per row, its `spec.dim` values then each slot's `spec.dim` floats: `stride()` floats.
+  std::vector<float> rows;
+  std::vector<std::uint32_t> touched;   ///< per row: the global step it was last pulled or pushed
+  std::vector<std::uint64_t> candidate_ids;     ///< ids pulled, not admitted yet
+  std::vector<std::uint32_t> candidate_counts;  ///< per candidate: pulls counted
+  std::vector<std::uint32_t> candidate_steps;   ///< per candidate: the step last pulled
+  /// The table's update count (lazy Adam's `t`) on each ps that wrote the checkpoint, by
+  /// task: restored as it was onto as many ps tasks, else every ps takes the largest.
+  std::vector<std::int64_t> updates;
+
+  /// Floats per row: its values and slots.
+  [[nodiscard]] std::size_t stride() const noexcept { return (1 + slot_names.size()) * spec.dim; }
+
+  friend bool operator==(const TableState&, const TableState&) = default;
+};
+
 /// What a job needs to go on from a global step: every variable with its optimizer state,
-/// and the sync policy's state, as one consistent cut across all ps tasks (Chief::save).
+/// its embedding tables' rows, and the sync policy's state, as one consistent cut across
+/// all ps tasks (Chief::save_state).
 struct ModelState {
   /// Global steps completed at the cut.
   std::int64_t global_step = 0;
   /// The sync policy's state at the cut (`SyncPolicy::save`), the same on every ps.
   std::vector<std::int64_t> pacer;
   std::vector<VariableState> variables;
+  std::vector<TableState> tables;
 
   /// The variables' specs, in order.
   [[nodiscard]] std::vector<VariableSpec> specs() const {
     std::vector<VariableSpec> out;
     for (const VariableState& v : variables) out.push_back(v.spec);
+    return out;
+  }
+  /// The tables' specs, in order.
+  [[nodiscard]] std::vector<TableSpec> table_specs() const {
+    std::vector<TableSpec> out;
+    for (const TableState& t : tables) out.push_back(t.spec);
     return out;
   }
 

@@ -15,6 +15,149 @@
 
 namespace pulley {
 
+namespace detail {
+
+/// Reads table `t`'s rows and admission counts at the cut from every ps (paused, its cut
+/// read), chunk by chunk: each ps holds at most one chunk more than its rows meanwhile.
+template <Transport T>
+TableState read_table(Client<T>& client, std::uint32_t t) {
+  const std::size_t num_ps = client.num_ps();
+  const auto timeout = client.options().request_timeout;
+  TableState table;
+  table.spec = client.tables()[t];
+  // What each ps holds: its rows at the cut, its update count, the optimizer's slots.
+  std::vector<std::uint64_t> total(num_ps);
+  {
+    CallGroup group;
+    for (std::size_t ps = 0; ps < num_ps; ++ps) {
+      group.add(client.transport().call(ps, ReadRows{t, 0, 0, false}, PullTargets{std::span<float>()}));
+    }
+    group.wait(timeout, "read the rows of table '" + table.spec.name + "'");
+    for (std::size_t ps = 0; ps < num_ps; ++ps) {
+      RowsChunk head = group.take_as<RowsChunk>(ps);
+      if (ps == 0) table.slot_names = std::move(head.slot_names);
+      total[ps] = head.total;
+      table.updates.push_back(head.updates);
+    }
+  }
+  const std::size_t stride = table.stride();
+  std::uint64_t rows = 0;
+  for (const std::uint64_t n : total) rows += n;
+  table.ids.reserve(rows);
+  table.touched.reserve(rows);
+  table.rows.resize(rows * stride);
+  // Chunks of every ps at once, round after round, each read straight into its place.
+  std::vector<std::uint64_t> begin(num_ps, 0);
+  std::size_t filled = 0;
+  for (;;) {
+    CallGroup group;
+    std::vector<std::size_t> asked;
+    std::vector<std::size_t> at;
+    for (std::size_t ps = 0; ps < num_ps; ++ps) {
+      if (begin[ps] >= total[ps]) continue;
+      const std::size_t n = std::min<std::size_t>(total[ps] - begin[ps], rows_per_chunk(stride));
+      PullTargets target{std::span(table.rows).subspan(filled * stride, n * stride)};
+      group.add(client.transport().call(ps, ReadRows{t, begin[ps], static_cast<std::uint32_t>(n), false},
+                                        std::move(target)));
+      asked.push_back(ps);
+      at.push_back(n);
+      filled += n;
+    }
+    if (asked.empty()) break;
+    group.wait(timeout, "read the rows of table '" + table.spec.name + "'");
+    for (std::size_t k = 0; k < asked.size(); ++k) {
+      RowsChunk chunk = group.take_as<RowsChunk>(k);
+      if (chunk.ids.size() != at[k] || chunk.steps.size() != at[k]) {
+        throw Error(ErrorCode::kInternal, "ps " + std::to_string(asked[k]) + " answered a chunk of table '" +
+                                              table.spec.name + "' of the wrong size");
+      }
+      table.ids.insert(table.ids.end(), chunk.ids.begin(), chunk.ids.end());
+      table.touched.insert(table.touched.end(), chunk.steps.begin(), chunk.steps.end());
+      begin[asked[k]] += at[k];
+    }
+  }
+  // The ids admission was counting, a ps after the other (their chunks' rows are empty).
+  for (std::size_t ps = 0; ps < num_ps; ++ps) {
+    for (std::uint64_t from = 0;;) {
+      CallGroup group;
+      group.add(client.transport().call(
+          ps, ReadRows{t, from, static_cast<std::uint32_t>(kMaxIdsPerMessage), true}, PullTargets{std::span<float>()}));
+      group.wait(timeout, "read the admission counts of table '" + table.spec.name + "'");
+      RowsChunk chunk = group.take_as<RowsChunk>(0);
+      table.candidate_ids.insert(table.candidate_ids.end(), chunk.ids.begin(), chunk.ids.end());
+      table.candidate_counts.insert(table.candidate_counts.end(), chunk.counts.begin(), chunk.counts.end());
+      table.candidate_steps.insert(table.candidate_steps.end(), chunk.steps.begin(), chunk.steps.end());
+      from += chunk.ids.size();
+      if (chunk.ids.empty() || from >= chunk.total) break;
+    }
+  }
+  return table;
+}
+
+/// Sends table `t` of `table` to every ps (each keeps the rows its id sharding gives it),
+/// in chunks, at epoch `epoch`; its update count as saved when the ps tasks are as many as
+/// wrote it, else the largest.
+template <Transport T>
+void restore_table(Client<T>& client, std::uint32_t t, const TableState& table, std::uint64_t epoch) {
+  const std::size_t num_ps = client.num_ps();
+  const auto timeout = client.options().request_timeout;
+  const std::string what = "restore the rows of table '" + table.spec.name + "'";
+  const std::int64_t largest =
+      table.updates.empty() ? 0 : *std::max_element(table.updates.begin(), table.updates.end());
+  const std::size_t stride = table.stride();
+  const std::size_t rows = table.ids.size();
+  // Rows, then candidates; the first message to each ps carries its update count.
+  bool first = true;
+  auto send = [&](std::size_t from, std::size_t n, bool candidates) {
+    client.template broadcast<Ack>(
+        [&](std::size_t ps) {
+          RestoreRows m;
+          m.epoch = epoch;
+          m.table = t;
+          if (first) m.updates = table.updates.size() == num_ps ? table.updates[ps] : largest;
+          m.slot_names = table.slot_names;
+          m.candidates = candidates;
+          if (candidates) {
+            m.ids.assign(table.candidate_ids.begin() + from, table.candidate_ids.begin() + from + n);
+            m.counts.assign(table.candidate_counts.begin() + from, table.candidate_counts.begin() + from + n);
+            m.steps.assign(table.candidate_steps.begin() + from, table.candidate_steps.begin() + from + n);
+          } else {
+            m.ids.assign(table.ids.begin() + from, table.ids.begin() + from + n);
+            m.rows = std::span(table.rows).subspan(from * stride, n * stride);
+            m.steps.assign(table.touched.begin() + from, table.touched.begin() + from + n);
+          }
+          return m;
+        },
+        timeout, what);
+    first = false;
+  };
+  const std::size_t chunk = rows_per_chunk(stride);
+  for (std::size_t from = 0; from < rows; from += chunk) send(from, std::min(chunk, rows - from), false);
+  const std::size_t candidates = table.candidate_ids.size();
+  for (std::size_t from = 0; from < candidates; from += kMaxIdsPerMessage) {
+    send(from, std::min(kMaxIdsPerMessage, candidates - from), true);
+  }
+  if (first) send(0, 0, false);  // an empty table: its update count still goes
+}
+
+/// Why `table` cannot be restored (its name or dim differs from `spec`, the model's, or
+/// its rows do not fit its shape), or "".
+inline std::string check_table(const TableState& table, const TableSpec& spec) {
+  if (table.spec.name != spec.name || table.spec.dim != spec.dim) {
+    return "the checkpoint's table '" + table.spec.name + "' (dim " + std::to_string(table.spec.dim) +
+           ") is not the model's '" + spec.name + "' (dim " + std::to_string(spec.dim) + ")";
+  }
+  const std::size_t n = table.ids.size();
+  if (table.rows.size() != n * table.stride() || table.touched.size() != n ||
+      table.candidate_counts.size() != table.candidate_ids.size() ||
+      table.candidate_steps.size() != table.candidate_ids.size()) {
+    return "the checkpoint's table '" + spec.name + "' has rows that do not fit its shape";
+  }
+  return {};
+}
+
+}  // namespace detail
+
 /// The chief's half of a checkpoint's cut (the ps's half is `ps/checkpoint_cut.hpp`): every
 /// variable with its optimizer state, and the sync policy's state, read as one cut across
 /// all ps tasks. Every ps is paused (at once, or the moment it completes `at_step`; pushes
@@ -100,6 +243,7 @@ ModelState read_state(Client<T>& client, std::int64_t at_step = 0) {
     std::sort(v.counters.begin(), v.counters.end(),
               [](const PartCounters& a, const PartCounters& b) { return a.rows.begin < b.rows.begin; });
   }
+  for (std::uint32_t t = 0; t < client.tables().size(); ++t) state.tables.push_back(detail::read_table(client, t));
   return state;
 }
 
@@ -107,15 +251,24 @@ ModelState read_state(Client<T>& client, std::int64_t at_step = 0) {
 /// (slots and counters matched by name: a checkpoint of another optimizer restores the
 /// values alone), the sync policy's state, at a new epoch. The placement may differ from
 /// the checkpoint's (another number of ps tasks): tensors are split anew, and each part
-/// takes the counters of the saved part that held its first row.
+/// takes the counters of the saved part that held its first row. The embedding tables'
+/// rows follow in chunks, each ps keeping those its id sharding gives it (so any number
+/// of ps tasks can take them), and no ps serves until its rows are in; rows created later
+/// start from `table_seed`, the seed the job registered its tables with.
 template <Transport T>
-void restore_state(Client<T>& client, const ModelState& state) {
-  client.register_model(state.specs(), std::vector<TableSpec>(client.tables()), client.table_seed());
+void restore_state(Client<T>& client, const ModelState& state, std::uint64_t table_seed) {
+  const std::vector<TableSpec> tables = state.tables.empty() ? client.tables() : state.table_specs();
+  for (std::size_t t = 0; t < state.tables.size(); ++t) {
+    if (auto problem = detail::check_table(state.tables[t], tables[t]); !problem.empty()) {
+      throw Error(ErrorCode::kInvalidArgument, problem);
+    }
+  }
+  client.register_model(state.specs(), tables, table_seed);
   const std::uint64_t epoch = client.epoch() + 1;
   const Placement& placement = client.placement();
   const std::vector<std::string>& slot_names = client.slot_names();
   const std::vector<std::string>& counter_names = client.counter_names();
-  std::vector<Restore> messages(client.num_ps(), Restore{epoch, state.pacer, {}});
+  std::vector<Restore> messages(client.num_ps(), Restore{epoch, state.pacer, {}, !state.tables.empty()});
   bool whole = true;
   for (const Part& part : placement.parts) {
     const VariableState& v = state.variables[part.variable];
@@ -153,6 +306,17 @@ void restore_state(Client<T>& client, const ModelState& state) {
   }
   client.template broadcast<Ack>([&](std::size_t ps) { return std::move(messages[ps]); },
                                  client.options().request_timeout, "restore the ps tasks");
+  if (!state.tables.empty()) {
+    for (std::uint32_t t = 0; t < state.tables.size(); ++t) detail::restore_table(client, t, state.tables[t], epoch);
+    client.template broadcast<Ack>(
+        [&](std::size_t) {
+          RestoreRows done;
+          done.epoch = epoch;
+          done.done = true;
+          return done;
+        },
+        client.options().request_timeout, "end the restore of the tables");
+  }
   client.adopt_epoch(epoch);
 }
 

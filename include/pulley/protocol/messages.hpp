@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -325,16 +326,75 @@ struct Restore {
   std::uint64_t epoch = 0;
   std::vector<std::int64_t> pacer;  ///< SyncPolicy::save's, or {global step}
   std::vector<PartState> parts;     ///< every part held here
+  /// True: the tables are emptied, and their rows follow in RestoreRows; the ps is not
+  /// ready (WaitReady waits, pulls are refused) until the one with `done`.
+  bool tables_follow = false;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(epoch, pacer, parts);
+    archive(epoch, pacer, parts, tables_follow);
+  }
+};
+
+/// Rows of `stride` floats one ReadRows answer carries at most: kMaxIdsPerMessage, and 64 MiB.
+inline std::size_t rows_per_chunk(std::size_t stride) noexcept {
+  constexpr std::size_t kBytes = std::size_t{64} << 20U;
+  return std::max<std::size_t>(1, std::min(kMaxIdsPerMessage, kBytes / (std::max<std::size_t>(stride, 1) * sizeof(float))));
+}
+
+/// Chief → a ps paused at a checkpoint's cut, after its ReadState: the rows of table `table`
+/// held at the cut, from row number `begin` on, at most `max_rows` of them (the ps caps a
+/// chunk at kMaxIdsPerMessage rows and 64 MiB, so its memory for a checkpoint is bounded
+/// however large its tables are); with `candidates`, the ids admission was counting
+/// instead. Answered with a RowsChunk.
+struct ReadRows {
+  static constexpr std::string_view kName = "ReadRows";
+  /// Its reply views buffers the next request reuses (as a pull of rows).
+  static constexpr bool kChangesParameters = true;
+  static constexpr RoleSet kSenders{Node::Role::kChief};
+  std::uint32_t table = 0;
+  std::uint64_t begin = 0;
+  std::uint32_t max_rows = 0;
+  bool candidates = false;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(table, begin, max_rows, candidates);
+  }
+};
+
+/// Chief → ps, after a Restore with `tables_follow`: rows of table `table` (each its values,
+/// then one dim of floats per name in `slot_names`, the checkpoint's optimizer slots) with
+/// the step each was last touched, or with `candidates` admission counts (`counts`,
+/// `steps`; `rows` empty); the ps keeps those its id sharding gives it and ignores the rest.
+/// Slots named otherwise than the ps's optimizer names its own are dropped (the rows'
+/// optimizer starts afresh). `updates` sets the table's update count (-1: leave it). The
+/// message with `done` ends the restore: the ps turns ready.
+struct RestoreRows {
+  static constexpr std::string_view kName = "RestoreRows";
+  static constexpr bool kChangesParameters = true;
+  static constexpr RoleSet kSenders{Node::Role::kChief};
+  std::uint64_t epoch = 0;
+  std::uint32_t table = 0;
+  std::int64_t updates = -1;
+  std::vector<std::string> slot_names;
+  std::vector<std::uint64_t> ids;
+  std::span<const float> rows;          ///< a tensor: ids.size() × (1 + slot_names.size()) × dim
+  std::vector<std::uint32_t> steps;     ///< per id: last touched (rows) or last pulled (candidates)
+  std::vector<std::uint32_t> counts;    ///< per id, candidates only
+  bool candidates = false;
+  bool done = false;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(epoch, table, updates, slot_names, ids, rows, steps, counts, candidates, done);
   }
 };
 
 /// Everything a ps task is asked.
 using Request = std::variant<Register, Initialize, WaitReady, TakeToken, Pull, Push, GetStats,
-                             Shutdown, Pause, ReadState, Resume, Restore, Heartbeat, PullRows>;
+                             Shutdown, Pause, ReadState, Resume, Restore, Heartbeat, PullRows,
+                             ReadRows, RestoreRows>;
 
 // ---- responses --------------------------------------------------------------------------
 
@@ -497,9 +557,26 @@ struct StateReply {
   }
 };
 
+/// Answer to ReadRows: one chunk of a table's rows at the cut (or of its candidates).
+struct RowsChunk {
+  static constexpr std::string_view kName = "RowsChunk";
+  std::uint64_t total = 0;    ///< rows (or candidates) at the cut: read until `begin` reaches it
+  std::int64_t updates = 0;   ///< the table's update count on this ps
+  std::vector<std::string> slot_names;  ///< the row-wise optimizer's, in row order
+  std::vector<std::uint64_t> ids;
+  std::span<const float> rows;          ///< a tensor: ids.size() × stride (empty for candidates)
+  std::vector<std::uint32_t> steps;     ///< per id: last touched (rows) or last pulled (candidates)
+  std::vector<std::uint32_t> counts;    ///< per id, candidates only
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(total, updates, slot_names, ids, rows, steps, counts);
+  }
+};
+
 /// Everything a ps task answers.
 using Response = std::variant<Ack, ErrorReply, PlacementReply, TokenReply, PullReply, PushReply,
-                              StatsReply, PauseReply, StateReply, RowsReply>;
+                              StatsReply, PauseReply, StateReply, RowsReply, RowsChunk>;
 
 // ---- what follows from the declarations ---------------------------------------------------
 

@@ -163,7 +163,7 @@ class EmbeddingTable {
     if (before <= 0) return 0;
     std::size_t removed = 0;
     for (std::uint32_t row = 0; row < rows_;) {
-      if (static_cast<std::int64_t>(touched(row)) < before) {
+      if (static_cast<std::int64_t>(touched_step(row)) < before) {
         erase(row);  // the last row moves here: look at this row again
         ++removed;
       } else {
@@ -173,6 +173,70 @@ class EmbeddingTable {
     std::erase_if(candidates_, [&](const auto& c) { return static_cast<std::int64_t>(c.second.last) < before; });
     stats_.rows_evicted += removed;
     return removed;
+  }
+
+  /// Floats per row: its values and slots.
+  [[nodiscard]] std::size_t stride() const noexcept { return stride_; }
+  /// Ids pulled and not admitted yet.
+  [[nodiscard]] std::size_t candidates() const noexcept { return candidates_.size(); }
+
+  // ---- what a checkpoint reads and restores --------------------------------------------
+  // Rows are numbered 0 to size() − 1; pulls append rows and only an update's eviction
+  // renumbers them, so a ps paused for a checkpoint's cut reads rows [0, n) of the cut by
+  // number, chunk after chunk, however many pulls come meanwhile.
+
+  /// Appends rows [begin, begin + n) to `ids`, `rows` (stride() floats each: values, then
+  /// slots) and `touched` (the step each was last pulled or pushed).
+  void read_rows(std::size_t begin, std::size_t n, std::vector<std::uint64_t>& ids, std::vector<float>& rows,
+                 std::vector<std::uint32_t>& touched) const {
+    n = std::min(n, rows_ - std::min(begin, rows_));
+    rows.reserve(rows.size() + n * stride_);
+    for (std::size_t k = 0; k < n; ++k) {
+      const auto row = static_cast<std::uint32_t>(begin + k);
+      ids.push_back(id_of(row));
+      rows.insert(rows.end(), at(row), at(row) + stride_);
+      touched.push_back(touched_step(row));
+    }
+  }
+
+  /// Appends the ids admission is counting, each with its count and the step last pulled.
+  void read_candidates(std::vector<std::uint64_t>& ids, std::vector<std::uint32_t>& counts,
+                       std::vector<std::uint32_t>& steps) const {
+    for (const auto& [id, c] : candidates_) {
+      ids.push_back(id);
+      counts.push_back(c.count);
+      steps.push_back(c.last);
+    }
+  }
+
+  /// Forgets every row and candidate: a restore follows.
+  void clear() noexcept {
+    chunks_.clear();
+    index_.clear();
+    rows_ = 0;
+    candidates_.clear();
+    scratch_rows_.clear();
+  }
+
+  /// Sets the row of `id` to `row` (stride() floats: values, then slots; or dim() floats:
+  /// values, with fresh slots), last touched at `touched`, creating it if it is not held.
+  /// Throws kResourceExhausted at the row limit.
+  void restore_row(std::uint64_t id, std::span<const float> row, std::uint32_t touched) {
+    std::uint32_t r = find(id);
+    if (r == kNone) {
+      r = create(id);
+      --stats_.rows_created;  // restored, not created
+    } else if (row.size() < stride_) {
+      optimizer_.init_row(std::span<float>(at(r) + spec_.dim, stride_ - spec_.dim));
+    }
+    std::copy(row.begin(), row.begin() + static_cast<std::ptrdiff_t>(std::min(row.size(), stride_)), at(r));
+    set_touched(r, touched);
+  }
+
+  /// Sets the admission count of `id`, which has no row, to `count` pulls, the last at `step`.
+  void restore_candidate(std::uint64_t id, std::uint32_t count, std::uint32_t step) {
+    if (spec_.admit_after <= 1 || find(id) != kNone) return;
+    candidates_[id] = Candidate{count, step};
   }
 
   /// Calls `f(id, values, slots)` for every row held (values: dim floats; slots:
@@ -228,7 +292,7 @@ class EmbeddingTable {
     return id;
   }
   void set_id(std::uint32_t row, std::uint64_t id) noexcept { std::memcpy(record(row), &id, sizeof id); }
-  [[nodiscard]] std::uint32_t touched(std::uint32_t row) const noexcept {
+  [[nodiscard]] std::uint32_t touched_step(std::uint32_t row) const noexcept {
     std::uint32_t step = 0;
     std::memcpy(&step, record(row) + 2, sizeof step);
     return step;
@@ -240,7 +304,7 @@ class EmbeddingTable {
     return static_cast<std::uint32_t>(std::clamp<std::int64_t>(step, 0, kNone - 1));
   }
   void touch(std::uint32_t row, std::int64_t step) noexcept {
-    set_touched(row, std::max(touched(row), clamp_step(step)));
+    set_touched(row, std::max(touched_step(row), clamp_step(step)));
   }
 
   /// Calls `f(i, row)` for each of `ids` with the row that holds it (kNone if none), in

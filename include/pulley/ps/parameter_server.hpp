@@ -40,7 +40,8 @@ namespace pulley {
 ///
 ///   Registration   the model's checks and placement, readiness, epoch  Register, WaitReady
 ///   Shard          the parts and table rows held here                 Initialize, Pull, PullRows,
-///                                                                     ReadState, Restore
+///                                                                     ReadState, ReadRows,
+///                                                                     Restore, RestoreRows
 ///   Pacing         the sync policy's pacer, tokens and their leases   TakeToken
 ///   Update         the update in progress: where a push is applied    Push
 ///   PushLedger     pushes taken from each worker, resends             Push, ReadState
@@ -426,11 +427,6 @@ class ParameterServer {
 
   void on(ReadState& r, const RequestContext&, Responder& reply) {
     if (!cut_.paused()) return reject(reply, ErrorCode::kFailedPrecondition, "ReadState without Pause");
-    if (shard_.tables().size() > 0) {
-      return reject(reply, ErrorCode::kFailedPrecondition,
-                    "checkpoints do not hold embedding tables yet: this ps holds table '" +
-                        shard_.table_specs().front().name + "'");
-    }
     if (const auto worker = CheckpointCut::past(ledger_, r.until)) {
       return reject(reply, ErrorCode::kFailedPrecondition, "ReadState: this ps has taken more pushes of worker " +
                                                                std::to_string(*worker) + " than the cut");
@@ -442,7 +438,16 @@ class ParameterServer {
   void advance_cut() {
     cut_.advance(
         ledger_, [this](const Push& push, Responder& reply) { take(push, reply); },
-        [this] { return StateReply{pacing_.global_step(), pacing_.save(), shard_.read_state()}; });
+        [this] {
+          shard_.tables().mark_cut();  // the rows at the cut, read next (ReadRows)
+          return StateReply{pacing_.global_step(), pacing_.save(), shard_.read_state()};
+        });
+  }
+
+  void on(ReadRows& r, const RequestContext&, Responder& reply) {
+    if (!cut_.paused()) return reject(reply, ErrorCode::kFailedPrecondition, "ReadRows without Pause");
+    if (refused(reply, shard_.tables().check(r))) return;
+    respond(reply, shard_.tables().read(r));
   }
 
   void on(Resume&, const RequestContext&, Responder& reply) {
@@ -451,6 +456,7 @@ class ParameterServer {
   }
 
   void resume() {
+    shard_.tables().end_cut();
     cut_.resume([this](const Push& push, Responder& reply) { take(push, reply); });
   }
 
@@ -466,6 +472,11 @@ class ParameterServer {
     const std::int64_t step_before = registration_.ready() ? pacing_.global_step() : -1;
     const std::int64_t step = pacing_.policy().global_step(pacer);
     shard_.restore(by_part, pacing_.policy());
+    shard_.tables().begin_restore();
+    if (shard_.tables().size() > 0 && !r.tables_follow) {
+      log(LogLevel::kWarning, name_ + ": the restore holds no rows of the embedding tables: their rows start "
+                                      "again from their initial values");
+    }
     update_.clear();
     ledger_.clear();
     // What waited belongs to the time before: its clients start their step again.
@@ -487,7 +498,32 @@ class ParameterServer {
                              " (epoch " + std::to_string(registration_.epoch()) + ")" + undone);
     respond(reply, Ack{});
     changing_ = false;
-    if (!registration_.ready()) become_ready();
+    restoring_rows_ = r.tables_follow ? std::optional(r.epoch) : std::nullopt;
+    if (restoring_rows_) {
+      registration_.unready();  // until the rows are in (RestoreRows with done)
+    } else if (!registration_.ready()) {
+      become_ready();
+    }
+  }
+
+  void on(RestoreRows& r, const RequestContext&, Responder& reply) {
+    if (restoring_rows_ != r.epoch) {
+      return reject(reply, ErrorCode::kFailedPrecondition, "RestoreRows without a Restore of epoch " +
+                                                               std::to_string(r.epoch) + " that awaits rows");
+    }
+    if (refused(reply, shard_.tables().check(r))) return;
+    try {
+      restored_rows_ += shard_.tables().restore(r);
+    } catch (const Error& e) {  // the row limit: the restore cannot complete
+      return reject(reply, e.code(), e.what());
+    }
+    respond(reply, Ack{});
+    if (r.done) {
+      restoring_rows_.reset();
+      log(LogLevel::kInfo, name_ + ": " + std::to_string(std::exchange(restored_rows_, 0)) +
+                               " rows of the embedding tables restored");
+      become_ready();
+    }
   }
 
   // ---- Heartbeat / GetStats: liveness.hpp ---------------------------------------------------
@@ -588,6 +624,8 @@ class ParameterServer {
   std::string name_;  ///< "ps 3", as log lines and errors name it
   std::uint32_t num_ps_ = 1;
   bool changing_ = false;          ///< inside a change that a throw would leave half done
+  std::optional<std::uint64_t> restoring_rows_;  ///< a Restore of this epoch awaits its rows
+  std::size_t restored_rows_ = 0;                ///< rows of that restore kept so far
   std::optional<ErrorReply> end_;  ///< set once stopped: what every request is answered
   Registration<S> registration_;
   Shard<O, P, T> shard_;

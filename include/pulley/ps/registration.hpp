@@ -73,6 +73,9 @@ class Registration {
     for (Responder& waiter : std::exchange(waiters_, {})) respond(waiter, answer());
   }
 
+  /// The ps stops serving training until it is ready again (a restore in progress).
+  void unready() noexcept { ready_ = false; }
+
   /// Answers every waiting WaitReady with `error`.
   void answer_all(const ErrorReply& error) {
     for (Responder& waiter : std::exchange(waiters_, {})) respond(waiter, ErrorReply{error});

@@ -50,7 +50,7 @@ class TableShard {
     tables.reserve(specs.size());
     for (const TableSpec& spec : specs) {
       tables.push_back(Table{EmbeddingTable<Optimizer>(spec, policy_.optimizer, seed),
-                             policy_.aggregation.make_accumulator(spec.dim), 0, 0, false});
+                             policy_.aggregation.make_accumulator(spec.dim), 0, 0, false, 0, {}});
     }
     tables_ = std::move(tables);
     task_ = task;
@@ -189,6 +189,116 @@ class TableShard {
     }
   }
 
+  // ---- a checkpoint's cut and a restore ---------------------------------------------------
+
+  /// The cut was read (the ps is paused): remembers each table's rows and admission counts
+  /// at this moment, which ReadRows then reads chunk by chunk.
+  void mark_cut() {
+    for (Table& t : tables_) {
+      t.cut_rows = t.rows.size();
+      t.cut_candidates = {};
+      t.rows.read_candidates(t.cut_candidates.ids, t.cut_candidates.counts, t.cut_candidates.steps);
+    }
+    cut_marked_ = true;
+  }
+  /// The pause ended: what the cut remembered goes.
+  void end_cut() noexcept {
+    for (Table& t : tables_) t.cut_candidates = {};
+    cut_marked_ = false;
+  }
+
+  /// Why `r` cannot be read, or nullopt.
+  [[nodiscard]] std::optional<ErrorReply> check(const ReadRows& r) const {
+    if (!cut_marked_) return ErrorReply{ErrorCode::kFailedPrecondition, "ReadRows before the cut was read"};
+    if (r.table >= tables_.size()) return refuse("unknown table " + std::to_string(r.table));
+    return std::nullopt;
+  }
+
+  /// A chunk of the rows (or candidates) of `r.table` at the cut (`check`ed): rows
+  /// [r.begin, r.begin + n), n = min(r.max_rows, rows_per_chunk(stride), rows left), in a
+  /// buffer valid until `free_replies`.
+  RowsChunk read(const ReadRows& r) {
+    const Table& t = tables_[r.table];
+    RowsChunk answer;
+    answer.updates = t.updates;
+    for (const std::string_view name : policy_.optimizer.row_slot_names()) answer.slot_names.emplace_back(name);
+    if (r.candidates) {
+      const Candidates& c = t.cut_candidates;
+      answer.total = c.ids.size();
+      const std::size_t begin = std::min<std::size_t>(r.begin, c.ids.size());
+      const std::size_t n = std::min<std::size_t>({r.max_rows, kMaxIdsPerMessage, c.ids.size() - begin});
+      answer.ids.assign(c.ids.begin() + begin, c.ids.begin() + begin + n);
+      answer.counts.assign(c.counts.begin() + begin, c.counts.begin() + begin + n);
+      answer.steps.assign(c.steps.begin() + begin, c.steps.begin() + begin + n);
+      return answer;
+    }
+    answer.total = t.cut_rows;
+    const std::size_t begin = std::min<std::size_t>(r.begin, t.cut_rows);
+    const std::size_t n = std::min<std::size_t>({r.max_rows, rows_per_chunk(t.rows.stride()), t.cut_rows - begin});
+    if (used_ == replies_.size()) replies_.emplace_back();
+    std::vector<std::vector<float>>& buffers = replies_[used_++];
+    buffers.resize(1);
+    buffers[0].clear();
+    t.rows.read_rows(begin, n, answer.ids, buffers[0], answer.steps);
+    answer.rows = buffers[0];
+    return answer;
+  }
+
+  /// Empties every table for a restore: their rows follow (`restore`), or the tables start
+  /// afresh.
+  void begin_restore() noexcept {
+    for (Table& t : tables_) {
+      t.rows.clear();
+      policy_.aggregation.clear(t.accumulator);
+      t.updates = 0;
+      t.next_eviction = 0;
+      t.prepared = false;
+    }
+    end_cut();
+  }
+
+  /// Why the rows of `r` cannot be restored, or nullopt: an unknown table, sizes that do not
+  /// match, non-finite values.
+  [[nodiscard]] std::optional<ErrorReply> check(const RestoreRows& r) const {
+    if (r.table >= tables_.size()) {
+      if (r.ids.empty() && r.done) return std::nullopt;
+      return refuse("unknown table " + std::to_string(r.table));
+    }
+    const std::size_t n = r.ids.size();
+    const std::size_t stride = (1 + r.slot_names.size()) * spec(r.table).dim;
+    const bool fits = r.steps.size() == n && (r.candidates ? r.rows.empty() && r.counts.size() == n
+                                                           : r.rows.size() == n * stride && r.counts.empty());
+    if (!fits) return refuse("RestoreRows of table '" + spec(r.table).name + "': sizes do not match its rows");
+    if (!detail::all_finite(r.rows)) return refuse("RestoreRows of table '" + spec(r.table).name + "': non-finite rows");
+    return std::nullopt;
+  }
+
+  /// Takes the rows (or candidates) of `r` (`check`ed) that this ps's id sharding gives it;
+  /// returns how many.
+  std::size_t restore(const RestoreRows& r) {
+    if (r.table >= tables_.size()) return 0;
+    Table& t = tables_[r.table];
+    if (r.updates >= 0) t.updates = r.updates;
+    const std::string& name = spec(r.table).name;
+    const std::size_t dim = spec(r.table).dim;
+    const std::size_t stride = (1 + r.slot_names.size()) * dim;
+    // The checkpoint's slots when they are this optimizer's, else the values alone.
+    const auto own = policy_.optimizer.row_slot_names();
+    const bool same_slots = std::equal(own.begin(), own.end(), r.slot_names.begin(), r.slot_names.end());
+    const std::size_t take = same_slots ? stride : dim;
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < r.ids.size(); ++i) {
+      if (policy_.sharding.ps_of(name, r.ids[i], num_ps_) != task_) continue;
+      if (r.candidates) {
+        t.rows.restore_candidate(r.ids[i], r.counts[i], r.steps[i]);
+      } else {
+        t.rows.restore_row(r.ids[i], r.rows.subspan(i * stride, take), r.steps[i]);
+      }
+      ++kept;
+    }
+    return kept;
+  }
+
   /// The most row bytes one request can carry to this ps.
   [[nodiscard]] std::uint64_t max_payload() const noexcept {
     std::uint64_t bytes = 0;
@@ -216,17 +326,25 @@ class TableShard {
   }
 
  private:
+  /// Admission counts as a cut saw them.
+  struct Candidates {
+    std::vector<std::uint64_t> ids;
+    std::vector<std::uint32_t> counts, steps;
+  };
   struct Table {
     EmbeddingTable<Optimizer> rows;
     typename T::Aggregation::Accumulator accumulator;
     std::int64_t updates = 0;
     std::int64_t next_eviction = 0;
     bool prepared = false;  ///< its rows of the update being applied wait for commit
+    std::size_t cut_rows = 0;       ///< rows held at the last cut
+    Candidates cut_candidates;      ///< admission counts at the last cut
   };
 
   static ErrorReply refuse(std::string message) { return ErrorReply{ErrorCode::kInvalidArgument, std::move(message)}; }
 
   T policy_;
+  bool cut_marked_ = false;  ///< a cut was read and the pause goes on
   std::uint32_t task_ = 0;
   std::uint32_t num_ps_ = 1;
   std::vector<Table> tables_;
@@ -257,6 +375,18 @@ class TableShard<NoTables> {
   [[nodiscard]] std::optional<std::string> prepare(std::int64_t) noexcept { return std::nullopt; }
   std::int64_t commit(std::int64_t) noexcept { return 0; }
   void clear() noexcept {}
+  void mark_cut() noexcept {}
+  void end_cut() noexcept {}
+  [[nodiscard]] std::optional<ErrorReply> check(const ReadRows& r) const {
+    return ErrorReply{ErrorCode::kInvalidArgument, "unknown table " + std::to_string(r.table) + " (the model has 0)"};
+  }
+  RowsChunk read(const ReadRows&) const { return {}; }
+  void begin_restore() noexcept {}
+  [[nodiscard]] std::optional<ErrorReply> check(const RestoreRows& r) const {
+    if (r.ids.empty()) return std::nullopt;
+    return ErrorReply{ErrorCode::kInvalidArgument, "unknown table " + std::to_string(r.table) + " (the model has 0)"};
+  }
+  std::size_t restore(const RestoreRows&) const noexcept { return 0; }
   [[nodiscard]] std::uint64_t max_payload() const noexcept { return 0; }
   void count(Stats&) const noexcept {}
   [[nodiscard]] std::vector<TableStats> stats() const { return {}; }

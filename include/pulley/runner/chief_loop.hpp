@@ -143,7 +143,13 @@ class ChiefLoop {
                                std::to_string(start_step_));
       return start_step_;
     }
-    const auto initialize = [&] { return chief_.initialize_and_save(model_.variables()); };
+    const auto initialize = [&] {
+      if constexpr (TableModel<M>) {
+        return chief_.initialize_and_save(model_.variables(), std::span<const TableSpec>(model_.tables()));
+      } else {
+        return chief_.initialize_and_save(model_.variables());
+      }
+    };
     if (checkpoints_) {
       save_checkpoint(*checkpoints_, initialize);
     } else {

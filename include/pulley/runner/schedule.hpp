@@ -69,7 +69,8 @@ class ChiefSchedule {
     if (plan_.checkpoints && plan_.save_steps > 0) {
       checkpoint = (saved_step_ / plan_.save_steps + 1) * plan_.save_steps;
     }
-    if (plan_.checkpoints && last) checkpoint = std::min(checkpoint, evaluation);
+    // The last step's checkpoint, unless a cut that came late is there already.
+    if (plan_.checkpoints && last && saved_step_ < evaluation) checkpoint = std::min(checkpoint, evaluation);
     Due due;
     due.step = std::min(evaluation, checkpoint);
     due.checkpoint = due.step == checkpoint;

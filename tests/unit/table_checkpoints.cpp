@@ -1,0 +1,343 @@
+// SPDX-License-Identifier: MIT
+// Embedding tables in checkpoints: rows, their optimizer slots, last-touched steps and
+// admission counts are read at the cut and restored; a job resumed from a checkpoint ends
+// bit for bit where the uninterrupted one does; a checkpoint of 2 ps restores onto 3 and
+// onto 1; a rollback brings back the checkpoint's rows, never initial values; on disk,
+// every chunk is checked and the older format still reads; message by message, what a
+// ps refuses.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "pulley/checkpoint/directory.hpp"
+#include "pulley/checkpoint/inspect.hpp"
+#include "pulley/client/chief.hpp"
+#include "pulley/client/worker.hpp"
+#include "pulley/optimizers/adagrad.hpp"
+#include "pulley/ps/parameter_server.hpp"
+#include "pulley/sharding/round_robin.hpp"
+#include "pulley/sync/sync_replicas.hpp"
+#include "support/cluster.hpp"
+#include "support/table_model.hpp"
+
+using namespace pulley;
+using pulley::testing::Cluster;
+using pulley::testing::TableBatchOf;
+using pulley::testing::TinyTableModel;
+
+namespace {
+
+constexpr std::uint64_t kSeed = 21;
+constexpr std::int64_t kSteps = 24;
+using Sync = Cluster<RoundRobin, Adagrad, SyncReplicas>;
+
+/// Admission after 2 pulls, so that a checkpoint holds candidates too.
+const TableSpec kSpec{"emb", TinyTableModel::kDim, Initializer::uniform(0.5F), 2, 0};
+
+const std::vector<TableBatchOf>& batches() {
+  static const auto all = pulley::testing::table_batches(kSteps * 2, 8, 300, 4);
+  return all;
+}
+
+/// Two workers train from step `from` to `to` (sync R = N = 2; worker w's batch of step k
+/// is batches()[2k + w]).
+void train(Sync& cluster, std::int64_t from, std::int64_t to) {
+  std::vector<std::thread> workers;
+  for (std::uint32_t w = 0; w < 2; ++w) {
+    workers.emplace_back([&, w] {
+      Worker worker(w, TinyTableModel(kSpec), cluster.endpoint(Node::worker(w)));
+      worker.wait_ready();
+      for (std::int64_t k = from; worker.step(batches()[static_cast<std::size_t>(k * 2 + w)], to); ++k) {
+      }
+    });
+  }
+  for (auto& t : workers) t.join();
+}
+
+/// A table as a map: id → (values and slots, last touched); candidates: id → (count, step).
+struct Rows {
+  std::map<std::uint64_t, std::pair<std::vector<float>, std::uint32_t>> rows;
+  std::map<std::uint64_t, std::pair<std::uint32_t, std::uint32_t>> candidates;
+  friend bool operator==(const Rows&, const Rows&) = default;
+};
+Rows rows_of(const TableState& t) {
+  Rows out;
+  const std::size_t stride = t.stride();
+  for (std::size_t i = 0; i < t.ids.size(); ++i) {
+    const auto row = std::vector<float>(t.rows.begin() + static_cast<std::ptrdiff_t>(i * stride),
+                                        t.rows.begin() + static_cast<std::ptrdiff_t>((i + 1) * stride));
+    REQUIRE(out.rows.emplace(t.ids[i], std::make_pair(row, t.touched[i])).second);  // each id once
+  }
+  for (std::size_t i = 0; i < t.candidate_ids.size(); ++i) {
+    out.candidates[t.candidate_ids[i]] = {t.candidate_counts[i], t.candidate_steps[i]};
+  }
+  return out;
+}
+
+/// Every dense value and slot, and every table's rows, of two states agree.
+void check_same(const ModelState& a, const ModelState& b) {
+  CHECK(a.global_step == b.global_step);
+  REQUIRE(a.variables.size() == b.variables.size());
+  for (std::size_t v = 0; v < a.variables.size(); ++v) {
+    CHECK(a.variables[v].values == b.variables[v].values);
+    CHECK(a.variables[v].slots == b.variables[v].slots);
+  }
+  REQUIRE(a.tables.size() == b.tables.size());
+  for (std::size_t t = 0; t < a.tables.size(); ++t) {
+    CHECK(a.tables[t].spec == b.tables[t].spec);
+    CHECK(a.tables[t].slot_names == b.tables[t].slot_names);
+    CHECK(rows_of(a.tables[t]) == rows_of(b.tables[t]));
+  }
+}
+
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "pulley-tables-XXXXXX").string();
+    path = ::mkdtemp(pattern.data());
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+};
+
+}  // namespace
+
+TEST_CASE("a checkpoint holds every row with its slots, steps and admission counts, as the ps tasks hold them") {
+  Sync cluster(2, Adagrad{0.1F}, SyncReplicas(2, 2));
+  Chief chief(cluster.endpoint(Node::chief()), kSeed);
+  const TinyTableModel shape(kSpec);
+  chief.initialize(shape.variables(), shape.tables());
+  train(cluster, 0, 10);
+  const ModelState state = chief.save_state();
+  CHECK(state.global_step == 10);
+  REQUIRE(state.tables.size() == 1);
+  const TableState& t = state.tables[0];
+  CHECK(t.spec == kSpec);
+  CHECK(t.slot_names == std::vector<std::string>{"accumulator"});
+  CHECK(t.updates.size() == 2);  // one count per ps
+  std::int64_t held = 0;
+  for (const Stats& s : chief.stats()) held += s.table_rows;
+  CHECK(static_cast<std::int64_t>(t.ids.size()) == held);
+  CHECK_FALSE(t.candidate_ids.empty());  // ids pulled once: admission is counting them
+  // The rows' values are what a read of the ps tasks gives.
+  const std::vector<float> read = chief.read_rows("emb", t.ids);
+  for (std::size_t i = 0; i < t.ids.size(); ++i) {
+    for (std::size_t k = 0; k < kSpec.dim; ++k) CHECK(t.rows[i * t.stride() + k] == read[i * kSpec.dim + k]);
+    CHECK(t.touched[i] <= 10);
+  }
+  chief.shutdown();
+}
+
+TEST_CASE("a sync job with tables resumed from a checkpoint on disk ends bit for bit where the uninterrupted one does") {
+  ModelState straight;
+  {
+    Sync cluster(2, Adagrad{0.1F}, SyncReplicas(2, 2));
+    Chief chief(cluster.endpoint(Node::chief()), kSeed);
+    const TinyTableModel shape(kSpec);
+    chief.initialize(shape.variables(), shape.tables());
+    train(cluster, 0, kSteps);
+    straight = chief.save_state();
+    chief.shutdown();
+  }
+  TempDir tmp;
+  {
+    Sync cluster(2, Adagrad{0.1F}, SyncReplicas(2, 2));
+    Chief chief(cluster.endpoint(Node::chief()), kSeed);
+    const TinyTableModel shape(kSpec);
+    chief.initialize(shape.variables(), shape.tables());
+    train(cluster, 0, 9);
+    CheckpointDirectory(tmp.path).save(chief.save_state());
+    chief.shutdown();
+  }
+  Sync cluster(2, Adagrad{0.1F}, SyncReplicas(2, 2));
+  Chief chief(cluster.endpoint(Node::chief()), kSeed);
+  const auto latest = CheckpointDirectory(tmp.path).latest();
+  REQUIRE(latest.has_value());
+  REQUIRE(latest->first.tables.size() == 1);
+  chief.restore(latest->first);
+  train(cluster, 9, kSteps);
+  check_same(chief.save_state(), straight);
+  chief.shutdown();
+}
+
+TEST_CASE("a checkpoint of tables written by 2 ps tasks restores onto 3 and onto 1, every row, slot and part as saved") {
+  ModelState saved;
+  {
+    Sync cluster(2, Adagrad{0.1F}, SyncReplicas(2, 2));
+    Chief chief(cluster.endpoint(Node::chief()), kSeed);
+    const TinyTableModel shape(kSpec);
+    chief.initialize(shape.variables(), shape.tables());
+    train(cluster, 0, 12);
+    saved = chief.save_state();
+    chief.shutdown();
+  }
+  for (const std::uint32_t q : {3U, 1U, 2U}) {
+    CAPTURE(q);
+    Sync cluster(q, Adagrad{0.1F}, SyncReplicas(2, 2));
+    Chief chief(cluster.endpoint(Node::chief()), kSeed);
+    chief.restore(saved);
+    ModelState back = chief.save_state();
+    check_same(back, saved);
+    // Every ps holds only the rows its id sharding gives it, and the update count is
+    // carried: as saved onto as many ps tasks, else the largest.
+    std::int64_t held = 0;
+    for (const Stats& s : chief.stats()) held += s.table_rows;
+    CHECK(static_cast<std::size_t>(held) == saved.tables[0].ids.size());
+    const std::int64_t largest = std::max(saved.tables[0].updates[0], saved.tables[0].updates[1]);
+    CHECK(back.tables[0].updates ==
+          (q == 2 ? saved.tables[0].updates : std::vector<std::int64_t>(q, largest)));
+    // And training goes on from there.
+    train(cluster, 12, 14);
+    CHECK(chief.stats().at(0).global_step == 14);
+    chief.shutdown();
+  }
+}
+
+TEST_CASE("a rollback brings back the checkpoint's rows: rows created since go, and none restarts from its initial value") {
+  Sync cluster(2, Adagrad{0.1F}, SyncReplicas(2, 2));
+  Chief chief(cluster.endpoint(Node::chief()), kSeed);
+  const TinyTableModel shape(kSpec);
+  chief.initialize(shape.variables(), shape.tables());
+  std::thread workers([&] { train(cluster, 0, 20); });
+  const ModelState at8 = chief.save_state_at(8);  // cut while they train
+  workers.join();
+  CHECK(at8.global_step == 8);
+  const ModelState at20 = chief.save_state();
+  CHECK(rows_of(at20.tables[0]) != rows_of(at8.tables[0]));
+  chief.restore(at8);
+  check_same(chief.save_state(), at8);
+  chief.shutdown();
+}
+
+TEST_CASE("on disk: tables round-trip, a damaged chunk names its table, and inspect lists them") {
+  ModelState state;
+  state.global_step = 7;
+  state.pacer = {7};
+  state.variables.push_back({{"w", {2}, Initializer::zeros()}, {1.0F, 2.0F}, {{"accumulator", {0.5F, 0.5F}}}, {}, {}});
+  TableState t;
+  t.spec = kSpec;
+  t.slot_names = {"accumulator"};
+  t.updates = {5, 6};
+  for (std::uint64_t id = 0; id < 1000; ++id) {
+    t.ids.push_back(mix_id(id));
+    for (std::size_t k = 0; k < t.stride(); ++k) t.rows.push_back(static_cast<float>(id) + 0.25F * static_cast<float>(k));
+    t.touched.push_back(static_cast<std::uint32_t>(id % 7));
+  }
+  t.candidate_ids = {mix_id(5000), mix_id(5001)};
+  t.candidate_counts = {1, 1};
+  t.candidate_steps = {3, 6};
+  state.tables.push_back(t);
+  TempDir tmp;
+  const auto dir = tmp.path / "ckpt";
+  checkpoint::write_checkpoint(dir, state);
+  CHECK(checkpoint::read_checkpoint(dir) == state);
+  const std::string listed = checkpoint::describe(dir);
+  CHECK(listed.find("table emb dim 3, 1000 rows, slots [accumulator]") != std::string::npos);
+  // Index alone: the specs, no rows.
+  const ModelState index_only = checkpoint::read_checkpoint(dir, false);
+  REQUIRE(index_only.tables.size() == 1);
+  CHECK(index_only.tables[0].spec == kSpec);
+  CHECK(index_only.tables[0].ids.empty());
+  // A byte of the rows flipped: refused, naming the table.
+  const std::uint64_t size = std::filesystem::file_size(dir / "data");
+  {
+    std::fstream data(dir / "data", std::ios::in | std::ios::out | std::ios::binary);
+    data.seekp(static_cast<std::streamoff>(size - 3000));
+    data.put('\x7f');
+  }
+  CHECK_THROWS_WITH_AS(checkpoint::read_checkpoint(dir), doctest::Contains("table 'emb'"), Error);
+  // A table whose rows do not fit its slots is refused before anything is written.
+  TableState bad = t;
+  bad.rows.pop_back();
+  ModelState wrong = state;
+  wrong.tables = {bad};
+  CHECK_THROWS_AS(checkpoint::write_checkpoint(tmp.path / "bad", wrong), Error);
+}
+
+TEST_CASE("a checkpoint of format version 1 (no tables) still reads") {
+  ModelState state;
+  state.global_step = 3;
+  state.pacer = {3};
+  state.variables.push_back({{"w", {2}, Initializer::zeros()}, {1.0F, 2.0F}, {}, {}, {}});
+  TempDir tmp;
+  const auto dir = tmp.path / "ckpt";
+  checkpoint::write_checkpoint(dir, state);
+  // Make it version 1: the version field, and no table count before the CRC.
+  std::string index;
+  {
+    std::ifstream in(dir / "index", std::ios::binary);
+    index.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const std::uint32_t one = 1;
+  std::memcpy(index.data() + 8, &one, 4);
+  index.resize(index.size() - 8);  // the CRC and the table count (0)
+  const std::uint32_t crc = checkpoint::crc32c(std::as_bytes(std::span(index.data(), index.size())));
+  index.append(reinterpret_cast<const char*>(&crc), 4);
+  {
+    std::ofstream out(dir / "index", std::ios::binary | std::ios::trunc);
+    out.write(index.data(), static_cast<std::streamsize>(index.size()));
+  }
+  CHECK(checkpoint::read_checkpoint(dir) == state);
+}
+
+namespace {
+using Server = ParameterServer<RoundRobin, Adagrad, SyncReplicas>;
+
+Response ask(Server& ps, Request request, Node from, std::uint64_t session = 1) {
+  std::optional<Response> out;
+  ps.handle(std::move(request), RequestContext{false, from, session}, [&](Response&& r) { out = std::move(r); });
+  REQUIRE(out.has_value());
+  return std::move(*out);
+}
+}  // namespace
+
+TEST_CASE("a ps refuses rows read outside a cut, rows restored outside a restore, and serves no row until they are in") {
+  Server ps(0, 1, Adagrad{0.1F}, SyncReplicas(1, 1));
+  const Node chief = Node::chief(), worker = Node::worker(0);
+  ask(ps, Register{{{"w", {2}, {}}}, {kSpec}, kSeed}, chief);
+  ask(ps, Initialize{{{0, std::vector<float>{0, 0}}}}, chief);
+  CHECK(std::get<ErrorReply>(ask(ps, ReadRows{0, 0, 10, false}, chief)).code == ErrorCode::kFailedPrecondition);
+  ask(ps, Pause{}, chief);
+  CHECK(std::get<ErrorReply>(ask(ps, ReadRows{0, 0, 10, false}, chief)).code == ErrorCode::kFailedPrecondition);
+  ask(ps, ReadState{{}}, chief);
+  CHECK(std::holds_alternative<RowsChunk>(ask(ps, ReadRows{0, 0, 10, false}, chief)));
+  CHECK(std::get<ErrorReply>(ask(ps, ReadRows{3, 0, 10, false}, chief)).code == ErrorCode::kInvalidArgument);
+  ask(ps, Resume{}, chief);
+  RestoreRows early;
+  early.epoch = 1;
+  early.done = true;
+  CHECK(std::get<ErrorReply>(ask(ps, early, chief)).code == ErrorCode::kFailedPrecondition);
+  // A restore whose rows follow: no row is served until they are in.
+  const std::vector<float> w{1, 2};
+  Restore restore{1, {0}, {{0, w, {}, {}}}, true};
+  REQUIRE(std::holds_alternative<Ack>(ask(ps, restore, chief)));
+  const std::uint64_t id = mix_id(3);
+  CHECK(std::get<ErrorReply>(ask(ps, PullRows{0, 1, {{0, {id}, {}}}}, worker)).code ==
+        ErrorCode::kFailedPrecondition);
+  std::optional<Response> ready;
+  ps.handle(WaitReady{}, RequestContext{false, worker, 2}, [&](Response&& r) { ready = std::move(r); });
+  CHECK_FALSE(ready.has_value());
+  const std::vector<float> row{7, 8, 9, 0.5F, 0.5F, 0.5F};
+  RestoreRows rows;
+  rows.epoch = 1;
+  rows.slot_names = {"accumulator"};
+  rows.ids = {id};
+  rows.rows = row;
+  rows.steps = {4};
+  RestoreRows wrong = rows;
+  wrong.steps = {};
+  CHECK(std::get<ErrorReply>(ask(ps, wrong, chief)).code == ErrorCode::kInvalidArgument);
+  REQUIRE(std::holds_alternative<Ack>(ask(ps, rows, chief)));
+  CHECK_FALSE(ready.has_value());
+  REQUIRE(std::holds_alternative<Ack>(ask(ps, early, chief)));  // done
+  CHECK(ready.has_value());
+  const auto pulled = std::get<RowsReply>(ask(ps, PullRows{0, 1, {{0, {id}, {}}}}, worker));
+  CHECK(std::vector<float>(pulled.rows.at(0).begin(), pulled.rows.at(0).end()) == std::vector<float>{7, 8, 9});
+}
