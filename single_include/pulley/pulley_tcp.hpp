@@ -216,6 +216,8 @@ struct ModelState {
   std::vector<std::int64_t> pacer;
   std::vector<VariableState> variables;
   std::vector<TableState> tables;
+  /// The seed the tables' rows start from (a row not held reads as its initial value).
+  std::uint64_t table_seed = 0;
 
   /// The variables' specs, in order.
   [[nodiscard]] std::vector<VariableSpec> specs() const {
@@ -912,6 +914,10 @@ struct Restore {
     archive(epoch, pacer, parts, tables_follow);
   }
 };
+
+/// Admission counts one ReadRows answer or RestoreRows carries at most: 16 bytes each (id,
+/// count, step), 2 MiB of metadata in all.
+inline constexpr std::size_t kMaxCandidatesPerMessage = std::size_t{1} << 17U;
 
 /// Rows of `stride` floats one ReadRows answer carries at most: kMaxIdsPerMessage, and 64 MiB.
 inline std::size_t rows_per_chunk(std::size_t stride) noexcept {
@@ -2704,7 +2710,8 @@ TableState read_table(Client<T>& client, std::uint32_t t) {
     for (std::uint64_t from = 0;;) {
       CallGroup group;
       group.add(client.transport().call(
-          ps, ReadRows{t, from, static_cast<std::uint32_t>(kMaxIdsPerMessage), true}, PullTargets{std::span<float>()}));
+          ps, ReadRows{t, from, static_cast<std::uint32_t>(kMaxCandidatesPerMessage), true},
+          PullTargets{std::span<float>()}));
       group.wait(timeout, "read the admission counts of table '" + table.spec.name + "'");
       RowsChunk chunk = group.take_as<RowsChunk>(0);
       table.candidate_ids.insert(table.candidate_ids.end(), chunk.ids.begin(), chunk.ids.end());
@@ -2757,8 +2764,8 @@ void restore_table(Client<T>& client, std::uint32_t t, const TableState& table, 
   const std::size_t chunk = rows_per_chunk(stride);
   for (std::size_t from = 0; from < rows; from += chunk) send(from, std::min(chunk, rows - from), false);
   const std::size_t candidates = table.candidate_ids.size();
-  for (std::size_t from = 0; from < candidates; from += kMaxIdsPerMessage) {
-    send(from, std::min(kMaxIdsPerMessage, candidates - from), true);
+  for (std::size_t from = 0; from < candidates; from += kMaxCandidatesPerMessage) {
+    send(from, std::min(kMaxCandidatesPerMessage, candidates - from), true);
   }
   if (first) send(0, 0, false);  // an empty table: its update count still goes
 }
@@ -2867,6 +2874,7 @@ ModelState read_state(Client<T>& client, std::int64_t at_step = 0) {
               [](const PartCounters& a, const PartCounters& b) { return a.rows.begin < b.rows.begin; });
   }
   for (std::uint32_t t = 0; t < client.tables().size(); ++t) state.tables.push_back(detail::read_table(client, t));
+  state.table_seed = client.table_seed();
   return state;
 }
 
@@ -2877,16 +2885,23 @@ ModelState read_state(Client<T>& client, std::int64_t at_step = 0) {
 /// takes the counters of the saved part that held its first row. The embedding tables'
 /// rows follow in chunks, each ps keeping those its id sharding gives it (so any number
 /// of ps tasks can take them), and no ps serves until its rows are in; rows created later
-/// start from `table_seed`, the seed the job registered its tables with.
+/// start from the checkpoint's table seed (or `table_seed` for a checkpoint without tables).
 template <Transport T>
 void restore_state(Client<T>& client, const ModelState& state, std::uint64_t table_seed) {
-  const std::vector<TableSpec> tables = state.tables.empty() ? client.tables() : state.table_specs();
+  // The model's tables when this client knows them (it registered them), else the
+  // checkpoint's; a checkpoint's tables must be the model's.
+  const std::vector<TableSpec> tables = client.tables().empty() ? state.table_specs() : client.tables();
+  if (!state.tables.empty() && tables.size() != state.tables.size()) {
+    throw Error(ErrorCode::kInvalidArgument, "the checkpoint has " + std::to_string(state.tables.size()) +
+                                                 " embedding tables, the model " + std::to_string(tables.size()));
+  }
   for (std::size_t t = 0; t < state.tables.size(); ++t) {
     if (auto problem = detail::check_table(state.tables[t], tables[t]); !problem.empty()) {
       throw Error(ErrorCode::kInvalidArgument, problem);
     }
   }
-  client.register_model(state.specs(), tables, table_seed);
+  // A checkpoint with tables says their seed; one without keeps the caller's.
+  client.register_model(state.specs(), tables, state.tables.empty() ? table_seed : state.table_seed);
   const std::uint64_t epoch = client.epoch() + 1;
   const Placement& placement = client.placement();
   const std::vector<std::string>& slot_names = client.slot_names();
@@ -6592,13 +6607,13 @@ class EmbeddingTable {
       optimizer_.init_row(std::span<float>(at(r) + spec_.dim, stride_ - spec_.dim));
     }
     std::copy(row.begin(), row.begin() + static_cast<std::ptrdiff_t>(std::min(row.size(), stride_)), at(r));
-    set_touched(r, touched);
+    set_touched(r, clamp_step(touched));
   }
 
   /// Sets the admission count of `id`, which has no row, to `count` pulls, the last at `step`.
   void restore_candidate(std::uint64_t id, std::uint32_t count, std::uint32_t step) {
     if (spec_.admit_after <= 1 || find(id) != kNone) return;
-    candidates_[id] = Candidate{count, step};
+    candidates_[id] = Candidate{std::min(count, spec_.admit_after - 1), clamp_step(step)};
   }
 
   /// Calls `f(id, values, slots)` for every row held (values: dim floats; slots:
@@ -7148,7 +7163,7 @@ class TableShard {
       const Candidates& c = t.cut_candidates;
       answer.total = c.ids.size();
       const std::size_t begin = std::min<std::size_t>(r.begin, c.ids.size());
-      const std::size_t n = std::min<std::size_t>({r.max_rows, kMaxIdsPerMessage, c.ids.size() - begin});
+      const std::size_t n = std::min<std::size_t>({r.max_rows, kMaxCandidatesPerMessage, c.ids.size() - begin});
       answer.ids.assign(c.ids.begin() + begin, c.ids.begin() + begin + n);
       answer.counts.assign(c.counts.begin() + begin, c.counts.begin() + begin + n);
       answer.steps.assign(c.steps.begin() + begin, c.steps.begin() + begin + n);
@@ -7221,13 +7236,15 @@ class TableShard {
     return kept;
   }
 
-  /// The most row bytes one request can carry to this ps.
+  /// The most row bytes one request can carry to this ps: a push's rows, or a chunk of a
+  /// restore (RestoreRows: 64 MiB at most, whatever its slots).
   [[nodiscard]] std::uint64_t max_payload() const noexcept {
     std::uint64_t bytes = 0;
     for (const Table& t : tables_) {
       bytes += std::min<std::uint64_t>(kMaxIdsPerMessage * t.rows.dim() * sizeof(float), kMaxRowBytesPerMessage);
     }
-    return bytes;
+    constexpr std::uint64_t kRestoreChunk = std::uint64_t{64} << 20U;
+    return tables_.empty() ? 0 : std::max(bytes, kRestoreChunk);
   }
 
   /// Adds the tables' rows held, evicted and dropped to `stats`.
@@ -8080,7 +8097,7 @@ class ParameterServer {
     shard_.initialize(r.parts);
     if (r.hold) cut_.pause(context.session);  // before any worker can see it ready
     respond(reply, Ack{});
-    if (shard_.initialized() && !registration_.ready()) become_ready();
+    if (shard_.initialized() && !registration_.ready() && !restoring_rows_) become_ready();
   }
 
   void on(WaitReady&, const RequestContext&, Responder& reply) {
@@ -8240,6 +8257,7 @@ class ParameterServer {
       return reject(reply, ErrorCode::kFailedPrecondition, "ReadState: this ps has taken more pushes of worker " +
                                                                std::to_string(*worker) + " than the cut");
     }
+    shard_.tables().end_cut();  // a cut read before is given up
     cut_.read_at(std::move(r.until), reply);
     advance_cut();
   }

@@ -332,8 +332,18 @@ TEST_CASE("a job with embedding tables checkpoints its rows, and resumed from th
   using pulley::testing::TableBatchOf;
   using pulley::testing::TinyTableModel;
   const auto batches = pulley::testing::table_batches(2 * 40, 8, 300, 6);
+  // Rows the last evaluation reads: some a batch used, and one none did.
+  std::vector<std::uint64_t> ids{mix_id(987654321)};
+  for (std::size_t b = 0; ids.size() < 30; ++b) ids.push_back(batches[b][0].ids[0]);
+  std::vector<float> evaluated;
   auto training_to = [&](std::int64_t last, const std::string& directory) {
     Training<TinyTableModel> training;
+    training.evaluate = [&](TinyTableModel&, const Evaluation& e) {
+      if (!e.last) return;
+      REQUIRE(e.rows);
+      evaluated.assign(ids.size() * TinyTableModel::kDim, 0.0F);
+      e.rows(0, ids, evaluated);
+    };
     training.model = [] { return TinyTableModel(); };
     training.data = [&batches](const DataShard& shard) {
       return [&batches, shard, k = shard.start_step]() mutable {
@@ -352,6 +362,32 @@ TEST_CASE("a job with embedding tables checkpoints its rows, and resumed from th
   const auto tmp = std::filesystem::temp_directory_path() / ("pulley-runner-tables-" + std::to_string(::getpid()));
   std::filesystem::remove_all(tmp);
   REQUIRE(training_to(40, (tmp / "straight").string()) == 0);
+  // The chief's last evaluation read the rows of the last checkpoint, absent ones as their
+  // initial values from the checkpoint's table seed; an evaluator on the directory reads
+  // the same from disk.
+  const ModelState last = checkpoint::read_checkpoint(tmp / "straight" / CheckpointDirectory::name_of(40));
+  std::vector<float> expected(ids.size() * TinyTableModel::kDim);
+  CheckpointRows(last.tables.at(0), last.table_seed).lookup(ids, expected);
+  CHECK(evaluated == expected);
+  CHECK_FALSE(CheckpointRows(last.tables.at(0), last.table_seed).contains(ids[0]));
+  std::vector<float> initial(TinyTableModel::kDim);
+  initialize_row(TinyTableModel().tables()[0], last.table_seed, ids[0], initial);
+  CHECK(std::vector<float>(expected.begin(), expected.begin() + TinyTableModel::kDim) == initial);
+  evaluated.clear();
+  {
+    Training<TinyTableModel> reader;
+    reader.model = [] { return TinyTableModel(); };
+    reader.checkpoint.directory = (tmp / "straight").string();
+    reader.last_step = 40;
+    reader.evaluate = [&](TinyTableModel&, const Evaluation& e) {
+      if (!e.last) return;
+      REQUIRE(e.rows);
+      evaluated.assign(ids.size() * TinyTableModel::kDim, 0.0F);
+      e.rows(0, ids, evaluated);
+    };
+    runner_detail::follow_checkpoints(reader);
+  }
+  CHECK(evaluated == expected);
   REQUIRE(training_to(20, (tmp / "resumed").string()) == 0);
   REQUIRE(training_to(40, (tmp / "resumed").string()) == 0);
   // Each table as id → (values and slots, last touched): the order of rows is the ps's own.
@@ -372,6 +408,20 @@ TEST_CASE("a job with embedding tables checkpoints its rows, and resumed from th
   // (A checkpoint due by steps is cut later when the workers outrun the chief: only the
   // first and last steps' are certain.)
   CHECK(rows_at("resumed", 40) == rows_at("straight", 40));
+  // Another model's tables are not restored from it.
+  {
+    LogCapture log;
+    Training<TinyTableModel> other;
+    other.model = [] { return TinyTableModel(TableSpec{"other", TinyTableModel::kDim, Initializer::zeros()}); };
+    other.data = [&batches](const DataShard&) { return [&batches] { return batches[0]; }; };
+    other.last_step = 50;
+    other.checkpoint.directory = (tmp / "straight").string();
+    Job job;
+    job.local_ps = 1;
+    job.local_workers = 1;
+    CHECK(run(job, other, RoundRobin{}, Adagrad{0.1F}, SyncReplicas(1, 1)) != 0);
+    CHECK_FALSE(log.find(LogLevel::kError, "is it another model's checkpoint directory?").empty());
+  }
   std::filesystem::remove_all(tmp);
 }
 

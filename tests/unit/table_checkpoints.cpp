@@ -19,6 +19,7 @@
 
 #include "pulley/checkpoint/directory.hpp"
 #include "pulley/checkpoint/inspect.hpp"
+#include "pulley/checkpoint/rows.hpp"
 #include "pulley/client/chief.hpp"
 #include "pulley/client/worker.hpp"
 #include "pulley/optimizers/adagrad.hpp"
@@ -261,6 +262,86 @@ TEST_CASE("on disk: tables round-trip, a damaged chunk names its table, and insp
   CHECK_THROWS_AS(checkpoint::write_checkpoint(tmp.path / "bad", wrong), Error);
 }
 
+TEST_CASE("an index that cuts a table's arrays otherwise than the writer does is refused before anything is read") {
+  // Two rows: their ids are one chunk of 16 bytes. An index that says two chunks of 4 and
+  // 12 bytes (CRCs and the index's own CRC made right) must not be taken: a reader that
+  // counted rows from chunk sizes would size the rows for 1 and write 2.
+  ModelState state;
+  state.global_step = 1;
+  TableState t;
+  t.spec = kSpec;
+  t.slot_names = {"accumulator"};
+  t.ids = {mix_id(1), mix_id(2)};
+  t.rows.assign(2 * t.stride(), 0.5F);
+  t.touched = {0, 0};
+  state.tables.push_back(t);
+  TempDir tmp;
+  const auto dir = tmp.path / "ckpt";
+  checkpoint::write_checkpoint(dir, state);
+  std::string index;
+  {
+    std::ifstream in(dir / "index", std::ios::binary);
+    index.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  // The ids' chunk list: count 1, then offset, 16 bytes, CRC of the ids.
+  const std::uint32_t ids_crc = checkpoint::crc32c(std::as_bytes(std::span(t.ids)));
+  std::string ref(4 + 8 + 8 + 4, '\0');
+  const std::uint32_t one = 1;
+  const std::uint64_t offset = 0, bytes = 16;
+  std::memcpy(ref.data(), &one, 4);
+  std::memcpy(ref.data() + 4, &offset, 8);
+  std::memcpy(ref.data() + 12, &bytes, 8);
+  std::memcpy(ref.data() + 20, &ids_crc, 4);
+  const std::size_t at = index.find(ref);
+  REQUIRE(at != std::string::npos);
+  auto split = [&](std::uint64_t a, std::uint64_t b) {
+    const auto raw = std::as_bytes(std::span(t.ids));
+    std::string out(4 + 2 * 20, '\0');
+    const std::uint32_t two = 2;
+    const std::uint64_t second = offset + a;
+    const std::uint32_t crc_a = checkpoint::crc32c(raw.first(a)), crc_b = checkpoint::crc32c(raw.subspan(a, b));
+    std::memcpy(out.data(), &two, 4);
+    std::memcpy(out.data() + 4, &offset, 8);
+    std::memcpy(out.data() + 12, &a, 8);
+    std::memcpy(out.data() + 20, &crc_a, 4);
+    std::memcpy(out.data() + 24, &second, 8);
+    std::memcpy(out.data() + 32, &b, 8);
+    std::memcpy(out.data() + 40, &crc_b, 4);
+    return out;
+  };
+  std::string crafted = index.substr(0, at) + split(4, 12) + index.substr(at + ref.size());
+  crafted.resize(crafted.size() - 4);
+  const std::uint32_t crc = checkpoint::crc32c(std::as_bytes(std::span(crafted.data(), crafted.size())));
+  crafted.append(reinterpret_cast<const char*>(&crc), 4);
+  {
+    std::ofstream out(dir / "index", std::ios::binary | std::ios::trunc);
+    out.write(crafted.data(), static_cast<std::streamsize>(crafted.size()));
+  }
+  CHECK_THROWS_WITH_AS(checkpoint::read_checkpoint(dir), doctest::Contains("not cut into chunks of 64 MiB"), Error);
+}
+
+TEST_CASE("a checkpoint's rows are looked up by id without a cluster, absent ones as their initial values") {
+  TableState t;
+  t.spec = kSpec;
+  t.slot_names = {"accumulator"};
+  t.ids = {mix_id(1), mix_id(2)};
+  t.rows = {1, 2, 3, 9, 9, 9, 4, 5, 6, 9, 9, 9};
+  t.touched = {1, 1};
+  const CheckpointRows rows(t, kSeed);
+  const std::vector<std::uint64_t> ids{mix_id(2), mix_id(3), mix_id(1), mix_id(2)};
+  std::vector<float> out(ids.size() * kSpec.dim);
+  rows.lookup(ids, out);
+  std::vector<float> initial(kSpec.dim);
+  initialize_row(kSpec, kSeed, mix_id(3), initial);
+  CHECK(out == std::vector<float>{4, 5, 6, initial[0], initial[1], initial[2], 1, 2, 3, 4, 5, 6});
+  CHECK(rows.contains(mix_id(1)));
+  CHECK_FALSE(rows.contains(mix_id(3)));
+  CHECK_THROWS_AS(rows.lookup(ids, std::span(out).first(3)), Error);
+  TableState twice = t;
+  twice.ids[1] = twice.ids[0];
+  CHECK_THROWS_WITH_AS(CheckpointRows(twice, kSeed), doctest::Contains("twice"), Error);
+}
+
 TEST_CASE("a checkpoint of format version 1 (no tables) still reads") {
   ModelState state;
   state.global_step = 3;
@@ -277,7 +358,7 @@ TEST_CASE("a checkpoint of format version 1 (no tables) still reads") {
   }
   const std::uint32_t one = 1;
   std::memcpy(index.data() + 8, &one, 4);
-  index.resize(index.size() - 8);  // the CRC and the table count (0)
+  index.resize(index.size() - 16);  // the CRC, the table count (0) and the tables' seed
   const std::uint32_t crc = checkpoint::crc32c(std::as_bytes(std::span(index.data(), index.size())));
   index.append(reinterpret_cast<const char*>(&crc), 4);
   {

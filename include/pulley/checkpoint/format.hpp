@@ -10,9 +10,9 @@
 ///   index  what the tensors are: "PULLEYCK", the format version, the global step, the sync
 ///          policy's state, and per variable its name, shape, initializer, where each of its
 ///          tensors lies in `data` with its CRC-32C, its slot names and its counters by part;
-///          then (version 2) per table its spec, slot names, update counts, and where each
-///          chunk of its arrays lies with its CRC-32C; last, the CRC-32C of everything
-///          before it
+///          then (version 2) the tables' seed, per table its spec, slot names, update
+///          counts, and where each chunk of its arrays lies with its CRC-32C; last, the
+///          CRC-32C of everything before it
 ///
 /// Version 1 (pulley 0.2, no tables) still reads.
 ///
@@ -285,6 +285,7 @@ inline void write_checkpoint(const std::filesystem::path& dir, const ModelState&
       }
     };
     index.put(static_cast<std::uint32_t>(state.tables.size()));
+    index.put(state.table_seed);
     for (const TableState& t : state.tables) {
       index.put(std::string_view(t.spec.name));
       index.put(static_cast<std::uint64_t>(t.spec.dim));
@@ -469,13 +470,15 @@ inline ModelState detail::read_checkpoint(const std::filesystem::path& dir, bool
   }
   // Tables (version 2): their specs and where their arrays' chunks lie.
   struct PendingArray {
-    std::span<std::byte> into;
     std::vector<detail::TensorRef> chunks;
     std::string what;
   };
   std::vector<PendingArray> arrays;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> counts;  // per table: rows, candidates
+  std::uint64_t array_bytes = 0;                                 // of every table, in all
   if (version >= 2) {
     const std::uint32_t num_tables = in.get_count(40);
+    state.table_seed = in.get<std::uint64_t>();
     state.tables.resize(num_tables);
     for (TableState& t : state.tables) {
       t.spec.name = in.get_string();
@@ -489,6 +492,7 @@ inline ModelState detail::read_checkpoint(const std::filesystem::path& dir, bool
       const auto rows = in.get<std::uint64_t>();
       const auto candidates = in.get<std::uint64_t>();
       if (table_rows != nullptr) table_rows->push_back(rows);
+      counts.emplace_back(rows, candidates);
       if (t.spec.dim == 0 || t.spec.dim > (std::size_t{1} << 16U) || t.slot_names.size() > 64) {
         in.bad("table '" + t.spec.name + "' has dim " + std::to_string(t.spec.dim) + " and " +
                std::to_string(t.slot_names.size()) + " slots");
@@ -499,16 +503,19 @@ inline ModelState detail::read_checkpoint(const std::filesystem::path& dir, bool
       auto array = [&](std::uint64_t count, std::uint64_t each, std::string part) {
         PendingArray a;
         a.what = what + " (" + std::move(part) + ")";
-        std::uint64_t bytes_n = 0;
-        for (std::uint32_t c = 0, n = in.get_count(20); c < n; ++c) {
+        if (count > (std::uint64_t{1} << 48U) / each) in.bad(a.what + " has too many elements");
+        // Laid out as the writer does: whole chunks of kChunkBytes, the last one shorter.
+        const std::uint64_t bytes_n = count * each;
+        const std::uint64_t chunks = (bytes_n + kChunkBytes - 1) / kChunkBytes;
+        if (in.get_count(20) != chunks) in.bad(a.what + " is not cut into chunks of 64 MiB");
+        for (std::uint64_t c = 0; c < chunks; ++c) {
           a.chunks.push_back(detail::get_ref(in));
-          if (a.chunks.back().floats > kChunkBytes) in.bad(a.what + " has a chunk over 64 MiB");
-          bytes_n += a.chunks.back().floats;
+          if (a.chunks.back().floats != std::min<std::uint64_t>(kChunkBytes, bytes_n - c * kChunkBytes)) {
+            in.bad(a.what + " is not cut into chunks of 64 MiB");
+          }
         }
-        if (count > (std::uint64_t{1} << 48U) / each || bytes_n != count * each) {
-          in.bad(a.what + " has " + std::to_string(bytes_n) + " bytes, not " + std::to_string(count) + " × " +
-                 std::to_string(each));
-        }
+        array_bytes += bytes_n;
+        if (array_bytes > (std::uint64_t{1} << 62U)) in.bad("tables larger than any data file");
         arrays.push_back(std::move(a));
       };
       array(rows, 8, "ids");
@@ -554,7 +561,9 @@ inline ModelState detail::read_checkpoint(const std::filesystem::path& dir, bool
       }
     }
   }
-  // The tables' arrays: each chunk checked to lie in the data file, then read and summed.
+  // The tables' arrays: each chunk checked to lie in the data file, and all of them to fit
+  // it, before anything is allocated; then read and summed.
+  if (array_bytes > data_size) throw Error(ErrorCode::kDataLoss, where + ": the data file is truncated (tables)");
   for (const PendingArray& a : arrays) {
     for (const detail::TensorRef& c : a.chunks) {
       if (c.offset > data_size || c.floats > data_size - c.offset) {
@@ -569,9 +578,7 @@ inline ModelState detail::read_checkpoint(const std::filesystem::path& dir, bool
         vector.resize(n);
         return std::as_writable_bytes(std::span(vector));
       };
-      std::uint64_t n_rows = 0, n_candidates = 0;  // from the ids' bytes, checked above
-      for (const detail::TensorRef& c : arrays[k].chunks) n_rows += c.floats / 8;
-      for (const detail::TensorRef& c : arrays[k + 3].chunks) n_candidates += c.floats / 8;
+      const auto [n_rows, n_candidates] = counts[static_cast<std::size_t>(&t - state.tables.data())];
       const std::span<std::byte> into[6] = {
           bytes_of(t.ids, n_rows),           bytes_of(t.rows, n_rows * t.stride()),
           bytes_of(t.touched, n_rows),       bytes_of(t.candidate_ids, n_candidates),
@@ -580,6 +587,7 @@ inline ModelState detail::read_checkpoint(const std::filesystem::path& dir, bool
         const PendingArray& a = arrays[k++];
         std::size_t at = 0;
         for (const detail::TensorRef& c : a.chunks) {
+          if (c.floats > target.size() - at) throw Error(ErrorCode::kInternal, where + ": " + a.what + " overflows");
           const std::span<std::byte> chunk = target.subspan(at, c.floats);
           if (detail::read_summed(data, chunk, c.offset) != c.crc) {
             throw Error(ErrorCode::kDataLoss, where + ": " + a.what + " is damaged (CRC-32C mismatch)");

@@ -71,6 +71,8 @@ struct ModelState {
   std::vector<std::int64_t> pacer;
   std::vector<VariableState> variables;
   std::vector<TableState> tables;
+  /// The seed the tables' rows start from (a row not held reads as its initial value).
+  std::uint64_t table_seed = 0;
 
   /// The variables' specs, in order.
   [[nodiscard]] std::vector<VariableSpec> specs() const {

@@ -81,7 +81,8 @@ TableState read_table(Client<T>& client, std::uint32_t t) {
     for (std::uint64_t from = 0;;) {
       CallGroup group;
       group.add(client.transport().call(
-          ps, ReadRows{t, from, static_cast<std::uint32_t>(kMaxIdsPerMessage), true}, PullTargets{std::span<float>()}));
+          ps, ReadRows{t, from, static_cast<std::uint32_t>(kMaxCandidatesPerMessage), true},
+          PullTargets{std::span<float>()}));
       group.wait(timeout, "read the admission counts of table '" + table.spec.name + "'");
       RowsChunk chunk = group.take_as<RowsChunk>(0);
       table.candidate_ids.insert(table.candidate_ids.end(), chunk.ids.begin(), chunk.ids.end());
@@ -134,8 +135,8 @@ void restore_table(Client<T>& client, std::uint32_t t, const TableState& table, 
   const std::size_t chunk = rows_per_chunk(stride);
   for (std::size_t from = 0; from < rows; from += chunk) send(from, std::min(chunk, rows - from), false);
   const std::size_t candidates = table.candidate_ids.size();
-  for (std::size_t from = 0; from < candidates; from += kMaxIdsPerMessage) {
-    send(from, std::min(kMaxIdsPerMessage, candidates - from), true);
+  for (std::size_t from = 0; from < candidates; from += kMaxCandidatesPerMessage) {
+    send(from, std::min(kMaxCandidatesPerMessage, candidates - from), true);
   }
   if (first) send(0, 0, false);  // an empty table: its update count still goes
 }
@@ -244,6 +245,7 @@ ModelState read_state(Client<T>& client, std::int64_t at_step = 0) {
               [](const PartCounters& a, const PartCounters& b) { return a.rows.begin < b.rows.begin; });
   }
   for (std::uint32_t t = 0; t < client.tables().size(); ++t) state.tables.push_back(detail::read_table(client, t));
+  state.table_seed = client.table_seed();
   return state;
 }
 
@@ -254,16 +256,23 @@ ModelState read_state(Client<T>& client, std::int64_t at_step = 0) {
 /// takes the counters of the saved part that held its first row. The embedding tables'
 /// rows follow in chunks, each ps keeping those its id sharding gives it (so any number
 /// of ps tasks can take them), and no ps serves until its rows are in; rows created later
-/// start from `table_seed`, the seed the job registered its tables with.
+/// start from the checkpoint's table seed (or `table_seed` for a checkpoint without tables).
 template <Transport T>
 void restore_state(Client<T>& client, const ModelState& state, std::uint64_t table_seed) {
-  const std::vector<TableSpec> tables = state.tables.empty() ? client.tables() : state.table_specs();
+  // The model's tables when this client knows them (it registered them), else the
+  // checkpoint's; a checkpoint's tables must be the model's.
+  const std::vector<TableSpec> tables = client.tables().empty() ? state.table_specs() : client.tables();
+  if (!state.tables.empty() && tables.size() != state.tables.size()) {
+    throw Error(ErrorCode::kInvalidArgument, "the checkpoint has " + std::to_string(state.tables.size()) +
+                                                 " embedding tables, the model " + std::to_string(tables.size()));
+  }
   for (std::size_t t = 0; t < state.tables.size(); ++t) {
     if (auto problem = detail::check_table(state.tables[t], tables[t]); !problem.empty()) {
       throw Error(ErrorCode::kInvalidArgument, problem);
     }
   }
-  client.register_model(state.specs(), tables, table_seed);
+  // A checkpoint with tables says their seed; one without keeps the caller's.
+  client.register_model(state.specs(), tables, state.tables.empty() ? table_seed : state.table_seed);
   const std::uint64_t epoch = client.epoch() + 1;
   const Placement& placement = client.placement();
   const std::vector<std::string>& slot_names = client.slot_names();

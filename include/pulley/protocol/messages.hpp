@@ -336,6 +336,10 @@ struct Restore {
   }
 };
 
+/// Admission counts one ReadRows answer or RestoreRows carries at most: 16 bytes each (id,
+/// count, step), 2 MiB of metadata in all.
+inline constexpr std::size_t kMaxCandidatesPerMessage = std::size_t{1} << 17U;
+
 /// Rows of `stride` floats one ReadRows answer carries at most: kMaxIdsPerMessage, and 64 MiB.
 inline std::size_t rows_per_chunk(std::size_t stride) noexcept {
   constexpr std::size_t kBytes = std::size_t{64} << 20U;

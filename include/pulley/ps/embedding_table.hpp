@@ -230,13 +230,13 @@ class EmbeddingTable {
       optimizer_.init_row(std::span<float>(at(r) + spec_.dim, stride_ - spec_.dim));
     }
     std::copy(row.begin(), row.begin() + static_cast<std::ptrdiff_t>(std::min(row.size(), stride_)), at(r));
-    set_touched(r, touched);
+    set_touched(r, clamp_step(touched));
   }
 
   /// Sets the admission count of `id`, which has no row, to `count` pulls, the last at `step`.
   void restore_candidate(std::uint64_t id, std::uint32_t count, std::uint32_t step) {
     if (spec_.admit_after <= 1 || find(id) != kNone) return;
-    candidates_[id] = Candidate{count, step};
+    candidates_[id] = Candidate{std::min(count, spec_.admit_after - 1), clamp_step(step)};
   }
 
   /// Calls `f(id, values, slots)` for every row held (values: dim floats; slots:

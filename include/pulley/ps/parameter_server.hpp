@@ -271,7 +271,7 @@ class ParameterServer {
     shard_.initialize(r.parts);
     if (r.hold) cut_.pause(context.session);  // before any worker can see it ready
     respond(reply, Ack{});
-    if (shard_.initialized() && !registration_.ready()) become_ready();
+    if (shard_.initialized() && !registration_.ready() && !restoring_rows_) become_ready();
   }
 
   void on(WaitReady&, const RequestContext&, Responder& reply) {
@@ -431,6 +431,7 @@ class ParameterServer {
       return reject(reply, ErrorCode::kFailedPrecondition, "ReadState: this ps has taken more pushes of worker " +
                                                                std::to_string(*worker) + " than the cut");
     }
+    shard_.tables().end_cut();  // a cut read before is given up
     cut_.read_at(std::move(r.until), reply);
     advance_cut();
   }

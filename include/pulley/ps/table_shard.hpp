@@ -226,7 +226,7 @@ class TableShard {
       const Candidates& c = t.cut_candidates;
       answer.total = c.ids.size();
       const std::size_t begin = std::min<std::size_t>(r.begin, c.ids.size());
-      const std::size_t n = std::min<std::size_t>({r.max_rows, kMaxIdsPerMessage, c.ids.size() - begin});
+      const std::size_t n = std::min<std::size_t>({r.max_rows, kMaxCandidatesPerMessage, c.ids.size() - begin});
       answer.ids.assign(c.ids.begin() + begin, c.ids.begin() + begin + n);
       answer.counts.assign(c.counts.begin() + begin, c.counts.begin() + begin + n);
       answer.steps.assign(c.steps.begin() + begin, c.steps.begin() + begin + n);
@@ -299,13 +299,15 @@ class TableShard {
     return kept;
   }
 
-  /// The most row bytes one request can carry to this ps.
+  /// The most row bytes one request can carry to this ps: a push's rows, or a chunk of a
+  /// restore (RestoreRows: 64 MiB at most, whatever its slots).
   [[nodiscard]] std::uint64_t max_payload() const noexcept {
     std::uint64_t bytes = 0;
     for (const Table& t : tables_) {
       bytes += std::min<std::uint64_t>(kMaxIdsPerMessage * t.rows.dim() * sizeof(float), kMaxRowBytesPerMessage);
     }
-    return bytes;
+    constexpr std::uint64_t kRestoreChunk = std::uint64_t{64} << 20U;
+    return tables_.empty() ? 0 : std::max(bytes, kRestoreChunk);
   }
 
   /// Adds the tables' rows held, evicted and dropped to `stats`.

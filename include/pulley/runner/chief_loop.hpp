@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "pulley/checkpoint/directory.hpp"
+#include "pulley/checkpoint/rows.hpp"
 #include "pulley/client/chief.hpp"
 #include "pulley/client/detail/recovery.hpp"
 #include "pulley/concepts/model.hpp"
@@ -44,6 +45,33 @@ inline void check_finite(const Snapshot& shot, const std::vector<VariableSpec>& 
                                             "' are not finite at global step " +
                                             std::to_string(shot.step) + ": training diverged");
     }
+  }
+}
+
+/// Throws kFailedPrecondition unless the checkpoint `state` (read from `path`) holds
+/// `model`'s variables (by name and shape) and its embedding tables (by name and dim).
+template <Model M>
+void check_model(const ModelState& state, const M& model, const std::filesystem::path& path) {
+  const std::span<const VariableSpec> variables = model.variables();
+  bool same = state.variables.size() == variables.size();
+  for (std::size_t v = 0; same && v < variables.size(); ++v) {
+    same = state.variables[v].spec.name == variables[v].name && state.variables[v].spec.shape == variables[v].shape;
+  }
+  std::span<const TableSpec> tables;
+  if constexpr (TableModel<M>) tables = model.tables();
+  // A checkpoint without tables (of a dense job, or of format 1) restores the dense parts.
+  if (!state.tables.empty()) {
+    same = same && state.tables.size() == tables.size();
+    for (std::size_t t = 0; same && t < tables.size(); ++t) {
+      same = state.tables[t].spec.name == tables[t].name && state.tables[t].spec.dim == tables[t].dim;
+    }
+  }
+  if (!same) {
+    throw Error(ErrorCode::kFailedPrecondition,
+                "checkpoint " + path.string() + " holds " + std::to_string(state.variables.size()) + " variables and " +
+                    std::to_string(state.tables.size()) + " tables that are not the model's " +
+                    std::to_string(variables.size()) + " and " + std::to_string(tables.size()) +
+                    " (by name and shape): is it another model's checkpoint directory?");
   }
 }
 
@@ -137,6 +165,7 @@ class ChiefLoop {
   /// returns the global step training starts from.
   std::int64_t begin() {
     if (auto latest = checkpoints_ ? checkpoints_->latest() : std::nullopt) {
+      check_model(latest->first, model_, latest->second);
       chief_.restore(latest->first);
       start_step_ = latest->first.global_step;
       log(LogLevel::kInfo, "chief: resumed from " + latest->second.string() + " at global step " +
@@ -186,12 +215,13 @@ class ChiefLoop {
         shot = chief_.snapshot(due.step);
       }
     }
-    evaluate(*shot, due.last);
+    evaluate(*shot, due.last, saved && saved->global_step == shot->step ? &*saved : nullptr);
     schedule.evaluated();
   }
 
-  /// Checks `shot` is finite and hands it to `training.evaluate` (or logs the progress).
-  void evaluate(const Snapshot& shot, bool last) {
+  /// Checks `shot` is finite and hands it to `training.evaluate` (or logs the progress);
+  /// rows come from `saved`, the checkpoint of that step, if there is one.
+  void evaluate(const Snapshot& shot, bool last, const ModelState* saved) {
     check_finite(shot, chief_.variables());
     Evaluation evaluation;
     evaluation.step = shot.step;
@@ -201,6 +231,21 @@ class ChiefLoop {
     evaluation.samples_per_s = static_cast<double>((shot.step - start_step_) * training_.samples_per_step) /
                                std::max(evaluation.seconds, 1e-9);
     if (evaluation.last) evaluation.stats = chief_.stats();
+    std::vector<CheckpointRows> saved_rows;
+    if constexpr (TableModel<M>) {
+      if (saved != nullptr && !saved->tables.empty()) {
+        saved_rows = checkpoint_rows(*saved);
+        evaluation.rows = [&saved_rows](std::size_t t, std::span<const std::uint64_t> ids, std::span<float> out) {
+          saved_rows.at(t).lookup(ids, out);
+        };
+      } else {
+        evaluation.rows = [this](std::size_t t, std::span<const std::uint64_t> ids, std::span<float> out) {
+          const std::vector<float> read = chief_.read_rows(model_.tables()[t].name, ids);
+          if (read.size() != out.size()) throw Error(ErrorCode::kInvalidArgument, "rows: `out` does not fit the rows");
+          std::copy(read.begin(), read.end(), out.begin());
+        };
+      }
+    }
     if (training_.evaluate) {
       load(model_, shot);
       training_.evaluate(model_, evaluation);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "pulley/checkpoint/directory.hpp"
+#include "pulley/checkpoint/rows.hpp"
 #include "pulley/client/detail/recovery.hpp"
 #include "pulley/client/evaluator.hpp"
 #include "pulley/client/heartbeat.hpp"
@@ -66,23 +67,6 @@ void work(const Training<M>& training, std::uint32_t index, std::uint32_t num_wo
 /// listing a directory is cheap, and a checkpoint is scored at most this late.
 inline constexpr std::chrono::milliseconds kCheckpointPoll{250};
 
-/// Throws kFailedPrecondition unless `state` (read from `path`) holds the variables of
-/// `variables`, by name and shape, in order: values of another model must not be copied in.
-inline void check_variables(const ModelState& state, std::span<const VariableSpec> variables,
-                            const std::filesystem::path& path) {
-  bool same = state.variables.size() == variables.size();
-  for (std::size_t v = 0; same && v < variables.size(); ++v) {
-    same = state.variables[v].spec.name == variables[v].name &&
-           state.variables[v].spec.shape == variables[v].shape;
-  }
-  if (!same) {
-    throw Error(ErrorCode::kFailedPrecondition,
-                "checkpoint " + path.string() + " holds " + std::to_string(state.variables.size()) +
-                    " variables that are not the model's " + std::to_string(variables.size()) +
-                    " (by name and shape): is it another model's checkpoint directory?");
-  }
-}
-
 /// An evaluator task on `training.checkpoint.directory` (TensorFlow's evaluator): scores
 /// every checkpoint that appears there newer than the last one it looked at, each once,
 /// oldest first (a checkpoint removed by the chief's `keep` before it is read is skipped:
@@ -115,7 +99,7 @@ void follow_checkpoints(const Training<M>& training) {
         log(LogLevel::kWarning, "evaluator: skipping checkpoint " + path.string() + ": " + e.what());
         continue;
       }
-      check_variables(state, model.variables(), path);
+      check_model(state, model, path);
       for (std::size_t v = 0; v < state.variables.size(); ++v) {
         const auto into = model.parameter(v);
         std::copy(state.variables[v].values.begin(), state.variables[v].values.end(), into.begin());
@@ -125,6 +109,12 @@ void follow_checkpoints(const Training<M>& training) {
       evaluation.step = state.global_step;
       evaluation.consistent = true;
       evaluation.last = state.global_step >= training.last_step;
+      const std::vector<CheckpointRows> tables = checkpoint_rows(state);
+      if (!tables.empty()) {
+        evaluation.rows = [&tables](std::size_t t, std::span<const std::uint64_t> ids, std::span<float> out) {
+          tables.at(t).lookup(ids, out);
+        };
+      }
       log(LogLevel::kInfo, "evaluator: scoring " + path.string() + " (global step " +
                                std::to_string(state.global_step) + ")");
       if (training.evaluate) training.evaluate(model, evaluation);

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -27,6 +28,13 @@ struct Evaluation {
   double seconds = 0.0;                ///< since the chief initialized the variables (chief)
   double samples_per_s = 0.0;          ///< step × samples_per_step / seconds (chief)
   std::vector<Stats> stats;            ///< every ps's counters (the chief's last evaluation)
+  /// For a model with embedding tables: writes the rows of `ids` of table `table` (its
+  /// index in `model.tables()`) into `out` (`ids.size() × dim` floats), a row not held
+  /// reading as its initial value. They are the evaluated checkpoint's (an evaluator task
+  /// on a checkpoint directory; the chief at a step it checkpointed), else the ps tasks'
+  /// as they are when read. Valid during the `evaluate` call only; empty where no rows can
+  /// be read (a model without tables, an evaluator on live snapshots).
+  std::function<void(std::size_t table, std::span<const std::uint64_t> ids, std::span<float> out)> rows;
 };
 
 /// Which of a job's data a worker reads, and from where.
