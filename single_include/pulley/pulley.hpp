@@ -124,11 +124,17 @@ struct TableSpec {
   /// Eviction: a row neither pulled nor pushed for this many global steps is removed (and
   /// starts again from its initial value if it comes back); 0 keeps rows for ever.
   std::int64_t evict_after_steps = 0;
+  /// Cap: the most rows of this table one ps holds (0: no cap). A pull that would create a
+  /// row past it first evicts the least recently touched eighth of the ps's rows (rows
+  /// touched at the current step stay; if none can go, the row is not created: it reads as
+  /// its initial value and pushes to it are dropped, both counted). The ids admission
+  /// counts are held to as many.
+  std::uint64_t max_rows = 0;
 
   /// Its fields on the wire (see messages.hpp).
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(name, dim, initializer, admit_after, evict_after_steps);
+    archive(name, dim, initializer, admit_after, evict_after_steps, max_rows);
   }
 
   friend bool operator==(const TableSpec&, const TableSpec&) = default;
@@ -1087,12 +1093,14 @@ struct Stats {
   std::int64_t table_rows_evicted = 0;  ///< rows removed for being untouched too long
   /// Pushed rows dropped: not admitted yet (or evicted), or stale.
   std::int64_t table_rows_dropped = 0;
+  /// Rows evicted, or not created, to keep a table within its max_rows (TableSpec).
+  std::int64_t table_rows_capped = 0;
 
   template <class Archive>
   void serialize(Archive& archive) {
     archive(global_step, updates_applied, gradients_accepted, stale_gradients_dropped,
             requests_rejected, bytes_pushed, bytes_pulled, updates_refused, workers_lost,
-            table_rows, table_rows_evicted, table_rows_dropped);
+            table_rows, table_rows_evicted, table_rows_dropped, table_rows_capped);
   }
 };
 
@@ -6407,6 +6415,7 @@ struct TableStats {
   std::uint64_t candidates = 0;        ///< ids pulled but not admitted yet
   std::uint64_t pushes_dropped = 0;    ///< pushed rows dropped: not admitted (or evicted)
   std::uint64_t updates_refused = 0;   ///< updates dropped whole: a row would go non-finite
+  std::uint64_t rows_capped = 0;       ///< rows evicted, or not created, for the spec's max_rows
   std::uint64_t bytes = 0;             ///< memory held for rows, ids and the index
 };
 
@@ -6461,7 +6470,7 @@ class EmbeddingTable {
     const std::size_t d = spec_.dim;
     for_each_found(ids, [&](std::size_t i, std::uint32_t row) {
       const std::span<float> into = out.subspan(i * d, d);
-      if (row == kNone && create && admit(ids[i], step)) row = this->create(ids[i]);
+      if (row == kNone && create && admit(ids[i], step) && make_room(step)) row = this->create(ids[i]);
       if (row == kNone) {
         initialize_row(spec_, seed_, ids[i], into);
         return;
@@ -6585,6 +6594,9 @@ class EmbeddingTable {
       steps.push_back(c.last);
     }
   }
+
+  /// While frozen (a checkpoint's cut reads rows by number), the max_rows cap evicts no row.
+  void freeze(bool frozen) noexcept { frozen_ = frozen; }
 
   /// Forgets every row and candidate: a restore follows.
   void clear() noexcept {
@@ -6715,10 +6727,47 @@ class EmbeddingTable {
   /// Counts a pull of `id`, which has no row: true once it is admitted.
   bool admit(std::uint64_t id, std::int64_t step) {
     if (spec_.admit_after <= 1) return true;
+    if (spec_.max_rows > 0 && candidates_.size() >= spec_.max_rows && !candidates_.contains(id)) {
+      forget_oldest_candidates();
+    }
     Candidate& c = candidates_[id];
     ++c.count;
     c.last = clamp_step(step);
     return c.count >= spec_.admit_after;  // its count goes once its row exists (create)
+  }
+
+  /// True if a row can be created under the spec's max_rows: when the table is full, the
+  /// least recently touched eighth of its rows go first (rows touched at `step`, which the
+  /// step in progress may push, stay; none goes while rows are frozen for a cut).
+  bool make_room(std::int64_t step) {
+    const std::uint64_t cap = spec_.max_rows;
+    if (cap == 0 || rows_ < cap) return true;
+    const std::uint32_t now = clamp_step(step);
+    if (!frozen_ && full_at_ != now) {  // one fruitless pass per step is enough
+      std::vector<std::uint32_t> steps(rows_);
+      for (std::uint32_t row = 0; row < rows_; ++row) steps[row] = touched_step(row);
+      const std::size_t k = std::max<std::size_t>(1, rows_ / 8) - 1;
+      std::nth_element(steps.begin(), steps.begin() + static_cast<std::ptrdiff_t>(k), steps.end());
+      const std::uint32_t oldest = steps[k];  // an eighth of the rows were touched at or before it
+      // Those touched before it, then those touched at it, up to an eighth in all.
+      std::size_t removed = 0;
+      for (const bool ties : {false, true}) {
+        for (std::uint32_t row = 0; row < rows_ && removed <= k;) {
+          const std::uint32_t touched = touched_step(row);
+          if (touched < now && (ties ? touched == oldest : touched < oldest)) {
+            erase(row);  // the last row moves here: look at this row again
+            ++removed;
+          } else {
+            ++row;
+          }
+        }
+      }
+      stats_.rows_capped += removed;
+      if (removed == 0) full_at_ = now;
+    }
+    if (rows_ < cap) return true;
+    ++stats_.rows_capped;  // nothing could go: this row is not created
+    return false;
   }
 
   /// A new row for `id` (absent), with its initial value and fresh slots.
@@ -6740,6 +6789,17 @@ class EmbeddingTable {
     ++stats_.rows_created;
     if (spec_.admit_after > 1) candidates_.erase(id);  // admitted: its count is done
     return row;
+  }
+
+  /// Forgets the admission counts of the ids pulled longest ago: at least half of them.
+  void forget_oldest_candidates() {
+    std::vector<std::uint32_t> last;
+    last.reserve(candidates_.size());
+    for (const auto& entry : candidates_) last.push_back(entry.second.last);
+    const auto middle = last.begin() + static_cast<std::ptrdiff_t>(last.size() / 2);
+    std::nth_element(last.begin(), middle, last.end());
+    const std::uint32_t keep_after = *middle;
+    std::erase_if(candidates_, [&](const auto& c) { return c.second.last <= keep_after; });
   }
 
   /// Removes `row`: its index entry goes, and the last row moves into its place.
@@ -6765,6 +6825,8 @@ class EmbeddingTable {
   std::size_t rows_ = 0;
   std::unordered_map<std::uint64_t, Candidate> candidates_;
   TableStats stats_;
+  bool frozen_ = false;  ///< see freeze
+  std::uint32_t full_at_ = kNone;  ///< the step at which no row could go (the cap's scan waits)
   std::vector<std::pair<std::uint32_t, std::size_t>> scratch_rows_;  ///< row, position in ids
   std::vector<float> scratch_;                                       ///< rows being updated
 };
@@ -7135,12 +7197,16 @@ class TableShard {
       t.cut_rows = t.rows.size();
       t.cut_candidates = {};
       t.rows.read_candidates(t.cut_candidates.ids, t.cut_candidates.counts, t.cut_candidates.steps);
+      t.rows.freeze(true);  // pulls may add rows, but none is evicted until the pause ends
     }
     cut_marked_ = true;
   }
   /// The pause ended: what the cut remembered goes.
   void end_cut() noexcept {
-    for (Table& t : tables_) t.cut_candidates = {};
+    for (Table& t : tables_) {
+      t.cut_candidates = {};
+      t.rows.freeze(false);
+    }
     cut_marked_ = false;
   }
 
@@ -7254,6 +7320,7 @@ class TableShard {
       stats.table_rows += static_cast<std::int64_t>(ts.rows);
       stats.table_rows_evicted += static_cast<std::int64_t>(ts.rows_evicted);
       stats.table_rows_dropped += static_cast<std::int64_t>(ts.pushes_dropped);
+      stats.table_rows_capped += static_cast<std::int64_t>(ts.rows_capped);
     }
   }
 

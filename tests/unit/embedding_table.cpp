@@ -198,6 +198,52 @@ TEST_CASE("eviction: rows untouched for the given steps go, and come back as new
   CHECK(forever.evict(1'000'000) == 0);
 }
 
+TEST_CASE("max_rows: a full table evicts its least recently touched eighth, never a row of the step in progress") {
+  TableSpec capped = spec(2);
+  capped.max_rows = 16;
+  EmbeddingTable<Sgd> table(capped, Sgd{1.0F}, kSeed);
+  std::vector<std::uint64_t> first;
+  for (std::uint64_t id = 0; id < 16; ++id) first.push_back(id);
+  (void)pull(table, first, 1);
+  (void)pull(table, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13}, 3);  // 14 and 15 stay at step 1
+  CHECK(table.size() == 16);
+  (void)pull(table, {100}, 5);  // full: the two oldest go, 100 comes
+  CHECK(table.size() == 15);
+  CHECK(table.stats().rows_capped == 2);
+  const std::vector<std::uint64_t> gone{14, 15}, kept{0, 100};
+  const std::vector<float> g(4, 1.0F);
+  REQUIRE(table.apply(gone, g, 5, 1));
+  CHECK(table.stats().pushes_dropped == 2);  // evicted rows are not held
+  REQUIRE(table.apply(kept, g, 5, 2));
+  CHECK(table.stats().pushes_dropped == 2);
+  // Every row touched at the step in progress: a new one is not created, and reads as new.
+  std::vector<std::uint64_t> now;
+  for (std::uint64_t id = 200; now.size() < 16; ++id) now.push_back(id);
+  (void)pull(table, now, 9);  // evicts what it must, as each row comes
+  CHECK(table.size() == 16);
+  const auto before = table.stats().rows_capped;
+  CHECK(pull(table, {999}, 9) == initial(spec(2), 999));
+  CHECK(table.size() == 16);
+  CHECK(table.stats().rows_capped == before + 1);
+  // Frozen for a cut, a full table evicts nothing.
+  table.freeze(true);
+  CHECK(pull(table, {1000}, 12) == initial(spec(2), 1000));
+  CHECK(table.size() == 16);
+  table.freeze(false);
+  (void)pull(table, {1000}, 12);
+  CHECK(table.size() <= 16);
+}
+
+TEST_CASE("max_rows bounds the ids admission counts too: the longest unseen are forgotten") {
+  TableSpec capped = spec(2, 5);
+  capped.max_rows = 8;
+  EmbeddingTable<Sgd> table(capped, Sgd{1.0F}, kSeed);
+  for (std::uint64_t id = 0; id < 1000; ++id) (void)pull(table, {id}, static_cast<std::int64_t>(id));
+  CHECK(table.size() == 0);
+  CHECK(table.candidates() <= 8);
+  CHECK(table.candidates() >= 4);
+}
+
 TEST_CASE("the index agrees with a reference map through many creations and evictions") {
   EmbeddingTable<Sgd> table(spec(1, 1, 3), Sgd{1.0F}, kSeed);
   std::map<std::uint64_t, std::int64_t> reference;  // id -> step last touched

@@ -120,3 +120,23 @@ TEST_CASE("an async push whose rows would go non-finite is refused whole, naming
   CHECK(std::get<RowsReply>(call(ps, PullRows{0, 0, {{0, {1}, {}}}})).rows[0][1] == -7.5F);  // 0.5 - 4 x 2
   CHECK(std::get<PullReply>(call(ps, Pull{0, {{0, {0, 1}}}})).values[0][0] == -4.0F);
 }
+
+TEST_CASE("a worker pulling fresh ids without end cannot grow a table past its max_rows") {
+  Server ps(0, 1, Sgd{4.0F}, Async{});
+  TableSpec capped{"emb", 2, Initializer::constant(0.5F)};
+  capped.max_rows = 1000;
+  REQUIRE(std::holds_alternative<PlacementReply>(call(ps, Register{kModel, {capped}, 7}, Node::chief())));
+  REQUIRE(std::holds_alternative<Ack>(call(ps, Initialize{{{0, kZero}}}, Node::chief())));
+  // Requests of the most ids one may carry, every id new, all at the same step.
+  std::uint64_t next = 1;
+  for (int request = 0; request < 4; ++request) {
+    std::vector<std::uint64_t> ids(kMaxIdsPerMessage);
+    for (std::uint64_t& id : ids) id = next++;
+    const Response r = call(ps, PullRows{0, 0, {{0, ids, {}}}});
+    REQUIRE(std::holds_alternative<RowsReply>(r));
+    CHECK(std::get<RowsReply>(r).rows.at(0)[2 * (ids.size() - 1)] == 0.5F);  // the last reads as new
+  }
+  const Stats s = ps.stats();
+  CHECK(s.table_rows == 1000);
+  CHECK(s.table_rows_capped == static_cast<std::int64_t>(4 * kMaxIdsPerMessage - 1000));
+}

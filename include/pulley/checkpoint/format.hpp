@@ -239,14 +239,19 @@ inline void write_checkpoint(const std::filesystem::path& dir, const ModelState&
     detail::File data(dir / "data", O_WRONLY | O_CREAT | O_EXCL);
     std::uint64_t offset = 0;
     static constexpr std::byte kZeros[kAlignment] = {};
-    auto put_tensor = [&](const std::vector<float>& values) {
-      const auto bytes = std::as_bytes(std::span(values));
+    // Writes `bytes` at the next multiple of kAlignment; returns where they start.
+    auto write_aligned = [&](std::span<const std::byte> bytes) {
+      const std::uint64_t at = offset;
       data.write(bytes);
-      detail::put_ref(index, {offset, values.size(), crc32c(bytes)});
       offset += bytes.size();
       const std::size_t pad = (kAlignment - offset % kAlignment) % kAlignment;
       data.write(std::span(kZeros, pad));
       offset += pad;
+      return at;
+    };
+    auto put_tensor = [&](const std::vector<float>& values) {
+      const auto bytes = std::as_bytes(std::span(values));
+      detail::put_ref(index, {write_aligned(bytes), values.size(), crc32c(bytes)});
     };
     for (const VariableState& v : state.variables) {
       index.put(std::string_view(v.spec.name));
@@ -275,13 +280,9 @@ inline void write_checkpoint(const std::filesystem::path& dir, const ModelState&
       const std::size_t chunks = (bytes.size() + kChunkBytes - 1) / kChunkBytes;
       index.put(static_cast<std::uint32_t>(chunks));
       for (std::size_t c = 0; c < chunks; ++c) {
-        const std::span<const std::byte> chunk = bytes.subspan(c * kChunkBytes, std::min(kChunkBytes, bytes.size() - c * kChunkBytes));
-        data.write(chunk);
-        detail::put_ref(index, {offset, chunk.size(), crc32c(chunk)});
-        offset += chunk.size();
-        const std::size_t pad = (kAlignment - offset % kAlignment) % kAlignment;
-        data.write(std::span(kZeros, pad));
-        offset += pad;
+        const std::span<const std::byte> chunk =
+            bytes.subspan(c * kChunkBytes, std::min(kChunkBytes, bytes.size() - c * kChunkBytes));
+        detail::put_ref(index, {write_aligned(chunk), chunk.size(), crc32c(chunk)});
       }
     };
     index.put(static_cast<std::uint32_t>(state.tables.size()));
@@ -293,6 +294,7 @@ inline void write_checkpoint(const std::filesystem::path& dir, const ModelState&
       index.put(t.spec.initializer.value);
       index.put(t.spec.admit_after);
       index.put(t.spec.evict_after_steps);
+      index.put(t.spec.max_rows);
       index.put(static_cast<std::uint32_t>(t.slot_names.size()));
       for (const std::string& name : t.slot_names) index.put(std::string_view(name));
       index.put(static_cast<std::uint32_t>(t.updates.size()));
@@ -487,6 +489,7 @@ inline ModelState detail::read_checkpoint(const std::filesystem::path& dir, bool
       t.spec.initializer.value = in.get<float>();
       t.spec.admit_after = in.get<std::uint32_t>();
       t.spec.evict_after_steps = in.get<std::int64_t>();
+      t.spec.max_rows = in.get<std::uint64_t>();
       for (std::uint32_t k = 0, n = in.get_count(4); k < n; ++k) t.slot_names.push_back(in.get_string());
       for (std::uint32_t k = 0, n = in.get_count(8); k < n; ++k) t.updates.push_back(in.get<std::int64_t>());
       const auto rows = in.get<std::uint64_t>();

@@ -84,11 +84,17 @@ struct TableSpec {
   /// Eviction: a row neither pulled nor pushed for this many global steps is removed (and
   /// starts again from its initial value if it comes back); 0 keeps rows for ever.
   std::int64_t evict_after_steps = 0;
+  /// Cap: the most rows of this table one ps holds (0: no cap). A pull that would create a
+  /// row past it first evicts the least recently touched eighth of the ps's rows (rows
+  /// touched at the current step stay; if none can go, the row is not created: it reads as
+  /// its initial value and pushes to it are dropped, both counted). The ids admission
+  /// counts are held to as many.
+  std::uint64_t max_rows = 0;
 
   /// Its fields on the wire (see messages.hpp).
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(name, dim, initializer, admit_after, evict_after_steps);
+    archive(name, dim, initializer, admit_after, evict_after_steps, max_rows);
   }
 
   friend bool operator==(const TableSpec&, const TableSpec&) = default;

@@ -508,12 +508,14 @@ struct Stats {
   std::int64_t table_rows_evicted = 0;  ///< rows removed for being untouched too long
   /// Pushed rows dropped: not admitted yet (or evicted), or stale.
   std::int64_t table_rows_dropped = 0;
+  /// Rows evicted, or not created, to keep a table within its max_rows (TableSpec).
+  std::int64_t table_rows_capped = 0;
 
   template <class Archive>
   void serialize(Archive& archive) {
     archive(global_step, updates_applied, gradients_accepted, stale_gradients_dropped,
             requests_rejected, bytes_pushed, bytes_pulled, updates_refused, workers_lost,
-            table_rows, table_rows_evicted, table_rows_dropped);
+            table_rows, table_rows_evicted, table_rows_dropped, table_rows_capped);
   }
 };
 

@@ -198,12 +198,16 @@ class TableShard {
       t.cut_rows = t.rows.size();
       t.cut_candidates = {};
       t.rows.read_candidates(t.cut_candidates.ids, t.cut_candidates.counts, t.cut_candidates.steps);
+      t.rows.freeze(true);  // pulls may add rows, but none is evicted until the pause ends
     }
     cut_marked_ = true;
   }
   /// The pause ended: what the cut remembered goes.
   void end_cut() noexcept {
-    for (Table& t : tables_) t.cut_candidates = {};
+    for (Table& t : tables_) {
+      t.cut_candidates = {};
+      t.rows.freeze(false);
+    }
     cut_marked_ = false;
   }
 
@@ -317,6 +321,7 @@ class TableShard {
       stats.table_rows += static_cast<std::int64_t>(ts.rows);
       stats.table_rows_evicted += static_cast<std::int64_t>(ts.rows_evicted);
       stats.table_rows_dropped += static_cast<std::int64_t>(ts.pushes_dropped);
+      stats.table_rows_capped += static_cast<std::int64_t>(ts.rows_capped);
     }
   }
 
