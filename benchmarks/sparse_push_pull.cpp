@@ -26,6 +26,7 @@
 #include "pulley/pulley.hpp"
 #include "pulley/transport/tcp.hpp"
 #include "support/references.hpp"
+#include "support/rows_only.hpp"
 
 namespace {
 
@@ -39,30 +40,7 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-/// A table model that only moves rows: its batch is a list of ids, its gradient a constant.
-class RowsOnly {
- public:
-  using Batch = std::vector<std::uint64_t>;
-  explicit RowsOnly(std::size_t dim)
-      : variables_{{"bias", {1}, pulley::Initializer::zeros()}},
-        tables_{{"emb", dim, pulley::Initializer::uniform(0.01F)}} {}
-  [[nodiscard]] std::span<const pulley::VariableSpec> variables() const { return variables_; }
-  [[nodiscard]] std::span<const pulley::TableSpec> tables() const { return tables_; }
-  std::span<float> parameter(std::size_t) { return value_; }
-  [[nodiscard]] std::span<const float> gradient(std::size_t) const { return gradient_; }
-  void lookup(const Batch& batch, std::size_t, std::vector<std::uint64_t>& ids) const {
-    ids.insert(ids.end(), batch.begin(), batch.end());
-  }
-  float compute_gradients(const Batch&, std::span<const pulley::TableBatch> tables) {
-    std::fill(tables[0].gradients.begin(), tables[0].gradients.end(), 1e-4F);
-    return 0.0F;
-  }
-
- private:
-  std::vector<pulley::VariableSpec> variables_;
-  std::vector<pulley::TableSpec> tables_;
-  std::vector<float> value_{0.0F}, gradient_{0.0F};
-};
+using bench::RowsOnly;
 
 using Server = pulley::ParameterServer<pulley::RoundRobin, pulley::Sgd, pulley::Async>;
 

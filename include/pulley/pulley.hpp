@@ -16,6 +16,8 @@
 ///   transports  transport/
 ///   cluster and runner
 
+#include "pulley/checkpoint/directory.hpp"
+#include "pulley/checkpoint/rows.hpp"
 #include "pulley/client/checkpoint_cut.hpp"
 #include "pulley/client/chief.hpp"
 #include "pulley/client/client.hpp"

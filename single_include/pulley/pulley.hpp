@@ -24,15 +24,212 @@
 ///   transports  transport/
 ///   cluster and runner
 
-// ---- begin pulley/client/checkpoint_cut.hpp ----
+// ---- begin pulley/checkpoint/directory.hpp ----
+
+#include <unistd.h>
 
 #include <algorithm>
-#include <cstddef>
 #include <cstdint>
-#include <span>
+#include <cstdio>
+#include <filesystem>
+#include <optional>
 #include <string>
+#include <system_error>
+#include <utility>
 #include <vector>
 
+// ---- begin pulley/checkpoint/format.hpp ----
+
+/// One checkpoint on disk: a directory holding two files.
+///
+///   data   every tensor (each variable's values, then its slots), float32 little-endian,
+///          each starting at a multiple of 64 bytes; then each embedding table's arrays
+///          (ids, rows, last-touched steps, admission counts), each in chunks of at most
+///          64 MiB, each chunk starting at a multiple of 64 bytes
+///   index  what the tensors are: "PULLEYCK", the format version, the global step, the sync
+///          policy's state, and per variable its name, shape, initializer, where each of its
+///          tensors lies in `data` with its CRC-32C, its slot names and its counters by part;
+///          then (version 2) the tables' seed, per table its spec, slot names, update
+///          counts, and where each chunk of its arrays lies with its CRC-32C; last, the
+///          CRC-32C of everything before it
+///
+/// Version 1 (pulley 0.2, no tables) still reads.
+///
+/// `write_checkpoint` writes both files and flushes them to the disk (fsync) before it
+/// returns; `read_checkpoint` checks every length against what is left and every CRC, and
+/// throws `kDataLoss` naming what is wrong, so a checkpoint cut short by a crash or damaged
+/// on disk is never taken for a good one. Integers are little-endian.
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+// ---- begin pulley/checkpoint/crc32c.hpp ----
+
+/// CRC-32C (Castagnoli), the checksum of every tensor in a checkpoint: what TensorFlow's
+/// checkpoints and most storage formats use. x86-64 computes it with the SSE 4.2 `crc32`
+/// instruction when the processor has it (checked at run time, no compiler flag needed),
+/// elsewhere with a table, eight bytes at a time.
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+
+namespace pulley::checkpoint {
+
+namespace detail {
+
+/// Eight tables of 256 entries: table[k][b] is the CRC of byte b followed by k zero bytes.
+constexpr std::array<std::array<std::uint32_t, 256>, 8> make_crc_tables() noexcept {
+  std::array<std::array<std::uint32_t, 256>, 8> t{};
+  for (std::uint32_t b = 0; b < 256; ++b) {
+    std::uint32_t c = b;
+    for (int i = 0; i < 8; ++i) c = (c & 1U) != 0 ? (c >> 1U) ^ 0x82F63B78U : c >> 1U;
+    t[0][b] = c;
+  }
+  for (std::size_t k = 1; k < 8; ++k) {
+    for (std::uint32_t b = 0; b < 256; ++b) t[k][b] = (t[k - 1][b] >> 8U) ^ t[0][t[k - 1][b] & 0xFFU];
+  }
+  return t;
+}
+
+inline constexpr auto kCrcTables = make_crc_tables();
+
+/// The table version, on the running CRC's inverted state.
+inline std::uint32_t crc32c_table(std::uint32_t state, const unsigned char* p, std::size_t n) noexcept {
+  const auto& t = kCrcTables;
+  while (n >= 8) {
+    std::uint64_t word = 0;
+    std::memcpy(&word, p, 8);
+    word ^= state;
+    state = t[7][word & 0xFFU] ^ t[6][(word >> 8U) & 0xFFU] ^ t[5][(word >> 16U) & 0xFFU] ^
+            t[4][(word >> 24U) & 0xFFU] ^ t[3][(word >> 32U) & 0xFFU] ^
+            t[2][(word >> 40U) & 0xFFU] ^ t[1][(word >> 48U) & 0xFFU] ^ t[0][word >> 56U];
+    p += 8;
+    n -= 8;
+  }
+  while (n-- > 0) state = (state >> 8U) ^ t[0][(state ^ *p++) & 0xFFU];
+  return state;
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+/// One stream of the SSE 4.2 instruction, on the raw (not inverted) state.
+__attribute__((target("sse4.2"))) inline std::uint64_t crc32c_sse42_stream(
+    std::uint64_t state, const unsigned char* p, std::size_t n) noexcept {
+  for (; n >= 8; p += 8, n -= 8) {
+    std::uint64_t word = 0;
+    std::memcpy(&word, p, 8);
+    state = __builtin_ia32_crc32di(state, word);
+  }
+  return state;
+}
+
+/// The bytes of each of the three streams crc32c_sse42 runs side by side.
+inline constexpr std::size_t kCrcStreamBytes = 8192;
+
+/// The raw CRC state after kCrcStreamBytes zero bytes, as a function of the state before:
+/// linear over GF(2), so four tables of 256 entries (one per byte of the state) hold it.
+struct CrcShift {
+  std::array<std::array<std::uint32_t, 256>, 4> table{};
+
+  CrcShift() noexcept {
+    std::array<std::uint32_t, 32> basis{};
+    static constexpr unsigned char kZeros[kCrcStreamBytes] = {};
+    for (std::size_t i = 0; i < 32; ++i) {
+      basis[i] = static_cast<std::uint32_t>(
+          crc32c_sse42_stream(std::uint64_t{1} << i, kZeros, kCrcStreamBytes));
+    }
+    for (std::size_t k = 0; k < 4; ++k) {
+      for (std::uint32_t b = 0; b < 256; ++b) {
+        std::uint32_t shifted = 0;
+        for (std::size_t i = 0; i < 8; ++i) {
+          if ((b >> i & 1U) != 0) shifted ^= basis[8 * k + i];
+        }
+        table[k][b] = shifted;
+      }
+    }
+  }
+  [[nodiscard]] std::uint32_t operator()(std::uint32_t state) const noexcept {
+    return table[0][state & 0xFFU] ^ table[1][(state >> 8U) & 0xFFU] ^
+           table[2][(state >> 16U) & 0xFFU] ^ table[3][state >> 24U];
+  }
+};
+
+/// The SSE 4.2 version. The instruction takes three cycles and issues one a cycle, so three
+/// independent streams over consecutive blocks run about three times as fast as one (what
+/// a checkpoint read needs to keep up with the page cache); the CRC is linear, so the
+/// streams' states are joined by shifting each past the blocks after it.
+__attribute__((target("sse4.2"))) inline std::uint32_t crc32c_sse42(std::uint32_t state,
+                                                                   const unsigned char* p,
+                                                                   std::size_t n) noexcept {
+  static const CrcShift shift;
+  constexpr std::size_t kBlock = kCrcStreamBytes;
+  std::uint64_t s0 = state;
+  for (; n >= 3 * kBlock; p += 3 * kBlock, n -= 3 * kBlock) {
+    std::uint64_t s1 = 0;
+    std::uint64_t s2 = 0;
+    for (std::size_t i = 0; i < kBlock; i += 8) {
+      std::uint64_t w0 = 0;
+      std::uint64_t w1 = 0;
+      std::uint64_t w2 = 0;
+      std::memcpy(&w0, p + i, 8);
+      std::memcpy(&w1, p + kBlock + i, 8);
+      std::memcpy(&w2, p + 2 * kBlock + i, 8);
+      s0 = __builtin_ia32_crc32di(s0, w0);
+      s1 = __builtin_ia32_crc32di(s1, w1);
+      s2 = __builtin_ia32_crc32di(s2, w2);
+    }
+    const std::uint32_t joined = shift(static_cast<std::uint32_t>(s0)) ^ static_cast<std::uint32_t>(s1);
+    s0 = shift(joined) ^ static_cast<std::uint32_t>(s2);
+  }
+  auto s32 = static_cast<std::uint32_t>(crc32c_sse42_stream(s0, p, n));
+  for (p += n & ~std::size_t{7}, n &= 7U; n > 0; --n) s32 = __builtin_ia32_crc32qi(s32, *p++);
+  return s32;
+}
+
+inline bool have_sse42() noexcept {
+  static const bool have = __builtin_cpu_supports("sse4.2");
+  return have;
+}
+#endif
+
+}  // namespace detail
+
+/// Extends the CRC-32C `crc` of earlier bytes with `bytes` (start with 0).
+inline std::uint32_t crc32c(std::span<const std::byte> bytes, std::uint32_t crc = 0) noexcept {
+  const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
+  std::uint32_t state = ~crc;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  if (detail::have_sse42()) return ~detail::crc32c_sse42(state, p, bytes.size());
+#endif
+  return ~detail::crc32c_table(state, p, bytes.size());
+}
+
+/// The CRC-32C of a tensor's bytes.
+inline std::uint32_t crc32c(std::span<const float> values, std::uint32_t crc = 0) noexcept {
+  return crc32c(std::as_bytes(values), crc);
+}
+
+}  // namespace pulley::checkpoint
+// ---- end pulley/checkpoint/crc32c.hpp ----
 // ---- begin pulley/checkpoint/model_state.hpp ----
 
 #include <cstdint>
@@ -243,6 +440,1302 @@ struct ModelState {
 
 }  // namespace pulley
 // ---- end pulley/checkpoint/model_state.hpp ----
+// ---- begin pulley/core/error.hpp ----
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace pulley {
+
+/// Why a request failed. The names follow gRPC's status codes, which TensorFlow's
+/// distributed runtime reports too, so a TF user reads them without a glossary.
+enum class ErrorCode : std::uint8_t {
+  kInvalidArgument = 1,     ///< the request itself is wrong (shape mismatch, NaN gradient)
+  kNotFound = 2,            ///< an unknown variable or part
+  kAlreadyExists = 3,       ///< duplicate initialization
+  kFailedPrecondition = 4,  ///< e.g. a push before the variables are initialized
+  kUnavailable = 5,         ///< the peer is dead or unreachable
+  kDeadlineExceeded = 6,    ///< no answer in time (a dropped message ends here)
+  kCancelled = 7,           ///< the caller gave the request up
+  kOutOfRange = 8,          ///< training is over: the chief ended it (TF's OutOfRangeError)
+  kAborted = 9,             ///< the chief aborted training
+  kInternal = 10,           ///< a ps failed while handling a request (a policy threw)
+  kPermissionDenied = 11,   ///< the sender's role may not make this request
+  kUnauthenticated = 12,    ///< a peer of another job, or without the job's secret
+  kDataLoss = 13,           ///< stored data that is corrupt or truncated (a checkpoint)
+  kResourceExhausted = 14,  ///< a limit is reached (rows of a table on one ps)
+};
+
+/// Stable lower-case name of a code, for logs and error messages.
+constexpr std::string_view to_string(ErrorCode code) noexcept {
+  switch (code) {
+    case ErrorCode::kInvalidArgument:
+      return "invalid_argument";
+    case ErrorCode::kNotFound:
+      return "not_found";
+    case ErrorCode::kAlreadyExists:
+      return "already_exists";
+    case ErrorCode::kFailedPrecondition:
+      return "failed_precondition";
+    case ErrorCode::kUnavailable:
+      return "unavailable";
+    case ErrorCode::kDeadlineExceeded:
+      return "deadline_exceeded";
+    case ErrorCode::kCancelled:
+      return "cancelled";
+    case ErrorCode::kOutOfRange:
+      return "out_of_range";
+    case ErrorCode::kAborted:
+      return "aborted";
+    case ErrorCode::kInternal:
+      return "internal";
+    case ErrorCode::kPermissionDenied:
+      return "permission_denied";
+    case ErrorCode::kUnauthenticated:
+      return "unauthenticated";
+    case ErrorCode::kResourceExhausted:
+      return "resource_exhausted";
+    case ErrorCode::kDataLoss:
+      return "data_loss";
+  }
+  return "unknown";
+}
+
+/// The exception every pulley call throws for a failed request; `code()` says which kind.
+class Error : public std::runtime_error {
+ public:
+  Error(ErrorCode code, const std::string& message)
+      : std::runtime_error(std::string(to_string(code)) + ": " + message), code_(code) {}
+
+  /// Which kind of failure.
+  [[nodiscard]] ErrorCode code() const noexcept { return code_; }
+  /// The message without the code's name in front.
+  [[nodiscard]] const char* message() const noexcept {
+    return what() + to_string(code_).size() + 2;
+  }
+
+ private:
+  ErrorCode code_;
+};
+
+}  // namespace pulley
+// ---- end pulley/core/error.hpp ----
+
+static_assert(std::endian::native == std::endian::little,
+              "pulley's checkpoint format is little-endian; big-endian hosts are not supported");
+
+namespace pulley::checkpoint {
+
+inline constexpr char kMagic[8] = {'P', 'U', 'L', 'L', 'E', 'Y', 'C', 'K'};
+inline constexpr std::uint32_t kFormatVersion = 2;  ///< bumped on any incompatible change
+inline constexpr std::uint32_t kOldestVersion = 1;  ///< the oldest version read
+inline constexpr std::size_t kChunkBytes = std::size_t{64} << 20U;  ///< of a table's arrays
+inline constexpr std::size_t kAlignment = 64;       ///< of each tensor in the data file
+
+namespace detail {
+
+/// A file descriptor, closed when it goes.
+class File {
+ public:
+  File(const std::filesystem::path& path, int flags, mode_t mode = 0644)
+      : fd_(::open(path.c_str(), flags | O_CLOEXEC, mode)), path_(path) {
+    if (fd_ < 0) fail("cannot open");
+  }
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+  ~File() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  /// Writes all of `bytes`.
+  void write(std::span<const std::byte> bytes) {
+    while (!bytes.empty()) {
+      const ssize_t n = ::write(fd_, bytes.data(), bytes.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) fail("cannot write");
+      bytes = bytes.subspan(static_cast<std::size_t>(n));
+    }
+  }
+  /// Reads exactly `out.size()` bytes at `offset`; throws kDataLoss if the file ends first.
+  void read_at(std::span<std::byte> out, std::uint64_t offset) const {
+    while (!out.empty()) {
+      const ssize_t n = ::pread(fd_, out.data(), out.size(), static_cast<off_t>(offset));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) fail("cannot read");
+      if (n == 0) throw Error(ErrorCode::kDataLoss, path_.string() + " is truncated");
+      out = out.subspan(static_cast<std::size_t>(n));
+      offset += static_cast<std::uint64_t>(n);
+    }
+  }
+  /// The file's size in bytes.
+  [[nodiscard]] std::uint64_t size() const {
+    struct stat info {};
+    if (::fstat(fd_, &info) != 0) fail("cannot stat");
+    return static_cast<std::uint64_t>(info.st_size);
+  }
+  /// Flushes what was written to the disk.
+  void sync() {
+    if (::fsync(fd_) != 0) fail("cannot flush");
+  }
+
+ private:
+  [[noreturn]] void fail(const char* what) const {
+    throw Error(ErrorCode::kUnavailable, std::string(what) + " " + path_.string() + ": " +
+                                             std::strerror(errno));
+  }
+
+  int fd_;
+  std::filesystem::path path_;
+};
+
+/// Flushes a directory's entries (a file created or renamed in it) to the disk.
+inline void sync_directory(const std::filesystem::path& dir) {
+  File d(dir, O_RDONLY | O_DIRECTORY);
+  d.sync();
+}
+
+/// Appends little-endian fields to a byte string.
+class IndexWriter {
+ public:
+  template <class T>
+  void put(T value) {
+    static_assert(std::is_arithmetic_v<T>);
+    bytes_.append(reinterpret_cast<const char*>(&value), sizeof value);
+  }
+  void put(std::string_view text) {
+    put(static_cast<std::uint32_t>(text.size()));
+    bytes_.append(text);
+  }
+  [[nodiscard]] const std::string& bytes() const noexcept { return bytes_; }
+  std::string& bytes() noexcept { return bytes_; }
+
+ private:
+  std::string bytes_;
+};
+
+/// Reads fields back, each checked against the bytes left; a count is checked to fit.
+class IndexReader {
+ public:
+  IndexReader(std::span<const char> bytes, std::string where)
+      : bytes_(bytes), where_(std::move(where)) {}
+
+  template <class T>
+  T get() {
+    static_assert(std::is_arithmetic_v<T>);
+    T value{};
+    take(&value, sizeof value);
+    return value;
+  }
+  std::string get_string() {
+    const auto n = get<std::uint32_t>();
+    if (n > bytes_.size()) bad("a string longer than the index");
+    std::string out(bytes_.data(), n);
+    bytes_ = bytes_.subspan(n);
+    return out;
+  }
+  /// A count of items of at least `bytes_each` bytes each: no more than can follow.
+  std::uint32_t get_count(std::size_t bytes_each) {
+    const auto n = get<std::uint32_t>();
+    if (static_cast<std::uint64_t>(n) * bytes_each > bytes_.size()) bad("a count larger than the index");
+    return n;
+  }
+  [[nodiscard]] std::size_t left() const noexcept { return bytes_.size(); }
+  [[noreturn]] void bad(const std::string& what) const {
+    throw Error(ErrorCode::kDataLoss, where_ + ": " + what);
+  }
+
+ private:
+  void take(void* out, std::size_t n) {
+    if (n > bytes_.size()) bad("the index ends in the middle of a field");
+    std::memcpy(out, bytes_.data(), n);
+    bytes_ = bytes_.subspan(n);
+  }
+
+  std::span<const char> bytes_;
+  std::string where_;
+};
+
+/// Where a tensor lies in the data file.
+struct TensorRef {
+  std::uint64_t offset = 0;
+  std::uint64_t floats = 0;
+  std::uint32_t crc = 0;
+};
+
+inline void put_ref(IndexWriter& w, const TensorRef& r) {
+  w.put(r.offset);
+  w.put(r.floats);
+  w.put(r.crc);
+}
+inline TensorRef get_ref(IndexReader& r) {
+  TensorRef ref;
+  ref.offset = r.get<std::uint64_t>();
+  ref.floats = r.get<std::uint64_t>();
+  ref.crc = r.get<std::uint32_t>();
+  return ref;
+}
+
+}  // namespace detail
+
+/// Writes `state` as a checkpoint in the directory `dir`, which must not exist yet (it is
+/// created): the data file, then the index, each flushed to the disk, then the directory.
+/// Throws kInvalidArgument for a state whose tensors do not fit its specs, kUnavailable when
+/// the disk refuses.
+inline void write_checkpoint(const std::filesystem::path& dir, const ModelState& state) {
+  for (const VariableState& v : state.variables) {
+    const std::size_t n = v.spec.size();
+    bool fits = v.values.size() == n;
+    for (const SlotState& s : v.slots) fits = fits && s.values.size() == n;
+    for (const PartCounters& c : v.counters) fits = fits && c.values.size() == v.counter_names.size();
+    if (!fits) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "checkpoint: the tensors of '" + v.spec.name + "' do not fit its shape");
+    }
+  }
+  for (const TableState& t : state.tables) {
+    const std::size_t n = t.ids.size(), c = t.candidate_ids.size();
+    if (t.spec.dim == 0 || t.rows.size() != n * t.stride() || t.touched.size() != n ||
+        t.candidate_counts.size() != c || t.candidate_steps.size() != c) {
+      throw Error(ErrorCode::kInvalidArgument, "checkpoint: the rows of table '" + t.spec.name + "' do not fit it");
+    }
+  }
+  std::error_code ec;
+  if (!std::filesystem::create_directory(dir, ec)) {
+    throw Error(ErrorCode::kUnavailable, "cannot create " + dir.string() + ": " +
+                                             (ec ? ec.message() : std::string("it exists")));
+  }
+  detail::IndexWriter index;
+  index.bytes().append(kMagic, sizeof kMagic);
+  index.put(kFormatVersion);
+  index.put(state.global_step);
+  index.put(static_cast<std::uint32_t>(state.pacer.size()));
+  for (const std::int64_t x : state.pacer) index.put(x);
+  index.put(static_cast<std::uint32_t>(state.variables.size()));
+  {
+    detail::File data(dir / "data", O_WRONLY | O_CREAT | O_EXCL);
+    std::uint64_t offset = 0;
+    static constexpr std::byte kZeros[kAlignment] = {};
+    // Writes `bytes` at the next multiple of kAlignment; returns where they start.
+    auto write_aligned = [&](std::span<const std::byte> bytes) {
+      const std::uint64_t at = offset;
+      data.write(bytes);
+      offset += bytes.size();
+      const std::size_t pad = (kAlignment - offset % kAlignment) % kAlignment;
+      data.write(std::span(kZeros, pad));
+      offset += pad;
+      return at;
+    };
+    auto put_tensor = [&](const std::vector<float>& values) {
+      const auto bytes = std::as_bytes(std::span(values));
+      detail::put_ref(index, {write_aligned(bytes), values.size(), crc32c(bytes)});
+    };
+    for (const VariableState& v : state.variables) {
+      index.put(std::string_view(v.spec.name));
+      index.put(static_cast<std::uint32_t>(v.spec.shape.size()));
+      for (const std::size_t d : v.spec.shape) index.put(static_cast<std::uint64_t>(d));
+      index.put(static_cast<std::uint8_t>(v.spec.initializer.kind));
+      index.put(v.spec.initializer.value);
+      put_tensor(v.values);
+      index.put(static_cast<std::uint32_t>(v.slots.size()));
+      for (const SlotState& s : v.slots) {
+        index.put(std::string_view(s.name));
+        put_tensor(s.values);
+      }
+      index.put(static_cast<std::uint32_t>(v.counter_names.size()));
+      for (const std::string& name : v.counter_names) index.put(std::string_view(name));
+      index.put(static_cast<std::uint32_t>(v.counters.size()));
+      for (const PartCounters& c : v.counters) {
+        index.put(static_cast<std::uint64_t>(c.rows.begin));
+        index.put(static_cast<std::uint64_t>(c.rows.end));
+        for (const std::int64_t x : c.values) index.put(x);
+      }
+    }
+    // Each table's arrays, chunk by chunk: where each chunk lies and its CRC-32C (a chunk's
+    // TensorRef counts bytes, not floats).
+    auto put_array = [&](std::span<const std::byte> bytes) {
+      const std::size_t chunks = (bytes.size() + kChunkBytes - 1) / kChunkBytes;
+      index.put(static_cast<std::uint32_t>(chunks));
+      for (std::size_t c = 0; c < chunks; ++c) {
+        const std::span<const std::byte> chunk =
+            bytes.subspan(c * kChunkBytes, std::min(kChunkBytes, bytes.size() - c * kChunkBytes));
+        detail::put_ref(index, {write_aligned(chunk), chunk.size(), crc32c(chunk)});
+      }
+    };
+    index.put(static_cast<std::uint32_t>(state.tables.size()));
+    index.put(state.table_seed);
+    for (const TableState& t : state.tables) {
+      index.put(std::string_view(t.spec.name));
+      index.put(static_cast<std::uint64_t>(t.spec.dim));
+      index.put(static_cast<std::uint8_t>(t.spec.initializer.kind));
+      index.put(t.spec.initializer.value);
+      index.put(t.spec.admit_after);
+      index.put(t.spec.evict_after_steps);
+      index.put(t.spec.max_rows);
+      index.put(static_cast<std::uint32_t>(t.slot_names.size()));
+      for (const std::string& name : t.slot_names) index.put(std::string_view(name));
+      index.put(static_cast<std::uint32_t>(t.updates.size()));
+      for (const std::int64_t u : t.updates) index.put(u);
+      index.put(static_cast<std::uint64_t>(t.ids.size()));
+      index.put(static_cast<std::uint64_t>(t.candidate_ids.size()));
+      put_array(std::as_bytes(std::span(t.ids)));
+      put_array(std::as_bytes(std::span(t.rows)));
+      put_array(std::as_bytes(std::span(t.touched)));
+      put_array(std::as_bytes(std::span(t.candidate_ids)));
+      put_array(std::as_bytes(std::span(t.candidate_counts)));
+      put_array(std::as_bytes(std::span(t.candidate_steps)));
+    }
+    data.sync();
+  }
+  index.put(crc32c(std::as_bytes(std::span(index.bytes().data(), index.bytes().size()))));
+  {
+    detail::File file(dir / "index", O_WRONLY | O_CREAT | O_EXCL);
+    file.write(std::as_bytes(std::span(index.bytes().data(), index.bytes().size())));
+    file.sync();
+  }
+  detail::sync_directory(dir);
+}
+
+namespace detail {
+
+/// Reads `count` bytes at `offset` into `out` and returns their CRC-32C, a chunk at a time so
+/// that each is summed while it is still in the processor's cache.
+inline std::uint32_t read_summed(const File& file, std::span<std::byte> out, std::uint64_t offset) {
+  constexpr std::size_t kChunk = std::size_t{256} << 10U;
+  std::uint32_t crc = 0;
+  while (!out.empty()) {
+    const std::span<std::byte> chunk = out.first(std::min(kChunk, out.size()));
+    file.read_at(chunk, offset);
+    crc = crc32c(std::span<const std::byte>(chunk), crc);
+    offset += chunk.size();
+    out = out.subspan(chunk.size());
+  }
+  return crc;
+}
+
+/// Makes `tensor` hold `n` floats. New memory of 4 MiB or more is first asked to be backed by
+/// huge pages (madvise; where transparent huge pages are on "madvise", as Debian's default):
+/// a read into memory not touched yet is bound by its page faults, 512 times fewer so.
+inline void size_for_read(std::vector<float>& tensor, std::size_t n) {
+#if defined(MADV_HUGEPAGE)
+  constexpr std::uintptr_t kHuge = std::uintptr_t{2} << 20U;
+  if (tensor.capacity() < n && n * sizeof(float) >= 2 * kHuge) {
+    std::vector<float> fresh;
+    fresh.reserve(n);
+    const auto begin = reinterpret_cast<std::uintptr_t>(fresh.data());
+    const std::uintptr_t from = (begin + kHuge - 1) & ~(kHuge - 1);
+    const std::uintptr_t to = (begin + n * sizeof(float)) & ~(kHuge - 1);
+    if (to > from) ::madvise(reinterpret_cast<void*>(from), to - from, MADV_HUGEPAGE);  // a hint
+    tensor = std::move(fresh);
+  }
+#endif
+  tensor.resize(n);
+}
+
+/// Takes the tensors of `old`, by variable name and slot name, to read into again.
+class TensorPool {
+ public:
+  explicit TensorPool(ModelState& old) {
+    for (VariableState& v : old.variables) {
+      tensors_.push_back({v.spec.name, {}, &v.values});
+      for (SlotState& s : v.slots) tensors_.push_back({v.spec.name, s.name, &s.values});
+    }
+  }
+  /// Moves the pooled tensor of `variable` (its slot `slot`, or its values when empty) into
+  /// `into`, if there is one.
+  void take(const std::string& variable, const std::string& slot, std::vector<float>& into) {
+    for (Entry& e : tensors_) {
+      if (e.from != nullptr && e.variable == variable && e.slot == slot) {
+        into = std::move(*e.from);
+        e.from = nullptr;
+        return;
+      }
+    }
+  }
+
+ private:
+  struct Entry {
+    std::string variable, slot;
+    std::vector<float>* from;
+  };
+  std::vector<Entry> tensors_;
+};
+
+/// `table_rows`, if given, gets each table's row count from the index (read with or without
+/// the values).
+inline ModelState read_checkpoint(const std::filesystem::path& dir, bool values, ModelState* reuse,
+                                  std::vector<std::uint64_t>* table_rows = nullptr);
+
+}  // namespace detail
+
+/// Reads the checkpoint in `dir`. With `values` false only the index is read (every field
+/// checked, the tensors left empty): what the checkpoint holds, without its weight. Throws
+/// kDataLoss naming the problem for anything incomplete or damaged (a missing index, a
+/// wrong magic or version, a bad CRC, a data file shorter than the index says).
+inline ModelState read_checkpoint(const std::filesystem::path& dir, bool values = true) {
+  return detail::read_checkpoint(dir, values, nullptr);
+}
+
+/// Reads the checkpoint in `dir` into `into`, reading each tensor into the memory of the
+/// tensor of the same variable and slot that `into` holds, if any: an evaluator that scores
+/// checkpoint after checkpoint, or a ps restored again, touches no new memory (on a machine
+/// where first touching memory costs more than reading it, several times as fast). `into`
+/// is replaced whole, and on an error (as read_checkpoint) left valid but unspecified.
+inline void read_checkpoint_into(const std::filesystem::path& dir, ModelState& into) {
+  into = detail::read_checkpoint(dir, true, &into);
+}
+
+inline ModelState detail::read_checkpoint(const std::filesystem::path& dir, bool values,
+                                          ModelState* reuse, std::vector<std::uint64_t>* table_rows) {
+  const std::string where = "checkpoint " + dir.string();
+  std::string bytes;
+  {
+    std::error_code ec;
+    if (!std::filesystem::exists(dir / "index", ec)) {
+      throw Error(ErrorCode::kDataLoss, where + " has no index (it was never finished)");
+    }
+    detail::File file(dir / "index", O_RDONLY);
+    const std::uint64_t size = file.size();
+    if (size > (std::uint64_t{1} << 32U)) throw Error(ErrorCode::kDataLoss, where + ": an index of 4 GiB or more");
+    bytes.resize(static_cast<std::size_t>(size));
+    file.read_at(std::as_writable_bytes(std::span(bytes.data(), bytes.size())), 0);
+  }
+  if (bytes.size() < sizeof kMagic + 8 || std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0) {
+    throw Error(ErrorCode::kDataLoss, where + ": not a pulley checkpoint index");
+  }
+  std::uint32_t stored_crc = 0;
+  std::memcpy(&stored_crc, bytes.data() + bytes.size() - 4, 4);
+  const auto body = std::span(bytes.data(), bytes.size() - 4);
+  if (crc32c(std::as_bytes(body)) != stored_crc) {
+    throw Error(ErrorCode::kDataLoss, where + ": the index is damaged (its CRC-32C does not match)");
+  }
+  detail::IndexReader in(body.subspan(sizeof kMagic), where);
+  const auto version = in.get<std::uint32_t>();
+  if (version < kOldestVersion || version > kFormatVersion) {
+    in.bad("format version " + std::to_string(version) + ", this pulley reads versions " +
+           std::to_string(kOldestVersion) + " to " + std::to_string(kFormatVersion));
+  }
+  ModelState state;
+  state.global_step = in.get<std::int64_t>();
+  for (std::uint32_t i = 0, n = in.get_count(8); i < n; ++i) state.pacer.push_back(in.get<std::int64_t>());
+  struct Pending {
+    std::vector<float>* into;
+    detail::TensorRef ref;
+    std::string what;
+  };
+  std::vector<Pending> tensors;
+  const std::uint32_t num_variables = in.get_count(20);
+  state.variables.resize(num_variables);
+  for (VariableState& v : state.variables) {
+    v.spec.name = in.get_string();
+    for (std::uint32_t d = 0, rank = in.get_count(8); d < rank; ++d) {
+      v.spec.shape.push_back(static_cast<std::size_t>(in.get<std::uint64_t>()));
+    }
+    v.spec.initializer.kind = static_cast<Initializer::Kind>(in.get<std::uint8_t>());
+    v.spec.initializer.value = in.get<float>();
+    tensors.push_back({&v.values, detail::get_ref(in), "'" + v.spec.name + "'"});
+    for (std::uint32_t s = 0, n = in.get_count(24); s < n; ++s) {
+      v.slots.push_back({in.get_string(), {}});
+      tensors.push_back({nullptr, detail::get_ref(in), "slot '" + v.slots.back().name + "' of '" + v.spec.name + "'"});
+    }
+    for (std::uint32_t c = 0, n = in.get_count(4); c < n; ++c) v.counter_names.push_back(in.get_string());
+    for (std::uint32_t p = 0, n = in.get_count(16); p < n; ++p) {
+      PartCounters part;
+      part.rows.begin = static_cast<std::size_t>(in.get<std::uint64_t>());
+      part.rows.end = static_cast<std::size_t>(in.get<std::uint64_t>());
+      for (std::size_t c = 0; c < v.counter_names.size(); ++c) part.values.push_back(in.get<std::int64_t>());
+      v.counters.push_back(std::move(part));
+    }
+  }
+  // Tables (version 2): their specs and where their arrays' chunks lie.
+  struct PendingArray {
+    std::vector<detail::TensorRef> chunks;
+    std::string what;
+  };
+  std::vector<PendingArray> arrays;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> counts;  // per table: rows, candidates
+  std::uint64_t array_bytes = 0;                                 // of every table, in all
+  if (version >= 2) {
+    const std::uint32_t num_tables = in.get_count(40);
+    state.table_seed = in.get<std::uint64_t>();
+    state.tables.resize(num_tables);
+    for (TableState& t : state.tables) {
+      t.spec.name = in.get_string();
+      t.spec.dim = static_cast<std::size_t>(in.get<std::uint64_t>());
+      t.spec.initializer.kind = static_cast<Initializer::Kind>(in.get<std::uint8_t>());
+      t.spec.initializer.value = in.get<float>();
+      t.spec.admit_after = in.get<std::uint32_t>();
+      t.spec.evict_after_steps = in.get<std::int64_t>();
+      t.spec.max_rows = in.get<std::uint64_t>();
+      for (std::uint32_t k = 0, n = in.get_count(4); k < n; ++k) t.slot_names.push_back(in.get_string());
+      for (std::uint32_t k = 0, n = in.get_count(8); k < n; ++k) t.updates.push_back(in.get<std::int64_t>());
+      const auto rows = in.get<std::uint64_t>();
+      const auto candidates = in.get<std::uint64_t>();
+      if (table_rows != nullptr) table_rows->push_back(rows);
+      counts.emplace_back(rows, candidates);
+      if (t.spec.dim == 0 || t.spec.dim > (std::size_t{1} << 16U) || t.slot_names.size() > 64) {
+        in.bad("table '" + t.spec.name + "' has dim " + std::to_string(t.spec.dim) + " and " +
+               std::to_string(t.slot_names.size()) + " slots");
+      }
+      // Sizes are checked against the data file before anything is allocated.
+      const std::uint64_t stride_bytes = t.stride() * sizeof(float);
+      const std::string what = "table '" + t.spec.name + "'";
+      auto array = [&](std::uint64_t count, std::uint64_t each, std::string part) {
+        PendingArray a;
+        a.what = what + " (" + std::move(part) + ")";
+        if (count > (std::uint64_t{1} << 48U) / each) in.bad(a.what + " has too many elements");
+        // Laid out as the writer does: whole chunks of kChunkBytes, the last one shorter.
+        const std::uint64_t bytes_n = count * each;
+        const std::uint64_t chunks = (bytes_n + kChunkBytes - 1) / kChunkBytes;
+        if (in.get_count(20) != chunks) in.bad(a.what + " is not cut into chunks of 64 MiB");
+        for (std::uint64_t c = 0; c < chunks; ++c) {
+          a.chunks.push_back(detail::get_ref(in));
+          if (a.chunks.back().floats != std::min<std::uint64_t>(kChunkBytes, bytes_n - c * kChunkBytes)) {
+            in.bad(a.what + " is not cut into chunks of 64 MiB");
+          }
+        }
+        array_bytes += bytes_n;
+        if (array_bytes > (std::uint64_t{1} << 62U)) in.bad("tables larger than any data file");
+        arrays.push_back(std::move(a));
+      };
+      array(rows, 8, "ids");
+      array(rows, stride_bytes, "rows");
+      array(rows, 4, "steps");
+      array(candidates, 8, "candidate ids");
+      array(candidates, 4, "candidate counts");
+      array(candidates, 4, "candidate steps");
+    }
+  }
+  if (in.left() != 0) in.bad("bytes after the last table");
+  // Slot tensors point into the slots now that the vectors will not move.
+  {
+    std::size_t t = 0;
+    for (VariableState& v : state.variables) {
+      ++t;
+      for (SlotState& s : v.slots) tensors[t++].into = &s.values;
+    }
+  }
+  for (const VariableState& v : state.variables) {
+    for (const PartCounters& c : v.counters) {
+      if (c.rows.empty() || c.rows.end > v.spec.rows()) in.bad("counters of '" + v.spec.name + "' for rows it does not have");
+    }
+  }
+  std::optional<detail::TensorPool> pool;
+  if (reuse != nullptr && values) pool.emplace(*reuse);
+  detail::File data(dir / "data", O_RDONLY);
+  const std::uint64_t data_size = data.size();
+  for (std::size_t t = 0, vi = 0; t < tensors.size(); ++vi) {
+    const VariableState& v = state.variables[vi];
+    for (std::size_t k = 0; k <= v.slots.size(); ++k, ++t) {
+      const Pending& p = tensors[t];
+      if (p.ref.floats != v.spec.size()) in.bad(p.what + " has the wrong number of elements");
+      const std::uint64_t bytes_n = p.ref.floats * sizeof(float);
+      if (p.ref.offset > data_size || bytes_n > data_size - p.ref.offset) {
+        throw Error(ErrorCode::kDataLoss, where + ": the data file is truncated (" + p.what + ")");
+      }
+      if (!values) continue;
+      if (pool) pool->take(v.spec.name, k == 0 ? std::string() : v.slots[k - 1].name, *p.into);
+      detail::size_for_read(*p.into, static_cast<std::size_t>(p.ref.floats));
+      if (detail::read_summed(data, std::as_writable_bytes(std::span(*p.into)), p.ref.offset) != p.ref.crc) {
+        throw Error(ErrorCode::kDataLoss, where + ": " + p.what + " is damaged (CRC-32C mismatch)");
+      }
+    }
+  }
+  // The tables' arrays: each chunk checked to lie in the data file, and all of them to fit
+  // it, before anything is allocated; then read and summed.
+  if (array_bytes > data_size) throw Error(ErrorCode::kDataLoss, where + ": the data file is truncated (tables)");
+  for (const PendingArray& a : arrays) {
+    for (const detail::TensorRef& c : a.chunks) {
+      if (c.offset > data_size || c.floats > data_size - c.offset) {
+        throw Error(ErrorCode::kDataLoss, where + ": the data file is truncated (" + a.what + ")");
+      }
+    }
+  }
+  if (values) {
+    std::size_t k = 0;
+    for (TableState& t : state.tables) {
+      auto bytes_of = [](auto& vector, std::size_t n) {
+        vector.resize(n);
+        return std::as_writable_bytes(std::span(vector));
+      };
+      const auto [n_rows, n_candidates] = counts[static_cast<std::size_t>(&t - state.tables.data())];
+      const std::span<std::byte> into[6] = {
+          bytes_of(t.ids, n_rows),           bytes_of(t.rows, n_rows * t.stride()),
+          bytes_of(t.touched, n_rows),       bytes_of(t.candidate_ids, n_candidates),
+          bytes_of(t.candidate_counts, n_candidates), bytes_of(t.candidate_steps, n_candidates)};
+      for (const std::span<std::byte> target : into) {
+        const PendingArray& a = arrays[k++];
+        std::size_t at = 0;
+        for (const detail::TensorRef& c : a.chunks) {
+          if (c.floats > target.size() - at) throw Error(ErrorCode::kInternal, where + ": " + a.what + " overflows");
+          const std::span<std::byte> chunk = target.subspan(at, c.floats);
+          if (detail::read_summed(data, chunk, c.offset) != c.crc) {
+            throw Error(ErrorCode::kDataLoss, where + ": " + a.what + " is damaged (CRC-32C mismatch)");
+          }
+          at += chunk.size();
+        }
+      }
+    }
+  }
+  return state;
+}
+
+}  // namespace pulley::checkpoint
+// ---- end pulley/checkpoint/format.hpp ----
+// ---- begin pulley/core/log.hpp ----
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace pulley {
+
+/// How much a log line matters.
+enum class LogLevel : unsigned char {
+  kInfo,     ///< progress: a task started, training reached a step
+  kWarning,  ///< something went wrong and was dealt with (a connection dropped)
+  kError,    ///< a task is about to fail
+};
+
+/// Where pulley's log lines go: called with one line at a time (no trailing newline), from
+/// any thread, never concurrently (calls are serialized). It must not throw.
+using LogSink = std::function<void(LogLevel, std::string_view)>;
+
+namespace detail {
+
+struct LogState {
+  std::mutex mutex;
+  LogSink sink;  ///< empty: stderr
+};
+
+inline LogState& log_state() {
+  static LogState state;
+  return state;
+}
+
+}  // namespace detail
+
+/// Sends pulley's log lines to `sink` instead of stderr (an empty sink restores stderr);
+/// returns the sink it replaces.
+inline LogSink set_log_sink(LogSink sink) {
+  detail::LogState& state = detail::log_state();
+  std::scoped_lock lock(state.mutex);
+  return std::exchange(state.sink, std::move(sink));
+}
+
+/// Writes one log line through the sink (by default to stderr, prefixed "pulley: ").
+inline void log(LogLevel level, std::string_view line) noexcept {
+  detail::LogState& state = detail::log_state();
+  std::scoped_lock lock(state.mutex);
+  if (state.sink) {
+    try {
+      state.sink(level, line);
+    } catch (...) {  // a log line is never worth a failure
+    }
+    return;
+  }
+  static constexpr const char* kPrefix[] = {"", "warning: ", "error: "};
+  std::fprintf(stderr, "pulley: %s%.*s\n", kPrefix[static_cast<int>(level)],
+               static_cast<int>(line.size()), line.data());
+  std::fflush(stderr);
+}
+
+/// Passes at most `per_second` lines a second on to `log`, and counts the rest, which the
+/// next line that passes reports: a flood of bad requests must not flood the log. Not
+/// thread-safe: one per thread that logs through it (a ps's, a server's).
+class LimitedLog {
+ public:
+  explicit LimitedLog(int per_second = 20) noexcept : per_second_(per_second) {}
+
+  /// Logs `line` at `level` unless this second's allowance is spent.
+  void operator()(LogLevel level, const std::string& line) noexcept {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - window_ > std::chrono::seconds(1)) {
+      window_ = now;
+      used_ = 0;
+    }
+    if (++used_ > per_second_) {
+      ++suppressed_;
+      return;
+    }
+    if (suppressed_ == 0) return log(level, line);
+    try {
+      log(level, line + " (" + std::to_string(std::exchange(suppressed_, 0)) +
+                     " similar lines suppressed)");
+    } catch (...) {  // no memory for the longer line: the line alone
+      log(level, line);
+    }
+  }
+
+ private:
+  int per_second_;
+  std::chrono::steady_clock::time_point window_{};
+  int used_ = 0;
+  std::uint64_t suppressed_ = 0;
+};
+
+}  // namespace pulley
+// ---- end pulley/core/log.hpp ----
+
+namespace pulley {
+
+/// A directory of checkpoints, as the chief writes them and a restarted job or an evaluator
+/// reads them: `ckpt-<global step>/` each (checkpoint/format.hpp), the last `keep` kept.
+///
+/// A checkpoint is written whole or not at all: into a temporary directory (`.tmp-...`),
+/// its files flushed to the disk, then renamed to its name and the parent flushed. A crash
+/// at any instant leaves every earlier checkpoint as it was, and at most a temporary
+/// directory, which the next save removes. Reading skips, with a log line, any checkpoint
+/// that does not read back whole (truncated, damaged, of another format version).
+class CheckpointDirectory {
+ public:
+  /// @param root the directory (created if missing)
+  /// @param keep how many checkpoints to keep, newest first (TensorFlow's max_to_keep: 5); 0
+  ///             keeps all
+  explicit CheckpointDirectory(std::filesystem::path root, std::size_t keep = 5)
+      : root_(std::move(root)), keep_(keep) {
+    std::error_code ec;
+    std::filesystem::create_directories(root_, ec);
+    if (ec || !std::filesystem::is_directory(root_)) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "cannot use " + root_.string() + " as a checkpoint directory: " +
+                      (ec ? ec.message() : std::string("not a directory")));
+    }
+  }
+
+  /// The directory.
+  [[nodiscard]] const std::filesystem::path& root() const noexcept { return root_; }
+
+  /// The name of the checkpoint of global step `step`.
+  static std::string name_of(std::int64_t step) {
+    char name[32];
+    std::snprintf(name, sizeof name, "ckpt-%012lld", static_cast<long long>(step));
+    return name;
+  }
+
+  /// Writes `state` as the checkpoint of its global step and returns its path; keeps the
+  /// last `keep`. A checkpoint of that step that is already there is kept as it is.
+  std::filesystem::path save(const ModelState& state) {
+    remove_temporaries();
+    const std::filesystem::path target = root_ / name_of(state.global_step);
+    std::error_code ec;
+    if (std::filesystem::exists(target, ec)) return target;
+    const std::filesystem::path temporary =
+        root_ / (".tmp-" + name_of(state.global_step) + "-" + std::to_string(::getpid()));
+    std::filesystem::remove_all(temporary, ec);
+    try {
+      checkpoint::write_checkpoint(temporary, state);
+      std::filesystem::rename(temporary, target);
+      checkpoint::detail::sync_directory(root_);
+    } catch (const std::filesystem::filesystem_error& e) {
+      std::filesystem::remove_all(temporary, ec);
+      throw Error(ErrorCode::kUnavailable, "cannot save " + target.string() + ": " + e.what());
+    } catch (...) {
+      std::filesystem::remove_all(temporary, ec);
+      throw;
+    }
+    prune();
+    return target;
+  }
+
+  /// The checkpoints there (finished ones: named `ckpt-<step>`), newest first.
+  [[nodiscard]] std::vector<std::pair<std::int64_t, std::filesystem::path>> list() const {
+    return list(root_);
+  }
+
+  /// The checkpoints in `root` (empty if it does not exist), newest first.
+  static std::vector<std::pair<std::int64_t, std::filesystem::path>> list(
+      const std::filesystem::path& root) {
+    std::vector<std::pair<std::int64_t, std::filesystem::path>> found;
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(root, ec)) {
+      const std::string name = entry.path().filename().string();
+      if (name.size() != 17 || name.rfind("ckpt-", 0) != 0) continue;
+      if (name.find_first_not_of("0123456789", 5) != std::string::npos) continue;
+      found.emplace_back(std::stoll(name.substr(5)), entry.path());
+    }
+    std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    return found;
+  }
+
+  /// The newest checkpoint that reads back whole (every CRC checked), and where it is; any
+  /// newer one that does not is logged and skipped. nullopt when there is none.
+  [[nodiscard]] std::optional<std::pair<ModelState, std::filesystem::path>> latest() const {
+    for (const auto& [step, path] : list()) {
+      try {
+        return std::pair{checkpoint::read_checkpoint(path), path};
+      } catch (const Error& e) {
+        log(LogLevel::kWarning, "skipping checkpoint " + path.string() + ": " + e.what());
+      }
+    }
+    return std::nullopt;
+  }
+
+ private:
+  /// What a save cut short left behind.
+  void remove_temporaries() {
+    std::error_code ec;
+    std::vector<std::filesystem::path> stale;
+    for (const auto& entry : std::filesystem::directory_iterator(root_, ec)) {
+      if (entry.path().filename().string().rfind(".tmp-ckpt-", 0) == 0) stale.push_back(entry.path());
+    }
+    for (const auto& path : stale) std::filesystem::remove_all(path, ec);
+  }
+
+  void prune() {
+    if (keep_ == 0) return;
+    const auto all = list();
+    std::error_code ec;
+    for (std::size_t i = keep_; i < all.size(); ++i) std::filesystem::remove_all(all[i].second, ec);
+  }
+
+  std::filesystem::path root_;
+  std::size_t keep_;
+};
+
+}  // namespace pulley
+// ---- end pulley/checkpoint/directory.hpp ----
+// ---- begin pulley/checkpoint/rows.hpp ----
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+// ---- begin pulley/core/id_index.hpp ----
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <utility>
+#include <vector>
+
+// ---- begin pulley/core/hash.hpp ----
+
+#include <cstdint>
+#include <string_view>
+
+namespace pulley {
+
+/// pulley's hashes, each defined once: what seeds initial values, spreads table rows over
+/// the ps tasks, keys id indexes and names a cluster. They depend only on their input, so
+/// every process computes the same value.
+
+/// FNV-1a (64 bits) of `text`, continuing from `hash` (the offset basis by default): mixes
+/// a variable's name into its seed, so its initial values do not change when other
+/// variables are added or reordered.
+constexpr std::uint64_t name_hash(std::string_view text,
+                                  std::uint64_t hash = 0xCBF29CE484222325ULL) noexcept {
+  for (const char c : text) {
+    hash ^= static_cast<unsigned char>(c);
+    hash *= 0x100000001B3ULL;
+  }
+  return hash;
+}
+
+/// The SplitMix64 finalizer: neighbouring 64-bit ids give unrelated values.
+constexpr std::uint64_t mix_id(std::uint64_t id) noexcept {
+  id = (id ^ (id >> 30U)) * 0xBF58476D1CE4E5B9ULL;
+  id = (id ^ (id >> 27U)) * 0x94D049BB133111EBULL;
+  return id ^ (id >> 31U);
+}
+
+}  // namespace pulley
+// ---- end pulley/core/hash.hpp ----
+
+namespace pulley {
+
+/// pulley's one hash index of 64-bit ids: open addressing with linear probing over 32-bit
+/// buckets, each holding an entry number + 1 (0: empty). It does not store the ids: the
+/// caller keeps them where they belong (an embedding table's records, IdPositions' list)
+/// and `key_of(entry)` gives an entry's id back, so a bucket costs 4 bytes. Removal shifts
+/// entries back (no tombstones), so lookups never slow down with churn.
+///
+/// Ids are hashed with `mix_id(id ^ key)`: where ids come from a peer, give a random key,
+/// so that chosen ids cannot pile onto one bucket (std::unordered_map hashes a 64-bit id to
+/// itself). At most 2^32 - 2 entries.
+class IdIndex {
+ public:
+  /// "No entry".
+  static constexpr std::uint32_t kNone = std::numeric_limits<std::uint32_t>::max();
+
+  /// @param key            keys the hash (see above)
+  /// @param max_load_num   the index grows past `max_load_num / 4` full (2: half, 3: 3/4)
+  explicit IdIndex(std::uint64_t key = 0, unsigned max_load_num = 3) noexcept
+      : key_(key), max_load_num_(max_load_num) {}
+
+  /// The entry whose id is `id`, or kNone.
+  template <class KeyOf>
+  [[nodiscard]] std::uint32_t find(std::uint64_t id, KeyOf&& key_of) const noexcept {
+    if (buckets_.empty()) return kNone;
+    for (std::size_t at = home(id);; at = next(at)) {
+      const std::uint32_t bucket = buckets_[at];
+      if (bucket == 0) return kNone;
+      if (key_of(bucket - 1) == id) return bucket - 1;
+    }
+  }
+
+  /// Adds `entry`, whose id (`key_of(entry)`) is not in the index yet. Grows first when
+  /// full; a failed allocation leaves the index as it was.
+  template <class KeyOf>
+  void insert(std::uint32_t entry, KeyOf&& key_of) {
+    if ((size_ + 1) * 4 > buckets_.size() * max_load_num_) grow(buckets_.size() * 2, key_of);
+    place(key_of(entry), entry);
+    ++size_;
+  }
+
+  /// The entry whose id is `id`, or, when there is none, `entry` added for it (its id must
+  /// then be `id`); true if added. One probe either way.
+  template <class KeyOf>
+  std::pair<std::uint32_t, bool> emplace(std::uint64_t id, std::uint32_t entry, KeyOf&& key_of) {
+    if ((size_ + 1) * 4 > buckets_.size() * max_load_num_) grow(buckets_.size() * 2, key_of);
+    for (std::size_t at = home(id);; at = next(at)) {
+      const std::uint32_t bucket = buckets_[at];
+      if (bucket == 0) {
+        buckets_[at] = entry + 1;
+        ++size_;
+        return {entry, true};
+      }
+      if (key_of(bucket - 1) == id) return {bucket - 1, false};
+    }
+  }
+
+  /// Removes `entry` (present): the entries after it in its probe run move back into the
+  /// hole unless their home lies between.
+  template <class KeyOf>
+  void erase(std::uint32_t entry, KeyOf&& key_of) noexcept {
+    std::size_t hole = bucket_of(entry, key_of);
+    for (std::size_t at = next(hole); buckets_[at] != 0; at = next(at)) {
+      const std::size_t want = home(key_of(buckets_[at] - 1));
+      const bool stays = hole <= at ? (want > hole && want <= at) : (want > hole || want <= at);
+      if (!stays) {
+        buckets_[hole] = buckets_[at];
+        hole = at;
+      }
+    }
+    buckets_[hole] = 0;
+    --size_;
+  }
+
+  /// Entry `from` is now numbered `to` (its id unchanged; `key_of(from)` still gives it).
+  template <class KeyOf>
+  void renumber(std::uint32_t from, std::uint32_t to, KeyOf&& key_of) noexcept {
+    buckets_[bucket_of(from, key_of)] = to + 1;
+  }
+
+  /// Room for `n` entries without growing.
+  template <class KeyOf>
+  void reserve(std::size_t n, KeyOf&& key_of) {
+    if (n * 4 > buckets_.size() * max_load_num_) grow(n * 4 / max_load_num_ + 1, key_of);
+  }
+
+  /// Forgets every entry. An index much larger than what it held keeps less memory, so that
+  /// one outsized batch does not make every later clear cost its size.
+  void clear() noexcept {
+    if (buckets_.size() > 64 && size_ * 16 < buckets_.size()) {
+      std::vector<std::uint32_t>().swap(buckets_);
+    } else {
+      std::fill(buckets_.begin(), buckets_.end(), 0U);
+    }
+    size_ = 0;
+  }
+
+  /// Entries held.
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  /// Bytes of its buckets.
+  [[nodiscard]] std::size_t bytes() const noexcept { return buckets_.size() * sizeof(std::uint32_t); }
+
+  /// Asks the cache for the bucket where `id`'s probe starts (a batch's lookups then wait
+  /// for memory together, not one after the other).
+  void prefetch(std::uint64_t id) const noexcept {
+    if (!buckets_.empty()) __builtin_prefetch(&buckets_[home(id)]);
+  }
+  /// The entry in the bucket where `id`'s probe starts (maybe another id's), or kNone: what
+  /// to prefetch of the caller's records ahead of `find`.
+  [[nodiscard]] std::uint32_t first_entry(std::uint64_t id) const noexcept {
+    if (buckets_.empty()) return kNone;
+    const std::uint32_t bucket = buckets_[home(id)];
+    return bucket == 0 ? kNone : bucket - 1;
+  }
+
+ private:
+  [[nodiscard]] std::size_t home(std::uint64_t id) const noexcept {
+    return static_cast<std::size_t>(mix_id(id ^ key_)) & (buckets_.size() - 1);
+  }
+  [[nodiscard]] std::size_t next(std::size_t at) const noexcept { return (at + 1) & (buckets_.size() - 1); }
+
+  void place(std::uint64_t id, std::uint32_t entry) noexcept {
+    std::size_t at = home(id);
+    while (buckets_[at] != 0) at = next(at);
+    buckets_[at] = entry + 1;
+  }
+
+  template <class KeyOf>
+  [[nodiscard]] std::size_t bucket_of(std::uint32_t entry, KeyOf&& key_of) const noexcept {
+    std::size_t at = home(key_of(entry));
+    while (buckets_[at] != entry + 1) at = next(at);
+    return at;
+  }
+
+  /// At least `capacity` buckets (a power of two, 16 or more); the entries move over. The new
+  /// buckets are allocated before the old ones are let go.
+  template <class KeyOf>
+  void grow(std::size_t capacity, KeyOf&& key_of) {
+    std::vector<std::uint32_t> grown(std::bit_ceil(std::max<std::size_t>(16, capacity)), 0U);
+    grown.swap(buckets_);
+    for (const std::uint32_t bucket : grown) {
+      if (bucket != 0) place(key_of(bucket - 1), bucket - 1);
+    }
+  }
+
+  std::uint64_t key_;
+  unsigned max_load_num_;
+  std::size_t size_ = 0;
+  std::vector<std::uint32_t> buckets_;
+};
+
+/// Distinct 64-bit ids numbered in the order they were added (their positions), found in
+/// about one probe: what a worker's batch, a TableBatch and a ps's sparse accumulator look
+/// ids up in. Kept at most half full, reused from batch to batch.
+class IdPositions {
+  /// An entry's id: its place in the list.
+  struct KeyOf {
+    const std::vector<std::uint64_t>* ids;
+    std::uint64_t operator()(std::uint32_t entry) const noexcept { return (*ids)[entry]; }
+  };
+
+ public:
+  /// "Not there".
+  static constexpr std::size_t npos = std::numeric_limits<std::size_t>::max();
+
+  /// @param key keys the hash (see IdIndex): random where ids come from a peer
+  explicit IdPositions(std::uint64_t key = 0) noexcept : index_(key, 2) {}
+
+  /// The position of `id`, and true if it was added now (its position is then size() - 1).
+  std::pair<std::size_t, bool> insert(std::uint64_t id) {
+    ids_.push_back(id);  // taken back below unless it is new
+    std::pair<std::uint32_t, bool> placed;
+    try {
+      placed = index_.emplace(id, static_cast<std::uint32_t>(ids_.size() - 1), key_of());
+    } catch (...) {
+      ids_.pop_back();
+      throw;
+    }
+    if (!placed.second) ids_.pop_back();
+    return {placed.first, placed.second};
+  }
+
+  /// The position of `id`, or npos.
+  [[nodiscard]] std::size_t find(std::uint64_t id) const noexcept {
+    const std::uint32_t found = index_.find(id, key_of());
+    return found == IdIndex::kNone ? npos : found;
+  }
+
+  /// The first id of `ids` that comes twice, or nullptr; afterwards the positions hold
+  /// `ids` up to it (all of them when none comes twice).
+  const std::uint64_t* first_duplicate(std::span<const std::uint64_t> ids) {
+    clear();
+    reserve(ids.size());
+    for (const std::uint64_t& id : ids) {
+      if (!insert(id).second) return &id;
+    }
+    return nullptr;
+  }
+
+  /// Room for `n` ids without growing.
+  void reserve(std::size_t n) {
+    ids_.reserve(n);
+    index_.reserve(n, key_of());
+  }
+  /// Forgets every id.
+  void clear() noexcept {
+    ids_.clear();
+    index_.clear();
+  }
+  /// The ids held.
+  [[nodiscard]] std::size_t size() const noexcept { return ids_.size(); }
+  /// The ids, by position.
+  [[nodiscard]] std::span<const std::uint64_t> ids() const noexcept { return ids_; }
+
+ private:
+  [[nodiscard]] KeyOf key_of() const noexcept { return KeyOf{&ids_}; }
+
+  std::vector<std::uint64_t> ids_;
+  IdIndex index_;
+};
+
+}  // namespace pulley
+// ---- end pulley/core/id_index.hpp ----
+// ---- begin pulley/core/initializers.hpp ----
+
+#include <cmath>
+#include <cstdint>
+#include <numbers>
+#include <span>
+#include <string_view>
+
+namespace pulley {
+
+/// A small, fast, portable generator (SplitMix64). Unlike the standard distributions,
+/// whose output differs between standard libraries, the values below depend only on the
+/// seed, so a seeded run initializes identically everywhere.
+class SplitMix64 {
+ public:
+  explicit constexpr SplitMix64(std::uint64_t seed) noexcept : state_(seed) {}
+
+  constexpr std::uint64_t next() noexcept {
+    std::uint64_t z = (state_ += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30U)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27U)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31U);
+  }
+  /// Uniform in [0, 1), 53 random bits.
+  constexpr double uniform() noexcept { return static_cast<double>(next() >> 11U) * 0x1.0p-53; }
+
+ private:
+  std::uint64_t state_;
+};
+
+/// Fills `values` (which has `spec.size()` elements) as `spec.initializer` says, from
+/// `seed` and the variable's name.
+inline void initialize(const VariableSpec& spec, std::uint64_t seed, std::span<float> values) {
+  SplitMix64 rng(seed ^ name_hash(spec.name));
+  const Initializer& init = spec.initializer;
+  auto uniform = [&](double limit) {
+    for (float& v : values) v = static_cast<float>((2.0 * rng.uniform() - 1.0) * limit);
+  };
+  switch (init.kind) {
+    case Initializer::Kind::kZeros:
+      for (float& v : values) v = 0.0F;
+      break;
+    case Initializer::Kind::kConstant:
+      for (float& v : values) v = init.value;
+      break;
+    case Initializer::Kind::kUniform:
+      uniform(init.value);
+      break;
+    case Initializer::Kind::kNormal:
+      for (float& v : values) {  // Box–Muller; 1 - u keeps the log finite
+        const double r = std::sqrt(-2.0 * std::log(1.0 - rng.uniform()));
+        v = static_cast<float>(init.value * r * std::cos(2.0 * std::numbers::pi * rng.uniform()));
+      }
+      break;
+    case Initializer::Kind::kGlorotUniform: {
+      // fan_in is the first dimension, fan_out the product of the rest (Keras' rule for a
+      // Dense kernel [in, out]); a vector counts as fan_in = fan_out = its length.
+      const double fan_in = static_cast<double>(spec.rows());
+      const double fan_out = spec.shape.size() > 1 ? static_cast<double>(spec.row_size()) : fan_in;
+      uniform(std::sqrt(6.0 / (fan_in + fan_out)));
+      break;
+    }
+  }
+}
+
+/// Fills `row` (`spec.dim` floats) with the initial value of row `id` of table `spec`: a
+/// function of the initializer, the table's name, the id and `seed` alone. Glorot's rule has
+/// no fans in a table; it is refused where a table is registered.
+inline void initialize_row(const TableSpec& spec, std::uint64_t seed, std::uint64_t id,
+                           std::span<float> row) {
+  const VariableSpec as_vector{spec.name, {row.size()}, spec.initializer};
+  initialize(as_vector, seed ^ mix_id(id ^ 0x9E3779B97F4A7C15ULL), row);
+}
+
+}  // namespace pulley
+// ---- end pulley/core/initializers.hpp ----
+
+namespace pulley {
+
+/// Rows of one embedding table of a checkpoint, looked up by id without a cluster: for
+/// serving, offline evaluation, or an evaluator task scoring checkpoints. A row the
+/// checkpoint does not hold reads as its initial value (as a ps reads it to a reader that
+/// creates nothing), from the checkpoint's table seed.
+///
+/// It views `table` (which must outlive it) and adds an index of 4 to 8 bytes per row.
+class CheckpointRows {
+ public:
+  /// Rows of `table`, whose absent rows start from `seed` (ModelState::table_seed).
+  CheckpointRows(const TableState& table, std::uint64_t seed) : table_(&table), seed_(seed) {
+    if (table.ids.size() >= IdIndex::kNone) {
+      throw Error(ErrorCode::kInvalidArgument, "table '" + table.spec.name + "' has too many rows to index");
+    }
+    index_.reserve(table.ids.size(), key_of());
+    for (std::uint32_t row = 0; row < table.ids.size(); ++row) {
+      if (!index_.emplace(table.ids[row], row, key_of()).second) {
+        throw Error(ErrorCode::kDataLoss, "table '" + table.spec.name + "' holds row " +
+                                              std::to_string(table.ids[row]) + " twice");
+      }
+    }
+  }
+
+  /// The table's spec.
+  [[nodiscard]] const TableSpec& spec() const noexcept { return table_->spec; }
+  /// True if the checkpoint holds the row of `id`.
+  [[nodiscard]] bool contains(std::uint64_t id) const noexcept { return index_.find(id, key_of()) != IdIndex::kNone; }
+
+  /// Writes the values of the rows of `ids` into `out` (`ids.size() × dim` floats, in order).
+  void lookup(std::span<const std::uint64_t> ids, std::span<float> out) const {
+    const std::size_t dim = table_->spec.dim, stride = table_->stride();
+    if (out.size() != ids.size() * dim) {
+      throw Error(ErrorCode::kInvalidArgument, "lookup of table '" + table_->spec.name + "': " +
+                                                   std::to_string(out.size()) + " floats for " +
+                                                   std::to_string(ids.size()) + " rows of dim " + std::to_string(dim));
+    }
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      const std::span<float> into = out.subspan(i * dim, dim);
+      const std::uint32_t row = index_.find(ids[i], key_of());
+      if (row == IdIndex::kNone) {
+        initialize_row(table_->spec, seed_, ids[i], into);
+      } else {
+        const float* values = table_->rows.data() + static_cast<std::size_t>(row) * stride;
+        std::copy(values, values + dim, into.begin());
+      }
+    }
+  }
+
+ private:
+  struct KeyOf {
+    const std::vector<std::uint64_t>* ids;
+    std::uint64_t operator()(std::uint32_t row) const noexcept { return (*ids)[row]; }
+  };
+  [[nodiscard]] KeyOf key_of() const noexcept { return KeyOf{&table_->ids}; }
+
+  const TableState* table_;
+  std::uint64_t seed_;
+  IdIndex index_{0x243F6A8885A308D3ULL};  ///< keyed: the ids came from the checkpoint, not a client
+};
+
+/// Every table of `state`, by the model's order: what an evaluator reads rows from.
+inline std::vector<CheckpointRows> checkpoint_rows(const ModelState& state) {
+  std::vector<CheckpointRows> out;
+  out.reserve(state.tables.size());
+  for (const TableState& t : state.tables) out.emplace_back(t, state.table_seed);
+  return out;
+}
+
+}  // namespace pulley
+// ---- end pulley/checkpoint/rows.hpp ----
+// ---- begin pulley/client/checkpoint_cut.hpp ----
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
 // ---- begin pulley/client/client.hpp ----
 
 #include <algorithm>
@@ -412,88 +1905,6 @@ struct RowRequest {
 #include <variant>
 #include <vector>
 
-// ---- begin pulley/core/error.hpp ----
-
-#include <cstdint>
-#include <stdexcept>
-#include <string>
-#include <string_view>
-
-namespace pulley {
-
-/// Why a request failed. The names follow gRPC's status codes, which TensorFlow's
-/// distributed runtime reports too, so a TF user reads them without a glossary.
-enum class ErrorCode : std::uint8_t {
-  kInvalidArgument = 1,     ///< the request itself is wrong (shape mismatch, NaN gradient)
-  kNotFound = 2,            ///< an unknown variable or part
-  kAlreadyExists = 3,       ///< duplicate initialization
-  kFailedPrecondition = 4,  ///< e.g. a push before the variables are initialized
-  kUnavailable = 5,         ///< the peer is dead or unreachable
-  kDeadlineExceeded = 6,    ///< no answer in time (a dropped message ends here)
-  kCancelled = 7,           ///< the caller gave the request up
-  kOutOfRange = 8,          ///< training is over: the chief ended it (TF's OutOfRangeError)
-  kAborted = 9,             ///< the chief aborted training
-  kInternal = 10,           ///< a ps failed while handling a request (a policy threw)
-  kPermissionDenied = 11,   ///< the sender's role may not make this request
-  kUnauthenticated = 12,    ///< a peer of another job, or without the job's secret
-  kDataLoss = 13,           ///< stored data that is corrupt or truncated (a checkpoint)
-  kResourceExhausted = 14,  ///< a limit is reached (rows of a table on one ps)
-};
-
-/// Stable lower-case name of a code, for logs and error messages.
-constexpr std::string_view to_string(ErrorCode code) noexcept {
-  switch (code) {
-    case ErrorCode::kInvalidArgument:
-      return "invalid_argument";
-    case ErrorCode::kNotFound:
-      return "not_found";
-    case ErrorCode::kAlreadyExists:
-      return "already_exists";
-    case ErrorCode::kFailedPrecondition:
-      return "failed_precondition";
-    case ErrorCode::kUnavailable:
-      return "unavailable";
-    case ErrorCode::kDeadlineExceeded:
-      return "deadline_exceeded";
-    case ErrorCode::kCancelled:
-      return "cancelled";
-    case ErrorCode::kOutOfRange:
-      return "out_of_range";
-    case ErrorCode::kAborted:
-      return "aborted";
-    case ErrorCode::kInternal:
-      return "internal";
-    case ErrorCode::kPermissionDenied:
-      return "permission_denied";
-    case ErrorCode::kUnauthenticated:
-      return "unauthenticated";
-    case ErrorCode::kResourceExhausted:
-      return "resource_exhausted";
-    case ErrorCode::kDataLoss:
-      return "data_loss";
-  }
-  return "unknown";
-}
-
-/// The exception every pulley call throws for a failed request; `code()` says which kind.
-class Error : public std::runtime_error {
- public:
-  Error(ErrorCode code, const std::string& message)
-      : std::runtime_error(std::string(to_string(code)) + ": " + message), code_(code) {}
-
-  /// Which kind of failure.
-  [[nodiscard]] ErrorCode code() const noexcept { return code_; }
-  /// The message without the code's name in front.
-  [[nodiscard]] const char* message() const noexcept {
-    return what() + to_string(code_).size() + 2;
-  }
-
- private:
-  ErrorCode code_;
-};
-
-}  // namespace pulley
-// ---- end pulley/core/error.hpp ----
 // ---- begin pulley/core/node.hpp ----
 
 #include <compare>
@@ -1889,106 +3300,6 @@ struct ClientOptions {
 
 }  // namespace pulley
 // ---- end pulley/client/options.hpp ----
-// ---- begin pulley/core/log.hpp ----
-
-#include <chrono>
-#include <cstdint>
-#include <cstdio>
-#include <functional>
-#include <mutex>
-#include <string>
-#include <string>
-#include <string_view>
-#include <utility>
-
-namespace pulley {
-
-/// How much a log line matters.
-enum class LogLevel : unsigned char {
-  kInfo,     ///< progress: a task started, training reached a step
-  kWarning,  ///< something went wrong and was dealt with (a connection dropped)
-  kError,    ///< a task is about to fail
-};
-
-/// Where pulley's log lines go: called with one line at a time (no trailing newline), from
-/// any thread, never concurrently (calls are serialized). It must not throw.
-using LogSink = std::function<void(LogLevel, std::string_view)>;
-
-namespace detail {
-
-struct LogState {
-  std::mutex mutex;
-  LogSink sink;  ///< empty: stderr
-};
-
-inline LogState& log_state() {
-  static LogState state;
-  return state;
-}
-
-}  // namespace detail
-
-/// Sends pulley's log lines to `sink` instead of stderr (an empty sink restores stderr);
-/// returns the sink it replaces.
-inline LogSink set_log_sink(LogSink sink) {
-  detail::LogState& state = detail::log_state();
-  std::scoped_lock lock(state.mutex);
-  return std::exchange(state.sink, std::move(sink));
-}
-
-/// Writes one log line through the sink (by default to stderr, prefixed "pulley: ").
-inline void log(LogLevel level, std::string_view line) noexcept {
-  detail::LogState& state = detail::log_state();
-  std::scoped_lock lock(state.mutex);
-  if (state.sink) {
-    try {
-      state.sink(level, line);
-    } catch (...) {  // a log line is never worth a failure
-    }
-    return;
-  }
-  static constexpr const char* kPrefix[] = {"", "warning: ", "error: "};
-  std::fprintf(stderr, "pulley: %s%.*s\n", kPrefix[static_cast<int>(level)],
-               static_cast<int>(line.size()), line.data());
-  std::fflush(stderr);
-}
-
-/// Passes at most `per_second` lines a second on to `log`, and counts the rest, which the
-/// next line that passes reports: a flood of bad requests must not flood the log. Not
-/// thread-safe: one per thread that logs through it (a ps's, a server's).
-class LimitedLog {
- public:
-  explicit LimitedLog(int per_second = 20) noexcept : per_second_(per_second) {}
-
-  /// Logs `line` at `level` unless this second's allowance is spent.
-  void operator()(LogLevel level, const std::string& line) noexcept {
-    const auto now = std::chrono::steady_clock::now();
-    if (now - window_ > std::chrono::seconds(1)) {
-      window_ = now;
-      used_ = 0;
-    }
-    if (++used_ > per_second_) {
-      ++suppressed_;
-      return;
-    }
-    if (suppressed_ == 0) return log(level, line);
-    try {
-      log(level, line + " (" + std::to_string(std::exchange(suppressed_, 0)) +
-                     " similar lines suppressed)");
-    } catch (...) {  // no memory for the longer line: the line alone
-      log(level, line);
-    }
-  }
-
- private:
-  int per_second_;
-  std::chrono::steady_clock::time_point window_{};
-  int used_ = 0;
-  std::uint64_t suppressed_ = 0;
-};
-
-}  // namespace pulley
-// ---- end pulley/core/log.hpp ----
 // ---- begin pulley/protocol/call_group.hpp ----
 
 #include <chrono>
@@ -2230,39 +3541,6 @@ void wait_gated(T& transport, const ClientOptions& options, CallGroup& group, st
 #include <cstdint>
 #include <string_view>
 #include <span>
-
-// ---- begin pulley/core/hash.hpp ----
-
-#include <cstdint>
-#include <string_view>
-
-namespace pulley {
-
-/// pulley's hashes, each defined once: what seeds initial values, spreads table rows over
-/// the ps tasks, keys id indexes and names a cluster. They depend only on their input, so
-/// every process computes the same value.
-
-/// FNV-1a (64 bits) of `text`, continuing from `hash` (the offset basis by default): mixes
-/// a variable's name into its seed, so its initial values do not change when other
-/// variables are added or reordered.
-constexpr std::uint64_t name_hash(std::string_view text,
-                                  std::uint64_t hash = 0xCBF29CE484222325ULL) noexcept {
-  for (const char c : text) {
-    hash ^= static_cast<unsigned char>(c);
-    hash *= 0x100000001B3ULL;
-  }
-  return hash;
-}
-
-/// The SplitMix64 finalizer: neighbouring 64-bit ids give unrelated values.
-constexpr std::uint64_t mix_id(std::uint64_t id) noexcept {
-  id = (id ^ (id >> 30U)) * 0xBF58476D1CE4E5B9ULL;
-  id = (id ^ (id >> 27U)) * 0x94D049BB133111EBULL;
-  return id ^ (id >> 31U);
-}
-
-}  // namespace pulley
-// ---- end pulley/core/hash.hpp ----
 
 namespace pulley {
 
@@ -3095,82 +4373,6 @@ Snapshot snapshot(Client<T>& client, std::int64_t step) {
 
 }  // namespace pulley
 // ---- end pulley/client/snapshot.hpp ----
-// ---- begin pulley/core/initializers.hpp ----
-
-#include <cmath>
-#include <cstdint>
-#include <numbers>
-#include <span>
-#include <string_view>
-
-namespace pulley {
-
-/// A small, fast, portable generator (SplitMix64). Unlike the standard distributions,
-/// whose output differs between standard libraries, the values below depend only on the
-/// seed, so a seeded run initializes identically everywhere.
-class SplitMix64 {
- public:
-  explicit constexpr SplitMix64(std::uint64_t seed) noexcept : state_(seed) {}
-
-  constexpr std::uint64_t next() noexcept {
-    std::uint64_t z = (state_ += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30U)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27U)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31U);
-  }
-  /// Uniform in [0, 1), 53 random bits.
-  constexpr double uniform() noexcept { return static_cast<double>(next() >> 11U) * 0x1.0p-53; }
-
- private:
-  std::uint64_t state_;
-};
-
-/// Fills `values` (which has `spec.size()` elements) as `spec.initializer` says, from
-/// `seed` and the variable's name.
-inline void initialize(const VariableSpec& spec, std::uint64_t seed, std::span<float> values) {
-  SplitMix64 rng(seed ^ name_hash(spec.name));
-  const Initializer& init = spec.initializer;
-  auto uniform = [&](double limit) {
-    for (float& v : values) v = static_cast<float>((2.0 * rng.uniform() - 1.0) * limit);
-  };
-  switch (init.kind) {
-    case Initializer::Kind::kZeros:
-      for (float& v : values) v = 0.0F;
-      break;
-    case Initializer::Kind::kConstant:
-      for (float& v : values) v = init.value;
-      break;
-    case Initializer::Kind::kUniform:
-      uniform(init.value);
-      break;
-    case Initializer::Kind::kNormal:
-      for (float& v : values) {  // Box–Muller; 1 - u keeps the log finite
-        const double r = std::sqrt(-2.0 * std::log(1.0 - rng.uniform()));
-        v = static_cast<float>(init.value * r * std::cos(2.0 * std::numbers::pi * rng.uniform()));
-      }
-      break;
-    case Initializer::Kind::kGlorotUniform: {
-      // fan_in is the first dimension, fan_out the product of the rest (Keras' rule for a
-      // Dense kernel [in, out]); a vector counts as fan_in = fan_out = its length.
-      const double fan_in = static_cast<double>(spec.rows());
-      const double fan_out = spec.shape.size() > 1 ? static_cast<double>(spec.row_size()) : fan_in;
-      uniform(std::sqrt(6.0 / (fan_in + fan_out)));
-      break;
-    }
-  }
-}
-
-/// Fills `row` (`spec.dim` floats) with the initial value of row `id` of table `spec`: a
-/// function of the initializer, the table's name, the id and `seed` alone. Glorot's rule has
-/// no fans in a table; it is refused where a table is registered.
-inline void initialize_row(const TableSpec& spec, std::uint64_t seed, std::uint64_t id,
-                           std::span<float> row) {
-  const VariableSpec as_vector{spec.name, {row.size()}, spec.initializer};
-  initialize(as_vector, seed ^ mix_id(id ^ 0x9E3779B97F4A7C15ULL), row);
-}
-
-}  // namespace pulley
-// ---- end pulley/core/initializers.hpp ----
 // ---- begin pulley/sharding/ids.hpp ----
 
 #include <cstdint>
@@ -3696,240 +4898,6 @@ class Recovery {
 #include <stdexcept>
 #include <string>
 #include <vector>
-
-// ---- begin pulley/core/id_index.hpp ----
-
-#include <bit>
-#include <cstddef>
-#include <cstdint>
-#include <limits>
-#include <span>
-#include <utility>
-#include <vector>
-
-namespace pulley {
-
-/// pulley's one hash index of 64-bit ids: open addressing with linear probing over 32-bit
-/// buckets, each holding an entry number + 1 (0: empty). It does not store the ids: the
-/// caller keeps them where they belong (an embedding table's records, IdPositions' list)
-/// and `key_of(entry)` gives an entry's id back, so a bucket costs 4 bytes. Removal shifts
-/// entries back (no tombstones), so lookups never slow down with churn.
-///
-/// Ids are hashed with `mix_id(id ^ key)`: where ids come from a peer, give a random key,
-/// so that chosen ids cannot pile onto one bucket (std::unordered_map hashes a 64-bit id to
-/// itself). At most 2^32 - 2 entries.
-class IdIndex {
- public:
-  /// "No entry".
-  static constexpr std::uint32_t kNone = std::numeric_limits<std::uint32_t>::max();
-
-  /// @param key            keys the hash (see above)
-  /// @param max_load_num   the index grows past `max_load_num / 4` full (2: half, 3: 3/4)
-  explicit IdIndex(std::uint64_t key = 0, unsigned max_load_num = 3) noexcept
-      : key_(key), max_load_num_(max_load_num) {}
-
-  /// The entry whose id is `id`, or kNone.
-  template <class KeyOf>
-  [[nodiscard]] std::uint32_t find(std::uint64_t id, KeyOf&& key_of) const noexcept {
-    if (buckets_.empty()) return kNone;
-    for (std::size_t at = home(id);; at = next(at)) {
-      const std::uint32_t bucket = buckets_[at];
-      if (bucket == 0) return kNone;
-      if (key_of(bucket - 1) == id) return bucket - 1;
-    }
-  }
-
-  /// Adds `entry`, whose id (`key_of(entry)`) is not in the index yet. Grows first when
-  /// full; a failed allocation leaves the index as it was.
-  template <class KeyOf>
-  void insert(std::uint32_t entry, KeyOf&& key_of) {
-    if ((size_ + 1) * 4 > buckets_.size() * max_load_num_) grow(buckets_.size() * 2, key_of);
-    place(key_of(entry), entry);
-    ++size_;
-  }
-
-  /// The entry whose id is `id`, or, when there is none, `entry` added for it (its id must
-  /// then be `id`); true if added. One probe either way.
-  template <class KeyOf>
-  std::pair<std::uint32_t, bool> emplace(std::uint64_t id, std::uint32_t entry, KeyOf&& key_of) {
-    if ((size_ + 1) * 4 > buckets_.size() * max_load_num_) grow(buckets_.size() * 2, key_of);
-    for (std::size_t at = home(id);; at = next(at)) {
-      const std::uint32_t bucket = buckets_[at];
-      if (bucket == 0) {
-        buckets_[at] = entry + 1;
-        ++size_;
-        return {entry, true};
-      }
-      if (key_of(bucket - 1) == id) return {bucket - 1, false};
-    }
-  }
-
-  /// Removes `entry` (present): the entries after it in its probe run move back into the
-  /// hole unless their home lies between.
-  template <class KeyOf>
-  void erase(std::uint32_t entry, KeyOf&& key_of) noexcept {
-    std::size_t hole = bucket_of(entry, key_of);
-    for (std::size_t at = next(hole); buckets_[at] != 0; at = next(at)) {
-      const std::size_t want = home(key_of(buckets_[at] - 1));
-      const bool stays = hole <= at ? (want > hole && want <= at) : (want > hole || want <= at);
-      if (!stays) {
-        buckets_[hole] = buckets_[at];
-        hole = at;
-      }
-    }
-    buckets_[hole] = 0;
-    --size_;
-  }
-
-  /// Entry `from` is now numbered `to` (its id unchanged; `key_of(from)` still gives it).
-  template <class KeyOf>
-  void renumber(std::uint32_t from, std::uint32_t to, KeyOf&& key_of) noexcept {
-    buckets_[bucket_of(from, key_of)] = to + 1;
-  }
-
-  /// Room for `n` entries without growing.
-  template <class KeyOf>
-  void reserve(std::size_t n, KeyOf&& key_of) {
-    if (n * 4 > buckets_.size() * max_load_num_) grow(n * 4 / max_load_num_ + 1, key_of);
-  }
-
-  /// Forgets every entry. An index much larger than what it held keeps less memory, so that
-  /// one outsized batch does not make every later clear cost its size.
-  void clear() noexcept {
-    if (buckets_.size() > 64 && size_ * 16 < buckets_.size()) {
-      std::vector<std::uint32_t>().swap(buckets_);
-    } else {
-      std::fill(buckets_.begin(), buckets_.end(), 0U);
-    }
-    size_ = 0;
-  }
-
-  /// Entries held.
-  [[nodiscard]] std::size_t size() const noexcept { return size_; }
-  /// Bytes of its buckets.
-  [[nodiscard]] std::size_t bytes() const noexcept { return buckets_.size() * sizeof(std::uint32_t); }
-
-  /// Asks the cache for the bucket where `id`'s probe starts (a batch's lookups then wait
-  /// for memory together, not one after the other).
-  void prefetch(std::uint64_t id) const noexcept {
-    if (!buckets_.empty()) __builtin_prefetch(&buckets_[home(id)]);
-  }
-  /// The entry in the bucket where `id`'s probe starts (maybe another id's), or kNone: what
-  /// to prefetch of the caller's records ahead of `find`.
-  [[nodiscard]] std::uint32_t first_entry(std::uint64_t id) const noexcept {
-    if (buckets_.empty()) return kNone;
-    const std::uint32_t bucket = buckets_[home(id)];
-    return bucket == 0 ? kNone : bucket - 1;
-  }
-
- private:
-  [[nodiscard]] std::size_t home(std::uint64_t id) const noexcept {
-    return static_cast<std::size_t>(mix_id(id ^ key_)) & (buckets_.size() - 1);
-  }
-  [[nodiscard]] std::size_t next(std::size_t at) const noexcept { return (at + 1) & (buckets_.size() - 1); }
-
-  void place(std::uint64_t id, std::uint32_t entry) noexcept {
-    std::size_t at = home(id);
-    while (buckets_[at] != 0) at = next(at);
-    buckets_[at] = entry + 1;
-  }
-
-  template <class KeyOf>
-  [[nodiscard]] std::size_t bucket_of(std::uint32_t entry, KeyOf&& key_of) const noexcept {
-    std::size_t at = home(key_of(entry));
-    while (buckets_[at] != entry + 1) at = next(at);
-    return at;
-  }
-
-  /// At least `capacity` buckets (a power of two, 16 or more); the entries move over. The new
-  /// buckets are allocated before the old ones are let go.
-  template <class KeyOf>
-  void grow(std::size_t capacity, KeyOf&& key_of) {
-    std::vector<std::uint32_t> grown(std::bit_ceil(std::max<std::size_t>(16, capacity)), 0U);
-    grown.swap(buckets_);
-    for (const std::uint32_t bucket : grown) {
-      if (bucket != 0) place(key_of(bucket - 1), bucket - 1);
-    }
-  }
-
-  std::uint64_t key_;
-  unsigned max_load_num_;
-  std::size_t size_ = 0;
-  std::vector<std::uint32_t> buckets_;
-};
-
-/// Distinct 64-bit ids numbered in the order they were added (their positions), found in
-/// about one probe: what a worker's batch, a TableBatch and a ps's sparse accumulator look
-/// ids up in. Kept at most half full, reused from batch to batch.
-class IdPositions {
-  /// An entry's id: its place in the list.
-  struct KeyOf {
-    const std::vector<std::uint64_t>* ids;
-    std::uint64_t operator()(std::uint32_t entry) const noexcept { return (*ids)[entry]; }
-  };
-
- public:
-  /// "Not there".
-  static constexpr std::size_t npos = std::numeric_limits<std::size_t>::max();
-
-  /// @param key keys the hash (see IdIndex): random where ids come from a peer
-  explicit IdPositions(std::uint64_t key = 0) noexcept : index_(key, 2) {}
-
-  /// The position of `id`, and true if it was added now (its position is then size() - 1).
-  std::pair<std::size_t, bool> insert(std::uint64_t id) {
-    ids_.push_back(id);  // taken back below unless it is new
-    std::pair<std::uint32_t, bool> placed;
-    try {
-      placed = index_.emplace(id, static_cast<std::uint32_t>(ids_.size() - 1), key_of());
-    } catch (...) {
-      ids_.pop_back();
-      throw;
-    }
-    if (!placed.second) ids_.pop_back();
-    return {placed.first, placed.second};
-  }
-
-  /// The position of `id`, or npos.
-  [[nodiscard]] std::size_t find(std::uint64_t id) const noexcept {
-    const std::uint32_t found = index_.find(id, key_of());
-    return found == IdIndex::kNone ? npos : found;
-  }
-
-  /// The first id of `ids` that comes twice, or nullptr; afterwards the positions hold
-  /// `ids` up to it (all of them when none comes twice).
-  const std::uint64_t* first_duplicate(std::span<const std::uint64_t> ids) {
-    clear();
-    reserve(ids.size());
-    for (const std::uint64_t& id : ids) {
-      if (!insert(id).second) return &id;
-    }
-    return nullptr;
-  }
-
-  /// Room for `n` ids without growing.
-  void reserve(std::size_t n) {
-    ids_.reserve(n);
-    index_.reserve(n, key_of());
-  }
-  /// Forgets every id.
-  void clear() noexcept {
-    ids_.clear();
-    index_.clear();
-  }
-  /// The ids held.
-  [[nodiscard]] std::size_t size() const noexcept { return ids_.size(); }
-  /// The ids, by position.
-  [[nodiscard]] std::span<const std::uint64_t> ids() const noexcept { return ids_; }
-
- private:
-  [[nodiscard]] KeyOf key_of() const noexcept { return KeyOf{&ids_}; }
-
-  std::vector<std::uint64_t> ids_;
-  IdIndex index_;
-};
-
-}  // namespace pulley
-// ---- end pulley/core/id_index.hpp ----
 
 namespace pulley {
 
@@ -6613,7 +7581,7 @@ class EmbeddingTable {
   void restore_row(std::uint64_t id, std::span<const float> row, std::uint32_t touched) {
     std::uint32_t r = find(id);
     if (r == kNone) {
-      r = create(id);
+      r = create(id, true);
       --stats_.rows_created;  // restored, not created
     } else if (row.size() < stride_) {
       optimizer_.init_row(std::span<float>(at(r) + spec_.dim, stride_ - spec_.dim));
@@ -6771,7 +7739,8 @@ class EmbeddingTable {
   }
 
   /// A new row for `id` (absent), with its initial value and fresh slots.
-  std::uint32_t create(std::uint64_t id) {
+  /// With `values_only`, the values are left for the caller to set (a restore).
+  std::uint32_t create(std::uint64_t id, bool values_only = false) {
     if (rows_ >= kNone - 1) {
       throw Error(ErrorCode::kResourceExhausted, "table '" + spec_.name + "' holds 2^32 - 2 rows on this ps");
     }
@@ -6780,7 +7749,7 @@ class EmbeddingTable {
     }
     const auto row = static_cast<std::uint32_t>(rows_);
     float* r = at(row);
-    initialize_row(spec_, seed_, id, std::span<float>(r, spec_.dim));
+    if (!values_only) initialize_row(spec_, seed_, id, std::span<float>(r, spec_.dim));
     optimizer_.init_row(std::span<float>(r + spec_.dim, stride_ - spec_.dim));
     set_id(row, id);
     set_touched(row, 0);

@@ -403,7 +403,17 @@ TEST_CASE("a job with embedding tables checkpoints its rows, and resumed from th
     }
     return std::make_pair(rows, state.variables[1].values);
   };
-  CHECK(rows_at("straight", 0).first.empty());  // checkpoint 0: no row pulled yet
+  {
+    // Checkpoint 0 is step 0: a row the workers' first pulls created before the cut holds
+    // its initial value.
+    const ModelState zero = checkpoint::read_checkpoint(tmp / "straight" / CheckpointDirectory::name_of(0));
+    const TableState& t = zero.tables.at(0);
+    std::vector<float> fresh(TinyTableModel::kDim);
+    for (std::size_t i = 0; i < t.ids.size(); ++i) {
+      initialize_row(t.spec, zero.table_seed, t.ids[i], fresh);
+      CHECK(std::equal(fresh.begin(), fresh.end(), t.rows.begin() + static_cast<std::ptrdiff_t>(i * t.stride())));
+    }
+  }
   CHECK_FALSE(rows_at("resumed", 20).first.empty());
   // (A checkpoint due by steps is cut later when the workers outrun the chief: only the
   // first and last steps' are certain.)

@@ -228,7 +228,7 @@ class EmbeddingTable {
   void restore_row(std::uint64_t id, std::span<const float> row, std::uint32_t touched) {
     std::uint32_t r = find(id);
     if (r == kNone) {
-      r = create(id);
+      r = create(id, true);
       --stats_.rows_created;  // restored, not created
     } else if (row.size() < stride_) {
       optimizer_.init_row(std::span<float>(at(r) + spec_.dim, stride_ - spec_.dim));
@@ -386,7 +386,8 @@ class EmbeddingTable {
   }
 
   /// A new row for `id` (absent), with its initial value and fresh slots.
-  std::uint32_t create(std::uint64_t id) {
+  /// With `values_only`, the values are left for the caller to set (a restore).
+  std::uint32_t create(std::uint64_t id, bool values_only = false) {
     if (rows_ >= kNone - 1) {
       throw Error(ErrorCode::kResourceExhausted, "table '" + spec_.name + "' holds 2^32 - 2 rows on this ps");
     }
@@ -395,7 +396,7 @@ class EmbeddingTable {
     }
     const auto row = static_cast<std::uint32_t>(rows_);
     float* r = at(row);
-    initialize_row(spec_, seed_, id, std::span<float>(r, spec_.dim));
+    if (!values_only) initialize_row(spec_, seed_, id, std::span<float>(r, spec_.dim));
     optimizer_.init_row(std::span<float>(r + spec_.dim, stride_ - spec_.dim));
     set_id(row, id);
     set_touched(row, 0);
