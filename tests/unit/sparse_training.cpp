@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MIT
 // Embedding tables end to end: workers that pull only their batch's rows and push only
 // their gradients, through ps tasks that create rows lazily, in-process and over TCP; sync
-// R = N against one process applying TensorFlow's sparse-accumulator rule; async; admission;
-// a ps whose optimizer cannot serve a table.
+// R = N against one process applying TensorFlow's sparse-accumulator rule; async; a slow
+// backup worker's stale rows dropped; bounded staleness applying every push once;
+// admission; a ps whose optimizer cannot serve a table.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 #include "pulley/optimizers/sgd.hpp"
 #include "pulley/sharding/round_robin.hpp"
 #include "pulley/sync/async.hpp"
+#include "pulley/sync/bounded_staleness.hpp"
 #include "pulley/sync/sync_replicas.hpp"
 #include "pulley/transport/tcp.hpp"
 #include "support/cluster.hpp"
@@ -335,5 +337,149 @@ TEST_CASE("ids at the edges and one id many times in a batch: the worker sums it
   std::int64_t held = 0;
   for (const Stats& s : chief.stats()) held += s.table_rows;
   CHECK(held == 3);  // one row each, whatever the repeats
+  chief.shutdown();
+}
+
+namespace {
+
+/// A model whose every row gradient is 1 wherever a batch uses the row (and whose dense
+/// gradient is 0): with Sgd at rate 1, a row's value counts the updates applied to it,
+/// which makes what a sync policy applied or dropped exact to check.
+class CountingModel {
+ public:
+  using Batch = std::vector<std::uint64_t>;  ///< distinct ids
+  [[nodiscard]] std::span<const VariableSpec> variables() const { return variables_; }
+  [[nodiscard]] std::span<const TableSpec> tables() const { return tables_; }
+  std::span<float> parameter(std::size_t) { return bias_; }
+  [[nodiscard]] std::span<const float> gradient(std::size_t) const { return zero_; }
+  void lookup(const Batch& batch, std::size_t, std::vector<std::uint64_t>& ids) const {
+    ids.insert(ids.end(), batch.begin(), batch.end());
+  }
+  float compute_gradients(const Batch& batch, std::span<const TableBatch> tables) {
+    for (const std::uint64_t id : batch) tables[0].gradient(id)[0] += 1.0F;
+    return 0.0F;
+  }
+
+ private:
+  std::vector<VariableSpec> variables_{{"b", {1}, Initializer::zeros()}};
+  std::vector<TableSpec> tables_{{"emb", 1, Initializer::zeros()}};
+  std::vector<float> bias_ = std::vector<float>(1), zero_ = std::vector<float>(1);
+};
+static_assert(TableModel<CountingModel>);
+
+/// Worker w's batch at its k-th step: a row every worker uses, and rows of its own.
+CountingModel::Batch counting_batch(std::uint32_t w, std::int64_t k) {
+  const auto c = static_cast<std::uint64_t>(k);
+  return {mix_id(999), mix_id(1000 * (w + 1) + c % 7), mix_id(1000 * (w + 1) + 100 + c % 3)};
+}
+
+}  // namespace
+
+TEST_CASE("sync R < N with tables: a slow backup worker's rows are dropped as stale, the others' applied once a step") {
+  // Workers 0 and 1 answer in ~1 ms, worker 2 (the backup) in ~40 ms: its pushes land after
+  // the others completed their step, and must change no row, its own rows included.
+  constexpr std::int64_t kSteps = 60;
+  Cluster<RoundRobin, Sgd, SyncReplicas> cluster(2, Sgd{1.0F}, SyncReplicas(2, 3));
+  Chief chief(cluster.endpoint(Node::chief()), kSeed);
+  const CountingModel shape;
+  chief.initialize(shape.variables(), shape.tables());
+  cluster.network().delay(Node::worker(0), std::chrono::milliseconds(1));
+  cluster.network().delay(Node::worker(1), std::chrono::milliseconds(1));
+  cluster.network().delay(Node::worker(2), std::chrono::milliseconds(40));
+  std::vector<std::vector<StepResult>> results(3);
+  std::vector<std::thread> threads;
+  for (std::uint32_t w = 0; w < 3; ++w) {
+    threads.emplace_back([&, w] {
+      Worker worker(w, CountingModel(), cluster.endpoint(Node::worker(w)));
+      worker.wait_ready();
+      for (std::int64_t k = 0;; ++k) {
+        const auto result = worker.step(counting_batch(w, k), kSteps);
+        if (!result) break;
+        results[w].push_back(*result);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  REQUIRE(results[0].size() == kSteps);
+  REQUIRE(results[1].size() == kSteps);
+  REQUIRE_FALSE(results[2].empty());
+  for (const StepResult& r : results[2]) CHECK(r.stale_parts > 0);
+  // A row's value is minus the steps whose fresh pushes used it (a row both fresh workers
+  // pushed in a step is their mean: one update); the backup's rows stay at 0.
+  std::map<std::uint64_t, float> expected;
+  for (std::int64_t k = 0; k < kSteps; ++k) {
+    std::set<std::uint64_t> used;
+    for (std::uint32_t w = 0; w < 2; ++w) {
+      for (const std::uint64_t id : counting_batch(w, k)) used.insert(id);
+    }
+    for (const std::uint64_t id : used) expected[id] -= 1.0F;
+  }
+  for (std::int64_t k = 0; k < static_cast<std::int64_t>(results[2].size()); ++k) {
+    for (const std::uint64_t id : counting_batch(2, k)) expected.emplace(id, 0.0F);
+  }
+  std::vector<std::uint64_t> ids;
+  std::vector<float> want;
+  for (const auto& [id, value] : expected) {
+    ids.push_back(id);
+    want.push_back(value);
+  }
+  CHECK(chief.read_rows("emb", ids) == want);
+  CHECK(expected.at(mix_id(999)) == -static_cast<float>(kSteps));
+  std::int64_t stale = 0;
+  for (const Stats& s : chief.stats()) {
+    CHECK(s.global_step == kSteps);
+    stale += s.stale_gradients_dropped;
+  }
+  CHECK(stale > 0);
+  chief.shutdown();
+}
+
+TEST_CASE("bounded staleness with tables: every push's rows applied exactly once, no worker more than s clocks ahead") {
+  constexpr std::int64_t kStaleness = 1;
+  constexpr std::int64_t kSteps = 40;
+  Cluster<RoundRobin, Sgd, BoundedStaleness> cluster(2, Sgd{1.0F}, BoundedStaleness(kStaleness, 2));
+  Chief chief(cluster.endpoint(Node::chief()), kSeed);
+  const CountingModel shape;
+  chief.initialize(shape.variables(), shape.tables());
+  cluster.network().delay(Node::worker(1), std::chrono::milliseconds(2));
+  std::vector<std::vector<StepResult>> results(2);
+  std::vector<std::thread> threads;
+  for (std::uint32_t w = 0; w < 2; ++w) {
+    threads.emplace_back([&, w] {
+      Worker worker(w, CountingModel(), cluster.endpoint(Node::worker(w)));
+      worker.wait_ready();
+      for (std::int64_t k = 0;; ++k) {
+        const auto result = worker.step(counting_batch(w, k), kSteps);
+        if (!result) break;
+        results[w].push_back(*result);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  // Each push is applied on its own: a row's value is minus the pushes that used it.
+  std::map<std::uint64_t, float> expected;
+  bool bound_reached = false;
+  for (std::uint32_t w = 0; w < 2; ++w) {
+    REQUIRE(results[w].size() >= static_cast<std::size_t>(kSteps));
+    for (std::size_t k = 0; k < results[w].size(); ++k) {
+      const StepResult& r = results[w][k];
+      CHECK(r.stale_parts == 0);
+      CHECK(r.local_step - r.global_step <= kStaleness);
+      bound_reached = bound_reached || r.local_step - r.global_step == kStaleness;
+      for (const std::uint64_t id : counting_batch(w, static_cast<std::int64_t>(k))) expected[id] -= 1.0F;
+    }
+  }
+  CHECK(bound_reached);  // the fast worker was held back
+  std::vector<std::uint64_t> ids;
+  std::vector<float> want;
+  for (const auto& [id, value] : expected) {
+    ids.push_back(id);
+    want.push_back(value);
+  }
+  CHECK(chief.read_rows("emb", ids) == want);
+  for (const Stats& s : chief.stats()) {
+    CHECK(s.stale_gradients_dropped == 0);
+    CHECK(s.table_rows_dropped == 0);
+  }
   chief.shutdown();
 }
