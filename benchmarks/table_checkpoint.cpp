@@ -3,9 +3,12 @@
 // Adagrad: one slot per row) holding `--rows` rows of dim `--dim`, created by a worker's
 // pulls; then, in alternating rounds:
 //
-//   cut       Chief::save_state: every ps paused, its rows read chunk by chunk (ReadRows),
-//             resumed. Training stands still for this long: printed as a share of the time
-//             between checkpoints every 60 s (the budget is 5 %).
+//   cut       Chief::save_state: every ps paused while the dense parts are read, then its
+//             rows read chunk by chunk (ReadRows) as they were at the cut while training
+//             goes on. Meanwhile a second worker trains (pulls and pushes 4096 of the rows,
+//             over and over): the longest it waited for a step during the cut is how long
+//             training stood still, printed as a share of the time between checkpoints
+//             every 60 s (the budget is 5 %), beside its usual step time.
 //   write     CheckpointDirectory::save of that state (data file, index, fsync, rename);
 //             against one plain write() of as many bytes into a new file on the same
 //             filesystem, then fsync (the disk's sequential speed, as the page cache and the
@@ -13,17 +16,23 @@
 //   restore   Chief::restore of the state into fresh ps tasks (every row to every ps, each
 //             keeping its own).
 //
+// Then incremental checkpoints: after a full one, a worker touches 1 % of the rows, then
+// 10 %, and each time an incremental checkpoint (the rows touched since the one before) is
+// cut and written: its size against the full one's, beside the share of rows touched.
+//
 //   table_checkpoint [--rows 10000000] [--dim 16] [--ps 2] [--rounds 3] [--dir /tmp]
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "pulley/pulley.hpp"
@@ -121,13 +130,43 @@ int run(int argc, char** argv) {
     std::printf("created %zu rows in %.1f s\n", rows, seconds_since(start));
   }
 
-  std::vector<double> cut, write, plain, restore;
+  // A worker that trains during every cut: 4096 rows pulled and pushed a step.
+  pulley::Worker trainer(1, pulley::bench::RowsOnly(dim), pulley::InProcess(network, pulley::Node::worker(1)));
+  trainer.wait_ready();
+  pulley::bench::RowsOnly::Batch trained;
+  for (std::size_t i = 0; i < std::min<std::size_t>(rows, 4096); ++i) trained.push_back(pulley::mix_id(i * 2654435761U % rows));
+  std::sort(trained.begin(), trained.end());
+  trained.erase(std::unique(trained.begin(), trained.end()), trained.end());
+  std::vector<double> cut, paused, step_time, write, plain, restore;
   std::uint64_t bytes = 0;
   for (int r = 0; r < rounds; ++r) {
     auto ours = [&] {
+      std::atomic<bool> stop{false};
+      std::vector<Clock::time_point> steps{Clock::now()};
+      std::thread training([&] {
+        while (!stop.load()) {
+          (void)trainer.step(trained);
+          steps.push_back(Clock::now());
+        }
+      });
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));  // its usual pace first
       auto start = Clock::now();
       const pulley::ModelState state = chief.save_state();
+      const auto end = Clock::now();
       cut.push_back(seconds_since(start));
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      stop = true;
+      training.join();
+      // The longest wait between two steps that overlaps the cut, and the median wait before it.
+      double longest = 0.0;
+      std::vector<double> before;
+      for (std::size_t k = 1; k < steps.size(); ++k) {
+        const double gap = std::chrono::duration<double>(steps[k] - steps[k - 1]).count();
+        if (steps[k] > start && steps[k - 1] < end) longest = std::max(longest, gap);
+        if (steps[k] <= start && k > 1) before.push_back(gap);
+      }
+      paused.push_back(longest);
+      if (!before.empty()) step_time.push_back(median(before));
       std::filesystem::remove_all(dir / "ckpt");
       pulley::CheckpointDirectory directory(dir / "ckpt", 1);
       ::sync();
@@ -152,16 +191,60 @@ int run(int argc, char** argv) {
       ours();
     }
   }
+  // Incremental checkpoints over a full one, each after a share of the rows was touched.
+  struct Delta {
+    double share, cut, write;
+    std::uint64_t bytes, rows;
+  };
+  std::vector<Delta> deltas;
+  {
+    pulley::CheckpointDirectory directory(dir / "incremental", 0);
+    const pulley::ModelState full = chief.save_state();
+    directory.save(full);
+    std::int64_t since = full.global_step;
+    pulley::Worker worker(0, pulley::bench::RowsOnly(dim), pulley::InProcess(network, pulley::Node::worker(0)));
+    worker.wait_ready();
+    std::size_t next = 0;  // touch rows next, next + 1, ...
+    for (const double share : {0.01, 0.1}) {
+      const auto touch = static_cast<std::size_t>(share * static_cast<double>(rows));
+      constexpr std::size_t kBatch = std::size_t{1} << 16U;
+      pulley::bench::RowsOnly::Batch batch;
+      for (std::size_t done = 0; done < touch;) {
+        batch.clear();
+        for (; batch.size() < kBatch && done < touch; ++done) batch.push_back(pulley::mix_id((next++) % rows));
+        (void)worker.step(batch);
+      }
+      auto start = Clock::now();
+      const pulley::ModelState delta = chief.save_state(pulley::CutRows{since, since});
+      const double cut_s = seconds_since(start);
+      ::sync();
+      start = Clock::now();
+      const auto path = directory.save(delta);
+      const double write_s = seconds_since(start);
+      deltas.push_back({share, cut_s, write_s,
+                        std::filesystem::file_size(path / "data") + std::filesystem::file_size(path / "index"),
+                        delta.tables.at(0).ids.size()});
+      since = delta.global_step;
+    }
+  }
   chief.shutdown();
   std::filesystem::remove_all(dir);
   const double mb = static_cast<double>(bytes) / 1e6;
   std::printf("checkpoint size      %10.1f MB\n", mb);
-  std::printf("cut (training paused) %9.3f s   %5.2f %% of 60 s between checkpoints\n", median(cut),
-              100.0 * median(cut) / 60.0);
+  std::printf("cut (rows read)      %10.3f s\n", median(cut));
+  std::printf("training paused      %10.3f s   %5.2f %% of 60 s between checkpoints (longest step during the "
+              "cut; a step takes %.3f s otherwise)\n",
+              median(paused), 100.0 * median(paused) / 60.0, step_time.empty() ? 0.0 : median(step_time));
   std::printf("write                %10.3f s   %7.1f MB/s   plain write+fsync %7.1f MB/s   ratio %.2f\n",
               median(write), mb / median(write), mb / median(plain), median(plain) / median(write));
   std::printf("restore              %10.3f s   %7.1f M rows/s\n", median(restore),
               static_cast<double>(rows) / 1e6 / median(restore));
+  for (const Delta& d : deltas) {
+    std::printf("incremental, %4.1f %% of the rows touched: %9zu rows, %8.1f MB = %5.2f %% of the full checkpoint; "
+                "cut %.3f s, write %.3f s\n",
+                100.0 * d.share, static_cast<std::size_t>(d.rows), static_cast<double>(d.bytes) / 1e6,
+                100.0 * static_cast<double>(d.bytes) / static_cast<double>(bytes), d.cut, d.write);
+  }
   return 0;
 }
 

@@ -96,9 +96,11 @@ inline std::vector<Example> generate(std::size_t count, std::uint32_t vocabulary
 inline constexpr char kMagic[8] = {'P', 'L', 'Y', 'C', 'T', 'R', '0', '1'};
 
 /// Writes examples to `path`: the magic, the count, then each example as label (1 byte),
-/// 13 floats and 26 uint32 values, little-endian.
+/// 13 floats and 26 uint32 values, little-endian. Written beside it and renamed into place,
+/// so a reader never sees half a file.
 inline void write(const std::filesystem::path& path, const std::vector<Example>& examples) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  const std::filesystem::path partial = path.string() + ".partial";
+  std::ofstream out(partial, std::ios::binary | std::ios::trunc);
   const std::uint64_t n = examples.size();
   out.write(kMagic, sizeof kMagic);
   out.write(reinterpret_cast<const char*>(&n), sizeof n);
@@ -108,7 +110,9 @@ inline void write(const std::filesystem::path& path, const std::vector<Example>&
     out.write(reinterpret_cast<const char*>(e.dense), sizeof e.dense);
     out.write(reinterpret_cast<const char*>(e.value), sizeof e.value);
   }
-  if (!out) throw std::runtime_error("cannot write " + path.string());
+  out.close();
+  if (!out) throw std::runtime_error("cannot write " + partial.string());
+  std::filesystem::rename(partial, path);
 }
 
 /// Reads what `write` wrote; throws naming the file if it is not such a file or is cut

@@ -35,13 +35,14 @@ class WideDeep {
   /// @param admit_after a value gets rows once it was seen this many times (TableSpec):
   ///        rarer ones read as their initial values and teach nothing, which keeps the
   ///        long tail from fitting noise, and memory down
-  explicit WideDeep(std::uint32_t admit_after = 1)
+  /// @param max_rows the most rows of each table one ps holds (0: no cap; TableSpec)
+  explicit WideDeep(std::uint32_t admit_after = 1, std::uint64_t max_rows = 0)
       : variables_{{"hidden/kernel", {kIn, kHidden}, pulley::Initializer::glorot_uniform()},
                    {"hidden/bias", {kHidden}, pulley::Initializer::zeros()},
                    {"out/kernel", {kHidden, 1}, pulley::Initializer::glorot_uniform()},
                    {"out/bias", {1}, pulley::Initializer::zeros()}},
-        tables_{{"wide", 1, pulley::Initializer::zeros(), admit_after},
-                {"emb", kDim, pulley::Initializer::uniform(0.05F), admit_after}} {
+        tables_{{"wide", 1, pulley::Initializer::zeros(), admit_after, 0, max_rows},
+                {"emb", kDim, pulley::Initializer::uniform(0.05F), admit_after, 0, max_rows}} {
     for (const auto& v : variables_) {
       values_.emplace_back(v.size());
       gradients_.emplace_back(v.size());

@@ -38,6 +38,411 @@
 #include <utility>
 #include <vector>
 
+// ---- begin pulley/checkpoint/delta.hpp ----
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+// ---- begin pulley/checkpoint/model_state.hpp ----
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+// ---- begin pulley/core/variable.hpp ----
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <numeric>
+#include <string>
+#include <vector>
+
+namespace pulley {
+
+/// How the chief fills a variable before training. Values are drawn from pulley's own
+/// generator (see initializers.hpp), so a seed gives the same numbers on every platform.
+struct Initializer {
+  enum class Kind : std::uint8_t {
+    kZeros,          ///< all 0
+    kConstant,       ///< all `value`
+    kUniform,        ///< U(-value, value)
+    kNormal,         ///< N(0, value^2)
+    kGlorotUniform,  ///< U(-l, l), l = sqrt(6 / (fan_in + fan_out)) — Keras' default for Dense
+  };
+  Kind kind = Kind::kZeros;  ///< which rule
+  float value = 0.0F;        ///< the rule's parameter (constant, limit or stddev)
+
+  /// All 0.
+  static constexpr Initializer zeros() noexcept { return {}; }
+  /// All `v`.
+  static constexpr Initializer constant(float v) noexcept { return {Kind::kConstant, v}; }
+  /// U(-limit, limit).
+  static constexpr Initializer uniform(float limit) noexcept { return {Kind::kUniform, limit}; }
+  /// N(0, stddev^2).
+  static constexpr Initializer normal(float stddev) noexcept { return {Kind::kNormal, stddev}; }
+  /// Glorot (Xavier) uniform.
+  static constexpr Initializer glorot_uniform() noexcept { return {Kind::kGlorotUniform, 0.0F}; }
+
+  /// Its fields on the wire (see messages.hpp).
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(kind, value);
+  }
+
+  friend bool operator==(const Initializer&, const Initializer&) = default;
+};
+
+/// A dense float32 variable as the model declares it: a name, a shape and an initializer.
+/// Its first dimension is the row dimension that partitioners split along; a scalar
+/// (empty shape) is one row of one element.
+struct VariableSpec {
+  std::string name;
+  std::vector<std::size_t> shape;
+  Initializer initializer;
+
+  /// Number of elements.
+  [[nodiscard]] std::size_t size() const noexcept {
+    return std::accumulate(shape.begin(), shape.end(), std::size_t{1}, std::multiplies<>{});
+  }
+  /// Rows along the first dimension (1 for a scalar).
+  [[nodiscard]] std::size_t rows() const noexcept { return shape.empty() ? 1 : shape.front(); }
+  /// Elements in one row.
+  [[nodiscard]] std::size_t row_size() const noexcept { return rows() == 0 ? 0 : size() / rows(); }
+
+  /// Its fields on the wire (see messages.hpp).
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(name, shape, initializer);
+  }
+
+  friend bool operator==(const VariableSpec&, const VariableSpec&) = default;
+};
+
+/// An embedding table as the model declares it: rows of `dim` floats keyed by 64-bit ids,
+/// with no fixed vocabulary. A row exists on the ps that holds its id from the first time it
+/// is admitted (see below), with a value that depends only on the initializer, the table's
+/// name, the id and the job's seed, so that it is the same whichever ps holds it and
+/// whatever order ids arrive in. A worker pulls and pushes only the rows its batch touches.
+struct TableSpec {
+  std::string name;
+  std::size_t dim = 0;      ///< floats per row
+  Initializer initializer;  ///< of each new row: zeros, constant, uniform or normal
+  /// Admission: a row is created only once its id was pulled this many times (1: at once).
+  /// Until then it reads as its initial value, and pushes to it are dropped and counted.
+  std::uint32_t admit_after = 1;
+  /// Eviction: a row neither pulled nor pushed for this many global steps is removed (and
+  /// starts again from its initial value if it comes back); 0 keeps rows for ever.
+  std::int64_t evict_after_steps = 0;
+  /// Cap: the most rows of this table one ps holds (0: no cap). A pull that would create a
+  /// row past it first evicts the least recently touched eighth of the ps's rows (rows
+  /// touched at the current step stay; if none can go, the row is not created: it reads as
+  /// its initial value and pushes to it are dropped, both counted). The ids admission
+  /// counts are held to as many.
+  std::uint64_t max_rows = 0;
+
+  /// Its fields on the wire (see messages.hpp).
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(name, dim, initializer, admit_after, evict_after_steps, max_rows);
+  }
+
+  friend bool operator==(const TableSpec&, const TableSpec&) = default;
+};
+
+/// A half-open range of rows `[begin, end)` of one variable.
+struct RowRange {
+  std::size_t begin = 0;
+  std::size_t end = 0;
+
+  [[nodiscard]] constexpr std::size_t size() const noexcept { return end - begin; }
+  [[nodiscard]] constexpr bool empty() const noexcept { return end <= begin; }
+  /// Its fields on the wire (see messages.hpp).
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(begin, end);
+  }
+  friend constexpr bool operator==(RowRange, RowRange) = default;
+};
+
+}  // namespace pulley
+// ---- end pulley/core/variable.hpp ----
+
+namespace pulley {
+
+/// An optimizer slot of one variable (Adam's "m", Momentum's "accumulation"): one value per
+/// element of the variable, row-major as the variable.
+struct SlotState {
+  std::string name;
+  std::vector<float> values;
+
+  friend bool operator==(const SlotState&, const SlotState&) = default;
+};
+
+/// The optimizer's counters of one part of a variable (Adam's "t"), with the rows that part
+/// held: counters belong to a part, since each part is updated on its own.
+struct PartCounters {
+  RowRange rows;
+  std::vector<std::int64_t> values;  ///< one per counter name, in order
+
+  friend bool operator==(const PartCounters&, const PartCounters&) = default;
+};
+
+/// One variable as a checkpoint holds it: its values, its optimizer slots and counters.
+struct VariableState {
+  VariableSpec spec;
+  std::vector<float> values;                ///< spec.size() floats, row-major
+  std::vector<SlotState> slots;             ///< each spec.size() floats
+  std::vector<std::string> counter_names;   ///< e.g. {"t"}
+  std::vector<PartCounters> counters;       ///< by part, in row order
+
+  friend bool operator==(const VariableState&, const VariableState&) = default;
+};
+
+/// One embedding table as a checkpoint holds it: every row the ps tasks held at the cut
+/// (an incremental checkpoint's: those touched since its base, and the ids evicted since),
+/// with its optimizer slots and the step it was last touched, and the ids admission was
+/// counting (pulled, not admitted yet). Rows are in no particular order.
+struct TableState {
+  TableSpec spec;
+  std::vector<std::string> slot_names;  ///< the row-wise optimizer's, in row order
+  std::vector<std::uint64_t> ids;       ///< one per row, distinct
+  /// Per row, its `spec.dim` values then each slot's `spec.dim` floats: `stride()` floats.
+  std::vector<float> rows;
+  std::vector<std::uint32_t> touched;   ///< per row: the global step it was last pulled or pushed
+  std::vector<std::uint64_t> candidate_ids;     ///< ids pulled, not admitted yet
+  std::vector<std::uint32_t> candidate_counts;  ///< per candidate: pulls counted
+  std::vector<std::uint32_t> candidate_steps;   ///< per candidate: the step last pulled
+  /// The table's update count (lazy Adam's `t`) on each ps that wrote the checkpoint, by
+  /// task: restored as it was onto as many ps tasks, else every ps takes the largest.
+  std::vector<std::int64_t> updates;
+  /// An incremental checkpoint's: the ids of rows evicted since its base (a row evicted and
+  /// created again is among `ids` too: remove these first, then take the rows).
+  std::vector<std::uint64_t> evicted;
+
+  /// Floats per row: its values and slots.
+  [[nodiscard]] std::size_t stride() const noexcept { return (1 + slot_names.size()) * spec.dim; }
+
+  friend bool operator==(const TableState&, const TableState&) = default;
+};
+
+/// What a job needs to go on from a global step: every variable with its optimizer state,
+/// its embedding tables' rows, and the sync policy's state, as one consistent cut across
+/// all ps tasks (Chief::save_state).
+struct ModelState {
+  /// Global steps completed at the cut.
+  std::int64_t global_step = 0;
+  /// The sync policy's state at the cut (`SyncPolicy::save`), the same on every ps.
+  std::vector<std::int64_t> pacer;
+  std::vector<VariableState> variables;
+  std::vector<TableState> tables;
+  /// The seed the tables' rows start from (a row not held reads as its initial value).
+  std::uint64_t table_seed = 0;
+  /// -1 for a full checkpoint. An incremental one's tables hold only the rows changed since
+  /// the checkpoint of this global step (its base), and the rows evicted since: it is whole
+  /// applied over its base (`apply_delta`, checkpoint/delta.hpp). Its dense parts, counts
+  /// and sync state are whole.
+  std::int64_t base_step = -1;
+
+  /// True for an incremental checkpoint (base_step ≥ 0).
+  [[nodiscard]] bool incremental() const noexcept { return base_step >= 0; }
+
+  /// The variables' specs, in order.
+  [[nodiscard]] std::vector<VariableSpec> specs() const {
+    std::vector<VariableSpec> out;
+    for (const VariableState& v : variables) out.push_back(v.spec);
+    return out;
+  }
+  /// The tables' specs, in order.
+  [[nodiscard]] std::vector<TableSpec> table_specs() const {
+    std::vector<TableSpec> out;
+    for (const TableState& t : tables) out.push_back(t.spec);
+    return out;
+  }
+
+  friend bool operator==(const ModelState&, const ModelState&) = default;
+};
+
+}  // namespace pulley
+// ---- end pulley/checkpoint/model_state.hpp ----
+// ---- begin pulley/core/error.hpp ----
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace pulley {
+
+/// Why a request failed. The names follow gRPC's status codes, which TensorFlow's
+/// distributed runtime reports too, so a TF user reads them without a glossary.
+enum class ErrorCode : std::uint8_t {
+  kInvalidArgument = 1,     ///< the request itself is wrong (shape mismatch, NaN gradient)
+  kNotFound = 2,            ///< an unknown variable or part
+  kAlreadyExists = 3,       ///< duplicate initialization
+  kFailedPrecondition = 4,  ///< e.g. a push before the variables are initialized
+  kUnavailable = 5,         ///< the peer is dead or unreachable
+  kDeadlineExceeded = 6,    ///< no answer in time (a dropped message ends here)
+  kCancelled = 7,           ///< the caller gave the request up
+  kOutOfRange = 8,          ///< training is over: the chief ended it (TF's OutOfRangeError)
+  kAborted = 9,             ///< the chief aborted training
+  kInternal = 10,           ///< a ps failed while handling a request (a policy threw)
+  kPermissionDenied = 11,   ///< the sender's role may not make this request
+  kUnauthenticated = 12,    ///< a peer of another job, or without the job's secret
+  kDataLoss = 13,           ///< stored data that is corrupt or truncated (a checkpoint)
+  kResourceExhausted = 14,  ///< a limit is reached (rows of a table on one ps)
+};
+
+/// Stable lower-case name of a code, for logs and error messages.
+constexpr std::string_view to_string(ErrorCode code) noexcept {
+  switch (code) {
+    case ErrorCode::kInvalidArgument:
+      return "invalid_argument";
+    case ErrorCode::kNotFound:
+      return "not_found";
+    case ErrorCode::kAlreadyExists:
+      return "already_exists";
+    case ErrorCode::kFailedPrecondition:
+      return "failed_precondition";
+    case ErrorCode::kUnavailable:
+      return "unavailable";
+    case ErrorCode::kDeadlineExceeded:
+      return "deadline_exceeded";
+    case ErrorCode::kCancelled:
+      return "cancelled";
+    case ErrorCode::kOutOfRange:
+      return "out_of_range";
+    case ErrorCode::kAborted:
+      return "aborted";
+    case ErrorCode::kInternal:
+      return "internal";
+    case ErrorCode::kPermissionDenied:
+      return "permission_denied";
+    case ErrorCode::kUnauthenticated:
+      return "unauthenticated";
+    case ErrorCode::kResourceExhausted:
+      return "resource_exhausted";
+    case ErrorCode::kDataLoss:
+      return "data_loss";
+  }
+  return "unknown";
+}
+
+/// The exception every pulley call throws for a failed request; `code()` says which kind.
+class Error : public std::runtime_error {
+ public:
+  Error(ErrorCode code, const std::string& message)
+      : std::runtime_error(std::string(to_string(code)) + ": " + message), code_(code) {}
+
+  /// Which kind of failure.
+  [[nodiscard]] ErrorCode code() const noexcept { return code_; }
+  /// The message without the code's name in front.
+  [[nodiscard]] const char* message() const noexcept {
+    return what() + to_string(code_).size() + 2;
+  }
+
+ private:
+  ErrorCode code_;
+};
+
+}  // namespace pulley
+// ---- end pulley/core/error.hpp ----
+
+namespace pulley {
+
+/// Applies the incremental checkpoint `delta` over `base`, the whole state at `delta`'s base
+/// step (a full checkpoint, or deltas already applied over one): `base` becomes the whole
+/// state at `delta`'s step. Per table, the rows `delta` says were evicted go, then its rows
+/// replace those of the same id or join them; admission counts and update counts are
+/// `delta`'s (they are whole in every checkpoint), as are the dense parts and the sync
+/// state. A full `delta` simply replaces `base`. Throws kInvalidArgument, leaving `base` as
+/// it was, when `delta` is not over `base` (another step, other tables or slots).
+///
+/// Costs O(rows of `base` × log rows of `delta`) time and memory for `delta`'s ids only.
+inline void apply_delta(ModelState& base, ModelState delta) {
+  if (!delta.incremental()) {
+    base = std::move(delta);
+    return;
+  }
+  if (base.incremental() || base.global_step != delta.base_step) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "an incremental checkpoint over global step " + std::to_string(delta.base_step) +
+                    " applied over " + (base.incremental() ? "another incremental one" : "the state of step " +
+                                                                     std::to_string(base.global_step)));
+  }
+  if (base.tables.size() != delta.tables.size()) {
+    throw Error(ErrorCode::kInvalidArgument, "an incremental checkpoint of " + std::to_string(delta.tables.size()) +
+                                                 " tables over one of " + std::to_string(base.tables.size()));
+  }
+  for (std::size_t t = 0; t < base.tables.size(); ++t) {
+    const TableState& a = base.tables[t];
+    const TableState& b = delta.tables[t];
+    if (a.spec.name != b.spec.name || a.spec.dim != b.spec.dim || a.slot_names != b.slot_names) {
+      throw Error(ErrorCode::kInvalidArgument, "an incremental checkpoint's table '" + b.spec.name +
+                                                   "' is not its base's '" + a.spec.name + "' (name, dim, slots)");
+    }
+  }
+  for (std::size_t t = 0; t < base.tables.size(); ++t) {
+    TableState& into = base.tables[t];
+    TableState& d = delta.tables[t];
+    const std::size_t stride = into.stride();
+    std::vector<std::uint64_t> gone = std::move(d.evicted);
+    std::sort(gone.begin(), gone.end());
+    // The delta's rows by id.
+    std::vector<std::pair<std::uint64_t, std::size_t>> changed(d.ids.size());
+    for (std::size_t i = 0; i < d.ids.size(); ++i) changed[i] = {d.ids[i], i};
+    std::sort(changed.begin(), changed.end());
+    std::vector<bool> placed(d.ids.size(), false);
+    // One pass over the base's rows: evicted ones go (the rest close up), changed ones take
+    // the delta's values.
+    std::size_t kept = 0;
+    for (std::size_t r = 0; r < into.ids.size(); ++r) {
+      const std::uint64_t id = into.ids[r];
+      const auto c = std::lower_bound(changed.begin(), changed.end(), std::pair{id, std::size_t{0}});
+      const bool is_changed = c != changed.end() && c->first == id;
+      if (!is_changed && std::binary_search(gone.begin(), gone.end(), id)) continue;
+      const float* from = into.rows.data() + r * stride;
+      std::uint32_t touched = into.touched[r];
+      if (is_changed) {
+        from = d.rows.data() + c->second * stride;
+        touched = d.touched[c->second];
+        placed[c->second] = true;
+      }
+      into.ids[kept] = id;
+      into.touched[kept] = touched;
+      std::copy(from, from + stride, into.rows.begin() + static_cast<std::ptrdiff_t>(kept * stride));
+      ++kept;
+    }
+    into.ids.resize(kept);
+    into.touched.resize(kept);
+    into.rows.resize(kept * stride);
+    // Rows the base did not hold join it.
+    for (std::size_t i = 0; i < d.ids.size(); ++i) {
+      if (placed[i]) continue;
+      into.ids.push_back(d.ids[i]);
+      into.touched.push_back(d.touched[i]);
+      into.rows.insert(into.rows.end(), d.rows.begin() + static_cast<std::ptrdiff_t>(i * stride),
+                       d.rows.begin() + static_cast<std::ptrdiff_t>((i + 1) * stride));
+    }
+    into.spec = std::move(d.spec);
+    into.candidate_ids = std::move(d.candidate_ids);
+    into.candidate_counts = std::move(d.candidate_counts);
+    into.candidate_steps = std::move(d.candidate_steps);
+    into.updates = std::move(d.updates);
+  }
+  base.global_step = delta.global_step;
+  base.pacer = std::move(delta.pacer);
+  base.variables = std::move(delta.variables);
+  base.table_seed = delta.table_seed;
+  base.base_step = -1;
+}
+
+}  // namespace pulley
+// ---- end pulley/checkpoint/delta.hpp ----
 // ---- begin pulley/checkpoint/format.hpp ----
 
 /// One checkpoint on disk: a directory holding two files.
@@ -50,10 +455,11 @@
 ///          policy's state, and per variable its name, shape, initializer, where each of its
 ///          tensors lies in `data` with its CRC-32C, its slot names and its counters by part;
 ///          then (version 2) the tables' seed, per table its spec, slot names, update
-///          counts, and where each chunk of its arrays lies with its CRC-32C; last, the
-///          CRC-32C of everything before it
+///          counts, and where each chunk of its arrays lies with its CRC-32C; (version 3)
+///          the base step of an incremental checkpoint (-1: a full one) and per table the
+///          ids evicted since it; last, the CRC-32C of everything before it
 ///
-/// Version 1 (pulley 0.2, no tables) still reads.
+/// Versions 1 (pulley 0.2, no tables) and 2 (tables, no incremental checkpoints) still read.
 ///
 /// `write_checkpoint` writes both files and flushes them to the disk (fsync) before it
 /// returns; `read_checkpoint` checks every length against what is left and every CRC, and
@@ -230,298 +636,6 @@ inline std::uint32_t crc32c(std::span<const float> values, std::uint32_t crc = 0
 
 }  // namespace pulley::checkpoint
 // ---- end pulley/checkpoint/crc32c.hpp ----
-// ---- begin pulley/checkpoint/model_state.hpp ----
-
-#include <cstdint>
-#include <string>
-#include <vector>
-
-// ---- begin pulley/core/variable.hpp ----
-
-#include <cstddef>
-#include <cstdint>
-#include <functional>
-#include <numeric>
-#include <string>
-#include <vector>
-
-namespace pulley {
-
-/// How the chief fills a variable before training. Values are drawn from pulley's own
-/// generator (see initializers.hpp), so a seed gives the same numbers on every platform.
-struct Initializer {
-  enum class Kind : std::uint8_t {
-    kZeros,          ///< all 0
-    kConstant,       ///< all `value`
-    kUniform,        ///< U(-value, value)
-    kNormal,         ///< N(0, value^2)
-    kGlorotUniform,  ///< U(-l, l), l = sqrt(6 / (fan_in + fan_out)) — Keras' default for Dense
-  };
-  Kind kind = Kind::kZeros;  ///< which rule
-  float value = 0.0F;        ///< the rule's parameter (constant, limit or stddev)
-
-  /// All 0.
-  static constexpr Initializer zeros() noexcept { return {}; }
-  /// All `v`.
-  static constexpr Initializer constant(float v) noexcept { return {Kind::kConstant, v}; }
-  /// U(-limit, limit).
-  static constexpr Initializer uniform(float limit) noexcept { return {Kind::kUniform, limit}; }
-  /// N(0, stddev^2).
-  static constexpr Initializer normal(float stddev) noexcept { return {Kind::kNormal, stddev}; }
-  /// Glorot (Xavier) uniform.
-  static constexpr Initializer glorot_uniform() noexcept { return {Kind::kGlorotUniform, 0.0F}; }
-
-  /// Its fields on the wire (see messages.hpp).
-  template <class Archive>
-  void serialize(Archive& archive) {
-    archive(kind, value);
-  }
-
-  friend bool operator==(const Initializer&, const Initializer&) = default;
-};
-
-/// A dense float32 variable as the model declares it: a name, a shape and an initializer.
-/// Its first dimension is the row dimension that partitioners split along; a scalar
-/// (empty shape) is one row of one element.
-struct VariableSpec {
-  std::string name;
-  std::vector<std::size_t> shape;
-  Initializer initializer;
-
-  /// Number of elements.
-  [[nodiscard]] std::size_t size() const noexcept {
-    return std::accumulate(shape.begin(), shape.end(), std::size_t{1}, std::multiplies<>{});
-  }
-  /// Rows along the first dimension (1 for a scalar).
-  [[nodiscard]] std::size_t rows() const noexcept { return shape.empty() ? 1 : shape.front(); }
-  /// Elements in one row.
-  [[nodiscard]] std::size_t row_size() const noexcept { return rows() == 0 ? 0 : size() / rows(); }
-
-  /// Its fields on the wire (see messages.hpp).
-  template <class Archive>
-  void serialize(Archive& archive) {
-    archive(name, shape, initializer);
-  }
-
-  friend bool operator==(const VariableSpec&, const VariableSpec&) = default;
-};
-
-/// An embedding table as the model declares it: rows of `dim` floats keyed by 64-bit ids,
-/// with no fixed vocabulary. A row exists on the ps that holds its id from the first time it
-/// is admitted (see below), with a value that depends only on the initializer, the table's
-/// name, the id and the job's seed, so that it is the same whichever ps holds it and
-/// whatever order ids arrive in. A worker pulls and pushes only the rows its batch touches.
-struct TableSpec {
-  std::string name;
-  std::size_t dim = 0;      ///< floats per row
-  Initializer initializer;  ///< of each new row: zeros, constant, uniform or normal
-  /// Admission: a row is created only once its id was pulled this many times (1: at once).
-  /// Until then it reads as its initial value, and pushes to it are dropped and counted.
-  std::uint32_t admit_after = 1;
-  /// Eviction: a row neither pulled nor pushed for this many global steps is removed (and
-  /// starts again from its initial value if it comes back); 0 keeps rows for ever.
-  std::int64_t evict_after_steps = 0;
-  /// Cap: the most rows of this table one ps holds (0: no cap). A pull that would create a
-  /// row past it first evicts the least recently touched eighth of the ps's rows (rows
-  /// touched at the current step stay; if none can go, the row is not created: it reads as
-  /// its initial value and pushes to it are dropped, both counted). The ids admission
-  /// counts are held to as many.
-  std::uint64_t max_rows = 0;
-
-  /// Its fields on the wire (see messages.hpp).
-  template <class Archive>
-  void serialize(Archive& archive) {
-    archive(name, dim, initializer, admit_after, evict_after_steps, max_rows);
-  }
-
-  friend bool operator==(const TableSpec&, const TableSpec&) = default;
-};
-
-/// A half-open range of rows `[begin, end)` of one variable.
-struct RowRange {
-  std::size_t begin = 0;
-  std::size_t end = 0;
-
-  [[nodiscard]] constexpr std::size_t size() const noexcept { return end - begin; }
-  [[nodiscard]] constexpr bool empty() const noexcept { return end <= begin; }
-  /// Its fields on the wire (see messages.hpp).
-  template <class Archive>
-  void serialize(Archive& archive) {
-    archive(begin, end);
-  }
-  friend constexpr bool operator==(RowRange, RowRange) = default;
-};
-
-}  // namespace pulley
-// ---- end pulley/core/variable.hpp ----
-
-namespace pulley {
-
-/// An optimizer slot of one variable (Adam's "m", Momentum's "accumulation"): one value per
-/// element of the variable, row-major as the variable.
-struct SlotState {
-  std::string name;
-  std::vector<float> values;
-
-  friend bool operator==(const SlotState&, const SlotState&) = default;
-};
-
-/// The optimizer's counters of one part of a variable (Adam's "t"), with the rows that part
-/// held: counters belong to a part, since each part is updated on its own.
-struct PartCounters {
-  RowRange rows;
-  std::vector<std::int64_t> values;  ///< one per counter name, in order
-
-  friend bool operator==(const PartCounters&, const PartCounters&) = default;
-};
-
-/// One variable as a checkpoint holds it: its values, its optimizer slots and counters.
-struct VariableState {
-  VariableSpec spec;
-  std::vector<float> values;                ///< spec.size() floats, row-major
-  std::vector<SlotState> slots;             ///< each spec.size() floats
-  std::vector<std::string> counter_names;   ///< e.g. {"t"}
-  std::vector<PartCounters> counters;       ///< by part, in row order
-
-  friend bool operator==(const VariableState&, const VariableState&) = default;
-};
-
-/// One embedding table as a checkpoint holds it: every row the ps tasks held at the cut,
-/// with its optimizer slots and the step it was last touched, and the ids admission was
-/// counting (pulled, not admitted yet). Rows are in no particular order.
-struct TableState {
-  TableSpec spec;
-  std::vector<std::string> slot_names;  ///< the row-wise optimizer's, in row order
-  std::vector<std::uint64_t> ids;       ///< one per row, distinct
-  /// Per row, its `spec.dim` values then each slot's `spec.dim` floats: `stride()` floats.
-  std::vector<float> rows;
-  std::vector<std::uint32_t> touched;   ///< per row: the global step it was last pulled or pushed
-  std::vector<std::uint64_t> candidate_ids;     ///< ids pulled, not admitted yet
-  std::vector<std::uint32_t> candidate_counts;  ///< per candidate: pulls counted
-  std::vector<std::uint32_t> candidate_steps;   ///< per candidate: the step last pulled
-  /// The table's update count (lazy Adam's `t`) on each ps that wrote the checkpoint, by
-  /// task: restored as it was onto as many ps tasks, else every ps takes the largest.
-  std::vector<std::int64_t> updates;
-
-  /// Floats per row: its values and slots.
-  [[nodiscard]] std::size_t stride() const noexcept { return (1 + slot_names.size()) * spec.dim; }
-
-  friend bool operator==(const TableState&, const TableState&) = default;
-};
-
-/// What a job needs to go on from a global step: every variable with its optimizer state,
-/// its embedding tables' rows, and the sync policy's state, as one consistent cut across
-/// all ps tasks (Chief::save_state).
-struct ModelState {
-  /// Global steps completed at the cut.
-  std::int64_t global_step = 0;
-  /// The sync policy's state at the cut (`SyncPolicy::save`), the same on every ps.
-  std::vector<std::int64_t> pacer;
-  std::vector<VariableState> variables;
-  std::vector<TableState> tables;
-  /// The seed the tables' rows start from (a row not held reads as its initial value).
-  std::uint64_t table_seed = 0;
-
-  /// The variables' specs, in order.
-  [[nodiscard]] std::vector<VariableSpec> specs() const {
-    std::vector<VariableSpec> out;
-    for (const VariableState& v : variables) out.push_back(v.spec);
-    return out;
-  }
-  /// The tables' specs, in order.
-  [[nodiscard]] std::vector<TableSpec> table_specs() const {
-    std::vector<TableSpec> out;
-    for (const TableState& t : tables) out.push_back(t.spec);
-    return out;
-  }
-
-  friend bool operator==(const ModelState&, const ModelState&) = default;
-};
-
-}  // namespace pulley
-// ---- end pulley/checkpoint/model_state.hpp ----
-// ---- begin pulley/core/error.hpp ----
-
-#include <cstdint>
-#include <stdexcept>
-#include <string>
-#include <string_view>
-
-namespace pulley {
-
-/// Why a request failed. The names follow gRPC's status codes, which TensorFlow's
-/// distributed runtime reports too, so a TF user reads them without a glossary.
-enum class ErrorCode : std::uint8_t {
-  kInvalidArgument = 1,     ///< the request itself is wrong (shape mismatch, NaN gradient)
-  kNotFound = 2,            ///< an unknown variable or part
-  kAlreadyExists = 3,       ///< duplicate initialization
-  kFailedPrecondition = 4,  ///< e.g. a push before the variables are initialized
-  kUnavailable = 5,         ///< the peer is dead or unreachable
-  kDeadlineExceeded = 6,    ///< no answer in time (a dropped message ends here)
-  kCancelled = 7,           ///< the caller gave the request up
-  kOutOfRange = 8,          ///< training is over: the chief ended it (TF's OutOfRangeError)
-  kAborted = 9,             ///< the chief aborted training
-  kInternal = 10,           ///< a ps failed while handling a request (a policy threw)
-  kPermissionDenied = 11,   ///< the sender's role may not make this request
-  kUnauthenticated = 12,    ///< a peer of another job, or without the job's secret
-  kDataLoss = 13,           ///< stored data that is corrupt or truncated (a checkpoint)
-  kResourceExhausted = 14,  ///< a limit is reached (rows of a table on one ps)
-};
-
-/// Stable lower-case name of a code, for logs and error messages.
-constexpr std::string_view to_string(ErrorCode code) noexcept {
-  switch (code) {
-    case ErrorCode::kInvalidArgument:
-      return "invalid_argument";
-    case ErrorCode::kNotFound:
-      return "not_found";
-    case ErrorCode::kAlreadyExists:
-      return "already_exists";
-    case ErrorCode::kFailedPrecondition:
-      return "failed_precondition";
-    case ErrorCode::kUnavailable:
-      return "unavailable";
-    case ErrorCode::kDeadlineExceeded:
-      return "deadline_exceeded";
-    case ErrorCode::kCancelled:
-      return "cancelled";
-    case ErrorCode::kOutOfRange:
-      return "out_of_range";
-    case ErrorCode::kAborted:
-      return "aborted";
-    case ErrorCode::kInternal:
-      return "internal";
-    case ErrorCode::kPermissionDenied:
-      return "permission_denied";
-    case ErrorCode::kUnauthenticated:
-      return "unauthenticated";
-    case ErrorCode::kResourceExhausted:
-      return "resource_exhausted";
-    case ErrorCode::kDataLoss:
-      return "data_loss";
-  }
-  return "unknown";
-}
-
-/// The exception every pulley call throws for a failed request; `code()` says which kind.
-class Error : public std::runtime_error {
- public:
-  Error(ErrorCode code, const std::string& message)
-      : std::runtime_error(std::string(to_string(code)) + ": " + message), code_(code) {}
-
-  /// Which kind of failure.
-  [[nodiscard]] ErrorCode code() const noexcept { return code_; }
-  /// The message without the code's name in front.
-  [[nodiscard]] const char* message() const noexcept {
-    return what() + to_string(code_).size() + 2;
-  }
-
- private:
-  ErrorCode code_;
-};
-
-}  // namespace pulley
-// ---- end pulley/core/error.hpp ----
 
 static_assert(std::endian::native == std::endian::little,
               "pulley's checkpoint format is little-endian; big-endian hosts are not supported");
@@ -529,7 +643,7 @@ static_assert(std::endian::native == std::endian::little,
 namespace pulley::checkpoint {
 
 inline constexpr char kMagic[8] = {'P', 'U', 'L', 'L', 'E', 'Y', 'C', 'K'};
-inline constexpr std::uint32_t kFormatVersion = 2;  ///< bumped on any incompatible change
+inline constexpr std::uint32_t kFormatVersion = 3;  ///< bumped on any incompatible change
 inline constexpr std::uint32_t kOldestVersion = 1;  ///< the oldest version read
 inline constexpr std::size_t kChunkBytes = std::size_t{64} << 20U;  ///< of a table's arrays
 inline constexpr std::size_t kAlignment = 64;       ///< of each tensor in the data file
@@ -765,6 +879,7 @@ inline void write_checkpoint(const std::filesystem::path& dir, const ModelState&
     };
     index.put(static_cast<std::uint32_t>(state.tables.size()));
     index.put(state.table_seed);
+    index.put(state.base_step);
     for (const TableState& t : state.tables) {
       index.put(std::string_view(t.spec.name));
       index.put(static_cast<std::uint64_t>(t.spec.dim));
@@ -779,12 +894,14 @@ inline void write_checkpoint(const std::filesystem::path& dir, const ModelState&
       for (const std::int64_t u : t.updates) index.put(u);
       index.put(static_cast<std::uint64_t>(t.ids.size()));
       index.put(static_cast<std::uint64_t>(t.candidate_ids.size()));
+      index.put(static_cast<std::uint64_t>(t.evicted.size()));
       put_array(std::as_bytes(std::span(t.ids)));
       put_array(std::as_bytes(std::span(t.rows)));
       put_array(std::as_bytes(std::span(t.touched)));
       put_array(std::as_bytes(std::span(t.candidate_ids)));
       put_array(std::as_bytes(std::span(t.candidate_counts)));
       put_array(std::as_bytes(std::span(t.candidate_steps)));
+      put_array(std::as_bytes(std::span(t.evicted)));
     }
     data.sync();
   }
@@ -862,8 +979,8 @@ class TensorPool {
   std::vector<Entry> tensors_;
 };
 
-/// `table_rows`, if given, gets each table's row count from the index (read with or without
-/// the values).
+/// `table_rows`, if given, gets each table's row count and then its count of evicted ids
+/// from the index (read with or without the values): two numbers per table.
 inline ModelState read_checkpoint(const std::filesystem::path& dir, bool values, ModelState* reuse,
                                   std::vector<std::uint64_t>* table_rows = nullptr);
 
@@ -954,11 +1071,19 @@ inline ModelState detail::read_checkpoint(const std::filesystem::path& dir, bool
     std::string what;
   };
   std::vector<PendingArray> arrays;
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> counts;  // per table: rows, candidates
+  struct Counts {
+    std::uint64_t rows, candidates, evicted;
+  };
+  std::vector<Counts> counts;  // per table
   std::uint64_t array_bytes = 0;                                 // of every table, in all
   if (version >= 2) {
     const std::uint32_t num_tables = in.get_count(40);
     state.table_seed = in.get<std::uint64_t>();
+    if (version >= 3) state.base_step = in.get<std::int64_t>();
+    if (state.base_step < -1 || (state.base_step >= 0 && state.base_step >= state.global_step)) {
+      in.bad("an incremental checkpoint over global step " + std::to_string(state.base_step) +
+             ", not before its own " + std::to_string(state.global_step));
+    }
     state.tables.resize(num_tables);
     for (TableState& t : state.tables) {
       t.spec.name = in.get_string();
@@ -972,8 +1097,9 @@ inline ModelState detail::read_checkpoint(const std::filesystem::path& dir, bool
       for (std::uint32_t k = 0, n = in.get_count(8); k < n; ++k) t.updates.push_back(in.get<std::int64_t>());
       const auto rows = in.get<std::uint64_t>();
       const auto candidates = in.get<std::uint64_t>();
-      if (table_rows != nullptr) table_rows->push_back(rows);
-      counts.emplace_back(rows, candidates);
+      const std::uint64_t evicted = version >= 3 ? in.get<std::uint64_t>() : 0;
+      if (table_rows != nullptr) table_rows->insert(table_rows->end(), {rows, evicted});
+      counts.push_back({rows, candidates, evicted});
       if (t.spec.dim == 0 || t.spec.dim > (std::size_t{1} << 16U) || t.slot_names.size() > 64) {
         in.bad("table '" + t.spec.name + "' has dim " + std::to_string(t.spec.dim) + " and " +
                std::to_string(t.slot_names.size()) + " slots");
@@ -1005,6 +1131,7 @@ inline ModelState detail::read_checkpoint(const std::filesystem::path& dir, bool
       array(candidates, 8, "candidate ids");
       array(candidates, 4, "candidate counts");
       array(candidates, 4, "candidate steps");
+      if (version >= 3) array(evicted, 8, "evicted ids");
     }
   }
   if (in.left() != 0) in.bad("bytes after the last table");
@@ -1059,12 +1186,13 @@ inline ModelState detail::read_checkpoint(const std::filesystem::path& dir, bool
         vector.resize(n);
         return std::as_writable_bytes(std::span(vector));
       };
-      const auto [n_rows, n_candidates] = counts[static_cast<std::size_t>(&t - state.tables.data())];
-      const std::span<std::byte> into[6] = {
-          bytes_of(t.ids, n_rows),           bytes_of(t.rows, n_rows * t.stride()),
-          bytes_of(t.touched, n_rows),       bytes_of(t.candidate_ids, n_candidates),
-          bytes_of(t.candidate_counts, n_candidates), bytes_of(t.candidate_steps, n_candidates)};
-      for (const std::span<std::byte> target : into) {
+      const Counts& n = counts[static_cast<std::size_t>(&t - state.tables.data())];
+      const std::span<std::byte> into[7] = {
+          bytes_of(t.ids, n.rows),           bytes_of(t.rows, n.rows * t.stride()),
+          bytes_of(t.touched, n.rows),       bytes_of(t.candidate_ids, n.candidates),
+          bytes_of(t.candidate_counts, n.candidates), bytes_of(t.candidate_steps, n.candidates),
+          bytes_of(t.evicted, n.evicted)};
+      for (const std::span<std::byte> target : std::span(into).first(version >= 3 ? 7 : 6)) {
         const PendingArray& a = arrays[k++];
         std::size_t at = 0;
         for (const detail::TensorRef& c : a.chunks) {
@@ -1189,6 +1317,11 @@ namespace pulley {
 /// A directory of checkpoints, as the chief writes them and a restarted job or an evaluator
 /// reads them: `ckpt-<global step>/` each (checkpoint/format.hpp), the last `keep` kept.
 ///
+/// A checkpoint may be incremental (ModelState::base_step): its tables hold the rows changed
+/// since the checkpoint of its base step, which it needs. `load` and `latest` read the
+/// newest full checkpoint of its chain and apply the incremental ones after it, and `keep`
+/// keeps every checkpoint a kept one needs.
+///
 /// A checkpoint is written whole or not at all: into a temporary directory (`.tmp-...`),
 /// its files flushed to the disk, then renamed to its name and the parent flushed. A crash
 /// at any instant leaves every earlier checkpoint as it was, and at most a temporary
@@ -1265,18 +1398,69 @@ class CheckpointDirectory {
     return found;
   }
 
-  /// The newest checkpoint that reads back whole (every CRC checked), and where it is; any
-  /// newer one that does not is logged and skipped. nullopt when there is none.
+  /// The newest checkpoint that reads back whole (every CRC checked, an incremental one with
+  /// the checkpoints it needs), and where it is; any newer one that does not is logged and
+  /// skipped. nullopt when there is none.
   [[nodiscard]] std::optional<std::pair<ModelState, std::filesystem::path>> latest() const {
     for (const auto& [step, path] : list()) {
       try {
-        return std::pair{checkpoint::read_checkpoint(path), path};
+        return std::pair{load(path), path};
       } catch (const Error& e) {
         log(LogLevel::kWarning, "skipping checkpoint " + path.string() + ": " + e.what());
       }
     }
     return std::nullopt;
   }
+
+  /// The whole state the checkpoint in `path` holds: read, and if it is incremental, applied
+  /// over the whole state of its base, found beside it (`apply_delta`), back to a full
+  /// checkpoint. Throws kDataLoss when any of them does not read back whole or is missing.
+  static ModelState load(const std::filesystem::path& path) {
+    ModelState state;
+    load_into(path, state);
+    return state;
+  }
+
+  /// As load, into `state`; when `state` already holds the whole state of the checkpoint's
+  /// base (an evaluator that reads checkpoints in order), only the checkpoint itself is
+  /// read. On an error `state` is left valid but unspecified.
+  static void load_into(const std::filesystem::path& path, ModelState& state) {
+    // The chain, newest first: each checkpoint's base until a full one (or `state`'s step).
+    std::vector<std::filesystem::path> chain{path};
+    const bool have = !state.incremental() && !state.variables.empty();
+    for (;;) {
+      const ModelState head = checkpoint::read_checkpoint(chain.back(), false);
+      if (!head.incremental() || (have && head.base_step == state.global_step)) break;
+      if (chain.size() > kMaxChain) {
+        throw Error(ErrorCode::kDataLoss, "checkpoint " + path.string() + ": more than " +
+                                              std::to_string(kMaxChain) + " incremental checkpoints in a row");
+      }
+      const std::filesystem::path base = path.parent_path() / name_of(head.base_step);
+      std::error_code ec;
+      if (!std::filesystem::exists(base, ec)) {
+        throw Error(ErrorCode::kDataLoss, "checkpoint " + chain.back().string() +
+                                              " is incremental over global step " +
+                                              std::to_string(head.base_step) + ", whose checkpoint is gone");
+      }
+      chain.push_back(base);
+    }
+    const ModelState first = checkpoint::read_checkpoint(chain.back(), false);
+    if (!first.incremental()) {
+      checkpoint::read_checkpoint_into(chain.back(), state);
+      chain.pop_back();
+    }
+    for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+      ModelState delta = checkpoint::read_checkpoint(*it);
+      try {
+        apply_delta(state, std::move(delta));
+      } catch (const Error& e) {
+        throw Error(ErrorCode::kDataLoss, "checkpoint " + it->string() + ": " + e.what());
+      }
+    }
+  }
+
+  /// The most incremental checkpoints in a row `load` follows.
+  static constexpr std::size_t kMaxChain = 10000;
 
  private:
   /// What a save cut short left behind.
@@ -1289,11 +1473,25 @@ class CheckpointDirectory {
     for (const auto& path : stale) std::filesystem::remove_all(path, ec);
   }
 
+  /// Removes all but the newest `keep` checkpoints and those they need (an incremental
+  /// checkpoint's base, back to a full one).
   void prune() {
     if (keep_ == 0) return;
-    const auto all = list();
-    std::error_code ec;
-    for (std::size_t i = keep_; i < all.size(); ++i) std::filesystem::remove_all(all[i].second, ec);
+    const auto all = list();  // newest first
+    std::vector<std::int64_t> needed;
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      const bool kept = i < keep_ || std::find(needed.begin(), needed.end(), all[i].first) != needed.end();
+      if (!kept) {
+        std::error_code ec;
+        std::filesystem::remove_all(all[i].second, ec);
+        continue;
+      }
+      try {
+        const ModelState head = checkpoint::read_checkpoint(all[i].second, false);
+        if (head.incremental()) needed.push_back(head.base_step);
+      } catch (const Error&) {  // unreadable: it needs nothing
+      }
+    }
   }
 
   std::filesystem::path root_;
@@ -1717,8 +1915,15 @@ class CheckpointRows {
   IdIndex index_{0x243F6A8885A308D3ULL};  ///< keyed: the ids came from the checkpoint, not a client
 };
 
-/// Every table of `state`, by the model's order: what an evaluator reads rows from.
+/// Every table of `state`, by the model's order: what an evaluator reads rows from. `state`
+/// must be whole (a full checkpoint, or CheckpointDirectory::load's): an incremental one
+/// alone lacks the rows it did not change, and is refused with kInvalidArgument.
 inline std::vector<CheckpointRows> checkpoint_rows(const ModelState& state) {
+  if (state.incremental()) {
+    throw Error(ErrorCode::kInvalidArgument, "the rows of an incremental checkpoint (over global step " +
+                                                 std::to_string(state.base_step) +
+                                                 ") are looked up once it is applied over its base (CheckpointDirectory::load)");
+  }
   std::vector<CheckpointRows> out;
   out.reserve(state.tables.size());
   for (const TableState& t : state.tables) out.emplace_back(t, state.table_seed);
@@ -2292,10 +2497,17 @@ struct ReadState {
   static constexpr bool kChangesParameters = true;
   static constexpr RoleSet kSenders{Node::Role::kChief};
   std::vector<std::uint64_t> until;
+  /// An incremental checkpoint's cut: the tables' rows touched at or after this global step
+  /// only, with the ids evicted since (ReadRows::evicted); -1: every row. A ps whose log of
+  /// evictions starts later (PauseReply::evictions_since) refuses it.
+  std::int64_t since = -1;
+  /// Evictions before this global step are forgotten: no later cut will be since an
+  /// earlier step (the newest checkpoint on disk). -1: none.
+  std::int64_t forget_evictions_before = -1;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(until);
+    archive(until, since, forget_evictions_before);
   }
 };
 
@@ -2305,9 +2517,15 @@ struct Resume {
   /// The held pushes are applied.
   static constexpr bool kChangesParameters = true;
   static constexpr RoleSet kSenders{Node::Role::kChief};
+  /// Training goes on, but the tables' rows stay readable as they were at the cut
+  /// (ReadRows; the ps copies a row aside before it first updates it) until a Resume
+  /// without it, or until the chief's connection closes.
+  bool keep_rows = false;
 
   template <class Archive>
-  void serialize(Archive& /*archive*/) {}
+  void serialize(Archive& archive) {
+    archive(keep_rows);
+  }
 };
 
 /// Chief → ps: set every part this ps holds, with its optimizer state, and the sync
@@ -2343,10 +2561,11 @@ inline std::size_t rows_per_chunk(std::size_t stride) noexcept {
 }
 
 /// Chief → a ps paused at a checkpoint's cut, after its ReadState: the rows of table `table`
-/// held at the cut, from row number `begin` on, at most `max_rows` of them (the ps caps a
-/// chunk at kMaxIdsPerMessage rows and 64 MiB, so its memory for a checkpoint is bounded
-/// however large its tables are); with `candidates`, the ids admission was counting
-/// instead. Answered with a RowsChunk.
+/// the cut holds (every row, or those changed since ReadState::since), from the `begin`-th
+/// on, at most `max_rows` of them (the ps caps a chunk at kMaxIdsPerMessage rows and 64 MiB,
+/// so its memory for a checkpoint is bounded however large its tables are); with
+/// `candidates`, the ids admission was counting instead; with `evicted`, the ids an
+/// incremental cut says were evicted. Answered with a RowsChunk.
 struct ReadRows {
   static constexpr std::string_view kName = "ReadRows";
   /// Its reply views buffers the next request reuses (as a pull of rows).
@@ -2356,10 +2575,11 @@ struct ReadRows {
   std::uint64_t begin = 0;
   std::uint32_t max_rows = 0;
   bool candidates = false;
+  bool evicted = false;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(table, begin, max_rows, candidates);
+    archive(table, begin, max_rows, candidates, evicted);
   }
 };
 
@@ -2539,10 +2759,13 @@ struct PauseReply {
   std::vector<std::string> slot_names;     ///< the optimizer's slots, in PartState order
   std::vector<std::string> counter_names;  ///< the optimizer's counters
   bool whole = true;  ///< the optimizer's State is all in the slots and counters
+  /// The global step from which this ps knows every row its tables evicted: the earliest
+  /// an incremental checkpoint's cut may be since (ReadState::since).
+  std::int64_t evictions_since = 0;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(global_step, epoch, pushes, slot_names, counter_names, whole);
+    archive(global_step, epoch, pushes, slot_names, counter_names, whole, evictions_since);
   }
 };
 
@@ -2569,10 +2792,11 @@ struct RowsChunk {
   std::span<const float> rows;          ///< a tensor: ids.size() × stride (empty for candidates)
   std::vector<std::uint32_t> steps;     ///< per id: last touched (rows) or last pulled (candidates)
   std::vector<std::uint32_t> counts;    ///< per id, candidates only
+  std::int64_t since = -1;              ///< the cut's ReadState::since
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(total, updates, slot_names, ids, rows, steps, counts);
+    archive(total, updates, slot_names, ids, rows, steps, counts, since);
   }
 };
 
@@ -3933,9 +4157,10 @@ namespace pulley {
 namespace detail {
 
 /// Reads table `t`'s rows and admission counts at the cut from every ps (paused, its cut
-/// read), chunk by chunk: each ps holds at most one chunk more than its rows meanwhile.
+/// read), chunk by chunk: each ps holds at most one chunk more than its rows meanwhile. An
+/// `incremental` cut's rows are those changed since its base, and its evicted ids follow.
 template <Transport T>
-TableState read_table(Client<T>& client, std::uint32_t t) {
+TableState read_table(Client<T>& client, std::uint32_t t, bool incremental) {
   const std::size_t num_ps = client.num_ps();
   const auto timeout = client.options().request_timeout;
   TableState table;
@@ -3945,7 +4170,7 @@ TableState read_table(Client<T>& client, std::uint32_t t) {
   {
     CallGroup group;
     for (std::size_t ps = 0; ps < num_ps; ++ps) {
-      group.add(client.transport().call(ps, ReadRows{t, 0, 0, false}, PullTargets{std::span<float>()}));
+      group.add(client.transport().call(ps, ReadRows{t, 0, 0, false, false}, PullTargets{std::span<float>()}));
     }
     group.wait(timeout, "read the rows of table '" + table.spec.name + "'");
     for (std::size_t ps = 0; ps < num_ps; ++ps) {
@@ -3972,7 +4197,7 @@ TableState read_table(Client<T>& client, std::uint32_t t) {
       if (begin[ps] >= total[ps]) continue;
       const std::size_t n = std::min<std::size_t>(total[ps] - begin[ps], rows_per_chunk(stride));
       PullTargets target{std::span(table.rows).subspan(filled * stride, n * stride)};
-      group.add(client.transport().call(ps, ReadRows{t, begin[ps], static_cast<std::uint32_t>(n), false},
+      group.add(client.transport().call(ps, ReadRows{t, begin[ps], static_cast<std::uint32_t>(n), false, false},
                                         std::move(target)));
       asked.push_back(ps);
       at.push_back(n);
@@ -3991,21 +4216,31 @@ TableState read_table(Client<T>& client, std::uint32_t t) {
       begin[asked[k]] += at[k];
     }
   }
-  // The ids admission was counting, a ps after the other (their chunks' rows are empty).
-  for (std::size_t ps = 0; ps < num_ps; ++ps) {
-    for (std::uint64_t from = 0;;) {
-      CallGroup group;
-      group.add(client.transport().call(
-          ps, ReadRows{t, from, static_cast<std::uint32_t>(kMaxCandidatesPerMessage), true},
-          PullTargets{std::span<float>()}));
-      group.wait(timeout, "read the admission counts of table '" + table.spec.name + "'");
-      RowsChunk chunk = group.take_as<RowsChunk>(0);
-      table.candidate_ids.insert(table.candidate_ids.end(), chunk.ids.begin(), chunk.ids.end());
-      table.candidate_counts.insert(table.candidate_counts.end(), chunk.counts.begin(), chunk.counts.end());
-      table.candidate_steps.insert(table.candidate_steps.end(), chunk.steps.begin(), chunk.steps.end());
-      from += chunk.ids.size();
-      if (chunk.ids.empty() || from >= chunk.total) break;
+  // The ids admission was counting, and those an incremental cut says were evicted, a ps
+  // after the other (their chunks' rows are empty).
+  auto read_ids = [&](bool evicted, auto&& take, const std::string& what) {
+    for (std::size_t ps = 0; ps < num_ps; ++ps) {
+      for (std::uint64_t from = 0;;) {
+        CallGroup group;
+        ReadRows r{t, from, static_cast<std::uint32_t>(kMaxCandidatesPerMessage), !evicted, evicted};
+        group.add(client.transport().call(ps, r, PullTargets{std::span<float>()}));
+        group.wait(timeout, what);
+        RowsChunk chunk = group.take_as<RowsChunk>(0);
+        take(chunk);
+        from += chunk.ids.size();
+        if (chunk.ids.empty() || from >= chunk.total) break;
+      }
     }
+  };
+  read_ids(false, [&](const RowsChunk& chunk) {
+    table.candidate_ids.insert(table.candidate_ids.end(), chunk.ids.begin(), chunk.ids.end());
+    table.candidate_counts.insert(table.candidate_counts.end(), chunk.counts.begin(), chunk.counts.end());
+    table.candidate_steps.insert(table.candidate_steps.end(), chunk.steps.begin(), chunk.steps.end());
+  }, "read the admission counts of table '" + table.spec.name + "'");
+  if (incremental) {
+    read_ids(true, [&](const RowsChunk& chunk) {
+      table.evicted.insert(table.evicted.end(), chunk.ids.begin(), chunk.ids.end());
+    }, "read the evicted ids of table '" + table.spec.name + "'");
   }
   return table;
 }
@@ -4074,14 +4309,28 @@ inline std::string check_table(const TableState& table, const TableSpec& spec) {
 
 }  // namespace detail
 
+/// Which of the tables' rows a checkpoint's cut reads.
+struct CutRows {
+  /// An incremental checkpoint's base: the global step of the checkpoint it is relative
+  /// to. Only the rows touched since are read, with the ids evicted since. -1: every row (a
+  /// full checkpoint).
+  std::int64_t since = -1;
+  /// The ps tasks forget the evictions before this global step (the newest checkpoint on
+  /// disk: no later incremental one will be relative to an older one). -1: none.
+  std::int64_t forget_evictions_before = -1;
+};
+
 /// The chief's half of a checkpoint's cut (the ps's half is `ps/checkpoint_cut.hpp`): every
 /// variable with its optimizer state, and the sync policy's state, read as one cut across
 /// all ps tasks. Every ps is paused (at once, or the moment it completes `at_step`; pushes
 /// that arrive then wait), each is brought to the same count of pushes taken from every
 /// worker (the largest any had), read there, and resumed. Training stands still only while
-/// the state is read.
+/// the dense state is read: the tables' rows are read after the ps tasks resume, each ps
+/// answering with the rows as they were at the cut (copy-on-write). With `rows.since` ≥ 0 the tables' part is incremental (ModelState::
+/// base_step); when a ps no longer knows every eviction since then (its log overflowed,
+/// or it was restored later), the cut reads every row instead, with a log line.
 template <Transport T>
-ModelState read_state(Client<T>& client, std::int64_t at_step = 0) {
+ModelState read_state(Client<T>& client, std::int64_t at_step = 0, CutRows rows = {}) {
   if (!client.has_placement()) throw Error(ErrorCode::kFailedPrecondition, "no model registered yet");
   struct Resumer {  // whatever happens, the ps tasks go on
     Client<T>& client;
@@ -4099,6 +4348,16 @@ ModelState read_state(Client<T>& client, std::int64_t at_step = 0) {
     for (std::size_t ps = 0; ps < client.num_ps(); ++ps) group.add(client.transport().call(ps, Pause{at_step}, {}));
     detail::wait_gated(client.transport(), client.options(), group, at_step, "pause the ps tasks at step " + std::to_string(at_step));
     for (std::size_t ps = 0; ps < client.num_ps(); ++ps) paused.push_back(group.take_as<PauseReply>(ps));
+  }
+  if (rows.since >= 0) {
+    for (std::size_t ps = 0; ps < paused.size(); ++ps) {
+      if (paused[ps].evictions_since <= rows.since) continue;
+      log(LogLevel::kInfo, "ps " + std::to_string(ps) + " knows its evictions from global step " +
+                               std::to_string(paused[ps].evictions_since) + " on only, not since " +
+                               std::to_string(rows.since) + ": this checkpoint holds every row");
+      rows.since = -1;
+      break;
+    }
   }
   std::vector<std::uint64_t> until;
   for (const PauseReply& p : paused) {
@@ -4135,7 +4394,8 @@ ModelState read_state(Client<T>& client, std::int64_t at_step = 0) {
         targets.push_back(std::span(v.slots[k].values).subspan(at, n));
       }
     }
-    group.add(client.transport().call(ps, ReadState{until}, std::move(targets)));
+    group.add(client.transport().call(ps, ReadState{until, rows.since, rows.forget_evictions_before},
+                                      std::move(targets)));
   }
   group.wait(client.options().request_timeout, "read the ps tasks' state at one cut");
   for (std::size_t ps = 0; ps < client.num_ps(); ++ps) {
@@ -4159,8 +4419,16 @@ ModelState read_state(Client<T>& client, std::int64_t at_step = 0) {
     std::sort(v.counters.begin(), v.counters.end(),
               [](const PartCounters& a, const PartCounters& b) { return a.rows.begin < b.rows.begin; });
   }
-  for (std::uint32_t t = 0; t < client.tables().size(); ++t) state.tables.push_back(detail::read_table(client, t));
+  if (!client.tables().empty()) {
+    // Training goes on while the rows are read: each ps reads them as they were at the cut.
+    client.template broadcast<Ack>([](std::size_t) { return Resume{true}; }, client.options().request_timeout,
+                                   "resume the ps tasks");
+  }
+  for (std::uint32_t t = 0; t < client.tables().size(); ++t) {
+    state.tables.push_back(detail::read_table(client, t, rows.since >= 0));
+  }
   state.table_seed = client.table_seed();
+  if (!state.tables.empty()) state.base_step = rows.since;
   return state;
 }
 
@@ -4174,6 +4442,11 @@ ModelState read_state(Client<T>& client, std::int64_t at_step = 0) {
 /// start from the checkpoint's table seed (or `table_seed` for a checkpoint without tables).
 template <Transport T>
 void restore_state(Client<T>& client, const ModelState& state, std::uint64_t table_seed) {
+  if (state.incremental()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "an incremental checkpoint (over global step " + std::to_string(state.base_step) +
+                    ") restores only applied over its base (apply_delta, or CheckpointDirectory::load)");
+  }
   // The model's tables when this client knows them (it registered them), else the
   // checkpoint's; a checkpoint's tables must be the model's.
   const std::vector<TableSpec> tables = client.tables().empty() ? state.table_specs() : client.tables();
@@ -4264,11 +4537,55 @@ void restore_state(Client<T>& client, const ModelState& state, std::uint64_t tab
 
 #include <algorithm>
 #include <chrono>
+#include <compare>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <span>
+#include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
+
+// ---- begin pulley/sharding/ids.hpp ----
+
+#include <cstdint>
+#include <string_view>
+
+namespace pulley {
+
+/// Rows of embedding tables spread by a hash of the id (and the table's name, so that the
+/// same id in many tables does not always land on the same ps): the default, which keeps
+/// the load even whatever the ids look like (TensorFlow's `mod` partition strategy does the
+/// same with the id itself, which skewed ids defeat).
+struct HashIds {
+  /// The ps task that holds row `id` of `table`.
+  [[nodiscard]] std::uint32_t ps_of(std::string_view table, std::uint64_t id,
+                                    std::uint32_t num_ps) const noexcept {
+    return static_cast<std::uint32_t>(mix_id(id ^ name_hash(table)) % num_ps);
+  }
+};
+static_assert(IdSharding<HashIds>);
+
+/// Rows of embedding tables spread by range: the id space [0, 2^64) cut into `num_ps` equal
+/// contiguous ranges, ps i holding [i·2^64/num_ps, (i+1)·2^64/num_ps) (TensorFlow's `div`
+/// strategy over the whole id space). Ids that are already hashes spread evenly; small
+/// sequential ids all land on ps 0, so use it for ids drawn over the whole 64-bit range.
+struct RangeIds {
+  /// The ps task that holds row `id` (the table does not matter).
+  [[nodiscard]] std::uint32_t ps_of(std::string_view /*table*/, std::uint64_t id,
+                                    std::uint32_t num_ps) const noexcept {
+    // floor(id · num_ps / 2^64), in two 32-bit halves so that nothing overflows.
+    const std::uint64_t high = (id >> 32U) * num_ps;
+    const std::uint64_t low = ((id & 0xFFFFFFFFU) * num_ps) >> 32U;
+    return static_cast<std::uint32_t>((high + low) >> 32U);
+  }
+};
+static_assert(IdSharding<RangeIds>);
+
+}  // namespace pulley
+// ---- end pulley/sharding/ids.hpp ----
 
 namespace pulley {
 
@@ -4371,46 +4688,64 @@ Snapshot snapshot(Client<T>& client, std::int64_t step) {
   return *snapshot_until(client, step, std::chrono::steady_clock::time_point::max());
 }
 
+/// The current rows `ids` of embedding table `table` (ids.size() × dim floats, in order),
+/// read from the ps tasks that hold them under id sharding `sharding` (the ps tasks'); a
+/// row not held reads as its initial value, and the read creates, admits and touches
+/// nothing (only a worker's pull does). The rows are each ps's as it holds them when read
+/// (not one global step's while training runs). Ids, any number and any of them more than
+/// once, go in messages of kMaxIdsPerMessage at most, each id once.
+template <Transport T, IdSharding I = HashIds>
+std::vector<float> read_rows(Client<T>& client, std::string_view table,
+                             std::span<const std::uint64_t> ids, I sharding = {}) {
+  const auto& tables = client.tables();
+  const auto it = std::find_if(tables.begin(), tables.end(),
+                               [&](const TableSpec& t) { return t.name == table; });
+  if (it == tables.end()) throw Error(ErrorCode::kNotFound, "unknown table '" + std::string(table) + "'");
+  client.check_id_sharding(sharding);
+  const auto num_ps = static_cast<std::uint32_t>(client.num_ps());
+  // Each id once, grouped by ps for the pull (a ps refuses an id twice in a request), then
+  // every one of the caller's ids gets its row back, in the caller's order.
+  struct Wanted {
+    std::uint32_t ps;
+    std::uint64_t id;
+    std::size_t at;  ///< in the caller's ids
+    auto operator<=>(const Wanted&) const = default;
+  };
+  std::vector<Wanted> order;
+  order.reserve(ids.size());
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    const std::uint32_t ps = sharding.ps_of(table, ids[i], num_ps);
+    if (ps >= num_ps) {
+      throw Error(ErrorCode::kInvalidArgument, "the id sharding put row " + std::to_string(ids[i]) +
+                                                   " on ps " + std::to_string(ps) + " of " + std::to_string(num_ps));
+    }
+    order.push_back({ps, ids[i], i});
+  }
+  std::sort(order.begin(), order.end());
+  std::vector<std::uint64_t> grouped;
+  std::vector<std::size_t> row_of(ids.size());  // caller's index → index in grouped
+  std::vector<std::size_t> ps_begin(num_ps + 1, 0);
+  for (const Wanted& w : order) {
+    if (grouped.empty() || grouped.back() != w.id) {  // an id always has the same ps
+      grouped.push_back(w.id);
+      ++ps_begin[w.ps + 1];
+    }
+    row_of[w.at] = grouped.size() - 1;
+  }
+  for (std::uint32_t p = 0; p < num_ps; ++p) ps_begin[p + 1] += ps_begin[p];
+  std::vector<float> rows(grouped.size() * it->dim);
+  const RowRequest request{static_cast<std::size_t>(it - tables.begin()), grouped, ps_begin, rows};
+  (void)client.pull_rows(std::span(&request, 1), 0);
+  std::vector<float> out(ids.size() * it->dim);
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    std::copy_n(rows.begin() + static_cast<std::ptrdiff_t>(row_of[i] * it->dim), it->dim,
+                out.begin() + static_cast<std::ptrdiff_t>(i * it->dim));
+  }
+  return out;
+}
+
 }  // namespace pulley
 // ---- end pulley/client/snapshot.hpp ----
-// ---- begin pulley/sharding/ids.hpp ----
-
-#include <cstdint>
-#include <string_view>
-
-namespace pulley {
-
-/// Rows of embedding tables spread by a hash of the id (and the table's name, so that the
-/// same id in many tables does not always land on the same ps): the default, which keeps
-/// the load even whatever the ids look like (TensorFlow's `mod` partition strategy does the
-/// same with the id itself, which skewed ids defeat).
-struct HashIds {
-  /// The ps task that holds row `id` of `table`.
-  [[nodiscard]] std::uint32_t ps_of(std::string_view table, std::uint64_t id,
-                                    std::uint32_t num_ps) const noexcept {
-    return static_cast<std::uint32_t>(mix_id(id ^ name_hash(table)) % num_ps);
-  }
-};
-static_assert(IdSharding<HashIds>);
-
-/// Rows of embedding tables spread by range: the id space [0, 2^64) cut into `num_ps` equal
-/// contiguous ranges, ps i holding [i·2^64/num_ps, (i+1)·2^64/num_ps) (TensorFlow's `div`
-/// strategy over the whole id space). Ids that are already hashes spread evenly; small
-/// sequential ids all land on ps 0, so use it for ids drawn over the whole 64-bit range.
-struct RangeIds {
-  /// The ps task that holds row `id` (the table does not matter).
-  [[nodiscard]] std::uint32_t ps_of(std::string_view /*table*/, std::uint64_t id,
-                                    std::uint32_t num_ps) const noexcept {
-    // floor(id · num_ps / 2^64), in two 32-bit halves so that nothing overflows.
-    const std::uint64_t high = (id >> 32U) * num_ps;
-    const std::uint64_t low = ((id & 0xFFFFFFFFU) * num_ps) >> 32U;
-    return static_cast<std::uint32_t>((high + low) >> 32U);
-  }
-};
-static_assert(IdSharding<RangeIds>);
-
-}  // namespace pulley
-// ---- end pulley/sharding/ids.hpp ----
 
 namespace pulley {
 
@@ -4486,60 +4821,13 @@ class Chief {
   /// Counters of every ps task, by task index.
   std::vector<Stats> stats() { return client_.stats(); }
 
-  /// The current rows `ids` of embedding table `table` (ids.size() × dim floats, in order),
-  /// read from the ps tasks that hold them under id sharding `sharding` (the ps tasks'); a
-  /// row not held reads as its initial value, and the read creates, admits and touches
-  /// nothing (only a worker's pull does). For evaluation and tests: training never needs
-  /// the chief to read rows. Ids, any number and any of them more than once, go in messages
-  /// of kMaxIdsPerMessage at most, each id once.
+  /// The current rows `ids` of embedding table `table` (ids.size() × dim floats, in order)
+  /// under id sharding `sharding` (the ps tasks'); see pulley::read_rows. For evaluation and
+  /// tests: training never needs the chief to read rows.
   template <IdSharding I = HashIds>
   std::vector<float> read_rows(std::string_view table, std::span<const std::uint64_t> ids,
                                I sharding = {}) {
-    const auto& tables = client_.tables();
-    const auto it = std::find_if(tables.begin(), tables.end(),
-                                 [&](const TableSpec& t) { return t.name == table; });
-    if (it == tables.end()) throw Error(ErrorCode::kNotFound, "unknown table '" + std::string(table) + "'");
-    client_.check_id_sharding(sharding);
-    const auto num_ps = static_cast<std::uint32_t>(client_.num_ps());
-    // Each id once, grouped by ps for the pull (a ps refuses an id twice in a request), then
-    // every one of the caller's ids gets its row back, in the caller's order.
-    struct Wanted {
-      std::uint32_t ps;
-      std::uint64_t id;
-      std::size_t at;  ///< in the caller's ids
-      auto operator<=>(const Wanted&) const = default;
-    };
-    std::vector<Wanted> order;
-    order.reserve(ids.size());
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-      const std::uint32_t ps = sharding.ps_of(table, ids[i], num_ps);
-      if (ps >= num_ps) {
-        throw Error(ErrorCode::kInvalidArgument, "the id sharding put row " + std::to_string(ids[i]) +
-                                                     " on ps " + std::to_string(ps) + " of " + std::to_string(num_ps));
-      }
-      order.push_back({ps, ids[i], i});
-    }
-    std::sort(order.begin(), order.end());
-    std::vector<std::uint64_t> grouped;
-    std::vector<std::size_t> row_of(ids.size());  // caller's index → index in grouped
-    std::vector<std::size_t> ps_begin(num_ps + 1, 0);
-    for (const Wanted& w : order) {
-      if (grouped.empty() || grouped.back() != w.id) {  // an id always has the same ps
-        grouped.push_back(w.id);
-        ++ps_begin[w.ps + 1];
-      }
-      row_of[w.at] = grouped.size() - 1;
-    }
-    for (std::uint32_t p = 0; p < num_ps; ++p) ps_begin[p + 1] += ps_begin[p];
-    std::vector<float> rows(grouped.size() * it->dim);
-    const RowRequest request{static_cast<std::size_t>(it - tables.begin()), grouped, ps_begin, rows};
-    (void)client_.pull_rows(std::span(&request, 1), 0);
-    std::vector<float> out(ids.size() * it->dim);
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-      std::copy_n(rows.begin() + static_cast<std::ptrdiff_t>(row_of[i] * it->dim), it->dim,
-                  out.begin() + static_cast<std::ptrdiff_t>(i * it->dim));
-    }
-    return out;
+    return pulley::read_rows(client_, table, ids, std::move(sharding));
   }
 
   /// Every variable with its optimizer state and the sync policy's state, as one consistent
@@ -4549,13 +4837,14 @@ class Chief {
   /// pushes that were on their way to it) before it is read and resumed. So every ps holds
   /// the same pushes at the cut, under any sync policy: Async and BoundedStaleness, whose
   /// ps tasks apply pushes as they come, included. Training stands still while the state
-  /// is read, not while it is written.
-  ModelState save_state() { return read_state(client_); }
+  /// is read, not while it is written. `rows` makes the tables' part incremental: the rows
+  /// changed since an earlier checkpoint (CutRows, ModelState::base_step).
+  ModelState save_state(CutRows rows = {}) { return read_state(client_, 0, rows); }
 
   /// The same, cut the moment every ps completes global step `step` (waiting for it as long
   /// as training progresses): under SyncReplicas every ps is then exactly at that step, with
   /// nothing of the next one taken.
-  ModelState save_state_at(std::int64_t step) { return read_state(client_, step); }
+  ModelState save_state_at(std::int64_t step, CutRows rows = {}) { return read_state(client_, step, rows); }
 
   /// Sets every ps from `state` (a checkpoint): registers its model, and restores values,
   /// optimizer state and the sync policy's state, at a new epoch. Use it in place of
@@ -4653,6 +4942,7 @@ class Chief {
 
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -4686,6 +4976,15 @@ class Evaluator {
 
   /// Current values of every variable, one vector per variable, as each ps holds them now.
   std::vector<std::vector<float>> read_variables() { return pulley::read_variables(client_); }
+
+  /// The current rows `ids` of embedding table `table` (ids.size() × dim floats, in
+  /// order) under id sharding `sharding` (the ps tasks'); see pulley::read_rows. A row not
+  /// held reads as its initial value; reading creates and touches nothing.
+  template <IdSharding I = HashIds>
+  std::vector<float> read_rows(std::string_view table, std::span<const std::uint64_t> ids,
+                               I sharding = {}) {
+    return pulley::read_rows(client_, table, ids, std::move(sharding));
+  }
 
   /// Counters of every ps task, by task index.
   std::vector<Stats> stats() { return client_.stats(); }
@@ -7357,6 +7656,7 @@ class Registration {
 #include <cstdint>
 #include <deque>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -7433,9 +7733,14 @@ class EmbeddingTable {
   /// admitted (pulled `spec.admit_after` times), else read as its initial value, and a row
   /// read counts as touched; without (a reader's: the chief's, an evaluator's), nothing is
   /// created, counted or touched. Duplicate ids are allowed (each counts towards admission).
+  /// `headroom`, if given, is the bytes the ps's tables may still grow by (Tables::max_bytes):
+  /// each row created (budget_row_bytes()) and each id admission starts counting
+  /// (kCandidateBytes) takes from it; when it is short, the table makes room as at its
+  /// max_rows, and failing that the row is not created.
   void pull(std::span<const std::uint64_t> ids, std::span<float> out, std::int64_t step,
-            bool create = true) {
+            bool create = true, std::uint64_t* headroom = nullptr) {
     const std::size_t d = spec_.dim;
+    headroom_ = headroom;
     for_each_found(ids, [&](std::size_t i, std::uint32_t row) {
       const std::span<float> into = out.subspan(i * d, d);
       if (row == kNone && create && admit(ids[i], step) && make_room(step)) row = this->create(ids[i]);
@@ -7447,6 +7752,16 @@ class EmbeddingTable {
       const float* values = at(row);
       std::copy(values, values + d, into.begin());
     });
+    headroom_ = nullptr;
+  }
+
+  /// What a row costs against a ps's table budget: its record and its index entry.
+  [[nodiscard]] std::uint64_t budget_row_bytes() const noexcept { return record_ * sizeof(float) + 8; }
+  /// What an id admission counts costs against it.
+  static constexpr std::uint64_t kCandidateBytes = 48;
+  /// The bytes this table holds against a ps's table budget: rows and admission counts.
+  [[nodiscard]] std::uint64_t budget_bytes() const noexcept {
+    return rows_ * budget_row_bytes() + candidates_.size() * kCandidateBytes;
   }
 
   /// Applies one update at global step `step` (steps completed before it; `updates` of this
@@ -7502,6 +7817,7 @@ class EmbeddingTable {
     for (std::size_t k = 0; k < scratch_rows_.size(); ++k) {
       if (k + kAhead < scratch_rows_.size()) __builtin_prefetch(record(scratch_rows_[k + kAhead].first), 1);
       const std::uint32_t row = scratch_rows_[k].first;
+      if (frozen_ && row < cut_rows_) keep_for_cut(row);
       std::copy(scratch_.data() + k * stride_, scratch_.data() + (k + 1) * stride_, at(row));
       touch(row, step);
     }
@@ -7512,12 +7828,13 @@ class EmbeddingTable {
   /// `step - spec.evict_after_steps`, and forgets admission counts as old; returns the rows
   /// removed. Does nothing when the spec keeps rows for ever.
   std::size_t evict(std::int64_t step) {
-    if (spec_.evict_after_steps <= 0) return 0;
+    if (spec_.evict_after_steps <= 0 || frozen_) return 0;  // (no row goes during a cut)
     const std::int64_t before = step - spec_.evict_after_steps;
     if (before <= 0) return 0;
     std::size_t removed = 0;
     for (std::uint32_t row = 0; row < rows_;) {
       if (static_cast<std::int64_t>(touched_step(row)) < before) {
+        log_eviction(id_of(row), step);
         erase(row);  // the last row moves here: look at this row again
         ++removed;
       } else {
@@ -7545,12 +7862,51 @@ class EmbeddingTable {
                  std::vector<std::uint32_t>& touched) const {
     n = std::min(n, rows_ - std::min(begin, rows_));
     rows.reserve(rows.size() + n * stride_);
-    for (std::size_t k = 0; k < n; ++k) {
-      const auto row = static_cast<std::uint32_t>(begin + k);
-      ids.push_back(id_of(row));
-      rows.insert(rows.end(), at(row), at(row) + stride_);
-      touched.push_back(touched_step(row));
+    for (std::size_t k = 0; k < n; ++k) read_row(static_cast<std::uint32_t>(begin + k), ids, rows, touched);
+  }
+
+  /// Appends the numbers of the rows touched at or after global step `since` to `out`: the
+  /// rows an incremental checkpoint since then holds.
+  void rows_touched_since(std::int64_t since, std::vector<std::uint32_t>& out) const {
+    const std::uint32_t from = clamp_step(since);
+    for (std::uint32_t row = 0; row < rows_; ++row) {
+      if (touched_step(row) >= from) out.push_back(row);
     }
+  }
+
+  /// Appends rows `numbers` (each < size()) to `ids`, `rows` and `touched`, as read_rows.
+  void read_rows(std::span<const std::uint32_t> numbers, std::vector<std::uint64_t>& ids, std::vector<float>& rows,
+                 std::vector<std::uint32_t>& touched) const {
+    rows.reserve(rows.size() + numbers.size() * stride_);
+    for (const std::uint32_t row : numbers) read_row(row, ids, rows, touched);
+  }
+
+  // ---- evictions, for incremental checkpoints -------------------------------------------
+  // Every row removed (by evict_after_steps or by max_rows) is logged with its step, so that
+  // a checkpoint holding only the rows changed since an earlier one can say which rows went:
+  // restored over the earlier one, an evicted row does not come back. The log holds the
+  // evictions from `evictions_since()` on; at kMaxEvictionLog entries it is dropped and
+  // starts again (the next checkpoint is then a full one).
+
+  /// Entries the eviction log holds at most.
+  static constexpr std::size_t kMaxEvictionLog = std::size_t{1} << 20U;
+
+  /// The global step from which every eviction is in the log.
+  [[nodiscard]] std::int64_t evictions_since() const noexcept { return evictions_since_; }
+
+  /// Appends the ids evicted at or after global step `since` (≥ evictions_since()).
+  void read_evicted(std::int64_t since, std::vector<std::uint64_t>& out) const {
+    for (const auto& [id, step] : evicted_) {
+      if (static_cast<std::int64_t>(step) >= since) out.push_back(id);
+    }
+  }
+
+  /// Forgets the evictions before global step `step`: no checkpoint since an earlier step
+  /// will be asked for.
+  void forget_evictions_before(std::int64_t step) {
+    if (step <= evictions_since_) return;
+    std::erase_if(evicted_, [&](const auto& e) { return static_cast<std::int64_t>(e.second) < step; });
+    evictions_since_ = step;
   }
 
   /// Appends the ids admission is counting, each with its count and the step last pulled.
@@ -7563,16 +7919,37 @@ class EmbeddingTable {
     }
   }
 
-  /// While frozen (a checkpoint's cut reads rows by number), the max_rows cap evicts no row.
-  void freeze(bool frozen) noexcept { frozen_ = frozen; }
+  /// A checkpoint's cut begins: until end_cut, read_rows gives rows [0, size()) as they are
+  /// now, however training changes them meanwhile (an update copies a row aside the first
+  /// time it changes it: copy-on-write), and no row is evicted or renumbered (the max_rows
+  /// cap and evict_after_steps wait). So the ps trains on while the cut is read; the memory
+  /// it costs is the rows updated meanwhile.
+  void begin_cut() {
+    end_cut();
+    frozen_ = true;
+    cut_rows_ = rows_;
+  }
+  /// The cut has been read: what it kept aside goes.
+  void end_cut() noexcept {
+    frozen_ = false;
+    cut_rows_ = 0;
+    kept_at_.clear();
+    std::vector<float>().swap(kept_);
+    std::vector<std::uint32_t>().swap(kept_touched_);
+  }
+  /// Rows copied aside for the cut (updated since it began).
+  [[nodiscard]] std::size_t kept_for_cut() const noexcept { return kept_touched_.size(); }
 
-  /// Forgets every row and candidate: a restore follows.
-  void clear() noexcept {
+  /// Forgets every row and candidate: a restore at global step `step` follows (whose
+  /// evictions are logged from then on).
+  void clear(std::int64_t step) noexcept {
     chunks_.clear();
     index_.clear();
     rows_ = 0;
     candidates_.clear();
     scratch_rows_.clear();
+    evicted_.clear();
+    evictions_since_ = step;
   }
 
   /// Sets the row of `id` to `row` (stride() floats: values, then slots; or dim() floats:
@@ -7695,8 +8072,18 @@ class EmbeddingTable {
   /// Counts a pull of `id`, which has no row: true once it is admitted.
   bool admit(std::uint64_t id, std::int64_t step) {
     if (spec_.admit_after <= 1) return true;
-    if (spec_.max_rows > 0 && candidates_.size() >= spec_.max_rows && !candidates_.contains(id)) {
-      forget_oldest_candidates();
+    if (!candidates_.contains(id)) {
+      if (spec_.max_rows > 0 && candidates_.size() >= spec_.max_rows) forget_oldest_candidates();
+      if (headroom_ != nullptr && *headroom_ < kCandidateBytes) {
+        const std::size_t before = candidates_.size();
+        if (before > 0) forget_oldest_candidates();
+        *headroom_ += (before - candidates_.size()) * kCandidateBytes;
+        if (*headroom_ < kCandidateBytes) {
+          ++stats_.rows_capped;  // not even its count fits: it is not counted
+          return false;
+        }
+      }
+      if (headroom_ != nullptr) *headroom_ -= kCandidateBytes;
     }
     Candidate& c = candidates_[id];
     ++c.count;
@@ -7709,9 +8096,12 @@ class EmbeddingTable {
   /// step in progress may push, stay; none goes while rows are frozen for a cut).
   bool make_room(std::int64_t step) {
     const std::uint64_t cap = spec_.max_rows;
-    if (cap == 0 || rows_ < cap) return true;
+    auto fits = [&] {
+      return (cap == 0 || rows_ < cap) && (headroom_ == nullptr || *headroom_ >= budget_row_bytes());
+    };
+    if (fits()) return true;
     const std::uint32_t now = clamp_step(step);
-    if (!frozen_ && full_at_ != now) {  // one fruitless pass per step is enough
+    if (!frozen_ && full_at_ != now && rows_ > 0) {  // one fruitless pass per step is enough
       std::vector<std::uint32_t> steps(rows_);
       for (std::uint32_t row = 0; row < rows_; ++row) steps[row] = touched_step(row);
       const std::size_t k = std::max<std::size_t>(1, rows_ / 8) - 1;
@@ -7723,6 +8113,7 @@ class EmbeddingTable {
         for (std::uint32_t row = 0; row < rows_ && removed <= k;) {
           const std::uint32_t touched = touched_step(row);
           if (touched < now && (ties ? touched == oldest : touched < oldest)) {
+            log_eviction(id_of(row), now);
             erase(row);  // the last row moves here: look at this row again
             ++removed;
           } else {
@@ -7731,9 +8122,10 @@ class EmbeddingTable {
         }
       }
       stats_.rows_capped += removed;
+      if (headroom_ != nullptr) *headroom_ += removed * budget_row_bytes();
       if (removed == 0) full_at_ = now;
     }
-    if (rows_ < cap) return true;
+    if (fits()) return true;
     ++stats_.rows_capped;  // nothing could go: this row is not created
     return false;
   }
@@ -7755,8 +8147,11 @@ class EmbeddingTable {
     set_touched(row, 0);
     index_.insert(row, ids());  // (a failed allocation leaves the row unused)
     ++rows_;
+    if (headroom_ != nullptr) *headroom_ -= std::min(*headroom_, budget_row_bytes());
     ++stats_.rows_created;
-    if (spec_.admit_after > 1) candidates_.erase(id);  // admitted: its count is done
+    if (spec_.admit_after > 1 && candidates_.erase(id) > 0 && headroom_ != nullptr) {
+      *headroom_ += kCandidateBytes;  // admitted: its count is done
+    }
     return row;
   }
 
@@ -7769,6 +8164,39 @@ class EmbeddingTable {
     std::nth_element(last.begin(), middle, last.end());
     const std::uint32_t keep_after = *middle;
     std::erase_if(candidates_, [&](const auto& c) { return c.second.last <= keep_after; });
+  }
+
+  /// Copies `row` aside as the cut saw it, unless it was already.
+  void keep_for_cut(std::uint32_t row) {
+    const auto [it, fresh] = kept_at_.try_emplace(row, kept_touched_.size());
+    if (!fresh) return;
+    kept_.insert(kept_.end(), at(row), at(row) + stride_);
+    kept_touched_.push_back(touched_step(row));
+  }
+
+  /// Appends `row` as the cut saw it (its copy, if an update changed it since).
+  void read_row(std::uint32_t row, std::vector<std::uint64_t>& ids, std::vector<float>& rows,
+                std::vector<std::uint32_t>& touched) const {
+    ids.push_back(id_of(row));
+    if (!kept_at_.empty()) {
+      if (const auto it = kept_at_.find(row); it != kept_at_.end()) {
+        const float* from = kept_.data() + it->second * stride_;
+        rows.insert(rows.end(), from, from + stride_);
+        touched.push_back(kept_touched_[it->second]);
+        return;
+      }
+    }
+    rows.insert(rows.end(), at(row), at(row) + stride_);
+    touched.push_back(touched_step(row));
+  }
+
+  void log_eviction(std::uint64_t id, std::int64_t step) {
+    if (evicted_.size() >= kMaxEvictionLog) {  // too many to keep: a full checkpoint is next
+      evicted_.clear();
+      evictions_since_ = step + 1;
+      return;
+    }
+    evicted_.emplace_back(id, clamp_step(step));
   }
 
   /// Removes `row`: its index entry goes, and the last row moves into its place.
@@ -7794,8 +8222,15 @@ class EmbeddingTable {
   std::size_t rows_ = 0;
   std::unordered_map<std::uint64_t, Candidate> candidates_;
   TableStats stats_;
-  bool frozen_ = false;  ///< see freeze
+  std::uint64_t* headroom_ = nullptr;  ///< during a pull: the ps's table budget left (see pull)
+  bool frozen_ = false;  ///< a cut is being read: see begin_cut
+  std::size_t cut_rows_ = 0;  ///< rows at the cut
+  std::unordered_map<std::uint32_t, std::size_t> kept_at_;  ///< row → its copy, as the cut saw it
+  std::vector<float> kept_;                 ///< the copies, stride_ floats each
+  std::vector<std::uint32_t> kept_touched_;  ///< their last-touched steps
   std::uint32_t full_at_ = kNone;  ///< the step at which no row could go (the cap's scan waits)
+  std::vector<std::pair<std::uint64_t, std::uint32_t>> evicted_;  ///< id, step: see read_evicted
+  std::int64_t evictions_since_ = 0;
   std::vector<std::pair<std::uint32_t, std::size_t>> scratch_rows_;  ///< row, position in ids
   std::vector<float> scratch_;                                       ///< rows being updated
 };
@@ -7804,6 +8239,7 @@ class EmbeddingTable {
 // ---- end pulley/ps/embedding_table.hpp ----
 // ---- begin pulley/tables/tables.hpp ----
 
+#include <cstdint>
 #include <type_traits>
 
 // ---- begin pulley/tables/row_aggregation.hpp ----
@@ -7936,6 +8372,13 @@ struct Tables {
   [[no_unique_address]] O optimizer{};    ///< updates every table's rows
   [[no_unique_address]] I sharding{};     ///< which ps holds which row
   [[no_unique_address]] A aggregation{};  ///< what an update's pushed rows add up to
+  /// The bytes each ps's tables may hold, rows and admission counts (a row costs its
+  /// values, slots and a 16-byte header, plus 8 bytes of index; 0: no budget). A worker's
+  /// pull that would pass it first evicts the least recently touched eighth of the rows of
+  /// the table it creates a row in, as TableSpec::max_rows does; failing that, the row is
+  /// not created (it reads as its initial value, its pushes are dropped), counted in
+  /// Stats::table_rows_capped. No worker request grows a ps's tables past it.
+  std::uint64_t max_bytes = 0;
 };
 
 /// The table policy of a ParameterServer that serves no embedding tables: a model that
@@ -8018,7 +8461,7 @@ class TableShard {
     tables.reserve(specs.size());
     for (const TableSpec& spec : specs) {
       tables.push_back(Table{EmbeddingTable<Optimizer>(spec, policy_.optimizer, seed),
-                             policy_.aggregation.make_accumulator(spec.dim), 0, 0, false, 0, {}});
+                             policy_.aggregation.make_accumulator(spec.dim), 0, 0, false, 0, -1, {}, {}, {}});
     }
     tables_ = std::move(tables);
     task_ = task;
@@ -8086,11 +8529,19 @@ class TableShard {
     std::vector<std::vector<float>>& buffers = replies_[used_++];
     buffers.resize(request.tables.size());
     RowsReply answer{step, {}};
+    // The ps's budget for its tables (Tables::max_bytes) left, shared by the tables pulled.
+    std::uint64_t headroom = 0;
+    const std::uint64_t budget = max_bytes();
+    if (budget > 0 && create) {
+      std::uint64_t used = 0;
+      for (const Table& t : tables_) used += t.rows.budget_bytes();
+      headroom = budget - std::min(budget, used);
+    }
     for (std::size_t i = 0; i < request.tables.size(); ++i) {
       const TableRows& tr = request.tables[i];
       EmbeddingTable<Optimizer>& table = tables_[tr.table].rows;
       buffers[i].resize(tr.ids.size() * table.dim());
-      table.pull(tr.ids, buffers[i], step, create);
+      table.pull(tr.ids, buffers[i], step, create, budget > 0 && create ? &headroom : nullptr);
       answer.rows.emplace_back(buffers[i]);
       stats.bytes_pulled += static_cast<std::int64_t>(buffers[i].size() * sizeof(float));
     }
@@ -8159,25 +8610,51 @@ class TableShard {
 
   // ---- a checkpoint's cut and a restore ---------------------------------------------------
 
+  /// The global step from which this ps can say every row evicted: an incremental cut
+  /// since an earlier step would miss some (see mark_cut).
+  [[nodiscard]] std::int64_t evictions_since() const noexcept {
+    std::int64_t since = 0;
+    for (const Table& t : tables_) since = std::max(since, t.rows.evictions_since());
+    return since;
+  }
+
   /// The cut was read (the ps is paused): remembers each table's rows and admission counts
-  /// at this moment, which ReadRows then reads chunk by chunk.
-  void mark_cut() {
+  /// at this moment, which ReadRows then reads chunk by chunk, as they were then, whether
+  /// the ps stays paused or trains on (EmbeddingTable::begin_cut), until end_cut. With `since` ≥ 0 (an
+  /// incremental checkpoint, `since` ≥ evictions_since()), the rows are those touched at or
+  /// after global step `since`, with the ids evicted since; else every row. Evictions
+  /// before `forget_before` are forgotten first (no later cut will be since an earlier step).
+  void mark_cut(std::int64_t since = -1, std::int64_t forget_before = -1) {
     for (Table& t : tables_) {
+      if (forget_before > 0) t.rows.forget_evictions_before(forget_before);
       t.cut_rows = t.rows.size();
+      t.cut_selected.clear();
+      t.cut_evicted.clear();
+      t.cut_since = since;
+      if (since >= 0) {
+        t.rows.rows_touched_since(since, t.cut_selected);
+        t.rows.read_evicted(since, t.cut_evicted);
+      }
       t.cut_candidates = {};
       t.rows.read_candidates(t.cut_candidates.ids, t.cut_candidates.counts, t.cut_candidates.steps);
-      t.rows.freeze(true);  // pulls may add rows, but none is evicted until the pause ends
+      t.rows.begin_cut();  // read as it is now, while training goes on (copy-on-write)
     }
     cut_marked_ = true;
   }
-  /// The pause ended: what the cut remembered goes.
+  /// The cut has been read (or given up): what it remembered goes.
   void end_cut() noexcept {
     for (Table& t : tables_) {
       t.cut_candidates = {};
-      t.rows.freeze(false);
+      std::vector<std::uint32_t>().swap(t.cut_selected);
+      std::vector<std::uint64_t>().swap(t.cut_evicted);
+      t.cut_since = -1;
+      t.rows.end_cut();
     }
     cut_marked_ = false;
   }
+
+  /// A cut's rows are being read.
+  [[nodiscard]] bool cut_marked() const noexcept { return cut_marked_; }
 
   /// Why `r` cannot be read, or nullopt.
   [[nodiscard]] std::optional<ErrorReply> check(const ReadRows& r) const {
@@ -8186,14 +8663,23 @@ class TableShard {
     return std::nullopt;
   }
 
-  /// A chunk of the rows (or candidates) of `r.table` at the cut (`check`ed): rows
-  /// [r.begin, r.begin + n), n = min(r.max_rows, rows_per_chunk(stride), rows left), in a
-  /// buffer valid until `free_replies`.
+  /// A chunk of the rows (or candidates, or evicted ids) of `r.table` at the cut
+  /// (`check`ed): rows [r.begin, r.begin + n) of those the cut holds, n = min(r.max_rows,
+  /// rows_per_chunk(stride), rows left), in a buffer valid until `free_replies`.
   RowsChunk read(const ReadRows& r) {
     const Table& t = tables_[r.table];
     RowsChunk answer;
     answer.updates = t.updates;
+    answer.since = t.cut_since;
     for (const std::string_view name : policy_.optimizer.row_slot_names()) answer.slot_names.emplace_back(name);
+    if (r.evicted) {
+      const std::vector<std::uint64_t>& gone = t.cut_evicted;
+      answer.total = gone.size();
+      const std::size_t begin = std::min<std::size_t>(r.begin, gone.size());
+      const std::size_t n = std::min<std::size_t>({r.max_rows, kMaxCandidatesPerMessage, gone.size() - begin});
+      answer.ids.assign(gone.begin() + begin, gone.begin() + begin + n);
+      return answer;
+    }
     if (r.candidates) {
       const Candidates& c = t.cut_candidates;
       answer.total = c.ids.size();
@@ -8204,23 +8690,28 @@ class TableShard {
       answer.steps.assign(c.steps.begin() + begin, c.steps.begin() + begin + n);
       return answer;
     }
-    answer.total = t.cut_rows;
-    const std::size_t begin = std::min<std::size_t>(r.begin, t.cut_rows);
-    const std::size_t n = std::min<std::size_t>({r.max_rows, rows_per_chunk(t.rows.stride()), t.cut_rows - begin});
+    const bool selected = t.cut_since >= 0;
+    answer.total = selected ? t.cut_selected.size() : t.cut_rows;
+    const std::size_t begin = std::min<std::size_t>(r.begin, answer.total);
+    const std::size_t n = std::min<std::size_t>({r.max_rows, rows_per_chunk(t.rows.stride()), answer.total - begin});
     if (used_ == replies_.size()) replies_.emplace_back();
     std::vector<std::vector<float>>& buffers = replies_[used_++];
     buffers.resize(1);
     buffers[0].clear();
-    t.rows.read_rows(begin, n, answer.ids, buffers[0], answer.steps);
+    if (selected) {
+      t.rows.read_rows(std::span(t.cut_selected).subspan(begin, n), answer.ids, buffers[0], answer.steps);
+    } else {
+      t.rows.read_rows(begin, n, answer.ids, buffers[0], answer.steps);
+    }
     answer.rows = buffers[0];
     return answer;
   }
 
-  /// Empties every table for a restore: their rows follow (`restore`), or the tables start
-  /// afresh.
-  void begin_restore() noexcept {
+  /// Empties every table for a restore at global step `step`: their rows follow
+  /// (`restore`), or the tables start afresh.
+  void begin_restore(std::int64_t step) noexcept {
     for (Table& t : tables_) {
-      t.rows.clear();
+      t.rows.clear(step);
       policy_.aggregation.clear(t.accumulator);
       t.updates = 0;
       t.next_eviction = 0;
@@ -8313,10 +8804,22 @@ class TableShard {
     std::int64_t next_eviction = 0;
     bool prepared = false;  ///< its rows of the update being applied wait for commit
     std::size_t cut_rows = 0;       ///< rows held at the last cut
+    std::int64_t cut_since = -1;    ///< an incremental cut's step (-1: every row)
+    std::vector<std::uint32_t> cut_selected;  ///< an incremental cut's rows, by number
+    std::vector<std::uint64_t> cut_evicted;   ///< ids an incremental cut says went
     Candidates cut_candidates;      ///< admission counts at the last cut
   };
 
   static ErrorReply refuse(std::string message) { return ErrorReply{ErrorCode::kInvalidArgument, std::move(message)}; }
+
+  /// The policy's budget for this ps's tables (0: none); a policy without one has none.
+  [[nodiscard]] std::uint64_t max_bytes() const noexcept {
+    if constexpr (requires { policy_.max_bytes; }) {
+      return static_cast<std::uint64_t>(policy_.max_bytes);
+    } else {
+      return 0;
+    }
+  }
 
   T policy_;
   bool cut_marked_ = false;  ///< a cut was read and the pause goes on
@@ -8350,13 +8853,15 @@ class TableShard<NoTables> {
   [[nodiscard]] std::optional<std::string> prepare(std::int64_t) noexcept { return std::nullopt; }
   std::int64_t commit(std::int64_t) noexcept { return 0; }
   void clear() noexcept {}
-  void mark_cut() noexcept {}
+  [[nodiscard]] std::int64_t evictions_since() const noexcept { return 0; }
+  [[nodiscard]] bool cut_marked() const noexcept { return false; }
+  void mark_cut(std::int64_t = -1, std::int64_t = -1) noexcept {}
   void end_cut() noexcept {}
   [[nodiscard]] std::optional<ErrorReply> check(const ReadRows& r) const {
     return ErrorReply{ErrorCode::kInvalidArgument, "unknown table " + std::to_string(r.table) + " (the model has 0)"};
   }
   RowsChunk read(const ReadRows&) const { return {}; }
-  void begin_restore() noexcept {}
+  void begin_restore(std::int64_t) noexcept {}
   [[nodiscard]] std::optional<ErrorReply> check(const RestoreRows& r) const {
     if (r.ids.empty()) return std::nullopt;
     return ErrorReply{ErrorCode::kInvalidArgument, "unknown table " + std::to_string(r.table) + " (the model has 0)"};
@@ -9003,8 +9508,8 @@ class ParameterServer {
   void disconnected(const Node& node, std::uint64_t session) noexcept {
     if (end_) return;
     try {
-      if (node.role == Node::Role::kChief && cut_.paused_by(session)) {
-        log(LogLevel::kWarning, name_ + ": the chief left while it paused this ps: resuming");
+      if (node.role == Node::Role::kChief && (cut_.paused_by(session) || rows_cut_session_ == session)) {
+        log(LogLevel::kWarning, name_ + ": the chief left while it read a checkpoint's cut: resuming");
         changing_ = true;
         resume();
       } else if (node.role == Node::Role::kWorker) {
@@ -9281,7 +9786,7 @@ class ParameterServer {
 
   void pause(std::uint64_t session, Responder& reply) {
     PauseReply answer{pacing_.global_step(), registration_.epoch(), ledger_.taken(), {}, {},
-                      checkpoints_whole_state_v<O>};
+                      checkpoints_whole_state_v<O>, shard_.tables().evictions_since()};
     shard_.state_names(answer.slot_names, answer.counter_names);
     cut_.pause(session);
     respond(reply, std::move(answer));
@@ -9293,7 +9798,15 @@ class ParameterServer {
       return reject(reply, ErrorCode::kFailedPrecondition, "ReadState: this ps has taken more pushes of worker " +
                                                                std::to_string(*worker) + " than the cut");
     }
+    if (r.since >= 0 && r.since < shard_.tables().evictions_since()) {
+      return reject(reply, ErrorCode::kFailedPrecondition,
+                    "ReadState: rows changed since global step " + std::to_string(r.since) +
+                        ", but this ps knows its evictions from step " +
+                        std::to_string(shard_.tables().evictions_since()) + " on only");
+    }
     shard_.tables().end_cut();  // a cut read before is given up
+    cut_since_ = r.since;
+    cut_forget_before_ = r.forget_evictions_before;
     cut_.read_at(std::move(r.until), reply);
     advance_cut();
   }
@@ -9302,24 +9815,32 @@ class ParameterServer {
     cut_.advance(
         ledger_, [this](const Push& push, Responder& reply) { take(push, reply); },
         [this] {
-          shard_.tables().mark_cut();  // the rows at the cut, read next (ReadRows)
+          // The rows at the cut, read next (ReadRows).
+          shard_.tables().mark_cut(cut_since_, cut_forget_before_);
           return StateReply{pacing_.global_step(), pacing_.save(), shard_.read_state()};
         });
   }
 
   void on(ReadRows& r, const RequestContext&, Responder& reply) {
-    if (!cut_.paused()) return reject(reply, ErrorCode::kFailedPrecondition, "ReadRows without Pause");
+    if (!cut_.paused() && !shard_.tables().cut_marked()) {
+      return reject(reply, ErrorCode::kFailedPrecondition, "ReadRows without Pause");
+    }
     if (refused(reply, shard_.tables().check(r))) return;
     respond(reply, shard_.tables().read(r));
   }
 
-  void on(Resume&, const RequestContext&, Responder& reply) {
-    resume();
+  void on(Resume& r, const RequestContext& context, Responder& reply) {
+    if (r.keep_rows && cut_.paused_by(0) && shard_.tables().cut_marked()) rows_cut_session_ = context.session;
+    resume(r.keep_rows);
     respond(reply, Ack{});
   }
 
-  void resume() {
-    shard_.tables().end_cut();
+  /// Ends the pause; with `keep_rows`, the cut's rows stay readable while training goes on.
+  void resume(bool keep_rows = false) {
+    if (!keep_rows) {
+      shard_.tables().end_cut();
+      rows_cut_session_ = 0;
+    }
     cut_.resume([this](const Push& push, Responder& reply) { take(push, reply); });
   }
 
@@ -9335,7 +9856,8 @@ class ParameterServer {
     const std::int64_t step_before = registration_.ready() ? pacing_.global_step() : -1;
     const std::int64_t step = pacing_.policy().global_step(pacer);
     shard_.restore(by_part, pacing_.policy());
-    shard_.tables().begin_restore();
+    shard_.tables().begin_restore(step);
+    rows_cut_session_ = 0;
     if (shard_.tables().size() > 0 && !r.tables_follow) {
       log(LogLevel::kWarning, name_ + ": the restore holds no rows of the embedding tables: their rows start "
                                       "again from their initial values");
@@ -9496,6 +10018,9 @@ class ParameterServer {
   Update<O, P, T> update_;
   PushLedger ledger_;
   CheckpointCut cut_;
+  std::int64_t cut_since_ = -1;          ///< the cut read last: rows since (ReadState::since)
+  std::uint64_t rows_cut_session_ = 0;   ///< the chief's connection reading the cut's rows
+  std::int64_t cut_forget_before_ = -1;  ///< and evictions forgotten before
   Liveness liveness_;
   StepGate<Pull> pulls_;         ///< pulls waiting for their step
   StepGate<RowPull> row_pulls_;  ///< row pulls waiting for their step

@@ -1,19 +1,28 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# The CTR example end to end on a small data set, over TCP in sync mode and in-process in
-# async mode: each run must exit 0 and end with its final line, and the model must have
-# learned (held-out AUC within 0.05 of the planted model's own on that data).
+# The CTR example end to end on a small data set: as one process per task over TCP
+# (scripts/launch_local.sh) in sync mode, and in-process in sync and async mode. Each run
+# must exit 0 and end with its final line, and the model must have learned (held-out AUC
+# within 0.05 of the planted model's own on that data); sync R = N over TCP must end on
+# exactly the in-process figures.
 #   tests/scripts/ctr_small.sh BINARY DATA_DIR
 set -uo pipefail
 binary=$1
 data_dir=$2
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 failures=0
-run() {
-  local out rc line
-  out=$("$binary" --train-examples 200000 --test-examples 20000 --vocabulary 2000 --batch 64 \
-        --data-dir "$data_dir" "$@" 2>&1 </dev/null); rc=$?
+data=(--train-examples 200000 --test-examples 20000 --vocabulary 2000 --batch 64 --data-dir "$data_dir")
+run() {  # run LAUNCHER...: the launcher is "in-process" or a launch_local.sh command line
+  local out rc line how=$1
+  shift
+  if [ "$how" = in-process ]; then
+    out=$("$binary" "${data[@]}" "$@" 2>&1 </dev/null); rc=$?
+  else
+    out=$(bash "$root/scripts/launch_local.sh" --ps 2 --workers 2 --binary "$binary" -- "${data[@]}" "$@" 2>&1 </dev/null); rc=$?
+  fi
   echo "$out"
-  line=$(grep '^final: ' <<<"$out")
+  line=$(grep -o 'final: .*' <<<"$out")
+  last=$line
   if [ "$rc" -ne 0 ] || [ -z "$line" ]; then
     echo "FAIL: ctr $* -> rc=$rc, no final line" >&2
     failures=$((failures + 1))
@@ -26,6 +35,12 @@ run() {
     failures=$((failures + 1))
   fi
 }
-run --transport tcp --mode sync
-run --transport in-process --mode async
+run processes --mode sync
+tcp=$last
+run in-process --mode sync
+if [ "${tcp%% samples_per_s*}" != "${last%% samples_per_s*}" ]; then
+  echo "FAIL: sync R = N over TCP ended elsewhere than in-process: '$tcp' vs '$last'" >&2
+  failures=$((failures + 1))
+fi
+run in-process --mode async
 exit $((failures > 0))

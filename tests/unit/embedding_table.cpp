@@ -12,6 +12,7 @@
 #include <new>
 #include <random>
 #include <span>
+#include <tuple>
 #include <vector>
 
 #include "pulley/optimizers/adagrad.hpp"
@@ -225,11 +226,11 @@ TEST_CASE("max_rows: a full table evicts its least recently touched eighth, neve
   CHECK(pull(table, {999}, 9) == initial(spec(2), 999));
   CHECK(table.size() == 16);
   CHECK(table.stats().rows_capped == before + 1);
-  // Frozen for a cut, a full table evicts nothing.
-  table.freeze(true);
+  // While a cut is read, a full table evicts nothing.
+  table.begin_cut();
   CHECK(pull(table, {1000}, 12) == initial(spec(2), 1000));
   CHECK(table.size() == 16);
-  table.freeze(false);
+  table.end_cut();
   (void)pull(table, {1000}, 12);
   CHECK(table.size() <= 16);
 }
@@ -346,4 +347,49 @@ TEST_CASE("an admitted id's count is kept until its row exists") {
   (void)pull(table, {5});  // the second pull admits it
   CHECK(table.size() == 1);
   CHECK(table.stats().candidates == 0);
+}
+
+TEST_CASE("a cut reads the rows as they were when it began, while updates go on (copy-on-write), and evicts nothing") {
+  EmbeddingTable<Sgd> table(spec(2, 1, 3), Sgd{1.0F}, kSeed);
+  const std::vector<std::uint64_t> ids{1, 2, 3, 4};
+  (void)pull(table, ids, 1);
+  const std::vector<float> g(ids.size() * 2, 0.5F);
+  REQUIRE(table.apply(ids, g, 1, 1));
+  auto read = [&] {
+    std::vector<std::uint64_t> out_ids;
+    std::vector<float> rows;
+    std::vector<std::uint32_t> touched;
+    table.read_rows(0, table.size(), out_ids, rows, touched);
+    return std::tuple{out_ids, rows, touched};
+  };
+  const auto at_cut = read();
+  table.begin_cut();
+  // Updates while the cut is read: rows 1 and 3 twice, a new row 9.
+  const std::vector<std::uint64_t> some{1, 3};
+  const std::vector<float> g2(4, 1.0F);
+  REQUIRE(table.apply(some, g2, 2, 2));
+  REQUIRE(table.apply(some, g2, 3, 3));
+  (void)pull(table, {9}, 3);
+  CHECK(table.kept_for_cut() == 2);  // each changed row copied once
+  CHECK(table.evict(100) == 0);      // nothing goes during a cut, however idle
+  // The cut's rows [0, 4) read as at the cut, by range and by number.
+  std::vector<std::uint64_t> cut_ids;
+  std::vector<float> cut_rows;
+  std::vector<std::uint32_t> cut_touched;
+  table.read_rows(0, 4, cut_ids, cut_rows, cut_touched);
+  CHECK(std::tuple{cut_ids, cut_rows, cut_touched} == at_cut);
+  std::vector<std::uint64_t> one_id;
+  std::vector<float> one_row;
+  std::vector<std::uint32_t> one_touched;
+  const std::vector<std::uint32_t> numbers{2};
+  table.read_rows(std::span<const std::uint32_t>(numbers), one_id, one_row, one_touched);
+  CHECK(one_id == std::vector<std::uint64_t>{std::get<0>(at_cut)[2]});
+  CHECK(one_row == std::vector<float>(std::get<1>(at_cut).begin() + 4, std::get<1>(at_cut).begin() + 6));
+  // After the cut, the rows read as training left them, and eviction resumes.
+  table.end_cut();
+  CHECK(table.kept_for_cut() == 0);
+  const auto now = read();
+  CHECK(std::get<1>(now) != std::get<1>(at_cut));
+  CHECK(table.evict(100) == 5);  // rows 1 to 4 and 9
+  CHECK(table.size() == 0);
 }

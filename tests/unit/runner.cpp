@@ -329,6 +329,12 @@ TEST_CASE("a job resumed from its checkpoints ends where the uninterrupted one d
 }
 
 TEST_CASE("a job with embedding tables checkpoints its rows, and resumed from them ends where the uninterrupted one does") {
+  // Every checkpoint full, or every third one (those between incremental: a resume then
+  // applies them over the full one before).
+  std::int64_t full_every = 1;
+  SUBCASE("full checkpoints") { full_every = 1; }
+  SUBCASE("incremental checkpoints") { full_every = 3; }
+  CAPTURE(full_every);
   using pulley::testing::TableBatchOf;
   using pulley::testing::TinyTableModel;
   const auto batches = pulley::testing::table_batches(2 * 40, 8, 300, 6);
@@ -354,18 +360,34 @@ TEST_CASE("a job with embedding tables checkpoints its rows, and resumed from th
     training.checkpoint.directory = directory;
     training.checkpoint.save_steps = 10;
     training.checkpoint.keep = 0;
+    training.checkpoint.full_every = full_every;
     Job job;
     job.local_ps = 2;
     job.local_workers = 2;
     return run(job, training, RoundRobin{}, Adagrad{0.1F}, SyncReplicas(2, 2));
   };
-  const auto tmp = std::filesystem::temp_directory_path() / ("pulley-runner-tables-" + std::to_string(::getpid()));
+  const auto tmp = std::filesystem::temp_directory_path() /
+                   ("pulley-runner-tables-" + std::to_string(::getpid()) + "-" + std::to_string(full_every));
   std::filesystem::remove_all(tmp);
   REQUIRE(training_to(40, (tmp / "straight").string()) == 0);
   // The chief's last evaluation read the rows of the last checkpoint, absent ones as their
   // initial values from the checkpoint's table seed; an evaluator on the directory reads
   // the same from disk.
-  const ModelState last = checkpoint::read_checkpoint(tmp / "straight" / CheckpointDirectory::name_of(40));
+  const ModelState last = CheckpointDirectory::load(tmp / "straight" / CheckpointDirectory::name_of(40));
+  // With full_every 3, checkpoints 1, 2, 4, 5, ... (in order) hold only the rows changed
+  // since the one before; 0, 3, 6, ... all of them. (How many there are depends on how far
+  // the workers outrun the chief; step 0 and the last step always have one.)
+  {
+    auto all = CheckpointDirectory::list(tmp / "straight");  // newest first
+    std::reverse(all.begin(), all.end());
+    REQUIRE(all.size() >= 2);
+    for (std::size_t k = 0; k < all.size(); ++k) {
+      CAPTURE(k);
+      const ModelState head = checkpoint::read_checkpoint(all[k].second, false);
+      CHECK(head.incremental() == (k % static_cast<std::size_t>(full_every) != 0));
+      if (head.incremental()) CHECK(head.base_step == all[k - 1].first);
+    }
+  }
   std::vector<float> expected(ids.size() * TinyTableModel::kDim);
   CheckpointRows(last.tables.at(0), last.table_seed).lookup(ids, expected);
   CHECK(evaluated == expected);
@@ -389,10 +411,14 @@ TEST_CASE("a job with embedding tables checkpoints its rows, and resumed from th
   }
   CHECK(evaluated == expected);
   REQUIRE(training_to(20, (tmp / "resumed").string()) == 0);
+  // With full_every 3 the job resumes from an incremental checkpoint (step 20 is at least
+  // the second), applied over the full one before it.
+  CHECK(checkpoint::read_checkpoint(tmp / "resumed" / CheckpointDirectory::name_of(20), false).incremental() ==
+        (full_every == 3));
   REQUIRE(training_to(40, (tmp / "resumed").string()) == 0);
   // Each table as id → (values and slots, last touched): the order of rows is the ps's own.
   auto rows_at = [&](const char* run, std::int64_t step) {
-    const ModelState state = checkpoint::read_checkpoint(tmp / run / CheckpointDirectory::name_of(step));
+    const ModelState state = CheckpointDirectory::load(tmp / run / CheckpointDirectory::name_of(step));
     REQUIRE(state.tables.size() == 1);
     const TableState& t = state.tables[0];
     std::map<std::uint64_t, std::pair<std::vector<float>, std::uint32_t>> rows;

@@ -17,10 +17,12 @@
 #include <tuple>
 #include <vector>
 
+#include "pulley/checkpoint/delta.hpp"
 #include "pulley/checkpoint/directory.hpp"
 #include "pulley/checkpoint/inspect.hpp"
 #include "pulley/checkpoint/rows.hpp"
 #include "pulley/client/chief.hpp"
+#include "pulley/client/evaluator.hpp"
 #include "pulley/client/worker.hpp"
 #include "pulley/optimizers/adagrad.hpp"
 #include "pulley/ps/parameter_server.hpp"
@@ -49,12 +51,12 @@ const std::vector<TableBatchOf>& batches() {
 }
 
 /// Two workers train from step `from` to `to` (sync R = N = 2; worker w's batch of step k
-/// is batches()[2k + w]).
-void train(Sync& cluster, std::int64_t from, std::int64_t to) {
+/// is batches()[2k + w]), their model's table of `spec`.
+void train(Sync& cluster, std::int64_t from, std::int64_t to, const TableSpec& spec = kSpec) {
   std::vector<std::thread> workers;
   for (std::uint32_t w = 0; w < 2; ++w) {
     workers.emplace_back([&, w] {
-      Worker worker(w, TinyTableModel(kSpec), cluster.endpoint(Node::worker(w)));
+      Worker worker(w, TinyTableModel(spec), cluster.endpoint(Node::worker(w)));
       worker.wait_ready();
       for (std::int64_t k = from; worker.step(batches()[static_cast<std::size_t>(k * 2 + w)], to); ++k) {
       }
@@ -127,12 +129,15 @@ TEST_CASE("a checkpoint holds every row with its slots, steps and admission coun
   for (const Stats& s : chief.stats()) held += s.table_rows;
   CHECK(static_cast<std::int64_t>(t.ids.size()) == held);
   CHECK_FALSE(t.candidate_ids.empty());  // ids pulled once: admission is counting them
-  // The rows' values are what a read of the ps tasks gives.
+  // The rows' values are what a read of the ps tasks gives, the chief's or an evaluator's.
   const std::vector<float> read = chief.read_rows("emb", t.ids);
   for (std::size_t i = 0; i < t.ids.size(); ++i) {
     for (std::size_t k = 0; k < kSpec.dim; ++k) CHECK(t.rows[i * t.stride() + k] == read[i * kSpec.dim + k]);
     CHECK(t.touched[i] <= 10);
   }
+  Evaluator evaluator(cluster.endpoint(Node{Node::Role::kEvaluator, 0}));
+  evaluator.wait_ready(shape.variables());
+  CHECK(evaluator.read_rows("emb", t.ids) == read);
   chief.shutdown();
 }
 
@@ -342,7 +347,7 @@ TEST_CASE("a checkpoint's rows are looked up by id without a cluster, absent one
   CHECK_THROWS_WITH_AS(CheckpointRows(twice, kSeed), doctest::Contains("twice"), Error);
 }
 
-TEST_CASE("a checkpoint of format version 1 (no tables) still reads") {
+TEST_CASE("checkpoints of format versions 1 (no tables) and 2 (no incremental ones) still read") {
   ModelState state;
   state.global_step = 3;
   state.pacer = {3};
@@ -350,22 +355,134 @@ TEST_CASE("a checkpoint of format version 1 (no tables) still reads") {
   TempDir tmp;
   const auto dir = tmp.path / "ckpt";
   checkpoint::write_checkpoint(dir, state);
-  // Make it version 1: the version field, and no table count before the CRC.
-  std::string index;
+  std::string written;
   {
     std::ifstream in(dir / "index", std::ios::binary);
-    index.assign(std::istreambuf_iterator<char>(in), {});
+    written.assign(std::istreambuf_iterator<char>(in), {});
   }
-  const std::uint32_t one = 1;
-  std::memcpy(index.data() + 8, &one, 4);
-  index.resize(index.size() - 16);  // the CRC, the table count (0) and the tables' seed
-  const std::uint32_t crc = checkpoint::crc32c(std::as_bytes(std::span(index.data(), index.size())));
-  index.append(reinterpret_cast<const char*>(&crc), 4);
-  {
-    std::ofstream out(dir / "index", std::ios::binary | std::ios::trunc);
-    out.write(index.data(), static_cast<std::streamsize>(index.size()));
+  // Make it version `version`: the version field, and the index's tail of the fields it
+  // did not have cut (the CRC, then the base step; the table count and the tables' seed).
+  for (const auto& [version, cut] : {std::pair<std::uint32_t, std::size_t>{2, 12}, {1, 24}}) {
+    CAPTURE(version);
+    std::string index = written;
+    std::memcpy(index.data() + 8, &version, 4);
+    index.resize(index.size() - cut);
+    const std::uint32_t crc = checkpoint::crc32c(std::as_bytes(std::span(index.data(), index.size())));
+    index.append(reinterpret_cast<const char*>(&crc), 4);
+    {
+      std::ofstream out(dir / "index", std::ios::binary | std::ios::trunc);
+      out.write(index.data(), static_cast<std::streamsize>(index.size()));
+    }
+    CHECK(checkpoint::read_checkpoint(dir) == state);
   }
-  CHECK(checkpoint::read_checkpoint(dir) == state);
+}
+
+TEST_CASE("an incremental checkpoint holds the rows touched since its base and the ids evicted since, and over its base it is the full state") {
+  // Rows kept for ever, rows evicted 3 steps after their last touch, rows capped at 40 per
+  // ps (the least recently touched evicted): each way, the chain full(8) + delta(16) +
+  // delta(24) must give exactly the full state of step 24.
+  TableSpec spec = kSpec;
+  SUBCASE("no eviction") {}
+  SUBCASE("evict_after_steps") { spec.evict_after_steps = 3; }
+  SUBCASE("max_rows") { spec.max_rows = 40; }
+  CAPTURE(spec.evict_after_steps);
+  CAPTURE(spec.max_rows);
+  Sync cluster(2, Adagrad{0.1F}, SyncReplicas(2, 2));
+  Chief chief(cluster.endpoint(Node::chief()), kSeed);
+  const TinyTableModel shape(spec);
+  chief.initialize(shape.variables(), shape.tables());
+  // (Workers that stopped at a step keep its sync tokens: each phase starts with a restore
+  // of where the last ended, which a delta since that step may follow.)
+  train(cluster, 0, 8, spec);
+  const ModelState full8 = chief.save_state();
+  chief.restore(full8);
+  train(cluster, 8, 16, spec);
+  const ModelState delta16 = chief.save_state(CutRows{8, 8});
+  const ModelState full16 = chief.save_state();
+  chief.restore(full16);
+  train(cluster, 16, kSteps, spec);
+  const ModelState delta24 = chief.save_state(CutRows{16, 16});
+  const ModelState full24 = chief.save_state();
+  REQUIRE(delta16.incremental());
+  CHECK(delta16.base_step == 8);
+  CHECK_FALSE(full16.incremental());
+  // The delta holds exactly the rows the full state says were touched since step 8, with
+  // the same values; the others are not in it.
+  const TableState& d = delta16.tables.at(0);
+  const TableState& f = full16.tables.at(0);
+  std::size_t touched_since = 0;
+  for (const std::uint32_t step : f.touched) touched_since += step >= 8 ? 1 : 0;
+  CHECK(d.ids.size() == touched_since);
+  for (const std::uint32_t step : d.touched) CHECK(step >= 8);
+  if (spec.evict_after_steps == 0 && spec.max_rows == 0) {
+    CHECK(d.ids.size() < f.ids.size());  // rows untouched since step 8 stay out
+    CHECK(d.evicted.empty());
+  } else {
+    CHECK_FALSE(delta24.tables.at(0).evicted.empty());  // rows went, and the delta says which
+  }
+  CHECK(d.candidate_ids.size() == f.candidate_ids.size());  // admission counts are whole
+  // Applied over their bases, the deltas give the full states, evicted rows gone.
+  ModelState state = full8;
+  apply_delta(state, delta16);
+  CHECK_FALSE(state.incremental());
+  check_same(state, full16);
+  apply_delta(state, delta24);
+  check_same(state, full24);
+  // Over the wrong base, refused.
+  ModelState wrong = full8;
+  CHECK_THROWS_AS(apply_delta(wrong, delta24), Error);
+  CHECK(wrong == full8);
+  // A ps restored (a rollback) knows its evictions from the restored step on only: a delta
+  // since an earlier step is taken as a full checkpoint instead.
+  chief.restore(full16);
+  const ModelState after = chief.save_state(CutRows{8, 8});
+  CHECK_FALSE(after.incremental());
+  check_same(after, full16);
+  // Restoring a delta on its own is refused: it lacks the rows it did not change.
+  CHECK_THROWS_AS(chief.restore(delta24), Error);
+  chief.shutdown();
+}
+
+TEST_CASE("on disk: an incremental chain is loaded over its full checkpoint, keep keeps what a kept one needs, a missing base is skipped") {
+  Sync cluster(2, Adagrad{0.1F}, SyncReplicas(2, 2));
+  Chief chief(cluster.endpoint(Node::chief()), kSeed);
+  TableSpec spec = kSpec;
+  spec.evict_after_steps = 3;
+  const TinyTableModel shape(spec);
+  chief.initialize(shape.variables(), shape.tables());
+  TempDir tmp;
+  CheckpointDirectory dir(tmp.path, 2);
+  train(cluster, 0, 8, spec);
+  chief.restore(chief.save_state());  // (see above: the next workers need the tokens)
+  dir.save(chief.save_state());
+  train(cluster, 8, 16, spec);
+  dir.save(chief.save_state(CutRows{8, 8}));
+  const ModelState full16 = chief.save_state();
+  chief.restore(full16);
+  train(cluster, 16, kSteps, spec);
+  const auto path24 = dir.save(chief.save_state(CutRows{16, 16}));
+  const ModelState full24 = chief.save_state();
+  chief.shutdown();
+  // keep = 2 keeps 24 and 16, and 8, which they need.
+  CHECK(dir.list().size() == 3);
+  const auto latest = dir.latest();
+  REQUIRE(latest.has_value());
+  CHECK(latest->second == path24);
+  check_same(latest->first, full24);
+  CHECK(checkpoint::read_checkpoint(path24, false).incremental());
+  const std::string listed = checkpoint::describe(path24);
+  CHECK(listed.find("(incremental: the tables' rows changed since global step 16)") != std::string::npos);
+  CHECK(listed.find(" rows changed, ") != std::string::npos);
+  // An evaluator holding step 16 reads the delta of 24 only; one holding nothing, the chain.
+  ModelState held = full16;
+  CheckpointDirectory::load_into(path24, held);
+  check_same(held, full24);
+  // The base of 24 gone: 24 cannot be read whole, and the newest that can (8) is taken.
+  std::filesystem::remove_all(tmp.path / CheckpointDirectory::name_of(16));
+  CHECK_THROWS_WITH_AS(CheckpointDirectory::load(path24), doctest::Contains("whose checkpoint is gone"), Error);
+  const auto fallback = dir.latest();
+  REQUIRE(fallback.has_value());
+  CHECK(fallback->first.global_step == 8);
 }
 
 namespace {
@@ -421,4 +538,45 @@ TEST_CASE("a ps refuses rows read outside a cut, rows restored outside a restore
   CHECK(ready.has_value());
   const auto pulled = std::get<RowsReply>(ask(ps, PullRows{0, 1, {{0, {id}, {}}}}, worker));
   CHECK(std::vector<float>(pulled.rows.at(0).begin(), pulled.rows.at(0).end()) == std::vector<float>{7, 8, 9});
+}
+
+TEST_CASE("the cut's rows read as they were at the cut while training goes on, until the chief ends the cut or leaves") {
+  Server ps(0, 1, Adagrad{0.1F}, SyncReplicas(1, 1));
+  const Node chief = Node::chief(), worker = Node::worker(0);
+  const TableSpec spec{"emb", 3, Initializer::uniform(0.5F)};  // rows created at first pull
+  ask(ps, Register{{{"w", {2}, {}}}, {spec}, kSeed}, chief);
+  ask(ps, Initialize{{{0, std::vector<float>{0, 0}}}}, chief);
+  const std::uint64_t id = mix_id(3);
+  auto step = [&](std::int64_t k) {  // one sync step of worker 0: the row goes down
+    REQUIRE(std::holds_alternative<TokenReply>(ask(ps, TakeToken{0}, worker)));
+    REQUIRE(std::holds_alternative<RowsReply>(ask(ps, PullRows{k, 0, {{0, {id}, {}}}}, worker)));
+    const std::vector<float> g{1, 1}, rows{1, 1, 1};
+    REQUIRE(std::holds_alternative<PushReply>(ask(ps, Push{0, k, {{0, g}}, 0, 0, {{0, {id}, rows}}}, worker)));
+  };
+  auto read_rows = [&](std::uint64_t session = 1) {
+    const Response r = ask(ps, ReadRows{0, 0, 10, false}, chief, session);
+    if (!std::holds_alternative<RowsChunk>(r)) return std::vector<float>{};
+    const auto& chunk = std::get<RowsChunk>(r);
+    return std::vector<float>(chunk.rows.begin(), chunk.rows.end());
+  };
+  step(0);
+  ask(ps, Pause{}, chief);
+  REQUIRE(std::holds_alternative<StateReply>(ask(ps, ReadState{{1}}, chief)));
+  const std::vector<float> at_cut = read_rows();
+  REQUIRE(at_cut.size() == 6);  // the row's values and its accumulator
+  REQUIRE(std::holds_alternative<Ack>(ask(ps, Resume{true}, chief)));
+  step(1);  // training went on: the row changed...
+  CHECK(read_rows() == at_cut);  // ...and the cut still reads it as it was
+  REQUIRE(std::holds_alternative<Ack>(ask(ps, Resume{}, chief)));
+  CHECK(read_rows().empty());  // the cut is over: ReadRows refused
+  // A chief that leaves while it reads the rows ends the cut too.
+  ask(ps, Pause{}, chief, 5);
+  REQUIRE(std::holds_alternative<StateReply>(ask(ps, ReadState{{2}}, chief, 5)));
+  REQUIRE(std::holds_alternative<Ack>(ask(ps, Resume{true}, chief, 5)));
+  const std::vector<float> second = read_rows(5);
+  CHECK(second != at_cut);
+  step(2);
+  CHECK(read_rows(5) == second);
+  ps.disconnected(chief, 5);
+  CHECK(read_rows(5).empty());
 }

@@ -140,3 +140,43 @@ TEST_CASE("a worker pulling fresh ids without end cannot grow a table past its m
   CHECK(s.table_rows == 1000);
   CHECK(s.table_rows_capped == static_cast<std::int64_t>(4 * kMaxIdsPerMessage - 1000));
 }
+
+TEST_CASE("a ps's tables stay within its byte budget (Tables::max_bytes), shared by its tables, whatever workers pull") {
+  // Two tables of dim 2 (Sgd: no slots): a row costs a 16-byte header, 2 floats and 8 bytes
+  // of index = 32 bytes; with admission, each id counted costs 48.
+  const std::vector<TableSpec> tables{{"ta", 2, Initializer::constant(0.5F)}, {"tb", 2, Initializer::constant(0.5F), 3}};
+  constexpr std::uint64_t kBudget = 32 * 1000;
+  Server ps(0, 1, Sgd{4.0F}, Async{}, RoundRobin{}, Tables<Sgd>{Sgd{4.0F}, {}, {}, kBudget});
+  REQUIRE(std::holds_alternative<PlacementReply>(call(ps, Register{kModel, tables, 7}, Node::chief())));
+  REQUIRE(std::holds_alternative<Ack>(call(ps, Initialize{{{0, kZero}}}, Node::chief())));
+  auto bytes = [&] {  // rows and admission counts held, as the budget counts them
+    const Stats s = ps.stats();
+    std::int64_t counted = 0;
+    for (const TableStats& t : ps.table_stats()) counted += static_cast<std::int64_t>(t.candidates);
+    return static_cast<std::uint64_t>(s.table_rows) * 32 + static_cast<std::uint64_t>(counted) * 48;
+  };
+  // A flood of fresh ids into table ta: it stops at the budget, the rest read as new.
+  std::uint64_t next = 1;
+  for (int request = 0; request < 3; ++request) {
+    std::vector<std::uint64_t> ids(2000);
+    for (std::uint64_t& id : ids) id = next++;
+    const Response r = call(ps, PullRows{0, 0, {{0, ids, {}}}});
+    REQUIRE(std::holds_alternative<RowsReply>(r));
+    CHECK(bytes() <= kBudget);
+  }
+  CHECK(ps.stats().table_rows > 800);  // it filled up (evicting an eighth at a time)...
+  CHECK(ps.stats().table_rows_capped > 0);  // ...and then made room or refused rows, counted
+  // Table tb's admission counts share the budget: counting fresh ids evicts its own or
+  // is refused, never passes it.
+  for (int request = 0; request < 3; ++request) {
+    std::vector<std::uint64_t> ids(2000);
+    for (std::uint64_t& id : ids) id = next++;
+    REQUIRE(std::holds_alternative<RowsReply>(call(ps, PullRows{0, 0, {{1, ids, {}}}})));
+    CHECK(bytes() <= kBudget);
+  }
+  // A reader creates nothing, budget or not.
+  const std::vector<std::uint64_t> fresh{next + 1, next + 2};
+  const auto before = ps.stats().table_rows;
+  REQUIRE(std::holds_alternative<RowsReply>(call(ps, PullRows{0, 0, {{0, fresh, {}}}}, Node::chief())));
+  CHECK(ps.stats().table_rows == before);
+}

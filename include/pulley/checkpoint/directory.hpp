@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "pulley/checkpoint/delta.hpp"
 #include "pulley/checkpoint/format.hpp"
 #include "pulley/checkpoint/model_state.hpp"
 #include "pulley/core/error.hpp"
@@ -22,6 +23,11 @@ namespace pulley {
 
 /// A directory of checkpoints, as the chief writes them and a restarted job or an evaluator
 /// reads them: `ckpt-<global step>/` each (checkpoint/format.hpp), the last `keep` kept.
+///
+/// A checkpoint may be incremental (ModelState::base_step): its tables hold the rows changed
+/// since the checkpoint of its base step, which it needs. `load` and `latest` read the
+/// newest full checkpoint of its chain and apply the incremental ones after it, and `keep`
+/// keeps every checkpoint a kept one needs.
 ///
 /// A checkpoint is written whole or not at all: into a temporary directory (`.tmp-...`),
 /// its files flushed to the disk, then renamed to its name and the parent flushed. A crash
@@ -99,18 +105,69 @@ class CheckpointDirectory {
     return found;
   }
 
-  /// The newest checkpoint that reads back whole (every CRC checked), and where it is; any
-  /// newer one that does not is logged and skipped. nullopt when there is none.
+  /// The newest checkpoint that reads back whole (every CRC checked, an incremental one with
+  /// the checkpoints it needs), and where it is; any newer one that does not is logged and
+  /// skipped. nullopt when there is none.
   [[nodiscard]] std::optional<std::pair<ModelState, std::filesystem::path>> latest() const {
     for (const auto& [step, path] : list()) {
       try {
-        return std::pair{checkpoint::read_checkpoint(path), path};
+        return std::pair{load(path), path};
       } catch (const Error& e) {
         log(LogLevel::kWarning, "skipping checkpoint " + path.string() + ": " + e.what());
       }
     }
     return std::nullopt;
   }
+
+  /// The whole state the checkpoint in `path` holds: read, and if it is incremental, applied
+  /// over the whole state of its base, found beside it (`apply_delta`), back to a full
+  /// checkpoint. Throws kDataLoss when any of them does not read back whole or is missing.
+  static ModelState load(const std::filesystem::path& path) {
+    ModelState state;
+    load_into(path, state);
+    return state;
+  }
+
+  /// As load, into `state`; when `state` already holds the whole state of the checkpoint's
+  /// base (an evaluator that reads checkpoints in order), only the checkpoint itself is
+  /// read. On an error `state` is left valid but unspecified.
+  static void load_into(const std::filesystem::path& path, ModelState& state) {
+    // The chain, newest first: each checkpoint's base until a full one (or `state`'s step).
+    std::vector<std::filesystem::path> chain{path};
+    const bool have = !state.incremental() && !state.variables.empty();
+    for (;;) {
+      const ModelState head = checkpoint::read_checkpoint(chain.back(), false);
+      if (!head.incremental() || (have && head.base_step == state.global_step)) break;
+      if (chain.size() > kMaxChain) {
+        throw Error(ErrorCode::kDataLoss, "checkpoint " + path.string() + ": more than " +
+                                              std::to_string(kMaxChain) + " incremental checkpoints in a row");
+      }
+      const std::filesystem::path base = path.parent_path() / name_of(head.base_step);
+      std::error_code ec;
+      if (!std::filesystem::exists(base, ec)) {
+        throw Error(ErrorCode::kDataLoss, "checkpoint " + chain.back().string() +
+                                              " is incremental over global step " +
+                                              std::to_string(head.base_step) + ", whose checkpoint is gone");
+      }
+      chain.push_back(base);
+    }
+    const ModelState first = checkpoint::read_checkpoint(chain.back(), false);
+    if (!first.incremental()) {
+      checkpoint::read_checkpoint_into(chain.back(), state);
+      chain.pop_back();
+    }
+    for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+      ModelState delta = checkpoint::read_checkpoint(*it);
+      try {
+        apply_delta(state, std::move(delta));
+      } catch (const Error& e) {
+        throw Error(ErrorCode::kDataLoss, "checkpoint " + it->string() + ": " + e.what());
+      }
+    }
+  }
+
+  /// The most incremental checkpoints in a row `load` follows.
+  static constexpr std::size_t kMaxChain = 10000;
 
  private:
   /// What a save cut short left behind.
@@ -123,11 +180,25 @@ class CheckpointDirectory {
     for (const auto& path : stale) std::filesystem::remove_all(path, ec);
   }
 
+  /// Removes all but the newest `keep` checkpoints and those they need (an incremental
+  /// checkpoint's base, back to a full one).
   void prune() {
     if (keep_ == 0) return;
-    const auto all = list();
-    std::error_code ec;
-    for (std::size_t i = keep_; i < all.size(); ++i) std::filesystem::remove_all(all[i].second, ec);
+    const auto all = list();  // newest first
+    std::vector<std::int64_t> needed;
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      const bool kept = i < keep_ || std::find(needed.begin(), needed.end(), all[i].first) != needed.end();
+      if (!kept) {
+        std::error_code ec;
+        std::filesystem::remove_all(all[i].second, ec);
+        continue;
+      }
+      try {
+        const ModelState head = checkpoint::read_checkpoint(all[i].second, false);
+        if (head.incremental()) needed.push_back(head.base_step);
+      } catch (const Error&) {  // unreadable: it needs nothing
+      }
+    }
   }
 
   std::filesystem::path root_;

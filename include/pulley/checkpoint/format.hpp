@@ -11,10 +11,11 @@
 ///          policy's state, and per variable its name, shape, initializer, where each of its
 ///          tensors lies in `data` with its CRC-32C, its slot names and its counters by part;
 ///          then (version 2) the tables' seed, per table its spec, slot names, update
-///          counts, and where each chunk of its arrays lies with its CRC-32C; last, the
-///          CRC-32C of everything before it
+///          counts, and where each chunk of its arrays lies with its CRC-32C; (version 3)
+///          the base step of an incremental checkpoint (-1: a full one) and per table the
+///          ids evicted since it; last, the CRC-32C of everything before it
 ///
-/// Version 1 (pulley 0.2, no tables) still reads.
+/// Versions 1 (pulley 0.2, no tables) and 2 (tables, no incremental checkpoints) still read.
 ///
 /// `write_checkpoint` writes both files and flushes them to the disk (fsync) before it
 /// returns; `read_checkpoint` checks every length against what is left and every CRC, and
@@ -51,7 +52,7 @@ static_assert(std::endian::native == std::endian::little,
 namespace pulley::checkpoint {
 
 inline constexpr char kMagic[8] = {'P', 'U', 'L', 'L', 'E', 'Y', 'C', 'K'};
-inline constexpr std::uint32_t kFormatVersion = 2;  ///< bumped on any incompatible change
+inline constexpr std::uint32_t kFormatVersion = 3;  ///< bumped on any incompatible change
 inline constexpr std::uint32_t kOldestVersion = 1;  ///< the oldest version read
 inline constexpr std::size_t kChunkBytes = std::size_t{64} << 20U;  ///< of a table's arrays
 inline constexpr std::size_t kAlignment = 64;       ///< of each tensor in the data file
@@ -287,6 +288,7 @@ inline void write_checkpoint(const std::filesystem::path& dir, const ModelState&
     };
     index.put(static_cast<std::uint32_t>(state.tables.size()));
     index.put(state.table_seed);
+    index.put(state.base_step);
     for (const TableState& t : state.tables) {
       index.put(std::string_view(t.spec.name));
       index.put(static_cast<std::uint64_t>(t.spec.dim));
@@ -301,12 +303,14 @@ inline void write_checkpoint(const std::filesystem::path& dir, const ModelState&
       for (const std::int64_t u : t.updates) index.put(u);
       index.put(static_cast<std::uint64_t>(t.ids.size()));
       index.put(static_cast<std::uint64_t>(t.candidate_ids.size()));
+      index.put(static_cast<std::uint64_t>(t.evicted.size()));
       put_array(std::as_bytes(std::span(t.ids)));
       put_array(std::as_bytes(std::span(t.rows)));
       put_array(std::as_bytes(std::span(t.touched)));
       put_array(std::as_bytes(std::span(t.candidate_ids)));
       put_array(std::as_bytes(std::span(t.candidate_counts)));
       put_array(std::as_bytes(std::span(t.candidate_steps)));
+      put_array(std::as_bytes(std::span(t.evicted)));
     }
     data.sync();
   }
@@ -384,8 +388,8 @@ class TensorPool {
   std::vector<Entry> tensors_;
 };
 
-/// `table_rows`, if given, gets each table's row count from the index (read with or without
-/// the values).
+/// `table_rows`, if given, gets each table's row count and then its count of evicted ids
+/// from the index (read with or without the values): two numbers per table.
 inline ModelState read_checkpoint(const std::filesystem::path& dir, bool values, ModelState* reuse,
                                   std::vector<std::uint64_t>* table_rows = nullptr);
 
@@ -476,11 +480,19 @@ inline ModelState detail::read_checkpoint(const std::filesystem::path& dir, bool
     std::string what;
   };
   std::vector<PendingArray> arrays;
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> counts;  // per table: rows, candidates
+  struct Counts {
+    std::uint64_t rows, candidates, evicted;
+  };
+  std::vector<Counts> counts;  // per table
   std::uint64_t array_bytes = 0;                                 // of every table, in all
   if (version >= 2) {
     const std::uint32_t num_tables = in.get_count(40);
     state.table_seed = in.get<std::uint64_t>();
+    if (version >= 3) state.base_step = in.get<std::int64_t>();
+    if (state.base_step < -1 || (state.base_step >= 0 && state.base_step >= state.global_step)) {
+      in.bad("an incremental checkpoint over global step " + std::to_string(state.base_step) +
+             ", not before its own " + std::to_string(state.global_step));
+    }
     state.tables.resize(num_tables);
     for (TableState& t : state.tables) {
       t.spec.name = in.get_string();
@@ -494,8 +506,9 @@ inline ModelState detail::read_checkpoint(const std::filesystem::path& dir, bool
       for (std::uint32_t k = 0, n = in.get_count(8); k < n; ++k) t.updates.push_back(in.get<std::int64_t>());
       const auto rows = in.get<std::uint64_t>();
       const auto candidates = in.get<std::uint64_t>();
-      if (table_rows != nullptr) table_rows->push_back(rows);
-      counts.emplace_back(rows, candidates);
+      const std::uint64_t evicted = version >= 3 ? in.get<std::uint64_t>() : 0;
+      if (table_rows != nullptr) table_rows->insert(table_rows->end(), {rows, evicted});
+      counts.push_back({rows, candidates, evicted});
       if (t.spec.dim == 0 || t.spec.dim > (std::size_t{1} << 16U) || t.slot_names.size() > 64) {
         in.bad("table '" + t.spec.name + "' has dim " + std::to_string(t.spec.dim) + " and " +
                std::to_string(t.slot_names.size()) + " slots");
@@ -527,6 +540,7 @@ inline ModelState detail::read_checkpoint(const std::filesystem::path& dir, bool
       array(candidates, 8, "candidate ids");
       array(candidates, 4, "candidate counts");
       array(candidates, 4, "candidate steps");
+      if (version >= 3) array(evicted, 8, "evicted ids");
     }
   }
   if (in.left() != 0) in.bad("bytes after the last table");
@@ -581,12 +595,13 @@ inline ModelState detail::read_checkpoint(const std::filesystem::path& dir, bool
         vector.resize(n);
         return std::as_writable_bytes(std::span(vector));
       };
-      const auto [n_rows, n_candidates] = counts[static_cast<std::size_t>(&t - state.tables.data())];
-      const std::span<std::byte> into[6] = {
-          bytes_of(t.ids, n_rows),           bytes_of(t.rows, n_rows * t.stride()),
-          bytes_of(t.touched, n_rows),       bytes_of(t.candidate_ids, n_candidates),
-          bytes_of(t.candidate_counts, n_candidates), bytes_of(t.candidate_steps, n_candidates)};
-      for (const std::span<std::byte> target : into) {
+      const Counts& n = counts[static_cast<std::size_t>(&t - state.tables.data())];
+      const std::span<std::byte> into[7] = {
+          bytes_of(t.ids, n.rows),           bytes_of(t.rows, n.rows * t.stride()),
+          bytes_of(t.touched, n.rows),       bytes_of(t.candidate_ids, n.candidates),
+          bytes_of(t.candidate_counts, n.candidates), bytes_of(t.candidate_steps, n.candidates),
+          bytes_of(t.evicted, n.evicted)};
+      for (const std::span<std::byte> target : std::span(into).first(version >= 3 ? 7 : 6)) {
         const PendingArray& a = arrays[k++];
         std::size_t at = 0;
         for (const detail::TensorRef& c : a.chunks) {

@@ -19,7 +19,11 @@ inline std::string describe(const std::filesystem::path& dir, bool statistics = 
   std::vector<std::uint64_t> rows;
   const ModelState state = detail::read_checkpoint(dir, statistics, nullptr, &rows);
   std::string out = "checkpoint " + dir.string() + "\n  global step " +
-                    std::to_string(state.global_step) + "\n  sync policy state [";
+                    std::to_string(state.global_step) +
+                    (state.incremental() ? " (incremental: the tables' rows changed since global step " +
+                                               std::to_string(state.base_step) + ")"
+                                         : std::string()) +
+                    "\n  sync policy state [";
   for (std::size_t i = 0; i < state.pacer.size(); ++i) {
     out += (i ? ", " : "") + std::to_string(state.pacer[i]);
   }
@@ -58,8 +62,9 @@ inline std::string describe(const std::filesystem::path& dir, bool statistics = 
       if (!slots.empty()) slots += ", ";
       slots += name;
     }
-    out += "  table " + t.spec.name + " dim " + std::to_string(t.spec.dim) + ", " + std::to_string(rows[k]) +
-           " rows, slots [" + slots + "]" + stats(t.rows) + "\n";
+    out += "  table " + t.spec.name + " dim " + std::to_string(t.spec.dim) + ", " + std::to_string(rows[2 * k]) +
+           (state.incremental() ? " rows changed, " + std::to_string(rows[2 * k + 1]) + " evicted" : std::string(" rows")) +
+           ", slots [" + slots + "]" + stats(t.rows) + "\n";
   }
   return out;
 }

@@ -38,7 +38,8 @@ struct VariableState {
   friend bool operator==(const VariableState&, const VariableState&) = default;
 };
 
-/// One embedding table as a checkpoint holds it: every row the ps tasks held at the cut,
+/// One embedding table as a checkpoint holds it: every row the ps tasks held at the cut
+/// (an incremental checkpoint's: those touched since its base, and the ids evicted since),
 /// with its optimizer slots and the step it was last touched, and the ids admission was
 /// counting (pulled, not admitted yet). Rows are in no particular order.
 struct TableState {
@@ -54,6 +55,9 @@ struct TableState {
   /// The table's update count (lazy Adam's `t`) on each ps that wrote the checkpoint, by
   /// task: restored as it was onto as many ps tasks, else every ps takes the largest.
   std::vector<std::int64_t> updates;
+  /// An incremental checkpoint's: the ids of rows evicted since its base (a row evicted and
+  /// created again is among `ids` too: remove these first, then take the rows).
+  std::vector<std::uint64_t> evicted;
 
   /// Floats per row: its values and slots.
   [[nodiscard]] std::size_t stride() const noexcept { return (1 + slot_names.size()) * spec.dim; }
@@ -73,6 +77,14 @@ struct ModelState {
   std::vector<TableState> tables;
   /// The seed the tables' rows start from (a row not held reads as its initial value).
   std::uint64_t table_seed = 0;
+  /// -1 for a full checkpoint. An incremental one's tables hold only the rows changed since
+  /// the checkpoint of this global step (its base), and the rows evicted since: it is whole
+  /// applied over its base (`apply_delta`, checkpoint/delta.hpp). Its dense parts, counts
+  /// and sync state are whole.
+  std::int64_t base_step = -1;
+
+  /// True for an incremental checkpoint (base_step ≥ 0).
+  [[nodiscard]] bool incremental() const noexcept { return base_step >= 0; }
 
   /// The variables' specs, in order.
   [[nodiscard]] std::vector<VariableSpec> specs() const {

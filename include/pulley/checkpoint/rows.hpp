@@ -77,8 +77,15 @@ class CheckpointRows {
   IdIndex index_{0x243F6A8885A308D3ULL};  ///< keyed: the ids came from the checkpoint, not a client
 };
 
-/// Every table of `state`, by the model's order: what an evaluator reads rows from.
+/// Every table of `state`, by the model's order: what an evaluator reads rows from. `state`
+/// must be whole (a full checkpoint, or CheckpointDirectory::load's): an incremental one
+/// alone lacks the rows it did not change, and is refused with kInvalidArgument.
 inline std::vector<CheckpointRows> checkpoint_rows(const ModelState& state) {
+  if (state.incremental()) {
+    throw Error(ErrorCode::kInvalidArgument, "the rows of an incremental checkpoint (over global step " +
+                                                 std::to_string(state.base_step) +
+                                                 ") are looked up once it is applied over its base (CheckpointDirectory::load)");
+  }
   std::vector<CheckpointRows> out;
   out.reserve(state.tables.size());
   for (const TableState& t : state.tables) out.emplace_back(t, state.table_seed);

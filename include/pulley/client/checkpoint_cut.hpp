@@ -18,9 +18,10 @@ namespace pulley {
 namespace detail {
 
 /// Reads table `t`'s rows and admission counts at the cut from every ps (paused, its cut
-/// read), chunk by chunk: each ps holds at most one chunk more than its rows meanwhile.
+/// read), chunk by chunk: each ps holds at most one chunk more than its rows meanwhile. An
+/// `incremental` cut's rows are those changed since its base, and its evicted ids follow.
 template <Transport T>
-TableState read_table(Client<T>& client, std::uint32_t t) {
+TableState read_table(Client<T>& client, std::uint32_t t, bool incremental) {
   const std::size_t num_ps = client.num_ps();
   const auto timeout = client.options().request_timeout;
   TableState table;
@@ -30,7 +31,7 @@ TableState read_table(Client<T>& client, std::uint32_t t) {
   {
     CallGroup group;
     for (std::size_t ps = 0; ps < num_ps; ++ps) {
-      group.add(client.transport().call(ps, ReadRows{t, 0, 0, false}, PullTargets{std::span<float>()}));
+      group.add(client.transport().call(ps, ReadRows{t, 0, 0, false, false}, PullTargets{std::span<float>()}));
     }
     group.wait(timeout, "read the rows of table '" + table.spec.name + "'");
     for (std::size_t ps = 0; ps < num_ps; ++ps) {
@@ -57,7 +58,7 @@ TableState read_table(Client<T>& client, std::uint32_t t) {
       if (begin[ps] >= total[ps]) continue;
       const std::size_t n = std::min<std::size_t>(total[ps] - begin[ps], rows_per_chunk(stride));
       PullTargets target{std::span(table.rows).subspan(filled * stride, n * stride)};
-      group.add(client.transport().call(ps, ReadRows{t, begin[ps], static_cast<std::uint32_t>(n), false},
+      group.add(client.transport().call(ps, ReadRows{t, begin[ps], static_cast<std::uint32_t>(n), false, false},
                                         std::move(target)));
       asked.push_back(ps);
       at.push_back(n);
@@ -76,21 +77,31 @@ TableState read_table(Client<T>& client, std::uint32_t t) {
       begin[asked[k]] += at[k];
     }
   }
-  // The ids admission was counting, a ps after the other (their chunks' rows are empty).
-  for (std::size_t ps = 0; ps < num_ps; ++ps) {
-    for (std::uint64_t from = 0;;) {
-      CallGroup group;
-      group.add(client.transport().call(
-          ps, ReadRows{t, from, static_cast<std::uint32_t>(kMaxCandidatesPerMessage), true},
-          PullTargets{std::span<float>()}));
-      group.wait(timeout, "read the admission counts of table '" + table.spec.name + "'");
-      RowsChunk chunk = group.take_as<RowsChunk>(0);
-      table.candidate_ids.insert(table.candidate_ids.end(), chunk.ids.begin(), chunk.ids.end());
-      table.candidate_counts.insert(table.candidate_counts.end(), chunk.counts.begin(), chunk.counts.end());
-      table.candidate_steps.insert(table.candidate_steps.end(), chunk.steps.begin(), chunk.steps.end());
-      from += chunk.ids.size();
-      if (chunk.ids.empty() || from >= chunk.total) break;
+  // The ids admission was counting, and those an incremental cut says were evicted, a ps
+  // after the other (their chunks' rows are empty).
+  auto read_ids = [&](bool evicted, auto&& take, const std::string& what) {
+    for (std::size_t ps = 0; ps < num_ps; ++ps) {
+      for (std::uint64_t from = 0;;) {
+        CallGroup group;
+        ReadRows r{t, from, static_cast<std::uint32_t>(kMaxCandidatesPerMessage), !evicted, evicted};
+        group.add(client.transport().call(ps, r, PullTargets{std::span<float>()}));
+        group.wait(timeout, what);
+        RowsChunk chunk = group.take_as<RowsChunk>(0);
+        take(chunk);
+        from += chunk.ids.size();
+        if (chunk.ids.empty() || from >= chunk.total) break;
+      }
     }
+  };
+  read_ids(false, [&](const RowsChunk& chunk) {
+    table.candidate_ids.insert(table.candidate_ids.end(), chunk.ids.begin(), chunk.ids.end());
+    table.candidate_counts.insert(table.candidate_counts.end(), chunk.counts.begin(), chunk.counts.end());
+    table.candidate_steps.insert(table.candidate_steps.end(), chunk.steps.begin(), chunk.steps.end());
+  }, "read the admission counts of table '" + table.spec.name + "'");
+  if (incremental) {
+    read_ids(true, [&](const RowsChunk& chunk) {
+      table.evicted.insert(table.evicted.end(), chunk.ids.begin(), chunk.ids.end());
+    }, "read the evicted ids of table '" + table.spec.name + "'");
   }
   return table;
 }
@@ -159,14 +170,28 @@ inline std::string check_table(const TableState& table, const TableSpec& spec) {
 
 }  // namespace detail
 
+/// Which of the tables' rows a checkpoint's cut reads.
+struct CutRows {
+  /// An incremental checkpoint's base: the global step of the checkpoint it is relative
+  /// to. Only the rows touched since are read, with the ids evicted since. -1: every row (a
+  /// full checkpoint).
+  std::int64_t since = -1;
+  /// The ps tasks forget the evictions before this global step (the newest checkpoint on
+  /// disk: no later incremental one will be relative to an older one). -1: none.
+  std::int64_t forget_evictions_before = -1;
+};
+
 /// The chief's half of a checkpoint's cut (the ps's half is `ps/checkpoint_cut.hpp`): every
 /// variable with its optimizer state, and the sync policy's state, read as one cut across
 /// all ps tasks. Every ps is paused (at once, or the moment it completes `at_step`; pushes
 /// that arrive then wait), each is brought to the same count of pushes taken from every
 /// worker (the largest any had), read there, and resumed. Training stands still only while
-/// the state is read.
+/// the dense state is read: the tables' rows are read after the ps tasks resume, each ps
+/// answering with the rows as they were at the cut (copy-on-write). With `rows.since` ≥ 0 the tables' part is incremental (ModelState::
+/// base_step); when a ps no longer knows every eviction since then (its log overflowed,
+/// or it was restored later), the cut reads every row instead, with a log line.
 template <Transport T>
-ModelState read_state(Client<T>& client, std::int64_t at_step = 0) {
+ModelState read_state(Client<T>& client, std::int64_t at_step = 0, CutRows rows = {}) {
   if (!client.has_placement()) throw Error(ErrorCode::kFailedPrecondition, "no model registered yet");
   struct Resumer {  // whatever happens, the ps tasks go on
     Client<T>& client;
@@ -184,6 +209,16 @@ ModelState read_state(Client<T>& client, std::int64_t at_step = 0) {
     for (std::size_t ps = 0; ps < client.num_ps(); ++ps) group.add(client.transport().call(ps, Pause{at_step}, {}));
     detail::wait_gated(client.transport(), client.options(), group, at_step, "pause the ps tasks at step " + std::to_string(at_step));
     for (std::size_t ps = 0; ps < client.num_ps(); ++ps) paused.push_back(group.take_as<PauseReply>(ps));
+  }
+  if (rows.since >= 0) {
+    for (std::size_t ps = 0; ps < paused.size(); ++ps) {
+      if (paused[ps].evictions_since <= rows.since) continue;
+      log(LogLevel::kInfo, "ps " + std::to_string(ps) + " knows its evictions from global step " +
+                               std::to_string(paused[ps].evictions_since) + " on only, not since " +
+                               std::to_string(rows.since) + ": this checkpoint holds every row");
+      rows.since = -1;
+      break;
+    }
   }
   std::vector<std::uint64_t> until;
   for (const PauseReply& p : paused) {
@@ -220,7 +255,8 @@ ModelState read_state(Client<T>& client, std::int64_t at_step = 0) {
         targets.push_back(std::span(v.slots[k].values).subspan(at, n));
       }
     }
-    group.add(client.transport().call(ps, ReadState{until}, std::move(targets)));
+    group.add(client.transport().call(ps, ReadState{until, rows.since, rows.forget_evictions_before},
+                                      std::move(targets)));
   }
   group.wait(client.options().request_timeout, "read the ps tasks' state at one cut");
   for (std::size_t ps = 0; ps < client.num_ps(); ++ps) {
@@ -244,8 +280,16 @@ ModelState read_state(Client<T>& client, std::int64_t at_step = 0) {
     std::sort(v.counters.begin(), v.counters.end(),
               [](const PartCounters& a, const PartCounters& b) { return a.rows.begin < b.rows.begin; });
   }
-  for (std::uint32_t t = 0; t < client.tables().size(); ++t) state.tables.push_back(detail::read_table(client, t));
+  if (!client.tables().empty()) {
+    // Training goes on while the rows are read: each ps reads them as they were at the cut.
+    client.template broadcast<Ack>([](std::size_t) { return Resume{true}; }, client.options().request_timeout,
+                                   "resume the ps tasks");
+  }
+  for (std::uint32_t t = 0; t < client.tables().size(); ++t) {
+    state.tables.push_back(detail::read_table(client, t, rows.since >= 0));
+  }
   state.table_seed = client.table_seed();
+  if (!state.tables.empty()) state.base_step = rows.since;
   return state;
 }
 
@@ -259,6 +303,11 @@ ModelState read_state(Client<T>& client, std::int64_t at_step = 0) {
 /// start from the checkpoint's table seed (or `table_seed` for a checkpoint without tables).
 template <Transport T>
 void restore_state(Client<T>& client, const ModelState& state, std::uint64_t table_seed) {
+  if (state.incremental()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "an incremental checkpoint (over global step " + std::to_string(state.base_step) +
+                    ") restores only applied over its base (apply_delta, or CheckpointDirectory::load)");
+  }
   // The model's tables when this client knows them (it registered them), else the
   // checkpoint's; a checkpoint's tables must be the model's.
   const std::vector<TableSpec> tables = client.tables().empty() ? state.table_specs() : client.tables();

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -40,6 +41,15 @@ class Evaluator {
 
   /// Current values of every variable, one vector per variable, as each ps holds them now.
   std::vector<std::vector<float>> read_variables() { return pulley::read_variables(client_); }
+
+  /// The current rows `ids` of embedding table `table` (ids.size() × dim floats, in
+  /// order) under id sharding `sharding` (the ps tasks'); see pulley::read_rows. A row not
+  /// held reads as its initial value; reading creates and touches nothing.
+  template <IdSharding I = HashIds>
+  std::vector<float> read_rows(std::string_view table, std::span<const std::uint64_t> ids,
+                               I sharding = {}) {
+    return pulley::read_rows(client_, table, ids, std::move(sharding));
+  }
 
   /// Counters of every ps task, by task index.
   std::vector<Stats> stats() { return client_.stats(); }

@@ -3,14 +3,20 @@
 
 #include <algorithm>
 #include <chrono>
+#include <compare>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <span>
+#include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "pulley/client/client.hpp"
 #include "pulley/client/detail/stall.hpp"
+#include "pulley/sharding/ids.hpp"
 
 namespace pulley {
 
@@ -112,5 +118,62 @@ template <Transport T>
 Snapshot snapshot(Client<T>& client, std::int64_t step) {
   return *snapshot_until(client, step, std::chrono::steady_clock::time_point::max());
 }
+
+/// The current rows `ids` of embedding table `table` (ids.size() × dim floats, in order),
+/// read from the ps tasks that hold them under id sharding `sharding` (the ps tasks'); a
+/// row not held reads as its initial value, and the read creates, admits and touches
+/// nothing (only a worker's pull does). The rows are each ps's as it holds them when read
+/// (not one global step's while training runs). Ids, any number and any of them more than
+/// once, go in messages of kMaxIdsPerMessage at most, each id once.
+template <Transport T, IdSharding I = HashIds>
+std::vector<float> read_rows(Client<T>& client, std::string_view table,
+                             std::span<const std::uint64_t> ids, I sharding = {}) {
+  const auto& tables = client.tables();
+  const auto it = std::find_if(tables.begin(), tables.end(),
+                               [&](const TableSpec& t) { return t.name == table; });
+  if (it == tables.end()) throw Error(ErrorCode::kNotFound, "unknown table '" + std::string(table) + "'");
+  client.check_id_sharding(sharding);
+  const auto num_ps = static_cast<std::uint32_t>(client.num_ps());
+  // Each id once, grouped by ps for the pull (a ps refuses an id twice in a request), then
+  // every one of the caller's ids gets its row back, in the caller's order.
+  struct Wanted {
+    std::uint32_t ps;
+    std::uint64_t id;
+    std::size_t at;  ///< in the caller's ids
+    auto operator<=>(const Wanted&) const = default;
+  };
+  std::vector<Wanted> order;
+  order.reserve(ids.size());
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    const std::uint32_t ps = sharding.ps_of(table, ids[i], num_ps);
+    if (ps >= num_ps) {
+      throw Error(ErrorCode::kInvalidArgument, "the id sharding put row " + std::to_string(ids[i]) +
+                                                   " on ps " + std::to_string(ps) + " of " + std::to_string(num_ps));
+    }
+    order.push_back({ps, ids[i], i});
+  }
+  std::sort(order.begin(), order.end());
+  std::vector<std::uint64_t> grouped;
+  std::vector<std::size_t> row_of(ids.size());  // caller's index → index in grouped
+  std::vector<std::size_t> ps_begin(num_ps + 1, 0);
+  for (const Wanted& w : order) {
+    if (grouped.empty() || grouped.back() != w.id) {  // an id always has the same ps
+      grouped.push_back(w.id);
+      ++ps_begin[w.ps + 1];
+    }
+    row_of[w.at] = grouped.size() - 1;
+  }
+  for (std::uint32_t p = 0; p < num_ps; ++p) ps_begin[p + 1] += ps_begin[p];
+  std::vector<float> rows(grouped.size() * it->dim);
+  const RowRequest request{static_cast<std::size_t>(it - tables.begin()), grouped, ps_begin, rows};
+  (void)client.pull_rows(std::span(&request, 1), 0);
+  std::vector<float> out(ids.size() * it->dim);
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    std::copy_n(rows.begin() + static_cast<std::ptrdiff_t>(row_of[i] * it->dim), it->dim,
+                out.begin() + static_cast<std::ptrdiff_t>(i * it->dim));
+  }
+  return out;
+}
+
 
 }  // namespace pulley

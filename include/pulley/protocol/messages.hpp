@@ -296,10 +296,17 @@ struct ReadState {
   static constexpr bool kChangesParameters = true;
   static constexpr RoleSet kSenders{Node::Role::kChief};
   std::vector<std::uint64_t> until;
+  /// An incremental checkpoint's cut: the tables' rows touched at or after this global step
+  /// only, with the ids evicted since (ReadRows::evicted); -1: every row. A ps whose log of
+  /// evictions starts later (PauseReply::evictions_since) refuses it.
+  std::int64_t since = -1;
+  /// Evictions before this global step are forgotten: no later cut will be since an
+  /// earlier step (the newest checkpoint on disk). -1: none.
+  std::int64_t forget_evictions_before = -1;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(until);
+    archive(until, since, forget_evictions_before);
   }
 };
 
@@ -309,9 +316,15 @@ struct Resume {
   /// The held pushes are applied.
   static constexpr bool kChangesParameters = true;
   static constexpr RoleSet kSenders{Node::Role::kChief};
+  /// Training goes on, but the tables' rows stay readable as they were at the cut
+  /// (ReadRows; the ps copies a row aside before it first updates it) until a Resume
+  /// without it, or until the chief's connection closes.
+  bool keep_rows = false;
 
   template <class Archive>
-  void serialize(Archive& /*archive*/) {}
+  void serialize(Archive& archive) {
+    archive(keep_rows);
+  }
 };
 
 /// Chief → ps: set every part this ps holds, with its optimizer state, and the sync
@@ -347,10 +360,11 @@ inline std::size_t rows_per_chunk(std::size_t stride) noexcept {
 }
 
 /// Chief → a ps paused at a checkpoint's cut, after its ReadState: the rows of table `table`
-/// held at the cut, from row number `begin` on, at most `max_rows` of them (the ps caps a
-/// chunk at kMaxIdsPerMessage rows and 64 MiB, so its memory for a checkpoint is bounded
-/// however large its tables are); with `candidates`, the ids admission was counting
-/// instead. Answered with a RowsChunk.
+/// the cut holds (every row, or those changed since ReadState::since), from the `begin`-th
+/// on, at most `max_rows` of them (the ps caps a chunk at kMaxIdsPerMessage rows and 64 MiB,
+/// so its memory for a checkpoint is bounded however large its tables are); with
+/// `candidates`, the ids admission was counting instead; with `evicted`, the ids an
+/// incremental cut says were evicted. Answered with a RowsChunk.
 struct ReadRows {
   static constexpr std::string_view kName = "ReadRows";
   /// Its reply views buffers the next request reuses (as a pull of rows).
@@ -360,10 +374,11 @@ struct ReadRows {
   std::uint64_t begin = 0;
   std::uint32_t max_rows = 0;
   bool candidates = false;
+  bool evicted = false;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(table, begin, max_rows, candidates);
+    archive(table, begin, max_rows, candidates, evicted);
   }
 };
 
@@ -543,10 +558,13 @@ struct PauseReply {
   std::vector<std::string> slot_names;     ///< the optimizer's slots, in PartState order
   std::vector<std::string> counter_names;  ///< the optimizer's counters
   bool whole = true;  ///< the optimizer's State is all in the slots and counters
+  /// The global step from which this ps knows every row its tables evicted: the earliest
+  /// an incremental checkpoint's cut may be since (ReadState::since).
+  std::int64_t evictions_since = 0;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(global_step, epoch, pushes, slot_names, counter_names, whole);
+    archive(global_step, epoch, pushes, slot_names, counter_names, whole, evictions_since);
   }
 };
 
@@ -573,10 +591,11 @@ struct RowsChunk {
   std::span<const float> rows;          ///< a tensor: ids.size() × stride (empty for candidates)
   std::vector<std::uint32_t> steps;     ///< per id: last touched (rows) or last pulled (candidates)
   std::vector<std::uint32_t> counts;    ///< per id, candidates only
+  std::int64_t since = -1;              ///< the cut's ReadState::since
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(total, updates, slot_names, ids, rows, steps, counts);
+    archive(total, updates, slot_names, ids, rows, steps, counts, since);
   }
 };
 

@@ -80,9 +80,14 @@ class EmbeddingTable {
   /// admitted (pulled `spec.admit_after` times), else read as its initial value, and a row
   /// read counts as touched; without (a reader's: the chief's, an evaluator's), nothing is
   /// created, counted or touched. Duplicate ids are allowed (each counts towards admission).
+  /// `headroom`, if given, is the bytes the ps's tables may still grow by (Tables::max_bytes):
+  /// each row created (budget_row_bytes()) and each id admission starts counting
+  /// (kCandidateBytes) takes from it; when it is short, the table makes room as at its
+  /// max_rows, and failing that the row is not created.
   void pull(std::span<const std::uint64_t> ids, std::span<float> out, std::int64_t step,
-            bool create = true) {
+            bool create = true, std::uint64_t* headroom = nullptr) {
     const std::size_t d = spec_.dim;
+    headroom_ = headroom;
     for_each_found(ids, [&](std::size_t i, std::uint32_t row) {
       const std::span<float> into = out.subspan(i * d, d);
       if (row == kNone && create && admit(ids[i], step) && make_room(step)) row = this->create(ids[i]);
@@ -94,6 +99,16 @@ class EmbeddingTable {
       const float* values = at(row);
       std::copy(values, values + d, into.begin());
     });
+    headroom_ = nullptr;
+  }
+
+  /// What a row costs against a ps's table budget: its record and its index entry.
+  [[nodiscard]] std::uint64_t budget_row_bytes() const noexcept { return record_ * sizeof(float) + 8; }
+  /// What an id admission counts costs against it.
+  static constexpr std::uint64_t kCandidateBytes = 48;
+  /// The bytes this table holds against a ps's table budget: rows and admission counts.
+  [[nodiscard]] std::uint64_t budget_bytes() const noexcept {
+    return rows_ * budget_row_bytes() + candidates_.size() * kCandidateBytes;
   }
 
   /// Applies one update at global step `step` (steps completed before it; `updates` of this
@@ -149,6 +164,7 @@ class EmbeddingTable {
     for (std::size_t k = 0; k < scratch_rows_.size(); ++k) {
       if (k + kAhead < scratch_rows_.size()) __builtin_prefetch(record(scratch_rows_[k + kAhead].first), 1);
       const std::uint32_t row = scratch_rows_[k].first;
+      if (frozen_ && row < cut_rows_) keep_for_cut(row);
       std::copy(scratch_.data() + k * stride_, scratch_.data() + (k + 1) * stride_, at(row));
       touch(row, step);
     }
@@ -159,12 +175,13 @@ class EmbeddingTable {
   /// `step - spec.evict_after_steps`, and forgets admission counts as old; returns the rows
   /// removed. Does nothing when the spec keeps rows for ever.
   std::size_t evict(std::int64_t step) {
-    if (spec_.evict_after_steps <= 0) return 0;
+    if (spec_.evict_after_steps <= 0 || frozen_) return 0;  // (no row goes during a cut)
     const std::int64_t before = step - spec_.evict_after_steps;
     if (before <= 0) return 0;
     std::size_t removed = 0;
     for (std::uint32_t row = 0; row < rows_;) {
       if (static_cast<std::int64_t>(touched_step(row)) < before) {
+        log_eviction(id_of(row), step);
         erase(row);  // the last row moves here: look at this row again
         ++removed;
       } else {
@@ -192,12 +209,51 @@ class EmbeddingTable {
                  std::vector<std::uint32_t>& touched) const {
     n = std::min(n, rows_ - std::min(begin, rows_));
     rows.reserve(rows.size() + n * stride_);
-    for (std::size_t k = 0; k < n; ++k) {
-      const auto row = static_cast<std::uint32_t>(begin + k);
-      ids.push_back(id_of(row));
-      rows.insert(rows.end(), at(row), at(row) + stride_);
-      touched.push_back(touched_step(row));
+    for (std::size_t k = 0; k < n; ++k) read_row(static_cast<std::uint32_t>(begin + k), ids, rows, touched);
+  }
+
+  /// Appends the numbers of the rows touched at or after global step `since` to `out`: the
+  /// rows an incremental checkpoint since then holds.
+  void rows_touched_since(std::int64_t since, std::vector<std::uint32_t>& out) const {
+    const std::uint32_t from = clamp_step(since);
+    for (std::uint32_t row = 0; row < rows_; ++row) {
+      if (touched_step(row) >= from) out.push_back(row);
     }
+  }
+
+  /// Appends rows `numbers` (each < size()) to `ids`, `rows` and `touched`, as read_rows.
+  void read_rows(std::span<const std::uint32_t> numbers, std::vector<std::uint64_t>& ids, std::vector<float>& rows,
+                 std::vector<std::uint32_t>& touched) const {
+    rows.reserve(rows.size() + numbers.size() * stride_);
+    for (const std::uint32_t row : numbers) read_row(row, ids, rows, touched);
+  }
+
+  // ---- evictions, for incremental checkpoints -------------------------------------------
+  // Every row removed (by evict_after_steps or by max_rows) is logged with its step, so that
+  // a checkpoint holding only the rows changed since an earlier one can say which rows went:
+  // restored over the earlier one, an evicted row does not come back. The log holds the
+  // evictions from `evictions_since()` on; at kMaxEvictionLog entries it is dropped and
+  // starts again (the next checkpoint is then a full one).
+
+  /// Entries the eviction log holds at most.
+  static constexpr std::size_t kMaxEvictionLog = std::size_t{1} << 20U;
+
+  /// The global step from which every eviction is in the log.
+  [[nodiscard]] std::int64_t evictions_since() const noexcept { return evictions_since_; }
+
+  /// Appends the ids evicted at or after global step `since` (≥ evictions_since()).
+  void read_evicted(std::int64_t since, std::vector<std::uint64_t>& out) const {
+    for (const auto& [id, step] : evicted_) {
+      if (static_cast<std::int64_t>(step) >= since) out.push_back(id);
+    }
+  }
+
+  /// Forgets the evictions before global step `step`: no checkpoint since an earlier step
+  /// will be asked for.
+  void forget_evictions_before(std::int64_t step) {
+    if (step <= evictions_since_) return;
+    std::erase_if(evicted_, [&](const auto& e) { return static_cast<std::int64_t>(e.second) < step; });
+    evictions_since_ = step;
   }
 
   /// Appends the ids admission is counting, each with its count and the step last pulled.
@@ -210,16 +266,37 @@ class EmbeddingTable {
     }
   }
 
-  /// While frozen (a checkpoint's cut reads rows by number), the max_rows cap evicts no row.
-  void freeze(bool frozen) noexcept { frozen_ = frozen; }
+  /// A checkpoint's cut begins: until end_cut, read_rows gives rows [0, size()) as they are
+  /// now, however training changes them meanwhile (an update copies a row aside the first
+  /// time it changes it: copy-on-write), and no row is evicted or renumbered (the max_rows
+  /// cap and evict_after_steps wait). So the ps trains on while the cut is read; the memory
+  /// it costs is the rows updated meanwhile.
+  void begin_cut() {
+    end_cut();
+    frozen_ = true;
+    cut_rows_ = rows_;
+  }
+  /// The cut has been read: what it kept aside goes.
+  void end_cut() noexcept {
+    frozen_ = false;
+    cut_rows_ = 0;
+    kept_at_.clear();
+    std::vector<float>().swap(kept_);
+    std::vector<std::uint32_t>().swap(kept_touched_);
+  }
+  /// Rows copied aside for the cut (updated since it began).
+  [[nodiscard]] std::size_t kept_for_cut() const noexcept { return kept_touched_.size(); }
 
-  /// Forgets every row and candidate: a restore follows.
-  void clear() noexcept {
+  /// Forgets every row and candidate: a restore at global step `step` follows (whose
+  /// evictions are logged from then on).
+  void clear(std::int64_t step) noexcept {
     chunks_.clear();
     index_.clear();
     rows_ = 0;
     candidates_.clear();
     scratch_rows_.clear();
+    evicted_.clear();
+    evictions_since_ = step;
   }
 
   /// Sets the row of `id` to `row` (stride() floats: values, then slots; or dim() floats:
@@ -342,8 +419,18 @@ class EmbeddingTable {
   /// Counts a pull of `id`, which has no row: true once it is admitted.
   bool admit(std::uint64_t id, std::int64_t step) {
     if (spec_.admit_after <= 1) return true;
-    if (spec_.max_rows > 0 && candidates_.size() >= spec_.max_rows && !candidates_.contains(id)) {
-      forget_oldest_candidates();
+    if (!candidates_.contains(id)) {
+      if (spec_.max_rows > 0 && candidates_.size() >= spec_.max_rows) forget_oldest_candidates();
+      if (headroom_ != nullptr && *headroom_ < kCandidateBytes) {
+        const std::size_t before = candidates_.size();
+        if (before > 0) forget_oldest_candidates();
+        *headroom_ += (before - candidates_.size()) * kCandidateBytes;
+        if (*headroom_ < kCandidateBytes) {
+          ++stats_.rows_capped;  // not even its count fits: it is not counted
+          return false;
+        }
+      }
+      if (headroom_ != nullptr) *headroom_ -= kCandidateBytes;
     }
     Candidate& c = candidates_[id];
     ++c.count;
@@ -356,9 +443,12 @@ class EmbeddingTable {
   /// step in progress may push, stay; none goes while rows are frozen for a cut).
   bool make_room(std::int64_t step) {
     const std::uint64_t cap = spec_.max_rows;
-    if (cap == 0 || rows_ < cap) return true;
+    auto fits = [&] {
+      return (cap == 0 || rows_ < cap) && (headroom_ == nullptr || *headroom_ >= budget_row_bytes());
+    };
+    if (fits()) return true;
     const std::uint32_t now = clamp_step(step);
-    if (!frozen_ && full_at_ != now) {  // one fruitless pass per step is enough
+    if (!frozen_ && full_at_ != now && rows_ > 0) {  // one fruitless pass per step is enough
       std::vector<std::uint32_t> steps(rows_);
       for (std::uint32_t row = 0; row < rows_; ++row) steps[row] = touched_step(row);
       const std::size_t k = std::max<std::size_t>(1, rows_ / 8) - 1;
@@ -370,6 +460,7 @@ class EmbeddingTable {
         for (std::uint32_t row = 0; row < rows_ && removed <= k;) {
           const std::uint32_t touched = touched_step(row);
           if (touched < now && (ties ? touched == oldest : touched < oldest)) {
+            log_eviction(id_of(row), now);
             erase(row);  // the last row moves here: look at this row again
             ++removed;
           } else {
@@ -378,9 +469,10 @@ class EmbeddingTable {
         }
       }
       stats_.rows_capped += removed;
+      if (headroom_ != nullptr) *headroom_ += removed * budget_row_bytes();
       if (removed == 0) full_at_ = now;
     }
-    if (rows_ < cap) return true;
+    if (fits()) return true;
     ++stats_.rows_capped;  // nothing could go: this row is not created
     return false;
   }
@@ -402,8 +494,11 @@ class EmbeddingTable {
     set_touched(row, 0);
     index_.insert(row, ids());  // (a failed allocation leaves the row unused)
     ++rows_;
+    if (headroom_ != nullptr) *headroom_ -= std::min(*headroom_, budget_row_bytes());
     ++stats_.rows_created;
-    if (spec_.admit_after > 1) candidates_.erase(id);  // admitted: its count is done
+    if (spec_.admit_after > 1 && candidates_.erase(id) > 0 && headroom_ != nullptr) {
+      *headroom_ += kCandidateBytes;  // admitted: its count is done
+    }
     return row;
   }
 
@@ -416,6 +511,39 @@ class EmbeddingTable {
     std::nth_element(last.begin(), middle, last.end());
     const std::uint32_t keep_after = *middle;
     std::erase_if(candidates_, [&](const auto& c) { return c.second.last <= keep_after; });
+  }
+
+  /// Copies `row` aside as the cut saw it, unless it was already.
+  void keep_for_cut(std::uint32_t row) {
+    const auto [it, fresh] = kept_at_.try_emplace(row, kept_touched_.size());
+    if (!fresh) return;
+    kept_.insert(kept_.end(), at(row), at(row) + stride_);
+    kept_touched_.push_back(touched_step(row));
+  }
+
+  /// Appends `row` as the cut saw it (its copy, if an update changed it since).
+  void read_row(std::uint32_t row, std::vector<std::uint64_t>& ids, std::vector<float>& rows,
+                std::vector<std::uint32_t>& touched) const {
+    ids.push_back(id_of(row));
+    if (!kept_at_.empty()) {
+      if (const auto it = kept_at_.find(row); it != kept_at_.end()) {
+        const float* from = kept_.data() + it->second * stride_;
+        rows.insert(rows.end(), from, from + stride_);
+        touched.push_back(kept_touched_[it->second]);
+        return;
+      }
+    }
+    rows.insert(rows.end(), at(row), at(row) + stride_);
+    touched.push_back(touched_step(row));
+  }
+
+  void log_eviction(std::uint64_t id, std::int64_t step) {
+    if (evicted_.size() >= kMaxEvictionLog) {  // too many to keep: a full checkpoint is next
+      evicted_.clear();
+      evictions_since_ = step + 1;
+      return;
+    }
+    evicted_.emplace_back(id, clamp_step(step));
   }
 
   /// Removes `row`: its index entry goes, and the last row moves into its place.
@@ -441,8 +569,15 @@ class EmbeddingTable {
   std::size_t rows_ = 0;
   std::unordered_map<std::uint64_t, Candidate> candidates_;
   TableStats stats_;
-  bool frozen_ = false;  ///< see freeze
+  std::uint64_t* headroom_ = nullptr;  ///< during a pull: the ps's table budget left (see pull)
+  bool frozen_ = false;  ///< a cut is being read: see begin_cut
+  std::size_t cut_rows_ = 0;  ///< rows at the cut
+  std::unordered_map<std::uint32_t, std::size_t> kept_at_;  ///< row → its copy, as the cut saw it
+  std::vector<float> kept_;                 ///< the copies, stride_ floats each
+  std::vector<std::uint32_t> kept_touched_;  ///< their last-touched steps
   std::uint32_t full_at_ = kNone;  ///< the step at which no row could go (the cap's scan waits)
+  std::vector<std::pair<std::uint64_t, std::uint32_t>> evicted_;  ///< id, step: see read_evicted
+  std::int64_t evictions_since_ = 0;
   std::vector<std::pair<std::uint32_t, std::size_t>> scratch_rows_;  ///< row, position in ids
   std::vector<float> scratch_;                                       ///< rows being updated
 };

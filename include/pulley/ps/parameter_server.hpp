@@ -141,8 +141,8 @@ class ParameterServer {
   void disconnected(const Node& node, std::uint64_t session) noexcept {
     if (end_) return;
     try {
-      if (node.role == Node::Role::kChief && cut_.paused_by(session)) {
-        log(LogLevel::kWarning, name_ + ": the chief left while it paused this ps: resuming");
+      if (node.role == Node::Role::kChief && (cut_.paused_by(session) || rows_cut_session_ == session)) {
+        log(LogLevel::kWarning, name_ + ": the chief left while it read a checkpoint's cut: resuming");
         changing_ = true;
         resume();
       } else if (node.role == Node::Role::kWorker) {
@@ -419,7 +419,7 @@ class ParameterServer {
 
   void pause(std::uint64_t session, Responder& reply) {
     PauseReply answer{pacing_.global_step(), registration_.epoch(), ledger_.taken(), {}, {},
-                      checkpoints_whole_state_v<O>};
+                      checkpoints_whole_state_v<O>, shard_.tables().evictions_since()};
     shard_.state_names(answer.slot_names, answer.counter_names);
     cut_.pause(session);
     respond(reply, std::move(answer));
@@ -431,7 +431,15 @@ class ParameterServer {
       return reject(reply, ErrorCode::kFailedPrecondition, "ReadState: this ps has taken more pushes of worker " +
                                                                std::to_string(*worker) + " than the cut");
     }
+    if (r.since >= 0 && r.since < shard_.tables().evictions_since()) {
+      return reject(reply, ErrorCode::kFailedPrecondition,
+                    "ReadState: rows changed since global step " + std::to_string(r.since) +
+                        ", but this ps knows its evictions from step " +
+                        std::to_string(shard_.tables().evictions_since()) + " on only");
+    }
     shard_.tables().end_cut();  // a cut read before is given up
+    cut_since_ = r.since;
+    cut_forget_before_ = r.forget_evictions_before;
     cut_.read_at(std::move(r.until), reply);
     advance_cut();
   }
@@ -440,24 +448,32 @@ class ParameterServer {
     cut_.advance(
         ledger_, [this](const Push& push, Responder& reply) { take(push, reply); },
         [this] {
-          shard_.tables().mark_cut();  // the rows at the cut, read next (ReadRows)
+          // The rows at the cut, read next (ReadRows).
+          shard_.tables().mark_cut(cut_since_, cut_forget_before_);
           return StateReply{pacing_.global_step(), pacing_.save(), shard_.read_state()};
         });
   }
 
   void on(ReadRows& r, const RequestContext&, Responder& reply) {
-    if (!cut_.paused()) return reject(reply, ErrorCode::kFailedPrecondition, "ReadRows without Pause");
+    if (!cut_.paused() && !shard_.tables().cut_marked()) {
+      return reject(reply, ErrorCode::kFailedPrecondition, "ReadRows without Pause");
+    }
     if (refused(reply, shard_.tables().check(r))) return;
     respond(reply, shard_.tables().read(r));
   }
 
-  void on(Resume&, const RequestContext&, Responder& reply) {
-    resume();
+  void on(Resume& r, const RequestContext& context, Responder& reply) {
+    if (r.keep_rows && cut_.paused_by(0) && shard_.tables().cut_marked()) rows_cut_session_ = context.session;
+    resume(r.keep_rows);
     respond(reply, Ack{});
   }
 
-  void resume() {
-    shard_.tables().end_cut();
+  /// Ends the pause; with `keep_rows`, the cut's rows stay readable while training goes on.
+  void resume(bool keep_rows = false) {
+    if (!keep_rows) {
+      shard_.tables().end_cut();
+      rows_cut_session_ = 0;
+    }
     cut_.resume([this](const Push& push, Responder& reply) { take(push, reply); });
   }
 
@@ -473,7 +489,8 @@ class ParameterServer {
     const std::int64_t step_before = registration_.ready() ? pacing_.global_step() : -1;
     const std::int64_t step = pacing_.policy().global_step(pacer);
     shard_.restore(by_part, pacing_.policy());
-    shard_.tables().begin_restore();
+    shard_.tables().begin_restore(step);
+    rows_cut_session_ = 0;
     if (shard_.tables().size() > 0 && !r.tables_follow) {
       log(LogLevel::kWarning, name_ + ": the restore holds no rows of the embedding tables: their rows start "
                                       "again from their initial values");
@@ -634,6 +651,9 @@ class ParameterServer {
   Update<O, P, T> update_;
   PushLedger ledger_;
   CheckpointCut cut_;
+  std::int64_t cut_since_ = -1;          ///< the cut read last: rows since (ReadState::since)
+  std::uint64_t rows_cut_session_ = 0;   ///< the chief's connection reading the cut's rows
+  std::int64_t cut_forget_before_ = -1;  ///< and evictions forgotten before
   Liveness liveness_;
   StepGate<Pull> pulls_;         ///< pulls waiting for their step
   StepGate<RowPull> row_pulls_;  ///< row pulls waiting for their step

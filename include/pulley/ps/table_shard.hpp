@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <deque>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -50,7 +51,7 @@ class TableShard {
     tables.reserve(specs.size());
     for (const TableSpec& spec : specs) {
       tables.push_back(Table{EmbeddingTable<Optimizer>(spec, policy_.optimizer, seed),
-                             policy_.aggregation.make_accumulator(spec.dim), 0, 0, false, 0, {}});
+                             policy_.aggregation.make_accumulator(spec.dim), 0, 0, false, 0, -1, {}, {}, {}});
     }
     tables_ = std::move(tables);
     task_ = task;
@@ -118,11 +119,19 @@ class TableShard {
     std::vector<std::vector<float>>& buffers = replies_[used_++];
     buffers.resize(request.tables.size());
     RowsReply answer{step, {}};
+    // The ps's budget for its tables (Tables::max_bytes) left, shared by the tables pulled.
+    std::uint64_t headroom = 0;
+    const std::uint64_t budget = max_bytes();
+    if (budget > 0 && create) {
+      std::uint64_t used = 0;
+      for (const Table& t : tables_) used += t.rows.budget_bytes();
+      headroom = budget - std::min(budget, used);
+    }
     for (std::size_t i = 0; i < request.tables.size(); ++i) {
       const TableRows& tr = request.tables[i];
       EmbeddingTable<Optimizer>& table = tables_[tr.table].rows;
       buffers[i].resize(tr.ids.size() * table.dim());
-      table.pull(tr.ids, buffers[i], step, create);
+      table.pull(tr.ids, buffers[i], step, create, budget > 0 && create ? &headroom : nullptr);
       answer.rows.emplace_back(buffers[i]);
       stats.bytes_pulled += static_cast<std::int64_t>(buffers[i].size() * sizeof(float));
     }
@@ -191,25 +200,51 @@ class TableShard {
 
   // ---- a checkpoint's cut and a restore ---------------------------------------------------
 
+  /// The global step from which this ps can say every row evicted: an incremental cut
+  /// since an earlier step would miss some (see mark_cut).
+  [[nodiscard]] std::int64_t evictions_since() const noexcept {
+    std::int64_t since = 0;
+    for (const Table& t : tables_) since = std::max(since, t.rows.evictions_since());
+    return since;
+  }
+
   /// The cut was read (the ps is paused): remembers each table's rows and admission counts
-  /// at this moment, which ReadRows then reads chunk by chunk.
-  void mark_cut() {
+  /// at this moment, which ReadRows then reads chunk by chunk, as they were then, whether
+  /// the ps stays paused or trains on (EmbeddingTable::begin_cut), until end_cut. With `since` ≥ 0 (an
+  /// incremental checkpoint, `since` ≥ evictions_since()), the rows are those touched at or
+  /// after global step `since`, with the ids evicted since; else every row. Evictions
+  /// before `forget_before` are forgotten first (no later cut will be since an earlier step).
+  void mark_cut(std::int64_t since = -1, std::int64_t forget_before = -1) {
     for (Table& t : tables_) {
+      if (forget_before > 0) t.rows.forget_evictions_before(forget_before);
       t.cut_rows = t.rows.size();
+      t.cut_selected.clear();
+      t.cut_evicted.clear();
+      t.cut_since = since;
+      if (since >= 0) {
+        t.rows.rows_touched_since(since, t.cut_selected);
+        t.rows.read_evicted(since, t.cut_evicted);
+      }
       t.cut_candidates = {};
       t.rows.read_candidates(t.cut_candidates.ids, t.cut_candidates.counts, t.cut_candidates.steps);
-      t.rows.freeze(true);  // pulls may add rows, but none is evicted until the pause ends
+      t.rows.begin_cut();  // read as it is now, while training goes on (copy-on-write)
     }
     cut_marked_ = true;
   }
-  /// The pause ended: what the cut remembered goes.
+  /// The cut has been read (or given up): what it remembered goes.
   void end_cut() noexcept {
     for (Table& t : tables_) {
       t.cut_candidates = {};
-      t.rows.freeze(false);
+      std::vector<std::uint32_t>().swap(t.cut_selected);
+      std::vector<std::uint64_t>().swap(t.cut_evicted);
+      t.cut_since = -1;
+      t.rows.end_cut();
     }
     cut_marked_ = false;
   }
+
+  /// A cut's rows are being read.
+  [[nodiscard]] bool cut_marked() const noexcept { return cut_marked_; }
 
   /// Why `r` cannot be read, or nullopt.
   [[nodiscard]] std::optional<ErrorReply> check(const ReadRows& r) const {
@@ -218,14 +253,23 @@ class TableShard {
     return std::nullopt;
   }
 
-  /// A chunk of the rows (or candidates) of `r.table` at the cut (`check`ed): rows
-  /// [r.begin, r.begin + n), n = min(r.max_rows, rows_per_chunk(stride), rows left), in a
-  /// buffer valid until `free_replies`.
+  /// A chunk of the rows (or candidates, or evicted ids) of `r.table` at the cut
+  /// (`check`ed): rows [r.begin, r.begin + n) of those the cut holds, n = min(r.max_rows,
+  /// rows_per_chunk(stride), rows left), in a buffer valid until `free_replies`.
   RowsChunk read(const ReadRows& r) {
     const Table& t = tables_[r.table];
     RowsChunk answer;
     answer.updates = t.updates;
+    answer.since = t.cut_since;
     for (const std::string_view name : policy_.optimizer.row_slot_names()) answer.slot_names.emplace_back(name);
+    if (r.evicted) {
+      const std::vector<std::uint64_t>& gone = t.cut_evicted;
+      answer.total = gone.size();
+      const std::size_t begin = std::min<std::size_t>(r.begin, gone.size());
+      const std::size_t n = std::min<std::size_t>({r.max_rows, kMaxCandidatesPerMessage, gone.size() - begin});
+      answer.ids.assign(gone.begin() + begin, gone.begin() + begin + n);
+      return answer;
+    }
     if (r.candidates) {
       const Candidates& c = t.cut_candidates;
       answer.total = c.ids.size();
@@ -236,23 +280,28 @@ class TableShard {
       answer.steps.assign(c.steps.begin() + begin, c.steps.begin() + begin + n);
       return answer;
     }
-    answer.total = t.cut_rows;
-    const std::size_t begin = std::min<std::size_t>(r.begin, t.cut_rows);
-    const std::size_t n = std::min<std::size_t>({r.max_rows, rows_per_chunk(t.rows.stride()), t.cut_rows - begin});
+    const bool selected = t.cut_since >= 0;
+    answer.total = selected ? t.cut_selected.size() : t.cut_rows;
+    const std::size_t begin = std::min<std::size_t>(r.begin, answer.total);
+    const std::size_t n = std::min<std::size_t>({r.max_rows, rows_per_chunk(t.rows.stride()), answer.total - begin});
     if (used_ == replies_.size()) replies_.emplace_back();
     std::vector<std::vector<float>>& buffers = replies_[used_++];
     buffers.resize(1);
     buffers[0].clear();
-    t.rows.read_rows(begin, n, answer.ids, buffers[0], answer.steps);
+    if (selected) {
+      t.rows.read_rows(std::span(t.cut_selected).subspan(begin, n), answer.ids, buffers[0], answer.steps);
+    } else {
+      t.rows.read_rows(begin, n, answer.ids, buffers[0], answer.steps);
+    }
     answer.rows = buffers[0];
     return answer;
   }
 
-  /// Empties every table for a restore: their rows follow (`restore`), or the tables start
-  /// afresh.
-  void begin_restore() noexcept {
+  /// Empties every table for a restore at global step `step`: their rows follow
+  /// (`restore`), or the tables start afresh.
+  void begin_restore(std::int64_t step) noexcept {
     for (Table& t : tables_) {
-      t.rows.clear();
+      t.rows.clear(step);
       policy_.aggregation.clear(t.accumulator);
       t.updates = 0;
       t.next_eviction = 0;
@@ -345,10 +394,22 @@ class TableShard {
     std::int64_t next_eviction = 0;
     bool prepared = false;  ///< its rows of the update being applied wait for commit
     std::size_t cut_rows = 0;       ///< rows held at the last cut
+    std::int64_t cut_since = -1;    ///< an incremental cut's step (-1: every row)
+    std::vector<std::uint32_t> cut_selected;  ///< an incremental cut's rows, by number
+    std::vector<std::uint64_t> cut_evicted;   ///< ids an incremental cut says went
     Candidates cut_candidates;      ///< admission counts at the last cut
   };
 
   static ErrorReply refuse(std::string message) { return ErrorReply{ErrorCode::kInvalidArgument, std::move(message)}; }
+
+  /// The policy's budget for this ps's tables (0: none); a policy without one has none.
+  [[nodiscard]] std::uint64_t max_bytes() const noexcept {
+    if constexpr (requires { policy_.max_bytes; }) {
+      return static_cast<std::uint64_t>(policy_.max_bytes);
+    } else {
+      return 0;
+    }
+  }
 
   T policy_;
   bool cut_marked_ = false;  ///< a cut was read and the pause goes on
@@ -382,13 +443,15 @@ class TableShard<NoTables> {
   [[nodiscard]] std::optional<std::string> prepare(std::int64_t) noexcept { return std::nullopt; }
   std::int64_t commit(std::int64_t) noexcept { return 0; }
   void clear() noexcept {}
-  void mark_cut() noexcept {}
+  [[nodiscard]] std::int64_t evictions_since() const noexcept { return 0; }
+  [[nodiscard]] bool cut_marked() const noexcept { return false; }
+  void mark_cut(std::int64_t = -1, std::int64_t = -1) noexcept {}
   void end_cut() noexcept {}
   [[nodiscard]] std::optional<ErrorReply> check(const ReadRows& r) const {
     return ErrorReply{ErrorCode::kInvalidArgument, "unknown table " + std::to_string(r.table) + " (the model has 0)"};
   }
   RowsChunk read(const ReadRows&) const { return {}; }
-  void begin_restore() noexcept {}
+  void begin_restore(std::int64_t) noexcept {}
   [[nodiscard]] std::optional<ErrorReply> check(const RestoreRows& r) const {
     if (r.ids.empty()) return std::nullopt;
     return ErrorReply{ErrorCode::kInvalidArgument, "unknown table " + std::to_string(r.table) + " (the model has 0)"};

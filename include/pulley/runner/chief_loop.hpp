@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <limits>
 #include <optional>
 #include <string>
 #include <utility>
@@ -15,11 +16,13 @@
 #include "pulley/client/chief.hpp"
 #include "pulley/client/detail/recovery.hpp"
 #include "pulley/concepts/model.hpp"
+#include "pulley/concepts/sharding.hpp"
 #include "pulley/concepts/transport.hpp"
 #include "pulley/core/detail/finite.hpp"
 #include "pulley/core/log.hpp"
 #include "pulley/runner/schedule.hpp"
 #include "pulley/runner/training.hpp"
+#include "pulley/sharding/ids.hpp"
 
 namespace pulley {
 namespace runner_detail {
@@ -84,14 +87,21 @@ ModelState save_checkpoint(CheckpointDirectory& directory, Read&& read) {
   const auto cut = Clock::now();
   const std::filesystem::path path = directory.save(state);
   const auto saved = Clock::now();
-  std::uint64_t floats = 0;
-  for (const VariableState& v : state.variables) floats += v.values.size() * (1 + v.slots.size());
+  std::uint64_t bytes = 0, rows = 0;
+  for (const VariableState& v : state.variables) bytes += 4 * v.values.size() * (1 + v.slots.size());
+  for (const TableState& t : state.tables) {
+    bytes += 4 * t.rows.size() + 12 * t.ids.size() + 16 * t.candidate_ids.size();
+    rows += t.ids.size();
+  }
   auto ms = [](Clock::duration d) {
     return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(d).count());
   };
   log(LogLevel::kInfo, "chief: checkpoint at global step " + std::to_string(state.global_step) +
-                           ": " + path.string() + " (" + std::to_string(floats * 4 >> 20U) +
-                           " MiB; read in " + ms(cut - began) + " ms, written in " +
+                           ": " + path.string() + " (" + std::to_string(bytes >> 20U) + " MiB" +
+                           (state.tables.empty() ? std::string() : ", " + std::to_string(rows) + " rows") +
+                           (state.incremental() ? ", incremental over global step " + std::to_string(state.base_step)
+                                                : std::string()) +
+                           "; read in " + ms(cut - began) + " ms, written in " +
                            ms(saved - cut) + " ms)");
   return state;
 }
@@ -130,11 +140,12 @@ std::int64_t roll_back(Chief<T>& chief, const Error& lost, const CheckpointDirec
 /// checkpoint), then follows its ChiefSchedule: waits for each step due, cuts the
 /// checkpoints due there (or by time, wherever training is), evaluates, and rolls every ps
 /// back to the newest checkpoint when one is lost. The caller ends training.
-template <Model M, Transport T>
+template <Model M, Transport T, IdSharding I = HashIds>
 class ChiefLoop {
  public:
-  ChiefLoop(const Training<M>& training, Chief<T>& chief)
-      : training_(training), chief_(chief), model_(training.model()) {
+  /// @param id_sharding where the ps tasks hold the tables' rows (their Tables policy's)
+  ChiefLoop(const Training<M>& training, Chief<T>& chief, I id_sharding = {})
+      : training_(training), chief_(chief), id_sharding_(std::move(id_sharding)), model_(training.model()) {
     const CheckpointOptions& every = training.checkpoint;
     if (!every.directory.empty()) checkpoints_.emplace(every.directory, every.keep);
   }
@@ -154,6 +165,7 @@ class ChiefLoop {
         // the newest checkpoint, as TensorFlow's chief does, and training goes on from there.
         const std::int64_t step =
             roll_back(chief_, e, checkpoints_ ? &*checkpoints_ : nullptr, initial_, training_.client);
+        note_restored(step);
         schedule.restart(step, Clock::now());
       }
     }
@@ -168,6 +180,7 @@ class ChiefLoop {
       check_model(latest->first, model_, latest->second);
       chief_.restore(latest->first);
       start_step_ = latest->first.global_step;
+      note_restored(start_step_);
       log(LogLevel::kInfo, "chief: resumed from " + latest->second.string() + " at global step " +
                                std::to_string(start_step_));
       return start_step_;
@@ -180,7 +193,7 @@ class ChiefLoop {
       }
     };
     if (checkpoints_) {
-      save_checkpoint(*checkpoints_, initialize);
+      note_saved(save_checkpoint(*checkpoints_, initialize));
     } else {
       initial_ = initialize();
     }
@@ -197,13 +210,16 @@ class ChiefLoop {
     bool reached = true;
     if (due.checkpoint) {
       reached = chief_.wait_for_step_until(due.step, due.deadline).has_value();
-      if (reached) saved = save_checkpoint(*checkpoints_, [&] { return chief_.save_state_at(due.step); });
+      if (reached) saved = save_checkpoint(*checkpoints_, [&] { return chief_.save_state_at(due.step, cut_rows()); });
     } else {
       shot = chief_.snapshot_until(due.step, due.deadline);
       reached = shot.has_value();
     }
-    if (!reached) saved = save_checkpoint(*checkpoints_, [&] { return chief_.save_state(); });  // by time
-    if (saved) schedule.saved(saved->global_step, Clock::now());
+    if (!reached) saved = save_checkpoint(*checkpoints_, [&] { return chief_.save_state(cut_rows()); });  // by time
+    if (saved) {
+      note_saved(*saved);
+      schedule.saved(saved->global_step, Clock::now());
+    }
     if (!reached || !due.evaluation) return;
     if (!shot) {
       if (saved && saved->global_step == due.step) {  // the checkpoint is this step's values
@@ -219,8 +235,26 @@ class ChiefLoop {
     schedule.evaluated();
   }
 
+  /// Which rows the next checkpoint's cut reads: those changed since the newest checkpoint
+  /// (incremental), unless a full one is due (CheckpointOptions::full_every).
+  [[nodiscard]] CutRows cut_rows() const {
+    const std::int64_t every = std::max<std::int64_t>(training_.checkpoint.full_every, 1);
+    if (base_ < 0 || incremental_in_a_row_ + 1 >= every) return CutRows{-1, base_};
+    return CutRows{base_, base_};
+  }
+  /// `state` was saved: the next incremental checkpoint is over it.
+  void note_saved(const ModelState& state) {
+    base_ = state.global_step;
+    incremental_in_a_row_ = state.incremental() ? incremental_in_a_row_ + 1 : 0;
+  }
+  /// The ps tasks were restored at global step `step`: the next checkpoint is a full one.
+  void note_restored(std::int64_t step) {
+    base_ = step;
+    incremental_in_a_row_ = std::numeric_limits<std::int64_t>::max() / 2;
+  }
+
   /// Checks `shot` is finite and hands it to `training.evaluate` (or logs the progress);
-  /// rows come from `saved`, the checkpoint of that step, if there is one.
+  /// rows come from `saved`, the checkpoint of that step, if there is one and it is full.
   void evaluate(const Snapshot& shot, bool last, const ModelState* saved) {
     check_finite(shot, chief_.variables());
     Evaluation evaluation;
@@ -233,14 +267,14 @@ class ChiefLoop {
     if (evaluation.last) evaluation.stats = chief_.stats();
     std::vector<CheckpointRows> saved_rows;
     if constexpr (TableModel<M>) {
-      if (saved != nullptr && !saved->tables.empty()) {
+      if (saved != nullptr && !saved->tables.empty() && !saved->incremental()) {
         saved_rows = checkpoint_rows(*saved);
         evaluation.rows = [&saved_rows](std::size_t t, std::span<const std::uint64_t> ids, std::span<float> out) {
           saved_rows.at(t).lookup(ids, out);
         };
       } else {
         evaluation.rows = [this](std::size_t t, std::span<const std::uint64_t> ids, std::span<float> out) {
-          const std::vector<float> read = chief_.read_rows(model_.tables()[t].name, ids);
+          const std::vector<float> read = chief_.read_rows(model_.tables()[t].name, ids, id_sharding_);
           if (read.size() != out.size()) throw Error(ErrorCode::kInvalidArgument, "rows: `out` does not fit the rows");
           std::copy(read.begin(), read.end(), out.begin());
         };
@@ -258,21 +292,24 @@ class ChiefLoop {
 
   const Training<M>& training_;
   Chief<T>& chief_;
+  [[no_unique_address]] I id_sharding_;
   M model_;
   std::optional<CheckpointDirectory> checkpoints_;
   /// Where a lost ps rolls the job back to without a checkpoint directory: the initial values.
   std::optional<ModelState> initial_;
   Clock::time_point start_;
   std::int64_t start_step_ = 0;
+  std::int64_t base_ = -1;  ///< the newest checkpoint saved or restored from (-1: none)
+  std::int64_t incremental_in_a_row_ = 0;  ///< checkpoints since the last full one
 };
 
 /// The chief task: runs the ChiefLoop, then ends training (or aborts it, with the reason,
 /// when anything fails: every task then hears why).
-template <Model M, Transport T>
-void lead(const Training<M>& training, T transport) {
+template <Model M, Transport T, IdSharding I = HashIds>
+void lead(const Training<M>& training, T transport, I id_sharding = {}) {
   Chief chief(std::move(transport), training.seed, training.client);
   try {
-    ChiefLoop<M, T>(training, chief).run();
+    ChiefLoop<M, T, I>(training, chief, std::move(id_sharding)).run();
     chief.shutdown();
     log(LogLevel::kInfo, "chief: training finished at global step " + std::to_string(training.last_step) +
                              "; the ps tasks are shut down");

@@ -69,6 +69,7 @@ inline void add_job_flags(CLI::App& app, JobFlags& flags) {
 
 /// Adds the checkpoint flags (TensorFlow's names) to a CLI11 app, in a "Checkpoints" group:
 ///   --checkpoint-dir DIR  --save-checkpoint-steps N  --save-checkpoint-secs S  --keep-checkpoints K
+///   --full-checkpoint-every K
 inline void add_checkpoint_flags(CLI::App& app, CheckpointOptions& options) {
   const std::string group = "Checkpoints";
   app.add_option("--checkpoint-dir", options.directory,
@@ -86,6 +87,11 @@ inline void add_checkpoint_flags(CLI::App& app, CheckpointOptions& options) {
       ->group(group);
   app.add_option("--keep-checkpoints", options.keep, "checkpoints kept, newest first (0: all)")
       ->check(CLI::Range(std::size_t{0}, std::size_t{1} << 20))
+      ->group(group);
+  app.add_option("--full-checkpoint-every", options.full_every,
+                 "every K-th checkpoint holds every row of the tables; those between only the rows "
+                 "changed since the one before (1: every checkpoint is full)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20))
       ->group(group);
 }
 

@@ -27,6 +27,8 @@
 #include "pulley/runner/job.hpp"
 #include "pulley/runner/tasks.hpp"
 #include "pulley/runner/training.hpp"
+#include "pulley/sharding/ids.hpp"
+#include "pulley/tables/tables.hpp"
 #include "pulley/transport/in_process.hpp"
 #include "pulley/transport/tcp.hpp"
 
@@ -44,6 +46,17 @@ void abort_training(T& transport, const std::string& reason, std::chrono::millis
     }
     group.wait(timeout, "abort training");
   } catch (const Error&) {
+  }
+}
+
+/// Where the ps tasks of table policy `tables` hold rows: its IdSharding (HashIds for
+/// NoTables, whose ps tasks hold none).
+template <TablesOrNone T>
+auto id_sharding_of(const T& tables) {
+  if constexpr (TablePolicy<T>) {
+    return tables.sharding;
+  } else {
+    return HashIds{};
   }
 }
 
@@ -69,12 +82,13 @@ class Failure {
 
 /// Every task as a thread of this process, on the in-process transport. The first failure
 /// aborts the job (every other task then stops) and is the one reported.
-template <Model M, Sharding S, Optimizer O, SyncPolicy P>
+template <Model M, Sharding S, Optimizer O, SyncPolicy P, TablesOrNone T>
 void run_in_process(const Job& job, const Training<M>& training, S sharding, O optimizer,
-                    P sync) {
+                    P sync, T tables) {
+  const auto id_sharding = id_sharding_of(tables);
   InProcessNetwork network(job.local_ps);
   for (std::uint32_t i = 0; i < job.local_ps; ++i) {
-    ParameterServer<S, O, P> ps(i, job.local_ps, optimizer, sync, sharding);
+    ParameterServer<S, O, P, T> ps(i, job.local_ps, optimizer, sync, sharding, tables);
     ps.set_worker_timeout(training.worker_timeout);
     network.serve(std::move(ps));
   }
@@ -88,14 +102,15 @@ void run_in_process(const Job& job, const Training<M>& training, S sharding, O o
   for (std::uint32_t w = 0; w < job.local_workers; ++w) {
     workers.emplace_back([&, w] {
       try {
-        work(training, w, job.local_workers, [&] { return InProcess(network, Node::worker(w)); });
+        work(training, w, job.local_workers, [&] { return InProcess(network, Node::worker(w)); },
+             id_sharding);
       } catch (const std::exception& e) {
         fail("worker " + std::to_string(w), e);
       }
     });
   }
   try {
-    lead(training, InProcess(network, Node::chief()));
+    lead(training, InProcess(network, Node::chief()), id_sharding);
   } catch (const std::exception& e) {
     fail("chief", e);
   }
@@ -107,9 +122,10 @@ void run_in_process(const Job& job, const Training<M>& training, S sharding, O o
 }
 
 /// This process's task of a cluster of processes.
-template <Model M, Sharding S, Optimizer O, SyncPolicy P>
+template <Model M, Sharding S, Optimizer O, SyncPolicy P, TablesOrNone T>
 void run_task(const TfConfig& config, const Credentials& credentials, const Training<M>& training,
-              S sharding, O optimizer, P sync) {
+              S sharding, O optimizer, P sync, T tables) {
+  const auto id_sharding = id_sharding_of(tables);
   const std::string& type = config.task.type;
   const std::vector<std::string>& ps = config.cluster.tasks("ps");
   const auto num_workers = static_cast<std::uint32_t>(config.cluster.tasks("worker").size());
@@ -117,23 +133,24 @@ void run_task(const TfConfig& config, const Credentials& credentials, const Trai
   auto transport = [&](Node self) { return Tcp(self, ps, tcp); };
   if (type == "ps") {
     serve(training, config, credentials, std::move(sharding), std::move(optimizer),
-          std::move(sync));
+          std::move(sync), std::move(tables));
   } else if (type == "chief") {
-    lead(training, transport(Node::chief()));
+    lead(training, transport(Node::chief()), id_sharding);
   } else if (type == "evaluator") {
-    follow(training, [&] { return transport(Node{Node::Role::kEvaluator, config.task.index}); });
+    follow(training, [&] { return transport(Node{Node::Role::kEvaluator, config.task.index}); },
+           id_sharding);
   } else if (type == "worker" && config.task.index == 0 && !config.cluster.roles.contains("chief")) {
     // No chief task: worker 0 is also the chief (TensorFlow's convention), on a thread.
     std::exception_ptr chief_failure;
     std::thread chief([&] {
       try {
-        lead(training, transport(Node::chief()));
+        lead(training, transport(Node::chief()), id_sharding);
       } catch (...) {
         chief_failure = std::current_exception();
       }
     });
     try {
-      work(training, 0, num_workers, [&] { return transport(Node::worker(0)); });
+      work(training, 0, num_workers, [&] { return transport(Node::worker(0)); }, id_sharding);
     } catch (const std::exception& e) {
       // The chief thread may be waiting for steps this worker will not push: end the job.
       try {
@@ -149,7 +166,7 @@ void run_task(const TfConfig& config, const Credentials& credentials, const Trai
     if (chief_failure) std::rethrow_exception(chief_failure);
   } else {
     work(training, config.task.index, num_workers,
-         [&] { return transport(Node::worker(config.task.index)); });
+         [&] { return transport(Node::worker(config.task.index)); }, id_sharding);
   }
 }
 
@@ -167,10 +184,21 @@ void run_task(const TfConfig& config, const Credentials& credentials, const Trai
 /// failed worker or ps fails its own task only (other workers go on, or stall and report
 /// why at their deadline).
 ///
+/// A model with embedding tables (TableModel) is served the same way: the chief registers
+/// its tables, workers pull and push their batches' rows, checkpoints hold the rows, and
+/// `Evaluation::rows` reads them.
+///
 /// @tparam M the Model (made by `training.model`)
 /// @tparam S, O, P the ps's Sharding, Optimizer and SyncPolicy, as in ParameterServer
-template <Model M, Sharding S, Optimizer O, SyncPolicy P>
-int run(const Job& job, const Training<M>& training, S sharding, O optimizer, P sync) {
+/// @tparam T the ps's table policy (Tables<RowOptimizer, IdSharding, RowAggregation>);
+///           workers, the chief and the evaluator use its IdSharding. The overload without
+///           one takes ParameterServer's default: Tables<O> with `optimizer`'s settings when
+///           O can update rows.
+template <Model M, Sharding S, Optimizer O, SyncPolicy P, TablesOrNone T>
+int run(const Job& job, const Training<M>& training, S sharding, O optimizer, P sync, T tables) {
+  static_assert(!TableModel<M> || TablePolicy<T>,
+                "a model with embedding tables needs a Tables policy: pass one to pulley::run, or "
+                "an optimizer that can update rows");
   try {
     if (training.last_step <= 0) {
       throw Error(ErrorCode::kInvalidArgument, "Training::last_step must be positive");
@@ -180,16 +208,22 @@ int run(const Job& job, const Training<M>& training, S sharding, O optimizer, P 
     }
     if (job.in_process()) {
       runner_detail::run_in_process(job, training, std::move(sharding), std::move(optimizer),
-                                    std::move(sync));
+                                    std::move(sync), std::move(tables));
     } else {
       runner_detail::run_task(*job.cluster, job.credentials, training, std::move(sharding),
-                              std::move(optimizer), std::move(sync));
+                              std::move(optimizer), std::move(sync), std::move(tables));
     }
     return 0;
   } catch (const std::exception& e) {
     log(LogLevel::kError, job.name() + " failed: " + e.what());
     return 1;
   }
+}
+
+template <Model M, Sharding S, Optimizer O, SyncPolicy P>
+int run(const Job& job, const Training<M>& training, S sharding, O optimizer, P sync) {
+  auto tables = default_table_policy<DefaultTables<O>>(optimizer);
+  return run(job, training, std::move(sharding), std::move(optimizer), std::move(sync), std::move(tables));
 }
 
 }  // namespace pulley

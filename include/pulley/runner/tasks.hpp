@@ -30,6 +30,8 @@
 #include "pulley/runner/chief_loop.hpp"
 #include "pulley/runner/schedule.hpp"
 #include "pulley/runner/training.hpp"
+#include "pulley/sharding/ids.hpp"
+#include "pulley/tables/tables.hpp"
 #include "pulley/transport/tcp.hpp"
 
 /// The tasks of a job other than the chief (runner/chief_loop.hpp): a worker, an evaluator,
@@ -39,12 +41,12 @@ namespace pulley {
 namespace runner_detail {
 
 /// A worker: steps until training is over, beating its heart on a transport of its own
-/// (`connect()` makes each).
-template <Model M, class Connect>
+/// (`connect()` makes each); its rows go where `id_sharding` (the ps tasks') puts them.
+template <Model M, class Connect, IdSharding I = HashIds>
 void work(const Training<M>& training, std::uint32_t index, std::uint32_t num_workers,
-          Connect connect) {
+          Connect connect, I id_sharding = {}) {
   HeartbeatSender heartbeat(index, connect(), training.client.heartbeat_interval);
-  Worker worker(index, training.model(), connect(), training.client);
+  Worker worker(index, training.model(), connect(), training.client, std::move(id_sharding));
   std::int64_t start_step = 0;
   try {
     worker.wait_ready();
@@ -94,7 +96,7 @@ void follow_checkpoints(const Training<M>& training) {
       seen = step;
       any = true;
       try {
-        checkpoint::read_checkpoint_into(path, state);
+        CheckpointDirectory::load_into(path, state);  // an incremental one over what it holds
       } catch (const Error& e) {  // pruned since listed, or damaged: it will not heal
         log(LogLevel::kWarning, "evaluator: skipping checkpoint " + path.string() + ": " + e.what());
         continue;
@@ -141,9 +143,10 @@ void follow_checkpoints(const Training<M>& training) {
 /// chief's `--checkpoint-dir`) it follows the checkpoints there (follow_checkpoints), as
 /// TensorFlow's evaluator does, and never connects to the ps tasks. Without one it reads
 /// live snapshots (each one global step on every ps) at the chief's evaluation steps, over
-/// a transport `connect()` makes, until training is over.
-template <Model M, class Connect>
-void follow(const Training<M>& training, Connect connect) {
+/// a transport `connect()` makes, until training is over; a table model's rows are then
+/// read from the ps tasks (where `id_sharding` puts them) as they are when read.
+template <Model M, class Connect, IdSharding I = HashIds>
+void follow(const Training<M>& training, Connect connect, I id_sharding = {}) {
   if (!training.checkpoint.directory.empty()) {
     follow_checkpoints(training);
     return;
@@ -173,6 +176,13 @@ void follow(const Training<M>& training, Connect connect) {
       evaluation.step = shot.step;
       evaluation.consistent = shot.consistent;
       evaluation.last = step == steps.back();
+      if constexpr (TableModel<M>) {
+        evaluation.rows = [&](std::size_t t, std::span<const std::uint64_t> ids, std::span<float> out) {
+          const std::vector<float> rows = evaluator.read_rows(model.tables()[t].name, ids, id_sharding);
+          if (rows.size() != out.size()) throw Error(ErrorCode::kInvalidArgument, "rows: `out` does not fit the rows");
+          std::copy(rows.begin(), rows.end(), out.begin());
+        };
+      }
       load(model, shot);
       if (training.evaluate) training.evaluate(model, evaluation);
     }
@@ -190,9 +200,9 @@ Options with(Options options, const Credentials& credentials) {
 }
 
 /// A ps task of a cluster of processes, until the chief shuts it down.
-template <Model M, Sharding S, Optimizer O, SyncPolicy P>
+template <Model M, Sharding S, Optimizer O, SyncPolicy P, TablesOrNone T>
 void serve(const Training<M>& training, const TfConfig& config, const Credentials& credentials,
-           S sharding, O optimizer, P sync) {
+           S sharding, O optimizer, P sync, T tables) {
   const auto& hosts = config.cluster.tasks("ps");
   const std::uint32_t task = config.task.index;
   const Address address = parse_address(hosts.at(task));
@@ -202,8 +212,8 @@ void serve(const Training<M>& training, const TfConfig& config, const Credential
       address.host == "localhost" || address.host.starts_with("127.") || address.host == "::1";
   const std::string bind =
       loopback ? address.host : (address.host.find(':') != std::string::npos ? "::" : "0.0.0.0");
-  ParameterServer<S, O, P> ps(task, static_cast<std::uint32_t>(hosts.size()), std::move(optimizer),
-                              std::move(sync), std::move(sharding));
+  ParameterServer<S, O, P, T> ps(task, static_cast<std::uint32_t>(hosts.size()), std::move(optimizer),
+                                 std::move(sync), std::move(sharding), std::move(tables));
   ps.set_worker_timeout(training.worker_timeout);
   TcpServer server(std::move(ps), bind, address.port, with(training.server, credentials));
   log(LogLevel::kInfo, "ps " + std::to_string(task) + " serving on " + address.to_string() +

@@ -32,8 +32,8 @@ struct Evaluation {
   /// index in `model.tables()`) into `out` (`ids.size() × dim` floats), a row not held
   /// reading as its initial value. They are the evaluated checkpoint's (an evaluator task
   /// on a checkpoint directory; the chief at a step it checkpointed), else the ps tasks'
-  /// as they are when read. Valid during the `evaluate` call only; empty where no rows can
-  /// be read (a model without tables, an evaluator on live snapshots).
+  /// as they are when read (the chief; an evaluator on live snapshots). Valid during the
+  /// `evaluate` call only; empty for a model without tables.
   std::function<void(std::size_t table, std::span<const std::uint64_t> ids, std::span<float> out)> rows;
 };
 
@@ -83,8 +83,15 @@ struct CheckpointOptions {
   std::int64_t save_steps = 0;
   /// Seconds between checkpoints (0: not by time).
   std::chrono::seconds save_secs{600};
-  /// Checkpoints kept, newest first (0: all).
+  /// Checkpoints kept, newest first (0: all), and those they need.
   std::size_t keep = 5;
+  /// Every how many checkpoints one is full, for a model with embedding tables: those
+  /// between are incremental, their tables holding only the rows touched since the
+  /// checkpoint before (and the ids evicted since), so their size follows the rows
+  /// training touched, not the table's. A restore reads the newest full checkpoint and
+  /// applies the incremental ones after it. 1: every checkpoint is full. The first
+  /// checkpoint after a resume or a rollback is always full.
+  std::int64_t full_every = 1;
 };
 
 /// A training job as the role runner needs it: everything but where its tasks run.

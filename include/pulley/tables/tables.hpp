@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
+#include <cstdint>
 #include <type_traits>
 
 #include "pulley/concepts/optimizer.hpp"
@@ -31,6 +32,13 @@ struct Tables {
   [[no_unique_address]] O optimizer{};    ///< updates every table's rows
   [[no_unique_address]] I sharding{};     ///< which ps holds which row
   [[no_unique_address]] A aggregation{};  ///< what an update's pushed rows add up to
+  /// The bytes each ps's tables may hold, rows and admission counts (a row costs its
+  /// values, slots and a 16-byte header, plus 8 bytes of index; 0: no budget). A worker's
+  /// pull that would pass it first evicts the least recently touched eighth of the rows of
+  /// the table it creates a row in, as TableSpec::max_rows does; failing that, the row is
+  /// not created (it reads as its initial value, its pushes are dropped), counted in
+  /// Stats::table_rows_capped. No worker request grows a ps's tables past it.
+  std::uint64_t max_bytes = 0;
 };
 
 /// The table policy of a ParameterServer that serves no embedding tables: a model that
