@@ -124,14 +124,17 @@ class Data {
 };
 
 /// A worker's batches: a contiguous block of the training examples, its share among the
-/// workers not lost (taken anew each epoch), in order; a resumed job starts as many batches
-/// in as the global step it resumes at (one batch per worker per step, as sync R = N reads).
+/// workers not lost (taken anew each epoch), in order; a resumed job starts where this
+/// worker's batches of the steps before would end (`batches_per_step` batches of all the
+/// workers make a global step: one each under sync R = N, one in all under async).
 class Shard {
  public:
-  Shard(const std::vector<ctr::Example>& examples, std::size_t batch, pulley::DataShard shard)
+  Shard(const std::vector<ctr::Example>& examples, std::size_t batch, std::int64_t batches_per_step,
+        pulley::DataShard shard)
       : examples_(examples), batch_(batch), shard_(std::move(shard)) {
     next_block();
-    next_ = static_cast<std::size_t>(shard_.start_step) % (block_.size() / batch_) * batch_;
+    const auto done = static_cast<std::size_t>(shard_.start_step * batches_per_step / shard_.count);
+    next_ = done % (block_.size() / batch_) * batch_;
   }
 
   ctr::WideDeep::Batch operator()() {
@@ -205,7 +208,9 @@ int train(const pulley::Job& job, const Options& o, Data& data, Sync sync, std::
 
   pulley::Training<ctr::WideDeep> training;
   training.model = [&o] { return ctr::WideDeep(o.admit_after, o.max_rows); };
-  training.data = [&](const pulley::DataShard& shard) { return Shard(data.train(), o.batch, shard); };
+  training.data = [&](const pulley::DataShard& shard) {
+    return Shard(data.train(), o.batch, batches_per_step, shard);
+  };
   training.last_step = steps_per_epoch * o.epochs;
   training.evaluate_every = std::max<std::int64_t>(1, steps_per_epoch / std::max(o.progress, 1));
   if (o.progress == 0) training.evaluate_every = 0;

@@ -1359,6 +1359,7 @@ class CheckpointDirectory {
     remove_temporaries();
     const std::filesystem::path target = root_ / name_of(state.global_step);
     std::error_code ec;
+    wrote_ = false;
     if (std::filesystem::exists(target, ec)) return target;
     const std::filesystem::path temporary =
         root_ / (".tmp-" + name_of(state.global_step) + "-" + std::to_string(::getpid()));
@@ -1374,9 +1375,15 @@ class CheckpointDirectory {
       std::filesystem::remove_all(temporary, ec);
       throw;
     }
+    wrote_ = true;
     prune();
     return target;
   }
+
+  /// Whether the last `save` wrote its state (false: a checkpoint of that step was there
+  /// already and was kept, so what is on disk may differ from the state, and an
+  /// incremental checkpoint must not be taken over it).
+  [[nodiscard]] bool wrote() const noexcept { return wrote_; }
 
   /// The checkpoints there (finished ones: named `ckpt-<step>`), newest first.
   [[nodiscard]] std::vector<std::pair<std::int64_t, std::filesystem::path>> list() const {
@@ -1496,6 +1503,7 @@ class CheckpointDirectory {
 
   std::filesystem::path root_;
   std::size_t keep_;
+  bool wrote_ = false;
 };
 
 }  // namespace pulley
@@ -1937,6 +1945,7 @@ inline std::vector<CheckpointRows> checkpoint_rows(const ModelState& state) {
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -4158,9 +4167,11 @@ namespace detail {
 
 /// Reads table `t`'s rows and admission counts at the cut from every ps (paused, its cut
 /// read), chunk by chunk: each ps holds at most one chunk more than its rows meanwhile. An
-/// `incremental` cut's rows are those changed since its base, and its evicted ids follow.
+/// `incremental` cut's rows are those changed since its base, and its evicted ids follow;
+/// nullopt when a ps could not make its part incremental (its eviction log no longer
+/// reaches back to the base: RowsChunk::since).
 template <Transport T>
-TableState read_table(Client<T>& client, std::uint32_t t, bool incremental) {
+std::optional<TableState> read_table(Client<T>& client, std::uint32_t t, bool incremental) {
   const std::size_t num_ps = client.num_ps();
   const auto timeout = client.options().request_timeout;
   TableState table;
@@ -4175,6 +4186,7 @@ TableState read_table(Client<T>& client, std::uint32_t t, bool incremental) {
     group.wait(timeout, "read the rows of table '" + table.spec.name + "'");
     for (std::size_t ps = 0; ps < num_ps; ++ps) {
       RowsChunk head = group.take_as<RowsChunk>(ps);
+      if (incremental && head.since < 0) return std::nullopt;
       if (ps == 0) table.slot_names = std::move(head.slot_names);
       total[ps] = head.total;
       table.updates.push_back(head.updates);
@@ -4425,7 +4437,13 @@ ModelState read_state(Client<T>& client, std::int64_t at_step = 0, CutRows rows 
                                    "resume the ps tasks");
   }
   for (std::uint32_t t = 0; t < client.tables().size(); ++t) {
-    state.tables.push_back(detail::read_table(client, t, rows.since >= 0));
+    std::optional<TableState> table = detail::read_table(client, t, rows.since >= 0);
+    if (!table) {
+      log(LogLevel::kInfo, "a ps lost track of its evictions since global step " + std::to_string(rows.since) +
+                               " while it was paused: the checkpoint is cut again, with every row");
+      return read_state(client, 0, CutRows{-1, rows.forget_evictions_before});
+    }
+    state.tables.push_back(std::move(*table));
   }
   state.table_seed = client.table_seed();
   if (!state.tables.empty()) state.base_step = rows.since;
@@ -7741,6 +7759,10 @@ class EmbeddingTable {
             bool create = true, std::uint64_t* headroom = nullptr) {
     const std::size_t d = spec_.dim;
     headroom_ = headroom;
+    struct Reset {  // whatever happens (a failed allocation throws), the pointer goes
+      std::uint64_t*& headroom;
+      ~Reset() { headroom = nullptr; }
+    } reset{headroom_};
     for_each_found(ids, [&](std::size_t i, std::uint32_t row) {
       const std::span<float> into = out.subspan(i * d, d);
       if (row == kNone && create && admit(ids[i], step) && make_room(step)) row = this->create(ids[i]);
@@ -7752,16 +7774,16 @@ class EmbeddingTable {
       const float* values = at(row);
       std::copy(values, values + d, into.begin());
     });
-    headroom_ = nullptr;
   }
 
   /// What a row costs against a ps's table budget: its record and its index entry.
   [[nodiscard]] std::uint64_t budget_row_bytes() const noexcept { return record_ * sizeof(float) + 8; }
   /// What an id admission counts costs against it.
   static constexpr std::uint64_t kCandidateBytes = 48;
-  /// The bytes this table holds against a ps's table budget: rows and admission counts.
+  /// The bytes this table holds against a ps's table budget: rows (and the copies a cut
+  /// being read keeps of rows updated since) and admission counts.
   [[nodiscard]] std::uint64_t budget_bytes() const noexcept {
-    return rows_ * budget_row_bytes() + candidates_.size() * kCandidateBytes;
+    return (rows_ + kept_touched_.size()) * budget_row_bytes() + candidates_.size() * kCandidateBytes;
   }
 
   /// Applies one update at global step `step` (steps completed before it; `updates` of this
@@ -7885,10 +7907,10 @@ class EmbeddingTable {
   // Every row removed (by evict_after_steps or by max_rows) is logged with its step, so that
   // a checkpoint holding only the rows changed since an earlier one can say which rows went:
   // restored over the earlier one, an evicted row does not come back. The log holds the
-  // evictions from `evictions_since()` on; at kMaxEvictionLog entries it is dropped and
-  // starts again (the next checkpoint is then a full one).
+  // evictions from `evictions_since()` on; at kMaxEvictionLog entries, or as many as the
+  // table's rows if more, it is dropped and starts again (the next checkpoint is then full).
 
-  /// Entries the eviction log holds at most.
+  /// Entries the eviction log holds at least before it is dropped.
   static constexpr std::size_t kMaxEvictionLog = std::size_t{1} << 20U;
 
   /// The global step from which every eviction is in the log.
@@ -8037,8 +8059,11 @@ class EmbeddingTable {
   static std::uint32_t clamp_step(std::int64_t step) noexcept {
     return static_cast<std::uint32_t>(std::clamp<std::int64_t>(step, 0, kNone - 1));
   }
-  void touch(std::uint32_t row, std::int64_t step) noexcept {
-    set_touched(row, std::max(touched_step(row), clamp_step(step)));
+  void touch(std::uint32_t row, std::int64_t step) {
+    const std::uint32_t now = clamp_step(step);
+    if (now <= touched_step(row)) return;
+    if (frozen_ && row < cut_rows_) keep_for_cut(row);  // the cut reads the step it saw
+    set_touched(row, now);
   }
 
   /// Calls `f(i, row)` for each of `ids` with the row that holds it (kNone if none), in
@@ -8191,7 +8216,7 @@ class EmbeddingTable {
   }
 
   void log_eviction(std::uint64_t id, std::int64_t step) {
-    if (evicted_.size() >= kMaxEvictionLog) {  // too many to keep: a full checkpoint is next
+    if (evicted_.size() >= std::max(kMaxEvictionLog, rows_)) {  // too many: a full checkpoint is next
       evicted_.clear();
       evictions_since_ = step + 1;
       return;
@@ -8461,7 +8486,7 @@ class TableShard {
     tables.reserve(specs.size());
     for (const TableSpec& spec : specs) {
       tables.push_back(Table{EmbeddingTable<Optimizer>(spec, policy_.optimizer, seed),
-                             policy_.aggregation.make_accumulator(spec.dim), 0, 0, false, 0, -1, {}, {}, {}});
+                             policy_.aggregation.make_accumulator(spec.dim), 0, 0, false, 0, -1, 0, {}, {}, {}});
     }
     tables_ = std::move(tables);
     task_ = task;
@@ -8622,16 +8647,19 @@ class TableShard {
   /// at this moment, which ReadRows then reads chunk by chunk, as they were then, whether
   /// the ps stays paused or trains on (EmbeddingTable::begin_cut), until end_cut. With `since` ≥ 0 (an
   /// incremental checkpoint, `since` ≥ evictions_since()), the rows are those touched at or
-  /// after global step `since`, with the ids evicted since; else every row. Evictions
-  /// before `forget_before` are forgotten first (no later cut will be since an earlier step).
+  /// after global step `since`, with the ids evicted since; else every row (also when the
+  /// table's eviction log no longer reaches back to `since`: RowsChunk::since then says -1,
+  /// and the chief takes a full checkpoint instead). Evictions before `forget_before` are
+  /// forgotten first (no later cut will be since an earlier step).
   void mark_cut(std::int64_t since = -1, std::int64_t forget_before = -1) {
     for (Table& t : tables_) {
       if (forget_before > 0) t.rows.forget_evictions_before(forget_before);
       t.cut_rows = t.rows.size();
+      t.cut_updates = t.updates;
       t.cut_selected.clear();
       t.cut_evicted.clear();
-      t.cut_since = since;
-      if (since >= 0) {
+      t.cut_since = since >= 0 && since >= t.rows.evictions_since() ? since : -1;
+      if (t.cut_since >= 0) {
         t.rows.rows_touched_since(since, t.cut_selected);
         t.rows.read_evicted(since, t.cut_evicted);
       }
@@ -8669,7 +8697,7 @@ class TableShard {
   RowsChunk read(const ReadRows& r) {
     const Table& t = tables_[r.table];
     RowsChunk answer;
-    answer.updates = t.updates;
+    answer.updates = t.cut_updates;
     answer.since = t.cut_since;
     for (const std::string_view name : policy_.optimizer.row_slot_names()) answer.slot_names.emplace_back(name);
     if (r.evicted) {
@@ -8805,6 +8833,7 @@ class TableShard {
     bool prepared = false;  ///< its rows of the update being applied wait for commit
     std::size_t cut_rows = 0;       ///< rows held at the last cut
     std::int64_t cut_since = -1;    ///< an incremental cut's step (-1: every row)
+    std::int64_t cut_updates = 0;   ///< the update count at the cut
     std::vector<std::uint32_t> cut_selected;  ///< an incremental cut's rows, by number
     std::vector<std::uint64_t> cut_evicted;   ///< ids an incremental cut says went
     Candidates cut_candidates;      ///< admission counts at the last cut
@@ -9508,10 +9537,15 @@ class ParameterServer {
   void disconnected(const Node& node, std::uint64_t session) noexcept {
     if (end_) return;
     try {
-      if (node.role == Node::Role::kChief && (cut_.paused_by(session) || rows_cut_session_ == session)) {
-        log(LogLevel::kWarning, name_ + ": the chief left while it read a checkpoint's cut: resuming");
+      if (node.role == Node::Role::kChief && cut_.paused_by(session)) {
+        log(LogLevel::kWarning, name_ + ": the chief left while it paused this ps: resuming");
         changing_ = true;
         resume();
+      } else if (node.role == Node::Role::kChief && rows_cut_session_ == session && session != 0) {
+        log(LogLevel::kWarning, name_ + ": the chief left while it read a checkpoint's rows: the cut ends");
+        changing_ = true;
+        shard_.tables().end_cut();
+        rows_cut_session_ = 0;
       } else if (node.role == Node::Role::kWorker) {
         const std::string gone = name_ + ": " + node.name() + " disconnected";
         const std::string before = pacing_.waiting_for();
@@ -9785,6 +9819,7 @@ class ParameterServer {
   }
 
   void pause(std::uint64_t session, Responder& reply) {
+    rows_cut_session_ = 0;  // a new cut: what an earlier one kept readable goes with its ReadState
     PauseReply answer{pacing_.global_step(), registration_.epoch(), ledger_.taken(), {}, {},
                       checkpoints_whole_state_v<O>, shard_.tables().evictions_since()};
     shard_.state_names(answer.slot_names, answer.counter_names);
@@ -9798,13 +9833,8 @@ class ParameterServer {
       return reject(reply, ErrorCode::kFailedPrecondition, "ReadState: this ps has taken more pushes of worker " +
                                                                std::to_string(*worker) + " than the cut");
     }
-    if (r.since >= 0 && r.since < shard_.tables().evictions_since()) {
-      return reject(reply, ErrorCode::kFailedPrecondition,
-                    "ReadState: rows changed since global step " + std::to_string(r.since) +
-                        ", but this ps knows its evictions from step " +
-                        std::to_string(shard_.tables().evictions_since()) + " on only");
-    }
     shard_.tables().end_cut();  // a cut read before is given up
+    rows_cut_session_ = 0;
     cut_since_ = r.since;
     cut_forget_before_ = r.forget_evictions_before;
     cut_.read_at(std::move(r.until), reply);
@@ -9821,16 +9851,18 @@ class ParameterServer {
         });
   }
 
-  void on(ReadRows& r, const RequestContext&, Responder& reply) {
-    if (!cut_.paused() && !shard_.tables().cut_marked()) {
-      return reject(reply, ErrorCode::kFailedPrecondition, "ReadRows without Pause");
+  void on(ReadRows& r, const RequestContext& context, Responder& reply) {
+    if (!cut_.paused_by(context.session) && (rows_cut_session_ != context.session || rows_cut_session_ == 0)) {
+      return reject(reply, ErrorCode::kFailedPrecondition, "ReadRows without Pause (of this connection)");
     }
     if (refused(reply, shard_.tables().check(r))) return;
     respond(reply, shard_.tables().read(r));
   }
 
   void on(Resume& r, const RequestContext& context, Responder& reply) {
-    if (r.keep_rows && cut_.paused_by(0) && shard_.tables().cut_marked()) rows_cut_session_ = context.session;
+    if (r.keep_rows && cut_.paused_by(context.session) && shard_.tables().cut_marked()) {
+      rows_cut_session_ = context.session;
+    }
     resume(r.keep_rows);
     respond(reply, Ack{});
   }

@@ -66,6 +66,7 @@ class CheckpointDirectory {
     remove_temporaries();
     const std::filesystem::path target = root_ / name_of(state.global_step);
     std::error_code ec;
+    wrote_ = false;
     if (std::filesystem::exists(target, ec)) return target;
     const std::filesystem::path temporary =
         root_ / (".tmp-" + name_of(state.global_step) + "-" + std::to_string(::getpid()));
@@ -81,9 +82,15 @@ class CheckpointDirectory {
       std::filesystem::remove_all(temporary, ec);
       throw;
     }
+    wrote_ = true;
     prune();
     return target;
   }
+
+  /// Whether the last `save` wrote its state (false: a checkpoint of that step was there
+  /// already and was kept, so what is on disk may differ from the state, and an
+  /// incremental checkpoint must not be taken over it).
+  [[nodiscard]] bool wrote() const noexcept { return wrote_; }
 
   /// The checkpoints there (finished ones: named `ckpt-<step>`), newest first.
   [[nodiscard]] std::vector<std::pair<std::int64_t, std::filesystem::path>> list() const {
@@ -203,6 +210,7 @@ class CheckpointDirectory {
 
   std::filesystem::path root_;
   std::size_t keep_;
+  bool wrote_ = false;
 };
 
 }  // namespace pulley

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -19,9 +20,11 @@ namespace detail {
 
 /// Reads table `t`'s rows and admission counts at the cut from every ps (paused, its cut
 /// read), chunk by chunk: each ps holds at most one chunk more than its rows meanwhile. An
-/// `incremental` cut's rows are those changed since its base, and its evicted ids follow.
+/// `incremental` cut's rows are those changed since its base, and its evicted ids follow;
+/// nullopt when a ps could not make its part incremental (its eviction log no longer
+/// reaches back to the base: RowsChunk::since).
 template <Transport T>
-TableState read_table(Client<T>& client, std::uint32_t t, bool incremental) {
+std::optional<TableState> read_table(Client<T>& client, std::uint32_t t, bool incremental) {
   const std::size_t num_ps = client.num_ps();
   const auto timeout = client.options().request_timeout;
   TableState table;
@@ -36,6 +39,7 @@ TableState read_table(Client<T>& client, std::uint32_t t, bool incremental) {
     group.wait(timeout, "read the rows of table '" + table.spec.name + "'");
     for (std::size_t ps = 0; ps < num_ps; ++ps) {
       RowsChunk head = group.take_as<RowsChunk>(ps);
+      if (incremental && head.since < 0) return std::nullopt;
       if (ps == 0) table.slot_names = std::move(head.slot_names);
       total[ps] = head.total;
       table.updates.push_back(head.updates);
@@ -286,7 +290,13 @@ ModelState read_state(Client<T>& client, std::int64_t at_step = 0, CutRows rows 
                                    "resume the ps tasks");
   }
   for (std::uint32_t t = 0; t < client.tables().size(); ++t) {
-    state.tables.push_back(detail::read_table(client, t, rows.since >= 0));
+    std::optional<TableState> table = detail::read_table(client, t, rows.since >= 0);
+    if (!table) {
+      log(LogLevel::kInfo, "a ps lost track of its evictions since global step " + std::to_string(rows.since) +
+                               " while it was paused: the checkpoint is cut again, with every row");
+      return read_state(client, 0, CutRows{-1, rows.forget_evictions_before});
+    }
+    state.tables.push_back(std::move(*table));
   }
   state.table_seed = client.table_seed();
   if (!state.tables.empty()) state.base_step = rows.since;

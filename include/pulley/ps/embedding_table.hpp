@@ -88,6 +88,10 @@ class EmbeddingTable {
             bool create = true, std::uint64_t* headroom = nullptr) {
     const std::size_t d = spec_.dim;
     headroom_ = headroom;
+    struct Reset {  // whatever happens (a failed allocation throws), the pointer goes
+      std::uint64_t*& headroom;
+      ~Reset() { headroom = nullptr; }
+    } reset{headroom_};
     for_each_found(ids, [&](std::size_t i, std::uint32_t row) {
       const std::span<float> into = out.subspan(i * d, d);
       if (row == kNone && create && admit(ids[i], step) && make_room(step)) row = this->create(ids[i]);
@@ -99,16 +103,16 @@ class EmbeddingTable {
       const float* values = at(row);
       std::copy(values, values + d, into.begin());
     });
-    headroom_ = nullptr;
   }
 
   /// What a row costs against a ps's table budget: its record and its index entry.
   [[nodiscard]] std::uint64_t budget_row_bytes() const noexcept { return record_ * sizeof(float) + 8; }
   /// What an id admission counts costs against it.
   static constexpr std::uint64_t kCandidateBytes = 48;
-  /// The bytes this table holds against a ps's table budget: rows and admission counts.
+  /// The bytes this table holds against a ps's table budget: rows (and the copies a cut
+  /// being read keeps of rows updated since) and admission counts.
   [[nodiscard]] std::uint64_t budget_bytes() const noexcept {
-    return rows_ * budget_row_bytes() + candidates_.size() * kCandidateBytes;
+    return (rows_ + kept_touched_.size()) * budget_row_bytes() + candidates_.size() * kCandidateBytes;
   }
 
   /// Applies one update at global step `step` (steps completed before it; `updates` of this
@@ -232,10 +236,10 @@ class EmbeddingTable {
   // Every row removed (by evict_after_steps or by max_rows) is logged with its step, so that
   // a checkpoint holding only the rows changed since an earlier one can say which rows went:
   // restored over the earlier one, an evicted row does not come back. The log holds the
-  // evictions from `evictions_since()` on; at kMaxEvictionLog entries it is dropped and
-  // starts again (the next checkpoint is then a full one).
+  // evictions from `evictions_since()` on; at kMaxEvictionLog entries, or as many as the
+  // table's rows if more, it is dropped and starts again (the next checkpoint is then full).
 
-  /// Entries the eviction log holds at most.
+  /// Entries the eviction log holds at least before it is dropped.
   static constexpr std::size_t kMaxEvictionLog = std::size_t{1} << 20U;
 
   /// The global step from which every eviction is in the log.
@@ -384,8 +388,11 @@ class EmbeddingTable {
   static std::uint32_t clamp_step(std::int64_t step) noexcept {
     return static_cast<std::uint32_t>(std::clamp<std::int64_t>(step, 0, kNone - 1));
   }
-  void touch(std::uint32_t row, std::int64_t step) noexcept {
-    set_touched(row, std::max(touched_step(row), clamp_step(step)));
+  void touch(std::uint32_t row, std::int64_t step) {
+    const std::uint32_t now = clamp_step(step);
+    if (now <= touched_step(row)) return;
+    if (frozen_ && row < cut_rows_) keep_for_cut(row);  // the cut reads the step it saw
+    set_touched(row, now);
   }
 
   /// Calls `f(i, row)` for each of `ids` with the row that holds it (kNone if none), in
@@ -538,7 +545,7 @@ class EmbeddingTable {
   }
 
   void log_eviction(std::uint64_t id, std::int64_t step) {
-    if (evicted_.size() >= kMaxEvictionLog) {  // too many to keep: a full checkpoint is next
+    if (evicted_.size() >= std::max(kMaxEvictionLog, rows_)) {  // too many: a full checkpoint is next
       evicted_.clear();
       evictions_since_ = step + 1;
       return;

@@ -141,10 +141,15 @@ class ParameterServer {
   void disconnected(const Node& node, std::uint64_t session) noexcept {
     if (end_) return;
     try {
-      if (node.role == Node::Role::kChief && (cut_.paused_by(session) || rows_cut_session_ == session)) {
-        log(LogLevel::kWarning, name_ + ": the chief left while it read a checkpoint's cut: resuming");
+      if (node.role == Node::Role::kChief && cut_.paused_by(session)) {
+        log(LogLevel::kWarning, name_ + ": the chief left while it paused this ps: resuming");
         changing_ = true;
         resume();
+      } else if (node.role == Node::Role::kChief && rows_cut_session_ == session && session != 0) {
+        log(LogLevel::kWarning, name_ + ": the chief left while it read a checkpoint's rows: the cut ends");
+        changing_ = true;
+        shard_.tables().end_cut();
+        rows_cut_session_ = 0;
       } else if (node.role == Node::Role::kWorker) {
         const std::string gone = name_ + ": " + node.name() + " disconnected";
         const std::string before = pacing_.waiting_for();
@@ -418,6 +423,7 @@ class ParameterServer {
   }
 
   void pause(std::uint64_t session, Responder& reply) {
+    rows_cut_session_ = 0;  // a new cut: what an earlier one kept readable goes with its ReadState
     PauseReply answer{pacing_.global_step(), registration_.epoch(), ledger_.taken(), {}, {},
                       checkpoints_whole_state_v<O>, shard_.tables().evictions_since()};
     shard_.state_names(answer.slot_names, answer.counter_names);
@@ -431,13 +437,8 @@ class ParameterServer {
       return reject(reply, ErrorCode::kFailedPrecondition, "ReadState: this ps has taken more pushes of worker " +
                                                                std::to_string(*worker) + " than the cut");
     }
-    if (r.since >= 0 && r.since < shard_.tables().evictions_since()) {
-      return reject(reply, ErrorCode::kFailedPrecondition,
-                    "ReadState: rows changed since global step " + std::to_string(r.since) +
-                        ", but this ps knows its evictions from step " +
-                        std::to_string(shard_.tables().evictions_since()) + " on only");
-    }
     shard_.tables().end_cut();  // a cut read before is given up
+    rows_cut_session_ = 0;
     cut_since_ = r.since;
     cut_forget_before_ = r.forget_evictions_before;
     cut_.read_at(std::move(r.until), reply);
@@ -454,16 +455,18 @@ class ParameterServer {
         });
   }
 
-  void on(ReadRows& r, const RequestContext&, Responder& reply) {
-    if (!cut_.paused() && !shard_.tables().cut_marked()) {
-      return reject(reply, ErrorCode::kFailedPrecondition, "ReadRows without Pause");
+  void on(ReadRows& r, const RequestContext& context, Responder& reply) {
+    if (!cut_.paused_by(context.session) && (rows_cut_session_ != context.session || rows_cut_session_ == 0)) {
+      return reject(reply, ErrorCode::kFailedPrecondition, "ReadRows without Pause (of this connection)");
     }
     if (refused(reply, shard_.tables().check(r))) return;
     respond(reply, shard_.tables().read(r));
   }
 
   void on(Resume& r, const RequestContext& context, Responder& reply) {
-    if (r.keep_rows && cut_.paused_by(0) && shard_.tables().cut_marked()) rows_cut_session_ = context.session;
+    if (r.keep_rows && cut_.paused_by(context.session) && shard_.tables().cut_marked()) {
+      rows_cut_session_ = context.session;
+    }
     resume(r.keep_rows);
     respond(reply, Ack{});
   }

@@ -51,7 +51,7 @@ class TableShard {
     tables.reserve(specs.size());
     for (const TableSpec& spec : specs) {
       tables.push_back(Table{EmbeddingTable<Optimizer>(spec, policy_.optimizer, seed),
-                             policy_.aggregation.make_accumulator(spec.dim), 0, 0, false, 0, -1, {}, {}, {}});
+                             policy_.aggregation.make_accumulator(spec.dim), 0, 0, false, 0, -1, 0, {}, {}, {}});
     }
     tables_ = std::move(tables);
     task_ = task;
@@ -212,16 +212,19 @@ class TableShard {
   /// at this moment, which ReadRows then reads chunk by chunk, as they were then, whether
   /// the ps stays paused or trains on (EmbeddingTable::begin_cut), until end_cut. With `since` ≥ 0 (an
   /// incremental checkpoint, `since` ≥ evictions_since()), the rows are those touched at or
-  /// after global step `since`, with the ids evicted since; else every row. Evictions
-  /// before `forget_before` are forgotten first (no later cut will be since an earlier step).
+  /// after global step `since`, with the ids evicted since; else every row (also when the
+  /// table's eviction log no longer reaches back to `since`: RowsChunk::since then says -1,
+  /// and the chief takes a full checkpoint instead). Evictions before `forget_before` are
+  /// forgotten first (no later cut will be since an earlier step).
   void mark_cut(std::int64_t since = -1, std::int64_t forget_before = -1) {
     for (Table& t : tables_) {
       if (forget_before > 0) t.rows.forget_evictions_before(forget_before);
       t.cut_rows = t.rows.size();
+      t.cut_updates = t.updates;
       t.cut_selected.clear();
       t.cut_evicted.clear();
-      t.cut_since = since;
-      if (since >= 0) {
+      t.cut_since = since >= 0 && since >= t.rows.evictions_since() ? since : -1;
+      if (t.cut_since >= 0) {
         t.rows.rows_touched_since(since, t.cut_selected);
         t.rows.read_evicted(since, t.cut_evicted);
       }
@@ -259,7 +262,7 @@ class TableShard {
   RowsChunk read(const ReadRows& r) {
     const Table& t = tables_[r.table];
     RowsChunk answer;
-    answer.updates = t.updates;
+    answer.updates = t.cut_updates;
     answer.since = t.cut_since;
     for (const std::string_view name : policy_.optimizer.row_slot_names()) answer.slot_names.emplace_back(name);
     if (r.evicted) {
@@ -395,6 +398,7 @@ class TableShard {
     bool prepared = false;  ///< its rows of the update being applied wait for commit
     std::size_t cut_rows = 0;       ///< rows held at the last cut
     std::int64_t cut_since = -1;    ///< an incremental cut's step (-1: every row)
+    std::int64_t cut_updates = 0;   ///< the update count at the cut
     std::vector<std::uint32_t> cut_selected;  ///< an incremental cut's rows, by number
     std::vector<std::uint64_t> cut_evicted;   ///< ids an incremental cut says went
     Candidates cut_candidates;      ///< admission counts at the last cut

@@ -242,8 +242,10 @@ class ChiefLoop {
     if (base_ < 0 || incremental_in_a_row_ + 1 >= every) return CutRows{-1, base_};
     return CutRows{base_, base_};
   }
-  /// `state` was saved: the next incremental checkpoint is over it.
+  /// `state` was saved: the next incremental checkpoint is over it (unless a checkpoint of
+  /// its step was there already, which may hold something else: then the next is full).
   void note_saved(const ModelState& state) {
+    if (!checkpoints_->wrote()) return note_restored(state.global_step);
     base_ = state.global_step;
     incremental_in_a_row_ = state.incremental() ? incremental_in_a_row_ + 1 : 0;
   }
