@@ -13,6 +13,7 @@
 #include "pulley/client/client.hpp"
 #include "pulley/client/detail/stall.hpp"
 #include "pulley/core/log.hpp"
+#include "pulley/sharding/ids.hpp"
 
 namespace pulley {
 
@@ -110,11 +111,14 @@ std::optional<TableState> read_table(Client<T>& client, std::uint32_t t, bool in
   return table;
 }
 
-/// Sends table `t` of `table` to every ps (each keeps the rows its id sharding gives it),
-/// in chunks, at epoch `epoch`; its update count as saved when the ps tasks are as many as
-/// wrote it, else the largest.
-template <Transport T>
-void restore_table(Client<T>& client, std::uint32_t t, const TableState& table, std::uint64_t epoch) {
+/// Sends table `t` of `table` to the ps tasks in chunks, at epoch `epoch`: each row (and
+/// admission count) to the ps `sharding` gives it when that is where the ps tasks' own
+/// IdSharding puts it (`routed`), else every chunk to every ps, each keeping its own. The
+/// table's update count goes to every ps: as saved when the ps tasks are as many as wrote
+/// it, else the largest.
+template <Transport T, IdSharding I>
+void restore_table(Client<T>& client, std::uint32_t t, const TableState& table, std::uint64_t epoch,
+                   const I& sharding, bool routed) {
   const std::size_t num_ps = client.num_ps();
   const auto timeout = client.options().request_timeout;
   const std::string what = "restore the rows of table '" + table.spec.name + "'";
@@ -122,9 +126,20 @@ void restore_table(Client<T>& client, std::uint32_t t, const TableState& table, 
       table.updates.empty() ? 0 : *std::max_element(table.updates.begin(), table.updates.end());
   const std::size_t stride = table.stride();
   const std::size_t rows = table.ids.size();
+  std::vector<std::vector<std::size_t>> mine(num_ps);  // a chunk's rows, by ps (routed)
+  std::vector<std::vector<float>> values(num_ps);
   // Rows, then candidates; the first message to each ps carries its update count.
   bool first = true;
   auto send = [&](std::size_t from, std::size_t n, bool candidates) {
+    if (routed) {
+      for (auto& m : mine) m.clear();
+      const auto& ids = candidates ? table.candidate_ids : table.ids;
+      for (std::size_t i = from; i < from + n; ++i) {
+        const std::uint32_t ps = sharding.ps_of(table.spec.name, ids[i], static_cast<std::uint32_t>(num_ps));
+        if (ps >= num_ps) throw Error(ErrorCode::kInternal, "the id sharding put a row outside the cluster");
+        mine[ps].push_back(i);
+      }
+    }
     client.template broadcast<Ack>(
         [&](std::size_t ps) {
           RestoreRows m;
@@ -133,7 +148,22 @@ void restore_table(Client<T>& client, std::uint32_t t, const TableState& table, 
           if (first) m.updates = table.updates.size() == num_ps ? table.updates[ps] : largest;
           m.slot_names = table.slot_names;
           m.candidates = candidates;
-          if (candidates) {
+          if (routed) {
+            values[ps].clear();
+            for (const std::size_t i : mine[ps]) {
+              if (candidates) {
+                m.ids.push_back(table.candidate_ids[i]);
+                m.counts.push_back(table.candidate_counts[i]);
+                m.steps.push_back(table.candidate_steps[i]);
+              } else {
+                m.ids.push_back(table.ids[i]);
+                values[ps].insert(values[ps].end(), table.rows.begin() + static_cast<std::ptrdiff_t>(i * stride),
+                                  table.rows.begin() + static_cast<std::ptrdiff_t>((i + 1) * stride));
+                m.steps.push_back(table.touched[i]);
+              }
+            }
+            m.rows = values[ps];
+          } else if (candidates) {
             m.ids.assign(table.candidate_ids.begin() + from, table.candidate_ids.begin() + from + n);
             m.counts.assign(table.candidate_counts.begin() + from, table.candidate_counts.begin() + from + n);
             m.steps.assign(table.candidate_steps.begin() + from, table.candidate_steps.begin() + from + n);
@@ -308,11 +338,12 @@ ModelState read_state(Client<T>& client, std::int64_t at_step = 0, CutRows rows 
 /// values alone), the sync policy's state, at a new epoch. The placement may differ from
 /// the checkpoint's (another number of ps tasks): tensors are split anew, and each part
 /// takes the counters of the saved part that held its first row. The embedding tables'
-/// rows follow in chunks, each ps keeping those its id sharding gives it (so any number
-/// of ps tasks can take them), and no ps serves until its rows are in; rows created later
+/// rows follow in chunks, each row sent to the ps `sharding` gives it when that is the ps
+/// tasks' own IdSharding (else to every ps, each keeping its own), so any number of ps
+/// tasks can take them, and no ps serves until its rows are in; rows created later
 /// start from the checkpoint's table seed (or `table_seed` for a checkpoint without tables).
-template <Transport T>
-void restore_state(Client<T>& client, const ModelState& state, std::uint64_t table_seed) {
+template <Transport T, IdSharding I = HashIds>
+void restore_state(Client<T>& client, const ModelState& state, std::uint64_t table_seed, const I& sharding = {}) {
   if (state.incremental()) {
     throw Error(ErrorCode::kInvalidArgument,
                 "an incremental checkpoint (over global step " + std::to_string(state.base_step) +
@@ -375,7 +406,10 @@ void restore_state(Client<T>& client, const ModelState& state, std::uint64_t tab
   client.template broadcast<Ack>([&](std::size_t ps) { return std::move(messages[ps]); },
                                  client.options().request_timeout, "restore the ps tasks");
   if (!state.tables.empty()) {
-    for (std::uint32_t t = 0; t < state.tables.size(); ++t) detail::restore_table(client, t, state.tables[t], epoch);
+    const bool routed = client.same_id_sharding(sharding);
+    for (std::uint32_t t = 0; t < state.tables.size(); ++t) {
+      detail::restore_table(client, t, state.tables[t], epoch, sharding, routed);
+    }
     client.template broadcast<Ack>(
         [&](std::size_t) {
           RestoreRows done;

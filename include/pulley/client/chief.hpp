@@ -125,7 +125,12 @@ class Chief {
   /// `initialize` to resume a job, or while training runs to roll every ps back to the
   /// checkpoint (after a ps was lost): what waited on the ps tasks is refused, and their
   /// clients start their step again. When it returns, every ps is ready.
-  void restore(const ModelState& state) { restore_state(client_, state, seed_); }
+  /// `sharding`: where the ps tasks' Tables policy puts rows (each row is then sent to its
+  /// ps only; another sharding sends every row to every ps, which is slower, not wrong).
+  template <IdSharding I = HashIds>
+  void restore(const ModelState& state, const I& sharding = {}) {
+    restore_state(client_, state, seed_, sharding);
+  }
 
   /// Ends training successfully: every ps answers what waits there and everything sent
   /// later with `kOutOfRange` ("training finished"), so workers and the evaluator stop

@@ -49,14 +49,18 @@ class Client {
   [[nodiscard]] const std::vector<TableSpec>& tables() const noexcept { return tables_; }
   /// Where the ps tasks' IdSharding puts the tables' rows (`id_sharding_fingerprint`).
   [[nodiscard]] std::uint64_t id_sharding() const noexcept { return id_sharding_; }
+  /// True if `sharding` puts the tables' rows where the ps tasks' own IdSharding does (or
+  /// the model has no tables).
+  template <IdSharding I>
+  [[nodiscard]] bool same_id_sharding(const I& sharding) const {
+    return tables_.empty() ||
+           id_sharding_fingerprint(sharding, tables_, static_cast<std::uint32_t>(num_ps())) == id_sharding_;
+  }
   /// Throws kFailedPrecondition, naming the fix, unless `sharding` (a worker's, or the
   /// chief's read_rows') puts the tables' rows where the ps tasks' own sharding does.
   template <IdSharding I>
   void check_id_sharding(const I& sharding) const {
-    if (tables_.empty() ||
-        id_sharding_fingerprint(sharding, tables_, static_cast<std::uint32_t>(num_ps())) == id_sharding_) {
-      return;
-    }
+    if (same_id_sharding(sharding)) return;
     throw Error(ErrorCode::kFailedPrecondition,
                 "this task's IdSharding puts rows of table '" + tables_.front().name +
                     "' on other ps tasks than the ps tasks' own does: give it the IdSharding of the ps "

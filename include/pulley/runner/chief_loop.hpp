@@ -111,9 +111,10 @@ ModelState save_checkpoint(CheckpointDirectory& directory, Read&& read) {
 /// `checkpoints` (or `initial`), at a new epoch; returns its global step. The updates
 /// applied since that checkpoint are lost (each ps logs how many). Throws kUnavailable once
 /// `ClientOptions::recovery_timeout` passes without every ps back.
-template <Transport T>
+template <Transport T, IdSharding I = HashIds>
 std::int64_t roll_back(Chief<T>& chief, const Error& lost, const CheckpointDirectory* checkpoints,
-                       const std::optional<ModelState>& initial, const ClientOptions& options) {
+                       const std::optional<ModelState>& initial, const ClientOptions& options,
+                       const I& id_sharding = {}) {
   std::optional<std::pair<ModelState, std::filesystem::path>> latest;
   if (checkpoints != nullptr) latest = checkpoints->latest();
   if (!latest && !initial) throw lost;  // nothing to roll back to
@@ -123,7 +124,7 @@ std::int64_t roll_back(Chief<T>& chief, const Error& lost, const CheckpointDirec
   for (Error failure = lost;;) {
     recovery.wait(failure);
     try {
-      chief.restore(target);
+      chief.restore(target, id_sharding);
       log(LogLevel::kWarning, "chief: every ps restored from " + from + " at global step " +
                                   std::to_string(target.global_step) + " after " +
                                   std::to_string(recovery.tries()) + " tries; training goes on");
@@ -164,7 +165,7 @@ class ChiefLoop {
         // A ps was lost: once it (or a task in its place) is back, every ps is restored from
         // the newest checkpoint, as TensorFlow's chief does, and training goes on from there.
         const std::int64_t step =
-            roll_back(chief_, e, checkpoints_ ? &*checkpoints_ : nullptr, initial_, training_.client);
+            roll_back(chief_, e, checkpoints_ ? &*checkpoints_ : nullptr, initial_, training_.client, id_sharding_);
         note_restored(step);
         schedule.restart(step, Clock::now());
       }
@@ -178,7 +179,7 @@ class ChiefLoop {
   std::int64_t begin() {
     if (auto latest = checkpoints_ ? checkpoints_->latest() : std::nullopt) {
       check_model(latest->first, model_, latest->second);
-      chief_.restore(latest->first);
+      chief_.restore(latest->first, id_sharding_);
       start_step_ = latest->first.global_step;
       note_restored(start_step_);
       log(LogLevel::kInfo, "chief: resumed from " + latest->second.string() + " at global step " +
