@@ -8527,7 +8527,7 @@ class TableShard {
     tables.reserve(specs.size());
     for (const TableSpec& spec : specs) {
       tables.push_back(Table{EmbeddingTable<Optimizer>(spec, policy_.optimizer, seed),
-                             policy_.aggregation.make_accumulator(spec.dim), 0, 0, false, 0, -1, 0, {}, {}, {}});
+                             policy_.aggregation.make_accumulator(spec.dim), 0, 0, false, 0, -1, 0, false, {}, {}, {}});
     }
     tables_ = std::move(tables);
     task_ = task;
@@ -8607,7 +8607,15 @@ class TableShard {
       const TableRows& tr = request.tables[i];
       EmbeddingTable<Optimizer>& table = tables_[tr.table].rows;
       buffers[i].resize(tr.ids.size() * table.dim());
+      const std::uint64_t capped = table.stats().rows_capped;
       table.pull(tr.ids, buffers[i], step, create, budget > 0 && create ? &headroom : nullptr);
+      if (!tables_[tr.table].warned && table.stats().rows_capped > capped) {
+        tables_[tr.table].warned = true;  // once: Stats::table_rows_capped counts the rest
+        log(LogLevel::kWarning, "ps " + std::to_string(task_) + ": table '" + table.spec().name +
+                                    "' is full (" + full_because(table.spec(), budget) +
+                                    "): rows not created read as their initial values and their pushes "
+                                    "are dropped, counted in Stats::table_rows_capped");
+      }
       answer.rows.emplace_back(buffers[i]);
       stats.bytes_pulled += static_cast<std::int64_t>(buffers[i].size() * sizeof(float));
     }
@@ -8875,12 +8883,24 @@ class TableShard {
     std::size_t cut_rows = 0;       ///< rows held at the last cut
     std::int64_t cut_since = -1;    ///< an incremental cut's step (-1: every row)
     std::int64_t cut_updates = 0;   ///< the update count at the cut
+    bool warned = false;            ///< it was logged full once
     std::vector<std::uint32_t> cut_selected;  ///< an incremental cut's rows, by number
     std::vector<std::uint64_t> cut_evicted;   ///< ids an incremental cut says went
     Candidates cut_candidates;      ///< admission counts at the last cut
   };
 
   static ErrorReply refuse(std::string message) { return ErrorReply{ErrorCode::kInvalidArgument, std::move(message)}; }
+
+  /// Why a table is full: its max_rows, the ps's budget, or both.
+  static std::string full_because(const TableSpec& spec, std::uint64_t budget) {
+    std::string why;
+    if (spec.max_rows > 0) why = "max_rows " + std::to_string(spec.max_rows) + " per ps";
+    if (budget > 0) {
+      if (!why.empty()) why += " or ";
+      why += "the ps's budget of " + std::to_string(budget) + " bytes";
+    }
+    return why;
+  }
 
   /// The policy's budget for this ps's tables (0: none); a policy without one has none.
   [[nodiscard]] std::uint64_t max_bytes() const noexcept {

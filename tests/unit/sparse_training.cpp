@@ -373,6 +373,38 @@ CountingModel::Batch counting_batch(std::uint32_t w, std::int64_t k) {
   return {mix_id(999), mix_id(1000 * (w + 1) + c % 7), mix_id(1000 * (w + 1) + 100 + c % 3)};
 }
 
+/// `workers` workers train CountingModel on `cluster` until global step `last`; returns
+/// each worker's step results.
+template <class C>
+std::vector<std::vector<StepResult>> train_counting(C& cluster, std::uint32_t workers, std::int64_t last) {
+  std::vector<std::vector<StepResult>> results(workers);
+  std::vector<std::thread> threads;
+  for (std::uint32_t w = 0; w < workers; ++w) {
+    threads.emplace_back([&, w] {
+      Worker worker(w, CountingModel(), cluster.endpoint(Node::worker(w)));
+      worker.wait_ready();
+      for (std::int64_t k = 0;; ++k) {
+        const auto result = worker.step(counting_batch(w, k), last);
+        if (!result) break;
+        results[w].push_back(*result);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return results;
+}
+
+/// The rows `expected` names (id → value) read back from the ps tasks as exactly those values.
+void check_rows(Chief<InProcess>& chief, const std::map<std::uint64_t, float>& expected) {
+  std::vector<std::uint64_t> ids;
+  std::vector<float> want;
+  for (const auto& [id, value] : expected) {
+    ids.push_back(id);
+    want.push_back(value);
+  }
+  CHECK(chief.read_rows("emb", ids) == want);
+}
+
 }  // namespace
 
 TEST_CASE("sync R < N with tables: a slow backup worker's rows are dropped as stale, the others' applied once a step") {
@@ -386,20 +418,7 @@ TEST_CASE("sync R < N with tables: a slow backup worker's rows are dropped as st
   cluster.network().delay(Node::worker(0), std::chrono::milliseconds(1));
   cluster.network().delay(Node::worker(1), std::chrono::milliseconds(1));
   cluster.network().delay(Node::worker(2), std::chrono::milliseconds(40));
-  std::vector<std::vector<StepResult>> results(3);
-  std::vector<std::thread> threads;
-  for (std::uint32_t w = 0; w < 3; ++w) {
-    threads.emplace_back([&, w] {
-      Worker worker(w, CountingModel(), cluster.endpoint(Node::worker(w)));
-      worker.wait_ready();
-      for (std::int64_t k = 0;; ++k) {
-        const auto result = worker.step(counting_batch(w, k), kSteps);
-        if (!result) break;
-        results[w].push_back(*result);
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+  const auto results = train_counting(cluster, 3, kSteps);
   REQUIRE(results[0].size() == kSteps);
   REQUIRE(results[1].size() == kSteps);
   REQUIRE_FALSE(results[2].empty());
@@ -417,13 +436,7 @@ TEST_CASE("sync R < N with tables: a slow backup worker's rows are dropped as st
   for (std::int64_t k = 0; k < static_cast<std::int64_t>(results[2].size()); ++k) {
     for (const std::uint64_t id : counting_batch(2, k)) expected.emplace(id, 0.0F);
   }
-  std::vector<std::uint64_t> ids;
-  std::vector<float> want;
-  for (const auto& [id, value] : expected) {
-    ids.push_back(id);
-    want.push_back(value);
-  }
-  CHECK(chief.read_rows("emb", ids) == want);
+  check_rows(chief, expected);
   CHECK(expected.at(mix_id(999)) == -static_cast<float>(kSteps));
   std::int64_t stale = 0;
   for (const Stats& s : chief.stats()) {
@@ -442,20 +455,7 @@ TEST_CASE("bounded staleness with tables: every push's rows applied exactly once
   const CountingModel shape;
   chief.initialize(shape.variables(), shape.tables());
   cluster.network().delay(Node::worker(1), std::chrono::milliseconds(2));
-  std::vector<std::vector<StepResult>> results(2);
-  std::vector<std::thread> threads;
-  for (std::uint32_t w = 0; w < 2; ++w) {
-    threads.emplace_back([&, w] {
-      Worker worker(w, CountingModel(), cluster.endpoint(Node::worker(w)));
-      worker.wait_ready();
-      for (std::int64_t k = 0;; ++k) {
-        const auto result = worker.step(counting_batch(w, k), kSteps);
-        if (!result) break;
-        results[w].push_back(*result);
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+  const auto results = train_counting(cluster, 2, kSteps);
   // Each push is applied on its own: a row's value is minus the pushes that used it.
   std::map<std::uint64_t, float> expected;
   bool bound_reached = false;
@@ -470,13 +470,7 @@ TEST_CASE("bounded staleness with tables: every push's rows applied exactly once
     }
   }
   CHECK(bound_reached);  // the fast worker was held back
-  std::vector<std::uint64_t> ids;
-  std::vector<float> want;
-  for (const auto& [id, value] : expected) {
-    ids.push_back(id);
-    want.push_back(value);
-  }
-  CHECK(chief.read_rows("emb", ids) == want);
+  check_rows(chief, expected);
   for (const Stats& s : chief.stats()) {
     CHECK(s.stale_gradients_dropped == 0);
     CHECK(s.table_rows_dropped == 0);

@@ -7,6 +7,7 @@
 // ps refuses.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -173,7 +174,7 @@ TEST_CASE("a sync job with tables resumed from a checkpoint on disk ends bit for
   chief.shutdown();
 }
 
-TEST_CASE("a checkpoint of tables written by 2 ps tasks restores onto 3 and onto 1, every row, slot and part as saved") {
+TEST_CASE("a checkpoint of tables written by 2 ps tasks restores onto 3, 1 and 2, every row, slot and part as saved") {
   ModelState saved;
   {
     Sync cluster(2, Adagrad{0.1F}, SyncReplicas(2, 2));
@@ -211,6 +212,31 @@ TEST_CASE("a checkpoint of tables written by 2 ps tasks restores onto 3 and onto
     CHECK(chief.stats().at(0).global_step == 14);
     chief.shutdown();
   }
+}
+
+TEST_CASE("a checkpoint of tables written by 3 ps tasks restores onto 2, every row, slot and part as saved") {
+  ModelState saved;
+  {
+    Sync cluster(3, Adagrad{0.1F}, SyncReplicas(2, 2));
+    Chief chief(cluster.endpoint(Node::chief()), kSeed);
+    const TinyTableModel shape(kSpec);
+    chief.initialize(shape.variables(), shape.tables());
+    train(cluster, 0, 12);
+    saved = chief.save_state();
+    chief.shutdown();
+  }
+  REQUIRE(saved.tables.at(0).updates.size() == 3);
+  Sync cluster(2, Adagrad{0.1F}, SyncReplicas(2, 2));
+  Chief chief(cluster.endpoint(Node::chief()), kSeed);
+  chief.restore(saved);
+  const ModelState back = chief.save_state();
+  check_same(back, saved);
+  std::int64_t held = 0;
+  for (const Stats& s : chief.stats()) held += s.table_rows;
+  CHECK(static_cast<std::size_t>(held) == saved.tables[0].ids.size());
+  const auto& u = saved.tables[0].updates;
+  CHECK(back.tables[0].updates == std::vector<std::int64_t>(2, *std::max_element(u.begin(), u.end())));
+  chief.shutdown();
 }
 
 TEST_CASE("a rollback brings back the checkpoint's rows: rows created since go, and none restarts from its initial value") {
