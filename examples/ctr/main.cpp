@@ -6,7 +6,8 @@
 // as a thread of this process (the default), or this process is one task of a TCP cluster
 // (TF_CONFIG, --role/--task/--*-hosts, or --slurm-roles under srun; scripts/launch_local.sh
 // starts one on 127.0.0.1). The role runner (pulley/runner/run.hpp) does the rest, the
-// checkpoints (--checkpoint-dir) hold the tables' rows; `ctr --help` lists the flags.
+// checkpoints (--checkpoint-dir) hold the tables' rows, and `--score-checkpoint DIR` scores
+// the newest one with no cluster; `ctr --help` lists the flags.
 //
 // Ends with `final: auc=... planted_auc=... logloss=... samples_per_s=... workers=... ps=...
 // mode=...`, planted_auc being the planted model's own AUC on the same held-out examples.
@@ -198,6 +199,33 @@ Scores score(ctr::WideDeep& model, const pulley::Evaluation& evaluation,
   return s;
 }
 
+/// Scores the newest checkpoint in `directory` on every held-out example with no cluster:
+/// the model's parameters and rows are the checkpoint's (a full one and the incremental
+/// ones after it), looked up as an evaluator task looks them up.
+int score_checkpoint(const Options& o, Data& data, const std::filesystem::path& directory) {
+  const auto found = pulley::CheckpointDirectory::list(directory);
+  if (found.empty()) throw std::runtime_error("no checkpoint in " + directory.string());
+  const auto& [step, path] = found.front();
+  const pulley::ModelState state = pulley::CheckpointDirectory::load(path);
+  ctr::WideDeep model(o.admit_after, o.max_rows);
+  pulley::load_parameters(state, model, path);
+  const std::vector<pulley::CheckpointRows> tables = pulley::checkpoint_rows(state);
+  pulley::Evaluation evaluation;
+  evaluation.role = pulley::Node::Role::kEvaluator;
+  evaluation.step = step;
+  evaluation.rows = [&tables](std::size_t t, std::span<const std::uint64_t> ids, std::span<float> out) {
+    tables.at(t).lookup(ids, out);
+  };
+  std::size_t rows = 0;
+  for (const pulley::TableState& t : state.tables) rows += t.ids.size();
+  const Scores s = score(model, evaluation, data.test(), data.planted());
+  std::printf("checkpoint of global step %lld (%s, %zu rows): auc=%.4f planted_auc=%.4f logloss=%.4f "
+              "on %zu held-out examples, no cluster\n",
+              static_cast<long long>(step), path.string().c_str(), rows, s.auc, s.planted_auc, s.logloss,
+              data.test().size());
+  return 0;
+}
+
 /// Trains with `sync` pacing; `batches_per_step` batches make one global step.
 template <class Sync>
 int train(const pulley::Job& job, const Options& o, Data& data, Sync sync, std::int64_t batches_per_step) {
@@ -293,11 +321,19 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 1000));
   app.add_option("--seed", o.seed, "of the data, the planted model and the initial values");
   app.add_option("--data-dir", o.data_dir, "where the generated data is written and read");
+  std::string score_dir;
+  app.add_option("--score-checkpoint", score_dir,
+                 "score the newest checkpoint in this directory on the held-out examples, with no "
+                 "cluster, and exit");
   pulley::add_job_flags(app, job_flags);
   pulley::add_checkpoint_flags(app, o.checkpoint);
   pulley::add_limit_flags(app, o.client, o.tcp, o.server, o.worker_timeout);
   CLI11_PARSE(app, argc, argv);
   try {
+    if (!score_dir.empty()) {
+      Data data(o);
+      return score_checkpoint(o, data, score_dir);
+    }
     const pulley::Job job = pulley::resolve_job(job_flags);
     Data data(o);
     // Read (or generate) what this task needs before it joins the job, so that the chief's

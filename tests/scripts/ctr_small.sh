@@ -4,7 +4,8 @@
 # (scripts/launch_local.sh) in sync mode, and in-process in sync and async mode. Each run
 # must exit 0 and end with its final line, and the model must have learned (held-out AUC
 # within 0.05 of the planted model's own on that data); sync R = N over TCP must end on
-# exactly the in-process figures.
+# exactly the in-process figures, and the last checkpoint, scored with no cluster
+# (--score-checkpoint), must score exactly as the job's final line.
 #   tests/scripts/ctr_small.sh BINARY DATA_DIR
 set -uo pipefail
 binary=$1
@@ -37,10 +38,27 @@ run() {  # run LAUNCHER...: the launcher is "in-process" or a launch_local.sh co
 }
 run processes --mode sync
 tcp=$last
-run in-process --mode sync
+checkpoints="$data_dir/ctr_small_checkpoints"
+rm -rf "$checkpoints"
+run in-process --mode sync --checkpoint-dir "$checkpoints" --save-checkpoint-steps 300 --full-checkpoint-every 3
 if [ "${tcp%% samples_per_s*}" != "${last%% samples_per_s*}" ]; then
   echo "FAIL: sync R = N over TCP ended elsewhere than in-process: '$tcp' vs '$last'" >&2
   failures=$((failures + 1))
 fi
+# The last checkpoint (of step 1562: incremental, over a full one and a delta), scored with
+# no cluster, is the trained model: the same AUC and log loss as the final line.
+scored=$("$binary" "${data[@]}" --score-checkpoint "$checkpoints" 2>&1 </dev/null)
+echo "$scored"
+want=$(grep -o 'auc=[^ ]* planted_auc=[^ ]* logloss=[^ ]*' <<<"$last")
+got=$(grep -o 'auc=[^ ]* planted_auc=[^ ]* logloss=[^ ]*' <<<"$scored")
+if [ -z "$want" ] || [ "$want" != "$got" ]; then
+  echo "FAIL: the last checkpoint scored with no cluster: '$got', the job's final line: '$want'" >&2
+  failures=$((failures + 1))
+fi
+if [ "$(ls "$checkpoints" 2>/dev/null | grep -c '^ckpt-')" -lt 2 ]; then
+  echo "FAIL: no checkpoints written to $checkpoints" >&2
+  failures=$((failures + 1))
+fi
+rm -rf "$checkpoints"
 run in-process --mode async
 exit $((failures > 0))

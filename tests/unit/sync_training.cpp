@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
+#include <string>
 #include <cmath>
 #include <map>
 #include <mutex>
@@ -22,12 +24,14 @@
 #include "pulley/sync/sync_replicas.hpp"
 #include "support/cluster.hpp"
 #include "support/linear_model.hpp"
+#include "support/log_capture.hpp"
 
 using namespace pulley;
 using pulley::testing::Cluster;
 using pulley::testing::LinearBatch;
 using pulley::testing::LinearData;
 using pulley::testing::LinearModel;
+using pulley::testing::LogCapture;
 
 namespace {
 
@@ -361,6 +365,45 @@ TEST_CASE("bounded staleness: a dead worker is reported by name, not waited on f
     CHECK(errors[w].find("deadline_exceeded") != std::string::npos);
     CHECK(errors[w].find("worker 2 at clock 0") != std::string::npos);
   }
+  chief.shutdown();
+}
+
+TEST_CASE("a long wait for a step while training advances is not reported as a stall") {
+  // The chief reads the variables at a step about a second ahead of a steadily stepping
+  // worker, with stall reports due after 150 ms: the ps tasks move all the while, so
+  // nothing may be reported (the first look once took "no step seen yet" for "no step
+  // since") -- and once the worker stops, the stall is reported while it lasts.
+  const LinearData data(16, kIn, kOut, 1);
+  Cluster<RoundRobin, Sgd, Async> cluster(2, Sgd{0.01F}, Async{});
+  ClientOptions options;
+  options.stall_report = std::chrono::milliseconds(150);
+  options.wait_timeout = std::chrono::seconds(3);  // more than the wait, were it stalled
+  Chief chief(cluster.endpoint(Node::chief()), kSeed, options);
+  chief.initialize(LinearModel(kIn, kOut).variables());
+  LogCapture log;
+  constexpr std::int64_t kSteps = 40;
+  std::thread stepping([&] {
+    Worker worker(0, LinearModel(kIn, kOut), cluster.endpoint(Node::worker(0)));
+    worker.wait_ready();
+    for (std::int64_t s = 0; s < kSteps; ++s) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      CHECK(worker.step(rows_of(data, 0, 4)).has_value());
+    }
+  });
+  const Snapshot shot = chief.snapshot(kSteps);
+  CHECK(shot.step >= kSteps);
+  CHECK(log.find(LogLevel::kWarning, "no progress").empty());
+  stepping.join();
+  // Nothing moves now: a wait for a step never reached is reported while it lasts, then
+  // given up after wait_timeout.
+  std::string error;
+  try {
+    (void)chief.snapshot(kSteps + 1);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  CHECK(error.find("no progress") != std::string::npos);
+  CHECK(!log.find(LogLevel::kWarning, "no progress").empty());
   chief.shutdown();
 }
 

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "pulley/core/prefetch.hpp"
 #include "pulley/core/hash.hpp"
 
 namespace pulley {
@@ -116,7 +117,7 @@ class IdIndex {
   /// Asks the cache for the bucket where `id`'s probe starts (a batch's lookups then wait
   /// for memory together, not one after the other).
   void prefetch(std::uint64_t id) const noexcept {
-    if (!buckets_.empty()) __builtin_prefetch(&buckets_[home(id)]);
+    if (!buckets_.empty()) pulley::prefetch(&buckets_[home(id)]);
   }
   /// The entry in the bucket where `id`'s probe starts (maybe another id's), or kNone: what
   /// to prefetch of the caller's records ahead of `find`.

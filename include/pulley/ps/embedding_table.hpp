@@ -14,6 +14,7 @@
 
 #include "pulley/concepts/optimizer.hpp"
 #include "pulley/core/detail/finite.hpp"
+#include "pulley/core/prefetch.hpp"
 #include "pulley/core/detail/random.hpp"
 #include "pulley/core/error.hpp"
 #include "pulley/core/id_index.hpp"
@@ -166,7 +167,7 @@ class EmbeddingTable {
   void commit(std::int64_t step) {
     constexpr std::size_t kAhead = 8;
     for (std::size_t k = 0; k < scratch_rows_.size(); ++k) {
-      if (k + kAhead < scratch_rows_.size()) __builtin_prefetch(record(scratch_rows_[k + kAhead].first), 1);
+      if (k + kAhead < scratch_rows_.size()) prefetch_record(scratch_rows_[k + kAhead].first);
       const std::uint32_t row = scratch_rows_[k].first;
       if (frozen_ && row < cut_rows_) keep_for_cut(row);
       std::copy(scratch_.data() + k * stride_, scratch_.data() + (k + 1) * stride_, at(row));
@@ -395,8 +396,11 @@ class EmbeddingTable {
     set_touched(row, now);
   }
 
+  /// Asks the cache for every line of `row`'s record (a record spans two to four lines).
+  void prefetch_record(std::uint32_t row) const noexcept { pulley::prefetch(record(row), record_ * sizeof(float)); }
+
   /// Calls `f(i, row)` for each of `ids` with the row that holds it (kNone if none), in
-  /// order, prefetching the index bucket 16 ids ahead and the record its entry names 8 ids
+  /// order, prefetching the index bucket 16 ids ahead and the record its entry names (every line) 8 ids
   /// ahead: a batch's lookups then wait for memory in parallel, not one after the other.
   template <class F>
   void for_each_found(std::span<const std::uint64_t> ids, F&& f) {
@@ -407,7 +411,7 @@ class EmbeddingTable {
       if (i + kIndexAhead < n) index_.prefetch(ids[i + kIndexAhead]);
       if (i + kRecordAhead < n) {
         const std::uint32_t row = index_.first_entry(ids[i + kRecordAhead]);
-        if (row != kNone) __builtin_prefetch(record(row));
+        if (row != kNone) prefetch_record(row);
       }
       f(i, find(ids[i]));
     }

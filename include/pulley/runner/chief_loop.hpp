@@ -326,4 +326,20 @@ void lead(const Training<M>& training, T transport, I id_sharding = {}) {
 }
 
 }  // namespace runner_detail
+
+/// Sets `model`'s parameters to those of the checkpoint `state` (read from `path`, which
+/// errors name) after checking that it holds the model's variables and tables (else
+/// kFailedPrecondition): what an evaluator task scores. With `checkpoint_rows(state)` for
+/// the rows, a program scores a checkpoint with no cluster (serving, offline evaluation):
+/// `CheckpointDirectory::load` reads it whole, a full checkpoint and the incremental ones
+/// after it.
+template <Model M>
+void load_parameters(const ModelState& state, M& model, const std::filesystem::path& path) {
+  runner_detail::check_model(state, model, path);
+  for (std::size_t v = 0; v < state.variables.size(); ++v) {
+    const auto into = model.parameter(v);
+    std::copy(state.variables[v].values.begin(), state.variables[v].values.end(), into.begin());
+  }
+}
+
 }  // namespace pulley

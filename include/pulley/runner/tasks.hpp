@@ -101,11 +101,7 @@ void follow_checkpoints(const Training<M>& training) {
         log(LogLevel::kWarning, "evaluator: skipping checkpoint " + path.string() + ": " + e.what());
         continue;
       }
-      check_model(state, model, path);
-      for (std::size_t v = 0; v < state.variables.size(); ++v) {
-        const auto into = model.parameter(v);
-        std::copy(state.variables[v].values.begin(), state.variables[v].values.end(), into.begin());
-      }
+      load_parameters(state, model, path);
       Evaluation evaluation;
       evaluation.role = Node::Role::kEvaluator;
       evaluation.step = state.global_step;

@@ -54,13 +54,17 @@ bool wait_progressing(T& transport, const ClientOptions& options, CallGroup& gro
   const auto look_every = std::min({patience, options.stall_report, std::chrono::milliseconds(10000)});
   std::vector<std::int64_t> steps;  // the ps tasks' global steps when last looked at
   auto still_since = Clock::now();
+  // The first look comes early: it is the steps later looks compare with, so that a wait
+  // that outlasts `stall_report` while the ps tasks advance is not reported as stalled.
+  auto wait = std::max(look_every / 8, std::chrono::milliseconds(1));
   for (;;) {
     const auto now0 = Clock::now();
     const auto slice = deadline == Clock::time_point::max()
-                           ? look_every
+                           ? wait
                            : std::min<std::chrono::milliseconds>(
-                                 look_every, std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                 std::max(deadline - now0, Clock::duration::zero())));
+                                 wait, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                           std::max(deadline - now0, Clock::duration::zero())));
+    wait = look_every;
     if (group.wait_for(slice)) return true;
     if (Clock::now() >= deadline) {
       group.cancel();
