@@ -5,7 +5,9 @@
 //             id, update a copy, check it finite, write it back) on a batch of 4096 × 26
 //             distinct ids out of a table of 1 M rows, against a plain loop doing the same
 //             optimizer math over as many rows stored contiguously, in batch order (what
-//             the arithmetic costs with no lookup, no copy and no check).
+//             the arithmetic costs with no lookup, no copy and no check); and against the
+//             same loop over rows scattered over an array of the table's size, at known
+//             addresses, prefetched (what memory costs such an update without a lookup).
 //   pull      rows/s of EmbeddingTable::pull of the same batch (rows held), against memcpy
 //             of as many rows from a contiguous array.
 //   memory    bytes per row the table holds for 10 M rows of dim 16 (values and Adagrad's
@@ -28,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "pulley/core/prefetch.hpp"
 #include "pulley/optimizers/adagrad.hpp"
 #include "pulley/optimizers/ftrl.hpp"
 #include "pulley/ps/embedding_table.hpp"
@@ -90,7 +93,20 @@ void bench_apply(const char* name, const O& optimizer, PlainLoop plain, std::siz
   // The reference: the same rows (values and slots) stored contiguously in batch order.
   const std::size_t stride = (1 + O::kRowSlots) * dim;
   std::vector<float> contiguous(ids.size() * stride, 0.1F);
-  std::vector<double> ours, reference;
+  // The floor of memory: as many rows scattered over an array of the table's size, updated
+  // through known addresses (no lookup), each row's lines prefetched 8 rows ahead.
+  std::vector<float> scattered(table_ids.size() * stride, 0.1F);
+  std::vector<std::size_t> at(table_ids.size());
+  for (std::size_t i = 0; i < at.size(); ++i) at[i] = i * stride;
+  std::shuffle(at.begin(), at.end(), std::mt19937_64(3));
+  at.resize(ids.size());
+  auto floor_loop = [&] {
+    for (std::size_t i = 0; i < at.size(); ++i) {
+      if (i + 8 < at.size()) pulley::prefetch(scattered.data() + at[i + 8], stride * sizeof(float));
+      plain(scattered.data() + at[i], gradients.data() + i * dim, 1, dim);
+    }
+  };
+  std::vector<double> ours, reference, floor;
   std::int64_t updates = 0;
   for (int r = 0; r < rounds; ++r) {
     auto run_ours = [&] {
@@ -99,6 +115,7 @@ void bench_apply(const char* name, const O& optimizer, PlainLoop plain, std::siz
     };
     auto run_plain = [&] {
       reference.push_back(seconds([&] { plain(contiguous.data(), gradients.data(), ids.size(), dim); }));
+      floor.push_back(seconds(floor_loop));
     };
     if (r % 2 == 0) {
       run_plain();
@@ -109,6 +126,7 @@ void bench_apply(const char* name, const O& optimizer, PlainLoop plain, std::siz
     }
   }
   report(name, "plain loop, same math", ours, reference, static_cast<double>(ids.size()));
+  report("", "the same, rows scattered", ours, floor, static_cast<double>(ids.size()));
 }
 
 int run(int argc, char** argv) {
