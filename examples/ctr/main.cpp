@@ -35,6 +35,10 @@
 #include "pulley/runner/flags.hpp"
 #include "pulley/runner/run.hpp"
 
+// OpenBLAS starts a thread pool per call site by default; with one worker thread per core
+// that only adds contention. Weak, so another BLAS links too.
+extern "C" void openblas_set_num_threads(int) __attribute__((weak));
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -329,6 +333,7 @@ int main(int argc, char** argv) {
   pulley::add_checkpoint_flags(app, o.checkpoint);
   pulley::add_limit_flags(app, o.client, o.tcp, o.server, o.worker_timeout);
   CLI11_PARSE(app, argc, argv);
+  if (openblas_set_num_threads != nullptr) openblas_set_num_threads(1);
   try {
     if (!score_dir.empty()) {
       Data data(o);

@@ -6,13 +6,18 @@
 // embeddings (table "emb", dim 16) and the dot products of every pair of them (DLRM's
 // interaction: a ReLU layer learns products of its inputs poorly, and field interactions
 // are products): logit = bias + Σ wide[id] + MLP([dense, emb..., <emb_f, emb_g>...]).
-// The matrix products are plain loops ordered so that the compiler vectorizes them (the
-// hidden layer is 754 × 64; BLAS would not pay for its call at this size).
+// The hidden layer's products (754 × 64, over a whole batch) are BLAS gemms into buffers
+// kept from batch to batch.
+
+#include <xtensor-blas/xblas.hpp>
+#include <xtensor/xadapt.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "ctr/data.hpp"
@@ -20,6 +25,12 @@
 #include "pulley/core/variable.hpp"
 
 namespace ctr {
+
+/// A row-major rows × cols view of `data` for xt::blas::gemm (no copy, no allocation).
+template <class T>
+auto matrix(T* data, std::size_t rows, std::size_t cols) {
+  return xt::adapt(std::move(data), rows * cols, xt::no_ownership(), std::array<std::size_t, 2>{rows, cols});
+}
 
 class WideDeep {
  public:
@@ -80,20 +91,16 @@ class WideDeep {
   template <class Wide, class Emb>
   void forward(std::span<const Example> examples, Wide wide, Emb emb) {
     const std::size_t n = examples.size();
-    x_.assign(n * kIn, 0.0F);
-    h_.assign(n * kHidden, 0.0F);
-    logits_.assign(n, 0.0F);
-    const float* w1 = values_[0].data();
-    const float* b1 = values_[1].data();
-    const float* w2 = values_[2].data();
+    x_.resize(n * kIn);
+    h_.resize(n * kHidden);
+    logits_.assign(n, values_[3][0]);
     for (std::size_t b = 0; b < n; ++b) {
       const Example& e = examples[b];
       float* x = x_.data() + b * kIn;
       std::copy(e.dense, e.dense + kDense, x);
-      float wide_sum = 0.0F;
       for (std::size_t f = 0; f < kFields; ++f) {
         const std::uint64_t id = id_of(f, e.value[f]);
-        wide_sum += wide(id);
+        logits_[b] += wide(id);
         const auto row = emb(id);
         std::copy(row.begin(), row.end(), x + kDense + f * kDim);
       }
@@ -102,33 +109,36 @@ class WideDeep {
       for (std::size_t f = 0; f < kFields; ++f) {
         for (std::size_t g = f + 1; g < kFields; ++g) *dot++ = inner(e_in + f * kDim, e_in + g * kDim);
       }
-      float* h = h_.data() + b * kHidden;
-      std::copy(b1, b1 + kHidden, h);
-      for (std::size_t k = 0; k < kIn; ++k) {
-        const float xk = x[k];
-        const float* w = w1 + k * kHidden;
-        for (std::size_t j = 0; j < kHidden; ++j) h[j] += xk * w[j];
-      }
-      float out = values_[3][0] + wide_sum;
+    }
+    // H = ReLU(X · W1 + b1): the bias in first, then one gemm adds the product (beta = 1).
+    const float* b1 = values_[1].data();
+    for (std::size_t b = 0; b < n; ++b) std::copy(b1, b1 + kHidden, h_.data() + b * kHidden);
+    auto h = matrix(h_.data(), n, kHidden);
+    xt::blas::gemm(matrix(x_.data(), n, kIn), matrix(values_[0].data(), kIn, kHidden), h, false, false, 1.0F, 1.0F);
+    const float* w2 = values_[2].data();
+    for (std::size_t b = 0; b < n; ++b) {
+      float* hb = h_.data() + b * kHidden;
+      float out = 0.0F;
       for (std::size_t j = 0; j < kHidden; ++j) {
-        h[j] = std::max(h[j], 0.0F);
-        out += h[j] * w2[j];
+        hb[j] = std::max(hb[j], 0.0F);
+        out += hb[j] * w2[j];
       }
-      logits_[b] = out;
+      logits_[b] += out;
     }
   }
 
   float backward(std::span<const Example> examples, const pulley::TableBatch& wide,
                  const pulley::TableBatch& emb) {
     const std::size_t n = examples.size();
-    for (auto& g : gradients_) std::fill(g.begin(), g.end(), 0.0F);
-    float* g_w1 = gradients_[0].data();
     float* g_b1 = gradients_[1].data();
     float* g_w2 = gradients_[2].data();
-    const float* w1 = values_[0].data();
+    std::fill(gradients_[1].begin(), gradients_[1].end(), 0.0F);
+    std::fill(gradients_[2].begin(), gradients_[2].end(), 0.0F);
+    gradients_[3][0] = 0.0F;
     const float* w2 = values_[2].data();
     double loss = 0.0;
-    std::vector<float> dh(kHidden), dx(kIn);
+    dh_.resize(n * kHidden);
+    dz_.resize(n);
     for (std::size_t b = 0; b < n; ++b) {
       const Example& e = examples[b];
       const float z = logits_[b];
@@ -137,29 +147,28 @@ class WideDeep {
       loss += e.label > 0.5F ? softplus - z : softplus;
       const float p = 1.0F / (1.0F + std::exp(-z));
       const float dz = (p - e.label) / static_cast<float>(n);
+      dz_[b] = dz;
       gradients_[3][0] += dz;
       const float* h = h_.data() + b * kHidden;
+      float* dh = dh_.data() + b * kHidden;
       for (std::size_t j = 0; j < kHidden; ++j) {
         g_w2[j] += h[j] * dz;
         dh[j] = h[j] > 0.0F ? dz * w2[j] : 0.0F;
         g_b1[j] += dh[j];
       }
-      const float* x = x_.data() + b * kIn;
-      for (std::size_t k = 0; k < kIn; ++k) {
-        const float xk = x[k];
-        float* g = g_w1 + k * kHidden;
-        const float* w = w1 + k * kHidden;
-        float s = 0.0F;
-        for (std::size_t j = 0; j < kHidden; ++j) {
-          g[j] += xk * dh[j];
-          s += dh[j] * w[j];
-        }
-        dx[k] = s;
-      }
+    }
+    // dW1 = Xᵀ · dH, and the input's gradient dX = dH · W1ᵀ: one gemm each.
+    auto g_w1 = matrix(gradients_[0].data(), kIn, kHidden);
+    xt::blas::gemm(matrix(x_.data(), n, kIn), matrix(dh_.data(), n, kHidden), g_w1, true, false);
+    dx_.resize(n * kIn);
+    auto dx = matrix(dx_.data(), n, kIn);
+    xt::blas::gemm(matrix(dh_.data(), n, kHidden), matrix(values_[0].data(), kIn, kHidden), dx, false, true);
+    for (std::size_t b = 0; b < n; ++b) {
+      const Example& e = examples[b];
       // d<e_f, e_g> / de_f = e_g: the dots' share of each embedding's gradient
-      const float* e_in = x + kDense;
-      float* de = dx.data() + kDense;
-      const float* d_dot = dx.data() + kDots;
+      const float* e_in = x_.data() + b * kIn + kDense;
+      float* de = dx_.data() + b * kIn + kDense;
+      const float* d_dot = dx_.data() + b * kIn + kDots;
       for (std::size_t f = 0; f < kFields; ++f) {
         for (std::size_t g = f + 1; g < kFields; ++g, ++d_dot) {
           for (std::size_t k = 0; k < kDim; ++k) {
@@ -170,7 +179,7 @@ class WideDeep {
       }
       for (std::size_t f = 0; f < kFields; ++f) {
         const std::uint64_t id = id_of(f, e.value[f]);
-        wide.gradient(id)[0] += dz;
+        wide.gradient(id)[0] += dz_[b];
         const auto g = emb.gradient(id);
         for (std::size_t k = 0; k < kDim; ++k) g[k] += de[f * kDim + k];
       }
@@ -189,6 +198,7 @@ class WideDeep {
   std::vector<std::vector<float>> values_;
   std::vector<std::vector<float>> gradients_;
   std::vector<float> x_, h_, logits_;  ///< the last batch's input, hidden layer and logits
+  std::vector<float> dz_, dh_, dx_;    ///< the gradients of the logits, hidden layer and input
 };
 static_assert(pulley::TableModel<WideDeep>);
 
