@@ -64,8 +64,10 @@ import sys
 import time
 
 # numpy's OpenBLAS would otherwise start a thread per core that spins beside torch's own
-# (--threads): measured here, one torch thread ran at 15-17 k samples/s with them and 25 k
-# without. Set before numpy is imported; an explicit setting in the environment wins.
+# (--threads): measured here, two torch threads ran at 13.9 k samples/s with them and
+# 23.2 k without (one thread: 24.5 k with them, 15.8-18.9 k without, on a host whose speed
+# drifts that much). Set before numpy is imported; an explicit setting in the environment
+# wins.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 

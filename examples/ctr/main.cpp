@@ -35,7 +35,7 @@
 #include "pulley/runner/flags.hpp"
 #include "pulley/runner/run.hpp"
 
-// OpenBLAS starts a thread pool per call site by default; with one worker thread per core
+// OpenBLAS runs each gemm on a thread per core by default; with one worker thread per core
 // that only adds contention. Weak, so another BLAS links too.
 extern "C" void openblas_set_num_threads(int) __attribute__((weak));
 
@@ -211,6 +211,10 @@ int score_checkpoint(const Options& o, Data& data, const std::filesystem::path& 
   if (found.empty()) throw std::runtime_error("no checkpoint in " + directory.string());
   const auto& [step, path] = found.front();
   const pulley::ModelState state = pulley::CheckpointDirectory::load(path);
+  if (state.tables.size() != 2) {
+    throw std::runtime_error(path.string() + " holds " + std::to_string(state.tables.size()) +
+                             " tables, not the model's 2 (wide, emb)");
+  }
   ctr::WideDeep model(o.admit_after, o.max_rows);
   pulley::load_parameters(state, model, path);
   const std::vector<pulley::CheckpointRows> tables = pulley::checkpoint_rows(state);

@@ -27,6 +27,8 @@
 namespace ctr {
 
 /// A row-major rows × cols view of `data` for xt::blas::gemm (no copy, no allocation).
+/// `data` is moved in so that the adaptor holds the pointer by value, not a reference to
+/// this function's parameter.
 template <class T>
 auto matrix(T* data, std::size_t rows, std::size_t cols) {
   return xt::adapt(std::move(data), rows * cols, xt::no_ownership(), std::array<std::size_t, 2>{rows, cols});

@@ -27,7 +27,7 @@
 #define PULLEY_FASHION_MNIST_DIR "/usr/share/datasets/fashion-mnist"
 #endif
 
-// OpenBLAS starts a thread pool per call site by default; with one worker thread per core
+// OpenBLAS runs each gemm on a thread per core by default; with one worker thread per core
 // that only adds contention. Weak, so another BLAS links too.
 extern "C" void openblas_set_num_threads(int) __attribute__((weak));
 

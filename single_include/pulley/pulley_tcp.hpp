@@ -1535,7 +1535,8 @@ class CheckpointDirectory {
 
 namespace pulley {
 
-/// Asks the cache for the line holding `p` (never faults: any address will do).
+/// Asks the cache for the line holding `p` (the instruction never faults, whatever the
+/// address; `p` must still point into an object or one past it).
 ///
 /// On x86 it is an `asm volatile` prefetch, not `__builtin_prefetch`, which the compiler
 /// may delete: GCC 12 at -O2 compiled a loop prefetching the lines of an embedding table's
@@ -3754,8 +3755,11 @@ bool wait_progressing(T& transport, const ClientOptions& options, CallGroup& gro
   std::vector<std::int64_t> steps;  // the ps tasks' global steps when last looked at
   auto still_since = Clock::now();
   // The first look comes early: it is the steps later looks compare with, so that a wait
-  // that outlasts `stall_report` while the ps tasks advance is not reported as stalled.
-  auto wait = std::max(look_every / 8, std::chrono::milliseconds(1));
+  // that outlasts `stall_report` while the ps tasks advance is not reported as stalled
+  // (the later looks stay on the `look_every` grid).
+  const auto first = std::max(look_every / 8, std::chrono::milliseconds(1));
+  auto wait = first;
+  bool looked = false;
   for (;;) {
     const auto now0 = Clock::now();
     const auto slice = deadline == Clock::time_point::max()
@@ -3763,7 +3767,8 @@ bool wait_progressing(T& transport, const ClientOptions& options, CallGroup& gro
                            : std::min<std::chrono::milliseconds>(
                                  wait, std::chrono::duration_cast<std::chrono::milliseconds>(
                                            std::max(deadline - now0, Clock::duration::zero())));
-    wait = look_every;
+    wait = looked ? look_every : std::max(look_every - first, std::chrono::milliseconds(1));
+    looked = true;
     if (group.wait_for(slice)) return true;
     if (Clock::now() >= deadline) {
       group.cancel();
@@ -3773,7 +3778,9 @@ bool wait_progressing(T& transport, const ClientOptions& options, CallGroup& gro
     const std::vector<std::int64_t> now_steps = global_steps(transport, options, why);
     const auto now = Clock::now();
     if (!now_steps.empty()) {
-      if (!steps.empty() && now_steps != steps) still_since = now;
+      // Moved since the last look, or the first answer (what came before it is unknown):
+      // the stall clock starts again.
+      if (steps.empty() || now_steps != steps) still_since = now;
       steps = now_steps;
     }
     const auto stalled = std::chrono::duration_cast<std::chrono::milliseconds>(now - still_since);
@@ -8141,8 +8148,13 @@ class EmbeddingTable {
     set_touched(row, now);
   }
 
-  /// Asks the cache for every line of `row`'s record (a record spans two to four lines).
-  void prefetch_record(std::uint32_t row) const noexcept { pulley::prefetch(record(row), record_ * sizeof(float)); }
+  /// Asks the cache for the first lines of `row`'s record, at most kPrefetchBytes of it (the
+  /// hardware prefetcher streams the rest of a long one; more would overrun the few line
+  /// fills a core keeps in flight).
+  void prefetch_record(std::uint32_t row) const noexcept {
+    pulley::prefetch(record(row), std::min<std::size_t>(record_ * sizeof(float), kPrefetchBytes));
+  }
+  static constexpr std::size_t kPrefetchBytes = 256;
 
   /// Calls `f(i, row)` for each of `ids` with the row that holds it (kNone if none), in
   /// order, prefetching the index bucket 16 ids ahead and the record its entry names (every line) 8 ids

@@ -27,24 +27,35 @@ straight=$(final_of "$work/straight.log")
 [ -n "$straight" ] || fail "the job without a kill printed no final line"
 echo "without a kill: $straight"
 
-# Killed the moment a checkpoint is being written (its temporary directory is there) after
-# one of a step past 0 was written whole (the one of step 0 is written at the start).
+# Killed while a checkpoint is being written (its temporary directory is there) after one
+# of a step past 0 was written whole (the one of step 0 is written at the start). The job
+# is stopped (SIGSTOP) the moment a temporary is seen, and killed if it is still there; if
+# the write finished in between, it goes on and the next one is caught. Three tries.
 ckpt=$work/ckpt
-"$binary" "${flags[@]}" --checkpoint-dir "$ckpt" >"$work/killed.log" 2>&1 </dev/null &
-pid=$!
 caught=
-for _ in $(seq 1 60000); do
-  if compgen -G "$ckpt/ckpt-0*[1-9]*" >/dev/null && compgen -G "$ckpt/.tmp-ckpt-*" >/dev/null; then
-    kill -9 "$pid"
-    caught=$(cd "$ckpt" && ls -d .tmp-ckpt-* 2>/dev/null | head -1)
-    break
-  fi
-  kill -0 "$pid" 2>/dev/null || break
-  sleep 0.002
+for attempt in 1 2 3; do
+  rm -rf "$ckpt"
+  "$binary" "${flags[@]}" --checkpoint-dir "$ckpt" >"$work/killed.log" 2>&1 </dev/null &
+  pid=$!
+  for _ in $(seq 1 60000); do
+    kill -0 "$pid" 2>/dev/null || break
+    if compgen -G "$ckpt/ckpt-0*[1-9]*" >/dev/null && compgen -G "$ckpt/.tmp-ckpt-*" >/dev/null; then
+      kill -STOP "$pid"
+      caught=$(cd "$ckpt" && ls -d .tmp-ckpt-* 2>/dev/null | head -1)
+      if [ -n "$caught" ]; then
+        kill -KILL "$pid"
+        break
+      fi
+      kill -CONT "$pid"
+    fi
+    sleep 0.002
+  done
+  wait "$pid" 2>/dev/null
+  pid=
+  [ -n "$caught" ] && break
+  echo "try $attempt: no checkpoint caught being written"
 done
-wait "$pid" 2>/dev/null
-pid=
-[ -n "$caught" ] || fail "no checkpoint was caught being written (the job ended first)"
+[ -n "$caught" ] || fail "no checkpoint was caught being written in 3 tries"
 whole=$(cd "$ckpt" && ls -d ckpt-* | sort | tail -1)
 echo "killed while writing $caught; the newest whole checkpoint: $whole"
 grep -q 'final:' "$work/killed.log" && fail "killed too late"
@@ -55,7 +66,7 @@ grep -q "chief: resumed from .*/$whole at global step" "$work/resumed.log" \
   || fail "the job did not resume from $whole: $(grep 'resumed' "$work/resumed.log")"
 grep -h 'resumed from' "$work/resumed.log"
 grep -h "checkpoint at global step ${whole#ckpt-}\|checkpoint at global step $((10#${whole#ckpt-}))" "$work/killed.log" \
-  | sed 's/^/  written before the kill: /' 
+  | sed 's/^/  written before the kill: /'
 compgen -G "$ckpt/.tmp-ckpt-*" >/dev/null && fail "the half-written checkpoint was left behind"
 resumed=$(final_of "$work/resumed.log")
 echo "resumed:        $resumed"

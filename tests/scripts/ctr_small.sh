@@ -22,6 +22,7 @@ run() {  # run LAUNCHER...: the launcher is "in-process" or a launch_local.sh co
     out=$(bash "$root/scripts/launch_local.sh" --ps 2 --workers 2 --binary "$binary" -- "${data[@]}" "$@" 2>&1 </dev/null); rc=$?
   fi
   echo "$out"
+  last_out=$out
   line=$(grep -o 'final: .*' <<<"$out")
   last=$line
   if [ "$rc" -ne 0 ] || [ -z "$line" ]; then
@@ -40,13 +41,18 @@ run processes --mode sync
 tcp=$last
 checkpoints="$data_dir/ctr_small_checkpoints"
 rm -rf "$checkpoints"
-run in-process --mode sync --checkpoint-dir "$checkpoints" --save-checkpoint-steps 300 --full-checkpoint-every 3
+run in-process --mode sync --checkpoint-dir "$checkpoints" --save-checkpoint-steps 300 --full-checkpoint-every 4
 if [ "${tcp%% samples_per_s*}" != "${last%% samples_per_s*}" ]; then
   echo "FAIL: sync R = N over TCP ended elsewhere than in-process: '$tcp' vs '$last'" >&2
   failures=$((failures + 1))
 fi
-# The last checkpoint (of step 1562: incremental, over a full one and a delta), scored with
-# no cluster, is the trained model: the same AUC and log loss as the final line.
+# The last checkpoint (of step 1562: checkpoints at 0, 300, ... 1500 and the last step, every
+# fourth full, so it is incremental, read over 1200's and 1500's), scored with no cluster,
+# is the trained model: the same AUC and log loss as the final line.
+if ! grep -q 'checkpoint at global step 1562: .*incremental over global step' <<<"$last_out"; then
+  echo "FAIL: the last checkpoint is not an incremental one, as this test means to score" >&2
+  failures=$((failures + 1))
+fi
 scored=$("$binary" "${data[@]}" --score-checkpoint "$checkpoints" 2>&1 </dev/null)
 echo "$scored"
 want=$(grep -o 'auc=[^ ]* planted_auc=[^ ]* logloss=[^ ]*' <<<"$last")
@@ -56,7 +62,7 @@ if [ -z "$want" ] || [ "$want" != "$got" ]; then
   failures=$((failures + 1))
 fi
 if [ "$(ls "$checkpoints" 2>/dev/null | grep -c '^ckpt-')" -lt 2 ]; then
-  echo "FAIL: no checkpoints written to $checkpoints" >&2
+  echo "FAIL: fewer than 2 checkpoints written to $checkpoints" >&2
   failures=$((failures + 1))
 fi
 rm -rf "$checkpoints"

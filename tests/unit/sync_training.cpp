@@ -5,12 +5,13 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
-#include <string>
 #include <cmath>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -369,39 +370,46 @@ TEST_CASE("bounded staleness: a dead worker is reported by name, not waited on f
 }
 
 TEST_CASE("a long wait for a step while training advances is not reported as a stall") {
-  // The chief reads the variables at a step about a second ahead of a steadily stepping
-  // worker, with stall reports due after 150 ms: the ps tasks move all the while, so
-  // nothing may be reported (the first look once took "no step seen yet" for "no step
-  // since") -- and once the worker stops, the stall is reported while it lasts.
+  // The chief reads the variables at a step about a second ahead of a worker stepping every
+  // 10 ms, with stall reports due after 500 ms: the ps tasks move all the while, so nothing
+  // may be reported (the first look once took "no step seen yet" for "no step since") --
+  // and once the worker stops, the stall is reported while it lasts, then given up.
   const LinearData data(16, kIn, kOut, 1);
   Cluster<RoundRobin, Sgd, Async> cluster(2, Sgd{0.01F}, Async{});
   ClientOptions options;
-  options.stall_report = std::chrono::milliseconds(150);
+  options.stall_report = std::chrono::milliseconds(500);
   options.wait_timeout = std::chrono::seconds(3);  // more than the wait, were it stalled
   Chief chief(cluster.endpoint(Node::chief()), kSeed, options);
   chief.initialize(LinearModel(kIn, kOut).variables());
   LogCapture log;
-  constexpr std::int64_t kSteps = 40;
+  constexpr std::int64_t kSteps = 100;
+  std::atomic<std::int64_t> stepped{0};
   std::thread stepping([&] {
     Worker worker(0, LinearModel(kIn, kOut), cluster.endpoint(Node::worker(0)));
     worker.wait_ready();
     for (std::int64_t s = 0; s < kSteps; ++s) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(30));
       CHECK(worker.step(rows_of(data, 0, 4)).has_value());
+      ++stepped;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   });
+  for (int i = 0; i < 2000 && stepped == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  REQUIRE(stepped > 0);  // the worker is stepping: the wait starts while the steps move
   const Snapshot shot = chief.snapshot(kSteps);
   CHECK(shot.step >= kSteps);
   CHECK(log.find(LogLevel::kWarning, "no progress").empty());
   stepping.join();
   // Nothing moves now: a wait for a step never reached is reported while it lasts, then
   // given up after wait_timeout.
+  std::optional<ErrorCode> code;
   std::string error;
   try {
     (void)chief.snapshot(kSteps + 1);
   } catch (const Error& e) {
+    code = e.code();
     error = e.what();
   }
+  CHECK(code == ErrorCode::kDeadlineExceeded);
   CHECK(error.find("no progress") != std::string::npos);
   CHECK(!log.find(LogLevel::kWarning, "no progress").empty());
   chief.shutdown();

@@ -5,7 +5,8 @@
 
 namespace pulley {
 
-/// Asks the cache for the line holding `p` (never faults: any address will do).
+/// Asks the cache for the line holding `p` (the instruction never faults, whatever the
+/// address; `p` must still point into an object or one past it).
 ///
 /// On x86 it is an `asm volatile` prefetch, not `__builtin_prefetch`, which the compiler
 /// may delete: GCC 12 at -O2 compiled a loop prefetching the lines of an embedding table's

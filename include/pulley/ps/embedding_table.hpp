@@ -396,8 +396,13 @@ class EmbeddingTable {
     set_touched(row, now);
   }
 
-  /// Asks the cache for every line of `row`'s record (a record spans two to four lines).
-  void prefetch_record(std::uint32_t row) const noexcept { pulley::prefetch(record(row), record_ * sizeof(float)); }
+  /// Asks the cache for the first lines of `row`'s record, at most kPrefetchBytes of it (the
+  /// hardware prefetcher streams the rest of a long one; more would overrun the few line
+  /// fills a core keeps in flight).
+  void prefetch_record(std::uint32_t row) const noexcept {
+    pulley::prefetch(record(row), std::min<std::size_t>(record_ * sizeof(float), kPrefetchBytes));
+  }
+  static constexpr std::size_t kPrefetchBytes = 256;
 
   /// Calls `f(i, row)` for each of `ids` with the row that holds it (kNone if none), in
   /// order, prefetching the index bucket 16 ids ahead and the record its entry names (every line) 8 ids

@@ -55,8 +55,11 @@ bool wait_progressing(T& transport, const ClientOptions& options, CallGroup& gro
   std::vector<std::int64_t> steps;  // the ps tasks' global steps when last looked at
   auto still_since = Clock::now();
   // The first look comes early: it is the steps later looks compare with, so that a wait
-  // that outlasts `stall_report` while the ps tasks advance is not reported as stalled.
-  auto wait = std::max(look_every / 8, std::chrono::milliseconds(1));
+  // that outlasts `stall_report` while the ps tasks advance is not reported as stalled
+  // (the later looks stay on the `look_every` grid).
+  const auto first = std::max(look_every / 8, std::chrono::milliseconds(1));
+  auto wait = first;
+  bool looked = false;
   for (;;) {
     const auto now0 = Clock::now();
     const auto slice = deadline == Clock::time_point::max()
@@ -64,7 +67,8 @@ bool wait_progressing(T& transport, const ClientOptions& options, CallGroup& gro
                            : std::min<std::chrono::milliseconds>(
                                  wait, std::chrono::duration_cast<std::chrono::milliseconds>(
                                            std::max(deadline - now0, Clock::duration::zero())));
-    wait = look_every;
+    wait = looked ? look_every : std::max(look_every - first, std::chrono::milliseconds(1));
+    looked = true;
     if (group.wait_for(slice)) return true;
     if (Clock::now() >= deadline) {
       group.cancel();
@@ -74,7 +78,9 @@ bool wait_progressing(T& transport, const ClientOptions& options, CallGroup& gro
     const std::vector<std::int64_t> now_steps = global_steps(transport, options, why);
     const auto now = Clock::now();
     if (!now_steps.empty()) {
-      if (!steps.empty() && now_steps != steps) still_since = now;
+      // Moved since the last look, or the first answer (what came before it is unknown):
+      // the stall clock starts again.
+      if (steps.empty() || now_steps != steps) still_since = now;
       steps = now_steps;
     }
     const auto stalled = std::chrono::duration_cast<std::chrono::milliseconds>(now - still_since);
