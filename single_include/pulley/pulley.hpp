@@ -1529,37 +1529,6 @@ class CheckpointDirectory {
 #include <utility>
 #include <vector>
 
-// ---- begin pulley/core/prefetch.hpp ----
-
-#include <cstddef>
-
-namespace pulley {
-
-/// Asks the cache for the line holding `p` (the instruction never faults, whatever the
-/// address; `p` must still point into an object or one past it).
-///
-/// On x86 it is an `asm volatile` prefetch, not `__builtin_prefetch`, which the compiler
-/// may delete: GCC 12 at -O2 compiled a loop prefetching the lines of an embedding table's
-/// record to nothing (and an unrolled form with a branch per line too, taking the first,
-/// unconditional prefetch with it), and a sparse apply built that way ran 2.4x slower.
-inline void prefetch(const void* p) noexcept {
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-  asm volatile("prefetcht0 %0" : : "m"(*static_cast<const char*>(p)));
-#else
-  __builtin_prefetch(p);
-#endif
-}
-
-/// Asks the cache for every line of the `bytes` bytes at `p`.
-inline void prefetch(const void* p, std::size_t bytes) noexcept {
-  constexpr std::size_t kLine = 64;
-  const auto* begin = static_cast<const char*>(p);
-  for (std::size_t at = 0; at < bytes; at += kLine) prefetch(begin + at);
-  if (bytes > 0) prefetch(begin + bytes - 1);  // the last line, when `p` is not line-aligned
-}
-
-}  // namespace pulley
-// ---- end pulley/core/prefetch.hpp ----
 // ---- begin pulley/core/hash.hpp ----
 
 #include <cstdint>
@@ -1592,6 +1561,37 @@ constexpr std::uint64_t mix_id(std::uint64_t id) noexcept {
 
 }  // namespace pulley
 // ---- end pulley/core/hash.hpp ----
+// ---- begin pulley/core/prefetch.hpp ----
+
+#include <cstddef>
+
+namespace pulley {
+
+/// Asks the cache for the line holding `p` (the instruction never faults, whatever the
+/// address; `p` must still point into an object or one past it).
+///
+/// On x86 it is an `asm volatile` prefetch, not `__builtin_prefetch`, which the compiler
+/// may delete: GCC 12 at -O2 compiled a loop prefetching the lines of an embedding table's
+/// record to nothing (and an unrolled form with a branch per line too, taking the first,
+/// unconditional prefetch with it), and a sparse apply built that way ran 2.4x slower.
+inline void prefetch(const void* p) noexcept {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+  asm volatile("prefetcht0 %0" : : "m"(*static_cast<const char*>(p)));
+#else
+  __builtin_prefetch(p);
+#endif
+}
+
+/// Asks the cache for every line of the `bytes` bytes at `p`.
+inline void prefetch(const void* p, std::size_t bytes) noexcept {
+  constexpr std::size_t kLine = 64;
+  const auto* begin = static_cast<const char*>(p);
+  for (std::size_t at = 0; at < bytes; at += kLine) prefetch(begin + at);
+  if (bytes > 0) prefetch(begin + bytes - 1);  // the last line, when `p` is not line-aligned
+}
+
+}  // namespace pulley
+// ---- end pulley/core/prefetch.hpp ----
 
 namespace pulley {
 
@@ -8157,8 +8157,9 @@ class EmbeddingTable {
   static constexpr std::size_t kPrefetchBytes = 256;
 
   /// Calls `f(i, row)` for each of `ids` with the row that holds it (kNone if none), in
-  /// order, prefetching the index bucket 16 ids ahead and the record its entry names (every line) 8 ids
-  /// ahead: a batch's lookups then wait for memory in parallel, not one after the other.
+  /// order, prefetching the index bucket 16 ids ahead and the record its entry names 8 ids
+  /// ahead (prefetch_record): a batch's lookups then wait for memory in parallel, not one
+  /// after the other.
   template <class F>
   void for_each_found(std::span<const std::uint64_t> ids, F&& f) {
     constexpr std::size_t kIndexAhead = 16;

@@ -9,8 +9,8 @@
 #include <utility>
 #include <vector>
 
-#include "pulley/core/prefetch.hpp"
 #include "pulley/core/hash.hpp"
+#include "pulley/core/prefetch.hpp"
 
 namespace pulley {
 

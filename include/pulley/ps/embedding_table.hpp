@@ -14,11 +14,11 @@
 
 #include "pulley/concepts/optimizer.hpp"
 #include "pulley/core/detail/finite.hpp"
-#include "pulley/core/prefetch.hpp"
 #include "pulley/core/detail/random.hpp"
 #include "pulley/core/error.hpp"
 #include "pulley/core/id_index.hpp"
 #include "pulley/core/initializers.hpp"
+#include "pulley/core/prefetch.hpp"
 #include "pulley/core/variable.hpp"
 
 namespace pulley {
@@ -405,8 +405,9 @@ class EmbeddingTable {
   static constexpr std::size_t kPrefetchBytes = 256;
 
   /// Calls `f(i, row)` for each of `ids` with the row that holds it (kNone if none), in
-  /// order, prefetching the index bucket 16 ids ahead and the record its entry names (every line) 8 ids
-  /// ahead: a batch's lookups then wait for memory in parallel, not one after the other.
+  /// order, prefetching the index bucket 16 ids ahead and the record its entry names 8 ids
+  /// ahead (prefetch_record): a batch's lookups then wait for memory in parallel, not one
+  /// after the other.
   template <class F>
   void for_each_found(std::span<const std::uint64_t> ids, F&& f) {
     constexpr std::size_t kIndexAhead = 16;
