@@ -262,29 +262,34 @@ class Worker {
       TableState& table = batches_[t];
       table.ids.clear();
       model_.lookup(batch, t, table.ids);
-      // By (ps, id): each ps's ids are one run, and the order is the same on every run.
-      keyed_.clear();
+      // The distinct ids in the order the batch first uses them, then grouped by ps by a
+      // stable counting sort: each ps's ids are one run, in the same order on every run.
+      table.positions.clear();
+      table.positions.reserve(table.ids.size());
+      table.ps_begin.assign(num_ps + 1, 0);
+      ps_of_.clear();
       for (const std::uint64_t id : table.ids) {
+        if (!table.positions.insert(id).second) continue;
         const std::uint32_t ps = sharding_.ps_of(table.spec.name, id, num_ps);
         if (ps >= num_ps) {
           throw Error(ErrorCode::kInvalidArgument, "the id sharding put row " + std::to_string(id) +
                                                        " of table '" + table.spec.name + "' on ps " +
                                                        std::to_string(ps) + " of " + std::to_string(num_ps));
         }
-        keyed_.push_back({ps, id});
-      }
-      std::sort(keyed_.begin(), keyed_.end());
-      keyed_.erase(std::unique(keyed_.begin(), keyed_.end()), keyed_.end());
-      table.ids.clear();
-      table.ps_begin.assign(num_ps + 1, 0);
-      table.positions.clear();
-      table.positions.reserve(keyed_.size());
-      for (const auto& [ps, id] : keyed_) {
-        table.positions.insert(id);  // numbered as ids is ordered
-        table.ids.push_back(id);
+        ps_of_.push_back(ps);
         ++table.ps_begin[ps + 1];
       }
       for (std::uint32_t p = 0; p < num_ps; ++p) table.ps_begin[p + 1] += table.ps_begin[p];
+      const std::span<const std::uint64_t> distinct = table.positions.ids();
+      if (num_ps == 1) {
+        table.ids.assign(distinct.begin(), distinct.end());
+      } else {
+        table.ids.resize(distinct.size());
+        next_.assign(table.ps_begin.begin(), table.ps_begin.end() - 1);
+        for (std::size_t i = 0; i < distinct.size(); ++i) table.ids[next_[ps_of_[i]]++] = distinct[i];
+        table.positions.clear();
+        for (const std::uint64_t id : table.ids) (void)table.positions.insert(id);  // numbered as ids
+      }
       table.rows.resize(table.ids.size() * table.spec.dim);
       table.gradients.resize(table.ids.size() * table.spec.dim);
       // The pulls write into the rows; the pushes send the gradients.
@@ -304,7 +309,8 @@ class Worker {
   std::vector<RowRequest> row_requests_;           ///< pulls into batches_' rows
   std::vector<RowRequest> push_rows_;              ///< pushes of batches_' gradients
   std::vector<TableBatch> views_;                  ///< what the model computes with
-  std::vector<std::pair<std::uint32_t, std::uint64_t>> keyed_;  ///< scratch: (ps, id)
+  std::vector<std::uint32_t> ps_of_;               ///< scratch: each distinct id's ps
+  std::vector<std::size_t> next_;                  ///< scratch: where each ps's next id goes
   std::int64_t global_step_ = 0;
   std::int64_t pulled_step_ = -1;  ///< the model holds every variable as of this step or later
   bool paced_ = true;              ///< the sync policy makes workers wait for tokens
