@@ -165,15 +165,17 @@ int train(const pulley::Job& job, const Options& o, const Data& data, Optimizer 
           e.consistent ? "" : "  (ps tasks read at different steps)");
     }
     if (e.last && e.role == pulley::Node::Role::kChief) {  // the chief's summary of the job
-      std::int64_t stale = 0, applied = 0, refused = 0;
+      std::int64_t stale = 0, applied = 0, refused = 0, repeated = 0;
       for (const pulley::Stats& s : e.stats) {
         stale += s.stale_gradients_dropped;
         applied += s.updates_applied;
         refused += s.updates_refused;
+        repeated += s.pushes_repeated;
       }
-      std::printf("updates applied: %lld, stale gradients dropped: %lld, updates refused: %lld\n",
+      std::printf("updates applied: %lld, stale gradients dropped: %lld, updates refused: %lld, "
+                  "pushes sent again after a lost connection: %lld\n",
                   static_cast<long long>(applied), static_cast<long long>(stale),
-                  static_cast<long long>(refused));
+                  static_cast<long long>(refused), static_cast<long long>(repeated));
       std::printf(
           "final: test_accuracy=%.4f samples_per_s=%.0f epochs=%d workers=%u ps=%u mode=%s\n",
           scores.accuracy, e.samples_per_s, o.epochs, workers, job.num_ps(), o.mode.c_str());

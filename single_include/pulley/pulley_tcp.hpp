@@ -2434,8 +2434,8 @@ struct Push {
   std::vector<PartValues> gradients;
   /// The restore the worker knows of: a push of an earlier one is refused.
   std::uint64_t epoch = 0;
-  /// Numbers the worker's pushes (0: none): a push sent again after a lost connection has
-  /// the number of the one before it and is answered as that one was, not counted twice.
+  /// Numbers the worker's pushes (0: none): a push sent again after a lost connection (the
+  /// same push: same number, same gradients) is answered as the first was, counted once.
   std::uint64_t sequence = 0;
   /// Gradient rows of embedding tables held here, duplicates summed by the worker; they
   /// share the push's verdict (stale rows are dropped with its parts).
@@ -2766,12 +2766,15 @@ struct Stats {
   std::int64_t table_rows_dropped = 0;
   /// Rows evicted, or not created, to keep a table within its max_rows (TableSpec).
   std::int64_t table_rows_capped = 0;
+  /// Pushes that came again after a lost connection (the same sequence number as one taken
+  /// or held): answered as the first, not counted again.
+  std::int64_t pushes_repeated = 0;
 
   template <class Archive>
   void serialize(Archive& archive) {
     archive(global_step, updates_applied, gradients_accepted, stale_gradients_dropped,
             requests_rejected, bytes_pushed, bytes_pulled, updates_refused, workers_lost,
-            table_rows, table_rows_evicted, table_rows_dropped, table_rows_capped);
+            table_rows, table_rows_evicted, table_rows_dropped, table_rows_capped, pushes_repeated);
   }
 };
 
@@ -4022,9 +4025,11 @@ class Client {
   /// Returns the number of part gradients dropped as stale.
   std::uint32_t push(std::uint32_t worker, std::int64_t local_step, std::span<const std::span<const float>> gradients,
                      std::span<const RowRequest> rows = {}) {
+    build_pushes(worker, local_step, gradients, rows);
     CallGroup group;
-    send_pushes(group, worker, local_step, gradients, rows);
+    send_pushes(group);
     group.wait(options_.request_timeout, "push");
+    unanswered_.clear();
     return stale_parts(group, 0, group.size());
   }
 
@@ -4043,12 +4048,23 @@ class Client {
                            std::span<const std::span<const float>> gradients, std::span<const PullRequest> requests,
                            std::int64_t min_step, std::span<const RowRequest> rows = {}) {
     detail::PullSplit pulls = split(requests, min_step);
-    CallGroup group;
-    send_pushes(group, worker, local_step, gradients, rows);
-    const std::size_t pushes = group.size();
-    send(group, std::move(pulls));
-    detail::wait_gated(transport_, options_, group, min_step, "push and pull");
-    return {stale_parts(group, 0, pushes), lowest_step<PullReply>(group, pushes, group.size())};
+    build_pushes(worker, local_step, gradients, rows);
+    return push_pull_sent(std::move(pulls), min_step);
+  }
+
+  /// True if the last push was not answered by every ps (a connection was lost while it was
+  /// on its way) and the ps tasks are still at the restore it was sent at: the same push
+  /// can be sent again (`push_pull_again`), and each ps counts it once.
+  [[nodiscard]] bool push_unanswered() const noexcept {
+    return !unanswered_.empty() && unanswered_.front().epoch == epoch_;
+  }
+
+  /// Sends the last push again as it was (its number and gradients: the buffers it views
+  /// must hold what they held), then pulls as `push_pull` does. A ps that took it answers
+  /// as it did the first time; one that did not takes it now. Needs `push_unanswered()`.
+  PushPullResult push_pull_again(std::span<const PullRequest> requests, std::int64_t min_step) {
+    if (!push_unanswered()) throw Error(ErrorCode::kFailedPrecondition, "no unanswered push to send again");
+    return push_pull_sent(split(requests, min_step), min_step);
   }
 
   /// Blocks until every ps has completed `step` steps; returns the lowest global step they
@@ -4118,11 +4134,29 @@ class Client {
     }
   }
 
-  void send_pushes(CallGroup& group, std::uint32_t worker, std::int64_t local_step,
-                   std::span<const std::span<const float>> gradients, std::span<const RowRequest> rows) {
-    std::vector<Push> pushes =
+  /// Builds one push per ps, kept (in `unanswered_`) until every ps has answered them.
+  void build_pushes(std::uint32_t worker, std::int64_t local_step, std::span<const std::span<const float>> gradients,
+                    std::span<const RowRequest> rows) {
+    unanswered_.clear();
+    unanswered_ =
         pushes_.build(placement_, variables_, tables_, num_ps(), worker, local_step, epoch_, gradients, rows);
-    for (std::size_t ps = 0; ps < num_ps(); ++ps) group.add(transport_.call(ps, std::move(pushes[ps]), {}));
+  }
+
+  /// Sends a copy of each kept push (the copies view the same tensors).
+  void send_pushes(CallGroup& group) {
+    for (std::size_t ps = 0; ps < num_ps(); ++ps) group.add(transport_.call(ps, Push(unanswered_[ps]), {}));
+  }
+
+  /// The kept pushes, then `pulls`, in one round trip; the pushes are forgotten once every
+  /// ps has answered.
+  PushPullResult push_pull_sent(detail::PullSplit&& pulls, std::int64_t min_step) {
+    CallGroup group;
+    send_pushes(group);
+    const std::size_t pushes = group.size();
+    send(group, std::move(pulls));
+    detail::wait_gated(transport_, options_, group, min_step, "push and pull");
+    unanswered_.clear();
+    return {stale_parts(group, 0, pushes), lowest_step<PullReply>(group, pushes, group.size())};
   }
 
   static std::uint32_t stale_parts(CallGroup& group, std::size_t first, std::size_t end) {
@@ -4193,6 +4227,9 @@ class Client {
   T transport_;
   ClientOptions options_;
   detail::PushBuilder pushes_;
+  /// The last push, one message per ps, until every ps has answered it: what a retry after
+  /// a lost connection sends again.
+  std::vector<Push> unanswered_;
   std::uint64_t epoch_ = 0;  ///< the ps tasks' restores so far, as last learned
   std::vector<std::string> slot_names_;     ///< the optimizer's slots, as the ps tasks name them
   std::vector<std::string> counter_names_;  ///< the optimizer's counters
@@ -5460,9 +5497,11 @@ class Worker {
   ///
   /// A ps that is lost (`kUnavailable`) or a job rolled back to a checkpoint while the step
   /// ran (`kFailedPrecondition`: the chief restored the ps tasks after losing one) is
-  /// waited out: the worker waits until every ps is ready again, learns the new epoch, and
-  /// starts the step again on the same batch, as TensorFlow's workers do after a ps
-  /// failure. It gives up after `ClientOptions::recovery_timeout` with `kUnavailable`
+  /// waited out: the worker waits until every ps is ready again and learns the epoch. If
+  /// the ps tasks were not rolled back and the step's push had gone out, the same push
+  /// (same number, same gradients) is sent again, so a ps that took it counts it once and
+  /// every ps ends the step with the same pushes; otherwise the step starts again on the
+  /// same batch, as TensorFlow's workers do after a ps failure. It gives up after `ClientOptions::recovery_timeout` with `kUnavailable`
   /// naming the last failure (the ps). Any other failure throws at once.
   std::optional<StepResult> step(
       const typename M::Batch& batch,
@@ -5472,6 +5511,7 @@ class Worker {
     for (bool again = false;; again = true) {
       try {
         if (again) recover();
+        if (again && client_.push_unanswered()) return finish_step();
         return try_step(batch, last_step);
       } catch (const Error& e) {
         if (e.code() == ErrorCode::kOutOfRange) {
@@ -5579,7 +5619,20 @@ class Worker {
     }
     result.local_step = token.local_step;
     result.global_step = reply.global_step;
+    interrupted_ = result;  // what finish_step completes if the push loses a connection
+    interrupted_pull_step_ = token.next_pull_step;
     result.stale_parts = push_pull(token.local_step, token.next_pull_step);
+    return result;
+  }
+
+  /// Completes the step whose push a lost connection interrupted: the same push again (a
+  /// ps that took it answers as it did), then the pull the step ends with.
+  StepResult finish_step() {
+    StepResult result = interrupted_;
+    pulled_step_ = -1;
+    const auto done = client_.push_pull_again(all_, interrupted_pull_step_);
+    pulled_step_ = done.pulled_step;
+    result.stale_parts = done.stale_parts;
     return result;
   }
 
@@ -5680,6 +5733,8 @@ class Worker {
   std::vector<std::uint32_t> ps_of_;               ///< scratch: each distinct id's ps
   std::vector<std::size_t> next_;                  ///< scratch: where each ps's next id goes
   std::int64_t global_step_ = 0;
+  StepResult interrupted_;                 ///< the step whose push is on its way
+  std::int64_t interrupted_pull_step_ = 0;  ///< and the step its pull waits for
   std::int64_t pulled_step_ = -1;  ///< the model holds every variable as of this step or later
   bool paced_ = true;              ///< the sync policy makes workers wait for tokens
   bool finished_ = false;          ///< training is over
@@ -6108,6 +6163,11 @@ enum class Verdict : std::uint8_t {
 ///     it took and did not push for, so a vanished taker cannot hold a step up (a token is
 ///     a lease). The worker, or a process restarted in its place, may take tokens again; a
 ///     worker that pushed for a step still may not take a second token of it when R <= N.
+///   - `p.held_token(pacer, worker)` → `std::optional<Token>`: the token of the step in
+///     progress that `worker` took and has not pushed for, if the policy hands out at most
+///     one a step (else nullopt). A worker that asks again on the connection that took it
+///     (its answer was lost with another ps's connection) gets that token again, counted
+///     once; asked on another connection, the request waits for the first to go, as any.
 ///   - `p.on_worker_lost(pacer, worker)` → `Verdict`: the ps holds `worker` lost (its
 ///     heartbeats stopped): stop waiting for it. kReady when that completes the update in
 ///     progress (the ps then takes and applies it as after a push), else kPending. The
@@ -6190,6 +6250,16 @@ void release(const P& policy, typename P::Pacer& pacer, std::uint32_t worker) no
   if constexpr (requires { policy.release(pacer, worker); }) {
     static_assert(noexcept(policy.release(pacer, worker)), "SyncPolicy::release must be noexcept");
     policy.release(pacer, worker);
+  }
+}
+
+/// The token of the current step `worker` holds, if the policy says (`held_token`).
+template <SyncPolicy P>
+std::optional<Token> held_token(const P& policy, const typename P::Pacer& pacer, std::uint32_t worker) {
+  if constexpr (requires { { policy.held_token(pacer, worker) } -> std::same_as<std::optional<Token>>; }) {
+    return policy.held_token(pacer, worker);
+  } else {
+    return std::nullopt;
   }
 }
 
@@ -7048,7 +7118,8 @@ static_assert(RowWiseOptimizer<Sgd>);
 // ---- begin pulley/ps/push_ledger.hpp ----
 
 #include <cstdint>
-#include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace pulley {
@@ -7056,17 +7127,23 @@ namespace pulley {
 /// What a ps task has taken from each worker since the last restore: how many pushes (a
 /// checkpoint's cut brings every ps to the same counts, see CheckpointCut), and the
 /// sequence number and answer of the last one, so that a push sent again after a lost
-/// connection is answered as the first was and counted once.
+/// connection is answered as the first was and counted once (a worker has one push in
+/// flight at a time, and sends again only its last).
 class PushLedger {
  public:
-  /// The answer to a push of `worker` numbered `sequence` if it is the last one taken again
-  /// (its stale parts), else nullopt. Sequence 0 numbers nothing.
-  [[nodiscard]] std::optional<std::uint32_t> repeated(std::uint32_t worker,
-                                                      std::uint64_t sequence) const {
+  /// What a push taken was answered.
+  struct Answer {
+    std::uint32_t stale_parts = 0;  ///< part gradients dropped as stale
+    std::string refused;            ///< why the update was refused ("" if it was not)
+  };
+
+  /// The answer to a push of `worker` numbered `sequence` if it is the last one taken again,
+  /// else nullptr. Sequence 0 numbers nothing.
+  [[nodiscard]] const Answer* repeated(std::uint32_t worker, std::uint64_t sequence) const {
     if (sequence == 0 || worker >= last_.size() || last_[worker].sequence != sequence) {
-      return std::nullopt;
+      return nullptr;
     }
-    return last_[worker].stale_parts;
+    return &last_[worker].answer;
   }
 
   /// Counts one push of `worker` taken (its verdict not known yet).
@@ -7076,10 +7153,10 @@ class PushLedger {
   }
 
   /// Remembers the answer to push `sequence` of `worker` (0: unnumbered, nothing kept).
-  void answered(std::uint32_t worker, std::uint64_t sequence, std::uint32_t stale_parts) {
+  void answered(std::uint32_t worker, std::uint64_t sequence, Answer answer) {
     if (sequence == 0) return;
     if (last_.size() <= worker) last_.resize(worker + 1);
-    last_[worker] = {sequence, stale_parts};
+    last_[worker] = {sequence, std::move(answer)};
   }
 
   /// Pushes of `worker` taken so far.
@@ -7098,7 +7175,7 @@ class PushLedger {
  private:
   struct Last {
     std::uint64_t sequence = 0;
-    std::uint32_t stale_parts = 0;
+    Answer answer;
   };
   std::vector<std::uint64_t> taken_;
   std::vector<Last> last_;
@@ -7208,6 +7285,19 @@ class CheckpointCut {
       held.push.rows.push_back({tr.table, tr.ids, held.storage.back()});
     }
     held.reply = std::exchange(reply, nullptr);
+  }
+
+  /// If the cut holds a push of `push`'s worker with its sequence number (a push sent again
+  /// after its connection was lost), its answer goes to `reply` instead, and true.
+  bool rehold(const Push& push, Responder& reply) {
+    if (push.sequence == 0) return false;
+    for (HeldPush& held : held_) {
+      if (held.push.worker == push.worker && held.push.sequence == push.sequence) {
+        held.reply = std::exchange(reply, nullptr);
+        return true;
+      }
+    }
+    return false;
   }
 
   /// Asks for the state at the cut `until` (pushes of each worker), answered through
@@ -7322,9 +7412,10 @@ namespace pulley {
 /// Worker made by hand without a HeartbeatSender, as in TensorFlow). The ps tells its sync
 /// policy of every change; this part keeps only the clock and the verdicts.
 ///
-/// A ps that heard no worker at all for a whole timeout was the one cut off (a partition,
-/// a stopped process): every worker then gets a fresh timeout to be heard from again,
-/// instead of all but the first one back being held lost.
+/// A ps that heard no worker at all for a whole timeout was most likely the one cut off (a
+/// partition, a stopped process, a long pause of its own): every worker then gets a fresh
+/// timeout to be heard from again, once, instead of being held lost for the ps's own
+/// silence. (If every worker really is gone, they are held lost after two timeouts.)
 class Liveness {
  public:
   using Clock = std::chrono::steady_clock;
@@ -7338,6 +7429,7 @@ class Liveness {
       for (auto& [w, heard] : workers_) heard.last = now;
     }
     last_heard_any_ = now;
+    grace_ = false;
     workers_[worker].last = now;
   }
 
@@ -7366,6 +7458,12 @@ class Liveness {
   /// `on_lost(worker, last_heard)` for each, in worker order, right after marking it.
   template <class OnLost>
   void expire(Clock::time_point now, OnLost&& on_lost) {
+    if (!grace_ && !workers_.empty() && now - last_heard_any_ >= timeout_) {
+      grace_ = true;  // nobody heard for a whole timeout: a fresh one each, from now
+      for (auto& [w, heard] : workers_) heard.last = now;
+      last_heard_any_ = now;
+      return;
+    }
     for (auto& [worker, heard] : workers_) {
       if (heard.lost || now - heard.last < timeout_) continue;
       heard.lost = true;
@@ -7416,6 +7514,7 @@ class Liveness {
   std::map<std::uint32_t, Heard> workers_;
   std::chrono::milliseconds timeout_{std::chrono::seconds(5)};
   Clock::time_point last_heard_any_;
+  bool grace_ = false;  ///< the fresh timeout after hearing nobody is running
 };
 
 }  // namespace pulley
@@ -7459,8 +7558,15 @@ class Pacing {
   }
 
   /// Parks a TakeToken of `worker`, which came on connection `session`, until `hand_out`
-  /// gives it a token.
+  /// gives it a token. Asked again on the connection that holds the worker's lease, for
+  /// the step it took a token of and has not pushed for (its answer was lost), it is
+  /// answered that token again at once (`SyncPolicy::held_token`).
   void wait_for_token(std::uint32_t worker, std::uint64_t session, Responder& reply) {
+    if (const auto lease = leases_.find(worker); lease != leases_.end() && lease->second == session) {
+      if (const std::optional<Token> token = held_token(sync_, pacer_, worker)) {
+        return respond(reply, TokenReply{*token, global_step()});
+      }
+    }
     TokenWaiter& waiter = waiters_.emplace_back(TokenWaiter{worker, session, nullptr});
     waiter.reply = std::exchange(reply, nullptr);
   }
@@ -9893,10 +9999,16 @@ class ParameterServer {
                         " parts held here, got " + std::to_string(r.gradients.size()));
     }
     if (refused(reply, registration_.check_epoch(r.epoch, "push"))) return;
-    if (const auto answer = ledger_.repeated(r.worker, r.sequence)) {
-      return respond(reply, PushReply{*answer});  // sent again after a lost connection: counted once
+    if (const PushLedger::Answer* answer = ledger_.repeated(r.worker, r.sequence)) {
+      ++stats_.pushes_repeated;  // sent again after a lost connection: answered, counted once
+      if (!answer->refused.empty()) return reject(reply, ErrorCode::kInvalidArgument, answer->refused);
+      return respond(reply, PushReply{answer->stale_parts});
     }
     if (cut_.paused()) {
+      if (cut_.rehold(r, reply)) {
+        ++stats_.pushes_repeated;  // the cut holds it already: this connection gets the answer
+        return;
+      }
       cut_.hold(r, reply);
       return advance_cut();
     }
@@ -9916,7 +10028,7 @@ class ParameterServer {
     }
     ledger_.count(r.worker);
     const auto outcome = update_.take(shard_, pacing_.policy(), r, verdict, step_before, stats_);
-    ledger_.answered(r.worker, r.sequence, outcome.stale_parts);
+    ledger_.answered(r.worker, r.sequence, {outcome.stale_parts, outcome.refused});
     if (outcome.refused.empty()) {
       respond(reply, PushReply{outcome.stale_parts});
     } else {
@@ -10724,6 +10836,17 @@ class SyncReplicas {
     pacer.held.erase(held);
   }
 
+  /// The token of the current step `worker` took and has not pushed for, when R <= N (one
+  /// token a step each); nullopt otherwise.
+  [[nodiscard]] std::optional<Token> held_token(const Pacer& pacer, std::uint32_t worker) const {
+    const auto held = pacer.held.find(worker);
+    if (replicas_to_aggregate_ > total_num_replicas_ || held == pacer.held.end() || held->second <= 0 ||
+        !pacer.taken.contains(worker) || pacer.pushed.contains(worker)) {
+      return std::nullopt;
+    }
+    return Token{pacer.step, pacer.step, pacer.step + 1, true};
+  }
+
   /// Steps completed.
   [[nodiscard]] std::int64_t global_step(const Pacer& pacer) const { return pacer.step; }
 
@@ -10797,6 +10920,8 @@ static_assert(SyncPolicy<SyncReplicas>);
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -10858,8 +10983,11 @@ namespace pulley {
 /// ps and requests from one sender keep their order. A request that must wait (a token, a
 /// step-gated pull) is answered later by whichever thread completes what it waits for.
 ///
-/// Faults, for tests: `drop_next` loses requests (the caller's deadline fires), `delay`
-/// slows a node down, `restart` serves a fresh ps in place of a killed one, `kill` makes a
+/// Each endpoint holds one "connection" (session) per ps task, as a TCP client does.
+///
+/// Faults, for tests: `drop_next` loses requests (the caller's deadline fires),
+/// `lose_replies` breaks a connection between a request taking effect and its answer,
+/// `delay` slows a node down, `restart` serves a fresh ps in place of a killed one, `kill` makes a
 /// node fail as a crashed process would: the requests it
 /// held and everything sent to or by it afterwards are answered `kUnavailable`, and every
 /// ps hears that a killed client left (`Service::disconnected`).
@@ -10896,6 +11024,22 @@ class InProcessNetwork {
     fabric_->drop_next(ps, count, from);
   }
 
+  /// Breaks the connection that carries each of the next `count` requests sent to ps `ps`
+  /// (from `from` only, if given) once the ps has handled it: the request takes effect and
+  /// its answer is lost (the caller gets kUnavailable), the ps hears that connection close
+  /// (`Service::disconnected`), and the sender's next request to that ps opens a new one.
+  void lose_replies(std::uint32_t ps, std::size_t count, std::optional<Node> from = {}) {
+    fabric_->lose_replies(ps, count, from);
+  }
+
+  /// Like `lose_replies`, at random: each request sent to ps `ps` (from `from` only, if
+  /// given) loses its answer with probability `probability` (0 ends it); `seed` makes the
+  /// draws repeatable for a given order of requests.
+  void lose_replies_at_random(std::uint32_t ps, double probability, std::uint64_t seed,
+                              std::optional<Node> from = {}) {
+    fabric_->lose_replies_at_random(ps, probability, seed, from);
+  }
+
   /// Makes `node` slow: a client waits `delay` before each request it sends, a ps before
   /// each request it handles. A zero delay ends the slowdown.
   void delay(Node node, std::chrono::microseconds delay) { fabric_->set_delay(node, delay); }
@@ -10923,7 +11067,8 @@ class InProcessNetwork {
     virtual ~Host() = default;
     virtual void handle(Request&& request, Node from, std::uint64_t session,
                         Responder reply) noexcept = 0;
-    virtual void disconnected(Node node) noexcept = 0;
+    /// Connection `session` of `node` closed (0: every connection of it).
+    virtual void disconnected(Node node, std::uint64_t session) noexcept = 0;
     [[nodiscard]] virtual std::uint32_t task() const = 0;
     [[nodiscard]] virtual bool stopped() const = 0;
   };
@@ -10936,7 +11081,9 @@ class InProcessNetwork {
       // they send anything.
       service.handle(std::move(request), RequestContext{true, from, session}, std::move(reply));
     }
-    void disconnected(Node node) noexcept override { notify_disconnected(service, node, 0); }
+    void disconnected(Node node, std::uint64_t session) noexcept override {
+      notify_disconnected(service, node, session);
+    }
     [[nodiscard]] std::uint32_t task() const override { return service.task(); }
     [[nodiscard]] bool stopped() const override { return service.stopped(); }
     S service;
@@ -10946,10 +11093,14 @@ class InProcessNetwork {
   /// once the caller cancelled (then the targets may be gone).
   struct Call : CallControl {
     PullTargets targets;
+    /// Its connection breaks once the ps has handled it (`lose_replies`): the answer
+    /// becomes this kUnavailable.
+    std::optional<std::string> lost_reply;
 
     void complete(Response&& response) {
       unless_cancelled([&] {
         if (has_answer()) return;
+        if (lost_reply) response = ErrorReply{ErrorCode::kUnavailable, *lost_reply};
         if (!std::holds_alternative<ErrorReply>(response) &&
             !detail::copy_into(response, targets)) {
           response = ErrorReply{ErrorCode::kInvalidArgument, "reply does not fit its targets"};
@@ -10984,6 +11135,13 @@ class InProcessNetwork {
     std::uint32_t ps;
     std::size_t remaining;
     std::optional<Node> from;
+  };
+
+  struct RandomLoss {
+    std::uint32_t ps;
+    double probability;
+    std::optional<Node> from;
+    std::mt19937_64 rng;
   };
 
   /// Everything the network and its endpoints share; it outlives both.
@@ -11047,6 +11205,26 @@ class InProcessNetwork {
       drops_.push_back({ps, count, from});
     }
 
+    void lose_replies(std::uint32_t ps, std::size_t count, std::optional<Node> from) {
+      std::scoped_lock lock(faults_mutex_);
+      reply_losses_.push_back({ps, count, from});
+    }
+
+    void lose_replies_at_random(std::uint32_t ps, double probability, std::uint64_t seed,
+                                std::optional<Node> from) {
+      std::scoped_lock lock(faults_mutex_);
+      std::erase_if(random_losses_, [&](const RandomLoss& r) { return r.ps == ps && r.from == from; });
+      if (probability > 0.0) random_losses_.push_back({ps, probability, from, std::mt19937_64(seed)});
+    }
+
+    /// True (once) if connection `session` was broken by `lose_replies`: its endpoint
+    /// opens a new one.
+    bool take_broken(std::uint64_t session) {
+      if (!any_broken_.load(std::memory_order_acquire)) return false;
+      std::scoped_lock lock(faults_mutex_);
+      return broken_.erase(session) > 0;
+    }
+
     void set_delay(Node node, std::chrono::microseconds delay) {
       std::scoped_lock lock(faults_mutex_);
       delays_[node] = delay;
@@ -11067,7 +11245,7 @@ class InProcessNetwork {
             e.call->complete(unavailable(node.name() + " is unavailable (killed)"));
             return true;
           });
-          if (box->host && !box->closed) box->host->disconnected(node);
+          if (box->host && !box->closed) box->host->disconnected(node, 0);
         }
         return;
       }
@@ -11115,7 +11293,7 @@ class InProcessNetwork {
       return it != dead_.end() && it->second;
     }
 
-    /// A session id for a new endpoint.
+    /// A session id for a new connection.
     std::uint64_t new_session() noexcept { return next_session_.fetch_add(1) + 1; }
 
     PendingCall send(Node from, std::uint64_t session, std::uint32_t ps, Request&& request,
@@ -11137,6 +11315,9 @@ class InProcessNetwork {
         std::scoped_lock lock(faults_mutex_);
         lost_.push_back(std::move(call));  // never answered; the caller's deadline fires
         return pending;
+      }
+      if (take_reply_loss(ps, from)) {
+        call->lost_reply = "the connection to " + Node::ps(ps).name() + " was lost before its answer came";
       }
       Mailbox& box = *mailboxes_[ps];
       std::unique_lock serving(box.serving, std::try_to_lock);
@@ -11201,6 +11382,11 @@ class InProcessNetwork {
         box.host->handle(std::move(request), from, session,
                          [call](Response&& r) { call->complete(std::move(r)); });
       });
+      if (call->lost_reply) {  // its connection breaks now: the caller and the ps hear it
+        call->complete(ErrorReply{ErrorCode::kUnavailable, *call->lost_reply});
+        fabric.break_session(session);
+        box.host->disconnected(from, session);
+      }
       if (box.host->stopped()) {
         std::scoped_lock lock(box.mutex);
         box.stopped = true;
@@ -11242,16 +11428,35 @@ class InProcessNetwork {
       return it == delays_.end() ? std::chrono::microseconds{0} : it->second;
     }
 
-    bool take_drop(std::uint32_t ps, Node from) {
+    bool take_drop(std::uint32_t ps, Node from) { return take_rule(drops_, ps, from); }
+    bool take_reply_loss(std::uint32_t ps, Node from) {
+      if (take_rule(reply_losses_, ps, from)) return true;
       std::scoped_lock lock(faults_mutex_);
-      for (DropRule& rule : drops_) {
-        if (rule.ps == ps && rule.remaining > 0 && (!rule.from || *rule.from == from)) {
-          --rule.remaining;
-          std::erase_if(drops_, [](const DropRule& r) { return r.remaining == 0; });
+      for (RandomLoss& r : random_losses_) {
+        if (r.ps == ps && (!r.from || *r.from == from) &&
+            std::uniform_real_distribution<double>(0.0, 1.0)(r.rng) < r.probability) {
           return true;
         }
       }
       return false;
+    }
+
+    bool take_rule(std::vector<DropRule>& rules, std::uint32_t ps, Node from) {
+      std::scoped_lock lock(faults_mutex_);
+      for (DropRule& rule : rules) {
+        if (rule.ps == ps && rule.remaining > 0 && (!rule.from || *rule.from == from)) {
+          --rule.remaining;
+          std::erase_if(rules, [](const DropRule& r) { return r.remaining == 0; });
+          return true;
+        }
+      }
+      return false;
+    }
+
+    void break_session(std::uint64_t session) {
+      std::scoped_lock lock(faults_mutex_);
+      broken_.insert(session);
+      any_broken_.store(true, std::memory_order_release);
     }
 
     std::vector<std::unique_ptr<Mailbox>> mailboxes_;
@@ -11259,6 +11464,10 @@ class InProcessNetwork {
     std::vector<std::thread> threads_;
     mutable std::mutex faults_mutex_;
     std::vector<DropRule> drops_;
+    std::vector<DropRule> reply_losses_;
+    std::vector<RandomLoss> random_losses_;
+    std::set<std::uint64_t> broken_;  ///< connections broken by lose_replies, not yet renewed
+    std::atomic<bool> any_broken_{false};
     std::map<Node, std::chrono::microseconds> delays_;
     std::map<Node, bool> dead_;
     std::vector<CallPtr> lost_;
@@ -11274,8 +11483,9 @@ class InProcess {
   /// @param network the cluster's fabric
   /// @param self    who is calling: the ps tasks check what its job may send, and the fault
   ///                injector acts on it
-  InProcess(InProcessNetwork& network, Node self)
-      : fabric_(network.fabric_), self_(self), session_(fabric_->new_session()) {}
+  InProcess(InProcessNetwork& network, Node self) : fabric_(network.fabric_), self_(self) {
+    for (std::uint32_t ps = 0; ps < fabric_->num_ps(); ++ps) sessions_.push_back(fabric_->new_session());
+  }
 
   /// Number of ps tasks in the network.
   [[nodiscard]] std::size_t num_ps() const noexcept { return fabric_->num_ps(); }
@@ -11284,14 +11494,18 @@ class InProcess {
 
   /// Sends `request` to ps `ps`; see the Transport concept for the contract.
   PendingCall call(std::size_t ps, Request&& request, PullTargets targets = {}) {
-    return fabric_->send(self_, session_, static_cast<std::uint32_t>(ps), std::move(request),
-                         std::move(targets));
+    std::uint64_t session = 0;
+    if (ps < sessions_.size()) {
+      if (fabric_->take_broken(sessions_[ps])) sessions_[ps] = fabric_->new_session();  // reconnects
+      session = sessions_[ps];
+    }
+    return fabric_->send(self_, session, static_cast<std::uint32_t>(ps), std::move(request), std::move(targets));
   }
 
  private:
   std::shared_ptr<InProcessNetwork::Fabric> fabric_;
   Node self_;
-  std::uint64_t session_;  ///< this endpoint's, as a TCP connection's
+  std::vector<std::uint64_t> sessions_;  ///< by ps: this endpoint's connection to it
 };
 static_assert(Transport<InProcess>);
 
@@ -11368,7 +11582,7 @@ static_assert(std::endian::native == std::endian::little,
 namespace pulley::wire {
 
 inline constexpr std::uint32_t kMagic = 0x594C4C50;    ///< "PLLY" in a little-endian dump
-inline constexpr std::uint16_t kVersion = 11;          ///< bumped on any incompatible change
+inline constexpr std::uint16_t kVersion = 12;          ///< bumped on any incompatible change
 inline constexpr std::uint16_t kResponseKind = 0x100;  ///< response kinds start here
 inline constexpr std::uint16_t kHandshakeKind = 0x200;  ///< handshake kinds start here
 inline constexpr std::size_t kHandshakeKinds = 4;       ///< Challenge, Hello, Welcome, Refusal

@@ -4,8 +4,12 @@
 # ps 0 in one network namespace, the chief and 2 workers in another, joined by a veth
 # pair. After the chief's second epoch the link is cut for 5 s (the ps's end set down) and
 # brought back. TCP carries the open connections across the cut, so the job must finish
-# with a normal accuracy and every task must exit 0. Prints what the tasks logged about
-# the cut (workers held lost and back, waits) and how long training stood still.
+# with a normal accuracy and every task must exit 0. Then, from epoch 5 on, the workers'
+# connections to the ps are destroyed (`ss -K`) at random moments, 12 times: each worker
+# reconnects and sends again what was unanswered, and the ps counts each push once
+# (pushes sent again are counted in the chief's summary; exactly-once itself is checked
+# bit for bit by unit.tcp and unit.exactly_once). Prints what the tasks logged about the
+# cuts (workers held lost and back, waits) and how long training stood still.
 # Needs root and `ip netns`; skips (exit 77, a line "SKIP: ...") without them.
 #   tests/scripts/link_cut.sh FASHION_MNIST_BINARY
 set -uo pipefail
@@ -110,6 +114,21 @@ sleep "$cut_s"
 ip -n "$ns_ps" link set "$veth_ps" up || fail "could not restore the link"
 restored_at=$(now)
 echo "link restored after $cut_s s, at: $(grep '^epoch' "$work/chief-0.log" | tail -1)"
+
+# Connections destroyed at random moments, once the job is past epoch 5.
+for _ in $(seq 1 1200); do
+  grep -q "^epoch  5/$epochs" "$work/chief-0.log" && break
+  kill -0 "$chief" 2>/dev/null || break
+  sleep 0.05
+done
+kills=0
+if ip netns exec "$ns_wk" ss -K dst "$ps_ip" >/dev/null 2>&1; then kills=1; fi  # supported?
+while [ "$kills" -gt 0 ] && [ "$kills" -le 12 ] && kill -0 "$chief" 2>/dev/null; do
+  sleep "0.$((RANDOM % 6 + 2))"
+  ip netns exec "$ns_wk" ss -K dst "$ps_ip" >/dev/null 2>&1
+  kills=$((kills + 1))
+done
+echo "destroyed the workers' and chief's connections to the ps $kills time(s) after epoch 5"
 
 for _ in $(seq 1 3000); do kill -0 "$chief" 2>/dev/null || break; sleep 0.05; done
 kill -0 "$chief" 2>/dev/null && fail "the chief did not finish within 150 s of the cut"

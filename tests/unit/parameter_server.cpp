@@ -44,6 +44,15 @@ std::shared_ptr<std::optional<Response>> call_later(Server& ps, Request request)
   return out;
 }
 
+/// The same, as if on connection `session` (0 is call's and call_later's).
+template <class Server>
+std::shared_ptr<std::optional<Response>> call_later_on(Server& ps, Request request, std::uint64_t session) {
+  auto out = std::make_shared<std::optional<Response>>();
+  ps.handle(std::move(request), RequestContext{false, std::nullopt, session},
+            [out](Response&& r) { *out = std::move(r); });
+  return out;
+}
+
 ErrorCode error_of(const Response& r) {
   REQUIRE(std::holds_alternative<ErrorReply>(r));
   return std::get<ErrorReply>(r).code;
@@ -174,11 +183,14 @@ TEST_CASE("SyncReplicas at the message level: tokens, staleness, gated pulls") {
   const std::vector<float> g{2, 4};
   // max(R, N) = 3 tokens of step 0, one per worker.
   CHECK(std::get<TokenReply>(call(ps, TakeToken{0})).token.local_step == 0);
-  auto again = call_later(ps, TakeToken{0});  // worker 0 already holds one of step 0
+  // Worker 0 asks again on the same connection (its answer was lost): the same token.
+  CHECK(std::get<TokenReply>(call(ps, TakeToken{0})).token.local_step == 0);
+  // A process in its place (another connection) waits: worker 0 holds one of step 0.
+  auto again = call_later_on(ps, TakeToken{0}, 2);
   CHECK_FALSE(again->has_value());
   CHECK(std::get<TokenReply>(call(ps, TakeToken{1})).token.local_step == 0);
   CHECK(std::get<TokenReply>(call(ps, TakeToken{2})).token.local_step == 0);
-  auto third = call_later(ps, TakeToken{2});
+  auto third = call_later_on(ps, TakeToken{2}, 3);
   CHECK_FALSE(third->has_value());
   auto gated = call_later(ps, Pull{1, {{1, {0, 2}}}});  // wants step 1
   CHECK_FALSE(gated->has_value());
@@ -206,7 +218,7 @@ TEST_CASE("SyncReplicas at the message level: tokens, staleness, gated pulls") {
 TEST_CASE("Shutdown tells what waits, and everything after, that training is over") {
   auto ps = ready_server(SyncReplicas{1, 1});
   CHECK(std::holds_alternative<TokenReply>(call(ps, TakeToken{0})));
-  auto waiting = call_later(ps, TakeToken{0});
+  auto waiting = call_later_on(ps, TakeToken{0}, 2);  // another connection: waits
   auto gated = call_later(ps, Pull{5, {{1, {0, 2}}}});
   CHECK(std::holds_alternative<Ack>(call(ps, Shutdown{})));
   REQUIRE(waiting->has_value());

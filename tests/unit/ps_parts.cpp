@@ -75,8 +75,38 @@ TEST_CASE("Liveness: a ps that heard nobody for a whole timeout gives every work
   bool any = false;
   liveness.expire(kT0 + 21s, [&](std::uint32_t, auto) { any = true; });
   CHECK_FALSE(any);
+  liveness.heard(0, kT0 + 24s);
   liveness.expire(kT0 + 25s, [&](std::uint32_t, auto) { any = true; });
   CHECK(any);  // worker 1 stayed silent for a whole fresh timeout
+}
+
+TEST_CASE("Liveness: a ps that was stopped longer than the timeout holds nobody lost before it hears anyone") {
+  // Stopped (SIGSTOP, a long pause) for 20 s: the first thing it does after is a check (a
+  // GetStats), before any worker's heartbeat is read. Its own silence is not theirs.
+  Liveness liveness;
+  liveness.set_timeout(5s);
+  liveness.heard(0, kT0);
+  liveness.heard(1, kT0);
+  std::vector<std::uint32_t> lost;
+  auto expire = [&](auto at) { liveness.expire(at, [&](std::uint32_t w, auto) { lost.push_back(w); }); };
+  expire(kT0 + 20s);
+  CHECK(lost.empty());
+  liveness.heard(1, kT0 + 21s);  // worker 1's heartbeat comes through; worker 0's never does
+  expire(kT0 + 24s);
+  CHECK(lost.empty());
+  expire(kT0 + 25s);  // a whole timeout from the check that found the ps had been stopped
+  CHECK(lost == std::vector<std::uint32_t>{0});
+  // Every worker gone at once: held lost after two timeouts (the first is the grace).
+  Liveness alone;
+  alone.set_timeout(5s);
+  alone.heard(3, kT0);
+  std::vector<std::uint32_t> gone;
+  alone.expire(kT0 + 5s, [&](std::uint32_t w, auto) { gone.push_back(w); });
+  CHECK(gone.empty());
+  alone.expire(kT0 + 9s, [&](std::uint32_t w, auto) { gone.push_back(w); });
+  CHECK(gone.empty());
+  alone.expire(kT0 + 10s, [&](std::uint32_t w, auto) { gone.push_back(w); });
+  CHECK(gone == std::vector<std::uint32_t>{3});
 }
 
 TEST_CASE("Liveness: a worker that leaves is forgotten, one already lost stays lost") {
@@ -85,7 +115,9 @@ TEST_CASE("Liveness: a worker that leaves is forgotten, one already lost stays l
   liveness.heard(0, kT0);
   liveness.heard(1, kT0);
   liveness.leave(0);
-  liveness.expire(kT0 + 2s, [](std::uint32_t, auto) {});
+  liveness.expire(kT0 + 2s, [](std::uint32_t, auto) {});  // nobody heard: a fresh timeout first
+  CHECK(liveness.lost().empty());
+  liveness.expire(kT0 + 3s, [](std::uint32_t, auto) {});
   CHECK(liveness.lost() == std::vector<std::uint32_t>{1});
   liveness.leave(1);
   CHECK(liveness.lost() == std::vector<std::uint32_t>{1});
@@ -95,17 +127,23 @@ TEST_CASE("Liveness: a worker that leaves is forgotten, one already lost stays l
 TEST_CASE("PushLedger: counts pushes by worker and answers a resend as the first") {
   PushLedger ledger;
   ledger.count(2);
-  ledger.answered(2, 41, 3);
+  ledger.answered(2, 41, {3, ""});
   CHECK(ledger.taken(2) == 1);
   CHECK(ledger.taken(0) == 0);
   CHECK(ledger.taken() == std::vector<std::uint64_t>{0, 0, 1});
-  CHECK(ledger.repeated(2, 41) == std::optional<std::uint32_t>{3});
-  CHECK_FALSE(ledger.repeated(2, 42).has_value());
-  CHECK_FALSE(ledger.repeated(1, 41).has_value());
-  ledger.answered(0, 0, 5);  // unnumbered: nothing to recognize it by
-  CHECK_FALSE(ledger.repeated(0, 0).has_value());
+  REQUIRE(ledger.repeated(2, 41) != nullptr);
+  CHECK(ledger.repeated(2, 41)->stale_parts == 3);
+  CHECK(ledger.repeated(2, 41)->refused.empty());
+  CHECK(ledger.repeated(2, 42) == nullptr);
+  CHECK(ledger.repeated(1, 41) == nullptr);
+  ledger.answered(0, 0, {5, ""});  // unnumbered: nothing to recognize it by
+  CHECK(ledger.repeated(0, 0) == nullptr);
+  // A refused update is refused again, with its reason.
+  ledger.answered(1, 7, {0, "would make 'w' non-finite"});
+  REQUIRE(ledger.repeated(1, 7) != nullptr);
+  CHECK(ledger.repeated(1, 7)->refused == "would make 'w' non-finite");
   ledger.clear();
-  CHECK_FALSE(ledger.repeated(2, 41).has_value());
+  CHECK(ledger.repeated(2, 41) == nullptr);
   CHECK(ledger.taken(2) == 0);
 }
 
@@ -195,19 +233,31 @@ TEST_CASE("CheckpointCut: a cut not reached is cancelled by Resume, and a failur
 
 TEST_CASE("Pacing: a token is a lease on the connection it was taken on") {
   Pacing<SyncReplicas> pacing(SyncReplicas(1, 2));
-  Answer first, refused_twice;
+  const auto no_refusal = [](Responder&, ErrorCode, const std::string&) { FAIL("no refusal expected"); };
+  Answer first, again, other;
   Responder r1 = first.responder();
   pacing.wait_for_token(0, /*session=*/5, r1);
-  pacing.hand_out([](Responder&, ErrorCode, const std::string&) { FAIL("no refusal expected"); });
+  pacing.hand_out(no_refusal);
   REQUIRE(first.is<TokenReply>());
   CHECK(std::get<TokenReply>(*first.response).token.local_step == 0);
-  // Another connection of worker 0 closing does not give its token back...
-  CHECK_FALSE(pacing.disconnected(0, 6, "gone"));
-  // ... the connection it was taken on does, and a waiting request on it is answered.
-  Responder r2 = refused_twice.responder();
+  // Asked again on the connection it was taken on (its answer was lost on the way): the
+  // same token, at once, and no second one is taken.
+  Responder r2 = again.responder();
   pacing.wait_for_token(0, 5, r2);
+  REQUIRE(again.is<TokenReply>());
+  CHECK(std::get<TokenReply>(*again.response).token.local_step == 0);
+  CHECK(pacing.waiting_for().find("1 of 2 tokens left") != std::string::npos);
+  // Asked on another connection (a process in its place), it waits; that connection
+  // closing answers it and gives no token back...
+  Responder r3 = other.responder();
+  pacing.wait_for_token(0, 6, r3);
+  pacing.hand_out(no_refusal);
+  CHECK_FALSE(other.response.has_value());
+  CHECK_FALSE(pacing.disconnected(0, 6, "gone"));
+  CHECK(other.code() == ErrorCode::kUnavailable);
+  // ... the connection it was taken on does.
   CHECK(pacing.disconnected(0, 5, "ps 0: worker:0 disconnected"));
-  CHECK(refused_twice.code() == ErrorCode::kUnavailable);
+  CHECK(pacing.waiting_for().find("2 of 2 tokens left") != std::string::npos);
   CHECK(pacing.global_step() == 0);
   CHECK(pacing.on_push(1, 0) == Verdict::kReady);  // R = 1: a push is a step
   CHECK(pacing.global_step() == 1);

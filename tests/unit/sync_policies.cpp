@@ -158,6 +158,28 @@ TEST_CASE("SyncReplicas gives back the tokens of a worker that left without push
   CHECK(sync.take_token(pacer, 1)->local_step == 1);
 }
 
+TEST_CASE("SyncReplicas names the token of the step a worker holds until it pushes, when R <= N") {
+  const pulley::SyncReplicas sync{2, 2};
+  auto pacer = sync.make_pacer();
+  CHECK_FALSE(sync.held_token(pacer, 0).has_value());
+  REQUIRE(sync.take_token(pacer, 0).has_value());
+  const auto held = sync.held_token(pacer, 0);
+  REQUIRE(held.has_value());
+  CHECK(held->local_step == 0);
+  CHECK(held->next_pull_step == 1);
+  CHECK_FALSE(sync.held_token(pacer, 1).has_value());  // worker 1 took none
+  sync.release(pacer, 0);                              // its connection went: given back
+  CHECK_FALSE(sync.held_token(pacer, 0).has_value());
+  REQUIRE(sync.take_token(pacer, 0).has_value());
+  CHECK(sync.on_push(pacer, 0, 0) == Verdict::kPending);
+  CHECK_FALSE(sync.held_token(pacer, 0).has_value());  // pushed: nothing held
+  // With R > N a worker may hold several tokens of a step: none is named.
+  const pulley::SyncReplicas more{3, 2};
+  auto pacer3 = more.make_pacer();
+  REQUIRE(more.take_token(pacer3, 0).has_value());
+  CHECK_FALSE(more.held_token(pacer3, 0).has_value());
+}
+
 TEST_CASE("a worker that pushed for a step gets no second token of it, even after a release") {
   const pulley::SyncReplicas sync{2, 2};
   auto pacer = sync.make_pacer();

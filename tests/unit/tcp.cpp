@@ -32,6 +32,7 @@
 #include "pulley/sync/bounded_staleness.hpp"
 #include "pulley/sync/sync_replicas.hpp"
 #include "pulley/transport/in_process.hpp"
+#include "support/cut_proxy.hpp"
 #include "support/linear_model.hpp"
 #include "support/tcp.hpp"
 
@@ -73,9 +74,10 @@ struct TcpCluster {
   }
 };
 
-// Sync R = N = 2 training of a linear model; returns the final variables.
+// Sync R = N = 2 training of a linear model; returns the final variables (and the ps
+// tasks' counters in `stats`, if given).
 template <class MakeTransport>
-std::vector<std::vector<float>> train(MakeTransport make_transport) {
+std::vector<std::vector<float>> train(MakeTransport make_transport, std::vector<Stats>* stats = nullptr) {
   const LinearData data(2 * kBatch * kSteps, kIn, kOut, 42);
   Chief chief(make_transport(Node::chief()), 7);
   chief.initialize(LinearModel(kIn, kOut).variables());
@@ -95,6 +97,7 @@ std::vector<std::vector<float>> train(MakeTransport make_transport) {
   for (auto& t : workers) t.join();
   auto values = chief.read_variables();
   for (const Stats& s : chief.stats()) CHECK(s.global_step == kSteps);
+  if (stats != nullptr) *stats = chief.stats();
   chief.shutdown();
   return values;
 }
@@ -111,6 +114,35 @@ TEST_CASE("sync training over TCP gives exactly the in-process result") {
   TcpCluster cluster;
   const auto over_tcp = train([&](Node n) { return client(n, cluster.addresses); });
   // With R = 2 the accumulated sum is a + b either way round, so the results are identical.
+  CHECK(over_tcp == in_process);
+}
+
+TEST_CASE("sync training over TCP whose connections break as answers come back gives the in-process result") {
+  std::vector<std::vector<float>> in_process;
+  {
+    InProcessNetwork network(2);
+    for (std::uint32_t i = 0; i < 2; ++i) network.serve(make_server(i));
+    in_process = train([&](Node n) { return InProcess(network, n); });
+  }
+  TcpCluster cluster;
+  // The workers reach each ps through a proxy that drops 1 in 20 of the ps's answers with
+  // the connection (after the request took effect); the chief goes straight.
+  std::vector<std::unique_ptr<pulley::testing::CutProxy>> proxies;
+  std::vector<std::string> cut;
+  for (std::uint32_t ps = 0; ps < 2; ++ps) {
+    proxies.push_back(std::make_unique<pulley::testing::CutProxy>(cluster.listeners[ps]->port(), 0.05, 7 + ps));
+    cut.push_back("127.0.0.1:" + std::to_string(proxies.back()->port()));
+  }
+  std::vector<Stats> stats;
+  const auto over_tcp = train(
+      [&](Node n) { return client(n, n.role == Node::Role::kWorker ? cut : cluster.addresses); }, &stats);
+  int cuts = 0;
+  for (const auto& p : proxies) cuts += p->cuts();
+  std::int64_t repeated = 0;
+  for (const Stats& s : stats) repeated += s.pushes_repeated;
+  MESSAGE(cuts << " connections cut, " << repeated << " pushes sent again");
+  CHECK(cuts > 0);
+  CHECK(repeated > 0);  // pushes whose answer was lost came again, and were counted once
   CHECK(over_tcp == in_process);
 }
 

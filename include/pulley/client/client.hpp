@@ -172,9 +172,11 @@ class Client {
   /// Returns the number of part gradients dropped as stale.
   std::uint32_t push(std::uint32_t worker, std::int64_t local_step, std::span<const std::span<const float>> gradients,
                      std::span<const RowRequest> rows = {}) {
+    build_pushes(worker, local_step, gradients, rows);
     CallGroup group;
-    send_pushes(group, worker, local_step, gradients, rows);
+    send_pushes(group);
     group.wait(options_.request_timeout, "push");
+    unanswered_.clear();
     return stale_parts(group, 0, group.size());
   }
 
@@ -193,12 +195,23 @@ class Client {
                            std::span<const std::span<const float>> gradients, std::span<const PullRequest> requests,
                            std::int64_t min_step, std::span<const RowRequest> rows = {}) {
     detail::PullSplit pulls = split(requests, min_step);
-    CallGroup group;
-    send_pushes(group, worker, local_step, gradients, rows);
-    const std::size_t pushes = group.size();
-    send(group, std::move(pulls));
-    detail::wait_gated(transport_, options_, group, min_step, "push and pull");
-    return {stale_parts(group, 0, pushes), lowest_step<PullReply>(group, pushes, group.size())};
+    build_pushes(worker, local_step, gradients, rows);
+    return push_pull_sent(std::move(pulls), min_step);
+  }
+
+  /// True if the last push was not answered by every ps (a connection was lost while it was
+  /// on its way) and the ps tasks are still at the restore it was sent at: the same push
+  /// can be sent again (`push_pull_again`), and each ps counts it once.
+  [[nodiscard]] bool push_unanswered() const noexcept {
+    return !unanswered_.empty() && unanswered_.front().epoch == epoch_;
+  }
+
+  /// Sends the last push again as it was (its number and gradients: the buffers it views
+  /// must hold what they held), then pulls as `push_pull` does. A ps that took it answers
+  /// as it did the first time; one that did not takes it now. Needs `push_unanswered()`.
+  PushPullResult push_pull_again(std::span<const PullRequest> requests, std::int64_t min_step) {
+    if (!push_unanswered()) throw Error(ErrorCode::kFailedPrecondition, "no unanswered push to send again");
+    return push_pull_sent(split(requests, min_step), min_step);
   }
 
   /// Blocks until every ps has completed `step` steps; returns the lowest global step they
@@ -268,11 +281,29 @@ class Client {
     }
   }
 
-  void send_pushes(CallGroup& group, std::uint32_t worker, std::int64_t local_step,
-                   std::span<const std::span<const float>> gradients, std::span<const RowRequest> rows) {
-    std::vector<Push> pushes =
+  /// Builds one push per ps, kept (in `unanswered_`) until every ps has answered them.
+  void build_pushes(std::uint32_t worker, std::int64_t local_step, std::span<const std::span<const float>> gradients,
+                    std::span<const RowRequest> rows) {
+    unanswered_.clear();
+    unanswered_ =
         pushes_.build(placement_, variables_, tables_, num_ps(), worker, local_step, epoch_, gradients, rows);
-    for (std::size_t ps = 0; ps < num_ps(); ++ps) group.add(transport_.call(ps, std::move(pushes[ps]), {}));
+  }
+
+  /// Sends a copy of each kept push (the copies view the same tensors).
+  void send_pushes(CallGroup& group) {
+    for (std::size_t ps = 0; ps < num_ps(); ++ps) group.add(transport_.call(ps, Push(unanswered_[ps]), {}));
+  }
+
+  /// The kept pushes, then `pulls`, in one round trip; the pushes are forgotten once every
+  /// ps has answered.
+  PushPullResult push_pull_sent(detail::PullSplit&& pulls, std::int64_t min_step) {
+    CallGroup group;
+    send_pushes(group);
+    const std::size_t pushes = group.size();
+    send(group, std::move(pulls));
+    detail::wait_gated(transport_, options_, group, min_step, "push and pull");
+    unanswered_.clear();
+    return {stale_parts(group, 0, pushes), lowest_step<PullReply>(group, pushes, group.size())};
   }
 
   static std::uint32_t stale_parts(CallGroup& group, std::size_t first, std::size_t end) {
@@ -343,6 +374,9 @@ class Client {
   T transport_;
   ClientOptions options_;
   detail::PushBuilder pushes_;
+  /// The last push, one message per ps, until every ps has answered it: what a retry after
+  /// a lost connection sends again.
+  std::vector<Push> unanswered_;
   std::uint64_t epoch_ = 0;  ///< the ps tasks' restores so far, as last learned
   std::vector<std::string> slot_names_;     ///< the optimizer's slots, as the ps tasks name them
   std::vector<std::string> counter_names_;  ///< the optimizer's counters

@@ -92,9 +92,11 @@ class Worker {
   ///
   /// A ps that is lost (`kUnavailable`) or a job rolled back to a checkpoint while the step
   /// ran (`kFailedPrecondition`: the chief restored the ps tasks after losing one) is
-  /// waited out: the worker waits until every ps is ready again, learns the new epoch, and
-  /// starts the step again on the same batch, as TensorFlow's workers do after a ps
-  /// failure. It gives up after `ClientOptions::recovery_timeout` with `kUnavailable`
+  /// waited out: the worker waits until every ps is ready again and learns the epoch. If
+  /// the ps tasks were not rolled back and the step's push had gone out, the same push
+  /// (same number, same gradients) is sent again, so a ps that took it counts it once and
+  /// every ps ends the step with the same pushes; otherwise the step starts again on the
+  /// same batch, as TensorFlow's workers do after a ps failure. It gives up after `ClientOptions::recovery_timeout` with `kUnavailable`
   /// naming the last failure (the ps). Any other failure throws at once.
   std::optional<StepResult> step(
       const typename M::Batch& batch,
@@ -104,6 +106,7 @@ class Worker {
     for (bool again = false;; again = true) {
       try {
         if (again) recover();
+        if (again && client_.push_unanswered()) return finish_step();
         return try_step(batch, last_step);
       } catch (const Error& e) {
         if (e.code() == ErrorCode::kOutOfRange) {
@@ -211,7 +214,20 @@ class Worker {
     }
     result.local_step = token.local_step;
     result.global_step = reply.global_step;
+    interrupted_ = result;  // what finish_step completes if the push loses a connection
+    interrupted_pull_step_ = token.next_pull_step;
     result.stale_parts = push_pull(token.local_step, token.next_pull_step);
+    return result;
+  }
+
+  /// Completes the step whose push a lost connection interrupted: the same push again (a
+  /// ps that took it answers as it did), then the pull the step ends with.
+  StepResult finish_step() {
+    StepResult result = interrupted_;
+    pulled_step_ = -1;
+    const auto done = client_.push_pull_again(all_, interrupted_pull_step_);
+    pulled_step_ = done.pulled_step;
+    result.stale_parts = done.stale_parts;
     return result;
   }
 
@@ -312,6 +328,8 @@ class Worker {
   std::vector<std::uint32_t> ps_of_;               ///< scratch: each distinct id's ps
   std::vector<std::size_t> next_;                  ///< scratch: where each ps's next id goes
   std::int64_t global_step_ = 0;
+  StepResult interrupted_;                 ///< the step whose push is on its way
+  std::int64_t interrupted_pull_step_ = 0;  ///< and the step its pull waits for
   std::int64_t pulled_step_ = -1;  ///< the model holds every variable as of this step or later
   bool paced_ = true;              ///< the sync policy makes workers wait for tokens
   bool finished_ = false;          ///< training is over

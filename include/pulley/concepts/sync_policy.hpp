@@ -50,6 +50,11 @@ enum class Verdict : std::uint8_t {
 ///     it took and did not push for, so a vanished taker cannot hold a step up (a token is
 ///     a lease). The worker, or a process restarted in its place, may take tokens again; a
 ///     worker that pushed for a step still may not take a second token of it when R <= N.
+///   - `p.held_token(pacer, worker)` → `std::optional<Token>`: the token of the step in
+///     progress that `worker` took and has not pushed for, if the policy hands out at most
+///     one a step (else nullopt). A worker that asks again on the connection that took it
+///     (its answer was lost with another ps's connection) gets that token again, counted
+///     once; asked on another connection, the request waits for the first to go, as any.
 ///   - `p.on_worker_lost(pacer, worker)` → `Verdict`: the ps holds `worker` lost (its
 ///     heartbeats stopped): stop waiting for it. kReady when that completes the update in
 ///     progress (the ps then takes and applies it as after a push), else kPending. The
@@ -132,6 +137,16 @@ void release(const P& policy, typename P::Pacer& pacer, std::uint32_t worker) no
   if constexpr (requires { policy.release(pacer, worker); }) {
     static_assert(noexcept(policy.release(pacer, worker)), "SyncPolicy::release must be noexcept");
     policy.release(pacer, worker);
+  }
+}
+
+/// The token of the current step `worker` holds, if the policy says (`held_token`).
+template <SyncPolicy P>
+std::optional<Token> held_token(const P& policy, const typename P::Pacer& pacer, std::uint32_t worker) {
+  if constexpr (requires { { policy.held_token(pacer, worker) } -> std::same_as<std::optional<Token>>; }) {
+    return policy.held_token(pacer, worker);
+  } else {
+    return std::nullopt;
   }
 }
 

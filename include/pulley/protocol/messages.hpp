@@ -193,8 +193,8 @@ struct Push {
   std::vector<PartValues> gradients;
   /// The restore the worker knows of: a push of an earlier one is refused.
   std::uint64_t epoch = 0;
-  /// Numbers the worker's pushes (0: none): a push sent again after a lost connection has
-  /// the number of the one before it and is answered as that one was, not counted twice.
+  /// Numbers the worker's pushes (0: none): a push sent again after a lost connection (the
+  /// same push: same number, same gradients) is answered as the first was, counted once.
   std::uint64_t sequence = 0;
   /// Gradient rows of embedding tables held here, duplicates summed by the worker; they
   /// share the push's verdict (stale rows are dropped with its parts).
@@ -525,12 +525,15 @@ struct Stats {
   std::int64_t table_rows_dropped = 0;
   /// Rows evicted, or not created, to keep a table within its max_rows (TableSpec).
   std::int64_t table_rows_capped = 0;
+  /// Pushes that came again after a lost connection (the same sequence number as one taken
+  /// or held): answered as the first, not counted again.
+  std::int64_t pushes_repeated = 0;
 
   template <class Archive>
   void serialize(Archive& archive) {
     archive(global_step, updates_applied, gradients_accepted, stale_gradients_dropped,
             requests_rejected, bytes_pushed, bytes_pulled, updates_refused, workers_lost,
-            table_rows, table_rows_evicted, table_rows_dropped, table_rows_capped);
+            table_rows, table_rows_evicted, table_rows_dropped, table_rows_capped, pushes_repeated);
   }
 };
 

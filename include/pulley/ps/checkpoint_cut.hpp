@@ -63,6 +63,19 @@ class CheckpointCut {
     held.reply = std::exchange(reply, nullptr);
   }
 
+  /// If the cut holds a push of `push`'s worker with its sequence number (a push sent again
+  /// after its connection was lost), its answer goes to `reply` instead, and true.
+  bool rehold(const Push& push, Responder& reply) {
+    if (push.sequence == 0) return false;
+    for (HeldPush& held : held_) {
+      if (held.push.worker == push.worker && held.push.sequence == push.sequence) {
+        held.reply = std::exchange(reply, nullptr);
+        return true;
+      }
+    }
+    return false;
+  }
+
   /// Asks for the state at the cut `until` (pushes of each worker), answered through
   /// `reply` by `advance`; a read asked before is cancelled.
   void read_at(std::vector<std::uint64_t> until, Responder& reply) {

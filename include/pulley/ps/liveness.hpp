@@ -16,9 +16,10 @@ namespace pulley {
 /// Worker made by hand without a HeartbeatSender, as in TensorFlow). The ps tells its sync
 /// policy of every change; this part keeps only the clock and the verdicts.
 ///
-/// A ps that heard no worker at all for a whole timeout was the one cut off (a partition,
-/// a stopped process): every worker then gets a fresh timeout to be heard from again,
-/// instead of all but the first one back being held lost.
+/// A ps that heard no worker at all for a whole timeout was most likely the one cut off (a
+/// partition, a stopped process, a long pause of its own): every worker then gets a fresh
+/// timeout to be heard from again, once, instead of being held lost for the ps's own
+/// silence. (If every worker really is gone, they are held lost after two timeouts.)
 class Liveness {
  public:
   using Clock = std::chrono::steady_clock;
@@ -32,6 +33,7 @@ class Liveness {
       for (auto& [w, heard] : workers_) heard.last = now;
     }
     last_heard_any_ = now;
+    grace_ = false;
     workers_[worker].last = now;
   }
 
@@ -60,6 +62,12 @@ class Liveness {
   /// `on_lost(worker, last_heard)` for each, in worker order, right after marking it.
   template <class OnLost>
   void expire(Clock::time_point now, OnLost&& on_lost) {
+    if (!grace_ && !workers_.empty() && now - last_heard_any_ >= timeout_) {
+      grace_ = true;  // nobody heard for a whole timeout: a fresh one each, from now
+      for (auto& [w, heard] : workers_) heard.last = now;
+      last_heard_any_ = now;
+      return;
+    }
     for (auto& [worker, heard] : workers_) {
       if (heard.lost || now - heard.last < timeout_) continue;
       heard.lost = true;
@@ -110,6 +118,7 @@ class Liveness {
   std::map<std::uint32_t, Heard> workers_;
   std::chrono::milliseconds timeout_{std::chrono::seconds(5)};
   Clock::time_point last_heard_any_;
+  bool grace_ = false;  ///< the fresh timeout after hearing nobody is running
 };
 
 }  // namespace pulley

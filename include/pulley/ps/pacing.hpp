@@ -43,8 +43,15 @@ class Pacing {
   }
 
   /// Parks a TakeToken of `worker`, which came on connection `session`, until `hand_out`
-  /// gives it a token.
+  /// gives it a token. Asked again on the connection that holds the worker's lease, for
+  /// the step it took a token of and has not pushed for (its answer was lost), it is
+  /// answered that token again at once (`SyncPolicy::held_token`).
   void wait_for_token(std::uint32_t worker, std::uint64_t session, Responder& reply) {
+    if (const auto lease = leases_.find(worker); lease != leases_.end() && lease->second == session) {
+      if (const std::optional<Token> token = held_token(sync_, pacer_, worker)) {
+        return respond(reply, TokenReply{*token, global_step()});
+      }
+    }
     TokenWaiter& waiter = waiters_.emplace_back(TokenWaiter{worker, session, nullptr});
     waiter.reply = std::exchange(reply, nullptr);
   }

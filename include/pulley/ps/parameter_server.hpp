@@ -380,10 +380,16 @@ class ParameterServer {
                         " parts held here, got " + std::to_string(r.gradients.size()));
     }
     if (refused(reply, registration_.check_epoch(r.epoch, "push"))) return;
-    if (const auto answer = ledger_.repeated(r.worker, r.sequence)) {
-      return respond(reply, PushReply{*answer});  // sent again after a lost connection: counted once
+    if (const PushLedger::Answer* answer = ledger_.repeated(r.worker, r.sequence)) {
+      ++stats_.pushes_repeated;  // sent again after a lost connection: answered, counted once
+      if (!answer->refused.empty()) return reject(reply, ErrorCode::kInvalidArgument, answer->refused);
+      return respond(reply, PushReply{answer->stale_parts});
     }
     if (cut_.paused()) {
+      if (cut_.rehold(r, reply)) {
+        ++stats_.pushes_repeated;  // the cut holds it already: this connection gets the answer
+        return;
+      }
       cut_.hold(r, reply);
       return advance_cut();
     }
@@ -403,7 +409,7 @@ class ParameterServer {
     }
     ledger_.count(r.worker);
     const auto outcome = update_.take(shard_, pacing_.policy(), r, verdict, step_before, stats_);
-    ledger_.answered(r.worker, r.sequence, outcome.stale_parts);
+    ledger_.answered(r.worker, r.sequence, {outcome.stale_parts, outcome.refused});
     if (outcome.refused.empty()) {
       respond(reply, PushReply{outcome.stale_parts});
     } else {

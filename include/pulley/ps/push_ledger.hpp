@@ -2,7 +2,8 @@
 #pragma once
 
 #include <cstdint>
-#include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace pulley {
@@ -10,17 +11,23 @@ namespace pulley {
 /// What a ps task has taken from each worker since the last restore: how many pushes (a
 /// checkpoint's cut brings every ps to the same counts, see CheckpointCut), and the
 /// sequence number and answer of the last one, so that a push sent again after a lost
-/// connection is answered as the first was and counted once.
+/// connection is answered as the first was and counted once (a worker has one push in
+/// flight at a time, and sends again only its last).
 class PushLedger {
  public:
-  /// The answer to a push of `worker` numbered `sequence` if it is the last one taken again
-  /// (its stale parts), else nullopt. Sequence 0 numbers nothing.
-  [[nodiscard]] std::optional<std::uint32_t> repeated(std::uint32_t worker,
-                                                      std::uint64_t sequence) const {
+  /// What a push taken was answered.
+  struct Answer {
+    std::uint32_t stale_parts = 0;  ///< part gradients dropped as stale
+    std::string refused;            ///< why the update was refused ("" if it was not)
+  };
+
+  /// The answer to a push of `worker` numbered `sequence` if it is the last one taken again,
+  /// else nullptr. Sequence 0 numbers nothing.
+  [[nodiscard]] const Answer* repeated(std::uint32_t worker, std::uint64_t sequence) const {
     if (sequence == 0 || worker >= last_.size() || last_[worker].sequence != sequence) {
-      return std::nullopt;
+      return nullptr;
     }
-    return last_[worker].stale_parts;
+    return &last_[worker].answer;
   }
 
   /// Counts one push of `worker` taken (its verdict not known yet).
@@ -30,10 +37,10 @@ class PushLedger {
   }
 
   /// Remembers the answer to push `sequence` of `worker` (0: unnumbered, nothing kept).
-  void answered(std::uint32_t worker, std::uint64_t sequence, std::uint32_t stale_parts) {
+  void answered(std::uint32_t worker, std::uint64_t sequence, Answer answer) {
     if (sequence == 0) return;
     if (last_.size() <= worker) last_.resize(worker + 1);
-    last_[worker] = {sequence, stale_parts};
+    last_[worker] = {sequence, std::move(answer)};
   }
 
   /// Pushes of `worker` taken so far.
@@ -52,7 +59,7 @@ class PushLedger {
  private:
   struct Last {
     std::uint64_t sequence = 0;
-    std::uint32_t stale_parts = 0;
+    Answer answer;
   };
   std::vector<std::uint64_t> taken_;
   std::vector<Last> last_;

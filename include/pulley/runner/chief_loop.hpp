@@ -162,6 +162,7 @@ class ChiefLoop {
         step_to(schedule);
       } catch (const Error& e) {
         if (e.code() != ErrorCode::kUnavailable) throw;
+        if (whole_again(e)) continue;  // only a connection broke: no ps lost its state
         // A ps was lost: once it (or a task in its place) is back, every ps is restored from
         // the newest checkpoint, as TensorFlow's chief does, and training goes on from there.
         const std::int64_t step =
@@ -173,6 +174,27 @@ class ChiefLoop {
   }
 
  private:
+  /// After `failure` (kUnavailable): waits until every ps answers again, then true if each
+  /// still holds the job (a connection broke; nothing was lost, and the schedule goes on
+  /// where it was), false if one was restarted and is not initialized (every ps must be
+  /// rolled back). Throws kUnavailable once the recovery timeout passes first.
+  bool whole_again(const Error& failure) {
+    detail::Recovery recovery("chief", training_.client);
+    for (Error last = failure;;) {
+      recovery.wait(last);
+      try {
+        (void)chief_.wait_for_step(0);  // a ready ps answers at once, a restarted one refuses
+        log(LogLevel::kInfo, "chief: every ps answers again and holds the job after " +
+                                 std::to_string(recovery.tries()) + " tries: training goes on");
+        return true;
+      } catch (const Error& e) {
+        if (e.code() == ErrorCode::kFailedPrecondition) return false;
+        if (!detail::Recovery::may_recover(e.code())) throw;
+        last = e;
+      }
+    }
+  }
+
   /// Initializes every variable and reads global step 0's state (saved as checkpoint 0, as
   /// TensorFlow's saver does, or kept to roll back to), or restores the newest checkpoint;
   /// returns the global step training starts from.

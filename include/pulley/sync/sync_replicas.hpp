@@ -174,6 +174,17 @@ class SyncReplicas {
     pacer.held.erase(held);
   }
 
+  /// The token of the current step `worker` took and has not pushed for, when R <= N (one
+  /// token a step each); nullopt otherwise.
+  [[nodiscard]] std::optional<Token> held_token(const Pacer& pacer, std::uint32_t worker) const {
+    const auto held = pacer.held.find(worker);
+    if (replicas_to_aggregate_ > total_num_replicas_ || held == pacer.held.end() || held->second <= 0 ||
+        !pacer.taken.contains(worker) || pacer.pushed.contains(worker)) {
+      return std::nullopt;
+    }
+    return Token{pacer.step, pacer.step, pacer.step + 1, true};
+  }
+
   /// Steps completed.
   [[nodiscard]] std::int64_t global_step(const Pacer& pacer) const { return pacer.step; }
 

@@ -11,6 +11,8 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -38,8 +40,11 @@ namespace pulley {
 /// ps and requests from one sender keep their order. A request that must wait (a token, a
 /// step-gated pull) is answered later by whichever thread completes what it waits for.
 ///
-/// Faults, for tests: `drop_next` loses requests (the caller's deadline fires), `delay`
-/// slows a node down, `restart` serves a fresh ps in place of a killed one, `kill` makes a
+/// Each endpoint holds one "connection" (session) per ps task, as a TCP client does.
+///
+/// Faults, for tests: `drop_next` loses requests (the caller's deadline fires),
+/// `lose_replies` breaks a connection between a request taking effect and its answer,
+/// `delay` slows a node down, `restart` serves a fresh ps in place of a killed one, `kill` makes a
 /// node fail as a crashed process would: the requests it
 /// held and everything sent to or by it afterwards are answered `kUnavailable`, and every
 /// ps hears that a killed client left (`Service::disconnected`).
@@ -76,6 +81,22 @@ class InProcessNetwork {
     fabric_->drop_next(ps, count, from);
   }
 
+  /// Breaks the connection that carries each of the next `count` requests sent to ps `ps`
+  /// (from `from` only, if given) once the ps has handled it: the request takes effect and
+  /// its answer is lost (the caller gets kUnavailable), the ps hears that connection close
+  /// (`Service::disconnected`), and the sender's next request to that ps opens a new one.
+  void lose_replies(std::uint32_t ps, std::size_t count, std::optional<Node> from = {}) {
+    fabric_->lose_replies(ps, count, from);
+  }
+
+  /// Like `lose_replies`, at random: each request sent to ps `ps` (from `from` only, if
+  /// given) loses its answer with probability `probability` (0 ends it); `seed` makes the
+  /// draws repeatable for a given order of requests.
+  void lose_replies_at_random(std::uint32_t ps, double probability, std::uint64_t seed,
+                              std::optional<Node> from = {}) {
+    fabric_->lose_replies_at_random(ps, probability, seed, from);
+  }
+
   /// Makes `node` slow: a client waits `delay` before each request it sends, a ps before
   /// each request it handles. A zero delay ends the slowdown.
   void delay(Node node, std::chrono::microseconds delay) { fabric_->set_delay(node, delay); }
@@ -103,7 +124,8 @@ class InProcessNetwork {
     virtual ~Host() = default;
     virtual void handle(Request&& request, Node from, std::uint64_t session,
                         Responder reply) noexcept = 0;
-    virtual void disconnected(Node node) noexcept = 0;
+    /// Connection `session` of `node` closed (0: every connection of it).
+    virtual void disconnected(Node node, std::uint64_t session) noexcept = 0;
     [[nodiscard]] virtual std::uint32_t task() const = 0;
     [[nodiscard]] virtual bool stopped() const = 0;
   };
@@ -116,7 +138,9 @@ class InProcessNetwork {
       // they send anything.
       service.handle(std::move(request), RequestContext{true, from, session}, std::move(reply));
     }
-    void disconnected(Node node) noexcept override { notify_disconnected(service, node, 0); }
+    void disconnected(Node node, std::uint64_t session) noexcept override {
+      notify_disconnected(service, node, session);
+    }
     [[nodiscard]] std::uint32_t task() const override { return service.task(); }
     [[nodiscard]] bool stopped() const override { return service.stopped(); }
     S service;
@@ -126,10 +150,14 @@ class InProcessNetwork {
   /// once the caller cancelled (then the targets may be gone).
   struct Call : CallControl {
     PullTargets targets;
+    /// Its connection breaks once the ps has handled it (`lose_replies`): the answer
+    /// becomes this kUnavailable.
+    std::optional<std::string> lost_reply;
 
     void complete(Response&& response) {
       unless_cancelled([&] {
         if (has_answer()) return;
+        if (lost_reply) response = ErrorReply{ErrorCode::kUnavailable, *lost_reply};
         if (!std::holds_alternative<ErrorReply>(response) &&
             !detail::copy_into(response, targets)) {
           response = ErrorReply{ErrorCode::kInvalidArgument, "reply does not fit its targets"};
@@ -164,6 +192,13 @@ class InProcessNetwork {
     std::uint32_t ps;
     std::size_t remaining;
     std::optional<Node> from;
+  };
+
+  struct RandomLoss {
+    std::uint32_t ps;
+    double probability;
+    std::optional<Node> from;
+    std::mt19937_64 rng;
   };
 
   /// Everything the network and its endpoints share; it outlives both.
@@ -227,6 +262,26 @@ class InProcessNetwork {
       drops_.push_back({ps, count, from});
     }
 
+    void lose_replies(std::uint32_t ps, std::size_t count, std::optional<Node> from) {
+      std::scoped_lock lock(faults_mutex_);
+      reply_losses_.push_back({ps, count, from});
+    }
+
+    void lose_replies_at_random(std::uint32_t ps, double probability, std::uint64_t seed,
+                                std::optional<Node> from) {
+      std::scoped_lock lock(faults_mutex_);
+      std::erase_if(random_losses_, [&](const RandomLoss& r) { return r.ps == ps && r.from == from; });
+      if (probability > 0.0) random_losses_.push_back({ps, probability, from, std::mt19937_64(seed)});
+    }
+
+    /// True (once) if connection `session` was broken by `lose_replies`: its endpoint
+    /// opens a new one.
+    bool take_broken(std::uint64_t session) {
+      if (!any_broken_.load(std::memory_order_acquire)) return false;
+      std::scoped_lock lock(faults_mutex_);
+      return broken_.erase(session) > 0;
+    }
+
     void set_delay(Node node, std::chrono::microseconds delay) {
       std::scoped_lock lock(faults_mutex_);
       delays_[node] = delay;
@@ -247,7 +302,7 @@ class InProcessNetwork {
             e.call->complete(unavailable(node.name() + " is unavailable (killed)"));
             return true;
           });
-          if (box->host && !box->closed) box->host->disconnected(node);
+          if (box->host && !box->closed) box->host->disconnected(node, 0);
         }
         return;
       }
@@ -295,7 +350,7 @@ class InProcessNetwork {
       return it != dead_.end() && it->second;
     }
 
-    /// A session id for a new endpoint.
+    /// A session id for a new connection.
     std::uint64_t new_session() noexcept { return next_session_.fetch_add(1) + 1; }
 
     PendingCall send(Node from, std::uint64_t session, std::uint32_t ps, Request&& request,
@@ -317,6 +372,9 @@ class InProcessNetwork {
         std::scoped_lock lock(faults_mutex_);
         lost_.push_back(std::move(call));  // never answered; the caller's deadline fires
         return pending;
+      }
+      if (take_reply_loss(ps, from)) {
+        call->lost_reply = "the connection to " + Node::ps(ps).name() + " was lost before its answer came";
       }
       Mailbox& box = *mailboxes_[ps];
       std::unique_lock serving(box.serving, std::try_to_lock);
@@ -381,6 +439,11 @@ class InProcessNetwork {
         box.host->handle(std::move(request), from, session,
                          [call](Response&& r) { call->complete(std::move(r)); });
       });
+      if (call->lost_reply) {  // its connection breaks now: the caller and the ps hear it
+        call->complete(ErrorReply{ErrorCode::kUnavailable, *call->lost_reply});
+        fabric.break_session(session);
+        box.host->disconnected(from, session);
+      }
       if (box.host->stopped()) {
         std::scoped_lock lock(box.mutex);
         box.stopped = true;
@@ -422,16 +485,35 @@ class InProcessNetwork {
       return it == delays_.end() ? std::chrono::microseconds{0} : it->second;
     }
 
-    bool take_drop(std::uint32_t ps, Node from) {
+    bool take_drop(std::uint32_t ps, Node from) { return take_rule(drops_, ps, from); }
+    bool take_reply_loss(std::uint32_t ps, Node from) {
+      if (take_rule(reply_losses_, ps, from)) return true;
       std::scoped_lock lock(faults_mutex_);
-      for (DropRule& rule : drops_) {
-        if (rule.ps == ps && rule.remaining > 0 && (!rule.from || *rule.from == from)) {
-          --rule.remaining;
-          std::erase_if(drops_, [](const DropRule& r) { return r.remaining == 0; });
+      for (RandomLoss& r : random_losses_) {
+        if (r.ps == ps && (!r.from || *r.from == from) &&
+            std::uniform_real_distribution<double>(0.0, 1.0)(r.rng) < r.probability) {
           return true;
         }
       }
       return false;
+    }
+
+    bool take_rule(std::vector<DropRule>& rules, std::uint32_t ps, Node from) {
+      std::scoped_lock lock(faults_mutex_);
+      for (DropRule& rule : rules) {
+        if (rule.ps == ps && rule.remaining > 0 && (!rule.from || *rule.from == from)) {
+          --rule.remaining;
+          std::erase_if(rules, [](const DropRule& r) { return r.remaining == 0; });
+          return true;
+        }
+      }
+      return false;
+    }
+
+    void break_session(std::uint64_t session) {
+      std::scoped_lock lock(faults_mutex_);
+      broken_.insert(session);
+      any_broken_.store(true, std::memory_order_release);
     }
 
     std::vector<std::unique_ptr<Mailbox>> mailboxes_;
@@ -439,6 +521,10 @@ class InProcessNetwork {
     std::vector<std::thread> threads_;
     mutable std::mutex faults_mutex_;
     std::vector<DropRule> drops_;
+    std::vector<DropRule> reply_losses_;
+    std::vector<RandomLoss> random_losses_;
+    std::set<std::uint64_t> broken_;  ///< connections broken by lose_replies, not yet renewed
+    std::atomic<bool> any_broken_{false};
     std::map<Node, std::chrono::microseconds> delays_;
     std::map<Node, bool> dead_;
     std::vector<CallPtr> lost_;
@@ -454,8 +540,9 @@ class InProcess {
   /// @param network the cluster's fabric
   /// @param self    who is calling: the ps tasks check what its job may send, and the fault
   ///                injector acts on it
-  InProcess(InProcessNetwork& network, Node self)
-      : fabric_(network.fabric_), self_(self), session_(fabric_->new_session()) {}
+  InProcess(InProcessNetwork& network, Node self) : fabric_(network.fabric_), self_(self) {
+    for (std::uint32_t ps = 0; ps < fabric_->num_ps(); ++ps) sessions_.push_back(fabric_->new_session());
+  }
 
   /// Number of ps tasks in the network.
   [[nodiscard]] std::size_t num_ps() const noexcept { return fabric_->num_ps(); }
@@ -464,14 +551,18 @@ class InProcess {
 
   /// Sends `request` to ps `ps`; see the Transport concept for the contract.
   PendingCall call(std::size_t ps, Request&& request, PullTargets targets = {}) {
-    return fabric_->send(self_, session_, static_cast<std::uint32_t>(ps), std::move(request),
-                         std::move(targets));
+    std::uint64_t session = 0;
+    if (ps < sessions_.size()) {
+      if (fabric_->take_broken(sessions_[ps])) sessions_[ps] = fabric_->new_session();  // reconnects
+      session = sessions_[ps];
+    }
+    return fabric_->send(self_, session, static_cast<std::uint32_t>(ps), std::move(request), std::move(targets));
   }
 
  private:
   std::shared_ptr<InProcessNetwork::Fabric> fabric_;
   Node self_;
-  std::uint64_t session_;  ///< this endpoint's, as a TCP connection's
+  std::vector<std::uint64_t> sessions_;  ///< by ps: this endpoint's connection to it
 };
 static_assert(Transport<InProcess>);
 

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# A ps that stalls blames nobody: a sync R = N job of real processes on 127.0.0.1 (2 ps, a
+# chief, 2 workers), where ps 1 is stopped (SIGSTOP) for three worker timeouts after the
+# first epoch and then continued. It must hold no worker lost (its own silence is not
+# theirs), every ps must take the same pushes, and the job must end exactly where the same
+# job without the stop ends: the same test loss and accuracy at every epoch.
+#   tests/scripts/ps_stall.sh FASHION_MNIST_BINARY
+set -uo pipefail
+binary=$1
+epochs=6
+timeout_ms=1500
+stop_s=5
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill -CONT "$pid" 2>/dev/null; kill -9 "$pid" 2>/dev/null; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; for f in "$work"/*/*.log; do echo "--- $f"; tail -n 15 "$f"; done; exit 1; }
+wait_for() {  # wait_for FILE PATTERN SECONDS
+  for _ in $(seq 1 $(($3 * 20))); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.05; done
+  return 1
+}
+
+export PULLEY_SECRET=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
+flags=(--epochs "$epochs" --worker-timeout-ms "$timeout_ms" --heartbeat-interval-ms 250
+       --wait-timeout-ms 120000)
+
+run_job() {  # run_job NAME STOP: one job in $work/NAME; STOP=1 stops ps 1 after epoch 1
+  local dir=$work/$1 stop=$2
+  mkdir -p "$dir"
+  mapfile -t ports < <(python3 - <<'PY'
+import socket
+held = [socket.socket() for _ in range(5)]
+for s in held:
+    s.bind(("127.0.0.1", 0))
+print("\n".join(str(s.getsockname()[1]) for s in held))
+PY
+)
+  local cluster="{\"ps\": [\"127.0.0.1:${ports[0]}\", \"127.0.0.1:${ports[1]}\"], \"worker\": [\"127.0.0.1:${ports[2]}\", \"127.0.0.1:${ports[3]}\"], \"chief\": [\"127.0.0.1:${ports[4]}\"]}"
+  local task_pids=() type index
+  for task in ps:0 ps:1 worker:0 worker:1 chief:0; do
+    type=${task%:*} index=${task#*:}
+    TF_CONFIG="{\"cluster\": $cluster, \"task\": {\"type\": \"$type\", \"index\": $index}}" \
+      "$binary" "${flags[@]}" >"$dir/$type-$index.log" 2>&1 &
+    pids+=("$!")
+    task_pids+=("$!")
+  done
+  local ps1=${task_pids[1]} chief=${task_pids[4]}
+  if [ "$stop" = 1 ]; then
+    wait_for "$dir/chief-0.log" '^epoch  1/' 120 || fail "$1: the job never reached epoch 1"
+    kill -STOP "$ps1"
+    echo "$1: stopped ps 1 for $stop_s s after: $(grep '^epoch' "$dir/chief-0.log" | tail -1)"
+    sleep "$stop_s"
+    kill -CONT "$ps1"
+  fi
+  for _ in $(seq 1 3600); do kill -0 "$chief" 2>/dev/null || break; sleep 0.05; done
+  local rc
+  for pid in "${task_pids[@]}"; do
+    wait "$pid"; rc=$?
+    [ "$rc" = 0 ] || fail "$1: a task (pid $pid) exited $rc"
+  done
+}
+
+run_job clean 0
+run_job stalled 1
+
+grep -h -E 'lost|is back|disconnected' "$work"/stalled/ps-*.log | sed 's/^/stalled: /'
+grep -q 'lost' "$work"/stalled/ps-*.log && fail "a ps held a worker lost for its own stall"
+grep -h 'updates applied' "$work"/*/chief-0.log
+clean=$(grep '^epoch' "$work/clean/chief-0.log" | awk '{print $2, $6, $8}')
+stalled=$(grep '^epoch' "$work/stalled/chief-0.log" | awk '{print $2, $6, $8}')
+echo "clean:   $(echo "$clean" | tail -1)"
+echo "stalled: $(echo "$stalled" | tail -1)"
+[ -n "$clean" ] && [ "$clean" = "$stalled" ] ||
+  fail "the stalled job's epochs differ from the clean job's: $(diff <(echo "$clean") <(echo "$stalled") | tr '\n' ' ')"
+echo "PASS: ps 1 stopped for $stop_s s (worker timeout $timeout_ms ms) held nobody lost, and the job ended exactly where the clean one did"
