@@ -500,14 +500,66 @@ TEST_CASE("connections over the limit are closed at once, and the ps serves on")
     held.push_back(std::make_unique<RawClient>());
     REQUIRE(held.back()->join(ps.port, Node::worker(static_cast<std::uint32_t>(i))).empty());
   }
-  RawClient one_more;
-  one_more.connect(ps.port);
-  CHECK(one_more.closed_by_ps(std::chrono::seconds(3)));
-  CHECK(log.wait_for(LogLevel::kWarning, "3 connections are open (TcpServerOptions::max_connections)"));
+  RawClient one_more;  // proves the secret, and finds the job's connections full
+  CHECK(one_more.join(ps.port, Node::worker(3)) == "no answer to the hello");
+  CHECK(log.wait_for(LogLevel::kWarning, "3 connections of the job are open (TcpServerOptions::max_connections)"));
   held.clear();  // they leave; there is room again
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   Tcp chief_link = client(Node::chief(), {ps.address});
   CHECK(std::holds_alternative<StatsReply>(chief_link.call(0, GetStats{}).get()));
+  CHECK(std::holds_alternative<Ack>(chief_link.call(0, Shutdown{}).get()));
+}
+
+TEST_CASE("connections that never finish the handshake cannot keep the job's tasks out") {
+  LogCapture log;
+  TcpServerOptions options = test_server_options();
+  options.max_handshaking = 4;
+  Ps<AsyncServer> ps(AsyncServer(0, 1, Sgd{0.5F}, Async{}), options);
+  RawClient worker;  // a task of the job, connected before the flood
+  REQUIRE(worker.join(ps.port, Node::worker(0)).empty());
+  std::vector<std::unique_ptr<RawClient>> flood;
+  for (int i = 0; i < 12; ++i) {  // three times the cap, none of them answering the challenge
+    flood.push_back(std::make_unique<RawClient>());
+    flood.back()->connect(ps.port);
+  }
+  // The chief connects in the middle of the flood: the oldest silent ones make room.
+  Tcp chief_link = client(Node::chief(), {ps.address});
+  CHECK(std::holds_alternative<StatsReply>(chief_link.call(0, GetStats{}).get()));
+  int closed = 0;
+  for (auto& f : flood) closed += f->closed_by_ps(std::chrono::milliseconds(200)) ? 1 : 0;
+  CHECK(closed >= 8);  // at most 4 wait in the handshake at a time
+  CHECK(log.wait_for(LogLevel::kWarning, "4 connections are in the handshake (TcpServerOptions::max_handshaking)"));
+  // The task connected before is still served.
+  worker.send(GetStats{}, 5);
+  std::vector<char> body;
+  CHECK(worker.receive(body).call == 5);
+  CHECK(std::holds_alternative<Ack>(chief_link.call(0, Shutdown{}).get()));
+}
+
+TEST_CASE("a client with the job's secret that claims a task outside the cluster is refused") {
+  LogCapture log;
+  TcpServerOptions options = test_server_options();
+  options.tasks = {{Node::Role::kWorker, 2}, {Node::Role::kChief, 1}};
+  Ps<AsyncServer> ps(AsyncServer(0, 1, Sgd{0.5F}, Async{}), options);
+  RawClient seventh;
+  CHECK(seventh.join(ps.port, Node::worker(7)) == "worker:7 is not a task of this job (it has 2 worker tasks)");
+  RawClient evaluator;
+  CHECK(evaluator.join(ps.port, Node::evaluator()) == "evaluator:0 is not a task of this job (it has 0 evaluator tasks)");
+  RawClient second;
+  CHECK(second.join(ps.port, Node::worker(1)).empty());
+  // A real client claiming worker 7 fails at once, naming why.
+  try {
+    Tcp tcp(Node::worker(7), {ps.address}, [] {
+      TcpOptions o = pulley::testing::test_client_options();
+      o.credentials = test_credentials();
+      return o;
+    }());
+    FAIL("worker:7 was let in");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::kUnauthenticated);
+    CHECK(std::string(e.what()).find("worker:7 is not a task of this job") != std::string::npos);
+  }
+  Tcp chief_link = client(Node::chief(), {ps.address});
   CHECK(std::holds_alternative<Ack>(chief_link.call(0, Shutdown{}).get()));
 }
 

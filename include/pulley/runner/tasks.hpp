@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <map>
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
@@ -195,6 +196,16 @@ Options with(Options options, const Credentials& credentials) {
   return options;
 }
 
+/// The tasks a ps of `cluster` lets in (TcpServerOptions::tasks): its workers, one chief
+/// (a chief task, or worker 0 acting as one), its evaluators (one when the spec names none:
+/// TensorFlow's evaluator is not in the cluster spec). ps tasks do not call each other.
+inline std::map<Node::Role, std::uint32_t> job_tasks(const ClusterSpec& cluster) {
+  const auto count = [&](std::string_view role) { return static_cast<std::uint32_t>(cluster.tasks(role).size()); };
+  return {{Node::Role::kWorker, count("worker")},
+          {Node::Role::kChief, 1},
+          {Node::Role::kEvaluator, std::max<std::uint32_t>(1, count("evaluator"))}};
+}
+
 /// A ps task of a cluster of processes, until the chief shuts it down.
 template <Model M, Sharding S, Optimizer O, SyncPolicy P, TablesOrNone T>
 void serve(const Training<M>& training, const TfConfig& config, const Credentials& credentials,
@@ -211,7 +222,9 @@ void serve(const Training<M>& training, const TfConfig& config, const Credential
   ParameterServer<S, O, P, T> ps(task, static_cast<std::uint32_t>(hosts.size()), std::move(optimizer),
                                  std::move(sync), std::move(sharding), std::move(tables));
   ps.set_worker_timeout(training.worker_timeout);
-  TcpServer server(std::move(ps), bind, address.port, with(training.server, credentials));
+  TcpServerOptions options = with(training.server, credentials);
+  if (options.tasks.empty()) options.tasks = job_tasks(config.cluster);
+  TcpServer server(std::move(ps), bind, address.port, std::move(options));
   log(LogLevel::kInfo, "ps " + std::to_string(task) + " serving on " + address.to_string() +
                            " (listening on " + bind + ":" + std::to_string(server.port()) + ")");
   server.run();

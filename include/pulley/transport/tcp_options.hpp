@@ -4,7 +4,9 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 
+#include "pulley/core/node.hpp"
 #include "pulley/transport/wire/frame.hpp"
 #include "pulley/transport/wire/handshake.hpp"
 
@@ -43,8 +45,17 @@ struct TcpServerOptions {
   /// change the parameters they show. A connection whose frame or reply would overdraw it
   /// is closed, with a log line naming this limit.
   std::uint64_t max_buffered_bytes = std::uint64_t{1} << 30U;
-  /// Open connections at most; one more is closed at once, with a log line.
+  /// Connections of the job's own tasks (past the handshake) at most; one more is refused
+  /// with a log line.
   std::uint32_t max_connections = 1024;
+  /// Connections still in the handshake at most (not yet proven to be the job's); one more
+  /// is closed at once. Counted apart from `max_connections`: a flood of connections that
+  /// never prove the secret cannot take the slots of the job's tasks.
+  std::uint32_t max_handshaking = 64;
+  /// The job's tasks by role, from its cluster spec ({{Node::Role::kWorker, 2}, ...}): a
+  /// client that proves the secret but claims a task outside them (worker:7 of 2 workers,
+  /// a role missing here) is refused at the handshake. Empty: any task is accepted.
+  std::map<Node::Role, std::uint32_t> tasks;
   /// A connection must complete the handshake within this, or is closed.
   std::chrono::milliseconds handshake_timeout{std::chrono::seconds(10)};
   /// A frame begun must be complete within this, plus its payload at `min_receive_rate`, or

@@ -182,18 +182,23 @@ class TcpServer {
     });
   }
 
-  /// A new connection: refused at once over the connection limit or the memory budget;
-  /// otherwise challenged, and read.
+  /// A new connection: challenged, and read. At the limit of connections in the handshake
+  /// the oldest of them is closed to make room (a task of the job answers the challenge in
+  /// a round trip; a connection that has not yet is the likelier stranger); a connection
+  /// the memory budget cannot hold is refused.
   void admit(asio::ip::tcp::socket socket) {
     std::error_code ignored;
-    if (connections_.size() >= options_.max_connections) {
-      const auto endpoint = socket.remote_endpoint(ignored);
-      warn_limited("refused a connection from " + endpoint.address().to_string() + ":" +
-                   std::to_string(endpoint.port()) + ": " +
-                   std::to_string(options_.max_connections) +
-                   " connections are open (TcpServerOptions::max_connections)");
-      socket.close(ignored);
-      return;
+    if (connections_.size() - clients_ >= options_.max_handshaking) {
+      Connection* oldest = nullptr;
+      for (const auto& [raw, c] : connections_) {
+        if (!c->peer && !c->closed && (oldest == nullptr || c->accepted < oldest->accepted)) oldest = raw;
+      }
+      if (oldest == nullptr) {
+        socket.close(ignored);
+        return;
+      }
+      drop(*oldest, std::to_string(options_.max_handshaking) +
+                        " connections are in the handshake (TcpServerOptions::max_handshaking): the oldest makes room");
     }
     socket.set_option(asio::ip::tcp::no_delay(true), ignored);
     socket.non_blocking(true, ignored);  // replies are first written without waiting
@@ -329,12 +334,17 @@ class TcpServer {
   /// The client's answer to the challenge: let it in, or refuse it with one log line.
   void on_hello(const ConnectionPtr& c, const wire::FrameReader::Frame& frame) {
     const wire::Hello hello = wire::decode_handshake_as<wire::Hello>(frame.header, frame.meta);
-    const std::string problem = wire::refusal_reason(options_.credentials, *c->challenge, hello);
+    std::string problem = wire::refusal_reason(options_.credentials, *c->challenge, hello);
+    if (problem.empty()) problem = outside_job(hello.peer);
     if (!problem.empty()) {
       warn_limited("refused a connection from " + c->address + ": " + problem);
       c->closing = true;
       queue_frame(c, wire::encode(wire::Handshake{wire::Refusal{ErrorCode::kUnauthenticated, problem}}, 0));
       return;
+    }
+    if (clients_ >= options_.max_connections) {  // closed, as by a busy server: it may try again
+      return drop(*c, std::to_string(options_.max_connections) +
+                          " connections of the job are open (TcpServerOptions::max_connections)");
     }
     c->peer = hello.peer;
     ++clients_;
@@ -344,6 +354,17 @@ class TcpServer {
                                     wire::server_proof(options_.credentials.secret, *c->challenge, hello)}},
                                 0));
     c->challenge.reset();
+  }
+
+  /// Why a client that proved the secret as `peer` is not one of the job's tasks
+  /// (`TcpServerOptions::tasks`), or "".
+  [[nodiscard]] std::string outside_job(const Node& peer) const {
+    if (options_.tasks.empty()) return {};
+    const auto it = options_.tasks.find(peer.role);
+    const std::uint32_t count = it == options_.tasks.end() ? 0 : it->second;
+    if (peer.index < count) return {};
+    return peer.name() + " is not a task of this job (it has " + std::to_string(count) + " " +
+           Node::role_name(peer.role) + " task" + (count == 1 ? "" : "s") + ")";
   }
 
   /// Queues a frame for the write at the end of the batch; a reply's views of the parameters
