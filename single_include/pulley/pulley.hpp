@@ -4059,6 +4059,9 @@ class Client {
     return !unanswered_.empty() && unanswered_.front().epoch == epoch_;
   }
 
+  /// Forgets the last push, answered or not (a new step begins).
+  void forget_push() noexcept { unanswered_.clear(); }
+
   /// Sends the last push again as it was (its number and gradients: the buffers it views
   /// must hold what they held), then pulls as `push_pull` does. A ps that took it answers
   /// as it did the first time; one that did not takes it now. Needs `push_unanswered()`.
@@ -5507,11 +5510,13 @@ class Worker {
       const typename M::Batch& batch,
       std::int64_t last_step = std::numeric_limits<std::int64_t>::max()) {
     if (finished_) return std::nullopt;
+    pushing_ = false;
+    client_.forget_push();  // what an earlier step left unanswered is not this step's
     std::optional<detail::Recovery> recovery;
     for (bool again = false;; again = true) {
       try {
         if (again) recover();
-        if (again && client_.push_unanswered()) return finish_step();
+        if (again && pushing_ && client_.push_unanswered()) return finish_step();
         return try_step(batch, last_step);
       } catch (const Error& e) {
         if (e.code() == ErrorCode::kOutOfRange) {
@@ -5564,7 +5569,9 @@ class Worker {
   }
 
   /// Pushes the model's current gradients tagged with `local_step`, pulling nothing;
-  /// returns the number of part gradients dropped as stale.
+  /// returns the number of part gradients dropped as stale. (Unlike `step`, a failed call
+  /// is not retried here: calling it again sends a new push, which a ps that took the
+  /// first also counts.)
   std::uint32_t push(std::int64_t local_step) {
     return client_.push(index_, local_step, gradients_, push_rows_);
   }
@@ -5621,6 +5628,7 @@ class Worker {
     result.global_step = reply.global_step;
     interrupted_ = result;  // what finish_step completes if the push loses a connection
     interrupted_pull_step_ = token.next_pull_step;
+    pushing_ = true;
     result.stale_parts = push_pull(token.local_step, token.next_pull_step);
     return result;
   }
@@ -5733,6 +5741,7 @@ class Worker {
   std::vector<std::uint32_t> ps_of_;               ///< scratch: each distinct id's ps
   std::vector<std::size_t> next_;                  ///< scratch: where each ps's next id goes
   std::int64_t global_step_ = 0;
+  bool pushing_ = false;                    ///< this step's push went out (or may have)
   StepResult interrupted_;                 ///< the step whose push is on its way
   std::int64_t interrupted_pull_step_ = 0;  ///< and the step its pull waits for
   std::int64_t pulled_step_ = -1;  ///< the model holds every variable as of this step or later
@@ -6163,11 +6172,12 @@ enum class Verdict : std::uint8_t {
 ///     it took and did not push for, so a vanished taker cannot hold a step up (a token is
 ///     a lease). The worker, or a process restarted in its place, may take tokens again; a
 ///     worker that pushed for a step still may not take a second token of it when R <= N.
-///   - `p.held_token(pacer, worker)` → `std::optional<Token>`: the token of the step in
-///     progress that `worker` took and has not pushed for, if the policy hands out at most
-///     one a step (else nullopt). A worker that asks again on the connection that took it
-///     (its answer was lost with another ps's connection) gets that token again, counted
-///     once; asked on another connection, the request waits for the first to go, as any.
+///   - `p.held_token(pacer, worker)` → `std::optional<Token>`: a token of the step in
+///     progress that `worker` took and has not pushed for (else nullopt). A worker pushes
+///     for each token before it asks for another, so one that asks on the connection that
+///     took it is asking again (its answer was lost with another ps's connection): it gets
+///     that token again, counted once. Asked on another connection, the request waits for
+///     the first to go, as any.
 ///   - `p.on_worker_lost(pacer, worker)` → `Verdict`: the ps holds `worker` lost (its
 ///     heartbeats stopped): stop waiting for it. kReady when that completes the update in
 ///     progress (the ps then takes and applies it as after a push), else kPending. The
@@ -10836,15 +10846,15 @@ class SyncReplicas {
     pacer.held.erase(held);
   }
 
-  /// The token of the current step `worker` took and has not pushed for, when R <= N (one
-  /// token a step each); nullopt otherwise.
+  /// A token of the current step `worker` took and has not pushed for, if it holds one (a
+  /// worker pushes for each token before it asks for the next, so asking while holding
+  /// one is asking again).
   [[nodiscard]] std::optional<Token> held_token(const Pacer& pacer, std::uint32_t worker) const {
     const auto held = pacer.held.find(worker);
-    if (replicas_to_aggregate_ > total_num_replicas_ || held == pacer.held.end() || held->second <= 0 ||
-        !pacer.taken.contains(worker) || pacer.pushed.contains(worker)) {
-      return std::nullopt;
-    }
-    return Token{pacer.step, pacer.step, pacer.step + 1, true};
+    if (held == pacer.held.end() || held->second <= 0 || !pacer.taken.contains(worker)) return std::nullopt;
+    const bool one_each = replicas_to_aggregate_ <= total_num_replicas_;
+    if (one_each && pacer.pushed.contains(worker)) return std::nullopt;
+    return Token{pacer.step, pacer.step, one_each ? pacer.step + 1 : pacer.step, true};
   }
 
   /// Steps completed.
@@ -11217,12 +11227,12 @@ class InProcessNetwork {
       if (probability > 0.0) random_losses_.push_back({ps, probability, from, std::mt19937_64(seed)});
     }
 
-    /// True (once) if connection `session` was broken by `lose_replies`: its endpoint
-    /// opens a new one.
-    bool take_broken(std::uint64_t session) {
+    /// True if connection `session` was broken by `lose_replies` (its endpoint opens a new
+    /// one; what was sent on it and not handled yet is lost).
+    bool is_broken(std::uint64_t session) const {
       if (!any_broken_.load(std::memory_order_acquire)) return false;
       std::scoped_lock lock(faults_mutex_);
-      return broken_.erase(session) > 0;
+      return broken_.contains(session);
     }
 
     void set_delay(Node node, std::chrono::microseconds delay) {
@@ -11373,6 +11383,10 @@ class InProcessNetwork {
           call->complete(unavailable(from.name() + " is unavailable (killed)"));
           return;
         }
+        if (fabric.is_broken(session)) {  // sent on a connection that broke before its turn
+          call->complete(unavailable("the connection to " + Node::ps(task).name() + " was lost"));
+          return;
+        }
         std::erase_if(box.in_service, [](const CallPtr& c) { return c->has_answer(); });
         box.in_service.push_back(call);
       }
@@ -11383,8 +11397,8 @@ class InProcessNetwork {
                          [call](Response&& r) { call->complete(std::move(r)); });
       });
       if (call->lost_reply) {  // its connection breaks now: the caller and the ps hear it
-        call->complete(ErrorReply{ErrorCode::kUnavailable, *call->lost_reply});
         fabric.break_session(session);
+        call->complete(ErrorReply{ErrorCode::kUnavailable, *call->lost_reply});
         box.host->disconnected(from, session);
       }
       if (box.host->stopped()) {
@@ -11466,7 +11480,7 @@ class InProcessNetwork {
     std::vector<DropRule> drops_;
     std::vector<DropRule> reply_losses_;
     std::vector<RandomLoss> random_losses_;
-    std::set<std::uint64_t> broken_;  ///< connections broken by lose_replies, not yet renewed
+    std::set<std::uint64_t> broken_;  ///< connections broken by lose_replies
     std::atomic<bool> any_broken_{false};
     std::map<Node, std::chrono::microseconds> delays_;
     std::map<Node, bool> dead_;
@@ -11496,7 +11510,7 @@ class InProcess {
   PendingCall call(std::size_t ps, Request&& request, PullTargets targets = {}) {
     std::uint64_t session = 0;
     if (ps < sessions_.size()) {
-      if (fabric_->take_broken(sessions_[ps])) sessions_[ps] = fabric_->new_session();  // reconnects
+      if (fabric_->is_broken(sessions_[ps])) sessions_[ps] = fabric_->new_session();  // reconnects
       session = sessions_[ps];
     }
     return fabric_->send(self_, session, static_cast<std::uint32_t>(ps), std::move(request), std::move(targets));

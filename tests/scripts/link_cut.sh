@@ -129,6 +129,10 @@ while [ "$kills" -gt 0 ] && [ "$kills" -le 12 ] && kill -0 "$chief" 2>/dev/null;
   kills=$((kills + 1))
 done
 echo "destroyed the workers' and chief's connections to the ps $kills time(s) after epoch 5"
+if [ "$kills" -gt 0 ]; then  # they must have been cut for real: the tasks reconnected
+  grep -q "connection to ps at .* lost" "$work"/worker-*.log "$work"/chief-0.log ||
+    fail "ss -K ran, but no task lost a connection"
+fi
 
 for _ in $(seq 1 3000); do kill -0 "$chief" 2>/dev/null || break; sleep 0.05; done
 kill -0 "$chief" 2>/dev/null && fail "the chief did not finish within 150 s of the cut"

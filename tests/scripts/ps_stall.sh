@@ -67,8 +67,8 @@ PY
 run_job clean 0
 run_job stalled 1
 
-grep -h -E 'lost|is back|disconnected' "$work"/stalled/ps-*.log | sed 's/^/stalled: /'
-grep -q 'lost' "$work"/stalled/ps-*.log && fail "a ps held a worker lost for its own stall"
+grep -h -E 'worker:[0-9]+ lost|is back|disconnected' "$work"/stalled/ps-*.log | sed 's/^/stalled: /'
+grep -q -E 'worker:[0-9]+ lost' "$work"/stalled/ps-*.log && fail "a ps held a worker lost for its own stall"
 grep -h 'updates applied' "$work"/*/chief-0.log
 clean=$(grep '^epoch' "$work/clean/chief-0.log" | awk '{print $2, $6, $8}')
 stalled=$(grep '^epoch' "$work/stalled/chief-0.log" | awk '{print $2, $6, $8}')

@@ -44,18 +44,14 @@ class CutProxy {
     socklen_t size = sizeof address;
     ::getsockname(listener_, reinterpret_cast<sockaddr*>(&address), &size);
     port_ = ntohs(address.sin_port);
-    threads_.emplace_back([this] { accept_loop(); });
+    acceptor_ = std::thread([this] { accept_loop(); });
   }
   CutProxy(const CutProxy&) = delete;
   CutProxy& operator=(const CutProxy&) = delete;
   ~CutProxy() {
     stop_ = true;
-    std::vector<std::thread> threads;
-    {
-      std::scoped_lock lock(mutex_);
-      threads.swap(threads_);
-    }
-    for (std::thread& t : threads) t.join();
+    acceptor_.join();  // no pump starts after this
+    for (std::thread& t : threads_) t.join();
     ::close(listener_);
   }
 
@@ -153,8 +149,9 @@ class CutProxy {
   double loss_;
   int forced_ = 0;
   std::mt19937_64 rng_;
-  std::vector<std::thread> threads_;
   std::atomic<bool> stop_{false};
+  std::thread acceptor_;
+  std::vector<std::thread> threads_;  ///< pumps, one per connection
   std::atomic<int> cuts_{0};
 };
 

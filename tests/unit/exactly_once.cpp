@@ -114,7 +114,7 @@ TEST_CASE("a sync R = N job whose replies are lost at random ends bit for bit wh
   CHECK(faulted.variables == clean.variables);
 }
 
-TEST_CASE("a push whose answer was lost is answered again as it was, and the connection is a new one") {
+TEST_CASE("a push whose answer was lost is answered again as it was, and counted once") {
   SyncAdam cluster(1, Adam{0.01F}, SyncReplicas(2, 2));
   Chief chief(cluster.endpoint(Node::chief()), 3);
   chief.initialize(LinearModel(kIn, kOut).variables());

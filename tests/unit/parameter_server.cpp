@@ -259,12 +259,16 @@ TEST_CASE("a push must carry every part the ps holds") {
 TEST_CASE("SyncReplicas R > N at the message level: one worker fills a step with R batches") {
   auto ps = ready_server(SyncReplicas{3, 2});  // R = 3 of N = 2
   const std::vector<float> g1{3, 3}, g2{6, 6}, g3{9, 9};
-  // Worker 0 takes all three tokens of step 0 (no per-worker cap when R > N).
-  for (int i = 0; i < 3; ++i) CHECK(std::get<TokenReply>(call(ps, TakeToken{0})).token.local_step == 0);
-  auto late = call_later(ps, TakeToken{1});
-  CHECK_FALSE(late->has_value());
+  // Worker 0 takes all three tokens of step 0, one after each push (no per-worker cap
+  // when R > N); asked again before its push, it gets the one it holds.
+  CHECK(std::get<TokenReply>(call(ps, TakeToken{0})).token.local_step == 0);
+  CHECK(std::get<TokenReply>(call(ps, TakeToken{0})).token.local_step == 0);  // the same
   CHECK(std::get<PushReply>(call(ps, push_b(0, 0, g1))).stale_parts == 0);
+  CHECK(std::get<TokenReply>(call(ps, TakeToken{0})).token.local_step == 0);
   CHECK(std::get<PushReply>(call(ps, push_b(0, 0, g2))).stale_parts == 0);
+  CHECK(std::get<TokenReply>(call(ps, TakeToken{0})).token.local_step == 0);
+  auto late = call_later(ps, TakeToken{1});  // the step's three tokens are taken
+  CHECK_FALSE(late->has_value());
   CHECK(ps.stats().global_step == 0);
   CHECK(std::get<PushReply>(call(ps, push_b(0, 0, g3))).stale_parts == 0);
   // Exactly R gradients made the step: b = {5,6} - mean{3,6,9} = {-1, 0}.

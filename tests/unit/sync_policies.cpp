@@ -158,7 +158,7 @@ TEST_CASE("SyncReplicas gives back the tokens of a worker that left without push
   CHECK(sync.take_token(pacer, 1)->local_step == 1);
 }
 
-TEST_CASE("SyncReplicas names the token of the step a worker holds until it pushes, when R <= N") {
+TEST_CASE("SyncReplicas names the token of the step a worker holds until it pushes") {
   const pulley::SyncReplicas sync{2, 2};
   auto pacer = sync.make_pacer();
   CHECK_FALSE(sync.held_token(pacer, 0).has_value());
@@ -173,11 +173,17 @@ TEST_CASE("SyncReplicas names the token of the step a worker holds until it push
   REQUIRE(sync.take_token(pacer, 0).has_value());
   CHECK(sync.on_push(pacer, 0, 0) == Verdict::kPending);
   CHECK_FALSE(sync.held_token(pacer, 0).has_value());  // pushed: nothing held
-  // With R > N a worker may hold several tokens of a step: none is named.
+  // With R > N a worker takes several tokens of a step, one after each push.
   const pulley::SyncReplicas more{3, 2};
   auto pacer3 = more.make_pacer();
   REQUIRE(more.take_token(pacer3, 0).has_value());
+  const auto again = more.held_token(pacer3, 0);
+  REQUIRE(again.has_value());
+  CHECK(again->next_pull_step == 0);  // its next token may be of this step
+  CHECK(more.on_push(pacer3, 0, 0) == Verdict::kPending);
   CHECK_FALSE(more.held_token(pacer3, 0).has_value());
+  REQUIRE(more.take_token(pacer3, 0).has_value());  // its second of step 0
+  CHECK(more.held_token(pacer3, 0).has_value());
 }
 
 TEST_CASE("a worker that pushed for a step gets no second token of it, even after a release") {

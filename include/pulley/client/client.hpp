@@ -206,6 +206,9 @@ class Client {
     return !unanswered_.empty() && unanswered_.front().epoch == epoch_;
   }
 
+  /// Forgets the last push, answered or not (a new step begins).
+  void forget_push() noexcept { unanswered_.clear(); }
+
   /// Sends the last push again as it was (its number and gradients: the buffers it views
   /// must hold what they held), then pulls as `push_pull` does. A ps that took it answers
   /// as it did the first time; one that did not takes it now. Needs `push_unanswered()`.

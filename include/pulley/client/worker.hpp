@@ -102,11 +102,13 @@ class Worker {
       const typename M::Batch& batch,
       std::int64_t last_step = std::numeric_limits<std::int64_t>::max()) {
     if (finished_) return std::nullopt;
+    pushing_ = false;
+    client_.forget_push();  // what an earlier step left unanswered is not this step's
     std::optional<detail::Recovery> recovery;
     for (bool again = false;; again = true) {
       try {
         if (again) recover();
-        if (again && client_.push_unanswered()) return finish_step();
+        if (again && pushing_ && client_.push_unanswered()) return finish_step();
         return try_step(batch, last_step);
       } catch (const Error& e) {
         if (e.code() == ErrorCode::kOutOfRange) {
@@ -159,7 +161,9 @@ class Worker {
   }
 
   /// Pushes the model's current gradients tagged with `local_step`, pulling nothing;
-  /// returns the number of part gradients dropped as stale.
+  /// returns the number of part gradients dropped as stale. (Unlike `step`, a failed call
+  /// is not retried here: calling it again sends a new push, which a ps that took the
+  /// first also counts.)
   std::uint32_t push(std::int64_t local_step) {
     return client_.push(index_, local_step, gradients_, push_rows_);
   }
@@ -216,6 +220,7 @@ class Worker {
     result.global_step = reply.global_step;
     interrupted_ = result;  // what finish_step completes if the push loses a connection
     interrupted_pull_step_ = token.next_pull_step;
+    pushing_ = true;
     result.stale_parts = push_pull(token.local_step, token.next_pull_step);
     return result;
   }
@@ -328,6 +333,7 @@ class Worker {
   std::vector<std::uint32_t> ps_of_;               ///< scratch: each distinct id's ps
   std::vector<std::size_t> next_;                  ///< scratch: where each ps's next id goes
   std::int64_t global_step_ = 0;
+  bool pushing_ = false;                    ///< this step's push went out (or may have)
   StepResult interrupted_;                 ///< the step whose push is on its way
   std::int64_t interrupted_pull_step_ = 0;  ///< and the step its pull waits for
   std::int64_t pulled_step_ = -1;  ///< the model holds every variable as of this step or later

@@ -50,11 +50,12 @@ enum class Verdict : std::uint8_t {
 ///     it took and did not push for, so a vanished taker cannot hold a step up (a token is
 ///     a lease). The worker, or a process restarted in its place, may take tokens again; a
 ///     worker that pushed for a step still may not take a second token of it when R <= N.
-///   - `p.held_token(pacer, worker)` → `std::optional<Token>`: the token of the step in
-///     progress that `worker` took and has not pushed for, if the policy hands out at most
-///     one a step (else nullopt). A worker that asks again on the connection that took it
-///     (its answer was lost with another ps's connection) gets that token again, counted
-///     once; asked on another connection, the request waits for the first to go, as any.
+///   - `p.held_token(pacer, worker)` → `std::optional<Token>`: a token of the step in
+///     progress that `worker` took and has not pushed for (else nullopt). A worker pushes
+///     for each token before it asks for another, so one that asks on the connection that
+///     took it is asking again (its answer was lost with another ps's connection): it gets
+///     that token again, counted once. Asked on another connection, the request waits for
+///     the first to go, as any.
 ///   - `p.on_worker_lost(pacer, worker)` → `Verdict`: the ps holds `worker` lost (its
 ///     heartbeats stopped): stop waiting for it. kReady when that completes the update in
 ///     progress (the ps then takes and applies it as after a push), else kPending. The

@@ -160,6 +160,7 @@ class ChiefLoop {
     while (!schedule.done()) {
       try {
         step_to(schedule);
+        reconnecting_.reset();
       } catch (const Error& e) {
         if (e.code() != ErrorCode::kUnavailable) throw;
         if (whole_again(e)) continue;  // only a connection broke: no ps lost its state
@@ -179,7 +180,9 @@ class ChiefLoop {
   /// where it was), false if one was restarted and is not initialized (every ps must be
   /// rolled back). Throws kUnavailable once the recovery timeout passes first.
   bool whole_again(const Error& failure) {
-    detail::Recovery recovery("chief", training_.client);
+    // One deadline for failures in a row: a link that keeps failing ends the job in time.
+    if (!reconnecting_) reconnecting_.emplace("chief", training_.client);
+    detail::Recovery& recovery = *reconnecting_;
     for (Error last = failure;;) {
       recovery.wait(last);
       try {
@@ -326,6 +329,9 @@ class ChiefLoop {
   std::int64_t start_step_ = 0;
   std::int64_t base_ = -1;  ///< the newest checkpoint saved or restored from (-1: none)
   std::int64_t incremental_in_a_row_ = 0;  ///< checkpoints since the last full one
+  /// The wait for the ps tasks after connections broke, kept while they break again
+  /// before the schedule gets anywhere.
+  std::optional<detail::Recovery> reconnecting_;
 };
 
 /// The chief task: runs the ChiefLoop, then ends training (or aborts it, with the reason,

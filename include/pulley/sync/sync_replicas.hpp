@@ -174,15 +174,15 @@ class SyncReplicas {
     pacer.held.erase(held);
   }
 
-  /// The token of the current step `worker` took and has not pushed for, when R <= N (one
-  /// token a step each); nullopt otherwise.
+  /// A token of the current step `worker` took and has not pushed for, if it holds one (a
+  /// worker pushes for each token before it asks for the next, so asking while holding
+  /// one is asking again).
   [[nodiscard]] std::optional<Token> held_token(const Pacer& pacer, std::uint32_t worker) const {
     const auto held = pacer.held.find(worker);
-    if (replicas_to_aggregate_ > total_num_replicas_ || held == pacer.held.end() || held->second <= 0 ||
-        !pacer.taken.contains(worker) || pacer.pushed.contains(worker)) {
-      return std::nullopt;
-    }
-    return Token{pacer.step, pacer.step, pacer.step + 1, true};
+    if (held == pacer.held.end() || held->second <= 0 || !pacer.taken.contains(worker)) return std::nullopt;
+    const bool one_each = replicas_to_aggregate_ <= total_num_replicas_;
+    if (one_each && pacer.pushed.contains(worker)) return std::nullopt;
+    return Token{pacer.step, pacer.step, one_each ? pacer.step + 1 : pacer.step, true};
   }
 
   /// Steps completed.

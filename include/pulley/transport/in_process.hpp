@@ -274,12 +274,12 @@ class InProcessNetwork {
       if (probability > 0.0) random_losses_.push_back({ps, probability, from, std::mt19937_64(seed)});
     }
 
-    /// True (once) if connection `session` was broken by `lose_replies`: its endpoint
-    /// opens a new one.
-    bool take_broken(std::uint64_t session) {
+    /// True if connection `session` was broken by `lose_replies` (its endpoint opens a new
+    /// one; what was sent on it and not handled yet is lost).
+    bool is_broken(std::uint64_t session) const {
       if (!any_broken_.load(std::memory_order_acquire)) return false;
       std::scoped_lock lock(faults_mutex_);
-      return broken_.erase(session) > 0;
+      return broken_.contains(session);
     }
 
     void set_delay(Node node, std::chrono::microseconds delay) {
@@ -430,6 +430,10 @@ class InProcessNetwork {
           call->complete(unavailable(from.name() + " is unavailable (killed)"));
           return;
         }
+        if (fabric.is_broken(session)) {  // sent on a connection that broke before its turn
+          call->complete(unavailable("the connection to " + Node::ps(task).name() + " was lost"));
+          return;
+        }
         std::erase_if(box.in_service, [](const CallPtr& c) { return c->has_answer(); });
         box.in_service.push_back(call);
       }
@@ -440,8 +444,8 @@ class InProcessNetwork {
                          [call](Response&& r) { call->complete(std::move(r)); });
       });
       if (call->lost_reply) {  // its connection breaks now: the caller and the ps hear it
-        call->complete(ErrorReply{ErrorCode::kUnavailable, *call->lost_reply});
         fabric.break_session(session);
+        call->complete(ErrorReply{ErrorCode::kUnavailable, *call->lost_reply});
         box.host->disconnected(from, session);
       }
       if (box.host->stopped()) {
@@ -523,7 +527,7 @@ class InProcessNetwork {
     std::vector<DropRule> drops_;
     std::vector<DropRule> reply_losses_;
     std::vector<RandomLoss> random_losses_;
-    std::set<std::uint64_t> broken_;  ///< connections broken by lose_replies, not yet renewed
+    std::set<std::uint64_t> broken_;  ///< connections broken by lose_replies
     std::atomic<bool> any_broken_{false};
     std::map<Node, std::chrono::microseconds> delays_;
     std::map<Node, bool> dead_;
@@ -553,7 +557,7 @@ class InProcess {
   PendingCall call(std::size_t ps, Request&& request, PullTargets targets = {}) {
     std::uint64_t session = 0;
     if (ps < sessions_.size()) {
-      if (fabric_->take_broken(sessions_[ps])) sessions_[ps] = fabric_->new_session();  // reconnects
+      if (fabric_->is_broken(sessions_[ps])) sessions_[ps] = fabric_->new_session();  // reconnects
       session = sessions_[ps];
     }
     return fabric_->send(self_, session, static_cast<std::uint32_t>(ps), std::move(request), std::move(targets));
