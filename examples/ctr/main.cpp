@@ -128,10 +128,12 @@ class Data {
   std::vector<ctr::Example> train_, test_;
 };
 
-/// A worker's batches: a contiguous block of the training examples, its share among the
-/// workers not lost (taken anew each epoch), in order; a resumed job starts where this
-/// worker's batches of the steps before would end (`batches_per_step` batches of all the
-/// workers make a global step: one each under sync R = N, one in all under async).
+/// A worker's batches. Numbered (sync: DataShard::batch): batch b is the examples of
+/// position b mod B of the training set in order, whoever reads it. Unnumbered (async): a
+/// contiguous block of the training examples, its share among the workers not lost (taken
+/// anew each epoch), in order; a resumed job starts where this worker's batches of the
+/// steps before would end (`batches_per_step` batches of all the workers make a global
+/// step).
 class Shard {
  public:
   Shard(const std::vector<ctr::Example>& examples, std::size_t batch, std::int64_t batches_per_step,
@@ -143,6 +145,10 @@ class Shard {
   }
 
   ctr::WideDeep::Batch operator()() {
+    if (const std::int64_t number = shard_.batch(); number >= 0) {
+      const std::size_t per_epoch = examples_.size() / batch_;
+      return {examples_.subspan(static_cast<std::size_t>(number) % per_epoch * batch_, batch_)};
+    }
     if (next_ + batch_ > block_.size()) next_block();
     next_ += batch_;
     return {block_.subspan(next_ - batch_, batch_)};

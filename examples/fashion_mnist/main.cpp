@@ -69,23 +69,27 @@ void standardize(Data& data) {
   }
 }
 
-/// A worker's batches: its share of the examples (rank, rank + count, ... among the workers
-/// not lost), reshuffled every pass, starting `start_step` batches in, so that a resumed job
-/// reads what the uninterrupted one would have. Each pass splits the examples anew over the
-/// workers then alive: a lost worker's examples go to the others.
+/// A worker's batches.
+///   - Numbered (sync and bounded staleness: DataShard::batch): batch b is position b mod B
+///     of epoch b div B, each epoch one shuffle of every example seeded by the job's seed
+///     and the epoch, alike in every worker. A step reads the same examples whoever takes
+///     its tokens: a lost worker's batches are read by the others within the epoch.
+///   - Unnumbered (async): its share of the examples (rank, rank + count, ... among the
+///     workers not lost), reshuffled every pass, starting `start_step` batches in, so that a
+///     resumed job reads what the uninterrupted one would have. Each pass splits the
+///     examples anew over the workers then alive: a lost worker's examples go to the others.
 class Shard {
  public:
   Shard(const Data& data, std::size_t batch, std::uint64_t seed, pulley::DataShard shard)
-      : data_(&data), shard_(std::move(shard)), rng_(seed * 7919 + shard_.index),
-        features_(batch * 784), labels_(batch) {
-    for (std::int64_t s = 0; s < shard_.start_step; ++s) advance();
-  }
+      : data_(&data), shard_(std::move(shard)), seed_(seed), rng_(seed * 7919 + shard_.index),
+        features_(batch * 784), labels_(batch) {}
 
   pulley::models::MlpBatch operator()() {
-    const std::size_t first = advance();
+    const std::int64_t number = shard_.batch();
+    const std::size_t first = number >= 0 ? numbered(number) : advance();
     const auto& pixels = data_->train.images.pixels;
     for (std::size_t r = 0; r < labels_.size(); ++r) {
-      const std::size_t e = order_[first + r];
+      const std::size_t e = (number >= 0 ? epoch_order_ : order_)[first + r];
       std::copy_n(pixels.begin() + static_cast<std::ptrdiff_t>(e * 784), 784,
                   features_.begin() + static_cast<std::ptrdiff_t>(r * 784));
       labels_[r] = data_->train.labels[e];
@@ -94,8 +98,27 @@ class Shard {
   }
 
  private:
-  /// Moves on by one batch (reshuffling when a pass is done); returns where it starts.
+  /// Where batch `number` starts in its epoch's order (shuffled here when it is new).
+  std::size_t numbered(std::int64_t number) {
+    const std::size_t examples = data_->train.labels.size();
+    const auto per_epoch = static_cast<std::int64_t>(examples / labels_.size());
+    if (const std::int64_t epoch = number / per_epoch; epoch != epoch_) {
+      epoch_ = epoch;
+      epoch_order_.resize(examples);
+      std::iota(epoch_order_.begin(), epoch_order_.end(), std::size_t{0});
+      pulley::SplitMix64 rng(seed_ * 104729 + static_cast<std::uint64_t>(epoch));
+      for (std::size_t i = examples - 1; i > 0; --i) std::swap(epoch_order_[i], epoch_order_[rng.next() % (i + 1)]);
+    }
+    return static_cast<std::size_t>(number % per_epoch) * labels_.size();
+  }
+
+  /// Moves on by one batch (reshuffling when a pass is done), after skipping the batches of
+  /// the steps before `start_step` on the first call; returns where it starts.
   std::size_t advance() {
+    if (!skipped_) {
+      skipped_ = true;
+      for (std::int64_t s = 0; s < shard_.start_step; ++s) (void)advance();
+    }
     const std::size_t batch = labels_.size();
     if (next_ + batch > order_.size()) {
       if (const auto share = shard_.share(); share != share_ || order_.empty()) {
@@ -117,10 +140,14 @@ class Shard {
  private:
   const Data* data_;
   pulley::DataShard shard_;
-  std::pair<std::uint32_t, std::uint32_t> share_;  ///< the share `order_` holds
+  std::uint64_t seed_;
+  std::int64_t epoch_ = -1;               ///< numbered: the epoch `epoch_order_` holds
+  std::vector<std::size_t> epoch_order_;  ///< ... its order of every example
+  std::pair<std::uint32_t, std::uint32_t> share_;  ///< unnumbered: the share `order_` holds
   pulley::SplitMix64 rng_;
   std::vector<std::size_t> order_;
   std::size_t next_ = 0;
+  bool skipped_ = false;  ///< the batches before start_step were skipped
   std::vector<float> features_;
   std::vector<std::int32_t> labels_;
 };

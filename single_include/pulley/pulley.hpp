@@ -2248,10 +2248,17 @@ struct Token {
   std::int64_t next_pull_step = 0;
   /// False when tokens never wait (Async): the worker need not ask for another.
   bool paced = true;
+  /// Which batch of the job's data the step reads, counted from the job's start, when the
+  /// policy numbers them (-1: it does not, and each worker reads its own share). A step's
+  /// batches are numbered by the step, not by who takes its tokens: under SyncReplicas,
+  /// step s reads batches s × max(R, N) ... s × max(R, N) + max(R, N) - 1, so a token a
+  /// lost worker gave back reads, in whichever worker takes it, the batch the lost worker
+  /// would have read (DataShard::batch, runner/training.hpp).
+  std::int64_t batch = -1;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(local_step, pull_step, next_pull_step, paced);
+    archive(local_step, pull_step, next_pull_step, paced, batch);
   }
   friend bool operator==(const Token&, const Token&) = default;
 };
@@ -2475,17 +2482,19 @@ struct GetStats {
   void serialize(Archive& /*archive*/) {}
 };
 
-/// Worker → every ps, every second or so from a thread of its own (`HeartbeatSender`,
-/// heartbeat.hpp): the worker is alive. A ps that heard a worker once and then
-/// hears nothing for its worker timeout holds it lost: the sync policy stops waiting for it
-/// (`SyncPolicy::on_worker_lost`) until its heartbeats come back. Answered with a
-/// StatsReply, whose `lost` tells the worker which others are gone.
+/// Worker or chief → every ps, every second or so from a thread of its own
+/// (`HeartbeatSender`, heartbeat.hpp): the task is alive. A ps that heard a worker once and
+/// then hears nothing for its worker timeout holds it lost: the sync policy stops waiting
+/// for it (`SyncPolicy::on_worker_lost`) until its heartbeats come back. A chief silent for
+/// as long is held lost too: the ps keeps the model and waits for a chief to come back
+/// (ParameterServer::set_chief_wait), then gives up and ends training as aborted. Answered
+/// with a StatsReply, whose `lost` and `chief_lost` tell the task who is gone.
 struct Heartbeat {
   static constexpr std::string_view kName = "Heartbeat";
   /// Another worker found lost on the way may complete the step that waited for it.
   static constexpr bool kChangesParameters = true;
-  static constexpr RoleSet kSenders{Node::Role::kWorker};
-  std::uint32_t worker = 0;
+  static constexpr RoleSet kSenders{Node::Role::kWorker, Node::Role::kChief};
+  std::uint32_t worker = 0;  ///< the sender's task index (its worker index; 0 for the chief)
   /// The worker ends (its training is over): the ps forgets it instead of holding it lost
   /// once it is quiet.
   bool leaving = false;
@@ -2780,16 +2789,19 @@ struct Stats {
 
 /// Answer to GetStats and Heartbeat: the counters, what the sync policy waits for before
 /// the next step, to explain a wait that lasts ("step 812: 1 of 2 gradients in; waiting for
-/// worker:1 (last heard 14.2 s ago)"), and the workers this ps holds lost now.
+/// worker:1 (last heard 14.2 s ago)"), the workers this ps holds lost now, whether it holds
+/// the chief lost, and whether it serves training (holds an initialized or restored model).
 struct StatsReply {
   static constexpr std::string_view kName = "StatsReply";
   Stats stats;
   std::string waiting_for;
   std::vector<std::uint32_t> lost;  ///< workers held lost, ascending
+  bool chief_lost = false;          ///< the chief's heartbeats stopped, and no chief is back yet
+  bool ready = false;               ///< the ps serves training (a new chief goes on from it)
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(stats, waiting_for, lost);
+    archive(stats, waiting_for, lost, chief_lost, ready);
   }
 };
 
@@ -3558,7 +3570,8 @@ struct ClientOptions {
   /// the parameters no further than a normal one. 0: no clipping.
   float clip_norm = 0.0F;
   /// How long a worker (and the role runner's chief and evaluator) waits for lost ps tasks
-  /// to be back and restored, retrying, before it fails naming the ps.
+  /// to be back and restored, retrying, before it fails naming the ps; and how long the
+  /// role runner's ps tasks wait for a lost chief to come back (ParameterServer::set_chief_wait).
   std::chrono::milliseconds recovery_timeout{std::chrono::minutes(5)};
   /// Workers run by the role runner: how often they tell every ps they are alive
   /// (HeartbeatSender). Keep it well below the ps tasks' worker timeout.
@@ -4086,6 +4099,19 @@ class Client {
       return std::nullopt;
     }
     return lowest_step<PullReply>(group, 0, group.size());
+  }
+
+  /// Blocks until the chief ends training: returns when the ps tasks answer kOutOfRange,
+  /// throws anything else they answer (kAborted: the chief aborted training, or the ps
+  /// tasks gave up waiting for a lost chief; kFailedPrecondition: the job was rolled back;
+  /// kUnavailable: a ps was lost). A wait during which no ps advances for `wait_timeout`
+  /// fails kDeadlineExceeded; long waits are logged as any step-gated one.
+  void wait_for_end() {
+    CallGroup group;
+    constexpr std::int64_t kNever = std::numeric_limits<std::int64_t>::max() / 2;  // a step no job reaches
+    for (std::size_t ps = 0; ps < num_ps(); ++ps) group.add(transport_.call(ps, Pull{kNever, {}, epoch_}, {}));
+    (void)detail::wait_progressing(transport_, options_, group, "wait for the chief to end training");
+    for (std::size_t ps = 0; ps < group.size(); ++ps) (void)group.take_as<PullReply>(ps);  // throws its error
   }
 
   /// Counters of every ps task, by task index.
@@ -4998,6 +5024,27 @@ class Chief {
   /// cleanly (`Worker::step` returns nullopt); the ps tasks then stop serving.
   void shutdown() { end({false, {}}); }
 
+  /// True if every ps task answers that it serves training already: this chief was
+  /// started again in place of a lost one, and may go on from their live state (`adopt`).
+  /// False when any does not, or cannot be reached within the request timeout.
+  [[nodiscard]] bool ps_serving() {
+    try {
+      const auto replies = client_.template broadcast<StatsReply>([](std::size_t) { return GetStats{}; },
+                                                                  timeouts().request_timeout, "look at the ps tasks");
+      return std::all_of(replies.begin(), replies.end(), [](const StatsReply& r) { return r.ready; });
+    } catch (const Error&) {
+      return false;
+    }
+  }
+
+  /// Takes over a job that every ps serves (`ps_serving`), in place of a lost chief:
+  /// learns where each variable lives and the epoch (kFailedPrecondition when the ps tasks
+  /// hold another model), and returns the lowest global step of the ps tasks.
+  std::int64_t adopt(std::span<const VariableSpec> variables, std::span<const TableSpec> tables = {}) {
+    client_.wait_ready(variables, tables);
+    return client_.wait_for_step(0);
+  }
+
   /// Ends training as failed, for `reason`: the ps tasks answer `kAborted` with it, so every
   /// task stops with an error naming it.
   void abort(const std::string& reason) { end({true, reason}); }
@@ -5128,6 +5175,8 @@ class Evaluator {
 
   /// Counters of every ps task, by task index.
   std::vector<Stats> stats() { return client_.stats(); }
+  /// Blocks until the chief ends training (Client::wait_for_end).
+  void wait_for_end() { client_.wait_for_end(); }
 
  private:
   Client<T> client_;
@@ -5143,6 +5192,7 @@ class Evaluator {
 #include <cstdint>
 #include <mutex>
 #include <set>
+#include <string>
 #include <thread>
 #include <utility>
 #include <variant>
@@ -5150,7 +5200,8 @@ class Evaluator {
 
 namespace pulley {
 
-/// A worker's heartbeats: while it lives, a thread of its own sends `Heartbeat` to every ps
+/// A worker's heartbeats (or the chief's: the ps tasks then wait for a lost chief to come
+/// back, and end training as aborted when none does): while it lives, a thread of its own sends `Heartbeat` to every ps
 /// task every `interval`, over a transport of its own (so a worker blocked on a token or
 /// computing a long step still beats). A ps that heard it once and then hears nothing for
 /// its worker timeout (`ParameterServer::set_worker_timeout`, default 5 s: keep `interval`
@@ -5187,6 +5238,12 @@ class HeartbeatSender {
     thread_.join();
   }
 
+  /// True if some ps task holds the chief lost, as of the last beat answered.
+  [[nodiscard]] bool chief_lost() const {
+    std::scoped_lock lock(mutex_);
+    return chief_lost_;
+  }
+
   /// The workers some ps task holds lost, as of the last beat answered, ascending.
   [[nodiscard]] std::vector<std::uint32_t> lost() const {
     std::scoped_lock lock(mutex_);
@@ -5206,11 +5263,20 @@ class HeartbeatSender {
       const bool leaving = stopping_;
       lock.unlock();
       std::set<std::uint32_t> lost;
-      const bool heard = send_all(leaving, lost);
+      bool chief_lost = false;
+      const bool heard = send_all(leaving, lost, chief_lost);
       lock.lock();
       if (heard) {
         lost_.assign(lost.begin(), lost.end());
         ++beats_;
+        if (chief_lost != chief_lost_ && !leaving) {
+          log(chief_lost ? LogLevel::kWarning : LogLevel::kInfo,
+              "worker " + std::to_string(worker_) +
+                  (chief_lost ? ": the ps tasks hold the chief lost: training goes on while they wait for a chief "
+                                "to come back"
+                              : ": the chief is back"));
+        }
+        chief_lost_ = chief_lost;
       }
       if (leaving) return;
       wake_.wait_for(lock, interval_, [this] { return stopping_; });
@@ -5219,7 +5285,7 @@ class HeartbeatSender {
 
   /// One Heartbeat to every ps, answered within an interval or given up; true if any
   /// answered. A ps that is down, or refuses, is simply not heard this time.
-  bool send_all(bool leaving, std::set<std::uint32_t>& lost) noexcept {
+  bool send_all(bool leaving, std::set<std::uint32_t>& lost, bool& chief_lost) noexcept {
     try {
       std::vector<PendingCall> calls;
       for (std::size_t ps = 0; ps < transport_.num_ps(); ++ps) {
@@ -5236,6 +5302,7 @@ class HeartbeatSender {
         if (const auto* stats = std::get_if<StatsReply>(&answer)) {
           heard = true;
           lost.insert(stats->lost.begin(), stats->lost.end());
+          chief_lost = chief_lost || stats->chief_lost;
         }
       }
       return heard;
@@ -5251,6 +5318,7 @@ class HeartbeatSender {
   std::condition_variable wake_;
   bool stopping_ = false;
   std::vector<std::uint32_t> lost_;
+  bool chief_lost_ = false;
   std::uint64_t beats_ = 0;
   std::thread thread_;
 };
@@ -5260,6 +5328,7 @@ class HeartbeatSender {
 // ---- begin pulley/client/worker.hpp ----
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -5267,6 +5336,7 @@ class HeartbeatSender {
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -5509,28 +5579,31 @@ class Worker {
   std::optional<StepResult> step(
       const typename M::Batch& batch,
       std::int64_t last_step = std::numeric_limits<std::int64_t>::max()) {
-    if (finished_) return std::nullopt;
-    pushing_ = false;
-    client_.forget_push();  // what an earlier step left unanswered is not this step's
-    std::optional<detail::Recovery> recovery;
-    for (bool again = false;; again = true) {
-      try {
-        if (again) recover();
-        if (again && pushing_ && client_.push_unanswered()) return finish_step();
-        return try_step(batch, last_step);
-      } catch (const Error& e) {
-        if (e.code() == ErrorCode::kOutOfRange) {
-          finished_ = true;  // the chief ended training; this step's gradient is not needed
-          return std::nullopt;
-        }
-        if (e.code() == ErrorCode::kFailedPrecondition && !rolled_back()) throw;
-        if (!recovery) recovery.emplace("worker " + std::to_string(index_), client_.options());
-        if (e.code() != ErrorCode::kFailedPrecondition) {
-          if (!detail::Recovery::may_recover(e.code())) throw;
-          recovery->wait(e);  // throws once the ps tasks stay lost too long
-        }
-      }
-    }
+    return run_step([&](const Token&) -> const typename M::Batch& { return batch; }, last_step);
+  }
+
+  /// One training step, as `step(batch)`, on the batch `source(number)` gives once the step's
+  /// token is taken: `number` is the token's batch number (Token::batch), -1 when the sync
+  /// policy does not number batches. A step retried after a failure reads again only if its
+  /// new token numbers another batch (a source numbered -1 is read once a step). So a worker
+  /// that takes a lost worker's token reads the lost worker's batch.
+  template <class Source>
+    requires std::invocable<Source&, std::int64_t> &&
+             std::convertible_to<std::invoke_result_t<Source&, std::int64_t>, typename M::Batch>
+  std::optional<StepResult> step(Source&& source,
+                                 std::int64_t last_step = std::numeric_limits<std::int64_t>::max()) {
+    std::optional<typename M::Batch> read;
+    std::int64_t number = -1;
+    return run_step(
+        [&](const Token& token) -> const typename M::Batch& {
+          if (!read || token.batch != number) {
+            read.reset();
+            read.emplace(source(token.batch));
+            number = token.batch;
+          }
+          return *read;
+        },
+        last_step);
   }
 
   /// Pushes the model's current gradients tagged with `local_step`, then pulls every
@@ -5544,6 +5617,31 @@ class Worker {
     pulled_step_ = done.pulled_step;
     return done.stale_parts;
   }
+
+  /// After `step` returned nullopt for reaching `last_step`, before the chief ended
+  /// training: waits until it does, so that no worker ends successfully unless the chief
+  /// ended the job (its last checkpoint and evaluation done). Returns true once it has
+  /// (`ended()`), false when the job must train on (it was rolled back below `last_step`
+  /// after a lost ps, or a ps went away: `step` again, which recovers). Throws kAborted when
+  /// the chief aborted training, or the ps tasks gave up waiting for a lost chief.
+  bool wait_for_end() {
+    if (ended_) return true;
+    try {
+      client_.wait_for_end();
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kOutOfRange) {
+        if (e.code() != ErrorCode::kFailedPrecondition && !detail::Recovery::may_recover(e.code())) throw;
+        finished_ = false;
+        pulled_step_ = -1;
+        return false;
+      }
+    }
+    finished_ = ended_ = true;
+    return true;
+  }
+
+  /// True once the chief ended training (a step or `wait_for_end` was answered so).
+  [[nodiscard]] bool ended() const noexcept { return ended_; }
 
   /// Pulls every variable.
   void pull() { pull_all(0); }
@@ -5596,7 +5694,35 @@ class Worker {
   [[nodiscard]] const Placement& placement() const noexcept { return client_.placement(); }
 
  private:
-  std::optional<StepResult> try_step(const typename M::Batch& batch, std::int64_t last_step) {
+  /// A step, its batch read by `read(token)` once the token is taken.
+  template <class Read>
+  std::optional<StepResult> run_step(Read&& read, std::int64_t last_step) {
+    if (finished_) return std::nullopt;
+    pushing_ = false;
+    client_.forget_push();  // what an earlier step left unanswered is not this step's
+    std::optional<detail::Recovery> recovery;
+    for (bool again = false;; again = true) {
+      try {
+        if (again) recover();
+        if (again && pushing_ && client_.push_unanswered()) return finish_step();
+        return try_step(read, last_step);
+      } catch (const Error& e) {
+        if (e.code() == ErrorCode::kOutOfRange) {
+          finished_ = ended_ = true;  // the chief ended training; this step's gradient is not needed
+          return std::nullopt;
+        }
+        if (e.code() == ErrorCode::kFailedPrecondition && !rolled_back()) throw;
+        if (!recovery) recovery.emplace("worker " + std::to_string(index_), client_.options());
+        if (e.code() != ErrorCode::kFailedPrecondition) {
+          if (!detail::Recovery::may_recover(e.code())) throw;
+          recovery->wait(e);  // throws once the ps tasks stay lost too long
+        }
+      }
+    }
+  }
+
+  template <class Read>
+  std::optional<StepResult> try_step(Read& read, std::int64_t last_step) {
     // Unpaced (Async) tokens are never waited for: after the first, the step the last
     // pull reported serves as the token, and the round trip is saved.
     const TokenReply reply = paced_ || pulled_step_ < 0
@@ -5609,6 +5735,7 @@ class Worker {
       finished_ = true;
       return std::nullopt;
     }
+    const typename M::Batch& batch = read(token);
     StepResult result;
     if constexpr (TableModel<M>) {
       gather_rows(batch);
@@ -5747,6 +5874,7 @@ class Worker {
   std::int64_t pulled_step_ = -1;  ///< the model holds every variable as of this step or later
   bool paced_ = true;              ///< the sync policy makes workers wait for tokens
   bool finished_ = false;          ///< training is over
+  bool ended_ = false;             ///< the chief ended it
 };
 
 }  // namespace pulley
@@ -7411,7 +7539,9 @@ class CheckpointCut {
 #include <cstdint>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace pulley {
@@ -7426,21 +7556,39 @@ namespace pulley {
 /// partition, a stopped process, a long pause of its own): every worker then gets a fresh
 /// timeout to be heard from again, once, instead of being held lost for the ps's own
 /// silence. (If every worker really is gone, they are held lost after two timeouts.)
+///
+/// The chief beats too, and is judged by the same timeout and grace: a ps that holds it
+/// lost keeps the model and waits for a chief to come back.
 class Liveness {
  public:
   using Clock = std::chrono::steady_clock;
 
   /// How long a worker heard before may be silent (default 5 s).
   void set_timeout(std::chrono::milliseconds timeout) noexcept { timeout_ = timeout; }
+  /// The timeout.
+  [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return timeout_; }
 
   /// `worker` was heard at `now` (its lost verdict stands until `back`).
   void heard(std::uint32_t worker, Clock::time_point now) {
-    if (now - last_heard_any_ >= timeout_) {
-      for (auto& [w, heard] : workers_) heard.last = now;
-    }
-    last_heard_any_ = now;
-    grace_ = false;
+    heard_any(now);
     workers_[worker].last = now;
+  }
+
+  /// The chief was heard at `now`; true if it was held lost until then (it is back).
+  bool heard_chief(Clock::time_point now) {
+    heard_any(now);
+    const bool was_lost = chief_ && chief_->lost;
+    chief_ = Heard{now, false};
+    return was_lost;
+  }
+
+  /// The chief ended normally (or never beat): nothing to hold lost.
+  void chief_left() noexcept { chief_.reset(); }
+
+  /// Since when the chief is held lost (its last heartbeat), if it is.
+  [[nodiscard]] std::optional<Clock::time_point> chief_lost_since() const {
+    if (chief_ && chief_->lost) return chief_->last;
+    return std::nullopt;
   }
 
   /// True if `worker` is held lost now.
@@ -7465,20 +7613,32 @@ class Liveness {
   }
 
   /// Holds lost every worker silent for the timeout at `now`, calling
-  /// `on_lost(worker, last_heard)` for each, in worker order, right after marking it.
-  template <class OnLost>
-  void expire(Clock::time_point now, OnLost&& on_lost) {
-    if (!grace_ && !workers_.empty() && now - last_heard_any_ >= timeout_) {
+  /// `on_lost(worker, last_heard)` for each, in worker order, right after marking it; and
+  /// the chief, calling `on_chief_lost(last_heard)`.
+  template <class OnLost, class OnChiefLost>
+  void expire(Clock::time_point now, OnLost&& on_lost, OnChiefLost&& on_chief_lost) {
+    if (!grace_ && (!workers_.empty() || chief_) && now - last_heard_any_ >= timeout_) {
       grace_ = true;  // nobody heard for a whole timeout: a fresh one each, from now
       for (auto& [w, heard] : workers_) heard.last = now;
+      if (chief_ && !chief_->lost) chief_->last = now;
       last_heard_any_ = now;
       return;
+    }
+    if (chief_ && !chief_->lost && now - chief_->last >= timeout_) {
+      chief_->lost = true;
+      on_chief_lost(chief_->last);
     }
     for (auto& [worker, heard] : workers_) {
       if (heard.lost || now - heard.last < timeout_) continue;
       heard.lost = true;
       on_lost(worker, heard.last);
     }
+  }
+
+  /// `expire` without a chief to watch.
+  template <class OnLost>
+  void expire(Clock::time_point now, OnLost&& on_lost) {
+    expire(now, std::forward<OnLost>(on_lost), [](Clock::time_point) {});
   }
 
   /// The workers held lost, ascending.
@@ -7521,7 +7681,18 @@ class Liveness {
     Clock::time_point last;
     bool lost = false;
   };
+  /// Heard at `now`: after a silence of a whole timeout, everyone gets a fresh one.
+  void heard_any(Clock::time_point now) {
+    if (now - last_heard_any_ >= timeout_) {
+      for (auto& [w, heard] : workers_) heard.last = now;
+      if (chief_ && !chief_->lost) chief_->last = now;
+    }
+    last_heard_any_ = now;
+    grace_ = false;
+  }
+
   std::map<std::uint32_t, Heard> workers_;
+  std::optional<Heard> chief_;  ///< once the chief beat
   std::chrono::milliseconds timeout_{std::chrono::seconds(5)};
   Clock::time_point last_heard_any_;
   bool grace_ = false;  ///< the fresh timeout after hearing nobody is running
@@ -9750,6 +9921,12 @@ class ParameterServer {
   /// How long a worker that sent heartbeats may fall silent before this ps holds it lost
   /// (default 5 s; see Liveness). Workers that never sent one are never held lost.
   void set_worker_timeout(std::chrono::milliseconds timeout) noexcept { liveness_.set_timeout(timeout); }
+  /// How long this ps waits for a chief to come back once it holds the chief lost (its
+  /// heartbeats stopped for the worker timeout; default 5 min): meanwhile it keeps the model
+  /// and serves the workers, and a chief started again goes on from it. Then it ends
+  /// training as aborted (every task fails, naming the chief). A chief that never beat is
+  /// never held lost.
+  void set_chief_wait(std::chrono::milliseconds wait) noexcept { chief_wait_ = wait; }
 
   /// Counters, as GetStats answers them.
   [[nodiscard]] Stats stats() const noexcept {
@@ -10186,6 +10363,15 @@ class ParameterServer {
 
   void on(Heartbeat& r, const RequestContext& context, Responder& reply) {
     if (!is_sender(r.worker, context, reply, "Heartbeat")) return;
+    if (context.peer && context.peer->role == Node::Role::kChief) {
+      if (r.leaving) {
+        liveness_.chief_left();
+      } else if (liveness_.heard_chief(Clock::now())) {
+        log(LogLevel::kInfo, name_ + ": the chief is back; training goes on");
+      }
+      check_heartbeats();
+      return respond(reply, stats_reply());
+    }
     if (r.leaving) {
       // Done: forgotten rather than held lost once quiet, and the tokens it took and did
       // not push for (it found training over) go back.
@@ -10224,10 +10410,21 @@ class ParameterServer {
 
   /// Holds lost every worker heard before and silent for the worker timeout: the sync
   /// policy stops waiting for it, and an update that needed only it is applied now. Not
-  /// while paused for a checkpoint's cut, which must see no step complete on its own.
+  /// while paused for a checkpoint's cut, which must see no step complete on its own. The
+  /// same for the chief, which is waited for (`set_chief_wait`), then given up on.
   void check_heartbeats() {
-    if (!registration_.ready() || cut_.paused()) return;
     const auto now = Clock::now();
+    if (const auto since = liveness_.chief_lost_since(); since && now - *since >= chief_wait_ + liveness_.timeout()) {
+      fail_for_chief(*since, now);
+      return;
+    }
+    if (!registration_.ready() || cut_.paused()) return;
+    const auto on_chief_lost = [&](Clock::time_point last) {
+      log(LogLevel::kWarning,
+          name_ + ": the chief is lost (last heard " + Liveness::seconds_between(last, now) +
+              " s ago): the model is kept and the workers go on; waiting up to " +
+              std::to_string(chief_wait_.count() / 1000) + " s for a chief to come back");
+    };
     liveness_.expire(now, [&](std::uint32_t worker, Clock::time_point last) {
       const std::int64_t step_before = pacing_.global_step();
       changing_ = true;
@@ -10239,11 +10436,25 @@ class ParameterServer {
                                   " s ago): training goes on without it; " + describe_wait());
       hand_out_tokens();
       if (pacing_.global_step() != step_before) release_step_gates();
-    });
+    }, on_chief_lost);
+  }
+
+  /// No chief came back in time: training cannot end, so it ends here as aborted, and
+  /// every task hears why.
+  void fail_for_chief(Clock::time_point since, Clock::time_point now) {
+    end_ = ErrorReply{ErrorCode::kAborted,
+                      name_ + ": the chief was lost " + Liveness::seconds_between(since, now) +
+                          " s ago and no chief came back (--recovery-timeout-ms): training cannot end; "
+                          "restart the job (it resumes from its newest checkpoint)"};
+    log(LogLevel::kError, end_->message);
+    answer_all_waiting(*end_);
   }
 
   /// What GetStats and Heartbeat answer.
-  StatsReply stats_reply() const { return StatsReply{stats(), describe_wait(), liveness_.lost()}; }
+  StatsReply stats_reply() const {
+    return StatsReply{stats(), describe_wait(), liveness_.lost(), liveness_.chief_lost_since().has_value(),
+                      registration_.ready()};
+  }
 
   /// The sync policy's wait in words, with how long ago each awaited worker was heard:
   /// "step 812: 1 of 2 gradients in, 1 of 2 tokens left; waiting for worker:1 (last heard
@@ -10293,6 +10504,7 @@ class ParameterServer {
   std::uint64_t rows_cut_session_ = 0;   ///< the chief's connection reading the cut's rows
   std::int64_t cut_forget_before_ = -1;  ///< and evictions forgotten before
   Liveness liveness_;
+  std::chrono::milliseconds chief_wait_{std::chrono::minutes(5)};  ///< see set_chief_wait
   StepGate<Pull> pulls_;         ///< pulls waiting for their step
   StepGate<RowPull> row_pulls_;  ///< row pulls waiting for their step
   Stats stats_;
@@ -10603,11 +10815,13 @@ class BoundedStaleness {
   [[nodiscard]] std::int64_t global_step(const Pacer& pacer) const { return pacer.slowest; }
 
   /// The token of the worker's next clock c, once c is at most s ahead of the slowest; it
-  /// reads step c - s. Asking again before pushing gives the same token.
+  /// reads step c - s, and batch c × N + worker (each worker its own share of every clock).
+  /// Asking again before pushing gives the same token.
   std::optional<Token> take_token(Pacer& pacer, std::uint32_t worker) const {
     const std::int64_t clock = clock_of(pacer, worker);
     if (clock - pacer.slowest > staleness_) return std::nullopt;
-    return Token{clock, read_step(clock), read_step(clock + 1), true};
+    const auto workers = static_cast<std::int64_t>(pacer.clocks.size());
+    return Token{clock, read_step(clock), read_step(clock + 1), true, clock * workers + worker};
   }
 
   /// Every worker's clock.
@@ -10708,15 +10922,29 @@ namespace pulley {
 ///   - R <  N: N - R workers are backups; the slowest gradients of a step arrive stale and
 ///     are dropped, so one slow or dead worker does not stall training.
 ///
+/// The max(R, N) tokens of a step are numbered 0, 1, ... and the token numbered k of step
+/// s reads batch s × max(R, N) + k of the job's data (Token::batch): a step's examples are
+/// the same whoever takes its tokens. A token given back (`release`, a lost worker) is
+/// handed out again with its number.
+///
 /// Lost workers (a deviation from TensorFlow, which waits for them forever): when the ps
-/// holds a worker lost (its heartbeats stopped, parameter_server.hpp), a step needs
-/// min(R, N - L) fresh gradients (at least 1), where L counts the lost workers that have
-/// not pushed for this step; with R > N it still needs R (the live workers take the lost
-/// one's tokens). The update is the mean of the fresh gradients the step got: those of the
-/// live workers, and the lost worker's own if it pushed before it was lost. A step that
-/// already has them all completes the moment the worker is lost. A lost worker whose
-/// heartbeats come back counts again from the step in progress; what it pushes for a step
-/// that completed without it is stale and dropped.
+/// holds a worker lost (its heartbeats stopped, parameter_server.hpp), training goes on
+/// without it and loses none of its examples:
+///   - a step that begins with L workers lost and N - L < R is a refill step: it still
+///     needs R fresh gradients, and the live workers take the lost ones' tokens (each its
+///     own first, then one more at a time while more tokens are left than live workers
+///     still to take theirs), so every step keeps its R batches, the lost worker's among
+///     them. Its tokens pull at once after their push (`next_pull_step` is the step), since
+///     the worker may bring another gradient of the same step;
+///   - a worker lost during a step that is not a refill step (its tokens were handed out
+///     to wait for the next step) leaves that step needing min(R, N - L') fresh gradients
+///     (at least 1), L' counting the lost workers that have not pushed for it; a step that
+///     already has them all completes the moment the worker is lost. The update is the
+///     mean of the fresh gradients the step got.
+/// With R > N nothing changes: a step always needs R, and any worker takes any token. A
+/// lost worker whose heartbeats come back counts again from the step in progress (and
+/// takes its own token from the next); what it pushes for a step that completed without
+/// it is stale and dropped.
 class SyncReplicas {
  public:
   /// @param replicas_to_aggregate R, gradients averaged into one update (≥ 1)
@@ -10747,11 +10975,14 @@ class SyncReplicas {
   struct Pacer {
     std::int64_t step = 0;
     int fresh = 0;                                ///< fresh pushes of `step`
-    std::int64_t tokens_left = 0;                 ///< tokens of `step` not taken
+    std::vector<std::uint32_t> free;              ///< numbers of `step`'s tokens not taken, ascending
     std::map<std::uint32_t, std::int64_t> taken;  ///< tokens of `step` taken, by worker
-    std::map<std::uint32_t, std::int64_t> held;   ///< ... and not pushed for yet
+    /// By worker: the numbers of the tokens of `step` it took and did not push for yet,
+    /// oldest first.
+    std::map<std::uint32_t, std::vector<std::uint32_t>> held;
     std::set<std::uint32_t> pushed;               ///< workers with a fresh push of `step`
     std::set<std::uint32_t> lost;                 ///< workers the ps holds lost
+    bool refill = false;  ///< `step` began short of workers: the live ones take the lost ones' tokens
   };
 
   /// An empty accumulator for n-element gradients.
@@ -10779,17 +11010,22 @@ class SyncReplicas {
   }
 
   /// Step 0, with max(R, N) tokens.
-  [[nodiscard]] Pacer make_pacer() const { return {0, 0, tokens_per_step(), {}, {}, {}, {}}; }
+  [[nodiscard]] Pacer make_pacer() const {
+    Pacer pacer;
+    pacer.step = -1;
+    next_step(pacer);
+    return pacer;
+  }
 
   /// Stale if tagged before the current step; the R-th fresh push completes the step.
   Verdict on_push(Pacer& pacer, std::uint32_t worker, std::int64_t local_step) const {
     if (local_step < pacer.step) return Verdict::kStale;
     pacer.pushed.insert(worker);  // first: an insertion that throws leaves the pacer as it was
     if (const auto held = pacer.held.find(worker); held != pacer.held.end()) {
-      if (held->second <= 1) {
+      if (held->second.size() <= 1) {
         pacer.held.erase(held);  // erasing cannot throw
       } else {
-        --held->second;
+        held->second.erase(held->second.begin());
       }
     }
     if (++pacer.fresh < required(pacer)) return Verdict::kPending;
@@ -10833,16 +11069,18 @@ class SyncReplicas {
     pacer = std::move(fresh);
   }
 
-  /// Gives back the tokens of the current step `worker` took and did not push for; it may
-  /// take them again (one per step still holds when R <= N).
+  /// Gives back the tokens of the current step `worker` took and did not push for, with
+  /// their numbers; it may take them again (one per step still holds when R <= N).
   void release(Pacer& pacer, std::uint32_t worker) const noexcept {
     const auto held = pacer.held.find(worker);
     if (held == pacer.held.end()) return;
-    pacer.tokens_left += std::max<std::int64_t>(held->second, 0);
-    const auto taken = pacer.taken.find(worker);
-    if (taken != pacer.taken.end() && (taken->second -= held->second) <= 0) {
-      pacer.taken.erase(taken);
+    // `free` has room for every token of the step (reserved in next_step): no allocation.
+    for (const std::uint32_t number : held->second) {
+      pacer.free.insert(std::lower_bound(pacer.free.begin(), pacer.free.end(), number), number);
     }
+    const auto count = static_cast<std::int64_t>(held->second.size());
+    const auto taken = pacer.taken.find(worker);
+    if (taken != pacer.taken.end() && (taken->second -= count) <= 0) pacer.taken.erase(taken);
     pacer.held.erase(held);
   }
 
@@ -10851,30 +11089,33 @@ class SyncReplicas {
   /// one is asking again).
   [[nodiscard]] std::optional<Token> held_token(const Pacer& pacer, std::uint32_t worker) const {
     const auto held = pacer.held.find(worker);
-    if (held == pacer.held.end() || held->second <= 0 || !pacer.taken.contains(worker)) return std::nullopt;
-    const bool one_each = replicas_to_aggregate_ <= total_num_replicas_;
-    if (one_each && pacer.pushed.contains(worker)) return std::nullopt;
-    return Token{pacer.step, pacer.step, one_each ? pacer.step + 1 : pacer.step, true};
+    if (held == pacer.held.end() || held->second.empty() || !pacer.taken.contains(worker)) return std::nullopt;
+    return token(pacer, held->second.front());
   }
 
   /// Steps completed.
   [[nodiscard]] std::int64_t global_step(const Pacer& pacer) const { return pacer.step; }
 
-  /// A token of the current step, if one is left and `worker` may take one more (one per
-  /// step when R <= N).
+  /// A token of the current step, the lowest-numbered left, if `worker` may take one more:
+  /// when R <= N, one per step, and in a refill step one more at a time while more tokens
+  /// are left than live workers still to take their first.
   std::optional<Token> take_token(Pacer& pacer, std::uint32_t worker) const {
-    const bool one_each = replicas_to_aggregate_ <= total_num_replicas_;
-    if (pacer.tokens_left == 0) return std::nullopt;
-    if (one_each && (pacer.taken.contains(worker) || pacer.pushed.contains(worker))) {
-      return std::nullopt;
+    if (pacer.free.empty()) return std::nullopt;
+    if (one_each() && (pacer.taken.contains(worker) || pacer.pushed.contains(worker))) {
+      if (!pacer.refill || pacer.held.contains(worker)) return std::nullopt;
+      std::size_t owed = 0;  // live workers that have not taken their token of the step
+      for (std::uint32_t w = 0; w < static_cast<std::uint32_t>(total_num_replicas_); ++w) {
+        if (!pacer.lost.contains(w) && !pacer.taken.contains(w) && !pacer.pushed.contains(w)) ++owed;
+      }
+      if (pacer.free.size() <= owed) return std::nullopt;
     }
-    std::int64_t& held = pacer.held[worker];  // insertions first: one that throws
-    ++pacer.taken[worker];                     // leaves the pacer as it was
-    ++held;
-    --pacer.tokens_left;
-    // With one token per step the worker's next step is the next global step, so its push
-    // can bring that step's parameters back; with R > N its next token may be of this step.
-    return Token{pacer.step, pacer.step, one_each ? pacer.step + 1 : pacer.step, true};
+    std::vector<std::uint32_t>& held = pacer.held[worker];  // allocations first: one that
+    held.reserve(held.size() + 1);                          // throws leaves the pacer as it was
+    ++pacer.taken[worker];
+    const std::uint32_t number = pacer.free.front();
+    pacer.free.erase(pacer.free.begin());
+    held.push_back(number);
+    return token(pacer, number);
   }
 
   /// "step 12: 1 of 2 gradients in, 0 of 2 tokens left" (of those the step needs: fewer
@@ -10882,14 +11123,27 @@ class SyncReplicas {
   [[nodiscard]] std::string waiting_for(const Pacer& pacer) const {
     return "step " + std::to_string(pacer.step) + ": " + std::to_string(pacer.fresh) + " of " +
            std::to_string(required(pacer)) + " gradients in, " +
-           std::to_string(pacer.tokens_left) + " of " + std::to_string(tokens_per_step()) +
-           " tokens left";
+           std::to_string(pacer.free.size()) + " of " + std::to_string(tokens_per_step()) +
+           " tokens left" + (pacer.refill ? " (live workers take the lost ones' tokens)" : "");
   }
 
  private:
-  /// Fresh gradients the step in progress needs: R, less the lost workers that owe one.
+  /// One token per worker per step (R <= N), refill steps aside.
+  [[nodiscard]] bool one_each() const noexcept { return replicas_to_aggregate_ <= total_num_replicas_; }
+
+  /// Token number `number` of the step in progress. With one token per step (and not a
+  /// refill step) the worker's next token is of the next global step, so its push can
+  /// bring that step's parameters back; otherwise its next token may be of this step.
+  [[nodiscard]] Token token(const Pacer& pacer, std::uint32_t number) const {
+    const bool next = one_each() && !pacer.refill;
+    return Token{pacer.step, pacer.step, next ? pacer.step + 1 : pacer.step, true,
+                 pacer.step * tokens_per_step() + number};
+  }
+
+  /// Fresh gradients the step in progress needs: R in a refill step (or with R > N), else
+  /// R less the lost workers that owe one.
   [[nodiscard]] int required(const Pacer& pacer) const {
-    if (replicas_to_aggregate_ > total_num_replicas_) return replicas_to_aggregate_;
+    if (!one_each() || pacer.refill) return replicas_to_aggregate_;
     int owing = 0;
     for (const std::uint32_t w : pacer.lost) {
       if (w < static_cast<std::uint32_t>(total_num_replicas_) && !pacer.pushed.contains(w)) ++owing;
@@ -10897,14 +11151,20 @@ class SyncReplicas {
     return std::max(1, std::min(replicas_to_aggregate_, total_num_replicas_ - owing));
   }
 
-  /// Moves on to the next step, withdrawing the old step's untaken tokens.
+  /// Moves on to the next step, withdrawing the old step's untaken tokens; it is a refill
+  /// step when the live workers are fewer than R.
   void next_step(Pacer& pacer) const {
     ++pacer.step;
     pacer.fresh = 0;
-    pacer.tokens_left = tokens_per_step();
+    pacer.free.resize(static_cast<std::size_t>(tokens_per_step()));  // capacity stays: no throw after the first
+    for (std::size_t k = 0; k < pacer.free.size(); ++k) pacer.free[k] = static_cast<std::uint32_t>(k);
     pacer.taken.clear();
     pacer.held.clear();
     pacer.pushed.clear();
+    const auto lost = static_cast<int>(std::count_if(pacer.lost.begin(), pacer.lost.end(), [&](std::uint32_t w) {
+      return w < static_cast<std::uint32_t>(total_num_replicas_);
+    }));
+    pacer.refill = one_each() && lost > 0 && total_num_replicas_ - lost < replicas_to_aggregate_;
   }
 
   [[nodiscard]] std::int64_t tokens_per_step() const {

@@ -11,34 +11,14 @@ binary=$1
 epochs=6
 timeout_ms=1500
 stop_s=5
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill -CONT "$pid" 2>/dev/null; kill -9 "$pid" 2>/dev/null; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; for f in "$work"/*/*.log; do echo "--- $f"; tail -n 15 "$f"; done; exit 1; }
-wait_for() {  # wait_for FILE PATTERN SECONDS
-  for _ in $(seq 1 $(($3 * 20))); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.05; done
-  return 1
-}
-
-export PULLEY_SECRET=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
+source "$(dirname "$0")/common.sh"
 flags=(--epochs "$epochs" --worker-timeout-ms "$timeout_ms" --heartbeat-interval-ms 250
        --wait-timeout-ms 120000)
 
 run_job() {  # run_job NAME STOP: one job in $work/NAME; STOP=1 stops ps 1 after epoch 1
   local dir=$work/$1 stop=$2
   mkdir -p "$dir"
-  mapfile -t ports < <(python3 - <<'PY'
-import socket
-held = [socket.socket() for _ in range(5)]
-for s in held:
-    s.bind(("127.0.0.1", 0))
-print("\n".join(str(s.getsockname()[1]) for s in held))
-PY
-)
+  mapfile -t ports < <(free_ports 5)
   local cluster="{\"ps\": [\"127.0.0.1:${ports[0]}\", \"127.0.0.1:${ports[1]}\"], \"worker\": [\"127.0.0.1:${ports[2]}\", \"127.0.0.1:${ports[3]}\"], \"chief\": [\"127.0.0.1:${ports[4]}\"]}"
   local task_pids=() type index
   for task in ps:0 ps:1 worker:0 worker:1 chief:0; do

@@ -8,25 +8,9 @@
 #   tests/scripts/worker_loss.sh FASHION_MNIST_BINARY
 set -uo pipefail
 binary=$1
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill -CONT "$pid" 2>/dev/null; kill -9 "$pid" 2>/dev/null; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; for f in "$work"/*.log; do echo "--- $f"; tail -n 15 "$f"; done; exit 1; }
-
-mapfile -t ports < <(python3 - <<'PY'
-import socket
-held = [socket.socket() for _ in range(5)]
-for s in held:
-    s.bind(("127.0.0.1", 0))
-print("\n".join(str(s.getsockname()[1]) for s in held))
-PY
-)
+source "$(dirname "$0")/common.sh"
+mapfile -t ports < <(free_ports 5)
 cluster="{\"ps\": [\"127.0.0.1:${ports[0]}\"], \"worker\": [\"127.0.0.1:${ports[1]}\", \"127.0.0.1:${ports[2]}\", \"127.0.0.1:${ports[3]}\"], \"chief\": [\"127.0.0.1:${ports[4]}\"]}"
-export PULLEY_SECRET=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
 flags=(--epochs 30 --worker-timeout-ms 1500 --heartbeat-interval-ms 250 --wait-timeout-ms 120000)
 start() {  # start TYPE INDEX: one task, its output in $work/TYPE-INDEX.log
   TF_CONFIG="{\"cluster\": $cluster, \"task\": {\"type\": \"$1\", \"index\": $2}}" \
@@ -39,10 +23,6 @@ start worker 1; w1=$!
 start worker 2; w2=$!
 start chief 0; chief=$!
 
-wait_for() {  # wait_for FILE PATTERN SECONDS
-  for _ in $(seq 1 $(($3 * 20))); do grep -q "$2" "$1" && return 0; sleep 0.05; done
-  return 1
-}
 wait_for "$work/chief-0.log" '^epoch  1/30' 120 || fail "the job never reached epoch 1"
 kill -9 "$w2"
 echo "killed worker 2 after: $(grep '^epoch' "$work/chief-0.log" | tail -1)"

@@ -386,7 +386,7 @@ TEST_CASE("BoundedStaleness at the message level: tokens wait for the slowest, p
   CHECK(token(1).token.local_step == 0);
   call(ps, push_b(1, 0, g));  // worker 1 reaches clock 1: worker 0 may go on
   REQUIRE(blocked->has_value());
-  CHECK(std::get<TokenReply>(**blocked).token == Token{2, 1, 2, true});
+  CHECK(std::get<TokenReply>(**blocked).token == Token{2, 1, 2, true, 4});  // batch 2 × 2 + 0
   CHECK(std::get<TokenReply>(**blocked).global_step == 1);
   REQUIRE(gated->has_value());
   CHECK(std::get<PullReply>(**gated).global_step == 1);

@@ -64,6 +64,52 @@ TEST_CASE("Liveness: a worker heard once and then silent for the timeout is lost
   CHECK(liveness.lost().empty());
 }
 
+TEST_CASE("Liveness: a chief heard once and then silent for the timeout is lost, and back when heard") {
+  Liveness liveness;
+  liveness.set_timeout(5s);
+  CHECK(liveness.timeout() == 5s);
+  int chief_lost = 0;
+  auto expire = [&](auto at) {
+    liveness.expire(at, [](std::uint32_t, auto) {}, [&](auto last) {
+      CHECK(last == kT0 + 1s);
+      ++chief_lost;
+    });
+  };
+  expire(kT0 + 60s);  // never heard: never lost
+  CHECK(chief_lost == 0);
+  CHECK_FALSE(liveness.heard_chief(kT0 + 1s));
+  liveness.heard(0, kT0 + 3s);
+  liveness.heard(0, kT0 + 5s);
+  expire(kT0 + 5900ms);
+  CHECK(chief_lost == 0);
+  liveness.heard(0, kT0 + 6s);
+  expire(kT0 + 6s);  // silent 5 s while a worker is heard: lost, once
+  expire(kT0 + 7s);
+  CHECK(chief_lost == 1);
+  CHECK(liveness.chief_lost_since() == kT0 + 1s);
+  CHECK(liveness.heard_chief(kT0 + 8s));  // back
+  CHECK_FALSE(liveness.chief_lost_since().has_value());
+  liveness.chief_left();  // ended normally: silence is not lost
+  liveness.heard(0, kT0 + 12s);
+  expire(kT0 + 30s);
+  expire(kT0 + 40s);
+  CHECK(chief_lost == 1);
+  CHECK_FALSE(liveness.chief_lost_since().has_value());
+}
+
+TEST_CASE("Liveness: a ps that heard nobody for a whole timeout gives the chief a fresh one too") {
+  Liveness liveness;
+  liveness.set_timeout(5s);
+  liveness.heard_chief(kT0);
+  liveness.heard(0, kT0);
+  bool lost = false;
+  liveness.expire(kT0 + 20s, [](std::uint32_t, auto) {}, [&](auto) { lost = true; });  // the ps was stopped
+  CHECK_FALSE(lost);
+  liveness.heard_chief(kT0 + 21s);
+  liveness.expire(kT0 + 24s, [](std::uint32_t, auto) {}, [&](auto) { lost = true; });
+  CHECK_FALSE(lost);
+}
+
 TEST_CASE("Liveness: a ps that heard nobody for a whole timeout gives every worker a fresh one") {
   // The ps was the one cut off (stopped, partitioned): the first worker back must not make
   // the others look lost.

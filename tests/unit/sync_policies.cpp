@@ -46,12 +46,15 @@ TEST_CASE("SyncReplicas tokens: max(R, N) per step, one per worker when R <= N")
   for (std::uint32_t w = 0; w < 3; ++w) {
     const std::optional<Token> t = backups.take_token(pacer, w);
     REQUIRE(t.has_value());
-    CHECK(*t == Token{0, 0, 1, true});  // pulls step 0, and prefetches step 1 with its push
+    CHECK(*t == Token{0, 0, 1, true, w});  // pulls step 0, prefetches step 1; batch w of step 0
   }
   CHECK_FALSE(backups.take_token(pacer, 0).has_value());  // one each
   backups.on_push(pacer, 0, 0);
   backups.on_push(pacer, 1, 0);  // step 1: three fresh tokens, the old ones withdrawn
-  CHECK(backups.take_token(pacer, 0)->local_step == 1);
+  const std::optional<Token> next = backups.take_token(pacer, 0);
+  REQUIRE(next.has_value());
+  CHECK(next->local_step == 1);
+  CHECK(next->batch == 3);  // step 1 reads batches 3, 4, 5
 
   const pulley::SyncReplicas several{5, 2};
   auto p = several.make_pacer();
@@ -104,7 +107,7 @@ TEST_CASE("BoundedStaleness: a worker runs at most s clocks ahead of the slowest
   CHECK(ssp.global_step(pacer) == 1);
   const std::optional<Token> t = ssp.take_token(pacer, 0);
   REQUIRE(t.has_value());
-  CHECK(*t == Token{3, 1, 2, true});  // reads step 1; its push prefetches step 2
+  CHECK(*t == Token{3, 1, 2, true, 9});  // reads step 1; its push prefetches step 2; batch 3 × 3 + 0
   CHECK(ssp.take_token(pacer, 0) == t);  // asking again before pushing: the same token
 }
 
@@ -146,7 +149,9 @@ TEST_CASE("SyncReplicas gives back the tokens of a worker that left without push
   REQUIRE(sync.take_token(pacer, 1).has_value());
   CHECK_FALSE(sync.take_token(pacer, 1).has_value());  // one each
   sync.release(pacer, 1);                               // worker 1 left holding it
-  CHECK(sync.take_token(pacer, 1).has_value());          // its successor takes it again
+  const std::optional<Token> again = sync.take_token(pacer, 1);  // its successor takes it again,
+  REQUIRE(again.has_value());
+  CHECK(again->batch == 1);                                      // with its number
   CHECK(sync.on_push(pacer, 1, 0) == Verdict::kPending);
   sync.release(pacer, 1);  // it pushed: nothing to give back...
   CHECK_FALSE(sync.take_token(pacer, 1).has_value());  // ...and no second token of the step
@@ -205,11 +210,14 @@ TEST_CASE("SyncReplicas completes a step over the live workers, and waits again 
   CHECK(sync.on_worker_lost(pacer, 2) == Verdict::kReady);
   CHECK(sync.global_step(pacer) == 1);
   CHECK(sync.awaited(pacer) == std::vector<std::uint32_t>{0, 1});
+  // Step 1 began with worker 2 lost: a refill step, which still needs three gradients
+  // (the live workers bring the lost one's).
   CHECK(sync.on_push(pacer, 0, 1) == Verdict::kPending);
-  CHECK(sync.on_push(pacer, 1, 1) == Verdict::kReady);  // two of two
+  CHECK(sync.on_push(pacer, 1, 1) == Verdict::kPending);
+  CHECK(sync.on_push(pacer, 0, 1) == Verdict::kReady);
   // What the lost worker pushes for a step done without it is stale.
   CHECK(sync.on_push(pacer, 2, 0) == Verdict::kStale);
-  // Back: step 2 needs all three again.
+  // Back: step 2 needs all three again, one from each.
   sync.on_worker_back(pacer, 2);
   CHECK(sync.on_push(pacer, 0, 2) == Verdict::kPending);
   CHECK(sync.on_push(pacer, 1, 2) == Verdict::kPending);
@@ -226,9 +234,75 @@ TEST_CASE("SyncReplicas: a lost worker's gradient pushed before it was lost stil
   CHECK(sync.on_worker_lost(pacer, 1) == Verdict::kPending);
   CHECK(sync.awaited(pacer) == std::vector<std::uint32_t>{0});
   CHECK(sync.on_push(pacer, 0, 0) == Verdict::kReady);
-  // From step 1 on, one gradient is a step; losing the last worker too completes nothing.
+  // Losing the last worker too completes nothing.
   CHECK(sync.on_worker_lost(pacer, 0) == Verdict::kPending);
   CHECK(sync.global_step(pacer) == 1);
+}
+
+TEST_CASE("SyncReplicas: the live workers take a lost worker's tokens, so every step keeps its R batches") {
+  const pulley::SyncReplicas sync{2, 2};
+  auto pacer = sync.make_pacer();
+  const std::optional<Token> t0 = sync.take_token(pacer, 0);
+  const std::optional<Token> t1 = sync.take_token(pacer, 1);
+  REQUIRE(t0.has_value());
+  REQUIRE(t1.has_value());
+  CHECK(t0->batch == 0);
+  CHECK(t1->batch == 1);
+  CHECK(sync.on_push(pacer, 0, 0) == Verdict::kPending);
+  // Worker 1 is lost holding its token during step 0, whose tokens wait for step 1 (worker
+  // 0 may be waiting in its pull): step 0 completes on worker 0's gradient alone.
+  CHECK(sync.on_worker_lost(pacer, 1) == Verdict::kReady);
+  // Step 1 begins with worker 1 lost: a refill step. Worker 0 takes both its tokens, one
+  // after each push, reading both its batches, and pulls at once after each push.
+  const std::optional<Token> a = sync.take_token(pacer, 0);
+  REQUIRE(a.has_value());
+  CHECK(a->batch == 2);
+  CHECK(a->next_pull_step == 1);
+  CHECK_FALSE(sync.take_token(pacer, 0).has_value());  // it holds one: it pushes first
+  CHECK(sync.on_push(pacer, 0, 1) == Verdict::kPending);
+  const std::optional<Token> b = sync.take_token(pacer, 0);
+  REQUIRE(b.has_value());
+  CHECK(b->batch == 3);
+  CHECK(sync.held_token(pacer, 0) == b);  // asked again, it is the same token
+  CHECK(sync.on_push(pacer, 0, 1) == Verdict::kReady);
+  CHECK(sync.global_step(pacer) == 2);
+  // Worker 1 comes back during step 2: a token is kept for it, and worker 0 gets no
+  // second while worker 1 has not taken its own.
+  sync.on_worker_back(pacer, 1);
+  REQUIRE(sync.take_token(pacer, 0).has_value());
+  CHECK(sync.on_push(pacer, 0, 2) == Verdict::kPending);
+  CHECK_FALSE(sync.take_token(pacer, 0).has_value());
+  const std::optional<Token> c = sync.take_token(pacer, 1);
+  REQUIRE(c.has_value());
+  CHECK(c->batch == 5);
+  CHECK(sync.on_push(pacer, 1, 2) == Verdict::kReady);
+  // Step 3 has nobody lost: one token each, whose push waits for the next step.
+  const std::optional<Token> d = sync.take_token(pacer, 0);
+  REQUIRE(d.has_value());
+  CHECK(d->batch == 6);
+  CHECK(d->next_pull_step == 4);
+  CHECK(sync.on_push(pacer, 0, 3) == Verdict::kPending);
+  CHECK_FALSE(sync.take_token(pacer, 0).has_value());
+
+  // A worker lost during a refill step gives its token to the live ones.
+  const pulley::SyncReplicas three{3, 3};
+  auto p = three.make_pacer();
+  CHECK(three.on_worker_lost(p, 2) == Verdict::kPending);
+  CHECK(three.on_push(p, 0, 0) == Verdict::kPending);
+  CHECK(three.on_push(p, 1, 0) == Verdict::kReady);  // step 0 was not a refill step: two of two
+  REQUIRE(three.take_token(p, 0).has_value());        // step 1 is: batch 3
+  const std::optional<Token> held = three.take_token(p, 1);  // batch 4
+  REQUIRE(held.has_value());
+  CHECK(three.on_push(p, 0, 1) == Verdict::kPending);
+  const std::optional<Token> spare = three.take_token(p, 0);
+  REQUIRE(spare.has_value());
+  CHECK(spare->batch == 5);
+  CHECK(three.on_worker_lost(p, 1) == Verdict::kPending);  // still three gradients to a step
+  CHECK(three.on_push(p, 0, 1) == Verdict::kPending);
+  const std::optional<Token> taken_over = three.take_token(p, 0);
+  REQUIRE(taken_over.has_value());
+  CHECK(taken_over->batch == held->batch);  // worker 1's batch, read by worker 0
+  CHECK(three.on_push(p, 0, 1) == Verdict::kReady);
 }
 
 TEST_CASE("SyncReplicas with backups needs R while R workers live, fewer below") {
@@ -248,7 +322,7 @@ TEST_CASE("SyncReplicas with backups needs R while R workers live, fewer below")
   CHECK_FALSE(one.take_token(p, 0));
   CHECK(one.on_worker_lost(p, 1) == Verdict::kPending);
   CHECK(one.take_token(p, 0).has_value() == false);  // one per step when R <= N
-  CHECK(p.tokens_left == 1);
+  CHECK(p.free == std::vector<std::uint32_t>{1});
 }
 
 TEST_CASE("BoundedStaleness goes on without a lost worker, which starts back at the slowest clock") {

@@ -4,6 +4,7 @@
 // for; a worker back takes tokens and counts again; one that leaves is not held lost.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -116,6 +117,51 @@ TEST_CASE("a worker that dies holding its token does not stall sync training and
   const auto after = stats_of(cluster, 2);
   CHECK(after.at(0).lost.empty());
   CHECK(after.at(0).stats.global_step == 40);
+  chief.shutdown();
+}
+
+TEST_CASE("a lost worker's batches are read by the live workers, and one back reads its own again") {
+  using Sync = Cluster<RoundRobin, Sgd, SyncReplicas>;
+  Sync cluster(1, Sgd{0.05F}, SyncReplicas(2, 2), RoundRobin{}, kTimeout);
+  const LinearData data(16 * kBatch, kIn, kOut, 8);
+  Chief chief(cluster.endpoint(Node::chief()), 7);
+  chief.initialize(LinearModel(kIn, kOut).variables());
+  // Worker 1 beats once and is never heard again.
+  InProcess ghost = cluster.endpoint(Node::worker(1));
+  CHECK(std::holds_alternative<StatsReply>(ghost.call(0, Heartbeat{1, false}, {}).get()));
+
+  std::vector<std::int64_t> read0, read1;
+  const auto run = [&](std::uint32_t w, std::vector<std::int64_t>& read, std::int64_t last_step) {
+    HeartbeatSender beat(w, cluster.endpoint(Node::worker(w)), kBeat);
+    Worker worker(w, LinearModel(kIn, kOut), cluster.endpoint(Node::worker(w)));
+    worker.wait_ready();
+    const auto source = [&](std::int64_t number) {
+      read.push_back(number);
+      return batch_of(data, number);
+    };
+    while (worker.step(source, last_step)) {
+    }
+  };
+  run(0, read0, 6);
+  // Step 0 began with both workers and completed on worker 0's batch once worker 1 was
+  // lost; every step after began without it, and worker 0 read both batches of each.
+  CHECK(read0 == std::vector<std::int64_t>{0, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11});
+  CHECK(stats_of(cluster, 1).at(0).stats.global_step == 6);
+
+  // Worker 1 comes back (a process started in its place): from then on each reads one
+  // batch a step, and together they read every batch once.
+  read0.clear();
+  std::thread w1([&] { run(1, read1, 10); });
+  for (int i = 0; i < 500 && !stats_of(cluster, 1)[0].lost.empty(); ++i) std::this_thread::sleep_for(5ms);
+  std::thread w0([&] { run(0, read0, 10); });
+  w1.join();
+  w0.join();
+  CHECK(read0.size() == 4);
+  CHECK(read1.size() == 4);
+  std::vector<std::int64_t> all = read0;
+  all.insert(all.end(), read1.begin(), read1.end());
+  std::sort(all.begin(), all.end());
+  CHECK(all == std::vector<std::int64_t>{12, 13, 14, 15, 16, 17, 18, 19});
   chief.shutdown();
 }
 

@@ -137,6 +137,27 @@ class Chief {
   /// cleanly (`Worker::step` returns nullopt); the ps tasks then stop serving.
   void shutdown() { end({false, {}}); }
 
+  /// True if every ps task answers that it serves training already: this chief was
+  /// started again in place of a lost one, and may go on from their live state (`adopt`).
+  /// False when any does not, or cannot be reached within the request timeout.
+  [[nodiscard]] bool ps_serving() {
+    try {
+      const auto replies = client_.template broadcast<StatsReply>([](std::size_t) { return GetStats{}; },
+                                                                  timeouts().request_timeout, "look at the ps tasks");
+      return std::all_of(replies.begin(), replies.end(), [](const StatsReply& r) { return r.ready; });
+    } catch (const Error&) {
+      return false;
+    }
+  }
+
+  /// Takes over a job that every ps serves (`ps_serving`), in place of a lost chief:
+  /// learns where each variable lives and the epoch (kFailedPrecondition when the ps tasks
+  /// hold another model), and returns the lowest global step of the ps tasks.
+  std::int64_t adopt(std::span<const VariableSpec> variables, std::span<const TableSpec> tables = {}) {
+    client_.wait_ready(variables, tables);
+    return client_.wait_for_step(0);
+  }
+
   /// Ends training as failed, for `reason`: the ps tasks answer `kAborted` with it, so every
   /// task stops with an error naming it.
   void abort(const std::string& reason) { end({true, reason}); }

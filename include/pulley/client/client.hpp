@@ -235,6 +235,19 @@ class Client {
     return lowest_step<PullReply>(group, 0, group.size());
   }
 
+  /// Blocks until the chief ends training: returns when the ps tasks answer kOutOfRange,
+  /// throws anything else they answer (kAborted: the chief aborted training, or the ps
+  /// tasks gave up waiting for a lost chief; kFailedPrecondition: the job was rolled back;
+  /// kUnavailable: a ps was lost). A wait during which no ps advances for `wait_timeout`
+  /// fails kDeadlineExceeded; long waits are logged as any step-gated one.
+  void wait_for_end() {
+    CallGroup group;
+    constexpr std::int64_t kNever = std::numeric_limits<std::int64_t>::max() / 2;  // a step no job reaches
+    for (std::size_t ps = 0; ps < num_ps(); ++ps) group.add(transport_.call(ps, Pull{kNever, {}, epoch_}, {}));
+    (void)detail::wait_progressing(transport_, options_, group, "wait for the chief to end training");
+    for (std::size_t ps = 0; ps < group.size(); ++ps) (void)group.take_as<PullReply>(ps);  // throws its error
+  }
+
   /// Counters of every ps task, by task index.
   std::vector<Stats> stats() {
     std::vector<Stats> all;

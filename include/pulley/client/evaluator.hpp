@@ -53,6 +53,8 @@ class Evaluator {
 
   /// Counters of every ps task, by task index.
   std::vector<Stats> stats() { return client_.stats(); }
+  /// Blocks until the chief ends training (Client::wait_for_end).
+  void wait_for_end() { client_.wait_for_end(); }
 
  private:
   Client<T> client_;

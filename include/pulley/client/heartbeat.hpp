@@ -7,17 +7,20 @@
 #include <cstdint>
 #include <mutex>
 #include <set>
+#include <string>
 #include <thread>
 #include <utility>
 #include <variant>
 #include <vector>
 
 #include "pulley/concepts/transport.hpp"
+#include "pulley/core/log.hpp"
 #include "pulley/protocol/messages.hpp"
 
 namespace pulley {
 
-/// A worker's heartbeats: while it lives, a thread of its own sends `Heartbeat` to every ps
+/// A worker's heartbeats (or the chief's: the ps tasks then wait for a lost chief to come
+/// back, and end training as aborted when none does): while it lives, a thread of its own sends `Heartbeat` to every ps
 /// task every `interval`, over a transport of its own (so a worker blocked on a token or
 /// computing a long step still beats). A ps that heard it once and then hears nothing for
 /// its worker timeout (`ParameterServer::set_worker_timeout`, default 5 s: keep `interval`
@@ -54,6 +57,12 @@ class HeartbeatSender {
     thread_.join();
   }
 
+  /// True if some ps task holds the chief lost, as of the last beat answered.
+  [[nodiscard]] bool chief_lost() const {
+    std::scoped_lock lock(mutex_);
+    return chief_lost_;
+  }
+
   /// The workers some ps task holds lost, as of the last beat answered, ascending.
   [[nodiscard]] std::vector<std::uint32_t> lost() const {
     std::scoped_lock lock(mutex_);
@@ -73,11 +82,20 @@ class HeartbeatSender {
       const bool leaving = stopping_;
       lock.unlock();
       std::set<std::uint32_t> lost;
-      const bool heard = send_all(leaving, lost);
+      bool chief_lost = false;
+      const bool heard = send_all(leaving, lost, chief_lost);
       lock.lock();
       if (heard) {
         lost_.assign(lost.begin(), lost.end());
         ++beats_;
+        if (chief_lost != chief_lost_ && !leaving) {
+          log(chief_lost ? LogLevel::kWarning : LogLevel::kInfo,
+              "worker " + std::to_string(worker_) +
+                  (chief_lost ? ": the ps tasks hold the chief lost: training goes on while they wait for a chief "
+                                "to come back"
+                              : ": the chief is back"));
+        }
+        chief_lost_ = chief_lost;
       }
       if (leaving) return;
       wake_.wait_for(lock, interval_, [this] { return stopping_; });
@@ -86,7 +104,7 @@ class HeartbeatSender {
 
   /// One Heartbeat to every ps, answered within an interval or given up; true if any
   /// answered. A ps that is down, or refuses, is simply not heard this time.
-  bool send_all(bool leaving, std::set<std::uint32_t>& lost) noexcept {
+  bool send_all(bool leaving, std::set<std::uint32_t>& lost, bool& chief_lost) noexcept {
     try {
       std::vector<PendingCall> calls;
       for (std::size_t ps = 0; ps < transport_.num_ps(); ++ps) {
@@ -103,6 +121,7 @@ class HeartbeatSender {
         if (const auto* stats = std::get_if<StatsReply>(&answer)) {
           heard = true;
           lost.insert(stats->lost.begin(), stats->lost.end());
+          chief_lost = chief_lost || stats->chief_lost;
         }
       }
       return heard;
@@ -118,6 +137,7 @@ class HeartbeatSender {
   std::condition_variable wake_;
   bool stopping_ = false;
   std::vector<std::uint32_t> lost_;
+  bool chief_lost_ = false;
   std::uint64_t beats_ = 0;
   std::thread thread_;
 };

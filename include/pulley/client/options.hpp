@@ -22,7 +22,8 @@ struct ClientOptions {
   /// the parameters no further than a normal one. 0: no clipping.
   float clip_norm = 0.0F;
   /// How long a worker (and the role runner's chief and evaluator) waits for lost ps tasks
-  /// to be back and restored, retrying, before it fails naming the ps.
+  /// to be back and restored, retrying, before it fails naming the ps; and how long the
+  /// role runner's ps tasks wait for a lost chief to come back (ParameterServer::set_chief_wait).
   std::chrono::milliseconds recovery_timeout{std::chrono::minutes(5)};
   /// Workers run by the role runner: how often they tell every ps they are alive
   /// (HeartbeatSender). Keep it well below the ps tasks' worker timeout.

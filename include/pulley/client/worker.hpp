@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -9,6 +10,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -101,28 +103,31 @@ class Worker {
   std::optional<StepResult> step(
       const typename M::Batch& batch,
       std::int64_t last_step = std::numeric_limits<std::int64_t>::max()) {
-    if (finished_) return std::nullopt;
-    pushing_ = false;
-    client_.forget_push();  // what an earlier step left unanswered is not this step's
-    std::optional<detail::Recovery> recovery;
-    for (bool again = false;; again = true) {
-      try {
-        if (again) recover();
-        if (again && pushing_ && client_.push_unanswered()) return finish_step();
-        return try_step(batch, last_step);
-      } catch (const Error& e) {
-        if (e.code() == ErrorCode::kOutOfRange) {
-          finished_ = true;  // the chief ended training; this step's gradient is not needed
-          return std::nullopt;
-        }
-        if (e.code() == ErrorCode::kFailedPrecondition && !rolled_back()) throw;
-        if (!recovery) recovery.emplace("worker " + std::to_string(index_), client_.options());
-        if (e.code() != ErrorCode::kFailedPrecondition) {
-          if (!detail::Recovery::may_recover(e.code())) throw;
-          recovery->wait(e);  // throws once the ps tasks stay lost too long
-        }
-      }
-    }
+    return run_step([&](const Token&) -> const typename M::Batch& { return batch; }, last_step);
+  }
+
+  /// One training step, as `step(batch)`, on the batch `source(number)` gives once the step's
+  /// token is taken: `number` is the token's batch number (Token::batch), -1 when the sync
+  /// policy does not number batches. A step retried after a failure reads again only if its
+  /// new token numbers another batch (a source numbered -1 is read once a step). So a worker
+  /// that takes a lost worker's token reads the lost worker's batch.
+  template <class Source>
+    requires std::invocable<Source&, std::int64_t> &&
+             std::convertible_to<std::invoke_result_t<Source&, std::int64_t>, typename M::Batch>
+  std::optional<StepResult> step(Source&& source,
+                                 std::int64_t last_step = std::numeric_limits<std::int64_t>::max()) {
+    std::optional<typename M::Batch> read;
+    std::int64_t number = -1;
+    return run_step(
+        [&](const Token& token) -> const typename M::Batch& {
+          if (!read || token.batch != number) {
+            read.reset();
+            read.emplace(source(token.batch));
+            number = token.batch;
+          }
+          return *read;
+        },
+        last_step);
   }
 
   /// Pushes the model's current gradients tagged with `local_step`, then pulls every
@@ -136,6 +141,31 @@ class Worker {
     pulled_step_ = done.pulled_step;
     return done.stale_parts;
   }
+
+  /// After `step` returned nullopt for reaching `last_step`, before the chief ended
+  /// training: waits until it does, so that no worker ends successfully unless the chief
+  /// ended the job (its last checkpoint and evaluation done). Returns true once it has
+  /// (`ended()`), false when the job must train on (it was rolled back below `last_step`
+  /// after a lost ps, or a ps went away: `step` again, which recovers). Throws kAborted when
+  /// the chief aborted training, or the ps tasks gave up waiting for a lost chief.
+  bool wait_for_end() {
+    if (ended_) return true;
+    try {
+      client_.wait_for_end();
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kOutOfRange) {
+        if (e.code() != ErrorCode::kFailedPrecondition && !detail::Recovery::may_recover(e.code())) throw;
+        finished_ = false;
+        pulled_step_ = -1;
+        return false;
+      }
+    }
+    finished_ = ended_ = true;
+    return true;
+  }
+
+  /// True once the chief ended training (a step or `wait_for_end` was answered so).
+  [[nodiscard]] bool ended() const noexcept { return ended_; }
 
   /// Pulls every variable.
   void pull() { pull_all(0); }
@@ -188,7 +218,35 @@ class Worker {
   [[nodiscard]] const Placement& placement() const noexcept { return client_.placement(); }
 
  private:
-  std::optional<StepResult> try_step(const typename M::Batch& batch, std::int64_t last_step) {
+  /// A step, its batch read by `read(token)` once the token is taken.
+  template <class Read>
+  std::optional<StepResult> run_step(Read&& read, std::int64_t last_step) {
+    if (finished_) return std::nullopt;
+    pushing_ = false;
+    client_.forget_push();  // what an earlier step left unanswered is not this step's
+    std::optional<detail::Recovery> recovery;
+    for (bool again = false;; again = true) {
+      try {
+        if (again) recover();
+        if (again && pushing_ && client_.push_unanswered()) return finish_step();
+        return try_step(read, last_step);
+      } catch (const Error& e) {
+        if (e.code() == ErrorCode::kOutOfRange) {
+          finished_ = ended_ = true;  // the chief ended training; this step's gradient is not needed
+          return std::nullopt;
+        }
+        if (e.code() == ErrorCode::kFailedPrecondition && !rolled_back()) throw;
+        if (!recovery) recovery.emplace("worker " + std::to_string(index_), client_.options());
+        if (e.code() != ErrorCode::kFailedPrecondition) {
+          if (!detail::Recovery::may_recover(e.code())) throw;
+          recovery->wait(e);  // throws once the ps tasks stay lost too long
+        }
+      }
+    }
+  }
+
+  template <class Read>
+  std::optional<StepResult> try_step(Read& read, std::int64_t last_step) {
     // Unpaced (Async) tokens are never waited for: after the first, the step the last
     // pull reported serves as the token, and the round trip is saved.
     const TokenReply reply = paced_ || pulled_step_ < 0
@@ -201,6 +259,7 @@ class Worker {
       finished_ = true;
       return std::nullopt;
     }
+    const typename M::Batch& batch = read(token);
     StepResult result;
     if constexpr (TableModel<M>) {
       gather_rows(batch);
@@ -339,6 +398,7 @@ class Worker {
   std::int64_t pulled_step_ = -1;  ///< the model holds every variable as of this step or later
   bool paced_ = true;              ///< the sync policy makes workers wait for tokens
   bool finished_ = false;          ///< training is over
+  bool ended_ = false;             ///< the chief ended it
 };
 
 }  // namespace pulley

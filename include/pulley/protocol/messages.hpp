@@ -234,17 +234,19 @@ struct GetStats {
   void serialize(Archive& /*archive*/) {}
 };
 
-/// Worker → every ps, every second or so from a thread of its own (`HeartbeatSender`,
-/// heartbeat.hpp): the worker is alive. A ps that heard a worker once and then
-/// hears nothing for its worker timeout holds it lost: the sync policy stops waiting for it
-/// (`SyncPolicy::on_worker_lost`) until its heartbeats come back. Answered with a
-/// StatsReply, whose `lost` tells the worker which others are gone.
+/// Worker or chief → every ps, every second or so from a thread of its own
+/// (`HeartbeatSender`, heartbeat.hpp): the task is alive. A ps that heard a worker once and
+/// then hears nothing for its worker timeout holds it lost: the sync policy stops waiting
+/// for it (`SyncPolicy::on_worker_lost`) until its heartbeats come back. A chief silent for
+/// as long is held lost too: the ps keeps the model and waits for a chief to come back
+/// (ParameterServer::set_chief_wait), then gives up and ends training as aborted. Answered
+/// with a StatsReply, whose `lost` and `chief_lost` tell the task who is gone.
 struct Heartbeat {
   static constexpr std::string_view kName = "Heartbeat";
   /// Another worker found lost on the way may complete the step that waited for it.
   static constexpr bool kChangesParameters = true;
-  static constexpr RoleSet kSenders{Node::Role::kWorker};
-  std::uint32_t worker = 0;
+  static constexpr RoleSet kSenders{Node::Role::kWorker, Node::Role::kChief};
+  std::uint32_t worker = 0;  ///< the sender's task index (its worker index; 0 for the chief)
   /// The worker ends (its training is over): the ps forgets it instead of holding it lost
   /// once it is quiet.
   bool leaving = false;
@@ -539,16 +541,19 @@ struct Stats {
 
 /// Answer to GetStats and Heartbeat: the counters, what the sync policy waits for before
 /// the next step, to explain a wait that lasts ("step 812: 1 of 2 gradients in; waiting for
-/// worker:1 (last heard 14.2 s ago)"), and the workers this ps holds lost now.
+/// worker:1 (last heard 14.2 s ago)"), the workers this ps holds lost now, whether it holds
+/// the chief lost, and whether it serves training (holds an initialized or restored model).
 struct StatsReply {
   static constexpr std::string_view kName = "StatsReply";
   Stats stats;
   std::string waiting_for;
   std::vector<std::uint32_t> lost;  ///< workers held lost, ascending
+  bool chief_lost = false;          ///< the chief's heartbeats stopped, and no chief is back yet
+  bool ready = false;               ///< the ps serves training (a new chief goes on from it)
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(stats, waiting_for, lost);
+    archive(stats, waiting_for, lost, chief_lost, ready);
   }
 };
 

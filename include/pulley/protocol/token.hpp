@@ -19,10 +19,17 @@ struct Token {
   std::int64_t next_pull_step = 0;
   /// False when tokens never wait (Async): the worker need not ask for another.
   bool paced = true;
+  /// Which batch of the job's data the step reads, counted from the job's start, when the
+  /// policy numbers them (-1: it does not, and each worker reads its own share). A step's
+  /// batches are numbered by the step, not by who takes its tokens: under SyncReplicas,
+  /// step s reads batches s × max(R, N) ... s × max(R, N) + max(R, N) - 1, so a token a
+  /// lost worker gave back reads, in whichever worker takes it, the batch the lost worker
+  /// would have read (DataShard::batch, runner/training.hpp).
+  std::int64_t batch = -1;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(local_step, pull_step, next_pull_step, paced);
+    archive(local_step, pull_step, next_pull_step, paced, batch);
   }
   friend bool operator==(const Token&, const Token&) = default;
 };

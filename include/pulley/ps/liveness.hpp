@@ -5,7 +5,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace pulley {
@@ -20,21 +22,39 @@ namespace pulley {
 /// partition, a stopped process, a long pause of its own): every worker then gets a fresh
 /// timeout to be heard from again, once, instead of being held lost for the ps's own
 /// silence. (If every worker really is gone, they are held lost after two timeouts.)
+///
+/// The chief beats too, and is judged by the same timeout and grace: a ps that holds it
+/// lost keeps the model and waits for a chief to come back.
 class Liveness {
  public:
   using Clock = std::chrono::steady_clock;
 
   /// How long a worker heard before may be silent (default 5 s).
   void set_timeout(std::chrono::milliseconds timeout) noexcept { timeout_ = timeout; }
+  /// The timeout.
+  [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return timeout_; }
 
   /// `worker` was heard at `now` (its lost verdict stands until `back`).
   void heard(std::uint32_t worker, Clock::time_point now) {
-    if (now - last_heard_any_ >= timeout_) {
-      for (auto& [w, heard] : workers_) heard.last = now;
-    }
-    last_heard_any_ = now;
-    grace_ = false;
+    heard_any(now);
     workers_[worker].last = now;
+  }
+
+  /// The chief was heard at `now`; true if it was held lost until then (it is back).
+  bool heard_chief(Clock::time_point now) {
+    heard_any(now);
+    const bool was_lost = chief_ && chief_->lost;
+    chief_ = Heard{now, false};
+    return was_lost;
+  }
+
+  /// The chief ended normally (or never beat): nothing to hold lost.
+  void chief_left() noexcept { chief_.reset(); }
+
+  /// Since when the chief is held lost (its last heartbeat), if it is.
+  [[nodiscard]] std::optional<Clock::time_point> chief_lost_since() const {
+    if (chief_ && chief_->lost) return chief_->last;
+    return std::nullopt;
   }
 
   /// True if `worker` is held lost now.
@@ -59,20 +79,32 @@ class Liveness {
   }
 
   /// Holds lost every worker silent for the timeout at `now`, calling
-  /// `on_lost(worker, last_heard)` for each, in worker order, right after marking it.
-  template <class OnLost>
-  void expire(Clock::time_point now, OnLost&& on_lost) {
-    if (!grace_ && !workers_.empty() && now - last_heard_any_ >= timeout_) {
+  /// `on_lost(worker, last_heard)` for each, in worker order, right after marking it; and
+  /// the chief, calling `on_chief_lost(last_heard)`.
+  template <class OnLost, class OnChiefLost>
+  void expire(Clock::time_point now, OnLost&& on_lost, OnChiefLost&& on_chief_lost) {
+    if (!grace_ && (!workers_.empty() || chief_) && now - last_heard_any_ >= timeout_) {
       grace_ = true;  // nobody heard for a whole timeout: a fresh one each, from now
       for (auto& [w, heard] : workers_) heard.last = now;
+      if (chief_ && !chief_->lost) chief_->last = now;
       last_heard_any_ = now;
       return;
+    }
+    if (chief_ && !chief_->lost && now - chief_->last >= timeout_) {
+      chief_->lost = true;
+      on_chief_lost(chief_->last);
     }
     for (auto& [worker, heard] : workers_) {
       if (heard.lost || now - heard.last < timeout_) continue;
       heard.lost = true;
       on_lost(worker, heard.last);
     }
+  }
+
+  /// `expire` without a chief to watch.
+  template <class OnLost>
+  void expire(Clock::time_point now, OnLost&& on_lost) {
+    expire(now, std::forward<OnLost>(on_lost), [](Clock::time_point) {});
   }
 
   /// The workers held lost, ascending.
@@ -115,7 +147,18 @@ class Liveness {
     Clock::time_point last;
     bool lost = false;
   };
+  /// Heard at `now`: after a silence of a whole timeout, everyone gets a fresh one.
+  void heard_any(Clock::time_point now) {
+    if (now - last_heard_any_ >= timeout_) {
+      for (auto& [w, heard] : workers_) heard.last = now;
+      if (chief_ && !chief_->lost) chief_->last = now;
+    }
+    last_heard_any_ = now;
+    grace_ = false;
+  }
+
   std::map<std::uint32_t, Heard> workers_;
+  std::optional<Heard> chief_;  ///< once the chief beat
   std::chrono::milliseconds timeout_{std::chrono::seconds(5)};
   Clock::time_point last_heard_any_;
   bool grace_ = false;  ///< the fresh timeout after hearing nobody is running

@@ -121,6 +121,12 @@ class ParameterServer {
   /// How long a worker that sent heartbeats may fall silent before this ps holds it lost
   /// (default 5 s; see Liveness). Workers that never sent one are never held lost.
   void set_worker_timeout(std::chrono::milliseconds timeout) noexcept { liveness_.set_timeout(timeout); }
+  /// How long this ps waits for a chief to come back once it holds the chief lost (its
+  /// heartbeats stopped for the worker timeout; default 5 min): meanwhile it keeps the model
+  /// and serves the workers, and a chief started again goes on from it. Then it ends
+  /// training as aborted (every task fails, naming the chief). A chief that never beat is
+  /// never held lost.
+  void set_chief_wait(std::chrono::milliseconds wait) noexcept { chief_wait_ = wait; }
 
   /// Counters, as GetStats answers them.
   [[nodiscard]] Stats stats() const noexcept {
@@ -557,6 +563,15 @@ class ParameterServer {
 
   void on(Heartbeat& r, const RequestContext& context, Responder& reply) {
     if (!is_sender(r.worker, context, reply, "Heartbeat")) return;
+    if (context.peer && context.peer->role == Node::Role::kChief) {
+      if (r.leaving) {
+        liveness_.chief_left();
+      } else if (liveness_.heard_chief(Clock::now())) {
+        log(LogLevel::kInfo, name_ + ": the chief is back; training goes on");
+      }
+      check_heartbeats();
+      return respond(reply, stats_reply());
+    }
     if (r.leaving) {
       // Done: forgotten rather than held lost once quiet, and the tokens it took and did
       // not push for (it found training over) go back.
@@ -595,10 +610,21 @@ class ParameterServer {
 
   /// Holds lost every worker heard before and silent for the worker timeout: the sync
   /// policy stops waiting for it, and an update that needed only it is applied now. Not
-  /// while paused for a checkpoint's cut, which must see no step complete on its own.
+  /// while paused for a checkpoint's cut, which must see no step complete on its own. The
+  /// same for the chief, which is waited for (`set_chief_wait`), then given up on.
   void check_heartbeats() {
-    if (!registration_.ready() || cut_.paused()) return;
     const auto now = Clock::now();
+    if (const auto since = liveness_.chief_lost_since(); since && now - *since >= chief_wait_ + liveness_.timeout()) {
+      fail_for_chief(*since, now);
+      return;
+    }
+    if (!registration_.ready() || cut_.paused()) return;
+    const auto on_chief_lost = [&](Clock::time_point last) {
+      log(LogLevel::kWarning,
+          name_ + ": the chief is lost (last heard " + Liveness::seconds_between(last, now) +
+              " s ago): the model is kept and the workers go on; waiting up to " +
+              std::to_string(chief_wait_.count() / 1000) + " s for a chief to come back");
+    };
     liveness_.expire(now, [&](std::uint32_t worker, Clock::time_point last) {
       const std::int64_t step_before = pacing_.global_step();
       changing_ = true;
@@ -610,11 +636,25 @@ class ParameterServer {
                                   " s ago): training goes on without it; " + describe_wait());
       hand_out_tokens();
       if (pacing_.global_step() != step_before) release_step_gates();
-    });
+    }, on_chief_lost);
+  }
+
+  /// No chief came back in time: training cannot end, so it ends here as aborted, and
+  /// every task hears why.
+  void fail_for_chief(Clock::time_point since, Clock::time_point now) {
+    end_ = ErrorReply{ErrorCode::kAborted,
+                      name_ + ": the chief was lost " + Liveness::seconds_between(since, now) +
+                          " s ago and no chief came back (--recovery-timeout-ms): training cannot end; "
+                          "restart the job (it resumes from its newest checkpoint)"};
+    log(LogLevel::kError, end_->message);
+    answer_all_waiting(*end_);
   }
 
   /// What GetStats and Heartbeat answer.
-  StatsReply stats_reply() const { return StatsReply{stats(), describe_wait(), liveness_.lost()}; }
+  StatsReply stats_reply() const {
+    return StatsReply{stats(), describe_wait(), liveness_.lost(), liveness_.chief_lost_since().has_value(),
+                      registration_.ready()};
+  }
 
   /// The sync policy's wait in words, with how long ago each awaited worker was heard:
   /// "step 812: 1 of 2 gradients in, 1 of 2 tokens left; waiting for worker:1 (last heard
@@ -664,6 +704,7 @@ class ParameterServer {
   std::uint64_t rows_cut_session_ = 0;   ///< the chief's connection reading the cut's rows
   std::int64_t cut_forget_before_ = -1;  ///< and evictions forgotten before
   Liveness liveness_;
+  std::chrono::milliseconds chief_wait_{std::chrono::minutes(5)};  ///< see set_chief_wait
   StepGate<Pull> pulls_;         ///< pulls waiting for their step
   StepGate<RowPull> row_pulls_;  ///< row pulls waiting for their step
   Stats stats_;

@@ -14,6 +14,7 @@
 #include "pulley/checkpoint/directory.hpp"
 #include "pulley/checkpoint/rows.hpp"
 #include "pulley/client/chief.hpp"
+#include "pulley/client/heartbeat.hpp"
 #include "pulley/client/detail/recovery.hpp"
 #include "pulley/concepts/model.hpp"
 #include "pulley/concepts/sharding.hpp"
@@ -200,8 +201,21 @@ class ChiefLoop {
 
   /// Initializes every variable and reads global step 0's state (saved as checkpoint 0, as
   /// TensorFlow's saver does, or kept to roll back to), or restores the newest checkpoint;
-  /// returns the global step training starts from.
+  /// or, a chief started in place of a lost one while every ps still serves the job, goes
+  /// on from their live state (nothing is rolled back). Returns the global step training
+  /// starts from.
   std::int64_t begin() {
+    if (chief_.ps_serving()) {
+      if constexpr (TableModel<M>) {
+        start_step_ = chief_.adopt(model_.variables(), std::span<const TableSpec>(model_.tables()));
+      } else {
+        start_step_ = chief_.adopt(model_.variables());
+      }
+      note_restored(start_step_);  // the next checkpoint is a full one
+      log(LogLevel::kInfo, "chief: every ps still serves the job, at global step " + std::to_string(start_step_) +
+                               ": going on from their live state (the chief before this one was lost)");
+      return start_step_;
+    }
     if (auto latest = checkpoints_ ? checkpoints_->latest() : std::nullopt) {
       check_model(latest->first, model_, latest->second);
       chief_.restore(latest->first, id_sharding_);
@@ -335,10 +349,13 @@ class ChiefLoop {
 };
 
 /// The chief task: runs the ChiefLoop, then ends training (or aborts it, with the reason,
-/// when anything fails: every task then hears why).
-template <Model M, Transport T, IdSharding I = HashIds>
-void lead(const Training<M>& training, T transport, I id_sharding = {}) {
-  Chief chief(std::move(transport), training.seed, training.client);
+/// when anything fails: every task then hears why). It beats its heart on a transport of
+/// its own (`connect()` makes each), so that the ps tasks notice when it is lost.
+template <Model M, class Connect, IdSharding I = HashIds>
+void lead(const Training<M>& training, Connect connect, I id_sharding = {}) {
+  using T = decltype(connect());
+  HeartbeatSender heartbeat(0, connect(), training.client.heartbeat_interval);
+  Chief chief(connect(), training.seed, training.client);
   try {
     ChiefLoop<M, T, I>(training, chief, std::move(id_sharding)).run();
     chief.shutdown();

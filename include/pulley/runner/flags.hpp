@@ -135,9 +135,10 @@ inline void add_limit_flags(CLI::App& app, ClientOptions& client, TcpOptions& tc
   millis("--ps-orphaned-after-ms", server.orphaned_after,
          "ps: giving up once every client left without the chief ending training");
   millis("--recovery-timeout-ms", client.recovery_timeout,
-         "waiting for lost ps tasks to be back and restored, before failing");
+         "waiting for lost ps tasks to be back and restored (and, ps: for a lost chief to come back), "
+         "before failing");
   millis("--heartbeat-interval-ms", client.heartbeat_interval,
-         "workers: how often each tells every ps it is alive");
+         "workers and the chief: how often each tells every ps it is alive");
 }
 
 /// add_limit_flags, and the ps tasks' worker timeout (`Training::worker_timeout`):

@@ -90,6 +90,7 @@ void run_in_process(const Job& job, const Training<M>& training, S sharding, O o
   for (std::uint32_t i = 0; i < job.local_ps; ++i) {
     ParameterServer<S, O, P, T> ps(i, job.local_ps, optimizer, sync, sharding, tables);
     ps.set_worker_timeout(training.worker_timeout);
+    ps.set_chief_wait(training.client.recovery_timeout);
     network.serve(std::move(ps));
   }
   Failure failure;
@@ -110,7 +111,7 @@ void run_in_process(const Job& job, const Training<M>& training, S sharding, O o
     });
   }
   try {
-    lead(training, InProcess(network, Node::chief()), id_sharding);
+    lead(training, [&] { return InProcess(network, Node::chief()); }, id_sharding);
   } catch (const std::exception& e) {
     fail("chief", e);
   }
@@ -135,7 +136,7 @@ void run_task(const TfConfig& config, const Credentials& credentials, const Trai
     serve(training, config, credentials, std::move(sharding), std::move(optimizer),
           std::move(sync), std::move(tables));
   } else if (type == "chief") {
-    lead(training, transport(Node::chief()), id_sharding);
+    lead(training, [&] { return transport(Node::chief()); }, id_sharding);
   } else if (type == "evaluator") {
     follow(training, [&] { return transport(Node{Node::Role::kEvaluator, config.task.index}); },
            id_sharding);
@@ -144,7 +145,7 @@ void run_task(const TfConfig& config, const Credentials& credentials, const Trai
     std::exception_ptr chief_failure;
     std::thread chief([&] {
       try {
-        lead(training, transport(Node::chief()), id_sharding);
+        lead(training, [&] { return transport(Node::chief()); }, id_sharding);
       } catch (...) {
         chief_failure = std::current_exception();
       }

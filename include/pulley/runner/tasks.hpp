@@ -57,10 +57,19 @@ void work(const Training<M>& training, std::uint32_t index, std::uint32_t num_wo
     log(LogLevel::kInfo, "worker " + std::to_string(index) + ": training finished before it began");
     return;
   }
-  auto next = training.data(
-      DataShard{index, num_workers, start_step, [&heartbeat] { return heartbeat.lost(); }});
+  std::int64_t number = -1;  // the batch the source reads (DataShard::batch), during its call
+  auto next = training.data(DataShard{index, num_workers, start_step,
+                                      [&heartbeat] { return heartbeat.lost(); }, [&number] { return number; }});
+  const auto read = [&](std::int64_t batch) {
+    number = batch;
+    auto read_batch = next();
+    number = -1;
+    return read_batch;
+  };
   std::int64_t steps = 0;
-  while (worker.step(next(), training.last_step)) ++steps;
+  do {  // after the last step, the chief ends training: until it does, the job may go back
+    while (worker.step(read, training.last_step)) ++steps;
+  } while (!worker.wait_for_end());
   log(LogLevel::kInfo, "worker " + std::to_string(index) + ": training finished after " +
                            std::to_string(steps) + " steps here (last global step seen: " +
                            std::to_string(worker.global_step()) + ")");
@@ -183,8 +192,9 @@ void follow(const Training<M>& training, Connect connect, I id_sharding = {}) {
       load(model, shot);
       if (training.evaluate) training.evaluate(model, evaluation);
     }
+    evaluator.wait_for_end();  // ends successfully only once the chief ended training
   } catch (const Error& e) {
-    if (e.code() != ErrorCode::kOutOfRange) throw;  // the chief ended training first
+    if (e.code() != ErrorCode::kOutOfRange) throw;  // the chief ended training
   }
   log(LogLevel::kInfo, "evaluator: training finished");
 }
@@ -222,6 +232,7 @@ void serve(const Training<M>& training, const TfConfig& config, const Credential
   ParameterServer<S, O, P, T> ps(task, static_cast<std::uint32_t>(hosts.size()), std::move(optimizer),
                                  std::move(sync), std::move(sharding), std::move(tables));
   ps.set_worker_timeout(training.worker_timeout);
+  ps.set_chief_wait(training.client.recovery_timeout);
   TcpServerOptions options = with(training.server, credentials);
   if (options.tasks.empty()) options.tasks = job_tasks(config.cluster);
   TcpServer server(std::move(ps), bind, address.port, std::move(options));

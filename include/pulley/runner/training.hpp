@@ -37,7 +37,8 @@ struct Evaluation {
   std::function<void(std::size_t table, std::span<const std::uint64_t> ids, std::span<float> out)> rows;
 };
 
-/// Which of a job's data a worker reads, and from where.
+/// Which of a job's data a worker reads, and from where. A source reads by `batch()` when
+/// the sync policy numbers batches, else by `share()` and `start_step`.
 struct DataShard {
   std::uint32_t index = 0;     ///< this worker's share, out of `count`
   std::uint32_t count = 1;     ///< the shares the data is split into
@@ -49,11 +50,25 @@ struct DataShard {
   /// The workers the ps tasks hold lost now (their heartbeats stopped), ascending; empty
   /// when none is, or when nobody tracks it. See `share`.
   std::function<std::vector<std::uint32_t>()> lost;
+  /// See `batch`.
+  std::function<std::int64_t()> number;
 
-  /// This worker's share among the workers not lost: {its rank among them, their count}.
-  /// A source that splits each epoch's data by `share()` at the epoch's start hands a lost
-  /// worker's data to the others from the next epoch on (and takes it back when it
-  /// returns); with no worker lost it is {index, count}. While workers disagree on who is
+  /// The number of the batch the call of the source in progress reads, counted from the
+  /// job's start (Token::batch; -1 when the sync policy does not number batches, as Async
+  /// does not, or outside a call). SyncReplicas numbers each step's batches by the step and
+  /// BoundedStaleness by each worker's clock, the same in every worker: a source that
+  /// reads batch b as position b mod B of epoch b div B, B batches an epoch, in an order
+  /// every worker derives alike, gives each step the same examples whoever reads them. So
+  /// under SyncReplicas a lost worker's batches are read by the others within the epoch (a
+  /// returning worker reads its own again), and a resumed job reads what the
+  /// uninterrupted one would have, without `start_step`.
+  [[nodiscard]] std::int64_t batch() const { return number ? number() : -1; }
+
+  /// This worker's share among the workers not lost: {its rank among them, their count},
+  /// for a source of unnumbered batches (`batch()` is -1). A source that splits each
+  /// epoch's data by `share()` at the epoch's start hands a lost worker's data to the
+  /// others from the next epoch on (and takes it back when it returns); with no worker lost
+  /// it is {index, count}. While workers disagree on who is
   /// lost (a heartbeat apart), an epoch may read a few batches twice or not at all.
   [[nodiscard]] std::pair<std::uint32_t, std::uint32_t> share() const {
     const std::vector<std::uint32_t> gone = lost ? lost() : std::vector<std::uint32_t>{};

@@ -124,11 +124,13 @@ class BoundedStaleness {
   [[nodiscard]] std::int64_t global_step(const Pacer& pacer) const { return pacer.slowest; }
 
   /// The token of the worker's next clock c, once c is at most s ahead of the slowest; it
-  /// reads step c - s. Asking again before pushing gives the same token.
+  /// reads step c - s, and batch c × N + worker (each worker its own share of every clock).
+  /// Asking again before pushing gives the same token.
   std::optional<Token> take_token(Pacer& pacer, std::uint32_t worker) const {
     const std::int64_t clock = clock_of(pacer, worker);
     if (clock - pacer.slowest > staleness_) return std::nullopt;
-    return Token{clock, read_step(clock), read_step(clock + 1), true};
+    const auto workers = static_cast<std::int64_t>(pacer.clocks.size());
+    return Token{clock, read_step(clock), read_step(clock + 1), true, clock * workers + worker};
   }
 
   /// Every worker's clock.

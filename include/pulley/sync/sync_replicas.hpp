@@ -36,15 +36,29 @@ namespace pulley {
 ///   - R <  N: N - R workers are backups; the slowest gradients of a step arrive stale and
 ///     are dropped, so one slow or dead worker does not stall training.
 ///
+/// The max(R, N) tokens of a step are numbered 0, 1, ... and the token numbered k of step
+/// s reads batch s × max(R, N) + k of the job's data (Token::batch): a step's examples are
+/// the same whoever takes its tokens. A token given back (`release`, a lost worker) is
+/// handed out again with its number.
+///
 /// Lost workers (a deviation from TensorFlow, which waits for them forever): when the ps
-/// holds a worker lost (its heartbeats stopped, parameter_server.hpp), a step needs
-/// min(R, N - L) fresh gradients (at least 1), where L counts the lost workers that have
-/// not pushed for this step; with R > N it still needs R (the live workers take the lost
-/// one's tokens). The update is the mean of the fresh gradients the step got: those of the
-/// live workers, and the lost worker's own if it pushed before it was lost. A step that
-/// already has them all completes the moment the worker is lost. A lost worker whose
-/// heartbeats come back counts again from the step in progress; what it pushes for a step
-/// that completed without it is stale and dropped.
+/// holds a worker lost (its heartbeats stopped, parameter_server.hpp), training goes on
+/// without it and loses none of its examples:
+///   - a step that begins with L workers lost and N - L < R is a refill step: it still
+///     needs R fresh gradients, and the live workers take the lost ones' tokens (each its
+///     own first, then one more at a time while more tokens are left than live workers
+///     still to take theirs), so every step keeps its R batches, the lost worker's among
+///     them. Its tokens pull at once after their push (`next_pull_step` is the step), since
+///     the worker may bring another gradient of the same step;
+///   - a worker lost during a step that is not a refill step (its tokens were handed out
+///     to wait for the next step) leaves that step needing min(R, N - L') fresh gradients
+///     (at least 1), L' counting the lost workers that have not pushed for it; a step that
+///     already has them all completes the moment the worker is lost. The update is the
+///     mean of the fresh gradients the step got.
+/// With R > N nothing changes: a step always needs R, and any worker takes any token. A
+/// lost worker whose heartbeats come back counts again from the step in progress (and
+/// takes its own token from the next); what it pushes for a step that completed without
+/// it is stale and dropped.
 class SyncReplicas {
  public:
   /// @param replicas_to_aggregate R, gradients averaged into one update (≥ 1)
@@ -75,11 +89,14 @@ class SyncReplicas {
   struct Pacer {
     std::int64_t step = 0;
     int fresh = 0;                                ///< fresh pushes of `step`
-    std::int64_t tokens_left = 0;                 ///< tokens of `step` not taken
+    std::vector<std::uint32_t> free;              ///< numbers of `step`'s tokens not taken, ascending
     std::map<std::uint32_t, std::int64_t> taken;  ///< tokens of `step` taken, by worker
-    std::map<std::uint32_t, std::int64_t> held;   ///< ... and not pushed for yet
+    /// By worker: the numbers of the tokens of `step` it took and did not push for yet,
+    /// oldest first.
+    std::map<std::uint32_t, std::vector<std::uint32_t>> held;
     std::set<std::uint32_t> pushed;               ///< workers with a fresh push of `step`
     std::set<std::uint32_t> lost;                 ///< workers the ps holds lost
+    bool refill = false;  ///< `step` began short of workers: the live ones take the lost ones' tokens
   };
 
   /// An empty accumulator for n-element gradients.
@@ -107,17 +124,22 @@ class SyncReplicas {
   }
 
   /// Step 0, with max(R, N) tokens.
-  [[nodiscard]] Pacer make_pacer() const { return {0, 0, tokens_per_step(), {}, {}, {}, {}}; }
+  [[nodiscard]] Pacer make_pacer() const {
+    Pacer pacer;
+    pacer.step = -1;
+    next_step(pacer);
+    return pacer;
+  }
 
   /// Stale if tagged before the current step; the R-th fresh push completes the step.
   Verdict on_push(Pacer& pacer, std::uint32_t worker, std::int64_t local_step) const {
     if (local_step < pacer.step) return Verdict::kStale;
     pacer.pushed.insert(worker);  // first: an insertion that throws leaves the pacer as it was
     if (const auto held = pacer.held.find(worker); held != pacer.held.end()) {
-      if (held->second <= 1) {
+      if (held->second.size() <= 1) {
         pacer.held.erase(held);  // erasing cannot throw
       } else {
-        --held->second;
+        held->second.erase(held->second.begin());
       }
     }
     if (++pacer.fresh < required(pacer)) return Verdict::kPending;
@@ -161,16 +183,18 @@ class SyncReplicas {
     pacer = std::move(fresh);
   }
 
-  /// Gives back the tokens of the current step `worker` took and did not push for; it may
-  /// take them again (one per step still holds when R <= N).
+  /// Gives back the tokens of the current step `worker` took and did not push for, with
+  /// their numbers; it may take them again (one per step still holds when R <= N).
   void release(Pacer& pacer, std::uint32_t worker) const noexcept {
     const auto held = pacer.held.find(worker);
     if (held == pacer.held.end()) return;
-    pacer.tokens_left += std::max<std::int64_t>(held->second, 0);
-    const auto taken = pacer.taken.find(worker);
-    if (taken != pacer.taken.end() && (taken->second -= held->second) <= 0) {
-      pacer.taken.erase(taken);
+    // `free` has room for every token of the step (reserved in next_step): no allocation.
+    for (const std::uint32_t number : held->second) {
+      pacer.free.insert(std::lower_bound(pacer.free.begin(), pacer.free.end(), number), number);
     }
+    const auto count = static_cast<std::int64_t>(held->second.size());
+    const auto taken = pacer.taken.find(worker);
+    if (taken != pacer.taken.end() && (taken->second -= count) <= 0) pacer.taken.erase(taken);
     pacer.held.erase(held);
   }
 
@@ -179,30 +203,33 @@ class SyncReplicas {
   /// one is asking again).
   [[nodiscard]] std::optional<Token> held_token(const Pacer& pacer, std::uint32_t worker) const {
     const auto held = pacer.held.find(worker);
-    if (held == pacer.held.end() || held->second <= 0 || !pacer.taken.contains(worker)) return std::nullopt;
-    const bool one_each = replicas_to_aggregate_ <= total_num_replicas_;
-    if (one_each && pacer.pushed.contains(worker)) return std::nullopt;
-    return Token{pacer.step, pacer.step, one_each ? pacer.step + 1 : pacer.step, true};
+    if (held == pacer.held.end() || held->second.empty() || !pacer.taken.contains(worker)) return std::nullopt;
+    return token(pacer, held->second.front());
   }
 
   /// Steps completed.
   [[nodiscard]] std::int64_t global_step(const Pacer& pacer) const { return pacer.step; }
 
-  /// A token of the current step, if one is left and `worker` may take one more (one per
-  /// step when R <= N).
+  /// A token of the current step, the lowest-numbered left, if `worker` may take one more:
+  /// when R <= N, one per step, and in a refill step one more at a time while more tokens
+  /// are left than live workers still to take their first.
   std::optional<Token> take_token(Pacer& pacer, std::uint32_t worker) const {
-    const bool one_each = replicas_to_aggregate_ <= total_num_replicas_;
-    if (pacer.tokens_left == 0) return std::nullopt;
-    if (one_each && (pacer.taken.contains(worker) || pacer.pushed.contains(worker))) {
-      return std::nullopt;
+    if (pacer.free.empty()) return std::nullopt;
+    if (one_each() && (pacer.taken.contains(worker) || pacer.pushed.contains(worker))) {
+      if (!pacer.refill || pacer.held.contains(worker)) return std::nullopt;
+      std::size_t owed = 0;  // live workers that have not taken their token of the step
+      for (std::uint32_t w = 0; w < static_cast<std::uint32_t>(total_num_replicas_); ++w) {
+        if (!pacer.lost.contains(w) && !pacer.taken.contains(w) && !pacer.pushed.contains(w)) ++owed;
+      }
+      if (pacer.free.size() <= owed) return std::nullopt;
     }
-    std::int64_t& held = pacer.held[worker];  // insertions first: one that throws
-    ++pacer.taken[worker];                     // leaves the pacer as it was
-    ++held;
-    --pacer.tokens_left;
-    // With one token per step the worker's next step is the next global step, so its push
-    // can bring that step's parameters back; with R > N its next token may be of this step.
-    return Token{pacer.step, pacer.step, one_each ? pacer.step + 1 : pacer.step, true};
+    std::vector<std::uint32_t>& held = pacer.held[worker];  // allocations first: one that
+    held.reserve(held.size() + 1);                          // throws leaves the pacer as it was
+    ++pacer.taken[worker];
+    const std::uint32_t number = pacer.free.front();
+    pacer.free.erase(pacer.free.begin());
+    held.push_back(number);
+    return token(pacer, number);
   }
 
   /// "step 12: 1 of 2 gradients in, 0 of 2 tokens left" (of those the step needs: fewer
@@ -210,14 +237,27 @@ class SyncReplicas {
   [[nodiscard]] std::string waiting_for(const Pacer& pacer) const {
     return "step " + std::to_string(pacer.step) + ": " + std::to_string(pacer.fresh) + " of " +
            std::to_string(required(pacer)) + " gradients in, " +
-           std::to_string(pacer.tokens_left) + " of " + std::to_string(tokens_per_step()) +
-           " tokens left";
+           std::to_string(pacer.free.size()) + " of " + std::to_string(tokens_per_step()) +
+           " tokens left" + (pacer.refill ? " (live workers take the lost ones' tokens)" : "");
   }
 
  private:
-  /// Fresh gradients the step in progress needs: R, less the lost workers that owe one.
+  /// One token per worker per step (R <= N), refill steps aside.
+  [[nodiscard]] bool one_each() const noexcept { return replicas_to_aggregate_ <= total_num_replicas_; }
+
+  /// Token number `number` of the step in progress. With one token per step (and not a
+  /// refill step) the worker's next token is of the next global step, so its push can
+  /// bring that step's parameters back; otherwise its next token may be of this step.
+  [[nodiscard]] Token token(const Pacer& pacer, std::uint32_t number) const {
+    const bool next = one_each() && !pacer.refill;
+    return Token{pacer.step, pacer.step, next ? pacer.step + 1 : pacer.step, true,
+                 pacer.step * tokens_per_step() + number};
+  }
+
+  /// Fresh gradients the step in progress needs: R in a refill step (or with R > N), else
+  /// R less the lost workers that owe one.
   [[nodiscard]] int required(const Pacer& pacer) const {
-    if (replicas_to_aggregate_ > total_num_replicas_) return replicas_to_aggregate_;
+    if (!one_each() || pacer.refill) return replicas_to_aggregate_;
     int owing = 0;
     for (const std::uint32_t w : pacer.lost) {
       if (w < static_cast<std::uint32_t>(total_num_replicas_) && !pacer.pushed.contains(w)) ++owing;
@@ -225,14 +265,20 @@ class SyncReplicas {
     return std::max(1, std::min(replicas_to_aggregate_, total_num_replicas_ - owing));
   }
 
-  /// Moves on to the next step, withdrawing the old step's untaken tokens.
+  /// Moves on to the next step, withdrawing the old step's untaken tokens; it is a refill
+  /// step when the live workers are fewer than R.
   void next_step(Pacer& pacer) const {
     ++pacer.step;
     pacer.fresh = 0;
-    pacer.tokens_left = tokens_per_step();
+    pacer.free.resize(static_cast<std::size_t>(tokens_per_step()));  // capacity stays: no throw after the first
+    for (std::size_t k = 0; k < pacer.free.size(); ++k) pacer.free[k] = static_cast<std::uint32_t>(k);
     pacer.taken.clear();
     pacer.held.clear();
     pacer.pushed.clear();
+    const auto lost = static_cast<int>(std::count_if(pacer.lost.begin(), pacer.lost.end(), [&](std::uint32_t w) {
+      return w < static_cast<std::uint32_t>(total_num_replicas_);
+    }));
+    pacer.refill = one_each() && lost > 0 && total_num_replicas_ - lost < replicas_to_aggregate_;
   }
 
   [[nodiscard]] std::int64_t tokens_per_step() const {

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# A lost worker's examples are not lost: a sync R = N = 2 job of real processes on
+# 127.0.0.1 (1 ps, a chief, 2 workers), where worker 1 is killed (SIGKILL) at about epoch 3
+# of 10 and started again at about epoch 6. While it is gone, worker 0 takes its tokens
+# and reads its batches, so every step keeps its two batches; once back, worker 1 takes
+# its own again. The job must end within 0.005 of the same job without the kill, and every
+# task must exit 0.
+#   tests/scripts/lost_share.sh FASHION_MNIST_BINARY
+set -uo pipefail
+binary=$1
+epochs=10
+source "$(dirname "$0")/common.sh"
+flags=(--epochs "$epochs" --worker-timeout-ms 1500 --heartbeat-interval-ms 250 --wait-timeout-ms 120000)
+
+run_job() {  # run_job NAME KILL: one job in $work/NAME; KILL=1 kills worker 1 and restarts it
+  local dir=$work/$1 kill=$2
+  mkdir -p "$dir"
+  mapfile -t ports < <(free_ports 4)
+  local cluster="{\"ps\": [\"127.0.0.1:${ports[0]}\"], \"worker\": [\"127.0.0.1:${ports[1]}\", \"127.0.0.1:${ports[2]}\"], \"chief\": [\"127.0.0.1:${ports[3]}\"]}"
+  local task_pids=() type index
+  start() {  # start TYPE INDEX LOG
+    TF_CONFIG="{\"cluster\": $cluster, \"task\": {\"type\": \"$1\", \"index\": $2}}" \
+      "$binary" "${flags[@]}" >"$3" 2>&1 &
+    pids+=("$!")
+    task_pids+=("$!")
+  }
+  for task in ps:0 worker:0 worker:1 chief:0; do
+    type=${task%:*} index=${task#*:}
+    start "$type" "$index" "$dir/$type-$index.log"
+  done
+  local w1=${task_pids[2]} chief=${task_pids[3]}
+  if [ "$kill" = 1 ]; then
+    wait_for "$dir/chief-0.log" '^epoch  3/' 300 || fail "$1: the job never reached epoch 3"
+    kill -9 "$w1"
+    wait "$w1" 2>/dev/null
+    task_pids=("${task_pids[@]/$w1}")
+    echo "$1: killed worker 1 after: $(grep '^epoch' "$dir/chief-0.log" | tail -1)"
+    wait_for "$dir/ps-0.log" 'worker:1 lost' 10 || fail "$1: the ps did not hold worker 1 lost"
+    wait_for "$dir/chief-0.log" '^epoch  6/' 600 || fail "$1: the job did not reach epoch 6 without worker 1"
+    start worker 1 "$dir/worker-1-again.log"
+    echo "$1: started worker 1 again after: $(grep '^epoch' "$dir/chief-0.log" | tail -1)"
+  fi
+  for _ in $(seq 1 12000); do kill -0 "$chief" 2>/dev/null || break; sleep 0.05; done
+  local rc pid
+  for pid in "${task_pids[@]}"; do
+    [ -n "$pid" ] || continue
+    wait "$pid"; rc=$?
+    [ "$rc" = 0 ] || fail "$1: a task (pid $pid) exited $rc"
+  done
+}
+
+run_job clean 0
+run_job killed 1
+
+grep -h -E 'worker:1 (lost|is back)' "$work"/killed/ps-0.log | sed 's/^/killed: /'
+grep -q 'worker:1 is back' "$work/killed/ps-0.log" || fail "the ps did not see worker 1 come back"
+steps_back=$(sed -n 's/.*training finished after \([0-9]*\) steps here.*/\1/p' "$work/killed/worker-1-again.log")
+[ -n "$steps_back" ] && [ "$steps_back" -gt 0 ] || fail "worker 1, started again, took no step"
+echo "worker 1, started again, took $steps_back steps"
+grep -h 'updates applied' "$work"/*/chief-0.log
+clean=$(sed -n 's/^final: test_accuracy=\([0-9.]*\).*/\1/p' "$work/clean/chief-0.log")
+killed=$(sed -n 's/^final: test_accuracy=\([0-9.]*\).*/\1/p' "$work/killed/chief-0.log")
+echo "final test accuracy: clean $clean, worker 1 killed and restarted $killed"
+python3 -c "import sys; sys.exit(0 if abs(float('$clean') - float('$killed')) <= 0.005 else 1)" ||
+  fail "the killed job's accuracy $killed is not within 0.005 of the clean job's $clean"
+echo "PASS: worker 1 killed at epoch 3 and back at epoch 6: accuracy $killed against $clean without the kill"
