@@ -12343,12 +12343,25 @@ struct Hello {
   Node peer;          ///< the client's task
   std::string nonce;  ///< kNonceBytes fresh random bytes
   std::string proof;  ///< client_proof(...)
+  /// The client's process (`incarnation()`), the same on every connection it opens: a ps
+  /// lets one process at a time be a task (TcpServerOptions::takeover_after). 0: unsaid.
+  std::uint64_t incarnation = 0;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(job, peer, nonce, proof);
+    archive(job, peer, nonce, proof, incarnation);
   }
 };
+
+/// This process's incarnation: drawn at random the first time it is asked, never 0.
+inline std::uint64_t incarnation() {
+  static const std::uint64_t drawn = [] {
+    std::uint64_t value = 0;
+    while (value == 0) pulley::detail::random_bytes(&value, sizeof value);
+    return value;
+  }();
+  return drawn;
+}
 
 /// ps → client: the client is in.
 struct Welcome {
@@ -12526,6 +12539,14 @@ struct TcpServerOptions {
   /// says so, so the task can fail instead of waiting for ever. Counted only once a
   /// request was handled: a ps may wait as long as it takes for its job to start.
   std::chrono::milliseconds orphaned_after{std::chrono::minutes(5)};
+  /// A task is one process: a connection that claims a task (worker:3) from another
+  /// process (`wire::Hello::incarnation`) while a connection of the task's process was
+  /// heard within this long is refused with kUnavailable, so that nobody can act as a live
+  /// worker (take its tokens, push in its name). A process started again in place of a dead
+  /// one gets in once the old one's connections are closed (a killed process's are at once)
+  /// or silent this long (a lost host's), retrying until then. The role runner sets it to
+  /// the worker timeout; 0 lets any process claim any task.
+  std::chrono::milliseconds takeover_after{std::chrono::seconds(5)};
 };
 
 /// Serves one Service (a ParameterServer) on a TCP port, and owns it. All connections are
@@ -13556,7 +13577,8 @@ class Tcp {
         link.hello = wire::encode(
             wire::Handshake{wire::Hello{options_.credentials.job, self_, link.nonce,
                                         wire::client_proof(options_.credentials.secret,
-                                                           *link.challenge, self_, link.nonce)}},
+                                                           *link.challenge, self_, link.nonce),
+                                        wire::incarnation()}},
             0);
         link.write_list.append(link.hello);
         return flush(link);
@@ -13565,6 +13587,9 @@ class Tcp {
         // Its words are quoted, its code is not trusted: whoever answers on the port has
         // proved nothing yet, and must not make a worker believe training finished.
         const std::string said = refusal->reason.substr(0, 1024);
+        // kUnavailable only asks for a retry (its task is held by a process still heard):
+        // the worst an impostor gets from it is retries until the recovery timeout.
+        if (refusal->code == ErrorCode::kUnavailable) return fail(link, "refused by the ps for now: " + said);
         link.refused = ErrorReply{ErrorCode::kUnauthenticated,
                                   "ps at " + link.address + " refused the connection: \"" + said + "\""};
         return fail(link, "refused by the ps: " + said);
@@ -13917,6 +13942,7 @@ class TcpServer {
     transport_detail::ReceiveBuffers receive_buffers;
     std::optional<wire::Challenge> challenge;  ///< sent; until the client answers it
     std::optional<Node> peer;                  ///< the task it proved, after the handshake
+    std::uint64_t incarnation = 0;             ///< its process (wire::Hello::incarnation)
     std::uint64_t session;                     ///< this connection's id, for the service
     std::deque<wire::Frame> replies;   ///< replies with bytes in `unsent` (stable addresses)
     transport_detail::GatherList unsent;  ///< what of them, in order, the kernel has not taken
@@ -14122,11 +14148,18 @@ class TcpServer {
       queue_frame(c, wire::encode(wire::Handshake{wire::Refusal{ErrorCode::kUnauthenticated, problem}}, 0));
       return;
     }
+    if (const std::string held = held_elsewhere(hello); !held.empty()) {  // it may try again later
+      warn_limited("refused a connection from " + c->address + ": " + held);
+      c->closing = true;
+      queue_frame(c, wire::encode(wire::Handshake{wire::Refusal{ErrorCode::kUnavailable, held}}, 0));
+      return;
+    }
     if (clients_ >= options_.max_connections) {  // closed, as by a busy server: it may try again
       return drop(*c, std::to_string(options_.max_connections) +
                           " connections of the job are open (TcpServerOptions::max_connections)");
     }
     c->peer = hello.peer;
+    c->incarnation = hello.incarnation;
     ++clients_;
     orphan_.cancel();
     c->reader.set_limits(options_.frames);
@@ -14134,6 +14167,24 @@ class TcpServer {
                                     wire::server_proof(options_.credentials.secret, *c->challenge, hello)}},
                                 0));
     c->challenge.reset();
+  }
+
+  /// Why `hello`'s process may not be its task now: another process is, with a connection
+  /// heard within `takeover_after` (TcpServerOptions); or "".
+  [[nodiscard]] std::string held_elsewhere(const wire::Hello& hello) const {
+    if (options_.takeover_after.count() <= 0 || hello.incarnation == 0) return {};
+    const auto now = Clock::now();
+    for (const auto& [raw, c] : connections_) {
+      if (!c->peer || c->closed || c->incarnation == 0 || c->incarnation == hello.incarnation ||
+          c->peer->role != hello.peer.role || c->peer->index != hello.peer.index ||
+          now - c->last_heard >= options_.takeover_after) {
+        continue;
+      }
+      const auto ago = std::chrono::duration_cast<std::chrono::milliseconds>(now - c->last_heard).count();
+      return hello.peer.name() + " is another live process's (at " + c->address + ", heard " +
+             std::to_string(ago) + " ms ago): one process per task (TcpServerOptions::takeover_after)";
+    }
+    return {};
   }
 
   /// Why a client that proved the secret as `peer` is not one of the job's tasks

@@ -48,15 +48,21 @@ wait_all clean "$chief" "$w0" "$w1" "$ps0"
 start_job restarted
 wait_for "$dir/chief-0.log" '^epoch  1/' 120 || fail "restarted: the job never reached epoch 1"
 kill -9 "$chief"; wait "$chief" 2>/dev/null
+killed_at=$(date +%s.%N)
 echo "restarted: killed the chief after: $(grep '^epoch' "$dir/chief-0.log" | tail -1)"
 wait_for "$dir/ps-0.log" 'the chief is lost' 10 || fail "restarted: the ps did not hold the chief lost"
 wait_for "$dir/worker-0.log" 'hold the chief lost' 10 || fail "restarted: worker 0 did not log the lost chief"
 sleep 1
 start chief 0 chief-again; chief=$!
+wait_for "$dir/ps-0.log" 'the chief is back' 30 || fail "restarted: the ps did not see the new chief"
+echo "restarted: a new chief was back $(python3 -c "import time; print(f'{time.time() - $killed_at:.1f}')") s after the kill" 
 wait_all restarted "$chief" "$w0" "$w1" "$ps0"
 grep -h -E 'chief is (lost|back)|going on from' "$dir"/*.log | sed 's/^/restarted: /'
 grep -q 'going on from their live state' "$dir/chief-again.log" ||
   fail "the new chief did not go on from the live state"
+killed_step=$(grep '^epoch' "$dir/chief-0.log" | tail -1 | awk '{print $4}')
+adopted_step=$(sed -n 's/.*at global step \([0-9]*\): going on.*/\1/p' "$dir/chief-again.log")
+echo "restarted: training went on without a chief from step $killed_step (the last evaluated) to step $adopted_step"
 grep -q -i 'restored' "$dir/ps-0.log" && fail "the job was rolled back to a checkpoint"
 clean=$(sed -n 's/^final: test_accuracy=\([0-9.]*\).*/\1/p' "$work/clean/chief-0.log")
 again=$(sed -n 's/^final: test_accuracy=\([0-9.]*\).*/\1/p' "$dir/chief-again.log")

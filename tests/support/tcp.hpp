@@ -89,13 +89,15 @@ struct RawClient {
 
   /// Connects and completes the handshake as `self`; returns "" once welcomed, else why
   /// not (the ps's refusal, or what went wrong).
-  std::string join(std::uint16_t port, Node self, const Credentials& credentials = test_credentials()) {
+  std::string join(std::uint16_t port, Node self, const Credentials& credentials = test_credentials(),
+                   std::uint64_t incarnation = 0) {
     connect(port);
-    return handshake(self, credentials);
+    return handshake(self, credentials, incarnation);
   }
 
   /// The handshake on a connected socket; returns what `join` returns.
-  std::string handshake(Node self, const Credentials& credentials = test_credentials()) {
+  std::string handshake(Node self, const Credentials& credentials = test_credentials(),
+                        std::uint64_t incarnation = 0) {
     std::vector<char> body;
     const auto first = read_frame(io, socket, body);
     if (!first) return "no challenge";
@@ -104,7 +106,8 @@ struct RawClient {
     const std::string nonce = wire::make_nonce();
     write_frame(socket, wire::encode(wire::Handshake{wire::Hello{
                                          credentials.job, self, nonce,
-                                         wire::client_proof(credentials.secret, challenge, self, nonce)}},
+                                         wire::client_proof(credentials.secret, challenge, self, nonce),
+                                         incarnation}},
                                      0));
     const auto answer = read_frame(io, socket, body);
     if (!answer) return "no answer to the hello";

@@ -563,6 +563,46 @@ TEST_CASE("a client with the job's secret that claims a task outside the cluster
   CHECK(std::holds_alternative<Ack>(chief_link.call(0, Shutdown{}).get()));
 }
 
+TEST_CASE("a second process claiming a live task is refused, and one in place of a dead one gets in") {
+  LogCapture log;
+  TcpServerOptions options = test_server_options();
+  options.takeover_after = std::chrono::milliseconds(1000);
+  Ps<AsyncServer> ps(AsyncServer(0, 1, Sgd{0.5F}, Async{}), options);
+  RawClient first, second_link, impostor, later;
+  CHECK(first.join(ps.port, Node::worker(1), test_credentials(), 11).empty());
+  CHECK(second_link.join(ps.port, Node::worker(1), test_credentials(), 11).empty());  // same process
+  const std::string refused = impostor.join(ps.port, Node::worker(1), test_credentials(), 22);
+  CHECK(refused.find("worker:1 is another live process's") != std::string::npos);
+  CHECK(log.wait_for(LogLevel::kWarning, "one process per task"));
+  // Another task of the job is not held by it.
+  RawClient other;
+  CHECK(other.join(ps.port, Node::worker(0), test_credentials(), 22).empty());
+  // The first process's connections go silent: after takeover_after another process may be
+  // worker 1 (a restarted task whose old host is gone).
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  CHECK(later.join(ps.port, Node::worker(1), test_credentials(), 33).empty());
+  // And a process whose old connections closed gets in at once.
+  RawClient next;
+  CHECK(next.join(ps.port, Node::worker(2), test_credentials(), 44).empty());
+  next.socket.close();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the ps sees it close
+  RawClient restarted;
+  CHECK(restarted.join(ps.port, Node::worker(2), test_credentials(), 55).empty());
+  // A real client refused so retries, and fails kUnavailable (recoverable) naming why.
+  try {
+    Tcp tcp(Node::worker(2), {ps.address}, [] {
+      TcpOptions o = pulley::testing::test_client_options();
+      o.credentials = test_credentials();
+      o.connect_timeout = std::chrono::milliseconds(200);
+      return o;
+    }());
+    FAIL("a second process was let in as worker:2");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::kUnavailable);
+    CHECK(std::string(e.what()).find("worker:2 is another live process's") != std::string::npos);
+  }
+}
+
 TEST_CASE("a task of another job fails at once and exits non-zero, naming both jobs") {
   LogCapture log;
   Ps<AsyncServer> ps(AsyncServer(0, 1, Sgd{0.5F}, Async{}));

@@ -327,7 +327,8 @@ class Tcp {
         link.hello = wire::encode(
             wire::Handshake{wire::Hello{options_.credentials.job, self_, link.nonce,
                                         wire::client_proof(options_.credentials.secret,
-                                                           *link.challenge, self_, link.nonce)}},
+                                                           *link.challenge, self_, link.nonce),
+                                        wire::incarnation()}},
             0);
         link.write_list.append(link.hello);
         return flush(link);
@@ -336,6 +337,9 @@ class Tcp {
         // Its words are quoted, its code is not trusted: whoever answers on the port has
         // proved nothing yet, and must not make a worker believe training finished.
         const std::string said = refusal->reason.substr(0, 1024);
+        // kUnavailable only asks for a retry (its task is held by a process still heard):
+        // the worst an impostor gets from it is retries until the recovery timeout.
+        if (refusal->code == ErrorCode::kUnavailable) return fail(link, "refused by the ps for now: " + said);
         link.refused = ErrorReply{ErrorCode::kUnauthenticated,
                                   "ps at " + link.address + " refused the connection: \"" + said + "\""};
         return fail(link, "refused by the ps: " + said);

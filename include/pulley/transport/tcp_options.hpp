@@ -83,6 +83,14 @@ struct TcpServerOptions {
   /// says so, so the task can fail instead of waiting for ever. Counted only once a
   /// request was handled: a ps may wait as long as it takes for its job to start.
   std::chrono::milliseconds orphaned_after{std::chrono::minutes(5)};
+  /// A task is one process: a connection that claims a task (worker:3) from another
+  /// process (`wire::Hello::incarnation`) while a connection of the task's process was
+  /// heard within this long is refused with kUnavailable, so that nobody can act as a live
+  /// worker (take its tokens, push in its name). A process started again in place of a dead
+  /// one gets in once the old one's connections are closed (a killed process's are at once)
+  /// or silent this long (a lost host's), retrying until then. The role runner sets it to
+  /// the worker timeout; 0 lets any process claim any task.
+  std::chrono::milliseconds takeover_after{std::chrono::seconds(5)};
 };
 
 /// Serves one Service (a ParameterServer) on a TCP port, and owns it. All connections are

@@ -137,6 +137,7 @@ class TcpServer {
     transport_detail::ReceiveBuffers receive_buffers;
     std::optional<wire::Challenge> challenge;  ///< sent; until the client answers it
     std::optional<Node> peer;                  ///< the task it proved, after the handshake
+    std::uint64_t incarnation = 0;             ///< its process (wire::Hello::incarnation)
     std::uint64_t session;                     ///< this connection's id, for the service
     std::deque<wire::Frame> replies;   ///< replies with bytes in `unsent` (stable addresses)
     transport_detail::GatherList unsent;  ///< what of them, in order, the kernel has not taken
@@ -342,11 +343,18 @@ class TcpServer {
       queue_frame(c, wire::encode(wire::Handshake{wire::Refusal{ErrorCode::kUnauthenticated, problem}}, 0));
       return;
     }
+    if (const std::string held = held_elsewhere(hello); !held.empty()) {  // it may try again later
+      warn_limited("refused a connection from " + c->address + ": " + held);
+      c->closing = true;
+      queue_frame(c, wire::encode(wire::Handshake{wire::Refusal{ErrorCode::kUnavailable, held}}, 0));
+      return;
+    }
     if (clients_ >= options_.max_connections) {  // closed, as by a busy server: it may try again
       return drop(*c, std::to_string(options_.max_connections) +
                           " connections of the job are open (TcpServerOptions::max_connections)");
     }
     c->peer = hello.peer;
+    c->incarnation = hello.incarnation;
     ++clients_;
     orphan_.cancel();
     c->reader.set_limits(options_.frames);
@@ -354,6 +362,24 @@ class TcpServer {
                                     wire::server_proof(options_.credentials.secret, *c->challenge, hello)}},
                                 0));
     c->challenge.reset();
+  }
+
+  /// Why `hello`'s process may not be its task now: another process is, with a connection
+  /// heard within `takeover_after` (TcpServerOptions); or "".
+  [[nodiscard]] std::string held_elsewhere(const wire::Hello& hello) const {
+    if (options_.takeover_after.count() <= 0 || hello.incarnation == 0) return {};
+    const auto now = Clock::now();
+    for (const auto& [raw, c] : connections_) {
+      if (!c->peer || c->closed || c->incarnation == 0 || c->incarnation == hello.incarnation ||
+          c->peer->role != hello.peer.role || c->peer->index != hello.peer.index ||
+          now - c->last_heard >= options_.takeover_after) {
+        continue;
+      }
+      const auto ago = std::chrono::duration_cast<std::chrono::milliseconds>(now - c->last_heard).count();
+      return hello.peer.name() + " is another live process's (at " + c->address + ", heard " +
+             std::to_string(ago) + " ms ago): one process per task (TcpServerOptions::takeover_after)";
+    }
+    return {};
   }
 
   /// Why a client that proved the secret as `peer` is not one of the job's tasks

@@ -76,12 +76,25 @@ struct Hello {
   Node peer;          ///< the client's task
   std::string nonce;  ///< kNonceBytes fresh random bytes
   std::string proof;  ///< client_proof(...)
+  /// The client's process (`incarnation()`), the same on every connection it opens: a ps
+  /// lets one process at a time be a task (TcpServerOptions::takeover_after). 0: unsaid.
+  std::uint64_t incarnation = 0;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(job, peer, nonce, proof);
+    archive(job, peer, nonce, proof, incarnation);
   }
 };
+
+/// This process's incarnation: drawn at random the first time it is asked, never 0.
+inline std::uint64_t incarnation() {
+  static const std::uint64_t drawn = [] {
+    std::uint64_t value = 0;
+    while (value == 0) pulley::detail::random_bytes(&value, sizeof value);
+    return value;
+  }();
+  return drawn;
+}
 
 /// ps → client: the client is in.
 struct Welcome {
