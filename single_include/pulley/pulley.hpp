@@ -2255,10 +2255,15 @@ struct Token {
   /// lost worker gave back reads, in whichever worker takes it, the batch the lost worker
   /// would have read (DataShard::batch, runner/training.hpp).
   std::int64_t batch = -1;
+  /// The step needs all R gradients although workers are lost (a SyncReplicas refill
+  /// step): the live workers bring the lost ones'. The pacing ps (ps 0) decides it; the
+  /// worker's push carries it (Push::refill), and every ps follows ps 0's word for the
+  /// step (`SyncPolicy::follow`), so that no ps waits for gradients the tokens will not bring.
+  bool refill = false;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(local_step, pull_step, next_pull_step, paced, batch);
+    archive(local_step, pull_step, next_pull_step, paced, batch, refill);
   }
   friend bool operator==(const Token&, const Token&) = default;
 };
@@ -2447,10 +2452,17 @@ struct Push {
   /// Gradient rows of embedding tables held here, duplicates summed by the worker; they
   /// share the push's verdict (stale rows are dropped with its parts).
   std::vector<TableRows> rows = {};
+  /// Whose numbers `sequence` counts in: drawn at random by each client (0: none). A push
+  /// numbered below the last one the ps took of the same series is an old copy that came
+  /// late on a connection its worker gave up (the worker sent it again and went on): it is
+  /// refused, never counted.
+  std::uint64_t series = 0;
+  /// The token it was made for said its step is a refill step (Token::refill).
+  bool refill = false;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(worker, local_step, gradients, epoch, sequence, rows);
+    archive(worker, local_step, gradients, epoch, sequence, rows, series, refill);
   }
 };
 
@@ -2798,10 +2810,11 @@ struct StatsReply {
   std::vector<std::uint32_t> lost;  ///< workers held lost, ascending
   bool chief_lost = false;          ///< the chief's heartbeats stopped, and no chief is back yet
   bool ready = false;               ///< the ps serves training (a new chief goes on from it)
+  std::uint64_t epoch = 0;          ///< the restores it has seen (a new chief needs them alike)
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(stats, waiting_for, lost, chief_lost, ready);
+    archive(stats, waiting_for, lost, chief_lost, ready, epoch);
   }
 };
 
@@ -3437,7 +3450,7 @@ class PushBuilder {
     for (const RowRequest& r : rows) check_rows(r, tables, num_ps);
     if (clip_norm_ > 0.0F) gradients = clipped(gradients, rows);
     const std::uint64_t sequence = ++sequence_;
-    std::vector<Push> pushes(num_ps, Push{worker, local_step, {}, epoch, sequence});
+    std::vector<Push> pushes(num_ps, Push{worker, local_step, {}, epoch, sequence, {}, series_});
     for (const Part& part : placement.parts) {
       const VariableSpec& spec = variables[part.variable];
       const std::span<const float> g = gradients[part.variable];
@@ -3529,6 +3542,7 @@ class PushBuilder {
   /// Numbers the pushes: from a random start, so that a client that restarts is not taken
   /// for the one before it (and never wraps).
   std::uint64_t sequence_ = random_u64() >> 1U;
+  std::uint64_t series_ = random_u64() | 1U;  ///< never 0 (Push::series)
   std::vector<std::vector<float>> clipped_;    ///< gradients scaled by clipping
   std::vector<std::span<const float>> views_;  ///< views of them, by variable
   std::int64_t clipped_steps_ = 0;
@@ -4059,9 +4073,10 @@ class Client {
   /// before either is sent.
   PushPullResult push_pull(std::uint32_t worker, std::int64_t local_step,
                            std::span<const std::span<const float>> gradients, std::span<const PullRequest> requests,
-                           std::int64_t min_step, std::span<const RowRequest> rows = {}) {
+                           std::int64_t min_step, std::span<const RowRequest> rows = {}, bool refill = false) {
     detail::PullSplit pulls = split(requests, min_step);
     build_pushes(worker, local_step, gradients, rows);
+    for (Push& p : unanswered_) p.refill = refill;  // the token's word, for every ps (Token::refill)
     return push_pull_sent(std::move(pulls), min_step);
   }
 
@@ -5024,14 +5039,17 @@ class Chief {
   /// cleanly (`Worker::step` returns nullopt); the ps tasks then stop serving.
   void shutdown() { end({false, {}}); }
 
-  /// True if every ps task answers that it serves training already: this chief was
-  /// started again in place of a lost one, and may go on from their live state (`adopt`).
-  /// False when any does not, or cannot be reached within the request timeout.
+  /// True if every ps task answers that it serves training already, all at the same
+  /// epoch: this chief was started again in place of a lost one, and may go on from their
+  /// live state (`adopt`). False when any does not (a restore its predecessor left half
+  /// done, a ps restarted), or cannot be reached within the request timeout.
   [[nodiscard]] bool ps_serving() {
     try {
       const auto replies = client_.template broadcast<StatsReply>([](std::size_t) { return GetStats{}; },
                                                                   timeouts().request_timeout, "look at the ps tasks");
-      return std::all_of(replies.begin(), replies.end(), [](const StatsReply& r) { return r.ready; });
+      return std::all_of(replies.begin(), replies.end(), [&](const StatsReply& r) {
+        return r.ready && r.epoch == replies.front().epoch;
+      });
     } catch (const Error&) {
       return false;
     }
@@ -5217,10 +5235,12 @@ namespace pulley {
 template <Transport T>
 class HeartbeatSender {
  public:
-  /// Starts beating at once, on its own thread, as worker `worker`.
+  /// Starts beating at once, on its own thread, as worker `worker` (or as the task its
+  /// transport names: the chief's is index 0); `who` names it in log lines ("worker 3").
   HeartbeatSender(std::uint32_t worker, T transport,
-            std::chrono::milliseconds interval = std::chrono::seconds(1))
-      : worker_(worker), interval_(interval), transport_(std::move(transport)) {
+            std::chrono::milliseconds interval = std::chrono::seconds(1), std::string who = {})
+      : worker_(worker), interval_(interval), transport_(std::move(transport)),
+        who_(who.empty() ? "worker " + std::to_string(worker) : std::move(who)) {
     thread_ = std::thread([this] { beat(); });
   }
 
@@ -5271,8 +5291,7 @@ class HeartbeatSender {
         ++beats_;
         if (chief_lost != chief_lost_ && !leaving) {
           log(chief_lost ? LogLevel::kWarning : LogLevel::kInfo,
-              "worker " + std::to_string(worker_) +
-                  (chief_lost ? ": the ps tasks hold the chief lost: training goes on while they wait for a chief "
+              who_ + (chief_lost ? ": the ps tasks hold the chief lost: training goes on while they wait for a chief "
                                 "to come back"
                               : ": the chief is back"));
         }
@@ -5314,6 +5333,7 @@ class HeartbeatSender {
   std::uint32_t worker_;
   std::chrono::milliseconds interval_;
   T transport_;
+  std::string who_;
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   bool stopping_ = false;
@@ -5622,8 +5642,12 @@ class Worker {
   /// training: waits until it does, so that no worker ends successfully unless the chief
   /// ended the job (its last checkpoint and evaluation done). Returns true once it has
   /// (`ended()`), false when the job must train on (it was rolled back below `last_step`
-  /// after a lost ps, or a ps went away: `step` again, which recovers). Throws kAborted when
-  /// the chief aborted training, or the ps tasks gave up waiting for a lost chief.
+  /// after a lost ps, or a ps went away: `step` again, which recovers; a ps that stays away
+  /// is waited for with the recovery's pauses, and fails the wait after
+  /// `ClientOptions::recovery_timeout`, counted over consecutive returns). Throws kAborted
+  /// when the chief aborted training, or the ps tasks gave up waiting for a lost chief;
+  /// kDeadlineExceeded when no ps advanced for `ClientOptions::wait_timeout` (the chief's
+  /// last checkpoint and evaluation take longer).
   bool wait_for_end() {
     if (ended_) return true;
     try {
@@ -5631,11 +5655,14 @@ class Worker {
     } catch (const Error& e) {
       if (e.code() != ErrorCode::kOutOfRange) {
         if (e.code() != ErrorCode::kFailedPrecondition && !detail::Recovery::may_recover(e.code())) throw;
+        if (!ending_) ending_.emplace("worker " + std::to_string(index_), client_.options());
+        if (e.code() != ErrorCode::kFailedPrecondition) ending_->wait(e);  // no busy loop while a ps is away
         finished_ = false;
         pulled_step_ = -1;
         return false;
       }
     }
+    ending_.reset();
     finished_ = ended_ = true;
     return true;
   }
@@ -5705,7 +5732,9 @@ class Worker {
       try {
         if (again) recover();
         if (again && pushing_ && client_.push_unanswered()) return finish_step();
-        return try_step(read, last_step);
+        std::optional<StepResult> result = try_step(read, last_step);
+        if (result) ending_.reset();  // training went on: a later wait for the end starts afresh
+        return result;
       } catch (const Error& e) {
         if (e.code() == ErrorCode::kOutOfRange) {
           finished_ = ended_ = true;  // the chief ended training; this step's gradient is not needed
@@ -5756,7 +5785,11 @@ class Worker {
     interrupted_ = result;  // what finish_step completes if the push loses a connection
     interrupted_pull_step_ = token.next_pull_step;
     pushing_ = true;
-    result.stale_parts = push_pull(token.local_step, token.next_pull_step);
+    pulled_step_ = -1;  // a pull that fails part way leaves the model mixed: pull again
+    const auto done = client_.push_pull(index_, token.local_step, gradients_, all_, token.next_pull_step,
+                                        push_rows_, token.refill);
+    pulled_step_ = done.pulled_step;
+    result.stale_parts = done.stale_parts;
     return result;
   }
 
@@ -5875,6 +5908,7 @@ class Worker {
   bool paced_ = true;              ///< the sync policy makes workers wait for tokens
   bool finished_ = false;          ///< training is over
   bool ended_ = false;             ///< the chief ended it
+  std::optional<detail::Recovery> ending_;  ///< wait_for_end's wait for a ps that is away
 };
 
 }  // namespace pulley
@@ -6315,6 +6349,9 @@ enum class Verdict : std::uint8_t {
 ///     policy waits for it.
 ///   - `p.awaited(pacer)` → `std::vector<std::uint32_t>`: the workers the next step waits
 ///     for; the ps quotes each with how long ago it last heard it.
+///   - `p.follow(pacer, local_step, refill)` → void, noexcept: called before `on_push` with
+///     what the token the push was made for said (`Token::refill`, which the pacing ps's
+///     policy sets): every ps follows the pacing ps's word on the push's step.
 ///
 /// Semantic contract:
 ///   - the ps calls `on_push` once per push message, after checking it and before touching
@@ -6418,6 +6455,15 @@ template <SyncPolicy P>
 void worker_back(const P& policy, typename P::Pacer& pacer, std::uint32_t worker) {
   if constexpr (requires { policy.on_worker_back(pacer, worker); }) {
     policy.on_worker_back(pacer, worker);
+  }
+}
+
+/// Tells the policy what the pacing ps said about the push's step (`follow`, if it has one).
+template <SyncPolicy P>
+void follow(const P& policy, typename P::Pacer& pacer, std::int64_t local_step, bool refill) noexcept {
+  if constexpr (requires { policy.follow(pacer, local_step, refill); }) {
+    static_assert(noexcept(policy.follow(pacer, local_step, refill)), "SyncPolicy::follow must be noexcept");
+    policy.follow(pacer, local_step, refill);
   }
 }
 
@@ -7275,13 +7321,21 @@ class PushLedger {
     std::string refused;            ///< why the update was refused ("" if it was not)
   };
 
-  /// The answer to a push of `worker` numbered `sequence` if it is the last one taken again,
-  /// else nullptr. Sequence 0 numbers nothing.
-  [[nodiscard]] const Answer* repeated(std::uint32_t worker, std::uint64_t sequence) const {
-    if (sequence == 0 || worker >= last_.size() || last_[worker].sequence != sequence) {
+  /// The answer to a push of `worker` numbered `sequence` of `series` if it is the last one
+  /// taken again, else nullptr. Sequence 0 numbers nothing.
+  [[nodiscard]] const Answer* repeated(std::uint32_t worker, std::uint64_t sequence, std::uint64_t series = 0) const {
+    if (sequence == 0 || worker >= last_.size() || last_[worker].sequence != sequence ||
+        last_[worker].series != series) {
       return nullptr;
     }
     return &last_[worker].answer;
+  }
+
+  /// True if a push of `worker` numbered `sequence` of `series` (not 0) is older than the
+  /// last one taken of that series: a late copy its worker gave up on.
+  [[nodiscard]] bool older(std::uint32_t worker, std::uint64_t sequence, std::uint64_t series) const {
+    return series != 0 && sequence != 0 && worker < last_.size() && last_[worker].series == series &&
+           sequence < last_[worker].sequence;
   }
 
   /// Counts one push of `worker` taken (its verdict not known yet).
@@ -7290,11 +7344,12 @@ class PushLedger {
     ++taken_[worker];
   }
 
-  /// Remembers the answer to push `sequence` of `worker` (0: unnumbered, nothing kept).
-  void answered(std::uint32_t worker, std::uint64_t sequence, Answer answer) {
+  /// Remembers the answer to push `sequence` of `series` of `worker` (0: unnumbered,
+  /// nothing kept).
+  void answered(std::uint32_t worker, std::uint64_t sequence, Answer answer, std::uint64_t series = 0) {
     if (sequence == 0) return;
     if (last_.size() <= worker) last_.resize(worker + 1);
-    last_[worker] = {sequence, std::move(answer)};
+    last_[worker] = {sequence, series, std::move(answer)};
   }
 
   /// Pushes of `worker` taken so far.
@@ -7313,6 +7368,7 @@ class PushLedger {
  private:
   struct Last {
     std::uint64_t sequence = 0;
+    std::uint64_t series = 0;
     Answer answer;
   };
   std::vector<std::uint64_t> taken_;
@@ -7412,7 +7468,7 @@ class CheckpointCut {
   /// Holds `push`, with its reply, until the cut or Resume takes it.
   void hold(const Push& push, Responder& reply) {
     HeldPush& held = held_.emplace_back();
-    held.push = Push{push.worker, push.local_step, {}, push.epoch, push.sequence};
+    held.push = Push{push.worker, push.local_step, {}, push.epoch, push.sequence, {}, push.series, push.refill};
     held.storage.reserve(push.gradients.size() + push.rows.size());
     for (const PartValues& pv : push.gradients) {
       held.storage.emplace_back(pv.values.begin(), pv.values.end());
@@ -7430,7 +7486,8 @@ class CheckpointCut {
   bool rehold(const Push& push, Responder& reply) {
     if (push.sequence == 0) return false;
     for (HeldPush& held : held_) {
-      if (held.push.worker == push.worker && held.push.sequence == push.sequence) {
+      if (held.push.worker == push.worker && held.push.sequence == push.sequence &&
+          held.push.series == push.series) {
         held.reply = std::exchange(reply, nullptr);
         return true;
       }
@@ -7552,10 +7609,11 @@ namespace pulley {
 /// Worker made by hand without a HeartbeatSender, as in TensorFlow). The ps tells its sync
 /// policy of every change; this part keeps only the clock and the verdicts.
 ///
-/// A ps that heard no worker at all for a whole timeout was most likely the one cut off (a
-/// partition, a stopped process, a long pause of its own): every worker then gets a fresh
-/// timeout to be heard from again, once, instead of being held lost for the ps's own
-/// silence. (If every worker really is gone, they are held lost after two timeouts.)
+/// A ps that heard no task at all (no worker, nor the chief) for a whole timeout was most
+/// likely the one cut off (a partition, a stopped process, a long pause of its own): every
+/// task then gets a fresh timeout to be heard from again, once, instead of being held lost
+/// for the ps's own silence. (If every task really is gone, they are held lost after two
+/// timeouts.)
 ///
 /// The chief beats too, and is judged by the same timeout and grace: a ps that holds it
 /// lost keeps the model and waits for a chief to come back.
@@ -7612,33 +7670,27 @@ class Liveness {
     }
   }
 
-  /// Holds lost every worker silent for the timeout at `now`, calling
-  /// `on_lost(worker, last_heard)` for each, in worker order, right after marking it; and
-  /// the chief, calling `on_chief_lost(last_heard)`.
-  template <class OnLost, class OnChiefLost>
-  void expire(Clock::time_point now, OnLost&& on_lost, OnChiefLost&& on_chief_lost) {
-    if (!grace_ && (!workers_.empty() || chief_) && now - last_heard_any_ >= timeout_) {
-      grace_ = true;  // nobody heard for a whole timeout: a fresh one each, from now
-      for (auto& [w, heard] : workers_) heard.last = now;
-      if (chief_ && !chief_->lost) chief_->last = now;
-      last_heard_any_ = now;
-      return;
-    }
+  /// Holds the chief lost if it was silent for the timeout at `now`, calling
+  /// `on_chief_lost(last_heard)` right after marking it.
+  template <class OnChiefLost>
+  void expire_chief(Clock::time_point now, OnChiefLost&& on_chief_lost) {
+    if (start_grace(now)) return;
     if (chief_ && !chief_->lost && now - chief_->last >= timeout_) {
       chief_->lost = true;
       on_chief_lost(chief_->last);
     }
+  }
+
+  /// Holds lost every worker silent for the timeout at `now`, calling
+  /// `on_lost(worker, last_heard)` for each, in worker order, right after marking it.
+  template <class OnLost>
+  void expire(Clock::time_point now, OnLost&& on_lost) {
+    if (start_grace(now)) return;
     for (auto& [worker, heard] : workers_) {
       if (heard.lost || now - heard.last < timeout_) continue;
       heard.lost = true;
       on_lost(worker, heard.last);
     }
-  }
-
-  /// `expire` without a chief to watch.
-  template <class OnLost>
-  void expire(Clock::time_point now, OnLost&& on_lost) {
-    expire(now, std::forward<OnLost>(on_lost), [](Clock::time_point) {});
   }
 
   /// The workers held lost, ascending.
@@ -7681,6 +7733,16 @@ class Liveness {
     Clock::time_point last;
     bool lost = false;
   };
+  /// Nobody heard for a whole timeout at `now`: a fresh one each, from now, once (true).
+  bool start_grace(Clock::time_point now) {
+    if (grace_ || (workers_.empty() && !chief_) || now - last_heard_any_ < timeout_) return false;
+    grace_ = true;
+    for (auto& [w, heard] : workers_) heard.last = now;
+    if (chief_ && !chief_->lost) chief_->last = now;
+    last_heard_any_ = now;
+    return true;
+  }
+
   /// Heard at `now`: after a silence of a whole timeout, everyone gets a fresh one.
   void heard_any(Clock::time_point now) {
     if (now - last_heard_any_ >= timeout_) {
@@ -7734,7 +7796,8 @@ class Pacing {
 
   /// The policy's verdict on one push message (`SyncPolicy::on_push`); a `pulley::Error`
   /// refuses the push and leaves the pacer as it was.
-  Verdict on_push(std::uint32_t worker, std::int64_t local_step) {
+  Verdict on_push(std::uint32_t worker, std::int64_t local_step, bool refill = false) {
+    follow(sync_, pacer_, local_step, refill);
     return sync_.on_push(pacer_, worker, local_step);
   }
 
@@ -9914,7 +9977,8 @@ class ParameterServer {
   /// True once it serves no more: shut down by the chief, or failed.
   [[nodiscard]] bool stopped() const noexcept { return end_.has_value(); }
   /// How it ended, as it now answers every request: kOutOfRange (training finished),
-  /// kAborted (the chief aborted training) or kInternal (it failed); nullopt while serving.
+  /// kAborted (the chief aborted training, or no chief came back in place of a lost one:
+  /// set_chief_wait) or kInternal (it failed); nullopt while serving.
   [[nodiscard]] const std::optional<ErrorReply>& ended() const noexcept { return end_; }
   /// This ps task's index.
   [[nodiscard]] std::uint32_t task() const noexcept { return task_; }
@@ -10186,10 +10250,17 @@ class ParameterServer {
                         " parts held here, got " + std::to_string(r.gradients.size()));
     }
     if (refused(reply, registration_.check_epoch(r.epoch, "push"))) return;
-    if (const PushLedger::Answer* answer = ledger_.repeated(r.worker, r.sequence)) {
+    if (const PushLedger::Answer* answer = ledger_.repeated(r.worker, r.sequence, r.series)) {
       ++stats_.pushes_repeated;  // sent again after a lost connection: answered, counted once
       if (!answer->refused.empty()) return reject(reply, ErrorCode::kInvalidArgument, answer->refused);
       return respond(reply, PushReply{answer->stale_parts});
+    }
+    if (ledger_.older(r.worker, r.sequence, r.series)) {
+      ++stats_.pushes_repeated;
+      return reject(reply, ErrorCode::kAborted,
+                    "push " + std::to_string(r.sequence) + " of worker " + std::to_string(r.worker) +
+                        " came after a later one of the same client: a late copy from a connection it gave "
+                        "up (it sent the push again), not counted");
     }
     if (cut_.paused()) {
       if (cut_.rehold(r, reply)) {
@@ -10208,14 +10279,14 @@ class ParameterServer {
     changing_ = true;  // the policy's own refusal (pulley::Error) leaves its pacer unchanged
     Verdict verdict = Verdict::kStale;
     try {
-      verdict = pacing_.on_push(r.worker, r.local_step);
+      verdict = pacing_.on_push(r.worker, r.local_step, r.refill);
     } catch (const Error& e) {
       changing_ = false;
       return reject(reply, e.code(), std::string("Push refused: ") + e.message());
     }
     ledger_.count(r.worker);
     const auto outcome = update_.take(shard_, pacing_.policy(), r, verdict, step_before, stats_);
-    ledger_.answered(r.worker, r.sequence, {outcome.stale_parts, outcome.refused});
+    ledger_.answered(r.worker, r.sequence, {outcome.stale_parts, outcome.refused}, r.series);
     if (outcome.refused.empty()) {
       respond(reply, PushReply{outcome.stale_parts});
     } else {
@@ -10414,17 +10485,19 @@ class ParameterServer {
   /// same for the chief, which is waited for (`set_chief_wait`), then given up on.
   void check_heartbeats() {
     const auto now = Clock::now();
+    // The chief first, even while a cut it made is paused: a chief lost mid-cut ends the
+    // job once nobody came back in its place.
+    liveness_.expire_chief(now, [&](Clock::time_point last) {
+      log(LogLevel::kWarning,
+          name_ + ": the chief is lost (last heard " + Liveness::seconds_between(last, now) +
+              " s ago): the model is kept and the workers go on; waiting up to " +
+              std::to_string(chief_wait_.count() / 1000) + " s for a chief to come back");
+    });
     if (const auto since = liveness_.chief_lost_since(); since && now - *since >= chief_wait_ + liveness_.timeout()) {
       fail_for_chief(*since, now);
       return;
     }
     if (!registration_.ready() || cut_.paused()) return;
-    const auto on_chief_lost = [&](Clock::time_point last) {
-      log(LogLevel::kWarning,
-          name_ + ": the chief is lost (last heard " + Liveness::seconds_between(last, now) +
-              " s ago): the model is kept and the workers go on; waiting up to " +
-              std::to_string(chief_wait_.count() / 1000) + " s for a chief to come back");
-    };
     liveness_.expire(now, [&](std::uint32_t worker, Clock::time_point last) {
       const std::int64_t step_before = pacing_.global_step();
       changing_ = true;
@@ -10436,7 +10509,7 @@ class ParameterServer {
                                   " s ago): training goes on without it; " + describe_wait());
       hand_out_tokens();
       if (pacing_.global_step() != step_before) release_step_gates();
-    }, on_chief_lost);
+    });
   }
 
   /// No chief came back in time: training cannot end, so it ends here as aborted, and
@@ -10453,7 +10526,7 @@ class ParameterServer {
   /// What GetStats and Heartbeat answer.
   StatsReply stats_reply() const {
     return StatsReply{stats(), describe_wait(), liveness_.lost(), liveness_.chief_lost_since().has_value(),
-                      registration_.ready()};
+                      registration_.ready(), registration_.epoch()};
   }
 
   /// The sync policy's wait in words, with how long ago each awaited worker was heard:
@@ -10929,13 +11002,15 @@ namespace pulley {
 ///
 /// Lost workers (a deviation from TensorFlow, which waits for them forever): when the ps
 /// holds a worker lost (its heartbeats stopped, parameter_server.hpp), training goes on
-/// without it and loses none of its examples:
+/// without it, losing at most the batches of the step in progress:
 ///   - a step that begins with L workers lost and N - L < R is a refill step: it still
 ///     needs R fresh gradients, and the live workers take the lost ones' tokens (each its
 ///     own first, then one more at a time while more tokens are left than live workers
 ///     still to take theirs), so every step keeps its R batches, the lost worker's among
 ///     them. Its tokens pull at once after their push (`next_pull_step` is the step), since
-///     the worker may bring another gradient of the same step;
+///     the worker may bring another gradient of the same step. The pacing ps (ps 0)
+///     decides it when the step begins, and its tokens say so (Token::refill); every other
+///     ps takes that word from the step's pushes (`follow`), whatever its own lost workers;
 ///   - a worker lost during a step that is not a refill step (its tokens were handed out
 ///     to wait for the next step) leaves that step needing min(R, N - L') fresh gradients
 ///     (at least 1), L' counting the lost workers that have not pushed for it; a step that
@@ -11043,6 +11118,13 @@ class SyncReplicas {
     return Verdict::kReady;
   }
 
+  /// A push for `local_step` says what the pacing ps decided about that step (Token::refill):
+  /// before the step's first fresh push, the step in progress takes its word, so that every
+  /// ps needs what the tokens bring (this ps's own lost workers may differ for a heartbeat).
+  void follow(Pacer& pacer, std::int64_t local_step, bool refill) const noexcept {
+    if (local_step == pacer.step && pacer.fresh == 0) pacer.refill = refill && one_each();
+  }
+
   /// Waits for `worker` again, from the step in progress.
   void on_worker_back(Pacer& pacer, std::uint32_t worker) const { pacer.lost.erase(worker); }
 
@@ -11102,15 +11184,17 @@ class SyncReplicas {
   std::optional<Token> take_token(Pacer& pacer, std::uint32_t worker) const {
     if (pacer.free.empty()) return std::nullopt;
     if (one_each() && (pacer.taken.contains(worker) || pacer.pushed.contains(worker))) {
-      if (!pacer.refill || pacer.held.contains(worker)) return std::nullopt;
+      const auto held = pacer.held.find(worker);
+      if (!pacer.refill || (held != pacer.held.end() && !held->second.empty())) return std::nullopt;
       std::size_t owed = 0;  // live workers that have not taken their token of the step
       for (std::uint32_t w = 0; w < static_cast<std::uint32_t>(total_num_replicas_); ++w) {
         if (!pacer.lost.contains(w) && !pacer.taken.contains(w) && !pacer.pushed.contains(w)) ++owed;
       }
       if (pacer.free.size() <= owed) return std::nullopt;
     }
-    std::vector<std::uint32_t>& held = pacer.held[worker];  // allocations first: one that
-    held.reserve(held.size() + 1);                          // throws leaves the pacer as it was
+    // Allocations first (an entry in `held` left empty by a throw is as good as none).
+    std::vector<std::uint32_t>& held = pacer.held[worker];
+    held.reserve(held.size() + 1);
     ++pacer.taken[worker];
     const std::uint32_t number = pacer.free.front();
     pacer.free.erase(pacer.free.begin());
@@ -11137,7 +11221,7 @@ class SyncReplicas {
   [[nodiscard]] Token token(const Pacer& pacer, std::uint32_t number) const {
     const bool next = one_each() && !pacer.refill;
     return Token{pacer.step, pacer.step, next ? pacer.step + 1 : pacer.step, true,
-                 pacer.step * tokens_per_step() + number};
+                 pacer.step * tokens_per_step() + number, pacer.refill};
   }
 
   /// Fresh gradients the step in progress needs: R in a refill step (or with R > N), else

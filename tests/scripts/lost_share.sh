@@ -34,7 +34,9 @@ run_job() {  # run_job NAME KILL: one job in $work/NAME; KILL=1 kills worker 1 a
     wait_for "$dir/chief-0.log" '^epoch  3/' 300 || fail "$1: the job never reached epoch 3"
     kill -9 "$w1"
     wait "$w1" 2>/dev/null
-    task_pids=("${task_pids[@]/$w1}")
+    local left=() pid
+    for pid in "${task_pids[@]}"; do [ "$pid" = "$w1" ] || left+=("$pid"); done
+    task_pids=("${left[@]}")
     echo "$1: killed worker 1 after: $(grep '^epoch' "$dir/chief-0.log" | tail -1)"
     wait_for "$dir/ps-0.log" 'worker:1 lost' 10 || fail "$1: the ps did not hold worker 1 lost"
     wait_for "$dir/chief-0.log" '^epoch  6/' 600 || fail "$1: the job did not reach epoch 6 without worker 1"
@@ -42,9 +44,8 @@ run_job() {  # run_job NAME KILL: one job in $work/NAME; KILL=1 kills worker 1 a
     echo "$1: started worker 1 again after: $(grep '^epoch' "$dir/chief-0.log" | tail -1)"
   fi
   for _ in $(seq 1 12000); do kill -0 "$chief" 2>/dev/null || break; sleep 0.05; done
-  local rc pid
+  local rc
   for pid in "${task_pids[@]}"; do
-    [ -n "$pid" ] || continue
     wait "$pid"; rc=$?
     [ "$rc" = 0 ] || fail "$1: a task (pid $pid) exited $rc"
   done
@@ -58,6 +59,11 @@ grep -q 'worker:1 is back' "$work/killed/ps-0.log" || fail "the ps did not see w
 steps_back=$(sed -n 's/.*training finished after \([0-9]*\) steps here.*/\1/p' "$work/killed/worker-1-again.log")
 [ -n "$steps_back" ] && [ "$steps_back" -gt 0 ] || fail "worker 1, started again, took no step"
 echo "worker 1, started again, took $steps_back steps"
+steps_of() { sed -n 's/.*training finished after \([0-9]*\) steps here.*/\1/p' "$1"; }
+clean0=$(steps_of "$work/clean/worker-0.log") killed0=$(steps_of "$work/killed/worker-0.log")
+echo "worker 0 took $killed0 steps ($clean0 in the clean job): it read worker 1's batches while it was gone"
+[ -n "$clean0" ] && [ -n "$killed0" ] && [ "$killed0" -ge $((clean0 + 500)) ] ||
+  fail "worker 0 did not take worker 1's tokens while it was gone ($killed0 steps, $clean0 in the clean job)"
 grep -h 'updates applied' "$work"/*/chief-0.log
 clean=$(sed -n 's/^final: test_accuracy=\([0-9.]*\).*/\1/p' "$work/clean/chief-0.log")
 killed=$(sed -n 's/^final: test_accuracy=\([0-9.]*\).*/\1/p' "$work/killed/chief-0.log")

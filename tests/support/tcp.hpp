@@ -90,14 +90,14 @@ struct RawClient {
   /// Connects and completes the handshake as `self`; returns "" once welcomed, else why
   /// not (the ps's refusal, or what went wrong).
   std::string join(std::uint16_t port, Node self, const Credentials& credentials = test_credentials(),
-                   std::uint64_t incarnation = 0) {
+                   std::uint64_t incarnation = wire::incarnation()) {
     connect(port);
     return handshake(self, credentials, incarnation);
   }
 
   /// The handshake on a connected socket; returns what `join` returns.
   std::string handshake(Node self, const Credentials& credentials = test_credentials(),
-                        std::uint64_t incarnation = 0) {
+                        std::uint64_t incarnation = wire::incarnation()) {
     std::vector<char> body;
     const auto first = read_frame(io, socket, body);
     if (!first) return "no challenge";

@@ -21,6 +21,7 @@
 #include "pulley/ps/parameter_server.hpp"
 #include "pulley/sharding/partitioned.hpp"
 #include "pulley/sharding/round_robin.hpp"
+#include "pulley/sync/async.hpp"
 #include "pulley/sync/sync_replicas.hpp"
 #include "support/cluster.hpp"
 #include "support/linear_model.hpp"
@@ -142,6 +143,39 @@ TEST_CASE("a push whose answer was lost is answered again as it was, and counted
   stats = chief.stats().at(0);
   CHECK(stats.pushes_repeated == 1);
   CHECK(stats.gradients_accepted == 4);
+  chief.shutdown();
+}
+
+TEST_CASE("a late copy of a push its worker sent again and went past is refused, never counted") {
+  // Under Async every push is applied as it comes: a copy that arrives late on a connection
+  // its worker gave up, after the worker's next push, must not be applied a second time.
+  Cluster<FixedShards, Adam, Async> cluster(1, Adam{0.01F}, Async{});
+  Chief chief(cluster.endpoint(Node::chief()), 3);
+  chief.initialize(LinearModel(kIn, kOut).variables());
+  InProcess one = cluster.endpoint(Node::worker(0));
+  const std::vector<float> gw(kIn * kOut, 0.5F), gb(kOut, 0.25F);
+  const Push first{0, 0, {{0, gw}, {1, gb}}, 0, 10, {}, 5};
+  Push next = first;
+  next.sequence = 11;
+  REQUIRE(std::holds_alternative<PushReply>(call(one, 0, Push(first))));
+  REQUIRE(std::holds_alternative<PushReply>(call(one, 0, Push(next))));
+  const std::vector<std::vector<float>> before = chief.read_variables();
+  const Response late = call(one, 0, Push(first));
+  REQUIRE(std::holds_alternative<ErrorReply>(late));
+  CHECK(std::get<ErrorReply>(late).code == ErrorCode::kAborted);
+  CHECK(std::get<ErrorReply>(late).message.find("a late copy") != std::string::npos);
+  CHECK(chief.read_variables() == before);
+  Stats stats = chief.stats().at(0);
+  CHECK(stats.global_step == 2);
+  CHECK(stats.pushes_repeated == 1);
+  // Another client of the same worker (a process started again) numbers its own series,
+  // from anywhere: its pushes count.
+  Push restarted = first;
+  restarted.sequence = 3;
+  restarted.series = 9;
+  REQUIRE(std::holds_alternative<PushReply>(call(one, 0, std::move(restarted))));
+  stats = chief.stats().at(0);
+  CHECK(stats.global_step == 3);
   chief.shutdown();
 }
 

@@ -70,10 +70,11 @@ TEST_CASE("Liveness: a chief heard once and then silent for the timeout is lost,
   CHECK(liveness.timeout() == 5s);
   int chief_lost = 0;
   auto expire = [&](auto at) {
-    liveness.expire(at, [](std::uint32_t, auto) {}, [&](auto last) {
+    liveness.expire_chief(at, [&](auto last) {
       CHECK(last == kT0 + 1s);
       ++chief_lost;
     });
+    liveness.expire(at, [](std::uint32_t, auto) {});
   };
   expire(kT0 + 60s);  // never heard: never lost
   CHECK(chief_lost == 0);
@@ -103,11 +104,14 @@ TEST_CASE("Liveness: a ps that heard nobody for a whole timeout gives the chief 
   liveness.heard_chief(kT0);
   liveness.heard(0, kT0);
   bool lost = false;
-  liveness.expire(kT0 + 20s, [](std::uint32_t, auto) {}, [&](auto) { lost = true; });  // the ps was stopped
+  liveness.expire_chief(kT0 + 20s, [&](auto) { lost = true; });  // the ps was stopped
   CHECK_FALSE(lost);
-  liveness.heard_chief(kT0 + 21s);
-  liveness.expire(kT0 + 24s, [](std::uint32_t, auto) {}, [&](auto) { lost = true; });
-  CHECK_FALSE(lost);
+  liveness.heard(0, kT0 + 21s);  // a worker is heard; the chief not yet
+  liveness.expire_chief(kT0 + 24s, [&](auto) { lost = true; });
+  CHECK_FALSE(lost);  // a whole fresh timeout from the check that found the ps stopped
+  liveness.expire_chief(kT0 + 25s, [&](auto) { lost = true; });
+  CHECK(lost);
+  CHECK(liveness.chief_lost_since() == kT0 + 20s);
 }
 
 TEST_CASE("Liveness: a ps that heard nobody for a whole timeout gives every worker a fresh one") {
@@ -188,6 +192,16 @@ TEST_CASE("PushLedger: counts pushes by worker and answers a resend as the first
   ledger.answered(1, 7, {0, "would make 'w' non-finite"});
   REQUIRE(ledger.repeated(1, 7) != nullptr);
   CHECK(ledger.repeated(1, 7)->refused == "would make 'w' non-finite");
+  // Numbered in a series: the same number of another series is another push, and a lower
+  // number of the same series is a late copy.
+  ledger.answered(3, 50, {0, ""}, 8);
+  CHECK(ledger.repeated(3, 50, 8) != nullptr);
+  CHECK(ledger.repeated(3, 50, 9) == nullptr);
+  CHECK(ledger.older(3, 49, 8));
+  CHECK_FALSE(ledger.older(3, 50, 8));
+  CHECK_FALSE(ledger.older(3, 49, 9));
+  CHECK_FALSE(ledger.older(3, 49, 0));
+  CHECK_FALSE(ledger.older(4, 1, 8));
   ledger.clear();
   CHECK(ledger.repeated(2, 41) == nullptr);
   CHECK(ledger.taken(2) == 0);

@@ -84,6 +84,45 @@ TEST_CASE("Async applies every gradient as it comes, without copying it") {
   CHECK(async.take_token(pacer, 5) == Token{0, 0, 0, false});  // never waits, need not ask again
 }
 
+TEST_CASE("SyncReplicas: every ps follows the pacing ps's word on whether a step is a refill step") {
+  const pulley::SyncReplicas sync{2, 2};
+  // Worker 1 pushed step 0 to ps 0 and died before its push reached ps 1: ps 0 ends step 0
+  // with both gradients, ps 1 only once it holds worker 1 lost, and begins step 1 as a
+  // refill step by its own count.
+  auto ps0 = sync.make_pacer();
+  auto ps1 = sync.make_pacer();
+  CHECK(sync.on_push(ps0, 0, 0) == Verdict::kPending);
+  CHECK(sync.on_push(ps0, 1, 0) == Verdict::kReady);
+  CHECK(sync.on_push(ps1, 0, 0) == Verdict::kPending);
+  CHECK(sync.on_worker_lost(ps1, 1) == Verdict::kReady);
+  CHECK(ps1.refill);
+  // ps 0 hands out step 1's tokens as a normal step (worker 1 is not lost there yet): one
+  // token each, whose push waits for step 2. Worker 0 will bring one gradient: ps 1 takes
+  // ps 0's word from the push and needs one, instead of waiting for a second never sent.
+  const std::optional<Token> t = sync.take_token(ps0, 0);
+  REQUIRE(t.has_value());
+  CHECK_FALSE(t->refill);
+  CHECK(sync.on_worker_lost(ps0, 1) == Verdict::kPending);
+  sync.follow(ps1, t->local_step, t->refill);
+  CHECK_FALSE(ps1.refill);
+  CHECK(sync.on_push(ps0, 0, 1) == Verdict::kReady);
+  CHECK(sync.on_push(ps1, 0, 1) == Verdict::kReady);
+  // Step 2 is a refill step on ps 0; a ps that has not held worker 1 lost follows it too.
+  auto ps2 = sync.make_pacer();
+  ps2.step = 2;
+  const std::optional<Token> r = sync.take_token(ps0, 0);
+  REQUIRE(r.has_value());
+  CHECK(r->refill);
+  sync.follow(ps2, r->local_step, r->refill);
+  CHECK(ps2.refill);
+  CHECK(sync.on_push(ps2, 0, 2) == Verdict::kPending);  // both batches, as on ps 0
+  CHECK(sync.on_push(ps2, 0, 2) == Verdict::kReady);
+  // Only the step's first push decides; a push of another step changes nothing.
+  sync.follow(ps2, 2, false);
+  sync.follow(ps2, 3, false);
+  CHECK(ps2.refill == false);  // step 3 began as a normal step there (nobody lost)
+}
+
 TEST_CASE("BoundedStaleness: a worker runs at most s clocks ahead of the slowest") {
   const pulley::BoundedStaleness ssp{2, 3};
   auto pacer = ssp.make_pacer();
@@ -258,6 +297,7 @@ TEST_CASE("SyncReplicas: the live workers take a lost worker's tokens, so every 
   REQUIRE(a.has_value());
   CHECK(a->batch == 2);
   CHECK(a->next_pull_step == 1);
+  CHECK(a->refill);
   CHECK_FALSE(sync.take_token(pacer, 0).has_value());  // it holds one: it pushes first
   CHECK(sync.on_push(pacer, 0, 1) == Verdict::kPending);
   const std::optional<Token> b = sync.take_token(pacer, 0);
@@ -281,6 +321,7 @@ TEST_CASE("SyncReplicas: the live workers take a lost worker's tokens, so every 
   REQUIRE(d.has_value());
   CHECK(d->batch == 6);
   CHECK(d->next_pull_step == 4);
+  CHECK_FALSE(d->refill);
   CHECK(sync.on_push(pacer, 0, 3) == Verdict::kPending);
   CHECK_FALSE(sync.take_token(pacer, 0).has_value());
 

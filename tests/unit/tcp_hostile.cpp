@@ -574,6 +574,9 @@ TEST_CASE("a second process claiming a live task is refused, and one in place of
   const std::string refused = impostor.join(ps.port, Node::worker(1), test_credentials(), 22);
   CHECK(refused.find("worker:1 is another live process's") != std::string::npos);
   CHECK(log.wait_for(LogLevel::kWarning, "one process per task"));
+  // A hello that names no process is refused (else it would pass for any).
+  RawClient unnamed;
+  CHECK(unnamed.join(ps.port, Node::worker(1), test_credentials(), 0).find("names no process") != std::string::npos);
   // Another task of the job is not held by it.
   RawClient other;
   CHECK(other.join(ps.port, Node::worker(0), test_credentials(), 22).empty());
@@ -581,6 +584,9 @@ TEST_CASE("a second process claiming a live task is refused, and one in place of
   // worker 1 (a restarted task whose old host is gone).
   std::this_thread::sleep_for(std::chrono::milliseconds(1200));
   CHECK(later.join(ps.port, Node::worker(1), test_credentials(), 33).empty());
+  // The silent connections of the process before are closed: one process is worker 1.
+  CHECK(first.closed_by_ps(std::chrono::milliseconds(500)));
+  CHECK(second_link.closed_by_ps(std::chrono::milliseconds(500)));
   // And a process whose old connections closed gets in at once.
   RawClient next;
   CHECK(next.join(ps.port, Node::worker(2), test_credentials(), 44).empty());

@@ -137,14 +137,17 @@ class Chief {
   /// cleanly (`Worker::step` returns nullopt); the ps tasks then stop serving.
   void shutdown() { end({false, {}}); }
 
-  /// True if every ps task answers that it serves training already: this chief was
-  /// started again in place of a lost one, and may go on from their live state (`adopt`).
-  /// False when any does not, or cannot be reached within the request timeout.
+  /// True if every ps task answers that it serves training already, all at the same
+  /// epoch: this chief was started again in place of a lost one, and may go on from their
+  /// live state (`adopt`). False when any does not (a restore its predecessor left half
+  /// done, a ps restarted), or cannot be reached within the request timeout.
   [[nodiscard]] bool ps_serving() {
     try {
       const auto replies = client_.template broadcast<StatsReply>([](std::size_t) { return GetStats{}; },
                                                                   timeouts().request_timeout, "look at the ps tasks");
-      return std::all_of(replies.begin(), replies.end(), [](const StatsReply& r) { return r.ready; });
+      return std::all_of(replies.begin(), replies.end(), [&](const StatsReply& r) {
+        return r.ready && r.epoch == replies.front().epoch;
+      });
     } catch (const Error&) {
       return false;
     }

@@ -193,9 +193,10 @@ class Client {
   /// before either is sent.
   PushPullResult push_pull(std::uint32_t worker, std::int64_t local_step,
                            std::span<const std::span<const float>> gradients, std::span<const PullRequest> requests,
-                           std::int64_t min_step, std::span<const RowRequest> rows = {}) {
+                           std::int64_t min_step, std::span<const RowRequest> rows = {}, bool refill = false) {
     detail::PullSplit pulls = split(requests, min_step);
     build_pushes(worker, local_step, gradients, rows);
+    for (Push& p : unanswered_) p.refill = refill;  // the token's word, for every ps (Token::refill)
     return push_pull_sent(std::move(pulls), min_step);
   }
 

@@ -36,10 +36,12 @@ namespace pulley {
 template <Transport T>
 class HeartbeatSender {
  public:
-  /// Starts beating at once, on its own thread, as worker `worker`.
+  /// Starts beating at once, on its own thread, as worker `worker` (or as the task its
+  /// transport names: the chief's is index 0); `who` names it in log lines ("worker 3").
   HeartbeatSender(std::uint32_t worker, T transport,
-            std::chrono::milliseconds interval = std::chrono::seconds(1))
-      : worker_(worker), interval_(interval), transport_(std::move(transport)) {
+            std::chrono::milliseconds interval = std::chrono::seconds(1), std::string who = {})
+      : worker_(worker), interval_(interval), transport_(std::move(transport)),
+        who_(who.empty() ? "worker " + std::to_string(worker) : std::move(who)) {
     thread_ = std::thread([this] { beat(); });
   }
 
@@ -90,8 +92,7 @@ class HeartbeatSender {
         ++beats_;
         if (chief_lost != chief_lost_ && !leaving) {
           log(chief_lost ? LogLevel::kWarning : LogLevel::kInfo,
-              "worker " + std::to_string(worker_) +
-                  (chief_lost ? ": the ps tasks hold the chief lost: training goes on while they wait for a chief "
+              who_ + (chief_lost ? ": the ps tasks hold the chief lost: training goes on while they wait for a chief "
                                 "to come back"
                               : ": the chief is back"));
         }
@@ -133,6 +134,7 @@ class HeartbeatSender {
   std::uint32_t worker_;
   std::chrono::milliseconds interval_;
   T transport_;
+  std::string who_;
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   bool stopping_ = false;

@@ -146,8 +146,12 @@ class Worker {
   /// training: waits until it does, so that no worker ends successfully unless the chief
   /// ended the job (its last checkpoint and evaluation done). Returns true once it has
   /// (`ended()`), false when the job must train on (it was rolled back below `last_step`
-  /// after a lost ps, or a ps went away: `step` again, which recovers). Throws kAborted when
-  /// the chief aborted training, or the ps tasks gave up waiting for a lost chief.
+  /// after a lost ps, or a ps went away: `step` again, which recovers; a ps that stays away
+  /// is waited for with the recovery's pauses, and fails the wait after
+  /// `ClientOptions::recovery_timeout`, counted over consecutive returns). Throws kAborted
+  /// when the chief aborted training, or the ps tasks gave up waiting for a lost chief;
+  /// kDeadlineExceeded when no ps advanced for `ClientOptions::wait_timeout` (the chief's
+  /// last checkpoint and evaluation take longer).
   bool wait_for_end() {
     if (ended_) return true;
     try {
@@ -155,11 +159,14 @@ class Worker {
     } catch (const Error& e) {
       if (e.code() != ErrorCode::kOutOfRange) {
         if (e.code() != ErrorCode::kFailedPrecondition && !detail::Recovery::may_recover(e.code())) throw;
+        if (!ending_) ending_.emplace("worker " + std::to_string(index_), client_.options());
+        if (e.code() != ErrorCode::kFailedPrecondition) ending_->wait(e);  // no busy loop while a ps is away
         finished_ = false;
         pulled_step_ = -1;
         return false;
       }
     }
+    ending_.reset();
     finished_ = ended_ = true;
     return true;
   }
@@ -229,7 +236,9 @@ class Worker {
       try {
         if (again) recover();
         if (again && pushing_ && client_.push_unanswered()) return finish_step();
-        return try_step(read, last_step);
+        std::optional<StepResult> result = try_step(read, last_step);
+        if (result) ending_.reset();  // training went on: a later wait for the end starts afresh
+        return result;
       } catch (const Error& e) {
         if (e.code() == ErrorCode::kOutOfRange) {
           finished_ = ended_ = true;  // the chief ended training; this step's gradient is not needed
@@ -280,7 +289,11 @@ class Worker {
     interrupted_ = result;  // what finish_step completes if the push loses a connection
     interrupted_pull_step_ = token.next_pull_step;
     pushing_ = true;
-    result.stale_parts = push_pull(token.local_step, token.next_pull_step);
+    pulled_step_ = -1;  // a pull that fails part way leaves the model mixed: pull again
+    const auto done = client_.push_pull(index_, token.local_step, gradients_, all_, token.next_pull_step,
+                                        push_rows_, token.refill);
+    pulled_step_ = done.pulled_step;
+    result.stale_parts = done.stale_parts;
     return result;
   }
 
@@ -399,6 +412,7 @@ class Worker {
   bool paced_ = true;              ///< the sync policy makes workers wait for tokens
   bool finished_ = false;          ///< training is over
   bool ended_ = false;             ///< the chief ended it
+  std::optional<detail::Recovery> ending_;  ///< wait_for_end's wait for a ps that is away
 };
 
 }  // namespace pulley

@@ -65,6 +65,9 @@ enum class Verdict : std::uint8_t {
 ///     policy waits for it.
 ///   - `p.awaited(pacer)` → `std::vector<std::uint32_t>`: the workers the next step waits
 ///     for; the ps quotes each with how long ago it last heard it.
+///   - `p.follow(pacer, local_step, refill)` → void, noexcept: called before `on_push` with
+///     what the token the push was made for said (`Token::refill`, which the pacing ps's
+///     policy sets): every ps follows the pacing ps's word on the push's step.
 ///
 /// Semantic contract:
 ///   - the ps calls `on_push` once per push message, after checking it and before touching
@@ -168,6 +171,15 @@ template <SyncPolicy P>
 void worker_back(const P& policy, typename P::Pacer& pacer, std::uint32_t worker) {
   if constexpr (requires { policy.on_worker_back(pacer, worker); }) {
     policy.on_worker_back(pacer, worker);
+  }
+}
+
+/// Tells the policy what the pacing ps said about the push's step (`follow`, if it has one).
+template <SyncPolicy P>
+void follow(const P& policy, typename P::Pacer& pacer, std::int64_t local_step, bool refill) noexcept {
+  if constexpr (requires { policy.follow(pacer, local_step, refill); }) {
+    static_assert(noexcept(policy.follow(pacer, local_step, refill)), "SyncPolicy::follow must be noexcept");
+    policy.follow(pacer, local_step, refill);
   }
 }
 

@@ -199,10 +199,17 @@ struct Push {
   /// Gradient rows of embedding tables held here, duplicates summed by the worker; they
   /// share the push's verdict (stale rows are dropped with its parts).
   std::vector<TableRows> rows = {};
+  /// Whose numbers `sequence` counts in: drawn at random by each client (0: none). A push
+  /// numbered below the last one the ps took of the same series is an old copy that came
+  /// late on a connection its worker gave up (the worker sent it again and went on): it is
+  /// refused, never counted.
+  std::uint64_t series = 0;
+  /// The token it was made for said its step is a refill step (Token::refill).
+  bool refill = false;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(worker, local_step, gradients, epoch, sequence, rows);
+    archive(worker, local_step, gradients, epoch, sequence, rows, series, refill);
   }
 };
 
@@ -550,10 +557,11 @@ struct StatsReply {
   std::vector<std::uint32_t> lost;  ///< workers held lost, ascending
   bool chief_lost = false;          ///< the chief's heartbeats stopped, and no chief is back yet
   bool ready = false;               ///< the ps serves training (a new chief goes on from it)
+  std::uint64_t epoch = 0;          ///< the restores it has seen (a new chief needs them alike)
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(stats, waiting_for, lost, chief_lost, ready);
+    archive(stats, waiting_for, lost, chief_lost, ready, epoch);
   }
 };
 

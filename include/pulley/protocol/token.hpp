@@ -26,10 +26,15 @@ struct Token {
   /// lost worker gave back reads, in whichever worker takes it, the batch the lost worker
   /// would have read (DataShard::batch, runner/training.hpp).
   std::int64_t batch = -1;
+  /// The step needs all R gradients although workers are lost (a SyncReplicas refill
+  /// step): the live workers bring the lost ones'. The pacing ps (ps 0) decides it; the
+  /// worker's push carries it (Push::refill), and every ps follows ps 0's word for the
+  /// step (`SyncPolicy::follow`), so that no ps waits for gradients the tokens will not bring.
+  bool refill = false;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(local_step, pull_step, next_pull_step, paced, batch);
+    archive(local_step, pull_step, next_pull_step, paced, batch, refill);
   }
   friend bool operator==(const Token&, const Token&) = default;
 };

@@ -50,7 +50,7 @@ class CheckpointCut {
   /// Holds `push`, with its reply, until the cut or Resume takes it.
   void hold(const Push& push, Responder& reply) {
     HeldPush& held = held_.emplace_back();
-    held.push = Push{push.worker, push.local_step, {}, push.epoch, push.sequence};
+    held.push = Push{push.worker, push.local_step, {}, push.epoch, push.sequence, {}, push.series, push.refill};
     held.storage.reserve(push.gradients.size() + push.rows.size());
     for (const PartValues& pv : push.gradients) {
       held.storage.emplace_back(pv.values.begin(), pv.values.end());
@@ -68,7 +68,8 @@ class CheckpointCut {
   bool rehold(const Push& push, Responder& reply) {
     if (push.sequence == 0) return false;
     for (HeldPush& held : held_) {
-      if (held.push.worker == push.worker && held.push.sequence == push.sequence) {
+      if (held.push.worker == push.worker && held.push.sequence == push.sequence &&
+          held.push.series == push.series) {
         held.reply = std::exchange(reply, nullptr);
         return true;
       }

@@ -18,10 +18,11 @@ namespace pulley {
 /// Worker made by hand without a HeartbeatSender, as in TensorFlow). The ps tells its sync
 /// policy of every change; this part keeps only the clock and the verdicts.
 ///
-/// A ps that heard no worker at all for a whole timeout was most likely the one cut off (a
-/// partition, a stopped process, a long pause of its own): every worker then gets a fresh
-/// timeout to be heard from again, once, instead of being held lost for the ps's own
-/// silence. (If every worker really is gone, they are held lost after two timeouts.)
+/// A ps that heard no task at all (no worker, nor the chief) for a whole timeout was most
+/// likely the one cut off (a partition, a stopped process, a long pause of its own): every
+/// task then gets a fresh timeout to be heard from again, once, instead of being held lost
+/// for the ps's own silence. (If every task really is gone, they are held lost after two
+/// timeouts.)
 ///
 /// The chief beats too, and is judged by the same timeout and grace: a ps that holds it
 /// lost keeps the model and waits for a chief to come back.
@@ -78,33 +79,27 @@ class Liveness {
     }
   }
 
-  /// Holds lost every worker silent for the timeout at `now`, calling
-  /// `on_lost(worker, last_heard)` for each, in worker order, right after marking it; and
-  /// the chief, calling `on_chief_lost(last_heard)`.
-  template <class OnLost, class OnChiefLost>
-  void expire(Clock::time_point now, OnLost&& on_lost, OnChiefLost&& on_chief_lost) {
-    if (!grace_ && (!workers_.empty() || chief_) && now - last_heard_any_ >= timeout_) {
-      grace_ = true;  // nobody heard for a whole timeout: a fresh one each, from now
-      for (auto& [w, heard] : workers_) heard.last = now;
-      if (chief_ && !chief_->lost) chief_->last = now;
-      last_heard_any_ = now;
-      return;
-    }
+  /// Holds the chief lost if it was silent for the timeout at `now`, calling
+  /// `on_chief_lost(last_heard)` right after marking it.
+  template <class OnChiefLost>
+  void expire_chief(Clock::time_point now, OnChiefLost&& on_chief_lost) {
+    if (start_grace(now)) return;
     if (chief_ && !chief_->lost && now - chief_->last >= timeout_) {
       chief_->lost = true;
       on_chief_lost(chief_->last);
     }
+  }
+
+  /// Holds lost every worker silent for the timeout at `now`, calling
+  /// `on_lost(worker, last_heard)` for each, in worker order, right after marking it.
+  template <class OnLost>
+  void expire(Clock::time_point now, OnLost&& on_lost) {
+    if (start_grace(now)) return;
     for (auto& [worker, heard] : workers_) {
       if (heard.lost || now - heard.last < timeout_) continue;
       heard.lost = true;
       on_lost(worker, heard.last);
     }
-  }
-
-  /// `expire` without a chief to watch.
-  template <class OnLost>
-  void expire(Clock::time_point now, OnLost&& on_lost) {
-    expire(now, std::forward<OnLost>(on_lost), [](Clock::time_point) {});
   }
 
   /// The workers held lost, ascending.
@@ -147,6 +142,16 @@ class Liveness {
     Clock::time_point last;
     bool lost = false;
   };
+  /// Nobody heard for a whole timeout at `now`: a fresh one each, from now, once (true).
+  bool start_grace(Clock::time_point now) {
+    if (grace_ || (workers_.empty() && !chief_) || now - last_heard_any_ < timeout_) return false;
+    grace_ = true;
+    for (auto& [w, heard] : workers_) heard.last = now;
+    if (chief_ && !chief_->lost) chief_->last = now;
+    last_heard_any_ = now;
+    return true;
+  }
+
   /// Heard at `now`: after a silence of a whole timeout, everyone gets a fresh one.
   void heard_any(Clock::time_point now) {
     if (now - last_heard_any_ >= timeout_) {

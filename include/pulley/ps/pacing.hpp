@@ -38,7 +38,8 @@ class Pacing {
 
   /// The policy's verdict on one push message (`SyncPolicy::on_push`); a `pulley::Error`
   /// refuses the push and leaves the pacer as it was.
-  Verdict on_push(std::uint32_t worker, std::int64_t local_step) {
+  Verdict on_push(std::uint32_t worker, std::int64_t local_step, bool refill = false) {
+    follow(sync_, pacer_, local_step, refill);
     return sync_.on_push(pacer_, worker, local_step);
   }
 

@@ -114,7 +114,8 @@ class ParameterServer {
   /// True once it serves no more: shut down by the chief, or failed.
   [[nodiscard]] bool stopped() const noexcept { return end_.has_value(); }
   /// How it ended, as it now answers every request: kOutOfRange (training finished),
-  /// kAborted (the chief aborted training) or kInternal (it failed); nullopt while serving.
+  /// kAborted (the chief aborted training, or no chief came back in place of a lost one:
+  /// set_chief_wait) or kInternal (it failed); nullopt while serving.
   [[nodiscard]] const std::optional<ErrorReply>& ended() const noexcept { return end_; }
   /// This ps task's index.
   [[nodiscard]] std::uint32_t task() const noexcept { return task_; }
@@ -386,10 +387,17 @@ class ParameterServer {
                         " parts held here, got " + std::to_string(r.gradients.size()));
     }
     if (refused(reply, registration_.check_epoch(r.epoch, "push"))) return;
-    if (const PushLedger::Answer* answer = ledger_.repeated(r.worker, r.sequence)) {
+    if (const PushLedger::Answer* answer = ledger_.repeated(r.worker, r.sequence, r.series)) {
       ++stats_.pushes_repeated;  // sent again after a lost connection: answered, counted once
       if (!answer->refused.empty()) return reject(reply, ErrorCode::kInvalidArgument, answer->refused);
       return respond(reply, PushReply{answer->stale_parts});
+    }
+    if (ledger_.older(r.worker, r.sequence, r.series)) {
+      ++stats_.pushes_repeated;
+      return reject(reply, ErrorCode::kAborted,
+                    "push " + std::to_string(r.sequence) + " of worker " + std::to_string(r.worker) +
+                        " came after a later one of the same client: a late copy from a connection it gave "
+                        "up (it sent the push again), not counted");
     }
     if (cut_.paused()) {
       if (cut_.rehold(r, reply)) {
@@ -408,14 +416,14 @@ class ParameterServer {
     changing_ = true;  // the policy's own refusal (pulley::Error) leaves its pacer unchanged
     Verdict verdict = Verdict::kStale;
     try {
-      verdict = pacing_.on_push(r.worker, r.local_step);
+      verdict = pacing_.on_push(r.worker, r.local_step, r.refill);
     } catch (const Error& e) {
       changing_ = false;
       return reject(reply, e.code(), std::string("Push refused: ") + e.message());
     }
     ledger_.count(r.worker);
     const auto outcome = update_.take(shard_, pacing_.policy(), r, verdict, step_before, stats_);
-    ledger_.answered(r.worker, r.sequence, {outcome.stale_parts, outcome.refused});
+    ledger_.answered(r.worker, r.sequence, {outcome.stale_parts, outcome.refused}, r.series);
     if (outcome.refused.empty()) {
       respond(reply, PushReply{outcome.stale_parts});
     } else {
@@ -614,17 +622,19 @@ class ParameterServer {
   /// same for the chief, which is waited for (`set_chief_wait`), then given up on.
   void check_heartbeats() {
     const auto now = Clock::now();
+    // The chief first, even while a cut it made is paused: a chief lost mid-cut ends the
+    // job once nobody came back in its place.
+    liveness_.expire_chief(now, [&](Clock::time_point last) {
+      log(LogLevel::kWarning,
+          name_ + ": the chief is lost (last heard " + Liveness::seconds_between(last, now) +
+              " s ago): the model is kept and the workers go on; waiting up to " +
+              std::to_string(chief_wait_.count() / 1000) + " s for a chief to come back");
+    });
     if (const auto since = liveness_.chief_lost_since(); since && now - *since >= chief_wait_ + liveness_.timeout()) {
       fail_for_chief(*since, now);
       return;
     }
     if (!registration_.ready() || cut_.paused()) return;
-    const auto on_chief_lost = [&](Clock::time_point last) {
-      log(LogLevel::kWarning,
-          name_ + ": the chief is lost (last heard " + Liveness::seconds_between(last, now) +
-              " s ago): the model is kept and the workers go on; waiting up to " +
-              std::to_string(chief_wait_.count() / 1000) + " s for a chief to come back");
-    };
     liveness_.expire(now, [&](std::uint32_t worker, Clock::time_point last) {
       const std::int64_t step_before = pacing_.global_step();
       changing_ = true;
@@ -636,7 +646,7 @@ class ParameterServer {
                                   " s ago): training goes on without it; " + describe_wait());
       hand_out_tokens();
       if (pacing_.global_step() != step_before) release_step_gates();
-    }, on_chief_lost);
+    });
   }
 
   /// No chief came back in time: training cannot end, so it ends here as aborted, and
@@ -653,7 +663,7 @@ class ParameterServer {
   /// What GetStats and Heartbeat answer.
   StatsReply stats_reply() const {
     return StatsReply{stats(), describe_wait(), liveness_.lost(), liveness_.chief_lost_since().has_value(),
-                      registration_.ready()};
+                      registration_.ready(), registration_.epoch()};
   }
 
   /// The sync policy's wait in words, with how long ago each awaited worker was heard:

@@ -21,13 +21,21 @@ class PushLedger {
     std::string refused;            ///< why the update was refused ("" if it was not)
   };
 
-  /// The answer to a push of `worker` numbered `sequence` if it is the last one taken again,
-  /// else nullptr. Sequence 0 numbers nothing.
-  [[nodiscard]] const Answer* repeated(std::uint32_t worker, std::uint64_t sequence) const {
-    if (sequence == 0 || worker >= last_.size() || last_[worker].sequence != sequence) {
+  /// The answer to a push of `worker` numbered `sequence` of `series` if it is the last one
+  /// taken again, else nullptr. Sequence 0 numbers nothing.
+  [[nodiscard]] const Answer* repeated(std::uint32_t worker, std::uint64_t sequence, std::uint64_t series = 0) const {
+    if (sequence == 0 || worker >= last_.size() || last_[worker].sequence != sequence ||
+        last_[worker].series != series) {
       return nullptr;
     }
     return &last_[worker].answer;
+  }
+
+  /// True if a push of `worker` numbered `sequence` of `series` (not 0) is older than the
+  /// last one taken of that series: a late copy its worker gave up on.
+  [[nodiscard]] bool older(std::uint32_t worker, std::uint64_t sequence, std::uint64_t series) const {
+    return series != 0 && sequence != 0 && worker < last_.size() && last_[worker].series == series &&
+           sequence < last_[worker].sequence;
   }
 
   /// Counts one push of `worker` taken (its verdict not known yet).
@@ -36,11 +44,12 @@ class PushLedger {
     ++taken_[worker];
   }
 
-  /// Remembers the answer to push `sequence` of `worker` (0: unnumbered, nothing kept).
-  void answered(std::uint32_t worker, std::uint64_t sequence, Answer answer) {
+  /// Remembers the answer to push `sequence` of `series` of `worker` (0: unnumbered,
+  /// nothing kept).
+  void answered(std::uint32_t worker, std::uint64_t sequence, Answer answer, std::uint64_t series = 0) {
     if (sequence == 0) return;
     if (last_.size() <= worker) last_.resize(worker + 1);
-    last_[worker] = {sequence, std::move(answer)};
+    last_[worker] = {sequence, series, std::move(answer)};
   }
 
   /// Pushes of `worker` taken so far.
@@ -59,6 +68,7 @@ class PushLedger {
  private:
   struct Last {
     std::uint64_t sequence = 0;
+    std::uint64_t series = 0;
     Answer answer;
   };
   std::vector<std::uint64_t> taken_;

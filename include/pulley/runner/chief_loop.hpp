@@ -157,6 +157,14 @@ class ChiefLoop {
     ChiefSchedule schedule({training_.last_step, training_.evaluate_every, checkpoints_.has_value(),
                             training_.checkpoint.save_steps, training_.checkpoint.save_secs},
                            begin(), Clock::now());
+    if (adopted_) {
+      std::int64_t newest = -1;  // the checkpoints due since the newest on disk are due now
+      if (checkpoints_) {
+        const auto written = CheckpointDirectory::list(checkpoints_->root());  // newest first
+        if (!written.empty()) newest = written.front().first;
+      }
+      schedule.last_checkpoint(newest);
+    }
     start_ = Clock::now();
     while (!schedule.done()) {
       try {
@@ -212,6 +220,7 @@ class ChiefLoop {
         start_step_ = chief_.adopt(model_.variables());
       }
       note_restored(start_step_);  // the next checkpoint is a full one
+      adopted_ = true;
       log(LogLevel::kInfo, "chief: every ps still serves the job, at global step " + std::to_string(start_step_) +
                                ": going on from their live state (the chief before this one was lost)");
       return start_step_;
@@ -341,6 +350,7 @@ class ChiefLoop {
   std::optional<ModelState> initial_;
   Clock::time_point start_;
   std::int64_t start_step_ = 0;
+  bool adopted_ = false;  ///< it went on from the live state of a lost chief's job
   std::int64_t base_ = -1;  ///< the newest checkpoint saved or restored from (-1: none)
   std::int64_t incremental_in_a_row_ = 0;  ///< checkpoints since the last full one
   /// The wait for the ps tasks after connections broke, kept while they break again
@@ -354,7 +364,7 @@ class ChiefLoop {
 template <Model M, class Connect, IdSharding I = HashIds>
 void lead(const Training<M>& training, Connect connect, I id_sharding = {}) {
   using T = decltype(connect());
-  HeartbeatSender heartbeat(0, connect(), training.client.heartbeat_interval);
+  HeartbeatSender heartbeat(0, connect(), training.client.heartbeat_interval, "chief");
   Chief chief(connect(), training.seed, training.client);
   try {
     ChiefLoop<M, T, I>(training, chief, std::move(id_sharding)).run();

@@ -87,6 +87,11 @@ class ChiefSchedule {
     last_save_ = now;
   }
 
+  /// The newest checkpoint written is of global step `step`, older than where training is
+  /// (a chief that took over the live state of a lost one's job): the checkpoints due since
+  /// are due now, the last step's included.
+  void last_checkpoint(std::int64_t step) noexcept { saved_step_ = step; }
+
   /// The evaluation due was done.
   void evaluated() noexcept { ++next_; }
 

@@ -192,7 +192,20 @@ void follow(const Training<M>& training, Connect connect, I id_sharding = {}) {
       load(model, shot);
       if (training.evaluate) training.evaluate(model, evaluation);
     }
-    evaluator.wait_for_end();  // ends successfully only once the chief ended training
+    // It ends successfully only once the chief ended training. (A job rolled back after its
+    // last evaluation is not scored again: the chief evaluates its last step.)
+    for (std::optional<detail::Recovery> recovery;;) {
+      try {
+        if (recovery) evaluator.wait_ready(model.variables());  // at the epoch of a rollback
+        evaluator.wait_for_end();
+        break;
+      } catch (const Error& e) {
+        if (e.code() == ErrorCode::kOutOfRange) throw;
+        if (!detail::Recovery::may_recover(e.code()) && e.code() != ErrorCode::kFailedPrecondition) throw;
+        if (!recovery) recovery.emplace("evaluator", training.client);
+        recovery->wait(e);
+      }
+    }
   } catch (const Error& e) {
     if (e.code() != ErrorCode::kOutOfRange) throw;  // the chief ended training
   }

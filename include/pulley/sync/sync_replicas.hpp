@@ -43,13 +43,15 @@ namespace pulley {
 ///
 /// Lost workers (a deviation from TensorFlow, which waits for them forever): when the ps
 /// holds a worker lost (its heartbeats stopped, parameter_server.hpp), training goes on
-/// without it and loses none of its examples:
+/// without it, losing at most the batches of the step in progress:
 ///   - a step that begins with L workers lost and N - L < R is a refill step: it still
 ///     needs R fresh gradients, and the live workers take the lost ones' tokens (each its
 ///     own first, then one more at a time while more tokens are left than live workers
 ///     still to take theirs), so every step keeps its R batches, the lost worker's among
 ///     them. Its tokens pull at once after their push (`next_pull_step` is the step), since
-///     the worker may bring another gradient of the same step;
+///     the worker may bring another gradient of the same step. The pacing ps (ps 0)
+///     decides it when the step begins, and its tokens say so (Token::refill); every other
+///     ps takes that word from the step's pushes (`follow`), whatever its own lost workers;
 ///   - a worker lost during a step that is not a refill step (its tokens were handed out
 ///     to wait for the next step) leaves that step needing min(R, N - L') fresh gradients
 ///     (at least 1), L' counting the lost workers that have not pushed for it; a step that
@@ -157,6 +159,13 @@ class SyncReplicas {
     return Verdict::kReady;
   }
 
+  /// A push for `local_step` says what the pacing ps decided about that step (Token::refill):
+  /// before the step's first fresh push, the step in progress takes its word, so that every
+  /// ps needs what the tokens bring (this ps's own lost workers may differ for a heartbeat).
+  void follow(Pacer& pacer, std::int64_t local_step, bool refill) const noexcept {
+    if (local_step == pacer.step && pacer.fresh == 0) pacer.refill = refill && one_each();
+  }
+
   /// Waits for `worker` again, from the step in progress.
   void on_worker_back(Pacer& pacer, std::uint32_t worker) const { pacer.lost.erase(worker); }
 
@@ -216,15 +225,17 @@ class SyncReplicas {
   std::optional<Token> take_token(Pacer& pacer, std::uint32_t worker) const {
     if (pacer.free.empty()) return std::nullopt;
     if (one_each() && (pacer.taken.contains(worker) || pacer.pushed.contains(worker))) {
-      if (!pacer.refill || pacer.held.contains(worker)) return std::nullopt;
+      const auto held = pacer.held.find(worker);
+      if (!pacer.refill || (held != pacer.held.end() && !held->second.empty())) return std::nullopt;
       std::size_t owed = 0;  // live workers that have not taken their token of the step
       for (std::uint32_t w = 0; w < static_cast<std::uint32_t>(total_num_replicas_); ++w) {
         if (!pacer.lost.contains(w) && !pacer.taken.contains(w) && !pacer.pushed.contains(w)) ++owed;
       }
       if (pacer.free.size() <= owed) return std::nullopt;
     }
-    std::vector<std::uint32_t>& held = pacer.held[worker];  // allocations first: one that
-    held.reserve(held.size() + 1);                          // throws leaves the pacer as it was
+    // Allocations first (an entry in `held` left empty by a throw is as good as none).
+    std::vector<std::uint32_t>& held = pacer.held[worker];
+    held.reserve(held.size() + 1);
     ++pacer.taken[worker];
     const std::uint32_t number = pacer.free.front();
     pacer.free.erase(pacer.free.begin());
@@ -251,7 +262,7 @@ class SyncReplicas {
   [[nodiscard]] Token token(const Pacer& pacer, std::uint32_t number) const {
     const bool next = one_each() && !pacer.refill;
     return Token{pacer.step, pacer.step, next ? pacer.step + 1 : pacer.step, true,
-                 pacer.step * tokens_per_step() + number};
+                 pacer.step * tokens_per_step() + number, pacer.refill};
   }
 
   /// Fresh gradients the step in progress needs: R in a refill step (or with R > N), else

@@ -45,7 +45,9 @@ namespace pulley {
 /// job's secret, and the ps proves the same back, naming its task index. A ps of another
 /// job, one that cannot prove the secret, or one listed at the wrong index is refused at
 /// once with a message that says so (kUnauthenticated), and so is this client by a ps that
-/// refuses it; neither is retried while the transport is made.
+/// refuses it; neither is retried while the transport is made. A refusal for now (its task
+/// is another live process's: TcpServerOptions::takeover_after) is retried as an
+/// unreachable ps is, within `connect_timeout`, then fails kUnavailable.
 ///
 /// A lost connection fails the calls waiting on it with kUnavailable (whether a request in
 /// flight was handled is then unknown). The next call to that ps reconnects first (one

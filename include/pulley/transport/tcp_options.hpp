@@ -88,8 +88,9 @@ struct TcpServerOptions {
   /// heard within this long is refused with kUnavailable, so that nobody can act as a live
   /// worker (take its tokens, push in its name). A process started again in place of a dead
   /// one gets in once the old one's connections are closed (a killed process's are at once)
-  /// or silent this long (a lost host's), retrying until then. The role runner sets it to
-  /// the worker timeout; 0 lets any process claim any task.
+  /// or silent this long (a lost host's, whose connections are then closed), retrying until
+  /// then; a hello that names no process is refused. Keep it at least the worker timeout;
+  /// 0 lets any process claim any task.
   std::chrono::milliseconds takeover_after{std::chrono::seconds(5)};
 };
 

@@ -356,6 +356,7 @@ class TcpServer {
     c->peer = hello.peer;
     c->incarnation = hello.incarnation;
     ++clients_;
+    take_over(*c);
     orphan_.cancel();
     c->reader.set_limits(options_.frames);
     queue_frame(c, wire::encode(wire::Handshake{wire::Welcome{
@@ -367,7 +368,8 @@ class TcpServer {
   /// Why `hello`'s process may not be its task now: another process is, with a connection
   /// heard within `takeover_after` (TcpServerOptions); or "".
   [[nodiscard]] std::string held_elsewhere(const wire::Hello& hello) const {
-    if (options_.takeover_after.count() <= 0 || hello.incarnation == 0) return {};
+    if (options_.takeover_after.count() <= 0) return {};
+    if (hello.incarnation == 0) return "its hello names no process (incarnation 0): one process per task";
     const auto now = Clock::now();
     for (const auto& [raw, c] : connections_) {
       if (!c->peer || c->closed || c->incarnation == 0 || c->incarnation == hello.incarnation ||
@@ -380,6 +382,21 @@ class TcpServer {
              std::to_string(ago) + " ms ago): one process per task (TcpServerOptions::takeover_after)";
     }
     return {};
+  }
+
+  /// `c` is its task's process now: the silent connections of a process before it in that
+  /// task (a lost host's, half open) are closed, so that one process at a time is the task.
+  void take_over(const Connection& c) {
+    std::vector<Connection*> older;
+    for (const auto& [raw, other] : connections_) {
+      if (other.get() != &c && other->peer && !other->closed && other->incarnation != c.incarnation &&
+          other->peer->role == c.peer->role && other->peer->index == c.peer->index) {
+        older.push_back(raw);
+      }
+    }
+    for (Connection* other : older) {
+      drop(*other, c.peer->name() + " is now the process at " + c.address + " (it took the task over)");
+    }
   }
 
   /// Why a client that proved the secret as `peer` is not one of the job's tasks

@@ -44,7 +44,7 @@ class PushBuilder {
     for (const RowRequest& r : rows) check_rows(r, tables, num_ps);
     if (clip_norm_ > 0.0F) gradients = clipped(gradients, rows);
     const std::uint64_t sequence = ++sequence_;
-    std::vector<Push> pushes(num_ps, Push{worker, local_step, {}, epoch, sequence});
+    std::vector<Push> pushes(num_ps, Push{worker, local_step, {}, epoch, sequence, {}, series_});
     for (const Part& part : placement.parts) {
       const VariableSpec& spec = variables[part.variable];
       const std::span<const float> g = gradients[part.variable];
@@ -136,6 +136,7 @@ class PushBuilder {
   /// Numbers the pushes: from a random start, so that a client that restarts is not taken
   /// for the one before it (and never wraps).
   std::uint64_t sequence_ = random_u64() >> 1U;
+  std::uint64_t series_ = random_u64() | 1U;  ///< never 0 (Push::series)
   std::vector<std::vector<float>> clipped_;    ///< gradients scaled by clipping
   std::vector<std::span<const float>> views_;  ///< views of them, by variable
   std::int64_t clipped_steps_ = 0;
