@@ -251,6 +251,18 @@ TEST_CASE("metadata that lies about its tensors is refused") {
   CHECK_THROWS_AS(wire::decode_response(frame.header, frame.meta, g), wire::Malformed);
 }
 
+TEST_CASE("a bool that is neither 0 nor 1 is refused") {
+  // Push ends with its `refill` flag (found by fuzz.wire: a byte of 93 read as a bool).
+  const std::vector<float> g{1, 2, 3, 4};
+  const wire::Frame frame = wire::encode(Request{Push{0, 0, {{0, g}}}}, 1);
+  std::string meta = frame.meta;
+  meta.back() = '\x01';
+  CHECK(std::get<Push>(wire::decode_request(frame.header, meta, g)).refill);
+  meta.back() = static_cast<char>(93);
+  CHECK_THROWS_WITH_AS(wire::decode_request(frame.header, meta, g), doctest::Contains("a bool of value 93"),
+                       wire::Malformed);
+}
+
 TEST_CASE("a length prefix larger than the metadata left is refused before allocating") {
   // Register's metadata starts with the number of variables (a uint64): claim 2^40 of them.
   wire::Frame frame = wire::encode(Request{Register{kModel}}, 3);

@@ -132,6 +132,14 @@ template <class T>
 std::enable_if_t<std::is_arithmetic_v<T>> CEREAL_LOAD_FUNCTION_NAME(MetaReader& a, T& t) {
   a.read(std::addressof(t), sizeof(t));
 }
+/// A bool is one byte, 0 or 1: any other byte is refused (it would be no bool at all).
+inline void CEREAL_LOAD_FUNCTION_NAME(MetaReader& a, bool& t) {
+  static_assert(sizeof(bool) == 1, "a bool is written as one byte");
+  std::uint8_t byte = 0;
+  a.read(&byte, 1);
+  if (byte > 1) throw Malformed("a bool of value " + std::to_string(byte));
+  t = byte == 1;
+}
 template <class T>
 void CEREAL_LOAD_FUNCTION_NAME(MetaReader& a, cereal::NameValuePair<T>& t) {
   a(t.value);
