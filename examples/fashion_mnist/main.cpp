@@ -5,19 +5,21 @@
 // (pulley/runner/run.hpp) does the rest; `fashion_mnist --help` lists the flags.
 //
 // It prints one line per epoch and ends with a machine-readable line:
-//   final: test_accuracy=0.8812 samples_per_s=71234 epochs=10 workers=2 ps=2 mode=sync
+//   final: test_accuracy=0.8812 samples_per_s=71234 epochs=10 workers=2 ps=2 mode=sync parameters_crc32c=1f2e3d4c
 
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <numeric>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "fashion_mnist/idx.hpp"
+#include "pulley/checkpoint/crc32c.hpp"
 #include "pulley/models/mlp.hpp"
 #include "pulley/pulley.hpp"
 #include "pulley/runner/flags.hpp"
@@ -203,9 +205,15 @@ int train(const pulley::Job& job, const Options& o, const Data& data, Optimizer 
                   "pushes sent again after a lost connection: %lld\n",
                   static_cast<long long>(applied), static_cast<long long>(stale),
                   static_cast<long long>(refused), static_cast<long long>(repeated));
+      // The parameters' CRC-32C: two runs that end bit for bit alike print the same.
+      std::uint32_t fingerprint = 0;
+      for (std::size_t v = 0; v < model.variables().size(); ++v) {
+        fingerprint = pulley::checkpoint::crc32c(std::span<const float>(model.parameter(v)), fingerprint);
+      }
       std::printf(
-          "final: test_accuracy=%.4f samples_per_s=%.0f epochs=%d workers=%u ps=%u mode=%s\n",
-          scores.accuracy, e.samples_per_s, o.epochs, workers, job.num_ps(), o.mode.c_str());
+          "final: test_accuracy=%.4f samples_per_s=%.0f epochs=%d workers=%u ps=%u mode=%s "
+          "parameters_crc32c=%08x\n",
+          scores.accuracy, e.samples_per_s, o.epochs, workers, job.num_ps(), o.mode.c_str(), fingerprint);
     }
     std::fflush(stdout);
   };

@@ -55,6 +55,7 @@
 #include "pulley/protocol/messages.hpp"
 #include "pulley/protocol/token.hpp"
 #include "pulley/ps/parameter_server.hpp"
+#include "pulley/ps/shard_copies.hpp"
 #include "pulley/sharding/ids.hpp"
 #include "pulley/sharding/partition.hpp"
 #include "pulley/sharding/partitioned.hpp"

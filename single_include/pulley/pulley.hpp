@@ -6224,6 +6224,9 @@ struct RequestContext {
   /// 0: unknown. What a peer takes on a connection (a sync token) it holds while that
   /// connection lives: see `disconnected`.
   std::uint64_t session = 0;
+  /// The shard the connection asked for at its handshake (wire::Hello::shard): nullopt for
+  /// the service's own, or the index of a shard whose copy it holds (`holds_copy`).
+  std::optional<std::uint32_t> shard = std::nullopt;
 };
 
 /// The server half of a transport's contract: what a transport serves. A ParameterServer is
@@ -6239,6 +6242,8 @@ struct RequestContext {
 ///     from task `node` (its process ended, or the link broke; session 0: every connection
 ///     of that task, e.g. an in-process task that was killed). The service gives back what
 ///     was taken on it, such as a sync token whose push will not come (a lease).
+///   - `s.holds_copy(shard)` → bool: it serves a copy of ps `shard`'s shard besides its own
+///     (ShardCopies); a transport refuses a connection that asks for any other shard.
 ///   - `s.max_request_payload()` → std::uint64_t: the most tensor bytes a request can
 ///     legitimately carry now (a ParameterServer: the bytes of the parts it holds). A
 ///     transport refuses a frame that claims more before it receives any of it.
@@ -6269,6 +6274,16 @@ void notify_disconnected(S& service, const Node& node, std::uint64_t session) no
     static_assert(noexcept(service.disconnected(node, session)),
                   "Service::disconnected must be noexcept");
     service.disconnected(node, session);
+  }
+}
+
+/// True if `service` serves a copy of shard `shard` (`holds_copy`); none by default.
+template <Service S>
+bool holds_copy(const S& service, std::uint32_t shard) noexcept {
+  if constexpr (requires { { service.holds_copy(shard) } -> std::convertible_to<bool>; }) {
+    return service.holds_copy(shard);
+  } else {
+    return false;
   }
 }
 
@@ -9980,8 +9995,10 @@ class ParameterServer {
   /// kAborted (the chief aborted training, or no chief came back in place of a lost one:
   /// set_chief_wait) or kInternal (it failed); nullopt while serving.
   [[nodiscard]] const std::optional<ErrorReply>& ended() const noexcept { return end_; }
-  /// This ps task's index.
+  /// This ps task's index (of the shard it holds).
   [[nodiscard]] std::uint32_t task() const noexcept { return task_; }
+  /// How log lines and errors name it ("ps 3"; a copy: "ps 4's copy of ps 3").
+  void set_name(std::string name) { name_ = std::move(name); }
   /// How long a worker that sent heartbeats may fall silent before this ps holds it lost
   /// (default 5 s; see Liveness). Workers that never sent one are never held lost.
   void set_worker_timeout(std::chrono::milliseconds timeout) noexcept { liveness_.set_timeout(timeout); }
@@ -10586,6 +10603,82 @@ class ParameterServer {
 
 }  // namespace pulley
 // ---- end pulley/ps/parameter_server.hpp ----
+// ---- begin pulley/ps/shard_copies.hpp ----
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <variant>
+
+namespace pulley {
+
+/// One ps task of a job that keeps a copy of every shard (`--ps-replicas 1`, beyond
+/// TensorFlow): it serves its own shard, ps k's, and a copy of ps k − 1's (mod P), each a
+/// whole ParameterServer: parts, optimizer slots, table rows and the sync policy's state.
+///
+/// It holds no replication logic of its own. The clients keep the copies alike: what
+/// changes a shard they send to both of its copies, and they count it done once both have
+/// answered (Tcp with `TcpOptions::replicas`); both copies take the same requests, so
+/// their state is the same at every step boundary (bit for bit where the sync policy's sum
+/// is order-free: SyncReplicas with R = N = 2, or any policy with one worker; a step with
+/// more gradients may sum them in another order on each copy). When a ps is lost, the
+/// clients read its shard from the copy, and training goes on without a rollback.
+///
+/// A connection names the shard it wants at its handshake (wire::Hello::shard,
+/// RequestContext::shard). Heartbeats reach both copies whichever connection brings them,
+/// as does a lost connection: each copy judges the workers and the chief on its own.
+///
+/// @tparam PS the ParameterServer type of both copies
+template <class PS>
+class ShardCopies {
+ public:
+  /// @param own  ps k, serving its own shard
+  /// @param copy the copy of ps (k − 1) mod P's shard, of the same type
+  ShardCopies(PS own, PS copy) : own_(std::move(own)), copy_(std::move(copy)) {
+    copy_.set_name("ps " + std::to_string(own_.task()) + "'s copy of ps " + std::to_string(copy_.task()));
+  }
+
+  /// Hands `request` to the copy its connection asked for; a heartbeat to both.
+  void handle(Request&& request, const RequestContext& context, Responder reply) noexcept {
+    if (const auto* beat = std::get_if<Heartbeat>(&request)) {
+      Heartbeat twin = *beat;
+      (context.shard ? own_ : copy_).handle(Request{std::move(twin)}, context, [](Response&&) {});
+    }
+    (context.shard ? copy_ : own_).handle(std::move(request), context, std::move(reply));
+  }
+
+  /// ps k's index.
+  [[nodiscard]] std::uint32_t task() const noexcept { return own_.task(); }
+  /// True for the shard whose copy it holds.
+  [[nodiscard]] bool holds_copy(std::uint32_t shard) const noexcept { return shard == copy_.task(); }
+  /// True once both copies serve no more (the chief shuts both down).
+  [[nodiscard]] bool stopped() const noexcept { return own_.stopped() && copy_.stopped(); }
+  /// How it ended: its own shard's end, else the copy's.
+  [[nodiscard]] const std::optional<ErrorReply>& ended() const noexcept {
+    return own_.ended() ? own_.ended() : copy_.ended();
+  }
+  void disconnected(const Node& node, std::uint64_t session) noexcept {
+    own_.disconnected(node, session);
+    copy_.disconnected(node, session);
+  }
+  [[nodiscard]] std::uint64_t max_request_payload() const noexcept {
+    return std::max(own_.max_request_payload(), copy_.max_request_payload());
+  }
+
+  /// ps k's own shard.
+  [[nodiscard]] PS& own() noexcept { return own_; }
+  /// The copy of ps k − 1's shard.
+  [[nodiscard]] PS& copy() noexcept { return copy_; }
+
+ private:
+  PS own_;
+  PS copy_;
+};
+
+}  // namespace pulley
+// ---- end pulley/ps/shard_copies.hpp ----
 // ---- begin pulley/sharding/partition.hpp ----
 
 #include <cstddef>
@@ -10997,8 +11090,11 @@ namespace pulley {
 ///
 /// The max(R, N) tokens of a step are numbered 0, 1, ... and the token numbered k of step
 /// s reads batch s × max(R, N) + k of the job's data (Token::batch): a step's examples are
-/// the same whoever takes its tokens. A token given back (`release`, a lost worker) is
-/// handed out again with its number.
+/// the same whoever takes its tokens. With R <= N, worker w's first token of a step is token
+/// w whatever the order the workers ask in, so a copy of the pacing ps that did not hand a
+/// token out (ps/shard_copies.hpp) hands out the same; a refill step's further tokens, and
+/// every token with R > N, are the lowest-numbered left. A token given back (`release`,
+/// a lost worker) is handed out again with its number.
 ///
 /// Lost workers (a deviation from TensorFlow, which waits for them forever): when the ps
 /// holds a worker lost (its heartbeats stopped, parameter_server.hpp), training goes on
@@ -11178,7 +11274,8 @@ class SyncReplicas {
   /// Steps completed.
   [[nodiscard]] std::int64_t global_step(const Pacer& pacer) const { return pacer.step; }
 
-  /// A token of the current step, the lowest-numbered left, if `worker` may take one more:
+  /// A token of the current step, if `worker` may take one more (its own number, or the
+  /// lowest-numbered left: see above):
   /// when R <= N, one per step, and in a refill step one more at a time while more tokens
   /// are left than live workers still to take their first.
   std::optional<Token> take_token(Pacer& pacer, std::uint32_t worker) const {
@@ -11196,10 +11293,14 @@ class SyncReplicas {
     std::vector<std::uint32_t>& held = pacer.held[worker];
     held.reserve(held.size() + 1);
     ++pacer.taken[worker];
-    const std::uint32_t number = pacer.free.front();
-    pacer.free.erase(pacer.free.begin());
-    held.push_back(number);
-    return token(pacer, number);
+    auto number = pacer.free.begin();
+    if (one_each()) {  // its own first, so that the numbers do not hang on the order
+      const auto own = std::lower_bound(pacer.free.begin(), pacer.free.end(), worker);
+      if (own != pacer.free.end() && *own == worker) number = own;
+    }
+    held.push_back(*number);
+    pacer.free.erase(number);
+    return token(pacer, held.back());
   }
 
   /// "step 12: 1 of 2 gradients in, 0 of 2 tokens left" (of those the step needs: fewer

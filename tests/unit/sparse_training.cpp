@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -20,6 +21,7 @@
 #include "pulley/optimizers/adagrad.hpp"
 #include "pulley/optimizers/momentum.hpp"
 #include "pulley/optimizers/sgd.hpp"
+#include "pulley/ps/shard_copies.hpp"
 #include "pulley/sharding/round_robin.hpp"
 #include "pulley/sync/async.hpp"
 #include "pulley/sync/bounded_staleness.hpp"
@@ -102,9 +104,11 @@ struct Reference {
 /// Trains TinyTableModel with sync R = N = 2 on `batches` (worker w's batch at step s is
 /// batches[2s + w]) through `make_transport`; checks the result against the reference and
 /// returns the rows of every id used, in id order.
-/// Then calls `then(chief)` before it ends training.
+/// Then calls `then(chief)` before it ends training. `at_step(w, k)` runs before worker w's
+/// step k.
 template <class MakeTransport, class Then>
-std::vector<float> train_sync(MakeTransport make_transport, const std::vector<TableBatchOf>& batches, Then then) {
+std::vector<float> train_sync(MakeTransport make_transport, const std::vector<TableBatchOf>& batches, Then then,
+                              const std::function<void(std::uint32_t, std::int64_t)>& at_step = {}) {
   Chief chief(make_transport(Node::chief()), kSeed);
   const TinyTableModel shape;
   chief.initialize(shape.variables(), shape.tables());
@@ -114,6 +118,7 @@ std::vector<float> train_sync(MakeTransport make_transport, const std::vector<Ta
       Worker worker(w, TinyTableModel(), make_transport(Node::worker(w)));
       worker.wait_ready();
       for (std::int64_t k = 0;; ++k) {
+        if (at_step) at_step(w, k);
         if (!worker.step(batches[static_cast<std::size_t>((k % kSteps) * kWorkers + w)], kSteps)) break;
       }
     });
@@ -193,6 +198,45 @@ TEST_CASE("sync training with tables over TCP gives exactly the in-process resul
       });
   for (auto& l : listeners) l->stop();
   for (auto& t : serving) t.join();
+  CHECK(over_tcp == in_process);
+}
+
+TEST_CASE("with a copy of every shard, a ps killed mid-training: the rows and parts end as in-process") {
+  const auto batches = pulley::testing::table_batches(kSteps * kWorkers, 8, 200, 5);
+  std::vector<float> in_process;
+  {
+    Cluster<RoundRobin, Sgd, SyncReplicas> cluster(3, Sgd{kLearningRate}, SyncReplicas(2, 2));
+    in_process = train_sync([&](Node self) { return cluster.endpoint(self); }, batches, [](auto&) {});
+  }
+  using Server = ParameterServer<RoundRobin, Sgd, SyncReplicas>;
+  constexpr std::uint32_t kPs = 3;
+  std::vector<std::unique_ptr<TcpServer<ShardCopies<Server>>>> listeners;
+  std::vector<std::string> addresses;
+  for (std::uint32_t i = 0; i < kPs; ++i) {
+    listeners.push_back(std::make_unique<TcpServer<ShardCopies<Server>>>(
+        ShardCopies<Server>(Server(i, kPs, Sgd{kLearningRate}, SyncReplicas(2, 2)),
+                            Server((i + kPs - 1) % kPs, kPs, Sgd{kLearningRate}, SyncReplicas(2, 2))),
+        "127.0.0.1", 0, pulley::testing::test_server_options()));
+    addresses.push_back("127.0.0.1:" + std::to_string(listeners.back()->port()));
+  }
+  std::vector<std::thread> serving;
+  for (auto& l : listeners) serving.emplace_back([&l] { l->run(); });
+  TcpOptions copies = pulley::testing::test_client_options();
+  copies.replicas = 1;
+  const auto over_tcp = train_sync(
+      [&](Node self) { return pulley::testing::client(self, addresses, copies); }, batches, [](auto&) {},
+      [&](std::uint32_t w, std::int64_t k) {
+        if (w != 0 || k != kSteps / 2) return;
+        listeners[1]->stop();  // lost for good: its port refuses
+        serving[1].join();
+        listeners[1].reset();
+      });
+  for (auto& l : listeners) {
+    if (l) l->stop();
+  }
+  for (auto& t : serving) {
+    if (t.joinable()) t.join();
+  }
   CHECK(over_tcp == in_process);
 }
 

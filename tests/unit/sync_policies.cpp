@@ -181,6 +181,29 @@ TEST_CASE("BoundedStaleness refuses what no worker could send, and changes nothi
   CHECK_THROWS_AS(pulley::BoundedStaleness(1, 0), pulley::Error);
 }
 
+TEST_CASE("SyncReplicas: worker w takes token w whatever the order the workers ask in") {
+  // So a copy of the pacing ps that never handed a token out (ShardCopies) hands out the same.
+  const pulley::SyncReplicas backups{2, 3};
+  auto forward = backups.make_pacer();
+  auto backward = backups.make_pacer();
+  for (std::uint32_t w = 0; w < 3; ++w) {
+    const std::optional<Token> a = backups.take_token(forward, w);
+    const std::optional<Token> b = backups.take_token(backward, 2 - w);
+    REQUIRE(a.has_value());
+    REQUIRE(b.has_value());
+    CHECK(a->batch == w);
+    CHECK(b->batch == 2 - w);
+  }
+  // A worker that asks a pacer that did not hand its token out gets the same one again.
+  auto fresh = backups.make_pacer();
+  CHECK(backups.take_token(fresh, 1)->batch == 1);
+  // With R > N any worker takes any token: the lowest left.
+  const pulley::SyncReplicas several{3, 2};
+  auto p = several.make_pacer();
+  CHECK(several.take_token(p, 1)->batch == 0);
+  CHECK(several.take_token(p, 1)->batch == 1);
+}
+
 TEST_CASE("SyncReplicas gives back the tokens of a worker that left without pushing") {
   const pulley::SyncReplicas sync{2, 2};
   auto pacer = sync.make_pacer();

@@ -40,6 +40,9 @@ struct RequestContext {
   /// 0: unknown. What a peer takes on a connection (a sync token) it holds while that
   /// connection lives: see `disconnected`.
   std::uint64_t session = 0;
+  /// The shard the connection asked for at its handshake (wire::Hello::shard): nullopt for
+  /// the service's own, or the index of a shard whose copy it holds (`holds_copy`).
+  std::optional<std::uint32_t> shard = std::nullopt;
 };
 
 /// The server half of a transport's contract: what a transport serves. A ParameterServer is
@@ -55,6 +58,8 @@ struct RequestContext {
 ///     from task `node` (its process ended, or the link broke; session 0: every connection
 ///     of that task, e.g. an in-process task that was killed). The service gives back what
 ///     was taken on it, such as a sync token whose push will not come (a lease).
+///   - `s.holds_copy(shard)` → bool: it serves a copy of ps `shard`'s shard besides its own
+///     (ShardCopies); a transport refuses a connection that asks for any other shard.
 ///   - `s.max_request_payload()` → std::uint64_t: the most tensor bytes a request can
 ///     legitimately carry now (a ParameterServer: the bytes of the parts it holds). A
 ///     transport refuses a frame that claims more before it receives any of it.
@@ -85,6 +90,16 @@ void notify_disconnected(S& service, const Node& node, std::uint64_t session) no
     static_assert(noexcept(service.disconnected(node, session)),
                   "Service::disconnected must be noexcept");
     service.disconnected(node, session);
+  }
+}
+
+/// True if `service` serves a copy of shard `shard` (`holds_copy`); none by default.
+template <Service S>
+bool holds_copy(const S& service, std::uint32_t shard) noexcept {
+  if constexpr (requires { { service.holds_copy(shard) } -> std::convertible_to<bool>; }) {
+    return service.holds_copy(shard);
+  } else {
+    return false;
   }
 }
 

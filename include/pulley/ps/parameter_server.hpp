@@ -117,8 +117,10 @@ class ParameterServer {
   /// kAborted (the chief aborted training, or no chief came back in place of a lost one:
   /// set_chief_wait) or kInternal (it failed); nullopt while serving.
   [[nodiscard]] const std::optional<ErrorReply>& ended() const noexcept { return end_; }
-  /// This ps task's index.
+  /// This ps task's index (of the shard it holds).
   [[nodiscard]] std::uint32_t task() const noexcept { return task_; }
+  /// How log lines and errors name it ("ps 3"; a copy: "ps 4's copy of ps 3").
+  void set_name(std::string name) { name_ = std::move(name); }
   /// How long a worker that sent heartbeats may fall silent before this ps holds it lost
   /// (default 5 s; see Liveness). Workers that never sent one are never held lost.
   void set_worker_timeout(std::chrono::milliseconds timeout) noexcept { liveness_.set_timeout(timeout); }

@@ -139,6 +139,11 @@ inline void add_limit_flags(CLI::App& app, ClientOptions& client, TcpOptions& tc
          "before failing");
   millis("--heartbeat-interval-ms", client.heartbeat_interval,
          "workers and the chief: how often each tells every ps it is alive");
+  app.add_option("--ps-replicas", tcp.replicas,
+                 "copies of each ps's shard kept on another ps (0 or 1; every task must say the same): "
+                 "with 1, a lost ps's copy takes over and the job goes on with no rollback")
+      ->check(CLI::Range(0, 1))
+      ->group("Durability");
 }
 
 /// add_limit_flags, and the ps tasks' worker timeout (`Training::worker_timeout`):

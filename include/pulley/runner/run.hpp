@@ -86,6 +86,11 @@ template <Model M, Sharding S, Optimizer O, SyncPolicy P, TablesOrNone T>
 void run_in_process(const Job& job, const Training<M>& training, S sharding, O optimizer,
                     P sync, T tables) {
   const auto id_sharding = id_sharding_of(tables);
+  if (training.tcp.replicas != 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "--ps-replicas keeps each ps's shard on another ps process: it needs a cluster of "
+                "processes (TF_CONFIG, --ps-hosts/--worker-hosts or Slurm), not one process");
+  }
   InProcessNetwork network(job.local_ps);
   for (std::uint32_t i = 0; i < job.local_ps; ++i) {
     ParameterServer<S, O, P, T> ps(i, job.local_ps, optimizer, sync, sharding, tables);

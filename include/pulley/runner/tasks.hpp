@@ -10,6 +10,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -28,6 +29,7 @@
 #include "pulley/core/address.hpp"
 #include "pulley/core/log.hpp"
 #include "pulley/ps/parameter_server.hpp"
+#include "pulley/ps/shard_copies.hpp"
 #include "pulley/runner/chief_loop.hpp"
 #include "pulley/runner/schedule.hpp"
 #include "pulley/runner/training.hpp"
@@ -242,18 +244,36 @@ void serve(const Training<M>& training, const TfConfig& config, const Credential
       address.host == "localhost" || address.host.starts_with("127.") || address.host == "::1";
   const std::string bind =
       loopback ? address.host : (address.host.find(':') != std::string::npos ? "::" : "0.0.0.0");
-  ParameterServer<S, O, P, T> ps(task, static_cast<std::uint32_t>(hosts.size()), std::move(optimizer),
-                                 std::move(sync), std::move(sharding), std::move(tables));
-  ps.set_worker_timeout(training.worker_timeout);
-  ps.set_chief_wait(training.client.recovery_timeout);
+  const auto num_ps = static_cast<std::uint32_t>(hosts.size());
+  auto make = [&](std::uint32_t shard) {
+    ParameterServer<S, O, P, T> ps(shard, num_ps, optimizer, sync, sharding, tables);
+    ps.set_worker_timeout(training.worker_timeout);
+    ps.set_chief_wait(training.client.recovery_timeout);
+    return ps;
+  };
   TcpServerOptions options = with(training.server, credentials);
   if (options.tasks.empty()) options.tasks = job_tasks(config.cluster);
-  TcpServer server(std::move(ps), bind, address.port, std::move(options));
-  log(LogLevel::kInfo, "ps " + std::to_string(task) + " serving on " + address.to_string() +
-                           " (listening on " + bind + ":" + std::to_string(server.port()) + ")");
-  server.run();
-  const std::optional<ErrorReply>& end = server.service().ended();
-  if (!end && server.orphaned()) {
+  const auto run = [&](auto service, const std::string& holds) {
+    TcpServer server(std::move(service), bind, address.port, std::move(options));
+    log(LogLevel::kInfo, "ps " + std::to_string(task) + " serving " + holds + " on " + address.to_string() +
+                             " (listening on " + bind + ":" + std::to_string(server.port()) + ")");
+    server.run();
+    return std::pair{server.service().ended(), server.orphaned()};
+  };
+  std::optional<ErrorReply> end;
+  bool orphaned = false;
+  if (training.tcp.replicas == 0) {
+    std::tie(end, orphaned) = run(make(task), "its shard");
+  } else {
+    if (num_ps < 2) {
+      throw Error(ErrorCode::kInvalidArgument, "--ps-replicas 1 keeps each ps's shard on another ps: it needs at "
+                                               "least 2 ps tasks, the cluster has " + std::to_string(num_ps));
+    }
+    const std::uint32_t before = (task + num_ps - 1) % num_ps;
+    std::tie(end, orphaned) = run(ShardCopies(make(task), make(before)),
+                                  "its shard and a copy of ps " + std::to_string(before) + "'s");
+  }
+  if (!end && orphaned) {
     throw Error(ErrorCode::kUnavailable,
                 "every client has been gone for " +
                     std::to_string(training.server.orphaned_after.count() / 1000) +

@@ -38,8 +38,11 @@ namespace pulley {
 ///
 /// The max(R, N) tokens of a step are numbered 0, 1, ... and the token numbered k of step
 /// s reads batch s × max(R, N) + k of the job's data (Token::batch): a step's examples are
-/// the same whoever takes its tokens. A token given back (`release`, a lost worker) is
-/// handed out again with its number.
+/// the same whoever takes its tokens. With R <= N, worker w's first token of a step is token
+/// w whatever the order the workers ask in, so a copy of the pacing ps that did not hand a
+/// token out (ps/shard_copies.hpp) hands out the same; a refill step's further tokens, and
+/// every token with R > N, are the lowest-numbered left. A token given back (`release`,
+/// a lost worker) is handed out again with its number.
 ///
 /// Lost workers (a deviation from TensorFlow, which waits for them forever): when the ps
 /// holds a worker lost (its heartbeats stopped, parameter_server.hpp), training goes on
@@ -219,7 +222,8 @@ class SyncReplicas {
   /// Steps completed.
   [[nodiscard]] std::int64_t global_step(const Pacer& pacer) const { return pacer.step; }
 
-  /// A token of the current step, the lowest-numbered left, if `worker` may take one more:
+  /// A token of the current step, if `worker` may take one more (its own number, or the
+  /// lowest-numbered left: see above):
   /// when R <= N, one per step, and in a refill step one more at a time while more tokens
   /// are left than live workers still to take their first.
   std::optional<Token> take_token(Pacer& pacer, std::uint32_t worker) const {
@@ -237,10 +241,14 @@ class SyncReplicas {
     std::vector<std::uint32_t>& held = pacer.held[worker];
     held.reserve(held.size() + 1);
     ++pacer.taken[worker];
-    const std::uint32_t number = pacer.free.front();
-    pacer.free.erase(pacer.free.begin());
-    held.push_back(number);
-    return token(pacer, number);
+    auto number = pacer.free.begin();
+    if (one_each()) {  // its own first, so that the numbers do not hang on the order
+      const auto own = std::lower_bound(pacer.free.begin(), pacer.free.end(), worker);
+      if (own != pacer.free.end() && *own == worker) number = own;
+    }
+    held.push_back(*number);
+    pacer.free.erase(number);
+    return token(pacer, held.back());
   }
 
   /// "step 12: 1 of 2 gradients in, 0 of 2 tokens left" (of those the step needs: fewer

@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <array>
 #include <asio.hpp>
 #include <cerrno>
 #include <chrono>
@@ -11,13 +12,16 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "pulley/concepts/transport.hpp"
 #include "pulley/core/address.hpp"
+#include "pulley/core/log.hpp"
 #include "pulley/core/node.hpp"
 #include "pulley/protocol/call.hpp"
 #include "pulley/transport/detail/reply_targets.hpp"
@@ -56,6 +60,31 @@ namespace pulley {
 /// chief initializes it anew. A caller that gives up on a call in the middle of its
 /// transfer (its deadline passed while a stalled peer was not reading) closes that
 /// connection, the only way to stop a transfer half done.
+///
+/// With `TcpOptions::replicas` = 1 (a job whose ps tasks hold copies: ps/shard_copies.hpp)
+/// it also connects to the copy of ps k's shard that ps (k + 1) mod P holds, and `call(k)`
+/// reaches shard k wherever it is whole:
+///   - what changes a shard (Register, Initialize, Push, a worker's PullRows, Pause,
+///     Resume, Restore, RestoreRows, Shutdown, Heartbeat) goes to both copies and is
+///     answered once both have answered: the answer of the copy it reads from;
+///   - reads (TakeToken, Pull, GetStats, ReadState, ReadRows, the chief's row reads) go to
+///     the copy it reads from: ps k's own unless that one was dropped, so every task reads
+///     tokens from the same pacer. A Pull that waits for a step also asks the other copy to
+///     say when it completed that step (no values), so that no worker pushes for the next
+///     step before both copies took this one's pushes. WaitReady goes to both and is
+///     answered by ps k's own copy once it is ready (by the other when ps k's own is lost,
+///     or still not ready `copy_grace` after the other was: then it is dropped);
+///   - a copy is dropped, for the transport's life and with one log line, when its ps
+///     cannot be reached again after it was (refused, or no connection within
+///     `attempt_timeout`), when it is reached again but holds nothing (a process started
+///     in a lost one's place: checked with a GetStats before anything else goes out), or
+///     when it refuses what the other copy takes. Calls waiting for it go to the other
+///     copy; a connection that merely broke is reconnected as without copies (the caller
+///     sends again, and each copy counts a push once). The last copy of a shard is never
+///     dropped: it is waited for as a ps without copies is.
+/// A ps that is alive but cut off from a task for longer than `attempt_timeout` is dropped
+/// by that task only: its copy then misses that task's updates, and under sync training it
+/// waits for them. Replication guards against lost processes and hosts, not partitions.
 class Tcp {
  public:
   /// Connects task `self` to every ps ("host:port", by task index), retrying with backoff
@@ -70,6 +99,8 @@ class Tcp {
 
   /// Number of ps tasks.
   [[nodiscard]] std::size_t num_ps() const noexcept { return impl_->num_ps(); }
+  /// With replicas: true while both copies of ps `ps`'s shard are used (none was dropped).
+  [[nodiscard]] bool whole(std::size_t ps) const noexcept { return impl_->whole(ps); }
 
   /// Sends `request` to ps `ps`; see the Transport concept for the contract.
   PendingCall call(std::size_t ps, Request&& request, PullTargets targets = {}) {
@@ -83,25 +114,56 @@ class Tcp {
     return parsed;
   }
 
-  /// One call: what the caller shares with the transport, and the frame to send.
+  struct Pair;
+
+  /// One call on one connection: what the caller shares with the transport, and the frame
+  /// to send. Half of a call sent to both copies of a shard (`pair`) shares the caller's
+  /// control, the Pair: its uses of the caller's buffers are the Pair's, and its answer
+  /// goes to the Pair.
   struct Pending : CallControl {
-    Pending(CallDriver* driver, std::size_t task) : CallControl(driver), ps(task) {}
-    std::size_t ps;
+    Pending(CallDriver* driver, std::size_t link_index) : CallControl(driver), ps(link_index) {}
+    std::size_t ps;               ///< the link it is on
     PullTargets targets;
     wire::Frame frame;            ///< its payload views alias the caller's tensors
     std::uint64_t frame_end = 0;  ///< where its frame ends in the link's write list
     bool writing = false;         ///< in the write list, not all written: one use
     bool sent = false;            ///< its frame is written whole: a reply may come
+    std::shared_ptr<Pair> pair;   ///< the call it is half of, or null
+    std::size_t half = 0;         ///< 0: to the copy read from (with the targets), 1: the other
+    bool is_pair = false;         ///< it is a Pair
+    bool parked_once = false;     ///< replicas: it waited once for a lost connection's copy
+    bool verify = false;          ///< replicas: the GetStats that checks a copy reached again
+    /// Whose uses of the caller's buffers these are.
+    CallControl& use() noexcept { return pair ? static_cast<CallControl&>(*pair) : *this; }
   };
   using PendingPtr = std::shared_ptr<Pending>;
+
+  /// A call sent to both copies of a shard: the caller's control, on no connection itself.
+  struct Pair : Pending {
+    Pair(CallDriver* driver, std::size_t shard_index, bool ready_first)
+        : Pending(driver, 0), shard(shard_index), first_ready(ready_first) {
+      is_pair = true;
+    }
+    std::size_t shard;
+    bool first_ready;  ///< WaitReady: the first ready answer is the call's (`copy_grace`)
+    std::array<std::weak_ptr<Pending>, 2> halves;
+    std::array<std::size_t, 2> links{};            ///< the link of each half
+    std::array<std::optional<Response>, 2> answers;
+    std::array<bool, 2> waited{};                  ///< a half's connection was tried again once
+    bool other_partial = false;  ///< the other copy's answer lacks what the caller asked (a gate, tensors unread)
+    std::unique_ptr<asio::steady_timer> grace;     ///< first_ready: ps k's own copy's time
+  };
 
   enum class State { kConnected, kConnecting, kHandshaking, kBroken };
 
   /// One connection. Every handler captures the `generation` it was started in and ignores
   /// its completion once the connection was replaced.
   struct Link {
-    Link(asio::io_context& io, Address where, const wire::FrameLimits& limits)
-        : address(where.to_string()),
+    Link(asio::io_context& io, Address where, const wire::FrameLimits& limits, std::uint32_t ps_task,
+         std::uint32_t shard_asked)
+        : task(ps_task),
+          shard(shard_asked),
+          address(where.to_string()),
           host(std::move(where.host)),
           port(std::to_string(where.port)),
           socket(io),
@@ -109,6 +171,16 @@ class Tcp {
           timer(io),
           reader(limits) {}
 
+    std::uint32_t task;   ///< the ps it reaches, as its challenge must name it
+    std::uint32_t shard;  ///< the shard it asks for (wire::Hello::shard)
+    bool ever_connected = false;  ///< a handshake completed once
+    bool dropped = false;         ///< a copy given up for good (replicas)
+    /// Replicas: calls whose connection broke, waiting for the attempt to reach the copy
+    /// again (`parked`, then `parked_next` for the attempt after it): dropped, the other
+    /// copy takes them; reached, they fail kUnavailable as without copies.
+    std::vector<PendingPtr> parked, parked_next;
+    std::vector<std::weak_ptr<Pair>> awaiting;  ///< Pairs that wait for that attempt too
+    bool verifying = false;  ///< replicas: reached again; nothing but the check goes out yet
     std::string address;  ///< "host:port", for messages
     std::string host;
     std::string port;
@@ -140,12 +212,38 @@ class Tcp {
   class Impl final : public CallDriver {
    public:
     Impl(Node self, std::vector<Address> addresses, TcpOptions options)
-        : self_(self), options_(std::move(options)) {
+        : self_(self), options_(std::move(options)), shards_(addresses.size()) {
       wire::check_credentials(options_.credentials);
-      for (Address& address : addresses) {
-        links_.push_back(std::make_unique<Link>(io_, std::move(address), options.limits));
+      if (options_.replicas > 1) {
+        throw Error(ErrorCode::kInvalidArgument, "replicas must be 0 or 1, got " + std::to_string(options_.replicas));
       }
-      for (auto& link : links_) connect_with_backoff(*link);
+      if (options_.replicas == 1 && shards_ < 2) {
+        throw Error(ErrorCode::kInvalidArgument, "a copy of each ps's shard needs at least 2 ps tasks");
+      }
+      const auto count = static_cast<std::uint32_t>(shards_);
+      for (std::uint32_t k = 0; k < count; ++k) {
+        links_.push_back(std::make_unique<Link>(io_, addresses[k], options_.limits, k, wire::Hello::kOwnShard));
+      }
+      if (options_.replicas == 1) {  // ps k's shard, as ps k + 1 holds its copy
+        for (std::uint32_t k = 0; k < count; ++k) {
+          links_.push_back(std::make_unique<Link>(io_, addresses[(k + 1) % count], options_.limits, (k + 1) % count, k));
+        }
+        serving_.assign(shards_, 0);
+      }
+      for (std::size_t i = 0; i < links_.size(); ++i) {
+        try {
+          connect_with_backoff(*links_[i]);
+        } catch (const Error& e) {
+          // A copy unreachable for connect_timeout is dropped if the other one is there.
+          if (options_.replicas == 0 || e.code() != ErrorCode::kUnavailable) throw;
+          const std::size_t shard = i % shards_;
+          if (i >= shards_ && links_[shard]->dropped) throw;
+          links_[i]->dropped = true;
+          log(LogLevel::kWarning, self_.name() + ": " + e.what() + ": ps " + std::to_string(shard) +
+                                      "'s shard is served by one copy only");
+          if (i < shards_) serving_[shard] = 1;
+        }
+      }
     }
 
     Impl(const Impl&) = delete;
@@ -153,21 +251,62 @@ class Tcp {
 
     ~Impl() {
       // Every call still waiting is answered kUnavailable, so none waits on this driver.
+      closing_ = true;
       for (auto& link : links_) fail(*link, "transport closed");
     }
 
-    [[nodiscard]] std::size_t num_ps() const noexcept { return links_.size(); }
+    [[nodiscard]] std::size_t num_ps() const noexcept { return shards_; }
+
+    [[nodiscard]] bool whole(std::size_t shard) const noexcept {
+      return options_.replicas == 1 && shard < shards_ && !links_[shard]->dropped &&
+             !links_[shards_ + shard]->dropped;
+    }
 
     PendingCall call(std::size_t ps, Request&& request, PullTargets targets) {
-      auto pending = std::make_shared<Pending>(this, ps);
+      if (options_.replicas == 0 || ps >= shards_) {
+        return call_on(ps < shards_ ? ps : links_.size(), std::move(request), std::move(targets));
+      }
+      const std::size_t reading = link_of(ps, serving_[ps]);
+      const std::size_t other = link_of(ps, 1 - serving_[ps]);
+      const Spread spread = spread_of(request);
+      if (links_[reading]->dropped || links_[other]->dropped || spread == Spread::kOne) {
+        return call_on(links_[reading]->dropped ? other : reading, std::move(request), std::move(targets));
+      }
+      auto pair = std::make_shared<Pair>(this, ps, spread == Spread::kFirstReady);
+      PendingCall result(pair);
+      pair->links = {reading, other};
+      for (std::size_t half = 0; half < 2; ++half) {
+        auto pending = std::make_shared<Pending>(this, pair->links[half]);
+        pending->pair = pair;
+        pending->half = half;
+        if (half == 0) pending->targets = targets;
+        pair->halves[half] = pending;
+        if (half == 1 && spread == Spread::kGate) {  // the other copy only says when it got there
+          pair->other_partial = true;
+          const Pull& pull = std::get<Pull>(request);
+          queue(*links_[pair->links[half]], std::move(pending), Request{Pull{pull.min_step, {}, pull.epoch}});
+        } else {
+          queue(*links_[pair->links[half]], std::move(pending), request);
+        }
+      }
+      return result;
+    }
+
+    /// Sends `request` on link `index` alone.
+    PendingCall call_on(std::size_t index, Request&& request, PullTargets targets) {
+      auto pending = std::make_shared<Pending>(this, index);
       pending->targets = std::move(targets);
       PendingCall result(pending);
-      if (ps >= links_.size()) {
-        pending->answer(
-            ErrorReply{ErrorCode::kInvalidArgument, "no ps task " + std::to_string(ps)});
+      if (index >= links_.size()) {
+        pending->answer(ErrorReply{ErrorCode::kInvalidArgument, "no ps task " + std::to_string(index)});
         return result;
       }
-      Link& link = *links_[ps];
+      queue(*links_[index], std::move(pending), request);
+      return result;
+    }
+
+    /// Queues `pending`'s frame of `request` on `link`, reconnecting it if it is broken.
+    void queue(Link& link, PendingPtr pending, const Request& request) {
       if (link.state == State::kConnected && link.pending.empty() && closed_while_quiet(link)) {
         fail(link, "closed by the ps while idle");  // reconnect below, not fail this call
       }
@@ -178,7 +317,6 @@ class Tcp {
       link.pending.emplace(id, pending);
       link.outbox.push_back(std::move(pending));
       if (link.state == State::kBroken) connect(link, [](std::error_code) {});
-      return result;
     }
 
     void run_until(const std::function<bool()>& done,
@@ -211,13 +349,216 @@ class Tcp {
 
     void abort(CallControl& call) override {
       auto& pending = static_cast<Pending&>(call);
+      if (pending.is_pair) {
+        for (const auto& weak : static_cast<Pair&>(pending).halves) {
+          if (const PendingPtr half = weak.lock()) abort_one(*half);
+        }
+        return;
+      }
+      abort_one(pending);
+    }
+
+   private:
+    /// Where a request goes when the job keeps copies: to the copy read from, to both, to
+    /// both and the first ready answers (WaitReady), or its values from the copy read from
+    /// and a wait for the same step from the other (a Pull that waits for a step).
+    enum class Spread { kOne, kBoth, kFirstReady, kGate };
+
+    [[nodiscard]] Spread spread_of(const Request& request) const noexcept {
+      if (std::holds_alternative<WaitReady>(request)) return Spread::kFirstReady;
+      if (std::holds_alternative<PullRows>(request)) {  // a worker's creates rows: both copies must
+        return self_.role == Node::Role::kWorker ? Spread::kBoth : Spread::kOne;
+      }
+      // A pull for a step waits for both copies to complete it: no worker then pushes for the
+      // next step before both took every push of this one (each completes steps on its own).
+      if (const auto* pull = std::get_if<Pull>(&request)) return pull->min_step > 0 ? Spread::kGate : Spread::kOne;
+      if (std::holds_alternative<TakeToken>(request) ||
+          std::holds_alternative<GetStats>(request) || std::holds_alternative<ReadState>(request) ||
+          std::holds_alternative<ReadRows>(request)) {
+        return Spread::kOne;
+      }
+      return Spread::kBoth;
+    }
+
+    /// The link of copy `copy` (0: ps k's own, 1: the one ps k + 1 holds) of shard `shard`.
+    [[nodiscard]] std::size_t link_of(std::size_t shard, std::size_t copy) const noexcept {
+      return copy == 0 ? shard : shards_ + shard;
+    }
+
+    void abort_one(Pending& pending) {
       Link& link = *links_[pending.ps];
       if (pending.writing || link.reading.get() == &pending) {
         fail(link, "a call was given up mid-transfer");
       }
     }
 
-   private:
+    static bool is_error(const Response& response) { return std::holds_alternative<ErrorReply>(response); }
+    static bool is_unavailable(const Response& response) {
+      const auto* error = std::get_if<ErrorReply>(&response);
+      return error != nullptr && error->code == ErrorCode::kUnavailable;
+    }
+
+    /// A call's answer: to its caller, or to the Pair it is half of.
+    void deliver(Pending& pending, Response&& response) {
+      if (pending.verify) return verified(*links_[pending.ps], response);
+      if (!pending.pair) {
+        pending.answer(std::move(response));
+        return;
+      }
+      const std::shared_ptr<Pair> pair = pending.pair;
+      pair->answers[pending.half] = std::move(response);
+      settle(pair);
+    }
+
+    /// Answers a Pair once its halves allow: both answers in (the one read from, unless one
+    /// copy refused what the other took: that copy is dropped), or the first ready one for
+    /// WaitReady; a dropped copy's half is not waited for.
+    void settle(const std::shared_ptr<Pair>& held) {
+      Pair& pair = *held;
+      if (closing_) {
+        pair.answer(ErrorReply{ErrorCode::kUnavailable, "transport closed"});
+        return;
+      }
+      if (pair.has_answer() && !pair.first_ready) return;
+      auto& a = pair.answers[0];
+      auto& b = pair.answers[1];
+      const bool a_gone = links_[pair.links[0]]->dropped;
+      const bool b_gone = links_[pair.links[1]]->dropped;
+      if (a_gone && b_gone) {
+        pair.answer(ErrorReply{ErrorCode::kUnavailable, "both copies of ps " + std::to_string(pair.shard) +
+                                                            "'s shard are lost"});
+        return;
+      }
+      if (pair.first_ready) return settle_ready(held, a_gone, b_gone);
+      if (a_gone) {
+        if (b) answer_pair(pair, 1);
+        return;
+      }
+      if (b_gone) {
+        if (a) answer_pair(pair, 0);
+        return;
+      }
+      if (!a || !b) return;
+      const bool a_ok = !is_error(*a);
+      const bool b_ok = !is_error(*b);
+      if (a_ok == b_ok) return answer_pair(pair, a_ok || !is_unavailable(*a) ? 0 : 1);
+      const std::size_t ok = a_ok ? 0 : 1;
+      const Response& refused = a_ok ? *b : *a;
+      // A connection that broke: whether the copy is lost for good shows when it is tried
+      // again. Dropped, the other copy's answer stands; reached, the call fails as without
+      // copies (the caller sends again: each copy counts a push once).
+      if (is_unavailable(refused)) {
+        Link& link = *links_[pair.links[1 - ok]];
+        if (!pair.waited[1 - ok] && link.state != State::kConnected) {
+          pair.waited[1 - ok] = true;
+          link.awaiting.push_back(held);
+          if (link.state == State::kBroken) connect(link, [](std::error_code) {});
+          return;
+        }
+        return answer_pair(pair, 1 - ok);
+      }
+      drop(*links_[pair.links[1 - ok]], std::get<ErrorReply>(refused).message);
+      answer_pair(pair, ok);
+    }
+
+    /// WaitReady to both copies: ps k's own copy's answer if it is ready, the other's if ps
+    /// k's own is gone or refuses, or once `copy_grace` passed. A copy still not ready
+    /// `copy_grace` after the other was is a process started in a lost one's place, holding
+    /// nothing: it is dropped.
+    void settle_ready(const std::shared_ptr<Pair>& held, bool a_gone, bool b_gone) {
+      Pair& pair = *held;
+      const auto& a = pair.answers[0];
+      const auto& b = pair.answers[1];
+      const bool a_ready = a && !is_error(*a) && !a_gone;
+      const bool b_ready = b && !is_error(*b) && !b_gone;
+      if (!pair.has_answer()) {
+        if (a_ready) {
+          answer_pair(pair, 0);
+        } else if (b_ready && (a_gone || (a && is_error(*a)) || grace_over(pair))) {
+          answer_pair(pair, 1);
+        } else if ((a || a_gone) && (b || b_gone)) {  // neither is ready: an error
+          answer_pair(pair, a && !a_gone && (!is_unavailable(*a) || b_gone) ? 0 : 1);
+        }
+      }
+      if (a_ready == b_ready || (a_ready ? b_gone || (b && is_error(*b)) : a_gone || (a && is_error(*a)))) return;
+      if (!pair.grace) return start_grace(held);
+      if (!grace_over(pair)) return;
+      drop(*links_[pair.links[a_ready ? 1 : 0]],
+           "not ready " + std::to_string(options_.copy_grace.count()) +
+               " ms after its other copy was: a process started in place of a lost ps holds nothing");
+    }
+
+    [[nodiscard]] static bool grace_over(const Pair& pair) { return pair.grace && pair.grace->expiry() <= asio::steady_timer::clock_type::now(); }
+
+    void start_grace(const std::shared_ptr<Pair>& pair) {
+      pair->grace = std::make_unique<asio::steady_timer>(io_, options_.copy_grace);
+      pair->grace->async_wait([this, weak = std::weak_ptr<Pair>(pair)](std::error_code ec) {
+        if (ec) return;
+        if (const std::shared_ptr<Pair> held = weak.lock()) settle(held);
+      });
+    }
+
+    /// Answers `pair` with half `half`'s answer. (Which copy is read from changes only when
+    /// one is dropped: every task reads ps k's own copy while it can, tokens included.)
+    void answer_pair(Pair& pair, std::size_t half) {
+      Response response = std::move(*pair.answers[half]);
+      if (half == 1 && pair.other_partial) {
+        // The other copy was asked for less, or its tensors were not received into the
+        // caller's targets: the caller sends again, to the copy left.
+        response = ErrorReply{ErrorCode::kUnavailable, "the copy read from was lost during the call"};
+      }
+      pair.answer(std::move(response));
+    }
+
+    /// Gives up a copy for good: calls waiting on it go to the other copy (halves of a
+    /// Pair are just no longer waited for), and the other copy is read from.
+    void drop(Link& link, const std::string& why) {
+      if (link.dropped || options_.replicas == 0) return;
+      const std::size_t index = index_of(link);
+      const std::size_t shard = index % shards_;
+      const std::size_t other = index < shards_ ? shards_ + shard : shard;
+      if (links_[other]->dropped) return;  // the last copy: waited for as a ps without copies
+      link.dropped = true;
+      serving_[shard] = other == shard ? 0 : 1;
+      log(LogLevel::kWarning, self_.name() + ": dropping the copy of ps " + std::to_string(shard) +
+                                  "'s shard held by ps " + std::to_string(link.task) + " at " + link.address +
+                                  " (" + why + "): it is served by the copy at " + links_[other]->address +
+                                  " alone from now on");
+      fail(link, "dropped: " + why);  // what it sent waits in parked_next
+      Link& to = *links_[other];
+      std::vector<PendingPtr> moved;
+      for (auto& [id, out] : std::exchange(link.pending, {})) moved.push_back(out);
+      link.outbox.clear();
+      for (auto* list : {&link.parked, &link.parked_next}) {
+        for (PendingPtr& out : std::exchange(*list, {})) moved.push_back(std::move(out));
+      }
+      std::vector<std::shared_ptr<Pair>> halves;  // no longer waited for
+      for (PendingPtr& out : moved) {
+        if (out->pair) {
+          halves.push_back(out->pair);
+          continue;
+        }
+        out->ps = other;
+        out->sent = false;
+        to.pending.emplace(out->frame.header.call, out);
+        to.outbox.push_back(std::move(out));
+      }
+      if (to.state == State::kBroken) {
+        connect(to, [](std::error_code) {});
+      } else {
+        flush(to);  // the caller may be waiting already
+        receive(to);
+      }
+      for (const auto& pair : halves) settle(pair);
+    }
+
+    [[nodiscard]] std::size_t index_of(const Link& link) const {
+      for (std::size_t i = 0; i < links_.size(); ++i) {
+        if (links_[i].get() == &link) return i;
+      }
+      return 0;
+    }
+
     void connect_with_backoff(Link& link) {
       const auto deadline = std::chrono::steady_clock::now() + options_.connect_timeout;
       auto backoff = options_.initial_backoff;
@@ -273,6 +614,8 @@ class Tcp {
                                    ? "no connection within " +
                                          std::to_string(options_.attempt_timeout.count()) + " ms"
                                    : ec.message();
+          // A copy reached before and not now is lost: the other serves its calls.
+          if (link.ever_connected && options_.replicas == 1) drop(link, "unreachable: " + link.broken_reason);
           fail_all(link);
           return connected(link, ec);
         }
@@ -303,9 +646,20 @@ class Tcp {
           });
     }
 
-    /// Ends a connection attempt: calls its `done`.
-    static void connected(Link& link, std::error_code ec) {
+    /// Ends a connection attempt: calls its `done`. With replicas, the calls and Pairs that
+    /// waited for its outcome learn it: a dropped copy's were taken on by the other (drop);
+    /// a copy reached again answers them kUnavailable, as a lost connection does.
+    void connected(Link& link, std::error_code ec) {
       if (auto done = std::exchange(link.connected, nullptr)) done(ec);
+      if (!link.dropped) {  // (a dropped copy's calls went to the other: drop)
+        for (PendingPtr& p : std::exchange(link.parked, {})) {
+          deliver(*p, unavailable(link));
+          p->detach_driver();
+        }
+      }
+      for (const auto& weak : std::exchange(link.awaiting, {})) {
+        if (const std::shared_ptr<Pair> pair = weak.lock()) settle(pair);
+      }
     }
 
     /// A handshake frame from the ps: its challenge (answered with this task's hello), then
@@ -319,9 +673,9 @@ class Tcp {
           return refuse(link, "it serves job '" + challenge->job.substr(0, wire::kMaxJobName) +
                                   "', and this task belongs to job '" + options_.credentials.job + "'");
         }
-        if (challenge->ps != task_of(link)) {
+        if (challenge->ps != link.task) {
           return refuse(link, "it is ps " + std::to_string(challenge->ps) + ", but is listed as ps " +
-                                  std::to_string(task_of(link)) + " (are the ps addresses in task order?)");
+                                  std::to_string(link.task) + " (are the ps addresses in task order?)");
         }
         if (challenge->nonce.size() != wire::kNonceBytes) throw wire::Malformed("a malformed challenge");
         link.challenge = std::move(*challenge);
@@ -329,8 +683,8 @@ class Tcp {
         link.hello = wire::encode(
             wire::Handshake{wire::Hello{options_.credentials.job, self_, link.nonce,
                                         wire::client_proof(options_.credentials.secret,
-                                                           *link.challenge, self_, link.nonce),
-                                        wire::incarnation()}},
+                                                           *link.challenge, self_, link.nonce, link.shard),
+                                        wire::incarnation(), link.shard}},
             0);
         link.write_list.append(link.hello);
         return flush(link);
@@ -348,7 +702,7 @@ class Tcp {
       }
       auto* welcome = std::get_if<wire::Welcome>(&message);
       if (welcome == nullptr) throw wire::Malformed("the ps answered the hello with neither welcome nor refusal");
-      const wire::Hello said{options_.credentials.job, self_, link.nonce, {}};
+      const wire::Hello said{options_.credentials.job, self_, link.nonce, {}, 0, link.shard};
       if (!wire::proof_matches(welcome->proof, wire::server_proof(options_.credentials.secret,
                                                                   *link.challenge, said))) {
         return refuse(link, "it did not prove the job's shared secret (a ps of another job, or a "
@@ -357,9 +711,37 @@ class Tcp {
       link.challenge.reset();
       link.timer.cancel();
       link.state = State::kConnected;
+      const bool again = std::exchange(link.ever_connected, true);
       link.last_active = std::chrono::steady_clock::now();
       link.reader.set_limits(options_.limits);
+      if (again && options_.replicas == 1 && !links_[partner_of(link)]->dropped) return verify(link);
       flush(link);  // the receive handler that brought the welcome arms the next receive
+      connected(link, {});
+    }
+
+    /// A copy reached again is used only if it still holds the job: a process started in a
+    /// lost ps's place answers, but holds nothing, and is dropped. The attempt ends with the
+    /// check's answer (`verified`).
+    void verify(Link& link) {
+      link.verifying = true;
+      auto check = std::make_shared<Pending>(this, index_of(link));
+      check->verify = true;
+      const std::uint64_t id = next_call_++;
+      check->frame = wire::encode(Request{GetStats{}}, id);
+      link.pending.emplace(id, check);
+      link.outbox.push_front(std::move(check));
+      flush(link);
+    }
+
+    void verified(Link& link, const Response& response) {
+      link.verifying = false;
+      const auto* stats = std::get_if<StatsReply>(&response);
+      if (stats == nullptr && is_unavailable(response)) return;  // it broke again: fail() ended the attempt
+      if (stats != nullptr && !stats->ready) {
+        return drop(link, "it answers again but holds nothing (a process started in place of a lost ps)");
+      }
+      flush(link);
+      receive(link);
       connected(link, {});
     }
 
@@ -370,22 +752,16 @@ class Tcp {
       fail(link, why);
     }
 
-    [[nodiscard]] std::uint32_t task_of(const Link& link) const {
-      for (std::size_t i = 0; i < links_.size(); ++i) {
-        if (links_[i].get() == &link) return static_cast<std::uint32_t>(i);
-      }
-      return 0;
-    }
-
     /// Writes the requests made since the last wait in one gather-write, straight from their
     /// buffers: what the kernel takes now, the rest as the socket drains. A call's use of
     /// its buffers ends once its own frame is written.
     void flush(Link& link) {
       if (link.state != State::kConnected && link.state != State::kHandshaking) return;
       while (link.state == State::kConnected && !link.outbox.empty()) {
+        if (link.verifying && !link.outbox.front()->verify) break;
         PendingPtr out = std::move(link.outbox.front());
         link.outbox.pop_front();
-        if (!out->begin_use()) {  // given up before it went out: forget it
+        if (!out->use().begin_use()) {  // given up before it went out: forget it
           link.pending.erase(out->frame.header.call);
           out->detach_driver();
           continue;
@@ -417,7 +793,7 @@ class Tcp {
     static void end_writing(Pending& p) {
       if (!std::exchange(p.writing, false)) return;
       p.sent = true;
-      p.end_use();
+      p.use().end_use();
     }
 
     /// The call a reply answers, or null if nobody waits for it any more. Throws Malformed
@@ -482,13 +858,13 @@ class Tcp {
       for (std::size_t i = 0; fits && i < targets.size(); ++i) {
         fits = link.sizes[i] == targets[i].size();
       }
-      if (!fits || !pending->begin_use()) return {};  // a misfit, or a call given up
+      if (!fits || !pending->use().begin_use()) return {};  // a misfit, or a call given up
       link.reading = pending;
       link.reading_response = std::move(response);
       return targets;
     }
 
-    static void on_reply(Link& link, const wire::FrameReader::Frame& frame) {
+    void on_reply(Link& link, const wire::FrameReader::Frame& frame) {
       replied(link, frame.header.call);  // throws for a reply before its request
       link.last_active = std::chrono::steady_clock::now();
       const auto it = link.pending.find(frame.header.call);
@@ -496,23 +872,29 @@ class Tcp {
         const PendingPtr pending = std::exchange(link.reading, nullptr);
         Response response = std::move(link.reading_response);
         detail::point_at(response, pending->targets);
-        pending->answer(std::move(response));
-        pending->end_use();
         link.pending.erase(it);
+        deliver(*pending, std::move(response));
+        pending->use().end_use();
         return;
       }
       Response response = wire::decode_response(frame.header, frame.meta, frame.payload);
       if (it == link.pending.end()) return;  // an answer nobody waits for any more
-      Pending& pending = *it->second;
-      if (!std::holds_alternative<ErrorReply>(response)) {
+      const PendingPtr pending = it->second;
+      link.pending.erase(it);
+      if (pending->pair && pending->half == 1) {
+        // The other copy's tensors (a worker's row pull) are not read, only its outcome.
+        if (!is_error(response) && !detail::copy_into(response, pending->targets)) {
+          pending->pair->other_partial = true;
+          response = Ack{};
+        }
+      } else if (!std::holds_alternative<ErrorReply>(response)) {
         bool fits = true;  // (a caller that gave up gets no copy, and no answer)
-        pending.unless_cancelled([&] { fits = detail::copy_into(response, pending.targets); });
+        pending->use().unless_cancelled([&] { fits = detail::copy_into(response, pending->targets); });
         if (!fits) {
           response = ErrorReply{ErrorCode::kInvalidArgument, "reply does not fit its targets"};
         }
       }
-      pending.answer(std::move(response));
-      link.pending.erase(it);
+      deliver(*pending, std::move(response));
     }
 
     static Response unavailable(const Link& link) {
@@ -521,13 +903,28 @@ class Tcp {
                         "connection to ps at " + link.address + " lost: " + link.broken_reason};
     }
 
-    /// Every call waiting on the link, sent or queued, fails with kUnavailable.
-    static void fail_all(Link& link) {
+    /// Every call waiting on the link, sent or queued, fails with kUnavailable; with
+    /// replicas, a call to a copy reached before waits once for the copy to be tried again
+    /// (parked_next): the other copy takes it if this one is lost for good.
+    void fail_all(Link& link) {
       link.outbox.clear();
+      const bool may_park = options_.replicas == 1 && !closing_ && (link.ever_connected || link.dropped) &&
+                            !links_[partner_of(link)]->dropped;
       for (auto& [id, pending] : std::exchange(link.pending, {})) {
-        pending->answer(unavailable(link));
+        if (may_park && !pending->pair && !pending->parked_once && !pending->verify) {
+          pending->parked_once = true;
+          link.parked_next.push_back(pending);
+          continue;
+        }
+        deliver(*pending, unavailable(link));
         pending->detach_driver();  // answered or given up: it needs the transport no more
       }
+    }
+
+    /// The link of the other copy of `link`'s shard.
+    [[nodiscard]] std::size_t partner_of(const Link& link) const {
+      const std::size_t index = index_of(link);
+      return index < shards_ ? shards_ + index : index - shards_;
     }
 
     /// The connection is gone: its handlers become stale, the uses of callers' buffers
@@ -544,11 +941,15 @@ class Tcp {
       for (const PendingPtr& p : std::exchange(link.writing, {})) end_writing(*p);
       link.write_list.clear();
       link.write_waiting = false;  // its wait completes as stale
-      if (link.reading) std::exchange(link.reading, nullptr)->end_use();
+      if (link.reading) std::exchange(link.reading, nullptr)->use().end_use();
       link.reader.reset();
       link.challenge.reset();
-      fail_all(link);
       connected(link, asio::error::connection_aborted);  // an attempt under way ends
+      fail_all(link);  // (a Pair may start the next attempt: settle)
+      if (!link.parked_next.empty() && !link.dropped) {  // is the copy lost? try it again
+        for (PendingPtr& p : std::exchange(link.parked_next, {})) link.parked.push_back(std::move(p));
+        if (link.state == State::kBroken) connect(link, [](std::error_code) {});
+      }
     }
 
     Node self_;
@@ -556,7 +957,10 @@ class Tcp {
     asio::io_context io_{1};
     asio::executor_work_guard<asio::io_context::executor_type> work_ =
         asio::make_work_guard(io_);             ///< waits block until their deadline, never run dry
-    std::vector<std::unique_ptr<Link>> links_;  ///< by ps task; destroyed before io_
+    std::size_t shards_;                        ///< ps tasks: their shards
+    std::vector<std::unique_ptr<Link>> links_;  ///< by ps task, then copies by shard; destroyed before io_
+    std::vector<std::size_t> serving_;          ///< replicas: by shard, the copy read from (0: ps k's own)
+    bool closing_ = false;                      ///< the transport is being destroyed
     std::uint64_t next_call_ = 1;
   };
 

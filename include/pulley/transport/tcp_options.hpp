@@ -28,6 +28,16 @@ struct TcpOptions {
   std::chrono::milliseconds attempt_timeout{std::chrono::seconds(2)};
   /// What replies may claim, checked before anything is allocated for them.
   wire::FrameLimits limits;
+  /// Copies of each ps's shard the job keeps besides the ps's own (`--ps-replicas`): 0, or
+  /// 1 (ps k's shard is also held by ps (k + 1) mod P: ps/shard_copies.hpp). With 1, what
+  /// changes a shard goes to both copies and is answered once both hold it; reads go to
+  /// one; a copy whose ps is lost for good is dropped and the other serves alone (Tcp).
+  /// Every task of a job must say the same, and the ps tasks must hold the copies.
+  std::uint32_t replicas = 0;
+  /// With replicas: how long WaitReady waits for ps k's own copy once the other copy is
+  /// ready, so that every task reads from the same copy when both are well; a copy still
+  /// not ready then (a process started in a lost ps's place, holding nothing) is dropped.
+  std::chrono::milliseconds copy_grace{std::chrono::seconds(5)};
 };
 
 /// How a TcpServer treats its clients. Every limit protects the ps from a client that is

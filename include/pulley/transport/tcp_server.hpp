@@ -138,6 +138,7 @@ class TcpServer {
     std::optional<wire::Challenge> challenge;  ///< sent; until the client answers it
     std::optional<Node> peer;                  ///< the task it proved, after the handshake
     std::uint64_t incarnation = 0;             ///< its process (wire::Hello::incarnation)
+    std::optional<std::uint32_t> shard;        ///< a copy's shard it asked for (wire::Hello::shard)
     std::uint64_t session;                     ///< this connection's id, for the service
     std::deque<wire::Frame> replies;   ///< replies with bytes in `unsent` (stable addresses)
     transport_detail::GatherList unsent;  ///< what of them, in order, the kernel has not taken
@@ -312,7 +313,7 @@ class TcpServer {
     ++c->unanswered;
     // The frame reader checked large payloads finite as they arrived; the service checks
     // the rest.
-    service_.handle(std::move(request), RequestContext{frame.finite, c->peer, c->session},
+    service_.handle(std::move(request), RequestContext{frame.finite, c->peer, c->session, c->shard},
                     [this, weak = std::weak_ptr<Connection>(c),
                      call = frame.header.call](Response&& response) {
                       auto connection = weak.lock();
@@ -337,6 +338,12 @@ class TcpServer {
     const wire::Hello hello = wire::decode_handshake_as<wire::Hello>(frame.header, frame.meta);
     std::string problem = wire::refusal_reason(options_.credentials, *c->challenge, hello);
     if (problem.empty()) problem = outside_job(hello.peer);
+    if (problem.empty() && hello.shard != wire::Hello::kOwnShard && hello.shard != service_.task() &&
+        !holds_copy(service_, hello.shard)) {
+      problem = hello.peer.name() + " asked for a copy of ps " + std::to_string(hello.shard) +
+                "'s shard, which ps " + std::to_string(service_.task()) +
+                " does not hold (is --ps-replicas the same for every task?)";
+    }
     if (!problem.empty()) {
       warn_limited("refused a connection from " + c->address + ": " + problem);
       c->closing = true;
@@ -355,6 +362,7 @@ class TcpServer {
     }
     c->peer = hello.peer;
     c->incarnation = hello.incarnation;
+    if (hello.shard != wire::Hello::kOwnShard && hello.shard != service_.task()) c->shard = hello.shard;
     ++clients_;
     take_over(*c);
     orphan_.cancel();

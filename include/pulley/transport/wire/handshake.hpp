@@ -79,10 +79,16 @@ struct Hello {
   /// The client's process (`incarnation()`), the same on every connection it opens: a ps
   /// lets one process at a time be a task (TcpServerOptions::takeover_after). 0: unsaid.
   std::uint64_t incarnation = 0;
+  /// The shard the client wants on this connection: the ps's own (`kOwnShard`), or the
+  /// shard whose copy the ps holds when the job keeps copies (ps/shard_copies.hpp).
+  std::uint32_t shard = kOwnShard;
+
+  /// The ps's own shard, whatever its index.
+  static constexpr std::uint32_t kOwnShard = 0xFFFFFFFFU;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(job, peer, nonce, proof, incarnation);
+    archive(job, peer, nonce, proof, incarnation, shard);
   }
 };
 
@@ -135,7 +141,7 @@ namespace detail {
 /// The HMAC over what both sides said, each field length-prefixed so that no two
 /// transcripts share bytes; `side` says who proves.
 inline std::string proof(std::string_view side, const std::string& secret, const Challenge& c,
-                         const Node& peer, const std::string& client_nonce) {
+                         const Node& peer, const std::string& client_nonce, std::uint32_t shard) {
   auto field = [](std::string_view text) {
     std::string out = std::to_string(text.size()) + ":";
     out += text;
@@ -144,7 +150,7 @@ inline std::string proof(std::string_view side, const std::string& secret, const
   const transport_detail::Digest digest = transport_detail::hmac_sha256(
       secret, {field("pulley handshake v1"), field(side), field(c.job),
                field(std::to_string(c.ps)), field(c.nonce), field(peer.name()),
-               field(client_nonce)});
+               field(client_nonce), field(std::to_string(shard))});
   return {reinterpret_cast<const char*>(digest.data()), digest.size()};
 }
 
@@ -152,13 +158,13 @@ inline std::string proof(std::string_view side, const std::string& secret, const
 
 /// The client's proof that it holds `secret`, for this challenge.
 inline std::string client_proof(const std::string& secret, const Challenge& c, const Node& peer,
-                                const std::string& client_nonce) {
-  return detail::proof("client", secret, c, peer, client_nonce);
+                                const std::string& client_nonce, std::uint32_t shard = Hello::kOwnShard) {
+  return detail::proof("client", secret, c, peer, client_nonce, shard);
 }
 
 /// The ps's proof that it holds `secret` too, for this challenge and hello.
 inline std::string server_proof(const std::string& secret, const Challenge& c, const Hello& h) {
-  return detail::proof("server", secret, c, h.peer, h.nonce);
+  return detail::proof("server", secret, c, h.peer, h.nonce, h.shard);
 }
 
 /// True if `proof` is `expected` (compared in constant time).
@@ -181,7 +187,7 @@ inline std::string refusal_reason(const Credentials& credentials, const Challeng
     return "a hello naming an unknown job type";
   }
   if (hello.peer.role == Node::Role::kPs) return "a ps task cannot connect as a client";
-  if (!proof_matches(hello.proof, client_proof(credentials.secret, challenge, hello.peer, hello.nonce))) {
+  if (!proof_matches(hello.proof, client_proof(credentials.secret, challenge, hello.peer, hello.nonce, hello.shard))) {
     return hello.peer.name() + " did not prove the job's shared secret (a wrong PULLEY_SECRET?)";
   }
   return {};

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# What a copy of every shard costs (--ps-replicas 1): the same job of real processes on
+# 127.0.0.1 (2 ps, 2 workers, a chief, sync R = N) with copies and without, interleaved,
+# for Fashion-MNIST and the CTR example. Prints, per round, samples/s and each ps's peak
+# resident memory, then the medians and the ratios (copies / none).
+#   benchmarks/replicas.sh BUILD_DIR [ROUNDS]      (BENCHMARKS.md, "Failures")
+set -uo pipefail
+build=$1
+rounds=${2:-3}
+work=$(mktemp -d)
+pids=()
+trap 'for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; rm -rf "$work"' EXIT
+export PULLEY_SECRET=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
+
+free_ports() {
+  python3 - "$1" <<'PY'
+import socket, sys
+held = [socket.socket() for _ in range(int(sys.argv[1]))]
+for s in held:
+    s.bind(("127.0.0.1", 0))
+print("\n".join(str(s.getsockname()[1]) for s in held))
+PY
+}
+
+# job NAME BINARY FLAGS...: one job; prints "samples_per_s peak_rss_ps0_kib peak_rss_ps1_kib"
+job() {
+  local name=$1 binary=$2
+  shift 2
+  mapfile -t ports < <(free_ports 5)
+  local cluster="{\"ps\": [\"127.0.0.1:${ports[0]}\", \"127.0.0.1:${ports[1]}\"], \"worker\": [\"127.0.0.1:${ports[2]}\", \"127.0.0.1:${ports[3]}\"], \"chief\": [\"127.0.0.1:${ports[4]}\"]}"
+  local task_pids=() type index
+  for task in ps:0 ps:1 worker:0 worker:1 chief:0; do
+    type=${task%:*} index=${task#*:}
+    TF_CONFIG="{\"cluster\": $cluster, \"task\": {\"type\": \"$type\", \"index\": $index}}" \
+      "$binary" "$@" >"$work/$name-$type-$index.log" 2>&1 &
+    pids+=("$!")
+    task_pids+=("$!")
+  done
+  local peak0=0 peak1=0 v
+  while kill -0 "${task_pids[4]}" 2>/dev/null; do  # VmHWM: the peak so far
+    v=$(awk '/VmHWM/ {print $2}' "/proc/${task_pids[0]}/status" 2>/dev/null) && [ -n "$v" ] && peak0=$v
+    v=$(awk '/VmHWM/ {print $2}' "/proc/${task_pids[1]}/status" 2>/dev/null) && [ -n "$v" ] && peak1=$v
+    sleep 0.2
+  done
+  for p in "${task_pids[@]}"; do wait "$p" || { echo "job $name: a task failed" >&2; tail -5 "$work/$name"-*.log >&2; exit 1; }; done
+  local speed
+  speed=$(sed -n 's/^final: .*samples_per_s=\([0-9]*\).*/\1/p' "$work/$name-chief-0.log")
+  echo "$speed $peak0 $peak1"
+}
+
+median() { sort -n | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
+
+fmnist=(--epochs 3)
+ctr_data=$work/ctr-data
+ctr=(--train-examples 200000 --test-examples 20000 --vocabulary 2000 --batch 64 --epochs 1 --data-dir "$ctr_data")
+"$build/examples/ctr" "${ctr[@]}" --epochs 1 --train-examples 1000 --test-examples 1000 >/dev/null 2>&1 || true  # writes the data once
+
+for example in fashion_mnist ctr; do
+  for copies in 0 1; do : >"$work/$example-$copies.results"; done
+  for round in $(seq 1 "$rounds"); do
+    for copies in 0 1; do
+      if [ "$example" = fashion_mnist ]; then flags=("${fmnist[@]}"); else flags=("${ctr[@]}"); fi
+      result=$(job "$example-$copies-$round" "$build/examples/$example" "${flags[@]}" --ps-replicas "$copies") || exit 1
+      echo "$example round $round, --ps-replicas $copies: samples/s, peak RSS ps 0 / ps 1 (KiB): $result"
+      echo "$result" >>"$work/$example-$copies.results"
+    done
+  done
+  for copies in 0 1; do
+    speed[$copies]=$(awk '{print $1}' "$work/$example-$copies.results" | median)
+    rss[$copies]=$(awk '{print ($2 + $3) / 2}' "$work/$example-$copies.results" | median)
+  done
+  python3 - "$example" "${speed[0]}" "${speed[1]}" "${rss[0]}" "${rss[1]}" <<'PY'
+import sys
+name, s0, s1, r0, r1 = sys.argv[1], *map(float, sys.argv[2:])
+print(f"{name}: median samples/s {s0:.0f} without copies, {s1:.0f} with: step time x{s0 / s1:.2f}; "
+      f"median peak RSS per ps {r0 / 1024:.1f} MiB without, {r1 / 1024:.1f} MiB with: x{r1 / r0:.2f}")
+PY
+done

@@ -1,0 +1,216 @@
+// SPDX-License-Identifier: MIT
+// A copy of every ps's shard on another ps (`TcpOptions::replicas`, ShardCopies), over TCP
+// on 127.0.0.1: training with copies gives the result without them exactly; a ps lost
+// mid-training is replaced by its copy, and training ends bit for bit where the unbroken run
+// ends, with no rollback; a process started in the lost ps's place is not read from; a
+// client that asks for a copy a ps does not hold is refused at the handshake.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <mutex>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "pulley/client/chief.hpp"
+#include "pulley/client/worker.hpp"
+#include "pulley/optimizers/adam.hpp"
+#include "pulley/ps/parameter_server.hpp"
+#include "pulley/ps/shard_copies.hpp"
+#include "pulley/sharding/partitioned.hpp"
+#include "pulley/sync/sync_replicas.hpp"
+#include "pulley/transport/in_process.hpp"
+#include "pulley/transport/tcp.hpp"
+#include "support/linear_model.hpp"
+#include "support/tcp.hpp"
+
+using namespace pulley;
+using pulley::testing::LinearBatch;
+using pulley::testing::LinearData;
+using pulley::testing::LinearModel;
+using pulley::testing::client;
+using pulley::testing::test_server_options;
+using Server = ParameterServer<FixedShards, Adam, SyncReplicas>;
+using Copies = ShardCopies<Server>;
+
+namespace {
+
+constexpr std::size_t kIn = 5, kOut = 3, kBatch = 4;
+constexpr std::int64_t kSteps = 60;
+constexpr std::uint32_t kPs = 3;
+
+Server make_server(std::uint32_t task) {
+  Server server(task, kPs, Adam{0.01F}, SyncReplicas(2, 2), FixedShards{kPs});
+  server.set_worker_timeout(std::chrono::seconds(30));  // nobody is held lost in these tests
+  return server;
+}
+
+/// kPs ps tasks over TCP on ephemeral ports, each with its own shard and a copy of the one
+/// before; `kill(i)` ends ps i as a lost process would (its port then refuses).
+struct CopiesCluster {
+  std::vector<std::unique_ptr<TcpServer<Copies>>> listeners;
+  std::vector<std::thread> threads;
+  std::vector<std::string> addresses;
+
+  CopiesCluster() {
+    for (std::uint32_t i = 0; i < kPs; ++i) {
+      listeners.push_back(std::make_unique<TcpServer<Copies>>(
+          Copies(make_server(i), make_server((i + kPs - 1) % kPs)), "127.0.0.1", 0, test_server_options()));
+      addresses.push_back("127.0.0.1:" + std::to_string(listeners.back()->port()));
+    }
+    for (auto& l : listeners) threads.emplace_back([&l] { l->run(); });
+  }
+  void kill(std::size_t i) {
+    listeners[i]->stop();
+    threads[i].join();
+    listeners[i].reset();
+  }
+  ~CopiesCluster() {
+    for (std::size_t i = 0; i < listeners.size(); ++i) {
+      if (listeners[i]) listeners[i]->stop();
+      if (threads[i].joinable()) threads[i].join();
+    }
+  }
+};
+
+TcpOptions with_copies() {
+  TcpOptions options = pulley::testing::test_client_options();
+  options.replicas = 1;
+  return options;
+}
+
+/// Sync R = N = 2 training of a linear model with Adam; `at_step(w, k)` runs before worker
+/// w's step k. Returns the final variables.
+template <class MakeTransport, class AtStep>
+std::vector<std::vector<float>> train(MakeTransport make_transport, AtStep at_step) {
+  const LinearData data(2 * kBatch * kSteps, kIn, kOut, 42);
+  Chief chief(make_transport(Node::chief()), 7);
+  chief.initialize(LinearModel(kIn, kOut).variables());
+  std::vector<std::thread> workers;
+  for (std::uint32_t w = 0; w < 2; ++w) {
+    workers.emplace_back([&, w] {
+      Worker worker(w, LinearModel(kIn, kOut), make_transport(Node::worker(w)));
+      worker.wait_ready();
+      for (std::int64_t k = 0;; ++k) {
+        at_step(w, k);
+        // Each token's number names its batch: the same examples whoever pushes them.
+        const auto read = [&](std::int64_t number) {
+          const auto row = static_cast<std::size_t>(number % (2 * kSteps)) * kBatch;
+          return LinearBatch{std::span(data.x).subspan(row * kIn, kBatch * kIn),
+                             std::span(data.y).subspan(row * kOut, kBatch * kOut)};
+        };
+        if (!worker.step(read, kSteps)) break;
+      }
+    });
+  }
+  for (auto& t : workers) t.join();
+  std::vector<std::vector<float>> values;
+  for (int attempt = 0; values.empty(); ++attempt) {  // a lost ps's connection fails one call
+    try {
+      values = chief.read_variables();
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kUnavailable || attempt > 0) throw;
+    }
+  }
+  for (const Stats& s : chief.stats()) CHECK(s.global_step == kSteps);
+  chief.shutdown();
+  return values;
+}
+
+std::vector<std::vector<float>> in_process_result() {
+  InProcessNetwork network(kPs);
+  for (std::uint32_t i = 0; i < kPs; ++i) network.serve(make_server(i));
+  return train([&](Node n) { return InProcess(network, n); }, [](std::uint32_t, std::int64_t) {});
+}
+
+}  // namespace
+
+TEST_CASE("with a copy of every shard, training over TCP gives the result without copies exactly") {
+  const auto expected = in_process_result();
+  CopiesCluster cluster;
+  const auto with = train([&](Node n) { return client(n, cluster.addresses, with_copies()); },
+                          [](std::uint32_t, std::int64_t) {});
+  CHECK(with == expected);
+  // Both copies of every shard took every step.
+  for (std::uint32_t i = 0; i < kPs; ++i) {
+    CAPTURE(i);
+    const Stats own = cluster.listeners[i]->service().own().stats();
+    const Stats copy = cluster.listeners[i]->service().copy().stats();
+    CAPTURE(copy.gradients_accepted);
+    CAPTURE(copy.pushes_repeated);
+    CAPTURE(copy.requests_rejected);
+    CAPTURE(copy.stale_gradients_dropped);
+    CAPTURE(own.gradients_accepted);
+    CHECK(own.global_step == kSteps);
+    CHECK(copy.global_step == kSteps);
+  }
+}
+
+TEST_CASE("a ps lost mid-training is replaced by its copy: training ends bit for bit where the unbroken run ends") {
+  const auto expected = in_process_result();
+  for (const std::uint32_t lost : {0U, 2U}) {  // the pacing ps, and another
+    CAPTURE(lost);
+    CopiesCluster cluster;
+    std::atomic<bool> killed{false};
+    std::mutex killing;
+    const auto with = train([&](Node n) { return client(n, cluster.addresses, with_copies()); },
+                            [&](std::uint32_t w, std::int64_t k) {
+                              if (w != 1 || k != kSteps / 2) return;
+                              const std::scoped_lock lock(killing);
+                              cluster.kill(lost);
+                              killed = true;
+                            });
+    REQUIRE(killed);
+    CHECK(with == expected);
+    // The survivors served the lost ps's shard from its copy, with no rollback.
+    const std::uint32_t holder = (lost + 1) % kPs;
+    CHECK(cluster.listeners[holder]->service().copy().stats().global_step == kSteps);
+    for (std::uint32_t i = 0; i < kPs; ++i) {
+      if (i == lost) continue;
+      CHECK(cluster.listeners[i]->service().own().stats().global_step == kSteps);
+    }
+  }
+}
+
+TEST_CASE("a process started in a lost ps's place holds nothing, and no task reads from it") {
+  const auto expected = in_process_result();
+  CopiesCluster cluster;
+  std::unique_ptr<TcpServer<Copies>> restarted;
+  std::thread serving;
+  const auto with = train([&](Node n) { return client(n, cluster.addresses, with_copies()); },
+                          [&](std::uint32_t w, std::int64_t k) {
+                            if (w != 1 || k != kSteps / 2) return;
+                            const auto port = cluster.listeners[1]->port();
+                            cluster.kill(1);
+                            restarted = std::make_unique<TcpServer<Copies>>(
+                                Copies(make_server(1), make_server(0)), "127.0.0.1", port, test_server_options());
+                            serving = std::thread([&] { restarted->run(); });
+                          });
+  CHECK(with == expected);
+  REQUIRE(restarted);
+  CHECK(restarted->service().own().stats().global_step == 0);  // never registered
+  restarted->stop();
+  serving.join();
+}
+
+TEST_CASE("a client that asks a ps for a copy it does not hold is refused at the handshake") {
+  std::vector<std::unique_ptr<TcpServer<Server>>> plain;
+  std::vector<std::thread> threads;
+  std::vector<std::string> addresses;
+  for (std::uint32_t i = 0; i < 2; ++i) {
+    plain.push_back(std::make_unique<TcpServer<Server>>(
+        Server(i, 2, Adam{0.01F}, SyncReplicas(2, 2), FixedShards{2}), "127.0.0.1", 0, test_server_options()));
+    addresses.push_back("127.0.0.1:" + std::to_string(plain.back()->port()));
+  }
+  for (auto& l : plain) threads.emplace_back([&l] { l->run(); });
+  CHECK_THROWS_WITH_AS(client(Node::worker(0), addresses, with_copies()),
+                       doctest::Contains("--ps-replicas"), Error);
+  TcpOptions one_ps = with_copies();
+  CHECK_THROWS_WITH_AS(client(Node::worker(0), {addresses[0]}, one_ps), doctest::Contains("at least 2 ps"), Error);
+  for (auto& l : plain) l->stop();
+  for (auto& t : threads) t.join();
+}
