@@ -10621,10 +10621,12 @@ namespace pulley {
 /// It holds no replication logic of its own. The clients keep the copies alike: what
 /// changes a shard they send to both of its copies, and they count it done once both have
 /// answered (Tcp with `TcpOptions::replicas`); both copies take the same requests, so
-/// their state is the same at every step boundary (bit for bit where the sync policy's sum
-/// is order-free: SyncReplicas with R = N = 2, or any policy with one worker; a step with
-/// more gradients may sum them in another order on each copy). When a ps is lost, the
-/// clients read its shard from the copy, and training goes on without a rollback.
+/// under SyncReplicas with R = N their state is the same at every step boundary (bit for
+/// bit with 2 workers, or one; with more, each copy may sum a step's gradients in another
+/// order). With backup workers each copy takes the first R fresh pushes it sees, and
+/// under Async and BoundedStaleness each applies pushes in the order they reach it: the
+/// copies may then differ by what arrived first. When a ps is lost, the clients read its
+/// shard from the copy, and training goes on without a rollback.
 ///
 /// A connection names the shard it wants at its handshake (wire::Hello::shard,
 /// RequestContext::shard). Heartbeats reach both copies whichever connection brings them,

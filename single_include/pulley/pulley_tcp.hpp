@@ -10621,10 +10621,12 @@ namespace pulley {
 /// It holds no replication logic of its own. The clients keep the copies alike: what
 /// changes a shard they send to both of its copies, and they count it done once both have
 /// answered (Tcp with `TcpOptions::replicas`); both copies take the same requests, so
-/// their state is the same at every step boundary (bit for bit where the sync policy's sum
-/// is order-free: SyncReplicas with R = N = 2, or any policy with one worker; a step with
-/// more gradients may sum them in another order on each copy). When a ps is lost, the
-/// clients read its shard from the copy, and training goes on without a rollback.
+/// under SyncReplicas with R = N their state is the same at every step boundary (bit for
+/// bit with 2 workers, or one; with more, each copy may sum a step's gradients in another
+/// order). With backup workers each copy takes the first R fresh pushes it sees, and
+/// under Async and BoundedStaleness each applies pushes in the order they reach it: the
+/// copies may then differ by what arrived first. When a ps is lost, the clients read its
+/// shard from the copy, and training goes on without a rollback.
 ///
 /// A connection names the shard it wants at its handshake (wire::Hello::shard,
 /// RequestContext::shard). Heartbeats reach both copies whichever connection brings them,
@@ -12561,10 +12563,13 @@ inline std::uint64_t incarnation() {
 struct Welcome {
   static constexpr std::string_view kName = "Welcome";
   std::string proof;  ///< server_proof(...)
+  /// The serving process, drawn at random when it starts serving (never 0): a client that
+  /// reconnects and meets another one knows the ps was started again, holding nothing.
+  std::uint64_t server = 0;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(proof);
+    archive(proof, server);
   }
 };
 
@@ -12688,6 +12693,12 @@ struct TcpOptions {
   /// ready, so that every task reads from the same copy when both are well; a copy still
   /// not ready then (a process started in a lost ps's place, holding nothing) is dropped.
   std::chrono::milliseconds copy_grace{std::chrono::seconds(5)};
+  /// With replicas: how long a copy whose connection broke may stay out of reach (attempts
+  /// time out: a host gone, a process stopped) before it is dropped and the other copy
+  /// serves alone. A copy whose address refuses connections is dropped at once. Keep it
+  /// longer than the stalls a ps may live through: a copy dropped by some tasks and not
+  /// others misses their updates.
+  std::chrono::milliseconds copy_timeout{std::chrono::seconds(30)};
 };
 
 /// How a TcpServer treats its clients. Every limit protects the ps from a client that is
@@ -13533,17 +13544,19 @@ namespace pulley {
 ///     step before both copies took this one's pushes. WaitReady goes to both and is
 ///     answered by ps k's own copy once it is ready (by the other when ps k's own is lost,
 ///     or still not ready `copy_grace` after the other was: then it is dropped);
-///   - a copy is dropped, for the transport's life and with one log line, when its ps
-///     cannot be reached again after it was (refused, or no connection within
-///     `attempt_timeout`), when it is reached again but holds nothing (a process started
-///     in a lost one's place: checked with a GetStats before anything else goes out), or
-///     when it refuses what the other copy takes. Calls waiting for it go to the other
-///     copy; a connection that merely broke is reconnected as without copies (the caller
-///     sends again, and each copy counts a push once). The last copy of a shard is never
-///     dropped: it is waited for as a ps without copies is.
-/// A ps that is alive but cut off from a task for longer than `attempt_timeout` is dropped
-/// by that task only: its copy then misses that task's updates, and under sync training it
-/// waits for them. Replication guards against lost processes and hosts, not partitions.
+///   - a copy is dropped, for the transport's life and with one log line, when it is lost
+///     for sure: its address refuses connections after it was reached (no process listens
+///     there), another process answers there (wire::Welcome::server: one started in a lost
+///     one's place holds nothing), it stays out of reach for `copy_timeout`, or it is still
+///     not ready `copy_grace` after the other copy was. Calls waiting for it go to the
+///     other copy; a connection that merely broke is reconnected as without copies (the
+///     caller sends again, and each copy counts a push once). The last copy of a shard is
+///     never dropped: it is waited for as a ps without copies is. A copy that refuses what
+///     the other took is not dropped either: the answer of the copy read from stands.
+/// Each task decides alone. A ps alive but cut off from some tasks for `copy_timeout` is
+/// dropped by those tasks only: its copy then misses their updates, and under sync
+/// training it waits for them. Replication guards against lost processes and hosts, not
+/// partitions.
 class Tcp {
  public:
   /// Connects task `self` to every ps ("host:port", by task index), retrying with backoff
@@ -13591,7 +13604,6 @@ class Tcp {
     std::size_t half = 0;         ///< 0: to the copy read from (with the targets), 1: the other
     bool is_pair = false;         ///< it is a Pair
     bool parked_once = false;     ///< replicas: it waited once for a lost connection's copy
-    bool verify = false;          ///< replicas: the GetStats that checks a copy reached again
     /// Whose uses of the caller's buffers these are.
     CallControl& use() noexcept { return pair ? static_cast<CallControl&>(*pair) : *this; }
   };
@@ -13639,7 +13651,11 @@ class Tcp {
     /// copy takes them; reached, they fail kUnavailable as without copies.
     std::vector<PendingPtr> parked, parked_next;
     std::vector<std::weak_ptr<Pair>> awaiting;  ///< Pairs that wait for that attempt too
-    bool verifying = false;  ///< replicas: reached again; nothing but the check goes out yet
+    std::uint64_t server = 0;  ///< the ps process it reached (wire::Welcome::server), 0: none yet
+    /// Replicas: since when the copy has been out of reach (a connection broke and no new
+    /// one completed), for `TcpOptions::copy_timeout`.
+    std::optional<std::chrono::steady_clock::time_point> failing_since;
+    bool dispatching = false;  ///< its receive handler is handing frames on: no second receive
     std::string address;  ///< "host:port", for messages
     std::string host;
     std::string port;
@@ -13712,6 +13728,9 @@ class Tcp {
       // Every call still waiting is answered kUnavailable, so none waits on this driver.
       closing_ = true;
       for (auto& link : links_) fail(*link, "transport closed");
+      for (const auto& weak : graced_) {
+        if (const std::shared_ptr<Pair> pair = weak.lock()) pair->grace.reset();
+      }
     }
 
     [[nodiscard]] std::size_t num_ps() const noexcept { return shards_; }
@@ -13859,7 +13878,6 @@ class Tcp {
 
     /// A call's answer: to its caller, or to the Pair it is half of.
     void deliver(Pending& pending, Response&& response) {
-      if (pending.verify) return verified(*links_[pending.ps], response);
       if (!pending.pair) {
         pending.answer(std::move(response));
         return;
@@ -13869,9 +13887,8 @@ class Tcp {
       settle(pair);
     }
 
-    /// Answers a Pair once its halves allow: both answers in (the one read from, unless one
-    /// copy refused what the other took: that copy is dropped), or the first ready one for
-    /// WaitReady; a dropped copy's half is not waited for.
+    /// Answers a Pair once its halves allow: both answers in (the one read from), or the
+    /// ready one for WaitReady; a dropped copy's half is not waited for.
     void settle(const std::shared_ptr<Pair>& held) {
       Pair& pair = *held;
       if (closing_) {
@@ -13916,8 +13933,11 @@ class Tcp {
         }
         return answer_pair(pair, 1 - ok);
       }
-      drop(*links_[pair.links[1 - ok]], std::get<ErrorReply>(refused).message);
-      answer_pair(pair, ok);
+      // A refusal by one copy only (a restore that reached one first, a replaced process
+      // not yet known as one): the answer of the copy read from stands. Copies are dropped
+      // only when lost for sure: each task decides alone, and a copy dropped by some tasks
+      // and not others would miss their updates.
+      answer_pair(pair, 0);
     }
 
     /// WaitReady to both copies: ps k's own copy's answer if it is ready, the other's if ps
@@ -13950,6 +13970,8 @@ class Tcp {
     [[nodiscard]] static bool grace_over(const Pair& pair) { return pair.grace && pair.grace->expiry() <= asio::steady_timer::clock_type::now(); }
 
     void start_grace(const std::shared_ptr<Pair>& pair) {
+      std::erase_if(graced_, [](const std::weak_ptr<Pair>& p) { return p.expired(); });
+      graced_.push_back(pair);  // its timer goes before io_ does (~Impl)
       pair->grace = std::make_unique<asio::steady_timer>(io_, options_.copy_grace);
       pair->grace->async_wait([this, weak = std::weak_ptr<Pair>(pair)](std::error_code ec) {
         if (ec) return;
@@ -14073,8 +14095,6 @@ class Tcp {
                                    ? "no connection within " +
                                          std::to_string(options_.attempt_timeout.count()) + " ms"
                                    : ec.message();
-          // A copy reached before and not now is lost: the other serves its calls.
-          if (link.ever_connected && options_.replicas == 1) drop(link, "unreachable: " + link.broken_reason);
           fail_all(link);
           return connected(link, ec);
         }
@@ -14110,6 +14130,16 @@ class Tcp {
     /// a copy reached again answers them kUnavailable, as a lost connection does.
     void connected(Link& link, std::error_code ec) {
       if (auto done = std::exchange(link.connected, nullptr)) done(ec);
+      // A copy reached before and not now: lost for good once its address refuses (no
+      // process listens there), or after `copy_timeout` out of reach (a host gone).
+      if (ec && options_.replicas == 1 && link.ever_connected && !link.dropped && !closing_) {
+        const auto now = std::chrono::steady_clock::now();
+        const bool refused = ec == asio::error::connection_refused;
+        if (refused || (link.failing_since && now - *link.failing_since >= options_.copy_timeout)) {
+          drop(link, refused ? "its address refuses connections"
+                             : "out of reach for " + std::to_string(options_.copy_timeout.count()) + " ms");
+        }
+      }
       if (!link.dropped) {  // (a dropped copy's calls went to the other: drop)
         for (PendingPtr& p : std::exchange(link.parked, {})) {
           deliver(*p, unavailable(link));
@@ -14170,37 +14200,18 @@ class Tcp {
       link.challenge.reset();
       link.timer.cancel();
       link.state = State::kConnected;
-      const bool again = std::exchange(link.ever_connected, true);
+      link.ever_connected = true;
+      link.failing_since.reset();
       link.last_active = std::chrono::steady_clock::now();
       link.reader.set_limits(options_.limits);
-      if (again && options_.replicas == 1 && !links_[partner_of(link)]->dropped) return verify(link);
-      flush(link);  // the receive handler that brought the welcome arms the next receive
-      connected(link, {});
-    }
-
-    /// A copy reached again is used only if it still holds the job: a process started in a
-    /// lost ps's place answers, but holds nothing, and is dropped. The attempt ends with the
-    /// check's answer (`verified`).
-    void verify(Link& link) {
-      link.verifying = true;
-      auto check = std::make_shared<Pending>(this, index_of(link));
-      check->verify = true;
-      const std::uint64_t id = next_call_++;
-      check->frame = wire::encode(Request{GetStats{}}, id);
-      link.pending.emplace(id, check);
-      link.outbox.push_front(std::move(check));
-      flush(link);
-    }
-
-    void verified(Link& link, const Response& response) {
-      link.verifying = false;
-      const auto* stats = std::get_if<StatsReply>(&response);
-      if (stats == nullptr && is_unavailable(response)) return;  // it broke again: fail() ended the attempt
-      if (stats != nullptr && !stats->ready) {
-        return drop(link, "it answers again but holds nothing (a process started in place of a lost ps)");
+      // Another process than the one reached before: it holds nothing of the job. With a
+      // copy elsewhere it is dropped (drop ends this attempt); as the last copy it is used,
+      // and the job rolls back as without copies.
+      const std::uint64_t before = std::exchange(link.server, welcome->server);
+      if (options_.replicas == 1 && before != 0 && before != welcome->server && !links_[partner_of(link)]->dropped) {
+        return drop(link, "another process answers on its address: a ps started in place of a lost one holds nothing");
       }
-      flush(link);
-      receive(link);
+      flush(link);  // the receive handler that brought the welcome arms the next receive
       connected(link, {});
     }
 
@@ -14217,7 +14228,6 @@ class Tcp {
     void flush(Link& link) {
       if (link.state != State::kConnected && link.state != State::kHandshaking) return;
       while (link.state == State::kConnected && !link.outbox.empty()) {
-        if (link.verifying && !link.outbox.front()->verify) break;
         PendingPtr out = std::move(link.outbox.front());
         link.outbox.pop_front();
         if (!out->use().begin_use()) {  // given up before it went out: forget it
@@ -14269,7 +14279,7 @@ class Tcp {
     /// re-arming right after the last reply would cost the caller a receive that finds
     /// nothing; a connection that broke meanwhile is noticed by the next call.
     void receive(Link& link) {
-      if (link.receiving) return;
+      if (link.receiving || link.dispatching) return;  // (the handler arms the next receive)
       if (link.state != State::kHandshaking && (link.state != State::kConnected || link.pending.empty())) {
         return;
       }
@@ -14281,6 +14291,9 @@ class Tcp {
             if (gen != link.generation) return;
             link.receiving = false;
             if (ec) return fail(link, ec.message());
+            // While it hands frames on, an answer may lead elsewhere to this link again (a
+            // Pair settled): no second receive may start into the reader's buffers.
+            link.dispatching = true;
             try {
               link.reader.commit(n);  // may fail to grow a payload buffer
               while (auto frame =
@@ -14289,15 +14302,18 @@ class Tcp {
                          })) {
                 if (link.state == State::kHandshaking) {
                   on_handshake(link, *frame);
-                  if (link.state != State::kConnected && link.state != State::kHandshaking) return;
+                  if (link.state != State::kConnected && link.state != State::kHandshaking) break;
                 } else {
                   on_reply(link, *frame);
                 }
+                if (gen != link.generation) break;  // failed or dropped meanwhile: the reader was reset
               }
             } catch (const std::exception& e) {  // a bad frame, or no memory: this link only
+              link.dispatching = false;
               return fail(link, e.what());
             }
-            receive(link);
+            link.dispatching = false;
+            if (gen == link.generation) receive(link);
           });
     }
 
@@ -14370,7 +14386,7 @@ class Tcp {
       const bool may_park = options_.replicas == 1 && !closing_ && (link.ever_connected || link.dropped) &&
                             !links_[partner_of(link)]->dropped;
       for (auto& [id, pending] : std::exchange(link.pending, {})) {
-        if (may_park && !pending->pair && !pending->parked_once && !pending->verify) {
+        if (may_park && !pending->pair && !pending->parked_once) {
           pending->parked_once = true;
           link.parked_next.push_back(pending);
           continue;
@@ -14390,6 +14406,7 @@ class Tcp {
     /// end, everything waiting on it fails, and the next call reconnects.
     void fail(Link& link, const std::string& reason) {
       if (link.state == State::kBroken) return;
+      if (link.state == State::kConnected) link.failing_since = std::chrono::steady_clock::now();
       link.state = State::kBroken;
       link.broken_reason = reason;
       ++link.generation;
@@ -14420,6 +14437,7 @@ class Tcp {
     std::vector<std::unique_ptr<Link>> links_;  ///< by ps task, then copies by shard; destroyed before io_
     std::vector<std::size_t> serving_;          ///< replicas: by shard, the copy read from (0: ps k's own)
     bool closing_ = false;                      ///< the transport is being destroyed
+    std::vector<std::weak_ptr<Pair>> graced_;   ///< Pairs with a copy_grace timer on io_
     std::uint64_t next_call_ = 1;
   };
 
@@ -14788,7 +14806,8 @@ class TcpServer {
     orphan_.cancel();
     c->reader.set_limits(options_.frames);
     queue_frame(c, wire::encode(wire::Handshake{wire::Welcome{
-                                    wire::server_proof(options_.credentials.secret, *c->challenge, hello)}},
+                                    wire::server_proof(options_.credentials.secret, *c->challenge, hello),
+                                    server_id_}},
                                 0));
     c->challenge.reset();
   }
@@ -15077,6 +15096,12 @@ class TcpServer {
   bool accept_failing_ = false;
   bool stopping_ = false;
   std::uint64_t sessions_ = 0;  ///< connections accepted so far
+  /// This server, as its welcomes name it (wire::Welcome::server): random, never 0.
+  std::uint64_t server_id_ = [] {
+    std::uint64_t id = 0;
+    while (id == 0) detail::random_bytes(&id, sizeof id);
+    return id;
+  }();
   std::size_t clients_ = 0;     ///< open connections that completed the handshake
   LimitedLog warnings_;
   std::vector<ConnectionPtr> dirty_;    ///< connections with replies queued in this batch

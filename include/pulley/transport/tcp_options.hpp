@@ -38,6 +38,12 @@ struct TcpOptions {
   /// ready, so that every task reads from the same copy when both are well; a copy still
   /// not ready then (a process started in a lost ps's place, holding nothing) is dropped.
   std::chrono::milliseconds copy_grace{std::chrono::seconds(5)};
+  /// With replicas: how long a copy whose connection broke may stay out of reach (attempts
+  /// time out: a host gone, a process stopped) before it is dropped and the other copy
+  /// serves alone. A copy whose address refuses connections is dropped at once. Keep it
+  /// longer than the stalls a ps may live through: a copy dropped by some tasks and not
+  /// others misses their updates.
+  std::chrono::milliseconds copy_timeout{std::chrono::seconds(30)};
 };
 
 /// How a TcpServer treats its clients. Every limit protects the ps from a client that is

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "pulley/concepts/service.hpp"
+#include "pulley/core/detail/random.hpp"
 #include "pulley/core/log.hpp"
 #include "pulley/core/node.hpp"
 #include "pulley/protocol/messages.hpp"
@@ -368,7 +369,8 @@ class TcpServer {
     orphan_.cancel();
     c->reader.set_limits(options_.frames);
     queue_frame(c, wire::encode(wire::Handshake{wire::Welcome{
-                                    wire::server_proof(options_.credentials.secret, *c->challenge, hello)}},
+                                    wire::server_proof(options_.credentials.secret, *c->challenge, hello),
+                                    server_id_}},
                                 0));
     c->challenge.reset();
   }
@@ -657,6 +659,12 @@ class TcpServer {
   bool accept_failing_ = false;
   bool stopping_ = false;
   std::uint64_t sessions_ = 0;  ///< connections accepted so far
+  /// This server, as its welcomes name it (wire::Welcome::server): random, never 0.
+  std::uint64_t server_id_ = [] {
+    std::uint64_t id = 0;
+    while (id == 0) detail::random_bytes(&id, sizeof id);
+    return id;
+  }();
   std::size_t clients_ = 0;     ///< open connections that completed the handshake
   LimitedLog warnings_;
   std::vector<ConnectionPtr> dirty_;    ///< connections with replies queued in this batch

@@ -106,10 +106,13 @@ inline std::uint64_t incarnation() {
 struct Welcome {
   static constexpr std::string_view kName = "Welcome";
   std::string proof;  ///< server_proof(...)
+  /// The serving process, drawn at random when it starts serving (never 0): a client that
+  /// reconnects and meets another one knows the ps was started again, holding nothing.
+  std::uint64_t server = 0;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(proof);
+    archive(proof, server);
   }
 };
 
