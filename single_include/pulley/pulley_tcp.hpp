@@ -2476,10 +2476,14 @@ struct PullRows {
   std::int64_t min_step = 0;
   std::uint64_t epoch = 0;
   std::vector<TableRows> tables;  ///< distinct ids per table, each table at most once
+  /// Only what the pull does to the rows (a worker's creates, admits and touches them), no
+  /// rows back: the ps answers Ack. A client sends it to the copy of a shard it does not
+  /// read from, which must see the same pulls (ShardCopies).
+  bool touch_only = false;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(min_step, epoch, tables);
+    archive(min_step, epoch, tables, touch_only);
   }
 };
 
@@ -10214,7 +10218,7 @@ class ParameterServer {
       // A row pull that cannot be answered (no memory for its rows) is refused alone: it is
       // answered inside the push that completed the step, which must not fail the ps.
       try {
-        respond(reply, shard_.tables().pull(pull.request, pull.create, step, stats_));
+        answer_rows(pull.request, pull.create, step, reply);
       } catch (const std::exception& e) {
         if (reply) reject(reply, ErrorCode::kResourceExhausted, std::string("PullRows refused: ") + e.what());
       }
@@ -10245,7 +10249,15 @@ class ParameterServer {
     const bool create = !context.peer || context.peer->role == Node::Role::kWorker;
     const std::int64_t step = pacing_.global_step();
     if (step < r.min_step) return row_pulls_.park(r.min_step, RowPull{std::move(r), create}, reply);
-    respond(reply, shard_.tables().pull(r, create, step, stats_));
+    answer_rows(r, create, step, reply);
+  }
+
+  /// The rows of `r` at global step `step`, or only Ack when the client wants no rows back
+  /// (`PullRows::touch_only`: what the pull does to them is done all the same).
+  void answer_rows(const PullRows& r, bool create, std::int64_t step, Responder& reply) {
+    RowsReply rows = shard_.tables().pull(r, create, step, stats_);
+    if (r.touch_only) return respond(reply, Ack{});
+    respond(reply, std::move(rows));
   }
 
   // ---- Push: update.hpp, push_ledger.hpp --------------------------------------------------
@@ -13536,7 +13548,9 @@ namespace pulley {
 /// reaches shard k wherever it is whole:
 ///   - what changes a shard (Register, Initialize, Push, a worker's PullRows, Pause,
 ///     Resume, Restore, RestoreRows, Shutdown, Heartbeat) goes to both copies and is
-///     answered once both have answered: the answer of the copy it reads from;
+///     answered once both have answered: the answer of the copy it reads from (a row pull
+///     reaches the other copy as `PullRows::touch_only`: it creates and touches the rows
+///     and sends none back);
 ///   - reads (TakeToken, Pull, GetStats, ReadState, ReadRows, the chief's row reads) go to
 ///     the copy it reads from: ps k's own unless that one was dropped, so every task reads
 ///     tokens from the same pacer. A Pull that waits for a step also asks the other copy to
@@ -13763,6 +13777,11 @@ class Tcp {
           pair->other_partial = true;
           const Pull& pull = std::get<Pull>(request);
           queue(*links_[pair->links[half]], std::move(pending), Request{Pull{pull.min_step, {}, pull.epoch}});
+        } else if (half == 1 && std::holds_alternative<PullRows>(request)) {  // it creates the rows, sends none
+          pair->other_partial = true;
+          PullRows touch = std::get<PullRows>(request);
+          touch.touch_only = true;
+          queue(*links_[pair->links[half]], std::move(pending), Request{std::move(touch)});
         } else {
           queue(*links_[pair->links[half]], std::move(pending), request);
         }
@@ -14357,7 +14376,7 @@ class Tcp {
       const PendingPtr pending = it->second;
       link.pending.erase(it);
       if (pending->pair && pending->half == 1) {
-        // The other copy's tensors (a worker's row pull) are not read, only its outcome.
+        // The other copy's tensors are not read, only its outcome.
         if (!is_error(response) && !detail::copy_into(response, pending->targets)) {
           pending->pair->other_partial = true;
           response = Ack{};

@@ -223,10 +223,14 @@ struct PullRows {
   std::int64_t min_step = 0;
   std::uint64_t epoch = 0;
   std::vector<TableRows> tables;  ///< distinct ids per table, each table at most once
+  /// Only what the pull does to the rows (a worker's creates, admits and touches them), no
+  /// rows back: the ps answers Ack. A client sends it to the copy of a shard it does not
+  /// read from, which must see the same pulls (ShardCopies).
+  bool touch_only = false;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(min_step, epoch, tables);
+    archive(min_step, epoch, tables, touch_only);
   }
 };
 

@@ -336,7 +336,7 @@ class ParameterServer {
       // A row pull that cannot be answered (no memory for its rows) is refused alone: it is
       // answered inside the push that completed the step, which must not fail the ps.
       try {
-        respond(reply, shard_.tables().pull(pull.request, pull.create, step, stats_));
+        answer_rows(pull.request, pull.create, step, reply);
       } catch (const std::exception& e) {
         if (reply) reject(reply, ErrorCode::kResourceExhausted, std::string("PullRows refused: ") + e.what());
       }
@@ -367,7 +367,15 @@ class ParameterServer {
     const bool create = !context.peer || context.peer->role == Node::Role::kWorker;
     const std::int64_t step = pacing_.global_step();
     if (step < r.min_step) return row_pulls_.park(r.min_step, RowPull{std::move(r), create}, reply);
-    respond(reply, shard_.tables().pull(r, create, step, stats_));
+    answer_rows(r, create, step, reply);
+  }
+
+  /// The rows of `r` at global step `step`, or only Ack when the client wants no rows back
+  /// (`PullRows::touch_only`: what the pull does to them is done all the same).
+  void answer_rows(const PullRows& r, bool create, std::int64_t step, Responder& reply) {
+    RowsReply rows = shard_.tables().pull(r, create, step, stats_);
+    if (r.touch_only) return respond(reply, Ack{});
+    respond(reply, std::move(rows));
   }
 
   // ---- Push: update.hpp, push_ledger.hpp --------------------------------------------------

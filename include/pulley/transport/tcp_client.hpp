@@ -66,7 +66,9 @@ namespace pulley {
 /// reaches shard k wherever it is whole:
 ///   - what changes a shard (Register, Initialize, Push, a worker's PullRows, Pause,
 ///     Resume, Restore, RestoreRows, Shutdown, Heartbeat) goes to both copies and is
-///     answered once both have answered: the answer of the copy it reads from;
+///     answered once both have answered: the answer of the copy it reads from (a row pull
+///     reaches the other copy as `PullRows::touch_only`: it creates and touches the rows
+///     and sends none back);
 ///   - reads (TakeToken, Pull, GetStats, ReadState, ReadRows, the chief's row reads) go to
 ///     the copy it reads from: ps k's own unless that one was dropped, so every task reads
 ///     tokens from the same pacer. A Pull that waits for a step also asks the other copy to
@@ -293,6 +295,11 @@ class Tcp {
           pair->other_partial = true;
           const Pull& pull = std::get<Pull>(request);
           queue(*links_[pair->links[half]], std::move(pending), Request{Pull{pull.min_step, {}, pull.epoch}});
+        } else if (half == 1 && std::holds_alternative<PullRows>(request)) {  // it creates the rows, sends none
+          pair->other_partial = true;
+          PullRows touch = std::get<PullRows>(request);
+          touch.touch_only = true;
+          queue(*links_[pair->links[half]], std::move(pending), Request{std::move(touch)});
         } else {
           queue(*links_[pair->links[half]], std::move(pending), request);
         }
@@ -887,7 +894,7 @@ class Tcp {
       const PendingPtr pending = it->second;
       link.pending.erase(it);
       if (pending->pair && pending->half == 1) {
-        // The other copy's tensors (a worker's row pull) are not read, only its outcome.
+        // The other copy's tensors are not read, only its outcome.
         if (!is_error(response) && !detail::copy_into(response, pending->targets)) {
           pending->pair->other_partial = true;
           response = Ack{};
