@@ -8,45 +8,21 @@
 set -uo pipefail
 build=$1
 rounds=${2:-3}
-work=$(mktemp -d)
-pids=()
-trap 'for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; rm -rf "$work"' EXIT
-export PULLEY_SECRET=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
-
-free_ports() {
-  python3 - "$1" <<'PY'
-import socket, sys
-held = [socket.socket() for _ in range(int(sys.argv[1]))]
-for s in held:
-    s.bind(("127.0.0.1", 0))
-print("\n".join(str(s.getsockname()[1]) for s in held))
-PY
-}
+source "$(dirname "$0")/../tests/scripts/common.sh"  # work, start_job, finish_job
 
 # job NAME BINARY FLAGS...: one job; prints "samples_per_s peak_rss_ps0_kib peak_rss_ps1_kib"
 job() {
   local name=$1 binary=$2
   shift 2
-  mapfile -t ports < <(free_ports 5)
-  local cluster="{\"ps\": [\"127.0.0.1:${ports[0]}\", \"127.0.0.1:${ports[1]}\"], \"worker\": [\"127.0.0.1:${ports[2]}\", \"127.0.0.1:${ports[3]}\"], \"chief\": [\"127.0.0.1:${ports[4]}\"]}"
-  local task_pids=() type index
-  for task in ps:0 ps:1 worker:0 worker:1 chief:0; do
-    type=${task%:*} index=${task#*:}
-    TF_CONFIG="{\"cluster\": $cluster, \"task\": {\"type\": \"$type\", \"index\": $index}}" \
-      "$binary" "$@" >"$work/$name-$type-$index.log" 2>&1 &
-    pids+=("$!")
-    task_pids+=("$!")
-  done
+  start_job "$work/$name" "$binary" 2 2 "$@"
   local peak0=0 peak1=0 v
-  while kill -0 "${task_pids[4]}" 2>/dev/null; do  # VmHWM: the peak so far
-    v=$(awk '/VmHWM/ {print $2}' "/proc/${task_pids[0]}/status" 2>/dev/null) && [ -n "$v" ] && peak0=$v
-    v=$(awk '/VmHWM/ {print $2}' "/proc/${task_pids[1]}/status" 2>/dev/null) && [ -n "$v" ] && peak1=$v
+  while kill -0 "${job_pids[4]}" 2>/dev/null; do  # VmHWM: the peak so far
+    v=$(awk '/VmHWM/ {print $2}' "/proc/${job_pids[0]}/status" 2>/dev/null) && [ -n "$v" ] && peak0=$v
+    v=$(awk '/VmHWM/ {print $2}' "/proc/${job_pids[1]}/status" 2>/dev/null) && [ -n "$v" ] && peak1=$v
     sleep 0.2
   done
-  for p in "${task_pids[@]}"; do wait "$p" || { echo "job $name: a task failed" >&2; tail -5 "$work/$name"-*.log >&2; exit 1; }; done
-  local speed
-  speed=$(sed -n 's/^final: .*samples_per_s=\([0-9]*\).*/\1/p' "$work/$name-chief-0.log")
-  echo "$speed $peak0 $peak1"
+  finish_job "$name" 60 >&2
+  echo "$(sed -n 's/^final: .*samples_per_s=\([0-9]*\).*/\1/p' "$work/$name/chief-0.log") $peak0 $peak1"
 }
 
 median() { sort -n | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }

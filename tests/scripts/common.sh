@@ -5,6 +5,7 @@
 #   fail MESSAGE...             prints FAIL and the tail of every log under $work, exits 1
 #   wait_for FILE PATTERN SECS  until PATTERN appears in FILE (status 1 if it never does)
 #   free_ports N                N free TCP ports on 127.0.0.1, one a line
+#   start_job, start_task, forget_task, finish_job: a job of real processes (below)
 work=$(mktemp -d)
 pids=()
 cleanup() {
@@ -31,3 +32,52 @@ print("\n".join(str(s.getsockname()[1]) for s in held))
 PY
 }
 export PULLEY_SECRET=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
+
+# A job of real processes on 127.0.0.1, each task on its TF_CONFIG:
+#   start_job DIR BINARY NUM_PS NUM_WORKERS FLAGS...   ps tasks, workers and a chief, each
+#       writing DIR/TYPE-INDEX.log; sets job_pids (ps tasks, then workers, then the chief)
+#   start_task DIR TYPE INDEX LOG FLAGS...             one more process of that job's (a
+#       task started again), writing DIR/LOG; sets last_pid
+#   forget_task PID                                    a task killed on purpose: not waited for
+#   finish_job NAME SECONDS                            waits up to SECONDS for the chief, then
+#       fails unless every task of job_pids exits 0
+start_job() {
+  local dir=$1 num_ps=$3 num_workers=$4 i
+  job_binary=$2
+  shift 4
+  mkdir -p "$dir"
+  mapfile -t ports < <(free_ports $((num_ps + num_workers + 1)))
+  local hosts=() next=0
+  for role_count in "ps:$num_ps" "worker:$num_workers" "chief:1"; do
+    local list=""
+    for ((i = 0; i < ${role_count#*:}; ++i)); do list+="${list:+, }\"127.0.0.1:${ports[next++]}\""; done
+    hosts+=("\"${role_count%:*}\": [$list]")
+  done
+  job_cluster="{${hosts[0]}, ${hosts[1]}, ${hosts[2]}}"
+  job_pids=()
+  for ((i = 0; i < num_ps; ++i)); do start_task "$dir" ps "$i" "ps-$i.log" "$@"; job_pids+=("$last_pid"); done
+  for ((i = 0; i < num_workers; ++i)); do start_task "$dir" worker "$i" "worker-$i.log" "$@"; job_pids+=("$last_pid"); done
+  start_task "$dir" chief 0 chief-0.log "$@"
+  job_pids+=("$last_pid")
+}
+start_task() {
+  local dir=$1 type=$2 index=$3 log=$4
+  shift 4
+  TF_CONFIG="{\"cluster\": $job_cluster, \"task\": {\"type\": \"$type\", \"index\": $index}}" \
+    "$job_binary" "$@" >"$dir/$log" 2>&1 &
+  last_pid=$!
+  pids+=("$last_pid")
+}
+forget_task() {
+  local left=() pid
+  for pid in "${job_pids[@]}"; do [ "$pid" = "$1" ] || left+=("$pid"); done
+  job_pids=("${left[@]}")
+}
+finish_job() {
+  local chief=${job_pids[-1]} pid rc
+  for _ in $(seq 1 $(($2 * 20))); do kill -0 "$chief" 2>/dev/null || break; sleep 0.05; done
+  for pid in "${job_pids[@]}"; do
+    wait "$pid"; rc=$?
+    [ "$rc" = 0 ] || fail "$1: a task (pid $pid) exited $rc"
+  done
+}

@@ -15,40 +15,21 @@ flags=(--epochs "$epochs" --worker-timeout-ms 1500 --heartbeat-interval-ms 250 -
 
 run_job() {  # run_job NAME KILL: one job in $work/NAME; KILL=1 kills worker 1 and restarts it
   local dir=$work/$1 kill=$2
-  mkdir -p "$dir"
-  mapfile -t ports < <(free_ports 4)
-  local cluster="{\"ps\": [\"127.0.0.1:${ports[0]}\"], \"worker\": [\"127.0.0.1:${ports[1]}\", \"127.0.0.1:${ports[2]}\"], \"chief\": [\"127.0.0.1:${ports[3]}\"]}"
-  local task_pids=() type index
-  start() {  # start TYPE INDEX LOG
-    TF_CONFIG="{\"cluster\": $cluster, \"task\": {\"type\": \"$1\", \"index\": $2}}" \
-      "$binary" "${flags[@]}" >"$3" 2>&1 &
-    pids+=("$!")
-    task_pids+=("$!")
-  }
-  for task in ps:0 worker:0 worker:1 chief:0; do
-    type=${task%:*} index=${task#*:}
-    start "$type" "$index" "$dir/$type-$index.log"
-  done
-  local w1=${task_pids[2]} chief=${task_pids[3]}
+  start_job "$dir" "$binary" 1 2 "${flags[@]}"
+  local w1=${job_pids[2]}
   if [ "$kill" = 1 ]; then
     wait_for "$dir/chief-0.log" '^epoch  3/' 300 || fail "$1: the job never reached epoch 3"
     kill -9 "$w1"
     wait "$w1" 2>/dev/null
-    local left=() pid
-    for pid in "${task_pids[@]}"; do [ "$pid" = "$w1" ] || left+=("$pid"); done
-    task_pids=("${left[@]}")
+    forget_task "$w1"
     echo "$1: killed worker 1 after: $(grep '^epoch' "$dir/chief-0.log" | tail -1)"
     wait_for "$dir/ps-0.log" 'worker:1 lost' 10 || fail "$1: the ps did not hold worker 1 lost"
     wait_for "$dir/chief-0.log" '^epoch  6/' 600 || fail "$1: the job did not reach epoch 6 without worker 1"
-    start worker 1 "$dir/worker-1-again.log"
+    start_task "$dir" worker 1 worker-1-again.log "${flags[@]}"
+    job_pids+=("$last_pid")
     echo "$1: started worker 1 again after: $(grep '^epoch' "$dir/chief-0.log" | tail -1)"
   fi
-  for _ in $(seq 1 12000); do kill -0 "$chief" 2>/dev/null || break; sleep 0.05; done
-  local rc
-  for pid in "${task_pids[@]}"; do
-    wait "$pid"; rc=$?
-    [ "$rc" = 0 ] || fail "$1: a task (pid $pid) exited $rc"
-  done
+  finish_job "$1" 600
 }
 
 run_job clean 0

@@ -15,36 +15,21 @@ flags=(--epochs "$epochs" --wait-timeout-ms 120000 --recovery-timeout-ms 60000)
 
 run_job() {  # run_job NAME REPLICAS KILL: one job in $work/NAME; KILL=1 kills ps 0 at epoch 2
   local dir=$work/$1 replicas=$2 kill=$3
-  mkdir -p "$dir"
-  mapfile -t ports < <(free_ports 5)
-  local cluster="{\"ps\": [\"127.0.0.1:${ports[0]}\", \"127.0.0.1:${ports[1]}\"], \"worker\": [\"127.0.0.1:${ports[2]}\", \"127.0.0.1:${ports[3]}\"], \"chief\": [\"127.0.0.1:${ports[4]}\"]}"
-  local task_pids=() type index
-  for task in ps:0 ps:1 worker:0 worker:1 chief:0; do
-    type=${task%:*} index=${task#*:}
-    TF_CONFIG="{\"cluster\": $cluster, \"task\": {\"type\": \"$type\", \"index\": $index}}" \
-      "$binary" "${flags[@]}" --ps-replicas "$replicas" >"$dir/$type-$index.log" 2>&1 &
-    pids+=("$!")
-    task_pids+=("$!")
-  done
-  local ps0=${task_pids[0]} chief=${task_pids[4]}
+  start_job "$dir" "$binary" 2 2 "${flags[@]}" --ps-replicas "$replicas"
   if [ "$kill" = 1 ]; then
+    local ps0=${job_pids[0]} killed_at
     wait_for "$dir/chief-0.log" '^epoch  2/' 300 || fail "$1: the job never reached epoch 2"
     kill -9 "$ps0"
-    local killed_at; killed_at=$(date +%s.%N)
+    killed_at=$(date +%s.%N)
     wait "$ps0" 2>/dev/null
-    task_pids=("${task_pids[@]:1}")
+    forget_task "$ps0"
     echo "$1: killed ps 0 after: $(grep '^epoch' "$dir/chief-0.log" | tail -1)"
     for who in worker-0 worker-1 chief-0; do
       wait_for "$dir/$who.log" "dropping the copy of ps 0's shard" 60 || fail "$1: $who did not turn to ps 0's copy"
     done
     echo "$1: every task reads ps 0's shard from its copy $(python3 -c "import time; print(f'{time.time() - $killed_at:.2f}')") s after the kill"
   fi
-  for _ in $(seq 1 12000); do kill -0 "$chief" 2>/dev/null || break; sleep 0.05; done
-  local rc
-  for pid in "${task_pids[@]}"; do
-    wait "$pid"; rc=$?
-    [ "$rc" = 0 ] || fail "$1: a task (pid $pid) exited $rc"
-  done
+  finish_job "$1" 600
 }
 
 run_job plain 0 0

@@ -17,18 +17,8 @@ flags=(--epochs "$epochs" --worker-timeout-ms "$timeout_ms" --heartbeat-interval
 
 run_job() {  # run_job NAME STOP: one job in $work/NAME; STOP=1 stops ps 1 after epoch 1
   local dir=$work/$1 stop=$2
-  mkdir -p "$dir"
-  mapfile -t ports < <(free_ports 5)
-  local cluster="{\"ps\": [\"127.0.0.1:${ports[0]}\", \"127.0.0.1:${ports[1]}\"], \"worker\": [\"127.0.0.1:${ports[2]}\", \"127.0.0.1:${ports[3]}\"], \"chief\": [\"127.0.0.1:${ports[4]}\"]}"
-  local task_pids=() type index
-  for task in ps:0 ps:1 worker:0 worker:1 chief:0; do
-    type=${task%:*} index=${task#*:}
-    TF_CONFIG="{\"cluster\": $cluster, \"task\": {\"type\": \"$type\", \"index\": $index}}" \
-      "$binary" "${flags[@]}" >"$dir/$type-$index.log" 2>&1 &
-    pids+=("$!")
-    task_pids+=("$!")
-  done
-  local ps1=${task_pids[1]} chief=${task_pids[4]}
+  start_job "$dir" "$binary" 2 2 "${flags[@]}"
+  local ps1=${job_pids[1]}
   if [ "$stop" = 1 ]; then
     wait_for "$dir/chief-0.log" '^epoch  1/' 120 || fail "$1: the job never reached epoch 1"
     kill -STOP "$ps1"
@@ -36,12 +26,7 @@ run_job() {  # run_job NAME STOP: one job in $work/NAME; STOP=1 stops ps 1 after
     sleep "$stop_s"
     kill -CONT "$ps1"
   fi
-  for _ in $(seq 1 3600); do kill -0 "$chief" 2>/dev/null || break; sleep 0.05; done
-  local rc
-  for pid in "${task_pids[@]}"; do
-    wait "$pid"; rc=$?
-    [ "$rc" = 0 ] || fail "$1: a task (pid $pid) exited $rc"
-  done
+  finish_job "$1" 180
 }
 
 run_job clean 0
