@@ -101,6 +101,32 @@ TEST_CASE("the chief and evaluators read rows without creating them, a worker's 
   CHECK(ps.stats().table_rows == 2);
 }
 
+TEST_CASE("a touch-only row pull creates and touches the rows as a worker's pull does, and sends none back") {
+  // What the copy of a shard gets in place of the pull its other copy answers (ShardCopies).
+  Server copy = ready();
+  Server read_from = ready();
+  PullRows touch{0, 0, {{0, {9, 10}, {}}}};
+  touch.touch_only = true;
+  CHECK(std::holds_alternative<Ack>(call(copy, touch, Node::worker(0))));
+  const auto rows = call(read_from, PullRows{0, 0, {{0, {9, 10}, {}}}}, Node::worker(0));
+  REQUIRE(std::holds_alternative<RowsReply>(rows));
+  CHECK(copy.stats().table_rows == 2);
+  CHECK(copy.stats().table_rows == read_from.stats().table_rows);
+  // The same push then leaves both with the same rows.
+  const std::vector<float> gradient{1.0F, 2.0F, 3.0F, 4.0F};
+  for (Server* ps : {&copy, &read_from}) {
+    REQUIRE(std::holds_alternative<PushReply>(call(*ps, Push{0, 0, {{0, kZero}}, 0, 1, {{0, {9, 10}, gradient}}})));
+  }
+  const auto values = [](Server& ps) {
+    const auto read = call(ps, PullRows{0, 0, {{0, {9, 10}, {}}}}, Node::chief());
+    REQUIRE(std::holds_alternative<RowsReply>(read));
+    const auto table = std::get<RowsReply>(read).rows[0];
+    return std::vector<float>(table.begin(), table.end());
+  };
+  CHECK(values(copy) == values(read_from));
+  CHECK(values(copy) != std::vector<float>(4, 0.5F));  // the push changed them
+}
+
 TEST_CASE("an async push whose rows would go non-finite is refused whole, naming the table") {
   Server ps = ready();
   (void)call(ps, PullRows{0, 0, {{0, {1}, {}}}});  // row 1 exists
