@@ -14114,7 +14114,8 @@ class Tcp {
                                    ? "no connection within " +
                                          std::to_string(options_.attempt_timeout.count()) + " ms"
                                    : ec.message();
-          fail_all(link);
+          drop_if_lost(link, ec);  // then its calls go to the other copy
+          fail_all(link, false);   // else what waited for this attempt learns its outcome now
           return connected(link, ec);
         }
         // Connected: the ps speaks first (its challenge), and the handshake follows.
@@ -14144,21 +14145,24 @@ class Tcp {
           });
     }
 
+    /// After an attempt that failed with `ec`: a copy reached before and not now is lost for
+    /// good once its address refuses (no process listens there), or after `copy_timeout`
+    /// out of reach (a host gone): it is dropped.
+    void drop_if_lost(Link& link, std::error_code ec) {
+      if (!ec || options_.replicas == 0 || !link.ever_connected || link.dropped || closing_) return;
+      const bool refused = ec == asio::error::connection_refused;
+      if (refused || (link.failing_since && std::chrono::steady_clock::now() - *link.failing_since >= options_.copy_timeout)) {
+        drop(link, refused ? "its address refuses connections"
+                           : "out of reach for " + std::to_string(options_.copy_timeout.count()) + " ms");
+      }
+    }
+
     /// Ends a connection attempt: calls its `done`. With replicas, the calls and Pairs that
     /// waited for its outcome learn it: a dropped copy's were taken on by the other (drop);
     /// a copy reached again answers them kUnavailable, as a lost connection does.
     void connected(Link& link, std::error_code ec) {
       if (auto done = std::exchange(link.connected, nullptr)) done(ec);
-      // A copy reached before and not now: lost for good once its address refuses (no
-      // process listens there), or after `copy_timeout` out of reach (a host gone).
-      if (ec && options_.replicas == 1 && link.ever_connected && !link.dropped && !closing_) {
-        const auto now = std::chrono::steady_clock::now();
-        const bool refused = ec == asio::error::connection_refused;
-        if (refused || (link.failing_since && now - *link.failing_since >= options_.copy_timeout)) {
-          drop(link, refused ? "its address refuses connections"
-                             : "out of reach for " + std::to_string(options_.copy_timeout.count()) + " ms");
-        }
-      }
+      drop_if_lost(link, ec);
       if (!link.dropped) {  // (a dropped copy's calls went to the other: drop)
         for (PendingPtr& p : std::exchange(link.parked, {})) {
           deliver(*p, unavailable(link));
@@ -14400,9 +14404,9 @@ class Tcp {
     /// Every call waiting on the link, sent or queued, fails with kUnavailable; with
     /// replicas, a call to a copy reached before waits once for the copy to be tried again
     /// (parked_next): the other copy takes it if this one is lost for good.
-    void fail_all(Link& link) {
+    void fail_all(Link& link, bool park = true) {
       link.outbox.clear();
-      const bool may_park = options_.replicas == 1 && !closing_ && (link.ever_connected || link.dropped) &&
+      const bool may_park = park && options_.replicas == 1 && !closing_ && (link.ever_connected || link.dropped) &&
                             !links_[partner_of(link)]->dropped;
       for (auto& [id, pending] : std::exchange(link.pending, {})) {
         if (may_park && !pending->pair && !pending->parked_once) {
