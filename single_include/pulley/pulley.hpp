@@ -8211,7 +8211,8 @@ class EmbeddingTable {
   /// `headroom`, if given, is the bytes the ps's tables may still grow by (Tables::max_bytes):
   /// each row created (budget_row_bytes()) and each id admission starts counting
   /// (kCandidateBytes) takes from it; when it is short, the table makes room as at its
-  /// max_rows, and failing that the row is not created.
+  /// max_rows, and failing that the row is not created. An empty `out` reads nothing: the
+  /// pull's effects on the table alone (PullRows::touch_only).
   void pull(std::span<const std::uint64_t> ids, std::span<float> out, std::int64_t step,
             bool create = true, std::uint64_t* headroom = nullptr) {
     const std::size_t d = spec_.dim;
@@ -8220,14 +8221,16 @@ class EmbeddingTable {
       std::uint64_t*& headroom;
       ~Reset() { headroom = nullptr; }
     } reset{headroom_};
+    const bool read = !out.empty();
     for_each_found(ids, [&](std::size_t i, std::uint32_t row) {
-      const std::span<float> into = out.subspan(i * d, d);
       if (row == kNone && create && admit(ids[i], step) && make_room(step)) row = this->create(ids[i]);
+      if (row != kNone && create) touch(row, step);
+      if (!read) return;
+      const std::span<float> into = out.subspan(i * d, d);
       if (row == kNone) {
         initialize_row(spec_, seed_, ids[i], into);
         return;
       }
-      if (create) touch(row, step);
       const float* values = at(row);
       std::copy(values, values + d, into.begin());
     });
@@ -9014,7 +9017,8 @@ class TableShard {
   }
 
   /// The rows `request` asks for, at global step `step`, in buffers that stay valid until
-  /// `free_replies`; `create` (a worker's pull) creates, admits and touches rows.
+  /// `free_replies` (none for `PullRows::touch_only`); `create` (a worker's pull) creates,
+  /// admits and touches rows.
   RowsReply pull(const PullRows& request, bool create, std::int64_t step, Stats& stats) {
     if (used_ == replies_.size()) replies_.emplace_back();
     std::vector<std::vector<float>>& buffers = replies_[used_++];
@@ -9031,7 +9035,7 @@ class TableShard {
     for (std::size_t i = 0; i < request.tables.size(); ++i) {
       const TableRows& tr = request.tables[i];
       EmbeddingTable<Optimizer>& table = tables_[tr.table].rows;
-      buffers[i].resize(tr.ids.size() * table.dim());
+      buffers[i].resize(request.touch_only ? 0 : tr.ids.size() * table.dim());
       const std::uint64_t capped = table.stats().rows_capped;
       table.pull(tr.ids, buffers[i], step, create, budget > 0 && create ? &headroom : nullptr);
       if (!tables_[tr.table].warned && table.stats().rows_capped > capped) {

@@ -8211,7 +8211,8 @@ class EmbeddingTable {
   /// `headroom`, if given, is the bytes the ps's tables may still grow by (Tables::max_bytes):
   /// each row created (budget_row_bytes()) and each id admission starts counting
   /// (kCandidateBytes) takes from it; when it is short, the table makes room as at its
-  /// max_rows, and failing that the row is not created.
+  /// max_rows, and failing that the row is not created. An empty `out` reads nothing: the
+  /// pull's effects on the table alone (PullRows::touch_only).
   void pull(std::span<const std::uint64_t> ids, std::span<float> out, std::int64_t step,
             bool create = true, std::uint64_t* headroom = nullptr) {
     const std::size_t d = spec_.dim;
@@ -8220,14 +8221,16 @@ class EmbeddingTable {
       std::uint64_t*& headroom;
       ~Reset() { headroom = nullptr; }
     } reset{headroom_};
+    const bool read = !out.empty();
     for_each_found(ids, [&](std::size_t i, std::uint32_t row) {
-      const std::span<float> into = out.subspan(i * d, d);
       if (row == kNone && create && admit(ids[i], step) && make_room(step)) row = this->create(ids[i]);
+      if (row != kNone && create) touch(row, step);
+      if (!read) return;
+      const std::span<float> into = out.subspan(i * d, d);
       if (row == kNone) {
         initialize_row(spec_, seed_, ids[i], into);
         return;
       }
-      if (create) touch(row, step);
       const float* values = at(row);
       std::copy(values, values + d, into.begin());
     });
@@ -9014,7 +9017,8 @@ class TableShard {
   }
 
   /// The rows `request` asks for, at global step `step`, in buffers that stay valid until
-  /// `free_replies`; `create` (a worker's pull) creates, admits and touches rows.
+  /// `free_replies` (none for `PullRows::touch_only`); `create` (a worker's pull) creates,
+  /// admits and touches rows.
   RowsReply pull(const PullRows& request, bool create, std::int64_t step, Stats& stats) {
     if (used_ == replies_.size()) replies_.emplace_back();
     std::vector<std::vector<float>>& buffers = replies_[used_++];
@@ -9031,7 +9035,7 @@ class TableShard {
     for (std::size_t i = 0; i < request.tables.size(); ++i) {
       const TableRows& tr = request.tables[i];
       EmbeddingTable<Optimizer>& table = tables_[tr.table].rows;
-      buffers[i].resize(tr.ids.size() * table.dim());
+      buffers[i].resize(request.touch_only ? 0 : tr.ids.size() * table.dim());
       const std::uint64_t capped = table.stats().rows_capped;
       table.pull(tr.ids, buffers[i], step, create, budget > 0 && create ? &headroom : nullptr);
       if (!tables_[tr.table].warned && table.stats().rows_capped > capped) {
@@ -13547,13 +13551,14 @@ namespace pulley {
 /// it also connects to the copy of ps k's shard that ps (k + 1) mod P holds, and `call(k)`
 /// reaches shard k wherever it is whole:
 ///   - what changes a shard (Register, Initialize, Push, a worker's PullRows, Pause,
-///     Resume, Restore, RestoreRows, Shutdown, Heartbeat) goes to both copies and is
+///     Resume, Restore, RestoreRows, Shutdown) goes to both copies and is
 ///     answered once both have answered: the answer of the copy it reads from (a row pull
 ///     reaches the other copy as `PullRows::touch_only`: it creates and touches the rows
 ///     and sends none back);
-///   - reads (TakeToken, Pull, GetStats, ReadState, ReadRows, the chief's row reads) go to
-///     the copy it reads from: ps k's own unless that one was dropped, so every task reads
-///     tokens from the same pacer. A Pull that waits for a step also asks the other copy to
+///   - reads (TakeToken, Pull, GetStats, ReadState, ReadRows, the chief's row reads) and
+///     heartbeats (a ps process hands them to both copies it holds) go to the copy it
+///     reads from: ps k's own unless that one was dropped, so every task reads tokens from
+///     the same pacer. A Pull that waits for a step also asks the other copy to
 ///     say when it completed that step (no values), so that no worker pushes for the next
 ///     step before both copies took this one's pushes. WaitReady goes to both and is
 ///     answered by ps k's own copy once it is ready (by the other when ps k's own is lost,
@@ -13585,8 +13590,6 @@ class Tcp {
 
   /// Number of ps tasks.
   [[nodiscard]] std::size_t num_ps() const noexcept { return impl_->num_ps(); }
-  /// With replicas: true while both copies of ps `ps`'s shard are used (none was dropped).
-  [[nodiscard]] bool whole(std::size_t ps) const noexcept { return impl_->whole(ps); }
 
   /// Sends `request` to ps `ps`; see the Transport concept for the contract.
   PendingCall call(std::size_t ps, Request&& request, PullTargets targets = {}) {
@@ -13717,7 +13720,6 @@ class Tcp {
         for (std::uint32_t k = 0; k < count; ++k) {
           links_.push_back(std::make_unique<Link>(io_, addresses[(k + 1) % count], options_.limits, (k + 1) % count, k));
         }
-        serving_.assign(shards_, 0);
       }
       for (std::size_t i = 0; i < links_.size(); ++i) {
         try {
@@ -13730,7 +13732,6 @@ class Tcp {
           links_[i]->dropped = true;
           log(LogLevel::kWarning, self_.name() + ": " + e.what() + ": ps " + std::to_string(shard) +
                                       "'s shard is served by one copy only");
-          if (i < shards_) serving_[shard] = 1;
         }
       }
     }
@@ -13749,20 +13750,21 @@ class Tcp {
 
     [[nodiscard]] std::size_t num_ps() const noexcept { return shards_; }
 
-    [[nodiscard]] bool whole(std::size_t shard) const noexcept {
-      return options_.replicas == 1 && shard < shards_ && !links_[shard]->dropped &&
-             !links_[shards_ + shard]->dropped;
-    }
-
     PendingCall call(std::size_t ps, Request&& request, PullTargets targets) {
-      if (options_.replicas == 0 || ps >= shards_) {
-        return call_on(ps < shards_ ? ps : links_.size(), std::move(request), std::move(targets));
+      if (ps >= shards_) {
+        auto refused = std::make_shared<Pending>(this, 0);
+        PendingCall result(refused);
+        refused->answer(ErrorReply{ErrorCode::kInvalidArgument, "no ps task " + std::to_string(ps)});
+        return result;
       }
-      const std::size_t reading = link_of(ps, serving_[ps]);
-      const std::size_t other = link_of(ps, 1 - serving_[ps]);
+      if (options_.replicas == 0) return call_on(ps, std::move(request), std::move(targets));
+      // ps k's own copy is read from while it lives (every task then takes tokens from the
+      // same pacer), the one ps k + 1 holds once it was dropped.
+      const std::size_t reading = links_[ps]->dropped ? link_of(ps, 1) : ps;
+      const std::size_t other = reading == ps ? link_of(ps, 1) : ps;
       const Spread spread = spread_of(request);
-      if (links_[reading]->dropped || links_[other]->dropped || spread == Spread::kOne) {
-        return call_on(links_[reading]->dropped ? other : reading, std::move(request), std::move(targets));
+      if (links_[other]->dropped || spread == Spread::kOne) {
+        return call_on(reading, std::move(request), std::move(targets));
       }
       auto pair = std::make_shared<Pair>(this, ps, spread == Spread::kFirstReady);
       PendingCall result(pair);
@@ -13794,10 +13796,6 @@ class Tcp {
       auto pending = std::make_shared<Pending>(this, index);
       pending->targets = std::move(targets);
       PendingCall result(pending);
-      if (index >= links_.size()) {
-        pending->answer(ErrorReply{ErrorCode::kInvalidArgument, "no ps task " + std::to_string(index)});
-        return result;
-      }
       queue(*links_[index], std::move(pending), request);
       return result;
     }
@@ -13869,7 +13867,8 @@ class Tcp {
       // A pull for a step waits for both copies to complete it: no worker then pushes for the
       // next step before both took every push of this one (each completes steps on its own).
       if (const auto* pull = std::get_if<Pull>(&request)) return pull->min_step > 0 ? Spread::kGate : Spread::kOne;
-      if (std::holds_alternative<TakeToken>(request) ||
+      // A heartbeat reaches both copies a ps process holds (ShardCopies hands it to each).
+      if (std::holds_alternative<TakeToken>(request) || std::holds_alternative<Heartbeat>(request) ||
           std::holds_alternative<GetStats>(request) || std::holds_alternative<ReadState>(request) ||
           std::holds_alternative<ReadRows>(request)) {
         return Spread::kOne;
@@ -14019,7 +14018,6 @@ class Tcp {
       const std::size_t other = index < shards_ ? shards_ + shard : shard;
       if (links_[other]->dropped) return;  // the last copy: waited for as a ps without copies
       link.dropped = true;
-      serving_[shard] = other == shard ? 0 : 1;
       log(LogLevel::kWarning, self_.name() + ": dropping the copy of ps " + std::to_string(shard) +
                                   "'s shard held by ps " + std::to_string(link.task) + " at " + link.address +
                                   " (" + why + "): it is served by the copy at " + links_[other]->address +
@@ -14458,7 +14456,6 @@ class Tcp {
         asio::make_work_guard(io_);             ///< waits block until their deadline, never run dry
     std::size_t shards_;                        ///< ps tasks: their shards
     std::vector<std::unique_ptr<Link>> links_;  ///< by ps task, then copies by shard; destroyed before io_
-    std::vector<std::size_t> serving_;          ///< replicas: by shard, the copy read from (0: ps k's own)
     bool closing_ = false;                      ///< the transport is being destroyed
     std::vector<std::weak_ptr<Pair>> graced_;   ///< Pairs with a copy_grace timer on io_
     std::uint64_t next_call_ = 1;

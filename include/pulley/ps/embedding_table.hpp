@@ -84,7 +84,8 @@ class EmbeddingTable {
   /// `headroom`, if given, is the bytes the ps's tables may still grow by (Tables::max_bytes):
   /// each row created (budget_row_bytes()) and each id admission starts counting
   /// (kCandidateBytes) takes from it; when it is short, the table makes room as at its
-  /// max_rows, and failing that the row is not created.
+  /// max_rows, and failing that the row is not created. An empty `out` reads nothing: the
+  /// pull's effects on the table alone (PullRows::touch_only).
   void pull(std::span<const std::uint64_t> ids, std::span<float> out, std::int64_t step,
             bool create = true, std::uint64_t* headroom = nullptr) {
     const std::size_t d = spec_.dim;
@@ -93,14 +94,16 @@ class EmbeddingTable {
       std::uint64_t*& headroom;
       ~Reset() { headroom = nullptr; }
     } reset{headroom_};
+    const bool read = !out.empty();
     for_each_found(ids, [&](std::size_t i, std::uint32_t row) {
-      const std::span<float> into = out.subspan(i * d, d);
       if (row == kNone && create && admit(ids[i], step) && make_room(step)) row = this->create(ids[i]);
+      if (row != kNone && create) touch(row, step);
+      if (!read) return;
+      const std::span<float> into = out.subspan(i * d, d);
       if (row == kNone) {
         initialize_row(spec_, seed_, ids[i], into);
         return;
       }
-      if (create) touch(row, step);
       const float* values = at(row);
       std::copy(values, values + d, into.begin());
     });

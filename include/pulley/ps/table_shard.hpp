@@ -114,7 +114,8 @@ class TableShard {
   }
 
   /// The rows `request` asks for, at global step `step`, in buffers that stay valid until
-  /// `free_replies`; `create` (a worker's pull) creates, admits and touches rows.
+  /// `free_replies` (none for `PullRows::touch_only`); `create` (a worker's pull) creates,
+  /// admits and touches rows.
   RowsReply pull(const PullRows& request, bool create, std::int64_t step, Stats& stats) {
     if (used_ == replies_.size()) replies_.emplace_back();
     std::vector<std::vector<float>>& buffers = replies_[used_++];
@@ -131,7 +132,7 @@ class TableShard {
     for (std::size_t i = 0; i < request.tables.size(); ++i) {
       const TableRows& tr = request.tables[i];
       EmbeddingTable<Optimizer>& table = tables_[tr.table].rows;
-      buffers[i].resize(tr.ids.size() * table.dim());
+      buffers[i].resize(request.touch_only ? 0 : tr.ids.size() * table.dim());
       const std::uint64_t capped = table.stats().rows_capped;
       table.pull(tr.ids, buffers[i], step, create, budget > 0 && create ? &headroom : nullptr);
       if (!tables_[tr.table].warned && table.stats().rows_capped > capped) {

@@ -65,13 +65,14 @@ namespace pulley {
 /// it also connects to the copy of ps k's shard that ps (k + 1) mod P holds, and `call(k)`
 /// reaches shard k wherever it is whole:
 ///   - what changes a shard (Register, Initialize, Push, a worker's PullRows, Pause,
-///     Resume, Restore, RestoreRows, Shutdown, Heartbeat) goes to both copies and is
+///     Resume, Restore, RestoreRows, Shutdown) goes to both copies and is
 ///     answered once both have answered: the answer of the copy it reads from (a row pull
 ///     reaches the other copy as `PullRows::touch_only`: it creates and touches the rows
 ///     and sends none back);
-///   - reads (TakeToken, Pull, GetStats, ReadState, ReadRows, the chief's row reads) go to
-///     the copy it reads from: ps k's own unless that one was dropped, so every task reads
-///     tokens from the same pacer. A Pull that waits for a step also asks the other copy to
+///   - reads (TakeToken, Pull, GetStats, ReadState, ReadRows, the chief's row reads) and
+///     heartbeats (a ps process hands them to both copies it holds) go to the copy it
+///     reads from: ps k's own unless that one was dropped, so every task reads tokens from
+///     the same pacer. A Pull that waits for a step also asks the other copy to
 ///     say when it completed that step (no values), so that no worker pushes for the next
 ///     step before both copies took this one's pushes. WaitReady goes to both and is
 ///     answered by ps k's own copy once it is ready (by the other when ps k's own is lost,
@@ -103,8 +104,6 @@ class Tcp {
 
   /// Number of ps tasks.
   [[nodiscard]] std::size_t num_ps() const noexcept { return impl_->num_ps(); }
-  /// With replicas: true while both copies of ps `ps`'s shard are used (none was dropped).
-  [[nodiscard]] bool whole(std::size_t ps) const noexcept { return impl_->whole(ps); }
 
   /// Sends `request` to ps `ps`; see the Transport concept for the contract.
   PendingCall call(std::size_t ps, Request&& request, PullTargets targets = {}) {
@@ -235,7 +234,6 @@ class Tcp {
         for (std::uint32_t k = 0; k < count; ++k) {
           links_.push_back(std::make_unique<Link>(io_, addresses[(k + 1) % count], options_.limits, (k + 1) % count, k));
         }
-        serving_.assign(shards_, 0);
       }
       for (std::size_t i = 0; i < links_.size(); ++i) {
         try {
@@ -248,7 +246,6 @@ class Tcp {
           links_[i]->dropped = true;
           log(LogLevel::kWarning, self_.name() + ": " + e.what() + ": ps " + std::to_string(shard) +
                                       "'s shard is served by one copy only");
-          if (i < shards_) serving_[shard] = 1;
         }
       }
     }
@@ -267,20 +264,21 @@ class Tcp {
 
     [[nodiscard]] std::size_t num_ps() const noexcept { return shards_; }
 
-    [[nodiscard]] bool whole(std::size_t shard) const noexcept {
-      return options_.replicas == 1 && shard < shards_ && !links_[shard]->dropped &&
-             !links_[shards_ + shard]->dropped;
-    }
-
     PendingCall call(std::size_t ps, Request&& request, PullTargets targets) {
-      if (options_.replicas == 0 || ps >= shards_) {
-        return call_on(ps < shards_ ? ps : links_.size(), std::move(request), std::move(targets));
+      if (ps >= shards_) {
+        auto refused = std::make_shared<Pending>(this, 0);
+        PendingCall result(refused);
+        refused->answer(ErrorReply{ErrorCode::kInvalidArgument, "no ps task " + std::to_string(ps)});
+        return result;
       }
-      const std::size_t reading = link_of(ps, serving_[ps]);
-      const std::size_t other = link_of(ps, 1 - serving_[ps]);
+      if (options_.replicas == 0) return call_on(ps, std::move(request), std::move(targets));
+      // ps k's own copy is read from while it lives (every task then takes tokens from the
+      // same pacer), the one ps k + 1 holds once it was dropped.
+      const std::size_t reading = links_[ps]->dropped ? link_of(ps, 1) : ps;
+      const std::size_t other = reading == ps ? link_of(ps, 1) : ps;
       const Spread spread = spread_of(request);
-      if (links_[reading]->dropped || links_[other]->dropped || spread == Spread::kOne) {
-        return call_on(links_[reading]->dropped ? other : reading, std::move(request), std::move(targets));
+      if (links_[other]->dropped || spread == Spread::kOne) {
+        return call_on(reading, std::move(request), std::move(targets));
       }
       auto pair = std::make_shared<Pair>(this, ps, spread == Spread::kFirstReady);
       PendingCall result(pair);
@@ -312,10 +310,6 @@ class Tcp {
       auto pending = std::make_shared<Pending>(this, index);
       pending->targets = std::move(targets);
       PendingCall result(pending);
-      if (index >= links_.size()) {
-        pending->answer(ErrorReply{ErrorCode::kInvalidArgument, "no ps task " + std::to_string(index)});
-        return result;
-      }
       queue(*links_[index], std::move(pending), request);
       return result;
     }
@@ -387,7 +381,8 @@ class Tcp {
       // A pull for a step waits for both copies to complete it: no worker then pushes for the
       // next step before both took every push of this one (each completes steps on its own).
       if (const auto* pull = std::get_if<Pull>(&request)) return pull->min_step > 0 ? Spread::kGate : Spread::kOne;
-      if (std::holds_alternative<TakeToken>(request) ||
+      // A heartbeat reaches both copies a ps process holds (ShardCopies hands it to each).
+      if (std::holds_alternative<TakeToken>(request) || std::holds_alternative<Heartbeat>(request) ||
           std::holds_alternative<GetStats>(request) || std::holds_alternative<ReadState>(request) ||
           std::holds_alternative<ReadRows>(request)) {
         return Spread::kOne;
@@ -537,7 +532,6 @@ class Tcp {
       const std::size_t other = index < shards_ ? shards_ + shard : shard;
       if (links_[other]->dropped) return;  // the last copy: waited for as a ps without copies
       link.dropped = true;
-      serving_[shard] = other == shard ? 0 : 1;
       log(LogLevel::kWarning, self_.name() + ": dropping the copy of ps " + std::to_string(shard) +
                                   "'s shard held by ps " + std::to_string(link.task) + " at " + link.address +
                                   " (" + why + "): it is served by the copy at " + links_[other]->address +
@@ -976,7 +970,6 @@ class Tcp {
         asio::make_work_guard(io_);             ///< waits block until their deadline, never run dry
     std::size_t shards_;                        ///< ps tasks: their shards
     std::vector<std::unique_ptr<Link>> links_;  ///< by ps task, then copies by shard; destroyed before io_
-    std::vector<std::size_t> serving_;          ///< replicas: by shard, the copy read from (0: ps k's own)
     bool closing_ = false;                      ///< the transport is being destroyed
     std::vector<std::weak_ptr<Pair>> graced_;   ///< Pairs with a copy_grace timer on io_
     std::uint64_t next_call_ = 1;
