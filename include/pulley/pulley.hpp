@@ -59,6 +59,7 @@
 #include "pulley/sharding/ids.hpp"
 #include "pulley/sharding/partition.hpp"
 #include "pulley/sharding/partitioned.hpp"
+#include "pulley/sharding/rebalance.hpp"
 #include "pulley/sharding/round_robin.hpp"
 #include "pulley/sync/async.hpp"
 #include "pulley/sync/bounded_staleness.hpp"

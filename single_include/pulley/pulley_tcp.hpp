@@ -3864,6 +3864,12 @@ namespace pulley {
 ///   - for every variable, its parts are listed in row order and cover its rows exactly
 ///     once with non-empty ranges, and every part's `ps` is below `num_ps` (the server
 ///     checks this and refuses the model otherwise).
+///
+/// Optional, for a job whose ps tasks change (sharding/rebalance.hpp):
+///   - `s.rebalance(variables, before, members)` → `Placement`: `before`'s parts (the same
+///     parts, the same rows) placed over the ps tasks `members` (task indices, ascending,
+///     not empty); as pure and deterministic as `place`, every part on a member. Without
+///     it, `rebalance_parts` moves as few whole parts as keeps the ps tasks balanced.
 template <class S>
 concept Sharding = std::copy_constructible<S> &&
     requires(const S& sharding, std::span<const VariableSpec> variables, std::size_t num_ps) {
@@ -3884,6 +3890,25 @@ template <class S>
 concept IdSharding = std::copy_constructible<S> &&
     requires(const S& sharding, std::string_view table, std::uint64_t id, std::uint32_t num_ps) {
   { sharding.ps_of(table, id, num_ps) } -> std::convertible_to<std::uint32_t>;
+};
+
+/// An id sharding that also places rows over any set of ps tasks, for a job whose ps tasks
+/// change (one lost for good, one added); one that does not is written for a fixed count.
+///
+/// Required, beyond IdSharding:
+///   - `s.ps_of(table, id, members)` → `std::uint32_t`: the ps task among `members` (task
+///     indices, ascending, not empty) that holds row `id` of `table`
+///
+/// Semantic contract:
+///   - pure and deterministic, the result one of `members`;
+///   - with `members` = 0 .. num_ps − 1 it equals `ps_of(table, id, num_ps)`, so that a job
+///     whose ps tasks never change places rows as before;
+///   - it should move few rows when `members` changes: HashIds moves only the rows that
+///     must (those of a task that left, or a new task's share).
+template <class S>
+concept ElasticIdSharding = IdSharding<S> &&
+    requires(const S& sharding, std::string_view table, std::uint64_t id, std::span<const std::uint32_t> members) {
+  { sharding.ps_of(table, id, members) } -> std::convertible_to<std::uint32_t>;
 };
 
 /// Where `sharding` puts rows of `tables` over `num_ps` ps tasks, as one number: the ps
@@ -4293,6 +4318,7 @@ class Client {
 // ---- begin pulley/sharding/ids.hpp ----
 
 #include <cstdint>
+#include <span>
 #include <string_view>
 
 namespace pulley {
@@ -4301,19 +4327,63 @@ namespace pulley {
 /// same id in many tables does not always land on the same ps): the default, which keeps
 /// the load even whatever the ids look like (TensorFlow's `mod` partition strategy does the
 /// same with the id itself, which skewed ids defeat).
+///
+/// Rendezvous (highest random weight) hashing: each ps task scores each row by a hash of
+/// the row and the task's index, and the highest score holds it. When the ps tasks change,
+/// only the rows that must move do: a ps task added takes about 1/(P + 1) of the rows, from
+/// every other one alike, and the rows of a ps task that leaves spread over the rest; no
+/// other row changes hands. A lookup costs P + 1 hashes.
 struct HashIds {
-  /// The ps task that holds row `id` of `table`.
+  /// The ps task that holds row `id` of `table` among ps tasks 0 .. num_ps − 1.
   [[nodiscard]] std::uint32_t ps_of(std::string_view table, std::uint64_t id,
                                     std::uint32_t num_ps) const noexcept {
-    return static_cast<std::uint32_t>(mix_id(id ^ name_hash(table)) % num_ps);
+    const std::uint64_t row = row_key(table, id);
+    std::uint32_t best = 0;
+    std::uint64_t best_score = score(row, 0);
+    for (std::uint32_t ps = 1; ps < num_ps; ++ps) {
+      const std::uint64_t s = score(row, ps);
+      if (s > best_score) {
+        best = ps;
+        best_score = s;
+      }
+    }
+    return best;
+  }
+
+  /// The ps task that holds row `id` of `table` among the ps tasks `members` (task indices,
+  /// not empty): the same as above when they are 0 .. num_ps − 1.
+  [[nodiscard]] std::uint32_t ps_of(std::string_view table, std::uint64_t id,
+                                    std::span<const std::uint32_t> members) const noexcept {
+    const std::uint64_t row = row_key(table, id);
+    std::uint32_t best = members.front();
+    std::uint64_t best_score = score(row, best);
+    for (const std::uint32_t ps : members.subspan(1)) {
+      const std::uint64_t s = score(row, ps);
+      if (s > best_score || (s == best_score && ps < best)) {
+        best = ps;
+        best_score = s;
+      }
+    }
+    return best;
+  }
+
+ private:
+  static constexpr std::uint64_t row_key(std::string_view table, std::uint64_t id) noexcept {
+    return mix_id(id ^ name_hash(table));
+  }
+  static constexpr std::uint64_t score(std::uint64_t row, std::uint32_t ps) noexcept {
+    return mix_id(row + (std::uint64_t{ps} + 1) * 0x9E3779B97F4A7C15ULL);
   }
 };
 static_assert(IdSharding<HashIds>);
-
+static_assert(ElasticIdSharding<HashIds>);
 /// Rows of embedding tables spread by range: the id space [0, 2^64) cut into `num_ps` equal
 /// contiguous ranges, ps i holding [i·2^64/num_ps, (i+1)·2^64/num_ps) (TensorFlow's `div`
 /// strategy over the whole id space). Ids that are already hashes spread evenly; small
 /// sequential ids all land on ps 0, so use it for ids drawn over the whole 64-bit range.
+///
+/// When the ps tasks change, the ranges are cut again among them, in task order: adding a
+/// ps task to P moves about half the rows (HashIds moves 1/(P + 1)).
 struct RangeIds {
   /// The ps task that holds row `id` (the table does not matter).
   [[nodiscard]] std::uint32_t ps_of(std::string_view /*table*/, std::uint64_t id,
@@ -4323,8 +4393,14 @@ struct RangeIds {
     const std::uint64_t low = ((id & 0xFFFFFFFFU) * num_ps) >> 32U;
     return static_cast<std::uint32_t>((high + low) >> 32U);
   }
+  /// The ps task that holds row `id` among the ps tasks `members` (not empty): the i-th
+  /// range is the i-th member's.
+  [[nodiscard]] std::uint32_t ps_of(std::string_view table, std::uint64_t id,
+                                    std::span<const std::uint32_t> members) const noexcept {
+    return members[ps_of(table, id, static_cast<std::uint32_t>(members.size()))];
+  }
 };
-static_assert(IdSharding<RangeIds>);
+static_assert(ElasticIdSharding<RangeIds>);
 
 }  // namespace pulley
 // ---- end pulley/sharding/ids.hpp ----
@@ -10795,6 +10871,172 @@ static_assert(Sharding<MinSize>);
 
 }  // namespace pulley
 // ---- end pulley/sharding/partitioned.hpp ----
+// ---- begin pulley/sharding/rebalance.hpp ----
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace pulley {
+
+// When the ps tasks of a job change (one lost for good, one added), the parts of the dense
+// variables are placed again: the parts stay as they are (their rows, hence their optimizer
+// slots, move whole), and as few of them as keeps the ps tasks balanced change ps task.
+// Ps tasks are named by their task index for the job's life: after ps 1 of {0, 1, 2} is
+// lost, the members are {0, 2}.
+
+/// One part of a dense variable that changes ps task between two placements.
+struct PartMove {
+  std::uint32_t variable = 0;  ///< index into the model's variable list
+  std::uint32_t index = 0;     ///< position among the variable's parts
+  std::uint32_t from = 0;      ///< the ps task that held it
+  std::uint32_t to = 0;        ///< the ps task that holds it now
+  std::uint64_t bytes = 0;     ///< its values (its optimizer slots move with it)
+};
+
+/// The bytes of values a part holds.
+[[nodiscard]] inline std::uint64_t part_bytes(const Part& part, std::span<const VariableSpec> variables) {
+  return std::uint64_t{part.rows.size()} * variables[part.variable].row_size() * sizeof(float);
+}
+
+/// The bytes of values each ps task holds under `placement`, by task index (the vector is
+/// as long as the highest ps task named, plus one).
+[[nodiscard]] inline std::vector<std::uint64_t> bytes_per_ps(const Placement& placement,
+                                                             std::span<const VariableSpec> variables) {
+  std::vector<std::uint64_t> bytes;
+  for (const Part& part : placement.parts) {
+    if (part.ps >= bytes.size()) bytes.resize(part.ps + 1, 0);
+    bytes[part.ps] += part_bytes(part, variables);
+  }
+  return bytes;
+}
+
+/// The parts that changed ps task from `before` to `after`, two placements of the same parts
+/// (rebalance keeps them); throws kInvalidArgument when the parts differ.
+[[nodiscard]] inline std::vector<PartMove> moves_between(const Placement& before, const Placement& after,
+                                                         std::span<const VariableSpec> variables) {
+  if (before.parts.size() != after.parts.size() || before.first_part != after.first_part) {
+    throw Error(ErrorCode::kInvalidArgument, "the two placements do not hold the same parts");
+  }
+  std::vector<PartMove> moves;
+  for (std::size_t i = 0; i < before.parts.size(); ++i) {
+    const Part& a = before.parts[i];
+    const Part& b = after.parts[i];
+    if (a.variable != b.variable || a.index != b.index || a.rows != b.rows) {
+      throw Error(ErrorCode::kInvalidArgument, "the two placements do not hold the same parts");
+    }
+    if (a.ps != b.ps) moves.push_back({a.variable, a.index, a.ps, b.ps, part_bytes(a, variables)});
+  }
+  return moves;
+}
+
+/// Checks a member list: not empty, ascending, no task twice.
+inline void check_members(std::span<const std::uint32_t> members) {
+  if (members.empty()) throw Error(ErrorCode::kInvalidArgument, "a job needs at least one ps task");
+  for (std::size_t i = 1; i < members.size(); ++i) {
+    if (members[i] <= members[i - 1]) {
+      throw Error(ErrorCode::kInvalidArgument, "ps members must be listed in ascending order, each once");
+    }
+  }
+}
+
+/// `before`'s parts placed over the ps tasks `members` (ascending task indices) moving as
+/// few bytes as it can: the parts of a ps task no longer a member go, largest first, to the
+/// member holding least; then, while the ps task holding most holds more than
+/// (1 + `tolerance`) × the least any placement of these parts can give (the mean, or the
+/// largest part), it hands the one holding least the part that brings both closest to the
+/// mean. A new
+/// member starts empty and takes its share from the others this way. Deterministic (every
+/// process computes the same). Throws kInvalidArgument for bad members or a `before` that
+/// does not place `variables`.
+[[nodiscard]] inline Placement rebalance_parts(std::span<const VariableSpec> variables, const Placement& before,
+                                               std::span<const std::uint32_t> members, double tolerance = 0.05) {
+  check_members(members);
+  if (before.num_variables() != variables.size()) {
+    throw Error(ErrorCode::kInvalidArgument, "the placement holds " + std::to_string(before.num_variables()) +
+                                                 " variables, the model " + std::to_string(variables.size()));
+  }
+  Placement after = before;
+  const auto slot_of = [&](std::uint32_t ps) -> std::size_t {
+    const auto it = std::lower_bound(members.begin(), members.end(), ps);
+    return it != members.end() && *it == ps ? static_cast<std::size_t>(it - members.begin()) : members.size();
+  };
+  std::vector<std::uint64_t> load(members.size(), 0);
+  std::vector<std::size_t> orphans;  // parts of ps tasks no longer members
+  std::uint64_t total = 0;
+  std::uint64_t largest = 0;
+  for (std::size_t i = 0; i < after.parts.size(); ++i) {
+    const std::uint64_t bytes = part_bytes(after.parts[i], variables);
+    total += bytes;
+    largest = std::max(largest, bytes);
+    const std::size_t slot = slot_of(after.parts[i].ps);
+    if (slot == members.size()) {
+      orphans.push_back(i);
+    } else {
+      load[slot] += bytes;
+    }
+  }
+  const auto least = [&] { return static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin()); };
+  const auto most = [&] { return static_cast<std::size_t>(std::max_element(load.begin(), load.end()) - load.begin()); };
+  std::stable_sort(orphans.begin(), orphans.end(), [&](std::size_t a, std::size_t b) {
+    return part_bytes(after.parts[a], variables) > part_bytes(after.parts[b], variables);
+  });
+  for (const std::size_t i : orphans) {
+    const std::size_t to = least();
+    after.parts[i].ps = members[to];
+    load[to] += part_bytes(after.parts[i], variables);
+  }
+  const std::uint64_t mean = (total + members.size() - 1) / members.size();
+  const auto bound = static_cast<double>(std::max(mean, largest)) * (1.0 + tolerance);
+  // Each move lowers the sum of squared loads, so the loop ends; the cap is a second guard.
+  for (std::size_t round = 0; round < 4 * after.parts.size() + 4; ++round) {
+    const std::size_t h = most();
+    const std::size_t l = least();
+    if (static_cast<double>(load[h]) <= bound) break;
+    // A part b with 0 < b < gap lowers the larger of the two; the best brings them towards
+    // the mean without overshooting it (bytes moved between two ps tasks that both hold
+    // their share would be bytes moved for nothing).
+    const std::uint64_t gap = load[h] - load[l];
+    const std::uint64_t desired = std::min(load[h] - std::min(load[h], mean), mean - std::min(mean, load[l]));
+    std::size_t best = after.parts.size();
+    std::uint64_t best_miss = 0;
+    for (std::size_t i = 0; i < after.parts.size(); ++i) {
+      if (after.parts[i].ps != members[h]) continue;
+      const std::uint64_t b = part_bytes(after.parts[i], variables);
+      if (b == 0 || b >= gap) continue;
+      const std::uint64_t miss = b > desired ? b - desired : desired - b;
+      if (best == after.parts.size() || miss < best_miss) {
+        best = i;
+        best_miss = miss;
+      }
+    }
+    if (best == after.parts.size()) break;  // no part of it helps: as balanced as parts allow
+    const std::uint64_t bytes = part_bytes(after.parts[best], variables);
+    after.parts[best].ps = members[l];
+    load[h] -= bytes;
+    load[l] += bytes;
+  }
+  return after;
+}
+
+/// `before` placed again over `members` by `sharding`: its own `rebalance(variables,
+/// before, members)` when it has one (see the Sharding concept), else `rebalance_parts`.
+template <Sharding S>
+[[nodiscard]] Placement rebalance(const S& sharding, std::span<const VariableSpec> variables, const Placement& before,
+                                  std::span<const std::uint32_t> members) {
+  if constexpr (requires { { sharding.rebalance(variables, before, members) } -> std::same_as<Placement>; }) {
+    check_members(members);
+    return sharding.rebalance(variables, before, members);
+  } else {
+    return rebalance_parts(variables, before, members);
+  }
+}
+
+}  // namespace pulley
+// ---- end pulley/sharding/rebalance.hpp ----
 // ---- begin pulley/sharding/round_robin.hpp ----
 
 #include <cstddef>

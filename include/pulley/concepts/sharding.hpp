@@ -25,6 +25,12 @@ namespace pulley {
 ///   - for every variable, its parts are listed in row order and cover its rows exactly
 ///     once with non-empty ranges, and every part's `ps` is below `num_ps` (the server
 ///     checks this and refuses the model otherwise).
+///
+/// Optional, for a job whose ps tasks change (sharding/rebalance.hpp):
+///   - `s.rebalance(variables, before, members)` → `Placement`: `before`'s parts (the same
+///     parts, the same rows) placed over the ps tasks `members` (task indices, ascending,
+///     not empty); as pure and deterministic as `place`, every part on a member. Without
+///     it, `rebalance_parts` moves as few whole parts as keeps the ps tasks balanced.
 template <class S>
 concept Sharding = std::copy_constructible<S> &&
     requires(const S& sharding, std::span<const VariableSpec> variables, std::size_t num_ps) {
@@ -45,6 +51,25 @@ template <class S>
 concept IdSharding = std::copy_constructible<S> &&
     requires(const S& sharding, std::string_view table, std::uint64_t id, std::uint32_t num_ps) {
   { sharding.ps_of(table, id, num_ps) } -> std::convertible_to<std::uint32_t>;
+};
+
+/// An id sharding that also places rows over any set of ps tasks, for a job whose ps tasks
+/// change (one lost for good, one added); one that does not is written for a fixed count.
+///
+/// Required, beyond IdSharding:
+///   - `s.ps_of(table, id, members)` → `std::uint32_t`: the ps task among `members` (task
+///     indices, ascending, not empty) that holds row `id` of `table`
+///
+/// Semantic contract:
+///   - pure and deterministic, the result one of `members`;
+///   - with `members` = 0 .. num_ps − 1 it equals `ps_of(table, id, num_ps)`, so that a job
+///     whose ps tasks never change places rows as before;
+///   - it should move few rows when `members` changes: HashIds moves only the rows that
+///     must (those of a task that left, or a new task's share).
+template <class S>
+concept ElasticIdSharding = IdSharding<S> &&
+    requires(const S& sharding, std::string_view table, std::uint64_t id, std::span<const std::uint32_t> members) {
+  { sharding.ps_of(table, id, members) } -> std::convertible_to<std::uint32_t>;
 };
 
 /// Where `sharding` puts rows of `tables` over `num_ps` ps tasks, as one number: the ps

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string_view>
 
 #include "pulley/concepts/sharding.hpp"
@@ -13,19 +14,63 @@ namespace pulley {
 /// same id in many tables does not always land on the same ps): the default, which keeps
 /// the load even whatever the ids look like (TensorFlow's `mod` partition strategy does the
 /// same with the id itself, which skewed ids defeat).
+///
+/// Rendezvous (highest random weight) hashing: each ps task scores each row by a hash of
+/// the row and the task's index, and the highest score holds it. When the ps tasks change,
+/// only the rows that must move do: a ps task added takes about 1/(P + 1) of the rows, from
+/// every other one alike, and the rows of a ps task that leaves spread over the rest; no
+/// other row changes hands. A lookup costs P + 1 hashes.
 struct HashIds {
-  /// The ps task that holds row `id` of `table`.
+  /// The ps task that holds row `id` of `table` among ps tasks 0 .. num_ps − 1.
   [[nodiscard]] std::uint32_t ps_of(std::string_view table, std::uint64_t id,
                                     std::uint32_t num_ps) const noexcept {
-    return static_cast<std::uint32_t>(mix_id(id ^ name_hash(table)) % num_ps);
+    const std::uint64_t row = row_key(table, id);
+    std::uint32_t best = 0;
+    std::uint64_t best_score = score(row, 0);
+    for (std::uint32_t ps = 1; ps < num_ps; ++ps) {
+      const std::uint64_t s = score(row, ps);
+      if (s > best_score) {
+        best = ps;
+        best_score = s;
+      }
+    }
+    return best;
+  }
+
+  /// The ps task that holds row `id` of `table` among the ps tasks `members` (task indices,
+  /// not empty): the same as above when they are 0 .. num_ps − 1.
+  [[nodiscard]] std::uint32_t ps_of(std::string_view table, std::uint64_t id,
+                                    std::span<const std::uint32_t> members) const noexcept {
+    const std::uint64_t row = row_key(table, id);
+    std::uint32_t best = members.front();
+    std::uint64_t best_score = score(row, best);
+    for (const std::uint32_t ps : members.subspan(1)) {
+      const std::uint64_t s = score(row, ps);
+      if (s > best_score || (s == best_score && ps < best)) {
+        best = ps;
+        best_score = s;
+      }
+    }
+    return best;
+  }
+
+ private:
+  static constexpr std::uint64_t row_key(std::string_view table, std::uint64_t id) noexcept {
+    return mix_id(id ^ name_hash(table));
+  }
+  static constexpr std::uint64_t score(std::uint64_t row, std::uint32_t ps) noexcept {
+    return mix_id(row + (std::uint64_t{ps} + 1) * 0x9E3779B97F4A7C15ULL);
   }
 };
 static_assert(IdSharding<HashIds>);
-
+static_assert(ElasticIdSharding<HashIds>);
 /// Rows of embedding tables spread by range: the id space [0, 2^64) cut into `num_ps` equal
 /// contiguous ranges, ps i holding [i·2^64/num_ps, (i+1)·2^64/num_ps) (TensorFlow's `div`
 /// strategy over the whole id space). Ids that are already hashes spread evenly; small
 /// sequential ids all land on ps 0, so use it for ids drawn over the whole 64-bit range.
+///
+/// When the ps tasks change, the ranges are cut again among them, in task order: adding a
+/// ps task to P moves about half the rows (HashIds moves 1/(P + 1)).
 struct RangeIds {
   /// The ps task that holds row `id` (the table does not matter).
   [[nodiscard]] std::uint32_t ps_of(std::string_view /*table*/, std::uint64_t id,
@@ -35,7 +80,13 @@ struct RangeIds {
     const std::uint64_t low = ((id & 0xFFFFFFFFU) * num_ps) >> 32U;
     return static_cast<std::uint32_t>((high + low) >> 32U);
   }
+  /// The ps task that holds row `id` among the ps tasks `members` (not empty): the i-th
+  /// range is the i-th member's.
+  [[nodiscard]] std::uint32_t ps_of(std::string_view table, std::uint64_t id,
+                                    std::span<const std::uint32_t> members) const noexcept {
+    return members[ps_of(table, id, static_cast<std::uint32_t>(members.size()))];
+  }
 };
-static_assert(IdSharding<RangeIds>);
+static_assert(ElasticIdSharding<RangeIds>);
 
 }  // namespace pulley
