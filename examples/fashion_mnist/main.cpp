@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <numeric>
 #include <span>
 #include <stdexcept>
@@ -267,8 +268,17 @@ int main(int argc, char** argv) {
   if (openblas_set_num_threads != nullptr) openblas_set_num_threads(1);
   try {
     const pulley::Job job = pulley::resolve_job(job_flags);
-    Data data{fashion_mnist::load_split(o.data, "train"), fashion_mnist::load_split(o.data, "t10k")};
-    standardize(data);
+    // A ps task neither trains nor scores: the labels give it the schedule (steps per
+    // epoch), and the images (220 MB as floats) would only fill its memory.
+    Data data;
+    if (!job.in_process() && job.cluster->task.type == "ps") {
+      const std::filesystem::path dir(o.data);
+      data.train.labels = fashion_mnist::load_labels(dir / "train-labels-idx1-ubyte.gz");
+      data.test.labels = fashion_mnist::load_labels(dir / "t10k-labels-idx1-ubyte.gz");
+    } else {
+      data = Data{fashion_mnist::load_split(o.data, "train"), fashion_mnist::load_split(o.data, "t10k")};
+      standardize(data);
+    }
     if (data.train.labels.size() / job.num_workers() < o.batch) {
       throw std::runtime_error(std::to_string(job.num_workers()) +
                                " workers leave fewer than one batch each");
