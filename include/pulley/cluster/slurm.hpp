@@ -83,8 +83,22 @@ inline Error slurm_bad_hostlist(std::string_view hostlist, const std::string& wh
   return slurm_error("malformed hostlist \"" + std::string(hostlist) + "\": " + why);
 }
 
+inline bool slurm_blank(char c) noexcept { return c == ' ' || c == '\t' || c == '\n'; }
+
+/// A number in a bracket as Slurm reads it (strtoul): blanks and a '+' may come first and
+/// blanks after the digits; nullopt otherwise.
+inline std::optional<std::uint64_t> slurm_bracket_number(std::string_view text) {
+  std::size_t first = 0;
+  while (first < text.size() && slurm_blank(text[first])) ++first;
+  if (first < text.size() && text[first] == '+') ++first;
+  std::size_t last = text.size();
+  while (last > first && slurm_blank(text[last - 1])) --last;
+  return slurm_number(text.substr(first, last - first));
+}
+
 /// The values of a bracket's body such as "01-03,7": each field a number or a range lo-hi,
-/// zero-padded to the width of lo as Slurm writes them ("08-10" is 08, 09, 10).
+/// zero-padded to the width lo is written in, as Slurm does ("08-10" is 08, 09, 10; the
+/// width counts what strtoul skips: "[ 1-2]" is 01, 02); "lo-" is lo alone.
 inline std::vector<std::string> slurm_bracket_values(std::string_view body,
                                                      std::string_view hostlist) {
   std::vector<std::string> values;
@@ -92,9 +106,9 @@ inline std::vector<std::string> slurm_bracket_values(std::string_view body,
     const std::size_t dash = field.find('-');
     const std::string_view lo_text = field.substr(0, dash);
     const std::string_view hi_text =
-        dash == std::string_view::npos ? lo_text : field.substr(dash + 1);
-    const auto lo = slurm_number(lo_text);
-    const auto hi = slurm_number(hi_text);
+        dash == std::string_view::npos || dash + 1 == field.size() ? lo_text : field.substr(dash + 1);
+    const auto lo = slurm_bracket_number(lo_text);
+    const auto hi = slurm_bracket_number(hi_text);
     if (!lo || !hi) {
       throw slurm_bad_hostlist(hostlist, "\"" + std::string(field) + "\" in [" + std::string(body) +
                                              "] is not a number or a range lo-hi");
@@ -105,8 +119,8 @@ inline std::vector<std::string> slurm_bracket_values(std::string_view body,
     if (*hi - *lo >= kSlurmMaxNodes - values.size()) {
       throw slurm_bad_hostlist(hostlist, "more than " + std::to_string(kSlurmMaxNodes) + " nodes");
     }
-    for (std::uint64_t v = *lo; v <= *hi; ++v) {
-      std::string digits = std::to_string(v);
+    for (std::uint64_t k = 0; k <= *hi - *lo; ++k) {  // (v <= hi would never end at 2^64 − 1)
+      std::string digits = std::to_string(*lo + k);
       if (digits.size() < lo_text.size()) digits.insert(0, lo_text.size() - digits.size(), '0');
       values.push_back(std::move(digits));
     }
@@ -157,29 +171,36 @@ inline SlurmRoles parse_slurm_roles(std::string_view text) {
 }
 
 /// Expands a Slurm hostlist such as "node[01-03,07],gpu5" into its host names, in order and
-/// without removing duplicates: node01, node02, node03, node07, gpu5. A bracket holds numbers
-/// and ranges lo-hi, zero-padded to the width of lo; several brackets in one name multiply,
-/// the leftmost varying slowest ("r[1-2]n[1-2]" is r1n1, r1n2, r2n1, r2n2). Throws
-/// kInvalidArgument ("Slurm: malformed hostlist ...") for anything else: empty names, nested
-/// or unbalanced brackets, non-numbers or backward ranges in brackets, spaces.
+/// without removing duplicates: node01, node02, node03, node07, gpu5, as `scontrol show
+/// hostnames` does (tests/unit/slurm.cpp compares them on a table of cases). Names are
+/// separated by commas or blanks, and empty ones are skipped ("a,,b," is a, b). A bracket
+/// holds numbers and ranges lo-hi, zero-padded to the width of lo; several brackets in one
+/// name multiply, the leftmost varying slowest ("r[1-2]n[1-2]" is r1n1, r1n2, r2n1, r2n2),
+/// and a name with brackets ends with one, as Slurm demands ("n[1-2]-ib" is refused,
+/// "n[1-2]-ib[1]" is not). Throws kInvalidArgument ("Slurm: malformed hostlist ...") for
+/// anything else: nested or unbalanced brackets (where Slurm prints names made of the
+/// broken text), non-numbers or backward ranges in brackets, more than 2^20 names.
 inline std::vector<std::string> expand_slurm_hostlist(std::string_view hostlist) {
   std::vector<std::string> hosts;
-  for (std::size_t start = 0;;) {
-    // One name runs to the next comma outside brackets.
+  for (std::size_t start = 0;; ++start) {
+    while (start < hostlist.size() && (hostlist[start] == ',' || detail::slurm_blank(hostlist[start]))) ++start;
+    if (start == hostlist.size()) return hosts;
+    // One name runs to the next comma or blank outside brackets.
     std::size_t end = start;
     bool open = false;
-    for (; end < hostlist.size() && (open || hostlist[end] != ','); ++end) {
+    for (; end < hostlist.size() && (open || (hostlist[end] != ',' && !detail::slurm_blank(hostlist[end]))); ++end) {
       const char c = hostlist[end];
       if (c == '[' && open) throw detail::slurm_bad_hostlist(hostlist, "nested '['");
       if (c == ']' && !open) throw detail::slurm_bad_hostlist(hostlist, "']' without '['");
-      if (c == ' ' || c == '\t' || c == '\n') {
-        throw detail::slurm_bad_hostlist(hostlist, "a space in a host name");
-      }
       if (c == '[' || c == ']') open = c == '[';
     }
     if (open) throw detail::slurm_bad_hostlist(hostlist, "'[' without ']'");
     const std::string_view name = hostlist.substr(start, end - start);
-    if (name.empty()) throw detail::slurm_bad_hostlist(hostlist, "an empty host name");
+    if (name.find('[') != std::string_view::npos && name.back() != ']') {
+      throw detail::slurm_bad_hostlist(hostlist, "\"" + std::string(name.substr(name.rfind(']') + 1)) +
+                                                     "\" after the last bracket of a name (Slurm takes more "
+                                                     "only as another bracket, as in n[1-2]-ib[1])");
+    }
 
     std::vector<std::string> names{""};
     for (std::size_t i = 0; i < name.size();) {
@@ -206,7 +227,7 @@ inline std::vector<std::string> expand_slurm_hostlist(std::string_view hostlist)
     hosts.insert(hosts.end(), std::make_move_iterator(names.begin()),
                  std::make_move_iterator(names.end()));
     if (end == hostlist.size()) return hosts;
-    start = end + 1;
+    start = end;
   }
 }
 
