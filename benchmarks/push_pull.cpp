@@ -231,9 +231,33 @@ double two_gb_per_s(double seconds) { return 2.0 * gb_per_s(seconds); }  // push
 }  // namespace
 
 int main(int argc, char** argv) {
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (std::string(argv[i]) == "--seconds-per-case") g_seconds = std::atof(argv[++i]);
-    if (std::string(argv[i]) == "--rounds") g_rounds = std::max(1, std::atoi(argv[++i]));
+  const auto usage = [&](std::FILE* to) {
+    std::fprintf(to,
+                 "usage: %s [--seconds-per-case S (1.0)] [--rounds N (5)]\n"
+                 "  pulley's push/pull throughput and latency, in-process and over TCP loopback,\n"
+                 "  each beside a reference measured in the same run (memcpy, a raw Asio echo, ...)\n",
+                 argv[0]);
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--help" || flag == "-h") {
+      usage(stdout);
+      return 0;
+    }
+    char* end = nullptr;
+    const bool has_value = i + 1 < argc;
+    if (flag == "--seconds-per-case" && has_value) {
+      g_seconds = std::strtod(argv[++i], &end);
+      if (*end == '\0' && g_seconds > 0 && g_seconds < 1e6) continue;
+    } else if (flag == "--rounds" && has_value) {
+      g_rounds = static_cast<int>(std::strtol(argv[++i], &end, 10));
+      if (*end == '\0' && g_rounds >= 1 && g_rounds <= 1000) continue;
+    }
+    const bool took_value = end != nullptr;  // argv[i] is then the flag's value
+    std::fprintf(stderr, "push_pull: bad argument: %s%s%s\n", flag.c_str(), took_value ? " " : "",
+                 took_value ? argv[i] : (flag == "--rounds" || flag == "--seconds-per-case" ? " (no value)" : ""));
+    usage(stderr);
+    return 2;
   }
   std::printf(
       "pulley push/pull benchmark (%g s per case and side, in %d alternating rounds; "
