@@ -5995,12 +5995,16 @@ class Worker {
 // ---- end pulley/client/worker.hpp ----
 // ---- begin pulley/concepts/optimizer.hpp ----
 
+#include <cmath>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <optional>
 #include <ranges>
 #include <span>
+#include <string>
 #include <string_view>
 #include <type_traits>
 #include <vector>
@@ -6074,6 +6078,11 @@ bool bounded(std::size_t n, Fold&& fold) noexcept {
 ///     update by itself is then refused as above), and fails if the State cannot be copied
 ///     and the weights went non-finite; `stays_finite` saves that copy and guards the
 ///     slots too.
+///   - `o.settings_error()` → `std::optional<std::string>`: what is wrong with its
+///     hyper-parameters (a learning rate that is NaN, infinite or negative; a decay
+///     outside [0, 1)), or nullopt. A ps, and the role runner in every task, ask it before
+///     anything else and refuse to start with kInvalidArgument naming the field
+///     (`check_optimizer_settings`); `SettingsCheck` writes one in a line per field.
 ///   - `o.slots(state)` → a range of `OptimizerSlot` (name, `std::span<float>` of n values,
 ///     one per element of the part) and `o.counters(state)` → a range of `OptimizerCounter`
 ///     (name, `std::int64_t*`): the State as checkpoints save and restore it. A State that
@@ -6105,6 +6114,58 @@ concept Optimizer = std::copy_constructible<O> && std::movable<typename O::State
   requires requires { { optimizer.apply(state, weights, gradient) } -> std::same_as<void>; } ||
       requires { { optimizer.apply(state, weights, gradient, context) } -> std::same_as<void>; };
 };
+
+/// The checks an optimizer's `settings_error` makes of its hyper-parameters, each naming
+/// the field and the value it refuses, the first failing one kept:
+///   `return SettingsCheck().positive("learning_rate", learning_rate).error();`
+class SettingsCheck {
+ public:
+  /// A finite number above 0 (FTRL's learning rate, which it divides by).
+  SettingsCheck& positive(std::string_view name, float value) {
+    return rule(name, value, value > 0, "a finite number above 0");
+  }
+  /// A finite number of 0 or more (a learning rate: 0 freezes the weights; a
+  /// regularization strength, an initial accumulator).
+  SettingsCheck& non_negative(std::string_view name, float value) {
+    return rule(name, value, value >= 0, "a finite number of 0 or more");
+  }
+  /// A finite number of 0 or less (FTRL's learning_rate_power).
+  SettingsCheck& non_positive(std::string_view name, float value) {
+    return rule(name, value, value <= 0, "a finite number of 0 or less");
+  }
+  /// A decay in [0, 1) (Adam's betas, RMSProp's rho).
+  SettingsCheck& decay(std::string_view name, float value) {
+    return rule(name, value, value >= 0 && value < 1, "in [0, 1)");
+  }
+  /// A fraction in [0, 1] (a momentum).
+  SettingsCheck& fraction(std::string_view name, float value) {
+    return rule(name, value, value >= 0 && value <= 1, "in [0, 1]");
+  }
+  /// The first rule that failed, or nullopt.
+  [[nodiscard]] std::optional<std::string> error() const { return error_; }
+
+ private:
+  SettingsCheck& rule(std::string_view name, float value, bool holds, const char* must) {
+    if (!error_ && !(std::isfinite(value) && holds)) {
+      char shown[32];
+      std::snprintf(shown, sizeof shown, "%g", static_cast<double>(value));
+      error_ = std::string(name) + " is " + shown + ": it must be " + must;
+    }
+    return *this;
+  }
+  std::optional<std::string> error_;
+};
+
+/// Throws kInvalidArgument ("<who>: learning_rate is nan: ...") when `optimizer` has a
+/// `settings_error` that names a problem; an optimizer without one is taken as it is.
+template <class O>
+void check_optimizer_settings(const O& optimizer, std::string_view who = "the optimizer") {
+  if constexpr (requires { { optimizer.settings_error() } -> std::convertible_to<std::optional<std::string>>; }) {
+    if (const std::optional<std::string> error = optimizer.settings_error()) {
+      throw Error(ErrorCode::kInvalidArgument, std::string(who) + ": " + *error);
+    }
+  }
+}
 
 /// One element-wise slot of an optimizer's State (Adam's "m"): one value per element.
 struct OptimizerSlot {
@@ -6720,7 +6781,9 @@ inline constexpr Version version{PULLEY_VERSION_MAJOR, PULLEY_VERSION_MINOR, PUL
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -6735,6 +6798,15 @@ struct Adagrad {
   float learning_rate = 0.001F;            ///< step size
   float initial_accumulator_value = 0.1F;  ///< starting sum of squares
   float epsilon = 1e-7F;                   ///< keeps the division finite
+
+  /// What is wrong with the settings, or nullopt (Optimizer: settings_error).
+  [[nodiscard]] std::optional<std::string> settings_error() const {
+    return SettingsCheck()
+        .non_negative("learning_rate", learning_rate)
+        .non_negative("initial_accumulator_value", initial_accumulator_value)
+        .non_negative("epsilon", epsilon)
+        .error();
+  }
 
   /// The sum of squared gradients, one value per element.
   struct State {
@@ -6816,7 +6888,9 @@ static_assert(RowWiseOptimizer<Adagrad>);
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -6840,6 +6914,16 @@ struct Adam {
   float beta_1 = 0.9F;           ///< decay of the first moment
   float beta_2 = 0.999F;         ///< decay of the second moment
   float epsilon = 1e-7F;         ///< keeps the division finite
+
+  /// What is wrong with the settings, or nullopt (Optimizer: settings_error).
+  [[nodiscard]] std::optional<std::string> settings_error() const {
+    return SettingsCheck()
+        .non_negative("learning_rate", learning_rate)
+        .decay("beta_1", beta_1)
+        .decay("beta_2", beta_2)
+        .non_negative("epsilon", epsilon)
+        .error();
+  }
 
   /// First and second moment slots plus the update count.
   struct State {
@@ -6941,7 +7025,9 @@ static_assert(RowWiseOptimizer<Adam>);
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -6973,6 +7059,19 @@ struct Ftrl {
   float l2_regularization_strength = 0.0F;            ///< l2: shrinks weights towards 0
   float l2_shrinkage_regularization_strength = 0.0F;  ///< l2_shrinkage: a magnitude penalty
   float beta = 0.0F;                                  ///< Keras' beta: adds beta / (2 * lr) to l2
+
+  /// What is wrong with the settings, or nullopt (Optimizer: settings_error).
+  [[nodiscard]] std::optional<std::string> settings_error() const {
+    return SettingsCheck()
+        .positive("learning_rate", learning_rate)
+        .non_positive("learning_rate_power", learning_rate_power)
+        .non_negative("initial_accumulator_value", initial_accumulator_value)
+        .non_negative("l1_regularization_strength", l1_regularization_strength)
+        .non_negative("l2_regularization_strength", l2_regularization_strength)
+        .non_negative("l2_shrinkage_regularization_strength", l2_shrinkage_regularization_strength)
+        .non_negative("beta", beta)
+        .error();
+  }
 
   /// The accumulator (sum of squared gradients) and linear slots, one value per element.
   struct State {
@@ -7112,7 +7211,9 @@ static_assert(RowWiseOptimizer<Ftrl>);
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 namespace pulley {
@@ -7125,6 +7226,11 @@ struct Momentum {
   float learning_rate = 0.01F;  ///< step size
   float momentum = 0.9F;        ///< decay of the accumulation
   bool use_nesterov = false;    ///< look-ahead update
+
+  /// What is wrong with the settings, or nullopt (Optimizer: settings_error).
+  [[nodiscard]] std::optional<std::string> settings_error() const {
+    return SettingsCheck().non_negative("learning_rate", learning_rate).fraction("momentum", momentum).error();
+  }
 
   /// The accumulation slot, one value per element.
   struct State {
@@ -7190,7 +7296,9 @@ static_assert(Optimizer<Momentum>);
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -7212,6 +7320,16 @@ struct RmsProp {
   float rho = 0.9F;              ///< decay of the mean square
   float momentum = 0.0F;         ///< decay of the momentum slot (0: plain RMSProp)
   float epsilon = 1e-7F;         ///< keeps the division finite
+
+  /// What is wrong with the settings, or nullopt (Optimizer: settings_error).
+  [[nodiscard]] std::optional<std::string> settings_error() const {
+    return SettingsCheck()
+        .non_negative("learning_rate", learning_rate)
+        .decay("rho", rho)
+        .fraction("momentum", momentum)
+        .non_negative("epsilon", epsilon)
+        .error();
+  }
 
   /// The mean-square and momentum slots, one value per element.
   struct State {
@@ -7313,7 +7431,9 @@ static_assert(RowWiseOptimizer<RmsProp>);
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 
 namespace pulley {
@@ -7323,6 +7443,11 @@ namespace pulley {
 /// (`apply_row`, TF's sparse_apply of GradientDescent), which keeps no slots either.
 struct Sgd {
   float learning_rate = 0.01F;  ///< step size
+
+  /// What is wrong with the settings, or nullopt (Optimizer: settings_error).
+  [[nodiscard]] std::optional<std::string> settings_error() const {
+    return SettingsCheck().non_negative("learning_rate", learning_rate).error();
+  }
 
   /// SGD keeps no slots.
   struct State {};
@@ -10043,6 +10168,8 @@ class ParameterServer {
       throw Error(ErrorCode::kInvalidArgument, "ps task " + std::to_string(task) + " is outside a cluster of " +
                                                    std::to_string(num_ps) + " ps tasks");
     }
+    check_optimizer_settings(optimizer);  // a NaN learning rate would have every update refused
+    if constexpr (TablePolicy<T>) check_optimizer_settings(shard_.tables().policy().optimizer, "the tables' optimizer");
     num_ps_ = num_ps;
   }
 

@@ -9,6 +9,8 @@
 #include <iterator>
 #include <limits>
 #include <random>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "pulley/optimizers/adagrad.hpp"
@@ -349,4 +351,54 @@ TEST_CASE("Adam's apply_row is lazy: a row skipped at an update keeps its moment
   adam.apply(state, dense, std::vector<float>{0.0F});
   adam.apply(state, dense, g);
   CHECK(dense[0] == doctest::Approx(0.7511953).epsilon(1e-6));
+}
+
+TEST_CASE("each stock optimizer's settings_error refuses what Keras refuses, naming the field and the value") {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  // The defaults are fine.
+  CHECK_FALSE(pulley::Sgd{}.settings_error());
+  CHECK_FALSE(pulley::Momentum{}.settings_error());
+  CHECK_FALSE(pulley::Adagrad{}.settings_error());
+  CHECK_FALSE(pulley::Adam{}.settings_error());
+  CHECK_FALSE(pulley::Ftrl{}.settings_error());
+  CHECK_FALSE(pulley::RmsProp{}.settings_error());
+  const auto said = [](const auto& optimizer) { return optimizer.settings_error().value_or("(accepted)"); };
+  CHECK(said(pulley::Sgd{nan}) == "learning_rate is nan: it must be a finite number of 0 or more");
+  CHECK(said(pulley::Sgd{inf}) == "learning_rate is inf: it must be a finite number of 0 or more");
+  CHECK(said(pulley::Sgd{-0.5F}) == "learning_rate is -0.5: it must be a finite number of 0 or more");
+  CHECK_FALSE(pulley::Sgd{0.0F}.settings_error());  // 0 freezes the weights: allowed
+  pulley::Ftrl ftrl0;
+  ftrl0.learning_rate = 0.0F;  // FTRL divides by it
+  CHECK(said(ftrl0) == "learning_rate is 0: it must be a finite number above 0");
+  CHECK(said(pulley::Momentum{0.1F, 1.5F}) == "momentum is 1.5: it must be in [0, 1]");
+  CHECK(said(pulley::Adagrad{0.1F, -0.1F}) == "initial_accumulator_value is -0.1: it must be a finite number of 0 or more");
+  pulley::Adam adam;
+  adam.beta_1 = 1.0F;
+  CHECK(said(adam) == "beta_1 is 1: it must be in [0, 1)");
+  adam = pulley::Adam{};
+  adam.epsilon = nan;
+  CHECK(said(adam) == "epsilon is nan: it must be a finite number of 0 or more");
+  pulley::Ftrl ftrl;
+  ftrl.learning_rate_power = 0.5F;
+  CHECK(said(ftrl) == "learning_rate_power is 0.5: it must be a finite number of 0 or less");
+  ftrl = pulley::Ftrl{};
+  ftrl.l1_regularization_strength = -1.0F;
+  CHECK(said(ftrl) == "l1_regularization_strength is -1: it must be a finite number of 0 or more");
+  pulley::RmsProp rms;
+  rms.rho = -0.5F;
+  CHECK(said(rms) == "rho is -0.5: it must be in [0, 1)");
+  // The first field that fails is named.
+  CHECK(said(pulley::Momentum{nan, 7.0F}) == "learning_rate is nan: it must be a finite number of 0 or more");
+  // check_optimizer_settings throws it; an optimizer without settings_error is taken as it is.
+  CHECK_THROWS_WITH_AS(pulley::check_optimizer_settings(pulley::Sgd{nan}, "dense"),
+                       doctest::Contains("dense: learning_rate is nan: it must be a finite number of 0 or more"), pulley::Error);
+  struct Plain {
+    float learning_rate = std::numeric_limits<float>::quiet_NaN();
+    struct State {};
+    [[nodiscard]] State make_state(std::size_t) const { return {}; }
+    void apply(State&, std::span<float>, std::span<const float>) const {}
+  };
+  static_assert(pulley::Optimizer<Plain>);
+  CHECK_NOTHROW(pulley::check_optimizer_settings(Plain{}));
 }

@@ -20,6 +20,7 @@
 #include "pulley/sync/async.hpp"
 #include "pulley/sync/bounded_staleness.hpp"
 #include "pulley/sync/sync_replicas.hpp"
+#include "pulley/tables/tables.hpp"
 
 using namespace pulley;
 
@@ -160,6 +161,16 @@ TEST_CASE("invalid models are refused at registration") {
   CHECK(std::get<ErrorReply>(wraps).message.find("more elements than a ps can hold") != std::string::npos);
   CHECK(std::holds_alternative<PlacementReply>(call(ps, Register{kModel})));
   CHECK_THROWS_AS((ParameterServer<RoundRobin, Sgd, Async>(2, 2, Sgd{}, Async{})), Error);
+}
+
+TEST_CASE("a ps refuses to start with an optimizer whose settings are unusable, naming the field") {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  CHECK_THROWS_WITH_AS((ParameterServer<RoundRobin, Sgd, Async>(0, 1, Sgd{nan}, Async{})),
+                       doctest::Contains("the optimizer: learning_rate is nan: it must be a finite number of 0 or more"), Error);
+  // The tables' optimizer too (Tables<Sgd>: the rows' own settings).
+  CHECK_THROWS_WITH_AS((ParameterServer<RoundRobin, Sgd, Async, Tables<Sgd>>(0, 1, Sgd{}, Async{}, {}, Tables<Sgd>{Sgd{-1.0F}})),
+                       doctest::Contains("the tables' optimizer: learning_rate is -1: it must be a finite number of 0 or more"), Error);
+  CHECK_NOTHROW((ParameterServer<RoundRobin, Sgd, Async>(0, 1, Sgd{0.5F}, Async{})));
 }
 
 TEST_CASE("a broken user sharding policy is caught, not trusted") {

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <exception>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -30,8 +31,8 @@
 #include "pulley/sync/sync_replicas.hpp"
 #include "support/cut_proxy.hpp"
 #include "support/linear_model.hpp"
-#include "support/table_model.hpp"
 #include "support/log_capture.hpp"
+#include "support/table_model.hpp"
 
 using namespace pulley;
 using pulley::testing::LogCapture;
@@ -104,6 +105,20 @@ TEST_CASE("an in-process job trains, evaluates at the steps asked, and ends with
   CHECK_FALSE(recorded.evaluations[1].last);
   REQUIRE(recorded.evaluations[2].stats.size() == 2);
   CHECK(recorded.evaluations[2].stats[0].global_step == 60);
+}
+
+TEST_CASE("a job whose optimizer settings are unusable fails at once, naming the field, before any task starts") {
+  pulley::testing::LogCapture captured;
+  const LinearData data(4, 3, 2, 1);
+  Recorded recorded;
+  Job job;
+  job.local_ps = 1;
+  job.local_workers = 1;
+  const int status = run(job, linear_training(data, recorded), RoundRobin{},
+                         Sgd{std::numeric_limits<float>::quiet_NaN()}, SyncReplicas(1, 1));
+  CHECK(status == 1);
+  CHECK(recorded.evaluations.empty());
+  CHECK(captured.find(LogLevel::kError, "learning_rate is nan: it must be a finite number of 0 or more").size() == 1);
 }
 
 TEST_CASE("an in-process job whose worker fails ends every task and names the worker") {

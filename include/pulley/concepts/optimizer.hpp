@@ -1,16 +1,21 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
+#include <cmath>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <optional>
 #include <ranges>
 #include <span>
+#include <string>
 #include <string_view>
 #include <type_traits>
 #include <vector>
 
+#include "pulley/core/error.hpp"
 #include "pulley/core/variable.hpp"
 
 namespace pulley {
@@ -82,6 +87,11 @@ bool bounded(std::size_t n, Fold&& fold) noexcept {
 ///     update by itself is then refused as above), and fails if the State cannot be copied
 ///     and the weights went non-finite; `stays_finite` saves that copy and guards the
 ///     slots too.
+///   - `o.settings_error()` → `std::optional<std::string>`: what is wrong with its
+///     hyper-parameters (a learning rate that is NaN, infinite or negative; a decay
+///     outside [0, 1)), or nullopt. A ps, and the role runner in every task, ask it before
+///     anything else and refuse to start with kInvalidArgument naming the field
+///     (`check_optimizer_settings`); `SettingsCheck` writes one in a line per field.
 ///   - `o.slots(state)` → a range of `OptimizerSlot` (name, `std::span<float>` of n values,
 ///     one per element of the part) and `o.counters(state)` → a range of `OptimizerCounter`
 ///     (name, `std::int64_t*`): the State as checkpoints save and restore it. A State that
@@ -113,6 +123,58 @@ concept Optimizer = std::copy_constructible<O> && std::movable<typename O::State
   requires requires { { optimizer.apply(state, weights, gradient) } -> std::same_as<void>; } ||
       requires { { optimizer.apply(state, weights, gradient, context) } -> std::same_as<void>; };
 };
+
+/// The checks an optimizer's `settings_error` makes of its hyper-parameters, each naming
+/// the field and the value it refuses, the first failing one kept:
+///   `return SettingsCheck().positive("learning_rate", learning_rate).error();`
+class SettingsCheck {
+ public:
+  /// A finite number above 0 (FTRL's learning rate, which it divides by).
+  SettingsCheck& positive(std::string_view name, float value) {
+    return rule(name, value, value > 0, "a finite number above 0");
+  }
+  /// A finite number of 0 or more (a learning rate: 0 freezes the weights; a
+  /// regularization strength, an initial accumulator).
+  SettingsCheck& non_negative(std::string_view name, float value) {
+    return rule(name, value, value >= 0, "a finite number of 0 or more");
+  }
+  /// A finite number of 0 or less (FTRL's learning_rate_power).
+  SettingsCheck& non_positive(std::string_view name, float value) {
+    return rule(name, value, value <= 0, "a finite number of 0 or less");
+  }
+  /// A decay in [0, 1) (Adam's betas, RMSProp's rho).
+  SettingsCheck& decay(std::string_view name, float value) {
+    return rule(name, value, value >= 0 && value < 1, "in [0, 1)");
+  }
+  /// A fraction in [0, 1] (a momentum).
+  SettingsCheck& fraction(std::string_view name, float value) {
+    return rule(name, value, value >= 0 && value <= 1, "in [0, 1]");
+  }
+  /// The first rule that failed, or nullopt.
+  [[nodiscard]] std::optional<std::string> error() const { return error_; }
+
+ private:
+  SettingsCheck& rule(std::string_view name, float value, bool holds, const char* must) {
+    if (!error_ && !(std::isfinite(value) && holds)) {
+      char shown[32];
+      std::snprintf(shown, sizeof shown, "%g", static_cast<double>(value));
+      error_ = std::string(name) + " is " + shown + ": it must be " + must;
+    }
+    return *this;
+  }
+  std::optional<std::string> error_;
+};
+
+/// Throws kInvalidArgument ("<who>: learning_rate is nan: ...") when `optimizer` has a
+/// `settings_error` that names a problem; an optimizer without one is taken as it is.
+template <class O>
+void check_optimizer_settings(const O& optimizer, std::string_view who = "the optimizer") {
+  if constexpr (requires { { optimizer.settings_error() } -> std::convertible_to<std::optional<std::string>>; }) {
+    if (const std::optional<std::string> error = optimizer.settings_error()) {
+      throw Error(ErrorCode::kInvalidArgument, std::string(who) + ": " + *error);
+    }
+  }
+}
 
 /// One element-wise slot of an optimizer's State (Adam's "m"): one value per element.
 struct OptimizerSlot {

@@ -6,7 +6,9 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -23,6 +25,15 @@ struct Adagrad {
   float learning_rate = 0.001F;            ///< step size
   float initial_accumulator_value = 0.1F;  ///< starting sum of squares
   float epsilon = 1e-7F;                   ///< keeps the division finite
+
+  /// What is wrong with the settings, or nullopt (Optimizer: settings_error).
+  [[nodiscard]] std::optional<std::string> settings_error() const {
+    return SettingsCheck()
+        .non_negative("learning_rate", learning_rate)
+        .non_negative("initial_accumulator_value", initial_accumulator_value)
+        .non_negative("epsilon", epsilon)
+        .error();
+  }
 
   /// The sum of squared gradients, one value per element.
   struct State {

@@ -6,7 +6,9 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -32,6 +34,16 @@ struct Adam {
   float beta_1 = 0.9F;           ///< decay of the first moment
   float beta_2 = 0.999F;         ///< decay of the second moment
   float epsilon = 1e-7F;         ///< keeps the division finite
+
+  /// What is wrong with the settings, or nullopt (Optimizer: settings_error).
+  [[nodiscard]] std::optional<std::string> settings_error() const {
+    return SettingsCheck()
+        .non_negative("learning_rate", learning_rate)
+        .decay("beta_1", beta_1)
+        .decay("beta_2", beta_2)
+        .non_negative("epsilon", epsilon)
+        .error();
+  }
 
   /// First and second moment slots plus the update count.
   struct State {

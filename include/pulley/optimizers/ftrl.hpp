@@ -6,7 +6,9 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -40,6 +42,19 @@ struct Ftrl {
   float l2_regularization_strength = 0.0F;            ///< l2: shrinks weights towards 0
   float l2_shrinkage_regularization_strength = 0.0F;  ///< l2_shrinkage: a magnitude penalty
   float beta = 0.0F;                                  ///< Keras' beta: adds beta / (2 * lr) to l2
+
+  /// What is wrong with the settings, or nullopt (Optimizer: settings_error).
+  [[nodiscard]] std::optional<std::string> settings_error() const {
+    return SettingsCheck()
+        .positive("learning_rate", learning_rate)
+        .non_positive("learning_rate_power", learning_rate_power)
+        .non_negative("initial_accumulator_value", initial_accumulator_value)
+        .non_negative("l1_regularization_strength", l1_regularization_strength)
+        .non_negative("l2_regularization_strength", l2_regularization_strength)
+        .non_negative("l2_shrinkage_regularization_strength", l2_shrinkage_regularization_strength)
+        .non_negative("beta", beta)
+        .error();
+  }
 
   /// The accumulator (sum of squared gradients) and linear slots, one value per element.
   struct State {

@@ -4,7 +4,9 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "pulley/concepts/optimizer.hpp"
@@ -19,6 +21,11 @@ struct Momentum {
   float learning_rate = 0.01F;  ///< step size
   float momentum = 0.9F;        ///< decay of the accumulation
   bool use_nesterov = false;    ///< look-ahead update
+
+  /// What is wrong with the settings, or nullopt (Optimizer: settings_error).
+  [[nodiscard]] std::optional<std::string> settings_error() const {
+    return SettingsCheck().non_negative("learning_rate", learning_rate).fraction("momentum", momentum).error();
+  }
 
   /// The accumulation slot, one value per element.
   struct State {

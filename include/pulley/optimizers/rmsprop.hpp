@@ -6,7 +6,9 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -30,6 +32,16 @@ struct RmsProp {
   float rho = 0.9F;              ///< decay of the mean square
   float momentum = 0.0F;         ///< decay of the momentum slot (0: plain RMSProp)
   float epsilon = 1e-7F;         ///< keeps the division finite
+
+  /// What is wrong with the settings, or nullopt (Optimizer: settings_error).
+  [[nodiscard]] std::optional<std::string> settings_error() const {
+    return SettingsCheck()
+        .non_negative("learning_rate", learning_rate)
+        .decay("rho", rho)
+        .fraction("momentum", momentum)
+        .non_negative("epsilon", epsilon)
+        .error();
+  }
 
   /// The mean-square and momentum slots, one value per element.
   struct State {

@@ -4,7 +4,9 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 
 #include "pulley/concepts/optimizer.hpp"
@@ -16,6 +18,11 @@ namespace pulley {
 /// (`apply_row`, TF's sparse_apply of GradientDescent), which keeps no slots either.
 struct Sgd {
   float learning_rate = 0.01F;  ///< step size
+
+  /// What is wrong with the settings, or nullopt (Optimizer: settings_error).
+  [[nodiscard]] std::optional<std::string> settings_error() const {
+    return SettingsCheck().non_negative("learning_rate", learning_rate).error();
+  }
 
   /// SGD keeps no slots.
   struct State {};

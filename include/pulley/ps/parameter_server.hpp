@@ -81,6 +81,8 @@ class ParameterServer {
       throw Error(ErrorCode::kInvalidArgument, "ps task " + std::to_string(task) + " is outside a cluster of " +
                                                    std::to_string(num_ps) + " ps tasks");
     }
+    check_optimizer_settings(optimizer);  // a NaN learning rate would have every update refused
+    if constexpr (TablePolicy<T>) check_optimizer_settings(shard_.tables().policy().optimizer, "the tables' optimizer");
     num_ps_ = num_ps;
   }
 

@@ -212,6 +212,10 @@ int run(const Job& job, const Training<M>& training, S sharding, O optimizer, P 
     if (!training.model || !training.data) {
       throw Error(ErrorCode::kInvalidArgument, "Training needs a model and a data source");
     }
+    // Every task, not only the ps tasks, refuses bad settings at once: nobody waits for a
+    // ps that will not start.
+    check_optimizer_settings(optimizer);
+    if constexpr (TablePolicy<T>) check_optimizer_settings(tables.optimizer, "the tables' optimizer");
     if (job.in_process()) {
       runner_detail::run_in_process(job, training, std::move(sharding), std::move(optimizer),
                                     std::move(sync), std::move(tables));
