@@ -33,6 +33,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <optional>
+#include <set>
 #include <string>
 #include <system_error>
 #include <utility>
@@ -1354,20 +1355,29 @@ class CheckpointDirectory {
   }
 
   /// Writes `state` as the checkpoint of its global step and returns its path; keeps the
-  /// last `keep`. A checkpoint of that step that is already there is kept as it is.
+  /// last `keep` that read back whole. A checkpoint of that step that is already there is
+  /// kept as it is if it reads back whole, and replaced (with a log line) if it does not.
   std::filesystem::path save(const ModelState& state) {
     remove_temporaries();
     const std::filesystem::path target = root_ / name_of(state.global_step);
     std::error_code ec;
     wrote_ = false;
-    if (std::filesystem::exists(target, ec)) return target;
-    const std::filesystem::path temporary =
-        root_ / (".tmp-" + name_of(state.global_step) + "-" + std::to_string(::getpid()));
+    const bool there = std::filesystem::exists(target, ec);
+    whole_.erase(state.global_step);  // read it again: this is the one chance to replace it
+    if (there && reads_whole(state.global_step, target)) return target;
+    const std::string suffix = "-" + std::to_string(::getpid());
+    const std::filesystem::path temporary = root_ / (".tmp-" + name_of(state.global_step) + suffix);
+    const std::filesystem::path damaged = root_ / (".tmp-" + name_of(state.global_step) + "-damaged" + suffix);
     std::filesystem::remove_all(temporary, ec);
     try {
       checkpoint::write_checkpoint(temporary, state);
+      if (there) {  // out of the way first: a crash between the renames leaves only a temporary
+        log(LogLevel::kWarning, "checkpoint " + target.string() + " does not read back whole: written again");
+        std::filesystem::rename(target, damaged);
+      }
       std::filesystem::rename(temporary, target);
       checkpoint::detail::sync_directory(root_);
+      std::filesystem::remove_all(damaged, ec);
     } catch (const std::filesystem::filesystem_error& e) {
       std::filesystem::remove_all(temporary, ec);
       throw Error(ErrorCode::kUnavailable, "cannot save " + target.string() + ": " + e.what());
@@ -1375,6 +1385,7 @@ class CheckpointDirectory {
       std::filesystem::remove_all(temporary, ec);
       throw;
     }
+    whole_.insert(state.global_step);
     wrote_ = true;
     prune();
     return target;
@@ -1480,30 +1491,47 @@ class CheckpointDirectory {
     for (const auto& path : stale) std::filesystem::remove_all(path, ec);
   }
 
-  /// Removes all but the newest `keep` checkpoints and those they need (an incremental
-  /// checkpoint's base, back to a full one).
+  /// True if the checkpoint of `step` at `path` reads back whole (its own files, every CRC:
+  /// not the checkpoints an incremental one needs). Each is read once: what this object
+  /// wrote or read whole before is known.
+  bool reads_whole(std::int64_t step, const std::filesystem::path& path) {
+    if (whole_.contains(step)) return true;
+    try {
+      (void)checkpoint::read_checkpoint(path);
+    } catch (const Error&) {
+      return false;
+    }
+    whole_.insert(step);
+    return true;
+  }
+
+  /// Removes all but the newest `keep` checkpoints that read back whole and those they need
+  /// (an incremental checkpoint's base, back to a full one). A damaged checkpoint does not
+  /// count: it goes once `keep` whole ones are newer.
   void prune() {
     if (keep_ == 0) return;
     const auto all = list();  // newest first
     std::vector<std::int64_t> needed;
-    for (std::size_t i = 0; i < all.size(); ++i) {
-      const bool kept = i < keep_ || std::find(needed.begin(), needed.end(), all[i].first) != needed.end();
-      if (!kept) {
+    std::size_t kept_whole = 0;
+    for (const auto& [step, path] : all) {
+      const bool needed_by_a_kept_one = std::find(needed.begin(), needed.end(), step) != needed.end();
+      if (kept_whole >= keep_ && !needed_by_a_kept_one) {
         std::error_code ec;
-        std::filesystem::remove_all(all[i].second, ec);
+        std::filesystem::remove_all(path, ec);
+        whole_.erase(step);
         continue;
       }
-      try {
-        const ModelState head = checkpoint::read_checkpoint(all[i].second, false);
-        if (head.incremental()) needed.push_back(head.base_step);
-      } catch (const Error&) {  // unreadable: it needs nothing
-      }
+      if (!reads_whole(step, path)) continue;  // unreadable: it counts for nothing, needs nothing
+      ++kept_whole;
+      const ModelState head = checkpoint::read_checkpoint(path, false);
+      if (head.incremental()) needed.push_back(head.base_step);
     }
   }
 
   std::filesystem::path root_;
   std::size_t keep_;
   bool wrote_ = false;
+  std::set<std::int64_t> whole_;  ///< steps of the checkpoints known to read back whole
 };
 
 }  // namespace pulley

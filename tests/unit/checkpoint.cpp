@@ -201,6 +201,41 @@ TEST_CASE("a checkpoint directory keeps the newest few and reads the newest that
   CHECK(CheckpointDirectory::list(tmp.path / "nowhere").empty());
 }
 
+TEST_CASE("a damaged checkpoint is written again when its step is saved, and does not count among those kept") {
+  TempDir tmp;
+  const fs::path root = tmp.path / "run";
+  {
+    CheckpointDirectory dir(root, 2);
+    for (std::int64_t step = 100; step <= 300; step += 100) dir.save(sample_state(step));
+  }
+  // The newest is damaged; a restarted chief resumes from the one before and trains on.
+  flip_byte(root / CheckpointDirectory::name_of(300) / "data", 8);
+  CheckpointDirectory dir(root, 2);
+  REQUIRE(dir.latest()->first.global_step == 200);
+  // Its step comes again: written anew, not kept damaged.
+  dir.save(sample_state(300));
+  CHECK(dir.wrote());
+  CHECK(CheckpointDirectory::load(root / CheckpointDirectory::name_of(300)) == sample_state(300));
+  // A whole one of the same step is kept as it is.
+  dir.save(sample_state(300));
+  CHECK_FALSE(dir.wrote());
+  // Damaged ones do not take a place among the `keep` newest: 400 (whole), 500 (damaged),
+  // 600 (whole) keep 400 and 600, and 300 goes.
+  dir.save(sample_state(400));
+  const fs::path five = dir.save(sample_state(500));
+  flip_byte(five / "data", 8);
+  CheckpointDirectory later(root, 2);  // a new process: what it did not write, it reads once
+  later.save(sample_state(600));
+  std::vector<std::int64_t> steps;
+  for (const auto& [step, path] : later.list()) steps.push_back(step);
+  CHECK(steps == std::vector<std::int64_t>{600, 500, 400});
+  // Once two whole ones are newer, the damaged one goes too.
+  later.save(sample_state(700));
+  steps.clear();
+  for (const auto& [step, path] : later.list()) steps.push_back(step);
+  CHECK(steps == std::vector<std::int64_t>{700, 600});
+}
+
 TEST_CASE("a writer killed at any moment of a save leaves the previous checkpoint whole") {
   TempDir tmp;
   const fs::path root = tmp.path / "run";
