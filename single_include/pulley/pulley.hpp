@@ -4677,10 +4677,6 @@ ModelState read_state(Client<T>& client, std::int64_t at_step = 0, CutRows rows 
     if (until.size() < p.pushes.size()) until.resize(p.pushes.size(), 0);
     for (std::size_t w = 0; w < p.pushes.size(); ++w) until[w] = std::max(until[w], p.pushes[w]);
   }
-  if (!paused[0].whole) {
-    log(LogLevel::kWarning, "the optimizer keeps state it does not name (slots, counters): a "
-                            "checkpoint holds the rest, and a restore starts that afresh");
-  }
   ModelState state;
   const std::size_t num_slots = paused[0].slot_names.size();
   for (const VariableSpec& spec : client.variables()) {
@@ -4748,6 +4744,12 @@ ModelState read_state(Client<T>& client, std::int64_t at_step = 0, CutRows rows 
   }
   state.table_seed = client.table_seed();
   if (!state.tables.empty()) state.base_step = rows.since;
+  // At global step 0 nothing was applied yet: state a restore starts afresh is exact then.
+  if (!paused[0].whole && state.global_step > 0) {
+    log(LogLevel::kWarning, "the optimizer keeps state it does not name (slots, counters): this cut at global "
+                            "step " + std::to_string(state.global_step) + " holds the rest, and a restore from "
+                            "it starts that afresh");
+  }
   return state;
 }
 

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -29,6 +30,7 @@
 #include "pulley/sync/sync_replicas.hpp"
 #include "support/cluster.hpp"
 #include "support/linear_model.hpp"
+#include "support/log_capture.hpp"
 
 using namespace pulley;
 using pulley::testing::Cluster;
@@ -137,6 +139,41 @@ TEST_CASE("the state the chief saves at initialization is step 0's, with workers
     for (const SlotState& slot : v.slots) CHECK(slot.values == std::vector<float>(v.spec.size(), 0.0F));
   }
   CHECK(chief.stats().at(0).global_step == 5);  // and training went on
+  chief.shutdown();
+}
+
+namespace {
+
+/// Sgd with a step counter it does not name: a checkpoint cannot hold it.
+struct CountingSgd {
+  float learning_rate = 0.01F;
+  struct State {
+    std::int64_t applied = 0;
+  };
+  [[nodiscard]] State make_state(std::size_t /*n*/) const { return {}; }
+  void apply(State& state, std::span<float> w, std::span<const float> g) const {
+    ++state.applied;
+    for (std::size_t i = 0; i < w.size(); ++i) w[i] -= learning_rate * g[i];
+  }
+};
+
+}  // namespace
+
+TEST_CASE("state the optimizer does not name is warned about in a cut after step 0, not at initialization") {
+  pulley::testing::LogCapture captured;
+  const LinearData data(2 * kBatch * 3, kIn, kOut, 5);
+  Cluster<RoundRobin, CountingSgd, SyncReplicas> cluster(2, CountingSgd{}, SyncReplicas(2, 2), RoundRobin{});
+  Chief chief(cluster.endpoint(Node::chief()), 3);
+  std::thread workers([&] { run_steps(cluster, data, 0, 3); });
+  (void)chief.initialize_and_save(LinearModel(kIn, kOut).variables());  // what every job does first
+  workers.join();
+  const std::string warning = "the optimizer keeps state it does not name";
+  CHECK(captured.find(LogLevel::kWarning, warning).empty());  // step 0: nothing to lose
+  const ModelState later = chief.save_state();
+  CHECK(later.global_step == 3);
+  const auto lines = captured.find(LogLevel::kWarning, warning);
+  REQUIRE(lines.size() == 1);
+  CHECK(lines[0].find("global step 3") != std::string::npos);
   chief.shutdown();
 }
 
