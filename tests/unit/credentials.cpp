@@ -38,7 +38,7 @@ const ClusterSpec kCluster{{{"ps", {"h:1"}}, {"worker", {"h:2", "h:3"}}}};
 
 }  // namespace
 
-TEST_CASE("the secret comes from PULLEY_SECRET, then a file, then a per-user file made once") {
+TEST_CASE("the secret comes from --secret-file, then PULLEY_SECRET, then PULLEY_SECRET_FILE, then a per-user file made once") {
   clear_environment();
   TempDir home;
   ::setenv("XDG_CONFIG_HOME", home.path.c_str(), 1);
@@ -62,9 +62,13 @@ TEST_CASE("the secret comes from PULLEY_SECRET, then a file, then a per-user fil
   ::unsetenv("PULLEY_SECRET_FILE");
   CHECK(task_credentials(kCluster, "", mine.string()).secret == "s3cret-from-a-file");
 
-  // PULLEY_SECRET wins over everything.
+  // PULLEY_SECRET wins over PULLEY_SECRET_FILE and the per-user file; the command line's
+  // --secret-file wins over it.
   ::setenv("PULLEY_SECRET", "from the launcher", 1);
-  CHECK(task_credentials(kCluster, "", mine.string()).secret == "from the launcher");
+  ::setenv("PULLEY_SECRET_FILE", (home.path / "missing").c_str(), 1);
+  CHECK(task_credentials(kCluster, "", "").secret == "from the launcher");
+  CHECK(task_credentials(kCluster, "", mine.string()).secret == "s3cret-from-a-file");
+  ::unsetenv("PULLEY_SECRET_FILE");
   ::unsetenv("PULLEY_SECRET");
 
   // A file that cannot serve is an error naming it.

@@ -4,11 +4,12 @@
 /// Where a task of a cluster of processes takes its Credentials from (the job's name and
 /// shared secret, which every connection proves: transport/wire/handshake.hpp).
 ///
-/// The secret, first found:
-///   1. the environment variable PULLEY_SECRET (launchers set it: scripts/launch_local.sh
+/// The secret, first found (what the command line says wins over the environment):
+///   1. the file named by `--secret-file`;
+///   2. the environment variable PULLEY_SECRET (launchers set it: scripts/launch_local.sh
 ///      makes one per run; under Slurm, export it before srun and every task inherits it);
-///   2. the file named by `--secret-file`, or by the environment variable PULLEY_SECRET_FILE;
-///   3. `$XDG_CONFIG_HOME/pulley/secret` (else `$HOME/.config/pulley/secret`), created with 32
+///   3. the file named by the environment variable PULLEY_SECRET_FILE;
+///   4. `$XDG_CONFIG_HOME/pulley/secret` (else `$HOME/.config/pulley/secret`), created with 32
 ///      random bytes, readable by its owner only, the first time a task needs it: the tasks
 ///      of one user on hosts that share a home directory then agree without configuration.
 /// The job's name, first found: `--job-name`; under Slurm "slurm-<job id>.<step id>"; else
@@ -141,10 +142,10 @@ inline Credentials task_credentials(const ClusterSpec& cluster, const std::strin
     credentials.job = runner_detail::cluster_name(cluster);
   }
   wire::check_credentials(credentials);
-  if (std::string secret = runner_detail::environment("PULLEY_SECRET"); !secret.empty()) {
-    credentials.secret = std::move(secret);
-  } else if (!secret_file.empty()) {
+  if (!secret_file.empty()) {
     credentials.secret = runner_detail::read_secret_file(secret_file);
+  } else if (std::string secret = runner_detail::environment("PULLEY_SECRET"); !secret.empty()) {
+    credentials.secret = std::move(secret);
   } else if (const std::string file = runner_detail::environment("PULLEY_SECRET_FILE");
              !file.empty()) {
     credentials.secret = runner_detail::read_secret_file(file);
