@@ -220,6 +220,22 @@ void check_unharmed(const Outcome& attacked) {
 
 }  // namespace
 
+TEST_CASE("a TcpServer without a secret refuses to start, unless told that anyone who knows the job's name may join") {
+  using Server = ParameterServer<RoundRobin, Sgd, Async>;
+  TcpServerOptions options;  // the defaults: job "pulley", no secret
+  CHECK_THROWS_WITH_AS((TcpServer<Server>(Server(0, 1, Sgd{0.1F}, Async{}), "127.0.0.1", 0, options)),
+                       doctest::Contains("allow_no_secret"), Error);
+  LogCapture log;
+  options.allow_no_secret = true;
+  TcpServer<Server> open(Server(0, 1, Sgd{0.1F}, Async{}), "127.0.0.1", 0, options);
+  CHECK(log.find(LogLevel::kWarning, "no shared secret is set").size() == 1);
+  std::thread serving([&] { open.run(); });
+  RawClient anyone;  // knows the default job name, proves nothing: let in, as the log warned
+  CHECK(anyone.join(open.port(), Node::chief(), Credentials{}) == "");
+  open.stop();
+  serving.join();
+}
+
 TEST_CASE("a peer without the job's secret, or of another job, never reaches the ps") {
   LogCapture log;
   const Outcome outcome = train([&](Ps<SyncServer>& ps, Gate&) {

@@ -50,8 +50,13 @@ struct TcpOptions {
 /// careless or hostile; README's "Limits" lists them with their defaults.
 struct TcpServerOptions {
   /// The job this ps belongs to and its shared secret: a client must prove both in the
-  /// handshake before it may send a request (transport/wire/handshake.hpp).
+  /// handshake before it may send a request (transport/wire/handshake.hpp). A server with
+  /// an empty secret refuses to start unless `allow_no_secret` says so.
   Credentials credentials;
+  /// Serve with an empty secret: the handshake then checks only the job's name and the
+  /// task, and anyone who knows the name (the default is "pulley") may join. For a port
+  /// only trusted peers can reach; the server logs it when it starts.
+  bool allow_no_secret = false;
   /// What a request frame may claim, checked before anything is allocated for it. (A frame
   /// also may not carry more tensor bytes than the service holds:
   /// `Service::max_request_payload`.)

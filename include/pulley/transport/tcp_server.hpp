@@ -50,6 +50,13 @@ class TcpServer {
         connection->release_spare(budget_);
       }
     };
+    if (options_.credentials.secret.empty() && !options_.allow_no_secret) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "ps " + std::to_string(service_.task()) + ": no shared secret is set, so any peer that knows "
+                  "the job's name ('" + options_.credentials.job + "') could join: set "
+                  "TcpServerOptions::credentials.secret (README, Security), or allow_no_secret for a port only "
+                  "trusted peers reach");
+    }
     if (options_.credentials.secret.empty()) {
       log(LogLevel::kWarning, "ps " + std::to_string(service_.task()) +
                                   ": no shared secret is set: any peer that reaches this port "
