@@ -14914,9 +14914,9 @@ class TcpServer {
     if (options_.credentials.secret.empty() && !options_.allow_no_secret) {
       throw Error(ErrorCode::kInvalidArgument,
                   "ps " + std::to_string(service_.task()) + ": no shared secret is set, so any peer that knows "
-                  "the job's name ('" + options_.credentials.job + "') could join: set "
-                  "TcpServerOptions::credentials.secret (README, Security), or allow_no_secret for a port only "
-                  "trusted peers reach");
+                  "the job's name ('" + options_.credentials.job + "') could join: set the job's secret "
+                  "(TcpServerOptions::credentials; Job::credentials under pulley::run; README, Security), or "
+                  "TcpServerOptions::allow_no_secret for a port only trusted peers reach");
     }
     if (options_.credentials.secret.empty()) {
       log(LogLevel::kWarning, "ps " + std::to_string(service_.task()) +

@@ -79,6 +79,7 @@ std::vector<std::string> free_addresses(std::size_t n) {
 Job task_of(const ClusterSpec& cluster, const std::string& type, std::uint32_t index) {
   Job job;
   job.cluster = TfConfig{cluster, {type, index}};
+  job.credentials = {"runner-test", "a secret only these tests know"};  // a ps refuses to serve without one
   return job;
 }
 
