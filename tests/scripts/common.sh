@@ -5,6 +5,7 @@
 #   fail MESSAGE...             prints FAIL and the tail of every log under $work, exits 1
 #   wait_for FILE PATTERN SECS  until PATTERN appears in FILE (status 1 if it never does)
 #   free_ports N                N free TCP ports on 127.0.0.1, one a line
+#   free_port_run N             the first of N consecutive free ports on 127.0.0.1
 #   start_job, start_task, forget_task, finish_job: a job of real processes (below)
 work=$(mktemp -d)
 pids=()
@@ -29,6 +30,26 @@ held = [socket.socket() for _ in range(int(sys.argv[1]))]
 for s in held:
     s.bind(("127.0.0.1", 0))
 print("\n".join(str(s.getsockname()[1]) for s in held))
+PY
+}
+free_port_run() {
+  python3 - "$1" <<'PY'
+import random, socket, sys
+n = int(sys.argv[1])
+for _ in range(200):
+    base, held = random.randrange(40000, 50000), []
+    try:
+        for port in range(base, base + n):
+            s = socket.socket()
+            held.append(s)
+            s.bind(("127.0.0.1", port))
+        print(base)
+        break
+    except OSError:
+        pass
+    finally:
+        for s in held:
+            s.close()
 PY
 }
 export PULLEY_SECRET=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')

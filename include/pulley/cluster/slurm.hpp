@@ -149,6 +149,35 @@ inline SlurmRoles checked_slurm_roles(const SlurmRoles& roles) {
   return checked;
 }
 
+/// The TfConfig of rank `rank` when ranks fill `hosts` in order, `per_node[n]` on host n
+/// (block distribution), the i-th on a host listening on `base` + i, and go to the roles of
+/// `checked` in their order. Throws kInvalidArgument ("<launcher>: ...") when a port would
+/// be over 65535.
+inline TfConfig block_config(const SlurmRoles& checked, std::uint64_t rank, const std::vector<std::string>& hosts,
+                             const std::vector<std::uint32_t>& per_node, std::uint32_t base,
+                             const std::string& launcher) {
+  const std::uint32_t busiest = *std::max_element(per_node.begin(), per_node.end());
+  if (base == 0 || std::uint64_t{base} + busiest - 1 > 65535) {
+    throw Error(ErrorCode::kInvalidArgument,
+                launcher + ": port base " + std::to_string(base) + " with " + std::to_string(busiest) +
+                    " task(s) on a node needs ports " + std::to_string(base) + ".." +
+                    std::to_string(std::uint64_t{base} + busiest - 1) + ", outside 1..65535");
+  }
+  std::vector<std::string> addresses;
+  for (std::size_t n = 0; n < hosts.size(); ++n) {
+    for (std::uint32_t i = 0; i < per_node[n]; ++i) addresses.push_back(hosts[n] + ":" + std::to_string(base + i));
+  }
+  TfConfig config;
+  std::uint64_t first = 0;
+  for (const auto& [role, count] : checked) {
+    const auto begin = addresses.begin() + static_cast<std::ptrdiff_t>(first);
+    config.cluster.roles[role].assign(begin, begin + count);
+    if (rank >= first && rank < first + count) config.task = {role, static_cast<std::uint32_t>(rank - first)};
+    first += count;
+  }
+  return config;
+}
+
 }  // namespace detail
 
 /// Parses a list of roles such as "ps:1,worker:2,chief:1" (the form a command-line flag takes)
@@ -395,30 +424,7 @@ TfConfig slurm_config(const SlurmRoles& roles, std::optional<std::uint32_t> port
   const std::uint32_t base =
       port_base ? *port_base
                 : derived_slurm_port_base(number(read("SLURM_JOB_ID", "SLURM_JOBID")), busiest);
-  if (base == 0 || std::uint64_t{base} + busiest - 1 > 65535) {
-    throw slurm_error("port base " + std::to_string(base) + " with " + std::to_string(busiest) +
-                      " task(s) on a node needs ports " + std::to_string(base) + ".." +
-                      std::to_string(std::uint64_t{base} + busiest - 1) + ", outside 1..65535");
-  }
-
-  std::vector<std::string> addresses;
-  addresses.reserve(ntasks);
-  for (std::size_t n = 0; n < hosts.size(); ++n) {
-    for (std::uint32_t i = 0; i < per_node[n]; ++i) {
-      addresses.push_back(hosts[n] + ":" + std::to_string(base + i));
-    }
-  }
-  TfConfig config;
-  std::uint64_t first = 0;
-  for (const auto& [role, count] : checked) {
-    const auto begin = addresses.begin() + static_cast<std::ptrdiff_t>(first);
-    config.cluster.roles[role].assign(begin, begin + count);
-    if (rank >= first && rank < first + count) {
-      config.task = {role, static_cast<std::uint32_t>(rank - first)};
-    }
-    first += count;
-  }
-  return config;
+  return detail::block_config(checked, rank, hosts, per_node, base, "Slurm");
 }
 
 /// slurm_config over this process's environment; nullopt when SLURM_PROCID is unset or empty,

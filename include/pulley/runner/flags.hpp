@@ -18,6 +18,7 @@ namespace pulley {
 ///   --ps N --workers N                     every task in this process (the default)
 ///   --role ROLE --task I --ps-hosts H:P,... --worker-hosts H:P,... [--chief-host H:P]
 ///   --slurm-roles ps:1,worker:2,chief:1 [--slurm-port-base PORT]
+///   --mpi-roles ps:2,worker:2,chief:1 [--mpi-hosts H,...] [--mpi-port-base PORT]
 ///   [--job-name NAME] [--secret-file PATH]  what every connection proves (credentials.hpp)
 /// or none of them, with TF_CONFIG set. `--job` and `--slurm-jobs`, their names before 0.3,
 /// still work. Numbers out of range are refused by CLI11. It also
@@ -48,6 +49,19 @@ inline void add_job_flags(CLI::App& app, JobFlags& flags) {
   app.add_option("--slurm-port-base", flags.slurm_port_base,
                  "under srun: the port of the first task on each node (the i-th: base + i; "
                  "default: derived from SLURM_JOB_ID, in 20000..32767)")
+      ->check(CLI::Range(1, 65535))
+      ->group(group);
+  app.add_option("--mpi-roles,--mpi-jobs", flags.mpi_roles,
+                 "under mpirun: the ranks by role, in order, e.g. ps:2,worker:2,chief:1")
+      ->group(group);
+  app.add_option("--mpi-hosts", flags.mpi_hosts,
+                 "under mpirun on several hosts: the hosts in mpirun's order, the same number of "
+                 "ranks on each (default: every rank on this host)")
+      ->delimiter(',')
+      ->group(group);
+  app.add_option("--mpi-port-base", flags.mpi_port_base,
+                 "under mpirun: the port of the first rank on each host (the i-th: base + i; "
+                 "default: derived from the MPI job id, in 20000..32767)")
       ->check(CLI::Range(1, 65535))
       ->group(group);
   app.add_option("--job-name", flags.job_name,

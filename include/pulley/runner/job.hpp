@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "pulley/cluster/cluster_spec.hpp"
+#include "pulley/cluster/mpi.hpp"
 #include "pulley/cluster/slurm.hpp"
 #include "pulley/cluster/tf_config.hpp"
 #include "pulley/core/error.hpp"
@@ -46,8 +47,9 @@ struct Job {
 };
 
 /// How a job is described on the command line (see runner/flags.hpp for the flags). The
-/// first that applies wins: `slurm_roles` (under srun), `role` with the host lists, the
-/// TF_CONFIG environment variable, and otherwise every task in this process.
+/// first that applies wins: `slurm_roles` (under srun), `mpi_roles` (under mpirun), `role`
+/// with the host lists, the TF_CONFIG environment variable, and otherwise every task in
+/// this process.
 struct JobFlags {
   std::string role;                       ///< this task's role: ps, worker, chief, evaluator
   std::uint32_t task = 0;                 ///< this task's index among the tasks of its role
@@ -58,6 +60,10 @@ struct JobFlags {
   /// The port of the first task on each node under Slurm; nullopt: derived from the job id
   /// (derived_slurm_port_base), so that two jobs sharing a node do not collide.
   std::optional<std::uint32_t> slurm_port_base;
+  std::string mpi_roles;                  ///< e.g. "ps:2,worker:2,chief:1": mpirun's ranks
+  std::vector<std::string> mpi_hosts;     ///< mpirun's hosts in order (empty: one host)
+  /// The port of the first rank on each host under mpirun; nullopt: derived from the job id.
+  std::optional<std::uint32_t> mpi_port_base;
   std::uint32_t ps = 1;       ///< ps tasks when in-process
   std::uint32_t workers = 2;  ///< workers when in-process
   std::string job_name;       ///< the job's name in handshakes ("": derived, credentials.hpp)
@@ -66,7 +72,7 @@ struct JobFlags {
 
 /// The job `flags` describe (see JobFlags for the order). Throws kInvalidArgument naming the
 /// problem: a malformed or inconsistent cluster, a task out of range, --slurm-roles outside a
-/// Slurm step, a cluster without workers, a task type the runner has no role for.
+/// Slurm step, --mpi-roles outside mpirun, a cluster without workers, a task type the runner has no role for.
 inline Job resolve_job(const JobFlags& flags) {
   Job job;
   job.local_ps = flags.ps;
@@ -74,7 +80,13 @@ inline Job resolve_job(const JobFlags& flags) {
   if (flags.ps == 0 || flags.workers == 0) {
     throw Error(ErrorCode::kInvalidArgument, "a job needs at least one ps task and one worker");
   }
-  if (!flags.slurm_roles.empty()) {
+  if (!flags.slurm_roles.empty() && !flags.mpi_roles.empty()) {
+    throw Error(ErrorCode::kInvalidArgument, "--slurm-roles and --mpi-roles exclude each other");
+  }
+  if (!flags.mpi_roles.empty()) {
+    if (!flags.role.empty()) throw Error(ErrorCode::kInvalidArgument, "--mpi-roles and --role exclude each other");
+    job.cluster = mpi_config_from_environment(parse_slurm_roles(flags.mpi_roles), flags.mpi_port_base, flags.mpi_hosts);
+  } else if (!flags.slurm_roles.empty()) {
     if (!flags.role.empty()) {
       throw Error(ErrorCode::kInvalidArgument, "--slurm-roles and --role exclude each other");
     }
