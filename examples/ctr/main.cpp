@@ -67,6 +67,7 @@ struct Options {
   pulley::ClientOptions client;          // --request-timeout-ms, ...
   pulley::TcpOptions tcp;                // --connect-timeout-ms, ...
   pulley::TcpServerOptions server;       // --ps-max-buffered-bytes, ...
+  pulley::MetricsOptions metrics;        // --metrics-file, --metrics-port, --progress-secs, ...
   std::chrono::milliseconds worker_timeout{std::chrono::seconds(5)};
 };
 
@@ -257,6 +258,8 @@ int train(const pulley::Job& job, const Options& o, Data& data, Sync sync, std::
   training.evaluate_every = std::max<std::int64_t>(1, steps_per_epoch / std::max(o.progress, 1));
   if (o.progress == 0) training.evaluate_every = 0;
   training.samples_per_step = static_cast<std::int64_t>(o.batch) * batches_per_step;
+  training.steps_per_epoch = steps_per_epoch;
+  training.metrics = o.metrics;
   training.seed = o.seed;
   training.checkpoint = o.checkpoint;
   training.client = o.client;
@@ -272,6 +275,8 @@ int train(const pulley::Job& job, const Options& o, Data& data, Sync sync, std::
     // A quick look on a tenth of the held-out examples while training, all of them at the end.
     const std::size_t count = e.last ? test.size() : std::max<std::size_t>(test.size() / 10, 1);
     const Scores s = score(model, e, std::span(test).first(count), data.planted());
+    e.report("auc", s.auc);
+    e.report("logloss", s.logloss);
     if (e.role == pulley::Node::Role::kEvaluator) {
       std::printf("evaluation at global step %lld: auc %.4f logloss %.4f (%zu held-out examples)\n",
                   static_cast<long long>(e.step), s.auc, s.logloss, count);
@@ -342,6 +347,7 @@ int main(int argc, char** argv) {
   pulley::add_job_flags(app, job_flags);
   pulley::add_checkpoint_flags(app, o.checkpoint);
   pulley::add_limit_flags(app, o.client, o.tcp, o.server, o.worker_timeout);
+  pulley::add_metrics_flags(app, o.metrics);
   CLI11_PARSE(app, argc, argv);
   if (openblas_set_num_threads != nullptr) openblas_set_num_threads(1);
   try {

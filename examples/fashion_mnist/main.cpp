@@ -50,6 +50,7 @@ struct Options {
   pulley::ClientOptions client;     // --request-timeout-ms, --clip-norm, ...
   pulley::TcpOptions tcp;           // --connect-timeout-ms, ...
   pulley::TcpServerOptions server;  // --ps-max-buffered-bytes, ...
+  pulley::MetricsOptions metrics;   // --metrics-file, --metrics-port, --progress-secs, ...
   std::chrono::milliseconds worker_timeout{std::chrono::seconds(5)};  // --worker-timeout-ms
 };
 
@@ -175,6 +176,8 @@ int train(const pulley::Job& job, const Options& o, const Data& data, Optimizer 
   training.last_step = steps_per_epoch * o.epochs;
   training.evaluate_every = steps_per_epoch;
   training.samples_per_step = static_cast<std::int64_t>(o.batch) * batches_per_step;
+  training.steps_per_epoch = steps_per_epoch;
+  training.metrics = o.metrics;
   training.seed = o.seed;
   training.checkpoint = o.checkpoint;
   training.client = o.client;
@@ -183,6 +186,8 @@ int train(const pulley::Job& job, const Options& o, const Data& data, Optimizer 
   training.worker_timeout = o.worker_timeout;
   training.evaluate = [&](pulley::models::Mlp& model, const pulley::Evaluation& e) {
     const auto scores = model.evaluate(test);
+    e.report("test_loss", scores.loss);
+    e.report("test_accuracy", scores.accuracy);
     if (e.role == pulley::Node::Role::kEvaluator) {
       std::printf("evaluation at step %lld: test_loss %.4f test_accuracy %.4f\n",
                   static_cast<long long>(e.step), scores.loss, scores.accuracy);
@@ -264,6 +269,7 @@ int main(int argc, char** argv) {
   pulley::add_job_flags(app, job_flags);
   pulley::add_checkpoint_flags(app, o.checkpoint);
   pulley::add_limit_flags(app, o.client, o.tcp, o.server, o.worker_timeout);
+  pulley::add_metrics_flags(app, o.metrics);
   CLI11_PARSE(app, argc, argv);
   if (openblas_set_num_threads != nullptr) openblas_set_num_threads(1);
   try {

@@ -86,6 +86,7 @@ int main(int argc, char** argv) {
   pulley::add_checkpoint_flags(app, training.checkpoint);
   pulley::add_limit_flags(app, training.client, training.tcp, training.server,
                           training.worker_timeout);
+  pulley::add_metrics_flags(app, training.metrics);
   CLI11_PARSE(app, argc, argv);
 
   pulley::Job job;
@@ -102,6 +103,7 @@ int main(int argc, char** argv) {
     if (!e.last) return;
     Samples held_out(99);
     const float mse = 2.0F * line.compute_gradients(held_out());
+    e.report("mse", mse);
     std::printf("final: w0=%.4f w1=%.4f b=%.4f mse=%.4f step=%lld mode=%s\n", line.parameter(0)[0],
                 line.parameter(0)[1], line.parameter(1)[0], mse, static_cast<long long>(e.step),
                 mode.c_str());

@@ -2822,12 +2822,22 @@ struct Stats {
   /// Pushes that came again after a lost connection (the same sequence number as one taken
   /// or held): answered as the first, not counted again.
   std::int64_t pushes_repeated = 0;
+  /// Pushes taken to the sync policy (each once, whatever its verdict).
+  std::int64_t pushes_taken = 0;
+  /// Times a worker held lost was heard from again and counted again.
+  std::int64_t workers_returned = 0;
+  /// Time spent applying updates (the optimizer, dense and rows), in microseconds.
+  std::int64_t apply_microseconds = 0;
+  /// Requests held now until the global step moves, token requests and step-gated pulls:
+  /// the ps's queue (a gauge, not a counter).
+  std::int64_t requests_waiting = 0;
 
   template <class Archive>
   void serialize(Archive& archive) {
     archive(global_step, updates_applied, gradients_accepted, stale_gradients_dropped,
             requests_rejected, bytes_pushed, bytes_pulled, updates_refused, workers_lost,
-            table_rows, table_rows_evicted, table_rows_dropped, table_rows_capped, pushes_repeated);
+            table_rows, table_rows_evicted, table_rows_dropped, table_rows_capped, pushes_repeated,
+            pushes_taken, workers_returned, apply_microseconds, requests_waiting);
   }
 };
 
@@ -5319,6 +5329,7 @@ class Evaluator {
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -5380,6 +5391,20 @@ class HeartbeatSender {
     return lost_;
   }
 
+  /// The counters each ps task answered the last beat with, by task index (nullopt: not
+  /// heard yet); a ps that did not answer this time keeps its earlier ones.
+  [[nodiscard]] std::vector<std::optional<Stats>> stats() const {
+    std::scoped_lock lock(mutex_);
+    return stats_;
+  }
+
+  /// When the last beat that a ps task answered was sent (`stats()` are of that moment);
+  /// the clock's epoch before any was.
+  [[nodiscard]] std::chrono::steady_clock::time_point heard_at() const {
+    std::scoped_lock lock(mutex_);
+    return heard_at_;
+  }
+
   /// Beats that at least one ps task answered.
   [[nodiscard]] std::uint64_t beats() const {
     std::scoped_lock lock(mutex_);
@@ -5394,8 +5419,15 @@ class HeartbeatSender {
       lock.unlock();
       std::set<std::uint32_t> lost;
       bool chief_lost = false;
-      const bool heard = send_all(leaving, lost, chief_lost);
+      std::vector<std::optional<Stats>> stats;
+      const auto sent = std::chrono::steady_clock::now();
+      const bool heard = send_all(leaving, lost, chief_lost, stats);
       lock.lock();
+      if (heard) heard_at_ = sent;
+      stats_.resize(std::max(stats_.size(), stats.size()));
+      for (std::size_t ps = 0; ps < stats.size(); ++ps) {
+        if (stats[ps]) stats_[ps] = stats[ps];
+      }
       if (heard) {
         lost_.assign(lost.begin(), lost.end());
         ++beats_;
@@ -5414,7 +5446,8 @@ class HeartbeatSender {
 
   /// One Heartbeat to every ps, answered within an interval or given up; true if any
   /// answered. A ps that is down, or refuses, is simply not heard this time.
-  bool send_all(bool leaving, std::set<std::uint32_t>& lost, bool& chief_lost) noexcept {
+  bool send_all(bool leaving, std::set<std::uint32_t>& lost, bool& chief_lost,
+                std::vector<std::optional<Stats>>& counters) noexcept {
     try {
       std::vector<PendingCall> calls;
       for (std::size_t ps = 0; ps < transport_.num_ps(); ++ps) {
@@ -5422,7 +5455,9 @@ class HeartbeatSender {
       }
       const auto deadline = std::chrono::steady_clock::now() + interval_;
       bool heard = false;
-      for (PendingCall& call : calls) {
+      counters.resize(calls.size());
+      for (std::size_t ps = 0; ps < calls.size(); ++ps) {
+        PendingCall& call = calls[ps];
         if (!call.wait_until(deadline)) {
           call.cancel();
           continue;
@@ -5430,6 +5465,7 @@ class HeartbeatSender {
         const Response answer = call.take();
         if (const auto* stats = std::get_if<StatsReply>(&answer)) {
           heard = true;
+          counters[ps] = stats->stats;
           lost.insert(stats->lost.begin(), stats->lost.end());
           chief_lost = chief_lost || stats->chief_lost;
         }
@@ -5450,6 +5486,8 @@ class HeartbeatSender {
   std::vector<std::uint32_t> lost_;
   bool chief_lost_ = false;
   std::uint64_t beats_ = 0;
+  std::vector<std::optional<Stats>> stats_;
+  std::chrono::steady_clock::time_point heard_at_{};
   std::thread thread_;
 };
 
@@ -5634,6 +5672,10 @@ struct StepResult {
   std::int64_t local_step = 0;    ///< the step its gradient was computed for
   std::int64_t global_step = 0;   ///< steps completed when its token was taken
   std::uint32_t stale_parts = 0;  ///< part gradients the ps dropped as stale
+  /// Updates of other pushes applied between the parameters its gradient was computed on
+  /// and the pull that ended the step (0 under SyncReplicas with R = N; under Async, how
+  /// many pushes of other workers came in between).
+  std::int64_t staleness = 0;
 };
 
 /// A worker task: pulls parameters into its model, computes gradients on its own batches
@@ -5895,11 +5937,13 @@ class Worker {
     interrupted_ = result;  // what finish_step completes if the push loses a connection
     interrupted_pull_step_ = token.next_pull_step;
     pushing_ = true;
+    const std::int64_t computed_on = pulled_step_;
     pulled_step_ = -1;  // a pull that fails part way leaves the model mixed: pull again
     const auto done = client_.push_pull(index_, token.local_step, gradients_, all_, token.next_pull_step,
                                         push_rows_, token.refill);
     pulled_step_ = done.pulled_step;
     result.stale_parts = done.stale_parts;
+    result.staleness = std::max<std::int64_t>(0, done.pulled_step - computed_on - 1);
     return result;
   }
 
@@ -7533,6 +7577,7 @@ static_assert(RowWiseOptimizer<Sgd>);
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -8118,6 +8163,9 @@ class Pacing {
 
   /// A lost `worker` is back: it counts again from the step in progress.
   void back(std::uint32_t worker) { worker_back(sync_, pacer_, worker); }
+
+  /// Token requests waiting for a token.
+  [[nodiscard]] std::size_t waiting() const noexcept { return waiters_.size(); }
 
   /// What the next step waits for, in the policy's words ("" if it does not say).
   [[nodiscard]] std::string waiting_for() const { return pulley::waiting_for(sync_, pacer_); }
@@ -9934,6 +9982,7 @@ class Shard {
 // ---- end pulley/ps/shard.hpp ----
 // ---- begin pulley/ps/update.hpp ----
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -10009,7 +10058,7 @@ class Update {
     std::string rolled_back;
     if (verdict == Verdict::kReady) {
       // An update of nothing (its one push refused here) applies nothing.
-      if (std::exchange(accumulated_, 0) > 0) rolled_back = apply(shard, sync, step_before, alone, stats);
+      if (std::exchange(accumulated_, 0) > 0) rolled_back = timed_apply(shard, sync, step_before, alone, stats);
       contributors_.clear();
     }
     if (alone && refused.empty() && !rolled_back.empty()) {
@@ -10025,7 +10074,7 @@ class Update {
   /// The update in progress needs no more pushes (a worker it waited for was held lost):
   /// applies what it has, at global step `step_before`.
   void complete(Shard<O, P, T>& shard, const P& sync, std::int64_t step_before, Stats& stats) {
-    if (std::exchange(accumulated_, 0) > 0) (void)apply(shard, sync, step_before, /*checked=*/false, stats);
+    if (std::exchange(accumulated_, 0) > 0) (void)timed_apply(shard, sync, step_before, /*checked=*/false, stats);
     contributors_.clear();
   }
 
@@ -10036,6 +10085,16 @@ class Update {
   }
 
  private:
+  /// `apply`, its time added to `Stats::apply_microseconds`.
+  std::string timed_apply(Shard<O, P, T>& shard, const P& sync, std::int64_t step_before, bool checked,
+                          Stats& stats) {
+    const auto began = std::chrono::steady_clock::now();
+    std::string rolled_back = apply(shard, sync, step_before, checked, stats);
+    stats.apply_microseconds += std::chrono::duration_cast<std::chrono::microseconds>(
+                                    std::chrono::steady_clock::now() - began).count();
+    return rolled_back;
+  }
+
   /// Why applying push `r` alone would make a parameter or a slot non-finite (the
   /// optimizer's `stays_finite`, asked of every part against the state it would be applied
   /// to), or "" when it would not, or when the optimizer cannot tell (`apply` guards those).
@@ -10254,9 +10313,20 @@ class ParameterServer {
   [[nodiscard]] Stats stats() const noexcept {
     Stats s = stats_;
     s.global_step = pacing_.global_step();
+    s.requests_waiting = static_cast<std::int64_t>(pacing_.waiting() + pulls_.size() + row_pulls_.size());
     shard_.tables().count(s);
     return s;
   }
+  /// Hands the counters (`stats()`) to `sink` now and then: when a heartbeat or a GetStats
+  /// comes and `every` has passed since the last time (clients beat every second, so a ps
+  /// with clients reports about that often). `sink` runs on the thread that handles
+  /// requests and must not call back into this ps. What the role runner's metrics read.
+  void report_stats(std::function<void(const Stats&)> sink,
+                    std::chrono::milliseconds every = std::chrono::milliseconds(500)) {
+    stats_sink_ = std::move(sink);
+    stats_every_ = every;
+  }
+
   /// The counters of each embedding table held here, in the model's table order.
   [[nodiscard]] std::vector<TableStats> table_stats() const { return shard_.tables().stats(); }
 
@@ -10551,6 +10621,7 @@ class ParameterServer {
       return reject(reply, e.code(), std::string("Push refused: ") + e.message());
     }
     ledger_.count(r.worker);
+    ++stats_.pushes_taken;
     const auto outcome = update_.take(shard_, pacing_.policy(), r, verdict, step_before, stats_);
     ledger_.answered(r.worker, r.sequence, {outcome.stale_parts, outcome.refused}, r.series);
     if (outcome.refused.empty()) {
@@ -10700,6 +10771,7 @@ class ParameterServer {
 
   void on(Heartbeat& r, const RequestContext& context, Responder& reply) {
     if (!is_sender(r.worker, context, reply, "Heartbeat")) return;
+    report();
     if (context.peer && context.peer->role == Node::Role::kChief) {
       if (r.leaving) {
         liveness_.chief_left();
@@ -10728,8 +10800,18 @@ class ParameterServer {
   }
 
   void on(GetStats&, const RequestContext&, Responder& reply) {
+    report();
     check_heartbeats();
     respond(reply, stats_reply());
+  }
+
+  /// Hands the counters to the sink of `report_stats` when it is due (or `now`).
+  void report(bool now_anyway = false) {
+    if (!stats_sink_) return;
+    const auto now = Clock::now();
+    if (!now_anyway && now - last_report_ < stats_every_) return;
+    last_report_ = now;
+    stats_sink_(stats());
   }
 
   /// A worker held lost was heard from (a heartbeat, a token request): it counts again.
@@ -10739,6 +10821,7 @@ class ParameterServer {
     changing_ = true;  // a throw from the policy leaves its pacer half changed
     pacing_.back(worker);
     liveness_.back(worker, Clock::now());
+    ++stats_.workers_returned;
     changing_ = false;
     log(LogLevel::kInfo, name_ + ": " + Node::worker(worker).name() + " is back; " +
                              describe_wait());
@@ -10808,6 +10891,7 @@ class ParameterServer {
   // ---- Shutdown ------------------------------------------------------------------------------
 
   void on(Shutdown& r, const RequestContext&, Responder& reply) {
+    report(true);  // the figures end where training did
     const std::string ps = name_;
     end_ = r.aborted ? ErrorReply{ErrorCode::kAborted, ps + ": training aborted by the chief: " + r.reason}
                      : ErrorReply{ErrorCode::kOutOfRange,
@@ -10847,6 +10931,9 @@ class ParameterServer {
   StepGate<Pull> pulls_;         ///< pulls waiting for their step
   StepGate<RowPull> row_pulls_;  ///< row pulls waiting for their step
   Stats stats_;
+  std::function<void(const Stats&)> stats_sink_;  ///< report_stats
+  std::chrono::milliseconds stats_every_{500};
+  Clock::time_point last_report_{};
   LimitedLog rejections_;  ///< logs refused requests, a few a second at most
 };
 
@@ -12461,7 +12548,7 @@ static_assert(std::endian::native == std::endian::little,
 namespace pulley::wire {
 
 inline constexpr std::uint32_t kMagic = 0x594C4C50;    ///< "PLLY" in a little-endian dump
-inline constexpr std::uint16_t kVersion = 14;          ///< bumped on any incompatible change
+inline constexpr std::uint16_t kVersion = 15;          ///< bumped on any incompatible change
 inline constexpr std::uint16_t kResponseKind = 0x100;  ///< response kinds start here
 inline constexpr std::uint16_t kHandshakeKind = 0x200;  ///< handshake kinds start here
 inline constexpr std::size_t kHandshakeKinds = 4;       ///< Challenge, Hello, Welcome, Refusal

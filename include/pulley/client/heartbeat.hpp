@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -71,6 +72,20 @@ class HeartbeatSender {
     return lost_;
   }
 
+  /// The counters each ps task answered the last beat with, by task index (nullopt: not
+  /// heard yet); a ps that did not answer this time keeps its earlier ones.
+  [[nodiscard]] std::vector<std::optional<Stats>> stats() const {
+    std::scoped_lock lock(mutex_);
+    return stats_;
+  }
+
+  /// When the last beat that a ps task answered was sent (`stats()` are of that moment);
+  /// the clock's epoch before any was.
+  [[nodiscard]] std::chrono::steady_clock::time_point heard_at() const {
+    std::scoped_lock lock(mutex_);
+    return heard_at_;
+  }
+
   /// Beats that at least one ps task answered.
   [[nodiscard]] std::uint64_t beats() const {
     std::scoped_lock lock(mutex_);
@@ -85,8 +100,15 @@ class HeartbeatSender {
       lock.unlock();
       std::set<std::uint32_t> lost;
       bool chief_lost = false;
-      const bool heard = send_all(leaving, lost, chief_lost);
+      std::vector<std::optional<Stats>> stats;
+      const auto sent = std::chrono::steady_clock::now();
+      const bool heard = send_all(leaving, lost, chief_lost, stats);
       lock.lock();
+      if (heard) heard_at_ = sent;
+      stats_.resize(std::max(stats_.size(), stats.size()));
+      for (std::size_t ps = 0; ps < stats.size(); ++ps) {
+        if (stats[ps]) stats_[ps] = stats[ps];
+      }
       if (heard) {
         lost_.assign(lost.begin(), lost.end());
         ++beats_;
@@ -105,7 +127,8 @@ class HeartbeatSender {
 
   /// One Heartbeat to every ps, answered within an interval or given up; true if any
   /// answered. A ps that is down, or refuses, is simply not heard this time.
-  bool send_all(bool leaving, std::set<std::uint32_t>& lost, bool& chief_lost) noexcept {
+  bool send_all(bool leaving, std::set<std::uint32_t>& lost, bool& chief_lost,
+                std::vector<std::optional<Stats>>& counters) noexcept {
     try {
       std::vector<PendingCall> calls;
       for (std::size_t ps = 0; ps < transport_.num_ps(); ++ps) {
@@ -113,7 +136,9 @@ class HeartbeatSender {
       }
       const auto deadline = std::chrono::steady_clock::now() + interval_;
       bool heard = false;
-      for (PendingCall& call : calls) {
+      counters.resize(calls.size());
+      for (std::size_t ps = 0; ps < calls.size(); ++ps) {
+        PendingCall& call = calls[ps];
         if (!call.wait_until(deadline)) {
           call.cancel();
           continue;
@@ -121,6 +146,7 @@ class HeartbeatSender {
         const Response answer = call.take();
         if (const auto* stats = std::get_if<StatsReply>(&answer)) {
           heard = true;
+          counters[ps] = stats->stats;
           lost.insert(stats->lost.begin(), stats->lost.end());
           chief_lost = chief_lost || stats->chief_lost;
         }
@@ -141,6 +167,8 @@ class HeartbeatSender {
   std::vector<std::uint32_t> lost_;
   bool chief_lost_ = false;
   std::uint64_t beats_ = 0;
+  std::vector<std::optional<Stats>> stats_;
+  std::chrono::steady_clock::time_point heard_at_{};
   std::thread thread_;
 };
 

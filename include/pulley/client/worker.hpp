@@ -28,6 +28,10 @@ struct StepResult {
   std::int64_t local_step = 0;    ///< the step its gradient was computed for
   std::int64_t global_step = 0;   ///< steps completed when its token was taken
   std::uint32_t stale_parts = 0;  ///< part gradients the ps dropped as stale
+  /// Updates of other pushes applied between the parameters its gradient was computed on
+  /// and the pull that ended the step (0 under SyncReplicas with R = N; under Async, how
+  /// many pushes of other workers came in between).
+  std::int64_t staleness = 0;
 };
 
 /// A worker task: pulls parameters into its model, computes gradients on its own batches
@@ -289,11 +293,13 @@ class Worker {
     interrupted_ = result;  // what finish_step completes if the push loses a connection
     interrupted_pull_step_ = token.next_pull_step;
     pushing_ = true;
+    const std::int64_t computed_on = pulled_step_;
     pulled_step_ = -1;  // a pull that fails part way leaves the model mixed: pull again
     const auto done = client_.push_pull(index_, token.local_step, gradients_, all_, token.next_pull_step,
                                         push_rows_, token.refill);
     pulled_step_ = done.pulled_step;
     result.stale_parts = done.stale_parts;
+    result.staleness = std::max<std::int64_t>(0, done.pulled_step - computed_on - 1);
     return result;
   }
 

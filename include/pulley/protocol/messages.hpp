@@ -541,12 +541,22 @@ struct Stats {
   /// Pushes that came again after a lost connection (the same sequence number as one taken
   /// or held): answered as the first, not counted again.
   std::int64_t pushes_repeated = 0;
+  /// Pushes taken to the sync policy (each once, whatever its verdict).
+  std::int64_t pushes_taken = 0;
+  /// Times a worker held lost was heard from again and counted again.
+  std::int64_t workers_returned = 0;
+  /// Time spent applying updates (the optimizer, dense and rows), in microseconds.
+  std::int64_t apply_microseconds = 0;
+  /// Requests held now until the global step moves, token requests and step-gated pulls:
+  /// the ps's queue (a gauge, not a counter).
+  std::int64_t requests_waiting = 0;
 
   template <class Archive>
   void serialize(Archive& archive) {
     archive(global_step, updates_applied, gradients_accepted, stale_gradients_dropped,
             requests_rejected, bytes_pushed, bytes_pulled, updates_refused, workers_lost,
-            table_rows, table_rows_evicted, table_rows_dropped, table_rows_capped, pushes_repeated);
+            table_rows, table_rows_evicted, table_rows_dropped, table_rows_capped, pushes_repeated,
+            pushes_taken, workers_returned, apply_microseconds, requests_waiting);
   }
 };
 

@@ -111,6 +111,9 @@ class Pacing {
   /// A lost `worker` is back: it counts again from the step in progress.
   void back(std::uint32_t worker) { worker_back(sync_, pacer_, worker); }
 
+  /// Token requests waiting for a token.
+  [[nodiscard]] std::size_t waiting() const noexcept { return waiters_.size(); }
+
   /// What the next step waits for, in the policy's words ("" if it does not say).
   [[nodiscard]] std::string waiting_for() const { return pulley::waiting_for(sync_, pacer_); }
   /// The workers the next step waits for (none if the policy does not say).

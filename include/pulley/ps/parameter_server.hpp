@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -137,9 +138,20 @@ class ParameterServer {
   [[nodiscard]] Stats stats() const noexcept {
     Stats s = stats_;
     s.global_step = pacing_.global_step();
+    s.requests_waiting = static_cast<std::int64_t>(pacing_.waiting() + pulls_.size() + row_pulls_.size());
     shard_.tables().count(s);
     return s;
   }
+  /// Hands the counters (`stats()`) to `sink` now and then: when a heartbeat or a GetStats
+  /// comes and `every` has passed since the last time (clients beat every second, so a ps
+  /// with clients reports about that often). `sink` runs on the thread that handles
+  /// requests and must not call back into this ps. What the role runner's metrics read.
+  void report_stats(std::function<void(const Stats&)> sink,
+                    std::chrono::milliseconds every = std::chrono::milliseconds(500)) {
+    stats_sink_ = std::move(sink);
+    stats_every_ = every;
+  }
+
   /// The counters of each embedding table held here, in the model's table order.
   [[nodiscard]] std::vector<TableStats> table_stats() const { return shard_.tables().stats(); }
 
@@ -434,6 +446,7 @@ class ParameterServer {
       return reject(reply, e.code(), std::string("Push refused: ") + e.message());
     }
     ledger_.count(r.worker);
+    ++stats_.pushes_taken;
     const auto outcome = update_.take(shard_, pacing_.policy(), r, verdict, step_before, stats_);
     ledger_.answered(r.worker, r.sequence, {outcome.stale_parts, outcome.refused}, r.series);
     if (outcome.refused.empty()) {
@@ -583,6 +596,7 @@ class ParameterServer {
 
   void on(Heartbeat& r, const RequestContext& context, Responder& reply) {
     if (!is_sender(r.worker, context, reply, "Heartbeat")) return;
+    report();
     if (context.peer && context.peer->role == Node::Role::kChief) {
       if (r.leaving) {
         liveness_.chief_left();
@@ -611,8 +625,18 @@ class ParameterServer {
   }
 
   void on(GetStats&, const RequestContext&, Responder& reply) {
+    report();
     check_heartbeats();
     respond(reply, stats_reply());
+  }
+
+  /// Hands the counters to the sink of `report_stats` when it is due (or `now`).
+  void report(bool now_anyway = false) {
+    if (!stats_sink_) return;
+    const auto now = Clock::now();
+    if (!now_anyway && now - last_report_ < stats_every_) return;
+    last_report_ = now;
+    stats_sink_(stats());
   }
 
   /// A worker held lost was heard from (a heartbeat, a token request): it counts again.
@@ -622,6 +646,7 @@ class ParameterServer {
     changing_ = true;  // a throw from the policy leaves its pacer half changed
     pacing_.back(worker);
     liveness_.back(worker, Clock::now());
+    ++stats_.workers_returned;
     changing_ = false;
     log(LogLevel::kInfo, name_ + ": " + Node::worker(worker).name() + " is back; " +
                              describe_wait());
@@ -691,6 +716,7 @@ class ParameterServer {
   // ---- Shutdown ------------------------------------------------------------------------------
 
   void on(Shutdown& r, const RequestContext&, Responder& reply) {
+    report(true);  // the figures end where training did
     const std::string ps = name_;
     end_ = r.aborted ? ErrorReply{ErrorCode::kAborted, ps + ": training aborted by the chief: " + r.reason}
                      : ErrorReply{ErrorCode::kOutOfRange,
@@ -730,6 +756,9 @@ class ParameterServer {
   StepGate<Pull> pulls_;         ///< pulls waiting for their step
   StepGate<RowPull> row_pulls_;  ///< row pulls waiting for their step
   Stats stats_;
+  std::function<void(const Stats&)> stats_sink_;  ///< report_stats
+  std::chrono::milliseconds stats_every_{500};
+  Clock::time_point last_report_{};
   LimitedLog rejections_;  ///< logs refused requests, a few a second at most
 };
 

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -83,7 +84,7 @@ class Update {
     std::string rolled_back;
     if (verdict == Verdict::kReady) {
       // An update of nothing (its one push refused here) applies nothing.
-      if (std::exchange(accumulated_, 0) > 0) rolled_back = apply(shard, sync, step_before, alone, stats);
+      if (std::exchange(accumulated_, 0) > 0) rolled_back = timed_apply(shard, sync, step_before, alone, stats);
       contributors_.clear();
     }
     if (alone && refused.empty() && !rolled_back.empty()) {
@@ -99,7 +100,7 @@ class Update {
   /// The update in progress needs no more pushes (a worker it waited for was held lost):
   /// applies what it has, at global step `step_before`.
   void complete(Shard<O, P, T>& shard, const P& sync, std::int64_t step_before, Stats& stats) {
-    if (std::exchange(accumulated_, 0) > 0) (void)apply(shard, sync, step_before, /*checked=*/false, stats);
+    if (std::exchange(accumulated_, 0) > 0) (void)timed_apply(shard, sync, step_before, /*checked=*/false, stats);
     contributors_.clear();
   }
 
@@ -110,6 +111,16 @@ class Update {
   }
 
  private:
+  /// `apply`, its time added to `Stats::apply_microseconds`.
+  std::string timed_apply(Shard<O, P, T>& shard, const P& sync, std::int64_t step_before, bool checked,
+                          Stats& stats) {
+    const auto began = std::chrono::steady_clock::now();
+    std::string rolled_back = apply(shard, sync, step_before, checked, stats);
+    stats.apply_microseconds += std::chrono::duration_cast<std::chrono::microseconds>(
+                                    std::chrono::steady_clock::now() - began).count();
+    return rolled_back;
+  }
+
   /// Why applying push `r` alone would make a parameter or a slot non-finite (the
   /// optimizer's `stays_finite`, asked of every part against the state it would be applied
   /// to), or "" when it would not, or when the optimizer cannot tell (`apply` guards those).

@@ -21,6 +21,7 @@
 #include "pulley/concepts/transport.hpp"
 #include "pulley/core/detail/finite.hpp"
 #include "pulley/core/log.hpp"
+#include "pulley/runner/metrics.hpp"
 #include "pulley/runner/schedule.hpp"
 #include "pulley/runner/training.hpp"
 #include "pulley/sharding/ids.hpp"
@@ -146,8 +147,10 @@ template <Model M, Transport T, IdSharding I = HashIds>
 class ChiefLoop {
  public:
   /// @param id_sharding where the ps tasks hold the tables' rows (their Tables policy's)
-  ChiefLoop(const Training<M>& training, Chief<T>& chief, I id_sharding = {})
-      : training_(training), chief_(chief), id_sharding_(std::move(id_sharding)), model_(training.model()) {
+  /// @param metrics     where evaluations report their scores (Evaluation::report); may be null
+  ChiefLoop(const Training<M>& training, Chief<T>& chief, I id_sharding = {}, Metrics* metrics = nullptr)
+      : training_(training), chief_(chief), id_sharding_(std::move(id_sharding)), model_(training.model()),
+        metrics_(metrics) {
     const CheckpointOptions& every = training.checkpoint;
     if (!every.directory.empty()) checkpoints_.emplace(every.directory, every.keep);
   }
@@ -316,6 +319,7 @@ class ChiefLoop {
     evaluation.samples_per_s = static_cast<double>((shot.step - start_step_) * training_.samples_per_step) /
                                std::max(evaluation.seconds, 1e-9);
     if (evaluation.last) evaluation.stats = chief_.stats();
+    if (metrics_ != nullptr) evaluation.report = evaluation_reporter(*metrics_, "chief", shot.step);
     std::vector<CheckpointRows> saved_rows;
     if constexpr (TableModel<M>) {
       if (saved != nullptr && !saved->tables.empty() && !saved->incremental()) {
@@ -345,6 +349,7 @@ class ChiefLoop {
   Chief<T>& chief_;
   [[no_unique_address]] I id_sharding_;
   M model_;
+  Metrics* metrics_;
   std::optional<CheckpointDirectory> checkpoints_;
   /// Where a lost ps rolls the job back to without a checkpoint directory: the initial values.
   std::optional<ModelState> initial_;
@@ -360,14 +365,19 @@ class ChiefLoop {
 
 /// The chief task: runs the ChiefLoop, then ends training (or aborts it, with the reason,
 /// when anything fails: every task then hears why). It beats its heart on a transport of
-/// its own (`connect()` makes each), so that the ps tasks notice when it is lost.
+/// its own (`connect()` makes each), so that the ps tasks notice when it is lost; what the
+/// beats bring back feeds its progress line and its figures in `metrics` (ChiefProgress).
 template <Model M, class Connect, IdSharding I = HashIds>
-void lead(const Training<M>& training, Connect connect, I id_sharding = {}) {
+void lead(const Training<M>& training, Connect connect, I id_sharding = {}, Metrics* metrics = nullptr) {
   using T = decltype(connect());
   HeartbeatSender heartbeat(0, connect(), training.client.heartbeat_interval, "chief");
   Chief chief(connect(), training.seed, training.client);
+  ChiefProgress progress([&heartbeat] { return ChiefProgress::Beat{heartbeat.stats(), heartbeat.heard_at()}; },
+                         metrics, training.metrics,
+                         training.last_step, training.samples_per_step, training.steps_per_epoch);
   try {
-    ChiefLoop<M, T, I>(training, chief, std::move(id_sharding)).run();
+    ChiefLoop<M, T, I>(training, chief, std::move(id_sharding), metrics).run();
+    progress.reached(training.last_step);
     chief.shutdown();
     log(LogLevel::kInfo, "chief: training finished at global step " + std::to_string(training.last_step) +
                              "; the ps tasks are shut down");

@@ -9,6 +9,7 @@
 #include "pulley/client/options.hpp"
 #include "pulley/cluster/slurm.hpp"
 #include "pulley/runner/job.hpp"
+#include "pulley/runner/metrics.hpp"
 #include "pulley/runner/run.hpp"
 #include "pulley/transport/tcp_options.hpp"
 
@@ -106,6 +107,38 @@ inline void add_checkpoint_flags(CLI::App& app, CheckpointOptions& options) {
                  "every K-th checkpoint holds every row of the tables; those between only the rows "
                  "changed since the one before (1: every checkpoint is full)")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20))
+      ->group(group);
+}
+
+/// Adds the flags of what a running job reports (MetricsOptions), in a "Metrics" group:
+///   --metrics-file PATH  --metrics-port PORT  --metrics-bind ADDRESS  --metrics-interval-ms MS
+///   --progress-secs S
+inline void add_metrics_flags(CLI::App& app, MetricsOptions& options) {
+  const std::string group = "Metrics";
+  app.add_option("--metrics-file", options.file,
+                 "append every task's figures here as JSON lines, each interval (\"{task}\" in the "
+                 "path becomes the task, e.g. worker-0)")
+      ->group(group);
+  app.add_option_function<std::uint32_t>(
+         "--metrics-port", [&options](std::uint32_t port) { options.port = static_cast<std::uint16_t>(port); },
+         "serve the figures in Prometheus' format at http://ADDRESS:PORT/metrics (in a "
+                 "cluster, task i at PORT + i: ps tasks, chief, workers, evaluators; 0: any port)")
+      ->check(CLI::Range(0U, 65535U))
+      ->group(group);
+  app.add_option("--metrics-bind", options.bind,
+                 "the address --metrics-port listens on (default 127.0.0.1; 0.0.0.0: every interface)")
+      ->group(group);
+  app.add_option_function<std::int64_t>(
+         "--metrics-interval-ms",
+         [&options](std::int64_t ms) { options.interval = std::chrono::milliseconds(ms); },
+         "how often the figures are taken (default 5000)")
+      ->check(CLI::Range(std::int64_t{10}, std::int64_t{1} << 40))
+      ->group(group);
+  app.add_option_function<std::int64_t>(
+         "--progress-secs",
+         [&options](std::int64_t secs) { options.progress = std::chrono::seconds(secs); },
+         "how often the chief prints its progress line (0: never; default 10)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 30))
       ->group(group);
 }
 

@@ -25,6 +25,7 @@
 #include "pulley/ps/parameter_server.hpp"
 #include "pulley/runner/chief_loop.hpp"
 #include "pulley/runner/job.hpp"
+#include "pulley/runner/metrics.hpp"
 #include "pulley/runner/tasks.hpp"
 #include "pulley/runner/training.hpp"
 #include "pulley/sharding/ids.hpp"
@@ -91,11 +92,16 @@ void run_in_process(const Job& job, const Training<M>& training, S sharding, O o
                 "--ps-replicas keeps each ps's shard on another ps process: it needs a cluster of "
                 "processes (TF_CONFIG, --ps-hosts/--worker-hosts or Slurm), not one process");
   }
+  MetricsReporter reporter(training.metrics, "in-process");
+  Metrics* metrics = reporter.enabled() ? &reporter.metrics() : nullptr;
   InProcessNetwork network(job.local_ps);
   for (std::uint32_t i = 0; i < job.local_ps; ++i) {
     ParameterServer<S, O, P, T> ps(i, job.local_ps, optimizer, sync, sharding, tables);
     ps.set_worker_timeout(training.worker_timeout);
     ps.set_chief_wait(training.client.recovery_timeout);
+    if (metrics != nullptr) {
+      ps.report_stats([metrics, name = Node::ps(i).name()](const Stats& s) { record_stats(*metrics, name, s); });
+    }
     network.serve(std::move(ps));
   }
   Failure failure;
@@ -109,14 +115,14 @@ void run_in_process(const Job& job, const Training<M>& training, S sharding, O o
     workers.emplace_back([&, w] {
       try {
         work(training, w, job.local_workers, [&] { return InProcess(network, Node::worker(w)); },
-             id_sharding);
+             id_sharding, metrics);
       } catch (const std::exception& e) {
         fail("worker " + std::to_string(w), e);
       }
     });
   }
   try {
-    lead(training, [&] { return InProcess(network, Node::chief()); }, id_sharding);
+    lead(training, [&] { return InProcess(network, Node::chief()); }, id_sharding, metrics);
   } catch (const std::exception& e) {
     fail("chief", e);
   }
@@ -137,26 +143,30 @@ void run_task(const TfConfig& config, const Credentials& credentials, const Trai
   const auto num_workers = static_cast<std::uint32_t>(config.cluster.tasks("worker").size());
   const TcpOptions tcp = with(training.tcp, credentials);
   auto transport = [&](Node self) { return Tcp(self, ps, tcp); };
+  const auto count = [&](std::string_view role) { return static_cast<std::uint32_t>(config.cluster.tasks(role).size()); };
+  MetricsReporter reporter(training.metrics, type + "-" + std::to_string(config.task.index),
+                           metrics_port_offset(type, config.task.index, count("ps"), count("chief"), num_workers));
+  Metrics* metrics = reporter.enabled() ? &reporter.metrics() : nullptr;
   if (type == "ps") {
     serve(training, config, credentials, std::move(sharding), std::move(optimizer),
-          std::move(sync), std::move(tables));
+          std::move(sync), std::move(tables), metrics);
   } else if (type == "chief") {
-    lead(training, [&] { return transport(Node::chief()); }, id_sharding);
+    lead(training, [&] { return transport(Node::chief()); }, id_sharding, metrics);
   } else if (type == "evaluator") {
     follow(training, [&] { return transport(Node{Node::Role::kEvaluator, config.task.index}); },
-           id_sharding);
+           id_sharding, metrics);
   } else if (type == "worker" && config.task.index == 0 && !config.cluster.roles.contains("chief")) {
     // No chief task: worker 0 is also the chief (TensorFlow's convention), on a thread.
     std::exception_ptr chief_failure;
     std::thread chief([&] {
       try {
-        lead(training, [&] { return transport(Node::chief()); }, id_sharding);
+        lead(training, [&] { return transport(Node::chief()); }, id_sharding, metrics);
       } catch (...) {
         chief_failure = std::current_exception();
       }
     });
     try {
-      work(training, 0, num_workers, [&] { return transport(Node::worker(0)); }, id_sharding);
+      work(training, 0, num_workers, [&] { return transport(Node::worker(0)); }, id_sharding, metrics);
     } catch (const std::exception& e) {
       // The chief thread may be waiting for steps this worker will not push: end the job.
       try {
@@ -172,7 +182,7 @@ void run_task(const TfConfig& config, const Credentials& credentials, const Trai
     if (chief_failure) std::rethrow_exception(chief_failure);
   } else {
     work(training, config.task.index, num_workers,
-         [&] { return transport(Node::worker(config.task.index)); }, id_sharding);
+         [&] { return transport(Node::worker(config.task.index)); }, id_sharding, metrics);
   }
 }
 

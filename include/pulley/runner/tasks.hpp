@@ -31,6 +31,7 @@
 #include "pulley/ps/parameter_server.hpp"
 #include "pulley/ps/shard_copies.hpp"
 #include "pulley/runner/chief_loop.hpp"
+#include "pulley/runner/metrics.hpp"
 #include "pulley/runner/schedule.hpp"
 #include "pulley/runner/training.hpp"
 #include "pulley/sharding/ids.hpp"
@@ -44,10 +45,12 @@ namespace pulley {
 namespace runner_detail {
 
 /// A worker: steps until training is over, beating its heart on a transport of its own
-/// (`connect()` makes each); its rows go where `id_sharding` (the ps tasks') puts them.
+/// (`connect()` makes each); its rows go where `id_sharding` (the ps tasks') puts them. Each
+/// step is recorded in `metrics` (if any) as "worker:<index>": the global step, steps,
+/// the loss and the staleness (means over the interval), stale gradients.
 template <Model M, class Connect, IdSharding I = HashIds>
 void work(const Training<M>& training, std::uint32_t index, std::uint32_t num_workers,
-          Connect connect, I id_sharding = {}) {
+          Connect connect, I id_sharding = {}, Metrics* metrics = nullptr) {
   HeartbeatSender heartbeat(index, connect(), training.client.heartbeat_interval);
   Worker worker(index, training.model(), connect(), training.client, std::move(id_sharding));
   std::int64_t start_step = 0;
@@ -69,8 +72,17 @@ void work(const Training<M>& training, std::uint32_t index, std::uint32_t num_wo
     return read_batch;
   };
   std::int64_t steps = 0;
+  const std::string task = Node::worker(index).name();
   do {  // after the last step, the chief ends training: until it does, the job may go back
-    while (worker.step(read, training.last_step)) ++steps;
+    while (const std::optional<StepResult> step = worker.step(read, training.last_step)) {
+      ++steps;
+      if (metrics == nullptr) continue;
+      metrics->set(task, "global_step", static_cast<double>(step->global_step));
+      metrics->add(task, "steps", 1, MetricKind::kRate);
+      metrics->observe(task, "loss", step->loss);
+      metrics->observe(task, "staleness", static_cast<double>(step->staleness));
+      metrics->add(task, "stale_gradients", step->stale_parts);
+    }
   } while (!worker.wait_for_end());
   log(LogLevel::kInfo, "worker " + std::to_string(index) + ": training finished after " +
                            std::to_string(steps) + " steps here (last global step seen: " +
@@ -93,7 +105,7 @@ inline constexpr std::chrono::milliseconds kCheckpointPoll{250};
 /// no new checkpoint appears for `ClientOptions::wait_timeout` before then (the chief
 /// failed, or writes too seldom).
 template <Model M>
-void follow_checkpoints(const Training<M>& training) {
+void follow_checkpoints(const Training<M>& training, Metrics* metrics = nullptr) {
   const std::filesystem::path root = training.checkpoint.directory;
   M model = training.model();
   std::int64_t seen = -1;  // the newest step looked at (scored or skipped)
@@ -119,6 +131,7 @@ void follow_checkpoints(const Training<M>& training) {
       evaluation.step = state.global_step;
       evaluation.consistent = true;
       evaluation.last = state.global_step >= training.last_step;
+      if (metrics != nullptr) evaluation.report = evaluation_reporter(*metrics, "evaluator", state.global_step);
       const std::vector<CheckpointRows> tables = checkpoint_rows(state);
       if (!tables.empty()) {
         evaluation.rows = [&tables](std::size_t t, std::span<const std::uint64_t> ids, std::span<float> out) {
@@ -154,9 +167,9 @@ void follow_checkpoints(const Training<M>& training) {
 /// a transport `connect()` makes, until training is over; a table model's rows are then
 /// read from the ps tasks (where `id_sharding` puts them) as they are when read.
 template <Model M, class Connect, IdSharding I = HashIds>
-void follow(const Training<M>& training, Connect connect, I id_sharding = {}) {
+void follow(const Training<M>& training, Connect connect, I id_sharding = {}, Metrics* metrics = nullptr) {
   if (!training.checkpoint.directory.empty()) {
-    follow_checkpoints(training);
+    follow_checkpoints(training, metrics);
     return;
   }
   Evaluator evaluator(connect(), training.client);
@@ -184,6 +197,7 @@ void follow(const Training<M>& training, Connect connect, I id_sharding = {}) {
       evaluation.step = shot.step;
       evaluation.consistent = shot.consistent;
       evaluation.last = step == steps.back();
+      if (metrics != nullptr) evaluation.report = evaluation_reporter(*metrics, "evaluator", shot.step);
       if constexpr (TableModel<M>) {
         evaluation.rows = [&](std::size_t t, std::span<const std::uint64_t> ids, std::span<float> out) {
           const std::vector<float> rows = evaluator.read_rows(model.tables()[t].name, ids, id_sharding);
@@ -234,7 +248,7 @@ inline std::map<Node::Role, std::uint32_t> job_tasks(const ClusterSpec& cluster)
 /// A ps task of a cluster of processes, until the chief shuts it down.
 template <Model M, Sharding S, Optimizer O, SyncPolicy P, TablesOrNone T>
 void serve(const Training<M>& training, const TfConfig& config, const Credentials& credentials,
-           S sharding, O optimizer, P sync, T tables) {
+           S sharding, O optimizer, P sync, T tables, Metrics* metrics = nullptr) {
   const auto& hosts = config.cluster.tasks("ps");
   const std::uint32_t task = config.task.index;
   const Address address = parse_address(hosts.at(task));
@@ -262,15 +276,21 @@ void serve(const Training<M>& training, const TfConfig& config, const Credential
   };
   std::optional<ErrorReply> end;
   bool orphaned = false;
+  auto reported = [&](ParameterServer<S, O, P, T> ps) {
+    if (metrics != nullptr) {
+      ps.report_stats([metrics, name = Node::ps(task).name()](const Stats& s) { record_stats(*metrics, name, s); });
+    }
+    return ps;
+  };
   if (training.tcp.replicas == 0) {
-    std::tie(end, orphaned) = run(make(task), "its shard");
+    std::tie(end, orphaned) = run(reported(make(task)), "its shard");
   } else {
     if (num_ps < 2) {
       throw Error(ErrorCode::kInvalidArgument, "--ps-replicas 1 keeps each ps's shard on another ps: it needs at "
                                                "least 2 ps tasks, the cluster has " + std::to_string(num_ps));
     }
     const std::uint32_t before = (task + num_ps - 1) % num_ps;
-    std::tie(end, orphaned) = run(ShardCopies(make(task), make(before)),
+    std::tie(end, orphaned) = run(ShardCopies(reported(make(task)), make(before)),
                                   "its shard and a copy of ps " + std::to_string(before) + "'s");
   }
   if (!end && orphaned) {

@@ -8,6 +8,7 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "pulley/concepts/model.hpp"
 #include "pulley/core/node.hpp"
 #include "pulley/protocol/messages.hpp"
+#include "pulley/runner/metrics.hpp"
 #include "pulley/transport/tcp_options.hpp"
 
 namespace pulley {
@@ -35,6 +37,11 @@ struct Evaluation {
   /// as they are when read (the chief; an evaluator on live snapshots). Valid during the
   /// `evaluate` call only; empty for a model without tables.
   std::function<void(std::size_t table, std::span<const std::uint64_t> ids, std::span<float> out)> rows;
+  /// Records a score of this evaluation (`report("test_accuracy", 0.88)`) in the task's
+  /// metrics (`Training::metrics`: the JSON lines and the Prometheus port), beside the
+  /// step it was made at (`evaluation_step`). A name is [a-zA-Z_][a-zA-Z0-9_]*. Does
+  /// nothing when the job reports no metrics. Valid during the `evaluate` call only.
+  std::function<void(std::string_view name, double value)> report = [](std::string_view, double) {};
 };
 
 /// Which of a job's data a worker reads, and from where. A source reads by `batch()` when
@@ -129,6 +136,10 @@ struct Training {
   std::function<void(M& model, const Evaluation& evaluation)> evaluate;
   /// Examples per global step, for samples/s (batch × batches aggregated into a step).
   std::int64_t samples_per_step = 0;
+  /// Global steps an epoch has, for the chief's progress line (0: it shows no epoch).
+  std::int64_t steps_per_epoch = 0;
+  /// Where every task reports its figures, and how often the chief prints its progress.
+  MetricsOptions metrics;
   /// The chief initializes the variables from it.
   std::uint64_t seed = 1;
   ClientOptions client;     ///< every client's deadlines
