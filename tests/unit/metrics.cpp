@@ -4,6 +4,7 @@
 // the reporter's file, and the chief's progress line.
 #include "pulley/core/metrics.hpp"
 #include "pulley/runner/metrics.hpp"
+#include "support/log_capture.hpp"
 
 #include <doctest/doctest.h>
 
@@ -52,23 +53,57 @@ std::string http(std::uint16_t port, const std::string& request) {
 
 }  // namespace
 
-TEST_CASE("a counter reports its total and, as a rate, its growth per second over the interval") {
-  Metrics m;
+/// A clock the test moves by hand.
+struct FakeClock {
+  Metrics::Clock::time_point now{};
+  void advance(double seconds) {
+    now += std::chrono::duration_cast<Metrics::Clock::duration>(std::chrono::duration<double>(seconds));
+  }
+};
+
+TEST_CASE("a counter reports its total and, as a rate, its growth per second between samples") {
+  FakeClock clock;
+  Metrics m([&clock] { return clock.now; });
   m.add("worker:0", "steps", 10, MetricKind::kRate);
-  m.close_interval(2.0);
+  clock.advance(2.0);
+  m.add("worker:0", "steps", 10, MetricKind::kRate);
+  m.close_interval();
+  CHECK(m.value("worker:0", "steps_per_s") == doctest::Approx(20.0 / 2.0));  // since the figure appeared
+  clock.advance(4.0);
   m.add("worker:0", "steps", 30, MetricKind::kRate);
   m.count("ps:0", "workers_lost", 3);
-  m.close_interval(4.0);
+  m.close_interval();
   const auto lines = parse_lines(m.json_lines(1700000000.25));
   REQUIRE(lines.size() == 2);
   CHECK(lines[0]["task"] == "ps:0");
   CHECK(lines[0]["workers_lost"] == 3);
   CHECK_FALSE(lines[0].contains("workers_lost_per_s"));  // a plain counter has no rate
   CHECK(lines[1]["task"] == "worker:0");
-  CHECK(lines[1]["steps"] == 40);
+  CHECK(lines[1]["steps"] == 50);
   CHECK(lines[1]["steps_per_s"].get<double>() == doctest::Approx(30.0 / 4.0));
   CHECK(lines[1]["time"].get<double>() == doctest::Approx(1700000000.25));
-  CHECK(m.intervals() == 2);
+  clock.advance(1.0);
+  m.close_interval();  // nothing added: nothing done
+  CHECK(m.value("worker:0", "steps_per_s") == 0.0);
+  CHECK(m.intervals() == 3);
+}
+
+TEST_CASE("a count kept elsewhere is rated between its samples, from its first, and keeps its rate between them") {
+  FakeClock clock;
+  Metrics m([&clock] { return clock.now; });
+  m.count("ps:0", "pushes_taken", 1000, MetricKind::kRate);  // the ps ran before it was watched
+  clock.advance(0.3);
+  m.close_interval();
+  CHECK(m.value("ps:0", "pushes_taken_per_s") == 0.0);  // one sample: no rate yet, not 1000/0.3
+  clock.advance(0.7);
+  m.count("ps:0", "pushes_taken", 1100, MetricKind::kRate);  // a heartbeat a second later
+  clock.advance(0.1);
+  m.close_interval();
+  CHECK(m.value("ps:0", "pushes_taken_per_s") == doctest::Approx(100.0));
+  clock.advance(0.3);
+  m.close_interval();  // no heartbeat in this interval: the rate stands
+  CHECK(m.value("ps:0", "pushes_taken_per_s") == doctest::Approx(100.0));
+  CHECK(m.value("ps:0", "pushes_taken") == 1100);
 }
 
 TEST_CASE("a mean is the average of the interval's values, and keeps the last one through an empty interval") {
@@ -77,21 +112,32 @@ TEST_CASE("a mean is the average of the interval's values, and keeps the last on
   m.observe("worker:0", "loss", 1.0);
   m.observe("worker:0", "loss", 3.0);
   CHECK(std::isnan(m.value("worker:0", "loss")));  // nothing closed yet
-  m.close_interval(1.0);
+  m.close_interval();
   CHECK(m.value("worker:0", "loss") == 2.0);
-  m.close_interval(1.0);
+  m.close_interval();
   CHECK(m.value("worker:0", "loss") == 2.0);
   m.observe("worker:0", "loss", 0.5);
-  m.close_interval(1.0);
+  m.close_interval();
   CHECK(m.value("worker:0", "loss") == 0.5);
   m.set("worker:0", "global_step", 7);
   CHECK(m.value("worker:0", "global_step") == 7);
 }
 
-TEST_CASE("a figure keeps its kind, and a name must be a Prometheus name") {
+TEST_CASE("a name keeps its kind in the whole process, must be a Prometheus name, and leaves rates their names") {
   Metrics m;
   m.set("chief", "global_step", 1);
   CHECK_THROWS_WITH_AS(m.add("chief", "global_step", 1), doctest::Contains("another kind"), Error);
+  CHECK_THROWS_WITH_AS(m.add("worker:0", "global_step", 1), doctest::Contains("another kind"), Error);
+  m.add("worker:0", "steps", 1, MetricKind::kRate);
+  CHECK_THROWS_WITH_AS(m.set("chief", "steps_per_s", 1), doctest::Contains("is the rate of the counter 'steps'"),
+                       Error);
+  m.set("chief", "pulls_per_s", 1);
+  CHECK_THROWS_WITH_AS(m.add("worker:0", "pulls", 1, MetricKind::kRate), doctest::Contains("would have a rate"),
+                       Error);
+  CHECK_THROWS_AS(m.set("chief", "time", 1), Error);
+  CHECK_THROWS_AS(m.set("chief", "task", 1), Error);
+  CHECK_THROWS_AS(m.set("chief", std::vector<std::pair<std::string, double>>{{"ok", 1}, {"not ok", 2}}), Error);
+  CHECK(std::isnan(m.value("chief", "ok")));  // all or nothing
   CHECK_THROWS_WITH_AS(m.set("chief", "test accuracy", 1), doctest::Contains("is not [a-zA-Z_]"), Error);
   CHECK_THROWS_AS(m.set("chief", "9lives", 1), Error);
   CHECK_THROWS_AS(m.set("chief", "", 1), Error);
@@ -112,20 +158,28 @@ TEST_CASE("JSON lines: values that are not finite are null, and task names are e
 }
 
 TEST_CASE("Prometheus text: a TYPE line per figure, one sample per task, rates as gauges") {
-  Metrics m;
+  FakeClock clock;
+  Metrics m2([&clock] { return clock.now; });
+  Metrics& m = m2;
+  m.add("worker:0", "steps", 0, MetricKind::kRate);
+  m.add("worker:1", "steps", 0, MetricKind::kRate);
+  clock.advance(1.0);
   m.add("worker:0", "steps", 5, MetricKind::kRate);
   m.add("worker:1", "steps", 7, MetricKind::kRate);
   m.set("chief", "test_accuracy", 0.875);
   m.set("ps:0", "queue_length", std::nan(""));
-  m.close_interval(1.0);
+  m.set("a\\b\"c\nd\x01", "bytes_in", 12345678901234.0);  // a task name to escape; a large count exactly
+  m.close_interval();
   const std::string text = m.prometheus();
   CHECK(text.find("# TYPE pulley_steps counter\npulley_steps{task=\"worker:0\"} 5\npulley_steps{task=\"worker:1\"} 7\n") !=
         std::string::npos);
   CHECK(text.find("# TYPE pulley_steps_per_s gauge\npulley_steps_per_s{task=\"worker:0\"} 5\n") != std::string::npos);
   CHECK(text.find("# TYPE pulley_test_accuracy gauge\npulley_test_accuracy{task=\"chief\"} 0.875\n") != std::string::npos);
   CHECK(text.find("pulley_queue_length{task=\"ps:0\"} NaN\n") != std::string::npos);
+  // Only '\\', '"' and newline are escaped in a label value.
+  CHECK(text.find("pulley_bytes_in{task=\"a\\\\b\\\"c\\nd\x01\"} 12345678901234\n") != std::string::npos);
   // Every line is a comment or a sample Prometheus' parser reads.
-  const std::regex sample(R"(pulley_[a-zA-Z_][a-zA-Z0-9_]*\{task="[^"]*"\} (NaN|[+-]Inf|-?[0-9.e+-]+))");
+  const std::regex sample(R"(pulley_[a-zA-Z_][a-zA-Z0-9_]*\{task="([^"\\\n]|\\.)*"\} (NaN|[+-]Inf|-?[0-9.e+-]+))");
   std::istringstream in(text);
   std::size_t samples = 0;
   for (std::string line; std::getline(in, line);) {
@@ -134,7 +188,7 @@ TEST_CASE("Prometheus text: a TYPE line per figure, one sample per task, rates a
     CHECK(std::regex_match(line, sample));
     ++samples;
   }
-  CHECK(samples == 6);
+  CHECK(samples == 7);
 }
 
 TEST_CASE("the endpoint answers GET /metrics with the figures, and refuses other paths and methods") {
@@ -151,7 +205,9 @@ TEST_CASE("the endpoint answers GET /metrics with the figures, and refuses other
   CHECK(ok.find("Content-Length: " + std::to_string(body.size()) + "\r\n") != std::string::npos);
   CHECK(ok.ends_with("\r\n\r\n" + body));
   CHECK(http(endpoint.port(), "GET /other HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404 "));
-  CHECK(http(endpoint.port(), "POST /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 405 "));
+  const std::string post = http(endpoint.port(), "POST /metrics HTTP/1.1\r\n\r\n");
+  CHECK(post.starts_with("HTTP/1.1 405 "));
+  CHECK(post.find("\r\nAllow: GET, HEAD\r\n") != std::string::npos);
   const std::string head = http(endpoint.port(), "HEAD /metrics HTTP/1.1\r\n\r\n");
   CHECK(head.ends_with("\r\n\r\n"));  // the headers, no body
   CHECK(calls == 2);
@@ -209,7 +265,7 @@ TEST_CASE("the reporter serves the figures on its port, each task of a cluster o
   stats.global_step = 9;
   stats.pushes_taken = 18;
   record_stats(reporter.metrics(), "ps:0", stats);
-  reporter.metrics().close_interval(1.0);
+  reporter.metrics().close_interval();
   const std::string text = http(reporter.port(), "GET /metrics HTTP/1.1\r\n\r\n");
   CHECK(text.find("pulley_global_step{task=\"ps:0\"} 9\n") != std::string::npos);
   CHECK(text.find("pulley_pushes_taken{task=\"ps:0\"} 18\n") != std::string::npos);
@@ -263,4 +319,50 @@ TEST_CASE("the chief's figures come from its heartbeats: the slowest ps's step, 
   CHECK(metrics.value("chief", "examples") == 40 * 64);
   progress.reached(1000);  // the chief saw the last step; the beats have not yet
   CHECK(wait_for(1000) == 1000);
+}
+
+TEST_CASE("an evaluation's scores are recorded with its step once evaluate returns, and a bad score never throws") {
+  pulley::testing::LogCapture log;
+  Metrics metrics;
+  metrics.count("chief", "examples", 100);
+  {
+    EvaluationScores scores(&metrics, "chief", 468);
+    const auto report = scores.reporter();
+    report("test_accuracy", 0.85);
+    CHECK(std::isnan(metrics.value("chief", "test_accuracy")));  // not before evaluate returned
+    CHECK_NOTHROW(report("accuracy@5", 0.9));  // not a name: left out
+    CHECK_NOTHROW(report("examples", 1.0));    // the chief's counter: left out at commit
+    scores.commit();
+  }
+  CHECK(metrics.value("chief", "test_accuracy") == 0.85);
+  CHECK(metrics.value("chief", "evaluation_step") == 468);
+  CHECK(metrics.value("chief", "examples") == 100);
+  CHECK(log.find(LogLevel::kWarning, "the score 'accuracy@5' is left out").size() == 1);
+  CHECK(log.find(LogLevel::kWarning, "the score 'examples' is left out").size() == 1);
+  // Without metrics the names are checked all the same (one warning per name and process).
+  EvaluationScores nowhere(nullptr, "evaluator", 10);
+  nowhere.reporter()("bad name", 1.0);
+  nowhere.commit();
+  CHECK(log.find(LogLevel::kWarning, "the score 'bad name' is left out").size() == 1);
+}
+
+TEST_CASE("the endpoint serves 16 clients at once, and the next once one of them leaves") {
+  MetricsEndpoint endpoint("127.0.0.1", 0, [] { return std::string("x 1\n"); });
+  asio::io_context io;
+  std::vector<asio::ip::tcp::socket> idle;
+  for (int i = 0; i < 16; ++i) {
+    idle.emplace_back(io);
+    idle.back().connect({asio::ip::make_address("127.0.0.1"), endpoint.port()});
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // all 16 taken in
+  asio::ip::tcp::socket next(io);
+  next.connect({asio::ip::make_address("127.0.0.1"), endpoint.port()});
+  asio::write(next, asio::buffer(std::string("GET /metrics HTTP/1.1\r\n\r\n")));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  CHECK(next.available() == 0);  // not served while 16 wait
+  idle.front().close();
+  std::string answer;
+  asio::error_code error;
+  for (char buffer[1024]; !error;) answer.append(buffer, next.read_some(asio::buffer(buffer), error));
+  CHECK(answer.starts_with("HTTP/1.1 200 OK"));
 }

@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -68,7 +69,7 @@ TEST_CASE("on several hosts the ranks fill them in mpirun's order, and the port 
   const Env env = ranks(3, 6, 3);
   const TfConfig config = mpi_config(SlurmRoles{{"ps", 2}, {"worker", 3}, {"chief", 1}}, std::nullopt,
                                      {"node-a", "node-b"}, reader(env));
-  const std::uint32_t base = derived_slurm_port_base(1640169473, 3);
+  const std::uint32_t base = derived_slurm_port_base(mpi_port_key(1640169473), 3);
   const auto at = [&](const char* host, std::uint32_t i) { return std::string(host) + ":" + std::to_string(base + i); };
   CHECK(config.cluster.tasks("ps") == std::vector<std::string>{at("node-a", 0), at("node-a", 1)});
   CHECK(config.cluster.tasks("worker") == std::vector<std::string>{at("node-a", 2), at("node-b", 0), at("node-b", 1)});
@@ -77,6 +78,13 @@ TEST_CASE("on several hosts the ranks fill them in mpirun's order, and the port 
   CHECK(config.task.index == 1);
   CHECK(base >= kSlurmPortRangeBegin);
   CHECK(base + 2 < kSlurmPortRangeEnd);
+  // Job ids of successive mpirun invocations differ in their family (the high 16 bits):
+  // their bases spread over the range as Slurm's job ids do.
+  std::set<std::uint32_t> bases;
+  for (std::uint64_t family = 25000; family < 25400; ++family) {
+    bases.insert(derived_slurm_port_base(mpi_port_key(family << 16U | 1U), 2));
+  }
+  CHECK(bases.size() == 400);
 }
 
 TEST_CASE("a launch pulley cannot place is refused, naming the problem") {
@@ -98,4 +106,22 @@ TEST_CASE("a launch pulley cannot place is refused, naming the problem") {
   CHECK(error_of(kRoles, {}, ranks(0, 5, 5), 65533).find("MPI: port base 65533 with 5 task(s) on a node") !=
         std::string::npos);
   CHECK(error_of(SlurmRoles{{"worker", 5}}, {}, ranks(0, 5, 5)).find("MPI: ") != std::string::npos);
+  Env no_job = ranks(0, 5, 5);
+  no_job.erase("OMPI_MCA_ess_base_jobid");
+  CHECK(error_of(kRoles, {}, no_job, std::nullopt).find("give --mpi-port-base") != std::string::npos);
+  CHECK_NOTHROW(mpi_config(kRoles, 21000, {}, reader(no_job)));  // a base given needs no job id
+}
+
+TEST_CASE("a rank on a host --mpi-hosts names for another place is refused: the list is not in mpirun's order") {
+  const Env env = ranks(0, 6, 3);  // rank 0: the first host's
+  const SlurmRoles six{{"ps", 2}, {"worker", 4}};
+  try {
+    (void)mpi_config(six, 21000, {"node-a", "node-b"}, reader(env), "node-b");
+    FAIL("no error thrown");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find("runs on \"node-b\", but filling the hosts in --mpi-hosts order puts it on "
+                                     "\"node-a\"") != std::string::npos);
+  }
+  CHECK_NOTHROW(mpi_config(six, 21000, {"node-a", "node-b"}, reader(env), "node-a"));
+  CHECK_NOTHROW(mpi_config(six, 21000, {"10.0.0.1", "10.0.0.2"}, reader(env), "node-a"));  // not comparable
 }

@@ -286,6 +286,32 @@ TEST_CASE("async: W workers x K pushes of ones end at exactly W*K*(-lr)") {
   chief.shutdown();
 }
 
+TEST_CASE("a step's staleness counts the other pushes applied between its pull and the pull that ends it") {
+  Cluster<FixedShards, Sgd, Async> cluster(2, Sgd{0.25F}, Async{}, FixedShards{2});
+  Chief chief(cluster.endpoint(Node::chief()), kSeed);
+  chief.initialize(Ones{}.variables());
+  // Async, two workers stepping in turn from one thread: after each one's first step, every
+  // gradient was computed on parameters one push older than its own push found.
+  Worker first(0, Ones{}, cluster.endpoint(Node::worker(0)));
+  Worker second(1, Ones{}, cluster.endpoint(Node::worker(1)));
+  first.wait_ready();
+  second.wait_ready();
+  std::vector<std::int64_t> seen;
+  for (int k = 0; k < 5; ++k) {
+    for (Worker<Ones, InProcess>* worker : {&first, &second}) {
+      const auto result = worker->step(Ones::Batch{});
+      REQUIRE(result.has_value());
+      seen.push_back(result->staleness);
+    }
+  }
+  // The first worker's first step saw nothing in between; the second's first step pulled
+  // fresh parameters; every later step saw the other worker's push.
+  CHECK(seen == std::vector<std::int64_t>{0, 0, 1, 1, 1, 1, 1, 1, 1, 1});
+  // One worker alone: nothing comes in between.
+  for (int k = 0; k < 3; ++k) CHECK(first.step(Ones::Batch{})->staleness == (k == 0 ? 1 : 0));
+  chief.shutdown();
+}
+
 TEST_CASE("bounded staleness: no worker ever runs more than s clocks ahead of the slowest") {
   constexpr std::int64_t kStaleness = 2;
   constexpr std::int64_t kSteps = 60;

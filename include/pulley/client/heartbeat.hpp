@@ -20,6 +20,15 @@
 
 namespace pulley {
 
+/// What the heartbeats of a HeartbeatSender brought back.
+struct HeartbeatReplies {
+  /// The counters each ps task answered with, by task index (nullopt: not heard yet); a ps
+  /// that did not answer the last beat keeps its earlier ones.
+  std::vector<std::optional<Stats>> stats;
+  /// When the last beat that a ps task answered was sent (the clock's epoch before any was).
+  std::chrono::steady_clock::time_point at;
+};
+
 /// A worker's heartbeats (or the chief's: the ps tasks then wait for a lost chief to come
 /// back, and end training as aborted when none does): while it lives, a thread of its own sends `Heartbeat` to every ps
 /// task every `interval`, over a transport of its own (so a worker blocked on a token or
@@ -72,18 +81,11 @@ class HeartbeatSender {
     return lost_;
   }
 
-  /// The counters each ps task answered the last beat with, by task index (nullopt: not
-  /// heard yet); a ps that did not answer this time keeps its earlier ones.
-  [[nodiscard]] std::vector<std::optional<Stats>> stats() const {
+  /// What the ps tasks answered the last beats with, and when the last answered beat was
+  /// sent (one moment: both are read together).
+  [[nodiscard]] HeartbeatReplies heard() const {
     std::scoped_lock lock(mutex_);
-    return stats_;
-  }
-
-  /// When the last beat that a ps task answered was sent (`stats()` are of that moment);
-  /// the clock's epoch before any was.
-  [[nodiscard]] std::chrono::steady_clock::time_point heard_at() const {
-    std::scoped_lock lock(mutex_);
-    return heard_at_;
+    return {stats_, heard_at_};
   }
 
   /// Beats that at least one ps task answered.

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
+#include <unistd.h>
+
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
@@ -21,25 +23,34 @@
 
 namespace pulley {
 
+/// What a derived port base is taken from, for Open MPI's job id `job_id`: the id is its job
+/// family << 16 | the job's number in the family, so the two are mixed (taken as they are,
+/// the modulo of derived_slurm_port_base would see few distinct values).
+inline std::uint64_t mpi_port_key(std::uint64_t job_id) noexcept {
+  return (job_id >> 16U) ^ ((job_id & 0xffffU) * 40503U);
+}
+
 /// Builds this task's TfConfig from Open MPI's variables, read through `env`:
 ///   OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE          this rank, the ranks
 ///   OMPI_COMM_WORLD_LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_SIZE  its place on its host
-///   OMPI_MCA_ess_base_jobid (if set)                   only for the derived port base
+///   OMPI_MCA_ess_base_jobid                           only for the derived port base
 /// `hosts` are the job's hosts in mpirun's order (its --host list); empty when every rank
-/// runs on this host, which is then 127.0.0.1. Ranks fill the hosts in order, the same
+/// runs on this host, which is then 127.0.0.1. `hostname` is this host's name (gethostname;
+/// "": not checked): a rank on a host `hosts` names for another place is refused. Ranks fill the hosts in order, the same
 /// number on each (mpirun's default mapping by slot, or `--map-by ppr:K:node`); the i-th
 /// rank on a host listens on port_base + i, where port_base is `port_base`, or when nullopt
-/// derived_slurm_port_base(job id, ranks per host) (two jobs started at once seldom meet);
+/// derived_slurm_port_base(mpi_port_key(job id), ranks per host) (two jobs seldom meet);
 /// the ranks go to `roles` in their order ("ps:2,worker:2,chief:1": ranks 0-1 are the ps
 /// tasks). The result is what parse_tf_config would return for the equivalent TF_CONFIG.
 ///
 /// Throws kInvalidArgument ("MPI: ...") naming the problem: a missing or malformed variable,
 /// role counts that are not the ranks', ranks that do not fill the hosts evenly, or a rank
 /// whose place on its host is not the one its number maps to (another mapping, such as
-/// --map-by node, which is refused rather than guessed), a port over 65535, bad roles.
+/// --map-by node, which is refused rather than guessed), hosts not in mpirun's order, no
+/// job id to derive the port base from, a port over 65535, bad roles.
 template <SlurmEnvironment Env>
 TfConfig mpi_config(const SlurmRoles& roles, std::optional<std::uint32_t> port_base,
-                    const std::vector<std::string>& hosts, Env&& env) {
+                    const std::vector<std::string>& hosts, Env&& env, const std::string& hostname = {}) {
   const auto error = [](const std::string& what) { return Error(ErrorCode::kInvalidArgument, "MPI: " + what); };
   SlurmRoles checked;
   try {
@@ -103,20 +114,42 @@ TfConfig mpi_config(const SlurmRoles& roles, std::optional<std::uint32_t> port_b
                 std::to_string(per_host) + " as filling the hosts in order would make it: start the ranks "
                 "by slot (mpirun's default, or --map-by ppr:" + std::to_string(per_host) + ":node)");
   }
-  const std::uint32_t base = port_base ? *port_base
-                                       : derived_slurm_port_base(number("OMPI_MCA_ess_base_jobid", false).value_or(0),
-                                                                 per_host);
+  if (!hostname.empty() && hosts.size() > 1) {
+    // Names that are not the hosts' own (addresses, aliases) cannot be compared; a host
+    // named for another rank's place can: --mpi-hosts is not in mpirun's order.
+    const std::string& mine = where[rank / per_host];
+    for (const std::string& host : where) {
+      if (host == hostname && host != mine) {
+        throw error("rank " + std::to_string(rank) + " runs on \"" + hostname + "\", but filling the hosts in "
+                    "--mpi-hosts order puts it on \"" + mine + "\": give the hosts in mpirun's order");
+      }
+    }
+  }
+  std::uint32_t base = 0;
+  if (port_base) {
+    base = *port_base;
+  } else {
+    const std::optional<std::uint64_t> job = number("OMPI_MCA_ess_base_jobid", false);
+    if (!job) throw error("OMPI_MCA_ess_base_jobid is not set, so no port base can be derived: give --mpi-port-base");
+    base = derived_slurm_port_base(mpi_port_key(*job), per_host);
+  }
   return detail::block_config(checked, rank, where, std::vector<std::uint32_t>(where.size(), per_host), base, "MPI");
 }
 
-/// mpi_config over this process's environment. Throws kInvalidArgument when the process
-/// was not started by mpirun (OMPI_COMM_WORLD_RANK is unset), and as mpi_config does.
+/// mpi_config over this process's environment and host name. Throws kInvalidArgument when
+/// the process was not started by mpirun (OMPI_COMM_WORLD_RANK is unset), and as mpi_config
+/// does.
 inline TfConfig mpi_config_from_environment(const SlurmRoles& roles, std::optional<std::uint32_t> port_base = std::nullopt,
                                             const std::vector<std::string>& hosts = {}) {
-  return mpi_config(roles, port_base, hosts, [](std::string_view name) -> std::optional<std::string> {
-    const char* value = std::getenv(std::string(name).c_str());
-    return value == nullptr ? std::nullopt : std::optional<std::string>(value);
-  });
+  char name[256] = {};
+  const std::string hostname = ::gethostname(name, sizeof name - 1) == 0 ? std::string(name) : std::string();
+  return mpi_config(
+      roles, port_base, hosts,
+      [](std::string_view variable) -> std::optional<std::string> {
+        const char* value = std::getenv(std::string(variable).c_str());
+        return value == nullptr ? std::nullopt : std::optional<std::string>(value);
+      },
+      hostname);
 }
 
 }  // namespace pulley

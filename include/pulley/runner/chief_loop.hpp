@@ -319,7 +319,8 @@ class ChiefLoop {
     evaluation.samples_per_s = static_cast<double>((shot.step - start_step_) * training_.samples_per_step) /
                                std::max(evaluation.seconds, 1e-9);
     if (evaluation.last) evaluation.stats = chief_.stats();
-    if (metrics_ != nullptr) evaluation.report = evaluation_reporter(*metrics_, "chief", shot.step);
+    EvaluationScores scores(metrics_, "chief", shot.step);
+    evaluation.report = scores.reporter();
     std::vector<CheckpointRows> saved_rows;
     if constexpr (TableModel<M>) {
       if (saved != nullptr && !saved->tables.empty() && !saved->incremental()) {
@@ -338,6 +339,7 @@ class ChiefLoop {
     if (training_.evaluate) {
       load(model_, shot);
       training_.evaluate(model_, evaluation);
+      scores.commit();
     } else {
       log(LogLevel::kInfo, "chief: global step " + std::to_string(shot.step) + " of " +
                                std::to_string(training_.last_step) + ", " +
@@ -372,8 +374,7 @@ void lead(const Training<M>& training, Connect connect, I id_sharding = {}, Metr
   using T = decltype(connect());
   HeartbeatSender heartbeat(0, connect(), training.client.heartbeat_interval, "chief");
   Chief chief(connect(), training.seed, training.client);
-  ChiefProgress progress([&heartbeat] { return ChiefProgress::Beat{heartbeat.stats(), heartbeat.heard_at()}; },
-                         metrics, training.metrics,
+  ChiefProgress progress([&heartbeat] { return heartbeat.heard(); }, metrics, training.metrics,
                          training.last_step, training.samples_per_step, training.steps_per_epoch);
   try {
     ChiefLoop<M, T, I>(training, chief, std::move(id_sharding), metrics).run();

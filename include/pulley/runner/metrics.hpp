@@ -16,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -24,6 +25,7 @@
 
 #include "pulley/core/error.hpp"
 #include "pulley/core/log.hpp"
+#include "pulley/client/heartbeat.hpp"
 #include "pulley/core/metrics.hpp"
 #include "pulley/protocol/messages.hpp"
 #include "pulley/transport/metrics_endpoint.hpp"
@@ -79,13 +81,68 @@ inline void record_stats(Metrics& metrics, std::string_view task, const Stats& s
   metrics.set(task, "table_rows", d(s.table_rows));
 }
 
-/// What `Evaluation::report` does for `task`'s evaluation at global step `step`: records
-/// each score as a gauge of `task` in `metrics`, and the step as "evaluation_step".
-inline std::function<void(std::string_view, double)> evaluation_reporter(Metrics& metrics, std::string task,
-                                                                         std::int64_t step) {
-  metrics.set(task, "evaluation_step", static_cast<double>(step));
-  return [&metrics, task = std::move(task)](std::string_view name, double value) { metrics.set(task, name, value); };
+/// Logs `text` at warning level the first time `key` is seen in this process.
+inline void warn_once(const std::string& key, const std::string& text) {
+  static std::mutex mutex;
+  static std::set<std::string> seen;
+  {
+    std::scoped_lock lock(mutex);
+    if (!seen.insert(key).second) return;
+  }
+  log(LogLevel::kWarning, text);
 }
+
+/// The scores one evaluation reports (`Evaluation::report`, which `reporter()` makes):
+/// `commit()`, called once `evaluate` returned, records them in `metrics` as gauges of
+/// `task`, together with the evaluation's step (`evaluation_step`), so that no output shows
+/// a step beside another evaluation's scores. A score that cannot be a figure (its name is
+/// not [a-zA-Z_][a-zA-Z0-9_]*, or is a figure of another kind) is left out with a warning,
+/// logged once: a score never fails the job, whether metrics are on or not.
+class EvaluationScores {
+ public:
+  /// @param metrics where the scores go; null: nowhere (names are still checked)
+  EvaluationScores(Metrics* metrics, std::string task, std::int64_t step)
+      : metrics_(metrics), task_(std::move(task)), step_(step) {}
+
+  /// What `Evaluation::report` is for this evaluation; valid while this object lives.
+  std::function<void(std::string_view, double)> reporter() {
+    return [this](std::string_view name, double value) {
+      if (!Metrics::valid_name(name)) {
+        warn_once("name " + std::string(name), "metrics: the score '" + std::string(name) +
+                                                   "' is left out: a name is [a-zA-Z_][a-zA-Z0-9_]*, not time or task");
+        return;
+      }
+      scores_.emplace_back(name, value);
+    };
+  }
+
+  /// Records the scores reported and the step (nothing without metrics, or when none was).
+  void commit() noexcept {
+    if (metrics_ == nullptr || scores_.empty()) return;
+    try {
+      scores_.emplace_back("evaluation_step", static_cast<double>(step_));
+      try {
+        metrics_->set(task_, scores_);
+      } catch (const Error&) {  // one of them clashes: the others still go
+        for (const auto& [name, value] : scores_) {
+          try {
+            metrics_->set(task_, name, value);
+          } catch (const Error& e) {
+            warn_once("kind " + name, "metrics: the score '" + name + "' is left out: " + e.message());
+          }
+        }
+      }
+    } catch (const std::exception&) {  // no memory: the figures are not worth the job
+    }
+    scores_.clear();
+  }
+
+ private:
+  Metrics* metrics_;
+  std::string task_;
+  std::int64_t step_;
+  std::vector<std::pair<std::string, double>> scores_;
+};
 
 /// The port offset of a task of a cluster (MetricsOptions::port): its position counting the
 /// ps tasks first, then the chief, the workers and the evaluators.
@@ -110,15 +167,6 @@ class MetricsReporter {
       : options_(std::move(options)) {
     if (!options_.enabled()) return;
     if (options_.interval.count() <= 0) throw Error(ErrorCode::kInvalidArgument, "metrics: the interval must be positive");
-    if (!options_.file.empty()) {
-      std::string path = options_.file;
-      for (std::size_t at; (at = path.find("{task}")) != std::string::npos;) path.replace(at, 6, process);
-      fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-      if (fd_ < 0) {
-        throw Error(ErrorCode::kInvalidArgument, "metrics: cannot open " + path + ": " + std::strerror(errno));
-      }
-      path_ = path;
-    }
     if (options_.port) {
       const std::uint32_t port = *options_.port == 0 ? 0 : *options_.port + port_offset;
       if (port > 65535) {
@@ -129,7 +177,15 @@ class MetricsReporter {
                                                      [this] { return metrics_.prometheus(); });
       log(LogLevel::kInfo, "metrics: http://" + options_.bind + ":" + std::to_string(endpoint_->port()) + "/metrics");
     }
-    last_ = std::chrono::steady_clock::now();
+    if (!options_.file.empty()) {  // last: nothing after it throws, so it is never left open
+      std::string path = options_.file;
+      for (std::size_t at; (at = path.find("{task}")) != std::string::npos;) path.replace(at, 6, process);
+      fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+      if (fd_ < 0) {
+        throw Error(ErrorCode::kInvalidArgument, "metrics: cannot open " + path + ": " + std::strerror(errno));
+      }
+      path_ = path;
+    }
     thread_ = std::thread([this] { loop(); });
   }
 
@@ -173,9 +229,7 @@ class MetricsReporter {
   /// Closes the interval and appends its lines to the file (one write: lines of tasks
   /// that share the file stay whole).
   void tick() {
-    const auto now = std::chrono::steady_clock::now();
-    metrics_.close_interval(std::chrono::duration<double>(now - last_).count());
-    last_ = now;
+    metrics_.close_interval();
     if (fd_ < 0) return;
     const double unix_seconds =
         std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -193,7 +247,6 @@ class MetricsReporter {
   int fd_ = -1;
   std::string path_;
   bool warned_ = false;
-  std::chrono::steady_clock::time_point last_;
   std::mutex mutex_;
   std::condition_variable wake_;
   bool stopping_ = false;
@@ -202,8 +255,8 @@ class MetricsReporter {
 
 /// The chief's view of training as it goes, read from what its heartbeats bring back (each
 /// ps's counters, and when: a Beat): every tick it records the global step (the slowest
-/// ps's), the examples trained since it started and the examples/s between the last two
-/// beats that saw the step move into `metrics` (task "chief"), and every
+/// ps's), the examples trained since it started and the examples/s (see `sample`) into
+/// `metrics` (task "chief"), and every
 /// `MetricsOptions::progress` prints the progress line
 ///   chief: global step 1234 of 9370 (epoch 2 of 10), 118402 examples/s, 1 min 12 s left
 /// rewritten in place when stderr is a terminal, else logged.
@@ -211,11 +264,8 @@ class ChiefProgress {
  public:
   using Clock = std::chrono::steady_clock;
 
-  /// What the last heartbeat answered brought: each ps's counters, and when it was sent.
-  struct Beat {
-    std::vector<std::optional<Stats>> stats;  ///< by ps task (HeartbeatSender::stats)
-    Clock::time_point at;                     ///< HeartbeatSender::heard_at
-  };
+  /// What the last heartbeats answered brought: each ps's counters, and when.
+  using Beat = HeartbeatReplies;
 
   /// @param beat             the last heartbeat answered
   /// @param metrics          where the figures go (null: only the progress line)
@@ -290,7 +340,9 @@ class ChiefProgress {
   }
 
   /// Takes the last beat's global step (the slowest ps's) and records it; prints the
-  /// progress line if `line`.
+  /// progress line if `line`. The rate is the step's between the last two beats that saw it
+  /// move, falling while later beats see it stand still; a step that goes back (the job was
+  /// rolled back to a checkpoint) starts the measure again.
   void sample(bool line) {
     const Beat beat = beat_();
     std::optional<std::int64_t> step;
@@ -300,19 +352,33 @@ class ChiefProgress {
     const std::int64_t floor = reached_;
     if (!step && floor < 0) return;
     const Point now{std::max(step.value_or(floor), floor), step ? beat.at : Clock::now()};
-    if (!first_) first_ = now;
-    if (!moved_ || now.first != moved_->first) {  // the step moved: the rate between the two
-      if (moved_ && now.second > moved_->second) {
-        steps_per_s_ = static_cast<double>(now.first - moved_->first) /
-                       std::chrono::duration<double>(now.second - moved_->second).count();
-      }
+    if (first_ && now.first < moved_->first) {  // rolled back
+      first_.reset();
+      before_.reset();
+      steps_per_s_ = 0.0;
+    }
+    if (!first_) first_ = moved_ = now;
+    if (now.first != moved_->first) {  // the step moved: the rate between the two moves
+      before_ = moved_;
       moved_ = now;
+    }
+    if (before_ && now.second > before_->second) {
+      // While the step stands still, the span grows from the move before to this beat.
+      const Clock::time_point until = now.first == moved_->first && now.second > moved_->second ? now.second
+                                                                                               : moved_->second;
+      steps_per_s_ = static_cast<double>(moved_->first - before_->first) /
+                     std::chrono::duration<double>(until - before_->second).count();
+    }
+    if (now.first > counted_) {
+      if (counted_ >= 0) examples_ += static_cast<double>((now.first - counted_) * samples_per_step_);
+      counted_ = now.first;
+    } else if (now.first < counted_) {
+      counted_ = now.first;  // rolled back: the steps trained again are counted again
     }
     const double examples_per_s = steps_per_s_ * static_cast<double>(samples_per_step_);
     if (metrics_ != nullptr) {
-      metrics_->set("chief", "global_step", static_cast<double>(now.first));
-      metrics_->count("chief", "examples", static_cast<double>((now.first - first_->first) * samples_per_step_));
-      metrics_->set("chief", "examples_per_s", examples_per_s);
+      metrics_->count("chief", "examples", examples_);
+      metrics_->set("chief", {{"global_step", static_cast<double>(now.first)}, {"examples_per_s", examples_per_s}});
     }
     if (line) show(now, examples_per_s);
   }
@@ -341,9 +407,12 @@ class ChiefProgress {
   bool terminal_;
   bool shown_ = false;
   std::atomic<std::int64_t> reached_{-1};  ///< reached()
-  std::optional<Point> first_;  ///< the first step seen
-  std::optional<Point> moved_;  ///< the last time the step was seen to move
-  double steps_per_s_ = 0.0;    ///< between the last two moves
+  std::optional<Point> first_;   ///< the first step seen (since the last rollback)
+  std::optional<Point> moved_;   ///< the last time the step was seen to move
+  std::optional<Point> before_;  ///< the move before that
+  double steps_per_s_ = 0.0;
+  double examples_ = 0.0;        ///< examples trained since the chief started watching
+  std::int64_t counted_ = -1;    ///< the step `examples_` counts to
   std::mutex mutex_;
   std::condition_variable wake_;
   bool stopping_ = false;

@@ -131,7 +131,8 @@ void follow_checkpoints(const Training<M>& training, Metrics* metrics = nullptr)
       evaluation.step = state.global_step;
       evaluation.consistent = true;
       evaluation.last = state.global_step >= training.last_step;
-      if (metrics != nullptr) evaluation.report = evaluation_reporter(*metrics, "evaluator", state.global_step);
+      EvaluationScores scores(metrics, "evaluator", state.global_step);
+      evaluation.report = scores.reporter();
       const std::vector<CheckpointRows> tables = checkpoint_rows(state);
       if (!tables.empty()) {
         evaluation.rows = [&tables](std::size_t t, std::span<const std::uint64_t> ids, std::span<float> out) {
@@ -141,6 +142,7 @@ void follow_checkpoints(const Training<M>& training, Metrics* metrics = nullptr)
       log(LogLevel::kInfo, "evaluator: scoring " + path.string() + " (global step " +
                                std::to_string(state.global_step) + ")");
       if (training.evaluate) training.evaluate(model, evaluation);
+      scores.commit();
     }
     if (seen >= training.last_step) break;
     const auto now = Clock::now();
@@ -197,7 +199,8 @@ void follow(const Training<M>& training, Connect connect, I id_sharding = {}, Me
       evaluation.step = shot.step;
       evaluation.consistent = shot.consistent;
       evaluation.last = step == steps.back();
-      if (metrics != nullptr) evaluation.report = evaluation_reporter(*metrics, "evaluator", shot.step);
+      EvaluationScores scores(metrics, "evaluator", shot.step);
+      evaluation.report = scores.reporter();
       if constexpr (TableModel<M>) {
         evaluation.rows = [&](std::size_t t, std::span<const std::uint64_t> ids, std::span<float> out) {
           const std::vector<float> rows = evaluator.read_rows(model.tables()[t].name, ids, id_sharding);
@@ -207,6 +210,7 @@ void follow(const Training<M>& training, Connect connect, I id_sharding = {}, Me
       }
       load(model, shot);
       if (training.evaluate) training.evaluate(model, evaluation);
+      scores.commit();
     }
     // It ends successfully only once the chief ended training. (A job rolled back after its
     // last evaluation is not scored again: the chief evaluates its last step.)

@@ -35,6 +35,7 @@ class MetricsEndpoint {
       acceptor_.set_option(asio::socket_base::reuse_address(true));
       acceptor_.bind(at);
       acceptor_.listen();
+      port_ = acceptor_.local_endpoint().port();
     } catch (const std::exception& e) {
       throw Error(ErrorCode::kUnavailable,
                   "metrics: cannot listen on " + bind + ":" + std::to_string(port) + ": " + e.what());
@@ -52,7 +53,7 @@ class MetricsEndpoint {
   }
 
   /// The port it listens on.
-  [[nodiscard]] std::uint16_t port() const { return acceptor_.local_endpoint().port(); }
+  [[nodiscard]] std::uint16_t port() const noexcept { return port_; }
 
  private:
   static constexpr std::size_t kMaxRequest = 8192;
@@ -74,8 +75,17 @@ class MetricsEndpoint {
     acceptor_.async_accept(session->socket, [this, session](const asio::error_code& error) {
       accepting_ = false;
       if (error == asio::error::operation_aborted) return;
-      if (!error) serve(session);
-      accept();
+      if (!error) {
+        serve(session);
+        return accept();
+      }
+      // Out of descriptors, say: try again in a while rather than at once, in a loop.
+      accepting_ = true;
+      retry_.expires_after(std::chrono::milliseconds(100));
+      retry_.async_wait([this](const asio::error_code& waited) {
+        accepting_ = false;
+        if (waited != asio::error::operation_aborted) accept();
+      });
     });
   }
 
@@ -100,8 +110,10 @@ class MetricsEndpoint {
     std::string method, target;
     in >> method >> target;
     std::string status = "200 OK", body;
+    std::string allow;
     if (method != "GET" && method != "HEAD") {
       status = "405 Method Not Allowed";
+      allow = "Allow: GET, HEAD\r\n";
       body = "only GET\n";
     } else if (target != "/metrics" && !target.starts_with("/metrics?")) {
       status = "404 Not Found";
@@ -115,7 +127,7 @@ class MetricsEndpoint {
       }
     }
     session->reply = "HTTP/1.1 " + status + "\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n" +
-                     "Content-Length: " + std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" +
+                     "Content-Length: " + std::to_string(body.size()) + "\r\n" + allow + "Connection: close\r\n\r\n" +
                      (method == "HEAD" ? std::string() : body);
     asio::async_write(session->socket, asio::buffer(session->reply),
                       [this, session](const asio::error_code&, std::size_t) { done(session); });
@@ -133,6 +145,8 @@ class MetricsEndpoint {
   std::function<std::string()> body_;
   asio::io_context io_;
   asio::ip::tcp::acceptor acceptor_;
+  asio::steady_timer retry_{io_};  ///< a failed accept is tried again after it
+  std::uint16_t port_ = 0;
   int serving_ = 0;         ///< sessions open (on the io thread only)
   bool accepting_ = false;  ///< an accept is pending (on the io thread only)
   std::thread thread_;
