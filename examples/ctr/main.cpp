@@ -10,7 +10,8 @@
 // the newest one with no cluster; `ctr --help` lists the flags.
 //
 // Ends with `final: auc=... planted_auc=... logloss=... samples_per_s=... workers=... ps=...
-// mode=...`, planted_auc being the planted model's own AUC on the same held-out examples.
+// mode=...`, planted_auc being the planted model's own AUC on the same held-out examples, ps
+// the ps tasks the job ended with.
 #include <CLI/CLI.hpp>
 #include <fcntl.h>
 #include <sys/file.h>
@@ -296,7 +297,7 @@ int train(const pulley::Job& job, const Options& o, Data& data, Sync sync, std::
                   static_cast<long long>(e.step), e.seconds, static_cast<long long>(rows / 2),
                   static_cast<long long>(dropped), static_cast<long long>(capped));
       std::printf("final: auc=%.4f planted_auc=%.4f logloss=%.4f samples_per_s=%.0f workers=%u ps=%u mode=%s\n",
-                  s.auc, s.planted_auc, s.logloss, e.samples_per_s, workers, job.num_ps(), o.mode.c_str());
+                  s.auc, s.planted_auc, s.logloss, e.samples_per_s, workers, static_cast<unsigned>(e.stats.size()), o.mode.c_str());
     }
     std::fflush(stdout);
   };

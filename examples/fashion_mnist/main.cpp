@@ -6,6 +6,8 @@
 //
 // It prints one line per epoch and ends with a machine-readable line:
 //   final: test_accuracy=0.8812 samples_per_s=71234 epochs=10 workers=2 ps=2 mode=sync parameters_crc32c=1f2e3d4c
+// (ps: the ps tasks the job ended with, fewer than it started with when one left it:
+// --ps-leave-secs).
 
 #include <CLI/CLI.hpp>
 #include <chrono>
@@ -219,7 +221,7 @@ int train(const pulley::Job& job, const Options& o, const Data& data, Optimizer 
       std::printf(
           "final: test_accuracy=%.4f samples_per_s=%.0f epochs=%d workers=%u ps=%u mode=%s "
           "parameters_crc32c=%08x\n",
-          scores.accuracy, e.samples_per_s, o.epochs, workers, job.num_ps(), o.mode.c_str(), fingerprint);
+          scores.accuracy, e.samples_per_s, o.epochs, workers, static_cast<unsigned>(e.stats.size()), o.mode.c_str(), fingerprint);
     }
     std::fflush(stdout);
   };

@@ -219,7 +219,8 @@ struct TableState {
   std::vector<std::uint32_t> candidate_counts;  ///< per candidate: pulls counted
   std::vector<std::uint32_t> candidate_steps;   ///< per candidate: the step last pulled
   /// The table's update count (lazy Adam's `t`) on each ps that wrote the checkpoint, by
-  /// task: restored as it was onto as many ps tasks, else every ps takes the largest.
+  /// task (all the largest when a ps task had left the job): restored as it was onto as
+  /// many ps tasks, else every ps takes the largest.
   std::vector<std::int64_t> updates;
   /// An incremental checkpoint's: the ids of rows evicted since its base (a row evicted and
   /// created again is among `ids` too: remove these first, then take the rows).
@@ -2284,8 +2285,8 @@ struct Token {
   /// would have read (DataShard::batch, runner/training.hpp).
   std::int64_t batch = -1;
   /// The step needs all R gradients although workers are lost (a SyncReplicas refill
-  /// step): the live workers bring the lost ones'. The pacing ps (ps 0) decides it; the
-  /// worker's push carries it (Push::refill), and every ps follows ps 0's word for the
+  /// step): the live workers bring the lost ones'. The pacing ps (the lowest member: ps 0 while none left) decides it; the
+  /// worker's push carries it (Push::refill), and every ps follows the pacing ps's word for the
   /// step (`SyncPolicy::follow`), so that no ps waits for gradients the tokens will not bring.
   bool refill = false;
 
@@ -2389,6 +2390,10 @@ struct Slice {
 /// Chief → every ps: the model's variables. Each ps computes the placement with its Sharding
 /// policy and answers with it, so the chief can check that all ps tasks agree. Repeating the
 /// same registration is harmless; a different one is refused.
+///
+/// A registration of a later membership (a ps task left the job for good) places the same
+/// model over `members` (sharding/rebalance.hpp): each member drops what it held and waits,
+/// unready, for the Restore that fills its new share.
 struct Register {
   static constexpr std::string_view kName = "Register";
   static constexpr RoleSet kSenders{Node::Role::kChief};
@@ -2397,10 +2402,14 @@ struct Register {
   /// pulled, from `table_seed` (no Initialize).
   std::vector<TableSpec> tables = {};
   std::uint64_t table_seed = 0;
+  /// The ps tasks of the job, ascending task indices; empty: every ps task of the cluster.
+  std::vector<std::uint32_t> members = {};
+  /// The membership's version: 0 for the cluster's first shape, one more for each change.
+  std::uint64_t membership = 0;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(variables, tables, table_seed);
+    archive(variables, tables, table_seed, members, membership);
   }
 };
 
@@ -2430,7 +2439,7 @@ struct WaitReady {
   void serialize(Archive& /*archive*/) {}
 };
 
-/// Worker → ps 0: take a sync token before a step (TF's `sync_token_queue.dequeue()`).
+/// Worker → the pacing ps (the lowest member, ps 0 while none left): take a sync token before a step (TF's `sync_token_queue.dequeue()`).
 /// Waits while the sync policy has no token to give this worker.
 struct TakeToken {
   static constexpr std::string_view kName = "TakeToken";
@@ -2744,10 +2753,12 @@ struct PlacementReply {
   /// Where the ps's IdSharding puts the tables' rows (`id_sharding_fingerprint`): a worker
   /// with another one is refused when it gets ready.
   std::uint64_t id_sharding = 0;
+  std::vector<std::uint32_t> members = {};  ///< the job's ps tasks, ascending (Register::members)
+  std::uint64_t membership = 0;        ///< their version (Register::membership)
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(variables, placement, epoch, slot_names, counter_names, tables, id_sharding);
+    archive(variables, placement, epoch, slot_names, counter_names, tables, id_sharding, members, membership);
   }
 };
 
@@ -2853,10 +2864,14 @@ struct StatsReply {
   bool chief_lost = false;          ///< the chief's heartbeats stopped, and no chief is back yet
   bool ready = false;               ///< the ps serves training (a new chief goes on from it)
   std::uint64_t epoch = 0;          ///< the restores it has seen (a new chief needs them alike)
+  /// The job's ps tasks as this ps knows them (empty before registration), and their
+  /// version: how a client that lost a ps learns whether the job went on without it.
+  std::vector<std::uint32_t> members = {};
+  std::uint64_t membership = 0;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(stats, waiting_for, lost, chief_lost, ready, epoch);
+    archive(stats, waiting_for, lost, chief_lost, ready, epoch, members, membership);
   }
 };
 
@@ -3599,6 +3614,7 @@ class PushBuilder {
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -3629,6 +3645,11 @@ struct ClientOptions {
   /// to be back and restored, retrying, before it fails naming the ps; and how long the
   /// role runner's ps tasks wait for a lost chief to come back (ParameterServer::set_chief_wait).
   std::chrono::milliseconds recovery_timeout{std::chrono::minutes(5)};
+  /// The chief: how long a lost ps may stay away before the job goes on without it (it
+  /// leaves for good: its shard is placed on the other ps tasks, restored from the newest
+  /// checkpoint: ChiefLoop). 0: never; the job waits for it as long as `recovery_timeout`.
+  /// Below `recovery_timeout`, so that the other tasks still wait when it happens.
+  std::chrono::milliseconds ps_leave_after{0};
   /// Workers run by the role runner: how often they tell every ps they are alive
   /// (HeartbeatSender). Keep it well below the ps tasks' worker timeout.
   std::chrono::milliseconds heartbeat_interval{std::chrono::seconds(1)};
@@ -3790,17 +3811,20 @@ class CallGroup {
 
 namespace pulley::detail {
 
-/// Every ps's global step, and in `why` what each waits for; empty if a ps does not answer
-/// in time (the question is a courtesy: the wait is what matters).
+/// Every member ps's global step (`members`: the job's ps tasks), and in `why` what each
+/// waits for; empty if a ps does not answer in time (the question is a courtesy: the wait
+/// is what matters).
 template <Transport T>
-std::vector<std::int64_t> global_steps(T& transport, const ClientOptions& options, std::string& why) {
+std::vector<std::int64_t> global_steps(T& transport, std::span<const std::uint32_t> members,
+                                       const ClientOptions& options, std::string& why) {
   std::vector<std::int64_t> steps;
   try {
     CallGroup group;
-    for (std::size_t ps = 0; ps < transport.num_ps(); ++ps) group.add(transport.call(ps, GetStats{}, {}));
+    for (const std::uint32_t ps : members) group.add(transport.call(ps, GetStats{}, {}));
     group.wait(std::min(options.request_timeout, std::chrono::milliseconds(5000)), "ask the ps tasks what they wait for");
-    for (std::size_t ps = 0; ps < group.size(); ++ps) {
-      const StatsReply reply = group.take_as<StatsReply>(ps);
+    for (std::size_t k = 0; k < group.size(); ++k) {
+      const std::uint32_t ps = members[k];
+      const StatsReply reply = group.take_as<StatsReply>(k);
       steps.push_back(reply.stats.global_step);
       why += "; ps " + std::to_string(ps) + " is at step " + std::to_string(reply.stats.global_step) +
              ", waiting for " + reply.waiting_for;
@@ -3819,7 +3843,7 @@ std::vector<std::int64_t> global_steps(T& transport, const ClientOptions& option
 /// none has moved for `wait_timeout`, naming the same: a long wait for a step far ahead is
 /// no stall. With a `deadline`, returns false (the calls cancelled) when it passes first.
 template <Transport T>
-bool wait_progressing(T& transport, const ClientOptions& options, CallGroup& group, std::string_view what,
+bool wait_progressing(T& transport, std::span<const std::uint32_t> members, const ClientOptions& options, CallGroup& group, std::string_view what,
                       std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max()) {
   using Clock = std::chrono::steady_clock;
   const auto patience = options.wait_timeout;
@@ -3847,7 +3871,7 @@ bool wait_progressing(T& transport, const ClientOptions& options, CallGroup& gro
       return false;
     }
     std::string why;
-    const std::vector<std::int64_t> now_steps = global_steps(transport, options, why);
+    const std::vector<std::int64_t> now_steps = global_steps(transport, members, options, why);
     const auto now = Clock::now();
     if (!now_steps.empty()) {
       // Moved since the last look, or the first answer (what came before it is unknown):
@@ -3872,10 +3896,10 @@ bool wait_progressing(T& transport, const ClientOptions& options, CallGroup& gro
 /// Waits for `group`, whose calls wait for the ps tasks to complete global step `min_step`
 /// (none when it is 0: then they are answered at once).
 template <Transport T>
-void wait_gated(T& transport, const ClientOptions& options, CallGroup& group, std::int64_t min_step,
+void wait_gated(T& transport, std::span<const std::uint32_t> members, const ClientOptions& options, CallGroup& group, std::int64_t min_step,
                 std::string_view what) {
   if (min_step <= 0) return group.wait(options.request_timeout, what);
-  (void)wait_progressing(transport, options, group, what);
+  (void)wait_progressing(transport, members, options, group, what);
 }
 
 }  // namespace pulley::detail
@@ -3949,19 +3973,45 @@ concept ElasticIdSharding = IdSharding<S> &&
   { sharding.ps_of(table, id, members) } -> std::convertible_to<std::uint32_t>;
 };
 
-/// Where `sharding` puts rows of `tables` over `num_ps` ps tasks, as one number: the ps
-/// of 64 small ids and 64 ids spread over the whole id space, for every table, hashed. The
-/// ps tasks say theirs when a client gets ready (PlacementReply::id_sharding), so that a
-/// worker (or a ps) whose id sharding puts rows elsewhere is refused then, by name, instead
-/// of having each push refused. Every sharding agrees with every other on one ps task.
+/// True when `members` (ascending task indices, not empty) are ps tasks 0 .. n − 1: the
+/// shape of a job whose ps tasks never changed, where every IdSharding places rows.
+[[nodiscard]] inline bool first_tasks(std::span<const std::uint32_t> members) noexcept {
+  return !members.empty() && members.back() + 1 == members.size();
+}
+
+/// The ps task among `members` (ascending task indices, not empty) that holds row `id` of
+/// `table`: `ps_of(table, id, n)` while the members are ps tasks 0 .. n − 1, else the
+/// ElasticIdSharding's `ps_of(table, id, members)`. Throws kFailedPrecondition for an id
+/// sharding written for a fixed count once a ps task has left (a ps refuses such a
+/// membership when it is registered, so a job meets this only by misuse).
 template <IdSharding I>
-std::uint64_t id_sharding_fingerprint(const I& sharding, std::span<const TableSpec> tables, std::uint32_t num_ps) {
+[[nodiscard]] std::uint32_t row_owner(const I& sharding, std::string_view table, std::uint64_t id,
+                                      std::span<const std::uint32_t> members) {
+  if (first_tasks(members)) return sharding.ps_of(table, id, static_cast<std::uint32_t>(members.size()));
+  if constexpr (ElasticIdSharding<I>) {
+    return sharding.ps_of(table, id, members);
+  } else {
+    throw Error(ErrorCode::kFailedPrecondition,
+                "this IdSharding places rows over ps tasks 0 .. n-1 only: give it ps_of(table, id, members) "
+                "(ElasticIdSharding) for a job whose ps tasks change");
+  }
+}
+
+/// Where `sharding` puts rows of `tables` over the ps tasks `members`, as one number: the
+/// ps of 64 small ids and 64 ids spread over the whole id space, for every table, hashed.
+/// The ps tasks say theirs when a client gets ready (PlacementReply::id_sharding), so that
+/// a worker (or a ps) whose id sharding puts rows elsewhere is refused then, by name,
+/// instead of having each push refused. Every sharding agrees with every other on one ps
+/// task.
+template <IdSharding I>
+std::uint64_t id_sharding_fingerprint(const I& sharding, std::span<const TableSpec> tables,
+                                      std::span<const std::uint32_t> members) {
   std::uint64_t hash = name_hash("id sharding");
   for (const TableSpec& table : tables) {
     hash = name_hash(table.name, hash);
     for (std::uint64_t k = 0; k < 64; ++k) {
-      hash = mix_id(hash ^ static_cast<std::uint32_t>(sharding.ps_of(table.name, k, num_ps)));
-      hash = mix_id(hash ^ static_cast<std::uint32_t>(sharding.ps_of(table.name, mix_id(k + 1), num_ps)));
+      hash = mix_id(hash ^ row_owner(sharding, table.name, k, members));
+      hash = mix_id(hash ^ row_owner(sharding, table.name, mix_id(k + 1), members));
     }
   }
   return hash;
@@ -3969,6 +4019,179 @@ std::uint64_t id_sharding_fingerprint(const I& sharding, std::span<const TableSp
 
 }  // namespace pulley
 // ---- end pulley/concepts/sharding.hpp ----
+// ---- begin pulley/sharding/rebalance.hpp ----
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace pulley {
+
+// When the ps tasks of a job change (one lost for good, one added), the parts of the dense
+// variables are placed again: the parts stay as they are (their rows, hence their optimizer
+// slots, move whole), and as few of them as keeps the ps tasks balanced change ps task.
+// Ps tasks are named by their task index for the job's life: after ps 1 of {0, 1, 2} is
+// lost, the members are {0, 2}.
+
+/// One part of a dense variable that changes ps task between two placements.
+struct PartMove {
+  std::uint32_t variable = 0;  ///< index into the model's variable list
+  std::uint32_t index = 0;     ///< position among the variable's parts
+  std::uint32_t from = 0;      ///< the ps task that held it
+  std::uint32_t to = 0;        ///< the ps task that holds it now
+  std::uint64_t bytes = 0;     ///< its values (its optimizer slots move with it)
+};
+
+/// The bytes of values a part holds.
+[[nodiscard]] inline std::uint64_t part_bytes(const Part& part, std::span<const VariableSpec> variables) {
+  return std::uint64_t{part.rows.size()} * variables[part.variable].row_size() * sizeof(float);
+}
+
+/// The bytes of values each ps task holds under `placement`, by task index (the vector is
+/// as long as the highest ps task named, plus one).
+[[nodiscard]] inline std::vector<std::uint64_t> bytes_per_ps(const Placement& placement,
+                                                             std::span<const VariableSpec> variables) {
+  std::vector<std::uint64_t> bytes;
+  for (const Part& part : placement.parts) {
+    if (part.ps >= bytes.size()) bytes.resize(part.ps + 1, 0);
+    bytes[part.ps] += part_bytes(part, variables);
+  }
+  return bytes;
+}
+
+/// The parts that changed ps task from `before` to `after`, two placements of the same parts
+/// (rebalance keeps them); throws kInvalidArgument when the parts differ.
+[[nodiscard]] inline std::vector<PartMove> moves_between(const Placement& before, const Placement& after,
+                                                         std::span<const VariableSpec> variables) {
+  if (before.parts.size() != after.parts.size() || before.first_part != after.first_part) {
+    throw Error(ErrorCode::kInvalidArgument, "the two placements do not hold the same parts");
+  }
+  std::vector<PartMove> moves;
+  for (std::size_t i = 0; i < before.parts.size(); ++i) {
+    const Part& a = before.parts[i];
+    const Part& b = after.parts[i];
+    if (a.variable != b.variable || a.index != b.index || a.rows != b.rows) {
+      throw Error(ErrorCode::kInvalidArgument, "the two placements do not hold the same parts");
+    }
+    if (a.ps != b.ps) moves.push_back({a.variable, a.index, a.ps, b.ps, part_bytes(a, variables)});
+  }
+  return moves;
+}
+
+/// The ps tasks `members` as log lines name them: "{0, 2}".
+[[nodiscard]] inline std::string describe_members(std::span<const std::uint32_t> members) {
+  std::string text = "{";
+  for (std::size_t i = 0; i < members.size(); ++i) text += (i == 0 ? "" : ", ") + std::to_string(members[i]);
+  return text + "}";
+}
+
+/// Checks a member list: not empty, ascending, no task twice.
+inline void check_members(std::span<const std::uint32_t> members) {
+  if (members.empty()) throw Error(ErrorCode::kInvalidArgument, "a job needs at least one ps task");
+  for (std::size_t i = 1; i < members.size(); ++i) {
+    if (members[i] <= members[i - 1]) {
+      throw Error(ErrorCode::kInvalidArgument, "ps members must be listed in ascending order, each once");
+    }
+  }
+}
+
+/// `before`'s parts placed over the ps tasks `members` (ascending task indices) moving as
+/// few bytes as it can: the parts of a ps task no longer a member go, largest first, to the
+/// member holding least; then, while the ps task holding most holds more than
+/// (1 + `tolerance`) × the least any placement of these parts can give (the mean, or the
+/// largest part), it hands the one holding least the part that brings both closest to the
+/// mean. A new
+/// member starts empty and takes its share from the others this way. Deterministic (every
+/// process computes the same). Throws kInvalidArgument for bad members or a `before` that
+/// does not place `variables`.
+[[nodiscard]] inline Placement rebalance_parts(std::span<const VariableSpec> variables, const Placement& before,
+                                               std::span<const std::uint32_t> members, double tolerance = 0.05) {
+  check_members(members);
+  if (before.num_variables() != variables.size()) {
+    throw Error(ErrorCode::kInvalidArgument, "the placement holds " + std::to_string(before.num_variables()) +
+                                                 " variables, the model " + std::to_string(variables.size()));
+  }
+  Placement after = before;
+  const auto slot_of = [&](std::uint32_t ps) -> std::size_t {
+    const auto it = std::lower_bound(members.begin(), members.end(), ps);
+    return it != members.end() && *it == ps ? static_cast<std::size_t>(it - members.begin()) : members.size();
+  };
+  std::vector<std::uint64_t> load(members.size(), 0);
+  std::vector<std::size_t> orphans;  // parts of ps tasks no longer members
+  std::uint64_t total = 0;
+  std::uint64_t largest = 0;
+  for (std::size_t i = 0; i < after.parts.size(); ++i) {
+    const std::uint64_t bytes = part_bytes(after.parts[i], variables);
+    total += bytes;
+    largest = std::max(largest, bytes);
+    const std::size_t slot = slot_of(after.parts[i].ps);
+    if (slot == members.size()) {
+      orphans.push_back(i);
+    } else {
+      load[slot] += bytes;
+    }
+  }
+  const auto least = [&] { return static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin()); };
+  const auto most = [&] { return static_cast<std::size_t>(std::max_element(load.begin(), load.end()) - load.begin()); };
+  std::stable_sort(orphans.begin(), orphans.end(), [&](std::size_t a, std::size_t b) {
+    return part_bytes(after.parts[a], variables) > part_bytes(after.parts[b], variables);
+  });
+  for (const std::size_t i : orphans) {
+    const std::size_t to = least();
+    after.parts[i].ps = members[to];
+    load[to] += part_bytes(after.parts[i], variables);
+  }
+  const std::uint64_t mean = (total + members.size() - 1) / members.size();
+  const auto bound = static_cast<double>(std::max(mean, largest)) * (1.0 + tolerance);
+  // Each move lowers the sum of squared loads, so the loop ends; the cap is a second guard.
+  for (std::size_t round = 0; round < 4 * after.parts.size() + 4; ++round) {
+    const std::size_t h = most();
+    const std::size_t l = least();
+    if (static_cast<double>(load[h]) <= bound) break;
+    // A part b with 0 < b < gap lowers the larger of the two; the best brings them towards
+    // the mean without overshooting it (bytes moved between two ps tasks that both hold
+    // their share would be bytes moved for nothing).
+    const std::uint64_t gap = load[h] - load[l];
+    const std::uint64_t desired = std::min(load[h] - std::min(load[h], mean), mean - std::min(mean, load[l]));
+    std::size_t best = after.parts.size();
+    std::uint64_t best_miss = 0;
+    for (std::size_t i = 0; i < after.parts.size(); ++i) {
+      if (after.parts[i].ps != members[h]) continue;
+      const std::uint64_t b = part_bytes(after.parts[i], variables);
+      if (b == 0 || b >= gap) continue;
+      const std::uint64_t miss = b > desired ? b - desired : desired - b;
+      if (best == after.parts.size() || miss < best_miss) {
+        best = i;
+        best_miss = miss;
+      }
+    }
+    if (best == after.parts.size()) break;  // no part of it helps: as balanced as parts allow
+    const std::uint64_t bytes = part_bytes(after.parts[best], variables);
+    after.parts[best].ps = members[l];
+    load[h] -= bytes;
+    load[l] += bytes;
+  }
+  return after;
+}
+
+/// `before` placed again over `members` by `sharding`: its own `rebalance(variables,
+/// before, members)` when it has one (see the Sharding concept), else `rebalance_parts`.
+template <Sharding S>
+[[nodiscard]] Placement rebalance(const S& sharding, std::span<const VariableSpec> variables, const Placement& before,
+                                  std::span<const std::uint32_t> members) {
+  if constexpr (requires { { sharding.rebalance(variables, before, members) } -> std::same_as<Placement>; }) {
+    check_members(members);
+    return sharding.rebalance(variables, before, members);
+  } else {
+    return rebalance_parts(variables, before, members);
+  }
+}
+
+}  // namespace pulley
+// ---- end pulley/sharding/rebalance.hpp ----
 
 namespace pulley {
 
@@ -3980,14 +4203,28 @@ namespace pulley {
 ///
 /// A Client is used from one thread at a time, as the role that owns it.
 ///
+/// It speaks to the job's ps tasks, its members (`members()`): every ps task of the
+/// cluster until one leaves the job for good (the chief's `Chief::leave`); it learns a
+/// change from the ps tasks when it gets ready again (`wait_ready`).
+///
 /// @tparam T the Transport that reaches the ps tasks
 template <Transport T>
 class Client {
  public:
   Client(T transport, ClientOptions options)
-      : transport_(std::move(transport)), options_(options), pushes_(options.clip_norm) {}
+      : transport_(std::move(transport)), options_(options), pushes_(options.clip_norm) {
+    for (std::uint32_t ps = 0; ps < transport_.num_ps(); ++ps) members_.push_back(ps);
+  }
 
+  /// The ps tasks of the cluster (its spec), members of the job or not: task indices are
+  /// below it.
   [[nodiscard]] std::size_t num_ps() const { return transport_.num_ps(); }
+  /// The job's ps tasks, ascending task indices, as last learned.
+  [[nodiscard]] std::span<const std::uint32_t> members() const noexcept { return members_; }
+  /// Their version: 0 for the cluster's own shape, one more for each change.
+  [[nodiscard]] std::uint64_t membership() const noexcept { return membership_; }
+  /// The ps task that paces the workers (hands out sync tokens): the lowest member.
+  [[nodiscard]] std::uint32_t pacing_ps() const noexcept { return members_.front(); }
   /// Where each variable lives, once registered or ready.
   [[nodiscard]] const Placement& placement() const noexcept { return placement_; }
   /// The registered variables.
@@ -4001,7 +4238,7 @@ class Client {
   template <IdSharding I>
   [[nodiscard]] bool same_id_sharding(const I& sharding) const {
     return tables_.empty() ||
-           id_sharding_fingerprint(sharding, tables_, static_cast<std::uint32_t>(num_ps())) == id_sharding_;
+           id_sharding_fingerprint(sharding, tables_, std::span<const std::uint32_t>(members_)) == id_sharding_;
   }
   /// Throws kFailedPrecondition, naming the fix, unless `sharding` (a worker's, or the
   /// chief's read_rows') puts the tables' rows where the ps tasks' own sharding does.
@@ -4035,45 +4272,130 @@ class Client {
     throw Error(ErrorCode::kNotFound, "unknown variable '" + std::string(name) + "'");
   }
 
-  /// Sends `make_request(ps)` to every ps at once and returns the replies of type R.
+  /// Sends `make_request(ps)` to every member ps at once and returns the replies of type
+  /// R, in member order.
   template <class R, class MakeRequest>
   std::vector<R> broadcast(MakeRequest make_request, std::chrono::milliseconds timeout, std::string_view what) {
     CallGroup group;
-    for (std::size_t ps = 0; ps < num_ps(); ++ps) group.add(transport_.call(ps, Request{make_request(ps)}, {}));
+    for (const std::uint32_t ps : members_) group.add(transport_.call(ps, Request{make_request(ps)}, {}));
     group.wait(timeout, what);
     std::vector<R> replies;
-    for (std::size_t ps = 0; ps < num_ps(); ++ps) replies.push_back(group.take_as<R>(ps));
+    for (std::size_t k = 0; k < members_.size(); ++k) replies.push_back(group.take_as<R>(k));
     return replies;
   }
 
   /// Registers the model (its variables, and its embedding tables with the seed of their
-  /// rows) on every ps and checks that their placements agree.
+  /// rows) on every member ps, over the members, and checks that their placements agree.
   void register_model(std::span<const VariableSpec> variables, std::span<const TableSpec> tables = {},
                       std::uint64_t table_seed = 0) {
     std::vector<VariableSpec> list(variables.begin(), variables.end());
     std::vector<TableSpec> table_list(tables.begin(), tables.end());
-    adopt(broadcast<PlacementReply>([&](std::size_t) { return Register{list, table_list, table_seed}; },
-                                    options_.request_timeout, "register"),
+    adopt(broadcast<PlacementReply>(
+              [&](std::size_t) { return Register{list, table_list, table_seed, members_, membership_}; },
+              options_.request_timeout, "register"),
           list, &table_list);
     table_seed_ = table_seed;
   }
 
-  /// Waits until every ps is initialized and learns the placement; with `tables`, checks
-  /// that the ps tasks hold exactly those embedding tables.
+  /// The job's ps tasks are now `members` (ascending task indices of the cluster, not
+  /// empty), at version `membership` (above the one known): what the next `register_model`
+  /// places the model over. For the chief, which decides it (Chief::leave).
+  void change_members(std::vector<std::uint32_t> members, std::uint64_t membership) {
+    check_members(members);
+    if (members.back() >= num_ps()) {
+      throw Error(ErrorCode::kInvalidArgument, "ps " + std::to_string(members.back()) +
+                                                   " is not a ps task of the cluster (it has " +
+                                                   std::to_string(num_ps()) + ")");
+    }
+    if (membership <= membership_) {
+      throw Error(ErrorCode::kInvalidArgument, "membership " + std::to_string(membership) + " is not newer than " +
+                                                   std::to_string(membership_));
+    }
+    members_ = std::move(members);
+    membership_ = membership;
+    unanswered_.clear();  // a push of the shape before is not sent again
+  }
+
+  /// Waits until every member ps is initialized and learns the placement; with `tables`,
+  /// checks that the ps tasks hold exactly those embedding tables. The members are asked
+  /// first which ps tasks the job has (a ps that left it for good, or a process started
+  /// again in its place, is not waited for), and again when one cannot be reached
+  /// (kUnavailable): it may have left meanwhile.
   void wait_ready(std::span<const VariableSpec> variables, std::optional<std::span<const TableSpec>> tables = std::nullopt) {
     std::vector<VariableSpec> list(variables.begin(), variables.end());
     std::optional<std::vector<TableSpec>> table_list;
     if (tables) table_list.emplace(tables->begin(), tables->end());
-    adopt(broadcast<PlacementReply>([](std::size_t) { return WaitReady{}; }, options_.wait_timeout,
-                                    "wait for initialization"),
-          list, table_list ? &*table_list : nullptr);
+    (void)learn_membership();
+    for (std::size_t round = 0;; ++round) {
+      std::vector<PlacementReply> replies;
+      try {
+        replies = broadcast<PlacementReply>([](std::size_t) { return WaitReady{}; }, options_.wait_timeout,
+                                            "wait for initialization");
+      } catch (const Error& e) {
+        if (e.code() != ErrorCode::kUnavailable || round >= kMembershipRounds || !learn_membership()) throw;
+        continue;
+      }
+      if (round < kMembershipRounds && follow_membership(replies)) continue;
+      adopt(std::move(replies), list, table_list ? &*table_list : nullptr);
+      return;
+    }
   }
 
-  /// Takes a sync token from ps 0, which paces the workers.
+  /// Asks every member ps it can reach (each alone: one that is gone hides no other's
+  /// answer) which ps tasks the job has now, and takes a newer membership than it knows.
+  /// True if it took one.
+  bool learn_membership() {
+    std::optional<StatsReply> newest;
+    // A few seconds: the ps tasks that answer do so at once; one that is gone may never.
+    for (std::optional<StatsReply>& reply : ask_each(std::min(options_.request_timeout, kAskPatience))) {
+      if (!reply || reply->members.empty()) continue;
+      if (!newest || reply->membership > newest->membership) newest = std::move(reply);
+    }
+    if (!newest || newest->membership <= membership_) return false;
+    take_membership(std::move(newest->members), newest->membership);
+    return true;
+  }
+
+  /// Sends `request` to every ps task of the cluster that is no member of the job (one that
+  /// left it, or a process started in its place), each awaited alone until `timeout`
+  /// passes; answers and failures are ignored: a courtesy (a Shutdown, so that it ends too).
+  void tell_others(const Request& request, std::chrono::milliseconds timeout) noexcept {
+    try {
+      std::vector<PendingCall> calls;
+      for (std::uint32_t ps = 0; ps < num_ps(); ++ps) {
+        if (!std::binary_search(members_.begin(), members_.end(), ps)) calls.push_back(transport_.call(ps, Request(request), {}));
+      }
+      const auto deadline = std::chrono::steady_clock::now() + timeout;
+      for (PendingCall& call : calls) {
+        if (!call.wait_until(deadline)) call.cancel();
+      }
+    } catch (...) {  // no memory, a transport that throws: it was a courtesy
+    }
+  }
+
+  /// GetStats to every member ps, each answer awaited alone until `timeout` passes: the
+  /// answers in member order, nullopt for a ps that did not answer in time or refused.
+  std::vector<std::optional<StatsReply>> ask_each(std::chrono::milliseconds timeout) {
+    std::vector<PendingCall> calls;
+    for (const std::uint32_t ps : members_) calls.push_back(transport_.call(ps, GetStats{}, {}));
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    std::vector<std::optional<StatsReply>> answers(calls.size());
+    for (std::size_t k = 0; k < calls.size(); ++k) {
+      if (!calls[k].wait_until(deadline)) {
+        calls[k].cancel();
+        continue;
+      }
+      Response answer = calls[k].take();
+      if (auto* reply = std::get_if<StatsReply>(&answer)) answers[k] = std::move(*reply);
+    }
+    return answers;
+  }
+
+  /// Takes a sync token from the pacing ps (the lowest member).
   TokenReply take_token(std::uint32_t worker) {
     CallGroup group;
-    group.add(transport_.call(0, TakeToken{worker, epoch_}, {}));
-    (void)detail::wait_progressing(transport_, options_, group, "worker " + std::to_string(worker) + ": take a sync token");
+    group.add(transport_.call(pacing_ps(), TakeToken{worker, epoch_}, {}));
+    (void)detail::wait_progressing(transport_, members_, options_, group, "worker " + std::to_string(worker) + ": take a sync token");
     return group.take_as<TokenReply>(0);
   }
 
@@ -4083,7 +4405,7 @@ class Client {
   std::int64_t pull(std::span<const PullRequest> requests, std::int64_t min_step) {
     CallGroup group;
     send_pulls(group, requests, min_step);
-    detail::wait_gated(transport_, options_, group, min_step, "pull");
+    detail::wait_gated(transport_, members_, options_, group, min_step, "pull");
     return lowest_step<PullReply>(group, 0, group.size());
   }
 
@@ -4093,7 +4415,7 @@ class Client {
   std::int64_t pull_rows(std::span<const RowRequest> requests, std::int64_t min_step) {
     CallGroup group;
     send_row_pulls(group, requests, min_step);
-    detail::wait_gated(transport_, options_, group, min_step, "pull rows");
+    detail::wait_gated(transport_, members_, options_, group, min_step, "pull rows");
     return lowest_step<RowsReply>(group, 0, group.size());
   }
 
@@ -4107,7 +4429,7 @@ class Client {
     send_row_pulls(group, rows, min_step);
     const std::size_t row_pulls = group.size();
     send_pulls(group, requests, min_step);
-    detail::wait_gated(transport_, options_, group, min_step, "pull");
+    detail::wait_gated(transport_, members_, options_, group, min_step, "pull");
     std::int64_t step = std::numeric_limits<std::int64_t>::max();
     for (std::size_t i = 0; i < row_pulls; ++i) step = std::min(step, group.take_as<RowsReply>(i).global_step);
     for (std::size_t i = row_pulls; i < group.size(); ++i) step = std::min(step, group.take_as<PullReply>(i).global_step);
@@ -4174,10 +4496,10 @@ class Client {
   /// Like wait_for_step, but nullopt once `deadline` passes first.
   std::optional<std::int64_t> wait_for_step_until(std::int64_t step, std::chrono::steady_clock::time_point deadline) {
     CallGroup group;
-    for (std::size_t ps = 0; ps < num_ps(); ++ps) group.add(transport_.call(ps, Pull{step, {}, epoch_}, {}));
+    for (const std::uint32_t ps : members_) group.add(transport_.call(ps, Pull{step, {}, epoch_}, {}));
     if (step <= 0) {
       group.wait(options_.request_timeout, "read the global step");
-    } else if (!detail::wait_progressing(transport_, options_, group, "wait for step " + std::to_string(step), deadline)) {
+    } else if (!detail::wait_progressing(transport_, members_, options_, group, "wait for step " + std::to_string(step), deadline)) {
       return std::nullopt;
     }
     return lowest_step<PullReply>(group, 0, group.size());
@@ -4191,12 +4513,12 @@ class Client {
   void wait_for_end() {
     CallGroup group;
     constexpr std::int64_t kNever = std::numeric_limits<std::int64_t>::max() / 2;  // a step no job reaches
-    for (std::size_t ps = 0; ps < num_ps(); ++ps) group.add(transport_.call(ps, Pull{kNever, {}, epoch_}, {}));
-    (void)detail::wait_progressing(transport_, options_, group, "wait for the chief to end training");
+    for (const std::uint32_t ps : members_) group.add(transport_.call(ps, Pull{kNever, {}, epoch_}, {}));
+    (void)detail::wait_progressing(transport_, members_, options_, group, "wait for the chief to end training");
     for (std::size_t ps = 0; ps < group.size(); ++ps) (void)group.take_as<PullReply>(ps);  // throws its error
   }
 
-  /// Counters of every ps task, by task index.
+  /// Counters of every member ps, in member order (by task index while no ps left).
   std::vector<Stats> stats() {
     std::vector<Stats> all;
     for (auto& r : broadcast<StatsReply>([](std::size_t) { return GetStats{}; }, options_.request_timeout, "stats")) {
@@ -4239,7 +4561,7 @@ class Client {
   }
 
   void send(CallGroup& group, detail::PullSplit&& split) {
-    for (std::size_t ps = 0; ps < num_ps(); ++ps) {
+    for (const std::uint32_t ps : members_) {
       if (split.pulls[ps].slices.empty()) continue;
       group.add(transport_.call(ps, std::move(split.pulls[ps]), std::move(split.targets[ps])));
     }
@@ -4255,7 +4577,7 @@ class Client {
 
   /// Sends a copy of each kept push (the copies view the same tensors).
   void send_pushes(CallGroup& group) {
-    for (std::size_t ps = 0; ps < num_ps(); ++ps) group.add(transport_.call(ps, Push(unanswered_[ps]), {}));
+    for (const std::uint32_t ps : members_) group.add(transport_.call(ps, Push(unanswered_[ps]), {}));
   }
 
   /// The kept pushes, then `pulls`, in one round trip; the pushes are forgotten once every
@@ -4265,7 +4587,7 @@ class Client {
     send_pushes(group);
     const std::size_t pushes = group.size();
     send(group, std::move(pulls));
-    detail::wait_gated(transport_, options_, group, min_step, "push and pull");
+    detail::wait_gated(transport_, members_, options_, group, min_step, "push and pull");
     unanswered_.clear();
     return {stale_parts(group, 0, pushes), lowest_step<PullReply>(group, pushes, group.size())};
   }
@@ -4276,8 +4598,45 @@ class Client {
     return stale;
   }
 
-  /// Learns the model from every ps's PlacementReply, checking that they agree with each
-  /// other and with `variables` (and `tables`, when given).
+  /// Rounds of `wait_ready` that may follow a change of the ps tasks: changes come one at a
+  /// time, and each takes a round or two.
+  static constexpr std::size_t kMembershipRounds = 8;
+  /// How long `learn_membership` waits for the ps tasks' answers.
+  static constexpr std::chrono::milliseconds kAskPatience{5000};
+
+  /// The job's ps tasks are `members` at version `membership`, as a ps said.
+  void take_membership(std::vector<std::uint32_t> members, std::uint64_t membership) {
+    check_members(members);
+    if (members.back() >= num_ps()) {
+      throw Error(ErrorCode::kFailedPrecondition,
+                  "the ps tasks name ps " + std::to_string(members.back()) + " a member, but this client knows " +
+                      std::to_string(num_ps()) + " ps tasks: are they configured with the same cluster?");
+    }
+    log(LogLevel::kInfo, "the job's ps tasks are now " + describe_members(members) + " (membership " +
+                             std::to_string(membership) + ", was " + std::to_string(membership_) + ")");
+    members_ = std::move(members);
+    membership_ = membership;
+    unanswered_.clear();
+  }
+
+  /// True if a reply of `replies` (one per member) names a newer membership with other
+  /// members than were asked: they are taken, to be asked again.
+  bool follow_membership(std::vector<PlacementReply>& replies) {
+    const auto newest = std::max_element(replies.begin(), replies.end(), [](const auto& a, const auto& b) {
+      return a.membership < b.membership;
+    });
+    if (newest->membership < membership_) return false;  // a ps behind: `adopt` names the mismatch
+    if (newest->membership == membership_ && newest->members == members_) return false;
+    if (newest->members == members_) {
+      membership_ = newest->membership;
+      return false;
+    }
+    take_membership(std::move(newest->members), newest->membership);
+    return true;
+  }
+
+  /// Learns the model from every member ps's PlacementReply, checking that they agree with
+  /// each other and with `variables` (and `tables`, when given).
   void adopt(std::vector<PlacementReply> replies, std::vector<VariableSpec>& variables,
              const std::vector<TableSpec>* tables = nullptr) {
     if (replies.empty()) throw Error(ErrorCode::kInvalidArgument, "the cluster has no ps task");
@@ -4287,16 +4646,24 @@ class Client {
                       " embedding table(s), and this model declares " + std::to_string(tables->size()) +
                       " that differ from them (name, dim, initializer, admission, eviction must match)");
     }
-    for (std::size_t ps = 1; ps < replies.size(); ++ps) {
-      if (replies[ps].id_sharding != replies[0].id_sharding) {
+    for (std::size_t k = 1; k < replies.size(); ++k) {
+      const std::string ps = std::to_string(members_[k]);
+      const std::string first = std::to_string(members_[0]);
+      if (replies[k].members != replies[0].members || replies[k].membership != replies[0].membership) {
+        throw Error(ErrorCode::kUnavailable, "ps " + first + " and ps " + ps +
+                                                 " are at different memberships of the job's ps tasks (" +
+                                                 std::to_string(replies[0].membership) + " and " +
+                                                 std::to_string(replies[k].membership) + "): a change is under way");
+      }
+      if (replies[k].id_sharding != replies[0].id_sharding) {
         throw Error(ErrorCode::kFailedPrecondition,
-                    "ps 0 and ps " + std::to_string(ps) +
+                    "ps " + first + " and ps " + ps +
                         " spread the rows of embedding tables differently: are they configured with the same "
                         "Tables policy (IdSharding)?");
       }
-      if (!(replies[ps].placement == replies[0].placement)) {
+      if (!(replies[k].placement == replies[0].placement)) {
         throw Error(ErrorCode::kFailedPrecondition,
-                    "ps 0 and ps " + std::to_string(ps) +
+                    "ps " + first + " and ps " + ps +
                         " place the variables differently: are they configured with the same sharding policy "
                         "and number of ps tasks?");
       }
@@ -4315,16 +4682,22 @@ class Client {
                         "'): name, shape and initializer must match");
       }
     }
+    if (replies[0].members != members_) {
+      throw Error(ErrorCode::kFailedPrecondition,
+                  "the ps tasks say the job's ps tasks are " + describe_members(replies[0].members) + ", not " +
+                      describe_members(members_) + ": are they configured with the same cluster?");
+    }
     for (const Part& part : replies[0].placement.parts) {
-      if (part.ps >= num_ps()) {
+      if (!std::binary_search(members_.begin(), members_.end(), part.ps)) {
         throw Error(ErrorCode::kFailedPrecondition,
-                    "the ps tasks place parts on ps " + std::to_string(part.ps) + ", but this client knows " +
-                        std::to_string(num_ps()) + " ps tasks: are they configured with the same cluster?");
+                    "the ps tasks place parts on ps " + std::to_string(part.ps) + ", which is not among the job's " +
+                        describe_members(members_) + ": are they configured with the same cluster?");
       }
     }
     if (replies[0].placement.num_variables() != variables.size()) {
       throw Error(ErrorCode::kFailedPrecondition, "the ps tasks' placement does not cover this model's variables");
     }
+    membership_ = replies[0].membership;
     placement_ = std::move(replies[0].placement);
     variables_ = std::move(variables);
     epoch_ = 0;
@@ -4342,6 +4715,8 @@ class Client {
   /// a lost connection sends again.
   std::vector<Push> unanswered_;
   std::uint64_t epoch_ = 0;  ///< the ps tasks' restores so far, as last learned
+  std::vector<std::uint32_t> members_;  ///< the job's ps tasks, ascending, as last learned
+  std::uint64_t membership_ = 0;        ///< their version
   std::vector<std::string> slot_names_;     ///< the optimizer's slots, as the ps tasks name them
   std::vector<std::string> counter_names_;  ///< the optimizer's counters
   Placement placement_;
@@ -4356,6 +4731,7 @@ class Client {
 // ---- begin pulley/sharding/ids.hpp ----
 
 #include <cstdint>
+#include <ranges>
 #include <span>
 #include <string_view>
 
@@ -4375,34 +4751,14 @@ struct HashIds {
   /// The ps task that holds row `id` of `table` among ps tasks 0 .. num_ps − 1.
   [[nodiscard]] std::uint32_t ps_of(std::string_view table, std::uint64_t id,
                                     std::uint32_t num_ps) const noexcept {
-    const std::uint64_t row = row_key(table, id);
-    std::uint32_t best = 0;
-    std::uint64_t best_score = score(row, 0);
-    for (std::uint32_t ps = 1; ps < num_ps; ++ps) {
-      const std::uint64_t s = score(row, ps);
-      if (s > best_score) {
-        best = ps;
-        best_score = s;
-      }
-    }
-    return best;
+    return best(row_key(table, id), std::views::iota(std::uint32_t{0}, num_ps));
   }
 
   /// The ps task that holds row `id` of `table` among the ps tasks `members` (task indices,
-  /// not empty): the same as above when they are 0 .. num_ps − 1.
+  /// ascending, not empty): the same as above when they are 0 .. num_ps − 1.
   [[nodiscard]] std::uint32_t ps_of(std::string_view table, std::uint64_t id,
                                     std::span<const std::uint32_t> members) const noexcept {
-    const std::uint64_t row = row_key(table, id);
-    std::uint32_t best = members.front();
-    std::uint64_t best_score = score(row, best);
-    for (const std::uint32_t ps : members.subspan(1)) {
-      const std::uint64_t s = score(row, ps);
-      if (s > best_score || (s == best_score && ps < best)) {
-        best = ps;
-        best_score = s;
-      }
-    }
-    return best;
+    return best(row_key(table, id), members);
   }
 
  private:
@@ -4411,6 +4767,22 @@ struct HashIds {
   }
   static constexpr std::uint64_t score(std::uint64_t row, std::uint32_t ps) noexcept {
     return mix_id(row + (std::uint64_t{ps} + 1) * 0x9E3779B97F4A7C15ULL);
+  }
+  /// The task of `tasks` (ascending, not empty) scoring `row` highest; the first on a tie.
+  template <class Tasks>
+  static std::uint32_t best(std::uint64_t row, const Tasks& tasks) noexcept {
+    std::uint32_t best = 0;
+    std::uint64_t best_score = 0;
+    bool first = true;
+    for (const std::uint32_t ps : tasks) {
+      const std::uint64_t s = score(row, ps);
+      if (first || s > best_score) {
+        best = ps;
+        best_score = s;
+        first = false;
+      }
+    }
+    return best;
   }
 };
 static_assert(IdSharding<HashIds>);
@@ -4459,20 +4831,28 @@ std::optional<TableState> read_table(Client<T>& client, std::uint32_t t, bool in
   TableState table;
   table.spec = client.tables()[t];
   // What each ps holds: its rows at the cut, its update count, the optimizer's slots.
-  std::vector<std::uint64_t> total(num_ps);
+  // Rows by task index: the members' (the others hold nothing).
+  std::vector<std::uint64_t> total(num_ps, 0);
+  const std::span<const std::uint32_t> members = client.members();
   {
     CallGroup group;
-    for (std::size_t ps = 0; ps < num_ps; ++ps) {
+    for (const std::uint32_t ps : members) {
       group.add(client.transport().call(ps, ReadRows{t, 0, 0, false, false}, PullTargets{std::span<float>()}));
     }
     group.wait(timeout, "read the rows of table '" + table.spec.name + "'");
-    for (std::size_t ps = 0; ps < num_ps; ++ps) {
-      RowsChunk head = group.take_as<RowsChunk>(ps);
+    for (std::size_t k = 0; k < members.size(); ++k) {
+      const std::uint32_t ps = members[k];
+      RowsChunk head = group.take_as<RowsChunk>(k);
       if (incremental && head.since < 0) return std::nullopt;
-      if (ps == 0) table.slot_names = std::move(head.slot_names);
+      if (k == 0) table.slot_names = std::move(head.slot_names);
       total[ps] = head.total;
       table.updates.push_back(head.updates);
     }
+  }
+  if (!first_tasks(members) && !table.updates.empty()) {
+    // The counts are read in member order, which is task order while the members are the
+    // cluster's first ps tasks (TableState::updates); with one gone, all are the largest.
+    table.updates.assign(table.updates.size(), *std::max_element(table.updates.begin(), table.updates.end()));
   }
   const std::size_t stride = table.stride();
   std::uint64_t rows = 0;
@@ -4513,7 +4893,7 @@ std::optional<TableState> read_table(Client<T>& client, std::uint32_t t, bool in
   // The ids admission was counting, and those an incremental cut says were evicted, a ps
   // after the other (their chunks' rows are empty).
   auto read_ids = [&](bool evicted, auto&& take, const std::string& what) {
-    for (std::size_t ps = 0; ps < num_ps; ++ps) {
+    for (const std::uint32_t ps : members) {
       for (std::uint64_t from = 0;;) {
         CallGroup group;
         ReadRows r{t, from, static_cast<std::uint32_t>(kMaxCandidatesPerMessage), !evicted, evicted};
@@ -4542,7 +4922,7 @@ std::optional<TableState> read_table(Client<T>& client, std::uint32_t t, bool in
 /// Sends table `t` of `table` to the ps tasks in chunks, at epoch `epoch`: each row (and
 /// admission count) to the ps `sharding` gives it when that is where the ps tasks' own
 /// IdSharding puts it (`routed`), else every chunk to every ps, each keeping its own. The
-/// table's update count goes to every ps: as saved when the ps tasks are as many as wrote
+/// table's update count goes to every ps: as saved when the ps tasks are those that wrote
 /// it, else the largest.
 template <Transport T, IdSharding I>
 void restore_table(Client<T>& client, std::uint32_t t, const TableState& table, std::uint64_t epoch,
@@ -4554,6 +4934,11 @@ void restore_table(Client<T>& client, std::uint32_t t, const TableState& table, 
       table.updates.empty() ? 0 : *std::max_element(table.updates.begin(), table.updates.end());
   const std::size_t stride = table.stride();
   const std::size_t rows = table.ids.size();
+  // The counts were saved by task index (TableState::updates; all the largest when a ps
+  // had left): they stay each ps's while the ps tasks are the cluster's first ones, as
+  // many as wrote them.
+  const bool same_tasks = table.updates.size() == num_ps && first_tasks(client.members()) &&
+                          client.members().size() == num_ps;
   std::vector<std::vector<std::size_t>> mine(num_ps);  // a chunk's rows, by ps (routed)
   std::vector<std::vector<float>> values(num_ps);
   // Rows, then candidates; the first message to each ps carries its update count.
@@ -4563,7 +4948,7 @@ void restore_table(Client<T>& client, std::uint32_t t, const TableState& table, 
       for (auto& m : mine) m.clear();
       const auto& ids = candidates ? table.candidate_ids : table.ids;
       for (std::size_t i = from; i < from + n; ++i) {
-        const std::uint32_t ps = sharding.ps_of(table.spec.name, ids[i], static_cast<std::uint32_t>(num_ps));
+        const std::uint32_t ps = row_owner(sharding, table.spec.name, ids[i], client.members());
         if (ps >= num_ps) throw Error(ErrorCode::kInternal, "the id sharding put a row outside the cluster");
         mine[ps].push_back(i);
       }
@@ -4573,7 +4958,7 @@ void restore_table(Client<T>& client, std::uint32_t t, const TableState& table, 
           RestoreRows m;
           m.epoch = epoch;
           m.table = t;
-          if (first) m.updates = table.updates.size() == num_ps ? table.updates[ps] : largest;
+          if (first) m.updates = same_tasks ? table.updates[ps] : largest;
           m.slot_names = table.slot_names;
           m.candidates = candidates;
           if (routed) {
@@ -4668,15 +5053,15 @@ ModelState read_state(Client<T>& client, std::int64_t at_step = 0, CutRows rows 
   std::vector<PauseReply> paused;
   {
     CallGroup group;
-    for (std::size_t ps = 0; ps < client.num_ps(); ++ps) group.add(client.transport().call(ps, Pause{at_step}, {}));
-    detail::wait_gated(client.transport(), client.options(), group, at_step, "pause the ps tasks at step " + std::to_string(at_step));
-    for (std::size_t ps = 0; ps < client.num_ps(); ++ps) paused.push_back(group.take_as<PauseReply>(ps));
+    for (const std::uint32_t ps : client.members()) group.add(client.transport().call(ps, Pause{at_step}, {}));
+    detail::wait_gated(client.transport(), client.members(), client.options(), group, at_step, "pause the ps tasks at step " + std::to_string(at_step));
+    for (std::size_t k = 0; k < group.size(); ++k) paused.push_back(group.take_as<PauseReply>(k));
   }
   if (rows.since >= 0) {
-    for (std::size_t ps = 0; ps < paused.size(); ++ps) {
-      if (paused[ps].evictions_since <= rows.since) continue;
-      log(LogLevel::kInfo, "ps " + std::to_string(ps) + " knows its evictions from global step " +
-                               std::to_string(paused[ps].evictions_since) + " on only, not since " +
+    for (std::size_t k = 0; k < paused.size(); ++k) {
+      if (paused[k].evictions_since <= rows.since) continue;
+      log(LogLevel::kInfo, "ps " + std::to_string(client.members()[k]) + " knows its evictions from global step " +
+                               std::to_string(paused[k].evictions_since) + " on only, not since " +
                                std::to_string(rows.since) + ": this checkpoint holds every row");
       rows.since = -1;
       break;
@@ -4701,7 +5086,7 @@ ModelState read_state(Client<T>& client, std::int64_t at_step = 0, CutRows rows 
   }
   const Placement& placement = client.placement();
   CallGroup group;
-  for (std::size_t ps = 0; ps < client.num_ps(); ++ps) {
+  for (const std::uint32_t ps : client.members()) {
     PullTargets targets;
     for (const Part& part : placement.parts) {
       if (part.ps != ps) continue;
@@ -4717,14 +5102,16 @@ ModelState read_state(Client<T>& client, std::int64_t at_step = 0, CutRows rows 
                                       std::move(targets)));
   }
   group.wait(client.options().request_timeout, "read the ps tasks' state at one cut");
-  for (std::size_t ps = 0; ps < client.num_ps(); ++ps) {
-    const StateReply reply = group.take_as<StateReply>(ps);
-    if (ps == 0) {
+  for (std::size_t k = 0; k < group.size(); ++k) {
+    const std::uint32_t ps = client.members()[k];
+    const StateReply reply = group.take_as<StateReply>(k);
+    if (k == 0) {
       state.global_step = reply.global_step;
       state.pacer = reply.pacer;
     } else if (reply.pacer != state.pacer) {
-      log(LogLevel::kWarning, "ps " + std::to_string(ps) + " and ps 0 disagree on the sync "
-                              "policy's state at the cut: the checkpoint keeps ps 0's");
+      log(LogLevel::kWarning, "ps " + std::to_string(ps) + " and ps " + std::to_string(client.pacing_ps()) +
+                                  " disagree on the sync policy's state at the cut: the checkpoint keeps ps " +
+                                  std::to_string(client.pacing_ps()) + "'s");
     }
     for (const PartState& p : reply.parts) {
       if (p.part >= placement.parts.size() || placement.parts[p.part].ps != ps) {
@@ -4921,7 +5308,7 @@ std::optional<std::pair<std::int64_t, std::int64_t>> read_into(
   if (patient) {
     if (min_step <= 0) {
       group.wait(options.request_timeout, "read the variables");
-    } else if (!wait_progressing(client.transport(), options, group,
+    } else if (!wait_progressing(client.transport(), client.members(), options, group,
                                  "read the variables at step " + std::to_string(min_step), deadline)) {
       return std::nullopt;
     }
@@ -5010,7 +5397,7 @@ std::vector<float> read_rows(Client<T>& client, std::string_view table,
   std::vector<Wanted> order;
   order.reserve(ids.size());
   for (std::size_t i = 0; i < ids.size(); ++i) {
-    const std::uint32_t ps = sharding.ps_of(table, ids[i], num_ps);
+    const std::uint32_t ps = row_owner(sharding, table, ids[i], client.members());
     if (ps >= num_ps) {
       throw Error(ErrorCode::kInvalidArgument, "the id sharding put row " + std::to_string(ids[i]) +
                                                    " on ps " + std::to_string(ps) + " of " + std::to_string(num_ps));
@@ -5114,7 +5501,7 @@ class Chief {
     return client_.wait_for_step_until(step, deadline);
   }
 
-  /// Counters of every ps task, by task index.
+  /// Counters of every member ps, in member order (Client::stats).
   std::vector<Stats> stats() { return client_.stats(); }
 
   /// The current rows `ids` of embedding table `table` (ids.size() × dim floats, in order)
@@ -5165,6 +5552,7 @@ class Chief {
   /// done, a ps restarted), or cannot be reached within the request timeout.
   [[nodiscard]] bool ps_serving() {
     try {
+      (void)client_.learn_membership();  // a ps its predecessor let go is not waited for
       const auto replies = client_.template broadcast<StatsReply>([](std::size_t) { return GetStats{}; },
                                                                   timeouts().request_timeout, "look at the ps tasks");
       return std::all_of(replies.begin(), replies.end(), [&](const StatsReply& r) {
@@ -5186,6 +5574,40 @@ class Chief {
   /// Ends training as failed, for `reason`: the ps tasks answer `kAborted` with it, so every
   /// task stops with an error naming it.
   void abort(const std::string& reason) { end({true, reason}); }
+
+  /// The member ps tasks that do not answer within `timeout` (each asked alone), ascending.
+  std::vector<std::uint32_t> unreachable(std::chrono::milliseconds timeout) {
+    const auto answers = client_.ask_each(timeout);
+    std::vector<std::uint32_t> gone;
+    for (std::size_t k = 0; k < answers.size(); ++k) {
+      if (!answers[k]) gone.push_back(client_.members()[k]);
+    }
+    return gone;
+  }
+
+  /// Takes the member ps tasks `gone` out of the job for good: the next `restore` places
+  /// the model over the others, each part of theirs on the member that holds least
+  /// (sharding/rebalance.hpp), at a membership one newer, and the workers follow when they
+  /// get ready again. Throws kInvalidArgument for a ps that is not a member, or when none
+  /// would be left.
+  void leave(std::span<const std::uint32_t> gone) {
+    std::vector<std::uint32_t> left;
+    for (const std::uint32_t ps : client_.members()) {
+      if (std::find(gone.begin(), gone.end(), ps) == gone.end()) left.push_back(ps);
+    }
+    for (const std::uint32_t ps : gone) {
+      const auto m = client_.members();
+      if (std::find(m.begin(), m.end(), ps) == m.end()) {
+        throw Error(ErrorCode::kInvalidArgument, "ps " + std::to_string(ps) + " is not a member of the job");
+      }
+    }
+    if (left.empty()) throw Error(ErrorCode::kInvalidArgument, "a job cannot go on without any ps task");
+    client_.change_members(std::move(left), client_.membership() + 1);
+  }
+
+  /// The job's ps tasks (ascending) and their version (Client::members).
+  [[nodiscard]] std::span<const std::uint32_t> members() const noexcept { return client_.members(); }
+  [[nodiscard]] std::uint64_t membership() const noexcept { return client_.membership(); }
 
   /// Where each variable lives, after `initialize`.
   [[nodiscard]] const Placement& placement() const noexcept { return client_.placement(); }
@@ -5255,6 +5677,8 @@ class Chief {
   void end(const Shutdown& message) {
     client_.template broadcast<Ack>([&](std::size_t) { return message; },
                                     timeouts().request_timeout, "shutdown");
+    // A ps that left the job and lives on (cut off for a while, or started again) ends too.
+    client_.tell_others(Request{message}, std::min(timeouts().request_timeout, std::chrono::milliseconds(2000)));
   }
 
   std::uint64_t seed_;
@@ -5311,7 +5735,7 @@ class Evaluator {
     return pulley::read_rows(client_, table, ids, std::move(sharding));
   }
 
-  /// Counters of every ps task, by task index.
+  /// Counters of every member ps, in member order (Client::stats).
   std::vector<Stats> stats() { return client_.stats(); }
   /// Blocks until the chief ends training (Client::wait_for_end).
   void wait_for_end() { client_.wait_for_end(); }
@@ -5341,8 +5765,9 @@ namespace pulley {
 
 /// What the heartbeats of a HeartbeatSender brought back.
 struct HeartbeatReplies {
-  /// The counters each ps task answered with, by task index (nullopt: not heard yet); a ps
-  /// that did not answer the last beat keeps its earlier ones.
+  /// The counters each ps task answered with, by task index (nullopt: not heard yet, or no
+  /// member of the job any more); a ps that did not answer the last beat keeps its earlier
+  /// ones.
   std::vector<std::optional<Stats>> stats;
   /// When the last beat that a ps task answered was sent (the clock's epoch before any was).
   std::chrono::steady_clock::time_point at;
@@ -5359,6 +5784,8 @@ struct HeartbeatReplies {
 ///
 /// It also tells the worker which others are lost (`lost`), so that a data source can
 /// hand their share of the data to the workers that remain (runner/run.hpp's DataShard).
+/// It beats the job's ps tasks: every ps task of the cluster until the replies name a
+/// newer membership without some (a ps that left the job for good, Chief::leave).
 ///
 ///     HeartbeatSender beat(index, InProcess(network, Node::worker(index)));
 ///     Worker worker(index, model, InProcess(network, Node::worker(index)));
@@ -5429,6 +5856,7 @@ class HeartbeatSender {
       stats_.resize(std::max(stats_.size(), stats.size()));
       for (std::size_t ps = 0; ps < stats.size(); ++ps) {
         if (stats[ps]) stats_[ps] = stats[ps];
+        if (!member(static_cast<std::uint32_t>(ps))) stats_[ps].reset();  // left the job
       }
       if (heard) {
         lost_.assign(lost.begin(), lost.end());
@@ -5451,15 +5879,16 @@ class HeartbeatSender {
   bool send_all(bool leaving, std::set<std::uint32_t>& lost, bool& chief_lost,
                 std::vector<std::optional<Stats>>& counters) noexcept {
     try {
-      std::vector<PendingCall> calls;
+      std::vector<std::optional<PendingCall>> calls(transport_.num_ps());
       for (std::size_t ps = 0; ps < transport_.num_ps(); ++ps) {
-        calls.push_back(transport_.call(ps, Heartbeat{worker_, leaving}, {}));
+        if (member(static_cast<std::uint32_t>(ps))) calls[ps].emplace(transport_.call(ps, Heartbeat{worker_, leaving}, {}));
       }
       const auto deadline = std::chrono::steady_clock::now() + interval_;
       bool heard = false;
       counters.resize(calls.size());
       for (std::size_t ps = 0; ps < calls.size(); ++ps) {
-        PendingCall& call = calls[ps];
+        if (!calls[ps]) continue;
+        PendingCall& call = *calls[ps];
         if (!call.wait_until(deadline)) {
           call.cancel();
           continue;
@@ -5470,6 +5899,10 @@ class HeartbeatSender {
           counters[ps] = stats->stats;
           lost.insert(stats->lost.begin(), stats->lost.end());
           chief_lost = chief_lost || stats->chief_lost;
+          if (!stats->members.empty() && stats->membership > membership_) {
+            members_ = stats->members;  // beaten from the next beat on
+            membership_ = stats->membership;
+          }
         }
       }
       return heard;
@@ -5478,8 +5911,15 @@ class HeartbeatSender {
     }
   }
 
+  /// True if ps task `ps` is a member of the job, as the replies last said.
+  [[nodiscard]] bool member(std::uint32_t ps) const {
+    return membership_ == 0 || std::binary_search(members_.begin(), members_.end(), ps);
+  }
+
   std::uint32_t worker_;
   std::chrono::milliseconds interval_;
+  std::vector<std::uint32_t> members_;  ///< the job's ps tasks (the beating thread's own)
+  std::uint64_t membership_ = 0;        ///< their version: 0, every ps task of the cluster
   T transport_;
   std::string who_;
   mutable std::mutex mutex_;
@@ -5554,6 +5994,9 @@ class Recovery {
     std::this_thread::sleep_for(std::min<Clock::duration>(pause_, deadline_ - now));
     pause_ = std::min<std::chrono::milliseconds>(pause_ * 2, std::chrono::seconds(2));
   }
+
+  /// Time since the wait began.
+  [[nodiscard]] Clock::duration waited() const noexcept { return Clock::now() - (deadline_ - timeout_); }
 
   /// Tries so far.
   [[nodiscard]] int tries() const noexcept { return tries_; }
@@ -5859,7 +6302,7 @@ class Worker {
   [[nodiscard]] M& model() noexcept { return model_; }
   /// The model it trains, with the parameters of the last pull.
   [[nodiscard]] const M& model() const noexcept { return model_; }
-  /// Counters of every ps task, by task index (their global steps among them).
+  /// Counters of every member ps, in member order (their global steps among them).
   std::vector<Stats> stats() { return client_.stats(); }
   /// Steps whose gradients `ClientOptions::clip_norm` scaled down.
   [[nodiscard]] std::int64_t clipped_steps() const noexcept { return client_.clipped_steps(); }
@@ -6015,7 +6458,7 @@ class Worker {
       ps_of_.clear();
       for (const std::uint64_t id : table.ids) {
         if (!table.positions.insert(id).second) continue;
-        const std::uint32_t ps = sharding_.ps_of(table.spec.name, id, num_ps);
+        const std::uint32_t ps = row_owner(sharding_, table.spec.name, id, client_.members());
         if (ps >= num_ps) {
           throw Error(ErrorCode::kInvalidArgument, "the id sharding put row " + std::to_string(id) +
                                                        " of table '" + table.spec.name + "' on ps " +
@@ -6541,7 +6984,7 @@ enum class Verdict : std::uint8_t {
 ///   - an `Accumulator` per part the ps holds (TF's ConditionalAccumulator): it gathers the
 ///     part's gradients of one update and hands the optimizer their mean;
 ///   - one `Pacer` per ps task: it counts push messages towards the ps's global step, judges
-///     them fresh or stale, and (on ps 0, which paces the workers) hands out sync tokens.
+///     them fresh or stale, and (on the pacing ps: the lowest member, ps 0 while none left) hands out sync tokens.
 ///
 /// Required:
 ///   - `typename P::Accumulator`, `typename P::Pacer` (both movable)
@@ -6598,7 +7041,7 @@ enum class Verdict : std::uint8_t {
 ///   - `global_step` never decreases. A Pull with `min_step` waits until it reaches
 ///     `min_step`, and is answered the moment it does (before the ps handles anything
 ///     else), so the values it reads are this ps's at that step;
-///   - `take_token` is asked for every TakeToken (sent to ps 0 only); a request it answers
+///   - `take_token` is asked for every TakeToken (sent to the pacing ps only); a request it answers
 ///     nullopt waits, and is asked again, in arrival order, after every push the ps handles;
 ///   - `on_push` and `take_token` may refuse a request by throwing `pulley::Error` (e.g. a
 ///     worker index out of range), and must then leave the pacer unchanged. Any other throw
@@ -8212,9 +8655,11 @@ class Pacing {
 // ---- end pulley/ps/pacing.hpp ----
 // ---- begin pulley/ps/registration.hpp ----
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_set>
@@ -8258,11 +8703,42 @@ class Registration {
     if (auto problem = check_tables(r.tables, r.variables); !problem.empty()) {
       return ErrorReply{ErrorCode::kInvalidArgument, std::move(problem)};
     }
+    const std::vector<std::uint32_t> members = members_of(r);
+    if (auto problem = check_members(r, members); !problem.empty()) {
+      return ErrorReply{ErrorCode::kInvalidArgument, std::move(problem)};
+    }
     placement = sharding_.place(r.variables, num_ps_);
-    if (auto problem = check_placement(r.variables, placement, num_ps_); !problem.empty()) {
+    if (auto problem = check_placement(r.variables, placement, all_tasks()); !problem.empty()) {
       return ErrorReply{ErrorCode::kInvalidArgument, "the sharding policy is broken: " + problem};
     }
+    if (members.size() != num_ps_) {
+      // Placed again from the cluster's first placement, so that every process computes
+      // the same from the members alone, whatever changes came before.
+      try {
+        placement = rebalance(sharding_, r.variables, placement, members);
+      } catch (const Error& e) {
+        return ErrorReply{ErrorCode::kInvalidArgument, std::string("the sharding policy cannot rebalance: ") + e.what()};
+      }
+      if (auto problem = check_placement(r.variables, placement, members); !problem.empty()) {
+        return ErrorReply{ErrorCode::kInvalidArgument, "the sharding policy's rebalance is broken: " + problem};
+      }
+    }
     return std::nullopt;
+  }
+
+  /// The ps tasks `r` registers the model over: its members, or every ps task.
+  [[nodiscard]] std::vector<std::uint32_t> members_of(const Register& r) const {
+    return r.members.empty() ? all_tasks() : r.members;
+  }
+
+  /// The job's ps tasks, ascending, as last registered (every ps task before that).
+  [[nodiscard]] const std::vector<std::uint32_t>& members() const noexcept { return members_; }
+  /// Their version (Register::membership).
+  [[nodiscard]] std::uint64_t membership() const noexcept { return membership_; }
+  /// A model is registered over `members` (members_of), at version `membership`.
+  void registered(std::vector<std::uint32_t> members, std::uint64_t membership) {
+    members_ = std::move(members);
+    membership_ = membership;
   }
 
   /// True once every part held here is initialized (or restored): the ps serves training.
@@ -8359,17 +8835,19 @@ class Registration {
     return {};
   }
 
-  /// Why `placement` is not one of `variables` over `num_ps` ps tasks, or "": each
-  /// variable's parts in order, on existing ps tasks, covering its rows exactly once.
+  /// Why `placement` is not one of `variables` over the ps tasks `members` (ascending), or
+  /// "": each variable's parts in order, on members, covering its rows exactly once.
   static std::string check_placement(const std::vector<VariableSpec>& variables, const Placement& placement,
-                                     std::uint32_t num_ps) {
+                                     std::span<const std::uint32_t> members) {
     if (placement.num_variables() != variables.size()) return "wrong number of variables";
     for (std::size_t v = 0; v < variables.size(); ++v) {
       std::size_t next_row = 0;
       std::uint32_t index = 0;
       for (const Part& part : placement.parts_of(v)) {
         if (part.variable != v || part.index != index++) return "parts are out of order";
-        if (part.ps >= num_ps) return "a part is placed on a ps task that does not exist";
+        if (!std::binary_search(members.begin(), members.end(), part.ps)) {
+          return "a part is placed on ps " + std::to_string(part.ps) + ", which is not a ps task of the job";
+        }
         if (part.rows.begin != next_row || part.rows.empty()) {
           return "the parts of '" + variables[v].name + "' do not cover its rows exactly once";
         }
@@ -8383,8 +8861,36 @@ class Registration {
   }
 
  private:
+  /// Why `members` cannot be the job's ps tasks, or "": each a ps task of the cluster, once,
+  /// ascending, this one among them; its tables' rows placeable over them.
+  [[nodiscard]] std::string check_members(const Register& r, const std::vector<std::uint32_t>& members) const {
+    if (members.empty()) return "a job needs at least one ps task";
+    for (std::size_t i = 0; i < members.size(); ++i) {
+      if (members[i] >= num_ps_) {
+        return "ps " + std::to_string(members[i]) + " is not a ps task of the cluster (it has " +
+               std::to_string(num_ps_) + ")";
+      }
+      if (i > 0 && members[i] <= members[i - 1]) return "the ps members must be ascending, each once";
+    }
+    if (!std::binary_search(members.begin(), members.end(), task_)) {
+      return "ps " + std::to_string(task_) + " is not among the members registered";
+    }
+    if (members.size() != num_ps_ && r.membership == 0) {
+      return "the members differ from the cluster's ps tasks at membership 0 (the cluster's own shape)";
+    }
+    return {};
+  }
+
+  [[nodiscard]] std::vector<std::uint32_t> all_tasks() const {
+    std::vector<std::uint32_t> all(num_ps_);
+    for (std::uint32_t i = 0; i < num_ps_; ++i) all[i] = i;
+    return all;
+  }
+
   std::uint32_t task_;
   std::uint32_t num_ps_;
+  std::vector<std::uint32_t> members_ = all_tasks();
+  std::uint64_t membership_ = 0;
   [[no_unique_address]] S sharding_;
   bool ready_ = false;
   std::vector<Responder> waiters_;
@@ -9229,8 +9735,9 @@ class TableShard {
   [[nodiscard]] const T& policy() const noexcept { return policy_; }
 
   /// Empty tables for `specs` (checked: see ParameterServer), whose rows start from
-  /// `seed`, on ps `task` of `num_ps`. All of it is built before any of it is kept.
-  void assign(std::uint32_t task, std::uint32_t num_ps, const std::vector<TableSpec>& specs,
+  /// `seed`, on ps `task` of the job's ps tasks `members`. All of it is built before any
+  /// of it is kept.
+  void assign(std::uint32_t task, std::span<const std::uint32_t> members, const std::vector<TableSpec>& specs,
               std::uint64_t seed) {
     std::vector<Table> tables;
     tables.reserve(specs.size());
@@ -9238,16 +9745,17 @@ class TableShard {
       tables.push_back(Table{EmbeddingTable<Optimizer>(spec, policy_.optimizer, seed),
                              policy_.aggregation.make_accumulator(spec.dim), 0, 0, false, 0, -1, 0, false, {}, {}, {}});
     }
+    std::vector<std::uint32_t> kept(members.begin(), members.end());
     tables_ = std::move(tables);
     task_ = task;
-    num_ps_ = num_ps;
+    members_ = std::move(kept);
   }
 
   /// Tables held.
   [[nodiscard]] std::size_t size() const noexcept { return tables_.size(); }
   /// Where this ps's id sharding puts the tables' rows (`id_sharding_fingerprint`).
   [[nodiscard]] std::uint64_t id_sharding(const std::vector<TableSpec>& specs) const {
-    return id_sharding_fingerprint(policy_.sharding, specs, num_ps_);
+    return id_sharding_fingerprint(policy_.sharding, specs, members_);
   }
   /// The spec of table `t`.
   [[nodiscard]] const TableSpec& spec(std::size_t t) const { return tables_[t].rows.spec(); }
@@ -9283,7 +9791,7 @@ class TableShard {
                       "' comes twice in one request (a worker sums a row's gradients before it pushes)");
       }
       for (const std::uint64_t id : tr.ids) {
-        const std::uint32_t owner = policy_.sharding.ps_of(s.name, id, num_ps_);
+        const std::uint32_t owner = row_owner(policy_.sharding, s.name, id, members_);
         if (owner != task_) {
           return refuse("row " + std::to_string(id) + " of table '" + s.name + "' is held by ps " +
                         std::to_string(owner) + ", not here (do the worker and the ps use the same " +
@@ -9538,7 +10046,7 @@ class TableShard {
     const std::size_t take = same_slots ? stride : dim;
     std::size_t kept = 0;
     for (std::size_t i = 0; i < r.ids.size(); ++i) {
-      if (policy_.sharding.ps_of(name, r.ids[i], num_ps_) != task_) continue;
+      if (row_owner(policy_.sharding, name, r.ids[i], members_) != task_) continue;
       if (r.candidates) {
         t.rows.restore_candidate(r.ids[i], r.counts[i], r.steps[i]);
       } else {
@@ -9624,7 +10132,7 @@ class TableShard {
   T policy_;
   bool cut_marked_ = false;  ///< a cut was read and the pause goes on
   std::uint32_t task_ = 0;
-  std::uint32_t num_ps_ = 1;
+  std::vector<std::uint32_t> members_{0};  ///< the job's ps tasks (Register::members)
   std::vector<Table> tables_;
   IdPositions seen_{detail::random_u64()};  ///< finds an id twice in a request
   /// Buffers of row replies, by request: those before `used_` may be viewed by a transport
@@ -9639,7 +10147,7 @@ class TableShard<NoTables> {
  public:
   explicit TableShard(NoTables = {}) noexcept {}
   [[nodiscard]] NoTables policy() const noexcept { return {}; }
-  void assign(std::uint32_t, std::uint32_t, const std::vector<TableSpec>&, std::uint64_t) noexcept {}
+  void assign(std::uint32_t, std::span<const std::uint32_t>, const std::vector<TableSpec>&, std::uint64_t) noexcept {}
   [[nodiscard]] std::size_t size() const noexcept { return 0; }
   [[nodiscard]] std::uint64_t id_sharding(const std::vector<TableSpec>&) const noexcept { return 0; }
   [[nodiscard]] std::optional<ErrorReply> check(const std::vector<TableRows>& rows, bool, bool) const {
@@ -9714,7 +10222,7 @@ class Shard {
   /// optimizer State, an empty accumulator; not initialized) and empty tables. Everything
   /// that may throw (allocation, `make_state`) happens before anything is kept: a throw
   /// leaves the shard as it was.
-  void assign(Register&& r, Placement&& placement, std::uint32_t num_ps, const P& sync) {
+  void assign(Register&& r, Placement&& placement, std::span<const std::uint32_t> members, const P& sync) {
     std::vector<Part> parts;
     std::vector<std::size_t> local(placement.parts.size(), kNotHere);
     for (std::size_t i = 0; i < placement.parts.size(); ++i) {
@@ -9727,7 +10235,7 @@ class Shard {
                            optimizer_.make_state(n), sync.make_accumulator(n), false});
     }
     TableShard<T> tables(tables_.policy());
-    tables.assign(task_, num_ps, r.tables, r.table_seed);
+    tables.assign(task_, members, r.tables, r.table_seed);
     std::uint64_t bytes = 0;
     for (const Part& part : parts) bytes += part.values.size() * sizeof(float);
     std::vector<std::string> slot_names, counter_names;
@@ -9745,6 +10253,8 @@ class Shard {
     assigned_ = true;
   }
 
+  /// Bytes of the values of the dense parts held here.
+  [[nodiscard]] std::uint64_t held_bytes() const noexcept { return held_bytes_; }
   /// True once `assign`ed: a model is registered.
   [[nodiscard]] bool assigned() const noexcept { return assigned_; }
   /// True if `r` registers the model held here.
@@ -10261,7 +10771,6 @@ class ParameterServer {
     }
     check_optimizer_settings(optimizer);  // a NaN learning rate would have every update refused
     if constexpr (TablePolicy<T>) check_optimizer_settings(shard_.tables().policy().optimizer, "the tables' optimizer");
-    num_ps_ = num_ps;
   }
 
   /// Handles one request; `reply` is called exactly once, now or later.
@@ -10445,6 +10954,17 @@ class ParameterServer {
     return true;
   }
 
+  /// `problem` with a request of epoch `epoch`, unless the request is of an earlier epoch
+  /// than this ps's: then the epoch's refusal (kFailedPrecondition: start again), since
+  /// what it names may have moved with the restore (a membership's change places parts
+  /// and rows anew). A read unbound to a step (min_step 0) is not refused for its epoch
+  /// alone.
+  [[nodiscard]] std::optional<ErrorReply> of_epoch(std::optional<ErrorReply> problem, std::uint64_t epoch,
+                                                   std::string_view what) const {
+    if (problem && epoch < registration_.epoch()) return registration_.check_epoch(epoch, what);
+    return problem;
+  }
+
   /// True if the ps is ready for `what`; otherwise refuses it.
   bool is_ready(Responder& reply, std::string_view what) {
     if (registration_.ready()) return true;
@@ -10455,15 +10975,53 @@ class ParameterServer {
   // ---- Register / Initialize / WaitReady: registration.hpp -------------------------------
 
   void on(Register& r, const RequestContext&, Responder& reply) {
-    if (shard_.assigned()) {
-      if (shard_.holds(r)) return respond(reply, placement_reply());
-      return reject(reply, ErrorCode::kAlreadyExists, "a different model is already registered");
+    const bool again = shard_.assigned();
+    if (again) {
+      if (!shard_.holds(r)) return reject(reply, ErrorCode::kAlreadyExists, "a different model is already registered");
+      if (r.membership == registration_.membership() && registration_.members_of(r) == registration_.members()) {
+        return respond(reply, placement_reply());
+      }
+      if (r.membership <= registration_.membership()) {
+        return reject(reply, ErrorCode::kFailedPrecondition,
+                      name_ + " holds the job at membership " + std::to_string(registration_.membership()) +
+                          ": membership " + std::to_string(r.membership) + " is not newer");
+      }
     }
     Placement placement;
     if (refused(reply, registration_.check(r, TablePolicy<T>, placement))) return;
-    shard_.assign(std::move(r), std::move(placement), num_ps_, pacing_.policy());  // a throw changes nothing
+    const std::vector<std::uint32_t> members = registration_.members_of(r);
+    if constexpr (TablePolicy<T>) {
+      if (!r.tables.empty() && !first_tasks(members) && !ElasticIdSharding<typename T::Sharding>) {
+        return reject(reply, ErrorCode::kFailedPrecondition,
+                      "the tables' IdSharding places rows over ps tasks 0 .. n-1 only: a job without ps " +
+                          std::string("task(s) of its cluster needs an ElasticIdSharding (HashIds, RangeIds)"));
+      }
+    }
+    const std::uint64_t bytes_before = shard_.held_bytes();
+    const std::uint64_t membership = r.membership;
+    shard_.assign(std::move(r), std::move(placement), members, pacing_.policy());  // a throw changes nothing
+    registration_.registered(members, membership);
+    if (again) {
+      // The ps tasks changed: what this ps held is placed anew and comes back with the
+      // Restore that follows; what waited belongs to the shape before.
+      const ErrorReply gone{ErrorCode::kFailedPrecondition,
+                            name_ + ": the job's ps tasks changed (membership " + std::to_string(membership) +
+                                "): wait until ready and start the step again"};
+      registration_.unready();
+      pacing_.answer_all(gone);
+      pulls_.answer_all(gone);
+      row_pulls_.answer_all(gone);
+      cut_.answer_all(gone);
+      update_.clear();
+      ledger_.clear();
+      replaced_ = true;
+      log(LogLevel::kInfo, name_ + ": the job's ps tasks are now " + describe_members(members) + " (membership " +
+                               std::to_string(registration_.membership()) + "): holds " +
+                               std::to_string(shard_.held_bytes()) + " bytes of dense parts' values, " +
+                               std::to_string(bytes_before) + " before; waits for its restore");
+    }
     respond(reply, placement_reply());
-    if (shard_.initialized()) become_ready();  // no part is held here
+    if (!again && shard_.initialized()) become_ready();  // no part is held here
   }
 
   void on(Initialize& r, const RequestContext& context, Responder& reply) {
@@ -10492,7 +11050,8 @@ class ParameterServer {
   /// names of the optimizer's slots and counters.
   PlacementReply placement_reply() const {
     PlacementReply answer{shard_.variables(),  shard_.placement(), registration_.epoch(), {}, {},
-                          shard_.table_specs(), shard_.tables().id_sharding(shard_.table_specs())};
+                          shard_.table_specs(), shard_.tables().id_sharding(shard_.table_specs()),
+                          registration_.members(), registration_.membership()};
     shard_.state_names(answer.slot_names, answer.counter_names);
     return answer;
   }
@@ -10540,7 +11099,7 @@ class ParameterServer {
   void on(Pull& r, const RequestContext&, Responder& reply) {
     if (!is_ready(reply, "pull") ||
         (r.min_step > 0 && refused(reply, registration_.check_epoch(r.epoch, "pull"))) ||
-        refused(reply, shard_.check(r.slices))) {
+        refused(reply, of_epoch(shard_.check(r.slices), r.epoch, "pull"))) {
       return;
     }
     const std::int64_t step = pacing_.global_step();
@@ -10551,7 +11110,8 @@ class ParameterServer {
   void on(PullRows& r, const RequestContext& context, Responder& reply) {
     if (!is_ready(reply, "row pull") ||
         (r.min_step > 0 && refused(reply, registration_.check_epoch(r.epoch, "row pull"))) ||
-        refused(reply, shard_.tables().check(r.tables, false, context.tensors_finite))) {
+        refused(reply, of_epoch(shard_.tables().check(r.tables, false, context.tensors_finite), r.epoch,
+                                "row pull"))) {
       return;
     }
     // Only a worker's pull creates, admits and touches rows: the chief and evaluators read.
@@ -10576,7 +11136,9 @@ class ParameterServer {
       return reject(reply, ErrorCode::kFailedPrecondition,
                     "push before initialization: the chief has not initialized the variables");
     }
-    if (!is_sender(r.worker, context, reply, "Push") ||
+    // The epoch first: a push of the shape before a restore (another membership's parts and
+    // rows) is refused as late, to be started again, not as malformed.
+    if (!is_sender(r.worker, context, reply, "Push") || refused(reply, registration_.check_epoch(r.epoch, "push")) ||
         refused(reply, shard_.check(r.gradients, context.tensors_finite)) ||
         refused(reply, shard_.tables().check(r.rows, true, context.tensors_finite))) {
       return;
@@ -10587,7 +11149,6 @@ class ParameterServer {
                     "a push must carry a gradient for each of the " + std::to_string(shard_.parts().size()) +
                         " parts held here, got " + std::to_string(r.gradients.size()));
     }
-    if (refused(reply, registration_.check_epoch(r.epoch, "push"))) return;
     if (const PushLedger::Answer* answer = ledger_.repeated(r.worker, r.sequence, r.series)) {
       ++stats_.pushes_repeated;  // sent again after a lost connection: answered, counted once
       if (!answer->refused.empty()) return reject(reply, ErrorCode::kInvalidArgument, answer->refused);
@@ -10711,7 +11272,9 @@ class ParameterServer {
     if (refused(reply, shard_.check_restore(r.parts, by_part))) return;
     typename P::Pacer pacer = pacing_.load(r.pacer);  // a pulley::Error refuses it
     changing_ = true;
-    const std::int64_t step_before = registration_.ready() ? pacing_.global_step() : -1;
+    // Served before (ready, or placed anew for another membership): a rollback.
+    const std::int64_t step_before = registration_.ready() || replaced_ ? pacing_.global_step() : -1;
+    replaced_ = false;
     const std::int64_t step = pacing_.policy().global_step(pacer);
     shard_.restore(by_part, pacing_.policy());
     shard_.tables().begin_restore(step);
@@ -10876,8 +11439,14 @@ class ParameterServer {
 
   /// What GetStats and Heartbeat answer.
   StatsReply stats_reply() const {
-    return StatsReply{stats(), describe_wait(), liveness_.lost(), liveness_.chief_lost_since().has_value(),
-                      registration_.ready(), registration_.epoch()};
+    return StatsReply{stats(),
+                      describe_wait(),
+                      liveness_.lost(),
+                      liveness_.chief_lost_since().has_value(),
+                      registration_.ready(),
+                      registration_.epoch(),
+                      shard_.assigned() ? registration_.members() : std::vector<std::uint32_t>{},
+                      registration_.membership()};
   }
 
   /// The sync policy's wait in words, with how long ago each awaited worker was heard:
@@ -10914,8 +11483,8 @@ class ParameterServer {
 
   std::uint32_t task_;
   std::string name_;  ///< "ps 3", as log lines and errors name it
-  std::uint32_t num_ps_ = 1;
   bool changing_ = false;          ///< inside a change that a throw would leave half done
+  bool replaced_ = false;          ///< placed anew for another membership, not restored yet
   std::optional<std::uint64_t> restoring_rows_;  ///< a Restore of this epoch awaits its rows
   std::size_t restored_rows_ = 0;                ///< rows of that restore kept so far
   std::optional<ErrorReply> end_;  ///< set once stopped: what every request is answered
@@ -11117,172 +11686,6 @@ static_assert(Sharding<MinSize>);
 
 }  // namespace pulley
 // ---- end pulley/sharding/partitioned.hpp ----
-// ---- begin pulley/sharding/rebalance.hpp ----
-
-#include <algorithm>
-#include <cstddef>
-#include <cstdint>
-#include <span>
-#include <string>
-#include <vector>
-
-namespace pulley {
-
-// When the ps tasks of a job change (one lost for good, one added), the parts of the dense
-// variables are placed again: the parts stay as they are (their rows, hence their optimizer
-// slots, move whole), and as few of them as keeps the ps tasks balanced change ps task.
-// Ps tasks are named by their task index for the job's life: after ps 1 of {0, 1, 2} is
-// lost, the members are {0, 2}.
-
-/// One part of a dense variable that changes ps task between two placements.
-struct PartMove {
-  std::uint32_t variable = 0;  ///< index into the model's variable list
-  std::uint32_t index = 0;     ///< position among the variable's parts
-  std::uint32_t from = 0;      ///< the ps task that held it
-  std::uint32_t to = 0;        ///< the ps task that holds it now
-  std::uint64_t bytes = 0;     ///< its values (its optimizer slots move with it)
-};
-
-/// The bytes of values a part holds.
-[[nodiscard]] inline std::uint64_t part_bytes(const Part& part, std::span<const VariableSpec> variables) {
-  return std::uint64_t{part.rows.size()} * variables[part.variable].row_size() * sizeof(float);
-}
-
-/// The bytes of values each ps task holds under `placement`, by task index (the vector is
-/// as long as the highest ps task named, plus one).
-[[nodiscard]] inline std::vector<std::uint64_t> bytes_per_ps(const Placement& placement,
-                                                             std::span<const VariableSpec> variables) {
-  std::vector<std::uint64_t> bytes;
-  for (const Part& part : placement.parts) {
-    if (part.ps >= bytes.size()) bytes.resize(part.ps + 1, 0);
-    bytes[part.ps] += part_bytes(part, variables);
-  }
-  return bytes;
-}
-
-/// The parts that changed ps task from `before` to `after`, two placements of the same parts
-/// (rebalance keeps them); throws kInvalidArgument when the parts differ.
-[[nodiscard]] inline std::vector<PartMove> moves_between(const Placement& before, const Placement& after,
-                                                         std::span<const VariableSpec> variables) {
-  if (before.parts.size() != after.parts.size() || before.first_part != after.first_part) {
-    throw Error(ErrorCode::kInvalidArgument, "the two placements do not hold the same parts");
-  }
-  std::vector<PartMove> moves;
-  for (std::size_t i = 0; i < before.parts.size(); ++i) {
-    const Part& a = before.parts[i];
-    const Part& b = after.parts[i];
-    if (a.variable != b.variable || a.index != b.index || a.rows != b.rows) {
-      throw Error(ErrorCode::kInvalidArgument, "the two placements do not hold the same parts");
-    }
-    if (a.ps != b.ps) moves.push_back({a.variable, a.index, a.ps, b.ps, part_bytes(a, variables)});
-  }
-  return moves;
-}
-
-/// Checks a member list: not empty, ascending, no task twice.
-inline void check_members(std::span<const std::uint32_t> members) {
-  if (members.empty()) throw Error(ErrorCode::kInvalidArgument, "a job needs at least one ps task");
-  for (std::size_t i = 1; i < members.size(); ++i) {
-    if (members[i] <= members[i - 1]) {
-      throw Error(ErrorCode::kInvalidArgument, "ps members must be listed in ascending order, each once");
-    }
-  }
-}
-
-/// `before`'s parts placed over the ps tasks `members` (ascending task indices) moving as
-/// few bytes as it can: the parts of a ps task no longer a member go, largest first, to the
-/// member holding least; then, while the ps task holding most holds more than
-/// (1 + `tolerance`) × the least any placement of these parts can give (the mean, or the
-/// largest part), it hands the one holding least the part that brings both closest to the
-/// mean. A new
-/// member starts empty and takes its share from the others this way. Deterministic (every
-/// process computes the same). Throws kInvalidArgument for bad members or a `before` that
-/// does not place `variables`.
-[[nodiscard]] inline Placement rebalance_parts(std::span<const VariableSpec> variables, const Placement& before,
-                                               std::span<const std::uint32_t> members, double tolerance = 0.05) {
-  check_members(members);
-  if (before.num_variables() != variables.size()) {
-    throw Error(ErrorCode::kInvalidArgument, "the placement holds " + std::to_string(before.num_variables()) +
-                                                 " variables, the model " + std::to_string(variables.size()));
-  }
-  Placement after = before;
-  const auto slot_of = [&](std::uint32_t ps) -> std::size_t {
-    const auto it = std::lower_bound(members.begin(), members.end(), ps);
-    return it != members.end() && *it == ps ? static_cast<std::size_t>(it - members.begin()) : members.size();
-  };
-  std::vector<std::uint64_t> load(members.size(), 0);
-  std::vector<std::size_t> orphans;  // parts of ps tasks no longer members
-  std::uint64_t total = 0;
-  std::uint64_t largest = 0;
-  for (std::size_t i = 0; i < after.parts.size(); ++i) {
-    const std::uint64_t bytes = part_bytes(after.parts[i], variables);
-    total += bytes;
-    largest = std::max(largest, bytes);
-    const std::size_t slot = slot_of(after.parts[i].ps);
-    if (slot == members.size()) {
-      orphans.push_back(i);
-    } else {
-      load[slot] += bytes;
-    }
-  }
-  const auto least = [&] { return static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin()); };
-  const auto most = [&] { return static_cast<std::size_t>(std::max_element(load.begin(), load.end()) - load.begin()); };
-  std::stable_sort(orphans.begin(), orphans.end(), [&](std::size_t a, std::size_t b) {
-    return part_bytes(after.parts[a], variables) > part_bytes(after.parts[b], variables);
-  });
-  for (const std::size_t i : orphans) {
-    const std::size_t to = least();
-    after.parts[i].ps = members[to];
-    load[to] += part_bytes(after.parts[i], variables);
-  }
-  const std::uint64_t mean = (total + members.size() - 1) / members.size();
-  const auto bound = static_cast<double>(std::max(mean, largest)) * (1.0 + tolerance);
-  // Each move lowers the sum of squared loads, so the loop ends; the cap is a second guard.
-  for (std::size_t round = 0; round < 4 * after.parts.size() + 4; ++round) {
-    const std::size_t h = most();
-    const std::size_t l = least();
-    if (static_cast<double>(load[h]) <= bound) break;
-    // A part b with 0 < b < gap lowers the larger of the two; the best brings them towards
-    // the mean without overshooting it (bytes moved between two ps tasks that both hold
-    // their share would be bytes moved for nothing).
-    const std::uint64_t gap = load[h] - load[l];
-    const std::uint64_t desired = std::min(load[h] - std::min(load[h], mean), mean - std::min(mean, load[l]));
-    std::size_t best = after.parts.size();
-    std::uint64_t best_miss = 0;
-    for (std::size_t i = 0; i < after.parts.size(); ++i) {
-      if (after.parts[i].ps != members[h]) continue;
-      const std::uint64_t b = part_bytes(after.parts[i], variables);
-      if (b == 0 || b >= gap) continue;
-      const std::uint64_t miss = b > desired ? b - desired : desired - b;
-      if (best == after.parts.size() || miss < best_miss) {
-        best = i;
-        best_miss = miss;
-      }
-    }
-    if (best == after.parts.size()) break;  // no part of it helps: as balanced as parts allow
-    const std::uint64_t bytes = part_bytes(after.parts[best], variables);
-    after.parts[best].ps = members[l];
-    load[h] -= bytes;
-    load[l] += bytes;
-  }
-  return after;
-}
-
-/// `before` placed again over `members` by `sharding`: its own `rebalance(variables,
-/// before, members)` when it has one (see the Sharding concept), else `rebalance_parts`.
-template <Sharding S>
-[[nodiscard]] Placement rebalance(const S& sharding, std::span<const VariableSpec> variables, const Placement& before,
-                                  std::span<const std::uint32_t> members) {
-  if constexpr (requires { { sharding.rebalance(variables, before, members) } -> std::same_as<Placement>; }) {
-    check_members(members);
-    return sharding.rebalance(variables, before, members);
-  } else {
-    return rebalance_parts(variables, before, members);
-  }
-}
-
-}  // namespace pulley
-// ---- end pulley/sharding/rebalance.hpp ----
 // ---- begin pulley/sharding/round_robin.hpp ----
 
 #include <cstddef>
@@ -11610,7 +12013,7 @@ namespace pulley {
 ///     own first, then one more at a time while more tokens are left than live workers
 ///     still to take theirs), so every step keeps its R batches, the lost worker's among
 ///     them. Its tokens pull at once after their push (`next_pull_step` is the step), since
-///     the worker may bring another gradient of the same step. The pacing ps (ps 0)
+///     the worker may bring another gradient of the same step. The pacing ps (the lowest member)
 ///     decides it when the step begins, and its tokens say so (Token::refill); every other
 ///     ps takes that word from the step's pushes (`follow`), whatever its own lost workers;
 ///   - a worker lost during a step that is not a refill step (its tokens were handed out

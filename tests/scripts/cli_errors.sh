@@ -31,6 +31,10 @@ expect "not in range 0 to 1" --ps-replicas 2
 expect "needs a cluster of processes" --ps-replicas 1
 PULLEY_SECRET=a-secret-for-this-test expect "at least 2 ps tasks" \
   --role ps --task 0 --ps-hosts 127.0.0.1:1 --worker-hosts 127.0.0.1:2 --ps-replicas 1
+expect "must be below the recovery timeout" --ps-leave-secs 300
+expect "--ps-leave-secs and --ps-replicas 1 exclude each other" \
+  --ps-leave-secs 3 --ps-replicas 1
+expect "not in range" --ps-leave-secs -1
 # The names of 0.2 still work: --job for --role, --slurm-jobs for --slurm-roles.
 expect "task index 3" --job worker --task 3 --ps-hosts a:1 --worker-hosts b:2
 expect "needs a Slurm step" --slurm-jobs ps:1,worker:1

@@ -373,5 +373,5 @@ TEST_CASE("Registration: a broken sharding policy is named") {
   Placement placement;
   const auto refused = registration.check(Register{{{"w", {4}, {}}}}, true, placement);
   REQUIRE(refused.has_value());
-  CHECK(refused->message == "the sharding policy is broken: a part is placed on a ps task that does not exist");
+  CHECK(refused->message == "the sharding policy is broken: a part is placed on ps 99, which is not a ps task of the job");
 }

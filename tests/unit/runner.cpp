@@ -230,8 +230,9 @@ TEST_CASE("over TCP a chief whose connections break goes on, rolling nothing bac
   cluster.roles["ps"] = {addresses[0], addresses[1]};
   cluster.roles["worker"] = {addresses[2]};
   cluster.roles["chief"] = {addresses[3]};
-  // The chief reaches the ps tasks through proxies; at its first evaluation, the next
-  // answer each ps sends it is lost with its connection.
+  // The chief reaches the ps tasks through proxies; at its first evaluation (due at step
+  // 20: a loaded machine may read it later), the next answer each ps sends it is lost with
+  // its connection.
   std::vector<std::unique_ptr<pulley::testing::CutProxy>> proxies;
   ClusterSpec chief_view = cluster;
   for (std::size_t ps = 0; ps < 2; ++ps) {
@@ -245,7 +246,7 @@ TEST_CASE("over TCP a chief whose connections break goes on, rolling nothing bac
   training.evaluate = [&](LinearModel&, const Evaluation& e) {
     std::scoped_lock lock(recorded.mutex);
     recorded.evaluations.push_back(e);
-    if (e.step == 20) {
+    if (recorded.evaluations.size() == 1) {
       for (auto& p : proxies) p->cut_next(1);
     }
   };
@@ -272,7 +273,7 @@ TEST_CASE("over TCP a chief whose connections break goes on, rolling nothing bac
   std::vector<std::int64_t> steps;
   for (const Evaluation& e : recorded.evaluations) steps.push_back(e.step);
   REQUIRE(steps.size() == 3);
-  CHECK(steps[0] == 20);
+  CHECK(steps[0] >= 20);
   CHECK(steps[1] >= 40);
   CHECK(steps[2] == 60);
 }

@@ -32,7 +32,8 @@ Shard<O, P, T> shard_of(std::uint32_t task, O optimizer, const P& sync, T tables
                         std::vector<TableSpec> specs = {}) {
   Shard<O, P, T> shard(task, optimizer, tables);
   Register r{kModel, std::move(specs), 7};
-  shard.assign(std::move(r), RoundRobin{}.place(kModel, 2), 2, sync);
+  const std::uint32_t members[] = {0, 1};
+  shard.assign(std::move(r), RoundRobin{}.place(kModel, 2), members, sync);
   std::vector<PartValues> values;
   const std::vector<float> w{1, 2, 3, 4}, b{5, 6};
   for (const auto& part : shard.parts()) values.push_back({part.index, part.index == 0 ? std::span<const float>(w) : std::span<const float>(b)});

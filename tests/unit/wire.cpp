@@ -63,9 +63,11 @@ TEST_CASE("every request survives a round trip, tensors included") {
   auto reg = std::get<Register>(round_trip(Request{Register{kModel}}, storage));
   CHECK(reg.variables == kModel);
   const std::vector<TableSpec> tables{{"emb", 16, Initializer::normal(0.01F), 3, 100}};
-  auto with_tables = std::get<Register>(round_trip(Request{Register{kModel, tables, 77}}, storage));
+  auto with_tables = std::get<Register>(round_trip(Request{Register{kModel, tables, 77, {1, 2}, 4}}, storage));
   CHECK(with_tables.tables == tables);
   CHECK(with_tables.table_seed == 77);
+  CHECK(with_tables.members == std::vector<std::uint32_t>{1, 2});
+  CHECK(with_tables.membership == 4);
   const std::uint64_t top = ~std::uint64_t{0};
   auto rows = std::get<PullRows>(round_trip(Request{PullRows{6, 1, {{1, {0, top}, {}}}}}, storage));
   CHECK(rows.min_step == 6);
@@ -133,8 +135,10 @@ TEST_CASE("every response survives a round trip, tensors included") {
   builder.add(0, {0, 2});
   const Placement placement = std::move(builder).finish();
   auto placed = std::get<PlacementReply>(
-      round_trip(Response{PlacementReply{kModel, placement, 3, {"m", "v"}, {"t"}}}, storage));
+      round_trip(Response{PlacementReply{kModel, placement, 3, {"m", "v"}, {"t"}, {}, 0, {0, 2}, 1}}, storage));
   CHECK(placed.variables == kModel);
+  CHECK(placed.members == std::vector<std::uint32_t>{0, 2});
+  CHECK(placed.membership == 1);
   CHECK(placed.placement == placement);
   CHECK(placed.epoch == 3);
   CHECK(placed.slot_names == std::vector<std::string>{"m", "v"});
@@ -170,7 +174,10 @@ TEST_CASE("every response survives a round trip, tensors included") {
   Stats stats;
   stats.global_step = 11;
   stats.bytes_pulled = 1 << 20;
-  auto got = std::get<StatsReply>(round_trip(Response{StatsReply{stats, "step 11", {1, 3}}}, storage));
+  auto got = std::get<StatsReply>(
+      round_trip(Response{StatsReply{stats, "step 11", {1, 3}, false, true, 2, {0, 2, 5}, 3}}, storage));
+  CHECK(got.members == std::vector<std::uint32_t>{0, 2, 5});
+  CHECK(got.membership == 3);
   CHECK(got.stats.global_step == 11);
   CHECK(got.stats.bytes_pulled == 1 << 20);
   CHECK(got.waiting_for == "step 11");

@@ -53,7 +53,8 @@ struct TableState {
   std::vector<std::uint32_t> candidate_counts;  ///< per candidate: pulls counted
   std::vector<std::uint32_t> candidate_steps;   ///< per candidate: the step last pulled
   /// The table's update count (lazy Adam's `t`) on each ps that wrote the checkpoint, by
-  /// task: restored as it was onto as many ps tasks, else every ps takes the largest.
+  /// task (all the largest when a ps task had left the job): restored as it was onto as
+  /// many ps tasks, else every ps takes the largest.
   std::vector<std::int64_t> updates;
   /// An incremental checkpoint's: the ids of rows evicted since its base (a row evicted and
   /// created again is among `ids` too: remove these first, then take the rows).

@@ -31,20 +31,28 @@ std::optional<TableState> read_table(Client<T>& client, std::uint32_t t, bool in
   TableState table;
   table.spec = client.tables()[t];
   // What each ps holds: its rows at the cut, its update count, the optimizer's slots.
-  std::vector<std::uint64_t> total(num_ps);
+  // Rows by task index: the members' (the others hold nothing).
+  std::vector<std::uint64_t> total(num_ps, 0);
+  const std::span<const std::uint32_t> members = client.members();
   {
     CallGroup group;
-    for (std::size_t ps = 0; ps < num_ps; ++ps) {
+    for (const std::uint32_t ps : members) {
       group.add(client.transport().call(ps, ReadRows{t, 0, 0, false, false}, PullTargets{std::span<float>()}));
     }
     group.wait(timeout, "read the rows of table '" + table.spec.name + "'");
-    for (std::size_t ps = 0; ps < num_ps; ++ps) {
-      RowsChunk head = group.take_as<RowsChunk>(ps);
+    for (std::size_t k = 0; k < members.size(); ++k) {
+      const std::uint32_t ps = members[k];
+      RowsChunk head = group.take_as<RowsChunk>(k);
       if (incremental && head.since < 0) return std::nullopt;
-      if (ps == 0) table.slot_names = std::move(head.slot_names);
+      if (k == 0) table.slot_names = std::move(head.slot_names);
       total[ps] = head.total;
       table.updates.push_back(head.updates);
     }
+  }
+  if (!first_tasks(members) && !table.updates.empty()) {
+    // The counts are read in member order, which is task order while the members are the
+    // cluster's first ps tasks (TableState::updates); with one gone, all are the largest.
+    table.updates.assign(table.updates.size(), *std::max_element(table.updates.begin(), table.updates.end()));
   }
   const std::size_t stride = table.stride();
   std::uint64_t rows = 0;
@@ -85,7 +93,7 @@ std::optional<TableState> read_table(Client<T>& client, std::uint32_t t, bool in
   // The ids admission was counting, and those an incremental cut says were evicted, a ps
   // after the other (their chunks' rows are empty).
   auto read_ids = [&](bool evicted, auto&& take, const std::string& what) {
-    for (std::size_t ps = 0; ps < num_ps; ++ps) {
+    for (const std::uint32_t ps : members) {
       for (std::uint64_t from = 0;;) {
         CallGroup group;
         ReadRows r{t, from, static_cast<std::uint32_t>(kMaxCandidatesPerMessage), !evicted, evicted};
@@ -114,7 +122,7 @@ std::optional<TableState> read_table(Client<T>& client, std::uint32_t t, bool in
 /// Sends table `t` of `table` to the ps tasks in chunks, at epoch `epoch`: each row (and
 /// admission count) to the ps `sharding` gives it when that is where the ps tasks' own
 /// IdSharding puts it (`routed`), else every chunk to every ps, each keeping its own. The
-/// table's update count goes to every ps: as saved when the ps tasks are as many as wrote
+/// table's update count goes to every ps: as saved when the ps tasks are those that wrote
 /// it, else the largest.
 template <Transport T, IdSharding I>
 void restore_table(Client<T>& client, std::uint32_t t, const TableState& table, std::uint64_t epoch,
@@ -126,6 +134,11 @@ void restore_table(Client<T>& client, std::uint32_t t, const TableState& table, 
       table.updates.empty() ? 0 : *std::max_element(table.updates.begin(), table.updates.end());
   const std::size_t stride = table.stride();
   const std::size_t rows = table.ids.size();
+  // The counts were saved by task index (TableState::updates; all the largest when a ps
+  // had left): they stay each ps's while the ps tasks are the cluster's first ones, as
+  // many as wrote them.
+  const bool same_tasks = table.updates.size() == num_ps && first_tasks(client.members()) &&
+                          client.members().size() == num_ps;
   std::vector<std::vector<std::size_t>> mine(num_ps);  // a chunk's rows, by ps (routed)
   std::vector<std::vector<float>> values(num_ps);
   // Rows, then candidates; the first message to each ps carries its update count.
@@ -135,7 +148,7 @@ void restore_table(Client<T>& client, std::uint32_t t, const TableState& table, 
       for (auto& m : mine) m.clear();
       const auto& ids = candidates ? table.candidate_ids : table.ids;
       for (std::size_t i = from; i < from + n; ++i) {
-        const std::uint32_t ps = sharding.ps_of(table.spec.name, ids[i], static_cast<std::uint32_t>(num_ps));
+        const std::uint32_t ps = row_owner(sharding, table.spec.name, ids[i], client.members());
         if (ps >= num_ps) throw Error(ErrorCode::kInternal, "the id sharding put a row outside the cluster");
         mine[ps].push_back(i);
       }
@@ -145,7 +158,7 @@ void restore_table(Client<T>& client, std::uint32_t t, const TableState& table, 
           RestoreRows m;
           m.epoch = epoch;
           m.table = t;
-          if (first) m.updates = table.updates.size() == num_ps ? table.updates[ps] : largest;
+          if (first) m.updates = same_tasks ? table.updates[ps] : largest;
           m.slot_names = table.slot_names;
           m.candidates = candidates;
           if (routed) {
@@ -240,15 +253,15 @@ ModelState read_state(Client<T>& client, std::int64_t at_step = 0, CutRows rows 
   std::vector<PauseReply> paused;
   {
     CallGroup group;
-    for (std::size_t ps = 0; ps < client.num_ps(); ++ps) group.add(client.transport().call(ps, Pause{at_step}, {}));
-    detail::wait_gated(client.transport(), client.options(), group, at_step, "pause the ps tasks at step " + std::to_string(at_step));
-    for (std::size_t ps = 0; ps < client.num_ps(); ++ps) paused.push_back(group.take_as<PauseReply>(ps));
+    for (const std::uint32_t ps : client.members()) group.add(client.transport().call(ps, Pause{at_step}, {}));
+    detail::wait_gated(client.transport(), client.members(), client.options(), group, at_step, "pause the ps tasks at step " + std::to_string(at_step));
+    for (std::size_t k = 0; k < group.size(); ++k) paused.push_back(group.take_as<PauseReply>(k));
   }
   if (rows.since >= 0) {
-    for (std::size_t ps = 0; ps < paused.size(); ++ps) {
-      if (paused[ps].evictions_since <= rows.since) continue;
-      log(LogLevel::kInfo, "ps " + std::to_string(ps) + " knows its evictions from global step " +
-                               std::to_string(paused[ps].evictions_since) + " on only, not since " +
+    for (std::size_t k = 0; k < paused.size(); ++k) {
+      if (paused[k].evictions_since <= rows.since) continue;
+      log(LogLevel::kInfo, "ps " + std::to_string(client.members()[k]) + " knows its evictions from global step " +
+                               std::to_string(paused[k].evictions_since) + " on only, not since " +
                                std::to_string(rows.since) + ": this checkpoint holds every row");
       rows.since = -1;
       break;
@@ -273,7 +286,7 @@ ModelState read_state(Client<T>& client, std::int64_t at_step = 0, CutRows rows 
   }
   const Placement& placement = client.placement();
   CallGroup group;
-  for (std::size_t ps = 0; ps < client.num_ps(); ++ps) {
+  for (const std::uint32_t ps : client.members()) {
     PullTargets targets;
     for (const Part& part : placement.parts) {
       if (part.ps != ps) continue;
@@ -289,14 +302,16 @@ ModelState read_state(Client<T>& client, std::int64_t at_step = 0, CutRows rows 
                                       std::move(targets)));
   }
   group.wait(client.options().request_timeout, "read the ps tasks' state at one cut");
-  for (std::size_t ps = 0; ps < client.num_ps(); ++ps) {
-    const StateReply reply = group.take_as<StateReply>(ps);
-    if (ps == 0) {
+  for (std::size_t k = 0; k < group.size(); ++k) {
+    const std::uint32_t ps = client.members()[k];
+    const StateReply reply = group.take_as<StateReply>(k);
+    if (k == 0) {
       state.global_step = reply.global_step;
       state.pacer = reply.pacer;
     } else if (reply.pacer != state.pacer) {
-      log(LogLevel::kWarning, "ps " + std::to_string(ps) + " and ps 0 disagree on the sync "
-                              "policy's state at the cut: the checkpoint keeps ps 0's");
+      log(LogLevel::kWarning, "ps " + std::to_string(ps) + " and ps " + std::to_string(client.pacing_ps()) +
+                                  " disagree on the sync policy's state at the cut: the checkpoint keeps ps " +
+                                  std::to_string(client.pacing_ps()) + "'s");
     }
     for (const PartState& p : reply.parts) {
       if (p.part >= placement.parts.size() || placement.parts[p.part].ps != ps) {

@@ -92,7 +92,7 @@ class Chief {
     return client_.wait_for_step_until(step, deadline);
   }
 
-  /// Counters of every ps task, by task index.
+  /// Counters of every member ps, in member order (Client::stats).
   std::vector<Stats> stats() { return client_.stats(); }
 
   /// The current rows `ids` of embedding table `table` (ids.size() × dim floats, in order)
@@ -143,6 +143,7 @@ class Chief {
   /// done, a ps restarted), or cannot be reached within the request timeout.
   [[nodiscard]] bool ps_serving() {
     try {
+      (void)client_.learn_membership();  // a ps its predecessor let go is not waited for
       const auto replies = client_.template broadcast<StatsReply>([](std::size_t) { return GetStats{}; },
                                                                   timeouts().request_timeout, "look at the ps tasks");
       return std::all_of(replies.begin(), replies.end(), [&](const StatsReply& r) {
@@ -164,6 +165,40 @@ class Chief {
   /// Ends training as failed, for `reason`: the ps tasks answer `kAborted` with it, so every
   /// task stops with an error naming it.
   void abort(const std::string& reason) { end({true, reason}); }
+
+  /// The member ps tasks that do not answer within `timeout` (each asked alone), ascending.
+  std::vector<std::uint32_t> unreachable(std::chrono::milliseconds timeout) {
+    const auto answers = client_.ask_each(timeout);
+    std::vector<std::uint32_t> gone;
+    for (std::size_t k = 0; k < answers.size(); ++k) {
+      if (!answers[k]) gone.push_back(client_.members()[k]);
+    }
+    return gone;
+  }
+
+  /// Takes the member ps tasks `gone` out of the job for good: the next `restore` places
+  /// the model over the others, each part of theirs on the member that holds least
+  /// (sharding/rebalance.hpp), at a membership one newer, and the workers follow when they
+  /// get ready again. Throws kInvalidArgument for a ps that is not a member, or when none
+  /// would be left.
+  void leave(std::span<const std::uint32_t> gone) {
+    std::vector<std::uint32_t> left;
+    for (const std::uint32_t ps : client_.members()) {
+      if (std::find(gone.begin(), gone.end(), ps) == gone.end()) left.push_back(ps);
+    }
+    for (const std::uint32_t ps : gone) {
+      const auto m = client_.members();
+      if (std::find(m.begin(), m.end(), ps) == m.end()) {
+        throw Error(ErrorCode::kInvalidArgument, "ps " + std::to_string(ps) + " is not a member of the job");
+      }
+    }
+    if (left.empty()) throw Error(ErrorCode::kInvalidArgument, "a job cannot go on without any ps task");
+    client_.change_members(std::move(left), client_.membership() + 1);
+  }
+
+  /// The job's ps tasks (ascending) and their version (Client::members).
+  [[nodiscard]] std::span<const std::uint32_t> members() const noexcept { return client_.members(); }
+  [[nodiscard]] std::uint64_t membership() const noexcept { return client_.membership(); }
 
   /// Where each variable lives, after `initialize`.
   [[nodiscard]] const Placement& placement() const noexcept { return client_.placement(); }
@@ -234,6 +269,8 @@ class Chief {
   void end(const Shutdown& message) {
     client_.template broadcast<Ack>([&](std::size_t) { return message; },
                                     timeouts().request_timeout, "shutdown");
+    // A ps that left the job and lives on (cut off for a while, or started again) ends too.
+    client_.tell_others(Request{message}, std::min(timeouts().request_timeout, std::chrono::milliseconds(2000)));
   }
 
   std::uint64_t seed_;

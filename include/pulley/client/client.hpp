@@ -22,6 +22,8 @@
 #include "pulley/concepts/transport.hpp"
 #include "pulley/protocol/call_group.hpp"
 #include "pulley/protocol/messages.hpp"
+#include "pulley/sharding/rebalance.hpp"
+#include "pulley/core/log.hpp"
 
 namespace pulley {
 
@@ -33,14 +35,28 @@ namespace pulley {
 ///
 /// A Client is used from one thread at a time, as the role that owns it.
 ///
+/// It speaks to the job's ps tasks, its members (`members()`): every ps task of the
+/// cluster until one leaves the job for good (the chief's `Chief::leave`); it learns a
+/// change from the ps tasks when it gets ready again (`wait_ready`).
+///
 /// @tparam T the Transport that reaches the ps tasks
 template <Transport T>
 class Client {
  public:
   Client(T transport, ClientOptions options)
-      : transport_(std::move(transport)), options_(options), pushes_(options.clip_norm) {}
+      : transport_(std::move(transport)), options_(options), pushes_(options.clip_norm) {
+    for (std::uint32_t ps = 0; ps < transport_.num_ps(); ++ps) members_.push_back(ps);
+  }
 
+  /// The ps tasks of the cluster (its spec), members of the job or not: task indices are
+  /// below it.
   [[nodiscard]] std::size_t num_ps() const { return transport_.num_ps(); }
+  /// The job's ps tasks, ascending task indices, as last learned.
+  [[nodiscard]] std::span<const std::uint32_t> members() const noexcept { return members_; }
+  /// Their version: 0 for the cluster's own shape, one more for each change.
+  [[nodiscard]] std::uint64_t membership() const noexcept { return membership_; }
+  /// The ps task that paces the workers (hands out sync tokens): the lowest member.
+  [[nodiscard]] std::uint32_t pacing_ps() const noexcept { return members_.front(); }
   /// Where each variable lives, once registered or ready.
   [[nodiscard]] const Placement& placement() const noexcept { return placement_; }
   /// The registered variables.
@@ -54,7 +70,7 @@ class Client {
   template <IdSharding I>
   [[nodiscard]] bool same_id_sharding(const I& sharding) const {
     return tables_.empty() ||
-           id_sharding_fingerprint(sharding, tables_, static_cast<std::uint32_t>(num_ps())) == id_sharding_;
+           id_sharding_fingerprint(sharding, tables_, std::span<const std::uint32_t>(members_)) == id_sharding_;
   }
   /// Throws kFailedPrecondition, naming the fix, unless `sharding` (a worker's, or the
   /// chief's read_rows') puts the tables' rows where the ps tasks' own sharding does.
@@ -88,45 +104,130 @@ class Client {
     throw Error(ErrorCode::kNotFound, "unknown variable '" + std::string(name) + "'");
   }
 
-  /// Sends `make_request(ps)` to every ps at once and returns the replies of type R.
+  /// Sends `make_request(ps)` to every member ps at once and returns the replies of type
+  /// R, in member order.
   template <class R, class MakeRequest>
   std::vector<R> broadcast(MakeRequest make_request, std::chrono::milliseconds timeout, std::string_view what) {
     CallGroup group;
-    for (std::size_t ps = 0; ps < num_ps(); ++ps) group.add(transport_.call(ps, Request{make_request(ps)}, {}));
+    for (const std::uint32_t ps : members_) group.add(transport_.call(ps, Request{make_request(ps)}, {}));
     group.wait(timeout, what);
     std::vector<R> replies;
-    for (std::size_t ps = 0; ps < num_ps(); ++ps) replies.push_back(group.take_as<R>(ps));
+    for (std::size_t k = 0; k < members_.size(); ++k) replies.push_back(group.take_as<R>(k));
     return replies;
   }
 
   /// Registers the model (its variables, and its embedding tables with the seed of their
-  /// rows) on every ps and checks that their placements agree.
+  /// rows) on every member ps, over the members, and checks that their placements agree.
   void register_model(std::span<const VariableSpec> variables, std::span<const TableSpec> tables = {},
                       std::uint64_t table_seed = 0) {
     std::vector<VariableSpec> list(variables.begin(), variables.end());
     std::vector<TableSpec> table_list(tables.begin(), tables.end());
-    adopt(broadcast<PlacementReply>([&](std::size_t) { return Register{list, table_list, table_seed}; },
-                                    options_.request_timeout, "register"),
+    adopt(broadcast<PlacementReply>(
+              [&](std::size_t) { return Register{list, table_list, table_seed, members_, membership_}; },
+              options_.request_timeout, "register"),
           list, &table_list);
     table_seed_ = table_seed;
   }
 
-  /// Waits until every ps is initialized and learns the placement; with `tables`, checks
-  /// that the ps tasks hold exactly those embedding tables.
+  /// The job's ps tasks are now `members` (ascending task indices of the cluster, not
+  /// empty), at version `membership` (above the one known): what the next `register_model`
+  /// places the model over. For the chief, which decides it (Chief::leave).
+  void change_members(std::vector<std::uint32_t> members, std::uint64_t membership) {
+    check_members(members);
+    if (members.back() >= num_ps()) {
+      throw Error(ErrorCode::kInvalidArgument, "ps " + std::to_string(members.back()) +
+                                                   " is not a ps task of the cluster (it has " +
+                                                   std::to_string(num_ps()) + ")");
+    }
+    if (membership <= membership_) {
+      throw Error(ErrorCode::kInvalidArgument, "membership " + std::to_string(membership) + " is not newer than " +
+                                                   std::to_string(membership_));
+    }
+    members_ = std::move(members);
+    membership_ = membership;
+    unanswered_.clear();  // a push of the shape before is not sent again
+  }
+
+  /// Waits until every member ps is initialized and learns the placement; with `tables`,
+  /// checks that the ps tasks hold exactly those embedding tables. The members are asked
+  /// first which ps tasks the job has (a ps that left it for good, or a process started
+  /// again in its place, is not waited for), and again when one cannot be reached
+  /// (kUnavailable): it may have left meanwhile.
   void wait_ready(std::span<const VariableSpec> variables, std::optional<std::span<const TableSpec>> tables = std::nullopt) {
     std::vector<VariableSpec> list(variables.begin(), variables.end());
     std::optional<std::vector<TableSpec>> table_list;
     if (tables) table_list.emplace(tables->begin(), tables->end());
-    adopt(broadcast<PlacementReply>([](std::size_t) { return WaitReady{}; }, options_.wait_timeout,
-                                    "wait for initialization"),
-          list, table_list ? &*table_list : nullptr);
+    (void)learn_membership();
+    for (std::size_t round = 0;; ++round) {
+      std::vector<PlacementReply> replies;
+      try {
+        replies = broadcast<PlacementReply>([](std::size_t) { return WaitReady{}; }, options_.wait_timeout,
+                                            "wait for initialization");
+      } catch (const Error& e) {
+        if (e.code() != ErrorCode::kUnavailable || round >= kMembershipRounds || !learn_membership()) throw;
+        continue;
+      }
+      if (round < kMembershipRounds && follow_membership(replies)) continue;
+      adopt(std::move(replies), list, table_list ? &*table_list : nullptr);
+      return;
+    }
   }
 
-  /// Takes a sync token from ps 0, which paces the workers.
+  /// Asks every member ps it can reach (each alone: one that is gone hides no other's
+  /// answer) which ps tasks the job has now, and takes a newer membership than it knows.
+  /// True if it took one.
+  bool learn_membership() {
+    std::optional<StatsReply> newest;
+    // A few seconds: the ps tasks that answer do so at once; one that is gone may never.
+    for (std::optional<StatsReply>& reply : ask_each(std::min(options_.request_timeout, kAskPatience))) {
+      if (!reply || reply->members.empty()) continue;
+      if (!newest || reply->membership > newest->membership) newest = std::move(reply);
+    }
+    if (!newest || newest->membership <= membership_) return false;
+    take_membership(std::move(newest->members), newest->membership);
+    return true;
+  }
+
+  /// Sends `request` to every ps task of the cluster that is no member of the job (one that
+  /// left it, or a process started in its place), each awaited alone until `timeout`
+  /// passes; answers and failures are ignored: a courtesy (a Shutdown, so that it ends too).
+  void tell_others(const Request& request, std::chrono::milliseconds timeout) noexcept {
+    try {
+      std::vector<PendingCall> calls;
+      for (std::uint32_t ps = 0; ps < num_ps(); ++ps) {
+        if (!std::binary_search(members_.begin(), members_.end(), ps)) calls.push_back(transport_.call(ps, Request(request), {}));
+      }
+      const auto deadline = std::chrono::steady_clock::now() + timeout;
+      for (PendingCall& call : calls) {
+        if (!call.wait_until(deadline)) call.cancel();
+      }
+    } catch (...) {  // no memory, a transport that throws: it was a courtesy
+    }
+  }
+
+  /// GetStats to every member ps, each answer awaited alone until `timeout` passes: the
+  /// answers in member order, nullopt for a ps that did not answer in time or refused.
+  std::vector<std::optional<StatsReply>> ask_each(std::chrono::milliseconds timeout) {
+    std::vector<PendingCall> calls;
+    for (const std::uint32_t ps : members_) calls.push_back(transport_.call(ps, GetStats{}, {}));
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    std::vector<std::optional<StatsReply>> answers(calls.size());
+    for (std::size_t k = 0; k < calls.size(); ++k) {
+      if (!calls[k].wait_until(deadline)) {
+        calls[k].cancel();
+        continue;
+      }
+      Response answer = calls[k].take();
+      if (auto* reply = std::get_if<StatsReply>(&answer)) answers[k] = std::move(*reply);
+    }
+    return answers;
+  }
+
+  /// Takes a sync token from the pacing ps (the lowest member).
   TokenReply take_token(std::uint32_t worker) {
     CallGroup group;
-    group.add(transport_.call(0, TakeToken{worker, epoch_}, {}));
-    (void)detail::wait_progressing(transport_, options_, group, "worker " + std::to_string(worker) + ": take a sync token");
+    group.add(transport_.call(pacing_ps(), TakeToken{worker, epoch_}, {}));
+    (void)detail::wait_progressing(transport_, members_, options_, group, "worker " + std::to_string(worker) + ": take a sync token");
     return group.take_as<TokenReply>(0);
   }
 
@@ -136,7 +237,7 @@ class Client {
   std::int64_t pull(std::span<const PullRequest> requests, std::int64_t min_step) {
     CallGroup group;
     send_pulls(group, requests, min_step);
-    detail::wait_gated(transport_, options_, group, min_step, "pull");
+    detail::wait_gated(transport_, members_, options_, group, min_step, "pull");
     return lowest_step<PullReply>(group, 0, group.size());
   }
 
@@ -146,7 +247,7 @@ class Client {
   std::int64_t pull_rows(std::span<const RowRequest> requests, std::int64_t min_step) {
     CallGroup group;
     send_row_pulls(group, requests, min_step);
-    detail::wait_gated(transport_, options_, group, min_step, "pull rows");
+    detail::wait_gated(transport_, members_, options_, group, min_step, "pull rows");
     return lowest_step<RowsReply>(group, 0, group.size());
   }
 
@@ -160,7 +261,7 @@ class Client {
     send_row_pulls(group, rows, min_step);
     const std::size_t row_pulls = group.size();
     send_pulls(group, requests, min_step);
-    detail::wait_gated(transport_, options_, group, min_step, "pull");
+    detail::wait_gated(transport_, members_, options_, group, min_step, "pull");
     std::int64_t step = std::numeric_limits<std::int64_t>::max();
     for (std::size_t i = 0; i < row_pulls; ++i) step = std::min(step, group.take_as<RowsReply>(i).global_step);
     for (std::size_t i = row_pulls; i < group.size(); ++i) step = std::min(step, group.take_as<PullReply>(i).global_step);
@@ -227,10 +328,10 @@ class Client {
   /// Like wait_for_step, but nullopt once `deadline` passes first.
   std::optional<std::int64_t> wait_for_step_until(std::int64_t step, std::chrono::steady_clock::time_point deadline) {
     CallGroup group;
-    for (std::size_t ps = 0; ps < num_ps(); ++ps) group.add(transport_.call(ps, Pull{step, {}, epoch_}, {}));
+    for (const std::uint32_t ps : members_) group.add(transport_.call(ps, Pull{step, {}, epoch_}, {}));
     if (step <= 0) {
       group.wait(options_.request_timeout, "read the global step");
-    } else if (!detail::wait_progressing(transport_, options_, group, "wait for step " + std::to_string(step), deadline)) {
+    } else if (!detail::wait_progressing(transport_, members_, options_, group, "wait for step " + std::to_string(step), deadline)) {
       return std::nullopt;
     }
     return lowest_step<PullReply>(group, 0, group.size());
@@ -244,12 +345,12 @@ class Client {
   void wait_for_end() {
     CallGroup group;
     constexpr std::int64_t kNever = std::numeric_limits<std::int64_t>::max() / 2;  // a step no job reaches
-    for (std::size_t ps = 0; ps < num_ps(); ++ps) group.add(transport_.call(ps, Pull{kNever, {}, epoch_}, {}));
-    (void)detail::wait_progressing(transport_, options_, group, "wait for the chief to end training");
+    for (const std::uint32_t ps : members_) group.add(transport_.call(ps, Pull{kNever, {}, epoch_}, {}));
+    (void)detail::wait_progressing(transport_, members_, options_, group, "wait for the chief to end training");
     for (std::size_t ps = 0; ps < group.size(); ++ps) (void)group.take_as<PullReply>(ps);  // throws its error
   }
 
-  /// Counters of every ps task, by task index.
+  /// Counters of every member ps, in member order (by task index while no ps left).
   std::vector<Stats> stats() {
     std::vector<Stats> all;
     for (auto& r : broadcast<StatsReply>([](std::size_t) { return GetStats{}; }, options_.request_timeout, "stats")) {
@@ -292,7 +393,7 @@ class Client {
   }
 
   void send(CallGroup& group, detail::PullSplit&& split) {
-    for (std::size_t ps = 0; ps < num_ps(); ++ps) {
+    for (const std::uint32_t ps : members_) {
       if (split.pulls[ps].slices.empty()) continue;
       group.add(transport_.call(ps, std::move(split.pulls[ps]), std::move(split.targets[ps])));
     }
@@ -308,7 +409,7 @@ class Client {
 
   /// Sends a copy of each kept push (the copies view the same tensors).
   void send_pushes(CallGroup& group) {
-    for (std::size_t ps = 0; ps < num_ps(); ++ps) group.add(transport_.call(ps, Push(unanswered_[ps]), {}));
+    for (const std::uint32_t ps : members_) group.add(transport_.call(ps, Push(unanswered_[ps]), {}));
   }
 
   /// The kept pushes, then `pulls`, in one round trip; the pushes are forgotten once every
@@ -318,7 +419,7 @@ class Client {
     send_pushes(group);
     const std::size_t pushes = group.size();
     send(group, std::move(pulls));
-    detail::wait_gated(transport_, options_, group, min_step, "push and pull");
+    detail::wait_gated(transport_, members_, options_, group, min_step, "push and pull");
     unanswered_.clear();
     return {stale_parts(group, 0, pushes), lowest_step<PullReply>(group, pushes, group.size())};
   }
@@ -329,8 +430,45 @@ class Client {
     return stale;
   }
 
-  /// Learns the model from every ps's PlacementReply, checking that they agree with each
-  /// other and with `variables` (and `tables`, when given).
+  /// Rounds of `wait_ready` that may follow a change of the ps tasks: changes come one at a
+  /// time, and each takes a round or two.
+  static constexpr std::size_t kMembershipRounds = 8;
+  /// How long `learn_membership` waits for the ps tasks' answers.
+  static constexpr std::chrono::milliseconds kAskPatience{5000};
+
+  /// The job's ps tasks are `members` at version `membership`, as a ps said.
+  void take_membership(std::vector<std::uint32_t> members, std::uint64_t membership) {
+    check_members(members);
+    if (members.back() >= num_ps()) {
+      throw Error(ErrorCode::kFailedPrecondition,
+                  "the ps tasks name ps " + std::to_string(members.back()) + " a member, but this client knows " +
+                      std::to_string(num_ps()) + " ps tasks: are they configured with the same cluster?");
+    }
+    log(LogLevel::kInfo, "the job's ps tasks are now " + describe_members(members) + " (membership " +
+                             std::to_string(membership) + ", was " + std::to_string(membership_) + ")");
+    members_ = std::move(members);
+    membership_ = membership;
+    unanswered_.clear();
+  }
+
+  /// True if a reply of `replies` (one per member) names a newer membership with other
+  /// members than were asked: they are taken, to be asked again.
+  bool follow_membership(std::vector<PlacementReply>& replies) {
+    const auto newest = std::max_element(replies.begin(), replies.end(), [](const auto& a, const auto& b) {
+      return a.membership < b.membership;
+    });
+    if (newest->membership < membership_) return false;  // a ps behind: `adopt` names the mismatch
+    if (newest->membership == membership_ && newest->members == members_) return false;
+    if (newest->members == members_) {
+      membership_ = newest->membership;
+      return false;
+    }
+    take_membership(std::move(newest->members), newest->membership);
+    return true;
+  }
+
+  /// Learns the model from every member ps's PlacementReply, checking that they agree with
+  /// each other and with `variables` (and `tables`, when given).
   void adopt(std::vector<PlacementReply> replies, std::vector<VariableSpec>& variables,
              const std::vector<TableSpec>* tables = nullptr) {
     if (replies.empty()) throw Error(ErrorCode::kInvalidArgument, "the cluster has no ps task");
@@ -340,16 +478,24 @@ class Client {
                       " embedding table(s), and this model declares " + std::to_string(tables->size()) +
                       " that differ from them (name, dim, initializer, admission, eviction must match)");
     }
-    for (std::size_t ps = 1; ps < replies.size(); ++ps) {
-      if (replies[ps].id_sharding != replies[0].id_sharding) {
+    for (std::size_t k = 1; k < replies.size(); ++k) {
+      const std::string ps = std::to_string(members_[k]);
+      const std::string first = std::to_string(members_[0]);
+      if (replies[k].members != replies[0].members || replies[k].membership != replies[0].membership) {
+        throw Error(ErrorCode::kUnavailable, "ps " + first + " and ps " + ps +
+                                                 " are at different memberships of the job's ps tasks (" +
+                                                 std::to_string(replies[0].membership) + " and " +
+                                                 std::to_string(replies[k].membership) + "): a change is under way");
+      }
+      if (replies[k].id_sharding != replies[0].id_sharding) {
         throw Error(ErrorCode::kFailedPrecondition,
-                    "ps 0 and ps " + std::to_string(ps) +
+                    "ps " + first + " and ps " + ps +
                         " spread the rows of embedding tables differently: are they configured with the same "
                         "Tables policy (IdSharding)?");
       }
-      if (!(replies[ps].placement == replies[0].placement)) {
+      if (!(replies[k].placement == replies[0].placement)) {
         throw Error(ErrorCode::kFailedPrecondition,
-                    "ps 0 and ps " + std::to_string(ps) +
+                    "ps " + first + " and ps " + ps +
                         " place the variables differently: are they configured with the same sharding policy "
                         "and number of ps tasks?");
       }
@@ -368,16 +514,22 @@ class Client {
                         "'): name, shape and initializer must match");
       }
     }
+    if (replies[0].members != members_) {
+      throw Error(ErrorCode::kFailedPrecondition,
+                  "the ps tasks say the job's ps tasks are " + describe_members(replies[0].members) + ", not " +
+                      describe_members(members_) + ": are they configured with the same cluster?");
+    }
     for (const Part& part : replies[0].placement.parts) {
-      if (part.ps >= num_ps()) {
+      if (!std::binary_search(members_.begin(), members_.end(), part.ps)) {
         throw Error(ErrorCode::kFailedPrecondition,
-                    "the ps tasks place parts on ps " + std::to_string(part.ps) + ", but this client knows " +
-                        std::to_string(num_ps()) + " ps tasks: are they configured with the same cluster?");
+                    "the ps tasks place parts on ps " + std::to_string(part.ps) + ", which is not among the job's " +
+                        describe_members(members_) + ": are they configured with the same cluster?");
       }
     }
     if (replies[0].placement.num_variables() != variables.size()) {
       throw Error(ErrorCode::kFailedPrecondition, "the ps tasks' placement does not cover this model's variables");
     }
+    membership_ = replies[0].membership;
     placement_ = std::move(replies[0].placement);
     variables_ = std::move(variables);
     epoch_ = 0;
@@ -395,6 +547,8 @@ class Client {
   /// a lost connection sends again.
   std::vector<Push> unanswered_;
   std::uint64_t epoch_ = 0;  ///< the ps tasks' restores so far, as last learned
+  std::vector<std::uint32_t> members_;  ///< the job's ps tasks, ascending, as last learned
+  std::uint64_t membership_ = 0;        ///< their version
   std::vector<std::string> slot_names_;     ///< the optimizer's slots, as the ps tasks name them
   std::vector<std::string> counter_names_;  ///< the optimizer's counters
   Placement placement_;

@@ -51,7 +51,7 @@ class Evaluator {
     return pulley::read_rows(client_, table, ids, std::move(sharding));
   }
 
-  /// Counters of every ps task, by task index.
+  /// Counters of every member ps, in member order (Client::stats).
   std::vector<Stats> stats() { return client_.stats(); }
   /// Blocks until the chief ends training (Client::wait_for_end).
   void wait_for_end() { client_.wait_for_end(); }

@@ -22,8 +22,9 @@ namespace pulley {
 
 /// What the heartbeats of a HeartbeatSender brought back.
 struct HeartbeatReplies {
-  /// The counters each ps task answered with, by task index (nullopt: not heard yet); a ps
-  /// that did not answer the last beat keeps its earlier ones.
+  /// The counters each ps task answered with, by task index (nullopt: not heard yet, or no
+  /// member of the job any more); a ps that did not answer the last beat keeps its earlier
+  /// ones.
   std::vector<std::optional<Stats>> stats;
   /// When the last beat that a ps task answered was sent (the clock's epoch before any was).
   std::chrono::steady_clock::time_point at;
@@ -40,6 +41,8 @@ struct HeartbeatReplies {
 ///
 /// It also tells the worker which others are lost (`lost`), so that a data source can
 /// hand their share of the data to the workers that remain (runner/run.hpp's DataShard).
+/// It beats the job's ps tasks: every ps task of the cluster until the replies name a
+/// newer membership without some (a ps that left the job for good, Chief::leave).
 ///
 ///     HeartbeatSender beat(index, InProcess(network, Node::worker(index)));
 ///     Worker worker(index, model, InProcess(network, Node::worker(index)));
@@ -110,6 +113,7 @@ class HeartbeatSender {
       stats_.resize(std::max(stats_.size(), stats.size()));
       for (std::size_t ps = 0; ps < stats.size(); ++ps) {
         if (stats[ps]) stats_[ps] = stats[ps];
+        if (!member(static_cast<std::uint32_t>(ps))) stats_[ps].reset();  // left the job
       }
       if (heard) {
         lost_.assign(lost.begin(), lost.end());
@@ -132,15 +136,16 @@ class HeartbeatSender {
   bool send_all(bool leaving, std::set<std::uint32_t>& lost, bool& chief_lost,
                 std::vector<std::optional<Stats>>& counters) noexcept {
     try {
-      std::vector<PendingCall> calls;
+      std::vector<std::optional<PendingCall>> calls(transport_.num_ps());
       for (std::size_t ps = 0; ps < transport_.num_ps(); ++ps) {
-        calls.push_back(transport_.call(ps, Heartbeat{worker_, leaving}, {}));
+        if (member(static_cast<std::uint32_t>(ps))) calls[ps].emplace(transport_.call(ps, Heartbeat{worker_, leaving}, {}));
       }
       const auto deadline = std::chrono::steady_clock::now() + interval_;
       bool heard = false;
       counters.resize(calls.size());
       for (std::size_t ps = 0; ps < calls.size(); ++ps) {
-        PendingCall& call = calls[ps];
+        if (!calls[ps]) continue;
+        PendingCall& call = *calls[ps];
         if (!call.wait_until(deadline)) {
           call.cancel();
           continue;
@@ -151,6 +156,10 @@ class HeartbeatSender {
           counters[ps] = stats->stats;
           lost.insert(stats->lost.begin(), stats->lost.end());
           chief_lost = chief_lost || stats->chief_lost;
+          if (!stats->members.empty() && stats->membership > membership_) {
+            members_ = stats->members;  // beaten from the next beat on
+            membership_ = stats->membership;
+          }
         }
       }
       return heard;
@@ -159,8 +168,15 @@ class HeartbeatSender {
     }
   }
 
+  /// True if ps task `ps` is a member of the job, as the replies last said.
+  [[nodiscard]] bool member(std::uint32_t ps) const {
+    return membership_ == 0 || std::binary_search(members_.begin(), members_.end(), ps);
+  }
+
   std::uint32_t worker_;
   std::chrono::milliseconds interval_;
+  std::vector<std::uint32_t> members_;  ///< the job's ps tasks (the beating thread's own)
+  std::uint64_t membership_ = 0;        ///< their version: 0, every ps task of the cluster
   T transport_;
   std::string who_;
   mutable std::mutex mutex_;

@@ -25,6 +25,11 @@ struct ClientOptions {
   /// to be back and restored, retrying, before it fails naming the ps; and how long the
   /// role runner's ps tasks wait for a lost chief to come back (ParameterServer::set_chief_wait).
   std::chrono::milliseconds recovery_timeout{std::chrono::minutes(5)};
+  /// The chief: how long a lost ps may stay away before the job goes on without it (it
+  /// leaves for good: its shard is placed on the other ps tasks, restored from the newest
+  /// checkpoint: ChiefLoop). 0: never; the job waits for it as long as `recovery_timeout`.
+  /// Below `recovery_timeout`, so that the other tasks still wait when it happens.
+  std::chrono::milliseconds ps_leave_after{0};
   /// Workers run by the role runner: how often they tell every ps they are alive
   /// (HeartbeatSender). Keep it well below the ps tasks' worker timeout.
   std::chrono::milliseconds heartbeat_interval{std::chrono::seconds(1)};

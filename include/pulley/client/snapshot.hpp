@@ -56,7 +56,7 @@ std::optional<std::pair<std::int64_t, std::int64_t>> read_into(
   if (patient) {
     if (min_step <= 0) {
       group.wait(options.request_timeout, "read the variables");
-    } else if (!wait_progressing(client.transport(), options, group,
+    } else if (!wait_progressing(client.transport(), client.members(), options, group,
                                  "read the variables at step " + std::to_string(min_step), deadline)) {
       return std::nullopt;
     }
@@ -145,7 +145,7 @@ std::vector<float> read_rows(Client<T>& client, std::string_view table,
   std::vector<Wanted> order;
   order.reserve(ids.size());
   for (std::size_t i = 0; i < ids.size(); ++i) {
-    const std::uint32_t ps = sharding.ps_of(table, ids[i], num_ps);
+    const std::uint32_t ps = row_owner(sharding, table, ids[i], client.members());
     if (ps >= num_ps) {
       throw Error(ErrorCode::kInvalidArgument, "the id sharding put row " + std::to_string(ids[i]) +
                                                    " on ps " + std::to_string(ps) + " of " + std::to_string(num_ps));

@@ -213,7 +213,7 @@ class Worker {
   [[nodiscard]] M& model() noexcept { return model_; }
   /// The model it trains, with the parameters of the last pull.
   [[nodiscard]] const M& model() const noexcept { return model_; }
-  /// Counters of every ps task, by task index (their global steps among them).
+  /// Counters of every member ps, in member order (their global steps among them).
   std::vector<Stats> stats() { return client_.stats(); }
   /// Steps whose gradients `ClientOptions::clip_norm` scaled down.
   [[nodiscard]] std::int64_t clipped_steps() const noexcept { return client_.clipped_steps(); }
@@ -369,7 +369,7 @@ class Worker {
       ps_of_.clear();
       for (const std::uint64_t id : table.ids) {
         if (!table.positions.insert(id).second) continue;
-        const std::uint32_t ps = sharding_.ps_of(table.spec.name, id, num_ps);
+        const std::uint32_t ps = row_owner(sharding_, table.spec.name, id, client_.members());
         if (ps >= num_ps) {
           throw Error(ErrorCode::kInvalidArgument, "the id sharding put row " + std::to_string(id) +
                                                        " of table '" + table.spec.name + "' on ps " +

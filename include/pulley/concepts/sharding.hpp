@@ -7,6 +7,7 @@
 #include <string_view>
 #include <span>
 
+#include "pulley/core/error.hpp"
 #include "pulley/core/hash.hpp"
 #include "pulley/core/placement.hpp"
 #include "pulley/core/variable.hpp"
@@ -72,19 +73,45 @@ concept ElasticIdSharding = IdSharding<S> &&
   { sharding.ps_of(table, id, members) } -> std::convertible_to<std::uint32_t>;
 };
 
-/// Where `sharding` puts rows of `tables` over `num_ps` ps tasks, as one number: the ps
-/// of 64 small ids and 64 ids spread over the whole id space, for every table, hashed. The
-/// ps tasks say theirs when a client gets ready (PlacementReply::id_sharding), so that a
-/// worker (or a ps) whose id sharding puts rows elsewhere is refused then, by name, instead
-/// of having each push refused. Every sharding agrees with every other on one ps task.
+/// True when `members` (ascending task indices, not empty) are ps tasks 0 .. n − 1: the
+/// shape of a job whose ps tasks never changed, where every IdSharding places rows.
+[[nodiscard]] inline bool first_tasks(std::span<const std::uint32_t> members) noexcept {
+  return !members.empty() && members.back() + 1 == members.size();
+}
+
+/// The ps task among `members` (ascending task indices, not empty) that holds row `id` of
+/// `table`: `ps_of(table, id, n)` while the members are ps tasks 0 .. n − 1, else the
+/// ElasticIdSharding's `ps_of(table, id, members)`. Throws kFailedPrecondition for an id
+/// sharding written for a fixed count once a ps task has left (a ps refuses such a
+/// membership when it is registered, so a job meets this only by misuse).
 template <IdSharding I>
-std::uint64_t id_sharding_fingerprint(const I& sharding, std::span<const TableSpec> tables, std::uint32_t num_ps) {
+[[nodiscard]] std::uint32_t row_owner(const I& sharding, std::string_view table, std::uint64_t id,
+                                      std::span<const std::uint32_t> members) {
+  if (first_tasks(members)) return sharding.ps_of(table, id, static_cast<std::uint32_t>(members.size()));
+  if constexpr (ElasticIdSharding<I>) {
+    return sharding.ps_of(table, id, members);
+  } else {
+    throw Error(ErrorCode::kFailedPrecondition,
+                "this IdSharding places rows over ps tasks 0 .. n-1 only: give it ps_of(table, id, members) "
+                "(ElasticIdSharding) for a job whose ps tasks change");
+  }
+}
+
+/// Where `sharding` puts rows of `tables` over the ps tasks `members`, as one number: the
+/// ps of 64 small ids and 64 ids spread over the whole id space, for every table, hashed.
+/// The ps tasks say theirs when a client gets ready (PlacementReply::id_sharding), so that
+/// a worker (or a ps) whose id sharding puts rows elsewhere is refused then, by name,
+/// instead of having each push refused. Every sharding agrees with every other on one ps
+/// task.
+template <IdSharding I>
+std::uint64_t id_sharding_fingerprint(const I& sharding, std::span<const TableSpec> tables,
+                                      std::span<const std::uint32_t> members) {
   std::uint64_t hash = name_hash("id sharding");
   for (const TableSpec& table : tables) {
     hash = name_hash(table.name, hash);
     for (std::uint64_t k = 0; k < 64; ++k) {
-      hash = mix_id(hash ^ static_cast<std::uint32_t>(sharding.ps_of(table.name, k, num_ps)));
-      hash = mix_id(hash ^ static_cast<std::uint32_t>(sharding.ps_of(table.name, mix_id(k + 1), num_ps)));
+      hash = mix_id(hash ^ row_owner(sharding, table.name, k, members));
+      hash = mix_id(hash ^ row_owner(sharding, table.name, mix_id(k + 1), members));
     }
   }
   return hash;

@@ -25,7 +25,7 @@ enum class Verdict : std::uint8_t {
 ///   - an `Accumulator` per part the ps holds (TF's ConditionalAccumulator): it gathers the
 ///     part's gradients of one update and hands the optimizer their mean;
 ///   - one `Pacer` per ps task: it counts push messages towards the ps's global step, judges
-///     them fresh or stale, and (on ps 0, which paces the workers) hands out sync tokens.
+///     them fresh or stale, and (on the pacing ps: the lowest member, ps 0 while none left) hands out sync tokens.
 ///
 /// Required:
 ///   - `typename P::Accumulator`, `typename P::Pacer` (both movable)
@@ -82,7 +82,7 @@ enum class Verdict : std::uint8_t {
 ///   - `global_step` never decreases. A Pull with `min_step` waits until it reaches
 ///     `min_step`, and is answered the moment it does (before the ps handles anything
 ///     else), so the values it reads are this ps's at that step;
-///   - `take_token` is asked for every TakeToken (sent to ps 0 only); a request it answers
+///   - `take_token` is asked for every TakeToken (sent to the pacing ps only); a request it answers
 ///     nullopt waits, and is asked again, in arrival order, after every push the ps handles;
 ///   - `on_push` and `take_token` may refuse a request by throwing `pulley::Error` (e.g. a
 ///     worker index out of range), and must then leave the pacer unchanged. Any other throw

@@ -108,6 +108,10 @@ struct Slice {
 /// Chief → every ps: the model's variables. Each ps computes the placement with its Sharding
 /// policy and answers with it, so the chief can check that all ps tasks agree. Repeating the
 /// same registration is harmless; a different one is refused.
+///
+/// A registration of a later membership (a ps task left the job for good) places the same
+/// model over `members` (sharding/rebalance.hpp): each member drops what it held and waits,
+/// unready, for the Restore that fills its new share.
 struct Register {
   static constexpr std::string_view kName = "Register";
   static constexpr RoleSet kSenders{Node::Role::kChief};
@@ -116,10 +120,14 @@ struct Register {
   /// pulled, from `table_seed` (no Initialize).
   std::vector<TableSpec> tables = {};
   std::uint64_t table_seed = 0;
+  /// The ps tasks of the job, ascending task indices; empty: every ps task of the cluster.
+  std::vector<std::uint32_t> members = {};
+  /// The membership's version: 0 for the cluster's first shape, one more for each change.
+  std::uint64_t membership = 0;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(variables, tables, table_seed);
+    archive(variables, tables, table_seed, members, membership);
   }
 };
 
@@ -149,7 +157,7 @@ struct WaitReady {
   void serialize(Archive& /*archive*/) {}
 };
 
-/// Worker → ps 0: take a sync token before a step (TF's `sync_token_queue.dequeue()`).
+/// Worker → the pacing ps (the lowest member, ps 0 while none left): take a sync token before a step (TF's `sync_token_queue.dequeue()`).
 /// Waits while the sync policy has no token to give this worker.
 struct TakeToken {
   static constexpr std::string_view kName = "TakeToken";
@@ -463,10 +471,12 @@ struct PlacementReply {
   /// Where the ps's IdSharding puts the tables' rows (`id_sharding_fingerprint`): a worker
   /// with another one is refused when it gets ready.
   std::uint64_t id_sharding = 0;
+  std::vector<std::uint32_t> members = {};  ///< the job's ps tasks, ascending (Register::members)
+  std::uint64_t membership = 0;        ///< their version (Register::membership)
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(variables, placement, epoch, slot_names, counter_names, tables, id_sharding);
+    archive(variables, placement, epoch, slot_names, counter_names, tables, id_sharding, members, membership);
   }
 };
 
@@ -572,10 +582,14 @@ struct StatsReply {
   bool chief_lost = false;          ///< the chief's heartbeats stopped, and no chief is back yet
   bool ready = false;               ///< the ps serves training (a new chief goes on from it)
   std::uint64_t epoch = 0;          ///< the restores it has seen (a new chief needs them alike)
+  /// The job's ps tasks as this ps knows them (empty before registration), and their
+  /// version: how a client that lost a ps learns whether the job went on without it.
+  std::vector<std::uint32_t> members = {};
+  std::uint64_t membership = 0;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(stats, waiting_for, lost, chief_lost, ready, epoch);
+    archive(stats, waiting_for, lost, chief_lost, ready, epoch, members, membership);
   }
 };
 

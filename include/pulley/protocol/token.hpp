@@ -27,8 +27,8 @@ struct Token {
   /// would have read (DataShard::batch, runner/training.hpp).
   std::int64_t batch = -1;
   /// The step needs all R gradients although workers are lost (a SyncReplicas refill
-  /// step): the live workers bring the lost ones'. The pacing ps (ps 0) decides it; the
-  /// worker's push carries it (Push::refill), and every ps follows ps 0's word for the
+  /// step): the live workers bring the lost ones'. The pacing ps (the lowest member: ps 0 while none left) decides it; the
+  /// worker's push carries it (Push::refill), and every ps follows the pacing ps's word for the
   /// step (`SyncPolicy::follow`), so that no ps waits for gradients the tokens will not bring.
   bool refill = false;
 

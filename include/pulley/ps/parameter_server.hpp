@@ -84,7 +84,6 @@ class ParameterServer {
     }
     check_optimizer_settings(optimizer);  // a NaN learning rate would have every update refused
     if constexpr (TablePolicy<T>) check_optimizer_settings(shard_.tables().policy().optimizer, "the tables' optimizer");
-    num_ps_ = num_ps;
   }
 
   /// Handles one request; `reply` is called exactly once, now or later.
@@ -268,6 +267,17 @@ class ParameterServer {
     return true;
   }
 
+  /// `problem` with a request of epoch `epoch`, unless the request is of an earlier epoch
+  /// than this ps's: then the epoch's refusal (kFailedPrecondition: start again), since
+  /// what it names may have moved with the restore (a membership's change places parts
+  /// and rows anew). A read unbound to a step (min_step 0) is not refused for its epoch
+  /// alone.
+  [[nodiscard]] std::optional<ErrorReply> of_epoch(std::optional<ErrorReply> problem, std::uint64_t epoch,
+                                                   std::string_view what) const {
+    if (problem && epoch < registration_.epoch()) return registration_.check_epoch(epoch, what);
+    return problem;
+  }
+
   /// True if the ps is ready for `what`; otherwise refuses it.
   bool is_ready(Responder& reply, std::string_view what) {
     if (registration_.ready()) return true;
@@ -278,15 +288,53 @@ class ParameterServer {
   // ---- Register / Initialize / WaitReady: registration.hpp -------------------------------
 
   void on(Register& r, const RequestContext&, Responder& reply) {
-    if (shard_.assigned()) {
-      if (shard_.holds(r)) return respond(reply, placement_reply());
-      return reject(reply, ErrorCode::kAlreadyExists, "a different model is already registered");
+    const bool again = shard_.assigned();
+    if (again) {
+      if (!shard_.holds(r)) return reject(reply, ErrorCode::kAlreadyExists, "a different model is already registered");
+      if (r.membership == registration_.membership() && registration_.members_of(r) == registration_.members()) {
+        return respond(reply, placement_reply());
+      }
+      if (r.membership <= registration_.membership()) {
+        return reject(reply, ErrorCode::kFailedPrecondition,
+                      name_ + " holds the job at membership " + std::to_string(registration_.membership()) +
+                          ": membership " + std::to_string(r.membership) + " is not newer");
+      }
     }
     Placement placement;
     if (refused(reply, registration_.check(r, TablePolicy<T>, placement))) return;
-    shard_.assign(std::move(r), std::move(placement), num_ps_, pacing_.policy());  // a throw changes nothing
+    const std::vector<std::uint32_t> members = registration_.members_of(r);
+    if constexpr (TablePolicy<T>) {
+      if (!r.tables.empty() && !first_tasks(members) && !ElasticIdSharding<typename T::Sharding>) {
+        return reject(reply, ErrorCode::kFailedPrecondition,
+                      "the tables' IdSharding places rows over ps tasks 0 .. n-1 only: a job without ps " +
+                          std::string("task(s) of its cluster needs an ElasticIdSharding (HashIds, RangeIds)"));
+      }
+    }
+    const std::uint64_t bytes_before = shard_.held_bytes();
+    const std::uint64_t membership = r.membership;
+    shard_.assign(std::move(r), std::move(placement), members, pacing_.policy());  // a throw changes nothing
+    registration_.registered(members, membership);
+    if (again) {
+      // The ps tasks changed: what this ps held is placed anew and comes back with the
+      // Restore that follows; what waited belongs to the shape before.
+      const ErrorReply gone{ErrorCode::kFailedPrecondition,
+                            name_ + ": the job's ps tasks changed (membership " + std::to_string(membership) +
+                                "): wait until ready and start the step again"};
+      registration_.unready();
+      pacing_.answer_all(gone);
+      pulls_.answer_all(gone);
+      row_pulls_.answer_all(gone);
+      cut_.answer_all(gone);
+      update_.clear();
+      ledger_.clear();
+      replaced_ = true;
+      log(LogLevel::kInfo, name_ + ": the job's ps tasks are now " + describe_members(members) + " (membership " +
+                               std::to_string(registration_.membership()) + "): holds " +
+                               std::to_string(shard_.held_bytes()) + " bytes of dense parts' values, " +
+                               std::to_string(bytes_before) + " before; waits for its restore");
+    }
     respond(reply, placement_reply());
-    if (shard_.initialized()) become_ready();  // no part is held here
+    if (!again && shard_.initialized()) become_ready();  // no part is held here
   }
 
   void on(Initialize& r, const RequestContext& context, Responder& reply) {
@@ -315,7 +363,8 @@ class ParameterServer {
   /// names of the optimizer's slots and counters.
   PlacementReply placement_reply() const {
     PlacementReply answer{shard_.variables(),  shard_.placement(), registration_.epoch(), {}, {},
-                          shard_.table_specs(), shard_.tables().id_sharding(shard_.table_specs())};
+                          shard_.table_specs(), shard_.tables().id_sharding(shard_.table_specs()),
+                          registration_.members(), registration_.membership()};
     shard_.state_names(answer.slot_names, answer.counter_names);
     return answer;
   }
@@ -363,7 +412,7 @@ class ParameterServer {
   void on(Pull& r, const RequestContext&, Responder& reply) {
     if (!is_ready(reply, "pull") ||
         (r.min_step > 0 && refused(reply, registration_.check_epoch(r.epoch, "pull"))) ||
-        refused(reply, shard_.check(r.slices))) {
+        refused(reply, of_epoch(shard_.check(r.slices), r.epoch, "pull"))) {
       return;
     }
     const std::int64_t step = pacing_.global_step();
@@ -374,7 +423,8 @@ class ParameterServer {
   void on(PullRows& r, const RequestContext& context, Responder& reply) {
     if (!is_ready(reply, "row pull") ||
         (r.min_step > 0 && refused(reply, registration_.check_epoch(r.epoch, "row pull"))) ||
-        refused(reply, shard_.tables().check(r.tables, false, context.tensors_finite))) {
+        refused(reply, of_epoch(shard_.tables().check(r.tables, false, context.tensors_finite), r.epoch,
+                                "row pull"))) {
       return;
     }
     // Only a worker's pull creates, admits and touches rows: the chief and evaluators read.
@@ -399,7 +449,9 @@ class ParameterServer {
       return reject(reply, ErrorCode::kFailedPrecondition,
                     "push before initialization: the chief has not initialized the variables");
     }
-    if (!is_sender(r.worker, context, reply, "Push") ||
+    // The epoch first: a push of the shape before a restore (another membership's parts and
+    // rows) is refused as late, to be started again, not as malformed.
+    if (!is_sender(r.worker, context, reply, "Push") || refused(reply, registration_.check_epoch(r.epoch, "push")) ||
         refused(reply, shard_.check(r.gradients, context.tensors_finite)) ||
         refused(reply, shard_.tables().check(r.rows, true, context.tensors_finite))) {
       return;
@@ -410,7 +462,6 @@ class ParameterServer {
                     "a push must carry a gradient for each of the " + std::to_string(shard_.parts().size()) +
                         " parts held here, got " + std::to_string(r.gradients.size()));
     }
-    if (refused(reply, registration_.check_epoch(r.epoch, "push"))) return;
     if (const PushLedger::Answer* answer = ledger_.repeated(r.worker, r.sequence, r.series)) {
       ++stats_.pushes_repeated;  // sent again after a lost connection: answered, counted once
       if (!answer->refused.empty()) return reject(reply, ErrorCode::kInvalidArgument, answer->refused);
@@ -534,7 +585,9 @@ class ParameterServer {
     if (refused(reply, shard_.check_restore(r.parts, by_part))) return;
     typename P::Pacer pacer = pacing_.load(r.pacer);  // a pulley::Error refuses it
     changing_ = true;
-    const std::int64_t step_before = registration_.ready() ? pacing_.global_step() : -1;
+    // Served before (ready, or placed anew for another membership): a rollback.
+    const std::int64_t step_before = registration_.ready() || replaced_ ? pacing_.global_step() : -1;
+    replaced_ = false;
     const std::int64_t step = pacing_.policy().global_step(pacer);
     shard_.restore(by_part, pacing_.policy());
     shard_.tables().begin_restore(step);
@@ -699,8 +752,14 @@ class ParameterServer {
 
   /// What GetStats and Heartbeat answer.
   StatsReply stats_reply() const {
-    return StatsReply{stats(), describe_wait(), liveness_.lost(), liveness_.chief_lost_since().has_value(),
-                      registration_.ready(), registration_.epoch()};
+    return StatsReply{stats(),
+                      describe_wait(),
+                      liveness_.lost(),
+                      liveness_.chief_lost_since().has_value(),
+                      registration_.ready(),
+                      registration_.epoch(),
+                      shard_.assigned() ? registration_.members() : std::vector<std::uint32_t>{},
+                      registration_.membership()};
   }
 
   /// The sync policy's wait in words, with how long ago each awaited worker was heard:
@@ -737,8 +796,8 @@ class ParameterServer {
 
   std::uint32_t task_;
   std::string name_;  ///< "ps 3", as log lines and errors name it
-  std::uint32_t num_ps_ = 1;
   bool changing_ = false;          ///< inside a change that a throw would leave half done
+  bool replaced_ = false;          ///< placed anew for another membership, not restored yet
   std::optional<std::uint64_t> restoring_rows_;  ///< a Restore of this epoch awaits its rows
   std::size_t restored_rows_ = 0;                ///< rows of that restore kept so far
   std::optional<ErrorReply> end_;  ///< set once stopped: what every request is answered

@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_set>
@@ -15,6 +17,7 @@
 #include "pulley/core/placement.hpp"
 #include "pulley/core/variable.hpp"
 #include "pulley/protocol/messages.hpp"
+#include "pulley/sharding/rebalance.hpp"
 
 namespace pulley {
 
@@ -53,11 +56,42 @@ class Registration {
     if (auto problem = check_tables(r.tables, r.variables); !problem.empty()) {
       return ErrorReply{ErrorCode::kInvalidArgument, std::move(problem)};
     }
+    const std::vector<std::uint32_t> members = members_of(r);
+    if (auto problem = check_members(r, members); !problem.empty()) {
+      return ErrorReply{ErrorCode::kInvalidArgument, std::move(problem)};
+    }
     placement = sharding_.place(r.variables, num_ps_);
-    if (auto problem = check_placement(r.variables, placement, num_ps_); !problem.empty()) {
+    if (auto problem = check_placement(r.variables, placement, all_tasks()); !problem.empty()) {
       return ErrorReply{ErrorCode::kInvalidArgument, "the sharding policy is broken: " + problem};
     }
+    if (members.size() != num_ps_) {
+      // Placed again from the cluster's first placement, so that every process computes
+      // the same from the members alone, whatever changes came before.
+      try {
+        placement = rebalance(sharding_, r.variables, placement, members);
+      } catch (const Error& e) {
+        return ErrorReply{ErrorCode::kInvalidArgument, std::string("the sharding policy cannot rebalance: ") + e.what()};
+      }
+      if (auto problem = check_placement(r.variables, placement, members); !problem.empty()) {
+        return ErrorReply{ErrorCode::kInvalidArgument, "the sharding policy's rebalance is broken: " + problem};
+      }
+    }
     return std::nullopt;
+  }
+
+  /// The ps tasks `r` registers the model over: its members, or every ps task.
+  [[nodiscard]] std::vector<std::uint32_t> members_of(const Register& r) const {
+    return r.members.empty() ? all_tasks() : r.members;
+  }
+
+  /// The job's ps tasks, ascending, as last registered (every ps task before that).
+  [[nodiscard]] const std::vector<std::uint32_t>& members() const noexcept { return members_; }
+  /// Their version (Register::membership).
+  [[nodiscard]] std::uint64_t membership() const noexcept { return membership_; }
+  /// A model is registered over `members` (members_of), at version `membership`.
+  void registered(std::vector<std::uint32_t> members, std::uint64_t membership) {
+    members_ = std::move(members);
+    membership_ = membership;
   }
 
   /// True once every part held here is initialized (or restored): the ps serves training.
@@ -154,17 +188,19 @@ class Registration {
     return {};
   }
 
-  /// Why `placement` is not one of `variables` over `num_ps` ps tasks, or "": each
-  /// variable's parts in order, on existing ps tasks, covering its rows exactly once.
+  /// Why `placement` is not one of `variables` over the ps tasks `members` (ascending), or
+  /// "": each variable's parts in order, on members, covering its rows exactly once.
   static std::string check_placement(const std::vector<VariableSpec>& variables, const Placement& placement,
-                                     std::uint32_t num_ps) {
+                                     std::span<const std::uint32_t> members) {
     if (placement.num_variables() != variables.size()) return "wrong number of variables";
     for (std::size_t v = 0; v < variables.size(); ++v) {
       std::size_t next_row = 0;
       std::uint32_t index = 0;
       for (const Part& part : placement.parts_of(v)) {
         if (part.variable != v || part.index != index++) return "parts are out of order";
-        if (part.ps >= num_ps) return "a part is placed on a ps task that does not exist";
+        if (!std::binary_search(members.begin(), members.end(), part.ps)) {
+          return "a part is placed on ps " + std::to_string(part.ps) + ", which is not a ps task of the job";
+        }
         if (part.rows.begin != next_row || part.rows.empty()) {
           return "the parts of '" + variables[v].name + "' do not cover its rows exactly once";
         }
@@ -178,8 +214,36 @@ class Registration {
   }
 
  private:
+  /// Why `members` cannot be the job's ps tasks, or "": each a ps task of the cluster, once,
+  /// ascending, this one among them; its tables' rows placeable over them.
+  [[nodiscard]] std::string check_members(const Register& r, const std::vector<std::uint32_t>& members) const {
+    if (members.empty()) return "a job needs at least one ps task";
+    for (std::size_t i = 0; i < members.size(); ++i) {
+      if (members[i] >= num_ps_) {
+        return "ps " + std::to_string(members[i]) + " is not a ps task of the cluster (it has " +
+               std::to_string(num_ps_) + ")";
+      }
+      if (i > 0 && members[i] <= members[i - 1]) return "the ps members must be ascending, each once";
+    }
+    if (!std::binary_search(members.begin(), members.end(), task_)) {
+      return "ps " + std::to_string(task_) + " is not among the members registered";
+    }
+    if (members.size() != num_ps_ && r.membership == 0) {
+      return "the members differ from the cluster's ps tasks at membership 0 (the cluster's own shape)";
+    }
+    return {};
+  }
+
+  [[nodiscard]] std::vector<std::uint32_t> all_tasks() const {
+    std::vector<std::uint32_t> all(num_ps_);
+    for (std::uint32_t i = 0; i < num_ps_; ++i) all[i] = i;
+    return all;
+  }
+
   std::uint32_t task_;
   std::uint32_t num_ps_;
+  std::vector<std::uint32_t> members_ = all_tasks();
+  std::uint64_t membership_ = 0;
   [[no_unique_address]] S sharding_;
   bool ready_ = false;
   std::vector<Responder> waiters_;

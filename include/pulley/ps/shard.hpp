@@ -57,7 +57,7 @@ class Shard {
   /// optimizer State, an empty accumulator; not initialized) and empty tables. Everything
   /// that may throw (allocation, `make_state`) happens before anything is kept: a throw
   /// leaves the shard as it was.
-  void assign(Register&& r, Placement&& placement, std::uint32_t num_ps, const P& sync) {
+  void assign(Register&& r, Placement&& placement, std::span<const std::uint32_t> members, const P& sync) {
     std::vector<Part> parts;
     std::vector<std::size_t> local(placement.parts.size(), kNotHere);
     for (std::size_t i = 0; i < placement.parts.size(); ++i) {
@@ -70,7 +70,7 @@ class Shard {
                            optimizer_.make_state(n), sync.make_accumulator(n), false});
     }
     TableShard<T> tables(tables_.policy());
-    tables.assign(task_, num_ps, r.tables, r.table_seed);
+    tables.assign(task_, members, r.tables, r.table_seed);
     std::uint64_t bytes = 0;
     for (const Part& part : parts) bytes += part.values.size() * sizeof(float);
     std::vector<std::string> slot_names, counter_names;
@@ -88,6 +88,8 @@ class Shard {
     assigned_ = true;
   }
 
+  /// Bytes of the values of the dense parts held here.
+  [[nodiscard]] std::uint64_t held_bytes() const noexcept { return held_bytes_; }
   /// True once `assign`ed: a model is registered.
   [[nodiscard]] bool assigned() const noexcept { return assigned_; }
   /// True if `r` registers the model held here.

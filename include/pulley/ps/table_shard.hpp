@@ -45,8 +45,9 @@ class TableShard {
   [[nodiscard]] const T& policy() const noexcept { return policy_; }
 
   /// Empty tables for `specs` (checked: see ParameterServer), whose rows start from
-  /// `seed`, on ps `task` of `num_ps`. All of it is built before any of it is kept.
-  void assign(std::uint32_t task, std::uint32_t num_ps, const std::vector<TableSpec>& specs,
+  /// `seed`, on ps `task` of the job's ps tasks `members`. All of it is built before any
+  /// of it is kept.
+  void assign(std::uint32_t task, std::span<const std::uint32_t> members, const std::vector<TableSpec>& specs,
               std::uint64_t seed) {
     std::vector<Table> tables;
     tables.reserve(specs.size());
@@ -54,16 +55,17 @@ class TableShard {
       tables.push_back(Table{EmbeddingTable<Optimizer>(spec, policy_.optimizer, seed),
                              policy_.aggregation.make_accumulator(spec.dim), 0, 0, false, 0, -1, 0, false, {}, {}, {}});
     }
+    std::vector<std::uint32_t> kept(members.begin(), members.end());
     tables_ = std::move(tables);
     task_ = task;
-    num_ps_ = num_ps;
+    members_ = std::move(kept);
   }
 
   /// Tables held.
   [[nodiscard]] std::size_t size() const noexcept { return tables_.size(); }
   /// Where this ps's id sharding puts the tables' rows (`id_sharding_fingerprint`).
   [[nodiscard]] std::uint64_t id_sharding(const std::vector<TableSpec>& specs) const {
-    return id_sharding_fingerprint(policy_.sharding, specs, num_ps_);
+    return id_sharding_fingerprint(policy_.sharding, specs, members_);
   }
   /// The spec of table `t`.
   [[nodiscard]] const TableSpec& spec(std::size_t t) const { return tables_[t].rows.spec(); }
@@ -99,7 +101,7 @@ class TableShard {
                       "' comes twice in one request (a worker sums a row's gradients before it pushes)");
       }
       for (const std::uint64_t id : tr.ids) {
-        const std::uint32_t owner = policy_.sharding.ps_of(s.name, id, num_ps_);
+        const std::uint32_t owner = row_owner(policy_.sharding, s.name, id, members_);
         if (owner != task_) {
           return refuse("row " + std::to_string(id) + " of table '" + s.name + "' is held by ps " +
                         std::to_string(owner) + ", not here (do the worker and the ps use the same " +
@@ -354,7 +356,7 @@ class TableShard {
     const std::size_t take = same_slots ? stride : dim;
     std::size_t kept = 0;
     for (std::size_t i = 0; i < r.ids.size(); ++i) {
-      if (policy_.sharding.ps_of(name, r.ids[i], num_ps_) != task_) continue;
+      if (row_owner(policy_.sharding, name, r.ids[i], members_) != task_) continue;
       if (r.candidates) {
         t.rows.restore_candidate(r.ids[i], r.counts[i], r.steps[i]);
       } else {
@@ -440,7 +442,7 @@ class TableShard {
   T policy_;
   bool cut_marked_ = false;  ///< a cut was read and the pause goes on
   std::uint32_t task_ = 0;
-  std::uint32_t num_ps_ = 1;
+  std::vector<std::uint32_t> members_{0};  ///< the job's ps tasks (Register::members)
   std::vector<Table> tables_;
   IdPositions seen_{detail::random_u64()};  ///< finds an id twice in a request
   /// Buffers of row replies, by request: those before `used_` may be viewed by a transport
@@ -455,7 +457,7 @@ class TableShard<NoTables> {
  public:
   explicit TableShard(NoTables = {}) noexcept {}
   [[nodiscard]] NoTables policy() const noexcept { return {}; }
-  void assign(std::uint32_t, std::uint32_t, const std::vector<TableSpec>&, std::uint64_t) noexcept {}
+  void assign(std::uint32_t, std::span<const std::uint32_t>, const std::vector<TableSpec>&, std::uint64_t) noexcept {}
   [[nodiscard]] std::size_t size() const noexcept { return 0; }
   [[nodiscard]] std::uint64_t id_sharding(const std::vector<TableSpec>&) const noexcept { return 0; }
   [[nodiscard]] std::optional<ErrorReply> check(const std::vector<TableRows>& rows, bool, bool) const {

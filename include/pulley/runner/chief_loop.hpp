@@ -8,6 +8,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -25,6 +26,7 @@
 #include "pulley/runner/schedule.hpp"
 #include "pulley/runner/training.hpp"
 #include "pulley/sharding/ids.hpp"
+#include "pulley/sharding/rebalance.hpp"
 
 namespace pulley {
 namespace runner_detail {
@@ -108,11 +110,38 @@ ModelState save_checkpoint(CheckpointDirectory& directory, Read&& read) {
   return state;
 }
 
+/// The member ps tasks that do not answer now, asked twice a second apart and given a few
+/// seconds each time (a busy ps answers by then), leave the job for good (Chief::leave),
+/// unless none would be left; logs the new shape once.
+template <Transport T>
+void leave_unreachable(Chief<T>& chief, const ClientOptions& options) {
+  const auto patience = std::min(options.request_timeout, std::chrono::milliseconds(5000));
+  const std::vector<std::uint32_t> first = chief.unreachable(patience);
+  if (first.empty() || first.size() == chief.members().size()) return;
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  std::vector<std::uint32_t> gone;
+  for (const std::uint32_t ps : chief.unreachable(patience)) {
+    if (std::find(first.begin(), first.end(), ps) != first.end()) gone.push_back(ps);
+  }
+  if (gone.empty() || gone.size() == chief.members().size()) return;
+  chief.leave(gone);
+  const auto seconds = std::to_string(options.ps_leave_after.count() / 1000);
+  std::string names;
+  for (const std::uint32_t ps : gone) names += (names.empty() ? "ps " : ", ps ") + std::to_string(ps);
+  log(LogLevel::kWarning, "chief: " + names + " not back within " + seconds + " s: " +
+                              (gone.size() == 1 ? "it leaves" : "they leave") + " the job; membership " +
+                              std::to_string(chief.membership()) + ": ps tasks " + describe_members(chief.members()) +
+                              ", which take its shard from the checkpoint");
+}
+
 /// After losing a ps (`lost`): waits until every ps answers again (a restarted one, or a
 /// new one on its address), then restores them all from the newest checkpoint in
 /// `checkpoints` (or `initial`), at a new epoch; returns its global step. The updates
-/// applied since that checkpoint are lost (each ps logs how many). Throws kUnavailable once
-/// `ClientOptions::recovery_timeout` passes without every ps back.
+/// applied since that checkpoint are lost (each ps logs how many). With
+/// `ClientOptions::ps_leave_after`, a ps still away after that long leaves the job for
+/// good: the restore places the model over the others (Chief::leave), and nothing waits
+/// for it again. Throws kUnavailable once `ClientOptions::recovery_timeout` passes without
+/// every ps back.
 template <Transport T, IdSharding I = HashIds>
 std::int64_t roll_back(Chief<T>& chief, const Error& lost, const CheckpointDirectory* checkpoints,
                        const std::optional<ModelState>& initial, const ClientOptions& options,
@@ -125,6 +154,9 @@ std::int64_t roll_back(Chief<T>& chief, const Error& lost, const CheckpointDirec
   detail::Recovery recovery("chief", options);
   for (Error failure = lost;;) {
     recovery.wait(failure);
+    if (options.ps_leave_after.count() > 0 && recovery.waited() >= options.ps_leave_after) {
+      leave_unreachable(chief, options);
+    }
     try {
       chief.restore(target, id_sharding);
       log(LogLevel::kWarning, "chief: every ps restored from " + from + " at global step " +
@@ -137,7 +169,6 @@ std::int64_t roll_back(Chief<T>& chief, const Error& lost, const CheckpointDirec
     }
   }
 }
-
 
 /// The chief's part of a job: initializes the variables (or resumes from the newest
 /// checkpoint), then follows its ChiefSchedule: waits for each step due, cuts the
@@ -189,14 +220,21 @@ class ChiefLoop {
  private:
   /// After `failure` (kUnavailable): waits until every ps answers again, then true if each
   /// still holds the job (a connection broke; nothing was lost, and the schedule goes on
-  /// where it was), false if one was restarted and is not initialized (every ps must be
-  /// rolled back). Throws kUnavailable once the recovery timeout passes first.
+  /// where it was), false if one was restarted and is not initialized, or left the job
+  /// (`ClientOptions::ps_leave_after`): every ps must be rolled back. Throws kUnavailable
+  /// once the recovery timeout passes first.
   bool whole_again(const Error& failure) {
     // One deadline for failures in a row: a link that keeps failing ends the job in time.
     if (!reconnecting_) reconnecting_.emplace("chief", training_.client);
     detail::Recovery& recovery = *reconnecting_;
+    const ClientOptions& options = training_.client;
     for (Error last = failure;;) {
       recovery.wait(last);
+      if (options.ps_leave_after.count() > 0 && recovery.waited() >= options.ps_leave_after) {
+        const std::uint64_t before = chief_.membership();
+        leave_unreachable(chief_, options);
+        if (chief_.membership() != before) return false;  // the others take its shard: a rollback
+      }
       try {
         (void)chief_.wait_for_step(0);  // a ready ps answers at once, a restarted one refuses
         log(LogLevel::kInfo, "chief: every ps answers again and holds the job after " +

@@ -191,6 +191,13 @@ inline void add_limit_flags(CLI::App& app, ClientOptions& client, TcpOptions& tc
                  "with 1, a lost ps's copy takes over and the job goes on with no rollback")
       ->check(CLI::Range(0, 1))
       ->group("Durability");
+  app.add_option_function<std::int64_t>(
+         "--ps-leave-secs",
+         [&client](std::int64_t s) { client.ps_leave_after = std::chrono::seconds(s); },
+         "chief: a lost ps not back within this long leaves the job for good, and the others take "
+         "its shard from the newest checkpoint (0, the default: wait for it up to the recovery timeout)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 30))
+      ->group("Durability");
 }
 
 /// add_limit_flags, and the ps tasks' worker timeout (`Training::worker_timeout`):

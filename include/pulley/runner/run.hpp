@@ -222,6 +222,19 @@ int run(const Job& job, const Training<M>& training, S sharding, O optimizer, P 
     if (!training.model || !training.data) {
       throw Error(ErrorCode::kInvalidArgument, "Training needs a model and a data source");
     }
+    const ClientOptions& client = training.client;
+    if (client.ps_leave_after.count() > 0) {
+      if (client.ps_leave_after >= client.recovery_timeout) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "--ps-leave-secs must be below the recovery timeout (--recovery-timeout-ms): the workers "
+                    "wait for the job to go on without the ps only that long");
+      }
+      if (training.tcp.replicas != 0) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "--ps-leave-secs and --ps-replicas 1 exclude each other: with copies a lost ps's copy "
+                    "takes its shard over, and the job keeps its ps tasks");
+      }
+    }
     // Every task, not only the ps tasks, refuses bad settings at once: nobody waits for a
     // ps that will not start.
     check_optimizer_settings(optimizer);

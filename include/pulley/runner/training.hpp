@@ -29,7 +29,7 @@ struct Evaluation {
   bool last = false;                   ///< the evaluation at the last step
   double seconds = 0.0;                ///< since the chief initialized the variables (chief)
   double samples_per_s = 0.0;          ///< step × samples_per_step / seconds (chief)
-  std::vector<Stats> stats;            ///< every ps's counters (the chief's last evaluation)
+  std::vector<Stats> stats;            ///< every member ps's counters, in member order (the chief's last evaluation)
   /// For a model with embedding tables: writes the rows of `ids` of table `table` (its
   /// index in `model.tables()`) into `out` (`ids.size() × dim` floats), a row not held
   /// reading as its initial value. They are the evaluated checkpoint's (an evaluator task

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <ranges>
 #include <span>
 #include <string_view>
 
@@ -24,34 +25,14 @@ struct HashIds {
   /// The ps task that holds row `id` of `table` among ps tasks 0 .. num_ps − 1.
   [[nodiscard]] std::uint32_t ps_of(std::string_view table, std::uint64_t id,
                                     std::uint32_t num_ps) const noexcept {
-    const std::uint64_t row = row_key(table, id);
-    std::uint32_t best = 0;
-    std::uint64_t best_score = score(row, 0);
-    for (std::uint32_t ps = 1; ps < num_ps; ++ps) {
-      const std::uint64_t s = score(row, ps);
-      if (s > best_score) {
-        best = ps;
-        best_score = s;
-      }
-    }
-    return best;
+    return best(row_key(table, id), std::views::iota(std::uint32_t{0}, num_ps));
   }
 
   /// The ps task that holds row `id` of `table` among the ps tasks `members` (task indices,
-  /// not empty): the same as above when they are 0 .. num_ps − 1.
+  /// ascending, not empty): the same as above when they are 0 .. num_ps − 1.
   [[nodiscard]] std::uint32_t ps_of(std::string_view table, std::uint64_t id,
                                     std::span<const std::uint32_t> members) const noexcept {
-    const std::uint64_t row = row_key(table, id);
-    std::uint32_t best = members.front();
-    std::uint64_t best_score = score(row, best);
-    for (const std::uint32_t ps : members.subspan(1)) {
-      const std::uint64_t s = score(row, ps);
-      if (s > best_score || (s == best_score && ps < best)) {
-        best = ps;
-        best_score = s;
-      }
-    }
-    return best;
+    return best(row_key(table, id), members);
   }
 
  private:
@@ -60,6 +41,22 @@ struct HashIds {
   }
   static constexpr std::uint64_t score(std::uint64_t row, std::uint32_t ps) noexcept {
     return mix_id(row + (std::uint64_t{ps} + 1) * 0x9E3779B97F4A7C15ULL);
+  }
+  /// The task of `tasks` (ascending, not empty) scoring `row` highest; the first on a tie.
+  template <class Tasks>
+  static std::uint32_t best(std::uint64_t row, const Tasks& tasks) noexcept {
+    std::uint32_t best = 0;
+    std::uint64_t best_score = 0;
+    bool first = true;
+    for (const std::uint32_t ps : tasks) {
+      const std::uint64_t s = score(row, ps);
+      if (first || s > best_score) {
+        best = ps;
+        best_score = s;
+        first = false;
+      }
+    }
+    return best;
   }
 };
 static_assert(IdSharding<HashIds>);

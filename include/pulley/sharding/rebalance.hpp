@@ -64,6 +64,13 @@ struct PartMove {
   return moves;
 }
 
+/// The ps tasks `members` as log lines name them: "{0, 2}".
+[[nodiscard]] inline std::string describe_members(std::span<const std::uint32_t> members) {
+  std::string text = "{";
+  for (std::size_t i = 0; i < members.size(); ++i) text += (i == 0 ? "" : ", ") + std::to_string(members[i]);
+  return text + "}";
+}
+
 /// Checks a member list: not empty, ascending, no task twice.
 inline void check_members(std::span<const std::uint32_t> members) {
   if (members.empty()) throw Error(ErrorCode::kInvalidArgument, "a job needs at least one ps task");

@@ -52,7 +52,7 @@ namespace pulley {
 ///     own first, then one more at a time while more tokens are left than live workers
 ///     still to take theirs), so every step keeps its R batches, the lost worker's among
 ///     them. Its tokens pull at once after their push (`next_pull_step` is the step), since
-///     the worker may bring another gradient of the same step. The pacing ps (ps 0)
+///     the worker may bring another gradient of the same step. The pacing ps (the lowest member)
 ///     decides it when the step begins, and its tokens say so (Token::refill); every other
 ///     ps takes that word from the step's pushes (`follow`), whatever its own lost workers;
 ///   - a worker lost during a step that is not a refill step (its tokens were handed out

@@ -48,6 +48,9 @@ class Recovery {
     pause_ = std::min<std::chrono::milliseconds>(pause_ * 2, std::chrono::seconds(2));
   }
 
+  /// Time since the wait began.
+  [[nodiscard]] Clock::duration waited() const noexcept { return Clock::now() - (deadline_ - timeout_); }
+
   /// Tries so far.
   [[nodiscard]] int tries() const noexcept { return tries_; }
 

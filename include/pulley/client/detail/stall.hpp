@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -18,17 +19,20 @@
 
 namespace pulley::detail {
 
-/// Every ps's global step, and in `why` what each waits for; empty if a ps does not answer
-/// in time (the question is a courtesy: the wait is what matters).
+/// Every member ps's global step (`members`: the job's ps tasks), and in `why` what each
+/// waits for; empty if a ps does not answer in time (the question is a courtesy: the wait
+/// is what matters).
 template <Transport T>
-std::vector<std::int64_t> global_steps(T& transport, const ClientOptions& options, std::string& why) {
+std::vector<std::int64_t> global_steps(T& transport, std::span<const std::uint32_t> members,
+                                       const ClientOptions& options, std::string& why) {
   std::vector<std::int64_t> steps;
   try {
     CallGroup group;
-    for (std::size_t ps = 0; ps < transport.num_ps(); ++ps) group.add(transport.call(ps, GetStats{}, {}));
+    for (const std::uint32_t ps : members) group.add(transport.call(ps, GetStats{}, {}));
     group.wait(std::min(options.request_timeout, std::chrono::milliseconds(5000)), "ask the ps tasks what they wait for");
-    for (std::size_t ps = 0; ps < group.size(); ++ps) {
-      const StatsReply reply = group.take_as<StatsReply>(ps);
+    for (std::size_t k = 0; k < group.size(); ++k) {
+      const std::uint32_t ps = members[k];
+      const StatsReply reply = group.take_as<StatsReply>(k);
       steps.push_back(reply.stats.global_step);
       why += "; ps " + std::to_string(ps) + " is at step " + std::to_string(reply.stats.global_step) +
              ", waiting for " + reply.waiting_for;
@@ -47,7 +51,7 @@ std::vector<std::int64_t> global_steps(T& transport, const ClientOptions& option
 /// none has moved for `wait_timeout`, naming the same: a long wait for a step far ahead is
 /// no stall. With a `deadline`, returns false (the calls cancelled) when it passes first.
 template <Transport T>
-bool wait_progressing(T& transport, const ClientOptions& options, CallGroup& group, std::string_view what,
+bool wait_progressing(T& transport, std::span<const std::uint32_t> members, const ClientOptions& options, CallGroup& group, std::string_view what,
                       std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max()) {
   using Clock = std::chrono::steady_clock;
   const auto patience = options.wait_timeout;
@@ -75,7 +79,7 @@ bool wait_progressing(T& transport, const ClientOptions& options, CallGroup& gro
       return false;
     }
     std::string why;
-    const std::vector<std::int64_t> now_steps = global_steps(transport, options, why);
+    const std::vector<std::int64_t> now_steps = global_steps(transport, members, options, why);
     const auto now = Clock::now();
     if (!now_steps.empty()) {
       // Moved since the last look, or the first answer (what came before it is unknown):
@@ -100,10 +104,10 @@ bool wait_progressing(T& transport, const ClientOptions& options, CallGroup& gro
 /// Waits for `group`, whose calls wait for the ps tasks to complete global step `min_step`
 /// (none when it is 0: then they are answered at once).
 template <Transport T>
-void wait_gated(T& transport, const ClientOptions& options, CallGroup& group, std::int64_t min_step,
+void wait_gated(T& transport, std::span<const std::uint32_t> members, const ClientOptions& options, CallGroup& group, std::int64_t min_step,
                 std::string_view what) {
   if (min_step <= 0) return group.wait(options.request_timeout, what);
-  (void)wait_progressing(transport, options, group, what);
+  (void)wait_progressing(transport, members, options, group, what);
 }
 
 }  // namespace pulley::detail

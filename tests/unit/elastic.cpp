@@ -1,0 +1,294 @@
+// SPDX-License-Identifier: MIT
+// A ps task that leaves a job for good, in-process: the chief takes it out of the job's
+// membership, the model is placed over the others (its parts moved whole) and restored
+// there from the checkpoint, exactly as saved (dense parts, slots, counters, table rows);
+// workers that knew the old members follow; a sync R = N job that lost a ps ends bit for
+// bit where the same job with all its ps tasks ends; and, message by message, what a ps
+// refuses of a membership.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "pulley/client/chief.hpp"
+#include "pulley/client/worker.hpp"
+#include "pulley/optimizers/adagrad.hpp"
+#include "pulley/optimizers/adam.hpp"
+#include "pulley/ps/parameter_server.hpp"
+#include "pulley/sharding/partitioned.hpp"
+#include "pulley/sharding/round_robin.hpp"
+#include "pulley/sync/sync_replicas.hpp"
+#include "support/cluster.hpp"
+#include "support/linear_model.hpp"
+#include "support/table_model.hpp"
+
+using namespace pulley;
+using pulley::testing::Cluster;
+using pulley::testing::LinearBatch;
+using pulley::testing::LinearData;
+using pulley::testing::LinearModel;
+using pulley::testing::TableBatchOf;
+using pulley::testing::TinyTableModel;
+
+namespace {
+
+constexpr std::size_t kIn = 6, kOut = 4, kBatch = 4;
+using SyncAdam = Cluster<FixedShards, Adam, SyncReplicas>;
+
+/// Worker w's batch of step k: always the same rows.
+LinearBatch batch_of(const LinearData& data, std::uint32_t w, std::int64_t k) {
+  const std::size_t row = static_cast<std::size_t>(((k % 40) * 2 + w) * static_cast<std::int64_t>(kBatch));
+  return {std::span(data.x).subspan(row * kIn, kBatch * kIn), std::span(data.y).subspan(row * kOut, kBatch * kOut)};
+}
+
+/// Two workers step from global step `from` to `to` (sync R = N = 2; worker w's batch of
+/// step k is batch_of(w, k)), each ready with the members it finds.
+void run_steps(SyncAdam& cluster, const LinearData& data, std::int64_t from, std::int64_t to) {
+  std::vector<std::thread> workers;
+  for (std::uint32_t w = 0; w < 2; ++w) {
+    workers.emplace_back([&, w] {
+      Worker worker(w, LinearModel(kIn, kOut), cluster.endpoint(Node::worker(w)));
+      worker.wait_ready();
+      for (std::int64_t k = from; worker.step(batch_of(data, w, k), to); ++k) {
+      }
+    });
+  }
+  for (auto& t : workers) t.join();
+}
+
+void check_same_dense(const ModelState& a, const ModelState& b) {
+  CHECK(a.global_step == b.global_step);
+  CHECK(a.pacer == b.pacer);
+  REQUIRE(a.variables.size() == b.variables.size());
+  for (std::size_t v = 0; v < a.variables.size(); ++v) {
+    CHECK(a.variables[v].values == b.variables[v].values);
+    CHECK(a.variables[v].slots == b.variables[v].slots);
+  }
+}
+
+bool places_on(const Placement& placement, std::uint32_t ps) {
+  return std::any_of(placement.parts.begin(), placement.parts.end(), [&](const Part& p) { return p.ps == ps; });
+}
+
+}  // namespace
+
+TEST_CASE("a ps killed for good leaves: the others take its parts from the checkpoint, exactly as saved") {
+  const LinearData data(2 * kBatch * 40, kIn, kOut, 12);
+  SyncAdam cluster(3, Adam{0.01F}, SyncReplicas(2, 2), FixedShards{3});
+  Chief chief(cluster.endpoint(Node::chief()), 3);
+  chief.initialize(LinearModel(kIn, kOut).variables());
+  REQUIRE(places_on(chief.placement(), 1));
+  run_steps(cluster, data, 0, 10);
+  const ModelState saved = chief.save_state();
+
+  cluster.network().kill(Node::ps(1));
+  CHECK(chief.unreachable(std::chrono::milliseconds(500)) == std::vector<std::uint32_t>{1});
+  chief.leave(std::vector<std::uint32_t>{1});
+  CHECK(chief.membership() == 1);
+  chief.restore(saved);
+  CHECK(std::vector<std::uint32_t>(chief.members().begin(), chief.members().end()) ==
+        std::vector<std::uint32_t>{0, 2});
+  CHECK_FALSE(places_on(chief.placement(), 1));
+  CHECK(chief.placement().parts.size() == saved.variables.size() * 3);  // the parts stay, whole
+  CHECK(chief.stats().size() == 2);
+  check_same_dense(chief.save_state(), saved);
+  CHECK(chief.unreachable(std::chrono::milliseconds(500)).empty());  // ps 1 is no member now
+}
+
+TEST_CASE("a sync R = N job whose ps leaves at a checkpoint ends bit for bit where the job with every ps ends") {
+  const LinearData data(2 * kBatch * 40, kIn, kOut, 12);
+  ModelState whole;
+  {
+    SyncAdam cluster(3, Adam{0.01F}, SyncReplicas(2, 2), FixedShards{3});
+    Chief chief(cluster.endpoint(Node::chief()), 3);
+    chief.initialize(LinearModel(kIn, kOut).variables());
+    run_steps(cluster, data, 0, 30);
+    whole = chief.save_state();
+    chief.shutdown();
+  }
+  SyncAdam cluster(3, Adam{0.01F}, SyncReplicas(2, 2), FixedShards{3});
+  Chief chief(cluster.endpoint(Node::chief()), 3);
+  chief.initialize(LinearModel(kIn, kOut).variables());
+  run_steps(cluster, data, 0, 12);
+  const ModelState saved = chief.save_state();
+  cluster.network().kill(Node::ps(2));
+  chief.leave(std::vector<std::uint32_t>{2});
+  chief.restore(saved);
+  run_steps(cluster, data, 12, 30);  // the workers start knowing 3 ps tasks, and learn of 2
+  const ModelState end = chief.save_state();
+  check_same_dense(end, whole);
+  chief.shutdown();
+}
+
+TEST_CASE("workers training when a ps is lost for good follow the job onto the other ps tasks") {
+  const LinearData data(2 * kBatch * 40, kIn, kOut, 12);
+  SyncAdam cluster(3, Adam{0.01F}, SyncReplicas(2, 2), FixedShards{3});
+  Chief chief(cluster.endpoint(Node::chief()), 3);
+  chief.initialize(LinearModel(kIn, kOut).variables());
+  run_steps(cluster, data, 0, 10);
+  const ModelState saved = chief.save_state();
+  chief.restore(saved);  // the tokens of step 10 the first workers took go with their epoch
+  std::atomic<int> failures{0};
+  std::vector<std::thread> workers;
+  constexpr std::int64_t kLast = 120;
+  for (std::uint32_t w = 0; w < 2; ++w) {
+    cluster.network().delay(Node::worker(w), std::chrono::milliseconds(1));  // still training at the kill
+    workers.emplace_back([&, w] {
+      ClientOptions options;
+      options.recovery_timeout = std::chrono::seconds(30);
+      Worker worker(w, LinearModel(kIn, kOut), cluster.endpoint(Node::worker(w)), options);
+      try {
+        worker.wait_ready();
+        for (std::int64_t k = 10; worker.step(batch_of(data, w, k), kLast); ++k) {
+        }
+      } catch (const Error&) {
+        ++failures;
+      }
+    });
+  }
+  REQUIRE(chief.wait_for_step(20) < kLast - 20);
+  cluster.network().kill(Node::ps(0));  // the pacing ps: ps 1 paces from now on
+  chief.leave(chief.unreachable(std::chrono::milliseconds(500)));
+  chief.restore(saved);
+  for (auto& t : workers) t.join();
+  CHECK(failures == 0);
+  CHECK(chief.members().front() == 1);
+  for (const Stats& s : chief.stats()) CHECK(s.global_step == kLast);
+  chief.shutdown();
+}
+
+namespace {
+
+using SyncTables = Cluster<RoundRobin, Adagrad, SyncReplicas>;
+const TableSpec kSpec{"emb", TinyTableModel::kDim, Initializer::uniform(0.5F), 2, 0};
+
+void train_tables(SyncTables& cluster, std::int64_t from, std::int64_t to) {
+  static const auto batches = pulley::testing::table_batches(40, 8, 300, 4);
+  std::vector<std::thread> workers;
+  for (std::uint32_t w = 0; w < 2; ++w) {
+    workers.emplace_back([&, w] {
+      Worker worker(w, TinyTableModel(kSpec), cluster.endpoint(Node::worker(w)));
+      worker.wait_ready();
+      for (std::int64_t k = from; worker.step(batches[static_cast<std::size_t>(k * 2 + w)], to); ++k) {
+      }
+    });
+  }
+  for (auto& t : workers) t.join();
+}
+
+/// A table's rows as a map: id → values and slots.
+std::map<std::uint64_t, std::vector<float>> rows_of(const TableState& t) {
+  std::map<std::uint64_t, std::vector<float>> out;
+  for (std::size_t i = 0; i < t.ids.size(); ++i) {
+    const auto at = t.rows.begin() + static_cast<std::ptrdiff_t>(i * t.stride());
+    out[t.ids[i]] = std::vector<float>(at, at + static_cast<std::ptrdiff_t>(t.stride()));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a ps with table rows leaves: its rows go to the others by rendezvous hashing, every row as saved") {
+  SyncTables cluster(3, Adagrad{0.1F}, SyncReplicas(2, 2));
+  Chief chief(cluster.endpoint(Node::chief()), 21);
+  const TinyTableModel shape(kSpec);
+  chief.initialize(shape.variables(), shape.tables());
+  train_tables(cluster, 0, 12);
+  const ModelState saved = chief.save_state();
+  REQUIRE(saved.tables.at(0).ids.size() > 30);
+  cluster.network().kill(Node::ps(1));
+  chief.leave(std::vector<std::uint32_t>{1});
+  chief.restore(saved);
+  const ModelState back = chief.save_state();
+  check_same_dense(back, saved);
+  CHECK(rows_of(back.tables.at(0)) == rows_of(saved.tables.at(0)));
+  // Each member holds the rows HashIds gives it over {0, 2}: their sum is every row.
+  std::int64_t held = 0;
+  for (const Stats& s : chief.stats()) held += s.table_rows;
+  CHECK(static_cast<std::size_t>(held) == saved.tables[0].ids.size());
+  const std::uint32_t members[] = {0, 2};
+  std::size_t on_0 = 0;
+  for (const std::uint64_t id : saved.tables[0].ids) on_0 += HashIds{}.ps_of("emb", id, members) == 0 ? 1 : 0;
+  CHECK(chief.stats().at(0).table_rows == static_cast<std::int64_t>(on_0));
+  train_tables(cluster, 12, 16);  // and training goes on over two ps tasks
+  CHECK(chief.stats().at(1).global_step == 16);
+  chief.shutdown();
+}
+
+namespace {
+
+using SgdSync = ParameterServer<FixedShards, Adam, SyncReplicas>;
+
+Response ask(SgdSync& ps, Request request) {
+  std::optional<Response> out;
+  ps.handle(std::move(request), RequestContext{false, Node::chief(), 1}, [&](Response&& r) { out = std::move(r); });
+  REQUIRE(out.has_value());
+  return std::move(*out);
+}
+
+std::string refusal(const Response& r) {
+  const auto* e = std::get_if<ErrorReply>(&r);
+  return e == nullptr ? std::string("(accepted)") : e->message;
+}
+
+/// An id sharding written for a fixed count of ps tasks (no `ps_of(table, id, members)`).
+struct ModuloIds {
+  [[nodiscard]] std::uint32_t ps_of(std::string_view, std::uint64_t id, std::uint32_t num_ps) const noexcept {
+    return static_cast<std::uint32_t>(id % num_ps);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a ps refuses a membership that is not newer, that leaves it out, or names a task outside the cluster") {
+  const LinearModel model(kIn, kOut);
+  const std::vector<VariableSpec> list(model.variables().begin(), model.variables().end());
+  SgdSync ps(1, 3, Adam{0.01F}, SyncReplicas(2, 2), FixedShards{3});
+  CHECK(refusal(ask(ps, Register{list, {}, 0, {0, 1}, 0})).find("at membership 0") != std::string::npos);
+  CHECK(refusal(ask(ps, Register{list, {}, 0, {0, 2}, 1})).find("ps 1 is not among the members") != std::string::npos);
+  CHECK(refusal(ask(ps, Register{list, {}, 0, {1, 3}, 1})).find("not a ps task of the cluster") != std::string::npos);
+  CHECK(refusal(ask(ps, Register{list, {}, 0, {2, 1}, 1})).find("ascending") != std::string::npos);
+  const auto first = ask(ps, Register{list, {}, 0, {}, 0});
+  REQUIRE(std::holds_alternative<PlacementReply>(first));
+  CHECK(std::get<PlacementReply>(first).members == std::vector<std::uint32_t>{0, 1, 2});
+  const auto moved = ask(ps, Register{list, {}, 0, {1, 2}, 1});
+  REQUIRE(std::holds_alternative<PlacementReply>(moved));
+  CHECK_FALSE(places_on(std::get<PlacementReply>(moved).placement, 0));
+  CHECK(std::get<PlacementReply>(moved).membership == 1);
+  // The same again is harmless; an older or equal one with other members is refused.
+  CHECK(std::holds_alternative<PlacementReply>(ask(ps, Register{list, {}, 0, {1, 2}, 1})));
+  CHECK(refusal(ask(ps, Register{list, {}, 0, {}, 0})).find("is not newer") != std::string::npos);
+  CHECK(refusal(ask(ps, Register{list, {}, 0, {1}, 1})).find("is not newer") != std::string::npos);
+  // Unready until its restore: its new share holds nothing yet.
+  const auto stats = std::get<StatsReply>(ask(ps, GetStats{}));
+  CHECK_FALSE(stats.ready);
+  CHECK(stats.members == std::vector<std::uint32_t>{1, 2});
+  CHECK(stats.membership == 1);
+
+  ParameterServer<RoundRobin, Adagrad, SyncReplicas, Tables<Adagrad, ModuloIds>> fixed(1, 2, Adagrad{0.1F},
+                                                                                        SyncReplicas(2, 2));
+  std::optional<Response> answer;
+  const TinyTableModel shape(kSpec);
+  const std::vector<VariableSpec> dense(shape.variables().begin(), shape.variables().end());
+  const std::vector<TableSpec> tables(shape.tables().begin(), shape.tables().end());
+  fixed.handle(Register{dense, tables, 0, {1}, 1}, RequestContext{false, Node::chief(), 1},
+               [&](Response&& r) { answer = std::move(r); });
+  REQUIRE(answer.has_value());
+  CHECK(refusal(*answer).find("ElasticIdSharding") != std::string::npos);
+}
+
+TEST_CASE("Chief::leave refuses a ps that is no member, or leaving no ps task") {
+  SyncAdam cluster(2, Adam{0.01F}, SyncReplicas(2, 2), FixedShards{2});
+  Chief chief(cluster.endpoint(Node::chief()), 3);
+  chief.initialize(LinearModel(kIn, kOut).variables());
+  CHECK_THROWS_WITH_AS(chief.leave(std::vector<std::uint32_t>{5}), doctest::Contains("not a member"), Error);
+  CHECK_THROWS_WITH_AS(chief.leave(std::vector<std::uint32_t>{0, 1}), doctest::Contains("without any ps"), Error);
+  CHECK(chief.membership() == 0);
+  chief.shutdown();
+}
