@@ -3,8 +3,9 @@
 // membership, the model is placed over the others (its parts moved whole) and restored
 // there from the checkpoint, exactly as saved (dense parts, slots, counters, table rows);
 // workers that knew the old members follow; a sync R = N job that lost a ps ends bit for
-// bit where the same job with all its ps tasks ends; and, message by message, what a ps
-// refuses of a membership.
+// bit where the same job with all its ps tasks ends; a request of the shape before is
+// refused as late; a process started on the lost ps's address is not waited for and ends
+// with the job; and, message by message, what a ps refuses of a membership.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -291,4 +292,83 @@ TEST_CASE("Chief::leave refuses a ps that is no member, or leaving no ps task") 
   CHECK_THROWS_WITH_AS(chief.leave(std::vector<std::uint32_t>{0, 1}), doctest::Contains("without any ps"), Error);
   CHECK(chief.membership() == 0);
   chief.shutdown();
+}
+
+namespace {
+
+/// `request` sent to ps `ps` as worker 0, answered within 10 s.
+Response send_as_worker(SyncAdam& cluster, std::uint32_t ps, Request request) {
+  InProcess transport(cluster.network(), Node::worker(0));
+  PendingCall call = transport.call(ps, std::move(request));
+  REQUIRE(call.wait_until(std::chrono::steady_clock::now() + std::chrono::seconds(10)));
+  return call.take();
+}
+
+ErrorCode code_of(const Response& r) {
+  const auto* e = std::get_if<ErrorReply>(&r);
+  REQUIRE(e != nullptr);
+  return e->code;
+}
+
+}  // namespace
+
+TEST_CASE("a push or a read of the shape before a leave is refused as late (start again), not as malformed") {
+  SyncAdam cluster(3, Adam{0.01F}, SyncReplicas(2, 2), FixedShards{3});
+  Chief chief(cluster.endpoint(Node::chief()), 3);
+  const LinearModel model(kIn, kOut);
+  chief.initialize(model.variables());
+  const Placement before = chief.placement();
+  const ModelState saved = chief.save_state();
+  cluster.network().kill(Node::ps(1));
+  chief.leave(std::vector<std::uint32_t>{1});
+  chief.restore(saved);
+  // A worker's push of epoch 0, made for ps 0's parts before: ps 0 holds another part now.
+  std::vector<std::vector<float>> zeros;
+  Push push{0, 0, {}, 0, 1, {}, 1};
+  for (std::size_t i = 0; i < before.parts.size(); ++i) {
+    const Part& part = before.parts[i];
+    if (part.ps != 0) continue;
+    zeros.emplace_back(part.rows.size() * model.variables()[part.variable].row_size(), 0.0F);
+    push.gradients.push_back({static_cast<std::uint32_t>(i), zeros.back()});
+  }
+  CHECK(code_of(send_as_worker(cluster, 0, push)) == ErrorCode::kFailedPrecondition);
+  // A read unbound to a step, of epoch 0, naming a part ps 2 does not hold.
+  const auto on_0 = std::find_if(before.parts.begin(), before.parts.end(), [](const Part& p) { return p.ps == 0; });
+  const Pull pull{0, {{static_cast<std::uint32_t>(on_0 - before.parts.begin()), on_0->rows}}, 0};
+  CHECK(code_of(send_as_worker(cluster, 2, pull)) == ErrorCode::kFailedPrecondition);
+  // The same read at the current epoch names a part that is not there.
+  const Pull current{0, {{static_cast<std::uint32_t>(on_0 - before.parts.begin()), on_0->rows}}, 1};
+  CHECK(code_of(send_as_worker(cluster, 2, current)) == ErrorCode::kNotFound);
+  chief.shutdown();
+}
+
+TEST_CASE("a process started again on the address of a ps that left is not waited for, and ends with the job") {
+  const LinearData data(2 * kBatch * 40, kIn, kOut, 12);
+  SyncAdam cluster(3, Adam{0.01F}, SyncReplicas(2, 2), FixedShards{3});
+  Chief chief(cluster.endpoint(Node::chief()), 3);
+  chief.initialize(LinearModel(kIn, kOut).variables());
+  run_steps(cluster, data, 0, 6);
+  const ModelState saved = chief.save_state();
+  cluster.network().kill(Node::ps(1));
+  chief.leave(std::vector<std::uint32_t>{1});
+  chief.restore(saved);
+  cluster.network().restart(SgdSync(1, 3, Adam{0.01F}, SyncReplicas(2, 2), FixedShards{3}));
+  // New workers know the cluster's 3 ps tasks: they learn that the job has 2, and never
+  // wait for the new process, which holds no model (a short wait timeout would fail them).
+  ClientOptions options;
+  options.wait_timeout = std::chrono::seconds(20);
+  std::vector<std::thread> workers;
+  for (std::uint32_t w = 0; w < 2; ++w) {
+    workers.emplace_back([&, w] {
+      Worker worker(w, LinearModel(kIn, kOut), cluster.endpoint(Node::worker(w)), options);
+      worker.wait_ready();
+      CHECK_FALSE(places_on(worker.placement(), 1));
+      for (std::int64_t k = 6; worker.step(batch_of(data, w, k), 12); ++k) {
+      }
+    });
+  }
+  for (auto& t : workers) t.join();
+  CHECK(chief.stats().at(0).global_step == 12);
+  chief.shutdown();  // the new process on ps 1's address is told too
+  CHECK(code_of(send_as_worker(cluster, 1, GetStats{})) == ErrorCode::kOutOfRange);
 }
