@@ -30,6 +30,7 @@
 #include "pulley/sync/sync_replicas.hpp"
 #include "support/cluster.hpp"
 #include "support/linear_model.hpp"
+#include "support/two_workers.hpp"
 #include "support/log_capture.hpp"
 
 using namespace pulley;
@@ -37,32 +38,9 @@ using pulley::testing::Cluster;
 using pulley::testing::LinearBatch;
 using pulley::testing::LinearData;
 using pulley::testing::LinearModel;
+using namespace pulley::testing::two_workers;
 
 namespace {
-
-constexpr std::size_t kIn = 6, kOut = 4, kBatch = 4;
-
-/// Worker w's batch of step k: always the same rows.
-LinearBatch batch_of(const LinearData& data, std::uint32_t w, std::int64_t k) {
-  const std::size_t row = static_cast<std::size_t>((k * 2 + w) * static_cast<std::int64_t>(kBatch));
-  return {std::span(data.x).subspan(row * kIn, kBatch * kIn),
-          std::span(data.y).subspan(row * kOut, kBatch * kOut)};
-}
-
-/// Two workers step from step `from` to `to` (sync R = N = 2, one batch per step each).
-template <class Net>
-void run_steps(Net& cluster, const LinearData& data, std::int64_t from, std::int64_t to) {
-  std::vector<std::thread> workers;
-  for (std::uint32_t w = 0; w < 2; ++w) {
-    workers.emplace_back([&, w] {
-      Worker worker(w, LinearModel(kIn, kOut), cluster.endpoint(Node::worker(w)));
-      worker.wait_ready();
-      for (std::int64_t k = from; worker.step(batch_of(data, w, k), to); ++k) {
-      }
-    });
-  }
-  for (auto& t : workers) t.join();
-}
 
 using SyncAdam = Cluster<FixedShards, Adam, SyncReplicas>;
 
@@ -231,24 +209,9 @@ TEST_CASE("a ps killed and started again is restored with the others, and the wo
   REQUIRE(checkpoint.global_step == 10);
   chief.restore(checkpoint);  // the first workers' tokens of step 10 go with their epoch
   std::atomic<int> failures{0};
-  std::vector<std::thread> workers;
   constexpr std::int64_t kLast = 200;
-  for (std::uint32_t w = 0; w < 2; ++w) {
-    // 1 ms before each request: training is still on when ps 1 is killed at step 20.
-    cluster.network().delay(Node::worker(w), std::chrono::milliseconds(1));
-    workers.emplace_back([&, w] {
-      ClientOptions options;
-      options.recovery_timeout = std::chrono::seconds(30);
-      Worker worker(w, LinearModel(kIn, kOut), cluster.endpoint(Node::worker(w)), options);
-      try {
-        worker.wait_ready();
-        for (std::int64_t k = 10; worker.step(batch_of(data, w, k % 40), kLast); ++k) {
-        }
-      } catch (const Error&) {
-        ++failures;
-      }
-    });
-  }
+  // Training is still on when ps 1 is killed at step 20.
+  std::vector<std::thread> workers = start_steps(cluster, data, 10, kLast, failures);
   REQUIRE(chief.wait_for_step(20) < kLast - 20);
   cluster.network().kill(Node::ps(1));  // the workers wait for it
   std::this_thread::sleep_for(std::chrono::milliseconds(50));

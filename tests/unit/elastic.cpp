@@ -27,6 +27,7 @@
 #include "pulley/sync/sync_replicas.hpp"
 #include "support/cluster.hpp"
 #include "support/linear_model.hpp"
+#include "support/two_workers.hpp"
 #include "support/table_model.hpp"
 
 using namespace pulley;
@@ -34,34 +35,13 @@ using pulley::testing::Cluster;
 using pulley::testing::LinearBatch;
 using pulley::testing::LinearData;
 using pulley::testing::LinearModel;
+using namespace pulley::testing::two_workers;
 using pulley::testing::TableBatchOf;
 using pulley::testing::TinyTableModel;
 
 namespace {
 
-constexpr std::size_t kIn = 6, kOut = 4, kBatch = 4;
 using SyncAdam = Cluster<FixedShards, Adam, SyncReplicas>;
-
-/// Worker w's batch of step k: always the same rows.
-LinearBatch batch_of(const LinearData& data, std::uint32_t w, std::int64_t k) {
-  const std::size_t row = static_cast<std::size_t>(((k % 40) * 2 + w) * static_cast<std::int64_t>(kBatch));
-  return {std::span(data.x).subspan(row * kIn, kBatch * kIn), std::span(data.y).subspan(row * kOut, kBatch * kOut)};
-}
-
-/// Two workers step from global step `from` to `to` (sync R = N = 2; worker w's batch of
-/// step k is batch_of(w, k)), each ready with the members it finds.
-void run_steps(SyncAdam& cluster, const LinearData& data, std::int64_t from, std::int64_t to) {
-  std::vector<std::thread> workers;
-  for (std::uint32_t w = 0; w < 2; ++w) {
-    workers.emplace_back([&, w] {
-      Worker worker(w, LinearModel(kIn, kOut), cluster.endpoint(Node::worker(w)));
-      worker.wait_ready();
-      for (std::int64_t k = from; worker.step(batch_of(data, w, k), to); ++k) {
-      }
-    });
-  }
-  for (auto& t : workers) t.join();
-}
 
 void check_same_dense(const ModelState& a, const ModelState& b) {
   CHECK(a.global_step == b.global_step);
@@ -136,23 +116,8 @@ TEST_CASE("workers training when a ps is lost for good follow the job onto the o
   const ModelState saved = chief.save_state();
   chief.restore(saved);  // the tokens of step 10 the first workers took go with their epoch
   std::atomic<int> failures{0};
-  std::vector<std::thread> workers;
   constexpr std::int64_t kLast = 120;
-  for (std::uint32_t w = 0; w < 2; ++w) {
-    cluster.network().delay(Node::worker(w), std::chrono::milliseconds(1));  // still training at the kill
-    workers.emplace_back([&, w] {
-      ClientOptions options;
-      options.recovery_timeout = std::chrono::seconds(30);
-      Worker worker(w, LinearModel(kIn, kOut), cluster.endpoint(Node::worker(w)), options);
-      try {
-        worker.wait_ready();
-        for (std::int64_t k = 10; worker.step(batch_of(data, w, k), kLast); ++k) {
-        }
-      } catch (const Error&) {
-        ++failures;
-      }
-    });
-  }
+  std::vector<std::thread> workers = start_steps(cluster, data, 10, kLast, failures);
   REQUIRE(chief.wait_for_step(20) < kLast - 20);
   cluster.network().kill(Node::ps(0));  // the pacing ps: ps 1 paces from now on
   chief.leave(chief.unreachable(std::chrono::milliseconds(500)));
@@ -363,7 +328,7 @@ TEST_CASE("a process started again on the address of a ps that left is not waite
       Worker worker(w, LinearModel(kIn, kOut), cluster.endpoint(Node::worker(w)), options);
       worker.wait_ready();
       CHECK_FALSE(places_on(worker.placement(), 1));
-      for (std::int64_t k = 6; worker.step(batch_of(data, w, k), 12); ++k) {
+      for (std::int64_t k = 6; worker.step(batch_of(data, w, k % 40), 12); ++k) {
       }
     });
   }
