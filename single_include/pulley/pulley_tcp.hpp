@@ -4731,7 +4731,6 @@ class Client {
 // ---- begin pulley/sharding/ids.hpp ----
 
 #include <cstdint>
-#include <ranges>
 #include <span>
 #include <string_view>
 
@@ -4751,14 +4750,18 @@ struct HashIds {
   /// The ps task that holds row `id` of `table` among ps tasks 0 .. num_ps − 1.
   [[nodiscard]] std::uint32_t ps_of(std::string_view table, std::uint64_t id,
                                     std::uint32_t num_ps) const noexcept {
-    return best(row_key(table, id), std::views::iota(std::uint32_t{0}, num_ps));
+    Best best(row_key(table, id), 0);
+    for (std::uint32_t ps = 1; ps < num_ps; ++ps) best.offer(ps);
+    return best.ps;
   }
 
   /// The ps task that holds row `id` of `table` among the ps tasks `members` (task indices,
   /// ascending, not empty): the same as above when they are 0 .. num_ps − 1.
   [[nodiscard]] std::uint32_t ps_of(std::string_view table, std::uint64_t id,
                                     std::span<const std::uint32_t> members) const noexcept {
-    return best(row_key(table, id), members);
+    Best best(row_key(table, id), members.front());
+    for (const std::uint32_t ps : members.subspan(1)) best.offer(ps);
+    return best.ps;
   }
 
  private:
@@ -4768,22 +4771,21 @@ struct HashIds {
   static constexpr std::uint64_t score(std::uint64_t row, std::uint32_t ps) noexcept {
     return mix_id(row + (std::uint64_t{ps} + 1) * 0x9E3779B97F4A7C15ULL);
   }
-  /// The task of `tasks` (ascending, not empty) scoring `row` highest; the first on a tie.
-  template <class Tasks>
-  static std::uint32_t best(std::uint64_t row, const Tasks& tasks) noexcept {
-    std::uint32_t best = 0;
-    std::uint64_t best_score = 0;
-    bool first = true;
-    for (const std::uint32_t ps : tasks) {
-      const std::uint64_t s = score(row, ps);
-      if (first || s > best_score) {
-        best = ps;
-        best_score = s;
-        first = false;
+  /// The task scoring a row highest among those offered, in ascending order: the first on
+  /// a tie.
+  struct Best {
+    std::uint64_t row;
+    std::uint32_t ps;
+    std::uint64_t score_of_ps;
+    Best(std::uint64_t r, std::uint32_t first) noexcept : row(r), ps(first), score_of_ps(score(r, first)) {}
+    void offer(std::uint32_t task) noexcept {
+      const std::uint64_t s = score(row, task);
+      if (s > score_of_ps) {
+        ps = task;
+        score_of_ps = s;
       }
     }
-    return best;
-  }
+  };
 };
 static_assert(IdSharding<HashIds>);
 static_assert(ElasticIdSharding<HashIds>);
