@@ -2152,6 +2152,7 @@ struct RowRequest {
 #include <concepts>
 #include <cstddef>
 #include <span>
+#include <string>
 #include <vector>
 
 // ---- begin pulley/protocol/call.hpp ----
@@ -2406,10 +2407,13 @@ struct Register {
   std::vector<std::uint32_t> members = {};
   /// The membership's version: 0 for the cluster's first shape, one more for each change.
   std::uint64_t membership = 0;
+  /// Every ps task's address by task index, once a ps joined beyond the cluster spec
+  /// (Chief::join); empty: the spec's. The placement is computed over this many tasks.
+  std::vector<std::string> ps_addresses = {};
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(variables, tables, table_seed, members, membership);
+    archive(variables, tables, table_seed, members, membership, ps_addresses);
   }
 };
 
@@ -2713,10 +2717,28 @@ struct RestoreRows {
   }
 };
 
-/// Everything a ps task is asked.
+/// A new ps task → the chief (its JoinDesk, runner/join_desk.hpp; never a ps): this ps,
+/// started beyond the job's ps tasks, serves at `address` and asks to take a share of the
+/// model. The task index is the one its handshake proved; it must be the next one (the
+/// count of ps tasks the job has known; a lower one, a joined ps started again, is
+/// answered and left alone: the chief takes it back by a rollback, as any ps started
+/// again). Answered with an Ack once the chief has queued it: the chief takes it in at its
+/// next evaluation or checkpoint (Chief::join), which registers the model on it.
+struct Join {
+  static constexpr std::string_view kName = "Join";
+  static constexpr RoleSet kSenders{Node::Role::kPs};
+  std::string address;  ///< host:port where the new ps serves
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(address);
+  }
+};
+
+/// Everything a ps task (or the chief's JoinDesk: Join) is asked.
 using Request = std::variant<Register, Initialize, WaitReady, TakeToken, Pull, Push, GetStats,
                              Shutdown, Pause, ReadState, Resume, Restore, Heartbeat, PullRows,
-                             ReadRows, RestoreRows>;
+                             ReadRows, RestoreRows, Join>;
 
 // ---- responses --------------------------------------------------------------------------
 
@@ -2755,10 +2777,12 @@ struct PlacementReply {
   std::uint64_t id_sharding = 0;
   std::vector<std::uint32_t> members = {};  ///< the job's ps tasks, ascending (Register::members)
   std::uint64_t membership = 0;        ///< their version (Register::membership)
+  std::vector<std::string> ps_addresses = {};  ///< every ps task's address (Register::ps_addresses)
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(variables, placement, epoch, slot_names, counter_names, tables, id_sharding, members, membership);
+    archive(variables, placement, epoch, slot_names, counter_names, tables, id_sharding, members, membership,
+            ps_addresses);
   }
 };
 
@@ -2868,10 +2892,12 @@ struct StatsReply {
   /// version: how a client that lost a ps learns whether the job went on without it.
   std::vector<std::uint32_t> members = {};
   std::uint64_t membership = 0;
+  /// Every ps task's address, once one joined beyond the cluster spec (Register::ps_addresses).
+  std::vector<std::string> ps_addresses = {};
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(stats, waiting_for, lost, chief_lost, ready, epoch, members, membership);
+    archive(stats, waiting_for, lost, chief_lost, ready, epoch, members, membership, ps_addresses);
   }
 };
 
@@ -3294,6 +3320,37 @@ concept Transport = std::move_constructible<T> &&
   { ctransport.num_ps() } -> std::convertible_to<std::size_t>;
   { transport.call(ps, std::move(request), std::move(targets)) } -> std::same_as<PendingCall>;
 };
+
+/// A transport that can reach ps tasks beyond those it was made with: a job whose ps tasks
+/// grow (Chief::join). Clients of such a transport follow a ps that joins; others refuse
+/// the membership that names one.
+///
+/// Required, beyond Transport:
+///   - `t.add_ps(address)` → reaches one more ps task, task `num_ps()` before the call, at
+///     `address` (a std::string); throws, leaving the transport as it was, when it cannot
+///   - `ct.address(ps)` → std::string: ps task `ps`'s address as `add_ps` takes it
+template <class T>
+concept GrowingTransport = Transport<T> && requires(T& transport, const T& ctransport, const std::string& address,
+                                                    std::size_t ps) {
+  transport.add_ps(address);
+  { ctransport.address(ps) } -> std::convertible_to<std::string>;
+};
+
+/// Makes `transport` reach every ps task of `ps_addresses` (by task index; empty: the ones
+/// it reaches already), adding those beyond its count. Throws kFailedPrecondition when the
+/// transport cannot grow (not a GrowingTransport), and what `add_ps` throws.
+template <Transport T>
+void reach_all(T& transport, std::span<const std::string> ps_addresses) {
+  if (ps_addresses.size() <= transport.num_ps()) return;
+  if constexpr (GrowingTransport<T>) {
+    while (transport.num_ps() < ps_addresses.size()) transport.add_ps(ps_addresses[transport.num_ps()]);
+  } else {
+    throw Error(ErrorCode::kFailedPrecondition,
+                "ps task " + std::to_string(transport.num_ps()) + " joined the job at " +
+                    ps_addresses[transport.num_ps()] + ", and this task's transport reaches only the " +
+                    std::to_string(transport.num_ps()) + " it was made with (not a GrowingTransport)");
+  }
+}
 
 }  // namespace pulley
 // ---- end pulley/concepts/transport.hpp ----
@@ -4291,30 +4348,28 @@ class Client {
     std::vector<VariableSpec> list(variables.begin(), variables.end());
     std::vector<TableSpec> table_list(tables.begin(), tables.end());
     adopt(broadcast<PlacementReply>(
-              [&](std::size_t) { return Register{list, table_list, table_seed, members_, membership_}; },
+              [&](std::size_t) { return Register{list, table_list, table_seed, members_, membership_, ps_addresses_}; },
               options_.request_timeout, "register"),
           list, &table_list);
     table_seed_ = table_seed;
   }
 
-  /// The job's ps tasks are now `members` (ascending task indices of the cluster, not
-  /// empty), at version `membership` (above the one known): what the next `register_model`
-  /// places the model over. For the chief, which decides it (Chief::leave).
-  void change_members(std::vector<std::uint32_t> members, std::uint64_t membership) {
-    check_members(members);
-    if (members.back() >= num_ps()) {
-      throw Error(ErrorCode::kInvalidArgument, "ps " + std::to_string(members.back()) +
-                                                   " is not a ps task of the cluster (it has " +
-                                                   std::to_string(num_ps()) + ")");
-    }
+  /// The job's ps tasks are now `members` (ascending task indices, not empty), at version
+  /// `membership` (above the one known), with every ps task's address `ps_addresses` once
+  /// one joined beyond the cluster spec (the transport then reaches them: reach_all): what
+  /// the next `register_model` places the model over. For the chief, which decides it
+  /// (Chief::leave, Chief::join).
+  void change_members(std::vector<std::uint32_t> members, std::uint64_t membership,
+                      std::vector<std::string> ps_addresses = {}) {
     if (membership <= membership_) {
       throw Error(ErrorCode::kInvalidArgument, "membership " + std::to_string(membership) + " is not newer than " +
                                                    std::to_string(membership_));
     }
-    members_ = std::move(members);
-    membership_ = membership;
-    unanswered_.clear();  // a push of the shape before is not sent again
+    set_members(std::move(members), membership, std::move(ps_addresses), ErrorCode::kInvalidArgument);
   }
+
+  /// Every ps task's address, once a ps joined beyond the cluster spec (empty before).
+  [[nodiscard]] const std::vector<std::string>& ps_addresses() const noexcept { return ps_addresses_; }
 
   /// Waits until every member ps is initialized and learns the placement; with `tables`,
   /// checks that the ps tasks hold exactly those embedding tables. The members are asked
@@ -4352,7 +4407,7 @@ class Client {
       if (!newest || reply->membership > newest->membership) newest = std::move(reply);
     }
     if (!newest || newest->membership <= membership_) return false;
-    take_membership(std::move(newest->members), newest->membership);
+    take_membership(std::move(newest->members), newest->membership, std::move(newest->ps_addresses));
     return true;
   }
 
@@ -4604,19 +4659,29 @@ class Client {
   /// How long `learn_membership` waits for the ps tasks' answers.
   static constexpr std::chrono::milliseconds kAskPatience{5000};
 
-  /// The job's ps tasks are `members` at version `membership`, as a ps said.
-  void take_membership(std::vector<std::uint32_t> members, std::uint64_t membership) {
-    check_members(members);
-    if (members.back() >= num_ps()) {
-      throw Error(ErrorCode::kFailedPrecondition,
-                  "the ps tasks name ps " + std::to_string(members.back()) + " a member, but this client knows " +
-                      std::to_string(num_ps()) + " ps tasks: are they configured with the same cluster?");
-    }
+  /// The job's ps tasks are `members` at version `membership`, with `ps_addresses`, as a
+  /// ps said.
+  void take_membership(std::vector<std::uint32_t> members, std::uint64_t membership,
+                       std::vector<std::string> ps_addresses) {
     log(LogLevel::kInfo, "the job's ps tasks are now " + describe_members(members) + " (membership " +
                              std::to_string(membership) + ", was " + std::to_string(membership_) + ")");
+    set_members(std::move(members), membership, std::move(ps_addresses), ErrorCode::kFailedPrecondition);
+  }
+
+  /// Takes `members` at `membership` after reaching every ps of `ps_addresses`; a member
+  /// this client cannot reach is refused with `code`.
+  void set_members(std::vector<std::uint32_t> members, std::uint64_t membership,
+                   std::vector<std::string> ps_addresses, ErrorCode code) {
+    check_members(members);
+    reach_all(transport_, ps_addresses);
+    if (members.back() >= num_ps()) {
+      throw Error(code, "ps " + std::to_string(members.back()) + " is named a member of the job, and this task knows " +
+                            std::to_string(num_ps()) + " ps tasks: are they configured with the same cluster?");
+    }
     members_ = std::move(members);
     membership_ = membership;
-    unanswered_.clear();
+    if (!ps_addresses.empty()) ps_addresses_ = std::move(ps_addresses);
+    unanswered_.clear();  // a push of the shape before is not sent again
   }
 
   /// True if a reply of `replies` (one per member) names a newer membership with other
@@ -4631,7 +4696,7 @@ class Client {
       membership_ = newest->membership;
       return false;
     }
-    take_membership(std::move(newest->members), newest->membership);
+    take_membership(std::move(newest->members), newest->membership, std::move(newest->ps_addresses));
     return true;
   }
 
@@ -4698,6 +4763,7 @@ class Client {
       throw Error(ErrorCode::kFailedPrecondition, "the ps tasks' placement does not cover this model's variables");
     }
     membership_ = replies[0].membership;
+    if (!replies[0].ps_addresses.empty()) ps_addresses_ = std::move(replies[0].ps_addresses);
     placement_ = std::move(replies[0].placement);
     variables_ = std::move(variables);
     epoch_ = 0;
@@ -4717,6 +4783,7 @@ class Client {
   std::uint64_t epoch_ = 0;  ///< the ps tasks' restores so far, as last learned
   std::vector<std::uint32_t> members_;  ///< the job's ps tasks, ascending, as last learned
   std::uint64_t membership_ = 0;        ///< their version
+  std::vector<std::string> ps_addresses_;  ///< every ps task's, once one joined (else empty)
   std::vector<std::string> slot_names_;     ///< the optimizer's slots, as the ps tasks name them
   std::vector<std::string> counter_names_;  ///< the optimizer's counters
   Placement placement_;
@@ -5039,12 +5106,18 @@ struct CutRows {
 /// answering with the rows as they were at the cut (copy-on-write). With `rows.since` ≥ 0 the tables' part is incremental (ModelState::
 /// base_step); when a ps no longer knows every eviction since then (its log overflowed,
 /// or it was restored later), the cut reads every row instead, with a log line.
+///
+/// With `hold`, the ps tasks stay paused once the state is read (every row at the cut
+/// included): nothing trains until the caller registers the model again (which ends the
+/// pause, as Chief::join does) or resumes them. A failure resumes them all the same.
 template <Transport T>
-ModelState read_state(Client<T>& client, std::int64_t at_step = 0, CutRows rows = {}) {
+ModelState read_state(Client<T>& client, std::int64_t at_step = 0, CutRows rows = {}, bool hold = false) {
   if (!client.has_placement()) throw Error(ErrorCode::kFailedPrecondition, "no model registered yet");
-  struct Resumer {  // whatever happens, the ps tasks go on
+  struct Resumer {  // whatever happens, the ps tasks go on (unless held on success)
     Client<T>& client;
+    bool armed = true;
     ~Resumer() {
+      if (!armed) return;
       try {
         client.template broadcast<Ack>([](std::size_t) { return Resume{}; }, client.options().request_timeout,
                                        "resume the ps tasks");
@@ -5127,7 +5200,7 @@ ModelState read_state(Client<T>& client, std::int64_t at_step = 0, CutRows rows 
     std::sort(v.counters.begin(), v.counters.end(),
               [](const PartCounters& a, const PartCounters& b) { return a.rows.begin < b.rows.begin; });
   }
-  if (!client.tables().empty()) {
+  if (!client.tables().empty() && !hold) {
     // Training goes on while the rows are read: each ps reads them as they were at the cut.
     client.template broadcast<Ack>([](std::size_t) { return Resume{true}; }, client.options().request_timeout,
                                    "resume the ps tasks");
@@ -5137,10 +5210,12 @@ ModelState read_state(Client<T>& client, std::int64_t at_step = 0, CutRows rows 
     if (!table) {
       log(LogLevel::kInfo, "a ps lost track of its evictions since global step " + std::to_string(rows.since) +
                                " while it was paused: the checkpoint is cut again, with every row");
-      return read_state(client, 0, CutRows{-1, rows.forget_evictions_before});
+      resumer.armed = false;  // the cut made again resumes (or holds) the ps tasks itself
+      return read_state(client, 0, CutRows{-1, rows.forget_evictions_before}, hold);
     }
     state.tables.push_back(std::move(*table));
   }
+  resumer.armed = !hold;
   state.table_seed = client.table_seed();
   if (!state.tables.empty()) state.base_step = rows.since;
   // At global step 0 nothing was applied yet: state a restore starts afresh is exact then.
@@ -5607,6 +5682,52 @@ class Chief {
     client_.change_members(std::move(left), client_.membership() + 1);
   }
 
+  /// Takes the ps task serving at `address` into the job, as task `num_ps()` (the next
+  /// index), and returns that index. Every ps is paused and read at one cut (dense parts,
+  /// optimizer slots, table rows, the sync policy's state: read_state, held), the model is
+  /// registered over the members and the new task at a membership one newer (placed for
+  /// that many ps tasks, balanced: sharding/rebalance.hpp; rows by the IdSharding for the
+  /// new members), and every ps is restored from the cut. No update is lost: training
+  /// stands still from the cut to the end of the restore, and the workers follow when they
+  /// get ready again. `sharding`: the ps tasks' IdSharding, as for `restore`.
+  ///
+  /// Throws kFailedPrecondition before the model is registered, or for a transport that
+  /// cannot grow (a GrowingTransport can; TcpOptions::replicas cannot); what `add_ps`
+  /// throws for an address it cannot reach (the job goes on as it was). A failure after
+  /// the registration leaves the ps tasks at the new membership, waiting for a restore:
+  /// roll them back (ChiefLoop does).
+  template <IdSharding I = HashIds>
+  std::uint32_t join(const std::string& address, const I& sharding = {}) {
+    if constexpr (!GrowingTransport<T>) {
+      throw Error(ErrorCode::kFailedPrecondition,
+                  "ps at " + address + " cannot join: this chief's transport cannot reach ps tasks beyond those "
+                  "it was made with (not a GrowingTransport)");
+    } else {
+      if (!client_.has_placement()) {
+        throw Error(ErrorCode::kFailedPrecondition, "a ps joins a job whose model is registered: initialize first");
+      }
+      const auto task = static_cast<std::uint32_t>(client_.num_ps());
+      std::vector<std::string> addresses;
+      for (std::uint32_t ps = 0; ps < task; ++ps) addresses.push_back(client_.transport().address(ps));
+      addresses.push_back(address);
+      std::vector<std::uint32_t> members(client_.members().begin(), client_.members().end());
+      members.push_back(task);
+      const ModelState cut = read_state(client_, 0, {}, true);  // the ps tasks stay paused
+      try {
+        client_.change_members(std::move(members), client_.membership() + 1, std::move(addresses));
+      } catch (...) {
+        resume_all();
+        throw;
+      }
+      restore_state(client_, cut, seed_, sharding);
+      return task;
+    }
+  }
+
+  /// The ps tasks the job has known, members or not: the cluster spec's, and those that
+  /// joined since (the next to join gets this index).
+  [[nodiscard]] std::size_t num_ps() const { return client_.num_ps(); }
+
   /// The job's ps tasks (ascending) and their version (Client::members).
   [[nodiscard]] std::span<const std::uint32_t> members() const noexcept { return client_.members(); }
   [[nodiscard]] std::uint64_t membership() const noexcept { return client_.membership(); }
@@ -5902,6 +6023,7 @@ class HeartbeatSender {
           lost.insert(stats->lost.begin(), stats->lost.end());
           chief_lost = chief_lost || stats->chief_lost;
           if (!stats->members.empty() && stats->membership > membership_) {
+            reach_all(transport_, stats->ps_addresses);  // a ps that joined (throws: next beat)
             members_ = stats->members;  // beaten from the next beat on
             membership_ = stats->membership;
           }
@@ -8709,11 +8831,12 @@ class Registration {
     if (auto problem = check_members(r, members); !problem.empty()) {
       return ErrorReply{ErrorCode::kInvalidArgument, std::move(problem)};
     }
-    placement = sharding_.place(r.variables, num_ps_);
-    if (auto problem = check_placement(r.variables, placement, all_tasks()); !problem.empty()) {
+    const std::uint32_t tasks = tasks_of(r);
+    placement = sharding_.place(r.variables, tasks);
+    if (auto problem = check_placement(r.variables, placement, all_tasks(tasks)); !problem.empty()) {
       return ErrorReply{ErrorCode::kInvalidArgument, "the sharding policy is broken: " + problem};
     }
-    if (members.size() != num_ps_) {
+    if (members.size() != tasks) {
       // Placed again from the cluster's first placement, so that every process computes
       // the same from the members alone, whatever changes came before.
       try {
@@ -8730,17 +8853,29 @@ class Registration {
 
   /// The ps tasks `r` registers the model over: its members, or every ps task.
   [[nodiscard]] std::vector<std::uint32_t> members_of(const Register& r) const {
-    return r.members.empty() ? all_tasks() : r.members;
+    return r.members.empty() ? all_tasks(num_ps_) : r.members;
+  }
+
+  /// The ps tasks the job has known when `r` is registered (members or not): the cluster
+  /// spec's, or as many as `r` names addresses of once a ps joined. The placement is
+  /// computed over this many, then placed again over the members.
+  [[nodiscard]] std::uint32_t tasks_of(const Register& r) const {
+    return r.ps_addresses.empty() ? num_ps_ : static_cast<std::uint32_t>(r.ps_addresses.size());
   }
 
   /// The job's ps tasks, ascending, as last registered (every ps task before that).
   [[nodiscard]] const std::vector<std::uint32_t>& members() const noexcept { return members_; }
   /// Their version (Register::membership).
   [[nodiscard]] std::uint64_t membership() const noexcept { return membership_; }
-  /// A model is registered over `members` (members_of), at version `membership`.
-  void registered(std::vector<std::uint32_t> members, std::uint64_t membership) {
+  /// Every ps task's address once a ps joined beyond the cluster spec (empty before).
+  [[nodiscard]] const std::vector<std::string>& ps_addresses() const noexcept { return ps_addresses_; }
+  /// A model is registered over `members` (members_of), at version `membership`, with the
+  /// ps tasks' addresses `ps_addresses` (Register::ps_addresses).
+  void registered(std::vector<std::uint32_t> members, std::uint64_t membership,
+                  std::vector<std::string> ps_addresses) {
     members_ = std::move(members);
     membership_ = membership;
+    ps_addresses_ = std::move(ps_addresses);
   }
 
   /// True once every part held here is initialized (or restored): the ps serves training.
@@ -8867,32 +9002,47 @@ class Registration {
   /// ascending, this one among them; its tables' rows placeable over them.
   [[nodiscard]] std::string check_members(const Register& r, const std::vector<std::uint32_t>& members) const {
     if (members.empty()) return "a job needs at least one ps task";
+    if (!r.ps_addresses.empty()) {
+      if (r.ps_addresses.size() < num_ps_ || r.ps_addresses.size() > kMaxTasks) {
+        return "the registration names " + std::to_string(r.ps_addresses.size()) + " ps addresses: the cluster has " +
+               std::to_string(num_ps_) + " ps tasks, and a job at most " + std::to_string(kMaxTasks);
+      }
+      for (const std::string& address : r.ps_addresses) {
+        if (address.empty() || address.size() > 255) return "a ps address of the registration is empty or too long";
+      }
+      if (r.membership == 0) return "ps addresses beyond the cluster spec come with a membership above 0";
+    }
+    const std::uint32_t tasks = tasks_of(r);
     for (std::size_t i = 0; i < members.size(); ++i) {
-      if (members[i] >= num_ps_) {
+      if (members[i] >= tasks) {
         return "ps " + std::to_string(members[i]) + " is not a ps task of the cluster (it has " +
-               std::to_string(num_ps_) + ")";
+               std::to_string(tasks) + ")";
       }
       if (i > 0 && members[i] <= members[i - 1]) return "the ps members must be ascending, each once";
     }
     if (!std::binary_search(members.begin(), members.end(), task_)) {
       return "ps " + std::to_string(task_) + " is not among the members registered";
     }
-    if (members.size() != num_ps_ && r.membership == 0) {
+    if (members.size() != tasks && r.membership == 0) {
       return "the members differ from the cluster's ps tasks at membership 0 (the cluster's own shape)";
     }
     return {};
   }
 
-  [[nodiscard]] std::vector<std::uint32_t> all_tasks() const {
-    std::vector<std::uint32_t> all(num_ps_);
-    for (std::uint32_t i = 0; i < num_ps_; ++i) all[i] = i;
+  [[nodiscard]] static std::vector<std::uint32_t> all_tasks(std::uint32_t n) {
+    std::vector<std::uint32_t> all(n);
+    for (std::uint32_t i = 0; i < n; ++i) all[i] = i;
     return all;
   }
 
+  /// Ps tasks a job may ever have known: a bound on what a registration may name.
+  static constexpr std::size_t kMaxTasks = 4096;
+
   std::uint32_t task_;
   std::uint32_t num_ps_;
-  std::vector<std::uint32_t> members_ = all_tasks();
+  std::vector<std::uint32_t> members_ = all_tasks(num_ps_);
   std::uint64_t membership_ = 0;
+  std::vector<std::string> ps_addresses_;
   [[no_unique_address]] S sharding_;
   bool ready_ = false;
   std::vector<Responder> waiters_;
@@ -11001,8 +11151,9 @@ class ParameterServer {
     }
     const std::uint64_t bytes_before = shard_.held_bytes();
     const std::uint64_t membership = r.membership;
+    std::vector<std::string> addresses = r.ps_addresses;
     shard_.assign(std::move(r), std::move(placement), members, pacing_.policy());  // a throw changes nothing
-    registration_.registered(members, membership);
+    registration_.registered(members, membership, std::move(addresses));
     if (again) {
       // The ps tasks changed: what this ps held is placed anew and comes back with the
       // Restore that follows; what waited belongs to the shape before.
@@ -11053,7 +11204,7 @@ class ParameterServer {
   PlacementReply placement_reply() const {
     PlacementReply answer{shard_.variables(),  shard_.placement(), registration_.epoch(), {}, {},
                           shard_.table_specs(), shard_.tables().id_sharding(shard_.table_specs()),
-                          registration_.members(), registration_.membership()};
+                          registration_.members(), registration_.membership(), registration_.ps_addresses()};
     shard_.state_names(answer.slot_names, answer.counter_names);
     return answer;
   }
@@ -11366,6 +11517,11 @@ class ParameterServer {
     respond(reply, stats_reply());
   }
 
+  void on(Join&, const RequestContext&, Responder& reply) {
+    reject(reply, ErrorCode::kInvalidArgument,
+           name_ + " is a ps task: a new ps asks the chief to join (the chief's address, --join)");
+  }
+
   void on(GetStats&, const RequestContext&, Responder& reply) {
     report();
     check_heartbeats();
@@ -11448,7 +11604,8 @@ class ParameterServer {
                       registration_.ready(),
                       registration_.epoch(),
                       shard_.assigned() ? registration_.members() : std::vector<std::uint32_t>{},
-                      registration_.membership()};
+                      registration_.membership(),
+                      registration_.ps_addresses()};
   }
 
   /// The sync policy's wait in words, with how long ago each awaited worker was heard:
@@ -12363,8 +12520,12 @@ namespace pulley {
 /// `kUnavailable` answers.
 class InProcessNetwork {
  public:
-  /// @param num_ps the number of ps tasks (served with `serve`)
-  explicit InProcessNetwork(std::uint32_t num_ps) : fabric_(std::make_shared<Fabric>(num_ps)) {}
+  /// @param num_ps   the number of ps tasks (served with `serve`)
+  /// @param joinable ps tasks beyond them that may be served later and join the job
+  ///                 (Chief::join): tasks num_ps .. num_ps + joinable - 1, which endpoints
+  ///                 reach once they learn of them (`InProcess::add_ps`)
+  explicit InProcessNetwork(std::uint32_t num_ps, std::uint32_t joinable = 0)
+      : fabric_(std::make_shared<Fabric>(num_ps + joinable)), spec_ps_(num_ps) {}
   InProcessNetwork(const InProcessNetwork&) = delete;
   InProcessNetwork& operator=(const InProcessNetwork&) = delete;
 
@@ -12372,7 +12533,7 @@ class InProcessNetwork {
   /// and destroys the services.
   ~InProcessNetwork() { fabric_->close(); }
 
-  /// Number of ps tasks.
+  /// Number of ps tasks, joinable ones included.
   [[nodiscard]] std::uint32_t num_ps() const noexcept { return fabric_->num_ps(); }
 
   /// Serves ps task `service.task()`, which the network now owns (ask it through its
@@ -12845,6 +13006,7 @@ class InProcessNetwork {
   };
 
   std::shared_ptr<Fabric> fabric_;
+  std::uint32_t spec_ps_;  ///< ps tasks endpoints reach from the start
 };
 
 /// A client endpoint on an InProcessNetwork: the in-process `Transport`.
@@ -12854,11 +13016,24 @@ class InProcess {
   /// @param self    who is calling: the ps tasks check what its job may send, and the fault
   ///                injector acts on it
   InProcess(InProcessNetwork& network, Node self) : fabric_(network.fabric_), self_(self) {
-    for (std::uint32_t ps = 0; ps < fabric_->num_ps(); ++ps) sessions_.push_back(fabric_->new_session());
+    for (std::uint32_t ps = 0; ps < network.spec_ps_; ++ps) sessions_.push_back(fabric_->new_session());
   }
 
-  /// Number of ps tasks in the network.
-  [[nodiscard]] std::size_t num_ps() const noexcept { return fabric_->num_ps(); }
+  /// Number of ps tasks this endpoint reaches: the network's, without the joinable ones
+  /// it has not learned of (`add_ps`).
+  [[nodiscard]] std::size_t num_ps() const noexcept { return sessions_.size(); }
+
+  /// Reaches the next joinable ps task (task num_ps()); `address` names it in messages
+  /// only. Throws kFailedPrecondition when the network has no more.
+  void add_ps(const std::string& address) {
+    if (sessions_.size() >= fabric_->num_ps()) {
+      throw Error(ErrorCode::kFailedPrecondition, "ps at " + address + ": the in-process network has no joinable ps task left");
+    }
+    sessions_.push_back(fabric_->new_session());
+  }
+
+  /// Ps task `ps`'s address in-process: "in-process:" and its index.
+  [[nodiscard]] std::string address(std::size_t ps) const { return "in-process:" + std::to_string(ps); }
   /// Who this endpoint speaks for.
   [[nodiscard]] Node self() const noexcept { return self_; }
 
@@ -12877,7 +13052,7 @@ class InProcess {
   Node self_;
   std::vector<std::uint64_t> sessions_;  ///< by ps: this endpoint's connection to it
 };
-static_assert(Transport<InProcess>);
+static_assert(GrowingTransport<InProcess>);
 
 }  // namespace pulley
 // ---- end pulley/transport/in_process.hpp ----
@@ -12955,7 +13130,7 @@ static_assert(std::endian::native == std::endian::little,
 namespace pulley::wire {
 
 inline constexpr std::uint32_t kMagic = 0x594C4C50;    ///< "PLLY" in a little-endian dump
-inline constexpr std::uint16_t kVersion = 16;          ///< bumped on any incompatible change
+inline constexpr std::uint16_t kVersion = 17;          ///< bumped on any incompatible change
 inline constexpr std::uint16_t kResponseKind = 0x100;  ///< response kinds start here
 inline constexpr std::uint16_t kHandshakeKind = 0x200;  ///< handshake kinds start here
 inline constexpr std::size_t kHandshakeKinds = 4;       ///< Challenge, Hello, Welcome, Refusal
@@ -13544,9 +13719,10 @@ inline bool proof_matches(std::string_view proof, std::string_view expected) {
 }
 
 /// Why the ps would refuse `hello` after `challenge`, or "" when it lets it in: another job,
-/// a malformed hello, a ps task as a client, or a proof that does not match the secret.
+/// a malformed hello, a ps task as a client (unless `ps_clients`: the chief's JoinDesk
+/// takes new ps tasks), or a proof that does not match the secret.
 inline std::string refusal_reason(const Credentials& credentials, const Challenge& challenge,
-                                  const Hello& hello) {
+                                  const Hello& hello, bool ps_clients = false) {
   if (hello.job != challenge.job) {
     return "a task of job '" + hello.job.substr(0, kMaxJobName) + "' connected to a ps of job '" +
            challenge.job + "'";
@@ -13555,7 +13731,7 @@ inline std::string refusal_reason(const Credentials& credentials, const Challeng
   if (static_cast<unsigned>(hello.peer.role) > static_cast<unsigned>(Node::Role::kEvaluator)) {
     return "a hello naming an unknown job type";
   }
-  if (hello.peer.role == Node::Role::kPs) return "a ps task cannot connect as a client";
+  if (hello.peer.role == Node::Role::kPs && !ps_clients) return "a ps task cannot connect as a client";
   if (!proof_matches(hello.proof, client_proof(credentials.secret, challenge, hello.peer, hello.nonce, hello.shard))) {
     return hello.peer.name() + " did not prove the job's shared secret (a wrong PULLEY_SECRET?)";
   }
@@ -13639,7 +13815,9 @@ struct TcpServerOptions {
   std::uint32_t max_handshaking = 64;
   /// The job's tasks by role, from its cluster spec ({{Node::Role::kWorker, 2}, ...}): a
   /// client that proves the secret but claims a task outside them (worker:7 of 2 workers,
-  /// a role missing here) is refused at the handshake. Empty: any task is accepted.
+  /// a role missing here) is refused at the handshake. Empty: any task is accepted. A ps
+  /// task connects as a client only where kPs is listed (the chief's JoinDesk, which new ps
+  /// tasks ask to join; ps tasks do not call each other).
   std::map<Node::Role, std::uint32_t> tasks;
   /// A connection must complete the handshake within this, or is closed.
   std::chrono::milliseconds handshake_timeout{std::chrono::seconds(10)};
@@ -14494,6 +14672,15 @@ class Tcp {
     return impl_->call(ps, std::move(request), std::move(targets));
   }
 
+  /// Reaches one more ps task, at `address`, as task num_ps() (a ps that joined the job:
+  /// Chief::join): connects to it as the constructor does, and throws as it does (the
+  /// transport is unchanged then); kFailedPrecondition when the ps tasks keep copies of
+  /// each other's shards (`TcpOptions::replicas`), whose pairs a new ps would change.
+  void add_ps(const std::string& address) { impl_->add_ps(parse_address(address)); }
+
+  /// Ps task `ps`'s address, "host:port".
+  [[nodiscard]] std::string address(std::size_t ps) const { return impl_->address(ps); }
+
  private:
   static std::vector<Address> parse_all(const std::vector<std::string>& addresses) {
     std::vector<Address> parsed;
@@ -14647,6 +14834,28 @@ class Tcp {
     }
 
     [[nodiscard]] std::size_t num_ps() const noexcept { return shards_; }
+
+    void add_ps(Address where) {
+      if (options_.replicas != 0) {
+        throw Error(ErrorCode::kFailedPrecondition,
+                    "a ps cannot join a job whose ps tasks keep copies of each other's shards (--ps-replicas 1)");
+      }
+      const auto task = static_cast<std::uint32_t>(shards_);
+      links_.push_back(std::make_unique<Link>(io_, std::move(where), options_.limits, task, wire::Hello::kOwnShard));
+      try {
+        connect_with_backoff(*links_.back());
+      } catch (...) {
+        retired_.push_back(std::move(links_.back()));  // its handlers may still run: kept alive
+        links_.pop_back();
+        throw;
+      }
+      ++shards_;
+    }
+
+    [[nodiscard]] std::string address(std::size_t ps) const {
+      if (ps >= shards_) throw Error(ErrorCode::kInvalidArgument, "no ps task " + std::to_string(ps));
+      return links_[ps]->address;
+    }
 
     PendingCall call(std::size_t ps, Request&& request, PullTargets targets) {
       if (ps >= shards_) {
@@ -15353,6 +15562,7 @@ class Tcp {
     asio::executor_work_guard<asio::io_context::executor_type> work_ =
         asio::make_work_guard(io_);             ///< waits block until their deadline, never run dry
     std::size_t shards_;                        ///< ps tasks: their shards
+    std::vector<std::unique_ptr<Link>> retired_;  ///< links of add_ps calls that failed
     std::vector<std::unique_ptr<Link>> links_;  ///< by ps task, then copies by shard; destroyed before io_
     bool closing_ = false;                      ///< the transport is being destroyed
     std::vector<std::weak_ptr<Pair>> graced_;   ///< Pairs with a copy_grace timer on io_
@@ -15361,7 +15571,7 @@ class Tcp {
 
   std::unique_ptr<Impl> impl_;
 };
-static_assert(Transport<Tcp>);
+static_assert(GrowingTransport<Tcp>);
 
 }  // namespace pulley
 // ---- end pulley/transport/tcp_client.hpp ----
@@ -15699,7 +15909,8 @@ class TcpServer {
   /// The client's answer to the challenge: let it in, or refuse it with one log line.
   void on_hello(const ConnectionPtr& c, const wire::FrameReader::Frame& frame) {
     const wire::Hello hello = wire::decode_handshake_as<wire::Hello>(frame.header, frame.meta);
-    std::string problem = wire::refusal_reason(options_.credentials, *c->challenge, hello);
+    std::string problem = wire::refusal_reason(options_.credentials, *c->challenge, hello,
+                                               options_.tasks.contains(Node::Role::kPs));
     if (problem.empty()) problem = outside_job(hello.peer);
     if (problem.empty() && hello.shard != wire::Hello::kOwnShard && hello.shard != service_.task() &&
         !holds_copy(service_, hello.shard)) {

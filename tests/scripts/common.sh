@@ -7,6 +7,9 @@
 #   free_ports N                N free TCP ports on 127.0.0.1, one a line
 #   free_port_run N             the first of N consecutive free ports on 127.0.0.1
 #   start_job, start_task, forget_task, finish_job: a job of real processes (below)
+#   check_final JOB_DIR NAME PS   the chief's final line: Fashion-MNIST's test accuracy at
+#                                 least 0.875, or CTR's AUC within 0.05 of the planted
+#                                 model's; ended on PS ps tasks; sets `final`
 work=$(mktemp -d)
 pids=()
 cleanup() {
@@ -101,4 +104,14 @@ finish_job() {
     wait "$pid"; rc=$?
     [ "$rc" = 0 ] || fail "$1: a task (pid $pid) exited $rc"
   done
+}
+check_final() {
+  final=$(grep '^final:' "$1/chief-0.log")
+  echo "$2: $final"
+  [ -n "$final" ] || fail "$2: no final line"
+  echo "$final" | grep -q " ps=$3 " || fail "$2: the job did not end on $3 ps tasks"
+  awk -v line="$final" 'BEGIN { n = split(line, f, /[ =]/); for (i = 1; i < n; ++i) v[f[i]] = f[i + 1];
+    if ("test_accuracy" in v) exit !(v["test_accuracy"] >= 0.875);
+    exit !(v["auc"] + 0.05 >= v["planted_auc"] && v["planted_auc"] > 0.6) }' ||
+    fail "$2: below its goal (test accuracy 0.875, or an AUC within 0.05 of the planted model's)"
 }

@@ -27,6 +27,7 @@
 #include "pulley/sync/sync_replicas.hpp"
 #include "support/cluster.hpp"
 #include "support/linear_model.hpp"
+#include "support/membership.hpp"
 #include "support/two_workers.hpp"
 #include "support/table_model.hpp"
 
@@ -36,22 +37,13 @@ using pulley::testing::LinearBatch;
 using pulley::testing::LinearData;
 using pulley::testing::LinearModel;
 using namespace pulley::testing::two_workers;
+using namespace pulley::testing::membership;
 using pulley::testing::TableBatchOf;
 using pulley::testing::TinyTableModel;
 
 namespace {
 
 using SyncAdam = Cluster<FixedShards, Adam, SyncReplicas>;
-
-void check_same_dense(const ModelState& a, const ModelState& b) {
-  CHECK(a.global_step == b.global_step);
-  CHECK(a.pacer == b.pacer);
-  REQUIRE(a.variables.size() == b.variables.size());
-  for (std::size_t v = 0; v < a.variables.size(); ++v) {
-    CHECK(a.variables[v].values == b.variables[v].values);
-    CHECK(a.variables[v].slots == b.variables[v].slots);
-  }
-}
 
 bool places_on(const Placement& placement, std::uint32_t ps) {
   return std::any_of(placement.parts.begin(), placement.parts.end(), [&](const Part& p) { return p.ps == ps; });
@@ -129,36 +121,7 @@ TEST_CASE("workers training when a ps is lost for good follow the job onto the o
   chief.shutdown();
 }
 
-namespace {
-
 using SyncTables = Cluster<RoundRobin, Adagrad, SyncReplicas>;
-const TableSpec kSpec{"emb", TinyTableModel::kDim, Initializer::uniform(0.5F), 2, 0};
-
-void train_tables(SyncTables& cluster, std::int64_t from, std::int64_t to) {
-  static const auto batches = pulley::testing::table_batches(40, 8, 300, 4);
-  std::vector<std::thread> workers;
-  for (std::uint32_t w = 0; w < 2; ++w) {
-    workers.emplace_back([&, w] {
-      Worker worker(w, TinyTableModel(kSpec), cluster.endpoint(Node::worker(w)));
-      worker.wait_ready();
-      for (std::int64_t k = from; worker.step(batches[static_cast<std::size_t>(k * 2 + w)], to); ++k) {
-      }
-    });
-  }
-  for (auto& t : workers) t.join();
-}
-
-/// A table's rows as a map: id → values and slots.
-std::map<std::uint64_t, std::vector<float>> rows_of(const TableState& t) {
-  std::map<std::uint64_t, std::vector<float>> out;
-  for (std::size_t i = 0; i < t.ids.size(); ++i) {
-    const auto at = t.rows.begin() + static_cast<std::ptrdiff_t>(i * t.stride());
-    out[t.ids[i]] = std::vector<float>(at, at + static_cast<std::ptrdiff_t>(t.stride()));
-  }
-  return out;
-}
-
-}  // namespace
 
 TEST_CASE("a ps with table rows leaves: its rows go to the others by rendezvous hashing, every row as saved") {
   SyncTables cluster(3, Adagrad{0.1F}, SyncReplicas(2, 2));

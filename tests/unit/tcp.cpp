@@ -761,3 +761,34 @@ TEST_CASE("a ps whose clients all left without ending training gives up, and say
   CHECK(listener.orphaned());
   CHECK_FALSE(listener.service().stopped());
 }
+
+TEST_CASE("a Tcp transport reaches a ps added later, and an address it cannot reach changes nothing") {
+  TcpCluster cluster;  // ps 0 and ps 1
+  TcpOptions quick;
+  quick.connect_timeout = std::chrono::milliseconds(300);
+  Tcp tcp = client(Node::chief(), {cluster.addresses[0]}, quick);
+  REQUIRE(tcp.num_ps() == 1);
+  tcp.add_ps(cluster.addresses[1]);
+  CHECK(tcp.num_ps() == 2);
+  CHECK(tcp.address(1) == cluster.addresses[1]);
+  auto stats = tcp.call(1, GetStats{});
+  REQUIRE(stats.wait_for(std::chrono::seconds(10)));
+  CHECK(std::holds_alternative<StatsReply>(stats.get()));
+  // ps 0 answers as ps 0, not as the ps 2 it is added as: refused, and nothing changes.
+  CHECK_THROWS_AS(tcp.add_ps(cluster.addresses[0]), Error);
+  CHECK(tcp.num_ps() == 2);
+  auto unused = std::make_unique<TcpServer<Server>>(make_server(0), "127.0.0.1", 0, test_server_options());
+  const std::string nobody = "127.0.0.1:" + std::to_string(unused->port());
+  unused.reset();
+  try {
+    tcp.add_ps(nobody);
+    FAIL("reached nobody");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::kUnavailable);
+    CHECK(std::string(e.what()).find(nobody) != std::string::npos);
+  }
+  CHECK(tcp.num_ps() == 2);
+  auto again = tcp.call(1, GetStats{});
+  REQUIRE(again.wait_for(std::chrono::seconds(10)));
+  CHECK(std::holds_alternative<StatsReply>(again.get()));
+}

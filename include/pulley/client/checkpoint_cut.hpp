@@ -237,12 +237,18 @@ struct CutRows {
 /// answering with the rows as they were at the cut (copy-on-write). With `rows.since` ≥ 0 the tables' part is incremental (ModelState::
 /// base_step); when a ps no longer knows every eviction since then (its log overflowed,
 /// or it was restored later), the cut reads every row instead, with a log line.
+///
+/// With `hold`, the ps tasks stay paused once the state is read (every row at the cut
+/// included): nothing trains until the caller registers the model again (which ends the
+/// pause, as Chief::join does) or resumes them. A failure resumes them all the same.
 template <Transport T>
-ModelState read_state(Client<T>& client, std::int64_t at_step = 0, CutRows rows = {}) {
+ModelState read_state(Client<T>& client, std::int64_t at_step = 0, CutRows rows = {}, bool hold = false) {
   if (!client.has_placement()) throw Error(ErrorCode::kFailedPrecondition, "no model registered yet");
-  struct Resumer {  // whatever happens, the ps tasks go on
+  struct Resumer {  // whatever happens, the ps tasks go on (unless held on success)
     Client<T>& client;
+    bool armed = true;
     ~Resumer() {
+      if (!armed) return;
       try {
         client.template broadcast<Ack>([](std::size_t) { return Resume{}; }, client.options().request_timeout,
                                        "resume the ps tasks");
@@ -325,7 +331,7 @@ ModelState read_state(Client<T>& client, std::int64_t at_step = 0, CutRows rows 
     std::sort(v.counters.begin(), v.counters.end(),
               [](const PartCounters& a, const PartCounters& b) { return a.rows.begin < b.rows.begin; });
   }
-  if (!client.tables().empty()) {
+  if (!client.tables().empty() && !hold) {
     // Training goes on while the rows are read: each ps reads them as they were at the cut.
     client.template broadcast<Ack>([](std::size_t) { return Resume{true}; }, client.options().request_timeout,
                                    "resume the ps tasks");
@@ -335,10 +341,12 @@ ModelState read_state(Client<T>& client, std::int64_t at_step = 0, CutRows rows 
     if (!table) {
       log(LogLevel::kInfo, "a ps lost track of its evictions since global step " + std::to_string(rows.since) +
                                " while it was paused: the checkpoint is cut again, with every row");
-      return read_state(client, 0, CutRows{-1, rows.forget_evictions_before});
+      resumer.armed = false;  // the cut made again resumes (or holds) the ps tasks itself
+      return read_state(client, 0, CutRows{-1, rows.forget_evictions_before}, hold);
     }
     state.tables.push_back(std::move(*table));
   }
+  resumer.armed = !hold;
   state.table_seed = client.table_seed();
   if (!state.tables.empty()) state.base_step = rows.since;
   // At global step 0 nothing was applied yet: state a restore starts afresh is exact then.

@@ -196,6 +196,52 @@ class Chief {
     client_.change_members(std::move(left), client_.membership() + 1);
   }
 
+  /// Takes the ps task serving at `address` into the job, as task `num_ps()` (the next
+  /// index), and returns that index. Every ps is paused and read at one cut (dense parts,
+  /// optimizer slots, table rows, the sync policy's state: read_state, held), the model is
+  /// registered over the members and the new task at a membership one newer (placed for
+  /// that many ps tasks, balanced: sharding/rebalance.hpp; rows by the IdSharding for the
+  /// new members), and every ps is restored from the cut. No update is lost: training
+  /// stands still from the cut to the end of the restore, and the workers follow when they
+  /// get ready again. `sharding`: the ps tasks' IdSharding, as for `restore`.
+  ///
+  /// Throws kFailedPrecondition before the model is registered, or for a transport that
+  /// cannot grow (a GrowingTransport can; TcpOptions::replicas cannot); what `add_ps`
+  /// throws for an address it cannot reach (the job goes on as it was). A failure after
+  /// the registration leaves the ps tasks at the new membership, waiting for a restore:
+  /// roll them back (ChiefLoop does).
+  template <IdSharding I = HashIds>
+  std::uint32_t join(const std::string& address, const I& sharding = {}) {
+    if constexpr (!GrowingTransport<T>) {
+      throw Error(ErrorCode::kFailedPrecondition,
+                  "ps at " + address + " cannot join: this chief's transport cannot reach ps tasks beyond those "
+                  "it was made with (not a GrowingTransport)");
+    } else {
+      if (!client_.has_placement()) {
+        throw Error(ErrorCode::kFailedPrecondition, "a ps joins a job whose model is registered: initialize first");
+      }
+      const auto task = static_cast<std::uint32_t>(client_.num_ps());
+      std::vector<std::string> addresses;
+      for (std::uint32_t ps = 0; ps < task; ++ps) addresses.push_back(client_.transport().address(ps));
+      addresses.push_back(address);
+      std::vector<std::uint32_t> members(client_.members().begin(), client_.members().end());
+      members.push_back(task);
+      const ModelState cut = read_state(client_, 0, {}, true);  // the ps tasks stay paused
+      try {
+        client_.change_members(std::move(members), client_.membership() + 1, std::move(addresses));
+      } catch (...) {
+        resume_all();
+        throw;
+      }
+      restore_state(client_, cut, seed_, sharding);
+      return task;
+    }
+  }
+
+  /// The ps tasks the job has known, members or not: the cluster spec's, and those that
+  /// joined since (the next to join gets this index).
+  [[nodiscard]] std::size_t num_ps() const { return client_.num_ps(); }
+
   /// The job's ps tasks (ascending) and their version (Client::members).
   [[nodiscard]] std::span<const std::uint32_t> members() const noexcept { return client_.members(); }
   [[nodiscard]] std::uint64_t membership() const noexcept { return client_.membership(); }

@@ -123,30 +123,28 @@ class Client {
     std::vector<VariableSpec> list(variables.begin(), variables.end());
     std::vector<TableSpec> table_list(tables.begin(), tables.end());
     adopt(broadcast<PlacementReply>(
-              [&](std::size_t) { return Register{list, table_list, table_seed, members_, membership_}; },
+              [&](std::size_t) { return Register{list, table_list, table_seed, members_, membership_, ps_addresses_}; },
               options_.request_timeout, "register"),
           list, &table_list);
     table_seed_ = table_seed;
   }
 
-  /// The job's ps tasks are now `members` (ascending task indices of the cluster, not
-  /// empty), at version `membership` (above the one known): what the next `register_model`
-  /// places the model over. For the chief, which decides it (Chief::leave).
-  void change_members(std::vector<std::uint32_t> members, std::uint64_t membership) {
-    check_members(members);
-    if (members.back() >= num_ps()) {
-      throw Error(ErrorCode::kInvalidArgument, "ps " + std::to_string(members.back()) +
-                                                   " is not a ps task of the cluster (it has " +
-                                                   std::to_string(num_ps()) + ")");
-    }
+  /// The job's ps tasks are now `members` (ascending task indices, not empty), at version
+  /// `membership` (above the one known), with every ps task's address `ps_addresses` once
+  /// one joined beyond the cluster spec (the transport then reaches them: reach_all): what
+  /// the next `register_model` places the model over. For the chief, which decides it
+  /// (Chief::leave, Chief::join).
+  void change_members(std::vector<std::uint32_t> members, std::uint64_t membership,
+                      std::vector<std::string> ps_addresses = {}) {
     if (membership <= membership_) {
       throw Error(ErrorCode::kInvalidArgument, "membership " + std::to_string(membership) + " is not newer than " +
                                                    std::to_string(membership_));
     }
-    members_ = std::move(members);
-    membership_ = membership;
-    unanswered_.clear();  // a push of the shape before is not sent again
+    set_members(std::move(members), membership, std::move(ps_addresses), ErrorCode::kInvalidArgument);
   }
+
+  /// Every ps task's address, once a ps joined beyond the cluster spec (empty before).
+  [[nodiscard]] const std::vector<std::string>& ps_addresses() const noexcept { return ps_addresses_; }
 
   /// Waits until every member ps is initialized and learns the placement; with `tables`,
   /// checks that the ps tasks hold exactly those embedding tables. The members are asked
@@ -184,7 +182,7 @@ class Client {
       if (!newest || reply->membership > newest->membership) newest = std::move(reply);
     }
     if (!newest || newest->membership <= membership_) return false;
-    take_membership(std::move(newest->members), newest->membership);
+    take_membership(std::move(newest->members), newest->membership, std::move(newest->ps_addresses));
     return true;
   }
 
@@ -436,19 +434,29 @@ class Client {
   /// How long `learn_membership` waits for the ps tasks' answers.
   static constexpr std::chrono::milliseconds kAskPatience{5000};
 
-  /// The job's ps tasks are `members` at version `membership`, as a ps said.
-  void take_membership(std::vector<std::uint32_t> members, std::uint64_t membership) {
-    check_members(members);
-    if (members.back() >= num_ps()) {
-      throw Error(ErrorCode::kFailedPrecondition,
-                  "the ps tasks name ps " + std::to_string(members.back()) + " a member, but this client knows " +
-                      std::to_string(num_ps()) + " ps tasks: are they configured with the same cluster?");
-    }
+  /// The job's ps tasks are `members` at version `membership`, with `ps_addresses`, as a
+  /// ps said.
+  void take_membership(std::vector<std::uint32_t> members, std::uint64_t membership,
+                       std::vector<std::string> ps_addresses) {
     log(LogLevel::kInfo, "the job's ps tasks are now " + describe_members(members) + " (membership " +
                              std::to_string(membership) + ", was " + std::to_string(membership_) + ")");
+    set_members(std::move(members), membership, std::move(ps_addresses), ErrorCode::kFailedPrecondition);
+  }
+
+  /// Takes `members` at `membership` after reaching every ps of `ps_addresses`; a member
+  /// this client cannot reach is refused with `code`.
+  void set_members(std::vector<std::uint32_t> members, std::uint64_t membership,
+                   std::vector<std::string> ps_addresses, ErrorCode code) {
+    check_members(members);
+    reach_all(transport_, ps_addresses);
+    if (members.back() >= num_ps()) {
+      throw Error(code, "ps " + std::to_string(members.back()) + " is named a member of the job, and this task knows " +
+                            std::to_string(num_ps()) + " ps tasks: are they configured with the same cluster?");
+    }
     members_ = std::move(members);
     membership_ = membership;
-    unanswered_.clear();
+    if (!ps_addresses.empty()) ps_addresses_ = std::move(ps_addresses);
+    unanswered_.clear();  // a push of the shape before is not sent again
   }
 
   /// True if a reply of `replies` (one per member) names a newer membership with other
@@ -463,7 +471,7 @@ class Client {
       membership_ = newest->membership;
       return false;
     }
-    take_membership(std::move(newest->members), newest->membership);
+    take_membership(std::move(newest->members), newest->membership, std::move(newest->ps_addresses));
     return true;
   }
 
@@ -530,6 +538,7 @@ class Client {
       throw Error(ErrorCode::kFailedPrecondition, "the ps tasks' placement does not cover this model's variables");
     }
     membership_ = replies[0].membership;
+    if (!replies[0].ps_addresses.empty()) ps_addresses_ = std::move(replies[0].ps_addresses);
     placement_ = std::move(replies[0].placement);
     variables_ = std::move(variables);
     epoch_ = 0;
@@ -549,6 +558,7 @@ class Client {
   std::uint64_t epoch_ = 0;  ///< the ps tasks' restores so far, as last learned
   std::vector<std::uint32_t> members_;  ///< the job's ps tasks, ascending, as last learned
   std::uint64_t membership_ = 0;        ///< their version
+  std::vector<std::string> ps_addresses_;  ///< every ps task's, once one joined (else empty)
   std::vector<std::string> slot_names_;     ///< the optimizer's slots, as the ps tasks name them
   std::vector<std::string> counter_names_;  ///< the optimizer's counters
   Placement placement_;

@@ -157,6 +157,7 @@ class HeartbeatSender {
           lost.insert(stats->lost.begin(), stats->lost.end());
           chief_lost = chief_lost || stats->chief_lost;
           if (!stats->members.empty() && stats->membership > membership_) {
+            reach_all(transport_, stats->ps_addresses);  // a ps that joined (throws: next beat)
             members_ = stats->members;  // beaten from the next beat on
             membership_ = stats->membership;
           }

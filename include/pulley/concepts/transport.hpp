@@ -4,8 +4,10 @@
 #include <concepts>
 #include <cstddef>
 #include <span>
+#include <string>
 #include <vector>
 
+#include "pulley/core/error.hpp"
 #include "pulley/protocol/call.hpp"
 #include "pulley/protocol/messages.hpp"
 
@@ -48,5 +50,36 @@ concept Transport = std::move_constructible<T> &&
   { ctransport.num_ps() } -> std::convertible_to<std::size_t>;
   { transport.call(ps, std::move(request), std::move(targets)) } -> std::same_as<PendingCall>;
 };
+
+/// A transport that can reach ps tasks beyond those it was made with: a job whose ps tasks
+/// grow (Chief::join). Clients of such a transport follow a ps that joins; others refuse
+/// the membership that names one.
+///
+/// Required, beyond Transport:
+///   - `t.add_ps(address)` → reaches one more ps task, task `num_ps()` before the call, at
+///     `address` (a std::string); throws, leaving the transport as it was, when it cannot
+///   - `ct.address(ps)` → std::string: ps task `ps`'s address as `add_ps` takes it
+template <class T>
+concept GrowingTransport = Transport<T> && requires(T& transport, const T& ctransport, const std::string& address,
+                                                    std::size_t ps) {
+  transport.add_ps(address);
+  { ctransport.address(ps) } -> std::convertible_to<std::string>;
+};
+
+/// Makes `transport` reach every ps task of `ps_addresses` (by task index; empty: the ones
+/// it reaches already), adding those beyond its count. Throws kFailedPrecondition when the
+/// transport cannot grow (not a GrowingTransport), and what `add_ps` throws.
+template <Transport T>
+void reach_all(T& transport, std::span<const std::string> ps_addresses) {
+  if (ps_addresses.size() <= transport.num_ps()) return;
+  if constexpr (GrowingTransport<T>) {
+    while (transport.num_ps() < ps_addresses.size()) transport.add_ps(ps_addresses[transport.num_ps()]);
+  } else {
+    throw Error(ErrorCode::kFailedPrecondition,
+                "ps task " + std::to_string(transport.num_ps()) + " joined the job at " +
+                    ps_addresses[transport.num_ps()] + ", and this task's transport reaches only the " +
+                    std::to_string(transport.num_ps()) + " it was made with (not a GrowingTransport)");
+  }
+}
 
 }  // namespace pulley

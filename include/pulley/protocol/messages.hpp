@@ -124,10 +124,13 @@ struct Register {
   std::vector<std::uint32_t> members = {};
   /// The membership's version: 0 for the cluster's first shape, one more for each change.
   std::uint64_t membership = 0;
+  /// Every ps task's address by task index, once a ps joined beyond the cluster spec
+  /// (Chief::join); empty: the spec's. The placement is computed over this many tasks.
+  std::vector<std::string> ps_addresses = {};
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(variables, tables, table_seed, members, membership);
+    archive(variables, tables, table_seed, members, membership, ps_addresses);
   }
 };
 
@@ -431,10 +434,28 @@ struct RestoreRows {
   }
 };
 
-/// Everything a ps task is asked.
+/// A new ps task → the chief (its JoinDesk, runner/join_desk.hpp; never a ps): this ps,
+/// started beyond the job's ps tasks, serves at `address` and asks to take a share of the
+/// model. The task index is the one its handshake proved; it must be the next one (the
+/// count of ps tasks the job has known; a lower one, a joined ps started again, is
+/// answered and left alone: the chief takes it back by a rollback, as any ps started
+/// again). Answered with an Ack once the chief has queued it: the chief takes it in at its
+/// next evaluation or checkpoint (Chief::join), which registers the model on it.
+struct Join {
+  static constexpr std::string_view kName = "Join";
+  static constexpr RoleSet kSenders{Node::Role::kPs};
+  std::string address;  ///< host:port where the new ps serves
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(address);
+  }
+};
+
+/// Everything a ps task (or the chief's JoinDesk: Join) is asked.
 using Request = std::variant<Register, Initialize, WaitReady, TakeToken, Pull, Push, GetStats,
                              Shutdown, Pause, ReadState, Resume, Restore, Heartbeat, PullRows,
-                             ReadRows, RestoreRows>;
+                             ReadRows, RestoreRows, Join>;
 
 // ---- responses --------------------------------------------------------------------------
 
@@ -473,10 +494,12 @@ struct PlacementReply {
   std::uint64_t id_sharding = 0;
   std::vector<std::uint32_t> members = {};  ///< the job's ps tasks, ascending (Register::members)
   std::uint64_t membership = 0;        ///< their version (Register::membership)
+  std::vector<std::string> ps_addresses = {};  ///< every ps task's address (Register::ps_addresses)
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(variables, placement, epoch, slot_names, counter_names, tables, id_sharding, members, membership);
+    archive(variables, placement, epoch, slot_names, counter_names, tables, id_sharding, members, membership,
+            ps_addresses);
   }
 };
 
@@ -586,10 +609,12 @@ struct StatsReply {
   /// version: how a client that lost a ps learns whether the job went on without it.
   std::vector<std::uint32_t> members = {};
   std::uint64_t membership = 0;
+  /// Every ps task's address, once one joined beyond the cluster spec (Register::ps_addresses).
+  std::vector<std::string> ps_addresses = {};
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(stats, waiting_for, lost, chief_lost, ready, epoch, members, membership);
+    archive(stats, waiting_for, lost, chief_lost, ready, epoch, members, membership, ps_addresses);
   }
 };
 

@@ -312,8 +312,9 @@ class ParameterServer {
     }
     const std::uint64_t bytes_before = shard_.held_bytes();
     const std::uint64_t membership = r.membership;
+    std::vector<std::string> addresses = r.ps_addresses;
     shard_.assign(std::move(r), std::move(placement), members, pacing_.policy());  // a throw changes nothing
-    registration_.registered(members, membership);
+    registration_.registered(members, membership, std::move(addresses));
     if (again) {
       // The ps tasks changed: what this ps held is placed anew and comes back with the
       // Restore that follows; what waited belongs to the shape before.
@@ -364,7 +365,7 @@ class ParameterServer {
   PlacementReply placement_reply() const {
     PlacementReply answer{shard_.variables(),  shard_.placement(), registration_.epoch(), {}, {},
                           shard_.table_specs(), shard_.tables().id_sharding(shard_.table_specs()),
-                          registration_.members(), registration_.membership()};
+                          registration_.members(), registration_.membership(), registration_.ps_addresses()};
     shard_.state_names(answer.slot_names, answer.counter_names);
     return answer;
   }
@@ -677,6 +678,11 @@ class ParameterServer {
     respond(reply, stats_reply());
   }
 
+  void on(Join&, const RequestContext&, Responder& reply) {
+    reject(reply, ErrorCode::kInvalidArgument,
+           name_ + " is a ps task: a new ps asks the chief to join (the chief's address, --join)");
+  }
+
   void on(GetStats&, const RequestContext&, Responder& reply) {
     report();
     check_heartbeats();
@@ -759,7 +765,8 @@ class ParameterServer {
                       registration_.ready(),
                       registration_.epoch(),
                       shard_.assigned() ? registration_.members() : std::vector<std::uint32_t>{},
-                      registration_.membership()};
+                      registration_.membership(),
+                      registration_.ps_addresses()};
   }
 
   /// The sync policy's wait in words, with how long ago each awaited worker was heard:

@@ -60,11 +60,12 @@ class Registration {
     if (auto problem = check_members(r, members); !problem.empty()) {
       return ErrorReply{ErrorCode::kInvalidArgument, std::move(problem)};
     }
-    placement = sharding_.place(r.variables, num_ps_);
-    if (auto problem = check_placement(r.variables, placement, all_tasks()); !problem.empty()) {
+    const std::uint32_t tasks = tasks_of(r);
+    placement = sharding_.place(r.variables, tasks);
+    if (auto problem = check_placement(r.variables, placement, all_tasks(tasks)); !problem.empty()) {
       return ErrorReply{ErrorCode::kInvalidArgument, "the sharding policy is broken: " + problem};
     }
-    if (members.size() != num_ps_) {
+    if (members.size() != tasks) {
       // Placed again from the cluster's first placement, so that every process computes
       // the same from the members alone, whatever changes came before.
       try {
@@ -81,17 +82,29 @@ class Registration {
 
   /// The ps tasks `r` registers the model over: its members, or every ps task.
   [[nodiscard]] std::vector<std::uint32_t> members_of(const Register& r) const {
-    return r.members.empty() ? all_tasks() : r.members;
+    return r.members.empty() ? all_tasks(num_ps_) : r.members;
+  }
+
+  /// The ps tasks the job has known when `r` is registered (members or not): the cluster
+  /// spec's, or as many as `r` names addresses of once a ps joined. The placement is
+  /// computed over this many, then placed again over the members.
+  [[nodiscard]] std::uint32_t tasks_of(const Register& r) const {
+    return r.ps_addresses.empty() ? num_ps_ : static_cast<std::uint32_t>(r.ps_addresses.size());
   }
 
   /// The job's ps tasks, ascending, as last registered (every ps task before that).
   [[nodiscard]] const std::vector<std::uint32_t>& members() const noexcept { return members_; }
   /// Their version (Register::membership).
   [[nodiscard]] std::uint64_t membership() const noexcept { return membership_; }
-  /// A model is registered over `members` (members_of), at version `membership`.
-  void registered(std::vector<std::uint32_t> members, std::uint64_t membership) {
+  /// Every ps task's address once a ps joined beyond the cluster spec (empty before).
+  [[nodiscard]] const std::vector<std::string>& ps_addresses() const noexcept { return ps_addresses_; }
+  /// A model is registered over `members` (members_of), at version `membership`, with the
+  /// ps tasks' addresses `ps_addresses` (Register::ps_addresses).
+  void registered(std::vector<std::uint32_t> members, std::uint64_t membership,
+                  std::vector<std::string> ps_addresses) {
     members_ = std::move(members);
     membership_ = membership;
+    ps_addresses_ = std::move(ps_addresses);
   }
 
   /// True once every part held here is initialized (or restored): the ps serves training.
@@ -218,32 +231,47 @@ class Registration {
   /// ascending, this one among them; its tables' rows placeable over them.
   [[nodiscard]] std::string check_members(const Register& r, const std::vector<std::uint32_t>& members) const {
     if (members.empty()) return "a job needs at least one ps task";
+    if (!r.ps_addresses.empty()) {
+      if (r.ps_addresses.size() < num_ps_ || r.ps_addresses.size() > kMaxTasks) {
+        return "the registration names " + std::to_string(r.ps_addresses.size()) + " ps addresses: the cluster has " +
+               std::to_string(num_ps_) + " ps tasks, and a job at most " + std::to_string(kMaxTasks);
+      }
+      for (const std::string& address : r.ps_addresses) {
+        if (address.empty() || address.size() > 255) return "a ps address of the registration is empty or too long";
+      }
+      if (r.membership == 0) return "ps addresses beyond the cluster spec come with a membership above 0";
+    }
+    const std::uint32_t tasks = tasks_of(r);
     for (std::size_t i = 0; i < members.size(); ++i) {
-      if (members[i] >= num_ps_) {
+      if (members[i] >= tasks) {
         return "ps " + std::to_string(members[i]) + " is not a ps task of the cluster (it has " +
-               std::to_string(num_ps_) + ")";
+               std::to_string(tasks) + ")";
       }
       if (i > 0 && members[i] <= members[i - 1]) return "the ps members must be ascending, each once";
     }
     if (!std::binary_search(members.begin(), members.end(), task_)) {
       return "ps " + std::to_string(task_) + " is not among the members registered";
     }
-    if (members.size() != num_ps_ && r.membership == 0) {
+    if (members.size() != tasks && r.membership == 0) {
       return "the members differ from the cluster's ps tasks at membership 0 (the cluster's own shape)";
     }
     return {};
   }
 
-  [[nodiscard]] std::vector<std::uint32_t> all_tasks() const {
-    std::vector<std::uint32_t> all(num_ps_);
-    for (std::uint32_t i = 0; i < num_ps_; ++i) all[i] = i;
+  [[nodiscard]] static std::vector<std::uint32_t> all_tasks(std::uint32_t n) {
+    std::vector<std::uint32_t> all(n);
+    for (std::uint32_t i = 0; i < n; ++i) all[i] = i;
     return all;
   }
 
+  /// Ps tasks a job may ever have known: a bound on what a registration may name.
+  static constexpr std::size_t kMaxTasks = 4096;
+
   std::uint32_t task_;
   std::uint32_t num_ps_;
-  std::vector<std::uint32_t> members_ = all_tasks();
+  std::vector<std::uint32_t> members_ = all_tasks(num_ps_);
   std::uint64_t membership_ = 0;
+  std::vector<std::string> ps_addresses_;
   [[no_unique_address]] S sharding_;
   bool ready_ = false;
   std::vector<Responder> waiters_;

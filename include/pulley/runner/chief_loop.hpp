@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdint>
 #include <filesystem>
 #include <limits>
@@ -22,6 +23,7 @@
 #include "pulley/concepts/transport.hpp"
 #include "pulley/core/detail/finite.hpp"
 #include "pulley/core/log.hpp"
+#include "pulley/runner/join_desk.hpp"
 #include "pulley/runner/metrics.hpp"
 #include "pulley/runner/schedule.hpp"
 #include "pulley/runner/training.hpp"
@@ -179,9 +181,12 @@ class ChiefLoop {
  public:
   /// @param id_sharding where the ps tasks hold the tables' rows (their Tables policy's)
   /// @param metrics     where evaluations report their scores (Evaluation::report); may be null
-  ChiefLoop(const Training<M>& training, Chief<T>& chief, I id_sharding = {}, Metrics* metrics = nullptr)
+  /// @param joins       the ps tasks that asked to join (the chief's JoinDesk), taken in at
+  ///                    each evaluation or checkpoint; may be null (none can join)
+  ChiefLoop(const Training<M>& training, Chief<T>& chief, I id_sharding = {}, Metrics* metrics = nullptr,
+            JoinQueue* joins = nullptr)
       : training_(training), chief_(chief), id_sharding_(std::move(id_sharding)), model_(training.model()),
-        metrics_(metrics) {
+        metrics_(metrics), joins_(joins) {
     const CheckpointOptions& every = training.checkpoint;
     if (!every.directory.empty()) checkpoints_.emplace(every.directory, every.keep);
   }
@@ -200,8 +205,10 @@ class ChiefLoop {
       schedule.last_checkpoint(newest);
     }
     start_ = Clock::now();
+    if (joins_ != nullptr) joins_->expect(static_cast<std::uint32_t>(chief_.num_ps()));
     while (!schedule.done()) {
       try {
+        take_joins();
         step_to(schedule);
         reconnecting_.reset();
       } catch (const Error& e) {
@@ -245,6 +252,50 @@ class ChiefLoop {
         if (!detail::Recovery::may_recover(e.code())) throw;
         last = e;
       }
+    }
+  }
+
+  /// Takes in every ps that asked to join (JoinQueue), one after the other (Chief::join),
+  /// and logs each change once with the new shape. One that cannot be reached, or is not
+  /// the next task, is left out with a log line, and the job goes on as it was; a failure
+  /// once the ps tasks took the new membership is thrown (the caller rolls them back).
+  void take_joins() {
+    if (joins_ == nullptr) return;
+    while (std::optional<JoinQueue::Asked> asked = joins_->take()) {
+      const std::string who = "ps " + std::to_string(asked->task) + " at " + asked->address;
+      if (asked->task != chief_.num_ps()) {
+        log(LogLevel::kWarning, "chief: " + who + " cannot join: the next ps task is ps " +
+                                    std::to_string(chief_.num_ps()));
+        continue;
+      }
+      const std::uint64_t before = chief_.membership();
+      const auto began = Clock::now();
+      try {
+        (void)chief_.join(asked->address, id_sharding_);
+      } catch (const Error& e) {
+        if (chief_.membership() != before) {  // registered at the new shape, not restored: roll back
+          throw Error(ErrorCode::kUnavailable, who + " was registered, and the restore after failed: " + e.message());
+        }
+        log(LogLevel::kWarning, "chief: " + who + " cannot join: " + e.what() + "; the job goes on as it was");
+        continue;
+      }
+      const auto paused = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - began);
+      note_restored(chief_.wait_for_step(0));  // the next checkpoint is a full one
+      joins_->expect(static_cast<std::uint32_t>(chief_.num_ps()));
+      std::vector<std::uint64_t> bytes = bytes_per_ps(chief_.placement(), chief_.variables());
+      bytes.resize(chief_.num_ps(), 0);
+      const std::uint64_t most = *std::max_element(bytes.begin(), bytes.end());
+      const bool mib = most >= (std::uint64_t{1} << 20U);
+      std::string held;
+      for (const std::uint32_t ps : chief_.members()) {
+        char text[32];
+        std::snprintf(text, sizeof text, "%.1f", static_cast<double>(bytes[ps]) / (mib ? 1048576.0 : 1024.0));
+        held += (held.empty() ? "" : " / ") + std::string(text);
+      }
+      log(LogLevel::kInfo, "chief: " + who + " joined the job; membership " + std::to_string(chief_.membership()) +
+                               ": ps tasks " + describe_members(chief_.members()) + ", holding " + held +
+                               (mib ? " MiB" : " KiB") + " of dense values; training stood still " +
+                               std::to_string(paused.count()) + " ms while the state moved");
     }
   }
 
@@ -390,6 +441,7 @@ class ChiefLoop {
   [[no_unique_address]] I id_sharding_;
   M model_;
   Metrics* metrics_;
+  JoinQueue* joins_;
   std::optional<CheckpointDirectory> checkpoints_;
   /// Where a lost ps rolls the job back to without a checkpoint directory: the initial values.
   std::optional<ModelState> initial_;
@@ -407,15 +459,17 @@ class ChiefLoop {
 /// when anything fails: every task then hears why). It beats its heart on a transport of
 /// its own (`connect()` makes each), so that the ps tasks notice when it is lost; what the
 /// beats bring back feeds its progress line and its figures in `metrics` (ChiefProgress).
+/// `joins`: the ps tasks that ask to join (the chief's JoinDesk); may be null.
 template <Model M, class Connect, IdSharding I = HashIds>
-void lead(const Training<M>& training, Connect connect, I id_sharding = {}, Metrics* metrics = nullptr) {
+void lead(const Training<M>& training, Connect connect, I id_sharding = {}, Metrics* metrics = nullptr,
+          JoinQueue* joins = nullptr) {
   using T = decltype(connect());
   HeartbeatSender heartbeat(0, connect(), training.client.heartbeat_interval, "chief");
   Chief chief(connect(), training.seed, training.client);
   ChiefProgress progress([&heartbeat] { return heartbeat.heard(); }, metrics, training.metrics,
                          training.last_step, training.samples_per_step, training.steps_per_epoch);
   try {
-    ChiefLoop<M, T, I>(training, chief, std::move(id_sharding), metrics).run();
+    ChiefLoop<M, T, I>(training, chief, std::move(id_sharding), metrics, joins).run();
     progress.reached(training.last_step);
     chief.shutdown();
     log(LogLevel::kInfo, "chief: training finished at global step " + std::to_string(training.last_step) +

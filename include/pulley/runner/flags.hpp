@@ -69,6 +69,10 @@ inline void add_job_flags(CLI::App& app, JobFlags& flags) {
                  "the job's name, which every connection proves (default: the Slurm job, or "
                  "a hash of the cluster)")
       ->group(group);
+  app.add_flag("--join", flags.join,
+               "this ps task joins a running job: the chief takes it in at its next evaluation or "
+               "checkpoint (its cluster lists it after the job's ps tasks; needs --job-name)")
+      ->group(group);
   app.add_option("--secret-file", flags.secret_file,
                  "a file holding the job's shared secret (default: PULLEY_SECRET, "
                  "PULLEY_SECRET_FILE, or ~/.config/pulley/secret)")

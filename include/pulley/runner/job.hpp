@@ -27,6 +27,10 @@ struct Job {
   /// What this task proves to the others (its job's name and secret), in a cluster of
   /// processes (runner/credentials.hpp says where they come from).
   Credentials credentials;
+  /// This ps task joins a running job: it asks the chief (at the chief task's address, or
+  /// worker 0's in a cluster without one) to take it in (Chief::join). Its cluster spec
+  /// lists it after the job's ps tasks.
+  bool join = false;
 
   /// True when every task runs in this process.
   [[nodiscard]] bool in_process() const noexcept { return !cluster.has_value(); }
@@ -68,6 +72,7 @@ struct JobFlags {
   std::uint32_t workers = 2;  ///< workers when in-process
   std::string job_name;       ///< the job's name in handshakes ("": derived, credentials.hpp)
   std::string secret_file;    ///< a file holding the job's shared secret ("": see credentials.hpp)
+  bool join = false;          ///< this ps task joins a running job (Job::join)
 };
 
 /// The job `flags` describe (see JobFlags for the order). Throws kInvalidArgument naming the
@@ -126,6 +131,17 @@ inline Job resolve_job(const JobFlags& flags) {
       throw Error(ErrorCode::kInvalidArgument, "the cluster lists more than one chief");
     }
     job.credentials = task_credentials(job.cluster->cluster, flags.job_name, flags.secret_file);
+  }
+  if (flags.join) {
+    if (!job.cluster || job.cluster->task.type != "ps") {
+      throw Error(ErrorCode::kInvalidArgument, "--join is for a ps task of a cluster of processes");
+    }
+    if (flags.job_name.empty() && job.credentials.job.starts_with("cluster-")) {
+      // The name derived from the cluster spec differs once the spec lists the new ps.
+      throw Error(ErrorCode::kInvalidArgument,
+                  "--join needs the running job's name: --job-name (the chief logs it as it starts)");
+    }
+    job.join = true;
   }
   return job;
 }

@@ -135,7 +135,7 @@ void run_in_process(const Job& job, const Training<M>& training, S sharding, O o
 
 /// This process's task of a cluster of processes.
 template <Model M, Sharding S, Optimizer O, SyncPolicy P, TablesOrNone T>
-void run_task(const TfConfig& config, const Credentials& credentials, const Training<M>& training,
+void run_task(const TfConfig& config, const Credentials& credentials, bool join, const Training<M>& training,
               S sharding, O optimizer, P sync, T tables) {
   const auto id_sharding = id_sharding_of(tables);
   const std::string& type = config.task.type;
@@ -149,9 +149,11 @@ void run_task(const TfConfig& config, const Credentials& credentials, const Trai
   Metrics* metrics = reporter.enabled() ? &reporter.metrics() : nullptr;
   if (type == "ps") {
     serve(training, config, credentials, std::move(sharding), std::move(optimizer),
-          std::move(sync), std::move(tables), metrics);
+          std::move(sync), std::move(tables), metrics, join);
   } else if (type == "chief") {
-    lead(training, [&] { return transport(Node::chief()); }, id_sharding, metrics);
+    with_join_desk(chief_address(config.cluster), with(training.server, credentials), [&](JoinQueue* joins) {
+      lead(training, [&] { return transport(Node::chief()); }, id_sharding, metrics, joins);
+    });
   } else if (type == "evaluator") {
     follow(training, [&] { return transport(Node{Node::Role::kEvaluator, config.task.index}); },
            id_sharding, metrics);
@@ -160,7 +162,9 @@ void run_task(const TfConfig& config, const Credentials& credentials, const Trai
     std::exception_ptr chief_failure;
     std::thread chief([&] {
       try {
-        lead(training, [&] { return transport(Node::chief()); }, id_sharding, metrics);
+        with_join_desk(chief_address(config.cluster), with(training.server, credentials), [&](JoinQueue* joins) {
+          lead(training, [&] { return transport(Node::chief()); }, id_sharding, metrics, joins);
+        });
       } catch (...) {
         chief_failure = std::current_exception();
       }
@@ -243,7 +247,7 @@ int run(const Job& job, const Training<M>& training, S sharding, O optimizer, P 
       runner_detail::run_in_process(job, training, std::move(sharding), std::move(optimizer),
                                     std::move(sync), std::move(tables));
     } else {
-      runner_detail::run_task(*job.cluster, job.credentials, training, std::move(sharding),
+      runner_detail::run_task(*job.cluster, job.credentials, job.join, training, std::move(sharding),
                               std::move(optimizer), std::move(sync), std::move(tables));
     }
     return 0;

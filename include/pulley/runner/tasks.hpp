@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <map>
+#include <memory>
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
@@ -31,6 +32,7 @@
 #include "pulley/ps/parameter_server.hpp"
 #include "pulley/ps/shard_copies.hpp"
 #include "pulley/runner/chief_loop.hpp"
+#include "pulley/runner/join_desk.hpp"
 #include "pulley/runner/metrics.hpp"
 #include "pulley/runner/schedule.hpp"
 #include "pulley/runner/training.hpp"
@@ -249,19 +251,84 @@ inline std::map<Node::Role, std::uint32_t> job_tasks(const ClusterSpec& cluster)
           {Node::Role::kEvaluator, std::max<std::uint32_t>(1, count("evaluator"))}};
 }
 
-/// A ps task of a cluster of processes, until the chief shuts it down.
+/// Where a task of address `address` listens: a loopback cluster stays on loopback;
+/// otherwise every interface, as TensorFlow's servers do (under Kubernetes a task's name
+/// may be a service address).
+inline std::string listen_host(const Address& address) {
+  const bool loopback =
+      address.host == "localhost" || address.host.starts_with("127.") || address.host == "::1";
+  return loopback ? address.host : (address.host.find(':') != std::string::npos ? "::" : "0.0.0.0");
+}
+
+/// The address of the task that leads `cluster`: its chief task, or worker 0 without one.
+inline std::string chief_address(const ClusterSpec& cluster) {
+  const auto& chief = cluster.tasks("chief");
+  return chief.empty() ? cluster.tasks("worker").at(0) : chief.front();
+}
+
+/// Asks the chief at `chief` to take ps `task`, serving at `address`, into the running job
+/// (Join); tries again while the chief cannot be reached, for `patience`. Throws the
+/// chief's refusal, or kUnavailable.
+inline void ask_to_join(const std::string& chief, std::uint32_t task, const std::string& address,
+                        const TcpOptions& tcp, std::chrono::milliseconds patience) {
+  const auto deadline = std::chrono::steady_clock::now() + patience;
+  for (;;) {
+    try {
+      Tcp desk(Node::ps(task), std::vector<std::string>{chief}, tcp);
+      CallGroup group;
+      group.add(desk.call(0, Join{address}, {}));
+      group.wait(std::chrono::seconds(30), "ask the chief at " + chief + " to join the job");
+      (void)group.take_as<Ack>(0);
+      log(LogLevel::kInfo, "ps " + std::to_string(task) + " asked the chief at " + chief +
+                               " to join the job: it is taken in at the chief's next evaluation or checkpoint");
+      return;
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kUnavailable || std::chrono::steady_clock::now() > deadline) throw;
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
+  }
+}
+
+/// Runs `body(queue)` while the chief's JoinDesk serves on `address` (a thread of its
+/// own), where new ps tasks ask to join the job; `queue` is null when the desk cannot
+/// listen there (logged: no ps can join this job then).
+template <class Body>
+void with_join_desk(const std::string& address, TcpServerOptions options, Body&& body) {
+  auto queue = std::make_shared<JoinQueue>();
+  std::optional<TcpServer<JoinDesk>> desk;
+  try {
+    const Address where = parse_address(address);
+    options.tasks = {{Node::Role::kPs, 4096}};  // a new ps is beyond the cluster spec, by design
+    options.orphaned_after = std::chrono::milliseconds::max();
+    desk.emplace(JoinDesk(queue), listen_host(where), where.port, options);
+    log(LogLevel::kInfo, "chief: ps tasks may join job '" + options.credentials.job + "' at " + address +
+                             " (--join --job-name " + options.credentials.job + ")");
+  } catch (const Error& e) {
+    log(LogLevel::kWarning, std::string("chief: no ps can join this job: ") + e.what());
+  }
+  std::thread serving;
+  if (desk) serving = std::thread([&desk] { desk->run(); });
+  struct Closer {
+    std::optional<TcpServer<JoinDesk>>& desk;
+    std::thread& serving;
+    ~Closer() {
+      if (!desk) return;
+      desk->stop();
+      serving.join();
+    }
+  } closer{desk, serving};
+  body(desk ? queue.get() : nullptr);
+}
+
+/// A ps task of a cluster of processes, until the chief shuts it down. With `join`, it
+/// asks the chief to take it into the running job once it listens (Job::join).
 template <Model M, Sharding S, Optimizer O, SyncPolicy P, TablesOrNone T>
 void serve(const Training<M>& training, const TfConfig& config, const Credentials& credentials,
-           S sharding, O optimizer, P sync, T tables, Metrics* metrics = nullptr) {
+           S sharding, O optimizer, P sync, T tables, Metrics* metrics = nullptr, bool join = false) {
   const auto& hosts = config.cluster.tasks("ps");
   const std::uint32_t task = config.task.index;
   const Address address = parse_address(hosts.at(task));
-  // A loopback cluster stays on loopback; otherwise listen on every interface, as
-  // TensorFlow's servers do (under Kubernetes a task's name may be a service address).
-  const bool loopback =
-      address.host == "localhost" || address.host.starts_with("127.") || address.host == "::1";
-  const std::string bind =
-      loopback ? address.host : (address.host.find(':') != std::string::npos ? "::" : "0.0.0.0");
+  const std::string bind = listen_host(address);
   const auto num_ps = static_cast<std::uint32_t>(hosts.size());
   auto make = [&](std::uint32_t shard) {
     ParameterServer<S, O, P, T> ps(shard, num_ps, optimizer, sync, sharding, tables);
@@ -271,11 +338,26 @@ void serve(const Training<M>& training, const TfConfig& config, const Credential
   };
   TcpServerOptions options = with(training.server, credentials);
   if (options.tasks.empty()) options.tasks = job_tasks(config.cluster);
+  std::optional<Error> refused;  // the chief's answer to a Join, when it refused
   const auto run = [&](auto service, const std::string& holds) {
     TcpServer server(std::move(service), bind, address.port, std::move(options));
     log(LogLevel::kInfo, "ps " + std::to_string(task) + " serving " + holds + " on " + address.to_string() +
                              " (listening on " + bind + ":" + std::to_string(server.port()) + ")");
+    std::thread asking;
+    if (join) {
+      asking = std::thread([&] {
+        try {
+          ask_to_join(chief_address(config.cluster), task, hosts.at(task), with(training.tcp, credentials),
+                      training.client.recovery_timeout);
+        } catch (const Error& e) {
+          refused.emplace(e);
+          server.stop();
+        }
+      });
+    }
     server.run();
+    if (asking.joinable()) asking.join();
+    if (refused) throw Error(refused->code(), "ps " + std::to_string(task) + " could not join the job: " + refused->message());
     return std::pair{server.service().ended(), server.orphaned()};
   };
   std::optional<ErrorReply> end;

@@ -54,8 +54,12 @@ namespace pulley {
 /// `kUnavailable` answers.
 class InProcessNetwork {
  public:
-  /// @param num_ps the number of ps tasks (served with `serve`)
-  explicit InProcessNetwork(std::uint32_t num_ps) : fabric_(std::make_shared<Fabric>(num_ps)) {}
+  /// @param num_ps   the number of ps tasks (served with `serve`)
+  /// @param joinable ps tasks beyond them that may be served later and join the job
+  ///                 (Chief::join): tasks num_ps .. num_ps + joinable - 1, which endpoints
+  ///                 reach once they learn of them (`InProcess::add_ps`)
+  explicit InProcessNetwork(std::uint32_t num_ps, std::uint32_t joinable = 0)
+      : fabric_(std::make_shared<Fabric>(num_ps + joinable)), spec_ps_(num_ps) {}
   InProcessNetwork(const InProcessNetwork&) = delete;
   InProcessNetwork& operator=(const InProcessNetwork&) = delete;
 
@@ -63,7 +67,7 @@ class InProcessNetwork {
   /// and destroys the services.
   ~InProcessNetwork() { fabric_->close(); }
 
-  /// Number of ps tasks.
+  /// Number of ps tasks, joinable ones included.
   [[nodiscard]] std::uint32_t num_ps() const noexcept { return fabric_->num_ps(); }
 
   /// Serves ps task `service.task()`, which the network now owns (ask it through its
@@ -536,6 +540,7 @@ class InProcessNetwork {
   };
 
   std::shared_ptr<Fabric> fabric_;
+  std::uint32_t spec_ps_;  ///< ps tasks endpoints reach from the start
 };
 
 /// A client endpoint on an InProcessNetwork: the in-process `Transport`.
@@ -545,11 +550,24 @@ class InProcess {
   /// @param self    who is calling: the ps tasks check what its job may send, and the fault
   ///                injector acts on it
   InProcess(InProcessNetwork& network, Node self) : fabric_(network.fabric_), self_(self) {
-    for (std::uint32_t ps = 0; ps < fabric_->num_ps(); ++ps) sessions_.push_back(fabric_->new_session());
+    for (std::uint32_t ps = 0; ps < network.spec_ps_; ++ps) sessions_.push_back(fabric_->new_session());
   }
 
-  /// Number of ps tasks in the network.
-  [[nodiscard]] std::size_t num_ps() const noexcept { return fabric_->num_ps(); }
+  /// Number of ps tasks this endpoint reaches: the network's, without the joinable ones
+  /// it has not learned of (`add_ps`).
+  [[nodiscard]] std::size_t num_ps() const noexcept { return sessions_.size(); }
+
+  /// Reaches the next joinable ps task (task num_ps()); `address` names it in messages
+  /// only. Throws kFailedPrecondition when the network has no more.
+  void add_ps(const std::string& address) {
+    if (sessions_.size() >= fabric_->num_ps()) {
+      throw Error(ErrorCode::kFailedPrecondition, "ps at " + address + ": the in-process network has no joinable ps task left");
+    }
+    sessions_.push_back(fabric_->new_session());
+  }
+
+  /// Ps task `ps`'s address in-process: "in-process:" and its index.
+  [[nodiscard]] std::string address(std::size_t ps) const { return "in-process:" + std::to_string(ps); }
   /// Who this endpoint speaks for.
   [[nodiscard]] Node self() const noexcept { return self_; }
 
@@ -568,6 +586,6 @@ class InProcess {
   Node self_;
   std::vector<std::uint64_t> sessions_;  ///< by ps: this endpoint's connection to it
 };
-static_assert(Transport<InProcess>);
+static_assert(GrowingTransport<InProcess>);
 
 }  // namespace pulley

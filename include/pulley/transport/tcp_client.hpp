@@ -110,6 +110,15 @@ class Tcp {
     return impl_->call(ps, std::move(request), std::move(targets));
   }
 
+  /// Reaches one more ps task, at `address`, as task num_ps() (a ps that joined the job:
+  /// Chief::join): connects to it as the constructor does, and throws as it does (the
+  /// transport is unchanged then); kFailedPrecondition when the ps tasks keep copies of
+  /// each other's shards (`TcpOptions::replicas`), whose pairs a new ps would change.
+  void add_ps(const std::string& address) { impl_->add_ps(parse_address(address)); }
+
+  /// Ps task `ps`'s address, "host:port".
+  [[nodiscard]] std::string address(std::size_t ps) const { return impl_->address(ps); }
+
  private:
   static std::vector<Address> parse_all(const std::vector<std::string>& addresses) {
     std::vector<Address> parsed;
@@ -263,6 +272,28 @@ class Tcp {
     }
 
     [[nodiscard]] std::size_t num_ps() const noexcept { return shards_; }
+
+    void add_ps(Address where) {
+      if (options_.replicas != 0) {
+        throw Error(ErrorCode::kFailedPrecondition,
+                    "a ps cannot join a job whose ps tasks keep copies of each other's shards (--ps-replicas 1)");
+      }
+      const auto task = static_cast<std::uint32_t>(shards_);
+      links_.push_back(std::make_unique<Link>(io_, std::move(where), options_.limits, task, wire::Hello::kOwnShard));
+      try {
+        connect_with_backoff(*links_.back());
+      } catch (...) {
+        retired_.push_back(std::move(links_.back()));  // its handlers may still run: kept alive
+        links_.pop_back();
+        throw;
+      }
+      ++shards_;
+    }
+
+    [[nodiscard]] std::string address(std::size_t ps) const {
+      if (ps >= shards_) throw Error(ErrorCode::kInvalidArgument, "no ps task " + std::to_string(ps));
+      return links_[ps]->address;
+    }
 
     PendingCall call(std::size_t ps, Request&& request, PullTargets targets) {
       if (ps >= shards_) {
@@ -969,6 +1000,7 @@ class Tcp {
     asio::executor_work_guard<asio::io_context::executor_type> work_ =
         asio::make_work_guard(io_);             ///< waits block until their deadline, never run dry
     std::size_t shards_;                        ///< ps tasks: their shards
+    std::vector<std::unique_ptr<Link>> retired_;  ///< links of add_ps calls that failed
     std::vector<std::unique_ptr<Link>> links_;  ///< by ps task, then copies by shard; destroyed before io_
     bool closing_ = false;                      ///< the transport is being destroyed
     std::vector<std::weak_ptr<Pair>> graced_;   ///< Pairs with a copy_grace timer on io_
@@ -977,6 +1009,6 @@ class Tcp {
 
   std::unique_ptr<Impl> impl_;
 };
-static_assert(Transport<Tcp>);
+static_assert(GrowingTransport<Tcp>);
 
 }  // namespace pulley

@@ -75,7 +75,9 @@ struct TcpServerOptions {
   std::uint32_t max_handshaking = 64;
   /// The job's tasks by role, from its cluster spec ({{Node::Role::kWorker, 2}, ...}): a
   /// client that proves the secret but claims a task outside them (worker:7 of 2 workers,
-  /// a role missing here) is refused at the handshake. Empty: any task is accepted.
+  /// a role missing here) is refused at the handshake. Empty: any task is accepted. A ps
+  /// task connects as a client only where kPs is listed (the chief's JoinDesk, which new ps
+  /// tasks ask to join; ps tasks do not call each other).
   std::map<Node::Role, std::uint32_t> tasks;
   /// A connection must complete the handshake within this, or is closed.
   std::chrono::milliseconds handshake_timeout{std::chrono::seconds(10)};

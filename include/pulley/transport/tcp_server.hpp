@@ -344,7 +344,8 @@ class TcpServer {
   /// The client's answer to the challenge: let it in, or refuse it with one log line.
   void on_hello(const ConnectionPtr& c, const wire::FrameReader::Frame& frame) {
     const wire::Hello hello = wire::decode_handshake_as<wire::Hello>(frame.header, frame.meta);
-    std::string problem = wire::refusal_reason(options_.credentials, *c->challenge, hello);
+    std::string problem = wire::refusal_reason(options_.credentials, *c->challenge, hello,
+                                               options_.tasks.contains(Node::Role::kPs));
     if (problem.empty()) problem = outside_job(hello.peer);
     if (problem.empty() && hello.shard != wire::Hello::kOwnShard && hello.shard != service_.task() &&
         !holds_copy(service_, hello.shard)) {

@@ -178,9 +178,10 @@ inline bool proof_matches(std::string_view proof, std::string_view expected) {
 }
 
 /// Why the ps would refuse `hello` after `challenge`, or "" when it lets it in: another job,
-/// a malformed hello, a ps task as a client, or a proof that does not match the secret.
+/// a malformed hello, a ps task as a client (unless `ps_clients`: the chief's JoinDesk
+/// takes new ps tasks), or a proof that does not match the secret.
 inline std::string refusal_reason(const Credentials& credentials, const Challenge& challenge,
-                                  const Hello& hello) {
+                                  const Hello& hello, bool ps_clients = false) {
   if (hello.job != challenge.job) {
     return "a task of job '" + hello.job.substr(0, kMaxJobName) + "' connected to a ps of job '" +
            challenge.job + "'";
@@ -189,7 +190,7 @@ inline std::string refusal_reason(const Credentials& credentials, const Challeng
   if (static_cast<unsigned>(hello.peer.role) > static_cast<unsigned>(Node::Role::kEvaluator)) {
     return "a hello naming an unknown job type";
   }
-  if (hello.peer.role == Node::Role::kPs) return "a ps task cannot connect as a client";
+  if (hello.peer.role == Node::Role::kPs && !ps_clients) return "a ps task cannot connect as a client";
   if (!proof_matches(hello.proof, client_proof(credentials.secret, challenge, hello.peer, hello.nonce, hello.shard))) {
     return hello.peer.name() + " did not prove the job's shared secret (a wrong PULLEY_SECRET?)";
   }

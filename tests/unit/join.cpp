@@ -1,0 +1,264 @@
+// SPDX-License-Identifier: MIT
+// A ps task that joins a running job, in-process: the chief pauses every ps at one cut,
+// registers the model over one more ps task and restores them all from the cut, so the
+// new ps holds its balanced share of every value, slot, counter and table row as they
+// were, and nothing trained is lost (a sync R = N job ends bit for bit where the job
+// without the new ps ends); workers that knew fewer ps tasks follow; what cannot join is
+// refused with the job left as it was; and what the chief's JoinDesk and a ps refuse.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "pulley/client/chief.hpp"
+#include "pulley/client/worker.hpp"
+#include "pulley/optimizers/adagrad.hpp"
+#include "pulley/optimizers/adam.hpp"
+#include "pulley/ps/parameter_server.hpp"
+#include "pulley/runner/join_desk.hpp"
+#include "pulley/sharding/partitioned.hpp"
+#include "pulley/sharding/rebalance.hpp"
+#include "pulley/sharding/round_robin.hpp"
+#include "pulley/sync/sync_replicas.hpp"
+#include "support/cluster.hpp"
+#include "support/linear_model.hpp"
+#include "support/membership.hpp"
+#include "support/table_model.hpp"
+#include "support/two_workers.hpp"
+
+using namespace pulley;
+using pulley::testing::Cluster;
+using pulley::testing::LinearData;
+using pulley::testing::LinearModel;
+using namespace pulley::testing::two_workers;
+using namespace pulley::testing::membership;
+using pulley::testing::TinyTableModel;
+
+namespace {
+
+using SyncAdam = Cluster<FixedShards, Adam, SyncReplicas>;
+
+std::vector<std::uint32_t> members_of(const Chief<InProcess>& chief) {
+  return {chief.members().begin(), chief.members().end()};
+}
+
+/// The most bytes of values any ps holds over the least, for the members.
+double imbalance(const Chief<InProcess>& chief) {
+  const std::vector<std::uint64_t> bytes = bytes_per_ps(chief.placement(), chief.variables());
+  std::uint64_t most = 0, least = ~std::uint64_t{0};
+  for (const std::uint32_t ps : chief.members()) {
+    const std::uint64_t b = ps < bytes.size() ? bytes[ps] : 0;
+    most = std::max(most, b);
+    least = std::min(least, b);
+  }
+  return least == 0 ? 1e9 : static_cast<double>(most) / static_cast<double>(least);
+}
+
+/// Two ps tasks and a third that may join (start_ps(2)), sync R = N = 2, the chief with
+/// the linear model initialized.
+struct Job {
+  SyncAdam cluster{2, Adam{0.01F}, SyncReplicas(2, 2), FixedShards{3}, std::chrono::seconds(5), 1};
+  Chief<InProcess> chief{cluster.endpoint(Node::chief()), 3};
+  Job() { chief.initialize(LinearModel(kIn, kOut).variables()); }
+};
+
+}  // namespace
+
+TEST_CASE("a ps that joins takes a balanced share, every value and slot as at the cut") {
+  const LinearData data(2 * kBatch * 40, kIn, kOut, 12);
+  Job job;
+  auto& [cluster, chief] = job;
+  run_steps(cluster, data, 0, 10);
+  const ModelState before = chief.save_state();
+  CHECK(chief.num_ps() == 2);
+
+  cluster.start_ps(2);
+  CHECK(chief.join("in-process:2") == 2);
+  CHECK(chief.membership() == 1);
+  CHECK(members_of(chief) == std::vector<std::uint32_t>{0, 1, 2});
+  CHECK(chief.num_ps() == 3);
+  CHECK(chief.stats().size() == 3);
+  // Placed as a job started on three ps tasks is: one part of each variable on each, as
+  // balanced as rows allow (a 4-row bias splits 2 / 1 / 1).
+  CHECK(chief.placement() == FixedShards{3}.place(chief.variables(), 3));
+  CHECK(imbalance(chief) <= 1.12);
+  check_same_dense(chief.save_state(), before);
+  CHECK(chief.stats().at(2).global_step == 10);
+
+  run_steps(cluster, data, 10, 14);  // workers that know two ps tasks learn of the third
+  CHECK(chief.stats().at(2).global_step == 14);
+  chief.shutdown();
+}
+
+TEST_CASE("a sync R = N job that a ps joins ends bit for bit where the job without it ends") {
+  const LinearData data(2 * kBatch * 40, kIn, kOut, 12);
+  ModelState alone;
+  {
+    SyncAdam cluster(2, Adam{0.01F}, SyncReplicas(2, 2), FixedShards{3});
+    Chief chief(cluster.endpoint(Node::chief()), 3);
+    chief.initialize(LinearModel(kIn, kOut).variables());
+    run_steps(cluster, data, 0, 30);
+    alone = chief.save_state();
+    chief.shutdown();
+  }
+  Job job;
+  auto& [cluster, chief] = job;
+  run_steps(cluster, data, 0, 12);
+  cluster.start_ps(2);
+  (void)chief.join("in-process:2");
+  run_steps(cluster, data, 12, 30);
+  check_same_dense(chief.save_state(), alone);
+  chief.shutdown();
+}
+
+TEST_CASE("workers training while a ps joins pause, follow the job onto three ps tasks, and finish") {
+  const LinearData data(2 * kBatch * 40, kIn, kOut, 12);
+  Job job;
+  auto& [cluster, chief] = job;
+  std::atomic<int> failures{0};
+  constexpr std::int64_t kLast = 120;
+  std::vector<std::thread> workers = start_steps(cluster, data, 0, kLast, failures);
+  REQUIRE(chief.wait_for_step(20) < kLast - 20);
+  cluster.start_ps(2);
+  (void)chief.join("in-process:2");
+  const std::int64_t at_join = chief.wait_for_step(0);
+  for (auto& t : workers) t.join();
+  CHECK(failures == 0);
+  CHECK(at_join < kLast);
+  const std::vector<Stats> stats = chief.stats();
+  REQUIRE(stats.size() == 3);
+  for (const Stats& s : stats) CHECK(s.global_step == kLast);
+  CHECK(stats[2].pushes_taken > 0);  // the new ps took the workers' gradients
+  chief.shutdown();
+}
+
+TEST_CASE("a joined ps lost and started again is restored with the others, as any ps") {
+  const LinearData data(2 * kBatch * 40, kIn, kOut, 12);
+  Job job;
+  auto& [cluster, chief] = job;
+  run_steps(cluster, data, 0, 6);
+  cluster.start_ps(2);
+  (void)chief.join("in-process:2");
+  run_steps(cluster, data, 6, 10);
+  const ModelState saved = chief.save_state();
+  cluster.network().kill(Node::ps(2));
+  cluster.network().restart(ParameterServer<FixedShards, Adam, SyncReplicas>(2, 3, Adam{0.01F}, SyncReplicas(2, 2),
+                                                                              FixedShards{3}));
+  chief.restore(saved);  // what the chief's rollback does once every ps answers again
+  CHECK(members_of(chief) == std::vector<std::uint32_t>{0, 1, 2});
+  check_same_dense(chief.save_state(), saved);
+  run_steps(cluster, data, 10, 14);
+  CHECK(chief.stats().at(2).global_step == 14);
+  chief.shutdown();
+}
+
+using SyncTables = Cluster<RoundRobin, Adagrad, SyncReplicas>;
+
+TEST_CASE("a ps that joins a job with tables takes the rows rendezvous hashing gives it, every row as it was") {
+  SyncTables cluster(2, Adagrad{0.1F}, SyncReplicas(2, 2), RoundRobin{}, std::chrono::seconds(5), 1);
+  Chief chief(cluster.endpoint(Node::chief()), 21);
+  const TinyTableModel shape(kSpec);
+  chief.initialize(shape.variables(), shape.tables());
+  train_tables(cluster, 0, 12);
+  const ModelState before = chief.save_state();
+  REQUIRE(before.tables.at(0).ids.size() > 30);
+  cluster.start_ps(2);
+  (void)chief.join("in-process:2");
+  const ModelState after = chief.save_state();
+  check_same_dense(after, before);
+  CHECK(rows_of(after.tables.at(0)) == rows_of(before.tables.at(0)));
+  CHECK(after.tables[0].candidate_ids.size() == before.tables[0].candidate_ids.size());
+  const std::uint32_t members[] = {0, 1, 2};
+  std::vector<std::int64_t> expected(3, 0);
+  for (const std::uint64_t id : before.tables[0].ids) ++expected[HashIds{}.ps_of("emb", id, members)];
+  const std::vector<Stats> stats = chief.stats();
+  for (std::size_t ps = 0; ps < 3; ++ps) CHECK(stats.at(ps).table_rows == expected[ps]);
+  CHECK(expected[2] > 0);
+  train_tables(cluster, 12, 16);  // and training goes on over three ps tasks
+  CHECK(chief.stats().at(2).global_step == 16);
+  chief.shutdown();
+}
+
+TEST_CASE("a ps that cannot join leaves the job as it was, and training goes on") {
+  const LinearData data(2 * kBatch * 40, kIn, kOut, 12);
+  SyncAdam cluster(2, Adam{0.01F}, SyncReplicas(2, 2), FixedShards{2});  // nothing joinable
+  Chief chief(cluster.endpoint(Node::chief()), 3);
+  CHECK_THROWS_WITH_AS((void)chief.join("in-process:2"), doctest::Contains("initialize first"), Error);
+  chief.initialize(LinearModel(kIn, kOut).variables());
+  std::atomic<int> failures{0};
+  constexpr std::int64_t kLast = 60;
+  std::vector<std::thread> workers = start_steps(cluster, data, 0, kLast, failures);
+  REQUIRE(chief.wait_for_step(10) < kLast - 10);
+  CHECK_THROWS_WITH_AS((void)chief.join("in-process:2"), doctest::Contains("no joinable ps task"), Error);
+  CHECK(chief.membership() == 0);
+  CHECK(chief.num_ps() == 2);
+  for (auto& t : workers) t.join();  // the ps tasks were resumed: the workers finish
+  CHECK(failures == 0);
+  for (const Stats& s : chief.stats()) CHECK(s.global_step == kLast);
+  chief.shutdown();
+}
+
+namespace {
+
+Response ask_desk(JoinDesk& desk, Request request, Node peer) {
+  std::optional<Response> out;
+  desk.handle(std::move(request), RequestContext{false, peer, 1}, [&](Response&& r) { out = std::move(r); });
+  REQUIRE(out.has_value());
+  return std::move(*out);
+}
+
+std::string refusal(const Response& r) {
+  const auto* e = std::get_if<ErrorReply>(&r);
+  return e == nullptr ? std::string("(accepted)") : e->message;
+}
+
+}  // namespace
+
+TEST_CASE("the chief's JoinDesk queues the next ps task once, leaves a known one alone, and refuses the rest") {
+  auto queue = std::make_shared<JoinQueue>();
+  JoinDesk desk(queue);
+  CHECK(refusal(ask_desk(desk, Join{"h:1"}, Node::worker(0))).find("only a ps task") != std::string::npos);
+  CHECK(refusal(ask_desk(desk, GetStats{}, Node::ps(2))).find("Join requests") != std::string::npos);
+  CHECK(refusal(ask_desk(desk, Join{""}, Node::ps(2))).find("names its address") != std::string::npos);
+  queue->expect(2);
+  CHECK(refusal(ask_desk(desk, Join{"h:1"}, Node::ps(3))).find("the next ps task of the job is ps 2") !=
+        std::string::npos);
+  CHECK(std::holds_alternative<Ack>(ask_desk(desk, Join{"h:1"}, Node::ps(1))));  // known: left alone
+  CHECK(std::holds_alternative<Ack>(ask_desk(desk, Join{"h:2"}, Node::ps(2))));
+  CHECK(refusal(ask_desk(desk, Join{"h:2"}, Node::ps(2))).find("asked to join already") != std::string::npos);
+  const auto asked = queue->take();
+  REQUIRE(asked.has_value());
+  CHECK(asked->task == 2);
+  CHECK(asked->address == "h:2");
+  CHECK_FALSE(queue->take().has_value());
+}
+
+TEST_CASE("a ps refuses a registration whose ps addresses do not fit the cluster, and places over them") {
+  const LinearModel model(kIn, kOut);
+  const std::vector<VariableSpec> list(model.variables().begin(), model.variables().end());
+  using Ps = ParameterServer<FixedShards, Adam, SyncReplicas>;
+  Ps ps(1, 2, Adam{0.01F}, SyncReplicas(2, 2), FixedShards{3});
+  auto ask = [&](Register r) {
+    std::optional<Response> out;
+    ps.handle(std::move(r), RequestContext{false, Node::chief(), 1}, [&](Response&& a) { out = std::move(a); });
+    REQUIRE(out.has_value());
+    return std::move(*out);
+  };
+  CHECK(refusal(ask(Register{list, {}, 0, {0, 1}, 1, {"a:1"}})).find("the cluster has 2") != std::string::npos);
+  CHECK(refusal(ask(Register{list, {}, 0, {0, 1, 2}, 0, {"a:1", "b:1", "c:1"}})).find("membership above 0") !=
+        std::string::npos);
+  CHECK(refusal(ask(Register{list, {}, 0, {0, 1, 3}, 1, {"a:1", "b:1", "c:1"}})).find("not a ps task") !=
+        std::string::npos);
+  CHECK(refusal(ask(Register{list, {}, 0, {0, 1, 2}, 1, {"a:1", "", "c:1"}})).find("empty") != std::string::npos);
+  const Response placed = ask(Register{list, {}, 0, {0, 1, 2}, 1, {"a:1", "b:1", "c:1"}});
+  REQUIRE(std::holds_alternative<PlacementReply>(placed));
+  const PlacementReply& reply = std::get<PlacementReply>(placed);
+  CHECK(reply.ps_addresses == std::vector<std::string>{"a:1", "b:1", "c:1"});
+  CHECK(reply.placement == FixedShards{3}.place(list, 3));  // placed for three ps tasks
+}
