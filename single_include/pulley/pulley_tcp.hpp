@@ -3326,24 +3326,26 @@ concept Transport = std::move_constructible<T> &&
 /// the membership that names one.
 ///
 /// Required, beyond Transport:
-///   - `t.add_ps(address)` → reaches one more ps task, task `num_ps()` before the call, at
-///     `address` (a std::string); throws, leaving the transport as it was, when it cannot
+///   - `t.add_ps(address, connect)` → reaches one more ps task, task `num_ps()` before the
+///     call, at `address` (a std::string): with `connect` it is reached now, and a failure
+///     throws, leaving the transport as it was; without, at its first call (a task the job
+///     has known, which may be gone since: its calls then fail as a lost ps's do)
 ///   - `ct.address(ps)` → std::string: ps task `ps`'s address as `add_ps` takes it
 template <class T>
 concept GrowingTransport = Transport<T> && requires(T& transport, const T& ctransport, const std::string& address,
                                                     std::size_t ps) {
-  transport.add_ps(address);
+  transport.add_ps(address, true);
   { ctransport.address(ps) } -> std::convertible_to<std::string>;
 };
 
-/// Makes `transport` reach every ps task of `ps_addresses` (by task index; empty: the ones
-/// it reaches already), adding those beyond its count. Throws kFailedPrecondition when the
-/// transport cannot grow (not a GrowingTransport), and what `add_ps` throws.
+/// Makes `transport` know every ps task of `ps_addresses` (by task index; empty: the ones
+/// it knows already), adding those beyond its count, each reached at its first call.
+/// Throws kFailedPrecondition when the transport cannot grow (not a GrowingTransport).
 template <Transport T>
 void reach_all(T& transport, std::span<const std::string> ps_addresses) {
   if (ps_addresses.size() <= transport.num_ps()) return;
   if constexpr (GrowingTransport<T>) {
-    while (transport.num_ps() < ps_addresses.size()) transport.add_ps(ps_addresses[transport.num_ps()]);
+    while (transport.num_ps() < ps_addresses.size()) transport.add_ps(ps_addresses[transport.num_ps()], false);
   } else {
     throw Error(ErrorCode::kFailedPrecondition,
                 "ps task " + std::to_string(transport.num_ps()) + " joined the job at " +
@@ -5683,19 +5685,25 @@ class Chief {
   }
 
   /// Takes the ps task serving at `address` into the job, as task `num_ps()` (the next
-  /// index), and returns that index. Every ps is paused and read at one cut (dense parts,
-  /// optimizer slots, table rows, the sync policy's state: read_state, held), the model is
+  /// index), and returns that index. The new ps is reached first (and must hold no model
+  /// yet). Then every ps is paused and read at one cut (dense parts, optimizer slots and
+  /// counters, table rows, the sync policy's state: read_state, held), the model is
   /// registered over the members and the new task at a membership one newer (placed for
-  /// that many ps tasks, balanced: sharding/rebalance.hpp; rows by the IdSharding for the
-  /// new members), and every ps is restored from the cut. No update is lost: training
-  /// stands still from the cut to the end of the restore, and the workers follow when they
-  /// get ready again. `sharding`: the ps tasks' IdSharding, as for `restore`.
+  /// that many ps tasks: the sharding policy's placement for the count, rebalanced over
+  /// the members; rows by the IdSharding over them), and every ps is restored from the
+  /// cut. No update is lost: training stands still from the cut to the end of the
+  /// restore, and the workers follow when they get ready again. `sharding`: the ps tasks'
+  /// IdSharding, as for `restore`.
   ///
-  /// Throws kFailedPrecondition before the model is registered, or for a transport that
-  /// cannot grow (a GrowingTransport can; TcpOptions::replicas cannot); what `add_ps`
-  /// throws for an address it cannot reach (the job goes on as it was). A failure after
-  /// the registration leaves the ps tasks at the new membership, waiting for a restore:
-  /// roll them back (ChiefLoop does).
+  /// Throws, with the job as it was (every ps serving, nothing lost):
+  ///   - kFailedPrecondition before the model is registered, for a transport that cannot
+  ///     grow (a GrowingTransport can; TcpOptions::replicas cannot), for a new ps that
+  ///     holds a model, or that refused the registration or its restore: then the members
+  ///     before are restored from the same cut, at a membership newer still, and the new
+  ///     ps is told to end (Shutdown, aborted, with the reason);
+  ///   - kFailedPrecondition for an address it cannot reach (nothing changed).
+  /// Throws kUnavailable when a ps was lost on the way: the ps tasks may then wait for a
+  /// restore (roll them back, as ChiefLoop does); a join tried again takes the same index.
   template <IdSharding I = HashIds>
   std::uint32_t join(const std::string& address, const I& sharding = {}) {
     if constexpr (!GrowingTransport<T>) {
@@ -5706,22 +5714,69 @@ class Chief {
       if (!client_.has_placement()) {
         throw Error(ErrorCode::kFailedPrecondition, "a ps joins a job whose model is registered: initialize first");
       }
-      const auto task = static_cast<std::uint32_t>(client_.num_ps());
+      T& transport = client_.transport();
+      const std::vector<std::uint32_t> before(client_.members().begin(), client_.members().end());
+      const auto task = static_cast<std::uint32_t>(join_index(address));
+      if (task == transport.num_ps()) {
+        try {
+          transport.add_ps(address, true);
+        } catch (const Error& e) {  // nothing changed: not a lost ps of the job
+          throw Error(ErrorCode::kFailedPrecondition, "ps at " + address + " cannot join: " + e.message());
+        }
+      }
+      unfinished_join_.emplace(task, address);  // until it joined, or was told to end
+      const std::string who = "ps " + std::to_string(task) + " at " + address;
+      const auto refuse = [&](const std::string& why) {  // the new ps ends, saying why
+        unfinished_join_.reset();
+        std::vector<PendingCall> calls;
+        calls.push_back(transport.call(task, Shutdown{true, who + " could not join the job: " + why}, {}));
+        if (!calls.front().wait_until(std::chrono::steady_clock::now() + std::chrono::seconds(2))) calls.front().cancel();
+        return Error(ErrorCode::kFailedPrecondition, who + " cannot join: " + why + "; the job goes on as it was");
+      };
+      {
+        PendingCall probe = transport.call(task, GetStats{}, {});
+        if (!probe.wait_until(std::chrono::steady_clock::now() + timeouts().request_timeout)) probe.cancel();
+        const Response answer = probe.ready() ? probe.take() : Response{ErrorReply{ErrorCode::kDeadlineExceeded, "no answer"}};
+        const auto* stats = std::get_if<StatsReply>(&answer);
+        if (const auto* error = std::get_if<ErrorReply>(&answer)) throw refuse("it answered: " + error->message);
+        if (stats == nullptr) throw refuse("it answered GetStats with something else");
+        if (stats->ready || !stats->members.empty()) throw refuse("it holds a model already (another job's?)");
+      }
       std::vector<std::string> addresses;
-      for (std::uint32_t ps = 0; ps < task; ++ps) addresses.push_back(client_.transport().address(ps));
-      addresses.push_back(address);
-      std::vector<std::uint32_t> members(client_.members().begin(), client_.members().end());
+      for (std::uint32_t ps = 0; ps <= task; ++ps) addresses.push_back(transport.address(ps));
+      std::vector<std::uint32_t> members = before;
       members.push_back(task);
       const ModelState cut = read_state(client_, 0, {}, true);  // the ps tasks stay paused
       try {
-        client_.change_members(std::move(members), client_.membership() + 1, std::move(addresses));
+        client_.change_members(std::move(members), client_.membership() + 1, addresses);
       } catch (...) {
         resume_all();
         throw;
       }
-      restore_state(client_, cut, seed_, sharding);
+      try {
+        restore_state(client_, cut, seed_, sharding);
+      } catch (const Error& e) {
+        // The members before take the same cut back, at a newer membership: nothing is lost.
+        try {
+          client_.change_members(before, client_.membership() + 1, addresses);
+          restore_state(client_, cut, seed_, sharding);
+        } catch (const Error& again) {
+          throw Error(ErrorCode::kUnavailable, who + " was registered, its restore failed (" + e.message() +
+                                                   "), and so did restoring the ps tasks before: " + again.message());
+        }
+        throw refuse(e.message());
+      }
+      unfinished_join_.reset();
       return task;
     }
+  }
+
+  /// The task index a `join(address)` takes now: the next one (`num_ps()`), or the last
+  /// one known when it has that address and is no member (a join tried again after a ps
+  /// was lost on the way).
+  [[nodiscard]] std::size_t join_index(const std::string& address) const {
+    if (unfinished_join_ && unfinished_join_->second == address) return unfinished_join_->first;
+    return client_.num_ps();
   }
 
   /// The ps tasks the job has known, members or not: the cluster spec's, and those that
@@ -5806,6 +5861,8 @@ class Chief {
 
   std::uint64_t seed_;
   Client<T> client_;
+  /// A join that added its ps task and was cut short by a lost ps: its index and address.
+  std::optional<std::pair<std::uint32_t, std::string>> unfinished_join_;
 };
 
 }  // namespace pulley
@@ -9003,9 +9060,10 @@ class Registration {
   [[nodiscard]] std::string check_members(const Register& r, const std::vector<std::uint32_t>& members) const {
     if (members.empty()) return "a job needs at least one ps task";
     if (!r.ps_addresses.empty()) {
-      if (r.ps_addresses.size() < num_ps_ || r.ps_addresses.size() > kMaxTasks) {
-        return "the registration names " + std::to_string(r.ps_addresses.size()) + " ps addresses: the cluster has " +
-               std::to_string(num_ps_) + " ps tasks, and a job at most " + std::to_string(kMaxTasks);
+      // A new ps's own cluster spec may list tasks beyond the job's: the chief's list rules.
+      if (r.ps_addresses.size() <= task_ || r.ps_addresses.size() > kMaxTasks) {
+        return "the registration names " + std::to_string(r.ps_addresses.size()) + " ps addresses: not this ps " +
+               std::to_string(task_) + ", or more than a job's " + std::to_string(kMaxTasks);
       }
       for (const std::string& address : r.ps_addresses) {
         if (address.empty() || address.size() > 255) return "a ps address of the registration is empty or too long";
@@ -13024,8 +13082,9 @@ class InProcess {
   [[nodiscard]] std::size_t num_ps() const noexcept { return sessions_.size(); }
 
   /// Reaches the next joinable ps task (task num_ps()); `address` names it in messages
-  /// only. Throws kFailedPrecondition when the network has no more.
-  void add_ps(const std::string& address) {
+  /// only, and `connect` changes nothing in-process. Throws kFailedPrecondition when the
+  /// network has no more.
+  void add_ps(const std::string& address, bool /*connect*/ = true) {
     if (sessions_.size() >= fabric_->num_ps()) {
       throw Error(ErrorCode::kFailedPrecondition, "ps at " + address + ": the in-process network has no joinable ps task left");
     }
@@ -14673,10 +14732,12 @@ class Tcp {
   }
 
   /// Reaches one more ps task, at `address`, as task num_ps() (a ps that joined the job:
-  /// Chief::join): connects to it as the constructor does, and throws as it does (the
-  /// transport is unchanged then); kFailedPrecondition when the ps tasks keep copies of
-  /// each other's shards (`TcpOptions::replicas`), whose pairs a new ps would change.
-  void add_ps(const std::string& address) { impl_->add_ps(parse_address(address)); }
+  /// Chief::join). With `connect`, connects to it now as the constructor does, and throws
+  /// as it does (the transport is unchanged then); else it connects at its first call, as
+  /// after a broken connection (a ps the job has known, which may be gone since).
+  /// kFailedPrecondition when the ps tasks keep copies of each other's shards
+  /// (`TcpOptions::replicas`), whose pairs a new ps would change.
+  void add_ps(const std::string& address, bool connect = true) { impl_->add_ps(parse_address(address), connect); }
 
   /// Ps task `ps`'s address, "host:port".
   [[nodiscard]] std::string address(std::size_t ps) const { return impl_->address(ps); }
@@ -14835,7 +14896,7 @@ class Tcp {
 
     [[nodiscard]] std::size_t num_ps() const noexcept { return shards_; }
 
-    void add_ps(Address where) {
+    void add_ps(Address where, bool connect_now) {
       if (options_.replicas != 0) {
         throw Error(ErrorCode::kFailedPrecondition,
                     "a ps cannot join a job whose ps tasks keep copies of each other's shards (--ps-replicas 1)");
@@ -14843,7 +14904,7 @@ class Tcp {
       const auto task = static_cast<std::uint32_t>(shards_);
       links_.push_back(std::make_unique<Link>(io_, std::move(where), options_.limits, task, wire::Hello::kOwnShard));
       try {
-        connect_with_backoff(*links_.back());
+        if (connect_now) connect_with_backoff(*links_.back());
       } catch (...) {
         retired_.push_back(std::move(links_.back()));  // its handlers may still run: kept alive
         links_.pop_back();

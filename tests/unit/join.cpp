@@ -158,6 +158,30 @@ TEST_CASE("a joined ps lost and started again is restored with the others, as an
   chief.shutdown();
 }
 
+TEST_CASE("a new ps that refuses the job's registration is told to end, and the others go on from the same cut") {
+  const LinearData data(2 * kBatch * 40, kIn, kOut, 12);
+  Job job;
+  auto& [cluster, chief] = job;
+  run_steps(cluster, data, 0, 8);
+  const ModelState before = chief.save_state();
+  // Another sharding than the job's: its placement differs from the others'.
+  cluster.network().serve(ParameterServer<FixedShards, Adam, SyncReplicas>(2, 3, Adam{0.01F}, SyncReplicas(2, 2),
+                                                                           FixedShards{2}));
+  CHECK_THROWS_WITH_AS((void)chief.join("in-process:2"), doctest::Contains("place the variables differently"), Error);
+  CHECK(members_of(chief) == std::vector<std::uint32_t>{0, 1});
+  CHECK(chief.membership() == 2);  // it took the new ps, then the old ones back
+  check_same_dense(chief.save_state(), before);
+  InProcess probe(cluster.network(), Node::chief());
+  PendingCall asked = probe.call(2, GetStats{});
+  REQUIRE(asked.wait_until(std::chrono::steady_clock::now() + std::chrono::seconds(10)));
+  const Response answer = asked.take();
+  REQUIRE(std::holds_alternative<ErrorReply>(answer));
+  CHECK(std::get<ErrorReply>(answer).code == ErrorCode::kAborted);  // told to end, with the reason
+  run_steps(cluster, data, 8, 12);  // workers learn membership 2 and train on two ps tasks
+  for (const Stats& s : chief.stats()) CHECK(s.global_step == 12);
+  chief.shutdown();
+}
+
 using SyncTables = Cluster<RoundRobin, Adagrad, SyncReplicas>;
 
 TEST_CASE("a ps that joins a job with tables takes the rows rendezvous hashing gives it, every row as it was") {
@@ -250,7 +274,7 @@ TEST_CASE("a ps refuses a registration whose ps addresses do not fit the cluster
     REQUIRE(out.has_value());
     return std::move(*out);
   };
-  CHECK(refusal(ask(Register{list, {}, 0, {0, 1}, 1, {"a:1"}})).find("the cluster has 2") != std::string::npos);
+  CHECK(refusal(ask(Register{list, {}, 0, {0, 1}, 1, {"a:1"}})).find("not this ps 1") != std::string::npos);
   CHECK(refusal(ask(Register{list, {}, 0, {0, 1, 2}, 0, {"a:1", "b:1", "c:1"}})).find("membership above 0") !=
         std::string::npos);
   CHECK(refusal(ask(Register{list, {}, 0, {0, 1, 3}, 1, {"a:1", "b:1", "c:1"}})).find("not a ps task") !=

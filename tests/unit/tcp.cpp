@@ -791,4 +791,11 @@ TEST_CASE("a Tcp transport reaches a ps added later, and an address it cannot re
   auto again = tcp.call(1, GetStats{});
   REQUIRE(again.wait_for(std::chrono::seconds(10)));
   CHECK(std::holds_alternative<StatsReply>(again.get()));
+  // Added without connecting (a ps the job knew, gone since): its calls fail as a lost ps's.
+  tcp.add_ps(nobody, false);
+  CHECK(tcp.num_ps() == 3);
+  auto gone = tcp.call(2, GetStats{});
+  REQUIRE(gone.wait_for(std::chrono::seconds(10)));
+  REQUIRE(std::holds_alternative<ErrorReply>(gone.get()));
+  CHECK(std::get<ErrorReply>(gone.get()).code == ErrorCode::kUnavailable);
 }

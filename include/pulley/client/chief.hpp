@@ -197,19 +197,25 @@ class Chief {
   }
 
   /// Takes the ps task serving at `address` into the job, as task `num_ps()` (the next
-  /// index), and returns that index. Every ps is paused and read at one cut (dense parts,
-  /// optimizer slots, table rows, the sync policy's state: read_state, held), the model is
+  /// index), and returns that index. The new ps is reached first (and must hold no model
+  /// yet). Then every ps is paused and read at one cut (dense parts, optimizer slots and
+  /// counters, table rows, the sync policy's state: read_state, held), the model is
   /// registered over the members and the new task at a membership one newer (placed for
-  /// that many ps tasks, balanced: sharding/rebalance.hpp; rows by the IdSharding for the
-  /// new members), and every ps is restored from the cut. No update is lost: training
-  /// stands still from the cut to the end of the restore, and the workers follow when they
-  /// get ready again. `sharding`: the ps tasks' IdSharding, as for `restore`.
+  /// that many ps tasks: the sharding policy's placement for the count, rebalanced over
+  /// the members; rows by the IdSharding over them), and every ps is restored from the
+  /// cut. No update is lost: training stands still from the cut to the end of the
+  /// restore, and the workers follow when they get ready again. `sharding`: the ps tasks'
+  /// IdSharding, as for `restore`.
   ///
-  /// Throws kFailedPrecondition before the model is registered, or for a transport that
-  /// cannot grow (a GrowingTransport can; TcpOptions::replicas cannot); what `add_ps`
-  /// throws for an address it cannot reach (the job goes on as it was). A failure after
-  /// the registration leaves the ps tasks at the new membership, waiting for a restore:
-  /// roll them back (ChiefLoop does).
+  /// Throws, with the job as it was (every ps serving, nothing lost):
+  ///   - kFailedPrecondition before the model is registered, for a transport that cannot
+  ///     grow (a GrowingTransport can; TcpOptions::replicas cannot), for a new ps that
+  ///     holds a model, or that refused the registration or its restore: then the members
+  ///     before are restored from the same cut, at a membership newer still, and the new
+  ///     ps is told to end (Shutdown, aborted, with the reason);
+  ///   - kFailedPrecondition for an address it cannot reach (nothing changed).
+  /// Throws kUnavailable when a ps was lost on the way: the ps tasks may then wait for a
+  /// restore (roll them back, as ChiefLoop does); a join tried again takes the same index.
   template <IdSharding I = HashIds>
   std::uint32_t join(const std::string& address, const I& sharding = {}) {
     if constexpr (!GrowingTransport<T>) {
@@ -220,22 +226,69 @@ class Chief {
       if (!client_.has_placement()) {
         throw Error(ErrorCode::kFailedPrecondition, "a ps joins a job whose model is registered: initialize first");
       }
-      const auto task = static_cast<std::uint32_t>(client_.num_ps());
+      T& transport = client_.transport();
+      const std::vector<std::uint32_t> before(client_.members().begin(), client_.members().end());
+      const auto task = static_cast<std::uint32_t>(join_index(address));
+      if (task == transport.num_ps()) {
+        try {
+          transport.add_ps(address, true);
+        } catch (const Error& e) {  // nothing changed: not a lost ps of the job
+          throw Error(ErrorCode::kFailedPrecondition, "ps at " + address + " cannot join: " + e.message());
+        }
+      }
+      unfinished_join_.emplace(task, address);  // until it joined, or was told to end
+      const std::string who = "ps " + std::to_string(task) + " at " + address;
+      const auto refuse = [&](const std::string& why) {  // the new ps ends, saying why
+        unfinished_join_.reset();
+        std::vector<PendingCall> calls;
+        calls.push_back(transport.call(task, Shutdown{true, who + " could not join the job: " + why}, {}));
+        if (!calls.front().wait_until(std::chrono::steady_clock::now() + std::chrono::seconds(2))) calls.front().cancel();
+        return Error(ErrorCode::kFailedPrecondition, who + " cannot join: " + why + "; the job goes on as it was");
+      };
+      {
+        PendingCall probe = transport.call(task, GetStats{}, {});
+        if (!probe.wait_until(std::chrono::steady_clock::now() + timeouts().request_timeout)) probe.cancel();
+        const Response answer = probe.ready() ? probe.take() : Response{ErrorReply{ErrorCode::kDeadlineExceeded, "no answer"}};
+        const auto* stats = std::get_if<StatsReply>(&answer);
+        if (const auto* error = std::get_if<ErrorReply>(&answer)) throw refuse("it answered: " + error->message);
+        if (stats == nullptr) throw refuse("it answered GetStats with something else");
+        if (stats->ready || !stats->members.empty()) throw refuse("it holds a model already (another job's?)");
+      }
       std::vector<std::string> addresses;
-      for (std::uint32_t ps = 0; ps < task; ++ps) addresses.push_back(client_.transport().address(ps));
-      addresses.push_back(address);
-      std::vector<std::uint32_t> members(client_.members().begin(), client_.members().end());
+      for (std::uint32_t ps = 0; ps <= task; ++ps) addresses.push_back(transport.address(ps));
+      std::vector<std::uint32_t> members = before;
       members.push_back(task);
       const ModelState cut = read_state(client_, 0, {}, true);  // the ps tasks stay paused
       try {
-        client_.change_members(std::move(members), client_.membership() + 1, std::move(addresses));
+        client_.change_members(std::move(members), client_.membership() + 1, addresses);
       } catch (...) {
         resume_all();
         throw;
       }
-      restore_state(client_, cut, seed_, sharding);
+      try {
+        restore_state(client_, cut, seed_, sharding);
+      } catch (const Error& e) {
+        // The members before take the same cut back, at a newer membership: nothing is lost.
+        try {
+          client_.change_members(before, client_.membership() + 1, addresses);
+          restore_state(client_, cut, seed_, sharding);
+        } catch (const Error& again) {
+          throw Error(ErrorCode::kUnavailable, who + " was registered, its restore failed (" + e.message() +
+                                                   "), and so did restoring the ps tasks before: " + again.message());
+        }
+        throw refuse(e.message());
+      }
+      unfinished_join_.reset();
       return task;
     }
+  }
+
+  /// The task index a `join(address)` takes now: the next one (`num_ps()`), or the last
+  /// one known when it has that address and is no member (a join tried again after a ps
+  /// was lost on the way).
+  [[nodiscard]] std::size_t join_index(const std::string& address) const {
+    if (unfinished_join_ && unfinished_join_->second == address) return unfinished_join_->first;
+    return client_.num_ps();
   }
 
   /// The ps tasks the job has known, members or not: the cluster spec's, and those that
@@ -321,6 +374,8 @@ class Chief {
 
   std::uint64_t seed_;
   Client<T> client_;
+  /// A join that added its ps task and was cut short by a lost ps: its index and address.
+  std::optional<std::pair<std::uint32_t, std::string>> unfinished_join_;
 };
 
 }  // namespace pulley

@@ -56,24 +56,26 @@ concept Transport = std::move_constructible<T> &&
 /// the membership that names one.
 ///
 /// Required, beyond Transport:
-///   - `t.add_ps(address)` → reaches one more ps task, task `num_ps()` before the call, at
-///     `address` (a std::string); throws, leaving the transport as it was, when it cannot
+///   - `t.add_ps(address, connect)` → reaches one more ps task, task `num_ps()` before the
+///     call, at `address` (a std::string): with `connect` it is reached now, and a failure
+///     throws, leaving the transport as it was; without, at its first call (a task the job
+///     has known, which may be gone since: its calls then fail as a lost ps's do)
 ///   - `ct.address(ps)` → std::string: ps task `ps`'s address as `add_ps` takes it
 template <class T>
 concept GrowingTransport = Transport<T> && requires(T& transport, const T& ctransport, const std::string& address,
                                                     std::size_t ps) {
-  transport.add_ps(address);
+  transport.add_ps(address, true);
   { ctransport.address(ps) } -> std::convertible_to<std::string>;
 };
 
-/// Makes `transport` reach every ps task of `ps_addresses` (by task index; empty: the ones
-/// it reaches already), adding those beyond its count. Throws kFailedPrecondition when the
-/// transport cannot grow (not a GrowingTransport), and what `add_ps` throws.
+/// Makes `transport` know every ps task of `ps_addresses` (by task index; empty: the ones
+/// it knows already), adding those beyond its count, each reached at its first call.
+/// Throws kFailedPrecondition when the transport cannot grow (not a GrowingTransport).
 template <Transport T>
 void reach_all(T& transport, std::span<const std::string> ps_addresses) {
   if (ps_addresses.size() <= transport.num_ps()) return;
   if constexpr (GrowingTransport<T>) {
-    while (transport.num_ps() < ps_addresses.size()) transport.add_ps(ps_addresses[transport.num_ps()]);
+    while (transport.num_ps() < ps_addresses.size()) transport.add_ps(ps_addresses[transport.num_ps()], false);
   } else {
     throw Error(ErrorCode::kFailedPrecondition,
                 "ps task " + std::to_string(transport.num_ps()) + " joined the job at " +

@@ -232,9 +232,10 @@ class Registration {
   [[nodiscard]] std::string check_members(const Register& r, const std::vector<std::uint32_t>& members) const {
     if (members.empty()) return "a job needs at least one ps task";
     if (!r.ps_addresses.empty()) {
-      if (r.ps_addresses.size() < num_ps_ || r.ps_addresses.size() > kMaxTasks) {
-        return "the registration names " + std::to_string(r.ps_addresses.size()) + " ps addresses: the cluster has " +
-               std::to_string(num_ps_) + " ps tasks, and a job at most " + std::to_string(kMaxTasks);
+      // A new ps's own cluster spec may list tasks beyond the job's: the chief's list rules.
+      if (r.ps_addresses.size() <= task_ || r.ps_addresses.size() > kMaxTasks) {
+        return "the registration names " + std::to_string(r.ps_addresses.size()) + " ps addresses: not this ps " +
+               std::to_string(task_) + ", or more than a job's " + std::to_string(kMaxTasks);
       }
       for (const std::string& address : r.ps_addresses) {
         if (address.empty() || address.size() > 255) return "a ps address of the registration is empty or too long";

@@ -263,7 +263,7 @@ class ChiefLoop {
     if (joins_ == nullptr) return;
     while (std::optional<JoinQueue::Asked> asked = joins_->take()) {
       const std::string who = "ps " + std::to_string(asked->task) + " at " + asked->address;
-      if (asked->task != chief_.num_ps()) {
+      if (asked->task != chief_.join_index(asked->address)) {
         log(LogLevel::kWarning, "chief: " + who + " cannot join: the next ps task is ps " +
                                     std::to_string(chief_.num_ps()));
         continue;
@@ -273,10 +273,13 @@ class ChiefLoop {
       try {
         (void)chief_.join(asked->address, id_sharding_);
       } catch (const Error& e) {
-        if (chief_.membership() != before) {  // registered at the new shape, not restored: roll back
-          throw Error(ErrorCode::kUnavailable, who + " was registered, and the restore after failed: " + e.message());
+        // A ps of the job lost on the way: it is rolled back, and the join tried after.
+        if (e.code() == ErrorCode::kUnavailable) {
+          if (chief_.membership() == before) joins_->put_back(std::move(*asked));
+          throw;
         }
-        log(LogLevel::kWarning, "chief: " + who + " cannot join: " + e.what() + "; the job goes on as it was");
+        log(LogLevel::kWarning, std::string("chief: ") + e.what());
+        joins_->expect(static_cast<std::uint32_t>(chief_.num_ps()));
         continue;
       }
       const auto paused = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - began);

@@ -52,6 +52,12 @@ class JoinQueue {
     return first;
   }
 
+  /// Puts `asked` back first in line (its join is tried again).
+  void put_back(Asked asked) {
+    std::scoped_lock lock(mutex_);
+    waiting_.push_front(std::move(asked));
+  }
+
   /// The task index the next ps to join must have (the ps tasks the job has known).
   void expect(std::uint32_t next) {
     std::scoped_lock lock(mutex_);

@@ -239,6 +239,10 @@ int run(const Job& job, const Training<M>& training, S sharding, O optimizer, P 
                     "takes its shard over, and the job keeps its ps tasks");
       }
     }
+    if (job.join && training.tcp.replicas != 0) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "--join and --ps-replicas 1 exclude each other: a new ps would change which ps keeps whose copy");
+    }
     // Every task, not only the ps tasks, refuses bad settings at once: nobody waits for a
     // ps that will not start.
     check_optimizer_settings(optimizer);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <memory>
 #include <chrono>
@@ -267,12 +268,12 @@ inline std::string chief_address(const ClusterSpec& cluster) {
 }
 
 /// Asks the chief at `chief` to take ps `task`, serving at `address`, into the running job
-/// (Join); tries again while the chief cannot be reached, for `patience`. Throws the
-/// chief's refusal, or kUnavailable.
+/// (Join); tries again while the chief cannot be reached, for `patience`, or until `stop`
+/// is set. Throws the chief's refusal, or kUnavailable.
 inline void ask_to_join(const std::string& chief, std::uint32_t task, const std::string& address,
-                        const TcpOptions& tcp, std::chrono::milliseconds patience) {
+                        const TcpOptions& tcp, std::chrono::milliseconds patience, const std::atomic<bool>& stop) {
   const auto deadline = std::chrono::steady_clock::now() + patience;
-  for (;;) {
+  while (!stop) {
     try {
       Tcp desk(Node::ps(task), std::vector<std::string>{chief}, tcp);
       CallGroup group;
@@ -284,7 +285,7 @@ inline void ask_to_join(const std::string& chief, std::uint32_t task, const std:
       return;
     } catch (const Error& e) {
       if (e.code() != ErrorCode::kUnavailable || std::chrono::steady_clock::now() > deadline) throw;
-      std::this_thread::sleep_for(std::chrono::seconds(1));
+      for (int i = 0; i < 10 && !stop; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
   }
 }
@@ -299,7 +300,7 @@ void with_join_desk(const std::string& address, TcpServerOptions options, Body&&
   try {
     const Address where = parse_address(address);
     options.tasks = {{Node::Role::kPs, 4096}};  // a new ps is beyond the cluster spec, by design
-    options.orphaned_after = std::chrono::milliseconds::max();
+    options.orphaned_after = std::chrono::hours(24 * 365);  // joiners come and go: it serves on
     desk.emplace(JoinDesk(queue), listen_host(where), where.port, options);
     log(LogLevel::kInfo, "chief: ps tasks may join job '" + options.credentials.job + "' at " + address +
                              " (--join --job-name " + options.credentials.job + ")");
@@ -344,18 +345,21 @@ void serve(const Training<M>& training, const TfConfig& config, const Credential
     log(LogLevel::kInfo, "ps " + std::to_string(task) + " serving " + holds + " on " + address.to_string() +
                              " (listening on " + bind + ":" + std::to_string(server.port()) + ")");
     std::thread asking;
+    std::atomic<bool> served{false};
     if (join) {
       asking = std::thread([&] {
         try {
           ask_to_join(chief_address(config.cluster), task, hosts.at(task), with(training.tcp, credentials),
-                      training.client.recovery_timeout);
+                      training.client.recovery_timeout, served);
         } catch (const Error& e) {
+          if (served) return;  // the job ended meanwhile
           refused.emplace(e);
           server.stop();
         }
       });
     }
     server.run();
+    served = true;
     if (asking.joinable()) asking.join();
     if (refused) throw Error(refused->code(), "ps " + std::to_string(task) + " could not join the job: " + refused->message());
     return std::pair{server.service().ended(), server.orphaned()};

@@ -558,8 +558,9 @@ class InProcess {
   [[nodiscard]] std::size_t num_ps() const noexcept { return sessions_.size(); }
 
   /// Reaches the next joinable ps task (task num_ps()); `address` names it in messages
-  /// only. Throws kFailedPrecondition when the network has no more.
-  void add_ps(const std::string& address) {
+  /// only, and `connect` changes nothing in-process. Throws kFailedPrecondition when the
+  /// network has no more.
+  void add_ps(const std::string& address, bool /*connect*/ = true) {
     if (sessions_.size() >= fabric_->num_ps()) {
       throw Error(ErrorCode::kFailedPrecondition, "ps at " + address + ": the in-process network has no joinable ps task left");
     }

@@ -111,10 +111,12 @@ class Tcp {
   }
 
   /// Reaches one more ps task, at `address`, as task num_ps() (a ps that joined the job:
-  /// Chief::join): connects to it as the constructor does, and throws as it does (the
-  /// transport is unchanged then); kFailedPrecondition when the ps tasks keep copies of
-  /// each other's shards (`TcpOptions::replicas`), whose pairs a new ps would change.
-  void add_ps(const std::string& address) { impl_->add_ps(parse_address(address)); }
+  /// Chief::join). With `connect`, connects to it now as the constructor does, and throws
+  /// as it does (the transport is unchanged then); else it connects at its first call, as
+  /// after a broken connection (a ps the job has known, which may be gone since).
+  /// kFailedPrecondition when the ps tasks keep copies of each other's shards
+  /// (`TcpOptions::replicas`), whose pairs a new ps would change.
+  void add_ps(const std::string& address, bool connect = true) { impl_->add_ps(parse_address(address), connect); }
 
   /// Ps task `ps`'s address, "host:port".
   [[nodiscard]] std::string address(std::size_t ps) const { return impl_->address(ps); }
@@ -273,7 +275,7 @@ class Tcp {
 
     [[nodiscard]] std::size_t num_ps() const noexcept { return shards_; }
 
-    void add_ps(Address where) {
+    void add_ps(Address where, bool connect_now) {
       if (options_.replicas != 0) {
         throw Error(ErrorCode::kFailedPrecondition,
                     "a ps cannot join a job whose ps tasks keep copies of each other's shards (--ps-replicas 1)");
@@ -281,7 +283,7 @@ class Tcp {
       const auto task = static_cast<std::uint32_t>(shards_);
       links_.push_back(std::make_unique<Link>(io_, std::move(where), options_.limits, task, wire::Hello::kOwnShard));
       try {
-        connect_with_backoff(*links_.back());
+        if (connect_now) connect_with_backoff(*links_.back());
       } catch (...) {
         retired_.push_back(std::move(links_.back()));  // its handlers may still run: kept alive
         links_.pop_back();
