@@ -5746,21 +5746,30 @@ class Chief {
       for (std::uint32_t ps = 0; ps <= task; ++ps) addresses.push_back(transport.address(ps));
       std::vector<std::uint32_t> members = before;
       members.push_back(task);
-      const ModelState cut = read_state(client_, 0, {}, true);  // the ps tasks stay paused
+      std::optional<ModelState> cut;
       try {
-        client_.change_members(std::move(members), client_.membership() + 1, addresses);
-      } catch (...) {
-        resume_all();
-        throw;
+        cut = read_state(client_, 0, {}, true);  // the ps tasks stay paused (resumed if it throws)
+      } catch (const Error& e) {
+        if (e.code() == ErrorCode::kUnavailable) throw;  // a ps of the job lost: tried again after
+        throw refuse(std::string("the cut failed: ") + e.message());
       }
       try {
-        restore_state(client_, cut, seed_, sharding);
+        client_.change_members(std::move(members), client_.membership() + 1, addresses);
       } catch (const Error& e) {
-        // The members before take the same cut back, at a newer membership: nothing is lost.
+        resume_all();
+        throw refuse(e.message());
+      }
+      try {
+        restore_state(client_, *cut, seed_, sharding);
+      } catch (const Error& e) {
+        // The members before take the same cut back, at a newer membership and epoch (what
+        // the first restore began is refused as late): nothing is lost.
         try {
+          client_.adopt_epoch(client_.epoch() + 1);
           client_.change_members(before, client_.membership() + 1, addresses);
-          restore_state(client_, cut, seed_, sharding);
+          restore_state(client_, *cut, seed_, sharding);
         } catch (const Error& again) {
+          (void)refuse(e.message());
           throw Error(ErrorCode::kUnavailable, who + " was registered, its restore failed (" + e.message() +
                                                    "), and so did restoring the ps tasks before: " + again.message());
         }

@@ -263,9 +263,9 @@ class ChiefLoop {
     if (joins_ == nullptr) return;
     while (std::optional<JoinQueue::Asked> asked = joins_->take()) {
       const std::string who = "ps " + std::to_string(asked->task) + " at " + asked->address;
-      if (asked->task != chief_.join_index(asked->address)) {
-        log(LogLevel::kWarning, "chief: " + who + " cannot join: the next ps task is ps " +
-                                    std::to_string(chief_.num_ps()));
+      const std::size_t index = chief_.join_index(asked->address);
+      if (asked->task != index) {
+        log(LogLevel::kWarning, "chief: " + who + " cannot join: the next ps task is ps " + std::to_string(index));
         continue;
       }
       const std::uint64_t before = chief_.membership();
@@ -273,18 +273,19 @@ class ChiefLoop {
       try {
         (void)chief_.join(asked->address, id_sharding_);
       } catch (const Error& e) {
-        // A ps of the job lost on the way: it is rolled back, and the join tried after.
+        joins_->expect(static_cast<std::uint32_t>(chief_.num_ps()));
+        // A ps of the job lost on the way: it is rolled back, and the join tried after
+        // (thrice at most), unless the new ps was registered and told to end already.
         if (e.code() == ErrorCode::kUnavailable) {
-          if (chief_.membership() == before) joins_->put_back(std::move(*asked));
+          if (chief_.membership() == before && ++asked->tries < 3) joins_->put_back(std::move(*asked));
           throw;
         }
         log(LogLevel::kWarning, std::string("chief: ") + e.what());
-        joins_->expect(static_cast<std::uint32_t>(chief_.num_ps()));
         continue;
       }
+      joins_->expect(static_cast<std::uint32_t>(chief_.num_ps()));
       const auto paused = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - began);
       note_restored(chief_.wait_for_step(0));  // the next checkpoint is a full one
-      joins_->expect(static_cast<std::uint32_t>(chief_.num_ps()));
       std::vector<std::uint64_t> bytes = bytes_per_ps(chief_.placement(), chief_.variables());
       bytes.resize(chief_.num_ps(), 0);
       const std::uint64_t most = *std::max_element(bytes.begin(), bytes.end());

@@ -23,6 +23,7 @@ class JoinQueue {
   struct Asked {
     std::uint32_t task = 0;  ///< its task index, as its handshake proved it
     std::string address;     ///< where it serves
+    int tries = 0;           ///< joins cut short by a lost ps so far
   };
 
   /// Queues `asked`, or leaves a task the job has known already alone (a joined ps started
