@@ -5327,6 +5327,7 @@ void restore_state(Client<T>& client, const ModelState& state, std::uint64_t tab
 #include <compare>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <optional>
 #include <span>
 #include <string>
@@ -5670,16 +5671,15 @@ class Chief {
   /// get ready again. Throws kInvalidArgument for a ps that is not a member, or when none
   /// would be left.
   void leave(std::span<const std::uint32_t> gone) {
-    std::vector<std::uint32_t> left;
-    for (const std::uint32_t ps : client_.members()) {
-      if (std::find(gone.begin(), gone.end(), ps) == gone.end()) left.push_back(ps);
-    }
+    const auto members = client_.members();
     for (const std::uint32_t ps : gone) {
-      const auto m = client_.members();
-      if (std::find(m.begin(), m.end(), ps) == m.end()) {
+      if (!std::binary_search(members.begin(), members.end(), ps)) {
         throw Error(ErrorCode::kInvalidArgument, "ps " + std::to_string(ps) + " is not a member of the job");
       }
     }
+    std::vector<std::uint32_t> left;
+    std::copy_if(members.begin(), members.end(), std::back_inserter(left),
+                 [&](std::uint32_t ps) { return std::find(gone.begin(), gone.end(), ps) == gone.end(); });
     if (left.empty()) throw Error(ErrorCode::kInvalidArgument, "a job cannot go on without any ps task");
     client_.change_members(std::move(left), client_.membership() + 1);
   }
@@ -5728,15 +5728,11 @@ class Chief {
       const std::string who = "ps " + std::to_string(task) + " at " + address;
       const auto refuse = [&](const std::string& why) {  // the new ps ends, saying why
         unfinished_join_.reset();
-        std::vector<PendingCall> calls;
-        calls.push_back(transport.call(task, Shutdown{true, who + " could not join the job: " + why}, {}));
-        if (!calls.front().wait_until(std::chrono::steady_clock::now() + std::chrono::seconds(2))) calls.front().cancel();
+        (void)ask_one(task, Shutdown{true, who + " could not join the job: " + why}, std::chrono::seconds(2));
         return Error(ErrorCode::kFailedPrecondition, who + " cannot join: " + why + "; the job goes on as it was");
       };
       {
-        PendingCall probe = transport.call(task, GetStats{}, {});
-        if (!probe.wait_until(std::chrono::steady_clock::now() + timeouts().request_timeout)) probe.cancel();
-        const Response answer = probe.ready() ? probe.take() : Response{ErrorReply{ErrorCode::kDeadlineExceeded, "no answer"}};
+        const Response answer = ask_one(task, GetStats{}, timeouts().request_timeout);
         const auto* stats = std::get_if<StatsReply>(&answer);
         if (const auto* error = std::get_if<ErrorReply>(&answer)) throw refuse("it answered: " + error->message);
         if (stats == nullptr) throw refuse("it answered GetStats with something else");
@@ -5805,6 +5801,15 @@ class Chief {
 
  private:
   [[nodiscard]] const ClientOptions& timeouts() const { return client_.options(); }
+
+  /// `request` to ps task `ps` alone, its answer awaited until `timeout` passes (then the
+  /// call is given up, and the answer is kDeadlineExceeded).
+  Response ask_one(std::uint32_t ps, Request request, std::chrono::milliseconds timeout) {
+    PendingCall call = client_.transport().call(ps, std::move(request), {});
+    if (call.wait_until(std::chrono::steady_clock::now() + timeout)) return call.take();
+    call.cancel();
+    return ErrorReply{ErrorCode::kDeadlineExceeded, "no answer within " + std::to_string(timeout.count()) + " ms"};
+  }
 
   /// Every variable filled by its initializer, from the job's seed.
   std::vector<std::vector<float>> initial_values(std::span<const VariableSpec> variables) const {
