@@ -367,7 +367,7 @@ int main(int argc, char** argv) {
       (void)data.test();
     }
     const auto workers = static_cast<int>(job.num_workers());
-    if (o.mode == "sync") return train(job, o, data, pulley::SyncReplicas(workers, workers), workers);
+    if (o.mode == "sync") return train(job, o, data, pulley::SyncReplicas(pulley::SyncReplicas::kEveryWorker, workers), workers);
     return train(job, o, data, pulley::Async{}, 1);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ctr: %s\n", e.what());

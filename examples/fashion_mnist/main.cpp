@@ -243,8 +243,11 @@ int train_with(const pulley::Job& job, const Options& o, const Data& data, Optim
   if (o.mode == "ssp") {  // a global step is every worker's next batch
     return train(job, o, data, optimizer, pulley::BoundedStaleness(o.staleness, workers), workers);
   }
+  // Without --replicas-to-aggregate, R = N: one batch of every worker, however many join
+  // or leave the running job.
   const int r = o.replicas_to_aggregate > 0 ? o.replicas_to_aggregate : workers;
-  return train(job, o, data, optimizer, pulley::SyncReplicas(r, workers), r);
+  const int asked = o.replicas_to_aggregate > 0 ? r : pulley::SyncReplicas::kEveryWorker;
+  return train(job, o, data, optimizer, pulley::SyncReplicas(asked, workers), r);
 }
 
 }  // namespace

@@ -112,7 +112,7 @@ int main(int argc, char** argv) {
   const pulley::Sgd sgd{0.1F};
   if (mode == "async") return pulley::run(job, training, pulley::RoundRobin{}, sgd, pulley::Async{});
   if (mode == "sync") {
-    return pulley::run(job, training, pulley::RoundRobin{}, sgd, pulley::SyncReplicas(workers, workers));
+    return pulley::run(job, training, pulley::RoundRobin{}, sgd, pulley::SyncReplicas(pulley::SyncReplicas::kEveryWorker, workers));
   }
   return pulley::run(job, training, pulley::RoundRobin{}, sgd, pulley::BoundedStaleness(2, workers));
 }

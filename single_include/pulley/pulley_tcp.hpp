@@ -2183,8 +2183,10 @@ struct RowRequest {
 // ---- begin pulley/core/node.hpp ----
 
 #include <compare>
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <span>
 #include <string>
 
 namespace pulley {
@@ -2255,6 +2257,13 @@ class RoleSet {
   }
   std::uint8_t bits_ = 0;
 };
+
+/// Task indices (the job's ps tasks, or its workers) as log lines name them: "{0, 2}".
+[[nodiscard]] inline std::string describe_members(std::span<const std::uint32_t> members) {
+  std::string text = "{";
+  for (std::size_t i = 0; i < members.size(); ++i) text += (i == 0 ? "" : ", ") + std::to_string(members[i]);
+  return text + "}";
+}
 
 }  // namespace pulley
 // ---- end pulley/core/node.hpp ----
@@ -2649,10 +2658,13 @@ struct Restore {
   /// True: the tables are emptied, and their rows follow in RestoreRows; the ps is not
   /// ready (WaitReady waits, pulls are refused) until the one with `done`.
   bool tables_follow = false;
+  /// The job's workers (ChangeWorkers), counted by the restored pacer; empty: the cluster
+  /// spec's, or as the ps has them.
+  std::vector<std::uint32_t> workers = {};
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(epoch, pacer, parts, tables_follow);
+    archive(epoch, pacer, parts, tables_follow, workers);
   }
 };
 
@@ -2717,17 +2729,22 @@ struct RestoreRows {
   }
 };
 
-/// A new ps task → the chief (its JoinDesk, runner/join_desk.hpp; never a ps): this ps,
-/// started beyond the job's ps tasks, serves at `address` and asks to take a share of the
-/// model. The task index is the one its handshake proved; it must be the next one (the
-/// count of ps tasks the job has known; a lower one, a joined ps started again, is
-/// answered and left alone: the chief takes it back by a rollback, as any ps started
-/// again). Answered with an Ack once the chief has queued it: the chief takes it in at its
-/// next evaluation or checkpoint (Chief::join), which registers the model on it.
+/// A new task → the chief (its JoinDesk, runner/join_desk.hpp; never a ps). The task index
+/// is the one its handshake proved.
+///   - A ps, started beyond the job's ps tasks, serves at `address` and asks to take a
+///     share of the model. Its index must be the next one (the count of ps tasks the job
+///     has known; a lower one, a joined ps started again, is answered and left alone: the
+///     chief takes it back by a rollback, as any ps started again). Answered with an Ack
+///     once the chief has queued it: the chief takes it in at its next evaluation or
+///     checkpoint (Chief::join), which registers the model on it.
+///   - A worker (no address) asks to train with the job: an index that is not one of the
+///     job's workers (the next one, or one that left). Answered kUnavailable while it waits
+///     (ask again), a JoinReply once the chief counted it in (Chief::change_workers, at its
+///     next evaluation or checkpoint): the ps tasks then let it connect.
 struct Join {
   static constexpr std::string_view kName = "Join";
-  static constexpr RoleSet kSenders{Node::Role::kPs};
-  std::string address;  ///< host:port where the new ps serves
+  static constexpr RoleSet kSenders{Node::Role::kPs, Node::Role::kWorker};
+  std::string address;  ///< host:port where the new ps serves (a ps's Join)
 
   template <class Archive>
   void serialize(Archive& archive) {
@@ -2735,10 +2752,31 @@ struct Join {
   }
 };
 
+/// Chief → every ps, paused (Pause): the job's workers are `workers` (task indices,
+/// ascending) from global step `from_step` on: workers joined, or left for good. Each ps
+/// counts them (SyncPolicy::reshape) the moment its global step reaches `from_step`, and
+/// lets a new worker connect at once (its requests wait until then). The chief picks a step beyond every ps's while they are
+/// paused; a ps already there refuses it (kFailedPrecondition). A later ChangeWorkers
+/// replaces one still waiting for its step; one with no workers takes back the one of
+/// `from_step` (another ps refused it). Under SyncReplicas every ps counts them at the
+/// same step boundary (a push of that step needs a pull of it, which waits until the ps
+/// is there); see BoundedStaleness for how its clocks take a change.
+struct ChangeWorkers {
+  static constexpr std::string_view kName = "ChangeWorkers";
+  static constexpr RoleSet kSenders{Node::Role::kChief};
+  std::vector<std::uint32_t> workers;
+  std::int64_t from_step = 0;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(workers, from_step);
+  }
+};
+
 /// Everything a ps task (or the chief's JoinDesk: Join) is asked.
 using Request = std::variant<Register, Initialize, WaitReady, TakeToken, Pull, Push, GetStats,
                              Shutdown, Pause, ReadState, Resume, Restore, Heartbeat, PullRows,
-                             ReadRows, RestoreRows, Join>;
+                             ReadRows, RestoreRows, Join, ChangeWorkers>;
 
 // ---- responses --------------------------------------------------------------------------
 
@@ -2834,6 +2872,20 @@ struct PushReply {
   }
 };
 
+/// The chief's answer to a worker's Join once it counted the worker in: the job's
+/// schedule as the chief runs it, which the new worker follows rather than what its own
+/// flags give (they may derive it from another count of workers).
+struct JoinReply {
+  static constexpr std::string_view kName = "JoinReply";
+  std::int64_t last_step = 0;            ///< training ends at this global step
+  std::vector<std::uint32_t> workers;    ///< the job's workers now, ascending
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(last_step, workers);
+  }
+};
+
 /// Counters of one ps task.
 struct Stats {
   std::int64_t global_step = 0;              ///< steps completed (sync) or pushes applied (async)
@@ -2894,10 +2946,12 @@ struct StatsReply {
   std::uint64_t membership = 0;
   /// Every ps task's address, once one joined beyond the cluster spec (Register::ps_addresses).
   std::vector<std::string> ps_addresses = {};
+  /// The job's workers, ascending, once they changed (ChangeWorkers); empty: the spec's.
+  std::vector<std::uint32_t> workers = {};
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(stats, waiting_for, lost, chief_lost, ready, epoch, members, membership, ps_addresses);
+    archive(stats, waiting_for, lost, chief_lost, ready, epoch, members, membership, ps_addresses, workers);
   }
 };
 
@@ -2953,7 +3007,7 @@ struct RowsChunk {
 
 /// Everything a ps task answers.
 using Response = std::variant<Ack, ErrorReply, PlacementReply, TokenReply, PullReply, PushReply,
-                              StatsReply, PauseReply, StateReply, RowsReply, RowsChunk>;
+                              StatsReply, PauseReply, StateReply, RowsReply, RowsChunk, JoinReply>;
 
 // ---- what follows from the declarations ---------------------------------------------------
 
@@ -3709,6 +3763,11 @@ struct ClientOptions {
   /// checkpoint: ChiefLoop). 0: never; the job waits for it as long as `recovery_timeout`.
   /// Below `recovery_timeout`, so that the other tasks still wait when it happens.
   std::chrono::milliseconds ps_leave_after{0};
+  /// The chief: a worker the ps tasks hold lost for this long (its heartbeats stopped)
+  /// leaves the job for good: the sync policies stop counting it (Chief::change_workers),
+  /// and a restarted process in its place asks to join again. 0: never; the job goes on
+  /// without it as a lost worker, and takes it back when it returns.
+  std::chrono::milliseconds worker_leave_after{0};
   /// Workers run by the role runner: how often they tell every ps they are alive
   /// (HeartbeatSender). Keep it well below the ps tasks' worker timeout.
   std::chrono::milliseconds heartbeat_interval{std::chrono::seconds(1)};
@@ -4140,13 +4199,6 @@ struct PartMove {
   return moves;
 }
 
-/// The ps tasks `members` as log lines name them: "{0, 2}".
-[[nodiscard]] inline std::string describe_members(std::span<const std::uint32_t> members) {
-  std::string text = "{";
-  for (std::size_t i = 0; i < members.size(); ++i) text += (i == 0 ? "" : ", ") + std::to_string(members[i]);
-  return text + "}";
-}
-
 /// Checks a member list: not empty, ascending, no task twice.
 inline void check_members(std::span<const std::uint32_t> members) {
   if (members.empty()) throw Error(ErrorCode::kInvalidArgument, "a job needs at least one ps task");
@@ -4372,6 +4424,14 @@ class Client {
 
   /// Every ps task's address, once a ps joined beyond the cluster spec (empty before).
   [[nodiscard]] const std::vector<std::string>& ps_addresses() const noexcept { return ps_addresses_; }
+
+  /// The job's workers, ascending, once workers joined or left (ChangeWorkers), as last
+  /// learned (StatsReply::workers) or set; empty while they are the cluster spec's.
+  [[nodiscard]] std::span<const std::uint32_t> workers() const noexcept { return workers_; }
+  /// Takes `workers` as the job's (an empty list leaves them as they are).
+  void set_workers(std::vector<std::uint32_t> workers) {
+    if (!workers.empty()) workers_ = std::move(workers);
+  }
 
   /// Waits until every member ps is initialized and learns the placement; with `tables`,
   /// checks that the ps tasks hold exactly those embedding tables. The members are asked
@@ -4786,6 +4846,7 @@ class Client {
   std::vector<std::uint32_t> members_;  ///< the job's ps tasks, ascending, as last learned
   std::uint64_t membership_ = 0;        ///< their version
   std::vector<std::string> ps_addresses_;  ///< every ps task's, once one joined (else empty)
+  std::vector<std::uint32_t> workers_;     ///< the job's workers, once they changed (else empty)
   std::vector<std::string> slot_names_;     ///< the optimizer's slots, as the ps tasks name them
   std::vector<std::string> counter_names_;  ///< the optimizer's counters
   Placement placement_;
@@ -5263,7 +5324,8 @@ void restore_state(Client<T>& client, const ModelState& state, std::uint64_t tab
   const Placement& placement = client.placement();
   const std::vector<std::string>& slot_names = client.slot_names();
   const std::vector<std::string>& counter_names = client.counter_names();
-  std::vector<Restore> messages(client.num_ps(), Restore{epoch, state.pacer, {}, !state.tables.empty()});
+  const std::vector<std::uint32_t> workers(client.workers().begin(), client.workers().end());
+  std::vector<Restore> messages(client.num_ps(), Restore{epoch, state.pacer, {}, !state.tables.empty(), workers});
   bool whole = true;
   for (const Part& part : placement.parts) {
     const VariableState& v = state.variables[part.variable];
@@ -5635,6 +5697,7 @@ class Chief {
       (void)client_.learn_membership();  // a ps its predecessor let go is not waited for
       const auto replies = client_.template broadcast<StatsReply>([](std::size_t) { return GetStats{}; },
                                                                   timeouts().request_timeout, "look at the ps tasks");
+      for (const StatsReply& r : replies) client_.set_workers(r.workers);  // as its predecessor left them
       return std::all_of(replies.begin(), replies.end(), [&](const StatsReply& r) {
         return r.ready && r.epoch == replies.front().epoch;
       });
@@ -5775,6 +5838,87 @@ class Chief {
       return task;
     }
   }
+
+  /// The job's workers are `workers` (task indices, ascending, not empty) from the next
+  /// global step on: workers joined (a worker started beyond the cluster spec's asks the
+  /// chief, runner/join_desk.hpp) or left for good. Every member ps is paused at once (no
+  /// step completes meanwhile), the step after the furthest one's is chosen, and each ps
+  /// is told (ChangeWorkers) and resumed: each counts the new workers from that step on
+  /// (SyncPolicy::reshape; under SyncReplicas every ps at the same step boundary), and lets
+  /// a new worker connect at once. Nothing is read or moved: training stands still for a few
+  /// round trips. Restores from then on (a rollback, a ps joining) carry the workers.
+  /// Returns the step they count from.
+  ///
+  /// Throws, the ps tasks counting the workers as before: kInvalidArgument for an empty or
+  /// unordered set; the refusal of a ps that cannot (kFailedPrecondition: its sync policy
+  /// has no SyncPolicy::reshape), the others taking the change back. Throws kUnavailable
+  /// when a ps was lost on the way, or one that took the change cannot be told to take it
+  /// back: it may then count the new workers from that step alone, until the next change
+  /// (the ChiefLoop tries again) or a restore (which carries the workers) sets them all.
+  std::int64_t change_workers(std::vector<std::uint32_t> workers) {
+    if (workers.empty() || std::adjacent_find(workers.begin(), workers.end(), std::greater_equal<>()) != workers.end()) {
+      throw Error(ErrorCode::kInvalidArgument, "the job's workers must be ascending task indices, at least one");
+    }
+    const std::span<const std::uint32_t> members = client_.members();
+    std::int64_t furthest = 0;
+    try {
+      const auto paused = client_.template broadcast<PauseReply>([](std::size_t) { return Pause{0}; },
+                                                                 timeouts().request_timeout, "pause the ps tasks");
+      for (const PauseReply& p : paused) furthest = std::max(furthest, p.global_step);
+      const std::int64_t from = furthest + 1;
+      std::vector<std::uint32_t> took;  // each ps asked alone: every answer is looked at
+      std::optional<Error> refused;
+      for (const std::uint32_t ps : members) {
+        const Response answer = ask_one(ps, ChangeWorkers{workers, from}, timeouts().request_timeout);
+        if (std::holds_alternative<Ack>(answer)) {
+          took.push_back(ps);
+          continue;
+        }
+        const auto* error = std::get_if<ErrorReply>(&answer);
+        refused.emplace(error != nullptr ? error->code : ErrorCode::kInternal,
+                        "ps " + std::to_string(ps) + " cannot count the workers " + describe_members(workers) + ": " +
+                            (error != nullptr ? error->message : std::string("it answered something else")));
+        break;
+      }
+      if (refused) {  // those that took it take it back, before anyone trains on
+        for (const std::uint32_t ps : took) {
+          if (!std::holds_alternative<Ack>(ask_one(ps, ChangeWorkers{{}, from}, timeouts().request_timeout))) {
+            throw Error(ErrorCode::kUnavailable, std::string(refused->message()) + "; and ps " + std::to_string(ps) +
+                                                     ", which took the change, could not be told to take it back");
+          }
+        }
+        throw *refused;
+      }
+      client_.template broadcast<Ack>([](std::size_t) { return Resume{}; }, timeouts().request_timeout,
+                                      "resume the ps tasks");
+      client_.set_workers(std::move(workers));
+      return from;
+    } catch (const Error&) {
+      resume_all();  // a ps that is gone resumes when the chief's link closes
+      throw;
+    }
+  }
+
+  /// The workers some member ps holds lost now (their heartbeats stopped), ascending.
+  [[nodiscard]] std::vector<std::uint32_t> lost_workers() {
+    std::vector<std::uint32_t> lost;
+    for (const StatsReply& r : client_.template broadcast<StatsReply>([](std::size_t) { return GetStats{}; },
+                                                                     timeouts().request_timeout, "look at the ps tasks")) {
+      lost.insert(lost.end(), r.lost.begin(), r.lost.end());
+    }
+    std::sort(lost.begin(), lost.end());
+    lost.erase(std::unique(lost.begin(), lost.end()), lost.end());
+    return lost;
+  }
+
+  /// Takes `workers` (ascending) as the job's, before this chief hears the ps tasks (the
+  /// cluster spec's): restores carry them, and the ps tasks' own word replaces them
+  /// (`ps_serving`). An empty list changes nothing.
+  void set_workers(std::vector<std::uint32_t> workers) { client_.set_workers(std::move(workers)); }
+
+  /// The job's workers, once they changed (change_workers, or as the ps tasks said when
+  /// this chief took over); empty while they are the cluster spec's.
+  [[nodiscard]] std::span<const std::uint32_t> workers() const noexcept { return client_.workers(); }
 
   /// The task index a `join(address)` takes now: the next one (`num_ps()`), or the last
   /// one known when it has that address and is no member (a join tried again after a ps
@@ -6021,6 +6165,13 @@ class HeartbeatSender {
     return lost_;
   }
 
+  /// The job's workers as the ps tasks last said, once workers joined or left, ascending;
+  /// empty while they are the cluster spec's.
+  [[nodiscard]] std::vector<std::uint32_t> workers() const {
+    std::scoped_lock lock(mutex_);
+    return workers_;
+  }
+
   /// What the ps tasks answered the last beats with, and when the last answered beat was
   /// sent (one moment: both are read together).
   [[nodiscard]] HeartbeatReplies heard() const {
@@ -6043,8 +6194,9 @@ class HeartbeatSender {
       std::set<std::uint32_t> lost;
       bool chief_lost = false;
       std::vector<std::optional<Stats>> stats;
+      std::vector<std::uint32_t> workers;
       const auto sent = std::chrono::steady_clock::now();
-      const bool heard = send_all(leaving, lost, chief_lost, stats);
+      const bool heard = send_all(leaving, lost, chief_lost, stats, workers);
       lock.lock();
       if (heard) heard_at_ = sent;
       stats_.resize(std::max(stats_.size(), stats.size()));
@@ -6054,6 +6206,7 @@ class HeartbeatSender {
       }
       if (heard) {
         lost_.assign(lost.begin(), lost.end());
+        if (!workers.empty()) workers_ = std::move(workers);
         ++beats_;
         if (chief_lost != chief_lost_ && !leaving) {
           log(chief_lost ? LogLevel::kWarning : LogLevel::kInfo,
@@ -6071,7 +6224,7 @@ class HeartbeatSender {
   /// One Heartbeat to every ps, answered within an interval or given up; true if any
   /// answered. A ps that is down, or refuses, is simply not heard this time.
   bool send_all(bool leaving, std::set<std::uint32_t>& lost, bool& chief_lost,
-                std::vector<std::optional<Stats>>& counters) noexcept {
+                std::vector<std::optional<Stats>>& counters, std::vector<std::uint32_t>& workers) noexcept {
     try {
       std::vector<std::optional<PendingCall>> calls(transport_.num_ps());
       for (std::size_t ps = 0; ps < transport_.num_ps(); ++ps) {
@@ -6093,6 +6246,7 @@ class HeartbeatSender {
           counters[ps] = stats->stats;
           lost.insert(stats->lost.begin(), stats->lost.end());
           chief_lost = chief_lost || stats->chief_lost;
+          if (workers.empty()) workers = stats->workers;  // the first member's word
           if (!stats->members.empty() && stats->membership > membership_) {
             reach_all(transport_, stats->ps_addresses);  // a ps that joined (throws: next beat)
             members_ = stats->members;  // beaten from the next beat on
@@ -6121,6 +6275,7 @@ class HeartbeatSender {
   std::condition_variable wake_;
   bool stopping_ = false;
   std::vector<std::uint32_t> lost_;
+  std::vector<std::uint32_t> workers_;  ///< the job's workers, once they changed
   bool chief_lost_ = false;
   std::uint64_t beats_ = 0;
   std::vector<std::optional<Stats>> stats_;
@@ -7043,6 +7198,7 @@ concept RowAggregation = std::copy_constructible<A> && std::movable<typename A::
 // ---- begin pulley/concepts/service.hpp ----
 
 #include <concepts>
+#include <span>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -7102,6 +7258,9 @@ struct RequestContext {
 ///   - `s.max_request_payload()` → std::uint64_t: the most tensor bytes a request can
 ///     legitimately carry now (a ParameterServer: the bytes of the parts it holds). A
 ///     transport refuses a frame that claims more before it receives any of it.
+///   - `s.workers()` → `std::span<const std::uint32_t>`: the job's workers now, ascending,
+///     once workers joined or left (ChangeWorkers); empty while they are the cluster
+///     spec's. A transport that checks who connects lets a worker in only if it is one.
 ///
 /// Semantic contract:
 ///   - the transport calls `handle` (and `disconnected`) for one request at a time (never
@@ -7139,6 +7298,16 @@ bool holds_copy(const S& service, std::uint32_t shard) noexcept {
     return service.holds_copy(shard);
   } else {
     return false;
+  }
+}
+
+/// The job's workers as `service` has them (`workers`), or none (the cluster spec's).
+template <Service S>
+std::span<const std::uint32_t> job_workers(const S& service) noexcept {
+  if constexpr (requires { { service.workers() } -> std::convertible_to<std::span<const std::uint32_t>>; }) {
+    return service.workers();
+  } else {
+    return {};
   }
 }
 
@@ -7219,6 +7388,14 @@ enum class Verdict : std::uint8_t {
 ///     policy waits for it.
 ///   - `p.awaited(pacer)` → `std::vector<std::uint32_t>`: the workers the next step waits
 ///     for; the ps quotes each with how long ago it last heard it.
+///   - `p.reshape(pacer, workers)` → void: the job's workers are now `workers` (task
+///     indices, ascending, not empty; workers joined or left for good): count them from the
+///     step in progress on. The ps calls it the moment its global step reaches the step the
+///     chief chose (ChangeWorkers), before it hands out a token of that step (under
+///     SyncReplicas every ps is then at the same boundary, the step untouched), and after a
+///     `load` when the job's workers are not the cluster spec's. A worker outside them is
+///     not waited for; its token requests may wait and its pushes be stale. A throw (`pulley::Error`) refuses the change and leaves the
+///     pacer as it was. Without it, no worker can join or leave the job for good.
 ///   - `p.follow(pacer, local_step, refill)` → void, noexcept: called before `on_push` with
 ///     what the token the push was made for said (`Token::refill`, which the pacing ps's
 ///     policy sets): every ps follows the pacing ps's word on the push's step.
@@ -7327,6 +7504,13 @@ void worker_back(const P& policy, typename P::Pacer& pacer, std::uint32_t worker
     policy.on_worker_back(pacer, worker);
   }
 }
+
+/// True if the policy can count workers that join or leave (`reshape`).
+template <SyncPolicy P>
+inline constexpr bool kReshapes = requires(const P& policy, typename P::Pacer& pacer,
+                                           std::span<const std::uint32_t> workers) {
+  policy.reshape(pacer, workers);
+};
 
 /// Tells the policy what the pacing ps said about the push's step (`follow`, if it has one).
 template <SyncPolicy P>
@@ -8605,6 +8789,13 @@ class Liveness {
     }
   }
 
+  /// True if `worker` was heard (lost or not); `any`: if any worker was.
+  [[nodiscard]] bool known(std::uint32_t worker) const { return workers_.contains(worker); }
+  [[nodiscard]] bool any() const noexcept { return !workers_.empty(); }
+
+  /// `worker` left the job for good: forgotten, lost or not.
+  void forget(std::uint32_t worker) { workers_.erase(worker); }
+
   /// Holds the chief lost if it was silent for the timeout at `now`, calling
   /// `on_chief_lost(last_heard)` right after marking it.
   template <class OnChiefLost>
@@ -8787,6 +8978,17 @@ class Pacing {
     return true;
   }
 
+  /// `worker` left the job: its waiting token requests are answered `refusal`, and the
+  /// tokens it took and did not push for go back.
+  void refuse(std::uint32_t worker, const ErrorReply& refusal) {
+    std::erase_if(waiters_, [&](TokenWaiter& w) {
+      if (w.worker != worker) return false;
+      respond(w.reply, ErrorReply{refusal});
+      return true;
+    });
+    leave(worker);
+  }
+
   /// `worker` ends normally: the tokens it took and did not push for go back.
   void leave(std::uint32_t worker) {
     leases_.erase(worker);
@@ -8803,6 +9005,19 @@ class Pacing {
 
   /// A lost `worker` is back: it counts again from the step in progress.
   void back(std::uint32_t worker) { worker_back(sync_, pacer_, worker); }
+
+  /// Counts the job's workers `workers` from the step in progress on (SyncPolicy::reshape);
+  /// a `pulley::Error` refuses the change and leaves the pacer as it was.
+  void reshape(std::span<const std::uint32_t> workers) { reshape(pacer_, workers); }
+  /// The same on `pacer` (one loaded aside).
+  void reshape(typename P::Pacer& pacer, std::span<const std::uint32_t> workers) const {
+    if constexpr (kReshapes<P>) {
+      sync_.reshape(pacer, workers);
+    } else {
+      throw Error(ErrorCode::kFailedPrecondition,
+                  "the sync policy cannot count workers that join or leave (it has no SyncPolicy::reshape)");
+    }
+  }
 
   /// Token requests waiting for a token.
   [[nodiscard]] std::size_t waiting() const noexcept { return waiters_.size(); }
@@ -11102,6 +11317,13 @@ class ParameterServer {
     }
   }
 
+  /// The job's workers as the chief last set them (ChangeWorkers, Restore::workers),
+  /// ascending; empty while they are the cluster spec's. A transport lets a worker connect
+  /// if it is one of them (a worker joining is, from the moment the chief counted it in).
+  [[nodiscard]] std::span<const std::uint32_t> workers() const noexcept {
+    return next_workers_ ? std::span<const std::uint32_t>(next_workers_->workers) : std::span<const std::uint32_t>(workers_);
+  }
+
   /// The most tensor bytes a request can carry now: a push or an initialization has one
   /// value per element held here, a restore one more per optimizer slot, a push its rows
   /// (0 before registration: nothing can carry a tensor yet).
@@ -11288,14 +11510,17 @@ class ParameterServer {
         refused(reply, registration_.check_epoch(r.epoch, "token request"))) {
       return;
     }
+    if (!counted(r.worker)) return reject(reply, ErrorCode::kPermissionDenied, left_message(r.worker));
     revive(r.worker);  // before its heartbeat, maybe: it starts from the step in progress
     pacing_.wait_for_token(r.worker, context.session, reply);
     hand_out_tokens();
   }
 
-  /// Asks the sync policy again for every waiting token request. A refusal answers that
-  /// request; any other throw fails the ps (the policy may have changed its pacer half way).
+  /// Asks the sync policy again for every waiting token request (once the workers the
+  /// chief set are counted, if their step came). A refusal answers that request; any other
+  /// throw fails the ps (the policy may have changed its pacer half way).
   void hand_out_tokens() {
+    count_next_workers();
     const bool changing = std::exchange(changing_, true);
     pacing_.hand_out([this](Responder& reply, ErrorCode code, const std::string& message) {
       reject(reply, code, message);
@@ -11422,6 +11647,92 @@ class ParameterServer {
     changing_ = false;
   }
 
+  // ---- ChangeWorkers: pacing.hpp -----------------------------------------------------------
+
+  void on(ChangeWorkers& r, const RequestContext& context, Responder& reply) {
+    if (!is_ready(reply, "change the workers")) return;
+    if (!cut_.paused_by(context.session)) {
+      return reject(reply, ErrorCode::kFailedPrecondition, "ChangeWorkers without Pause (of this connection)");
+    }
+    if (r.workers.empty()) {  // the chief takes back the change of that step (another ps refused it)
+      if (next_workers_ && next_workers_->from_step == r.from_step) next_workers_.reset();
+      return respond(reply, Ack{});
+    }
+    if (const std::string why = check_workers(r.workers); !why.empty()) {
+      return reject(reply, ErrorCode::kInvalidArgument, "ChangeWorkers: " + why);
+    }
+    if constexpr (!kReshapes<P>) {
+      return reject(reply, ErrorCode::kFailedPrecondition,
+                    name_ + ": its sync policy cannot count workers that join or leave (no SyncPolicy::reshape)");
+    }
+    if (r.from_step <= pacing_.global_step()) {
+      return reject(reply, ErrorCode::kFailedPrecondition,
+                    name_ + " is at global step " + std::to_string(pacing_.global_step()) +
+                        " already: the workers change at a step to come, not " + std::to_string(r.from_step));
+    }
+    next_workers_ = NextWorkers{std::move(r.workers), r.from_step};
+    respond(reply, Ack{});
+  }
+
+  /// True unless `worker` left the job: one of the job's workers now, or from the step the
+  /// chief set (a worker joining waits for it), or any while they are the cluster spec's
+  /// (the transport checked who connects).
+  [[nodiscard]] bool counted(std::uint32_t worker) const {
+    if (workers_.empty() || std::binary_search(workers_.begin(), workers_.end(), worker)) return true;
+    return next_workers_ && std::binary_search(next_workers_->workers.begin(), next_workers_->workers.end(), worker);
+  }
+
+  /// Why `workers` cannot be the job's workers, or "".
+  static std::string check_workers(std::span<const std::uint32_t> workers) {
+    if (workers.empty()) return "a job has one worker at least";
+    if (workers.size() > kMaxWorkerSet) return "more than " + std::to_string(kMaxWorkerSet) + " workers";
+    if (std::adjacent_find(workers.begin(), workers.end(), std::greater_equal<>()) != workers.end()) {
+      return "the workers must be ascending task indices";
+    }
+    if (workers.back() >= kMaxWorkers) return "worker index " + std::to_string(workers.back()) + " is too large";
+    return {};
+  }
+
+  /// Counts the workers the chief set (ChangeWorkers) once this ps reached their step.
+  /// Under SyncReplicas that is the boundary of that step on every ps: a push of the step
+  /// needs a pull of it, which waits until this ps is there (BoundedStaleness's slowest
+  /// clock may reach it on one ps before another, see there). A new worker is heard now
+  /// (where workers send heartbeats), so that one that never comes is held lost after the
+  /// worker timeout; those gone are forgotten, and their waiting token requests refused. A throw from the policy fails the ps (it
+  /// would disagree with the others).
+  void count_next_workers() {
+    if (!next_workers_ || pacing_.global_step() < next_workers_->from_step) return;
+    NextWorkers next = std::move(*next_workers_);
+    next_workers_.reset();
+    const std::vector<std::uint32_t> before = workers_;
+    changing_ = true;
+    pacing_.reshape(next.workers);
+    workers_ = std::move(next.workers);
+    const auto in = [](const std::vector<std::uint32_t>& set, std::uint32_t w) {
+      return std::binary_search(set.begin(), set.end(), w);
+    };
+    for (const std::uint32_t w : before) {
+      if (in(workers_, w)) continue;
+      liveness_.forget(w);
+      pacing_.refuse(w, ErrorReply{ErrorCode::kPermissionDenied, left_message(w)});
+    }
+    for (const std::uint32_t w : workers_) {
+      if ((!before.empty() && in(before, w)) || liveness_.known(w)) continue;
+      // Where workers beat their hearts, a new one is held lost if it never comes.
+      if (liveness_.any()) liveness_.heard(w, Clock::now());
+      pacing_.back(w);  // one that left lost and is counted again is not lost
+    }
+    changing_ = false;
+    log(LogLevel::kInfo, name_ + ": the job's workers are " + describe_members(workers_) + " from global step " +
+                             std::to_string(pacing_.global_step()) + " on");
+  }
+
+  /// What a worker the job no longer counts is told.
+  [[nodiscard]] std::string left_message(std::uint32_t worker) const {
+    return Node::worker(worker).name() + " is not one of the job's workers " + describe_members(workers_) +
+           " now: the chief took it out of the job; started with --join, it trains again";
+  }
+
   // ---- Pause / ReadState / Resume: checkpoint_cut.hpp --------------------------------------
 
   void on(Pause& r, const RequestContext& context, Responder& reply) {
@@ -11496,6 +11807,15 @@ class ParameterServer {
     std::vector<const PartState*> by_part;
     if (refused(reply, shard_.check_restore(r.parts, by_part))) return;
     typename P::Pacer pacer = pacing_.load(r.pacer);  // a pulley::Error refuses it
+    if (!r.workers.empty()) {
+      if (const std::string why = check_workers(r.workers); !why.empty()) {
+        return reject(reply, ErrorCode::kInvalidArgument, "Restore: " + why);
+      }
+    }
+    std::vector<std::uint32_t>& counting = r.workers.empty() ? workers_ : r.workers;
+    if (!counting.empty()) pacing_.reshape(pacer, counting);  // a pulley::Error refuses it
+    if (&counting != &workers_) workers_ = std::move(counting);
+    next_workers_.reset();  // the chief's Restore says the workers as they are now
     changing_ = true;
     // Served before (ready, or placed anew for another membership): a rollback.
     const std::int64_t step_before = registration_.ready() || replaced_ ? pacing_.global_step() : -1;
@@ -11591,7 +11911,7 @@ class ParameterServer {
 
   void on(Join&, const RequestContext&, Responder& reply) {
     reject(reply, ErrorCode::kInvalidArgument,
-           name_ + " is a ps task: a new ps asks the chief to join (the chief's address, --join)");
+           name_ + " is a ps task: a new ps or worker asks the chief to join (the chief's address, --join)");
   }
 
   void on(GetStats&, const RequestContext&, Responder& reply) {
@@ -11677,7 +11997,8 @@ class ParameterServer {
                       registration_.epoch(),
                       shard_.assigned() ? registration_.members() : std::vector<std::uint32_t>{},
                       registration_.membership(),
-                      registration_.ps_addresses()};
+                      registration_.ps_addresses(),
+                      std::vector<std::uint32_t>(workers().begin(), workers().end())};
   }
 
   /// The sync policy's wait in words, with how long ago each awaited worker was heard:
@@ -11705,6 +12026,14 @@ class ParameterServer {
 
   /// Worker indices a ps keeps counts for.
   static constexpr std::uint32_t kMaxWorkers = std::uint32_t{1} << 20U;
+  /// Workers a job has at most at once (ChangeWorkers).
+  static constexpr std::size_t kMaxWorkerSet = std::size_t{1} << 16U;
+
+  /// Workers the chief set, counted from a step to come.
+  struct NextWorkers {
+    std::vector<std::uint32_t> workers;
+    std::int64_t from_step = 0;
+  };
 
   /// A row pull waiting for its step.
   struct RowPull {
@@ -11729,6 +12058,8 @@ class ParameterServer {
   std::uint64_t rows_cut_session_ = 0;   ///< the chief's connection reading the cut's rows
   std::int64_t cut_forget_before_ = -1;  ///< and evictions forgotten before
   Liveness liveness_;
+  std::vector<std::uint32_t> workers_;         ///< the job's workers once changed (empty: the spec's)
+  std::optional<NextWorkers> next_workers_;  ///< ChangeWorkers waiting for its step
   std::chrono::milliseconds chief_wait_{std::chrono::minutes(5)};  ///< see set_chief_wait
   StepGate<Pull> pulls_;         ///< pulls waiting for their step
   StepGate<RowPull> row_pulls_;  ///< row pulls waiting for their step
@@ -11803,6 +12134,8 @@ class ShardCopies {
     own_.disconnected(node, session);
     copy_.disconnected(node, session);
   }
+  /// The job's workers, as ps k's own copy has them (both take every ChangeWorkers).
+  [[nodiscard]] std::span<const std::uint32_t> workers() const noexcept { return own_.workers(); }
   [[nodiscard]] std::uint64_t max_request_payload() const noexcept {
     return std::max(own_.max_request_payload(), copy_.max_request_payload());
   }
@@ -11992,6 +12325,8 @@ struct Async {
     }
     pacer.pushes = state[0];
   }
+  /// Async counts no workers: any number may join or leave.
+  void reshape(Pacer& /*pacer*/, std::span<const std::uint32_t> /*workers*/) const noexcept {}
   /// Async never waits.
   [[nodiscard]] std::string waiting_for(const Pacer& /*pacer*/) const { return "nothing (async)"; }
 };
@@ -12029,6 +12364,15 @@ namespace pulley {
 /// stopped, parameter_server.hpp): the slowest clock is then taken over the others. A
 /// lost worker that comes back starts at the slowest clock (its clocks in between are
 /// skipped; what it pushes for them is stale), so the global step never goes back.
+///
+/// Workers that join or leave the job (`reshape`): a worker that joins starts at the
+/// slowest clock (on each ps, its first push there sets its clock), one that left no
+/// longer holds anyone back (what it still pushes is stale). Each ps counts the change
+/// when its own slowest clock reaches the step the chief chose, so a ps behind the pacing
+/// one by a clock or two drops a new worker's first pushes as stale until it gets there.
+/// Batches are then numbered clock × N + rank among the workers, N their count: while the
+/// fastest run ahead of the change, up to s clocks' batches may be read twice or not at
+/// all.
 class BoundedStaleness {
  public:
   /// A staleness bound that never binds.
@@ -12060,6 +12404,11 @@ class BoundedStaleness {
     std::vector<std::int64_t> clocks;  ///< by worker: steps pushed
     std::int64_t slowest = 0;          ///< the lowest clock of a worker not lost: the global step
     std::vector<char> lost;            ///< by worker: held lost by the ps
+    /// The job's workers, ascending, once they changed (`reshape`); empty: 0 .. N-1.
+    std::vector<std::uint32_t> workers;
+    /// By worker: counted in by `reshape` and not heard since: its first push sets its
+    /// clock (the pacing ps may have counted it in a few clocks earlier than this one).
+    std::vector<char> joined;
   };
 
   /// An accumulator for n-element gradients.
@@ -12074,7 +12423,7 @@ class BoundedStaleness {
   /// Every worker at clock 0.
   [[nodiscard]] Pacer make_pacer() const {
     const auto n = static_cast<std::size_t>(total_num_replicas_);
-    return {std::vector<std::int64_t>(n, 0), 0, std::vector<char>(n, 0)};
+    return {std::vector<std::int64_t>(n, 0), 0, std::vector<char>(n, 0), {}, std::vector<char>(n, 0)};
   }
 
   /// A push for the worker's clock moves it on and is applied at once. A push for a clock
@@ -12082,7 +12431,12 @@ class BoundedStaleness {
   /// twice. Refused (Error) for a worker out of range or a clock the worker cannot have had
   /// a token of.
   Verdict on_push(Pacer& pacer, std::uint32_t worker, std::int64_t local_step) const {
+    if (!pacer.workers.empty() && !member(pacer, worker)) return Verdict::kStale;  // it left, or is not counted yet
     std::int64_t& clock = clock_of(pacer, worker);
+    if (worker < pacer.joined.size() && pacer.joined[worker] != 0 && local_step >= clock) {
+      clock = local_step;  // a worker counted in: its first push here says where it is
+      pacer.joined[worker] = 0;
+    }
     if (local_step < 0 || local_step > clock) {
       throw Error(ErrorCode::kInvalidArgument,
                   "worker " + std::to_string(worker) + " pushed for clock " +
@@ -12112,7 +12466,7 @@ class BoundedStaleness {
   [[nodiscard]] std::vector<std::uint32_t> awaited(const Pacer& pacer) const {
     std::vector<std::uint32_t> workers;
     for (std::uint32_t w = 0; w < pacer.clocks.size(); ++w) {
-      if (pacer.lost[w] == 0 && pacer.clocks[w] == pacer.slowest) workers.push_back(w);
+      if (counts(pacer, w) && pacer.clocks[w] == pacer.slowest) workers.push_back(w);
     }
     return workers;
   }
@@ -12121,17 +12475,59 @@ class BoundedStaleness {
   [[nodiscard]] std::int64_t global_step(const Pacer& pacer) const { return pacer.slowest; }
 
   /// The token of the worker's next clock c, once c is at most s ahead of the slowest; it
-  /// reads step c - s, and batch c × N + worker (each worker its own share of every clock).
-  /// Asking again before pushing gives the same token.
+  /// reads step c - s, and batch c × N + its rank among the workers (each worker its own
+  /// share of every clock). Asking again before pushing gives the same token. A worker
+  /// outside the job's waits (it is let in at the next step, or it left).
   std::optional<Token> take_token(Pacer& pacer, std::uint32_t worker) const {
+    if (!member(pacer, worker)) return std::nullopt;
     const std::int64_t clock = clock_of(pacer, worker);
     if (clock - pacer.slowest > staleness_) return std::nullopt;
-    const auto workers = static_cast<std::int64_t>(pacer.clocks.size());
-    return Token{clock, read_step(clock), read_step(clock + 1), true, clock * workers + worker};
+    std::int64_t workers = total_num_replicas_;
+    std::int64_t rank = worker;
+    if (!pacer.workers.empty()) {
+      workers = static_cast<std::int64_t>(pacer.workers.size());
+      rank = std::lower_bound(pacer.workers.begin(), pacer.workers.end(), worker) - pacer.workers.begin();
+    }
+    return Token{clock, read_step(clock), read_step(clock + 1), true, clock * workers + rank};
   }
 
-  /// Every worker's clock.
-  [[nodiscard]] std::vector<std::int64_t> save(const Pacer& pacer) const { return pacer.clocks; }
+  /// The job's workers are `workers` (task indices, ascending, not empty): one that joins
+  /// starts at the slowest clock, one that left no longer counts. Throws kInvalidArgument
+  /// for an empty or unordered set (the pacer is then as it was).
+  void reshape(Pacer& pacer, std::span<const std::uint32_t> workers) const {
+    if (workers.empty() || std::adjacent_find(workers.begin(), workers.end(), std::greater_equal<>()) != workers.end()) {
+      throw Error(ErrorCode::kInvalidArgument, "BoundedStaleness: the workers must be ascending task indices, at least one");
+    }
+    std::vector<std::uint32_t> set(workers.begin(), workers.end());
+    const std::size_t size = std::max<std::size_t>(pacer.clocks.size(), set.back() + std::size_t{1});
+    pacer.clocks.reserve(size);
+    pacer.lost.reserve(size);
+    pacer.joined.reserve(size);
+    pacer.joined.resize(pacer.clocks.size(), 0);
+    for (const std::uint32_t w : set) {  // nothing throws from here on
+      if (w >= pacer.clocks.size()) {
+        pacer.clocks.resize(w + std::size_t{1}, pacer.slowest);
+        pacer.lost.resize(w + std::size_t{1}, 0);
+        pacer.joined.resize(w + std::size_t{1}, 0);
+        pacer.joined[w] = 1;
+      } else if (!member(pacer, w)) {
+        pacer.clocks[w] = std::max(pacer.clocks[w], pacer.slowest);
+        pacer.joined[w] = 1;
+      }
+    }
+    pacer.workers = std::move(set);
+    update_slowest(pacer);
+  }
+
+  /// Every worker's clock; one that left the job at the slowest (a resumed job does not
+  /// wait for it).
+  [[nodiscard]] std::vector<std::int64_t> save(const Pacer& pacer) const {
+    std::vector<std::int64_t> clocks = pacer.clocks;
+    for (std::uint32_t w = 0; w < clocks.size(); ++w) {
+      if (!member(pacer, w)) clocks[w] = std::max(clocks[w], pacer.slowest);
+    }
+    return clocks;
+  }
 
   /// Goes on from the saved clocks. A job resumed with more workers starts the new ones at
   /// the slowest clock saved; with fewer, the clocks of the workers gone are dropped.
@@ -12143,6 +12539,7 @@ class BoundedStaleness {
     std::vector<std::int64_t> clocks(static_cast<std::size_t>(total_num_replicas_), slowest);
     std::copy_n(state.begin(), std::min(state.size(), clocks.size()), clocks.begin());
     pacer.lost.assign(clocks.size(), 0);  // who is lost is the ps's to say, not the checkpoint's
+    pacer.joined.assign(clocks.size(), 0);
     pacer.clocks = std::move(clocks);
     pacer.slowest = 0;
     update_slowest(pacer);
@@ -12151,8 +12548,8 @@ class BoundedStaleness {
   /// "the slowest: worker 2 at clock 5 (fastest: 8, staleness 3)"
   [[nodiscard]] std::string waiting_for(const Pacer& pacer) const {
     std::string slowest;
-    for (std::size_t w = 0; w < pacer.clocks.size(); ++w) {
-      if (pacer.clocks[w] != pacer.slowest || pacer.lost[w] != 0) continue;
+    for (std::uint32_t w = 0; w < pacer.clocks.size(); ++w) {
+      if (pacer.clocks[w] != pacer.slowest || !counts(pacer, w)) continue;
       slowest += (slowest.empty() ? "worker " : ", worker ") + std::to_string(w);
     }
     return "the slowest: " + slowest + " at clock " + std::to_string(pacer.slowest) +
@@ -12164,14 +12561,24 @@ class BoundedStaleness {
  private:
   /// The lowest clock of the workers not lost; it never goes back (nor moves while every
   /// worker is lost).
-  static void update_slowest(Pacer& pacer) {
+  void update_slowest(Pacer& pacer) const {
     std::int64_t slowest = std::numeric_limits<std::int64_t>::max();
-    for (std::size_t w = 0; w < pacer.clocks.size(); ++w) {
-      if (pacer.lost[w] == 0) slowest = std::min(slowest, pacer.clocks[w]);
+    for (std::uint32_t w = 0; w < pacer.clocks.size(); ++w) {
+      if (counts(pacer, w)) slowest = std::min(slowest, pacer.clocks[w]);
     }
     if (slowest != std::numeric_limits<std::int64_t>::max()) {
       pacer.slowest = std::max(pacer.slowest, slowest);
     }
+  }
+
+  /// True if `worker` is one of the job's workers.
+  [[nodiscard]] bool member(const Pacer& pacer, std::uint32_t worker) const noexcept {
+    if (pacer.workers.empty()) return worker < static_cast<std::uint32_t>(total_num_replicas_);
+    return std::binary_search(pacer.workers.begin(), pacer.workers.end(), worker);
+  }
+  /// True if `worker` holds the others back: one of the job's, and not lost.
+  [[nodiscard]] bool counts(const Pacer& pacer, std::uint32_t worker) const noexcept {
+    return worker < pacer.lost.size() && pacer.lost[worker] == 0 && member(pacer, worker);
   }
 
   [[nodiscard]] std::int64_t read_step(std::int64_t clock) const {
@@ -12256,25 +12663,41 @@ namespace pulley {
 /// lost worker whose heartbeats come back counts again from the step in progress (and
 /// takes its own token from the next); what it pushes for a step that completed without
 /// it is stale and dropped.
+///
+/// Workers that join or leave the job (`reshape`, at a step boundary every ps reaches
+/// alike): the workers are then a set of task indices, N its size, and "its own token" is
+/// a worker's rank in it. From that step on a step has max(R, N) tokens (R = N when made
+/// with `kEveryWorker`), numbered after the batches of the steps before, so the data goes
+/// on where it was and the epoch's remaining batches are shared among the new workers. A
+/// worker outside the set waits for a token (it is let in at the next step, or it left)
+/// and what it pushes is stale.
 class SyncReplicas {
  public:
-  /// @param replicas_to_aggregate R, gradients averaged into one update (≥ 1)
-  /// @param total_num_replicas    N, the number of workers (≥ 1)
+  /// Pass as replicas_to_aggregate: R = N, and R follows N when workers join or leave.
+  static constexpr int kEveryWorker = 0;
+
+  /// @param replicas_to_aggregate R, gradients averaged into one update (≥ 1), or
+  ///                              kEveryWorker: one of every worker's, however many
+  /// @param total_num_replicas    N, the number of workers (≥ 1), task indices 0 .. N-1
   SyncReplicas(int replicas_to_aggregate, int total_num_replicas)
-      : replicas_to_aggregate_(replicas_to_aggregate), total_num_replicas_(total_num_replicas) {
-    if (replicas_to_aggregate < 1 || total_num_replicas < 1) {
+      : every_worker_(replicas_to_aggregate == kEveryWorker),
+        replicas_to_aggregate_(every_worker_ ? total_num_replicas : replicas_to_aggregate),
+        total_num_replicas_(total_num_replicas) {
+    if (replicas_to_aggregate_ < 1 || total_num_replicas < 1) {
       throw Error(ErrorCode::kInvalidArgument,
-                  "SyncReplicas needs replicas_to_aggregate >= 1 and total_num_replicas >= 1, "
+                  "SyncReplicas needs replicas_to_aggregate >= 1 (or kEveryWorker) and total_num_replicas >= 1, "
                   "got " +
                       std::to_string(replicas_to_aggregate) + " and " +
                       std::to_string(total_num_replicas));
     }
   }
 
-  /// R: gradients averaged into one update.
+  /// R: gradients averaged into one update (N at the start, with kEveryWorker).
   [[nodiscard]] int replicas_to_aggregate() const noexcept { return replicas_to_aggregate_; }
-  /// N: the number of workers.
+  /// N: the number of workers at the start.
   [[nodiscard]] int total_num_replicas() const noexcept { return total_num_replicas_; }
+  /// True if R follows N (kEveryWorker).
+  [[nodiscard]] bool every_worker() const noexcept { return every_worker_; }
 
   /// Running sum of the current step's fresh gradients of one part.
   struct Accumulator {
@@ -12294,6 +12717,10 @@ class SyncReplicas {
     std::set<std::uint32_t> pushed;               ///< workers with a fresh push of `step`
     std::set<std::uint32_t> lost;                 ///< workers the ps holds lost
     bool refill = false;  ///< `step` began short of workers: the live ones take the lost ones' tokens
+    /// The job's workers, ascending, once they changed (`reshape`); empty: 0 .. N-1.
+    std::vector<std::uint32_t> workers;
+    std::int64_t base_step = 0;   ///< the step the workers last changed at
+    std::int64_t base_batch = 0;  ///< the batch of token 0 of `base_step`
   };
 
   /// An empty accumulator for n-element gradients.
@@ -12328,9 +12755,10 @@ class SyncReplicas {
     return pacer;
   }
 
-  /// Stale if tagged before the current step; the R-th fresh push completes the step.
+  /// Stale if tagged before the current step, or pushed by a worker outside the job's; the
+  /// R-th fresh push completes the step.
   Verdict on_push(Pacer& pacer, std::uint32_t worker, std::int64_t local_step) const {
-    if (local_step < pacer.step) return Verdict::kStale;
+    if (local_step < pacer.step || !member(pacer, worker)) return Verdict::kStale;
     pacer.pushed.insert(worker);  // first: an insertion that throws leaves the pacer as it was
     if (const auto held = pacer.held.find(worker); held != pacer.held.end()) {
       if (held->second.size() <= 1) {
@@ -12358,7 +12786,7 @@ class SyncReplicas {
   /// before the step's first fresh push, the step in progress takes its word, so that every
   /// ps needs what the tokens bring (this ps's own lost workers may differ for a heartbeat).
   void follow(Pacer& pacer, std::int64_t local_step, bool refill) const noexcept {
-    if (local_step == pacer.step && pacer.fresh == 0) pacer.refill = refill && one_each();
+    if (local_step == pacer.step && pacer.fresh == 0) pacer.refill = refill && one_each(pacer);
   }
 
   /// Waits for `worker` again, from the step in progress.
@@ -12368,23 +12796,55 @@ class SyncReplicas {
   /// each owes one gradient; with R > N any of them may bring the rest).
   [[nodiscard]] std::vector<std::uint32_t> awaited(const Pacer& pacer) const {
     std::vector<std::uint32_t> workers;
-    for (std::uint32_t w = 0; w < static_cast<std::uint32_t>(total_num_replicas_); ++w) {
+    for_each_worker(pacer, [&](std::uint32_t w) {
       if (!pacer.pushed.contains(w) && !pacer.lost.contains(w)) workers.push_back(w);
-    }
+    });
     return workers;
   }
 
-  /// The global step: a checkpoint's cut has no step half aggregated (what was is redone).
-  [[nodiscard]] std::vector<std::int64_t> save(const Pacer& pacer) const { return {pacer.step}; }
+  /// The global step, and the number of its first batch where the workers' changes moved
+  /// it from step × max(R, N): a checkpoint's cut has no step half aggregated (what was is
+  /// redone). The workers are the job's to say, not the checkpoint's (`reshape` after
+  /// `load`).
+  [[nodiscard]] std::vector<std::int64_t> save(const Pacer& pacer) const {
+    const std::int64_t batch = first_batch(pacer);
+    if (batch == pacer.step * std::max(replicas_to_aggregate_, total_num_replicas_)) return {pacer.step};
+    return {pacer.step, batch};
+  }
 
-  /// Starts at the saved global step with all its tokens.
+  /// Starts at the saved global step with all its tokens, numbered from the saved batch
+  /// (a state of the global step alone: from step × max(R, N)).
   void load(Pacer& pacer, std::span<const std::int64_t> state) const {
-    if (state.size() != 1 || state[0] < 0) {
+    if (state.empty() || state.size() > 2 || state[0] < 0 || (state.size() == 2 && state[1] < 0)) {
       throw Error(ErrorCode::kInvalidArgument, "SyncReplicas cannot load a pacer of another policy");
     }
     Pacer fresh = make_pacer();
     fresh.step = state[0];
+    fresh.base_step = state[0];
+    fresh.base_batch = state.size() == 2 ? state[1] : state[0] * tokens_per_step(fresh);
     pacer = std::move(fresh);
+  }
+
+  /// The job's workers are `workers` (task indices, ascending, not empty) from the step in
+  /// progress on, which must have had no push and no token taken. Its tokens are made
+  /// again, max(R, N) of them, numbered on from the batch its first token had; R follows
+  /// when made with kEveryWorker. Throws kInvalidArgument for an empty or unordered set,
+  /// kFailedPrecondition in the middle of a step; the pacer is then as it was.
+  void reshape(Pacer& pacer, std::span<const std::uint32_t> workers) const {
+    if (workers.empty() || std::adjacent_find(workers.begin(), workers.end(), std::greater_equal<>()) != workers.end()) {
+      throw Error(ErrorCode::kInvalidArgument, "SyncReplicas: the workers must be ascending task indices, at least one");
+    }
+    if (pacer.fresh != 0 || !pacer.taken.empty() || !pacer.pushed.empty()) {
+      throw Error(ErrorCode::kFailedPrecondition, "SyncReplicas: the workers change between steps only");
+    }
+    const std::int64_t batch = first_batch(pacer);
+    std::vector<std::uint32_t> set(workers.begin(), workers.end());
+    pacer.free.reserve(std::max<std::size_t>(set.size(), static_cast<std::size_t>(replicas_to_aggregate_)));
+    pacer.workers = std::move(set);
+    pacer.base_step = pacer.step;
+    pacer.base_batch = batch;
+    --pacer.step;  // the step begins again, with the new workers' tokens
+    next_step(pacer);
   }
 
   /// Gives back the tokens of the current step `worker` took and did not push for, with
@@ -12419,14 +12879,15 @@ class SyncReplicas {
   /// when R <= N, one per step, and in a refill step one more at a time while more tokens
   /// are left than live workers still to take their first.
   std::optional<Token> take_token(Pacer& pacer, std::uint32_t worker) const {
-    if (pacer.free.empty()) return std::nullopt;
-    if (one_each() && (pacer.taken.contains(worker) || pacer.pushed.contains(worker))) {
+    if (pacer.free.empty() || !member(pacer, worker)) return std::nullopt;
+    const bool each = one_each(pacer);
+    if (each && (pacer.taken.contains(worker) || pacer.pushed.contains(worker))) {
       const auto held = pacer.held.find(worker);
       if (!pacer.refill || (held != pacer.held.end() && !held->second.empty())) return std::nullopt;
       std::size_t owed = 0;  // live workers that have not taken their token of the step
-      for (std::uint32_t w = 0; w < static_cast<std::uint32_t>(total_num_replicas_); ++w) {
+      for_each_worker(pacer, [&](std::uint32_t w) {
         if (!pacer.lost.contains(w) && !pacer.taken.contains(w) && !pacer.pushed.contains(w)) ++owed;
-      }
+      });
       if (pacer.free.size() <= owed) return std::nullopt;
     }
     // Allocations first (an entry in `held` left empty by a throw is as good as none).
@@ -12434,9 +12895,10 @@ class SyncReplicas {
     held.reserve(held.size() + 1);
     ++pacer.taken[worker];
     auto number = pacer.free.begin();
-    if (one_each()) {  // its own first, so that the numbers do not hang on the order
-      const auto own = std::lower_bound(pacer.free.begin(), pacer.free.end(), worker);
-      if (own != pacer.free.end() && *own == worker) number = own;
+    if (each) {  // its own first, so that the numbers do not hang on the order
+      const std::uint32_t rank = rank_of(pacer, worker);
+      const auto own = std::lower_bound(pacer.free.begin(), pacer.free.end(), rank);
+      if (own != pacer.free.end() && *own == rank) number = own;
     }
     held.push_back(*number);
     pacer.free.erase(number);
@@ -12448,32 +12910,66 @@ class SyncReplicas {
   [[nodiscard]] std::string waiting_for(const Pacer& pacer) const {
     return "step " + std::to_string(pacer.step) + ": " + std::to_string(pacer.fresh) + " of " +
            std::to_string(required(pacer)) + " gradients in, " +
-           std::to_string(pacer.free.size()) + " of " + std::to_string(tokens_per_step()) +
+           std::to_string(pacer.free.size()) + " of " + std::to_string(tokens_per_step(pacer)) +
            " tokens left" + (pacer.refill ? " (live workers take the lost ones' tokens)" : "");
   }
 
  private:
+  /// N: the job's workers now.
+  [[nodiscard]] int workers(const Pacer& pacer) const noexcept {
+    return pacer.workers.empty() ? total_num_replicas_ : static_cast<int>(pacer.workers.size());
+  }
+  /// R now: N with kEveryWorker.
+  [[nodiscard]] int replicas(const Pacer& pacer) const noexcept {
+    return every_worker_ ? workers(pacer) : replicas_to_aggregate_;
+  }
+  /// True if `worker` is one of the job's workers.
+  [[nodiscard]] bool member(const Pacer& pacer, std::uint32_t worker) const noexcept {
+    if (pacer.workers.empty()) return worker < static_cast<std::uint32_t>(total_num_replicas_);
+    return std::binary_search(pacer.workers.begin(), pacer.workers.end(), worker);
+  }
+  /// A member's rank among the job's workers (its own token's number).
+  [[nodiscard]] static std::uint32_t rank_of(const Pacer& pacer, std::uint32_t worker) noexcept {
+    if (pacer.workers.empty()) return worker;
+    return static_cast<std::uint32_t>(std::lower_bound(pacer.workers.begin(), pacer.workers.end(), worker) -
+                                      pacer.workers.begin());
+  }
+  /// Calls `f(w)` for each of the job's workers, ascending.
+  template <class F>
+  void for_each_worker(const Pacer& pacer, F&& f) const {
+    if (!pacer.workers.empty()) {
+      for (const std::uint32_t w : pacer.workers) f(w);
+      return;
+    }
+    for (std::uint32_t w = 0; w < static_cast<std::uint32_t>(total_num_replicas_); ++w) f(w);
+  }
+
   /// One token per worker per step (R <= N), refill steps aside.
-  [[nodiscard]] bool one_each() const noexcept { return replicas_to_aggregate_ <= total_num_replicas_; }
+  [[nodiscard]] bool one_each(const Pacer& pacer) const noexcept { return replicas(pacer) <= workers(pacer); }
+
+  /// The batch of token 0 of the step in progress.
+  [[nodiscard]] std::int64_t first_batch(const Pacer& pacer) const {
+    return pacer.base_batch + (pacer.step - pacer.base_step) * tokens_per_step(pacer);
+  }
 
   /// Token number `number` of the step in progress. With one token per step (and not a
   /// refill step) the worker's next token is of the next global step, so its push can
   /// bring that step's parameters back; otherwise its next token may be of this step.
   [[nodiscard]] Token token(const Pacer& pacer, std::uint32_t number) const {
-    const bool next = one_each() && !pacer.refill;
+    const bool next = one_each(pacer) && !pacer.refill;
     return Token{pacer.step, pacer.step, next ? pacer.step + 1 : pacer.step, true,
-                 pacer.step * tokens_per_step() + number, pacer.refill};
+                 first_batch(pacer) + number, pacer.refill};
   }
 
   /// Fresh gradients the step in progress needs: R in a refill step (or with R > N), else
   /// R less the lost workers that owe one.
   [[nodiscard]] int required(const Pacer& pacer) const {
-    if (!one_each() || pacer.refill) return replicas_to_aggregate_;
+    if (!one_each(pacer) || pacer.refill) return replicas(pacer);
     int owing = 0;
     for (const std::uint32_t w : pacer.lost) {
-      if (w < static_cast<std::uint32_t>(total_num_replicas_) && !pacer.pushed.contains(w)) ++owing;
+      if (member(pacer, w) && !pacer.pushed.contains(w)) ++owing;
     }
-    return std::max(1, std::min(replicas_to_aggregate_, total_num_replicas_ - owing));
+    return std::max(1, std::min(replicas(pacer), workers(pacer) - owing));
   }
 
   /// Moves on to the next step, withdrawing the old step's untaken tokens; it is a refill
@@ -12481,21 +12977,22 @@ class SyncReplicas {
   void next_step(Pacer& pacer) const {
     ++pacer.step;
     pacer.fresh = 0;
-    pacer.free.resize(static_cast<std::size_t>(tokens_per_step()));  // capacity stays: no throw after the first
+    pacer.free.resize(static_cast<std::size_t>(tokens_per_step(pacer)));  // capacity stays: no throw after the first
     for (std::size_t k = 0; k < pacer.free.size(); ++k) pacer.free[k] = static_cast<std::uint32_t>(k);
     pacer.taken.clear();
     pacer.held.clear();
     pacer.pushed.clear();
     const auto lost = static_cast<int>(std::count_if(pacer.lost.begin(), pacer.lost.end(), [&](std::uint32_t w) {
-      return w < static_cast<std::uint32_t>(total_num_replicas_);
+      return member(pacer, w);
     }));
-    pacer.refill = one_each() && lost > 0 && total_num_replicas_ - lost < replicas_to_aggregate_;
+    pacer.refill = one_each(pacer) && lost > 0 && workers(pacer) - lost < replicas(pacer);
   }
 
-  [[nodiscard]] std::int64_t tokens_per_step() const {
-    return std::max(replicas_to_aggregate_, total_num_replicas_);
+  [[nodiscard]] std::int64_t tokens_per_step(const Pacer& pacer) const {
+    return std::max(replicas(pacer), workers(pacer));
   }
 
+  bool every_worker_;
   int replicas_to_aggregate_;
   int total_num_replicas_;
 };
@@ -13203,7 +13700,7 @@ static_assert(std::endian::native == std::endian::little,
 namespace pulley::wire {
 
 inline constexpr std::uint32_t kMagic = 0x594C4C50;    ///< "PLLY" in a little-endian dump
-inline constexpr std::uint16_t kVersion = 17;          ///< bumped on any incompatible change
+inline constexpr std::uint16_t kVersion = 18;          ///< bumped on any incompatible change
 inline constexpr std::uint16_t kResponseKind = 0x100;  ///< response kinds start here
 inline constexpr std::uint16_t kHandshakeKind = 0x200;  ///< handshake kinds start here
 inline constexpr std::size_t kHandshakeKinds = 4;       ///< Challenge, Hello, Welcome, Refusal
@@ -16061,6 +16558,11 @@ class TcpServer {
   /// (`TcpServerOptions::tasks`), or "".
   [[nodiscard]] std::string outside_job(const Node& peer) const {
     if (options_.tasks.empty()) return {};
+    if (const auto workers = job_workers(service_); peer.role == Node::Role::kWorker && !workers.empty()) {
+      if (std::binary_search(workers.begin(), workers.end(), peer.index)) return {};
+      return peer.name() + " is not a worker of this job now (its workers are " + describe_members(workers) +
+             "; a new worker asks the chief to join: --join)";
+    }
     const auto it = options_.tasks.find(peer.role);
     const std::uint32_t count = it == options_.tasks.end() ? 0 : it->second;
     if (peer.index < count) return {};

@@ -35,9 +35,11 @@ expect "must be below the recovery timeout" --ps-leave-secs 300
 expect "--ps-leave-secs and --ps-replicas 1 exclude each other" \
   --ps-leave-secs 3 --ps-replicas 1
 expect "not in range" --ps-leave-secs -1
-expect "--join is for a ps task of a cluster of processes" --join
-PULLEY_SECRET=a-secret-for-this-test expect "--join is for a ps task" \
-  --join --role worker --task 0 --ps-hosts 127.0.0.1:1 --worker-hosts 127.0.0.1:2
+expect "--join is for a ps task or a worker of a cluster of processes" --join
+PULLEY_SECRET=a-secret-for-this-test expect "--join needs the running job's name" \
+  --join --role worker --task 1 --ps-hosts 127.0.0.1:1 --worker-hosts 127.0.0.1:2,127.0.0.1:3
+PULLEY_SECRET=a-secret-for-this-test expect "--worker-leave-secs and --ps-replicas 1 exclude each other" \
+  --worker-leave-secs 5 --ps-replicas 1 --role ps --task 1 --ps-hosts 127.0.0.1:1,127.0.0.1:3 --worker-hosts 127.0.0.1:2
 PULLEY_SECRET=a-secret-for-this-test expect "--join needs the running job's name" \
   --join --role ps --task 1 --ps-hosts 127.0.0.1:1,127.0.0.1:3 --worker-hosts 127.0.0.1:2
 PULLEY_SECRET=a-secret-for-this-test expect "--join and --ps-replicas 1 exclude each other" \

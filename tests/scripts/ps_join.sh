@@ -56,8 +56,8 @@ finish_job "fashion_mnist undisturbed" 240
 plain=$(crc_of "$work/plain/chief-0.log")
 [ -n "$plain" ] || fail "the undisturbed job printed no final line"
 start_job "$work/mnist" "$binary" 2 2 "${flags[@]}"
-grep -q "ps tasks may join job 'ps-join-test'" "$work/mnist/chief-0.log" 2>/dev/null ||
-  wait_for "$work/mnist/chief-0.log" "ps tasks may join job" 30 || fail "the chief does not take joins"
+grep -q "may join job 'ps-join-test'" "$work/mnist/chief-0.log" 2>/dev/null ||
+  wait_for "$work/mnist/chief-0.log" "may join job" 30 || fail "the chief does not take joins"
 join_ps_after "$work/mnist" '^epoch  3/10' 180 "${flags[@]}"
 wait_for "$work/mnist/chief-0.log" 'joined the job' 60 || fail "the chief did not take ps 2 in"
 finish_job "fashion_mnist 2 ps -> 3" 240

@@ -5,6 +5,7 @@
 // were, and nothing trained is lost (a sync R = N job ends bit for bit where the job
 // without the new ps ends); workers that knew fewer ps tasks follow; what cannot join is
 // refused with the job left as it was; and what the chief's JoinDesk and a ps refuse.
+// Workers that join or leave: every ps counts them from the step the chief chose.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -247,7 +248,7 @@ std::string refusal(const Response& r) {
 TEST_CASE("the chief's JoinDesk queues the next ps task once, leaves a known one alone, and refuses the rest") {
   auto queue = std::make_shared<JoinQueue>();
   JoinDesk desk(queue);
-  CHECK(refusal(ask_desk(desk, Join{"h:1"}, Node::worker(0))).find("only a ps task") != std::string::npos);
+  CHECK(refusal(ask_desk(desk, Join{"h:1"}, Node::evaluator())).find("only a ps task or a worker") != std::string::npos);
   CHECK(refusal(ask_desk(desk, GetStats{}, Node::ps(2))).find("Join requests") != std::string::npos);
   CHECK(refusal(ask_desk(desk, Join{""}, Node::ps(2))).find("names its address") != std::string::npos);
   queue->expect(2);
@@ -285,4 +286,208 @@ TEST_CASE("a ps refuses a registration whose ps addresses do not fit the cluster
   const PlacementReply& reply = std::get<PlacementReply>(placed);
   CHECK(reply.ps_addresses == std::vector<std::string>{"a:1", "b:1", "c:1"});
   CHECK(reply.placement == FixedShards{3}.place(list, 3));  // placed for three ps tasks
+}
+
+namespace {
+
+/// Worker w tells every ps it is leaving (its last heartbeat): the tokens it took and did
+/// not push for go back, and it is forgotten rather than held lost once quiet.
+template <class Net>
+void say_leaving(Net& cluster, std::uint32_t w) {
+  InProcess endpoint = cluster.endpoint(Node::worker(w));
+  for (std::uint32_t ps = 0; ps < endpoint.num_ps(); ++ps) {
+    PendingCall call = endpoint.call(ps, Heartbeat{w, true}, {});
+    (void)call.wait_until(std::chrono::steady_clock::now() + std::chrono::seconds(5));
+  }
+}
+
+/// Workers `workers` step on threads of their own until global step `last` (a worker's
+/// own, if given: one the job no longer counts from then on is refused its next token),
+/// then say they are leaving, as a worker process that ends does: the
+/// tokens they took for a step they did not push for go back.
+template <class Net>
+void train(Net& cluster, const LinearData& data, const std::vector<std::uint32_t>& workers, std::int64_t last,
+           const std::map<std::uint32_t, std::int64_t>& own_last = {}) {
+  std::vector<std::thread> threads;
+  for (const std::uint32_t w : workers) {
+    const auto it = own_last.find(w);
+    const std::int64_t until = it == own_last.end() ? last : it->second;
+    threads.emplace_back([&cluster, &data, w, until] {
+      Worker worker(w, LinearModel(kIn, kOut), cluster.endpoint(Node::worker(w)));
+      worker.wait_ready();
+      try {
+        for (std::int64_t k = 0; worker.step(batch_of(data, w % 2, k % 20), until); ++k) {
+        }
+      } catch (const Error& e) {  // taken out of the job, it asked for a token past its last step
+        CHECK(e.code() == ErrorCode::kPermissionDenied);
+        CHECK(worker.global_step() >= until - 1);
+      }
+      say_leaving(cluster, w);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+std::int64_t pushes_taken(Chief<InProcess>& chief) {
+  std::int64_t pushes = -1;
+  for (const Stats& s : chief.stats()) {
+    if (pushes >= 0) CHECK(s.pushes_taken == pushes);  // every ps took the same pushes
+    pushes = s.pushes_taken;
+  }
+  return pushes;
+}
+
+}  // namespace
+
+TEST_CASE("a worker that joins is counted by every ps from the step the chief chose, and one that leaves no more") {
+  const LinearData data(2 * kBatch * 40, kIn, kOut, 12);
+  SyncAdam cluster{2, Adam{0.01F}, SyncReplicas(SyncReplicas::kEveryWorker, 2), FixedShards{3}};
+  Chief<InProcess> chief{cluster.endpoint(Node::chief()), 3};
+  chief.initialize(LinearModel(kIn, kOut).variables());
+  train(cluster, data, {0, 1}, 5);
+  CHECK(pushes_taken(chief) == 10);
+  CHECK(chief.workers().empty());  // the cluster spec's
+  // Worker 2 joins: the ps tasks are at step 5, so every ps counts it from step 6 on.
+  CHECK(chief.change_workers({0, 1, 2}) == 6);
+  CHECK(chief.workers().size() == 3);
+  train(cluster, data, {0, 1, 2}, 12);
+  // Step 5 took the two workers' pushes (worker 2 waited for a token), steps 6 .. 11 three each.
+  CHECK(pushes_taken(chief) == 10 + 2 + 6 * 3);
+  for (const Stats& s : chief.stats()) CHECK(s.stale_gradients_dropped == 0);
+  // Worker 1 leaves for good; it still trains through step 12, the last step that counts it.
+  CHECK(chief.change_workers({0, 2}) == 13);
+  train(cluster, data, {0, 1, 2}, 18, {{1, 13}});
+  CHECK(pushes_taken(chief) == 30 + 3 + 5 * 2);
+  for (const Stats& s : chief.stats()) CHECK(s.global_step == 18);
+  // Out of the job now: its token request is refused, saying so.
+  try {
+    Worker w1(1, LinearModel(kIn, kOut), cluster.endpoint(Node::worker(1)));
+    w1.wait_ready();
+    (void)w1.step(batch_of(data, 1, 0), 30);
+    FAIL("worker 1 was not refused");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::kPermissionDenied);
+    CHECK(std::string(e.what()).find("not one of the job's workers {0, 2}") != std::string::npos);
+  }
+  // A chief started in place of this one learns the workers from the ps tasks.
+  Chief<InProcess> next{cluster.endpoint(Node::chief()), 3};
+  REQUIRE(next.ps_serving());
+  CHECK(std::vector<std::uint32_t>(next.workers().begin(), next.workers().end()) == std::vector<std::uint32_t>{0, 2});
+  chief.shutdown();
+}
+
+TEST_CASE("the workers the chief set survive a rollback: the restore carries them") {
+  const LinearData data(2 * kBatch * 40, kIn, kOut, 12);
+  SyncAdam cluster{2, Adam{0.01F}, SyncReplicas(SyncReplicas::kEveryWorker, 2), FixedShards{3}};
+  Chief<InProcess> chief{cluster.endpoint(Node::chief()), 3};
+  chief.initialize(LinearModel(kIn, kOut).variables());
+  const ModelState at0 = chief.save_state();
+  CHECK(chief.change_workers({0, 1, 2}) == 1);
+  chief.restore(at0);  // every ps back at step 0, counting three workers at once
+  train(cluster, data, {0, 1, 2}, 4);
+  CHECK(pushes_taken(chief) == 4 * 3);
+  chief.shutdown();
+}
+
+TEST_CASE("a ps refuses workers it cannot count, and a change that comes too late, and takes one back") {
+  const LinearData data(2 * kBatch * 40, kIn, kOut, 12);
+  SyncAdam cluster{2, Adam{0.01F}, SyncReplicas(2, 2), FixedShards{3}};
+  Chief<InProcess> chief{cluster.endpoint(Node::chief()), 3};
+  chief.initialize(LinearModel(kIn, kOut).variables());
+  CHECK_THROWS_AS(chief.change_workers({}), Error);
+  CHECK_THROWS_AS(chief.change_workers({1, 0}), Error);
+  // Without Pause, or for a step the ps has reached: refused.
+  InProcess raw = cluster.endpoint(Node::chief());
+  const auto ask = [&](std::uint32_t ps, Request request) {
+    PendingCall call = raw.call(ps, std::move(request), {});
+    REQUIRE(call.wait_until(std::chrono::steady_clock::now() + std::chrono::seconds(5)));
+    return call.take();
+  };
+  CHECK(refusal(ask(0, ChangeWorkers{{0, 1, 2}, 1})).find("without Pause") != std::string::npos);
+  REQUIRE(std::holds_alternative<PauseReply>(ask(0, Pause{0})));
+  CHECK(refusal(ask(0, ChangeWorkers{{0, 1, 2}, 0})).find("at global step 0 already") != std::string::npos);
+  CHECK(refusal(ask(0, ChangeWorkers{{2, 1}, 3})).find("ascending") != std::string::npos);
+  CHECK(std::holds_alternative<Ack>(ask(0, ChangeWorkers{{0, 1, 2}, 1})));
+  CHECK(std::holds_alternative<StatsReply>(ask(0, GetStats{})));
+  CHECK(std::get<StatsReply>(ask(0, GetStats{})).workers == std::vector<std::uint32_t>{0, 1, 2});
+  CHECK(std::holds_alternative<Ack>(ask(0, ChangeWorkers{{}, 2})));  // another step's take-back: kept
+  CHECK(std::get<StatsReply>(ask(0, GetStats{})).workers.size() == 3);
+  CHECK(std::holds_alternative<Ack>(ask(0, ChangeWorkers{{}, 1})));  // taken back
+  CHECK(std::get<StatsReply>(ask(0, GetStats{})).workers.empty());
+  REQUIRE(std::holds_alternative<Ack>(ask(0, Resume{})));
+  run_steps(cluster, data, 0, 3);  // the job trains with its two workers as before
+  CHECK(pushes_taken(chief) == 6);
+  chief.shutdown();
+}
+
+TEST_CASE("a worker counted in that never comes is held lost in time, and one that left is counted again") {
+  const LinearData data(2 * kBatch * 40, kIn, kOut, 12);
+  SyncAdam cluster{2, Adam{0.01F}, SyncReplicas(SyncReplicas::kEveryWorker, 2), FixedShards{3},
+                   std::chrono::milliseconds(300)};
+  Chief<InProcess> chief{cluster.endpoint(Node::chief()), 3};
+  chief.initialize(LinearModel(kIn, kOut).variables());
+  CHECK(chief.change_workers({0, 1, 2}) == 1);  // worker 2 never starts
+  std::atomic<bool> done{false};
+  std::vector<InProcess> hearts{cluster.endpoint(Node::worker(0)), cluster.endpoint(Node::worker(1))};
+  const auto beat = [&] {  // workers 0 and 1 beat their hearts, as their processes would
+    for (std::uint32_t w = 0; w < 2; ++w) {
+      for (std::uint32_t ps = 0; ps < 2; ++ps) {
+        PendingCall call = hearts[w].call(ps, Heartbeat{w, false}, {});
+        (void)call.wait_until(std::chrono::steady_clock::now() + std::chrono::seconds(1));
+      }
+    }
+  };
+  beat();  // before the first step: heard, as a worker process is before it trains
+  std::thread beating([&] {
+    while (!done) {
+      beat();
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  });
+  train(cluster, data, {0, 1}, 6);  // from step 1 on each step needs three: 0 and 1 take 2's token
+  done = true;
+  beating.join();
+  for (const std::uint32_t w : {0U, 1U}) say_leaving(cluster, w);  // after their last beat
+  for (const Stats& s : chief.stats()) {
+    CHECK(s.global_step == 6);
+    CHECK(s.workers_lost == 1);
+  }
+  CHECK(chief.lost_workers() == std::vector<std::uint32_t>{2});
+  // Worker 2 leaves for good: forgotten, no longer lost; counted again later, it is awaited.
+  CHECK(chief.change_workers({0, 1}) == 7);
+  train(cluster, data, {0, 1}, 8);
+  CHECK(chief.lost_workers().empty());
+  CHECK(chief.change_workers({0, 1, 2}) == 9);
+  const std::int64_t before = pushes_taken(chief);
+  train(cluster, data, {0, 1, 2}, 12);
+  CHECK(pushes_taken(chief) == before + 2 + 3 * 3);  // step 8 with two, steps 9 .. 11 with three each
+  chief.shutdown();
+}
+
+TEST_CASE("the chief's JoinDesk tells a worker to wait until the chief counts it in, then lets it in") {
+  auto queue = std::make_shared<JoinQueue>(2, 900);
+  JoinDesk desk(queue);
+  const Response in = ask_desk(desk, Join{}, Node::worker(1));  // one of the job's
+  REQUIRE(std::holds_alternative<JoinReply>(in));
+  CHECK(std::get<JoinReply>(in).last_step == 900);  // the chief's schedule
+  CHECK(std::get<JoinReply>(in).workers == std::vector<std::uint32_t>{0, 1});
+  const Response waiting = ask_desk(desk, Join{}, Node::worker(2));
+  REQUIRE(std::holds_alternative<ErrorReply>(waiting));
+  CHECK(std::get<ErrorReply>(waiting).code == ErrorCode::kUnavailable);
+  CHECK(refusal(ask_desk(desk, Join{}, Node::worker(4))).find("the next worker of the job is worker 2") !=
+        std::string::npos);
+  (void)ask_desk(desk, Join{}, Node::worker(2));  // asked again: queued once
+  const auto asked = queue->take();
+  REQUIRE(asked.has_value());
+  CHECK(asked->role == Node::Role::kWorker);
+  CHECK(asked->task == 2);
+  CHECK_FALSE(queue->take().has_value());
+  queue->set_workers({0, 1, 2});
+  CHECK(std::get<JoinReply>(ask_desk(desk, Join{}, Node::worker(2))).workers == std::vector<std::uint32_t>{0, 1, 2});
+  // Worker 3 is refused by the chief; worker 1 left, and may ask again.
+  (void)ask_desk(desk, Join{}, Node::worker(3));
+  queue->refuse_worker(3, "the sync policy cannot count workers that join");
+  CHECK(refusal(ask_desk(desk, Join{}, Node::worker(3))).find("cannot count") != std::string::npos);
+  queue->set_workers({0, 2});
+  CHECK(std::get<ErrorReply>(ask_desk(desk, Join{}, Node::worker(1))).code == ErrorCode::kUnavailable);
 }

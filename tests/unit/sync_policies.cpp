@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "pulley/sync/async.hpp"
@@ -67,7 +68,8 @@ TEST_CASE("SyncReplicas tokens: max(R, N) per step, one per worker when R <= N")
 }
 
 TEST_CASE("SyncReplicas rejects a non-positive R or N") {
-  CHECK_THROWS_AS(pulley::SyncReplicas(0, 2), pulley::Error);
+  CHECK_THROWS_AS(pulley::SyncReplicas(-1, 2), pulley::Error);
+  CHECK_THROWS_AS(pulley::SyncReplicas(pulley::SyncReplicas::kEveryWorker, 0), pulley::Error);
   CHECK_THROWS_AS(pulley::SyncReplicas(2, 0), pulley::Error);
 }
 
@@ -172,7 +174,7 @@ TEST_CASE("BoundedStaleness: 0 is lockstep, kUnbounded never waits") {
 TEST_CASE("BoundedStaleness refuses what no worker could send, and changes nothing") {
   const pulley::BoundedStaleness ssp{1, 2};
   auto pacer = ssp.make_pacer();
-  CHECK_THROWS_AS(ssp.take_token(pacer, 2), pulley::Error);  // only workers 0 and 1
+  CHECK_FALSE(ssp.take_token(pacer, 2).has_value());  // only workers 0 and 1: 2 waits to be counted in
   CHECK_THROWS_AS(ssp.on_push(pacer, 5, 0), pulley::Error);
   CHECK_THROWS_AS(ssp.on_push(pacer, 0, 3), pulley::Error);  // clock 3 was never granted
   CHECK_THROWS_AS(ssp.on_push(pacer, 0, -1), pulley::Error);
@@ -413,4 +415,106 @@ TEST_CASE("BoundedStaleness goes on without a lost worker, which starts back at 
   const auto token = ssp.take_token(pacer, 2);
   REQUIRE(token);
   CHECK(token->local_step == 3);
+}
+
+TEST_CASE("SyncReplicas counts workers that join or leave from a step boundary, its batches numbered on") {
+  const pulley::SyncReplicas sync{pulley::SyncReplicas::kEveryWorker, 2};  // R follows N
+  CHECK(sync.replicas_to_aggregate() == 2);
+  auto pacer = sync.make_pacer();
+  std::vector<std::int64_t> batches;
+  auto step = [&](const std::vector<std::uint32_t>& workers) {
+    for (const std::uint32_t w : workers) {
+      const std::optional<Token> t = sync.take_token(pacer, w);
+      REQUIRE(t.has_value());
+      batches.push_back(t->batch);
+    }
+    for (std::size_t k = 0; k < workers.size(); ++k) {
+      const Verdict v = sync.on_push(pacer, workers[k], sync.global_step(pacer));
+      CHECK(v == (k + 1 == workers.size() ? Verdict::kReady : Verdict::kPending));
+    }
+  };
+  step({0, 1});
+  step({0, 1});  // steps 0 and 1: batches 0 .. 3
+  CHECK_FALSE(sync.take_token(pacer, 2).has_value());  // not a worker yet: it waits
+  CHECK(sync.on_push(pacer, 2, 2) == Verdict::kStale);
+  const std::vector<std::uint32_t> three{0, 1, 2};
+  sync.reshape(pacer, three);
+  CHECK(sync.global_step(pacer) == 2);
+  step({2, 0, 1});  // step 2 needs all three (R = N = 3); worker 2's own token is number 2
+  step({0, 1, 2});
+  CHECK(batches == std::vector<std::int64_t>{0, 1, 2, 3, 6, 4, 5, 7, 8, 9});
+  // Worker 1 leaves for good: ranks move up, the step needs two, nobody waits for it.
+  const std::vector<std::uint32_t> two{0, 2};
+  sync.reshape(pacer, two);
+  CHECK(sync.awaited(pacer) == two);
+  CHECK_FALSE(sync.take_token(pacer, 1).has_value());
+  CHECK(sync.on_push(pacer, 1, sync.global_step(pacer)) == Verdict::kStale);
+  step({2, 0});
+  CHECK(batches.back() == 10);  // worker 0's own token is number 0: batch 10 (worker 2 took 11)
+  CHECK(batches[batches.size() - 2] == 11);
+  // The state keeps the numbering; a fresh pacer loaded from it and told the workers goes on alike.
+  const std::vector<std::int64_t> saved = sync.save(pacer);
+  CHECK(saved == std::vector<std::int64_t>{5, 12});
+  auto loaded = sync.make_pacer();
+  sync.load(loaded, saved);
+  sync.reshape(loaded, two);
+  CHECK(sync.take_token(loaded, 2)->batch == 13);
+  CHECK(sync.take_token(pacer, 2)->batch == 13);
+  // An unchanged job saves the global step alone, as before.
+  auto plain = sync.make_pacer();
+  CHECK(sync.save(plain) == std::vector<std::int64_t>{0});
+}
+
+TEST_CASE("SyncReplicas with backups keeps R when workers join, and refuses a change mid-step") {
+  const pulley::SyncReplicas sync{2, 2};
+  auto pacer = sync.make_pacer();
+  const std::vector<std::uint32_t> three{0, 1, 2};
+  sync.reshape(pacer, three);  // R = 2 of N = 3: one backup, three tokens a step
+  CHECK(sync.waiting_for(pacer).find("0 of 2 gradients in, 3 of 3 tokens left") != std::string::npos);
+  REQUIRE(sync.take_token(pacer, 0).has_value());
+  const auto before = sync.save(pacer);
+  CHECK_THROWS_AS(sync.reshape(pacer, std::vector<std::uint32_t>{0, 1}), pulley::Error);  // a token is out
+  CHECK(sync.on_push(pacer, 0, 0) == Verdict::kPending);
+  CHECK_THROWS_AS(sync.reshape(pacer, std::vector<std::uint32_t>{0, 1}), pulley::Error);
+  CHECK(sync.save(pacer) == before);
+  auto fresh = sync.make_pacer();
+  CHECK_THROWS_AS(sync.reshape(fresh, std::vector<std::uint32_t>{}), pulley::Error);
+  CHECK_THROWS_AS(sync.reshape(fresh, std::vector<std::uint32_t>{2, 1}), pulley::Error);
+  CHECK(sync.awaited(fresh) == std::vector<std::uint32_t>{0, 1});
+}
+
+TEST_CASE("BoundedStaleness: a worker that joins starts at the slowest clock, and one that left holds nobody back") {
+  const pulley::BoundedStaleness ssp{1, 2};
+  auto pacer = ssp.make_pacer();
+  for (std::int64_t c = 0; c < 3; ++c) {  // both at clock 3
+    for (std::uint32_t w = 0; w < 2; ++w) {
+      REQUIRE(ssp.take_token(pacer, w).has_value());
+      CHECK(ssp.on_push(pacer, w, c) == Verdict::kReady);
+    }
+  }
+  CHECK(ssp.global_step(pacer) == 3);
+  ssp.reshape(pacer, std::vector<std::uint32_t>{0, 1, 2});
+  CHECK(pacer.clocks == std::vector<std::int64_t>{3, 3, 3});
+  const std::optional<Token> joined = ssp.take_token(pacer, 2);
+  REQUIRE(joined.has_value());
+  CHECK(joined->local_step == 3);
+  CHECK(joined->batch == 3 * 3 + 2);
+  // Worker 0 leaves; worker 2 never pushes at clock 3 and holds 1 back at clock 5 (s = 1).
+  ssp.reshape(pacer, std::vector<std::uint32_t>{1, 2});
+  CHECK(ssp.on_push(pacer, 0, 3) == Verdict::kStale);
+  CHECK(ssp.on_push(pacer, 1, 3) == Verdict::kReady);
+  REQUIRE(ssp.take_token(pacer, 1).has_value());
+  CHECK(ssp.on_push(pacer, 1, 4) == Verdict::kReady);
+  CHECK_FALSE(ssp.take_token(pacer, 1).has_value());  // clock 5 is 2 ahead of worker 2's 3
+  CHECK(ssp.awaited(pacer) == std::vector<std::uint32_t>{2});
+  CHECK(ssp.on_push(pacer, 2, 3) == Verdict::kReady);
+  CHECK(ssp.global_step(pacer) == 4);  // worker 0's clock 3 no longer counts
+  CHECK(ssp.take_token(pacer, 1).has_value());
+}
+
+TEST_CASE("Async counts no workers: any may join") {
+  const pulley::Async async;
+  auto pacer = async.make_pacer();
+  async.reshape(pacer, std::vector<std::uint32_t>{0, 5});
+  CHECK(async.take_token(pacer, 5).has_value());
 }

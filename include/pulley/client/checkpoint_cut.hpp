@@ -392,7 +392,8 @@ void restore_state(Client<T>& client, const ModelState& state, std::uint64_t tab
   const Placement& placement = client.placement();
   const std::vector<std::string>& slot_names = client.slot_names();
   const std::vector<std::string>& counter_names = client.counter_names();
-  std::vector<Restore> messages(client.num_ps(), Restore{epoch, state.pacer, {}, !state.tables.empty()});
+  const std::vector<std::uint32_t> workers(client.workers().begin(), client.workers().end());
+  std::vector<Restore> messages(client.num_ps(), Restore{epoch, state.pacer, {}, !state.tables.empty(), workers});
   bool whole = true;
   for (const Part& part : placement.parts) {
     const VariableState& v = state.variables[part.variable];

@@ -147,6 +147,7 @@ class Chief {
       (void)client_.learn_membership();  // a ps its predecessor let go is not waited for
       const auto replies = client_.template broadcast<StatsReply>([](std::size_t) { return GetStats{}; },
                                                                   timeouts().request_timeout, "look at the ps tasks");
+      for (const StatsReply& r : replies) client_.set_workers(r.workers);  // as its predecessor left them
       return std::all_of(replies.begin(), replies.end(), [&](const StatsReply& r) {
         return r.ready && r.epoch == replies.front().epoch;
       });
@@ -287,6 +288,87 @@ class Chief {
       return task;
     }
   }
+
+  /// The job's workers are `workers` (task indices, ascending, not empty) from the next
+  /// global step on: workers joined (a worker started beyond the cluster spec's asks the
+  /// chief, runner/join_desk.hpp) or left for good. Every member ps is paused at once (no
+  /// step completes meanwhile), the step after the furthest one's is chosen, and each ps
+  /// is told (ChangeWorkers) and resumed: each counts the new workers from that step on
+  /// (SyncPolicy::reshape; under SyncReplicas every ps at the same step boundary), and lets
+  /// a new worker connect at once. Nothing is read or moved: training stands still for a few
+  /// round trips. Restores from then on (a rollback, a ps joining) carry the workers.
+  /// Returns the step they count from.
+  ///
+  /// Throws, the ps tasks counting the workers as before: kInvalidArgument for an empty or
+  /// unordered set; the refusal of a ps that cannot (kFailedPrecondition: its sync policy
+  /// has no SyncPolicy::reshape), the others taking the change back. Throws kUnavailable
+  /// when a ps was lost on the way, or one that took the change cannot be told to take it
+  /// back: it may then count the new workers from that step alone, until the next change
+  /// (the ChiefLoop tries again) or a restore (which carries the workers) sets them all.
+  std::int64_t change_workers(std::vector<std::uint32_t> workers) {
+    if (workers.empty() || std::adjacent_find(workers.begin(), workers.end(), std::greater_equal<>()) != workers.end()) {
+      throw Error(ErrorCode::kInvalidArgument, "the job's workers must be ascending task indices, at least one");
+    }
+    const std::span<const std::uint32_t> members = client_.members();
+    std::int64_t furthest = 0;
+    try {
+      const auto paused = client_.template broadcast<PauseReply>([](std::size_t) { return Pause{0}; },
+                                                                 timeouts().request_timeout, "pause the ps tasks");
+      for (const PauseReply& p : paused) furthest = std::max(furthest, p.global_step);
+      const std::int64_t from = furthest + 1;
+      std::vector<std::uint32_t> took;  // each ps asked alone: every answer is looked at
+      std::optional<Error> refused;
+      for (const std::uint32_t ps : members) {
+        const Response answer = ask_one(ps, ChangeWorkers{workers, from}, timeouts().request_timeout);
+        if (std::holds_alternative<Ack>(answer)) {
+          took.push_back(ps);
+          continue;
+        }
+        const auto* error = std::get_if<ErrorReply>(&answer);
+        refused.emplace(error != nullptr ? error->code : ErrorCode::kInternal,
+                        "ps " + std::to_string(ps) + " cannot count the workers " + describe_members(workers) + ": " +
+                            (error != nullptr ? error->message : std::string("it answered something else")));
+        break;
+      }
+      if (refused) {  // those that took it take it back, before anyone trains on
+        for (const std::uint32_t ps : took) {
+          if (!std::holds_alternative<Ack>(ask_one(ps, ChangeWorkers{{}, from}, timeouts().request_timeout))) {
+            throw Error(ErrorCode::kUnavailable, std::string(refused->message()) + "; and ps " + std::to_string(ps) +
+                                                     ", which took the change, could not be told to take it back");
+          }
+        }
+        throw *refused;
+      }
+      client_.template broadcast<Ack>([](std::size_t) { return Resume{}; }, timeouts().request_timeout,
+                                      "resume the ps tasks");
+      client_.set_workers(std::move(workers));
+      return from;
+    } catch (const Error&) {
+      resume_all();  // a ps that is gone resumes when the chief's link closes
+      throw;
+    }
+  }
+
+  /// The workers some member ps holds lost now (their heartbeats stopped), ascending.
+  [[nodiscard]] std::vector<std::uint32_t> lost_workers() {
+    std::vector<std::uint32_t> lost;
+    for (const StatsReply& r : client_.template broadcast<StatsReply>([](std::size_t) { return GetStats{}; },
+                                                                     timeouts().request_timeout, "look at the ps tasks")) {
+      lost.insert(lost.end(), r.lost.begin(), r.lost.end());
+    }
+    std::sort(lost.begin(), lost.end());
+    lost.erase(std::unique(lost.begin(), lost.end()), lost.end());
+    return lost;
+  }
+
+  /// Takes `workers` (ascending) as the job's, before this chief hears the ps tasks (the
+  /// cluster spec's): restores carry them, and the ps tasks' own word replaces them
+  /// (`ps_serving`). An empty list changes nothing.
+  void set_workers(std::vector<std::uint32_t> workers) { client_.set_workers(std::move(workers)); }
+
+  /// The job's workers, once they changed (change_workers, or as the ps tasks said when
+  /// this chief took over); empty while they are the cluster spec's.
+  [[nodiscard]] std::span<const std::uint32_t> workers() const noexcept { return client_.workers(); }
 
   /// The task index a `join(address)` takes now: the next one (`num_ps()`), or the last
   /// one known when it has that address and is no member (a join tried again after a ps

@@ -146,6 +146,14 @@ class Client {
   /// Every ps task's address, once a ps joined beyond the cluster spec (empty before).
   [[nodiscard]] const std::vector<std::string>& ps_addresses() const noexcept { return ps_addresses_; }
 
+  /// The job's workers, ascending, once workers joined or left (ChangeWorkers), as last
+  /// learned (StatsReply::workers) or set; empty while they are the cluster spec's.
+  [[nodiscard]] std::span<const std::uint32_t> workers() const noexcept { return workers_; }
+  /// Takes `workers` as the job's (an empty list leaves them as they are).
+  void set_workers(std::vector<std::uint32_t> workers) {
+    if (!workers.empty()) workers_ = std::move(workers);
+  }
+
   /// Waits until every member ps is initialized and learns the placement; with `tables`,
   /// checks that the ps tasks hold exactly those embedding tables. The members are asked
   /// first which ps tasks the job has (a ps that left it for good, or a process started
@@ -559,6 +567,7 @@ class Client {
   std::vector<std::uint32_t> members_;  ///< the job's ps tasks, ascending, as last learned
   std::uint64_t membership_ = 0;        ///< their version
   std::vector<std::string> ps_addresses_;  ///< every ps task's, once one joined (else empty)
+  std::vector<std::uint32_t> workers_;     ///< the job's workers, once they changed (else empty)
   std::vector<std::string> slot_names_;     ///< the optimizer's slots, as the ps tasks name them
   std::vector<std::string> counter_names_;  ///< the optimizer's counters
   Placement placement_;

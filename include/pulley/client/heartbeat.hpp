@@ -84,6 +84,13 @@ class HeartbeatSender {
     return lost_;
   }
 
+  /// The job's workers as the ps tasks last said, once workers joined or left, ascending;
+  /// empty while they are the cluster spec's.
+  [[nodiscard]] std::vector<std::uint32_t> workers() const {
+    std::scoped_lock lock(mutex_);
+    return workers_;
+  }
+
   /// What the ps tasks answered the last beats with, and when the last answered beat was
   /// sent (one moment: both are read together).
   [[nodiscard]] HeartbeatReplies heard() const {
@@ -106,8 +113,9 @@ class HeartbeatSender {
       std::set<std::uint32_t> lost;
       bool chief_lost = false;
       std::vector<std::optional<Stats>> stats;
+      std::vector<std::uint32_t> workers;
       const auto sent = std::chrono::steady_clock::now();
-      const bool heard = send_all(leaving, lost, chief_lost, stats);
+      const bool heard = send_all(leaving, lost, chief_lost, stats, workers);
       lock.lock();
       if (heard) heard_at_ = sent;
       stats_.resize(std::max(stats_.size(), stats.size()));
@@ -117,6 +125,7 @@ class HeartbeatSender {
       }
       if (heard) {
         lost_.assign(lost.begin(), lost.end());
+        if (!workers.empty()) workers_ = std::move(workers);
         ++beats_;
         if (chief_lost != chief_lost_ && !leaving) {
           log(chief_lost ? LogLevel::kWarning : LogLevel::kInfo,
@@ -134,7 +143,7 @@ class HeartbeatSender {
   /// One Heartbeat to every ps, answered within an interval or given up; true if any
   /// answered. A ps that is down, or refuses, is simply not heard this time.
   bool send_all(bool leaving, std::set<std::uint32_t>& lost, bool& chief_lost,
-                std::vector<std::optional<Stats>>& counters) noexcept {
+                std::vector<std::optional<Stats>>& counters, std::vector<std::uint32_t>& workers) noexcept {
     try {
       std::vector<std::optional<PendingCall>> calls(transport_.num_ps());
       for (std::size_t ps = 0; ps < transport_.num_ps(); ++ps) {
@@ -156,6 +165,7 @@ class HeartbeatSender {
           counters[ps] = stats->stats;
           lost.insert(stats->lost.begin(), stats->lost.end());
           chief_lost = chief_lost || stats->chief_lost;
+          if (workers.empty()) workers = stats->workers;  // the first member's word
           if (!stats->members.empty() && stats->membership > membership_) {
             reach_all(transport_, stats->ps_addresses);  // a ps that joined (throws: next beat)
             members_ = stats->members;  // beaten from the next beat on
@@ -184,6 +194,7 @@ class HeartbeatSender {
   std::condition_variable wake_;
   bool stopping_ = false;
   std::vector<std::uint32_t> lost_;
+  std::vector<std::uint32_t> workers_;  ///< the job's workers, once they changed
   bool chief_lost_ = false;
   std::uint64_t beats_ = 0;
   std::vector<std::optional<Stats>> stats_;

@@ -30,6 +30,11 @@ struct ClientOptions {
   /// checkpoint: ChiefLoop). 0: never; the job waits for it as long as `recovery_timeout`.
   /// Below `recovery_timeout`, so that the other tasks still wait when it happens.
   std::chrono::milliseconds ps_leave_after{0};
+  /// The chief: a worker the ps tasks hold lost for this long (its heartbeats stopped)
+  /// leaves the job for good: the sync policies stop counting it (Chief::change_workers),
+  /// and a restarted process in its place asks to join again. 0: never; the job goes on
+  /// without it as a lost worker, and takes it back when it returns.
+  std::chrono::milliseconds worker_leave_after{0};
   /// Workers run by the role runner: how often they tell every ps they are alive
   /// (HeartbeatSender). Keep it well below the ps tasks' worker timeout.
   std::chrono::milliseconds heartbeat_interval{std::chrono::seconds(1)};

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <concepts>
+#include <span>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -63,6 +64,9 @@ struct RequestContext {
 ///   - `s.max_request_payload()` → std::uint64_t: the most tensor bytes a request can
 ///     legitimately carry now (a ParameterServer: the bytes of the parts it holds). A
 ///     transport refuses a frame that claims more before it receives any of it.
+///   - `s.workers()` → `std::span<const std::uint32_t>`: the job's workers now, ascending,
+///     once workers joined or left (ChangeWorkers); empty while they are the cluster
+///     spec's. A transport that checks who connects lets a worker in only if it is one.
 ///
 /// Semantic contract:
 ///   - the transport calls `handle` (and `disconnected`) for one request at a time (never
@@ -100,6 +104,16 @@ bool holds_copy(const S& service, std::uint32_t shard) noexcept {
     return service.holds_copy(shard);
   } else {
     return false;
+  }
+}
+
+/// The job's workers as `service` has them (`workers`), or none (the cluster spec's).
+template <Service S>
+std::span<const std::uint32_t> job_workers(const S& service) noexcept {
+  if constexpr (requires { { service.workers() } -> std::convertible_to<std::span<const std::uint32_t>>; }) {
+    return service.workers();
+  } else {
+    return {};
   }
 }
 

@@ -65,6 +65,14 @@ enum class Verdict : std::uint8_t {
 ///     policy waits for it.
 ///   - `p.awaited(pacer)` → `std::vector<std::uint32_t>`: the workers the next step waits
 ///     for; the ps quotes each with how long ago it last heard it.
+///   - `p.reshape(pacer, workers)` → void: the job's workers are now `workers` (task
+///     indices, ascending, not empty; workers joined or left for good): count them from the
+///     step in progress on. The ps calls it the moment its global step reaches the step the
+///     chief chose (ChangeWorkers), before it hands out a token of that step (under
+///     SyncReplicas every ps is then at the same boundary, the step untouched), and after a
+///     `load` when the job's workers are not the cluster spec's. A worker outside them is
+///     not waited for; its token requests may wait and its pushes be stale. A throw (`pulley::Error`) refuses the change and leaves the
+///     pacer as it was. Without it, no worker can join or leave the job for good.
 ///   - `p.follow(pacer, local_step, refill)` → void, noexcept: called before `on_push` with
 ///     what the token the push was made for said (`Token::refill`, which the pacing ps's
 ///     policy sets): every ps follows the pacing ps's word on the push's step.
@@ -173,6 +181,13 @@ void worker_back(const P& policy, typename P::Pacer& pacer, std::uint32_t worker
     policy.on_worker_back(pacer, worker);
   }
 }
+
+/// True if the policy can count workers that join or leave (`reshape`).
+template <SyncPolicy P>
+inline constexpr bool kReshapes = requires(const P& policy, typename P::Pacer& pacer,
+                                           std::span<const std::uint32_t> workers) {
+  policy.reshape(pacer, workers);
+};
 
 /// Tells the policy what the pacing ps said about the push's step (`follow`, if it has one).
 template <SyncPolicy P>

@@ -2,8 +2,10 @@
 #pragma once
 
 #include <compare>
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <span>
 #include <string>
 
 namespace pulley {
@@ -74,5 +76,12 @@ class RoleSet {
   }
   std::uint8_t bits_ = 0;
 };
+
+/// Task indices (the job's ps tasks, or its workers) as log lines name them: "{0, 2}".
+[[nodiscard]] inline std::string describe_members(std::span<const std::uint32_t> members) {
+  std::string text = "{";
+  for (std::size_t i = 0; i < members.size(); ++i) text += (i == 0 ? "" : ", ") + std::to_string(members[i]);
+  return text + "}";
+}
 
 }  // namespace pulley

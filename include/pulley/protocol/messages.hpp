@@ -366,10 +366,13 @@ struct Restore {
   /// True: the tables are emptied, and their rows follow in RestoreRows; the ps is not
   /// ready (WaitReady waits, pulls are refused) until the one with `done`.
   bool tables_follow = false;
+  /// The job's workers (ChangeWorkers), counted by the restored pacer; empty: the cluster
+  /// spec's, or as the ps has them.
+  std::vector<std::uint32_t> workers = {};
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(epoch, pacer, parts, tables_follow);
+    archive(epoch, pacer, parts, tables_follow, workers);
   }
 };
 
@@ -434,17 +437,22 @@ struct RestoreRows {
   }
 };
 
-/// A new ps task → the chief (its JoinDesk, runner/join_desk.hpp; never a ps): this ps,
-/// started beyond the job's ps tasks, serves at `address` and asks to take a share of the
-/// model. The task index is the one its handshake proved; it must be the next one (the
-/// count of ps tasks the job has known; a lower one, a joined ps started again, is
-/// answered and left alone: the chief takes it back by a rollback, as any ps started
-/// again). Answered with an Ack once the chief has queued it: the chief takes it in at its
-/// next evaluation or checkpoint (Chief::join), which registers the model on it.
+/// A new task → the chief (its JoinDesk, runner/join_desk.hpp; never a ps). The task index
+/// is the one its handshake proved.
+///   - A ps, started beyond the job's ps tasks, serves at `address` and asks to take a
+///     share of the model. Its index must be the next one (the count of ps tasks the job
+///     has known; a lower one, a joined ps started again, is answered and left alone: the
+///     chief takes it back by a rollback, as any ps started again). Answered with an Ack
+///     once the chief has queued it: the chief takes it in at its next evaluation or
+///     checkpoint (Chief::join), which registers the model on it.
+///   - A worker (no address) asks to train with the job: an index that is not one of the
+///     job's workers (the next one, or one that left). Answered kUnavailable while it waits
+///     (ask again), a JoinReply once the chief counted it in (Chief::change_workers, at its
+///     next evaluation or checkpoint): the ps tasks then let it connect.
 struct Join {
   static constexpr std::string_view kName = "Join";
-  static constexpr RoleSet kSenders{Node::Role::kPs};
-  std::string address;  ///< host:port where the new ps serves
+  static constexpr RoleSet kSenders{Node::Role::kPs, Node::Role::kWorker};
+  std::string address;  ///< host:port where the new ps serves (a ps's Join)
 
   template <class Archive>
   void serialize(Archive& archive) {
@@ -452,10 +460,31 @@ struct Join {
   }
 };
 
+/// Chief → every ps, paused (Pause): the job's workers are `workers` (task indices,
+/// ascending) from global step `from_step` on: workers joined, or left for good. Each ps
+/// counts them (SyncPolicy::reshape) the moment its global step reaches `from_step`, and
+/// lets a new worker connect at once (its requests wait until then). The chief picks a step beyond every ps's while they are
+/// paused; a ps already there refuses it (kFailedPrecondition). A later ChangeWorkers
+/// replaces one still waiting for its step; one with no workers takes back the one of
+/// `from_step` (another ps refused it). Under SyncReplicas every ps counts them at the
+/// same step boundary (a push of that step needs a pull of it, which waits until the ps
+/// is there); see BoundedStaleness for how its clocks take a change.
+struct ChangeWorkers {
+  static constexpr std::string_view kName = "ChangeWorkers";
+  static constexpr RoleSet kSenders{Node::Role::kChief};
+  std::vector<std::uint32_t> workers;
+  std::int64_t from_step = 0;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(workers, from_step);
+  }
+};
+
 /// Everything a ps task (or the chief's JoinDesk: Join) is asked.
 using Request = std::variant<Register, Initialize, WaitReady, TakeToken, Pull, Push, GetStats,
                              Shutdown, Pause, ReadState, Resume, Restore, Heartbeat, PullRows,
-                             ReadRows, RestoreRows, Join>;
+                             ReadRows, RestoreRows, Join, ChangeWorkers>;
 
 // ---- responses --------------------------------------------------------------------------
 
@@ -551,6 +580,20 @@ struct PushReply {
   }
 };
 
+/// The chief's answer to a worker's Join once it counted the worker in: the job's
+/// schedule as the chief runs it, which the new worker follows rather than what its own
+/// flags give (they may derive it from another count of workers).
+struct JoinReply {
+  static constexpr std::string_view kName = "JoinReply";
+  std::int64_t last_step = 0;            ///< training ends at this global step
+  std::vector<std::uint32_t> workers;    ///< the job's workers now, ascending
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(last_step, workers);
+  }
+};
+
 /// Counters of one ps task.
 struct Stats {
   std::int64_t global_step = 0;              ///< steps completed (sync) or pushes applied (async)
@@ -611,10 +654,12 @@ struct StatsReply {
   std::uint64_t membership = 0;
   /// Every ps task's address, once one joined beyond the cluster spec (Register::ps_addresses).
   std::vector<std::string> ps_addresses = {};
+  /// The job's workers, ascending, once they changed (ChangeWorkers); empty: the spec's.
+  std::vector<std::uint32_t> workers = {};
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(stats, waiting_for, lost, chief_lost, ready, epoch, members, membership, ps_addresses);
+    archive(stats, waiting_for, lost, chief_lost, ready, epoch, members, membership, ps_addresses, workers);
   }
 };
 
@@ -670,7 +715,7 @@ struct RowsChunk {
 
 /// Everything a ps task answers.
 using Response = std::variant<Ack, ErrorReply, PlacementReply, TokenReply, PullReply, PushReply,
-                              StatsReply, PauseReply, StateReply, RowsReply, RowsChunk>;
+                              StatsReply, PauseReply, StateReply, RowsReply, RowsChunk, JoinReply>;
 
 // ---- what follows from the declarations ---------------------------------------------------
 

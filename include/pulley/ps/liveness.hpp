@@ -79,6 +79,13 @@ class Liveness {
     }
   }
 
+  /// True if `worker` was heard (lost or not); `any`: if any worker was.
+  [[nodiscard]] bool known(std::uint32_t worker) const { return workers_.contains(worker); }
+  [[nodiscard]] bool any() const noexcept { return !workers_.empty(); }
+
+  /// `worker` left the job for good: forgotten, lost or not.
+  void forget(std::uint32_t worker) { workers_.erase(worker); }
+
   /// Holds the chief lost if it was silent for the timeout at `now`, calling
   /// `on_chief_lost(last_heard)` right after marking it.
   template <class OnChiefLost>

@@ -94,6 +94,17 @@ class Pacing {
     return true;
   }
 
+  /// `worker` left the job: its waiting token requests are answered `refusal`, and the
+  /// tokens it took and did not push for go back.
+  void refuse(std::uint32_t worker, const ErrorReply& refusal) {
+    std::erase_if(waiters_, [&](TokenWaiter& w) {
+      if (w.worker != worker) return false;
+      respond(w.reply, ErrorReply{refusal});
+      return true;
+    });
+    leave(worker);
+  }
+
   /// `worker` ends normally: the tokens it took and did not push for go back.
   void leave(std::uint32_t worker) {
     leases_.erase(worker);
@@ -110,6 +121,19 @@ class Pacing {
 
   /// A lost `worker` is back: it counts again from the step in progress.
   void back(std::uint32_t worker) { worker_back(sync_, pacer_, worker); }
+
+  /// Counts the job's workers `workers` from the step in progress on (SyncPolicy::reshape);
+  /// a `pulley::Error` refuses the change and leaves the pacer as it was.
+  void reshape(std::span<const std::uint32_t> workers) { reshape(pacer_, workers); }
+  /// The same on `pacer` (one loaded aside).
+  void reshape(typename P::Pacer& pacer, std::span<const std::uint32_t> workers) const {
+    if constexpr (kReshapes<P>) {
+      sync_.reshape(pacer, workers);
+    } else {
+      throw Error(ErrorCode::kFailedPrecondition,
+                  "the sync policy cannot count workers that join or leave (it has no SyncPolicy::reshape)");
+    }
+  }
 
   /// Token requests waiting for a token.
   [[nodiscard]] std::size_t waiting() const noexcept { return waiters_.size(); }

@@ -191,6 +191,13 @@ class ParameterServer {
     }
   }
 
+  /// The job's workers as the chief last set them (ChangeWorkers, Restore::workers),
+  /// ascending; empty while they are the cluster spec's. A transport lets a worker connect
+  /// if it is one of them (a worker joining is, from the moment the chief counted it in).
+  [[nodiscard]] std::span<const std::uint32_t> workers() const noexcept {
+    return next_workers_ ? std::span<const std::uint32_t>(next_workers_->workers) : std::span<const std::uint32_t>(workers_);
+  }
+
   /// The most tensor bytes a request can carry now: a push or an initialization has one
   /// value per element held here, a restore one more per optimizer slot, a push its rows
   /// (0 before registration: nothing can carry a tensor yet).
@@ -377,14 +384,17 @@ class ParameterServer {
         refused(reply, registration_.check_epoch(r.epoch, "token request"))) {
       return;
     }
+    if (!counted(r.worker)) return reject(reply, ErrorCode::kPermissionDenied, left_message(r.worker));
     revive(r.worker);  // before its heartbeat, maybe: it starts from the step in progress
     pacing_.wait_for_token(r.worker, context.session, reply);
     hand_out_tokens();
   }
 
-  /// Asks the sync policy again for every waiting token request. A refusal answers that
-  /// request; any other throw fails the ps (the policy may have changed its pacer half way).
+  /// Asks the sync policy again for every waiting token request (once the workers the
+  /// chief set are counted, if their step came). A refusal answers that request; any other
+  /// throw fails the ps (the policy may have changed its pacer half way).
   void hand_out_tokens() {
+    count_next_workers();
     const bool changing = std::exchange(changing_, true);
     pacing_.hand_out([this](Responder& reply, ErrorCode code, const std::string& message) {
       reject(reply, code, message);
@@ -511,6 +521,92 @@ class ParameterServer {
     changing_ = false;
   }
 
+  // ---- ChangeWorkers: pacing.hpp -----------------------------------------------------------
+
+  void on(ChangeWorkers& r, const RequestContext& context, Responder& reply) {
+    if (!is_ready(reply, "change the workers")) return;
+    if (!cut_.paused_by(context.session)) {
+      return reject(reply, ErrorCode::kFailedPrecondition, "ChangeWorkers without Pause (of this connection)");
+    }
+    if (r.workers.empty()) {  // the chief takes back the change of that step (another ps refused it)
+      if (next_workers_ && next_workers_->from_step == r.from_step) next_workers_.reset();
+      return respond(reply, Ack{});
+    }
+    if (const std::string why = check_workers(r.workers); !why.empty()) {
+      return reject(reply, ErrorCode::kInvalidArgument, "ChangeWorkers: " + why);
+    }
+    if constexpr (!kReshapes<P>) {
+      return reject(reply, ErrorCode::kFailedPrecondition,
+                    name_ + ": its sync policy cannot count workers that join or leave (no SyncPolicy::reshape)");
+    }
+    if (r.from_step <= pacing_.global_step()) {
+      return reject(reply, ErrorCode::kFailedPrecondition,
+                    name_ + " is at global step " + std::to_string(pacing_.global_step()) +
+                        " already: the workers change at a step to come, not " + std::to_string(r.from_step));
+    }
+    next_workers_ = NextWorkers{std::move(r.workers), r.from_step};
+    respond(reply, Ack{});
+  }
+
+  /// True unless `worker` left the job: one of the job's workers now, or from the step the
+  /// chief set (a worker joining waits for it), or any while they are the cluster spec's
+  /// (the transport checked who connects).
+  [[nodiscard]] bool counted(std::uint32_t worker) const {
+    if (workers_.empty() || std::binary_search(workers_.begin(), workers_.end(), worker)) return true;
+    return next_workers_ && std::binary_search(next_workers_->workers.begin(), next_workers_->workers.end(), worker);
+  }
+
+  /// Why `workers` cannot be the job's workers, or "".
+  static std::string check_workers(std::span<const std::uint32_t> workers) {
+    if (workers.empty()) return "a job has one worker at least";
+    if (workers.size() > kMaxWorkerSet) return "more than " + std::to_string(kMaxWorkerSet) + " workers";
+    if (std::adjacent_find(workers.begin(), workers.end(), std::greater_equal<>()) != workers.end()) {
+      return "the workers must be ascending task indices";
+    }
+    if (workers.back() >= kMaxWorkers) return "worker index " + std::to_string(workers.back()) + " is too large";
+    return {};
+  }
+
+  /// Counts the workers the chief set (ChangeWorkers) once this ps reached their step.
+  /// Under SyncReplicas that is the boundary of that step on every ps: a push of the step
+  /// needs a pull of it, which waits until this ps is there (BoundedStaleness's slowest
+  /// clock may reach it on one ps before another, see there). A new worker is heard now
+  /// (where workers send heartbeats), so that one that never comes is held lost after the
+  /// worker timeout; those gone are forgotten, and their waiting token requests refused. A throw from the policy fails the ps (it
+  /// would disagree with the others).
+  void count_next_workers() {
+    if (!next_workers_ || pacing_.global_step() < next_workers_->from_step) return;
+    NextWorkers next = std::move(*next_workers_);
+    next_workers_.reset();
+    const std::vector<std::uint32_t> before = workers_;
+    changing_ = true;
+    pacing_.reshape(next.workers);
+    workers_ = std::move(next.workers);
+    const auto in = [](const std::vector<std::uint32_t>& set, std::uint32_t w) {
+      return std::binary_search(set.begin(), set.end(), w);
+    };
+    for (const std::uint32_t w : before) {
+      if (in(workers_, w)) continue;
+      liveness_.forget(w);
+      pacing_.refuse(w, ErrorReply{ErrorCode::kPermissionDenied, left_message(w)});
+    }
+    for (const std::uint32_t w : workers_) {
+      if ((!before.empty() && in(before, w)) || liveness_.known(w)) continue;
+      // Where workers beat their hearts, a new one is held lost if it never comes.
+      if (liveness_.any()) liveness_.heard(w, Clock::now());
+      pacing_.back(w);  // one that left lost and is counted again is not lost
+    }
+    changing_ = false;
+    log(LogLevel::kInfo, name_ + ": the job's workers are " + describe_members(workers_) + " from global step " +
+                             std::to_string(pacing_.global_step()) + " on");
+  }
+
+  /// What a worker the job no longer counts is told.
+  [[nodiscard]] std::string left_message(std::uint32_t worker) const {
+    return Node::worker(worker).name() + " is not one of the job's workers " + describe_members(workers_) +
+           " now: the chief took it out of the job; started with --join, it trains again";
+  }
+
   // ---- Pause / ReadState / Resume: checkpoint_cut.hpp --------------------------------------
 
   void on(Pause& r, const RequestContext& context, Responder& reply) {
@@ -585,6 +681,15 @@ class ParameterServer {
     std::vector<const PartState*> by_part;
     if (refused(reply, shard_.check_restore(r.parts, by_part))) return;
     typename P::Pacer pacer = pacing_.load(r.pacer);  // a pulley::Error refuses it
+    if (!r.workers.empty()) {
+      if (const std::string why = check_workers(r.workers); !why.empty()) {
+        return reject(reply, ErrorCode::kInvalidArgument, "Restore: " + why);
+      }
+    }
+    std::vector<std::uint32_t>& counting = r.workers.empty() ? workers_ : r.workers;
+    if (!counting.empty()) pacing_.reshape(pacer, counting);  // a pulley::Error refuses it
+    if (&counting != &workers_) workers_ = std::move(counting);
+    next_workers_.reset();  // the chief's Restore says the workers as they are now
     changing_ = true;
     // Served before (ready, or placed anew for another membership): a rollback.
     const std::int64_t step_before = registration_.ready() || replaced_ ? pacing_.global_step() : -1;
@@ -680,7 +785,7 @@ class ParameterServer {
 
   void on(Join&, const RequestContext&, Responder& reply) {
     reject(reply, ErrorCode::kInvalidArgument,
-           name_ + " is a ps task: a new ps asks the chief to join (the chief's address, --join)");
+           name_ + " is a ps task: a new ps or worker asks the chief to join (the chief's address, --join)");
   }
 
   void on(GetStats&, const RequestContext&, Responder& reply) {
@@ -766,7 +871,8 @@ class ParameterServer {
                       registration_.epoch(),
                       shard_.assigned() ? registration_.members() : std::vector<std::uint32_t>{},
                       registration_.membership(),
-                      registration_.ps_addresses()};
+                      registration_.ps_addresses(),
+                      std::vector<std::uint32_t>(workers().begin(), workers().end())};
   }
 
   /// The sync policy's wait in words, with how long ago each awaited worker was heard:
@@ -794,6 +900,14 @@ class ParameterServer {
 
   /// Worker indices a ps keeps counts for.
   static constexpr std::uint32_t kMaxWorkers = std::uint32_t{1} << 20U;
+  /// Workers a job has at most at once (ChangeWorkers).
+  static constexpr std::size_t kMaxWorkerSet = std::size_t{1} << 16U;
+
+  /// Workers the chief set, counted from a step to come.
+  struct NextWorkers {
+    std::vector<std::uint32_t> workers;
+    std::int64_t from_step = 0;
+  };
 
   /// A row pull waiting for its step.
   struct RowPull {
@@ -818,6 +932,8 @@ class ParameterServer {
   std::uint64_t rows_cut_session_ = 0;   ///< the chief's connection reading the cut's rows
   std::int64_t cut_forget_before_ = -1;  ///< and evictions forgotten before
   Liveness liveness_;
+  std::vector<std::uint32_t> workers_;         ///< the job's workers once changed (empty: the spec's)
+  std::optional<NextWorkers> next_workers_;  ///< ChangeWorkers waiting for its step
   std::chrono::milliseconds chief_wait_{std::chrono::minutes(5)};  ///< see set_chief_wait
   StepGate<Pull> pulls_;         ///< pulls waiting for their step
   StepGate<RowPull> row_pulls_;  ///< row pulls waiting for their step

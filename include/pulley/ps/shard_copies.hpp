@@ -64,6 +64,8 @@ class ShardCopies {
     own_.disconnected(node, session);
     copy_.disconnected(node, session);
   }
+  /// The job's workers, as ps k's own copy has them (both take every ChangeWorkers).
+  [[nodiscard]] std::span<const std::uint32_t> workers() const noexcept { return own_.workers(); }
   [[nodiscard]] std::uint64_t max_request_payload() const noexcept {
     return std::max(own_.max_request_payload(), copy_.max_request_payload());
   }

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <optional>
 #include <string>
 #include <thread>
@@ -193,6 +194,9 @@ class ChiefLoop {
 
   /// Runs the job from its first (or resumed) step to its last evaluation.
   void run() {
+    // The spec's workers until the ps tasks say otherwise: every restore carries them, so
+    // a ps started again counts the same workers as the others.
+    if (joins_ != nullptr) chief_.set_workers(joins_->workers());
     ChiefSchedule schedule({training_.last_step, training_.evaluate_every, checkpoints_.has_value(),
                             training_.checkpoint.save_steps, training_.checkpoint.save_secs},
                            begin(), Clock::now());
@@ -205,7 +209,10 @@ class ChiefLoop {
       schedule.last_checkpoint(newest);
     }
     start_ = Clock::now();
-    if (joins_ != nullptr) joins_->expect(static_cast<std::uint32_t>(chief_.num_ps()));
+    if (joins_ != nullptr) {
+      joins_->expect(static_cast<std::uint32_t>(chief_.num_ps()));
+      if (!chief_.workers().empty()) joins_->set_workers({chief_.workers().begin(), chief_.workers().end()});
+    }
     while (!schedule.done()) {
       try {
         take_joins();
@@ -256,12 +263,18 @@ class ChiefLoop {
   }
 
   /// Takes in every ps that asked to join (JoinQueue), one after the other (Chief::join),
-  /// and logs each change once with the new shape. One that cannot be reached, or is not
-  /// the next task, is left out with a log line, and the job goes on as it was; a failure
-  /// once the ps tasks took the new membership is thrown (the caller rolls them back).
+  /// then the workers that asked and those that left (change_workers), and logs each change
+  /// once with the new shape. A ps that cannot be reached, or is not the next task, is left
+  /// out with a log line, and the job goes on as it was; a failure once the ps tasks took
+  /// the new membership is thrown (the caller rolls them back).
   void take_joins() {
     if (joins_ == nullptr) return;
+    std::vector<JoinQueue::Asked> workers;
     while (std::optional<JoinQueue::Asked> asked = joins_->take()) {
+      if (asked->role == Node::Role::kWorker) {
+        workers.push_back(std::move(*asked));
+        continue;
+      }
       const std::string who = "ps " + std::to_string(asked->task) + " at " + asked->address;
       const std::size_t index = chief_.join_index(asked->address);
       if (asked->task != index) {
@@ -301,6 +314,61 @@ class ChiefLoop {
                                (mib ? " MiB" : " KiB") + " of dense values; training stood still " +
                                std::to_string(paused.count()) + " ms while the state moved");
     }
+    change_workers(workers);
+  }
+
+  /// Counts the workers in `joining` in, and those held lost for
+  /// `ClientOptions::worker_leave_after` out (one worker is always kept), in one change of
+  /// the job's workers (Chief::change_workers), logged once. A change the ps tasks refuse
+  /// is told to the workers that asked; a ps lost on the way is thrown (they ask again).
+  void change_workers(const std::vector<JoinQueue::Asked>& joining) {
+    const std::vector<std::uint32_t> before = joins_->workers();
+    std::vector<std::uint32_t> after = before;
+    std::string change;
+    for (const JoinQueue::Asked& asked : joining) {
+      const auto at = std::lower_bound(after.begin(), after.end(), asked.task);
+      if (at != after.end() && *at == asked.task) continue;
+      after.insert(at, asked.task);
+      change += (change.empty() ? "worker " : ", worker ") + std::to_string(asked.task) + " joined";
+    }
+    if (const auto patience = training_.client.worker_leave_after; patience.count() > 0) {
+      const auto now = Clock::now();
+      std::vector<std::uint32_t> lost = chief_.lost_workers();
+      std::erase_if(lost, [&](std::uint32_t w) {  // a worker that asks to join again is not lost
+        return !std::binary_search(before.begin(), before.end(), w) ||
+               std::any_of(joining.begin(), joining.end(), [w](const JoinQueue::Asked& a) { return a.task == w; });
+      });
+      std::erase_if(lost_since_, [&](const auto& entry) { return !std::binary_search(lost.begin(), lost.end(), entry.first); });
+      for (const std::uint32_t w : lost) {
+        const auto since = lost_since_.try_emplace(w, now).first->second;
+        const auto at = std::lower_bound(after.begin(), after.end(), w);
+        if (now - since < patience || at == after.end() || *at != w || after.size() == 1) continue;
+        after.erase(at);
+        lost_since_.erase(w);
+        change += (change.empty() ? "worker " : ", worker ") + std::to_string(w) + " left (held lost for " +
+                  std::to_string(std::chrono::duration_cast<std::chrono::seconds>(now - since).count()) + " s)";
+      }
+    }
+    if (after == before) return;
+    const auto began = Clock::now();
+    std::int64_t from = 0;
+    try {
+      from = chief_.change_workers(after);
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::kUnavailable) {
+        for (const JoinQueue::Asked& asked : joining) joins_->put_back(asked);
+        throw;
+      }
+      for (const JoinQueue::Asked& asked : joining) joins_->refuse_worker(asked.task, e.message());
+      log(LogLevel::kWarning, "chief: the job's workers stay " + describe_members(before) + " (" + change +
+                                  " refused): " + e.message());
+      return;
+    }
+    joins_->set_workers(after);
+    const auto paused = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - began);
+    log(LogLevel::kInfo, "chief: " + change + "; the job's workers are " + describe_members(after) +
+                             " from global step " + std::to_string(from) + " on; training stood still " +
+                             std::to_string(paused.count()) + " ms");
   }
 
   /// Initializes every variable and reads global step 0's state (saved as checkpoint 0, as
@@ -457,6 +525,8 @@ class ChiefLoop {
   /// The wait for the ps tasks after connections broke, kept while they break again
   /// before the schedule gets anywhere.
   std::optional<detail::Recovery> reconnecting_;
+  /// Workers the ps tasks hold lost, and since when the chief has seen them so.
+  std::map<std::uint32_t, Clock::time_point> lost_since_;
 };
 
 /// The chief task: runs the ChiefLoop, then ends training (or aborts it, with the reason,

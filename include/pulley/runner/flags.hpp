@@ -70,8 +70,8 @@ inline void add_job_flags(CLI::App& app, JobFlags& flags) {
                  "a hash of the cluster)")
       ->group(group);
   app.add_flag("--join", flags.join,
-               "this ps task joins a running job: the chief takes it in at its next evaluation or "
-               "checkpoint (its cluster lists it after the job's ps tasks; needs --job-name)")
+               "this ps task or worker joins a running job: the chief takes it in at its next evaluation "
+               "or checkpoint (its cluster lists it after the job's ps tasks or workers; needs --job-name)")
       ->group(group);
   app.add_option("--secret-file", flags.secret_file,
                  "a file holding the job's shared secret (default: PULLEY_SECRET, "
@@ -200,6 +200,13 @@ inline void add_limit_flags(CLI::App& app, ClientOptions& client, TcpOptions& tc
          [&client](std::int64_t s) { client.ps_leave_after = std::chrono::seconds(s); },
          "chief: a lost ps not back within this long leaves the job for good, and the others take "
          "its shard from the newest checkpoint (0, the default: wait for it up to the recovery timeout)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 30))
+      ->group("Durability");
+  app.add_option_function<std::int64_t>(
+         "--worker-leave-secs",
+         [&client](std::int64_t s) { client.worker_leave_after = std::chrono::seconds(s); },
+         "chief: a worker held lost this long leaves the job for good, and the sync policy counts the "
+         "others from the next step (0, the default: it stays a lost worker, taken back when it returns)")
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 30))
       ->group("Durability");
 }

@@ -27,9 +27,10 @@ struct Job {
   /// What this task proves to the others (its job's name and secret), in a cluster of
   /// processes (runner/credentials.hpp says where they come from).
   Credentials credentials;
-  /// This ps task joins a running job: it asks the chief (at the chief task's address, or
-  /// worker 0's in a cluster without one) to take it in (Chief::join). Its cluster spec
-  /// lists it after the job's ps tasks.
+  /// This ps task or worker joins a running job: it asks the chief (at the chief task's
+  /// address, or worker 0's in a cluster without one) to take it in (Chief::join; a
+  /// worker: Chief::change_workers). Its cluster spec lists it after the job's ps tasks
+  /// (or workers).
   bool join = false;
 
   /// True when every task runs in this process.
@@ -72,7 +73,7 @@ struct JobFlags {
   std::uint32_t workers = 2;  ///< workers when in-process
   std::string job_name;       ///< the job's name in handshakes ("": derived, credentials.hpp)
   std::string secret_file;    ///< a file holding the job's shared secret ("": see credentials.hpp)
-  bool join = false;          ///< this ps task joins a running job (Job::join)
+  bool join = false;          ///< this ps task or worker joins a running job (Job::join)
 };
 
 /// The job `flags` describe (see JobFlags for the order). Throws kInvalidArgument naming the
@@ -133,11 +134,11 @@ inline Job resolve_job(const JobFlags& flags) {
     job.credentials = task_credentials(job.cluster->cluster, flags.job_name, flags.secret_file);
   }
   if (flags.join) {
-    if (!job.cluster || job.cluster->task.type != "ps") {
-      throw Error(ErrorCode::kInvalidArgument, "--join is for a ps task of a cluster of processes");
+    if (!job.cluster || (job.cluster->task.type != "ps" && job.cluster->task.type != "worker")) {
+      throw Error(ErrorCode::kInvalidArgument, "--join is for a ps task or a worker of a cluster of processes");
     }
     if (flags.job_name.empty() && job.credentials.job.starts_with("cluster-")) {
-      // The name derived from the cluster spec differs once the spec lists the new ps.
+      // The name derived from the cluster spec differs once the spec lists the new task.
       throw Error(ErrorCode::kInvalidArgument,
                   "--join needs the running job's name: --job-name (the chief logs it as it starts)");
     }

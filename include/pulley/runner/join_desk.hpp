@@ -1,13 +1,16 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "pulley/concepts/service.hpp"
 #include "pulley/core/node.hpp"
@@ -15,21 +18,42 @@
 
 namespace pulley {
 
-/// The ps tasks that asked the chief to join the job and wait for it (Join): filled by the
-/// JoinDesk on its server's thread, emptied by the chief's loop on its own.
+/// The tasks that asked the chief to join the job and wait for it (Join): filled by the
+/// JoinDesk on its server's thread, emptied by the chief's loop on its own. It also keeps
+/// the job's workers as the chief last counted them, so that the desk can tell a worker
+/// whether it is in.
 class JoinQueue {
  public:
-  /// One ps that asked.
+  /// One task that asked.
   struct Asked {
     std::uint32_t task = 0;  ///< its task index, as its handshake proved it
-    std::string address;     ///< where it serves
+    std::string address;     ///< where it serves (a ps)
     int tries = 0;           ///< joins cut short by a lost ps so far
+    Node::Role role = Node::Role::kPs;
   };
 
-  /// Queues `asked`, or leaves a task the job has known already alone (a joined ps started
-  /// again with --join: the chief takes it back as any ps started again, by a rollback);
-  /// why not, if it is refused: beyond the next task index (once the chief said it:
-  /// `expect`), or that task asked already.
+  /// What the desk answers a worker that asked.
+  enum class Standing : std::uint8_t {
+    kWaiting,   ///< queued: the chief counts it in at its next evaluation or checkpoint
+    kIn,        ///< one of the job's workers: it may connect to the ps tasks
+    kRefused,   ///< the chief could not count it in (the reason comes with it)
+  };
+
+  /// @param num_workers the cluster spec's workers (task indices 0 .. num_workers - 1)
+  /// @param last_step   the global step training ends at, as the chief runs it (a worker
+  ///                    that joins follows it)
+  explicit JoinQueue(std::uint32_t num_workers = 0, std::int64_t last_step = 0)
+      : known_(num_workers), last_step_(last_step) {
+    for (std::uint32_t w = 0; w < num_workers; ++w) workers_.push_back(w);
+  }
+
+  /// The global step training ends at.
+  [[nodiscard]] std::int64_t last_step() const noexcept { return last_step_; }
+
+  /// Queues `asked` (a ps), or leaves a task the job has known already alone (a joined ps
+  /// started again with --join: the chief takes it back as any ps started again, by a
+  /// rollback); why not, if it is refused: beyond the next task index (once the chief
+  /// said it: `expect`), or that task asked already.
   std::optional<std::string> ask(Asked asked) {
     std::scoped_lock lock(mutex_);
     if (next_ && asked.task < *next_) return std::nullopt;
@@ -38,13 +62,37 @@ class JoinQueue {
              ": list the new ps after the job's ps tasks in its cluster spec";
     }
     for (const Asked& a : waiting_) {
-      if (a.task == asked.task) return "ps " + std::to_string(asked.task) + " asked to join already";
+      if (a.role == Node::Role::kPs && a.task == asked.task) return "ps " + std::to_string(asked.task) + " asked to join already";
     }
     waiting_.push_back(std::move(asked));
     return std::nullopt;
   }
 
-  /// The oldest ps that asked, taken out; nullopt when none waits.
+  /// Where worker `task` stands, queuing it the first time it asks; with kRefused, `why`
+  /// says why (a worker index beyond the next one, or the chief's refusal, told once: a
+  /// process that asks again later is queued again).
+  Standing ask_worker(std::uint32_t task, std::string& why) {
+    std::scoped_lock lock(mutex_);
+    if (std::binary_search(workers_.begin(), workers_.end(), task)) return Standing::kIn;
+    if (const auto refusal = refused_.find(task); refusal != refused_.end()) {
+      why = std::move(refusal->second);
+      refused_.erase(refusal);
+      return Standing::kRefused;
+    }
+    const std::uint32_t next = next_worker();
+    if (task > next) {
+      why = "the next worker of the job is worker " + std::to_string(next) + ", not worker " + std::to_string(task) +
+            ": list the new worker after the job's workers in its cluster spec";
+      return Standing::kRefused;
+    }
+    const bool queued = std::any_of(waiting_.begin(), waiting_.end(), [&](const Asked& a) {
+      return a.role == Node::Role::kWorker && a.task == task;
+    });
+    if (!queued) waiting_.push_back({task, {}, 0, Node::Role::kWorker});
+    return Standing::kWaiting;
+  }
+
+  /// The oldest task that asked, taken out; nullopt when none waits.
   std::optional<Asked> take() {
     std::scoped_lock lock(mutex_);
     if (waiting_.empty()) return std::nullopt;
@@ -65,17 +113,46 @@ class JoinQueue {
     next_ = next;
   }
 
+  /// The job's workers, ascending, as the chief counts them now.
+  [[nodiscard]] std::vector<std::uint32_t> workers() const {
+    std::scoped_lock lock(mutex_);
+    return workers_;
+  }
+  /// The chief counts `workers` now (ascending): those among them are in.
+  void set_workers(std::vector<std::uint32_t> workers) {
+    std::scoped_lock lock(mutex_);
+    for (const std::uint32_t w : workers) refused_.erase(w);
+    known_ = std::max(known_, workers.empty() ? 0U : workers.back() + 1);
+    workers_ = std::move(workers);
+  }
+  /// The chief could not count worker `task` in, for `why`: the desk tells it so (and
+  /// forgets that it asked).
+  void refuse_worker(std::uint32_t task, std::string why) {
+    std::scoped_lock lock(mutex_);
+    std::erase_if(waiting_, [&](const Asked& a) { return a.role == Node::Role::kWorker && a.task == task; });
+    refused_[task] = std::move(why);
+  }
+
  private:
-  std::mutex mutex_;
+  /// The index the next new worker has: one past every worker the job has known.
+  [[nodiscard]] std::uint32_t next_worker() const {
+    return std::max(known_, workers_.empty() ? 0U : workers_.back() + 1);
+  }
+
+  mutable std::mutex mutex_;
   std::deque<Asked> waiting_;
   std::optional<std::uint32_t> next_;
+  std::vector<std::uint32_t> workers_;
+  std::uint32_t known_;  ///< one past the highest worker index the job has counted
+  std::map<std::uint32_t, std::string> refused_;
+  std::int64_t last_step_;
 };
 
 /// The chief's door, a Service its TcpServer serves on the chief's address: a new ps task
-/// asks there to join the running job (Join), proving the job's secret at the handshake
-/// like every task. The desk queues it (JoinQueue) and answers at once; the chief takes it
-/// in at its next evaluation or checkpoint. Every other request is refused: the chief
-/// serves nothing else.
+/// or worker asks there to join the running job (Join), proving the job's secret at the
+/// handshake like every task. The desk queues it (JoinQueue); the chief takes it in at its
+/// next evaluation or checkpoint. A ps is answered at once; a worker asks until it is in.
+/// Every other request is refused: the chief serves nothing else.
 class JoinDesk {
  public:
   explicit JoinDesk(std::shared_ptr<JoinQueue> queue) : queue_(std::move(queue)) {}
@@ -85,10 +162,11 @@ class JoinDesk {
       auto* join = std::get_if<Join>(&request);
       if (join == nullptr) {
         return respond(reply, ErrorReply{ErrorCode::kInvalidArgument,
-                                         "this is the chief: it takes Join requests of new ps tasks only"});
+                                         "this is the chief: it takes Join requests of new tasks only"});
       }
+      if (context.peer && context.peer->role == Node::Role::kWorker) return answer_worker(context.peer->index, reply);
       if (!context.peer || context.peer->role != Node::Role::kPs) {
-        return respond(reply, ErrorReply{ErrorCode::kPermissionDenied, "only a ps task may ask to join the job"});
+        return respond(reply, ErrorReply{ErrorCode::kPermissionDenied, "only a ps task or a worker may ask to join the job"});
       }
       if (join->address.empty() || join->address.size() > 255) {
         return respond(reply, ErrorReply{ErrorCode::kInvalidArgument, "a Join names its address (host:port)"});
@@ -99,6 +177,22 @@ class JoinDesk {
       respond(reply, Ack{});
     } catch (...) {  // no memory
       respond(reply, ErrorReply{ErrorCode::kInternal, "the chief could not queue the Join"});
+    }
+  }
+
+  /// A worker: the job's schedule and workers once it is one of them (JoinReply),
+  /// kUnavailable while it waits (it asks again), or the refusal.
+  void answer_worker(std::uint32_t task, Responder& reply) {
+    std::string why;
+    switch (queue_->ask_worker(task, why)) {
+      case JoinQueue::Standing::kIn:
+        return respond(reply, JoinReply{queue_->last_step(), queue_->workers()});
+      case JoinQueue::Standing::kWaiting:
+        return respond(reply, ErrorReply{ErrorCode::kUnavailable, "worker " + std::to_string(task) +
+                                                                      " waits for the chief to count it in, at its "
+                                                                      "next evaluation or checkpoint"});
+      case JoinQueue::Standing::kRefused:
+        return respond(reply, ErrorReply{ErrorCode::kFailedPrecondition, why});
     }
   }
 

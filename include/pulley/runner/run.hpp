@@ -151,7 +151,8 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
     serve(training, config, credentials, std::move(sharding), std::move(optimizer),
           std::move(sync), std::move(tables), metrics, join);
   } else if (type == "chief") {
-    with_join_desk(chief_address(config.cluster), with(training.server, credentials), [&](JoinQueue* joins) {
+    with_join_desk(chief_address(config.cluster), with(training.server, credentials), num_workers, training.last_step,
+                   [&](JoinQueue* joins) {
       lead(training, [&] { return transport(Node::chief()); }, id_sharding, metrics, joins);
     });
   } else if (type == "evaluator") {
@@ -162,7 +163,8 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
     std::exception_ptr chief_failure;
     std::thread chief([&] {
       try {
-        with_join_desk(chief_address(config.cluster), with(training.server, credentials), [&](JoinQueue* joins) {
+        with_join_desk(chief_address(config.cluster), with(training.server, credentials), num_workers, training.last_step,
+                   [&](JoinQueue* joins) {
           lead(training, [&] { return transport(Node::chief()); }, id_sharding, metrics, joins);
         });
       } catch (...) {
@@ -185,8 +187,22 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
     chief.join();
     if (chief_failure) std::rethrow_exception(chief_failure);
   } else {
-    work(training, config.task.index, num_workers,
-         [&] { return transport(Node::worker(config.task.index)); }, id_sharding, metrics);
+    const auto worker = [&](const Training<M>& as) {
+      work(as, config.task.index, num_workers, [&] { return transport(Node::worker(config.task.index)); },
+           id_sharding, metrics);
+    };
+    if (!join) return worker(training);
+    // Counted in before it reaches a ps (which lets in the job's workers only), it runs the
+    // job's schedule: its own flags may derive another from its cluster spec's workers.
+    const JoinReply job = ask_to_work(chief_address(config.cluster), config.task.index,
+                                      with(training.tcp, credentials), training.client.recovery_timeout);
+    if (job.last_step <= 0 || job.last_step == training.last_step) return worker(training);
+    log(LogLevel::kInfo, "worker " + std::to_string(config.task.index) + ": the job ends at global step " +
+                             std::to_string(job.last_step) + " (the chief's), not " +
+                             std::to_string(training.last_step) + " as this task's flags give");
+    Training<M> as_the_job = training;
+    as_the_job.last_step = job.last_step;
+    worker(as_the_job);
   }
 }
 
@@ -241,7 +257,20 @@ int run(const Job& job, const Training<M>& training, S sharding, O optimizer, P 
     }
     if (job.join && training.tcp.replicas != 0) {
       throw Error(ErrorCode::kInvalidArgument,
-                  "--join and --ps-replicas 1 exclude each other: a new ps would change which ps keeps whose copy");
+                  "--join and --ps-replicas 1 exclude each other: a new ps would change which ps keeps whose "
+                  "copy, and a job with copies does not count workers that join or leave");
+    }
+    if (training.client.worker_leave_after.count() > 0 && training.tcp.replicas != 0) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "--worker-leave-secs and --ps-replicas 1 exclude each other: a job with copies does not count "
+                  "workers that join or leave");
+    }
+    if constexpr (!kReshapes<P>) {
+      if (client.worker_leave_after.count() > 0 || (job.join && job.cluster->task.type == "worker")) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "--worker-leave-secs, and a worker's --join, need a sync policy that counts workers that "
+                    "join or leave (SyncPolicy::reshape)");
+      }
     }
     // Every task, not only the ps tasks, refuses bad settings at once: nobody waits for a
     // ps that will not start.

@@ -66,8 +66,8 @@ void work(const Training<M>& training, std::uint32_t index, std::uint32_t num_wo
     return;
   }
   std::int64_t number = -1;  // the batch the source reads (DataShard::batch), during its call
-  auto next = training.data(DataShard{index, num_workers, start_step,
-                                      [&heartbeat] { return heartbeat.lost(); }, [&number] { return number; }});
+  auto next = training.data(DataShard{index, num_workers, start_step, [&heartbeat] { return heartbeat.lost(); },
+                                      [&heartbeat] { return heartbeat.workers(); }, [&number] { return number; }});
   const auto read = [&](std::int64_t batch) {
     number = batch;
     auto read_batch = next();
@@ -290,22 +290,61 @@ inline void ask_to_join(const std::string& chief, std::uint32_t task, const std:
   }
 }
 
+/// Asks the chief at `chief` to count worker `task` in (Join), and waits until it has: the
+/// chief does at its next evaluation or checkpoint. Returns the job's schedule as the chief
+/// runs it. Tries again while the chief cannot be reached, for `patience`. Throws the
+/// chief's refusal, or kUnavailable (kDeadlineExceeded when the chief never counted it in
+/// within `patience`).
+inline JoinReply ask_to_work(const std::string& chief, std::uint32_t task, const TcpOptions& tcp,
+                             std::chrono::milliseconds patience) {
+  const auto deadline = std::chrono::steady_clock::now() + patience;
+  bool queued = false;
+  std::optional<Tcp> desk;
+  for (;;) {
+    try {
+      if (!desk) desk.emplace(Node::worker(task), std::vector<std::string>{chief}, tcp);
+      CallGroup group;
+      group.add(desk->call(0, Join{}, {}));
+      group.wait(std::chrono::seconds(30), "ask the chief at " + chief + " to join the job");
+      JoinReply reply = group.take_as<JoinReply>(0);
+      log(LogLevel::kInfo, "worker " + std::to_string(task) + ": the chief at " + chief +
+                               " counted it in: it trains with the job's workers " + describe_members(reply.workers) +
+                               " until global step " + std::to_string(reply.last_step));
+      return reply;
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kUnavailable) throw;
+      if (std::chrono::steady_clock::now() > deadline) {
+        throw Error(queued ? ErrorCode::kDeadlineExceeded : ErrorCode::kUnavailable,
+                    std::string("worker ") + std::to_string(task) + " was not counted in within " +
+                        std::to_string(patience.count() / 1000) + " s: " + e.message());
+      }
+      if (!std::exchange(queued, true)) {
+        log(LogLevel::kInfo, e.message());  // "worker 2 waits for the chief to count it in..."
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  }
+}
+
 /// Runs `body(queue)` while the chief's JoinDesk serves on `address` (a thread of its
-/// own), where new ps tasks ask to join the job; `queue` is null when the desk cannot
-/// listen there (logged: no ps can join this job then).
+/// own), where new ps tasks and workers ask to join the job; `queue` is null when the desk
+/// cannot listen there (logged: no task can join this job then). `num_workers`: the
+/// cluster spec's workers; `last_step`: where the chief ends training.
 template <class Body>
-void with_join_desk(const std::string& address, TcpServerOptions options, Body&& body) {
-  auto queue = std::make_shared<JoinQueue>();
+void with_join_desk(const std::string& address, TcpServerOptions options, std::uint32_t num_workers,
+                    std::int64_t last_step, Body&& body) {
+  auto queue = std::make_shared<JoinQueue>(num_workers, last_step);
   std::optional<TcpServer<JoinDesk>> desk;
   try {
     const Address where = parse_address(address);
-    options.tasks = {{Node::Role::kPs, 4096}};  // a new ps is beyond the cluster spec, by design
+    // New tasks are beyond the cluster spec, by design (the desk checks their indices).
+    options.tasks = {{Node::Role::kPs, 4096}, {Node::Role::kWorker, 1U << 20U}};
     options.orphaned_after = std::chrono::hours(24 * 365);  // joiners come and go: it serves on
     desk.emplace(JoinDesk(queue), listen_host(where), where.port, options);
-    log(LogLevel::kInfo, "chief: ps tasks may join job '" + options.credentials.job + "' at " + address +
+    log(LogLevel::kInfo, "chief: ps tasks and workers may join job '" + options.credentials.job + "' at " + address +
                              " (--join --job-name " + options.credentials.job + ")");
   } catch (const Error& e) {
-    log(LogLevel::kWarning, std::string("chief: no ps can join this job: ") + e.what());
+    log(LogLevel::kWarning, std::string("chief: no task can join this job: ") + e.what());
   }
   std::thread serving;
   if (desk) serving = std::thread([&desk] { desk->run(); });

@@ -57,6 +57,9 @@ struct DataShard {
   /// The workers the ps tasks hold lost now (their heartbeats stopped), ascending; empty
   /// when none is, or when nobody tracks it. See `share`.
   std::function<std::vector<std::uint32_t>()> lost;
+  /// The job's workers now, ascending, once workers joined or left (Chief::change_workers);
+  /// empty while they are 0 .. count - 1, or when nobody tracks it. See `share`.
+  std::function<std::vector<std::uint32_t>()> workers;
   /// See `batch`.
   std::function<std::int64_t()> number;
 
@@ -71,20 +74,29 @@ struct DataShard {
   /// uninterrupted one would have, without `start_step`.
   [[nodiscard]] std::int64_t batch() const { return number ? number() : -1; }
 
-  /// This worker's share among the workers not lost: {its rank among them, their count},
-  /// for a source of unnumbered batches (`batch()` is -1). A source that splits each
-  /// epoch's data by `share()` at the epoch's start hands a lost worker's data to the
-  /// others from the next epoch on (and takes it back when it returns); with no worker lost
-  /// it is {index, count}. While workers disagree on who is
-  /// lost (a heartbeat apart), an epoch may read a few batches twice or not at all.
+  /// This worker's share among the job's workers not lost: {its rank among them, their
+  /// count}, for a source of unnumbered batches (`batch()` is -1). A source that splits
+  /// each epoch's data by `share()` at the epoch's start hands a lost worker's data to the
+  /// others from the next epoch on (and takes it back when it returns), and shares it with
+  /// workers that joined, or among those left after one left for good; with no worker lost
+  /// and none changed it is {index, count}. While workers disagree on who is lost (a
+  /// heartbeat apart), an epoch may read a few batches twice or not at all.
   [[nodiscard]] std::pair<std::uint32_t, std::uint32_t> share() const {
     const std::vector<std::uint32_t> gone = lost ? lost() : std::vector<std::uint32_t>{};
-    if (std::binary_search(gone.begin(), gone.end(), index)) return {index, count};
-    std::uint32_t rank = index, live = count;
-    for (const std::uint32_t w : gone) {
-      if (w >= count) continue;
-      --live;
-      if (w < index) --rank;
+    std::vector<std::uint32_t> all = workers ? workers() : std::vector<std::uint32_t>{};
+    if (all.empty()) {
+      for (std::uint32_t w = 0; w < count; ++w) all.push_back(w);
+    }
+    if (std::binary_search(gone.begin(), gone.end(), index) ||
+        !std::binary_search(all.begin(), all.end(), index)) {
+      return {index % static_cast<std::uint32_t>(std::max<std::size_t>(all.size(), 1)),
+              static_cast<std::uint32_t>(std::max<std::size_t>(all.size(), 1))};
+    }
+    std::uint32_t rank = 0, live = 0;
+    for (const std::uint32_t w : all) {
+      if (std::binary_search(gone.begin(), gone.end(), w)) continue;
+      ++live;
+      if (w < index) ++rank;
     }
     return {rank, live};
   }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "pulley/concepts/sharding.hpp"
+#include "pulley/core/node.hpp"
 #include "pulley/core/error.hpp"
 
 namespace pulley {
@@ -62,13 +63,6 @@ struct PartMove {
     if (a.ps != b.ps) moves.push_back({a.variable, a.index, a.ps, b.ps, part_bytes(a, variables)});
   }
   return moves;
-}
-
-/// The ps tasks `members` as log lines name them: "{0, 2}".
-[[nodiscard]] inline std::string describe_members(std::span<const std::uint32_t> members) {
-  std::string text = "{";
-  for (std::size_t i = 0; i < members.size(); ++i) text += (i == 0 ? "" : ", ") + std::to_string(members[i]);
-  return text + "}";
 }
 
 /// Checks a member list: not empty, ascending, no task twice.

@@ -58,6 +58,8 @@ struct Async {
     }
     pacer.pushes = state[0];
   }
+  /// Async counts no workers: any number may join or leave.
+  void reshape(Pacer& /*pacer*/, std::span<const std::uint32_t> /*workers*/) const noexcept {}
   /// Async never waits.
   [[nodiscard]] std::string waiting_for(const Pacer& /*pacer*/) const { return "nothing (async)"; }
 };

@@ -32,6 +32,15 @@ namespace pulley {
 /// stopped, parameter_server.hpp): the slowest clock is then taken over the others. A
 /// lost worker that comes back starts at the slowest clock (its clocks in between are
 /// skipped; what it pushes for them is stale), so the global step never goes back.
+///
+/// Workers that join or leave the job (`reshape`): a worker that joins starts at the
+/// slowest clock (on each ps, its first push there sets its clock), one that left no
+/// longer holds anyone back (what it still pushes is stale). Each ps counts the change
+/// when its own slowest clock reaches the step the chief chose, so a ps behind the pacing
+/// one by a clock or two drops a new worker's first pushes as stale until it gets there.
+/// Batches are then numbered clock × N + rank among the workers, N their count: while the
+/// fastest run ahead of the change, up to s clocks' batches may be read twice or not at
+/// all.
 class BoundedStaleness {
  public:
   /// A staleness bound that never binds.
@@ -63,6 +72,11 @@ class BoundedStaleness {
     std::vector<std::int64_t> clocks;  ///< by worker: steps pushed
     std::int64_t slowest = 0;          ///< the lowest clock of a worker not lost: the global step
     std::vector<char> lost;            ///< by worker: held lost by the ps
+    /// The job's workers, ascending, once they changed (`reshape`); empty: 0 .. N-1.
+    std::vector<std::uint32_t> workers;
+    /// By worker: counted in by `reshape` and not heard since: its first push sets its
+    /// clock (the pacing ps may have counted it in a few clocks earlier than this one).
+    std::vector<char> joined;
   };
 
   /// An accumulator for n-element gradients.
@@ -77,7 +91,7 @@ class BoundedStaleness {
   /// Every worker at clock 0.
   [[nodiscard]] Pacer make_pacer() const {
     const auto n = static_cast<std::size_t>(total_num_replicas_);
-    return {std::vector<std::int64_t>(n, 0), 0, std::vector<char>(n, 0)};
+    return {std::vector<std::int64_t>(n, 0), 0, std::vector<char>(n, 0), {}, std::vector<char>(n, 0)};
   }
 
   /// A push for the worker's clock moves it on and is applied at once. A push for a clock
@@ -85,7 +99,12 @@ class BoundedStaleness {
   /// twice. Refused (Error) for a worker out of range or a clock the worker cannot have had
   /// a token of.
   Verdict on_push(Pacer& pacer, std::uint32_t worker, std::int64_t local_step) const {
+    if (!pacer.workers.empty() && !member(pacer, worker)) return Verdict::kStale;  // it left, or is not counted yet
     std::int64_t& clock = clock_of(pacer, worker);
+    if (worker < pacer.joined.size() && pacer.joined[worker] != 0 && local_step >= clock) {
+      clock = local_step;  // a worker counted in: its first push here says where it is
+      pacer.joined[worker] = 0;
+    }
     if (local_step < 0 || local_step > clock) {
       throw Error(ErrorCode::kInvalidArgument,
                   "worker " + std::to_string(worker) + " pushed for clock " +
@@ -115,7 +134,7 @@ class BoundedStaleness {
   [[nodiscard]] std::vector<std::uint32_t> awaited(const Pacer& pacer) const {
     std::vector<std::uint32_t> workers;
     for (std::uint32_t w = 0; w < pacer.clocks.size(); ++w) {
-      if (pacer.lost[w] == 0 && pacer.clocks[w] == pacer.slowest) workers.push_back(w);
+      if (counts(pacer, w) && pacer.clocks[w] == pacer.slowest) workers.push_back(w);
     }
     return workers;
   }
@@ -124,17 +143,59 @@ class BoundedStaleness {
   [[nodiscard]] std::int64_t global_step(const Pacer& pacer) const { return pacer.slowest; }
 
   /// The token of the worker's next clock c, once c is at most s ahead of the slowest; it
-  /// reads step c - s, and batch c × N + worker (each worker its own share of every clock).
-  /// Asking again before pushing gives the same token.
+  /// reads step c - s, and batch c × N + its rank among the workers (each worker its own
+  /// share of every clock). Asking again before pushing gives the same token. A worker
+  /// outside the job's waits (it is let in at the next step, or it left).
   std::optional<Token> take_token(Pacer& pacer, std::uint32_t worker) const {
+    if (!member(pacer, worker)) return std::nullopt;
     const std::int64_t clock = clock_of(pacer, worker);
     if (clock - pacer.slowest > staleness_) return std::nullopt;
-    const auto workers = static_cast<std::int64_t>(pacer.clocks.size());
-    return Token{clock, read_step(clock), read_step(clock + 1), true, clock * workers + worker};
+    std::int64_t workers = total_num_replicas_;
+    std::int64_t rank = worker;
+    if (!pacer.workers.empty()) {
+      workers = static_cast<std::int64_t>(pacer.workers.size());
+      rank = std::lower_bound(pacer.workers.begin(), pacer.workers.end(), worker) - pacer.workers.begin();
+    }
+    return Token{clock, read_step(clock), read_step(clock + 1), true, clock * workers + rank};
   }
 
-  /// Every worker's clock.
-  [[nodiscard]] std::vector<std::int64_t> save(const Pacer& pacer) const { return pacer.clocks; }
+  /// The job's workers are `workers` (task indices, ascending, not empty): one that joins
+  /// starts at the slowest clock, one that left no longer counts. Throws kInvalidArgument
+  /// for an empty or unordered set (the pacer is then as it was).
+  void reshape(Pacer& pacer, std::span<const std::uint32_t> workers) const {
+    if (workers.empty() || std::adjacent_find(workers.begin(), workers.end(), std::greater_equal<>()) != workers.end()) {
+      throw Error(ErrorCode::kInvalidArgument, "BoundedStaleness: the workers must be ascending task indices, at least one");
+    }
+    std::vector<std::uint32_t> set(workers.begin(), workers.end());
+    const std::size_t size = std::max<std::size_t>(pacer.clocks.size(), set.back() + std::size_t{1});
+    pacer.clocks.reserve(size);
+    pacer.lost.reserve(size);
+    pacer.joined.reserve(size);
+    pacer.joined.resize(pacer.clocks.size(), 0);
+    for (const std::uint32_t w : set) {  // nothing throws from here on
+      if (w >= pacer.clocks.size()) {
+        pacer.clocks.resize(w + std::size_t{1}, pacer.slowest);
+        pacer.lost.resize(w + std::size_t{1}, 0);
+        pacer.joined.resize(w + std::size_t{1}, 0);
+        pacer.joined[w] = 1;
+      } else if (!member(pacer, w)) {
+        pacer.clocks[w] = std::max(pacer.clocks[w], pacer.slowest);
+        pacer.joined[w] = 1;
+      }
+    }
+    pacer.workers = std::move(set);
+    update_slowest(pacer);
+  }
+
+  /// Every worker's clock; one that left the job at the slowest (a resumed job does not
+  /// wait for it).
+  [[nodiscard]] std::vector<std::int64_t> save(const Pacer& pacer) const {
+    std::vector<std::int64_t> clocks = pacer.clocks;
+    for (std::uint32_t w = 0; w < clocks.size(); ++w) {
+      if (!member(pacer, w)) clocks[w] = std::max(clocks[w], pacer.slowest);
+    }
+    return clocks;
+  }
 
   /// Goes on from the saved clocks. A job resumed with more workers starts the new ones at
   /// the slowest clock saved; with fewer, the clocks of the workers gone are dropped.
@@ -146,6 +207,7 @@ class BoundedStaleness {
     std::vector<std::int64_t> clocks(static_cast<std::size_t>(total_num_replicas_), slowest);
     std::copy_n(state.begin(), std::min(state.size(), clocks.size()), clocks.begin());
     pacer.lost.assign(clocks.size(), 0);  // who is lost is the ps's to say, not the checkpoint's
+    pacer.joined.assign(clocks.size(), 0);
     pacer.clocks = std::move(clocks);
     pacer.slowest = 0;
     update_slowest(pacer);
@@ -154,8 +216,8 @@ class BoundedStaleness {
   /// "the slowest: worker 2 at clock 5 (fastest: 8, staleness 3)"
   [[nodiscard]] std::string waiting_for(const Pacer& pacer) const {
     std::string slowest;
-    for (std::size_t w = 0; w < pacer.clocks.size(); ++w) {
-      if (pacer.clocks[w] != pacer.slowest || pacer.lost[w] != 0) continue;
+    for (std::uint32_t w = 0; w < pacer.clocks.size(); ++w) {
+      if (pacer.clocks[w] != pacer.slowest || !counts(pacer, w)) continue;
       slowest += (slowest.empty() ? "worker " : ", worker ") + std::to_string(w);
     }
     return "the slowest: " + slowest + " at clock " + std::to_string(pacer.slowest) +
@@ -167,14 +229,24 @@ class BoundedStaleness {
  private:
   /// The lowest clock of the workers not lost; it never goes back (nor moves while every
   /// worker is lost).
-  static void update_slowest(Pacer& pacer) {
+  void update_slowest(Pacer& pacer) const {
     std::int64_t slowest = std::numeric_limits<std::int64_t>::max();
-    for (std::size_t w = 0; w < pacer.clocks.size(); ++w) {
-      if (pacer.lost[w] == 0) slowest = std::min(slowest, pacer.clocks[w]);
+    for (std::uint32_t w = 0; w < pacer.clocks.size(); ++w) {
+      if (counts(pacer, w)) slowest = std::min(slowest, pacer.clocks[w]);
     }
     if (slowest != std::numeric_limits<std::int64_t>::max()) {
       pacer.slowest = std::max(pacer.slowest, slowest);
     }
+  }
+
+  /// True if `worker` is one of the job's workers.
+  [[nodiscard]] bool member(const Pacer& pacer, std::uint32_t worker) const noexcept {
+    if (pacer.workers.empty()) return worker < static_cast<std::uint32_t>(total_num_replicas_);
+    return std::binary_search(pacer.workers.begin(), pacer.workers.end(), worker);
+  }
+  /// True if `worker` holds the others back: one of the job's, and not lost.
+  [[nodiscard]] bool counts(const Pacer& pacer, std::uint32_t worker) const noexcept {
+    return worker < pacer.lost.size() && pacer.lost[worker] == 0 && member(pacer, worker);
   }
 
   [[nodiscard]] std::int64_t read_step(std::int64_t clock) const {

@@ -64,25 +64,41 @@ namespace pulley {
 /// lost worker whose heartbeats come back counts again from the step in progress (and
 /// takes its own token from the next); what it pushes for a step that completed without
 /// it is stale and dropped.
+///
+/// Workers that join or leave the job (`reshape`, at a step boundary every ps reaches
+/// alike): the workers are then a set of task indices, N its size, and "its own token" is
+/// a worker's rank in it. From that step on a step has max(R, N) tokens (R = N when made
+/// with `kEveryWorker`), numbered after the batches of the steps before, so the data goes
+/// on where it was and the epoch's remaining batches are shared among the new workers. A
+/// worker outside the set waits for a token (it is let in at the next step, or it left)
+/// and what it pushes is stale.
 class SyncReplicas {
  public:
-  /// @param replicas_to_aggregate R, gradients averaged into one update (≥ 1)
-  /// @param total_num_replicas    N, the number of workers (≥ 1)
+  /// Pass as replicas_to_aggregate: R = N, and R follows N when workers join or leave.
+  static constexpr int kEveryWorker = 0;
+
+  /// @param replicas_to_aggregate R, gradients averaged into one update (≥ 1), or
+  ///                              kEveryWorker: one of every worker's, however many
+  /// @param total_num_replicas    N, the number of workers (≥ 1), task indices 0 .. N-1
   SyncReplicas(int replicas_to_aggregate, int total_num_replicas)
-      : replicas_to_aggregate_(replicas_to_aggregate), total_num_replicas_(total_num_replicas) {
-    if (replicas_to_aggregate < 1 || total_num_replicas < 1) {
+      : every_worker_(replicas_to_aggregate == kEveryWorker),
+        replicas_to_aggregate_(every_worker_ ? total_num_replicas : replicas_to_aggregate),
+        total_num_replicas_(total_num_replicas) {
+    if (replicas_to_aggregate_ < 1 || total_num_replicas < 1) {
       throw Error(ErrorCode::kInvalidArgument,
-                  "SyncReplicas needs replicas_to_aggregate >= 1 and total_num_replicas >= 1, "
+                  "SyncReplicas needs replicas_to_aggregate >= 1 (or kEveryWorker) and total_num_replicas >= 1, "
                   "got " +
                       std::to_string(replicas_to_aggregate) + " and " +
                       std::to_string(total_num_replicas));
     }
   }
 
-  /// R: gradients averaged into one update.
+  /// R: gradients averaged into one update (N at the start, with kEveryWorker).
   [[nodiscard]] int replicas_to_aggregate() const noexcept { return replicas_to_aggregate_; }
-  /// N: the number of workers.
+  /// N: the number of workers at the start.
   [[nodiscard]] int total_num_replicas() const noexcept { return total_num_replicas_; }
+  /// True if R follows N (kEveryWorker).
+  [[nodiscard]] bool every_worker() const noexcept { return every_worker_; }
 
   /// Running sum of the current step's fresh gradients of one part.
   struct Accumulator {
@@ -102,6 +118,10 @@ class SyncReplicas {
     std::set<std::uint32_t> pushed;               ///< workers with a fresh push of `step`
     std::set<std::uint32_t> lost;                 ///< workers the ps holds lost
     bool refill = false;  ///< `step` began short of workers: the live ones take the lost ones' tokens
+    /// The job's workers, ascending, once they changed (`reshape`); empty: 0 .. N-1.
+    std::vector<std::uint32_t> workers;
+    std::int64_t base_step = 0;   ///< the step the workers last changed at
+    std::int64_t base_batch = 0;  ///< the batch of token 0 of `base_step`
   };
 
   /// An empty accumulator for n-element gradients.
@@ -136,9 +156,10 @@ class SyncReplicas {
     return pacer;
   }
 
-  /// Stale if tagged before the current step; the R-th fresh push completes the step.
+  /// Stale if tagged before the current step, or pushed by a worker outside the job's; the
+  /// R-th fresh push completes the step.
   Verdict on_push(Pacer& pacer, std::uint32_t worker, std::int64_t local_step) const {
-    if (local_step < pacer.step) return Verdict::kStale;
+    if (local_step < pacer.step || !member(pacer, worker)) return Verdict::kStale;
     pacer.pushed.insert(worker);  // first: an insertion that throws leaves the pacer as it was
     if (const auto held = pacer.held.find(worker); held != pacer.held.end()) {
       if (held->second.size() <= 1) {
@@ -166,7 +187,7 @@ class SyncReplicas {
   /// before the step's first fresh push, the step in progress takes its word, so that every
   /// ps needs what the tokens bring (this ps's own lost workers may differ for a heartbeat).
   void follow(Pacer& pacer, std::int64_t local_step, bool refill) const noexcept {
-    if (local_step == pacer.step && pacer.fresh == 0) pacer.refill = refill && one_each();
+    if (local_step == pacer.step && pacer.fresh == 0) pacer.refill = refill && one_each(pacer);
   }
 
   /// Waits for `worker` again, from the step in progress.
@@ -176,23 +197,55 @@ class SyncReplicas {
   /// each owes one gradient; with R > N any of them may bring the rest).
   [[nodiscard]] std::vector<std::uint32_t> awaited(const Pacer& pacer) const {
     std::vector<std::uint32_t> workers;
-    for (std::uint32_t w = 0; w < static_cast<std::uint32_t>(total_num_replicas_); ++w) {
+    for_each_worker(pacer, [&](std::uint32_t w) {
       if (!pacer.pushed.contains(w) && !pacer.lost.contains(w)) workers.push_back(w);
-    }
+    });
     return workers;
   }
 
-  /// The global step: a checkpoint's cut has no step half aggregated (what was is redone).
-  [[nodiscard]] std::vector<std::int64_t> save(const Pacer& pacer) const { return {pacer.step}; }
+  /// The global step, and the number of its first batch where the workers' changes moved
+  /// it from step × max(R, N): a checkpoint's cut has no step half aggregated (what was is
+  /// redone). The workers are the job's to say, not the checkpoint's (`reshape` after
+  /// `load`).
+  [[nodiscard]] std::vector<std::int64_t> save(const Pacer& pacer) const {
+    const std::int64_t batch = first_batch(pacer);
+    if (batch == pacer.step * std::max(replicas_to_aggregate_, total_num_replicas_)) return {pacer.step};
+    return {pacer.step, batch};
+  }
 
-  /// Starts at the saved global step with all its tokens.
+  /// Starts at the saved global step with all its tokens, numbered from the saved batch
+  /// (a state of the global step alone: from step × max(R, N)).
   void load(Pacer& pacer, std::span<const std::int64_t> state) const {
-    if (state.size() != 1 || state[0] < 0) {
+    if (state.empty() || state.size() > 2 || state[0] < 0 || (state.size() == 2 && state[1] < 0)) {
       throw Error(ErrorCode::kInvalidArgument, "SyncReplicas cannot load a pacer of another policy");
     }
     Pacer fresh = make_pacer();
     fresh.step = state[0];
+    fresh.base_step = state[0];
+    fresh.base_batch = state.size() == 2 ? state[1] : state[0] * tokens_per_step(fresh);
     pacer = std::move(fresh);
+  }
+
+  /// The job's workers are `workers` (task indices, ascending, not empty) from the step in
+  /// progress on, which must have had no push and no token taken. Its tokens are made
+  /// again, max(R, N) of them, numbered on from the batch its first token had; R follows
+  /// when made with kEveryWorker. Throws kInvalidArgument for an empty or unordered set,
+  /// kFailedPrecondition in the middle of a step; the pacer is then as it was.
+  void reshape(Pacer& pacer, std::span<const std::uint32_t> workers) const {
+    if (workers.empty() || std::adjacent_find(workers.begin(), workers.end(), std::greater_equal<>()) != workers.end()) {
+      throw Error(ErrorCode::kInvalidArgument, "SyncReplicas: the workers must be ascending task indices, at least one");
+    }
+    if (pacer.fresh != 0 || !pacer.taken.empty() || !pacer.pushed.empty()) {
+      throw Error(ErrorCode::kFailedPrecondition, "SyncReplicas: the workers change between steps only");
+    }
+    const std::int64_t batch = first_batch(pacer);
+    std::vector<std::uint32_t> set(workers.begin(), workers.end());
+    pacer.free.reserve(std::max<std::size_t>(set.size(), static_cast<std::size_t>(replicas_to_aggregate_)));
+    pacer.workers = std::move(set);
+    pacer.base_step = pacer.step;
+    pacer.base_batch = batch;
+    --pacer.step;  // the step begins again, with the new workers' tokens
+    next_step(pacer);
   }
 
   /// Gives back the tokens of the current step `worker` took and did not push for, with
@@ -227,14 +280,15 @@ class SyncReplicas {
   /// when R <= N, one per step, and in a refill step one more at a time while more tokens
   /// are left than live workers still to take their first.
   std::optional<Token> take_token(Pacer& pacer, std::uint32_t worker) const {
-    if (pacer.free.empty()) return std::nullopt;
-    if (one_each() && (pacer.taken.contains(worker) || pacer.pushed.contains(worker))) {
+    if (pacer.free.empty() || !member(pacer, worker)) return std::nullopt;
+    const bool each = one_each(pacer);
+    if (each && (pacer.taken.contains(worker) || pacer.pushed.contains(worker))) {
       const auto held = pacer.held.find(worker);
       if (!pacer.refill || (held != pacer.held.end() && !held->second.empty())) return std::nullopt;
       std::size_t owed = 0;  // live workers that have not taken their token of the step
-      for (std::uint32_t w = 0; w < static_cast<std::uint32_t>(total_num_replicas_); ++w) {
+      for_each_worker(pacer, [&](std::uint32_t w) {
         if (!pacer.lost.contains(w) && !pacer.taken.contains(w) && !pacer.pushed.contains(w)) ++owed;
-      }
+      });
       if (pacer.free.size() <= owed) return std::nullopt;
     }
     // Allocations first (an entry in `held` left empty by a throw is as good as none).
@@ -242,9 +296,10 @@ class SyncReplicas {
     held.reserve(held.size() + 1);
     ++pacer.taken[worker];
     auto number = pacer.free.begin();
-    if (one_each()) {  // its own first, so that the numbers do not hang on the order
-      const auto own = std::lower_bound(pacer.free.begin(), pacer.free.end(), worker);
-      if (own != pacer.free.end() && *own == worker) number = own;
+    if (each) {  // its own first, so that the numbers do not hang on the order
+      const std::uint32_t rank = rank_of(pacer, worker);
+      const auto own = std::lower_bound(pacer.free.begin(), pacer.free.end(), rank);
+      if (own != pacer.free.end() && *own == rank) number = own;
     }
     held.push_back(*number);
     pacer.free.erase(number);
@@ -256,32 +311,66 @@ class SyncReplicas {
   [[nodiscard]] std::string waiting_for(const Pacer& pacer) const {
     return "step " + std::to_string(pacer.step) + ": " + std::to_string(pacer.fresh) + " of " +
            std::to_string(required(pacer)) + " gradients in, " +
-           std::to_string(pacer.free.size()) + " of " + std::to_string(tokens_per_step()) +
+           std::to_string(pacer.free.size()) + " of " + std::to_string(tokens_per_step(pacer)) +
            " tokens left" + (pacer.refill ? " (live workers take the lost ones' tokens)" : "");
   }
 
  private:
+  /// N: the job's workers now.
+  [[nodiscard]] int workers(const Pacer& pacer) const noexcept {
+    return pacer.workers.empty() ? total_num_replicas_ : static_cast<int>(pacer.workers.size());
+  }
+  /// R now: N with kEveryWorker.
+  [[nodiscard]] int replicas(const Pacer& pacer) const noexcept {
+    return every_worker_ ? workers(pacer) : replicas_to_aggregate_;
+  }
+  /// True if `worker` is one of the job's workers.
+  [[nodiscard]] bool member(const Pacer& pacer, std::uint32_t worker) const noexcept {
+    if (pacer.workers.empty()) return worker < static_cast<std::uint32_t>(total_num_replicas_);
+    return std::binary_search(pacer.workers.begin(), pacer.workers.end(), worker);
+  }
+  /// A member's rank among the job's workers (its own token's number).
+  [[nodiscard]] static std::uint32_t rank_of(const Pacer& pacer, std::uint32_t worker) noexcept {
+    if (pacer.workers.empty()) return worker;
+    return static_cast<std::uint32_t>(std::lower_bound(pacer.workers.begin(), pacer.workers.end(), worker) -
+                                      pacer.workers.begin());
+  }
+  /// Calls `f(w)` for each of the job's workers, ascending.
+  template <class F>
+  void for_each_worker(const Pacer& pacer, F&& f) const {
+    if (!pacer.workers.empty()) {
+      for (const std::uint32_t w : pacer.workers) f(w);
+      return;
+    }
+    for (std::uint32_t w = 0; w < static_cast<std::uint32_t>(total_num_replicas_); ++w) f(w);
+  }
+
   /// One token per worker per step (R <= N), refill steps aside.
-  [[nodiscard]] bool one_each() const noexcept { return replicas_to_aggregate_ <= total_num_replicas_; }
+  [[nodiscard]] bool one_each(const Pacer& pacer) const noexcept { return replicas(pacer) <= workers(pacer); }
+
+  /// The batch of token 0 of the step in progress.
+  [[nodiscard]] std::int64_t first_batch(const Pacer& pacer) const {
+    return pacer.base_batch + (pacer.step - pacer.base_step) * tokens_per_step(pacer);
+  }
 
   /// Token number `number` of the step in progress. With one token per step (and not a
   /// refill step) the worker's next token is of the next global step, so its push can
   /// bring that step's parameters back; otherwise its next token may be of this step.
   [[nodiscard]] Token token(const Pacer& pacer, std::uint32_t number) const {
-    const bool next = one_each() && !pacer.refill;
+    const bool next = one_each(pacer) && !pacer.refill;
     return Token{pacer.step, pacer.step, next ? pacer.step + 1 : pacer.step, true,
-                 pacer.step * tokens_per_step() + number, pacer.refill};
+                 first_batch(pacer) + number, pacer.refill};
   }
 
   /// Fresh gradients the step in progress needs: R in a refill step (or with R > N), else
   /// R less the lost workers that owe one.
   [[nodiscard]] int required(const Pacer& pacer) const {
-    if (!one_each() || pacer.refill) return replicas_to_aggregate_;
+    if (!one_each(pacer) || pacer.refill) return replicas(pacer);
     int owing = 0;
     for (const std::uint32_t w : pacer.lost) {
-      if (w < static_cast<std::uint32_t>(total_num_replicas_) && !pacer.pushed.contains(w)) ++owing;
+      if (member(pacer, w) && !pacer.pushed.contains(w)) ++owing;
     }
-    return std::max(1, std::min(replicas_to_aggregate_, total_num_replicas_ - owing));
+    return std::max(1, std::min(replicas(pacer), workers(pacer) - owing));
   }
 
   /// Moves on to the next step, withdrawing the old step's untaken tokens; it is a refill
@@ -289,21 +378,22 @@ class SyncReplicas {
   void next_step(Pacer& pacer) const {
     ++pacer.step;
     pacer.fresh = 0;
-    pacer.free.resize(static_cast<std::size_t>(tokens_per_step()));  // capacity stays: no throw after the first
+    pacer.free.resize(static_cast<std::size_t>(tokens_per_step(pacer)));  // capacity stays: no throw after the first
     for (std::size_t k = 0; k < pacer.free.size(); ++k) pacer.free[k] = static_cast<std::uint32_t>(k);
     pacer.taken.clear();
     pacer.held.clear();
     pacer.pushed.clear();
     const auto lost = static_cast<int>(std::count_if(pacer.lost.begin(), pacer.lost.end(), [&](std::uint32_t w) {
-      return w < static_cast<std::uint32_t>(total_num_replicas_);
+      return member(pacer, w);
     }));
-    pacer.refill = one_each() && lost > 0 && total_num_replicas_ - lost < replicas_to_aggregate_;
+    pacer.refill = one_each(pacer) && lost > 0 && workers(pacer) - lost < replicas(pacer);
   }
 
-  [[nodiscard]] std::int64_t tokens_per_step() const {
-    return std::max(replicas_to_aggregate_, total_num_replicas_);
+  [[nodiscard]] std::int64_t tokens_per_step(const Pacer& pacer) const {
+    return std::max(replicas(pacer), workers(pacer));
   }
 
+  bool every_worker_;
   int replicas_to_aggregate_;
   int total_num_replicas_;
 };

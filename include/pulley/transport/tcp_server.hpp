@@ -421,6 +421,11 @@ class TcpServer {
   /// (`TcpServerOptions::tasks`), or "".
   [[nodiscard]] std::string outside_job(const Node& peer) const {
     if (options_.tasks.empty()) return {};
+    if (const auto workers = job_workers(service_); peer.role == Node::Role::kWorker && !workers.empty()) {
+      if (std::binary_search(workers.begin(), workers.end(), peer.index)) return {};
+      return peer.name() + " is not a worker of this job now (its workers are " + describe_members(workers) +
+             "; a new worker asks the chief to join: --join)";
+    }
     const auto it = options_.tasks.find(peer.role);
     const std::uint32_t count = it == options_.tasks.end() ? 0 : it->second;
     if (peer.index < count) return {};
