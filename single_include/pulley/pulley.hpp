@@ -2766,10 +2766,13 @@ struct ChangeWorkers {
   static constexpr RoleSet kSenders{Node::Role::kChief};
   std::vector<std::uint32_t> workers;
   std::int64_t from_step = 0;
+  /// The job's workers until then, as the chief has them (the cluster spec's, the first
+  /// time), so that a ps that never heard them knows who leaves; empty: not known.
+  std::vector<std::uint32_t> before = {};
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(workers, from_step);
+    archive(workers, from_step, before);
   }
 };
 
@@ -5866,16 +5869,21 @@ class Chief {
                                                                  timeouts().request_timeout, "pause the ps tasks");
       for (const PauseReply& p : paused) furthest = std::max(furthest, p.global_step);
       const std::int64_t from = furthest + 1;
+      const std::vector<std::uint32_t> before(client_.workers().begin(), client_.workers().end());
       std::vector<std::uint32_t> took;  // each ps asked alone: every answer is looked at
       std::optional<Error> refused;
       for (const std::uint32_t ps : members) {
-        const Response answer = ask_one(ps, ChangeWorkers{workers, from}, timeouts().request_timeout);
+        const Response answer = ask_one(ps, ChangeWorkers{workers, from, before}, timeouts().request_timeout);
         if (std::holds_alternative<Ack>(answer)) {
           took.push_back(ps);
           continue;
         }
         const auto* error = std::get_if<ErrorReply>(&answer);
-        refused.emplace(error != nullptr ? error->code : ErrorCode::kInternal,
+        const ErrorCode code = error != nullptr ? error->code : ErrorCode::kInternal;
+        // No answer in time: it may have taken the change; it is told to take it back too,
+        // and the change is given up as a lost ps's would be (it is tried again).
+        if (code == ErrorCode::kDeadlineExceeded) took.push_back(ps);
+        refused.emplace(code == ErrorCode::kDeadlineExceeded ? ErrorCode::kUnavailable : code,
                         "ps " + std::to_string(ps) + " cannot count the workers " + describe_members(workers) + ": " +
                             (error != nullptr ? error->message : std::string("it answered something else")));
         break;
@@ -8812,11 +8820,13 @@ class Liveness {
   template <class OnLost>
   void expire(Clock::time_point now, OnLost&& on_lost) {
     if (start_grace(now)) return;
+    std::vector<std::pair<std::uint32_t, Clock::time_point>> lost;  // `on_lost` may forget workers
     for (auto& [worker, heard] : workers_) {
       if (heard.lost || now - heard.last < timeout_) continue;
       heard.lost = true;
-      on_lost(worker, heard.last);
+      lost.emplace_back(worker, heard.last);
     }
+    for (const auto& [worker, last] : lost) on_lost(worker, last);
   }
 
   /// The workers held lost, ascending.
@@ -11658,7 +11668,7 @@ class ParameterServer {
       if (next_workers_ && next_workers_->from_step == r.from_step) next_workers_.reset();
       return respond(reply, Ack{});
     }
-    if (const std::string why = check_workers(r.workers); !why.empty()) {
+    if (std::string why = check_workers(r.workers); !why.empty() || (!r.before.empty() && !(why = check_workers(r.before)).empty())) {
       return reject(reply, ErrorCode::kInvalidArgument, "ChangeWorkers: " + why);
     }
     if constexpr (!kReshapes<P>) {
@@ -11670,7 +11680,7 @@ class ParameterServer {
                     name_ + " is at global step " + std::to_string(pacing_.global_step()) +
                         " already: the workers change at a step to come, not " + std::to_string(r.from_step));
     }
-    next_workers_ = NextWorkers{std::move(r.workers), r.from_step};
+    next_workers_ = NextWorkers{std::move(r.workers), r.from_step, std::move(r.before)};
     respond(reply, Ack{});
   }
 
@@ -11704,25 +11714,29 @@ class ParameterServer {
     if (!next_workers_ || pacing_.global_step() < next_workers_->from_step) return;
     NextWorkers next = std::move(*next_workers_);
     next_workers_.reset();
-    const std::vector<std::uint32_t> before = workers_;
-    changing_ = true;
-    pacing_.reshape(next.workers);
-    workers_ = std::move(next.workers);
+    const std::vector<std::uint32_t> before = workers_.empty() ? std::move(next.before) : workers_;
     const auto in = [](const std::vector<std::uint32_t>& set, std::uint32_t w) {
       return std::binary_search(set.begin(), set.end(), w);
     };
+    const bool changing = std::exchange(changing_, true);
+    for (const std::uint32_t w : next.workers) {  // a new one is not lost unless this ps holds it so
+      if ((before.empty() || !in(before, w)) && !liveness_.is_lost(w)) pacing_.back(w);
+    }
+    pacing_.reshape(next.workers);
+    workers_ = std::move(next.workers);
     for (const std::uint32_t w : before) {
       if (in(workers_, w)) continue;
       liveness_.forget(w);
+      pacing_.back(w);  // not held lost by the policy either: counted again, it starts afresh
       pacing_.refuse(w, ErrorReply{ErrorCode::kPermissionDenied, left_message(w)});
     }
     for (const std::uint32_t w : workers_) {
-      if ((!before.empty() && in(before, w)) || liveness_.known(w)) continue;
       // Where workers beat their hearts, a new one is held lost if it never comes.
-      if (liveness_.any()) liveness_.heard(w, Clock::now());
-      pacing_.back(w);  // one that left lost and is counted again is not lost
+      if ((before.empty() || !in(before, w)) && !liveness_.known(w) && liveness_.any()) {
+        liveness_.heard(w, Clock::now());
+      }
     }
-    changing_ = false;
+    changing_ = changing;
     log(LogLevel::kInfo, name_ + ": the job's workers are " + describe_members(workers_) + " from global step " +
                              std::to_string(pacing_.global_step()) + " on");
   }
@@ -11813,7 +11827,8 @@ class ParameterServer {
       }
     }
     std::vector<std::uint32_t>& counting = r.workers.empty() ? workers_ : r.workers;
-    if (!counting.empty()) pacing_.reshape(pacer, counting);  // a pulley::Error refuses it
+    // A policy that cannot count workers that change has the spec's (ChangeWorkers is refused).
+    if (kReshapes<P> && !counting.empty()) pacing_.reshape(pacer, counting);  // a pulley::Error refuses it
     if (&counting != &workers_) workers_ = std::move(counting);
     next_workers_.reset();  // the chief's Restore says the workers as they are now
     changing_ = true;
@@ -12033,6 +12048,7 @@ class ParameterServer {
   struct NextWorkers {
     std::vector<std::uint32_t> workers;
     std::int64_t from_step = 0;
+    std::vector<std::uint32_t> before;  ///< the job's workers until then, as the chief said
   };
 
   /// A row pull waiting for its step.
@@ -12428,10 +12444,10 @@ class BoundedStaleness {
 
   /// A push for the worker's clock moves it on and is applied at once. A push for a clock
   /// it has passed is a repeat (a retried step): stale, dropped, so that no update counts
-  /// twice. Refused (Error) for a worker out of range or a clock the worker cannot have had
-  /// a token of.
+  /// twice; so is one of a worker outside the job's. Refused (Error) for a clock the worker
+  /// cannot have had a token of.
   Verdict on_push(Pacer& pacer, std::uint32_t worker, std::int64_t local_step) const {
-    if (!pacer.workers.empty() && !member(pacer, worker)) return Verdict::kStale;  // it left, or is not counted yet
+    if (!member(pacer, worker)) return Verdict::kStale;  // it left, or is not counted here yet
     std::int64_t& clock = clock_of(pacer, worker);
     if (worker < pacer.joined.size() && pacer.joined[worker] != 0 && local_step >= clock) {
       clock = local_step;  // a worker counted in: its first push here says where it is

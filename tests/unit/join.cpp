@@ -423,7 +423,7 @@ TEST_CASE("a ps refuses workers it cannot count, and a change that comes too lat
 TEST_CASE("a worker counted in that never comes is held lost in time, and one that left is counted again") {
   const LinearData data(2 * kBatch * 40, kIn, kOut, 12);
   SyncAdam cluster{2, Adam{0.01F}, SyncReplicas(SyncReplicas::kEveryWorker, 2), FixedShards{3},
-                   std::chrono::milliseconds(300)};
+                   std::chrono::milliseconds(1000)};
   Chief<InProcess> chief{cluster.endpoint(Node::chief()), 3};
   chief.initialize(LinearModel(kIn, kOut).variables());
   CHECK(chief.change_workers({0, 1, 2}) == 1);  // worker 2 never starts
@@ -464,6 +464,20 @@ TEST_CASE("a worker counted in that never comes is held lost in time, and one th
   chief.shutdown();
 }
 
+TEST_CASE("the first change of a job takes a worker of the spec out: its waiting token request is refused") {
+  const LinearData data(2 * kBatch * 40, kIn, kOut, 12);
+  SyncAdam cluster{2, Adam{0.01F}, SyncReplicas(SyncReplicas::kEveryWorker, 2), FixedShards{3}};
+  Chief<InProcess> chief{cluster.endpoint(Node::chief()), 3};
+  chief.initialize(LinearModel(kIn, kOut).variables());
+  chief.set_workers({0, 1});  // the cluster spec's, as the runner's chief says
+  CHECK(chief.change_workers({0}) == 1);
+  // Worker 1 pushes for step 0 and asks for a token of step 1, which it no longer has.
+  train(cluster, data, {0, 1}, 5, {{1, 1}});
+  CHECK(pushes_taken(chief) == 2 + 4);
+  for (const Stats& s : chief.stats()) CHECK(s.global_step == 5);
+  chief.shutdown();
+}
+
 TEST_CASE("the chief's JoinDesk tells a worker to wait until the chief counts it in, then lets it in") {
   auto queue = std::make_shared<JoinQueue>(2, 900);
   JoinDesk desk(queue);
@@ -474,13 +488,17 @@ TEST_CASE("the chief's JoinDesk tells a worker to wait until the chief counts it
   const Response waiting = ask_desk(desk, Join{}, Node::worker(2));
   REQUIRE(std::holds_alternative<ErrorReply>(waiting));
   CHECK(std::get<ErrorReply>(waiting).code == ErrorCode::kUnavailable);
-  CHECK(refusal(ask_desk(desk, Join{}, Node::worker(4))).find("the next worker of the job is worker 2") !=
-        std::string::npos);
+  CHECK(refusal(ask_desk(desk, Join{}, Node::worker(4))).find("the next worker of the job is worker 3") !=
+        std::string::npos);  // 2 is queued: 3 is next
+  CHECK(std::get<ErrorReply>(ask_desk(desk, Join{}, Node::worker(3))).code == ErrorCode::kUnavailable);
   (void)ask_desk(desk, Join{}, Node::worker(2));  // asked again: queued once
   const auto asked = queue->take();
   REQUIRE(asked.has_value());
   CHECK(asked->role == Node::Role::kWorker);
   CHECK(asked->task == 2);
+  const auto third = queue->take();
+  REQUIRE(third.has_value());
+  CHECK(third->task == 3);
   CHECK_FALSE(queue->take().has_value());
   queue->set_workers({0, 1, 2});
   CHECK(std::get<JoinReply>(ask_desk(desk, Join{}, Node::worker(2))).workers == std::vector<std::uint32_t>{0, 1, 2});
@@ -488,6 +506,7 @@ TEST_CASE("the chief's JoinDesk tells a worker to wait until the chief counts it
   (void)ask_desk(desk, Join{}, Node::worker(3));
   queue->refuse_worker(3, "the sync policy cannot count workers that join");
   CHECK(refusal(ask_desk(desk, Join{}, Node::worker(3))).find("cannot count") != std::string::npos);
+  CHECK(std::get<ErrorReply>(ask_desk(desk, Join{}, Node::worker(3))).code == ErrorCode::kUnavailable);  // told once
   queue->set_workers({0, 2});
   CHECK(std::get<ErrorReply>(ask_desk(desk, Join{}, Node::worker(1))).code == ErrorCode::kUnavailable);
 }

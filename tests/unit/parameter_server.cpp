@@ -370,9 +370,9 @@ TEST_CASE("a policy that throws half way through an update fails the ps, which s
 TEST_CASE("a policy that refuses a request before anything changed leaves the ps serving") {
   auto ps = ready_server(BoundedStaleness(1, 2));
   const std::vector<float> g{1, 1};
-  const Response r = call(ps, push_b(7, 0, g));  // worker 7 of 2
+  const Response r = call(ps, push_b(0, 3, g));  // clock 3: no token of it was handed out
   CHECK(error_of(r) == ErrorCode::kInvalidArgument);
-  CHECK(std::get<ErrorReply>(r).message.find("outside total_num_replicas") != std::string::npos);
+  CHECK(std::get<ErrorReply>(r).message.find("pushed for clock 3 but is at clock 0") != std::string::npos);
   CHECK_FALSE(ps.stopped());
   CHECK(read(ps, 1) == std::vector<float>{5, 6});
   // A worker the job does not count waits to be counted in (the handshake keeps strangers out).

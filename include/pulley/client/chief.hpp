@@ -316,16 +316,21 @@ class Chief {
                                                                  timeouts().request_timeout, "pause the ps tasks");
       for (const PauseReply& p : paused) furthest = std::max(furthest, p.global_step);
       const std::int64_t from = furthest + 1;
+      const std::vector<std::uint32_t> before(client_.workers().begin(), client_.workers().end());
       std::vector<std::uint32_t> took;  // each ps asked alone: every answer is looked at
       std::optional<Error> refused;
       for (const std::uint32_t ps : members) {
-        const Response answer = ask_one(ps, ChangeWorkers{workers, from}, timeouts().request_timeout);
+        const Response answer = ask_one(ps, ChangeWorkers{workers, from, before}, timeouts().request_timeout);
         if (std::holds_alternative<Ack>(answer)) {
           took.push_back(ps);
           continue;
         }
         const auto* error = std::get_if<ErrorReply>(&answer);
-        refused.emplace(error != nullptr ? error->code : ErrorCode::kInternal,
+        const ErrorCode code = error != nullptr ? error->code : ErrorCode::kInternal;
+        // No answer in time: it may have taken the change; it is told to take it back too,
+        // and the change is given up as a lost ps's would be (it is tried again).
+        if (code == ErrorCode::kDeadlineExceeded) took.push_back(ps);
+        refused.emplace(code == ErrorCode::kDeadlineExceeded ? ErrorCode::kUnavailable : code,
                         "ps " + std::to_string(ps) + " cannot count the workers " + describe_members(workers) + ": " +
                             (error != nullptr ? error->message : std::string("it answered something else")));
         break;

@@ -474,10 +474,13 @@ struct ChangeWorkers {
   static constexpr RoleSet kSenders{Node::Role::kChief};
   std::vector<std::uint32_t> workers;
   std::int64_t from_step = 0;
+  /// The job's workers until then, as the chief has them (the cluster spec's, the first
+  /// time), so that a ps that never heard them knows who leaves; empty: not known.
+  std::vector<std::uint32_t> before = {};
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(workers, from_step);
+    archive(workers, from_step, before);
   }
 };
 

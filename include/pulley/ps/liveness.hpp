@@ -102,11 +102,13 @@ class Liveness {
   template <class OnLost>
   void expire(Clock::time_point now, OnLost&& on_lost) {
     if (start_grace(now)) return;
+    std::vector<std::pair<std::uint32_t, Clock::time_point>> lost;  // `on_lost` may forget workers
     for (auto& [worker, heard] : workers_) {
       if (heard.lost || now - heard.last < timeout_) continue;
       heard.lost = true;
-      on_lost(worker, heard.last);
+      lost.emplace_back(worker, heard.last);
     }
+    for (const auto& [worker, last] : lost) on_lost(worker, last);
   }
 
   /// The workers held lost, ascending.

@@ -532,7 +532,7 @@ class ParameterServer {
       if (next_workers_ && next_workers_->from_step == r.from_step) next_workers_.reset();
       return respond(reply, Ack{});
     }
-    if (const std::string why = check_workers(r.workers); !why.empty()) {
+    if (std::string why = check_workers(r.workers); !why.empty() || (!r.before.empty() && !(why = check_workers(r.before)).empty())) {
       return reject(reply, ErrorCode::kInvalidArgument, "ChangeWorkers: " + why);
     }
     if constexpr (!kReshapes<P>) {
@@ -544,7 +544,7 @@ class ParameterServer {
                     name_ + " is at global step " + std::to_string(pacing_.global_step()) +
                         " already: the workers change at a step to come, not " + std::to_string(r.from_step));
     }
-    next_workers_ = NextWorkers{std::move(r.workers), r.from_step};
+    next_workers_ = NextWorkers{std::move(r.workers), r.from_step, std::move(r.before)};
     respond(reply, Ack{});
   }
 
@@ -578,25 +578,29 @@ class ParameterServer {
     if (!next_workers_ || pacing_.global_step() < next_workers_->from_step) return;
     NextWorkers next = std::move(*next_workers_);
     next_workers_.reset();
-    const std::vector<std::uint32_t> before = workers_;
-    changing_ = true;
-    pacing_.reshape(next.workers);
-    workers_ = std::move(next.workers);
+    const std::vector<std::uint32_t> before = workers_.empty() ? std::move(next.before) : workers_;
     const auto in = [](const std::vector<std::uint32_t>& set, std::uint32_t w) {
       return std::binary_search(set.begin(), set.end(), w);
     };
+    const bool changing = std::exchange(changing_, true);
+    for (const std::uint32_t w : next.workers) {  // a new one is not lost unless this ps holds it so
+      if ((before.empty() || !in(before, w)) && !liveness_.is_lost(w)) pacing_.back(w);
+    }
+    pacing_.reshape(next.workers);
+    workers_ = std::move(next.workers);
     for (const std::uint32_t w : before) {
       if (in(workers_, w)) continue;
       liveness_.forget(w);
+      pacing_.back(w);  // not held lost by the policy either: counted again, it starts afresh
       pacing_.refuse(w, ErrorReply{ErrorCode::kPermissionDenied, left_message(w)});
     }
     for (const std::uint32_t w : workers_) {
-      if ((!before.empty() && in(before, w)) || liveness_.known(w)) continue;
       // Where workers beat their hearts, a new one is held lost if it never comes.
-      if (liveness_.any()) liveness_.heard(w, Clock::now());
-      pacing_.back(w);  // one that left lost and is counted again is not lost
+      if ((before.empty() || !in(before, w)) && !liveness_.known(w) && liveness_.any()) {
+        liveness_.heard(w, Clock::now());
+      }
     }
-    changing_ = false;
+    changing_ = changing;
     log(LogLevel::kInfo, name_ + ": the job's workers are " + describe_members(workers_) + " from global step " +
                              std::to_string(pacing_.global_step()) + " on");
   }
@@ -687,7 +691,8 @@ class ParameterServer {
       }
     }
     std::vector<std::uint32_t>& counting = r.workers.empty() ? workers_ : r.workers;
-    if (!counting.empty()) pacing_.reshape(pacer, counting);  // a pulley::Error refuses it
+    // A policy that cannot count workers that change has the spec's (ChangeWorkers is refused).
+    if (kReshapes<P> && !counting.empty()) pacing_.reshape(pacer, counting);  // a pulley::Error refuses it
     if (&counting != &workers_) workers_ = std::move(counting);
     next_workers_.reset();  // the chief's Restore says the workers as they are now
     changing_ = true;
@@ -907,6 +912,7 @@ class ParameterServer {
   struct NextWorkers {
     std::vector<std::uint32_t> workers;
     std::int64_t from_step = 0;
+    std::vector<std::uint32_t> before;  ///< the job's workers until then, as the chief said
   };
 
   /// A row pull waiting for its step.

@@ -136,7 +136,11 @@ class JoinQueue {
  private:
   /// The index the next new worker has: one past every worker the job has known.
   [[nodiscard]] std::uint32_t next_worker() const {
-    return std::max(known_, workers_.empty() ? 0U : workers_.back() + 1);
+    std::uint32_t next = std::max(known_, workers_.empty() ? 0U : workers_.back() + 1);
+    for (const Asked& a : waiting_) {  // two new workers asking at once: the second is next but one
+      if (a.role == Node::Role::kWorker) next = std::max(next, a.task + 1);
+    }
+    return next;
   }
 
   mutable std::mutex mutex_;

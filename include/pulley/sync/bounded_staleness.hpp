@@ -96,10 +96,10 @@ class BoundedStaleness {
 
   /// A push for the worker's clock moves it on and is applied at once. A push for a clock
   /// it has passed is a repeat (a retried step): stale, dropped, so that no update counts
-  /// twice. Refused (Error) for a worker out of range or a clock the worker cannot have had
-  /// a token of.
+  /// twice; so is one of a worker outside the job's. Refused (Error) for a clock the worker
+  /// cannot have had a token of.
   Verdict on_push(Pacer& pacer, std::uint32_t worker, std::int64_t local_step) const {
-    if (!pacer.workers.empty() && !member(pacer, worker)) return Verdict::kStale;  // it left, or is not counted yet
+    if (!member(pacer, worker)) return Verdict::kStale;  // it left, or is not counted here yet
     std::int64_t& clock = clock_of(pacer, worker);
     if (worker < pacer.joined.size() && pacer.joined[worker] != 0 && local_step >= clock) {
       clock = local_step;  // a worker counted in: its first push here says where it is
