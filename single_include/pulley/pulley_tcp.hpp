@@ -2016,6 +2016,7 @@ inline std::vector<CheckpointRows> checkpoint_rows(const ModelState& state) {
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <span>
@@ -2188,6 +2189,7 @@ struct RowRequest {
 #include <initializer_list>
 #include <span>
 #include <string>
+#include <string_view>
 
 namespace pulley {
 
@@ -2257,6 +2259,23 @@ class RoleSet {
   }
   std::uint8_t bits_ = 0;
 };
+
+/// Why `tasks` is no set of the job's task indices of one role (its ps tasks, or its
+/// workers), or "" when it is one: not empty, ascending, each listed once. `role` names
+/// one of them in the answer ("ps task", "worker").
+[[nodiscard]] inline std::string check_task_set(std::span<const std::uint32_t> tasks, std::string_view role) {
+  if (tasks.empty()) return "a job needs at least one " + std::string(role);
+  for (std::size_t i = 1; i < tasks.size(); ++i) {
+    if (tasks[i] <= tasks[i - 1]) return "the " + std::string(role) + "s must be ascending task indices, each listed once";
+  }
+  return {};
+}
+
+/// Throws kInvalidArgument, `context` before the reason, unless `tasks` is a set of task
+/// indices of one role (check_task_set).
+inline void require_task_set(std::span<const std::uint32_t> tasks, std::string_view role, std::string_view context = {}) {
+  if (std::string why = check_task_set(tasks, role); !why.empty()) throw Error(ErrorCode::kInvalidArgument, std::string(context) + why);
+}
 
 /// Task indices (the job's ps tasks, or its workers) as log lines name them: "{0, 2}".
 [[nodiscard]] inline std::string describe_members(std::span<const std::uint32_t> members) {
@@ -2735,12 +2754,12 @@ struct RestoreRows {
 ///     share of the model. Its index must be the next one (the count of ps tasks the job
 ///     has known; a lower one, a joined ps started again, is answered and left alone: the
 ///     chief takes it back by a rollback, as any ps started again). Answered with an Ack
-///     once the chief has queued it: the chief takes it in at its next evaluation or
-///     checkpoint (Chief::join), which registers the model on it.
+///     once the chief has queued it: the chief takes it in as soon as it is free
+///     (Chief::join; ChiefLoop), which registers the model on it.
 ///   - A worker (no address) asks to train with the job: an index that is not one of the
 ///     job's workers (the next one, or one that left). Answered kUnavailable while it waits
-///     (ask again), a JoinReply once the chief counted it in (Chief::change_workers, at its
-///     next evaluation or checkpoint): the ps tasks then let it connect.
+///     (ask again), a JoinReply once the chief counted it in (Chief::change_workers, as
+///     soon as it is free): the ps tasks then let it connect.
 struct Join {
   static constexpr std::string_view kName = "Join";
   static constexpr RoleSet kSenders{Node::Role::kPs, Node::Role::kWorker};
@@ -3730,6 +3749,7 @@ class PushBuilder {
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -3932,6 +3952,9 @@ class CallGroup {
 
 namespace pulley::detail {
 
+/// How often `wait_progressing` runs its `meanwhile` while calls wait.
+inline constexpr std::chrono::milliseconds kMeanwhileEvery{500};
+
 /// Every member ps's global step (`members`: the job's ps tasks), and in `why` what each
 /// waits for; empty if a ps does not answer in time (the question is a courtesy: the wait
 /// is what matters).
@@ -3963,9 +3986,15 @@ std::vector<std::int64_t> global_steps(T& transport, std::span<const std::uint32
 /// (last heard 14.2 s ago)"), and gives up (kDeadlineExceeded, cancelling the calls) once
 /// none has moved for `wait_timeout`, naming the same: a long wait for a step far ahead is
 /// no stall. With a `deadline`, returns false (the calls cancelled) when it passes first.
+///
+/// `meanwhile`, if given, runs on the waiting thread every `kMeanwhileEvery` while the calls
+/// wait (the chief counts in workers that asked to join while it waits for a step); what
+/// it throws ends the wait (the calls cancelled), and when it returns true, what it did
+/// voids the wait: false is returned, the calls cancelled, as for a deadline.
 template <Transport T>
 bool wait_progressing(T& transport, std::span<const std::uint32_t> members, const ClientOptions& options, CallGroup& group, std::string_view what,
-                      std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max()) {
+                      std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max(),
+                      const std::function<bool()>& meanwhile = {}) {
   using Clock = std::chrono::steady_clock;
   const auto patience = options.wait_timeout;
   const auto look_every = std::min({patience, options.stall_report, std::chrono::milliseconds(10000)});
@@ -3986,7 +4015,21 @@ bool wait_progressing(T& transport, std::span<const std::uint32_t> members, cons
                                            std::max(deadline - now0, Clock::duration::zero())));
     wait = looked ? look_every : std::max(look_every - first, std::chrono::milliseconds(1));
     looked = true;
-    if (group.wait_for(slice)) return true;
+    if (!meanwhile) {
+      if (group.wait_for(slice)) return true;
+    } else {
+      bool voided = false;
+      for (const auto end = Clock::now() + slice; !voided;) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - Clock::now());
+        if (group.wait_for(std::clamp(left, std::chrono::milliseconds(0), kMeanwhileEvery))) return true;
+        if (Clock::now() >= end) break;
+        voided = meanwhile();
+      }
+      if (voided) {
+        group.cancel();
+        return false;
+      }
+    }
     if (Clock::now() >= deadline) {
       group.cancel();
       return false;
@@ -4202,16 +4245,6 @@ struct PartMove {
   return moves;
 }
 
-/// Checks a member list: not empty, ascending, no task twice.
-inline void check_members(std::span<const std::uint32_t> members) {
-  if (members.empty()) throw Error(ErrorCode::kInvalidArgument, "a job needs at least one ps task");
-  for (std::size_t i = 1; i < members.size(); ++i) {
-    if (members[i] <= members[i - 1]) {
-      throw Error(ErrorCode::kInvalidArgument, "ps members must be listed in ascending order, each once");
-    }
-  }
-}
-
 /// `before`'s parts placed over the ps tasks `members` (ascending task indices) moving as
 /// few bytes as it can: the parts of a ps task no longer a member go, largest first, to the
 /// member holding least; then, while the ps task holding most holds more than
@@ -4223,7 +4256,7 @@ inline void check_members(std::span<const std::uint32_t> members) {
 /// does not place `variables`.
 [[nodiscard]] inline Placement rebalance_parts(std::span<const VariableSpec> variables, const Placement& before,
                                                std::span<const std::uint32_t> members, double tolerance = 0.05) {
-  check_members(members);
+  require_task_set(members, "ps task");
   if (before.num_variables() != variables.size()) {
     throw Error(ErrorCode::kInvalidArgument, "the placement holds " + std::to_string(before.num_variables()) +
                                                  " variables, the model " + std::to_string(variables.size()));
@@ -4297,7 +4330,7 @@ template <Sharding S>
 [[nodiscard]] Placement rebalance(const S& sharding, std::span<const VariableSpec> variables, const Placement& before,
                                   std::span<const std::uint32_t> members) {
   if constexpr (requires { { sharding.rebalance(variables, before, members) } -> std::same_as<Placement>; }) {
-    check_members(members);
+    require_task_set(members, "ps task");
     return sharding.rebalance(variables, before, members);
   } else {
     return rebalance_parts(variables, before, members);
@@ -4613,13 +4646,15 @@ class Client {
     return *wait_for_step_until(step, std::chrono::steady_clock::time_point::max());
   }
 
-  /// Like wait_for_step, but nullopt once `deadline` passes first.
-  std::optional<std::int64_t> wait_for_step_until(std::int64_t step, std::chrono::steady_clock::time_point deadline) {
+  /// Like wait_for_step, but nullopt once `deadline` passes first, or `meanwhile` voided
+  /// the wait (detail::wait_progressing).
+  std::optional<std::int64_t> wait_for_step_until(std::int64_t step, std::chrono::steady_clock::time_point deadline,
+                                                  const std::function<bool()>& meanwhile = {}) {
     CallGroup group;
     for (const std::uint32_t ps : members_) group.add(transport_.call(ps, Pull{step, {}, epoch_}, {}));
     if (step <= 0) {
       group.wait(options_.request_timeout, "read the global step");
-    } else if (!detail::wait_progressing(transport_, members_, options_, group, "wait for step " + std::to_string(step), deadline)) {
+    } else if (!detail::wait_progressing(transport_, members_, options_, group, "wait for step " + std::to_string(step), deadline, meanwhile)) {
       return std::nullopt;
     }
     return lowest_step<PullReply>(group, 0, group.size());
@@ -4737,7 +4772,7 @@ class Client {
   /// this client cannot reach is refused with `code`.
   void set_members(std::vector<std::uint32_t> members, std::uint64_t membership,
                    std::vector<std::string> ps_addresses, ErrorCode code) {
-    check_members(members);
+    require_task_set(members, "ps task");
     reach_all(transport_, ps_addresses);
     if (members.back() >= num_ps()) {
       throw Error(code, "ps " + std::to_string(members.back()) + " is named a member of the job, and this task knows " +
@@ -5392,6 +5427,7 @@ void restore_state(Client<T>& client, const ModelState& state, std::uint64_t tab
 #include <compare>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <iterator>
 #include <optional>
 #include <span>
@@ -5407,6 +5443,7 @@ void restore_state(Client<T>& client, const ModelState& state, std::uint64_t tab
 #include <compare>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <span>
@@ -5434,12 +5471,14 @@ namespace detail {
 
 /// Reads every variable into `values` once every ps has completed `min_step` steps, and
 /// returns the lowest and highest global step the ps tasks were read at. `patient`: as long
-/// as training makes progress (or until `deadline`); otherwise only briefly, and nullopt
-/// (the values half read) if the ps tasks do not answer at once.
+/// as training makes progress (or until `deadline`, `meanwhile` running as
+/// wait_progressing says); otherwise only briefly, and nullopt (the values half read) if
+/// the ps tasks do not answer at once.
 template <Transport T>
 std::optional<std::pair<std::int64_t, std::int64_t>> read_into(
     Client<T>& client, std::vector<std::vector<float>>& values, std::int64_t min_step, bool patient,
-    std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max()) {
+    std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max(),
+    const std::function<bool()>& meanwhile = {}) {
   const auto& variables = client.variables();
   std::vector<PullRequest> requests;
   values.resize(variables.size());
@@ -5454,7 +5493,7 @@ std::optional<std::pair<std::int64_t, std::int64_t>> read_into(
     if (min_step <= 0) {
       group.wait(options.request_timeout, "read the variables");
     } else if (!wait_progressing(client.transport(), client.members(), options, group,
-                                 "read the variables at step " + std::to_string(min_step), deadline)) {
+                                 "read the variables at step " + std::to_string(min_step), deadline, meanwhile)) {
       return std::nullopt;
     }
   } else if (!group.wait_for(std::min(options.request_timeout, std::chrono::milliseconds(2000)))) {
@@ -5489,13 +5528,15 @@ std::vector<std::vector<float>> read_variables(Client<T>& client, std::int64_t m
 /// completes). A ps read past the target sets the next round's target; a few rounds settle
 /// it while sync training runs. A later round that does not complete at once (the ps tasks
 /// count pushes that will never agree) leaves the last read as it is. nullopt if `deadline`
-/// passes before the ps tasks reach `step`.
+/// passes before the ps tasks reach `step`, or `meanwhile` voided the wait
+/// (detail::wait_progressing).
 template <Transport T>
 std::optional<Snapshot> snapshot_until(Client<T>& client, std::int64_t step,
-                                       std::chrono::steady_clock::time_point deadline) {
+                                       std::chrono::steady_clock::time_point deadline,
+                                       const std::function<bool()>& meanwhile = {}) {
   constexpr int kRounds = 8;
   Snapshot shot;
-  const auto first = detail::read_into(client, shot.values, step, true, deadline);  // (lowest, highest)
+  const auto first = detail::read_into(client, shot.values, step, true, deadline, meanwhile);  // (lowest, highest)
   if (!first) return std::nullopt;
   auto steps = *first;
   for (int round = 1; round < kRounds && steps.first != steps.second; ++round) {
@@ -5630,20 +5671,22 @@ class Chief {
   /// step (see Snapshot); waits until the ps tasks reach it.
   Snapshot snapshot(std::int64_t step) { return pulley::snapshot(client_, step); }
 
-  /// Like snapshot, but nullopt if `deadline` passes before the ps tasks reach `step`.
-  std::optional<Snapshot> snapshot_until(std::int64_t step,
-                                         std::chrono::steady_clock::time_point deadline) {
-    return pulley::snapshot_until(client_, step, deadline);
+  /// Like snapshot, but nullopt if `deadline` passes before the ps tasks reach `step`, or
+  /// `meanwhile` (run while it waits) voided the wait: see pulley::snapshot_until.
+  std::optional<Snapshot> snapshot_until(std::int64_t step, std::chrono::steady_clock::time_point deadline,
+                                         const std::function<bool()>& meanwhile = {}) {
+    return pulley::snapshot_until(client_, step, deadline, meanwhile);
   }
 
   /// Blocks until every ps task has completed `step` global steps; returns the lowest
   /// global step they report.
   std::int64_t wait_for_step(std::int64_t step) { return client_.wait_for_step(step); }
 
-  /// Like wait_for_step, but gives up at `deadline`: nullopt then.
-  std::optional<std::int64_t> wait_for_step_until(std::int64_t step,
-                                                  std::chrono::steady_clock::time_point deadline) {
-    return client_.wait_for_step_until(step, deadline);
+  /// Like wait_for_step, but gives up at `deadline`, or when `meanwhile` (run while it
+  /// waits) voided the wait: nullopt then. See Client::wait_for_step_until.
+  std::optional<std::int64_t> wait_for_step_until(std::int64_t step, std::chrono::steady_clock::time_point deadline,
+                                                  const std::function<bool()>& meanwhile = {}) {
+    return client_.wait_for_step_until(step, deadline, meanwhile);
   }
 
   /// Counters of every member ps, in member order (Client::stats).
@@ -5859,9 +5902,7 @@ class Chief {
   /// back: it may then count the new workers from that step alone, until the next change
   /// (the ChiefLoop tries again) or a restore (which carries the workers) sets them all.
   std::int64_t change_workers(std::vector<std::uint32_t> workers) {
-    if (workers.empty() || std::adjacent_find(workers.begin(), workers.end(), std::greater_equal<>()) != workers.end()) {
-      throw Error(ErrorCode::kInvalidArgument, "the job's workers must be ascending task indices, at least one");
-    }
+    require_task_set(workers, "worker");
     const std::span<const std::uint32_t> members = client_.members();
     std::int64_t furthest = 0;
     try {
@@ -9297,7 +9338,7 @@ class Registration {
   /// Why `members` cannot be the job's ps tasks, or "": each a ps task of the cluster, once,
   /// ascending, this one among them; its tables' rows placeable over them.
   [[nodiscard]] std::string check_members(const Register& r, const std::vector<std::uint32_t>& members) const {
-    if (members.empty()) return "a job needs at least one ps task";
+    if (std::string why = check_task_set(members, "ps task"); !why.empty()) return why;
     if (!r.ps_addresses.empty()) {
       // A new ps's own cluster spec may list tasks beyond the job's: the chief's list rules.
       if (r.ps_addresses.size() <= task_ || r.ps_addresses.size() > kMaxTasks) {
@@ -9315,7 +9356,6 @@ class Registration {
         return "ps " + std::to_string(members[i]) + " is not a ps task of the cluster (it has " +
                std::to_string(tasks) + ")";
       }
-      if (i > 0 && members[i] <= members[i - 1]) return "the ps members must be ascending, each once";
     }
     if (!std::binary_search(members.begin(), members.end(), task_)) {
       return "ps " + std::to_string(task_) + " is not among the members registered";
@@ -11165,6 +11205,112 @@ class Update {
 
 }  // namespace pulley
 // ---- end pulley/ps/update.hpp ----
+// ---- begin pulley/ps/workers.hpp ----
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace pulley {
+
+/// The job's workers as a ps counts them: the set the chief last made the job's
+/// (ChangeWorkers, Restore::workers), and a change it set for a step to come. Only the
+/// set and its rules live here; the ps applies a change that comes due to its sync
+/// policy's pacer and its liveness (ParameterServer::count_next_workers).
+///
+/// The set is kept here as well as in the pacer (SyncReplicas and BoundedStaleness count
+/// their workers): a policy that counts none (Async) still needs it, for the handshake
+/// and to refuse a worker that left.
+class JobWorkers {
+ public:
+  /// Worker indices a ps keeps counts for.
+  static constexpr std::uint32_t kMaxIndex = std::uint32_t{1} << 20U;
+  /// Workers a job has at most at once.
+  static constexpr std::size_t kMaxSet = std::size_t{1} << 16U;
+
+  /// A change that came due: the job's workers before it and after.
+  struct Change {
+    std::vector<std::uint32_t> before;  ///< empty when nobody said (the cluster spec's)
+    std::vector<std::uint32_t> after;
+  };
+
+  /// Why `workers` cannot be the job's workers, or "".
+  [[nodiscard]] static std::string check(std::span<const std::uint32_t> workers) {
+    if (workers.size() > kMaxSet) return "more than " + std::to_string(kMaxSet) + " workers";
+    if (std::string why = check_task_set(workers, "worker"); !why.empty()) return why;
+    if (workers.back() >= kMaxIndex) return "worker index " + std::to_string(workers.back()) + " is too large";
+    return {};
+  }
+
+  /// The job's workers now, ascending; empty while they are the cluster spec's.
+  [[nodiscard]] const std::vector<std::uint32_t>& now() const noexcept { return now_; }
+
+  /// Who may connect: the workers of the change to come once the chief set one (a worker
+  /// joining connects before its step), else those of now.
+  [[nodiscard]] std::span<const std::uint32_t> admitted() const noexcept {
+    return next_ ? std::span<const std::uint32_t>(next_->change.after) : std::span<const std::uint32_t>(now_);
+  }
+
+  /// True unless `worker` left the job: one of the workers now, or of the change to come,
+  /// or any while they are the cluster spec's (the transport checked who connects).
+  [[nodiscard]] bool counted(std::uint32_t worker) const {
+    if (now_.empty() || std::binary_search(now_.begin(), now_.end(), worker)) return true;
+    return next_ && std::binary_search(next_->change.after.begin(), next_->change.after.end(), worker);
+  }
+
+  /// The workers are `after` from global step `from_step` on (the chief's ChangeWorkers;
+  /// `before`: the set until then as the chief has it, for a ps that knows none). Checked
+  /// by the caller (`check`, a step to come).
+  void change_at(std::vector<std::uint32_t> after, std::int64_t from_step, std::vector<std::uint32_t> before) {
+    next_ = Next{{std::move(before), std::move(after)}, from_step};
+  }
+
+  /// Takes back the change set for `from_step` (another ps refused it); none else.
+  void take_back(std::int64_t from_step) noexcept {
+    if (next_ && next_->from_step == from_step) next_.reset();
+  }
+
+  /// The change set for a step at or before `global_step`, taken out (it is now's); none
+  /// while its step has not come.
+  [[nodiscard]] std::optional<Change> due(std::int64_t global_step) {
+    if (!next_ || global_step < next_->from_step) return std::nullopt;
+    Change change = std::move(next_->change);
+    next_.reset();
+    if (!now_.empty()) change.before = now_;
+    now_ = change.after;
+    return change;
+  }
+
+  /// The workers are `workers` now (a restore says them as they are); a change to come is
+  /// dropped. An empty list keeps those of now.
+  void restore(std::vector<std::uint32_t> workers) {
+    if (!workers.empty()) now_ = std::move(workers);
+    next_.reset();
+  }
+
+  /// What a worker the job no longer counts is told.
+  [[nodiscard]] std::string left_message(std::uint32_t worker) const {
+    return Node::worker(worker).name() + " is not one of the job's workers " + describe_members(now_) +
+           " now: the chief took it out of the job; started with --join, it trains again";
+  }
+
+ private:
+  struct Next {
+    Change change;
+    std::int64_t from_step = 0;
+  };
+
+  std::vector<std::uint32_t> now_;
+  std::optional<Next> next_;
+};
+
+}  // namespace pulley
+// ---- end pulley/ps/workers.hpp ----
 
 namespace pulley {
 
@@ -11184,6 +11330,8 @@ namespace pulley {
 ///   PushLedger     pushes taken from each worker, resends             Push, ReadState
 ///   CheckpointCut  the pause, held pushes, the cut                    Pause, ReadState, Resume
 ///   Liveness       workers heard and lost                             Heartbeat, GetStats
+///   JobWorkers     the job's workers, and a change to come            ChangeWorkers, Restore,
+///                                                                     TakeToken
 ///
 /// Bad requests are answered with an ErrorReply and change nothing; the ps keeps serving.
 /// A push is all-or-nothing: it is checked whole (known parts, sizes, finite values unless
@@ -11330,9 +11478,7 @@ class ParameterServer {
   /// The job's workers as the chief last set them (ChangeWorkers, Restore::workers),
   /// ascending; empty while they are the cluster spec's. A transport lets a worker connect
   /// if it is one of them (a worker joining is, from the moment the chief counted it in).
-  [[nodiscard]] std::span<const std::uint32_t> workers() const noexcept {
-    return next_workers_ ? std::span<const std::uint32_t>(next_workers_->workers) : std::span<const std::uint32_t>(workers_);
-  }
+  [[nodiscard]] std::span<const std::uint32_t> workers() const noexcept { return workers_.admitted(); }
 
   /// The most tensor bytes a request can carry now: a push or an initialization has one
   /// value per element held here, a restore one more per optimizer slot, a push its rows
@@ -11403,7 +11549,7 @@ class ParameterServer {
                                                       std::to_string(worker) + " from " + context.peer->name());
       return false;
     }
-    if (worker >= kMaxWorkers) {
+    if (worker >= JobWorkers::kMaxIndex) {
       reject(reply, ErrorCode::kInvalidArgument, "worker index " + std::to_string(worker) + " is too large");
       return false;
     }
@@ -11520,7 +11666,7 @@ class ParameterServer {
         refused(reply, registration_.check_epoch(r.epoch, "token request"))) {
       return;
     }
-    if (!counted(r.worker)) return reject(reply, ErrorCode::kPermissionDenied, left_message(r.worker));
+    if (!workers_.counted(r.worker)) return reject(reply, ErrorCode::kPermissionDenied, workers_.left_message(r.worker));
     revive(r.worker);  // before its heartbeat, maybe: it starts from the step in progress
     pacing_.wait_for_token(r.worker, context.session, reply);
     hand_out_tokens();
@@ -11665,10 +11811,10 @@ class ParameterServer {
       return reject(reply, ErrorCode::kFailedPrecondition, "ChangeWorkers without Pause (of this connection)");
     }
     if (r.workers.empty()) {  // the chief takes back the change of that step (another ps refused it)
-      if (next_workers_ && next_workers_->from_step == r.from_step) next_workers_.reset();
+      workers_.take_back(r.from_step);
       return respond(reply, Ack{});
     }
-    if (std::string why = check_workers(r.workers); !why.empty() || (!r.before.empty() && !(why = check_workers(r.before)).empty())) {
+    if (std::string why = JobWorkers::check(r.workers); !why.empty() || (!r.before.empty() && !(why = JobWorkers::check(r.before)).empty())) {
       return reject(reply, ErrorCode::kInvalidArgument, "ChangeWorkers: " + why);
     }
     if constexpr (!kReshapes<P>) {
@@ -11680,27 +11826,8 @@ class ParameterServer {
                     name_ + " is at global step " + std::to_string(pacing_.global_step()) +
                         " already: the workers change at a step to come, not " + std::to_string(r.from_step));
     }
-    next_workers_ = NextWorkers{std::move(r.workers), r.from_step, std::move(r.before)};
+    workers_.change_at(std::move(r.workers), r.from_step, std::move(r.before));
     respond(reply, Ack{});
-  }
-
-  /// True unless `worker` left the job: one of the job's workers now, or from the step the
-  /// chief set (a worker joining waits for it), or any while they are the cluster spec's
-  /// (the transport checked who connects).
-  [[nodiscard]] bool counted(std::uint32_t worker) const {
-    if (workers_.empty() || std::binary_search(workers_.begin(), workers_.end(), worker)) return true;
-    return next_workers_ && std::binary_search(next_workers_->workers.begin(), next_workers_->workers.end(), worker);
-  }
-
-  /// Why `workers` cannot be the job's workers, or "".
-  static std::string check_workers(std::span<const std::uint32_t> workers) {
-    if (workers.empty()) return "a job has one worker at least";
-    if (workers.size() > kMaxWorkerSet) return "more than " + std::to_string(kMaxWorkerSet) + " workers";
-    if (std::adjacent_find(workers.begin(), workers.end(), std::greater_equal<>()) != workers.end()) {
-      return "the workers must be ascending task indices";
-    }
-    if (workers.back() >= kMaxWorkers) return "worker index " + std::to_string(workers.back()) + " is too large";
-    return {};
   }
 
   /// Counts the workers the chief set (ChangeWorkers) once this ps reached their step.
@@ -11708,43 +11835,36 @@ class ParameterServer {
   /// needs a pull of it, which waits until this ps is there (BoundedStaleness's slowest
   /// clock may reach it on one ps before another, see there). A new worker is heard now
   /// (where workers send heartbeats), so that one that never comes is held lost after the
-  /// worker timeout; those gone are forgotten, and their waiting token requests refused. A throw from the policy fails the ps (it
-  /// would disagree with the others).
+  /// worker timeout; those gone are forgotten, and their waiting token requests refused.
+  /// A throw from the policy fails the ps (it would disagree with the others).
   void count_next_workers() {
-    if (!next_workers_ || pacing_.global_step() < next_workers_->from_step) return;
-    NextWorkers next = std::move(*next_workers_);
-    next_workers_.reset();
-    const std::vector<std::uint32_t> before = workers_.empty() ? std::move(next.before) : workers_;
+    const std::optional<JobWorkers::Change> change = workers_.due(pacing_.global_step());
+    if (!change) return;
+    const std::vector<std::uint32_t>& before = change->before;
+    const std::vector<std::uint32_t>& after = change->after;
     const auto in = [](const std::vector<std::uint32_t>& set, std::uint32_t w) {
       return std::binary_search(set.begin(), set.end(), w);
     };
     const bool changing = std::exchange(changing_, true);
-    for (const std::uint32_t w : next.workers) {  // a new one is not lost unless this ps holds it so
+    for (const std::uint32_t w : after) {  // a new one is not lost unless this ps holds it so
       if ((before.empty() || !in(before, w)) && !liveness_.is_lost(w)) pacing_.back(w);
     }
-    pacing_.reshape(next.workers);
-    workers_ = std::move(next.workers);
+    pacing_.reshape(after);
     for (const std::uint32_t w : before) {
-      if (in(workers_, w)) continue;
+      if (in(after, w)) continue;
       liveness_.forget(w);
       pacing_.back(w);  // not held lost by the policy either: counted again, it starts afresh
-      pacing_.refuse(w, ErrorReply{ErrorCode::kPermissionDenied, left_message(w)});
+      pacing_.refuse(w, ErrorReply{ErrorCode::kPermissionDenied, workers_.left_message(w)});
     }
-    for (const std::uint32_t w : workers_) {
+    for (const std::uint32_t w : after) {
       // Where workers beat their hearts, a new one is held lost if it never comes.
       if ((before.empty() || !in(before, w)) && !liveness_.known(w) && liveness_.any()) {
         liveness_.heard(w, Clock::now());
       }
     }
     changing_ = changing;
-    log(LogLevel::kInfo, name_ + ": the job's workers are " + describe_members(workers_) + " from global step " +
+    log(LogLevel::kInfo, name_ + ": the job's workers are " + describe_members(after) + " from global step " +
                              std::to_string(pacing_.global_step()) + " on");
-  }
-
-  /// What a worker the job no longer counts is told.
-  [[nodiscard]] std::string left_message(std::uint32_t worker) const {
-    return Node::worker(worker).name() + " is not one of the job's workers " + describe_members(workers_) +
-           " now: the chief took it out of the job; started with --join, it trains again";
   }
 
   // ---- Pause / ReadState / Resume: checkpoint_cut.hpp --------------------------------------
@@ -11822,15 +11942,14 @@ class ParameterServer {
     if (refused(reply, shard_.check_restore(r.parts, by_part))) return;
     typename P::Pacer pacer = pacing_.load(r.pacer);  // a pulley::Error refuses it
     if (!r.workers.empty()) {
-      if (const std::string why = check_workers(r.workers); !why.empty()) {
+      if (const std::string why = JobWorkers::check(r.workers); !why.empty()) {
         return reject(reply, ErrorCode::kInvalidArgument, "Restore: " + why);
       }
     }
-    std::vector<std::uint32_t>& counting = r.workers.empty() ? workers_ : r.workers;
+    const std::vector<std::uint32_t>& counting = r.workers.empty() ? workers_.now() : r.workers;
     // A policy that cannot count workers that change has the spec's (ChangeWorkers is refused).
     if (kReshapes<P> && !counting.empty()) pacing_.reshape(pacer, counting);  // a pulley::Error refuses it
-    if (&counting != &workers_) workers_ = std::move(counting);
-    next_workers_.reset();  // the chief's Restore says the workers as they are now
+    workers_.restore(std::move(r.workers));  // the chief's Restore says the workers as they are now
     changing_ = true;
     // Served before (ready, or placed anew for another membership): a rollback.
     const std::int64_t step_before = registration_.ready() || replaced_ ? pacing_.global_step() : -1;
@@ -12039,18 +12158,6 @@ class ParameterServer {
     respond(reply, Ack{});
   }
 
-  /// Worker indices a ps keeps counts for.
-  static constexpr std::uint32_t kMaxWorkers = std::uint32_t{1} << 20U;
-  /// Workers a job has at most at once (ChangeWorkers).
-  static constexpr std::size_t kMaxWorkerSet = std::size_t{1} << 16U;
-
-  /// Workers the chief set, counted from a step to come.
-  struct NextWorkers {
-    std::vector<std::uint32_t> workers;
-    std::int64_t from_step = 0;
-    std::vector<std::uint32_t> before;  ///< the job's workers until then, as the chief said
-  };
-
   /// A row pull waiting for its step.
   struct RowPull {
     PullRows request;
@@ -12074,8 +12181,7 @@ class ParameterServer {
   std::uint64_t rows_cut_session_ = 0;   ///< the chief's connection reading the cut's rows
   std::int64_t cut_forget_before_ = -1;  ///< and evictions forgotten before
   Liveness liveness_;
-  std::vector<std::uint32_t> workers_;         ///< the job's workers once changed (empty: the spec's)
-  std::optional<NextWorkers> next_workers_;  ///< ChangeWorkers waiting for its step
+  JobWorkers workers_;  ///< the job's workers once changed, and a change waiting for its step
   std::chrono::milliseconds chief_wait_{std::chrono::minutes(5)};  ///< see set_chief_wait
   StepGate<Pull> pulls_;         ///< pulls waiting for their step
   StepGate<RowPull> row_pulls_;  ///< row pulls waiting for their step
@@ -12511,9 +12617,7 @@ class BoundedStaleness {
   /// starts at the slowest clock, one that left no longer counts. Throws kInvalidArgument
   /// for an empty or unordered set (the pacer is then as it was).
   void reshape(Pacer& pacer, std::span<const std::uint32_t> workers) const {
-    if (workers.empty() || std::adjacent_find(workers.begin(), workers.end(), std::greater_equal<>()) != workers.end()) {
-      throw Error(ErrorCode::kInvalidArgument, "BoundedStaleness: the workers must be ascending task indices, at least one");
-    }
+    require_task_set(workers, "worker", "BoundedStaleness: ");
     std::vector<std::uint32_t> set(workers.begin(), workers.end());
     const std::size_t size = std::max<std::size_t>(pacer.clocks.size(), set.back() + std::size_t{1});
     pacer.clocks.reserve(size);
@@ -12847,9 +12951,7 @@ class SyncReplicas {
   /// when made with kEveryWorker. Throws kInvalidArgument for an empty or unordered set,
   /// kFailedPrecondition in the middle of a step; the pacer is then as it was.
   void reshape(Pacer& pacer, std::span<const std::uint32_t> workers) const {
-    if (workers.empty() || std::adjacent_find(workers.begin(), workers.end(), std::greater_equal<>()) != workers.end()) {
-      throw Error(ErrorCode::kInvalidArgument, "SyncReplicas: the workers must be ascending task indices, at least one");
-    }
+    require_task_set(workers, "worker", "SyncReplicas: ");
     if (pacer.fresh != 0 || !pacer.taken.empty() || !pacer.pushed.empty()) {
       throw Error(ErrorCode::kFailedPrecondition, "SyncReplicas: the workers change between steps only");
     }
@@ -15223,8 +15325,9 @@ namespace pulley {
 ///     the same pacer. A Pull that waits for a step also asks the other copy to
 ///     say when it completed that step (no values), so that no worker pushes for the next
 ///     step before both copies took this one's pushes. WaitReady goes to both and is
-///     answered by ps k's own copy once it is ready (by the other when ps k's own is lost,
-///     or still not ready `copy_grace` after the other was: then it is dropped);
+///     answered once both are ready, so that no push reaches a copy the chief has not
+///     initialized yet: by ps k's own copy, or by the one left when the other is lost,
+///     refuses, or is still not ready `copy_grace` after the first was (then it is dropped);
 ///   - a copy is dropped, for the transport's life and with one log line, when it is lost
 ///     for sure: its address refuses connections after it was reached (no process listens
 ///     there), another process answers there (wire::Welcome::server: one started in a lost
@@ -15301,18 +15404,18 @@ class Tcp {
 
   /// A call sent to both copies of a shard: the caller's control, on no connection itself.
   struct Pair : Pending {
-    Pair(CallDriver* driver, std::size_t shard_index, bool ready_first)
-        : Pending(driver, 0), shard(shard_index), first_ready(ready_first) {
+    Pair(CallDriver* driver, std::size_t shard_index, bool ready_both)
+        : Pending(driver, 0), shard(shard_index), both_ready(ready_both) {
       is_pair = true;
     }
     std::size_t shard;
-    bool first_ready;  ///< WaitReady: the first ready answer is the call's (`copy_grace`)
+    bool both_ready;  ///< WaitReady: answered once both copies are ready (`copy_grace`)
     std::array<std::weak_ptr<Pending>, 2> halves;
     std::array<std::size_t, 2> links{};            ///< the link of each half
     std::array<std::optional<Response>, 2> answers;
     std::array<bool, 2> waited{};                  ///< a half's connection was tried again once
     bool other_partial = false;  ///< the other copy's answer lacks what the caller asked (a gate, tensors unread)
-    std::unique_ptr<asio::steady_timer> grace;     ///< first_ready: ps k's own copy's time
+    std::unique_ptr<asio::steady_timer> grace;     ///< both_ready: the laggard's time
   };
 
   enum class State { kConnected, kConnecting, kHandshaking, kBroken };
@@ -15461,7 +15564,7 @@ class Tcp {
       if (links_[other]->dropped || spread == Spread::kOne) {
         return call_on(reading, std::move(request), std::move(targets));
       }
-      auto pair = std::make_shared<Pair>(this, ps, spread == Spread::kFirstReady);
+      auto pair = std::make_shared<Pair>(this, ps, spread == Spread::kBothReady);
       PendingCall result(pair);
       pair->links = {reading, other};
       for (std::size_t half = 0; half < 2; ++half) {
@@ -15550,12 +15653,12 @@ class Tcp {
 
    private:
     /// Where a request goes when the job keeps copies: to the copy read from, to both, to
-    /// both and the first ready answers (WaitReady), or its values from the copy read from
+    /// both and answered once both are ready (WaitReady), or its values from the copy read from
     /// and a wait for the same step from the other (a Pull that waits for a step).
-    enum class Spread { kOne, kBoth, kFirstReady, kGate };
+    enum class Spread { kOne, kBoth, kBothReady, kGate };
 
     [[nodiscard]] Spread spread_of(const Request& request) const noexcept {
-      if (std::holds_alternative<WaitReady>(request)) return Spread::kFirstReady;
+      if (std::holds_alternative<WaitReady>(request)) return Spread::kBothReady;
       if (std::holds_alternative<PullRows>(request)) {  // a worker's creates rows: both copies must
         return self_.role == Node::Role::kWorker ? Spread::kBoth : Spread::kOne;
       }
@@ -15608,7 +15711,7 @@ class Tcp {
         pair.answer(ErrorReply{ErrorCode::kUnavailable, "transport closed"});
         return;
       }
-      if (pair.has_answer() && !pair.first_ready) return;
+      if (pair.has_answer() && !pair.both_ready) return;
       auto& a = pair.answers[0];
       auto& b = pair.answers[1];
       const bool a_gone = links_[pair.links[0]]->dropped;
@@ -15618,7 +15721,7 @@ class Tcp {
                                                             "'s shard are lost"});
         return;
       }
-      if (pair.first_ready) return settle_ready(held, a_gone, b_gone);
+      if (pair.both_ready) return settle_ready(held, a_gone, b_gone);
       if (a_gone) {
         if (b) answer_pair(pair, 1);
         return;
@@ -15653,10 +15756,12 @@ class Tcp {
       answer_pair(pair, 0);
     }
 
-    /// WaitReady to both copies: ps k's own copy's answer if it is ready, the other's if ps
-    /// k's own is gone or refuses, or once `copy_grace` passed. A copy still not ready
-    /// `copy_grace` after the other was is a process started in a lost one's place, holding
-    /// nothing: it is dropped.
+    /// WaitReady to both copies: answered once both are ready (ps k's own copy's answer),
+    /// or by the ready one when the other is gone or refuses. Answering when only one is
+    /// ready would let a worker push to a copy the chief's Initialize has not reached yet
+    /// (it comes on another connection). A copy still not ready `copy_grace` after the
+    /// other was is a process started in a lost one's place, holding nothing: it is
+    /// dropped, and the call answered by the copy left.
     void settle_ready(const std::shared_ptr<Pair>& held, bool a_gone, bool b_gone) {
       Pair& pair = *held;
       const auto& a = pair.answers[0];
@@ -15664,9 +15769,9 @@ class Tcp {
       const bool a_ready = a && !is_error(*a) && !a_gone;
       const bool b_ready = b && !is_error(*b) && !b_gone;
       if (!pair.has_answer()) {
-        if (a_ready) {
+        if (a_ready && (b_ready || b_gone || (b && is_error(*b)))) {
           answer_pair(pair, 0);
-        } else if (b_ready && (a_gone || (a && is_error(*a)) || grace_over(pair))) {
+        } else if (b_ready && (a_gone || (a && is_error(*a)))) {
           answer_pair(pair, 1);
         } else if ((a || a_gone) && (b || b_gone)) {  // neither is ready: an error
           answer_pair(pair, a && !a_gone && (!is_unavailable(*a) || b_gone) ? 0 : 1);

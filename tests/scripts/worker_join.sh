@@ -5,7 +5,7 @@
 # --job-name.
 #  1. 2 workers train; at about epoch 2 a third worker process starts with --join and a
 #     cluster spec that lists it after the two. It asks the chief (at the chief's address)
-#     and waits; the chief counts it in at its next evaluation (every ps counts 3 workers,
+#     and waits; the chief counts it in within a second (every ps counts 3 workers,
 #     R = 3, from the step after the one they were at), and it trains.
 #  2. A worker started with --join beyond the next index is refused and exits non-zero.
 #  3. At about epoch 6 worker 1 is killed (SIGKILL) for good: the ps tasks hold it lost,

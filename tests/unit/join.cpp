@@ -5,7 +5,8 @@
 // were, and nothing trained is lost (a sync R = N job ends bit for bit where the job
 // without the new ps ends); workers that knew fewer ps tasks follow; what cannot join is
 // refused with the job left as it was; and what the chief's JoinDesk and a ps refuse.
-// Workers that join or leave: every ps counts them from the step the chief chose.
+// Workers that join or leave: every ps counts them from the step the chief chose, and the
+// chief's loop counts one in while it waits for its next evaluation.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -22,6 +23,7 @@
 #include "pulley/optimizers/adagrad.hpp"
 #include "pulley/optimizers/adam.hpp"
 #include "pulley/ps/parameter_server.hpp"
+#include "pulley/runner/chief_loop.hpp"
 #include "pulley/runner/join_desk.hpp"
 #include "pulley/sharding/partitioned.hpp"
 #include "pulley/sharding/rebalance.hpp"
@@ -509,4 +511,49 @@ TEST_CASE("the chief's JoinDesk tells a worker to wait until the chief counts it
   CHECK(std::get<ErrorReply>(ask_desk(desk, Join{}, Node::worker(3))).code == ErrorCode::kUnavailable);  // told once
   queue->set_workers({0, 2});
   CHECK(std::get<ErrorReply>(ask_desk(desk, Join{}, Node::worker(1))).code == ErrorCode::kUnavailable);
+}
+
+TEST_CASE("the chief's loop counts in a worker that asks while it waits for its next evaluation, not at it") {
+  constexpr std::int64_t kLast = 300;
+  const LinearData data(2 * kBatch * 40, kIn, kOut, 12);
+  SyncAdam cluster{2, Adam{0.01F}, SyncReplicas(SyncReplicas::kEveryWorker, 2), FixedShards{3}};
+  Chief<InProcess> chief{cluster.endpoint(Node::chief()), 3};
+  Training<LinearModel> training;
+  training.model = [] { return LinearModel(kIn, kOut); };
+  training.last_step = kLast;  // evaluated at the last step only
+  JoinQueue queue(2, kLast);
+  runner_detail::ChiefLoop loop(training, chief, HashIds{}, nullptr, &queue);
+  std::thread chief_thread([&] { loop.run(); });
+  std::atomic<std::int64_t> step{0};
+  std::atomic<std::int64_t> joiner_steps{0};
+  const auto work = [&](std::uint32_t w) {
+    Worker worker(w, LinearModel(kIn, kOut), cluster.endpoint(Node::worker(w)));
+    worker.wait_ready();
+    for (std::int64_t k = 0; worker.step(batch_of(data, w % 2, k % 20), kLast); ++k) {
+      step = std::max<std::int64_t>(step, worker.global_step());
+      if (w == 2) ++joiner_steps;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));  // a step takes a while
+    }
+    say_leaving(cluster, w);
+  };
+  std::vector<std::thread> workers;
+  for (std::uint32_t w = 0; w < 2; ++w) workers.emplace_back(work, w);
+  for (int i = 0; i < 3000 && step < 10; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  REQUIRE(step >= 10);  // the chief waits for global step 300 now
+  std::string why;
+  CHECK(queue.ask_worker(2, why) == JoinQueue::Standing::kWaiting);
+  JoinQueue::Standing standing = JoinQueue::Standing::kWaiting;
+  for (int i = 0; i < 3000 && standing == JoinQueue::Standing::kWaiting; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    standing = queue.ask_worker(2, why);
+  }
+  REQUIRE(standing == JoinQueue::Standing::kIn);
+  CHECK(step < kLast);  // counted in long before the evaluation
+  CHECK(queue.workers() == std::vector<std::uint32_t>{0, 1, 2});
+  workers.emplace_back(work, 2);
+  for (auto& t : workers) t.join();
+  chief_thread.join();
+  CHECK(joiner_steps > 0);
+  for (const Stats& s : chief.stats()) CHECK(s.global_step == kLast);
+  chief.shutdown();
 }

@@ -3,7 +3,8 @@
 // on 127.0.0.1: training with copies gives the result without them exactly; a ps lost
 // mid-training is replaced by its copy, and training ends bit for bit where the unbroken run
 // ends, with no rollback; a process started in the lost ps's place is not read from; a
-// client that asks for a copy a ps does not hold is refused at the handshake.
+// client that asks for a copy a ps does not hold is refused at the handshake; a worker is
+// ready only once both copies of every shard are.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -213,4 +214,29 @@ TEST_CASE("a client that asks a ps for a copy it does not hold is refused at the
   CHECK_THROWS_WITH_AS(client(Node::worker(0), {addresses[0]}, one_ps), doctest::Contains("at least 2 ps"), Error);
   for (auto& l : plain) l->stop();
   for (auto& t : threads) t.join();
+}
+
+TEST_CASE("a worker is ready only once both copies of every shard are: no push reaches a copy not yet initialized") {
+  CopiesCluster cluster;
+  // The chief's Initialize reached ps k's own copies and not yet the copies ps k + 1 holds
+  // (they come on other connections, in no fixed order): a chief without copies does that.
+  Chief plain(client(Node::chief(), cluster.addresses), 7);
+  plain.initialize(LinearModel(kIn, kOut).variables());
+  TcpOptions patient = with_copies();
+  patient.copy_grace = std::chrono::minutes(2);  // no copy is dropped for being late here
+  std::atomic<bool> ready{false};
+  std::thread worker_thread([&] {
+    Worker worker(0, LinearModel(kIn, kOut), client(Node::worker(0), cluster.addresses, patient));
+    worker.wait_ready();
+    ready = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  CHECK_FALSE(ready.load());  // ps k's own copies are ready; the others are not
+  {
+    // The same Initialize reaches the copies: ps k's own copies refuse it (initialized).
+    Chief with(client(Node::chief(), cluster.addresses, with_copies()), 7);
+    CHECK_THROWS_AS(with.initialize(LinearModel(kIn, kOut).variables()), Error);
+  }
+  worker_thread.join();  // no longer waits: both copies of every shard are ready
+  CHECK(ready.load());
 }

@@ -6,6 +6,7 @@
 #include <compare>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <iterator>
 #include <optional>
 #include <span>
@@ -18,6 +19,7 @@
 #include "pulley/client/client.hpp"
 #include "pulley/client/snapshot.hpp"
 #include "pulley/concepts/transport.hpp"
+#include "pulley/core/node.hpp"
 #include "pulley/core/detail/finite.hpp"
 #include "pulley/core/initializers.hpp"
 #include "pulley/sharding/ids.hpp"
@@ -77,20 +79,22 @@ class Chief {
   /// step (see Snapshot); waits until the ps tasks reach it.
   Snapshot snapshot(std::int64_t step) { return pulley::snapshot(client_, step); }
 
-  /// Like snapshot, but nullopt if `deadline` passes before the ps tasks reach `step`.
-  std::optional<Snapshot> snapshot_until(std::int64_t step,
-                                         std::chrono::steady_clock::time_point deadline) {
-    return pulley::snapshot_until(client_, step, deadline);
+  /// Like snapshot, but nullopt if `deadline` passes before the ps tasks reach `step`, or
+  /// `meanwhile` (run while it waits) voided the wait: see pulley::snapshot_until.
+  std::optional<Snapshot> snapshot_until(std::int64_t step, std::chrono::steady_clock::time_point deadline,
+                                         const std::function<bool()>& meanwhile = {}) {
+    return pulley::snapshot_until(client_, step, deadline, meanwhile);
   }
 
   /// Blocks until every ps task has completed `step` global steps; returns the lowest
   /// global step they report.
   std::int64_t wait_for_step(std::int64_t step) { return client_.wait_for_step(step); }
 
-  /// Like wait_for_step, but gives up at `deadline`: nullopt then.
-  std::optional<std::int64_t> wait_for_step_until(std::int64_t step,
-                                                  std::chrono::steady_clock::time_point deadline) {
-    return client_.wait_for_step_until(step, deadline);
+  /// Like wait_for_step, but gives up at `deadline`, or when `meanwhile` (run while it
+  /// waits) voided the wait: nullopt then. See Client::wait_for_step_until.
+  std::optional<std::int64_t> wait_for_step_until(std::int64_t step, std::chrono::steady_clock::time_point deadline,
+                                                  const std::function<bool()>& meanwhile = {}) {
+    return client_.wait_for_step_until(step, deadline, meanwhile);
   }
 
   /// Counters of every member ps, in member order (Client::stats).
@@ -306,9 +310,7 @@ class Chief {
   /// back: it may then count the new workers from that step alone, until the next change
   /// (the ChiefLoop tries again) or a restore (which carries the workers) sets them all.
   std::int64_t change_workers(std::vector<std::uint32_t> workers) {
-    if (workers.empty() || std::adjacent_find(workers.begin(), workers.end(), std::greater_equal<>()) != workers.end()) {
-      throw Error(ErrorCode::kInvalidArgument, "the job's workers must be ascending task indices, at least one");
-    }
+    require_task_set(workers, "worker");
     const std::span<const std::uint32_t> members = client_.members();
     std::int64_t furthest = 0;
     try {

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <span>
@@ -24,6 +25,7 @@
 #include "pulley/protocol/messages.hpp"
 #include "pulley/sharding/rebalance.hpp"
 #include "pulley/core/log.hpp"
+#include "pulley/core/node.hpp"
 
 namespace pulley {
 
@@ -331,13 +333,15 @@ class Client {
     return *wait_for_step_until(step, std::chrono::steady_clock::time_point::max());
   }
 
-  /// Like wait_for_step, but nullopt once `deadline` passes first.
-  std::optional<std::int64_t> wait_for_step_until(std::int64_t step, std::chrono::steady_clock::time_point deadline) {
+  /// Like wait_for_step, but nullopt once `deadline` passes first, or `meanwhile` voided
+  /// the wait (detail::wait_progressing).
+  std::optional<std::int64_t> wait_for_step_until(std::int64_t step, std::chrono::steady_clock::time_point deadline,
+                                                  const std::function<bool()>& meanwhile = {}) {
     CallGroup group;
     for (const std::uint32_t ps : members_) group.add(transport_.call(ps, Pull{step, {}, epoch_}, {}));
     if (step <= 0) {
       group.wait(options_.request_timeout, "read the global step");
-    } else if (!detail::wait_progressing(transport_, members_, options_, group, "wait for step " + std::to_string(step), deadline)) {
+    } else if (!detail::wait_progressing(transport_, members_, options_, group, "wait for step " + std::to_string(step), deadline, meanwhile)) {
       return std::nullopt;
     }
     return lowest_step<PullReply>(group, 0, group.size());
@@ -455,7 +459,7 @@ class Client {
   /// this client cannot reach is refused with `code`.
   void set_members(std::vector<std::uint32_t> members, std::uint64_t membership,
                    std::vector<std::string> ps_addresses, ErrorCode code) {
-    check_members(members);
+    require_task_set(members, "ps task");
     reach_all(transport_, ps_addresses);
     if (members.back() >= num_ps()) {
       throw Error(code, "ps " + std::to_string(members.back()) + " is named a member of the job, and this task knows " +

@@ -6,6 +6,7 @@
 #include <compare>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <span>
@@ -37,12 +38,14 @@ namespace detail {
 
 /// Reads every variable into `values` once every ps has completed `min_step` steps, and
 /// returns the lowest and highest global step the ps tasks were read at. `patient`: as long
-/// as training makes progress (or until `deadline`); otherwise only briefly, and nullopt
-/// (the values half read) if the ps tasks do not answer at once.
+/// as training makes progress (or until `deadline`, `meanwhile` running as
+/// wait_progressing says); otherwise only briefly, and nullopt (the values half read) if
+/// the ps tasks do not answer at once.
 template <Transport T>
 std::optional<std::pair<std::int64_t, std::int64_t>> read_into(
     Client<T>& client, std::vector<std::vector<float>>& values, std::int64_t min_step, bool patient,
-    std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max()) {
+    std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max(),
+    const std::function<bool()>& meanwhile = {}) {
   const auto& variables = client.variables();
   std::vector<PullRequest> requests;
   values.resize(variables.size());
@@ -57,7 +60,7 @@ std::optional<std::pair<std::int64_t, std::int64_t>> read_into(
     if (min_step <= 0) {
       group.wait(options.request_timeout, "read the variables");
     } else if (!wait_progressing(client.transport(), client.members(), options, group,
-                                 "read the variables at step " + std::to_string(min_step), deadline)) {
+                                 "read the variables at step " + std::to_string(min_step), deadline, meanwhile)) {
       return std::nullopt;
     }
   } else if (!group.wait_for(std::min(options.request_timeout, std::chrono::milliseconds(2000)))) {
@@ -92,13 +95,15 @@ std::vector<std::vector<float>> read_variables(Client<T>& client, std::int64_t m
 /// completes). A ps read past the target sets the next round's target; a few rounds settle
 /// it while sync training runs. A later round that does not complete at once (the ps tasks
 /// count pushes that will never agree) leaves the last read as it is. nullopt if `deadline`
-/// passes before the ps tasks reach `step`.
+/// passes before the ps tasks reach `step`, or `meanwhile` voided the wait
+/// (detail::wait_progressing).
 template <Transport T>
 std::optional<Snapshot> snapshot_until(Client<T>& client, std::int64_t step,
-                                       std::chrono::steady_clock::time_point deadline) {
+                                       std::chrono::steady_clock::time_point deadline,
+                                       const std::function<bool()>& meanwhile = {}) {
   constexpr int kRounds = 8;
   Snapshot shot;
-  const auto first = detail::read_into(client, shot.values, step, true, deadline);  // (lowest, highest)
+  const auto first = detail::read_into(client, shot.values, step, true, deadline, meanwhile);  // (lowest, highest)
   if (!first) return std::nullopt;
   auto steps = *first;
   for (int round = 1; round < kRounds && steps.first != steps.second; ++round) {

@@ -7,6 +7,9 @@
 #include <initializer_list>
 #include <span>
 #include <string>
+#include <string_view>
+
+#include "pulley/core/error.hpp"
 
 namespace pulley {
 
@@ -76,6 +79,23 @@ class RoleSet {
   }
   std::uint8_t bits_ = 0;
 };
+
+/// Why `tasks` is no set of the job's task indices of one role (its ps tasks, or its
+/// workers), or "" when it is one: not empty, ascending, each listed once. `role` names
+/// one of them in the answer ("ps task", "worker").
+[[nodiscard]] inline std::string check_task_set(std::span<const std::uint32_t> tasks, std::string_view role) {
+  if (tasks.empty()) return "a job needs at least one " + std::string(role);
+  for (std::size_t i = 1; i < tasks.size(); ++i) {
+    if (tasks[i] <= tasks[i - 1]) return "the " + std::string(role) + "s must be ascending task indices, each listed once";
+  }
+  return {};
+}
+
+/// Throws kInvalidArgument, `context` before the reason, unless `tasks` is a set of task
+/// indices of one role (check_task_set).
+inline void require_task_set(std::span<const std::uint32_t> tasks, std::string_view role, std::string_view context = {}) {
+  if (std::string why = check_task_set(tasks, role); !why.empty()) throw Error(ErrorCode::kInvalidArgument, std::string(context) + why);
+}
 
 /// Task indices (the job's ps tasks, or its workers) as log lines name them: "{0, 2}".
 [[nodiscard]] inline std::string describe_members(std::span<const std::uint32_t> members) {

@@ -443,12 +443,12 @@ struct RestoreRows {
 ///     share of the model. Its index must be the next one (the count of ps tasks the job
 ///     has known; a lower one, a joined ps started again, is answered and left alone: the
 ///     chief takes it back by a rollback, as any ps started again). Answered with an Ack
-///     once the chief has queued it: the chief takes it in at its next evaluation or
-///     checkpoint (Chief::join), which registers the model on it.
+///     once the chief has queued it: the chief takes it in as soon as it is free
+///     (Chief::join; ChiefLoop), which registers the model on it.
 ///   - A worker (no address) asks to train with the job: an index that is not one of the
 ///     job's workers (the next one, or one that left). Answered kUnavailable while it waits
-///     (ask again), a JoinReply once the chief counted it in (Chief::change_workers, at its
-///     next evaluation or checkpoint): the ps tasks then let it connect.
+///     (ask again), a JoinReply once the chief counted it in (Chief::change_workers, as
+///     soon as it is free): the ps tasks then let it connect.
 struct Join {
   static constexpr std::string_view kName = "Join";
   static constexpr RoleSet kSenders{Node::Role::kPs, Node::Role::kWorker};

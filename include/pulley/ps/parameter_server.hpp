@@ -28,6 +28,7 @@
 #include "pulley/ps/shard.hpp"
 #include "pulley/ps/step_gate.hpp"
 #include "pulley/ps/update.hpp"
+#include "pulley/ps/workers.hpp"
 #include "pulley/tables/tables.hpp"
 
 namespace pulley {
@@ -48,6 +49,8 @@ namespace pulley {
 ///   PushLedger     pushes taken from each worker, resends             Push, ReadState
 ///   CheckpointCut  the pause, held pushes, the cut                    Pause, ReadState, Resume
 ///   Liveness       workers heard and lost                             Heartbeat, GetStats
+///   JobWorkers     the job's workers, and a change to come            ChangeWorkers, Restore,
+///                                                                     TakeToken
 ///
 /// Bad requests are answered with an ErrorReply and change nothing; the ps keeps serving.
 /// A push is all-or-nothing: it is checked whole (known parts, sizes, finite values unless
@@ -194,9 +197,7 @@ class ParameterServer {
   /// The job's workers as the chief last set them (ChangeWorkers, Restore::workers),
   /// ascending; empty while they are the cluster spec's. A transport lets a worker connect
   /// if it is one of them (a worker joining is, from the moment the chief counted it in).
-  [[nodiscard]] std::span<const std::uint32_t> workers() const noexcept {
-    return next_workers_ ? std::span<const std::uint32_t>(next_workers_->workers) : std::span<const std::uint32_t>(workers_);
-  }
+  [[nodiscard]] std::span<const std::uint32_t> workers() const noexcept { return workers_.admitted(); }
 
   /// The most tensor bytes a request can carry now: a push or an initialization has one
   /// value per element held here, a restore one more per optimizer slot, a push its rows
@@ -267,7 +268,7 @@ class ParameterServer {
                                                       std::to_string(worker) + " from " + context.peer->name());
       return false;
     }
-    if (worker >= kMaxWorkers) {
+    if (worker >= JobWorkers::kMaxIndex) {
       reject(reply, ErrorCode::kInvalidArgument, "worker index " + std::to_string(worker) + " is too large");
       return false;
     }
@@ -384,7 +385,7 @@ class ParameterServer {
         refused(reply, registration_.check_epoch(r.epoch, "token request"))) {
       return;
     }
-    if (!counted(r.worker)) return reject(reply, ErrorCode::kPermissionDenied, left_message(r.worker));
+    if (!workers_.counted(r.worker)) return reject(reply, ErrorCode::kPermissionDenied, workers_.left_message(r.worker));
     revive(r.worker);  // before its heartbeat, maybe: it starts from the step in progress
     pacing_.wait_for_token(r.worker, context.session, reply);
     hand_out_tokens();
@@ -529,10 +530,10 @@ class ParameterServer {
       return reject(reply, ErrorCode::kFailedPrecondition, "ChangeWorkers without Pause (of this connection)");
     }
     if (r.workers.empty()) {  // the chief takes back the change of that step (another ps refused it)
-      if (next_workers_ && next_workers_->from_step == r.from_step) next_workers_.reset();
+      workers_.take_back(r.from_step);
       return respond(reply, Ack{});
     }
-    if (std::string why = check_workers(r.workers); !why.empty() || (!r.before.empty() && !(why = check_workers(r.before)).empty())) {
+    if (std::string why = JobWorkers::check(r.workers); !why.empty() || (!r.before.empty() && !(why = JobWorkers::check(r.before)).empty())) {
       return reject(reply, ErrorCode::kInvalidArgument, "ChangeWorkers: " + why);
     }
     if constexpr (!kReshapes<P>) {
@@ -544,27 +545,8 @@ class ParameterServer {
                     name_ + " is at global step " + std::to_string(pacing_.global_step()) +
                         " already: the workers change at a step to come, not " + std::to_string(r.from_step));
     }
-    next_workers_ = NextWorkers{std::move(r.workers), r.from_step, std::move(r.before)};
+    workers_.change_at(std::move(r.workers), r.from_step, std::move(r.before));
     respond(reply, Ack{});
-  }
-
-  /// True unless `worker` left the job: one of the job's workers now, or from the step the
-  /// chief set (a worker joining waits for it), or any while they are the cluster spec's
-  /// (the transport checked who connects).
-  [[nodiscard]] bool counted(std::uint32_t worker) const {
-    if (workers_.empty() || std::binary_search(workers_.begin(), workers_.end(), worker)) return true;
-    return next_workers_ && std::binary_search(next_workers_->workers.begin(), next_workers_->workers.end(), worker);
-  }
-
-  /// Why `workers` cannot be the job's workers, or "".
-  static std::string check_workers(std::span<const std::uint32_t> workers) {
-    if (workers.empty()) return "a job has one worker at least";
-    if (workers.size() > kMaxWorkerSet) return "more than " + std::to_string(kMaxWorkerSet) + " workers";
-    if (std::adjacent_find(workers.begin(), workers.end(), std::greater_equal<>()) != workers.end()) {
-      return "the workers must be ascending task indices";
-    }
-    if (workers.back() >= kMaxWorkers) return "worker index " + std::to_string(workers.back()) + " is too large";
-    return {};
   }
 
   /// Counts the workers the chief set (ChangeWorkers) once this ps reached their step.
@@ -572,43 +554,36 @@ class ParameterServer {
   /// needs a pull of it, which waits until this ps is there (BoundedStaleness's slowest
   /// clock may reach it on one ps before another, see there). A new worker is heard now
   /// (where workers send heartbeats), so that one that never comes is held lost after the
-  /// worker timeout; those gone are forgotten, and their waiting token requests refused. A throw from the policy fails the ps (it
-  /// would disagree with the others).
+  /// worker timeout; those gone are forgotten, and their waiting token requests refused.
+  /// A throw from the policy fails the ps (it would disagree with the others).
   void count_next_workers() {
-    if (!next_workers_ || pacing_.global_step() < next_workers_->from_step) return;
-    NextWorkers next = std::move(*next_workers_);
-    next_workers_.reset();
-    const std::vector<std::uint32_t> before = workers_.empty() ? std::move(next.before) : workers_;
+    const std::optional<JobWorkers::Change> change = workers_.due(pacing_.global_step());
+    if (!change) return;
+    const std::vector<std::uint32_t>& before = change->before;
+    const std::vector<std::uint32_t>& after = change->after;
     const auto in = [](const std::vector<std::uint32_t>& set, std::uint32_t w) {
       return std::binary_search(set.begin(), set.end(), w);
     };
     const bool changing = std::exchange(changing_, true);
-    for (const std::uint32_t w : next.workers) {  // a new one is not lost unless this ps holds it so
+    for (const std::uint32_t w : after) {  // a new one is not lost unless this ps holds it so
       if ((before.empty() || !in(before, w)) && !liveness_.is_lost(w)) pacing_.back(w);
     }
-    pacing_.reshape(next.workers);
-    workers_ = std::move(next.workers);
+    pacing_.reshape(after);
     for (const std::uint32_t w : before) {
-      if (in(workers_, w)) continue;
+      if (in(after, w)) continue;
       liveness_.forget(w);
       pacing_.back(w);  // not held lost by the policy either: counted again, it starts afresh
-      pacing_.refuse(w, ErrorReply{ErrorCode::kPermissionDenied, left_message(w)});
+      pacing_.refuse(w, ErrorReply{ErrorCode::kPermissionDenied, workers_.left_message(w)});
     }
-    for (const std::uint32_t w : workers_) {
+    for (const std::uint32_t w : after) {
       // Where workers beat their hearts, a new one is held lost if it never comes.
       if ((before.empty() || !in(before, w)) && !liveness_.known(w) && liveness_.any()) {
         liveness_.heard(w, Clock::now());
       }
     }
     changing_ = changing;
-    log(LogLevel::kInfo, name_ + ": the job's workers are " + describe_members(workers_) + " from global step " +
+    log(LogLevel::kInfo, name_ + ": the job's workers are " + describe_members(after) + " from global step " +
                              std::to_string(pacing_.global_step()) + " on");
-  }
-
-  /// What a worker the job no longer counts is told.
-  [[nodiscard]] std::string left_message(std::uint32_t worker) const {
-    return Node::worker(worker).name() + " is not one of the job's workers " + describe_members(workers_) +
-           " now: the chief took it out of the job; started with --join, it trains again";
   }
 
   // ---- Pause / ReadState / Resume: checkpoint_cut.hpp --------------------------------------
@@ -686,15 +661,14 @@ class ParameterServer {
     if (refused(reply, shard_.check_restore(r.parts, by_part))) return;
     typename P::Pacer pacer = pacing_.load(r.pacer);  // a pulley::Error refuses it
     if (!r.workers.empty()) {
-      if (const std::string why = check_workers(r.workers); !why.empty()) {
+      if (const std::string why = JobWorkers::check(r.workers); !why.empty()) {
         return reject(reply, ErrorCode::kInvalidArgument, "Restore: " + why);
       }
     }
-    std::vector<std::uint32_t>& counting = r.workers.empty() ? workers_ : r.workers;
+    const std::vector<std::uint32_t>& counting = r.workers.empty() ? workers_.now() : r.workers;
     // A policy that cannot count workers that change has the spec's (ChangeWorkers is refused).
     if (kReshapes<P> && !counting.empty()) pacing_.reshape(pacer, counting);  // a pulley::Error refuses it
-    if (&counting != &workers_) workers_ = std::move(counting);
-    next_workers_.reset();  // the chief's Restore says the workers as they are now
+    workers_.restore(std::move(r.workers));  // the chief's Restore says the workers as they are now
     changing_ = true;
     // Served before (ready, or placed anew for another membership): a rollback.
     const std::int64_t step_before = registration_.ready() || replaced_ ? pacing_.global_step() : -1;
@@ -903,18 +877,6 @@ class ParameterServer {
     respond(reply, Ack{});
   }
 
-  /// Worker indices a ps keeps counts for.
-  static constexpr std::uint32_t kMaxWorkers = std::uint32_t{1} << 20U;
-  /// Workers a job has at most at once (ChangeWorkers).
-  static constexpr std::size_t kMaxWorkerSet = std::size_t{1} << 16U;
-
-  /// Workers the chief set, counted from a step to come.
-  struct NextWorkers {
-    std::vector<std::uint32_t> workers;
-    std::int64_t from_step = 0;
-    std::vector<std::uint32_t> before;  ///< the job's workers until then, as the chief said
-  };
-
   /// A row pull waiting for its step.
   struct RowPull {
     PullRows request;
@@ -938,8 +900,7 @@ class ParameterServer {
   std::uint64_t rows_cut_session_ = 0;   ///< the chief's connection reading the cut's rows
   std::int64_t cut_forget_before_ = -1;  ///< and evictions forgotten before
   Liveness liveness_;
-  std::vector<std::uint32_t> workers_;         ///< the job's workers once changed (empty: the spec's)
-  std::optional<NextWorkers> next_workers_;  ///< ChangeWorkers waiting for its step
+  JobWorkers workers_;  ///< the job's workers once changed, and a change waiting for its step
   std::chrono::milliseconds chief_wait_{std::chrono::minutes(5)};  ///< see set_chief_wait
   StepGate<Pull> pulls_;         ///< pulls waiting for their step
   StepGate<RowPull> row_pulls_;  ///< row pulls waiting for their step

@@ -14,6 +14,7 @@
 
 #include "pulley/concepts/service.hpp"
 #include "pulley/concepts/sharding.hpp"
+#include "pulley/core/node.hpp"
 #include "pulley/core/placement.hpp"
 #include "pulley/core/variable.hpp"
 #include "pulley/protocol/messages.hpp"
@@ -230,7 +231,7 @@ class Registration {
   /// Why `members` cannot be the job's ps tasks, or "": each a ps task of the cluster, once,
   /// ascending, this one among them; its tables' rows placeable over them.
   [[nodiscard]] std::string check_members(const Register& r, const std::vector<std::uint32_t>& members) const {
-    if (members.empty()) return "a job needs at least one ps task";
+    if (std::string why = check_task_set(members, "ps task"); !why.empty()) return why;
     if (!r.ps_addresses.empty()) {
       // A new ps's own cluster spec may list tasks beyond the job's: the chief's list rules.
       if (r.ps_addresses.size() <= task_ || r.ps_addresses.size() > kMaxTasks) {
@@ -248,7 +249,6 @@ class Registration {
         return "ps " + std::to_string(members[i]) + " is not a ps task of the cluster (it has " +
                std::to_string(tasks) + ")";
       }
-      if (i > 0 && members[i] <= members[i - 1]) return "the ps members must be ascending, each once";
     }
     if (!std::binary_search(members.begin(), members.end(), task_)) {
       return "ps " + std::to_string(task_) + " is not among the members registered";

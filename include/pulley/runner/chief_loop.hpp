@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdint>
+#include <functional>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -317,6 +318,17 @@ class ChiefLoop {
     change_workers(workers);
   }
 
+  /// take_joins while the chief waits for the ps tasks to reach a step: a task that asks to
+  /// join is taken within half a second (detail::kMeanwhileEvery), not at the next
+  /// evaluation or checkpoint. True when a ps joined: the ps tasks were restored, and the
+  /// wait (whose calls they answered as late) is done again.
+  bool take_joins_meanwhile() {
+    const std::uint64_t membership = chief_.membership();
+    take_joins();
+    voided_ = chief_.membership() != membership;
+    return voided_;
+  }
+
   /// Counts the workers in `joining` in, and those held lost for
   /// `ClientOptions::worker_leave_after` out (one worker is always kept), in one change of
   /// the job's workers (Chief::change_workers), logged once. A change the ps tasks refuse
@@ -421,11 +433,16 @@ class ChiefLoop {
     std::optional<ModelState> saved;
     std::optional<Snapshot> shot;
     bool reached = true;
+    voided_ = false;
+    std::function<bool()> meanwhile;
+    if (joins_ != nullptr) meanwhile = [this] { return take_joins_meanwhile(); };
     if (due.checkpoint) {
-      reached = chief_.wait_for_step_until(due.step, due.deadline).has_value();
+      reached = chief_.wait_for_step_until(due.step, due.deadline, meanwhile).has_value();
+      if (voided_) return;  // a ps joined: the ps tasks were restored, the wait is done again
       if (reached) saved = save_checkpoint(*checkpoints_, [&] { return chief_.save_state_at(due.step, cut_rows()); });
     } else {
-      shot = chief_.snapshot_until(due.step, due.deadline);
+      shot = chief_.snapshot_until(due.step, due.deadline, meanwhile);
+      if (voided_) return;
       reached = shot.has_value();
     }
     if (!reached) saved = save_checkpoint(*checkpoints_, [&] { return chief_.save_state(cut_rows()); });  // by time
@@ -520,6 +537,7 @@ class ChiefLoop {
   Clock::time_point start_;
   std::int64_t start_step_ = 0;
   bool adopted_ = false;  ///< it went on from the live state of a lost chief's job
+  bool voided_ = false;   ///< a ps joined while step_to waited: its wait is done again
   std::int64_t base_ = -1;  ///< the newest checkpoint saved or restored from (-1: none)
   std::int64_t incremental_in_a_row_ = 0;  ///< checkpoints since the last full one
   /// The wait for the ps tasks after connections broke, kept while they break again

@@ -70,8 +70,8 @@ inline void add_job_flags(CLI::App& app, JobFlags& flags) {
                  "a hash of the cluster)")
       ->group(group);
   app.add_flag("--join", flags.join,
-               "this ps task or worker joins a running job: the chief takes it in at its next evaluation "
-               "or checkpoint (its cluster lists it after the job's ps tasks or workers; needs --job-name)")
+               "this ps task or worker joins a running job: the chief takes it in as soon as it is free "
+               "(its cluster lists it after the job's ps tasks or workers; needs --job-name)")
       ->group(group);
   app.add_option("--secret-file", flags.secret_file,
                  "a file holding the job's shared secret (default: PULLEY_SECRET, "

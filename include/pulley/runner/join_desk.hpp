@@ -34,7 +34,7 @@ class JoinQueue {
 
   /// What the desk answers a worker that asked.
   enum class Standing : std::uint8_t {
-    kWaiting,   ///< queued: the chief counts it in at its next evaluation or checkpoint
+    kWaiting,   ///< queued: the chief counts it in as soon as it is free
     kIn,        ///< one of the job's workers: it may connect to the ps tasks
     kRefused,   ///< the chief could not count it in (the reason comes with it)
   };
@@ -154,8 +154,10 @@ class JoinQueue {
 
 /// The chief's door, a Service its TcpServer serves on the chief's address: a new ps task
 /// or worker asks there to join the running job (Join), proving the job's secret at the
-/// handshake like every task. The desk queues it (JoinQueue); the chief takes it in at its
-/// next evaluation or checkpoint. A ps is answered at once; a worker asks until it is in.
+/// handshake like every task. The desk queues it (JoinQueue); the chief takes it in as
+/// soon as it is free: while it waits for training to reach its next evaluation or
+/// checkpoint (within half a second), or once it has evaluated or saved. A ps is answered
+/// at once; a worker asks until it is in.
 /// Every other request is refused: the chief serves nothing else.
 class JoinDesk {
  public:
@@ -193,8 +195,7 @@ class JoinDesk {
         return respond(reply, JoinReply{queue_->last_step(), queue_->workers()});
       case JoinQueue::Standing::kWaiting:
         return respond(reply, ErrorReply{ErrorCode::kUnavailable, "worker " + std::to_string(task) +
-                                                                      " waits for the chief to count it in, at its "
-                                                                      "next evaluation or checkpoint"});
+                                                                      " waits for the chief to count it in"});
       case JoinQueue::Standing::kRefused:
         return respond(reply, ErrorReply{ErrorCode::kFailedPrecondition, why});
     }

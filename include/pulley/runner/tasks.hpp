@@ -281,7 +281,7 @@ inline void ask_to_join(const std::string& chief, std::uint32_t task, const std:
       group.wait(std::chrono::seconds(30), "ask the chief at " + chief + " to join the job");
       (void)group.take_as<Ack>(0);
       log(LogLevel::kInfo, "ps " + std::to_string(task) + " asked the chief at " + chief +
-                               " to join the job: it is taken in at the chief's next evaluation or checkpoint");
+                               " to join the job: the chief takes it in as soon as it is free");
       return;
     } catch (const Error& e) {
       if (e.code() != ErrorCode::kUnavailable || std::chrono::steady_clock::now() > deadline) throw;
@@ -291,7 +291,7 @@ inline void ask_to_join(const std::string& chief, std::uint32_t task, const std:
 }
 
 /// Asks the chief at `chief` to count worker `task` in (Join), and waits until it has: the
-/// chief does at its next evaluation or checkpoint. Returns the job's schedule as the chief
+/// chief does as soon as it is free (ChiefLoop). Returns the job's schedule as the chief
 /// runs it. Tries again while the chief cannot be reached, for `patience`. Throws the
 /// chief's refusal, or kUnavailable (kDeadlineExceeded when the chief never counted it in
 /// within `patience`).

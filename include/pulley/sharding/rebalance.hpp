@@ -65,16 +65,6 @@ struct PartMove {
   return moves;
 }
 
-/// Checks a member list: not empty, ascending, no task twice.
-inline void check_members(std::span<const std::uint32_t> members) {
-  if (members.empty()) throw Error(ErrorCode::kInvalidArgument, "a job needs at least one ps task");
-  for (std::size_t i = 1; i < members.size(); ++i) {
-    if (members[i] <= members[i - 1]) {
-      throw Error(ErrorCode::kInvalidArgument, "ps members must be listed in ascending order, each once");
-    }
-  }
-}
-
 /// `before`'s parts placed over the ps tasks `members` (ascending task indices) moving as
 /// few bytes as it can: the parts of a ps task no longer a member go, largest first, to the
 /// member holding least; then, while the ps task holding most holds more than
@@ -86,7 +76,7 @@ inline void check_members(std::span<const std::uint32_t> members) {
 /// does not place `variables`.
 [[nodiscard]] inline Placement rebalance_parts(std::span<const VariableSpec> variables, const Placement& before,
                                                std::span<const std::uint32_t> members, double tolerance = 0.05) {
-  check_members(members);
+  require_task_set(members, "ps task");
   if (before.num_variables() != variables.size()) {
     throw Error(ErrorCode::kInvalidArgument, "the placement holds " + std::to_string(before.num_variables()) +
                                                  " variables, the model " + std::to_string(variables.size()));
@@ -160,7 +150,7 @@ template <Sharding S>
 [[nodiscard]] Placement rebalance(const S& sharding, std::span<const VariableSpec> variables, const Placement& before,
                                   std::span<const std::uint32_t> members) {
   if constexpr (requires { { sharding.rebalance(variables, before, members) } -> std::same_as<Placement>; }) {
-    check_members(members);
+    require_task_set(members, "ps task");
     return sharding.rebalance(variables, before, members);
   } else {
     return rebalance_parts(variables, before, members);

@@ -12,6 +12,7 @@
 
 #include "pulley/concepts/sync_policy.hpp"
 #include "pulley/core/error.hpp"
+#include "pulley/core/node.hpp"
 
 namespace pulley {
 
@@ -163,9 +164,7 @@ class BoundedStaleness {
   /// starts at the slowest clock, one that left no longer counts. Throws kInvalidArgument
   /// for an empty or unordered set (the pacer is then as it was).
   void reshape(Pacer& pacer, std::span<const std::uint32_t> workers) const {
-    if (workers.empty() || std::adjacent_find(workers.begin(), workers.end(), std::greater_equal<>()) != workers.end()) {
-      throw Error(ErrorCode::kInvalidArgument, "BoundedStaleness: the workers must be ascending task indices, at least one");
-    }
+    require_task_set(workers, "worker", "BoundedStaleness: ");
     std::vector<std::uint32_t> set(workers.begin(), workers.end());
     const std::size_t size = std::max<std::size_t>(pacer.clocks.size(), set.back() + std::size_t{1});
     pacer.clocks.reserve(size);

@@ -13,6 +13,7 @@
 
 #include "pulley/concepts/sync_policy.hpp"
 #include "pulley/core/error.hpp"
+#include "pulley/core/node.hpp"
 
 namespace pulley {
 
@@ -232,9 +233,7 @@ class SyncReplicas {
   /// when made with kEveryWorker. Throws kInvalidArgument for an empty or unordered set,
   /// kFailedPrecondition in the middle of a step; the pacer is then as it was.
   void reshape(Pacer& pacer, std::span<const std::uint32_t> workers) const {
-    if (workers.empty() || std::adjacent_find(workers.begin(), workers.end(), std::greater_equal<>()) != workers.end()) {
-      throw Error(ErrorCode::kInvalidArgument, "SyncReplicas: the workers must be ascending task indices, at least one");
-    }
+    require_task_set(workers, "worker", "SyncReplicas: ");
     if (pacer.fresh != 0 || !pacer.taken.empty() || !pacer.pushed.empty()) {
       throw Error(ErrorCode::kFailedPrecondition, "SyncReplicas: the workers change between steps only");
     }

@@ -75,8 +75,9 @@ namespace pulley {
 ///     the same pacer. A Pull that waits for a step also asks the other copy to
 ///     say when it completed that step (no values), so that no worker pushes for the next
 ///     step before both copies took this one's pushes. WaitReady goes to both and is
-///     answered by ps k's own copy once it is ready (by the other when ps k's own is lost,
-///     or still not ready `copy_grace` after the other was: then it is dropped);
+///     answered once both are ready, so that no push reaches a copy the chief has not
+///     initialized yet: by ps k's own copy, or by the one left when the other is lost,
+///     refuses, or is still not ready `copy_grace` after the first was (then it is dropped);
 ///   - a copy is dropped, for the transport's life and with one log line, when it is lost
 ///     for sure: its address refuses connections after it was reached (no process listens
 ///     there), another process answers there (wire::Welcome::server: one started in a lost
@@ -153,18 +154,18 @@ class Tcp {
 
   /// A call sent to both copies of a shard: the caller's control, on no connection itself.
   struct Pair : Pending {
-    Pair(CallDriver* driver, std::size_t shard_index, bool ready_first)
-        : Pending(driver, 0), shard(shard_index), first_ready(ready_first) {
+    Pair(CallDriver* driver, std::size_t shard_index, bool ready_both)
+        : Pending(driver, 0), shard(shard_index), both_ready(ready_both) {
       is_pair = true;
     }
     std::size_t shard;
-    bool first_ready;  ///< WaitReady: the first ready answer is the call's (`copy_grace`)
+    bool both_ready;  ///< WaitReady: answered once both copies are ready (`copy_grace`)
     std::array<std::weak_ptr<Pending>, 2> halves;
     std::array<std::size_t, 2> links{};            ///< the link of each half
     std::array<std::optional<Response>, 2> answers;
     std::array<bool, 2> waited{};                  ///< a half's connection was tried again once
     bool other_partial = false;  ///< the other copy's answer lacks what the caller asked (a gate, tensors unread)
-    std::unique_ptr<asio::steady_timer> grace;     ///< first_ready: ps k's own copy's time
+    std::unique_ptr<asio::steady_timer> grace;     ///< both_ready: the laggard's time
   };
 
   enum class State { kConnected, kConnecting, kHandshaking, kBroken };
@@ -313,7 +314,7 @@ class Tcp {
       if (links_[other]->dropped || spread == Spread::kOne) {
         return call_on(reading, std::move(request), std::move(targets));
       }
-      auto pair = std::make_shared<Pair>(this, ps, spread == Spread::kFirstReady);
+      auto pair = std::make_shared<Pair>(this, ps, spread == Spread::kBothReady);
       PendingCall result(pair);
       pair->links = {reading, other};
       for (std::size_t half = 0; half < 2; ++half) {
@@ -402,12 +403,12 @@ class Tcp {
 
    private:
     /// Where a request goes when the job keeps copies: to the copy read from, to both, to
-    /// both and the first ready answers (WaitReady), or its values from the copy read from
+    /// both and answered once both are ready (WaitReady), or its values from the copy read from
     /// and a wait for the same step from the other (a Pull that waits for a step).
-    enum class Spread { kOne, kBoth, kFirstReady, kGate };
+    enum class Spread { kOne, kBoth, kBothReady, kGate };
 
     [[nodiscard]] Spread spread_of(const Request& request) const noexcept {
-      if (std::holds_alternative<WaitReady>(request)) return Spread::kFirstReady;
+      if (std::holds_alternative<WaitReady>(request)) return Spread::kBothReady;
       if (std::holds_alternative<PullRows>(request)) {  // a worker's creates rows: both copies must
         return self_.role == Node::Role::kWorker ? Spread::kBoth : Spread::kOne;
       }
@@ -460,7 +461,7 @@ class Tcp {
         pair.answer(ErrorReply{ErrorCode::kUnavailable, "transport closed"});
         return;
       }
-      if (pair.has_answer() && !pair.first_ready) return;
+      if (pair.has_answer() && !pair.both_ready) return;
       auto& a = pair.answers[0];
       auto& b = pair.answers[1];
       const bool a_gone = links_[pair.links[0]]->dropped;
@@ -470,7 +471,7 @@ class Tcp {
                                                             "'s shard are lost"});
         return;
       }
-      if (pair.first_ready) return settle_ready(held, a_gone, b_gone);
+      if (pair.both_ready) return settle_ready(held, a_gone, b_gone);
       if (a_gone) {
         if (b) answer_pair(pair, 1);
         return;
@@ -505,10 +506,12 @@ class Tcp {
       answer_pair(pair, 0);
     }
 
-    /// WaitReady to both copies: ps k's own copy's answer if it is ready, the other's if ps
-    /// k's own is gone or refuses, or once `copy_grace` passed. A copy still not ready
-    /// `copy_grace` after the other was is a process started in a lost one's place, holding
-    /// nothing: it is dropped.
+    /// WaitReady to both copies: answered once both are ready (ps k's own copy's answer),
+    /// or by the ready one when the other is gone or refuses. Answering when only one is
+    /// ready would let a worker push to a copy the chief's Initialize has not reached yet
+    /// (it comes on another connection). A copy still not ready `copy_grace` after the
+    /// other was is a process started in a lost one's place, holding nothing: it is
+    /// dropped, and the call answered by the copy left.
     void settle_ready(const std::shared_ptr<Pair>& held, bool a_gone, bool b_gone) {
       Pair& pair = *held;
       const auto& a = pair.answers[0];
@@ -516,9 +519,9 @@ class Tcp {
       const bool a_ready = a && !is_error(*a) && !a_gone;
       const bool b_ready = b && !is_error(*b) && !b_gone;
       if (!pair.has_answer()) {
-        if (a_ready) {
+        if (a_ready && (b_ready || b_gone || (b && is_error(*b)))) {
           answer_pair(pair, 0);
-        } else if (b_ready && (a_gone || (a && is_error(*a)) || grace_over(pair))) {
+        } else if (b_ready && (a_gone || (a && is_error(*a)))) {
           answer_pair(pair, 1);
         } else if ((a || a_gone) && (b || b_gone)) {  // neither is ready: an error
           answer_pair(pair, a && !a_gone && (!is_unavailable(*a) || b_gone) ? 0 : 1);

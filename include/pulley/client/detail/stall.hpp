@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -18,6 +19,9 @@
 #include "pulley/protocol/messages.hpp"
 
 namespace pulley::detail {
+
+/// How often `wait_progressing` runs its `meanwhile` while calls wait.
+inline constexpr std::chrono::milliseconds kMeanwhileEvery{500};
 
 /// Every member ps's global step (`members`: the job's ps tasks), and in `why` what each
 /// waits for; empty if a ps does not answer in time (the question is a courtesy: the wait
@@ -50,9 +54,15 @@ std::vector<std::int64_t> global_steps(T& transport, std::span<const std::uint32
 /// (last heard 14.2 s ago)"), and gives up (kDeadlineExceeded, cancelling the calls) once
 /// none has moved for `wait_timeout`, naming the same: a long wait for a step far ahead is
 /// no stall. With a `deadline`, returns false (the calls cancelled) when it passes first.
+///
+/// `meanwhile`, if given, runs on the waiting thread every `kMeanwhileEvery` while the calls
+/// wait (the chief counts in workers that asked to join while it waits for a step); what
+/// it throws ends the wait (the calls cancelled), and when it returns true, what it did
+/// voids the wait: false is returned, the calls cancelled, as for a deadline.
 template <Transport T>
 bool wait_progressing(T& transport, std::span<const std::uint32_t> members, const ClientOptions& options, CallGroup& group, std::string_view what,
-                      std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max()) {
+                      std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max(),
+                      const std::function<bool()>& meanwhile = {}) {
   using Clock = std::chrono::steady_clock;
   const auto patience = options.wait_timeout;
   const auto look_every = std::min({patience, options.stall_report, std::chrono::milliseconds(10000)});
@@ -73,7 +83,21 @@ bool wait_progressing(T& transport, std::span<const std::uint32_t> members, cons
                                            std::max(deadline - now0, Clock::duration::zero())));
     wait = looked ? look_every : std::max(look_every - first, std::chrono::milliseconds(1));
     looked = true;
-    if (group.wait_for(slice)) return true;
+    if (!meanwhile) {
+      if (group.wait_for(slice)) return true;
+    } else {
+      bool voided = false;
+      for (const auto end = Clock::now() + slice; !voided;) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - Clock::now());
+        if (group.wait_for(std::clamp(left, std::chrono::milliseconds(0), kMeanwhileEvery))) return true;
+        if (Clock::now() >= end) break;
+        voided = meanwhile();
+      }
+      if (voided) {
+        group.cancel();
+        return false;
+      }
+    }
     if (Clock::now() >= deadline) {
       group.cancel();
       return false;
