@@ -67,8 +67,16 @@ export PULLEY_SECRET
 
 declare -A task_of=()
 pids=()
-stop_all() {
+stop_all() {  # SIGTERM (a ps or worker may first ask the chief to leave), then SIGKILL
+  local pid left
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for _ in $(seq 1 30); do
+    left=0
+    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && left=1; done
+    [ "$left" = 0 ] && return
+    sleep 0.1
+  done
+  for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
 }
 trap stop_all EXIT  # whatever ends this script ends the tasks it started
 trap 'exit 130' INT

@@ -2771,6 +2771,24 @@ struct Join {
   }
 };
 
+/// A task of the job → the chief (its JoinDesk, runner/join_desk.hpp; never a ps): take it
+/// out of the job, which goes on without it (the operator sent its process SIGTERM: a job
+/// scaled down). The task index is the one its handshake proved.
+///   - A worker: the chief takes it out of the job's workers (Chief::change_workers) as
+///     soon as it is free; it trains until then, and its token request of the first step
+///     the job counts it no more is refused (kPermissionDenied): then it ends.
+///   - A ps: the chief moves its share to the other ps tasks through one cut, nothing
+///     trained lost (Chief::retire); then it ends.
+/// Answered LeaveReply (out or not yet: ask again), or kFailedPrecondition when it cannot
+/// leave (the job's last worker or ps task, or the others refused to take its share).
+struct Leave {
+  static constexpr std::string_view kName = "Leave";
+  static constexpr RoleSet kSenders{Node::Role::kPs, Node::Role::kWorker};
+
+  template <class Archive>
+  void serialize(Archive& /*archive*/) {}
+};
+
 /// Chief → every ps, paused (Pause): the job's workers are `workers` (task indices,
 /// ascending) from global step `from_step` on: workers joined, or left for good. Each ps
 /// counts them (SyncPolicy::reshape) the moment its global step reaches `from_step`, and
@@ -2795,10 +2813,10 @@ struct ChangeWorkers {
   }
 };
 
-/// Everything a ps task (or the chief's JoinDesk: Join) is asked.
+/// Everything a ps task (or the chief's JoinDesk: Join, Leave) is asked.
 using Request = std::variant<Register, Initialize, WaitReady, TakeToken, Pull, Push, GetStats,
                              Shutdown, Pause, ReadState, Resume, Restore, Heartbeat, PullRows,
-                             ReadRows, RestoreRows, Join, ChangeWorkers>;
+                             ReadRows, RestoreRows, Join, ChangeWorkers, Leave>;
 
 // ---- responses --------------------------------------------------------------------------
 
@@ -2905,6 +2923,18 @@ struct JoinReply {
   template <class Archive>
   void serialize(Archive& archive) {
     archive(last_step, workers);
+  }
+};
+
+/// The chief's answer to a Leave: whether the task is out of the job now (a ps may end:
+/// its share is held by the others), or the chief has it queued (ask again).
+struct LeaveReply {
+  static constexpr std::string_view kName = "LeaveReply";
+  bool out = false;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(out);
   }
 };
 
@@ -3029,7 +3059,7 @@ struct RowsChunk {
 
 /// Everything a ps task answers.
 using Response = std::variant<Ack, ErrorReply, PlacementReply, TokenReply, PullReply, PushReply,
-                              StatsReply, PauseReply, StateReply, RowsReply, RowsChunk, JoinReply>;
+                              StatsReply, PauseReply, StateReply, RowsReply, RowsChunk, JoinReply, LeaveReply>;
 
 // ---- what follows from the declarations ---------------------------------------------------
 
@@ -5882,6 +5912,62 @@ class Chief {
       }
       unfinished_join_.reset();
       return task;
+    }
+  }
+
+  /// Takes member ps `ps` out of the job with its share moved to the other members (it
+  /// asked to leave: the operator scaled the job down). Every ps is paused and read at one
+  /// cut (as `join` reads it), the model is registered over the other members at a
+  /// membership one newer (the part placement rebalanced over them, rows where the
+  /// IdSharding puts them over them), and they are restored from the cut. Nothing trained
+  /// is lost: training stands still from the cut to the end of the restore, and the
+  /// workers follow when they get ready again. `ps` stays paused (what is sent to it waits
+  /// there, never taken) until it ends. `sharding`: the ps tasks' IdSharding.
+  ///
+  /// Throws, with the job as it was: kInvalidArgument for a ps that is no member;
+  /// kFailedPrecondition for the job's last ps, for tables whose IdSharding places rows
+  /// over ps tasks 0 .. n-1 only and a ps that is not the last (nothing is cut), or when
+  /// the others refuse the registration or the restore: then every member, `ps` among
+  /// them, is restored from the same cut at a membership newer still. Throws kUnavailable
+  /// when a ps was lost on the way and that restore failed too (roll them back).
+  template <IdSharding I = HashIds>
+  void retire(std::uint32_t ps, const I& sharding = {}) {
+    const std::vector<std::uint32_t> before(client_.members().begin(), client_.members().end());
+    if (!std::binary_search(before.begin(), before.end(), ps)) {
+      throw Error(ErrorCode::kInvalidArgument, "ps " + std::to_string(ps) + " is not a member of the job");
+    }
+    const std::string who = "ps " + std::to_string(ps);
+    if (before.size() == 1) throw Error(ErrorCode::kFailedPrecondition, who + " is the job's last ps task: it cannot leave");
+    std::vector<std::uint32_t> after;
+    std::copy_if(before.begin(), before.end(), std::back_inserter(after), [ps](std::uint32_t m) { return m != ps; });
+    if constexpr (!ElasticIdSharding<I>) {
+      if (!client_.tables().empty() && !first_tasks(after)) {
+        throw Error(ErrorCode::kFailedPrecondition,
+                    who + " cannot leave: the tables' IdSharding places rows over ps tasks 0 .. n-1 only (an "
+                          "ElasticIdSharding, HashIds or RangeIds, can place them over the others)");
+      }
+    }
+    const ModelState cut = read_state(client_, 0, {}, true);  // the ps tasks stay paused (resumed if it throws)
+    try {
+      client_.change_members(std::move(after), client_.membership() + 1);
+    } catch (const Error&) {
+      resume_all();
+      throw;
+    }
+    try {
+      restore_state(client_, cut, seed_, sharding);
+    } catch (const Error& e) {
+      // The members before take the same cut back, at a newer membership and epoch (what
+      // the first restore began is refused as late): nothing is lost.
+      try {
+        client_.adopt_epoch(client_.epoch() + 1);
+        client_.change_members(before, client_.membership() + 1);
+        restore_state(client_, cut, seed_, sharding);
+      } catch (const Error& again) {
+        throw Error(ErrorCode::kUnavailable, who + " could not leave (" + e.message() +
+                                                 "), and restoring the ps tasks before failed: " + again.message());
+      }
+      throw Error(ErrorCode::kFailedPrecondition, who + " cannot leave: " + e.message() + "; the job goes on as it was");
     }
   }
 
@@ -11760,6 +11846,10 @@ class ParameterServer {
       if (!answer->refused.empty()) return reject(reply, ErrorCode::kInvalidArgument, answer->refused);
       return respond(reply, PushReply{answer->stale_parts});
     }
+    count_next_workers();  // a change due at this step is counted before the sender is judged
+    if (!workers_.counted(r.worker)) {  // under Async too, which takes no token a step
+      return reject(reply, ErrorCode::kPermissionDenied, workers_.left_message(r.worker));
+    }
     if (ledger_.older(r.worker, r.sequence, r.series)) {
       ++stats_.pushes_repeated;
       return reject(reply, ErrorCode::kAborted,
@@ -12046,6 +12136,10 @@ class ParameterServer {
   void on(Join&, const RequestContext&, Responder& reply) {
     reject(reply, ErrorCode::kInvalidArgument,
            name_ + " is a ps task: a new ps or worker asks the chief to join (the chief's address, --join)");
+  }
+
+  void on(Leave&, const RequestContext&, Responder& reply) {
+    reject(reply, ErrorCode::kInvalidArgument, name_ + " is a ps task: a task asks the chief to leave the job");
   }
 
   void on(GetStats&, const RequestContext&, Responder& reply) {
@@ -13818,7 +13912,7 @@ static_assert(std::endian::native == std::endian::little,
 namespace pulley::wire {
 
 inline constexpr std::uint32_t kMagic = 0x594C4C50;    ///< "PLLY" in a little-endian dump
-inline constexpr std::uint16_t kVersion = 18;          ///< bumped on any incompatible change
+inline constexpr std::uint16_t kVersion = 19;          ///< bumped on any incompatible change
 inline constexpr std::uint16_t kResponseKind = 0x100;  ///< response kinds start here
 inline constexpr std::uint16_t kHandshakeKind = 0x200;  ///< handshake kinds start here
 inline constexpr std::size_t kHandshakeKinds = 4;       ///< Challenge, Hello, Welcome, Refusal

@@ -13,7 +13,13 @@
 #include <thread>
 #include <vector>
 
+#include "pulley/checkpoint/model_state.hpp"
+#include "pulley/client/chief.hpp"
 #include "pulley/client/worker.hpp"
+#include "pulley/optimizers/adam.hpp"
+#include "pulley/sharding/partitioned.hpp"
+#include "pulley/sync/sync_replicas.hpp"
+#include "support/cluster.hpp"
 #include "support/linear_model.hpp"
 
 namespace pulley::testing::two_workers {
@@ -67,6 +73,19 @@ std::vector<std::thread> start_steps(Net& cluster, const LinearData& data, std::
     });
   }
   return workers;
+}
+
+/// Where a sync R = N = 2 job of the linear model ends on `num_ps` ps tasks that never
+/// change (Adam, FixedShards{3}, seed 3) after global step `steps`: what a job whose ps
+/// tasks change on the way must end at, bit for bit.
+inline ModelState undisturbed_state(const LinearData& data, std::uint32_t num_ps, std::int64_t steps) {
+  Cluster<FixedShards, Adam, SyncReplicas> cluster(num_ps, Adam{0.01F}, SyncReplicas(2, 2), FixedShards{3});
+  Chief chief(cluster.endpoint(Node::chief()), 3);
+  chief.initialize(LinearModel(kIn, kOut).variables());
+  run_steps(cluster, data, 0, steps);
+  ModelState state = chief.save_state();
+  chief.shutdown();
+  return state;
 }
 
 }  // namespace pulley::testing::two_workers

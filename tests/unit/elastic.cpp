@@ -76,15 +76,7 @@ TEST_CASE("a ps killed for good leaves: the others take its parts from the check
 
 TEST_CASE("a sync R = N job whose ps leaves at a checkpoint ends bit for bit where the job with every ps ends") {
   const LinearData data(2 * kBatch * 40, kIn, kOut, 12);
-  ModelState whole;
-  {
-    SyncAdam cluster(3, Adam{0.01F}, SyncReplicas(2, 2), FixedShards{3});
-    Chief chief(cluster.endpoint(Node::chief()), 3);
-    chief.initialize(LinearModel(kIn, kOut).variables());
-    run_steps(cluster, data, 0, 30);
-    whole = chief.save_state();
-    chief.shutdown();
-  }
+  const ModelState whole = undisturbed_state(data, 3, 30);
   SyncAdam cluster(3, Adam{0.01F}, SyncReplicas(2, 2), FixedShards{3});
   Chief chief(cluster.endpoint(Node::chief()), 3);
   chief.initialize(LinearModel(kIn, kOut).variables());

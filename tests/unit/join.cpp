@@ -6,7 +6,8 @@
 // without the new ps ends); workers that knew fewer ps tasks follow; what cannot join is
 // refused with the job left as it was; and what the chief's JoinDesk and a ps refuse.
 // Workers that join or leave: every ps counts them from the step the chief chose, and the
-// chief's loop counts one in while it waits for its next evaluation.
+// chief's loop counts one in while it waits for its next evaluation. A ps or a worker that
+// asks to leave (SIGTERM, runner/leave.hpp) is taken out with nothing trained lost.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -28,6 +29,7 @@
 #include "pulley/sharding/partitioned.hpp"
 #include "pulley/sharding/rebalance.hpp"
 #include "pulley/sharding/round_robin.hpp"
+#include "pulley/sync/async.hpp"
 #include "pulley/sync/sync_replicas.hpp"
 #include "support/cluster.hpp"
 #include "support/linear_model.hpp"
@@ -101,15 +103,7 @@ TEST_CASE("a ps that joins takes a balanced share, every value and slot as at th
 
 TEST_CASE("a sync R = N job that a ps joins ends bit for bit where the job without it ends") {
   const LinearData data(2 * kBatch * 40, kIn, kOut, 12);
-  ModelState alone;
-  {
-    SyncAdam cluster(2, Adam{0.01F}, SyncReplicas(2, 2), FixedShards{3});
-    Chief chief(cluster.endpoint(Node::chief()), 3);
-    chief.initialize(LinearModel(kIn, kOut).variables());
-    run_steps(cluster, data, 0, 30);
-    alone = chief.save_state();
-    chief.shutdown();
-  }
+  const ModelState alone = undisturbed_state(data, 2, 30);
   Job job;
   auto& [cluster, chief] = job;
   run_steps(cluster, data, 0, 12);
@@ -251,7 +245,7 @@ TEST_CASE("the chief's JoinDesk queues the next ps task once, leaves a known one
   auto queue = std::make_shared<JoinQueue>();
   JoinDesk desk(queue);
   CHECK(refusal(ask_desk(desk, Join{"h:1"}, Node::evaluator())).find("only a ps task or a worker") != std::string::npos);
-  CHECK(refusal(ask_desk(desk, GetStats{}, Node::ps(2))).find("Join requests") != std::string::npos);
+  CHECK(refusal(ask_desk(desk, GetStats{}, Node::ps(2))).find("Join and Leave requests") != std::string::npos);
   CHECK(refusal(ask_desk(desk, Join{""}, Node::ps(2))).find("names its address") != std::string::npos);
   queue->expect(2);
   CHECK(refusal(ask_desk(desk, Join{"h:1"}, Node::ps(3))).find("the next ps task of the job is ps 2") !=
@@ -506,17 +500,17 @@ TEST_CASE("the chief's JoinDesk tells a worker to wait until the chief counts it
   CHECK(std::get<JoinReply>(ask_desk(desk, Join{}, Node::worker(2))).workers == std::vector<std::uint32_t>{0, 1, 2});
   // Worker 3 is refused by the chief; worker 1 left, and may ask again.
   (void)ask_desk(desk, Join{}, Node::worker(3));
-  queue->refuse_worker(3, "the sync policy cannot count workers that join");
+  queue->refuse(Node::worker(3), "the sync policy cannot count workers that join");
   CHECK(refusal(ask_desk(desk, Join{}, Node::worker(3))).find("cannot count") != std::string::npos);
   CHECK(std::get<ErrorReply>(ask_desk(desk, Join{}, Node::worker(3))).code == ErrorCode::kUnavailable);  // told once
   queue->set_workers({0, 2});
   CHECK(std::get<ErrorReply>(ask_desk(desk, Join{}, Node::worker(1))).code == ErrorCode::kUnavailable);
 }
 
-TEST_CASE("the chief's loop counts in a worker that asks while it waits for its next evaluation, not at it") {
-  constexpr std::int64_t kLast = 300;
+TEST_CASE("the chief's loop takes a worker in, then a worker and a ps out at their request, while it waits for its next evaluation") {
+  constexpr std::int64_t kLast = 1000;
   const LinearData data(2 * kBatch * 40, kIn, kOut, 12);
-  SyncAdam cluster{2, Adam{0.01F}, SyncReplicas(SyncReplicas::kEveryWorker, 2), FixedShards{3}};
+  SyncAdam cluster{3, Adam{0.01F}, SyncReplicas(SyncReplicas::kEveryWorker, 2), FixedShards{3}};
   Chief<InProcess> chief{cluster.endpoint(Node::chief()), 3};
   Training<LinearModel> training;
   training.model = [] { return LinearModel(kIn, kOut); };
@@ -526,34 +520,158 @@ TEST_CASE("the chief's loop counts in a worker that asks while it waits for its 
   std::thread chief_thread([&] { loop.run(); });
   std::atomic<std::int64_t> step{0};
   std::atomic<std::int64_t> joiner_steps{0};
+  std::atomic<bool> joiner_left{false};
+  std::atomic<bool> released{false};
   const auto work = [&](std::uint32_t w) {
-    Worker worker(w, LinearModel(kIn, kOut), cluster.endpoint(Node::worker(w)));
+    ClientOptions options;
+    options.recovery_timeout = std::chrono::seconds(30);
+    Worker worker(w, LinearModel(kIn, kOut), cluster.endpoint(Node::worker(w)), options);
     worker.wait_ready();
-    for (std::int64_t k = 0; worker.step(batch_of(data, w % 2, k % 20), kLast); ++k) {
-      step = std::max<std::int64_t>(step, worker.global_step());
-      if (w == 2) ++joiner_steps;
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));  // a step takes a while
+    try {
+      for (std::int64_t k = 0; worker.step(batch_of(data, w % 2, k % 20), kLast); ++k) {
+        step = std::max<std::int64_t>(step, worker.global_step());
+        if (w == 2) ++joiner_steps;
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));  // a step takes a while
+        // Short of the last step training waits until the changes are done, however slow
+        // the machine: they must come while the chief waits for its only evaluation.
+        while (worker.global_step() >= kLast - 20 && !released) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    } catch (const Error& e) {  // taken out at its request: its next token is refused
+      CHECK(w == 2);
+      CHECK(e.code() == ErrorCode::kPermissionDenied);
+      joiner_left = true;
     }
     say_leaving(cluster, w);
   };
+  const auto wait_for = [&](auto done) {
+    for (int i = 0; i < 3000 && !done(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return done();
+  };
   std::vector<std::thread> workers;
   for (std::uint32_t w = 0; w < 2; ++w) workers.emplace_back(work, w);
-  for (int i = 0; i < 3000 && step < 10; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  REQUIRE(step >= 10);  // the chief waits for global step 300 now
+  REQUIRE(wait_for([&] { return step >= 10; }));  // the chief waits for global step 1000 now
   std::string why;
+  // Worker 2 asks to join.
   CHECK(queue.ask_worker(2, why) == JoinQueue::Standing::kWaiting);
-  JoinQueue::Standing standing = JoinQueue::Standing::kWaiting;
-  for (int i = 0; i < 3000 && standing == JoinQueue::Standing::kWaiting; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    standing = queue.ask_worker(2, why);
-  }
-  REQUIRE(standing == JoinQueue::Standing::kIn);
-  CHECK(step < kLast);  // counted in long before the evaluation
+  REQUIRE(wait_for([&] { return queue.ask_worker(2, why) == JoinQueue::Standing::kIn; }));
   CHECK(queue.workers() == std::vector<std::uint32_t>{0, 1, 2});
   workers.emplace_back(work, 2);
+  REQUIRE(wait_for([&] { return joiner_steps >= 5; }));
+  // Worker 2 asks to leave: it is out once the chief changed the workers, and its next
+  // token request is refused.
+  CHECK(queue.ask_leave(Node::worker(2), why) == JoinQueue::Standing::kWaiting);
+  REQUIRE(wait_for([&] { return queue.ask_leave(Node::worker(2), why) == JoinQueue::Standing::kOut; }));
+  CHECK(queue.workers() == std::vector<std::uint32_t>{0, 1});
+  REQUIRE(wait_for([&] { return joiner_left.load(); }));
+  // ps 1 asks to leave: the others take its share; it ends (its process exits: what
+  // waited there fails, and the workers follow the job onto ps tasks {0, 2}).
+  CHECK(queue.ask_leave(Node::ps(1), why) == JoinQueue::Standing::kWaiting);
+  REQUIRE(wait_for([&] { return queue.ask_leave(Node::ps(1), why) == JoinQueue::Standing::kOut; }));
+  cluster.network().kill(Node::ps(1));
+  released = true;
   for (auto& t : workers) t.join();
   chief_thread.join();
-  CHECK(joiner_steps > 0);
+  CHECK(members_of(chief) == std::vector<std::uint32_t>{0, 2});
+  for (const Part& part : chief.placement().parts) CHECK(part.ps != 1);
   for (const Stats& s : chief.stats()) CHECK(s.global_step == kLast);
+  // The last ps task and the last worker cannot leave.
+  queue.set_workers({0});
+  CHECK(queue.ask_leave(Node::worker(0), why) == JoinQueue::Standing::kRefused);
+  CHECK(why.find("last worker") != std::string::npos);
+  chief.shutdown();
+}
+
+TEST_CASE("a ps that leaves at its request hands its share to the others: sync R = N ends bit for bit where the job without the leave ends") {
+  const LinearData data(2 * kBatch * 40, kIn, kOut, 12);
+  const ModelState whole = undisturbed_state(data, 3, 30);
+  for (const std::uint32_t leaving : {0U, 1U}) {  // the pacing ps, and another
+    CAPTURE(leaving);
+    SyncAdam cluster(3, Adam{0.01F}, SyncReplicas(2, 2), FixedShards{3});
+    Chief chief(cluster.endpoint(Node::chief()), 3);
+    chief.initialize(LinearModel(kIn, kOut).variables());
+    run_steps(cluster, data, 0, 12);
+    const ModelState at_cut = chief.save_state();
+    chief.retire(leaving);
+    CHECK(chief.membership() == 1);
+    std::vector<std::uint32_t> others{0, 1, 2};
+    std::erase(others, leaving);
+    CHECK(members_of(chief) == others);
+    for (const Part& part : chief.placement().parts) CHECK(part.ps != leaving);
+    check_same_dense(chief.save_state(), at_cut);  // every value and slot as at the cut
+    CHECK_THROWS_WITH_AS(chief.retire(leaving), doctest::Contains("not a member"), Error);
+    cluster.network().kill(Node::ps(leaving));  // its process ends
+    run_steps(cluster, data, 12, 30);
+    check_same_dense(chief.save_state(), whole);
+    chief.retire(others[0]);
+    CHECK_THROWS_WITH_AS(chief.retire(others[1]), doctest::Contains("last ps task"), Error);
+    chief.shutdown();
+  }
+}
+
+TEST_CASE("the chief's JoinDesk takes a task's Leave: queued once, out once the chief took it out, refusals told once") {
+  auto queue = std::make_shared<JoinQueue>(2, 900);
+  JoinDesk desk(queue);
+  const auto left = [&](Node who) {
+    const Response answer = ask_desk(desk, Leave{}, who);
+    REQUIRE(std::holds_alternative<LeaveReply>(answer));
+    return std::get<LeaveReply>(answer).out;
+  };
+  CHECK_FALSE(left(Node::worker(1)));
+  CHECK_FALSE(left(Node::worker(1)));  // queued once
+  CHECK_FALSE(left(Node::ps(2)));
+  std::vector<JoinQueue::Asked> asked;
+  while (auto a = queue->take()) asked.push_back(*a);
+  REQUIRE(asked.size() == 2);
+  CHECK((asked[0].role == Node::Role::kWorker && asked[0].task == 1 && asked[0].leaving));
+  CHECK((asked[1].role == Node::Role::kPs && asked[1].task == 2 && asked[1].leaving));
+  // Out only once the chief says it took the task out, whatever the sets say meanwhile.
+  queue->set_ps({0, 1});
+  CHECK_FALSE(left(Node::ps(2)));
+  queue->took_out(Node::ps(2));
+  CHECK(left(Node::ps(2)));
+  queue->set_workers({0});
+  CHECK_FALSE(left(Node::worker(1)));
+  queue->took_out(Node::worker(1));
+  CHECK(left(Node::worker(1)));
+  CHECK(refusal(ask_desk(desk, Leave{}, Node::worker(0))).find("worker 0 is the job's last worker") != std::string::npos);
+  queue->set_workers({0, 1});  // worker 1 joined again: out no more
+  CHECK_FALSE(left(Node::worker(1)));
+  CHECK_FALSE(left(Node::ps(1)));
+  queue->refuse(Node::ps(1), "the others refused its share");
+  queue->set_ps({0, 1});  // the chief's next look at the ps tasks keeps the refusal
+  CHECK(refusal(ask_desk(desk, Leave{}, Node::ps(1))).find("refused its share") != std::string::npos);
+  CHECK_FALSE(left(Node::ps(1)));  // told once: asking again queues it again
+  queue->set_ps({1});
+  queue->refuse(Node::ps(1), "again");
+  (void)ask_desk(desk, Leave{}, Node::ps(1));  // the refusal told
+  CHECK(refusal(ask_desk(desk, Leave{}, Node::ps(1))).find("ps 1 is the job's last ps task") != std::string::npos);
+  CHECK(std::get<ErrorReply>(ask_desk(desk, Leave{}, Node::chief())).code == ErrorCode::kPermissionDenied);
+}
+
+TEST_CASE("under Async, which takes no token a step, a worker taken out of the job has its next push refused") {
+  const LinearData data(2 * kBatch * 40, kIn, kOut, 12);
+  Cluster<FixedShards, Adam, Async> cluster{2, Adam{0.01F}, Async{}, FixedShards{3}};
+  Chief<InProcess> chief{cluster.endpoint(Node::chief()), 3};
+  chief.initialize(LinearModel(kIn, kOut).variables());
+  Worker w0(0, LinearModel(kIn, kOut), cluster.endpoint(Node::worker(0)));
+  Worker w1(1, LinearModel(kIn, kOut), cluster.endpoint(Node::worker(1)));
+  w0.wait_ready();
+  w1.wait_ready();
+  for (std::int64_t k = 0; k < 3; ++k) {
+    REQUIRE(w0.step(batch_of(data, 0, k), 100));
+    REQUIRE(w1.step(batch_of(data, 1, k), 100));
+  }
+  const std::int64_t from = chief.change_workers({0});
+  CHECK(from == 7);
+  REQUIRE(w0.step(batch_of(data, 0, 3), 100));  // step 7: worker 1 is out from here
+  try {
+    (void)w1.step(batch_of(data, 1, 3), 100);
+    FAIL("worker 1's push was taken");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::kPermissionDenied);
+    CHECK(std::string(e.what()).find("not one of the job's workers {0}") != std::string::npos);
+  }
+  REQUIRE(w0.step(batch_of(data, 0, 4), 100));
+  for (const Stats& s : chief.stats()) CHECK(s.pushes_taken == 8);  // worker 1's last was not taken
   chief.shutdown();
 }

@@ -293,6 +293,62 @@ class Chief {
     }
   }
 
+  /// Takes member ps `ps` out of the job with its share moved to the other members (it
+  /// asked to leave: the operator scaled the job down). Every ps is paused and read at one
+  /// cut (as `join` reads it), the model is registered over the other members at a
+  /// membership one newer (the part placement rebalanced over them, rows where the
+  /// IdSharding puts them over them), and they are restored from the cut. Nothing trained
+  /// is lost: training stands still from the cut to the end of the restore, and the
+  /// workers follow when they get ready again. `ps` stays paused (what is sent to it waits
+  /// there, never taken) until it ends. `sharding`: the ps tasks' IdSharding.
+  ///
+  /// Throws, with the job as it was: kInvalidArgument for a ps that is no member;
+  /// kFailedPrecondition for the job's last ps, for tables whose IdSharding places rows
+  /// over ps tasks 0 .. n-1 only and a ps that is not the last (nothing is cut), or when
+  /// the others refuse the registration or the restore: then every member, `ps` among
+  /// them, is restored from the same cut at a membership newer still. Throws kUnavailable
+  /// when a ps was lost on the way and that restore failed too (roll them back).
+  template <IdSharding I = HashIds>
+  void retire(std::uint32_t ps, const I& sharding = {}) {
+    const std::vector<std::uint32_t> before(client_.members().begin(), client_.members().end());
+    if (!std::binary_search(before.begin(), before.end(), ps)) {
+      throw Error(ErrorCode::kInvalidArgument, "ps " + std::to_string(ps) + " is not a member of the job");
+    }
+    const std::string who = "ps " + std::to_string(ps);
+    if (before.size() == 1) throw Error(ErrorCode::kFailedPrecondition, who + " is the job's last ps task: it cannot leave");
+    std::vector<std::uint32_t> after;
+    std::copy_if(before.begin(), before.end(), std::back_inserter(after), [ps](std::uint32_t m) { return m != ps; });
+    if constexpr (!ElasticIdSharding<I>) {
+      if (!client_.tables().empty() && !first_tasks(after)) {
+        throw Error(ErrorCode::kFailedPrecondition,
+                    who + " cannot leave: the tables' IdSharding places rows over ps tasks 0 .. n-1 only (an "
+                          "ElasticIdSharding, HashIds or RangeIds, can place them over the others)");
+      }
+    }
+    const ModelState cut = read_state(client_, 0, {}, true);  // the ps tasks stay paused (resumed if it throws)
+    try {
+      client_.change_members(std::move(after), client_.membership() + 1);
+    } catch (const Error&) {
+      resume_all();
+      throw;
+    }
+    try {
+      restore_state(client_, cut, seed_, sharding);
+    } catch (const Error& e) {
+      // The members before take the same cut back, at a newer membership and epoch (what
+      // the first restore began is refused as late): nothing is lost.
+      try {
+        client_.adopt_epoch(client_.epoch() + 1);
+        client_.change_members(before, client_.membership() + 1);
+        restore_state(client_, cut, seed_, sharding);
+      } catch (const Error& again) {
+        throw Error(ErrorCode::kUnavailable, who + " could not leave (" + e.message() +
+                                                 "), and restoring the ps tasks before failed: " + again.message());
+      }
+      throw Error(ErrorCode::kFailedPrecondition, who + " cannot leave: " + e.message() + "; the job goes on as it was");
+    }
+  }
+
   /// The job's workers are `workers` (task indices, ascending, not empty) from the next
   /// global step on: workers joined (a worker started beyond the cluster spec's asks the
   /// chief, runner/join_desk.hpp) or left for good. Every member ps is paused at once (no

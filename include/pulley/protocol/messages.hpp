@@ -460,6 +460,24 @@ struct Join {
   }
 };
 
+/// A task of the job → the chief (its JoinDesk, runner/join_desk.hpp; never a ps): take it
+/// out of the job, which goes on without it (the operator sent its process SIGTERM: a job
+/// scaled down). The task index is the one its handshake proved.
+///   - A worker: the chief takes it out of the job's workers (Chief::change_workers) as
+///     soon as it is free; it trains until then, and its token request of the first step
+///     the job counts it no more is refused (kPermissionDenied): then it ends.
+///   - A ps: the chief moves its share to the other ps tasks through one cut, nothing
+///     trained lost (Chief::retire); then it ends.
+/// Answered LeaveReply (out or not yet: ask again), or kFailedPrecondition when it cannot
+/// leave (the job's last worker or ps task, or the others refused to take its share).
+struct Leave {
+  static constexpr std::string_view kName = "Leave";
+  static constexpr RoleSet kSenders{Node::Role::kPs, Node::Role::kWorker};
+
+  template <class Archive>
+  void serialize(Archive& /*archive*/) {}
+};
+
 /// Chief → every ps, paused (Pause): the job's workers are `workers` (task indices,
 /// ascending) from global step `from_step` on: workers joined, or left for good. Each ps
 /// counts them (SyncPolicy::reshape) the moment its global step reaches `from_step`, and
@@ -484,10 +502,10 @@ struct ChangeWorkers {
   }
 };
 
-/// Everything a ps task (or the chief's JoinDesk: Join) is asked.
+/// Everything a ps task (or the chief's JoinDesk: Join, Leave) is asked.
 using Request = std::variant<Register, Initialize, WaitReady, TakeToken, Pull, Push, GetStats,
                              Shutdown, Pause, ReadState, Resume, Restore, Heartbeat, PullRows,
-                             ReadRows, RestoreRows, Join, ChangeWorkers>;
+                             ReadRows, RestoreRows, Join, ChangeWorkers, Leave>;
 
 // ---- responses --------------------------------------------------------------------------
 
@@ -594,6 +612,18 @@ struct JoinReply {
   template <class Archive>
   void serialize(Archive& archive) {
     archive(last_step, workers);
+  }
+};
+
+/// The chief's answer to a Leave: whether the task is out of the job now (a ps may end:
+/// its share is held by the others), or the chief has it queued (ask again).
+struct LeaveReply {
+  static constexpr std::string_view kName = "LeaveReply";
+  bool out = false;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(out);
   }
 };
 
@@ -718,7 +748,7 @@ struct RowsChunk {
 
 /// Everything a ps task answers.
 using Response = std::variant<Ack, ErrorReply, PlacementReply, TokenReply, PullReply, PushReply,
-                              StatsReply, PauseReply, StateReply, RowsReply, RowsChunk, JoinReply>;
+                              StatsReply, PauseReply, StateReply, RowsReply, RowsChunk, JoinReply, LeaveReply>;
 
 // ---- what follows from the declarations ---------------------------------------------------
 

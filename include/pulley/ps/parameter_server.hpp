@@ -479,6 +479,10 @@ class ParameterServer {
       if (!answer->refused.empty()) return reject(reply, ErrorCode::kInvalidArgument, answer->refused);
       return respond(reply, PushReply{answer->stale_parts});
     }
+    count_next_workers();  // a change due at this step is counted before the sender is judged
+    if (!workers_.counted(r.worker)) {  // under Async too, which takes no token a step
+      return reject(reply, ErrorCode::kPermissionDenied, workers_.left_message(r.worker));
+    }
     if (ledger_.older(r.worker, r.sequence, r.series)) {
       ++stats_.pushes_repeated;
       return reject(reply, ErrorCode::kAborted,
@@ -765,6 +769,10 @@ class ParameterServer {
   void on(Join&, const RequestContext&, Responder& reply) {
     reject(reply, ErrorCode::kInvalidArgument,
            name_ + " is a ps task: a new ps or worker asks the chief to join (the chief's address, --join)");
+  }
+
+  void on(Leave&, const RequestContext&, Responder& reply) {
+    reject(reply, ErrorCode::kInvalidArgument, name_ + " is a ps task: a task asks the chief to leave the job");
   }
 
   void on(GetStats&, const RequestContext&, Responder& reply) {

@@ -264,16 +264,22 @@ class ChiefLoop {
   }
 
   /// Takes in every ps that asked to join (JoinQueue), one after the other (Chief::join),
-  /// then the workers that asked and those that left (change_workers), and logs each change
-  /// once with the new shape. A ps that cannot be reached, or is not the next task, is left
-  /// out with a log line, and the job goes on as it was; a failure once the ps tasks took
-  /// the new membership is thrown (the caller rolls them back).
+  /// and out every ps that asked to leave (retire), then the workers that asked to join or
+  /// leave and those held lost (change_workers), and logs each change once with the new
+  /// shape. A ps that cannot be reached, or is not the next task, is left out with a log
+  /// line, and the job goes on as it was; a failure once the ps tasks took the new
+  /// membership is thrown (the caller rolls them back).
   void take_joins() {
     if (joins_ == nullptr) return;
+    joins_->set_ps({chief_.members().begin(), chief_.members().end()});
     std::vector<JoinQueue::Asked> workers;
     while (std::optional<JoinQueue::Asked> asked = joins_->take()) {
       if (asked->role == Node::Role::kWorker) {
         workers.push_back(std::move(*asked));
+        continue;
+      }
+      if (asked->leaving) {
+        retire(std::move(*asked));
         continue;
       }
       const std::string who = "ps " + std::to_string(asked->task) + " at " + asked->address;
@@ -298,24 +304,58 @@ class ChiefLoop {
         continue;
       }
       joins_->expect(static_cast<std::uint32_t>(chief_.num_ps()));
-      const auto paused = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - began);
-      note_restored(chief_.wait_for_step(0));  // the next checkpoint is a full one
-      std::vector<std::uint64_t> bytes = bytes_per_ps(chief_.placement(), chief_.variables());
-      bytes.resize(chief_.num_ps(), 0);
-      const std::uint64_t most = *std::max_element(bytes.begin(), bytes.end());
-      const bool mib = most >= (std::uint64_t{1} << 20U);
-      std::string held;
-      for (const std::uint32_t ps : chief_.members()) {
-        char text[32];
-        std::snprintf(text, sizeof text, "%.1f", static_cast<double>(bytes[ps]) / (mib ? 1048576.0 : 1024.0));
-        held += (held.empty() ? "" : " / ") + std::string(text);
-      }
-      log(LogLevel::kInfo, "chief: " + who + " joined the job; membership " + std::to_string(chief_.membership()) +
-                               ": ps tasks " + describe_members(chief_.members()) + ", holding " + held +
-                               (mib ? " MiB" : " KiB") + " of dense values; training stood still " +
-                               std::to_string(paused.count()) + " ms while the state moved");
+      joins_->set_ps({chief_.members().begin(), chief_.members().end()});
+      log(LogLevel::kInfo, "chief: " + who + " joined the job; " + new_shape(began));
     }
     change_workers(workers);
+  }
+
+  /// Takes ps `asked.task`, which asked to leave, out of the job with its share moved to
+  /// the others (Chief::retire), logged once; the desk then tells it it is out. A refusal
+  /// is told to it (it ends as SIGTERM ends it), and the job goes on as it was; a ps lost
+  /// on the way is thrown (it asks again).
+  void retire(JoinQueue::Asked asked) {
+    if (!std::binary_search(chief_.members().begin(), chief_.members().end(), asked.task)) {
+      joins_->took_out(Node::ps(asked.task));  // out already
+      return;
+    }
+    const std::string who = "ps " + std::to_string(asked.task);
+    const auto began = Clock::now();
+    try {
+      chief_.retire(asked.task, id_sharding_);
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::kUnavailable) {
+        if (++asked.tries < 3) joins_->put_back(std::move(asked));
+        throw;
+      }
+      joins_->refuse(Node::ps(asked.task), e.message());
+      log(LogLevel::kWarning, std::string("chief: ") + e.what());
+      return;
+    }
+    joins_->set_ps({chief_.members().begin(), chief_.members().end()});
+    joins_->took_out(Node::ps(asked.task));
+    log(LogLevel::kInfo, "chief: " + who + " left the job at its request; " + new_shape(began));
+  }
+
+  /// The ps tasks' new shape after a change that began at `began` and restored them, for
+  /// its log line: "membership 1: ps tasks {0, 1, 2}, holding 392.0 / 0.5 / 5.0 KiB of
+  /// dense values; training stood still 7 ms while the state moved".
+  std::string new_shape(Clock::time_point began) {
+    const auto paused = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - began);
+    note_restored(chief_.wait_for_step(0));  // the next checkpoint is a full one
+    std::vector<std::uint64_t> bytes = bytes_per_ps(chief_.placement(), chief_.variables());
+    bytes.resize(chief_.num_ps(), 0);
+    const std::uint64_t most = *std::max_element(bytes.begin(), bytes.end());
+    const bool mib = most >= (std::uint64_t{1} << 20U);
+    std::string held;
+    for (const std::uint32_t ps : chief_.members()) {
+      char text[32];
+      std::snprintf(text, sizeof text, "%.1f", static_cast<double>(bytes[ps]) / (mib ? 1048576.0 : 1024.0));
+      held += (held.empty() ? "" : " / ") + std::string(text);
+    }
+    return "membership " + std::to_string(chief_.membership()) + ": ps tasks " + describe_members(chief_.members()) +
+           ", holding " + held + (mib ? " MiB" : " KiB") + " of dense values; training stood still " +
+           std::to_string(paused.count()) + " ms while the state moved";
   }
 
   /// take_joins while the chief waits for the ps tasks to reach a step: a task that asks to
@@ -329,26 +369,43 @@ class ChiefLoop {
     return voided_;
   }
 
-  /// Counts the workers in `joining` in, and those held lost for
-  /// `ClientOptions::worker_leave_after` out (one worker is always kept), in one change of
-  /// the job's workers (Chief::change_workers), logged once. A change the ps tasks refuse
-  /// is told to the workers that asked; a ps lost on the way is thrown (they ask again).
-  void change_workers(const std::vector<JoinQueue::Asked>& joining) {
+  /// Counts the workers in `asking` in (or out, those that asked to leave), and those
+  /// held lost for `ClientOptions::worker_leave_after` out (one worker is always kept), in
+  /// one change of the job's workers (Chief::change_workers), logged once. A change the ps
+  /// tasks refuse is told to the workers that asked; a ps lost on the way is thrown (they
+  /// ask again).
+  void change_workers(const std::vector<JoinQueue::Asked>& asking) {
     const std::vector<std::uint32_t> before = joins_->workers();
     std::vector<std::uint32_t> after = before;
     std::string change;
-    for (const JoinQueue::Asked& asked : joining) {
+    std::vector<JoinQueue::Asked> changing;  // those that asked and change the workers
+    for (const JoinQueue::Asked& asked : asking) {
       const auto at = std::lower_bound(after.begin(), after.end(), asked.task);
-      if (at != after.end() && *at == asked.task) continue;
-      after.insert(at, asked.task);
-      change += (change.empty() ? "worker " : ", worker ") + std::to_string(asked.task) + " joined";
+      const bool in = at != after.end() && *at == asked.task;
+      if (asked.leaving != in) {  // in already, or out already
+        if (asked.leaving) joins_->took_out(Node::worker(asked.task));
+        continue;
+      }
+      if (asked.leaving && after.size() == 1) {
+        joins_->refuse(Node::worker(asked.task), "worker " + std::to_string(asked.task) +
+                                                     " is the job's last worker: it cannot leave");
+        continue;
+      }
+      if (asked.leaving) {
+        after.erase(at);
+      } else {
+        after.insert(at, asked.task);
+      }
+      change += (change.empty() ? "worker " : ", worker ") + std::to_string(asked.task) +
+                (asked.leaving ? " left at its request" : " joined");
+      changing.push_back(asked);
     }
     if (const auto patience = training_.client.worker_leave_after; patience.count() > 0) {
       const auto now = Clock::now();
       std::vector<std::uint32_t> lost = chief_.lost_workers();
-      std::erase_if(lost, [&](std::uint32_t w) {  // a worker that asks to join again is not lost
+      std::erase_if(lost, [&](std::uint32_t w) {  // one that asked to join again, or to leave, is not lost
         return !std::binary_search(before.begin(), before.end(), w) ||
-               std::any_of(joining.begin(), joining.end(), [w](const JoinQueue::Asked& a) { return a.task == w; });
+               std::any_of(changing.begin(), changing.end(), [w](const JoinQueue::Asked& a) { return a.task == w; });
       });
       std::erase_if(lost_since_, [&](const auto& entry) { return !std::binary_search(lost.begin(), lost.end(), entry.first); });
       for (const std::uint32_t w : lost) {
@@ -368,15 +425,18 @@ class ChiefLoop {
       from = chief_.change_workers(after);
     } catch (const Error& e) {
       if (e.code() == ErrorCode::kUnavailable) {
-        for (const JoinQueue::Asked& asked : joining) joins_->put_back(asked);
+        for (const JoinQueue::Asked& asked : changing) joins_->put_back(asked);
         throw;
       }
-      for (const JoinQueue::Asked& asked : joining) joins_->refuse_worker(asked.task, e.message());
+      for (const JoinQueue::Asked& asked : changing) joins_->refuse(Node::worker(asked.task), e.message());
       log(LogLevel::kWarning, "chief: the job's workers stay " + describe_members(before) + " (" + change +
                                   " refused): " + e.message());
       return;
     }
     joins_->set_workers(after);
+    for (const JoinQueue::Asked& asked : changing) {
+      if (asked.leaving) joins_->took_out(Node::worker(asked.task));
+    }
     const auto paused = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - began);
     log(LogLevel::kInfo, "chief: " + change + "; the job's workers are " + describe_members(after) +
                              " from global step " + std::to_string(from) + " on; training stood still " +

@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,10 +19,10 @@
 
 namespace pulley {
 
-/// The tasks that asked the chief to join the job and wait for it (Join): filled by the
-/// JoinDesk on its server's thread, emptied by the chief's loop on its own. It also keeps
-/// the job's workers as the chief last counted them, so that the desk can tell a worker
-/// whether it is in.
+/// The tasks that asked the chief to join the job, or to leave it, and wait for it (Join,
+/// Leave): filled by the JoinDesk on its server's thread, emptied by the chief's loop on
+/// its own. It also keeps the job's workers and ps tasks as the chief last counted them,
+/// so that the desk can tell a task whether it is in, or out.
 class JoinQueue {
  public:
   /// One task that asked.
@@ -30,13 +31,15 @@ class JoinQueue {
     std::string address;     ///< where it serves (a ps)
     int tries = 0;           ///< joins cut short by a lost ps so far
     Node::Role role = Node::Role::kPs;
+    bool leaving = false;    ///< it asks to leave the job (Leave), not to join it
   };
 
-  /// What the desk answers a worker that asked.
+  /// What the desk answers a task that asked.
   enum class Standing : std::uint8_t {
-    kWaiting,   ///< queued: the chief counts it in as soon as it is free
+    kWaiting,   ///< queued: the chief counts it in (or out) as soon as it is free
     kIn,        ///< one of the job's workers: it may connect to the ps tasks
-    kRefused,   ///< the chief could not count it in (the reason comes with it)
+    kOut,       ///< it asked to leave, and is no task of the job any more
+    kRefused,   ///< the chief could not count it in or out (the reason comes with it)
   };
 
   /// @param num_workers the cluster spec's workers (task indices 0 .. num_workers - 1)
@@ -74,11 +77,7 @@ class JoinQueue {
   Standing ask_worker(std::uint32_t task, std::string& why) {
     std::scoped_lock lock(mutex_);
     if (std::binary_search(workers_.begin(), workers_.end(), task)) return Standing::kIn;
-    if (const auto refusal = refused_.find(task); refusal != refused_.end()) {
-      why = std::move(refusal->second);
-      refused_.erase(refusal);
-      return Standing::kRefused;
-    }
+    if (told_refusal(Node::worker(task), why)) return Standing::kRefused;
     const std::uint32_t next = next_worker();
     if (task > next) {
       why = "the next worker of the job is worker " + std::to_string(next) + ", not worker " + std::to_string(task) +
@@ -89,6 +88,28 @@ class JoinQueue {
       return a.role == Node::Role::kWorker && a.task == task;
     });
     if (!queued) waiting_.push_back({task, {}, 0, Node::Role::kWorker});
+    return Standing::kWaiting;
+  }
+
+  /// Where task `who` (a ps task or a worker) stands after asking to leave the job,
+  /// queuing it the first time: kOut once the chief took it out (`took_out`), kRefused with
+  /// `why` (the job's last worker or ps task, or the chief's refusal, told once), else
+  /// kWaiting.
+  Standing ask_leave(Node who, std::string& why) {
+    std::scoped_lock lock(mutex_);
+    if (out_.contains(who)) return Standing::kOut;
+    if (told_refusal(who, why)) return Standing::kRefused;
+    const bool worker = who.role == Node::Role::kWorker;
+    const std::vector<std::uint32_t>& tasks = worker ? workers_ : ps_;
+    if (tasks.size() == 1 && tasks.front() == who.index) {
+      why = (worker ? "worker " : "ps ") + std::to_string(who.index) + " is the job's last " +
+            (worker ? "worker" : "ps task") + ": it cannot leave";
+      return Standing::kRefused;
+    }
+    const bool queued = std::any_of(waiting_.begin(), waiting_.end(), [&](const Asked& a) {
+      return a.role == who.role && a.task == who.index && a.leaving;
+    });
+    if (!queued) waiting_.push_back({who.index, {}, 0, who.role, true});
     return Standing::kWaiting;
   }
 
@@ -121,24 +142,50 @@ class JoinQueue {
   /// The chief counts `workers` now (ascending): those among them are in.
   void set_workers(std::vector<std::uint32_t> workers) {
     std::scoped_lock lock(mutex_);
-    for (const std::uint32_t w : workers) refused_.erase(w);
+    for (const std::uint32_t w : workers) {  // in now: what it was told before no longer holds
+      refused_.erase(Node::worker(w));
+      out_.erase(Node::worker(w));
+    }
     known_ = std::max(known_, workers.empty() ? 0U : workers.back() + 1);
     workers_ = std::move(workers);
   }
-  /// The chief could not count worker `task` in, for `why`: the desk tells it so (and
-  /// forgets that it asked).
-  void refuse_worker(std::uint32_t task, std::string why) {
+  /// The job's ps tasks, ascending, as the chief has them now (the last one cannot leave).
+  void set_ps(std::vector<std::uint32_t> members) {
     std::scoped_lock lock(mutex_);
-    std::erase_if(waiting_, [&](const Asked& a) { return a.role == Node::Role::kWorker && a.task == task; });
-    refused_[task] = std::move(why);
+    ps_ = std::move(members);
+  }
+
+  /// The chief took `who`, which asked to leave, out of the job (or found it out already):
+  /// the desk tells it so from now on.
+  void took_out(Node who) {
+    std::scoped_lock lock(mutex_);
+    out_.insert(who);
+    refused_.erase(who);
+  }
+
+  /// The chief could not count task `who` in or out, for `why`: the desk tells it so (and
+  /// forgets that it asked).
+  void refuse(Node who, std::string why) {
+    std::scoped_lock lock(mutex_);
+    std::erase_if(waiting_, [&](const Asked& a) { return a.role == who.role && a.task == who.index; });
+    refused_[who] = std::move(why);
   }
 
  private:
+  /// True, with the chief's refusal of `who` in `why`, if there is one (told once).
+  bool told_refusal(Node who, std::string& why) {
+    const auto refusal = refused_.find(who);
+    if (refusal == refused_.end()) return false;
+    why = std::move(refusal->second);
+    refused_.erase(refusal);
+    return true;
+  }
+
   /// The index the next new worker has: one past every worker the job has known.
   [[nodiscard]] std::uint32_t next_worker() const {
     std::uint32_t next = std::max(known_, workers_.empty() ? 0U : workers_.back() + 1);
     for (const Asked& a : waiting_) {  // two new workers asking at once: the second is next but one
-      if (a.role == Node::Role::kWorker) next = std::max(next, a.task + 1);
+      if (a.role == Node::Role::kWorker && !a.leaving) next = std::max(next, a.task + 1);
     }
     return next;
   }
@@ -148,16 +195,18 @@ class JoinQueue {
   std::optional<std::uint32_t> next_;
   std::vector<std::uint32_t> workers_;
   std::uint32_t known_;  ///< one past the highest worker index the job has counted
-  std::map<std::uint32_t, std::string> refused_;
+  std::vector<std::uint32_t> ps_;  ///< the job's ps tasks, as the chief last said
+  std::set<Node> out_;             ///< tasks the chief took out at their request
+  std::map<Node, std::string> refused_;
   std::int64_t last_step_;
 };
 
 /// The chief's door, a Service its TcpServer serves on the chief's address: a new ps task
-/// or worker asks there to join the running job (Join), proving the job's secret at the
-/// handshake like every task. The desk queues it (JoinQueue); the chief takes it in as
+/// or worker asks there to join the running job (Join), and a task of the job to leave it
+/// (Leave), proving the job's secret at the handshake like every task. The desk queues it (JoinQueue); the chief takes it in as
 /// soon as it is free: while it waits for training to reach its next evaluation or
 /// checkpoint (within half a second), or once it has evaluated or saved. A ps is answered
-/// at once; a worker asks until it is in.
+/// at once; a worker asks until it is in, and a task that leaves until it is out.
 /// Every other request is refused: the chief serves nothing else.
 class JoinDesk {
  public:
@@ -165,10 +214,11 @@ class JoinDesk {
 
   void handle(Request&& request, const RequestContext& context, Responder reply) noexcept {
     try {
+      if (std::holds_alternative<Leave>(request)) return answer_leave(context, reply);
       auto* join = std::get_if<Join>(&request);
       if (join == nullptr) {
         return respond(reply, ErrorReply{ErrorCode::kInvalidArgument,
-                                         "this is the chief: it takes Join requests of new tasks only"});
+                                         "this is the chief: it takes Join and Leave requests of tasks only"});
       }
       if (context.peer && context.peer->role == Node::Role::kWorker) return answer_worker(context.peer->index, reply);
       if (!context.peer || context.peer->role != Node::Role::kPs) {
@@ -194,10 +244,28 @@ class JoinDesk {
       case JoinQueue::Standing::kIn:
         return respond(reply, JoinReply{queue_->last_step(), queue_->workers()});
       case JoinQueue::Standing::kWaiting:
+      case JoinQueue::Standing::kOut:  // (not an answer to a Join)
         return respond(reply, ErrorReply{ErrorCode::kUnavailable, "worker " + std::to_string(task) +
                                                                       " waits for the chief to count it in"});
       case JoinQueue::Standing::kRefused:
         return respond(reply, ErrorReply{ErrorCode::kFailedPrecondition, why});
+    }
+  }
+
+  /// A ps task or worker that asks to leave: whether it is out (LeaveReply), or the refusal.
+  void answer_leave(const RequestContext& context, Responder& reply) {
+    if (!context.peer || (context.peer->role != Node::Role::kPs && context.peer->role != Node::Role::kWorker)) {
+      return respond(reply, ErrorReply{ErrorCode::kPermissionDenied, "only a ps task or a worker may ask to leave the job"});
+    }
+    std::string why;
+    switch (queue_->ask_leave(*context.peer, why)) {
+      case JoinQueue::Standing::kOut:
+        return respond(reply, LeaveReply{true});
+      case JoinQueue::Standing::kRefused:
+        return respond(reply, ErrorReply{ErrorCode::kFailedPrecondition, why});
+      case JoinQueue::Standing::kWaiting:
+      case JoinQueue::Standing::kIn:
+        return respond(reply, LeaveReply{false});
     }
   }
 

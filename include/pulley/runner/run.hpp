@@ -147,9 +147,15 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
   MetricsReporter reporter(training.metrics, type + "-" + std::to_string(config.task.index),
                            metrics_port_offset(type, config.task.index, count("ps"), count("chief"), num_workers));
   Metrics* metrics = reporter.enabled() ? &reporter.metrics() : nullptr;
+  // SIGTERM asks a ps task, or a worker whose sync policy counts workers that change, to
+  // leave the job through the chief once it serves or trains (LeaveWatch): a job scaled
+  // down (not with copies, whose pairs are fixed; not worker 0 acting as the chief).
+  const bool chief_worker = type == "worker" && config.task.index == 0 && !config.cluster.roles.contains("chief");
+  const bool may_leave =
+      training.tcp.replicas == 0 && (type == "ps" || (type == "worker" && !chief_worker && kReshapes<P>));
   if (type == "ps") {
     serve(training, config, credentials, std::move(sharding), std::move(optimizer),
-          std::move(sync), std::move(tables), metrics, join);
+          std::move(sync), std::move(tables), metrics, join, may_leave);
   } else if (type == "chief") {
     with_join_desk(chief_address(config.cluster), with(training.server, credentials), num_workers, training.last_step,
                    [&](JoinQueue* joins) {
@@ -158,7 +164,7 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
   } else if (type == "evaluator") {
     follow(training, [&] { return transport(Node{Node::Role::kEvaluator, config.task.index}); },
            id_sharding, metrics);
-  } else if (type == "worker" && config.task.index == 0 && !config.cluster.roles.contains("chief")) {
+  } else if (chief_worker) {
     // No chief task: worker 0 is also the chief (TensorFlow's convention), on a thread.
     std::exception_ptr chief_failure;
     std::thread chief([&] {
@@ -187,9 +193,11 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
     chief.join();
     if (chief_failure) std::rethrow_exception(chief_failure);
   } else {
+    std::optional<std::pair<std::string, TcpOptions>> leave;
+    if (may_leave) leave.emplace(chief_address(config.cluster), tcp);
     const auto worker = [&](const Training<M>& as) {
       work(as, config.task.index, num_workers, [&] { return transport(Node::worker(config.task.index)); },
-           id_sharding, metrics);
+           id_sharding, metrics, leave);
     };
     if (!join) return worker(training);
     // Counted in before it reaches a ps (which lets in the job's workers only), it runs the

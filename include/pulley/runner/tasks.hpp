@@ -34,6 +34,7 @@
 #include "pulley/ps/shard_copies.hpp"
 #include "pulley/runner/chief_loop.hpp"
 #include "pulley/runner/join_desk.hpp"
+#include "pulley/runner/leave.hpp"
 #include "pulley/runner/metrics.hpp"
 #include "pulley/runner/schedule.hpp"
 #include "pulley/runner/training.hpp"
@@ -50,10 +51,13 @@ namespace runner_detail {
 /// A worker: steps until training is over, beating its heart on a transport of its own
 /// (`connect()` makes each); its rows go where `id_sharding` (the ps tasks') puts them. Each
 /// step is recorded in `metrics` (if any) as "worker:<index>": the global step, steps,
-/// the loss and the staleness (means over the interval), stale gradients.
+/// the loss and the staleness (means over the interval), stale gradients. With `leave`
+/// (the chief's address), a SIGTERM asks the chief to take it out of the job
+/// (LeaveWatch), and it ends once the ps tasks count it no more.
 template <Model M, class Connect, IdSharding I = HashIds>
 void work(const Training<M>& training, std::uint32_t index, std::uint32_t num_workers,
-          Connect connect, I id_sharding = {}, Metrics* metrics = nullptr) {
+          Connect connect, I id_sharding = {}, Metrics* metrics = nullptr,
+          const std::optional<std::pair<std::string, TcpOptions>>& leave = std::nullopt) {
   HeartbeatSender heartbeat(index, connect(), training.client.heartbeat_interval);
   Worker worker(index, training.model(), connect(), training.client, std::move(id_sharding));
   std::int64_t start_step = 0;
@@ -76,17 +80,31 @@ void work(const Training<M>& training, std::uint32_t index, std::uint32_t num_wo
   };
   std::int64_t steps = 0;
   const std::string task = Node::worker(index).name();
-  do {  // after the last step, the chief ends training: until it does, the job may go back
-    while (const std::optional<StepResult> step = worker.step(read, training.last_step)) {
-      ++steps;
-      if (metrics == nullptr) continue;
-      metrics->set(task, "global_step", static_cast<double>(step->global_step));
-      metrics->add(task, "steps", 1, MetricKind::kRate);
-      metrics->observe(task, "loss", step->loss);
-      metrics->observe(task, "staleness", static_cast<double>(step->staleness));
-      metrics->add(task, "stale_gradients", step->stale_parts);
-    }
-  } while (!worker.wait_for_end());
+  std::optional<LeaveWatch> leaving;
+  if (leave) leaving.emplace(Node::worker(index), leave->first, leave->second, training.client.recovery_timeout, [] {});
+  try {
+    do {  // after the last step, the chief ends training: until it does, the job may go back
+      while (const std::optional<StepResult> step = worker.step(read, training.last_step)) {
+        ++steps;
+        if (metrics == nullptr) continue;
+        metrics->set(task, "global_step", static_cast<double>(step->global_step));
+        metrics->add(task, "steps", 1, MetricKind::kRate);
+        metrics->observe(task, "loss", step->loss);
+        metrics->observe(task, "staleness", static_cast<double>(step->staleness));
+        metrics->add(task, "stale_gradients", step->stale_parts);
+      }
+    } while (!worker.wait_for_end());
+  } catch (const Error& e) {
+    // Taken out of the job at its request, the ps tasks refuse it from then on: once the
+    // chief says it took it out (its watch asks every 200 ms), it has left.
+    if (!leaving || !sigterm_received() || e.code() != ErrorCode::kPermissionDenied) throw;
+    for (int i = 0; i < 50 && !leaving->out(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (!leaving->out()) throw;
+    log(LogLevel::kInfo, "worker " + std::to_string(index) + ": left the job at its request after " +
+                             std::to_string(steps) + " steps here (last global step seen: " +
+                             std::to_string(worker.global_step()) + ")");
+    return;
+  }
   log(LogLevel::kInfo, "worker " + std::to_string(index) + ": training finished after " +
                            std::to_string(steps) + " steps here (last global step seen: " +
                            std::to_string(worker.global_step()) + ")");
@@ -361,10 +379,13 @@ void with_join_desk(const std::string& address, TcpServerOptions options, std::u
 }
 
 /// A ps task of a cluster of processes, until the chief shuts it down. With `join`, it
-/// asks the chief to take it into the running job once it listens (Job::join).
+/// asks the chief to take it into the running job once it listens (Job::join). With
+/// `leave`, a SIGTERM asks the chief to take it out of the job (LeaveWatch): it ends once
+/// the others hold its share.
 template <Model M, Sharding S, Optimizer O, SyncPolicy P, TablesOrNone T>
 void serve(const Training<M>& training, const TfConfig& config, const Credentials& credentials,
-           S sharding, O optimizer, P sync, T tables, Metrics* metrics = nullptr, bool join = false) {
+           S sharding, O optimizer, P sync, T tables, Metrics* metrics = nullptr, bool join = false,
+           bool leave = false) {
   const auto& hosts = config.cluster.tasks("ps");
   const std::uint32_t task = config.task.index;
   const Address address = parse_address(hosts.at(task));
@@ -379,6 +400,7 @@ void serve(const Training<M>& training, const TfConfig& config, const Credential
   TcpServerOptions options = with(training.server, credentials);
   if (options.tasks.empty()) options.tasks = job_tasks(config.cluster);
   std::optional<Error> refused;  // the chief's answer to a Join, when it refused
+  std::atomic<bool> left{false};  // the chief took it out of the job at its request
   const auto run = [&](auto service, const std::string& holds) {
     TcpServer server(std::move(service), bind, address.port, std::move(options));
     log(LogLevel::kInfo, "ps " + std::to_string(task) + " serving " + holds + " on " + address.to_string() +
@@ -397,8 +419,17 @@ void serve(const Training<M>& training, const TfConfig& config, const Credential
         }
       });
     }
+    std::optional<LeaveWatch> leaving;
+    if (leave) {
+      leaving.emplace(Node::ps(task), chief_address(config.cluster), with(training.tcp, credentials),
+                      training.client.recovery_timeout, [&] {
+                        left = true;
+                        server.stop();
+                      });
+    }
     server.run();
     served = true;
+    leaving.reset();
     if (asking.joinable()) asking.join();
     if (refused) throw Error(refused->code(), "ps " + std::to_string(task) + " could not join the job: " + refused->message());
     return std::pair{server.service().ended(), server.orphaned()};
@@ -421,6 +452,10 @@ void serve(const Training<M>& training, const TfConfig& config, const Credential
     const std::uint32_t before = (task + num_ps - 1) % num_ps;
     std::tie(end, orphaned) = run(ShardCopies(reported(make(task)), make(before)),
                                   "its shard and a copy of ps " + std::to_string(before) + "'s");
+  }
+  if (left) {
+    log(LogLevel::kInfo, "ps " + std::to_string(task) + " left the job at its request: the others hold its share");
+    return;
   }
   if (!end && orphaned) {
     throw Error(ErrorCode::kUnavailable,

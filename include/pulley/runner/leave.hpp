@@ -1,0 +1,139 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <functional>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <signal.h>  // sigaction (POSIX)
+
+#include "pulley/core/error.hpp"
+#include "pulley/core/log.hpp"
+#include "pulley/core/node.hpp"
+#include "pulley/protocol/call_group.hpp"
+#include "pulley/protocol/messages.hpp"
+#include "pulley/transport/tcp.hpp"
+
+namespace pulley::runner_detail {
+
+/// Set by the first SIGTERM once `leave_on_sigterm` installed its handler.
+inline std::atomic<bool>& sigterm_received() noexcept {
+  static std::atomic<bool> received{false};
+  return received;
+}
+
+/// From now on the first SIGTERM this process gets asks its task to leave the job through
+/// the chief (LeaveWatch) instead of ending the process; a second one ends it as SIGTERM
+/// does (the handler is reset once it ran).
+inline void leave_on_sigterm() {
+  (void)sigterm_received();  // made before the handler may run
+  struct sigaction action {};
+  action.sa_handler = [](int) { sigterm_received().store(true); };
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESETHAND;
+  if (sigaction(SIGTERM, &action, nullptr) != 0) {
+    log(LogLevel::kWarning, "SIGTERM cannot ask this task to leave the job (sigaction failed): it ends the process");
+  }
+}
+
+/// Ends the process as the SIGTERM it got would have without `leave_on_sigterm`.
+[[noreturn]] inline void end_as_sigterm() {
+  std::signal(SIGTERM, SIG_DFL);
+  std::raise(SIGTERM);
+  std::_Exit(128 + SIGTERM);  // not reached
+}
+
+/// While it lives, the first SIGTERM asks this task (a ps task or a worker of a job that
+/// can go on without it) to leave the job, instead of ending the process
+/// (`leave_on_sigterm`; before and after, SIGTERM ends it as it does by default). A thread
+/// of its own then asks the chief at `chief` (Leave, at its JoinDesk) until the chief has
+/// taken the task out, and calls `out` on that thread (a ps stops serving; a worker ends
+/// when the ps tasks refuse it). When the chief refuses (the job's last worker or ps task,
+/// or the others cannot take a ps's share), the task goes on as it was, saying why (a
+/// second SIGTERM ends it). When the chief cannot be reached at the first try (the whole
+/// job is being ended: every task got SIGTERM), or not again for `patience` since its last
+/// answer, it ends the process as SIGTERM does.
+class LeaveWatch {
+ public:
+  LeaveWatch(Node self, std::string chief, TcpOptions tcp, std::chrono::milliseconds patience, std::function<void()> out)
+      : self_(self), chief_(std::move(chief)), tcp_(std::move(tcp)), patience_(patience), out_(std::move(out)) {
+    leave_on_sigterm();
+    thread_ = std::thread([this] { watch(); });
+  }
+  LeaveWatch(const LeaveWatch&) = delete;
+  LeaveWatch& operator=(const LeaveWatch&) = delete;
+  ~LeaveWatch() {
+    std::signal(SIGTERM, SIG_DFL);
+    done_ = true;
+    thread_.join();
+  }
+
+  /// True once the chief has taken this task out of the job at its request.
+  [[nodiscard]] bool out() const noexcept { return out_done_; }
+
+ private:
+  static constexpr std::chrono::milliseconds kLook{100};
+  static constexpr std::chrono::milliseconds kAskEvery{200};
+
+  void watch() {
+    while (!done_ && !sigterm_received()) std::this_thread::sleep_for(kLook);
+    if (done_) return;
+    const std::string name = std::string(self_.role == Node::Role::kPs ? "ps " : "worker ") + std::to_string(self_.index);
+    log(LogLevel::kInfo, name + ": SIGTERM: asks the chief at " + chief_ +
+                             " to take it out of the job (a second SIGTERM ends it at once)");
+    auto deadline = std::chrono::steady_clock::now() + patience_;
+    std::optional<Tcp> desk;
+    bool reached = false;  // the chief answered once
+    while (!done_) {
+      try {
+        if (!desk) desk.emplace(self_, std::vector<std::string>{chief_}, tcp_);
+        CallGroup group;
+        group.add(desk->call(0, Leave{}, {}));
+        group.wait(std::chrono::seconds(5), "ask the chief at " + chief_ + " to leave the job");
+        const LeaveReply reply = group.take_as<LeaveReply>(0);
+        deadline = std::chrono::steady_clock::now() + patience_;
+        if (!std::exchange(reached, true) && !reply.out) {
+          log(LogLevel::kInfo, name + ": the chief takes it out of the job as soon as it is free");
+        }
+        if (reply.out) {
+          log(LogLevel::kInfo, name + ": the chief took it out of the job");
+          out_done_ = true;
+          out_();
+          return;
+        }
+      } catch (const Error& e) {
+        if (done_) return;  // the task ended meanwhile
+        if (e.code() == ErrorCode::kFailedPrecondition) {
+          log(LogLevel::kWarning, name + " cannot leave the job: " + e.message() +
+                                      "; it goes on (a second SIGTERM ends it)");
+          return;
+        }
+        const bool unreachable = e.code() == ErrorCode::kUnavailable || e.code() == ErrorCode::kDeadlineExceeded;
+        if (!unreachable || !reached || std::chrono::steady_clock::now() > deadline) {
+          log(LogLevel::kWarning, name + " cannot leave the job (" + e.what() + "): it ends as SIGTERM ends it");
+          end_as_sigterm();
+        }
+        desk.reset();
+      }
+      std::this_thread::sleep_for(kAskEvery);
+    }
+  }
+
+  Node self_;
+  std::string chief_;
+  TcpOptions tcp_;
+  std::chrono::milliseconds patience_;
+  std::function<void()> out_;
+  std::atomic<bool> done_{false};
+  std::atomic<bool> out_done_{false};
+  std::thread thread_;  // last: started once the rest is made
+};
+
+}  // namespace pulley::runner_detail
