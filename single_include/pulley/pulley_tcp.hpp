@@ -6034,12 +6034,13 @@ class Chief {
     }
   }
 
-  /// The workers some member ps holds lost now (their heartbeats stopped), ascending.
-  [[nodiscard]] std::vector<std::uint32_t> lost_workers() {
+  /// The workers some member ps holds lost now (their heartbeats stopped), ascending. Each
+  /// ps is asked alone; one that does not answer within `timeout` (stopped, or gone: the
+  /// chief learns that elsewhere) says nothing.
+  [[nodiscard]] std::vector<std::uint32_t> lost_workers(std::chrono::milliseconds timeout = std::chrono::seconds(2)) {
     std::vector<std::uint32_t> lost;
-    for (const StatsReply& r : client_.template broadcast<StatsReply>([](std::size_t) { return GetStats{}; },
-                                                                     timeouts().request_timeout, "look at the ps tasks")) {
-      lost.insert(lost.end(), r.lost.begin(), r.lost.end());
+    for (const std::optional<StatsReply>& r : client_.ask_each(std::min(timeouts().request_timeout, timeout))) {
+      if (r) lost.insert(lost.end(), r->lost.begin(), r->lost.end());
     }
     std::sort(lost.begin(), lost.end());
     lost.erase(std::unique(lost.begin(), lost.end()), lost.end());

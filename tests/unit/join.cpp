@@ -449,6 +449,10 @@ TEST_CASE("a worker counted in that never comes is held lost in time, and one th
     CHECK(s.workers_lost == 1);
   }
   CHECK(chief.lost_workers() == std::vector<std::uint32_t>{2});
+  // A ps that does not answer (stopped, say) says nothing, and the chief looks on (the
+  // chief's loop looks every half second while it waits).
+  cluster.network().drop_next(1, 1);
+  CHECK(chief.lost_workers(std::chrono::milliseconds(200)) == std::vector<std::uint32_t>{2});
   // Worker 2 leaves for good: forgotten, no longer lost; counted again later, it is awaited.
   CHECK(chief.change_workers({0, 1}) == 7);
   train(cluster, data, {0, 1}, 8);
