@@ -9346,8 +9346,9 @@ class Registration {
     }
     return ErrorReply{ErrorCode::kFailedPrecondition,
                       std::string(what) + " of epoch " + std::to_string(epoch) + " refused: the job was " +
-                          "restored from a checkpoint at global step " + std::to_string(restored_step_) +
-                          " (epoch " + std::to_string(epoch_) + "): wait until ready and start the step again"};
+                          "restored at global step " + std::to_string(restored_step_) + " (epoch " +
+                          std::to_string(epoch_) + "; from a checkpoint, or its state moved between ps tasks): "
+                          "wait until ready and start the step again"};
   }
 
   /// Why `variables` cannot be registered, or "": a name missing or used twice, no
@@ -12057,19 +12058,24 @@ class ParameterServer {
     ledger_.clear();
     // What waited belongs to the time before: its clients start their step again.
     const ErrorReply gone{ErrorCode::kFailedPrecondition,
-                          name_ + ": the job was restored from a checkpoint at global step " +
-                              std::to_string(step) + ": wait until ready and start the step again"};
+                          name_ + ": the job was restored at global step " + std::to_string(step) +
+                              " (from a checkpoint, or its state moved between ps tasks): wait until ready and "
+                              "start the step again"};
     pacing_.reset(std::move(pacer), gone);
     for (const std::uint32_t worker : liveness_.lost()) (void)pacing_.lost(worker);  // still lost
     registration_.restored(r.epoch, step);
     pulls_.answer_all(gone);
     row_pulls_.answer_all(gone);
     cut_.answer_all(gone);
-    // A rollback (a ps was lost) undoes what this ps applied since the checkpoint.
-    const std::string undone =
-        step_before < 0 ? std::string()
-                        : ", rolled back from global step " + std::to_string(step_before) + ": " +
-                              std::to_string(std::max<std::int64_t>(step_before - step, 0)) + " steps' updates lost";
+    // A rollback (a ps was lost) undoes what this ps applied since the checkpoint; a move
+    // (a ps joined or left) restores the step it was at.
+    std::string undone;
+    if (step_before == step) {
+      undone = ", the step it was at: nothing lost";
+    } else if (step_before >= 0) {
+      undone = ", rolled back from global step " + std::to_string(step_before) + ": " +
+               std::to_string(std::max<std::int64_t>(step_before - step, 0)) + " steps' updates lost";
+    }
     log(LogLevel::kInfo, name_ + ": restored at global step " + std::to_string(step) +
                              " (epoch " + std::to_string(registration_.epoch()) + ")" + undone);
     respond(reply, Ack{});

@@ -152,8 +152,9 @@ class Registration {
     }
     return ErrorReply{ErrorCode::kFailedPrecondition,
                       std::string(what) + " of epoch " + std::to_string(epoch) + " refused: the job was " +
-                          "restored from a checkpoint at global step " + std::to_string(restored_step_) +
-                          " (epoch " + std::to_string(epoch_) + "): wait until ready and start the step again"};
+                          "restored at global step " + std::to_string(restored_step_) + " (epoch " +
+                          std::to_string(epoch_) + "; from a checkpoint, or its state moved between ps tasks): "
+                          "wait until ready and start the step again"};
   }
 
   /// Why `variables` cannot be registered, or "": a name missing or used twice, no
