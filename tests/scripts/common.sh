@@ -97,6 +97,19 @@ forget_task() {
   for pid in "${job_pids[@]}"; do [ "$pid" = "$1" ] || left+=("$pid"); done
   job_pids=("${left[@]}")
 }
+# kill_ps_for_copy DIR PS LABEL TASK_LOGS...: SIGKILL ps PS (its pid in $ps_pid) for good
+# and wait until each task named (chief-0, worker-1, ...) turned to the copy of its shard
+kill_ps_for_copy() {
+  local dir=$1 ps=$2 label=$3 who
+  shift 3
+  kill -9 "$ps_pid"
+  wait "$ps_pid" 2>/dev/null
+  forget_task "$ps_pid"
+  echo "$label: killed ps $ps after: $(grep -h '^epoch' "$dir/chief-0.log" | tail -1)"
+  for who in "$@"; do
+    wait_for "$dir/$who.log" "dropping the copy of ps $ps's shard" 60 || fail "$label: $who did not turn to ps $ps's copy"
+  done
+}
 finish_job() {
   local chief=${job_pids[-1]} pid rc
   for _ in $(seq 1 $(($2 * 20))); do kill -0 "$chief" 2>/dev/null || break; sleep 0.05; done

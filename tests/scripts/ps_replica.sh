@@ -17,16 +17,10 @@ run_job() {  # run_job NAME REPLICAS KILL: one job in $work/NAME; KILL=1 kills p
   local dir=$work/$1 replicas=$2 kill=$3
   start_job "$dir" "$binary" 2 2 "${flags[@]}" --ps-replicas "$replicas"
   if [ "$kill" = 1 ]; then
-    local ps0=${job_pids[0]} killed_at
+    local ps_pid=${job_pids[0]} killed_at
     wait_for "$dir/chief-0.log" '^epoch  2/' 300 || fail "$1: the job never reached epoch 2"
-    kill -9 "$ps0"
     killed_at=$(date +%s.%N)
-    wait "$ps0" 2>/dev/null
-    forget_task "$ps0"
-    echo "$1: killed ps 0 after: $(grep '^epoch' "$dir/chief-0.log" | tail -1)"
-    for who in worker-0 worker-1 chief-0; do
-      wait_for "$dir/$who.log" "dropping the copy of ps 0's shard" 60 || fail "$1: $who did not turn to ps 0's copy"
-    done
+    kill_ps_for_copy "$dir" 0 "$1" worker-0 worker-1 chief-0
     echo "$1: every task reads ps 0's shard from its copy $(python3 -c "import time; print(f'{time.time() - $killed_at:.2f}')") s after the kill"
   fi
   finish_job "$1" 600

@@ -23,6 +23,13 @@
 
 namespace pulley::runner_detail {
 
+/// A connection of task `self` to the chief's JoinDesk at `chief`: one process, whose
+/// address holds no copy of any shard whatever `tcp.replicas` the job's ps tasks keep.
+inline Tcp chief_desk(Node self, const std::string& chief, TcpOptions tcp) {
+  tcp.replicas = 0;
+  return Tcp(self, std::vector<std::string>{chief}, std::move(tcp));
+}
+
 /// Set by the first SIGTERM once `leave_on_sigterm` installed its handler.
 inline std::atomic<bool>& sigterm_received() noexcept {
   static std::atomic<bool> received{false};
@@ -93,7 +100,7 @@ class LeaveWatch {
     bool reached = false;  // the chief answered once
     while (!done_) {
       try {
-        if (!desk) desk.emplace(self_, std::vector<std::string>{chief_}, tcp_);
+        if (!desk) desk.emplace(chief_desk(self_, chief_, tcp_));
         CallGroup group;
         group.add(desk->call(0, Leave{}, {}));
         group.wait(std::chrono::seconds(5), "ask the chief at " + chief_ + " to leave the job");

@@ -293,7 +293,7 @@ inline void ask_to_join(const std::string& chief, std::uint32_t task, const std:
   const auto deadline = std::chrono::steady_clock::now() + patience;
   while (!stop) {
     try {
-      Tcp desk(Node::ps(task), std::vector<std::string>{chief}, tcp);
+      Tcp desk = chief_desk(Node::ps(task), chief, tcp);
       CallGroup group;
       group.add(desk.call(0, Join{address}, {}));
       group.wait(std::chrono::seconds(30), "ask the chief at " + chief + " to join the job");
@@ -320,7 +320,7 @@ inline JoinReply ask_to_work(const std::string& chief, std::uint32_t task, const
   std::optional<Tcp> desk;
   for (;;) {
     try {
-      if (!desk) desk.emplace(Node::worker(task), std::vector<std::string>{chief}, tcp);
+      if (!desk) desk.emplace(chief_desk(Node::worker(task), chief, tcp));
       CallGroup group;
       group.add(desk->call(0, Join{}, {}));
       group.wait(std::chrono::seconds(30), "ask the chief at " + chief + " to join the job");
