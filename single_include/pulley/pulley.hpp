@@ -2789,6 +2789,19 @@ struct Leave {
   void serialize(Archive& /*archive*/) {}
 };
 
+/// A task about to join, started with the chief's address alone (`--join --chief-host`,
+/// no cluster spec: under Slurm a job step of its own, say) → the chief's JoinDesk: the
+/// job's shape now, from which it makes its cluster spec and takes the next task index of
+/// its role. It asks as task 0 of its role (it has no index yet): the desk answers whoever
+/// proved the job's secret. Answered ShapeReply.
+struct Shape {
+  static constexpr std::string_view kName = "Shape";
+  static constexpr RoleSet kSenders{Node::Role::kPs, Node::Role::kWorker};
+
+  template <class Archive>
+  void serialize(Archive& /*archive*/) {}
+};
+
 /// Chief → every ps, paused (Pause): the job's workers are `workers` (task indices,
 /// ascending) from global step `from_step` on: workers joined, or left for good. Each ps
 /// counts them (SyncPolicy::reshape) the moment its global step reaches `from_step`, and
@@ -2813,10 +2826,10 @@ struct ChangeWorkers {
   }
 };
 
-/// Everything a ps task (or the chief's JoinDesk: Join, Leave) is asked.
+/// Everything a ps task (or the chief's JoinDesk: Join, Leave, Shape) is asked.
 using Request = std::variant<Register, Initialize, WaitReady, TakeToken, Pull, Push, GetStats,
                              Shutdown, Pause, ReadState, Resume, Restore, Heartbeat, PullRows,
-                             ReadRows, RestoreRows, Join, ChangeWorkers, Leave>;
+                             ReadRows, RestoreRows, Join, ChangeWorkers, Leave, Shape>;
 
 // ---- responses --------------------------------------------------------------------------
 
@@ -2935,6 +2948,21 @@ struct LeaveReply {
   template <class Archive>
   void serialize(Archive& archive) {
     archive(out);
+  }
+};
+
+/// The chief's answer to a Shape: the job as it stands. The next ps to join takes task
+/// index `ps.size()`, the next worker `next_worker`.
+struct ShapeReply {
+  static constexpr std::string_view kName = "ShapeReply";
+  std::vector<std::string> ps;          ///< every ps task's address by task index, members or not
+  std::vector<std::uint32_t> members;   ///< the job's ps tasks now, ascending
+  std::vector<std::uint32_t> workers;   ///< the job's workers now, ascending
+  std::uint32_t next_worker = 0;        ///< the task index the next worker to join takes
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(ps, members, workers, next_worker);
   }
 };
 
@@ -3059,7 +3087,8 @@ struct RowsChunk {
 
 /// Everything a ps task answers.
 using Response = std::variant<Ack, ErrorReply, PlacementReply, TokenReply, PullReply, PushReply,
-                              StatsReply, PauseReply, StateReply, RowsReply, RowsChunk, JoinReply, LeaveReply>;
+                              StatsReply, PauseReply, StateReply, RowsReply, RowsChunk, JoinReply, LeaveReply,
+                              ShapeReply>;
 
 // ---- what follows from the declarations ---------------------------------------------------
 
@@ -4439,6 +4468,7 @@ class Client {
   [[nodiscard]] const std::vector<std::string>& slot_names() const noexcept { return slot_names_; }
   [[nodiscard]] const std::vector<std::string>& counter_names() const noexcept { return counter_names_; }
   [[nodiscard]] T& transport() noexcept { return transport_; }
+  [[nodiscard]] const T& transport() const noexcept { return transport_; }
   [[nodiscard]] const ClientOptions& options() const noexcept { return options_; }
 
   /// Index of the variable called `name`; throws kNotFound naming it.
@@ -6067,6 +6097,12 @@ class Chief {
   /// The ps tasks the job has known, members or not: the cluster spec's, and those that
   /// joined since (the next to join gets this index).
   [[nodiscard]] std::size_t num_ps() const { return client_.num_ps(); }
+  /// Where each of them serves, by task index (`GrowingTransport::address`).
+  [[nodiscard]] std::vector<std::string> ps_addresses() const {
+    std::vector<std::string> addresses;
+    for (std::size_t ps = 0; ps < client_.num_ps(); ++ps) addresses.push_back(client_.transport().address(ps));
+    return addresses;
+  }
 
   /// The job's ps tasks (ascending) and their version (Client::members).
   [[nodiscard]] std::span<const std::uint32_t> members() const noexcept { return client_.members(); }
@@ -12147,6 +12183,10 @@ class ParameterServer {
 
   void on(Leave&, const RequestContext&, Responder& reply) {
     reject(reply, ErrorCode::kInvalidArgument, name_ + " is a ps task: a task asks the chief to leave the job");
+  }
+
+  void on(Shape&, const RequestContext&, Responder& reply) {
+    reject(reply, ErrorCode::kInvalidArgument, name_ + " is a ps task: a task asks the chief for the job's shape");
   }
 
   void on(GetStats&, const RequestContext&, Responder& reply) {

@@ -42,6 +42,10 @@ PULLEY_SECRET=a-secret-for-this-test expect "--join needs the running job's name
   --join --role ps --task 1 --ps-hosts 127.0.0.1:1,127.0.0.1:3 --worker-hosts 127.0.0.1:2
 PULLEY_SECRET=a-secret-for-this-test expect "a ps's --join and --ps-replicas 1 exclude each other" \
   --join --job-name j --ps-replicas 1 --role ps --task 1 --ps-hosts 127.0.0.1:1,127.0.0.1:3 --worker-hosts 127.0.0.1:2
+PULLEY_SECRET=a-secret-for-this-test expect "needs the chief's address: --chief-host" --join --role worker --job-name j
+PULLEY_SECRET=a-secret-for-this-test expect "needs where it serves: --address" \
+  --join --role ps --chief-host 127.0.0.1:1 --job-name j
+PULLEY_SECRET=a-secret-for-this-test expect "--join needs the running job's name" --join --role worker --chief-host 127.0.0.1:1
 # The names of 0.2 still work: --job for --role, --slurm-jobs for --slurm-roles.
 expect "task index 3" --job worker --task 3 --ps-hosts a:1 --worker-hosts b:2
 expect "needs a Slurm step" --slurm-jobs ps:1,worker:1

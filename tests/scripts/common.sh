@@ -14,6 +14,7 @@ work=$(mktemp -d)
 pids=()
 cleanup() {
   for pid in "${pids[@]}"; do kill -CONT "$pid" 2>/dev/null; kill -9 "$pid" 2>/dev/null; done
+  [ -n "${KEEP_LOGS:-}" ] && cp -r "$work" "$KEEP_LOGS" 2>/dev/null  # KEEP_LOGS=DIR: the logs kept there
   rm -rf "$work"
 }
 trap cleanup EXIT

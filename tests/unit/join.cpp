@@ -245,9 +245,9 @@ TEST_CASE("the chief's JoinDesk queues the next ps task once, leaves a known one
   auto queue = std::make_shared<JoinQueue>();
   JoinDesk desk(queue);
   CHECK(refusal(ask_desk(desk, Join{"h:1"}, Node::evaluator())).find("only a ps task or a worker") != std::string::npos);
-  CHECK(refusal(ask_desk(desk, GetStats{}, Node::ps(2))).find("Join and Leave requests") != std::string::npos);
+  CHECK(refusal(ask_desk(desk, GetStats{}, Node::ps(2))).find("Join, Leave and Shape requests") != std::string::npos);
   CHECK(refusal(ask_desk(desk, Join{""}, Node::ps(2))).find("names its address") != std::string::npos);
-  queue->expect(2);
+  queue->expect({"h:0", "h:1"});
   CHECK(refusal(ask_desk(desk, Join{"h:1"}, Node::ps(3))).find("the next ps task of the job is ps 2") !=
         std::string::npos);
   CHECK(std::holds_alternative<Ack>(ask_desk(desk, Join{"h:1"}, Node::ps(1))));  // known: left alone
@@ -650,6 +650,29 @@ TEST_CASE("the chief's JoinDesk takes a task's Leave: queued once, out once the 
   (void)ask_desk(desk, Leave{}, Node::ps(1));  // the refusal told
   CHECK(refusal(ask_desk(desk, Leave{}, Node::ps(1))).find("ps 1 is the job's last ps task") != std::string::npos);
   CHECK(std::get<ErrorReply>(ask_desk(desk, Leave{}, Node::chief())).code == ErrorCode::kPermissionDenied);
+}
+
+TEST_CASE("the chief's JoinDesk tells a task about to join the job's shape: every ps address, the members, the next indices") {
+  auto queue = std::make_shared<JoinQueue>(2, 900);
+  JoinDesk desk(queue);
+  CHECK(std::get<ErrorReply>(ask_desk(desk, Shape{}, Node::worker(0))).code == ErrorCode::kUnavailable);  // not started
+  queue->expect({"h:0", "h:1", "h:2"});
+  queue->set_ps({0, 2});  // ps 1 left
+  queue->set_workers({0, 1, 3});  // worker 2 left, worker 3 joined
+  const auto shape = [&](Node who) {
+    const Response answer = ask_desk(desk, Shape{}, who);
+    REQUIRE(std::holds_alternative<ShapeReply>(answer));
+    return std::get<ShapeReply>(answer);
+  };
+  ShapeReply s = shape(Node::worker(0));
+  CHECK(s.ps == std::vector<std::string>{"h:0", "h:1", "h:2"});
+  CHECK(s.members == std::vector<std::uint32_t>{0, 2});
+  CHECK(s.workers == std::vector<std::uint32_t>{0, 1, 3});
+  CHECK(s.next_worker == 4);
+  std::string why;
+  CHECK(queue->ask_worker(4, why) == JoinQueue::Standing::kWaiting);
+  CHECK(shape(Node::ps(0)).next_worker == 5);  // one asks already: the next but one
+  CHECK(std::get<ErrorReply>(ask_desk(desk, Shape{}, Node::evaluator())).code == ErrorCode::kPermissionDenied);
 }
 
 TEST_CASE("under Async, which takes no token a step, a worker taken out of the job has its next push refused") {

@@ -445,6 +445,12 @@ class Chief {
   /// The ps tasks the job has known, members or not: the cluster spec's, and those that
   /// joined since (the next to join gets this index).
   [[nodiscard]] std::size_t num_ps() const { return client_.num_ps(); }
+  /// Where each of them serves, by task index (`GrowingTransport::address`).
+  [[nodiscard]] std::vector<std::string> ps_addresses() const {
+    std::vector<std::string> addresses;
+    for (std::size_t ps = 0; ps < client_.num_ps(); ++ps) addresses.push_back(client_.transport().address(ps));
+    return addresses;
+  }
 
   /// The job's ps tasks (ascending) and their version (Client::members).
   [[nodiscard]] std::span<const std::uint32_t> members() const noexcept { return client_.members(); }

@@ -96,6 +96,7 @@ class Client {
   [[nodiscard]] const std::vector<std::string>& slot_names() const noexcept { return slot_names_; }
   [[nodiscard]] const std::vector<std::string>& counter_names() const noexcept { return counter_names_; }
   [[nodiscard]] T& transport() noexcept { return transport_; }
+  [[nodiscard]] const T& transport() const noexcept { return transport_; }
   [[nodiscard]] const ClientOptions& options() const noexcept { return options_; }
 
   /// Index of the variable called `name`; throws kNotFound naming it.

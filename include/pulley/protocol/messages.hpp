@@ -478,6 +478,19 @@ struct Leave {
   void serialize(Archive& /*archive*/) {}
 };
 
+/// A task about to join, started with the chief's address alone (`--join --chief-host`,
+/// no cluster spec: under Slurm a job step of its own, say) → the chief's JoinDesk: the
+/// job's shape now, from which it makes its cluster spec and takes the next task index of
+/// its role. It asks as task 0 of its role (it has no index yet): the desk answers whoever
+/// proved the job's secret. Answered ShapeReply.
+struct Shape {
+  static constexpr std::string_view kName = "Shape";
+  static constexpr RoleSet kSenders{Node::Role::kPs, Node::Role::kWorker};
+
+  template <class Archive>
+  void serialize(Archive& /*archive*/) {}
+};
+
 /// Chief → every ps, paused (Pause): the job's workers are `workers` (task indices,
 /// ascending) from global step `from_step` on: workers joined, or left for good. Each ps
 /// counts them (SyncPolicy::reshape) the moment its global step reaches `from_step`, and
@@ -502,10 +515,10 @@ struct ChangeWorkers {
   }
 };
 
-/// Everything a ps task (or the chief's JoinDesk: Join, Leave) is asked.
+/// Everything a ps task (or the chief's JoinDesk: Join, Leave, Shape) is asked.
 using Request = std::variant<Register, Initialize, WaitReady, TakeToken, Pull, Push, GetStats,
                              Shutdown, Pause, ReadState, Resume, Restore, Heartbeat, PullRows,
-                             ReadRows, RestoreRows, Join, ChangeWorkers, Leave>;
+                             ReadRows, RestoreRows, Join, ChangeWorkers, Leave, Shape>;
 
 // ---- responses --------------------------------------------------------------------------
 
@@ -624,6 +637,21 @@ struct LeaveReply {
   template <class Archive>
   void serialize(Archive& archive) {
     archive(out);
+  }
+};
+
+/// The chief's answer to a Shape: the job as it stands. The next ps to join takes task
+/// index `ps.size()`, the next worker `next_worker`.
+struct ShapeReply {
+  static constexpr std::string_view kName = "ShapeReply";
+  std::vector<std::string> ps;          ///< every ps task's address by task index, members or not
+  std::vector<std::uint32_t> members;   ///< the job's ps tasks now, ascending
+  std::vector<std::uint32_t> workers;   ///< the job's workers now, ascending
+  std::uint32_t next_worker = 0;        ///< the task index the next worker to join takes
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(ps, members, workers, next_worker);
   }
 };
 
@@ -748,7 +776,8 @@ struct RowsChunk {
 
 /// Everything a ps task answers.
 using Response = std::variant<Ack, ErrorReply, PlacementReply, TokenReply, PullReply, PushReply,
-                              StatsReply, PauseReply, StateReply, RowsReply, RowsChunk, JoinReply, LeaveReply>;
+                              StatsReply, PauseReply, StateReply, RowsReply, RowsChunk, JoinReply, LeaveReply,
+                              ShapeReply>;
 
 // ---- what follows from the declarations ---------------------------------------------------
 

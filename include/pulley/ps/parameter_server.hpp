@@ -780,6 +780,10 @@ class ParameterServer {
     reject(reply, ErrorCode::kInvalidArgument, name_ + " is a ps task: a task asks the chief to leave the job");
   }
 
+  void on(Shape&, const RequestContext&, Responder& reply) {
+    reject(reply, ErrorCode::kInvalidArgument, name_ + " is a ps task: a task asks the chief for the job's shape");
+  }
+
   void on(GetStats&, const RequestContext&, Responder& reply) {
     report();
     check_heartbeats();

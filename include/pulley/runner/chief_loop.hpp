@@ -211,7 +211,7 @@ class ChiefLoop {
     }
     start_ = Clock::now();
     if (joins_ != nullptr) {
-      joins_->expect(static_cast<std::uint32_t>(chief_.num_ps()));
+      joins_->expect(chief_.ps_addresses());
       if (!chief_.workers().empty()) joins_->set_workers({chief_.workers().begin(), chief_.workers().end()});
     }
     while (!schedule.done()) {
@@ -293,7 +293,7 @@ class ChiefLoop {
       try {
         (void)chief_.join(asked->address, id_sharding_);
       } catch (const Error& e) {
-        joins_->expect(static_cast<std::uint32_t>(chief_.num_ps()));
+        joins_->expect(chief_.ps_addresses());
         // A ps of the job lost on the way: it is rolled back, and the join tried after
         // (thrice at most), unless the new ps was registered and told to end already.
         if (e.code() == ErrorCode::kUnavailable) {
@@ -303,7 +303,7 @@ class ChiefLoop {
         log(LogLevel::kWarning, std::string("chief: ") + e.what());
         continue;
       }
-      joins_->expect(static_cast<std::uint32_t>(chief_.num_ps()));
+      joins_->expect(chief_.ps_addresses());
       joins_->set_ps({chief_.members().begin(), chief_.members().end()});
       log(LogLevel::kInfo, "chief: " + who + " joined the job; " + new_shape(began));
     }

@@ -18,6 +18,7 @@ namespace pulley {
 /// Adds the flags that describe a job (JobFlags) to a CLI11 app, in a "Cluster" group:
 ///   --ps N --workers N                     every task in this process (the default)
 ///   --role ROLE --task I --ps-hosts H:P,... --worker-hosts H:P,... [--chief-host H:P]
+///   --role ps|worker --join --chief-host H:P --job-name NAME [--address H:P]  (a joiner)
 ///   --slurm-roles ps:1,worker:2,chief:1 [--slurm-port-base PORT]
 ///   --mpi-roles ps:2,worker:2,chief:1 [--mpi-hosts H,...] [--mpi-port-base PORT]
 ///   [--job-name NAME] [--secret-file PATH]  what every connection proves (credentials.hpp)
@@ -71,7 +72,12 @@ inline void add_job_flags(CLI::App& app, JobFlags& flags) {
       ->group(group);
   app.add_flag("--join", flags.join,
                "this ps task or worker joins a running job: the chief takes it in as soon as it is free "
-               "(its cluster lists it after the job's ps tasks or workers; needs --job-name)")
+               "(its cluster lists it after the job's ps tasks or workers, or with --role and --chief-host "
+               "alone the chief tells it the job's; needs --job-name)")
+      ->group(group);
+  app.add_option("--address", flags.address,
+                 "host:port where this ps serves, when it joins naming the chief alone "
+                 "(--join --role ps --chief-host)")
       ->group(group);
   app.add_option("--secret-file", flags.secret_file,
                  "a file holding the job's shared secret (default: PULLEY_SECRET, "

@@ -1,9 +1,12 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -12,8 +15,14 @@
 #include "pulley/cluster/mpi.hpp"
 #include "pulley/cluster/slurm.hpp"
 #include "pulley/cluster/tf_config.hpp"
+#include "pulley/core/address.hpp"
 #include "pulley/core/error.hpp"
+#include "pulley/core/log.hpp"
+#include "pulley/core/node.hpp"
+#include "pulley/protocol/call_group.hpp"
+#include "pulley/protocol/messages.hpp"
 #include "pulley/runner/credentials.hpp"
+#include "pulley/runner/leave.hpp"
 
 namespace pulley {
 
@@ -74,7 +83,84 @@ struct JobFlags {
   std::string job_name;       ///< the job's name in handshakes ("": derived, credentials.hpp)
   std::string secret_file;    ///< a file holding the job's shared secret ("": see credentials.hpp)
   bool join = false;          ///< this ps task or worker joins a running job (Job::join)
+  /// Where this ps serves when it joins naming the chief alone (`--join --role ps
+  /// --chief-host`, no host lists): "host:port".
+  std::string address;
 };
+
+namespace runner_detail {
+
+/// The cluster of a task that joins naming the chief's address alone (--join --role
+/// --chief-host, no host lists; under Slurm a job step of its own): the job's shape as the
+/// chief's desk tells it (Shape), this task listed after the job's tasks of its role with
+/// the next index (a ps at `flags.address`). Waits for the chief for `patience`. Throws
+/// kInvalidArgument for missing flags, kFailedPrecondition when the job cannot take a task
+/// this way now (a ps task left it: a task connects to every ps task its cluster lists),
+/// else what reaching the chief threw.
+inline TfConfig cluster_from_chief(const JobFlags& flags, const Credentials& credentials,
+                                   std::chrono::milliseconds patience = std::chrono::seconds(60)) {
+  const bool ps = flags.role == "ps";
+  if (!ps && flags.role != "worker") {
+    throw Error(ErrorCode::kInvalidArgument, "--join is for a ps task or a worker of a cluster of processes");
+  }
+  if (flags.chief_host.empty()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "--join without --ps-hosts and --worker-hosts needs the chief's address: --chief-host HOST:PORT "
+                "(the chief logs it as it starts)");
+  }
+  if (ps && flags.address.empty()) {
+    throw Error(ErrorCode::kInvalidArgument, "a ps that joins naming the chief alone needs where it serves: --address HOST:PORT");
+  }
+  (void)parse_address(flags.chief_host);  // refused here, not as an unreachable chief
+  if (ps) (void)parse_address(flags.address);
+  TcpOptions tcp;
+  tcp.credentials = credentials;
+  tcp.connect_timeout = patience;
+  const Node asking{ps ? Node::Role::kPs : Node::Role::kWorker, 0};  // no index yet
+  ShapeReply shape;
+  for (const auto deadline = std::chrono::steady_clock::now() + patience;;) {
+    try {
+      Tcp desk = chief_desk(asking, flags.chief_host, tcp);
+      CallGroup group;
+      group.add(desk.call(0, Shape{}, {}));
+      group.wait(std::chrono::seconds(30), "ask the chief at " + flags.chief_host + " for the job's shape");
+      shape = group.take_as<ShapeReply>(0);
+      break;
+    } catch (const Error& e) {  // kUnavailable: the chief has not started the job yet
+      if (e.code() != ErrorCode::kUnavailable || std::chrono::steady_clock::now() > deadline) throw;
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    }
+  }
+  const auto num_ps = static_cast<std::uint32_t>(shape.ps.size());
+  std::string left;
+  for (std::uint32_t k = 0; k < num_ps; ++k) {
+    if (!std::binary_search(shape.members.begin(), shape.members.end(), k)) left += (left.empty() ? "" : ", ") + std::to_string(k);
+  }
+  if (!left.empty()) {
+    throw Error(ErrorCode::kFailedPrecondition,
+                "ps " + left + " left the job: a task cannot join it naming the chief alone (it would connect to "
+                "every ps task the job has known)");
+  }
+  TfConfig config;
+  config.cluster.roles["chief"] = {flags.chief_host};
+  config.cluster.roles["ps"] = std::move(shape.ps);
+  // Workers serve nothing: their addresses are never dialled, and the chief knows none.
+  const std::uint32_t workers =
+      std::max(shape.next_worker + (ps ? 0U : 1U), shape.workers.empty() ? 1U : shape.workers.back() + 1);
+  config.cluster.roles["worker"].assign(workers, "unknown:1");
+  if (ps) {
+    config.cluster.roles["ps"].push_back(flags.address);
+    config.task = {"ps", num_ps};
+  } else {
+    config.task = {"worker", shape.next_worker};
+  }
+  log(LogLevel::kInfo, "the chief at " + flags.chief_host + " has ps tasks " + describe_members(shape.members) +
+                           " and workers " + describe_members(shape.workers) + ": this task joins as " + config.task.type +
+                           " " + std::to_string(config.task.index));
+  return config;
+}
+
+}  // namespace runner_detail
 
 /// The job `flags` describe (see JobFlags for the order). Throws kInvalidArgument naming the
 /// problem: a malformed or inconsistent cluster, a task out of range, --slurm-roles outside a
@@ -102,6 +188,12 @@ inline Job resolve_job(const JobFlags& flags) {
       throw Error(ErrorCode::kInvalidArgument,
                   "--slurm-roles needs a Slurm step (SLURM_PROCID is unset): run it under srun");
     }
+  } else if (flags.join && !flags.role.empty() && flags.ps_hosts.empty() && flags.worker_hosts.empty()) {
+    if (flags.job_name.empty()) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "--join needs the running job's name: --job-name (the chief logs it as it starts)");
+    }
+    job.cluster = runner_detail::cluster_from_chief(flags, task_credentials({}, flags.job_name, flags.secret_file));
   } else if (!flags.role.empty()) {
     // The same document TF_CONFIG would hold, so that flags are checked by the same rules.
     nlohmann::json cluster = nlohmann::json::object();
@@ -137,8 +229,9 @@ inline Job resolve_job(const JobFlags& flags) {
     if (!job.cluster || (job.cluster->task.type != "ps" && job.cluster->task.type != "worker")) {
       throw Error(ErrorCode::kInvalidArgument, "--join is for a ps task or a worker of a cluster of processes");
     }
-    if (flags.job_name.empty() && job.credentials.job.starts_with("cluster-")) {
-      // The name derived from the cluster spec differs once the spec lists the new task.
+    if (flags.job_name.empty()) {
+      // The name derived from the cluster spec differs once the spec lists the new task,
+      // and under Slurm from the job step (a task that joins runs in a step of its own).
       throw Error(ErrorCode::kInvalidArgument,
                   "--join needs the running job's name: --job-name (the chief logs it as it starts)");
     }

@@ -128,10 +128,19 @@ class JoinQueue {
     waiting_.push_front(std::move(asked));
   }
 
-  /// The task index the next ps to join must have (the ps tasks the job has known).
-  void expect(std::uint32_t next) {
+  /// The ps tasks the job has known, members or not, by task index (their addresses):
+  /// the next ps to join must have index `ps_addresses.size()`.
+  void expect(std::vector<std::string> ps_addresses) {
     std::scoped_lock lock(mutex_);
-    next_ = next;
+    next_ = static_cast<std::uint32_t>(ps_addresses.size());
+    ps_addresses_ = std::move(ps_addresses);
+  }
+
+  /// The job as the chief last said it, for a task that joins knowing only the chief's
+  /// address (Shape).
+  [[nodiscard]] ShapeReply shape() const {
+    std::scoped_lock lock(mutex_);
+    return ShapeReply{ps_addresses_, ps_, workers_, next_worker()};
   }
 
   /// The job's workers, ascending, as the chief counts them now.
@@ -193,6 +202,7 @@ class JoinQueue {
   mutable std::mutex mutex_;
   std::deque<Asked> waiting_;
   std::optional<std::uint32_t> next_;
+  std::vector<std::string> ps_addresses_;  ///< every ps task the job has known, by index
   std::vector<std::uint32_t> workers_;
   std::uint32_t known_;  ///< one past the highest worker index the job has counted
   std::vector<std::uint32_t> ps_;  ///< the job's ps tasks, as the chief last said
@@ -203,7 +213,7 @@ class JoinQueue {
 
 /// The chief's door, a Service its TcpServer serves on the chief's address: a new ps task
 /// or worker asks there to join the running job (Join), and a task of the job to leave it
-/// (Leave), proving the job's secret at the handshake like every task. The desk queues it (JoinQueue); the chief takes it in as
+/// (Leave), or a task about to join asks for the job's shape (Shape), proving the job's secret at the handshake like every task. The desk queues it (JoinQueue); the chief takes it in as
 /// soon as it is free: while it waits for training to reach its next evaluation or
 /// checkpoint (within half a second), or once it has evaluated or saved. A ps is answered
 /// at once; a worker asks until it is in, and a task that leaves until it is out.
@@ -215,10 +225,11 @@ class JoinDesk {
   void handle(Request&& request, const RequestContext& context, Responder reply) noexcept {
     try {
       if (std::holds_alternative<Leave>(request)) return answer_leave(context, reply);
+      if (std::holds_alternative<Shape>(request)) return answer_shape(context, reply);
       auto* join = std::get_if<Join>(&request);
       if (join == nullptr) {
         return respond(reply, ErrorReply{ErrorCode::kInvalidArgument,
-                                         "this is the chief: it takes Join and Leave requests of tasks only"});
+                                         "this is the chief: it takes Join, Leave and Shape requests of tasks only"});
       }
       if (context.peer && context.peer->role == Node::Role::kWorker) return answer_worker(context.peer->index, reply);
       if (!context.peer || context.peer->role != Node::Role::kPs) {
@@ -267,6 +278,19 @@ class JoinDesk {
       case JoinQueue::Standing::kIn:
         return respond(reply, LeaveReply{false});
     }
+  }
+
+  /// A task about to join: the job's shape, once the chief has said it (kUnavailable
+  /// before: ask again).
+  void answer_shape(const RequestContext& context, Responder& reply) {
+    if (!context.peer || (context.peer->role != Node::Role::kPs && context.peer->role != Node::Role::kWorker)) {
+      return respond(reply, ErrorReply{ErrorCode::kPermissionDenied, "only a ps task or a worker may ask for the job's shape"});
+    }
+    ShapeReply shape = queue_->shape();
+    if (shape.ps.empty()) {
+      return respond(reply, ErrorReply{ErrorCode::kUnavailable, "the chief has not started the job yet"});
+    }
+    respond(reply, std::move(shape));
   }
 
   /// The chief's desk answers the handshake as task 0 of its one address.

@@ -360,7 +360,7 @@ void with_join_desk(const std::string& address, TcpServerOptions options, std::u
     options.orphaned_after = std::chrono::hours(24 * 365);  // joiners come and go: it serves on
     desk.emplace(JoinDesk(queue), listen_host(where), where.port, options);
     log(LogLevel::kInfo, "chief: ps tasks and workers may join job '" + options.credentials.job + "' at " + address +
-                             " (--join --job-name " + options.credentials.job + ")");
+                             " (--join --job-name " + options.credentials.job + " --chief-host " + address + ")");
   } catch (const Error& e) {
     log(LogLevel::kWarning, std::string("chief: no task can join this job: ") + e.what());
   }

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# Tasks that join a running job naming the chief's address alone (--join --role
+# --chief-host --job-name, no cluster spec: as a task started in a Slurm job step of its
+# own, whose variables they carry, is): real processes on 127.0.0.1, Fashion-MNIST, 2 ps,
+# 2 workers, a chief, sync R = N.
+#  1. At about epoch 2 a ps starts with --role ps --address 127.0.0.1:PORT: the chief tells
+#     it the job's shape, it takes the next index (ps 2) and the chief takes it in.
+#  2. Then a worker starts with --role worker: it becomes worker 2 and trains to the end.
+#  3. A ps without --address is refused at once, naming the flag.
+#  4. The job finishes at test accuracy >= 0.875 on 3 ps and 3 workers, every task exiting 0.
+#   tests/scripts/join_by_chief.sh FASHION_MNIST_BINARY
+set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+binary=$1
+flags=(--epochs 12 --job-name join-by-chief-test --recovery-timeout-ms 60000 --worker-timeout-ms 3000)
+dir=$work/mnist
+start_job "$dir" "$binary" 2 2 "${flags[@]}"
+chief=$(python3 -c 'import json, sys; print(json.loads(sys.argv[1])["chief"][0])' "$job_cluster")
+wait_for "$dir/chief-0.log" "may join job 'join-by-chief-test' at $chief" 30 || fail "the chief does not take joins"
+
+# join ROLE LOG FLAGS...: a task that knows the chief's address alone, in a Slurm step of
+# its own (no TF_CONFIG; the step's variables must not change its job name or its spec)
+join() {
+  local role=$1 log=$2
+  shift 2
+  env -u TF_CONFIG SLURM_JOB_ID=4242 SLURM_STEP_ID=7 SLURM_PROCID=0 SLURM_NTASKS=1 \
+    "$binary" --role "$role" --join --chief-host "$chief" "${flags[@]}" "$@" >"$dir/$log" 2>&1 &
+  last_pid=$!
+  pids+=("$last_pid")
+  job_pids=("$last_pid" "${job_pids[@]}")  # waited for too; the chief stays last
+}
+
+# ---- 1. a ps joins -------------------------------------------------------------------------
+wait_for "$dir/chief-0.log" '^epoch  2/12' 180 || fail "the job never reached epoch 2"
+join ps ps-new.log --address "127.0.0.1:$(free_ports 1)"
+wait_for "$dir/chief-0.log" 'ps 2 at 127.0.0.1:[0-9]* joined the job' 60 || fail "the chief did not take the new ps in"
+grep -h 'this task joins as' "$dir/ps-new.log" | sed 's/^[^:]*: /ps: /'
+grep -h 'joined the job' "$dir/chief-0.log" | sed 's/^[^:]*: //'
+
+# ---- 2. a worker joins ---------------------------------------------------------------------
+join worker worker-new.log
+wait_for "$dir/chief-0.log" 'worker 2 joined' 60 || fail "the chief did not count the new worker in"
+grep -h 'this task joins as' "$dir/worker-new.log" | sed 's/^[^:]*: /worker: /'
+grep -h 'worker 2 joined' "$dir/chief-0.log" | sed 's/^[^:]*: //'
+
+# ---- 3. a ps that does not say where it serves ----------------------------------------------
+env -u TF_CONFIG "$binary" --role ps --join --chief-host "$chief" "${flags[@]}" >"$dir/bad.log" 2>&1 &&
+  fail "a ps without --address joined"
+grep -q 'needs where it serves: --address' "$dir/bad.log" || fail "the ps without --address did not say why: $(cat "$dir/bad.log")"
+
+# ---- 4. the end ----------------------------------------------------------------------------
+finish_job "fashion_mnist joined by the chief's address: 2 ps -> 3, 2 workers -> 3" 300
+grep -q 'training finished after' "$dir/worker-new.log" || fail "the new worker did not train to the end"
+grep -q "ps 2: training finished" "$dir/ps-new.log" || fail "the new ps did not serve to the end"
+check_final "$dir" "fashion_mnist joined by the chief's address" 3
+echo PASS
