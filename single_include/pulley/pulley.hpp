@@ -5918,28 +5918,14 @@ class Chief {
         if (e.code() == ErrorCode::kUnavailable) throw;  // a ps of the job lost: tried again after
         throw refuse(std::string("the cut failed: ") + e.message());
       }
+      std::optional<Error> failed;
       try {
-        client_.change_members(std::move(members), client_.membership() + 1, addresses);
+        failed = move_state(*cut, std::move(members), before, addresses, sharding);
       } catch (const Error& e) {
-        resume_all();
-        throw refuse(e.message());
+        (void)refuse(e.message());
+        throw Error(ErrorCode::kUnavailable, who + " was registered: " + e.message());
       }
-      try {
-        restore_state(client_, *cut, seed_, sharding);
-      } catch (const Error& e) {
-        // The members before take the same cut back, at a newer membership and epoch (what
-        // the first restore began is refused as late): nothing is lost.
-        try {
-          client_.adopt_epoch(client_.epoch() + 1);
-          client_.change_members(before, client_.membership() + 1, addresses);
-          restore_state(client_, *cut, seed_, sharding);
-        } catch (const Error& again) {
-          (void)refuse(e.message());
-          throw Error(ErrorCode::kUnavailable, who + " was registered, its restore failed (" + e.message() +
-                                                   "), and so did restoring the ps tasks before: " + again.message());
-        }
-        throw refuse(e.message());
-      }
+      if (failed) throw refuse(failed->message());
       unfinished_join_.reset();
       return task;
     }
@@ -5978,26 +5964,15 @@ class Chief {
       }
     }
     const ModelState cut = read_state(client_, 0, {}, true);  // the ps tasks stay paused (resumed if it throws)
+    std::optional<Error> failed;
     try {
-      client_.change_members(std::move(after), client_.membership() + 1);
-    } catch (const Error&) {
-      resume_all();
-      throw;
-    }
-    try {
-      restore_state(client_, cut, seed_, sharding);
+      failed = move_state(cut, std::move(after), before, {}, sharding);
     } catch (const Error& e) {
-      // The members before take the same cut back, at a newer membership and epoch (what
-      // the first restore began is refused as late): nothing is lost.
-      try {
-        client_.adopt_epoch(client_.epoch() + 1);
-        client_.change_members(before, client_.membership() + 1);
-        restore_state(client_, cut, seed_, sharding);
-      } catch (const Error& again) {
-        throw Error(ErrorCode::kUnavailable, who + " could not leave (" + e.message() +
-                                                 "), and restoring the ps tasks before failed: " + again.message());
-      }
-      throw Error(ErrorCode::kFailedPrecondition, who + " cannot leave: " + e.message() + "; the job goes on as it was");
+      throw Error(ErrorCode::kUnavailable, who + " could not leave: " + e.message());
+    }
+    if (failed) {
+      throw Error(ErrorCode::kFailedPrecondition,
+                  who + " cannot leave: " + failed->message() + "; the job goes on as it was");
     }
   }
 
@@ -6116,6 +6091,40 @@ class Chief {
   }
 
  private:
+  /// Moves the state of the paused ps tasks, read at `cut`, to `members`: the model
+  /// registered over them at a membership one newer (reaching `addresses` first), then
+  /// every member restored from the cut (a join's or a leave's move). Returns nullopt once
+  /// done, else why not, with nothing lost: a registration that failed leaves the ps tasks
+  /// as they were (resumed); a restore that failed is followed by the members `before`
+  /// taking the same cut back at a membership and epoch newer still (what the first restore
+  /// began is refused as late). Throws kUnavailable when that restore fails too (a ps lost:
+  /// roll them back).
+  template <IdSharding I>
+  std::optional<Error> move_state(const ModelState& cut, std::vector<std::uint32_t> members,
+                                  const std::vector<std::uint32_t>& before, const std::vector<std::string>& addresses,
+                                  const I& sharding) {
+    try {
+      client_.change_members(std::move(members), client_.membership() + 1, addresses);
+    } catch (const Error& e) {
+      resume_all();
+      return e;
+    }
+    try {
+      restore_state(client_, cut, seed_, sharding);
+      return std::nullopt;
+    } catch (const Error& e) {
+      try {
+        client_.adopt_epoch(client_.epoch() + 1);
+        client_.change_members(before, client_.membership() + 1, addresses);
+        restore_state(client_, cut, seed_, sharding);
+      } catch (const Error& again) {
+        throw Error(ErrorCode::kUnavailable, "its restore failed (" + std::string(e.message()) +
+                                                 "), and so did restoring the ps tasks before: " + again.message());
+      }
+      return e;
+    }
+  }
+
   [[nodiscard]] const ClientOptions& timeouts() const { return client_.options(); }
 
   /// `request` to ps task `ps` alone, its answer awaited until `timeout` passes (then the

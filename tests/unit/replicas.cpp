@@ -4,7 +4,7 @@
 // mid-training is replaced by its copy, and training ends bit for bit where the unbroken run
 // ends, with no rollback; a process started in the lost ps's place is not read from; a
 // client that asks for a copy a ps does not hold is refused at the handshake; a worker is
-// ready only once both copies of every shard are.
+// ready only once both copies of every shard are; a pull names the step both copies reached.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -239,4 +239,33 @@ TEST_CASE("a worker is ready only once both copies of every shard are: no push r
   }
   worker_thread.join();  // no longer waits: both copies of every shard are ready
   CHECK(ready.load());
+}
+
+TEST_CASE("a pull answered by both copies names the step both reached, not the one the copy read from is at") {
+  CopiesCluster cluster;
+  Chief chief(client(Node::chief(), cluster.addresses, with_copies()), 7);
+  chief.initialize(LinearModel(kIn, kOut).variables());
+  const LinearData data(2 * kBatch * kSteps, kIn, kOut, 42);
+  const auto read = [&](std::int64_t number) {
+    const auto row = static_cast<std::size_t>(number % (2 * kSteps)) * kBatch;
+    return LinearBatch{std::span(data.x).subspan(row * kIn, kBatch * kIn),
+                       std::span(data.y).subspan(row * kOut, kBatch * kOut)};
+  };
+  // One step of both workers (R = N = 2), each over a transport of its own.
+  const auto step_both = [&](const TcpOptions& options) {
+    std::vector<std::thread> workers;
+    for (std::uint32_t w = 0; w < 2; ++w) {
+      workers.emplace_back([&, w] {
+        Worker worker(w, LinearModel(kIn, kOut), client(Node::worker(w), cluster.addresses, options));
+        worker.wait_ready();
+        CHECK(worker.step(read, kSteps));
+      });
+    }
+    for (auto& t : workers) t.join();
+  };
+  step_both(with_copies());                           // every copy completes step 0
+  step_both(pulley::testing::test_client_options());  // only ps k's own copies complete step 1
+  const Snapshot snapshot = chief.snapshot(1);        // a pull that waits for step 1
+  CHECK(snapshot.step == 1);  // the copies ps k + 1 holds are at 1; ps k's own at 2
+  for (const Stats& s : chief.stats()) CHECK(s.global_step == 2);  // (read from ps k's own)
 }

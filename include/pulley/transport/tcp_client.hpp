@@ -483,6 +483,7 @@ class Tcp {
       if (!a || !b) return;
       const bool a_ok = !is_error(*a);
       const bool b_ok = !is_error(*b);
+      if (a_ok && b_ok) take_lower_step(*a, *b);
       if (a_ok == b_ok) return answer_pair(pair, a_ok || !is_unavailable(*a) ? 0 : 1);
       const std::size_t ok = a_ok ? 0 : 1;
       const Response& refused = a_ok ? *b : *a;
@@ -549,6 +550,19 @@ class Tcp {
 
     /// Answers `pair` with half `half`'s answer. (Which copy is read from changes only when
     /// one is dropped: every task reads ps k's own copy while it can, tokens included.)
+    /// A pull answered by both copies names the step both reached, the lower of the two:
+    /// the copy read from may have completed a step the other has not (a worker's push of
+    /// it on its way there), and a worker that skipped its next pull on the higher step's
+    /// word would push for the next step to a copy still in this one, which would count it
+    /// for this step.
+    static void take_lower_step(Response& read, const Response& other) noexcept {
+      const auto lower = [](auto* r, const auto* o) {
+        if (r != nullptr && o != nullptr) r->global_step = std::min(r->global_step, o->global_step);
+      };
+      lower(std::get_if<PullReply>(&read), std::get_if<PullReply>(&other));
+      lower(std::get_if<RowsReply>(&read), std::get_if<RowsReply>(&other));
+    }
+
     void answer_pair(Pair& pair, std::size_t half) {
       Response response = std::move(*pair.answers[half]);
       if (half == 1 && pair.other_partial) {
