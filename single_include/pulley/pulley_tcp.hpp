@@ -6012,9 +6012,11 @@ class Chief {
         }
         const auto* error = std::get_if<ErrorReply>(&answer);
         const ErrorCode code = error != nullptr ? error->code : ErrorCode::kInternal;
-        // No answer in time: it may have taken the change; it is told to take it back too,
-        // and the change is given up as a lost ps's would be (it is tried again).
-        if (code == ErrorCode::kDeadlineExceeded) took.push_back(ps);
+        // It is told to take the change back too: with no answer in time it may have taken
+        // it (the change is given up as a lost ps's would be, and tried again), and with
+        // copies one copy may have taken what the other refused. Taking back a change a ps
+        // never took changes nothing.
+        took.push_back(ps);
         refused.emplace(code == ErrorCode::kDeadlineExceeded ? ErrorCode::kUnavailable : code,
                         "ps " + std::to_string(ps) + " cannot count the workers " + describe_members(workers) + ": " +
                             (error != nullptr ? error->message : std::string("it answered something else")));
@@ -13922,6 +13924,46 @@ static_assert(GrowingTransport<InProcess>);
 #include <variant>
 #include <vector>
 
+// ---- begin pulley/transport/detail/copies.hpp ----
+
+/// What a call sent to both copies of a shard answers when both copies answered
+/// (`TcpOptions::replicas`): each copy completes steps on its own, so the two can be a
+/// step apart, and the answer must tell what holds for both.
+
+#include <algorithm>
+#include <cstddef>
+#include <variant>
+
+namespace pulley::transport_detail {
+
+/// Folds `other`, the other copy's answer, into `read`, the answer of the copy read from:
+/// - a pull (PullReply, RowsReply) names the step both reached, the lower of the two: a
+///   worker that skipped its next pull on the higher step's word would push for the next
+///   step to a copy still in this one, which would count it for this step;
+/// - a pause (PauseReply) names the furthest step, the most pushes taken of each worker
+///   and the later start of known evictions of either copy: a change of workers "from the
+///   next step" must be to come on both copies, and a cut must wait for every push either
+///   copy took.
+/// Other answers are left as they are.
+inline void merge_copy_answers(Response& read, const Response& other) {
+  const auto lower = [](auto* r, const auto* o) {
+    if (r != nullptr && o != nullptr) r->global_step = std::min(r->global_step, o->global_step);
+  };
+  lower(std::get_if<PullReply>(&read), std::get_if<PullReply>(&other));
+  lower(std::get_if<RowsReply>(&read), std::get_if<RowsReply>(&other));
+  auto* paused = std::get_if<PauseReply>(&read);
+  const auto* twin = std::get_if<PauseReply>(&other);
+  if (paused == nullptr || twin == nullptr) return;
+  paused->global_step = std::max(paused->global_step, twin->global_step);
+  paused->evictions_since = std::max(paused->evictions_since, twin->evictions_since);
+  if (paused->pushes.size() < twin->pushes.size()) paused->pushes.resize(twin->pushes.size(), 0);
+  for (std::size_t w = 0; w < twin->pushes.size(); ++w) {
+    paused->pushes[w] = std::max(paused->pushes[w], twin->pushes[w]);
+  }
+}
+
+}  // namespace pulley::transport_detail
+// ---- end pulley/transport/detail/copies.hpp ----
 // ---- begin pulley/transport/detail/sockets.hpp ----
 
 /// What the TCP client and server share: addresses, listening, and gather-writes of frames
@@ -15565,6 +15607,7 @@ class Tcp {
     std::array<std::optional<Response>, 2> answers;
     std::array<bool, 2> waited{};                  ///< a half's connection was tried again once
     bool other_partial = false;  ///< the other copy's answer lacks what the caller asked (a gate, tensors unread)
+    bool refusal_stands = false;  ///< ChangeWorkers: a refusal by one copy is the answer
     std::unique_ptr<asio::steady_timer> grace;     ///< both_ready: the laggard's time
   };
 
@@ -15717,6 +15760,7 @@ class Tcp {
       auto pair = std::make_shared<Pair>(this, ps, spread == Spread::kBothReady);
       PendingCall result(pair);
       pair->links = {reading, other};
+      pair->refusal_stands = std::holds_alternative<ChangeWorkers>(request);
       for (std::size_t half = 0; half < 2; ++half) {
         auto pending = std::make_shared<Pending>(this, pair->links[half]);
         pending->pair = pair;
@@ -15883,7 +15927,7 @@ class Tcp {
       if (!a || !b) return;
       const bool a_ok = !is_error(*a);
       const bool b_ok = !is_error(*b);
-      if (a_ok && b_ok) take_lower_step(*a, *b);
+      if (a_ok && b_ok) transport_detail::merge_copy_answers(*a, *b);
       if (a_ok == b_ok) return answer_pair(pair, a_ok || !is_unavailable(*a) ? 0 : 1);
       const std::size_t ok = a_ok ? 0 : 1;
       const Response& refused = a_ok ? *b : *a;
@@ -15903,8 +15947,11 @@ class Tcp {
       // A refusal by one copy only (a restore that reached one first, a replaced process
       // not yet known as one): the answer of the copy read from stands. Copies are dropped
       // only when lost for sure: each task decides alone, and a copy dropped by some tasks
-      // and not others would miss their updates.
-      answer_pair(pair, 0);
+      // and not others would miss their updates. A change of the workers is the exception:
+      // a copy that refused it would count other workers than its twin from that step on,
+      // and wait forever for a push that never comes, so the chief must hear the refusal
+      // (and takes the change back from both).
+      answer_pair(pair, pair.refusal_stands ? 1 - ok : 0);
     }
 
     /// WaitReady to both copies: answered once both are ready (ps k's own copy's answer),
@@ -15950,19 +15997,6 @@ class Tcp {
 
     /// Answers `pair` with half `half`'s answer. (Which copy is read from changes only when
     /// one is dropped: every task reads ps k's own copy while it can, tokens included.)
-    /// A pull answered by both copies names the step both reached, the lower of the two:
-    /// the copy read from may have completed a step the other has not (a worker's push of
-    /// it on its way there), and a worker that skipped its next pull on the higher step's
-    /// word would push for the next step to a copy still in this one, which would count it
-    /// for this step.
-    static void take_lower_step(Response& read, const Response& other) noexcept {
-      const auto lower = [](auto* r, const auto* o) {
-        if (r != nullptr && o != nullptr) r->global_step = std::min(r->global_step, o->global_step);
-      };
-      lower(std::get_if<PullReply>(&read), std::get_if<PullReply>(&other));
-      lower(std::get_if<RowsReply>(&read), std::get_if<RowsReply>(&other));
-    }
-
     void answer_pair(Pair& pair, std::size_t half) {
       Response response = std::move(*pair.answers[half]);
       if (half == 1 && pair.other_partial) {

@@ -38,11 +38,9 @@ expect "not in range" --ps-leave-secs -1
 expect "--join is for a ps task or a worker of a cluster of processes" --join
 PULLEY_SECRET=a-secret-for-this-test expect "--join needs the running job's name" \
   --join --role worker --task 1 --ps-hosts 127.0.0.1:1 --worker-hosts 127.0.0.1:2,127.0.0.1:3
-PULLEY_SECRET=a-secret-for-this-test expect "--worker-leave-secs and --ps-replicas 1 exclude each other" \
-  --worker-leave-secs 5 --ps-replicas 1 --role ps --task 1 --ps-hosts 127.0.0.1:1,127.0.0.1:3 --worker-hosts 127.0.0.1:2
 PULLEY_SECRET=a-secret-for-this-test expect "--join needs the running job's name" \
   --join --role ps --task 1 --ps-hosts 127.0.0.1:1,127.0.0.1:3 --worker-hosts 127.0.0.1:2
-PULLEY_SECRET=a-secret-for-this-test expect "--join and --ps-replicas 1 exclude each other" \
+PULLEY_SECRET=a-secret-for-this-test expect "a ps's --join and --ps-replicas 1 exclude each other" \
   --join --job-name j --ps-replicas 1 --role ps --task 1 --ps-hosts 127.0.0.1:1,127.0.0.1:3 --worker-hosts 127.0.0.1:2
 PULLEY_SECRET=a-secret-for-this-test expect "needs the chief's address: --chief-host" --join --role worker --job-name j
 PULLEY_SECRET=a-secret-for-this-test expect "needs where it serves: --address" \

@@ -10,12 +10,16 @@
 #  2. A worker started with --join beyond the next index is refused and exits non-zero.
 #  3. At about epoch 6 worker 1 is killed (SIGKILL) for good: the ps tasks hold it lost,
 #     (3 s silent) and 2 s later the chief takes it out (--worker-leave-secs 2): workers {0, 2}.
-#  4. The job finishes at test accuracy >= 0.875, every task left exiting 0.
+#  4. With copies of each shard (flags --ps-replicas 1): ps 0 is then killed (SIGKILL): its
+#     copy on ps 1, which took every change of workers too, serves its shard with workers
+#     {0, 2}, and nothing is rolled back.
+#  5. The job finishes at test accuracy >= 0.875, every task left exiting 0.
 # Prints the changes of the workers as the chief and the ps tasks logged them.
-#   tests/scripts/worker_join.sh FASHION_MNIST_BINARY
+#   tests/scripts/worker_join.sh FASHION_MNIST_BINARY [--ps-replicas 1]
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 binary=$1
+shift  # the rest: flags for every task (--ps-replicas 1: the same with copies of each shard)
 
 # start_joiner JOB_DIR INDEX COUNT FLAGS...: worker INDEX, its cluster spec listing COUNT
 # workers (the job's, then new ones), started with --join
@@ -33,7 +37,7 @@ print(json.dumps(c))' "$spec" "$count")
 }
 
 flags=(--epochs 20 --job-name worker-join-test --recovery-timeout-ms 60000 --worker-timeout-ms 3000
-       --worker-leave-secs 2)
+       --worker-leave-secs 2 "$@")
 dir=$work/mnist
 start_job "$dir" "$binary" 2 2 "${flags[@]}"
 wait_for "$dir/chief-0.log" "may join job 'worker-join-test'" 30 || fail "the chief does not take joins"
@@ -63,14 +67,30 @@ echo "killed worker 1 after: $(grep -h '^epoch' "$dir/chief-0.log" | tail -1)"
 wait_for "$dir/chief-0.log" 'worker 1 left' 60 || fail "the chief did not take worker 1 out"
 grep -h 'worker 1 left' "$dir/chief-0.log" | sed 's/^[^:]*: //'
 
-# ---- 4. the end ----------------------------------------------------------------------------
+# ---- 4. with copies, ps 0 lost: its copy took the same changes -----------------------------
+copies=0
+[[ " $* " == *" --ps-replicas 1 "* ]] && copies=1
+if [ "$copies" = 1 ]; then
+  wait_for "$dir/chief-0.log" '^epoch  9/20' 240 || fail "the job never reached epoch 9"
+  ps_pid=${job_pids[1]}  # worker 2, ps 0, ps 1, worker 0, chief
+  kill_ps_for_copy "$dir" 0 "copies" worker-0 worker-2 chief-0
+fi
+
+# ---- 5. the end ----------------------------------------------------------------------------
 finish_job "fashion_mnist 2 workers -> 3 -> 2" 300
 for ps in 0 1; do
-  grep -q "the job's workers are {0, 1, 2} from global step" "$dir/ps-$ps.log" || fail "ps $ps never counted worker 2"
-  grep -q "the job's workers are {0, 2} from global step" "$dir/ps-$ps.log" || fail "ps $ps never let worker 1 go"
+  holders=("ps $ps")  # the shards ps $ps serves: its own, and with copies ps (ps - 1)'s
+  [ "$copies" = 1 ] && holders+=("ps $ps's copy of ps $(((ps + 1) % 2))")
+  for who in "${holders[@]}"; do
+    grep -q "$who: the job's workers are {0, 1, 2} from global step" "$dir/ps-$ps.log" || fail "$who never counted worker 2"
+    grep -q "$who: the job's workers are {0, 2} from global step" "$dir/ps-$ps.log" || fail "$who never let worker 1 go"
+  done
 done
 grep -h "the job's workers are" "$dir"/ps-*.log | sed 's/^[^:]*: //' | sort | uniq -c
 grep -q 'training finished after' "$dir/worker-2.log" || fail "worker 2 did not train to the end"
 grep -h "training finished after" "$dir/worker-2.log" | sed "s/^[^:]*: //"
 check_final "$dir" "fashion_mnist 2 workers -> 3 -> 2" 2
+if [ "$copies" = 1 ]; then
+  grep -q -i 'restored\|rolled back' "$dir"/*.log && fail "the job rolled back after ps 0 was lost"
+fi
 echo PASS

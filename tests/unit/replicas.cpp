@@ -4,7 +4,8 @@
 // mid-training is replaced by its copy, and training ends bit for bit where the unbroken run
 // ends, with no rollback; a process started in the lost ps's place is not read from; a
 // client that asks for a copy a ps does not hold is refused at the handshake; a worker is
-// ready only once both copies of every shard are; a pull names the step both copies reached.
+// ready only once both copies of every shard are; a pull names the step both copies reached,
+// a pause the furthest.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -268,4 +269,37 @@ TEST_CASE("a pull answered by both copies names the step both reached, not the o
   const Snapshot snapshot = chief.snapshot(1);        // a pull that waits for step 1
   CHECK(snapshot.step == 1);  // the copies ps k + 1 holds are at 1; ps k's own at 2
   for (const Stats& s : chief.stats()) CHECK(s.global_step == 2);  // (read from ps k's own)
+}
+
+TEST_CASE("answers of both copies: a pull names the lower step, a pause the furthest step and the most pushes") {
+  using transport_detail::merge_copy_answers;
+  Response pull = PullReply{};
+  std::get<PullReply>(pull).global_step = 5;
+  Response twin_pull = PullReply{};
+  std::get<PullReply>(twin_pull).global_step = 4;
+  merge_copy_answers(pull, twin_pull);
+  CHECK(std::get<PullReply>(pull).global_step == 4);
+
+  // The copy read from is a step behind its twin: a change of workers from "the next step"
+  // named by it alone would be a step the twin is in already (it would refuse the change).
+  const auto pause_reply = [](std::int64_t step, std::vector<std::uint64_t> pushes, std::int64_t evictions_since) {
+    PauseReply reply;
+    reply.global_step = step;
+    reply.epoch = 3;
+    reply.pushes = std::move(pushes);
+    reply.evictions_since = evictions_since;
+    return reply;
+  };
+  Response paused = pause_reply(7, {14, 13}, 2);
+  const Response twin = pause_reply(8, {14, 15, 1}, 1);
+  merge_copy_answers(paused, twin);
+  const auto& merged = std::get<PauseReply>(paused);
+  CHECK(merged.global_step == 8);
+  CHECK(merged.pushes == std::vector<std::uint64_t>{14, 15, 1});
+  CHECK(merged.evictions_since == 2);
+  CHECK(merged.epoch == 3);
+
+  Response ack = Ack{};  // anything else stays as the copy read from answered
+  merge_copy_answers(ack, twin);
+  CHECK(std::holds_alternative<Ack>(ack));
 }

@@ -360,9 +360,11 @@ class Chief {
         }
         const auto* error = std::get_if<ErrorReply>(&answer);
         const ErrorCode code = error != nullptr ? error->code : ErrorCode::kInternal;
-        // No answer in time: it may have taken the change; it is told to take it back too,
-        // and the change is given up as a lost ps's would be (it is tried again).
-        if (code == ErrorCode::kDeadlineExceeded) took.push_back(ps);
+        // It is told to take the change back too: with no answer in time it may have taken
+        // it (the change is given up as a lost ps's would be, and tried again), and with
+        // copies one copy may have taken what the other refused. Taking back a change a ps
+        // never took changes nothing.
+        took.push_back(ps);
         refused.emplace(code == ErrorCode::kDeadlineExceeded ? ErrorCode::kUnavailable : code,
                         "ps " + std::to_string(ps) + " cannot count the workers " + describe_members(workers) + ": " +
                             (error != nullptr ? error->message : std::string("it answered something else")));

@@ -149,11 +149,10 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
   Metrics* metrics = reporter.enabled() ? &reporter.metrics() : nullptr;
   // SIGTERM asks a ps task, or a worker whose sync policy counts workers that change, to
   // leave the job through the chief once it serves or trains (LeaveWatch): a job scaled
-  // down (not with copies, whose pairs are fixed and whose workers are fixed; not worker 0
-  // acting as the chief).
+  // down (not a ps with copies, whose pairs are fixed; not worker 0 acting as the chief).
   const bool chief_worker = type == "worker" && config.task.index == 0 && !config.cluster.roles.contains("chief");
   const bool may_leave =
-      training.tcp.replicas == 0 && (type == "ps" || (type == "worker" && !chief_worker && kReshapes<P>));
+      (type == "ps" && training.tcp.replicas == 0) || (type == "worker" && !chief_worker && kReshapes<P>);
   if (type == "ps") {
     serve(training, config, credentials, std::move(sharding), std::move(optimizer),
           std::move(sync), std::move(tables), metrics, join, may_leave);
@@ -264,15 +263,10 @@ int run(const Job& job, const Training<M>& training, S sharding, O optimizer, P 
                     "takes its shard over, and the job keeps its ps tasks");
       }
     }
-    if (job.join && training.tcp.replicas != 0) {
+    if (job.join && job.cluster->task.type == "ps" && training.tcp.replicas != 0) {
       throw Error(ErrorCode::kInvalidArgument,
-                  "--join and --ps-replicas 1 exclude each other: a new ps would change which ps keeps whose "
-                  "copy, and a job with copies does not count workers that join or leave");
-    }
-    if (training.client.worker_leave_after.count() > 0 && training.tcp.replicas != 0) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  "--worker-leave-secs and --ps-replicas 1 exclude each other: a job with copies does not count "
-                  "workers that join or leave");
+                  "a ps's --join and --ps-replicas 1 exclude each other: a new ps would change which ps keeps "
+                  "whose copy");
     }
     if constexpr (!kReshapes<P>) {
       if (client.worker_leave_after.count() > 0 || (job.join && job.cluster->task.type == "worker")) {

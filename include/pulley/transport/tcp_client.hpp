@@ -24,6 +24,7 @@
 #include "pulley/core/log.hpp"
 #include "pulley/core/node.hpp"
 #include "pulley/protocol/call.hpp"
+#include "pulley/transport/detail/copies.hpp"
 #include "pulley/transport/detail/reply_targets.hpp"
 #include "pulley/transport/detail/sockets.hpp"
 #include "pulley/transport/tcp_options.hpp"
@@ -165,6 +166,7 @@ class Tcp {
     std::array<std::optional<Response>, 2> answers;
     std::array<bool, 2> waited{};                  ///< a half's connection was tried again once
     bool other_partial = false;  ///< the other copy's answer lacks what the caller asked (a gate, tensors unread)
+    bool refusal_stands = false;  ///< ChangeWorkers: a refusal by one copy is the answer
     std::unique_ptr<asio::steady_timer> grace;     ///< both_ready: the laggard's time
   };
 
@@ -317,6 +319,7 @@ class Tcp {
       auto pair = std::make_shared<Pair>(this, ps, spread == Spread::kBothReady);
       PendingCall result(pair);
       pair->links = {reading, other};
+      pair->refusal_stands = std::holds_alternative<ChangeWorkers>(request);
       for (std::size_t half = 0; half < 2; ++half) {
         auto pending = std::make_shared<Pending>(this, pair->links[half]);
         pending->pair = pair;
@@ -483,7 +486,7 @@ class Tcp {
       if (!a || !b) return;
       const bool a_ok = !is_error(*a);
       const bool b_ok = !is_error(*b);
-      if (a_ok && b_ok) take_lower_step(*a, *b);
+      if (a_ok && b_ok) transport_detail::merge_copy_answers(*a, *b);
       if (a_ok == b_ok) return answer_pair(pair, a_ok || !is_unavailable(*a) ? 0 : 1);
       const std::size_t ok = a_ok ? 0 : 1;
       const Response& refused = a_ok ? *b : *a;
@@ -503,8 +506,11 @@ class Tcp {
       // A refusal by one copy only (a restore that reached one first, a replaced process
       // not yet known as one): the answer of the copy read from stands. Copies are dropped
       // only when lost for sure: each task decides alone, and a copy dropped by some tasks
-      // and not others would miss their updates.
-      answer_pair(pair, 0);
+      // and not others would miss their updates. A change of the workers is the exception:
+      // a copy that refused it would count other workers than its twin from that step on,
+      // and wait forever for a push that never comes, so the chief must hear the refusal
+      // (and takes the change back from both).
+      answer_pair(pair, pair.refusal_stands ? 1 - ok : 0);
     }
 
     /// WaitReady to both copies: answered once both are ready (ps k's own copy's answer),
@@ -550,19 +556,6 @@ class Tcp {
 
     /// Answers `pair` with half `half`'s answer. (Which copy is read from changes only when
     /// one is dropped: every task reads ps k's own copy while it can, tokens included.)
-    /// A pull answered by both copies names the step both reached, the lower of the two:
-    /// the copy read from may have completed a step the other has not (a worker's push of
-    /// it on its way there), and a worker that skipped its next pull on the higher step's
-    /// word would push for the next step to a copy still in this one, which would count it
-    /// for this step.
-    static void take_lower_step(Response& read, const Response& other) noexcept {
-      const auto lower = [](auto* r, const auto* o) {
-        if (r != nullptr && o != nullptr) r->global_step = std::min(r->global_step, o->global_step);
-      };
-      lower(std::get_if<PullReply>(&read), std::get_if<PullReply>(&other));
-      lower(std::get_if<RowsReply>(&read), std::get_if<RowsReply>(&other));
-    }
-
     void answer_pair(Pair& pair, std::size_t half) {
       Response response = std::move(*pair.answers[half]);
       if (half == 1 && pair.other_partial) {

@@ -1,0 +1,42 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+
+/// What a call sent to both copies of a shard answers when both copies answered
+/// (`TcpOptions::replicas`): each copy completes steps on its own, so the two can be a
+/// step apart, and the answer must tell what holds for both.
+
+#include <algorithm>
+#include <cstddef>
+#include <variant>
+
+#include "pulley/protocol/messages.hpp"
+
+namespace pulley::transport_detail {
+
+/// Folds `other`, the other copy's answer, into `read`, the answer of the copy read from:
+/// - a pull (PullReply, RowsReply) names the step both reached, the lower of the two: a
+///   worker that skipped its next pull on the higher step's word would push for the next
+///   step to a copy still in this one, which would count it for this step;
+/// - a pause (PauseReply) names the furthest step, the most pushes taken of each worker
+///   and the later start of known evictions of either copy: a change of workers "from the
+///   next step" must be to come on both copies, and a cut must wait for every push either
+///   copy took.
+/// Other answers are left as they are.
+inline void merge_copy_answers(Response& read, const Response& other) {
+  const auto lower = [](auto* r, const auto* o) {
+    if (r != nullptr && o != nullptr) r->global_step = std::min(r->global_step, o->global_step);
+  };
+  lower(std::get_if<PullReply>(&read), std::get_if<PullReply>(&other));
+  lower(std::get_if<RowsReply>(&read), std::get_if<RowsReply>(&other));
+  auto* paused = std::get_if<PauseReply>(&read);
+  const auto* twin = std::get_if<PauseReply>(&other);
+  if (paused == nullptr || twin == nullptr) return;
+  paused->global_step = std::max(paused->global_step, twin->global_step);
+  paused->evictions_since = std::max(paused->evictions_since, twin->evictions_since);
+  if (paused->pushes.size() < twin->pushes.size()) paused->pushes.resize(twin->pushes.size(), 0);
+  for (std::size_t w = 0; w < twin->pushes.size(); ++w) {
+    paused->pushes[w] = std::max(paused->pushes[w], twin->pushes[w]);
+  }
+}
+
+}  // namespace pulley::transport_detail
