@@ -297,7 +297,9 @@ int train(const pulley::Job& job, const Options& o, Data& data, Sync sync, std::
                   static_cast<long long>(e.step), e.seconds, static_cast<long long>(rows / 2),
                   static_cast<long long>(dropped), static_cast<long long>(capped));
       std::printf("final: auc=%.4f planted_auc=%.4f logloss=%.4f samples_per_s=%.0f workers=%u ps=%u mode=%s\n",
-                  s.auc, s.planted_auc, s.logloss, e.samples_per_s, workers, static_cast<unsigned>(e.stats.size()), o.mode.c_str());
+                  s.auc, s.planted_auc, s.logloss, e.samples_per_s,
+                  e.workers.empty() ? workers : static_cast<unsigned>(e.workers.size()),  // joined or left: the job's now
+                  static_cast<unsigned>(e.stats.size()), o.mode.c_str());
     }
     std::fflush(stdout);
   };

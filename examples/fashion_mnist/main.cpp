@@ -221,7 +221,9 @@ int train(const pulley::Job& job, const Options& o, const Data& data, Optimizer 
       std::printf(
           "final: test_accuracy=%.4f samples_per_s=%.0f epochs=%d workers=%u ps=%u mode=%s "
           "parameters_crc32c=%08x\n",
-          scores.accuracy, e.samples_per_s, o.epochs, workers, static_cast<unsigned>(e.stats.size()), o.mode.c_str(), fingerprint);
+          scores.accuracy, e.samples_per_s, o.epochs,
+          e.workers.empty() ? workers : static_cast<unsigned>(e.workers.size()),  // joined or left: the job's now
+          static_cast<unsigned>(e.stats.size()), o.mode.c_str(), fingerprint);
     }
     std::fflush(stdout);
   };

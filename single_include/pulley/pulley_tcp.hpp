@@ -6301,7 +6301,8 @@ struct HeartbeatReplies {
 /// its worker timeout (`ParameterServer::set_worker_timeout`, default 5 s: keep `interval`
 /// well below it) holds the worker lost, and the sync policy stops waiting for it; the
 /// next heartbeat that arrives makes it count again. Destroying it says goodbye: the ps
-/// tasks forget the worker instead of holding it lost once it is quiet.
+/// tasks forget the worker instead of holding it lost once it is quiet; a worker that
+/// failed calls `abandon` first, and is held lost.
 ///
 /// It also tells the worker which others are lost (`lost`), so that a data source can
 /// hand their share of the data to the workers that remain (runner/run.hpp's DataShard).
@@ -6334,6 +6335,18 @@ class HeartbeatSender {
     }
     wake_.notify_all();
     thread_.join();
+  }
+
+  /// Stops beating without the goodbye: the worker failed, and the ps tasks must hold it
+  /// lost once its silence lasts (as a killed worker's), not forget it as one that ended
+  /// normally (their sync policy would go on waiting for its pushes). Call it before the
+  /// sender is destroyed on a failure path.
+  void abandon() noexcept {
+    {
+      std::scoped_lock lock(mutex_);
+      abandoned_ = stopping_ = true;
+    }
+    wake_.notify_all();
   }
 
   /// True if some ps task holds the chief lost, as of the last beat answered.
@@ -6372,6 +6385,7 @@ class HeartbeatSender {
   void beat() {
     std::unique_lock lock(mutex_);
     for (;;) {
+      if (abandoned_) return;
       const bool leaving = stopping_;
       lock.unlock();
       std::set<std::uint32_t> lost;
@@ -6457,6 +6471,7 @@ class HeartbeatSender {
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   bool stopping_ = false;
+  bool abandoned_ = false;  ///< stopping without the goodbye (`abandon`)
   std::vector<std::uint32_t> lost_;
   std::vector<std::uint32_t> workers_;  ///< the job's workers, once they changed
   bool chief_lost_ = false;
@@ -13918,6 +13933,7 @@ static_assert(GrowingTransport<InProcess>);
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
@@ -15493,7 +15509,10 @@ namespace pulley {
 /// once with a message that says so (kUnauthenticated), and so is this client by a ps that
 /// refuses it; neither is retried while the transport is made. A refusal for now (its task
 /// is another live process's: TcpServerOptions::takeover_after) is retried as an
-/// unreachable ps is, within `connect_timeout`, then fails kUnavailable.
+/// unreachable ps is, within `connect_timeout`, then fails kUnavailable. A worker beyond
+/// the cluster spec's, refused by an address that let it in before, fails its calls with
+/// kUnavailable too (the caller waits as for a lost ps): a ps started again in a lost one's
+/// place knows the spec's workers only until the chief restores it.
 ///
 /// A lost connection fails the calls waiting on it with kUnavailable (whether a request in
 /// flight was handled is then unknown). The next call to that ps reconnects first (one
@@ -15544,6 +15563,12 @@ class Tcp {
   /// The same with parsed addresses.
   Tcp(Node self, std::vector<Address> ps_addresses, TcpOptions options = {})
       : impl_(std::make_unique<Impl>(self, std::move(ps_addresses), std::move(options))) {}
+  /// The same, connecting now to the ps tasks `reach_now` only (task indices: the job's
+  /// members, when some ps task left the job); the others are reached at their first call,
+  /// as after a broken connection (ps tasks the job has known, which may be gone since).
+  Tcp(Node self, const std::vector<std::string>& ps_addresses, TcpOptions options,
+      std::span<const std::uint32_t> reach_now)
+      : impl_(std::make_unique<Impl>(self, parse_all(ps_addresses), std::move(options), reach_now)) {}
 
   /// Number of ps tasks.
   [[nodiscard]] std::size_t num_ps() const noexcept { return impl_->num_ps(); }
@@ -15672,7 +15697,8 @@ class Tcp {
 
   class Impl final : public CallDriver {
    public:
-    Impl(Node self, std::vector<Address> addresses, TcpOptions options)
+    Impl(Node self, std::vector<Address> addresses, TcpOptions options,
+         std::optional<std::span<const std::uint32_t>> reach_now = std::nullopt)
         : self_(self), options_(std::move(options)), shards_(addresses.size()) {
       wire::check_credentials(options_.credentials);
       if (options_.replicas > 1) {
@@ -15691,6 +15717,7 @@ class Tcp {
         }
       }
       for (std::size_t i = 0; i < links_.size(); ++i) {
+        if (reach_now && std::find(reach_now->begin(), reach_now->end(), links_[i]->task) == reach_now->end()) continue;
         try {
           connect_with_backoff(*links_[i]);
         } catch (const Error& e) {
@@ -16202,8 +16229,15 @@ class Tcp {
         // proved nothing yet, and must not make a worker believe training finished.
         const std::string said = refusal->reason.substr(0, 1024);
         // kUnavailable only asks for a retry (its task is held by a process still heard):
-        // the worst an impostor gets from it is retries until the recovery timeout.
-        if (refusal->code == ErrorCode::kUnavailable) return fail(link, "refused by the ps for now: " + said);
+        // the worst an impostor gets from it is retries until the recovery timeout. So does
+        // kFailedPrecondition where this task was let in before: a ps started again in a
+        // lost one's place knows the cluster spec's workers only until the chief restores
+        // it, so it refuses a worker that joined the job since (the caller waits as for a
+        // lost ps). Anything else (another secret, a task taken out) is final.
+        if (refusal->code == ErrorCode::kUnavailable ||
+            (refusal->code == ErrorCode::kFailedPrecondition && link.ever_connected)) {
+          return fail(link, "refused by the ps for now: " + said);
+        }
         link.refused = ErrorReply{ErrorCode::kUnauthenticated,
                                   "ps at " + link.address + " refused the connection: \"" + said + "\""};
         return fail(link, "refused by the ps: " + said);
@@ -16802,7 +16836,17 @@ class TcpServer {
     const wire::Hello hello = wire::decode_handshake_as<wire::Hello>(frame.header, frame.meta);
     std::string problem = wire::refusal_reason(options_.credentials, *c->challenge, hello,
                                                options_.tasks.contains(Node::Role::kPs));
-    if (problem.empty()) problem = outside_job(hello.peer);
+    ErrorCode code = ErrorCode::kUnauthenticated;
+    if (problem.empty()) {
+      problem = outside_job(hello.peer);
+      // A worker beyond the cluster spec's, where this ps knows no other workers (it has
+      // not been told the job's): it may have joined while this process was not in the job
+      // (a ps started again learns the workers from the chief's restore). A client this
+      // address let in before takes kFailedPrecondition for a refusal for now.
+      if (!problem.empty() && hello.peer.role == Node::Role::kWorker && job_workers(service_).empty()) {
+        code = ErrorCode::kFailedPrecondition;
+      }
+    }
     if (problem.empty() && hello.shard != wire::Hello::kOwnShard && hello.shard != service_.task() &&
         !holds_copy(service_, hello.shard)) {
       problem = hello.peer.name() + " asked for a copy of ps " + std::to_string(hello.shard) +
@@ -16812,7 +16856,7 @@ class TcpServer {
     if (!problem.empty()) {
       warn_limited("refused a connection from " + c->address + ": " + problem);
       c->closing = true;
-      queue_frame(c, wire::encode(wire::Handshake{wire::Refusal{ErrorCode::kUnauthenticated, problem}}, 0));
+      queue_frame(c, wire::encode(wire::Handshake{wire::Refusal{code, problem}}, 0));
       return;
     }
     if (const std::string held = held_elsewhere(hello); !held.empty()) {  // it may try again later

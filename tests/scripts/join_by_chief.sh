@@ -7,15 +7,21 @@
 #  1. At about epoch 2 a ps starts with --role ps --address 127.0.0.1:PORT: the chief tells
 #     it the job's shape, it takes the next index (ps 2) and the chief takes it in.
 #  2. Then a worker starts with --role worker: it becomes worker 2 and trains to the end.
-#  3. A ps without --address is refused at once, naming the flag.
-#  4. The job finishes at test accuracy >= 0.875 on 3 ps and 3 workers, every task exiting 0.
+#  3. ps 1 then leaves (SIGTERM): the job's ps tasks are {0, 2}. A worker that joins naming
+#     the chief alone becomes worker 3, and one whose cluster spec lists every ps task the
+#     job has known (ps 1 among them, gone) joins as worker 4: both connect to the members
+#     only and train to the end.
+#  4. A ps without --address is refused at once, naming the flag.
+#  5. The job finishes at test accuracy >= 0.875 on ps tasks {0, 2} and 5 workers, every
+#     task exiting 0.
 #   tests/scripts/join_by_chief.sh FASHION_MNIST_BINARY
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 binary=$1
-flags=(--epochs 12 --job-name join-by-chief-test --recovery-timeout-ms 60000 --worker-timeout-ms 3000)
+flags=(--epochs 16 --job-name join-by-chief-test --recovery-timeout-ms 60000 --worker-timeout-ms 3000)
 dir=$work/mnist
 start_job "$dir" "$binary" 2 2 "${flags[@]}"
+ps1=${job_pids[1]}  # ps 0, ps 1, worker 0, worker 1, chief
 chief=$(python3 -c 'import json, sys; print(json.loads(sys.argv[1])["chief"][0])' "$job_cluster")
 wait_for "$dir/chief-0.log" "may join job 'join-by-chief-test' at $chief" 30 || fail "the chief does not take joins"
 
@@ -32,8 +38,9 @@ join() {
 }
 
 # ---- 1. a ps joins -------------------------------------------------------------------------
-wait_for "$dir/chief-0.log" '^epoch  2/12' 180 || fail "the job never reached epoch 2"
-join ps ps-new.log --address "127.0.0.1:$(free_ports 1)"
+wait_for "$dir/chief-0.log" '^epoch  2/16' 180 || fail "the job never reached epoch 2"
+new_ps="127.0.0.1:$(free_ports 1)"
+join ps ps-new.log --address "$new_ps"
 wait_for "$dir/chief-0.log" 'ps 2 at 127.0.0.1:[0-9]* joined the job' 60 || fail "the chief did not take the new ps in"
 grep -h 'this task joins as' "$dir/ps-new.log" | sed 's/^[^:]*: /ps: /'
 grep -h 'joined the job' "$dir/chief-0.log" | sed 's/^[^:]*: //'
@@ -44,14 +51,39 @@ wait_for "$dir/chief-0.log" 'worker 2 joined' 60 || fail "the chief did not coun
 grep -h 'this task joins as' "$dir/worker-new.log" | sed 's/^[^:]*: /worker: /'
 grep -h 'worker 2 joined' "$dir/chief-0.log" | sed 's/^[^:]*: //'
 
-# ---- 3. a ps that does not say where it serves ----------------------------------------------
+# ---- 3. ps 1 leaves; workers join the ps tasks {0, 2} -------------------------------------
+kill -TERM "$ps1"
+wait_for "$dir/chief-0.log" 'ps 1 left the job at its request' 120 || fail "ps 1 did not leave"
+grep -h 'ps 1 left the job' "$dir/chief-0.log" | sed 's/^[^:]*: //'
+join worker worker-after-leave.log
+wait_for "$dir/chief-0.log" 'worker 3 joined' 90 || fail "a worker naming the chief alone did not join after ps 1 left"
+grep -h 'this task joins as' "$dir/worker-after-leave.log" | sed 's/^[^:]*: /worker: /'
+# worker 4: a cluster spec listing ps 0, 1 (gone) and 2, and 5 workers, started with --join
+spec=$job_cluster
+job_cluster=$(python3 -c '
+import json, sys
+c = json.loads(sys.argv[1])
+c["ps"].append(sys.argv[2])
+while len(c["worker"]) < 5:
+    c["worker"].append("127.0.0.1:%d" % len(c["worker"]))  # never dialled: a worker serves nothing
+print(json.dumps(c))' "$spec" "$new_ps")
+start_task "$dir" worker 4 worker-4.log "${flags[@]}" --join
+job_cluster=$spec
+job_pids=("$last_pid" "${job_pids[@]}")
+wait_for "$dir/chief-0.log" 'worker 4 joined' 90 || fail "a worker whose spec lists a ps that left did not join"
+grep -h 'worker [34] joined' "$dir/chief-0.log" | sed 's/^[^:]*: //'
+
+# ---- 4. a ps that does not say where it serves ----------------------------------------------
 env -u TF_CONFIG "$binary" --role ps --join --chief-host "$chief" "${flags[@]}" >"$dir/bad.log" 2>&1 &&
   fail "a ps without --address joined"
 grep -q 'needs where it serves: --address' "$dir/bad.log" || fail "the ps without --address did not say why: $(cat "$dir/bad.log")"
 
-# ---- 4. the end ----------------------------------------------------------------------------
-finish_job "fashion_mnist joined by the chief's address: 2 ps -> 3, 2 workers -> 3" 300
-grep -q 'training finished after' "$dir/worker-new.log" || fail "the new worker did not train to the end"
+# ---- 5. the end ----------------------------------------------------------------------------
+finish_job "fashion_mnist joined by the chief's address: 2 ps -> 3 -> 2, 2 workers -> 5" 300
+for log in worker-new worker-after-leave worker-4; do
+  grep -q 'training finished after' "$dir/$log.log" || fail "$log did not train to the end"
+done
 grep -q "ps 2: training finished" "$dir/ps-new.log" || fail "the new ps did not serve to the end"
-check_final "$dir" "fashion_mnist joined by the chief's address" 3
+check_final "$dir" "fashion_mnist joined by the chief's address" 2
+echo "$final" | grep -q " workers=5 " || fail "the final line does not count the 5 workers the job ended with"
 echo PASS

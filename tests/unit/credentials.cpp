@@ -43,7 +43,13 @@ TEST_CASE("the secret comes from --secret-file, then PULLEY_SECRET, then PULLEY_
   TempDir home;
   ::setenv("XDG_CONFIG_HOME", home.path.c_str(), 1);
 
-  // Nothing set: a per-user secret is made, readable by its owner only, and then reused.
+  // Nothing set: a task that joins a running job makes none (it could not be the job's).
+  CHECK_THROWS_WITH_AS(task_credentials(kCluster, "", "", true),
+                       doctest::Contains("a task that joins a running job proves the job's secret"), Error);
+  CHECK_FALSE(std::filesystem::exists(home.path / "pulley" / "secret"));
+
+  // Nothing set: a per-user secret is made, readable by its owner only, and then reused
+  // (by a task that joins too).
   const Credentials first = task_credentials(kCluster, "", "");
   const auto file = home.path / "pulley" / "secret";
   REQUIRE(std::filesystem::exists(file));
@@ -52,6 +58,7 @@ TEST_CASE("the secret comes from --secret-file, then PULLEY_SECRET, then PULLEY_
   CHECK((info.st_mode & 0777) == 0600);
   CHECK(first.secret.size() == 64);
   CHECK(task_credentials(kCluster, "", "").secret == first.secret);
+  CHECK(task_credentials(kCluster, "", "", true).secret == first.secret);
 
   // A secret file (flag, or PULLEY_SECRET_FILE) wins over it; its trailing newline is not
   // part of the secret.

@@ -391,6 +391,52 @@ TEST_CASE("a client reconnects to a ps that restarted on the same address") {
   serving_again.join();
 }
 
+TEST_CASE("a ps started again that refuses a task it let in before is waited for, not taken as a verdict") {
+  // Worker 2 joined the job after its cluster spec (which lists 2 workers): the first ps
+  // process let it in, as the chief had counted it in.
+  TcpServerOptions spec = test_server_options();
+  spec.tasks = {{Node::Role::kWorker, 3}, {Node::Role::kChief, 1}};
+  auto listener = std::make_unique<TcpServer<AsyncServer>>(
+      AsyncServer(0, 1, Sgd{0.1F}, Async{}, FixedShards{1}), "127.0.0.1", 0, spec);
+  const std::uint16_t port = listener->port();
+  std::thread serving([&] { listener->run(); });
+  Tcp tcp = client(Node::worker(2), {"127.0.0.1:" + std::to_string(port)});
+  CHECK(std::holds_alternative<StatsReply>(tcp.call(0, GetStats{}).get()));
+  listener->stop();
+  serving.join();
+  listener.reset();
+  // A process started in its place knows the cluster spec's 2 workers only (until the
+  // chief restores it): it refuses worker 2, and the call fails as a lost ps's does, so the
+  // worker waits for the restore instead of ending.
+  spec.tasks = {{Node::Role::kWorker, 2}, {Node::Role::kChief, 1}};
+  TcpServer restarted(AsyncServer(0, 1, Sgd{0.1F}, Async{}, FixedShards{1}), "127.0.0.1", port, spec);
+  std::thread serving_again([&] { restarted.run(); });
+  const auto ask = [&] {
+    auto call = tcp.call(0, GetStats{});
+    REQUIRE(call.wait_for(std::chrono::seconds(10)));
+    return call.get();
+  };
+  Response answer = ask();  // (it may first hear that the old connection ended)
+  if (auto* lost = std::get_if<ErrorReply>(&answer); lost != nullptr && lost->message.find("lost: End of file") != std::string::npos) {
+    answer = ask();
+  }
+  REQUIRE(std::holds_alternative<ErrorReply>(answer));
+  const ErrorReply& error = std::get<ErrorReply>(answer);
+  INFO(error.message);
+  CHECK(error.code == ErrorCode::kUnavailable);
+  CHECK(error.message.find("worker:2 is not a task of this job") != std::string::npos);
+  // A task never let in is refused for good, as before.
+  try {
+    Tcp stranger = client(Node::worker(2), {"127.0.0.1:" + std::to_string(port)});
+    FAIL("worker:2 was let in");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::kUnauthenticated);
+  }
+  Tcp chief = client(Node::chief(), {"127.0.0.1:" + std::to_string(port)});
+  CHECK(std::holds_alternative<Ack>(chief.call(0, Shutdown{}).get()));
+  serving_again.join();
+}
+
 TEST_CASE("giving up on a push stalled mid-transfer returns, and closes that connection") {
   // A peer that accepts and never reads: a 64 MiB push fills the socket buffers and stalls.
   asio::io_context io;
@@ -798,4 +844,38 @@ TEST_CASE("a Tcp transport reaches a ps added later, and an address it cannot re
   REQUIRE(gone.wait_for(std::chrono::seconds(10)));
   REQUIRE(std::holds_alternative<ErrorReply>(gone.get()));
   CHECK(std::get<ErrorReply>(gone.get()).code == ErrorCode::kUnavailable);
+}
+
+TEST_CASE("a Tcp transport told which ps tasks to reach now does not wait for the others") {
+  TcpCluster cluster;  // ps 0 and ps 1
+  auto unused = std::make_unique<TcpServer<Server>>(make_server(0), "127.0.0.1", 0, test_server_options());
+  const std::string nobody = "127.0.0.1:" + std::to_string(unused->port());
+  unused.reset();
+  TcpOptions patient = pulley::testing::test_client_options();
+  patient.connect_timeout = std::chrono::seconds(20);  // reaching ps 2 now would throw after it
+  // The job's ps 2 left it (nobody listens there now); its ps tasks are {0, 1}.
+  const std::vector<std::string> addresses{cluster.addresses[0], cluster.addresses[1], nobody};
+  const std::vector<std::uint32_t> members{0, 1};
+  Tcp tcp(Node::worker(0), addresses, patient, members);
+  CHECK(tcp.num_ps() == 3);
+  for (const std::uint32_t ps : members) {
+    auto stats = tcp.call(ps, GetStats{});
+    REQUIRE(stats.wait_for(std::chrono::seconds(10)));
+    CHECK(std::holds_alternative<StatsReply>(stats.get()));
+  }
+  auto gone = tcp.call(2, GetStats{});  // reached at its first call, as a lost ps
+  REQUIRE(gone.wait_for(std::chrono::seconds(30)));
+  REQUIRE(std::holds_alternative<ErrorReply>(gone.get()));
+  CHECK(std::get<ErrorReply>(gone.get()).code == ErrorCode::kUnavailable);
+  // Without the list every address is reached at once: the constructor names the one
+  // nobody serves (within a short patience here).
+  TcpOptions quick = pulley::testing::test_client_options();
+  quick.connect_timeout = std::chrono::milliseconds(300);
+  try {
+    Tcp all(Node::worker(0), addresses, quick);
+    FAIL("reached nobody");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::kUnavailable);
+    CHECK(std::string(e.what()).find(nobody) != std::string::npos);
+  }
 }

@@ -203,3 +203,28 @@ TEST_CASE("a worker that leaves says goodbye and is not held lost") {
   CHECK(r.lost.empty());
   chief.shutdown();
 }
+
+TEST_CASE("a worker that failed stops beating without the goodbye: held lost, it stalls nobody") {
+  using Sync = Cluster<RoundRobin, Sgd, SyncReplicas>;
+  Sync cluster(1, Sgd{0.05F}, SyncReplicas(2, 2), RoundRobin{}, kTimeout);
+  const LinearData data(16 * kBatch, kIn, kOut, 6);
+  Chief chief(cluster.endpoint(Node::chief()), 7);
+  chief.initialize(LinearModel(kIn, kOut).variables());
+  std::thread survivor([&] { (void)train(cluster, data, 0, 20); });
+  {
+    HeartbeatSender beat(1, cluster.endpoint(Node::worker(1)), kBeat);
+    Worker worker(1, LinearModel(kIn, kOut), cluster.endpoint(Node::worker(1)));
+    worker.wait_ready();
+    for (std::int64_t k = 0; k < 3; ++k) REQUIRE(worker.step(batch_of(data, k), 20));
+    beat.abandon();  // worker 1 failed: no goodbye as its sender goes
+  }
+  // Held lost once silent for the timeout (one that said goodbye would be forgotten while
+  // the sync policy still waited for its pushes: worker 0 would wait forever at step 3).
+  StatsReply r;
+  for (int i = 0; i < 100 && (r = stats_of(cluster, 1).at(0)).stats.global_step < 20; ++i) std::this_thread::sleep_for(100ms);
+  CHECK(r.stats.global_step == 20);
+  CHECK(r.stats.workers_lost == 1);
+  CHECK(r.lost == std::vector<std::uint32_t>{1});
+  chief.shutdown();  // (ends a stalled worker 0 too)
+  survivor.join();
+}

@@ -37,7 +37,8 @@ struct HeartbeatReplies {
 /// its worker timeout (`ParameterServer::set_worker_timeout`, default 5 s: keep `interval`
 /// well below it) holds the worker lost, and the sync policy stops waiting for it; the
 /// next heartbeat that arrives makes it count again. Destroying it says goodbye: the ps
-/// tasks forget the worker instead of holding it lost once it is quiet.
+/// tasks forget the worker instead of holding it lost once it is quiet; a worker that
+/// failed calls `abandon` first, and is held lost.
 ///
 /// It also tells the worker which others are lost (`lost`), so that a data source can
 /// hand their share of the data to the workers that remain (runner/run.hpp's DataShard).
@@ -70,6 +71,18 @@ class HeartbeatSender {
     }
     wake_.notify_all();
     thread_.join();
+  }
+
+  /// Stops beating without the goodbye: the worker failed, and the ps tasks must hold it
+  /// lost once its silence lasts (as a killed worker's), not forget it as one that ended
+  /// normally (their sync policy would go on waiting for its pushes). Call it before the
+  /// sender is destroyed on a failure path.
+  void abandon() noexcept {
+    {
+      std::scoped_lock lock(mutex_);
+      abandoned_ = stopping_ = true;
+    }
+    wake_.notify_all();
   }
 
   /// True if some ps task holds the chief lost, as of the last beat answered.
@@ -108,6 +121,7 @@ class HeartbeatSender {
   void beat() {
     std::unique_lock lock(mutex_);
     for (;;) {
+      if (abandoned_) return;
       const bool leaving = stopping_;
       lock.unlock();
       std::set<std::uint32_t> lost;
@@ -193,6 +207,7 @@ class HeartbeatSender {
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   bool stopping_ = false;
+  bool abandoned_ = false;  ///< stopping without the goodbye (`abandon`)
   std::vector<std::uint32_t> lost_;
   std::vector<std::uint32_t> workers_;  ///< the job's workers, once they changed
   bool chief_lost_ = false;

@@ -556,7 +556,10 @@ class ChiefLoop {
     evaluation.seconds = std::chrono::duration<double>(Clock::now() - start_).count();
     evaluation.samples_per_s = static_cast<double>((shot.step - start_step_) * training_.samples_per_step) /
                                std::max(evaluation.seconds, 1e-9);
-    if (evaluation.last) evaluation.stats = chief_.stats();
+    if (evaluation.last) {
+      evaluation.stats = chief_.stats();
+      evaluation.workers.assign(chief_.workers().begin(), chief_.workers().end());
+    }
     EvaluationScores scores(metrics_, "chief", shot.step);
     evaluation.report = scores.reporter();
     std::vector<CheckpointRows> saved_rows;

@@ -12,6 +12,7 @@
 ///   4. `$XDG_CONFIG_HOME/pulley/secret` (else `$HOME/.config/pulley/secret`), created with 32
 ///      random bytes, readable by its owner only, the first time a task needs it: the tasks
 ///      of one user on hosts that share a home directory then agree without configuration.
+///      Not for a task that joins a running job: a secret made now cannot be the job's.
 /// The job's name, first found: `--job-name`; under Slurm "slurm-<job id>.<step id>"; else
 /// "cluster-" and a hash of the cluster's addresses, so two jobs are told apart even when
 /// one user runs both with the same secret.
@@ -76,8 +77,8 @@ inline std::string random_hex_secret() {
 }
 
 /// The per-user secret file, created (mode 0600, atomically: two tasks that start together
-/// agree on one) when absent.
-inline std::string user_secret() {
+/// agree on one) when absent and `create`; else an absent file is kInvalidArgument.
+inline std::string user_secret(bool create = true) {
   std::string dir = environment("XDG_CONFIG_HOME");
   if (dir.empty()) {
     const std::string home = environment("HOME");
@@ -92,6 +93,11 @@ inline std::string user_secret() {
   ::mkdir(dir.c_str(), 0700);
   const std::string path = dir + "/secret";
   if (::access(path.c_str(), F_OK) != 0) {
+    if (!create) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "no shared secret: a task that joins a running job proves the job's secret: set PULLEY_SECRET or "
+                  "PULLEY_SECRET_FILE, or give --secret-file (there is no per-user secret " + path + ")");
+    }
     const std::string temporary = path + "." + std::to_string(::getpid()) + ".tmp";
     const mode_t old_mask = ::umask(077);
     {
@@ -127,10 +133,11 @@ inline std::string cluster_name(const ClusterSpec& cluster) {
 
 /// The credentials of a task of `cluster`: see this header's comment for where the job name
 /// and the secret come from. `job_name` and `secret_file` are the flags' values ("" when not
-/// given). Throws kInvalidArgument naming the problem (an unreadable secret file, no way to
-/// find or make a secret).
+/// given). `joining`: the task joins a running job (`--join`), so the per-user secret is
+/// used only if it exists. Throws kInvalidArgument naming the problem (an unreadable secret
+/// file, no way to find or make a secret).
 inline Credentials task_credentials(const ClusterSpec& cluster, const std::string& job_name,
-                                    const std::string& secret_file) {
+                                    const std::string& secret_file, bool joining = false) {
   Credentials credentials;
   if (!job_name.empty()) {
     credentials.job = job_name;
@@ -150,7 +157,7 @@ inline Credentials task_credentials(const ClusterSpec& cluster, const std::strin
              !file.empty()) {
     credentials.secret = runner_detail::read_secret_file(file);
   } else {
-    credentials.secret = runner_detail::user_secret();
+    credentials.secret = runner_detail::user_secret(!joining);
   }
   return credentials;
 }

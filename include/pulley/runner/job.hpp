@@ -6,7 +6,6 @@
 #include <cstdint>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -19,7 +18,6 @@
 #include "pulley/core/error.hpp"
 #include "pulley/core/log.hpp"
 #include "pulley/core/node.hpp"
-#include "pulley/protocol/call_group.hpp"
 #include "pulley/protocol/messages.hpp"
 #include "pulley/runner/credentials.hpp"
 #include "pulley/runner/leave.hpp"
@@ -93,10 +91,10 @@ namespace runner_detail {
 /// The cluster of a task that joins naming the chief's address alone (--join --role
 /// --chief-host, no host lists; under Slurm a job step of its own): the job's shape as the
 /// chief's desk tells it (Shape), this task listed after the job's tasks of its role with
-/// the next index (a ps at `flags.address`). Waits for the chief for `patience`. Throws
-/// kInvalidArgument for missing flags, kFailedPrecondition when the job cannot take a task
-/// this way now (a ps task left it: a task connects to every ps task its cluster lists),
-/// else what reaching the chief threw.
+/// the next index (a ps at `flags.address`; ps tasks that left the job stay listed, so that
+/// indices keep their meaning: a worker that joins connects to the members only). Waits for
+/// the chief for `patience`. Throws kInvalidArgument for missing flags, else what reaching
+/// the chief threw.
 inline TfConfig cluster_from_chief(const JobFlags& flags, const Credentials& credentials,
                                    std::chrono::milliseconds patience = std::chrono::seconds(60)) {
   const bool ps = flags.role == "ps";
@@ -115,32 +113,9 @@ inline TfConfig cluster_from_chief(const JobFlags& flags, const Credentials& cre
   if (ps) (void)parse_address(flags.address);
   TcpOptions tcp;
   tcp.credentials = credentials;
-  tcp.connect_timeout = patience;
   const Node asking{ps ? Node::Role::kPs : Node::Role::kWorker, 0};  // no index yet
-  ShapeReply shape;
-  for (const auto deadline = std::chrono::steady_clock::now() + patience;;) {
-    try {
-      Tcp desk = chief_desk(asking, flags.chief_host, tcp);
-      CallGroup group;
-      group.add(desk.call(0, Shape{}, {}));
-      group.wait(std::chrono::seconds(30), "ask the chief at " + flags.chief_host + " for the job's shape");
-      shape = group.take_as<ShapeReply>(0);
-      break;
-    } catch (const Error& e) {  // kUnavailable: the chief has not started the job yet
-      if (e.code() != ErrorCode::kUnavailable || std::chrono::steady_clock::now() > deadline) throw;
-      std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    }
-  }
+  ShapeReply shape = ask_shape(asking, flags.chief_host, tcp, patience);
   const auto num_ps = static_cast<std::uint32_t>(shape.ps.size());
-  std::string left;
-  for (std::uint32_t k = 0; k < num_ps; ++k) {
-    if (!std::binary_search(shape.members.begin(), shape.members.end(), k)) left += (left.empty() ? "" : ", ") + std::to_string(k);
-  }
-  if (!left.empty()) {
-    throw Error(ErrorCode::kFailedPrecondition,
-                "ps " + left + " left the job: a task cannot join it naming the chief alone (it would connect to "
-                "every ps task the job has known)");
-  }
   TfConfig config;
   config.cluster.roles["chief"] = {flags.chief_host};
   config.cluster.roles["ps"] = std::move(shape.ps);
@@ -193,7 +168,7 @@ inline Job resolve_job(const JobFlags& flags) {
       throw Error(ErrorCode::kInvalidArgument,
                   "--join needs the running job's name: --job-name (the chief logs it as it starts)");
     }
-    job.cluster = runner_detail::cluster_from_chief(flags, task_credentials({}, flags.job_name, flags.secret_file));
+    job.cluster = runner_detail::cluster_from_chief(flags, task_credentials({}, flags.job_name, flags.secret_file, true));
   } else if (!flags.role.empty()) {
     // The same document TF_CONFIG would hold, so that flags are checked by the same rules.
     nlohmann::json cluster = nlohmann::json::object();
@@ -223,7 +198,7 @@ inline Job resolve_job(const JobFlags& flags) {
     if (job.cluster->cluster.tasks("chief").size() > 1) {
       throw Error(ErrorCode::kInvalidArgument, "the cluster lists more than one chief");
     }
-    job.credentials = task_credentials(job.cluster->cluster, flags.job_name, flags.secret_file);
+    job.credentials = task_credentials(job.cluster->cluster, flags.job_name, flags.secret_file, flags.join);
   }
   if (flags.join) {
     if (!job.cluster || (job.cluster->task.type != "ps" && job.cluster->task.type != "worker")) {

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -28,6 +29,26 @@ namespace pulley::runner_detail {
 inline Tcp chief_desk(Node self, const std::string& chief, TcpOptions tcp) {
   tcp.replicas = 0;
   return Tcp(self, std::vector<std::string>{chief}, std::move(tcp));
+}
+
+/// The job's shape as the chief's desk at `chief` tells it to task `self` (Shape): every ps
+/// task's address, the members, the workers. Asks again while the chief cannot answer yet
+/// (it has not started the job, or cannot be reached), for `patience`. Throws the desk's
+/// refusal, or kUnavailable once `patience` has passed.
+inline ShapeReply ask_shape(Node self, const std::string& chief, TcpOptions tcp, std::chrono::milliseconds patience) {
+  tcp.connect_timeout = std::min(tcp.connect_timeout, patience);
+  for (const auto deadline = std::chrono::steady_clock::now() + patience;;) {
+    try {
+      Tcp desk = chief_desk(self, chief, tcp);
+      CallGroup group;
+      group.add(desk.call(0, Shape{}, {}));
+      group.wait(std::chrono::seconds(30), "ask the chief at " + chief + " for the job's shape");
+      return group.take_as<ShapeReply>(0);
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kUnavailable || std::chrono::steady_clock::now() > deadline) throw;
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    }
+  }
 }
 
 /// Set by the first SIGTERM once `leave_on_sigterm` installed its handler.

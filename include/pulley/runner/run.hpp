@@ -195,15 +195,20 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
   } else {
     std::optional<std::pair<std::string, TcpOptions>> leave;
     if (may_leave) leave.emplace(chief_address(config.cluster), tcp);
+    std::vector<std::uint32_t> members;  // a worker that joins: the ps tasks to reach at once
     const auto worker = [&](const Training<M>& as) {
-      work(as, config.task.index, num_workers, [&] { return transport(Node::worker(config.task.index)); },
-           id_sharding, metrics, leave);
+      const Node self = Node::worker(config.task.index);
+      work(as, config.task.index, num_workers,
+           [&] { return members.empty() ? transport(self) : Tcp(self, ps, tcp, members); }, id_sharding, metrics,
+           leave);
     };
     if (!join) return worker(training);
     // Counted in before it reaches a ps (which lets in the job's workers only), it runs the
-    // job's schedule: its own flags may derive another from its cluster spec's workers.
-    const JoinReply job = ask_to_work(chief_address(config.cluster), config.task.index,
-                                      with(training.tcp, credentials), training.client.recovery_timeout);
+    // job's schedule: its own flags may derive another from its cluster spec's workers. It
+    // connects to the job's members: a ps task its cluster lists may have left the job.
+    const std::string chief = chief_address(config.cluster);
+    const JoinReply job = ask_to_work(chief, config.task.index, tcp, training.client.recovery_timeout);
+    members = ask_shape(Node::worker(config.task.index), chief, tcp, training.client.recovery_timeout).members;
     if (job.last_step <= 0 || job.last_step == training.last_step) return worker(training);
     log(LogLevel::kInfo, "worker " + std::to_string(config.task.index) + ": the job ends at global step " +
                              std::to_string(job.last_step) + " (the chief's), not " +

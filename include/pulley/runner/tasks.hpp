@@ -48,17 +48,15 @@
 namespace pulley {
 namespace runner_detail {
 
-/// A worker: steps until training is over, beating its heart on a transport of its own
-/// (`connect()` makes each); its rows go where `id_sharding` (the ps tasks') puts them. Each
-/// step is recorded in `metrics` (if any) as "worker:<index>": the global step, steps,
-/// the loss and the staleness (means over the interval), stale gradients. With `leave`
-/// (the chief's address), a SIGTERM asks the chief to take it out of the job
-/// (LeaveWatch), and it ends once the ps tasks count it no more.
-template <Model M, class Connect, IdSharding I = HashIds>
-void work(const Training<M>& training, std::uint32_t index, std::uint32_t num_workers,
-          Connect connect, I id_sharding = {}, Metrics* metrics = nullptr,
-          const std::optional<std::pair<std::string, TcpOptions>>& leave = std::nullopt) {
-  HeartbeatSender heartbeat(index, connect(), training.client.heartbeat_interval);
+/// A worker that does not leave the job at SIGTERM (`work`'s `leave`: none). A named
+/// object, not a temporary: GCC 12 warns of the temporary's destructor once inlined.
+inline const std::optional<std::pair<std::string, TcpOptions>> kStaysToTheEnd{};
+
+/// `work`'s steps, its heartbeats sent by `heartbeat`.
+template <Model M, class Connect, IdSharding I, class Beat>
+void work_beating(const Training<M>& training, std::uint32_t index, std::uint32_t num_workers, Connect& connect,
+                  I id_sharding, Metrics* metrics, const std::optional<std::pair<std::string, TcpOptions>>& leave,
+                  Beat& heartbeat) {
   Worker worker(index, training.model(), connect(), training.client, std::move(id_sharding));
   std::int64_t start_step = 0;
   try {
@@ -108,6 +106,27 @@ void work(const Training<M>& training, std::uint32_t index, std::uint32_t num_wo
   log(LogLevel::kInfo, "worker " + std::to_string(index) + ": training finished after " +
                            std::to_string(steps) + " steps here (last global step seen: " +
                            std::to_string(worker.global_step()) + ")");
+}
+
+/// A worker: steps until training is over, beating its heart on a transport of its own
+/// (`connect()` makes each); its rows go where `id_sharding` (the ps tasks') puts them. Each
+/// step is recorded in `metrics` (if any) as "worker:<index>": the global step, steps,
+/// the loss and the staleness (means over the interval), stale gradients. With `leave`
+/// (the chief's address), a SIGTERM asks the chief to take it out of the job
+/// (LeaveWatch), and it ends once the ps tasks count it no more. A worker that fails stops
+/// beating without the goodbye (HeartbeatSender::abandon): the ps tasks hold it lost once
+/// its silence lasts, and their sync policy stops waiting for it.
+template <Model M, class Connect, IdSharding I = HashIds>
+void work(const Training<M>& training, std::uint32_t index, std::uint32_t num_workers,
+          Connect connect, I id_sharding = {}, Metrics* metrics = nullptr,
+          const std::optional<std::pair<std::string, TcpOptions>>& leave = kStaysToTheEnd) {
+  HeartbeatSender heartbeat(index, connect(), training.client.heartbeat_interval);
+  try {
+    work_beating(training, index, num_workers, connect, std::move(id_sharding), metrics, leave, heartbeat);
+  } catch (...) {
+    heartbeat.abandon();  // failed: held lost by the ps tasks, not forgotten as one that ended
+    throw;
+  }
 }
 
 /// How often an evaluator that follows a checkpoint directory looks for a new checkpoint:

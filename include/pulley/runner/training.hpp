@@ -30,6 +30,9 @@ struct Evaluation {
   double seconds = 0.0;                ///< since the chief initialized the variables (chief)
   double samples_per_s = 0.0;          ///< step × samples_per_step / seconds (chief)
   std::vector<Stats> stats;            ///< every member ps's counters, in member order (the chief's last evaluation)
+  /// The job's workers at the last step, ascending, once workers joined or left (the
+  /// chief's last evaluation); empty while they are the cluster spec's.
+  std::vector<std::uint32_t> workers;
   /// For a model with embedding tables: writes the rows of `ids` of table `table` (its
   /// index in `model.tables()`) into `out` (`ids.size() × dim` floats), a row not held
   /// reading as its initial value. They are the evaluated checkpoint's (an evaluator task

@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
@@ -52,7 +53,10 @@ namespace pulley {
 /// once with a message that says so (kUnauthenticated), and so is this client by a ps that
 /// refuses it; neither is retried while the transport is made. A refusal for now (its task
 /// is another live process's: TcpServerOptions::takeover_after) is retried as an
-/// unreachable ps is, within `connect_timeout`, then fails kUnavailable.
+/// unreachable ps is, within `connect_timeout`, then fails kUnavailable. A worker beyond
+/// the cluster spec's, refused by an address that let it in before, fails its calls with
+/// kUnavailable too (the caller waits as for a lost ps): a ps started again in a lost one's
+/// place knows the spec's workers only until the chief restores it.
 ///
 /// A lost connection fails the calls waiting on it with kUnavailable (whether a request in
 /// flight was handled is then unknown). The next call to that ps reconnects first (one
@@ -103,6 +107,12 @@ class Tcp {
   /// The same with parsed addresses.
   Tcp(Node self, std::vector<Address> ps_addresses, TcpOptions options = {})
       : impl_(std::make_unique<Impl>(self, std::move(ps_addresses), std::move(options))) {}
+  /// The same, connecting now to the ps tasks `reach_now` only (task indices: the job's
+  /// members, when some ps task left the job); the others are reached at their first call,
+  /// as after a broken connection (ps tasks the job has known, which may be gone since).
+  Tcp(Node self, const std::vector<std::string>& ps_addresses, TcpOptions options,
+      std::span<const std::uint32_t> reach_now)
+      : impl_(std::make_unique<Impl>(self, parse_all(ps_addresses), std::move(options), reach_now)) {}
 
   /// Number of ps tasks.
   [[nodiscard]] std::size_t num_ps() const noexcept { return impl_->num_ps(); }
@@ -231,7 +241,8 @@ class Tcp {
 
   class Impl final : public CallDriver {
    public:
-    Impl(Node self, std::vector<Address> addresses, TcpOptions options)
+    Impl(Node self, std::vector<Address> addresses, TcpOptions options,
+         std::optional<std::span<const std::uint32_t>> reach_now = std::nullopt)
         : self_(self), options_(std::move(options)), shards_(addresses.size()) {
       wire::check_credentials(options_.credentials);
       if (options_.replicas > 1) {
@@ -250,6 +261,7 @@ class Tcp {
         }
       }
       for (std::size_t i = 0; i < links_.size(); ++i) {
+        if (reach_now && std::find(reach_now->begin(), reach_now->end(), links_[i]->task) == reach_now->end()) continue;
         try {
           connect_with_backoff(*links_[i]);
         } catch (const Error& e) {
@@ -761,8 +773,15 @@ class Tcp {
         // proved nothing yet, and must not make a worker believe training finished.
         const std::string said = refusal->reason.substr(0, 1024);
         // kUnavailable only asks for a retry (its task is held by a process still heard):
-        // the worst an impostor gets from it is retries until the recovery timeout.
-        if (refusal->code == ErrorCode::kUnavailable) return fail(link, "refused by the ps for now: " + said);
+        // the worst an impostor gets from it is retries until the recovery timeout. So does
+        // kFailedPrecondition where this task was let in before: a ps started again in a
+        // lost one's place knows the cluster spec's workers only until the chief restores
+        // it, so it refuses a worker that joined the job since (the caller waits as for a
+        // lost ps). Anything else (another secret, a task taken out) is final.
+        if (refusal->code == ErrorCode::kUnavailable ||
+            (refusal->code == ErrorCode::kFailedPrecondition && link.ever_connected)) {
+          return fail(link, "refused by the ps for now: " + said);
+        }
         link.refused = ErrorReply{ErrorCode::kUnauthenticated,
                                   "ps at " + link.address + " refused the connection: \"" + said + "\""};
         return fail(link, "refused by the ps: " + said);

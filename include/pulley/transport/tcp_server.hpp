@@ -346,7 +346,17 @@ class TcpServer {
     const wire::Hello hello = wire::decode_handshake_as<wire::Hello>(frame.header, frame.meta);
     std::string problem = wire::refusal_reason(options_.credentials, *c->challenge, hello,
                                                options_.tasks.contains(Node::Role::kPs));
-    if (problem.empty()) problem = outside_job(hello.peer);
+    ErrorCode code = ErrorCode::kUnauthenticated;
+    if (problem.empty()) {
+      problem = outside_job(hello.peer);
+      // A worker beyond the cluster spec's, where this ps knows no other workers (it has
+      // not been told the job's): it may have joined while this process was not in the job
+      // (a ps started again learns the workers from the chief's restore). A client this
+      // address let in before takes kFailedPrecondition for a refusal for now.
+      if (!problem.empty() && hello.peer.role == Node::Role::kWorker && job_workers(service_).empty()) {
+        code = ErrorCode::kFailedPrecondition;
+      }
+    }
     if (problem.empty() && hello.shard != wire::Hello::kOwnShard && hello.shard != service_.task() &&
         !holds_copy(service_, hello.shard)) {
       problem = hello.peer.name() + " asked for a copy of ps " + std::to_string(hello.shard) +
@@ -356,7 +366,7 @@ class TcpServer {
     if (!problem.empty()) {
       warn_limited("refused a connection from " + c->address + ": " + problem);
       c->closing = true;
-      queue_frame(c, wire::encode(wire::Handshake{wire::Refusal{ErrorCode::kUnauthenticated, problem}}, 0));
+      queue_frame(c, wire::encode(wire::Handshake{wire::Refusal{code, problem}}, 0));
       return;
     }
     if (const std::string held = held_elsewhere(hello); !held.empty()) {  // it may try again later
