@@ -6002,21 +6002,18 @@ class Chief {
       for (const PauseReply& p : paused) furthest = std::max(furthest, p.global_step);
       const std::int64_t from = furthest + 1;
       const std::vector<std::uint32_t> before(client_.workers().begin(), client_.workers().end());
-      std::vector<std::uint32_t> took;  // each ps asked alone: every answer is looked at
+      // Each ps is asked alone: every answer is looked at. One that refused is told to take
+      // the change back too: with no answer in time it may have taken it (the change is
+      // given up as a lost ps's would be, and tried again), and with copies one copy may
+      // have taken what the other refused. Taking back a change never taken changes nothing.
+      std::vector<std::uint32_t> took;
       std::optional<Error> refused;
       for (const std::uint32_t ps : members) {
         const Response answer = ask_one(ps, ChangeWorkers{workers, from, before}, timeouts().request_timeout);
-        if (std::holds_alternative<Ack>(answer)) {
-          took.push_back(ps);
-          continue;
-        }
+        took.push_back(ps);
+        if (std::holds_alternative<Ack>(answer)) continue;
         const auto* error = std::get_if<ErrorReply>(&answer);
         const ErrorCode code = error != nullptr ? error->code : ErrorCode::kInternal;
-        // It is told to take the change back too: with no answer in time it may have taken
-        // it (the change is given up as a lost ps's would be, and tried again), and with
-        // copies one copy may have taken what the other refused. Taking back a change a ps
-        // never took changes nothing.
-        took.push_back(ps);
         refused.emplace(code == ErrorCode::kDeadlineExceeded ? ErrorCode::kUnavailable : code,
                         "ps " + std::to_string(ps) + " cannot count the workers " + describe_members(workers) + ": " +
                             (error != nullptr ? error->message : std::string("it answered something else")));
@@ -9408,7 +9405,7 @@ class Registration {
     }
     return ErrorReply{ErrorCode::kFailedPrecondition,
                       std::string(what) + " of epoch " + std::to_string(epoch) + " refused: the job was " +
-                          "restored at global step " + std::to_string(restored_step_) + " (epoch " +
+                          "restored at global step " + std::to_string(restored_step_) + " (restore epoch " +
                           std::to_string(epoch_) + "; from a checkpoint, or its state moved between ps tasks): "
                           "wait until ready and start the step again"};
   }
@@ -11446,7 +11443,7 @@ class JobWorkers {
   /// What a worker the job no longer counts is told.
   [[nodiscard]] std::string left_message(std::uint32_t worker) const {
     return Node::worker(worker).name() + " is not one of the job's workers " + describe_members(now_) +
-           " now: the chief took it out of the job; started with --join, it trains again";
+           " now: the chief took it out of the job (to train in it again, a worker asks to join: --join)";
   }
 
  private:
@@ -12139,7 +12136,7 @@ class ParameterServer {
                std::to_string(std::max<std::int64_t>(step_before - step, 0)) + " steps' updates lost";
     }
     log(LogLevel::kInfo, name_ + ": restored at global step " + std::to_string(step) +
-                             " (epoch " + std::to_string(registration_.epoch()) + ")" + undone);
+                             " (restore epoch " + std::to_string(registration_.epoch()) + ")" + undone);
     respond(reply, Ack{});
     changing_ = false;
     restoring_rows_ = r.tables_follow ? std::optional(r.epoch) : std::nullopt;

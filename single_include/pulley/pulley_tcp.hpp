@@ -6002,21 +6002,18 @@ class Chief {
       for (const PauseReply& p : paused) furthest = std::max(furthest, p.global_step);
       const std::int64_t from = furthest + 1;
       const std::vector<std::uint32_t> before(client_.workers().begin(), client_.workers().end());
-      std::vector<std::uint32_t> took;  // each ps asked alone: every answer is looked at
+      // Each ps is asked alone: every answer is looked at. One that refused is told to take
+      // the change back too: with no answer in time it may have taken it (the change is
+      // given up as a lost ps's would be, and tried again), and with copies one copy may
+      // have taken what the other refused. Taking back a change never taken changes nothing.
+      std::vector<std::uint32_t> took;
       std::optional<Error> refused;
       for (const std::uint32_t ps : members) {
         const Response answer = ask_one(ps, ChangeWorkers{workers, from, before}, timeouts().request_timeout);
-        if (std::holds_alternative<Ack>(answer)) {
-          took.push_back(ps);
-          continue;
-        }
+        took.push_back(ps);
+        if (std::holds_alternative<Ack>(answer)) continue;
         const auto* error = std::get_if<ErrorReply>(&answer);
         const ErrorCode code = error != nullptr ? error->code : ErrorCode::kInternal;
-        // It is told to take the change back too: with no answer in time it may have taken
-        // it (the change is given up as a lost ps's would be, and tried again), and with
-        // copies one copy may have taken what the other refused. Taking back a change a ps
-        // never took changes nothing.
-        took.push_back(ps);
         refused.emplace(code == ErrorCode::kDeadlineExceeded ? ErrorCode::kUnavailable : code,
                         "ps " + std::to_string(ps) + " cannot count the workers " + describe_members(workers) + ": " +
                             (error != nullptr ? error->message : std::string("it answered something else")));
@@ -9408,7 +9405,7 @@ class Registration {
     }
     return ErrorReply{ErrorCode::kFailedPrecondition,
                       std::string(what) + " of epoch " + std::to_string(epoch) + " refused: the job was " +
-                          "restored at global step " + std::to_string(restored_step_) + " (epoch " +
+                          "restored at global step " + std::to_string(restored_step_) + " (restore epoch " +
                           std::to_string(epoch_) + "; from a checkpoint, or its state moved between ps tasks): "
                           "wait until ready and start the step again"};
   }
@@ -11446,7 +11443,7 @@ class JobWorkers {
   /// What a worker the job no longer counts is told.
   [[nodiscard]] std::string left_message(std::uint32_t worker) const {
     return Node::worker(worker).name() + " is not one of the job's workers " + describe_members(now_) +
-           " now: the chief took it out of the job; started with --join, it trains again";
+           " now: the chief took it out of the job (to train in it again, a worker asks to join: --join)";
   }
 
  private:
@@ -12139,7 +12136,7 @@ class ParameterServer {
                std::to_string(std::max<std::int64_t>(step_before - step, 0)) + " steps' updates lost";
     }
     log(LogLevel::kInfo, name_ + ": restored at global step " + std::to_string(step) +
-                             " (epoch " + std::to_string(registration_.epoch()) + ")" + undone);
+                             " (restore epoch " + std::to_string(registration_.epoch()) + ")" + undone);
     respond(reply, Ack{});
     changing_ = false;
     restoring_rows_ = r.tables_follow ? std::optional(r.epoch) : std::nullopt;
@@ -15558,17 +15555,15 @@ class Tcp {
   /// while they start; throws kInvalidArgument for a malformed address (`parse_address`) or
   /// job name, kUnavailable naming the first address that stays unreachable, and
   /// kUnauthenticated when a ps and this task do not belong to the same job (or secret).
-  Tcp(Node self, const std::vector<std::string>& ps_addresses, TcpOptions options = {})
-      : impl_(std::make_unique<Impl>(self, parse_all(ps_addresses), std::move(options))) {}
+  /// With `reach_now`, it connects now to those ps tasks only (task indices: the job's
+  /// members, when some ps task left the job); the others are reached at their first call,
+  /// as after a broken connection (ps tasks the job has known, which may be gone since).
+  Tcp(Node self, const std::vector<std::string>& ps_addresses, TcpOptions options = {},
+      std::optional<std::span<const std::uint32_t>> reach_now = std::nullopt)
+      : impl_(std::make_unique<Impl>(self, parse_all(ps_addresses), std::move(options), reach_now)) {}
   /// The same with parsed addresses.
   Tcp(Node self, std::vector<Address> ps_addresses, TcpOptions options = {})
       : impl_(std::make_unique<Impl>(self, std::move(ps_addresses), std::move(options))) {}
-  /// The same, connecting now to the ps tasks `reach_now` only (task indices: the job's
-  /// members, when some ps task left the job); the others are reached at their first call,
-  /// as after a broken connection (ps tasks the job has known, which may be gone since).
-  Tcp(Node self, const std::vector<std::string>& ps_addresses, TcpOptions options,
-      std::span<const std::uint32_t> reach_now)
-      : impl_(std::make_unique<Impl>(self, parse_all(ps_addresses), std::move(options), reach_now)) {}
 
   /// Number of ps tasks.
   [[nodiscard]] std::size_t num_ps() const noexcept { return impl_->num_ps(); }
@@ -16834,29 +16829,20 @@ class TcpServer {
   /// The client's answer to the challenge: let it in, or refuse it with one log line.
   void on_hello(const ConnectionPtr& c, const wire::FrameReader::Frame& frame) {
     const wire::Hello hello = wire::decode_handshake_as<wire::Hello>(frame.header, frame.meta);
-    std::string problem = wire::refusal_reason(options_.credentials, *c->challenge, hello,
-                                               options_.tasks.contains(Node::Role::kPs));
-    ErrorCode code = ErrorCode::kUnauthenticated;
-    if (problem.empty()) {
-      problem = outside_job(hello.peer);
-      // A worker beyond the cluster spec's, where this ps knows no other workers (it has
-      // not been told the job's): it may have joined while this process was not in the job
-      // (a ps started again learns the workers from the chief's restore). A client this
-      // address let in before takes kFailedPrecondition for a refusal for now.
-      if (!problem.empty() && hello.peer.role == Node::Role::kWorker && job_workers(service_).empty()) {
-        code = ErrorCode::kFailedPrecondition;
-      }
-    }
-    if (problem.empty() && hello.shard != wire::Hello::kOwnShard && hello.shard != service_.task() &&
+    wire::Refusal refusal{ErrorCode::kUnauthenticated,
+                          wire::refusal_reason(options_.credentials, *c->challenge, hello,
+                                               options_.tasks.contains(Node::Role::kPs))};
+    if (refusal.reason.empty()) refusal = outside_job(hello.peer);
+    if (refusal.reason.empty() && hello.shard != wire::Hello::kOwnShard && hello.shard != service_.task() &&
         !holds_copy(service_, hello.shard)) {
-      problem = hello.peer.name() + " asked for a copy of ps " + std::to_string(hello.shard) +
-                "'s shard, which ps " + std::to_string(service_.task()) +
-                " does not hold (is --ps-replicas the same for every task?)";
+      refusal.reason = hello.peer.name() + " asked for a copy of ps " + std::to_string(hello.shard) +
+                       "'s shard, which ps " + std::to_string(service_.task()) +
+                       " does not hold (is --ps-replicas the same for every task?)";
     }
-    if (!problem.empty()) {
-      warn_limited("refused a connection from " + c->address + ": " + problem);
+    if (!refusal.reason.empty()) {
+      warn_limited("refused a connection from " + c->address + ": " + refusal.reason);
       c->closing = true;
-      queue_frame(c, wire::encode(wire::Handshake{wire::Refusal{code, problem}}, 0));
+      queue_frame(c, wire::encode(wire::Handshake{std::move(refusal)}, 0));
       return;
     }
     if (const std::string held = held_elsewhere(hello); !held.empty()) {  // it may try again later
@@ -16917,20 +16903,27 @@ class TcpServer {
     }
   }
 
-  /// Why a client that proved the secret as `peer` is not one of the job's tasks
-  /// (`TcpServerOptions::tasks`), or "".
-  [[nodiscard]] std::string outside_job(const Node& peer) const {
+  /// The refusal of a client that proved the secret as `peer` but is not one of the job's
+  /// tasks (`TcpServerOptions::tasks`); an empty reason lets it in.
+  [[nodiscard]] wire::Refusal outside_job(const Node& peer) const {
     if (options_.tasks.empty()) return {};
-    if (const auto workers = job_workers(service_); peer.role == Node::Role::kWorker && !workers.empty()) {
+    const auto workers = job_workers(service_);
+    if (peer.role == Node::Role::kWorker && !workers.empty()) {
       if (std::binary_search(workers.begin(), workers.end(), peer.index)) return {};
-      return peer.name() + " is not a worker of this job now (its workers are " + describe_members(workers) +
-             "; a new worker asks the chief to join: --join)";
+      return {ErrorCode::kUnauthenticated,
+              peer.name() + " is not a worker of this job now (its workers are " + describe_members(workers) +
+                  "; a new worker asks the chief to join: --join)"};
     }
     const auto it = options_.tasks.find(peer.role);
     const std::uint32_t count = it == options_.tasks.end() ? 0 : it->second;
     if (peer.index < count) return {};
-    return peer.name() + " is not a task of this job (it has " + std::to_string(count) + " " +
-           Node::role_name(peer.role) + " task" + (count == 1 ? "" : "s") + ")";
+    // A worker beyond the spec's, where this ps knows no other workers (it has not been
+    // told the job's): it may have joined while this process was not in the job (a ps
+    // started again learns the workers from the chief's restore). A client this address
+    // let in before takes kFailedPrecondition for a refusal for now.
+    return {peer.role == Node::Role::kWorker ? ErrorCode::kFailedPrecondition : ErrorCode::kUnauthenticated,
+            peer.name() + " is not a task of this job (it has " + std::to_string(count) + " " +
+                Node::role_name(peer.role) + " task" + (count == 1 ? "" : "s") + ")"};
   }
 
   /// Queues a frame for the write at the end of the batch; a reply's views of the parameters

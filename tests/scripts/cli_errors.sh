@@ -46,6 +46,10 @@ PULLEY_SECRET=a-secret-for-this-test expect "needs the chief's address: --chief-
 PULLEY_SECRET=a-secret-for-this-test expect "needs where it serves: --address" \
   --join --role ps --chief-host 127.0.0.1:1 --job-name j
 PULLEY_SECRET=a-secret-for-this-test expect "--join needs the running job's name" --join --role worker --chief-host 127.0.0.1:1
+# A joiner's flags are judged before its secret is looked for: these name the misuse, with
+# or without a secret.
+expect "--join is for a ps task or a worker" --join --role chief --chief-host 127.0.0.1:1 --job-name j
+expect "needs the chief's address: --chief-host" --join --role ps --job-name j
 # The names of 0.2 still work: --job for --role, --slurm-jobs for --slurm-roles.
 expect "task index 3" --job worker --task 3 --ps-hosts a:1 --worker-hosts b:2
 expect "needs a Slurm step" --slurm-jobs ps:1,worker:1

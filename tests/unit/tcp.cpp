@@ -856,7 +856,7 @@ TEST_CASE("a Tcp transport told which ps tasks to reach now does not wait for th
   // The job's ps 2 left it (nobody listens there now); its ps tasks are {0, 1}.
   const std::vector<std::string> addresses{cluster.addresses[0], cluster.addresses[1], nobody};
   const std::vector<std::uint32_t> members{0, 1};
-  Tcp tcp(Node::worker(0), addresses, patient, members);
+  Tcp tcp(Node::worker(0), addresses, patient, std::span<const std::uint32_t>(members));
   CHECK(tcp.num_ps() == 3);
   for (const std::uint32_t ps : members) {
     auto stats = tcp.call(ps, GetStats{});

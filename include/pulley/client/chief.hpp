@@ -350,21 +350,18 @@ class Chief {
       for (const PauseReply& p : paused) furthest = std::max(furthest, p.global_step);
       const std::int64_t from = furthest + 1;
       const std::vector<std::uint32_t> before(client_.workers().begin(), client_.workers().end());
-      std::vector<std::uint32_t> took;  // each ps asked alone: every answer is looked at
+      // Each ps is asked alone: every answer is looked at. One that refused is told to take
+      // the change back too: with no answer in time it may have taken it (the change is
+      // given up as a lost ps's would be, and tried again), and with copies one copy may
+      // have taken what the other refused. Taking back a change never taken changes nothing.
+      std::vector<std::uint32_t> took;
       std::optional<Error> refused;
       for (const std::uint32_t ps : members) {
         const Response answer = ask_one(ps, ChangeWorkers{workers, from, before}, timeouts().request_timeout);
-        if (std::holds_alternative<Ack>(answer)) {
-          took.push_back(ps);
-          continue;
-        }
+        took.push_back(ps);
+        if (std::holds_alternative<Ack>(answer)) continue;
         const auto* error = std::get_if<ErrorReply>(&answer);
         const ErrorCode code = error != nullptr ? error->code : ErrorCode::kInternal;
-        // It is told to take the change back too: with no answer in time it may have taken
-        // it (the change is given up as a lost ps's would be, and tried again), and with
-        // copies one copy may have taken what the other refused. Taking back a change a ps
-        // never took changes nothing.
-        took.push_back(ps);
         refused.emplace(code == ErrorCode::kDeadlineExceeded ? ErrorCode::kUnavailable : code,
                         "ps " + std::to_string(ps) + " cannot count the workers " + describe_members(workers) + ": " +
                             (error != nullptr ? error->message : std::string("it answered something else")));

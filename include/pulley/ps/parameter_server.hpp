@@ -708,7 +708,7 @@ class ParameterServer {
                std::to_string(std::max<std::int64_t>(step_before - step, 0)) + " steps' updates lost";
     }
     log(LogLevel::kInfo, name_ + ": restored at global step " + std::to_string(step) +
-                             " (epoch " + std::to_string(registration_.epoch()) + ")" + undone);
+                             " (restore epoch " + std::to_string(registration_.epoch()) + ")" + undone);
     respond(reply, Ack{});
     changing_ = false;
     restoring_rows_ = r.tables_follow ? std::optional(r.epoch) : std::nullopt;

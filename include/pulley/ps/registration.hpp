@@ -152,7 +152,7 @@ class Registration {
     }
     return ErrorReply{ErrorCode::kFailedPrecondition,
                       std::string(what) + " of epoch " + std::to_string(epoch) + " refused: the job was " +
-                          "restored at global step " + std::to_string(restored_step_) + " (epoch " +
+                          "restored at global step " + std::to_string(restored_step_) + " (restore epoch " +
                           std::to_string(epoch_) + "; from a checkpoint, or its state moved between ps tasks): "
                           "wait until ready and start the step again"};
   }

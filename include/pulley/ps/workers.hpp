@@ -92,7 +92,7 @@ class JobWorkers {
   /// What a worker the job no longer counts is told.
   [[nodiscard]] std::string left_message(std::uint32_t worker) const {
     return Node::worker(worker).name() + " is not one of the job's workers " + describe_members(now_) +
-           " now: the chief took it out of the job; started with --join, it trains again";
+           " now: the chief took it out of the job (to train in it again, a worker asks to join: --join)";
   }
 
  private:

@@ -92,11 +92,11 @@ namespace runner_detail {
 /// --chief-host, no host lists; under Slurm a job step of its own): the job's shape as the
 /// chief's desk tells it (Shape), this task listed after the job's tasks of its role with
 /// the next index (a ps at `flags.address`; ps tasks that left the job stay listed, so that
-/// indices keep their meaning: a worker that joins connects to the members only). Waits for
-/// the chief for `patience`. Throws kInvalidArgument for missing flags, else what reaching
-/// the chief threw.
-inline TfConfig cluster_from_chief(const JobFlags& flags, const Credentials& credentials,
-                                   std::chrono::milliseconds patience = std::chrono::seconds(60)) {
+/// indices keep their meaning: a worker that joins connects to the members only). Once its
+/// flags are found whole, it proves the job's secret (`task_credentials` of a joiner) and
+/// waits for the chief for `patience`. Throws kInvalidArgument for missing flags, else what
+/// reading the secret or reaching the chief threw.
+inline TfConfig cluster_from_chief(const JobFlags& flags, std::chrono::milliseconds patience = std::chrono::seconds(60)) {
   const bool ps = flags.role == "ps";
   if (!ps && flags.role != "worker") {
     throw Error(ErrorCode::kInvalidArgument, "--join is for a ps task or a worker of a cluster of processes");
@@ -112,7 +112,7 @@ inline TfConfig cluster_from_chief(const JobFlags& flags, const Credentials& cre
   (void)parse_address(flags.chief_host);  // refused here, not as an unreachable chief
   if (ps) (void)parse_address(flags.address);
   TcpOptions tcp;
-  tcp.credentials = credentials;
+  tcp.credentials = task_credentials({}, flags.job_name, flags.secret_file, true);
   const Node asking{ps ? Node::Role::kPs : Node::Role::kWorker, 0};  // no index yet
   ShapeReply shape = ask_shape(asking, flags.chief_host, tcp, patience);
   const auto num_ps = static_cast<std::uint32_t>(shape.ps.size());
@@ -168,7 +168,7 @@ inline Job resolve_job(const JobFlags& flags) {
       throw Error(ErrorCode::kInvalidArgument,
                   "--join needs the running job's name: --job-name (the chief logs it as it starts)");
     }
-    job.cluster = runner_detail::cluster_from_chief(flags, task_credentials({}, flags.job_name, flags.secret_file, true));
+    job.cluster = runner_detail::cluster_from_chief(flags);
   } else if (!flags.role.empty()) {
     // The same document TF_CONFIG would hold, so that flags are checked by the same rules.
     nlohmann::json cluster = nlohmann::json::object();

@@ -31,24 +31,45 @@ inline Tcp chief_desk(Node self, const std::string& chief, TcpOptions tcp) {
   return Tcp(self, std::vector<std::string>{chief}, std::move(tcp));
 }
 
-/// The job's shape as the chief's desk at `chief` tells it to task `self` (Shape): every ps
-/// task's address, the members, the workers. Asks again while the chief cannot answer yet
-/// (it has not started the job, or cannot be reached), for `patience`. Throws the desk's
-/// refusal, or kUnavailable once `patience` has passed.
-inline ShapeReply ask_shape(Node self, const std::string& chief, TcpOptions tcp, std::chrono::milliseconds patience) {
+/// Asks the chief's desk at `chief`, as task `self`, `request` (for `what`: "to join the
+/// job") until it answers: again while the chief cannot answer yet (it has not started the
+/// job or counted the task in, or cannot be reached), for `patience`, after calling
+/// `waiting` with each such answer (false from it: give up, nullopt). Throws the desk's
+/// refusal; once `patience` has passed, kDeadlineExceeded if the desk was reached (it kept
+/// the task waiting), else kUnavailable.
+template <class Reply>
+std::optional<Reply> ask_desk(Node self, const std::string& chief, TcpOptions tcp, const Request& request,
+                              const std::string& what, std::chrono::milliseconds patience,
+                              const std::function<bool(const Error&)>& waiting = {}) {
   tcp.connect_timeout = std::min(tcp.connect_timeout, patience);
-  for (const auto deadline = std::chrono::steady_clock::now() + patience;;) {
+  const auto deadline = std::chrono::steady_clock::now() + patience;
+  std::optional<Tcp> desk;
+  bool reached = false;
+  for (;;) {
     try {
-      Tcp desk = chief_desk(self, chief, tcp);
+      if (!desk) desk.emplace(chief_desk(self, chief, tcp));
+      reached = true;
       CallGroup group;
-      group.add(desk.call(0, Shape{}, {}));
-      group.wait(std::chrono::seconds(30), "ask the chief at " + chief + " for the job's shape");
-      return group.take_as<ShapeReply>(0);
+      group.add(desk->call(0, Request(request), {}));
+      group.wait(std::chrono::seconds(30), "ask the chief at " + chief + " " + what);
+      return group.take_as<Reply>(0);
     } catch (const Error& e) {
-      if (e.code() != ErrorCode::kUnavailable || std::chrono::steady_clock::now() > deadline) throw;
-      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      if (e.code() != ErrorCode::kUnavailable) throw;
+      if (std::chrono::steady_clock::now() > deadline) {
+        throw Error(reached ? ErrorCode::kDeadlineExceeded : ErrorCode::kUnavailable,
+                    "asked the chief at " + chief + " " + what + " for " + std::to_string(patience.count() / 1000) +
+                        " s without an answer: " + e.message());
+      }
+      if (waiting && !waiting(e)) return std::nullopt;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
   }
+}
+
+/// The job's shape as the chief's desk at `chief` tells it to task `self` (Shape): every ps
+/// task's address, the members, the workers; `ask_desk` with `patience`.
+inline ShapeReply ask_shape(Node self, const std::string& chief, TcpOptions tcp, std::chrono::milliseconds patience) {
+  return *ask_desk<ShapeReply>(self, chief, std::move(tcp), Shape{}, "for the job's shape", patience);
 }
 
 /// Set by the first SIGTERM once `leave_on_sigterm` installed its handler.

@@ -142,7 +142,8 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
   const std::vector<std::string>& ps = config.cluster.tasks("ps");
   const auto num_workers = static_cast<std::uint32_t>(config.cluster.tasks("worker").size());
   const TcpOptions tcp = with(training.tcp, credentials);
-  auto transport = [&](Node self) { return Tcp(self, ps, tcp); };
+  std::optional<std::span<const std::uint32_t>> reach_now;  // none: every ps of the spec at once
+  auto transport = [&](Node self) { return Tcp(self, ps, tcp, reach_now); };
   const auto count = [&](std::string_view role) { return static_cast<std::uint32_t>(config.cluster.tasks(role).size()); };
   MetricsReporter reporter(training.metrics, type + "-" + std::to_string(config.task.index),
                            metrics_port_offset(type, config.task.index, count("ps"), count("chief"), num_workers));
@@ -195,12 +196,9 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
   } else {
     std::optional<std::pair<std::string, TcpOptions>> leave;
     if (may_leave) leave.emplace(chief_address(config.cluster), tcp);
-    std::vector<std::uint32_t> members;  // a worker that joins: the ps tasks to reach at once
     const auto worker = [&](const Training<M>& as) {
       const Node self = Node::worker(config.task.index);
-      work(as, config.task.index, num_workers,
-           [&] { return members.empty() ? transport(self) : Tcp(self, ps, tcp, members); }, id_sharding, metrics,
-           leave);
+      work(as, config.task.index, num_workers, [&] { return transport(self); }, id_sharding, metrics, leave);
     };
     if (!join) return worker(training);
     // Counted in before it reaches a ps (which lets in the job's workers only), it runs the
@@ -208,11 +206,13 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
     // connects to the job's members: a ps task its cluster lists may have left the job.
     const std::string chief = chief_address(config.cluster);
     const JoinReply job = ask_to_work(chief, config.task.index, tcp, training.client.recovery_timeout);
-    members = ask_shape(Node::worker(config.task.index), chief, tcp, training.client.recovery_timeout).members;
+    const std::vector<std::uint32_t> members =
+        ask_shape(Node::worker(config.task.index), chief, tcp, training.client.recovery_timeout).members;
+    reach_now = members;
     if (job.last_step <= 0 || job.last_step == training.last_step) return worker(training);
-    log(LogLevel::kInfo, "worker " + std::to_string(config.task.index) + ": the job ends at global step " +
-                             std::to_string(job.last_step) + " (the chief's), not " +
-                             std::to_string(training.last_step) + " as this task's flags give");
+    log(LogLevel::kInfo, "worker " + std::to_string(config.task.index) + " follows the chief's schedule: the job "
+                             "ends at global step " + std::to_string(job.last_step) + " (this task's own flags give " +
+                             std::to_string(training.last_step) + ")");
     Training<M> as_the_job = training;
     as_the_job.last_step = job.last_step;
     worker(as_the_job);

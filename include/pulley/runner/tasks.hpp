@@ -7,6 +7,7 @@
 #include <memory>
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <filesystem>
 #include <optional>
 #include <span>
@@ -52,11 +53,28 @@ namespace runner_detail {
 /// object, not a temporary: GCC 12 warns of the temporary's destructor once inlined.
 inline const std::optional<std::pair<std::string, TcpOptions>> kStaysToTheEnd{};
 
-/// `work`'s steps, its heartbeats sent by `heartbeat`.
-template <Model M, class Connect, IdSharding I, class Beat>
-void work_beating(const Training<M>& training, std::uint32_t index, std::uint32_t num_workers, Connect& connect,
-                  I id_sharding, Metrics* metrics, const std::optional<std::pair<std::string, TcpOptions>>& leave,
-                  Beat& heartbeat) {
+/// A worker: steps until training is over, beating its heart on a transport of its own
+/// (`connect()` makes each); its rows go where `id_sharding` (the ps tasks') puts them. Each
+/// step is recorded in `metrics` (if any) as "worker:<index>": the global step, steps,
+/// the loss and the staleness (means over the interval), stale gradients. With `leave`
+/// (the chief's address), a SIGTERM asks the chief to take it out of the job
+/// (LeaveWatch), and it ends once the ps tasks count it no more. A worker that fails stops
+/// beating without the goodbye (HeartbeatSender::abandon): the ps tasks hold it lost once
+/// its silence lasts, and their sync policy stops waiting for it.
+template <Model M, class Connect, IdSharding I = HashIds>
+void work(const Training<M>& training, std::uint32_t index, std::uint32_t num_workers,
+          Connect connect, I id_sharding = {}, Metrics* metrics = nullptr,
+          const std::optional<std::pair<std::string, TcpOptions>>& leave = kStaysToTheEnd) {
+  HeartbeatSender heartbeat(index, connect(), training.client.heartbeat_interval);
+  // Failed (an exception leaves): held lost by the ps tasks, not forgotten as one that ended.
+  using Sender = decltype(heartbeat);
+  struct AbandonOnFailure {
+    Sender& sender;
+    int unwinding = std::uncaught_exceptions();
+    ~AbandonOnFailure() {
+      if (std::uncaught_exceptions() > unwinding) sender.abandon();
+    }
+  } abandon_on_failure{heartbeat};
   Worker worker(index, training.model(), connect(), training.client, std::move(id_sharding));
   std::int64_t start_step = 0;
   try {
@@ -106,27 +124,6 @@ void work_beating(const Training<M>& training, std::uint32_t index, std::uint32_
   log(LogLevel::kInfo, "worker " + std::to_string(index) + ": training finished after " +
                            std::to_string(steps) + " steps here (last global step seen: " +
                            std::to_string(worker.global_step()) + ")");
-}
-
-/// A worker: steps until training is over, beating its heart on a transport of its own
-/// (`connect()` makes each); its rows go where `id_sharding` (the ps tasks') puts them. Each
-/// step is recorded in `metrics` (if any) as "worker:<index>": the global step, steps,
-/// the loss and the staleness (means over the interval), stale gradients. With `leave`
-/// (the chief's address), a SIGTERM asks the chief to take it out of the job
-/// (LeaveWatch), and it ends once the ps tasks count it no more. A worker that fails stops
-/// beating without the goodbye (HeartbeatSender::abandon): the ps tasks hold it lost once
-/// its silence lasts, and their sync policy stops waiting for it.
-template <Model M, class Connect, IdSharding I = HashIds>
-void work(const Training<M>& training, std::uint32_t index, std::uint32_t num_workers,
-          Connect connect, I id_sharding = {}, Metrics* metrics = nullptr,
-          const std::optional<std::pair<std::string, TcpOptions>>& leave = kStaysToTheEnd) {
-  HeartbeatSender heartbeat(index, connect(), training.client.heartbeat_interval);
-  try {
-    work_beating(training, index, num_workers, connect, std::move(id_sharding), metrics, leave, heartbeat);
-  } catch (...) {
-    heartbeat.abandon();  // failed: held lost by the ps tasks, not forgotten as one that ended
-    throw;
-  }
 }
 
 /// How often an evaluator that follows a checkpoint directory looks for a new checkpoint:
@@ -309,22 +306,12 @@ inline std::string chief_address(const ClusterSpec& cluster) {
 /// is set. Throws the chief's refusal, or kUnavailable.
 inline void ask_to_join(const std::string& chief, std::uint32_t task, const std::string& address,
                         const TcpOptions& tcp, std::chrono::milliseconds patience, const std::atomic<bool>& stop) {
-  const auto deadline = std::chrono::steady_clock::now() + patience;
-  while (!stop) {
-    try {
-      Tcp desk = chief_desk(Node::ps(task), chief, tcp);
-      CallGroup group;
-      group.add(desk.call(0, Join{address}, {}));
-      group.wait(std::chrono::seconds(30), "ask the chief at " + chief + " to join the job");
-      (void)group.take_as<Ack>(0);
-      log(LogLevel::kInfo, "ps " + std::to_string(task) + " asked the chief at " + chief +
-                               " to join the job: the chief takes it in as soon as it is free");
-      return;
-    } catch (const Error& e) {
-      if (e.code() != ErrorCode::kUnavailable || std::chrono::steady_clock::now() > deadline) throw;
-      for (int i = 0; i < 10 && !stop; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
+  if (!ask_desk<Ack>(Node::ps(task), chief, tcp, Join{address}, "to join the job", patience,
+                     [&](const Error&) { return !stop; })) {
+    return;
   }
+  log(LogLevel::kInfo, "ps " + std::to_string(task) + " asked the chief at " + chief +
+                           " to join the job: the chief takes it in as soon as it is free");
 }
 
 /// Asks the chief at `chief` to count worker `task` in (Join), and waits until it has: the
@@ -334,33 +321,18 @@ inline void ask_to_join(const std::string& chief, std::uint32_t task, const std:
 /// within `patience`).
 inline JoinReply ask_to_work(const std::string& chief, std::uint32_t task, const TcpOptions& tcp,
                              std::chrono::milliseconds patience) {
-  const auto deadline = std::chrono::steady_clock::now() + patience;
   bool queued = false;
-  std::optional<Tcp> desk;
-  for (;;) {
-    try {
-      if (!desk) desk.emplace(chief_desk(Node::worker(task), chief, tcp));
-      CallGroup group;
-      group.add(desk->call(0, Join{}, {}));
-      group.wait(std::chrono::seconds(30), "ask the chief at " + chief + " to join the job");
-      JoinReply reply = group.take_as<JoinReply>(0);
-      log(LogLevel::kInfo, "worker " + std::to_string(task) + ": the chief at " + chief +
-                               " counted it in: it trains with the job's workers " + describe_members(reply.workers) +
-                               " until global step " + std::to_string(reply.last_step));
-      return reply;
-    } catch (const Error& e) {
-      if (e.code() != ErrorCode::kUnavailable) throw;
-      if (std::chrono::steady_clock::now() > deadline) {
-        throw Error(queued ? ErrorCode::kDeadlineExceeded : ErrorCode::kUnavailable,
-                    std::string("worker ") + std::to_string(task) + " was not counted in within " +
-                        std::to_string(patience.count() / 1000) + " s: " + e.message());
-      }
-      if (!std::exchange(queued, true)) {
-        log(LogLevel::kInfo, e.message());  // "worker 2 waits for the chief to count it in..."
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    }
-  }
+  JoinReply reply = *ask_desk<JoinReply>(Node::worker(task), chief, tcp, Join{}, "to join the job", patience,
+                                         [&](const Error& e) {
+                                           if (!std::exchange(queued, true)) {
+                                             log(LogLevel::kInfo, e.message());  // "worker 2 waits for the chief..."
+                                           }
+                                           return true;
+                                         });
+  log(LogLevel::kInfo, "worker " + std::to_string(task) + ": the chief at " + chief +
+                           " counted it in: it trains with the job's workers " + describe_members(reply.workers) +
+                           " until global step " + std::to_string(reply.last_step));
+  return reply;
 }
 
 /// Runs `body(queue)` while the chief's JoinDesk serves on `address` (a thread of its

@@ -102,17 +102,15 @@ class Tcp {
   /// while they start; throws kInvalidArgument for a malformed address (`parse_address`) or
   /// job name, kUnavailable naming the first address that stays unreachable, and
   /// kUnauthenticated when a ps and this task do not belong to the same job (or secret).
-  Tcp(Node self, const std::vector<std::string>& ps_addresses, TcpOptions options = {})
-      : impl_(std::make_unique<Impl>(self, parse_all(ps_addresses), std::move(options))) {}
+  /// With `reach_now`, it connects now to those ps tasks only (task indices: the job's
+  /// members, when some ps task left the job); the others are reached at their first call,
+  /// as after a broken connection (ps tasks the job has known, which may be gone since).
+  Tcp(Node self, const std::vector<std::string>& ps_addresses, TcpOptions options = {},
+      std::optional<std::span<const std::uint32_t>> reach_now = std::nullopt)
+      : impl_(std::make_unique<Impl>(self, parse_all(ps_addresses), std::move(options), reach_now)) {}
   /// The same with parsed addresses.
   Tcp(Node self, std::vector<Address> ps_addresses, TcpOptions options = {})
       : impl_(std::make_unique<Impl>(self, std::move(ps_addresses), std::move(options))) {}
-  /// The same, connecting now to the ps tasks `reach_now` only (task indices: the job's
-  /// members, when some ps task left the job); the others are reached at their first call,
-  /// as after a broken connection (ps tasks the job has known, which may be gone since).
-  Tcp(Node self, const std::vector<std::string>& ps_addresses, TcpOptions options,
-      std::span<const std::uint32_t> reach_now)
-      : impl_(std::make_unique<Impl>(self, parse_all(ps_addresses), std::move(options), reach_now)) {}
 
   /// Number of ps tasks.
   [[nodiscard]] std::size_t num_ps() const noexcept { return impl_->num_ps(); }

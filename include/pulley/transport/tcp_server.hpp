@@ -344,29 +344,20 @@ class TcpServer {
   /// The client's answer to the challenge: let it in, or refuse it with one log line.
   void on_hello(const ConnectionPtr& c, const wire::FrameReader::Frame& frame) {
     const wire::Hello hello = wire::decode_handshake_as<wire::Hello>(frame.header, frame.meta);
-    std::string problem = wire::refusal_reason(options_.credentials, *c->challenge, hello,
-                                               options_.tasks.contains(Node::Role::kPs));
-    ErrorCode code = ErrorCode::kUnauthenticated;
-    if (problem.empty()) {
-      problem = outside_job(hello.peer);
-      // A worker beyond the cluster spec's, where this ps knows no other workers (it has
-      // not been told the job's): it may have joined while this process was not in the job
-      // (a ps started again learns the workers from the chief's restore). A client this
-      // address let in before takes kFailedPrecondition for a refusal for now.
-      if (!problem.empty() && hello.peer.role == Node::Role::kWorker && job_workers(service_).empty()) {
-        code = ErrorCode::kFailedPrecondition;
-      }
-    }
-    if (problem.empty() && hello.shard != wire::Hello::kOwnShard && hello.shard != service_.task() &&
+    wire::Refusal refusal{ErrorCode::kUnauthenticated,
+                          wire::refusal_reason(options_.credentials, *c->challenge, hello,
+                                               options_.tasks.contains(Node::Role::kPs))};
+    if (refusal.reason.empty()) refusal = outside_job(hello.peer);
+    if (refusal.reason.empty() && hello.shard != wire::Hello::kOwnShard && hello.shard != service_.task() &&
         !holds_copy(service_, hello.shard)) {
-      problem = hello.peer.name() + " asked for a copy of ps " + std::to_string(hello.shard) +
-                "'s shard, which ps " + std::to_string(service_.task()) +
-                " does not hold (is --ps-replicas the same for every task?)";
+      refusal.reason = hello.peer.name() + " asked for a copy of ps " + std::to_string(hello.shard) +
+                       "'s shard, which ps " + std::to_string(service_.task()) +
+                       " does not hold (is --ps-replicas the same for every task?)";
     }
-    if (!problem.empty()) {
-      warn_limited("refused a connection from " + c->address + ": " + problem);
+    if (!refusal.reason.empty()) {
+      warn_limited("refused a connection from " + c->address + ": " + refusal.reason);
       c->closing = true;
-      queue_frame(c, wire::encode(wire::Handshake{wire::Refusal{code, problem}}, 0));
+      queue_frame(c, wire::encode(wire::Handshake{std::move(refusal)}, 0));
       return;
     }
     if (const std::string held = held_elsewhere(hello); !held.empty()) {  // it may try again later
@@ -427,20 +418,27 @@ class TcpServer {
     }
   }
 
-  /// Why a client that proved the secret as `peer` is not one of the job's tasks
-  /// (`TcpServerOptions::tasks`), or "".
-  [[nodiscard]] std::string outside_job(const Node& peer) const {
+  /// The refusal of a client that proved the secret as `peer` but is not one of the job's
+  /// tasks (`TcpServerOptions::tasks`); an empty reason lets it in.
+  [[nodiscard]] wire::Refusal outside_job(const Node& peer) const {
     if (options_.tasks.empty()) return {};
-    if (const auto workers = job_workers(service_); peer.role == Node::Role::kWorker && !workers.empty()) {
+    const auto workers = job_workers(service_);
+    if (peer.role == Node::Role::kWorker && !workers.empty()) {
       if (std::binary_search(workers.begin(), workers.end(), peer.index)) return {};
-      return peer.name() + " is not a worker of this job now (its workers are " + describe_members(workers) +
-             "; a new worker asks the chief to join: --join)";
+      return {ErrorCode::kUnauthenticated,
+              peer.name() + " is not a worker of this job now (its workers are " + describe_members(workers) +
+                  "; a new worker asks the chief to join: --join)"};
     }
     const auto it = options_.tasks.find(peer.role);
     const std::uint32_t count = it == options_.tasks.end() ? 0 : it->second;
     if (peer.index < count) return {};
-    return peer.name() + " is not a task of this job (it has " + std::to_string(count) + " " +
-           Node::role_name(peer.role) + " task" + (count == 1 ? "" : "s") + ")";
+    // A worker beyond the spec's, where this ps knows no other workers (it has not been
+    // told the job's): it may have joined while this process was not in the job (a ps
+    // started again learns the workers from the chief's restore). A client this address
+    // let in before takes kFailedPrecondition for a refusal for now.
+    return {peer.role == Node::Role::kWorker ? ErrorCode::kFailedPrecondition : ErrorCode::kUnauthenticated,
+            peer.name() + " is not a task of this job (it has " + std::to_string(count) + " " +
+                Node::role_name(peer.role) + " task" + (count == 1 ? "" : "s") + ")"};
   }
 
   /// Queues a frame for the write at the end of the batch; a reply's views of the parameters
