@@ -11,7 +11,7 @@
 // alternating rounds, and the medians are compared: a ratio compares figures taken moments
 // apart. The range of the rounds' own ratios follows each line.
 //
-//   push_pull [--seconds-per-case 1.0] [--rounds 5]
+//   push_pull [--seconds-per-case 1.0] [--rounds 5] [--apply-only]
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -22,11 +22,14 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "pulley/ps/shard.hpp"
+#include "pulley/ps/update.hpp"
 #include "pulley/pulley.hpp"
 #include "pulley/transport/tcp.hpp"
 #include "support/references.hpp"
@@ -41,6 +44,35 @@ int g_rounds = 5;
 
 /// Runs `f` repeatedly for about one round's time (after one warm-up); returns seconds per
 /// call.
+/// One ps's Shard holding a variable of n floats, and the Update that applies pushes to
+/// it under Async: a push is an update, as the ps takes it.
+template <class O>
+class PsOfOnePart {
+ public:
+  PsOfOnePart(const O& optimizer, std::size_t n) : shard_(0, optimizer, pulley::NoTables{}) {
+    std::vector<pulley::VariableSpec> model{{"w", {n}, {}}};
+    const std::uint32_t members[] = {0};
+    auto placement = pulley::RoundRobin{}.place(model, 1);
+    shard_.assign(pulley::Register{std::move(model), {}, 1}, std::move(placement), members, sync_);
+    const std::vector<float> ones(n, 1.0F);
+    shard_.initialize({pulley::PartValues{0, ones}});
+  }
+  /// Takes a push of `g`, no element larger than `largest` (+infinity: not known).
+  void push(const std::vector<float>& g, float largest) {
+    const auto out = update_.take(shard_, sync_, pulley::Push{0, step_, {{0, g}}}, pulley::Verdict::kReady,
+                                  step_, stats_, largest);
+    ++step_;
+    if (!out.refused.empty()) std::abort();
+  }
+
+ private:
+  pulley::Async sync_;
+  pulley::Shard<O, pulley::Async, pulley::NoTables> shard_;
+  pulley::Update<O, pulley::Async, pulley::NoTables> update_;
+  pulley::Stats stats_;
+  std::int64_t step_ = 0;
+};
+
 double time_per_call(const std::function<void()>& f) {
   f();
   int calls = 0;
@@ -233,16 +265,22 @@ double two_gb_per_s(double seconds) { return 2.0 * gb_per_s(seconds); }  // push
 int main(int argc, char** argv) {
   const auto usage = [&](std::FILE* to) {
     std::fprintf(to,
-                 "usage: %s [--seconds-per-case S (1.0)] [--rounds N (5)]\n"
+                 "usage: %s [--seconds-per-case S (1.0)] [--rounds N (5)] [--apply-only]\n"
                  "  pulley's push/pull throughput and latency, in-process and over TCP loopback,\n"
-                 "  each beside a reference measured in the same run (memcpy, a raw Asio echo, ...)\n",
+                 "  each beside a reference measured in the same run (memcpy, a raw Asio echo, ...);\n"
+                 "  then the ps's update of a 16M-float part (--apply-only: that alone)\n",
                  argv[0]);
   };
+  bool apply_only = false;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--help" || flag == "-h") {
       usage(stdout);
       return 0;
+    }
+    if (flag == "--apply-only") {
+      apply_only = true;
+      continue;
     }
     char* end = nullptr;
     const bool has_value = i + 1 < argc;
@@ -264,6 +302,7 @@ int main(int argc, char** argv) {
       "bandwidth = bytes pushed + pulled)\n\n",
       g_seconds, g_rounds);
   for (std::size_t bytes : {std::size_t{4} << 10, std::size_t{1} << 20, std::size_t{16} << 20}) {
+    if (apply_only) break;
     g_bytes = bytes;
     const std::size_t n = bytes / sizeof(float);
     const std::string size = bytes < (1 << 20) ? std::to_string(bytes >> 10) + " KB"
@@ -303,8 +342,10 @@ int main(int argc, char** argv) {
 
   // A connection's cost: TCP connect, the handshake (a nonce each way, two HMACs) and a
   // first round trip, against a raw connect and a 64-byte exchange.
-  print("TCP connect + handshake + first call", paired(tcp_first_call, raw_first_exchange),
-        nullptr, "us", "connect + 64 B ping-pong");
+  if (!apply_only) {
+    print("TCP connect + handshake + first call", paired(tcp_first_call, raw_first_exchange), nullptr, "us",
+          "connect + 64 B ping-pong");
+  }
 
   // Server-side application over 16M floats against a plain loop doing the same math.
   const std::size_t n = std::size_t{16} << 20;
@@ -334,6 +375,27 @@ int main(int argc, char** argv) {
                  });
                }),
         gb_per_s, "Gf/s", "plain loop");
+  // What the ps does now: its Update proves the push finite from magnitudes (the part's,
+  // measured by its last update, and the gradient's: given by the TCP transport, which
+  // measures a push as it checks it arrived finite; read again for an in-process push)
+  // and reads the part once; the full check above runs only where that proves nothing.
+  // Against the optimizer's apply alone, on a part of the same size.
+  const auto ps_update = [&](const auto& optimizer, float largest) {
+    return paired(
+        [&] {
+          PsOfOnePart ps(optimizer, n);
+          ps.push(g, largest);  // bounds the part
+          return time_per_call([&] { ps.push(g, largest); });
+        },
+        [&] {
+          auto state = optimizer.make_state(n);
+          return time_per_call([&] { optimizer.apply(state, w, g); });
+        });
+  };
+  const float ordinary = 1e-3F;  // the largest gradient element, as TCP reports it
+  const float unknown = std::numeric_limits<float>::infinity();
+  print("ps Sgd update, gradient measured by TCP", ps_update(sgd, ordinary), gb_per_s, "Gf/s", "Sgd::apply alone");
+  print("ps Sgd update, in-process gradient", ps_update(sgd, unknown), gb_per_s, "Gf/s", "Sgd::apply alone");
   const pulley::Adam adam{};
   auto adam_state = adam.make_state(n);
   std::vector<float> m(n), v(n);
@@ -367,5 +429,7 @@ int main(int argc, char** argv) {
                  });
                }),
         gb_per_s, "Gf/s", "plain loop");
+  print("ps Adam update, gradient measured by TCP", ps_update(adam, ordinary), gb_per_s, "Gf/s", "Adam::apply alone");
+  print("ps Adam update, in-process gradient", ps_update(adam, unknown), gb_per_s, "Gf/s", "Adam::apply alone");
   return 0;
 }

@@ -7059,12 +7059,15 @@ class Worker {
 // ---- end pulley/client/worker.hpp ----
 // ---- begin pulley/concepts/optimizer.hpp ----
 
+#include <algorithm>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
+#include <limits>
 #include <optional>
 #include <ranges>
 #include <span>
@@ -7072,6 +7075,72 @@ class Worker {
 #include <string_view>
 #include <type_traits>
 #include <vector>
+
+// ---- begin pulley/core/magnitude.hpp ----
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <span>
+
+/// Ordinary magnitudes: what lets a ps prove an update finite without reading the part
+/// (BoundsMagnitudes, concepts/optimizer.hpp). The checks fold exponent fields in integer
+/// operations, as detail/finite.hpp does, so that their loops vectorize without
+/// -ffast-math and cost about what `all_finite` costs.
+
+namespace pulley {
+
+/// The magnitude below which a value is "ordinary" (2^64): far beyond any parameter,
+/// optimizer slot or gradient of real training, and far enough below float's range that
+/// optimizers prove updates of ordinary values finite from it alone (BoundsMagnitudes).
+inline constexpr float kOrdinaryMagnitude = 0x1p64F;
+
+namespace detail {
+
+/// Folds `x` into `lane`: its top bit becomes set unless |x| < kOrdinaryMagnitude (NaN and
+/// Inf included). As `all_finite`, with the carry moved: the exponent field plus 65 (in
+/// its own bits) carries into the sign bit exactly for exponents of 191 (2^64) and up.
+inline void fold_ordinary(std::uint32_t& lane, float x) noexcept {
+  std::uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  lane |= (bits & 0x7F800000U) + 0x20800000U;
+}
+
+/// `fold_ordinary` of a value that must not be negative either (a sum of squares).
+inline void fold_ordinary_non_negative(std::uint32_t& lane, float x) noexcept {
+  std::uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  lane |= ((bits & 0x7F800000U) + 0x20800000U) | (bits & 0x80000000U);
+}
+
+/// True if every element is below kOrdinaryMagnitude in magnitude (so finite): one
+/// vectorized pass, as `all_finite`.
+inline bool all_ordinary(std::span<const float> values) noexcept {
+  const float* p = values.data();
+  std::uint32_t lane = 0;
+  for (std::size_t i = 0; i < values.size(); ++i) fold_ordinary(lane, p[i]);
+  return (lane & 0x80000000U) == 0;
+}
+
+/// True if every element is at least 0 and below kOrdinaryMagnitude.
+inline bool all_ordinary_non_negative(std::span<const float> values) noexcept {
+  const float* p = values.data();
+  std::uint32_t lane = 0;
+  for (std::size_t i = 0; i < values.size(); ++i) fold_ordinary_non_negative(lane, p[i]);
+  return (lane & 0x80000000U) == 0;
+}
+
+}  // namespace detail
+
+/// A bound of the magnitudes `all_ordinary` (or the like) found `ordinary` or not:
+/// kOrdinaryMagnitude, or +infinity (nothing known).
+inline float magnitude_bound(bool ordinary) noexcept {
+  return ordinary ? kOrdinaryMagnitude : std::numeric_limits<float>::infinity();
+}
+
+}  // namespace pulley
+// ---- end pulley/core/magnitude.hpp ----
 
 namespace pulley {
 
@@ -7102,7 +7171,52 @@ inline void fold_bound(std::uint32_t& lane, float x) noexcept {
   lane |= (bits & 0x7F800000U) + 0x01000000U;
 }
 
+/// `fold_bound` of a value that must not be negative (a sum of squares, whose square root
+/// is taken): a negative one also sets the top bit.
+inline void fold_bound_non_negative(std::uint32_t& lane, float x) noexcept {
+  std::uint32_t bits = 0;
+  std::memcpy(&bits, &x, sizeof bits);
+  lane |= ((bits & 0x7F800000U) + 0x01000000U) | (bits & 0x80000000U);
+}
+
+/// The class that declares a const member function.
+template <class F>
+struct MemberOf;
+template <class R, class C, class... A>
+struct MemberOf<R (C::*)(A...) const> {
+  using type = C;
+};
+template <class R, class C, class... A>
+struct MemberOf<R (C::*)(A...) const noexcept> {
+  using type = C;
+};
+
 }  // namespace detail
+
+/// Runs `update(begin, end)` over [0, n) in blocks small enough to stay in L1 cache, and
+/// after each block checks what it wrote there: `values` (weights and slots of any sign)
+/// and `non_negative` (slots that must not be negative). Returns kOrdinaryMagnitude if all
+/// are ordinary (`detail::all_ordinary`), else +infinity: the bound `apply_bounded`
+/// returns (BoundsMagnitudes). For an update loop that does not vectorize (std::sqrt sets
+/// errno, unless built with -fno-math-errno), where a fold inside the loop would slow the
+/// loop itself: the loop stays as it is, and the check, which vectorizes, reads from L1.
+template <class Update>
+float bounded_in_blocks(std::size_t n, Update&& update, std::initializer_list<float*> values,
+                        std::initializer_list<float*> non_negative = {}) {
+  constexpr std::size_t kBlock = 1024;  // 4 KB per array
+  bool ordinary = true;
+  for (std::size_t begin = 0; begin < n; begin += kBlock) {
+    const std::size_t count = std::min(n - begin, kBlock);
+    update(begin, begin + count);
+    for (float* p : values) ordinary = detail::all_ordinary({p + begin, count}) && ordinary;
+    for (float* p : non_negative) ordinary = detail::all_ordinary_non_negative({p + begin, count}) && ordinary;
+  }
+  return magnitude_bound(ordinary);
+}
+
+/// True if `x`, an upper bound computed in double of what an update writes, leaves room
+/// for float rounding under kFiniteBound (a proof of `stays_finite_given`).
+[[nodiscard]] inline bool proven_finite(double x) noexcept { return x <= 0x1p126; }
 
 /// True if every value `fold(i, lane)` folds (with `detail::fold_bound`) for i in [0, n) is
 /// within kFiniteBound. The values of 16 consecutive i go to 16 independent lanes, so the
@@ -7142,6 +7256,9 @@ bool bounded(std::size_t n, Fold&& fold) noexcept {
 ///     update by itself is then refused as above), and fails if the State cannot be copied
 ///     and the weights went non-finite; `stays_finite` saves that copy and guards the
 ///     slots too.
+///   - `o.apply_bounded(state, weights, gradient)` and `o.stays_finite_given(state,
+///     largest, largest_gradient)` (BoundsMagnitudes, with `stays_finite`): the ps then
+///     proves most updates finite in O(1), from magnitudes, and reads the part once.
 ///   - `o.settings_error()` → `std::optional<std::string>`: what is wrong with its
 ///     hyper-parameters (a learning rate that is NaN, infinite or negative; a decay
 ///     outside [0, 1)), or nullopt. A ps, and the role runner in every task, ask it before
@@ -7283,6 +7400,34 @@ concept PredictsFiniteness = Optimizer<O> &&
              std::span<const float> gradient) {
   { optimizer.stays_finite(state, weights, gradient) } -> std::convertible_to<bool>;
 };
+
+/// True if the optimizer proves an update finite from magnitudes alone, so that the ps
+/// checks an update without reading the part (the check costs nothing per element):
+///   - `o.apply_bounded(state, weights, gradient)` → float: does what `apply` does, and
+///     returns a bound that no weight or slot of the part exceeds in magnitude afterwards
+///     (the stock ones: kOrdinaryMagnitude when all are below it and the slots that must
+///     not be negative are not, else +infinity: nothing known);
+///   - `o.stays_finite_given(state, largest, largest_gradient)` → bool, O(1): true only if
+///     `apply` keeps every weight and slot within kFiniteBound whenever none of them is
+///     larger than `largest` in magnitude (and the slots that must not be negative are
+///     not) and no gradient element larger than `largest_gradient`. Conservative, never
+///     optimistic, as `stays_finite`.
+/// The ps keeps each part's `largest` from its last `apply_bounded`, and asks
+/// `stays_finite` where `stays_finite_given` cannot tell (or the part was written
+/// otherwise since: initialized, restored): a refused update is refused as before.
+/// `apply_bounded` must be declared by the class that declares its one `apply`: an
+/// optimizer derived from a stock one that brings a rule of its own (an `apply` of its
+/// own, or a second one) does not take the stock rule's `apply_bounded` with it.
+template <class O>
+concept BoundsMagnitudes = PredictsFiniteness<O> &&
+    requires(const O& optimizer, typename O::State& state, const typename O::State& held,
+             std::span<float> weights, std::span<const float> gradient, float magnitude) {
+  { optimizer.apply_bounded(state, weights, gradient) } -> std::same_as<float>;
+  { optimizer.stays_finite_given(held, magnitude, magnitude) } -> std::convertible_to<bool>;
+  &O::apply;  // one apply, not an overload set
+  &O::apply_bounded;
+} && std::same_as<typename detail::MemberOf<decltype(&O::apply)>::type,
+                  typename detail::MemberOf<decltype(&O::apply_bounded)>::type>;
 
 /// What a row-wise (sparse) update of one row of an embedding table may know.
 struct RowContext {
@@ -7433,6 +7578,10 @@ struct RequestContext {
   /// The shard the connection asked for at its handshake (wire::Hello::shard): nullopt for
   /// the service's own, or the index of a shard whose copy it holds (`holds_copy`).
   std::optional<std::uint32_t> shard = std::nullopt;
+  /// With `tensors_finite`: no float of the request is larger in magnitude, as the
+  /// transport measured it while checking (+infinity: not measured). A ps proves updates
+  /// finite from it without reading the gradient again (BoundsMagnitudes).
+  float tensors_largest = std::numeric_limits<float>::infinity();
 };
 
 /// The server half of a transport's contract: what a transport serves. A ParameterServer is
@@ -7912,8 +8061,22 @@ struct Adagrad {
   }
 
   /// Updates `w` in place from gradient `g` (same size as the state).
-  void apply(State& state, std::span<float> w, std::span<const float> g) const {
-    update(w.data(), state.accumulator.data(), g.data(), w.size());
+  void apply(State& state, std::span<float> w, std::span<const float> g) const { (void)apply_bounded(state, w, g); }
+
+  /// `apply`, returning a bound of the magnitudes of the weights and accumulators
+  /// afterwards (+infinity if an accumulator is negative: BoundsMagnitudes).
+  float apply_bounded(State& state, std::span<float> w, std::span<const float> g) const {
+    return update(w.data(), state.accumulator.data(), g.data(), w.size());
+  }
+
+  /// True if no weight or accumulator can leave kFiniteBound when each is at most `largest`
+  /// (the accumulators not negative) and each gradient element at most `largest_gradient`
+  /// in magnitude: a step is at most learning_rate (BoundsMagnitudes). With epsilon = 0 a
+  /// zero accumulator and gradient make 0/0, so nothing is proven then.
+  [[nodiscard]] bool stays_finite_given(const State& /*state*/, float largest, float largest_gradient) const {
+    const double s = largest;
+    const double g = largest_gradient;
+    return epsilon > 0 && proven_finite(s + g * g) && proven_finite(s + std::abs(double{learning_rate}));
   }
 
   /// The accumulator, for checkpoints.
@@ -7932,7 +8095,7 @@ struct Adagrad {
     const float* gp = g.data();
     const float* ap = state.accumulator.data();
     return bounded(w.size(), [&](std::size_t i, std::uint32_t& lane) {
-      detail::fold_bound(lane, ap[i] + gp[i] * gp[i]);
+      detail::fold_bound_non_negative(lane, ap[i] + gp[i] * gp[i]);  // else its square root is NaN
       detail::fold_bound(lane, std::abs(wp[i]) + lr);
     });
   }
@@ -7954,22 +8117,29 @@ struct Adagrad {
   /// holds the row's accumulator (w.size() floats).
   void apply_row(std::span<float> w, std::span<float> slots, std::span<const float> g,
                  const RowContext& /*context*/) const {
-    update(w.data(), slots.data(), g.data(), w.size());
+    (void)update(w.data(), slots.data(), g.data(), w.size());
   }
 
  private:
-  /// The rule over n elements, behind `apply` and `apply_row`.
-  void update(float* __restrict w, float* __restrict accumulator, const float* __restrict g,
-              std::size_t n) const {
+  /// The rule over n elements, behind `apply` and `apply_row`: a bound of the magnitudes
+  /// it leaves (BoundsMagnitudes).
+  float update(float* __restrict w, float* __restrict accumulator, const float* __restrict g,
+               std::size_t n) const {
     const float lr = learning_rate;
     const float eps = epsilon;
-    for (std::size_t i = 0; i < n; ++i) {
-      accumulator[i] += g[i] * g[i];
-      w[i] -= lr * g[i] / (std::sqrt(accumulator[i]) + eps);
-    }
+    return bounded_in_blocks(
+        n,
+        [&](std::size_t begin, std::size_t end) {
+          for (std::size_t i = begin; i < end; ++i) {
+            accumulator[i] += g[i] * g[i];
+            w[i] -= lr * g[i] / (std::sqrt(accumulator[i]) + eps);
+          }
+        },
+        {w}, {accumulator});
   }
 };
 static_assert(Optimizer<Adagrad>);
+static_assert(BoundsMagnitudes<Adagrad>);
 static_assert(RowWiseOptimizer<Adagrad>);
 
 }  // namespace pulley
@@ -8031,9 +8201,25 @@ struct Adam {
   }
 
   /// Updates `w` in place from gradient `g` (same size as the state).
-  void apply(State& state, std::span<float> w, std::span<const float> g) const {
+  void apply(State& state, std::span<float> w, std::span<const float> g) const { (void)apply_bounded(state, w, g); }
+
+  /// `apply`, returning a bound of the magnitudes of the weights and moments afterwards
+  /// (+infinity if a second moment is negative: BoundsMagnitudes).
+  float apply_bounded(State& state, std::span<float> w, std::span<const float> g) const {
     ++state.t;
-    update(step_size(state.t), w.data(), state.m.data(), state.v.data(), g.data(), w.size());
+    return update(step_size(state.t), w.data(), state.m.data(), state.v.data(), g.data(), w.size());
+  }
+
+  /// True if no weight or moment can leave kFiniteBound when each is at most `largest` (the
+  /// second moments not negative) and each gradient element at most `largest_gradient` in
+  /// magnitude: `stays_finite`'s bounds over magnitudes (BoundsMagnitudes).
+  [[nodiscard]] bool stays_finite_given(const State& state, float largest, float largest_gradient) const {
+    const double s = largest;
+    const double g = largest_gradient;
+    const double m1 = beta_1 * s + (1.0 - beta_1) * g;
+    const double v1 = beta_2 * s + (1.0 - beta_2) * g * g;
+    const double reach = std::abs(double{step_size(state.t + 1)}) / epsilon;
+    return proven_finite(m1) && proven_finite(v1) && proven_finite(s + reach * m1);
   }
 
   /// The moments, for checkpoints.
@@ -8045,8 +8231,9 @@ struct Adam {
     return {OptimizerCounter{"t", &state.t}};
   }
 
-  /// True if `apply` keeps every weight and both moments within kFiniteBound. A step is at
-  /// most lr_t * |m| / epsilon, which bounds it without a square root or a division.
+  /// True if `apply` keeps every weight and both moments within kFiniteBound (and the second
+  /// moments not negative, as a restore could have set them). A step is at most
+  /// lr_t * |m| / epsilon, which bounds it without a square root or a division.
   [[nodiscard]] bool stays_finite(const State& state, std::span<const float> w,
                                   std::span<const float> g) const {
     const float reach = std::abs(step_size(state.t + 1)) / epsilon;
@@ -8060,7 +8247,7 @@ struct Adam {
       const float m1 = b1 * mp[i] + (1.0F - b1) * gp[i];
       const float v1 = b2 * vp[i] + (1.0F - b2) * gp[i] * gp[i];
       detail::fold_bound(lane, m1);
-      detail::fold_bound(lane, v1);
+      detail::fold_bound_non_negative(lane, v1);  // else its square root is NaN
       detail::fold_bound(lane, std::abs(wp[i]) + reach * std::abs(m1));
     });
   }
@@ -8082,21 +8269,27 @@ struct Adam {
   void apply_row(std::span<float> w, std::span<float> slots, std::span<const float> g,
                  const RowContext& context) const {
     const std::size_t n = w.size();
-    update(step_size(context.updates), w.data(), slots.data(), slots.data() + n, g.data(), n);
+    (void)update(step_size(context.updates), w.data(), slots.data(), slots.data() + n, g.data(), n);
   }
 
  private:
-  /// The rule over n elements at step size lr_t, behind `apply` and `apply_row`.
-  void update(float lr_t, float* __restrict w, float* __restrict m, float* __restrict v,
-              const float* __restrict g, std::size_t n) const {
+  /// The rule over n elements at step size lr_t, behind `apply` and `apply_row`: a bound
+  /// of the magnitudes it leaves (BoundsMagnitudes).
+  float update(float lr_t, float* __restrict w, float* __restrict m, float* __restrict v,
+               const float* __restrict g, std::size_t n) const {
     const float b1 = beta_1;
     const float b2 = beta_2;
     const float eps = epsilon;
-    for (std::size_t i = 0; i < n; ++i) {
-      m[i] = b1 * m[i] + (1.0F - b1) * g[i];
-      v[i] = b2 * v[i] + (1.0F - b2) * g[i] * g[i];
-      w[i] -= lr_t * m[i] / (std::sqrt(v[i]) + eps);
-    }
+    return bounded_in_blocks(
+        n,
+        [&](std::size_t begin, std::size_t end) {
+          for (std::size_t i = begin; i < end; ++i) {
+            m[i] = b1 * m[i] + (1.0F - b1) * g[i];
+            v[i] = b2 * v[i] + (1.0F - b2) * g[i] * g[i];
+            w[i] -= lr_t * m[i] / (std::sqrt(v[i]) + eps);
+          }
+        },
+        {w, m}, {v});
   }
 
   /// lr_t of update number t.
@@ -8107,6 +8300,7 @@ struct Adam {
   }
 };
 static_assert(Optimizer<Adam>);
+static_assert(BoundsMagnitudes<Adam>);
 static_assert(RowWiseOptimizer<Adam>);
 
 }  // namespace pulley
@@ -8302,6 +8496,7 @@ static_assert(RowWiseOptimizer<Ftrl>);
 // ---- begin pulley/optimizers/momentum.hpp ----
 
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -8334,24 +8529,46 @@ struct Momentum {
   [[nodiscard]] State make_state(std::size_t n) const { return {std::vector<float>(n, 0.0F)}; }
 
   /// Updates `w` in place from gradient `g` (same size as the state).
-  void apply(State& state, std::span<float> w, std::span<const float> g) const {
+  void apply(State& state, std::span<float> w, std::span<const float> g) const { (void)apply_bounded(state, w, g); }
+
+  /// `apply`, returning a bound of the magnitudes of the weights and the accumulation
+  /// afterwards, folded in the same loop (BoundsMagnitudes).
+  float apply_bounded(State& state, std::span<float> w, std::span<const float> g) const {
     const float lr = learning_rate;
     const float mu = momentum;
     float* __restrict wp = w.data();
     const float* __restrict gp = g.data();
     float* __restrict ap = state.accumulation.data();
     const std::size_t n = w.size();
+    std::uint32_t lane = 0;
     if (use_nesterov) {
       for (std::size_t i = 0; i < n; ++i) {
         ap[i] = mu * ap[i] + gp[i];
         wp[i] -= lr * (gp[i] + mu * ap[i]);
+        detail::fold_ordinary(lane, ap[i]);
+        detail::fold_ordinary(lane, wp[i]);
       }
     } else {
       for (std::size_t i = 0; i < n; ++i) {
         ap[i] = mu * ap[i] + gp[i];
         wp[i] -= lr * ap[i];
+        detail::fold_ordinary(lane, ap[i]);
+        detail::fold_ordinary(lane, wp[i]);
       }
     }
+    return magnitude_bound((lane & 0x80000000U) == 0);
+  }
+
+  /// True if no weight or accumulation can leave kFiniteBound when each is at most
+  /// `largest` and each gradient element at most `largest_gradient` in magnitude
+  /// (BoundsMagnitudes).
+  [[nodiscard]] bool stays_finite_given(const State& /*state*/, float largest, float largest_gradient) const {
+    const double s = largest;
+    const double g = largest_gradient;
+    const double mu = std::abs(double{momentum});
+    const double acc = mu * s + g;
+    const double step = use_nesterov ? g + mu * acc : acc;
+    return proven_finite(acc) && proven_finite(s + std::abs(double{learning_rate}) * step);
   }
 
   /// The accumulation, for checkpoints.
@@ -8379,6 +8596,7 @@ struct Momentum {
   }
 };
 static_assert(Optimizer<Momentum>);
+static_assert(BoundsMagnitudes<Momentum>);
 
 }  // namespace pulley
 // ---- end pulley/optimizers/momentum.hpp ----
@@ -8436,8 +8654,23 @@ struct RmsProp {
   }
 
   /// Updates `w` in place from gradient `g` (same size as the state).
-  void apply(State& state, std::span<float> w, std::span<const float> g) const {
-    update(w.data(), state.rms.data(), state.momentum.data(), g.data(), w.size());
+  void apply(State& state, std::span<float> w, std::span<const float> g) const { (void)apply_bounded(state, w, g); }
+
+  /// `apply`, returning a bound of the magnitudes of the weights and slots afterwards
+  /// (+infinity if a mean square is negative: BoundsMagnitudes).
+  float apply_bounded(State& state, std::span<float> w, std::span<const float> g) const {
+    return update(w.data(), state.rms.data(), state.momentum.data(), g.data(), w.size());
+  }
+
+  /// True if no weight or slot can leave kFiniteBound when each is at most `largest` (the
+  /// mean squares not negative) and each gradient element at most `largest_gradient` in
+  /// magnitude: a step's new part is at most learning_rate * |g| / sqrt(epsilon)
+  /// (BoundsMagnitudes; nothing is proven with epsilon = 0).
+  [[nodiscard]] bool stays_finite_given(const State& /*state*/, float largest, float largest_gradient) const {
+    const double s = largest;
+    const double g = largest_gradient;
+    const double mom = std::abs(double{momentum}) * s + std::abs(double{learning_rate}) * g / std::sqrt(double{epsilon});
+    return epsilon > 0 && proven_finite(s + g * g) && proven_finite(mom) && proven_finite(s + mom);
   }
 
   /// The rms and momentum slots, for checkpoints.
@@ -8485,7 +8718,7 @@ struct RmsProp {
   void apply_row(std::span<float> w, std::span<float> slots, std::span<const float> g,
                  const RowContext& /*context*/) const {
     const std::size_t n = w.size();
-    update(w.data(), slots.data(), slots.data() + n, g.data(), n);
+    (void)update(w.data(), slots.data(), slots.data() + n, g.data(), n);
   }
 
  private:
@@ -8507,14 +8740,21 @@ struct RmsProp {
     w -= mom;
   }
 
-  /// The rule over n elements, behind `apply` and `apply_row`.
-  void update(float* __restrict w, float* __restrict ms, float* __restrict mom,
-              const float* __restrict g, std::size_t n) const {
+  /// The rule over n elements, behind `apply` and `apply_row`: a bound of the magnitudes
+  /// it leaves (BoundsMagnitudes).
+  float update(float* __restrict w, float* __restrict ms, float* __restrict mom,
+               const float* __restrict g, std::size_t n) const {
     const Terms k = terms();
-    for (std::size_t i = 0; i < n; ++i) step(k, w[i], ms[i], mom[i], g[i]);
+    return bounded_in_blocks(
+        n,
+        [&](std::size_t begin, std::size_t end) {
+          for (std::size_t i = begin; i < end; ++i) step(k, w[i], ms[i], mom[i], g[i]);
+        },
+        {w, mom}, {ms});
   }
 };
 static_assert(Optimizer<RmsProp>);
+static_assert(BoundsMagnitudes<RmsProp>);
 static_assert(RowWiseOptimizer<RmsProp>);
 
 }  // namespace pulley
@@ -8522,6 +8762,7 @@ static_assert(RowWiseOptimizer<RmsProp>);
 // ---- begin pulley/optimizers/sgd.hpp ----
 
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -8549,8 +8790,17 @@ struct Sgd {
   [[nodiscard]] State make_state(std::size_t /*n*/) const { return {}; }
 
   /// Updates `w` in place from gradient `g` (same size as the state).
-  void apply(State& /*state*/, std::span<float> w, std::span<const float> g) const {
-    update(learning_rate, w.data(), g.data(), w.size());
+  void apply(State& state, std::span<float> w, std::span<const float> g) const { (void)apply_bounded(state, w, g); }
+
+  /// `apply`, returning a bound of the weights' magnitudes afterwards (BoundsMagnitudes).
+  float apply_bounded(State& /*state*/, std::span<float> w, std::span<const float> g) const {
+    return update(learning_rate, w.data(), g.data(), w.size());
+  }
+
+  /// True if no weight can leave kFiniteBound when each is at most `largest` and each
+  /// gradient element at most `largest_gradient` in magnitude (BoundsMagnitudes).
+  [[nodiscard]] bool stays_finite_given(const State& /*state*/, float largest, float largest_gradient) const {
+    return proven_finite(double{largest} + std::abs(double{learning_rate}) * largest_gradient);
   }
 
   /// True if `apply` keeps every weight within kFiniteBound.
@@ -8576,16 +8826,23 @@ struct Sgd {
   /// Updates one table row `w` in place from its gradient `g`, as `apply` does.
   void apply_row(std::span<float> w, std::span<float> /*slots*/, std::span<const float> g,
                  const RowContext& /*context*/) const {
-    update(learning_rate, w.data(), g.data(), w.size());
+    (void)update(learning_rate, w.data(), g.data(), w.size());
   }
 
  private:
-  /// The rule over n elements, behind `apply` and `apply_row`.
-  static void update(float lr, float* __restrict w, const float* __restrict g, std::size_t n) {
-    for (std::size_t i = 0; i < n; ++i) w[i] -= lr * g[i];
+  /// The rule over n elements, behind `apply` and `apply_row`: a bound of the weights'
+  /// magnitudes after (kOrdinaryMagnitude or +infinity), folded in the same loop.
+  static float update(float lr, float* __restrict w, const float* __restrict g, std::size_t n) {
+    std::uint32_t lane = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      w[i] -= lr * g[i];
+      detail::fold_ordinary(lane, w[i]);
+    }
+    return magnitude_bound((lane & 0x80000000U) == 0);
   }
 };
 static_assert(Optimizer<Sgd>);
+static_assert(BoundsMagnitudes<Sgd>);
 static_assert(RowWiseOptimizer<Sgd>);
 
 }  // namespace pulley
@@ -8595,6 +8852,7 @@ static_assert(RowWiseOptimizer<Sgd>);
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <limits>
 #include <exception>
 #include <functional>
 #include <optional>
@@ -9541,6 +9799,7 @@ class Registration {
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <span>
 #include <string>
@@ -10831,6 +11090,10 @@ struct HeldPart {
   typename O::State optimizer_state;    ///< the optimizer's slots and counters for it
   typename P::Accumulator accumulator;  ///< gradients of the update in progress
   bool initialized = false;
+  /// The largest magnitude among its values and slots as the last `apply_bounded` left
+  /// them (BoundsMagnitudes); +infinity while unknown: set otherwise since (initialized,
+  /// restored), or never measured.
+  float largest = std::numeric_limits<float>::infinity();
 };
 
 /// What one ps task holds of the model: the parts of dense variables placed on it, each
@@ -10993,6 +11256,7 @@ class Shard {
       Part& held = *find(pv.part);
       std::copy(pv.values.begin(), pv.values.end(), held.values.begin());
       held.initialized = true;
+      held.largest = std::numeric_limits<float>::infinity();
       ++initialized_;
     }
   }
@@ -11073,6 +11337,7 @@ class Shard {
       for (std::size_t c = 0; c < ps.counters.size(); ++c) *counters[c].value = ps.counters[c];
       held.accumulator = sync.make_accumulator(held.values.size());
       held.initialized = true;
+      held.largest = std::numeric_limits<float>::infinity();
     }
     initialized_ = parts_.size();
     tables_.clear();
@@ -11130,9 +11395,11 @@ class Shard {
 // ---- end pulley/ps/shard.hpp ----
 // ---- begin pulley/ps/update.hpp ----
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <span>
 #include <stdexcept>
@@ -11159,7 +11426,10 @@ namespace pulley {
 ///     would go non-finite.
 /// Optimizers with `stays_finite` are asked before applying; others apply into a copy of
 /// the part and its State that replaces them only if it stayed finite (or, if the State
-/// cannot be copied, fail the ps when the part goes non-finite).
+/// cannot be copied, fail the ps when the part goes non-finite). An optimizer that bounds
+/// magnitudes (BoundsMagnitudes, every stock one but Ftrl) is asked first with what its
+/// last update measured and the gradient's largest magnitude: what it proves finite is
+/// applied without reading the part twice, and `stays_finite` decides the rest.
 ///
 /// @tparam O, P, T as the Shard it updates
 template <Optimizer O, SyncPolicy P, class T>
@@ -11172,14 +11442,17 @@ class Update {
   };
 
   /// Takes push `r` (checked) with the sync policy's `verdict`, made at global step
-  /// `step_before`, and applies the update it completes. A throw from the optimizer or the
-  /// policy leaves the update half applied: the ps then fails.
+  /// `step_before`, and applies the update it completes. `largest`: no value of the push
+  /// is larger in magnitude (the transport measured it as it checked the push arrived
+  /// finite: RequestContext::tensors_largest), or +infinity. A throw from the optimizer or
+  /// the policy leaves the update half applied: the ps then fails.
   Outcome take(Shard<O, P, T>& shard, const P& sync, const Push& r, Verdict verdict,
-               std::int64_t step_before, Stats& stats) {
+               std::int64_t step_before, Stats& stats,
+               float largest = std::numeric_limits<float>::infinity()) {
     const bool stale = verdict == Verdict::kStale;
     const bool alone = verdict == Verdict::kReady && accumulated_ == 0;
     Outcome out;
-    std::string refused = alone ? would_overflow(shard, r) : std::string();
+    std::string refused = alone ? would_overflow(shard, r, largest) : std::string();
     for (const PartValues& pv : r.gradients) {
       stats.bytes_pushed += static_cast<std::int64_t>(pv.values.size_bytes());
       if (stale) {
@@ -11202,12 +11475,13 @@ class Update {
     if (!stale && refused.empty()) {
       ++accumulated_;
       contributors_.push_back(r.worker);
+      pushed_largest_ = std::max(pushed_largest_, largest);
     }
     std::string rolled_back;
     if (verdict == Verdict::kReady) {
       // An update of nothing (its one push refused here) applies nothing.
-      if (std::exchange(accumulated_, 0) > 0) rolled_back = timed_apply(shard, sync, step_before, alone, stats);
-      contributors_.clear();
+      if (accumulated_ > 0) rolled_back = timed_apply(shard, sync, step_before, alone, stats);
+      clear();
     }
     if (alone && refused.empty() && !rolled_back.empty()) {
       refused = "push from worker " + std::to_string(r.worker) + " refused: it would make " + rolled_back +
@@ -11222,14 +11496,15 @@ class Update {
   /// The update in progress needs no more pushes (a worker it waited for was held lost):
   /// applies what it has, at global step `step_before`.
   void complete(Shard<O, P, T>& shard, const P& sync, std::int64_t step_before, Stats& stats) {
-    if (std::exchange(accumulated_, 0) > 0) (void)timed_apply(shard, sync, step_before, /*checked=*/false, stats);
-    contributors_.clear();
+    if (accumulated_ > 0) (void)timed_apply(shard, sync, step_before, /*checked=*/false, stats);
+    clear();
   }
 
   /// Forgets the update in progress (a restore empties the shard's accumulators).
   void clear() noexcept {
     accumulated_ = 0;
     contributors_.clear();
+    pushed_largest_ = 0.0F;
   }
 
  private:
@@ -11246,10 +11521,11 @@ class Update {
   /// Why applying push `r` alone would make a parameter or a slot non-finite (the
   /// optimizer's `stays_finite`, asked of every part against the state it would be applied
   /// to), or "" when it would not, or when the optimizer cannot tell (`apply` guards those).
-  std::string would_overflow(Shard<O, P, T>& shard, const Push& r) const {
+  std::string would_overflow(Shard<O, P, T>& shard, const Push& r, float largest) const {
     if constexpr (PredictsFiniteness<O>) {
       for (const PartValues& pv : r.gradients) {
         const auto& held = *shard.find(pv.part);
+        if (proven_by_magnitudes(shard.optimizer(), held, pv.values, largest)) continue;
         if (!shard.optimizer().stays_finite(held.optimizer_state, held.values, pv.values)) {
           return "push from worker " + std::to_string(r.worker) + " refused: its gradient for " +
                  shard.describe(held.part) +
@@ -11278,13 +11554,21 @@ class Update {
       return skip(shard, step_before, "table '" + *table + "'", stats);
     }
     if constexpr (PredictsFiniteness<O>) {
+      // A mean of pushes is no larger than the largest of them; a policy that sums them
+      // (against the contract) gets at most `accumulated_` times that.
+      const float pushed = pushed_largest_ * static_cast<float>(accumulated_);
       for (std::size_t i = 0; !checked && i < parts.size(); ++i) {
+        if (proven_by_magnitudes(optimizer, parts[i], updates_[i], pushed)) continue;
         if (!optimizer.stays_finite(parts[i].optimizer_state, parts[i].values, updates_[i])) {
           return skip(shard, step_before, shard.describe(parts[i].part), stats);
         }
       }
       for (std::size_t i = 0; i < parts.size(); ++i) {
-        apply_to(shard, parts[i], parts[i].values, parts[i].optimizer_state, updates_[i], step_before);
+        if constexpr (BoundsMagnitudes<O>) {
+          parts[i].largest = optimizer.apply_bounded(parts[i].optimizer_state, parts[i].values, updates_[i]);
+        } else {
+          apply_to(shard, parts[i], parts[i].values, parts[i].optimizer_state, updates_[i], step_before);
+        }
       }
     } else if constexpr (std::is_copy_assignable_v<typename O::State>) {
       shadows_.resize(parts.size());
@@ -11318,6 +11602,23 @@ class Update {
     return {};
   }
 
+  /// True if the optimizer proves from magnitudes alone (BoundsMagnitudes) that applying
+  /// `update` to `held` stays finite: from what its last update measured of the part, and
+  /// `largest` (no element of `update` is larger; +infinity: not known, so the update is
+  /// read here, once, for whether all of it is ordinary: detail::all_ordinary).
+  static bool proven_by_magnitudes(const O& optimizer, const HeldPart<O, P>& held,
+                                   std::span<const float> update, float largest) {
+    if constexpr (BoundsMagnitudes<O>) {
+      if (!(held.largest < std::numeric_limits<float>::infinity())) return false;
+      if (!(largest < std::numeric_limits<float>::infinity())) {
+        largest = magnitude_bound(detail::all_ordinary(update));
+      }
+      return optimizer.stays_finite_given(held.optimizer_state, held.largest, largest);
+    } else {
+      return false;
+    }
+  }
+
   static void apply_to(const Shard<O, P, T>& shard, const HeldPart<O, P>& held, std::span<float> values,
                        typename O::State& state, std::span<const float> update, std::int64_t step_before) {
     const UpdateContext context{step_before, shard.variables()[held.part.variable].name, held.part.rows,
@@ -11346,6 +11647,7 @@ class Update {
 
   std::int64_t accumulated_ = 0;             ///< pushes whose gradients are in the accumulators
   std::vector<std::uint32_t> contributors_;  ///< ... and whose they are, for a rollback's log
+  float pushed_largest_ = 0.0F;              ///< ... and the largest magnitude among them
   std::vector<Shadow> shadows_;
   std::vector<std::span<const float>> updates_;  ///< scratch: each part's update
 };
@@ -11926,11 +12228,12 @@ class ParameterServer {
       cut_.hold(r, reply);
       return advance_cut();
     }
-    take(r, reply);
+    take(r, reply, context.tensors_finite ? context.tensors_largest : std::numeric_limits<float>::infinity());
   }
 
-  /// Takes a push that passed every check: the sync policy's verdict, then the update.
-  void take(const Push& r, Responder& reply) {
+  /// Takes a push that passed every check: the sync policy's verdict, then the update
+  /// (`largest`: its largest magnitude, +infinity when not known: Update::take).
+  void take(const Push& r, Responder& reply, float largest = std::numeric_limits<float>::infinity()) {
     const std::int64_t step_before = pacing_.global_step();
     changing_ = true;  // the policy's own refusal (pulley::Error) leaves its pacer unchanged
     Verdict verdict = Verdict::kStale;
@@ -11942,7 +12245,7 @@ class ParameterServer {
     }
     ledger_.count(r.worker);
     ++stats_.pushes_taken;
-    const auto outcome = update_.take(shard_, pacing_.policy(), r, verdict, step_before, stats_);
+    const auto outcome = update_.take(shard_, pacing_.policy(), r, verdict, step_before, stats_, largest);
     ledger_.answered(r.worker, r.sequence, {outcome.stale_parts, outcome.refused}, r.series);
     if (outcome.refused.empty()) {
       respond(reply, PushReply{outcome.stale_parts});
@@ -15092,6 +15395,7 @@ Expected decode_handshake_as(const Header& h, std::span<const char> meta) {
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <functional>
 #include <memory>
 #include <new>
@@ -15162,6 +15466,9 @@ class FrameReader {
     /// Every payload float was checked finite as it arrived (payloads received into the
     /// growing buffer only: they are the ones too large to check again cheaply).
     bool finite = false;
+    /// With `finite`: no payload float is larger in magnitude (kOrdinaryMagnitude when
+    /// all were below it, else +infinity: not known).
+    float largest = std::numeric_limits<float>::infinity();
   };
 
   /// @param buffer_bytes the receive buffer: frames up to this size come in place, many per
@@ -15301,7 +15608,7 @@ class FrameReader {
     // Too large for the buffer: into the growing payload buffer.
     direct_done_ = buffered;
     checked_ = 0;
-    finite_ = true;
+    ordinary_ = finite_ = true;
     grow_own(false);  // a new frame: nothing in the buffer is worth keeping
     std::memcpy(own_.get(), bytes() + begin_ + head, buffered);
     arrived_in_own();
@@ -15337,8 +15644,11 @@ class FrameReader {
   /// is to come.
   void arrived_in_own() {
     const auto arrived = static_cast<std::size_t>(direct_done_ / sizeof(float));
-    finite_ = finite_ && pulley::detail::all_finite(
-                             std::span<const float>(own_.get() + checked_, arrived - checked_));
+    // One pass finds them all ordinary (so finite), as a gradient nearly always is; from
+    // the first chunk that is not, each is checked for finiteness alone.
+    const std::span<const float> fresh(own_.get() + checked_, arrived - checked_);
+    if (ordinary_) ordinary_ = pulley::detail::all_ordinary(fresh);
+    if (!ordinary_) finite_ = finite_ && pulley::detail::all_finite(fresh);
     checked_ = arrived;
     grow_own();
   }
@@ -15449,6 +15759,7 @@ class FrameReader {
       frame.payload = std::span<const float>(
           own_.get(), static_cast<std::size_t>(header_.payload_bytes / sizeof(float)));
       frame.finite = finite_;
+      frame.largest = pulley::magnitude_bound(ordinary_);
       own_viewed_ = true;
     }
     direct_ = routed_ = asked_ = false;
@@ -15478,6 +15789,7 @@ class FrameReader {
   bool growing_ = false;                       ///< own_ is being replaced (charge under way)
   std::size_t checked_ = 0;                    ///< floats of own_ checked finite so far
   bool finite_ = true;
+  bool ordinary_ = true;                       ///< ... all below kOrdinaryMagnitude
   std::array<std::span<float>, 1> own_target_{};
   std::array<std::span<std::byte>, 16> scatter_{};
   std::size_t scatter_size_ = 0;
@@ -16806,7 +17118,7 @@ class TcpServer {
     ++c->unanswered;
     // The frame reader checked large payloads finite as they arrived; the service checks
     // the rest.
-    service_.handle(std::move(request), RequestContext{frame.finite, c->peer, c->session, c->shard},
+    service_.handle(std::move(request), RequestContext{frame.finite, c->peer, c->session, c->shard, frame.largest},
                     [this, weak = std::weak_ptr<Connection>(c),
                      call = frame.header.call](Response&& response) {
                       auto connection = weak.lock();

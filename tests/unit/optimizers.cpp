@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <iterator>
 #include <limits>
 #include <random>
@@ -168,6 +169,99 @@ TEST_CASE("each stock optimizer predicts finiteness: never optimistic, never in 
   const pulley::Adam adam{0.001F};
   const std::vector<float> w{1.0F}, g{3e38F};
   CHECK_FALSE(adam.stays_finite(adam.make_state(1), w, g));
+}
+
+namespace {
+
+/// The largest magnitude among `w` and the slots of `state` (+infinity if one is NaN).
+template <class O>
+float largest_held(const O& optimizer, typename O::State& state, const std::vector<float>& w) {
+  float most = 0.0F;
+  const auto fold = [&most](float x) { most = std::isnan(x) ? std::numeric_limits<float>::infinity() : std::max(most, std::abs(x)); };
+  for (const float x : w) fold(x);
+  for (const pulley::OptimizerSlot& slot : pulley::slots_of(optimizer, state)) {
+    for (const float x : slot.values) fold(x);
+  }
+  return most;
+}
+
+/// apply_bounded does what apply does, bit for bit, and returns kOrdinaryMagnitude exactly
+/// when every weight and slot it left is below it; stays_finite_given, from magnitudes alone, is never optimistic and proves every
+/// update of an everyday size.
+template <class O>
+void check_magnitudes(const O& optimizer) {
+  static_assert(pulley::BoundsMagnitudes<O>);
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> unit(-1.0F, 1.0F);
+  const float scales[] = {0.0F, 1e-3F, 1.0F, 1e3F, 1e18F, 1e19F, 1e30F, 1e36F, 1e37F, 1e38F, 3e38F};
+  int unproven = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    const float wscale = scales[static_cast<std::size_t>(trial) % std::size(scales)];
+    const float gscale = scales[static_cast<std::size_t>(trial / 11) % std::size(scales)];
+    std::vector<float> w(37), g(37);  // not a multiple of the 16 lanes
+    for (float& x : w) x = unit(rng) * wscale;
+    for (float& x : g) x = unit(rng) * gscale;
+    auto state = optimizer.make_state(w.size());
+    if (trial % 3 == 1) optimizer.apply(state, w, g);  // a state that saw a gradient already
+    CAPTURE(trial);
+    float gmax = 0.0F;
+    for (const float x : g) gmax = std::max(gmax, std::abs(x));
+    const bool proven = optimizer.stays_finite_given(state, largest_held(optimizer, state, w), gmax);
+    if (proven) CHECK(apply_stays_finite(optimizer, state, w, g));
+    if (wscale <= 1e3F && gscale <= 1e3F) CHECK(proven);
+    unproven += proven ? 0 : 1;
+    auto bounded_state = state;
+    auto bounded_w = w;
+    const float measured = optimizer.apply_bounded(bounded_state, bounded_w, g);
+    optimizer.apply(state, w, g);
+    CHECK(std::memcmp(bounded_w.data(), w.data(), w.size() * sizeof(float)) == 0);
+    // Ordinary (below 2^64) or not known: +infinity for Inf and NaN alike.
+    const float held = largest_held(optimizer, state, w);
+    CHECK(measured == (held < pulley::kOrdinaryMagnitude ? pulley::kOrdinaryMagnitude : std::numeric_limits<float>::infinity()));
+  }
+  CHECK(unproven > 0);  // the extremes were tried
+}
+
+}  // namespace
+
+namespace {
+
+/// A rule of its own on Sgd's base: Sgd's apply_bounded does not measure what it writes.
+struct SgdWithOwnRule : pulley::Sgd {
+  void apply(State& /*state*/, std::span<float> w, std::span<const float> g) const {
+    for (std::size_t i = 0; i < w.size(); ++i) w[i] -= 1e30F * g[i];
+  }
+};
+static_assert(pulley::PredictsFiniteness<SgdWithOwnRule>);
+static_assert(!pulley::BoundsMagnitudes<SgdWithOwnRule>);
+/// Sgd as it is, under another name: its apply and apply_bounded come together.
+struct RenamedSgd : pulley::Sgd {};
+static_assert(pulley::BoundsMagnitudes<RenamedSgd>);
+
+}  // namespace
+
+TEST_CASE("stock optimizers bound magnitudes: apply_bounded bounds what apply writes, the proof is never optimistic") {
+  check_magnitudes(pulley::Sgd{0.1F});
+  check_magnitudes(pulley::Momentum{0.1F, 0.9F, false});
+  check_magnitudes(pulley::Momentum{0.1F, 0.9F, true});
+  check_magnitudes(pulley::Adagrad{0.1F});
+  check_magnitudes(pulley::Adam{0.01F});
+  check_magnitudes(pulley::RmsProp{0.1F});
+  check_magnitudes(pulley::RmsProp{.learning_rate = 0.1F, .momentum = 0.9F});
+  // A negative second moment or accumulator (a restore can set one) takes the square root
+  // of a negative number: nothing is proven of it, and stays_finite refuses it.
+  const pulley::Adam adam{0.001F};
+  auto negative = adam.make_state(1);
+  negative.v[0] = -1.0F;
+  std::vector<float> w{1.0F};
+  const std::vector<float> g{0.0F};
+  CHECK_FALSE(adam.stays_finite(negative, w, g));
+  auto measured = negative;
+  CHECK(adam.apply_bounded(measured, w, g) == std::numeric_limits<float>::infinity());
+  const pulley::Adagrad adagrad{0.1F};
+  auto below = adagrad.make_state(1);
+  below.accumulator[0] = -4.0F;
+  CHECK_FALSE(adagrad.stays_finite(below, std::vector<float>{1.0F}, std::vector<float>{1.0F}));
 }
 
 TEST_CASE("Ftrl: linear and accumulator slots, the weight solved from them") {

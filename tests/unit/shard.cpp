@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -149,6 +150,58 @@ TEST_CASE("an update that would go non-finite is refused alone, or rolled back w
     CHECK(stats.updates_refused == 1);
     CHECK(stats.updates_applied == 0);
   }
+}
+
+namespace {
+
+/// Sgd that counts the calls of its full check, stays_finite.
+struct CountedSgd : Sgd {
+  int* asked = nullptr;
+  [[nodiscard]] bool stays_finite(const State& state, std::span<const float> w, std::span<const float> g) const {
+    ++*asked;
+    return Sgd::stays_finite(state, w, g);
+  }
+};
+static_assert(BoundsMagnitudes<CountedSgd>);
+
+}  // namespace
+
+TEST_CASE("an update proven finite from magnitudes is applied at once, one that is not is checked as before") {
+  const Async sync;
+  int asked = 0;
+  auto shard = shard_of(1, CountedSgd{Sgd{1.0F}, &asked}, sync);  // b = {5, 6}
+  Update<CountedSgd, Async, NoTables> update;
+  Stats stats;
+  const float unknown = std::numeric_limits<float>::infinity();
+  CHECK(shard.find(1)->largest == unknown);  // initialized: not measured yet
+  const std::vector<float> small{1, -2};
+  CHECK(update.take(shard, sync, Push{0, 0, {{1, small}}}, Verdict::kReady, 0, stats, 2.0F).refused.empty());
+  CHECK(values_of(shard, 1) == std::vector<float>{4, 8});
+  CHECK(shard.find(1)->largest == kOrdinaryMagnitude);  // bounded by the update
+  CHECK(asked == 1);  // nothing to prove it from: checked in full
+  // Proven from the magnitudes (the part's bound and 2, then the gradient's, which the
+  // update reads when not told): the part is not read twice.
+  CHECK(update.take(shard, sync, Push{0, 1, {{1, small}}}, Verdict::kReady, 1, stats, 2.0F).refused.empty());
+  const std::vector<float> one{1, 1};
+  CHECK(update.take(shard, sync, Push{0, 2, {{1, one}}}, Verdict::kReady, 2, stats).refused.empty());
+  CHECK(values_of(shard, 1) == std::vector<float>{2, 9});
+  CHECK(asked == 1);
+  // Too large to prove (1e38 > 2^126), finite all the same: applied after stays_finite.
+  const std::vector<float> large{-1e38F, 0};
+  CHECK(update.take(shard, sync, Push{0, 3, {{1, large}}}, Verdict::kReady, 3, stats, 1e38F).refused.empty());
+  CHECK(values_of(shard, 1) == std::vector<float>{1e38F, 9});
+  CHECK(shard.find(1)->largest == unknown);  // 1e38 is not ordinary
+  CHECK(asked == 2);
+  // Twice that overflows: not proven, and refused by stays_finite; nothing changes.
+  const auto out = update.take(shard, sync, Push{0, 4, {{1, large}}}, Verdict::kReady, 4, stats);
+  CHECK(out.refused.find("push from worker 0 refused") == 0);
+  CHECK(values_of(shard, 1) == std::vector<float>{1e38F, 9});
+  CHECK(stats.updates_refused == 1);
+  CHECK(asked == 3);
+  // Values set otherwise are not measured: the next update is checked in full.
+  const std::vector<float> b{5, 6};
+  shard.initialize({PartValues{1, b}});
+  CHECK(shard.find(1)->largest == unknown);
 }
 
 TEST_CASE("a shard with tables: rows are checked, pulled, and updated with the dense parts") {

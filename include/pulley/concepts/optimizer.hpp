@@ -1,12 +1,15 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
+#include <limits>
 #include <optional>
 #include <ranges>
 #include <span>
@@ -16,6 +19,7 @@
 #include <vector>
 
 #include "pulley/core/error.hpp"
+#include "pulley/core/magnitude.hpp"
 #include "pulley/core/variable.hpp"
 
 namespace pulley {
@@ -47,7 +51,52 @@ inline void fold_bound(std::uint32_t& lane, float x) noexcept {
   lane |= (bits & 0x7F800000U) + 0x01000000U;
 }
 
+/// `fold_bound` of a value that must not be negative (a sum of squares, whose square root
+/// is taken): a negative one also sets the top bit.
+inline void fold_bound_non_negative(std::uint32_t& lane, float x) noexcept {
+  std::uint32_t bits = 0;
+  std::memcpy(&bits, &x, sizeof bits);
+  lane |= ((bits & 0x7F800000U) + 0x01000000U) | (bits & 0x80000000U);
+}
+
+/// The class that declares a const member function.
+template <class F>
+struct MemberOf;
+template <class R, class C, class... A>
+struct MemberOf<R (C::*)(A...) const> {
+  using type = C;
+};
+template <class R, class C, class... A>
+struct MemberOf<R (C::*)(A...) const noexcept> {
+  using type = C;
+};
+
 }  // namespace detail
+
+/// Runs `update(begin, end)` over [0, n) in blocks small enough to stay in L1 cache, and
+/// after each block checks what it wrote there: `values` (weights and slots of any sign)
+/// and `non_negative` (slots that must not be negative). Returns kOrdinaryMagnitude if all
+/// are ordinary (`detail::all_ordinary`), else +infinity: the bound `apply_bounded`
+/// returns (BoundsMagnitudes). For an update loop that does not vectorize (std::sqrt sets
+/// errno, unless built with -fno-math-errno), where a fold inside the loop would slow the
+/// loop itself: the loop stays as it is, and the check, which vectorizes, reads from L1.
+template <class Update>
+float bounded_in_blocks(std::size_t n, Update&& update, std::initializer_list<float*> values,
+                        std::initializer_list<float*> non_negative = {}) {
+  constexpr std::size_t kBlock = 1024;  // 4 KB per array
+  bool ordinary = true;
+  for (std::size_t begin = 0; begin < n; begin += kBlock) {
+    const std::size_t count = std::min(n - begin, kBlock);
+    update(begin, begin + count);
+    for (float* p : values) ordinary = detail::all_ordinary({p + begin, count}) && ordinary;
+    for (float* p : non_negative) ordinary = detail::all_ordinary_non_negative({p + begin, count}) && ordinary;
+  }
+  return magnitude_bound(ordinary);
+}
+
+/// True if `x`, an upper bound computed in double of what an update writes, leaves room
+/// for float rounding under kFiniteBound (a proof of `stays_finite_given`).
+[[nodiscard]] inline bool proven_finite(double x) noexcept { return x <= 0x1p126; }
 
 /// True if every value `fold(i, lane)` folds (with `detail::fold_bound`) for i in [0, n) is
 /// within kFiniteBound. The values of 16 consecutive i go to 16 independent lanes, so the
@@ -87,6 +136,9 @@ bool bounded(std::size_t n, Fold&& fold) noexcept {
 ///     update by itself is then refused as above), and fails if the State cannot be copied
 ///     and the weights went non-finite; `stays_finite` saves that copy and guards the
 ///     slots too.
+///   - `o.apply_bounded(state, weights, gradient)` and `o.stays_finite_given(state,
+///     largest, largest_gradient)` (BoundsMagnitudes, with `stays_finite`): the ps then
+///     proves most updates finite in O(1), from magnitudes, and reads the part once.
 ///   - `o.settings_error()` → `std::optional<std::string>`: what is wrong with its
 ///     hyper-parameters (a learning rate that is NaN, infinite or negative; a decay
 ///     outside [0, 1)), or nullopt. A ps, and the role runner in every task, ask it before
@@ -228,6 +280,34 @@ concept PredictsFiniteness = Optimizer<O> &&
              std::span<const float> gradient) {
   { optimizer.stays_finite(state, weights, gradient) } -> std::convertible_to<bool>;
 };
+
+/// True if the optimizer proves an update finite from magnitudes alone, so that the ps
+/// checks an update without reading the part (the check costs nothing per element):
+///   - `o.apply_bounded(state, weights, gradient)` → float: does what `apply` does, and
+///     returns a bound that no weight or slot of the part exceeds in magnitude afterwards
+///     (the stock ones: kOrdinaryMagnitude when all are below it and the slots that must
+///     not be negative are not, else +infinity: nothing known);
+///   - `o.stays_finite_given(state, largest, largest_gradient)` → bool, O(1): true only if
+///     `apply` keeps every weight and slot within kFiniteBound whenever none of them is
+///     larger than `largest` in magnitude (and the slots that must not be negative are
+///     not) and no gradient element larger than `largest_gradient`. Conservative, never
+///     optimistic, as `stays_finite`.
+/// The ps keeps each part's `largest` from its last `apply_bounded`, and asks
+/// `stays_finite` where `stays_finite_given` cannot tell (or the part was written
+/// otherwise since: initialized, restored): a refused update is refused as before.
+/// `apply_bounded` must be declared by the class that declares its one `apply`: an
+/// optimizer derived from a stock one that brings a rule of its own (an `apply` of its
+/// own, or a second one) does not take the stock rule's `apply_bounded` with it.
+template <class O>
+concept BoundsMagnitudes = PredictsFiniteness<O> &&
+    requires(const O& optimizer, typename O::State& state, const typename O::State& held,
+             std::span<float> weights, std::span<const float> gradient, float magnitude) {
+  { optimizer.apply_bounded(state, weights, gradient) } -> std::same_as<float>;
+  { optimizer.stays_finite_given(held, magnitude, magnitude) } -> std::convertible_to<bool>;
+  &O::apply;  // one apply, not an overload set
+  &O::apply_bounded;
+} && std::same_as<typename detail::MemberOf<decltype(&O::apply)>::type,
+                  typename detail::MemberOf<decltype(&O::apply_bounded)>::type>;
 
 /// What a row-wise (sparse) update of one row of an embedding table may know.
 struct RowContext {

@@ -44,6 +44,10 @@ struct RequestContext {
   /// The shard the connection asked for at its handshake (wire::Hello::shard): nullopt for
   /// the service's own, or the index of a shard whose copy it holds (`holds_copy`).
   std::optional<std::uint32_t> shard = std::nullopt;
+  /// With `tensors_finite`: no float of the request is larger in magnitude, as the
+  /// transport measured it while checking (+infinity: not measured). A ps proves updates
+  /// finite from it without reading the gradient again (BoundsMagnitudes).
+  float tensors_largest = std::numeric_limits<float>::infinity();
 };
 
 /// The server half of a transport's contract: what a transport serves. A ParameterServer is

@@ -46,8 +46,22 @@ struct Adagrad {
   }
 
   /// Updates `w` in place from gradient `g` (same size as the state).
-  void apply(State& state, std::span<float> w, std::span<const float> g) const {
-    update(w.data(), state.accumulator.data(), g.data(), w.size());
+  void apply(State& state, std::span<float> w, std::span<const float> g) const { (void)apply_bounded(state, w, g); }
+
+  /// `apply`, returning a bound of the magnitudes of the weights and accumulators
+  /// afterwards (+infinity if an accumulator is negative: BoundsMagnitudes).
+  float apply_bounded(State& state, std::span<float> w, std::span<const float> g) const {
+    return update(w.data(), state.accumulator.data(), g.data(), w.size());
+  }
+
+  /// True if no weight or accumulator can leave kFiniteBound when each is at most `largest`
+  /// (the accumulators not negative) and each gradient element at most `largest_gradient`
+  /// in magnitude: a step is at most learning_rate (BoundsMagnitudes). With epsilon = 0 a
+  /// zero accumulator and gradient make 0/0, so nothing is proven then.
+  [[nodiscard]] bool stays_finite_given(const State& /*state*/, float largest, float largest_gradient) const {
+    const double s = largest;
+    const double g = largest_gradient;
+    return epsilon > 0 && proven_finite(s + g * g) && proven_finite(s + std::abs(double{learning_rate}));
   }
 
   /// The accumulator, for checkpoints.
@@ -66,7 +80,7 @@ struct Adagrad {
     const float* gp = g.data();
     const float* ap = state.accumulator.data();
     return bounded(w.size(), [&](std::size_t i, std::uint32_t& lane) {
-      detail::fold_bound(lane, ap[i] + gp[i] * gp[i]);
+      detail::fold_bound_non_negative(lane, ap[i] + gp[i] * gp[i]);  // else its square root is NaN
       detail::fold_bound(lane, std::abs(wp[i]) + lr);
     });
   }
@@ -88,22 +102,29 @@ struct Adagrad {
   /// holds the row's accumulator (w.size() floats).
   void apply_row(std::span<float> w, std::span<float> slots, std::span<const float> g,
                  const RowContext& /*context*/) const {
-    update(w.data(), slots.data(), g.data(), w.size());
+    (void)update(w.data(), slots.data(), g.data(), w.size());
   }
 
  private:
-  /// The rule over n elements, behind `apply` and `apply_row`.
-  void update(float* __restrict w, float* __restrict accumulator, const float* __restrict g,
-              std::size_t n) const {
+  /// The rule over n elements, behind `apply` and `apply_row`: a bound of the magnitudes
+  /// it leaves (BoundsMagnitudes).
+  float update(float* __restrict w, float* __restrict accumulator, const float* __restrict g,
+               std::size_t n) const {
     const float lr = learning_rate;
     const float eps = epsilon;
-    for (std::size_t i = 0; i < n; ++i) {
-      accumulator[i] += g[i] * g[i];
-      w[i] -= lr * g[i] / (std::sqrt(accumulator[i]) + eps);
-    }
+    return bounded_in_blocks(
+        n,
+        [&](std::size_t begin, std::size_t end) {
+          for (std::size_t i = begin; i < end; ++i) {
+            accumulator[i] += g[i] * g[i];
+            w[i] -= lr * g[i] / (std::sqrt(accumulator[i]) + eps);
+          }
+        },
+        {w}, {accumulator});
   }
 };
 static_assert(Optimizer<Adagrad>);
+static_assert(BoundsMagnitudes<Adagrad>);
 static_assert(RowWiseOptimizer<Adagrad>);
 
 }  // namespace pulley

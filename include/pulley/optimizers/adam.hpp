@@ -58,9 +58,25 @@ struct Adam {
   }
 
   /// Updates `w` in place from gradient `g` (same size as the state).
-  void apply(State& state, std::span<float> w, std::span<const float> g) const {
+  void apply(State& state, std::span<float> w, std::span<const float> g) const { (void)apply_bounded(state, w, g); }
+
+  /// `apply`, returning a bound of the magnitudes of the weights and moments afterwards
+  /// (+infinity if a second moment is negative: BoundsMagnitudes).
+  float apply_bounded(State& state, std::span<float> w, std::span<const float> g) const {
     ++state.t;
-    update(step_size(state.t), w.data(), state.m.data(), state.v.data(), g.data(), w.size());
+    return update(step_size(state.t), w.data(), state.m.data(), state.v.data(), g.data(), w.size());
+  }
+
+  /// True if no weight or moment can leave kFiniteBound when each is at most `largest` (the
+  /// second moments not negative) and each gradient element at most `largest_gradient` in
+  /// magnitude: `stays_finite`'s bounds over magnitudes (BoundsMagnitudes).
+  [[nodiscard]] bool stays_finite_given(const State& state, float largest, float largest_gradient) const {
+    const double s = largest;
+    const double g = largest_gradient;
+    const double m1 = beta_1 * s + (1.0 - beta_1) * g;
+    const double v1 = beta_2 * s + (1.0 - beta_2) * g * g;
+    const double reach = std::abs(double{step_size(state.t + 1)}) / epsilon;
+    return proven_finite(m1) && proven_finite(v1) && proven_finite(s + reach * m1);
   }
 
   /// The moments, for checkpoints.
@@ -72,8 +88,9 @@ struct Adam {
     return {OptimizerCounter{"t", &state.t}};
   }
 
-  /// True if `apply` keeps every weight and both moments within kFiniteBound. A step is at
-  /// most lr_t * |m| / epsilon, which bounds it without a square root or a division.
+  /// True if `apply` keeps every weight and both moments within kFiniteBound (and the second
+  /// moments not negative, as a restore could have set them). A step is at most
+  /// lr_t * |m| / epsilon, which bounds it without a square root or a division.
   [[nodiscard]] bool stays_finite(const State& state, std::span<const float> w,
                                   std::span<const float> g) const {
     const float reach = std::abs(step_size(state.t + 1)) / epsilon;
@@ -87,7 +104,7 @@ struct Adam {
       const float m1 = b1 * mp[i] + (1.0F - b1) * gp[i];
       const float v1 = b2 * vp[i] + (1.0F - b2) * gp[i] * gp[i];
       detail::fold_bound(lane, m1);
-      detail::fold_bound(lane, v1);
+      detail::fold_bound_non_negative(lane, v1);  // else its square root is NaN
       detail::fold_bound(lane, std::abs(wp[i]) + reach * std::abs(m1));
     });
   }
@@ -109,21 +126,27 @@ struct Adam {
   void apply_row(std::span<float> w, std::span<float> slots, std::span<const float> g,
                  const RowContext& context) const {
     const std::size_t n = w.size();
-    update(step_size(context.updates), w.data(), slots.data(), slots.data() + n, g.data(), n);
+    (void)update(step_size(context.updates), w.data(), slots.data(), slots.data() + n, g.data(), n);
   }
 
  private:
-  /// The rule over n elements at step size lr_t, behind `apply` and `apply_row`.
-  void update(float lr_t, float* __restrict w, float* __restrict m, float* __restrict v,
-              const float* __restrict g, std::size_t n) const {
+  /// The rule over n elements at step size lr_t, behind `apply` and `apply_row`: a bound
+  /// of the magnitudes it leaves (BoundsMagnitudes).
+  float update(float lr_t, float* __restrict w, float* __restrict m, float* __restrict v,
+               const float* __restrict g, std::size_t n) const {
     const float b1 = beta_1;
     const float b2 = beta_2;
     const float eps = epsilon;
-    for (std::size_t i = 0; i < n; ++i) {
-      m[i] = b1 * m[i] + (1.0F - b1) * g[i];
-      v[i] = b2 * v[i] + (1.0F - b2) * g[i] * g[i];
-      w[i] -= lr_t * m[i] / (std::sqrt(v[i]) + eps);
-    }
+    return bounded_in_blocks(
+        n,
+        [&](std::size_t begin, std::size_t end) {
+          for (std::size_t i = begin; i < end; ++i) {
+            m[i] = b1 * m[i] + (1.0F - b1) * g[i];
+            v[i] = b2 * v[i] + (1.0F - b2) * g[i] * g[i];
+            w[i] -= lr_t * m[i] / (std::sqrt(v[i]) + eps);
+          }
+        },
+        {w, m}, {v});
   }
 
   /// lr_t of update number t.
@@ -134,6 +157,7 @@ struct Adam {
   }
 };
 static_assert(Optimizer<Adam>);
+static_assert(BoundsMagnitudes<Adam>);
 static_assert(RowWiseOptimizer<Adam>);
 
 }  // namespace pulley

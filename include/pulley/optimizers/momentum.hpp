@@ -2,6 +2,7 @@
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -36,24 +37,46 @@ struct Momentum {
   [[nodiscard]] State make_state(std::size_t n) const { return {std::vector<float>(n, 0.0F)}; }
 
   /// Updates `w` in place from gradient `g` (same size as the state).
-  void apply(State& state, std::span<float> w, std::span<const float> g) const {
+  void apply(State& state, std::span<float> w, std::span<const float> g) const { (void)apply_bounded(state, w, g); }
+
+  /// `apply`, returning a bound of the magnitudes of the weights and the accumulation
+  /// afterwards, folded in the same loop (BoundsMagnitudes).
+  float apply_bounded(State& state, std::span<float> w, std::span<const float> g) const {
     const float lr = learning_rate;
     const float mu = momentum;
     float* __restrict wp = w.data();
     const float* __restrict gp = g.data();
     float* __restrict ap = state.accumulation.data();
     const std::size_t n = w.size();
+    std::uint32_t lane = 0;
     if (use_nesterov) {
       for (std::size_t i = 0; i < n; ++i) {
         ap[i] = mu * ap[i] + gp[i];
         wp[i] -= lr * (gp[i] + mu * ap[i]);
+        detail::fold_ordinary(lane, ap[i]);
+        detail::fold_ordinary(lane, wp[i]);
       }
     } else {
       for (std::size_t i = 0; i < n; ++i) {
         ap[i] = mu * ap[i] + gp[i];
         wp[i] -= lr * ap[i];
+        detail::fold_ordinary(lane, ap[i]);
+        detail::fold_ordinary(lane, wp[i]);
       }
     }
+    return magnitude_bound((lane & 0x80000000U) == 0);
+  }
+
+  /// True if no weight or accumulation can leave kFiniteBound when each is at most
+  /// `largest` and each gradient element at most `largest_gradient` in magnitude
+  /// (BoundsMagnitudes).
+  [[nodiscard]] bool stays_finite_given(const State& /*state*/, float largest, float largest_gradient) const {
+    const double s = largest;
+    const double g = largest_gradient;
+    const double mu = std::abs(double{momentum});
+    const double acc = mu * s + g;
+    const double step = use_nesterov ? g + mu * acc : acc;
+    return proven_finite(acc) && proven_finite(s + std::abs(double{learning_rate}) * step);
   }
 
   /// The accumulation, for checkpoints.
@@ -81,5 +104,6 @@ struct Momentum {
   }
 };
 static_assert(Optimizer<Momentum>);
+static_assert(BoundsMagnitudes<Momentum>);
 
 }  // namespace pulley

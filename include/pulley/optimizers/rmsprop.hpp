@@ -55,8 +55,23 @@ struct RmsProp {
   }
 
   /// Updates `w` in place from gradient `g` (same size as the state).
-  void apply(State& state, std::span<float> w, std::span<const float> g) const {
-    update(w.data(), state.rms.data(), state.momentum.data(), g.data(), w.size());
+  void apply(State& state, std::span<float> w, std::span<const float> g) const { (void)apply_bounded(state, w, g); }
+
+  /// `apply`, returning a bound of the magnitudes of the weights and slots afterwards
+  /// (+infinity if a mean square is negative: BoundsMagnitudes).
+  float apply_bounded(State& state, std::span<float> w, std::span<const float> g) const {
+    return update(w.data(), state.rms.data(), state.momentum.data(), g.data(), w.size());
+  }
+
+  /// True if no weight or slot can leave kFiniteBound when each is at most `largest` (the
+  /// mean squares not negative) and each gradient element at most `largest_gradient` in
+  /// magnitude: a step's new part is at most learning_rate * |g| / sqrt(epsilon)
+  /// (BoundsMagnitudes; nothing is proven with epsilon = 0).
+  [[nodiscard]] bool stays_finite_given(const State& /*state*/, float largest, float largest_gradient) const {
+    const double s = largest;
+    const double g = largest_gradient;
+    const double mom = std::abs(double{momentum}) * s + std::abs(double{learning_rate}) * g / std::sqrt(double{epsilon});
+    return epsilon > 0 && proven_finite(s + g * g) && proven_finite(mom) && proven_finite(s + mom);
   }
 
   /// The rms and momentum slots, for checkpoints.
@@ -104,7 +119,7 @@ struct RmsProp {
   void apply_row(std::span<float> w, std::span<float> slots, std::span<const float> g,
                  const RowContext& /*context*/) const {
     const std::size_t n = w.size();
-    update(w.data(), slots.data(), slots.data() + n, g.data(), n);
+    (void)update(w.data(), slots.data(), slots.data() + n, g.data(), n);
   }
 
  private:
@@ -126,14 +141,21 @@ struct RmsProp {
     w -= mom;
   }
 
-  /// The rule over n elements, behind `apply` and `apply_row`.
-  void update(float* __restrict w, float* __restrict ms, float* __restrict mom,
-              const float* __restrict g, std::size_t n) const {
+  /// The rule over n elements, behind `apply` and `apply_row`: a bound of the magnitudes
+  /// it leaves (BoundsMagnitudes).
+  float update(float* __restrict w, float* __restrict ms, float* __restrict mom,
+               const float* __restrict g, std::size_t n) const {
     const Terms k = terms();
-    for (std::size_t i = 0; i < n; ++i) step(k, w[i], ms[i], mom[i], g[i]);
+    return bounded_in_blocks(
+        n,
+        [&](std::size_t begin, std::size_t end) {
+          for (std::size_t i = begin; i < end; ++i) step(k, w[i], ms[i], mom[i], g[i]);
+        },
+        {w, mom}, {ms});
   }
 };
 static_assert(Optimizer<RmsProp>);
+static_assert(BoundsMagnitudes<RmsProp>);
 static_assert(RowWiseOptimizer<RmsProp>);
 
 }  // namespace pulley

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -31,8 +32,17 @@ struct Sgd {
   [[nodiscard]] State make_state(std::size_t /*n*/) const { return {}; }
 
   /// Updates `w` in place from gradient `g` (same size as the state).
-  void apply(State& /*state*/, std::span<float> w, std::span<const float> g) const {
-    update(learning_rate, w.data(), g.data(), w.size());
+  void apply(State& state, std::span<float> w, std::span<const float> g) const { (void)apply_bounded(state, w, g); }
+
+  /// `apply`, returning a bound of the weights' magnitudes afterwards (BoundsMagnitudes).
+  float apply_bounded(State& /*state*/, std::span<float> w, std::span<const float> g) const {
+    return update(learning_rate, w.data(), g.data(), w.size());
+  }
+
+  /// True if no weight can leave kFiniteBound when each is at most `largest` and each
+  /// gradient element at most `largest_gradient` in magnitude (BoundsMagnitudes).
+  [[nodiscard]] bool stays_finite_given(const State& /*state*/, float largest, float largest_gradient) const {
+    return proven_finite(double{largest} + std::abs(double{learning_rate}) * largest_gradient);
   }
 
   /// True if `apply` keeps every weight within kFiniteBound.
@@ -58,16 +68,23 @@ struct Sgd {
   /// Updates one table row `w` in place from its gradient `g`, as `apply` does.
   void apply_row(std::span<float> w, std::span<float> /*slots*/, std::span<const float> g,
                  const RowContext& /*context*/) const {
-    update(learning_rate, w.data(), g.data(), w.size());
+    (void)update(learning_rate, w.data(), g.data(), w.size());
   }
 
  private:
-  /// The rule over n elements, behind `apply` and `apply_row`.
-  static void update(float lr, float* __restrict w, const float* __restrict g, std::size_t n) {
-    for (std::size_t i = 0; i < n; ++i) w[i] -= lr * g[i];
+  /// The rule over n elements, behind `apply` and `apply_row`: a bound of the weights'
+  /// magnitudes after (kOrdinaryMagnitude or +infinity), folded in the same loop.
+  static float update(float lr, float* __restrict w, const float* __restrict g, std::size_t n) {
+    std::uint32_t lane = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      w[i] -= lr * g[i];
+      detail::fold_ordinary(lane, w[i]);
+    }
+    return magnitude_bound((lane & 0x80000000U) == 0);
   }
 };
 static_assert(Optimizer<Sgd>);
+static_assert(BoundsMagnitudes<Sgd>);
 static_assert(RowWiseOptimizer<Sgd>);
 
 }  // namespace pulley

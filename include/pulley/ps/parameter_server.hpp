@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <limits>
 #include <exception>
 #include <functional>
 #include <optional>
@@ -498,11 +499,12 @@ class ParameterServer {
       cut_.hold(r, reply);
       return advance_cut();
     }
-    take(r, reply);
+    take(r, reply, context.tensors_finite ? context.tensors_largest : std::numeric_limits<float>::infinity());
   }
 
-  /// Takes a push that passed every check: the sync policy's verdict, then the update.
-  void take(const Push& r, Responder& reply) {
+  /// Takes a push that passed every check: the sync policy's verdict, then the update
+  /// (`largest`: its largest magnitude, +infinity when not known: Update::take).
+  void take(const Push& r, Responder& reply, float largest = std::numeric_limits<float>::infinity()) {
     const std::int64_t step_before = pacing_.global_step();
     changing_ = true;  // the policy's own refusal (pulley::Error) leaves its pacer unchanged
     Verdict verdict = Verdict::kStale;
@@ -514,7 +516,7 @@ class ParameterServer {
     }
     ledger_.count(r.worker);
     ++stats_.pushes_taken;
-    const auto outcome = update_.take(shard_, pacing_.policy(), r, verdict, step_before, stats_);
+    const auto outcome = update_.take(shard_, pacing_.policy(), r, verdict, step_before, stats_, largest);
     ledger_.answered(r.worker, r.sequence, {outcome.stale_parts, outcome.refused}, r.series);
     if (outcome.refused.empty()) {
       respond(reply, PushReply{outcome.stale_parts});

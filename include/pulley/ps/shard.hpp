@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <span>
 #include <string>
@@ -30,6 +31,10 @@ struct HeldPart {
   typename O::State optimizer_state;    ///< the optimizer's slots and counters for it
   typename P::Accumulator accumulator;  ///< gradients of the update in progress
   bool initialized = false;
+  /// The largest magnitude among its values and slots as the last `apply_bounded` left
+  /// them (BoundsMagnitudes); +infinity while unknown: set otherwise since (initialized,
+  /// restored), or never measured.
+  float largest = std::numeric_limits<float>::infinity();
 };
 
 /// What one ps task holds of the model: the parts of dense variables placed on it, each
@@ -192,6 +197,7 @@ class Shard {
       Part& held = *find(pv.part);
       std::copy(pv.values.begin(), pv.values.end(), held.values.begin());
       held.initialized = true;
+      held.largest = std::numeric_limits<float>::infinity();
       ++initialized_;
     }
   }
@@ -272,6 +278,7 @@ class Shard {
       for (std::size_t c = 0; c < ps.counters.size(); ++c) *counters[c].value = ps.counters[c];
       held.accumulator = sync.make_accumulator(held.values.size());
       held.initialized = true;
+      held.largest = std::numeric_limits<float>::infinity();
     }
     initialized_ = parts_.size();
     tables_.clear();

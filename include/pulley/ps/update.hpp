@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <span>
 #include <stdexcept>
@@ -15,6 +17,7 @@
 #include "pulley/concepts/optimizer.hpp"
 #include "pulley/concepts/sync_policy.hpp"
 #include "pulley/core/detail/finite.hpp"
+#include "pulley/core/magnitude.hpp"
 #include "pulley/core/log.hpp"
 #include "pulley/protocol/messages.hpp"
 #include "pulley/ps/shard.hpp"
@@ -37,7 +40,10 @@ namespace pulley {
 ///     would go non-finite.
 /// Optimizers with `stays_finite` are asked before applying; others apply into a copy of
 /// the part and its State that replaces them only if it stayed finite (or, if the State
-/// cannot be copied, fail the ps when the part goes non-finite).
+/// cannot be copied, fail the ps when the part goes non-finite). An optimizer that bounds
+/// magnitudes (BoundsMagnitudes, every stock one but Ftrl) is asked first with what its
+/// last update measured and the gradient's largest magnitude: what it proves finite is
+/// applied without reading the part twice, and `stays_finite` decides the rest.
 ///
 /// @tparam O, P, T as the Shard it updates
 template <Optimizer O, SyncPolicy P, class T>
@@ -50,14 +56,17 @@ class Update {
   };
 
   /// Takes push `r` (checked) with the sync policy's `verdict`, made at global step
-  /// `step_before`, and applies the update it completes. A throw from the optimizer or the
-  /// policy leaves the update half applied: the ps then fails.
+  /// `step_before`, and applies the update it completes. `largest`: no value of the push
+  /// is larger in magnitude (the transport measured it as it checked the push arrived
+  /// finite: RequestContext::tensors_largest), or +infinity. A throw from the optimizer or
+  /// the policy leaves the update half applied: the ps then fails.
   Outcome take(Shard<O, P, T>& shard, const P& sync, const Push& r, Verdict verdict,
-               std::int64_t step_before, Stats& stats) {
+               std::int64_t step_before, Stats& stats,
+               float largest = std::numeric_limits<float>::infinity()) {
     const bool stale = verdict == Verdict::kStale;
     const bool alone = verdict == Verdict::kReady && accumulated_ == 0;
     Outcome out;
-    std::string refused = alone ? would_overflow(shard, r) : std::string();
+    std::string refused = alone ? would_overflow(shard, r, largest) : std::string();
     for (const PartValues& pv : r.gradients) {
       stats.bytes_pushed += static_cast<std::int64_t>(pv.values.size_bytes());
       if (stale) {
@@ -80,12 +89,13 @@ class Update {
     if (!stale && refused.empty()) {
       ++accumulated_;
       contributors_.push_back(r.worker);
+      pushed_largest_ = std::max(pushed_largest_, largest);
     }
     std::string rolled_back;
     if (verdict == Verdict::kReady) {
       // An update of nothing (its one push refused here) applies nothing.
-      if (std::exchange(accumulated_, 0) > 0) rolled_back = timed_apply(shard, sync, step_before, alone, stats);
-      contributors_.clear();
+      if (accumulated_ > 0) rolled_back = timed_apply(shard, sync, step_before, alone, stats);
+      clear();
     }
     if (alone && refused.empty() && !rolled_back.empty()) {
       refused = "push from worker " + std::to_string(r.worker) + " refused: it would make " + rolled_back +
@@ -100,14 +110,15 @@ class Update {
   /// The update in progress needs no more pushes (a worker it waited for was held lost):
   /// applies what it has, at global step `step_before`.
   void complete(Shard<O, P, T>& shard, const P& sync, std::int64_t step_before, Stats& stats) {
-    if (std::exchange(accumulated_, 0) > 0) (void)timed_apply(shard, sync, step_before, /*checked=*/false, stats);
-    contributors_.clear();
+    if (accumulated_ > 0) (void)timed_apply(shard, sync, step_before, /*checked=*/false, stats);
+    clear();
   }
 
   /// Forgets the update in progress (a restore empties the shard's accumulators).
   void clear() noexcept {
     accumulated_ = 0;
     contributors_.clear();
+    pushed_largest_ = 0.0F;
   }
 
  private:
@@ -124,10 +135,11 @@ class Update {
   /// Why applying push `r` alone would make a parameter or a slot non-finite (the
   /// optimizer's `stays_finite`, asked of every part against the state it would be applied
   /// to), or "" when it would not, or when the optimizer cannot tell (`apply` guards those).
-  std::string would_overflow(Shard<O, P, T>& shard, const Push& r) const {
+  std::string would_overflow(Shard<O, P, T>& shard, const Push& r, float largest) const {
     if constexpr (PredictsFiniteness<O>) {
       for (const PartValues& pv : r.gradients) {
         const auto& held = *shard.find(pv.part);
+        if (proven_by_magnitudes(shard.optimizer(), held, pv.values, largest)) continue;
         if (!shard.optimizer().stays_finite(held.optimizer_state, held.values, pv.values)) {
           return "push from worker " + std::to_string(r.worker) + " refused: its gradient for " +
                  shard.describe(held.part) +
@@ -156,13 +168,21 @@ class Update {
       return skip(shard, step_before, "table '" + *table + "'", stats);
     }
     if constexpr (PredictsFiniteness<O>) {
+      // A mean of pushes is no larger than the largest of them; a policy that sums them
+      // (against the contract) gets at most `accumulated_` times that.
+      const float pushed = pushed_largest_ * static_cast<float>(accumulated_);
       for (std::size_t i = 0; !checked && i < parts.size(); ++i) {
+        if (proven_by_magnitudes(optimizer, parts[i], updates_[i], pushed)) continue;
         if (!optimizer.stays_finite(parts[i].optimizer_state, parts[i].values, updates_[i])) {
           return skip(shard, step_before, shard.describe(parts[i].part), stats);
         }
       }
       for (std::size_t i = 0; i < parts.size(); ++i) {
-        apply_to(shard, parts[i], parts[i].values, parts[i].optimizer_state, updates_[i], step_before);
+        if constexpr (BoundsMagnitudes<O>) {
+          parts[i].largest = optimizer.apply_bounded(parts[i].optimizer_state, parts[i].values, updates_[i]);
+        } else {
+          apply_to(shard, parts[i], parts[i].values, parts[i].optimizer_state, updates_[i], step_before);
+        }
       }
     } else if constexpr (std::is_copy_assignable_v<typename O::State>) {
       shadows_.resize(parts.size());
@@ -196,6 +216,23 @@ class Update {
     return {};
   }
 
+  /// True if the optimizer proves from magnitudes alone (BoundsMagnitudes) that applying
+  /// `update` to `held` stays finite: from what its last update measured of the part, and
+  /// `largest` (no element of `update` is larger; +infinity: not known, so the update is
+  /// read here, once, for whether all of it is ordinary: detail::all_ordinary).
+  static bool proven_by_magnitudes(const O& optimizer, const HeldPart<O, P>& held,
+                                   std::span<const float> update, float largest) {
+    if constexpr (BoundsMagnitudes<O>) {
+      if (!(held.largest < std::numeric_limits<float>::infinity())) return false;
+      if (!(largest < std::numeric_limits<float>::infinity())) {
+        largest = magnitude_bound(detail::all_ordinary(update));
+      }
+      return optimizer.stays_finite_given(held.optimizer_state, held.largest, largest);
+    } else {
+      return false;
+    }
+  }
+
   static void apply_to(const Shard<O, P, T>& shard, const HeldPart<O, P>& held, std::span<float> values,
                        typename O::State& state, std::span<const float> update, std::int64_t step_before) {
     const UpdateContext context{step_before, shard.variables()[held.part.variable].name, held.part.rows,
@@ -224,6 +261,7 @@ class Update {
 
   std::int64_t accumulated_ = 0;             ///< pushes whose gradients are in the accumulators
   std::vector<std::uint32_t> contributors_;  ///< ... and whose they are, for a rollback's log
+  float pushed_largest_ = 0.0F;              ///< ... and the largest magnitude among them
   std::vector<Shadow> shadows_;
   std::vector<std::span<const float>> updates_;  ///< scratch: each part's update
 };

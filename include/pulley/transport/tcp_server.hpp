@@ -321,7 +321,7 @@ class TcpServer {
     ++c->unanswered;
     // The frame reader checked large payloads finite as they arrived; the service checks
     // the rest.
-    service_.handle(std::move(request), RequestContext{frame.finite, c->peer, c->session, c->shard},
+    service_.handle(std::move(request), RequestContext{frame.finite, c->peer, c->session, c->shard, frame.largest},
                     [this, weak = std::weak_ptr<Connection>(c),
                      call = frame.header.call](Response&& response) {
                       auto connection = weak.lock();

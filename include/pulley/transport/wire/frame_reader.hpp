@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <functional>
 #include <memory>
 #include <new>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "pulley/core/detail/finite.hpp"
+#include "pulley/core/magnitude.hpp"
 #include "pulley/transport/wire/frame.hpp"
 
 namespace pulley::wire {
@@ -81,6 +83,9 @@ class FrameReader {
     /// Every payload float was checked finite as it arrived (payloads received into the
     /// growing buffer only: they are the ones too large to check again cheaply).
     bool finite = false;
+    /// With `finite`: no payload float is larger in magnitude (kOrdinaryMagnitude when
+    /// all were below it, else +infinity: not known).
+    float largest = std::numeric_limits<float>::infinity();
   };
 
   /// @param buffer_bytes the receive buffer: frames up to this size come in place, many per
@@ -220,7 +225,7 @@ class FrameReader {
     // Too large for the buffer: into the growing payload buffer.
     direct_done_ = buffered;
     checked_ = 0;
-    finite_ = true;
+    ordinary_ = finite_ = true;
     grow_own(false);  // a new frame: nothing in the buffer is worth keeping
     std::memcpy(own_.get(), bytes() + begin_ + head, buffered);
     arrived_in_own();
@@ -256,8 +261,11 @@ class FrameReader {
   /// is to come.
   void arrived_in_own() {
     const auto arrived = static_cast<std::size_t>(direct_done_ / sizeof(float));
-    finite_ = finite_ && pulley::detail::all_finite(
-                             std::span<const float>(own_.get() + checked_, arrived - checked_));
+    // One pass finds them all ordinary (so finite), as a gradient nearly always is; from
+    // the first chunk that is not, each is checked for finiteness alone.
+    const std::span<const float> fresh(own_.get() + checked_, arrived - checked_);
+    if (ordinary_) ordinary_ = pulley::detail::all_ordinary(fresh);
+    if (!ordinary_) finite_ = finite_ && pulley::detail::all_finite(fresh);
     checked_ = arrived;
     grow_own();
   }
@@ -368,6 +376,7 @@ class FrameReader {
       frame.payload = std::span<const float>(
           own_.get(), static_cast<std::size_t>(header_.payload_bytes / sizeof(float)));
       frame.finite = finite_;
+      frame.largest = pulley::magnitude_bound(ordinary_);
       own_viewed_ = true;
     }
     direct_ = routed_ = asked_ = false;
@@ -397,6 +406,7 @@ class FrameReader {
   bool growing_ = false;                       ///< own_ is being replaced (charge under way)
   std::size_t checked_ = 0;                    ///< floats of own_ checked finite so far
   bool finite_ = true;
+  bool ordinary_ = true;                       ///< ... all below kOrdinaryMagnitude
   std::array<std::span<float>, 1> own_target_{};
   std::array<std::span<std::byte>, 16> scatter_{};
   std::size_t scatter_size_ = 0;

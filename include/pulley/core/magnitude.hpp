@@ -1,0 +1,65 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <span>
+
+/// Ordinary magnitudes: what lets a ps prove an update finite without reading the part
+/// (BoundsMagnitudes, concepts/optimizer.hpp). The checks fold exponent fields in integer
+/// operations, as detail/finite.hpp does, so that their loops vectorize without
+/// -ffast-math and cost about what `all_finite` costs.
+
+namespace pulley {
+
+/// The magnitude below which a value is "ordinary" (2^64): far beyond any parameter,
+/// optimizer slot or gradient of real training, and far enough below float's range that
+/// optimizers prove updates of ordinary values finite from it alone (BoundsMagnitudes).
+inline constexpr float kOrdinaryMagnitude = 0x1p64F;
+
+namespace detail {
+
+/// Folds `x` into `lane`: its top bit becomes set unless |x| < kOrdinaryMagnitude (NaN and
+/// Inf included). As `all_finite`, with the carry moved: the exponent field plus 65 (in
+/// its own bits) carries into the sign bit exactly for exponents of 191 (2^64) and up.
+inline void fold_ordinary(std::uint32_t& lane, float x) noexcept {
+  std::uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  lane |= (bits & 0x7F800000U) + 0x20800000U;
+}
+
+/// `fold_ordinary` of a value that must not be negative either (a sum of squares).
+inline void fold_ordinary_non_negative(std::uint32_t& lane, float x) noexcept {
+  std::uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  lane |= ((bits & 0x7F800000U) + 0x20800000U) | (bits & 0x80000000U);
+}
+
+/// True if every element is below kOrdinaryMagnitude in magnitude (so finite): one
+/// vectorized pass, as `all_finite`.
+inline bool all_ordinary(std::span<const float> values) noexcept {
+  const float* p = values.data();
+  std::uint32_t lane = 0;
+  for (std::size_t i = 0; i < values.size(); ++i) fold_ordinary(lane, p[i]);
+  return (lane & 0x80000000U) == 0;
+}
+
+/// True if every element is at least 0 and below kOrdinaryMagnitude.
+inline bool all_ordinary_non_negative(std::span<const float> values) noexcept {
+  const float* p = values.data();
+  std::uint32_t lane = 0;
+  for (std::size_t i = 0; i < values.size(); ++i) fold_ordinary_non_negative(lane, p[i]);
+  return (lane & 0x80000000U) == 0;
+}
+
+}  // namespace detail
+
+/// A bound of the magnitudes `all_ordinary` (or the like) found `ordinary` or not:
+/// kOrdinaryMagnitude, or +infinity (nothing known).
+inline float magnitude_bound(bool ordinary) noexcept {
+  return ordinary ? kOrdinaryMagnitude : std::numeric_limits<float>::infinity();
+}
+
+}  // namespace pulley
