@@ -392,7 +392,7 @@ int main(int argc, char** argv) {
           return time_per_call([&] { optimizer.apply(state, w, g); });
         });
   };
-  const float ordinary = 1e-3F;  // the largest gradient element, as TCP reports it
+  const float ordinary = pulley::kOrdinaryMagnitude;  // the gradient's bound, as TCP reports it
   const float unknown = std::numeric_limits<float>::infinity();
   print("ps Sgd update, gradient measured by TCP", ps_update(sgd, ordinary), gb_per_s, "Gf/s", "Sgd::apply alone");
   print("ps Sgd update, in-process gradient", ps_update(sgd, unknown), gb_per_s, "Gf/s", "Sgd::apply alone");

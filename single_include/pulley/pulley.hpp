@@ -7091,27 +7091,28 @@ class Worker {
 
 namespace pulley {
 
-/// The magnitude below which a value is "ordinary" (2^64): far beyond any parameter,
+/// The magnitude below which a value is "ordinary" (2^60): far beyond any parameter,
 /// optimizer slot or gradient of real training, and far enough below float's range that
-/// optimizers prove updates of ordinary values finite from it alone (BoundsMagnitudes).
-inline constexpr float kOrdinaryMagnitude = 0x1p64F;
+/// optimizers prove updates of ordinary values finite from it alone (BoundsMagnitudes):
+/// the square of an ordinary gradient, 2^120, still leaves room under kFiniteBound.
+inline constexpr float kOrdinaryMagnitude = 0x1p60F;
 
 namespace detail {
 
 /// Folds `x` into `lane`: its top bit becomes set unless |x| < kOrdinaryMagnitude (NaN and
-/// Inf included). As `all_finite`, with the carry moved: the exponent field plus 65 (in
-/// its own bits) carries into the sign bit exactly for exponents of 191 (2^64) and up.
+/// Inf included). As `all_finite`, with the carry moved: the exponent field plus 69 (in
+/// its own bits) carries into the sign bit exactly for exponents of 187 (2^60) and up.
 inline void fold_ordinary(std::uint32_t& lane, float x) noexcept {
   std::uint32_t bits;
   std::memcpy(&bits, &x, sizeof bits);
-  lane |= (bits & 0x7F800000U) + 0x20800000U;
+  lane |= (bits & 0x7F800000U) + 0x22800000U;
 }
 
 /// `fold_ordinary` of a value that must not be negative either (a sum of squares).
 inline void fold_ordinary_non_negative(std::uint32_t& lane, float x) noexcept {
   std::uint32_t bits;
   std::memcpy(&bits, &x, sizeof bits);
-  lane |= ((bits & 0x7F800000U) + 0x20800000U) | (bits & 0x80000000U);
+  lane |= ((bits & 0x7F800000U) + 0x22800000U) | (bits & 0x80000000U);
 }
 
 /// True if every element is below kOrdinaryMagnitude in magnitude (so finite): one
@@ -7406,7 +7407,9 @@ concept PredictsFiniteness = Optimizer<O> &&
 ///   - `o.apply_bounded(state, weights, gradient)` → float: does what `apply` does, and
 ///     returns a bound that no weight or slot of the part exceeds in magnitude afterwards
 ///     (the stock ones: kOrdinaryMagnitude when all are below it and the slots that must
-///     not be negative are not, else +infinity: nothing known);
+///     not be negative are not, else +infinity: nothing known); the ps hands
+///     `stays_finite_given` nothing finer than kOrdinaryMagnitude, so it must prove the
+///     updates of real training from that bound;
 ///   - `o.stays_finite_given(state, largest, largest_gradient)` → bool, O(1): true only if
 ///     `apply` keeps every weight and slot within kFiniteBound whenever none of them is
 ///     larger than `largest` in magnitude (and the slots that must not be negative are
@@ -7415,9 +7418,9 @@ concept PredictsFiniteness = Optimizer<O> &&
 /// The ps keeps each part's `largest` from its last `apply_bounded`, and asks
 /// `stays_finite` where `stays_finite_given` cannot tell (or the part was written
 /// otherwise since: initialized, restored): a refused update is refused as before.
-/// `apply_bounded` must be declared by the class that declares its one `apply`: an
-/// optimizer derived from a stock one that brings a rule of its own (an `apply` of its
-/// own, or a second one) does not take the stock rule's `apply_bounded` with it.
+/// `apply_bounded` and `stays_finite_given` must be declared by the class that declares
+/// its one `apply`: an optimizer derived from a stock one that brings a rule of its own (an
+/// `apply` of its own, or a second one) does not take the stock rule's bounds with it.
 template <class O>
 concept BoundsMagnitudes = PredictsFiniteness<O> &&
     requires(const O& optimizer, typename O::State& state, const typename O::State& held,
@@ -7426,8 +7429,11 @@ concept BoundsMagnitudes = PredictsFiniteness<O> &&
   { optimizer.stays_finite_given(held, magnitude, magnitude) } -> std::convertible_to<bool>;
   &O::apply;  // one apply, not an overload set
   &O::apply_bounded;
+  &O::stays_finite_given;
 } && std::same_as<typename detail::MemberOf<decltype(&O::apply)>::type,
-                  typename detail::MemberOf<decltype(&O::apply_bounded)>::type>;
+                  typename detail::MemberOf<decltype(&O::apply_bounded)>::type> &&
+    std::same_as<typename detail::MemberOf<decltype(&O::apply)>::type,
+                 typename detail::MemberOf<decltype(&O::stays_finite_given)>::type>;
 
 /// What a row-wise (sparse) update of one row of an embedding table may know.
 struct RowContext {

@@ -186,8 +186,9 @@ float largest_held(const O& optimizer, typename O::State& state, const std::vect
 }
 
 /// apply_bounded does what apply does, bit for bit, and returns kOrdinaryMagnitude exactly
-/// when every weight and slot it left is below it; stays_finite_given, from magnitudes alone, is never optimistic and proves every
-/// update of an everyday size.
+/// when every weight and slot it left is below it; stays_finite_given, from magnitudes
+/// alone, is never optimistic and proves every update of an everyday size, and every update
+/// from the only bounds a ps hands it, kOrdinaryMagnitude for the part and the gradient.
 template <class O>
 void check_magnitudes(const O& optimizer) {
   static_assert(pulley::BoundsMagnitudes<O>);
@@ -215,11 +216,17 @@ void check_magnitudes(const O& optimizer) {
     const float measured = optimizer.apply_bounded(bounded_state, bounded_w, g);
     optimizer.apply(state, w, g);
     CHECK(std::memcmp(bounded_w.data(), w.data(), w.size() * sizeof(float)) == 0);
-    // Ordinary (below 2^64) or not known: +infinity for Inf and NaN alike.
+    // Ordinary (below 2^60) or not known: +infinity for Inf and NaN alike.
     const float held = largest_held(optimizer, state, w);
     CHECK(measured == (held < pulley::kOrdinaryMagnitude ? pulley::kOrdinaryMagnitude : std::numeric_limits<float>::infinity()));
   }
   CHECK(unproven > 0);  // the extremes were tried
+  auto fresh = optimizer.make_state(37);
+  CHECK(optimizer.stays_finite_given(fresh, pulley::kOrdinaryMagnitude, pulley::kOrdinaryMagnitude));
+  std::vector<float> w(37, 0.5F);
+  const std::vector<float> g(37, -0.25F);
+  optimizer.apply(fresh, w, g);
+  CHECK(optimizer.stays_finite_given(fresh, pulley::kOrdinaryMagnitude, pulley::kOrdinaryMagnitude));
 }
 
 }  // namespace
@@ -237,6 +244,15 @@ static_assert(!pulley::BoundsMagnitudes<SgdWithOwnRule>);
 /// Sgd as it is, under another name: its apply and apply_bounded come together.
 struct RenamedSgd : pulley::Sgd {};
 static_assert(pulley::BoundsMagnitudes<RenamedSgd>);
+/// A rule of its own with a bound of its own, but Sgd's proof: not taken as proven.
+struct SgdWithOwnBound : pulley::Sgd {
+  void apply(State& state, std::span<float> w, std::span<const float> g) const { (void)apply_bounded(state, w, g); }
+  float apply_bounded(State& /*state*/, std::span<float> w, std::span<const float> g) const {
+    for (std::size_t i = 0; i < w.size(); ++i) w[i] -= 1e30F * g[i];
+    return std::numeric_limits<float>::infinity();
+  }
+};
+static_assert(!pulley::BoundsMagnitudes<SgdWithOwnBound>);
 
 }  // namespace
 
@@ -248,6 +264,12 @@ TEST_CASE("stock optimizers bound magnitudes: apply_bounded bounds what apply wr
   check_magnitudes(pulley::Adam{0.01F});
   check_magnitudes(pulley::RmsProp{0.1F});
   check_magnitudes(pulley::RmsProp{.learning_rate = 0.1F, .momentum = 0.9F});
+  check_magnitudes(pulley::Sgd{});  // the defaults, as Keras has them
+  check_magnitudes(pulley::Momentum{});
+  check_magnitudes(pulley::Adagrad{});
+  check_magnitudes(pulley::Adam{});
+  check_magnitudes(pulley::Adam{.beta_2 = 0.5F});
+  check_magnitudes(pulley::RmsProp{});
   // A negative second moment or accumulator (a restore can set one) takes the square root
   // of a negative number: nothing is proven of it, and stays_finite refuses it.
   const pulley::Adam adam{0.001F};

@@ -286,7 +286,9 @@ concept PredictsFiniteness = Optimizer<O> &&
 ///   - `o.apply_bounded(state, weights, gradient)` → float: does what `apply` does, and
 ///     returns a bound that no weight or slot of the part exceeds in magnitude afterwards
 ///     (the stock ones: kOrdinaryMagnitude when all are below it and the slots that must
-///     not be negative are not, else +infinity: nothing known);
+///     not be negative are not, else +infinity: nothing known); the ps hands
+///     `stays_finite_given` nothing finer than kOrdinaryMagnitude, so it must prove the
+///     updates of real training from that bound;
 ///   - `o.stays_finite_given(state, largest, largest_gradient)` → bool, O(1): true only if
 ///     `apply` keeps every weight and slot within kFiniteBound whenever none of them is
 ///     larger than `largest` in magnitude (and the slots that must not be negative are
@@ -295,9 +297,9 @@ concept PredictsFiniteness = Optimizer<O> &&
 /// The ps keeps each part's `largest` from its last `apply_bounded`, and asks
 /// `stays_finite` where `stays_finite_given` cannot tell (or the part was written
 /// otherwise since: initialized, restored): a refused update is refused as before.
-/// `apply_bounded` must be declared by the class that declares its one `apply`: an
-/// optimizer derived from a stock one that brings a rule of its own (an `apply` of its
-/// own, or a second one) does not take the stock rule's `apply_bounded` with it.
+/// `apply_bounded` and `stays_finite_given` must be declared by the class that declares
+/// its one `apply`: an optimizer derived from a stock one that brings a rule of its own (an
+/// `apply` of its own, or a second one) does not take the stock rule's bounds with it.
 template <class O>
 concept BoundsMagnitudes = PredictsFiniteness<O> &&
     requires(const O& optimizer, typename O::State& state, const typename O::State& held,
@@ -306,8 +308,11 @@ concept BoundsMagnitudes = PredictsFiniteness<O> &&
   { optimizer.stays_finite_given(held, magnitude, magnitude) } -> std::convertible_to<bool>;
   &O::apply;  // one apply, not an overload set
   &O::apply_bounded;
+  &O::stays_finite_given;
 } && std::same_as<typename detail::MemberOf<decltype(&O::apply)>::type,
-                  typename detail::MemberOf<decltype(&O::apply_bounded)>::type>;
+                  typename detail::MemberOf<decltype(&O::apply_bounded)>::type> &&
+    std::same_as<typename detail::MemberOf<decltype(&O::apply)>::type,
+                 typename detail::MemberOf<decltype(&O::stays_finite_given)>::type>;
 
 /// What a row-wise (sparse) update of one row of an embedding table may know.
 struct RowContext {

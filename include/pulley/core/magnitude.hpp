@@ -14,27 +14,28 @@
 
 namespace pulley {
 
-/// The magnitude below which a value is "ordinary" (2^64): far beyond any parameter,
+/// The magnitude below which a value is "ordinary" (2^60): far beyond any parameter,
 /// optimizer slot or gradient of real training, and far enough below float's range that
-/// optimizers prove updates of ordinary values finite from it alone (BoundsMagnitudes).
-inline constexpr float kOrdinaryMagnitude = 0x1p64F;
+/// optimizers prove updates of ordinary values finite from it alone (BoundsMagnitudes):
+/// the square of an ordinary gradient, 2^120, still leaves room under kFiniteBound.
+inline constexpr float kOrdinaryMagnitude = 0x1p60F;
 
 namespace detail {
 
 /// Folds `x` into `lane`: its top bit becomes set unless |x| < kOrdinaryMagnitude (NaN and
-/// Inf included). As `all_finite`, with the carry moved: the exponent field plus 65 (in
-/// its own bits) carries into the sign bit exactly for exponents of 191 (2^64) and up.
+/// Inf included). As `all_finite`, with the carry moved: the exponent field plus 69 (in
+/// its own bits) carries into the sign bit exactly for exponents of 187 (2^60) and up.
 inline void fold_ordinary(std::uint32_t& lane, float x) noexcept {
   std::uint32_t bits;
   std::memcpy(&bits, &x, sizeof bits);
-  lane |= (bits & 0x7F800000U) + 0x20800000U;
+  lane |= (bits & 0x7F800000U) + 0x22800000U;
 }
 
 /// `fold_ordinary` of a value that must not be negative either (a sum of squares).
 inline void fold_ordinary_non_negative(std::uint32_t& lane, float x) noexcept {
   std::uint32_t bits;
   std::memcpy(&bits, &x, sizeof bits);
-  lane |= ((bits & 0x7F800000U) + 0x20800000U) | (bits & 0x80000000U);
+  lane |= ((bits & 0x7F800000U) + 0x22800000U) | (bits & 0x80000000U);
 }
 
 /// True if every element is below kOrdinaryMagnitude in magnitude (so finite): one
