@@ -3047,10 +3047,15 @@ struct PauseReply {
   /// The global step from which this ps knows every row its tables evicted: the earliest
   /// an incremental checkpoint's cut may be since (ReadState::since).
   std::int64_t evictions_since = 0;
+  /// The furthest step a push taken since the last restore was made for (Push::local_step;
+  /// -1: none). Under BoundedStaleness it may be past `global_step`: a change of workers is
+  /// set for a step no push was taken for yet, so that every ps takes the same pushes of a
+  /// worker that leaves (those made for earlier steps).
+  std::int64_t furthest_pushed = -1;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(global_step, epoch, pushes, slot_names, counter_names, whole, evictions_since);
+    archive(global_step, epoch, pushes, slot_names, counter_names, whole, evictions_since, furthest_pushed);
   }
 };
 
@@ -5979,7 +5984,8 @@ class Chief {
   /// The job's workers are `workers` (task indices, ascending, not empty) from the next
   /// global step on: workers joined (a worker started beyond the cluster spec's asks the
   /// chief, runner/join_desk.hpp) or left for good. Every member ps is paused at once (no
-  /// step completes meanwhile), the step after the furthest one's is chosen, and each ps
+  /// step completes meanwhile), the step after the furthest one a ps reached or took a push
+  /// for is chosen (under BoundedStaleness a worker pushes up to s steps ahead), and each ps
   /// is told (ChangeWorkers) and resumed: each counts the new workers from that step on
   /// (SyncPolicy::reshape; under SyncReplicas every ps at the same step boundary), and lets
   /// a new worker connect at once. Nothing is read or moved: training stands still for a few
@@ -5999,7 +6005,7 @@ class Chief {
     try {
       const auto paused = client_.template broadcast<PauseReply>([](std::size_t) { return Pause{0}; },
                                                                  timeouts().request_timeout, "pause the ps tasks");
-      for (const PauseReply& p : paused) furthest = std::max(furthest, p.global_step);
+      for (const PauseReply& p : paused) furthest = std::max({furthest, p.global_step, p.furthest_pushed});
       const std::int64_t from = furthest + 1;
       const std::vector<std::uint32_t> before(client_.workers().begin(), client_.workers().end());
       // Each ps is asked alone: every answer is looked at. One that refused is told to take
@@ -8879,6 +8885,7 @@ static_assert(RowWiseOptimizer<Sgd>);
 
 // ---- begin pulley/ps/push_ledger.hpp ----
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -8887,8 +8894,8 @@ static_assert(RowWiseOptimizer<Sgd>);
 namespace pulley {
 
 /// What a ps task has taken from each worker since the last restore: how many pushes (a
-/// checkpoint's cut brings every ps to the same counts, see CheckpointCut), and the
-/// sequence number and answer of the last one, so that a push sent again after a lost
+/// checkpoint's cut brings every ps to the same counts, see CheckpointCut), the furthest
+/// step one was made for, and the sequence number and answer of the last one, so that a push sent again after a lost
 /// connection is answered as the first was and counted once (a worker has one push in
 /// flight at a time, and sends again only its last).
 class PushLedger {
@@ -8916,10 +8923,11 @@ class PushLedger {
            sequence < last_[worker].sequence;
   }
 
-  /// Counts one push of `worker` taken (its verdict not known yet).
-  void count(std::uint32_t worker) {
+  /// Counts one push of `worker` for step `local_step` taken (its verdict not known yet).
+  void count(std::uint32_t worker, std::int64_t local_step) {
     if (taken_.size() <= worker) taken_.resize(worker + 1, 0);
     ++taken_[worker];
+    furthest_ = std::max(furthest_, local_step);
   }
 
   /// Remembers the answer to push `sequence` of `series` of `worker` (0: unnumbered,
@@ -8936,11 +8944,14 @@ class PushLedger {
   }
   /// Pushes taken so far, by worker.
   [[nodiscard]] const std::vector<std::uint64_t>& taken() const noexcept { return taken_; }
+  /// The furthest step a push taken so far was made for (Push::local_step), -1 if none.
+  [[nodiscard]] std::int64_t furthest() const noexcept { return furthest_; }
 
   /// Forgets everything (a restore starts a new epoch).
   void clear() noexcept {
     taken_.clear();
     last_.clear();
+    furthest_ = -1;
   }
 
  private:
@@ -8951,6 +8962,7 @@ class PushLedger {
   };
   std::vector<std::uint64_t> taken_;
   std::vector<Last> last_;
+  std::int64_t furthest_ = -1;
 };
 
 }  // namespace pulley
@@ -11718,6 +11730,15 @@ class JobWorkers {
     return next_ && std::binary_search(next_->change.after.begin(), next_->change.after.end(), worker);
   }
 
+  /// True if the change to come takes `worker` out of the job at `step` or before. Its
+  /// push for that step is refused here already, as at a ps that counted the change (under
+  /// BoundedStaleness a worker may hold a token of a step past the change, taken before the
+  /// ps that gave it counted the change): no ps takes, or counts, a push another refuses.
+  [[nodiscard]] bool leaves_by(std::uint32_t worker, std::int64_t step) const {
+    return next_ && step >= next_->from_step &&
+           !std::binary_search(next_->change.after.begin(), next_->change.after.end(), worker);
+  }
+
   /// The workers are `after` from global step `from_step` on (the chief's ChangeWorkers;
   /// `before`: the set until then as the chief has it, for a ps that knows none). Checked
   /// by the caller (`check`, a step to come).
@@ -11748,10 +11769,14 @@ class JobWorkers {
     next_.reset();
   }
 
-  /// What a worker the job no longer counts is told.
+  /// What a worker the job no longer counts, or will not from the change to come, is told.
   [[nodiscard]] std::string left_message(std::uint32_t worker) const {
-    return Node::worker(worker).name() + " is not one of the job's workers " + describe_members(now_) +
-           " now: the chief took it out of the job (to train in it again, a worker asks to join: --join)";
+    const bool leaving = next_ && !std::binary_search(next_->change.after.begin(), next_->change.after.end(), worker);
+    const std::string workers = leaving ? describe_members(next_->change.after) + " from global step " +
+                                              std::to_string(next_->from_step)
+                                        : describe_members(now_) + " now";
+    return Node::worker(worker).name() + " is not one of the job's workers " + workers +
+           ": the chief took it out of the job (to train in it again, a worker asks to join: --join)";
   }
 
  private:
@@ -12216,7 +12241,9 @@ class ParameterServer {
       return respond(reply, PushReply{answer->stale_parts});
     }
     count_next_workers();  // a change due at this step is counted before the sender is judged
-    if (!workers_.counted(r.worker)) {  // under Async too, which takes no token a step
+    // Under Async too, which takes no token a step; and a push for a step past the change
+    // to come that takes its worker out, as a ps that counted the change refuses it.
+    if (!workers_.counted(r.worker) || workers_.leaves_by(r.worker, r.local_step)) {
       return reject(reply, ErrorCode::kPermissionDenied, workers_.left_message(r.worker));
     }
     if (ledger_.older(r.worker, r.sequence, r.series)) {
@@ -12249,7 +12276,7 @@ class ParameterServer {
       changing_ = false;
       return reject(reply, e.code(), std::string("Push refused: ") + e.message());
     }
-    ledger_.count(r.worker);
+    ledger_.count(r.worker, r.local_step);
     ++stats_.pushes_taken;
     const auto outcome = update_.take(shard_, pacing_.policy(), r, verdict, step_before, stats_, largest);
     ledger_.answered(r.worker, r.sequence, {outcome.stale_parts, outcome.refused}, r.series);
@@ -12338,7 +12365,7 @@ class ParameterServer {
   void pause(std::uint64_t session, Responder& reply) {
     rows_cut_session_ = 0;  // a new cut: what an earlier one kept readable goes with its ReadState
     PauseReply answer{pacing_.global_step(), registration_.epoch(), ledger_.taken(), {}, {},
-                      checkpoints_whole_state_v<O>, shard_.tables().evictions_since()};
+                      checkpoints_whole_state_v<O>, shard_.tables().evictions_since(), ledger_.furthest()};
     shard_.state_names(answer.slot_names, answer.counter_names);
     cut_.pause(session);
     respond(reply, std::move(answer));
@@ -12961,13 +12988,16 @@ namespace pulley {
 /// skipped; what it pushes for them is stale), so the global step never goes back.
 ///
 /// Workers that join or leave the job (`reshape`): a worker that joins starts at the
-/// slowest clock (on each ps, its first push there sets its clock), one that left no
-/// longer holds anyone back (what it still pushes is stale). Each ps counts the change
-/// when its own slowest clock reaches the step the chief chose, so a ps behind the pacing
-/// one by a clock or two drops a new worker's first pushes as stale until it gets there.
-/// Batches are then numbered clock × N + rank among the workers, N their count: while the
-/// fastest run ahead of the change, up to s clocks' batches may be read twice or not at
-/// all.
+/// slowest clock and holds nobody back until a ps hears from it. Its first push there sets
+/// its clock to the one its token named, on every ps alike (the ps tasks count the change
+/// when their own slowest clocks reach the step the chief chose, which one may do a clock
+/// or two before another, so each counts it in at a clock of its own). Its tokens read the
+/// step it starts at until then, so that its first push reaches every ps after that ps
+/// counted it in. If the others ran ahead meanwhile, it catches up from there, holding the
+/// slowest clock until it does. One that left no longer holds anyone back (what it still
+/// pushes is stale). Batches are numbered clock × N + rank among the workers, N their
+/// count: while the fastest run ahead of the change, up to s clocks' batches may be read
+/// twice or not at all.
 class BoundedStaleness {
  public:
   /// A staleness bound that never binds.
@@ -13001,8 +13031,8 @@ class BoundedStaleness {
     std::vector<char> lost;            ///< by worker: held lost by the ps
     /// The job's workers, ascending, once they changed (`reshape`); empty: 0 .. N-1.
     std::vector<std::uint32_t> workers;
-    /// By worker: counted in by `reshape` and not heard since: its first push sets its
-    /// clock (the pacing ps may have counted it in a few clocks earlier than this one).
+    /// By worker: counted in by `reshape` and not heard since: it holds nobody back, and
+    /// its first push sets its clock (another ps may have counted it in at another clock).
     std::vector<char> joined;
   };
 
@@ -13024,12 +13054,13 @@ class BoundedStaleness {
   /// A push for the worker's clock moves it on and is applied at once. A push for a clock
   /// it has passed is a repeat (a retried step): stale, dropped, so that no update counts
   /// twice; so is one of a worker outside the job's. Refused (Error) for a clock the worker
-  /// cannot have had a token of.
+  /// cannot have had a token of. The first push of a worker counted in says its clock (its
+  /// token's, from the pacing ps), even one behind this ps's slowest clock.
   Verdict on_push(Pacer& pacer, std::uint32_t worker, std::int64_t local_step) const {
     if (!member(pacer, worker)) return Verdict::kStale;  // it left, or is not counted here yet
     std::int64_t& clock = clock_of(pacer, worker);
-    if (worker < pacer.joined.size() && pacer.joined[worker] != 0 && local_step >= clock) {
-      clock = local_step;  // a worker counted in: its first push here says where it is
+    if (unheard(pacer, worker) && local_step >= 0) {
+      clock = local_step;
       pacer.joined[worker] = 0;
     }
     if (local_step < 0 || local_step > clock) {
@@ -13057,11 +13088,12 @@ class BoundedStaleness {
     pacer.clocks[worker] = std::max(pacer.clocks[worker], pacer.slowest);
   }
 
-  /// The workers at the slowest clock (the others wait for them once s clocks ahead).
+  /// The workers at the slowest clock, or catching up to it (the others wait for them once
+  /// s clocks ahead).
   [[nodiscard]] std::vector<std::uint32_t> awaited(const Pacer& pacer) const {
     std::vector<std::uint32_t> workers;
     for (std::uint32_t w = 0; w < pacer.clocks.size(); ++w) {
-      if (counts(pacer, w) && pacer.clocks[w] == pacer.slowest) workers.push_back(w);
+      if (counts(pacer, w) && pacer.clocks[w] <= pacer.slowest) workers.push_back(w);
     }
     return workers;
   }
@@ -13070,9 +13102,10 @@ class BoundedStaleness {
   [[nodiscard]] std::int64_t global_step(const Pacer& pacer) const { return pacer.slowest; }
 
   /// The token of the worker's next clock c, once c is at most s ahead of the slowest; it
-  /// reads step c - s, and batch c × N + its rank among the workers (each worker its own
-  /// share of every clock). Asking again before pushing gives the same token. A worker
-  /// outside the job's waits (it is let in at the next step, or it left).
+  /// reads step c - s (step c for a worker counted in and not heard yet), and batch
+  /// c × N + its rank among the workers (each worker its own share of every clock). Asking
+  /// again before pushing gives the same token. A worker outside the job's waits (it is
+  /// let in at the next step, or it left).
   std::optional<Token> take_token(Pacer& pacer, std::uint32_t worker) const {
     if (!member(pacer, worker)) return std::nullopt;
     const std::int64_t clock = clock_of(pacer, worker);
@@ -13083,7 +13116,8 @@ class BoundedStaleness {
       workers = static_cast<std::int64_t>(pacer.workers.size());
       rank = std::lower_bound(pacer.workers.begin(), pacer.workers.end(), worker) - pacer.workers.begin();
     }
-    return Token{clock, read_step(clock), read_step(clock + 1), true, clock * workers + rank};
+    const std::int64_t pull_step = unheard(pacer, worker) ? clock : read_step(clock);
+    return Token{clock, pull_step, read_step(clock + 1), true, clock * workers + rank};
   }
 
   /// The job's workers are `workers` (task indices, ascending, not empty): one that joins
@@ -13112,12 +13146,12 @@ class BoundedStaleness {
     update_slowest(pacer);
   }
 
-  /// Every worker's clock; one that left the job at the slowest (a resumed job does not
-  /// wait for it).
+  /// Every worker's clock; one that left the job, or joined and was not heard yet, at the
+  /// slowest (a resumed job does not go back for it).
   [[nodiscard]] std::vector<std::int64_t> save(const Pacer& pacer) const {
     std::vector<std::int64_t> clocks = pacer.clocks;
     for (std::uint32_t w = 0; w < clocks.size(); ++w) {
-      if (!member(pacer, w)) clocks[w] = std::max(clocks[w], pacer.slowest);
+      if (!member(pacer, w) || unheard(pacer, w)) clocks[w] = std::max(clocks[w], pacer.slowest);
     }
     return clocks;
   }
@@ -13138,12 +13172,14 @@ class BoundedStaleness {
     update_slowest(pacer);
   }
 
-  /// "the slowest: worker 2 at clock 5 (fastest: 8, staleness 3)"
+  /// "the slowest: worker 2 at clock 5 (fastest: 8, staleness 3)"; a worker that joined
+  /// behind it: "worker 3 catching up at clock 4".
   [[nodiscard]] std::string waiting_for(const Pacer& pacer) const {
     std::string slowest;
     for (std::uint32_t w = 0; w < pacer.clocks.size(); ++w) {
-      if (pacer.clocks[w] != pacer.slowest || !counts(pacer, w)) continue;
+      if (pacer.clocks[w] > pacer.slowest || !counts(pacer, w)) continue;
       slowest += (slowest.empty() ? "worker " : ", worker ") + std::to_string(w);
+      if (pacer.clocks[w] < pacer.slowest) slowest += " catching up at clock " + std::to_string(pacer.clocks[w]);
     }
     return "the slowest: " + slowest + " at clock " + std::to_string(pacer.slowest) +
            " (fastest: " +
@@ -13169,9 +13205,13 @@ class BoundedStaleness {
     if (pacer.workers.empty()) return worker < static_cast<std::uint32_t>(total_num_replicas_);
     return std::binary_search(pacer.workers.begin(), pacer.workers.end(), worker);
   }
-  /// True if `worker` holds the others back: one of the job's, and not lost.
+  /// True if `worker` holds the others back: one of the job's, heard, and not lost.
   [[nodiscard]] bool counts(const Pacer& pacer, std::uint32_t worker) const noexcept {
-    return worker < pacer.lost.size() && pacer.lost[worker] == 0 && member(pacer, worker);
+    return worker < pacer.lost.size() && pacer.lost[worker] == 0 && member(pacer, worker) && !unheard(pacer, worker);
+  }
+  /// True if `worker` was counted in by `reshape` and has not pushed here since.
+  [[nodiscard]] static bool unheard(const Pacer& pacer, std::uint32_t worker) noexcept {
+    return worker < pacer.joined.size() && pacer.joined[worker] != 0;
   }
 
   [[nodiscard]] std::int64_t read_step(std::int64_t clock) const {
@@ -14262,8 +14302,8 @@ namespace pulley::transport_detail {
 /// - a pull (PullReply, RowsReply) names the step both reached, the lower of the two: a
 ///   worker that skipped its next pull on the higher step's word would push for the next
 ///   step to a copy still in this one, which would count it for this step;
-/// - a pause (PauseReply) names the furthest step, the most pushes taken of each worker
-///   and the later start of known evictions of either copy: a change of workers "from the
+/// - a pause (PauseReply) names the furthest step, the furthest step pushed for, the most
+///   pushes taken of each worker and the later start of known evictions of either copy: a change of workers "from the
 ///   next step" must be to come on both copies, and a cut must wait for every push either
 ///   copy took.
 /// Other answers are left as they are.
@@ -14278,6 +14318,7 @@ inline void merge_copy_answers(Response& read, const Response& other) {
   if (paused == nullptr || twin == nullptr) return;
   paused->global_step = std::max(paused->global_step, twin->global_step);
   paused->evictions_since = std::max(paused->evictions_since, twin->evictions_since);
+  paused->furthest_pushed = std::max(paused->furthest_pushed, twin->furthest_pushed);
   if (paused->pushes.size() < twin->pushes.size()) paused->pushes.resize(twin->pushes.size(), 0);
   for (std::size_t w = 0; w < twin->pushes.size(); ++w) {
     paused->pushes[w] = std::max(paused->pushes[w], twin->pushes[w]);
@@ -14332,7 +14373,7 @@ static_assert(std::endian::native == std::endian::little,
 namespace pulley::wire {
 
 inline constexpr std::uint32_t kMagic = 0x594C4C50;    ///< "PLLY" in a little-endian dump
-inline constexpr std::uint16_t kVersion = 20;          ///< bumped on any incompatible change
+inline constexpr std::uint16_t kVersion = 21;          ///< bumped on any incompatible change
 inline constexpr std::uint16_t kResponseKind = 0x100;  ///< response kinds start here
 inline constexpr std::uint16_t kHandshakeKind = 0x200;  ///< handshake kinds start here
 inline constexpr std::size_t kHandshakeKinds = 4;       ///< Challenge, Hello, Welcome, Refusal

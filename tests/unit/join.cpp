@@ -23,6 +23,7 @@
 #include "pulley/client/worker.hpp"
 #include "pulley/optimizers/adagrad.hpp"
 #include "pulley/optimizers/adam.hpp"
+#include "pulley/optimizers/sgd.hpp"
 #include "pulley/ps/parameter_server.hpp"
 #include "pulley/runner/chief_loop.hpp"
 #include "pulley/runner/join_desk.hpp"
@@ -30,6 +31,7 @@
 #include "pulley/sharding/rebalance.hpp"
 #include "pulley/sharding/round_robin.hpp"
 #include "pulley/sync/async.hpp"
+#include "pulley/sync/bounded_staleness.hpp"
 #include "pulley/sync/sync_replicas.hpp"
 #include "support/cluster.hpp"
 #include "support/linear_model.hpp"
@@ -701,4 +703,106 @@ TEST_CASE("under Async, which takes no token a step, a worker taken out of the j
   REQUIRE(w0.step(batch_of(data, 0, 4), 100));
   for (const Stats& s : chief.stats()) CHECK(s.pushes_taken == 8);  // worker 1's last was not taken
   chief.shutdown();
+}
+
+namespace {
+
+using SspPs = ParameterServer<RoundRobin, Sgd, BoundedStaleness>;
+
+/// Hands `request` to `ps` as from `from`; the answer, once there is one.
+std::shared_ptr<std::optional<Response>> hand(SspPs& ps, Request request, Node from, std::uint64_t session = 1) {
+  auto out = std::make_shared<std::optional<Response>>();
+  ps.handle(std::move(request), RequestContext{true, from, session}, [out](Response&& r) { *out = std::move(r); });
+  return out;
+}
+
+std::vector<float> values_of(SspPs& ps) {
+  const auto pulled = hand(ps, Pull{0, {Slice{0, {0, 2}}}}, Node::chief());
+  REQUIRE(pulled->has_value());
+  const auto& values = std::get<PullReply>(**pulled).values.at(0);
+  return {values.begin(), values.end()};
+}
+
+}  // namespace
+
+TEST_CASE("under BoundedStaleness, every ps takes the same pushes of a worker that joins or leaves, whichever counts the change first") {
+  // Two ps tasks (each holding its own copy of w, so that their values can be compared):
+  // `first` counts each change a clock before `late`, whose pushes come later.
+  const std::vector<VariableSpec> model{{"w", {2}, {}}};
+  const std::vector<float> g{1, 1};
+  SspPs first(0, 1, Sgd{1.0F}, BoundedStaleness(1, 2));
+  SspPs late(0, 1, Sgd{1.0F}, BoundedStaleness(1, 2));
+  const auto push = [&](SspPs& ps, std::uint32_t w, std::int64_t clock) {
+    const auto answer = hand(ps, Push{w, clock, {{0, g}}}, Node::worker(w));
+    REQUIRE(answer->has_value());
+    REQUIRE(std::holds_alternative<PushReply>(**answer));
+    return std::get<PushReply>(**answer).stale_parts;
+  };
+  const auto change = [&](std::vector<std::uint32_t> workers, std::int64_t from_step) {
+    for (SspPs* ps : {&first, &late}) {
+      REQUIRE(std::holds_alternative<PauseReply>(**hand(*ps, Pause{}, Node::chief())));
+      REQUIRE(std::holds_alternative<Ack>(**hand(*ps, ChangeWorkers{workers, from_step}, Node::chief())));
+      REQUIRE(std::holds_alternative<Ack>(**hand(*ps, Resume{}, Node::chief())));
+    }
+  };
+  for (SspPs* ps : {&first, &late}) {
+    REQUIRE(hand(*ps, Register{model}, Node::chief())->has_value());
+    REQUIRE(std::holds_alternative<Ack>(**hand(*ps, Initialize{{{0, std::vector<float>{0, 0}}}}, Node::chief())));
+    for (std::uint32_t w = 0; w < 2; ++w) CHECK(push(*ps, w, 0) == 0);
+  }
+  // Worker 2 joins from step 2; `late` has not had worker 1's clock-1 push yet.
+  change({0, 1, 2}, 2);
+  for (std::uint32_t w = 0; w < 2; ++w) CHECK(push(first, w, 1) == 0);
+  CHECK(push(late, 0, 1) == 0);
+  const auto token = hand(first, TakeToken{2}, Node::worker(2));
+  REQUIRE(token->has_value());
+  const Token joined = std::get<TokenReply>(**token).token;
+  CHECK(joined.local_step == 2);
+  CHECK(joined.pull_step == 2);
+  // Its pull waits at `late` until that ps is at step 2, and so counts worker 2 in.
+  const auto pulled = hand(late, Pull{joined.pull_step, {Slice{0, {0, 2}}}}, Node::worker(2));
+  CHECK_FALSE(pulled->has_value());
+  CHECK(push(late, 1, 1) == 0);
+  REQUIRE(pulled->has_value());
+  CHECK(push(first, 2, joined.local_step) == 0);
+  CHECK(push(late, 2, joined.local_step) == 0);  // taken: `late` counted worker 2 in first
+  // Worker 0 runs a clock ahead (s = 1): a pause says so, and the chief sets a change past
+  // it (Chief::change_workers).
+  CHECK(push(first, 0, 2) == 0);
+  CHECK(push(first, 0, 3) == 0);
+  const auto paused = hand(first, Pause{}, Node::chief());
+  CHECK(std::get<PauseReply>(**paused).global_step == 2);
+  CHECK(std::get<PauseReply>(**paused).furthest_pushed == 3);
+  REQUIRE(std::holds_alternative<Ack>(**hand(first, Resume{}, Node::chief())));
+  // Worker 1 leaves from step 4, holding a token of clock 4 that `first` gave it before
+  // it counted the change: no ps takes that push, nor counts it.
+  change({0, 2}, 4);
+  CHECK(push(first, 1, 2) == 0);
+  CHECK(std::get<TokenReply>(**hand(first, TakeToken{1}, Node::worker(1))).token.local_step == 3);
+  CHECK(push(first, 1, 3) == 0);
+  CHECK(std::get<TokenReply>(**hand(first, TakeToken{1}, Node::worker(1))).token.local_step == 4);
+  CHECK(push(first, 2, 3) == 0);  // `first` is at step 4: it counts the change
+  const auto refused = [&](SspPs& ps) {
+    const auto out = hand(ps, Push{1, 4, {{0, g}}}, Node::worker(1));
+    REQUIRE(out->has_value());
+    const auto* error = std::get_if<ErrorReply>(&**out);
+    REQUIRE(error != nullptr);
+    CHECK(error->code == ErrorCode::kPermissionDenied);
+    CHECK(error->message.find("not one of the job's workers {0, 2}") != std::string::npos);
+  };
+  refused(first);
+  CHECK(push(late, 1, 2) == 0);
+  CHECK(push(late, 1, 3) == 0);
+  refused(late);  // `late` has not counted the change yet
+  CHECK(push(late, 0, 2) == 0);
+  CHECK(push(late, 0, 3) == 0);
+  CHECK(push(late, 2, 3) == 0);
+  CHECK(values_of(first) == values_of(late));
+  CHECK(values_of(first) == std::vector<float>{-10, -10});
+  for (SspPs* ps : {&first, &late}) {
+    const auto stats = hand(*ps, GetStats{}, Node::chief());
+    CHECK(std::get<StatsReply>(**stats).stats.global_step == 4);
+    CHECK(std::get<StatsReply>(**stats).stats.pushes_taken == 10);  // a checkpoint's cut finds them alike
+    CHECK(std::get<StatsReply>(**stats).workers == std::vector<std::uint32_t>{0, 2});
+  }
 }

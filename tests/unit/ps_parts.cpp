@@ -176,9 +176,17 @@ TEST_CASE("Liveness: a worker that leaves is forgotten, one already lost stays l
 
 TEST_CASE("PushLedger: counts pushes by worker and answers a resend as the first") {
   PushLedger ledger;
-  ledger.count(2);
+  CHECK(ledger.furthest() == -1);
+  ledger.count(2, 5);
+  ledger.count(0, 3);  // the furthest step pushed for stays 5
   ledger.answered(2, 41, {3, ""});
+  CHECK(ledger.furthest() == 5);
   CHECK(ledger.taken(2) == 1);
+  CHECK(ledger.taken(0) == 1);
+  ledger.clear();
+  CHECK(ledger.furthest() == -1);
+  ledger.count(2, 5);
+  ledger.answered(2, 41, {3, ""});
   CHECK(ledger.taken(0) == 0);
   CHECK(ledger.taken() == std::vector<std::uint64_t>{0, 0, 1});
   REQUIRE(ledger.repeated(2, 41) != nullptr);
@@ -253,7 +261,7 @@ TEST_CASE("CheckpointCut: held pushes are taken up to the cut, in order, then th
   auto take = [&](const Push& push, Responder& reply) {
     CHECK(push.gradients.at(0).values[0] == 1.0F);  // copied out of the sender's buffer
     taken_sequences.push_back(push.sequence);
-    ledger.count(push.worker);
+    ledger.count(push.worker, push.local_step);
     respond(reply, PushReply{});
   };
   auto state = [] { return StateReply{42, {}, {}}; };

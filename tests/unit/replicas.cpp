@@ -291,8 +291,10 @@ TEST_CASE("answers of both copies: a pull names the lower step, a pause the furt
     return reply;
   };
   Response paused = pause_reply(7, {14, 13}, 2);
-  const Response twin = pause_reply(8, {14, 15, 1}, 1);
+  Response twin = pause_reply(8, {14, 15, 1}, 1);
+  std::get<PauseReply>(twin).furthest_pushed = 9;
   merge_copy_answers(paused, twin);
+  CHECK(std::get<PauseReply>(paused).furthest_pushed == 9);
   const auto& merged = std::get<PauseReply>(paused);
   CHECK(merged.global_step == 8);
   CHECK(merged.pushes == std::vector<std::uint64_t>{14, 15, 1});

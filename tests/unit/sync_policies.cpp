@@ -498,18 +498,66 @@ TEST_CASE("BoundedStaleness: a worker that joins starts at the slowest clock, an
   const std::optional<Token> joined = ssp.take_token(pacer, 2);
   REQUIRE(joined.has_value());
   CHECK(joined->local_step == 3);
+  CHECK(joined->pull_step == 3);  // not 3 - s: every ps counts it in before its first push
+  CHECK(joined->next_pull_step == 3);
   CHECK(joined->batch == 3 * 3 + 2);
-  // Worker 0 leaves; worker 2 never pushes at clock 3 and holds 1 back at clock 5 (s = 1).
+  // Worker 0 leaves; worker 2, not heard yet, holds nobody back: worker 1 runs on.
   ssp.reshape(pacer, std::vector<std::uint32_t>{1, 2});
   CHECK(ssp.on_push(pacer, 0, 3) == Verdict::kStale);
-  CHECK(ssp.on_push(pacer, 1, 3) == Verdict::kReady);
-  REQUIRE(ssp.take_token(pacer, 1).has_value());
-  CHECK(ssp.on_push(pacer, 1, 4) == Verdict::kReady);
-  CHECK_FALSE(ssp.take_token(pacer, 1).has_value());  // clock 5 is 2 ahead of worker 2's 3
-  CHECK(ssp.awaited(pacer) == std::vector<std::uint32_t>{2});
+  for (std::int64_t c = 3; c < 5; ++c) {
+    REQUIRE(ssp.take_token(pacer, 1).has_value());
+    CHECK(ssp.on_push(pacer, 1, c) == Verdict::kReady);
+  }
+  CHECK(ssp.global_step(pacer) == 5);
+  CHECK(ssp.awaited(pacer) == std::vector<std::uint32_t>{1});
+  CHECK(ssp.save(pacer) == std::vector<std::int64_t>{5, 5, 5});  // a resume does not go back for worker 2
+  // Worker 2's first push, of the clock its token named, is taken although the slowest
+  // moved on: it catches up from there, holding the slowest clock until it does.
   CHECK(ssp.on_push(pacer, 2, 3) == Verdict::kReady);
-  CHECK(ssp.global_step(pacer) == 4);  // worker 0's clock 3 no longer counts
+  CHECK(pacer.clocks[2] == 4);
+  CHECK(ssp.global_step(pacer) == 5);
+  CHECK(ssp.take_token(pacer, 2)->pull_step == 3);  // heard now: it reads c - s again
+  for (std::int64_t c = 5; c < 7; ++c) {
+    REQUIRE(ssp.take_token(pacer, 1).has_value());
+    CHECK(ssp.on_push(pacer, 1, c) == Verdict::kReady);
+  }
+  CHECK_FALSE(ssp.take_token(pacer, 1).has_value());  // clock 7 is 2 ahead of the slowest, 5
+  CHECK(ssp.awaited(pacer) == std::vector<std::uint32_t>{2});
+  CHECK(ssp.waiting_for(pacer).find("worker 2 catching up at clock 4") != std::string::npos);
+  CHECK(ssp.on_push(pacer, 2, 3) == Verdict::kStale);  // a repeat
+  CHECK(ssp.on_push(pacer, 2, 4) == Verdict::kReady);
+  CHECK(ssp.global_step(pacer) == 5);
+  CHECK(ssp.on_push(pacer, 2, 5) == Verdict::kReady);
+  CHECK(ssp.global_step(pacer) == 6);
   CHECK(ssp.take_token(pacer, 1).has_value());
+}
+
+TEST_CASE("BoundedStaleness: ps tasks that counted a worker in at different clocks take its pushes alike") {
+  const pulley::BoundedStaleness ssp{2, 2};
+  auto behind = ssp.make_pacer();  // the pacing ps: counts worker 2 in at clock 3
+  auto ahead = ssp.make_pacer();   // at clock 5 (a lost worker's clocks skipped)
+  for (std::int64_t c = 0; c < 3; ++c) {
+    for (std::uint32_t w = 0; w < 2; ++w) {
+      CHECK(ssp.on_push(behind, w, c) == Verdict::kReady);
+      CHECK(ssp.on_push(ahead, w, c) == Verdict::kReady);
+    }
+  }
+  CHECK(ssp.on_push(ahead, 0, 3) == Verdict::kReady);
+  CHECK(ssp.on_push(ahead, 0, 4) == Verdict::kReady);
+  (void)ssp.on_worker_lost(ahead, 1);
+  CHECK(ssp.global_step(ahead) == 5);
+  ssp.reshape(behind, std::vector<std::uint32_t>{0, 1, 2});
+  ssp.reshape(ahead, std::vector<std::uint32_t>{0, 1, 2});
+  for (std::int64_t c = 3; c < 5; ++c) {  // its first two tokens, from the pacing ps
+    const std::optional<Token> token = ssp.take_token(behind, 2);
+    REQUIRE(token.has_value());
+    CHECK(token->local_step == c);
+    CHECK(ssp.on_push(behind, 2, c) == Verdict::kReady);
+    CHECK(ssp.on_push(ahead, 2, c) == Verdict::kReady);
+    CHECK(behind.clocks[2] == c + 1);
+    CHECK(ahead.clocks[2] == c + 1);
+  }
+  CHECK(ssp.global_step(ahead) == 5);
 }
 
 TEST_CASE("Async counts no workers: any may join") {

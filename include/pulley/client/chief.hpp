@@ -327,7 +327,8 @@ class Chief {
   /// The job's workers are `workers` (task indices, ascending, not empty) from the next
   /// global step on: workers joined (a worker started beyond the cluster spec's asks the
   /// chief, runner/join_desk.hpp) or left for good. Every member ps is paused at once (no
-  /// step completes meanwhile), the step after the furthest one's is chosen, and each ps
+  /// step completes meanwhile), the step after the furthest one a ps reached or took a push
+  /// for is chosen (under BoundedStaleness a worker pushes up to s steps ahead), and each ps
   /// is told (ChangeWorkers) and resumed: each counts the new workers from that step on
   /// (SyncPolicy::reshape; under SyncReplicas every ps at the same step boundary), and lets
   /// a new worker connect at once. Nothing is read or moved: training stands still for a few
@@ -347,7 +348,7 @@ class Chief {
     try {
       const auto paused = client_.template broadcast<PauseReply>([](std::size_t) { return Pause{0}; },
                                                                  timeouts().request_timeout, "pause the ps tasks");
-      for (const PauseReply& p : paused) furthest = std::max(furthest, p.global_step);
+      for (const PauseReply& p : paused) furthest = std::max({furthest, p.global_step, p.furthest_pushed});
       const std::int64_t from = furthest + 1;
       const std::vector<std::uint32_t> before(client_.workers().begin(), client_.workers().end());
       // Each ps is asked alone: every answer is looked at. One that refused is told to take

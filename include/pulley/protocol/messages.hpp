@@ -736,10 +736,15 @@ struct PauseReply {
   /// The global step from which this ps knows every row its tables evicted: the earliest
   /// an incremental checkpoint's cut may be since (ReadState::since).
   std::int64_t evictions_since = 0;
+  /// The furthest step a push taken since the last restore was made for (Push::local_step;
+  /// -1: none). Under BoundedStaleness it may be past `global_step`: a change of workers is
+  /// set for a step no push was taken for yet, so that every ps takes the same pushes of a
+  /// worker that leaves (those made for earlier steps).
+  std::int64_t furthest_pushed = -1;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(global_step, epoch, pushes, slot_names, counter_names, whole, evictions_since);
+    archive(global_step, epoch, pushes, slot_names, counter_names, whole, evictions_since, furthest_pushed);
   }
 };
 

@@ -481,7 +481,9 @@ class ParameterServer {
       return respond(reply, PushReply{answer->stale_parts});
     }
     count_next_workers();  // a change due at this step is counted before the sender is judged
-    if (!workers_.counted(r.worker)) {  // under Async too, which takes no token a step
+    // Under Async too, which takes no token a step; and a push for a step past the change
+    // to come that takes its worker out, as a ps that counted the change refuses it.
+    if (!workers_.counted(r.worker) || workers_.leaves_by(r.worker, r.local_step)) {
       return reject(reply, ErrorCode::kPermissionDenied, workers_.left_message(r.worker));
     }
     if (ledger_.older(r.worker, r.sequence, r.series)) {
@@ -514,7 +516,7 @@ class ParameterServer {
       changing_ = false;
       return reject(reply, e.code(), std::string("Push refused: ") + e.message());
     }
-    ledger_.count(r.worker);
+    ledger_.count(r.worker, r.local_step);
     ++stats_.pushes_taken;
     const auto outcome = update_.take(shard_, pacing_.policy(), r, verdict, step_before, stats_, largest);
     ledger_.answered(r.worker, r.sequence, {outcome.stale_parts, outcome.refused}, r.series);
@@ -603,7 +605,7 @@ class ParameterServer {
   void pause(std::uint64_t session, Responder& reply) {
     rows_cut_session_ = 0;  // a new cut: what an earlier one kept readable goes with its ReadState
     PauseReply answer{pacing_.global_step(), registration_.epoch(), ledger_.taken(), {}, {},
-                      checkpoints_whole_state_v<O>, shard_.tables().evictions_since()};
+                      checkpoints_whole_state_v<O>, shard_.tables().evictions_since(), ledger_.furthest()};
     shard_.state_names(answer.slot_names, answer.counter_names);
     cut_.pause(session);
     respond(reply, std::move(answer));

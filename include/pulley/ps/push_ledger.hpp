@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -9,8 +10,8 @@
 namespace pulley {
 
 /// What a ps task has taken from each worker since the last restore: how many pushes (a
-/// checkpoint's cut brings every ps to the same counts, see CheckpointCut), and the
-/// sequence number and answer of the last one, so that a push sent again after a lost
+/// checkpoint's cut brings every ps to the same counts, see CheckpointCut), the furthest
+/// step one was made for, and the sequence number and answer of the last one, so that a push sent again after a lost
 /// connection is answered as the first was and counted once (a worker has one push in
 /// flight at a time, and sends again only its last).
 class PushLedger {
@@ -38,10 +39,11 @@ class PushLedger {
            sequence < last_[worker].sequence;
   }
 
-  /// Counts one push of `worker` taken (its verdict not known yet).
-  void count(std::uint32_t worker) {
+  /// Counts one push of `worker` for step `local_step` taken (its verdict not known yet).
+  void count(std::uint32_t worker, std::int64_t local_step) {
     if (taken_.size() <= worker) taken_.resize(worker + 1, 0);
     ++taken_[worker];
+    furthest_ = std::max(furthest_, local_step);
   }
 
   /// Remembers the answer to push `sequence` of `series` of `worker` (0: unnumbered,
@@ -58,11 +60,14 @@ class PushLedger {
   }
   /// Pushes taken so far, by worker.
   [[nodiscard]] const std::vector<std::uint64_t>& taken() const noexcept { return taken_; }
+  /// The furthest step a push taken so far was made for (Push::local_step), -1 if none.
+  [[nodiscard]] std::int64_t furthest() const noexcept { return furthest_; }
 
   /// Forgets everything (a restore starts a new epoch).
   void clear() noexcept {
     taken_.clear();
     last_.clear();
+    furthest_ = -1;
   }
 
  private:
@@ -73,6 +78,7 @@ class PushLedger {
   };
   std::vector<std::uint64_t> taken_;
   std::vector<Last> last_;
+  std::int64_t furthest_ = -1;
 };
 
 }  // namespace pulley

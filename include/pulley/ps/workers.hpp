@@ -59,6 +59,15 @@ class JobWorkers {
     return next_ && std::binary_search(next_->change.after.begin(), next_->change.after.end(), worker);
   }
 
+  /// True if the change to come takes `worker` out of the job at `step` or before. Its
+  /// push for that step is refused here already, as at a ps that counted the change (under
+  /// BoundedStaleness a worker may hold a token of a step past the change, taken before the
+  /// ps that gave it counted the change): no ps takes, or counts, a push another refuses.
+  [[nodiscard]] bool leaves_by(std::uint32_t worker, std::int64_t step) const {
+    return next_ && step >= next_->from_step &&
+           !std::binary_search(next_->change.after.begin(), next_->change.after.end(), worker);
+  }
+
   /// The workers are `after` from global step `from_step` on (the chief's ChangeWorkers;
   /// `before`: the set until then as the chief has it, for a ps that knows none). Checked
   /// by the caller (`check`, a step to come).
@@ -89,10 +98,14 @@ class JobWorkers {
     next_.reset();
   }
 
-  /// What a worker the job no longer counts is told.
+  /// What a worker the job no longer counts, or will not from the change to come, is told.
   [[nodiscard]] std::string left_message(std::uint32_t worker) const {
-    return Node::worker(worker).name() + " is not one of the job's workers " + describe_members(now_) +
-           " now: the chief took it out of the job (to train in it again, a worker asks to join: --join)";
+    const bool leaving = next_ && !std::binary_search(next_->change.after.begin(), next_->change.after.end(), worker);
+    const std::string workers = leaving ? describe_members(next_->change.after) + " from global step " +
+                                              std::to_string(next_->from_step)
+                                        : describe_members(now_) + " now";
+    return Node::worker(worker).name() + " is not one of the job's workers " + workers +
+           ": the chief took it out of the job (to train in it again, a worker asks to join: --join)";
   }
 
  private:

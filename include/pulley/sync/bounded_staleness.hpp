@@ -35,13 +35,16 @@ namespace pulley {
 /// skipped; what it pushes for them is stale), so the global step never goes back.
 ///
 /// Workers that join or leave the job (`reshape`): a worker that joins starts at the
-/// slowest clock (on each ps, its first push there sets its clock), one that left no
-/// longer holds anyone back (what it still pushes is stale). Each ps counts the change
-/// when its own slowest clock reaches the step the chief chose, so a ps behind the pacing
-/// one by a clock or two drops a new worker's first pushes as stale until it gets there.
-/// Batches are then numbered clock × N + rank among the workers, N their count: while the
-/// fastest run ahead of the change, up to s clocks' batches may be read twice or not at
-/// all.
+/// slowest clock and holds nobody back until a ps hears from it. Its first push there sets
+/// its clock to the one its token named, on every ps alike (the ps tasks count the change
+/// when their own slowest clocks reach the step the chief chose, which one may do a clock
+/// or two before another, so each counts it in at a clock of its own). Its tokens read the
+/// step it starts at until then, so that its first push reaches every ps after that ps
+/// counted it in. If the others ran ahead meanwhile, it catches up from there, holding the
+/// slowest clock until it does. One that left no longer holds anyone back (what it still
+/// pushes is stale). Batches are numbered clock × N + rank among the workers, N their
+/// count: while the fastest run ahead of the change, up to s clocks' batches may be read
+/// twice or not at all.
 class BoundedStaleness {
  public:
   /// A staleness bound that never binds.
@@ -75,8 +78,8 @@ class BoundedStaleness {
     std::vector<char> lost;            ///< by worker: held lost by the ps
     /// The job's workers, ascending, once they changed (`reshape`); empty: 0 .. N-1.
     std::vector<std::uint32_t> workers;
-    /// By worker: counted in by `reshape` and not heard since: its first push sets its
-    /// clock (the pacing ps may have counted it in a few clocks earlier than this one).
+    /// By worker: counted in by `reshape` and not heard since: it holds nobody back, and
+    /// its first push sets its clock (another ps may have counted it in at another clock).
     std::vector<char> joined;
   };
 
@@ -98,12 +101,13 @@ class BoundedStaleness {
   /// A push for the worker's clock moves it on and is applied at once. A push for a clock
   /// it has passed is a repeat (a retried step): stale, dropped, so that no update counts
   /// twice; so is one of a worker outside the job's. Refused (Error) for a clock the worker
-  /// cannot have had a token of.
+  /// cannot have had a token of. The first push of a worker counted in says its clock (its
+  /// token's, from the pacing ps), even one behind this ps's slowest clock.
   Verdict on_push(Pacer& pacer, std::uint32_t worker, std::int64_t local_step) const {
     if (!member(pacer, worker)) return Verdict::kStale;  // it left, or is not counted here yet
     std::int64_t& clock = clock_of(pacer, worker);
-    if (worker < pacer.joined.size() && pacer.joined[worker] != 0 && local_step >= clock) {
-      clock = local_step;  // a worker counted in: its first push here says where it is
+    if (unheard(pacer, worker) && local_step >= 0) {
+      clock = local_step;
       pacer.joined[worker] = 0;
     }
     if (local_step < 0 || local_step > clock) {
@@ -131,11 +135,12 @@ class BoundedStaleness {
     pacer.clocks[worker] = std::max(pacer.clocks[worker], pacer.slowest);
   }
 
-  /// The workers at the slowest clock (the others wait for them once s clocks ahead).
+  /// The workers at the slowest clock, or catching up to it (the others wait for them once
+  /// s clocks ahead).
   [[nodiscard]] std::vector<std::uint32_t> awaited(const Pacer& pacer) const {
     std::vector<std::uint32_t> workers;
     for (std::uint32_t w = 0; w < pacer.clocks.size(); ++w) {
-      if (counts(pacer, w) && pacer.clocks[w] == pacer.slowest) workers.push_back(w);
+      if (counts(pacer, w) && pacer.clocks[w] <= pacer.slowest) workers.push_back(w);
     }
     return workers;
   }
@@ -144,9 +149,10 @@ class BoundedStaleness {
   [[nodiscard]] std::int64_t global_step(const Pacer& pacer) const { return pacer.slowest; }
 
   /// The token of the worker's next clock c, once c is at most s ahead of the slowest; it
-  /// reads step c - s, and batch c × N + its rank among the workers (each worker its own
-  /// share of every clock). Asking again before pushing gives the same token. A worker
-  /// outside the job's waits (it is let in at the next step, or it left).
+  /// reads step c - s (step c for a worker counted in and not heard yet), and batch
+  /// c × N + its rank among the workers (each worker its own share of every clock). Asking
+  /// again before pushing gives the same token. A worker outside the job's waits (it is
+  /// let in at the next step, or it left).
   std::optional<Token> take_token(Pacer& pacer, std::uint32_t worker) const {
     if (!member(pacer, worker)) return std::nullopt;
     const std::int64_t clock = clock_of(pacer, worker);
@@ -157,7 +163,8 @@ class BoundedStaleness {
       workers = static_cast<std::int64_t>(pacer.workers.size());
       rank = std::lower_bound(pacer.workers.begin(), pacer.workers.end(), worker) - pacer.workers.begin();
     }
-    return Token{clock, read_step(clock), read_step(clock + 1), true, clock * workers + rank};
+    const std::int64_t pull_step = unheard(pacer, worker) ? clock : read_step(clock);
+    return Token{clock, pull_step, read_step(clock + 1), true, clock * workers + rank};
   }
 
   /// The job's workers are `workers` (task indices, ascending, not empty): one that joins
@@ -186,12 +193,12 @@ class BoundedStaleness {
     update_slowest(pacer);
   }
 
-  /// Every worker's clock; one that left the job at the slowest (a resumed job does not
-  /// wait for it).
+  /// Every worker's clock; one that left the job, or joined and was not heard yet, at the
+  /// slowest (a resumed job does not go back for it).
   [[nodiscard]] std::vector<std::int64_t> save(const Pacer& pacer) const {
     std::vector<std::int64_t> clocks = pacer.clocks;
     for (std::uint32_t w = 0; w < clocks.size(); ++w) {
-      if (!member(pacer, w)) clocks[w] = std::max(clocks[w], pacer.slowest);
+      if (!member(pacer, w) || unheard(pacer, w)) clocks[w] = std::max(clocks[w], pacer.slowest);
     }
     return clocks;
   }
@@ -212,12 +219,14 @@ class BoundedStaleness {
     update_slowest(pacer);
   }
 
-  /// "the slowest: worker 2 at clock 5 (fastest: 8, staleness 3)"
+  /// "the slowest: worker 2 at clock 5 (fastest: 8, staleness 3)"; a worker that joined
+  /// behind it: "worker 3 catching up at clock 4".
   [[nodiscard]] std::string waiting_for(const Pacer& pacer) const {
     std::string slowest;
     for (std::uint32_t w = 0; w < pacer.clocks.size(); ++w) {
-      if (pacer.clocks[w] != pacer.slowest || !counts(pacer, w)) continue;
+      if (pacer.clocks[w] > pacer.slowest || !counts(pacer, w)) continue;
       slowest += (slowest.empty() ? "worker " : ", worker ") + std::to_string(w);
+      if (pacer.clocks[w] < pacer.slowest) slowest += " catching up at clock " + std::to_string(pacer.clocks[w]);
     }
     return "the slowest: " + slowest + " at clock " + std::to_string(pacer.slowest) +
            " (fastest: " +
@@ -243,9 +252,13 @@ class BoundedStaleness {
     if (pacer.workers.empty()) return worker < static_cast<std::uint32_t>(total_num_replicas_);
     return std::binary_search(pacer.workers.begin(), pacer.workers.end(), worker);
   }
-  /// True if `worker` holds the others back: one of the job's, and not lost.
+  /// True if `worker` holds the others back: one of the job's, heard, and not lost.
   [[nodiscard]] bool counts(const Pacer& pacer, std::uint32_t worker) const noexcept {
-    return worker < pacer.lost.size() && pacer.lost[worker] == 0 && member(pacer, worker);
+    return worker < pacer.lost.size() && pacer.lost[worker] == 0 && member(pacer, worker) && !unheard(pacer, worker);
+  }
+  /// True if `worker` was counted in by `reshape` and has not pushed here since.
+  [[nodiscard]] static bool unheard(const Pacer& pacer, std::uint32_t worker) noexcept {
+    return worker < pacer.joined.size() && pacer.joined[worker] != 0;
   }
 
   [[nodiscard]] std::int64_t read_step(std::int64_t clock) const {

@@ -17,8 +17,8 @@ namespace pulley::transport_detail {
 /// - a pull (PullReply, RowsReply) names the step both reached, the lower of the two: a
 ///   worker that skipped its next pull on the higher step's word would push for the next
 ///   step to a copy still in this one, which would count it for this step;
-/// - a pause (PauseReply) names the furthest step, the most pushes taken of each worker
-///   and the later start of known evictions of either copy: a change of workers "from the
+/// - a pause (PauseReply) names the furthest step, the furthest step pushed for, the most
+///   pushes taken of each worker and the later start of known evictions of either copy: a change of workers "from the
 ///   next step" must be to come on both copies, and a cut must wait for every push either
 ///   copy took.
 /// Other answers are left as they are.
@@ -33,6 +33,7 @@ inline void merge_copy_answers(Response& read, const Response& other) {
   if (paused == nullptr || twin == nullptr) return;
   paused->global_step = std::max(paused->global_step, twin->global_step);
   paused->evictions_since = std::max(paused->evictions_since, twin->evictions_since);
+  paused->furthest_pushed = std::max(paused->furthest_pushed, twin->furthest_pushed);
   if (paused->pushes.size() < twin->pushes.size()) paused->pushes.resize(twin->pushes.size(), 0);
   for (std::size_t w = 0; w < twin->pushes.size(); ++w) {
     paused->pushes[w] = std::max(paused->pushes[w], twin->pushes[w]);
