@@ -377,7 +377,8 @@ int main(int argc, char** argv) {
         gb_per_s, "Gf/s", "plain loop");
   // What the ps does now: its Update proves the push finite from magnitudes (the part's,
   // measured by its last update, and the gradient's: given by the TCP transport, which
-  // measures a push as it checks it arrived finite; read again for an in-process push)
+  // measures a push as it checks it arrived finite, or by the client in the ps's process,
+  // which measures it as it checks it before sending; read again for a push made by hand)
   // and reads the part once; the full check above runs only where that proves nothing.
   // Against the optimizer's apply alone, on a part of the same size.
   const auto ps_update = [&](const auto& optimizer, float largest) {
@@ -392,10 +393,10 @@ int main(int argc, char** argv) {
           return time_per_call([&] { optimizer.apply(state, w, g); });
         });
   };
-  const float ordinary = pulley::kOrdinaryMagnitude;  // the gradient's bound, as TCP reports it
+  const float ordinary = pulley::kOrdinaryMagnitude;  // the gradient's bound, as TCP or the client tell it
   const float unknown = std::numeric_limits<float>::infinity();
-  print("ps Sgd update, gradient measured by TCP", ps_update(sgd, ordinary), gb_per_s, "Gf/s", "Sgd::apply alone");
-  print("ps Sgd update, in-process gradient", ps_update(sgd, unknown), gb_per_s, "Gf/s", "Sgd::apply alone");
+  print("ps Sgd update, gradient bound told (TCP, client)", ps_update(sgd, ordinary), gb_per_s, "Gf/s", "Sgd::apply alone");
+  print("ps Sgd update, gradient read again (hand-made push)", ps_update(sgd, unknown), gb_per_s, "Gf/s", "Sgd::apply alone");
   const pulley::Adam adam{};
   auto adam_state = adam.make_state(n);
   std::vector<float> m(n), v(n);
@@ -429,7 +430,7 @@ int main(int argc, char** argv) {
                  });
                }),
         gb_per_s, "Gf/s", "plain loop");
-  print("ps Adam update, gradient measured by TCP", ps_update(adam, ordinary), gb_per_s, "Gf/s", "Adam::apply alone");
-  print("ps Adam update, in-process gradient", ps_update(adam, unknown), gb_per_s, "Gf/s", "Adam::apply alone");
+  print("ps Adam update, gradient bound told (TCP, client)", ps_update(adam, ordinary), gb_per_s, "Gf/s", "Adam::apply alone");
+  print("ps Adam update, gradient read again (hand-made push)", ps_update(adam, unknown), gb_per_s, "Gf/s", "Adam::apply alone");
   return 0;
 }

@@ -2173,6 +2173,7 @@ struct RowRequest {
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string>
 #include <string_view>
@@ -2528,6 +2529,11 @@ struct Push {
   std::uint64_t series = 0;
   /// The token it was made for said its step is a refill step (Token::refill).
   bool refill = false;
+  /// No element of `gradients` is larger in magnitude, as the client that made the push
+  /// measured it while checking it finite (kOrdinaryMagnitude, or +infinity: not known).
+  /// Not on the wire: it serves a ps in the client's own process, which trusts its checks
+  /// (RequestContext::tensors_finite); over TCP the ps measures the push as it reads it.
+  float largest = std::numeric_limits<float>::infinity();
 
   template <class Archive>
   void serialize(Archive& archive) {
@@ -3679,6 +3685,65 @@ inline std::uint64_t random_u64() {
 
 }  // namespace pulley::detail
 // ---- end pulley/core/detail/random.hpp ----
+// ---- begin pulley/core/magnitude.hpp ----
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <span>
+
+/// Ordinary magnitudes: what lets a ps prove an update finite without reading the part
+/// (BoundsMagnitudes, concepts/optimizer.hpp). The checks fold exponent fields in integer
+/// operations, as detail/finite.hpp does, so that their loops vectorize without
+/// -ffast-math and cost about what `all_finite` costs.
+
+namespace pulley {
+
+/// The magnitude below which a value is "ordinary" (2^60): far beyond any parameter,
+/// optimizer slot or gradient of real training, and far enough below float's range that
+/// optimizers prove updates of ordinary values finite from it alone (BoundsMagnitudes):
+/// the square of an ordinary gradient, 2^120, still leaves room under kFiniteBound.
+inline constexpr float kOrdinaryMagnitude = 0x1p60F;
+
+namespace detail {
+
+/// Folds `x` into `lane`: its top bit becomes set unless |x| < kOrdinaryMagnitude (NaN and
+/// Inf included). As `all_finite`, with the carry moved: the exponent field plus 69 (in
+/// its own bits) carries into the sign bit exactly for exponents of 187 (2^60) and up.
+inline void fold_ordinary(std::uint32_t& lane, float x) noexcept {
+  std::uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  lane |= (bits & 0x7F800000U) + 0x22800000U;
+}
+
+/// `fold_ordinary` of a value that must not be negative either (a sum of squares).
+inline void fold_ordinary_non_negative(std::uint32_t& lane, float x) noexcept {
+  std::uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  lane |= ((bits & 0x7F800000U) + 0x22800000U) | (bits & 0x80000000U);
+}
+
+/// True if every element is below kOrdinaryMagnitude in magnitude (so finite): one
+/// vectorized pass, as `all_finite`. `Fold` = fold_ordinary_non_negative: and at least 0.
+template <void (*Fold)(std::uint32_t&, float) noexcept = fold_ordinary>
+bool all_ordinary(std::span<const float> values) noexcept {
+  const float* p = values.data();
+  std::uint32_t lane = 0;
+  for (std::size_t i = 0; i < values.size(); ++i) Fold(lane, p[i]);
+  return (lane & 0x80000000U) == 0;
+}
+
+}  // namespace detail
+
+/// A bound of the magnitudes `all_ordinary` (or the like) found `ordinary` or not:
+/// kOrdinaryMagnitude, or +infinity (nothing known).
+inline float magnitude_bound(bool ordinary) noexcept {
+  return ordinary ? kOrdinaryMagnitude : std::numeric_limits<float>::infinity();
+}
+
+}  // namespace pulley
+// ---- end pulley/core/magnitude.hpp ----
 
 namespace pulley::detail {
 
@@ -3717,12 +3782,18 @@ class PushBuilder {
       pushes[part.ps].gradients.push_back({static_cast<std::uint32_t>(&part - placement.parts.data()),
                                            g.subspan(part.rows.begin * spec.row_size(), part.rows.size() * spec.row_size())});
     }
+    // One read of each gradient says it is finite and, mostly, ordinary: a ps in this
+    // process then proves the update finite without reading it again (Push::largest).
+    bool ordinary = true;
     for (std::size_t v = 0; v < gradients.size(); ++v) {
+      if (all_ordinary(gradients[v])) continue;
+      ordinary = false;
       if (!all_finite(gradients[v])) {
         throw Error(ErrorCode::kInvalidArgument,
                     "non-finite (NaN or Inf) gradient for '" + variables[v].name + "'; nothing was pushed");
       }
     }
+    for (Push& push : pushes) push.largest = magnitude_bound(ordinary);
     // One push per ps, whole: its rows must fit in one message.
     std::vector<std::size_t> ids_to(num_ps, 0);
     for (const RowRequest& r : rows) {
@@ -7082,73 +7153,6 @@ class Worker {
 #include <type_traits>
 #include <vector>
 
-// ---- begin pulley/core/magnitude.hpp ----
-
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <limits>
-#include <span>
-
-/// Ordinary magnitudes: what lets a ps prove an update finite without reading the part
-/// (BoundsMagnitudes, concepts/optimizer.hpp). The checks fold exponent fields in integer
-/// operations, as detail/finite.hpp does, so that their loops vectorize without
-/// -ffast-math and cost about what `all_finite` costs.
-
-namespace pulley {
-
-/// The magnitude below which a value is "ordinary" (2^60): far beyond any parameter,
-/// optimizer slot or gradient of real training, and far enough below float's range that
-/// optimizers prove updates of ordinary values finite from it alone (BoundsMagnitudes):
-/// the square of an ordinary gradient, 2^120, still leaves room under kFiniteBound.
-inline constexpr float kOrdinaryMagnitude = 0x1p60F;
-
-namespace detail {
-
-/// Folds `x` into `lane`: its top bit becomes set unless |x| < kOrdinaryMagnitude (NaN and
-/// Inf included). As `all_finite`, with the carry moved: the exponent field plus 69 (in
-/// its own bits) carries into the sign bit exactly for exponents of 187 (2^60) and up.
-inline void fold_ordinary(std::uint32_t& lane, float x) noexcept {
-  std::uint32_t bits;
-  std::memcpy(&bits, &x, sizeof bits);
-  lane |= (bits & 0x7F800000U) + 0x22800000U;
-}
-
-/// `fold_ordinary` of a value that must not be negative either (a sum of squares).
-inline void fold_ordinary_non_negative(std::uint32_t& lane, float x) noexcept {
-  std::uint32_t bits;
-  std::memcpy(&bits, &x, sizeof bits);
-  lane |= ((bits & 0x7F800000U) + 0x22800000U) | (bits & 0x80000000U);
-}
-
-/// True if every element is below kOrdinaryMagnitude in magnitude (so finite): one
-/// vectorized pass, as `all_finite`.
-inline bool all_ordinary(std::span<const float> values) noexcept {
-  const float* p = values.data();
-  std::uint32_t lane = 0;
-  for (std::size_t i = 0; i < values.size(); ++i) fold_ordinary(lane, p[i]);
-  return (lane & 0x80000000U) == 0;
-}
-
-/// True if every element is at least 0 and below kOrdinaryMagnitude.
-inline bool all_ordinary_non_negative(std::span<const float> values) noexcept {
-  const float* p = values.data();
-  std::uint32_t lane = 0;
-  for (std::size_t i = 0; i < values.size(); ++i) fold_ordinary_non_negative(lane, p[i]);
-  return (lane & 0x80000000U) == 0;
-}
-
-}  // namespace detail
-
-/// A bound of the magnitudes `all_ordinary` (or the like) found `ordinary` or not:
-/// kOrdinaryMagnitude, or +infinity (nothing known).
-inline float magnitude_bound(bool ordinary) noexcept {
-  return ordinary ? kOrdinaryMagnitude : std::numeric_limits<float>::infinity();
-}
-
-}  // namespace pulley
-// ---- end pulley/core/magnitude.hpp ----
-
 namespace pulley {
 
 /// What an optimizer may know about one update besides the weights and the gradient.
@@ -7216,7 +7220,7 @@ float bounded_in_blocks(std::size_t n, Update&& update, std::initializer_list<fl
     const std::size_t count = std::min(n - begin, kBlock);
     update(begin, begin + count);
     for (float* p : values) ordinary = detail::all_ordinary({p + begin, count}) && ordinary;
-    for (float* p : non_negative) ordinary = detail::all_ordinary_non_negative({p + begin, count}) && ordinary;
+    for (float* p : non_negative) ordinary = detail::all_ordinary<detail::fold_ordinary_non_negative>({p + begin, count}) && ordinary;
   }
   return magnitude_bound(ordinary);
 }
@@ -7400,13 +7404,37 @@ template <Optimizer O>
 inline constexpr bool checkpoints_whole_state_v =
     ExposesState<O> || std::is_empty_v<typename O::State>;
 
-/// True if the optimizer can tell in advance whether an update stays finite.
+namespace detail {
+
+/// True if `O`'s one `apply` is declared by `O` or a base of it that also declares, or
+/// derives from, the class declaring its member `Check` (`&O::stays_finite`, say): the
+/// check was written for the rule it checks. A class derived from a stock optimizer that
+/// brings an `apply` of its own (or a second one) does not take the stock checks with it;
+/// one that brings a check of its own (stricter, or counted) keeps the stock rule.
+template <class O, auto Check>
+inline constexpr bool checks_own_apply_v = [] {
+  if constexpr (requires { &O::apply; }) {
+    return std::is_base_of_v<typename MemberOf<decltype(&O::apply)>::type,
+                             typename MemberOf<decltype(Check)>::type>;
+  } else {
+    return false;
+  }
+}();
+
+}  // namespace detail
+
+/// True if the optimizer can tell in advance whether an update stays finite:
+/// `o.stays_finite(state, weights, gradient)` → bool, true only if `apply` keeps every
+/// weight and slot within kFiniteBound (never optimistic). It must come with the `apply`
+/// it checks (detail::checks_own_apply_v): a derived class with a rule of its own is
+/// checked by applying to copies, as an optimizer without `stays_finite`.
 template <class O>
 concept PredictsFiniteness = Optimizer<O> &&
     requires(const O& optimizer, const typename O::State& state, std::span<const float> weights,
              std::span<const float> gradient) {
   { optimizer.stays_finite(state, weights, gradient) } -> std::convertible_to<bool>;
-};
+  &O::stays_finite;  // one stays_finite, not an overload set
+} && detail::checks_own_apply_v<O, &O::stays_finite>;
 
 /// True if the optimizer proves an update finite from magnitudes alone, so that the ps
 /// checks an update without reading the part (the check costs nothing per element):
@@ -7424,22 +7452,19 @@ concept PredictsFiniteness = Optimizer<O> &&
 /// The ps keeps each part's `largest` from its last `apply_bounded`, and asks
 /// `stays_finite` where `stays_finite_given` cannot tell (or the part was written
 /// otherwise since: initialized, restored): a refused update is refused as before.
-/// `apply_bounded` and `stays_finite_given` must be declared by the class that declares
-/// its one `apply`: an optimizer derived from a stock one that brings a rule of its own (an
-/// `apply` of its own, or a second one) does not take the stock rule's bounds with it.
+/// `apply_bounded` must be declared by the class that declares its one `apply` (it is the
+/// same rule), and `stays_finite_given` must come with that `apply` as `stays_finite` does.
 template <class O>
 concept BoundsMagnitudes = PredictsFiniteness<O> &&
     requires(const O& optimizer, typename O::State& state, const typename O::State& held,
              std::span<float> weights, std::span<const float> gradient, float magnitude) {
   { optimizer.apply_bounded(state, weights, gradient) } -> std::same_as<float>;
   { optimizer.stays_finite_given(held, magnitude, magnitude) } -> std::convertible_to<bool>;
-  &O::apply;  // one apply, not an overload set
   &O::apply_bounded;
   &O::stays_finite_given;
 } && std::same_as<typename detail::MemberOf<decltype(&O::apply)>::type,
                   typename detail::MemberOf<decltype(&O::apply_bounded)>::type> &&
-    std::same_as<typename detail::MemberOf<decltype(&O::apply)>::type,
-                 typename detail::MemberOf<decltype(&O::stays_finite_given)>::type>;
+    detail::checks_own_apply_v<O, &O::stays_finite_given>;
 
 /// What a row-wise (sparse) update of one row of an embedding table may know.
 struct RowContext {
@@ -8055,11 +8080,15 @@ struct Adagrad {
 
   /// What is wrong with the settings, or nullopt (Optimizer: settings_error).
   [[nodiscard]] std::optional<std::string> settings_error() const {
-    return SettingsCheck()
-        .non_negative("learning_rate", learning_rate)
-        .non_negative("initial_accumulator_value", initial_accumulator_value)
-        .non_negative("epsilon", epsilon)
-        .error();
+    std::optional<std::string> error = SettingsCheck()
+                                           .non_negative("learning_rate", learning_rate)
+                                           .non_negative("initial_accumulator_value", initial_accumulator_value)
+                                           .non_negative("epsilon", epsilon)
+                                           .error();
+    if (!error && epsilon == 0 && initial_accumulator_value == 0) {
+      error = "epsilon and initial_accumulator_value are both 0: a zero gradient would divide 0 by 0";
+    }
+    return error;
   }
 
   /// The sum of squared gradients, one value per element.
@@ -8083,12 +8112,14 @@ struct Adagrad {
 
   /// True if no weight or accumulator can leave kFiniteBound when each is at most `largest`
   /// (the accumulators not negative) and each gradient element at most `largest_gradient`
-  /// in magnitude: a step is at most learning_rate (BoundsMagnitudes). With epsilon = 0 a
-  /// zero accumulator and gradient make 0/0, so nothing is proven then.
+  /// in magnitude (BoundsMagnitudes). A step is then at most learning_rate × (1 + 2^-20):
+  /// where g² rounds to nothing (|g| < 2^-63), |g| / epsilon is below 2^-23 for an epsilon
+  /// of 2^-40 or more. With a smaller epsilon a zero accumulator lets a tiny gradient make
+  /// a huge step (or 0/0), so nothing is proven then.
   [[nodiscard]] bool stays_finite_given(const State& /*state*/, float largest, float largest_gradient) const {
     const double s = largest;
     const double g = largest_gradient;
-    return epsilon > 0 && proven_finite(s + g * g) && proven_finite(s + std::abs(double{learning_rate}));
+    return epsilon >= 0x1p-40F && proven_finite(s + g * g) && proven_finite(s + std::abs(double{learning_rate}));
   }
 
   /// The accumulator, for checkpoints.
@@ -8098,17 +8129,21 @@ struct Adagrad {
   /// No counters.
   [[nodiscard]] std::array<OptimizerCounter, 0> counters(State& /*state*/) const { return {}; }
 
-  /// True if `apply` keeps every weight and the accumulator within kFiniteBound. A step is
-  /// at most learning_rate * |g| / sqrt(g^2) = learning_rate, so no division is needed.
+  /// True if `apply` keeps every weight and the accumulator within kFiniteBound. It works
+  /// out the update itself (as `apply` does, without storing it), so it holds for any
+  /// accumulators and settings (epsilon = 0 with a zero accumulator and gradient is 0/0);
+  /// it costs about as much as `apply`, and is asked only what `stays_finite_given` left.
   [[nodiscard]] bool stays_finite(const State& state, std::span<const float> w,
                                   std::span<const float> g) const {
-    const float lr = std::abs(learning_rate);
+    const float lr = learning_rate;
+    const float eps = epsilon;
     const float* wp = w.data();
     const float* gp = g.data();
     const float* ap = state.accumulator.data();
     return bounded(w.size(), [&](std::size_t i, std::uint32_t& lane) {
-      detail::fold_bound_non_negative(lane, ap[i] + gp[i] * gp[i]);  // else its square root is NaN
-      detail::fold_bound(lane, std::abs(wp[i]) + lr);
+      const float a = ap[i] + gp[i] * gp[i];
+      detail::fold_bound_non_negative(lane, a);  // else its square root is NaN
+      detail::fold_bound(lane, wp[i] - lr * gp[i] / (std::sqrt(a) + eps));
     });
   }
 
@@ -8501,6 +8536,7 @@ struct Ftrl {
   }
 };
 static_assert(Optimizer<Ftrl>);
+static_assert(PredictsFiniteness<Ftrl>);
 static_assert(RowWiseOptimizer<Ftrl>);
 
 }  // namespace pulley
@@ -11446,7 +11482,7 @@ namespace pulley {
 /// the part and its State that replaces them only if it stayed finite (or, if the State
 /// cannot be copied, fail the ps when the part goes non-finite). An optimizer that bounds
 /// magnitudes (BoundsMagnitudes, every stock one but Ftrl) is asked first with what its
-/// last update measured and the gradient's largest magnitude: what it proves finite is
+/// last update measured and a bound of the gradient's magnitudes: what it proves finite is
 /// applied without reading the part twice, and `stays_finite` decides the rest.
 ///
 /// @tparam O, P, T as the Shard it updates
@@ -11462,13 +11498,15 @@ class Update {
   /// Takes push `r` (checked) with the sync policy's `verdict`, made at global step
   /// `step_before`, and applies the update it completes. `largest`: no value of the push
   /// is larger in magnitude (the transport measured it as it checked the push arrived
-  /// finite: RequestContext::tensors_largest), or +infinity. A throw from the optimizer or
+  /// finite: RequestContext::tensors_largest), or +infinity; `r.largest` bounds its
+  /// gradients too, where the client in this process measured it. A throw from the optimizer or
   /// the policy leaves the update half applied: the ps then fails.
   Outcome take(Shard<O, P, T>& shard, const P& sync, const Push& r, Verdict verdict,
                std::int64_t step_before, Stats& stats,
                float largest = std::numeric_limits<float>::infinity()) {
+    largest = std::min(largest, r.largest);  // the client in this process measured it, maybe
     const bool stale = verdict == Verdict::kStale;
-    const bool alone = verdict == Verdict::kReady && accumulated_ == 0;
+    const bool alone = verdict == Verdict::kReady && contributors_.empty();
     Outcome out;
     std::string refused = alone ? would_overflow(shard, r, largest) : std::string();
     for (const PartValues& pv : r.gradients) {
@@ -11491,14 +11529,13 @@ class Update {
       if (refused.empty()) shard.tables().add(tr);
     }
     if (!stale && refused.empty()) {
-      ++accumulated_;
       contributors_.push_back(r.worker);
       pushed_largest_ = std::max(pushed_largest_, largest);
     }
     std::string rolled_back;
     if (verdict == Verdict::kReady) {
       // An update of nothing (its one push refused here) applies nothing.
-      if (accumulated_ > 0) rolled_back = timed_apply(shard, sync, step_before, alone, stats);
+      if (!contributors_.empty()) rolled_back = timed_apply(shard, sync, step_before, alone, stats);
       clear();
     }
     if (alone && refused.empty() && !rolled_back.empty()) {
@@ -11514,13 +11551,12 @@ class Update {
   /// The update in progress needs no more pushes (a worker it waited for was held lost):
   /// applies what it has, at global step `step_before`.
   void complete(Shard<O, P, T>& shard, const P& sync, std::int64_t step_before, Stats& stats) {
-    if (accumulated_ > 0) (void)timed_apply(shard, sync, step_before, /*checked=*/false, stats);
+    if (!contributors_.empty()) (void)timed_apply(shard, sync, step_before, /*checked=*/false, stats);
     clear();
   }
 
   /// Forgets the update in progress (a restore empties the shard's accumulators).
   void clear() noexcept {
-    accumulated_ = 0;
     contributors_.clear();
     pushed_largest_ = 0.0F;
   }
@@ -11573,8 +11609,8 @@ class Update {
     }
     if constexpr (PredictsFiniteness<O>) {
       // A mean of pushes is no larger than the largest of them; a policy that sums them
-      // (against the contract) gets at most `accumulated_` times that.
-      const float pushed = pushed_largest_ * static_cast<float>(accumulated_);
+      // (against the contract) gets at most as many times that as there were pushes.
+      const float pushed = pushed_largest_ * static_cast<float>(contributors_.size());
       for (std::size_t i = 0; !checked && i < parts.size(); ++i) {
         if (proven_by_magnitudes(optimizer, parts[i], updates_[i], pushed)) continue;
         if (!optimizer.stays_finite(parts[i].optimizer_state, parts[i].values, updates_[i])) {
@@ -11663,9 +11699,9 @@ class Update {
     std::optional<typename O::State> state;
   };
 
-  std::int64_t accumulated_ = 0;             ///< pushes whose gradients are in the accumulators
-  std::vector<std::uint32_t> contributors_;  ///< ... and whose they are, for a rollback's log
-  float pushed_largest_ = 0.0F;              ///< ... and the largest magnitude among them
+  /// Whose gradients are in the accumulators, a worker once per push (for a rollback's log).
+  std::vector<std::uint32_t> contributors_;
+  float pushed_largest_ = 0.0F;  ///< a bound of the magnitudes of those gradients
   std::vector<Shadow> shadows_;
   std::vector<std::span<const float>> updates_;  ///< scratch: each part's update
 };

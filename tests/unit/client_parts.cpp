@@ -126,6 +126,12 @@ TEST_CASE("a push becomes one Push per ps, numbered alike, each part's gradient 
   CHECK(parts == p.parts.size());
   const std::vector<Push> next = builder.build(p, kModel, {}, 2, 1, 10, 2, gradients, {});
   CHECK(next[0].sequence == pushes[0].sequence + 1);
+  // The check that the gradients are finite also bounds them, for a ps in this process.
+  for (const Push& push : pushes) CHECK(push.largest == kOrdinaryMagnitude);
+  gb[1] = -0x1p60F;  // finite, not ordinary: nothing known
+  for (const Push& push : builder.build(p, kModel, {}, 2, 1, 11, 2, gradients, {})) {
+    CHECK(push.largest == std::numeric_limits<float>::infinity());
+  }
 }
 
 TEST_CASE("a push is checked whole before anything is sent: sizes, finite values") {

@@ -239,8 +239,16 @@ struct SgdWithOwnRule : pulley::Sgd {
     for (std::size_t i = 0; i < w.size(); ++i) w[i] -= 1e30F * g[i];
   }
 };
-static_assert(pulley::PredictsFiniteness<SgdWithOwnRule>);
+static_assert(!pulley::PredictsFiniteness<SgdWithOwnRule>);  // Sgd's check is not this rule's
 static_assert(!pulley::BoundsMagnitudes<SgdWithOwnRule>);
+/// Sgd with a check of its own: still Sgd's rule, so Sgd's bounds stand.
+struct SgdWithOwnCheck : pulley::Sgd {
+  [[nodiscard]] bool stays_finite(const State& state, std::span<const float> w, std::span<const float> g) const {
+    return w.size() < 1000 && pulley::Sgd::stays_finite(state, w, g);
+  }
+};
+static_assert(pulley::PredictsFiniteness<SgdWithOwnCheck>);
+static_assert(pulley::BoundsMagnitudes<SgdWithOwnCheck>);
 /// Sgd as it is, under another name: its apply and apply_bounded come together.
 struct RenamedSgd : pulley::Sgd {};
 static_assert(pulley::BoundsMagnitudes<RenamedSgd>);
@@ -284,6 +292,16 @@ TEST_CASE("stock optimizers bound magnitudes: apply_bounded bounds what apply wr
   auto below = adagrad.make_state(1);
   below.accumulator[0] = -4.0F;
   CHECK_FALSE(adagrad.stays_finite(below, std::vector<float>{1.0F}, std::vector<float>{1.0F}));
+  // Without epsilon, a zero accumulator (restored, say) and a zero gradient make 0/0: the
+  // check works the update out, so it refuses that; the magnitudes prove nothing then.
+  const pulley::Adagrad no_epsilon{0.1F, 0.1F, 0.0F};
+  auto zero = no_epsilon.make_state(2);
+  zero.accumulator[1] = 0.0F;
+  const std::vector<float> w2{1.0F, 1.0F}, g2{1.0F, 0.0F};
+  CHECK_FALSE(apply_stays_finite(no_epsilon, zero, w2, g2));
+  CHECK_FALSE(no_epsilon.stays_finite(zero, w2, g2));
+  CHECK_FALSE(no_epsilon.stays_finite_given(zero, 1.0F, 1.0F));
+  CHECK(no_epsilon.stays_finite(zero, w2, std::vector<float>{1.0F, 1.0F}));
 }
 
 TEST_CASE("Ftrl: linear and accumulator slots, the weight solved from them") {
@@ -489,6 +507,9 @@ TEST_CASE("each stock optimizer's settings_error refuses what Keras refuses, nam
   CHECK(said(ftrl0) == "learning_rate is 0: it must be a finite number above 0");
   CHECK(said(pulley::Momentum{0.1F, 1.5F}) == "momentum is 1.5: it must be in [0, 1]");
   CHECK(said(pulley::Adagrad{0.1F, -0.1F}) == "initial_accumulator_value is -0.1: it must be a finite number of 0 or more");
+  CHECK(said(pulley::Adagrad{0.1F, 0.0F, 0.0F}) ==
+        "epsilon and initial_accumulator_value are both 0: a zero gradient would divide 0 by 0");
+  CHECK_FALSE(pulley::Adagrad{0.1F, 0.0F, 1e-7F}.settings_error());
   pulley::Adam adam;
   adam.beta_1 = 1.0F;
   CHECK(said(adam) == "beta_1 is 1: it must be in [0, 1)");

@@ -186,18 +186,25 @@ TEST_CASE("an update proven finite from magnitudes is applied at once, one that 
   CHECK(update.take(shard, sync, Push{0, 2, {{1, one}}}, Verdict::kReady, 2, stats).refused.empty());
   CHECK(values_of(shard, 1) == std::vector<float>{2, 9});
   CHECK(asked == 1);
+  // The bound a push carries (its client in this process measured it) is taken as told,
+  // not read again: from a loose one (1e38), nothing is proven.
+  Push loose{0, 3, {{1, one}}};
+  loose.largest = 1e38F;
+  CHECK(update.take(shard, sync, loose, Verdict::kReady, 3, stats).refused.empty());
+  CHECK(values_of(shard, 1) == std::vector<float>{1, 8});
+  CHECK(asked == 2);
   // Too large to prove (1e38 > 2^126), finite all the same: applied after stays_finite.
   const std::vector<float> large{-1e38F, 0};
-  CHECK(update.take(shard, sync, Push{0, 3, {{1, large}}}, Verdict::kReady, 3, stats, 1e38F).refused.empty());
-  CHECK(values_of(shard, 1) == std::vector<float>{1e38F, 9});
+  CHECK(update.take(shard, sync, Push{0, 4, {{1, large}}}, Verdict::kReady, 4, stats, 1e38F).refused.empty());
+  CHECK(values_of(shard, 1) == std::vector<float>{1e38F, 8});
   CHECK(shard.find(1)->largest == unknown);  // 1e38 is not ordinary
-  CHECK(asked == 2);
-  // Twice that overflows: not proven, and refused by stays_finite; nothing changes.
-  const auto out = update.take(shard, sync, Push{0, 4, {{1, large}}}, Verdict::kReady, 4, stats);
-  CHECK(out.refused.find("push from worker 0 refused") == 0);
-  CHECK(values_of(shard, 1) == std::vector<float>{1e38F, 9});
-  CHECK(stats.updates_refused == 1);
   CHECK(asked == 3);
+  // Twice that overflows: not proven, and refused by stays_finite; nothing changes.
+  const auto out = update.take(shard, sync, Push{0, 5, {{1, large}}}, Verdict::kReady, 5, stats);
+  CHECK(out.refused.find("push from worker 0 refused") == 0);
+  CHECK(values_of(shard, 1) == std::vector<float>{1e38F, 8});
+  CHECK(stats.updates_refused == 1);
+  CHECK(asked == 4);
   // Values set otherwise are not measured: the next update is checked in full.
   const std::vector<float> b{5, 6};
   shard.initialize({PartValues{1, b}});

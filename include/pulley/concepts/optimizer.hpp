@@ -89,7 +89,7 @@ float bounded_in_blocks(std::size_t n, Update&& update, std::initializer_list<fl
     const std::size_t count = std::min(n - begin, kBlock);
     update(begin, begin + count);
     for (float* p : values) ordinary = detail::all_ordinary({p + begin, count}) && ordinary;
-    for (float* p : non_negative) ordinary = detail::all_ordinary_non_negative({p + begin, count}) && ordinary;
+    for (float* p : non_negative) ordinary = detail::all_ordinary<detail::fold_ordinary_non_negative>({p + begin, count}) && ordinary;
   }
   return magnitude_bound(ordinary);
 }
@@ -273,13 +273,37 @@ template <Optimizer O>
 inline constexpr bool checkpoints_whole_state_v =
     ExposesState<O> || std::is_empty_v<typename O::State>;
 
-/// True if the optimizer can tell in advance whether an update stays finite.
+namespace detail {
+
+/// True if `O`'s one `apply` is declared by `O` or a base of it that also declares, or
+/// derives from, the class declaring its member `Check` (`&O::stays_finite`, say): the
+/// check was written for the rule it checks. A class derived from a stock optimizer that
+/// brings an `apply` of its own (or a second one) does not take the stock checks with it;
+/// one that brings a check of its own (stricter, or counted) keeps the stock rule.
+template <class O, auto Check>
+inline constexpr bool checks_own_apply_v = [] {
+  if constexpr (requires { &O::apply; }) {
+    return std::is_base_of_v<typename MemberOf<decltype(&O::apply)>::type,
+                             typename MemberOf<decltype(Check)>::type>;
+  } else {
+    return false;
+  }
+}();
+
+}  // namespace detail
+
+/// True if the optimizer can tell in advance whether an update stays finite:
+/// `o.stays_finite(state, weights, gradient)` → bool, true only if `apply` keeps every
+/// weight and slot within kFiniteBound (never optimistic). It must come with the `apply`
+/// it checks (detail::checks_own_apply_v): a derived class with a rule of its own is
+/// checked by applying to copies, as an optimizer without `stays_finite`.
 template <class O>
 concept PredictsFiniteness = Optimizer<O> &&
     requires(const O& optimizer, const typename O::State& state, std::span<const float> weights,
              std::span<const float> gradient) {
   { optimizer.stays_finite(state, weights, gradient) } -> std::convertible_to<bool>;
-};
+  &O::stays_finite;  // one stays_finite, not an overload set
+} && detail::checks_own_apply_v<O, &O::stays_finite>;
 
 /// True if the optimizer proves an update finite from magnitudes alone, so that the ps
 /// checks an update without reading the part (the check costs nothing per element):
@@ -297,22 +321,19 @@ concept PredictsFiniteness = Optimizer<O> &&
 /// The ps keeps each part's `largest` from its last `apply_bounded`, and asks
 /// `stays_finite` where `stays_finite_given` cannot tell (or the part was written
 /// otherwise since: initialized, restored): a refused update is refused as before.
-/// `apply_bounded` and `stays_finite_given` must be declared by the class that declares
-/// its one `apply`: an optimizer derived from a stock one that brings a rule of its own (an
-/// `apply` of its own, or a second one) does not take the stock rule's bounds with it.
+/// `apply_bounded` must be declared by the class that declares its one `apply` (it is the
+/// same rule), and `stays_finite_given` must come with that `apply` as `stays_finite` does.
 template <class O>
 concept BoundsMagnitudes = PredictsFiniteness<O> &&
     requires(const O& optimizer, typename O::State& state, const typename O::State& held,
              std::span<float> weights, std::span<const float> gradient, float magnitude) {
   { optimizer.apply_bounded(state, weights, gradient) } -> std::same_as<float>;
   { optimizer.stays_finite_given(held, magnitude, magnitude) } -> std::convertible_to<bool>;
-  &O::apply;  // one apply, not an overload set
   &O::apply_bounded;
   &O::stays_finite_given;
 } && std::same_as<typename detail::MemberOf<decltype(&O::apply)>::type,
                   typename detail::MemberOf<decltype(&O::apply_bounded)>::type> &&
-    std::same_as<typename detail::MemberOf<decltype(&O::apply)>::type,
-                 typename detail::MemberOf<decltype(&O::stays_finite_given)>::type>;
+    detail::checks_own_apply_v<O, &O::stays_finite_given>;
 
 /// What a row-wise (sparse) update of one row of an embedding table may know.
 struct RowContext {

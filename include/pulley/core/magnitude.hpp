@@ -39,19 +39,12 @@ inline void fold_ordinary_non_negative(std::uint32_t& lane, float x) noexcept {
 }
 
 /// True if every element is below kOrdinaryMagnitude in magnitude (so finite): one
-/// vectorized pass, as `all_finite`.
-inline bool all_ordinary(std::span<const float> values) noexcept {
+/// vectorized pass, as `all_finite`. `Fold` = fold_ordinary_non_negative: and at least 0.
+template <void (*Fold)(std::uint32_t&, float) noexcept = fold_ordinary>
+bool all_ordinary(std::span<const float> values) noexcept {
   const float* p = values.data();
   std::uint32_t lane = 0;
-  for (std::size_t i = 0; i < values.size(); ++i) fold_ordinary(lane, p[i]);
-  return (lane & 0x80000000U) == 0;
-}
-
-/// True if every element is at least 0 and below kOrdinaryMagnitude.
-inline bool all_ordinary_non_negative(std::span<const float> values) noexcept {
-  const float* p = values.data();
-  std::uint32_t lane = 0;
-  for (std::size_t i = 0; i < values.size(); ++i) fold_ordinary_non_negative(lane, p[i]);
+  for (std::size_t i = 0; i < values.size(); ++i) Fold(lane, p[i]);
   return (lane & 0x80000000U) == 0;
 }
 

@@ -28,11 +28,15 @@ struct Adagrad {
 
   /// What is wrong with the settings, or nullopt (Optimizer: settings_error).
   [[nodiscard]] std::optional<std::string> settings_error() const {
-    return SettingsCheck()
-        .non_negative("learning_rate", learning_rate)
-        .non_negative("initial_accumulator_value", initial_accumulator_value)
-        .non_negative("epsilon", epsilon)
-        .error();
+    std::optional<std::string> error = SettingsCheck()
+                                           .non_negative("learning_rate", learning_rate)
+                                           .non_negative("initial_accumulator_value", initial_accumulator_value)
+                                           .non_negative("epsilon", epsilon)
+                                           .error();
+    if (!error && epsilon == 0 && initial_accumulator_value == 0) {
+      error = "epsilon and initial_accumulator_value are both 0: a zero gradient would divide 0 by 0";
+    }
+    return error;
   }
 
   /// The sum of squared gradients, one value per element.
@@ -56,12 +60,14 @@ struct Adagrad {
 
   /// True if no weight or accumulator can leave kFiniteBound when each is at most `largest`
   /// (the accumulators not negative) and each gradient element at most `largest_gradient`
-  /// in magnitude: a step is at most learning_rate (BoundsMagnitudes). With epsilon = 0 a
-  /// zero accumulator and gradient make 0/0, so nothing is proven then.
+  /// in magnitude (BoundsMagnitudes). A step is then at most learning_rate × (1 + 2^-20):
+  /// where g² rounds to nothing (|g| < 2^-63), |g| / epsilon is below 2^-23 for an epsilon
+  /// of 2^-40 or more. With a smaller epsilon a zero accumulator lets a tiny gradient make
+  /// a huge step (or 0/0), so nothing is proven then.
   [[nodiscard]] bool stays_finite_given(const State& /*state*/, float largest, float largest_gradient) const {
     const double s = largest;
     const double g = largest_gradient;
-    return epsilon > 0 && proven_finite(s + g * g) && proven_finite(s + std::abs(double{learning_rate}));
+    return epsilon >= 0x1p-40F && proven_finite(s + g * g) && proven_finite(s + std::abs(double{learning_rate}));
   }
 
   /// The accumulator, for checkpoints.
@@ -71,17 +77,21 @@ struct Adagrad {
   /// No counters.
   [[nodiscard]] std::array<OptimizerCounter, 0> counters(State& /*state*/) const { return {}; }
 
-  /// True if `apply` keeps every weight and the accumulator within kFiniteBound. A step is
-  /// at most learning_rate * |g| / sqrt(g^2) = learning_rate, so no division is needed.
+  /// True if `apply` keeps every weight and the accumulator within kFiniteBound. It works
+  /// out the update itself (as `apply` does, without storing it), so it holds for any
+  /// accumulators and settings (epsilon = 0 with a zero accumulator and gradient is 0/0);
+  /// it costs about as much as `apply`, and is asked only what `stays_finite_given` left.
   [[nodiscard]] bool stays_finite(const State& state, std::span<const float> w,
                                   std::span<const float> g) const {
-    const float lr = std::abs(learning_rate);
+    const float lr = learning_rate;
+    const float eps = epsilon;
     const float* wp = w.data();
     const float* gp = g.data();
     const float* ap = state.accumulator.data();
     return bounded(w.size(), [&](std::size_t i, std::uint32_t& lane) {
-      detail::fold_bound_non_negative(lane, ap[i] + gp[i] * gp[i]);  // else its square root is NaN
-      detail::fold_bound(lane, std::abs(wp[i]) + lr);
+      const float a = ap[i] + gp[i] * gp[i];
+      detail::fold_bound_non_negative(lane, a);  // else its square root is NaN
+      detail::fold_bound(lane, wp[i] - lr * gp[i] / (std::sqrt(a) + eps));
     });
   }
 

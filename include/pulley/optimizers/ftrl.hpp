@@ -185,6 +185,7 @@ struct Ftrl {
   }
 };
 static_assert(Optimizer<Ftrl>);
+static_assert(PredictsFiniteness<Ftrl>);
 static_assert(RowWiseOptimizer<Ftrl>);
 
 }  // namespace pulley

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string>
 #include <string_view>
@@ -217,6 +218,11 @@ struct Push {
   std::uint64_t series = 0;
   /// The token it was made for said its step is a refill step (Token::refill).
   bool refill = false;
+  /// No element of `gradients` is larger in magnitude, as the client that made the push
+  /// measured it while checking it finite (kOrdinaryMagnitude, or +infinity: not known).
+  /// Not on the wire: it serves a ps in the client's own process, which trusts its checks
+  /// (RequestContext::tensors_finite); over TCP the ps measures the push as it reads it.
+  float largest = std::numeric_limits<float>::infinity();
 
   template <class Archive>
   void serialize(Archive& archive) {

@@ -42,7 +42,7 @@ namespace pulley {
 /// the part and its State that replaces them only if it stayed finite (or, if the State
 /// cannot be copied, fail the ps when the part goes non-finite). An optimizer that bounds
 /// magnitudes (BoundsMagnitudes, every stock one but Ftrl) is asked first with what its
-/// last update measured and the gradient's largest magnitude: what it proves finite is
+/// last update measured and a bound of the gradient's magnitudes: what it proves finite is
 /// applied without reading the part twice, and `stays_finite` decides the rest.
 ///
 /// @tparam O, P, T as the Shard it updates
@@ -58,13 +58,15 @@ class Update {
   /// Takes push `r` (checked) with the sync policy's `verdict`, made at global step
   /// `step_before`, and applies the update it completes. `largest`: no value of the push
   /// is larger in magnitude (the transport measured it as it checked the push arrived
-  /// finite: RequestContext::tensors_largest), or +infinity. A throw from the optimizer or
+  /// finite: RequestContext::tensors_largest), or +infinity; `r.largest` bounds its
+  /// gradients too, where the client in this process measured it. A throw from the optimizer or
   /// the policy leaves the update half applied: the ps then fails.
   Outcome take(Shard<O, P, T>& shard, const P& sync, const Push& r, Verdict verdict,
                std::int64_t step_before, Stats& stats,
                float largest = std::numeric_limits<float>::infinity()) {
+    largest = std::min(largest, r.largest);  // the client in this process measured it, maybe
     const bool stale = verdict == Verdict::kStale;
-    const bool alone = verdict == Verdict::kReady && accumulated_ == 0;
+    const bool alone = verdict == Verdict::kReady && contributors_.empty();
     Outcome out;
     std::string refused = alone ? would_overflow(shard, r, largest) : std::string();
     for (const PartValues& pv : r.gradients) {
@@ -87,14 +89,13 @@ class Update {
       if (refused.empty()) shard.tables().add(tr);
     }
     if (!stale && refused.empty()) {
-      ++accumulated_;
       contributors_.push_back(r.worker);
       pushed_largest_ = std::max(pushed_largest_, largest);
     }
     std::string rolled_back;
     if (verdict == Verdict::kReady) {
       // An update of nothing (its one push refused here) applies nothing.
-      if (accumulated_ > 0) rolled_back = timed_apply(shard, sync, step_before, alone, stats);
+      if (!contributors_.empty()) rolled_back = timed_apply(shard, sync, step_before, alone, stats);
       clear();
     }
     if (alone && refused.empty() && !rolled_back.empty()) {
@@ -110,13 +111,12 @@ class Update {
   /// The update in progress needs no more pushes (a worker it waited for was held lost):
   /// applies what it has, at global step `step_before`.
   void complete(Shard<O, P, T>& shard, const P& sync, std::int64_t step_before, Stats& stats) {
-    if (accumulated_ > 0) (void)timed_apply(shard, sync, step_before, /*checked=*/false, stats);
+    if (!contributors_.empty()) (void)timed_apply(shard, sync, step_before, /*checked=*/false, stats);
     clear();
   }
 
   /// Forgets the update in progress (a restore empties the shard's accumulators).
   void clear() noexcept {
-    accumulated_ = 0;
     contributors_.clear();
     pushed_largest_ = 0.0F;
   }
@@ -169,8 +169,8 @@ class Update {
     }
     if constexpr (PredictsFiniteness<O>) {
       // A mean of pushes is no larger than the largest of them; a policy that sums them
-      // (against the contract) gets at most `accumulated_` times that.
-      const float pushed = pushed_largest_ * static_cast<float>(accumulated_);
+      // (against the contract) gets at most as many times that as there were pushes.
+      const float pushed = pushed_largest_ * static_cast<float>(contributors_.size());
       for (std::size_t i = 0; !checked && i < parts.size(); ++i) {
         if (proven_by_magnitudes(optimizer, parts[i], updates_[i], pushed)) continue;
         if (!optimizer.stays_finite(parts[i].optimizer_state, parts[i].values, updates_[i])) {
@@ -259,9 +259,9 @@ class Update {
     std::optional<typename O::State> state;
   };
 
-  std::int64_t accumulated_ = 0;             ///< pushes whose gradients are in the accumulators
-  std::vector<std::uint32_t> contributors_;  ///< ... and whose they are, for a rollback's log
-  float pushed_largest_ = 0.0F;              ///< ... and the largest magnitude among them
+  /// Whose gradients are in the accumulators, a worker once per push (for a rollback's log).
+  std::vector<std::uint32_t> contributors_;
+  float pushed_largest_ = 0.0F;  ///< a bound of the magnitudes of those gradients
   std::vector<Shadow> shadows_;
   std::vector<std::span<const float>> updates_;  ///< scratch: each part's update
 };

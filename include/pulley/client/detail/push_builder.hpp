@@ -14,6 +14,7 @@
 #include "pulley/core/detail/finite.hpp"
 #include "pulley/core/detail/random.hpp"
 #include "pulley/core/error.hpp"
+#include "pulley/core/magnitude.hpp"
 #include "pulley/core/placement.hpp"
 #include "pulley/core/variable.hpp"
 #include "pulley/protocol/messages.hpp"
@@ -55,12 +56,18 @@ class PushBuilder {
       pushes[part.ps].gradients.push_back({static_cast<std::uint32_t>(&part - placement.parts.data()),
                                            g.subspan(part.rows.begin * spec.row_size(), part.rows.size() * spec.row_size())});
     }
+    // One read of each gradient says it is finite and, mostly, ordinary: a ps in this
+    // process then proves the update finite without reading it again (Push::largest).
+    bool ordinary = true;
     for (std::size_t v = 0; v < gradients.size(); ++v) {
+      if (all_ordinary(gradients[v])) continue;
+      ordinary = false;
       if (!all_finite(gradients[v])) {
         throw Error(ErrorCode::kInvalidArgument,
                     "non-finite (NaN or Inf) gradient for '" + variables[v].name + "'; nothing was pushed");
       }
     }
+    for (Push& push : pushes) push.largest = magnitude_bound(ordinary);
     // One push per ps, whole: its rows must fit in one message.
     std::vector<std::size_t> ids_to(num_ps, 0);
     for (const RowRequest& r : rows) {
