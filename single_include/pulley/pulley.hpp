@@ -2798,11 +2798,11 @@ struct Leave {
 /// A task about to join, started with the chief's address alone (`--join --chief-host`,
 /// no cluster spec: under Slurm a job step of its own, say) → the chief's JoinDesk: the
 /// job's shape now, from which it makes its cluster spec and takes the next task index of
-/// its role. It asks as task 0 of its role (it has no index yet): the desk answers whoever
-/// proved the job's secret. Answered ShapeReply.
+/// its role (an evaluator: the ps tasks to read from). It asks as task 0 of its role (it
+/// has no index yet): the desk answers whoever proved the job's secret. Answered ShapeReply.
 struct Shape {
   static constexpr std::string_view kName = "Shape";
-  static constexpr RoleSet kSenders{Node::Role::kPs, Node::Role::kWorker};
+  static constexpr RoleSet kSenders{Node::Role::kPs, Node::Role::kWorker, Node::Role::kEvaluator};
 
   template <class Archive>
   void serialize(Archive& /*archive*/) {}

@@ -35,7 +35,7 @@ expect "must be below the recovery timeout" --ps-leave-secs 300
 expect "--ps-leave-secs and --ps-replicas 1 exclude each other" \
   --ps-leave-secs 3 --ps-replicas 1
 expect "not in range" --ps-leave-secs -1
-expect "--join is for a ps task or a worker of a cluster of processes" --join
+expect "--join is for a ps task, a worker or an evaluator of a cluster of processes" --join
 PULLEY_SECRET=a-secret-for-this-test expect "--join needs the running job's name" \
   --join --role worker --task 1 --ps-hosts 127.0.0.1:1 --worker-hosts 127.0.0.1:2,127.0.0.1:3
 PULLEY_SECRET=a-secret-for-this-test expect "--join needs the running job's name" \
@@ -48,7 +48,7 @@ PULLEY_SECRET=a-secret-for-this-test expect "needs where it serves: --address" \
 PULLEY_SECRET=a-secret-for-this-test expect "--join needs the running job's name" --join --role worker --chief-host 127.0.0.1:1
 # A joiner's flags are judged before its secret is looked for: these name the misuse, with
 # or without a secret.
-expect "--join is for a ps task or a worker" --join --role chief --chief-host 127.0.0.1:1 --job-name j
+expect "--join is for a ps task, a worker or an evaluator" --join --role chief --chief-host 127.0.0.1:1 --job-name j
 expect "needs the chief's address: --chief-host" --join --role ps --job-name j
 # The names of 0.2 still work: --job for --role, --slurm-jobs for --slurm-roles.
 expect "task index 3" --job worker --task 3 --ps-hosts a:1 --worker-hosts b:2

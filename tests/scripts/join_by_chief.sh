@@ -11,6 +11,8 @@
 #     the chief alone becomes worker 3, and one whose cluster spec lists every ps task the
 #     job has known (ps 1 among them, gone) joins as worker 4: both connect to the members
 #     only and train to the end.
+#     An evaluator then joins naming the chief alone: it reads the members' snapshots and
+#     scores them to the end of training.
 #  4. A ps without --address is refused at once, naming the flag.
 #  5. The job finishes at test accuracy >= 0.875 on ps tasks {0, 2} and 5 workers, every
 #     task exiting 0.
@@ -72,6 +74,9 @@ job_cluster=$spec
 job_pids=("$last_pid" "${job_pids[@]}")
 wait_for "$dir/chief-0.log" 'worker 4 joined' 90 || fail "a worker whose spec lists a ps that left did not join"
 grep -h 'worker [34] joined' "$dir/chief-0.log" | sed 's/^[^:]*: //'
+join evaluator evaluator-new.log
+wait_for "$dir/evaluator-new.log" '^evaluation at step' 120 || fail "an evaluator naming the chief alone scored nothing"
+grep -h 'this task joins as' "$dir/evaluator-new.log" | sed 's/^[^:]*: /evaluator: /'
 
 # ---- 4. a ps that does not say where it serves ----------------------------------------------
 env -u TF_CONFIG "$binary" --role ps --join --chief-host "$chief" "${flags[@]}" >"$dir/bad.log" 2>&1 &&
@@ -84,6 +89,8 @@ for log in worker-new worker-after-leave worker-4; do
   grep -q 'training finished after' "$dir/$log.log" || fail "$log did not train to the end"
 done
 grep -q "ps 2: training finished" "$dir/ps-new.log" || fail "the new ps did not serve to the end"
+grep -q "evaluator: training finished" "$dir/evaluator-new.log" || fail "the evaluator did not follow the job to its end"
+echo "evaluator: $(grep -c '^evaluation at step' "$dir/evaluator-new.log") evaluations, the last: $(grep '^evaluation at step' "$dir/evaluator-new.log" | tail -1)"
 check_final "$dir" "fashion_mnist joined by the chief's address" 2
 echo "$final" | grep -q " workers=5 " || fail "the final line does not count the 5 workers the job ended with"
 echo PASS

@@ -674,7 +674,8 @@ TEST_CASE("the chief's JoinDesk tells a task about to join the job's shape: ever
   std::string why;
   CHECK(queue->ask_worker(4, why) == JoinQueue::Standing::kWaiting);
   CHECK(shape(Node::ps(0)).next_worker == 5);  // one asks already: the next but one
-  CHECK(std::get<ErrorReply>(ask_desk(desk, Shape{}, Node::evaluator())).code == ErrorCode::kPermissionDenied);
+  CHECK(shape(Node::evaluator()).members == std::vector<std::uint32_t>{0, 2});  // the ps tasks to read
+  CHECK(std::get<ErrorReply>(ask_desk(desk, Shape{}, Node::chief())).code == ErrorCode::kPermissionDenied);
 }
 
 TEST_CASE("under Async, which takes no token a step, a worker taken out of the job has its next push refused") {

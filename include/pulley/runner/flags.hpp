@@ -18,7 +18,7 @@ namespace pulley {
 /// Adds the flags that describe a job (JobFlags) to a CLI11 app, in a "Cluster" group:
 ///   --ps N --workers N                     every task in this process (the default)
 ///   --role ROLE --task I --ps-hosts H:P,... --worker-hosts H:P,... [--chief-host H:P]
-///   --role ps|worker --join --chief-host H:P --job-name NAME [--address H:P]  (a joiner)
+///   --role ps|worker|evaluator --join --chief-host H:P --job-name NAME [--address H:P]  (a joiner)
 ///   --slurm-roles ps:1,worker:2,chief:1 [--slurm-port-base PORT]
 ///   --mpi-roles ps:2,worker:2,chief:1 [--mpi-hosts H,...] [--mpi-port-base PORT]
 ///   [--job-name NAME] [--secret-file PATH]  what every connection proves (credentials.hpp)
@@ -73,7 +73,8 @@ inline void add_job_flags(CLI::App& app, JobFlags& flags) {
   app.add_flag("--join", flags.join,
                "this ps task or worker joins a running job: the chief takes it in as soon as it is free "
                "(its cluster lists it after the job's ps tasks or workers, or with --role and --chief-host "
-               "alone the chief tells it the job's; needs --job-name)")
+               "alone the chief tells it the job's; needs --job-name); an evaluator that joins reads the "
+               "job's ps tasks from the chief")
       ->group(group);
   app.add_option("--address", flags.address,
                  "host:port where this ps serves, when it joins naming the chief alone "

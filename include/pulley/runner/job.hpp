@@ -37,7 +37,8 @@ struct Job {
   /// This ps task or worker joins a running job: it asks the chief (at the chief task's
   /// address, or worker 0's in a cluster without one) to take it in (Chief::join; a
   /// worker: Chief::change_workers). Its cluster spec lists it after the job's ps tasks
-  /// (or workers).
+  /// (or workers). An evaluator that joins is not taken in (it only reads): it reads the
+  /// ps tasks that are the job's members from the chief, as a joining worker does.
   bool join = false;
 
   /// True when every task runs in this process.
@@ -80,7 +81,7 @@ struct JobFlags {
   std::uint32_t workers = 2;  ///< workers when in-process
   std::string job_name;       ///< the job's name in handshakes ("": derived, credentials.hpp)
   std::string secret_file;    ///< a file holding the job's shared secret ("": see credentials.hpp)
-  bool join = false;          ///< this ps task or worker joins a running job (Job::join)
+  bool join = false;          ///< this ps task, worker or evaluator joins a running job (Job::join)
   /// Where this ps serves when it joins naming the chief alone (`--join --role ps
   /// --chief-host`, no host lists): "host:port".
   std::string address;
@@ -88,18 +89,24 @@ struct JobFlags {
 
 namespace runner_detail {
 
+/// What a --join of another task is told.
+inline constexpr std::string_view kJoinRoles =
+    "--join is for a ps task, a worker or an evaluator of a cluster of processes";
+
 /// The cluster of a task that joins naming the chief's address alone (--join --role
 /// --chief-host, no host lists; under Slurm a job step of its own): the job's shape as the
 /// chief's desk tells it (Shape), this task listed after the job's tasks of its role with
-/// the next index (a ps at `flags.address`; ps tasks that left the job stay listed, so that
-/// indices keep their meaning: a worker that joins connects to the members only). Once its
+/// the next index (a ps at `flags.address`; an evaluator is evaluator 0, which every ps
+/// lets in; ps tasks that left the job stay listed, so that indices keep their meaning: a
+/// worker or an evaluator that joins connects to the members only). Once its
 /// flags are found whole, it proves the job's secret (`task_credentials` of a joiner) and
 /// waits for the chief for `patience`. Throws kInvalidArgument for missing flags, else what
 /// reading the secret or reaching the chief threw.
 inline TfConfig cluster_from_chief(const JobFlags& flags, std::chrono::milliseconds patience = std::chrono::seconds(60)) {
   const bool ps = flags.role == "ps";
-  if (!ps && flags.role != "worker") {
-    throw Error(ErrorCode::kInvalidArgument, "--join is for a ps task or a worker of a cluster of processes");
+  const bool evaluator = flags.role == "evaluator";
+  if (!ps && !evaluator && flags.role != "worker") {
+    throw Error(ErrorCode::kInvalidArgument, std::string(kJoinRoles));
   }
   if (flags.chief_host.empty()) {
     throw Error(ErrorCode::kInvalidArgument,
@@ -113,7 +120,7 @@ inline TfConfig cluster_from_chief(const JobFlags& flags, std::chrono::milliseco
   if (ps) (void)parse_address(flags.address);
   TcpOptions tcp;
   tcp.credentials = task_credentials({}, flags.job_name, flags.secret_file, true);
-  const Node asking{ps ? Node::Role::kPs : Node::Role::kWorker, 0};  // no index yet
+  const Node asking{ps ? Node::Role::kPs : evaluator ? Node::Role::kEvaluator : Node::Role::kWorker, 0};  // no index yet
   ShapeReply shape = ask_shape(asking, flags.chief_host, tcp, patience);
   const auto num_ps = static_cast<std::uint32_t>(shape.ps.size());
   TfConfig config;
@@ -121,11 +128,13 @@ inline TfConfig cluster_from_chief(const JobFlags& flags, std::chrono::milliseco
   config.cluster.roles["ps"] = std::move(shape.ps);
   // Workers serve nothing: their addresses are never dialled, and the chief knows none.
   const std::uint32_t workers =
-      std::max(shape.next_worker + (ps ? 0U : 1U), shape.workers.empty() ? 1U : shape.workers.back() + 1);
+      std::max(shape.next_worker + (ps || evaluator ? 0U : 1U), shape.workers.empty() ? 1U : shape.workers.back() + 1);
   config.cluster.roles["worker"].assign(workers, "unknown:1");
   if (ps) {
     config.cluster.roles["ps"].push_back(flags.address);
     config.task = {"ps", num_ps};
+  } else if (evaluator) {
+    config.task = {"evaluator", 0};
   } else {
     config.task = {"worker", shape.next_worker};
   }
@@ -201,9 +210,7 @@ inline Job resolve_job(const JobFlags& flags) {
     job.credentials = task_credentials(job.cluster->cluster, flags.job_name, flags.secret_file, flags.join);
   }
   if (flags.join) {
-    if (!job.cluster || (job.cluster->task.type != "ps" && job.cluster->task.type != "worker")) {
-      throw Error(ErrorCode::kInvalidArgument, "--join is for a ps task or a worker of a cluster of processes");
-    }
+    if (!job.cluster || job.cluster->task.type == "chief") throw Error(ErrorCode::kInvalidArgument, std::string(runner_detail::kJoinRoles));
     if (flags.job_name.empty()) {
       // The name derived from the cluster spec differs once the spec lists the new task,
       // and under Slurm from the job step (a task that joins runs in a step of its own).

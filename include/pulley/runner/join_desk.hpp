@@ -283,8 +283,8 @@ class JoinDesk {
   /// A task about to join: the job's shape, once the chief has said it (kUnavailable
   /// before: ask again).
   void answer_shape(const RequestContext& context, Responder& reply) {
-    if (!context.peer || (context.peer->role != Node::Role::kPs && context.peer->role != Node::Role::kWorker)) {
-      return respond(reply, ErrorReply{ErrorCode::kPermissionDenied, "only a ps task or a worker may ask for the job's shape"});
+    if (!context.peer || context.peer->role == Node::Role::kChief) {
+      return respond(reply, ErrorReply{ErrorCode::kPermissionDenied, "only a ps task, a worker or an evaluator may ask for the job's shape"});
     }
     ShapeReply shape = queue_->shape();
     if (shape.ps.empty()) {

@@ -163,8 +163,13 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
       lead(training, [&] { return transport(Node::chief()); }, id_sharding, metrics, joins);
     });
   } else if (type == "evaluator") {
-    follow(training, [&] { return transport(Node{Node::Role::kEvaluator, config.task.index}); },
-           id_sharding, metrics);
+    const Node self{Node::Role::kEvaluator, config.task.index};
+    std::vector<std::uint32_t> members;  // a joiner reads the job's members: a ps listed may have left
+    if (join) {
+      members = ask_shape(self, chief_address(config.cluster), tcp, training.client.recovery_timeout).members;
+      reach_now = members;
+    }
+    follow(training, [&] { return transport(self); }, id_sharding, metrics);
   } else if (chief_worker) {
     // No chief task: worker 0 is also the chief (TensorFlow's convention), on a thread.
     std::exception_ptr chief_failure;

@@ -347,10 +347,10 @@ void with_join_desk(const std::string& address, TcpServerOptions options, std::u
   try {
     const Address where = parse_address(address);
     // New tasks are beyond the cluster spec, by design (the desk checks their indices).
-    options.tasks = {{Node::Role::kPs, 4096}, {Node::Role::kWorker, 1U << 20U}};
+    options.tasks = {{Node::Role::kPs, 4096}, {Node::Role::kWorker, 1U << 20U}, {Node::Role::kEvaluator, 1}};
     options.orphaned_after = std::chrono::hours(24 * 365);  // joiners come and go: it serves on
     desk.emplace(JoinDesk(queue), listen_host(where), where.port, options);
-    log(LogLevel::kInfo, "chief: ps tasks and workers may join job '" + options.credentials.job + "' at " + address +
+    log(LogLevel::kInfo, "chief: ps tasks, workers and an evaluator may join job '" + options.credentials.job + "' at " + address +
                              " (--join --job-name " + options.credentials.job + " --chief-host " + address + ")");
   } catch (const Error& e) {
     log(LogLevel::kWarning, std::string("chief: no task can join this job: ") + e.what());
