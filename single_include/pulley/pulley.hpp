@@ -7406,35 +7406,37 @@ inline constexpr bool checkpoints_whole_state_v =
 
 namespace detail {
 
-/// True if `O`'s one `apply` is declared by `O` or a base of it that also declares, or
-/// derives from, the class declaring its member `Check` (`&O::stays_finite`, say): the
-/// check was written for the rule it checks. A class derived from a stock optimizer that
-/// brings an `apply` of its own (or a second one) does not take the stock checks with it;
-/// one that brings a check of its own (stricter, or counted) keeps the stock rule.
-template <class O, auto Check>
-inline constexpr bool checks_own_apply_v = [] {
-  if constexpr (requires { &O::apply; }) {
-    return std::is_base_of_v<typename MemberOf<decltype(&O::apply)>::type,
-                             typename MemberOf<decltype(Check)>::type>;
-  } else {
-    return false;
-  }
-}();
+/// True if `Check` (a pointer to a member function: `&O::stays_finite`, say) is declared by
+/// the class that declares `Apply` (`&O::apply`) or by one derived from it: the check was
+/// written for the rule it checks. A class derived from a stock optimizer that brings an
+/// `apply` of its own does not take the stock checks with it; one that brings a check of
+/// its own (stricter, or counted) keeps the stock rule.
+template <class Apply, class Check>
+concept DeclaredWith = std::is_base_of_v<typename MemberOf<Apply>::type, typename MemberOf<Check>::type>;
+
+/// True if `&O::apply` and `&O::stays_finite` each name one non-static member function (not
+/// an overload set, a template or a static function), so that DeclaredWith can tell.
+template <class O>
+concept NamesApplyAndCheck = requires {
+  typename MemberOf<decltype(&O::apply)>::type;
+  typename MemberOf<decltype(&O::stays_finite)>::type;
+};
 
 }  // namespace detail
 
 /// True if the optimizer can tell in advance whether an update stays finite:
 /// `o.stays_finite(state, weights, gradient)` → bool, true only if `apply` keeps every
-/// weight and slot within kFiniteBound (never optimistic). It must come with the `apply`
-/// it checks (detail::checks_own_apply_v): a derived class with a rule of its own is
-/// checked by applying to copies, as an optimizer without `stays_finite`.
+/// weight and slot within kFiniteBound (never optimistic). Where `apply` and
+/// `stays_finite` each name one member function, `stays_finite` must come with the `apply`
+/// it checks (detail::DeclaredWith): a derived class with a rule of its own is checked by
+/// applying to copies, as an optimizer without `stays_finite`. (An overloaded or template
+/// `apply` is taken at its word, as a check cannot be told from its rule then.)
 template <class O>
 concept PredictsFiniteness = Optimizer<O> &&
     requires(const O& optimizer, const typename O::State& state, std::span<const float> weights,
              std::span<const float> gradient) {
   { optimizer.stays_finite(state, weights, gradient) } -> std::convertible_to<bool>;
-  &O::stays_finite;  // one stays_finite, not an overload set
-} && detail::checks_own_apply_v<O, &O::stays_finite>;
+} && (!detail::NamesApplyAndCheck<O> || detail::DeclaredWith<decltype(&O::apply), decltype(&O::stays_finite)>);
 
 /// True if the optimizer proves an update finite from magnitudes alone, so that the ps
 /// checks an update without reading the part (the check costs nothing per element):
@@ -7460,11 +7462,12 @@ concept BoundsMagnitudes = PredictsFiniteness<O> &&
              std::span<float> weights, std::span<const float> gradient, float magnitude) {
   { optimizer.apply_bounded(state, weights, gradient) } -> std::same_as<float>;
   { optimizer.stays_finite_given(held, magnitude, magnitude) } -> std::convertible_to<bool>;
+  &O::apply;  // one apply, not an overload set
   &O::apply_bounded;
   &O::stays_finite_given;
 } && std::same_as<typename detail::MemberOf<decltype(&O::apply)>::type,
                   typename detail::MemberOf<decltype(&O::apply_bounded)>::type> &&
-    detail::checks_own_apply_v<O, &O::stays_finite_given>;
+    detail::DeclaredWith<decltype(&O::apply), decltype(&O::stays_finite_given)>;
 
 /// What a row-wise (sparse) update of one row of an embedding table may know.
 struct RowContext {

@@ -50,6 +50,8 @@ PULLEY_SECRET=a-secret-for-this-test expect "--join needs the running job's name
 # or without a secret.
 expect "--join is for a ps task, a worker or an evaluator" --join --role chief --chief-host 127.0.0.1:1 --job-name j
 expect "needs the chief's address: --chief-host" --join --role ps --job-name j
+PULLEY_SECRET=a-secret-for-this-test expect "an evaluator that joins is evaluator 0" \
+  --join --job-name j --role evaluator --task 1 --ps-hosts 127.0.0.1:1 --worker-hosts 127.0.0.1:2
 # The names of 0.2 still work: --job for --role, --slurm-jobs for --slurm-roles.
 expect "task index 3" --job worker --task 3 --ps-hosts a:1 --worker-hosts b:2
 expect "needs a Slurm step" --slurm-jobs ps:1,worker:1

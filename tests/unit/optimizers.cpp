@@ -249,6 +249,28 @@ struct SgdWithOwnCheck : pulley::Sgd {
 };
 static_assert(pulley::PredictsFiniteness<SgdWithOwnCheck>);
 static_assert(pulley::BoundsMagnitudes<SgdWithOwnCheck>);
+/// A static apply, or one overloaded with the UpdateContext form: the check is taken at
+/// its word (which class wrote it cannot be told), and the concepts still compile.
+struct StaticApply {
+  struct State {};
+  [[nodiscard]] State make_state(std::size_t /*n*/) const { return {}; }
+  static void apply(State& /*state*/, std::span<float> w, std::span<const float> g) {
+    for (std::size_t i = 0; i < w.size(); ++i) w[i] -= g[i];
+  }
+  [[nodiscard]] bool stays_finite(const State& /*state*/, std::span<const float> /*w*/, std::span<const float> /*g*/) const {
+    return true;
+  }
+};
+static_assert(pulley::PredictsFiniteness<StaticApply>);
+static_assert(!pulley::BoundsMagnitudes<StaticApply>);
+struct OverloadedApply : pulley::Sgd {
+  using pulley::Sgd::apply;
+  void apply(State& state, std::span<float> w, std::span<const float> g, const pulley::UpdateContext& /*context*/) const {
+    pulley::Sgd::apply(state, w, g);
+  }
+};
+static_assert(pulley::PredictsFiniteness<OverloadedApply>);
+static_assert(!pulley::BoundsMagnitudes<OverloadedApply>);  // one apply, not an overload set
 /// Sgd as it is, under another name: its apply and apply_bounded come together.
 struct RenamedSgd : pulley::Sgd {};
 static_assert(pulley::BoundsMagnitudes<RenamedSgd>);

@@ -211,6 +211,11 @@ inline Job resolve_job(const JobFlags& flags) {
   }
   if (flags.join) {
     if (!job.cluster || job.cluster->task.type == "chief") throw Error(ErrorCode::kInvalidArgument, std::string(runner_detail::kJoinRoles));
+    if (job.cluster->task.type == "evaluator" && job.cluster->task.index != 0) {
+      // The chief's desk, which a joining evaluator asks for the job's members, lets in evaluator 0 alone.
+      throw Error(ErrorCode::kInvalidArgument, "an evaluator that joins is evaluator 0, not " +
+                                                   std::to_string(job.cluster->task.index) + " (--task 0, or no --join)");
+    }
     if (flags.job_name.empty()) {
       // The name derived from the cluster spec differs once the spec lists the new task,
       // and under Slurm from the job step (a task that joins runs in a step of its own).

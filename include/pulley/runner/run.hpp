@@ -165,7 +165,7 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
   } else if (type == "evaluator") {
     const Node self{Node::Role::kEvaluator, config.task.index};
     std::vector<std::uint32_t> members;  // a joiner reads the job's members: a ps listed may have left
-    if (join) {
+    if (join && training.checkpoint.directory.empty()) {  // one that follows a directory reads no ps
       members = ask_shape(self, chief_address(config.cluster), tcp, training.client.recovery_timeout).members;
       reach_now = members;
     }
