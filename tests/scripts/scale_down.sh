@@ -3,7 +3,7 @@
 # A running job scaled down by the operator: SIGTERM asks a ps task or a worker to leave,
 # and the chief takes it out with nothing trained lost. Real processes on 127.0.0.1,
 # Fashion-MNIST, a chief, sync R = N, every task named by --job-name.
-#  1. 3 ps, 2 workers: at about epoch 2 ps 1 gets SIGTERM. It asks the chief, which pauses
+#  1. 3 ps, 2 workers, 10 epochs: at about epoch 2 ps 1 gets SIGTERM. It asks the chief, which pauses
 #     every ps at one cut, registers the model over ps {0, 2} (membership 1) and restores
 #     them from the cut; ps 1 then exits 0, the workers follow, and the job ends bit for
 #     bit where the same job on 3 ps ends (the parameters' CRC-32C).
@@ -27,13 +27,13 @@ term_after() {
 }
 
 # ---- 1. a ps leaves: 3 ps -> 2 ---------------------------------------------------------------
-start_job "$work/plain" "$binary" 3 2 "${flags[@]}" --epochs 6
+start_job "$work/plain" "$binary" 3 2 "${flags[@]}" --epochs 10
 finish_job "fashion_mnist on 3 ps" 240
 plain=$(crc_of "$work/plain/chief-0.log")
 [ -n "$plain" ] || fail "the job on 3 ps printed no final line"
 
 dir=$work/ps
-start_job "$dir" "$binary" 3 2 "${flags[@]}" --epochs 6
+start_job "$dir" "$binary" 3 2 "${flags[@]}" --epochs 10
 term_after "$dir" "${job_pids[1]}" "ps 1"  # ps 0, ps 1, ps 2, worker 0, worker 1, chief
 wait_for "$dir/ps-1.log" "left the job at its request" 120 || fail "ps 1 did not leave"
 finish_job "fashion_mnist 3 ps -> 2" 240  # ps 1 included: it exited 0
