@@ -10,6 +10,7 @@ include besides itself:
     protocol    protocol/                                      core
     concepts    concepts/                                      core, protocol
     policies    optimizers/ sharding/ sync/ tables/ models/    core, protocol, concepts
+                collective/
     storage     checkpoint/                                    core
     ps          ps/                                            core ... storage
     client      client/                                        core ... storage
@@ -44,6 +45,7 @@ FOLDERS = {
     "sync": "policies",
     "tables": "policies",
     "models": "policies",
+    "collective": "policies",
     "checkpoint": "storage",
     "ps": "ps",
     "client": "client",

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <pulley/pulley.hpp>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -38,4 +39,15 @@ TEST_CASE("the single header runs a cluster: chief initializes, reads back, shut
   const auto values = chief.read_variables();
   CHECK(values.at(0) == std::vector<float>(10, 0.5F));
   chief.shutdown();
+}
+
+TEST_CASE("the single header sums over a ring of threads") {
+  auto ring = pulley::InProcessRing::make(3);
+  std::vector<std::vector<float>> data{{1, 2, 3, 4}, {10, 20, 30, 40}, {100, 200, 300, 400}};
+  std::vector<std::jthread> threads;
+  for (std::size_t r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] { pulley::RingAllReduce().sum(ring[r], data[r]); });
+  }
+  threads.clear();
+  for (const auto& d : data) CHECK(d == std::vector<float>{111, 222, 333, 444});
 }

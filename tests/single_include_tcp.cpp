@@ -56,3 +56,30 @@ TEST_CASE("the TCP single header trains a model over loopback") {
   serving.join();
   CHECK(listener.service().ended()->code == pulley::ErrorCode::kOutOfRange);
 }
+
+TEST_CASE("the TCP single header trains replicas with a ring all-reduce") {
+  // Two ranks over loopback; ports picked free a moment ago.
+  asio::io_context io;
+  std::vector<std::string> addresses;
+  {
+    std::vector<asio::ip::tcp::acceptor> held;
+    for (int i = 0; i < 2; ++i) {
+      held.emplace_back(io, asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+      addresses.push_back("127.0.0.1:" + std::to_string(held.back().local_endpoint().port()));
+    }
+  }
+  const pulley::Credentials job{"single-header", "its secret"};
+  std::vector<float> learned(2);
+  std::vector<std::jthread> ranks;
+  for (std::size_t r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      pulley::AllReduceWorker worker(Scalar{}, pulley::Sgd{0.5F}, pulley::TcpRing(r, addresses, job));
+      worker.initialize(1);
+      for (int step = 0; step < 20; ++step) (void)worker.step({});
+      learned[r] = worker.model().parameter(0)[0];
+    });
+  }
+  ranks.clear();
+  CHECK(learned[0] == doctest::Approx(3.0F).epsilon(1e-4));
+  CHECK(learned[1] == learned[0]);
+}

@@ -18,6 +18,7 @@
 
 #include "pulley/checkpoint/directory.hpp"
 #include "pulley/checkpoint/rows.hpp"
+#include "pulley/client/all_reduce_worker.hpp"
 #include "pulley/client/checkpoint_cut.hpp"
 #include "pulley/client/chief.hpp"
 #include "pulley/client/client.hpp"
@@ -26,8 +27,10 @@
 #include "pulley/client/options.hpp"
 #include "pulley/client/snapshot.hpp"
 #include "pulley/client/worker.hpp"
+#include "pulley/collective/ring_all_reduce.hpp"
 #include "pulley/concepts/model.hpp"
 #include "pulley/concepts/optimizer.hpp"
+#include "pulley/concepts/ring.hpp"
 #include "pulley/concepts/row_aggregation.hpp"
 #include "pulley/concepts/service.hpp"
 #include "pulley/concepts/sharding.hpp"
@@ -67,3 +70,4 @@
 #include "pulley/tables/row_aggregation.hpp"
 #include "pulley/tables/tables.hpp"
 #include "pulley/transport/in_process.hpp"
+#include "pulley/transport/in_process_ring.hpp"

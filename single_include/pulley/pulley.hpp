@@ -2000,6 +2000,1071 @@ inline std::vector<CheckpointRows> checkpoint_rows(const ModelState& state) {
 
 }  // namespace pulley
 // ---- end pulley/checkpoint/rows.hpp ----
+// ---- begin pulley/client/all_reduce_worker.hpp ----
+
+#include <algorithm>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+// ---- begin pulley/collective/ring_all_reduce.hpp ----
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+// ---- begin pulley/concepts/ring.hpp ----
+
+#include <concepts>
+#include <cstddef>
+#include <span>
+
+namespace pulley {
+
+/// The link a worker has in a ring of workers (the all-reduce architecture, seed 004
+/// section 2): N ranks 0 .. N − 1, each sending to the next rank, (rank + 1) mod N, and
+/// receiving from the previous one, (rank + N − 1) mod N. `collective/ring_all_reduce.hpp`
+/// runs the reduce-scatter and all-gather over it; `InProcessRing` (threads of one
+/// process) and `TcpRing` (processes, proving the job's secret) are the stock links.
+///
+/// Required:
+///   - `r.rank()`, `r.size()` → this worker's rank and the ring's size (convertible to
+///     std::size_t), fixed for the link's lifetime
+///   - `r.send(bytes)` with a `std::span<const std::byte>`: queues `bytes` for the next rank
+///   - `r.receive(bytes)` with a `std::span<std::byte>`: fills `bytes` with what the previous
+///     rank sent next, waiting until it has come
+///   - `r.flush()`: returns once everything queued by `send` has left this rank
+///
+/// Semantic contract:
+///   - what one rank sends arrives at the next in the order sent, as one byte stream: a
+///     `receive` need not match a `send` in size;
+///   - `send` never waits for the next rank to receive: sends in flight make progress while
+///     the rank waits in `receive` (so that every rank may send a chunk before any receives
+///     one without a deadlock). The caller keeps `bytes` unchanged and alive until `flush`
+///     returns or, sooner, until a `receive` has returned bytes that the next rank could
+///     only have sent after reading them (a ring's causality: the all-reduce relies on it);
+///   - a lost or stopped neighbour makes `receive`, `send` or `flush` throw pulley::Error
+///     (`kUnavailable`, or `kDeadlineExceeded` after the link's timeout) naming it; the link
+///     is then unusable, and no bytes received before the failure are valid;
+///   - a ring of size 1 never sends or receives.
+template <class R>
+concept Ring = requires(R& ring, const R& cring, std::span<const std::byte> out, std::span<std::byte> in) {
+  { cring.rank() } -> std::convertible_to<std::size_t>;
+  { cring.size() } -> std::convertible_to<std::size_t>;
+  { ring.send(out) } -> std::same_as<void>;
+  { ring.receive(in) } -> std::same_as<void>;
+  { ring.flush() } -> std::same_as<void>;
+};
+
+}  // namespace pulley
+// ---- end pulley/concepts/ring.hpp ----
+
+namespace pulley {
+
+/// The ring all-reduce of seed 004 (section 2) over any Ring: the tensor is cut into as many
+/// chunks as ranks; N − 1 reduce-scatter steps leave each rank with the sum of one chunk,
+/// and N − 1 all-gather steps pass the sums on, so that every rank ends with the whole sum.
+/// Each rank sends 2 (N − 1) / N of the tensor, whatever N.
+///
+/// Pipelined: a chunk travels in segments, and a segment received is reduced and queued for
+/// the next rank at once, while the rest of its chunk is still arriving; the link sends it
+/// while the rank waits for the next segment (Ring's contract).
+///
+/// Replicas stay bit-identical: each chunk's sum is added up by the ranks in one fixed order
+/// (starting at the rank whose index is the chunk's) and then copied to every other rank, so
+/// every rank ends with the same bits, not merely the same value.
+///
+/// Each call starts with a 24-byte header naming the call's kind, its number and its size:
+/// ranks that disagree (a rank that missed a call, another tensor size) fail the call with
+/// kFailedPrecondition instead of adding unrelated bytes. One RingAllReduce per link: it
+/// numbers that link's calls.
+class RingAllReduce {
+ public:
+  /// Floats per segment by default: 32 Ki floats, 128 KiB, well inside a socket's buffer,
+  /// small enough that the next rank starts forwarding early.
+  static constexpr std::size_t kDefaultSegment = std::size_t{32} << 10U;
+
+  /// @param segment floats per segment (at least 1)
+  explicit RingAllReduce(std::size_t segment = kDefaultSegment) : segment_(std::max<std::size_t>(segment, 1)) {}
+
+  /// Replaces `data` on every rank by the element-wise sum of every rank's `data`. Every rank
+  /// calls it with a tensor of the same size. Throws what the link throws (a lost
+  /// neighbour), and `data` is then partly summed: use it for nothing.
+  template <Ring R>
+  void sum(R& ring, std::span<float> data) {
+    const std::size_t n = ring.size();
+    const std::size_t rank = ring.rank();
+    start(ring, kSum, data.size());
+    if (n == 1) return;
+    scratch_.resize(std::min(segment_, data.size() / n + 1));
+    auto chunk = [&](std::size_t c) {
+      const std::size_t begin = data.size() * c / n;
+      return data.subspan(begin, data.size() * (c + 1) / n - begin);
+    };
+    send_floats(ring, chunk(rank));
+    // Rounds 0 .. n − 2 reduce (chunk rank − 1 − round arrives, partly summed); rounds
+    // n − 1 .. 2n − 3 gather (chunk rank − round + n − 1 arrives, whole). Each chunk that
+    // arrives goes on to the next rank, but for the last round's.
+    for (std::size_t round = 0; round + 2 < 2 * n; ++round) {
+      const std::size_t c = (rank + 2 * n - 1 - round) % n;
+      const std::span<float> into = chunk(c);
+      const bool forward = round + 3 < 2 * n;
+      for (std::size_t at = 0; at < into.size(); at += segment_) {
+        const std::span<float> part = into.subspan(at, std::min(segment_, into.size() - at));
+        if (round + 1 < n) {
+          const std::span<float> got(scratch_.data(), part.size());
+          receive_floats(ring, got);
+          for (std::size_t i = 0; i < part.size(); ++i) part[i] += got[i];
+        } else {
+          receive_floats(ring, part);
+        }
+        if (forward) send_floats(ring, part);
+      }
+    }
+    ring.flush();
+  }
+
+  /// Copies rank `root`'s `data` to every other rank's (the same size on every rank): how a
+  /// ring starts its replicas from one set of parameters.
+  template <Ring R>
+  void broadcast(R& ring, std::span<float> data, std::size_t root) {
+    const std::size_t n = ring.size();
+    if (root >= n) {
+      throw Error(ErrorCode::kInvalidArgument, "broadcast from rank " + std::to_string(root) +
+                                                   " in a ring of " + std::to_string(n));
+    }
+    start(ring, kBroadcast, data.size());
+    if (n == 1) return;
+    const std::size_t rank = ring.rank();
+    const bool last = (rank + 1) % n == root;
+    for (std::size_t at = 0; at < data.size(); at += segment_) {
+      const std::span<float> part = data.subspan(at, std::min(segment_, data.size() - at));
+      if (rank != root) receive_floats(ring, part);
+      if (!last) send_floats(ring, part);
+    }
+    ring.flush();
+  }
+
+  /// Calls made on this link so far (each rank's count is the same in a healthy ring).
+  [[nodiscard]] std::uint64_t calls() const noexcept { return calls_; }
+  /// Bytes this rank has queued for the next one, headers included.
+  [[nodiscard]] std::uint64_t bytes_sent() const noexcept { return bytes_sent_; }
+
+ private:
+  static constexpr std::uint64_t kMagic = 0x474E4952594C4C50ULL;  // "PLLYRING"
+  static constexpr std::uint64_t kSum = 1;
+  static constexpr std::uint64_t kBroadcast = 2;
+
+  struct Header {
+    std::uint64_t magic = 0;
+    std::uint64_t call = 0;  ///< kind in the top byte, the call's number below
+    std::uint64_t floats = 0;
+  };
+
+  /// Sends this call's header and checks the previous rank's against it.
+  template <Ring R>
+  void start(R& ring, std::uint64_t kind, std::size_t floats) {
+    const std::uint64_t call = calls_++;
+    if (ring.size() == 1) return;
+    header_ = {kMagic, (kind << 56U) | call, floats};
+    ring.send(std::as_bytes(std::span(&header_, 1)));
+    bytes_sent_ += sizeof(Header);
+    Header got;
+    ring.receive(std::as_writable_bytes(std::span(&got, 1)));
+    if (got.magic != kMagic || got.call != header_.call || got.floats != floats) {
+      auto say = [](const Header& h) {
+        return "call " + std::to_string(h.call & ((std::uint64_t{1} << 56U) - 1)) +
+               ((h.call >> 56U) == kSum ? " (sum" : " (broadcast") + " of " + std::to_string(h.floats) + " floats)";
+      };
+      throw Error(ErrorCode::kFailedPrecondition,
+                  got.magic != kMagic
+                      ? "ring: the previous rank sent no all-reduce header (is it another program?)"
+                      : "ring: out of step: rank " + std::to_string(ring.rank()) + " is at " + say(header_) +
+                            ", the previous rank at " + say(got));
+    }
+  }
+
+  template <Ring R>
+  void send_floats(R& ring, std::span<const float> values) {
+    if (values.empty()) return;
+    ring.send(std::as_bytes(values));
+    bytes_sent_ += values.size_bytes();
+  }
+
+  template <Ring R>
+  static void receive_floats(R& ring, std::span<float> values) {
+    if (!values.empty()) ring.receive(std::as_writable_bytes(values));
+  }
+
+  std::size_t segment_;
+  std::vector<float> scratch_;  ///< one segment as it arrives, before it is added
+  Header header_;               ///< this call's, alive until the call's flush
+  std::uint64_t calls_ = 0;
+  std::uint64_t bytes_sent_ = 0;
+};
+
+}  // namespace pulley
+// ---- end pulley/collective/ring_all_reduce.hpp ----
+// ---- begin pulley/concepts/model.hpp ----
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace pulley {
+
+/// The rows of one embedding table that a batch touches, as a worker pulled them for a step:
+/// what a TableModel computes with and writes its row gradients into.
+struct TableBatch {
+  std::size_t dim = 0;                  ///< floats per row
+  std::span<const std::uint64_t> ids;   ///< the batch's distinct ids, in the worker's order
+  std::span<const float> rows;          ///< ids.size() × dim: the rows, in that order
+  std::span<float> gradients;           ///< ids.size() × dim, zero before the step: add into it
+  const IdPositions* positions = nullptr;  ///< id → index in ids
+
+  /// The index of `id` in `ids`; throws std::out_of_range if it is not one of them.
+  [[nodiscard]] std::size_t index(std::uint64_t id) const {
+    const std::size_t at = positions->find(id);
+    if (at == IdPositions::npos) {
+      throw std::out_of_range("id " + std::to_string(id) + " is not one of the batch's ids");
+    }
+    return at;
+  }
+  /// The row of `id`.
+  [[nodiscard]] std::span<const float> row(std::uint64_t id) const {
+    return rows.subspan(index(id) * dim, dim);
+  }
+  /// Where the gradient of `id`'s row goes (add to it: an id used twice in a batch sums).
+  [[nodiscard]] std::span<float> gradient(std::uint64_t id) const {
+    return gradients.subspan(index(id) * dim, dim);
+  }
+};
+
+/// A model a worker trains: it declares its variables, owns their local copies and computes
+/// gradients on a batch.
+///
+/// Required:
+///   - `typename M::Batch`
+///   - `m.variables()` → the variable specs, in a fixed order (a range of VariableSpec)
+///   - `m.parameter(i)` → `std::span<float>` over variable i's local copy (row-major); the
+///     worker pulls into it
+///   - `m.gradient(i)` → `std::span<const float>` over the gradient of variable i from the
+///     last `compute_gradients`; the worker pushes from it
+///   - `m.compute_gradients(batch)` → the batch's mean loss (convertible to float); or, in
+///     a model with embedding tables, the members of TableModel in its place
+///
+/// Semantic contract:
+///   - `variables()` is the same on every worker and the chief for the same configuration;
+///   - `parameter(i)` and `gradient(i)` have `variables()[i].size()` elements and stay at the
+///     same address for the model's lifetime (pull and push use them in place);
+///   - the gradient is of the batch's mean loss, so averaging R gradients is averaging losses.
+template <class M>
+concept Model = requires(M& model, const M& cmodel, std::size_t i, const typename M::Batch& batch) {
+  typename M::Batch;
+  { cmodel.variables() } -> std::convertible_to<std::span<const VariableSpec>>;
+  { model.parameter(i) } -> std::same_as<std::span<float>>;
+  { cmodel.gradient(i) } -> std::same_as<std::span<const float>>;
+  requires requires { { model.compute_gradients(batch) } -> std::convertible_to<float>; } ||
+      requires(std::vector<std::uint64_t>& ids, std::span<const TableBatch> tables) {
+        { cmodel.tables() } -> std::convertible_to<std::span<const TableSpec>>;
+        { cmodel.lookup(batch, i, ids) } -> std::same_as<void>;
+        { model.compute_gradients(batch, tables) } -> std::convertible_to<float>;
+      };
+};
+
+/// A model with embedding tables (a recommendation model): dense variables as a Model has,
+/// plus tables of rows keyed by 64-bit ids, of which a batch touches a few. The worker
+/// pulls only the rows of the batch's ids, and pushes only their gradients.
+///
+/// Required:
+///   - `typename M::Batch`, `m.variables()`, `m.parameter(i)`, `m.gradient(i)` as for Model
+///   - `m.tables()` → the table specs, in a fixed order (a range of TableSpec)
+///   - `m.lookup(batch, t, ids)`: appends to `ids` (a std::vector<std::uint64_t>) the ids of
+///     table t that `batch` uses, duplicates allowed (the worker removes them)
+///   - `m.compute_gradients(batch, tables)` with `tables` a std::span<const TableBatch>, one
+///     per table: the batch's mean loss; the dense gradients go to `gradient(i)` as for
+///     Model, each row's gradient is added into `tables[t].gradient(id)`
+///
+/// Semantic contract: as Model's; `lookup` lists every id that `compute_gradients` reads or
+/// writes, and the row gradients are of the batch's mean loss.
+template <class M>
+concept TableModel = Model<M> &&
+    requires(M& model, const M& cmodel, std::size_t i, const typename M::Batch& batch,
+             std::vector<std::uint64_t>& ids, std::span<const TableBatch> tables) {
+  { cmodel.tables() } -> std::convertible_to<std::span<const TableSpec>>;
+  { cmodel.lookup(batch, i, ids) } -> std::same_as<void>;
+  { model.compute_gradients(batch, tables) } -> std::convertible_to<float>;
+};
+
+}  // namespace pulley
+// ---- end pulley/concepts/model.hpp ----
+// ---- begin pulley/concepts/optimizer.hpp ----
+
+#include <algorithm>
+#include <cmath>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <initializer_list>
+#include <limits>
+#include <optional>
+#include <ranges>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+// ---- begin pulley/core/magnitude.hpp ----
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <span>
+
+/// Ordinary magnitudes: what lets a ps prove an update finite without reading the part
+/// (BoundsMagnitudes, concepts/optimizer.hpp). The checks fold exponent fields in integer
+/// operations, as detail/finite.hpp does, so that their loops vectorize without
+/// -ffast-math and cost about what `all_finite` costs.
+
+namespace pulley {
+
+/// The magnitude below which a value is "ordinary" (2^60): far beyond any parameter,
+/// optimizer slot or gradient of real training, and far enough below float's range that
+/// optimizers prove updates of ordinary values finite from it alone (BoundsMagnitudes):
+/// the square of an ordinary gradient, 2^120, still leaves room under kFiniteBound.
+inline constexpr float kOrdinaryMagnitude = 0x1p60F;
+
+namespace detail {
+
+/// Folds `x` into `lane`: its top bit becomes set unless |x| < kOrdinaryMagnitude (NaN and
+/// Inf included). As `all_finite`, with the carry moved: the exponent field plus 69 (in
+/// its own bits) carries into the sign bit exactly for exponents of 187 (2^60) and up.
+inline void fold_ordinary(std::uint32_t& lane, float x) noexcept {
+  std::uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  lane |= (bits & 0x7F800000U) + 0x22800000U;
+}
+
+/// `fold_ordinary` of a value that must not be negative either (a sum of squares).
+inline void fold_ordinary_non_negative(std::uint32_t& lane, float x) noexcept {
+  std::uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  lane |= ((bits & 0x7F800000U) + 0x22800000U) | (bits & 0x80000000U);
+}
+
+/// True if every element is below kOrdinaryMagnitude in magnitude (so finite): one
+/// vectorized pass, as `all_finite`. `Fold` = fold_ordinary_non_negative: and at least 0.
+template <void (*Fold)(std::uint32_t&, float) noexcept = fold_ordinary>
+bool all_ordinary(std::span<const float> values) noexcept {
+  const float* p = values.data();
+  std::uint32_t lane = 0;
+  for (std::size_t i = 0; i < values.size(); ++i) Fold(lane, p[i]);
+  return (lane & 0x80000000U) == 0;
+}
+
+}  // namespace detail
+
+/// A bound of the magnitudes `all_ordinary` (or the like) found `ordinary` or not:
+/// kOrdinaryMagnitude, or +infinity (nothing known).
+inline float magnitude_bound(bool ordinary) noexcept {
+  return ordinary ? kOrdinaryMagnitude : std::numeric_limits<float>::infinity();
+}
+
+}  // namespace pulley
+// ---- end pulley/core/magnitude.hpp ----
+
+namespace pulley {
+
+/// What an optimizer may know about one update besides the weights and the gradient.
+struct UpdateContext {
+  /// Global steps completed before this update (sync: this update completes step
+  /// `global_step + 1`; async: pushes applied before this one). For schedules.
+  std::int64_t global_step = 0;
+  std::string_view variable;  ///< the variable's name
+  RowRange rows;              ///< the rows of the variable this part holds
+  std::size_t row_size = 0;   ///< elements per row: element i is row `rows.begin + i / row_size`
+};
+
+/// The largest magnitude the stock optimizers' `stays_finite` lets a parameter or a slot
+/// reach: just under 2^127, half of float's range, so that rounding (of a mean of
+/// gradients, of the update itself) cannot carry a value it passed into infinity. A value
+/// passes exactly when its exponent field is at most 253 (see `bounded`).
+inline constexpr float kFiniteBound = 0x1.fffffep126F;
+
+namespace detail {
+
+/// Folds `x` into `lane`: its top bit becomes set if |x| > kFiniteBound or x is NaN. Integer
+/// operations, so that loops of it vectorize without -ffast-math: the exponent field plus 2
+/// carries into the sign bit exactly for exponents of 254 (2^127 and up) and 255 (Inf, NaN).
+inline void fold_bound(std::uint32_t& lane, float x) noexcept {
+  std::uint32_t bits = 0;
+  std::memcpy(&bits, &x, sizeof bits);
+  lane |= (bits & 0x7F800000U) + 0x01000000U;
+}
+
+/// `fold_bound` of a value that must not be negative (a sum of squares, whose square root
+/// is taken): a negative one also sets the top bit.
+inline void fold_bound_non_negative(std::uint32_t& lane, float x) noexcept {
+  std::uint32_t bits = 0;
+  std::memcpy(&bits, &x, sizeof bits);
+  lane |= ((bits & 0x7F800000U) + 0x01000000U) | (bits & 0x80000000U);
+}
+
+/// The class that declares a const member function.
+template <class F>
+struct MemberOf;
+template <class R, class C, class... A>
+struct MemberOf<R (C::*)(A...) const> {
+  using type = C;
+};
+template <class R, class C, class... A>
+struct MemberOf<R (C::*)(A...) const noexcept> {
+  using type = C;
+};
+
+}  // namespace detail
+
+/// Runs `update(begin, end)` over [0, n) in blocks small enough to stay in L1 cache, and
+/// after each block checks what it wrote there: `values` (weights and slots of any sign)
+/// and `non_negative` (slots that must not be negative). Returns kOrdinaryMagnitude if all
+/// are ordinary (`detail::all_ordinary`), else +infinity: the bound `apply_bounded`
+/// returns (BoundsMagnitudes). For an update loop that does not vectorize (std::sqrt sets
+/// errno, unless built with -fno-math-errno), where a fold inside the loop would slow the
+/// loop itself: the loop stays as it is, and the check, which vectorizes, reads from L1.
+template <class Update>
+float bounded_in_blocks(std::size_t n, Update&& update, std::initializer_list<float*> values,
+                        std::initializer_list<float*> non_negative = {}) {
+  constexpr std::size_t kBlock = 1024;  // 4 KB per array
+  bool ordinary = true;
+  for (std::size_t begin = 0; begin < n; begin += kBlock) {
+    const std::size_t count = std::min(n - begin, kBlock);
+    update(begin, begin + count);
+    for (float* p : values) ordinary = detail::all_ordinary({p + begin, count}) && ordinary;
+    for (float* p : non_negative) ordinary = detail::all_ordinary<detail::fold_ordinary_non_negative>({p + begin, count}) && ordinary;
+  }
+  return magnitude_bound(ordinary);
+}
+
+/// True if `x`, an upper bound computed in double of what an update writes, leaves room
+/// for float rounding under kFiniteBound (a proof of `stays_finite_given`).
+[[nodiscard]] inline bool proven_finite(double x) noexcept { return x <= 0x1p126; }
+
+/// True if every value `fold(i, lane)` folds (with `detail::fold_bound`) for i in [0, n) is
+/// within kFiniteBound. The values of 16 consecutive i go to 16 independent lanes, so the
+/// loop vectorizes: a stock optimizer's `stays_finite` costs about one read of its operands.
+template <class Fold>
+bool bounded(std::size_t n, Fold&& fold) noexcept {
+  constexpr std::size_t kLanes = 16;
+  std::uint32_t lanes[kLanes] = {};
+  std::size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (std::size_t l = 0; l < kLanes; ++l) fold(i + l, lanes[l]);
+  }
+  std::uint32_t all = 0;
+  for (; i < n; ++i) fold(i, all);
+  for (const std::uint32_t lane : lanes) all |= lane;
+  return (all & 0x80000000U) == 0;
+}
+
+/// An optimizer: a small value type holding hyper-parameters, plus a per-part `State`
+/// (slots such as momentum or Adam's moments) that the ps keeps beside the part it updates.
+///
+/// Required:
+///   - `typename O::State`, movable
+///   - `o.make_state(n)` → `O::State` for a part of `n` elements
+///   - `o.apply(state, weights, gradient)` or `o.apply(state, weights, gradient, context)`:
+///     updates `weights` in place (the second form also sees an UpdateContext)
+/// Optional:
+///   - `o.stays_finite(state, weights, gradient)` → bool, with `state` const: true only if
+///     `apply` with these arguments would leave every weight and every slot finite. It may
+///     be conservative (false for a few updates that would have stayed finite, far beyond
+///     any real gradient) but never optimistic. The ps asks it about every update before
+///     applying it: a push that is an update by itself (Async, BoundedStaleness) is refused
+///     when it answers false, naming the variable and the sender; an update averaged from
+///     several pushes (SyncReplicas) is rolled back on that ps, and logged. Without it, the
+///     ps applies each update to a copy of the part and its State (which must then be
+///     copyable), keeps the copy only if the weights stayed finite (a push that was an
+///     update by itself is then refused as above), and fails if the State cannot be copied
+///     and the weights went non-finite; `stays_finite` saves that copy and guards the
+///     slots too.
+///   - `o.apply_bounded(state, weights, gradient)` and `o.stays_finite_given(state,
+///     largest, largest_gradient)` (BoundsMagnitudes, with `stays_finite`): the ps then
+///     proves most updates finite in O(1), from magnitudes, and reads the part once.
+///   - `o.settings_error()` → `std::optional<std::string>`: what is wrong with its
+///     hyper-parameters (a learning rate that is NaN, infinite or negative; a decay
+///     outside [0, 1)), or nullopt. A ps, and the role runner in every task, ask it before
+///     anything else and refuse to start with kInvalidArgument naming the field
+///     (`check_optimizer_settings`); `SettingsCheck` writes one in a line per field.
+///   - `o.slots(state)` → a range of `OptimizerSlot` (name, `std::span<float>` of n values,
+///     one per element of the part) and `o.counters(state)` → a range of `OptimizerCounter`
+///     (name, `std::int64_t*`): the State as checkpoints save and restore it. A State that
+///     holds anything else is not checkpointed (a restore starts it from `make_state`, and
+///     the chief says so in its log); an empty State needs neither.
+///
+/// Semantic contract (the compiler cannot check it):
+///   - `gradient` is the mean of the gradients the sync policy aggregated for this update
+///     (SyncReplicas: of R workers' batches; Async: one worker's), each the gradient of its
+///     batch's mean loss;
+///   - `apply` is called once per global step (sync) or once per accepted push (async) for
+///     each part, with `weights.size() == gradient.size() == n` of the `make_state(n)` call;
+///   - calls are never concurrent: one ps applies one update at a time;
+///   - `gradient` may alias the sync policy's accumulator or the sender's message: it is
+///     valid only during the call, and must not be kept;
+///   - it is deterministic: the same state, weights and gradient give the same result;
+///   - it is element-wise or at least part-local: a variable split over several ps tasks is
+///     updated part by part, so a rule that needs the whole variable (a global norm) does
+///     not belong here (the UpdateContext tells which rows a part holds, for row-wise rules);
+///   - a throw while applying fails the ps (half an update cannot be undone), so `apply`
+///     should not throw; `make_state` may throw (the model is then refused);
+///   - the optimizer object is shared by all parts and is never modified after construction
+///     (`apply` is const); everything that changes lives in `State`.
+template <class O>
+concept Optimizer = std::copy_constructible<O> && std::movable<typename O::State> &&
+    requires(const O& optimizer, typename O::State& state, std::span<float> weights,
+             std::span<const float> gradient, std::size_t n, const UpdateContext& context) {
+  { optimizer.make_state(n) } -> std::same_as<typename O::State>;
+  requires requires { { optimizer.apply(state, weights, gradient) } -> std::same_as<void>; } ||
+      requires { { optimizer.apply(state, weights, gradient, context) } -> std::same_as<void>; };
+};
+
+/// The checks an optimizer's `settings_error` makes of its hyper-parameters, each naming
+/// the field and the value it refuses, the first failing one kept:
+///   `return SettingsCheck().positive("learning_rate", learning_rate).error();`
+class SettingsCheck {
+ public:
+  /// A finite number above 0 (FTRL's learning rate, which it divides by).
+  SettingsCheck& positive(std::string_view name, float value) {
+    return rule(name, value, value > 0, "a finite number above 0");
+  }
+  /// A finite number of 0 or more (a learning rate: 0 freezes the weights; a
+  /// regularization strength, an initial accumulator).
+  SettingsCheck& non_negative(std::string_view name, float value) {
+    return rule(name, value, value >= 0, "a finite number of 0 or more");
+  }
+  /// A finite number of 0 or less (FTRL's learning_rate_power).
+  SettingsCheck& non_positive(std::string_view name, float value) {
+    return rule(name, value, value <= 0, "a finite number of 0 or less");
+  }
+  /// A decay in [0, 1) (Adam's betas, RMSProp's rho).
+  SettingsCheck& decay(std::string_view name, float value) {
+    return rule(name, value, value >= 0 && value < 1, "in [0, 1)");
+  }
+  /// A fraction in [0, 1] (a momentum).
+  SettingsCheck& fraction(std::string_view name, float value) {
+    return rule(name, value, value >= 0 && value <= 1, "in [0, 1]");
+  }
+  /// The first rule that failed, or nullopt.
+  [[nodiscard]] std::optional<std::string> error() const { return error_; }
+
+ private:
+  SettingsCheck& rule(std::string_view name, float value, bool holds, const char* must) {
+    if (!error_ && !(std::isfinite(value) && holds)) {
+      char shown[32];
+      std::snprintf(shown, sizeof shown, "%g", static_cast<double>(value));
+      error_ = std::string(name) + " is " + shown + ": it must be " + must;
+    }
+    return *this;
+  }
+  std::optional<std::string> error_;
+};
+
+/// Throws kInvalidArgument ("<who>: learning_rate is nan: ...") when `optimizer` has a
+/// `settings_error` that names a problem; an optimizer without one is taken as it is.
+template <class O>
+void check_optimizer_settings(const O& optimizer, std::string_view who = "the optimizer") {
+  if constexpr (requires { { optimizer.settings_error() } -> std::convertible_to<std::optional<std::string>>; }) {
+    if (const std::optional<std::string> error = optimizer.settings_error()) {
+      throw Error(ErrorCode::kInvalidArgument, std::string(who) + ": " + *error);
+    }
+  }
+}
+
+/// One element-wise slot of an optimizer's State (Adam's "m"): one value per element.
+struct OptimizerSlot {
+  std::string_view name;
+  std::span<float> values;
+};
+
+/// One counter of an optimizer's State (Adam's "t").
+struct OptimizerCounter {
+  std::string_view name;
+  std::int64_t* value;
+};
+
+/// True if the optimizer names its State's slots and counters, for checkpoints.
+template <class O>
+concept ExposesState = Optimizer<O> && requires(const O& optimizer, typename O::State& state) {
+  { optimizer.slots(state) } -> std::ranges::range;
+  { optimizer.counters(state) } -> std::ranges::range;
+};
+
+/// The slots of `state`, or none if the optimizer does not name them.
+template <Optimizer O>
+std::vector<OptimizerSlot> slots_of(const O& optimizer, typename O::State& state) {
+  std::vector<OptimizerSlot> out;
+  if constexpr (ExposesState<O>) {
+    for (const OptimizerSlot& slot : optimizer.slots(state)) out.push_back(slot);
+  }
+  return out;
+}
+
+/// The counters of `state`, or none if the optimizer does not name them.
+template <Optimizer O>
+std::vector<OptimizerCounter> counters_of(const O& optimizer, typename O::State& state) {
+  std::vector<OptimizerCounter> out;
+  if constexpr (ExposesState<O>) {
+    for (const OptimizerCounter& counter : optimizer.counters(state)) out.push_back(counter);
+  }
+  return out;
+}
+
+/// True if a checkpoint holds all of the optimizer's State: it names its slots and
+/// counters, or its State is empty.
+template <Optimizer O>
+inline constexpr bool checkpoints_whole_state_v =
+    ExposesState<O> || std::is_empty_v<typename O::State>;
+
+namespace detail {
+
+/// True if `Check` (a pointer to a member function: `&O::stays_finite`, say) is declared by
+/// the class that declares `Apply` (`&O::apply`) or by one derived from it: the check was
+/// written for the rule it checks. A class derived from a stock optimizer that brings an
+/// `apply` of its own does not take the stock checks with it; one that brings a check of
+/// its own (stricter, or counted) keeps the stock rule.
+template <class Apply, class Check>
+concept DeclaredWith = std::is_base_of_v<typename MemberOf<Apply>::type, typename MemberOf<Check>::type>;
+
+/// True if `&O::apply` and `&O::stays_finite` each name one non-static member function (not
+/// an overload set, a template or a static function), so that DeclaredWith can tell.
+template <class O>
+concept NamesApplyAndCheck = requires {
+  typename MemberOf<decltype(&O::apply)>::type;
+  typename MemberOf<decltype(&O::stays_finite)>::type;
+};
+
+}  // namespace detail
+
+/// True if the optimizer can tell in advance whether an update stays finite:
+/// `o.stays_finite(state, weights, gradient)` → bool, true only if `apply` keeps every
+/// weight and slot within kFiniteBound (never optimistic). Where `apply` and
+/// `stays_finite` each name one member function, `stays_finite` must come with the `apply`
+/// it checks (detail::DeclaredWith): a derived class with a rule of its own is checked by
+/// applying to copies, as an optimizer without `stays_finite`. (An overloaded or template
+/// `apply` is taken at its word, as a check cannot be told from its rule then.)
+template <class O>
+concept PredictsFiniteness = Optimizer<O> &&
+    requires(const O& optimizer, const typename O::State& state, std::span<const float> weights,
+             std::span<const float> gradient) {
+  { optimizer.stays_finite(state, weights, gradient) } -> std::convertible_to<bool>;
+} && (!detail::NamesApplyAndCheck<O> || detail::DeclaredWith<decltype(&O::apply), decltype(&O::stays_finite)>);
+
+/// True if the optimizer proves an update finite from magnitudes alone, so that the ps
+/// checks an update without reading the part (the check costs nothing per element):
+///   - `o.apply_bounded(state, weights, gradient)` → float: does what `apply` does, and
+///     returns a bound that no weight or slot of the part exceeds in magnitude afterwards
+///     (the stock ones: kOrdinaryMagnitude when all are below it and the slots that must
+///     not be negative are not, else +infinity: nothing known); the ps hands
+///     `stays_finite_given` nothing finer than kOrdinaryMagnitude, so it must prove the
+///     updates of real training from that bound;
+///   - `o.stays_finite_given(state, largest, largest_gradient)` → bool, O(1): true only if
+///     `apply` keeps every weight and slot within kFiniteBound whenever none of them is
+///     larger than `largest` in magnitude (and the slots that must not be negative are
+///     not) and no gradient element larger than `largest_gradient`. Conservative, never
+///     optimistic, as `stays_finite`.
+/// The ps keeps each part's `largest` from its last `apply_bounded`, and asks
+/// `stays_finite` where `stays_finite_given` cannot tell (or the part was written
+/// otherwise since: initialized, restored): a refused update is refused as before.
+/// `apply_bounded` must be declared by the class that declares its one `apply` (it is the
+/// same rule), and `stays_finite_given` must come with that `apply` as `stays_finite` does.
+template <class O>
+concept BoundsMagnitudes = PredictsFiniteness<O> &&
+    requires(const O& optimizer, typename O::State& state, const typename O::State& held,
+             std::span<float> weights, std::span<const float> gradient, float magnitude) {
+  { optimizer.apply_bounded(state, weights, gradient) } -> std::same_as<float>;
+  { optimizer.stays_finite_given(held, magnitude, magnitude) } -> std::convertible_to<bool>;
+  &O::apply;  // one apply, not an overload set
+  &O::apply_bounded;
+  &O::stays_finite_given;
+} && std::same_as<typename detail::MemberOf<decltype(&O::apply)>::type,
+                  typename detail::MemberOf<decltype(&O::apply_bounded)>::type> &&
+    detail::DeclaredWith<decltype(&O::apply), decltype(&O::stays_finite_given)>;
+
+/// What a row-wise (sparse) update of one row of an embedding table may know.
+struct RowContext {
+  /// Global steps completed before this update (as UpdateContext::global_step).
+  std::int64_t global_step = 0;
+  /// Updates of this table on this ps so far, this one included: 1 for the first. Lazy
+  /// Adam's `t`, the same for every row of one update.
+  std::int64_t updates = 0;
+  std::string_view table;  ///< the table's name
+  std::uint64_t id = 0;    ///< the row's id
+};
+
+/// An optimizer that can also update embedding tables row by row (sparse apply), as
+/// TensorFlow's `sparse_apply_*` kernels do: only the rows pushed in an update are touched,
+/// with slots of their own kept beside each row. An optimizer says it supports tables by
+/// having these members; a table used with one that lacks them fails to compile, naming
+/// them.
+///
+/// Required (besides Optimizer):
+///   - `O::kRowSlots`, a `static constexpr std::size_t`: slots per row (Adagrad 1, Adam 2)
+///   - `o.row_slot_names()` → `std::array<std::string_view, O::kRowSlots>`, for checkpoints
+///   - `o.init_row(slots)`: fills a new row's slots; `slots` holds kRowSlots × dim floats,
+///     slot k at [k × dim, (k + 1) × dim)
+///   - `o.apply_row(weights, slots, gradient, context)`: updates one row (`weights` and
+///     `gradient` of dim floats, `slots` as above) in place
+///
+/// Semantic contract (the compiler cannot check it):
+///   - `gradient` is the mean of the gradients pushed for this row in this update (sync: over
+///     the replicas whose push held the row, as TensorFlow's sparse conditional accumulator
+///     averages; async: one worker's, duplicates summed by the worker);
+///   - `apply_row` is called once per update for each row pushed in it and never for the
+///     others ("lazy": an untouched row's slots do not decay), one row at a time;
+///   - it is deterministic, touches nothing but its arguments, and does not throw;
+///   - what it does to a row with a zero gradient is its business (FTRL's weights move);
+///   - the ps checks every updated row for finite values and drops the whole update of the
+///     table if one is not, so `apply_row` need not guard against overflow.
+template <class O>
+concept RowWiseOptimizer = Optimizer<O> &&
+    requires(const O& optimizer, std::span<float> weights, std::span<float> slots,
+             std::span<const float> gradient, const RowContext& context) {
+  { O::kRowSlots } -> std::convertible_to<std::size_t>;
+  { optimizer.row_slot_names() } -> std::ranges::range;
+  { optimizer.init_row(slots) } -> std::same_as<void>;
+  { optimizer.apply_row(weights, slots, gradient, context) } -> std::same_as<void>;
+};
+
+/// Calls whichever form of `apply` the optimizer has.
+template <Optimizer O>
+void apply_update(const O& optimizer, typename O::State& state, std::span<float> weights,
+                  std::span<const float> gradient, const UpdateContext& context) {
+  if constexpr (requires { optimizer.apply(state, weights, gradient, context); }) {
+    optimizer.apply(state, weights, gradient, context);
+  } else {
+    optimizer.apply(state, weights, gradient);
+  }
+}
+
+}  // namespace pulley
+// ---- end pulley/concepts/optimizer.hpp ----
+// ---- begin pulley/core/detail/finite.hpp ----
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+
+namespace pulley::detail {
+
+/// True if no element is NaN or Inf: both have an all-ones exponent, so adding one to the
+/// exponent field carries into the sign bit exactly for them. Integer ops in 16 independent
+/// lanes keep the loop vectorizable (without -ffast-math) and free of a serial dependency:
+/// it checks a gradient faster than memcpy copies it, which matters since every push is
+/// checked on both sides.
+inline bool all_finite(std::span<const float> values) noexcept {
+  constexpr std::size_t kLanes = 16;
+  constexpr std::uint32_t kExponent = 0x7F800000U;
+  constexpr std::uint32_t kExponentOne = 0x00800000U;
+  const float* p = values.data();
+  const std::size_t n = values.size();
+  std::uint32_t lanes[kLanes] = {};
+  std::size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (std::size_t l = 0; l < kLanes; ++l) {
+      std::uint32_t bits;
+      std::memcpy(&bits, p + i + l, sizeof bits);
+      lanes[l] |= (bits & kExponent) + kExponentOne;
+    }
+  }
+  std::uint32_t carried = 0;
+  for (; i < n; ++i) {
+    std::uint32_t bits;
+    std::memcpy(&bits, p + i, sizeof bits);
+    carried |= (bits & kExponent) + kExponentOne;
+  }
+  for (std::uint32_t lane : lanes) carried |= lane;
+  return (carried & 0x80000000U) == 0;
+}
+
+}  // namespace pulley::detail
+// ---- end pulley/core/detail/finite.hpp ----
+
+namespace pulley {
+
+/// What one all-reduce step did.
+struct AllReduceStep {
+  float loss = 0.0F;             ///< the mean of every rank's batch loss
+  std::int64_t global_step = 0;  ///< steps this replica has taken, this one included
+  /// False if the averaged gradient (or what it would make of a parameter or a slot) was not
+  /// finite: no rank applied it, and every replica stays as it was.
+  bool applied = true;
+};
+
+/// A worker of the all-reduce architecture (seed 004, section 2): no ps task; every worker
+/// holds the whole model and the optimizer's state, computes a gradient on its own batch,
+/// and the ring sums the gradients (`RingAllReduce`) so that every worker applies the same
+/// mean with the same optimizer. The replicas stay bit-identical: the same starting values
+/// (`initialize` broadcasts rank 0's), the same averaged gradient bits on every rank, and a
+/// deterministic optimizer (Optimizer's contract) give the same parameters after any number
+/// of steps. It is synchronous data parallelism, as SyncReplicas with R = N is on ps tasks.
+///
+/// Nothing non-finite is applied, and a step is applied whole or not at all, on every rank
+/// alike: the averaged gradient is checked, and then `stays_finite` of each variable
+/// (PredictsFiniteness), or the update is made into a copy that replaces the variable and its
+/// state only if every value stayed finite.
+///
+/// @tparam M the Model it trains (owned; the parameters are its own buffers)
+/// @tparam O the Optimizer every rank applies (the same settings on every rank)
+/// @tparam R the Ring that links it to the other workers (owned)
+template <Model M, Optimizer O, Ring R>
+class AllReduceWorker {
+  static_assert(PredictsFiniteness<O> || std::copyable<typename O::State>,
+                "AllReduceWorker undoes an update that went non-finite: give the optimizer stays_finite "
+                "(PredictsFiniteness), or a copyable State");
+
+ public:
+  /// @param segment floats per segment of the ring's pipeline (RingAllReduce::kDefaultSegment)
+  AllReduceWorker(M model, O optimizer, R ring, std::size_t segment = RingAllReduce::kDefaultSegment)
+      : model_(std::move(model)), optimizer_(std::move(optimizer)), ring_(std::move(ring)), reduce_(segment) {
+    const auto variables = std::span<const VariableSpec>(model_.variables());
+    std::size_t offset = 0;
+    for (const VariableSpec& spec : variables) {
+      offsets_.push_back(offset);
+      offset += spec.size();
+      states_.push_back(optimizer_.make_state(spec.size()));
+    }
+    offsets_.push_back(offset);
+    flat_.resize(offset + 1);  // the loss rides at the end
+  }
+
+  AllReduceWorker(const AllReduceWorker&) = delete;
+  AllReduceWorker& operator=(const AllReduceWorker&) = delete;
+
+  /// Starts every replica from rank 0's parameters: rank 0 fills each variable from its
+  /// initializer and `seed` (as a chief fills the ps tasks), and `synchronize` copies them,
+  /// with the fresh optimizer state, to the others. Every rank calls it once, before the
+  /// first step (or `restore` instead).
+  void initialize(std::uint64_t seed) {
+    const auto variables = std::span<const VariableSpec>(model_.variables());
+    if (ring_.rank() == 0) {
+      for (std::size_t v = 0; v < variables.size(); ++v) pulley::initialize(variables[v], seed, model_.parameter(v));
+    }
+    synchronize(0);
+  }
+
+  /// Copies rank `root`'s replica to every rank: the parameters, every optimizer slot and
+  /// counter, and the step count. Every rank calls it (how a replica that starts late, or
+  /// restored from a checkpoint on one rank only, catches up).
+  void synchronize(std::size_t root) {
+    for (std::size_t v = 0; v < states_.size(); ++v) {
+      reduce_.broadcast(ring_, model_.parameter(v), root);
+      for (const OptimizerSlot& slot : slots_of(optimizer_, states_[v])) reduce_.broadcast(ring_, slot.values, root);
+    }
+    // The counters and the step, their bits carried as floats (a broadcast copies bits).
+    std::vector<std::int64_t> counts{global_step_, refused_};
+    for (auto& state : states_) {
+      for (const OptimizerCounter& c : counters_of(optimizer_, state)) counts.push_back(*c.value);
+    }
+    std::vector<float> bits(counts.size() * 2);
+    std::memcpy(bits.data(), counts.data(), counts.size() * sizeof(std::int64_t));
+    reduce_.broadcast(ring_, bits, root);
+    std::memcpy(counts.data(), bits.data(), counts.size() * sizeof(std::int64_t));
+    global_step_ = counts[0];
+    refused_ = counts[1];
+    std::size_t at = 2;
+    for (auto& state : states_) {
+      for (const OptimizerCounter& c : counters_of(optimizer_, state)) *c.value = counts[at++];
+    }
+  }
+
+  /// This replica as a checkpoint holds a model (any rank's: they are the same): each
+  /// variable's values, slots and counters (one part: the whole variable), at global_step().
+  /// `CheckpointDirectory::save` writes it.
+  [[nodiscard]] ModelState state() {
+    ModelState out;
+    out.global_step = global_step_;
+    const auto variables = std::span<const VariableSpec>(model_.variables());
+    for (std::size_t v = 0; v < states_.size(); ++v) {
+      VariableState held;
+      held.spec = variables[v];
+      const std::span<float> w = model_.parameter(v);
+      held.values.assign(w.begin(), w.end());
+      for (const OptimizerSlot& slot : slots_of(optimizer_, states_[v])) {
+        held.slots.push_back({std::string(slot.name), {slot.values.begin(), slot.values.end()}});
+      }
+      PartCounters counters{{0, variables[v].rows()}, {}};
+      for (const OptimizerCounter& c : counters_of(optimizer_, states_[v])) {
+        held.counter_names.emplace_back(c.name);
+        counters.values.push_back(*c.value);
+      }
+      held.counters.push_back(std::move(counters));
+      out.variables.push_back(std::move(held));
+    }
+    return out;
+  }
+
+  /// Takes `state` (a checkpoint of this model: this worker's or a ps job's) into this
+  /// replica: values, the slots and counters it names, and its global step. Every rank
+  /// restores the same checkpoint, or one rank restores and all `synchronize` from it.
+  /// Throws kInvalidArgument naming the first variable that differs from the model's, or a
+  /// slot or counter the optimizer does not have (a checkpoint of another optimizer).
+  void restore(const ModelState& state) {
+    const auto variables = std::span<const VariableSpec>(model_.variables());
+    if (state.variables.size() != variables.size()) {
+      throw Error(ErrorCode::kInvalidArgument, "the checkpoint holds " + std::to_string(state.variables.size()) +
+                                                   " variables, the model " + std::to_string(variables.size()));
+    }
+    for (std::size_t v = 0; v < variables.size(); ++v) {
+      const VariableState& held = state.variables[v];
+      if (!(held.spec.name == variables[v].name && held.spec.shape == variables[v].shape) ||
+          held.values.size() != variables[v].size()) {
+        throw Error(ErrorCode::kInvalidArgument, "the checkpoint's variable '" + held.spec.name +
+                                                     "' is not the model's '" + variables[v].name + "'");
+      }
+      for (const OptimizerSlot& slot : slots_of(optimizer_, states_[v])) {
+        auto it = std::find_if(held.slots.begin(), held.slots.end(),
+                               [&](const SlotState& s) { return s.name == slot.name; });
+        if (it == held.slots.end() || it->values.size() != slot.values.size()) {
+          throw Error(ErrorCode::kInvalidArgument, "the checkpoint holds no slot '" + std::string(slot.name) +
+                                                       "' of the right size for '" + held.spec.name + "'");
+        }
+      }
+      for (const OptimizerCounter& c : counters_of(optimizer_, states_[v])) {
+        if (std::find(held.counter_names.begin(), held.counter_names.end(), c.name) == held.counter_names.end()) {
+          throw Error(ErrorCode::kInvalidArgument, "the checkpoint holds no counter '" + std::string(c.name) +
+                                                       "' for '" + held.spec.name + "'");
+        }
+      }
+    }
+    for (std::size_t v = 0; v < variables.size(); ++v) {
+      const VariableState& held = state.variables[v];
+      std::copy(held.values.begin(), held.values.end(), model_.parameter(v).begin());
+      for (const OptimizerSlot& slot : slots_of(optimizer_, states_[v])) {
+        auto it = std::find_if(held.slots.begin(), held.slots.end(),
+                               [&](const SlotState& s) { return s.name == slot.name; });
+        std::copy(it->values.begin(), it->values.end(), slot.values.begin());
+      }
+      const auto names = held.counter_names;
+      for (const OptimizerCounter& c : counters_of(optimizer_, states_[v])) {
+        // A ps job's checkpoint holds one count per part: the parts of a variable were
+        // updated alike, and the largest count is the variable's.
+        const auto k = static_cast<std::size_t>(std::find(names.begin(), names.end(), c.name) - names.begin());
+        std::int64_t largest = 0;
+        for (const PartCounters& part : held.counters) {
+          if (k < part.values.size()) largest = std::max(largest, part.values[k]);
+        }
+        *c.value = largest;
+      }
+    }
+    global_step_ = state.global_step;
+  }
+
+  /// One synchronous step on this rank's `batch`: compute the gradient, sum it with every
+  /// other rank's, apply the mean. Every rank calls it the same number of times. A lost
+  /// neighbour throws what the ring throws (kUnavailable, kDeadlineExceeded) before
+  /// anything is applied: no partial sum ever reaches the parameters.
+  AllReduceStep step(const typename M::Batch& batch) {
+    const float loss = static_cast<float>(model_.compute_gradients(batch));
+    const std::size_t nvars = states_.size();
+    for (std::size_t v = 0; v < nvars; ++v) {
+      const std::span<const float> g = model_.gradient(v);
+      std::copy(g.begin(), g.end(), flat_.begin() + static_cast<std::ptrdiff_t>(offsets_[v]));
+    }
+    flat_.back() = loss;
+    reduce_.sum(ring_, flat_);
+    const auto ranks = static_cast<float>(ring_.size());
+    for (float& x : flat_) x /= ranks;
+    ++global_step_;
+    AllReduceStep result{flat_.back(), global_step_, apply()};
+    if (!result.applied) ++refused_;
+    return result;
+  }
+
+  /// The model, its parameters those of every replica.
+  [[nodiscard]] M& model() noexcept { return model_; }
+  [[nodiscard]] const M& model() const noexcept { return model_; }
+  /// The optimizer's state of variable `v`.
+  [[nodiscard]] const typename O::State& optimizer_state(std::size_t v) const { return states_.at(v); }
+  /// Steps taken (the same on every rank).
+  [[nodiscard]] std::int64_t global_step() const noexcept { return global_step_; }
+  /// Steps whose mean gradient was not applied (non-finite).
+  [[nodiscard]] std::int64_t refused_steps() const noexcept { return refused_; }
+  /// This rank, the ring's size, and the bytes it has sent.
+  [[nodiscard]] std::size_t rank() const { return ring_.rank(); }
+  [[nodiscard]] std::size_t num_workers() const { return ring_.size(); }
+  [[nodiscard]] std::uint64_t bytes_sent() const noexcept { return reduce_.bytes_sent(); }
+
+ private:
+  /// Applies the mean in flat_ to every variable, or to none; true if it did.
+  bool apply() {
+    const auto variables = std::span<const VariableSpec>(model_.variables());
+    const std::size_t nvars = states_.size();
+    if (!detail::all_finite(flat_)) return false;
+    auto gradient = [&](std::size_t v) {
+      return std::span<const float>(flat_).subspan(offsets_[v], offsets_[v + 1] - offsets_[v]);
+    };
+    auto context = [&](std::size_t v) {
+      return UpdateContext{global_step_ - 1, variables[v].name, {0, variables[v].rows()}, variables[v].row_size()};
+    };
+    if constexpr (PredictsFiniteness<O>) {
+      for (std::size_t v = 0; v < nvars; ++v) {
+        if (!optimizer_.stays_finite(states_[v], model_.parameter(v), gradient(v))) return false;
+      }
+      for (std::size_t v = 0; v < nvars; ++v) {
+        apply_update(optimizer_, states_[v], model_.parameter(v), gradient(v), context(v));
+      }
+    } else {
+      std::vector<std::vector<float>> values(nvars);
+      std::vector<typename O::State> states;
+      states.reserve(nvars);
+      for (std::size_t v = 0; v < nvars; ++v) {
+        const std::span<float> w = model_.parameter(v);
+        values[v].assign(w.begin(), w.end());
+        states.push_back(states_[v]);
+        apply_update(optimizer_, states.back(), std::span<float>(values[v]), gradient(v), context(v));
+        if (!detail::all_finite(values[v])) return false;
+        for (const OptimizerSlot& slot : slots_of(optimizer_, states.back())) {
+          if (!detail::all_finite(slot.values)) return false;
+        }
+      }
+      for (std::size_t v = 0; v < nvars; ++v) {
+        std::copy(values[v].begin(), values[v].end(), model_.parameter(v).begin());
+        states_[v] = std::move(states[v]);
+      }
+    }
+    return true;
+  }
+
+  M model_;
+  O optimizer_;
+  R ring_;
+  RingAllReduce reduce_;
+  std::vector<typename O::State> states_;  ///< one per variable
+  std::vector<std::size_t> offsets_;       ///< where each variable's gradient starts in flat_
+  std::vector<float> flat_;                ///< every gradient, then the loss: what the ring sums
+  std::int64_t global_step_ = 0;
+  std::int64_t refused_ = 0;
+};
+
+}  // namespace pulley
+// ---- end pulley/client/all_reduce_worker.hpp ----
 // ---- begin pulley/client/checkpoint_cut.hpp ----
 
 #include <algorithm>
@@ -3601,47 +4666,6 @@ void split_row_pulls(const std::vector<TableSpec>& tables, std::size_t num_ps, s
 
 }  // namespace pulley::detail
 // ---- end pulley/client/detail/split.hpp ----
-// ---- begin pulley/core/detail/finite.hpp ----
-
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <span>
-
-namespace pulley::detail {
-
-/// True if no element is NaN or Inf: both have an all-ones exponent, so adding one to the
-/// exponent field carries into the sign bit exactly for them. Integer ops in 16 independent
-/// lanes keep the loop vectorizable (without -ffast-math) and free of a serial dependency:
-/// it checks a gradient faster than memcpy copies it, which matters since every push is
-/// checked on both sides.
-inline bool all_finite(std::span<const float> values) noexcept {
-  constexpr std::size_t kLanes = 16;
-  constexpr std::uint32_t kExponent = 0x7F800000U;
-  constexpr std::uint32_t kExponentOne = 0x00800000U;
-  const float* p = values.data();
-  const std::size_t n = values.size();
-  std::uint32_t lanes[kLanes] = {};
-  std::size_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (std::size_t l = 0; l < kLanes; ++l) {
-      std::uint32_t bits;
-      std::memcpy(&bits, p + i + l, sizeof bits);
-      lanes[l] |= (bits & kExponent) + kExponentOne;
-    }
-  }
-  std::uint32_t carried = 0;
-  for (; i < n; ++i) {
-    std::uint32_t bits;
-    std::memcpy(&bits, p + i, sizeof bits);
-    carried |= (bits & kExponent) + kExponentOne;
-  }
-  for (std::uint32_t lane : lanes) carried |= lane;
-  return (carried & 0x80000000U) == 0;
-}
-
-}  // namespace pulley::detail
-// ---- end pulley/core/detail/finite.hpp ----
 // ---- begin pulley/core/detail/random.hpp ----
 
 #include <cerrno>
@@ -3685,65 +4709,6 @@ inline std::uint64_t random_u64() {
 
 }  // namespace pulley::detail
 // ---- end pulley/core/detail/random.hpp ----
-// ---- begin pulley/core/magnitude.hpp ----
-
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <limits>
-#include <span>
-
-/// Ordinary magnitudes: what lets a ps prove an update finite without reading the part
-/// (BoundsMagnitudes, concepts/optimizer.hpp). The checks fold exponent fields in integer
-/// operations, as detail/finite.hpp does, so that their loops vectorize without
-/// -ffast-math and cost about what `all_finite` costs.
-
-namespace pulley {
-
-/// The magnitude below which a value is "ordinary" (2^60): far beyond any parameter,
-/// optimizer slot or gradient of real training, and far enough below float's range that
-/// optimizers prove updates of ordinary values finite from it alone (BoundsMagnitudes):
-/// the square of an ordinary gradient, 2^120, still leaves room under kFiniteBound.
-inline constexpr float kOrdinaryMagnitude = 0x1p60F;
-
-namespace detail {
-
-/// Folds `x` into `lane`: its top bit becomes set unless |x| < kOrdinaryMagnitude (NaN and
-/// Inf included). As `all_finite`, with the carry moved: the exponent field plus 69 (in
-/// its own bits) carries into the sign bit exactly for exponents of 187 (2^60) and up.
-inline void fold_ordinary(std::uint32_t& lane, float x) noexcept {
-  std::uint32_t bits;
-  std::memcpy(&bits, &x, sizeof bits);
-  lane |= (bits & 0x7F800000U) + 0x22800000U;
-}
-
-/// `fold_ordinary` of a value that must not be negative either (a sum of squares).
-inline void fold_ordinary_non_negative(std::uint32_t& lane, float x) noexcept {
-  std::uint32_t bits;
-  std::memcpy(&bits, &x, sizeof bits);
-  lane |= ((bits & 0x7F800000U) + 0x22800000U) | (bits & 0x80000000U);
-}
-
-/// True if every element is below kOrdinaryMagnitude in magnitude (so finite): one
-/// vectorized pass, as `all_finite`. `Fold` = fold_ordinary_non_negative: and at least 0.
-template <void (*Fold)(std::uint32_t&, float) noexcept = fold_ordinary>
-bool all_ordinary(std::span<const float> values) noexcept {
-  const float* p = values.data();
-  std::uint32_t lane = 0;
-  for (std::size_t i = 0; i < values.size(); ++i) Fold(lane, p[i]);
-  return (lane & 0x80000000U) == 0;
-}
-
-}  // namespace detail
-
-/// A bound of the magnitudes `all_ordinary` (or the like) found `ordinary` or not:
-/// kOrdinaryMagnitude, or +infinity (nothing known).
-inline float magnitude_bound(bool ordinary) noexcept {
-  return ordinary ? kOrdinaryMagnitude : std::numeric_limits<float>::infinity();
-}
-
-}  // namespace pulley
-// ---- end pulley/core/magnitude.hpp ----
 
 namespace pulley::detail {
 
@@ -6633,103 +7598,6 @@ class Recovery {
 
 }  // namespace pulley::detail
 // ---- end pulley/client/detail/recovery.hpp ----
-// ---- begin pulley/concepts/model.hpp ----
-
-#include <concepts>
-#include <cstddef>
-#include <cstdint>
-#include <span>
-#include <stdexcept>
-#include <string>
-#include <vector>
-
-namespace pulley {
-
-/// The rows of one embedding table that a batch touches, as a worker pulled them for a step:
-/// what a TableModel computes with and writes its row gradients into.
-struct TableBatch {
-  std::size_t dim = 0;                  ///< floats per row
-  std::span<const std::uint64_t> ids;   ///< the batch's distinct ids, in the worker's order
-  std::span<const float> rows;          ///< ids.size() × dim: the rows, in that order
-  std::span<float> gradients;           ///< ids.size() × dim, zero before the step: add into it
-  const IdPositions* positions = nullptr;  ///< id → index in ids
-
-  /// The index of `id` in `ids`; throws std::out_of_range if it is not one of them.
-  [[nodiscard]] std::size_t index(std::uint64_t id) const {
-    const std::size_t at = positions->find(id);
-    if (at == IdPositions::npos) {
-      throw std::out_of_range("id " + std::to_string(id) + " is not one of the batch's ids");
-    }
-    return at;
-  }
-  /// The row of `id`.
-  [[nodiscard]] std::span<const float> row(std::uint64_t id) const {
-    return rows.subspan(index(id) * dim, dim);
-  }
-  /// Where the gradient of `id`'s row goes (add to it: an id used twice in a batch sums).
-  [[nodiscard]] std::span<float> gradient(std::uint64_t id) const {
-    return gradients.subspan(index(id) * dim, dim);
-  }
-};
-
-/// A model a worker trains: it declares its variables, owns their local copies and computes
-/// gradients on a batch.
-///
-/// Required:
-///   - `typename M::Batch`
-///   - `m.variables()` → the variable specs, in a fixed order (a range of VariableSpec)
-///   - `m.parameter(i)` → `std::span<float>` over variable i's local copy (row-major); the
-///     worker pulls into it
-///   - `m.gradient(i)` → `std::span<const float>` over the gradient of variable i from the
-///     last `compute_gradients`; the worker pushes from it
-///   - `m.compute_gradients(batch)` → the batch's mean loss (convertible to float); or, in
-///     a model with embedding tables, the members of TableModel in its place
-///
-/// Semantic contract:
-///   - `variables()` is the same on every worker and the chief for the same configuration;
-///   - `parameter(i)` and `gradient(i)` have `variables()[i].size()` elements and stay at the
-///     same address for the model's lifetime (pull and push use them in place);
-///   - the gradient is of the batch's mean loss, so averaging R gradients is averaging losses.
-template <class M>
-concept Model = requires(M& model, const M& cmodel, std::size_t i, const typename M::Batch& batch) {
-  typename M::Batch;
-  { cmodel.variables() } -> std::convertible_to<std::span<const VariableSpec>>;
-  { model.parameter(i) } -> std::same_as<std::span<float>>;
-  { cmodel.gradient(i) } -> std::same_as<std::span<const float>>;
-  requires requires { { model.compute_gradients(batch) } -> std::convertible_to<float>; } ||
-      requires(std::vector<std::uint64_t>& ids, std::span<const TableBatch> tables) {
-        { cmodel.tables() } -> std::convertible_to<std::span<const TableSpec>>;
-        { cmodel.lookup(batch, i, ids) } -> std::same_as<void>;
-        { model.compute_gradients(batch, tables) } -> std::convertible_to<float>;
-      };
-};
-
-/// A model with embedding tables (a recommendation model): dense variables as a Model has,
-/// plus tables of rows keyed by 64-bit ids, of which a batch touches a few. The worker
-/// pulls only the rows of the batch's ids, and pushes only their gradients.
-///
-/// Required:
-///   - `typename M::Batch`, `m.variables()`, `m.parameter(i)`, `m.gradient(i)` as for Model
-///   - `m.tables()` → the table specs, in a fixed order (a range of TableSpec)
-///   - `m.lookup(batch, t, ids)`: appends to `ids` (a std::vector<std::uint64_t>) the ids of
-///     table t that `batch` uses, duplicates allowed (the worker removes them)
-///   - `m.compute_gradients(batch, tables)` with `tables` a std::span<const TableBatch>, one
-///     per table: the batch's mean loss; the dense gradients go to `gradient(i)` as for
-///     Model, each row's gradient is added into `tables[t].gradient(id)`
-///
-/// Semantic contract: as Model's; `lookup` lists every id that `compute_gradients` reads or
-/// writes, and the row gradients are of the batch's mean loss.
-template <class M>
-concept TableModel = Model<M> &&
-    requires(M& model, const M& cmodel, std::size_t i, const typename M::Batch& batch,
-             std::vector<std::uint64_t>& ids, std::span<const TableBatch> tables) {
-  { cmodel.tables() } -> std::convertible_to<std::span<const TableSpec>>;
-  { cmodel.lookup(batch, i, ids) } -> std::same_as<void>;
-  { model.compute_gradients(batch, tables) } -> std::convertible_to<float>;
-};
-
-}  // namespace pulley
-// ---- end pulley/concepts/model.hpp ----
 
 namespace pulley {
 
@@ -7134,399 +8002,6 @@ class Worker {
 
 }  // namespace pulley
 // ---- end pulley/client/worker.hpp ----
-// ---- begin pulley/concepts/optimizer.hpp ----
-
-#include <algorithm>
-#include <cmath>
-#include <concepts>
-#include <cstddef>
-#include <cstdint>
-#include <cstdio>
-#include <cstring>
-#include <initializer_list>
-#include <limits>
-#include <optional>
-#include <ranges>
-#include <span>
-#include <string>
-#include <string_view>
-#include <type_traits>
-#include <vector>
-
-namespace pulley {
-
-/// What an optimizer may know about one update besides the weights and the gradient.
-struct UpdateContext {
-  /// Global steps completed before this update (sync: this update completes step
-  /// `global_step + 1`; async: pushes applied before this one). For schedules.
-  std::int64_t global_step = 0;
-  std::string_view variable;  ///< the variable's name
-  RowRange rows;              ///< the rows of the variable this part holds
-  std::size_t row_size = 0;   ///< elements per row: element i is row `rows.begin + i / row_size`
-};
-
-/// The largest magnitude the stock optimizers' `stays_finite` lets a parameter or a slot
-/// reach: just under 2^127, half of float's range, so that rounding (of a mean of
-/// gradients, of the update itself) cannot carry a value it passed into infinity. A value
-/// passes exactly when its exponent field is at most 253 (see `bounded`).
-inline constexpr float kFiniteBound = 0x1.fffffep126F;
-
-namespace detail {
-
-/// Folds `x` into `lane`: its top bit becomes set if |x| > kFiniteBound or x is NaN. Integer
-/// operations, so that loops of it vectorize without -ffast-math: the exponent field plus 2
-/// carries into the sign bit exactly for exponents of 254 (2^127 and up) and 255 (Inf, NaN).
-inline void fold_bound(std::uint32_t& lane, float x) noexcept {
-  std::uint32_t bits = 0;
-  std::memcpy(&bits, &x, sizeof bits);
-  lane |= (bits & 0x7F800000U) + 0x01000000U;
-}
-
-/// `fold_bound` of a value that must not be negative (a sum of squares, whose square root
-/// is taken): a negative one also sets the top bit.
-inline void fold_bound_non_negative(std::uint32_t& lane, float x) noexcept {
-  std::uint32_t bits = 0;
-  std::memcpy(&bits, &x, sizeof bits);
-  lane |= ((bits & 0x7F800000U) + 0x01000000U) | (bits & 0x80000000U);
-}
-
-/// The class that declares a const member function.
-template <class F>
-struct MemberOf;
-template <class R, class C, class... A>
-struct MemberOf<R (C::*)(A...) const> {
-  using type = C;
-};
-template <class R, class C, class... A>
-struct MemberOf<R (C::*)(A...) const noexcept> {
-  using type = C;
-};
-
-}  // namespace detail
-
-/// Runs `update(begin, end)` over [0, n) in blocks small enough to stay in L1 cache, and
-/// after each block checks what it wrote there: `values` (weights and slots of any sign)
-/// and `non_negative` (slots that must not be negative). Returns kOrdinaryMagnitude if all
-/// are ordinary (`detail::all_ordinary`), else +infinity: the bound `apply_bounded`
-/// returns (BoundsMagnitudes). For an update loop that does not vectorize (std::sqrt sets
-/// errno, unless built with -fno-math-errno), where a fold inside the loop would slow the
-/// loop itself: the loop stays as it is, and the check, which vectorizes, reads from L1.
-template <class Update>
-float bounded_in_blocks(std::size_t n, Update&& update, std::initializer_list<float*> values,
-                        std::initializer_list<float*> non_negative = {}) {
-  constexpr std::size_t kBlock = 1024;  // 4 KB per array
-  bool ordinary = true;
-  for (std::size_t begin = 0; begin < n; begin += kBlock) {
-    const std::size_t count = std::min(n - begin, kBlock);
-    update(begin, begin + count);
-    for (float* p : values) ordinary = detail::all_ordinary({p + begin, count}) && ordinary;
-    for (float* p : non_negative) ordinary = detail::all_ordinary<detail::fold_ordinary_non_negative>({p + begin, count}) && ordinary;
-  }
-  return magnitude_bound(ordinary);
-}
-
-/// True if `x`, an upper bound computed in double of what an update writes, leaves room
-/// for float rounding under kFiniteBound (a proof of `stays_finite_given`).
-[[nodiscard]] inline bool proven_finite(double x) noexcept { return x <= 0x1p126; }
-
-/// True if every value `fold(i, lane)` folds (with `detail::fold_bound`) for i in [0, n) is
-/// within kFiniteBound. The values of 16 consecutive i go to 16 independent lanes, so the
-/// loop vectorizes: a stock optimizer's `stays_finite` costs about one read of its operands.
-template <class Fold>
-bool bounded(std::size_t n, Fold&& fold) noexcept {
-  constexpr std::size_t kLanes = 16;
-  std::uint32_t lanes[kLanes] = {};
-  std::size_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (std::size_t l = 0; l < kLanes; ++l) fold(i + l, lanes[l]);
-  }
-  std::uint32_t all = 0;
-  for (; i < n; ++i) fold(i, all);
-  for (const std::uint32_t lane : lanes) all |= lane;
-  return (all & 0x80000000U) == 0;
-}
-
-/// An optimizer: a small value type holding hyper-parameters, plus a per-part `State`
-/// (slots such as momentum or Adam's moments) that the ps keeps beside the part it updates.
-///
-/// Required:
-///   - `typename O::State`, movable
-///   - `o.make_state(n)` → `O::State` for a part of `n` elements
-///   - `o.apply(state, weights, gradient)` or `o.apply(state, weights, gradient, context)`:
-///     updates `weights` in place (the second form also sees an UpdateContext)
-/// Optional:
-///   - `o.stays_finite(state, weights, gradient)` → bool, with `state` const: true only if
-///     `apply` with these arguments would leave every weight and every slot finite. It may
-///     be conservative (false for a few updates that would have stayed finite, far beyond
-///     any real gradient) but never optimistic. The ps asks it about every update before
-///     applying it: a push that is an update by itself (Async, BoundedStaleness) is refused
-///     when it answers false, naming the variable and the sender; an update averaged from
-///     several pushes (SyncReplicas) is rolled back on that ps, and logged. Without it, the
-///     ps applies each update to a copy of the part and its State (which must then be
-///     copyable), keeps the copy only if the weights stayed finite (a push that was an
-///     update by itself is then refused as above), and fails if the State cannot be copied
-///     and the weights went non-finite; `stays_finite` saves that copy and guards the
-///     slots too.
-///   - `o.apply_bounded(state, weights, gradient)` and `o.stays_finite_given(state,
-///     largest, largest_gradient)` (BoundsMagnitudes, with `stays_finite`): the ps then
-///     proves most updates finite in O(1), from magnitudes, and reads the part once.
-///   - `o.settings_error()` → `std::optional<std::string>`: what is wrong with its
-///     hyper-parameters (a learning rate that is NaN, infinite or negative; a decay
-///     outside [0, 1)), or nullopt. A ps, and the role runner in every task, ask it before
-///     anything else and refuse to start with kInvalidArgument naming the field
-///     (`check_optimizer_settings`); `SettingsCheck` writes one in a line per field.
-///   - `o.slots(state)` → a range of `OptimizerSlot` (name, `std::span<float>` of n values,
-///     one per element of the part) and `o.counters(state)` → a range of `OptimizerCounter`
-///     (name, `std::int64_t*`): the State as checkpoints save and restore it. A State that
-///     holds anything else is not checkpointed (a restore starts it from `make_state`, and
-///     the chief says so in its log); an empty State needs neither.
-///
-/// Semantic contract (the compiler cannot check it):
-///   - `gradient` is the mean of the gradients the sync policy aggregated for this update
-///     (SyncReplicas: of R workers' batches; Async: one worker's), each the gradient of its
-///     batch's mean loss;
-///   - `apply` is called once per global step (sync) or once per accepted push (async) for
-///     each part, with `weights.size() == gradient.size() == n` of the `make_state(n)` call;
-///   - calls are never concurrent: one ps applies one update at a time;
-///   - `gradient` may alias the sync policy's accumulator or the sender's message: it is
-///     valid only during the call, and must not be kept;
-///   - it is deterministic: the same state, weights and gradient give the same result;
-///   - it is element-wise or at least part-local: a variable split over several ps tasks is
-///     updated part by part, so a rule that needs the whole variable (a global norm) does
-///     not belong here (the UpdateContext tells which rows a part holds, for row-wise rules);
-///   - a throw while applying fails the ps (half an update cannot be undone), so `apply`
-///     should not throw; `make_state` may throw (the model is then refused);
-///   - the optimizer object is shared by all parts and is never modified after construction
-///     (`apply` is const); everything that changes lives in `State`.
-template <class O>
-concept Optimizer = std::copy_constructible<O> && std::movable<typename O::State> &&
-    requires(const O& optimizer, typename O::State& state, std::span<float> weights,
-             std::span<const float> gradient, std::size_t n, const UpdateContext& context) {
-  { optimizer.make_state(n) } -> std::same_as<typename O::State>;
-  requires requires { { optimizer.apply(state, weights, gradient) } -> std::same_as<void>; } ||
-      requires { { optimizer.apply(state, weights, gradient, context) } -> std::same_as<void>; };
-};
-
-/// The checks an optimizer's `settings_error` makes of its hyper-parameters, each naming
-/// the field and the value it refuses, the first failing one kept:
-///   `return SettingsCheck().positive("learning_rate", learning_rate).error();`
-class SettingsCheck {
- public:
-  /// A finite number above 0 (FTRL's learning rate, which it divides by).
-  SettingsCheck& positive(std::string_view name, float value) {
-    return rule(name, value, value > 0, "a finite number above 0");
-  }
-  /// A finite number of 0 or more (a learning rate: 0 freezes the weights; a
-  /// regularization strength, an initial accumulator).
-  SettingsCheck& non_negative(std::string_view name, float value) {
-    return rule(name, value, value >= 0, "a finite number of 0 or more");
-  }
-  /// A finite number of 0 or less (FTRL's learning_rate_power).
-  SettingsCheck& non_positive(std::string_view name, float value) {
-    return rule(name, value, value <= 0, "a finite number of 0 or less");
-  }
-  /// A decay in [0, 1) (Adam's betas, RMSProp's rho).
-  SettingsCheck& decay(std::string_view name, float value) {
-    return rule(name, value, value >= 0 && value < 1, "in [0, 1)");
-  }
-  /// A fraction in [0, 1] (a momentum).
-  SettingsCheck& fraction(std::string_view name, float value) {
-    return rule(name, value, value >= 0 && value <= 1, "in [0, 1]");
-  }
-  /// The first rule that failed, or nullopt.
-  [[nodiscard]] std::optional<std::string> error() const { return error_; }
-
- private:
-  SettingsCheck& rule(std::string_view name, float value, bool holds, const char* must) {
-    if (!error_ && !(std::isfinite(value) && holds)) {
-      char shown[32];
-      std::snprintf(shown, sizeof shown, "%g", static_cast<double>(value));
-      error_ = std::string(name) + " is " + shown + ": it must be " + must;
-    }
-    return *this;
-  }
-  std::optional<std::string> error_;
-};
-
-/// Throws kInvalidArgument ("<who>: learning_rate is nan: ...") when `optimizer` has a
-/// `settings_error` that names a problem; an optimizer without one is taken as it is.
-template <class O>
-void check_optimizer_settings(const O& optimizer, std::string_view who = "the optimizer") {
-  if constexpr (requires { { optimizer.settings_error() } -> std::convertible_to<std::optional<std::string>>; }) {
-    if (const std::optional<std::string> error = optimizer.settings_error()) {
-      throw Error(ErrorCode::kInvalidArgument, std::string(who) + ": " + *error);
-    }
-  }
-}
-
-/// One element-wise slot of an optimizer's State (Adam's "m"): one value per element.
-struct OptimizerSlot {
-  std::string_view name;
-  std::span<float> values;
-};
-
-/// One counter of an optimizer's State (Adam's "t").
-struct OptimizerCounter {
-  std::string_view name;
-  std::int64_t* value;
-};
-
-/// True if the optimizer names its State's slots and counters, for checkpoints.
-template <class O>
-concept ExposesState = Optimizer<O> && requires(const O& optimizer, typename O::State& state) {
-  { optimizer.slots(state) } -> std::ranges::range;
-  { optimizer.counters(state) } -> std::ranges::range;
-};
-
-/// The slots of `state`, or none if the optimizer does not name them.
-template <Optimizer O>
-std::vector<OptimizerSlot> slots_of(const O& optimizer, typename O::State& state) {
-  std::vector<OptimizerSlot> out;
-  if constexpr (ExposesState<O>) {
-    for (const OptimizerSlot& slot : optimizer.slots(state)) out.push_back(slot);
-  }
-  return out;
-}
-
-/// The counters of `state`, or none if the optimizer does not name them.
-template <Optimizer O>
-std::vector<OptimizerCounter> counters_of(const O& optimizer, typename O::State& state) {
-  std::vector<OptimizerCounter> out;
-  if constexpr (ExposesState<O>) {
-    for (const OptimizerCounter& counter : optimizer.counters(state)) out.push_back(counter);
-  }
-  return out;
-}
-
-/// True if a checkpoint holds all of the optimizer's State: it names its slots and
-/// counters, or its State is empty.
-template <Optimizer O>
-inline constexpr bool checkpoints_whole_state_v =
-    ExposesState<O> || std::is_empty_v<typename O::State>;
-
-namespace detail {
-
-/// True if `Check` (a pointer to a member function: `&O::stays_finite`, say) is declared by
-/// the class that declares `Apply` (`&O::apply`) or by one derived from it: the check was
-/// written for the rule it checks. A class derived from a stock optimizer that brings an
-/// `apply` of its own does not take the stock checks with it; one that brings a check of
-/// its own (stricter, or counted) keeps the stock rule.
-template <class Apply, class Check>
-concept DeclaredWith = std::is_base_of_v<typename MemberOf<Apply>::type, typename MemberOf<Check>::type>;
-
-/// True if `&O::apply` and `&O::stays_finite` each name one non-static member function (not
-/// an overload set, a template or a static function), so that DeclaredWith can tell.
-template <class O>
-concept NamesApplyAndCheck = requires {
-  typename MemberOf<decltype(&O::apply)>::type;
-  typename MemberOf<decltype(&O::stays_finite)>::type;
-};
-
-}  // namespace detail
-
-/// True if the optimizer can tell in advance whether an update stays finite:
-/// `o.stays_finite(state, weights, gradient)` → bool, true only if `apply` keeps every
-/// weight and slot within kFiniteBound (never optimistic). Where `apply` and
-/// `stays_finite` each name one member function, `stays_finite` must come with the `apply`
-/// it checks (detail::DeclaredWith): a derived class with a rule of its own is checked by
-/// applying to copies, as an optimizer without `stays_finite`. (An overloaded or template
-/// `apply` is taken at its word, as a check cannot be told from its rule then.)
-template <class O>
-concept PredictsFiniteness = Optimizer<O> &&
-    requires(const O& optimizer, const typename O::State& state, std::span<const float> weights,
-             std::span<const float> gradient) {
-  { optimizer.stays_finite(state, weights, gradient) } -> std::convertible_to<bool>;
-} && (!detail::NamesApplyAndCheck<O> || detail::DeclaredWith<decltype(&O::apply), decltype(&O::stays_finite)>);
-
-/// True if the optimizer proves an update finite from magnitudes alone, so that the ps
-/// checks an update without reading the part (the check costs nothing per element):
-///   - `o.apply_bounded(state, weights, gradient)` → float: does what `apply` does, and
-///     returns a bound that no weight or slot of the part exceeds in magnitude afterwards
-///     (the stock ones: kOrdinaryMagnitude when all are below it and the slots that must
-///     not be negative are not, else +infinity: nothing known); the ps hands
-///     `stays_finite_given` nothing finer than kOrdinaryMagnitude, so it must prove the
-///     updates of real training from that bound;
-///   - `o.stays_finite_given(state, largest, largest_gradient)` → bool, O(1): true only if
-///     `apply` keeps every weight and slot within kFiniteBound whenever none of them is
-///     larger than `largest` in magnitude (and the slots that must not be negative are
-///     not) and no gradient element larger than `largest_gradient`. Conservative, never
-///     optimistic, as `stays_finite`.
-/// The ps keeps each part's `largest` from its last `apply_bounded`, and asks
-/// `stays_finite` where `stays_finite_given` cannot tell (or the part was written
-/// otherwise since: initialized, restored): a refused update is refused as before.
-/// `apply_bounded` must be declared by the class that declares its one `apply` (it is the
-/// same rule), and `stays_finite_given` must come with that `apply` as `stays_finite` does.
-template <class O>
-concept BoundsMagnitudes = PredictsFiniteness<O> &&
-    requires(const O& optimizer, typename O::State& state, const typename O::State& held,
-             std::span<float> weights, std::span<const float> gradient, float magnitude) {
-  { optimizer.apply_bounded(state, weights, gradient) } -> std::same_as<float>;
-  { optimizer.stays_finite_given(held, magnitude, magnitude) } -> std::convertible_to<bool>;
-  &O::apply;  // one apply, not an overload set
-  &O::apply_bounded;
-  &O::stays_finite_given;
-} && std::same_as<typename detail::MemberOf<decltype(&O::apply)>::type,
-                  typename detail::MemberOf<decltype(&O::apply_bounded)>::type> &&
-    detail::DeclaredWith<decltype(&O::apply), decltype(&O::stays_finite_given)>;
-
-/// What a row-wise (sparse) update of one row of an embedding table may know.
-struct RowContext {
-  /// Global steps completed before this update (as UpdateContext::global_step).
-  std::int64_t global_step = 0;
-  /// Updates of this table on this ps so far, this one included: 1 for the first. Lazy
-  /// Adam's `t`, the same for every row of one update.
-  std::int64_t updates = 0;
-  std::string_view table;  ///< the table's name
-  std::uint64_t id = 0;    ///< the row's id
-};
-
-/// An optimizer that can also update embedding tables row by row (sparse apply), as
-/// TensorFlow's `sparse_apply_*` kernels do: only the rows pushed in an update are touched,
-/// with slots of their own kept beside each row. An optimizer says it supports tables by
-/// having these members; a table used with one that lacks them fails to compile, naming
-/// them.
-///
-/// Required (besides Optimizer):
-///   - `O::kRowSlots`, a `static constexpr std::size_t`: slots per row (Adagrad 1, Adam 2)
-///   - `o.row_slot_names()` → `std::array<std::string_view, O::kRowSlots>`, for checkpoints
-///   - `o.init_row(slots)`: fills a new row's slots; `slots` holds kRowSlots × dim floats,
-///     slot k at [k × dim, (k + 1) × dim)
-///   - `o.apply_row(weights, slots, gradient, context)`: updates one row (`weights` and
-///     `gradient` of dim floats, `slots` as above) in place
-///
-/// Semantic contract (the compiler cannot check it):
-///   - `gradient` is the mean of the gradients pushed for this row in this update (sync: over
-///     the replicas whose push held the row, as TensorFlow's sparse conditional accumulator
-///     averages; async: one worker's, duplicates summed by the worker);
-///   - `apply_row` is called once per update for each row pushed in it and never for the
-///     others ("lazy": an untouched row's slots do not decay), one row at a time;
-///   - it is deterministic, touches nothing but its arguments, and does not throw;
-///   - what it does to a row with a zero gradient is its business (FTRL's weights move);
-///   - the ps checks every updated row for finite values and drops the whole update of the
-///     table if one is not, so `apply_row` need not guard against overflow.
-template <class O>
-concept RowWiseOptimizer = Optimizer<O> &&
-    requires(const O& optimizer, std::span<float> weights, std::span<float> slots,
-             std::span<const float> gradient, const RowContext& context) {
-  { O::kRowSlots } -> std::convertible_to<std::size_t>;
-  { optimizer.row_slot_names() } -> std::ranges::range;
-  { optimizer.init_row(slots) } -> std::same_as<void>;
-  { optimizer.apply_row(weights, slots, gradient, context) } -> std::same_as<void>;
-};
-
-/// Calls whichever form of `apply` the optimizer has.
-template <Optimizer O>
-void apply_update(const O& optimizer, typename O::State& state, std::span<float> weights,
-                  std::span<const float> gradient, const UpdateContext& context) {
-  if constexpr (requires { optimizer.apply(state, weights, gradient, context); }) {
-    optimizer.apply(state, weights, gradient, context);
-  } else {
-    optimizer.apply(state, weights, gradient);
-  }
-}
-
-}  // namespace pulley
-// ---- end pulley/concepts/optimizer.hpp ----
 // ---- begin pulley/concepts/row_aggregation.hpp ----
 
 #include <concepts>
@@ -14296,4 +14771,157 @@ static_assert(GrowingTransport<InProcess>);
 
 }  // namespace pulley
 // ---- end pulley/transport/in_process.hpp ----
+// ---- begin pulley/transport/in_process_ring.hpp ----
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace pulley {
+
+/// A Ring among threads of one process: `InProcessRing::make(n)` gives the n links, one for
+/// each thread. A send copies the caller's bytes into a buffer the link recycles, so a rank
+/// that fails and drops its tensors leaves nothing its neighbour could read after them; the
+/// next rank's receive copies out, and `flush` waits until it has taken everything. A link
+/// destroyed (or `leave`d) counts as a lost worker, as a process that dies closes its
+/// sockets: its neighbours' waits fail with kUnavailable naming it.
+class InProcessRing {
+ public:
+  /// The links of a ring of `n` ranks (n ≥ 1); a wait for a neighbour gives up after
+  /// `timeout` with kDeadlineExceeded.
+  static std::vector<InProcessRing> make(std::size_t n,
+                                         std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+    if (n == 0) throw Error(ErrorCode::kInvalidArgument, "a ring needs at least one rank");
+    auto hub = std::make_shared<Hub>(n, timeout);
+    std::vector<InProcessRing> ring;
+    ring.reserve(n);
+    for (std::size_t r = 0; r < n; ++r) ring.push_back(InProcessRing(hub, r));
+    return ring;
+  }
+
+  InProcessRing(InProcessRing&&) noexcept = default;
+  InProcessRing& operator=(InProcessRing&& other) noexcept {
+    if (this != &other) {
+      leave();
+      hub_ = std::move(other.hub_);
+      rank_ = other.rank_;
+    }
+    return *this;
+  }
+  InProcessRing(const InProcessRing&) = delete;
+  InProcessRing& operator=(const InProcessRing&) = delete;
+  ~InProcessRing() { leave(); }
+
+  [[nodiscard]] std::size_t rank() const noexcept { return rank_; }
+  [[nodiscard]] std::size_t size() const noexcept { return hub_ ? hub_->links.size() : 0; }
+
+  void send(std::span<const std::byte> bytes) {
+    Link& out = hub_->links[rank_];
+    std::lock_guard lock(out.mutex);
+    if (out.closed) throw lost(next());
+    if (bytes.empty()) return;
+    std::vector<std::byte> copy;
+    if (!out.spare.empty()) {
+      copy = std::move(out.spare.back());
+      out.spare.pop_back();
+    }
+    copy.assign(bytes.begin(), bytes.end());
+    out.queued.push_back(std::move(copy));
+    out.changed.notify_all();
+  }
+
+  void receive(std::span<std::byte> bytes) {
+    Link& in = hub_->links[previous()];
+    while (!bytes.empty()) {
+      std::span<const std::byte> front;
+      {
+        std::unique_lock lock(in.mutex);
+        wait(in, lock, [&] { return in.closed || !in.queued.empty(); }, previous(), "send");
+        if (in.queued.empty()) throw lost(previous());
+        front = std::span<const std::byte>(in.queued.front()).subspan(in.offset);
+      }
+      // Copied outside the lock: only this rank takes from the front of its incoming link.
+      const std::size_t n = std::min(front.size(), bytes.size());
+      std::memcpy(bytes.data(), front.data(), n);
+      bytes = bytes.subspan(n);
+      std::lock_guard lock(in.mutex);
+      in.offset += n;
+      if (in.offset == in.queued.front().size()) {
+        in.spare.push_back(std::move(in.queued.front()));
+        in.queued.pop_front();
+        in.offset = 0;
+        in.changed.notify_all();
+      }
+    }
+  }
+
+  void flush() {
+    Link& out = hub_->links[rank_];
+    std::unique_lock lock(out.mutex);
+    wait(out, lock, [&] { return out.closed || out.queued.empty(); }, next(), "receive");
+    if (!out.queued.empty()) throw lost(next());
+  }
+
+  /// Leaves the ring as a lost worker does: both neighbours' waits on it fail. The link is
+  /// unusable afterwards (the destructor does this too).
+  void leave() noexcept {
+    if (!hub_) return;
+    for (Link* link : {&hub_->links[rank_], &hub_->links[previous()]}) {
+      std::lock_guard lock(link->mutex);
+      link->closed = true;  // what it sent stays readable, as bytes in a socket's buffer do
+      link->changed.notify_all();
+    }
+    hub_.reset();
+  }
+
+ private:
+  /// The bytes one rank sent the next and the next has not taken yet.
+  struct Link {
+    std::mutex mutex;
+    std::condition_variable changed;
+    std::deque<std::vector<std::byte>> queued;
+    std::vector<std::vector<std::byte>> spare;  ///< taken buffers, for the next sends
+    std::size_t offset = 0;  ///< bytes of queued.front() taken
+    bool closed = false;     ///< one of its ends left
+  };
+  struct Hub {
+    Hub(std::size_t n, std::chrono::milliseconds t) : links(n), timeout(t) {}
+    std::vector<Link> links;  ///< links[r]: from rank r to rank r + 1
+    std::chrono::milliseconds timeout;
+  };
+
+  InProcessRing(std::shared_ptr<Hub> hub, std::size_t rank) : hub_(std::move(hub)), rank_(rank) {}
+
+  [[nodiscard]] std::size_t next() const noexcept { return (rank_ + 1) % size(); }
+  [[nodiscard]] std::size_t previous() const noexcept { return (rank_ + size() - 1) % size(); }
+
+  template <class Ready>
+  void wait(Link& link, std::unique_lock<std::mutex>& lock, Ready ready, std::size_t peer, const char* what) const {
+    if (!link.changed.wait_for(lock, hub_->timeout, ready)) {
+      throw Error(ErrorCode::kDeadlineExceeded,
+                  "ring: rank " + std::to_string(rank_) + " waited " + std::to_string(hub_->timeout.count()) +
+                      " ms for rank " + std::to_string(peer) + " to " + what);
+    }
+  }
+
+  [[nodiscard]] Error lost(std::size_t peer) const {
+    return Error(ErrorCode::kUnavailable,
+                 "ring: rank " + std::to_string(rank_) + " lost its neighbour, rank " + std::to_string(peer));
+  }
+
+  std::shared_ptr<Hub> hub_;
+  std::size_t rank_ = 0;
+};
+
+static_assert(Ring<InProcessRing>);
+
+}  // namespace pulley
+// ---- end pulley/transport/in_process_ring.hpp ----
 // ---- end pulley/pulley.hpp ----

@@ -348,8 +348,11 @@ class TcpServer {
                           wire::refusal_reason(options_.credentials, *c->challenge, hello,
                                                options_.tasks.contains(Node::Role::kPs))};
     if (refusal.reason.empty()) refusal = outside_job(hello.peer);
-    if (refusal.reason.empty() && hello.shard != wire::Hello::kOwnShard && hello.shard != service_.task() &&
-        !holds_copy(service_, hello.shard)) {
+    if (refusal.reason.empty() && hello.shard == wire::Hello::kRingLink) {
+      refusal.reason = hello.peer.name() + " connected as a ring link (TcpRing) to ps " +
+                       std::to_string(service_.task()) + ": a ring's addresses are the workers'";
+    } else if (refusal.reason.empty() && hello.shard != wire::Hello::kOwnShard && hello.shard != service_.task() &&
+               !holds_copy(service_, hello.shard)) {
       refusal.reason = hello.peer.name() + " asked for a copy of ps " + std::to_string(hello.shard) +
                        "'s shard, which ps " + std::to_string(service_.task()) +
                        " does not hold (is --ps-replicas the same for every task?)";

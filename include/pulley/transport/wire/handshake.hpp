@@ -85,6 +85,10 @@ struct Hello {
 
   /// The ps's own shard, whatever its index.
   static constexpr std::uint32_t kOwnShard = 0xFFFFFFFFU;
+  /// No shard: the connection links one worker to the next in a ring (TcpRing), and the
+  /// listener is that worker (Challenge::ps then names its rank). A ps refuses it as a shard
+  /// it does not hold, and the proof binds it, so neither kind of hello passes for the other.
+  static constexpr std::uint32_t kRingLink = 0xFFFFFFFEU;
 
   template <class Archive>
   void serialize(Archive& archive) {

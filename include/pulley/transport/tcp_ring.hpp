@@ -1,0 +1,408 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <array>
+#include <asio.hpp>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <span>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "pulley/concepts/ring.hpp"
+#include "pulley/core/address.hpp"
+#include "pulley/core/error.hpp"
+#include "pulley/core/log.hpp"
+#include "pulley/transport/detail/sockets.hpp"
+#include "pulley/transport/wire/codec.hpp"
+#include "pulley/transport/wire/handshake.hpp"
+
+namespace pulley {
+
+/// How a TcpRing forms and when it gives a neighbour up.
+struct TcpRingOptions {
+  /// How long the ring may take to form: every rank listening, connected to the next and
+  /// proven to it. Ranks may start in any order within it.
+  std::chrono::milliseconds form_timeout = std::chrono::seconds(120);
+  /// A neighbour that makes no progress this long (sends nothing this rank waits for, or
+  /// takes nothing it sends) is lost: kDeadlineExceeded.
+  std::chrono::milliseconds timeout = std::chrono::seconds(60);
+};
+
+/// A Ring of worker processes over TCP: each rank listens on its own address, connects to
+/// the next rank's, and accepts the previous rank's connection. Both connections open with
+/// the handshake every pulley connection makes (wire/handshake.hpp): the connecting rank
+/// proves the job's name and secret and its rank (a Hello for a ring link,
+/// `wire::Hello::kRingLink`), the listening rank proves them back, and anything else that
+/// connects is refused with one logged line and does not hold the ring up.
+///
+/// One thread per rank does everything: the sockets are non-blocking, and while the rank
+/// waits to receive, what it queued for the next rank is written as the kernel takes it, so
+/// a rank sends and receives at once (Ring's contract) without a thread of its own.
+class TcpRing {
+ public:
+  /// Forms the ring: `addresses` are every rank's "host:port" in rank order (the same list
+  /// on every rank), and this rank listens on `addresses[rank]`. Blocks until both
+  /// neighbours are connected and proven, or throws: kInvalidArgument (a bad address),
+  /// kUnavailable (cannot listen), kDeadlineExceeded (not formed within form_timeout),
+  /// kUnauthenticated (the next rank refused this one's proof, or could not prove its own).
+  TcpRing(std::size_t rank, const std::vector<std::string>& addresses, Credentials credentials,
+          TcpRingOptions options = {})
+      : links_(std::make_unique<Links>()), rank_(rank), size_(addresses.size()), options_(options) {
+    if (addresses.empty() || rank >= addresses.size()) {
+      throw Error(ErrorCode::kInvalidArgument, "ring: rank " + std::to_string(rank) + " of a ring of " +
+                                                   std::to_string(addresses.size()) + " addresses");
+    }
+    wire::check_credentials(credentials);
+    if (size_ == 1) return;
+    std::vector<Address> parsed;
+    for (const std::string& a : addresses) parsed.push_back(parse_address(a));
+    links_->next_name = "rank " + std::to_string(next()) + " at " + addresses[next()];
+    links_->previous_name = "rank " + std::to_string(previous());
+    form(parsed, credentials);
+  }
+
+  [[nodiscard]] std::size_t rank() const noexcept { return rank_; }
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+
+  void send(std::span<const std::byte> bytes) {
+    if (bytes.empty()) return;
+    links_->out.push_back(bytes);
+    write_now();
+  }
+
+  void receive(std::span<std::byte> bytes) {
+    auto last = Clock::now();
+    while (!bytes.empty()) {
+      std::error_code ec;
+      const std::size_t n = links_->previous.read_some(asio::buffer(bytes.data(), bytes.size()), ec);
+      if (!ec) {
+        bytes = bytes.subspan(n);
+        last = Clock::now();
+        continue;
+      }
+      if (ec != asio::error::would_block && ec != asio::error::try_again) {
+        throw lost(links_->previous_name, ec == asio::error::eof ? "closed the connection" : ec.message());
+      }
+      const bool writing = !links_->out.empty();
+      std::array<pollfd, 2> fds{pollfd{links_->previous.native_handle(), POLLIN, 0},
+                                pollfd{links_->next.native_handle(), POLLOUT, 0}};
+      if (::poll(fds.data(), writing ? 2 : 1, wait_ms(last)) == 0 && Clock::now() - last >= options_.timeout) {
+        throw silent(links_->previous_name, "send");
+      }
+      if (writing && fds[1].revents != 0) write_now();
+    }
+  }
+
+  void flush() {
+    auto last = Clock::now();
+    while (!links_->out.empty()) {
+      pollfd fd{links_->next.native_handle(), POLLOUT, 0};
+      if (::poll(&fd, 1, wait_ms(last)) == 0) {
+        if (Clock::now() - last >= options_.timeout) throw silent(links_->next_name, "receive");
+        continue;
+      }
+      if (write_now()) last = Clock::now();
+    }
+  }
+
+  /// Bytes written to the next rank (handshake excluded).
+  [[nodiscard]] std::uint64_t bytes_written() const noexcept { return links_->written; }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+
+  struct Links {
+    asio::io_context io;
+    asio::ip::tcp::socket next{io};
+    asio::ip::tcp::socket previous{io};
+    std::deque<std::span<const std::byte>> out;  ///< queued for the next rank, in order
+    std::string next_name, previous_name;
+    std::uint64_t written = 0;
+  };
+
+  [[nodiscard]] std::size_t next() const noexcept { return (rank_ + 1) % size_; }
+  [[nodiscard]] std::size_t previous() const noexcept { return (rank_ + size_ - 1) % size_; }
+
+  /// Writes what the kernel takes now; true if it took anything.
+  bool write_now() {
+    auto& out = links_->out;
+    bool wrote = false;
+    while (!out.empty()) {
+      std::array<asio::const_buffer, 16> buffers;
+      std::size_t count = 0;
+      for (auto it = out.begin(); it != out.end() && count < buffers.size(); ++it) {
+        buffers[count++] = asio::const_buffer(it->data(), it->size());
+      }
+      std::error_code ec;
+      std::size_t n = links_->next.write_some(std::span(buffers.data(), count), ec);
+      if (ec == asio::error::would_block || ec == asio::error::try_again) return wrote;
+      if (ec) throw lost(links_->next_name, ec.message());
+      wrote = true;
+      links_->written += n;
+      while (n > 0) {
+        if (n < out.front().size()) {
+          out.front() = out.front().subspan(n);
+          break;
+        }
+        n -= out.front().size();
+        out.pop_front();
+      }
+    }
+    return wrote;
+  }
+
+  [[nodiscard]] int wait_ms(Clock::time_point last) const {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(last + options_.timeout - Clock::now());
+    return static_cast<int>(std::clamp<std::int64_t>(left.count(), 0, 1000));
+  }
+
+  [[nodiscard]] Error lost(const std::string& who, const std::string& why) const {
+    return Error(ErrorCode::kUnavailable, "ring: rank " + std::to_string(rank_) + " lost " + who + ": " + why);
+  }
+  [[nodiscard]] Error silent(const std::string& who, const char* what) const {
+    return Error(ErrorCode::kDeadlineExceeded, "ring: rank " + std::to_string(rank_) + " waited " +
+                                                   std::to_string(options_.timeout.count()) + " ms for " + who +
+                                                   " to " + what + " (stopped, or cut off?)");
+  }
+
+  // ---- forming the ring ----------------------------------------------------------------
+
+  /// Listens, connects to the next rank, accepts the previous one, and proves both links.
+  /// The order is free of waits in a cycle: every rank sends its challenge before it
+  /// reads anything, answers the next rank's challenge before it checks the previous rank's
+  /// hello, and checks that before it reads the next rank's welcome.
+  void form(const std::vector<Address>& addresses, const Credentials& credentials) {
+    const auto deadline = Clock::now() + options_.form_timeout;
+    auto& io = links_->io;
+    asio::ip::tcp::acceptor acceptor = transport_detail::listen(
+        io, transport_detail::resolve_listen_endpoint(io, addresses[rank_].host, addresses[rank_].port));
+    acceptor.non_blocking(true);
+    connect_next(addresses[next()], deadline);
+    const Node self = Node::worker(static_cast<std::uint32_t>(rank_));
+    const Node expected = Node::worker(static_cast<std::uint32_t>(previous()));
+    while (true) {
+      accept_previous(acceptor, credentials, deadline);
+      const auto until = std::min(deadline, Clock::now() + std::chrono::seconds(10));
+      const wire::Challenge challenge{credentials.job, static_cast<std::uint32_t>(rank_), wire::make_nonce()};
+      try {
+        write_frame(links_->previous, wire::encode(wire::Handshake{challenge}, 0), until);
+        if (!answered_) answer_next(credentials, self, deadline);
+        const auto hello = read_handshake<wire::Hello>(links_->previous, until);
+        std::string refusal = wire::refusal_reason(credentials, challenge, hello);
+        if (refusal.empty() && (hello.shard != wire::Hello::kRingLink || !(hello.peer == expected))) {
+          refusal = hello.peer.name() + " is not " + expected.name() + " of the ring";
+        }
+        if (!refusal.empty()) {
+          log(LogLevel::kWarning, "ring: rank " + std::to_string(rank_) + " refused a connection: " + refusal);
+          write_frame(links_->previous,
+                      wire::encode(wire::Handshake{wire::Refusal{ErrorCode::kUnauthenticated, refusal}}, 0), until);
+          links_->previous.close();
+          continue;
+        }
+        write_frame(links_->previous,
+                    wire::encode(wire::Handshake{wire::Welcome{
+                                     wire::server_proof(credentials.secret, challenge, hello), wire::incarnation()}},
+                                 0),
+                    until);
+        break;
+      } catch (const wire::Malformed& e) {
+        log(LogLevel::kWarning, "ring: rank " + std::to_string(rank_) + " dropped a connection: " + e.what());
+        links_->previous.close();
+      } catch (const Error& e) {
+        if (e.code() != ErrorCode::kDeadlineExceeded || Clock::now() >= deadline) throw;
+        log(LogLevel::kWarning, "ring: rank " + std::to_string(rank_) + " dropped a connection: " + e.what());
+        links_->previous.close();
+      }
+    }
+    if (!welcomed_) check_welcome(credentials, deadline);
+    std::error_code ignored;
+    links_->next.set_option(asio::ip::tcp::no_delay(true), ignored);
+    links_->previous.set_option(asio::ip::tcp::no_delay(true), ignored);
+  }
+
+  /// Connects to the next rank, trying again every 100 ms until it listens.
+  void connect_next(const Address& where, Clock::time_point deadline) {
+    asio::ip::tcp::resolver resolver(links_->io);
+    std::error_code ec;
+    const auto endpoints = resolver.resolve(where.host, std::to_string(where.port), ec);
+    if (ec || endpoints.empty()) {
+      throw Error(ErrorCode::kInvalidArgument, "ring: cannot resolve " + where.to_string() + ": " +
+                                                   (ec ? ec.message() : std::string("no address")));
+    }
+    const auto endpoint = endpoints.begin()->endpoint();
+    std::string why = "no attempt";
+    while (Clock::now() < deadline) {
+      auto& socket = links_->next;
+      if (socket.is_open()) socket.close();
+      socket.open(endpoint.protocol());
+      socket.non_blocking(true);
+      socket.connect(endpoint, ec);
+      if (ec == asio::error::in_progress || ec == asio::error::would_block) {
+        pollfd fd{socket.native_handle(), POLLOUT, 0};
+        ::poll(&fd, 1, 1000);
+        int error = 0;
+        socklen_t length = sizeof error;
+        ::getsockopt(socket.native_handle(), SOL_SOCKET, SO_ERROR, &error, &length);
+        ec = fd.revents != 0 ? std::error_code(error, std::system_category())
+                             : std::make_error_code(std::errc::timed_out);
+      }
+      if (!ec) return;
+      why = ec.message();
+      pollfd none{-1, 0, 0};
+      ::poll(&none, 0, 100);
+    }
+    throw Error(ErrorCode::kDeadlineExceeded, "ring: rank " + std::to_string(rank_) + " could not connect to " +
+                                                  links_->next_name + " within " +
+                                                  std::to_string(options_.form_timeout.count()) + " ms: " + why);
+  }
+
+  /// Accepts a connection for the previous rank. Meanwhile the next rank's challenge is
+  /// answered and its answer read if they come: a refusal fails at once, naming the reason,
+  /// instead of waiting for a previous rank that may never connect (or was refused itself).
+  void accept_previous(asio::ip::tcp::acceptor& acceptor, const Credentials& credentials,
+                       Clock::time_point deadline) {
+    while (true) {
+      std::error_code ec;
+      acceptor.accept(links_->previous, ec);
+      if (!ec) {
+        links_->previous.non_blocking(true);
+        return;
+      }
+      if (ec != asio::error::would_block && ec != asio::error::try_again) {
+        throw Error(ErrorCode::kUnavailable, "ring: rank " + std::to_string(rank_) + " cannot accept: " + ec.message());
+      }
+      if (Clock::now() >= deadline) {
+        throw Error(ErrorCode::kDeadlineExceeded,
+                    "ring: rank " + std::to_string(rank_) + ": " + links_->previous_name + " did not connect within " +
+                        std::to_string(options_.form_timeout.count()) + " ms");
+      }
+      std::array<pollfd, 2> fds{pollfd{acceptor.native_handle(), POLLIN, 0},
+                                pollfd{links_->next.native_handle(), POLLIN, 0}};
+      const bool next_due = !welcomed_;
+      ::poll(fds.data(), next_due ? 2 : 1, 100);
+      if (next_due && fds[1].revents != 0) {
+        if (answered_) {
+          check_welcome(credentials, deadline);
+        } else {
+          answer_next(credentials, Node::worker(static_cast<std::uint32_t>(rank_)), deadline);
+        }
+      }
+    }
+  }
+
+  /// Reads the next rank's challenge and sends this rank's hello.
+  void answer_next(const Credentials& credentials, const Node& self, Clock::time_point deadline) {
+    challenge_ = read_handshake<wire::Challenge>(links_->next, deadline);
+    if (challenge_.job != credentials.job || challenge_.ps != next()) {
+      throw Error(ErrorCode::kUnauthenticated, "ring: " + links_->next_name + " answered as rank " +
+                                                   std::to_string(challenge_.ps) + " of job '" +
+                                                   challenge_.job.substr(0, wire::kMaxJobName) + "'");
+    }
+    nonce_ = wire::make_nonce();
+    const wire::Hello hello{credentials.job, self, nonce_,
+                            wire::client_proof(credentials.secret, challenge_, self, nonce_, wire::Hello::kRingLink),
+                            wire::incarnation(), wire::Hello::kRingLink};
+    write_frame(links_->next, wire::encode(wire::Handshake{hello}, 0), deadline);
+    answered_ = true;
+  }
+
+  /// Reads the next rank's welcome (or refusal) and checks its proof.
+  void check_welcome(const Credentials& credentials, Clock::time_point deadline) {
+    const auto bytes = read_frame(links_->next, deadline);
+    wire::Handshake message = wire::decode_handshake(bytes.first, bytes.second);
+    if (auto* refusal = std::get_if<wire::Refusal>(&message)) {
+      throw Error(ErrorCode::kUnauthenticated, "ring: " + links_->next_name + " refused rank " +
+                                                   std::to_string(rank_) + ": " + refusal->reason);
+    }
+    const auto* welcome = std::get_if<wire::Welcome>(&message);
+    const Node self = Node::worker(static_cast<std::uint32_t>(rank_));
+    const wire::Hello said{credentials.job, self, nonce_, {}, 0, wire::Hello::kRingLink};
+    if (welcome == nullptr ||
+        !wire::proof_matches(welcome->proof, wire::server_proof(credentials.secret, challenge_, said))) {
+      throw Error(ErrorCode::kUnauthenticated,
+                  "ring: " + links_->next_name + " did not prove the job's shared secret (a wrong PULLEY_SECRET?)");
+    }
+    welcomed_ = true;
+  }
+
+  /// Waits until `socket` is ready for `events`, or throws kDeadlineExceeded at `deadline`.
+  void await(asio::ip::tcp::socket& socket, short events, Clock::time_point deadline, const char* what) const {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    pollfd fd{socket.native_handle(), events, 0};
+    if (left <= 0 || ::poll(&fd, 1, static_cast<int>(std::min<std::int64_t>(left, 1000))) < 0) {
+      if (Clock::now() >= deadline) {
+        throw Error(ErrorCode::kDeadlineExceeded, "ring: rank " + std::to_string(rank_) + ": the handshake's " +
+                                                      what + " did not complete in time");
+      }
+    }
+  }
+
+  void write_frame(asio::ip::tcp::socket& socket, const wire::Frame& frame, Clock::time_point deadline) {
+    std::string bytes(reinterpret_cast<const char*>(&frame.header), sizeof frame.header);
+    bytes += frame.meta;
+    bytes.append(wire::padding(frame.meta.size()), '\0');
+    std::size_t at = 0;
+    while (at < bytes.size()) {
+      std::error_code ec;
+      at += socket.write_some(asio::buffer(bytes.data() + at, bytes.size() - at), ec);
+      if (ec == asio::error::would_block || ec == asio::error::try_again) {
+        await(socket, POLLOUT, deadline, "write");
+      } else if (ec) {
+        throw Error(ErrorCode::kUnavailable, "ring: rank " + std::to_string(rank_) + ": handshake: " + ec.message());
+      }
+    }
+  }
+
+  void read_exact(asio::ip::tcp::socket& socket, char* into, std::size_t n, Clock::time_point deadline) {
+    std::size_t at = 0;
+    while (at < n) {
+      std::error_code ec;
+      at += socket.read_some(asio::buffer(into + at, n - at), ec);
+      if (ec == asio::error::would_block || ec == asio::error::try_again) {
+        await(socket, POLLIN, deadline, "read");
+      } else if (ec) {
+        throw Error(ErrorCode::kUnavailable, "ring: rank " + std::to_string(rank_) + ": handshake: " +
+                                                 (ec == asio::error::eof ? "the peer closed the connection" : ec.message()));
+      }
+    }
+  }
+
+  std::pair<wire::Header, std::string> read_frame(asio::ip::tcp::socket& socket, Clock::time_point deadline) {
+    wire::Header header;
+    read_exact(socket, reinterpret_cast<char*>(&header), sizeof header, deadline);
+    wire::check(header, wire::kHandshakeLimits);
+    std::string meta(header.meta_bytes + wire::padding(header.meta_bytes), '\0');
+    read_exact(socket, meta.data(), meta.size(), deadline);
+    meta.resize(header.meta_bytes);
+    return {header, std::move(meta)};
+  }
+
+  template <class Expected>
+  Expected read_handshake(asio::ip::tcp::socket& socket, Clock::time_point deadline) {
+    const auto bytes = read_frame(socket, deadline);
+    return wire::decode_handshake_as<Expected>(bytes.first, bytes.second);
+  }
+
+  std::unique_ptr<Links> links_;  ///< behind a pointer: the ring moves, its sockets do not
+  std::size_t rank_ = 0;
+  std::size_t size_ = 1;
+  TcpRingOptions options_;
+  wire::Challenge challenge_;  ///< the next rank's
+  std::string nonce_;          ///< this rank's, in its hello to the next
+  bool answered_ = false;  ///< this rank's hello went to the next
+  bool welcomed_ = false;  ///< and the next let it in
+};
+
+static_assert(Ring<TcpRing>);
+
+}  // namespace pulley

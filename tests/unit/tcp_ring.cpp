@@ -1,0 +1,248 @@
+// SPDX-License-Identifier: MIT
+// TcpRing on 127.0.0.1: the ring forms whatever order its ranks start in, sums as the
+// in-process ring does (the same bits), refuses ranks without the job's secret and
+// strangers (which do not hold it up), and fails a rank's neighbours when it dies.
+
+#include <doctest/doctest.h>
+
+#include <asio.hpp>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "pulley/client/all_reduce_worker.hpp"
+#include "pulley/collective/ring_all_reduce.hpp"
+#include "pulley/optimizers/adam.hpp"
+#include "pulley/optimizers/sgd.hpp"
+#include "pulley/ps/parameter_server.hpp"
+#include "pulley/sharding/round_robin.hpp"
+#include "pulley/sync/async.hpp"
+#include "pulley/transport/in_process_ring.hpp"
+#include "pulley/transport/tcp_ring.hpp"
+#include "support/linear_model.hpp"
+#include "support/log_capture.hpp"
+#include "support/tcp.hpp"
+
+using namespace pulley;
+
+namespace {
+
+/// `n` ports of 127.0.0.1 free a moment ago, as "127.0.0.1:port".
+std::vector<std::string> free_addresses(std::size_t n) {
+  asio::io_context io;
+  std::vector<asio::ip::tcp::acceptor> held;
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < n; ++i) {
+    held.emplace_back(io, asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+    out.push_back("127.0.0.1:" + std::to_string(held.back().local_endpoint().port()));
+  }
+  return out;
+}
+
+/// Runs `body(rank)` on one thread per rank; returns each rank's exception text, "" if none.
+std::vector<std::string> on_ranks(std::size_t n, const std::function<void(std::size_t)>& body) {
+  std::vector<std::string> failures(n);
+  std::vector<std::jthread> threads;
+  for (std::size_t r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        body(r);
+      } catch (const std::exception& e) {
+        failures[r] = e.what();
+      }
+    });
+  }
+  threads.clear();
+  return failures;
+}
+
+float value(std::size_t rank, std::size_t i) {
+  return static_cast<float>((rank * 7919 + i * 104729) % 1000) / 37.0F - 13.0F;
+}
+
+TcpRingOptions quick() {
+  TcpRingOptions o;
+  o.form_timeout = std::chrono::seconds(20);
+  o.timeout = std::chrono::seconds(10);
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("a TCP ring sums as the in-process ring does, bit for bit, whatever order its ranks start in") {
+  for (std::size_t ranks : {2U, 3U, 4U}) {
+    CAPTURE(ranks);
+    constexpr std::size_t kN = (1U << 18U) + 3;  // segments, uneven chunks
+    const auto addresses = free_addresses(ranks);
+    std::vector<std::vector<float>> tcp(ranks, std::vector<float>(kN));
+    std::vector<std::vector<float>> local(ranks, std::vector<float>(kN));
+    for (std::size_t r = 0; r < ranks; ++r) {
+      for (std::size_t i = 0; i < kN; ++i) tcp[r][i] = local[r][i] = value(r, i);
+    }
+    const auto failures = on_ranks(ranks, [&](std::size_t r) {
+      // The last rank starts 300 ms late: the others wait for it.
+      if (r + 1 == ranks) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      TcpRing link(r, addresses, testing::test_credentials(), quick());
+      CHECK(link.rank() == r);
+      CHECK(link.size() == ranks);
+      RingAllReduce reduce(4096);
+      for (int repeat = 0; repeat < 3; ++repeat) reduce.sum(link, std::span<float>(tcp[r]).first(1000));
+      reduce.sum(link, tcp[r]);
+    });
+    for (const std::string& f : failures) CHECK(f == "");
+    auto in_process = InProcessRing::make(ranks);
+    std::vector<std::jthread> threads;
+    for (std::size_t r = 0; r < ranks; ++r) {
+      threads.emplace_back([&, r] {
+        RingAllReduce reduce(4096);
+        for (int repeat = 0; repeat < 3; ++repeat) reduce.sum(in_process[r], std::span<float>(local[r]).first(1000));
+        reduce.sum(in_process[r], local[r]);
+      });
+    }
+    threads.clear();
+    for (std::size_t r = 0; r < ranks; ++r) {
+      CHECK(std::memcmp(tcp[r].data(), local[0].data(), kN * sizeof(float)) == 0);
+    }
+  }
+}
+
+TEST_CASE("a rank without the job's secret is refused, and its neighbour names the reason") {
+  testing::LogCapture log;
+  const auto addresses = free_addresses(2);
+  std::vector<ErrorCode> codes(2, ErrorCode::kInternal);
+  const auto failures = on_ranks(2, [&](std::size_t r) {
+    Credentials credentials = testing::test_credentials();
+    if (r == 1) credentials.secret = "a guess";
+    TcpRingOptions o = quick();
+    o.form_timeout = std::chrono::seconds(3);
+    try {
+      TcpRing link(r, addresses, credentials, o);
+    } catch (const Error& e) {
+      codes[r] = e.code();
+      throw;
+    }
+  });
+  // Each rank refuses the other's hello (or sees its proof fail): neither forms a ring.
+  CHECK(failures[0] != "");
+  CHECK(failures[1] != "");
+  CHECK(codes[1] == ErrorCode::kUnauthenticated);
+  CHECK(!log.find(LogLevel::kWarning, "did not prove the job's shared secret").empty());
+}
+
+TEST_CASE("a stranger that connects first is refused and the ring forms around it") {
+  testing::LogCapture log;
+  const auto addresses = free_addresses(2);
+  std::jthread stranger([&] {
+    // Connects to rank 1 before rank 0 does, answers the challenge as another job, then idles.
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    testing::RawClient raw;
+    try {
+      const auto port = static_cast<std::uint16_t>(std::stoi(addresses[1].substr(10)));
+      (void)raw.join(port, Node::worker(0), Credentials{"another-job", "x"});
+    } catch (...) {
+    }
+  });
+  std::vector<std::vector<float>> data(2, std::vector<float>(100, 1.0F));
+  const auto failures = on_ranks(2, [&](std::size_t r) {
+    if (r == 0) std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    TcpRing link(r, addresses, testing::test_credentials(), quick());
+    RingAllReduce().sum(link, data[r]);
+  });
+  for (const std::string& f : failures) CHECK(f == "");
+  CHECK(data[0] == std::vector<float>(100, 2.0F));
+  CHECK(data[1] == data[0]);
+  CHECK(!log.find(LogLevel::kWarning, "another-job").empty());
+}
+
+TEST_CASE("a rank that dies mid-ring fails its neighbours with kUnavailable, naming it") {
+  const auto addresses = free_addresses(3);
+  std::vector<ErrorCode> codes(3, ErrorCode::kInternal);
+  std::vector<float> big(1U << 20U, 1.0F);
+  const auto failures = on_ranks(3, [&](std::size_t r) {
+    std::vector<float> data = big;
+    TcpRing link(r, addresses, testing::test_credentials(), quick());
+    RingAllReduce reduce;
+    reduce.sum(link, data);  // one whole call
+    if (r == 1) return;      // then rank 1's sockets close, as a killed process's do
+    try {
+      for (int i = 0; i < 3; ++i) reduce.sum(link, data);
+    } catch (const Error& e) {
+      codes[r] = e.code();
+      throw;
+    }
+  });
+  CHECK(codes[0] == ErrorCode::kUnavailable);
+  CHECK(codes[2] == ErrorCode::kUnavailable);
+  // Whoever finds rank 1 gone first names it and closes its own sockets as its thread ends,
+  // so the other may find that one gone instead: the failure spreads without a timeout.
+  const auto names = [&](std::size_t r, const char* who) { return failures[r].find(who) != std::string::npos; };
+  CHECK((names(0, "rank 1") || names(2, "rank 1")));
+}
+
+TEST_CASE("a stopped rank is given up after the ring's timeout") {
+  const auto addresses = free_addresses(2);
+  std::vector<float> data(10, 1.0F);
+  std::vector<std::string> failures(2);
+  TcpRingOptions o = quick();
+  o.timeout = std::chrono::milliseconds(300);
+  std::jthread quiet([&] {
+    TcpRing link(1, addresses, testing::test_credentials(), o);
+    std::this_thread::sleep_for(std::chrono::seconds(2));  // holds its sockets, sends nothing
+  });
+  TcpRing link(0, addresses, testing::test_credentials(), o);
+  try {
+    RingAllReduce().sum(link, data);
+    FAIL("the sum returned without rank 1");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::kDeadlineExceeded);
+    CHECK(std::string(e.what()).find("rank 1") != std::string::npos);
+  }
+}
+
+TEST_CASE("AllReduceWorker replicas over TCP stay bit-identical") {
+  const auto addresses = free_addresses(3);
+  std::vector<std::vector<float>> out(3);
+  const auto failures = on_ranks(3, [&](std::size_t r) {
+    AllReduceWorker worker(testing::LinearModel(3, 2), Adam{0.01F},
+                           TcpRing(r, addresses, testing::test_credentials(), quick()));
+    worker.initialize(3);
+    std::vector<float> x(12), y(8);
+    for (std::size_t s = 0; s < 100; ++s) {
+      for (std::size_t i = 0; i < x.size(); ++i) x[i] = value(r + s, i) / 10.0F;
+      for (std::size_t i = 0; i < y.size(); ++i) y[i] = value(s, i) / 10.0F;
+      REQUIRE(worker.step({x, y}).applied);
+    }
+    for (std::size_t v = 0; v < 2; ++v) {
+      const auto p = worker.model().parameter(v);
+      out[r].insert(out[r].end(), p.begin(), p.end());
+    }
+  });
+  for (const std::string& f : failures) REQUIRE(f == "");
+  CHECK(out[1] == out[0]);
+  CHECK(out[2] == out[0]);
+}
+
+TEST_CASE("a ring rank pointed at a ps by mistake is refused by the ps, and says so") {
+  testing::LogCapture log;
+  using Server = ParameterServer<RoundRobin, Sgd, Async>;
+  TcpServerOptions serving = testing::test_server_options();
+  TcpServer<Server> ps(Server(1, 2, Sgd{0.1F}, Async{}), "127.0.0.1", 0, serving);  // ps 1, as rank 1
+  std::jthread serving_thread([&] { ps.run(); });
+  auto addresses = free_addresses(1);
+  addresses.push_back("127.0.0.1:" + std::to_string(ps.port()));  // rank 1 "is" the ps
+  TcpRingOptions o = quick();
+  o.form_timeout = std::chrono::seconds(3);
+  try {
+    TcpRing link(0, addresses, testing::test_credentials(), o);
+    FAIL("a ring formed with a ps");
+  } catch (const Error& e) {
+    INFO(std::string(e.what()));
+    CHECK(e.code() == ErrorCode::kUnauthenticated);
+    CHECK(std::string(e.what()).find("connected as a ring link") != std::string::npos);
+  }
+  CHECK(log.wait_for(LogLevel::kWarning, "connected as a ring link"));
+  ps.stop();
+}
