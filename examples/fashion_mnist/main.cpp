@@ -2,7 +2,9 @@
 // Trains a 784-128-10 MLP on Fashion-MNIST with a parameter-server job: every task as a
 // thread of this process (the default), or this process as one task of a TCP cluster
 // (TF_CONFIG, --role/--task/--*-hosts, or --slurm-roles under srun). The role runner
-// (pulley/runner/run.hpp) does the rest; `fashion_mnist --help` lists the flags.
+// (pulley/runner/run.hpp) does the rest; `fashion_mnist --help` lists the flags. With
+// --mode allreduce there are no ps tasks: the workers sum their gradients in a ring
+// (pulley/runner/all_reduce.hpp), in threads or as a cluster of workers only.
 //
 // It prints one line per epoch and ends with a machine-readable line:
 //   final: test_accuracy=0.8812 samples_per_s=71234 epochs=10 workers=2 ps=2 mode=sync parameters_crc32c=1f2e3d4c
@@ -25,6 +27,7 @@
 #include "pulley/checkpoint/crc32c.hpp"
 #include "pulley/models/mlp.hpp"
 #include "pulley/pulley.hpp"
+#include "pulley/runner/all_reduce.hpp"
 #include "pulley/runner/flags.hpp"
 #include "pulley/runner/run.hpp"
 
@@ -203,16 +206,19 @@ int train(const pulley::Job& job, const Options& o, const Data& data, Optimizer 
     }
     if (e.last && e.role == pulley::Node::Role::kChief) {  // the chief's summary of the job
       std::int64_t stale = 0, applied = 0, refused = 0, repeated = 0;
+      const bool ps_job = o.mode != "allreduce";
       for (const pulley::Stats& s : e.stats) {
         stale += s.stale_gradients_dropped;
         applied += s.updates_applied;
         refused += s.updates_refused;
         repeated += s.pushes_repeated;
       }
-      std::printf("updates applied: %lld, stale gradients dropped: %lld, updates refused: %lld, "
-                  "pushes sent again after a lost connection: %lld\n",
-                  static_cast<long long>(applied), static_cast<long long>(stale),
-                  static_cast<long long>(refused), static_cast<long long>(repeated));
+      if (ps_job) {
+        std::printf("updates applied: %lld, stale gradients dropped: %lld, updates refused: %lld, "
+                    "pushes sent again after a lost connection: %lld\n",
+                    static_cast<long long>(applied), static_cast<long long>(stale),
+                    static_cast<long long>(refused), static_cast<long long>(repeated));
+      }
       // The parameters' CRC-32C: two runs that end bit for bit alike print the same.
       std::uint32_t fingerprint = 0;
       for (std::size_t v = 0; v < model.variables().size(); ++v) {
@@ -227,14 +233,17 @@ int train(const pulley::Job& job, const Options& o, const Data& data, Optimizer 
     }
     std::fflush(stdout);
   };
-  if (job.in_process() || job.cluster->task.type == "chief") {
+  const bool all_reduce = o.mode == "allreduce";
+  const bool reports = job.in_process() || job.cluster->task.type == (all_reduce ? "worker" : "chief");
+  if (reports && (!all_reduce || job.in_process() || job.cluster->task.index == 0)) {
     std::printf("training 784-128-10 on %zu examples: %s, %u ps, %u workers, %s, %s, batch %zu, "
                 "%d epochs (%lld steps)\n",
-                data.train.labels.size(), job.name().c_str(), job.num_ps(), workers,
+                data.train.labels.size(), job.name().c_str(), all_reduce ? 0U : job.num_ps(), workers,
                 o.optimizer.c_str(), o.mode.c_str(), o.batch, o.epochs,
                 static_cast<long long>(training.last_step));
     std::fflush(stdout);
   }
+  if (all_reduce) return pulley::run_all_reduce(job, training, optimizer);
   return pulley::run(job, training, pulley::RoundRobin{}, optimizer, sync);
 }
 
@@ -242,6 +251,8 @@ template <class Optimizer>
 int train_with(const pulley::Job& job, const Options& o, const Data& data, Optimizer optimizer) {
   const auto workers = static_cast<int>(job.num_workers());
   if (o.mode == "async") return train(job, o, data, optimizer, pulley::Async{}, 1);
+  // No ps tasks: the workers sum their gradients in a ring, every step one batch of each.
+  if (o.mode == "allreduce") return train(job, o, data, optimizer, pulley::SyncReplicas(workers, workers), workers);
   if (o.mode == "ssp") {  // a global step is every worker's next batch
     return train(job, o, data, optimizer, pulley::BoundedStaleness(o.staleness, workers), workers);
   }
@@ -261,8 +272,10 @@ int main(int argc, char** argv) {
   job_flags.ps = 2;  // in-process default: 2 ps tasks and 2 workers
   app.add_option("--optimizer", o.optimizer)->check(CLI::IsMember({"adam", "sgd", "momentum", "adagrad"}));
   app.add_option("--learning-rate", o.learning_rate)->check(CLI::PositiveNumber);
-  app.add_option("--mode", o.mode, "sync (SyncReplicas), async, or ssp (BoundedStaleness)")
-      ->check(CLI::IsMember({"sync", "async", "ssp"}));
+  app.add_option("--mode", o.mode,
+                 "sync (SyncReplicas), async, ssp (BoundedStaleness), or allreduce (no ps tasks: "
+                 "a ring all-reduce among the workers, a cluster of workers only)")
+      ->check(CLI::IsMember({"sync", "async", "ssp", "allreduce"}));
   app.add_option("--replicas-to-aggregate", o.replicas_to_aggregate,
                  "sync: gradients per step, R (default: every worker); R < workers adds backups "
                  "(an epoch then counts the R*batch examples each step applies)")

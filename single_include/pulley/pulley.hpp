@@ -2083,10 +2083,12 @@ namespace pulley {
 /// (starting at the rank whose index is the chunk's) and then copied to every other rank, so
 /// every rank ends with the same bits, not merely the same value.
 ///
-/// Each call starts with a 24-byte header naming the call's kind, its number and its size:
-/// ranks that disagree (a rank that missed a call, another tensor size) fail the call with
-/// kFailedPrecondition instead of adding unrelated bytes. One RingAllReduce per link: it
-/// numbers that link's calls.
+/// Each call starts with a 32-byte header naming the call's kind, its number, its size and
+/// (a broadcast) its root: ranks that disagree (a rank that missed a call, another tensor
+/// size) fail the call with kFailedPrecondition instead of adding unrelated bytes. One
+/// RingAllReduce per link: it numbers that link's calls. A call that failed (a lost
+/// neighbour, ranks out of step) leaves the ring's streams where nobody can follow them:
+/// every later call fails with kFailedPrecondition, and the ring must be formed again.
 class RingAllReduce {
  public:
   /// Floats per segment by default: 32 Ki floats, 128 KiB, well inside a socket's buffer,
@@ -2101,6 +2103,52 @@ class RingAllReduce {
   /// neighbour), and `data` is then partly summed: use it for nothing.
   template <Ring R>
   void sum(R& ring, std::span<float> data) {
+    guarded([&] { sum_now(ring, data); });
+  }
+
+  /// Copies rank `root`'s `data` to every other rank's (the same size on every rank): how a
+  /// ring starts its replicas from one set of parameters.
+  template <Ring R>
+  void broadcast(R& ring, std::span<float> data, std::size_t root) {
+    if (root >= ring.size()) {
+      throw Error(ErrorCode::kInvalidArgument, "broadcast from rank " + std::to_string(root) +
+                                                   " in a ring of " + std::to_string(ring.size()));
+    }
+    guarded([&] { broadcast_now(ring, data, root); });
+  }
+
+  /// Calls made on this link so far (each rank's count is the same in a healthy ring).
+  [[nodiscard]] std::uint64_t calls() const noexcept { return calls_; }
+  /// Bytes this rank has queued for the next one, headers included.
+  [[nodiscard]] std::uint64_t bytes_sent() const noexcept { return bytes_sent_; }
+
+ private:
+  static constexpr std::uint64_t kMagic = 0x474E4952594C4C50ULL;  // "PLLYRING"
+  static constexpr std::uint64_t kSum = 1;
+  static constexpr std::uint64_t kBroadcast = 2;
+
+  struct Header {
+    std::uint64_t magic = 0;
+    std::uint64_t call = 0;  ///< kind in the top byte, the call's number below
+    std::uint64_t floats = 0;
+    std::uint64_t root = 0;  ///< a broadcast's
+  };
+
+  template <class Body>
+  void guarded(Body body) {
+    if (broken_) {
+      throw Error(ErrorCode::kFailedPrecondition, "ring: an earlier call on this link failed: form the ring again");
+    }
+    try {
+      body();
+    } catch (...) {
+      broken_ = true;
+      throw;
+    }
+  }
+
+  template <Ring R>
+  void sum_now(R& ring, std::span<float> data) {
     const std::size_t n = ring.size();
     const std::size_t rank = ring.rank();
     start(ring, kSum, data.size());
@@ -2133,16 +2181,10 @@ class RingAllReduce {
     ring.flush();
   }
 
-  /// Copies rank `root`'s `data` to every other rank's (the same size on every rank): how a
-  /// ring starts its replicas from one set of parameters.
   template <Ring R>
-  void broadcast(R& ring, std::span<float> data, std::size_t root) {
+  void broadcast_now(R& ring, std::span<float> data, std::size_t root) {
     const std::size_t n = ring.size();
-    if (root >= n) {
-      throw Error(ErrorCode::kInvalidArgument, "broadcast from rank " + std::to_string(root) +
-                                                   " in a ring of " + std::to_string(n));
-    }
-    start(ring, kBroadcast, data.size());
+    start(ring, kBroadcast, data.size(), root);
     if (n == 1) return;
     const std::size_t rank = ring.rank();
     const bool last = (rank + 1) % n == root;
@@ -2154,36 +2196,21 @@ class RingAllReduce {
     ring.flush();
   }
 
-  /// Calls made on this link so far (each rank's count is the same in a healthy ring).
-  [[nodiscard]] std::uint64_t calls() const noexcept { return calls_; }
-  /// Bytes this rank has queued for the next one, headers included.
-  [[nodiscard]] std::uint64_t bytes_sent() const noexcept { return bytes_sent_; }
-
- private:
-  static constexpr std::uint64_t kMagic = 0x474E4952594C4C50ULL;  // "PLLYRING"
-  static constexpr std::uint64_t kSum = 1;
-  static constexpr std::uint64_t kBroadcast = 2;
-
-  struct Header {
-    std::uint64_t magic = 0;
-    std::uint64_t call = 0;  ///< kind in the top byte, the call's number below
-    std::uint64_t floats = 0;
-  };
-
   /// Sends this call's header and checks the previous rank's against it.
   template <Ring R>
-  void start(R& ring, std::uint64_t kind, std::size_t floats) {
+  void start(R& ring, std::uint64_t kind, std::size_t floats, std::size_t root = 0) {
     const std::uint64_t call = calls_++;
     if (ring.size() == 1) return;
-    header_ = {kMagic, (kind << 56U) | call, floats};
+    header_ = {kMagic, (kind << 56U) | call, floats, root};
     ring.send(std::as_bytes(std::span(&header_, 1)));
     bytes_sent_ += sizeof(Header);
     Header got;
     ring.receive(std::as_writable_bytes(std::span(&got, 1)));
-    if (got.magic != kMagic || got.call != header_.call || got.floats != floats) {
+    if (got.magic != kMagic || got.call != header_.call || got.floats != floats || got.root != header_.root) {
       auto say = [](const Header& h) {
         return "call " + std::to_string(h.call & ((std::uint64_t{1} << 56U) - 1)) +
-               ((h.call >> 56U) == kSum ? " (sum" : " (broadcast") + " of " + std::to_string(h.floats) + " floats)";
+               ((h.call >> 56U) == kSum ? " (sum" : " (broadcast from rank " + std::to_string(h.root)) + " of " +
+               std::to_string(h.floats) + " floats)";
       };
       throw Error(ErrorCode::kFailedPrecondition,
                   got.magic != kMagic
@@ -2210,6 +2237,7 @@ class RingAllReduce {
   Header header_;               ///< this call's, alive until the call's flush
   std::uint64_t calls_ = 0;
   std::uint64_t bytes_sent_ = 0;
+  bool broken_ = false;  ///< a call failed
 };
 
 }  // namespace pulley
@@ -2838,6 +2866,10 @@ class AllReduceWorker {
   static_assert(PredictsFiniteness<O> || std::copyable<typename O::State>,
                 "AllReduceWorker undoes an update that went non-finite: give the optimizer stays_finite "
                 "(PredictsFiniteness), or a copyable State");
+  static_assert(checkpoints_whole_state_v<O>,
+                "AllReduceWorker copies the optimizer's State from one replica to the others (synchronize) and "
+                "checkpoints it: name its slots and counters (slots(state), counters(state): ExposesState), or "
+                "keep it empty");
 
  public:
   /// @param segment floats per segment of the ring's pipeline (RingAllReduce::kDefaultSegment)
@@ -2870,8 +2902,8 @@ class AllReduceWorker {
   }
 
   /// Copies rank `root`'s replica to every rank: the parameters, every optimizer slot and
-  /// counter, and the step count. Every rank calls it (how a replica that starts late, or
-  /// restored from a checkpoint on one rank only, catches up).
+  /// counter, and the step count. Every rank calls it, at the same point of its calls (after
+  /// a checkpoint restored on one rank only, say).
   void synchronize(std::size_t root) {
     for (std::size_t v = 0; v < states_.size(); ++v) {
       reduce_.broadcast(ring_, model_.parameter(v), root);
@@ -2927,6 +2959,10 @@ class AllReduceWorker {
   /// slot or counter the optimizer does not have (a checkpoint of another optimizer).
   void restore(const ModelState& state) {
     const auto variables = std::span<const VariableSpec>(model_.variables());
+    if (state.global_step < 0) {
+      throw Error(ErrorCode::kInvalidArgument, "the checkpoint's global step " + std::to_string(state.global_step) +
+                                                   " is negative");
+    }
     if (state.variables.size() != variables.size()) {
       throw Error(ErrorCode::kInvalidArgument, "the checkpoint holds " + std::to_string(state.variables.size()) +
                                                    " variables, the model " + std::to_string(variables.size()));
@@ -2938,6 +2974,11 @@ class AllReduceWorker {
         throw Error(ErrorCode::kInvalidArgument, "the checkpoint's variable '" + held.spec.name +
                                                      "' is not the model's '" + variables[v].name + "'");
       }
+      bool finite = detail::all_finite(held.values);
+      for (const SlotState& slot : held.slots) finite = finite && detail::all_finite(slot.values);
+      if (!finite) {
+        throw Error(ErrorCode::kInvalidArgument, "the checkpoint's '" + held.spec.name + "' holds non-finite values");
+      }
       for (const OptimizerSlot& slot : slots_of(optimizer_, states_[v])) {
         auto it = std::find_if(held.slots.begin(), held.slots.end(),
                                [&](const SlotState& s) { return s.name == slot.name; });
@@ -2947,7 +2988,11 @@ class AllReduceWorker {
         }
       }
       for (const OptimizerCounter& c : counters_of(optimizer_, states_[v])) {
-        if (std::find(held.counter_names.begin(), held.counter_names.end(), c.name) == held.counter_names.end()) {
+        const auto k = static_cast<std::size_t>(
+            std::find(held.counter_names.begin(), held.counter_names.end(), c.name) - held.counter_names.begin());
+        const bool counted = std::any_of(held.counters.begin(), held.counters.end(),
+                                         [&](const PartCounters& part) { return k < part.values.size(); });
+        if (k == held.counter_names.size() || !counted) {
           throw Error(ErrorCode::kInvalidArgument, "the checkpoint holds no counter '" + std::string(c.name) +
                                                        "' for '" + held.spec.name + "'");
         }
@@ -3016,7 +3061,8 @@ class AllReduceWorker {
   bool apply() {
     const auto variables = std::span<const VariableSpec>(model_.variables());
     const std::size_t nvars = states_.size();
-    if (!detail::all_finite(flat_)) return false;
+    // The loss rides at the end: a non-finite loss is reported, not a reason to refuse.
+    if (!detail::all_finite(std::span<const float>(flat_).first(offsets_.back()))) return false;
     auto gradient = [&](std::size_t v) {
       return std::span<const float>(flat_).subspan(offsets_[v], offsets_[v + 1] - offsets_[v]);
     };

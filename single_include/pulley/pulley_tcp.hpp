@@ -2083,10 +2083,12 @@ namespace pulley {
 /// (starting at the rank whose index is the chunk's) and then copied to every other rank, so
 /// every rank ends with the same bits, not merely the same value.
 ///
-/// Each call starts with a 24-byte header naming the call's kind, its number and its size:
-/// ranks that disagree (a rank that missed a call, another tensor size) fail the call with
-/// kFailedPrecondition instead of adding unrelated bytes. One RingAllReduce per link: it
-/// numbers that link's calls.
+/// Each call starts with a 32-byte header naming the call's kind, its number, its size and
+/// (a broadcast) its root: ranks that disagree (a rank that missed a call, another tensor
+/// size) fail the call with kFailedPrecondition instead of adding unrelated bytes. One
+/// RingAllReduce per link: it numbers that link's calls. A call that failed (a lost
+/// neighbour, ranks out of step) leaves the ring's streams where nobody can follow them:
+/// every later call fails with kFailedPrecondition, and the ring must be formed again.
 class RingAllReduce {
  public:
   /// Floats per segment by default: 32 Ki floats, 128 KiB, well inside a socket's buffer,
@@ -2101,6 +2103,52 @@ class RingAllReduce {
   /// neighbour), and `data` is then partly summed: use it for nothing.
   template <Ring R>
   void sum(R& ring, std::span<float> data) {
+    guarded([&] { sum_now(ring, data); });
+  }
+
+  /// Copies rank `root`'s `data` to every other rank's (the same size on every rank): how a
+  /// ring starts its replicas from one set of parameters.
+  template <Ring R>
+  void broadcast(R& ring, std::span<float> data, std::size_t root) {
+    if (root >= ring.size()) {
+      throw Error(ErrorCode::kInvalidArgument, "broadcast from rank " + std::to_string(root) +
+                                                   " in a ring of " + std::to_string(ring.size()));
+    }
+    guarded([&] { broadcast_now(ring, data, root); });
+  }
+
+  /// Calls made on this link so far (each rank's count is the same in a healthy ring).
+  [[nodiscard]] std::uint64_t calls() const noexcept { return calls_; }
+  /// Bytes this rank has queued for the next one, headers included.
+  [[nodiscard]] std::uint64_t bytes_sent() const noexcept { return bytes_sent_; }
+
+ private:
+  static constexpr std::uint64_t kMagic = 0x474E4952594C4C50ULL;  // "PLLYRING"
+  static constexpr std::uint64_t kSum = 1;
+  static constexpr std::uint64_t kBroadcast = 2;
+
+  struct Header {
+    std::uint64_t magic = 0;
+    std::uint64_t call = 0;  ///< kind in the top byte, the call's number below
+    std::uint64_t floats = 0;
+    std::uint64_t root = 0;  ///< a broadcast's
+  };
+
+  template <class Body>
+  void guarded(Body body) {
+    if (broken_) {
+      throw Error(ErrorCode::kFailedPrecondition, "ring: an earlier call on this link failed: form the ring again");
+    }
+    try {
+      body();
+    } catch (...) {
+      broken_ = true;
+      throw;
+    }
+  }
+
+  template <Ring R>
+  void sum_now(R& ring, std::span<float> data) {
     const std::size_t n = ring.size();
     const std::size_t rank = ring.rank();
     start(ring, kSum, data.size());
@@ -2133,16 +2181,10 @@ class RingAllReduce {
     ring.flush();
   }
 
-  /// Copies rank `root`'s `data` to every other rank's (the same size on every rank): how a
-  /// ring starts its replicas from one set of parameters.
   template <Ring R>
-  void broadcast(R& ring, std::span<float> data, std::size_t root) {
+  void broadcast_now(R& ring, std::span<float> data, std::size_t root) {
     const std::size_t n = ring.size();
-    if (root >= n) {
-      throw Error(ErrorCode::kInvalidArgument, "broadcast from rank " + std::to_string(root) +
-                                                   " in a ring of " + std::to_string(n));
-    }
-    start(ring, kBroadcast, data.size());
+    start(ring, kBroadcast, data.size(), root);
     if (n == 1) return;
     const std::size_t rank = ring.rank();
     const bool last = (rank + 1) % n == root;
@@ -2154,36 +2196,21 @@ class RingAllReduce {
     ring.flush();
   }
 
-  /// Calls made on this link so far (each rank's count is the same in a healthy ring).
-  [[nodiscard]] std::uint64_t calls() const noexcept { return calls_; }
-  /// Bytes this rank has queued for the next one, headers included.
-  [[nodiscard]] std::uint64_t bytes_sent() const noexcept { return bytes_sent_; }
-
- private:
-  static constexpr std::uint64_t kMagic = 0x474E4952594C4C50ULL;  // "PLLYRING"
-  static constexpr std::uint64_t kSum = 1;
-  static constexpr std::uint64_t kBroadcast = 2;
-
-  struct Header {
-    std::uint64_t magic = 0;
-    std::uint64_t call = 0;  ///< kind in the top byte, the call's number below
-    std::uint64_t floats = 0;
-  };
-
   /// Sends this call's header and checks the previous rank's against it.
   template <Ring R>
-  void start(R& ring, std::uint64_t kind, std::size_t floats) {
+  void start(R& ring, std::uint64_t kind, std::size_t floats, std::size_t root = 0) {
     const std::uint64_t call = calls_++;
     if (ring.size() == 1) return;
-    header_ = {kMagic, (kind << 56U) | call, floats};
+    header_ = {kMagic, (kind << 56U) | call, floats, root};
     ring.send(std::as_bytes(std::span(&header_, 1)));
     bytes_sent_ += sizeof(Header);
     Header got;
     ring.receive(std::as_writable_bytes(std::span(&got, 1)));
-    if (got.magic != kMagic || got.call != header_.call || got.floats != floats) {
+    if (got.magic != kMagic || got.call != header_.call || got.floats != floats || got.root != header_.root) {
       auto say = [](const Header& h) {
         return "call " + std::to_string(h.call & ((std::uint64_t{1} << 56U) - 1)) +
-               ((h.call >> 56U) == kSum ? " (sum" : " (broadcast") + " of " + std::to_string(h.floats) + " floats)";
+               ((h.call >> 56U) == kSum ? " (sum" : " (broadcast from rank " + std::to_string(h.root)) + " of " +
+               std::to_string(h.floats) + " floats)";
       };
       throw Error(ErrorCode::kFailedPrecondition,
                   got.magic != kMagic
@@ -2210,6 +2237,7 @@ class RingAllReduce {
   Header header_;               ///< this call's, alive until the call's flush
   std::uint64_t calls_ = 0;
   std::uint64_t bytes_sent_ = 0;
+  bool broken_ = false;  ///< a call failed
 };
 
 }  // namespace pulley
@@ -2838,6 +2866,10 @@ class AllReduceWorker {
   static_assert(PredictsFiniteness<O> || std::copyable<typename O::State>,
                 "AllReduceWorker undoes an update that went non-finite: give the optimizer stays_finite "
                 "(PredictsFiniteness), or a copyable State");
+  static_assert(checkpoints_whole_state_v<O>,
+                "AllReduceWorker copies the optimizer's State from one replica to the others (synchronize) and "
+                "checkpoints it: name its slots and counters (slots(state), counters(state): ExposesState), or "
+                "keep it empty");
 
  public:
   /// @param segment floats per segment of the ring's pipeline (RingAllReduce::kDefaultSegment)
@@ -2870,8 +2902,8 @@ class AllReduceWorker {
   }
 
   /// Copies rank `root`'s replica to every rank: the parameters, every optimizer slot and
-  /// counter, and the step count. Every rank calls it (how a replica that starts late, or
-  /// restored from a checkpoint on one rank only, catches up).
+  /// counter, and the step count. Every rank calls it, at the same point of its calls (after
+  /// a checkpoint restored on one rank only, say).
   void synchronize(std::size_t root) {
     for (std::size_t v = 0; v < states_.size(); ++v) {
       reduce_.broadcast(ring_, model_.parameter(v), root);
@@ -2927,6 +2959,10 @@ class AllReduceWorker {
   /// slot or counter the optimizer does not have (a checkpoint of another optimizer).
   void restore(const ModelState& state) {
     const auto variables = std::span<const VariableSpec>(model_.variables());
+    if (state.global_step < 0) {
+      throw Error(ErrorCode::kInvalidArgument, "the checkpoint's global step " + std::to_string(state.global_step) +
+                                                   " is negative");
+    }
     if (state.variables.size() != variables.size()) {
       throw Error(ErrorCode::kInvalidArgument, "the checkpoint holds " + std::to_string(state.variables.size()) +
                                                    " variables, the model " + std::to_string(variables.size()));
@@ -2938,6 +2974,11 @@ class AllReduceWorker {
         throw Error(ErrorCode::kInvalidArgument, "the checkpoint's variable '" + held.spec.name +
                                                      "' is not the model's '" + variables[v].name + "'");
       }
+      bool finite = detail::all_finite(held.values);
+      for (const SlotState& slot : held.slots) finite = finite && detail::all_finite(slot.values);
+      if (!finite) {
+        throw Error(ErrorCode::kInvalidArgument, "the checkpoint's '" + held.spec.name + "' holds non-finite values");
+      }
       for (const OptimizerSlot& slot : slots_of(optimizer_, states_[v])) {
         auto it = std::find_if(held.slots.begin(), held.slots.end(),
                                [&](const SlotState& s) { return s.name == slot.name; });
@@ -2947,7 +2988,11 @@ class AllReduceWorker {
         }
       }
       for (const OptimizerCounter& c : counters_of(optimizer_, states_[v])) {
-        if (std::find(held.counter_names.begin(), held.counter_names.end(), c.name) == held.counter_names.end()) {
+        const auto k = static_cast<std::size_t>(
+            std::find(held.counter_names.begin(), held.counter_names.end(), c.name) - held.counter_names.begin());
+        const bool counted = std::any_of(held.counters.begin(), held.counters.end(),
+                                         [&](const PartCounters& part) { return k < part.values.size(); });
+        if (k == held.counter_names.size() || !counted) {
           throw Error(ErrorCode::kInvalidArgument, "the checkpoint holds no counter '" + std::string(c.name) +
                                                        "' for '" + held.spec.name + "'");
         }
@@ -3016,7 +3061,8 @@ class AllReduceWorker {
   bool apply() {
     const auto variables = std::span<const VariableSpec>(model_.variables());
     const std::size_t nvars = states_.size();
-    if (!detail::all_finite(flat_)) return false;
+    // The loss rides at the end: a non-finite loss is reported, not a reason to refuse.
+    if (!detail::all_finite(std::span<const float>(flat_).first(offsets_.back()))) return false;
     auto gradient = [&](std::size_t v) {
       return std::span<const float>(flat_).subspan(offsets_[v], offsets_[v + 1] - offsets_[v]);
     };
@@ -17542,6 +17588,7 @@ static_assert(GrowingTransport<Tcp>);
 #include <span>
 #include <string>
 #include <system_error>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -17553,8 +17600,12 @@ struct TcpRingOptions {
   /// proven to it. Ranks may start in any order within it.
   std::chrono::milliseconds form_timeout = std::chrono::seconds(120);
   /// A neighbour that makes no progress this long (sends nothing this rank waits for, or
-  /// takes nothing it sends) is lost: kDeadlineExceeded.
+  /// takes nothing it sends) is lost: kDeadlineExceeded. It covers whatever a rank does
+  /// between two calls too (a chief's evaluation on rank 0): the others wait for it.
   std::chrono::milliseconds timeout = std::chrono::seconds(60);
+  /// Form a ring whose credentials hold no secret (the handshake then proves nothing): for
+  /// addresses only trusted peers reach. Without it, an empty secret is refused.
+  bool allow_no_secret = false;
 };
 
 /// A Ring of worker processes over TCP: each rank listens on its own address, connects to
@@ -17582,6 +17633,12 @@ class TcpRing {
                                                    std::to_string(addresses.size()) + " addresses");
     }
     wire::check_credentials(credentials);
+    if (credentials.secret.empty() && !options.allow_no_secret) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "ring: no shared secret is set, so anyone who knows the job's name ('" + credentials.job +
+                      "') could join the ring: set the job's secret (README, Security), or "
+                      "TcpRingOptions::allow_no_secret for addresses only trusted peers reach");
+    }
     if (size_ == 1) return;
     std::vector<Address> parsed;
     for (const std::string& a : addresses) parsed.push_back(parse_address(a));
@@ -17594,12 +17651,53 @@ class TcpRing {
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
 
   void send(std::span<const std::byte> bytes) {
+    usable();
     if (bytes.empty()) return;
     links_->out.push_back(bytes);
-    write_now();
+    guarded([&] { write_now(); });
   }
 
   void receive(std::span<std::byte> bytes) {
+    usable();
+    guarded([&] { receive_now(bytes); });
+  }
+
+  void flush() {
+    usable();
+    guarded([&] { flush_now(); });
+  }
+
+  /// Bytes written to the next rank (handshake excluded).
+  [[nodiscard]] std::uint64_t bytes_written() const noexcept { return links_->written; }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+
+  /// Runs `body`; if it throws, the link is broken for good first: its queue (views of the
+  /// caller's memory, which unwinding may free) is dropped and its sockets closed, so that
+  /// no later call writes stale bytes into a stream the neighbours can no longer follow.
+  template <class Body>
+  void guarded(Body body) {
+    try {
+      body();
+    } catch (...) {
+      links_->out.clear();
+      std::error_code ignored;
+      links_->next.close(ignored);
+      links_->previous.close(ignored);
+      links_->broken = true;
+      throw;
+    }
+  }
+
+  void usable() const {
+    if (links_->broken) {
+      throw Error(ErrorCode::kFailedPrecondition,
+                  "ring: rank " + std::to_string(rank_) + "'s link failed before: form the ring again");
+    }
+  }
+
+  void receive_now(std::span<std::byte> bytes) {
     auto last = Clock::now();
     while (!bytes.empty()) {
       std::error_code ec;
@@ -17622,7 +17720,7 @@ class TcpRing {
     }
   }
 
-  void flush() {
+  void flush_now() {
     auto last = Clock::now();
     while (!links_->out.empty()) {
       pollfd fd{links_->next.native_handle(), POLLOUT, 0};
@@ -17634,12 +17732,6 @@ class TcpRing {
     }
   }
 
-  /// Bytes written to the next rank (handshake excluded).
-  [[nodiscard]] std::uint64_t bytes_written() const noexcept { return links_->written; }
-
- private:
-  using Clock = std::chrono::steady_clock;
-
   struct Links {
     asio::io_context io;
     asio::ip::tcp::socket next{io};
@@ -17647,6 +17739,7 @@ class TcpRing {
     std::deque<std::span<const std::byte>> out;  ///< queued for the next rank, in order
     std::string next_name, previous_name;
     std::uint64_t written = 0;
+    bool broken = false;  ///< a call failed: the link is unusable
   };
 
   [[nodiscard]] std::size_t next() const noexcept { return (rank_ + 1) % size_; }
@@ -17713,9 +17806,23 @@ class TcpRing {
       accept_previous(acceptor, credentials, deadline);
       const auto until = std::min(deadline, Clock::now() + std::chrono::seconds(10));
       const wire::Challenge challenge{credentials.job, static_cast<std::uint32_t>(rank_), wire::make_nonce()};
+      // Whatever goes wrong on an accepted connection (a stranger that hangs up, stalls or
+      // speaks another protocol) drops it, and the next one is accepted; the next rank's
+      // link is another matter: its failures end the forming.
+      const auto drop = [&](const char* what) {
+        log(LogLevel::kWarning, "ring: rank " + std::to_string(rank_) + " dropped a connection: " + what);
+        std::error_code ignored;
+        links_->previous.close(ignored);
+      };
       try {
         write_frame(links_->previous, wire::encode(wire::Handshake{challenge}, 0), until);
-        if (!answered_) answer_next(credentials, self, deadline);
+      } catch (const std::exception& e) {
+        if (Clock::now() >= deadline) throw;
+        drop(e.what());
+        continue;
+      }
+      if (!answered_) answer_next(credentials, self, deadline);
+      try {
         const auto hello = read_handshake<wire::Hello>(links_->previous, until);
         std::string refusal = wire::refusal_reason(credentials, challenge, hello);
         if (refusal.empty() && (hello.shard != wire::Hello::kRingLink || !(hello.peer == expected))) {
@@ -17723,9 +17830,13 @@ class TcpRing {
         }
         if (!refusal.empty()) {
           log(LogLevel::kWarning, "ring: rank " + std::to_string(rank_) + " refused a connection: " + refusal);
-          write_frame(links_->previous,
-                      wire::encode(wire::Handshake{wire::Refusal{ErrorCode::kUnauthenticated, refusal}}, 0), until);
-          links_->previous.close();
+          try {
+            write_frame(links_->previous,
+                        wire::encode(wire::Handshake{wire::Refusal{ErrorCode::kUnauthenticated, refusal}}, 0), until);
+          } catch (const Error&) {  // it hung up first
+          }
+          std::error_code ignored;
+          links_->previous.close(ignored);
           continue;
         }
         write_frame(links_->previous,
@@ -17734,13 +17845,9 @@ class TcpRing {
                                  0),
                     until);
         break;
-      } catch (const wire::Malformed& e) {
-        log(LogLevel::kWarning, "ring: rank " + std::to_string(rank_) + " dropped a connection: " + e.what());
-        links_->previous.close();
-      } catch (const Error& e) {
-        if (e.code() != ErrorCode::kDeadlineExceeded || Clock::now() >= deadline) throw;
-        log(LogLevel::kWarning, "ring: rank " + std::to_string(rank_) + " dropped a connection: " + e.what());
-        links_->previous.close();
+      } catch (const std::exception& e) {
+        if (Clock::now() >= deadline) throw;
+        drop(e.what());
       }
     }
     if (!welcomed_) check_welcome(credentials, deadline);
@@ -17821,7 +17928,7 @@ class TcpRing {
 
   /// Reads the next rank's challenge and sends this rank's hello.
   void answer_next(const Credentials& credentials, const Node& self, Clock::time_point deadline) {
-    challenge_ = read_handshake<wire::Challenge>(links_->next, deadline);
+    challenge_ = from_next([&] { return read_handshake<wire::Challenge>(links_->next, deadline); });
     if (challenge_.job != credentials.job || challenge_.ps != next()) {
       throw Error(ErrorCode::kUnauthenticated, "ring: " + links_->next_name + " answered as rank " +
                                                    std::to_string(challenge_.ps) + " of job '" +
@@ -17837,8 +17944,10 @@ class TcpRing {
 
   /// Reads the next rank's welcome (or refusal) and checks its proof.
   void check_welcome(const Credentials& credentials, Clock::time_point deadline) {
-    const auto bytes = read_frame(links_->next, deadline);
-    wire::Handshake message = wire::decode_handshake(bytes.first, bytes.second);
+    wire::Handshake message = from_next([&] {
+      const auto bytes = read_frame(links_->next, deadline);
+      return wire::decode_handshake(bytes.first, bytes.second);
+    });
     if (auto* refusal = std::get_if<wire::Refusal>(&message)) {
       throw Error(ErrorCode::kUnauthenticated, "ring: " + links_->next_name + " refused rank " +
                                                    std::to_string(rank_) + ": " + refusal->reason);
@@ -17852,6 +17961,17 @@ class TcpRing {
                   "ring: " + links_->next_name + " did not prove the job's shared secret (a wrong PULLEY_SECRET?)");
     }
     welcomed_ = true;
+  }
+
+  /// What `read` reads from the next rank; a frame that is no handshake of this protocol
+  /// fails with kUnavailable naming it (something else listens at its address).
+  template <class Read>
+  std::invoke_result_t<Read&> from_next(Read read) {
+    try {
+      return read();
+    } catch (const wire::Malformed& e) {
+      throw Error(ErrorCode::kUnavailable, "ring: " + links_->next_name + " is not a pulley ring rank: " + e.what());
+    }
   }
 
   /// Waits until `socket` is ready for `events`, or throws kDeadlineExceeded at `deadline`.

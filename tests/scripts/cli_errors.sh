@@ -31,6 +31,8 @@ expect "not in range 0 to 1" --ps-replicas 2
 expect "needs a cluster of processes" --ps-replicas 1
 PULLEY_SECRET=a-secret-for-this-test expect "at least 2 ps tasks" \
   --role ps --task 0 --ps-hosts 127.0.0.1:1 --worker-hosts 127.0.0.1:2 --ps-replicas 1
+PULLEY_SECRET=a-secret-for-this-test expect 'the cluster has no "ps" task: a parameter-server job needs one' \
+  --role worker --task 0 --worker-hosts 127.0.0.1:2
 expect "must be below the recovery timeout" --ps-leave-secs 300
 expect "--ps-leave-secs and --ps-replicas 1 exclude each other" \
   --ps-leave-secs 3 --ps-replicas 1

@@ -45,6 +45,9 @@ std::vector<std::string> on_ring(std::vector<InProcessRing>& ring,
       } catch (const std::exception& e) {
         failures[r] = e.what();
         ring[r].leave();  // as a process that fails closes its sockets
+      } catch (...) {  // a REQUIRE that failed on this thread
+        failures[r] = "a check failed on rank " + std::to_string(r);
+        ring[r].leave();
       }
     });
   }
@@ -117,7 +120,7 @@ TEST_CASE("each rank sends 2 (N - 1) / N of the tensor, and a broadcast copies t
   });
   for (const std::string& f : failures) CHECK(f == "");
   for (std::size_t r = 0; r < kRanks; ++r) {
-    CHECK(sent[r] == 2 * (kRanks - 1) * (kN / kRanks) * sizeof(float) + 24);  // + the header
+    CHECK(sent[r] == 2 * (kRanks - 1) * (kN / kRanks) * sizeof(float) + 32);  // + the header
   }
   for (std::size_t r = 0; r < kRanks; ++r) {
     for (std::size_t i = 0; i < kN; ++i) data[r][i] = value(r, i);
@@ -144,6 +147,42 @@ TEST_CASE("ranks out of step fail the call, naming both calls, instead of adding
   CHECK(failures[2].find("out of step") != std::string::npos);
   CHECK(failures[2].find("99 floats") != std::string::npos);
   CHECK(failures[1].find("100 floats") != std::string::npos);
+}
+
+TEST_CASE("after a failed call every later call on the link fails: its streams cannot be followed") {
+  auto ring = InProcessRing::make(2, std::chrono::seconds(5));
+  std::vector<std::string> again(2);
+  std::vector<ErrorCode> codes(2, ErrorCode::kInternal);
+  const auto failures = on_ring(ring, [&](std::size_t r, InProcessRing& link) {
+    RingAllReduce reduce;
+    std::vector<float> data(r == 0 ? 100 : 99, 1.0F);
+    try {
+      reduce.sum(link, data);
+    } catch (const Error&) {
+      try {
+        reduce.sum(link, data);
+      } catch (const Error& e) {
+        codes[r] = e.code();
+        again[r] = e.what();
+      }
+      throw;
+    }
+  });
+  for (std::size_t r = 0; r < 2; ++r) {
+    CHECK(failures[r].find("out of step") != std::string::npos);
+    CHECK(codes[r] == ErrorCode::kFailedPrecondition);
+    CHECK(again[r].find("an earlier call on this link failed") != std::string::npos);
+  }
+}
+
+TEST_CASE("a broadcast whose ranks disagree on the root fails instead of leaving replicas apart") {
+  auto ring = InProcessRing::make(2, std::chrono::seconds(5));
+  std::vector<std::vector<float>> data{{1, 2}, {3, 4}};
+  const auto failures = on_ring(ring, [&](std::size_t r, InProcessRing& link) {
+    RingAllReduce().broadcast(link, data[r], r);  // each names itself
+  });
+  CHECK(failures[0].find("broadcast from rank 1") != std::string::npos);
+  CHECK(failures[1].find("broadcast from rank 0") != std::string::npos);
 }
 
 TEST_CASE("a rank that leaves fails its neighbours at once with kUnavailable, naming it") {
@@ -367,4 +406,42 @@ TEST_CASE("restore refuses a checkpoint of another model or another optimizer, n
   CHECK_THROWS_WITH_AS(adam.restore(sgd_state), doctest::Contains("no slot"), Error);
   state.variables[1].spec.name = "linear/other";
   CHECK_THROWS_WITH_AS(adam.restore(state), doctest::Contains("linear/other"), Error);
+}
+
+namespace {
+
+/// Plain SGD that cannot predict finiteness: AllReduceWorker checks its update in a copy.
+struct UncheckedSgd {
+  struct State {};
+  float learning_rate = 0.1F;
+  [[nodiscard]] State make_state(std::size_t /*n*/) const { return {}; }
+  void apply(State& /*state*/, std::span<float> w, std::span<const float> g) const {
+    for (std::size_t i = 0; i < w.size(); ++i) w[i] -= learning_rate * g[i];
+  }
+};
+static_assert(Optimizer<UncheckedSgd> && !PredictsFiniteness<UncheckedSgd>);
+
+}  // namespace
+
+TEST_CASE("an update that would overflow is undone from its copy on every rank, for an optimizer that cannot predict it") {
+  auto ring = InProcessRing::make(2);
+  std::vector<std::vector<float>> before(2), after(2);
+  std::vector<bool> applied(2, true);
+  const auto failures = on_ring(ring, [&](std::size_t r, InProcessRing& link) {
+    AllReduceWorker worker(testing::LinearModel(3, 2), UncheckedSgd{3e38F}, std::move(link));
+    worker.initialize(5);
+    for (std::size_t v = 0; v < 2; ++v) {
+      const auto p = worker.model().parameter(v);
+      before[r].insert(before[r].end(), p.begin(), p.end());
+    }
+    applied[r] = worker.step(Shard(r, 0).batch()).applied;  // |g| > 1 somewhere: w - 3e38 g overflows
+    for (std::size_t v = 0; v < 2; ++v) {
+      const auto p = worker.model().parameter(v);
+      after[r].insert(after[r].end(), p.begin(), p.end());
+    }
+  });
+  for (const std::string& f : failures) REQUIRE(f == "");
+  CHECK(applied == std::vector<bool>{false, false});
+  CHECK(after[0] == before[0]);
+  CHECK(after[1] == before[1]);
 }

@@ -52,6 +52,8 @@ std::vector<std::string> on_ranks(std::size_t n, const std::function<void(std::s
         body(r);
       } catch (const std::exception& e) {
         failures[r] = e.what();
+      } catch (...) {  // a REQUIRE that failed on this thread
+        failures[r] = "a check failed on rank " + std::to_string(r);
       }
     });
   }
@@ -155,6 +157,47 @@ TEST_CASE("a stranger that connects first is refused and the ring forms around i
   CHECK(data[0] == std::vector<float>(100, 2.0F));
   CHECK(data[1] == data[0]);
   CHECK(!log.find(LogLevel::kWarning, "another-job").empty());
+}
+
+TEST_CASE("strangers that hang up, or send what is no handshake, are dropped and the ring forms") {
+  testing::LogCapture log;
+  const auto addresses = free_addresses(2);
+  const auto port = static_cast<std::uint16_t>(std::stoi(addresses[1].substr(10)));
+  std::jthread strangers([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    for (int i = 0; i < 3; ++i) {  // a port probe: connect, close
+      testing::RawClient probe;
+      try {
+        probe.connect(port);
+      } catch (...) {
+      }
+    }
+    testing::RawClient talker;  // reads the challenge, answers with bytes of another protocol
+    try {
+      talker.connect(port);
+      asio::write(talker.socket, asio::buffer(std::string("GET / HTTP/1.1\r\nHost: x\r\n\r\n")));
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    } catch (...) {
+    }
+  });
+  std::vector<std::vector<float>> data(2, std::vector<float>(10, 1.0F));
+  const auto failures = on_ranks(2, [&](std::size_t r) {
+    if (r == 0) std::this_thread::sleep_for(std::chrono::milliseconds(800));
+    TcpRing link(r, addresses, testing::test_credentials(), quick());
+    RingAllReduce().sum(link, data[r]);
+  });
+  for (const std::string& f : failures) CHECK(f == "");
+  CHECK(data[1] == std::vector<float>(10, 2.0F));
+  CHECK(!log.find(LogLevel::kWarning, "dropped a connection").empty());
+}
+
+TEST_CASE("a ring without a secret is refused unless asked for") {
+  const auto addresses = free_addresses(1);
+  CHECK_THROWS_WITH_AS(TcpRing(0, addresses, Credentials{"job", ""}), doctest::Contains("no shared secret"), Error);
+  TcpRingOptions o;
+  o.allow_no_secret = true;
+  TcpRing alone(0, addresses, Credentials{"job", ""}, o);
+  CHECK(alone.size() == 1);
 }
 
 TEST_CASE("a rank that dies mid-ring fails its neighbours with kUnavailable, naming it") {

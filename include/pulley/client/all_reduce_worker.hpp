@@ -53,6 +53,10 @@ class AllReduceWorker {
   static_assert(PredictsFiniteness<O> || std::copyable<typename O::State>,
                 "AllReduceWorker undoes an update that went non-finite: give the optimizer stays_finite "
                 "(PredictsFiniteness), or a copyable State");
+  static_assert(checkpoints_whole_state_v<O>,
+                "AllReduceWorker copies the optimizer's State from one replica to the others (synchronize) and "
+                "checkpoints it: name its slots and counters (slots(state), counters(state): ExposesState), or "
+                "keep it empty");
 
  public:
   /// @param segment floats per segment of the ring's pipeline (RingAllReduce::kDefaultSegment)
@@ -85,8 +89,8 @@ class AllReduceWorker {
   }
 
   /// Copies rank `root`'s replica to every rank: the parameters, every optimizer slot and
-  /// counter, and the step count. Every rank calls it (how a replica that starts late, or
-  /// restored from a checkpoint on one rank only, catches up).
+  /// counter, and the step count. Every rank calls it, at the same point of its calls (after
+  /// a checkpoint restored on one rank only, say).
   void synchronize(std::size_t root) {
     for (std::size_t v = 0; v < states_.size(); ++v) {
       reduce_.broadcast(ring_, model_.parameter(v), root);
@@ -142,6 +146,10 @@ class AllReduceWorker {
   /// slot or counter the optimizer does not have (a checkpoint of another optimizer).
   void restore(const ModelState& state) {
     const auto variables = std::span<const VariableSpec>(model_.variables());
+    if (state.global_step < 0) {
+      throw Error(ErrorCode::kInvalidArgument, "the checkpoint's global step " + std::to_string(state.global_step) +
+                                                   " is negative");
+    }
     if (state.variables.size() != variables.size()) {
       throw Error(ErrorCode::kInvalidArgument, "the checkpoint holds " + std::to_string(state.variables.size()) +
                                                    " variables, the model " + std::to_string(variables.size()));
@@ -153,6 +161,11 @@ class AllReduceWorker {
         throw Error(ErrorCode::kInvalidArgument, "the checkpoint's variable '" + held.spec.name +
                                                      "' is not the model's '" + variables[v].name + "'");
       }
+      bool finite = detail::all_finite(held.values);
+      for (const SlotState& slot : held.slots) finite = finite && detail::all_finite(slot.values);
+      if (!finite) {
+        throw Error(ErrorCode::kInvalidArgument, "the checkpoint's '" + held.spec.name + "' holds non-finite values");
+      }
       for (const OptimizerSlot& slot : slots_of(optimizer_, states_[v])) {
         auto it = std::find_if(held.slots.begin(), held.slots.end(),
                                [&](const SlotState& s) { return s.name == slot.name; });
@@ -162,7 +175,11 @@ class AllReduceWorker {
         }
       }
       for (const OptimizerCounter& c : counters_of(optimizer_, states_[v])) {
-        if (std::find(held.counter_names.begin(), held.counter_names.end(), c.name) == held.counter_names.end()) {
+        const auto k = static_cast<std::size_t>(
+            std::find(held.counter_names.begin(), held.counter_names.end(), c.name) - held.counter_names.begin());
+        const bool counted = std::any_of(held.counters.begin(), held.counters.end(),
+                                         [&](const PartCounters& part) { return k < part.values.size(); });
+        if (k == held.counter_names.size() || !counted) {
           throw Error(ErrorCode::kInvalidArgument, "the checkpoint holds no counter '" + std::string(c.name) +
                                                        "' for '" + held.spec.name + "'");
         }
@@ -231,7 +248,8 @@ class AllReduceWorker {
   bool apply() {
     const auto variables = std::span<const VariableSpec>(model_.variables());
     const std::size_t nvars = states_.size();
-    if (!detail::all_finite(flat_)) return false;
+    // The loss rides at the end: a non-finite loss is reported, not a reason to refuse.
+    if (!detail::all_finite(std::span<const float>(flat_).first(offsets_.back()))) return false;
     auto gradient = [&](std::size_t v) {
       return std::span<const float>(flat_).subspan(offsets_[v], offsets_[v + 1] - offsets_[v]);
     };

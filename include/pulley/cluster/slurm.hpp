@@ -128,8 +128,8 @@ inline std::vector<std::string> slurm_bracket_values(std::string_view body,
   return values;
 }
 
-/// `roles` with "master" renamed "chief", checked: known names, each once, each with a task,
-/// and a "ps" role (a TfConfig always has one, as parse_tf_config demands).
+/// `roles` with "master" renamed "chief", checked: known names, each once, each with a task.
+/// Roles without "ps" are an all-reduce job's (workers only); the ps runner refuses them.
 inline SlurmRoles checked_slurm_roles(const SlurmRoles& roles) {
   SlurmRoles checked;
   for (const auto& [name, count] : roles) {
@@ -143,9 +143,6 @@ inline SlurmRoles checked_slurm_roles(const SlurmRoles& roles) {
     }
     checked.emplace_back(role, count);
   }
-  const bool has_ps = std::any_of(checked.begin(), checked.end(),
-                                  [](const auto& role) { return role.first == "ps"; });
-  if (!has_ps) throw slurm_error("the roles have no \"ps\" task");
   return checked;
 }
 
@@ -182,7 +179,7 @@ inline TfConfig block_config(const SlurmRoles& checked, std::uint64_t rank, cons
 
 /// Parses a list of roles such as "ps:1,worker:2,chief:1" (the form a command-line flag takes)
 /// into SlurmRoles, keeping its order. Throws kInvalidArgument ("Slurm: ...") for a field that
-/// is not role:count, an unknown or repeated role, a count of 0, or no "ps" role.
+/// is not role:count, an unknown or repeated role, or a count of 0.
 inline SlurmRoles parse_slurm_roles(std::string_view text) {
   SlurmRoles roles;
   for (std::string_view field : detail::slurm_fields(text)) {

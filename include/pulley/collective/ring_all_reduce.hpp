@@ -26,10 +26,12 @@ namespace pulley {
 /// (starting at the rank whose index is the chunk's) and then copied to every other rank, so
 /// every rank ends with the same bits, not merely the same value.
 ///
-/// Each call starts with a 24-byte header naming the call's kind, its number and its size:
-/// ranks that disagree (a rank that missed a call, another tensor size) fail the call with
-/// kFailedPrecondition instead of adding unrelated bytes. One RingAllReduce per link: it
-/// numbers that link's calls.
+/// Each call starts with a 32-byte header naming the call's kind, its number, its size and
+/// (a broadcast) its root: ranks that disagree (a rank that missed a call, another tensor
+/// size) fail the call with kFailedPrecondition instead of adding unrelated bytes. One
+/// RingAllReduce per link: it numbers that link's calls. A call that failed (a lost
+/// neighbour, ranks out of step) leaves the ring's streams where nobody can follow them:
+/// every later call fails with kFailedPrecondition, and the ring must be formed again.
 class RingAllReduce {
  public:
   /// Floats per segment by default: 32 Ki floats, 128 KiB, well inside a socket's buffer,
@@ -44,6 +46,52 @@ class RingAllReduce {
   /// neighbour), and `data` is then partly summed: use it for nothing.
   template <Ring R>
   void sum(R& ring, std::span<float> data) {
+    guarded([&] { sum_now(ring, data); });
+  }
+
+  /// Copies rank `root`'s `data` to every other rank's (the same size on every rank): how a
+  /// ring starts its replicas from one set of parameters.
+  template <Ring R>
+  void broadcast(R& ring, std::span<float> data, std::size_t root) {
+    if (root >= ring.size()) {
+      throw Error(ErrorCode::kInvalidArgument, "broadcast from rank " + std::to_string(root) +
+                                                   " in a ring of " + std::to_string(ring.size()));
+    }
+    guarded([&] { broadcast_now(ring, data, root); });
+  }
+
+  /// Calls made on this link so far (each rank's count is the same in a healthy ring).
+  [[nodiscard]] std::uint64_t calls() const noexcept { return calls_; }
+  /// Bytes this rank has queued for the next one, headers included.
+  [[nodiscard]] std::uint64_t bytes_sent() const noexcept { return bytes_sent_; }
+
+ private:
+  static constexpr std::uint64_t kMagic = 0x474E4952594C4C50ULL;  // "PLLYRING"
+  static constexpr std::uint64_t kSum = 1;
+  static constexpr std::uint64_t kBroadcast = 2;
+
+  struct Header {
+    std::uint64_t magic = 0;
+    std::uint64_t call = 0;  ///< kind in the top byte, the call's number below
+    std::uint64_t floats = 0;
+    std::uint64_t root = 0;  ///< a broadcast's
+  };
+
+  template <class Body>
+  void guarded(Body body) {
+    if (broken_) {
+      throw Error(ErrorCode::kFailedPrecondition, "ring: an earlier call on this link failed: form the ring again");
+    }
+    try {
+      body();
+    } catch (...) {
+      broken_ = true;
+      throw;
+    }
+  }
+
+  template <Ring R>
+  void sum_now(R& ring, std::span<float> data) {
     const std::size_t n = ring.size();
     const std::size_t rank = ring.rank();
     start(ring, kSum, data.size());
@@ -76,16 +124,10 @@ class RingAllReduce {
     ring.flush();
   }
 
-  /// Copies rank `root`'s `data` to every other rank's (the same size on every rank): how a
-  /// ring starts its replicas from one set of parameters.
   template <Ring R>
-  void broadcast(R& ring, std::span<float> data, std::size_t root) {
+  void broadcast_now(R& ring, std::span<float> data, std::size_t root) {
     const std::size_t n = ring.size();
-    if (root >= n) {
-      throw Error(ErrorCode::kInvalidArgument, "broadcast from rank " + std::to_string(root) +
-                                                   " in a ring of " + std::to_string(n));
-    }
-    start(ring, kBroadcast, data.size());
+    start(ring, kBroadcast, data.size(), root);
     if (n == 1) return;
     const std::size_t rank = ring.rank();
     const bool last = (rank + 1) % n == root;
@@ -97,36 +139,21 @@ class RingAllReduce {
     ring.flush();
   }
 
-  /// Calls made on this link so far (each rank's count is the same in a healthy ring).
-  [[nodiscard]] std::uint64_t calls() const noexcept { return calls_; }
-  /// Bytes this rank has queued for the next one, headers included.
-  [[nodiscard]] std::uint64_t bytes_sent() const noexcept { return bytes_sent_; }
-
- private:
-  static constexpr std::uint64_t kMagic = 0x474E4952594C4C50ULL;  // "PLLYRING"
-  static constexpr std::uint64_t kSum = 1;
-  static constexpr std::uint64_t kBroadcast = 2;
-
-  struct Header {
-    std::uint64_t magic = 0;
-    std::uint64_t call = 0;  ///< kind in the top byte, the call's number below
-    std::uint64_t floats = 0;
-  };
-
   /// Sends this call's header and checks the previous rank's against it.
   template <Ring R>
-  void start(R& ring, std::uint64_t kind, std::size_t floats) {
+  void start(R& ring, std::uint64_t kind, std::size_t floats, std::size_t root = 0) {
     const std::uint64_t call = calls_++;
     if (ring.size() == 1) return;
-    header_ = {kMagic, (kind << 56U) | call, floats};
+    header_ = {kMagic, (kind << 56U) | call, floats, root};
     ring.send(std::as_bytes(std::span(&header_, 1)));
     bytes_sent_ += sizeof(Header);
     Header got;
     ring.receive(std::as_writable_bytes(std::span(&got, 1)));
-    if (got.magic != kMagic || got.call != header_.call || got.floats != floats) {
+    if (got.magic != kMagic || got.call != header_.call || got.floats != floats || got.root != header_.root) {
       auto say = [](const Header& h) {
         return "call " + std::to_string(h.call & ((std::uint64_t{1} << 56U) - 1)) +
-               ((h.call >> 56U) == kSum ? " (sum" : " (broadcast") + " of " + std::to_string(h.floats) + " floats)";
+               ((h.call >> 56U) == kSum ? " (sum" : " (broadcast from rank " + std::to_string(h.root)) + " of " +
+               std::to_string(h.floats) + " floats)";
       };
       throw Error(ErrorCode::kFailedPrecondition,
                   got.magic != kMagic
@@ -153,6 +180,7 @@ class RingAllReduce {
   Header header_;               ///< this call's, alive until the call's flush
   std::uint64_t calls_ = 0;
   std::uint64_t bytes_sent_ = 0;
+  bool broken_ = false;  ///< a call failed
 };
 
 }  // namespace pulley

@@ -273,6 +273,11 @@ int run(const Job& job, const Training<M>& training, S sharding, O optimizer, P 
                     "takes its shard over, and the job keeps its ps tasks");
       }
     }
+    if (!job.in_process() && job.num_ps() == 0) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "the cluster has no \"ps\" task: a parameter-server job needs one (a cluster of workers only "
+                  "is an all-reduce job's: run_all_reduce, runner/all_reduce.hpp)");
+    }
     if (job.join && job.cluster->task.type == "ps" && training.tcp.replicas != 0) {
       throw Error(ErrorCode::kInvalidArgument,
                   "a ps's --join and --ps-replicas 1 exclude each other: a new ps would change which ps keeps "

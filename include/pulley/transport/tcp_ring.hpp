@@ -15,6 +15,7 @@
 #include <span>
 #include <string>
 #include <system_error>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -34,8 +35,12 @@ struct TcpRingOptions {
   /// proven to it. Ranks may start in any order within it.
   std::chrono::milliseconds form_timeout = std::chrono::seconds(120);
   /// A neighbour that makes no progress this long (sends nothing this rank waits for, or
-  /// takes nothing it sends) is lost: kDeadlineExceeded.
+  /// takes nothing it sends) is lost: kDeadlineExceeded. It covers whatever a rank does
+  /// between two calls too (a chief's evaluation on rank 0): the others wait for it.
   std::chrono::milliseconds timeout = std::chrono::seconds(60);
+  /// Form a ring whose credentials hold no secret (the handshake then proves nothing): for
+  /// addresses only trusted peers reach. Without it, an empty secret is refused.
+  bool allow_no_secret = false;
 };
 
 /// A Ring of worker processes over TCP: each rank listens on its own address, connects to
@@ -63,6 +68,12 @@ class TcpRing {
                                                    std::to_string(addresses.size()) + " addresses");
     }
     wire::check_credentials(credentials);
+    if (credentials.secret.empty() && !options.allow_no_secret) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "ring: no shared secret is set, so anyone who knows the job's name ('" + credentials.job +
+                      "') could join the ring: set the job's secret (README, Security), or "
+                      "TcpRingOptions::allow_no_secret for addresses only trusted peers reach");
+    }
     if (size_ == 1) return;
     std::vector<Address> parsed;
     for (const std::string& a : addresses) parsed.push_back(parse_address(a));
@@ -75,12 +86,53 @@ class TcpRing {
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
 
   void send(std::span<const std::byte> bytes) {
+    usable();
     if (bytes.empty()) return;
     links_->out.push_back(bytes);
-    write_now();
+    guarded([&] { write_now(); });
   }
 
   void receive(std::span<std::byte> bytes) {
+    usable();
+    guarded([&] { receive_now(bytes); });
+  }
+
+  void flush() {
+    usable();
+    guarded([&] { flush_now(); });
+  }
+
+  /// Bytes written to the next rank (handshake excluded).
+  [[nodiscard]] std::uint64_t bytes_written() const noexcept { return links_->written; }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+
+  /// Runs `body`; if it throws, the link is broken for good first: its queue (views of the
+  /// caller's memory, which unwinding may free) is dropped and its sockets closed, so that
+  /// no later call writes stale bytes into a stream the neighbours can no longer follow.
+  template <class Body>
+  void guarded(Body body) {
+    try {
+      body();
+    } catch (...) {
+      links_->out.clear();
+      std::error_code ignored;
+      links_->next.close(ignored);
+      links_->previous.close(ignored);
+      links_->broken = true;
+      throw;
+    }
+  }
+
+  void usable() const {
+    if (links_->broken) {
+      throw Error(ErrorCode::kFailedPrecondition,
+                  "ring: rank " + std::to_string(rank_) + "'s link failed before: form the ring again");
+    }
+  }
+
+  void receive_now(std::span<std::byte> bytes) {
     auto last = Clock::now();
     while (!bytes.empty()) {
       std::error_code ec;
@@ -103,7 +155,7 @@ class TcpRing {
     }
   }
 
-  void flush() {
+  void flush_now() {
     auto last = Clock::now();
     while (!links_->out.empty()) {
       pollfd fd{links_->next.native_handle(), POLLOUT, 0};
@@ -115,12 +167,6 @@ class TcpRing {
     }
   }
 
-  /// Bytes written to the next rank (handshake excluded).
-  [[nodiscard]] std::uint64_t bytes_written() const noexcept { return links_->written; }
-
- private:
-  using Clock = std::chrono::steady_clock;
-
   struct Links {
     asio::io_context io;
     asio::ip::tcp::socket next{io};
@@ -128,6 +174,7 @@ class TcpRing {
     std::deque<std::span<const std::byte>> out;  ///< queued for the next rank, in order
     std::string next_name, previous_name;
     std::uint64_t written = 0;
+    bool broken = false;  ///< a call failed: the link is unusable
   };
 
   [[nodiscard]] std::size_t next() const noexcept { return (rank_ + 1) % size_; }
@@ -194,9 +241,23 @@ class TcpRing {
       accept_previous(acceptor, credentials, deadline);
       const auto until = std::min(deadline, Clock::now() + std::chrono::seconds(10));
       const wire::Challenge challenge{credentials.job, static_cast<std::uint32_t>(rank_), wire::make_nonce()};
+      // Whatever goes wrong on an accepted connection (a stranger that hangs up, stalls or
+      // speaks another protocol) drops it, and the next one is accepted; the next rank's
+      // link is another matter: its failures end the forming.
+      const auto drop = [&](const char* what) {
+        log(LogLevel::kWarning, "ring: rank " + std::to_string(rank_) + " dropped a connection: " + what);
+        std::error_code ignored;
+        links_->previous.close(ignored);
+      };
       try {
         write_frame(links_->previous, wire::encode(wire::Handshake{challenge}, 0), until);
-        if (!answered_) answer_next(credentials, self, deadline);
+      } catch (const std::exception& e) {
+        if (Clock::now() >= deadline) throw;
+        drop(e.what());
+        continue;
+      }
+      if (!answered_) answer_next(credentials, self, deadline);
+      try {
         const auto hello = read_handshake<wire::Hello>(links_->previous, until);
         std::string refusal = wire::refusal_reason(credentials, challenge, hello);
         if (refusal.empty() && (hello.shard != wire::Hello::kRingLink || !(hello.peer == expected))) {
@@ -204,9 +265,13 @@ class TcpRing {
         }
         if (!refusal.empty()) {
           log(LogLevel::kWarning, "ring: rank " + std::to_string(rank_) + " refused a connection: " + refusal);
-          write_frame(links_->previous,
-                      wire::encode(wire::Handshake{wire::Refusal{ErrorCode::kUnauthenticated, refusal}}, 0), until);
-          links_->previous.close();
+          try {
+            write_frame(links_->previous,
+                        wire::encode(wire::Handshake{wire::Refusal{ErrorCode::kUnauthenticated, refusal}}, 0), until);
+          } catch (const Error&) {  // it hung up first
+          }
+          std::error_code ignored;
+          links_->previous.close(ignored);
           continue;
         }
         write_frame(links_->previous,
@@ -215,13 +280,9 @@ class TcpRing {
                                  0),
                     until);
         break;
-      } catch (const wire::Malformed& e) {
-        log(LogLevel::kWarning, "ring: rank " + std::to_string(rank_) + " dropped a connection: " + e.what());
-        links_->previous.close();
-      } catch (const Error& e) {
-        if (e.code() != ErrorCode::kDeadlineExceeded || Clock::now() >= deadline) throw;
-        log(LogLevel::kWarning, "ring: rank " + std::to_string(rank_) + " dropped a connection: " + e.what());
-        links_->previous.close();
+      } catch (const std::exception& e) {
+        if (Clock::now() >= deadline) throw;
+        drop(e.what());
       }
     }
     if (!welcomed_) check_welcome(credentials, deadline);
@@ -302,7 +363,7 @@ class TcpRing {
 
   /// Reads the next rank's challenge and sends this rank's hello.
   void answer_next(const Credentials& credentials, const Node& self, Clock::time_point deadline) {
-    challenge_ = read_handshake<wire::Challenge>(links_->next, deadline);
+    challenge_ = from_next([&] { return read_handshake<wire::Challenge>(links_->next, deadline); });
     if (challenge_.job != credentials.job || challenge_.ps != next()) {
       throw Error(ErrorCode::kUnauthenticated, "ring: " + links_->next_name + " answered as rank " +
                                                    std::to_string(challenge_.ps) + " of job '" +
@@ -318,8 +379,10 @@ class TcpRing {
 
   /// Reads the next rank's welcome (or refusal) and checks its proof.
   void check_welcome(const Credentials& credentials, Clock::time_point deadline) {
-    const auto bytes = read_frame(links_->next, deadline);
-    wire::Handshake message = wire::decode_handshake(bytes.first, bytes.second);
+    wire::Handshake message = from_next([&] {
+      const auto bytes = read_frame(links_->next, deadline);
+      return wire::decode_handshake(bytes.first, bytes.second);
+    });
     if (auto* refusal = std::get_if<wire::Refusal>(&message)) {
       throw Error(ErrorCode::kUnauthenticated, "ring: " + links_->next_name + " refused rank " +
                                                    std::to_string(rank_) + ": " + refusal->reason);
@@ -333,6 +396,17 @@ class TcpRing {
                   "ring: " + links_->next_name + " did not prove the job's shared secret (a wrong PULLEY_SECRET?)");
     }
     welcomed_ = true;
+  }
+
+  /// What `read` reads from the next rank; a frame that is no handshake of this protocol
+  /// fails with kUnavailable naming it (something else listens at its address).
+  template <class Read>
+  std::invoke_result_t<Read&> from_next(Read read) {
+    try {
+      return read();
+    } catch (const wire::Malformed& e) {
+      throw Error(ErrorCode::kUnavailable, "ring: " + links_->next_name + " is not a pulley ring rank: " + e.what());
+    }
   }
 
   /// Waits until `socket` is ready for `events`, or throws kDeadlineExceeded at `deadline`.
