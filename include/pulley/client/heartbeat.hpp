@@ -120,9 +120,12 @@ class HeartbeatSender {
  private:
   void beat() {
     std::unique_lock lock(mutex_);
-    for (;;) {
-      if (abandoned_) return;
-      const bool leaving = stopping_;
+    // The first beat goes out even when the worker failed before this thread ran (`abandon`
+    // under load): a ps tracks a worker once it hears a beat, and one it never heard is never
+    // held lost, so a sync policy would wait for its pushes for ever.
+    for (bool first = true;; first = false) {
+      if (abandoned_ && !first) return;
+      const bool leaving = stopping_ && !abandoned_;
       lock.unlock();
       std::set<std::uint32_t> lost;
       bool chief_lost = false;
