@@ -228,3 +228,21 @@ TEST_CASE("a worker that failed stops beating without the goodbye: held lost, it
   chief.shutdown();  // (ends a stalled worker 0 too)
   survivor.join();
 }
+
+TEST_CASE("a worker that fails before its heartbeat thread first runs is still held lost") {
+  using Sync = Cluster<RoundRobin, Sgd, SyncReplicas>;
+  Sync cluster(1, Sgd{0.05F}, SyncReplicas(2, 2), RoundRobin{}, kTimeout);
+  Chief chief(cluster.endpoint(Node::chief()), 7);
+  chief.initialize(LinearModel(kIn, kOut).variables());
+  {
+    HeartbeatSender beat(1, cluster.endpoint(Node::worker(1)), kBeat);
+    beat.abandon();  // at once: the sender's thread has most likely not beaten yet
+  }
+  // Its one beat made the ps track it; silent since, it is held lost after the timeout (a
+  // worker never heard would never be, and a sync job would wait for it for ever).
+  StatsReply r;
+  for (int i = 0; i < 100 && (r = stats_of(cluster, 1).at(0)).stats.workers_lost == 0; ++i) std::this_thread::sleep_for(50ms);
+  CHECK(r.stats.workers_lost == 1);
+  CHECK(r.lost == std::vector<std::uint32_t>{1});
+  chief.shutdown();
+}
