@@ -2117,6 +2117,8 @@ class RingAllReduce {
     guarded([&] { broadcast_now(ring, data, root); });
   }
 
+  /// Floats per segment.
+  [[nodiscard]] std::size_t segment() const noexcept { return segment_; }
   /// Calls made on this link so far (each rank's count is the same in a healthy ring).
   [[nodiscard]] std::uint64_t calls() const noexcept { return calls_; }
   /// Bytes this rank has queued for the next one, headers included.
@@ -2843,6 +2845,9 @@ struct AllReduceStep {
   /// False if the averaged gradient (or what it would make of a parameter or a slot) was not
   /// finite: no rank applied it, and every replica stays as it was.
   bool applied = true;
+  /// Some rank voted to form the ring again after this step (`step`'s `regroup`): every
+  /// rank sees the same answer.
+  bool regroup = false;
 };
 
 /// A worker of the all-reduce architecture (seed 004, section 2): no ps task; every worker
@@ -2883,7 +2888,7 @@ class AllReduceWorker {
       states_.push_back(optimizer_.make_state(spec.size()));
     }
     offsets_.push_back(offset);
-    flat_.resize(offset + 1);  // the loss rides at the end
+    flat_.resize(offset + 2);  // the loss and the vote to regroup ride at the end
   }
 
   AllReduceWorker(const AllReduceWorker&) = delete;
@@ -3024,22 +3029,36 @@ class AllReduceWorker {
   /// One synchronous step on this rank's `batch`: compute the gradient, sum it with every
   /// other rank's, apply the mean. Every rank calls it the same number of times. A lost
   /// neighbour throws what the ring throws (kUnavailable, kDeadlineExceeded) before
-  /// anything is applied: no partial sum ever reaches the parameters.
-  AllReduceStep step(const typename M::Batch& batch) {
+  /// anything is applied: no partial sum ever reaches the parameters (though a rank that
+  /// had its whole sum before the ring broke has applied it: ranks may then stand a step
+  /// apart, and `synchronize` from the one furthest on brings them together). `regroup`
+  /// is this rank's vote to form the ring again after this step (a worker waits to join):
+  /// the sum carries it, and AllReduceStep::regroup tells every rank alike.
+  AllReduceStep step(const typename M::Batch& batch, bool regroup = false) {
     const float loss = static_cast<float>(model_.compute_gradients(batch));
     const std::size_t nvars = states_.size();
     for (std::size_t v = 0; v < nvars; ++v) {
       const std::span<const float> g = model_.gradient(v);
       std::copy(g.begin(), g.end(), flat_.begin() + static_cast<std::ptrdiff_t>(offsets_[v]));
     }
-    flat_.back() = loss;
+    flat_[offsets_.back()] = loss;
+    flat_.back() = regroup ? 1.0F : 0.0F;
     reduce_.sum(ring_, flat_);
+    const bool voted = flat_.back() > 0.0F;
     const auto ranks = static_cast<float>(ring_.size());
     for (float& x : flat_) x /= ranks;
     ++global_step_;
-    AllReduceStep result{flat_.back(), global_step_, apply()};
+    AllReduceStep result{flat_[offsets_.back()], global_step_, apply(), voted};
     if (!result.applied) ++refused_;
     return result;
+  }
+
+  /// Goes on over `ring` (one formed again after the old one broke, or to take a worker
+  /// in): every rank of it then calls `synchronize` from the same root before its next step.
+  void reform(R ring) {
+    ring_ = std::move(ring);
+    sent_before_ += reduce_.bytes_sent();
+    reduce_ = RingAllReduce(reduce_.segment());
   }
 
   /// The model, its parameters those of every replica.
@@ -3054,7 +3073,7 @@ class AllReduceWorker {
   /// This rank, the ring's size, and the bytes it has sent.
   [[nodiscard]] std::size_t rank() const { return ring_.rank(); }
   [[nodiscard]] std::size_t num_workers() const { return ring_.size(); }
-  [[nodiscard]] std::uint64_t bytes_sent() const noexcept { return reduce_.bytes_sent(); }
+  [[nodiscard]] std::uint64_t bytes_sent() const noexcept { return sent_before_ + reduce_.bytes_sent(); }
 
  private:
   /// Applies the mean in flat_ to every variable, or to none; true if it did.
@@ -3107,6 +3126,7 @@ class AllReduceWorker {
   std::vector<float> flat_;                ///< every gradient, then the loss: what the ring sums
   std::int64_t global_step_ = 0;
   std::int64_t refused_ = 0;
+  std::uint64_t sent_before_ = 0;  ///< over the rings before this one
 };
 
 }  // namespace pulley

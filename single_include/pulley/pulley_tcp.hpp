@@ -2117,6 +2117,8 @@ class RingAllReduce {
     guarded([&] { broadcast_now(ring, data, root); });
   }
 
+  /// Floats per segment.
+  [[nodiscard]] std::size_t segment() const noexcept { return segment_; }
   /// Calls made on this link so far (each rank's count is the same in a healthy ring).
   [[nodiscard]] std::uint64_t calls() const noexcept { return calls_; }
   /// Bytes this rank has queued for the next one, headers included.
@@ -2843,6 +2845,9 @@ struct AllReduceStep {
   /// False if the averaged gradient (or what it would make of a parameter or a slot) was not
   /// finite: no rank applied it, and every replica stays as it was.
   bool applied = true;
+  /// Some rank voted to form the ring again after this step (`step`'s `regroup`): every
+  /// rank sees the same answer.
+  bool regroup = false;
 };
 
 /// A worker of the all-reduce architecture (seed 004, section 2): no ps task; every worker
@@ -2883,7 +2888,7 @@ class AllReduceWorker {
       states_.push_back(optimizer_.make_state(spec.size()));
     }
     offsets_.push_back(offset);
-    flat_.resize(offset + 1);  // the loss rides at the end
+    flat_.resize(offset + 2);  // the loss and the vote to regroup ride at the end
   }
 
   AllReduceWorker(const AllReduceWorker&) = delete;
@@ -3024,22 +3029,36 @@ class AllReduceWorker {
   /// One synchronous step on this rank's `batch`: compute the gradient, sum it with every
   /// other rank's, apply the mean. Every rank calls it the same number of times. A lost
   /// neighbour throws what the ring throws (kUnavailable, kDeadlineExceeded) before
-  /// anything is applied: no partial sum ever reaches the parameters.
-  AllReduceStep step(const typename M::Batch& batch) {
+  /// anything is applied: no partial sum ever reaches the parameters (though a rank that
+  /// had its whole sum before the ring broke has applied it: ranks may then stand a step
+  /// apart, and `synchronize` from the one furthest on brings them together). `regroup`
+  /// is this rank's vote to form the ring again after this step (a worker waits to join):
+  /// the sum carries it, and AllReduceStep::regroup tells every rank alike.
+  AllReduceStep step(const typename M::Batch& batch, bool regroup = false) {
     const float loss = static_cast<float>(model_.compute_gradients(batch));
     const std::size_t nvars = states_.size();
     for (std::size_t v = 0; v < nvars; ++v) {
       const std::span<const float> g = model_.gradient(v);
       std::copy(g.begin(), g.end(), flat_.begin() + static_cast<std::ptrdiff_t>(offsets_[v]));
     }
-    flat_.back() = loss;
+    flat_[offsets_.back()] = loss;
+    flat_.back() = regroup ? 1.0F : 0.0F;
     reduce_.sum(ring_, flat_);
+    const bool voted = flat_.back() > 0.0F;
     const auto ranks = static_cast<float>(ring_.size());
     for (float& x : flat_) x /= ranks;
     ++global_step_;
-    AllReduceStep result{flat_.back(), global_step_, apply()};
+    AllReduceStep result{flat_[offsets_.back()], global_step_, apply(), voted};
     if (!result.applied) ++refused_;
     return result;
+  }
+
+  /// Goes on over `ring` (one formed again after the old one broke, or to take a worker
+  /// in): every rank of it then calls `synchronize` from the same root before its next step.
+  void reform(R ring) {
+    ring_ = std::move(ring);
+    sent_before_ += reduce_.bytes_sent();
+    reduce_ = RingAllReduce(reduce_.segment());
   }
 
   /// The model, its parameters those of every replica.
@@ -3054,7 +3073,7 @@ class AllReduceWorker {
   /// This rank, the ring's size, and the bytes it has sent.
   [[nodiscard]] std::size_t rank() const { return ring_.rank(); }
   [[nodiscard]] std::size_t num_workers() const { return ring_.size(); }
-  [[nodiscard]] std::uint64_t bytes_sent() const noexcept { return reduce_.bytes_sent(); }
+  [[nodiscard]] std::uint64_t bytes_sent() const noexcept { return sent_before_ + reduce_.bytes_sent(); }
 
  private:
   /// Applies the mean in flat_ to every variable, or to none; true if it did.
@@ -3107,6 +3126,7 @@ class AllReduceWorker {
   std::vector<float> flat_;                ///< every gradient, then the loss: what the ring sums
   std::int64_t global_step_ = 0;
   std::int64_t refused_ = 0;
+  std::uint64_t sent_before_ = 0;  ///< over the rings before this one
 };
 
 }  // namespace pulley
@@ -15094,6 +15114,9 @@ inline constexpr std::uint16_t kVersion = 21;          ///< bumped on any incomp
 inline constexpr std::uint16_t kResponseKind = 0x100;  ///< response kinds start here
 inline constexpr std::uint16_t kHandshakeKind = 0x200;  ///< handshake kinds start here
 inline constexpr std::size_t kHandshakeKinds = 4;       ///< Challenge, Hello, Welcome, Refusal
+/// A ring's rendezvous (transport/tcp_ring_rendezvous.hpp) after its handshake: check-in, view, redirect.
+inline constexpr std::uint16_t kRendezvousKind = 0x300;
+inline constexpr std::size_t kRendezvousKinds = 3;
 
 /// What a receiver accepts in one frame, checked before it allocates anything for it. A
 /// frame's metadata is small: 4 MiB holds the placement of ~50 000 variables.
@@ -15176,7 +15199,9 @@ inline void check(const Header& h, const FrameLimits& limits = {}) {
       static_cast<std::size_t>(h.kind - kResponseKind) < std::variant_size_v<Response>;
   const bool handshake =
       h.kind >= kHandshakeKind && static_cast<std::size_t>(h.kind - kHandshakeKind) < kHandshakeKinds;
-  if (!request && !response && !handshake) {
+  const bool rendezvous =
+      h.kind >= kRendezvousKind && static_cast<std::size_t>(h.kind - kRendezvousKind) < kRendezvousKinds;
+  if (!request && !response && !handshake && !rendezvous) {
     throw Malformed("unknown message kind " + std::to_string(h.kind));
   }
   if (h.meta_bytes > limits.max_meta_bytes) {
@@ -15590,6 +15615,9 @@ struct Hello {
   /// listener is that worker (Challenge::ps then names its rank). A ps refuses it as a shard
   /// it does not hold, and the proof binds it, so neither kind of hello passes for the other.
   static constexpr std::uint32_t kRingLink = 0xFFFFFFFEU;
+  /// No shard: a worker of a ring checks in with another to form the next ring
+  /// (TcpRingRendezvous: after a loss, or to join). Refused by a ps, and by a ring link.
+  static constexpr std::uint32_t kRingRendezvous = 0xFFFFFFFDU;
 
   template <class Archive>
   void serialize(Archive& archive) {
@@ -17588,12 +17616,102 @@ static_assert(GrowingTransport<Tcp>);
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <system_error>
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+// ---- begin pulley/transport/detail/handshake_io.hpp ----
+
+#include <poll.h>
+
+#include <algorithm>
+#include <asio.hpp>
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+
+/// Whole frames written and read on a non-blocking socket by a thread that waits for them
+/// (poll), each by a deadline: the handshakes of the ring's links and of its rendezvous,
+/// which a single thread runs without an io_context's handlers. `who` opens every error.
+namespace pulley::transport_detail {
+
+using HandshakeClock = std::chrono::steady_clock;
+
+/// Waits until `socket` is ready for `events` (a second at most); kDeadlineExceeded once
+/// `deadline` has passed.
+inline void await_ready(asio::ip::tcp::socket& socket, short events, HandshakeClock::time_point deadline,
+                        std::string_view who, const char* what) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - HandshakeClock::now()).count();
+  pollfd fd{socket.native_handle(), events, 0};
+  if (left <= 0 || ::poll(&fd, 1, static_cast<int>(std::min<std::int64_t>(left, 1000))) < 0) {
+    if (HandshakeClock::now() >= deadline) {
+      throw Error(ErrorCode::kDeadlineExceeded, std::string(who) + ": the handshake's " + what +
+                                                    " did not complete in time");
+    }
+  }
+}
+
+inline void write_frame_by(asio::ip::tcp::socket& socket, const wire::Frame& frame, HandshakeClock::time_point deadline,
+                           std::string_view who) {
+  std::string bytes(reinterpret_cast<const char*>(&frame.header), sizeof frame.header);
+  bytes += frame.meta;
+  bytes.append(wire::padding(frame.meta.size()), '\0');
+  std::size_t at = 0;
+  while (at < bytes.size()) {
+    std::error_code ec;
+    at += socket.write_some(asio::buffer(bytes.data() + at, bytes.size() - at), ec);
+    if (ec == asio::error::would_block || ec == asio::error::try_again) {
+      await_ready(socket, POLLOUT, deadline, who, "write");
+    } else if (ec) {
+      throw Error(ErrorCode::kUnavailable, std::string(who) + ": handshake: " + ec.message());
+    }
+  }
+}
+
+inline void read_exact_by(asio::ip::tcp::socket& socket, char* into, std::size_t n, HandshakeClock::time_point deadline,
+                          std::string_view who) {
+  std::size_t at = 0;
+  while (at < n) {
+    std::error_code ec;
+    at += socket.read_some(asio::buffer(into + at, n - at), ec);
+    if (ec == asio::error::would_block || ec == asio::error::try_again) {
+      await_ready(socket, POLLIN, deadline, who, "read");
+    } else if (ec) {
+      throw Error(ErrorCode::kUnavailable, std::string(who) + ": handshake: " +
+                                               (ec == asio::error::eof ? "the peer closed the connection" : ec.message()));
+    }
+  }
+}
+
+/// Reads one frame of metadata only (no payload) within `limits`; throws wire::Malformed
+/// for a header that breaks them.
+inline std::pair<wire::Header, std::string> read_frame_by(asio::ip::tcp::socket& socket, HandshakeClock::time_point deadline,
+                                                          std::string_view who,
+                                                          const wire::FrameLimits& limits = wire::kHandshakeLimits) {
+  wire::Header header;
+  read_exact_by(socket, reinterpret_cast<char*>(&header), sizeof header, deadline, who);
+  wire::check(header, limits);
+  if (header.payload_bytes != 0) throw wire::Malformed("a frame with a payload where metadata alone was expected");
+  std::string meta(header.meta_bytes + wire::padding(header.meta_bytes), '\0');
+  read_exact_by(socket, meta.data(), meta.size(), deadline, who);
+  meta.resize(header.meta_bytes);
+  return {header, std::move(meta)};
+}
+
+template <class Expected>
+Expected read_handshake_by(asio::ip::tcp::socket& socket, HandshakeClock::time_point deadline, std::string_view who) {
+  const auto bytes = read_frame_by(socket, deadline, who);
+  return wire::decode_handshake_as<Expected>(bytes.first, bytes.second);
+}
+
+}  // namespace pulley::transport_detail
+// ---- end pulley/transport/detail/handshake_io.hpp ----
 
 namespace pulley {
 
@@ -17630,25 +17748,7 @@ class TcpRing {
   /// kUnauthenticated (the next rank refused this one's proof, or could not prove its own).
   TcpRing(std::size_t rank, const std::vector<std::string>& addresses, Credentials credentials,
           TcpRingOptions options = {})
-      : links_(std::make_unique<Links>()), rank_(rank), size_(addresses.size()), options_(options) {
-    if (addresses.empty() || rank >= addresses.size()) {
-      throw Error(ErrorCode::kInvalidArgument, "ring: rank " + std::to_string(rank) + " of a ring of " +
-                                                   std::to_string(addresses.size()) + " addresses");
-    }
-    wire::check_credentials(credentials);
-    if (credentials.secret.empty() && !options.allow_no_secret) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  "ring: no shared secret is set, so anyone who knows the job's name ('" + credentials.job +
-                      "') could join the ring: set the job's secret (README, Security), or "
-                      "TcpRingOptions::allow_no_secret for addresses only trusted peers reach");
-    }
-    if (size_ == 1) return;
-    std::vector<Address> parsed;
-    for (const std::string& a : addresses) parsed.push_back(parse_address(a));
-    links_->next_name = "rank " + std::to_string(next()) + " at " + addresses[next()];
-    links_->previous_name = "rank " + std::to_string(previous());
-    form(parsed, credentials);
-  }
+      : TcpRing(rank, addresses, credentials, options, nullptr, {}) {}
 
   [[nodiscard]] std::size_t rank() const noexcept { return rank_; }
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
@@ -17675,6 +17775,37 @@ class TcpRing {
 
  private:
   using Clock = std::chrono::steady_clock;
+  friend class TcpRingRendezvous;
+
+  /// Forms the ring on `listening` when given (an address this process keeps listening on
+  /// across rings: TcpRingRendezvous's), else on an acceptor of its own. `incarnations`,
+  /// when given, are the processes (wire::incarnation()) the ranks must be: a link from or
+  /// to another process, one left over from an older ring say, is refused.
+  TcpRing(std::size_t rank, const std::vector<std::string>& addresses, const Credentials& credentials,
+          TcpRingOptions options, asio::ip::tcp::acceptor* listening, std::vector<std::uint64_t> incarnations)
+      : links_(std::make_unique<Links>()),
+        rank_(rank),
+        size_(addresses.size()),
+        options_(options),
+        incarnations_(std::move(incarnations)) {
+    if (addresses.empty() || rank >= addresses.size() || (!incarnations_.empty() && incarnations_.size() != size_)) {
+      throw Error(ErrorCode::kInvalidArgument, "ring: rank " + std::to_string(rank) + " of a ring of " +
+                                                   std::to_string(addresses.size()) + " addresses");
+    }
+    wire::check_credentials(credentials);
+    if (credentials.secret.empty() && !options.allow_no_secret) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "ring: no shared secret is set, so anyone who knows the job's name ('" + credentials.job +
+                      "') could join the ring: set the job's secret (README, Security), or "
+                      "TcpRingOptions::allow_no_secret for addresses only trusted peers reach");
+    }
+    if (size_ == 1) return;
+    std::vector<Address> parsed;
+    for (const std::string& a : addresses) parsed.push_back(parse_address(a));
+    links_->next_name = "rank " + std::to_string(next()) + " at " + addresses[next()];
+    links_->previous_name = "rank " + std::to_string(previous());
+    form(parsed, credentials, listening);
+  }
 
   /// Runs `body`; if it throws, the link is broken for good first: its queue (views of the
   /// caller's memory, which unwinding may free) is dropped and its sockets closed, so that
@@ -17796,12 +17927,17 @@ class TcpRing {
   /// The order is free of waits in a cycle: every rank sends its challenge before it
   /// reads anything, answers the next rank's challenge before it checks the previous rank's
   /// hello, and checks that before it reads the next rank's welcome.
-  void form(const std::vector<Address>& addresses, const Credentials& credentials) {
+  void form(const std::vector<Address>& addresses, const Credentials& credentials, asio::ip::tcp::acceptor* listening) {
     const auto deadline = Clock::now() + options_.form_timeout;
     auto& io = links_->io;
-    asio::ip::tcp::acceptor acceptor = transport_detail::listen(
-        io, transport_detail::resolve_listen_endpoint(io, addresses[rank_].host, addresses[rank_].port));
-    acceptor.non_blocking(true);
+    std::optional<asio::ip::tcp::acceptor> own;
+    if (listening == nullptr) {
+      own.emplace(transport_detail::listen(
+          io, transport_detail::resolve_listen_endpoint(io, addresses[rank_].host, addresses[rank_].port)));
+      own->non_blocking(true);
+      listening = &*own;
+    }
+    asio::ip::tcp::acceptor& acceptor = *listening;
     connect_next(addresses[next()], deadline);
     const Node self = Node::worker(static_cast<std::uint32_t>(rank_));
     const Node expected = Node::worker(static_cast<std::uint32_t>(previous()));
@@ -17828,14 +17964,22 @@ class TcpRing {
       try {
         const auto hello = read_handshake<wire::Hello>(links_->previous, until);
         std::string refusal = wire::refusal_reason(credentials, challenge, hello);
-        if (refusal.empty() && (hello.shard != wire::Hello::kRingLink || !(hello.peer == expected))) {
+        ErrorCode code = ErrorCode::kUnauthenticated;
+        if (refusal.empty() && hello.shard == wire::Hello::kRingRendezvous) {
+          // A worker checking in (TcpRingRendezvous) while this one forms: it asks again.
+          refusal = "rank " + std::to_string(rank_) + " is forming a ring: check in again";
+          code = ErrorCode::kUnavailable;
+        } else if (refusal.empty() && (hello.shard != wire::Hello::kRingLink || !(hello.peer == expected))) {
           refusal = hello.peer.name() + " is not " + expected.name() + " of the ring";
+        } else if (refusal.empty() && !incarnations_.empty() && hello.incarnation != incarnations_[previous()]) {
+          refusal = "the process that claims " + expected.name() + " is not the ring's (one of an older ring?)";
         }
         if (!refusal.empty()) {
-          log(LogLevel::kWarning, "ring: rank " + std::to_string(rank_) + " refused a connection: " + refusal);
+          if (code == ErrorCode::kUnauthenticated) {
+            log(LogLevel::kWarning, "ring: rank " + std::to_string(rank_) + " refused a connection: " + refusal);
+          }
           try {
-            write_frame(links_->previous,
-                        wire::encode(wire::Handshake{wire::Refusal{ErrorCode::kUnauthenticated, refusal}}, 0), until);
+            write_frame(links_->previous, wire::encode(wire::Handshake{wire::Refusal{code, refusal}}, 0), until);
           } catch (const Error&) {  // it hung up first
           }
           std::error_code ignored;
@@ -17963,6 +18107,9 @@ class TcpRing {
       throw Error(ErrorCode::kUnauthenticated,
                   "ring: " + links_->next_name + " did not prove the job's shared secret (a wrong PULLEY_SECRET?)");
     }
+    if (!incarnations_.empty() && welcome->server != incarnations_[next()]) {
+      throw Error(ErrorCode::kUnavailable, "ring: " + links_->next_name + " is another process than the ring's");
+    }
     welcomed_ = true;
   }
 
@@ -17977,68 +18124,24 @@ class TcpRing {
     }
   }
 
-  /// Waits until `socket` is ready for `events`, or throws kDeadlineExceeded at `deadline`.
-  void await(asio::ip::tcp::socket& socket, short events, Clock::time_point deadline, const char* what) const {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    pollfd fd{socket.native_handle(), events, 0};
-    if (left <= 0 || ::poll(&fd, 1, static_cast<int>(std::min<std::int64_t>(left, 1000))) < 0) {
-      if (Clock::now() >= deadline) {
-        throw Error(ErrorCode::kDeadlineExceeded, "ring: rank " + std::to_string(rank_) + ": the handshake's " +
-                                                      what + " did not complete in time");
-      }
-    }
-  }
+  [[nodiscard]] std::string who() const { return "ring: rank " + std::to_string(rank_); }
 
   void write_frame(asio::ip::tcp::socket& socket, const wire::Frame& frame, Clock::time_point deadline) {
-    std::string bytes(reinterpret_cast<const char*>(&frame.header), sizeof frame.header);
-    bytes += frame.meta;
-    bytes.append(wire::padding(frame.meta.size()), '\0');
-    std::size_t at = 0;
-    while (at < bytes.size()) {
-      std::error_code ec;
-      at += socket.write_some(asio::buffer(bytes.data() + at, bytes.size() - at), ec);
-      if (ec == asio::error::would_block || ec == asio::error::try_again) {
-        await(socket, POLLOUT, deadline, "write");
-      } else if (ec) {
-        throw Error(ErrorCode::kUnavailable, "ring: rank " + std::to_string(rank_) + ": handshake: " + ec.message());
-      }
-    }
+    transport_detail::write_frame_by(socket, frame, deadline, who());
   }
-
-  void read_exact(asio::ip::tcp::socket& socket, char* into, std::size_t n, Clock::time_point deadline) {
-    std::size_t at = 0;
-    while (at < n) {
-      std::error_code ec;
-      at += socket.read_some(asio::buffer(into + at, n - at), ec);
-      if (ec == asio::error::would_block || ec == asio::error::try_again) {
-        await(socket, POLLIN, deadline, "read");
-      } else if (ec) {
-        throw Error(ErrorCode::kUnavailable, "ring: rank " + std::to_string(rank_) + ": handshake: " +
-                                                 (ec == asio::error::eof ? "the peer closed the connection" : ec.message()));
-      }
-    }
-  }
-
   std::pair<wire::Header, std::string> read_frame(asio::ip::tcp::socket& socket, Clock::time_point deadline) {
-    wire::Header header;
-    read_exact(socket, reinterpret_cast<char*>(&header), sizeof header, deadline);
-    wire::check(header, wire::kHandshakeLimits);
-    std::string meta(header.meta_bytes + wire::padding(header.meta_bytes), '\0');
-    read_exact(socket, meta.data(), meta.size(), deadline);
-    meta.resize(header.meta_bytes);
-    return {header, std::move(meta)};
+    return transport_detail::read_frame_by(socket, deadline, who());
   }
-
   template <class Expected>
   Expected read_handshake(asio::ip::tcp::socket& socket, Clock::time_point deadline) {
-    const auto bytes = read_frame(socket, deadline);
-    return wire::decode_handshake_as<Expected>(bytes.first, bytes.second);
+    return transport_detail::read_handshake_by<Expected>(socket, deadline, who());
   }
 
   std::unique_ptr<Links> links_;  ///< behind a pointer: the ring moves, its sockets do not
   std::size_t rank_ = 0;
   std::size_t size_ = 1;
   TcpRingOptions options_;
+  std::vector<std::uint64_t> incarnations_;  ///< each rank's process, when the ring knows them
   wire::Challenge challenge_;  ///< the next rank's
   std::string nonce_;          ///< this rank's, in its hello to the next
   bool answered_ = false;  ///< this rank's hello went to the next
@@ -18387,8 +18490,8 @@ class TcpServer {
                           wire::refusal_reason(options_.credentials, *c->challenge, hello,
                                                options_.tasks.contains(Node::Role::kPs))};
     if (refusal.reason.empty()) refusal = outside_job(hello.peer);
-    if (refusal.reason.empty() && hello.shard == wire::Hello::kRingLink) {
-      refusal.reason = hello.peer.name() + " connected as a ring link (TcpRing) to ps " +
+    if (refusal.reason.empty() && (hello.shard == wire::Hello::kRingLink || hello.shard == wire::Hello::kRingRendezvous)) {
+      refusal.reason = hello.peer.name() + " connected as a ring's worker (TcpRing) to ps " +
                        std::to_string(service_.task()) + ": a ring's addresses are the workers'";
     } else if (refusal.reason.empty() && hello.shard != wire::Hello::kOwnShard && hello.shard != service_.task() &&
                !holds_copy(service_, hello.shard)) {

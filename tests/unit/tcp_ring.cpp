@@ -1,14 +1,17 @@
 // SPDX-License-Identifier: MIT
 // TcpRing on 127.0.0.1: the ring forms whatever order its ranks start in, sums as the
 // in-process ring does (the same bits), refuses ranks without the job's secret and
-// strangers (which do not hold it up), and fails a rank's neighbours when it dies.
+// strangers (which do not hold it up), and fails a rank's neighbours when it dies; a
+// TcpRingRendezvous forms it again without a lost worker and takes a newcomer in.
 
 #include <doctest/doctest.h>
 
 #include <asio.hpp>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -22,6 +25,7 @@
 #include "pulley/sync/async.hpp"
 #include "pulley/transport/in_process_ring.hpp"
 #include "pulley/transport/tcp_ring.hpp"
+#include "pulley/transport/tcp_ring_rendezvous.hpp"
 #include "support/linear_model.hpp"
 #include "support/log_capture.hpp"
 #include "support/tcp.hpp"
@@ -284,8 +288,215 @@ TEST_CASE("a ring rank pointed at a ps by mistake is refused by the ps, and says
   } catch (const Error& e) {
     INFO(std::string(e.what()));
     CHECK(e.code() == ErrorCode::kUnauthenticated);
-    CHECK(std::string(e.what()).find("connected as a ring link") != std::string::npos);
+    CHECK(std::string(e.what()).find("connected as a ring's worker") != std::string::npos);
   }
-  CHECK(log.wait_for(LogLevel::kWarning, "connected as a ring link"));
+  CHECK(log.wait_for(LogLevel::kWarning, "connected as a ring's worker"));
   ps.stop();
+}
+
+namespace {
+
+/// Steps `worker` `steps` times on rank-dependent batches, serving check-ins at each step
+/// boundary; returns the first step that voted to regroup, or -1.
+template <class W>
+std::int64_t run_steps(W& worker, TcpRingRendezvous& rendezvous, const RingView& view, int steps) {
+  std::vector<float> x(12), y(8);
+  for (int s = 0; s < steps; ++s) {
+    const auto step = static_cast<std::size_t>(worker.global_step());
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = value(worker.rank() + step, i) / 10.0F;
+    for (std::size_t i = 0; i < y.size(); ++i) y[i] = value(step, i) / 10.0F;
+    const bool vote = rendezvous.serve(view);
+    if (worker.step({x, y}, vote).regroup) return worker.global_step();
+  }
+  return -1;
+}
+
+using LinearWorker = AllReduceWorker<testing::LinearModel, Adam, TcpRing>;
+
+std::vector<float> parameters_of(LinearWorker& worker) {
+  std::vector<float> out;
+  for (std::size_t v = 0; v < 2; ++v) {
+    const auto p = worker.model().parameter(v);
+    out.insert(out.end(), p.begin(), p.end());
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a rendezvous forms the ring again without a lost worker, from the replica furthest on") {
+  const auto addresses = free_addresses(3);
+  std::vector<RingView> views(3);
+  std::vector<std::vector<float>> out(3);
+  std::vector<std::int64_t> steps(3);
+  const auto failures = on_ranks(3, [&](std::size_t r) {
+    TcpRingRendezvous rendezvous(addresses[r], testing::test_credentials(), quick());
+    RingView view = TcpRingRendezvous::first(static_cast<std::uint32_t>(r), addresses);
+    LinearWorker worker(testing::LinearModel(3, 2), Adam{0.01F}, rendezvous.form(view));
+    worker.initialize(3);
+    REQUIRE(run_steps(worker, rendezvous, view, 20) == -1);
+    if (r == 1) return;  // worker 1 is lost: its listener and links close, as a killed process's do
+    try {
+      run_steps(worker, rendezvous, view, 1);
+      FAIL("a step went through without worker 1");
+    } catch (const Error& e) {
+      CHECK((e.code() == ErrorCode::kUnavailable || e.code() == ErrorCode::kDeadlineExceeded));
+    }
+    view = rendezvous.regroup(view, RingProgress{worker.global_step(), worker.global_step() * 3});
+    views[r] = view;
+    worker.reform(rendezvous.form(view));
+    worker.synchronize(view.source);
+    REQUIRE(run_steps(worker, rendezvous, view, 10) == -1);
+    out[r] = parameters_of(worker);
+    steps[r] = worker.global_step();
+  });
+  for (const std::string& f : failures) REQUIRE(f == "");
+  for (const std::size_t r : {0U, 2U}) {
+    CAPTURE(r);
+    CHECK(views[r].generation == 1);
+    CHECK(views[r].addresses == std::vector<std::string>{addresses[0], addresses[2]});
+    CHECK(views[r].incarnations.size() == 2);
+    CHECK(views[r].step == 20);
+    CHECK(views[r].batches == 60);
+    CHECK(steps[r] == 30);
+  }
+  CHECK(views[0].rank == 0);
+  CHECK(views[2].rank == 1);
+  CHECK(out[0] == out[2]);
+}
+
+TEST_CASE("a rendezvous copies the replica of the member furthest on, and a lost rank 0's place is taken") {
+  // Worker 0 is lost; worker 1 coordinates. Worker 2 says it is a step further on (it
+  // finished a step the others did not): the view starts every rank from its replica.
+  const auto addresses = free_addresses(3);
+  std::vector<RingView> views(3);
+  std::vector<std::vector<float>> out(3);
+  std::vector<float> furthest;
+  const auto failures = on_ranks(3, [&](std::size_t r) {
+    TcpRingRendezvous rendezvous(addresses[r], testing::test_credentials(), quick());
+    RingView view = TcpRingRendezvous::first(static_cast<std::uint32_t>(r), addresses);
+    LinearWorker worker(testing::LinearModel(3, 2), Adam{0.01F}, rendezvous.form(view));
+    worker.initialize(3);
+    REQUIRE(run_steps(worker, rendezvous, view, 5) == -1);
+    if (r == 0) return;
+    CHECK_THROWS_AS(run_steps(worker, rendezvous, view, 1), Error);
+    if (r == 2) {  // its replica differs from worker 1's, as one a step further on would
+      worker.model().parameter(0)[0] += 1.0F;
+      furthest = parameters_of(worker);
+    }
+    const std::int64_t step = worker.global_step() + (r == 2 ? 1 : 0);
+    view = rendezvous.regroup(view, RingProgress{step, step * 3});
+    views[r] = view;
+    worker.reform(rendezvous.form(view));
+    worker.synchronize(view.source);
+    out[r] = parameters_of(worker);
+  });
+  for (const std::string& f : failures) REQUIRE(f == "");
+  CHECK(views[1].addresses == std::vector<std::string>{addresses[1], addresses[2]});
+  CHECK(views[1].rank == 0);
+  CHECK(views[2].rank == 1);
+  CHECK(views[1].source == 1);  // worker 2, now rank 1
+  CHECK(views[1].step == 6);
+  CHECK(views[2].step == 6);
+  CHECK(out[1] == furthest);
+  CHECK(out[2] == furthest);
+}
+
+TEST_CASE("a newcomer checks in, is taken in at a step boundary, and copies the replica") {
+  const auto addresses = free_addresses(3);
+  const std::vector<std::string> members{addresses[0], addresses[1]};
+  std::vector<RingView> views(3);
+  std::vector<std::vector<float>> out(3);
+  std::vector<std::int64_t> voted(3, -2);
+  std::atomic<bool> joining{false};
+  const auto failures = on_ranks(3, [&](std::size_t r) {
+    TcpRingRendezvous rendezvous(addresses[r], testing::test_credentials(), quick());
+    RingView view;
+    std::optional<LinearWorker> worker;
+    if (r == 2) {
+      while (!joining) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      view = rendezvous.join(members);
+      worker.emplace(testing::LinearModel(3, 2), Adam{0.01F}, rendezvous.form(view));
+    } else {
+      view = TcpRingRendezvous::first(static_cast<std::uint32_t>(r), members);
+      worker.emplace(testing::LinearModel(3, 2), Adam{0.01F}, rendezvous.form(view));
+      worker->initialize(3);
+      REQUIRE(run_steps(*worker, rendezvous, view, 10) == -1);
+      joining = true;
+      voted[r] = run_steps(*worker, rendezvous, view, 500);
+      view = rendezvous.regroup(view, RingProgress{worker->global_step(), 0});
+      worker->reform(rendezvous.form(view));
+    }
+    views[r] = view;
+    worker->synchronize(view.source);
+    REQUIRE(run_steps(*worker, rendezvous, view, 5) == -1);
+    out[r] = parameters_of(*worker);
+  });
+  for (const std::string& f : failures) REQUIRE(f == "");
+  CHECK(voted[0] > 10);
+  CHECK(voted[0] == voted[1]);  // every rank saw the vote after the same step
+  for (std::size_t r = 0; r < 3; ++r) {
+    CAPTURE(r);
+    CHECK(views[r].generation == 1);
+    CHECK(views[r].rank == r);
+    CHECK(views[r].addresses == addresses);
+    CHECK(views[r].step == voted[0]);
+  }
+  CHECK(out[1] == out[0]);
+  CHECK(out[2] == out[0]);
+}
+
+TEST_CASE("a newcomer without the job's secret is refused at its check-in") {
+  const auto addresses = free_addresses(2);
+  testing::LogCapture log;
+  std::atomic<bool> done{false};
+  std::jthread member([&] {
+    TcpRingRendezvous rendezvous(addresses[0], testing::test_credentials(), quick());
+    const RingView view = TcpRingRendezvous::first(0, {addresses[0]});
+    while (!done) {
+      CHECK(!rendezvous.serve(view));  // the stranger is never held for a regroup
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  });
+  Credentials guess = testing::test_credentials();
+  guess.secret = "a guess";
+  TcpRingRendezvous stranger(addresses[1], guess, quick());
+  try {
+    (void)stranger.join({addresses[0]});
+    FAIL("a newcomer without the secret was taken in");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::kUnauthenticated);
+  }
+  done = true;
+  CHECK(log.wait_for(LogLevel::kWarning, "did not prove the job's shared secret"));
+}
+
+TEST_CASE("a worker that reaches half the ring without its lowest forms no ring of its own") {
+  // A worker that listens and never answers is one stopped, or cut off by a partition: the
+  // side without a quorum waits for the other instead of training on its own beside it.
+  testing::LogCapture log;
+  const auto addresses = free_addresses(2);
+  TcpRingOptions o = quick();
+  o.timeout = std::chrono::milliseconds(300);
+  o.form_timeout = std::chrono::seconds(2);
+  {
+    TcpRingRendezvous silent(addresses[0], testing::test_credentials(), o);
+    TcpRingRendezvous one(addresses[1], testing::test_credentials(), o);
+    try {
+      (void)one.regroup(TcpRingRendezvous::first(1, addresses), RingProgress{5, 10});
+      FAIL("worker 1 formed a ring of its own");
+    } catch (const Error& e) {
+      CHECK(e.code() == ErrorCode::kDeadlineExceeded);
+    }
+    CHECK(!log.find(LogLevel::kWarning, "no quorum").empty());
+  }
+  {
+    TcpRingRendezvous zero(addresses[0], testing::test_credentials(), o);
+    TcpRingRendezvous silent(addresses[1], testing::test_credentials(), o);
+    const RingView view = zero.regroup(TcpRingRendezvous::first(0, addresses), RingProgress{5, 10});
+    CHECK(view.generation == 1);
+    CHECK(view.addresses == std::vector<std::string>{addresses[0]});
+    CHECK(view.step == 5);
+    CHECK(view.batches == 10);
+  }
 }

@@ -233,6 +233,9 @@ TEST_CASE("a header a peer got wrong is refused before anything else is read") {
                        wire::Malformed);
   CHECK_THROWS_WITH_AS(wire::check(bad([](auto& h) { h.kind = 42; })),
                        doctest::Contains("unknown message kind"), wire::Malformed);
+  CHECK_NOTHROW(wire::check(bad([](auto& h) { h.kind = wire::kRendezvousKind + 2; })));  // a ring's redirect
+  CHECK_THROWS_WITH_AS(wire::check(bad([](auto& h) { h.kind = wire::kRendezvousKind + wire::kRendezvousKinds; })),
+                       doctest::Contains("unknown message kind"), wire::Malformed);
   CHECK_THROWS_WITH_AS(wire::check(bad([](auto& h) { h.payload_bytes = std::uint64_t{1} << 40; })),
                        doctest::Contains("payload"), wire::Malformed);
   CHECK_THROWS_AS(wire::check(bad([](auto& h) { h.payload_bytes = 6; })), wire::Malformed);

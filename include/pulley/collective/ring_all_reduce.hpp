@@ -60,6 +60,8 @@ class RingAllReduce {
     guarded([&] { broadcast_now(ring, data, root); });
   }
 
+  /// Floats per segment.
+  [[nodiscard]] std::size_t segment() const noexcept { return segment_; }
   /// Calls made on this link so far (each rank's count is the same in a healthy ring).
   [[nodiscard]] std::uint64_t calls() const noexcept { return calls_; }
   /// Bytes this rank has queued for the next one, headers included.

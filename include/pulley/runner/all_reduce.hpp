@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <concepts>
 #include <cstdint>
 #include <exception>
 #include <filesystem>
@@ -24,70 +25,160 @@
 #include "pulley/runner/training.hpp"
 #include "pulley/transport/in_process_ring.hpp"
 #include "pulley/transport/tcp_ring.hpp"
+#include "pulley/transport/tcp_ring_rendezvous.hpp"
 
 namespace pulley {
 namespace runner_detail {
 
-/// Rank `rank`'s training in an all-reduce job, over `ring`: start (from the newest
-/// checkpoint, rank 0 reading it, or from the seed), then step until `last_step`; rank 0
-/// evaluates, checkpoints and reports as a chief does.
+/// A ring's failure that forming it again mends: a lost or silent neighbour.
+inline bool ring_lost(const Error& e) {
+  return e.code() == ErrorCode::kUnavailable || e.code() == ErrorCode::kDeadlineExceeded;
+}
+
+/// Trains one worker of an all-reduce job over `ring` until `last_step`. Every rank first
+/// takes one replica (`view.step` -1: rank 0's, restored from the newest checkpoint or
+/// initialized from the seed; else the furthest rank's, `view.source`); rank 0 evaluates,
+/// checkpoints and reports as a chief does. With a `rendezvous` (processes), a ring that
+/// breaks is formed again among the workers left (TcpRingRendezvous::regroup) and a worker
+/// that checks in is taken in at a step boundary; without one (threads), a lost neighbour
+/// ends the worker.
 template <Model M, Optimizer O, Ring R>
-void train_on_ring(std::size_t rank, R ring, const Training<M>& training, O optimizer) {
-  const std::size_t ranks = ring.size();
+void train_on_ring(R ring, const Training<M>& training, O optimizer, TcpRingRendezvous* rendezvous = nullptr,
+                   RingView view = {}) {
   AllReduceWorker worker(training.model(), std::move(optimizer), std::move(ring));
   const CheckpointOptions& saving = training.checkpoint;
-  std::optional<CheckpointDirectory> directory;
-  if (rank == 0 && !saving.directory.empty()) directory.emplace(saving.directory, saving.keep);
-  if (rank == 0) {
-    std::optional<std::pair<ModelState, std::filesystem::path>> latest;
-    if (directory) latest = directory->latest();
-    if (latest) {
-      worker.restore(latest->first);
-      log(LogLevel::kInfo, "all-reduce: resumed from " + latest->second.string() + " at global step " +
-                               std::to_string(latest->first.global_step));
+  std::optional<CheckpointDirectory> directory;  // rank 0's, opened when it is rank 0
+  auto checkpoints = [&]() -> CheckpointDirectory* {
+    if (saving.directory.empty()) return nullptr;
+    if (!directory) directory.emplace(saving.directory, saving.keep);
+    return &*directory;
+  };
+  const auto name = [&] { return "all-reduce: rank " + std::to_string(worker.rank()); };
+
+  // The data: batch b of the job reads as SyncReplicas with R = N numbers it, so a job of
+  // N workers reads what a ps job of as many does, and a resumed one what it would have.
+  // From each ring on, its ranks read the batches after those the job read before.
+  bool holds_replica = false;
+  std::int64_t base_step = 0;     // the step the current numbering starts at
+  std::int64_t base_batches = 0;  // the batches the job read before it
+  std::int64_t base_ranks = 1;    // the ranks that read them since
+  auto progress = [&] {
+    if (!holds_replica) return RingProgress{};
+    return RingProgress{worker.global_step(), base_batches + (worker.global_step() - base_step) * base_ranks};
+  };
+  // Every rank takes one replica.
+  auto begin = [&] {
+    const auto ranks = static_cast<std::int64_t>(worker.num_workers());
+    if (view.step < 0) {
+      if (worker.rank() == 0) {
+        std::optional<std::pair<ModelState, std::filesystem::path>> latest;
+        if (CheckpointDirectory* d = checkpoints()) latest = d->latest();
+        if (latest) {
+          worker.restore(latest->first);
+          log(LogLevel::kInfo, "all-reduce: resumed from " + latest->second.string() + " at global step " +
+                                   std::to_string(latest->first.global_step));
+        } else {
+          const auto variables = std::span<const VariableSpec>(worker.model().variables());
+          for (std::size_t v = 0; v < variables.size(); ++v) {
+            initialize(variables[v], training.seed, worker.model().parameter(v));
+          }
+        }
+      }
+      holds_replica = false;
+      worker.synchronize(0);
+      base_batches = worker.global_step() * ranks;
     } else {
-      const auto variables = std::span<const VariableSpec>(worker.model().variables());
-      for (std::size_t v = 0; v < variables.size(); ++v) {
-        initialize(variables[v], training.seed, worker.model().parameter(v));
+      if (worker.rank() != view.source && worker.global_step() != view.step) holds_replica = false;
+      worker.synchronize(view.source);
+      base_batches = view.batches;
+    }
+    holds_replica = true;
+    base_step = worker.global_step();
+    base_ranks = ranks;
+  };
+  auto say_where = [&](const std::string& since) {
+    log(LogLevel::kInfo, name() + " of " + std::to_string(worker.num_workers()) + " (ring generation " +
+                             std::to_string(view.generation) + ") goes on from global step " +
+                             std::to_string(worker.global_step()) + since);
+  };
+  // Forms the ring again (it broke, or voted to take a worker in) and takes one replica.
+  auto regroup = [&](const std::string& why) {
+    log(LogLevel::kWarning, name() + " at global step " + std::to_string(worker.global_step()) + ": " + why +
+                                ": forming the ring again");
+    const auto left = std::chrono::steady_clock::now();
+    for (int attempt = 1;; ++attempt) {
+      try {
+        view = rendezvous->regroup(view, progress());
+        if constexpr (std::same_as<R, TcpRing>) {
+          worker.reform(rendezvous->form(view));
+        } else {  // (threads are never given a rendezvous)
+          throw Error(ErrorCode::kInternal, "a ring of threads is not formed again");
+        }
+        begin();
+        say_where(", " + std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                           std::chrono::steady_clock::now() - left)
+                                           .count()) +
+                  " ms after it left the old ring");
+        return;
+      } catch (const Error& e) {
+        if (!ring_lost(e) || attempt == 8) throw;
+        log(LogLevel::kWarning, name() + ": forming the ring failed (" + e.what() + "): again");
       }
     }
-  }
-  worker.synchronize(0);  // rank 0's replica, restored or fresh, on every rank
+  };
+  // Runs `body`; a lost ring is formed again (false) when it can be.
+  auto attempt = [&](auto body) {
+    try {
+      body();
+      return true;
+    } catch (const Error& e) {
+      if (rendezvous == nullptr || !ring_lost(e)) throw;
+      regroup(e.what());
+      return false;
+    }
+  };
+  if (attempt(begin) && view.generation > 0) say_where(", having joined");
   const std::int64_t start_step = worker.global_step();
 
   DataShard shard;
-  shard.index = static_cast<std::uint32_t>(rank);
-  shard.count = static_cast<std::uint32_t>(ranks);
+  shard.index = static_cast<std::uint32_t>(worker.rank());
+  shard.count = static_cast<std::uint32_t>(worker.num_workers());
   shard.start_step = start_step;
-  // Batch s × N + rank at step s: what SyncReplicas with R = N numbers, so the job reads
-  // the examples a ps job of as many workers reads, and a resumed one what it would have.
-  shard.number = [&] { return worker.global_step() * static_cast<std::int64_t>(ranks) + static_cast<std::int64_t>(rank); };
+  shard.number = [&] {
+    return base_batches + (worker.global_step() - base_step) * base_ranks + static_cast<std::int64_t>(worker.rank());
+  };
   auto source = training.data(shard);
 
   const auto started = std::chrono::steady_clock::now();
   auto last_save = started;
   auto evaluate = [&](bool last) {
-    if (rank != 0 || !training.evaluate) return;
+    if (worker.rank() != 0 || !training.evaluate) return;
     Evaluation e;
     e.step = worker.global_step();
     e.last = last;
     e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     e.samples_per_s = e.seconds > 0 ? static_cast<double>((e.step - start_step) * training.samples_per_step) / e.seconds : 0.0;
+    if (view.generation > 0) {  // the ring was formed again: the workers in it now, by rank
+      for (std::uint32_t r = 0; r < worker.num_workers(); ++r) e.workers.push_back(r);
+    }
     training.evaluate(worker.model(), e);
   };
   auto save = [&] {
-    if (!directory) return;
-    const auto path = directory->save(worker.state());
+    CheckpointDirectory* d = checkpoints();
+    if (d == nullptr) return;
+    const auto path = d->save(worker.state());
     last_save = std::chrono::steady_clock::now();
     log(LogLevel::kInfo, "all-reduce: saved " + path.string());
   };
-  if (rank == 0) {
-    log(LogLevel::kInfo, "all-reduce: " + std::to_string(ranks) + " workers in the ring, from global step " +
+  if (worker.rank() == 0) {
+    log(LogLevel::kInfo, "all-reduce: " + std::to_string(worker.num_workers()) + " workers in the ring, from global step " +
                              std::to_string(start_step) + " to " + std::to_string(training.last_step));
   }
   while (worker.global_step() < training.last_step) {
-    const AllReduceStep done = worker.step(source());
-    if (!done.applied && rank == 0) {
+    const bool vote = rendezvous != nullptr && rendezvous->serve(view);
+    AllReduceStep done;
+    if (!attempt([&] { done = worker.step(source(), vote); })) continue;
+    if (!done.applied && worker.rank() == 0) {
       log(LogLevel::kWarning, "all-reduce: step " + std::to_string(done.global_step) +
                                   "'s mean gradient was not finite: no worker applied it");
     }
@@ -96,9 +187,10 @@ void train_on_ring(std::size_t rank, R ring, const Training<M>& training, O opti
     if (training.evaluate_every > 0 && step % training.evaluate_every == 0) evaluate(false);
     const bool by_steps = saving.save_steps > 0 && step % saving.save_steps == 0;
     const bool by_time = saving.save_secs.count() > 0 && std::chrono::steady_clock::now() - last_save >= saving.save_secs;
-    if (rank == 0 && (by_steps || by_time)) save();
+    if (worker.rank() == 0 && (by_steps || by_time)) save();
+    if (done.regroup) regroup("a worker checked in to join");
   }
-  if (rank == 0) save();
+  if (worker.rank() == 0) save();
   evaluate(true);
 }
 
@@ -115,6 +207,17 @@ void train_on_ring(std::size_t rank, R ring, const Training<M>& training, O opti
 /// workers only (TF_CONFIG, `--role worker --worker-hosts`, Slurm, mpirun), each listening
 /// on its own address for the previous worker's link (`TcpRing`, proving the job's secret).
 ///
+/// The failure rules of seed 004: a worker lost in a cluster (killed, its host gone, or
+/// silent for `client.request_timeout`) is left out, the others are ranked again and form
+/// the ring again (`TcpRingRendezvous`), every one copies the replica of the one furthest
+/// on, and training goes on at the next step with one worker fewer (the mean is over the
+/// workers left; the data is read on from where the job was). A worker started with
+/// `job.join` (`--join`, its address in the cluster's worker list) checks in with the
+/// running ring, is taken in at the next step boundary and copies the replica before its
+/// first step; a lost worker started again joins that way. Every process of the job,
+/// joiners too, needs the same job name (`--job-name`: the default one is made from the
+/// cluster, which a joiner's list changes).
+///
 /// Worker 0 does a chief's work: it starts every replica (from the newest checkpoint in
 /// `training.checkpoint.directory`, else from `training.seed`), evaluates every
 /// `evaluate_every` steps and at the end (`Evaluation::role` kChief, no ps `stats`),
@@ -125,9 +228,9 @@ void train_on_ring(std::size_t rank, R ring, const Training<M>& training, O opti
 /// the ring to form `client.recovery_timeout`. `training.metrics`, `tcp`, `server` and
 /// `worker_timeout` concern ps jobs and are not used.
 ///
-/// Returns 0, or 1 with one line naming the cause: a lost worker ends the job (the ring
-/// is not rebuilt around it yet), and a job started again resumes from the newest
-/// checkpoint.
+/// Returns 0, or 1 with one line naming the cause (the ring could not be formed again
+/// within `client.recovery_timeout`, say); a job started again resumes from the newest
+/// checkpoint. Threads (in-process) form no ring again: a lost one ends the job.
 template <Model M, Optimizer O>
 int run_all_reduce(const Job& job, const Training<M>& training, O optimizer) {
   static_assert(!TableModel<M>, "run_all_reduce trains dense models: a model with embedding tables needs ps tasks");
@@ -145,7 +248,7 @@ int run_all_reduce(const Job& job, const Training<M>& training, O optimizer) {
       for (std::size_t r = 0; r < ring.size(); ++r) {
         threads.emplace_back([&, r] {
           try {
-            runner_detail::train_on_ring(r, std::move(ring[r]), training, optimizer);
+            runner_detail::train_on_ring(std::move(ring[r]), training, optimizer);
           } catch (const std::exception& e) {
             failures[r] = "worker:" + std::to_string(r) + ": " + e.what();
             const auto* error = dynamic_cast<const Error*>(&e);
@@ -177,8 +280,28 @@ int run_all_reduce(const Job& job, const Training<M>& training, O optimizer) {
     TcpRingOptions options;
     options.form_timeout = training.client.recovery_timeout;
     options.timeout = training.client.request_timeout;
-    TcpRing ring(cluster.task.index, cluster.cluster.tasks("worker"), job.credentials, options);
-    runner_detail::train_on_ring(cluster.task.index, std::move(ring), training, std::move(optimizer));
+    const std::vector<std::string>& workers = cluster.cluster.tasks("worker");
+    TcpRingRendezvous rendezvous(workers.at(cluster.task.index), job.credentials, options);
+    RingView view;
+    if (job.join) {
+      log(LogLevel::kInfo, "all-reduce: worker " + std::to_string(cluster.task.index) + " at " + rendezvous.address() +
+                               " checks in to join the running ring");
+      view = rendezvous.join(workers);
+    } else {
+      view = TcpRingRendezvous::first(cluster.task.index, workers);
+    }
+    // The first ring of a job that starts must form whole; a joiner's, whose members may be
+    // lost meanwhile, is formed again without them.
+    std::optional<TcpRing> ring;
+    for (int attempt = 1; !ring; ++attempt) {
+      try {
+        ring.emplace(rendezvous.form(view));
+      } catch (const Error& e) {
+        if (view.generation == 0 || !runner_detail::ring_lost(e) || attempt == 8) throw;
+        view = rendezvous.regroup(view, RingProgress{});
+      }
+    }
+    runner_detail::train_on_ring(std::move(*ring), training, std::move(optimizer), &rendezvous, std::move(view));
     return 0;
   } catch (const std::exception& e) {
     log(LogLevel::kError, std::string("all-reduce: ") + e.what());

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <system_error>
@@ -23,6 +24,7 @@
 #include "pulley/core/address.hpp"
 #include "pulley/core/error.hpp"
 #include "pulley/core/log.hpp"
+#include "pulley/transport/detail/handshake_io.hpp"
 #include "pulley/transport/detail/sockets.hpp"
 #include "pulley/transport/wire/codec.hpp"
 #include "pulley/transport/wire/handshake.hpp"
@@ -62,25 +64,7 @@ class TcpRing {
   /// kUnauthenticated (the next rank refused this one's proof, or could not prove its own).
   TcpRing(std::size_t rank, const std::vector<std::string>& addresses, Credentials credentials,
           TcpRingOptions options = {})
-      : links_(std::make_unique<Links>()), rank_(rank), size_(addresses.size()), options_(options) {
-    if (addresses.empty() || rank >= addresses.size()) {
-      throw Error(ErrorCode::kInvalidArgument, "ring: rank " + std::to_string(rank) + " of a ring of " +
-                                                   std::to_string(addresses.size()) + " addresses");
-    }
-    wire::check_credentials(credentials);
-    if (credentials.secret.empty() && !options.allow_no_secret) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  "ring: no shared secret is set, so anyone who knows the job's name ('" + credentials.job +
-                      "') could join the ring: set the job's secret (README, Security), or "
-                      "TcpRingOptions::allow_no_secret for addresses only trusted peers reach");
-    }
-    if (size_ == 1) return;
-    std::vector<Address> parsed;
-    for (const std::string& a : addresses) parsed.push_back(parse_address(a));
-    links_->next_name = "rank " + std::to_string(next()) + " at " + addresses[next()];
-    links_->previous_name = "rank " + std::to_string(previous());
-    form(parsed, credentials);
-  }
+      : TcpRing(rank, addresses, credentials, options, nullptr, {}) {}
 
   [[nodiscard]] std::size_t rank() const noexcept { return rank_; }
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
@@ -107,6 +91,37 @@ class TcpRing {
 
  private:
   using Clock = std::chrono::steady_clock;
+  friend class TcpRingRendezvous;
+
+  /// Forms the ring on `listening` when given (an address this process keeps listening on
+  /// across rings: TcpRingRendezvous's), else on an acceptor of its own. `incarnations`,
+  /// when given, are the processes (wire::incarnation()) the ranks must be: a link from or
+  /// to another process, one left over from an older ring say, is refused.
+  TcpRing(std::size_t rank, const std::vector<std::string>& addresses, const Credentials& credentials,
+          TcpRingOptions options, asio::ip::tcp::acceptor* listening, std::vector<std::uint64_t> incarnations)
+      : links_(std::make_unique<Links>()),
+        rank_(rank),
+        size_(addresses.size()),
+        options_(options),
+        incarnations_(std::move(incarnations)) {
+    if (addresses.empty() || rank >= addresses.size() || (!incarnations_.empty() && incarnations_.size() != size_)) {
+      throw Error(ErrorCode::kInvalidArgument, "ring: rank " + std::to_string(rank) + " of a ring of " +
+                                                   std::to_string(addresses.size()) + " addresses");
+    }
+    wire::check_credentials(credentials);
+    if (credentials.secret.empty() && !options.allow_no_secret) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "ring: no shared secret is set, so anyone who knows the job's name ('" + credentials.job +
+                      "') could join the ring: set the job's secret (README, Security), or "
+                      "TcpRingOptions::allow_no_secret for addresses only trusted peers reach");
+    }
+    if (size_ == 1) return;
+    std::vector<Address> parsed;
+    for (const std::string& a : addresses) parsed.push_back(parse_address(a));
+    links_->next_name = "rank " + std::to_string(next()) + " at " + addresses[next()];
+    links_->previous_name = "rank " + std::to_string(previous());
+    form(parsed, credentials, listening);
+  }
 
   /// Runs `body`; if it throws, the link is broken for good first: its queue (views of the
   /// caller's memory, which unwinding may free) is dropped and its sockets closed, so that
@@ -228,12 +243,17 @@ class TcpRing {
   /// The order is free of waits in a cycle: every rank sends its challenge before it
   /// reads anything, answers the next rank's challenge before it checks the previous rank's
   /// hello, and checks that before it reads the next rank's welcome.
-  void form(const std::vector<Address>& addresses, const Credentials& credentials) {
+  void form(const std::vector<Address>& addresses, const Credentials& credentials, asio::ip::tcp::acceptor* listening) {
     const auto deadline = Clock::now() + options_.form_timeout;
     auto& io = links_->io;
-    asio::ip::tcp::acceptor acceptor = transport_detail::listen(
-        io, transport_detail::resolve_listen_endpoint(io, addresses[rank_].host, addresses[rank_].port));
-    acceptor.non_blocking(true);
+    std::optional<asio::ip::tcp::acceptor> own;
+    if (listening == nullptr) {
+      own.emplace(transport_detail::listen(
+          io, transport_detail::resolve_listen_endpoint(io, addresses[rank_].host, addresses[rank_].port)));
+      own->non_blocking(true);
+      listening = &*own;
+    }
+    asio::ip::tcp::acceptor& acceptor = *listening;
     connect_next(addresses[next()], deadline);
     const Node self = Node::worker(static_cast<std::uint32_t>(rank_));
     const Node expected = Node::worker(static_cast<std::uint32_t>(previous()));
@@ -260,14 +280,22 @@ class TcpRing {
       try {
         const auto hello = read_handshake<wire::Hello>(links_->previous, until);
         std::string refusal = wire::refusal_reason(credentials, challenge, hello);
-        if (refusal.empty() && (hello.shard != wire::Hello::kRingLink || !(hello.peer == expected))) {
+        ErrorCode code = ErrorCode::kUnauthenticated;
+        if (refusal.empty() && hello.shard == wire::Hello::kRingRendezvous) {
+          // A worker checking in (TcpRingRendezvous) while this one forms: it asks again.
+          refusal = "rank " + std::to_string(rank_) + " is forming a ring: check in again";
+          code = ErrorCode::kUnavailable;
+        } else if (refusal.empty() && (hello.shard != wire::Hello::kRingLink || !(hello.peer == expected))) {
           refusal = hello.peer.name() + " is not " + expected.name() + " of the ring";
+        } else if (refusal.empty() && !incarnations_.empty() && hello.incarnation != incarnations_[previous()]) {
+          refusal = "the process that claims " + expected.name() + " is not the ring's (one of an older ring?)";
         }
         if (!refusal.empty()) {
-          log(LogLevel::kWarning, "ring: rank " + std::to_string(rank_) + " refused a connection: " + refusal);
+          if (code == ErrorCode::kUnauthenticated) {
+            log(LogLevel::kWarning, "ring: rank " + std::to_string(rank_) + " refused a connection: " + refusal);
+          }
           try {
-            write_frame(links_->previous,
-                        wire::encode(wire::Handshake{wire::Refusal{ErrorCode::kUnauthenticated, refusal}}, 0), until);
+            write_frame(links_->previous, wire::encode(wire::Handshake{wire::Refusal{code, refusal}}, 0), until);
           } catch (const Error&) {  // it hung up first
           }
           std::error_code ignored;
@@ -395,6 +423,9 @@ class TcpRing {
       throw Error(ErrorCode::kUnauthenticated,
                   "ring: " + links_->next_name + " did not prove the job's shared secret (a wrong PULLEY_SECRET?)");
     }
+    if (!incarnations_.empty() && welcome->server != incarnations_[next()]) {
+      throw Error(ErrorCode::kUnavailable, "ring: " + links_->next_name + " is another process than the ring's");
+    }
     welcomed_ = true;
   }
 
@@ -409,68 +440,24 @@ class TcpRing {
     }
   }
 
-  /// Waits until `socket` is ready for `events`, or throws kDeadlineExceeded at `deadline`.
-  void await(asio::ip::tcp::socket& socket, short events, Clock::time_point deadline, const char* what) const {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    pollfd fd{socket.native_handle(), events, 0};
-    if (left <= 0 || ::poll(&fd, 1, static_cast<int>(std::min<std::int64_t>(left, 1000))) < 0) {
-      if (Clock::now() >= deadline) {
-        throw Error(ErrorCode::kDeadlineExceeded, "ring: rank " + std::to_string(rank_) + ": the handshake's " +
-                                                      what + " did not complete in time");
-      }
-    }
-  }
+  [[nodiscard]] std::string who() const { return "ring: rank " + std::to_string(rank_); }
 
   void write_frame(asio::ip::tcp::socket& socket, const wire::Frame& frame, Clock::time_point deadline) {
-    std::string bytes(reinterpret_cast<const char*>(&frame.header), sizeof frame.header);
-    bytes += frame.meta;
-    bytes.append(wire::padding(frame.meta.size()), '\0');
-    std::size_t at = 0;
-    while (at < bytes.size()) {
-      std::error_code ec;
-      at += socket.write_some(asio::buffer(bytes.data() + at, bytes.size() - at), ec);
-      if (ec == asio::error::would_block || ec == asio::error::try_again) {
-        await(socket, POLLOUT, deadline, "write");
-      } else if (ec) {
-        throw Error(ErrorCode::kUnavailable, "ring: rank " + std::to_string(rank_) + ": handshake: " + ec.message());
-      }
-    }
+    transport_detail::write_frame_by(socket, frame, deadline, who());
   }
-
-  void read_exact(asio::ip::tcp::socket& socket, char* into, std::size_t n, Clock::time_point deadline) {
-    std::size_t at = 0;
-    while (at < n) {
-      std::error_code ec;
-      at += socket.read_some(asio::buffer(into + at, n - at), ec);
-      if (ec == asio::error::would_block || ec == asio::error::try_again) {
-        await(socket, POLLIN, deadline, "read");
-      } else if (ec) {
-        throw Error(ErrorCode::kUnavailable, "ring: rank " + std::to_string(rank_) + ": handshake: " +
-                                                 (ec == asio::error::eof ? "the peer closed the connection" : ec.message()));
-      }
-    }
-  }
-
   std::pair<wire::Header, std::string> read_frame(asio::ip::tcp::socket& socket, Clock::time_point deadline) {
-    wire::Header header;
-    read_exact(socket, reinterpret_cast<char*>(&header), sizeof header, deadline);
-    wire::check(header, wire::kHandshakeLimits);
-    std::string meta(header.meta_bytes + wire::padding(header.meta_bytes), '\0');
-    read_exact(socket, meta.data(), meta.size(), deadline);
-    meta.resize(header.meta_bytes);
-    return {header, std::move(meta)};
+    return transport_detail::read_frame_by(socket, deadline, who());
   }
-
   template <class Expected>
   Expected read_handshake(asio::ip::tcp::socket& socket, Clock::time_point deadline) {
-    const auto bytes = read_frame(socket, deadline);
-    return wire::decode_handshake_as<Expected>(bytes.first, bytes.second);
+    return transport_detail::read_handshake_by<Expected>(socket, deadline, who());
   }
 
   std::unique_ptr<Links> links_;  ///< behind a pointer: the ring moves, its sockets do not
   std::size_t rank_ = 0;
   std::size_t size_ = 1;
   TcpRingOptions options_;
+  std::vector<std::uint64_t> incarnations_;  ///< each rank's process, when the ring knows them
   wire::Challenge challenge_;  ///< the next rank's
   std::string nonce_;          ///< this rank's, in its hello to the next
   bool answered_ = false;  ///< this rank's hello went to the next

@@ -348,8 +348,8 @@ class TcpServer {
                           wire::refusal_reason(options_.credentials, *c->challenge, hello,
                                                options_.tasks.contains(Node::Role::kPs))};
     if (refusal.reason.empty()) refusal = outside_job(hello.peer);
-    if (refusal.reason.empty() && hello.shard == wire::Hello::kRingLink) {
-      refusal.reason = hello.peer.name() + " connected as a ring link (TcpRing) to ps " +
+    if (refusal.reason.empty() && (hello.shard == wire::Hello::kRingLink || hello.shard == wire::Hello::kRingRendezvous)) {
+      refusal.reason = hello.peer.name() + " connected as a ring's worker (TcpRing) to ps " +
                        std::to_string(service_.task()) + ": a ring's addresses are the workers'";
     } else if (refusal.reason.empty() && hello.shard != wire::Hello::kOwnShard && hello.shard != service_.task() &&
                !holds_copy(service_, hello.shard)) {

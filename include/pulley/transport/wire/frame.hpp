@@ -34,6 +34,9 @@ inline constexpr std::uint16_t kVersion = 21;          ///< bumped on any incomp
 inline constexpr std::uint16_t kResponseKind = 0x100;  ///< response kinds start here
 inline constexpr std::uint16_t kHandshakeKind = 0x200;  ///< handshake kinds start here
 inline constexpr std::size_t kHandshakeKinds = 4;       ///< Challenge, Hello, Welcome, Refusal
+/// A ring's rendezvous (transport/tcp_ring_rendezvous.hpp) after its handshake: check-in, view, redirect.
+inline constexpr std::uint16_t kRendezvousKind = 0x300;
+inline constexpr std::size_t kRendezvousKinds = 3;
 
 /// What a receiver accepts in one frame, checked before it allocates anything for it. A
 /// frame's metadata is small: 4 MiB holds the placement of ~50 000 variables.
@@ -116,7 +119,9 @@ inline void check(const Header& h, const FrameLimits& limits = {}) {
       static_cast<std::size_t>(h.kind - kResponseKind) < std::variant_size_v<Response>;
   const bool handshake =
       h.kind >= kHandshakeKind && static_cast<std::size_t>(h.kind - kHandshakeKind) < kHandshakeKinds;
-  if (!request && !response && !handshake) {
+  const bool rendezvous =
+      h.kind >= kRendezvousKind && static_cast<std::size_t>(h.kind - kRendezvousKind) < kRendezvousKinds;
+  if (!request && !response && !handshake && !rendezvous) {
     throw Malformed("unknown message kind " + std::to_string(h.kind));
   }
   if (h.meta_bytes > limits.max_meta_bytes) {

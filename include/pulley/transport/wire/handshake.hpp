@@ -89,6 +89,9 @@ struct Hello {
   /// listener is that worker (Challenge::ps then names its rank). A ps refuses it as a shard
   /// it does not hold, and the proof binds it, so neither kind of hello passes for the other.
   static constexpr std::uint32_t kRingLink = 0xFFFFFFFEU;
+  /// No shard: a worker of a ring checks in with another to form the next ring
+  /// (TcpRingRendezvous: after a loss, or to join). Refused by a ps, and by a ring link.
+  static constexpr std::uint32_t kRingRendezvous = 0xFFFFFFFDU;
 
   template <class Archive>
   void serialize(Archive& archive) {
