@@ -17972,7 +17972,9 @@ class TcpRing {
         } else if (refusal.empty() && (hello.shard != wire::Hello::kRingLink || !(hello.peer == expected))) {
           refusal = hello.peer.name() + " is not " + expected.name() + " of the ring";
         } else if (refusal.empty() && !incarnations_.empty() && hello.incarnation != incarnations_[previous()]) {
+          // A worker of the job that forms another ring (an older view): it regroups.
           refusal = "the process that claims " + expected.name() + " is not the ring's (one of an older ring?)";
+          code = ErrorCode::kUnavailable;
         }
         if (!refusal.empty()) {
           if (code == ErrorCode::kUnauthenticated) {
@@ -18096,8 +18098,9 @@ class TcpRing {
       return wire::decode_handshake(bytes.first, bytes.second);
     });
     if (auto* refusal = std::get_if<wire::Refusal>(&message)) {
-      throw Error(ErrorCode::kUnauthenticated, "ring: " + links_->next_name + " refused rank " +
-                                                   std::to_string(rank_) + ": " + refusal->reason);
+      // kUnavailable: the next rank forms another ring now (this one's view is stale).
+      throw Error(refusal->code == ErrorCode::kUnavailable ? ErrorCode::kUnavailable : ErrorCode::kUnauthenticated,
+                  "ring: " + links_->next_name + " refused rank " + std::to_string(rank_) + ": " + refusal->reason);
     }
     const auto* welcome = std::get_if<wire::Welcome>(&message);
     const Node self = Node::worker(static_cast<std::uint32_t>(rank_));

@@ -414,7 +414,8 @@ TEST_CASE("a newcomer checks in, is taken in at a step boundary, and copies the 
     RingView view;
     std::optional<LinearWorker> worker;
     if (r == 2) {
-      while (!joining) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      for (int i = 0; i < 2000 && !joining; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      REQUIRE(joining);
       view = rendezvous.join(members);
       worker.emplace(testing::LinearModel(3, 2), Adam{0.01F}, rendezvous.form(view));
     } else {
@@ -423,7 +424,9 @@ TEST_CASE("a newcomer checks in, is taken in at a step boundary, and copies the 
       worker->initialize(3);
       REQUIRE(run_steps(*worker, rendezvous, view, 10) == -1);
       joining = true;
-      voted[r] = run_steps(*worker, rendezvous, view, 500);
+      // Steps until the vote comes (the newcomer's check-in reached rank 0), 30 s at most.
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (voted[r] < 0 && std::chrono::steady_clock::now() < until) voted[r] = run_steps(*worker, rendezvous, view, 20);
       view = rendezvous.regroup(view, RingProgress{worker->global_step(), 0});
       worker->reform(rendezvous.form(view));
     }

@@ -22,6 +22,8 @@
 #include "pulley/core/initializers.hpp"
 #include "pulley/core/log.hpp"
 #include "pulley/runner/job.hpp"
+#include "pulley/runner/metrics.hpp"
+#include "pulley/runner/tasks.hpp"
 #include "pulley/runner/training.hpp"
 #include "pulley/transport/in_process_ring.hpp"
 #include "pulley/transport/tcp_ring.hpp"
@@ -35,16 +37,17 @@ inline bool ring_lost(const Error& e) {
   return e.code() == ErrorCode::kUnavailable || e.code() == ErrorCode::kDeadlineExceeded;
 }
 
-/// Trains one worker of an all-reduce job over `ring` until `last_step`. Every rank first
+/// Trains one worker of an all-reduce job over `ring` until `last_step`, recording its
+/// figures under `task` in `metrics` (when not null). Every rank first
 /// takes one replica (`view.step` -1: rank 0's, restored from the newest checkpoint or
 /// initialized from the seed; else the furthest rank's, `view.source`); rank 0 evaluates,
 /// checkpoints and reports as a chief does. With a `rendezvous` (processes), a ring that
 /// breaks is formed again among the workers left (TcpRingRendezvous::regroup) and a worker
 /// that checks in is taken in at a step boundary; without one (threads), a lost neighbour
-/// ends the worker.
+/// ends the worker. Rank 0 also logs the progress line every `training.metrics.progress`.
 template <Model M, Optimizer O, Ring R>
-void train_on_ring(R ring, const Training<M>& training, O optimizer, TcpRingRendezvous* rendezvous = nullptr,
-                   RingView view = {}) {
+void train_on_ring(R ring, const Training<M>& training, O optimizer, const std::string& task, Metrics* metrics,
+                   TcpRingRendezvous* rendezvous = nullptr, RingView view = {}) {
   AllReduceWorker worker(training.model(), std::move(optimizer), std::move(ring));
   const CheckpointOptions& saving = training.checkpoint;
   std::optional<CheckpointDirectory> directory;  // rank 0's, opened when it is rank 0
@@ -115,6 +118,7 @@ void train_on_ring(R ring, const Training<M>& training, O optimizer, TcpRingRend
           throw Error(ErrorCode::kInternal, "a ring of threads is not formed again");
         }
         begin();
+        if (metrics != nullptr) metrics->add(task, "ring_regroups", 1);
         say_where(", " + std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
                                            std::chrono::steady_clock::now() - left)
                                            .count()) +
@@ -161,7 +165,28 @@ void train_on_ring(R ring, const Training<M>& training, O optimizer, TcpRingRend
     if (view.generation > 0) {  // the ring was formed again: the workers in it now, by rank
       for (std::uint32_t r = 0; r < worker.num_workers(); ++r) e.workers.push_back(r);
     }
+    EvaluationScores scores(metrics, task, e.step);
+    e.report = scores.reporter();
     training.evaluate(worker.model(), e);
+    scores.commit();
+  };
+  // Rank 0's progress line; examples/s counts the workers in the ring now.
+  const auto every = training.metrics.progress;
+  auto next_line = started + every;
+  std::pair<std::int64_t, std::chrono::steady_clock::time_point> last_line{start_step, started};
+  auto progress_line = [&](std::int64_t step) {
+    if (worker.rank() != 0 || every.count() <= 0) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (now < next_line) return;
+    next_line = now + every;
+    const double seconds = std::chrono::duration<double>(now - last_line.second).count();
+    const double steps_per_s = seconds > 0 ? static_cast<double>(step - last_line.first) / seconds : 0.0;
+    const double per_worker = static_cast<double>(training.samples_per_step) / static_cast<double>(shard.count);
+    last_line = {step, now};
+    log(LogLevel::kInfo, ChiefProgress::line(step, training.last_step, training.steps_per_epoch,
+                                             steps_per_s * per_worker * static_cast<double>(worker.num_workers()),
+                                             steps_per_s, "all-reduce") +
+                             " (" + std::to_string(worker.num_workers()) + " workers)");
   };
   auto save = [&] {
     CheckpointDirectory* d = checkpoints();
@@ -184,6 +209,16 @@ void train_on_ring(R ring, const Training<M>& training, O optimizer, TcpRingRend
     }
     const std::int64_t step = worker.global_step();
     if (step == training.last_step) break;
+    if (metrics != nullptr) {
+      metrics->set(task, {{"global_step", static_cast<double>(step)},
+                          {"ring_workers", static_cast<double>(worker.num_workers())},
+                          {"ring_rank", static_cast<double>(worker.rank())},
+                          {"ring_generation", static_cast<double>(view.generation)}});
+      metrics->add(task, "steps", 1, MetricKind::kRate);
+      metrics->observe(task, "loss", done.loss);
+      metrics->count(task, "bytes_sent", static_cast<double>(worker.bytes_sent()), MetricKind::kRate);
+    }
+    progress_line(step);
     if (training.evaluate_every > 0 && step % training.evaluate_every == 0) evaluate(false);
     const bool by_steps = saving.save_steps > 0 && step % saving.save_steps == 0;
     const bool by_time = saving.save_secs.count() > 0 && std::chrono::steady_clock::now() - last_save >= saving.save_secs;
@@ -225,8 +260,16 @@ void train_on_ring(R ring, const Training<M>& training, O optimizer, TcpRingRend
 /// ps job writes). Batches are numbered as SyncReplicas with R = N numbers them
 /// (`DataShard::batch`). A worker waits for its neighbours `client.request_timeout`
 /// (`--request-timeout-ms`: rank 0's evaluations and checkpoints must fit in it), and for
-/// the ring to form `client.recovery_timeout`. `training.metrics`, `tcp`, `server` and
+/// the ring to form `client.recovery_timeout`. `training.tcp`, `server` and
 /// `worker_timeout` concern ps jobs and are not used.
+///
+/// Watching it: each worker records its figures under its task in `training.metrics`
+/// (`--metrics-file`, `--metrics-port`: global_step, steps and steps_per_s, loss,
+/// bytes_sent and its rate, ring_workers, ring_rank, ring_generation, ring_regroups, and
+/// on rank 0 the scores of its evaluations), rank 0 logs the progress line every
+/// `metrics.progress`, and an evaluator task beside the workers (a cluster of workers and
+/// evaluators, no ps) scores the checkpoints rank 0 writes as they appear
+/// (`follow_checkpoints`: it needs `training.checkpoint.directory`).
 ///
 /// Returns 0, or 1 with one line naming the cause (the ring could not be formed again
 /// within `client.recovery_timeout`, say); a job started again resumes from the newest
@@ -241,6 +284,8 @@ int run_all_reduce(const Job& job, const Training<M>& training, O optimizer) {
     }
     check_optimizer_settings(optimizer);
     if (job.in_process()) {
+      MetricsReporter reporter(training.metrics, "in-process");
+      Metrics* metrics = reporter.enabled() ? &reporter.metrics() : nullptr;
       auto ring = InProcessRing::make(job.local_workers, training.client.request_timeout);
       std::vector<std::string> failures(ring.size());
       std::vector<bool> lost_neighbour(ring.size());
@@ -248,7 +293,8 @@ int run_all_reduce(const Job& job, const Training<M>& training, O optimizer) {
       for (std::size_t r = 0; r < ring.size(); ++r) {
         threads.emplace_back([&, r] {
           try {
-            runner_detail::train_on_ring(std::move(ring[r]), training, optimizer);
+            runner_detail::train_on_ring(std::move(ring[r]), training, optimizer,
+                                         Node::worker(static_cast<std::uint32_t>(r)).name(), metrics);
           } catch (const std::exception& e) {
             failures[r] = "worker:" + std::to_string(r) + ": " + e.what();
             const auto* error = dynamic_cast<const Error*>(&e);
@@ -267,20 +313,35 @@ int run_all_reduce(const Job& job, const Training<M>& training, O optimizer) {
       return 0;
     }
     const TfConfig& cluster = *job.cluster;
-    for (const char* role : {"ps", "chief", "evaluator"}) {
+    for (const char* role : {"ps", "chief"}) {
       if (!cluster.cluster.tasks(role).empty()) {
-        throw Error(ErrorCode::kInvalidArgument, std::string("an all-reduce job's tasks are workers only: its cluster has ") +
-                                                     role + " tasks");
+        throw Error(ErrorCode::kInvalidArgument,
+                    std::string("an all-reduce job's tasks are workers (and evaluators) only: its cluster has ") + role +
+                        " tasks");
       }
     }
-    if (cluster.task.type != "worker") {
-      throw Error(ErrorCode::kInvalidArgument, "an all-reduce job's tasks are workers only: this task is a " +
-                                                   cluster.task.type);
+    const std::vector<std::string>& workers = cluster.cluster.tasks("worker");
+    const auto num_workers = static_cast<std::uint32_t>(workers.size());
+    if (cluster.task.type == "evaluator") {  // scores rank 0's checkpoints as they appear
+      if (training.checkpoint.directory.empty()) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "an all-reduce job's evaluator scores the checkpoints worker 0 writes: give the job a "
+                    "checkpoint directory (--checkpoint-dir), the same on every task");
+      }
+      MetricsReporter reporter(training.metrics, "evaluator-" + std::to_string(cluster.task.index),
+                               metrics_port_offset("evaluator", cluster.task.index, 0, 0, num_workers));
+      runner_detail::follow_checkpoints(training, reporter.enabled() ? &reporter.metrics() : nullptr);
+      return 0;
     }
+    if (cluster.task.type != "worker") {
+      throw Error(ErrorCode::kInvalidArgument, "an all-reduce job's tasks are workers (and evaluators) only: this "
+                                               "task is a " + cluster.task.type);
+    }
+    MetricsReporter reporter(training.metrics, "worker-" + std::to_string(cluster.task.index),
+                             metrics_port_offset("worker", cluster.task.index, 0, 0, num_workers));
     TcpRingOptions options;
     options.form_timeout = training.client.recovery_timeout;
     options.timeout = training.client.request_timeout;
-    const std::vector<std::string>& workers = cluster.cluster.tasks("worker");
     TcpRingRendezvous rendezvous(workers.at(cluster.task.index), job.credentials, options);
     RingView view;
     if (job.join) {
@@ -301,7 +362,8 @@ int run_all_reduce(const Job& job, const Training<M>& training, O optimizer) {
         view = rendezvous.regroup(view, RingProgress{});
       }
     }
-    runner_detail::train_on_ring(std::move(*ring), training, std::move(optimizer), &rendezvous, std::move(view));
+    runner_detail::train_on_ring(std::move(*ring), training, std::move(optimizer), Node::worker(cluster.task.index).name(),
+                                 reporter.enabled() ? &reporter.metrics() : nullptr, &rendezvous, std::move(view));
     return 0;
   } catch (const std::exception& e) {
     log(LogLevel::kError, std::string("all-reduce: ") + e.what());

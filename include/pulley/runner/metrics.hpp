@@ -302,10 +302,11 @@ class ChiefProgress {
   void reached(std::int64_t step) { reached_ = step; }
 
   /// The progress line at global step `step` of `last_step`: the epoch (when
-  /// `steps_per_epoch` > 0), `examples_per_s` (when > 0) and the time left at `steps_per_s`.
+  /// `steps_per_epoch` > 0), `examples_per_s` (when > 0) and the time left at `steps_per_s`;
+  /// `who` opens it (an all-reduce job's rank 0 prints it too).
   [[nodiscard]] static std::string line(std::int64_t step, std::int64_t last_step, std::int64_t steps_per_epoch,
-                                        double examples_per_s, double steps_per_s) {
-    std::string text = "chief: global step " + std::to_string(step) + " of " + std::to_string(last_step);
+                                        double examples_per_s, double steps_per_s, std::string_view who = "chief") {
+    std::string text = std::string(who) + ": global step " + std::to_string(step) + " of " + std::to_string(last_step);
     if (steps_per_epoch > 0) {
       const std::int64_t epochs = (last_step + steps_per_epoch - 1) / steps_per_epoch;
       text += " (epoch " + std::to_string(std::min(step / steps_per_epoch + 1, epochs)) + " of " +

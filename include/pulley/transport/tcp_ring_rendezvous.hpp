@@ -158,7 +158,7 @@ class TcpRingRendezvous {
       if (view.rank == 0) {
         held_.push_back(std::move(*in));
       } else {
-        send(in->socket, wire::RingRedirect{view.generation, view.addresses.at(0)}, soon());
+        send_quietly(in->socket, wire::RingRedirect{view.generation, view.addresses.at(0)});
       }
     }
     return !held_.empty();
@@ -207,7 +207,14 @@ class TcpRingRendezvous {
         if (member == address_) continue;
         const Asked asked = ask(member, check_in(0, {}), HandshakeClock::now() + options_.timeout, deadline);
         if (asked.view) return *asked.view;
-        if (asked.redirect) return join_at(asked.redirect->address, {}, deadline);
+        if (asked.redirect) {
+          try {
+            return join_at(asked.redirect->address, {}, deadline);
+          } catch (const Error& e) {  // that rank 0 is gone since: ask the members again
+            if (e.code() != ErrorCode::kUnavailable) throw;
+            break;
+          }
+        }
         if (asked.busy) break;
       }
       pause();
@@ -324,10 +331,13 @@ class TcpRingRendezvous {
     std::vector<CheckedIn> newcomers;
     auto take = [&](CheckedIn in) {
       for (std::size_t j = view.rank + 1; j < n; ++j) {
-        if (in.said.generation == view.generation && in.said.address == view.addresses[j]) {
+        if (in.said.address != view.addresses[j]) continue;
+        const bool same = view.incarnations.empty() || view.incarnations[j] == in.incarnation;
+        if (in.said.generation == view.generation && same) {
           members[j] = std::move(in);
           return;
         }
+        gone[j] = true;  // another process at its address: the member is gone, this is a newcomer
       }
       std::erase_if(newcomers, [&](const CheckedIn& c) { return c.said.address == in.said.address; });
       newcomers.push_back(std::move(in));
@@ -356,10 +366,16 @@ class TcpRingRendezvous {
     // (it was stopped for longer than the timeout): then this one is the newcomer.
     for (std::size_t j = view.rank + 1; j < n; ++j) {
       if (members[j] || gone[j]) continue;
-      const Asked asked = ask(view.addresses[j], check_in(view.generation, mine),
-                              HandshakeClock::now() + std::min(options_.timeout, std::chrono::milliseconds(5000)),
-                              HandshakeClock::now() + options_.timeout);
-      if (asked.view || (asked.redirect && asked.redirect->generation > view.generation)) {
+      const Asked asked = ask(view.addresses[j], check_in(view.generation, mine), HandshakeClock::now() + options_.timeout,
+                              HandshakeClock::now() + 2 * options_.timeout);
+      if (asked.busy || (asked.redirect && asked.redirect->generation <= view.generation)) {
+        // It forms a ring, or is still in this one: nothing to decide on yet, ask again.
+        for (auto& m : members) {
+          if (m) send_quietly(m->socket, wire::RingRedirect{view.generation, address_});
+        }
+        return std::nullopt;
+      }
+      if (asked.view || asked.redirect) {
         log(LogLevel::kWarning, "ring: " + address_ + " was left out of a newer ring: it joins it");
         const std::string there = asked.redirect ? asked.redirect->address : asked.view->addresses.at(0);
         for (auto& m : members) {
@@ -389,6 +405,9 @@ class TcpRingRendezvous {
       log(LogLevel::kWarning, "ring: " + address_ + " reaches " + std::to_string(here) + " of the " +
                                   std::to_string(voters) + " workers of generation " + std::to_string(view.generation) +
                                   " not known gone, no quorum: it forms no ring and checks in again");
+      for (auto& m : members) {  // (ask again: this one gathers again after a pause)
+        if (m) send_quietly(m->socket, wire::RingRedirect{view.generation, address_});
+      }
       return std::nullopt;
     }
     // The next view: the members in their old order, this one among them, then the newcomers.
@@ -474,7 +493,12 @@ class TcpRingRendezvous {
     socket.non_blocking(true);
     socket.connect(endpoint, ec);
     if (ec == asio::error::in_progress || ec == asio::error::would_block) {
-      transport_detail::await_ready(socket, POLLOUT, deadline, who(), "connect");
+      pollfd fd{socket.native_handle(), POLLOUT, 0};
+      while (::poll(&fd, 1, 100) == 0) {
+        if (HandshakeClock::now() >= deadline) {
+          throw Error(ErrorCode::kDeadlineExceeded, "ring: " + address + " did not answer a connection in time");
+        }
+      }
       int error = 0;
       socklen_t length = sizeof error;
       ::getsockopt(socket.native_handle(), SOL_SOCKET, SO_ERROR, &error, &length);
