@@ -11,4 +11,7 @@ build_dir=${BUILD_DIR:-$root/build}
 bash "$root/scripts/setup.sh"
 BUILD_DIR=$build_dir bash "$root/scripts/configure.sh"
 cmake --build "$build_dir" --parallel "${JOBS:-$(nproc)}"
+if [[ $# -eq 0 ]]; then
+  set -- -LE extended
+fi
 ctest --test-dir "$build_dir" --output-on-failure -j "${CTEST_JOBS:-2}" "$@"
