@@ -9,6 +9,9 @@
 // checkpoints (--checkpoint-dir) hold the tables' rows, and `--score-checkpoint DIR` scores
 // the newest one with no cluster; `ctr --help` lists the flags.
 //
+// `--dense allreduce` trains the dense layers on a ring of the workers instead (run_hybrid:
+// the tables stay on the ps tasks), as recommender systems do.
+//
 // Ends with `final: auc=... planted_auc=... logloss=... samples_per_s=... workers=... ps=...
 // mode=...`, planted_auc being the planted model's own AUC on the same held-out examples, ps
 // the ps tasks the job ended with.
@@ -34,6 +37,7 @@
 #include "ctr/wide_deep.hpp"
 #include "pulley/pulley.hpp"
 #include "pulley/runner/flags.hpp"
+#include "pulley/runner/hybrid.hpp"
 #include "pulley/runner/run.hpp"
 
 // OpenBLAS runs each gemm on a thread per core by default; with one worker thread per core
@@ -46,6 +50,7 @@ using Clock = std::chrono::steady_clock;
 
 struct Options {
   std::string mode = "sync";
+  std::string dense = "ps";  ///< where the dense layers train: "ps", or "allreduce" (run_hybrid)
   std::size_t train_examples = 4'000'000;
   std::size_t test_examples = 200'000;
   std::uint32_t vocabulary = 400'000;
@@ -305,15 +310,19 @@ int train(const pulley::Job& job, const Options& o, Data& data, Sync sync, std::
   };
   if (job.in_process() || job.cluster->task.type == "chief") {
     std::printf("training wide-and-deep on %zu examples (vocabulary %u per field): %s, %u ps, %u "
-                "workers, %s, batch %zu, %d epochs (%lld global steps)\n",
+                "workers, %s, dense layers on %s, batch %zu, %d epochs (%lld global steps)\n",
                 o.train_examples, o.vocabulary, job.name().c_str(), job.num_ps(), workers,
-                o.mode.c_str(), o.batch, o.epochs, static_cast<long long>(training.last_step));
+                o.mode.c_str(), o.dense == "allreduce" ? "a ring of the workers" : "the ps tasks", o.batch, o.epochs,
+                static_cast<long long>(training.last_step));
     std::fflush(stdout);
   }
   using Tables = pulley::Tables<pulley::Adagrad>;
-  return pulley::run(job, training, pulley::RoundRobin{}, pulley::Adam{o.dense_learning_rate}, sync,
-                     Tables{pulley::Adagrad{o.table_learning_rate, o.table_initial_accumulator, 1e-7F}, {}, {},
-                            o.ps_table_bytes});
+  const Tables tables{pulley::Adagrad{o.table_learning_rate, o.table_initial_accumulator, 1e-7F}, {}, {},
+                      o.ps_table_bytes};
+  if (o.dense == "allreduce") {  // the tables on the ps tasks, the MLP all-reduced (sync R = N)
+    return pulley::run_hybrid(job, training, pulley::Adam{o.dense_learning_rate}, tables);
+  }
+  return pulley::run(job, training, pulley::RoundRobin{}, pulley::Adam{o.dense_learning_rate}, sync, tables);
 }
 
 }  // namespace
@@ -324,6 +333,10 @@ int main(int argc, char** argv) {
   pulley::JobFlags job_flags;
   job_flags.ps = 2;  // in-process default: 2 ps tasks and 2 workers
   app.add_option("--mode", o.mode, "sync (R = N) or async")->check(CLI::IsMember({"sync", "async"}));
+  app.add_option("--dense", o.dense,
+                 "where the dense layers train: ps (beside the tables), or allreduce (a ring of the workers and "
+                 "the chief, the tables on the ps tasks: sync only)")
+      ->check(CLI::IsMember({"ps", "allreduce"}));
   app.add_option("--train-examples", o.train_examples, "training examples")->check(CLI::Range(1000, 100'000'000));
   app.add_option("--test-examples", o.test_examples, "held-out examples")->check(CLI::Range(1000, 10'000'000));
   app.add_option("--vocabulary", o.vocabulary, "values per categorical field")->check(CLI::Range(100, 100'000'000));
@@ -352,6 +365,10 @@ int main(int argc, char** argv) {
   pulley::add_limit_flags(app, o.client, o.tcp, o.server, o.worker_timeout);
   pulley::add_metrics_flags(app, o.metrics);
   CLI11_PARSE(app, argc, argv);
+  if (o.dense == "allreduce" && o.mode != "sync") {
+    std::fprintf(stderr, "ctr: --dense allreduce trains in sync (R = N): the ring takes every worker's step\n");
+    return 2;
+  }
   if (openblas_set_num_threads != nullptr) openblas_set_num_threads(1);
   try {
     if (!score_dir.empty()) {

@@ -22,6 +22,7 @@
 #include "pulley/client/checkpoint_cut.hpp"
 #include "pulley/client/chief.hpp"
 #include "pulley/client/client.hpp"
+#include "pulley/client/dense_on_ring.hpp"
 #include "pulley/client/evaluator.hpp"
 #include "pulley/client/heartbeat.hpp"
 #include "pulley/client/options.hpp"

@@ -2328,6 +2328,12 @@ concept Model = requires(M& model, const M& cmodel, std::size_t i, const typenam
 ///     per table: the batch's mean loss; the dense gradients go to `gradient(i)` as for
 ///     Model, each row's gradient is added into `tables[t].gradient(id)`
 ///
+/// Optional: `static constexpr bool kAppliesWhenComputed = true` in a model whose
+/// `compute_gradients` applies part of the step itself (DenseOnRing applies the dense
+/// variables' there): a Worker then never computes a step twice: where it would (the job
+/// was rolled back, or its members changed, while the step's push was on its way), it fails
+/// with kAborted instead (AppliesWhenComputed).
+///
 /// Semantic contract: as Model's; `lookup` lists every id that `compute_gradients` reads or
 /// writes, and the row gradients are of the batch's mean loss.
 template <class M>
@@ -2338,6 +2344,11 @@ concept TableModel = Model<M> &&
   { cmodel.lookup(batch, i, ids) } -> std::same_as<void>;
   { model.compute_gradients(batch, tables) } -> std::convertible_to<float>;
 };
+
+/// A model whose `compute_gradients` applies part of the step (TableModel's optional
+/// `kAppliesWhenComputed`).
+template <class M>
+concept AppliesWhenComputed = requires { requires M::kAppliesWhenComputed; };
 
 }  // namespace pulley
 // ---- end pulley/concepts/model.hpp ----
@@ -2888,11 +2899,14 @@ class AllReduceWorker {
       states_.push_back(optimizer_.make_state(spec.size()));
     }
     offsets_.push_back(offset);
-    flat_.resize(offset + 2);  // the loss and the vote to regroup ride at the end
+    flat_.resize(offset + 3);  // the loss, the ranks that added a gradient and the vote ride at the end
   }
 
   AllReduceWorker(const AllReduceWorker&) = delete;
   AllReduceWorker& operator=(const AllReduceWorker&) = delete;
+  /// Movable between calls (a `Worker` takes the `DenseOnRing` holding one by value).
+  AllReduceWorker(AllReduceWorker&&) = default;
+  AllReduceWorker& operator=(AllReduceWorker&&) = default;
 
   /// Starts every replica from rank 0's parameters: rank 0 fills each variable from its
   /// initializer and `seed` (as a chief fills the ps tasks), and `synchronize` copies them,
@@ -3035,22 +3049,78 @@ class AllReduceWorker {
   /// is this rank's vote to form the ring again after this step (a worker waits to join):
   /// the sum carries it, and AllReduceStep::regroup tells every rank alike.
   AllReduceStep step(const typename M::Batch& batch, bool regroup = false) {
-    const float loss = static_cast<float>(model_.compute_gradients(batch));
+    return sum_and_apply(static_cast<float>(model_.compute_gradients(batch)), regroup);
+  }
+
+  /// `step` for a model with embedding tables (TableModel): `tables` are the rows the batch
+  /// uses, as a ps worker pulled them, and their gradients are written into them as
+  /// `compute_gradients(batch, tables)` writes them; only the dense gradients are summed on
+  /// the ring and applied here (`DenseOnRing` pushes the rows' to the ps tasks).
+  AllReduceStep step(const typename M::Batch& batch, std::span<const TableBatch> tables, bool regroup = false)
+    requires TableModel<M>
+  {
+    return sum_and_apply(static_cast<float>(model_.compute_gradients(batch, tables)), regroup);
+  }
+
+ private:
+  /// Sums the gradients `compute_gradients` left in the model (none when `adds` is false:
+  /// zeros), `loss`, a count of the ranks that added one, and the vote with every rank's,
+  /// and applies the mean over the ranks that added one.
+  AllReduceStep sum_and_apply(float loss, bool regroup, bool adds = true) {
     const std::size_t nvars = states_.size();
-    for (std::size_t v = 0; v < nvars; ++v) {
-      const std::span<const float> g = model_.gradient(v);
-      std::copy(g.begin(), g.end(), flat_.begin() + static_cast<std::ptrdiff_t>(offsets_[v]));
+    if (adds) {
+      for (std::size_t v = 0; v < nvars; ++v) {
+        const std::span<const float> g = model_.gradient(v);
+        std::copy(g.begin(), g.end(), flat_.begin() + static_cast<std::ptrdiff_t>(offsets_[v]));
+      }
+    } else {
+      std::fill(flat_.begin(), flat_.end(), -0.0F);  // the exact identity of +: x + -0 is x, -0 too
     }
-    flat_[offsets_.back()] = loss;
-    flat_.back() = regroup ? 1.0F : 0.0F;
+    const std::size_t tail = offsets_.back();
+    flat_[tail] = adds ? loss : 0.0F;
+    flat_[tail + 1] = adds ? 1.0F : 0.0F;
+    flat_[tail + 2] = regroup ? 1.0F : 0.0F;
     reduce_.sum(ring_, flat_);
-    const bool voted = flat_.back() > 0.0F;
-    const auto ranks = static_cast<float>(ring_.size());
-    for (float& x : flat_) x /= ranks;
+    const bool voted = flat_[tail + 2] > 0.0F;
+    const float added = flat_[tail + 1];
+    if (added < 1.0F) {
+      throw Error(ErrorCode::kFailedPrecondition, "ring: no rank added a gradient to step " +
+                                                      std::to_string(global_step_ + 1) + " (every rank follows)");
+    }
+    for (float& x : std::span<float>(flat_).first(tail + 1)) x /= added;
     ++global_step_;
-    AllReduceStep result{flat_[offsets_.back()], global_step_, apply(), voted};
+    AllReduceStep result{flat_[tail], global_step_, apply(), voted};
     if (!result.applied) ++refused_;
     return result;
+  }
+
+ public:
+  /// Takes the step the other ranks take without a batch of its own: this rank adds no
+  /// gradient (nor loss), and every rank applies the mean over the ranks that added one, so
+  /// this replica stays bit-identical to theirs. A replica that follows training: the
+  /// chief's of a hybrid job (runner/hybrid.hpp), which it checkpoints and evaluates. Every
+  /// rank of the ring calls `step` or `follow` once a step; at least one calls `step`.
+  AllReduceStep follow() { return sum_and_apply(0.0F, false, false); }
+
+  /// Returns once every rank has called it: a sum of one float per rank, which no rank
+  /// holds whole before every rank has added its part (torch.distributed's barrier). Every
+  /// rank calls it at the same point of its calls. Each rank's part is its step count, so
+  /// it also checks that every rank has taken as many steps as this one: kFailedPrecondition
+  /// if not. A lost neighbour throws as in `step`.
+  void barrier() {
+    // Each rank's step in its own slot (the others add zeros, exactly): every rank sees every
+    // rank's step, its low 24 bits, which a float holds exactly.
+    const auto mine = static_cast<float>(global_step_ % (std::int64_t{1} << 24));
+    std::vector<float> parts(ring_.size(), 0.0F);
+    parts[ring_.rank()] = mine;
+    reduce_.sum(ring_, parts);
+    for (const float part : parts) {
+      if (part != mine) {
+        throw Error(ErrorCode::kFailedPrecondition, "ring: rank " + std::to_string(ring_.rank()) +
+                                                        " reached the barrier at global step " +
+                                                        std::to_string(global_step_) + ", another rank at another");
+      }
+    }
   }
 
   /// Goes on over `ring` (one formed again after the old one broke, or to take a worker
@@ -3123,7 +3193,7 @@ class AllReduceWorker {
   RingAllReduce reduce_;
   std::vector<typename O::State> states_;  ///< one per variable
   std::vector<std::size_t> offsets_;       ///< where each variable's gradient starts in flat_
-  std::vector<float> flat_;                ///< every gradient, then the loss: what the ring sums
+  std::vector<float> flat_;  ///< every gradient, the loss, the ranks that added, the vote: what the ring sums
   std::int64_t global_step_ = 0;
   std::int64_t refused_ = 0;
   std::uint64_t sent_before_ = 0;  ///< over the rings before this one
@@ -7313,6 +7383,124 @@ class Chief {
 
 }  // namespace pulley
 // ---- end pulley/client/chief.hpp ----
+// ---- begin pulley/client/dense_on_ring.hpp ----
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace pulley {
+
+/// The hybrid of the two architectures of seed 004, as recommender systems train (PERSIA,
+/// HugeCTR, TorchRec): a TableModel's embedding tables stay on the ps tasks, its dense
+/// variables are all-reduced among the workers. DenseOnRing wraps the model a `Worker`
+/// trains: to the ps tasks it is a TableModel with the same tables and no dense variables,
+/// so the ps tasks hold, pull and push rows only; inside `compute_gradients` it runs the
+/// wrapped model's, sums the dense gradients with every other worker's on the ring and
+/// applies their mean with its own optimizer (`AllReduceWorker`), while the rows'
+/// gradients go to the ps tasks in the worker's push, as they would without it.
+///
+/// Every worker of the job wraps its model over a link of one ring (rank = its place in
+/// it), and every worker calls `compute_gradients` once a step, the same number of times:
+/// sync training with R = N (SyncReplicas::kEveryWorker), where each global step is every
+/// worker's step. The dense replicas start from rank 0's (`initialize(seed)`, or `restore`
+/// on one rank and `synchronize` from it) on the first step and stay bit-identical.
+///
+/// @tparam M the TableModel (owned)
+/// @tparam O the optimizer of the dense variables (the tables' is the ps tasks')
+/// @tparam R the Ring linking the workers (owned)
+template <TableModel M, Optimizer O, Ring R>
+class DenseOnRing {
+ public:
+  using Batch = typename M::Batch;
+  /// `compute_gradients` applies the dense step: a Worker never computes a step twice
+  /// (where it would, it fails with kAborted instead of applying it again).
+  static constexpr bool kAppliesWhenComputed = true;
+
+  /// @param seed the dense variables' initial values are rank 0's from this seed, unless
+  ///   `dense().restore` or `dense().synchronize` ran first on every rank
+  DenseOnRing(M model, O optimizer, R ring, std::uint64_t seed,
+              std::size_t segment = RingAllReduce::kDefaultSegment)
+      : dense_(std::move(model), std::move(optimizer), std::move(ring), segment), seed_(seed) {}
+
+  /// None: the dense variables are not the ps tasks'.
+  [[nodiscard]] std::span<const VariableSpec> variables() const { return {}; }
+  /// There is no variable `i` (`variables()` is empty): throws std::out_of_range.
+  std::span<float> parameter(std::size_t i) { throw std::out_of_range(no_variable(i)); }
+  /// There is no variable `i` (`variables()` is empty): throws std::out_of_range.
+  [[nodiscard]] std::span<const float> gradient(std::size_t i) const { throw std::out_of_range(no_variable(i)); }
+
+  /// The wrapped model's tables.
+  [[nodiscard]] std::span<const TableSpec> tables() const { return dense_.model().tables(); }
+  /// The wrapped model's lookup.
+  void lookup(const Batch& batch, std::size_t table, std::vector<std::uint64_t>& ids) const {
+    dense_.model().lookup(batch, table, ids);
+  }
+
+  /// One step of the wrapped model on `batch`: the rows' gradients into `tables`, the dense
+  /// variables updated by the mean of every worker's gradient. Returns the mean of every
+  /// worker's batch loss. The first call starts the replicas (`initialize(seed)`) unless
+  /// they were started. Throws what the ring throws when a worker is lost.
+  float compute_gradients(const Batch& batch, std::span<const TableBatch> tables) {
+    try {
+      if (!started_) start();
+      last_ = dense_.step(batch, tables);
+    } catch (const Error& e) {
+      // Not kUnavailable: a Worker would take it for a lost ps and compute the step again.
+      throw Error(ErrorCode::kAborted, std::string("the ring of the dense variables failed: ") + e.what());
+    }
+    return last_.loss;
+  }
+
+  /// Starts the replicas, on every rank at the same point: from rank 0's initial values,
+  /// or from rank `start_from`'s replica; the first `compute_gradients` calls it if nothing did.
+  void start() {
+    if (started_) return;
+    if (source_) {
+      dense_.synchronize(*source_);
+    } else {
+      dense_.initialize(seed_);
+    }
+    started_ = true;
+  }
+  /// The replicas start from rank `root`'s, which its owner started (the chief's follower
+  /// in a hybrid job: initialized from the seed or restored from a checkpoint), instead
+  /// of from rank 0's initial values.
+  DenseOnRing& start_from(std::size_t root) {
+    source_ = root;
+    return *this;
+  }
+  /// The replicas were started otherwise (every rank restored, or synchronized from one):
+  /// the first step starts from them.
+  void started() noexcept { started_ = true; }
+
+  /// The all-reduce worker holding the dense replica: the model (`dense().model()`), the
+  /// optimizer's state, the step count, checkpoints of the dense part (`state`, `restore`).
+  [[nodiscard]] AllReduceWorker<M, O, R>& dense() noexcept { return dense_; }
+  [[nodiscard]] const AllReduceWorker<M, O, R>& dense() const noexcept { return dense_; }
+  /// What the last step did (`applied` false: its mean dense gradient was not finite and no
+  /// worker applied it; the rows' gradients went to the ps tasks all the same).
+  [[nodiscard]] const AllReduceStep& last_step() const noexcept { return last_; }
+
+ private:
+  static std::string no_variable(std::size_t i) {
+    return "DenseOnRing holds no ps variable " + std::to_string(i) + ": its dense variables are all-reduced";
+  }
+
+  AllReduceWorker<M, O, R> dense_;
+  std::uint64_t seed_;
+  std::optional<std::size_t> source_;  ///< start_from's root
+  bool started_ = false;
+  AllReduceStep last_;
+};
+
+}  // namespace pulley
+// ---- end pulley/client/dense_on_ring.hpp ----
 // ---- begin pulley/client/evaluator.hpp ----
 
 #include <cstdint>
@@ -7888,6 +8076,14 @@ class Worker {
       try {
         if (again) recover();
         if (again && pushing_ && client_.push_unanswered()) return finish_step();
+        if constexpr (AppliesWhenComputed<M>) {
+          if (again && pushing_) {
+            throw Error(ErrorCode::kAborted, "worker " + std::to_string(index_) +
+                                                 ": the step's push cannot be sent again as it was (the job was "
+                                                 "rolled back, or its members changed), and the model applied part "
+                                                 "of the step when it computed it: it cannot be computed again");
+          }
+        }
         std::optional<StepResult> result = try_step(read, last_step);
         if (result) ending_.reset();  // training went on: a later wait for the end starts afresh
         return result;
@@ -15710,6 +15906,23 @@ inline bool proof_matches(std::string_view proof, std::string_view expected) {
       std::span(reinterpret_cast<const std::uint8_t*>(expected.data()), expected.size()));
 }
 
+/// The hello a client `self` answers `challenge` with: a fresh nonce, the proof that it
+/// holds `credentials.secret`, this process's incarnation, and `shard` (a ps shard, or a
+/// ring's kind: Hello::kRingLink, kRingRendezvous).
+inline Hello hello_for(const Credentials& credentials, const Challenge& challenge, const Node& self,
+                       std::uint32_t shard = Hello::kOwnShard) {
+  std::string nonce = make_nonce();
+  std::string proof = client_proof(credentials.secret, challenge, self, nonce, shard);
+  return Hello{credentials.job, self, std::move(nonce), std::move(proof), incarnation(), shard};
+}
+
+/// True if `welcome` proves that the server holds the secret too, for `challenge` and the
+/// hello `sent` (the client's side of the handshake's last check).
+inline bool welcome_proves(const Credentials& credentials, const Challenge& challenge, const Hello& sent,
+                           const Welcome& welcome) {
+  return proof_matches(welcome.proof, server_proof(credentials.secret, challenge, sent));
+}
+
 /// Why the ps would refuse `hello` after `challenge`, or "" when it lets it in: another job,
 /// a malformed hello, a ps task as a client (unless `ps_clients`: the chief's JoinDesk
 /// takes new ps tasks), or a proof that does not match the secret.
@@ -16781,8 +16994,8 @@ class Tcp {
     std::string broken_reason = "not connected";
     std::optional<ErrorReply> refused;   ///< the last handshake failed for good: why
     std::optional<wire::Challenge> challenge;  ///< the ps's, while handshaking
-    std::string nonce;                   ///< this side's, while handshaking
-    wire::Frame hello;                   ///< being written, while handshaking
+    wire::Hello said;                    ///< this side's hello, while handshaking
+    wire::Frame hello;                   ///< it encoded, being written
     std::function<void(std::error_code)> connected;  ///< the attempt's `done`
     wire::FrameReader reader;
     transport_detail::ReceiveBuffers receive_buffers;
@@ -17317,13 +17530,8 @@ class Tcp {
         }
         if (challenge->nonce.size() != wire::kNonceBytes) throw wire::Malformed("a malformed challenge");
         link.challenge = std::move(*challenge);
-        link.nonce = wire::make_nonce();
-        link.hello = wire::encode(
-            wire::Handshake{wire::Hello{options_.credentials.job, self_, link.nonce,
-                                        wire::client_proof(options_.credentials.secret,
-                                                           *link.challenge, self_, link.nonce, link.shard),
-                                        wire::incarnation(), link.shard}},
-            0);
+        link.said = wire::hello_for(options_.credentials, *link.challenge, self_, link.shard);
+        link.hello = wire::encode(wire::Handshake{link.said}, 0);
         link.write_list.append(link.hello);
         return flush(link);
       }
@@ -17347,9 +17555,7 @@ class Tcp {
       }
       auto* welcome = std::get_if<wire::Welcome>(&message);
       if (welcome == nullptr) throw wire::Malformed("the ps answered the hello with neither welcome nor refusal");
-      const wire::Hello said{options_.credentials.job, self_, link.nonce, {}, 0, link.shard};
-      if (!wire::proof_matches(welcome->proof, wire::server_proof(options_.credentials.secret,
-                                                                  *link.challenge, said))) {
+      if (!wire::welcome_proves(options_.credentials, *link.challenge, link.said, *welcome)) {
         return refuse(link, "it did not prove the job's shared secret (a ps of another job, or a "
                             "wrong PULLEY_SECRET?)");
       }
@@ -17729,6 +17935,20 @@ struct TcpRingOptions {
   bool allow_no_secret = false;
 };
 
+namespace transport_detail {
+/// Refuses credentials a ring must not form with: malformed ones, or no secret unless
+/// `options.allow_no_secret` (kInvalidArgument).
+inline void check_ring_credentials(const Credentials& credentials, const TcpRingOptions& options) {
+  wire::check_credentials(credentials);
+  if (credentials.secret.empty() && !options.allow_no_secret) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "ring: no shared secret is set, so anyone who knows the job's name ('" + credentials.job +
+                    "') could join the ring: set the job's secret (README, Security), or "
+                    "TcpRingOptions::allow_no_secret for addresses only trusted peers reach");
+  }
+}
+}  // namespace transport_detail
+
 /// A Ring of worker processes over TCP: each rank listens on its own address, connects to
 /// the next rank's, and accepts the previous rank's connection. Both connections open with
 /// the handshake every pulley connection makes (wire/handshake.hpp): the connecting rank
@@ -17792,13 +18012,7 @@ class TcpRing {
       throw Error(ErrorCode::kInvalidArgument, "ring: rank " + std::to_string(rank) + " of a ring of " +
                                                    std::to_string(addresses.size()) + " addresses");
     }
-    wire::check_credentials(credentials);
-    if (credentials.secret.empty() && !options.allow_no_secret) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  "ring: no shared secret is set, so anyone who knows the job's name ('" + credentials.job +
-                      "') could join the ring: set the job's secret (README, Security), or "
-                      "TcpRingOptions::allow_no_secret for addresses only trusted peers reach");
-    }
+    transport_detail::check_ring_credentials(credentials, options);
     if (size_ == 1) return;
     std::vector<Address> parsed;
     for (const std::string& a : addresses) parsed.push_back(parse_address(a));
@@ -18083,11 +18297,8 @@ class TcpRing {
                                                    std::to_string(challenge_.ps) + " of job '" +
                                                    challenge_.job.substr(0, wire::kMaxJobName) + "'");
     }
-    nonce_ = wire::make_nonce();
-    const wire::Hello hello{credentials.job, self, nonce_,
-                            wire::client_proof(credentials.secret, challenge_, self, nonce_, wire::Hello::kRingLink),
-                            wire::incarnation(), wire::Hello::kRingLink};
-    write_frame(links_->next, wire::encode(wire::Handshake{hello}, 0), deadline);
+    said_ = wire::hello_for(credentials, challenge_, self, wire::Hello::kRingLink);
+    write_frame(links_->next, wire::encode(wire::Handshake{said_}, 0), deadline);
     answered_ = true;
   }
 
@@ -18103,10 +18314,7 @@ class TcpRing {
                   "ring: " + links_->next_name + " refused rank " + std::to_string(rank_) + ": " + refusal->reason);
     }
     const auto* welcome = std::get_if<wire::Welcome>(&message);
-    const Node self = Node::worker(static_cast<std::uint32_t>(rank_));
-    const wire::Hello said{credentials.job, self, nonce_, {}, 0, wire::Hello::kRingLink};
-    if (welcome == nullptr ||
-        !wire::proof_matches(welcome->proof, wire::server_proof(credentials.secret, challenge_, said))) {
+    if (welcome == nullptr || !wire::welcome_proves(credentials, challenge_, said_, *welcome)) {
       throw Error(ErrorCode::kUnauthenticated,
                   "ring: " + links_->next_name + " did not prove the job's shared secret (a wrong PULLEY_SECRET?)");
     }
@@ -18146,7 +18354,7 @@ class TcpRing {
   TcpRingOptions options_;
   std::vector<std::uint64_t> incarnations_;  ///< each rank's process, when the ring knows them
   wire::Challenge challenge_;  ///< the next rank's
-  std::string nonce_;          ///< this rank's, in its hello to the next
+  wire::Hello said_;           ///< this rank's hello to the next
   bool answered_ = false;  ///< this rank's hello went to the next
   bool welcomed_ = false;  ///< and the next let it in
 };

@@ -6,7 +6,7 @@
 set -euo pipefail
 source_dir=$1
 build_dir=$2
-tests=(test_tcp test_tcp_hostile test_replicas test_tcp_ring test_wire test_frame_reader test_hmac test_parameter_server
+tests=(test_tcp test_tcp_hostile test_replicas test_tcp_ring test_hybrid test_wire test_frame_reader test_hmac test_parameter_server
        test_sparse_training test_table_requests test_embedding_table)
 generator=()
 [ -f "$build_dir/CMakeCache.txt" ] || generator=(-G Ninja)

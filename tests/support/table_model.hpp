@@ -3,7 +3,7 @@
 
 // A small TableModel for tests: logistic regression on the sum of the embeddings of an
 // example's ids, z = bias + w · Σ emb[id], with every gradient written out by hand, and a
-// reference that trains the same model in one process, row by row.
+// reference that trains the same model in one process, row by row (SyncReference).
 
 #include <cmath>
 #include <cstdint>
@@ -110,5 +110,71 @@ inline std::vector<TableBatchOf> table_batches(std::size_t count, std::size_t si
   }
   return out;
 }
+
+/// What one process computes for sync R = N with TensorFlow's rules: the dense gradients
+/// averaged over the workers, each row's gradient averaged over the workers whose batch
+/// used it, then SGD at `learning_rate`, every value initialized from `seed`.
+class SyncReference {
+ public:
+  TinyTableModel model;
+  std::map<std::uint64_t, std::vector<float>> rows;
+
+  SyncReference(std::uint64_t seed, float learning_rate) : seed_(seed), learning_rate_(learning_rate) {
+    for (std::size_t v = 0; v < 2; ++v) initialize(model.variables()[v], seed_, model.parameter(v));
+  }
+
+  std::vector<float>& row(std::uint64_t id) {
+    auto it = rows.find(id);
+    if (it == rows.end()) {
+      std::vector<float> r(TinyTableModel::kDim);
+      initialize_row(model.tables()[0], seed_, id, r);
+      it = rows.emplace(id, std::move(r)).first;
+    }
+    return it->second;
+  }
+
+  /// One global step: each worker's batch of it.
+  void step(const std::vector<const TableBatchOf*>& batches) {
+    std::vector<std::vector<float>> dense(2);
+    std::map<std::uint64_t, std::pair<std::vector<float>, int>> sums;  // row: sum, count
+    for (const TableBatchOf* batch : batches) {
+      std::map<std::uint64_t, std::vector<float>> mine;
+      model.compute(
+          *batch, [&](std::uint64_t id) { return std::span<const float>(row(id)); },
+          [&](std::uint64_t id) {
+            auto& g = mine[id];
+            g.resize(TinyTableModel::kDim, 0.0F);
+            return std::span<float>(g);
+          });
+      for (std::size_t v = 0; v < 2; ++v) {
+        const auto g = model.gradient(v);
+        dense[v].resize(g.size(), 0.0F);
+        for (std::size_t i = 0; i < g.size(); ++i) dense[v][i] += g[i];
+      }
+      for (auto& [id, g] : mine) {
+        auto& [sum, count] = sums[id];
+        sum.resize(g.size(), 0.0F);
+        for (std::size_t k = 0; k < g.size(); ++k) sum[k] += g[k];
+        ++count;
+      }
+    }
+    const auto n = static_cast<float>(batches.size());
+    for (std::size_t v = 0; v < 2; ++v) {
+      auto w = model.parameter(v);
+      for (std::size_t i = 0; i < w.size(); ++i) w[i] -= learning_rate_ * (dense[v][i] / n);
+    }
+    for (auto& [id, entry] : sums) {
+      auto& r = row(id);
+      const auto count = static_cast<float>(entry.second);
+      for (std::size_t k = 0; k < r.size(); ++k) {
+        r[k] -= learning_rate_ * (count == 1.0F ? entry.first[k] : entry.first[k] / count);
+      }
+    }
+  }
+
+ private:
+  std::uint64_t seed_;
+  float learning_rate_;
+};
 
 }  // namespace pulley::testing

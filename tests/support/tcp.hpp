@@ -12,12 +12,38 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "pulley/transport/tcp.hpp"
 
 namespace pulley::testing {
+
+/// `n` ports of 127.0.0.1 free a moment ago, as "127.0.0.1:port", held together so that
+/// they differ. They are taken below Linux's ephemeral range (32768 and up): a test
+/// running beside this one that binds port 0, or connects, is never given one meanwhile.
+inline std::vector<std::string> free_addresses(std::size_t n) {
+  asio::io_context io;
+  std::vector<asio::ip::tcp::acceptor> held;
+  std::vector<std::string> addresses;
+  std::random_device seed;
+  std::mt19937 random(seed());
+  std::uniform_int_distribution<int> port(20000, 32767);
+  for (int tries = 0; addresses.size() < n && tries < 10000; ++tries) {
+    asio::ip::tcp::acceptor acceptor(io);
+    asio::error_code error;
+    const asio::ip::tcp::endpoint at(asio::ip::make_address("127.0.0.1"), static_cast<std::uint16_t>(port(random)));
+    acceptor.open(at.protocol(), error);
+    if (!error) acceptor.bind(at, error);
+    if (error) continue;
+    addresses.push_back("127.0.0.1:" + std::to_string(at.port()));
+    held.push_back(std::move(acceptor));
+  }
+  if (addresses.size() != n) throw std::runtime_error("no " + std::to_string(n) + " free ports on 127.0.0.1");
+  return addresses;
+}
 
 /// The credentials every task of a test job holds.
 inline Credentials test_credentials() { return {"test-job", "a secret only the test knows"}; }

@@ -9,6 +9,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <cstdint>
@@ -426,7 +427,7 @@ static_assert(Optimizer<UncheckedSgd> && !PredictsFiniteness<UncheckedSgd>);
 TEST_CASE("an update that would overflow is undone from its copy on every rank, for an optimizer that cannot predict it") {
   auto ring = InProcessRing::make(2);
   std::vector<std::vector<float>> before(2), after(2);
-  std::vector<bool> applied(2, true);
+  std::vector<int> applied(2, 1);  // not vector<bool>: its bits share a word between threads
   const auto failures = on_ring(ring, [&](std::size_t r, InProcessRing& link) {
     AllReduceWorker worker(testing::LinearModel(3, 2), UncheckedSgd{3e38F}, std::move(link));
     worker.initialize(5);
@@ -434,14 +435,61 @@ TEST_CASE("an update that would overflow is undone from its copy on every rank, 
       const auto p = worker.model().parameter(v);
       before[r].insert(before[r].end(), p.begin(), p.end());
     }
-    applied[r] = worker.step(Shard(r, 0).batch()).applied;  // |g| > 1 somewhere: w - 3e38 g overflows
+    applied[r] = worker.step(Shard(r, 0).batch()).applied ? 1 : 0;  // |g| > 1 somewhere: w - 3e38 g overflows
     for (std::size_t v = 0; v < 2; ++v) {
       const auto p = worker.model().parameter(v);
       after[r].insert(after[r].end(), p.begin(), p.end());
     }
   });
   for (const std::string& f : failures) REQUIRE(f == "");
-  CHECK(applied == std::vector<bool>{false, false});
+  CHECK(applied == std::vector<int>{0, 0});
   CHECK(after[0] == before[0]);
   CHECK(after[1] == before[1]);
+}
+
+TEST_CASE("barrier returns on no rank before the last rank has called it, and refuses ranks a step apart") {
+  SUBCASE("the last rank to arrive holds every rank") {
+    auto ring = InProcessRing::make(3, std::chrono::seconds(10));
+    std::atomic<bool> late_arrived{false};
+    std::vector<int> saw_late(3, 0);
+    const auto failures = on_ring(ring, [&](std::size_t r, InProcessRing& link) {
+      AllReduceWorker worker(testing::LinearModel(3, 2), Sgd{0.1F}, std::move(link));
+      worker.initialize(1);
+      (void)worker.step(Shard(r, 0).batch());
+      if (r == 1) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        late_arrived = true;
+      }
+      worker.barrier();
+      saw_late[r] = late_arrived.load() ? 1 : 0;
+    });
+    for (const std::string& f : failures) REQUIRE(f == "");
+    CHECK(saw_late == std::vector<int>{1, 1, 1});
+  }
+  SUBCASE("a rank a step behind fails the barrier on every rank that completes it") {
+    auto ring = InProcessRing::make(3, std::chrono::seconds(10));
+    std::vector<std::string> refused(3);
+    const auto failures = on_ring(ring, [&](std::size_t r, InProcessRing& link) {
+      AllReduceWorker worker(testing::LinearModel(3, 2), Sgd{0.1F}, std::move(link));
+      worker.initialize(1);
+      (void)worker.step(Shard(r, 0).batch());
+      // Rank 2 restores a replica of step 0 (as a rank that missed the last step holds).
+      if (r == 2) {
+        ModelState state = worker.state();
+        state.global_step = 0;
+        worker.restore(state);
+      }
+      try {  // caught here: a rank that threw would leave the ring before the others finish
+        worker.barrier();
+      } catch (const Error& e) {
+        if (e.code() == ErrorCode::kFailedPrecondition) refused[r] = e.what();
+      }
+    });
+    for (std::size_t r = 0; r < 3; ++r) {
+      CAPTURE(r);
+      CHECK(failures[r] == "");
+      CHECK(refused[r].find("reached the barrier at global step " + std::string(r == 2 ? "0" : "1")) !=
+            std::string::npos);
+    }
+  }
 }

@@ -34,8 +34,10 @@
 #include "support/linear_model.hpp"
 #include "support/log_capture.hpp"
 #include "support/table_model.hpp"
+#include "support/tcp.hpp"
 
 using namespace pulley;
+using pulley::testing::free_addresses;
 using pulley::testing::LogCapture;
 using pulley::testing::LinearBatch;
 using pulley::testing::LinearData;
@@ -63,30 +65,6 @@ Training<LinearModel> linear_training(const LinearData& data, Recorded& recorded
     recorded.evaluations.push_back(e);
   };
   return training;
-}
-
-/// Free TCP ports of 127.0.0.1, held together so that they differ. They are released before
-/// the tasks bind them, so they are taken below Linux's ephemeral range (32768 and up): a
-/// test running beside this one that binds port 0, or connects, is never given one meanwhile.
-std::vector<std::string> free_addresses(std::size_t n) {
-  asio::io_context io;
-  std::vector<asio::ip::tcp::acceptor> held;
-  std::vector<std::string> addresses;
-  std::random_device seed;
-  std::mt19937 random(seed());
-  std::uniform_int_distribution<int> port(20000, 32767);
-  for (int tries = 0; addresses.size() < n && tries < 10000; ++tries) {
-    asio::ip::tcp::acceptor acceptor(io);
-    asio::error_code error;
-    const asio::ip::tcp::endpoint at(asio::ip::make_address("127.0.0.1"), static_cast<std::uint16_t>(port(random)));
-    acceptor.open(at.protocol(), error);
-    if (!error) acceptor.bind(at, error);
-    if (error) continue;
-    addresses.push_back("127.0.0.1:" + std::to_string(at.port()));
-    held.push_back(std::move(acceptor));
-  }
-  REQUIRE(addresses.size() == n);
-  return addresses;
 }
 
 Job task_of(const ClusterSpec& cluster, const std::string& type, std::uint32_t index) {

@@ -43,64 +43,6 @@ constexpr float kLearningRate = 0.5F;
 constexpr std::int64_t kSteps = 30;
 constexpr std::uint32_t kWorkers = 2;
 
-/// What one process computes for sync R = N with TensorFlow's rules: the dense gradients
-/// averaged over the workers, each row's gradient averaged over the workers whose batch
-/// used it, then SGD.
-struct Reference {
-  TinyTableModel model;
-  std::map<std::uint64_t, std::vector<float>> rows;
-
-  std::vector<float>& row(std::uint64_t id) {
-    auto it = rows.find(id);
-    if (it == rows.end()) {
-      std::vector<float> r(TinyTableModel::kDim);
-      initialize_row(model.tables()[0], kSeed, id, r);
-      it = rows.emplace(id, std::move(r)).first;
-    }
-    return it->second;
-  }
-
-  Reference() {
-    for (std::size_t v = 0; v < 2; ++v) initialize(model.variables()[v], kSeed, model.parameter(v));
-  }
-
-  void step(const std::vector<const TableBatchOf*>& batches) {
-    std::vector<std::vector<float>> dense(2);
-    std::map<std::uint64_t, std::pair<std::vector<float>, int>> sums;  // row: sum, count
-    for (const TableBatchOf* batch : batches) {
-      std::map<std::uint64_t, std::vector<float>> mine;
-      model.compute(
-          *batch, [&](std::uint64_t id) { return std::span<const float>(row(id)); },
-          [&](std::uint64_t id) {
-            auto& g = mine[id];
-            g.resize(TinyTableModel::kDim, 0.0F);
-            return std::span<float>(g);
-          });
-      for (std::size_t v = 0; v < 2; ++v) {
-        const auto g = model.gradient(v);
-        dense[v].resize(g.size(), 0.0F);
-        for (std::size_t i = 0; i < g.size(); ++i) dense[v][i] += g[i];
-      }
-      for (auto& [id, g] : mine) {
-        auto& [sum, count] = sums[id];
-        sum.resize(g.size(), 0.0F);
-        for (std::size_t k = 0; k < g.size(); ++k) sum[k] += g[k];
-        ++count;
-      }
-    }
-    const auto n = static_cast<float>(batches.size());
-    for (std::size_t v = 0; v < 2; ++v) {
-      auto w = model.parameter(v);
-      for (std::size_t i = 0; i < w.size(); ++i) w[i] -= kLearningRate * (dense[v][i] / n);
-    }
-    for (auto& [id, entry] : sums) {
-      auto& r = row(id);
-      const auto count = static_cast<float>(entry.second);
-      for (std::size_t k = 0; k < r.size(); ++k) r[k] -= kLearningRate * (count == 1.0F ? entry.first[k] : entry.first[k] / count);
-    }
-  }
-};
-
 /// Trains TinyTableModel with sync R = N = 2 on `batches` (worker w's batch at step s is
 /// batches[2s + w]) through `make_transport`; checks the result against the reference and
 /// returns the rows of every id used, in id order.
@@ -125,7 +67,7 @@ std::vector<float> train_sync(MakeTransport make_transport, const std::vector<Ta
   }
   for (auto& t : threads) t.join();
 
-  Reference reference;
+  pulley::testing::SyncReference reference(kSeed, kLearningRate);
   for (std::int64_t s = 0; s < kSteps; ++s) {
     reference.step({&batches[static_cast<std::size_t>(s * 2)], &batches[static_cast<std::size_t>(s * 2 + 1)]});
   }
@@ -369,7 +311,7 @@ TEST_CASE("ids at the edges and one id many times in a batch: the worker sums it
   Worker worker(0, TinyTableModel(), cluster.endpoint(Node::worker(0)));
   worker.wait_ready();
   REQUIRE(worker.step(batch));
-  Reference reference;
+  pulley::testing::SyncReference reference(kSeed, kLearningRate);
   reference.step({&batch});
   const std::vector<std::uint64_t> ids{0, 7, top};
   const std::vector<float> rows = chief.read_rows("emb", ids);

@@ -31,20 +31,9 @@
 #include "support/tcp.hpp"
 
 using namespace pulley;
+using pulley::testing::free_addresses;
 
 namespace {
-
-/// `n` ports of 127.0.0.1 free a moment ago, as "127.0.0.1:port".
-std::vector<std::string> free_addresses(std::size_t n) {
-  asio::io_context io;
-  std::vector<asio::ip::tcp::acceptor> held;
-  std::vector<std::string> out;
-  for (std::size_t i = 0; i < n; ++i) {
-    held.emplace_back(io, asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
-    out.push_back("127.0.0.1:" + std::to_string(held.back().local_endpoint().port()));
-  }
-  return out;
-}
 
 /// Runs `body(rank)` on one thread per rank; returns each rank's exception text, "" if none.
 std::vector<std::string> on_ranks(std::size_t n, const std::function<void(std::size_t)>& body) {

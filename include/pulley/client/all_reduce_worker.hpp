@@ -73,11 +73,14 @@ class AllReduceWorker {
       states_.push_back(optimizer_.make_state(spec.size()));
     }
     offsets_.push_back(offset);
-    flat_.resize(offset + 2);  // the loss and the vote to regroup ride at the end
+    flat_.resize(offset + 3);  // the loss, the ranks that added a gradient and the vote ride at the end
   }
 
   AllReduceWorker(const AllReduceWorker&) = delete;
   AllReduceWorker& operator=(const AllReduceWorker&) = delete;
+  /// Movable between calls (a `Worker` takes the `DenseOnRing` holding one by value).
+  AllReduceWorker(AllReduceWorker&&) = default;
+  AllReduceWorker& operator=(AllReduceWorker&&) = default;
 
   /// Starts every replica from rank 0's parameters: rank 0 fills each variable from its
   /// initializer and `seed` (as a chief fills the ps tasks), and `synchronize` copies them,
@@ -220,22 +223,78 @@ class AllReduceWorker {
   /// is this rank's vote to form the ring again after this step (a worker waits to join):
   /// the sum carries it, and AllReduceStep::regroup tells every rank alike.
   AllReduceStep step(const typename M::Batch& batch, bool regroup = false) {
-    const float loss = static_cast<float>(model_.compute_gradients(batch));
+    return sum_and_apply(static_cast<float>(model_.compute_gradients(batch)), regroup);
+  }
+
+  /// `step` for a model with embedding tables (TableModel): `tables` are the rows the batch
+  /// uses, as a ps worker pulled them, and their gradients are written into them as
+  /// `compute_gradients(batch, tables)` writes them; only the dense gradients are summed on
+  /// the ring and applied here (`DenseOnRing` pushes the rows' to the ps tasks).
+  AllReduceStep step(const typename M::Batch& batch, std::span<const TableBatch> tables, bool regroup = false)
+    requires TableModel<M>
+  {
+    return sum_and_apply(static_cast<float>(model_.compute_gradients(batch, tables)), regroup);
+  }
+
+ private:
+  /// Sums the gradients `compute_gradients` left in the model (none when `adds` is false:
+  /// zeros), `loss`, a count of the ranks that added one, and the vote with every rank's,
+  /// and applies the mean over the ranks that added one.
+  AllReduceStep sum_and_apply(float loss, bool regroup, bool adds = true) {
     const std::size_t nvars = states_.size();
-    for (std::size_t v = 0; v < nvars; ++v) {
-      const std::span<const float> g = model_.gradient(v);
-      std::copy(g.begin(), g.end(), flat_.begin() + static_cast<std::ptrdiff_t>(offsets_[v]));
+    if (adds) {
+      for (std::size_t v = 0; v < nvars; ++v) {
+        const std::span<const float> g = model_.gradient(v);
+        std::copy(g.begin(), g.end(), flat_.begin() + static_cast<std::ptrdiff_t>(offsets_[v]));
+      }
+    } else {
+      std::fill(flat_.begin(), flat_.end(), -0.0F);  // the exact identity of +: x + -0 is x, -0 too
     }
-    flat_[offsets_.back()] = loss;
-    flat_.back() = regroup ? 1.0F : 0.0F;
+    const std::size_t tail = offsets_.back();
+    flat_[tail] = adds ? loss : 0.0F;
+    flat_[tail + 1] = adds ? 1.0F : 0.0F;
+    flat_[tail + 2] = regroup ? 1.0F : 0.0F;
     reduce_.sum(ring_, flat_);
-    const bool voted = flat_.back() > 0.0F;
-    const auto ranks = static_cast<float>(ring_.size());
-    for (float& x : flat_) x /= ranks;
+    const bool voted = flat_[tail + 2] > 0.0F;
+    const float added = flat_[tail + 1];
+    if (added < 1.0F) {
+      throw Error(ErrorCode::kFailedPrecondition, "ring: no rank added a gradient to step " +
+                                                      std::to_string(global_step_ + 1) + " (every rank follows)");
+    }
+    for (float& x : std::span<float>(flat_).first(tail + 1)) x /= added;
     ++global_step_;
-    AllReduceStep result{flat_[offsets_.back()], global_step_, apply(), voted};
+    AllReduceStep result{flat_[tail], global_step_, apply(), voted};
     if (!result.applied) ++refused_;
     return result;
+  }
+
+ public:
+  /// Takes the step the other ranks take without a batch of its own: this rank adds no
+  /// gradient (nor loss), and every rank applies the mean over the ranks that added one, so
+  /// this replica stays bit-identical to theirs. A replica that follows training: the
+  /// chief's of a hybrid job (runner/hybrid.hpp), which it checkpoints and evaluates. Every
+  /// rank of the ring calls `step` or `follow` once a step; at least one calls `step`.
+  AllReduceStep follow() { return sum_and_apply(0.0F, false, false); }
+
+  /// Returns once every rank has called it: a sum of one float per rank, which no rank
+  /// holds whole before every rank has added its part (torch.distributed's barrier). Every
+  /// rank calls it at the same point of its calls. Each rank's part is its step count, so
+  /// it also checks that every rank has taken as many steps as this one: kFailedPrecondition
+  /// if not. A lost neighbour throws as in `step`.
+  void barrier() {
+    // Each rank's step in its own slot (the others add zeros, exactly): every rank sees every
+    // rank's step, its low 24 bits, which a float holds exactly.
+    const auto mine = static_cast<float>(global_step_ % (std::int64_t{1} << 24));
+    std::vector<float> parts(ring_.size(), 0.0F);
+    parts[ring_.rank()] = mine;
+    reduce_.sum(ring_, parts);
+    for (const float part : parts) {
+      if (part != mine) {
+        throw Error(ErrorCode::kFailedPrecondition, "ring: rank " + std::to_string(ring_.rank()) +
+                                                        " reached the barrier at global step " +
+                                                        std::to_string(global_step_) + ", another rank at another");
+      }
+    }
   }
 
   /// Goes on over `ring` (one formed again after the old one broke, or to take a worker
@@ -308,7 +367,7 @@ class AllReduceWorker {
   RingAllReduce reduce_;
   std::vector<typename O::State> states_;  ///< one per variable
   std::vector<std::size_t> offsets_;       ///< where each variable's gradient starts in flat_
-  std::vector<float> flat_;                ///< every gradient, then the loss: what the ring sums
+  std::vector<float> flat_;  ///< every gradient, the loss, the ranks that added, the vote: what the ring sums
   std::int64_t global_step_ = 0;
   std::int64_t refused_ = 0;
   std::uint64_t sent_before_ = 0;  ///< over the rings before this one

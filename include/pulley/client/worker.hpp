@@ -240,6 +240,14 @@ class Worker {
       try {
         if (again) recover();
         if (again && pushing_ && client_.push_unanswered()) return finish_step();
+        if constexpr (AppliesWhenComputed<M>) {
+          if (again && pushing_) {
+            throw Error(ErrorCode::kAborted, "worker " + std::to_string(index_) +
+                                                 ": the step's push cannot be sent again as it was (the job was "
+                                                 "rolled back, or its members changed), and the model applied part "
+                                                 "of the step when it computed it: it cannot be computed again");
+          }
+        }
         std::optional<StepResult> result = try_step(read, last_step);
         if (result) ending_.reset();  // training went on: a later wait for the end starts afresh
         return result;

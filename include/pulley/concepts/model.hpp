@@ -87,6 +87,12 @@ concept Model = requires(M& model, const M& cmodel, std::size_t i, const typenam
 ///     per table: the batch's mean loss; the dense gradients go to `gradient(i)` as for
 ///     Model, each row's gradient is added into `tables[t].gradient(id)`
 ///
+/// Optional: `static constexpr bool kAppliesWhenComputed = true` in a model whose
+/// `compute_gradients` applies part of the step itself (DenseOnRing applies the dense
+/// variables' there): a Worker then never computes a step twice: where it would (the job
+/// was rolled back, or its members changed, while the step's push was on its way), it fails
+/// with kAborted instead (AppliesWhenComputed).
+///
 /// Semantic contract: as Model's; `lookup` lists every id that `compute_gradients` reads or
 /// writes, and the row gradients are of the batch's mean loss.
 template <class M>
@@ -98,5 +104,10 @@ concept TableModel = Model<M> &&
   { model.compute_gradients(batch, tables) } -> std::convertible_to<float>;
 };
 
+
+/// A model whose `compute_gradients` applies part of the step (TableModel's optional
+/// `kAppliesWhenComputed`).
+template <class M>
+concept AppliesWhenComputed = requires { requires M::kAppliesWhenComputed; };
 
 }  // namespace pulley

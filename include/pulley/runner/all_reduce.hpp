@@ -225,6 +225,13 @@ void train_on_ring(R ring, const Training<M>& training, O optimizer, const std::
     if (worker.rank() == 0 && (by_steps || by_time)) save();
     if (done.regroup) regroup("a worker checked in to join");
   }
+  // No rank leaves before every rank has taken the last step. A ring that broke during it
+  // may leave some ranks a step behind: they must copy that step from a rank that took it
+  // (which stays until then), not take it again among themselves and checkpoint another
+  // last step. A rank at the barrier has taken every step, so once any rank passes it, all
+  // have; one that lost the ring in it forms the ring again and copies the furthest replica.
+  while (!attempt([&] { worker.barrier(); })) {
+  }
   if (worker.rank() == 0) save();
   evaluate(true);
 }
@@ -249,7 +256,9 @@ void train_on_ring(R ring, const Training<M>& training, O optimizer, const std::
 /// workers left; the data is read on from where the job was). A worker started with
 /// `job.join` (`--join`, its address in the cluster's worker list) checks in with the
 /// running ring, is taken in at the next step boundary and copies the replica before its
-/// first step; a lost worker started again joins that way. Every process of the job,
+/// first step; a lost worker started again joins that way. No worker leaves before every
+/// worker has taken the last step (`AllReduceWorker::barrier`), so a ring that breaks
+/// during it is formed again around the replica of a worker that took it. Every process of the job,
 /// joiners too, needs the same job name (`--job-name`: the default one is made from the
 /// cluster, which a joiner's list changes).
 ///

@@ -174,6 +174,30 @@ std::int64_t roll_back(Chief<T>& chief, const Error& lost, const CheckpointDirec
   }
 }
 
+/// The dense variables of a hybrid job (runner/hybrid.hpp), which no ps holds: the
+/// chief's replica of them, a rank of the workers' ring that follows training. The ChiefLoop
+/// starts it with the tables, and takes it into every checkpoint and evaluation.
+class DensePart {
+ public:
+  virtual ~DensePart() = default;
+  /// Sets the replica from `restored` (a checkpoint's variables and step), or from the
+  /// job's seed when null. Before `launch`.
+  virtual void begin(const ModelState* restored) = 0;
+  /// Starts following training: the workers' replicas are copied from this one, and it
+  /// takes every step with them.
+  virtual void launch() = 0;
+  /// Holds training after the step in progress (the workers wait for this replica at the
+  /// next) and returns this replica's global step; throws kAborted if the ring failed.
+  virtual std::int64_t pause() = 0;
+  /// Lets training go on after `pause`.
+  virtual void resume() = 0;
+  /// The replica's variables, values, slots and counters; before `launch` or while paused.
+  virtual std::vector<VariableState> variables() = 0;
+  /// Throws kAborted if following training failed (the ring lost a worker): the chief
+  /// calls it while it waits for the ps tasks, which no worker pushes to any more.
+  virtual void check() = 0;
+};
+
 /// The chief's part of a job: initializes the variables (or resumes from the newest
 /// checkpoint), then follows its ChiefSchedule: waits for each step due, cuts the
 /// checkpoints due there (or by time, wherever training is), evaluates, and rolls every ps
@@ -185,10 +209,15 @@ class ChiefLoop {
   /// @param metrics     where evaluations report their scores (Evaluation::report); may be null
   /// @param joins       the ps tasks that asked to join (the chief's JoinDesk), taken in at
   ///                    each evaluation or checkpoint; may be null (none can join)
+  /// @param dense       a hybrid job's dense variables, which the ps tasks do not hold
+  ///                    (they hold the model's tables only); null in a ps job
   ChiefLoop(const Training<M>& training, Chief<T>& chief, I id_sharding = {}, Metrics* metrics = nullptr,
-            JoinQueue* joins = nullptr)
+            JoinQueue* joins = nullptr, DensePart* dense = nullptr)
       : training_(training), chief_(chief), id_sharding_(std::move(id_sharding)), model_(training.model()),
-        metrics_(metrics), joins_(joins) {
+        metrics_(metrics), joins_(joins), dense_(dense) {
+    if (dense_ != nullptr && joins_ != nullptr) {
+      throw Error(ErrorCode::kInvalidArgument, "a hybrid job's ps tasks and workers are fixed: no task joins it");
+    }
     const CheckpointOptions& every = training.checkpoint;
     if (!every.directory.empty()) checkpoints_.emplace(every.directory, every.keep);
   }
@@ -222,6 +251,11 @@ class ChiefLoop {
       } catch (const Error& e) {
         if (e.code() != ErrorCode::kUnavailable) throw;
         if (whole_again(e)) continue;  // only a connection broke: no ps lost its state
+        if (dense_ != nullptr) {
+          throw Error(ErrorCode::kAborted, std::string("a ps was lost (") + e.what() +
+                                               "), and a hybrid job cannot roll its dense variables back with the "
+                                               "tables: start the job again, and it resumes from the newest checkpoint");
+        }
         // A ps was lost: once it (or a task in its place) is back, every ps is restored from
         // the newest checkpoint, as TensorFlow's chief does, and training goes on from there.
         const std::int64_t step =
@@ -449,6 +483,18 @@ class ChiefLoop {
   /// on from their live state (nothing is rolled back). Returns the global step training
   /// starts from.
   std::int64_t begin() {
+    const std::int64_t step = begin_tables();
+    if (dense_ != nullptr) dense_->launch();
+    return step;
+  }
+
+  /// What `begin` does for the ps tasks (and, in a hybrid job, `DensePart::begin`).
+  std::int64_t begin_tables() {
+    if (chief_.ps_serving() && dense_ != nullptr) {
+      throw Error(ErrorCode::kFailedPrecondition,
+                  "the ps tasks still serve a hybrid job whose chief was lost: its dense variables were on the lost "
+                  "chief's ring; start the whole job again, and it resumes from the newest checkpoint");
+    }
     if (chief_.ps_serving()) {
       if constexpr (TableModel<M>) {
         start_step_ = chief_.adopt(model_.variables(), std::span<const TableSpec>(model_.tables()));
@@ -463,7 +509,14 @@ class ChiefLoop {
     }
     if (auto latest = checkpoints_ ? checkpoints_->latest() : std::nullopt) {
       check_model(latest->first, model_, latest->second);
-      chief_.restore(latest->first, id_sharding_);
+      if (dense_ != nullptr) {  // the tables go to the ps tasks, the variables to the replica
+        ModelState tables = latest->first;
+        tables.variables.clear();
+        chief_.restore(tables, id_sharding_);
+        dense_->begin(&latest->first);
+      } else {
+        chief_.restore(latest->first, id_sharding_);
+      }
       start_step_ = latest->first.global_step;
       note_restored(start_step_);
       log(LogLevel::kInfo, "chief: resumed from " + latest->second.string() + " at global step " +
@@ -472,6 +525,12 @@ class ChiefLoop {
     }
     const auto initialize = [&] {
       if constexpr (TableModel<M>) {
+        if (dense_ != nullptr) {
+          dense_->begin(nullptr);
+          ModelState state = chief_.initialize_and_save({}, std::span<const TableSpec>(model_.tables()));
+          state.variables = dense_->variables();
+          return state;
+        }
         return chief_.initialize_and_save(model_.variables(), std::span<const TableSpec>(model_.tables()));
       } else {
         return chief_.initialize_and_save(model_.variables());
@@ -489,6 +548,7 @@ class ChiefLoop {
   /// evaluation's snapshot too), else the evaluation's snapshot; a checkpoint by time
   /// wherever training is when its deadline comes first.
   void step_to(ChiefSchedule& schedule) {
+    if (dense_ != nullptr) return step_to_with_dense(schedule);
     const ChiefSchedule::Due due = schedule.next();
     std::optional<ModelState> saved;
     std::optional<Snapshot> shot;
@@ -525,6 +585,62 @@ class ChiefLoop {
     schedule.evaluated();
   }
 
+  /// `step_to` in a hybrid job. Training is held at the step the chief's replica of the
+  /// dense variables is at once the due step is reached (or, a checkpoint by time, at once):
+  /// a checkpoint is that step's dense variables and the ps tasks' cut at the same step,
+  /// read while training stands still and written once it goes on; an evaluation takes the
+  /// dense values and lets training go on at once (its rows are read live, as in a ps job).
+  /// So in a hybrid job a checkpoint or evaluation is of the due step, or of a step or so
+  /// after it when the chief comes late.
+  void step_to_with_dense(ChiefSchedule& schedule) {
+    const ChiefSchedule::Due due = schedule.next();
+    const bool reached = chief_.wait_for_step_until(due.step, due.deadline, [this] {
+                                 dense_->check();  // a lost worker: no step comes any more
+                                 return false;
+                               }).has_value();
+    const bool saving = !reached || due.checkpoint;
+    if (!saving && !due.evaluation) return;
+    const std::int64_t at = dense_->pause();
+    std::optional<ModelState> cut;
+    Snapshot shot;
+    shot.step = at;
+    shot.consistent = true;  // the dense values are one step's
+    try {
+      std::vector<VariableState> dense = dense_->variables();
+      if (saving) {
+        // The workers' pushes of that step (none comes after it), within a ring's timeout.
+        const bool pushed = chief_.wait_for_step_until(at, Clock::now() + training_.client.request_timeout, [this] {
+                                     dense_->check();
+                                     return false;
+                                   }).has_value();
+        if (!pushed) {
+          throw Error(ErrorCode::kDeadlineExceeded, "the workers did not push global step " + std::to_string(at) +
+                                                        " within " +
+                                                        std::to_string(training_.client.request_timeout.count()) +
+                                                        " ms of taking it (--request-timeout-ms): is one lost?");
+        }
+        cut = chief_.save_state_at(at, cut_rows());
+        for (const VariableState& v : dense) shot.values.push_back(v.values);
+        cut->variables = std::move(dense);
+      } else {
+        for (const VariableState& v : dense) shot.values.push_back(v.values);
+      }
+    } catch (...) {
+      dense_->resume();
+      throw;
+    }
+    dense_->resume();  // training goes on while the checkpoint is written
+    std::optional<ModelState> saved;
+    if (cut) saved = save_checkpoint(*checkpoints_, [&] { return std::move(*cut); });
+    if (saved) {
+      note_saved(*saved);
+      schedule.saved(saved->global_step, Clock::now());
+    }
+    if (!reached || !due.evaluation) return;
+    evaluate(shot, due.last, saved ? &*saved : nullptr);
+    schedule.evaluated();
+  }
+
   /// Which rows the next checkpoint's cut reads: those changed since the newest checkpoint
   /// (incremental), unless a full one is due (CheckpointOptions::full_every).
   [[nodiscard]] CutRows cut_rows() const {
@@ -548,7 +664,12 @@ class ChiefLoop {
   /// Checks `shot` is finite and hands it to `training.evaluate` (or logs the progress);
   /// rows come from `saved`, the checkpoint of that step, if there is one and it is full.
   void evaluate(const Snapshot& shot, bool last, const ModelState* saved) {
-    check_finite(shot, chief_.variables());
+    if (dense_ != nullptr) {
+      const auto variables = std::span<const VariableSpec>(model_.variables());
+      check_finite(shot, {variables.begin(), variables.end()});
+    } else {
+      check_finite(shot, chief_.variables());
+    }
     Evaluation evaluation;
     evaluation.step = shot.step;
     evaluation.consistent = shot.consistent;
@@ -594,6 +715,7 @@ class ChiefLoop {
   M model_;
   Metrics* metrics_;
   JoinQueue* joins_;
+  DensePart* dense_;  ///< a hybrid job's dense variables; null in a ps job
   std::optional<CheckpointDirectory> checkpoints_;
   /// Where a lost ps rolls the job back to without a checkpoint directory: the initial values.
   std::optional<ModelState> initial_;
@@ -614,17 +736,18 @@ class ChiefLoop {
 /// when anything fails: every task then hears why). It beats its heart on a transport of
 /// its own (`connect()` makes each), so that the ps tasks notice when it is lost; what the
 /// beats bring back feeds its progress line and its figures in `metrics` (ChiefProgress).
-/// `joins`: the ps tasks that ask to join (the chief's JoinDesk); may be null.
+/// `joins`: the ps tasks that ask to join (the chief's JoinDesk); may be null. `dense`: a
+/// hybrid job's dense variables (ChiefLoop); null in a ps job.
 template <Model M, class Connect, IdSharding I = HashIds>
 void lead(const Training<M>& training, Connect connect, I id_sharding = {}, Metrics* metrics = nullptr,
-          JoinQueue* joins = nullptr) {
+          JoinQueue* joins = nullptr, DensePart* dense = nullptr) {
   using T = decltype(connect());
   HeartbeatSender heartbeat(0, connect(), training.client.heartbeat_interval, "chief");
   Chief chief(connect(), training.seed, training.client);
   ChiefProgress progress([&heartbeat] { return heartbeat.heard(); }, metrics, training.metrics,
                          training.last_step, training.samples_per_step, training.steps_per_epoch);
   try {
-    ChiefLoop<M, T, I>(training, chief, std::move(id_sharding), metrics, joins).run();
+    ChiefLoop<M, T, I>(training, chief, std::move(id_sharding), metrics, joins, dense).run();
     progress.reached(training.last_step);
     chief.shutdown();
     log(LogLevel::kInfo, "chief: training finished at global step " + std::to_string(training.last_step) +

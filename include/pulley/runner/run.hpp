@@ -82,10 +82,12 @@ class Failure {
 };
 
 /// Every task as a thread of this process, on the in-process transport. The first failure
-/// aborts the job (every other task then stops) and is the one reported.
-template <Model M, Sharding S, Optimizer O, SyncPolicy P, TablesOrNone T>
+/// aborts the job (every other task then stops) and is the one reported. Worker `w` runs
+/// `work_as(w, connect, id_sharding, metrics)` (`work` with its Training); `dense`: a
+/// hybrid job's dense variables, the chief's (null in a ps job).
+template <Model M, Sharding S, Optimizer O, SyncPolicy P, TablesOrNone T, class WorkAs>
 void run_in_process(const Job& job, const Training<M>& training, S sharding, O optimizer,
-                    P sync, T tables) {
+                    P sync, T tables, WorkAs work_as, DensePart* dense = nullptr) {
   const auto id_sharding = id_sharding_of(tables);
   if (training.tcp.replicas != 0) {
     throw Error(ErrorCode::kInvalidArgument,
@@ -114,15 +116,14 @@ void run_in_process(const Job& job, const Training<M>& training, S sharding, O o
   for (std::uint32_t w = 0; w < job.local_workers; ++w) {
     workers.emplace_back([&, w] {
       try {
-        work(training, w, job.local_workers, [&] { return InProcess(network, Node::worker(w)); },
-             id_sharding, metrics);
+        work_as(w, [&] { return InProcess(network, Node::worker(w)); }, id_sharding, metrics);
       } catch (const std::exception& e) {
         fail("worker " + std::to_string(w), e);
       }
     });
   }
   try {
-    lead(training, [&] { return InProcess(network, Node::chief()); }, id_sharding, metrics);
+    lead(training, [&] { return InProcess(network, Node::chief()); }, id_sharding, metrics, nullptr, dense);
   } catch (const std::exception& e) {
     fail("chief", e);
   }
@@ -295,8 +296,10 @@ int run(const Job& job, const Training<M>& training, S sharding, O optimizer, P 
     check_optimizer_settings(optimizer);
     if constexpr (TablePolicy<T>) check_optimizer_settings(tables.optimizer, "the tables' optimizer");
     if (job.in_process()) {
-      runner_detail::run_in_process(job, training, std::move(sharding), std::move(optimizer),
-                                    std::move(sync), std::move(tables));
+      runner_detail::run_in_process(job, training, std::move(sharding), std::move(optimizer), std::move(sync),
+                                    std::move(tables), [&](std::uint32_t w, auto connect, auto ids, Metrics* metrics) {
+                                      runner_detail::work(training, w, job.local_workers, connect, ids, metrics);
+                                    });
     } else {
       runner_detail::run_task(*job.cluster, job.credentials, job.join, training, std::move(sharding),
                               std::move(optimizer), std::move(sync), std::move(tables));

@@ -220,8 +220,8 @@ class Tcp {
     std::string broken_reason = "not connected";
     std::optional<ErrorReply> refused;   ///< the last handshake failed for good: why
     std::optional<wire::Challenge> challenge;  ///< the ps's, while handshaking
-    std::string nonce;                   ///< this side's, while handshaking
-    wire::Frame hello;                   ///< being written, while handshaking
+    wire::Hello said;                    ///< this side's hello, while handshaking
+    wire::Frame hello;                   ///< it encoded, being written
     std::function<void(std::error_code)> connected;  ///< the attempt's `done`
     wire::FrameReader reader;
     transport_detail::ReceiveBuffers receive_buffers;
@@ -756,13 +756,8 @@ class Tcp {
         }
         if (challenge->nonce.size() != wire::kNonceBytes) throw wire::Malformed("a malformed challenge");
         link.challenge = std::move(*challenge);
-        link.nonce = wire::make_nonce();
-        link.hello = wire::encode(
-            wire::Handshake{wire::Hello{options_.credentials.job, self_, link.nonce,
-                                        wire::client_proof(options_.credentials.secret,
-                                                           *link.challenge, self_, link.nonce, link.shard),
-                                        wire::incarnation(), link.shard}},
-            0);
+        link.said = wire::hello_for(options_.credentials, *link.challenge, self_, link.shard);
+        link.hello = wire::encode(wire::Handshake{link.said}, 0);
         link.write_list.append(link.hello);
         return flush(link);
       }
@@ -786,9 +781,7 @@ class Tcp {
       }
       auto* welcome = std::get_if<wire::Welcome>(&message);
       if (welcome == nullptr) throw wire::Malformed("the ps answered the hello with neither welcome nor refusal");
-      const wire::Hello said{options_.credentials.job, self_, link.nonce, {}, 0, link.shard};
-      if (!wire::proof_matches(welcome->proof, wire::server_proof(options_.credentials.secret,
-                                                                  *link.challenge, said))) {
+      if (!wire::welcome_proves(options_.credentials, *link.challenge, link.said, *welcome)) {
         return refuse(link, "it did not prove the job's shared secret (a ps of another job, or a "
                             "wrong PULLEY_SECRET?)");
       }

@@ -45,6 +45,20 @@ struct TcpRingOptions {
   bool allow_no_secret = false;
 };
 
+namespace transport_detail {
+/// Refuses credentials a ring must not form with: malformed ones, or no secret unless
+/// `options.allow_no_secret` (kInvalidArgument).
+inline void check_ring_credentials(const Credentials& credentials, const TcpRingOptions& options) {
+  wire::check_credentials(credentials);
+  if (credentials.secret.empty() && !options.allow_no_secret) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "ring: no shared secret is set, so anyone who knows the job's name ('" + credentials.job +
+                    "') could join the ring: set the job's secret (README, Security), or "
+                    "TcpRingOptions::allow_no_secret for addresses only trusted peers reach");
+  }
+}
+}  // namespace transport_detail
+
 /// A Ring of worker processes over TCP: each rank listens on its own address, connects to
 /// the next rank's, and accepts the previous rank's connection. Both connections open with
 /// the handshake every pulley connection makes (wire/handshake.hpp): the connecting rank
@@ -108,13 +122,7 @@ class TcpRing {
       throw Error(ErrorCode::kInvalidArgument, "ring: rank " + std::to_string(rank) + " of a ring of " +
                                                    std::to_string(addresses.size()) + " addresses");
     }
-    wire::check_credentials(credentials);
-    if (credentials.secret.empty() && !options.allow_no_secret) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  "ring: no shared secret is set, so anyone who knows the job's name ('" + credentials.job +
-                      "') could join the ring: set the job's secret (README, Security), or "
-                      "TcpRingOptions::allow_no_secret for addresses only trusted peers reach");
-    }
+    transport_detail::check_ring_credentials(credentials, options);
     if (size_ == 1) return;
     std::vector<Address> parsed;
     for (const std::string& a : addresses) parsed.push_back(parse_address(a));
@@ -399,11 +407,8 @@ class TcpRing {
                                                    std::to_string(challenge_.ps) + " of job '" +
                                                    challenge_.job.substr(0, wire::kMaxJobName) + "'");
     }
-    nonce_ = wire::make_nonce();
-    const wire::Hello hello{credentials.job, self, nonce_,
-                            wire::client_proof(credentials.secret, challenge_, self, nonce_, wire::Hello::kRingLink),
-                            wire::incarnation(), wire::Hello::kRingLink};
-    write_frame(links_->next, wire::encode(wire::Handshake{hello}, 0), deadline);
+    said_ = wire::hello_for(credentials, challenge_, self, wire::Hello::kRingLink);
+    write_frame(links_->next, wire::encode(wire::Handshake{said_}, 0), deadline);
     answered_ = true;
   }
 
@@ -419,10 +424,7 @@ class TcpRing {
                   "ring: " + links_->next_name + " refused rank " + std::to_string(rank_) + ": " + refusal->reason);
     }
     const auto* welcome = std::get_if<wire::Welcome>(&message);
-    const Node self = Node::worker(static_cast<std::uint32_t>(rank_));
-    const wire::Hello said{credentials.job, self, nonce_, {}, 0, wire::Hello::kRingLink};
-    if (welcome == nullptr ||
-        !wire::proof_matches(welcome->proof, wire::server_proof(credentials.secret, challenge_, said))) {
+    if (welcome == nullptr || !wire::welcome_proves(credentials, challenge_, said_, *welcome)) {
       throw Error(ErrorCode::kUnauthenticated,
                   "ring: " + links_->next_name + " did not prove the job's shared secret (a wrong PULLEY_SECRET?)");
     }
@@ -462,7 +464,7 @@ class TcpRing {
   TcpRingOptions options_;
   std::vector<std::uint64_t> incarnations_;  ///< each rank's process, when the ring knows them
   wire::Challenge challenge_;  ///< the next rank's
-  std::string nonce_;          ///< this rank's, in its hello to the next
+  wire::Hello said_;           ///< this rank's hello to the next
   bool answered_ = false;  ///< this rank's hello went to the next
   bool welcomed_ = false;  ///< and the next let it in
 };

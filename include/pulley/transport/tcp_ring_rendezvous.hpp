@@ -117,12 +117,7 @@ class TcpRingRendezvous {
   /// kUnavailable (cannot listen).
   TcpRingRendezvous(std::string address, Credentials credentials, TcpRingOptions options = {})
       : address_(std::move(address)), credentials_(std::move(credentials)), options_(options) {
-    wire::check_credentials(credentials_);
-    if (credentials_.secret.empty() && !options_.allow_no_secret) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  "ring: no shared secret is set, so anyone who knows the job's name could join the ring: set the "
-                  "job's secret (README, Security), or TcpRingOptions::allow_no_secret");
-    }
+    transport_detail::check_ring_credentials(credentials_, options_);
     const Address at = parse_address(address_);
     acceptor_.emplace(transport_detail::listen(io_, transport_detail::resolve_listen_endpoint(io_, at.host, at.port)));
     acceptor_->non_blocking(true);
@@ -523,11 +518,7 @@ class TcpRingRendezvous {
         return asked;
       }
       const auto challenge = transport_detail::read_handshake_by<wire::Challenge>(socket, handshake_by, who());
-      const Node self = Node::worker(0);
-      const std::string nonce = wire::make_nonce();
-      const wire::Hello hello{credentials_.job, self, nonce,
-                              wire::client_proof(credentials_.secret, challenge, self, nonce, wire::Hello::kRingRendezvous),
-                              wire::incarnation(), wire::Hello::kRingRendezvous};
+      const wire::Hello hello = wire::hello_for(credentials_, challenge, Node::worker(0), wire::Hello::kRingRendezvous);
       transport_detail::write_frame_by(socket, wire::encode(wire::Handshake{hello}, 0), handshake_by, who());
       const auto bytes = transport_detail::read_frame_by(socket, handshake_by, who());
       const wire::Handshake answer = wire::decode_handshake(bytes.first, bytes.second);
@@ -539,10 +530,7 @@ class TcpRingRendezvous {
         throw Error(ErrorCode::kUnauthenticated, "ring: " + address + " refused " + address_ + ": " + refusal->reason);
       }
       const auto* welcome = std::get_if<wire::Welcome>(&answer);
-      wire::Hello proven = hello;
-      proven.proof.clear();
-      if (welcome == nullptr ||
-          !wire::proof_matches(welcome->proof, wire::server_proof(credentials_.secret, challenge, proven))) {
+      if (welcome == nullptr || !wire::welcome_proves(credentials_, challenge, hello, *welcome)) {
         throw Error(ErrorCode::kUnauthenticated,
                     "ring: " + address + " did not prove the job's shared secret (a wrong PULLEY_SECRET?)");
       }

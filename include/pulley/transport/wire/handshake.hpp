@@ -184,6 +184,23 @@ inline bool proof_matches(std::string_view proof, std::string_view expected) {
       std::span(reinterpret_cast<const std::uint8_t*>(expected.data()), expected.size()));
 }
 
+/// The hello a client `self` answers `challenge` with: a fresh nonce, the proof that it
+/// holds `credentials.secret`, this process's incarnation, and `shard` (a ps shard, or a
+/// ring's kind: Hello::kRingLink, kRingRendezvous).
+inline Hello hello_for(const Credentials& credentials, const Challenge& challenge, const Node& self,
+                       std::uint32_t shard = Hello::kOwnShard) {
+  std::string nonce = make_nonce();
+  std::string proof = client_proof(credentials.secret, challenge, self, nonce, shard);
+  return Hello{credentials.job, self, std::move(nonce), std::move(proof), incarnation(), shard};
+}
+
+/// True if `welcome` proves that the server holds the secret too, for `challenge` and the
+/// hello `sent` (the client's side of the handshake's last check).
+inline bool welcome_proves(const Credentials& credentials, const Challenge& challenge, const Hello& sent,
+                           const Welcome& welcome) {
+  return proof_matches(welcome.proof, server_proof(credentials.secret, challenge, sent));
+}
+
 /// Why the ps would refuse `hello` after `challenge`, or "" when it lets it in: another job,
 /// a malformed hello, a ps task as a client (unless `ps_clients`: the chief's JoinDesk
 /// takes new ps tasks), or a proof that does not match the secret.
