@@ -119,13 +119,14 @@ finish_job() {
     [ "$rc" = 0 ] || fail "$1: a task (pid $pid) exited $rc"
   done
 }
-check_final() {
+check_final() {  # check_final DIR NAME PS [ACCURACY_GOAL (0.875)]
+  local goal=${4:-0.875}
   final=$(grep '^final:' "$1/chief-0.log")
   echo "$2: $final"
   [ -n "$final" ] || fail "$2: no final line"
   echo "$final" | grep -q " ps=$3 " || fail "$2: the job did not end on $3 ps tasks"
-  awk -v line="$final" 'BEGIN { n = split(line, f, /[ =]/); for (i = 1; i < n; ++i) v[f[i]] = f[i + 1];
-    if ("test_accuracy" in v) exit !(v["test_accuracy"] >= 0.875);
+  awk -v line="$final" -v goal="$goal" 'BEGIN { n = split(line, f, /[ =]/); for (i = 1; i < n; ++i) v[f[i]] = f[i + 1];
+    if ("test_accuracy" in v) exit !(v["test_accuracy"] >= goal + 0);
     exit !(v["auc"] + 0.05 >= v["planted_auc"] && v["planted_auc"] > 0.6) }' ||
-    fail "$2: below its goal (test accuracy 0.875, or an AUC within 0.05 of the planted model's)"
+    fail "$2: below its goal (test accuracy $goal, or an AUC within 0.05 of the planted model's)"
 }
