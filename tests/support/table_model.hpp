@@ -111,6 +111,15 @@ inline std::vector<TableBatchOf> table_batches(std::size_t count, std::size_t si
   return out;
 }
 
+/// The sync job the table tests train and hold to SyncReference: 2 workers, 30 steps of
+/// SGD at 0.5, every value initialized from seed 11.
+namespace table_job {
+inline constexpr std::uint64_t kSeed = 11;
+inline constexpr float kLearningRate = 0.5F;
+inline constexpr std::int64_t kSteps = 30;
+inline constexpr std::uint32_t kWorkers = 2;
+}  // namespace table_job
+
 /// What one process computes for sync R = N with TensorFlow's rules: the dense gradients
 /// averaged over the workers, each row's gradient averaged over the workers whose batch
 /// used it, then SGD at `learning_rate`, every value initialized from `seed`.

@@ -26,13 +26,9 @@
 using namespace pulley;
 using pulley::testing::TableBatchOf;
 using pulley::testing::TinyTableModel;
+using namespace pulley::testing::table_job;
 
 namespace {
-
-constexpr std::uint64_t kSeed = 11;
-constexpr float kLearningRate = 0.5F;
-constexpr std::int64_t kSteps = 30;
-constexpr std::uint32_t kWorkers = 2;
 
 using Hybrid = DenseOnRing<TinyTableModel, Sgd, InProcessRing>;
 static_assert(TableModel<Hybrid>);

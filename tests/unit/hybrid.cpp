@@ -29,13 +29,9 @@
 using namespace pulley;
 using pulley::testing::TableBatchOf;
 using pulley::testing::TinyTableModel;
+using namespace pulley::testing::table_job;
 
 namespace {
-
-constexpr std::uint64_t kSeed = 11;
-constexpr float kLearningRate = 0.5F;
-constexpr std::int64_t kSteps = 30;
-constexpr std::uint32_t kWorkers = 2;
 
 /// What the chief's last evaluation saw: the dense values and the rows of `ids`.
 struct Seen {

@@ -35,13 +35,9 @@ using namespace pulley;
 using pulley::testing::Cluster;
 using pulley::testing::TableBatchOf;
 using pulley::testing::TinyTableModel;
+using namespace pulley::testing::table_job;
 
 namespace {
-
-constexpr std::uint64_t kSeed = 11;
-constexpr float kLearningRate = 0.5F;
-constexpr std::int64_t kSteps = 30;
-constexpr std::uint32_t kWorkers = 2;
 
 /// Trains TinyTableModel with sync R = N = 2 on `batches` (worker w's batch at step s is
 /// batches[2s + w]) through `make_transport`; checks the result against the reference and

@@ -594,51 +594,58 @@ class ChiefLoop {
   /// after it when the chief comes late.
   void step_to_with_dense(ChiefSchedule& schedule) {
     const ChiefSchedule::Due due = schedule.next();
-    const bool reached = chief_.wait_for_step_until(due.step, due.deadline, [this] {
-                                 dense_->check();  // a lost worker: no step comes any more
-                                 return false;
-                               }).has_value();
+    const bool reached = dense_step_until(due.step, due.deadline);
     const bool saving = !reached || due.checkpoint;
-    if (!saving && !due.evaluation) return;
+    const bool evaluating = reached && due.evaluation;
+    if (!saving && !evaluating) return;
     const std::int64_t at = dense_->pause();
+    std::vector<VariableState> dense;
     std::optional<ModelState> cut;
-    Snapshot shot;
-    shot.step = at;
-    shot.consistent = true;  // the dense values are one step's
-    try {
-      std::vector<VariableState> dense = dense_->variables();
+    try {  // only what must see training stand still: the replica's copy and the ps tasks' cut
+      dense = dense_->variables();
       if (saving) {
         // The workers' pushes of that step (none comes after it), within a ring's timeout.
-        const bool pushed = chief_.wait_for_step_until(at, Clock::now() + training_.client.request_timeout, [this] {
-                                     dense_->check();
-                                     return false;
-                                   }).has_value();
-        if (!pushed) {
+        if (!dense_step_until(at, Clock::now() + training_.client.request_timeout)) {
           throw Error(ErrorCode::kDeadlineExceeded, "the workers did not push global step " + std::to_string(at) +
                                                         " within " +
                                                         std::to_string(training_.client.request_timeout.count()) +
                                                         " ms of taking it (--request-timeout-ms): is one lost?");
         }
         cut = chief_.save_state_at(at, cut_rows());
-        for (const VariableState& v : dense) shot.values.push_back(v.values);
-        cut->variables = std::move(dense);
-      } else {
-        for (const VariableState& v : dense) shot.values.push_back(v.values);
       }
     } catch (...) {
       dense_->resume();
       throw;
     }
-    dense_->resume();  // training goes on while the checkpoint is written
+    dense_->resume();  // training goes on while the snapshot is taken and the checkpoint written
+    Snapshot shot;
+    shot.step = at;
+    shot.consistent = true;  // the dense values are one step's
+    if (evaluating) {
+      for (VariableState& v : dense) shot.values.push_back(cut ? v.values : std::move(v.values));
+    }
     std::optional<ModelState> saved;
-    if (cut) saved = save_checkpoint(*checkpoints_, [&] { return std::move(*cut); });
-    if (saved) {
+    if (cut) {
+      cut->variables = std::move(dense);
+      saved = save_checkpoint(*checkpoints_, [&] { return std::move(*cut); });
       note_saved(*saved);
       schedule.saved(saved->global_step, Clock::now());
     }
-    if (!reached || !due.evaluation) return;
+    if (!evaluating) return;
     evaluate(shot, due.last, saved ? &*saved : nullptr);
     schedule.evaluated();
+  }
+
+  /// Waits until the ps tasks have taken global `step` or `deadline` passes, checking the
+  /// ring meanwhile: a lost worker sends no step any more, and ends the wait with its error.
+  bool dense_step_until(std::int64_t step, Clock::time_point deadline) {
+    return chief_
+        .wait_for_step_until(step, deadline,
+                             [this] {
+                               dense_->check();
+                               return false;
+                             })
+        .has_value();
   }
 
   /// Which rows the next checkpoint's cut reads: those changed since the newest checkpoint

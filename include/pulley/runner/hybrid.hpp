@@ -157,19 +157,9 @@ class DenseFollower final : public DensePart {
 template <Model W, Model M, class Make>
 Training<W> worker_training(const Training<M>& training, Make make) {
   Training<W> out;
+  static_cast<TrainingOptions&>(out) = training;  // everything but the model-typed parts
   out.model = std::move(make);
   out.data = training.data;
-  out.checkpoint = training.checkpoint;
-  out.last_step = training.last_step;
-  out.evaluate_every = training.evaluate_every;
-  out.samples_per_step = training.samples_per_step;
-  out.steps_per_epoch = training.steps_per_epoch;
-  out.metrics = training.metrics;
-  out.seed = training.seed;
-  out.client = training.client;
-  out.tcp = training.tcp;
-  out.server = training.server;
-  out.worker_timeout = training.worker_timeout;
   return out;
 }
 

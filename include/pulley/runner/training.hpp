@@ -131,24 +131,16 @@ struct CheckpointOptions {
   std::int64_t full_every = 1;
 };
 
-/// A training job as the role runner needs it: everything but where its tasks run.
-template <Model M>
-struct Training {
-  /// Makes a fresh model. Every task makes its own; their variables must be the same.
-  std::function<M()> model;
-  /// A worker's batches: a function that gives the next batch each time it is called (the
-  /// batch may view storage the function owns until the next call), for its share of the
-  /// data and the step it starts at (DataShard).
-  std::function<std::function<typename M::Batch()>(const DataShard& shard)> data;
+/// What a training job sets that does not depend on its model: its schedule, checkpoints,
+/// metrics, seed and the transports' deadlines. `Training<M>` adds the model-typed parts,
+/// and a runner that trains a wrapped model copies these whole.
+struct TrainingOptions {
   /// Checkpoints: where, how often, how many kept; and resuming from them.
   CheckpointOptions checkpoint;
   /// Training ends when the global step reaches it.
   std::int64_t last_step = 0;
   /// Global steps between evaluations; 0 evaluates at the end only.
   std::int64_t evaluate_every = 0;
-  /// Called by the chief (and an evaluator task) with `model` holding the parameters of one
-  /// global step; optional (without it the chief logs its progress).
-  std::function<void(M& model, const Evaluation& evaluation)> evaluate;
   /// Examples per global step, for samples/s (batch × batches aggregated into a step).
   std::int64_t samples_per_step = 0;
   /// Global steps an epoch has, for the chief's progress line (0: it shows no epoch).
@@ -165,6 +157,20 @@ struct Training {
   /// The ps tasks hold a worker lost when its heartbeats (every `client.heartbeat_interval`)
   /// stop for this long, and training goes on without it (SyncReplicas, BoundedStaleness).
   std::chrono::milliseconds worker_timeout{std::chrono::seconds(5)};
+};
+
+/// A training job as the role runner needs it: everything but where its tasks run.
+template <Model M>
+struct Training : TrainingOptions {
+  /// Makes a fresh model. Every task makes its own; their variables must be the same.
+  std::function<M()> model;
+  /// A worker's batches: a function that gives the next batch each time it is called (the
+  /// batch may view storage the function owns until the next call), for its share of the
+  /// data and the step it starts at (DataShard).
+  std::function<std::function<typename M::Batch()>(const DataShard& shard)> data;
+  /// Called by the chief (and an evaluator task) with `model` holding the parameters of one
+  /// global step; optional (without it the chief logs its progress).
+  std::function<void(M& model, const Evaluation& evaluation)> evaluate;
 };
 
 }  // namespace pulley
