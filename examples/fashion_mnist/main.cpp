@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
-// Trains a 784-128-10 MLP on Fashion-MNIST with a parameter-server job: every task as a
-// thread of this process (the default), or this process as one task of a TCP cluster
+// Trains a 784-H-10 MLP (H: --hidden, 128 by default) on Fashion-MNIST with a
+// parameter-server job: every task as a thread of this process (the default), or this
+// process as one task of a TCP cluster
 // (TF_CONFIG, --role/--task/--*-hosts, or --slurm-roles under srun). The role runner
 // (pulley/runner/run.hpp) does the rest; `fashion_mnist --help` lists the flags. With
 // --mode allreduce there are no ps tasks: the workers sum their gradients in a ring
@@ -49,6 +50,7 @@ struct Options {
   std::int64_t staleness = 3;
   int epochs = 10;
   std::size_t batch = 64;
+  std::size_t hidden = 128;  // the hidden layer's width: the model's size
   std::uint64_t seed = 1;
   std::string data = PULLEY_FASHION_MNIST_DIR;
   pulley::CheckpointOptions checkpoint;  // --checkpoint-dir, --save-checkpoint-steps, ...
@@ -176,7 +178,7 @@ int train(const pulley::Job& job, const Options& o, const Data& data, Optimizer 
   const pulley::models::MlpBatch test{data.test.images.pixels, data.test.labels};
 
   pulley::Training<pulley::models::Mlp> training;
-  training.model = [] { return pulley::models::Mlp({784, 128, 10}); };
+  training.model = [hidden = o.hidden] { return pulley::models::Mlp({784, hidden, 10}); };
   training.data = [&](const pulley::DataShard& shard) { return Shard(data, o.batch, o.seed, shard); };
   training.last_step = steps_per_epoch * o.epochs;
   training.evaluate_every = steps_per_epoch;
@@ -236,9 +238,9 @@ int train(const pulley::Job& job, const Options& o, const Data& data, Optimizer 
   const bool all_reduce = o.mode == "allreduce";
   const bool reports = job.in_process() || job.cluster->task.type == (all_reduce ? "worker" : "chief");
   if (reports && (!all_reduce || job.in_process() || job.cluster->task.index == 0)) {
-    std::printf("training 784-128-10 on %zu examples: %s, %u ps, %u workers, %s, %s, batch %zu, "
+    std::printf("training 784-%zu-10 on %zu examples: %s, %u ps, %u workers, %s, %s, batch %zu, "
                 "%d epochs (%lld steps)\n",
-                data.train.labels.size(), job.name().c_str(), all_reduce ? 0U : job.num_ps(), workers,
+                o.hidden, data.train.labels.size(), job.name().c_str(), all_reduce ? 0U : job.num_ps(), workers,
                 o.optimizer.c_str(), o.mode.c_str(), o.batch, o.epochs,
                 static_cast<long long>(training.last_step));
     std::fflush(stdout);
@@ -284,6 +286,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 1 << 20));
   app.add_option("--epochs", o.epochs)->check(CLI::Range(1, 1000));
   app.add_option("--batch", o.batch, "examples per batch, per worker")->check(CLI::Range(1, 60000));
+  app.add_option("--hidden", o.hidden, "units of the hidden layer (the model's size: 795 floats per unit, plus 10)")
+      ->check(CLI::Range(1, 1 << 16));
   app.add_option("--seed", o.seed);
   app.add_option("--data", o.data, "directory of the *-ubyte.gz files");
   pulley::add_job_flags(app, job_flags);
