@@ -42,8 +42,8 @@ loopback_bytes() { awk '$1 == "lo:" { print $10 }' /proc/net/dev; }
 # report ARCH HIDDEN N LOG BYTES: one line from a run's log and the loopback bytes it moved.
 report() {
   local final steps
-  final=$(grep -h 'final: ' "$4" | head -1)
-  steps=$(grep -hoE '\(([0-9]+) steps\)' "$4" | head -1 | tr -dc '0-9')
+  final=$(grep -h 'final: ' "$4" | head -1 || true)
+  steps=$(grep -hoE '\(([0-9]+) steps\)' "$4" | head -1 | tr -dc '0-9' || true)
   [ -n "$final" ] && [ -n "$steps" ] || { echo "architectures.sh: the $1 run failed:" >&2; cat "$4" >&2; exit 1; }
   python3 - "$1" "$2" "$3" "$steps" "$5" "$final" <<'PY'
 import re, sys
