@@ -55,10 +55,19 @@ start_job "$work/plain" "$binary" 2 2 "${flags[@]}"
 finish_job "fashion_mnist undisturbed" 240
 plain=$(crc_of "$work/plain/chief-0.log")
 [ -n "$plain" ] || fail "the undisturbed job printed no final line"
-start_job "$work/mnist" "$binary" 2 2 "${flags[@]}"
+# Every task serves its figures (--metrics-port): ps 0, ps 1, the chief, worker 0 and 1 on
+# base + 0 .. 4. The ps that joins must not take base + 2, the chief's (its own spec counts
+# 3 ps), but a port the system picks.
+base=$(free_port_run 5)
+[ -n "$base" ] || fail "found no 5 consecutive free ports"
+start_job "$work/mnist" "$binary" 2 2 "${flags[@]}" --metrics-port "$base"
 grep -q "may join job 'ps-join-test'" "$work/mnist/chief-0.log" 2>/dev/null ||
   wait_for "$work/mnist/chief-0.log" "may join job" 30 || fail "the chief does not take joins"
-join_ps_after "$work/mnist" '^epoch  3/10' 180 "${flags[@]}"
+join_ps_after "$work/mnist" '^epoch  3/10' 180 "${flags[@]}" --metrics-port "$base"
+wait_for "$work/mnist/ps-2.log" 'takes a port the system picks' 30 ||
+  fail "the ps that joined did not serve its figures on a port of its own: $(head -c 600 "$work/mnist/ps-2.log")"
+grep -q "metrics: http://127.0.0.1:$((base + 2))/metrics" "$work/mnist/chief-0.log" ||
+  fail "the chief does not serve on base + 2"
 wait_for "$work/mnist/chief-0.log" 'joined the job' 60 || fail "the chief did not take ps 2 in"
 finish_job "fashion_mnist 2 ps -> 3" 240
 report "$work/mnist"

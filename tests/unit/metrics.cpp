@@ -271,6 +271,14 @@ TEST_CASE("the reporter serves the figures on its port, each task of a cluster o
   CHECK(text.find("pulley_pushes_taken{task=\"ps:0\"} 18\n") != std::string::npos);
   options.port = 65535;
   CHECK_THROWS_WITH_AS(MetricsReporter(options, "worker-3", 3), doctest::Contains("over 65535"), Error);
+  // A task that joins takes a port the system picks, never PORT + its offset: with the
+  // job's first port taken (here by the reporter above), it still serves.
+  options.port = reporter.port();
+  MetricsReporter joined(options, "ps-2", kAnyMetricsPort);
+  CHECK(joined.port() != 0);
+  CHECK(joined.port() != reporter.port());
+  joined.metrics().close_interval();
+  CHECK(http(joined.port(), "GET /metrics HTTP/1.1\r\n\r\n").find("200") != std::string::npos);
 }
 
 TEST_CASE("the chief's progress line: step, epoch, examples/s and the time left") {

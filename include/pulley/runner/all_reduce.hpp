@@ -338,7 +338,8 @@ int run_all_reduce(const Job& job, const Training<M>& training, O optimizer) {
                     "checkpoint directory (--checkpoint-dir), the same on every task");
       }
       MetricsReporter reporter(training.metrics, "evaluator-" + std::to_string(cluster.task.index),
-                               metrics_port_offset("evaluator", cluster.task.index, 0, 0, num_workers));
+                               job.join ? kAnyMetricsPort
+                                        : metrics_port_offset("evaluator", cluster.task.index, 0, 0, num_workers));
       runner_detail::follow_checkpoints(training, reporter.enabled() ? &reporter.metrics() : nullptr);
       return 0;
     }
@@ -347,7 +348,7 @@ int run_all_reduce(const Job& job, const Training<M>& training, O optimizer) {
                                                "task is a " + cluster.task.type);
     }
     MetricsReporter reporter(training.metrics, "worker-" + std::to_string(cluster.task.index),
-                             metrics_port_offset("worker", cluster.task.index, 0, 0, num_workers));
+                             job.join ? kAnyMetricsPort : metrics_port_offset("worker", cluster.task.index, 0, 0, num_workers));
     TcpRingOptions options;
     options.form_timeout = training.client.recovery_timeout;
     options.timeout = training.client.request_timeout;

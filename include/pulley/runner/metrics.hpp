@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -43,8 +44,9 @@ struct MetricsOptions {
   std::string file;
   /// Serve the figures on this port (Prometheus' text format at /metrics); nullopt: none.
   /// In a cluster of processes, task i listens on port + i, counting the ps tasks first,
-  /// then the chief, the workers and the evaluators (`metrics_port_offset`); 0: a port the
-  /// system picks, logged.
+  /// then the chief, the workers and the evaluators (`metrics_port_offset`); a task that
+  /// joins a running job takes a port the system picks (kAnyMetricsPort); 0: every task a
+  /// port the system picks, logged.
   std::optional<std::uint16_t> port;
   /// The address the port is bound to. Loopback by default: the figures are not secret
   /// but not authenticated either; "0.0.0.0" lets a monitoring host scrape them.
@@ -144,6 +146,12 @@ class EvaluationScores {
   std::vector<std::pair<std::string, double>> scores_;
 };
 
+/// The port offset that asks for a port the system picks (logged): a task that joins a
+/// running job takes one, since the offsets count the tasks the job started with and a
+/// joiner's own spec counts it among them (a ps that joins would take the chief's port, a
+/// worker an evaluator's).
+inline constexpr std::uint32_t kAnyMetricsPort = std::numeric_limits<std::uint32_t>::max();
+
 /// The port offset of a task of a cluster (MetricsOptions::port): its position counting the
 /// ps tasks first, then the chief, the workers and the evaluators.
 inline std::uint32_t metrics_port_offset(std::string_view type, std::uint32_t index, std::uint32_t num_ps,
@@ -162,20 +170,25 @@ inline std::uint32_t metrics_port_offset(std::string_view type, std::uint32_t in
 class MetricsReporter {
  public:
   /// @param process  replaces "{task}" in the file name ("worker-0", "in-process")
-  /// @param port_offset added to the port (metrics_port_offset)
+  /// @param port_offset added to the port (metrics_port_offset); kAnyMetricsPort: a port
+  ///                    the system picks
   MetricsReporter(MetricsOptions options, std::string_view process, std::uint32_t port_offset = 0)
       : options_(std::move(options)) {
     if (!options_.enabled()) return;
     if (options_.interval.count() <= 0) throw Error(ErrorCode::kInvalidArgument, "metrics: the interval must be positive");
     if (options_.port) {
-      const std::uint32_t port = *options_.port == 0 ? 0 : *options_.port + port_offset;
+      const bool any = *options_.port == 0 || port_offset == kAnyMetricsPort;
+      const std::uint32_t port = any ? 0 : *options_.port + port_offset;
       if (port > 65535) {
         throw Error(ErrorCode::kInvalidArgument, "metrics: port " + std::to_string(*options_.port) + " + " +
                                                      std::to_string(port_offset) + " is over 65535");
       }
       endpoint_ = std::make_unique<MetricsEndpoint>(options_.bind, static_cast<std::uint16_t>(port),
                                                      [this] { return metrics_.prometheus(); });
-      log(LogLevel::kInfo, "metrics: http://" + options_.bind + ":" + std::to_string(endpoint_->port()) + "/metrics");
+      log(LogLevel::kInfo, "metrics: http://" + options_.bind + ":" + std::to_string(endpoint_->port()) + "/metrics" +
+                               (port_offset == kAnyMetricsPort && *options_.port != 0
+                                    ? " (a task that joins a running job takes a port the system picks)"
+                                    : ""));
     }
     if (!options_.file.empty()) {  // last: nothing after it throws, so it is never left open
       std::string path = options_.file;
