@@ -59,13 +59,7 @@ PY
 }
 
 ports() {  # ports K: K free ports on 127.0.0.1
-  python3 - "$1" <<'PY'
-import socket, sys
-held = [socket.socket() for _ in range(int(sys.argv[1]))]
-for s in held:
-    s.bind(("127.0.0.1", 0))
-print(" ".join(str(s.getsockname()[1]) for s in held))
-PY
+  python3 "$(dirname "${BASH_SOURCE[0]}")/../scripts/free_ports.py" "$1" | tr '\n' ' ' 
 }
 
 for hidden in $hidden_sizes; do

@@ -43,14 +43,7 @@ done
 [ -x "$binary" ] || { echo "launch_local.sh: $binary is not built (bash scripts/train.sh builds it)" >&2; exit 2; }
 
 # Free ports on 127.0.0.1, all held at once so they differ.
-mapfile -t ports < <(python3 - "$((num_ps + num_workers + 1))" <<'PY'
-import socket, sys
-held = [socket.socket() for _ in range(int(sys.argv[1]))]
-for s in held:
-    s.bind(("127.0.0.1", 0))
-print("\n".join(str(s.getsockname()[1]) for s in held))
-PY
-)
+mapfile -t ports < <(python3 "$(dirname "${BASH_SOURCE[0]}")/free_ports.py" "$((num_ps + num_workers + 1))")
 hosts() {  # hosts FIRST COUNT → "127.0.0.1:p1","127.0.0.1:p2"
   local out=""
   for ((i = $1; i < $1 + $2; i++)); do out+="${out:+,}\"127.0.0.1:${ports[$i]}\""; done

@@ -3353,6 +3353,7 @@ struct RowRequest {
 
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string>
 #include <vector>
@@ -4685,6 +4686,50 @@ concept GrowingTransport = Transport<T> && requires(T& transport, const T& ctran
   { ctransport.address(ps) } -> std::convertible_to<std::string>;
 };
 
+/// A transport whose ps tasks keep a copy of each other's shards (Tcp with
+/// `TcpOptions::replicas`): it gives a copy up when its ps is lost for good, serves the
+/// shard from the other copy alone, and serves it from both again once a process started in
+/// the lost one's place was given its shards back (Chief::take_back).
+///
+/// Required, beyond Transport:
+///   - `ct.given_up()` → std::vector<std::uint32_t>: the ps tasks some of whose copies this
+///     transport gave up, ascending (none without copies)
+///   - `t.reach_again(ps, serve)` → bool: connects anew to every copy of ps task `ps` that
+///     was given up, and true once each reached another process than the one given up (one
+///     started in its place; the process given up may be alive but cut off, and its state is
+///     old); with `serve` they serve again at once, without they stay given up until
+///     `serve_again(ps)`; false, with nothing changed, when one is not reached
+///   - `t.serve_again(ps)` → the copies of `ps` reached again serve their shards with the
+///     other copies: what changes a shard goes to both from now on
+///   - `t.give_up(ps, why)` → gives every copy of `ps` up again (taking it back failed)
+///
+/// Semantic contract: a copy is served again only once the chief restored it with the
+/// others from one cut (Chief::take_back), at a membership newer than the one it was given
+/// up at; the other tasks then follow when they learn that membership (`renew_copies`),
+/// before their first request of the epoch the restore began.
+template <class T>
+concept CopyingTransport = Transport<T> && requires(T& transport, const T& ctransport, std::uint32_t ps,
+                                                    const std::string& why) {
+  { ctransport.given_up() } -> std::same_as<std::vector<std::uint32_t>>;
+  { transport.reach_again(ps, true) } -> std::same_as<bool>;
+  transport.serve_again(ps);
+  transport.give_up(ps, why);
+};
+
+/// A task that learned a newer membership of the job's ps tasks serves again the copies its
+/// transport gave up whose ps is back (a process in its place, taken back by the chief:
+/// Chief::take_back); true if it serves any again. Without copies, false.
+template <Transport T>
+bool renew_copies(T& transport) {
+  if constexpr (CopyingTransport<T>) {
+    bool renewed = false;
+    for (const std::uint32_t ps : transport.given_up()) renewed = transport.reach_again(ps, true) || renewed;
+    return renewed;
+  } else {
+    return false;
+  }
+}
+
 /// Makes `transport` know every ps task of `ps_addresses` (by task index; empty: the ones
 /// it knows already), adding those beyond its count, each reached at its first call.
 /// Throws kFailedPrecondition when the transport cannot grow (not a GrowingTransport).
@@ -6003,6 +6048,7 @@ class Client {
     log(LogLevel::kInfo, "the job's ps tasks are now " + describe_members(members) + " (membership " +
                              std::to_string(membership) + ", was " + std::to_string(membership_) + ")");
     set_members(std::move(members), membership, std::move(ps_addresses), ErrorCode::kFailedPrecondition);
+    (void)renew_copies(transport_);  // a ps the chief took back (Chief::take_back) is written to again
   }
 
   /// Takes `members` at `membership` after reaching every ps of `ps_addresses`; a member
@@ -6022,7 +6068,8 @@ class Client {
   }
 
   /// True if a reply of `replies` (one per member) names a newer membership with other
-  /// members than were asked: they are taken, to be asked again.
+  /// members than were asked, or with the same members and copies that serve again (a ps
+  /// the chief took back): they are taken, to be asked again.
   bool follow_membership(std::vector<PlacementReply>& replies) {
     const auto newest = std::max_element(replies.begin(), replies.end(), [](const auto& a, const auto& b) {
       return a.membership < b.membership;
@@ -6031,7 +6078,9 @@ class Client {
     if (newest->membership == membership_ && newest->members == members_) return false;
     if (newest->members == members_) {
       membership_ = newest->membership;
-      return false;
+      // A ps the chief took back (its shards restored beside their copies): asked again,
+      // both copies, before anything of the new epoch is sent.
+      return renew_copies(transport_);
     }
     take_membership(std::move(newest->members), newest->membership, std::move(newest->ps_addresses));
     return true;
@@ -7108,6 +7157,71 @@ class Chief {
     }
   }
 
+  /// The member ps tasks some of whose copies this chief's transport gave up (lost for
+  /// good: their shards are served by one copy only), ascending; none without copies
+  /// (a CopyingTransport's `given_up`).
+  [[nodiscard]] std::vector<std::uint32_t> given_up() const {
+    if constexpr (CopyingTransport<T>) {
+      std::vector<std::uint32_t> members;
+      for (const std::uint32_t ps : client_.transport().given_up()) {
+        if (std::binary_search(client_.members().begin(), client_.members().end(), ps)) members.push_back(ps);
+      }
+      return members;
+    } else {
+      return {};
+    }
+  }
+
+  /// Takes member ps `ps` back into a job whose ps tasks keep copies of each other's shards,
+  /// after it was lost and a process was started in its place (beyond TensorFlow; a
+  /// CopyingTransport). The new process is reached first (one attempt: false, nothing
+  /// changed, while none is there). Then every ps is paused and read at one cut, from the
+  /// copies that served meanwhile (dense parts, slots and counters, table rows, the sync
+  /// policy's state); the new process's copies serve again, the model is registered over
+  /// the same members at a membership one newer, and every ps, both copies of every
+  /// shard, is restored from the cut. No update is lost: training stands still from the
+  /// cut to the end of the restore; the workers, the evaluator and every heartbeat follow
+  /// when they learn the membership (their transports' `renew_copies`), before their first
+  /// request of the new epoch. Every shard has two copies again, so the job survives the
+  /// next lost ps without a rollback. `sharding`: the ps tasks' IdSharding.
+  ///
+  /// True once taken back. If its registration or restore fails, its copies are given up
+  /// again, the others are restored from the same cut at a membership and epoch newer
+  /// still, and false is returned (logged): the job goes on as it was. Throws kUnavailable
+  /// when a ps was lost on the way and that restore failed too (roll them back).
+  template <IdSharding I = HashIds>
+  bool take_back(std::uint32_t ps, const I& sharding = {}) {
+    if constexpr (!CopyingTransport<T>) {
+      (void)ps;
+      (void)sharding;
+      return false;
+    } else {
+      T& transport = client_.transport();
+      if (!transport.reach_again(ps, false)) return false;
+      const std::vector<std::uint32_t> members(client_.members().begin(), client_.members().end());
+      const ModelState cut = read_state(client_, 0, {}, true);  // the ps tasks stay paused (resumed if it throws)
+      transport.serve_again(ps);
+      try {
+        client_.change_members(members, client_.membership() + 1);
+        restore_state(client_, cut, seed_, sharding);
+        return true;
+      } catch (const Error& e) {
+        log(LogLevel::kWarning, "chief: ps " + std::to_string(ps) + " could not take its shards back (" + std::string(e.message()) +
+                                    "): they stay served by one copy each");
+        transport.give_up(ps, std::string("taking it back failed: ") + e.message());
+        try {
+          client_.adopt_epoch(client_.epoch() + 1);
+          client_.change_members(members, client_.membership() + 1);
+          restore_state(client_, cut, seed_, sharding);
+        } catch (const Error& again) {
+          throw Error(ErrorCode::kUnavailable, "ps " + std::to_string(ps) + " could not be taken back (" + std::string(e.message()) +
+                                                   "), and restoring the others failed too: " + again.message());
+        }
+        return false;
+      }
+    }
+  }
+
   /// Takes member ps `ps` out of the job with its share moved to the other members (it
   /// asked to leave: the operator scaled the job down). Every ps is paused and read at one
   /// cut (as `join` reads it), the model is registered over the other members at a
@@ -7744,6 +7858,7 @@ class HeartbeatSender {
             reach_all(transport_, stats->ps_addresses);  // a ps that joined (throws: next beat)
             members_ = stats->members;  // beaten from the next beat on
             membership_ = stats->membership;
+            (void)renew_copies(transport_);  // a ps the chief took back hears this task again
           }
         }
       }
@@ -16857,7 +16972,7 @@ namespace pulley {
 ///     answered once both are ready, so that no push reaches a copy the chief has not
 ///     initialized yet: by ps k's own copy, or by the one left when the other is lost,
 ///     refuses, or is still not ready `copy_grace` after the first was (then it is dropped);
-///   - a copy is dropped, for the transport's life and with one log line, when it is lost
+///   - a copy is dropped (given up), with one log line, when it is lost
 ///     for sure: its address refuses connections after it was reached (no process listens
 ///     there), another process answers there (wire::Welcome::server: one started in a lost
 ///     one's place holds nothing), it stays out of reach for `copy_timeout`, or it is still
@@ -16865,7 +16980,11 @@ namespace pulley {
 ///     other copy; a connection that merely broke is reconnected as without copies (the
 ///     caller sends again, and each copy counts a push once). The last copy of a shard is
 ///     never dropped: it is waited for as a ps without copies is. A copy that refuses what
-///     the other took is not dropped either: the answer of the copy read from stands.
+///     the other took is not dropped either: the answer of the copy read from stands;
+///   - a dropped copy serves again once the chief gave a process started in the lost one's
+///     place its shards back (Chief::take_back, at a newer membership): every task that
+///     learns that membership reaches it again (`renew_copies`: `reach_again`, which takes
+///     only a new process, and `serve_again`) before its first request of the new epoch.
 /// Each task decides alone. A ps alive but cut off from some tasks for `copy_timeout` is
 /// dropped by those tasks only: its copy then misses their updates, and under sync
 /// training it waits for them. Replication guards against lost processes and hosts, not
@@ -16901,6 +17020,22 @@ class Tcp {
   /// kFailedPrecondition when the ps tasks keep copies of each other's shards
   /// (`TcpOptions::replicas`), whose pairs a new ps would change.
   void add_ps(const std::string& address, bool connect = true) { impl_->add_ps(parse_address(address), connect); }
+
+  /// The ps tasks some of whose copies this transport gave up (lost for good), ascending;
+  /// none without `TcpOptions::replicas`. See CopyingTransport.
+  [[nodiscard]] std::vector<std::uint32_t> given_up() const { return impl_->given_up(); }
+  /// Connects anew to every given-up copy of ps `ps`: true once each reached another
+  /// process than the one given up (started in its place), with the copies served again at
+  /// once when `serve`, else left given up until serve_again(ps). False, with nothing
+  /// changed, when one is not reached in one attempt (`attempt_timeout`), refuses this task, or is the process given up (alive but cut off: its state is old).
+  /// See CopyingTransport.
+  bool reach_again(std::uint32_t ps, bool serve) { return impl_->reach_again(ps, serve); }
+  /// The given-up copies of `ps` serve their shards again: what changes a shard goes to both
+  /// copies from now on, and ps k's own copy is read from again. Logged once per copy.
+  void serve_again(std::uint32_t ps) { impl_->serve_again(ps); }
+  /// Gives every copy that ps `ps` holds up again (`why` is logged), unless it is the last
+  /// copy of its shard.
+  void give_up(std::uint32_t ps, const std::string& why) { impl_->give_up(ps, why); }
 
   /// Ps task `ps`'s address, "host:port".
   [[nodiscard]] std::string address(std::size_t ps) const { return impl_->address(ps); }
@@ -16972,7 +17107,9 @@ class Tcp {
     std::uint32_t task;   ///< the ps it reaches, as its challenge must name it
     std::uint32_t shard;  ///< the shard it asks for (wire::Hello::shard)
     bool ever_connected = false;  ///< a handshake completed once
-    bool dropped = false;         ///< a copy given up for good (replicas)
+    bool dropped = false;         ///< a copy given up (replicas), until served again
+    bool renewing = false;        ///< reach_again's attempt: a new process is what it looks for
+    bool renewed = false;         ///< given up, and reached again in a new process (not served yet)
     /// Replicas: calls whose connection broke, waiting for the attempt to reach the copy
     /// again (`parked`, then `parked_next` for the attempt after it): dropped, the other
     /// copy takes them; reached, they fail kUnavailable as without copies.
@@ -17077,6 +17214,86 @@ class Tcp {
         throw;
       }
       ++shards_;
+    }
+
+    [[nodiscard]] std::vector<std::uint32_t> given_up() const {
+      std::vector<std::uint32_t> tasks;
+      for (const auto& link : links_) {
+        if (link->dropped) tasks.push_back(link->task);
+      }
+      std::sort(tasks.begin(), tasks.end());
+      tasks.erase(std::unique(tasks.begin(), tasks.end()), tasks.end());
+      return tasks;
+    }
+
+    /// One attempt per copy that ps `ps` holds, of at most `attempt_timeout`: a caller that
+    /// serves them at once follows the chief, which reached and restored them already; a
+    /// heartbeat thread that calls it must not be held longer. Once one copy of `ps` was
+    /// given up, every connection to it is to a process that is gone (one address, one
+    /// process), seen broken or not yet: each is made anew (the given-up ones first, which
+    /// name the new process), and given up with the others until they serve again.
+    bool reach_again(std::uint32_t ps, bool serve) {
+      if (options_.replicas == 0) return false;
+      std::vector<Link*> copies;
+      for (const auto& link : links_) {
+        if (link->task == ps) copies.push_back(link.get());
+      }
+      std::stable_partition(copies.begin(), copies.end(), [](const Link* link) { return link->dropped; });
+      if (copies.empty() || !copies.front()->dropped) return false;
+      std::uint64_t fresh = 0;  // the process started in the lost one's place
+      // Given up until served again, unless it is the last copy of its shard (never given up).
+      const auto set_aside = [this](Link& link) {
+        if (!links_[partner_of(link)]->dropped) link.dropped = true;
+      };
+      for (Link* link : copies) {
+        if (link->state == State::kConnected && (link->renewed || (fresh != 0 && link->server == fresh))) {
+          set_aside(*link);  // reached it already
+          link->renewed = true;
+          fresh = link->server;
+          continue;
+        }
+        const std::uint64_t gone = link->server;  // the process given up
+        if (link->state != State::kBroken) fail(*link, "its ps process was given up");
+        link->renewing = true;
+        bool done = false;
+        connect(*link, [&](std::error_code) { done = true; });
+        while (!done) io_.run_one();
+        link->renewing = false;
+        if (link->state != State::kConnected || link->server == gone || (fresh != 0 && link->server != fresh)) {
+          // Not reached, or the very process given up (alive but cut off: its copies are
+          // old), or yet another: nothing served; the next look tries again.
+          if (link->state == State::kConnected) fail(*link, "not the process taken back");
+          set_aside(*link);
+          return false;
+        }
+        fresh = link->server;
+        set_aside(*link);
+        link->renewed = true;
+      }
+      if (serve) serve_again(ps);
+      return true;
+    }
+
+    void serve_again(std::uint32_t ps) {
+      for (const auto& link : links_) {
+        if (!link->dropped || link->task != ps) continue;
+        link->dropped = false;
+        // One that broke since it was reached takes the new process at its next attempt.
+        if (link->state != State::kConnected) link->server = 0;
+        link->renewed = false;
+        link->failing_since.reset();
+        const std::size_t shard = index_of(*link) % shards_;
+        log(LogLevel::kInfo, self_.name() + ": ps " + std::to_string(shard) + "'s shard is served by two copies again (ps " +
+                                 std::to_string(link->task) + " at " + link->address + " holds one again)");
+      }
+    }
+
+    void give_up(std::uint32_t ps, const std::string& why) {
+      for (const auto& link : links_) {
+        if (link->task != ps) continue;
+        link->renewed = false;
+        drop(*link, why);
+      }
     }
 
     [[nodiscard]] std::string address(std::size_t ps) const {
@@ -17570,7 +17787,9 @@ class Tcp {
       // copy elsewhere it is dropped (drop ends this attempt); as the last copy it is used,
       // and the job rolls back as without copies.
       const std::uint64_t before = std::exchange(link.server, welcome->server);
-      if (options_.replicas == 1 && before != 0 && before != welcome->server && !links_[partner_of(link)]->dropped) {
+      if (options_.replicas == 1 && before != 0 && before != welcome->server && !link.renewing &&
+          !links_[partner_of(link)]->dropped) {
+        link.server = before;  // the process given up (reach_again takes only another)
         return drop(link, "another process answers on its address: a ps started in place of a lost one holds nothing");
       }
       flush(link);  // the receive handler that brought the welcome arms the next receive
@@ -17806,6 +18025,7 @@ class Tcp {
   std::unique_ptr<Impl> impl_;
 };
 static_assert(GrowingTransport<Tcp>);
+static_assert(CopyingTransport<Tcp>);
 
 }  // namespace pulley
 // ---- end pulley/transport/tcp_client.hpp ----

@@ -27,35 +27,8 @@ wait_for() {
   for _ in $(seq 1 $(($3 * 20))); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.05; done
   return 1
 }
-free_ports() {
-  python3 - "$1" <<'PY'
-import socket, sys
-held = [socket.socket() for _ in range(int(sys.argv[1]))]
-for s in held:
-    s.bind(("127.0.0.1", 0))
-print("\n".join(str(s.getsockname()[1]) for s in held))
-PY
-}
-free_port_run() {
-  python3 - "$1" <<'PY'
-import random, socket, sys
-n = int(sys.argv[1])
-for _ in range(200):
-    base, held = random.randrange(40000, 50000), []
-    try:
-        for port in range(base, base + n):
-            s = socket.socket()
-            held.append(s)
-            s.bind(("127.0.0.1", port))
-        print(base)
-        break
-    except OSError:
-        pass
-    finally:
-        for s in held:
-            s.close()
-PY
-}
+free_ports() { python3 "$(dirname "${BASH_SOURCE[0]}")/../../scripts/free_ports.py" "$1"; }
+free_port_run() { python3 "$(dirname "${BASH_SOURCE[0]}")/../../scripts/free_ports.py" --run "$1"; }
 export PULLEY_SECRET=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
 
 # A job of real processes on 127.0.0.1, each task on its TF_CONFIG:
@@ -108,7 +81,7 @@ kill_ps_for_copy() {
   forget_task "$ps_pid"
   echo "$label: killed ps $ps after: $(grep -h '^epoch' "$dir/chief-0.log" | tail -1)"
   for who in "$@"; do
-    wait_for "$dir/$who.log" "dropping the copy of ps $ps's shard" 60 || fail "$label: $who did not turn to ps $ps's copy"
+    wait_for "$dir/$who.log" "dropping the copy of ps $ps's shard held by ps $ps " 60 || fail "$label: $who did not turn to ps $ps's copy"
   done
 }
 finish_job() {

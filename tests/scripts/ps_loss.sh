@@ -24,14 +24,7 @@ wait_for() {  # wait_for FILE PATTERN SECONDS
 export PULLEY_SECRET=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
 
 new_cluster() {
-  mapfile -t ports < <(python3 - <<'PY'
-import socket
-held = [socket.socket() for _ in range(5)]
-for s in held:
-    s.bind(("127.0.0.1", 0))
-print("\n".join(str(s.getsockname()[1]) for s in held))
-PY
-)
+  mapfile -t ports < <(python3 "$(dirname "$0")/../../scripts/free_ports.py" 5)
   cluster="{\"ps\": [\"127.0.0.1:${ports[0]}\", \"127.0.0.1:${ports[1]}\"], \"worker\": [\"127.0.0.1:${ports[2]}\", \"127.0.0.1:${ports[3]}\"], \"chief\": [\"127.0.0.1:${ports[4]}\"]}"
 }
 start() {  # start NAME TYPE INDEX FLAGS...: one task, its output appended to $work/NAME.log

@@ -258,6 +258,7 @@ TEST_CASE("the reporter serves the figures on its port, each task of a cluster o
   CHECK(metrics_port_offset("worker", 2, 2, 1, 3) == 5);
   CHECK(metrics_port_offset("evaluator", 0, 2, 1, 3) == 6);
   CHECK(metrics_port_offset("worker", 0, 2, 0, 3) == 2);  // no chief task: worker 0 is the chief
+  CHECK(metrics_port_offset("ps", 2, 2, 1, 3, true) == kAnyMetricsPort);  // joined: the system picks
   MetricsOptions options;
   options.port = 0;
   MetricsReporter reporter(options, "ps-0");
@@ -274,7 +275,7 @@ TEST_CASE("the reporter serves the figures on its port, each task of a cluster o
   // A task that joins takes a port the system picks, never PORT + its offset: with the
   // job's first port taken (here by the reporter above), it still serves.
   options.port = reporter.port();
-  MetricsReporter joined(options, "ps-2", kAnyMetricsPort);
+  MetricsReporter joined(options, "ps-2", metrics_port_offset("ps", 2, 2, 1, 3, true));
   CHECK(joined.port() != 0);
   CHECK(joined.port() != reporter.port());
   joined.metrics().close_interval();

@@ -16,6 +16,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "pulley/client/chief.hpp"
@@ -86,9 +87,10 @@ TcpOptions with_copies() {
 }
 
 /// Sync R = N = 2 training of a linear model with Adam; `at_step(w, k)` runs before worker
-/// w's step k. Returns the final variables.
-template <class MakeTransport, class AtStep>
-std::vector<std::vector<float>> train(MakeTransport make_transport, AtStep at_step) {
+/// w's step k, and `chief_work(chief)` on the chief's thread while the workers train.
+/// Returns the final variables.
+template <class MakeTransport, class AtStep, class ChiefWork = void (*)(void*)>
+std::vector<std::vector<float>> train(MakeTransport make_transport, AtStep at_step, ChiefWork chief_work = nullptr) {
   const LinearData data(2 * kBatch * kSteps, kIn, kOut, 42);
   Chief chief(make_transport(Node::chief()), 7);
   chief.initialize(LinearModel(kIn, kOut).variables());
@@ -109,6 +111,7 @@ std::vector<std::vector<float>> train(MakeTransport make_transport, AtStep at_st
       }
     });
   }
+  if constexpr (!std::is_same_v<ChiefWork, void (*)(void*)>) chief_work(chief);
   for (auto& t : workers) t.join();
   std::vector<std::vector<float>> values;
   for (int attempt = 0; values.empty(); ++attempt) {  // a lost ps's connection fails one call
@@ -195,6 +198,70 @@ TEST_CASE("a process started in a lost ps's place holds nothing, and no task rea
   CHECK(with == expected);
   REQUIRE(restarted);
   CHECK(restarted->service().own().stats().global_step == 0);  // never registered
+  restarted->stop();
+  serving.join();
+}
+
+TEST_CASE("a process started in a lost ps's place is taken back by the chief: the job survives losing another") {
+  // ps 1 is lost, and ps 2's copy serves shard 1 alone. A process started in ps 1's place
+  // is taken back (Chief::take_back): restored from a cut, it holds shard 1 and the copy of
+  // shard 0 again. Then ps 2 is lost too: shard 1 is served by the process taken back
+  // alone (without the take-back it would be gone), and training ends bit for bit where
+  // the unbroken run ends.
+  const auto expected = in_process_result();
+  CopiesCluster cluster;
+  std::unique_ptr<TcpServer<Copies>> restarted;
+  std::thread serving;
+  std::atomic<bool> started{false}, tried{false}, taken{false}, killed{false};
+  const auto bounded_wait = [](const std::atomic<bool>& flag) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!flag && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return flag.load();
+  };
+  const auto with = train(
+      [&](Node n) { return client(n, cluster.addresses, with_copies()); },
+      [&](std::uint32_t w, std::int64_t k) {
+        if (w != 1) return;
+        if (k == kSteps / 4) {
+          const auto port = cluster.listeners[1]->port();
+          cluster.kill(1);
+          restarted = std::make_unique<TcpServer<Copies>>(Copies(make_server(1), make_server(0)), "127.0.0.1", port,
+                                                          test_server_options());
+          serving = std::thread([&] { restarted->run(); });
+          started = true;
+        }
+        if (k == kSteps * 3 / 4 && bounded_wait(tried) && taken) {
+          cluster.kill(2);
+          killed = true;
+        }
+      },
+      [&](auto& chief) {
+        bool back = false;
+        if (!bounded_wait(started)) return;
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+        while (!back && std::chrono::steady_clock::now() < deadline) {
+          try {
+            (void)chief.stats();  // a call to ps 1 finds another process there: its copies are given up
+          } catch (const Error&) {
+          }
+          if (!chief.given_up().empty()) {
+            CHECK(chief.given_up() == std::vector<std::uint32_t>{1});
+            back = chief.take_back(1);
+          }
+          if (!back) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+        CHECK(chief.given_up().empty());
+        CHECK(chief.membership() == 1);  // the same ps tasks, one change newer
+        taken = back;
+        tried = true;
+      });
+  REQUIRE(taken);
+  REQUIRE(killed);
+  CHECK(with == expected);
+  REQUIRE(restarted);
+  // The process taken back holds both shards it should, and took every step since.
+  CHECK(restarted->service().own().stats().global_step == kSteps);
+  CHECK(restarted->service().copy().stats().global_step == kSteps);
   restarted->stop();
   serving.join();
 }

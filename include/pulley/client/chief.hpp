@@ -22,6 +22,7 @@
 #include "pulley/core/node.hpp"
 #include "pulley/core/detail/finite.hpp"
 #include "pulley/core/initializers.hpp"
+#include "pulley/core/log.hpp"
 #include "pulley/sharding/ids.hpp"
 
 namespace pulley {
@@ -276,6 +277,71 @@ class Chief {
       if (failed) throw refuse(failed->message());
       unfinished_join_.reset();
       return task;
+    }
+  }
+
+  /// The member ps tasks some of whose copies this chief's transport gave up (lost for
+  /// good: their shards are served by one copy only), ascending; none without copies
+  /// (a CopyingTransport's `given_up`).
+  [[nodiscard]] std::vector<std::uint32_t> given_up() const {
+    if constexpr (CopyingTransport<T>) {
+      std::vector<std::uint32_t> members;
+      for (const std::uint32_t ps : client_.transport().given_up()) {
+        if (std::binary_search(client_.members().begin(), client_.members().end(), ps)) members.push_back(ps);
+      }
+      return members;
+    } else {
+      return {};
+    }
+  }
+
+  /// Takes member ps `ps` back into a job whose ps tasks keep copies of each other's shards,
+  /// after it was lost and a process was started in its place (beyond TensorFlow; a
+  /// CopyingTransport). The new process is reached first (one attempt: false, nothing
+  /// changed, while none is there). Then every ps is paused and read at one cut, from the
+  /// copies that served meanwhile (dense parts, slots and counters, table rows, the sync
+  /// policy's state); the new process's copies serve again, the model is registered over
+  /// the same members at a membership one newer, and every ps, both copies of every
+  /// shard, is restored from the cut. No update is lost: training stands still from the
+  /// cut to the end of the restore; the workers, the evaluator and every heartbeat follow
+  /// when they learn the membership (their transports' `renew_copies`), before their first
+  /// request of the new epoch. Every shard has two copies again, so the job survives the
+  /// next lost ps without a rollback. `sharding`: the ps tasks' IdSharding.
+  ///
+  /// True once taken back. If its registration or restore fails, its copies are given up
+  /// again, the others are restored from the same cut at a membership and epoch newer
+  /// still, and false is returned (logged): the job goes on as it was. Throws kUnavailable
+  /// when a ps was lost on the way and that restore failed too (roll them back).
+  template <IdSharding I = HashIds>
+  bool take_back(std::uint32_t ps, const I& sharding = {}) {
+    if constexpr (!CopyingTransport<T>) {
+      (void)ps;
+      (void)sharding;
+      return false;
+    } else {
+      T& transport = client_.transport();
+      if (!transport.reach_again(ps, false)) return false;
+      const std::vector<std::uint32_t> members(client_.members().begin(), client_.members().end());
+      const ModelState cut = read_state(client_, 0, {}, true);  // the ps tasks stay paused (resumed if it throws)
+      transport.serve_again(ps);
+      try {
+        client_.change_members(members, client_.membership() + 1);
+        restore_state(client_, cut, seed_, sharding);
+        return true;
+      } catch (const Error& e) {
+        log(LogLevel::kWarning, "chief: ps " + std::to_string(ps) + " could not take its shards back (" + std::string(e.message()) +
+                                    "): they stay served by one copy each");
+        transport.give_up(ps, std::string("taking it back failed: ") + e.message());
+        try {
+          client_.adopt_epoch(client_.epoch() + 1);
+          client_.change_members(members, client_.membership() + 1);
+          restore_state(client_, cut, seed_, sharding);
+        } catch (const Error& again) {
+          throw Error(ErrorCode::kUnavailable, "ps " + std::to_string(ps) + " could not be taken back (" + std::string(e.message()) +
+                                                   "), and restoring the others failed too: " + again.message());
+        }
+        return false;
+      }
     }
   }
 

@@ -454,6 +454,7 @@ class Client {
     log(LogLevel::kInfo, "the job's ps tasks are now " + describe_members(members) + " (membership " +
                              std::to_string(membership) + ", was " + std::to_string(membership_) + ")");
     set_members(std::move(members), membership, std::move(ps_addresses), ErrorCode::kFailedPrecondition);
+    (void)renew_copies(transport_);  // a ps the chief took back (Chief::take_back) is written to again
   }
 
   /// Takes `members` at `membership` after reaching every ps of `ps_addresses`; a member
@@ -473,7 +474,8 @@ class Client {
   }
 
   /// True if a reply of `replies` (one per member) names a newer membership with other
-  /// members than were asked: they are taken, to be asked again.
+  /// members than were asked, or with the same members and copies that serve again (a ps
+  /// the chief took back): they are taken, to be asked again.
   bool follow_membership(std::vector<PlacementReply>& replies) {
     const auto newest = std::max_element(replies.begin(), replies.end(), [](const auto& a, const auto& b) {
       return a.membership < b.membership;
@@ -482,7 +484,9 @@ class Client {
     if (newest->membership == membership_ && newest->members == members_) return false;
     if (newest->members == members_) {
       membership_ = newest->membership;
-      return false;
+      // A ps the chief took back (its shards restored beside their copies): asked again,
+      // both copies, before anything of the new epoch is sent.
+      return renew_copies(transport_);
     }
     take_membership(std::move(newest->members), newest->membership, std::move(newest->ps_addresses));
     return true;

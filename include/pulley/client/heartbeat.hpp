@@ -187,6 +187,7 @@ class HeartbeatSender {
             reach_all(transport_, stats->ps_addresses);  // a ps that joined (throws: next beat)
             members_ = stats->members;  // beaten from the next beat on
             membership_ = stats->membership;
+            (void)renew_copies(transport_);  // a ps the chief took back hears this task again
           }
         }
       }

@@ -3,6 +3,7 @@
 
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string>
 #include <vector>
@@ -67,6 +68,50 @@ concept GrowingTransport = Transport<T> && requires(T& transport, const T& ctran
   transport.add_ps(address, true);
   { ctransport.address(ps) } -> std::convertible_to<std::string>;
 };
+
+/// A transport whose ps tasks keep a copy of each other's shards (Tcp with
+/// `TcpOptions::replicas`): it gives a copy up when its ps is lost for good, serves the
+/// shard from the other copy alone, and serves it from both again once a process started in
+/// the lost one's place was given its shards back (Chief::take_back).
+///
+/// Required, beyond Transport:
+///   - `ct.given_up()` → std::vector<std::uint32_t>: the ps tasks some of whose copies this
+///     transport gave up, ascending (none without copies)
+///   - `t.reach_again(ps, serve)` → bool: connects anew to every copy of ps task `ps` that
+///     was given up, and true once each reached another process than the one given up (one
+///     started in its place; the process given up may be alive but cut off, and its state is
+///     old); with `serve` they serve again at once, without they stay given up until
+///     `serve_again(ps)`; false, with nothing changed, when one is not reached
+///   - `t.serve_again(ps)` → the copies of `ps` reached again serve their shards with the
+///     other copies: what changes a shard goes to both from now on
+///   - `t.give_up(ps, why)` → gives every copy of `ps` up again (taking it back failed)
+///
+/// Semantic contract: a copy is served again only once the chief restored it with the
+/// others from one cut (Chief::take_back), at a membership newer than the one it was given
+/// up at; the other tasks then follow when they learn that membership (`renew_copies`),
+/// before their first request of the epoch the restore began.
+template <class T>
+concept CopyingTransport = Transport<T> && requires(T& transport, const T& ctransport, std::uint32_t ps,
+                                                    const std::string& why) {
+  { ctransport.given_up() } -> std::same_as<std::vector<std::uint32_t>>;
+  { transport.reach_again(ps, true) } -> std::same_as<bool>;
+  transport.serve_again(ps);
+  transport.give_up(ps, why);
+};
+
+/// A task that learned a newer membership of the job's ps tasks serves again the copies its
+/// transport gave up whose ps is back (a process in its place, taken back by the chief:
+/// Chief::take_back); true if it serves any again. Without copies, false.
+template <Transport T>
+bool renew_copies(T& transport) {
+  if constexpr (CopyingTransport<T>) {
+    bool renewed = false;
+    for (const std::uint32_t ps : transport.given_up()) renewed = transport.reach_again(ps, true) || renewed;
+    return renewed;
+  } else {
+    return false;
+  }
+}
 
 /// Makes `transport` know every ps task of `ps_addresses` (by task index; empty: the ones
 /// it knows already), adding those beyond its count, each reached at its first call.

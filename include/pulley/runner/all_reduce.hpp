@@ -338,8 +338,7 @@ int run_all_reduce(const Job& job, const Training<M>& training, O optimizer) {
                     "checkpoint directory (--checkpoint-dir), the same on every task");
       }
       MetricsReporter reporter(training.metrics, "evaluator-" + std::to_string(cluster.task.index),
-                               job.join ? kAnyMetricsPort
-                                        : metrics_port_offset("evaluator", cluster.task.index, 0, 0, num_workers));
+                               metrics_port_offset("evaluator", cluster.task.index, 0, 0, num_workers, job.join));
       runner_detail::follow_checkpoints(training, reporter.enabled() ? &reporter.metrics() : nullptr);
       return 0;
     }
@@ -348,7 +347,7 @@ int run_all_reduce(const Job& job, const Training<M>& training, O optimizer) {
                                                "task is a " + cluster.task.type);
     }
     MetricsReporter reporter(training.metrics, "worker-" + std::to_string(cluster.task.index),
-                             job.join ? kAnyMetricsPort : metrics_port_offset("worker", cluster.task.index, 0, 0, num_workers));
+                             metrics_port_offset("worker", cluster.task.index, 0, 0, num_workers, job.join));
     TcpRingOptions options;
     options.form_timeout = training.client.recovery_timeout;
     options.timeout = training.client.request_timeout;

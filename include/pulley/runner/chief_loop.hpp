@@ -304,6 +304,7 @@ class ChiefLoop {
   /// line, and the job goes on as it was; a failure once the ps tasks took the new
   /// membership is thrown (the caller rolls them back).
   void take_joins() {
+    take_back();
     if (joins_ == nullptr) return;
     joins_->set_ps({chief_.members().begin(), chief_.members().end()});
     std::vector<JoinQueue::Asked> workers;
@@ -342,6 +343,22 @@ class ChiefLoop {
       log(LogLevel::kInfo, "chief: " + who + " joined the job; " + new_shape(began));
     }
     change_workers(workers);
+  }
+
+  /// A job whose ps tasks keep copies: takes back every member ps whose copies this
+  /// chief's transport gave up and in whose place a process now serves (Chief::take_back),
+  /// logged once with the new shape. Looked for every kTakeBackEvery at most: a ps that is
+  /// still gone costs one connection attempt then.
+  void take_back() {
+    const auto now = Clock::now();
+    if (now < next_take_back_) return;
+    next_take_back_ = now + kTakeBackEvery;
+    for (const std::uint32_t ps : chief_.given_up()) {
+      const auto began = Clock::now();
+      if (!chief_.take_back(ps, id_sharding_)) continue;
+      log(LogLevel::kInfo, "chief: ps " + std::to_string(ps) + " was started again and took its shards back (every "
+                           "shard has two copies again); " + new_shape(began));
+    }
   }
 
   /// Takes ps `asked.task`, which asked to leave, out of the job with its share moved to
@@ -394,8 +411,9 @@ class ChiefLoop {
 
   /// take_joins while the chief waits for the ps tasks to reach a step: a task that asks to
   /// join is taken within half a second (detail::kMeanwhileEvery), not at the next
-  /// evaluation or checkpoint. True when a ps joined: the ps tasks were restored, and the
-  /// wait (whose calls they answered as late) is done again.
+  /// evaluation or checkpoint; so is a ps taken back (take_back). True when a ps joined or
+  /// was taken back: the ps tasks were restored, and the wait (whose calls they answered as
+  /// late) is done again.
   bool take_joins_meanwhile() {
     const std::uint64_t membership = chief_.membership();
     take_joins();
@@ -555,7 +573,7 @@ class ChiefLoop {
     bool reached = true;
     voided_ = false;
     std::function<bool()> meanwhile;
-    if (joins_ != nullptr) meanwhile = [this] { return take_joins_meanwhile(); };
+    if (joins_ != nullptr || CopyingTransport<T>) meanwhile = [this] { return take_joins_meanwhile(); };
     if (due.checkpoint) {
       reached = chief_.wait_for_step_until(due.step, due.deadline, meanwhile).has_value();
       if (voided_) return;  // a ps joined: the ps tasks were restored, the wait is done again
@@ -729,7 +747,10 @@ class ChiefLoop {
   Clock::time_point start_;
   std::int64_t start_step_ = 0;
   bool adopted_ = false;  ///< it went on from the live state of a lost chief's job
-  bool voided_ = false;   ///< a ps joined while step_to waited: its wait is done again
+  bool voided_ = false;   ///< a ps joined (or was taken back) while step_to waited: its wait is done again
+  /// How often a ps whose copies were given up is looked for (take_back), and when next.
+  static constexpr std::chrono::seconds kTakeBackEvery{2};
+  Clock::time_point next_take_back_{};
   std::int64_t base_ = -1;  ///< the newest checkpoint saved or restored from (-1: none)
   std::int64_t incremental_in_a_row_ = 0;  ///< checkpoints since the last full one
   /// The wait for the ps tasks after connections broke, kept while they break again

@@ -153,9 +153,11 @@ class EvaluationScores {
 inline constexpr std::uint32_t kAnyMetricsPort = std::numeric_limits<std::uint32_t>::max();
 
 /// The port offset of a task of a cluster (MetricsOptions::port): its position counting the
-/// ps tasks first, then the chief, the workers and the evaluators.
+/// ps tasks first, then the chief, the workers and the evaluators; kAnyMetricsPort for a task
+/// that `joined` a running job.
 inline std::uint32_t metrics_port_offset(std::string_view type, std::uint32_t index, std::uint32_t num_ps,
-                                         std::uint32_t num_chiefs, std::uint32_t num_workers) {
+                                         std::uint32_t num_chiefs, std::uint32_t num_workers, bool joined = false) {
+  if (joined) return kAnyMetricsPort;
   if (type == "ps") return index;
   if (type == "chief") return num_ps + index;
   if (type == "worker") return num_ps + num_chiefs + index;
@@ -177,8 +179,8 @@ class MetricsReporter {
     if (!options_.enabled()) return;
     if (options_.interval.count() <= 0) throw Error(ErrorCode::kInvalidArgument, "metrics: the interval must be positive");
     if (options_.port) {
-      const bool any = *options_.port == 0 || port_offset == kAnyMetricsPort;
-      const std::uint32_t port = any ? 0 : *options_.port + port_offset;
+      const bool joined = port_offset == kAnyMetricsPort;
+      const std::uint32_t port = *options_.port == 0 || joined ? 0 : *options_.port + port_offset;
       if (port > 65535) {
         throw Error(ErrorCode::kInvalidArgument, "metrics: port " + std::to_string(*options_.port) + " + " +
                                                      std::to_string(port_offset) + " is over 65535");
@@ -186,7 +188,7 @@ class MetricsReporter {
       endpoint_ = std::make_unique<MetricsEndpoint>(options_.bind, static_cast<std::uint16_t>(port),
                                                      [this] { return metrics_.prometheus(); });
       log(LogLevel::kInfo, "metrics: http://" + options_.bind + ":" + std::to_string(endpoint_->port()) + "/metrics" +
-                               (port_offset == kAnyMetricsPort && *options_.port != 0
+                               (joined && *options_.port != 0
                                     ? " (a task that joins a running job takes a port the system picks)"
                                     : ""));
     }

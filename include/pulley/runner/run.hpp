@@ -147,8 +147,7 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
   auto transport = [&](Node self) { return Tcp(self, ps, tcp, reach_now); };
   const auto count = [&](std::string_view role) { return static_cast<std::uint32_t>(config.cluster.tasks(role).size()); };
   MetricsReporter reporter(training.metrics, type + "-" + std::to_string(config.task.index),
-                           join ? kAnyMetricsPort
-                                : metrics_port_offset(type, config.task.index, count("ps"), count("chief"), num_workers));
+                           metrics_port_offset(type, config.task.index, count("ps"), count("chief"), num_workers, join));
   Metrics* metrics = reporter.enabled() ? &reporter.metrics() : nullptr;
   // SIGTERM asks a ps task, or a worker whose sync policy counts workers that change, to
   // leave the job through the chief once it serves or trains (LeaveWatch): a job scaled

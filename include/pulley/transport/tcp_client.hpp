@@ -83,7 +83,7 @@ namespace pulley {
 ///     answered once both are ready, so that no push reaches a copy the chief has not
 ///     initialized yet: by ps k's own copy, or by the one left when the other is lost,
 ///     refuses, or is still not ready `copy_grace` after the first was (then it is dropped);
-///   - a copy is dropped, for the transport's life and with one log line, when it is lost
+///   - a copy is dropped (given up), with one log line, when it is lost
 ///     for sure: its address refuses connections after it was reached (no process listens
 ///     there), another process answers there (wire::Welcome::server: one started in a lost
 ///     one's place holds nothing), it stays out of reach for `copy_timeout`, or it is still
@@ -91,7 +91,11 @@ namespace pulley {
 ///     other copy; a connection that merely broke is reconnected as without copies (the
 ///     caller sends again, and each copy counts a push once). The last copy of a shard is
 ///     never dropped: it is waited for as a ps without copies is. A copy that refuses what
-///     the other took is not dropped either: the answer of the copy read from stands.
+///     the other took is not dropped either: the answer of the copy read from stands;
+///   - a dropped copy serves again once the chief gave a process started in the lost one's
+///     place its shards back (Chief::take_back, at a newer membership): every task that
+///     learns that membership reaches it again (`renew_copies`: `reach_again`, which takes
+///     only a new process, and `serve_again`) before its first request of the new epoch.
 /// Each task decides alone. A ps alive but cut off from some tasks for `copy_timeout` is
 /// dropped by those tasks only: its copy then misses their updates, and under sync
 /// training it waits for them. Replication guards against lost processes and hosts, not
@@ -127,6 +131,22 @@ class Tcp {
   /// kFailedPrecondition when the ps tasks keep copies of each other's shards
   /// (`TcpOptions::replicas`), whose pairs a new ps would change.
   void add_ps(const std::string& address, bool connect = true) { impl_->add_ps(parse_address(address), connect); }
+
+  /// The ps tasks some of whose copies this transport gave up (lost for good), ascending;
+  /// none without `TcpOptions::replicas`. See CopyingTransport.
+  [[nodiscard]] std::vector<std::uint32_t> given_up() const { return impl_->given_up(); }
+  /// Connects anew to every given-up copy of ps `ps`: true once each reached another
+  /// process than the one given up (started in its place), with the copies served again at
+  /// once when `serve`, else left given up until serve_again(ps). False, with nothing
+  /// changed, when one is not reached in one attempt (`attempt_timeout`), refuses this task, or is the process given up (alive but cut off: its state is old).
+  /// See CopyingTransport.
+  bool reach_again(std::uint32_t ps, bool serve) { return impl_->reach_again(ps, serve); }
+  /// The given-up copies of `ps` serve their shards again: what changes a shard goes to both
+  /// copies from now on, and ps k's own copy is read from again. Logged once per copy.
+  void serve_again(std::uint32_t ps) { impl_->serve_again(ps); }
+  /// Gives every copy that ps `ps` holds up again (`why` is logged), unless it is the last
+  /// copy of its shard.
+  void give_up(std::uint32_t ps, const std::string& why) { impl_->give_up(ps, why); }
 
   /// Ps task `ps`'s address, "host:port".
   [[nodiscard]] std::string address(std::size_t ps) const { return impl_->address(ps); }
@@ -198,7 +218,9 @@ class Tcp {
     std::uint32_t task;   ///< the ps it reaches, as its challenge must name it
     std::uint32_t shard;  ///< the shard it asks for (wire::Hello::shard)
     bool ever_connected = false;  ///< a handshake completed once
-    bool dropped = false;         ///< a copy given up for good (replicas)
+    bool dropped = false;         ///< a copy given up (replicas), until served again
+    bool renewing = false;        ///< reach_again's attempt: a new process is what it looks for
+    bool renewed = false;         ///< given up, and reached again in a new process (not served yet)
     /// Replicas: calls whose connection broke, waiting for the attempt to reach the copy
     /// again (`parked`, then `parked_next` for the attempt after it): dropped, the other
     /// copy takes them; reached, they fail kUnavailable as without copies.
@@ -303,6 +325,86 @@ class Tcp {
         throw;
       }
       ++shards_;
+    }
+
+    [[nodiscard]] std::vector<std::uint32_t> given_up() const {
+      std::vector<std::uint32_t> tasks;
+      for (const auto& link : links_) {
+        if (link->dropped) tasks.push_back(link->task);
+      }
+      std::sort(tasks.begin(), tasks.end());
+      tasks.erase(std::unique(tasks.begin(), tasks.end()), tasks.end());
+      return tasks;
+    }
+
+    /// One attempt per copy that ps `ps` holds, of at most `attempt_timeout`: a caller that
+    /// serves them at once follows the chief, which reached and restored them already; a
+    /// heartbeat thread that calls it must not be held longer. Once one copy of `ps` was
+    /// given up, every connection to it is to a process that is gone (one address, one
+    /// process), seen broken or not yet: each is made anew (the given-up ones first, which
+    /// name the new process), and given up with the others until they serve again.
+    bool reach_again(std::uint32_t ps, bool serve) {
+      if (options_.replicas == 0) return false;
+      std::vector<Link*> copies;
+      for (const auto& link : links_) {
+        if (link->task == ps) copies.push_back(link.get());
+      }
+      std::stable_partition(copies.begin(), copies.end(), [](const Link* link) { return link->dropped; });
+      if (copies.empty() || !copies.front()->dropped) return false;
+      std::uint64_t fresh = 0;  // the process started in the lost one's place
+      // Given up until served again, unless it is the last copy of its shard (never given up).
+      const auto set_aside = [this](Link& link) {
+        if (!links_[partner_of(link)]->dropped) link.dropped = true;
+      };
+      for (Link* link : copies) {
+        if (link->state == State::kConnected && (link->renewed || (fresh != 0 && link->server == fresh))) {
+          set_aside(*link);  // reached it already
+          link->renewed = true;
+          fresh = link->server;
+          continue;
+        }
+        const std::uint64_t gone = link->server;  // the process given up
+        if (link->state != State::kBroken) fail(*link, "its ps process was given up");
+        link->renewing = true;
+        bool done = false;
+        connect(*link, [&](std::error_code) { done = true; });
+        while (!done) io_.run_one();
+        link->renewing = false;
+        if (link->state != State::kConnected || link->server == gone || (fresh != 0 && link->server != fresh)) {
+          // Not reached, or the very process given up (alive but cut off: its copies are
+          // old), or yet another: nothing served; the next look tries again.
+          if (link->state == State::kConnected) fail(*link, "not the process taken back");
+          set_aside(*link);
+          return false;
+        }
+        fresh = link->server;
+        set_aside(*link);
+        link->renewed = true;
+      }
+      if (serve) serve_again(ps);
+      return true;
+    }
+
+    void serve_again(std::uint32_t ps) {
+      for (const auto& link : links_) {
+        if (!link->dropped || link->task != ps) continue;
+        link->dropped = false;
+        // One that broke since it was reached takes the new process at its next attempt.
+        if (link->state != State::kConnected) link->server = 0;
+        link->renewed = false;
+        link->failing_since.reset();
+        const std::size_t shard = index_of(*link) % shards_;
+        log(LogLevel::kInfo, self_.name() + ": ps " + std::to_string(shard) + "'s shard is served by two copies again (ps " +
+                                 std::to_string(link->task) + " at " + link->address + " holds one again)");
+      }
+    }
+
+    void give_up(std::uint32_t ps, const std::string& why) {
+      for (const auto& link : links_) {
+        if (link->task != ps) continue;
+        link->renewed = false;
+        drop(*link, why);
+      }
     }
 
     [[nodiscard]] std::string address(std::size_t ps) const {
@@ -796,7 +898,9 @@ class Tcp {
       // copy elsewhere it is dropped (drop ends this attempt); as the last copy it is used,
       // and the job rolls back as without copies.
       const std::uint64_t before = std::exchange(link.server, welcome->server);
-      if (options_.replicas == 1 && before != 0 && before != welcome->server && !links_[partner_of(link)]->dropped) {
+      if (options_.replicas == 1 && before != 0 && before != welcome->server && !link.renewing &&
+          !links_[partner_of(link)]->dropped) {
+        link.server = before;  // the process given up (reach_again takes only another)
         return drop(link, "another process answers on its address: a ps started in place of a lost one holds nothing");
       }
       flush(link);  // the receive handler that brought the welcome arms the next receive
@@ -1032,5 +1136,6 @@ class Tcp {
   std::unique_ptr<Impl> impl_;
 };
 static_assert(GrowingTransport<Tcp>);
+static_assert(CopyingTransport<Tcp>);
 
 }  // namespace pulley
