@@ -4694,11 +4694,12 @@ concept GrowingTransport = Transport<T> && requires(T& transport, const T& ctran
 /// Required, beyond Transport:
 ///   - `ct.given_up()` → std::vector<std::uint32_t>: the ps tasks some of whose copies this
 ///     transport gave up, ascending (none without copies)
-///   - `t.reach_again(ps, serve)` → bool: connects anew to every copy of ps task `ps` that
-///     was given up, and true once each reached another process than the one given up (one
-///     started in its place; the process given up may be alive but cut off, and its state is
-///     old); with `serve` they serve again at once, without they stay given up until
-///     `serve_again(ps)`; false, with nothing changed, when one is not reached
+///   - `t.reach_again(ps, serve)` → bool: once a copy of ps task `ps` was given up, connects
+///     anew to every copy it holds (giving up those not given up yet: the process behind
+///     them is gone), and true once each reached one process other than the one given up
+///     (started in its place; the process given up may be alive but cut off, and its state
+///     is old); with `serve` they serve again at once, without they stay given up until
+///     `serve_again(ps)`; false, with every copy of `ps` given up, when one is not reached
 ///   - `t.serve_again(ps)` → the copies of `ps` reached again serve their shards with the
 ///     other copies: what changes a shard goes to both from now on
 ///   - `t.give_up(ps, why)` → gives every copy of `ps` up again (taking it back failed)
@@ -4717,8 +4718,9 @@ concept CopyingTransport = Transport<T> && requires(T& transport, const T& ctran
 };
 
 /// A task that learned a newer membership of the job's ps tasks serves again the copies its
-/// transport gave up whose ps is back (a process in its place, taken back by the chief:
-/// Chief::take_back); true if it serves any again. Without copies, false.
+/// transport gave up whose ps is back (a process in its place: one the chief took back,
+/// Chief::take_back, since only a take-back changes the membership of a job with copies
+/// and keeps its members); true if it serves any again. Without copies, false.
 template <Transport T>
 bool renew_copies(T& transport) {
   if constexpr (CopyingTransport<T>) {
@@ -7174,8 +7176,8 @@ class Chief {
 
   /// Takes member ps `ps` back into a job whose ps tasks keep copies of each other's shards,
   /// after it was lost and a process was started in its place (beyond TensorFlow; a
-  /// CopyingTransport). The new process is reached first (one attempt: false, nothing
-  /// changed, while none is there). Then every ps is paused and read at one cut, from the
+  /// CopyingTransport). The new process is reached first (one attempt: false while none is
+  /// there, the job going on as it was). Then every ps is paused and read at one cut, from the
   /// copies that served meanwhile (dense parts, slots and counters, table rows, the sync
   /// policy's state); the new process's copies serve again, the model is registered over
   /// the same members at a membership one newer, and every ps, both copies of every
@@ -7185,10 +7187,11 @@ class Chief {
   /// request of the new epoch. Every shard has two copies again, so the job survives the
   /// next lost ps without a rollback. `sharding`: the ps tasks' IdSharding.
   ///
-  /// True once taken back. If its registration or restore fails, its copies are given up
-  /// again, the others are restored from the same cut at a membership and epoch newer
-  /// still, and false is returned (logged): the job goes on as it was. Throws kUnavailable
-  /// when a ps was lost on the way and that restore failed too (roll them back).
+  /// True once taken back. False (logged) when the cut fails (the ps tasks go on as they
+  /// were), or when its registration or restore fails: its copies are given up again and
+  /// the others go on as they were (resumed, or restored from the same cut at a membership
+  /// and epoch newer still: move_state). Throws kUnavailable when a ps was lost on the way
+  /// (roll them back).
   template <IdSharding I = HashIds>
   bool take_back(std::uint32_t ps, const I& sharding = {}) {
     if constexpr (!CopyingTransport<T>) {
@@ -7198,27 +7201,28 @@ class Chief {
     } else {
       T& transport = client_.transport();
       if (!transport.reach_again(ps, false)) return false;
+      const std::string who = "ps " + std::to_string(ps);
       const std::vector<std::uint32_t> members(client_.members().begin(), client_.members().end());
-      const ModelState cut = read_state(client_, 0, {}, true);  // the ps tasks stay paused (resumed if it throws)
-      transport.serve_again(ps);
+      std::optional<ModelState> cut;
       try {
-        client_.change_members(members, client_.membership() + 1);
-        restore_state(client_, cut, seed_, sharding);
-        return true;
+        cut = read_state(client_, 0, {}, true);  // the ps tasks stay paused (resumed if it throws)
       } catch (const Error& e) {
-        log(LogLevel::kWarning, "chief: ps " + std::to_string(ps) + " could not take its shards back (" + std::string(e.message()) +
-                                    "): they stay served by one copy each");
-        transport.give_up(ps, std::string("taking it back failed: ") + e.message());
-        try {
-          client_.adopt_epoch(client_.epoch() + 1);
-          client_.change_members(members, client_.membership() + 1);
-          restore_state(client_, cut, seed_, sharding);
-        } catch (const Error& again) {
-          throw Error(ErrorCode::kUnavailable, "ps " + std::to_string(ps) + " could not be taken back (" + std::string(e.message()) +
-                                                   "), and restoring the others failed too: " + again.message());
-        }
+        if (e.code() == ErrorCode::kUnavailable) throw;  // a ps of the job lost: rolled back
+        log(LogLevel::kWarning, "chief: " + who + " cannot take its shards back yet, the cut failed: " + e.message());
         return false;
       }
+      transport.serve_again(ps);
+      const std::optional<Error> failed = move_state(*cut, members, members, {}, sharding, [&](const Error& e) {
+        transport.give_up(ps, std::string("taking it back failed: ") + e.message());
+      });
+      const std::vector<std::uint32_t> still = transport.given_up();
+      if (!failed && !std::binary_search(still.begin(), still.end(), ps)) return true;
+      // A copy it holds was given up again on the way (lost, or not ready in time): the
+      // restore went to the other copies alone.
+      log(LogLevel::kWarning, "chief: " + who + " could not take its shards back (" +
+                                  (failed ? std::string(failed->message()) : "a copy it holds was given up on the way") +
+                                  "): they stay served by one copy each");
+      return false;
     }
   }
 
@@ -7384,19 +7388,21 @@ class Chief {
  private:
   /// Moves the state of the paused ps tasks, read at `cut`, to `members`: the model
   /// registered over them at a membership one newer (reaching `addresses` first), then
-  /// every member restored from the cut (a join's or a leave's move). Returns nullopt once
-  /// done, else why not, with nothing lost: a registration that failed leaves the ps tasks
-  /// as they were (resumed); a restore that failed is followed by the members `before`
-  /// taking the same cut back at a membership and epoch newer still (what the first restore
-  /// began is refused as late). Throws kUnavailable when that restore fails too (a ps lost:
-  /// roll them back).
-  template <IdSharding I>
+  /// every member restored from the cut (a join's, a leave's or a take-back's move). Returns
+  /// nullopt once done, else why not, with nothing lost: a registration that failed leaves
+  /// the ps tasks as they were (resumed); a restore that failed is followed by the members
+  /// `before` taking the same cut back at a membership and epoch newer still (what the first
+  /// restore began is refused as late). `undo(error)` runs first on either failure (a
+  /// take-back gives the copies it served again up). Throws kUnavailable when that restore
+  /// fails too (a ps lost: roll them back).
+  template <IdSharding I, class Undo = void (*)(const Error&)>
   std::optional<Error> move_state(const ModelState& cut, std::vector<std::uint32_t> members,
                                   const std::vector<std::uint32_t>& before, const std::vector<std::string>& addresses,
-                                  const I& sharding) {
+                                  const I& sharding, Undo undo = [](const Error&) {}) {
     try {
       client_.change_members(std::move(members), client_.membership() + 1, addresses);
     } catch (const Error& e) {
+      undo(e);
       resume_all();
       return e;
     }
@@ -7404,6 +7410,7 @@ class Chief {
       restore_state(client_, cut, seed_, sharding);
       return std::nullopt;
     } catch (const Error& e) {
+      undo(e);
       try {
         client_.adopt_epoch(client_.epoch() + 1);
         client_.change_members(before, client_.membership() + 1, addresses);

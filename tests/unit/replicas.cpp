@@ -266,6 +266,41 @@ TEST_CASE("a process started in a lost ps's place is taken back by the chief: th
   serving.join();
 }
 
+TEST_CASE("a copy ready at an older restore than its twin is not written to: it is dropped as a copy not ready") {
+  // ps k's own copies are restored at a new epoch by a chief without copies; the copies ps
+  // k + 1 holds stay at the epoch before (as a process whose take-back was given up).
+  CopiesCluster cluster;
+  Chief with(client(Node::chief(), cluster.addresses, with_copies()), 7);
+  with.initialize(LinearModel(kIn, kOut).variables());
+  const ModelState state = with.save_state();
+  Chief plain(client(Node::chief(), cluster.addresses), 7);
+  plain.restore(state);
+  TcpOptions quick = with_copies();
+  quick.copy_grace = std::chrono::milliseconds(300);
+  const LinearData data(2 * kBatch * kSteps, kIn, kOut, 42);
+  const auto read = [&](std::int64_t number) {
+    const auto row = static_cast<std::size_t>(number % (2 * kSteps)) * kBatch;
+    return LinearBatch{std::span(data.x).subspan(row * kIn, kBatch * kIn),
+                       std::span(data.y).subspan(row * kOut, kBatch * kOut)};
+  };
+  std::vector<std::thread> workers;
+  for (std::uint32_t w = 0; w < 2; ++w) {
+    workers.emplace_back([&, w] {
+      Worker worker(w, LinearModel(kIn, kOut), client(Node::worker(w), cluster.addresses, quick));
+      worker.wait_ready();
+      CHECK(worker.step(read, kSteps));
+    });
+  }
+  for (auto& t : workers) t.join();
+  for (std::uint32_t i = 0; i < kPs; ++i) {
+    CAPTURE(i);
+    CHECK(cluster.listeners[i]->service().own().stats().global_step == 1);
+    // Never sent a push: without the rule each refused both workers' (another epoch).
+    CHECK(cluster.listeners[i]->service().copy().stats().requests_rejected == 0);
+    CHECK(cluster.listeners[i]->service().copy().stats().global_step == 0);
+  }
+}
+
 TEST_CASE("a client that asks a ps for a copy it does not hold is refused at the handshake") {
   std::vector<std::unique_ptr<TcpServer<Server>>> plain;
   std::vector<std::thread> threads;

@@ -77,11 +77,12 @@ concept GrowingTransport = Transport<T> && requires(T& transport, const T& ctran
 /// Required, beyond Transport:
 ///   - `ct.given_up()` → std::vector<std::uint32_t>: the ps tasks some of whose copies this
 ///     transport gave up, ascending (none without copies)
-///   - `t.reach_again(ps, serve)` → bool: connects anew to every copy of ps task `ps` that
-///     was given up, and true once each reached another process than the one given up (one
-///     started in its place; the process given up may be alive but cut off, and its state is
-///     old); with `serve` they serve again at once, without they stay given up until
-///     `serve_again(ps)`; false, with nothing changed, when one is not reached
+///   - `t.reach_again(ps, serve)` → bool: once a copy of ps task `ps` was given up, connects
+///     anew to every copy it holds (giving up those not given up yet: the process behind
+///     them is gone), and true once each reached one process other than the one given up
+///     (started in its place; the process given up may be alive but cut off, and its state
+///     is old); with `serve` they serve again at once, without they stay given up until
+///     `serve_again(ps)`; false, with every copy of `ps` given up, when one is not reached
 ///   - `t.serve_again(ps)` → the copies of `ps` reached again serve their shards with the
 ///     other copies: what changes a shard goes to both from now on
 ///   - `t.give_up(ps, why)` → gives every copy of `ps` up again (taking it back failed)
@@ -100,8 +101,9 @@ concept CopyingTransport = Transport<T> && requires(T& transport, const T& ctran
 };
 
 /// A task that learned a newer membership of the job's ps tasks serves again the copies its
-/// transport gave up whose ps is back (a process in its place, taken back by the chief:
-/// Chief::take_back); true if it serves any again. Without copies, false.
+/// transport gave up whose ps is back (a process in its place: one the chief took back,
+/// Chief::take_back, since only a take-back changes the membership of a job with copies
+/// and keeps its members); true if it serves any again. Without copies, false.
 template <Transport T>
 bool renew_copies(T& transport) {
   if constexpr (CopyingTransport<T>) {

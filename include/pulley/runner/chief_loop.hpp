@@ -347,18 +347,18 @@ class ChiefLoop {
 
   /// A job whose ps tasks keep copies: takes back every member ps whose copies this
   /// chief's transport gave up and in whose place a process now serves (Chief::take_back),
-  /// logged once with the new shape. Looked for every kTakeBackEvery at most: a ps that is
-  /// still gone costs one connection attempt then.
+  /// logged once with the new shape. Looked for kTakeBackEvery after the last look ended: a
+  /// ps that is still gone costs one connection attempt (at most attempt_timeout) then.
   void take_back() {
-    const auto now = Clock::now();
-    if (now < next_take_back_) return;
-    next_take_back_ = now + kTakeBackEvery;
+    if (Clock::now() < next_take_back_) return;
     for (const std::uint32_t ps : chief_.given_up()) {
       const auto began = Clock::now();
       if (!chief_.take_back(ps, id_sharding_)) continue;
       log(LogLevel::kInfo, "chief: ps " + std::to_string(ps) + " was started again and took its shards back (every "
                            "shard has two copies again); " + new_shape(began));
     }
+    // Counted from the end: an attempt at a host that does not answer takes attempt_timeout.
+    next_take_back_ = Clock::now() + kTakeBackEvery;
   }
 
   /// Takes ps `asked.task`, which asked to leave, out of the job with its share moved to

@@ -135,11 +135,13 @@ class Tcp {
   /// The ps tasks some of whose copies this transport gave up (lost for good), ascending;
   /// none without `TcpOptions::replicas`. See CopyingTransport.
   [[nodiscard]] std::vector<std::uint32_t> given_up() const { return impl_->given_up(); }
-  /// Connects anew to every given-up copy of ps `ps`: true once each reached another
-  /// process than the one given up (started in its place), with the copies served again at
-  /// once when `serve`, else left given up until serve_again(ps). False, with nothing
-  /// changed, when one is not reached in one attempt (`attempt_timeout`), refuses this task, or is the process given up (alive but cut off: its state is old).
-  /// See CopyingTransport.
+  /// Once a copy of ps `ps` was given up, connects anew to every copy it holds (those not
+  /// given up yet are given up first, but the last copy of a shard): true once each reached
+  /// one process other than the one given up (started in its place), with the copies served
+  /// again at once when `serve`, else left given up until serve_again(ps). False, with
+  /// them given up, when one is not reached (in one attempt of `attempt_timeout`; with
+  /// `serve`, within `copy_grace` unless its address refuses), refuses this task, or is the
+  /// process given up (alive but cut off: its state is old). See CopyingTransport.
   bool reach_again(std::uint32_t ps, bool serve) { return impl_->reach_again(ps, serve); }
   /// The given-up copies of `ps` serve their shards again: what changes a shard goes to both
   /// copies from now on, and ps k's own copy is read from again. Logged once per copy.
@@ -227,6 +229,10 @@ class Tcp {
     std::vector<PendingPtr> parked, parked_next;
     std::vector<std::weak_ptr<Pair>> awaiting;  ///< Pairs that wait for that attempt too
     std::uint64_t server = 0;  ///< the ps process it reached (wire::Welcome::server), 0: none yet
+    /// The process it was given up for losing (its `server` then), 0: none, or one given up
+    /// only for not being ready yet (it may be the one the chief takes back): reach_again
+    /// takes any process but this one.
+    std::uint64_t lost = 0;
     /// Replicas: since when the copy has been out of reach (a connection broke and no new
     /// one completed), for `TcpOptions::copy_timeout`.
     std::optional<std::chrono::steady_clock::time_point> failing_since;
@@ -337,12 +343,13 @@ class Tcp {
       return tasks;
     }
 
-    /// One attempt per copy that ps `ps` holds, of at most `attempt_timeout`: a caller that
-    /// serves them at once follows the chief, which reached and restored them already; a
-    /// heartbeat thread that calls it must not be held longer. Once one copy of `ps` was
-    /// given up, every connection to it is to a process that is gone (one address, one
-    /// process), seen broken or not yet: each is made anew (the given-up ones first, which
-    /// name the new process), and given up with the others until they serve again.
+    /// Reaches every copy that ps `ps` holds anew. Once one of them was given up, every
+    /// connection to `ps` is to a process that is gone (one address, one process), seen
+    /// broken or not yet: a copy not given up yet is given up first (drop: its calls go to
+    /// the other copy), unless it is the last of its shard. One attempt each, of at most
+    /// `attempt_timeout`, for the chief (it looks again soon); a task that serves them at
+    /// once follows the chief, which reached and restored them already, and tries again
+    /// within `copy_grace` unless the address refuses (the process is gone again).
     bool reach_again(std::uint32_t ps, bool serve) {
       if (options_.replicas == 0) return false;
       std::vector<Link*> copies;
@@ -351,34 +358,43 @@ class Tcp {
       }
       std::stable_partition(copies.begin(), copies.end(), [](const Link* link) { return link->dropped; });
       if (copies.empty() || !copies.front()->dropped) return false;
+      const auto deadline = std::chrono::steady_clock::now() + (serve ? options_.copy_grace : std::chrono::milliseconds(0));
       std::uint64_t fresh = 0;  // the process started in the lost one's place
-      // Given up until served again, unless it is the last copy of its shard (never given up).
-      const auto set_aside = [this](Link& link) {
-        if (!links_[partner_of(link)]->dropped) link.dropped = true;
-      };
       for (Link* link : copies) {
-        if (link->state == State::kConnected && (link->renewed || (fresh != 0 && link->server == fresh))) {
-          set_aside(*link);  // reached it already
-          link->renewed = true;
-          fresh = link->server;
+        if (!link->dropped) {
+          drop(*link, "another copy ps " + std::to_string(ps) + " held was given up: its process is gone");
+          if (!link->dropped) continue;  // the last copy of its shard: left as it is
+        }
+        if (link->state == State::kConnected && link->renewed && (fresh == 0 || link->server == fresh)) {
+          fresh = link->server;  // reached it already
           continue;
         }
-        const std::uint64_t gone = link->server;  // the process given up
-        if (link->state != State::kBroken) fail(*link, "its ps process was given up");
-        link->renewing = true;
-        bool done = false;
-        connect(*link, [&](std::error_code) { done = true; });
-        while (!done) io_.run_one();
-        link->renewing = false;
-        if (link->state != State::kConnected || link->server == gone || (fresh != 0 && link->server != fresh)) {
-          // Not reached, or the very process given up (alive but cut off: its copies are
-          // old), or yet another: nothing served; the next look tries again.
-          if (link->state == State::kConnected) fail(*link, "not the process taken back");
-          set_aside(*link);
+        link->renewed = false;
+        fail(*link, "reached again");
+        for (auto backoff = options_.initial_backoff;; backoff = std::min(backoff * 2, std::chrono::milliseconds(1000))) {
+          link->renewing = true;
+          bool done = false;
+          std::error_code attempt;
+          connect(*link, [&](std::error_code ec) {
+            done = true;
+            attempt = ec;
+          });
+          while (!done) io_.run_one();
+          link->renewing = false;
+          if (link->state == State::kConnected) break;
+          if (link->refused || attempt == asio::error::connection_refused ||
+              std::chrono::steady_clock::now() + backoff > deadline) {
+            return false;  // not there, or gone again: the next look tries again
+          }
+          std::this_thread::sleep_for(backoff);
+        }
+        if ((link->lost != 0 && link->server == link->lost) || (fresh != 0 && link->server != fresh)) {
+          // The very process given up (alive but cut off: its copies are old), or yet
+          // another since: nothing served.
+          fail(*link, "not the process taken back");
           return false;
         }
         fresh = link->server;
-        set_aside(*link);
         link->renewed = true;
       }
       if (serve) serve_again(ps);
@@ -389,8 +405,7 @@ class Tcp {
       for (const auto& link : links_) {
         if (!link->dropped || link->task != ps) continue;
         link->dropped = false;
-        // One that broke since it was reached takes the new process at its next attempt.
-        if (link->state != State::kConnected) link->server = 0;
+        link->lost = 0;
         link->renewed = false;
         link->failing_since.reset();
         const std::size_t shard = index_of(*link) % shards_;
@@ -630,28 +645,43 @@ class Tcp {
     /// ready would let a worker push to a copy the chief's Initialize has not reached yet
     /// (it comes on another connection). A copy still not ready `copy_grace` after the
     /// other was is a process started in a lost one's place, holding nothing: it is
-    /// dropped, and the call answered by the copy left.
+    /// dropped, and the call answered by the copy left. So is one ready at an older
+    /// membership or epoch than the other.
     void settle_ready(const std::shared_ptr<Pair>& held, bool a_gone, bool b_gone) {
       Pair& pair = *held;
       const auto& a = pair.answers[0];
       const auto& b = pair.answers[1];
-      const bool a_ready = a && !is_error(*a) && !a_gone;
-      const bool b_ready = b && !is_error(*b) && !b_gone;
+      bool a_ready = a && !is_error(*a) && !a_gone;
+      bool b_ready = b && !is_error(*b) && !b_gone;
+      const auto* a_placed = a_ready ? std::get_if<PlacementReply>(&*a) : nullptr;
+      const auto* b_placed = b_ready ? std::get_if<PlacementReply>(&*b) : nullptr;
+      if (a_placed != nullptr && b_placed != nullptr &&
+          (a_placed->membership != b_placed->membership || a_placed->epoch != b_placed->epoch)) {
+        // Both ready, one at an older restore (a process the chief began to take back and
+        // then gave up): it is no copy of this shard now, and waits out the grace as a copy
+        // not ready does.
+        (std::pair(a_placed->membership, a_placed->epoch) < std::pair(b_placed->membership, b_placed->epoch) ? a_ready
+                                                                                                          : b_ready) = false;
+      }
       if (!pair.has_answer()) {
         if (a_ready && (b_ready || b_gone || (b && is_error(*b)))) {
           answer_pair(pair, 0);
         } else if (b_ready && (a_gone || (a && is_error(*a)))) {
           answer_pair(pair, 1);
-        } else if ((a || a_gone) && (b || b_gone)) {  // neither is ready: an error
+        } else if (!a_ready && !b_ready && (a || a_gone) && (b || b_gone)) {  // neither is ready: an error
           answer_pair(pair, a && !a_gone && (!is_unavailable(*a) || b_gone) ? 0 : 1);
         }
       }
       if (a_ready == b_ready || (a_ready ? b_gone || (b && is_error(*b)) : a_gone || (a && is_error(*a)))) return;
       if (!pair.grace) return start_grace(held);
       if (!grace_over(pair)) return;
-      drop(*links_[pair.links[a_ready ? 1 : 0]],
+      Link& late = *links_[pair.links[a_ready ? 1 : 0]];
+      drop(late,
            "not ready " + std::to_string(options_.copy_grace.count()) +
-               " ms after its other copy was: a process started in place of a lost ps holds nothing");
+               " ms after its other copy was: a process started in place of a lost ps holds nothing",
+           false);
+      // One that answered (ready at an older restore) left no call behind for drop to settle.
+      if (late.dropped && !pair.has_answer()) answer_pair(pair, a_ready ? 0 : 1);
     }
 
     [[nodiscard]] static bool grace_over(const Pair& pair) { return pair.grace && pair.grace->expiry() <= asio::steady_timer::clock_type::now(); }
@@ -680,13 +710,14 @@ class Tcp {
 
     /// Gives up a copy for good: calls waiting on it go to the other copy (halves of a
     /// Pair are just no longer waited for), and the other copy is read from.
-    void drop(Link& link, const std::string& why) {
+    void drop(Link& link, const std::string& why, bool lost = true) {
       if (link.dropped || options_.replicas == 0) return;
       const std::size_t index = index_of(link);
       const std::size_t shard = index % shards_;
-      const std::size_t other = index < shards_ ? shards_ + shard : shard;
+      const std::size_t other = partner_of(link);
       if (links_[other]->dropped) return;  // the last copy: waited for as a ps without copies
       link.dropped = true;
+      link.lost = lost ? link.server : 0;
       log(LogLevel::kWarning, self_.name() + ": dropping the copy of ps " + std::to_string(shard) +
                                   "'s shard held by ps " + std::to_string(link.task) + " at " + link.address +
                                   " (" + why + "): it is served by the copy at " + links_[other]->address +
@@ -901,6 +932,7 @@ class Tcp {
       if (options_.replicas == 1 && before != 0 && before != welcome->server && !link.renewing &&
           !links_[partner_of(link)]->dropped) {
         link.server = before;  // the process given up (reach_again takes only another)
+        if (link.dropped) return fail(link, "another process answers on the address of a copy given up");
         return drop(link, "another process answers on its address: a ps started in place of a lost one holds nothing");
       }
       flush(link);  // the receive handler that brought the welcome arms the next receive
