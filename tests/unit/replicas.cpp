@@ -86,6 +86,14 @@ TcpOptions with_copies() {
   return options;
 }
 
+/// Batch `number` of `data`: each token's number names its batch, the same examples whoever
+/// pushes them.
+LinearBatch batch_of(const LinearData& data, std::int64_t number) {
+  const auto row = static_cast<std::size_t>(number % (2 * kSteps)) * kBatch;
+  return LinearBatch{std::span(data.x).subspan(row * kIn, kBatch * kIn),
+                     std::span(data.y).subspan(row * kOut, kBatch * kOut)};
+}
+
 /// Sync R = N = 2 training of a linear model with Adam; `at_step(w, k)` runs before worker
 /// w's step k, and `chief_work(chief)` on the chief's thread while the workers train.
 /// Returns the final variables.
@@ -101,12 +109,7 @@ std::vector<std::vector<float>> train(MakeTransport make_transport, AtStep at_st
       worker.wait_ready();
       for (std::int64_t k = 0;; ++k) {
         at_step(w, k);
-        // Each token's number names its batch: the same examples whoever pushes them.
-        const auto read = [&](std::int64_t number) {
-          const auto row = static_cast<std::size_t>(number % (2 * kSteps)) * kBatch;
-          return LinearBatch{std::span(data.x).subspan(row * kIn, kBatch * kIn),
-                             std::span(data.y).subspan(row * kOut, kBatch * kOut)};
-        };
+        const auto read = [&](std::int64_t number) { return batch_of(data, number); };
         if (!worker.step(read, kSteps)) break;
       }
     });
@@ -278,11 +281,7 @@ TEST_CASE("a copy ready at an older restore than its twin is not written to: it 
   TcpOptions quick = with_copies();
   quick.copy_grace = std::chrono::milliseconds(300);
   const LinearData data(2 * kBatch * kSteps, kIn, kOut, 42);
-  const auto read = [&](std::int64_t number) {
-    const auto row = static_cast<std::size_t>(number % (2 * kSteps)) * kBatch;
-    return LinearBatch{std::span(data.x).subspan(row * kIn, kBatch * kIn),
-                       std::span(data.y).subspan(row * kOut, kBatch * kOut)};
-  };
+  const auto read = [&](std::int64_t number) { return batch_of(data, number); };
   std::vector<std::thread> workers;
   for (std::uint32_t w = 0; w < 2; ++w) {
     workers.emplace_back([&, w] {
@@ -349,11 +348,7 @@ TEST_CASE("a pull answered by both copies names the step both reached, not the o
   Chief chief(client(Node::chief(), cluster.addresses, with_copies()), 7);
   chief.initialize(LinearModel(kIn, kOut).variables());
   const LinearData data(2 * kBatch * kSteps, kIn, kOut, 42);
-  const auto read = [&](std::int64_t number) {
-    const auto row = static_cast<std::size_t>(number % (2 * kSteps)) * kBatch;
-    return LinearBatch{std::span(data.x).subspan(row * kIn, kBatch * kIn),
-                       std::span(data.y).subspan(row * kOut, kBatch * kOut)};
-  };
+  const auto read = [&](std::int64_t number) { return batch_of(data, number); };
   // One step of both workers (R = N = 2), each over a transport of its own.
   const auto step_both = [&](const TcpOptions& options) {
     std::vector<std::thread> workers;
