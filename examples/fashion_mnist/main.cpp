@@ -5,7 +5,8 @@
 // (TF_CONFIG, --role/--task/--*-hosts, or --slurm-roles under srun). The role runner
 // (pulley/runner/run.hpp) does the rest; `fashion_mnist --help` lists the flags. With
 // --mode allreduce there are no ps tasks: the workers sum their gradients in a ring
-// (pulley/runner/all_reduce.hpp), in threads or as a cluster of workers only.
+// (pulley/runner/all_reduce.hpp), in threads or as a cluster of workers only. --mode plain
+// trains the same model in one thread with no ps: the baseline a job's speed is set against.
 //
 // It prints one line per epoch and ends with a machine-readable line:
 //   final: test_accuracy=0.8812 samples_per_s=71234 epochs=10 workers=2 ps=2 mode=sync parameters_crc32c=1f2e3d4c
@@ -249,9 +250,63 @@ int train(const pulley::Job& job, const Options& o, const Data& data, Optimizer 
   return pulley::run(job, training, pulley::RoundRobin{}, optimizer, sync);
 }
 
+/// --mode plain: the same model, data and optimizer in one thread and no ps, the baseline
+/// the job's samples/s is measured against (BENCHMARKS.md, "Two workers on two cores").
+/// Each step is one batch of workers × batch examples, what a sync step of the job reads
+/// (the same shuffled order of each epoch, taken in one piece), and the optimizer updates
+/// every variable in place. Evaluates and prints as the chief does, at every epoch.
+template <class Optimizer>
+int train_plain(const Options& o, const Data& data, Optimizer optimizer, std::uint32_t workers) {
+  const std::size_t batch = o.batch * workers;
+  const auto steps_per_epoch = static_cast<std::int64_t>(data.train.labels.size() / batch);
+  const std::int64_t last_step = steps_per_epoch * o.epochs;
+  std::int64_t step = 0;
+  pulley::DataShard numbered;
+  numbered.number = [&step] { return step; };
+  Shard shard(data, batch, o.seed, std::move(numbered));
+  pulley::models::Mlp model({784, o.hidden, 10});
+  model.initialize(o.seed);
+  std::vector<typename Optimizer::State> states;
+  for (std::size_t v = 0; v < model.variables().size(); ++v) states.push_back(optimizer.make_state(model.parameter(v).size()));
+  const pulley::models::MlpBatch test{data.test.images.pixels, data.test.labels};
+  std::printf("training 784-%zu-10 on %zu examples: one thread, no ps, %s, batch %zu (%u x %zu), %d epochs (%lld steps)\n",
+              o.hidden, data.train.labels.size(), o.optimizer.c_str(), batch, workers, o.batch, o.epochs,
+              static_cast<long long>(last_step));
+  const auto start = std::chrono::steady_clock::now();
+  double seconds = 0.0;
+  pulley::models::Mlp::Evaluation scores;
+  for (; step < last_step;) {
+    (void)model.compute_gradients(shard());
+    const pulley::UpdateContext context{step, {}, {}, 0};
+    for (std::size_t v = 0; v < states.size(); ++v) {
+      pulley::apply_update(optimizer, states[v], model.parameter(v), model.gradient(v), context);
+    }
+    if (++step % steps_per_epoch == 0) {
+      scores = model.evaluate(test);
+      seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      std::printf("epoch %2lld/%d  step %6lld  test_loss %.4f  test_accuracy %.4f  samples/s %.0f  elapsed %.1f s\n",
+                  static_cast<long long>(step / steps_per_epoch), o.epochs, static_cast<long long>(step), scores.loss,
+                  scores.accuracy, static_cast<double>(step) * static_cast<double>(batch) / seconds, seconds);
+      std::fflush(stdout);
+    }
+  }
+  std::uint32_t fingerprint = 0;
+  for (std::size_t v = 0; v < model.variables().size(); ++v) {
+    fingerprint = pulley::checkpoint::crc32c(std::span<const float>(model.parameter(v)), fingerprint);
+  }
+  std::printf("final: test_accuracy=%.4f samples_per_s=%.0f epochs=%d workers=1 ps=0 mode=plain parameters_crc32c=%08x\n",
+              scores.accuracy, static_cast<double>(last_step) * static_cast<double>(batch) / seconds, o.epochs,
+              fingerprint);
+  return 0;
+}
+
 template <class Optimizer>
 int train_with(const pulley::Job& job, const Options& o, const Data& data, Optimizer optimizer) {
   const auto workers = static_cast<int>(job.num_workers());
+  if (o.mode == "plain") {
+    if (!job.in_process()) throw std::runtime_error("--mode plain trains in this one process: it takes no cluster");
+    return train_plain(o, data, optimizer, job.num_workers());
+  }
   if (o.mode == "async") return train(job, o, data, optimizer, pulley::Async{}, 1);
   // No ps tasks: the workers sum their gradients in a ring, every step one batch of each.
   if (o.mode == "allreduce") return train(job, o, data, optimizer, pulley::SyncReplicas(workers, workers), workers);
@@ -275,9 +330,10 @@ int main(int argc, char** argv) {
   app.add_option("--optimizer", o.optimizer)->check(CLI::IsMember({"adam", "sgd", "momentum", "adagrad"}));
   app.add_option("--learning-rate", o.learning_rate)->check(CLI::PositiveNumber);
   app.add_option("--mode", o.mode,
-                 "sync (SyncReplicas), async, ssp (BoundedStaleness), or allreduce (no ps tasks: "
-                 "a ring all-reduce among the workers, a cluster of workers only)")
-      ->check(CLI::IsMember({"sync", "async", "ssp", "allreduce"}));
+                 "sync (SyncReplicas), async, ssp (BoundedStaleness), allreduce (no ps tasks: "
+                 "a ring all-reduce among the workers, a cluster of workers only), or plain (one "
+                 "thread, no ps: the baseline; a step reads what a sync step of --workers reads)")
+      ->check(CLI::IsMember({"sync", "async", "ssp", "allreduce", "plain"}));
   app.add_option("--replicas-to-aggregate", o.replicas_to_aggregate,
                  "sync: gradients per step, R (default: every worker); R < workers adds backups "
                  "(an epoch then counts the R*batch examples each step applies)")

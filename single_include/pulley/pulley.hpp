@@ -2486,9 +2486,10 @@ struct MemberOf<R (C::*)(A...) const noexcept> {
 /// after each block checks what it wrote there: `values` (weights and slots of any sign)
 /// and `non_negative` (slots that must not be negative). Returns kOrdinaryMagnitude if all
 /// are ordinary (`detail::all_ordinary`), else +infinity: the bound `apply_bounded`
-/// returns (BoundsMagnitudes). For an update loop that does not vectorize (std::sqrt sets
-/// errno, unless built with -fno-math-errno), where a fold inside the loop would slow the
-/// loop itself: the loop stays as it is, and the check, which vectorizes, reads from L1.
+/// returns (BoundsMagnitudes). For an update loop whose body is not a plain arithmetic
+/// expression to fold into (Adam's, Adagrad's and RMSProp's run through
+/// `detail::lanewise` for their square roots): the loop stays as it is, and the check,
+/// which vectorizes, reads what it wrote from L1.
 template <class Update>
 float bounded_in_blocks(std::size_t n, Update&& update, std::initializer_list<float*> values,
                         std::initializer_list<float*> non_negative = {}) {
@@ -3360,6 +3361,7 @@ struct RowRequest {
 
 // ---- begin pulley/protocol/call.hpp ----
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -3368,6 +3370,7 @@ struct RowRequest {
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <thread>
 #include <utility>
 
 // ---- begin pulley/protocol/messages.hpp ----
@@ -4413,8 +4416,19 @@ class CallSignal {
   }
   /// Answers so far.
   [[nodiscard]] std::uint64_t count() const { return count_.load(); }
-  /// Waits until `count()` differs from `seen` or `deadline` passes.
+  /// Waits until `count()` differs from `seen` or `deadline` passes: first for up to
+  /// kSpin without sleeping (giving the core to any other thread that wants it), then
+  /// asleep. The answer to a call in one process often comes within that time (the other
+  /// worker's push that completes a sync step, on the other core): it is taken at once,
+  /// where a sleep and its wake-up cost tens of microseconds, more on a virtual machine
+  /// whose idle core the host halted.
   void wait_until(std::uint64_t seen, std::chrono::steady_clock::time_point deadline) {
+    const auto spin_end = std::min(deadline, std::chrono::steady_clock::now() + kSpin);
+    while (count_.load() == seen) {
+      if (std::chrono::steady_clock::now() >= spin_end) break;
+      std::this_thread::yield();
+    }
+    if (count_.load() != seen) return;
     std::unique_lock lock(mutex_);
     waiters_.fetch_add(1);
     changed_.wait_until(lock, deadline, [&] { return count_.load() != seen; });
@@ -4422,6 +4436,8 @@ class CallSignal {
   }
 
  private:
+  static constexpr std::chrono::microseconds kSpin{200};
+
   std::mutex mutex_;
   std::condition_variable changed_;
   std::atomic<std::uint64_t> count_{0};
@@ -8931,6 +8947,63 @@ inline constexpr Version version{PULLEY_VERSION_MAJOR, PULLEY_VERSION_MINOR, PUL
 #include <string_view>
 #include <vector>
 
+// ---- begin pulley/core/detail/lanes.hpp ----
+
+#include <array>
+#include <concepts>
+#include <cstddef>
+#include <utility>
+
+#if __has_include(<experimental/simd>)
+#include <experimental/simd>
+#endif
+
+namespace pulley::detail {
+
+/// True where `lanewise` runs a vector of lanes at a time (the standard library has
+/// std::experimental::simd: libstdc++ 11 and later), false where it runs one value at a
+/// time.
+#if defined(__cpp_lib_experimental_parallel_simd) && __cpp_lib_experimental_parallel_simd >= 201803L
+inline constexpr bool kVectorLanes = true;
+#else
+inline constexpr bool kVectorLanes = false;
+#endif
+
+/// Runs `rule(in[i], out[i]...)` for every i in [begin, end): `in` is read, each `out` is
+/// read and written through the references the rule gets. The rule is a generic lambda
+/// written once for a value and for a vector of them: it calls `sqrt` unqualified after
+/// `using std::sqrt;`, and mixes its arguments with plain floats.
+///
+/// Why not a plain loop: `std::sqrt` may set errno, so a loop over it does not vectorize
+/// unless the user builds with -fno-math-errno, which a header-only library cannot ask
+/// for; Adam's, Adagrad's and RMSProp's updates were a scalar square root and division per
+/// element. With std::experimental::simd the body runs over native_simd<float> (4 lanes
+/// with SSE2, 8 with AVX, 16 with AVX-512), the rest of the range one value at a time.
+/// Every lane computes what the scalar rule computes, with the same IEEE operations in the
+/// same order (square root and division are correctly rounded in both), so the results
+/// are the plain loop's bit for bit.
+template <class Rule, std::same_as<float>... Out>
+void lanewise(std::size_t begin, std::size_t end, Rule&& rule, const float* in, Out*... out) {
+  std::size_t i = begin;
+#if defined(__cpp_lib_experimental_parallel_simd) && __cpp_lib_experimental_parallel_simd >= 201803L
+  namespace stdx = std::experimental;
+  using V = stdx::native_simd<float>;
+  constexpr std::size_t kWidth = V::size();
+  const std::array<float*, sizeof...(Out)> arrays{out...};
+  for (; i + kWidth <= end; i += kWidth) {
+    [&]<std::size_t... k>(std::index_sequence<k...>) {
+      V values[sizeof...(Out)] = {V(arrays[k] + i, stdx::element_aligned)...};
+      rule(V(in + i, stdx::element_aligned), values[k]...);
+      (values[k].copy_to(arrays[k] + i, stdx::element_aligned), ...);
+    }(std::index_sequence_for<Out...>{});
+  }
+#endif
+  for (; i < end; ++i) rule(in[i], out[i]...);
+}
+
+}  // namespace pulley::detail
+// ---- end pulley/core/detail/lanes.hpp ----
+
 namespace pulley {
 
 /// Adagrad with Keras' defaults and rule:
@@ -9042,10 +9115,14 @@ struct Adagrad {
     return bounded_in_blocks(
         n,
         [&](std::size_t begin, std::size_t end) {
-          for (std::size_t i = begin; i < end; ++i) {
-            accumulator[i] += g[i] * g[i];
-            w[i] -= lr * g[i] / (std::sqrt(accumulator[i]) + eps);
-          }
+          detail::lanewise(
+              begin, end,
+              [&](auto gi, auto& wi, auto& ai) {
+                using std::sqrt;  // or the vector one (detail::lanewise)
+                ai += gi * gi;
+                wi -= lr * gi / (sqrt(ai) + eps);
+              },
+              g, w, accumulator);
         },
         {w}, {accumulator});
   }
@@ -9195,11 +9272,15 @@ struct Adam {
     return bounded_in_blocks(
         n,
         [&](std::size_t begin, std::size_t end) {
-          for (std::size_t i = begin; i < end; ++i) {
-            m[i] = b1 * m[i] + (1.0F - b1) * g[i];
-            v[i] = b2 * v[i] + (1.0F - b2) * g[i] * g[i];
-            w[i] -= lr_t * m[i] / (std::sqrt(v[i]) + eps);
-          }
+          detail::lanewise(
+              begin, end,
+              [&](auto gi, auto& wi, auto& mi, auto& vi) {
+                using std::sqrt;  // or the vector one (detail::lanewise)
+                mi = b1 * mi + (1.0F - b1) * gi;
+                vi = b2 * vi + (1.0F - b2) * gi * gi;
+                wi -= lr_t * mi / (sqrt(vi) + eps);
+              },
+              g, w, m, v);
         },
         {w, m}, {v});
   }
@@ -9646,10 +9727,13 @@ struct RmsProp {
   /// This object's Terms.
   [[nodiscard]] Terms terms() const { return {learning_rate, rho, momentum, epsilon}; }
 
-  /// The rule for one element, behind `update` and `stays_finite`.
-  static void step(const Terms& k, float& w, float& ms, float& mom, float g) {
+  /// The rule for one element, or a vector of them (detail::lanewise), behind `update`
+  /// and `stays_finite`.
+  template <class V>
+  static void step(const Terms& k, V& w, V& ms, V& mom, V g) {
+    using std::sqrt;
     ms = k.rho * ms + (1.0F - k.rho) * g * g;
-    mom = k.momentum * mom + k.lr * g / std::sqrt(ms + k.epsilon);
+    mom = k.momentum * mom + k.lr * g / sqrt(ms + k.epsilon);
     w -= mom;
   }
 
@@ -9661,7 +9745,9 @@ struct RmsProp {
     return bounded_in_blocks(
         n,
         [&](std::size_t begin, std::size_t end) {
-          for (std::size_t i = begin; i < end; ++i) step(k, w[i], ms[i], mom[i], g[i]);
+          detail::lanewise(
+              begin, end, [&](auto gi, auto& wi, auto& msi, auto& momi) { step(k, wi, msi, momi, gi); }, g, w, ms,
+              mom);
         },
         {w, mom}, {ms});
   }

@@ -91,6 +91,76 @@ TEST_CASE("Adam: bias correction folded into the step size, as TensorFlow does")
   CHECK(w[1][1] == doctest::Approx(-1.9559512).epsilon(1e-5));
 }
 
+TEST_CASE("Adam, Adagrad and RMSProp compute every element as the scalar rule does, bit for bit") {
+  // Their updates run a vector of lanes at a time where the standard library has
+  // std::experimental::simd (detail::lanewise), the rest of each 1024-element block one
+  // element at a time. 2 051 elements: two whole blocks and a short one, each with a tail
+  // that no vector width divides. The references below are the rules as plain loops.
+  constexpr std::size_t n = 2051;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0F, 1.0F);
+  std::uniform_real_distribution<float> positive(0.0F, 2.0F);
+  const auto draw = [&](auto& distribution) {
+    std::vector<float> v(n);
+    for (float& x : v) x = distribution(rng);
+    return v;
+  };
+  const std::vector<float> w0 = draw(normal), g = draw(normal), s0 = draw(positive), s1 = draw(normal);
+  const auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+
+  SUBCASE("Adam") {
+    const pulley::Adam adam{0.01F, 0.9F, 0.999F, 1e-7F};
+    auto state = adam.make_state(n);
+    state.m = s1;
+    state.v = s0;
+    state.t = 4;
+    std::vector<float> applied = w0, w = w0, m = s1, v = s0;
+    adam.apply(state, applied, g);
+    const auto t = 5.0;
+    const auto lr_t = static_cast<float>(0.01F * std::sqrt(1.0 - std::pow(double{0.999F}, t)) /
+                                         (1.0 - std::pow(double{0.9F}, t)));
+    for (std::size_t i = 0; i < n; ++i) {
+      m[i] = 0.9F * m[i] + (1.0F - 0.9F) * g[i];
+      v[i] = 0.999F * v[i] + (1.0F - 0.999F) * g[i] * g[i];
+      w[i] -= lr_t * m[i] / (std::sqrt(v[i]) + 1e-7F);
+    }
+    CHECK(same_bits(state.m, m));
+    CHECK(same_bits(state.v, v));
+    CHECK(same_bits(applied, w));
+  }
+  SUBCASE("Adagrad") {
+    const pulley::Adagrad adagrad{0.1F, 0.1F, 1e-7F};
+    auto state = adagrad.make_state(n);
+    state.accumulator = s0;
+    std::vector<float> applied = w0, w = w0, a = s0;
+    adagrad.apply(state, applied, g);
+    for (std::size_t i = 0; i < n; ++i) {
+      a[i] += g[i] * g[i];
+      w[i] -= 0.1F * g[i] / (std::sqrt(a[i]) + 1e-7F);
+    }
+    CHECK(same_bits(state.accumulator, a));
+    CHECK(same_bits(applied, w));
+  }
+  SUBCASE("RMSProp with momentum") {
+    const pulley::RmsProp rmsprop{.learning_rate = 0.01F, .rho = 0.9F, .momentum = 0.5F, .epsilon = 1e-7F};
+    auto state = rmsprop.make_state(n);
+    state.rms = s0;
+    state.momentum = s1;
+    std::vector<float> applied = w0, w = w0, ms = s0, mom = s1;
+    rmsprop.apply(state, applied, g);
+    for (std::size_t i = 0; i < n; ++i) {
+      ms[i] = 0.9F * ms[i] + (1.0F - 0.9F) * g[i] * g[i];
+      mom[i] = 0.5F * mom[i] + 0.01F * g[i] / std::sqrt(ms[i] + 1e-7F);
+      w[i] -= mom[i];
+    }
+    CHECK(same_bits(state.rms, ms));
+    CHECK(same_bits(state.momentum, mom));
+    CHECK(same_bits(applied, w));
+  }
+}
+
 TEST_CASE("optimizer state is per part: two parts updated independently stay independent") {
   const pulley::Adam adam{};
   std::vector<float> a{1.0F}, b{1.0F};

@@ -77,9 +77,10 @@ struct MemberOf<R (C::*)(A...) const noexcept> {
 /// after each block checks what it wrote there: `values` (weights and slots of any sign)
 /// and `non_negative` (slots that must not be negative). Returns kOrdinaryMagnitude if all
 /// are ordinary (`detail::all_ordinary`), else +infinity: the bound `apply_bounded`
-/// returns (BoundsMagnitudes). For an update loop that does not vectorize (std::sqrt sets
-/// errno, unless built with -fno-math-errno), where a fold inside the loop would slow the
-/// loop itself: the loop stays as it is, and the check, which vectorizes, reads from L1.
+/// returns (BoundsMagnitudes). For an update loop whose body is not a plain arithmetic
+/// expression to fold into (Adam's, Adagrad's and RMSProp's run through
+/// `detail::lanewise` for their square roots): the loop stays as it is, and the check,
+/// which vectorizes, reads what it wrote from L1.
 template <class Update>
 float bounded_in_blocks(std::size_t n, Update&& update, std::initializer_list<float*> values,
                         std::initializer_list<float*> non_negative = {}) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "pulley/concepts/optimizer.hpp"
+#include "pulley/core/detail/lanes.hpp"
 
 namespace pulley {
 
@@ -125,10 +126,14 @@ struct Adagrad {
     return bounded_in_blocks(
         n,
         [&](std::size_t begin, std::size_t end) {
-          for (std::size_t i = begin; i < end; ++i) {
-            accumulator[i] += g[i] * g[i];
-            w[i] -= lr * g[i] / (std::sqrt(accumulator[i]) + eps);
-          }
+          detail::lanewise(
+              begin, end,
+              [&](auto gi, auto& wi, auto& ai) {
+                using std::sqrt;  // or the vector one (detail::lanewise)
+                ai += gi * gi;
+                wi -= lr * gi / (sqrt(ai) + eps);
+              },
+              g, w, accumulator);
         },
         {w}, {accumulator});
   }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "pulley/concepts/optimizer.hpp"
+#include "pulley/core/detail/lanes.hpp"
 
 namespace pulley {
 
@@ -140,11 +141,15 @@ struct Adam {
     return bounded_in_blocks(
         n,
         [&](std::size_t begin, std::size_t end) {
-          for (std::size_t i = begin; i < end; ++i) {
-            m[i] = b1 * m[i] + (1.0F - b1) * g[i];
-            v[i] = b2 * v[i] + (1.0F - b2) * g[i] * g[i];
-            w[i] -= lr_t * m[i] / (std::sqrt(v[i]) + eps);
-          }
+          detail::lanewise(
+              begin, end,
+              [&](auto gi, auto& wi, auto& mi, auto& vi) {
+                using std::sqrt;  // or the vector one (detail::lanewise)
+                mi = b1 * mi + (1.0F - b1) * gi;
+                vi = b2 * vi + (1.0F - b2) * gi * gi;
+                wi -= lr_t * mi / (sqrt(vi) + eps);
+              },
+              g, w, m, v);
         },
         {w, m}, {v});
   }

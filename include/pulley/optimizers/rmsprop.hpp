@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "pulley/concepts/optimizer.hpp"
+#include "pulley/core/detail/lanes.hpp"
 
 namespace pulley {
 
@@ -134,10 +135,13 @@ struct RmsProp {
   /// This object's Terms.
   [[nodiscard]] Terms terms() const { return {learning_rate, rho, momentum, epsilon}; }
 
-  /// The rule for one element, behind `update` and `stays_finite`.
-  static void step(const Terms& k, float& w, float& ms, float& mom, float g) {
+  /// The rule for one element, or a vector of them (detail::lanewise), behind `update`
+  /// and `stays_finite`.
+  template <class V>
+  static void step(const Terms& k, V& w, V& ms, V& mom, V g) {
+    using std::sqrt;
     ms = k.rho * ms + (1.0F - k.rho) * g * g;
-    mom = k.momentum * mom + k.lr * g / std::sqrt(ms + k.epsilon);
+    mom = k.momentum * mom + k.lr * g / sqrt(ms + k.epsilon);
     w -= mom;
   }
 
@@ -149,7 +153,9 @@ struct RmsProp {
     return bounded_in_blocks(
         n,
         [&](std::size_t begin, std::size_t end) {
-          for (std::size_t i = begin; i < end; ++i) step(k, w[i], ms[i], mom[i], g[i]);
+          detail::lanewise(
+              begin, end, [&](auto gi, auto& wi, auto& msi, auto& momi) { step(k, wi, msi, momi, gi); }, g, w, ms,
+              mom);
         },
         {w, mom}, {ms});
   }
