@@ -19,10 +19,19 @@ binaries=("$build/examples/fashion_mnist")
 for b in "${binaries[@]}"; do [ -x "$b" ] || { echo "no $b: build the examples first" >&2; exit 2; }; done
 
 median() { sort -n | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+# samples BINARY FLAGS...: the run's samples/s; a run that fails or prints no final line
+# ends the script with its last lines.
 samples() {
   local binary=$1
   shift
-  "$binary" --epochs "$epochs" "$@" 2>/dev/null | sed -n 's/^final: .*samples_per_s=\([0-9]*\).*/\1/p'
+  if ! "$binary" --epochs "$epochs" "$@" >"$log" 2>&1 || ! grep -q '^final: ' "$log"; then
+    echo "$binary $* failed:" >&2
+    tail -n 5 "$log" >&2
+    return 1
+  fi
+  sed -n 's/^final: .*samples_per_s=\([0-9]*\).*/\1/p' "$log"
 }
 
 labels=("plain 64" "plain 128" "sync" "async")
@@ -32,8 +41,7 @@ for r in $(seq 1 "$rounds"); do
   for b in "${!binaries[@]}"; do
     for k in "${!labels[@]}"; do
       # shellcheck disable=SC2086  # the flags are words
-      s=$(samples "${binaries[b]}" ${flags[k]})
-      [ -n "$s" ] || { echo "${binaries[b]} ${flags[k]} printed no final line" >&2; exit 1; }
+      s=$(samples "${binaries[b]}" ${flags[k]}) || exit 1
       runs[$b,$k]+="$s "
       echo "round $r  ${binaries[b]}  ${labels[k]}  $s samples/s"
     done

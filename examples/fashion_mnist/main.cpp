@@ -252,9 +252,11 @@ int train(const pulley::Job& job, const Options& o, const Data& data, Optimizer 
 
 /// --mode plain: the same model, data and optimizer in one thread and no ps, the baseline
 /// the job's samples/s is measured against (BENCHMARKS.md, "Two workers on two cores").
-/// Each step is one batch of workers × batch examples, what a sync step of the job reads
-/// (the same shuffled order of each epoch, taken in one piece), and the optimizer updates
-/// every variable in place. Evaluates and prints as the chief does, at every epoch.
+/// Each step is one batch of workers × batch examples, as many as a sync step of the job
+/// applies (from each epoch's shuffled order, as the job's workers read), and the optimizer
+/// updates every variable in place. Evaluates and prints as the chief does, at every
+/// epoch; samples/s counts the time up to the last step, as the job's does (the
+/// evaluations before it included: one after another here, beside the workers in the job).
 template <class Optimizer>
 int train_plain(const Options& o, const Data& data, Optimizer optimizer, std::uint32_t workers) {
   const std::size_t batch = o.batch * workers;
@@ -282,8 +284,8 @@ int train_plain(const Options& o, const Data& data, Optimizer optimizer, std::ui
       pulley::apply_update(optimizer, states[v], model.parameter(v), model.gradient(v), context);
     }
     if (++step % steps_per_epoch == 0) {
-      scores = model.evaluate(test);
       seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      scores = model.evaluate(test);
       std::printf("epoch %2lld/%d  step %6lld  test_loss %.4f  test_accuracy %.4f  samples/s %.0f  elapsed %.1f s\n",
                   static_cast<long long>(step / steps_per_epoch), o.epochs, static_cast<long long>(step), scores.loss,
                   scores.accuracy, static_cast<double>(step) * static_cast<double>(batch) / seconds, seconds);
@@ -294,8 +296,9 @@ int train_plain(const Options& o, const Data& data, Optimizer optimizer, std::ui
   for (std::size_t v = 0; v < model.variables().size(); ++v) {
     fingerprint = pulley::checkpoint::crc32c(std::span<const float>(model.parameter(v)), fingerprint);
   }
-  std::printf("final: test_accuracy=%.4f samples_per_s=%.0f epochs=%d workers=1 ps=0 mode=plain parameters_crc32c=%08x\n",
-              scores.accuracy, static_cast<double>(last_step) * static_cast<double>(batch) / seconds, o.epochs,
+  std::printf("final: test_accuracy=%.4f samples_per_s=%.0f epochs=%d workers=1 ps=0 mode=plain batch=%zu "
+              "parameters_crc32c=%08x\n",
+              scores.accuracy, static_cast<double>(last_step) * static_cast<double>(batch) / seconds, o.epochs, batch,
               fingerprint);
   return 0;
 }
@@ -332,7 +335,7 @@ int main(int argc, char** argv) {
   app.add_option("--mode", o.mode,
                  "sync (SyncReplicas), async, ssp (BoundedStaleness), allreduce (no ps tasks: "
                  "a ring all-reduce among the workers, a cluster of workers only), or plain (one "
-                 "thread, no ps: the baseline; a step reads what a sync step of --workers reads)")
+                 "thread, no ps: the baseline; a step is one batch of --workers x --batch examples)")
       ->check(CLI::IsMember({"sync", "async", "ssp", "allreduce", "plain"}));
   app.add_option("--replicas-to-aggregate", o.replicas_to_aggregate,
                  "sync: gradients per step, R (default: every worker); R < workers adds backups "

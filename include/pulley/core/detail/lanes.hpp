@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <concepts>
 #include <cstddef>
@@ -29,28 +30,49 @@ inline constexpr bool kVectorLanes = false;
 /// Why not a plain loop: `std::sqrt` may set errno, so a loop over it does not vectorize
 /// unless the user builds with -fno-math-errno, which a header-only library cannot ask
 /// for; Adam's, Adagrad's and RMSProp's updates were a scalar square root and division per
-/// element. With std::experimental::simd the body runs over native_simd<float> (4 lanes
-/// with SSE2, 8 with AVX, 16 with AVX-512), the rest of the range one value at a time.
-/// Every lane computes what the scalar rule computes, with the same IEEE operations in the
-/// same order (square root and division are correctly rounded in both), so the results
-/// are the plain loop's bit for bit.
+/// element. With std::experimental::simd every element goes through native_simd<float> (4
+/// lanes with SSE2, 8 with AVX, 16 with AVX-512): the range in whole vectors, and the last
+/// few elements in one vector padded with zeros, so that each element of an update is
+/// computed by the same code whatever its position. Each lane does the scalar rule's IEEE
+/// operations in the same order (square root and division are correctly rounded in both),
+/// so the results are the plain loop's bit for bit where the compiler does not fuse a
+/// multiply and an add into one rounding (x86-64's baseline, which has no FMA); where it
+/// does (`-march=native`, aarch64) an element may differ from the plain loop's in its last
+/// bit, alike on every task built the same way.
 template <class Rule, std::same_as<float>... Out>
 void lanewise(std::size_t begin, std::size_t end, Rule&& rule, const float* in, Out*... out) {
-  std::size_t i = begin;
+  static_assert(sizeof...(Out) > 0, "lanewise writes at least one array");
 #if defined(__cpp_lib_experimental_parallel_simd) && __cpp_lib_experimental_parallel_simd >= 201803L
   namespace stdx = std::experimental;
   using V = stdx::native_simd<float>;
   constexpr std::size_t kWidth = V::size();
-  const std::array<float*, sizeof...(Out)> arrays{out...};
+  constexpr std::size_t kOut = sizeof...(Out);
+  const std::array<float*, kOut> arrays{out...};
+  std::size_t i = begin;
   for (; i + kWidth <= end; i += kWidth) {
     [&]<std::size_t... k>(std::index_sequence<k...>) {
-      V values[sizeof...(Out)] = {V(arrays[k] + i, stdx::element_aligned)...};
+      V values[kOut] = {V(arrays[k] + i, stdx::element_aligned)...};
       rule(V(in + i, stdx::element_aligned), values[k]...);
       (values[k].copy_to(arrays[k] + i, stdx::element_aligned), ...);
-    }(std::index_sequence_for<Out...>{});
+    }(std::make_index_sequence<kOut>{});
   }
+  if (i == end) return;
+  // The last end - i < kWidth elements, in one vector padded with zeros (whatever the rule
+  // makes of the padding is dropped).
+  const std::size_t n = end - i;
+  float padded_in[kWidth] = {};
+  float padded[kOut][kWidth] = {};
+  std::copy_n(in + i, n, padded_in);
+  for (std::size_t k = 0; k < kOut; ++k) std::copy_n(arrays[k] + i, n, padded[k]);
+  [&]<std::size_t... k>(std::index_sequence<k...>) {
+    V values[kOut] = {V(padded[k], stdx::element_aligned)...};
+    rule(V(padded_in, stdx::element_aligned), values[k]...);
+    (values[k].copy_to(padded[k], stdx::element_aligned), ...);
+  }(std::make_index_sequence<kOut>{});
+  for (std::size_t k = 0; k < kOut; ++k) std::copy_n(padded[k], n, arrays[k] + i);
+#else
+  for (std::size_t i = begin; i < end; ++i) rule(in[i], out[i]...);
 #endif
-  for (; i < end; ++i) rule(in[i], out[i]...);
 }
 
 }  // namespace pulley::detail
