@@ -8965,6 +8965,7 @@ namespace pulley::detail {
 /// std::experimental::simd: libstdc++ 11 and later), false where it runs one value at a
 /// time.
 #if defined(__cpp_lib_experimental_parallel_simd) && __cpp_lib_experimental_parallel_simd >= 201803L
+#define PULLEY_DETAIL_VECTOR_LANES 1
 inline constexpr bool kVectorLanes = true;
 #else
 inline constexpr bool kVectorLanes = false;
@@ -8990,34 +8991,36 @@ inline constexpr bool kVectorLanes = false;
 template <class Rule, std::same_as<float>... Out>
 void lanewise(std::size_t begin, std::size_t end, Rule&& rule, const float* in, Out*... out) {
   static_assert(sizeof...(Out) > 0, "lanewise writes at least one array");
-#if defined(__cpp_lib_experimental_parallel_simd) && __cpp_lib_experimental_parallel_simd >= 201803L
+#if defined(PULLEY_DETAIL_VECTOR_LANES)
   namespace stdx = std::experimental;
   using V = stdx::native_simd<float>;
   constexpr std::size_t kWidth = V::size();
   constexpr std::size_t kOut = sizeof...(Out);
-  const std::array<float*, kOut> arrays{out...};
-  std::size_t i = begin;
-  for (; i + kWidth <= end; i += kWidth) {
+  // One vector: the rule over kWidth values of `x` and of each `ys[k]`, written back there.
+  const auto run = [&rule](const float* x, const std::array<float*, kOut>& ys) {
     [&]<std::size_t... k>(std::index_sequence<k...>) {
-      V values[kOut] = {V(arrays[k] + i, stdx::element_aligned)...};
-      rule(V(in + i, stdx::element_aligned), values[k]...);
-      (values[k].copy_to(arrays[k] + i, stdx::element_aligned), ...);
+      V values[kOut] = {V(ys[k], stdx::element_aligned)...};
+      rule(V(x, stdx::element_aligned), values[k]...);
+      (values[k].copy_to(ys[k], stdx::element_aligned), ...);
     }(std::make_index_sequence<kOut>{});
-  }
+  };
+  std::size_t i = begin;
+  for (; i + kWidth <= end; i += kWidth) run(in + i, {(out + i)...});
   if (i == end) return;
   // The last end - i < kWidth elements, in one vector padded with zeros (whatever the rule
   // makes of the padding is dropped).
   const std::size_t n = end - i;
+  const std::array<float*, kOut> arrays{(out + i)...};
   float padded_in[kWidth] = {};
   float padded[kOut][kWidth] = {};
+  std::array<float*, kOut> to_padded{};
   std::copy_n(in + i, n, padded_in);
-  for (std::size_t k = 0; k < kOut; ++k) std::copy_n(arrays[k] + i, n, padded[k]);
-  [&]<std::size_t... k>(std::index_sequence<k...>) {
-    V values[kOut] = {V(padded[k], stdx::element_aligned)...};
-    rule(V(padded_in, stdx::element_aligned), values[k]...);
-    (values[k].copy_to(padded[k], stdx::element_aligned), ...);
-  }(std::make_index_sequence<kOut>{});
-  for (std::size_t k = 0; k < kOut; ++k) std::copy_n(padded[k], n, arrays[k] + i);
+  for (std::size_t k = 0; k < kOut; ++k) {
+    std::copy_n(arrays[k], n, padded[k]);
+    to_padded[k] = padded[k];
+  }
+  run(padded_in, to_padded);
+  for (std::size_t k = 0; k < kOut; ++k) std::copy_n(padded[k], n, arrays[k]);
 #else
   for (std::size_t i = begin; i < end; ++i) rule(in[i], out[i]...);
 #endif
