@@ -10,6 +10,9 @@
 //             addresses, prefetched (what memory costs such an update without a lookup).
 //   pull      rows/s of EmbeddingTable::pull of the same batch (rows held), against memcpy
 //             of as many rows from a contiguous array.
+//   duplicate check  ids/s of IdPositions::first_duplicate over the batch cut into requests of
+//             64 × 26 ids (the CTR example's), what a ps does with each table's ids of a
+//             request, against std::unordered_set::insert of the same ids (reserved first).
 //   memory    bytes per row the table holds for 10 M rows of dim 16 (values and Adagrad's
 //             accumulator: 128 bytes), as TableStats::bytes counts it, beside the process's
 //             resident memory growth while they were created.
@@ -28,8 +31,10 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
+#include "pulley/core/id_index.hpp"
 #include "pulley/core/prefetch.hpp"
 #include "pulley/optimizers/adagrad.hpp"
 #include "pulley/optimizers/ftrl.hpp"
@@ -48,6 +53,18 @@ double seconds(const std::function<void()>& f) {
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+/// Round `round`'s two runs, the reference first in even rounds and second in odd ones.
+template <class Reference, class Ours>
+void in_turn(int round, Reference&& reference, Ours&& ours) {
+  if (round % 2 == 0) {
+    reference();
+    ours();
+  } else {
+    ours();
+    reference();
+  }
 }
 
 /// Prints one line: items/s of the case and the reference, their ratio, the rounds' range.
@@ -117,13 +134,7 @@ void bench_apply(const char* name, const O& optimizer, PlainLoop plain, std::siz
       reference.push_back(seconds([&] { plain(contiguous.data(), gradients.data(), ids.size(), dim); }));
       floor.push_back(seconds(floor_loop));
     };
-    if (r % 2 == 0) {
-      run_plain();
-      run_ours();
-    } else {
-      run_ours();
-      run_plain();
-    }
+    in_turn(r, run_plain, run_ours);
   }
   report(name, "plain loop, same math", ours, reference, static_cast<double>(ids.size()));
   report("", "the same, rows scattered", ours, floor, static_cast<double>(ids.size()));
@@ -208,15 +219,41 @@ int run(int argc, char** argv) {
           std::memcpy(out.data(), contiguous.data(), out.size() * sizeof(float));
         }));
       };
-      if (r % 2 == 0) {
-        run_copy();
-        run_ours();
-      } else {
-        run_ours();
-        run_copy();
-      }
+      in_turn(r, run_copy, run_ours);
     }
     report("pull (rows held)", "memcpy of as many rows", ours, reference, static_cast<double>(ids.size()));
+  }
+
+  {
+    // What a ps does first with each table's ids of a request: find an id that comes twice
+    // (TableShard::check). Requests of 64 examples × 26 ids (the CTR example's batch), all
+    // distinct, against std::unordered_set told as many ids first.
+    constexpr std::size_t kRequest = 64 * 26;
+    pulley::IdPositions seen(12345);
+    std::unordered_set<std::uint64_t> set;
+    std::vector<double> ours, reference;
+    const std::size_t requests = ids.size() / kRequest;
+    const auto each = [&](auto&& check) {
+      for (std::size_t r = 0; r < requests; ++r) check(std::span(ids).subspan(r * kRequest, kRequest));
+    };
+    bool twice = false;
+    for (int r = 0; r < rounds; ++r) {
+      auto run_ours = [&] {
+        ours.push_back(seconds([&] { each([&](auto request) { twice |= seen.first_duplicate(request) != nullptr; }); }));
+      };
+      auto run_set = [&] {
+        reference.push_back(seconds([&] {
+          each([&](auto request) {
+            set.clear();
+            set.reserve(request.size());
+            for (const std::uint64_t id : request) twice |= !set.insert(id).second;
+          });
+        }));
+      };
+      in_turn(r, run_set, run_ours);
+    }
+    if (twice) std::abort();  // the batch's ids are distinct
+    report("duplicate check", "std::unordered_set", ours, reference, static_cast<double>(requests * kRequest));
   }
 
   {
