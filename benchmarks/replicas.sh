@@ -6,6 +6,7 @@
 # resident memory and the CPU seconds the ps tasks and the workers used, then the medians
 # and the ratios (copies / none).
 #   benchmarks/replicas.sh BUILD_DIR [ROUNDS]      (BENCHMARKS.md, "Failures")
+# EXAMPLES="ctr" (or "fashion_mnist") runs one of them only.
 set -uo pipefail
 build=$1
 rounds=${2:-3}
@@ -42,7 +43,7 @@ ctr_data=$work/ctr-data
 ctr=(--train-examples 200000 --test-examples 20000 --vocabulary 2000 --batch 64 --epochs 1 --data-dir "$ctr_data")
 "$build/examples/ctr" "${ctr[@]}" --epochs 1 --train-examples 1000 --test-examples 1000 >/dev/null 2>&1 || true  # writes the data once
 
-for example in fashion_mnist ctr; do
+for example in ${EXAMPLES:-fashion_mnist ctr}; do
   for copies in 0 1; do : >"$work/$example-$copies.results"; done
   for round in $(seq 1 "$rounds"); do
     for copies in 0 1; do
