@@ -2361,7 +2361,6 @@ concept AppliesWhenComputed = requires { requires M::kAppliesWhenComputed; };
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <initializer_list>
 #include <limits>
 #include <optional>
 #include <ranges>
@@ -2403,20 +2402,12 @@ inline void fold_ordinary(std::uint32_t& lane, float x) noexcept {
   lane |= (bits & 0x7F800000U) + 0x22800000U;
 }
 
-/// `fold_ordinary` of a value that must not be negative either (a sum of squares).
-inline void fold_ordinary_non_negative(std::uint32_t& lane, float x) noexcept {
-  std::uint32_t bits;
-  std::memcpy(&bits, &x, sizeof bits);
-  lane |= ((bits & 0x7F800000U) + 0x22800000U) | (bits & 0x80000000U);
-}
-
 /// True if every element is below kOrdinaryMagnitude in magnitude (so finite): one
-/// vectorized pass, as `all_finite`. `Fold` = fold_ordinary_non_negative: and at least 0.
-template <void (*Fold)(std::uint32_t&, float) noexcept = fold_ordinary>
-bool all_ordinary(std::span<const float> values) noexcept {
+/// vectorized pass, as `all_finite`.
+inline bool all_ordinary(std::span<const float> values) noexcept {
   const float* p = values.data();
   std::uint32_t lane = 0;
-  for (std::size_t i = 0; i < values.size(); ++i) Fold(lane, p[i]);
+  for (std::size_t i = 0; i < values.size(); ++i) fold_ordinary(lane, p[i]);
   return (lane & 0x80000000U) == 0;
 }
 
@@ -2481,28 +2472,6 @@ struct MemberOf<R (C::*)(A...) const noexcept> {
 };
 
 }  // namespace detail
-
-/// Runs `update(begin, end)` over [0, n) in blocks small enough to stay in L1 cache, and
-/// after each block checks what it wrote there: `values` (weights and slots of any sign)
-/// and `non_negative` (slots that must not be negative). Returns kOrdinaryMagnitude if all
-/// are ordinary (`detail::all_ordinary`), else +infinity: the bound `apply_bounded`
-/// returns (BoundsMagnitudes). For an update loop whose body is not a plain arithmetic
-/// expression to fold into (Adam's, Adagrad's and RMSProp's run through
-/// `detail::lanewise` for their square roots): the loop stays as it is, and the check,
-/// which vectorizes, reads what it wrote from L1.
-template <class Update>
-float bounded_in_blocks(std::size_t n, Update&& update, std::initializer_list<float*> values,
-                        std::initializer_list<float*> non_negative = {}) {
-  constexpr std::size_t kBlock = 1024;  // 4 KB per array
-  bool ordinary = true;
-  for (std::size_t begin = 0; begin < n; begin += kBlock) {
-    const std::size_t count = std::min(n - begin, kBlock);
-    update(begin, begin + count);
-    for (float* p : values) ordinary = detail::all_ordinary({p + begin, count}) && ordinary;
-    for (float* p : non_negative) ordinary = detail::all_ordinary<detail::fold_ordinary_non_negative>({p + begin, count}) && ordinary;
-  }
-  return magnitude_bound(ordinary);
-}
 
 /// True if `x`, an upper bound computed in double of what an update writes, leaves room
 /// for float rounding under kFiniteBound (a proof of `stays_finite_given`).
@@ -8951,8 +8920,11 @@ inline constexpr Version version{PULLEY_VERSION_MAJOR, PULLEY_VERSION_MINOR, PUL
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #if __has_include(<experimental/simd>)
@@ -8971,10 +8943,93 @@ inline constexpr bool kVectorLanes = true;
 inline constexpr bool kVectorLanes = false;
 #endif
 
+/// `lanewise` and `lanewise_ordinary` (below): with `kCheck`, also whether each value
+/// written is ordinary. On the values' bits, as `fold_ordinary` does (integer operations,
+/// which no floating-point option such as -ffinite-math-only lets the compiler rewrite):
+/// the exponent field plus 69 carries into the top bit exactly for magnitudes of 2^60 and
+/// up, Inf and NaN among them; for the arrays that must not be negative, the sign bit too.
+template <bool kCheck, std::size_t kSigned, class Rule, std::same_as<float>... Out>
+bool lanes(std::size_t begin, std::size_t end, Rule rule, const float* in, Out*... out) {
+  // `rule` is a copy of the caller's, local here: no store through `out` can reach what it
+  // captured by value, so its constants stay in registers for the whole loop.
+  static_assert(sizeof...(Out) > 0, "lanewise writes at least one array");
+  constexpr std::size_t kOut = sizeof...(Out);
+  static constexpr std::uint32_t kExponent = 0x7F800000U;
+  static constexpr std::uint32_t kCarry = 0x22800000U;  // 69 in the exponent's bits: 127 + 60 + 69 = 256
+  static constexpr std::uint32_t kSign = 0x80000000U;
+  static_assert(kOrdinaryMagnitude == 0x1p60F, "the carry is for 2^60");
+  // Folds `bits`, a value written to array k (or a vector of them), into `lane`.
+  const auto fold = []<std::size_t k>(std::integral_constant<std::size_t, k>, auto& lane, const auto& bits) {
+    if constexpr (k < kSigned) {
+      lane |= (bits & kExponent) + kCarry;
+    } else {
+      lane |= ((bits & kExponent) + kCarry) | (bits & kSign);
+    }
+  };
+  std::uint32_t lane = 0;  // the scalar values' fold
+  const auto fold_scalars = [&](std::size_t i, const auto&... arrays) {
+    [&]<std::size_t... k>(std::index_sequence<k...>) {
+      const std::array<float, kOut> written{arrays[i]...};
+      (fold(std::integral_constant<std::size_t, k>{}, lane, std::bit_cast<std::uint32_t>(written[k])), ...);
+    }(std::make_index_sequence<kOut>{});
+  };
+#if defined(PULLEY_DETAIL_VECTOR_LANES)
+  namespace stdx = std::experimental;
+  using V = stdx::native_simd<float>;
+  using U = stdx::rebind_simd_t<std::uint32_t, V>;
+  static_assert(sizeof(U) == sizeof(V) && std::is_trivially_copyable_v<U> && std::is_trivially_copyable_v<V>,
+                "a vector of floats and one of their bits are bit casts of each other");
+  constexpr std::size_t kWidth = V::size();
+  U lanes_folded = 0;
+  // One vector: the rule over kWidth values of `x` and of each `ys[k]`, written back there
+  // (with kCheck, the values written folded into `lanes_folded`).
+  const auto run = [&](const float* x, const std::array<float*, kOut>& ys, bool check) {
+    [&]<std::size_t... k>(std::index_sequence<k...>) {
+      V values[kOut] = {V(ys[k], stdx::element_aligned)...};
+      rule(V(x, stdx::element_aligned), values[k]...);
+      if (kCheck && check) (fold(std::integral_constant<std::size_t, k>{}, lanes_folded, std::bit_cast<U>(values[k])), ...);
+      (values[k].copy_to(ys[k], stdx::element_aligned), ...);
+    }(std::make_index_sequence<kOut>{});
+  };
+  std::size_t i = begin;
+  for (; i + kWidth <= end; i += kWidth) run(in + i, {(out + i)...}, true);
+  if (i < end) {
+    // The last end - i < kWidth elements, in one vector padded with zeros; what the rule
+    // makes of the padding is dropped, and only the elements written are checked.
+    const std::size_t n = end - i;
+    const std::array<float*, kOut> arrays{(out + i)...};
+    float padded_in[kWidth] = {};
+    float padded[kOut][kWidth] = {};
+    std::array<float*, kOut> to_padded{};
+    std::copy_n(in + i, n, padded_in);
+    for (std::size_t k = 0; k < kOut; ++k) {
+      std::copy_n(arrays[k], n, padded[k]);
+      to_padded[k] = padded[k];
+    }
+    run(padded_in, to_padded, false);
+    for (std::size_t k = 0; k < kOut; ++k) std::copy_n(padded[k], n, arrays[k]);
+    if constexpr (kCheck) {
+      for (std::size_t j = 0; j < n; ++j) fold_scalars(j, (out + i)...);
+    }
+  }
+  if constexpr (!kCheck) return true;
+  return (lane & kSign) == 0 && stdx::none_of((lanes_folded & kSign) != 0U);
+#else
+  for (std::size_t i = begin; i < end; ++i) {
+    rule(in[i], out[i]...);
+    if constexpr (kCheck) fold_scalars(i, out...);
+  }
+  return (lane & kSign) == 0;
+#endif
+}
+
 /// Runs `rule(in[i], out[i]...)` for every i in [begin, end): `in` is read, each `out` is
 /// read and written through the references the rule gets. The rule is a generic lambda
 /// written once for a value and for a vector of them: it calls `sqrt` unqualified after
-/// `using std::sqrt;`, and mixes its arguments with plain floats.
+/// `using std::sqrt;`, and mixes its arguments with plain floats. The rule is copied (so it
+/// must be copyable, and a state of its own does not outlive the call): one that captures
+/// its constants by value has them kept in registers (captured by reference, they are read
+/// again for every vector, as a store through `out` might have changed them).
 ///
 /// Why not a plain loop: `std::sqrt` may set errno, so a loop over it does not vectorize
 /// unless the user builds with -fno-math-errno, which a header-only library cannot ask
@@ -8990,40 +9045,19 @@ inline constexpr bool kVectorLanes = false;
 /// bit, alike on every task built the same way.
 template <class Rule, std::same_as<float>... Out>
 void lanewise(std::size_t begin, std::size_t end, Rule&& rule, const float* in, Out*... out) {
-  static_assert(sizeof...(Out) > 0, "lanewise writes at least one array");
-#if defined(PULLEY_DETAIL_VECTOR_LANES)
-  namespace stdx = std::experimental;
-  using V = stdx::native_simd<float>;
-  constexpr std::size_t kWidth = V::size();
-  constexpr std::size_t kOut = sizeof...(Out);
-  // One vector: the rule over kWidth values of `x` and of each `ys[k]`, written back there.
-  const auto run = [&rule](const float* x, const std::array<float*, kOut>& ys) {
-    [&]<std::size_t... k>(std::index_sequence<k...>) {
-      V values[kOut] = {V(ys[k], stdx::element_aligned)...};
-      rule(V(x, stdx::element_aligned), values[k]...);
-      (values[k].copy_to(ys[k], stdx::element_aligned), ...);
-    }(std::make_index_sequence<kOut>{});
-  };
-  std::size_t i = begin;
-  for (; i + kWidth <= end; i += kWidth) run(in + i, {(out + i)...});
-  if (i == end) return;
-  // The last end - i < kWidth elements, in one vector padded with zeros (whatever the rule
-  // makes of the padding is dropped).
-  const std::size_t n = end - i;
-  const std::array<float*, kOut> arrays{(out + i)...};
-  float padded_in[kWidth] = {};
-  float padded[kOut][kWidth] = {};
-  std::array<float*, kOut> to_padded{};
-  std::copy_n(in + i, n, padded_in);
-  for (std::size_t k = 0; k < kOut; ++k) {
-    std::copy_n(arrays[k], n, padded[k]);
-    to_padded[k] = padded[k];
-  }
-  run(padded_in, to_padded);
-  for (std::size_t k = 0; k < kOut; ++k) std::copy_n(padded[k], n, arrays[k]);
-#else
-  for (std::size_t i = begin; i < end; ++i) rule(in[i], out[i]...);
-#endif
+  (void)lanes<false, 0>(begin, end, rule, in, out...);
+}
+
+/// `lanewise`, and true if every value it wrote is ordinary (its magnitude below
+/// kOrdinaryMagnitude, so neither NaN nor Inf), the values of the first `kSigned` arrays of
+/// `out` of any sign and those of the others not negative either, -0 included (sums of
+/// squares, whose square root an optimizer takes): what an optimizer's `apply_bounded` says
+/// of the values it leaves (BoundsMagnitudes), judged in the lanes that computed them,
+/// while they are in registers, not by reading them again.
+template <std::size_t kSigned, class Rule, std::same_as<float>... Out>
+bool lanewise_ordinary(std::size_t begin, std::size_t end, Rule&& rule, const float* in, Out*... out) {
+  static_assert(kSigned <= sizeof...(Out), "kSigned counts arrays of out");
+  return lanes<true, kSigned>(begin, end, rule, in, out...);
 }
 
 }  // namespace pulley::detail
@@ -9137,19 +9171,15 @@ struct Adagrad {
                std::size_t n) const {
     const float lr = learning_rate;
     const float eps = epsilon;
-    return bounded_in_blocks(
-        n,
-        [&](std::size_t begin, std::size_t end) {
-          detail::lanewise(
-              begin, end,
-              [&](auto gi, auto& wi, auto& ai) {
-                using std::sqrt;  // or the vector one (detail::lanewise)
-                ai += gi * gi;
-                wi -= lr * gi / (sqrt(ai) + eps);
-              },
-              g, w, accumulator);
+    const bool ordinary = detail::lanewise_ordinary<1>(  // w of any sign, the accumulator not negative
+        0, n,
+        [=](auto gi, auto& wi, auto& ai) {  // (by value: the constants stay in registers)
+          using std::sqrt;  // or the vector one (detail::lanewise)
+          ai += gi * gi;
+          wi -= lr * gi / (sqrt(ai) + eps);
         },
-        {w}, {accumulator});
+        g, w, accumulator);
+    return magnitude_bound(ordinary);
   }
 };
 static_assert(Optimizer<Adagrad>);
@@ -9294,20 +9324,16 @@ struct Adam {
     const float b1 = beta_1;
     const float b2 = beta_2;
     const float eps = epsilon;
-    return bounded_in_blocks(
-        n,
-        [&](std::size_t begin, std::size_t end) {
-          detail::lanewise(
-              begin, end,
-              [&](auto gi, auto& wi, auto& mi, auto& vi) {
-                using std::sqrt;  // or the vector one (detail::lanewise)
-                mi = b1 * mi + (1.0F - b1) * gi;
-                vi = b2 * vi + (1.0F - b2) * gi * gi;
-                wi -= lr_t * mi / (sqrt(vi) + eps);
-              },
-              g, w, m, v);
+    const bool ordinary = detail::lanewise_ordinary<2>(  // w and m of any sign, v not negative
+        0, n,
+        [=](auto gi, auto& wi, auto& mi, auto& vi) {  // (by value: the constants stay in registers)
+          using std::sqrt;  // or the vector one (detail::lanewise)
+          mi = b1 * mi + (1.0F - b1) * gi;
+          vi = b2 * vi + (1.0F - b2) * gi * gi;
+          wi -= lr_t * mi / (sqrt(vi) + eps);
         },
-        {w, m}, {v});
+        g, w, m, v);
+    return magnitude_bound(ordinary);
   }
 
   /// lr_t of update number t.
@@ -9767,14 +9793,9 @@ struct RmsProp {
   float update(float* __restrict w, float* __restrict ms, float* __restrict mom,
                const float* __restrict g, std::size_t n) const {
     const Terms k = terms();
-    return bounded_in_blocks(
-        n,
-        [&](std::size_t begin, std::size_t end) {
-          detail::lanewise(
-              begin, end, [&](auto gi, auto& wi, auto& msi, auto& momi) { step(k, wi, msi, momi, gi); }, g, w, ms,
-              mom);
-        },
-        {w, mom}, {ms});
+    const bool ordinary = detail::lanewise_ordinary<2>(  // w and the momentum of any sign, ms not negative
+        0, n, [k](auto gi, auto& wi, auto& momi, auto& msi) { step(k, wi, msi, momi, gi); }, g, w, mom, ms);
+    return magnitude_bound(ordinary);
   }
 };
 static_assert(Optimizer<RmsProp>);

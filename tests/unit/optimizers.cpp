@@ -94,11 +94,11 @@ TEST_CASE("Adam: bias correction folded into the step size, as TensorFlow does")
 
 TEST_CASE("Adam, Adagrad and RMSProp compute every element as the scalar rule does, bit for bit") {
   // Their updates run a vector of lanes at a time where the standard library has
-  // std::experimental::simd (detail::lanewise), over 1024-element blocks. 2 051 elements:
-  // two whole blocks and a short one of 3, less than a vector of any width (the padded
-  // tail). The references below are the rules as plain loops. Where the target fuses a
-  // multiply and an add (__FP_FAST_FMAF: -march=native, aarch64) the compiler may fuse
-  // either side's, so there an element may differ in its last bits.
+  // std::experimental::simd (detail::lanewise_ordinary). 2 051 elements: whole vectors and
+  // a short tail of 3, less than a vector of any width (the padded tail). The references
+  // below are the rules as plain loops. Where the target fuses a multiply and an add
+  // (__FP_FAST_FMAF: -march=native, aarch64) the compiler may fuse either side's, so there
+  // an element may differ in its last bits.
   MESSAGE("vector lanes: " << (pulley::detail::kVectorLanes ? "yes" : "no (the plain loop)"));
   constexpr std::size_t n = 2051;
   std::mt19937 rng(7);
@@ -171,6 +171,59 @@ TEST_CASE("Adam, Adagrad and RMSProp compute every element as the scalar rule do
     CHECK(same_bits(state.momentum, mom));
     CHECK(same_bits(applied, w));
   }
+}
+
+TEST_CASE("lanewise_ordinary judges every value it wrote, in whole vectors and in the tail") {
+  // Two rules: `copy` writes its input to both arrays, `flip` writes it to the first and its
+  // negation to the second. The first array may hold any sign; the second must not be
+  // negative (kSigned = 1), or may (kSigned = 2). One value of every kind at every place of
+  // ranges of 1 to 40 elements (whole vectors of any width, every tail length); the rest
+  // 0.25. The verdict is worked out here from the values' magnitudes and sign bits.
+  const float limit = pulley::kOrdinaryMagnitude;
+  const float inf = std::numeric_limits<float>::infinity();
+  const float kinds[] = {0.5F,   std::nextafter(limit, 0.0F), limit, -std::nextafter(limit, 0.0F), -limit, -1.0F,
+                         std::numeric_limits<float>::quiet_NaN(), inf, -inf, -0.0F, 0.0F};
+  const auto ordinary = [&](float x) { return std::abs(x) < limit; };  // false for NaN
+  const auto not_negative = [&](float x) { return ordinary(x) && !std::signbit(x); };  // -0 is negative
+  const auto copy = [](auto x, auto& a, auto& b) {
+    a = x;
+    b = x;
+  };
+  const auto flip = [](auto x, auto& a, auto& b) {
+    a = x;
+    b = -x;
+  };
+  int checked = 0;
+  for (std::size_t n = 1; n <= 40; ++n) {
+    for (std::size_t at = 0; at < n; ++at) {
+      for (const float kind : kinds) {
+        std::vector<float> in(n, 0.25F), a(n), b(n);
+        in[at] = kind;
+        CAPTURE(n);
+        CAPTURE(at);
+        CAPTURE(kind);
+        CHECK(pulley::detail::lanewise_ordinary<1>(0, n, copy, in.data(), a.data(), b.data()) ==
+              (ordinary(kind) && not_negative(kind)));
+        CHECK(pulley::detail::lanewise_ordinary<2>(0, n, copy, in.data(), a.data(), b.data()) == ordinary(kind));
+        CHECK(std::memcmp(a.data(), in.data(), n * sizeof(float)) == 0);  // written as lanewise writes
+        // The other 0.25s flip to -0.25: the second array is negative wherever n > 1.
+        CHECK(pulley::detail::lanewise_ordinary<1>(0, n, flip, in.data(), a.data(), b.data()) ==
+              (n == 1 && ordinary(kind) && not_negative(-kind)));
+        CHECK(pulley::detail::lanewise_ordinary<2>(0, n, flip, in.data(), a.data(), b.data()) == ordinary(kind));
+        ++checked;
+      }
+    }
+  }
+  CHECK(checked == 820 * static_cast<int>(std::size(kinds)));
+  // A range that starts past 0 (begin) checks only its own elements.
+  std::vector<float> in(20, 0.25F), a(20), b(20);
+  in[2] = std::numeric_limits<float>::quiet_NaN();
+  CHECK(pulley::detail::lanewise_ordinary<1>(3, 20, copy, in.data(), a.data(), b.data()));
+  CHECK_FALSE(pulley::detail::lanewise_ordinary<1>(2, 20, copy, in.data(), a.data(), b.data()));
+  // Only the second array negative, everywhere: flip of positives.
+  std::vector<float> positive(33, 0.5F), a33(33), b33(33);
+  CHECK_FALSE(pulley::detail::lanewise_ordinary<1>(0, 33, flip, positive.data(), a33.data(), b33.data()));
+  CHECK(pulley::detail::lanewise_ordinary<2>(0, 33, flip, positive.data(), a33.data(), b33.data()));
 }
 
 TEST_CASE("optimizer state is per part: two parts updated independently stay independent") {
@@ -392,6 +445,14 @@ TEST_CASE("stock optimizers bound magnitudes: apply_bounded bounds what apply wr
   CHECK_FALSE(adam.stays_finite(negative, w, g));
   auto measured = negative;
   CHECK(adam.apply_bounded(measured, w, g) == std::numeric_limits<float>::infinity());
+  // RMSProp's mean square slightly below 0 with a zero gradient: its square root (of ms +
+  // epsilon) and the weight stay finite, but the slot is negative: nothing is known.
+  const pulley::RmsProp rms{0.1F};
+  auto slightly = rms.make_state(3);
+  for (float& ms : slightly.rms) ms = -rms.epsilon / 4;
+  std::vector<float> w3(3, 1.0F);
+  CHECK(rms.apply_bounded(slightly, w3, std::vector<float>(3, 0.0F)) == std::numeric_limits<float>::infinity());
+  CHECK(std::isfinite(w3[0]));
   const pulley::Adagrad adagrad{0.1F};
   auto below = adagrad.make_state(1);
   below.accumulator[0] = -4.0F;

@@ -8,7 +8,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <initializer_list>
 #include <limits>
 #include <optional>
 #include <ranges>
@@ -72,28 +71,6 @@ struct MemberOf<R (C::*)(A...) const noexcept> {
 };
 
 }  // namespace detail
-
-/// Runs `update(begin, end)` over [0, n) in blocks small enough to stay in L1 cache, and
-/// after each block checks what it wrote there: `values` (weights and slots of any sign)
-/// and `non_negative` (slots that must not be negative). Returns kOrdinaryMagnitude if all
-/// are ordinary (`detail::all_ordinary`), else +infinity: the bound `apply_bounded`
-/// returns (BoundsMagnitudes). For an update loop whose body is not a plain arithmetic
-/// expression to fold into (Adam's, Adagrad's and RMSProp's run through
-/// `detail::lanewise` for their square roots): the loop stays as it is, and the check,
-/// which vectorizes, reads what it wrote from L1.
-template <class Update>
-float bounded_in_blocks(std::size_t n, Update&& update, std::initializer_list<float*> values,
-                        std::initializer_list<float*> non_negative = {}) {
-  constexpr std::size_t kBlock = 1024;  // 4 KB per array
-  bool ordinary = true;
-  for (std::size_t begin = 0; begin < n; begin += kBlock) {
-    const std::size_t count = std::min(n - begin, kBlock);
-    update(begin, begin + count);
-    for (float* p : values) ordinary = detail::all_ordinary({p + begin, count}) && ordinary;
-    for (float* p : non_negative) ordinary = detail::all_ordinary<detail::fold_ordinary_non_negative>({p + begin, count}) && ordinary;
-  }
-  return magnitude_bound(ordinary);
-}
 
 /// True if `x`, an upper bound computed in double of what an update writes, leaves room
 /// for float rounding under kFiniteBound (a proof of `stays_finite_given`).

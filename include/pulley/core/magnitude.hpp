@@ -31,20 +31,12 @@ inline void fold_ordinary(std::uint32_t& lane, float x) noexcept {
   lane |= (bits & 0x7F800000U) + 0x22800000U;
 }
 
-/// `fold_ordinary` of a value that must not be negative either (a sum of squares).
-inline void fold_ordinary_non_negative(std::uint32_t& lane, float x) noexcept {
-  std::uint32_t bits;
-  std::memcpy(&bits, &x, sizeof bits);
-  lane |= ((bits & 0x7F800000U) + 0x22800000U) | (bits & 0x80000000U);
-}
-
 /// True if every element is below kOrdinaryMagnitude in magnitude (so finite): one
-/// vectorized pass, as `all_finite`. `Fold` = fold_ordinary_non_negative: and at least 0.
-template <void (*Fold)(std::uint32_t&, float) noexcept = fold_ordinary>
-bool all_ordinary(std::span<const float> values) noexcept {
+/// vectorized pass, as `all_finite`.
+inline bool all_ordinary(std::span<const float> values) noexcept {
   const float* p = values.data();
   std::uint32_t lane = 0;
-  for (std::size_t i = 0; i < values.size(); ++i) Fold(lane, p[i]);
+  for (std::size_t i = 0; i < values.size(); ++i) fold_ordinary(lane, p[i]);
   return (lane & 0x80000000U) == 0;
 }
 

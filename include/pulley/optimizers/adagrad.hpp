@@ -123,19 +123,15 @@ struct Adagrad {
                std::size_t n) const {
     const float lr = learning_rate;
     const float eps = epsilon;
-    return bounded_in_blocks(
-        n,
-        [&](std::size_t begin, std::size_t end) {
-          detail::lanewise(
-              begin, end,
-              [&](auto gi, auto& wi, auto& ai) {
-                using std::sqrt;  // or the vector one (detail::lanewise)
-                ai += gi * gi;
-                wi -= lr * gi / (sqrt(ai) + eps);
-              },
-              g, w, accumulator);
+    const bool ordinary = detail::lanewise_ordinary<1>(  // w of any sign, the accumulator not negative
+        0, n,
+        [=](auto gi, auto& wi, auto& ai) {  // (by value: the constants stay in registers)
+          using std::sqrt;  // or the vector one (detail::lanewise)
+          ai += gi * gi;
+          wi -= lr * gi / (sqrt(ai) + eps);
         },
-        {w}, {accumulator});
+        g, w, accumulator);
+    return magnitude_bound(ordinary);
   }
 };
 static_assert(Optimizer<Adagrad>);

@@ -138,20 +138,16 @@ struct Adam {
     const float b1 = beta_1;
     const float b2 = beta_2;
     const float eps = epsilon;
-    return bounded_in_blocks(
-        n,
-        [&](std::size_t begin, std::size_t end) {
-          detail::lanewise(
-              begin, end,
-              [&](auto gi, auto& wi, auto& mi, auto& vi) {
-                using std::sqrt;  // or the vector one (detail::lanewise)
-                mi = b1 * mi + (1.0F - b1) * gi;
-                vi = b2 * vi + (1.0F - b2) * gi * gi;
-                wi -= lr_t * mi / (sqrt(vi) + eps);
-              },
-              g, w, m, v);
+    const bool ordinary = detail::lanewise_ordinary<2>(  // w and m of any sign, v not negative
+        0, n,
+        [=](auto gi, auto& wi, auto& mi, auto& vi) {  // (by value: the constants stay in registers)
+          using std::sqrt;  // or the vector one (detail::lanewise)
+          mi = b1 * mi + (1.0F - b1) * gi;
+          vi = b2 * vi + (1.0F - b2) * gi * gi;
+          wi -= lr_t * mi / (sqrt(vi) + eps);
         },
-        {w, m}, {v});
+        g, w, m, v);
+    return magnitude_bound(ordinary);
   }
 
   /// lr_t of update number t.

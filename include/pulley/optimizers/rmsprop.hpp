@@ -150,14 +150,9 @@ struct RmsProp {
   float update(float* __restrict w, float* __restrict ms, float* __restrict mom,
                const float* __restrict g, std::size_t n) const {
     const Terms k = terms();
-    return bounded_in_blocks(
-        n,
-        [&](std::size_t begin, std::size_t end) {
-          detail::lanewise(
-              begin, end, [&](auto gi, auto& wi, auto& msi, auto& momi) { step(k, wi, msi, momi, gi); }, g, w, ms,
-              mom);
-        },
-        {w, mom}, {ms});
+    const bool ordinary = detail::lanewise_ordinary<2>(  // w and the momentum of any sign, ms not negative
+        0, n, [k](auto gi, auto& wi, auto& momi, auto& msi) { step(k, wi, msi, momi, gi); }, g, w, mom, ms);
+    return magnitude_bound(ordinary);
   }
 };
 static_assert(Optimizer<RmsProp>);

@@ -3,9 +3,14 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
+#include <type_traits>
 #include <utility>
+
+#include "pulley/core/magnitude.hpp"
 
 #if __has_include(<experimental/simd>)
 #include <experimental/simd>
@@ -23,10 +28,93 @@ inline constexpr bool kVectorLanes = true;
 inline constexpr bool kVectorLanes = false;
 #endif
 
+/// `lanewise` and `lanewise_ordinary` (below): with `kCheck`, also whether each value
+/// written is ordinary. On the values' bits, as `fold_ordinary` does (integer operations,
+/// which no floating-point option such as -ffinite-math-only lets the compiler rewrite):
+/// the exponent field plus 69 carries into the top bit exactly for magnitudes of 2^60 and
+/// up, Inf and NaN among them; for the arrays that must not be negative, the sign bit too.
+template <bool kCheck, std::size_t kSigned, class Rule, std::same_as<float>... Out>
+bool lanes(std::size_t begin, std::size_t end, Rule rule, const float* in, Out*... out) {
+  // `rule` is a copy of the caller's, local here: no store through `out` can reach what it
+  // captured by value, so its constants stay in registers for the whole loop.
+  static_assert(sizeof...(Out) > 0, "lanewise writes at least one array");
+  constexpr std::size_t kOut = sizeof...(Out);
+  static constexpr std::uint32_t kExponent = 0x7F800000U;
+  static constexpr std::uint32_t kCarry = 0x22800000U;  // 69 in the exponent's bits: 127 + 60 + 69 = 256
+  static constexpr std::uint32_t kSign = 0x80000000U;
+  static_assert(kOrdinaryMagnitude == 0x1p60F, "the carry is for 2^60");
+  // Folds `bits`, a value written to array k (or a vector of them), into `lane`.
+  const auto fold = []<std::size_t k>(std::integral_constant<std::size_t, k>, auto& lane, const auto& bits) {
+    if constexpr (k < kSigned) {
+      lane |= (bits & kExponent) + kCarry;
+    } else {
+      lane |= ((bits & kExponent) + kCarry) | (bits & kSign);
+    }
+  };
+  std::uint32_t lane = 0;  // the scalar values' fold
+  const auto fold_scalars = [&](std::size_t i, const auto&... arrays) {
+    [&]<std::size_t... k>(std::index_sequence<k...>) {
+      const std::array<float, kOut> written{arrays[i]...};
+      (fold(std::integral_constant<std::size_t, k>{}, lane, std::bit_cast<std::uint32_t>(written[k])), ...);
+    }(std::make_index_sequence<kOut>{});
+  };
+#if defined(PULLEY_DETAIL_VECTOR_LANES)
+  namespace stdx = std::experimental;
+  using V = stdx::native_simd<float>;
+  using U = stdx::rebind_simd_t<std::uint32_t, V>;
+  static_assert(sizeof(U) == sizeof(V) && std::is_trivially_copyable_v<U> && std::is_trivially_copyable_v<V>,
+                "a vector of floats and one of their bits are bit casts of each other");
+  constexpr std::size_t kWidth = V::size();
+  U lanes_folded = 0;
+  // One vector: the rule over kWidth values of `x` and of each `ys[k]`, written back there
+  // (with kCheck, the values written folded into `lanes_folded`).
+  const auto run = [&](const float* x, const std::array<float*, kOut>& ys, bool check) {
+    [&]<std::size_t... k>(std::index_sequence<k...>) {
+      V values[kOut] = {V(ys[k], stdx::element_aligned)...};
+      rule(V(x, stdx::element_aligned), values[k]...);
+      if (kCheck && check) (fold(std::integral_constant<std::size_t, k>{}, lanes_folded, std::bit_cast<U>(values[k])), ...);
+      (values[k].copy_to(ys[k], stdx::element_aligned), ...);
+    }(std::make_index_sequence<kOut>{});
+  };
+  std::size_t i = begin;
+  for (; i + kWidth <= end; i += kWidth) run(in + i, {(out + i)...}, true);
+  if (i < end) {
+    // The last end - i < kWidth elements, in one vector padded with zeros; what the rule
+    // makes of the padding is dropped, and only the elements written are checked.
+    const std::size_t n = end - i;
+    const std::array<float*, kOut> arrays{(out + i)...};
+    float padded_in[kWidth] = {};
+    float padded[kOut][kWidth] = {};
+    std::array<float*, kOut> to_padded{};
+    std::copy_n(in + i, n, padded_in);
+    for (std::size_t k = 0; k < kOut; ++k) {
+      std::copy_n(arrays[k], n, padded[k]);
+      to_padded[k] = padded[k];
+    }
+    run(padded_in, to_padded, false);
+    for (std::size_t k = 0; k < kOut; ++k) std::copy_n(padded[k], n, arrays[k]);
+    if constexpr (kCheck) {
+      for (std::size_t j = 0; j < n; ++j) fold_scalars(j, (out + i)...);
+    }
+  }
+  if constexpr (!kCheck) return true;
+  return (lane & kSign) == 0 && stdx::none_of((lanes_folded & kSign) != 0U);
+#else
+  for (std::size_t i = begin; i < end; ++i) {
+    rule(in[i], out[i]...);
+    if constexpr (kCheck) fold_scalars(i, out...);
+  }
+  return (lane & kSign) == 0;
+#endif
+}
+
 /// Runs `rule(in[i], out[i]...)` for every i in [begin, end): `in` is read, each `out` is
 /// read and written through the references the rule gets. The rule is a generic lambda
 /// written once for a value and for a vector of them: it calls `sqrt` unqualified after
-/// `using std::sqrt;`, and mixes its arguments with plain floats.
+/// `using std::sqrt;`, and mixes its arguments with plain floats. The rule is copied (so it
+/// must be copyable, and a state of its own does not outlive the call): one that captures
+/// its constants by value has them kept in registers (captured by reference, they are read
+/// again for every vector, as a store through `out` might have changed them).
 ///
 /// Why not a plain loop: `std::sqrt` may set errno, so a loop over it does not vectorize
 /// unless the user builds with -fno-math-errno, which a header-only library cannot ask
@@ -42,40 +130,19 @@ inline constexpr bool kVectorLanes = false;
 /// bit, alike on every task built the same way.
 template <class Rule, std::same_as<float>... Out>
 void lanewise(std::size_t begin, std::size_t end, Rule&& rule, const float* in, Out*... out) {
-  static_assert(sizeof...(Out) > 0, "lanewise writes at least one array");
-#if defined(PULLEY_DETAIL_VECTOR_LANES)
-  namespace stdx = std::experimental;
-  using V = stdx::native_simd<float>;
-  constexpr std::size_t kWidth = V::size();
-  constexpr std::size_t kOut = sizeof...(Out);
-  // One vector: the rule over kWidth values of `x` and of each `ys[k]`, written back there.
-  const auto run = [&rule](const float* x, const std::array<float*, kOut>& ys) {
-    [&]<std::size_t... k>(std::index_sequence<k...>) {
-      V values[kOut] = {V(ys[k], stdx::element_aligned)...};
-      rule(V(x, stdx::element_aligned), values[k]...);
-      (values[k].copy_to(ys[k], stdx::element_aligned), ...);
-    }(std::make_index_sequence<kOut>{});
-  };
-  std::size_t i = begin;
-  for (; i + kWidth <= end; i += kWidth) run(in + i, {(out + i)...});
-  if (i == end) return;
-  // The last end - i < kWidth elements, in one vector padded with zeros (whatever the rule
-  // makes of the padding is dropped).
-  const std::size_t n = end - i;
-  const std::array<float*, kOut> arrays{(out + i)...};
-  float padded_in[kWidth] = {};
-  float padded[kOut][kWidth] = {};
-  std::array<float*, kOut> to_padded{};
-  std::copy_n(in + i, n, padded_in);
-  for (std::size_t k = 0; k < kOut; ++k) {
-    std::copy_n(arrays[k], n, padded[k]);
-    to_padded[k] = padded[k];
-  }
-  run(padded_in, to_padded);
-  for (std::size_t k = 0; k < kOut; ++k) std::copy_n(padded[k], n, arrays[k]);
-#else
-  for (std::size_t i = begin; i < end; ++i) rule(in[i], out[i]...);
-#endif
+  (void)lanes<false, 0>(begin, end, rule, in, out...);
+}
+
+/// `lanewise`, and true if every value it wrote is ordinary (its magnitude below
+/// kOrdinaryMagnitude, so neither NaN nor Inf), the values of the first `kSigned` arrays of
+/// `out` of any sign and those of the others not negative either, -0 included (sums of
+/// squares, whose square root an optimizer takes): what an optimizer's `apply_bounded` says
+/// of the values it leaves (BoundsMagnitudes), judged in the lanes that computed them,
+/// while they are in registers, not by reading them again.
+template <std::size_t kSigned, class Rule, std::same_as<float>... Out>
+bool lanewise_ordinary(std::size_t begin, std::size_t end, Rule&& rule, const float* in, Out*... out) {
+  static_assert(kSigned <= sizeof...(Out), "kSigned counts arrays of out");
+  return lanes<true, kSigned>(begin, end, rule, in, out...);
 }
 
 }  // namespace pulley::detail
