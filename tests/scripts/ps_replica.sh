@@ -16,7 +16,7 @@
 #   tests/scripts/ps_replica.sh FASHION_MNIST_BINARY
 set -uo pipefail
 binary=$1
-epochs=${EPOCHS:-6}
+epochs=${EPOCHS:-12}  # room after the take-back (about 3 s) for the second kill, on a host twice as fast as ours
 source "$(dirname "$0")/common.sh"
 flags=(--epochs "$epochs" --wait-timeout-ms 120000 --recovery-timeout-ms 60000)
 
