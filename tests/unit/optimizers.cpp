@@ -193,7 +193,6 @@ TEST_CASE("lanewise_ordinary judges every value it wrote, in whole vectors and i
     a = x;
     b = -x;
   };
-  int checked = 0;
   for (std::size_t n = 1; n <= 40; ++n) {
     for (std::size_t at = 0; at < n; ++at) {
       for (const float kind : kinds) {
@@ -210,11 +209,9 @@ TEST_CASE("lanewise_ordinary judges every value it wrote, in whole vectors and i
         CHECK(pulley::detail::lanewise_ordinary<1>(0, n, flip, in.data(), a.data(), b.data()) ==
               (n == 1 && ordinary(kind) && not_negative(-kind)));
         CHECK(pulley::detail::lanewise_ordinary<2>(0, n, flip, in.data(), a.data(), b.data()) == ordinary(kind));
-        ++checked;
       }
     }
   }
-  CHECK(checked == 820 * static_cast<int>(std::size(kinds)));
   // A range that starts past 0 (begin) checks only its own elements.
   std::vector<float> in(20, 0.25F), a(20), b(20);
   in[2] = std::numeric_limits<float>::quiet_NaN();
