@@ -50,7 +50,9 @@ struct Options {
   int replicas_to_aggregate = 0;  // 0: every worker
   std::int64_t staleness = 3;
   int epochs = 10;
+  std::int64_t max_steps = 0;  // 0: every epoch's steps
   std::size_t batch = 64;
+  std::size_t shards = 1;      // parts per variable (FixedShards); 1: whole variables
   std::size_t hidden = 128;  // the hidden layer's width: the model's size
   std::uint64_t seed = 1;
   std::string data = PULLEY_FASHION_MNIST_DIR;
@@ -164,6 +166,12 @@ class Shard {
   std::vector<std::int32_t> labels_;
 };
 
+/// The global step training ends at: every epoch's, or --max-steps where that is fewer.
+std::int64_t last_step(const Options& o, std::int64_t steps_per_epoch) {
+  const std::int64_t all = steps_per_epoch * o.epochs;
+  return o.max_steps > 0 && o.max_steps < all ? o.max_steps : all;
+}
+
 /// Trains with `sync` pacing; `batches_per_step` batches make one global step, which the
 /// epoch is counted in.
 template <class Optimizer, class Sync>
@@ -181,7 +189,7 @@ int train(const pulley::Job& job, const Options& o, const Data& data, Optimizer 
   pulley::Training<pulley::models::Mlp> training;
   training.model = [hidden = o.hidden] { return pulley::models::Mlp({784, hidden, 10}); };
   training.data = [&](const pulley::DataShard& shard) { return Shard(data, o.batch, o.seed, shard); };
-  training.last_step = steps_per_epoch * o.epochs;
+  training.last_step = last_step(o, steps_per_epoch);
   training.evaluate_every = steps_per_epoch;
   training.samples_per_step = static_cast<std::int64_t>(o.batch) * batches_per_step;
   training.steps_per_epoch = steps_per_epoch;
@@ -247,7 +255,8 @@ int train(const pulley::Job& job, const Options& o, const Data& data, Optimizer 
     std::fflush(stdout);
   }
   if (all_reduce) return pulley::run_all_reduce(job, training, optimizer);
-  return pulley::run(job, training, pulley::RoundRobin{}, optimizer, sync);
+  // FixedShards{1} places as RoundRobin does: whole variables, dealt to the ps tasks in turn.
+  return pulley::run(job, training, pulley::FixedShards{o.shards}, optimizer, sync);
 }
 
 /// --mode plain: the same model, data and optimizer in one thread and no ps, the baseline
@@ -257,11 +266,13 @@ int train(const pulley::Job& job, const Options& o, const Data& data, Optimizer 
 /// updates every variable in place. Evaluates and prints as the chief does, at every
 /// epoch; samples/s counts the time up to the last step, as the job's does (the
 /// evaluations before it included: one after another here, beside the workers in the job).
+/// Its final line also gives the mean time of a step's optimizer updates
+/// (update_us_per_step), which benchmarks/scaling.py sets apart from the step's compute.
 template <class Optimizer>
 int train_plain(const Options& o, const Data& data, Optimizer optimizer, std::uint32_t workers) {
   const std::size_t batch = o.batch * workers;
   const auto steps_per_epoch = static_cast<std::int64_t>(data.train.labels.size() / batch);
-  const std::int64_t last_step = steps_per_epoch * o.epochs;
+  const std::int64_t last = last_step(o, steps_per_epoch);
   std::int64_t step = 0;
   pulley::DataShard numbered;
   numbered.number = [&step] { return step; };
@@ -273,17 +284,20 @@ int train_plain(const Options& o, const Data& data, Optimizer optimizer, std::ui
   const pulley::models::MlpBatch test{data.test.images.pixels, data.test.labels};
   std::printf("training 784-%zu-10 on %zu examples: one thread, no ps, %s, batch %zu (%u x %zu), %d epochs (%lld steps)\n",
               o.hidden, data.train.labels.size(), o.optimizer.c_str(), batch, workers, o.batch, o.epochs,
-              static_cast<long long>(last_step));
+              static_cast<long long>(last));
   const auto start = std::chrono::steady_clock::now();
   double seconds = 0.0;
+  double update_seconds = 0.0;  // of them in the optimizer's updates
   pulley::models::Mlp::Evaluation scores;
-  for (; step < last_step;) {
+  for (; step < last;) {
     (void)model.compute_gradients(shard());
     const pulley::UpdateContext context{step, {}, {}, 0};
+    const auto updating = std::chrono::steady_clock::now();
     for (std::size_t v = 0; v < states.size(); ++v) {
       pulley::apply_update(optimizer, states[v], model.parameter(v), model.gradient(v), context);
     }
-    if (++step % steps_per_epoch == 0) {
+    update_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - updating).count();
+    if (++step % steps_per_epoch == 0 || step == last) {
       seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       scores = model.evaluate(test);
       std::printf("epoch %2lld/%d  step %6lld  test_loss %.4f  test_accuracy %.4f  samples/s %.0f  elapsed %.1f s\n",
@@ -297,9 +311,9 @@ int train_plain(const Options& o, const Data& data, Optimizer optimizer, std::ui
     fingerprint = pulley::checkpoint::crc32c(std::span<const float>(model.parameter(v)), fingerprint);
   }
   std::printf("final: test_accuracy=%.4f samples_per_s=%.0f epochs=%d workers=1 ps=0 mode=plain batch=%zu "
-              "parameters_crc32c=%08x\n",
-              scores.accuracy, static_cast<double>(last_step) * static_cast<double>(batch) / seconds, o.epochs, batch,
-              fingerprint);
+              "update_us_per_step=%.1f parameters_crc32c=%08x\n",
+              scores.accuracy, static_cast<double>(last) * static_cast<double>(batch) / seconds, o.epochs, batch,
+              update_seconds / static_cast<double>(last) * 1e6, fingerprint);
   return 0;
 }
 
@@ -344,7 +358,14 @@ int main(int argc, char** argv) {
   app.add_option("--staleness", o.staleness, "ssp: clocks a worker may run ahead of the slowest")
       ->check(CLI::Range(0, 1 << 20));
   app.add_option("--epochs", o.epochs)->check(CLI::Range(1, 1000));
+  app.add_option("--max-steps", o.max_steps,
+                 "end training at this global step, before the last epoch ends (0: every epoch)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40));
   app.add_option("--batch", o.batch, "examples per batch, per worker")->check(CLI::Range(1, 60000));
+  app.add_option("--shards", o.shards,
+                 "parts each variable is split into along its rows, dealt to the ps tasks in turn "
+                 "(FixedShards; 1: whole variables, as RoundRobin places them)")
+      ->check(CLI::Range(1, 1 << 16));
   app.add_option("--hidden", o.hidden, "units of the hidden layer (the model's size: 795 floats per unit, plus 10)")
       ->check(CLI::Range(1, 1 << 16));
   app.add_option("--seed", o.seed);
