@@ -11,8 +11,9 @@
 per task on 127.0.0.1 (scripts/launch_local.sh: P ps tasks, N workers and a chief), sync
 R = N and async, along three axes through one base point (N = 2, P = 2, H = 128):
   - workers: N in 1 2 3 4 6 8;
-  - ps: P in 1 2 3 4, with H = 2048 and every variable split in P parts (--shards P);
-  - model: H in 128 512 2048 8192 16384 32768 65536 (0.1 M to 52 M parameters; --shards 2);
+  - ps: P in 1 2 3 4, with H = 2048;
+  - model: H in 128 512 2048 8192 16384 32768 65536 (0.1 M to 52 M parameters);
+every job with each variable split evenly over its ps tasks (--shards P);
 and, to calibrate the cost model, `--mode plain` (one thread, no ps) at every H, stepping on
 batches of 64 and of 128. Each run trains about S seconds (--max-steps from a first guess
 of its speed). A row of the CSV: the axis, mode, N, P, H, parameters, global steps,
@@ -322,7 +323,7 @@ def command_plot(args: argparse.Namespace) -> None:
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     axes = [("workers", "workers", "workers N (P = 2, 0.1 M parameters)", False),
-            ("ps", "ps", "ps tasks P (N = 2, 1.6 M parameters, --shards P)", False),
+            ("ps", "ps", "ps tasks P (N = 2, 1.6 M parameters)", False),
             ("model", "parameters", "parameters (N = 2, P = 2)", True)]
     for axis, key, label, log in axes:
         chosen = [r for r in rows if r["axis"] == axis and r["mode"] in ("sync", "async")]
