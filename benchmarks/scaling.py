@@ -248,14 +248,10 @@ class Model:
         return self.u[0] + self.u[1] * m
 
     def host(self, row: dict) -> float:
-        """Predicted samples/s of a row's job on this host."""
-        n, m, mode = row["workers"], row["parameters"], row["mode"]
-        w = self.compute(m) + self.k * 8 * m + self.o[mode]
-        u = self.update(m)
-        if mode == "sync":
-            step = max((n * w + u) / min(self.cores, n), w + u)
-            return n * BATCH / step
-        return min(self.cores, n) * BATCH / (w + u)
+        """Predicted samples/s of a row's job on this host (the doc's formulas, as `_linear`
+        writes them)."""
+        const, coef = self._linear(row)
+        return 1.0 / (const + coef[0] * self.k + coef[1] * self.o["sync"] + coef[2] * self.o["async"])
 
     def cluster(self, mode: str, n: int, p: int, m: float, beta: float) -> dict:
         """Predicted samples/s of n workers and p ps tasks, each on its own host."""
