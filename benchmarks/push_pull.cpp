@@ -451,5 +451,27 @@ int main(int argc, char** argv) {
         gb_per_s, "Gf/s", "plain loop");
   print("ps Adam update, gradient bound told (TCP, client)", ps_update(adam, ordinary), gb_per_s, "Gf/s", "Adam::apply alone");
   print("ps Adam update, gradient read again (hand-made push)", ps_update(adam, unknown), gb_per_s, "Gf/s", "Adam::apply alone");
+  // FTRL (Keras' defaults: learning_rate_power -0.5, no regularization) proves nothing from
+  // magnitudes: the ps asks its stays_finite, which runs the rule on copies, then applies.
+  const pulley::Ftrl ftrl{};
+  auto ftrl_state = ftrl.make_state(n);
+  std::vector<float> accumulator(n, ftrl.initial_accumulator_value), linear(n);
+  print("server Ftrl::apply, 16M floats",
+        paired([&] { return time_per_call([&] { ftrl.apply(ftrl_state, w, g); }); },
+               [&] {
+                 return time_per_call([&] {
+                   const float lr = ftrl.learning_rate;
+                   for (std::size_t i = 0; i < n; ++i) {
+                     const float accum_new = accumulator[i] + g[i] * g[i];
+                     const float root_new = std::sqrt(accum_new);
+                     linear[i] += g[i] - (root_new - std::sqrt(accumulator[i])) / lr * w[i];
+                     const float quadratic = root_new / lr;
+                     w[i] = std::abs(linear[i]) > 0.0F ? -linear[i] / quadratic : 0.0F;
+                     accumulator[i] = accum_new;
+                   }
+                 });
+               }),
+        gb_per_s, "Gf/s", "plain loop");
+  print("ps Ftrl update (stays_finite, then apply)", ps_update(ftrl, ordinary), gb_per_s, "Gf/s", "Ftrl::apply alone");
   return 0;
 }

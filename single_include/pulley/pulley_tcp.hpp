@@ -2393,13 +2393,28 @@ inline constexpr float kOrdinaryMagnitude = 0x1p60F;
 
 namespace detail {
 
+/// A float's exponent field, in its bits.
+inline constexpr std::uint32_t kExponentBits = 0x7F800000U;
+/// A float's sign bit, where the folds below gather what they found.
+inline constexpr std::uint32_t kSignBit = 0x80000000U;
+/// 69 in the exponent field's bits: added to the field, it carries into the sign bit
+/// exactly for exponents of 187 (127 + 60, so 2^60) and up, as 187 + 69 = 256.
+inline constexpr std::uint32_t kOrdinaryCarry = 0x22800000U;
+static_assert(kOrdinaryMagnitude == 0x1p60F, "kOrdinaryCarry is for 2^60");
+
 /// Folds `x` into `lane`: its top bit becomes set unless |x| < kOrdinaryMagnitude (NaN and
-/// Inf included). As `all_finite`, with the carry moved: the exponent field plus 69 (in
-/// its own bits) carries into the sign bit exactly for exponents of 187 (2^60) and up.
+/// Inf included). As `all_finite`, with the carry moved (kOrdinaryCarry).
 inline void fold_ordinary(std::uint32_t& lane, float x) noexcept {
   std::uint32_t bits;
   std::memcpy(&bits, &x, sizeof bits);
-  lane |= (bits & 0x7F800000U) + 0x22800000U;
+  lane |= (bits & kExponentBits) + kOrdinaryCarry;
+}
+
+/// `fold_ordinary` of a value that must not be negative either (-0 counts as negative).
+inline void fold_ordinary_non_negative(std::uint32_t& lane, float x) noexcept {
+  std::uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  lane |= ((bits & kExponentBits) + kOrdinaryCarry) | (bits & kSignBit);
 }
 
 /// True if every element is below kOrdinaryMagnitude in magnitude (so finite): one
@@ -2408,7 +2423,15 @@ inline bool all_ordinary(std::span<const float> values) noexcept {
   const float* p = values.data();
   std::uint32_t lane = 0;
   for (std::size_t i = 0; i < values.size(); ++i) fold_ordinary(lane, p[i]);
-  return (lane & 0x80000000U) == 0;
+  return (lane & kSignBit) == 0;
+}
+
+/// True if every element is below kOrdinaryMagnitude in magnitude and none is negative.
+inline bool all_ordinary_non_negative(std::span<const float> values) noexcept {
+  const float* p = values.data();
+  std::uint32_t lane = 0;
+  for (std::size_t i = 0; i < values.size(); ++i) fold_ordinary_non_negative(lane, p[i]);
+  return (lane & kSignBit) == 0;
 }
 
 }  // namespace detail
@@ -2751,7 +2774,9 @@ struct RowContext {
 ///   - it is deterministic, touches nothing but its arguments, and does not throw;
 ///   - what it does to a row with a zero gradient is its business (FTRL's weights move);
 ///   - the ps checks every updated row for finite values and drops the whole update of the
-///     table if one is not, so `apply_row` need not guard against overflow.
+///     table if one is not, so `apply_row` need not guard against overflow (the check is a
+///     copy of each row and a pass over it, unless the optimizer proves rows finite from
+///     magnitudes: BoundsRowMagnitudes, below).
 template <class O>
 concept RowWiseOptimizer = Optimizer<O> &&
     requires(const O& optimizer, std::span<float> weights, std::span<float> slots,
@@ -2761,6 +2786,40 @@ concept RowWiseOptimizer = Optimizer<O> &&
   { optimizer.init_row(slots) } -> std::same_as<void>;
   { optimizer.apply_row(weights, slots, gradient, context) } -> std::same_as<void>;
 };
+
+/// True if a row-wise optimizer proves a row's update finite from magnitudes alone, as
+/// BoundsMagnitudes does for a dense part, so that an embedding table updates proven rows
+/// in place, judging each value in the pass that computes it (EmbeddingTable::apply then
+/// reads and writes each row once, with no copy aside and no second pass):
+///   - `o.apply_row_bounded(weights, slots, gradient, context)` → float: does what
+///     `apply_row` does, and returns a bound that no value or slot of the row exceeds in
+///     magnitude afterwards (the stock ones: kOrdinaryMagnitude when all are below it and
+///     the slots that must not be negative are not, else +infinity: nothing known);
+///   - `o.row_stays_finite_given(largest, largest_gradient, context)` → bool, O(1): true
+///     only if `apply_row` with this `context` (its global_step, updates and table; not its
+///     id) keeps every value and slot of a row within kFiniteBound whenever none of them is
+///     larger than `largest` in magnitude (and the slots that must not be negative are
+///     not) and no gradient element is larger than `largest_gradient`. Conservative, never
+///     optimistic, as `stays_finite`.
+/// A table asks `row_stays_finite_given(kOrdinaryMagnitude, kOrdinaryMagnitude, ...)` once
+/// per update. It holds a row proven while the row's last `apply_row_bounded` returned
+/// kOrdinaryMagnitude or less, or, for a row created or restored since, while every value
+/// and slot of it is ordinary and no slot is negative; any other row is updated in a copy
+/// first and checked, as for an optimizer without these members. Both must be declared by
+/// the class that declares `apply_row` (the same rule), so that a class derived from a stock
+/// optimizer with an `apply_row` of its own is checked by copies.
+template <class O>
+concept BoundsRowMagnitudes = RowWiseOptimizer<O> &&
+    requires(const O& optimizer, std::span<float> weights, std::span<float> slots,
+             std::span<const float> gradient, const RowContext& context, float magnitude) {
+  { optimizer.apply_row_bounded(weights, slots, gradient, context) } -> std::same_as<float>;
+  { optimizer.row_stays_finite_given(magnitude, magnitude, context) } -> std::convertible_to<bool>;
+  &O::apply_row;  // one apply_row, not an overload set
+  &O::apply_row_bounded;
+  &O::row_stays_finite_given;
+} && std::same_as<typename detail::MemberOf<decltype(&O::apply_row)>::type,
+                  typename detail::MemberOf<decltype(&O::apply_row_bounded)>::type> &&
+    detail::DeclaredWith<decltype(&O::apply_row), decltype(&O::row_stays_finite_given)>;
 
 /// Calls whichever form of `apply` the optimizer has.
 template <Optimizer O>
@@ -8954,16 +9013,12 @@ bool lanes(std::size_t begin, std::size_t end, Rule rule, const float* in, Out*.
   // captured by value, so its constants stay in registers for the whole loop.
   static_assert(sizeof...(Out) > 0, "lanewise writes at least one array");
   constexpr std::size_t kOut = sizeof...(Out);
-  static constexpr std::uint32_t kExponent = 0x7F800000U;
-  static constexpr std::uint32_t kCarry = 0x22800000U;  // 69 in the exponent's bits: 127 + 60 + 69 = 256
-  static constexpr std::uint32_t kSign = 0x80000000U;
-  static_assert(kOrdinaryMagnitude == 0x1p60F, "the carry is for 2^60");
   // Folds `bits`, a value written to array k (or a vector of them), into `lane`.
   const auto fold = []<std::size_t k>(std::integral_constant<std::size_t, k>, auto& lane, const auto& bits) {
     if constexpr (k < kSigned) {
-      lane |= (bits & kExponent) + kCarry;
+      lane |= (bits & kExponentBits) + kOrdinaryCarry;
     } else {
-      lane |= ((bits & kExponent) + kCarry) | (bits & kSign);
+      lane |= ((bits & kExponentBits) + kOrdinaryCarry) | (bits & kSignBit);
     }
   };
   std::uint32_t lane = 0;  // the scalar values' fold
@@ -9013,13 +9068,13 @@ bool lanes(std::size_t begin, std::size_t end, Rule rule, const float* in, Out*.
     }
   }
   if constexpr (!kCheck) return true;
-  return (lane & kSign) == 0 && stdx::none_of((lanes_folded & kSign) != 0U);
+  return (lane & kSignBit) == 0 && stdx::none_of((lanes_folded & kSignBit) != 0U);
 #else
   for (std::size_t i = begin; i < end; ++i) {
     rule(in[i], out[i]...);
     if constexpr (kCheck) fold_scalars(i, out...);
   }
-  return (lane & kSign) == 0;
+  return (lane & kSignBit) == 0;
 #endif
 }
 
@@ -9047,6 +9102,19 @@ template <class Rule, std::same_as<float>... Out>
 void lanewise(std::size_t begin, std::size_t end, Rule&& rule, const float* in, Out*... out) {
   (void)lanes<false, 0>(begin, end, rule, in, out...);
 }
+
+/// `mask ? a : b` for one value: the conditional a `lanewise` rule writes, which for a
+/// vector of lanes (below) picks lane by lane.
+inline float choose(bool mask, float a, float b) noexcept { return mask ? a : b; }
+#if defined(PULLEY_DETAIL_VECTOR_LANES)
+/// `choose` for a vector of lanes: a's lanes where `mask` is set, b's elsewhere.
+template <class T, class Abi>
+std::experimental::simd<T, Abi> choose(const std::experimental::simd_mask<T, Abi>& mask,
+                                       const std::experimental::simd<T, Abi>& a, std::experimental::simd<T, Abi> b) {
+  std::experimental::where(mask, b) = a;
+  return b;
+}
+#endif
 
 /// `lanewise`, and true if every value it wrote is ordinary (its magnitude below
 /// kOrdinaryMagnitude, so neither NaN nor Inf), the values of the first `kSigned` arrays of
@@ -9160,8 +9228,20 @@ struct Adagrad {
   /// Updates one table row `w` in place from its gradient `g`, as `apply` does; `slots`
   /// holds the row's accumulator (w.size() floats).
   void apply_row(std::span<float> w, std::span<float> slots, std::span<const float> g,
-                 const RowContext& /*context*/) const {
-    (void)update(w.data(), slots.data(), g.data(), w.size());
+                 const RowContext& context) const {
+    (void)apply_row_bounded(w, slots, g, context);
+  }
+
+  /// `apply_row`, returning a bound of the row's magnitudes afterwards (+infinity if its
+  /// accumulator is negative: BoundsRowMagnitudes).
+  float apply_row_bounded(std::span<float> w, std::span<float> slots, std::span<const float> g,
+                          const RowContext& /*context*/) const {
+    return update(w.data(), slots.data(), g.data(), w.size());
+  }
+
+  /// `stays_finite_given` for a row (BoundsRowMagnitudes): the same rule.
+  [[nodiscard]] bool row_stays_finite_given(float largest, float largest_gradient, const RowContext& /*context*/) const {
+    return stays_finite_given(State{}, largest, largest_gradient);
   }
 
  private:
@@ -9185,6 +9265,7 @@ struct Adagrad {
 static_assert(Optimizer<Adagrad>);
 static_assert(BoundsMagnitudes<Adagrad>);
 static_assert(RowWiseOptimizer<Adagrad>);
+static_assert(BoundsRowMagnitudes<Adagrad>);
 
 }  // namespace pulley
 // ---- end pulley/optimizers/adagrad.hpp ----
@@ -9258,12 +9339,7 @@ struct Adam {
   /// second moments not negative) and each gradient element at most `largest_gradient` in
   /// magnitude: `stays_finite`'s bounds over magnitudes (BoundsMagnitudes).
   [[nodiscard]] bool stays_finite_given(const State& state, float largest, float largest_gradient) const {
-    const double s = largest;
-    const double g = largest_gradient;
-    const double m1 = beta_1 * s + (1.0 - beta_1) * g;
-    const double v1 = beta_2 * s + (1.0 - beta_2) * g * g;
-    const double reach = std::abs(double{step_size(state.t + 1)}) / epsilon;
-    return proven_finite(m1) && proven_finite(v1) && proven_finite(s + reach * m1);
+    return proven_at(step_size(state.t + 1), largest, largest_gradient);
   }
 
   /// The moments, for checkpoints.
@@ -9312,11 +9388,34 @@ struct Adam {
   /// least 1 (the step size of t = 0 is 0/0).
   void apply_row(std::span<float> w, std::span<float> slots, std::span<const float> g,
                  const RowContext& context) const {
+    (void)apply_row_bounded(w, slots, g, context);
+  }
+
+  /// `apply_row`, returning a bound of the row's magnitudes afterwards (+infinity if a
+  /// second moment is negative: BoundsRowMagnitudes).
+  float apply_row_bounded(std::span<float> w, std::span<float> slots, std::span<const float> g,
+                          const RowContext& context) const {
     const std::size_t n = w.size();
-    (void)update(step_size(context.updates), w.data(), slots.data(), slots.data() + n, g.data(), n);
+    return update(step_size(context.updates), w.data(), slots.data(), slots.data() + n, g.data(), n);
+  }
+
+  /// `stays_finite_given` for a row at the table's update `context.updates`
+  /// (BoundsRowMagnitudes): the same bounds at that update's step size.
+  [[nodiscard]] bool row_stays_finite_given(float largest, float largest_gradient, const RowContext& context) const {
+    return proven_at(step_size(context.updates), largest, largest_gradient);
   }
 
  private:
+  /// `stays_finite_given`'s bounds at step size lr_t.
+  [[nodiscard]] bool proven_at(float lr_t, float largest, float largest_gradient) const {
+    const double s = largest;
+    const double g = largest_gradient;
+    const double m1 = beta_1 * s + (1.0 - beta_1) * g;
+    const double v1 = beta_2 * s + (1.0 - beta_2) * g * g;
+    const double reach = std::abs(double{lr_t}) / epsilon;
+    return proven_finite(m1) && proven_finite(v1) && proven_finite(s + reach * m1);
+  }
+
   /// The rule over n elements at step size lr_t, behind `apply` and `apply_row`: a bound
   /// of the magnitudes it leaves (BoundsMagnitudes).
   float update(float lr_t, float* __restrict w, float* __restrict m, float* __restrict v,
@@ -9346,6 +9445,7 @@ struct Adam {
 static_assert(Optimizer<Adam>);
 static_assert(BoundsMagnitudes<Adam>);
 static_assert(RowWiseOptimizer<Adam>);
+static_assert(BoundsRowMagnitudes<Adam>);
 
 }  // namespace pulley
 // ---- end pulley/optimizers/adam.hpp ----
@@ -9429,26 +9529,29 @@ struct Ftrl {
 
   /// True if `apply` keeps every weight and both slots within kFiniteBound. The new weight
   /// is a quotient of two terms that depend on the slots, so no cheap bound holds for every
-  /// state: this works out the update itself (as `apply` does, without storing it) and
-  /// checks its results, which costs about as much as `apply`.
+  /// state: this runs the update itself (`apply`'s own code) on copies of blocks of
+  /// kCheckBlock elements, which stay in L1, and checks its results; it costs about as much
+  /// as `apply`.
   [[nodiscard]] bool stays_finite(const State& state, std::span<const float> w,
                                   std::span<const float> g) const {
-    const Terms k = terms();
-    const float* wp = w.data();
-    const float* gp = g.data();
-    const float* ap = state.accumulator.data();
-    const float* lp = state.linear.data();
-    return with_power([&](auto power) {
-      return bounded(w.size(), [&](std::size_t i, std::uint32_t& lane) {
-        float wi = wp[i];
-        float ai = ap[i];
-        float li = lp[i];
-        step(k, power, wi, ai, li, gp[i]);
-        detail::fold_bound(lane, wi);
-        detail::fold_bound(lane, ai);
-        detail::fold_bound(lane, li);
+    const std::size_t n = w.size();
+    float wb[kCheckBlock];
+    float ab[kCheckBlock];
+    float lb[kCheckBlock];
+    for (std::size_t begin = 0; begin < n; begin += kCheckBlock) {
+      const std::size_t m = std::min(kCheckBlock, n - begin);
+      std::copy_n(w.data() + begin, m, wb);
+      std::copy_n(state.accumulator.data() + begin, m, ab);
+      std::copy_n(state.linear.data() + begin, m, lb);
+      update(wb, ab, lb, g.data() + begin, m);
+      const bool within = bounded(m, [&](std::size_t i, std::uint32_t& lane) {
+        detail::fold_bound(lane, wb[i]);
+        detail::fold_bound(lane, ab[i]);
+        detail::fold_bound(lane, lb[i]);
       });
-    });
+      if (!within) return false;
+    }
+    return true;
   }
 
   /// A table row keeps two slots: its accumulator and its linear term.
@@ -9491,9 +9594,17 @@ struct Ftrl {
             2.0F * l2_shrinkage_regularization_strength};
   }
 
-  /// x^(-p) for p = -0.5, Keras' default: a square root, far cheaper than std::pow.
+  /// Elements `stays_finite` updates in copies at a time.
+  static constexpr std::size_t kCheckBlock = 256;
+
+  /// x^(-p) for p = -0.5, Keras' default: a square root, far cheaper than std::pow, of a
+  /// value or of a vector of lanes (detail::lanewise).
   struct SqrtPower {
-    float operator()(float x) const { return std::sqrt(x); }
+    template <class V>
+    V operator()(V x) const {
+      using std::sqrt;
+      return sqrt(x);
+    }
   };
   /// x^(-p) for any other p.
   struct AnyPower {
@@ -9501,35 +9612,37 @@ struct Ftrl {
     float operator()(float x) const { return std::pow(x, minus_p); }
   };
 
-  /// Calls `f` with the x^(-p) that learning_rate_power asks for, chosen once per update
-  /// rather than per element.
-  template <class F>
-  auto with_power(F&& f) const -> decltype(f(SqrtPower{})) {
-    if (learning_rate_power == -0.5F) return f(SqrtPower{});
-    return f(AnyPower{-learning_rate_power});
-  }
-
-  /// The rule for one element, behind `update` and `stays_finite`.
-  template <class Power>
-  static void step(const Terms& k, Power power, float& w, float& accumulator, float& linear,
-                   float g) {
-    const float g_shrink = g + k.two_l2_shrinkage * w;
-    const float accum_new = accumulator + g * g;
-    const float power_new = power(accum_new);
+  /// The rule for one element, or for a vector of them (detail::lanewise), behind `update`.
+  template <class V, class Power>
+  static void step(const Terms& k, Power power, V& w, V& accumulator, V& linear, V g) {
+    using std::abs;
+    using detail::choose;
+    const V zero(0.0F);
+    const V g_shrink = g + k.two_l2_shrinkage * w;
+    const V accum_new = accumulator + g * g;
+    const V power_new = power(accum_new);
     linear += g_shrink - (power_new - power(accumulator)) / k.lr * w;
-    const float quadratic = power_new / k.lr + k.two_l2_adj;
-    const float sign = linear > 0.0F ? 1.0F : (linear < 0.0F ? -1.0F : 0.0F);
-    w = std::abs(linear) > k.l1 ? (sign * k.l1 - linear) / quadratic : 0.0F;
+    const V quadratic = power_new / k.lr + k.two_l2_adj;
+    const V sign = choose(linear > zero, V(1.0F), choose(linear < zero, V(-1.0F), zero));
+    w = choose(abs(linear) > V(k.l1), (sign * k.l1 - linear) / quadratic, zero);
     accumulator = accum_new;
   }
 
-  /// The rule over n elements, behind `apply` and `apply_row`.
+  /// The rule over n elements, behind `apply`, `apply_row` and `stays_finite`: in vector
+  /// lanes for Keras' learning_rate_power of -0.5 (a square root, bit for bit the scalar
+  /// rule where no multiply and add are fused: detail::lanewise), else one element at a time
+  /// (std::pow has no vector form here).
   void update(float* __restrict w, float* __restrict accumulator, float* __restrict linear,
               const float* __restrict g, std::size_t n) const {
     const Terms k = terms();
-    with_power([&](auto power) {
-      for (std::size_t i = 0; i < n; ++i) step(k, power, w[i], accumulator[i], linear[i], g[i]);
-    });
+    if (learning_rate_power == -0.5F) {
+      detail::lanewise(
+          0, n, [k](auto gi, auto& wi, auto& ai, auto& li) { step(k, SqrtPower{}, wi, ai, li, gi); }, g, w,
+          accumulator, linear);
+      return;
+    }
+    const AnyPower power{-learning_rate_power};
+    for (std::size_t i = 0; i < n; ++i) step(k, power, w[i], accumulator[i], linear[i], g[i]);
   }
 };
 static_assert(Optimizer<Ftrl>);
@@ -9761,9 +9874,21 @@ struct RmsProp {
   /// Updates one table row `w` in place from its gradient `g`, as `apply` does; `slots`
   /// holds the row's rms then its momentum (w.size() floats each).
   void apply_row(std::span<float> w, std::span<float> slots, std::span<const float> g,
-                 const RowContext& /*context*/) const {
+                 const RowContext& context) const {
+    (void)apply_row_bounded(w, slots, g, context);
+  }
+
+  /// `apply_row`, returning a bound of the row's magnitudes afterwards (+infinity if a mean
+  /// square is negative: BoundsRowMagnitudes).
+  float apply_row_bounded(std::span<float> w, std::span<float> slots, std::span<const float> g,
+                          const RowContext& /*context*/) const {
     const std::size_t n = w.size();
-    (void)update(w.data(), slots.data(), slots.data() + n, g.data(), n);
+    return update(w.data(), slots.data(), slots.data() + n, g.data(), n);
+  }
+
+  /// `stays_finite_given` for a row (BoundsRowMagnitudes): the same rule.
+  [[nodiscard]] bool row_stays_finite_given(float largest, float largest_gradient, const RowContext& /*context*/) const {
+    return stays_finite_given(State{}, largest, largest_gradient);
   }
 
  private:
@@ -9801,6 +9926,7 @@ struct RmsProp {
 static_assert(Optimizer<RmsProp>);
 static_assert(BoundsMagnitudes<RmsProp>);
 static_assert(RowWiseOptimizer<RmsProp>);
+static_assert(BoundsRowMagnitudes<RmsProp>);
 
 }  // namespace pulley
 // ---- end pulley/optimizers/rmsprop.hpp ----
@@ -9869,9 +9995,20 @@ struct Sgd {
   void init_row(std::span<float> /*slots*/) const {}
 
   /// Updates one table row `w` in place from its gradient `g`, as `apply` does.
-  void apply_row(std::span<float> w, std::span<float> /*slots*/, std::span<const float> g,
-                 const RowContext& /*context*/) const {
-    (void)update(learning_rate, w.data(), g.data(), w.size());
+  void apply_row(std::span<float> w, std::span<float> slots, std::span<const float> g,
+                 const RowContext& context) const {
+    (void)apply_row_bounded(w, slots, g, context);
+  }
+
+  /// `apply_row`, returning a bound of the row's magnitudes afterwards (BoundsRowMagnitudes).
+  float apply_row_bounded(std::span<float> w, std::span<float> /*slots*/, std::span<const float> g,
+                          const RowContext& /*context*/) const {
+    return update(learning_rate, w.data(), g.data(), w.size());
+  }
+
+  /// `stays_finite_given` for a row (BoundsRowMagnitudes): the same rule.
+  [[nodiscard]] bool row_stays_finite_given(float largest, float largest_gradient, const RowContext& /*context*/) const {
+    return stays_finite_given(State{}, largest, largest_gradient);
   }
 
  private:
@@ -9889,6 +10026,7 @@ struct Sgd {
 static_assert(Optimizer<Sgd>);
 static_assert(BoundsMagnitudes<Sgd>);
 static_assert(RowWiseOptimizer<Sgd>);
+static_assert(BoundsRowMagnitudes<Sgd>);
 
 }  // namespace pulley
 // ---- end pulley/optimizers/sgd.hpp ----
@@ -10984,6 +11122,11 @@ class EmbeddingTable {
   /// gradient in `gradients` (`ids.size() × dim`). A row not held is dropped and counted.
   /// All or nothing: if any updated row would hold a non-finite value, nothing changes and
   /// false is returned (counted in `updates_refused`).
+  ///
+  /// With an optimizer that bounds rows' magnitudes (BoundsRowMagnitudes), an update whose
+  /// gradient is ordinary and whose rows are all proven (see `proven`) is proven finite
+  /// before a row is read, and each row is updated in place in one pass, the pass judging
+  /// the values it writes; only the rows not proven are updated in a copy first and checked.
   bool apply(std::span<const std::uint64_t> ids, std::span<const float> gradients,
              std::int64_t step, std::int64_t updates) {
     if (!prepare(ids, gradients, step, updates)) return false;
@@ -10991,54 +11134,107 @@ class EmbeddingTable {
     return true;
   }
 
-  /// The first half of `apply`: computes the update into scratch memory and returns true
-  /// if every updated row stays finite; nothing changes until `commit`. A ps prepares every
-  /// table of an update, and commits them only if all (and its dense parts) stay finite.
+  /// The first half of `apply`: returns true if every updated row stays finite, having
+  /// computed the rows it could not prove finite in advance into scratch memory; nothing
+  /// changes until `commit`, and `ids` and `gradients` must stay valid until then. A ps
+  /// prepares every table of an update, and commits them only if all (and its dense parts)
+  /// stay finite.
   bool prepare(std::span<const std::uint64_t> ids, std::span<const float> gradients,
                std::int64_t step, std::int64_t updates) {
     const std::size_t d = spec_.dim;
     scratch_rows_.clear();
-    // Updated into a copy first, so that a row going non-finite changes nothing; each row is
-    // copied the moment it is found, while its prefetched record is in cache.
+    in_place_rows_.clear();
+    pending_ = Pending{ids, gradients, updates, false, false};
+    if constexpr (BoundsRowMagnitudes<O>) {
+      const RowContext context{step, updates, spec_.name, 0};
+      pending_.in_place = optimizer_.row_stays_finite_given(kOrdinaryMagnitude, kOrdinaryMagnitude, context) &&
+                          detail::all_ordinary(gradients);
+      if (pending_.in_place && unproven_ == 0) {
+        pending_.one_pass = true;  // every row held is proven: commit finds and updates them
+        return true;
+      }
+    }
+    // A row not proven is updated into a copy first, so that a row going non-finite changes
+    // nothing; each is copied the moment it is found, while its prefetched record is in
+    // cache.
     scratch_.resize(ids.size() * stride_);
     for_each_found(ids, [&](std::size_t i, std::uint32_t row) {
       if (row == kNone) {
         ++stats_.pushes_dropped;
         return;
       }
+      if (pending_.in_place && proven(row)) {
+        in_place_rows_.push_back({row, i});
+        return;
+      }
       std::copy(at(row), at(row) + stride_, scratch_.data() + scratch_rows_.size() * stride_);
       scratch_rows_.push_back({row, i});
     });
     scratch_.resize(scratch_rows_.size() * stride_);
+    scratch_proven_.assign(scratch_rows_.size(), false);
     for (std::size_t k = 0; k < scratch_rows_.size(); ++k) {
       const std::size_t i = scratch_rows_[k].second;
       float* copy = scratch_.data() + k * stride_;
       const RowContext context{step, updates, spec_.name, ids[i]};
-      optimizer_.apply_row(std::span<float>(copy, d), std::span<float>(copy + d, stride_ - d),
-                           gradients.subspan(i * d, d), context);
+      const std::span<float> values(copy, d);
+      const std::span<float> slots(copy + d, stride_ - d);
+      if constexpr (BoundsRowMagnitudes<O>) {
+        scratch_proven_[k] =
+            optimizer_.apply_row_bounded(values, slots, gradients.subspan(i * d, d), context) <= kOrdinaryMagnitude;
+      } else {
+        optimizer_.apply_row(values, slots, gradients.subspan(i * d, d), context);
+      }
     }
     if (!detail::all_finite(scratch_)) {
       ++stats_.updates_refused;
       scratch_rows_.clear();
+      in_place_rows_.clear();
+      pending_ = Pending{};
       return false;
     }
     return true;
   }
 
-  /// The second half of `apply`: writes the prepared rows back (nothing if the last
-  /// `prepare` failed or was committed already).
+  /// The second half of `apply`: updates the proven rows in place and writes the others'
+  /// copies back (nothing if the last `prepare` failed or was committed already).
   void commit(std::int64_t step) {
     constexpr std::size_t kAhead = 8;
+    if (pending_.one_pass) {
+      for_each_found(pending_.ids, [&](std::size_t i, std::uint32_t row) {
+        if (row == kNone) {
+          ++stats_.pushes_dropped;
+          return;
+        }
+        update_in_place(row, i, step);
+      });
+    }
+    for (std::size_t k = 0; k < in_place_rows_.size(); ++k) {
+      if (k + kAhead < in_place_rows_.size()) prefetch_record(in_place_rows_[k + kAhead].first);
+      update_in_place(in_place_rows_[k].first, in_place_rows_[k].second, step);
+    }
     for (std::size_t k = 0; k < scratch_rows_.size(); ++k) {
       if (k + kAhead < scratch_rows_.size()) prefetch_record(scratch_rows_[k + kAhead].first);
       const std::uint32_t row = scratch_rows_[k].first;
       if (frozen_ && row < cut_rows_) keep_for_cut(row);
       std::copy(scratch_.data() + k * stride_, scratch_.data() + (k + 1) * stride_, at(row));
+      if constexpr (BoundsRowMagnitudes<O>) set_proven(row, scratch_proven_[k]);
       touch(row, step);
     }
     scratch_rows_.clear();
+    in_place_rows_.clear();
+    pending_ = Pending{};
   }
 
+  /// True if `row` (< size()) is proven (BoundsRowMagnitudes): its last update returned a
+  /// bound of kOrdinaryMagnitude or less, or, created or restored since, each of its values
+  /// and slots is ordinary and no slot is negative. Always false for other optimizers.
+  [[nodiscard]] bool proven(std::uint32_t row) const noexcept {
+    std::uint32_t flag = 0;
+    std::memcpy(&flag, record(row) + 3, sizeof flag);
+    return flag != 0;
+  }
+  /// Rows held that are not proven.
+  [[nodiscard]] std::size_t unproven() const noexcept { return unproven_; }
   /// Removes the rows untouched (neither pulled nor pushed) since global step
   /// `step - spec.evict_after_steps`, and forgets admission counts as old; returns the rows
   /// removed. Does nothing when the spec keeps rows for ever.
@@ -11163,6 +11359,9 @@ class EmbeddingTable {
     rows_ = 0;
     candidates_.clear();
     scratch_rows_.clear();
+    in_place_rows_.clear();
+    pending_ = Pending{};
+    unproven_ = 0;
     evicted_.clear();
     evictions_since_ = step;
   }
@@ -11180,6 +11379,7 @@ class EmbeddingTable {
     }
     std::copy(row.begin(), row.begin() + static_cast<std::ptrdiff_t>(std::min(row.size(), stride_)), at(r));
     set_touched(r, clamp_step(touched));
+    prove_as_held(r);
   }
 
   /// Sets the admission count of `id`, which has no row, to `count` pulls, the last at `step`.
@@ -11214,8 +11414,9 @@ class EmbeddingTable {
   static constexpr std::uint32_t kNone = IdIndex::kNone;
 
   /// One chunk of kChunkRows rows: their floats, ids and last-touched steps.
-  /// Floats of a record's header: the id (two floats' bytes), the step last touched, one
-  /// spare. Read and written with memcpy: they are bytes, never arithmetic.
+  /// Floats of a record's header: the id (two floats' bytes), the step last touched, and
+  /// whether the row is proven (see `proven`). Read and written with memcpy: they are
+  /// bytes, never arithmetic.
   static constexpr std::size_t kHeader = 4;
   struct Chunk {
     std::vector<float> records;  ///< kChunkRows records
@@ -11251,6 +11452,43 @@ class EmbeddingTable {
   }
   static std::uint32_t clamp_step(std::int64_t step) noexcept {
     return static_cast<std::uint32_t>(std::clamp<std::int64_t>(step, 0, kNone - 1));
+  }
+  /// Marks `row` proven or not, keeping unproven_.
+  void set_proven(std::uint32_t row, bool is) noexcept {
+    if (proven(row) == is) return;
+    const std::uint32_t flag = is ? 1 : 0;
+    std::memcpy(record(row) + 3, &flag, sizeof flag);
+    if (is) {
+      --unproven_;
+    } else {
+      ++unproven_;
+    }
+  }
+  /// Marks `row`, just created or restored, proven if every value and slot of it is
+  /// ordinary and no slot is negative (a slot that must not be negative is then not):
+  /// BoundsRowMagnitudes. Does nothing for other optimizers.
+  void prove_as_held(std::uint32_t row) noexcept {
+    if constexpr (BoundsRowMagnitudes<O>) {
+      const float* r = at(row);
+      set_proven(row, detail::all_ordinary(std::span<const float>(r, spec_.dim)) &&
+                          detail::all_ordinary_non_negative(std::span<const float>(r + spec_.dim, stride_ - spec_.dim)));
+    }
+  }
+  /// Updates `row` in place from the pending update's gradient of `ids[i]` (proven finite
+  /// in advance), keeping it for a cut first, and marks it proven by the bound it returns.
+  void update_in_place(std::uint32_t row, std::size_t i, std::int64_t step) {
+    if constexpr (BoundsRowMagnitudes<O>) {
+      const std::size_t d = spec_.dim;
+      if (frozen_ && row < cut_rows_) keep_for_cut(row);
+      float* r = at(row);
+      const RowContext context{step, pending_.updates, spec_.name, pending_.ids[i]};
+      const float bound = optimizer_.apply_row_bounded(std::span<float>(r, d), std::span<float>(r + d, stride_ - d),
+                                                       pending_.gradients.subspan(i * d, d), context);
+      set_proven(row, bound <= kOrdinaryMagnitude);
+      touch(row, step);
+    } else {
+      (void)row, (void)i, (void)step;
+    }
   }
   void touch(std::uint32_t row, std::int64_t step) {
     const std::uint32_t now = clamp_step(step);
@@ -11372,8 +11610,12 @@ class EmbeddingTable {
     optimizer_.init_row(std::span<float>(r + spec_.dim, stride_ - spec_.dim));
     set_id(row, id);
     set_touched(row, 0);
+    const std::uint32_t not_proven = 0;  // (a fresh chunk's records hold 0; a reused one's may not)
+    std::memcpy(record(row) + 3, &not_proven, sizeof not_proven);
     index_.insert(row, ids());  // (a failed allocation leaves the row unused)
     ++rows_;
+    ++unproven_;
+    if (!values_only) prove_as_held(row);  // (a restore proves it once its values are in)
     if (headroom_ != nullptr) *headroom_ -= std::min(*headroom_, budget_row_bytes());
     ++stats_.rows_created;
     if (spec_.admit_after > 1 && candidates_.erase(id) > 0 && headroom_ != nullptr) {
@@ -11428,6 +11670,7 @@ class EmbeddingTable {
 
   /// Removes `row`: its index entry goes, and the last row moves into its place.
   void erase(std::uint32_t row) {
+    if (!proven(row)) --unproven_;
     index_.erase(row, ids());
     const auto last = static_cast<std::uint32_t>(rows_ - 1);
     if (row != last) {
@@ -11458,8 +11701,20 @@ class EmbeddingTable {
   std::uint32_t full_at_ = kNone;  ///< the step at which no row could go (the cap's scan waits)
   std::vector<std::pair<std::uint64_t, std::uint32_t>> evicted_;  ///< id, step: see read_evicted
   std::int64_t evictions_since_ = 0;
-  std::vector<std::pair<std::uint32_t, std::size_t>> scratch_rows_;  ///< row, position in ids
-  std::vector<float> scratch_;                                       ///< rows being updated
+  std::size_t unproven_ = 0;  ///< rows held that are not proven (see `proven`)
+  /// The update between prepare and commit.
+  struct Pending {
+    std::span<const std::uint64_t> ids;
+    std::span<const float> gradients;
+    std::int64_t updates = 0;
+    bool in_place = false;  ///< proven rows are updated in place
+    bool one_pass = false;  ///< every row is: commit finds them
+  };
+  Pending pending_;
+  std::vector<std::pair<std::uint32_t, std::size_t>> in_place_rows_;  ///< row, position in ids: proven rows
+  std::vector<std::pair<std::uint32_t, std::size_t>> scratch_rows_;   ///< row, position in ids: the others
+  std::vector<float> scratch_;                                        ///< the others' rows being updated
+  std::vector<bool> scratch_proven_;                                  ///< whether each came out proven
 };
 
 }  // namespace pulley

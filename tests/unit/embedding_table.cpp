@@ -16,6 +16,9 @@
 #include <vector>
 
 #include "pulley/optimizers/adagrad.hpp"
+#include "pulley/optimizers/adam.hpp"
+#include "pulley/optimizers/ftrl.hpp"
+#include "pulley/optimizers/rmsprop.hpp"
 #include "pulley/optimizers/sgd.hpp"
 #include "pulley/ps/embedding_table.hpp"
 #include "pulley/sharding/ids.hpp"
@@ -57,6 +60,60 @@ std::vector<float> pull(EmbeddingTable<Sgd>& table, std::vector<std::uint64_t> i
   std::vector<float> out(ids.size() * table.dim());
   table.pull(ids, out, step);
   return out;
+}
+
+/// `O` with an `apply_row` of its own (the same rule): not BoundsRowMagnitudes, so a table
+/// updates every row of it in a copy first and checks it, as before rows were proven.
+template <class O>
+struct ThroughCopies : O {
+  void apply_row(std::span<float> w, std::span<float> slots, std::span<const float> g,
+                 const RowContext& context) const {
+    O::apply_row(w, slots, g, context);
+  }
+};
+static_assert(BoundsRowMagnitudes<Adagrad> && BoundsRowMagnitudes<Adam> && BoundsRowMagnitudes<Sgd> &&
+              BoundsRowMagnitudes<RmsProp>);
+static_assert(RowWiseOptimizer<ThroughCopies<Adagrad>> && !BoundsRowMagnitudes<ThroughCopies<Adagrad>>);
+static_assert(!BoundsRowMagnitudes<Ftrl>);  // (its weight is a quotient of its slots: nothing to prove from magnitudes)
+
+/// Every row's id, values and slots, in row order.
+template <class O>
+std::vector<std::tuple<std::uint64_t, std::vector<float>, std::vector<float>>> rows_of(const EmbeddingTable<O>& table) {
+  std::vector<std::tuple<std::uint64_t, std::vector<float>, std::vector<float>>> out;
+  table.for_each_row([&](std::uint64_t id, std::span<const float> values, std::span<const float> slots) {
+    out.emplace_back(id, std::vector<float>(values.begin(), values.end()), std::vector<float>(slots.begin(), slots.end()));
+  });
+  return out;
+}
+
+/// Trains a table of `O` and one of ThroughCopies<O> alike (rows created as they are
+/// pulled, random subsets pushed) and checks that every row ends bit for bit the same, the
+/// first table having updated every row in place.
+template <class O>
+void check_in_place_matches_copies(const O& optimizer) {
+  const TableSpec s = spec(5);
+  EmbeddingTable<O> in_place(s, optimizer, kSeed);
+  EmbeddingTable<ThroughCopies<O>> copies(s, ThroughCopies<O>{optimizer}, kSeed);
+  std::mt19937_64 rng(11);
+  std::normal_distribution<float> normal(0.0F, 0.3F);
+  for (std::int64_t update = 1; update <= 30; ++update) {
+    std::vector<std::uint64_t> ids;
+    for (std::uint64_t id = 0; id < 40; ++id) {
+      if (rng() % 3 == 0) ids.push_back(id);
+    }
+    std::vector<float> pulled(ids.size() * s.dim);
+    in_place.pull(ids, pulled, update);
+    copies.pull(ids, pulled, update);
+    CHECK(in_place.unproven() == 0);  // created ordinary, slots not negative
+    std::vector<float> g(ids.size() * s.dim);
+    for (float& x : g) x = normal(rng);
+    REQUIRE(in_place.apply(ids, g, update, update));
+    REQUIRE(copies.apply(ids, g, update, update));
+    CHECK(in_place.unproven() == 0);
+    CHECK(copies.unproven() == copies.size());  // nothing is proven without the bound
+  }
+  CHECK(in_place.size() == copies.size());
+  CHECK(rows_of(in_place) == rows_of(copies));
 }
 
 std::vector<float> initial(const TableSpec& s, std::uint64_t id) {
@@ -393,4 +450,68 @@ TEST_CASE("a cut reads the rows as they were when it began, while updates go on 
   CHECK(std::get<1>(now) != std::get<1>(at_cut));
   CHECK(table.evict(100) == 5);  // rows 1 to 4 and 9
   CHECK(table.size() == 0);
+}
+
+TEST_CASE("rows proven finite in advance are updated in place, bit for bit as through copies, for every bounding optimizer") {
+  check_in_place_matches_copies(Sgd{0.1F});
+  check_in_place_matches_copies(Adagrad{0.1F});
+  check_in_place_matches_copies(Adam{0.05F});
+  check_in_place_matches_copies(RmsProp{0.05F, 0.9F, 0.5F});
+}
+
+TEST_CASE("an update with a row not proven is all or nothing over the rows updated in place and those in copies") {
+  EmbeddingTable<Adagrad> table(spec(2), Adagrad{0.1F, 0.1F, 1e-7F}, kSeed);
+  const std::vector<std::uint64_t> ids{1, 2, 3};
+  std::vector<float> pulled(6);
+  table.pull(ids, pulled, 0);
+  REQUIRE(table.unproven() == 0);
+  // Row 3 restored with a negative accumulator, as a damaged checkpoint could: its square
+  // root is NaN for a small gradient, so the table cannot prove it and updates it in a copy.
+  const std::vector<float> damaged{0.5F, 0.5F, -1.0F, -1.0F};
+  table.restore_row(3, damaged, 0);
+  CHECK(table.unproven() == 1);
+  const auto before = rows_of(table);
+  const std::vector<float> g(6, 0.5F);
+  CHECK_FALSE(table.apply(ids, g, 1, 1));
+  CHECK(table.stats().updates_refused == 1);
+  CHECK(rows_of(table) == before);  // rows 1 and 2, provable, did not move either
+  // A sound accumulator again: proven once restored, and the update goes through.
+  const std::vector<float> sound{0.5F, 0.5F, 0.1F, 0.1F};
+  table.restore_row(3, sound, 0);
+  CHECK(table.unproven() == 0);
+  REQUIRE(table.apply(ids, g, 1, 1));
+  CHECK(rows_of(table) != before);
+  CHECK(table.unproven() == 0);
+}
+
+TEST_CASE("a row beyond ordinary magnitudes, or a gradient beyond them, goes through a copy and is checked") {
+  EmbeddingTable<Sgd> table(spec(1), Sgd{1.0F}, kSeed);
+  const std::vector<std::uint64_t> one{1};
+  const std::vector<std::uint64_t> both{1, 2};
+  std::vector<float> pulled(2);
+  table.pull(both, pulled, 0);
+  const float huge = 0x1p70F;  // finite, but beyond kOrdinaryMagnitude
+  table.restore_row(1, std::vector<float>{huge}, 0);
+  CHECK(table.unproven() == 1);
+  REQUIRE(table.apply(one, std::vector<float>{0.0F}, 1, 1));  // through a copy: still huge
+  CHECK(table.unproven() == 1);
+  REQUIRE(table.apply(one, std::vector<float>{huge}, 2, 2));  // back to 0: proven again
+  CHECK(table.unproven() == 0);
+  std::vector<float> row(1);
+  table.pull(one, row, 2);
+  CHECK(row[0] == 0.0F);
+  // A gradient beyond ordinary is not proven: the update goes through copies, applied when
+  // finite, and the rows it leaves beyond ordinary are not proven either.
+  REQUIRE(table.apply(both, std::vector<float>{0x1p61F, 0.0F}, 3, 3));
+  CHECK(table.unproven() == 1);
+  table.pull(one, row, 3);
+  CHECK(row[0] == -0x1p61F);
+  // A step that would overflow: refused, nothing changes.
+  table.restore_row(1, std::vector<float>{-3e38F}, 3);
+  const auto before = rows_of(table);
+  CHECK_FALSE(table.apply(both, std::vector<float>{3e38F, 0.0F}, 4, 4));
+  CHECK(rows_of(table) == before);
+  // Rows evicted or cleared take their count with them.
+  table.clear(5);
+  CHECK(table.unproven() == 0);
 }

@@ -92,7 +92,7 @@ TEST_CASE("Adam: bias correction folded into the step size, as TensorFlow does")
   CHECK(w[1][1] == doctest::Approx(-1.9559512).epsilon(1e-5));
 }
 
-TEST_CASE("Adam, Adagrad and RMSProp compute every element as the scalar rule does, bit for bit") {
+TEST_CASE("Adam, Adagrad, RMSProp and FTRL compute every element as the scalar rule does, bit for bit") {
   // Their updates run a vector of lanes at a time where the standard library has
   // std::experimental::simd (detail::lanewise_ordinary). 2 051 elements: whole vectors and
   // a short tail of 3, less than a vector of any width (the padded tail). The references
@@ -169,6 +169,40 @@ TEST_CASE("Adam, Adagrad and RMSProp compute every element as the scalar rule do
     }
     CHECK(same_bits(state.rms, ms));
     CHECK(same_bits(state.momentum, mom));
+    CHECK(same_bits(applied, w));
+  }
+  SUBCASE("FTRL with l1, l2, l2 shrinkage and beta (learning_rate_power -0.5: the vector lanes)") {
+    const pulley::Ftrl ftrl{.learning_rate = 0.1F,
+                            .l1_regularization_strength = 0.5F,
+                            .l2_regularization_strength = 0.2F,
+                            .l2_shrinkage_regularization_strength = 0.1F,
+                            .beta = 0.3F};
+    auto state = ftrl.make_state(n);
+    state.accumulator = s0;
+    state.linear = s1;
+    state.linear[0] = 0.0F;   // sign 0
+    state.linear[1] = 0.5F;   // |linear| at l1 (before this update's step)
+    std::vector<float> applied = w0, w = w0, a = s0, lin = state.linear;
+    ftrl.apply(state, applied, g);
+    const float lr = 0.1F;
+    const float two_l2_adj = 2.0F * (0.2F + 0.3F / (2.0F * lr));
+    const float two_shrink = 2.0F * 0.1F;
+    std::size_t zeroed = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const float g_shrink = g[i] + two_shrink * w[i];
+      const float accum_new = a[i] + g[i] * g[i];
+      const float root_new = std::sqrt(accum_new);
+      lin[i] += g_shrink - (root_new - std::sqrt(a[i])) / lr * w[i];
+      const float quadratic = root_new / lr + two_l2_adj;
+      const float sign = lin[i] > 0.0F ? 1.0F : (lin[i] < 0.0F ? -1.0F : 0.0F);
+      w[i] = std::abs(lin[i]) > 0.5F ? (sign * 0.5F - lin[i]) / quadratic : 0.0F;
+      a[i] = accum_new;
+      zeroed += w[i] == 0.0F ? 1 : 0;
+    }
+    CHECK(zeroed > 100);  // l1 zeroes many: both branches are taken
+    CHECK(zeroed < n - 100);
+    CHECK(same_bits(state.accumulator, a));
+    CHECK(same_bits(state.linear, lin));
     CHECK(same_bits(applied, w));
   }
 }

@@ -350,7 +350,9 @@ struct RowContext {
 ///   - it is deterministic, touches nothing but its arguments, and does not throw;
 ///   - what it does to a row with a zero gradient is its business (FTRL's weights move);
 ///   - the ps checks every updated row for finite values and drops the whole update of the
-///     table if one is not, so `apply_row` need not guard against overflow.
+///     table if one is not, so `apply_row` need not guard against overflow (the check is a
+///     copy of each row and a pass over it, unless the optimizer proves rows finite from
+///     magnitudes: BoundsRowMagnitudes, below).
 template <class O>
 concept RowWiseOptimizer = Optimizer<O> &&
     requires(const O& optimizer, std::span<float> weights, std::span<float> slots,
@@ -360,6 +362,40 @@ concept RowWiseOptimizer = Optimizer<O> &&
   { optimizer.init_row(slots) } -> std::same_as<void>;
   { optimizer.apply_row(weights, slots, gradient, context) } -> std::same_as<void>;
 };
+
+/// True if a row-wise optimizer proves a row's update finite from magnitudes alone, as
+/// BoundsMagnitudes does for a dense part, so that an embedding table updates proven rows
+/// in place, judging each value in the pass that computes it (EmbeddingTable::apply then
+/// reads and writes each row once, with no copy aside and no second pass):
+///   - `o.apply_row_bounded(weights, slots, gradient, context)` → float: does what
+///     `apply_row` does, and returns a bound that no value or slot of the row exceeds in
+///     magnitude afterwards (the stock ones: kOrdinaryMagnitude when all are below it and
+///     the slots that must not be negative are not, else +infinity: nothing known);
+///   - `o.row_stays_finite_given(largest, largest_gradient, context)` → bool, O(1): true
+///     only if `apply_row` with this `context` (its global_step, updates and table; not its
+///     id) keeps every value and slot of a row within kFiniteBound whenever none of them is
+///     larger than `largest` in magnitude (and the slots that must not be negative are
+///     not) and no gradient element is larger than `largest_gradient`. Conservative, never
+///     optimistic, as `stays_finite`.
+/// A table asks `row_stays_finite_given(kOrdinaryMagnitude, kOrdinaryMagnitude, ...)` once
+/// per update. It holds a row proven while the row's last `apply_row_bounded` returned
+/// kOrdinaryMagnitude or less, or, for a row created or restored since, while every value
+/// and slot of it is ordinary and no slot is negative; any other row is updated in a copy
+/// first and checked, as for an optimizer without these members. Both must be declared by
+/// the class that declares `apply_row` (the same rule), so that a class derived from a stock
+/// optimizer with an `apply_row` of its own is checked by copies.
+template <class O>
+concept BoundsRowMagnitudes = RowWiseOptimizer<O> &&
+    requires(const O& optimizer, std::span<float> weights, std::span<float> slots,
+             std::span<const float> gradient, const RowContext& context, float magnitude) {
+  { optimizer.apply_row_bounded(weights, slots, gradient, context) } -> std::same_as<float>;
+  { optimizer.row_stays_finite_given(magnitude, magnitude, context) } -> std::convertible_to<bool>;
+  &O::apply_row;  // one apply_row, not an overload set
+  &O::apply_row_bounded;
+  &O::row_stays_finite_given;
+} && std::same_as<typename detail::MemberOf<decltype(&O::apply_row)>::type,
+                  typename detail::MemberOf<decltype(&O::apply_row_bounded)>::type> &&
+    detail::DeclaredWith<decltype(&O::apply_row), decltype(&O::row_stays_finite_given)>;
 
 /// Calls whichever form of `apply` the optimizer has.
 template <Optimizer O>

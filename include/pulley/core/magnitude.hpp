@@ -22,13 +22,28 @@ inline constexpr float kOrdinaryMagnitude = 0x1p60F;
 
 namespace detail {
 
+/// A float's exponent field, in its bits.
+inline constexpr std::uint32_t kExponentBits = 0x7F800000U;
+/// A float's sign bit, where the folds below gather what they found.
+inline constexpr std::uint32_t kSignBit = 0x80000000U;
+/// 69 in the exponent field's bits: added to the field, it carries into the sign bit
+/// exactly for exponents of 187 (127 + 60, so 2^60) and up, as 187 + 69 = 256.
+inline constexpr std::uint32_t kOrdinaryCarry = 0x22800000U;
+static_assert(kOrdinaryMagnitude == 0x1p60F, "kOrdinaryCarry is for 2^60");
+
 /// Folds `x` into `lane`: its top bit becomes set unless |x| < kOrdinaryMagnitude (NaN and
-/// Inf included). As `all_finite`, with the carry moved: the exponent field plus 69 (in
-/// its own bits) carries into the sign bit exactly for exponents of 187 (2^60) and up.
+/// Inf included). As `all_finite`, with the carry moved (kOrdinaryCarry).
 inline void fold_ordinary(std::uint32_t& lane, float x) noexcept {
   std::uint32_t bits;
   std::memcpy(&bits, &x, sizeof bits);
-  lane |= (bits & 0x7F800000U) + 0x22800000U;
+  lane |= (bits & kExponentBits) + kOrdinaryCarry;
+}
+
+/// `fold_ordinary` of a value that must not be negative either (-0 counts as negative).
+inline void fold_ordinary_non_negative(std::uint32_t& lane, float x) noexcept {
+  std::uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  lane |= ((bits & kExponentBits) + kOrdinaryCarry) | (bits & kSignBit);
 }
 
 /// True if every element is below kOrdinaryMagnitude in magnitude (so finite): one
@@ -37,7 +52,15 @@ inline bool all_ordinary(std::span<const float> values) noexcept {
   const float* p = values.data();
   std::uint32_t lane = 0;
   for (std::size_t i = 0; i < values.size(); ++i) fold_ordinary(lane, p[i]);
-  return (lane & 0x80000000U) == 0;
+  return (lane & kSignBit) == 0;
+}
+
+/// True if every element is below kOrdinaryMagnitude in magnitude and none is negative.
+inline bool all_ordinary_non_negative(std::span<const float> values) noexcept {
+  const float* p = values.data();
+  std::uint32_t lane = 0;
+  for (std::size_t i = 0; i < values.size(); ++i) fold_ordinary_non_negative(lane, p[i]);
+  return (lane & kSignBit) == 0;
 }
 
 }  // namespace detail

@@ -112,8 +112,20 @@ struct Adagrad {
   /// Updates one table row `w` in place from its gradient `g`, as `apply` does; `slots`
   /// holds the row's accumulator (w.size() floats).
   void apply_row(std::span<float> w, std::span<float> slots, std::span<const float> g,
-                 const RowContext& /*context*/) const {
-    (void)update(w.data(), slots.data(), g.data(), w.size());
+                 const RowContext& context) const {
+    (void)apply_row_bounded(w, slots, g, context);
+  }
+
+  /// `apply_row`, returning a bound of the row's magnitudes afterwards (+infinity if its
+  /// accumulator is negative: BoundsRowMagnitudes).
+  float apply_row_bounded(std::span<float> w, std::span<float> slots, std::span<const float> g,
+                          const RowContext& /*context*/) const {
+    return update(w.data(), slots.data(), g.data(), w.size());
+  }
+
+  /// `stays_finite_given` for a row (BoundsRowMagnitudes): the same rule.
+  [[nodiscard]] bool row_stays_finite_given(float largest, float largest_gradient, const RowContext& /*context*/) const {
+    return stays_finite_given(State{}, largest, largest_gradient);
   }
 
  private:
@@ -137,5 +149,6 @@ struct Adagrad {
 static_assert(Optimizer<Adagrad>);
 static_assert(BoundsMagnitudes<Adagrad>);
 static_assert(RowWiseOptimizer<Adagrad>);
+static_assert(BoundsRowMagnitudes<Adagrad>);
 
 }  // namespace pulley

@@ -72,12 +72,7 @@ struct Adam {
   /// second moments not negative) and each gradient element at most `largest_gradient` in
   /// magnitude: `stays_finite`'s bounds over magnitudes (BoundsMagnitudes).
   [[nodiscard]] bool stays_finite_given(const State& state, float largest, float largest_gradient) const {
-    const double s = largest;
-    const double g = largest_gradient;
-    const double m1 = beta_1 * s + (1.0 - beta_1) * g;
-    const double v1 = beta_2 * s + (1.0 - beta_2) * g * g;
-    const double reach = std::abs(double{step_size(state.t + 1)}) / epsilon;
-    return proven_finite(m1) && proven_finite(v1) && proven_finite(s + reach * m1);
+    return proven_at(step_size(state.t + 1), largest, largest_gradient);
   }
 
   /// The moments, for checkpoints.
@@ -126,11 +121,34 @@ struct Adam {
   /// least 1 (the step size of t = 0 is 0/0).
   void apply_row(std::span<float> w, std::span<float> slots, std::span<const float> g,
                  const RowContext& context) const {
+    (void)apply_row_bounded(w, slots, g, context);
+  }
+
+  /// `apply_row`, returning a bound of the row's magnitudes afterwards (+infinity if a
+  /// second moment is negative: BoundsRowMagnitudes).
+  float apply_row_bounded(std::span<float> w, std::span<float> slots, std::span<const float> g,
+                          const RowContext& context) const {
     const std::size_t n = w.size();
-    (void)update(step_size(context.updates), w.data(), slots.data(), slots.data() + n, g.data(), n);
+    return update(step_size(context.updates), w.data(), slots.data(), slots.data() + n, g.data(), n);
+  }
+
+  /// `stays_finite_given` for a row at the table's update `context.updates`
+  /// (BoundsRowMagnitudes): the same bounds at that update's step size.
+  [[nodiscard]] bool row_stays_finite_given(float largest, float largest_gradient, const RowContext& context) const {
+    return proven_at(step_size(context.updates), largest, largest_gradient);
   }
 
  private:
+  /// `stays_finite_given`'s bounds at step size lr_t.
+  [[nodiscard]] bool proven_at(float lr_t, float largest, float largest_gradient) const {
+    const double s = largest;
+    const double g = largest_gradient;
+    const double m1 = beta_1 * s + (1.0 - beta_1) * g;
+    const double v1 = beta_2 * s + (1.0 - beta_2) * g * g;
+    const double reach = std::abs(double{lr_t}) / epsilon;
+    return proven_finite(m1) && proven_finite(v1) && proven_finite(s + reach * m1);
+  }
+
   /// The rule over n elements at step size lr_t, behind `apply` and `apply_row`: a bound
   /// of the magnitudes it leaves (BoundsMagnitudes).
   float update(float lr_t, float* __restrict w, float* __restrict m, float* __restrict v,
@@ -160,5 +178,6 @@ struct Adam {
 static_assert(Optimizer<Adam>);
 static_assert(BoundsMagnitudes<Adam>);
 static_assert(RowWiseOptimizer<Adam>);
+static_assert(BoundsRowMagnitudes<Adam>);
 
 }  // namespace pulley

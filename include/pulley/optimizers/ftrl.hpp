@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "pulley/concepts/optimizer.hpp"
+#include "pulley/core/detail/lanes.hpp"
 
 namespace pulley {
 
@@ -81,26 +82,29 @@ struct Ftrl {
 
   /// True if `apply` keeps every weight and both slots within kFiniteBound. The new weight
   /// is a quotient of two terms that depend on the slots, so no cheap bound holds for every
-  /// state: this works out the update itself (as `apply` does, without storing it) and
-  /// checks its results, which costs about as much as `apply`.
+  /// state: this runs the update itself (`apply`'s own code) on copies of blocks of
+  /// kCheckBlock elements, which stay in L1, and checks its results; it costs about as much
+  /// as `apply`.
   [[nodiscard]] bool stays_finite(const State& state, std::span<const float> w,
                                   std::span<const float> g) const {
-    const Terms k = terms();
-    const float* wp = w.data();
-    const float* gp = g.data();
-    const float* ap = state.accumulator.data();
-    const float* lp = state.linear.data();
-    return with_power([&](auto power) {
-      return bounded(w.size(), [&](std::size_t i, std::uint32_t& lane) {
-        float wi = wp[i];
-        float ai = ap[i];
-        float li = lp[i];
-        step(k, power, wi, ai, li, gp[i]);
-        detail::fold_bound(lane, wi);
-        detail::fold_bound(lane, ai);
-        detail::fold_bound(lane, li);
+    const std::size_t n = w.size();
+    float wb[kCheckBlock];
+    float ab[kCheckBlock];
+    float lb[kCheckBlock];
+    for (std::size_t begin = 0; begin < n; begin += kCheckBlock) {
+      const std::size_t m = std::min(kCheckBlock, n - begin);
+      std::copy_n(w.data() + begin, m, wb);
+      std::copy_n(state.accumulator.data() + begin, m, ab);
+      std::copy_n(state.linear.data() + begin, m, lb);
+      update(wb, ab, lb, g.data() + begin, m);
+      const bool within = bounded(m, [&](std::size_t i, std::uint32_t& lane) {
+        detail::fold_bound(lane, wb[i]);
+        detail::fold_bound(lane, ab[i]);
+        detail::fold_bound(lane, lb[i]);
       });
-    });
+      if (!within) return false;
+    }
+    return true;
   }
 
   /// A table row keeps two slots: its accumulator and its linear term.
@@ -143,9 +147,17 @@ struct Ftrl {
             2.0F * l2_shrinkage_regularization_strength};
   }
 
-  /// x^(-p) for p = -0.5, Keras' default: a square root, far cheaper than std::pow.
+  /// Elements `stays_finite` updates in copies at a time.
+  static constexpr std::size_t kCheckBlock = 256;
+
+  /// x^(-p) for p = -0.5, Keras' default: a square root, far cheaper than std::pow, of a
+  /// value or of a vector of lanes (detail::lanewise).
   struct SqrtPower {
-    float operator()(float x) const { return std::sqrt(x); }
+    template <class V>
+    V operator()(V x) const {
+      using std::sqrt;
+      return sqrt(x);
+    }
   };
   /// x^(-p) for any other p.
   struct AnyPower {
@@ -153,35 +165,37 @@ struct Ftrl {
     float operator()(float x) const { return std::pow(x, minus_p); }
   };
 
-  /// Calls `f` with the x^(-p) that learning_rate_power asks for, chosen once per update
-  /// rather than per element.
-  template <class F>
-  auto with_power(F&& f) const -> decltype(f(SqrtPower{})) {
-    if (learning_rate_power == -0.5F) return f(SqrtPower{});
-    return f(AnyPower{-learning_rate_power});
-  }
-
-  /// The rule for one element, behind `update` and `stays_finite`.
-  template <class Power>
-  static void step(const Terms& k, Power power, float& w, float& accumulator, float& linear,
-                   float g) {
-    const float g_shrink = g + k.two_l2_shrinkage * w;
-    const float accum_new = accumulator + g * g;
-    const float power_new = power(accum_new);
+  /// The rule for one element, or for a vector of them (detail::lanewise), behind `update`.
+  template <class V, class Power>
+  static void step(const Terms& k, Power power, V& w, V& accumulator, V& linear, V g) {
+    using std::abs;
+    using detail::choose;
+    const V zero(0.0F);
+    const V g_shrink = g + k.two_l2_shrinkage * w;
+    const V accum_new = accumulator + g * g;
+    const V power_new = power(accum_new);
     linear += g_shrink - (power_new - power(accumulator)) / k.lr * w;
-    const float quadratic = power_new / k.lr + k.two_l2_adj;
-    const float sign = linear > 0.0F ? 1.0F : (linear < 0.0F ? -1.0F : 0.0F);
-    w = std::abs(linear) > k.l1 ? (sign * k.l1 - linear) / quadratic : 0.0F;
+    const V quadratic = power_new / k.lr + k.two_l2_adj;
+    const V sign = choose(linear > zero, V(1.0F), choose(linear < zero, V(-1.0F), zero));
+    w = choose(abs(linear) > V(k.l1), (sign * k.l1 - linear) / quadratic, zero);
     accumulator = accum_new;
   }
 
-  /// The rule over n elements, behind `apply` and `apply_row`.
+  /// The rule over n elements, behind `apply`, `apply_row` and `stays_finite`: in vector
+  /// lanes for Keras' learning_rate_power of -0.5 (a square root, bit for bit the scalar
+  /// rule where no multiply and add are fused: detail::lanewise), else one element at a time
+  /// (std::pow has no vector form here).
   void update(float* __restrict w, float* __restrict accumulator, float* __restrict linear,
               const float* __restrict g, std::size_t n) const {
     const Terms k = terms();
-    with_power([&](auto power) {
-      for (std::size_t i = 0; i < n; ++i) step(k, power, w[i], accumulator[i], linear[i], g[i]);
-    });
+    if (learning_rate_power == -0.5F) {
+      detail::lanewise(
+          0, n, [k](auto gi, auto& wi, auto& ai, auto& li) { step(k, SqrtPower{}, wi, ai, li, gi); }, g, w,
+          accumulator, linear);
+      return;
+    }
+    const AnyPower power{-learning_rate_power};
+    for (std::size_t i = 0; i < n; ++i) step(k, power, w[i], accumulator[i], linear[i], g[i]);
   }
 };
 static_assert(Optimizer<Ftrl>);

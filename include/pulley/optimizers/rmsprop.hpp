@@ -118,9 +118,21 @@ struct RmsProp {
   /// Updates one table row `w` in place from its gradient `g`, as `apply` does; `slots`
   /// holds the row's rms then its momentum (w.size() floats each).
   void apply_row(std::span<float> w, std::span<float> slots, std::span<const float> g,
-                 const RowContext& /*context*/) const {
+                 const RowContext& context) const {
+    (void)apply_row_bounded(w, slots, g, context);
+  }
+
+  /// `apply_row`, returning a bound of the row's magnitudes afterwards (+infinity if a mean
+  /// square is negative: BoundsRowMagnitudes).
+  float apply_row_bounded(std::span<float> w, std::span<float> slots, std::span<const float> g,
+                          const RowContext& /*context*/) const {
     const std::size_t n = w.size();
-    (void)update(w.data(), slots.data(), slots.data() + n, g.data(), n);
+    return update(w.data(), slots.data(), slots.data() + n, g.data(), n);
+  }
+
+  /// `stays_finite_given` for a row (BoundsRowMagnitudes): the same rule.
+  [[nodiscard]] bool row_stays_finite_given(float largest, float largest_gradient, const RowContext& /*context*/) const {
+    return stays_finite_given(State{}, largest, largest_gradient);
   }
 
  private:
@@ -158,5 +170,6 @@ struct RmsProp {
 static_assert(Optimizer<RmsProp>);
 static_assert(BoundsMagnitudes<RmsProp>);
 static_assert(RowWiseOptimizer<RmsProp>);
+static_assert(BoundsRowMagnitudes<RmsProp>);
 
 }  // namespace pulley

@@ -66,9 +66,20 @@ struct Sgd {
   void init_row(std::span<float> /*slots*/) const {}
 
   /// Updates one table row `w` in place from its gradient `g`, as `apply` does.
-  void apply_row(std::span<float> w, std::span<float> /*slots*/, std::span<const float> g,
-                 const RowContext& /*context*/) const {
-    (void)update(learning_rate, w.data(), g.data(), w.size());
+  void apply_row(std::span<float> w, std::span<float> slots, std::span<const float> g,
+                 const RowContext& context) const {
+    (void)apply_row_bounded(w, slots, g, context);
+  }
+
+  /// `apply_row`, returning a bound of the row's magnitudes afterwards (BoundsRowMagnitudes).
+  float apply_row_bounded(std::span<float> w, std::span<float> /*slots*/, std::span<const float> g,
+                          const RowContext& /*context*/) const {
+    return update(learning_rate, w.data(), g.data(), w.size());
+  }
+
+  /// `stays_finite_given` for a row (BoundsRowMagnitudes): the same rule.
+  [[nodiscard]] bool row_stays_finite_given(float largest, float largest_gradient, const RowContext& /*context*/) const {
+    return stays_finite_given(State{}, largest, largest_gradient);
   }
 
  private:
@@ -86,5 +97,6 @@ struct Sgd {
 static_assert(Optimizer<Sgd>);
 static_assert(BoundsMagnitudes<Sgd>);
 static_assert(RowWiseOptimizer<Sgd>);
+static_assert(BoundsRowMagnitudes<Sgd>);
 
 }  // namespace pulley

@@ -124,6 +124,11 @@ class EmbeddingTable {
   /// gradient in `gradients` (`ids.size() × dim`). A row not held is dropped and counted.
   /// All or nothing: if any updated row would hold a non-finite value, nothing changes and
   /// false is returned (counted in `updates_refused`).
+  ///
+  /// With an optimizer that bounds rows' magnitudes (BoundsRowMagnitudes), an update whose
+  /// gradient is ordinary and whose rows are all proven (see `proven`) is proven finite
+  /// before a row is read, and each row is updated in place in one pass, the pass judging
+  /// the values it writes; only the rows not proven are updated in a copy first and checked.
   bool apply(std::span<const std::uint64_t> ids, std::span<const float> gradients,
              std::int64_t step, std::int64_t updates) {
     if (!prepare(ids, gradients, step, updates)) return false;
@@ -131,54 +136,107 @@ class EmbeddingTable {
     return true;
   }
 
-  /// The first half of `apply`: computes the update into scratch memory and returns true
-  /// if every updated row stays finite; nothing changes until `commit`. A ps prepares every
-  /// table of an update, and commits them only if all (and its dense parts) stay finite.
+  /// The first half of `apply`: returns true if every updated row stays finite, having
+  /// computed the rows it could not prove finite in advance into scratch memory; nothing
+  /// changes until `commit`, and `ids` and `gradients` must stay valid until then. A ps
+  /// prepares every table of an update, and commits them only if all (and its dense parts)
+  /// stay finite.
   bool prepare(std::span<const std::uint64_t> ids, std::span<const float> gradients,
                std::int64_t step, std::int64_t updates) {
     const std::size_t d = spec_.dim;
     scratch_rows_.clear();
-    // Updated into a copy first, so that a row going non-finite changes nothing; each row is
-    // copied the moment it is found, while its prefetched record is in cache.
+    in_place_rows_.clear();
+    pending_ = Pending{ids, gradients, updates, false, false};
+    if constexpr (BoundsRowMagnitudes<O>) {
+      const RowContext context{step, updates, spec_.name, 0};
+      pending_.in_place = optimizer_.row_stays_finite_given(kOrdinaryMagnitude, kOrdinaryMagnitude, context) &&
+                          detail::all_ordinary(gradients);
+      if (pending_.in_place && unproven_ == 0) {
+        pending_.one_pass = true;  // every row held is proven: commit finds and updates them
+        return true;
+      }
+    }
+    // A row not proven is updated into a copy first, so that a row going non-finite changes
+    // nothing; each is copied the moment it is found, while its prefetched record is in
+    // cache.
     scratch_.resize(ids.size() * stride_);
     for_each_found(ids, [&](std::size_t i, std::uint32_t row) {
       if (row == kNone) {
         ++stats_.pushes_dropped;
         return;
       }
+      if (pending_.in_place && proven(row)) {
+        in_place_rows_.push_back({row, i});
+        return;
+      }
       std::copy(at(row), at(row) + stride_, scratch_.data() + scratch_rows_.size() * stride_);
       scratch_rows_.push_back({row, i});
     });
     scratch_.resize(scratch_rows_.size() * stride_);
+    scratch_proven_.assign(scratch_rows_.size(), false);
     for (std::size_t k = 0; k < scratch_rows_.size(); ++k) {
       const std::size_t i = scratch_rows_[k].second;
       float* copy = scratch_.data() + k * stride_;
       const RowContext context{step, updates, spec_.name, ids[i]};
-      optimizer_.apply_row(std::span<float>(copy, d), std::span<float>(copy + d, stride_ - d),
-                           gradients.subspan(i * d, d), context);
+      const std::span<float> values(copy, d);
+      const std::span<float> slots(copy + d, stride_ - d);
+      if constexpr (BoundsRowMagnitudes<O>) {
+        scratch_proven_[k] =
+            optimizer_.apply_row_bounded(values, slots, gradients.subspan(i * d, d), context) <= kOrdinaryMagnitude;
+      } else {
+        optimizer_.apply_row(values, slots, gradients.subspan(i * d, d), context);
+      }
     }
     if (!detail::all_finite(scratch_)) {
       ++stats_.updates_refused;
       scratch_rows_.clear();
+      in_place_rows_.clear();
+      pending_ = Pending{};
       return false;
     }
     return true;
   }
 
-  /// The second half of `apply`: writes the prepared rows back (nothing if the last
-  /// `prepare` failed or was committed already).
+  /// The second half of `apply`: updates the proven rows in place and writes the others'
+  /// copies back (nothing if the last `prepare` failed or was committed already).
   void commit(std::int64_t step) {
     constexpr std::size_t kAhead = 8;
+    if (pending_.one_pass) {
+      for_each_found(pending_.ids, [&](std::size_t i, std::uint32_t row) {
+        if (row == kNone) {
+          ++stats_.pushes_dropped;
+          return;
+        }
+        update_in_place(row, i, step);
+      });
+    }
+    for (std::size_t k = 0; k < in_place_rows_.size(); ++k) {
+      if (k + kAhead < in_place_rows_.size()) prefetch_record(in_place_rows_[k + kAhead].first);
+      update_in_place(in_place_rows_[k].first, in_place_rows_[k].second, step);
+    }
     for (std::size_t k = 0; k < scratch_rows_.size(); ++k) {
       if (k + kAhead < scratch_rows_.size()) prefetch_record(scratch_rows_[k + kAhead].first);
       const std::uint32_t row = scratch_rows_[k].first;
       if (frozen_ && row < cut_rows_) keep_for_cut(row);
       std::copy(scratch_.data() + k * stride_, scratch_.data() + (k + 1) * stride_, at(row));
+      if constexpr (BoundsRowMagnitudes<O>) set_proven(row, scratch_proven_[k]);
       touch(row, step);
     }
     scratch_rows_.clear();
+    in_place_rows_.clear();
+    pending_ = Pending{};
   }
 
+  /// True if `row` (< size()) is proven (BoundsRowMagnitudes): its last update returned a
+  /// bound of kOrdinaryMagnitude or less, or, created or restored since, each of its values
+  /// and slots is ordinary and no slot is negative. Always false for other optimizers.
+  [[nodiscard]] bool proven(std::uint32_t row) const noexcept {
+    std::uint32_t flag = 0;
+    std::memcpy(&flag, record(row) + 3, sizeof flag);
+    return flag != 0;
+  }
+  /// Rows held that are not proven.
+  [[nodiscard]] std::size_t unproven() const noexcept { return unproven_; }
   /// Removes the rows untouched (neither pulled nor pushed) since global step
   /// `step - spec.evict_after_steps`, and forgets admission counts as old; returns the rows
   /// removed. Does nothing when the spec keeps rows for ever.
@@ -303,6 +361,9 @@ class EmbeddingTable {
     rows_ = 0;
     candidates_.clear();
     scratch_rows_.clear();
+    in_place_rows_.clear();
+    pending_ = Pending{};
+    unproven_ = 0;
     evicted_.clear();
     evictions_since_ = step;
   }
@@ -320,6 +381,7 @@ class EmbeddingTable {
     }
     std::copy(row.begin(), row.begin() + static_cast<std::ptrdiff_t>(std::min(row.size(), stride_)), at(r));
     set_touched(r, clamp_step(touched));
+    prove_as_held(r);
   }
 
   /// Sets the admission count of `id`, which has no row, to `count` pulls, the last at `step`.
@@ -354,8 +416,9 @@ class EmbeddingTable {
   static constexpr std::uint32_t kNone = IdIndex::kNone;
 
   /// One chunk of kChunkRows rows: their floats, ids and last-touched steps.
-  /// Floats of a record's header: the id (two floats' bytes), the step last touched, one
-  /// spare. Read and written with memcpy: they are bytes, never arithmetic.
+  /// Floats of a record's header: the id (two floats' bytes), the step last touched, and
+  /// whether the row is proven (see `proven`). Read and written with memcpy: they are
+  /// bytes, never arithmetic.
   static constexpr std::size_t kHeader = 4;
   struct Chunk {
     std::vector<float> records;  ///< kChunkRows records
@@ -391,6 +454,43 @@ class EmbeddingTable {
   }
   static std::uint32_t clamp_step(std::int64_t step) noexcept {
     return static_cast<std::uint32_t>(std::clamp<std::int64_t>(step, 0, kNone - 1));
+  }
+  /// Marks `row` proven or not, keeping unproven_.
+  void set_proven(std::uint32_t row, bool is) noexcept {
+    if (proven(row) == is) return;
+    const std::uint32_t flag = is ? 1 : 0;
+    std::memcpy(record(row) + 3, &flag, sizeof flag);
+    if (is) {
+      --unproven_;
+    } else {
+      ++unproven_;
+    }
+  }
+  /// Marks `row`, just created or restored, proven if every value and slot of it is
+  /// ordinary and no slot is negative (a slot that must not be negative is then not):
+  /// BoundsRowMagnitudes. Does nothing for other optimizers.
+  void prove_as_held(std::uint32_t row) noexcept {
+    if constexpr (BoundsRowMagnitudes<O>) {
+      const float* r = at(row);
+      set_proven(row, detail::all_ordinary(std::span<const float>(r, spec_.dim)) &&
+                          detail::all_ordinary_non_negative(std::span<const float>(r + spec_.dim, stride_ - spec_.dim)));
+    }
+  }
+  /// Updates `row` in place from the pending update's gradient of `ids[i]` (proven finite
+  /// in advance), keeping it for a cut first, and marks it proven by the bound it returns.
+  void update_in_place(std::uint32_t row, std::size_t i, std::int64_t step) {
+    if constexpr (BoundsRowMagnitudes<O>) {
+      const std::size_t d = spec_.dim;
+      if (frozen_ && row < cut_rows_) keep_for_cut(row);
+      float* r = at(row);
+      const RowContext context{step, pending_.updates, spec_.name, pending_.ids[i]};
+      const float bound = optimizer_.apply_row_bounded(std::span<float>(r, d), std::span<float>(r + d, stride_ - d),
+                                                       pending_.gradients.subspan(i * d, d), context);
+      set_proven(row, bound <= kOrdinaryMagnitude);
+      touch(row, step);
+    } else {
+      (void)row, (void)i, (void)step;
+    }
   }
   void touch(std::uint32_t row, std::int64_t step) {
     const std::uint32_t now = clamp_step(step);
@@ -512,8 +612,12 @@ class EmbeddingTable {
     optimizer_.init_row(std::span<float>(r + spec_.dim, stride_ - spec_.dim));
     set_id(row, id);
     set_touched(row, 0);
+    const std::uint32_t not_proven = 0;  // (a fresh chunk's records hold 0; a reused one's may not)
+    std::memcpy(record(row) + 3, &not_proven, sizeof not_proven);
     index_.insert(row, ids());  // (a failed allocation leaves the row unused)
     ++rows_;
+    ++unproven_;
+    if (!values_only) prove_as_held(row);  // (a restore proves it once its values are in)
     if (headroom_ != nullptr) *headroom_ -= std::min(*headroom_, budget_row_bytes());
     ++stats_.rows_created;
     if (spec_.admit_after > 1 && candidates_.erase(id) > 0 && headroom_ != nullptr) {
@@ -568,6 +672,7 @@ class EmbeddingTable {
 
   /// Removes `row`: its index entry goes, and the last row moves into its place.
   void erase(std::uint32_t row) {
+    if (!proven(row)) --unproven_;
     index_.erase(row, ids());
     const auto last = static_cast<std::uint32_t>(rows_ - 1);
     if (row != last) {
@@ -598,8 +703,20 @@ class EmbeddingTable {
   std::uint32_t full_at_ = kNone;  ///< the step at which no row could go (the cap's scan waits)
   std::vector<std::pair<std::uint64_t, std::uint32_t>> evicted_;  ///< id, step: see read_evicted
   std::int64_t evictions_since_ = 0;
-  std::vector<std::pair<std::uint32_t, std::size_t>> scratch_rows_;  ///< row, position in ids
-  std::vector<float> scratch_;                                       ///< rows being updated
+  std::size_t unproven_ = 0;  ///< rows held that are not proven (see `proven`)
+  /// The update between prepare and commit.
+  struct Pending {
+    std::span<const std::uint64_t> ids;
+    std::span<const float> gradients;
+    std::int64_t updates = 0;
+    bool in_place = false;  ///< proven rows are updated in place
+    bool one_pass = false;  ///< every row is: commit finds them
+  };
+  Pending pending_;
+  std::vector<std::pair<std::uint32_t, std::size_t>> in_place_rows_;  ///< row, position in ids: proven rows
+  std::vector<std::pair<std::uint32_t, std::size_t>> scratch_rows_;   ///< row, position in ids: the others
+  std::vector<float> scratch_;                                        ///< the others' rows being updated
+  std::vector<bool> scratch_proven_;                                  ///< whether each came out proven
 };
 
 }  // namespace pulley

@@ -39,16 +39,12 @@ bool lanes(std::size_t begin, std::size_t end, Rule rule, const float* in, Out*.
   // captured by value, so its constants stay in registers for the whole loop.
   static_assert(sizeof...(Out) > 0, "lanewise writes at least one array");
   constexpr std::size_t kOut = sizeof...(Out);
-  static constexpr std::uint32_t kExponent = 0x7F800000U;
-  static constexpr std::uint32_t kCarry = 0x22800000U;  // 69 in the exponent's bits: 127 + 60 + 69 = 256
-  static constexpr std::uint32_t kSign = 0x80000000U;
-  static_assert(kOrdinaryMagnitude == 0x1p60F, "the carry is for 2^60");
   // Folds `bits`, a value written to array k (or a vector of them), into `lane`.
   const auto fold = []<std::size_t k>(std::integral_constant<std::size_t, k>, auto& lane, const auto& bits) {
     if constexpr (k < kSigned) {
-      lane |= (bits & kExponent) + kCarry;
+      lane |= (bits & kExponentBits) + kOrdinaryCarry;
     } else {
-      lane |= ((bits & kExponent) + kCarry) | (bits & kSign);
+      lane |= ((bits & kExponentBits) + kOrdinaryCarry) | (bits & kSignBit);
     }
   };
   std::uint32_t lane = 0;  // the scalar values' fold
@@ -98,13 +94,13 @@ bool lanes(std::size_t begin, std::size_t end, Rule rule, const float* in, Out*.
     }
   }
   if constexpr (!kCheck) return true;
-  return (lane & kSign) == 0 && stdx::none_of((lanes_folded & kSign) != 0U);
+  return (lane & kSignBit) == 0 && stdx::none_of((lanes_folded & kSignBit) != 0U);
 #else
   for (std::size_t i = begin; i < end; ++i) {
     rule(in[i], out[i]...);
     if constexpr (kCheck) fold_scalars(i, out...);
   }
-  return (lane & kSign) == 0;
+  return (lane & kSignBit) == 0;
 #endif
 }
 
@@ -132,6 +128,19 @@ template <class Rule, std::same_as<float>... Out>
 void lanewise(std::size_t begin, std::size_t end, Rule&& rule, const float* in, Out*... out) {
   (void)lanes<false, 0>(begin, end, rule, in, out...);
 }
+
+/// `mask ? a : b` for one value: the conditional a `lanewise` rule writes, which for a
+/// vector of lanes (below) picks lane by lane.
+inline float choose(bool mask, float a, float b) noexcept { return mask ? a : b; }
+#if defined(PULLEY_DETAIL_VECTOR_LANES)
+/// `choose` for a vector of lanes: a's lanes where `mask` is set, b's elsewhere.
+template <class T, class Abi>
+std::experimental::simd<T, Abi> choose(const std::experimental::simd_mask<T, Abi>& mask,
+                                       const std::experimental::simd<T, Abi>& a, std::experimental::simd<T, Abi> b) {
+  std::experimental::where(mask, b) = a;
+  return b;
+}
+#endif
 
 /// `lanewise`, and true if every value it wrote is ordinary (its magnitude below
 /// kOrdinaryMagnitude, so neither NaN nor Inf), the values of the first `kSigned` arrays of
