@@ -163,7 +163,8 @@ double in_process(std::size_t n, std::uint32_t workers, Op op) {
                    [&](pulley::Node node) { return pulley::InProcess(network, node); });
 }
 
-double over_tcp(std::size_t n, std::uint32_t workers, Op op) {
+/// `local`: through the ps's local socket (TcpOptions::local_sockets), else TCP loopback.
+double over_tcp(std::size_t n, std::uint32_t workers, Op op, bool local = false) {
   const pulley::Credentials job{"push-pull", "the benchmark's secret"};
   pulley::TcpServerOptions serving;
   serving.credentials = job;
@@ -173,6 +174,7 @@ double over_tcp(std::size_t n, std::uint32_t workers, Op op) {
   std::thread serving_thread([&] { listener.run(); });
   pulley::TcpOptions options;
   options.credentials = job;
+  options.local_sockets = local;
   const double t = push_pull(n, workers, op, [&](pulley::Node node) {
     return pulley::Tcp(node, {address}, options);
   });
@@ -191,6 +193,7 @@ double tcp_first_call() {
   std::thread serving_thread([&] { listener.run(); });
   pulley::TcpOptions options;
   options.credentials = job;
+  options.local_sockets = false;
   const double t = time_per_call([&] {
     pulley::Tcp tcp(pulley::Node::chief(), {address}, options);
     (void)tcp.call(0, pulley::GetStats{}).get();
@@ -321,6 +324,9 @@ int main(int argc, char** argv) {
             "GB/s", "memcpy");
       print("TCP push+pull, " + who,
             paired([&] { return over_tcp(n, workers, Op::kPushPull) / w; }, echo), two_gb_per_s,
+            "GB/s", "raw loopback echo");
+      print("local-socket push+pull, " + who,
+            paired([&] { return over_tcp(n, workers, Op::kPushPull, true) / w; }, echo), two_gb_per_s,
             "GB/s", "raw loopback echo");
       if (workers == 1) {
         print("TCP push, " + who, paired([&] { return over_tcp(n, 1, Op::kPush); }, one_way),

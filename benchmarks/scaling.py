@@ -13,7 +13,8 @@ R = N and async, along three axes through one base point (N = 2, P = 2, H = 128)
   - workers: N in 1 2 3 4 6 8;
   - ps: P in 1 2 3 4, with H = 2048;
   - model: H in 128 512 2048 8192 16384 32768 65536 (0.1 M to 52 M parameters);
-every job with each variable split evenly over its ps tasks (--shards P);
+every job with each variable split evenly over its ps tasks (--shards P) and every
+connection over TCP (--no-local-sockets: the model is of tasks on separate hosts);
 and, to calibrate the cost model, `--mode plain` (one thread, no ps) at every H, stepping on
 batches of 64 and of 128. Each run trains about S seconds (--max-steps from a first guess
 of its speed). A row of the CSV: the axis, mode, N, P, H, parameters, global steps,
@@ -100,7 +101,8 @@ def run_one(binary: Path, axis: str, mode: str, workers: int, ps: int, hidden: i
         command = [str(binary), *flags, "--workers", str(workers)]
     else:
         command = ["bash", str(ROOT / "scripts/launch_local.sh"), "--ps", str(ps), "--workers",
-                   str(workers), "--binary", str(binary), "--", *flags, "--shards", str(max(ps, 1))]
+                   str(workers), "--binary", str(binary), "--", *flags, "--shards", str(max(ps, 1)),
+                   "--no-local-sockets"]  # TCP, as between hosts: its bytes cross the loopback interface
     log = work / "run.log"
     before, start = loopback_bytes(), time.monotonic()
     with log.open("w") as out:

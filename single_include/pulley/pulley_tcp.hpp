@@ -15771,8 +15771,9 @@ inline void merge_copy_answers(Response& read, const Response& other) {
 // ---- end pulley/transport/detail/copies.hpp ----
 // ---- begin pulley/transport/detail/sockets.hpp ----
 
-/// What the TCP client and server share: addresses, listening, and gather-writes of frames
-/// that take what the kernel accepts now without waiting.
+/// What the TCP client and server share: addresses, listening, the local sockets of tasks
+/// on one host, and gather-writes of frames that take what the kernel accepts now without
+/// waiting.
 
 #include <algorithm>
 #include <array>
@@ -15785,6 +15786,11 @@ inline void merge_copy_answers(Response& read, const Response& other) {
 #include <system_error>
 #include <utility>
 #include <vector>
+
+#if defined(__linux__)
+#include <ifaddrs.h>
+#include <sys/socket.h>
+#endif
 
 // ---- begin pulley/transport/wire/frame.hpp ----
 
@@ -15964,6 +15970,75 @@ inline asio::ip::tcp::acceptor listen(asio::io_context& io,
   }
 }
 
+/// The socket a TCP client and server talk over: a TCP one, or, between tasks on one host,
+/// a local (Unix-domain) one (see `local_socket_name`).
+using StreamSocket = asio::generic::stream_protocol::socket;
+
+/// True where a ps also listens on a local socket and clients on its host use it: Linux,
+/// whose abstract socket names (no file, gone with the process) belong to one network
+/// namespace, as the ps's TCP port does: a client in another namespace, whose link to the
+/// ps may be cut, never reaches it this way.
+#if defined(__linux__)
+inline constexpr bool kLocalSockets = true;
+#else
+inline constexpr bool kLocalSockets = false;
+#endif
+
+/// The abstract socket name of a ps listening on TCP `address`:`port` ("\0pulley/127.0.0.1:2222",
+/// "\0pulley/[::]:2222"): a ps binds it beside its port, and a client that reaches that
+/// address on its own host connects there instead.
+inline std::string local_socket_name(const asio::ip::address& address, std::uint16_t port) {
+  const std::string host = address.is_v6() ? "[" + address.to_string() + "]" : address.to_string();
+  return std::string(1, '\0') + "pulley/" + host + ":" + std::to_string(port);
+}
+
+/// True if `address` is this host's: a loopback address, or one an interface holds.
+inline bool is_this_hosts(const asio::ip::address& address) {
+  if (address.is_loopback()) return true;
+#if defined(__linux__)
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return false;
+  bool found = false;
+  for (const ifaddrs* a = list; a != nullptr && !found; a = a->ifa_next) {
+    if (a->ifa_addr == nullptr) continue;
+    if (a->ifa_addr->sa_family == AF_INET && address.is_v4()) {
+      asio::ip::address_v4::bytes_type bytes{};
+      std::memcpy(bytes.data(), &reinterpret_cast<const sockaddr_in*>(a->ifa_addr)->sin_addr, bytes.size());
+      found = asio::ip::address_v4(bytes) == address.to_v4();
+    } else if (a->ifa_addr->sa_family == AF_INET6 && address.is_v6()) {
+      asio::ip::address_v6::bytes_type bytes{};
+      std::memcpy(bytes.data(), &reinterpret_cast<const sockaddr_in6*>(a->ifa_addr)->sin6_addr, bytes.size());
+      found = asio::ip::address_v6(bytes) == address.to_v6();
+    }
+  }
+  freeifaddrs(list);
+  return found;
+#else
+  return false;
+#endif
+}
+
+/// The local socket names to try, in order, for a ps at TCP `address`:`port`: none unless
+/// the address is this host's; else the name of a ps listening on that address, then those
+/// of one listening on every interface ("0.0.0.0" for an IPv4 address, and "::"). Each name
+/// belongs to whichever process listens on that TCP address and port, so a client reaches
+/// the same ps either way (and proves itself to it in the same handshake).
+inline std::vector<std::string> local_socket_names(const asio::ip::address& address, std::uint16_t port) {
+  if (!kLocalSockets || !is_this_hosts(address)) return {};
+  std::vector<std::string> names{local_socket_name(address, port)};
+  if (address.is_v4()) names.push_back(local_socket_name(asio::ip::address_v4::any(), port));
+  names.push_back(local_socket_name(asio::ip::address_v6::any(), port));
+  return names;
+}
+
+/// Asks for send buffers of 4 MiB on a local socket (the kernel caps it at
+/// net.core.wmem_max): a Unix-domain socket's default (about 200 KiB) makes a megabyte's
+/// frame cross in many small wake-ups, where TCP loopback grows its window by itself.
+inline void widen_local_buffers(StreamSocket& socket) {
+  std::error_code ignored;  // without it, merely more wake-ups
+  socket.set_option(asio::socket_base::send_buffer_size(4 << 20), ignored);
+}
+
 /// The buffers of several frames, gather-written in order and consumed as the kernel takes
 /// them.
 class GatherList {
@@ -15984,7 +16059,8 @@ class GatherList {
 
   /// Writes what `socket` (non-blocking) takes now; returns false on an error other than
   /// would_block, in `ec`.
-  bool write_now(asio::ip::tcp::socket& socket, std::error_code& ec) {
+  template <class Socket>
+  bool write_now(Socket& socket, std::error_code& ec) {
     while (!empty()) {
       const std::size_t n = socket.write_some(remaining(), ec);
       if (ec == asio::error::would_block || ec == asio::error::try_again) {
@@ -16066,7 +16142,10 @@ class ReceiveBuffers {
   /// closes or whose memory is under pressure, so it cannot wait for bytes that will not
   /// come; a closed connection or an error completes it at once. One setsockopt when the
   /// mark changes.
-  void watermark(asio::ip::tcp::socket& socket, std::uint64_t payload_left) {
+  /// (Not for a local socket, whose non-blocking receives return what has come whatever
+  /// the mark.)
+  template <class Socket>
+  void watermark(Socket& socket, std::uint64_t payload_left) {
     constexpr std::uint64_t kMaxMark = std::uint64_t{512} << 10U;
     const int mark = static_cast<int>(std::clamp<std::uint64_t>(payload_left / 4, 1, kMaxMark));
     if (mark == mark_) return;
@@ -16498,6 +16577,13 @@ struct TcpOptions {
   /// longer than the stalls a ps may live through: a copy dropped by some tasks and not
   /// others misses their updates.
   std::chrono::milliseconds copy_timeout{std::chrono::seconds(30)};
+  /// Reach a ps on this host through its local socket (Linux: a Unix-domain socket with an
+  /// abstract name, transport/detail/sockets.hpp) rather than TCP loopback: the same
+  /// frames, handshake and limits, at a fraction of TCP's cost per byte. Tried first on
+  /// every connection to an address of this host, TCP after it when the ps has none. Off:
+  /// TCP always (`--no-local-sockets`), e.g. where the tasks' TCP traffic must cross a
+  /// firewall rule or a traffic shaper on this host.
+  bool local_sockets = true;
 };
 
 /// How a TcpServer treats its clients. Every limit protects the ps from a client that is
@@ -16569,6 +16655,11 @@ struct TcpServerOptions {
   /// then; a hello that names no process is refused. Keep it at least the worker timeout;
   /// 0 lets any process claim any task.
   std::chrono::milliseconds takeover_after{std::chrono::seconds(5)};
+  /// Also listen on a local socket (Linux: the abstract name of this TCP address and port,
+  /// transport/detail/sockets.hpp), which clients on this host reach it through (see
+  /// TcpOptions::local_sockets). Every limit above holds on it as on TCP. A name another
+  /// process holds already is skipped with a log line, and TCP serves alone.
+  bool local_socket = true;
 };
 
 /// Serves one Service (a ParameterServer) on a TCP port, and owns it. All connections are
@@ -17435,6 +17526,9 @@ class Tcp {
 
   /// Ps task `ps`'s address, "host:port".
   [[nodiscard]] std::string address(std::size_t ps) const { return impl_->address(ps); }
+  /// True if this task's connection to ps `ps` (to its own copy, with replicas) is through
+  /// the ps's local socket (TcpOptions::local_sockets), false over TCP or not connected.
+  [[nodiscard]] bool local(std::size_t ps) const { return impl_->local(ps); }
 
  private:
   static std::vector<Address> parse_all(const std::vector<std::string>& addresses) {
@@ -17523,7 +17617,8 @@ class Tcp {
     std::string address;  ///< "host:port", for messages
     std::string host;
     std::string port;
-    asio::ip::tcp::socket socket;
+    transport_detail::StreamSocket socket;
+    bool local = false;  ///< `socket` is (being) connected to the ps's local socket
     asio::ip::tcp::resolver resolver;
     asio::steady_timer timer;  ///< bounds a connection attempt
     State state = State::kBroken;
@@ -17708,6 +17803,12 @@ class Tcp {
     [[nodiscard]] std::string address(std::size_t ps) const {
       if (ps >= shards_) throw Error(ErrorCode::kInvalidArgument, "no ps task " + std::to_string(ps));
       return links_[ps]->address;
+    }
+
+    [[nodiscard]] bool local(std::size_t ps) const {
+      if (ps >= shards_) throw Error(ErrorCode::kInvalidArgument, "no ps task " + std::to_string(ps));
+      const Link& link = *links_[ps];
+      return link.local && link.state == State::kConnected;
     }
 
     PendingCall call(std::size_t ps, Request&& request, PullTargets targets) {
@@ -18065,7 +18166,8 @@ class Tcp {
     void connect(Link& link, Done done) {
       const std::uint64_t gen = ++link.generation;
       link.state = State::kConnecting;
-      link.socket = asio::ip::tcp::socket(io_);
+      link.socket = transport_detail::StreamSocket(io_);
+      link.local = false;
       link.refused.reset();
       link.connected = std::move(done);
       auto timed_out = std::make_shared<bool>(false);
@@ -18086,7 +18188,8 @@ class Tcp {
       });
       auto finish = [this, &link, gen, timed_out](std::error_code ec) {
         if (gen != link.generation) return;
-        if (!ec) link.socket.set_option(asio::ip::tcp::no_delay(true), ec);
+        if (!ec && !link.local) link.socket.set_option(asio::ip::tcp::no_delay(true), ec);
+        if (!ec && link.local) transport_detail::widen_local_buffers(link.socket);
         if (!ec) link.socket.non_blocking(true, ec);  // requests are first written directly
         if (ec) {
           link.timer.cancel();
@@ -18107,23 +18210,68 @@ class Tcp {
         link.receiving = false;
         receive(link);
       };
-      // A numeric address needs no resolver (whose first use starts a thread).
+      // A numeric address needs no resolver (whose first use starts a thread). A ps on this
+      // host is reached through its local socket when it has one, else over TCP.
+      const auto port = static_cast<std::uint16_t>(std::stoi(link.port));
       std::error_code not_numeric;
       const asio::ip::address numeric = asio::ip::make_address(link.host, not_numeric);
       if (!not_numeric) {
-        const asio::ip::tcp::endpoint endpoint(numeric, static_cast<std::uint16_t>(std::stoi(link.port)));
-        link.socket.async_connect(endpoint, [finish](std::error_code ec) mutable { finish(ec); });
+        const asio::ip::tcp::endpoint endpoint(numeric, port);
+        reach_locally(link, gen, timed_out, local_names(numeric, port), 0, finish, [&link, endpoint, finish] {
+          link.socket.async_connect(endpoint, [finish](std::error_code ec) mutable { finish(ec); });
+        });
         return;
       }
       link.resolver.async_resolve(
           link.host, link.port,
-          [&link, finish](std::error_code ec,
-                          asio::ip::tcp::resolver::results_type endpoints) mutable {
+          [this, &link, gen, timed_out, port, finish](std::error_code ec,
+                                                      asio::ip::tcp::resolver::results_type endpoints) mutable {
             if (ec) return finish(ec);
-            asio::async_connect(link.socket, endpoints,
-                                [finish](std::error_code ec2,
-                                         const asio::ip::tcp::endpoint&) mutable { finish(ec2); });
+            std::vector<asio::generic::stream_protocol::endpoint> tcp;  // (as the socket takes them)
+            for (const auto& entry : endpoints) tcp.emplace_back(entry.endpoint());
+            reach_locally(link, gen, timed_out, local_names(endpoints.begin()->endpoint().address(), port), 0, finish,
+                          [&link, tcp = std::move(tcp), finish] {
+                            asio::async_connect(link.socket, tcp,
+                                                [finish](std::error_code ec2, const auto& /*endpoint*/) mutable {
+                                                  finish(ec2);
+                                                });
+                          });
           });
+    }
+
+    /// The local socket names to try for a ps at `address`:`port` (none unless it is this
+    /// host's and TcpOptions::local_sockets).
+    [[nodiscard]] std::vector<std::string> local_names(const asio::ip::address& address, std::uint16_t port) const {
+      if (!options_.local_sockets) return {};
+      return transport_detail::local_socket_names(address, port);
+    }
+
+    /// Connects `link` to the first of `names` from `next` on that takes it, then calls
+    /// `finish`; when none does (no ps listens under them), calls `over_tcp` on a fresh
+    /// socket. A local connection is taken or refused at once, so this adds nothing to a
+    /// TCP attempt; the attempt's deadline covers both.
+    template <class Finish, class OverTcp>
+    void reach_locally(Link& link, std::uint64_t gen, std::shared_ptr<bool> timed_out, std::vector<std::string> names,
+                       std::size_t next, Finish finish, OverTcp over_tcp) {
+#if defined(__linux__)
+      if (next < names.size()) {
+        link.local = true;
+        link.socket = transport_detail::StreamSocket(io_);
+        const asio::generic::stream_protocol::endpoint endpoint{asio::local::stream_protocol::endpoint(names[next])};
+        link.socket.async_connect(endpoint, [this, &link, gen, timed_out, names = std::move(names), next, finish,
+                                             over_tcp](std::error_code ec) mutable {
+          if (gen != link.generation) return;
+          if (!ec || *timed_out) return finish(ec);
+          reach_locally(link, gen, timed_out, std::move(names), next + 1, std::move(finish), std::move(over_tcp));
+        });
+        return;
+      }
+#else
+      (void)gen, (void)timed_out, (void)names, (void)next, (void)finish;
+#endif
+      if (link.local) link.socket = transport_detail::StreamSocket(io_);
+      link.local = false;
+      over_tcp();
     }
 
     /// After an attempt that failed with `ec`: a copy reached before and not now is lost for
@@ -18291,7 +18439,7 @@ class Tcp {
         return;
       }
       link.receiving = true;
-      link.receive_buffers.watermark(link.socket, link.reader.payload_left());
+      if (!link.local) link.receive_buffers.watermark(link.socket, link.reader.payload_left());
       link.socket.async_read_some(
           link.receive_buffers.of(link.reader.buffers()),
           [this, &link, gen = link.generation](std::error_code ec, std::size_t n) {
@@ -19043,6 +19191,7 @@ class TcpServer {
             io_, transport_detail::resolve_listen_endpoint(io_, host, port))),
         retry_accept_(io_) {
     wire::check_credentials(options_.credentials);
+    if (options_.local_socket) listen_locally();
     budget_.reclaim = [this] {
       for (auto& [raw, connection] : connections_) {
         connection->reader.release_idle();
@@ -19102,17 +19251,15 @@ class TcpServer {
   using Clock = std::chrono::steady_clock;
 
   struct Connection : std::enable_shared_from_this<Connection> {
-    Connection(TcpServer& server, asio::ip::tcp::socket peer_socket)
+    Connection(TcpServer& server, transport_detail::StreamSocket peer_socket, std::string peer_address, bool is_local)
         : owner(server),
           socket(std::move(peer_socket)),
+          local(is_local),
+          address(std::move(peer_address)),
           reader(wire::kHandshakeLimits, std::size_t{64} << 10U, &server.budget_),
           session(++server.sessions_),
           accepted(Clock::now()),
-          last_heard(accepted) {
-      std::error_code ignored;
-      const auto endpoint = socket.remote_endpoint(ignored);
-      address = endpoint.address().to_string() + ":" + std::to_string(endpoint.port());
-    }
+          last_heard(accepted) {}
     ~Connection() {
       owner.budget_.give(copy_size + spare_size);
     }
@@ -19132,13 +19279,15 @@ class TcpServer {
       spare_size = 0;
     }
 
-    /// "worker:1 at 10.0.0.2:4711", or the address alone before the handshake.
+    /// "worker:1 at 10.0.0.2:4711" ("... at the local socket, pid 4711"), or the address
+    /// alone before the handshake.
     [[nodiscard]] std::string who() const {
       return peer ? peer->name() + " at " + address : address;
     }
 
     TcpServer& owner;
-    asio::ip::tcp::socket socket;
+    transport_detail::StreamSocket socket;
+    bool local;           ///< on the local socket (no receive watermark: see ReceiveBuffers)
     std::string address;  ///< the peer's, for log lines
     wire::FrameReader reader;
     transport_detail::ReceiveBuffers receive_buffers;
@@ -19170,7 +19319,58 @@ class TcpServer {
   };
   using ConnectionPtr = std::shared_ptr<Connection>;
 
+  /// Listens on the local socket of this TCP address and port too, unless its name is taken
+  /// (logged: TCP then serves alone).
+  void listen_locally() {
+#if defined(__linux__)
+    const asio::ip::tcp::endpoint tcp = acceptor_.local_endpoint();
+    const asio::local::stream_protocol::endpoint endpoint(transport_detail::local_socket_name(tcp.address(), tcp.port()));
+    std::error_code ec;
+    local_acceptor_.open(endpoint.protocol(), ec);
+    if (!ec) local_acceptor_.bind(endpoint, ec);
+    if (!ec) local_acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) {
+      std::error_code ignored;
+      local_acceptor_.close(ignored);
+      log(LogLevel::kWarning, "ps " + std::to_string(service_.task()) + ": no local socket for port " +
+                                  std::to_string(tcp.port()) + " (" + ec.message() +
+                                  "): tasks on this host reach it over TCP");
+    }
+#endif
+  }
+
   void accept() {
+#if defined(__linux__)
+    if (local_acceptor_.is_open()) accept_local();
+#endif
+    accept_tcp();
+  }
+
+#if defined(__linux__)
+  /// Accepts on the local socket, as accept_tcp on the port; the peer is named by its pid.
+  void accept_local() {
+    local_acceptor_.async_accept([this](std::error_code ec, asio::local::stream_protocol::socket socket) {
+      if (ec == asio::error::operation_aborted || !local_acceptor_.is_open()) return;
+      if (ec) {  // (out of file descriptors, say: accept_tcp's retries say so; try again)
+        retry_local_.expires_after(std::chrono::milliseconds(100));
+        retry_local_.async_wait([this](std::error_code timer) {
+          if (!timer) accept_local();
+        });
+        return;
+      }
+      std::string address = "the local socket";
+      ucred peer{};
+      socklen_t size = sizeof peer;
+      if (::getsockopt(socket.native_handle(), SOL_SOCKET, SO_PEERCRED, &peer, &size) == 0) {
+        address += ", pid " + std::to_string(peer.pid);
+      }
+      admit(transport_detail::StreamSocket(std::move(socket)), std::move(address), true);
+      accept_local();
+    });
+  }
+#endif
+
+  void accept_tcp() {
     acceptor_.async_accept([this](std::error_code ec, asio::ip::tcp::socket socket) {
       if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
       if (ec) {  // e.g. out of file descriptors: keep serving, try again shortly
@@ -19181,13 +19381,16 @@ class TcpServer {
         accept_failing_ = true;
         retry_accept_.expires_after(std::chrono::milliseconds(100));
         retry_accept_.async_wait([this](std::error_code timer) {
-          if (!timer) accept();
+          if (!timer) accept_tcp();
         });
         return;
       }
       accept_failing_ = false;
-      admit(std::move(socket));
-      accept();
+      std::error_code ignored;
+      const asio::ip::tcp::endpoint peer = socket.remote_endpoint(ignored);
+      admit(transport_detail::StreamSocket(std::move(socket)),
+            peer.address().to_string() + ":" + std::to_string(peer.port()), false);
+      accept_tcp();
     });
   }
 
@@ -19195,7 +19398,7 @@ class TcpServer {
   /// the oldest of them is closed to make room (a task of the job answers the challenge in
   /// a round trip; a connection that has not yet is the likelier stranger); a connection
   /// the memory budget cannot hold is refused.
-  void admit(asio::ip::tcp::socket socket) {
+  void admit(transport_detail::StreamSocket socket, std::string address, bool local) {
     std::error_code ignored;
     if (connections_.size() - clients_ >= options_.max_handshaking) {
       Connection* oldest = nullptr;
@@ -19209,11 +19412,15 @@ class TcpServer {
       drop(*oldest, std::to_string(options_.max_handshaking) +
                         " connections are in the handshake (TcpServerOptions::max_handshaking): the oldest makes room");
     }
-    socket.set_option(asio::ip::tcp::no_delay(true), ignored);
+    if (local) {
+      transport_detail::widen_local_buffers(socket);
+    } else {
+      socket.set_option(asio::ip::tcp::no_delay(true), ignored);
+    }
     socket.non_blocking(true, ignored);  // replies are first written without waiting
     ConnectionPtr c;
     try {
-      c = std::make_shared<Connection>(*this, std::move(socket));
+      c = std::make_shared<Connection>(*this, std::move(socket), std::move(address), local);
       c->challenge = wire::Challenge{options_.credentials.job, service_.task(), wire::make_nonce()};
       connections_.emplace(c.get(), c);
       queue_frame(c, wire::encode(wire::Handshake{*c->challenge}, 0));
@@ -19238,7 +19445,7 @@ class TcpServer {
       c->paused_at.reset();
     }
     c->receiving = true;
-    c->receive_buffers.watermark(c->socket, c->reader.payload_left());
+    if (!c->local) c->receive_buffers.watermark(c->socket, c->reader.payload_left());
     c->socket.async_read_some(c->receive_buffers.of(c->reader.buffers()),
                               [this, c](std::error_code ec, std::size_t n) {
                                 c->receiving = false;
@@ -19648,6 +19855,10 @@ class TcpServer {
     std::error_code ignored;
     acceptor_.close(ignored);
     retry_accept_.cancel();
+#if defined(__linux__)
+    local_acceptor_.close(ignored);
+    retry_local_.cancel();
+#endif
     linger_.cancel();
     orphan_.cancel();
     sweep_.cancel();
@@ -19673,6 +19884,10 @@ class TcpServer {
   asio::io_context io_{1};
   asio::ip::tcp::acceptor acceptor_;
   asio::steady_timer retry_accept_;
+#if defined(__linux__)
+  asio::local::stream_protocol::acceptor local_acceptor_{io_};  ///< closed: no local socket
+  asio::steady_timer retry_local_{io_};
+#endif
   asio::steady_timer linger_{io_};
   asio::steady_timer orphan_{io_};
   asio::steady_timer sweep_{io_};

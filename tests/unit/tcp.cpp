@@ -42,6 +42,7 @@ using pulley::testing::LinearData;
 using pulley::testing::LinearModel;
 using pulley::testing::RawClient;
 using pulley::testing::client;
+using pulley::testing::test_client_options;
 using pulley::testing::test_server_options;
 using Server = ParameterServer<FixedShards, Sgd, SyncReplicas>;
 
@@ -416,8 +417,12 @@ TEST_CASE("a ps started again that refuses a task it let in before is waited for
     REQUIRE(call.wait_for(std::chrono::seconds(10)));
     return call.get();
   };
-  Response answer = ask();  // (it may first hear that the old connection ended)
-  if (auto* lost = std::get_if<ErrorReply>(&answer); lost != nullptr && lost->message.find("lost: End of file") != std::string::npos) {
+  // (It may first hear that the old connection ended: "End of file" over TCP, "Broken
+  // pipe" on a local socket, where a write to a closed peer fails at once.)
+  Response answer = ask();
+  if (auto* lost = std::get_if<ErrorReply>(&answer);
+      lost != nullptr && (lost->message.find("lost: End of file") != std::string::npos ||
+                          lost->message.find("lost: Broken pipe") != std::string::npos)) {
     answer = ask();
   }
   REQUIRE(std::holds_alternative<ErrorReply>(answer));
@@ -878,4 +883,100 @@ TEST_CASE("a Tcp transport told which ps tasks to reach now does not wait for th
     CHECK(e.code() == ErrorCode::kUnavailable);
     CHECK(std::string(e.what()).find(nobody) != std::string::npos);
   }
+}
+
+namespace {
+
+/// True if /proc/net/unix lists the abstract socket name `name` (its leading NUL shown as
+/// '@').
+bool unix_socket_listed(const std::string& name) {
+  std::FILE* f = std::fopen("/proc/net/unix", "r");
+  if (f == nullptr) return false;
+  const std::string shown = "@" + name.substr(1);
+  char line[512];
+  bool found = false;
+  while (!found && std::fgets(line, sizeof line, f) != nullptr) {
+    std::string text(line);
+    while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+    found = text.size() >= shown.size() && text.compare(text.size() - shown.size(), shown.size(), shown) == 0;
+  }
+  std::fclose(f);
+  return found;
+}
+
+}  // namespace
+
+TEST_CASE("tasks on one host talk through the ps's local socket, proving themselves as over TCP, and over TCP where either side turns it off") {
+  if (!transport_detail::kLocalSockets) return;  // (Linux only)
+  for (const std::string host : {"127.0.0.1", "0.0.0.0"}) {
+    CAPTURE(host);
+    TcpServer<AsyncServer> server(AsyncServer(0, 1, Sgd{0.1F}, Async{}, FixedShards{1}), host, 0,
+                                  test_server_options());
+    const std::string address = "127.0.0.1:" + std::to_string(server.port());
+    std::thread serving([&] { server.run(); });
+    const std::string name = transport_detail::local_socket_name(asio::ip::make_address(host), server.port());
+    CHECK(unix_socket_listed(name));
+    {
+      Tcp tcp = client(Node::worker(0), {address});
+      CHECK(std::holds_alternative<StatsReply>(tcp.call(0, GetStats{}).get()));
+      CHECK(tcp.local(0));
+    }
+    {
+      TcpOptions off = test_client_options();
+      off.local_sockets = false;
+      Tcp tcp = client(Node::worker(1), {address}, off);
+      CHECK(std::holds_alternative<StatsReply>(tcp.call(0, GetStats{}).get()));
+      CHECK_FALSE(tcp.local(0));
+    }
+    // The local socket asks for the job's secret as the port does.
+    TcpOptions stranger = test_client_options();
+    stranger.credentials.secret = "another secret";
+    stranger.connect_timeout = std::chrono::milliseconds(2000);
+    try {
+      Tcp refused(Node::worker(0), {address}, stranger);
+      FAIL("a client without the job's secret was let in");
+    } catch (const Error& e) {
+      CHECK(e.code() == ErrorCode::kUnauthenticated);
+    }
+    // Garbage on the local socket closes that connection, and the ps serves on.
+    {
+      asio::io_context io;
+      asio::local::stream_protocol::socket raw(io);
+      raw.connect(asio::local::stream_protocol::endpoint(name));
+      const std::string garbage(4096, 'x');
+      std::error_code ec;
+      asio::write(raw, asio::buffer(garbage), ec);
+      std::array<char, 4096> sink{};
+      std::size_t read = 0;
+      while (!ec && read < (std::size_t{1} << 20U)) read += raw.read_some(asio::buffer(sink), ec);
+      CHECK(ec);  // closed by the ps (its challenge read first)
+    }
+    Tcp after = client(Node::worker(0), {address});
+    CHECK(std::holds_alternative<StatsReply>(after.call(0, GetStats{}).get()));
+    CHECK(after.local(0));
+    server.stop();
+    serving.join();
+  }
+  // A ps without a local socket is reached over TCP.
+  TcpServerOptions tcp_only = test_server_options();
+  tcp_only.local_socket = false;
+  TcpServer<AsyncServer> server(AsyncServer(0, 1, Sgd{0.1F}, Async{}, FixedShards{1}), "127.0.0.1", 0, tcp_only);
+  std::thread serving([&] { server.run(); });
+  CHECK_FALSE(unix_socket_listed(transport_detail::local_socket_name(asio::ip::make_address("127.0.0.1"), server.port())));
+  Tcp tcp = client(Node::worker(0), {"127.0.0.1:" + std::to_string(server.port())});
+  CHECK(std::holds_alternative<StatsReply>(tcp.call(0, GetStats{}).get()));
+  CHECK_FALSE(tcp.local(0));
+  server.stop();
+  serving.join();
+}
+
+TEST_CASE("an address of another host has no local socket names, this host's loopback and interfaces have") {
+  CHECK(transport_detail::local_socket_names(asio::ip::make_address("192.0.2.7"), 2222).empty());  // TEST-NET-1
+  if (!transport_detail::kLocalSockets) return;
+  const auto names = transport_detail::local_socket_names(asio::ip::make_address("127.0.0.1"), 2222);
+  REQUIRE(names.size() == 3);
+  CHECK(names[0] == std::string("\0pulley/127.0.0.1:2222", 22));
+  CHECK(names[1] == std::string("\0pulley/0.0.0.0:2222", 20));
+  CHECK(names[2] == std::string("\0pulley/[::]:2222", 17));
+  CHECK(transport_detail::local_socket_names(asio::ip::make_address("::1"), 2222).size() == 2);
 }

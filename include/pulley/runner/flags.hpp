@@ -172,6 +172,15 @@ inline void add_limit_flags(CLI::App& app, ClientOptions& client, TcpOptions& tc
                  "workers: scale each push's gradients down to this global norm (0: off)")
       ->check(CLI::Range(0.0F, 1e30F))
       ->group(group);
+  app.add_flag_callback(
+         "--no-local-sockets",
+         [&tcp, &server] {
+           tcp.local_sockets = false;
+           server.local_socket = false;
+         },
+         "TCP between tasks on one host too (default: ps tasks also listen on a local socket, which "
+         "clients on their host use)")
+      ->group(group);
   millis("--connect-timeout-ms", tcp.connect_timeout, "waiting for a ps that is not up");
   millis("--attempt-timeout-ms", tcp.attempt_timeout, "one connection attempt, handshake included");
   app.add_option("--ps-max-buffered-bytes", server.max_buffered_bytes,

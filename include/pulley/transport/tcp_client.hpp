@@ -152,6 +152,9 @@ class Tcp {
 
   /// Ps task `ps`'s address, "host:port".
   [[nodiscard]] std::string address(std::size_t ps) const { return impl_->address(ps); }
+  /// True if this task's connection to ps `ps` (to its own copy, with replicas) is through
+  /// the ps's local socket (TcpOptions::local_sockets), false over TCP or not connected.
+  [[nodiscard]] bool local(std::size_t ps) const { return impl_->local(ps); }
 
  private:
   static std::vector<Address> parse_all(const std::vector<std::string>& addresses) {
@@ -240,7 +243,8 @@ class Tcp {
     std::string address;  ///< "host:port", for messages
     std::string host;
     std::string port;
-    asio::ip::tcp::socket socket;
+    transport_detail::StreamSocket socket;
+    bool local = false;  ///< `socket` is (being) connected to the ps's local socket
     asio::ip::tcp::resolver resolver;
     asio::steady_timer timer;  ///< bounds a connection attempt
     State state = State::kBroken;
@@ -425,6 +429,12 @@ class Tcp {
     [[nodiscard]] std::string address(std::size_t ps) const {
       if (ps >= shards_) throw Error(ErrorCode::kInvalidArgument, "no ps task " + std::to_string(ps));
       return links_[ps]->address;
+    }
+
+    [[nodiscard]] bool local(std::size_t ps) const {
+      if (ps >= shards_) throw Error(ErrorCode::kInvalidArgument, "no ps task " + std::to_string(ps));
+      const Link& link = *links_[ps];
+      return link.local && link.state == State::kConnected;
     }
 
     PendingCall call(std::size_t ps, Request&& request, PullTargets targets) {
@@ -782,7 +792,8 @@ class Tcp {
     void connect(Link& link, Done done) {
       const std::uint64_t gen = ++link.generation;
       link.state = State::kConnecting;
-      link.socket = asio::ip::tcp::socket(io_);
+      link.socket = transport_detail::StreamSocket(io_);
+      link.local = false;
       link.refused.reset();
       link.connected = std::move(done);
       auto timed_out = std::make_shared<bool>(false);
@@ -803,7 +814,8 @@ class Tcp {
       });
       auto finish = [this, &link, gen, timed_out](std::error_code ec) {
         if (gen != link.generation) return;
-        if (!ec) link.socket.set_option(asio::ip::tcp::no_delay(true), ec);
+        if (!ec && !link.local) link.socket.set_option(asio::ip::tcp::no_delay(true), ec);
+        if (!ec && link.local) transport_detail::widen_local_buffers(link.socket);
         if (!ec) link.socket.non_blocking(true, ec);  // requests are first written directly
         if (ec) {
           link.timer.cancel();
@@ -824,23 +836,68 @@ class Tcp {
         link.receiving = false;
         receive(link);
       };
-      // A numeric address needs no resolver (whose first use starts a thread).
+      // A numeric address needs no resolver (whose first use starts a thread). A ps on this
+      // host is reached through its local socket when it has one, else over TCP.
+      const auto port = static_cast<std::uint16_t>(std::stoi(link.port));
       std::error_code not_numeric;
       const asio::ip::address numeric = asio::ip::make_address(link.host, not_numeric);
       if (!not_numeric) {
-        const asio::ip::tcp::endpoint endpoint(numeric, static_cast<std::uint16_t>(std::stoi(link.port)));
-        link.socket.async_connect(endpoint, [finish](std::error_code ec) mutable { finish(ec); });
+        const asio::ip::tcp::endpoint endpoint(numeric, port);
+        reach_locally(link, gen, timed_out, local_names(numeric, port), 0, finish, [&link, endpoint, finish] {
+          link.socket.async_connect(endpoint, [finish](std::error_code ec) mutable { finish(ec); });
+        });
         return;
       }
       link.resolver.async_resolve(
           link.host, link.port,
-          [&link, finish](std::error_code ec,
-                          asio::ip::tcp::resolver::results_type endpoints) mutable {
+          [this, &link, gen, timed_out, port, finish](std::error_code ec,
+                                                      asio::ip::tcp::resolver::results_type endpoints) mutable {
             if (ec) return finish(ec);
-            asio::async_connect(link.socket, endpoints,
-                                [finish](std::error_code ec2,
-                                         const asio::ip::tcp::endpoint&) mutable { finish(ec2); });
+            std::vector<asio::generic::stream_protocol::endpoint> tcp;  // (as the socket takes them)
+            for (const auto& entry : endpoints) tcp.emplace_back(entry.endpoint());
+            reach_locally(link, gen, timed_out, local_names(endpoints.begin()->endpoint().address(), port), 0, finish,
+                          [&link, tcp = std::move(tcp), finish] {
+                            asio::async_connect(link.socket, tcp,
+                                                [finish](std::error_code ec2, const auto& /*endpoint*/) mutable {
+                                                  finish(ec2);
+                                                });
+                          });
           });
+    }
+
+    /// The local socket names to try for a ps at `address`:`port` (none unless it is this
+    /// host's and TcpOptions::local_sockets).
+    [[nodiscard]] std::vector<std::string> local_names(const asio::ip::address& address, std::uint16_t port) const {
+      if (!options_.local_sockets) return {};
+      return transport_detail::local_socket_names(address, port);
+    }
+
+    /// Connects `link` to the first of `names` from `next` on that takes it, then calls
+    /// `finish`; when none does (no ps listens under them), calls `over_tcp` on a fresh
+    /// socket. A local connection is taken or refused at once, so this adds nothing to a
+    /// TCP attempt; the attempt's deadline covers both.
+    template <class Finish, class OverTcp>
+    void reach_locally(Link& link, std::uint64_t gen, std::shared_ptr<bool> timed_out, std::vector<std::string> names,
+                       std::size_t next, Finish finish, OverTcp over_tcp) {
+#if defined(__linux__)
+      if (next < names.size()) {
+        link.local = true;
+        link.socket = transport_detail::StreamSocket(io_);
+        const asio::generic::stream_protocol::endpoint endpoint{asio::local::stream_protocol::endpoint(names[next])};
+        link.socket.async_connect(endpoint, [this, &link, gen, timed_out, names = std::move(names), next, finish,
+                                             over_tcp](std::error_code ec) mutable {
+          if (gen != link.generation) return;
+          if (!ec || *timed_out) return finish(ec);
+          reach_locally(link, gen, timed_out, std::move(names), next + 1, std::move(finish), std::move(over_tcp));
+        });
+        return;
+      }
+#else
+      (void)gen, (void)timed_out, (void)names, (void)next, (void)finish;
+#endif
+      if (link.local) link.socket = transport_detail::StreamSocket(io_);
+      link.local = false;
+      over_tcp();
     }
 
     /// After an attempt that failed with `ec`: a copy reached before and not now is lost for
@@ -1008,7 +1065,7 @@ class Tcp {
         return;
       }
       link.receiving = true;
-      link.receive_buffers.watermark(link.socket, link.reader.payload_left());
+      if (!link.local) link.receive_buffers.watermark(link.socket, link.reader.payload_left());
       link.socket.async_read_some(
           link.receive_buffers.of(link.reader.buffers()),
           [this, &link, gen = link.generation](std::error_code ec, std::size_t n) {

@@ -44,6 +44,13 @@ struct TcpOptions {
   /// longer than the stalls a ps may live through: a copy dropped by some tasks and not
   /// others misses their updates.
   std::chrono::milliseconds copy_timeout{std::chrono::seconds(30)};
+  /// Reach a ps on this host through its local socket (Linux: a Unix-domain socket with an
+  /// abstract name, transport/detail/sockets.hpp) rather than TCP loopback: the same
+  /// frames, handshake and limits, at a fraction of TCP's cost per byte. Tried first on
+  /// every connection to an address of this host, TCP after it when the ps has none. Off:
+  /// TCP always (`--no-local-sockets`), e.g. where the tasks' TCP traffic must cross a
+  /// firewall rule or a traffic shaper on this host.
+  bool local_sockets = true;
 };
 
 /// How a TcpServer treats its clients. Every limit protects the ps from a client that is
@@ -115,6 +122,11 @@ struct TcpServerOptions {
   /// then; a hello that names no process is refused. Keep it at least the worker timeout;
   /// 0 lets any process claim any task.
   std::chrono::milliseconds takeover_after{std::chrono::seconds(5)};
+  /// Also listen on a local socket (Linux: the abstract name of this TCP address and port,
+  /// transport/detail/sockets.hpp), which clients on this host reach it through (see
+  /// TcpOptions::local_sockets). Every limit above holds on it as on TCP. A name another
+  /// process holds already is skipped with a log line, and TCP serves alone.
+  bool local_socket = true;
 };
 
 /// Serves one Service (a ParameterServer) on a TCP port, and owns it. All connections are

@@ -44,6 +44,7 @@ class TcpServer {
             io_, transport_detail::resolve_listen_endpoint(io_, host, port))),
         retry_accept_(io_) {
     wire::check_credentials(options_.credentials);
+    if (options_.local_socket) listen_locally();
     budget_.reclaim = [this] {
       for (auto& [raw, connection] : connections_) {
         connection->reader.release_idle();
@@ -103,17 +104,15 @@ class TcpServer {
   using Clock = std::chrono::steady_clock;
 
   struct Connection : std::enable_shared_from_this<Connection> {
-    Connection(TcpServer& server, asio::ip::tcp::socket peer_socket)
+    Connection(TcpServer& server, transport_detail::StreamSocket peer_socket, std::string peer_address, bool is_local)
         : owner(server),
           socket(std::move(peer_socket)),
+          local(is_local),
+          address(std::move(peer_address)),
           reader(wire::kHandshakeLimits, std::size_t{64} << 10U, &server.budget_),
           session(++server.sessions_),
           accepted(Clock::now()),
-          last_heard(accepted) {
-      std::error_code ignored;
-      const auto endpoint = socket.remote_endpoint(ignored);
-      address = endpoint.address().to_string() + ":" + std::to_string(endpoint.port());
-    }
+          last_heard(accepted) {}
     ~Connection() {
       owner.budget_.give(copy_size + spare_size);
     }
@@ -133,13 +132,15 @@ class TcpServer {
       spare_size = 0;
     }
 
-    /// "worker:1 at 10.0.0.2:4711", or the address alone before the handshake.
+    /// "worker:1 at 10.0.0.2:4711" ("... at the local socket, pid 4711"), or the address
+    /// alone before the handshake.
     [[nodiscard]] std::string who() const {
       return peer ? peer->name() + " at " + address : address;
     }
 
     TcpServer& owner;
-    asio::ip::tcp::socket socket;
+    transport_detail::StreamSocket socket;
+    bool local;           ///< on the local socket (no receive watermark: see ReceiveBuffers)
     std::string address;  ///< the peer's, for log lines
     wire::FrameReader reader;
     transport_detail::ReceiveBuffers receive_buffers;
@@ -171,7 +172,58 @@ class TcpServer {
   };
   using ConnectionPtr = std::shared_ptr<Connection>;
 
+  /// Listens on the local socket of this TCP address and port too, unless its name is taken
+  /// (logged: TCP then serves alone).
+  void listen_locally() {
+#if defined(__linux__)
+    const asio::ip::tcp::endpoint tcp = acceptor_.local_endpoint();
+    const asio::local::stream_protocol::endpoint endpoint(transport_detail::local_socket_name(tcp.address(), tcp.port()));
+    std::error_code ec;
+    local_acceptor_.open(endpoint.protocol(), ec);
+    if (!ec) local_acceptor_.bind(endpoint, ec);
+    if (!ec) local_acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) {
+      std::error_code ignored;
+      local_acceptor_.close(ignored);
+      log(LogLevel::kWarning, "ps " + std::to_string(service_.task()) + ": no local socket for port " +
+                                  std::to_string(tcp.port()) + " (" + ec.message() +
+                                  "): tasks on this host reach it over TCP");
+    }
+#endif
+  }
+
   void accept() {
+#if defined(__linux__)
+    if (local_acceptor_.is_open()) accept_local();
+#endif
+    accept_tcp();
+  }
+
+#if defined(__linux__)
+  /// Accepts on the local socket, as accept_tcp on the port; the peer is named by its pid.
+  void accept_local() {
+    local_acceptor_.async_accept([this](std::error_code ec, asio::local::stream_protocol::socket socket) {
+      if (ec == asio::error::operation_aborted || !local_acceptor_.is_open()) return;
+      if (ec) {  // (out of file descriptors, say: accept_tcp's retries say so; try again)
+        retry_local_.expires_after(std::chrono::milliseconds(100));
+        retry_local_.async_wait([this](std::error_code timer) {
+          if (!timer) accept_local();
+        });
+        return;
+      }
+      std::string address = "the local socket";
+      ucred peer{};
+      socklen_t size = sizeof peer;
+      if (::getsockopt(socket.native_handle(), SOL_SOCKET, SO_PEERCRED, &peer, &size) == 0) {
+        address += ", pid " + std::to_string(peer.pid);
+      }
+      admit(transport_detail::StreamSocket(std::move(socket)), std::move(address), true);
+      accept_local();
+    });
+  }
+#endif
+
+  void accept_tcp() {
     acceptor_.async_accept([this](std::error_code ec, asio::ip::tcp::socket socket) {
       if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
       if (ec) {  // e.g. out of file descriptors: keep serving, try again shortly
@@ -182,13 +234,16 @@ class TcpServer {
         accept_failing_ = true;
         retry_accept_.expires_after(std::chrono::milliseconds(100));
         retry_accept_.async_wait([this](std::error_code timer) {
-          if (!timer) accept();
+          if (!timer) accept_tcp();
         });
         return;
       }
       accept_failing_ = false;
-      admit(std::move(socket));
-      accept();
+      std::error_code ignored;
+      const asio::ip::tcp::endpoint peer = socket.remote_endpoint(ignored);
+      admit(transport_detail::StreamSocket(std::move(socket)),
+            peer.address().to_string() + ":" + std::to_string(peer.port()), false);
+      accept_tcp();
     });
   }
 
@@ -196,7 +251,7 @@ class TcpServer {
   /// the oldest of them is closed to make room (a task of the job answers the challenge in
   /// a round trip; a connection that has not yet is the likelier stranger); a connection
   /// the memory budget cannot hold is refused.
-  void admit(asio::ip::tcp::socket socket) {
+  void admit(transport_detail::StreamSocket socket, std::string address, bool local) {
     std::error_code ignored;
     if (connections_.size() - clients_ >= options_.max_handshaking) {
       Connection* oldest = nullptr;
@@ -210,11 +265,15 @@ class TcpServer {
       drop(*oldest, std::to_string(options_.max_handshaking) +
                         " connections are in the handshake (TcpServerOptions::max_handshaking): the oldest makes room");
     }
-    socket.set_option(asio::ip::tcp::no_delay(true), ignored);
+    if (local) {
+      transport_detail::widen_local_buffers(socket);
+    } else {
+      socket.set_option(asio::ip::tcp::no_delay(true), ignored);
+    }
     socket.non_blocking(true, ignored);  // replies are first written without waiting
     ConnectionPtr c;
     try {
-      c = std::make_shared<Connection>(*this, std::move(socket));
+      c = std::make_shared<Connection>(*this, std::move(socket), std::move(address), local);
       c->challenge = wire::Challenge{options_.credentials.job, service_.task(), wire::make_nonce()};
       connections_.emplace(c.get(), c);
       queue_frame(c, wire::encode(wire::Handshake{*c->challenge}, 0));
@@ -239,7 +298,7 @@ class TcpServer {
       c->paused_at.reset();
     }
     c->receiving = true;
-    c->receive_buffers.watermark(c->socket, c->reader.payload_left());
+    if (!c->local) c->receive_buffers.watermark(c->socket, c->reader.payload_left());
     c->socket.async_read_some(c->receive_buffers.of(c->reader.buffers()),
                               [this, c](std::error_code ec, std::size_t n) {
                                 c->receiving = false;
@@ -649,6 +708,10 @@ class TcpServer {
     std::error_code ignored;
     acceptor_.close(ignored);
     retry_accept_.cancel();
+#if defined(__linux__)
+    local_acceptor_.close(ignored);
+    retry_local_.cancel();
+#endif
     linger_.cancel();
     orphan_.cancel();
     sweep_.cancel();
@@ -674,6 +737,10 @@ class TcpServer {
   asio::io_context io_{1};
   asio::ip::tcp::acceptor acceptor_;
   asio::steady_timer retry_accept_;
+#if defined(__linux__)
+  asio::local::stream_protocol::acceptor local_acceptor_{io_};  ///< closed: no local socket
+  asio::steady_timer retry_local_{io_};
+#endif
   asio::steady_timer linger_{io_};
   asio::steady_timer orphan_{io_};
   asio::steady_timer sweep_{io_};

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
-/// What the TCP client and server share: addresses, listening, and gather-writes of frames
-/// that take what the kernel accepts now without waiting.
+/// What the TCP client and server share: addresses, listening, the local sockets of tasks
+/// on one host, and gather-writes of frames that take what the kernel accepts now without
+/// waiting.
 
 #include <algorithm>
 #include <array>
@@ -15,6 +16,11 @@
 #include <system_error>
 #include <utility>
 #include <vector>
+
+#if defined(__linux__)
+#include <ifaddrs.h>
+#include <sys/socket.h>
+#endif
 
 #include "pulley/core/error.hpp"
 #include "pulley/transport/wire/frame.hpp"
@@ -49,6 +55,75 @@ inline asio::ip::tcp::acceptor listen(asio::io_context& io,
   }
 }
 
+/// The socket a TCP client and server talk over: a TCP one, or, between tasks on one host,
+/// a local (Unix-domain) one (see `local_socket_name`).
+using StreamSocket = asio::generic::stream_protocol::socket;
+
+/// True where a ps also listens on a local socket and clients on its host use it: Linux,
+/// whose abstract socket names (no file, gone with the process) belong to one network
+/// namespace, as the ps's TCP port does: a client in another namespace, whose link to the
+/// ps may be cut, never reaches it this way.
+#if defined(__linux__)
+inline constexpr bool kLocalSockets = true;
+#else
+inline constexpr bool kLocalSockets = false;
+#endif
+
+/// The abstract socket name of a ps listening on TCP `address`:`port` ("\0pulley/127.0.0.1:2222",
+/// "\0pulley/[::]:2222"): a ps binds it beside its port, and a client that reaches that
+/// address on its own host connects there instead.
+inline std::string local_socket_name(const asio::ip::address& address, std::uint16_t port) {
+  const std::string host = address.is_v6() ? "[" + address.to_string() + "]" : address.to_string();
+  return std::string(1, '\0') + "pulley/" + host + ":" + std::to_string(port);
+}
+
+/// True if `address` is this host's: a loopback address, or one an interface holds.
+inline bool is_this_hosts(const asio::ip::address& address) {
+  if (address.is_loopback()) return true;
+#if defined(__linux__)
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return false;
+  bool found = false;
+  for (const ifaddrs* a = list; a != nullptr && !found; a = a->ifa_next) {
+    if (a->ifa_addr == nullptr) continue;
+    if (a->ifa_addr->sa_family == AF_INET && address.is_v4()) {
+      asio::ip::address_v4::bytes_type bytes{};
+      std::memcpy(bytes.data(), &reinterpret_cast<const sockaddr_in*>(a->ifa_addr)->sin_addr, bytes.size());
+      found = asio::ip::address_v4(bytes) == address.to_v4();
+    } else if (a->ifa_addr->sa_family == AF_INET6 && address.is_v6()) {
+      asio::ip::address_v6::bytes_type bytes{};
+      std::memcpy(bytes.data(), &reinterpret_cast<const sockaddr_in6*>(a->ifa_addr)->sin6_addr, bytes.size());
+      found = asio::ip::address_v6(bytes) == address.to_v6();
+    }
+  }
+  freeifaddrs(list);
+  return found;
+#else
+  return false;
+#endif
+}
+
+/// The local socket names to try, in order, for a ps at TCP `address`:`port`: none unless
+/// the address is this host's; else the name of a ps listening on that address, then those
+/// of one listening on every interface ("0.0.0.0" for an IPv4 address, and "::"). Each name
+/// belongs to whichever process listens on that TCP address and port, so a client reaches
+/// the same ps either way (and proves itself to it in the same handshake).
+inline std::vector<std::string> local_socket_names(const asio::ip::address& address, std::uint16_t port) {
+  if (!kLocalSockets || !is_this_hosts(address)) return {};
+  std::vector<std::string> names{local_socket_name(address, port)};
+  if (address.is_v4()) names.push_back(local_socket_name(asio::ip::address_v4::any(), port));
+  names.push_back(local_socket_name(asio::ip::address_v6::any(), port));
+  return names;
+}
+
+/// Asks for send buffers of 4 MiB on a local socket (the kernel caps it at
+/// net.core.wmem_max): a Unix-domain socket's default (about 200 KiB) makes a megabyte's
+/// frame cross in many small wake-ups, where TCP loopback grows its window by itself.
+inline void widen_local_buffers(StreamSocket& socket) {
+  std::error_code ignored;  // without it, merely more wake-ups
+  socket.set_option(asio::socket_base::send_buffer_size(4 << 20), ignored);
+}
+
 /// The buffers of several frames, gather-written in order and consumed as the kernel takes
 /// them.
 class GatherList {
@@ -69,7 +144,8 @@ class GatherList {
 
   /// Writes what `socket` (non-blocking) takes now; returns false on an error other than
   /// would_block, in `ec`.
-  bool write_now(asio::ip::tcp::socket& socket, std::error_code& ec) {
+  template <class Socket>
+  bool write_now(Socket& socket, std::error_code& ec) {
     while (!empty()) {
       const std::size_t n = socket.write_some(remaining(), ec);
       if (ec == asio::error::would_block || ec == asio::error::try_again) {
@@ -151,7 +227,10 @@ class ReceiveBuffers {
   /// closes or whose memory is under pressure, so it cannot wait for bytes that will not
   /// come; a closed connection or an error completes it at once. One setsockopt when the
   /// mark changes.
-  void watermark(asio::ip::tcp::socket& socket, std::uint64_t payload_left) {
+  /// (Not for a local socket, whose non-blocking receives return what has come whatever
+  /// the mark.)
+  template <class Socket>
+  void watermark(Socket& socket, std::uint64_t payload_left) {
     constexpr std::uint64_t kMaxMark = std::uint64_t{512} << 10U;
     const int mark = static_cast<int>(std::clamp<std::uint64_t>(payload_left / 4, 1, kMaxMark));
     if (mark == mark_) return;
