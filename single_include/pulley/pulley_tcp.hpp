@@ -19499,13 +19499,16 @@ class TcpServer {
 
   /// Starts or ends the deadline of a frame half received.
   void time_frame(Connection& c) {
-    if (!c.reader.mid_frame()) {
+    if (c.closed || !c.reader.mid_frame()) {  // (a dropped connection's reader may hold a bad header)
       c.frame_deadline.reset();
       return;
     }
-    const std::uint64_t payload = c.reader.frame_payload();
-    const auto allowance = options_.frame_timeout +
-                           std::chrono::milliseconds(payload * 1000 / std::max<std::uint64_t>(options_.min_receive_rate, 1));
+    // In double, capped at 10^12 ms: a header's claim (checked, but not yet when this runs
+    // for a frame still arriving) cannot overflow the clock's nanoseconds.
+    const double payload_ms = std::min(static_cast<double>(c.reader.frame_payload()) * 1000.0 /
+                                           static_cast<double>(std::max<std::uint64_t>(options_.min_receive_rate, 1)),
+                                       1e12);
+    const auto allowance = options_.frame_timeout + std::chrono::milliseconds(static_cast<std::int64_t>(payload_ms));
     if (!c.frame_deadline) {
       c.frame_deadline = c.last_heard + allowance;
       c.frame_allowance = allowance;
