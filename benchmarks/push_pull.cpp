@@ -32,6 +32,7 @@
 #include "pulley/ps/update.hpp"
 #include "pulley/pulley.hpp"
 #include "pulley/transport/tcp.hpp"
+#include "support/plain_ftrl.hpp"
 #include "support/references.hpp"
 
 namespace {
@@ -466,15 +467,8 @@ int main(int argc, char** argv) {
         paired([&] { return time_per_call([&] { ftrl.apply(ftrl_state, w, g); }); },
                [&] {
                  return time_per_call([&] {
-                   const float lr = ftrl.learning_rate;
-                   for (std::size_t i = 0; i < n; ++i) {
-                     const float accum_new = accumulator[i] + g[i] * g[i];
-                     const float root_new = std::sqrt(accum_new);
-                     linear[i] += g[i] - (root_new - std::sqrt(accumulator[i])) / lr * w[i];
-                     const float quadratic = root_new / lr;
-                     w[i] = std::abs(linear[i]) > 0.0F ? -linear[i] / quadratic : 0.0F;
-                     accumulator[i] = accum_new;
-                   }
+                   pulley::bench::plain_ftrl(w.data(), accumulator.data(), linear.data(), g.data(), n,
+                                             ftrl.learning_rate);
                  });
                }),
         gb_per_s, "Gf/s", "plain loop");

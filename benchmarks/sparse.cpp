@@ -40,6 +40,7 @@
 #include "pulley/optimizers/adagrad.hpp"
 #include "pulley/optimizers/ftrl.hpp"
 #include "pulley/ps/embedding_table.hpp"
+#include "support/plain_ftrl.hpp"
 
 namespace {
 
@@ -187,20 +188,9 @@ int run(int argc, char** argv) {
   bench_apply(
       "sparse FTRL apply", ftrl,
       [&](float* rows, const float* g, std::size_t n, std::size_t d) {
-        const float lr = ftrl.learning_rate;
-        for (std::size_t r = 0; r < n; ++r) {
+        for (std::size_t r = 0; r < n; ++r) {  // each row: weights, accumulators, linear terms
           float* w = rows + r * 3 * d;
-          float* acc = w + d;
-          float* lin = acc + d;
-          const float* gr = g + r * d;
-          for (std::size_t k = 0; k < d; ++k) {  // learning_rate_power -0.5, no l1/l2
-            const float acc_new = acc[k] + gr[k] * gr[k];
-            const float root_new = std::sqrt(acc_new);
-            lin[k] += gr[k] - (root_new - std::sqrt(acc[k])) / lr * w[k];
-            const float quadratic = root_new / lr;
-            w[k] = std::abs(lin[k]) > 0.0F ? -lin[k] / quadratic : 0.0F;
-            acc[k] = acc_new;
-          }
+          pulley::bench::plain_ftrl(w, w + d, w + 2 * d, g + r * d, d, ftrl.learning_rate);
         }
       },
       dim, rounds, table_ids, ids);

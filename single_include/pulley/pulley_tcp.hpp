@@ -11199,18 +11199,20 @@ class EmbeddingTable {
   /// copies back (nothing if the last `prepare` failed or was committed already).
   void commit(std::int64_t step) {
     constexpr std::size_t kAhead = 8;
-    if (pending_.one_pass) {
-      for_each_found(pending_.ids, [&](std::size_t i, std::uint32_t row) {
-        if (row == kNone) {
-          ++stats_.pushes_dropped;
-          return;
-        }
-        update_in_place(row, i, step);
-      });
-    }
-    for (std::size_t k = 0; k < in_place_rows_.size(); ++k) {
-      if (k + kAhead < in_place_rows_.size()) prefetch_record(in_place_rows_[k + kAhead].first);
-      update_in_place(in_place_rows_[k].first, in_place_rows_[k].second, step);
+    if constexpr (BoundsRowMagnitudes<O>) {  // (only then are rows updated in place)
+      if (pending_.one_pass) {
+        for_each_found(pending_.ids, [&](std::size_t i, std::uint32_t row) {
+          if (row == kNone) {
+            ++stats_.pushes_dropped;
+            return;
+          }
+          update_in_place(row, i, step);
+        });
+      }
+      for (std::size_t k = 0; k < in_place_rows_.size(); ++k) {
+        if (k + kAhead < in_place_rows_.size()) prefetch_record(in_place_rows_[k + kAhead].first);
+        update_in_place(in_place_rows_[k].first, in_place_rows_[k].second, step);
+      }
     }
     for (std::size_t k = 0; k < scratch_rows_.size(); ++k) {
       if (k + kAhead < scratch_rows_.size()) prefetch_record(scratch_rows_[k + kAhead].first);
@@ -11476,19 +11478,17 @@ class EmbeddingTable {
   }
   /// Updates `row` in place from the pending update's gradient of `ids[i]` (proven finite
   /// in advance), keeping it for a cut first, and marks it proven by the bound it returns.
-  void update_in_place(std::uint32_t row, std::size_t i, std::int64_t step) {
-    if constexpr (BoundsRowMagnitudes<O>) {
-      const std::size_t d = spec_.dim;
-      if (frozen_ && row < cut_rows_) keep_for_cut(row);
-      float* r = at(row);
-      const RowContext context{step, pending_.updates, spec_.name, pending_.ids[i]};
-      const float bound = optimizer_.apply_row_bounded(std::span<float>(r, d), std::span<float>(r + d, stride_ - d),
-                                                       pending_.gradients.subspan(i * d, d), context);
-      set_proven(row, bound <= kOrdinaryMagnitude);
-      touch(row, step);
-    } else {
-      (void)row, (void)i, (void)step;
-    }
+  void update_in_place(std::uint32_t row, std::size_t i, std::int64_t step)
+    requires BoundsRowMagnitudes<O>
+  {
+    const std::size_t d = spec_.dim;
+    if (frozen_ && row < cut_rows_) keep_for_cut(row);
+    float* r = at(row);
+    const RowContext context{step, pending_.updates, spec_.name, pending_.ids[i]};
+    const float bound = optimizer_.apply_row_bounded(std::span<float>(r, d), std::span<float>(r + d, stride_ - d),
+                                                     pending_.gradients.subspan(i * d, d), context);
+    set_proven(row, bound <= kOrdinaryMagnitude);
+    touch(row, step);
   }
   void touch(std::uint32_t row, std::int64_t step) {
     const std::uint32_t now = clamp_step(step);
@@ -15781,6 +15781,8 @@ inline void merge_copy_answers(Response& read, const Response& other) {
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <span>
 #include <string>
 #include <system_error>
@@ -15992,9 +15994,8 @@ inline std::string local_socket_name(const asio::ip::address& address, std::uint
   return std::string(1, '\0') + "pulley/" + host + ":" + std::to_string(port);
 }
 
-/// True if `address` is this host's: a loopback address, or one an interface holds.
-inline bool is_this_hosts(const asio::ip::address& address) {
-  if (address.is_loopback()) return true;
+/// True if `address` is one an interface of this host holds now (getifaddrs).
+inline bool held_by_an_interface(const asio::ip::address& address) {
 #if defined(__linux__)
   ifaddrs* list = nullptr;
   if (getifaddrs(&list) != 0) return false;
@@ -16014,8 +16015,23 @@ inline bool is_this_hosts(const asio::ip::address& address) {
   freeifaddrs(list);
   return found;
 #else
+  (void)address;
   return false;
 #endif
+}
+
+/// True if `address` is this host's: a loopback address, or one an interface holds. The
+/// answer for an address is kept (a reconnect asks again for the same ps): an address that
+/// moves to or from this host later merely takes the other path, since a local name no ps
+/// holds is refused at once and the client goes on over TCP.
+inline bool is_this_hosts(const asio::ip::address& address) {
+  if (address.is_loopback()) return true;
+  static std::mutex mutex;
+  static std::map<asio::ip::address, bool> known;
+  const std::lock_guard lock(mutex);
+  const auto [it, inserted] = known.try_emplace(address, false);
+  if (inserted) it->second = held_by_an_interface(address);
+  return it->second;
 }
 
 /// The local socket names to try, in order, for a ps at TCP `address`:`port`: none unless

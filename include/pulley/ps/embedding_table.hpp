@@ -201,18 +201,20 @@ class EmbeddingTable {
   /// copies back (nothing if the last `prepare` failed or was committed already).
   void commit(std::int64_t step) {
     constexpr std::size_t kAhead = 8;
-    if (pending_.one_pass) {
-      for_each_found(pending_.ids, [&](std::size_t i, std::uint32_t row) {
-        if (row == kNone) {
-          ++stats_.pushes_dropped;
-          return;
-        }
-        update_in_place(row, i, step);
-      });
-    }
-    for (std::size_t k = 0; k < in_place_rows_.size(); ++k) {
-      if (k + kAhead < in_place_rows_.size()) prefetch_record(in_place_rows_[k + kAhead].first);
-      update_in_place(in_place_rows_[k].first, in_place_rows_[k].second, step);
+    if constexpr (BoundsRowMagnitudes<O>) {  // (only then are rows updated in place)
+      if (pending_.one_pass) {
+        for_each_found(pending_.ids, [&](std::size_t i, std::uint32_t row) {
+          if (row == kNone) {
+            ++stats_.pushes_dropped;
+            return;
+          }
+          update_in_place(row, i, step);
+        });
+      }
+      for (std::size_t k = 0; k < in_place_rows_.size(); ++k) {
+        if (k + kAhead < in_place_rows_.size()) prefetch_record(in_place_rows_[k + kAhead].first);
+        update_in_place(in_place_rows_[k].first, in_place_rows_[k].second, step);
+      }
     }
     for (std::size_t k = 0; k < scratch_rows_.size(); ++k) {
       if (k + kAhead < scratch_rows_.size()) prefetch_record(scratch_rows_[k + kAhead].first);
@@ -478,19 +480,17 @@ class EmbeddingTable {
   }
   /// Updates `row` in place from the pending update's gradient of `ids[i]` (proven finite
   /// in advance), keeping it for a cut first, and marks it proven by the bound it returns.
-  void update_in_place(std::uint32_t row, std::size_t i, std::int64_t step) {
-    if constexpr (BoundsRowMagnitudes<O>) {
-      const std::size_t d = spec_.dim;
-      if (frozen_ && row < cut_rows_) keep_for_cut(row);
-      float* r = at(row);
-      const RowContext context{step, pending_.updates, spec_.name, pending_.ids[i]};
-      const float bound = optimizer_.apply_row_bounded(std::span<float>(r, d), std::span<float>(r + d, stride_ - d),
-                                                       pending_.gradients.subspan(i * d, d), context);
-      set_proven(row, bound <= kOrdinaryMagnitude);
-      touch(row, step);
-    } else {
-      (void)row, (void)i, (void)step;
-    }
+  void update_in_place(std::uint32_t row, std::size_t i, std::int64_t step)
+    requires BoundsRowMagnitudes<O>
+  {
+    const std::size_t d = spec_.dim;
+    if (frozen_ && row < cut_rows_) keep_for_cut(row);
+    float* r = at(row);
+    const RowContext context{step, pending_.updates, spec_.name, pending_.ids[i]};
+    const float bound = optimizer_.apply_row_bounded(std::span<float>(r, d), std::span<float>(r + d, stride_ - d),
+                                                     pending_.gradients.subspan(i * d, d), context);
+    set_proven(row, bound <= kOrdinaryMagnitude);
+    touch(row, step);
   }
   void touch(std::uint32_t row, std::int64_t step) {
     const std::uint32_t now = clamp_step(step);

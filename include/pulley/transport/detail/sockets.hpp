@@ -11,6 +11,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <span>
 #include <string>
 #include <system_error>
@@ -77,9 +79,8 @@ inline std::string local_socket_name(const asio::ip::address& address, std::uint
   return std::string(1, '\0') + "pulley/" + host + ":" + std::to_string(port);
 }
 
-/// True if `address` is this host's: a loopback address, or one an interface holds.
-inline bool is_this_hosts(const asio::ip::address& address) {
-  if (address.is_loopback()) return true;
+/// True if `address` is one an interface of this host holds now (getifaddrs).
+inline bool held_by_an_interface(const asio::ip::address& address) {
 #if defined(__linux__)
   ifaddrs* list = nullptr;
   if (getifaddrs(&list) != 0) return false;
@@ -99,8 +100,23 @@ inline bool is_this_hosts(const asio::ip::address& address) {
   freeifaddrs(list);
   return found;
 #else
+  (void)address;
   return false;
 #endif
+}
+
+/// True if `address` is this host's: a loopback address, or one an interface holds. The
+/// answer for an address is kept (a reconnect asks again for the same ps): an address that
+/// moves to or from this host later merely takes the other path, since a local name no ps
+/// holds is refused at once and the client goes on over TCP.
+inline bool is_this_hosts(const asio::ip::address& address) {
+  if (address.is_loopback()) return true;
+  static std::mutex mutex;
+  static std::map<asio::ip::address, bool> known;
+  const std::lock_guard lock(mutex);
+  const auto [it, inserted] = known.try_emplace(address, false);
+  if (inserted) it->second = held_by_an_interface(address);
+  return it->second;
 }
 
 /// The local socket names to try, in order, for a ps at TCP `address`:`port`: none unless
