@@ -3,7 +3,8 @@
 # Installs what building, testing and training pulley need (Debian/Ubuntu; clang-14 and its
 # runtime build the fuzz target; slurm-client's scontrol checks the Slurm hostlist
 # expansion against Slurm's own; openmpi-bin's mpirun launches the MPI test job;
-# python3-matplotlib and curl serve scripts/plot_metrics.py and the metrics test). Idempotent:
+# python3-matplotlib and curl serve scripts/plot_metrics.py and the metrics test; iptables
+# cuts one link of a job in network namespaces for durability.copies_partition). Idempotent:
 # packages already present are not touched, and apt is not called when nothing is missing.
 set -euo pipefail
 
@@ -13,7 +14,7 @@ packages=(
   libxtensor-dev libxtensor-blas-dev libopenblas-dev liblapack-dev
   nlohmann-json3-dev libcli11-dev doctest-dev dataset-fashion-mnist
   clang-14 libclang-rt-14-dev
-  slurm-client openmpi-bin python3-matplotlib curl
+  slurm-client openmpi-bin python3-matplotlib curl iptables
 )
 
 if ! command -v dpkg-query >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1; then

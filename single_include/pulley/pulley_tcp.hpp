@@ -4041,6 +4041,28 @@ struct Shape {
   void serialize(Archive& /*archive*/) {}
 };
 
+/// A worker or the evaluator → the chief's JoinDesk (never a ps), in a job whose ps tasks
+/// keep copies of each other's shards (`--ps-replicas 1`): process `process` of ps `ps`
+/// (wire::Welcome::server; 0: one this task never reached), which this task reached
+/// before, is out of its reach (`why`: its address refuses connections, or it stayed out of
+/// reach for the copy timeout). Is it lost for the job, so that its copies are given up?
+/// The chief rules (runner/copy_rulings.hpp): lost if it finds the same (its own
+/// transport gave that process up, or a look at the address finds it refusing, silent or
+/// held by another process), not lost if it reaches that very process. Answered
+/// LostPsReply, or kUnavailable while the chief looks (ask again).
+struct LostPs {
+  static constexpr std::string_view kName = "LostPs";
+  static constexpr RoleSet kSenders{Node::Role::kWorker, Node::Role::kEvaluator};
+  std::uint32_t ps = 0;
+  std::uint64_t process = 0;
+  std::string why;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(ps, process, why);
+  }
+};
+
 /// Chief → every ps, paused (Pause): the job's workers are `workers` (task indices,
 /// ascending) from global step `from_step` on: workers joined, or left for good. Each ps
 /// counts them (SyncPolicy::reshape) the moment its global step reaches `from_step`, and
@@ -4065,10 +4087,10 @@ struct ChangeWorkers {
   }
 };
 
-/// Everything a ps task (or the chief's JoinDesk: Join, Leave, Shape) is asked.
+/// Everything a ps task (or the chief's JoinDesk: Join, Leave, Shape, LostPs) is asked.
 using Request = std::variant<Register, Initialize, WaitReady, TakeToken, Pull, Push, GetStats,
                              Shutdown, Pause, ReadState, Resume, Restore, Heartbeat, PullRows,
-                             ReadRows, RestoreRows, Join, ChangeWorkers, Leave, Shape>;
+                             ReadRows, RestoreRows, Join, ChangeWorkers, Leave, Shape, LostPs>;
 
 // ---- responses --------------------------------------------------------------------------
 
@@ -4187,6 +4209,18 @@ struct LeaveReply {
   template <class Archive>
   void serialize(Archive& archive) {
     archive(out);
+  }
+};
+
+/// The chief's ruling on a LostPs: whether that process is lost for the job (every task
+/// gives its copies up), or the chief still reaches it (the task waits for it).
+struct LostPsReply {
+  static constexpr std::string_view kName = "LostPsReply";
+  bool lost = false;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(lost);
   }
 };
 
@@ -4332,7 +4366,7 @@ struct RowsChunk {
 /// Everything a ps task answers.
 using Response = std::variant<Ack, ErrorReply, PlacementReply, TokenReply, PullReply, PushReply,
                               StatsReply, PauseReply, StateReply, RowsReply, RowsChunk, JoinReply, LeaveReply,
-                              ShapeReply>;
+                              ShapeReply, LostPsReply>;
 
 // ---- what follows from the declarations ---------------------------------------------------
 
@@ -13836,6 +13870,10 @@ class ParameterServer {
     reject(reply, ErrorCode::kInvalidArgument, name_ + " is a ps task: a task asks the chief for the job's shape");
   }
 
+  void on(LostPs&, const RequestContext&, Responder& reply) {
+    reject(reply, ErrorCode::kInvalidArgument, name_ + " is a ps task: a task asks the chief whether a ps is lost");
+  }
+
   void on(GetStats&, const RequestContext&, Responder& reply) {
     report();
     check_heartbeats();
@@ -15705,7 +15743,8 @@ static_assert(Ring<InProcessRing>);
 /// `TcpServer`, which serves one `Service` (a ParameterServer) on a port. Frames are those
 /// of wire/frame.hpp, encoded as wire/codec.hpp says; tensors are gather-written from the
 /// caller's buffers and a reply's tensors are received straight into the call's targets.
-/// `TcpRing` (tcp_ring.hpp) links the workers of an all-reduce job to each other.
+/// `TcpRing` (tcp_ring.hpp) links the workers of an all-reduce job to each other;
+/// `probe_ps` (tcp_probe.hpp) looks at who serves a ps's address.
 
 // ---- begin pulley/transport/tcp_client.hpp ----
 
@@ -15718,8 +15757,10 @@ static_assert(Ring<InProcessRing>);
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <future>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -15823,7 +15864,7 @@ static_assert(std::endian::native == std::endian::little,
 namespace pulley::wire {
 
 inline constexpr std::uint32_t kMagic = 0x594C4C50;    ///< "PLLY" in a little-endian dump
-inline constexpr std::uint16_t kVersion = 21;          ///< bumped on any incompatible change
+inline constexpr std::uint16_t kVersion = 22;          ///< bumped on any incompatible change
 inline constexpr std::uint16_t kResponseKind = 0x100;  ///< response kinds start here
 inline constexpr std::uint16_t kHandshakeKind = 0x200;  ///< handshake kinds start here
 inline constexpr std::size_t kHandshakeKinds = 4;       ///< Challenge, Hello, Welcome, Refusal
@@ -16193,7 +16234,9 @@ class ReceiveBuffers {
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <string>
 
 // ---- begin pulley/transport/wire/handshake.hpp ----
 
@@ -16561,6 +16604,21 @@ inline void check_credentials(const Credentials& credentials) {
 
 namespace pulley {
 
+/// A ps process that a task of a job with copies (`TcpOptions::replicas`) reached before
+/// and cannot reach now, as the task asks whoever rules on lost ps processes
+/// (`TcpOptions::copy_referee`).
+struct LostProcess {
+  std::uint32_t ps = 0;        ///< the ps task
+  std::uint64_t process = 0;   ///< the process this task reached there (wire::Welcome::server); 0: none yet
+  std::string why;             ///< what this task saw ("its address refuses connections")
+};
+
+/// Rules whether a LostProcess is lost for the whole job: calls `answer(true)` (it is: give
+/// its copies up, as every task of the job does once it meets the same) or `answer(false)`
+/// (it is not, or the one who rules cannot say: wait for it, as for a ps without copies),
+/// exactly once, on any thread, now or later.
+using CopyReferee = std::function<void(const LostProcess& lost, std::function<void(bool)> answer)>;
+
 /// How a Tcp client connects.
 struct TcpOptions {
   /// The job this task belongs to and its shared secret, proved to every ps in the
@@ -16590,9 +16648,19 @@ struct TcpOptions {
   /// With replicas: how long a copy whose connection broke may stay out of reach (attempts
   /// time out: a host gone, a process stopped) before it is dropped and the other copy
   /// serves alone. A copy whose address refuses connections is dropped at once. Keep it
-  /// longer than the stalls a ps may live through: a copy dropped by some tasks and not
-  /// others misses their updates.
+  /// longer than the stalls a ps may live through. With a `copy_referee`, these are the
+  /// moments the task asks it, and it drops the copy only when told to.
   std::chrono::milliseconds copy_timeout{std::chrono::seconds(30)};
+  /// With replicas: who rules that a ps process this task cannot reach (its address
+  /// refuses connections, or it stays out of reach for `copy_timeout`) is lost for the
+  /// whole job, so that every task gives the same copies up and none gives up a copy that
+  /// the others still write to: a task cut off from a ps that the rest of the job reaches
+  /// (a network partition) waits for it instead, as for a ps without copies. The role
+  /// runner sets it: the chief rules (runner/copy_rulings.hpp). Unset, each task decides
+  /// alone, which guards against lost processes and hosts, not partitions. A process
+  /// started in a lost one's place, or a copy still not ready `copy_grace` after its twin,
+  /// is dropped without asking: nobody can write to a process that holds nothing.
+  CopyReferee copy_referee;
   /// Reach a ps on this host through its local socket (Linux: a Unix-domain socket with an
   /// abstract name, transport/detail/sockets.hpp) rather than TCP loopback: the same
   /// frames, handshake and limits, at a fraction of TCP's cost per byte. Tried first on
@@ -17486,10 +17554,12 @@ namespace pulley {
 ///     place its shards back (Chief::take_back, at a newer membership): every task that
 ///     learns that membership reaches it again (`renew_copies`: `reach_again`, which takes
 ///     only a new process, and `serve_again`) before its first request of the new epoch.
-/// Each task decides alone. A ps alive but cut off from some tasks for `copy_timeout` is
-/// dropped by those tasks only: its copy then misses their updates, and under sync
-/// training it waits for them. Replication guards against lost processes and hosts, not
-/// partitions.
+/// Whether a process that refuses connections, or stays out of reach for `copy_timeout`, is
+/// lost is ruled by `TcpOptions::copy_referee` when it is set (the role runner's chief):
+/// the task drops its copies when told to, and until then waits for it as for a ps without
+/// copies, so that a task cut off from a ps the rest of the job reaches (a partition) gives
+/// up nothing that the others still write to. Without a referee each task decides alone,
+/// and a ps cut off from some tasks for `copy_timeout` is dropped by those tasks only.
 class Tcp {
  public:
   /// Connects task `self` to every ps ("host:port", by task index), retrying with backoff
@@ -17664,6 +17734,7 @@ class Tcp {
     Impl(Node self, std::vector<Address> addresses, TcpOptions options,
          std::optional<std::span<const std::uint32_t>> reach_now = std::nullopt)
         : self_(self), options_(std::move(options)), shards_(addresses.size()) {
+      rulings_->impl = this;
       wire::check_credentials(options_.credentials);
       if (options_.replicas > 1) {
         throw Error(ErrorCode::kInvalidArgument, "replicas must be 0 or 1, got " + std::to_string(options_.replicas));
@@ -17685,10 +17756,12 @@ class Tcp {
         try {
           connect_with_backoff(*links_[i]);
         } catch (const Error& e) {
-          // A copy unreachable for connect_timeout is dropped if the other one is there.
+          // A copy unreachable for connect_timeout is dropped if the other one is there
+          // (and the referee, if any, rules its process lost).
           if (options_.replicas == 0 || e.code() != ErrorCode::kUnavailable) throw;
           const std::size_t shard = i % shards_;
           if (i >= shards_ && links_[shard]->dropped) throw;
+          if (options_.copy_referee && !ruled_lost_now(*links_[i], e.message())) throw;
           links_[i]->dropped = true;
           log(LogLevel::kWarning, self_.name() + ": " + e.what() + ": ps " + std::to_string(shard) +
                                       "'s shard is served by one copy only");
@@ -17700,6 +17773,10 @@ class Tcp {
     Impl& operator=(const Impl&) = delete;
 
     ~Impl() {
+      {  // a ruling that comes later finds no transport
+        const std::scoped_lock lock(rulings_->mutex);
+        rulings_->impl = nullptr;
+      }
       // Every call still waiting is answered kUnavailable, so none waits on this driver.
       closing_ = true;
       for (auto& link : links_) fail(*link, "transport closed");
@@ -18292,14 +18369,75 @@ class Tcp {
 
     /// After an attempt that failed with `ec`: a copy reached before and not now is lost for
     /// good once its address refuses (no process listens there), or after `copy_timeout`
-    /// out of reach (a host gone): it is dropped.
+    /// out of reach (a host gone): it is dropped, or, with a referee, the referee is asked
+    /// whether its process is lost for the job.
     void drop_if_lost(Link& link, std::error_code ec) {
       if (!ec || options_.replicas == 0 || !link.ever_connected || link.dropped || closing_) return;
       const bool refused = ec == asio::error::connection_refused;
       if (refused || (link.failing_since && std::chrono::steady_clock::now() - *link.failing_since >= options_.copy_timeout)) {
-        drop(link, refused ? "its address refuses connections"
-                           : "out of reach for " + std::to_string(options_.copy_timeout.count()) + " ms");
+        std::string why = refused ? "its address refuses connections"
+                                  : "out of reach for " + std::to_string(options_.copy_timeout.count()) + " ms";
+        if (options_.copy_referee) return ask_referee(link, std::move(why));
+        drop(link, why);
       }
+    }
+
+    /// What this transport asked the referee of one ps process, and heard.
+    struct Asked {
+      bool in_flight = false;
+      std::chrono::steady_clock::time_point answered;  ///< when the last answer came
+      bool told = false;  ///< the wait for this process is logged (until it is reached again)
+    };
+    /// The referee's answers, handed from whatever thread gives them to this transport's.
+    struct Rulings {
+      std::mutex mutex;
+      Impl* impl = nullptr;  ///< null once the transport is gone
+    };
+
+    /// Asks the referee whether the process behind `link` (and every copy it holds) is lost
+    /// for the job: once at a time, and not again within a second of its last answer.
+    void ask_referee(Link& link, std::string why) {
+      if (links_[partner_of(link)]->dropped) return;  // the last copy of a shard: waited for
+      Asked& asked = asked_[link.task];
+      const auto now = std::chrono::steady_clock::now();
+      if (asked.in_flight || now - asked.answered < kAskAgainAfter) return;
+      asked.in_flight = true;
+      if (!std::exchange(asked.told, true)) {
+        log(LogLevel::kWarning, self_.name() + ": ps " + std::to_string(link.task) + " at " + link.address + ": " +
+                                    why + "; asks the chief whether it is lost for the job (until then, waits for it)");
+      }
+      std::shared_ptr<Rulings> box = rulings_;
+      options_.copy_referee(LostProcess{link.task, link.server, why},
+                            [box, task = link.task, process = link.server, why](bool lost) {
+                              const std::scoped_lock lock(box->mutex);
+                              if (box->impl == nullptr) return;
+                              Impl* impl = box->impl;
+                              asio::post(impl->io_, [impl, task, process, why, lost] { impl->ruled(task, process, why, lost); });
+                            });
+    }
+
+    /// The referee's answer about process `process` of ps `task`: lost, every copy it holds
+    /// is dropped (the last copy of a shard excepted); not lost, this task waits for it.
+    void ruled(std::uint32_t task, std::uint64_t process, const std::string& why, bool lost) {
+      Asked& asked = asked_[task];
+      asked.in_flight = false;
+      asked.answered = std::chrono::steady_clock::now();
+      if (!lost) return;
+      for (const auto& link : links_) {
+        // (A link that reached another process since, one the chief took back, stays.)
+        if (link->task == task && !link->dropped && (process == 0 || link->server == process)) {
+          drop(*link, why + "; the chief ruled it lost for the job");
+        }
+      }
+    }
+
+    /// At construction: true if the referee rules ps `link.task`'s copy, which this task
+    /// never reached (`why`), lost within `copy_timeout`.
+    bool ruled_lost_now(const Link& link, const std::string& why) {
+      auto promise = std::make_shared<std::promise<bool>>();
+      std::future<bool> ruling = promise->get_future();
+      options_.copy_referee(LostProcess{link.task, 0, why}, [promise](bool lost) { promise->set_value(lost); });
+      return ruling.wait_for(options_.copy_timeout) == std::future_status::ready && ruling.get();
     }
 
     /// Ends a connection attempt: calls its `done`. With replicas, the calls and Pairs that
@@ -18370,6 +18508,7 @@ class Tcp {
       link.state = State::kConnected;
       link.ever_connected = true;
       link.failing_since.reset();
+      if (const auto asked = asked_.find(link.task); asked != asked_.end()) asked->second.told = false;
       link.last_active = std::chrono::steady_clock::now();
       link.reader.set_limits(options_.limits);
       // Another process than the one reached before: it holds nothing of the job. With a
@@ -18610,6 +18749,10 @@ class Tcp {
     bool closing_ = false;                      ///< the transport is being destroyed
     std::vector<std::weak_ptr<Pair>> graced_;   ///< Pairs with a copy_grace timer on io_
     std::uint64_t next_call_ = 1;
+    /// The referee is asked about a process at most this often (copy_referee).
+    static constexpr std::chrono::seconds kAskAgainAfter{1};
+    std::map<std::uint32_t, Asked> asked_;      ///< by ps task: the referee's questions
+    std::shared_ptr<Rulings> rulings_ = std::make_shared<Rulings>();
   };
 
   std::unique_ptr<Impl> impl_;
@@ -18619,26 +18762,17 @@ static_assert(CopyingTransport<Tcp>);
 
 }  // namespace pulley
 // ---- end pulley/transport/tcp_client.hpp ----
-// ---- begin pulley/transport/tcp_ring.hpp ----
+// ---- begin pulley/transport/tcp_probe.hpp ----
 
 #include <poll.h>
 #include <sys/socket.h>
 
-#include <algorithm>
-#include <array>
 #include <asio.hpp>
 #include <chrono>
-#include <cstddef>
 #include <cstdint>
-#include <deque>
-#include <memory>
-#include <optional>
-#include <span>
 #include <string>
 #include <system_error>
-#include <type_traits>
-#include <utility>
-#include <vector>
+#include <variant>
 
 // ---- begin pulley/transport/detail/handshake_io.hpp ----
 
@@ -18728,6 +18862,102 @@ Expected read_handshake_by(asio::ip::tcp::socket& socket, HandshakeClock::time_p
 
 }  // namespace pulley::transport_detail
 // ---- end pulley/transport/detail/handshake_io.hpp ----
+
+namespace pulley {
+
+/// What one look at a ps task's address found (probe_ps).
+struct ProbeResult {
+  enum class Kind : std::uint8_t {
+    kReached,  ///< a process answered the handshake there
+    kRefused,  ///< the address refuses connections: no process listens there
+    kSilent,   ///< no connection, or no handshake, within the time given
+  };
+  Kind kind = Kind::kSilent;
+  /// kReached: the process that proved itself ps `ps` of the job (wire::Welcome::server);
+  /// 0 when something else answered (another task or job, a refusal): it cannot be told.
+  std::uint64_t process = 0;
+  std::string detail;  ///< what was seen, for a log line
+};
+
+/// Looks once, within `timeout`, at who serves ps task `ps` at `address` ("host:port"),
+/// over TCP, as task `self` of the job of `credentials`: the handshake only (both sides
+/// prove the job's secret), then it hangs up, having sent no request. The chief asks it
+/// when a task says a ps process is out of its reach (runner/copy_rulings.hpp).
+inline ProbeResult probe_ps(const std::string& address, std::uint32_t ps, const Node& self,
+                            const Credentials& credentials, std::chrono::milliseconds timeout) {
+  using Clock = transport_detail::HandshakeClock;
+  const auto deadline = Clock::now() + timeout;
+  const Address where = parse_address(address);
+  asio::io_context io;
+  asio::ip::tcp::socket socket(io);
+  std::error_code ec;
+  asio::ip::tcp::resolver resolver(io);
+  const auto endpoints = resolver.resolve(where.host, std::to_string(where.port), ec);
+  if (ec || endpoints.empty()) {
+    return {ProbeResult::Kind::kSilent, 0, "cannot resolve " + address + (ec ? ": " + ec.message() : "")};
+  }
+  const auto endpoint = endpoints.begin()->endpoint();
+  socket.open(endpoint.protocol(), ec);
+  if (!ec) socket.non_blocking(true, ec);
+  if (!ec) socket.connect(endpoint, ec);
+  if (ec == asio::error::in_progress || ec == asio::error::would_block) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    pollfd fd{socket.native_handle(), POLLOUT, 0};
+    if (::poll(&fd, 1, static_cast<int>(left > 0 ? left : 0)) <= 0) {
+      return {ProbeResult::Kind::kSilent, 0, "no connection within " + std::to_string(timeout.count()) + " ms"};
+    }
+    int error = 0;
+    socklen_t length = sizeof error;
+    ::getsockopt(socket.native_handle(), SOL_SOCKET, SO_ERROR, &error, &length);
+    ec = std::error_code(error, std::system_category());
+  }
+  if (ec == asio::error::connection_refused) return {ProbeResult::Kind::kRefused, 0, "its address refuses connections"};
+  if (ec) return {ProbeResult::Kind::kSilent, 0, ec.message()};
+  const std::string who = "a look at ps " + std::to_string(ps) + " at " + address;
+  try {
+    const auto challenge = transport_detail::read_handshake_by<wire::Challenge>(socket, deadline, who);
+    if (challenge.job != credentials.job || challenge.ps != ps) {
+      return {ProbeResult::Kind::kReached, 0, "another task answers there"};
+    }
+    const wire::Hello hello = wire::hello_for(credentials, challenge, self);
+    transport_detail::write_frame_by(socket, wire::encode(wire::Handshake{hello}, 0), deadline, who);
+    const auto frame = transport_detail::read_frame_by(socket, deadline, who);
+    const wire::Handshake answer = wire::decode_handshake(frame.first, frame.second);
+    const auto* welcome = std::get_if<wire::Welcome>(&answer);
+    if (welcome == nullptr || !wire::welcome_proves(credentials, challenge, hello, *welcome)) {
+      return {ProbeResult::Kind::kReached, 0, "it did not let this task in"};
+    }
+    return {ProbeResult::Kind::kReached, welcome->server, "reached"};
+  } catch (const Error& e) {
+    return {e.code() == ErrorCode::kDeadlineExceeded ? ProbeResult::Kind::kSilent : ProbeResult::Kind::kReached, 0,
+            e.message()};
+  } catch (const wire::Malformed& e) {
+    return {ProbeResult::Kind::kReached, 0, std::string("not a pulley ps: ") + e.what()};
+  }
+}
+
+}  // namespace pulley
+// ---- end pulley/transport/tcp_probe.hpp ----
+// ---- begin pulley/transport/tcp_ring.hpp ----
+
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <array>
+#include <asio.hpp>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <system_error>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
 namespace pulley {
 

@@ -17,20 +17,15 @@ binary=$1
 epochs=20
 cut_s=5
 
-[ "$(id -u)" = 0 ] || { echo "SKIP: network namespaces need root"; exit 77; }
-command -v ip >/dev/null || { echo "SKIP: no ip command (iproute2)"; exit 77; }
-
 work=$(mktemp -d)
 ns_ps=pulley-ps-$$
 ns_wk=pulley-wk-$$
-veth_ps=plps$$  # interface names: 15 characters at most
-veth_wk=plwk$$
 pids=()
-made=()
+source "$(dirname "$0")/netns.sh"
 cleanup() {
   for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null; done
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null; done
-  for ns in "${made[@]}"; do ip netns delete "$ns" 2>/dev/null; done  # takes the veth pair along
+  netns_delete
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -38,38 +33,11 @@ trap 'exit 1' INT TERM HUP  # the namespaces go with the EXIT trap
 fail() { echo "FAIL: $*"; for f in "$work"/*.log; do echo "--- $f"; tail -n 15 "$f"; done; exit 1; }
 now() { date +%s.%N; }
 
-if ! error=$(ip netns add "$ns_ps" 2>&1); then echo "SKIP: ip netns unavailable: $error"; exit 77; fi
-made+=("$ns_ps")
-if ! error=$(ip netns exec "$ns_ps" true 2>&1); then echo "SKIP: ip netns exec unavailable: $error"; exit 77; fi
-ip netns add "$ns_wk" || fail "could not add namespace $ns_wk"
-made+=("$ns_wk")
-if ! error=$(ip link add "$veth_ps" netns "$ns_ps" type veth peer name "$veth_wk" netns "$ns_wk" 2>&1); then
-  echo "SKIP: no veth pair: $error"
-  exit 77
-fi
 net=10.213.$((RANDOM % 250 + 1))
+netns_pair "$ns_ps" "$ns_wk" "$net"
+veth_ps=$netns_veth_a
 ps_ip=$net.1
 wk_ip=$net.2
-ip -n "$ns_ps" addr add "$ps_ip/24" dev "$veth_ps" || fail "could not address $veth_ps"
-ip -n "$ns_wk" addr add "$wk_ip/24" dev "$veth_wk" || fail "could not address $veth_wk"
-for ns in "$ns_ps" "$ns_wk"; do ip -n "$ns" link set lo up || fail "lo down in $ns"; done
-ip -n "$ns_ps" link set "$veth_ps" up || fail "could not bring $veth_ps up"
-ip -n "$ns_wk" link set "$veth_wk" up || fail "could not bring $veth_wk up"
-reachable=0
-for _ in $(seq 1 50); do  # the veth pair takes a moment to carry traffic
-  # A refused connection proves the ps's address answers: nothing listens there yet.
-  ip netns exec "$ns_wk" python3 - "$ps_ip" <<'PY' && { reachable=1; break; }
-import socket, sys
-try:
-    socket.create_connection((sys.argv[1], 2222), timeout=1).close()
-except ConnectionRefusedError:
-    pass
-except OSError:
-    sys.exit(1)
-PY
-  sleep 0.1
-done
-[ "$reachable" = 1 ] || fail "$ps_ip unreachable from $ns_wk before the cut"
 echo "ps 0 at $ps_ip in $ns_ps; chief and workers at $wk_ip in $ns_wk"
 
 # Fresh namespaces: every port is free.

@@ -6,7 +6,8 @@
 // when told to cut the next ones) it drops them and closes both sides instead of passing
 // them on. The request they answer has
 // taken effect on the ps; the client only learns that its connection broke, as when a link
-// fails after the ps answered.
+// fails after the ps answered. It also stands for a partition (`partition`): its clients
+// then reach nothing behind it, while other tasks reach the ps directly.
 
 #include <netinet/in.h>
 #include <poll.h>
@@ -52,6 +53,7 @@ class CutProxy {
     stop_ = true;
     acceptor_.join();  // no pump starts after this
     for (std::thread& t : threads_) t.join();
+    for (const int held : held_) ::close(held);
     ::close(listener_);
   }
 
@@ -69,6 +71,17 @@ class CutProxy {
     std::scoped_lock lock(mutex_);
     loss_ = loss;
   }
+  /// A partition between the proxy's clients and the ps, or its end: while on, every
+  /// connection is cut, and new ones are taken by the kernel but never reach the ps nor
+  /// hear from it (a handshake that never comes, as from a host behind a dropping
+  /// firewall); they are closed when it ends.
+  void partition(bool on) {
+    partitioned_ = on;
+    if (on) return;
+    std::scoped_lock lock(mutex_);
+    for (const int held : held_) ::close(held);
+    held_.clear();
+  }
 
  private:
   static sockaddr_in loopback(std::uint16_t port) {
@@ -85,6 +98,11 @@ class CutProxy {
       if (::poll(&p, 1, 20) <= 0) continue;
       const int client = ::accept(listener_, nullptr, nullptr);
       if (client < 0) continue;
+      if (partitioned_) {
+        std::scoped_lock lock(mutex_);
+        held_.push_back(client);
+        continue;
+      }
       const int server = ::socket(AF_INET, SOCK_STREAM, 0);
       sockaddr_in address = loopback(upstream_port_);
       if (server < 0 || ::connect(server, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
@@ -118,7 +136,7 @@ class CutProxy {
 
   void pump(int client, int server) {
     std::vector<char> buffer(1 << 16);
-    while (!stop_) {
+    while (!stop_ && !partitioned_) {
       pollfd p[2] = {{client, POLLIN, 0}, {server, POLLIN, 0}};
       if (::poll(p, 2, 20) <= 0) continue;
       bool open = true;
@@ -150,6 +168,8 @@ class CutProxy {
   int forced_ = 0;
   std::mt19937_64 rng_;
   std::atomic<bool> stop_{false};
+  std::atomic<bool> partitioned_{false};
+  std::vector<int> held_;  ///< connections taken during a partition
   std::thread acceptor_;
   std::vector<std::thread> threads_;  ///< pumps, one per connection
   std::atomic<int> cuts_{0};

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -247,7 +248,7 @@ TEST_CASE("the chief's JoinDesk queues the next ps task once, leaves a known one
   auto queue = std::make_shared<JoinQueue>();
   JoinDesk desk(queue);
   CHECK(refusal(ask_desk(desk, Join{"h:1"}, Node::evaluator())).find("only a ps task or a worker") != std::string::npos);
-  CHECK(refusal(ask_desk(desk, GetStats{}, Node::ps(2))).find("Join, Leave and Shape requests") != std::string::npos);
+  CHECK(refusal(ask_desk(desk, GetStats{}, Node::ps(2))).find("Join, Leave, Shape and LostPs requests") != std::string::npos);
   CHECK(refusal(ask_desk(desk, Join{""}, Node::ps(2))).find("names its address") != std::string::npos);
   queue->expect({"h:0", "h:1"});
   CHECK(refusal(ask_desk(desk, Join{"h:1"}, Node::ps(3))).find("the next ps task of the job is ps 2") !=
@@ -676,6 +677,30 @@ TEST_CASE("the chief's JoinDesk tells a task about to join the job's shape: ever
   CHECK(shape(Node::ps(0)).next_worker == 5);  // one asks already: the next but one
   CHECK(shape(Node::evaluator()).members == std::vector<std::uint32_t>{0, 2});  // the ps tasks to read
   CHECK(std::get<ErrorReply>(ask_desk(desk, Shape{}, Node::chief())).code == ErrorCode::kPermissionDenied);
+}
+
+TEST_CASE("the chief's JoinDesk rules on a ps process a worker or the evaluator lost, once the chief has looked") {
+  auto queue = std::make_shared<JoinQueue>(2, 900);
+  JoinDesk without(queue);
+  CHECK(std::get<ErrorReply>(ask_desk(without, LostPs{1, 77, "refused"}, Node::worker(0))).code ==
+        ErrorCode::kFailedPrecondition);  // a job without copies gives nothing up
+  auto rulings = std::make_shared<CopyRulings>(2, [](std::uint32_t ps) {
+    return ps == 0 ? CopyRulings::Sight{true, 77, "reached"} : CopyRulings::Sight{false, 0, "refused"};
+  });
+  JoinDesk desk(queue, rulings);
+  CHECK(std::get<ErrorReply>(ask_desk(desk, LostPs{1, 77, "refused"}, Node::ps(0))).code == ErrorCode::kPermissionDenied);
+  CHECK(std::get<ErrorReply>(ask_desk(desk, LostPs{1, 77, "refused"}, Node::chief())).code == ErrorCode::kPermissionDenied);
+  const auto ruled = [&](LostPs lost, Node who) {
+    for (int attempt = 0; attempt < 1000; ++attempt) {  // kUnavailable while the chief looks
+      const Response answer = ask_desk(desk, lost, who);
+      if (const auto* reply = std::get_if<LostPsReply>(&answer)) return std::optional<bool>(reply->lost);
+      REQUIRE(std::get<ErrorReply>(answer).code == ErrorCode::kUnavailable);
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return std::optional<bool>();
+  };
+  CHECK(ruled(LostPs{0, 77, "out of reach"}, Node::worker(1)) == std::optional<bool>(false));  // the chief reaches it
+  CHECK(ruled(LostPs{1, 77, "refused"}, Node::evaluator()) == std::optional<bool>(true));
 }
 
 TEST_CASE("under Async, which takes no token a step, a worker taken out of the job has its next push refused") {

@@ -5,7 +5,9 @@
 // ends, with no rollback; a process started in the lost ps's place is not read from; a
 // client that asks for a copy a ps does not hold is refused at the handshake; a worker is
 // ready only once both copies of every shard are; a pull names the step both copies reached,
-// a pause the furthest.
+// a pause the furthest. With the chief ruling on lost processes (CopyRulings, as the role
+// runner's tasks ask it), a lost ps is given up once the chief rules it lost, and a worker
+// cut off from a ps that the chief reaches gives nothing up.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -24,10 +26,14 @@
 #include "pulley/optimizers/adam.hpp"
 #include "pulley/ps/parameter_server.hpp"
 #include "pulley/ps/shard_copies.hpp"
+#include "pulley/runner/copy_rulings.hpp"
+#include "pulley/runner/join_desk.hpp"
+#include "pulley/runner/leave.hpp"
 #include "pulley/sharding/partitioned.hpp"
 #include "pulley/sync/sync_replicas.hpp"
 #include "pulley/transport/in_process.hpp"
 #include "pulley/transport/tcp.hpp"
+#include "support/cut_proxy.hpp"
 #include "support/linear_model.hpp"
 #include "support/tcp.hpp"
 
@@ -181,6 +187,110 @@ TEST_CASE("a ps lost mid-training is replaced by its copy: training ends bit for
       if (i == lost) continue;
       CHECK(cluster.listeners[i]->service().own().stats().global_step == kSteps);
     }
+  }
+}
+
+/// The chief's desk serving its CopyRulings over `cluster`, and what the workers ask it: a
+/// worker's transport asks through `referee` (AskChief), counted.
+struct RulingChief {
+  explicit RulingChief(const CopiesCluster& cluster)
+      : rulings(std::make_shared<CopyRulings>(kPs, [addresses = cluster.addresses](std::uint32_t ps) {
+          const ProbeResult look = probe_ps(addresses[ps], ps, Node::chief(), pulley::testing::test_credentials(),
+                                            std::chrono::milliseconds(500));
+          return CopyRulings::Sight{look.kind == ProbeResult::Kind::kReached, look.process, look.detail};
+        })),
+        desk(JoinDesk(std::make_shared<JoinQueue>(2, kSteps), rulings), "127.0.0.1", 0, test_server_options()),
+        serving([this] { desk.run(); }) {}
+  ~RulingChief() {
+    desk.stop();
+    serving.join();
+  }
+
+  /// The chief's transports' options: what they find lost is lost for the job.
+  TcpOptions chief_options() const {
+    TcpOptions options = with_copies();
+    options.copy_referee = rulings->own();
+    return options;
+  }
+  /// A worker's: quick to find a copy out of reach, and asking the chief's desk about it.
+  TcpOptions worker_options(Node self) {
+    TcpOptions options = with_copies();
+    options.attempt_timeout = std::chrono::milliseconds(300);
+    options.copy_timeout = std::chrono::milliseconds(300);
+    CopyReferee ask = runner_detail::AskChief::referee(std::make_shared<runner_detail::AskChief>(
+        self, "127.0.0.1:" + std::to_string(desk.port()), with_copies(), std::chrono::seconds(10)));
+    options.copy_referee = [this, ask](const LostProcess& lost, std::function<void(bool)> answer) {
+      ++asked;
+      ask(lost, [this, answer = std::move(answer)](bool ruled_lost) {
+        if (ruled_lost) ++lost_rulings;
+        answer(ruled_lost);
+      });
+    };
+    return options;
+  }
+
+  std::shared_ptr<CopyRulings> rulings;
+  TcpServer<JoinDesk> desk;
+  std::thread serving;
+  std::atomic<int> asked{0};         ///< questions the workers' transports asked
+  std::atomic<int> lost_rulings{0};  ///< answers that a process is lost
+};
+
+TEST_CASE("with the chief ruling, a ps lost mid-training is given up once the chief rules it lost: bit for bit") {
+  const auto expected = in_process_result();
+  CopiesCluster cluster;
+  RulingChief ruling(cluster);
+  std::atomic<bool> killed{false};
+  const auto with = train(
+      [&](Node n) {
+        return client(n, cluster.addresses, n.role == Node::Role::kChief ? ruling.chief_options() : ruling.worker_options(n));
+      },
+      [&](std::uint32_t w, std::int64_t k) {
+        if (w != 1 || k != kSteps / 2) return;
+        cluster.kill(0);  // the pacing ps
+        killed = true;
+      });
+  REQUIRE(killed);
+  CHECK(with == expected);
+  CHECK(ruling.asked > 0);  // each worker asked the chief before it gave ps 0's copies up
+  CHECK(ruling.lost_rulings > 0);
+  CHECK(cluster.listeners[1]->service().copy().stats().global_step == kSteps);
+}
+
+TEST_CASE("a worker cut off from a ps the chief reaches gives nothing up: it waits, and training ends bit for bit") {
+  // Worker 0 reaches ps 1 through a proxy, which cuts it off for 2.5 s (its connections
+  // cut, new ones never answered) mid-training: well past its copy timeout. Without the
+  // chief's ruling it would give ps 1's copies up and write the others alone, while
+  // worker 1 still writes both: the copies would part. The chief reaches ps 1, so nothing
+  // is given up: worker 0 waits, and the job ends as the unbroken one does.
+  const auto expected = in_process_result();
+  CopiesCluster cluster;
+  RulingChief ruling(cluster);
+  pulley::testing::CutProxy proxy(cluster.listeners[1]->port(), 0.0, 1);
+  std::vector<std::string> behind_proxy = cluster.addresses;
+  behind_proxy[1] = "127.0.0.1:" + std::to_string(proxy.port());
+  std::thread cutting;
+  const auto with = train(
+      [&](Node n) {
+        if (n.role == Node::Role::kChief) return client(n, cluster.addresses, ruling.chief_options());
+        return client(n, n.index == 0 ? behind_proxy : cluster.addresses, ruling.worker_options(n));
+      },
+      [&](std::uint32_t w, std::int64_t k) {
+        if (w != 1 || k != kSteps / 3) return;
+        cutting = std::thread([&] {
+          proxy.partition(true);
+          std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+          proxy.partition(false);
+        });
+      });
+  cutting.join();
+  CHECK(with == expected);
+  CHECK(ruling.asked > 0);            // worker 0 found ps 1 out of reach, and asked
+  CHECK(ruling.lost_rulings == 0);    // the chief reached it: nothing was given up
+  for (std::uint32_t i = 0; i < kPs; ++i) {
+    CAPTURE(i);
+    CHECK(cluster.listeners[i]->service().own().stats().global_step == kSteps);
+    CHECK(cluster.listeners[i]->service().copy().stats().global_step == kSteps);
   }
 }
 

@@ -497,6 +497,28 @@ struct Shape {
   void serialize(Archive& /*archive*/) {}
 };
 
+/// A worker or the evaluator → the chief's JoinDesk (never a ps), in a job whose ps tasks
+/// keep copies of each other's shards (`--ps-replicas 1`): process `process` of ps `ps`
+/// (wire::Welcome::server; 0: one this task never reached), which this task reached
+/// before, is out of its reach (`why`: its address refuses connections, or it stayed out of
+/// reach for the copy timeout). Is it lost for the job, so that its copies are given up?
+/// The chief rules (runner/copy_rulings.hpp): lost if it finds the same (its own
+/// transport gave that process up, or a look at the address finds it refusing, silent or
+/// held by another process), not lost if it reaches that very process. Answered
+/// LostPsReply, or kUnavailable while the chief looks (ask again).
+struct LostPs {
+  static constexpr std::string_view kName = "LostPs";
+  static constexpr RoleSet kSenders{Node::Role::kWorker, Node::Role::kEvaluator};
+  std::uint32_t ps = 0;
+  std::uint64_t process = 0;
+  std::string why;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(ps, process, why);
+  }
+};
+
 /// Chief → every ps, paused (Pause): the job's workers are `workers` (task indices,
 /// ascending) from global step `from_step` on: workers joined, or left for good. Each ps
 /// counts them (SyncPolicy::reshape) the moment its global step reaches `from_step`, and
@@ -521,10 +543,10 @@ struct ChangeWorkers {
   }
 };
 
-/// Everything a ps task (or the chief's JoinDesk: Join, Leave, Shape) is asked.
+/// Everything a ps task (or the chief's JoinDesk: Join, Leave, Shape, LostPs) is asked.
 using Request = std::variant<Register, Initialize, WaitReady, TakeToken, Pull, Push, GetStats,
                              Shutdown, Pause, ReadState, Resume, Restore, Heartbeat, PullRows,
-                             ReadRows, RestoreRows, Join, ChangeWorkers, Leave, Shape>;
+                             ReadRows, RestoreRows, Join, ChangeWorkers, Leave, Shape, LostPs>;
 
 // ---- responses --------------------------------------------------------------------------
 
@@ -643,6 +665,18 @@ struct LeaveReply {
   template <class Archive>
   void serialize(Archive& archive) {
     archive(out);
+  }
+};
+
+/// The chief's ruling on a LostPs: whether that process is lost for the job (every task
+/// gives its copies up), or the chief still reaches it (the task waits for it).
+struct LostPsReply {
+  static constexpr std::string_view kName = "LostPsReply";
+  bool lost = false;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(lost);
   }
 };
 
@@ -788,7 +822,7 @@ struct RowsChunk {
 /// Everything a ps task answers.
 using Response = std::variant<Ack, ErrorReply, PlacementReply, TokenReply, PullReply, PushReply,
                               StatsReply, PauseReply, StateReply, RowsReply, RowsChunk, JoinReply, LeaveReply,
-                              ShapeReply>;
+                              ShapeReply, LostPsReply>;
 
 // ---- what follows from the declarations ---------------------------------------------------
 

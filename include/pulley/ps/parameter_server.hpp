@@ -788,6 +788,10 @@ class ParameterServer {
     reject(reply, ErrorCode::kInvalidArgument, name_ + " is a ps task: a task asks the chief for the job's shape");
   }
 
+  void on(LostPs&, const RequestContext&, Responder& reply) {
+    reject(reply, ErrorCode::kInvalidArgument, name_ + " is a ps task: a task asks the chief whether a ps is lost");
+  }
+
   void on(GetStats&, const RequestContext&, Responder& reply) {
     report();
     check_heartbeats();

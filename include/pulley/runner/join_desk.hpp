@@ -16,6 +16,7 @@
 #include "pulley/concepts/service.hpp"
 #include "pulley/core/node.hpp"
 #include "pulley/protocol/messages.hpp"
+#include "pulley/runner/copy_rulings.hpp"
 
 namespace pulley {
 
@@ -213,23 +214,29 @@ class JoinQueue {
 
 /// The chief's door, a Service its TcpServer serves on the chief's address: a new ps task
 /// or worker asks there to join the running job (Join), and a task of the job to leave it
-/// (Leave), or a task about to join asks for the job's shape (Shape), proving the job's secret at the handshake like every task. The desk queues it (JoinQueue); the chief takes it in as
+/// (Leave), or a task about to join asks for the job's shape (Shape), or, in a job with
+/// copies, a task asks whether a ps process it cannot reach is lost (LostPs: the chief's
+/// CopyRulings answer), proving the job's secret at the handshake like every task. The desk queues it (JoinQueue); the chief takes it in as
 /// soon as it is free: while it waits for training to reach its next evaluation or
 /// checkpoint (within half a second), or once it has evaluated or saved. A ps is answered
 /// at once; a worker asks until it is in, and a task that leaves until it is out.
 /// Every other request is refused: the chief serves nothing else.
 class JoinDesk {
  public:
-  explicit JoinDesk(std::shared_ptr<JoinQueue> queue) : queue_(std::move(queue)) {}
+  /// @param rulings the chief's rulings on lost ps processes (a job with copies), else null
+  explicit JoinDesk(std::shared_ptr<JoinQueue> queue, std::shared_ptr<CopyRulings> rulings = nullptr)
+      : queue_(std::move(queue)), rulings_(std::move(rulings)) {}
 
   void handle(Request&& request, const RequestContext& context, Responder reply) noexcept {
     try {
       if (std::holds_alternative<Leave>(request)) return answer_leave(context, reply);
       if (std::holds_alternative<Shape>(request)) return answer_shape(context, reply);
+      if (const auto* lost = std::get_if<LostPs>(&request)) return answer_lost(*lost, context, reply);
       auto* join = std::get_if<Join>(&request);
       if (join == nullptr) {
         return respond(reply, ErrorReply{ErrorCode::kInvalidArgument,
-                                         "this is the chief: it takes Join, Leave and Shape requests of tasks only"});
+                                         "this is the chief: it takes Join, Leave, Shape and LostPs requests of "
+                                         "tasks only"});
       }
       if (context.peer && context.peer->role == Node::Role::kWorker) return answer_worker(context.peer->index, reply);
       if (!context.peer || context.peer->role != Node::Role::kPs) {
@@ -293,6 +300,24 @@ class JoinDesk {
     respond(reply, std::move(shape));
   }
 
+  /// A worker or the evaluator that cannot reach a ps process: the chief's ruling
+  /// (LostPsReply), or kUnavailable while the chief looks at it (ask again).
+  void answer_lost(const LostPs& lost, const RequestContext& context, Responder& reply) {
+    if (!context.peer || (context.peer->role != Node::Role::kWorker && context.peer->role != Node::Role::kEvaluator)) {
+      return respond(reply, ErrorReply{ErrorCode::kPermissionDenied, "only a worker or an evaluator may ask whether a ps is lost"});
+    }
+    if (rulings_ == nullptr) {
+      return respond(reply, ErrorReply{ErrorCode::kFailedPrecondition,
+                                       "this job's ps tasks keep no copies of each other's shards: nothing to give up"});
+    }
+    const std::optional<bool> lost_for_the_job = rulings_->rule(LostProcess{lost.ps, lost.process, lost.why.substr(0, 256)});
+    if (!lost_for_the_job) {
+      return respond(reply, ErrorReply{ErrorCode::kUnavailable, "the chief looks at ps " + std::to_string(lost.ps) +
+                                                                    ": ask again"});
+    }
+    respond(reply, LostPsReply{*lost_for_the_job});
+  }
+
   /// The chief's desk answers the handshake as task 0 of its one address.
   [[nodiscard]] std::uint32_t task() const noexcept { return 0; }
   /// It serves until its server is stopped (the chief ends).
@@ -300,6 +325,7 @@ class JoinDesk {
 
  private:
   std::shared_ptr<JoinQueue> queue_;
+  std::shared_ptr<CopyRulings> rulings_;
 };
 static_assert(Service<JoinDesk>);
 

@@ -4,9 +4,14 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <csignal>
 #include <cstdlib>
+#include <deque>
 #include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -71,6 +76,119 @@ std::optional<Reply> ask_desk(Node self, const std::string& chief, TcpOptions tc
 inline ShapeReply ask_shape(Node self, const std::string& chief, TcpOptions tcp, std::chrono::milliseconds patience) {
   return *ask_desk<ShapeReply>(self, chief, std::move(tcp), Shape{}, "for the job's shape", patience);
 }
+
+/// The referee of a worker's or the evaluator's transports in a job with copies: it asks
+/// the chief's desk at `chief` (LostPs) on a thread of its own, one question at a time
+/// (those about one ps process share an answer), for `patience` at most; a chief that does
+/// not answer by then rules nothing, and the task waits for the ps (logged).
+class AskChief {
+ public:
+  AskChief(Node self, std::string chief, TcpOptions tcp, std::chrono::milliseconds patience)
+      : self_(self), chief_(std::move(chief)), tcp_(std::move(tcp)), patience_(patience) {
+    tcp_.copy_referee = nullptr;  // (the desk holds no copies; no question asks another)
+  }
+  AskChief(const AskChief&) = delete;
+  AskChief& operator=(const AskChief&) = delete;
+  ~AskChief() {
+    {
+      const std::scoped_lock lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    if (asking_.joinable()) asking_.join();
+  }
+
+  /// Queues the question; `answer` is called on the asking thread.
+  void ask(const LostProcess& lost, std::function<void(bool)> answer) {
+    {
+      const std::scoped_lock lock(mutex_);
+      const auto same = std::find_if(questions_.begin(), questions_.end(), [&](const Question& q) {
+        return q.lost.ps == lost.ps && q.lost.process == lost.process;
+      });
+      if (same != questions_.end()) {
+        same->answers.push_back(std::move(answer));
+        return;
+      }
+      questions_.push_back(Question{lost, {std::move(answer)}});
+      if (!asking_.joinable()) asking_ = std::thread([this] { ask_loop(); });
+    }
+    wake_.notify_one();
+  }
+
+  /// A CopyReferee that asks through `asker`.
+  static CopyReferee referee(std::shared_ptr<AskChief> asker) {
+    return [asker = std::move(asker)](const LostProcess& lost, std::function<void(bool)> answer) {
+      asker->ask(lost, std::move(answer));
+    };
+  }
+
+ private:
+  struct Question {
+    LostProcess lost;
+    std::vector<std::function<void(bool)>> answers;
+  };
+
+  void ask_loop() {
+    std::unique_lock lock(mutex_);
+    while (true) {
+      wake_.wait(lock, [&] { return stop_ || !questions_.empty(); });
+      if (stop_) return;
+      const LostProcess lost = questions_.front().lost;
+      lock.unlock();
+      const bool ruled_lost = ask_one(lost);
+      lock.lock();
+      Question asked = std::move(questions_.front());
+      questions_.pop_front();
+      lock.unlock();
+      for (const auto& answer : asked.answers) answer(ruled_lost);
+      lock.lock();
+    }
+  }
+
+  bool ask_one(const LostProcess& lost) {
+    const std::string ps = "ps " + std::to_string(lost.ps);
+    try {
+      const std::optional<LostPsReply> ruling =
+          ask_desk<LostPsReply>(self_, chief_, tcp_, LostPs{lost.ps, lost.process, lost.why},
+                                "whether " + ps + " is lost", patience_, [this](const Error&) {
+                                  const std::scoped_lock lock(mutex_);
+                                  return !stop_;
+                                });
+      if (!ruling) return false;  // this task ends
+      if (!ruling->lost && now_and_then(lost.ps)) {
+        log(LogLevel::kWarning, self_.name() + ": the chief still reaches " + ps + ": it is not lost for the job, "
+                                    "and this task waits for it (cut off from it?)");
+      }
+      return ruling->lost;
+    } catch (const Error& e) {
+      if (now_and_then(lost.ps)) {
+        log(LogLevel::kWarning, self_.name() + ": the chief could not rule whether " + ps + " is lost (" +
+                                    e.message() + "): nothing is given up, and this task waits for it");
+      }
+      return false;
+    }
+  }
+
+  /// True at most once every 10 s for ps `ps`: a task cut off asks again every second.
+  bool now_and_then(std::uint32_t ps) {
+    const auto now = std::chrono::steady_clock::now();
+    const auto [told, first] = told_.try_emplace(ps, now);
+    if (!first && now - told->second < std::chrono::seconds(10)) return false;
+    told->second = now;
+    return true;
+  }
+
+  const Node self_;
+  const std::string chief_;
+  TcpOptions tcp_;
+  const std::chrono::milliseconds patience_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<Question> questions_;
+  std::map<std::uint32_t, std::chrono::steady_clock::time_point> told_;  ///< by ps: the last waiting line (asking thread)
+  bool stop_ = false;
+  std::thread asking_;  ///< started at the first question
+};
 
 /// Set by the first SIGTERM once `leave_on_sigterm` installed its handler.
 inline std::atomic<bool>& sigterm_received() noexcept {

@@ -142,9 +142,28 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
   const std::string& type = config.task.type;
   const std::vector<std::string>& ps = config.cluster.tasks("ps");
   const auto num_workers = static_cast<std::uint32_t>(config.cluster.tasks("worker").size());
-  const TcpOptions tcp = with(training.tcp, credentials);
+  const bool chief_worker = type == "worker" && config.task.index == 0 && !config.cluster.roles.contains("chief");
+  TcpOptions tcp = with(training.tcp, credentials);
+  // With copies the chief rules which ps processes are lost (CopyRulings): its own
+  // transports' findings stand, and every other task asks it at its desk (AskChief).
+  std::shared_ptr<CopyRulings> rulings;
+  TcpOptions chief_tcp = tcp;
+  if (tcp.replicas != 0 && type != "ps") {
+    if (type == "chief" || chief_worker) {
+      rulings = std::make_shared<CopyRulings>(static_cast<std::uint32_t>(ps.size()), [ps, tcp](std::uint32_t k) {
+        const ProbeResult look = probe_ps(ps.at(k), k, Node::chief(), tcp.credentials, tcp.attempt_timeout);
+        return CopyRulings::Sight{look.kind == ProbeResult::Kind::kReached, look.process, look.detail};
+      });
+      chief_tcp.copy_referee = rulings->own();
+    }
+    if (type != "chief") {
+      const Node self{type == "evaluator" ? Node::Role::kEvaluator : Node::Role::kWorker, config.task.index};
+      tcp.copy_referee = AskChief::referee(
+          std::make_shared<AskChief>(self, chief_address(config.cluster), tcp, std::chrono::seconds(10)));
+    }
+  }
   std::optional<std::span<const std::uint32_t>> reach_now;  // none: every ps of the spec at once
-  auto transport = [&](Node self) { return Tcp(self, ps, tcp, reach_now); };
+  auto transport = [&](Node self) { return Tcp(self, ps, self.role == Node::Role::kChief ? chief_tcp : tcp, reach_now); };
   const auto count = [&](std::string_view role) { return static_cast<std::uint32_t>(config.cluster.tasks(role).size()); };
   MetricsReporter reporter(training.metrics, type + "-" + std::to_string(config.task.index),
                            metrics_port_offset(type, config.task.index, count("ps"), count("chief"), num_workers, join));
@@ -152,7 +171,6 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
   // SIGTERM asks a ps task, or a worker whose sync policy counts workers that change, to
   // leave the job through the chief once it serves or trains (LeaveWatch): a job scaled
   // down (not a ps with copies, whose pairs are fixed; not worker 0 acting as the chief).
-  const bool chief_worker = type == "worker" && config.task.index == 0 && !config.cluster.roles.contains("chief");
   const bool may_leave =
       (type == "ps" && training.tcp.replicas == 0) || (type == "worker" && !chief_worker && kReshapes<P>);
   if (type == "ps") {
@@ -160,7 +178,7 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
           std::move(sync), std::move(tables), metrics, join, may_leave);
   } else if (type == "chief") {
     with_join_desk(chief_address(config.cluster), with(training.server, credentials), num_workers, training.last_step,
-                   [&](JoinQueue* joins) {
+                   rulings, [&](JoinQueue* joins) {
       lead(training, [&] { return transport(Node::chief()); }, id_sharding, metrics, joins);
     });
   } else if (type == "evaluator") {
@@ -177,7 +195,7 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
     std::thread chief([&] {
       try {
         with_join_desk(chief_address(config.cluster), with(training.server, credentials), num_workers, training.last_step,
-                   [&](JoinQueue* joins) {
+                   rulings, [&](JoinQueue* joins) {
           lead(training, [&] { return transport(Node::chief()); }, id_sharding, metrics, joins);
         });
       } catch (...) {

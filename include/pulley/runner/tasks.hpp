@@ -336,24 +336,29 @@ inline JoinReply ask_to_work(const std::string& chief, std::uint32_t task, const
 }
 
 /// Runs `body(queue)` while the chief's JoinDesk serves on `address` (a thread of its
-/// own), where new ps tasks and workers ask to join the job; `queue` is null when the desk
-/// cannot listen there (logged: no task can join this job then). `num_workers`: the
-/// cluster spec's workers; `last_step`: where the chief ends training.
+/// own), where new ps tasks and workers ask to join the job, and tasks of a job with
+/// copies whether a ps is lost (`rulings`, else null); `queue` is null when the desk
+/// cannot listen there (logged: no task can join this job then, nor hear the chief's
+/// rulings). `num_workers`: the cluster spec's workers; `last_step`: where the chief ends
+/// training.
 template <class Body>
 void with_join_desk(const std::string& address, TcpServerOptions options, std::uint32_t num_workers,
-                    std::int64_t last_step, Body&& body) {
+                    std::int64_t last_step, std::shared_ptr<CopyRulings> rulings, Body&& body) {
   auto queue = std::make_shared<JoinQueue>(num_workers, last_step);
+  const bool rules = rulings != nullptr;
   std::optional<TcpServer<JoinDesk>> desk;
   try {
     const Address where = parse_address(address);
     // New tasks are beyond the cluster spec, by design (the desk checks their indices).
     options.tasks = {{Node::Role::kPs, 4096}, {Node::Role::kWorker, 1U << 20U}, {Node::Role::kEvaluator, 1}};
     options.orphaned_after = std::chrono::hours(24 * 365);  // joiners come and go: it serves on
-    desk.emplace(JoinDesk(queue), listen_host(where), where.port, options);
+    desk.emplace(JoinDesk(queue, std::move(rulings)), listen_host(where), where.port, options);
     log(LogLevel::kInfo, "chief: ps tasks, workers and an evaluator may join job '" + options.credentials.job + "' at " + address +
                              " (--join --job-name " + options.credentials.job + " --chief-host " + address + ")");
   } catch (const Error& e) {
-    log(LogLevel::kWarning, std::string("chief: no task can join this job: ") + e.what());
+    log(LogLevel::kWarning, std::string("chief: no task can join this job") +
+                                (rules ? ", nor hear the chief rule a ps lost (a lost ps is waited for, not given up)" : "") +
+                                ": " + e.what());
   }
   std::thread serving;
   if (desk) serving = std::thread([&desk] { desk->run(); });

@@ -10,8 +10,10 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <future>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -96,10 +98,12 @@ namespace pulley {
 ///     place its shards back (Chief::take_back, at a newer membership): every task that
 ///     learns that membership reaches it again (`renew_copies`: `reach_again`, which takes
 ///     only a new process, and `serve_again`) before its first request of the new epoch.
-/// Each task decides alone. A ps alive but cut off from some tasks for `copy_timeout` is
-/// dropped by those tasks only: its copy then misses their updates, and under sync
-/// training it waits for them. Replication guards against lost processes and hosts, not
-/// partitions.
+/// Whether a process that refuses connections, or stays out of reach for `copy_timeout`, is
+/// lost is ruled by `TcpOptions::copy_referee` when it is set (the role runner's chief):
+/// the task drops its copies when told to, and until then waits for it as for a ps without
+/// copies, so that a task cut off from a ps the rest of the job reaches (a partition) gives
+/// up nothing that the others still write to. Without a referee each task decides alone,
+/// and a ps cut off from some tasks for `copy_timeout` is dropped by those tasks only.
 class Tcp {
  public:
   /// Connects task `self` to every ps ("host:port", by task index), retrying with backoff
@@ -274,6 +278,7 @@ class Tcp {
     Impl(Node self, std::vector<Address> addresses, TcpOptions options,
          std::optional<std::span<const std::uint32_t>> reach_now = std::nullopt)
         : self_(self), options_(std::move(options)), shards_(addresses.size()) {
+      rulings_->impl = this;
       wire::check_credentials(options_.credentials);
       if (options_.replicas > 1) {
         throw Error(ErrorCode::kInvalidArgument, "replicas must be 0 or 1, got " + std::to_string(options_.replicas));
@@ -295,10 +300,12 @@ class Tcp {
         try {
           connect_with_backoff(*links_[i]);
         } catch (const Error& e) {
-          // A copy unreachable for connect_timeout is dropped if the other one is there.
+          // A copy unreachable for connect_timeout is dropped if the other one is there
+          // (and the referee, if any, rules its process lost).
           if (options_.replicas == 0 || e.code() != ErrorCode::kUnavailable) throw;
           const std::size_t shard = i % shards_;
           if (i >= shards_ && links_[shard]->dropped) throw;
+          if (options_.copy_referee && !ruled_lost_now(*links_[i], e.message())) throw;
           links_[i]->dropped = true;
           log(LogLevel::kWarning, self_.name() + ": " + e.what() + ": ps " + std::to_string(shard) +
                                       "'s shard is served by one copy only");
@@ -310,6 +317,10 @@ class Tcp {
     Impl& operator=(const Impl&) = delete;
 
     ~Impl() {
+      {  // a ruling that comes later finds no transport
+        const std::scoped_lock lock(rulings_->mutex);
+        rulings_->impl = nullptr;
+      }
       // Every call still waiting is answered kUnavailable, so none waits on this driver.
       closing_ = true;
       for (auto& link : links_) fail(*link, "transport closed");
@@ -902,14 +913,75 @@ class Tcp {
 
     /// After an attempt that failed with `ec`: a copy reached before and not now is lost for
     /// good once its address refuses (no process listens there), or after `copy_timeout`
-    /// out of reach (a host gone): it is dropped.
+    /// out of reach (a host gone): it is dropped, or, with a referee, the referee is asked
+    /// whether its process is lost for the job.
     void drop_if_lost(Link& link, std::error_code ec) {
       if (!ec || options_.replicas == 0 || !link.ever_connected || link.dropped || closing_) return;
       const bool refused = ec == asio::error::connection_refused;
       if (refused || (link.failing_since && std::chrono::steady_clock::now() - *link.failing_since >= options_.copy_timeout)) {
-        drop(link, refused ? "its address refuses connections"
-                           : "out of reach for " + std::to_string(options_.copy_timeout.count()) + " ms");
+        std::string why = refused ? "its address refuses connections"
+                                  : "out of reach for " + std::to_string(options_.copy_timeout.count()) + " ms";
+        if (options_.copy_referee) return ask_referee(link, std::move(why));
+        drop(link, why);
       }
+    }
+
+    /// What this transport asked the referee of one ps process, and heard.
+    struct Asked {
+      bool in_flight = false;
+      std::chrono::steady_clock::time_point answered;  ///< when the last answer came
+      bool told = false;  ///< the wait for this process is logged (until it is reached again)
+    };
+    /// The referee's answers, handed from whatever thread gives them to this transport's.
+    struct Rulings {
+      std::mutex mutex;
+      Impl* impl = nullptr;  ///< null once the transport is gone
+    };
+
+    /// Asks the referee whether the process behind `link` (and every copy it holds) is lost
+    /// for the job: once at a time, and not again within a second of its last answer.
+    void ask_referee(Link& link, std::string why) {
+      if (links_[partner_of(link)]->dropped) return;  // the last copy of a shard: waited for
+      Asked& asked = asked_[link.task];
+      const auto now = std::chrono::steady_clock::now();
+      if (asked.in_flight || now - asked.answered < kAskAgainAfter) return;
+      asked.in_flight = true;
+      if (!std::exchange(asked.told, true)) {
+        log(LogLevel::kWarning, self_.name() + ": ps " + std::to_string(link.task) + " at " + link.address + ": " +
+                                    why + "; asks the chief whether it is lost for the job (until then, waits for it)");
+      }
+      std::shared_ptr<Rulings> box = rulings_;
+      options_.copy_referee(LostProcess{link.task, link.server, why},
+                            [box, task = link.task, process = link.server, why](bool lost) {
+                              const std::scoped_lock lock(box->mutex);
+                              if (box->impl == nullptr) return;
+                              Impl* impl = box->impl;
+                              asio::post(impl->io_, [impl, task, process, why, lost] { impl->ruled(task, process, why, lost); });
+                            });
+    }
+
+    /// The referee's answer about process `process` of ps `task`: lost, every copy it holds
+    /// is dropped (the last copy of a shard excepted); not lost, this task waits for it.
+    void ruled(std::uint32_t task, std::uint64_t process, const std::string& why, bool lost) {
+      Asked& asked = asked_[task];
+      asked.in_flight = false;
+      asked.answered = std::chrono::steady_clock::now();
+      if (!lost) return;
+      for (const auto& link : links_) {
+        // (A link that reached another process since, one the chief took back, stays.)
+        if (link->task == task && !link->dropped && (process == 0 || link->server == process)) {
+          drop(*link, why + "; the chief ruled it lost for the job");
+        }
+      }
+    }
+
+    /// At construction: true if the referee rules ps `link.task`'s copy, which this task
+    /// never reached (`why`), lost within `copy_timeout`.
+    bool ruled_lost_now(const Link& link, const std::string& why) {
+      auto promise = std::make_shared<std::promise<bool>>();
+      std::future<bool> ruling = promise->get_future();
+      options_.copy_referee(LostProcess{link.task, 0, why}, [promise](bool lost) { promise->set_value(lost); });
+      return ruling.wait_for(options_.copy_timeout) == std::future_status::ready && ruling.get();
     }
 
     /// Ends a connection attempt: calls its `done`. With replicas, the calls and Pairs that
@@ -980,6 +1052,7 @@ class Tcp {
       link.state = State::kConnected;
       link.ever_connected = true;
       link.failing_since.reset();
+      if (const auto asked = asked_.find(link.task); asked != asked_.end()) asked->second.told = false;
       link.last_active = std::chrono::steady_clock::now();
       link.reader.set_limits(options_.limits);
       // Another process than the one reached before: it holds nothing of the job. With a
@@ -1220,6 +1293,10 @@ class Tcp {
     bool closing_ = false;                      ///< the transport is being destroyed
     std::vector<std::weak_ptr<Pair>> graced_;   ///< Pairs with a copy_grace timer on io_
     std::uint64_t next_call_ = 1;
+    /// The referee is asked about a process at most this often (copy_referee).
+    static constexpr std::chrono::seconds kAskAgainAfter{1};
+    std::map<std::uint32_t, Asked> asked_;      ///< by ps task: the referee's questions
+    std::shared_ptr<Rulings> rulings_ = std::make_shared<Rulings>();
   };
 
   std::unique_ptr<Impl> impl_;

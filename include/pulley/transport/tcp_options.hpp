@@ -4,13 +4,30 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <string>
 
 #include "pulley/core/node.hpp"
 #include "pulley/transport/wire/frame.hpp"
 #include "pulley/transport/wire/handshake.hpp"
 
 namespace pulley {
+
+/// A ps process that a task of a job with copies (`TcpOptions::replicas`) reached before
+/// and cannot reach now, as the task asks whoever rules on lost ps processes
+/// (`TcpOptions::copy_referee`).
+struct LostProcess {
+  std::uint32_t ps = 0;        ///< the ps task
+  std::uint64_t process = 0;   ///< the process this task reached there (wire::Welcome::server); 0: none yet
+  std::string why;             ///< what this task saw ("its address refuses connections")
+};
+
+/// Rules whether a LostProcess is lost for the whole job: calls `answer(true)` (it is: give
+/// its copies up, as every task of the job does once it meets the same) or `answer(false)`
+/// (it is not, or the one who rules cannot say: wait for it, as for a ps without copies),
+/// exactly once, on any thread, now or later.
+using CopyReferee = std::function<void(const LostProcess& lost, std::function<void(bool)> answer)>;
 
 /// How a Tcp client connects.
 struct TcpOptions {
@@ -41,9 +58,19 @@ struct TcpOptions {
   /// With replicas: how long a copy whose connection broke may stay out of reach (attempts
   /// time out: a host gone, a process stopped) before it is dropped and the other copy
   /// serves alone. A copy whose address refuses connections is dropped at once. Keep it
-  /// longer than the stalls a ps may live through: a copy dropped by some tasks and not
-  /// others misses their updates.
+  /// longer than the stalls a ps may live through. With a `copy_referee`, these are the
+  /// moments the task asks it, and it drops the copy only when told to.
   std::chrono::milliseconds copy_timeout{std::chrono::seconds(30)};
+  /// With replicas: who rules that a ps process this task cannot reach (its address
+  /// refuses connections, or it stays out of reach for `copy_timeout`) is lost for the
+  /// whole job, so that every task gives the same copies up and none gives up a copy that
+  /// the others still write to: a task cut off from a ps that the rest of the job reaches
+  /// (a network partition) waits for it instead, as for a ps without copies. The role
+  /// runner sets it: the chief rules (runner/copy_rulings.hpp). Unset, each task decides
+  /// alone, which guards against lost processes and hosts, not partitions. A process
+  /// started in a lost one's place, or a copy still not ready `copy_grace` after its twin,
+  /// is dropped without asking: nobody can write to a process that holds nothing.
+  CopyReferee copy_referee;
   /// Reach a ps on this host through its local socket (Linux: a Unix-domain socket with an
   /// abstract name, transport/detail/sockets.hpp) rather than TCP loopback: the same
   /// frames, handshake and limits, at a fraction of TCP's cost per byte. Tried first on
