@@ -4046,10 +4046,10 @@ struct Shape {
 /// (wire::Welcome::server; 0: one this task never reached), which this task reached
 /// before, is out of its reach (`why`: its address refuses connections, or it stayed out of
 /// reach for the copy timeout). Is it lost for the job, so that its copies are given up?
-/// The chief rules (runner/copy_rulings.hpp): lost if it finds the same (its own
-/// transport gave that process up, or a look at the address finds it refusing, silent or
-/// held by another process), not lost if it reaches that very process. Answered
-/// LostPsReply, or kUnavailable while the chief looks (ask again).
+/// The chief rules by its own look at the address (runner/copy_rulings.hpp): lost if it
+/// refuses connections, something else answers there, or it stays silent for the copy
+/// timeout; not lost if that very process serves there. Answered LostPsReply, or
+/// kUnavailable while the chief looks (ask again).
 struct LostPs {
   static constexpr std::string_view kName = "LostPs";
   static constexpr RoleSet kSenders{Node::Role::kWorker, Node::Role::kEvaluator};
@@ -4217,10 +4217,11 @@ struct LeaveReply {
 struct LostPsReply {
   static constexpr std::string_view kName = "LostPsReply";
   bool lost = false;
+  std::string why;  ///< the chief's reason, for the asker's log
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(lost);
+    archive(lost, why);
   }
 };
 
@@ -16649,7 +16650,8 @@ struct TcpOptions {
   /// time out: a host gone, a process stopped) before it is dropped and the other copy
   /// serves alone. A copy whose address refuses connections is dropped at once. Keep it
   /// longer than the stalls a ps may live through. With a `copy_referee`, these are the
-  /// moments the task asks it, and it drops the copy only when told to.
+  /// moments the task asks it, and it drops the copy only when told to (the role runner's
+  /// chief rules a silent process lost once its own looks saw nothing this long).
   std::chrono::milliseconds copy_timeout{std::chrono::seconds(30)};
   /// With replicas: who rules that a ps process this task cannot reach (its address
   /// refuses connections, or it stays out of reach for `copy_timeout`) is lost for the
@@ -17761,7 +17763,9 @@ class Tcp {
           if (options_.replicas == 0 || e.code() != ErrorCode::kUnavailable) throw;
           const std::size_t shard = i % shards_;
           if (i >= shards_ && links_[shard]->dropped) throw;
-          if (options_.copy_referee && !ruled_lost_now(*links_[i], e.message())) throw;
+          if (options_.copy_referee && !ruled_lost_now(*links_[i], e.message())) {
+            throw Error(e.code(), std::string(e.message()) + "; its copy is not given up: the chief did not rule its process lost");
+          }
           links_[i]->dropped = true;
           log(LogLevel::kWarning, self_.name() + ": " + e.what() + ": ps " + std::to_string(shard) +
                                       "'s shard is served by one copy only");
@@ -17820,7 +17824,12 @@ class Tcp {
     /// the other copy), unless it is the last of its shard. One attempt each, of at most
     /// `attempt_timeout`, for the chief (it looks again soon); a task that serves them at
     /// once follows the chief, which reached and restored them already, and tries again
-    /// within `copy_grace` unless the address refuses (the process is gone again).
+    /// within `copy_grace` unless the address refuses (the process is gone again). Such a
+    /// task serves them again even when it does not reach them in time (it is cut off from
+    /// the new process, say): the chief's take-back says both copies are whole, and writing
+    /// the other copy alone would leave the one taken back behind. Its connection then takes
+    /// whatever process it reaches next but the one given up (`Link::lost`), and its calls
+    /// wait for it as for a ps without copies (a referee rules if it stays out of reach).
     bool reach_again(std::uint32_t ps, bool serve) {
       if (options_.replicas == 0) return false;
       std::vector<Link*> copies;
@@ -17855,15 +17864,22 @@ class Tcp {
           if (link->state == State::kConnected) break;
           if (link->refused || attempt == asio::error::connection_refused ||
               std::chrono::steady_clock::now() + backoff > deadline) {
+            if (serve) break;  // served unreached (above)
             return false;  // not there, or gone again: the next look tries again
           }
           std::this_thread::sleep_for(backoff);
+        }
+        if (link->state != State::kConnected) {
+          link->server = 0;  // the next process it reaches is taken, but the one given up
+          continue;
         }
         if ((link->lost != 0 && link->server == link->lost) || (fresh != 0 && link->server != fresh)) {
           // The very process given up (alive but cut off: its copies are old), or yet
           // another since: nothing served.
           fail(*link, "not the process taken back");
-          return false;
+          if (!serve) return false;
+          link->server = 0;
+          continue;
         }
         fresh = link->server;
         link->renewed = true;
@@ -17876,12 +17892,14 @@ class Tcp {
       for (const auto& link : links_) {
         if (!link->dropped || link->task != ps) continue;
         link->dropped = false;
-        link->lost = 0;
+        if (link->server != 0) link->lost = 0;  // (one served unreached still refuses the process given up)
         link->renewed = false;
         link->failing_since.reset();
         const std::size_t shard = index_of(*link) % shards_;
         log(LogLevel::kInfo, self_.name() + ": ps " + std::to_string(shard) + "'s shard is served by two copies again (ps " +
-                                 std::to_string(link->task) + " at " + link->address + " holds one again)");
+                                 std::to_string(link->task) + " at " + link->address + " holds one again" +
+                                 (link->server == 0 ? "; not reached yet: this task waits for it" : "") + ")");
+        if (link->server == 0) link->failing_since = std::chrono::steady_clock::now();
       }
     }
 
@@ -18431,13 +18449,20 @@ class Tcp {
       }
     }
 
-    /// At construction: true if the referee rules ps `link.task`'s copy, which this task
-    /// never reached (`why`), lost within `copy_timeout`.
+    /// At construction: true if the referee rules ps `link.task`'s process, which this task
+    /// never reached (`why`), lost; asked every second for as long as a silent process
+    /// takes to be ruled lost (`copy_timeout`, and a few looks of `attempt_timeout`).
     bool ruled_lost_now(const Link& link, const std::string& why) {
-      auto promise = std::make_shared<std::promise<bool>>();
-      std::future<bool> ruling = promise->get_future();
-      options_.copy_referee(LostProcess{link.task, 0, why}, [promise](bool lost) { promise->set_value(lost); });
-      return ruling.wait_for(options_.copy_timeout) == std::future_status::ready && ruling.get();
+      const auto deadline = std::chrono::steady_clock::now() + options_.copy_timeout + 4 * options_.attempt_timeout;
+      while (std::chrono::steady_clock::now() < deadline) {
+        auto promise = std::make_shared<std::promise<bool>>();
+        std::future<bool> ruling = promise->get_future();
+        options_.copy_referee(LostProcess{link.task, 0, why}, [promise](bool lost) { promise->set_value(lost); });
+        if (ruling.wait_until(deadline) != std::future_status::ready) return false;
+        if (ruling.get()) return true;
+        std::this_thread::sleep_for(kAskAgainAfter);
+      }
+      return false;
     }
 
     /// Ends a connection attempt: calls its `done`. With replicas, the calls and Pairs that
@@ -18514,6 +18539,10 @@ class Tcp {
       // Another process than the one reached before: it holds nothing of the job. With a
       // copy elsewhere it is dropped (drop ends this attempt); as the last copy it is used,
       // and the job rolls back as without copies.
+      if (link.lost != 0 && welcome->server == link.lost && !link.dropped && !link.renewing) {
+        // A copy served again unreached (reach_again): the process given up is no copy.
+        return fail(link, "the process given up answers on its address, not the one the chief took back");
+      }
       const std::uint64_t before = std::exchange(link.server, welcome->server);
       if (options_.replicas == 1 && before != 0 && before != welcome->server && !link.renewing &&
           !links_[partner_of(link)]->dropped) {
@@ -18764,9 +18793,7 @@ static_assert(CopyingTransport<Tcp>);
 // ---- end pulley/transport/tcp_client.hpp ----
 // ---- begin pulley/transport/tcp_probe.hpp ----
 
-#include <poll.h>
-#include <sys/socket.h>
-
+#include <algorithm>
 #include <asio.hpp>
 #include <chrono>
 #include <cstdint>
@@ -18777,6 +18804,9 @@ static_assert(CopyingTransport<Tcp>);
 // ---- begin pulley/transport/detail/handshake_io.hpp ----
 
 #include <poll.h>
+#include <sys/socket.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <asio.hpp>
@@ -18784,6 +18814,7 @@ static_assert(CopyingTransport<Tcp>);
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <utility>
 
 /// Whole frames written and read on a non-blocking socket by a thread that waits for them
@@ -18794,8 +18825,9 @@ namespace pulley::transport_detail {
 using HandshakeClock = std::chrono::steady_clock;
 
 /// Waits until `socket` is ready for `events` (a second at most); kDeadlineExceeded once
-/// `deadline` has passed.
-inline void await_ready(asio::ip::tcp::socket& socket, short events, HandshakeClock::time_point deadline,
+/// `deadline` has passed. (Every socket here is TCP's or a local one.)
+template <class Socket>
+void await_ready(Socket& socket, short events, HandshakeClock::time_point deadline,
                         std::string_view who, const char* what) {
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - HandshakeClock::now()).count();
   pollfd fd{socket.native_handle(), events, 0};
@@ -18807,7 +18839,37 @@ inline void await_ready(asio::ip::tcp::socket& socket, short events, HandshakeCl
   }
 }
 
-inline void write_frame_by(asio::ip::tcp::socket& socket, const wire::Frame& frame, HandshakeClock::time_point deadline,
+/// Connects `socket` (open or not) to `endpoint` by `deadline`: no error, or why not
+/// (`connection_refused`, `timed_out`, ...). The connect is the kernel's non-blocking one,
+/// polled up to the deadline: asio's own connect waits for the kernel to give up (about two
+/// minutes for a host that drops packets, or whose accept queue is full), whatever the
+/// socket's non-blocking mode.
+template <class Socket, class Endpoint>
+std::error_code connect_within(Socket& socket, const Endpoint& endpoint, HandshakeClock::time_point deadline) {
+  std::error_code ec;
+  if (!socket.is_open()) socket.open(endpoint.protocol(), ec);
+  if (!ec) socket.non_blocking(true, ec);
+  if (ec) return ec;
+  if (::connect(socket.native_handle(), endpoint.data(), static_cast<socklen_t>(endpoint.size())) == 0) return {};
+  // Errors in Asio's category, as its own calls give them (asio::error::connection_refused).
+  const asio::error_category& system = asio::error::get_system_category();
+  if (errno != EINPROGRESS && errno != EAGAIN) return {errno, system};
+  pollfd fd{socket.native_handle(), POLLOUT, 0};
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - HandshakeClock::now()).count();
+    if (left <= 0) return std::make_error_code(std::errc::timed_out);
+    const int ready = ::poll(&fd, 1, static_cast<int>(std::min<std::int64_t>(left, 1000)));
+    if (ready > 0) break;
+    if (ready < 0 && errno != EINTR) return {errno, system};
+  }
+  int error = 0;
+  socklen_t length = sizeof error;
+  if (::getsockopt(socket.native_handle(), SOL_SOCKET, SO_ERROR, &error, &length) != 0) return {errno, system};
+  return {error, system};
+}
+
+template <class Socket>
+void write_frame_by(Socket& socket, const wire::Frame& frame, HandshakeClock::time_point deadline,
                            std::string_view who) {
   std::string bytes(reinterpret_cast<const char*>(&frame.header), sizeof frame.header);
   bytes += frame.meta;
@@ -18824,7 +18886,8 @@ inline void write_frame_by(asio::ip::tcp::socket& socket, const wire::Frame& fra
   }
 }
 
-inline void read_exact_by(asio::ip::tcp::socket& socket, char* into, std::size_t n, HandshakeClock::time_point deadline,
+template <class Socket>
+void read_exact_by(Socket& socket, char* into, std::size_t n, HandshakeClock::time_point deadline,
                           std::string_view who) {
   std::size_t at = 0;
   while (at < n) {
@@ -18841,7 +18904,8 @@ inline void read_exact_by(asio::ip::tcp::socket& socket, char* into, std::size_t
 
 /// Reads one frame of metadata only (no payload) within `limits`; throws wire::Malformed
 /// for a header that breaks them.
-inline std::pair<wire::Header, std::string> read_frame_by(asio::ip::tcp::socket& socket, HandshakeClock::time_point deadline,
+template <class Socket>
+std::pair<wire::Header, std::string> read_frame_by(Socket& socket, HandshakeClock::time_point deadline,
                                                           std::string_view who,
                                                           const wire::FrameLimits& limits = wire::kHandshakeLimits) {
   wire::Header header;
@@ -18854,8 +18918,8 @@ inline std::pair<wire::Header, std::string> read_frame_by(asio::ip::tcp::socket&
   return {header, std::move(meta)};
 }
 
-template <class Expected>
-Expected read_handshake_by(asio::ip::tcp::socket& socket, HandshakeClock::time_point deadline, std::string_view who) {
+template <class Expected, class Socket>
+Expected read_handshake_by(Socket& socket, HandshakeClock::time_point deadline, std::string_view who) {
   const auto bytes = read_frame_by(socket, deadline, who);
   return wire::decode_handshake_as<Expected>(bytes.first, bytes.second);
 }
@@ -18868,72 +18932,67 @@ namespace pulley {
 /// What one look at a ps task's address found (probe_ps).
 struct ProbeResult {
   enum class Kind : std::uint8_t {
-    kReached,  ///< a process answered the handshake there
-    kRefused,  ///< the address refuses connections: no process listens there
-    kSilent,   ///< no connection, or no handshake, within the time given
+    kServes,  ///< a process proved itself that ps of the job: `process`
+    kGone,    ///< no such ps there: the address refuses connections, or something else answers
+    kSilent,  ///< nothing could be told in time: no connection or no handshake, or one cut short
   };
   Kind kind = Kind::kSilent;
-  /// kReached: the process that proved itself ps `ps` of the job (wire::Welcome::server);
-  /// 0 when something else answered (another task or job, a refusal): it cannot be told.
-  std::uint64_t process = 0;
-  std::string detail;  ///< what was seen, for a log line
+  std::uint64_t process = 0;  ///< kServes: the process (wire::Welcome::server)
+  std::string detail;         ///< what was seen, for a log line
 };
 
-/// Looks once, within `timeout`, at who serves ps task `ps` at `address` ("host:port"),
-/// over TCP, as task `self` of the job of `credentials`: the handshake only (both sides
-/// prove the job's secret), then it hangs up, having sent no request. The chief asks it
-/// when a task says a ps process is out of its reach (runner/copy_rulings.hpp).
+/// Looks once at who serves ps task `ps` at `address` ("host:port"), over TCP, as task
+/// `self` of the job of `credentials`: the handshake only (both sides prove the job's
+/// secret), then it hangs up, having sent no request. Every address the host name resolves
+/// to is tried, within `timeout` together: the first that serves decides; kGone only when
+/// every one refuses or holds something else. The chief looks when a task says a ps process
+/// is out of its reach (runner/copy_rulings.hpp).
 inline ProbeResult probe_ps(const std::string& address, std::uint32_t ps, const Node& self,
                             const Credentials& credentials, std::chrono::milliseconds timeout) {
   using Clock = transport_detail::HandshakeClock;
   const auto deadline = Clock::now() + timeout;
   const Address where = parse_address(address);
   asio::io_context io;
-  asio::ip::tcp::socket socket(io);
   std::error_code ec;
   asio::ip::tcp::resolver resolver(io);
   const auto endpoints = resolver.resolve(where.host, std::to_string(where.port), ec);
   if (ec || endpoints.empty()) {
     return {ProbeResult::Kind::kSilent, 0, "cannot resolve " + address + (ec ? ": " + ec.message() : "")};
   }
-  const auto endpoint = endpoints.begin()->endpoint();
-  socket.open(endpoint.protocol(), ec);
-  if (!ec) socket.non_blocking(true, ec);
-  if (!ec) socket.connect(endpoint, ec);
-  if (ec == asio::error::in_progress || ec == asio::error::would_block) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    pollfd fd{socket.native_handle(), POLLOUT, 0};
-    if (::poll(&fd, 1, static_cast<int>(left > 0 ? left : 0)) <= 0) {
-      return {ProbeResult::Kind::kSilent, 0, "no connection within " + std::to_string(timeout.count()) + " ms"};
-    }
-    int error = 0;
-    socklen_t length = sizeof error;
-    ::getsockopt(socket.native_handle(), SOL_SOCKET, SO_ERROR, &error, &length);
-    ec = std::error_code(error, std::system_category());
-  }
-  if (ec == asio::error::connection_refused) return {ProbeResult::Kind::kRefused, 0, "its address refuses connections"};
-  if (ec) return {ProbeResult::Kind::kSilent, 0, ec.message()};
   const std::string who = "a look at ps " + std::to_string(ps) + " at " + address;
-  try {
-    const auto challenge = transport_detail::read_handshake_by<wire::Challenge>(socket, deadline, who);
-    if (challenge.job != credentials.job || challenge.ps != ps) {
-      return {ProbeResult::Kind::kReached, 0, "another task answers there"};
+  ProbeResult seen{ProbeResult::Kind::kGone, 0, "its address refuses connections"};
+  for (const auto& entry : endpoints) {
+    asio::ip::tcp::socket socket(io);
+    ec = transport_detail::connect_within(socket, entry.endpoint(), deadline);
+    if (ec == asio::error::connection_refused) continue;
+    if (ec) {
+      seen = {ProbeResult::Kind::kSilent, 0,
+              ec == std::errc::timed_out ? "no connection within " + std::to_string(timeout.count()) + " ms" : ec.message()};
+      continue;
     }
-    const wire::Hello hello = wire::hello_for(credentials, challenge, self);
-    transport_detail::write_frame_by(socket, wire::encode(wire::Handshake{hello}, 0), deadline, who);
-    const auto frame = transport_detail::read_frame_by(socket, deadline, who);
-    const wire::Handshake answer = wire::decode_handshake(frame.first, frame.second);
-    const auto* welcome = std::get_if<wire::Welcome>(&answer);
-    if (welcome == nullptr || !wire::welcome_proves(credentials, challenge, hello, *welcome)) {
-      return {ProbeResult::Kind::kReached, 0, "it did not let this task in"};
+    try {
+      const auto challenge = transport_detail::read_handshake_by<wire::Challenge>(socket, deadline, who);
+      if (challenge.job != credentials.job || challenge.ps != ps) {
+        if (seen.kind == ProbeResult::Kind::kGone) seen.detail = "another task answers there";
+        continue;
+      }
+      const wire::Hello hello = wire::hello_for(credentials, challenge, self);
+      transport_detail::write_frame_by(socket, wire::encode(wire::Handshake{hello}, 0), deadline, who);
+      const auto frame = transport_detail::read_frame_by(socket, deadline, who);
+      const wire::Handshake answer = wire::decode_handshake(frame.first, frame.second);
+      const auto* welcome = std::get_if<wire::Welcome>(&answer);
+      if (welcome != nullptr && wire::welcome_proves(credentials, challenge, hello, *welcome)) {
+        return {ProbeResult::Kind::kServes, welcome->server, "it serves"};
+      }
+      // A refusal for now (its connections are full, say) or a proof that fails: nothing told.
+      seen = {ProbeResult::Kind::kSilent, 0, "it did not let the look in"};
+    } catch (const wire::Malformed& e) {
+      if (seen.kind == ProbeResult::Kind::kGone) seen.detail = std::string("something else answers there: ") + e.what();
+    } catch (const Error& e) {  // no challenge in time, or the connection cut short
+      seen = {ProbeResult::Kind::kSilent, 0, e.message()};
     }
-    return {ProbeResult::Kind::kReached, welcome->server, "reached"};
-  } catch (const Error& e) {
-    return {e.code() == ErrorCode::kDeadlineExceeded ? ProbeResult::Kind::kSilent : ProbeResult::Kind::kReached, 0,
-            e.message()};
-  } catch (const wire::Malformed& e) {
-    return {ProbeResult::Kind::kReached, 0, std::string("not a pulley ps: ") + e.what()};
   }
+  return seen;
 }
 
 }  // namespace pulley

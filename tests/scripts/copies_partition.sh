@@ -65,7 +65,7 @@ run_job() {  # run_job NAME CUT: the job in $work/NAME; CUT=1: the partition, th
     sleep "$cut_s"
     ip netns exec "$ns_w0" iptables -F || fail "could not end the cut"
     echo "$1: the cut ended after $cut_s s, at: $(grep '^epoch' "$dir/chief-0.log" | tail -1)"
-    wait_for "$dir/worker-0.log" "the chief still reaches ps 1" 1 || fail "$1: worker 0 did not ask the chief about ps 1"
+    wait_for "$dir/worker-0.log" "ps 1 is not lost for the job (the chief reaches it)" 1 || fail "$1: worker 0 did not ask the chief about ps 1"
     grep -h "dropping the copy" "$dir"/*.log && fail "$1: a copy was given up over a partition"
     # Now ps 1 is lost for real: every task asks, the chief rules it lost, its copy takes over.
     wait_for "$dir/chief-0.log" "^epoch  $((epochs - 3))/" 300 || fail "$1: the job never reached epoch $((epochs - 3))"
@@ -89,7 +89,7 @@ run_job() {  # run_job NAME CUT: the job in $work/NAME; CUT=1: the partition, th
 run_job uncut 0
 run_job cut 1
 echo "--- what the cut job's tasks logged"
-grep -h -E "asks the chief|chief still reaches|lost for the job|dropping the copy" "$work"/cut/*.log | sort | uniq -c | sed 's/^/cut: /'
+grep -h -E "asks the chief|is not lost for the job|lost for the job|dropping the copy" "$work"/cut/*.log | sort | uniq -c | sed 's/^/cut: /'
 grep -q 'every ps restored from' "$work"/cut/chief-0.log && fail "the cut job rolled back"
 crc_of() { sed -n 's/^final: .*parameters_crc32c=\([0-9a-f]*\).*/\1/p' "$1/chief-0.log"; }
 uncut=$(crc_of "$work/uncut") cut=$(crc_of "$work/cut")

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# Builds the tests of the TCP transport and the wire format with AddressSanitizer and
-# UndefinedBehaviorSanitizer (any finding aborts) and runs them:
+# Builds the tests of the TCP transport, the wire format and the chief's copy rulings with
+# AddressSanitizer and UndefinedBehaviorSanitizer (any finding aborts) and runs them:
 #   tests/scripts/sanitize.sh SOURCE_DIR BUILD_DIR
 set -euo pipefail
 source_dir=$1
 build_dir=$2
 tests=(test_tcp test_tcp_hostile test_replicas test_tcp_ring test_hybrid test_wire test_frame_reader test_hmac test_parameter_server
-       test_sparse_training test_table_requests test_embedding_table)
+       test_sparse_training test_table_requests test_embedding_table test_tcp_probe test_copy_rulings)
 # -O0: the tests' own option (tests/CMakeLists.txt) comes after these flags and wins anyway.
 generator=()
 [ -f "$build_dir/CMakeCache.txt" ] || generator=(-G Ninja)

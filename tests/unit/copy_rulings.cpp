@@ -1,13 +1,15 @@
 // SPDX-License-Identifier: MIT
 // The chief's rulings on lost ps processes (runner/copy_rulings.hpp), with the looks at a
-// ps's address made up: a process is lost when the chief's own transports found it so, or
-// its look finds the address refusing, silent or held by another process; not lost when
-// the look reaches that very process; a ruling "lost" stands for good.
+// ps's address made up: the chief rules by its own look, not by what it is told. A process
+// that serves there is not lost; one replaced there is gone; an address that refuses, or
+// where something else answers, is lost; silence is lost only once it lasts; "lost" stands
+// for good; the chief's own transports hear the same rulings once the chief has looked.
 #include <doctest/doctest.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -19,6 +21,7 @@
 #include "pulley/runner/copy_rulings.hpp"
 
 using namespace pulley;
+using Kind = CopyRulings::Sight::Kind;
 
 namespace {
 
@@ -41,68 +44,110 @@ struct Addresses {
   }
 };
 
-/// The ruling on `lost` once the chief has looked (asking again, as a task does, for 5 s at most).
+/// Whether `lost` is ruled lost once the chief has looked (asking again, as a task does,
+/// for 5 s at most).
 std::optional<bool> ruling(CopyRulings& rulings, const LostProcess& lost) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   while (std::chrono::steady_clock::now() < deadline) {
-    if (const std::optional<bool> r = rulings.rule(lost)) return r;
+    if (const auto r = rulings.rule(lost)) return r->lost;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   return std::nullopt;
 }
 
 constexpr std::uint64_t kProcess = 0xABCDEF;
+constexpr auto kSilence = std::chrono::hours(1);  // silence is never long enough, unless a test says so
 
 }  // namespace
 
-TEST_CASE("a process the chief's look reaches is not lost, and one whose address refuses, is silent or holds another is") {
+TEST_CASE("the chief rules by its own look: a process serving there is not lost, a refusing address or something else there is, a replaced one is gone") {
   Addresses addresses;
-  auto rulings = std::make_shared<CopyRulings>(4, addresses.look_at());
-  addresses.set(0, {true, kProcess, "reached"});
-  addresses.set(1, {false, 0, "its address refuses connections"});
-  addresses.set(2, {false, 0, "no connection within 500 ms"});
-  addresses.set(3, {true, kProcess + 1, "reached"});
+  auto rulings = std::make_shared<CopyRulings>(4, addresses.look_at(), kSilence);
+  addresses.set(0, {Kind::kServes, kProcess, "it serves"});
+  addresses.set(1, {Kind::kGone, 0, "its address refuses connections"});
+  addresses.set(2, {Kind::kGone, 0, "another task answers there"});
+  addresses.set(3, {Kind::kServes, kProcess + 1, "it serves"});
 
   CHECK_FALSE(rulings->rule(LostProcess{0, kProcess, "out of reach"}).has_value());  // the chief looks first
   CHECK(ruling(*rulings, LostProcess{0, kProcess, "out of reach"}) == std::optional<bool>(false));
   CHECK(ruling(*rulings, LostProcess{1, kProcess, "refused"}) == std::optional<bool>(true));
   CHECK(ruling(*rulings, LostProcess{2, kProcess, "out of reach"}) == std::optional<bool>(true));
-  CHECK(ruling(*rulings, LostProcess{3, kProcess, "out of reach"}) == std::optional<bool>(true));  // another process
-  // A process never reached (0): lost only when nothing answers there.
+  CHECK(ruling(*rulings, LostProcess{3, kProcess, "out of reach"}) == std::optional<bool>(true));  // replaced
+  // A process never reached (0): lost only when no ps of the job serves there.
   CHECK(ruling(*rulings, LostProcess{3, 0, "never reached"}) == std::optional<bool>(false));
   CHECK(ruling(*rulings, LostProcess{1, 0, "never reached"}) == std::optional<bool>(true));
   // A ps the job does not have: nothing to give up.
-  CHECK(rulings->rule(LostProcess{4, kProcess, "no such ps"}) == std::optional<bool>(false));
+  CHECK(ruling(*rulings, LostProcess{4, kProcess, "no such ps"}) == std::optional<bool>(false));
 
   // Lost stands for good: the same process is back at the address (a look now reaches it),
   // yet every task that asks about it hears "lost", so that none keeps a copy the others
   // gave up.
-  addresses.set(1, {true, kProcess, "reached"});
+  addresses.set(1, {Kind::kServes, kProcess, "it serves"});
   std::this_thread::sleep_for(std::chrono::milliseconds(1100));  // the last look is stale
   CHECK(ruling(*rulings, LostProcess{1, kProcess, "refused"}) == std::optional<bool>(true));
   // A process started in its place since is another matter: it is looked at.
-  addresses.set(1, {true, kProcess + 7, "reached"});
+  addresses.set(1, {Kind::kServes, kProcess + 7, "it serves"});
   CHECK(ruling(*rulings, LostProcess{1, kProcess + 7, "out of reach"}) == std::optional<bool>(false));
+}
+
+TEST_CASE("silence is lost only once the chief's looks have seen nothing for the copy timeout") {
+  Addresses addresses;
+  auto rulings = std::make_shared<CopyRulings>(1, addresses.look_at(), std::chrono::milliseconds(1500));
+  addresses.set(0, {Kind::kSilent, 0, "no connection within 2000 ms"});
+  const auto began = std::chrono::steady_clock::now();
+  CHECK(ruling(*rulings, LostProcess{0, kProcess, "out of reach"}) == std::optional<bool>(false));
+  std::optional<bool> last;
+  while (std::chrono::steady_clock::now() - began < std::chrono::seconds(10)) {  // as a task asks, every second
+    std::this_thread::sleep_for(std::chrono::milliseconds(1050));
+    last = ruling(*rulings, LostProcess{0, kProcess, "out of reach"});
+    if (last == std::optional<bool>(true)) break;
+  }
+  CHECK(last == std::optional<bool>(true));
+  CHECK(std::chrono::steady_clock::now() - began >= std::chrono::milliseconds(1500));
+  // A process heard again in between starts the count again.
+  addresses.set(0, {Kind::kSilent, 0, "no connection"});
+  auto again = std::make_shared<CopyRulings>(1, addresses.look_at(), std::chrono::milliseconds(1500));
+  CHECK(ruling(*again, LostProcess{0, kProcess, "out of reach"}) == std::optional<bool>(false));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1050));
+  addresses.set(0, {Kind::kServes, kProcess, "it serves"});
+  CHECK(ruling(*again, LostProcess{0, kProcess, "out of reach"}) == std::optional<bool>(false));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1050));
+  addresses.set(0, {Kind::kSilent, 0, "no connection"});
+  CHECK(ruling(*again, LostProcess{0, kProcess, "out of reach"}) == std::optional<bool>(false));  // 0 ms silent
 }
 
 TEST_CASE("one look answers every task that lost the same ps at once") {
   Addresses addresses;
-  auto rulings = std::make_shared<CopyRulings>(2, addresses.look_at());
-  addresses.set(1, {true, kProcess, "reached"});
+  auto rulings = std::make_shared<CopyRulings>(2, addresses.look_at(), kSilence);
+  addresses.set(1, {Kind::kServes, kProcess, "it serves"});
   for (int task = 0; task < 8; ++task) {
     CHECK(ruling(*rulings, LostProcess{1, kProcess, "out of reach"}) == std::optional<bool>(false));
   }
   CHECK(addresses.looks == 1);
 }
 
-TEST_CASE("what the chief's own transports find lost is lost for the job, without a look") {
+TEST_CASE("the chief's own transports hear the same rulings, once the chief has looked") {
   Addresses addresses;
-  auto rulings = std::make_shared<CopyRulings>(2, addresses.look_at());
-  addresses.set(0, {true, kProcess, "reached"});  // a look would reach it
-  const CopyReferee own = rulings->own();
-  std::optional<bool> answered;
-  own(LostProcess{0, kProcess, "its address refuses connections"}, [&](bool lost) { answered = lost; });
-  CHECK(answered == std::optional<bool>(true));
-  CHECK(rulings->rule(LostProcess{0, kProcess, "out of reach"}) == std::optional<bool>(true));
-  CHECK(addresses.looks == 0);
+  auto rulings = std::make_shared<CopyRulings>(2, addresses.look_at(), kSilence);
+  addresses.set(0, {Kind::kServes, kProcess, "it serves"});       // the chief alone lost it for a moment
+  addresses.set(1, {Kind::kGone, 0, "its address refuses connections"});
+  const CopyReferee referee = rulings->referee();
+  std::mutex mutex;
+  std::map<std::uint32_t, bool> answered;
+  for (const std::uint32_t ps : {0U, 1U}) {
+    referee(LostProcess{ps, kProcess, "its address refuses connections"}, [&, ps](bool lost) {
+      const std::scoped_lock lock(mutex);
+      answered[ps] = lost;
+    });
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (std::chrono::steady_clock::now() < deadline) {
+    {
+      const std::scoped_lock lock(mutex);
+      if (answered.size() == 2) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const std::scoped_lock lock(mutex);
+  CHECK(answered == std::map<std::uint32_t, bool>{{0, false}, {1, true}});
 }

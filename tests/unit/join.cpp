@@ -684,9 +684,13 @@ TEST_CASE("the chief's JoinDesk rules on a ps process a worker or the evaluator 
   JoinDesk without(queue);
   CHECK(std::get<ErrorReply>(ask_desk(without, LostPs{1, 77, "refused"}, Node::worker(0))).code ==
         ErrorCode::kFailedPrecondition);  // a job without copies gives nothing up
-  auto rulings = std::make_shared<CopyRulings>(2, [](std::uint32_t ps) {
-    return ps == 0 ? CopyRulings::Sight{true, 77, "reached"} : CopyRulings::Sight{false, 0, "refused"};
-  });
+  auto rulings = std::make_shared<CopyRulings>(
+      2,
+      [](std::uint32_t ps) {
+        using Kind = CopyRulings::Sight::Kind;
+        return ps == 0 ? CopyRulings::Sight{Kind::kServes, 77, "it serves"} : CopyRulings::Sight{Kind::kGone, 0, "refused"};
+      },
+      std::chrono::seconds(30));
   JoinDesk desk(queue, rulings);
   CHECK(std::get<ErrorReply>(ask_desk(desk, LostPs{1, 77, "refused"}, Node::ps(0))).code == ErrorCode::kPermissionDenied);
   CHECK(std::get<ErrorReply>(ask_desk(desk, LostPs{1, 77, "refused"}, Node::chief())).code == ErrorCode::kPermissionDenied);

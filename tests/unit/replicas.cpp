@@ -194,11 +194,18 @@ TEST_CASE("a ps lost mid-training is replaced by its copy: training ends bit for
 /// worker's transport asks through `referee` (AskChief), counted.
 struct RulingChief {
   explicit RulingChief(const CopiesCluster& cluster)
-      : rulings(std::make_shared<CopyRulings>(kPs, [addresses = cluster.addresses](std::uint32_t ps) {
-          const ProbeResult look = probe_ps(addresses[ps], ps, Node::chief(), pulley::testing::test_credentials(),
-                                            std::chrono::milliseconds(500));
-          return CopyRulings::Sight{look.kind == ProbeResult::Kind::kReached, look.process, look.detail};
-        })),
+      : rulings(std::make_shared<CopyRulings>(
+            kPs,
+            [addresses = cluster.addresses](std::uint32_t ps) {
+              const ProbeResult look = probe_ps(addresses[ps], ps, Node::chief(), pulley::testing::test_credentials(),
+                                                std::chrono::milliseconds(500));
+              using Kind = CopyRulings::Sight::Kind;
+              return CopyRulings::Sight{look.kind == ProbeResult::Kind::kServes ? Kind::kServes
+                                        : look.kind == ProbeResult::Kind::kGone ? Kind::kGone
+                                                                                 : Kind::kSilent,
+                                        look.process, look.detail};
+            },
+            std::chrono::seconds(30))),
         desk(JoinDesk(std::make_shared<JoinQueue>(2, kSteps), rulings), "127.0.0.1", 0, test_server_options()),
         serving([this] { desk.run(); }) {}
   ~RulingChief() {
@@ -209,7 +216,7 @@ struct RulingChief {
   /// The chief's transports' options: what they find lost is lost for the job.
   TcpOptions chief_options() const {
     TcpOptions options = with_copies();
-    options.copy_referee = rulings->own();
+    options.copy_referee = rulings->referee();
     return options;
   }
   /// A worker's: quick to find a copy out of reach, and asking the chief's desk about it.
@@ -283,6 +290,7 @@ TEST_CASE("a worker cut off from a ps the chief reaches gives nothing up: it wai
           proxy.partition(false);
         });
       });
+  REQUIRE(cutting.joinable());
   cutting.join();
   CHECK(with == expected);
   CHECK(ruling.asked > 0);            // worker 0 found ps 1 out of reach, and asked
@@ -373,6 +381,77 @@ TEST_CASE("a process started in a lost ps's place is taken back by the chief: th
   CHECK(with == expected);
   REQUIRE(restarted);
   // The process taken back holds both shards it should, and took every step since.
+  CHECK(restarted->service().own().stats().global_step == kSteps);
+  CHECK(restarted->service().copy().stats().global_step == kSteps);
+  restarted->stop();
+  serving.join();
+}
+
+TEST_CASE("a worker that cannot reach the process the chief took back writes neither copy alone: it waits for it") {
+  // ps 1 is lost and started again (a new process); worker 1 reaches ps 1 through a proxy
+  // that cuts it off from then until 2 s after the chief took the new process back. Worker
+  // 1 learns the new membership while it cannot reach the new process: it serves both
+  // copies of ps 1's shards again all the same (the chief's take-back says they are whole)
+  // and waits for the new process, instead of writing the other copies alone, which the
+  // process taken back would then miss. The job ends bit for bit where the unbroken run ends.
+  const auto expected = in_process_result();
+  CopiesCluster cluster;
+  RulingChief ruling(cluster);
+  pulley::testing::CutProxy proxy(cluster.listeners[1]->port(), 0.0, 1);
+  std::vector<std::string> behind_proxy = cluster.addresses;
+  behind_proxy[1] = "127.0.0.1:" + std::to_string(proxy.port());
+  std::unique_ptr<TcpServer<Copies>> restarted;
+  std::thread serving, cutting;
+  std::atomic<bool> started{false}, taken{false}, tried{false};
+  const auto bounded_wait = [](const std::atomic<bool>& flag) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!flag && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return flag.load();
+  };
+  const auto with = train(
+      [&](Node n) {
+        if (n.role == Node::Role::kChief) return client(n, cluster.addresses, ruling.chief_options());
+        TcpOptions options = ruling.worker_options(n);
+        options.copy_grace = std::chrono::milliseconds(500);
+        return client(n, n.index == 1 ? behind_proxy : cluster.addresses, options);
+      },
+      [&](std::uint32_t w, std::int64_t k) {
+        if (w != 0 || k != kSteps / 4) return;
+        proxy.partition(true);
+        const auto port = cluster.listeners[1]->port();
+        cluster.kill(1);
+        restarted = std::make_unique<TcpServer<Copies>>(Copies(make_server(1), make_server(0)), "127.0.0.1", port,
+                                                        test_server_options());
+        serving = std::thread([&] { restarted->run(); });
+        cutting = std::thread([&] {
+          (void)bounded_wait(tried);
+          std::this_thread::sleep_for(std::chrono::seconds(2));
+          proxy.partition(false);
+        });
+        started = true;
+      },
+      [&](auto& chief) {
+        bool back = false;
+        if (bounded_wait(started)) {
+          const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+          while (!back && std::chrono::steady_clock::now() < deadline) {
+            try {
+              (void)chief.stats();  // a call to ps 1 finds it lost: its copies are given up
+            } catch (const Error&) {
+            }
+            if (!chief.given_up().empty()) back = chief.take_back(1);
+            if (!back) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+          }
+        }
+        taken = back;
+        tried = true;
+      });
+  REQUIRE(cutting.joinable());
+  cutting.join();
+  REQUIRE(taken);
+  CHECK(with == expected);
+  REQUIRE(restarted);
+  // The process taken back took every step since, on both its shards: worker 1's pushes too.
   CHECK(restarted->service().own().stats().global_step == kSteps);
   CHECK(restarted->service().copy().stats().global_step == kSteps);
   restarted->stop();

@@ -502,10 +502,10 @@ struct Shape {
 /// (wire::Welcome::server; 0: one this task never reached), which this task reached
 /// before, is out of its reach (`why`: its address refuses connections, or it stayed out of
 /// reach for the copy timeout). Is it lost for the job, so that its copies are given up?
-/// The chief rules (runner/copy_rulings.hpp): lost if it finds the same (its own
-/// transport gave that process up, or a look at the address finds it refusing, silent or
-/// held by another process), not lost if it reaches that very process. Answered
-/// LostPsReply, or kUnavailable while the chief looks (ask again).
+/// The chief rules by its own look at the address (runner/copy_rulings.hpp): lost if it
+/// refuses connections, something else answers there, or it stays silent for the copy
+/// timeout; not lost if that very process serves there. Answered LostPsReply, or
+/// kUnavailable while the chief looks (ask again).
 struct LostPs {
   static constexpr std::string_view kName = "LostPs";
   static constexpr RoleSet kSenders{Node::Role::kWorker, Node::Role::kEvaluator};
@@ -673,10 +673,11 @@ struct LeaveReply {
 struct LostPsReply {
   static constexpr std::string_view kName = "LostPsReply";
   bool lost = false;
+  std::string why;  ///< the chief's reason, for the asker's log
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(lost);
+    archive(lost, why);
   }
 };
 

@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
@@ -25,37 +26,49 @@ namespace pulley {
 /// The chief's rulings on lost ps processes, in a job whose ps tasks keep copies of each
 /// other's shards (`--ps-replicas 1`): the one place that decides which copies the job
 /// gives up, so that no task gives up a copy the others still write to (TcpOptions::
-/// copy_referee). A task that cannot reach a ps process asks (LostPs, at the chief's
-/// JoinDesk); the chief rules it lost when it finds the same:
-///   - its own transports found that process lost (they ask `own()`, whose every answer is
-///     "lost": the chief's view is the job's);
-///   - or a look at the ps's address (`LookAt`; the role runner's is probe_ps: TCP, the
-///     handshake only) finds it refusing connections or silent (or held by another
-///     process: the one asked about is gone, though nothing is ruled for it);
-/// and not lost when the look reaches that very process: the asker is the one cut off (a
-/// network partition), and waits for it as for a ps without copies (its workers are held
-/// lost by the ps if the cut outlasts the worker timeout, as without copies). A ruling
-/// "lost" is for good: every task that asks about that process later hears the same. A
-/// task that lies (it holds the job's secret) cannot have a live process ruled lost: the
-/// chief looks for itself.
+/// copy_referee). A task that cannot reach a ps process asks: the chief's own transports
+/// through `referee()`, every other task at the chief's JoinDesk (LostPs). The chief then
+/// looks at the ps's address itself (`LookAt`; the role runner's is probe_ps: TCP, the
+/// handshake only), and rules by what it sees, not by what it was told:
+///   - that very process serves there: not lost; the asker is the one cut off (a network
+///     partition), and waits for it as for a ps without copies (its workers are held lost
+///     by that ps if the cut outlasts the worker timeout, as without copies);
+///   - another process serves there: the one asked about is gone (a task gives a process
+///     replaced so up by itself; nothing is ruled);
+///   - the address refuses connections, or something else answers there: lost;
+///   - nothing can be told (no connection, no handshake, a connection cut short): lost once
+///     the chief's looks have seen nothing for `silence` (the copy timeout), not lost until
+///     then, so that a ps busy or paused for a moment is not given up.
+/// A ruling "lost" is for good: every task that asks about that process later hears the
+/// same. A task that lies (it holds the job's secret) cannot have a live process ruled
+/// lost: the chief looks for itself.
 ///
 /// Thread-safe: the desk asks on its server's thread, the chief's transports on theirs;
-/// looks run on a thread of its own, one at a time, each answered "ask again" meanwhile.
+/// looks run on a thread of its own, one at a time. A question whose look has not come back
+/// is answered later (`referee()`), or "ask again" (`rule`).
 class CopyRulings : public std::enable_shared_from_this<CopyRulings> {
  public:
   /// What a look at ps task `ps`'s address found.
   struct Sight {
-    bool reached = false;       ///< a process answered there (else it refuses, or is silent)
-    std::uint64_t process = 0;  ///< the one that proved itself that ps (0: it cannot be told)
+    enum class Kind : std::uint8_t { kServes, kGone, kSilent };
+    Kind kind = Kind::kSilent;
+    std::uint64_t process = 0;  ///< kServes: the process that proved itself that ps
     std::string detail;         ///< what was seen, for the log
   };
-  /// Looks at ps task `ps`'s address once (the role runner's: probe_ps, bounded by the
-  /// attempt timeout).
+  /// Looks at ps task `ps`'s address once (the role runner's: probe_ps, within the attempt
+  /// timeout).
   using LookAt = std::function<Sight(std::uint32_t ps)>;
+  /// A ruling, and why, in words for the asker's log.
+  struct Ruling {
+    bool lost = false;
+    std::string why;
+  };
 
   /// @param num_ps  the job's ps tasks: a question about another is answered "not lost"
   /// @param look_at how the chief looks at a ps's address
-  CopyRulings(std::uint32_t num_ps, LookAt look_at) : num_ps_(num_ps), look_at_(std::move(look_at)) {}
+  /// @param silence how long the chief's looks may see nothing before a process is lost
+  CopyRulings(std::uint32_t num_ps, LookAt look_at, std::chrono::milliseconds silence)
+      : num_ps_(num_ps), look_at_(std::move(look_at)), silence_(silence) {}
   CopyRulings(const CopyRulings&) = delete;
   CopyRulings& operator=(const CopyRulings&) = delete;
   ~CopyRulings() {
@@ -65,24 +78,30 @@ class CopyRulings : public std::enable_shared_from_this<CopyRulings> {
     }
     wake_.notify_all();
     if (looking_.joinable()) looking_.join();
+    for (auto& [ps, waiting] : waiting_) {  // (no transport of the chief asks any more)
+      for (auto& [lost, answer] : waiting) answer(false);
+    }
   }
 
-  /// The referee of the chief's own transports: what they find lost is lost for the job.
-  /// (Made by std::make_shared: the referee holds it.)
-  [[nodiscard]] CopyReferee own() {
-    return [self = shared_from_this()](const LostProcess& lost, const std::function<void(bool)>& answer) {
-      self->rule_lost(lost.ps, lost.process, "the chief's own connections: " + lost.why);
-      answer(true);
+  /// The referee of the chief's own transports: the same rulings, answered once the chief
+  /// has looked. (Made by std::make_shared: the referee holds it.)
+  [[nodiscard]] CopyReferee referee() {
+    return [self = shared_from_this()](const LostProcess& lost, std::function<void(bool)> answer) {
+      if (const std::optional<Ruling> ruling = self->rule(lost)) return answer(ruling->lost);
+      const std::scoped_lock lock(self->mutex_);
+      self->waiting_[lost.ps].emplace_back(lost, std::move(answer));
     };
   }
 
-  /// The ruling on a task's question: true (lost for the job), false (the chief reaches
-  /// that very process), or nullopt while the chief looks at its address (ask again).
-  std::optional<bool> rule(const LostProcess& lost) {
-    if (lost.ps >= num_ps_) return false;  // no such ps: nothing to give up
-    std::unique_lock lock(mutex_);
-    if (lost.process != 0 && lost_[lost.ps].contains(lost.process)) return true;
+  /// The ruling on a task's question, or nullopt while the chief looks at the ps's address
+  /// (ask again).
+  std::optional<Ruling> rule(const LostProcess& lost) {
+    if (lost.ps >= num_ps_) return Ruling{false, "the job has no ps " + std::to_string(lost.ps)};
     const auto now = Clock::now();
+    std::unique_lock lock(mutex_);
+    if (lost.process != 0 && lost_[lost.ps].contains(lost.process)) {
+      return Ruling{true, "the chief ruled it lost for the job"};
+    }
     const auto seen = looks_.find(lost.ps);
     if (seen == looks_.end() || now - seen->second.at > kFresh) {
       if (std::find(queue_.begin(), queue_.end(), lost.ps) == queue_.end()) queue_.push_back(lost.ps);
@@ -91,16 +110,28 @@ class CopyRulings : public std::enable_shared_from_this<CopyRulings> {
       wake_.notify_one();
       return std::nullopt;
     }
-    const Sight sight = seen->second.sight;
+    const Look look = seen->second;
     lock.unlock();
-    if (!sight.reached) {
-      if (lost.process != 0) rule_lost(lost.ps, lost.process, "the chief's look: " + sight.detail);
-      return true;
+    switch (look.sight.kind) {
+      case Sight::Kind::kServes:
+        if (lost.process == 0 || look.sight.process == lost.process) return Ruling{false, "the chief reaches it"};
+        return Ruling{true, "another process serves its address: the one this task reached is gone"};
+      case Sight::Kind::kGone:
+        if (lost.process != 0) rule_lost(lost.ps, lost.process, look.sight.detail);
+        return Ruling{true, "the chief ruled it lost for the job (" + look.sight.detail + ")"};
+      case Sight::Kind::kSilent:
+        break;
     }
-    // Another process holds the address: the one asked about is gone (a task gives up a
-    // process replaced so by itself; nothing to rule, and nothing to log for a question
-    // that may name any process).
-    return lost.process != 0 && sight.process != 0 && sight.process != lost.process;
+    const auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - look.silent_since);
+    if (silent < silence_) {
+      return Ruling{false, "the chief cannot reach it either (" + look.sight.detail + ", for " +
+                               std::to_string(silent.count()) + " ms): it gives it up once that lasts " +
+                               std::to_string(silence_.count()) + " ms"};
+    }
+    if (lost.process != 0) {
+      rule_lost(lost.ps, lost.process, look.sight.detail + " for " + std::to_string(silent.count()) + " ms");
+    }
+    return Ruling{true, "the chief ruled it lost for the job (silent for " + std::to_string(silent.count()) + " ms)"};
   }
 
  private:
@@ -112,6 +143,7 @@ class CopyRulings : public std::enable_shared_from_this<CopyRulings> {
   struct Look {
     Clock::time_point at;
     Sight sight;
+    Clock::time_point silent_since;  ///< kSilent: since the first of the silent looks in a row
   };
 
   /// Process `process` of ps `ps` is lost for the job, for `why`: logged once.
@@ -120,8 +152,8 @@ class CopyRulings : public std::enable_shared_from_this<CopyRulings> {
       const std::scoped_lock lock(mutex_);
       if (!lost_[ps].insert(process).second) return;
     }
-    log(LogLevel::kWarning, "chief: ps " + std::to_string(ps) + "'s process is lost for the job (" + why +
-                                "): every task gives up the copies it held, and the other copies serve alone");
+    log(LogLevel::kWarning, "chief: ps " + std::to_string(ps) + "'s process is lost for the job (the chief's look: " +
+                                why + "): every task gives up the copies it held, and the other copies serve alone");
   }
 
   void look_loop() {
@@ -132,19 +164,44 @@ class CopyRulings : public std::enable_shared_from_this<CopyRulings> {
       const std::uint32_t ps = queue_.front();
       queue_.pop_front();
       lock.unlock();
-      Sight sight = look_at_(ps);
+      Sight sight;
+      try {
+        sight = look_at_(ps);
+      } catch (const std::exception& e) {
+        sight = Sight{Sight::Kind::kSilent, 0, e.what()};
+      }
       lock.lock();
-      looks_[ps] = Look{Clock::now(), std::move(sight)};
+      const auto now = Clock::now();
+      Look& look = looks_[ps];
+      // Silence counts from the first of silent looks in a row (the askers look again every
+      // second or so: a gap longer than the limit starts it again).
+      const bool silent_before = look.sight.kind == Sight::Kind::kSilent && look.at != Clock::time_point{} &&
+                                 now - look.at < silence_;
+      if (sight.kind != Sight::Kind::kSilent || !silent_before) look.silent_since = now;
+      look.at = now;
+      look.sight = std::move(sight);
+      // The chief's own transports that asked about this ps hear the ruling now.
+      std::vector<std::pair<LostProcess, std::function<void(bool)>>> waiting = std::move(waiting_[ps]);
+      waiting_.erase(ps);
+      lock.unlock();
+      for (auto& [lost, answer] : waiting) {
+        const std::optional<Ruling> ruling = rule(lost);
+        answer(ruling && ruling->lost);
+      }
+      lock.lock();
     }
   }
 
   const std::uint32_t num_ps_;
   const LookAt look_at_;
+  const std::chrono::milliseconds silence_;
   std::mutex mutex_;
   std::condition_variable wake_;
   std::map<std::uint32_t, std::set<std::uint64_t>> lost_;  ///< by ps: processes ruled lost
   std::map<std::uint32_t, Look> looks_;                    ///< by ps: the last look
   std::deque<std::uint32_t> queue_;                        ///< ps tasks to look at
+  /// By ps: the chief's own transports' questions waiting for its look.
+  std::map<std::uint32_t, std::vector<std::pair<LostProcess, std::function<void(bool)>>>> waiting_;
   bool stop_ = false;
   std::thread looking_;  ///< started at the first question that needs a look
 };

@@ -310,12 +310,12 @@ class JoinDesk {
       return respond(reply, ErrorReply{ErrorCode::kFailedPrecondition,
                                        "this job's ps tasks keep no copies of each other's shards: nothing to give up"});
     }
-    const std::optional<bool> lost_for_the_job = rulings_->rule(LostProcess{lost.ps, lost.process, lost.why.substr(0, 256)});
-    if (!lost_for_the_job) {
+    std::optional<CopyRulings::Ruling> ruling = rulings_->rule(LostProcess{lost.ps, lost.process, lost.why.substr(0, 256)});
+    if (!ruling) {
       return respond(reply, ErrorReply{ErrorCode::kUnavailable, "the chief looks at ps " + std::to_string(lost.ps) +
                                                                     ": ask again"});
     }
-    respond(reply, LostPsReply{*lost_for_the_job});
+    respond(reply, LostPsReply{ruling->lost, std::move(ruling->why)});
   }
 
   /// The chief's desk answers the handshake as task 0 of its one address.

@@ -8,6 +8,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
@@ -96,6 +97,9 @@ class AskChief {
     }
     wake_.notify_all();
     if (asking_.joinable()) asking_.join();
+    for (Question& q : questions_) {  // nothing ruled (no transport waits any more)
+      for (const auto& answer : q.answers) answer(false);
+    }
   }
 
   /// Queues the question; `answer` is called on the asking thread.
@@ -135,7 +139,13 @@ class AskChief {
       if (stop_) return;
       const LostProcess lost = questions_.front().lost;
       lock.unlock();
-      const bool ruled_lost = ask_one(lost);
+      bool ruled_lost = false;
+      try {
+        ruled_lost = ask_one(lost);
+      } catch (const std::exception& e) {  // no memory, say: nothing ruled, the task waits
+        log(LogLevel::kWarning, self_.name() + ": could not ask the chief about ps " + std::to_string(lost.ps) + ": " +
+                                    e.what());
+      }
       lock.lock();
       Question asked = std::move(questions_.front());
       questions_.pop_front();
@@ -156,8 +166,8 @@ class AskChief {
                                 });
       if (!ruling) return false;  // this task ends
       if (!ruling->lost && now_and_then(lost.ps)) {
-        log(LogLevel::kWarning, self_.name() + ": the chief still reaches " + ps + ": it is not lost for the job, "
-                                    "and this task waits for it (cut off from it?)");
+        log(LogLevel::kWarning, self_.name() + ": " + ps + " is not lost for the job (" + ruling->why.substr(0, 256) +
+                                    "): this task waits for it");
       }
       return ruling->lost;
     } catch (const Error& e) {

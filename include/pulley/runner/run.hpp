@@ -150,11 +150,18 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
   TcpOptions chief_tcp = tcp;
   if (tcp.replicas != 0 && type != "ps") {
     if (type == "chief" || chief_worker) {
-      rulings = std::make_shared<CopyRulings>(static_cast<std::uint32_t>(ps.size()), [ps, tcp](std::uint32_t k) {
-        const ProbeResult look = probe_ps(ps.at(k), k, Node::chief(), tcp.credentials, tcp.attempt_timeout);
-        return CopyRulings::Sight{look.kind == ProbeResult::Kind::kReached, look.process, look.detail};
-      });
-      chief_tcp.copy_referee = rulings->own();
+      rulings = std::make_shared<CopyRulings>(
+          static_cast<std::uint32_t>(ps.size()),
+          [ps, tcp](std::uint32_t k) {
+            const ProbeResult look = probe_ps(ps.at(k), k, Node::chief(), tcp.credentials, tcp.attempt_timeout);
+            using Kind = CopyRulings::Sight::Kind;
+            const Kind kind = look.kind == ProbeResult::Kind::kServes ? Kind::kServes
+                              : look.kind == ProbeResult::Kind::kGone ? Kind::kGone
+                                                                       : Kind::kSilent;
+            return CopyRulings::Sight{kind, look.process, look.detail};
+          },
+          tcp.copy_timeout);
+      chief_tcp.copy_referee = rulings->referee();
     }
     if (type != "chief") {
       const Node self{type == "evaluator" ? Node::Role::kEvaluator : Node::Role::kWorker, config.task.index};

@@ -305,7 +305,9 @@ class Tcp {
           if (options_.replicas == 0 || e.code() != ErrorCode::kUnavailable) throw;
           const std::size_t shard = i % shards_;
           if (i >= shards_ && links_[shard]->dropped) throw;
-          if (options_.copy_referee && !ruled_lost_now(*links_[i], e.message())) throw;
+          if (options_.copy_referee && !ruled_lost_now(*links_[i], e.message())) {
+            throw Error(e.code(), std::string(e.message()) + "; its copy is not given up: the chief did not rule its process lost");
+          }
           links_[i]->dropped = true;
           log(LogLevel::kWarning, self_.name() + ": " + e.what() + ": ps " + std::to_string(shard) +
                                       "'s shard is served by one copy only");
@@ -364,7 +366,12 @@ class Tcp {
     /// the other copy), unless it is the last of its shard. One attempt each, of at most
     /// `attempt_timeout`, for the chief (it looks again soon); a task that serves them at
     /// once follows the chief, which reached and restored them already, and tries again
-    /// within `copy_grace` unless the address refuses (the process is gone again).
+    /// within `copy_grace` unless the address refuses (the process is gone again). Such a
+    /// task serves them again even when it does not reach them in time (it is cut off from
+    /// the new process, say): the chief's take-back says both copies are whole, and writing
+    /// the other copy alone would leave the one taken back behind. Its connection then takes
+    /// whatever process it reaches next but the one given up (`Link::lost`), and its calls
+    /// wait for it as for a ps without copies (a referee rules if it stays out of reach).
     bool reach_again(std::uint32_t ps, bool serve) {
       if (options_.replicas == 0) return false;
       std::vector<Link*> copies;
@@ -399,15 +406,22 @@ class Tcp {
           if (link->state == State::kConnected) break;
           if (link->refused || attempt == asio::error::connection_refused ||
               std::chrono::steady_clock::now() + backoff > deadline) {
+            if (serve) break;  // served unreached (above)
             return false;  // not there, or gone again: the next look tries again
           }
           std::this_thread::sleep_for(backoff);
+        }
+        if (link->state != State::kConnected) {
+          link->server = 0;  // the next process it reaches is taken, but the one given up
+          continue;
         }
         if ((link->lost != 0 && link->server == link->lost) || (fresh != 0 && link->server != fresh)) {
           // The very process given up (alive but cut off: its copies are old), or yet
           // another since: nothing served.
           fail(*link, "not the process taken back");
-          return false;
+          if (!serve) return false;
+          link->server = 0;
+          continue;
         }
         fresh = link->server;
         link->renewed = true;
@@ -420,12 +434,14 @@ class Tcp {
       for (const auto& link : links_) {
         if (!link->dropped || link->task != ps) continue;
         link->dropped = false;
-        link->lost = 0;
+        if (link->server != 0) link->lost = 0;  // (one served unreached still refuses the process given up)
         link->renewed = false;
         link->failing_since.reset();
         const std::size_t shard = index_of(*link) % shards_;
         log(LogLevel::kInfo, self_.name() + ": ps " + std::to_string(shard) + "'s shard is served by two copies again (ps " +
-                                 std::to_string(link->task) + " at " + link->address + " holds one again)");
+                                 std::to_string(link->task) + " at " + link->address + " holds one again" +
+                                 (link->server == 0 ? "; not reached yet: this task waits for it" : "") + ")");
+        if (link->server == 0) link->failing_since = std::chrono::steady_clock::now();
       }
     }
 
@@ -975,13 +991,20 @@ class Tcp {
       }
     }
 
-    /// At construction: true if the referee rules ps `link.task`'s copy, which this task
-    /// never reached (`why`), lost within `copy_timeout`.
+    /// At construction: true if the referee rules ps `link.task`'s process, which this task
+    /// never reached (`why`), lost; asked every second for as long as a silent process
+    /// takes to be ruled lost (`copy_timeout`, and a few looks of `attempt_timeout`).
     bool ruled_lost_now(const Link& link, const std::string& why) {
-      auto promise = std::make_shared<std::promise<bool>>();
-      std::future<bool> ruling = promise->get_future();
-      options_.copy_referee(LostProcess{link.task, 0, why}, [promise](bool lost) { promise->set_value(lost); });
-      return ruling.wait_for(options_.copy_timeout) == std::future_status::ready && ruling.get();
+      const auto deadline = std::chrono::steady_clock::now() + options_.copy_timeout + 4 * options_.attempt_timeout;
+      while (std::chrono::steady_clock::now() < deadline) {
+        auto promise = std::make_shared<std::promise<bool>>();
+        std::future<bool> ruling = promise->get_future();
+        options_.copy_referee(LostProcess{link.task, 0, why}, [promise](bool lost) { promise->set_value(lost); });
+        if (ruling.wait_until(deadline) != std::future_status::ready) return false;
+        if (ruling.get()) return true;
+        std::this_thread::sleep_for(kAskAgainAfter);
+      }
+      return false;
     }
 
     /// Ends a connection attempt: calls its `done`. With replicas, the calls and Pairs that
@@ -1058,6 +1081,10 @@ class Tcp {
       // Another process than the one reached before: it holds nothing of the job. With a
       // copy elsewhere it is dropped (drop ends this attempt); as the last copy it is used,
       // and the job rolls back as without copies.
+      if (link.lost != 0 && welcome->server == link.lost && !link.dropped && !link.renewing) {
+        // A copy served again unreached (reach_again): the process given up is no copy.
+        return fail(link, "the process given up answers on its address, not the one the chief took back");
+      }
       const std::uint64_t before = std::exchange(link.server, welcome->server);
       if (options_.replicas == 1 && before != 0 && before != welcome->server && !link.renewing &&
           !links_[partner_of(link)]->dropped) {

@@ -59,7 +59,8 @@ struct TcpOptions {
   /// time out: a host gone, a process stopped) before it is dropped and the other copy
   /// serves alone. A copy whose address refuses connections is dropped at once. Keep it
   /// longer than the stalls a ps may live through. With a `copy_referee`, these are the
-  /// moments the task asks it, and it drops the copy only when told to.
+  /// moments the task asks it, and it drops the copy only when told to (the role runner's
+  /// chief rules a silent process lost once its own looks saw nothing this long).
   std::chrono::milliseconds copy_timeout{std::chrono::seconds(30)};
   /// With replicas: who rules that a ps process this task cannot reach (its address
   /// refuses connections, or it stays out of reach for `copy_timeout`) is lost for the

@@ -2,6 +2,9 @@
 #pragma once
 
 #include <poll.h>
+#include <sys/socket.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <asio.hpp>
@@ -9,6 +12,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <utility>
 
 #include "pulley/core/error.hpp"
@@ -24,8 +28,9 @@ namespace pulley::transport_detail {
 using HandshakeClock = std::chrono::steady_clock;
 
 /// Waits until `socket` is ready for `events` (a second at most); kDeadlineExceeded once
-/// `deadline` has passed.
-inline void await_ready(asio::ip::tcp::socket& socket, short events, HandshakeClock::time_point deadline,
+/// `deadline` has passed. (Every socket here is TCP's or a local one.)
+template <class Socket>
+void await_ready(Socket& socket, short events, HandshakeClock::time_point deadline,
                         std::string_view who, const char* what) {
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - HandshakeClock::now()).count();
   pollfd fd{socket.native_handle(), events, 0};
@@ -37,7 +42,37 @@ inline void await_ready(asio::ip::tcp::socket& socket, short events, HandshakeCl
   }
 }
 
-inline void write_frame_by(asio::ip::tcp::socket& socket, const wire::Frame& frame, HandshakeClock::time_point deadline,
+/// Connects `socket` (open or not) to `endpoint` by `deadline`: no error, or why not
+/// (`connection_refused`, `timed_out`, ...). The connect is the kernel's non-blocking one,
+/// polled up to the deadline: asio's own connect waits for the kernel to give up (about two
+/// minutes for a host that drops packets, or whose accept queue is full), whatever the
+/// socket's non-blocking mode.
+template <class Socket, class Endpoint>
+std::error_code connect_within(Socket& socket, const Endpoint& endpoint, HandshakeClock::time_point deadline) {
+  std::error_code ec;
+  if (!socket.is_open()) socket.open(endpoint.protocol(), ec);
+  if (!ec) socket.non_blocking(true, ec);
+  if (ec) return ec;
+  if (::connect(socket.native_handle(), endpoint.data(), static_cast<socklen_t>(endpoint.size())) == 0) return {};
+  // Errors in Asio's category, as its own calls give them (asio::error::connection_refused).
+  const asio::error_category& system = asio::error::get_system_category();
+  if (errno != EINPROGRESS && errno != EAGAIN) return {errno, system};
+  pollfd fd{socket.native_handle(), POLLOUT, 0};
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - HandshakeClock::now()).count();
+    if (left <= 0) return std::make_error_code(std::errc::timed_out);
+    const int ready = ::poll(&fd, 1, static_cast<int>(std::min<std::int64_t>(left, 1000)));
+    if (ready > 0) break;
+    if (ready < 0 && errno != EINTR) return {errno, system};
+  }
+  int error = 0;
+  socklen_t length = sizeof error;
+  if (::getsockopt(socket.native_handle(), SOL_SOCKET, SO_ERROR, &error, &length) != 0) return {errno, system};
+  return {error, system};
+}
+
+template <class Socket>
+void write_frame_by(Socket& socket, const wire::Frame& frame, HandshakeClock::time_point deadline,
                            std::string_view who) {
   std::string bytes(reinterpret_cast<const char*>(&frame.header), sizeof frame.header);
   bytes += frame.meta;
@@ -54,7 +89,8 @@ inline void write_frame_by(asio::ip::tcp::socket& socket, const wire::Frame& fra
   }
 }
 
-inline void read_exact_by(asio::ip::tcp::socket& socket, char* into, std::size_t n, HandshakeClock::time_point deadline,
+template <class Socket>
+void read_exact_by(Socket& socket, char* into, std::size_t n, HandshakeClock::time_point deadline,
                           std::string_view who) {
   std::size_t at = 0;
   while (at < n) {
@@ -71,7 +107,8 @@ inline void read_exact_by(asio::ip::tcp::socket& socket, char* into, std::size_t
 
 /// Reads one frame of metadata only (no payload) within `limits`; throws wire::Malformed
 /// for a header that breaks them.
-inline std::pair<wire::Header, std::string> read_frame_by(asio::ip::tcp::socket& socket, HandshakeClock::time_point deadline,
+template <class Socket>
+std::pair<wire::Header, std::string> read_frame_by(Socket& socket, HandshakeClock::time_point deadline,
                                                           std::string_view who,
                                                           const wire::FrameLimits& limits = wire::kHandshakeLimits) {
   wire::Header header;
@@ -84,8 +121,8 @@ inline std::pair<wire::Header, std::string> read_frame_by(asio::ip::tcp::socket&
   return {header, std::move(meta)};
 }
 
-template <class Expected>
-Expected read_handshake_by(asio::ip::tcp::socket& socket, HandshakeClock::time_point deadline, std::string_view who) {
+template <class Expected, class Socket>
+Expected read_handshake_by(Socket& socket, HandshakeClock::time_point deadline, std::string_view who) {
   const auto bytes = read_frame_by(socket, deadline, who);
   return wire::decode_handshake_as<Expected>(bytes.first, bytes.second);
 }

@@ -1,0 +1,129 @@
+// SPDX-License-Identifier: MIT
+// probe_ps (transport/tcp_probe.hpp), the chief's look at a ps's address: a ps of the job
+// serves (naming its process); a refused address, another ps or something else is gone; a
+// listener that never answers, or whose accept queue is full, is silent, within the time
+// given (the kernel would wait minutes).
+#include <doctest/doctest.h>
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <arpa/inet.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "pulley/optimizers/sgd.hpp"
+#include "pulley/ps/parameter_server.hpp"
+#include "pulley/sharding/round_robin.hpp"
+#include "pulley/sync/async.hpp"
+#include "pulley/transport/tcp.hpp"
+#include "support/tcp.hpp"
+
+using namespace pulley;
+using Kind = ProbeResult::Kind;
+using Server = ParameterServer<RoundRobin, Sgd, Async>;
+
+namespace {
+
+/// A listening socket on 127.0.0.1 that nobody serves: it never accepts (backlog
+/// `backlog`), or accepts and then does `serve(fd)` with each connection on a thread.
+struct Listener {
+  int fd = -1;
+  std::uint16_t port = 0;
+  explicit Listener(int backlog) {
+    fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
+    REQUIRE(::listen(fd, backlog) == 0);
+    socklen_t size = sizeof address;
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &size);
+    port = ntohs(address.sin_port);
+  }
+  ~Listener() { ::close(fd); }
+  [[nodiscard]] std::string address() const { return "127.0.0.1:" + std::to_string(port); }
+};
+
+/// A connection to 127.0.0.1:`port`, made by the kernel whether or not anyone accepts it.
+int connect_raw(std::uint16_t port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(port);
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  (void)::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
+  return fd;
+}
+
+ProbeResult look(const std::string& address, std::uint32_t ps = 0,
+                 std::chrono::milliseconds within = std::chrono::milliseconds(300)) {
+  return probe_ps(address, ps, Node::chief(), testing::test_credentials(), within);
+}
+
+}  // namespace
+
+TEST_CASE("a ps of the job serves, and names its process, and another ps index there is another task") {
+  TcpServer<Server> server(Server(1, 2, Sgd{0.1F}, Async{}), "127.0.0.1", 0, testing::test_server_options());
+  std::thread serving([&] { server.run(); });
+  const std::string address = "127.0.0.1:" + std::to_string(server.port());
+  const ProbeResult serves = look(address, 1);
+  CHECK(serves.kind == Kind::kServes);
+  CHECK(serves.process != 0);
+  CHECK(look(address, 1).process == serves.process);  // the same server, looked at again
+  const ProbeResult other = look(address, 0);
+  CHECK(other.kind == Kind::kGone);
+  CHECK(other.detail == "another task answers there");
+  ProbeResult stranger = probe_ps(address, 1, Node::chief(), Credentials{"another-job", "x"}, std::chrono::milliseconds(300));
+  CHECK(stranger.kind == Kind::kGone);  // (a ps of another job: not this job's ps)
+  server.stop();
+  serving.join();
+}
+
+TEST_CASE("an address that refuses connections is gone") {
+  std::string address;
+  {
+    const Listener closed(1);
+    address = closed.address();
+  }
+  const ProbeResult refused = look(address);
+  CHECK(refused.kind == Kind::kGone);
+  CHECK(refused.detail == "its address refuses connections");
+}
+
+TEST_CASE("something that is no ps is gone, and a listener that never speaks, or a full accept queue, is silent in time") {
+  {  // Speaks another protocol.
+    Listener http(4);
+    std::thread answering([&] {
+      const int fd = ::accept(http.fd, nullptr, nullptr);
+      const std::string reply = "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nContent-Length: 0\r\n\r\n";
+      (void)::write(fd, reply.data(), reply.size());
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      ::close(fd);
+    });
+    CHECK(look(http.address()).kind == Kind::kGone);
+    answering.join();
+  }
+  {  // Accepted by the kernel, never spoken to: no challenge in time.
+    const Listener mute(4);
+    const auto began = std::chrono::steady_clock::now();
+    CHECK(look(mute.address()).kind == Kind::kSilent);
+    CHECK(std::chrono::steady_clock::now() - began < std::chrono::seconds(10));  // not the kernel's minutes
+  }
+  {  // The accept queue is full: the kernel drops the look's connection attempts.
+    const Listener full(0);
+    std::vector<int> queued;
+    for (int i = 0; i < 8; ++i) queued.push_back(connect_raw(full.port));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const auto began = std::chrono::steady_clock::now();
+    const ProbeResult seen = look(full.address());
+    CHECK(seen.kind == Kind::kSilent);
+    CHECK(std::chrono::steady_clock::now() - began < std::chrono::seconds(10));
+    for (const int fd : queued) ::close(fd);
+  }
+}
