@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: MIT
-// The ring all-reduce among N processes on loopback (TcpRing) and N threads (InProcessRing):
-// bus bandwidth, the standard 2 (N - 1) / N x bytes / time, for 16 MB, against one raw TCP
-// stream of the same bytes measured in the same run; and the time per ring step for 4 KB
-// tensors against one TCP round trip. Prints figures and ratios; asserts nothing.
+// The ring all-reduce among N processes on one host (TcpRing, linked through local sockets
+// and over TCP loopback) and N threads (InProcessRing): bus bandwidth, the standard
+// 2 (N - 1) / N x bytes / time, for 16 MB, against one raw TCP stream (and one raw
+// local-socket stream) of the same bytes measured in the same run; and the time per ring
+// step for 4 KB tensors against one TCP round trip. Prints figures and ratios; asserts
+// nothing.
 //
 //   all_reduce [--ranks 2,4] [--mb 16] [--iterations 10] [--segment FLOATS]
 
@@ -84,8 +86,9 @@ Timing time_ring(R& ring, std::size_t floats, int iterations) {
   return t;
 }
 
-/// N processes, each a rank of a TcpRing; rank 0's timing comes back through a pipe.
-Timing tcp_processes(std::size_t ranks, std::size_t floats, int iterations) {
+/// N processes, each a rank of a TcpRing (linked through local sockets, or over TCP
+/// loopback); rank 0's timing comes back through a pipe.
+Timing tcp_processes(std::size_t ranks, std::size_t floats, int iterations, bool local) {
   const auto addresses = free_addresses(ranks);
   int fds[2];
   if (::pipe(fds) != 0) std::exit(2);
@@ -94,7 +97,13 @@ Timing tcp_processes(std::size_t ranks, std::size_t floats, int iterations) {
     const pid_t pid = ::fork();
     if (pid == 0) {
       try {
-        TcpRing ring(r, addresses, Credentials{"bench", "secret"});
+        TcpRingOptions options;
+        options.local_sockets = local;
+        TcpRing ring(r, addresses, Credentials{"bench", "secret"}, options);
+        if (ring.local() != local) {
+          std::fprintf(stderr, "rank %zu: linked %s\n", r, local ? "over TCP, not locally" : "locally, not over TCP");
+          ::_exit(1);
+        }
         const Timing t = time_ring(ring, floats, iterations);
         if (r == 0 && ::write(fds[1], &t, sizeof t) != static_cast<ssize_t>(sizeof t)) ::_exit(3);
         ::_exit(0);
@@ -165,10 +174,13 @@ int main(int argc, char** argv) {
   std::printf("ring all-reduce of %zu MB in segments of %zu floats, %u cores; references measured first, in this run\n",
               mb, g_segment, std::thread::hardware_concurrency());
   double stream = 0;
+  double local_stream = 0;
   double round_trip = 0;
   {
     bench::RawLoopback one_way(bytes, 1);
     stream = static_cast<double>(bytes) / median_seconds(iterations, [&] { one_way.exchange(); });
+    bench::RawLocal local_way(bytes, 1);
+    local_stream = static_cast<double>(bytes) / median_seconds(iterations, [&] { local_way.exchange(); });
     bench::RawLoopback ping(1, 1);
     for (int i = 0; i < 100; ++i) ping.exchange();
     const auto start = Clock::now();
@@ -176,19 +188,23 @@ int main(int argc, char** argv) {
     round_trip = seconds_since(start) / 2000;
   }
   std::printf("one raw TCP stream (loopback, %zu MB then 1 byte back): %.2f GB/s\n", mb, stream / 1e9);
-  std::printf("TCP round trip (1 byte each way): %.1f us\n\n", round_trip * 1e6);
+  std::printf("one raw local-socket stream (the same): %.2f GB/s\n", local_stream / 1e9);
+  std::printf("TCP round trip (1 byte each way): %.1f us\n", round_trip * 1e6);
+  std::printf("(bus / stream divides by the raw TCP stream's figure)\n\n");
   std::printf("%-22s %5s %12s %14s %16s %16s\n", "ring", "ranks", "time (ms)", "bus GB/s", "bus / stream",
               "4 KB step (us)");
   for (std::size_t n : rank_counts) {
     const double factor = 2.0 * static_cast<double>(n - 1) / static_cast<double>(n);
     // A 4 KB call is 2 (N - 1) ring steps, plus the header's.
     const double steps = 2.0 * static_cast<double>(n - 1) + 1.0;
-    for (const bool tcp : {true, false}) {
-      const Timing t = tcp ? tcp_processes(n, floats, iterations) : in_process_threads(n, floats, iterations);
+    for (const char* kind : {"TcpRing, local sockets", "TcpRing, TCP", "InProcessRing, threads"}) {
+      const std::string name = kind;
+      const Timing t = name == "InProcessRing, threads"
+                           ? in_process_threads(n, floats, iterations)
+                           : tcp_processes(n, floats, iterations, name == "TcpRing, local sockets");
       const double bus = factor * static_cast<double>(bytes) / t.big;
-      std::printf("%-22s %5zu %12.2f %14.2f %16.2f %10.1f (%.2f x RTT)\n",
-                  tcp ? "TcpRing, processes" : "InProcessRing, threads", n, t.big * 1e3, bus / 1e9, bus / stream,
-                  t.small / steps * 1e6, t.small / steps / round_trip);
+      std::printf("%-22s %5zu %12.2f %14.2f %16.2f %10.1f (%.2f x RTT)\n", kind, n, t.big * 1e3, bus / 1e9,
+                  bus / stream, t.small / steps * 1e6, t.small / steps / round_trip);
     }
   }
   return 0;

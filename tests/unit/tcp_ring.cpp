@@ -143,7 +143,9 @@ TEST_CASE("a stranger that connects first is refused and the ring forms around i
   std::vector<std::vector<float>> data(2, std::vector<float>(100, 1.0F));
   const auto failures = on_ranks(2, [&](std::size_t r) {
     if (r == 0) std::this_thread::sleep_for(std::chrono::milliseconds(600));
-    TcpRing link(r, addresses, testing::test_credentials(), quick());
+    TcpRingOptions o = quick();
+    o.local_sockets = false;  // (rank 0 would come in on the local socket, ahead of the stranger)
+    TcpRing link(r, addresses, testing::test_credentials(), o);
     RingAllReduce().sum(link, data[r]);
   });
   for (const std::string& f : failures) CHECK(f == "");
@@ -176,12 +178,50 @@ TEST_CASE("strangers that hang up, or send what is no handshake, are dropped and
   std::vector<std::vector<float>> data(2, std::vector<float>(10, 1.0F));
   const auto failures = on_ranks(2, [&](std::size_t r) {
     if (r == 0) std::this_thread::sleep_for(std::chrono::milliseconds(800));
-    TcpRing link(r, addresses, testing::test_credentials(), quick());
+    TcpRingOptions o = quick();
+    o.local_sockets = false;
+    TcpRing link(r, addresses, testing::test_credentials(), o);
     RingAllReduce().sum(link, data[r]);
   });
   for (const std::string& f : failures) CHECK(f == "");
   CHECK(data[1] == std::vector<float>(10, 2.0F));
   CHECK(!log.find(LogLevel::kWarning, "dropped a connection").empty());
+}
+
+TEST_CASE("ranks on one host link through local sockets, which strangers cannot pass either, or through TCP when told to") {
+  for (const bool local : {true, false}) {
+    CAPTURE(local);
+    testing::LogCapture log;
+    const auto addresses = free_addresses(3);
+    std::jthread stranger([&] {
+      // Before rank 0 is up, something of this host reaches rank 1's local socket and
+      // speaks another protocol there.
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      asio::io_context io;
+      asio::local::stream_protocol::socket socket(io);
+      asio::error_code ec;
+      socket.connect(asio::local::stream_protocol::endpoint(transport_detail::ring_socket_name(addresses[1])), ec);
+      if (ec) return;  // none listens: local sockets are off
+      asio::write(socket, asio::buffer(std::string("GET / HTTP/1.1\r\nHost: x\r\n\r\n")), ec);
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    });
+    std::vector<std::vector<float>> data(3, std::vector<float>(1000, 1.0F));
+    std::vector<int> linked_locally(3, -1);
+    const auto failures = on_ranks(3, [&](std::size_t r) {
+      if (r == 0) std::this_thread::sleep_for(std::chrono::milliseconds(600));
+      TcpRingOptions o = quick();
+      o.local_sockets = local;
+      TcpRing link(r, addresses, testing::test_credentials(), o);
+      RingAllReduce().sum(link, data[r]);
+      linked_locally[r] = link.local() ? 1 : 0;
+    });
+    for (const std::string& f : failures) CHECK(f == "");
+    for (std::size_t r = 0; r < 3; ++r) {
+      CHECK(data[r] == std::vector<float>(1000, 3.0F));
+      CHECK(linked_locally[r] == (local ? 1 : 0));
+    }
+    CHECK(log.find(LogLevel::kWarning, "dropped a connection").empty() == !local);
+  }
 }
 
 TEST_CASE("a ring without a secret is refused unless asked for") {
@@ -321,10 +361,12 @@ TEST_CASE("a rendezvous forms the ring again without a lost worker, from the rep
   const auto failures = on_ranks(3, [&](std::size_t r) {
     TcpRingRendezvous rendezvous(addresses[r], testing::test_credentials(), quick());
     RingView view = TcpRingRendezvous::first(static_cast<std::uint32_t>(r), addresses);
-    LinearWorker worker(testing::LinearModel(3, 2), Adam{0.01F}, rendezvous.form(view));
+    TcpRing first = rendezvous.form(view);
+    CHECK(first.local());  // workers on one host: through the rendezvous' local sockets
+    LinearWorker worker(testing::LinearModel(3, 2), Adam{0.01F}, std::move(first));
     worker.initialize(3);
     REQUIRE(run_steps(worker, rendezvous, view, 20) == -1);
-    if (r == 1) return;  // worker 1 is lost: its listener and links close, as a killed process's do
+    if (r == 1) return;  // worker 1 is lost: its listeners and links close, as a killed process's do
     try {
       run_steps(worker, rendezvous, view, 1);
       FAIL("a step went through without worker 1");

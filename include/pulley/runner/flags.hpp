@@ -178,8 +178,8 @@ inline void add_limit_flags(CLI::App& app, ClientOptions& client, TcpOptions& tc
            tcp.local_sockets = false;
            server.local_socket = false;
          },
-         "TCP between tasks on one host too (default: ps tasks also listen on a local socket, which "
-         "clients on their host use)")
+         "TCP between tasks on one host too (default: ps tasks and all-reduce ranks also listen on a "
+         "local socket, which tasks on their host use)")
       ->group(group);
   millis("--connect-timeout-ms", tcp.connect_timeout, "waiting for a ps that is not up");
   millis("--attempt-timeout-ms", tcp.attempt_timeout, "one connection attempt, handshake included");

@@ -119,6 +119,9 @@ class TcpRingRendezvous {
       : address_(std::move(address)), credentials_(std::move(credentials)), options_(options) {
     transport_detail::check_ring_credentials(credentials_, options_);
     const Address at = parse_address(address_);
+    // The rings' links between workers on one host (TcpRingOptions::local_sockets); the
+    // rendezvous itself speaks TCP. Bound first: a neighbour that finds the port finds it too.
+    if (options_.local_sockets) local_acceptor_ = transport_detail::listen_locally(io_, transport_detail::ring_socket_name(address_));
     acceptor_.emplace(transport_detail::listen(io_, transport_detail::resolve_listen_endpoint(io_, at.host, at.port)));
     acceptor_->non_blocking(true);
   }
@@ -138,7 +141,8 @@ class TcpRingRendezvous {
 
   /// Forms the ring `view` names, on this worker's address (TcpRing's errors).
   [[nodiscard]] TcpRing form(const RingView& view) {
-    return TcpRing(view.rank, view.addresses, credentials_, options_, &*acceptor_, view.incarnations);
+    return TcpRing(view.rank, view.addresses, credentials_, options_, &*acceptor_,
+                   local_acceptor_ ? &*local_acceptor_ : nullptr, view.incarnations);
   }
 
   /// At a step boundary of ring `view`: takes the check-ins waiting at this worker's
@@ -483,21 +487,9 @@ class TcpRingRendezvous {
     std::error_code ec;
     const auto endpoints = resolver.resolve(at.host, std::to_string(at.port), ec);
     if (ec || endpoints.empty()) throw Error(ErrorCode::kInvalidArgument, "ring: cannot resolve " + address);
-    const auto endpoint = endpoints.begin()->endpoint();
-    socket.open(endpoint.protocol());
-    socket.non_blocking(true);
-    socket.connect(endpoint, ec);
-    if (ec == asio::error::in_progress || ec == asio::error::would_block) {
-      pollfd fd{socket.native_handle(), POLLOUT, 0};
-      while (::poll(&fd, 1, 100) == 0) {
-        if (HandshakeClock::now() >= deadline) {
-          throw Error(ErrorCode::kDeadlineExceeded, "ring: " + address + " did not answer a connection in time");
-        }
-      }
-      int error = 0;
-      socklen_t length = sizeof error;
-      ::getsockopt(socket.native_handle(), SOL_SOCKET, SO_ERROR, &error, &length);
-      ec = std::error_code(error, std::system_category());
+    ec = transport_detail::connect_within(socket, endpoints.begin()->endpoint(), deadline);
+    if (ec == std::errc::timed_out) {
+      throw Error(ErrorCode::kDeadlineExceeded, "ring: " + address + " did not answer a connection in time");
     }
     if (ec) throw Error(ErrorCode::kUnavailable, "ring: " + address + ": " + ec.message());
   }
@@ -569,6 +561,7 @@ class TcpRingRendezvous {
   TcpRingOptions options_;
   asio::io_context io_;
   std::optional<asio::ip::tcp::acceptor> acceptor_;
+  std::optional<asio::local::stream_protocol::acceptor> local_acceptor_;  ///< the rings' local links
   std::vector<CheckedIn> held_;  ///< check-ins rank 0 took at step boundaries, for the next regroup
 };
 
