@@ -87,15 +87,30 @@ class CopyRulings : public std::enable_shared_from_this<CopyRulings> {
   /// has looked. (Made by std::make_shared: the referee holds it.)
   [[nodiscard]] CopyReferee referee() {
     return [self = shared_from_this()](const LostProcess& lost, std::function<void(bool)> answer) {
-      if (const std::optional<Ruling> ruling = self->rule(lost)) return answer(ruling->lost);
-      const std::scoped_lock lock(self->mutex_);
-      self->waiting_[lost.ps].emplace_back(lost, std::move(answer));
+      if (const std::optional<Ruling> ruling = self->rule(lost, &answer)) answer(ruling->lost);
     };
   }
 
   /// The ruling on a task's question, or nullopt while the chief looks at the ps's address
   /// (ask again).
-  std::optional<Ruling> rule(const LostProcess& lost) {
+  std::optional<Ruling> rule(const LostProcess& lost) { return rule(lost, nullptr); }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  /// A look answers the questions of this long after it (one look serves every task that
+  /// lost the same process at once).
+  static constexpr std::chrono::seconds kFresh{1};
+
+  struct Look {
+    Clock::time_point at;
+    Sight sight;
+    Clock::time_point silent_since;  ///< kSilent: since the first of the silent looks in a row
+  };
+
+  /// rule(lost); when the chief must look first and `park` is given, *park is moved to wait
+  /// for that look, under the same lock that queues it (so no look can finish in between
+  /// and leave it unanswered).
+  std::optional<Ruling> rule(const LostProcess& lost, std::function<void(bool)>* park) {
     if (lost.ps >= num_ps_) return Ruling{false, "the job has no ps " + std::to_string(lost.ps)};
     const auto now = Clock::now();
     std::unique_lock lock(mutex_);
@@ -104,6 +119,7 @@ class CopyRulings : public std::enable_shared_from_this<CopyRulings> {
     }
     const auto seen = looks_.find(lost.ps);
     if (seen == looks_.end() || now - seen->second.at > kFresh) {
+      if (park != nullptr) waiting_[lost.ps].emplace_back(lost, std::move(*park));
       if (std::find(queue_.begin(), queue_.end(), lost.ps) == queue_.end()) queue_.push_back(lost.ps);
       if (!looking_.joinable()) looking_ = std::thread([this] { look_loop(); });
       lock.unlock();
@@ -133,18 +149,6 @@ class CopyRulings : public std::enable_shared_from_this<CopyRulings> {
     }
     return Ruling{true, "the chief ruled it lost for the job (silent for " + std::to_string(silent.count()) + " ms)"};
   }
-
- private:
-  using Clock = std::chrono::steady_clock;
-  /// A look answers the questions of this long after it (one look serves every task that
-  /// lost the same process at once).
-  static constexpr std::chrono::seconds kFresh{1};
-
-  struct Look {
-    Clock::time_point at;
-    Sight sight;
-    Clock::time_point silent_since;  ///< kSilent: since the first of the silent looks in a row
-  };
 
   /// Process `process` of ps `ps` is lost for the job, for `why`: logged once.
   void rule_lost(std::uint32_t ps, std::uint64_t process, const std::string& why) {
