@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
-// The ring all-reduce among N processes on one host (TcpRing, linked through local sockets
-// and over TCP loopback) and N threads (InProcessRing): bus bandwidth, the standard
+// The ring all-reduce among N processes on one host (TcpRing, linked through shared memory,
+// through local sockets and over TCP loopback) and N threads (InProcessRing): bus bandwidth, the standard
 // 2 (N - 1) / N x bytes / time, for 16 MB, against one raw TCP stream (and one raw
 // local-socket stream) of the same bytes measured in the same run; and the time per ring
 // step for 4 KB tensors against one TCP round trip. Prints figures and ratios; asserts
@@ -86,9 +86,12 @@ Timing time_ring(R& ring, std::size_t floats, int iterations) {
   return t;
 }
 
-/// N processes, each a rank of a TcpRing (linked through local sockets, or over TCP
-/// loopback); rank 0's timing comes back through a pipe.
-Timing tcp_processes(std::size_t ranks, std::size_t floats, int iterations, bool local) {
+/// How a TcpRing's ranks link.
+enum class Link { kShared, kLocal, kTcp };
+
+/// N processes, each a rank of a TcpRing linked as `link` says; rank 0's timing comes back
+/// through a pipe.
+Timing tcp_processes(std::size_t ranks, std::size_t floats, int iterations, Link link) {
   const auto addresses = free_addresses(ranks);
   int fds[2];
   if (::pipe(fds) != 0) std::exit(2);
@@ -98,10 +101,12 @@ Timing tcp_processes(std::size_t ranks, std::size_t floats, int iterations, bool
     if (pid == 0) {
       try {
         TcpRingOptions options;
-        options.local_sockets = local;
+        options.local_sockets = link != Link::kTcp;
+        options.shared_memory = link == Link::kShared;
         TcpRing ring(r, addresses, Credentials{"bench", "secret"}, options);
-        if (ring.local() != local) {
-          std::fprintf(stderr, "rank %zu: linked %s\n", r, local ? "over TCP, not locally" : "locally, not over TCP");
+        if (ring.local() != (link != Link::kTcp) || ring.shared() != (link == Link::kShared)) {
+          std::fprintf(stderr, "rank %zu: not linked as asked (local %d, shared %d)\n", r, ring.local() ? 1 : 0,
+                       ring.shared() ? 1 : 0);
           ::_exit(1);
         }
         const Timing t = time_ring(ring, floats, iterations);
@@ -191,19 +196,22 @@ int main(int argc, char** argv) {
   std::printf("one raw local-socket stream (the same): %.2f GB/s\n", local_stream / 1e9);
   std::printf("TCP round trip (1 byte each way): %.1f us\n", round_trip * 1e6);
   std::printf("(bus / stream divides by the raw TCP stream's figure)\n\n");
-  std::printf("%-22s %5s %12s %14s %16s %16s\n", "ring", "ranks", "time (ms)", "bus GB/s", "bus / stream",
+  std::printf("%-23s %5s %12s %14s %16s %16s\n", "ring", "ranks", "time (ms)", "bus GB/s", "bus / stream",
               "4 KB step (us)");
   for (std::size_t n : rank_counts) {
     const double factor = 2.0 * static_cast<double>(n - 1) / static_cast<double>(n);
     // A 4 KB call is 2 (N - 1) ring steps, plus the header's.
     const double steps = 2.0 * static_cast<double>(n - 1) + 1.0;
-    for (const char* kind : {"TcpRing, local sockets", "TcpRing, TCP", "InProcessRing, threads"}) {
+    for (const char* kind :
+         {"TcpRing, shared memory", "TcpRing, local sockets", "TcpRing, TCP", "InProcessRing, threads"}) {
       const std::string name = kind;
-      const Timing t = name == "InProcessRing, threads"
-                           ? in_process_threads(n, floats, iterations)
-                           : tcp_processes(n, floats, iterations, name == "TcpRing, local sockets");
+      const Link link = name == "TcpRing, shared memory" ? Link::kShared
+                        : name == "TcpRing, TCP"         ? Link::kTcp
+                                                         : Link::kLocal;
+      const Timing t = name == "InProcessRing, threads" ? in_process_threads(n, floats, iterations)
+                                                        : tcp_processes(n, floats, iterations, link);
       const double bus = factor * static_cast<double>(bytes) / t.big;
-      std::printf("%-22s %5zu %12.2f %14.2f %16.2f %10.1f (%.2f x RTT)\n", kind, n, t.big * 1e3, bus / 1e9,
+      std::printf("%-23s %5zu %12.2f %14.2f %16.2f %10.1f (%.2f x RTT)\n", kind, n, t.big * 1e3, bus / 1e9,
                   bus / stream, t.small / steps * 1e6, t.small / steps / round_trip);
     }
   }

@@ -6,9 +6,12 @@
 # layer's width) and each N. Prints one line per run: samples/s and test accuracy from the
 # job's final line, and the bytes that crossed the loopback interface per worker and global
 # step (/proc/net/dev, TCP/IP headers and heartbeats included), beside the model's size.
+# The tasks link over TCP (--no-local-sockets), as on separate hosts, so that their bytes
+# cross the loopback interface; --local links them as tasks on one host do by default
+# (local sockets, and shared memory in the ring), faster, with no bytes to count.
 #
 #   benchmarks/architectures.sh [--hidden "128 512 2048"] [--workers "2 4"] [--epochs E]
-#                               [--binary PATH]
+#                               [--binary PATH] [--local]
 #
 # The two runs of a pair follow each other; nothing else should run on the host meanwhile.
 set -euo pipefail
@@ -18,12 +21,14 @@ hidden_sizes="128 512 2048"
 worker_counts="2 4"
 epochs=1
 binary=$root/build/examples/fashion_mnist
+local=0
 while [ $# -gt 0 ]; do
   case $1 in
     --hidden) hidden_sizes=$2; shift 2 ;;
     --workers) worker_counts=$2; shift 2 ;;
     --epochs) epochs=$2; shift 2 ;;
     --binary) binary=$2; shift 2 ;;
+    --local) local=1; shift ;;
     *) echo "architectures.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -45,16 +50,17 @@ report() {
   final=$(grep -h 'final: ' "$4" | head -1 || true)
   steps=$(grep -hoE '\(([0-9]+) steps\)' "$4" | head -1 | tr -dc '0-9' || true)
   [ -n "$final" ] && [ -n "$steps" ] || { echo "architectures.sh: the $1 run failed:" >&2; cat "$4" >&2; exit 1; }
-  python3 - "$1" "$2" "$3" "$steps" "$5" "$final" <<'PY'
+  python3 - "$1" "$2" "$3" "$steps" "$5" "$final" "$local" <<'PY'
 import re, sys
-arch, hidden, n, steps, moved, final = sys.argv[1:]
+arch, hidden, n, steps, moved, final, local = sys.argv[1:]
 hidden, n, steps, moved = int(hidden), int(n), int(steps), int(moved)
 model = (795 * hidden + 10) * 4
 fig = dict(re.findall(r"(\w+)=([0-9.]+)", final))
 per = moved / steps / n
+wire = ("wire: local links, not counted" if local == "1" else
+        f"wire per worker-step {per / 1024:8.0f} KiB = {per / model:5.2f} x model")
 print(f"{arch:10} hidden {hidden:5}  model {model / 1024:8.0f} KiB  workers {n}  "
-      f"samples/s {float(fig['samples_per_s']):8.0f}  accuracy {fig['test_accuracy']}  "
-      f"wire per worker-step {per / 1024:8.0f} KiB = {per / model:5.2f} x model")
+      f"samples/s {float(fig['samples_per_s']):8.0f}  accuracy {fig['test_accuracy']}  {wire}")
 PY
 }
 
@@ -65,6 +71,7 @@ ports() {  # ports K: K free ports on 127.0.0.1
 for hidden in $hidden_sizes; do
   for n in $worker_counts; do
     flags=(--epochs "$epochs" --hidden "$hidden" --progress-secs 0)
+    [ "$local" -eq 1 ] || flags+=(--no-local-sockets)
     # The ps job: 2 ps tasks, n workers, a chief.
     before=$(loopback_bytes)
     bash "$root/scripts/launch_local.sh" --ps 2 --workers "$n" --binary "$binary" -- "${flags[@]}" \

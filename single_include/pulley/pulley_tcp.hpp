@@ -15865,7 +15865,7 @@ static_assert(std::endian::native == std::endian::little,
 namespace pulley::wire {
 
 inline constexpr std::uint32_t kMagic = 0x594C4C50;    ///< "PLLY" in a little-endian dump
-inline constexpr std::uint16_t kVersion = 22;          ///< bumped on any incompatible change
+inline constexpr std::uint16_t kVersion = 23;          ///< bumped on any incompatible change
 inline constexpr std::uint16_t kResponseKind = 0x100;  ///< response kinds start here
 inline constexpr std::uint16_t kHandshakeKind = 0x200;  ///< handshake kinds start here
 inline constexpr std::size_t kHandshakeKinds = 4;       ///< Challenge, Hello, Welcome, Refusal
@@ -19018,6 +19018,269 @@ inline ProbeResult probe_ps(const std::string& address, std::uint32_t ps, const 
 #include <utility>
 #include <vector>
 
+// ---- begin pulley/transport/detail/shared_ring.hpp ----
+
+#if defined(__linux__)
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#endif
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <new>
+#include <span>
+#include <utility>
+
+namespace pulley::transport_detail {
+
+/// True where two processes of one host can share a SharedRing (Linux: memfd_create and
+/// SCM_RIGHTS).
+#if defined(__linux__)
+inline constexpr bool kSharedRings = true;
+#else
+inline constexpr bool kSharedRings = false;
+#endif
+
+/// A one-way byte stream between two processes of one host in memory they share: a ring
+/// buffer of `kCapacity` bytes behind a memory file (memfd) that the writing end makes and
+/// hands to the reading end over the local socket they already share (SCM_RIGHTS). A byte
+/// crosses it in one copy at each end, with no system call while neither end waits; the
+/// socket stays the doorbell (an end about to sleep says so in the shared header, and the
+/// other end then writes one byte to wake it) and the sign of a lost peer (its end of the
+/// socket closes when the process dies).
+///
+/// One writer and one reader, each one thread: `write` and `read` move what fits now and
+/// never block; the owner of the socket polls it when neither can move. Each end keeps its
+/// own position to itself and reads only the other's from the shared header, clamped to
+/// the ring, so a peer that scribbles on the header can stall the stream or garble its
+/// bytes (as it could through a socket) but never make this end touch memory outside the
+/// ring; and the memory file is sealed at its size, so neither end can shrink it under
+/// the other (a bus error on the next touch).
+class SharedRing {
+ public:
+  static constexpr std::size_t kCapacity = std::size_t{4} << 20U;  ///< bytes; a power of 2
+
+  SharedRing() = default;
+  SharedRing(const SharedRing&) = delete;
+  SharedRing& operator=(const SharedRing&) = delete;
+  SharedRing(SharedRing&& other) noexcept
+      : mapping_(std::exchange(other.mapping_, nullptr)),
+        fd_(std::exchange(other.fd_, -1)),
+        mine_(std::exchange(other.mine_, 0)) {}
+  SharedRing& operator=(SharedRing&& other) noexcept {
+    std::swap(mapping_, other.mapping_);
+    std::swap(fd_, other.fd_);
+    std::swap(mine_, other.mine_);
+    return *this;
+  }
+  ~SharedRing() { release(); }
+
+  /// Makes a ring (the writing end); empty where the memory cannot be had.
+  static SharedRing make() {
+    SharedRing ring;
+#if defined(__linux__)
+    const int fd = ::memfd_create("pulley-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0) return ring;
+    if (::ftruncate(fd, static_cast<off_t>(kSize)) != 0 || ::fcntl(fd, F_ADD_SEALS, kSeals) != 0) {
+      ::close(fd);
+      return ring;
+    }
+    ring.fd_ = fd;
+    ring.map();
+    if (ring.mapping_ != nullptr) new (ring.mapping_) Header{};
+#endif
+    return ring;
+  }
+
+  /// The reading end of the ring whose memory file is `fd` (taken over); empty if it cannot
+  /// be mapped, is not a ring's size, or is not sealed at it.
+  static SharedRing open(int fd) {
+    SharedRing ring;
+#if defined(__linux__)
+    ring.fd_ = fd;
+    const off_t size = ::lseek(fd, 0, SEEK_END);
+    const int seals = ::fcntl(fd, F_GET_SEALS);
+    if (size != static_cast<off_t>(kSize) || seals < 0 || (seals & kSeals) != kSeals) {
+      ring.release();
+      return ring;
+    }
+    ring.map();
+#else
+    (void)fd;
+#endif
+    return ring;
+  }
+
+  [[nodiscard]] explicit operator bool() const noexcept { return mapping_ != nullptr; }
+  /// The memory file, for handing to the reading end.
+  [[nodiscard]] int fd() const noexcept { return fd_; }
+
+  /// Copies as much of `bytes` as fits now; returns how much. Wakes a reader that sleeps.
+  std::size_t write(std::span<const std::byte> bytes, int doorbell) noexcept {
+    Header& h = header();
+    const std::uint64_t head = mine_;
+    const std::uint64_t used = std::min<std::uint64_t>(head - h.tail.load(std::memory_order_acquire), kCapacity);
+    const std::size_t n = std::min<std::size_t>(bytes.size(), kCapacity - used);
+    if (n == 0) return 0;
+    const std::size_t at = head & (kCapacity - 1);
+    const std::size_t first = std::min(n, kCapacity - at);
+    std::memcpy(data() + at, bytes.data(), first);
+    std::memcpy(data(), bytes.data() + first, n - first);
+    mine_ = head + n;
+    h.head.store(mine_, std::memory_order_seq_cst);
+    if (h.reader_sleeps.load(std::memory_order_seq_cst) != 0 && h.reader_sleeps.exchange(0) != 0) ring(doorbell);
+    return n;
+  }
+
+  /// Copies as much into `bytes` as has arrived; returns how much. Wakes a writer that sleeps.
+  std::size_t read(std::span<std::byte> bytes, int doorbell) noexcept {
+    Header& h = header();
+    const std::uint64_t tail = mine_;
+    const std::uint64_t ready = std::min<std::uint64_t>(h.head.load(std::memory_order_acquire) - tail, kCapacity);
+    const std::size_t n = std::min<std::size_t>(bytes.size(), ready);
+    if (n == 0) return 0;
+    const std::size_t at = tail & (kCapacity - 1);
+    const std::size_t first = std::min(n, kCapacity - at);
+    std::memcpy(bytes.data(), data() + at, first);
+    std::memcpy(bytes.data() + first, data(), n - first);
+    mine_ = tail + n;
+    h.tail.store(mine_, std::memory_order_seq_cst);
+    if (h.writer_sleeps.load(std::memory_order_seq_cst) != 0 && h.writer_sleeps.exchange(0) != 0) ring(doorbell);
+    return n;
+  }
+
+  /// The reader is about to sleep until bytes arrive: true if it may (none came meanwhile;
+  /// the writer will ring), false if it should read again.
+  bool reader_sleeps() noexcept {
+    Header& h = header();
+    h.reader_sleeps.store(1, std::memory_order_seq_cst);
+    if (h.head.load(std::memory_order_seq_cst) != mine_) {
+      h.reader_sleeps.store(0, std::memory_order_relaxed);
+      return false;
+    }
+    return true;
+  }
+  /// The writer is about to sleep until there is room: true if it may, false if room came.
+  bool writer_sleeps() noexcept {
+    Header& h = header();
+    h.writer_sleeps.store(1, std::memory_order_seq_cst);
+    if (mine_ - h.tail.load(std::memory_order_seq_cst) < kCapacity) {
+      h.writer_sleeps.store(0, std::memory_order_relaxed);
+      return false;
+    }
+    return true;
+  }
+
+ private:
+  struct Header {
+    alignas(64) std::atomic<std::uint64_t> head{0};  ///< bytes written, ever
+    alignas(64) std::atomic<std::uint64_t> tail{0};  ///< bytes read, ever
+    alignas(64) std::atomic<std::uint32_t> reader_sleeps{0};
+    alignas(64) std::atomic<std::uint32_t> writer_sleeps{0};
+  };
+  static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "a shared ring needs lock-free atomics");
+  static constexpr std::size_t kHeader = 4096;
+  static_assert(sizeof(Header) <= kHeader);
+  static constexpr std::size_t kSize = kHeader + kCapacity;
+#if defined(__linux__)
+  static constexpr int kSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+#endif
+
+  Header& header() noexcept { return *std::launder(reinterpret_cast<Header*>(mapping_)); }
+  std::byte* data() noexcept { return static_cast<std::byte*>(mapping_) + kHeader; }
+
+  /// One byte on the socket: the other end looks again. A full socket already holds one.
+  static void ring(int doorbell) noexcept {
+#if defined(__linux__)
+    const char bell = 0;
+    [[maybe_unused]] const auto sent = ::send(doorbell, &bell, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+#else
+    (void)doorbell;
+#endif
+  }
+
+  void map() noexcept {
+#if defined(__linux__)
+    void* p = ::mmap(nullptr, kSize, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+    if (p == MAP_FAILED) {
+      release();
+      return;
+    }
+    mapping_ = p;
+#endif
+  }
+
+  void release() noexcept {
+#if defined(__linux__)
+    if (mapping_ != nullptr) ::munmap(mapping_, kSize);
+    if (fd_ >= 0) ::close(fd_);
+#endif
+    mapping_ = nullptr;
+    fd_ = -1;
+  }
+
+  void* mapping_ = nullptr;
+  int fd_ = -1;
+  std::uint64_t mine_ = 0;  ///< the writer's head or the reader's tail: this end's own
+};
+
+#if defined(__linux__)
+/// Sends one byte on local socket `socket` with `fd` attached (none when `fd` < 0), blocking
+/// for at most a poll of the socket; false if it could not be sent.
+inline bool send_fd(int socket, int fd) noexcept {
+  char byte = fd >= 0 ? 'S' : 'N';
+  iovec io{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr message{};
+  message.msg_iov = &io;
+  message.msg_iovlen = 1;
+  if (fd >= 0) {
+    message.msg_control = control;
+    message.msg_controllen = sizeof(control);
+    cmsghdr* c = CMSG_FIRSTHDR(&message);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  }
+  return ::sendmsg(socket, &message, MSG_NOSIGNAL | MSG_DONTWAIT) == 1;
+}
+
+/// Receives the byte send_fd sent: 1 with the descriptor in `fd` ('S'), 1 with `fd` = −1
+/// ('N'), 0 when nothing has come yet, −1 on a closed or broken socket or another byte.
+inline int receive_fd(int socket, int& fd) noexcept {
+  fd = -1;
+  char byte = 0;
+  iovec io{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr message{};
+  message.msg_iov = &io;
+  message.msg_iovlen = 1;
+  message.msg_control = control;
+  message.msg_controllen = sizeof(control);
+  const auto n = ::recvmsg(socket, &message, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+  if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
+  if (n == 0) return -1;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&message); c != nullptr; c = CMSG_NXTHDR(&message, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(sizeof(int))) {
+      std::memcpy(&fd, CMSG_DATA(c), sizeof(int));
+    }
+  }
+  if (byte == 'S' && fd >= 0) return 1;
+  if (fd >= 0) ::close(fd);
+  fd = -1;
+  return byte == 'N' ? 1 : -1;
+}
+#endif
+
+}  // namespace pulley::transport_detail
+// ---- end pulley/transport/detail/shared_ring.hpp ----
+
 namespace pulley {
 
 /// How a TcpRing forms and when it gives a neighbour up.
@@ -19038,6 +19301,11 @@ struct TcpRingOptions {
   /// rank also listens there, and connects there to a next rank whose address is its
   /// host's, TCP when none listens. Off: TCP always (`--no-local-sockets`).
   bool local_sockets = true;
+  /// Over a local socket, move the bytes through memory both ranks share (Linux: a
+  /// memory file handed over the socket, transport_detail::SharedRing): one copy at each
+  /// end and no system call while neither waits; the socket stays the doorbell and the
+  /// sign of a lost neighbour. Off: the bytes go through the socket.
+  bool shared_memory = true;
 };
 
 namespace transport_detail {
@@ -19128,6 +19396,9 @@ class TcpRing {
   [[nodiscard]] std::uint64_t bytes_written() const noexcept { return links_->written; }
   /// True if both of this rank's links are local sockets (TcpRingOptions::local_sockets).
   [[nodiscard]] bool local() const noexcept { return links_->next_local && links_->previous_local; }
+  /// True if both of this rank's links move their bytes through shared memory
+  /// (TcpRingOptions::shared_memory).
+  [[nodiscard]] bool shared() const noexcept { return links_->to_next && links_->from_previous; }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -19192,35 +19463,71 @@ class TcpRing {
   void receive_now(std::span<std::byte> bytes) {
     auto last = Clock::now();
     while (!bytes.empty()) {
-      std::error_code ec;
-      const std::size_t n = links_->previous.read_some(asio::buffer(bytes.data(), bytes.size()), ec);
-      if (!ec) {
-        bytes = bytes.subspan(n);
-        last = Clock::now();
-        continue;
+      if (links_->from_previous) {
+        if (const std::size_t n = links_->from_previous.read(bytes, links_->previous.native_handle())) {
+          bytes = bytes.subspan(n);
+          last = Clock::now();
+          continue;
+        }
+      } else {
+        std::error_code ec;
+        const std::size_t n = links_->previous.read_some(asio::buffer(bytes.data(), bytes.size()), ec);
+        if (!ec) {
+          bytes = bytes.subspan(n);
+          last = Clock::now();
+          continue;
+        }
+        if (ec != asio::error::would_block && ec != asio::error::try_again) {
+          throw lost(links_->previous_name, ec == asio::error::eof ? "closed the connection" : ec.message());
+        }
       }
-      if (ec != asio::error::would_block && ec != asio::error::try_again) {
-        throw lost(links_->previous_name, ec == asio::error::eof ? "closed the connection" : ec.message());
-      }
-      const bool writing = !links_->out.empty();
-      std::array<pollfd, 2> fds{pollfd{links_->previous.native_handle(), POLLIN, 0},
-                                pollfd{links_->next.native_handle(), POLLOUT, 0}};
-      if (::poll(fds.data(), writing ? 2 : 1, wait_ms(last)) == 0 && Clock::now() - last >= options_.timeout) {
-        throw silent(links_->previous_name, "send");
-      }
-      if (writing && fds[1].revents != 0) write_now();
+      if (!links_->out.empty() && write_now()) continue;
+      if (!wait(true, last)) throw silent(links_->previous_name, "send");
     }
   }
 
   void flush_now() {
     auto last = Clock::now();
     while (!links_->out.empty()) {
-      pollfd fd{links_->next.native_handle(), POLLOUT, 0};
-      if (::poll(&fd, 1, wait_ms(last)) == 0) {
-        if (Clock::now() - last >= options_.timeout) throw silent(links_->next_name, "receive");
+      if (write_now()) {
+        last = Clock::now();
         continue;
       }
-      if (write_now()) last = Clock::now();
+      if (!wait(false, last)) throw silent(links_->next_name, "receive");
+    }
+  }
+
+  /// Waits until the previous rank may have sent more (`reading`) or the next may have room
+  /// for what is queued, for up to a second; false once nothing has moved since `last` for
+  /// the timeout. A shared link's doorbells are read here, and its closed socket is a lost
+  /// neighbour once its ring holds nothing more to read (or, towards the next rank, at once).
+  bool wait(bool reading, Clock::time_point last) {
+    const bool writing = !links_->out.empty();
+    if (reading && links_->from_previous && !links_->from_previous.reader_sleeps()) return true;
+    if (writing && links_->to_next && !links_->to_next.writer_sleeps()) return true;
+    if (reading && links_->from_previous && links_->previous_closed) {
+      throw lost(links_->previous_name, "closed the connection");
+    }
+    std::array<pollfd, 2> fds{pollfd{links_->previous.native_handle(), POLLIN, 0},
+                              pollfd{links_->next.native_handle(), links_->to_next ? short{POLLIN} : short{POLLOUT}, 0}};
+    if (!reading) fds[0].fd = -1;
+    if (!writing) fds[1].fd = -1;
+    if (::poll(fds.data(), fds.size(), wait_ms(last)) == 0) return Clock::now() - last < options_.timeout;
+    if (links_->from_previous && fds[0].revents != 0 && !ring_off(links_->previous)) links_->previous_closed = true;
+    if (links_->to_next && fds[1].revents != 0 && !ring_off(links_->next)) {
+      throw lost(links_->next_name, "closed the connection");
+    }
+    return true;
+  }
+
+  /// Reads the doorbells waiting on a shared link's socket; false once it is closed.
+  static bool ring_off(transport_detail::StreamSocket& socket) {
+    std::array<std::byte, 64> bells;
+    while (true) {
+      std::error_code ec;
+      const std::size_t n = socket.read_some(asio::buffer(bells), ec);
+      if (ec == asio::error::would_block || ec == asio::error::try_again) return true;
+      if (ec || n == 0) return false;
     }
   }
 
@@ -19230,6 +19537,9 @@ class TcpRing {
     transport_detail::StreamSocket previous{io};
     bool next_local = false;      ///< `next` is a local socket
     bool previous_local = false;  ///< `previous` is a local socket
+    transport_detail::SharedRing to_next;        ///< the bytes for the next rank, when shared
+    transport_detail::SharedRing from_previous;  ///< the previous rank's bytes, when shared
+    bool previous_closed = false;  ///< a shared `previous` link's socket closed (its ring may hold more)
     std::deque<std::span<const std::byte>> out;  ///< queued for the next rank, in order
     std::string next_name, previous_name;
     std::string next_local_name;  ///< the next rank's local socket name
@@ -19240,10 +19550,24 @@ class TcpRing {
   [[nodiscard]] std::size_t next() const noexcept { return (rank_ + 1) % size_; }
   [[nodiscard]] std::size_t previous() const noexcept { return (rank_ + size_ - 1) % size_; }
 
-  /// Writes what the kernel takes now; true if it took anything.
+  /// Writes what the kernel (or the shared ring) takes now; true if it took anything.
   bool write_now() {
     auto& out = links_->out;
     bool wrote = false;
+    if (links_->to_next) {
+      while (!out.empty()) {
+        const std::size_t n = links_->to_next.write(out.front(), links_->next.native_handle());
+        if (n == 0) break;
+        wrote = true;
+        links_->written += n;
+        if (n < out.front().size()) {
+          out.front() = out.front().subspan(n);
+        } else {
+          out.pop_front();
+        }
+      }
+      return wrote;
+    }
     while (!out.empty()) {
       std::array<asio::const_buffer, 16> buffers;
       std::size_t count = 0;
@@ -19367,6 +19691,93 @@ class TcpRing {
     if (!links_->previous_local) links_->previous.set_option(asio::ip::tcp::no_delay(true), ignored);
     if (links_->next_local) transport_detail::widen_local_buffers(links_->next);
     if (links_->previous_local) transport_detail::widen_local_buffers(links_->previous);
+    if (transport_detail::kSharedRings) share_memory(deadline);
+  }
+
+  /// Moves the local links' bytes into shared memory (TcpRingOptions::shared_memory): each
+  /// rank offers the next a ring it made (or says it has none: the option is off, or no
+  /// memory), takes the previous rank's offer and says whether it mapped it, then hears the
+  /// next rank's answer. Every local link makes this exchange, whatever the option, so ranks
+  /// set apart share nothing and still agree. Every rank offers before it waits, so no wait
+  /// is in a cycle. A link that does not share goes on through its socket.
+  void share_memory(Clock::time_point deadline) {
+#if defined(__linux__)
+    transport_detail::SharedRing offered;
+    if (links_->next_local) {
+      if (options_.shared_memory) offered = transport_detail::SharedRing::make();
+      if (!transport_detail::send_fd(links_->next.native_handle(), offered ? offered.fd() : -1)) {
+        throw lost(links_->next_name, "could not offer it shared memory");
+      }
+    }
+    if (links_->previous_local) {
+      int fd = -1;
+      int got = 0;
+      while ((got = transport_detail::receive_fd(links_->previous.native_handle(), fd)) == 0) {
+        await(links_->previous, deadline, links_->previous_name);
+      }
+      if (got < 0) throw lost(links_->previous_name, "closed the connection before sharing memory");
+      if (fd >= 0 && options_.shared_memory) {
+        links_->from_previous = transport_detail::SharedRing::open(fd);
+      } else if (fd >= 0) {
+        ::close(fd);
+      }
+      const std::array<std::byte, 1> answer{links_->from_previous ? std::byte{'Y'} : std::byte{'N'}};
+      write_frame_bytes(links_->previous, answer, deadline);
+    }
+    if (links_->next_local) {
+      std::array<std::byte, 1> answer{};
+      read_bytes(links_->next, answer, deadline, links_->next_name);
+      if (answer[0] == std::byte{'Y'} && offered) links_->to_next = std::move(offered);
+    }
+#else
+    (void)deadline;
+#endif
+  }
+
+  /// Waits until `socket` has something to read, or throws once `deadline` has passed.
+  void await(transport_detail::StreamSocket& socket, Clock::time_point deadline, const std::string& who) const {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) {
+      throw Error(ErrorCode::kDeadlineExceeded, "ring: rank " + std::to_string(rank_) + ": " + who +
+                                                    " did not finish forming the ring in time");
+    }
+    pollfd fd{socket.native_handle(), POLLIN, 0};
+    ::poll(&fd, 1, static_cast<int>(std::min<std::int64_t>(left, 1000)));
+  }
+
+  /// Reads exactly `bytes` from `socket` (non-blocking) by `deadline`.
+  void read_bytes(transport_detail::StreamSocket& socket, std::span<std::byte> bytes, Clock::time_point deadline,
+                  const std::string& who) const {
+    while (!bytes.empty()) {
+      std::error_code ec;
+      const std::size_t n = socket.read_some(asio::buffer(bytes.data(), bytes.size()), ec);
+      if (!ec) {
+        bytes = bytes.subspan(n);
+        continue;
+      }
+      if (ec != asio::error::would_block && ec != asio::error::try_again) {
+        throw lost(who, ec == asio::error::eof ? "closed the connection" : ec.message());
+      }
+      await(socket, deadline, who);
+    }
+  }
+
+  /// Writes `bytes` whole to `socket` (a few bytes into an empty socket buffer: at once).
+  void write_frame_bytes(transport_detail::StreamSocket& socket, std::span<const std::byte> bytes,
+                         Clock::time_point deadline) const {
+    while (!bytes.empty()) {
+      std::error_code ec;
+      const std::size_t n = socket.write_some(asio::buffer(bytes.data(), bytes.size()), ec);
+      if (!ec) {
+        bytes = bytes.subspan(n);
+        continue;
+      }
+      if ((ec != asio::error::would_block && ec != asio::error::try_again) || Clock::now() >= deadline) {
+        throw lost(links_->previous_name, ec.message());
+      }
+      pollfd fd{socket.native_handle(), POLLOUT, 0};
+      ::poll(&fd, 1, 100);
+    }
   }
 
   /// Connects to the next rank, trying again every 100 ms until it listens: at its local

@@ -7,7 +7,7 @@ set -euo pipefail
 source_dir=$1
 build_dir=$2
 tests=(test_tcp test_tcp_hostile test_replicas test_tcp_ring test_hybrid test_wire test_frame_reader test_hmac test_parameter_server
-       test_sparse_training test_table_requests test_embedding_table test_tcp_probe test_copy_rulings)
+       test_sparse_training test_table_requests test_embedding_table test_tcp_probe test_copy_rulings test_shared_ring)
 # -O0: the tests' own option (tests/CMakeLists.txt) comes after these flags and wins anyway.
 generator=()
 [ -f "$build_dir/CMakeCache.txt" ] || generator=(-G Ninja)

@@ -85,7 +85,8 @@ TEST_CASE("a TCP ring sums as the in-process ring does, bit for bit, whatever or
       CHECK(link.size() == ranks);
       RingAllReduce reduce(4096);
       for (int repeat = 0; repeat < 3; ++repeat) reduce.sum(link, std::span<float>(tcp[r]).first(1000));
-      reduce.sum(link, tcp[r]);
+      // Each link carries more than a shared ring holds, at offsets no float aligns to its end.
+      for (int repeat = 0; repeat < 4; ++repeat) reduce.sum(link, tcp[r]);
     });
     for (const std::string& f : failures) CHECK(f == "");
     auto in_process = InProcessRing::make(ranks);
@@ -94,7 +95,7 @@ TEST_CASE("a TCP ring sums as the in-process ring does, bit for bit, whatever or
       threads.emplace_back([&, r] {
         RingAllReduce reduce(4096);
         for (int repeat = 0; repeat < 3; ++repeat) reduce.sum(in_process[r], std::span<float>(local[r]).first(1000));
-        reduce.sum(in_process[r], local[r]);
+        for (int repeat = 0; repeat < 4; ++repeat) reduce.sum(in_process[r], local[r]);
       });
     }
     threads.clear();
@@ -188,9 +189,17 @@ TEST_CASE("strangers that hang up, or send what is no handshake, are dropped and
   CHECK(!log.find(LogLevel::kWarning, "dropped a connection").empty());
 }
 
-TEST_CASE("ranks on one host link through local sockets, which strangers cannot pass either, or through TCP when told to") {
-  for (const bool local : {true, false}) {
+TEST_CASE("ranks on one host link through shared memory over local sockets, which strangers cannot pass either, or through the sockets or TCP when told to") {
+  struct Mode {
+    bool local;
+    bool shared;
+    bool rank_1_shares;  // a rank set apart: the links share memory only where both ends do
+  };
+  for (const auto [local, shared, rank_1_shares] :
+       {Mode{true, true, true}, Mode{true, true, false}, Mode{true, false, false}, Mode{false, false, false}}) {
     CAPTURE(local);
+    CAPTURE(shared);
+    CAPTURE(rank_1_shares);
     testing::LogCapture log;
     const auto addresses = free_addresses(3);
     std::jthread stranger([&] {
@@ -207,18 +216,22 @@ TEST_CASE("ranks on one host link through local sockets, which strangers cannot 
     });
     std::vector<std::vector<float>> data(3, std::vector<float>(1000, 1.0F));
     std::vector<int> linked_locally(3, -1);
+    std::vector<int> linked_shared(3, -1);
     const auto failures = on_ranks(3, [&](std::size_t r) {
       if (r == 0) std::this_thread::sleep_for(std::chrono::milliseconds(600));
       TcpRingOptions o = quick();
       o.local_sockets = local;
+      o.shared_memory = r == 1 ? rank_1_shares : shared;
       TcpRing link(r, addresses, testing::test_credentials(), o);
       RingAllReduce().sum(link, data[r]);
       linked_locally[r] = link.local() ? 1 : 0;
+      linked_shared[r] = link.shared() ? 1 : 0;
     });
     for (const std::string& f : failures) CHECK(f == "");
     for (std::size_t r = 0; r < 3; ++r) {
       CHECK(data[r] == std::vector<float>(1000, 3.0F));
       CHECK(linked_locally[r] == (local ? 1 : 0));
+      CHECK(linked_shared[r] == (local && shared && rank_1_shares && transport_detail::kSharedRings ? 1 : 0));
     }
     CHECK(log.find(LogLevel::kWarning, "dropped a connection").empty() == !local);
   }

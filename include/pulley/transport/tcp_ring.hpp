@@ -25,6 +25,7 @@
 #include "pulley/core/error.hpp"
 #include "pulley/core/log.hpp"
 #include "pulley/transport/detail/handshake_io.hpp"
+#include "pulley/transport/detail/shared_ring.hpp"
 #include "pulley/transport/detail/sockets.hpp"
 #include "pulley/transport/wire/codec.hpp"
 #include "pulley/transport/wire/handshake.hpp"
@@ -49,6 +50,11 @@ struct TcpRingOptions {
   /// rank also listens there, and connects there to a next rank whose address is its
   /// host's, TCP when none listens. Off: TCP always (`--no-local-sockets`).
   bool local_sockets = true;
+  /// Over a local socket, move the bytes through memory both ranks share (Linux: a
+  /// memory file handed over the socket, transport_detail::SharedRing): one copy at each
+  /// end and no system call while neither waits; the socket stays the doorbell and the
+  /// sign of a lost neighbour. Off: the bytes go through the socket.
+  bool shared_memory = true;
 };
 
 namespace transport_detail {
@@ -139,6 +145,9 @@ class TcpRing {
   [[nodiscard]] std::uint64_t bytes_written() const noexcept { return links_->written; }
   /// True if both of this rank's links are local sockets (TcpRingOptions::local_sockets).
   [[nodiscard]] bool local() const noexcept { return links_->next_local && links_->previous_local; }
+  /// True if both of this rank's links move their bytes through shared memory
+  /// (TcpRingOptions::shared_memory).
+  [[nodiscard]] bool shared() const noexcept { return links_->to_next && links_->from_previous; }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -203,35 +212,71 @@ class TcpRing {
   void receive_now(std::span<std::byte> bytes) {
     auto last = Clock::now();
     while (!bytes.empty()) {
-      std::error_code ec;
-      const std::size_t n = links_->previous.read_some(asio::buffer(bytes.data(), bytes.size()), ec);
-      if (!ec) {
-        bytes = bytes.subspan(n);
-        last = Clock::now();
-        continue;
+      if (links_->from_previous) {
+        if (const std::size_t n = links_->from_previous.read(bytes, links_->previous.native_handle())) {
+          bytes = bytes.subspan(n);
+          last = Clock::now();
+          continue;
+        }
+      } else {
+        std::error_code ec;
+        const std::size_t n = links_->previous.read_some(asio::buffer(bytes.data(), bytes.size()), ec);
+        if (!ec) {
+          bytes = bytes.subspan(n);
+          last = Clock::now();
+          continue;
+        }
+        if (ec != asio::error::would_block && ec != asio::error::try_again) {
+          throw lost(links_->previous_name, ec == asio::error::eof ? "closed the connection" : ec.message());
+        }
       }
-      if (ec != asio::error::would_block && ec != asio::error::try_again) {
-        throw lost(links_->previous_name, ec == asio::error::eof ? "closed the connection" : ec.message());
-      }
-      const bool writing = !links_->out.empty();
-      std::array<pollfd, 2> fds{pollfd{links_->previous.native_handle(), POLLIN, 0},
-                                pollfd{links_->next.native_handle(), POLLOUT, 0}};
-      if (::poll(fds.data(), writing ? 2 : 1, wait_ms(last)) == 0 && Clock::now() - last >= options_.timeout) {
-        throw silent(links_->previous_name, "send");
-      }
-      if (writing && fds[1].revents != 0) write_now();
+      if (!links_->out.empty() && write_now()) continue;
+      if (!wait(true, last)) throw silent(links_->previous_name, "send");
     }
   }
 
   void flush_now() {
     auto last = Clock::now();
     while (!links_->out.empty()) {
-      pollfd fd{links_->next.native_handle(), POLLOUT, 0};
-      if (::poll(&fd, 1, wait_ms(last)) == 0) {
-        if (Clock::now() - last >= options_.timeout) throw silent(links_->next_name, "receive");
+      if (write_now()) {
+        last = Clock::now();
         continue;
       }
-      if (write_now()) last = Clock::now();
+      if (!wait(false, last)) throw silent(links_->next_name, "receive");
+    }
+  }
+
+  /// Waits until the previous rank may have sent more (`reading`) or the next may have room
+  /// for what is queued, for up to a second; false once nothing has moved since `last` for
+  /// the timeout. A shared link's doorbells are read here, and its closed socket is a lost
+  /// neighbour once its ring holds nothing more to read (or, towards the next rank, at once).
+  bool wait(bool reading, Clock::time_point last) {
+    const bool writing = !links_->out.empty();
+    if (reading && links_->from_previous && !links_->from_previous.reader_sleeps()) return true;
+    if (writing && links_->to_next && !links_->to_next.writer_sleeps()) return true;
+    if (reading && links_->from_previous && links_->previous_closed) {
+      throw lost(links_->previous_name, "closed the connection");
+    }
+    std::array<pollfd, 2> fds{pollfd{links_->previous.native_handle(), POLLIN, 0},
+                              pollfd{links_->next.native_handle(), links_->to_next ? short{POLLIN} : short{POLLOUT}, 0}};
+    if (!reading) fds[0].fd = -1;
+    if (!writing) fds[1].fd = -1;
+    if (::poll(fds.data(), fds.size(), wait_ms(last)) == 0) return Clock::now() - last < options_.timeout;
+    if (links_->from_previous && fds[0].revents != 0 && !ring_off(links_->previous)) links_->previous_closed = true;
+    if (links_->to_next && fds[1].revents != 0 && !ring_off(links_->next)) {
+      throw lost(links_->next_name, "closed the connection");
+    }
+    return true;
+  }
+
+  /// Reads the doorbells waiting on a shared link's socket; false once it is closed.
+  static bool ring_off(transport_detail::StreamSocket& socket) {
+    std::array<std::byte, 64> bells;
+    while (true) {
+      std::error_code ec;
+      const std::size_t n = socket.read_some(asio::buffer(bells), ec);
+      if (ec == asio::error::would_block || ec == asio::error::try_again) return true;
+      if (ec || n == 0) return false;
     }
   }
 
@@ -241,6 +286,9 @@ class TcpRing {
     transport_detail::StreamSocket previous{io};
     bool next_local = false;      ///< `next` is a local socket
     bool previous_local = false;  ///< `previous` is a local socket
+    transport_detail::SharedRing to_next;        ///< the bytes for the next rank, when shared
+    transport_detail::SharedRing from_previous;  ///< the previous rank's bytes, when shared
+    bool previous_closed = false;  ///< a shared `previous` link's socket closed (its ring may hold more)
     std::deque<std::span<const std::byte>> out;  ///< queued for the next rank, in order
     std::string next_name, previous_name;
     std::string next_local_name;  ///< the next rank's local socket name
@@ -251,10 +299,24 @@ class TcpRing {
   [[nodiscard]] std::size_t next() const noexcept { return (rank_ + 1) % size_; }
   [[nodiscard]] std::size_t previous() const noexcept { return (rank_ + size_ - 1) % size_; }
 
-  /// Writes what the kernel takes now; true if it took anything.
+  /// Writes what the kernel (or the shared ring) takes now; true if it took anything.
   bool write_now() {
     auto& out = links_->out;
     bool wrote = false;
+    if (links_->to_next) {
+      while (!out.empty()) {
+        const std::size_t n = links_->to_next.write(out.front(), links_->next.native_handle());
+        if (n == 0) break;
+        wrote = true;
+        links_->written += n;
+        if (n < out.front().size()) {
+          out.front() = out.front().subspan(n);
+        } else {
+          out.pop_front();
+        }
+      }
+      return wrote;
+    }
     while (!out.empty()) {
       std::array<asio::const_buffer, 16> buffers;
       std::size_t count = 0;
@@ -378,6 +440,93 @@ class TcpRing {
     if (!links_->previous_local) links_->previous.set_option(asio::ip::tcp::no_delay(true), ignored);
     if (links_->next_local) transport_detail::widen_local_buffers(links_->next);
     if (links_->previous_local) transport_detail::widen_local_buffers(links_->previous);
+    if (transport_detail::kSharedRings) share_memory(deadline);
+  }
+
+  /// Moves the local links' bytes into shared memory (TcpRingOptions::shared_memory): each
+  /// rank offers the next a ring it made (or says it has none: the option is off, or no
+  /// memory), takes the previous rank's offer and says whether it mapped it, then hears the
+  /// next rank's answer. Every local link makes this exchange, whatever the option, so ranks
+  /// set apart share nothing and still agree. Every rank offers before it waits, so no wait
+  /// is in a cycle. A link that does not share goes on through its socket.
+  void share_memory(Clock::time_point deadline) {
+#if defined(__linux__)
+    transport_detail::SharedRing offered;
+    if (links_->next_local) {
+      if (options_.shared_memory) offered = transport_detail::SharedRing::make();
+      if (!transport_detail::send_fd(links_->next.native_handle(), offered ? offered.fd() : -1)) {
+        throw lost(links_->next_name, "could not offer it shared memory");
+      }
+    }
+    if (links_->previous_local) {
+      int fd = -1;
+      int got = 0;
+      while ((got = transport_detail::receive_fd(links_->previous.native_handle(), fd)) == 0) {
+        await(links_->previous, deadline, links_->previous_name);
+      }
+      if (got < 0) throw lost(links_->previous_name, "closed the connection before sharing memory");
+      if (fd >= 0 && options_.shared_memory) {
+        links_->from_previous = transport_detail::SharedRing::open(fd);
+      } else if (fd >= 0) {
+        ::close(fd);
+      }
+      const std::array<std::byte, 1> answer{links_->from_previous ? std::byte{'Y'} : std::byte{'N'}};
+      write_frame_bytes(links_->previous, answer, deadline);
+    }
+    if (links_->next_local) {
+      std::array<std::byte, 1> answer{};
+      read_bytes(links_->next, answer, deadline, links_->next_name);
+      if (answer[0] == std::byte{'Y'} && offered) links_->to_next = std::move(offered);
+    }
+#else
+    (void)deadline;
+#endif
+  }
+
+  /// Waits until `socket` has something to read, or throws once `deadline` has passed.
+  void await(transport_detail::StreamSocket& socket, Clock::time_point deadline, const std::string& who) const {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) {
+      throw Error(ErrorCode::kDeadlineExceeded, "ring: rank " + std::to_string(rank_) + ": " + who +
+                                                    " did not finish forming the ring in time");
+    }
+    pollfd fd{socket.native_handle(), POLLIN, 0};
+    ::poll(&fd, 1, static_cast<int>(std::min<std::int64_t>(left, 1000)));
+  }
+
+  /// Reads exactly `bytes` from `socket` (non-blocking) by `deadline`.
+  void read_bytes(transport_detail::StreamSocket& socket, std::span<std::byte> bytes, Clock::time_point deadline,
+                  const std::string& who) const {
+    while (!bytes.empty()) {
+      std::error_code ec;
+      const std::size_t n = socket.read_some(asio::buffer(bytes.data(), bytes.size()), ec);
+      if (!ec) {
+        bytes = bytes.subspan(n);
+        continue;
+      }
+      if (ec != asio::error::would_block && ec != asio::error::try_again) {
+        throw lost(who, ec == asio::error::eof ? "closed the connection" : ec.message());
+      }
+      await(socket, deadline, who);
+    }
+  }
+
+  /// Writes `bytes` whole to `socket` (a few bytes into an empty socket buffer: at once).
+  void write_frame_bytes(transport_detail::StreamSocket& socket, std::span<const std::byte> bytes,
+                         Clock::time_point deadline) const {
+    while (!bytes.empty()) {
+      std::error_code ec;
+      const std::size_t n = socket.write_some(asio::buffer(bytes.data(), bytes.size()), ec);
+      if (!ec) {
+        bytes = bytes.subspan(n);
+        continue;
+      }
+      if ((ec != asio::error::would_block && ec != asio::error::try_again) || Clock::now() >= deadline) {
+        throw lost(links_->previous_name, ec.message());
+      }
+      pollfd fd{socket.native_handle(), POLLOUT, 0};
+      ::poll(&fd, 1, 100);
+    }
   }
 
   /// Connects to the next rank, trying again every 100 ms until it listens: at its local
