@@ -19024,11 +19024,13 @@ inline ProbeResult probe_ps(const std::string& address, std::uint32_t ps, const 
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #endif
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -19086,7 +19088,9 @@ class SharedRing {
 #if defined(__linux__)
     const int fd = ::memfd_create("pulley-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0) return ring;
-    if (::ftruncate(fd, static_cast<off_t>(kSize)) != 0 || ::fcntl(fd, F_ADD_SEALS, kSeals) != 0) {
+    // Its pages are had now (or the link stays on its socket), not at a later touch.
+    if (::ftruncate(fd, static_cast<off_t>(kSize)) != 0 || ::fallocate(fd, 0, 0, static_cast<off_t>(kSize)) != 0 ||
+        ::fcntl(fd, F_ADD_SEALS, kSeals) != 0) {
       ::close(fd);
       return ring;
     }
@@ -19103,9 +19107,11 @@ class SharedRing {
     SharedRing ring;
 #if defined(__linux__)
     ring.fd_ = fd;
-    const off_t size = ::lseek(fd, 0, SEEK_END);
+    // The seals first: once sealed, the size read next cannot change.
     const int seals = ::fcntl(fd, F_GET_SEALS);
-    if (size != static_cast<off_t>(kSize) || seals < 0 || (seals & kSeals) != kSeals) {
+    struct stat status {};
+    if (seals < 0 || (seals & kSeals) != kSeals || ::fstat(fd, &status) != 0 ||
+        status.st_size != static_cast<off_t>(kSize)) {
       ring.release();
       return ring;
     }
@@ -19252,12 +19258,13 @@ inline bool send_fd(int socket, int fd) noexcept {
 }
 
 /// Receives the byte send_fd sent: 1 with the descriptor in `fd` ('S'), 1 with `fd` = −1
-/// ('N'), 0 when nothing has come yet, −1 on a closed or broken socket or another byte.
+/// ('N'), 0 when nothing has come yet, −1 on a closed or broken socket or anything else
+/// (another byte, more descriptors than one: every descriptor that came is closed).
 inline int receive_fd(int socket, int& fd) noexcept {
   fd = -1;
   char byte = 0;
   iovec io{&byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)] = {};
   msghdr message{};
   message.msg_iov = &io;
   message.msg_iovlen = 1;
@@ -19265,16 +19272,25 @@ inline int receive_fd(int socket, int& fd) noexcept {
   message.msg_controllen = sizeof(control);
   const auto n = ::recvmsg(socket, &message, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
   if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
-  if (n == 0) return -1;
+  int count = 0;  // descriptors that came
   for (cmsghdr* c = CMSG_FIRSTHDR(&message); c != nullptr; c = CMSG_NXTHDR(&message, c)) {
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(sizeof(int))) {
-      std::memcpy(&fd, CMSG_DATA(c), sizeof(int));
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const std::size_t fds = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (std::size_t i = 0; i < fds; ++i) {
+      int received = -1;
+      std::memcpy(&received, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      if (++count == 1) {
+        fd = received;
+      } else {
+        ::close(received);
+      }
     }
   }
-  if (byte == 'S' && fd >= 0) return 1;
+  const bool whole = n == 1 && (message.msg_flags & MSG_CTRUNC) == 0;
+  if (whole && byte == 'S' && count == 1) return 1;
   if (fd >= 0) ::close(fd);
   fd = -1;
-  return byte == 'N' ? 1 : -1;
+  return whole && byte == 'N' && count == 0 ? 1 : -1;
 }
 #endif
 
@@ -19304,7 +19320,9 @@ struct TcpRingOptions {
   /// Over a local socket, move the bytes through memory both ranks share (Linux: a
   /// memory file handed over the socket, transport_detail::SharedRing): one copy at each
   /// end and no system call while neither waits; the socket stays the doorbell and the
-  /// sign of a lost neighbour. Off: the bytes go through the socket.
+  /// sign of a lost neighbour. Off: the bytes go through the socket. (A rank whose next
+  /// rank died finds out when its ring to it is full, 4 MiB on, or when the loss comes
+  /// round the ring, rather than at its next write.)
   bool shared_memory = true;
 };
 
@@ -19399,6 +19417,8 @@ class TcpRing {
   /// True if both of this rank's links move their bytes through shared memory
   /// (TcpRingOptions::shared_memory).
   [[nodiscard]] bool shared() const noexcept { return links_->to_next && links_->from_previous; }
+  /// True if the link to the next rank moves its bytes through shared memory.
+  [[nodiscard]] bool shares_with_next() const noexcept { return static_cast<bool>(links_->to_next); }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -19517,7 +19537,7 @@ class TcpRing {
     if (links_->to_next && fds[1].revents != 0 && !ring_off(links_->next)) {
       throw lost(links_->next_name, "closed the connection");
     }
-    return true;
+    return Clock::now() - last < options_.timeout;  // (a neighbour that rings and moves nothing is silent)
   }
 
   /// Reads the doorbells waiting on a shared link's socket; false once it is closed.

@@ -17,6 +17,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
+#include <iterator>
 #include <vector>
 
 #include "pulley/transport/detail/shared_ring.hpp"
@@ -56,6 +58,11 @@ SharedRing hand_over(const SharedRing& writer, Sockets& sockets) {
   REQUIRE(pulley::transport_detail::receive_fd(sockets.fd[1], fd) == 1);
   REQUIRE(fd >= 0);
   return SharedRing::open(fd);
+}
+
+/// Descriptors this process holds open.
+std::ptrdiff_t open_descriptors() {
+  return std::distance(std::filesystem::directory_iterator("/proc/self/fd"), std::filesystem::directory_iterator{});
 }
 
 std::byte pattern(std::size_t i) { return static_cast<std::byte>((i * 131U + i / 977U) & 0xFFU); }
@@ -141,6 +148,34 @@ TEST_CASE("a shared ring's memory is refused unless it is a sealed file of the r
   REQUIRE(::pipe(pipe_ends) == 0);
   ::close(pipe_ends[1]);
   CHECK_FALSE(SharedRing::open(pipe_ends[0]));
+
+  // Two descriptors where one was due: refused, and neither stays open here.
+  {
+    const int a = ::memfd_create("a", MFD_CLOEXEC);
+    const int b = ::memfd_create("b", MFD_CLOEXEC);
+    REQUIRE((a >= 0 && b >= 0));
+    char byte = 'S';
+    iovec io{&byte, 1};
+    alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
+    msghdr message{};
+    message.msg_iov = &io;
+    message.msg_iovlen = 1;
+    message.msg_control = control;
+    message.msg_controllen = sizeof(control);
+    cmsghdr* c = CMSG_FIRSTHDR(&message);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(2 * sizeof(int));
+    const int both[2] = {a, b};
+    std::memcpy(CMSG_DATA(c), both, sizeof both);
+    REQUIRE(::sendmsg(sockets.fd[0], &message, 0) == 1);
+    ::close(a);
+    ::close(b);
+    const auto before = open_descriptors();
+    CHECK(pulley::transport_detail::receive_fd(sockets.fd[1], fd) == -1);
+    CHECK(fd == -1);
+    CHECK(open_descriptors() == before);
+  }
 
   // A closed socket: the other end is gone.
   ::shutdown(sockets.fd[0], SHUT_WR);

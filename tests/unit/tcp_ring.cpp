@@ -217,6 +217,7 @@ TEST_CASE("ranks on one host link through shared memory over local sockets, whic
     std::vector<std::vector<float>> data(3, std::vector<float>(1000, 1.0F));
     std::vector<int> linked_locally(3, -1);
     std::vector<int> linked_shared(3, -1);
+    std::vector<int> shares_with_next(3, -1);
     const auto failures = on_ranks(3, [&](std::size_t r) {
       if (r == 0) std::this_thread::sleep_for(std::chrono::milliseconds(600));
       TcpRingOptions o = quick();
@@ -226,14 +227,44 @@ TEST_CASE("ranks on one host link through shared memory over local sockets, whic
       RingAllReduce().sum(link, data[r]);
       linked_locally[r] = link.local() ? 1 : 0;
       linked_shared[r] = link.shared() ? 1 : 0;
+      shares_with_next[r] = link.shares_with_next() ? 1 : 0;
     });
     for (const std::string& f : failures) CHECK(f == "");
     for (std::size_t r = 0; r < 3; ++r) {
       CHECK(data[r] == std::vector<float>(1000, 3.0F));
       CHECK(linked_locally[r] == (local ? 1 : 0));
       CHECK(linked_shared[r] == (local && shared && rank_1_shares && transport_detail::kSharedRings ? 1 : 0));
+      // Rank r's link to the next shares when both ends of it would.
+      const bool ends_share = shared && (r == 1 || r == 0 ? rank_1_shares : true);
+      CHECK(shares_with_next[r] == (local && ends_share && transport_detail::kSharedRings ? 1 : 0));
     }
     CHECK(log.find(LogLevel::kWarning, "dropped a connection").empty() == !local);
+  }
+}
+
+TEST_CASE("a chunk larger than a shared ring waits for room and arrives whole") {
+  // 2 ranks, 24 MiB: each chunk of 12 MiB is three rings' worth, so each writer fills its
+  // ring and sleeps until the reader makes room, while reading its own previous rank.
+  const auto addresses = free_addresses(2);
+  constexpr std::size_t kN = (std::size_t{6} << 20U) + 5;
+  std::vector<std::vector<float>> data(2, std::vector<float>(kN));
+  for (std::size_t r = 0; r < 2; ++r) {
+    for (std::size_t i = 0; i < kN; ++i) data[r][i] = value(r, i);
+  }
+  std::vector<float> expected(kN);
+  // Two terms add alike in either order; the second sum doubles the first's, exactly.
+  for (std::size_t i = 0; i < kN; ++i) expected[i] = 2.0F * (value(0, i) + value(1, i));
+  std::vector<int> shared(2, -1);
+  const auto failures = on_ranks(2, [&](std::size_t r) {
+    TcpRing link(r, addresses, testing::test_credentials(), quick());
+    shared[r] = link.shared() ? 1 : 0;
+    RingAllReduce(std::size_t{1} << 22U).sum(link, data[r]);  // segments of 16 MiB: whole chunks
+    RingAllReduce().sum(link, data[r]);                        // and again in small segments
+  });
+  for (const std::string& f : failures) CHECK(f == "");
+  for (std::size_t r = 0; r < 2; ++r) {
+    CHECK(shared[r] == (transport_detail::kSharedRings ? 1 : 0));
+    CHECK(std::memcmp(data[r].data(), expected.data(), kN * sizeof(float)) == 0);
   }
 }
 

@@ -53,7 +53,9 @@ struct TcpRingOptions {
   /// Over a local socket, move the bytes through memory both ranks share (Linux: a
   /// memory file handed over the socket, transport_detail::SharedRing): one copy at each
   /// end and no system call while neither waits; the socket stays the doorbell and the
-  /// sign of a lost neighbour. Off: the bytes go through the socket.
+  /// sign of a lost neighbour. Off: the bytes go through the socket. (A rank whose next
+  /// rank died finds out when its ring to it is full, 4 MiB on, or when the loss comes
+  /// round the ring, rather than at its next write.)
   bool shared_memory = true;
 };
 
@@ -148,6 +150,8 @@ class TcpRing {
   /// True if both of this rank's links move their bytes through shared memory
   /// (TcpRingOptions::shared_memory).
   [[nodiscard]] bool shared() const noexcept { return links_->to_next && links_->from_previous; }
+  /// True if the link to the next rank moves its bytes through shared memory.
+  [[nodiscard]] bool shares_with_next() const noexcept { return static_cast<bool>(links_->to_next); }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -266,7 +270,7 @@ class TcpRing {
     if (links_->to_next && fds[1].revents != 0 && !ring_off(links_->next)) {
       throw lost(links_->next_name, "closed the connection");
     }
-    return true;
+    return Clock::now() - last < options_.timeout;  // (a neighbour that rings and moves nothing is silent)
   }
 
   /// Reads the doorbells waiting on a shared link's socket; false once it is closed.

@@ -5,11 +5,13 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #endif
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -67,7 +69,9 @@ class SharedRing {
 #if defined(__linux__)
     const int fd = ::memfd_create("pulley-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0) return ring;
-    if (::ftruncate(fd, static_cast<off_t>(kSize)) != 0 || ::fcntl(fd, F_ADD_SEALS, kSeals) != 0) {
+    // Its pages are had now (or the link stays on its socket), not at a later touch.
+    if (::ftruncate(fd, static_cast<off_t>(kSize)) != 0 || ::fallocate(fd, 0, 0, static_cast<off_t>(kSize)) != 0 ||
+        ::fcntl(fd, F_ADD_SEALS, kSeals) != 0) {
       ::close(fd);
       return ring;
     }
@@ -84,9 +88,11 @@ class SharedRing {
     SharedRing ring;
 #if defined(__linux__)
     ring.fd_ = fd;
-    const off_t size = ::lseek(fd, 0, SEEK_END);
+    // The seals first: once sealed, the size read next cannot change.
     const int seals = ::fcntl(fd, F_GET_SEALS);
-    if (size != static_cast<off_t>(kSize) || seals < 0 || (seals & kSeals) != kSeals) {
+    struct stat status {};
+    if (seals < 0 || (seals & kSeals) != kSeals || ::fstat(fd, &status) != 0 ||
+        status.st_size != static_cast<off_t>(kSize)) {
       ring.release();
       return ring;
     }
@@ -233,12 +239,13 @@ inline bool send_fd(int socket, int fd) noexcept {
 }
 
 /// Receives the byte send_fd sent: 1 with the descriptor in `fd` ('S'), 1 with `fd` = −1
-/// ('N'), 0 when nothing has come yet, −1 on a closed or broken socket or another byte.
+/// ('N'), 0 when nothing has come yet, −1 on a closed or broken socket or anything else
+/// (another byte, more descriptors than one: every descriptor that came is closed).
 inline int receive_fd(int socket, int& fd) noexcept {
   fd = -1;
   char byte = 0;
   iovec io{&byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)] = {};
   msghdr message{};
   message.msg_iov = &io;
   message.msg_iovlen = 1;
@@ -246,16 +253,25 @@ inline int receive_fd(int socket, int& fd) noexcept {
   message.msg_controllen = sizeof(control);
   const auto n = ::recvmsg(socket, &message, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
   if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
-  if (n == 0) return -1;
+  int count = 0;  // descriptors that came
   for (cmsghdr* c = CMSG_FIRSTHDR(&message); c != nullptr; c = CMSG_NXTHDR(&message, c)) {
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(sizeof(int))) {
-      std::memcpy(&fd, CMSG_DATA(c), sizeof(int));
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const std::size_t fds = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (std::size_t i = 0; i < fds; ++i) {
+      int received = -1;
+      std::memcpy(&received, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      if (++count == 1) {
+        fd = received;
+      } else {
+        ::close(received);
+      }
     }
   }
-  if (byte == 'S' && fd >= 0) return 1;
+  const bool whole = n == 1 && (message.msg_flags & MSG_CTRUNC) == 0;
+  if (whole && byte == 'S' && count == 1) return 1;
   if (fd >= 0) ::close(fd);
   fd = -1;
-  return byte == 'N' ? 1 : -1;
+  return whole && byte == 'N' && count == 0 ? 1 : -1;
 }
 #endif
 
