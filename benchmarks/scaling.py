@@ -277,11 +277,14 @@ class Model:
 def command_model(args: argparse.Namespace) -> None:
     rows = read(args.csv)
     model = Model(rows, args.cores)
+    # A sweep too short or too noisy can leave no per-byte cost above the noise: the fit's
+    # k is then 0 (it is kept non-negative), and the links alone bound the moves.
+    speed = f"{1 / model.k / 1e9:.2f} GB/s of one core" if model.k > 0 else "none seen above the noise"
     print(f"fitted on {len(rows)} rows ({args.cores} cores): compute {model.c[1] * 1e9:.4f} ns per parameter "
           f"and example + {model.c[0] * 1e6:.2f} us, and {model.g[1] * 1e9:.3f} ns per parameter + "
           f"{model.g[0] * 1e6:.1f} us per step; update {model.u[1] * 1e9:.3f} ns per parameter + "
           f"{model.u[0] * 1e6:.1f} us; k = {model.k * 1e9:.3f} ns per byte moved "
-          f"({1 / model.k / 1e9:.2f} GB/s of one core); o = {model.o['sync'] * 1e6:.0f} us (sync), "
+          f"({speed}); o = {model.o['sync'] * 1e6:.0f} us (sync), "
           f"{model.o['async'] * 1e6:.0f} us (async) per worker-step")
     print("\n| axis | mode | N | P | parameters | measured samples/s | model | model / measured |"
           " wire per worker-step (x model) |")
