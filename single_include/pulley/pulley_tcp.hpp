@@ -8524,6 +8524,7 @@ concept RowAggregation = std::copy_constructible<A> && std::movable<typename A::
 #include <functional>
 #include <limits>
 #include <optional>
+#include <string>
 #include <utility>
 
 namespace pulley {
@@ -8583,6 +8584,10 @@ struct RequestContext {
 ///   - `s.max_request_payload()` → std::uint64_t: the most tensor bytes a request can
 ///     legitimately carry now (a ParameterServer: the bytes of the parts it holds). A
 ///     transport refuses a frame that claims more before it receives any of it.
+///   - `s.fenced(node)` → std::string: why task `node` may not be served now, or "" (it
+///     may). A transport closes that task's connections at their next request and refuses
+///     its new ones for now (kUnavailable), so that the task finds this ps out of reach
+///     (ShardCopies: a process that lost the chief's lease).
 ///   - `s.workers()` → `std::span<const std::uint32_t>`: the job's workers now, ascending,
 ///     once workers joined or left (ChangeWorkers); empty while they are the cluster
 ///     spec's. A transport that checks who connects lets a worker in only if it is one.
@@ -8623,6 +8628,17 @@ bool holds_copy(const S& service, std::uint32_t shard) noexcept {
     return service.holds_copy(shard);
   } else {
     return false;
+  }
+}
+
+/// Why `service` serves task `node` no more for now (`fenced`), or "" (it does, as by
+/// default).
+template <Service S>
+std::string fence_reason(S& service, const Node& node) {
+  if constexpr (requires { { service.fenced(node) } -> std::convertible_to<std::string>; }) {
+    return service.fenced(node);
+  } else {
+    return {};
   }
 }
 
@@ -14024,6 +14040,7 @@ class ParameterServer {
 // ---- begin pulley/ps/shard_copies.hpp ----
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -14050,6 +14067,19 @@ namespace pulley {
 /// RequestContext::shard). Heartbeats reach both copies whichever connection brings them,
 /// as does a lost connection: each copy judges the workers and the chief on its own.
 ///
+/// The chief's lease (`set_chief_lease`): only the chief gives a ps process up for the
+/// job (CopyRulings), and it does so once it could not reach the process for the copy
+/// timeout. A process cut off from the chief but reached by some tasks would go on serving
+/// them after that ruling, while the tasks that heard it write the other copies alone: the
+/// copies of its shards would part. So a process serves the tasks only while it heard the
+/// chief (any request of the chief's: it beats every sixth of the copy timeout) within
+/// its lease, three quarters of the copy timeout, which ends before the chief can rule.
+/// Then it refuses every task but the chief (`fenced`, which the transport asks: the
+/// connections are closed and new ones refused for now) until it hears the chief again; a
+/// task refused so finds the process out of reach and asks the chief about it, as for a
+/// process gone. A chief lost or stopped therefore pauses a job with copies until a chief
+/// comes back: nobody else may rule which copies stand.
+///
 /// @tparam PS the ParameterServer type of both copies
 template <class PS>
 class ShardCopies {
@@ -14060,8 +14090,31 @@ class ShardCopies {
     copy_.set_name("ps " + std::to_string(own_.task()) + "'s copy of ps " + std::to_string(copy_.task()));
   }
 
+  /// Serves the tasks only while the chief was heard within `lease` (zero, the default:
+  /// always). The lease runs from the chief's first request on, and ends with the chief's
+  /// leaving heartbeat (training over). Keep it below the copy timeout of the chief's
+  /// rulings by more than a request's way from the chief, and above the chief's heartbeat
+  /// interval by some; the role runner takes three quarters of `--copy-timeout-ms`, and
+  /// has the chief beat every sixth (TrainingOptions::chief_lease).
+  void set_chief_lease(std::chrono::milliseconds lease) noexcept { lease_ = lease; }
+
+  /// Why task `peer` may not be served now (its lease ran out: see the class comment), or
+  /// "" when it may. The chief always may, and so may everyone once training ended here
+  /// (the answer says how). Logs when the process stops serving the tasks.
+  [[nodiscard]] std::string fenced(const Node& peer) {
+    if (lease_.count() <= 0 || !chief_heard_ || peer.role == Node::Role::kChief || stopped()) return {};
+    const auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - *chief_heard_);
+    if (silent < lease_) return {};
+    std::string why = "ps " + std::to_string(own_.task()) + " has not heard the chief for " +
+                      std::to_string(silent.count()) + " ms (its lease: " + std::to_string(lease_.count()) +
+                      " ms): it serves no task until it does, since the chief may give its copies up";
+    if (!std::exchange(fenced_, true)) log(LogLevel::kWarning, why);
+    return why;
+  }
+
   /// Hands `request` to the copy its connection asked for; a heartbeat to both.
   void handle(Request&& request, const RequestContext& context, Responder reply) noexcept {
+    if (context.peer && context.peer->role == Node::Role::kChief) heard_chief(request);
     if (const auto* beat = std::get_if<Heartbeat>(&request)) {
       Heartbeat twin = *beat;
       (context.shard ? own_ : copy_).handle(Request{std::move(twin)}, context, [](Response&&) {});
@@ -14095,8 +14148,29 @@ class ShardCopies {
   [[nodiscard]] PS& copy() noexcept { return copy_; }
 
  private:
+  using Clock = std::chrono::steady_clock;
+
+  /// The chief sent `request`: its lease runs again (it ends when the chief leaves).
+  void heard_chief(const Request& request) noexcept {
+    const auto* beat = std::get_if<Heartbeat>(&request);
+    if (beat != nullptr && beat->leaving) {
+      chief_heard_.reset();
+    } else {
+      chief_heard_ = Clock::now();
+    }
+    if (std::exchange(fenced_, false)) {
+      try {
+        log(LogLevel::kInfo, "ps " + std::to_string(own_.task()) + " heard the chief again: it serves the tasks again");
+      } catch (...) {  // (no memory for a log line: the lease runs again all the same)
+      }
+    }
+  }
+
   PS own_;
   PS copy_;
+  std::chrono::milliseconds lease_{0};
+  std::optional<Clock::time_point> chief_heard_;  ///< the chief's last request, once it sent one
+  bool fenced_ = false;                           ///< the lease ran out: logged once
 };
 
 }  // namespace pulley
@@ -20324,6 +20398,7 @@ class TcpServer {
 
   void dispatch(const ConnectionPtr& c, const wire::FrameReader::Frame& frame) {
     if (!c->peer) return on_hello(c, frame);
+    if (const std::string fenced = fence_reason(service_, *c->peer); !fenced.empty()) return drop(*c, fenced);
     Request request = wire::decode_request(frame.header, frame.meta, frame.payload);
     served_ = true;
     // No reply may see the parameters change under it.
@@ -20376,10 +20451,12 @@ class TcpServer {
       queue_frame(c, wire::encode(wire::Handshake{std::move(refusal)}, 0));
       return;
     }
-    if (const std::string held = held_elsewhere(hello); !held.empty()) {  // it may try again later
-      warn_limited("refused a connection from " + c->address + ": " + held);
+    std::string for_now = held_elsewhere(hello);  // it may try again later
+    if (for_now.empty()) for_now = fence_reason(service_, hello.peer);
+    if (!for_now.empty()) {
+      warn_limited("refused a connection from " + c->address + ": " + for_now);
       c->closing = true;
-      queue_frame(c, wire::encode(wire::Handshake{wire::Refusal{ErrorCode::kUnavailable, held}}, 0));
+      queue_frame(c, wire::encode(wire::Handshake{wire::Refusal{ErrorCode::kUnavailable, for_now}}, 0));
       return;
     }
     if (clients_ >= options_.max_connections) {  // closed, as by a busy server: it may try again

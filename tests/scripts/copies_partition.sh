@@ -12,12 +12,21 @@
 # worker 1 writes both: the two copies of ps 1's shard would part.
 # Then ps 1 is killed with SIGKILL: every task asks, the chief rules it lost (its address
 # refuses), and ps 1's copy takes its shard over with nothing rolled back.
+# SCENARIO=chief: the chief runs beside worker 0, so the same rule cuts the chief off from
+# ps 1 as well, while worker 1 still reaches it. The chief rules ps 1 lost (its address
+# refuses the chief) and worker 0 gives it up; ps 1, no longer hearing the chief, serves
+# no task past its lease (3/4 of the copy timeout), so worker 1 gives it up too, and the
+# job ends bit for bit where the uncut one does. Without the lease, worker 1 would go on
+# reading ps 1's own copy, which misses worker 0's pushes: the job would stall for the
+# worker timeout and then end elsewhere.
 # Needs root, `ip netns` and iptables; skips (exit 77, a line "SKIP: ...") without them.
-#   tests/scripts/copies_partition.sh FASHION_MNIST_BINARY
+#   [SCENARIO=worker|chief] tests/scripts/copies_partition.sh FASHION_MNIST_BINARY
 set -uo pipefail
 binary=$1
+scenario=${SCENARIO:-worker}
 epochs=${EPOCHS:-12}
 cut_s=${CUT_S:-10}
+chief_ns_of() { [ "$scenario" = chief ] && echo "$ns_w0" || echo "$ns_main"; }
 source "$(dirname "$0")/common.sh"
 
 ns_main=pulley-main-$$
@@ -34,7 +43,9 @@ if ! error=$(ip netns exec "$ns_w0" iptables -L OUTPUT 2>&1); then echo "SKIP: i
 
 # Fresh namespaces: every port is free.
 ps0=2222 ps1=2223 chief_port=2226
-cluster="{\"ps\": [\"$main_ip:$ps0\", \"$main_ip:$ps1\"], \"worker\": [\"$w0_ip:2224\", \"$main_ip:2225\"], \"chief\": [\"$main_ip:$chief_port\"]}"
+chief_ip=$main_ip
+[ "$scenario" = chief ] && chief_ip=$w0_ip
+cluster="{\"ps\": [\"$main_ip:$ps0\", \"$main_ip:$ps1\"], \"worker\": [\"$w0_ip:2224\", \"$main_ip:2225\"], \"chief\": [\"$chief_ip:$chief_port\"]}"
 # Nobody is held lost across the cut (a worker timeout beyond it): the cut job can then
 # take exactly the uncut job's steps. The rule rejects (a reset for every packet worker 0
 # sends ps 1): its connections break and its new ones are refused, as when ps 1's process
@@ -56,8 +67,19 @@ run_job() {  # run_job NAME CUT: the job in $work/NAME; CUT=1: the partition, th
   start_in "$ns_main" "$dir" ps 1; ps1_pid=$last_pid; job+=("$last_pid")
   start_in "$ns_w0" "$dir" worker 0; job+=("$last_pid")
   start_in "$ns_main" "$dir" worker 1; job+=("$last_pid")
-  start_in "$ns_main" "$dir" chief 0; chief_pid=$last_pid
-  if [ "$cut" = 1 ]; then
+  start_in "$(chief_ns_of)" "$dir" chief 0; chief_pid=$last_pid
+  if [ "$cut" = 1 ] && [ "$scenario" = chief ]; then
+    wait_for "$dir/chief-0.log" "^epoch  2/" 300 || fail "$1: the job never reached epoch 2"
+    ip netns exec "$ns_w0" iptables -A OUTPUT -p tcp -d "$main_ip" --dport "$ps1" -j REJECT --reject-with tcp-reset ||
+      fail "could not cut"
+    echo "$1: the chief and worker 0 cut off from ps 1 for good after: $(grep '^epoch' "$dir/chief-0.log" | tail -1)"
+    wait_for "$dir/chief-0.log" "ps 1's process is lost for the job" 60 || fail "$1: the chief did not rule ps 1 lost"
+    wait_for "$dir/ps-1.log" "has not heard the chief for" 60 || fail "$1: ps 1 did not stop serving the tasks"
+    for who in worker-0 worker-1 chief-0; do
+      wait_for "$dir/$who.log" "dropping the copy of ps 1's shard held by ps 1 " 60 || fail "$1: $who did not turn to ps 1's copy"
+    done
+    job=("${job[0]}" "${job[@]:2}")  # ps 1 is given up: ended below, by its pid
+  elif [ "$cut" = 1 ]; then
     wait_for "$dir/chief-0.log" "^epoch  2/" 300 || fail "$1: the job never reached epoch 2"
     ip netns exec "$ns_w0" iptables -A OUTPUT -p tcp -d "$main_ip" --dport "$ps1" -j REJECT --reject-with tcp-reset ||
       fail "could not cut"
@@ -84,6 +106,11 @@ run_job() {  # run_job NAME CUT: the job in $work/NAME; CUT=1: the partition, th
     wait "$pid"; rc=$?
     [ "$rc" = 0 ] || fail "$1: a task (pid $pid) exited $rc"
   done
+  if [ "$cut" = 1 ] && [ "$scenario" = chief ]; then  # alive, cut off, given up: nobody ends it
+    kill "$ps1_pid" 2>/dev/null
+    wait "$ps1_pid" 2>/dev/null
+    ip netns exec "$ns_w0" iptables -F
+  fi
 }
 
 run_job uncut 0
@@ -96,4 +123,8 @@ uncut=$(crc_of "$work/uncut") cut=$(crc_of "$work/cut")
 echo "uncut: $(grep '^final:' "$work/uncut/chief-0.log")"
 echo "cut:   $(grep '^final:' "$work/cut/chief-0.log")"
 [ -n "$uncut" ] && [ "$cut" = "$uncut" ] || fail "the cut job ended elsewhere ($cut) than the uncut one ($uncut)"
-echo "PASS: worker 0 cut off from ps 1 for $cut_s s gave nothing up and waited; ps 1 then killed was ruled lost and its copy took over; the job ended bit for bit where the uncut one does (parameters' CRC-32C $cut)"
+if [ "$scenario" = chief ]; then
+  echo "PASS: the chief and worker 0 cut off from ps 1: the chief ruled it lost, ps 1 served worker 1 no more past its lease, every task turned to ps 1's copy, and the job ended bit for bit where the uncut one does (parameters' CRC-32C $cut)"
+else
+  echo "PASS: worker 0 cut off from ps 1 for $cut_s s gave nothing up and waited; ps 1 then killed was ruled lost and its copy took over; the job ended bit for bit where the uncut one does (parameters' CRC-32C $cut)"
+fi

@@ -6,8 +6,9 @@
 // client that asks for a copy a ps does not hold is refused at the handshake; a worker is
 // ready only once both copies of every shard are; a pull names the step both copies reached,
 // a pause the furthest. With the chief ruling on lost processes (CopyRulings, as the role
-// runner's tasks ask it), a lost ps is given up once the chief rules it lost, and a worker
-// cut off from a ps that the chief reaches gives nothing up.
+// runner's tasks ask it), a lost ps is given up once the chief rules it lost, a worker cut
+// off from a ps that the chief reaches gives nothing up, and a ps cut off from the chief
+// serves no task past its lease, so that the tasks that still reach it give it up too.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -15,6 +16,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -22,6 +24,7 @@
 #include <vector>
 
 #include "pulley/client/chief.hpp"
+#include "pulley/client/heartbeat.hpp"
 #include "pulley/client/worker.hpp"
 #include "pulley/optimizers/adam.hpp"
 #include "pulley/ps/parameter_server.hpp"
@@ -65,10 +68,13 @@ struct CopiesCluster {
   std::vector<std::thread> threads;
   std::vector<std::string> addresses;
 
-  CopiesCluster() {
+  /// `chief_lease`: how long each ps process serves the tasks without hearing the chief
+  /// (ShardCopies::set_chief_lease; zero: always).
+  explicit CopiesCluster(std::chrono::milliseconds chief_lease = std::chrono::milliseconds(0)) {
     for (std::uint32_t i = 0; i < kPs; ++i) {
-      listeners.push_back(std::make_unique<TcpServer<Copies>>(
-          Copies(make_server(i), make_server((i + kPs - 1) % kPs)), "127.0.0.1", 0, test_server_options()));
+      Copies copies(make_server(i), make_server((i + kPs - 1) % kPs));
+      copies.set_chief_lease(chief_lease);
+      listeners.push_back(std::make_unique<TcpServer<Copies>>(std::move(copies), "127.0.0.1", 0, test_server_options()));
       addresses.push_back("127.0.0.1:" + std::to_string(listeners.back()->port()));
     }
     for (auto& l : listeners) threads.emplace_back([&l] { l->run(); });
@@ -191,12 +197,15 @@ TEST_CASE("a ps lost mid-training is replaced by its copy: training ends bit for
 }
 
 /// The chief's desk serving its CopyRulings over `cluster`, and what the workers ask it: a
-/// worker's transport asks through `referee` (AskChief), counted.
+/// worker's transport asks through `referee` (AskChief), counted. The chief looks at the ps
+/// tasks at `addresses` (its way to them: the cluster's by default), and rules a process
+/// lost once its looks have seen nothing for `silence`.
 struct RulingChief {
-  explicit RulingChief(const CopiesCluster& cluster)
+  explicit RulingChief(const CopiesCluster& cluster, std::vector<std::string> addresses = {},
+                       std::chrono::milliseconds silence = std::chrono::seconds(30))
       : rulings(std::make_shared<CopyRulings>(
             kPs,
-            [addresses = cluster.addresses](std::uint32_t ps) {
+            [addresses = addresses.empty() ? cluster.addresses : std::move(addresses)](std::uint32_t ps) {
               const ProbeResult look = probe_ps(addresses[ps], ps, Node::chief(), pulley::testing::test_credentials(),
                                                 std::chrono::milliseconds(500));
               using Kind = CopyRulings::Sight::Kind;
@@ -205,7 +214,7 @@ struct RulingChief {
                                                                                  : Kind::kSilent,
                                         look.process, look.detail};
             },
-            std::chrono::seconds(30))),
+            silence)),
         desk(JoinDesk(std::make_shared<JoinQueue>(2, kSteps), rulings), "127.0.0.1", 0, test_server_options()),
         serving([this] { desk.run(); }) {}
   ~RulingChief() {
@@ -213,10 +222,15 @@ struct RulingChief {
     serving.join();
   }
 
-  /// The chief's transports' options: what they find lost is lost for the job.
-  TcpOptions chief_options() const {
+  /// The chief's transports' options: what they find lost is lost for the job. `quick`:
+  /// they find a copy out of reach as quickly as the workers' do.
+  TcpOptions chief_options(bool quick = false) const {
     TcpOptions options = with_copies();
     options.copy_referee = rulings->referee();
+    if (quick) {
+      options.attempt_timeout = std::chrono::milliseconds(300);
+      options.copy_timeout = std::chrono::milliseconds(300);
+    }
     return options;
   }
   /// A worker's: quick to find a copy out of reach, and asking the chief's desk about it.
@@ -300,6 +314,66 @@ TEST_CASE("a worker cut off from a ps the chief reaches gives nothing up: it wai
     CHECK(cluster.listeners[i]->service().own().stats().global_step == kSteps);
     CHECK(cluster.listeners[i]->service().copy().stats().global_step == kSteps);
   }
+}
+
+TEST_CASE("a ps process serves the tasks only within the chief's lease") {
+  Copies copies(make_server(1), make_server(0));
+  const Node worker = Node::worker(0);
+  CHECK(copies.fenced(worker).empty());  // no lease: always
+  copies.set_chief_lease(std::chrono::milliseconds(200));
+  CHECK(copies.fenced(worker).empty());  // no chief heard yet: nothing to lose
+  const auto beat = [&](bool leaving) {
+    copies.handle(Heartbeat{0, leaving}, RequestContext{true, Node::chief(), 1}, [](Response&&) {});
+  };
+  beat(false);
+  CHECK(copies.fenced(worker).empty());  // within the lease
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const std::string why = copies.fenced(worker);
+  CHECK(why.find("has not heard the chief") != std::string::npos);
+  CHECK(!copies.fenced(Node::evaluator()).empty());  // every task but the chief
+  CHECK(copies.fenced(Node::chief()).empty());
+  beat(false);  // heard again: serves again
+  CHECK(copies.fenced(worker).empty());
+  beat(true);   // the chief ended training: no lease runs any more
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  CHECK(copies.fenced(worker).empty());
+}
+
+TEST_CASE("a ps cut off from the chief serves no task: those that still reach it give it up too, bit for bit") {
+  // The chief and worker 0 reach ps 1 through a proxy, which cuts them off from it for good
+  // mid-training; worker 1 reaches ps 1 directly all along. Worker 0 asks the chief, which
+  // cannot reach ps 1 either and rules it lost after a second of silence: worker 0 then
+  // writes ps 1's shard to its other copy alone. ps 1's lease (0.6 s) ended before that
+  // ruling could come, so ps 1 refuses worker 1 too, which asks and gives ps 1 up as well.
+  // Without the lease worker 1 would go on writing both copies of ps 1's shard and reading
+  // from ps 1's own, which misses worker 0's pushes: the copies would part (and worker 1
+  // wait for ever, as nobody here is held lost).
+  const auto expected = in_process_result();
+  CopiesCluster cluster(std::chrono::milliseconds(600));
+  pulley::testing::CutProxy proxy(cluster.listeners[1]->port(), 0.0, 1);
+  std::vector<std::string> behind_proxy = cluster.addresses;
+  behind_proxy[1] = "127.0.0.1:" + std::to_string(proxy.port());
+  RulingChief ruling(cluster, behind_proxy, std::chrono::milliseconds(1000));
+  std::optional<HeartbeatSender<Tcp>> chief_beats;  // the chief's, as the role runner's chief beats
+  chief_beats.emplace(0, client(Node::chief(), behind_proxy, ruling.chief_options(true)),
+                      std::chrono::milliseconds(100), "chief");
+  std::atomic<bool> cut{false};
+  const auto with = train(
+      [&](Node n) {
+        if (n.role == Node::Role::kChief) return client(n, behind_proxy, ruling.chief_options(true));
+        return client(n, n.index == 0 ? behind_proxy : cluster.addresses, ruling.worker_options(n));
+      },
+      [&](std::uint32_t w, std::int64_t k) {
+        if (w != 1 || k != kSteps / 3) return;
+        cut = true;
+        proxy.partition(true);
+      });
+  chief_beats.reset();
+  REQUIRE(cut);
+  CHECK(with == expected);
+  CHECK(ruling.lost_rulings >= 2);  // both workers heard that ps 1 is lost
+  CHECK(cluster.listeners[2]->service().copy().stats().global_step == kSteps);  // ps 1's shard went on there
+  CHECK(cluster.listeners[1]->service().own().stats().global_step < kSteps);
 }
 
 TEST_CASE("a process started in a lost ps's place holds nothing, and no task reads from it") {

@@ -7,6 +7,7 @@
 #include <functional>
 #include <limits>
 #include <optional>
+#include <string>
 #include <utility>
 
 #include "pulley/protocol/messages.hpp"
@@ -68,6 +69,10 @@ struct RequestContext {
 ///   - `s.max_request_payload()` → std::uint64_t: the most tensor bytes a request can
 ///     legitimately carry now (a ParameterServer: the bytes of the parts it holds). A
 ///     transport refuses a frame that claims more before it receives any of it.
+///   - `s.fenced(node)` → std::string: why task `node` may not be served now, or "" (it
+///     may). A transport closes that task's connections at their next request and refuses
+///     its new ones for now (kUnavailable), so that the task finds this ps out of reach
+///     (ShardCopies: a process that lost the chief's lease).
 ///   - `s.workers()` → `std::span<const std::uint32_t>`: the job's workers now, ascending,
 ///     once workers joined or left (ChangeWorkers); empty while they are the cluster
 ///     spec's. A transport that checks who connects lets a worker in only if it is one.
@@ -108,6 +113,17 @@ bool holds_copy(const S& service, std::uint32_t shard) noexcept {
     return service.holds_copy(shard);
   } else {
     return false;
+  }
+}
+
+/// Why `service` serves task `node` no more for now (`fenced`), or "" (it does, as by
+/// default).
+template <Service S>
+std::string fence_reason(S& service, const Node& node) {
+  if constexpr (requires { { service.fenced(node) } -> std::convertible_to<std::string>; }) {
+    return service.fenced(node);
+  } else {
+    return {};
   }
 }
 

@@ -770,7 +770,7 @@ template <Model M, class Connect, IdSharding I = HashIds>
 void lead(const Training<M>& training, Connect connect, I id_sharding = {}, Metrics* metrics = nullptr,
           JoinQueue* joins = nullptr, DensePart* dense = nullptr) {
   using T = decltype(connect());
-  HeartbeatSender heartbeat(0, connect(), training.client.heartbeat_interval, "chief");
+  HeartbeatSender heartbeat(0, connect(), training.chief_heartbeat_interval(), "chief");
   Chief chief(connect(), training.seed, training.client);
   ChiefProgress progress([&heartbeat] { return heartbeat.heard(); }, metrics, training.metrics,
                          training.last_step, training.samples_per_step, training.steps_per_epoch);

@@ -446,8 +446,9 @@ void serve(const Training<M>& training, const TfConfig& config, const Credential
                                                "least 2 ps tasks, the cluster has " + std::to_string(num_ps));
     }
     const std::uint32_t before = (task + num_ps - 1) % num_ps;
-    std::tie(end, orphaned) = run(ShardCopies(reported(make(task)), make(before)),
-                                  "its shard and a copy of ps " + std::to_string(before) + "'s");
+    ShardCopies copies(reported(make(task)), make(before));
+    copies.set_chief_lease(training.chief_lease());
+    std::tie(end, orphaned) = run(std::move(copies), "its shard and a copy of ps " + std::to_string(before) + "'s");
   }
   if (left) {
     log(LogLevel::kInfo, "ps " + std::to_string(task) + " left the job at its request: the others hold its share");

@@ -157,6 +157,21 @@ struct TrainingOptions {
   /// The ps tasks hold a worker lost when its heartbeats (every `client.heartbeat_interval`)
   /// stop for this long, and training goes on without it (SyncReplicas, BoundedStaleness).
   std::chrono::milliseconds worker_timeout{std::chrono::seconds(5)};
+
+  /// With copies of every shard (`tcp.replicas`): how long a ps process serves the tasks
+  /// without hearing the chief (ShardCopies::set_chief_lease), three quarters of the copy
+  /// timeout, after which the chief may rule it lost; zero without copies.
+  [[nodiscard]] std::chrono::milliseconds chief_lease() const noexcept {
+    return tcp.replicas == 0 ? std::chrono::milliseconds(0) : tcp.copy_timeout * 3 / 4;
+  }
+  /// How often the chief beats: `client.heartbeat_interval`, and with copies at least
+  /// every sixth of the copy timeout. A beat round waits up to an interval for a ps that
+  /// does not answer, so a ps that does hears the chief at least every third of the copy
+  /// timeout: twice within its lease.
+  [[nodiscard]] std::chrono::milliseconds chief_heartbeat_interval() const noexcept {
+    if (tcp.replicas == 0) return client.heartbeat_interval;
+    return std::min(client.heartbeat_interval, std::max(tcp.copy_timeout / 6, std::chrono::milliseconds(1)));
+  }
 };
 
 /// A training job as the role runner needs it: everything but where its tasks run.

@@ -373,6 +373,7 @@ class TcpServer {
 
   void dispatch(const ConnectionPtr& c, const wire::FrameReader::Frame& frame) {
     if (!c->peer) return on_hello(c, frame);
+    if (const std::string fenced = fence_reason(service_, *c->peer); !fenced.empty()) return drop(*c, fenced);
     Request request = wire::decode_request(frame.header, frame.meta, frame.payload);
     served_ = true;
     // No reply may see the parameters change under it.
@@ -425,10 +426,12 @@ class TcpServer {
       queue_frame(c, wire::encode(wire::Handshake{std::move(refusal)}, 0));
       return;
     }
-    if (const std::string held = held_elsewhere(hello); !held.empty()) {  // it may try again later
-      warn_limited("refused a connection from " + c->address + ": " + held);
+    std::string for_now = held_elsewhere(hello);  // it may try again later
+    if (for_now.empty()) for_now = fence_reason(service_, hello.peer);
+    if (!for_now.empty()) {
+      warn_limited("refused a connection from " + c->address + ": " + for_now);
       c->closing = true;
-      queue_frame(c, wire::encode(wire::Handshake{wire::Refusal{ErrorCode::kUnavailable, held}}, 0));
+      queue_frame(c, wire::encode(wire::Handshake{wire::Refusal{ErrorCode::kUnavailable, for_now}}, 0));
       return;
     }
     if (clients_ >= options_.max_connections) {  // closed, as by a busy server: it may try again
