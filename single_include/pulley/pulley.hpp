@@ -8585,9 +8585,9 @@ struct RequestContext {
 ///     legitimately carry now (a ParameterServer: the bytes of the parts it holds). A
 ///     transport refuses a frame that claims more before it receives any of it.
 ///   - `s.fenced(node)` → std::string: why task `node` may not be served now, or "" (it
-///     may). A transport closes that task's connections at their next request and refuses
-///     its new ones for now (kUnavailable), so that the task finds this ps out of reach
-///     (ShardCopies: a process that lost the chief's lease).
+///     may). A transport closes that task's connections at their next request or reply
+///     and refuses its new ones for now (kUnavailable), so that the task finds this ps out
+///     of reach (ShardCopies: a process that lost the chief's lease).
 ///   - `s.workers()` → `std::span<const std::uint32_t>`: the job's workers now, ascending,
 ///     once workers joined or left (ChangeWorkers); empty while they are the cluster
 ///     spec's. A transport that checks who connects lets a worker in only if it is one.
@@ -14073,9 +14073,11 @@ namespace pulley {
 /// them after that ruling, while the tasks that heard it write the other copies alone: the
 /// copies of its shards would part. So a process serves the tasks only while it heard the
 /// chief (any request of the chief's: it beats every sixth of the copy timeout) within
-/// its lease, three quarters of the copy timeout, which ends before the chief can rule.
-/// Then it refuses every task but the chief (`fenced`, which the transport asks: the
-/// connections are closed and new ones refused for now) until it hears the chief again; a
+/// its lease, three quarters of the copy timeout, which ends before the chief can rule
+/// after a silence (and of the worker timeout, before it may complete a step without a
+/// worker cut off with the chief). Then it refuses every task but the chief (`fenced`,
+/// which the transport asks: a connection is closed at its next request or reply, and new
+/// ones are refused for now) until it hears the chief again; a
 /// task refused so finds the process out of reach and asks the chief about it, as for a
 /// process gone. A chief lost or stopped therefore pauses a job with copies until a chief
 /// comes back: nobody else may rule which copies stand.

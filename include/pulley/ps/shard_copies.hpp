@@ -39,9 +39,11 @@ namespace pulley {
 /// them after that ruling, while the tasks that heard it write the other copies alone: the
 /// copies of its shards would part. So a process serves the tasks only while it heard the
 /// chief (any request of the chief's: it beats every sixth of the copy timeout) within
-/// its lease, three quarters of the copy timeout, which ends before the chief can rule.
-/// Then it refuses every task but the chief (`fenced`, which the transport asks: the
-/// connections are closed and new ones refused for now) until it hears the chief again; a
+/// its lease, three quarters of the copy timeout, which ends before the chief can rule
+/// after a silence (and of the worker timeout, before it may complete a step without a
+/// worker cut off with the chief). Then it refuses every task but the chief (`fenced`,
+/// which the transport asks: a connection is closed at its next request or reply, and new
+/// ones are refused for now) until it hears the chief again; a
 /// task refused so finds the process out of reach and asks the chief about it, as for a
 /// process gone. A chief lost or stopped therefore pauses a job with copies until a chief
 /// comes back: nobody else may rule which copies stand.

@@ -186,7 +186,8 @@ inline void add_limit_flags(CLI::App& app, ClientOptions& client, TcpOptions& tc
   millis("--copy-timeout-ms", tcp.copy_timeout,
          "with --ps-replicas 1: a ps process out of reach this long is asked about (the chief rules "
          "whether it is lost and its copies given up); a ps that has not heard the chief for 3/4 of it "
-         "serves no task until it does; the same for every task; default 30000");
+         "(or of --worker-timeout-ms, if shorter) serves no task until it does; the same for every task; "
+         "default 30000");
   app.add_option("--ps-max-buffered-bytes", server.max_buffered_bytes,
                  "ps: bytes held for all connections together (buffers, unread replies)")
       ->check(CLI::Range(std::uint64_t{1} << 20U, std::uint64_t{1} << 50U))

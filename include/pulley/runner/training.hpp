@@ -159,18 +159,21 @@ struct TrainingOptions {
   std::chrono::milliseconds worker_timeout{std::chrono::seconds(5)};
 
   /// With copies of every shard (`tcp.replicas`): how long a ps process serves the tasks
-  /// without hearing the chief (ShardCopies::set_chief_lease), three quarters of the copy
-  /// timeout, after which the chief may rule it lost; zero without copies.
+  /// without hearing the chief (ShardCopies::set_chief_lease), three quarters of the
+  /// shorter of the copy timeout (after which the chief may rule it lost) and the worker
+  /// timeout (after which it may hold lost a worker cut off with the chief, and complete a
+  /// step without it); zero without copies.
   [[nodiscard]] std::chrono::milliseconds chief_lease() const noexcept {
-    return tcp.replicas == 0 ? std::chrono::milliseconds(0) : tcp.copy_timeout * 3 / 4;
+    return tcp.replicas == 0 ? std::chrono::milliseconds(0) : std::min(tcp.copy_timeout, worker_timeout) * 3 / 4;
   }
   /// How often the chief beats: `client.heartbeat_interval`, and with copies at least
-  /// every sixth of the copy timeout. A beat round waits up to an interval for a ps that
-  /// does not answer, so a ps that does hears the chief at least every third of the copy
-  /// timeout: twice within its lease.
+  /// every sixth of the time its lease is three quarters of. A beat round waits up to an
+  /// interval for a ps that does not answer, so a ps that does hears the chief at least
+  /// every third of it: twice within its lease.
   [[nodiscard]] std::chrono::milliseconds chief_heartbeat_interval() const noexcept {
     if (tcp.replicas == 0) return client.heartbeat_interval;
-    return std::min(client.heartbeat_interval, std::max(tcp.copy_timeout / 6, std::chrono::milliseconds(1)));
+    return std::min(client.heartbeat_interval,
+                    std::max(std::min(tcp.copy_timeout, worker_timeout) / 6, std::chrono::milliseconds(1)));
   }
 };
 

@@ -391,6 +391,11 @@ class TcpServer {
                       if (!connection) return;
                       --connection->unanswered;
                       try {  // a Responder never throws: a reply that cannot be queued costs
+                        // A reply that waited (a pull for its step) goes to no task the
+                        // service stopped serving meanwhile (`fenced`): its connection goes.
+                        if (std::string fenced = fence_reason(service_, *connection->peer); !fenced.empty()) {
+                          return drop(*connection, fenced);
+                        }
                         queue_frame(connection, wire::encode(response, call));  // its connection only
                         maybe_resume(connection);
                       } catch (const std::exception& e) {
