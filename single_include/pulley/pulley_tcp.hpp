@@ -20195,7 +20195,7 @@ class TcpServer {
     bool resume_posted = false;
     bool dirty = false;  ///< in owner.dirty_: replies queued since the last write
     bool closed = false;
-    bool closing = false;  ///< refused: closes once its last frame is written
+    bool closing = false;  ///< refused (or fenced): closes once its last frame is written
   };
   using ConnectionPtr = std::shared_ptr<Connection>;
 
@@ -20419,9 +20419,15 @@ class TcpServer {
                       --connection->unanswered;
                       try {  // a Responder never throws: a reply that cannot be queued costs
                         // A reply that waited (a pull for its step) goes to no task the
-                        // service stopped serving meanwhile (`fenced`): its connection goes.
+                        // service stopped serving meanwhile (`fenced`): its connection goes,
+                        // once the service is out of the call that answered (closing tells
+                        // the service, which must not be entered twice).
                         if (std::string fenced = fence_reason(service_, *connection->peer); !fenced.empty()) {
-                          return drop(*connection, fenced);
+                          connection->closing = true;
+                          asio::post(io_, [this, weak, fenced = std::move(fenced)] {
+                            if (auto gone = weak.lock(); gone && !gone->closed) drop(*gone, fenced);
+                          });
+                          return;
                         }
                         queue_frame(connection, wire::encode(response, call));  // its connection only
                         maybe_resume(connection);
