@@ -373,7 +373,8 @@ class TcpServer {
 
   void dispatch(const ConnectionPtr& c, const wire::FrameReader::Frame& frame) {
     if (!c->peer) return on_hello(c, frame);
-    if (const std::string fenced = fence_reason(service_, *c->peer); !fenced.empty()) return drop(*c, fenced);
+    // (A fenced task's connections go without a line each: the service said why, once.)
+    if (!fence_reason(service_, *c->peer).empty()) return forget(*c);
     Request request = wire::decode_request(frame.header, frame.meta, frame.payload);
     served_ = true;
     // No reply may see the parameters change under it.
@@ -395,10 +396,10 @@ class TcpServer {
                         // service stopped serving meanwhile (`fenced`): its connection goes,
                         // once the service is out of the call that answered (closing tells
                         // the service, which must not be entered twice).
-                        if (std::string fenced = fence_reason(service_, *connection->peer); !fenced.empty()) {
+                        if (!fence_reason(service_, *connection->peer).empty()) {
                           connection->closing = true;
-                          asio::post(io_, [this, weak, fenced = std::move(fenced)] {
-                            if (auto gone = weak.lock(); gone && !gone->closed) drop(*gone, fenced);
+                          asio::post(io_, [this, weak] {
+                            if (auto gone = weak.lock(); gone && !gone->closed) forget(*gone);
                           });
                           return;
                         }
@@ -438,9 +439,10 @@ class TcpServer {
       return;
     }
     std::string for_now = held_elsewhere(hello);  // it may try again later
-    if (for_now.empty()) for_now = fence_reason(service_, hello.peer);
+    const bool held = !for_now.empty();
+    if (!held) for_now = fence_reason(service_, hello.peer);
     if (!for_now.empty()) {
-      warn_limited("refused a connection from " + c->address + ": " + for_now);
+      if (held) warn_limited("refused a connection from " + c->address + ": " + for_now);
       c->closing = true;
       queue_frame(c, wire::encode(wire::Handshake{wire::Refusal{ErrorCode::kUnavailable, for_now}}, 0));
       return;
