@@ -8585,9 +8585,10 @@ struct RequestContext {
 ///     legitimately carry now (a ParameterServer: the bytes of the parts it holds). A
 ///     transport refuses a frame that claims more before it receives any of it.
 ///   - `s.fenced(node)` → std::string: why task `node` may not be served now, or "" (it
-///     may). A transport closes that task's connections at their next request or reply
-///     and refuses its new ones for now (kUnavailable), so that the task finds this ps out
-///     of reach (ShardCopies: a process that lost the chief's lease).
+///     may). A transport closes that task's connections at their next request or reply,
+///     or within a second while they wait, and refuses its new ones for now
+///     (kUnavailable), so that the task finds this ps out of reach (ShardCopies: a process
+///     that lost the chief's lease).
 ///   - `s.workers()` → `std::span<const std::uint32_t>`: the job's workers now, ascending,
 ///     once workers joined or left (ChangeWorkers); empty while they are the cluster
 ///     spec's. A transport that checks who connects lets a worker in only if it is one.

@@ -7,15 +7,17 @@
 # task (their lease on the chief ran out) and nobody may give ps 1 up: the workers wait.
 # The new chief rules ps 1 lost (its address refuses), the tasks turn to ps 1's copy, the
 # chief goes on from the ps tasks' live state, and the job ends bit for bit where the same
-# job ends unbroken (the same parameters' CRC-32C), with nothing rolled back.
+# job ends unbroken (the same parameters' CRC-32C), with nothing rolled back. Then a chief
+# lost for good: every task fails within its timeouts, naming the chief.
 #   tests/scripts/copies_chief_loss.sh FASHION_MNIST_BINARY
 set -uo pipefail
 binary=$1
 source "$(dirname "$0")/common.sh"
 # The new chief waits --connect-timeout-ms for the ps it cannot reach before it asks
 # itself whether it is lost: short here, so the test stays short.
-flags=(--epochs 6 --ps-replicas 1 --copy-timeout-ms 2000 --worker-timeout-ms 1500 --heartbeat-interval-ms 250
-       --connect-timeout-ms 5000 --wait-timeout-ms 120000 --recovery-timeout-ms 60000)
+base=(--epochs 6 --ps-replicas 1 --copy-timeout-ms 2000 --worker-timeout-ms 1500 --heartbeat-interval-ms 250
+      --connect-timeout-ms 5000 --wait-timeout-ms 120000)
+flags=("${base[@]}" --recovery-timeout-ms 60000)
 
 start_job "$work/unbroken" "$binary" 2 2 "${flags[@]}"
 finish_job unbroken 120
@@ -23,7 +25,7 @@ finish_job unbroken 120
 dir=$work/broken
 start_job "$dir" "$binary" 2 2 "${flags[@]}"
 chief=${job_pids[4]} ps1=${job_pids[1]}
-wait_for "$dir/chief-0.log" '^epoch  2/' 300 || fail "the job never reached epoch 2"
+wait_for "$dir/chief-0.log" '^epoch  2/' 120 || fail "the job never reached epoch 2"
 kill -9 "$chief"; wait "$chief" 2>/dev/null
 echo "killed the chief after: $(grep '^epoch' "$dir/chief-0.log" | tail -1)"
 sleep 1
@@ -47,4 +49,23 @@ unbroken=$(crc_of "$work/unbroken/chief-0.log") broken=$(crc_of "$dir/chief-agai
 echo "unbroken: $(grep '^final:' "$work/unbroken/chief-0.log")"
 echo "broken:   $(grep '^final:' "$dir/chief-again.log")"
 [ -n "$unbroken" ] && [ "$broken" = "$unbroken" ] || fail "the job ended elsewhere ($broken) than the unbroken one ($unbroken)"
-echo "PASS: ps 1 lost while the chief was lost: the new chief ruled it lost, went on from the live state, and the job ended bit for bit where the unbroken one does (parameters' CRC-32C $broken)"
+
+# The chief lost for good: no task may exit 0, and none may wait for ever (a pull parked
+# on a ps that serves no task is closed, so the worker's recovery timeout runs).
+dir=$work/abandoned
+start_job "$dir" "$binary" 2 2 "${base[@]}" --recovery-timeout-ms 8000 --ps-orphaned-after-ms 10000
+chief=${job_pids[4]}
+wait_for "$dir/chief-0.log" '^epoch  2/' 120 || fail "abandoned: the job never reached epoch 2"
+kill -9 "$chief"; wait "$chief" 2>/dev/null
+for pid in "${job_pids[@]:0:4}"; do
+  for _ in $(seq 1 1200); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
+  kill -0 "$pid" 2>/dev/null && fail "abandoned: a task (pid $pid) still runs 60 s after the chief was lost"
+  wait "$pid"; rc=$?
+  [ "$rc" = 0 ] && fail "abandoned: a task (pid $pid) exited 0 though the chief never ended training"
+done
+for task in ps-0 ps-1 worker-0 worker-1; do
+  line=$(grep -h -E 'error: .*chief' "$dir/$task.log" | tail -1)
+  [ -n "$line" ] || fail "abandoned: $task did not fail naming the chief"
+  echo "abandoned: $task: ${line:0:200}"
+done
+echo "PASS: ps 1 lost while the chief was lost: the new chief ruled it lost, went on from the live state, and the job ended bit for bit where the unbroken one does (parameters' CRC-32C $broken); with the chief lost for good, every task failed naming it"

@@ -678,10 +678,13 @@ class TcpServer {
     });
   }
 
-  /// Closes `c` if its handshake, its frame, its unread replies or its idleness outlasted
-  /// their deadline.
+  /// Closes `c` if its task is fenced, or its handshake, its frame, its unread replies or
+  /// its idleness outlasted their deadline.
   void expire(Connection& c, Clock::time_point now) {
     if (c.closed) return;
+    // A task the service serves no more (`fenced`) is closed even while it only waits:
+    // a pull parked for a step, or a connection with nothing to say, must not hold it.
+    if (c.peer && !fence_reason(service_, *c.peer).empty()) return forget(c);
     const auto ms = [](Clock::duration d) {
       return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(d).count());
     };
