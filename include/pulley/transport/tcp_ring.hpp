@@ -48,7 +48,8 @@ struct TcpRingOptions {
   /// abstract name of the rank's address, `transport_detail::ring_socket_name`) rather than
   /// TCP loopback: the same handshake and frames, at a fraction of TCP's cost per byte. A
   /// rank also listens there, and connects there to a next rank whose address is its
-  /// host's, TCP when none listens. Off: TCP always (`--no-local-sockets`).
+  /// host's, TCP when none listens there for a second. Off: TCP always
+  /// (`--no-local-sockets`).
   bool local_sockets = true;
   /// Over a local socket, move the bytes through memory both ranks share (Linux: a
   /// memory file handed over the socket, transport_detail::SharedRing): one copy at each
@@ -547,6 +548,10 @@ class TcpRing {
     const bool local = options_.local_sockets && transport_detail::kLocalSockets &&
                        transport_detail::is_this_hosts(endpoints.begin()->endpoint().address());
     std::string why = "no attempt";
+    // A rank binds its local socket before its TCP port, but may bind both between this
+    // rank's local attempt and its TCP one: TCP is tried only once the local socket has
+    // refused for a second (a next rank that does not listen there, with local_sockets off).
+    const auto tcp_after = Clock::now() + std::chrono::seconds(1);
     while (Clock::now() < deadline) {
       auto& socket = links_->next;
       if (socket.is_open()) socket.close();
@@ -558,6 +563,12 @@ class TcpRing {
           return;
         }
         socket.close(ec);
+        if (Clock::now() < tcp_after) {
+          why = "its local socket refused";
+          pollfd none{-1, 0, 0};
+          ::poll(&none, 0, 100);
+          continue;
+        }
       }
 #endif
       links_->next_local = false;
