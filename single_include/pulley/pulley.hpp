@@ -14073,10 +14073,10 @@ namespace pulley {
 /// timeout. A process cut off from the chief but reached by some tasks would go on serving
 /// them after that ruling, while the tasks that heard it write the other copies alone: the
 /// copies of its shards would part. So a process serves the tasks only while it heard the
-/// chief (any request of the chief's: it beats every sixth of the copy timeout) within
-/// its lease, three quarters of the copy timeout, which ends before the chief can rule
-/// after a silence (and of the worker timeout, before it may complete a step without a
-/// worker cut off with the chief). Then it refuses every task but the chief (`fenced`,
+/// chief (any request of the chief's) within its lease: with the role runner, three
+/// quarters of the shorter of the copy timeout (so it ends before the chief can rule after
+/// a silence) and the worker timeout (before it may complete a step without a worker cut
+/// off with the chief); the chief beats every sixth of that (TrainingOptions::chief_lease). Then it refuses every task but the chief (`fenced`,
 /// which the transport asks: a connection is closed at its next request or reply, and new
 /// ones are refused for now) until it hears the chief again; a
 /// task refused so finds the process out of reach and asks the chief about it, as for a
@@ -14097,8 +14097,7 @@ class ShardCopies {
   /// always). The lease runs from the chief's first request on, and ends with the chief's
   /// leaving heartbeat (training over). Keep it below the copy timeout of the chief's
   /// rulings by more than a request's way from the chief, and above the chief's heartbeat
-  /// interval by some; the role runner takes three quarters of `--copy-timeout-ms`, and
-  /// has the chief beat every sixth (TrainingOptions::chief_lease).
+  /// interval by some (the role runner's: TrainingOptions::chief_lease).
   void set_chief_lease(std::chrono::milliseconds lease) noexcept { lease_ = lease; }
 
   /// Why task `peer` may not be served now (its lease ran out: see the class comment), or
