@@ -7944,10 +7944,13 @@ class HeartbeatSender {
             reach_all(transport_, stats->ps_addresses);  // a ps that joined (throws: next beat)
             members_ = stats->members;  // beaten from the next beat on
             membership_ = stats->membership;
-            (void)renew_copies(transport_);  // a ps the chief took back hears this task again
+            renewals_left_ = kRenewals;
           }
         }
       }
+      // A ps the chief took back hears this task again: after every answer is read (it may
+      // connect anew), and tried again at the next beats while it finds none to serve again.
+      if (renewals_left_ > 0) renewals_left_ = renew_copies(transport_) ? 0 : renewals_left_ - 1;
       return heard;
     } catch (...) {  // no memory, a transport that throws: try again next beat
       return false;
@@ -7963,6 +7966,9 @@ class HeartbeatSender {
   std::chrono::milliseconds interval_;
   std::vector<std::uint32_t> members_;  ///< the job's ps tasks (the beating thread's own)
   std::uint64_t membership_ = 0;        ///< their version: 0, every ps task of the cluster
+  /// Beats left that renew copies given up (`renew_copies`) since the membership changed.
+  static constexpr int kRenewals = 5;
+  int renewals_left_ = 0;
   T transport_;
   std::string who_;
   mutable std::mutex mutex_;
@@ -8589,6 +8595,10 @@ struct RequestContext {
 ///     or within a second while they wait, and refuses its new ones for now
 ///     (kUnavailable), so that the task finds this ps out of reach (ShardCopies: a process
 ///     that lost the chief's lease).
+///   - `s.tick()`, noexcept: time passed with no request, at least once a second while the
+///     transport serves (its own clock: a deadline that must pass even while nobody sends,
+///     such as the chief's recovery timeout at a ps no task may reach). Called between
+///     requests, never during one.
 ///   - `s.workers()` → `std::span<const std::uint32_t>`: the job's workers now, ascending,
 ///     once workers joined or left (ChangeWorkers); empty while they are the cluster
 ///     spec's. A transport that checks who connects lets a worker in only if it is one.
@@ -8629,6 +8639,15 @@ bool holds_copy(const S& service, std::uint32_t shard) noexcept {
     return service.holds_copy(shard);
   } else {
     return false;
+  }
+}
+
+/// Lets `service` look at its clock between requests (`tick`), if it cares.
+template <Service S>
+void tick(S& service) noexcept {
+  if constexpr (requires { service.tick(); }) {
+    static_assert(noexcept(service.tick()), "Service::tick must be noexcept");
+    service.tick();
   }
 }
 
@@ -13264,6 +13283,17 @@ class ParameterServer {
   /// the sync policy: a worker that vanished holding one cannot stall a step, even while a
   /// process restarted in its place is already connected. A chief that paused this ps for
   /// a checkpoint's cut and left resumes it.
+  /// Time passed with no request (Service::tick): the chief is held lost, and given up on,
+  /// even when no task sends anything (a ps with copies serves none while the chief is
+  /// away: ShardCopies). Workers are judged by what they send only.
+  void tick() noexcept {
+    if (end_) return;
+    try {
+      (void)check_chief(Clock::now());
+    } catch (const std::exception&) {  // no memory for a log line: the next tick tries again
+    }
+  }
+
   void disconnected(const Node& node, std::uint64_t session) noexcept {
     if (end_) return;
     try {
@@ -13929,17 +13959,7 @@ class ParameterServer {
     const auto now = Clock::now();
     // The chief first, even while a cut it made is paused: a chief lost mid-cut ends the
     // job once nobody came back in its place.
-    liveness_.expire_chief(now, [&](Clock::time_point last) {
-      log(LogLevel::kWarning,
-          name_ + ": the chief is lost (last heard " + Liveness::seconds_between(last, now) +
-              " s ago): the model is kept and the workers go on; waiting up to " +
-              std::to_string(chief_wait_.count() / 1000) + " s for a chief to come back");
-    });
-    if (const auto since = liveness_.chief_lost_since(); since && now - *since >= chief_wait_ + liveness_.timeout()) {
-      fail_for_chief(*since, now);
-      return;
-    }
-    if (!registration_.ready() || cut_.paused()) return;
+    if (!check_chief(now) || !registration_.ready() || cut_.paused()) return;
     liveness_.expire(now, [&](std::uint32_t worker, Clock::time_point last) {
       const std::int64_t step_before = pacing_.global_step();
       changing_ = true;
@@ -13952,6 +13972,22 @@ class ParameterServer {
       hand_out_tokens();
       if (pacing_.global_step() != step_before) release_step_gates();
     });
+  }
+
+  /// Holds the chief lost once silent for the worker timeout, and ends training as aborted
+  /// once no chief came back within the chief wait after that; false then.
+  bool check_chief(Clock::time_point now) {
+    liveness_.expire_chief(now, [&](Clock::time_point last) {
+      log(LogLevel::kWarning,
+          name_ + ": the chief is lost (last heard " + Liveness::seconds_between(last, now) +
+              " s ago): the model is kept and the workers go on; waiting up to " +
+              std::to_string(chief_wait_.count() / 1000) + " s for a chief to come back");
+    });
+    if (const auto since = liveness_.chief_lost_since(); since && now - *since >= chief_wait_ + liveness_.timeout()) {
+      fail_for_chief(*since, now);
+      return false;
+    }
+    return true;
   }
 
   /// No chief came back in time: training cannot end, so it ends here as aborted, and
@@ -14133,6 +14169,12 @@ class ShardCopies {
   /// How it ended: its own shard's end, else the copy's.
   [[nodiscard]] const std::optional<ErrorReply>& ended() const noexcept {
     return own_.ended() ? own_.ended() : copy_.ended();
+  }
+  /// Time passed with no request: each copy holds the chief lost, and gives up on it, by
+  /// its own clock (a process fenced off hears nobody but the chief).
+  void tick() noexcept {
+    own_.tick();
+    copy_.tick();
   }
   void disconnected(const Node& node, std::uint64_t session) noexcept {
     own_.disconnected(node, session);

@@ -339,6 +339,30 @@ TEST_CASE("a ps process serves the tasks only within the chief's lease") {
   CHECK(copies.fenced(worker).empty());
 }
 
+TEST_CASE("a ps that serves no task still gives a lost chief up after the chief wait: its clock ticks") {
+  // Fenced off (its lease ran out), a ps hears no task, so nothing it is sent drives its
+  // watch of the chief: the transport's tick (every second at most, from TcpServer's
+  // sweep) does, and ends training as aborted once no chief came back in time.
+  Copies copies(make_server(1), make_server(0));
+  for (Server* ps : {&copies.own(), &copies.copy()}) {
+    ps->set_worker_timeout(std::chrono::milliseconds(100));
+    ps->set_chief_wait(std::chrono::milliseconds(200));
+  }
+  copies.handle(Heartbeat{0, false}, RequestContext{true, Node::chief(), 1}, [](Response&&) {});
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));  // the whole wait, and more
+  CHECK(!copies.stopped());  // no request came: nothing looked at the clock
+  for (int i = 0; i < 250 && !copies.stopped(); ++i) {
+    copies.tick();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  REQUIRE(copies.stopped());
+  for (Server* ps : {&copies.own(), &copies.copy()}) {
+    REQUIRE(ps->ended().has_value());
+    CHECK(ps->ended()->code == ErrorCode::kAborted);
+    CHECK(ps->ended()->message.find("no chief came back") != std::string::npos);
+  }
+}
+
 TEST_CASE("a ps cut off from the chief serves no task: those that still reach it give it up too, bit for bit") {
   // The chief and worker 0 reach ps 1 through a proxy, which cuts them off from it for good
   // mid-training; worker 1 reaches ps 1 directly all along. Worker 0 asks the chief, which

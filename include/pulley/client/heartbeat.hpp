@@ -187,10 +187,13 @@ class HeartbeatSender {
             reach_all(transport_, stats->ps_addresses);  // a ps that joined (throws: next beat)
             members_ = stats->members;  // beaten from the next beat on
             membership_ = stats->membership;
-            (void)renew_copies(transport_);  // a ps the chief took back hears this task again
+            renewals_left_ = kRenewals;
           }
         }
       }
+      // A ps the chief took back hears this task again: after every answer is read (it may
+      // connect anew), and tried again at the next beats while it finds none to serve again.
+      if (renewals_left_ > 0) renewals_left_ = renew_copies(transport_) ? 0 : renewals_left_ - 1;
       return heard;
     } catch (...) {  // no memory, a transport that throws: try again next beat
       return false;
@@ -206,6 +209,9 @@ class HeartbeatSender {
   std::chrono::milliseconds interval_;
   std::vector<std::uint32_t> members_;  ///< the job's ps tasks (the beating thread's own)
   std::uint64_t membership_ = 0;        ///< their version: 0, every ps task of the cluster
+  /// Beats left that renew copies given up (`renew_copies`) since the membership changed.
+  static constexpr int kRenewals = 5;
+  int renewals_left_ = 0;
   T transport_;
   std::string who_;
   mutable std::mutex mutex_;

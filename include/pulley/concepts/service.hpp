@@ -74,6 +74,10 @@ struct RequestContext {
 ///     or within a second while they wait, and refuses its new ones for now
 ///     (kUnavailable), so that the task finds this ps out of reach (ShardCopies: a process
 ///     that lost the chief's lease).
+///   - `s.tick()`, noexcept: time passed with no request, at least once a second while the
+///     transport serves (its own clock: a deadline that must pass even while nobody sends,
+///     such as the chief's recovery timeout at a ps no task may reach). Called between
+///     requests, never during one.
 ///   - `s.workers()` → `std::span<const std::uint32_t>`: the job's workers now, ascending,
 ///     once workers joined or left (ChangeWorkers); empty while they are the cluster
 ///     spec's. A transport that checks who connects lets a worker in only if it is one.
@@ -114,6 +118,15 @@ bool holds_copy(const S& service, std::uint32_t shard) noexcept {
     return service.holds_copy(shard);
   } else {
     return false;
+  }
+}
+
+/// Lets `service` look at its clock between requests (`tick`), if it cares.
+template <Service S>
+void tick(S& service) noexcept {
+  if constexpr (requires { service.tick(); }) {
+    static_assert(noexcept(service.tick()), "Service::tick must be noexcept");
+    service.tick();
   }
 }
 

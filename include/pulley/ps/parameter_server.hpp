@@ -164,6 +164,17 @@ class ParameterServer {
   /// the sync policy: a worker that vanished holding one cannot stall a step, even while a
   /// process restarted in its place is already connected. A chief that paused this ps for
   /// a checkpoint's cut and left resumes it.
+  /// Time passed with no request (Service::tick): the chief is held lost, and given up on,
+  /// even when no task sends anything (a ps with copies serves none while the chief is
+  /// away: ShardCopies). Workers are judged by what they send only.
+  void tick() noexcept {
+    if (end_) return;
+    try {
+      (void)check_chief(Clock::now());
+    } catch (const std::exception&) {  // no memory for a log line: the next tick tries again
+    }
+  }
+
   void disconnected(const Node& node, std::uint64_t session) noexcept {
     if (end_) return;
     try {
@@ -829,17 +840,7 @@ class ParameterServer {
     const auto now = Clock::now();
     // The chief first, even while a cut it made is paused: a chief lost mid-cut ends the
     // job once nobody came back in its place.
-    liveness_.expire_chief(now, [&](Clock::time_point last) {
-      log(LogLevel::kWarning,
-          name_ + ": the chief is lost (last heard " + Liveness::seconds_between(last, now) +
-              " s ago): the model is kept and the workers go on; waiting up to " +
-              std::to_string(chief_wait_.count() / 1000) + " s for a chief to come back");
-    });
-    if (const auto since = liveness_.chief_lost_since(); since && now - *since >= chief_wait_ + liveness_.timeout()) {
-      fail_for_chief(*since, now);
-      return;
-    }
-    if (!registration_.ready() || cut_.paused()) return;
+    if (!check_chief(now) || !registration_.ready() || cut_.paused()) return;
     liveness_.expire(now, [&](std::uint32_t worker, Clock::time_point last) {
       const std::int64_t step_before = pacing_.global_step();
       changing_ = true;
@@ -852,6 +853,22 @@ class ParameterServer {
       hand_out_tokens();
       if (pacing_.global_step() != step_before) release_step_gates();
     });
+  }
+
+  /// Holds the chief lost once silent for the worker timeout, and ends training as aborted
+  /// once no chief came back within the chief wait after that; false then.
+  bool check_chief(Clock::time_point now) {
+    liveness_.expire_chief(now, [&](Clock::time_point last) {
+      log(LogLevel::kWarning,
+          name_ + ": the chief is lost (last heard " + Liveness::seconds_between(last, now) +
+              " s ago): the model is kept and the workers go on; waiting up to " +
+              std::to_string(chief_wait_.count() / 1000) + " s for a chief to come back");
+    });
+    if (const auto since = liveness_.chief_lost_since(); since && now - *since >= chief_wait_ + liveness_.timeout()) {
+      fail_for_chief(*since, now);
+      return false;
+    }
+    return true;
   }
 
   /// No chief came back in time: training cannot end, so it ends here as aborted, and

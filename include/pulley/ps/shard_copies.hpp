@@ -99,6 +99,12 @@ class ShardCopies {
   [[nodiscard]] const std::optional<ErrorReply>& ended() const noexcept {
     return own_.ended() ? own_.ended() : copy_.ended();
   }
+  /// Time passed with no request: each copy holds the chief lost, and gives up on it, by
+  /// its own clock (a process fenced off hears nobody but the chief).
+  void tick() noexcept {
+    own_.tick();
+    copy_.tick();
+  }
   void disconnected(const Node& node, std::uint64_t session) noexcept {
     own_.disconnected(node, session);
     copy_.disconnected(node, session);

@@ -50,6 +50,39 @@ void abort_training(T& transport, const std::string& reason, std::chrono::millis
   }
 }
 
+/// True when a chief starts in a lost one's place in a job with copies
+/// (`TcpOptions::replicas`) whose training is under way, and some ps process is gone or out
+/// of reach: one look at every ps address (probe_ps) finds some ps that serves and some
+/// that does not, and a ps that serves has been initialized (it serves training). The
+/// chief then waits for the missing ones one connection attempt, not the connect timeout
+/// (meant for ps tasks that are still starting), before its rulings decide whether they are
+/// lost, as they would during training. False at a job's start.
+inline bool copies_under_way_with_one_missing(const std::vector<std::string>& ps, const TcpOptions& tcp) {
+  std::vector<std::uint32_t> serving;
+  for (std::uint32_t k = 0; k < ps.size(); ++k) {
+    if (probe_ps(ps[k], k, Node::chief(), tcp.credentials, tcp.attempt_timeout).kind == ProbeResult::Kind::kServes) {
+      serving.push_back(k);
+    }
+  }
+  if (serving.empty() || serving.size() == ps.size()) return false;
+  try {
+    TcpOptions once = tcp;
+    once.copy_referee = nullptr;
+    once.connect_timeout = tcp.attempt_timeout;
+    Tcp look(Node::chief(), ps, once, serving);
+    PendingCall call = look.call(serving.front(), GetStats{}, {});
+    if (!call.wait_for(tcp.attempt_timeout)) {
+      call.cancel();
+      return false;
+    }
+    const Response answer = call.take();
+    const auto* stats = std::get_if<StatsReply>(&answer);
+    return stats != nullptr && stats->ready;
+  } catch (const Error&) {  // not reached after all: the chief waits as at a start
+    return false;
+  }
+}
+
 /// Where the ps tasks of table policy `tables` hold rows: its IdSharding (HashIds for
 /// NoTables, whose ps tasks hold none).
 template <TablesOrNone T>
@@ -162,6 +195,11 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
           },
           tcp.copy_timeout);
       chief_tcp.copy_referee = rulings->referee();
+      if (copies_under_way_with_one_missing(ps, chief_tcp)) {
+        log(LogLevel::kInfo, "chief: the ps tasks serve a job under way and some ps does not answer: the chief "
+                             "waits for it one connection attempt, then rules whether its process is lost");
+        chief_tcp.connect_timeout = chief_tcp.attempt_timeout;
+      }
     }
     if (type != "chief") {
       const Node self{type == "evaluator" ? Node::Role::kEvaluator : Node::Role::kWorker, config.task.index};

@@ -301,12 +301,20 @@ class Tcp {
           connect_with_backoff(*links_[i]);
         } catch (const Error& e) {
           // A copy unreachable for connect_timeout is dropped if the other one is there
-          // (and the referee, if any, rules its process lost).
+          // (and the referee, if any, rules its process lost; if it does not, the process
+          // is there after all, started or continued meanwhile: one more connect_timeout).
           if (options_.replicas == 0 || e.code() != ErrorCode::kUnavailable) throw;
           const std::size_t shard = i % shards_;
           if (i >= shards_ && links_[shard]->dropped) throw;
           if (options_.copy_referee && !ruled_lost_now(*links_[i], e.message())) {
-            throw Error(e.code(), std::string(e.message()) + "; its copy is not given up: the chief did not rule its process lost");
+            try {
+              connect_with_backoff(*links_[i]);
+              continue;
+            } catch (const Error& again) {
+              if (again.code() != ErrorCode::kUnavailable) throw;
+              throw Error(again.code(), std::string(again.message()) +
+                                            "; its copy is not given up: the chief did not rule its process lost");
+            }
           }
           links_[i]->dropped = true;
           log(LogLevel::kWarning, self_.name() + ": " + e.what() + ": ps " + std::to_string(shard) +

@@ -654,7 +654,8 @@ class TcpServer {
   }
 
   /// Closes the connections whose handshake, frame, unread replies or idleness outlasted
-  /// its deadline; runs a few times per the shortest deadline.
+  /// its deadline, after the service's `tick`; runs a few times per the shortest deadline
+  /// (at least once a second).
   void sweep() {
     const auto shortest =
         std::min({options_.handshake_timeout, options_.frame_timeout, options_.idle_timeout});
@@ -664,6 +665,10 @@ class TcpServer {
     sweep_.async_wait([this](std::error_code ec) {
       if (ec) return;
       sweep();  // first: a throw below must not end the deadlines
+      if (!service_.stopped()) {
+        tick(service_);  // deadlines of its own that pass while nobody sends
+        if (service_.stopped()) begin_stopping();
+      }
       const auto now = Clock::now();
       std::vector<ConnectionPtr> all;
       for (auto& [raw, c] : connections_) all.push_back(c);
