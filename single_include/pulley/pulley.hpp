@@ -10584,9 +10584,10 @@ class Liveness {
     return true;
   }
 
-  /// Heard at `now`: after a silence of a whole timeout, everyone gets a fresh one.
+  /// Heard at `now`: after a silence of a whole timeout, everyone gets a fresh one (also
+  /// when the grace for that silence began before: the first word after it counts).
   void heard_any(Clock::time_point now) {
-    if (now - last_heard_any_ >= timeout_) {
+    if (grace_ || now - last_heard_any_ >= timeout_) {
       for (auto& [w, heard] : workers_) heard.last = now;
       if (chief_ && !chief_->lost) chief_->last = now;
     }

@@ -5,26 +5,33 @@
 # first epoch and then continued. It must hold no worker lost (its own silence is not
 # theirs), every ps must take the same pushes, and the job must end exactly where the same
 # job without the stop ends: the same test loss and accuracy at every epoch.
-#   tests/scripts/ps_stall.sh FASHION_MNIST_BINARY
+# With REPLICAS=1 the job keeps a copy of every shard (--ps-replicas 1): the stopped ps is
+# not given up (its stop is shorter than the copy timeout). With STOP=chief the chief is
+# stopped instead: with copies every ps serves no task once its lease on the chief ran
+# out, and all go on when it continues.
+#   [REPLICAS=0|1] [STOP=ps1|chief] tests/scripts/ps_stall.sh FASHION_MNIST_BINARY
 set -uo pipefail
 binary=$1
 epochs=6
 timeout_ms=1500
 stop_s=5
+replicas=${REPLICAS:-0}
+stop_task=${STOP:-ps1}
 source "$(dirname "$0")/common.sh"
 flags=(--epochs "$epochs" --worker-timeout-ms "$timeout_ms" --heartbeat-interval-ms 250
-       --wait-timeout-ms 120000)
+       --wait-timeout-ms 120000 --ps-replicas "$replicas")
 
-run_job() {  # run_job NAME STOP: one job in $work/NAME; STOP=1 stops ps 1 after epoch 1
+run_job() {  # run_job NAME STOP: one job in $work/NAME; STOP=1 stops ps 1 (or the chief) after epoch 1
   local dir=$work/$1 stop=$2
   start_job "$dir" "$binary" 2 2 "${flags[@]}"
-  local ps1=${job_pids[1]}
+  local stopped=${job_pids[1]}
+  [ "$stop_task" = chief ] && stopped=${job_pids[4]}
   if [ "$stop" = 1 ]; then
     wait_for "$dir/chief-0.log" '^epoch  1/' 120 || fail "$1: the job never reached epoch 1"
-    kill -STOP "$ps1"
-    echo "$1: stopped ps 1 for $stop_s s after: $(grep '^epoch' "$dir/chief-0.log" | tail -1)"
+    kill -STOP "$stopped"
+    echo "$1: stopped $stop_task for $stop_s s (copies: $replicas) after: $(grep '^epoch' "$dir/chief-0.log" | tail -1)"
     sleep "$stop_s"
-    kill -CONT "$ps1"
+    kill -CONT "$stopped"
   fi
   finish_job "$1" 180
 }
@@ -32,8 +39,9 @@ run_job() {  # run_job NAME STOP: one job in $work/NAME; STOP=1 stops ps 1 after
 run_job clean 0
 run_job stalled 1
 
-grep -h -E 'worker:[0-9]+ lost|is back|disconnected' "$work"/stalled/ps-*.log | sed 's/^/stalled: /'
-grep -q -E 'worker:[0-9]+ lost' "$work"/stalled/ps-*.log && fail "a ps held a worker lost for its own stall"
+grep -h -E 'worker:[0-9]+ lost|is back|disconnected|chief|dropping' "$work"/stalled/*.log | sed 's/^/stalled: /' | head -20
+grep -q -E 'worker:[0-9]+ lost' "$work"/stalled/ps-*.log && fail "a ps held a worker lost for a stall not the worker's"
+grep -q 'dropping the copy' "$work"/stalled/*.log && fail "a task gave a copy up for a stall shorter than the copy timeout"
 grep -h 'updates applied' "$work"/*/chief-0.log
 clean=$(grep '^epoch' "$work/clean/chief-0.log" | awk '{print $2, $6, $8}')
 stalled=$(grep '^epoch' "$work/stalled/chief-0.log" | awk '{print $2, $6, $8}')
@@ -41,4 +49,4 @@ echo "clean:   $(echo "$clean" | tail -1)"
 echo "stalled: $(echo "$stalled" | tail -1)"
 [ -n "$clean" ] && [ "$clean" = "$stalled" ] ||
   fail "the stalled job's epochs differ from the clean job's: $(diff <(echo "$clean") <(echo "$stalled") | tr '\n' ' ')"
-echo "PASS: ps 1 stopped for $stop_s s (worker timeout $timeout_ms ms) held nobody lost, and the job ended exactly where the clean one did"
+echo "PASS: $stop_task stopped for $stop_s s (worker timeout $timeout_ms ms, copies: $replicas) held nobody lost, and the job ended exactly where the clean one did"

@@ -107,11 +107,12 @@ TEST_CASE("Liveness: a ps that heard nobody for a whole timeout gives the chief 
   liveness.expire_chief(kT0 + 20s, [&](auto) { lost = true; });  // the ps was stopped
   CHECK_FALSE(lost);
   liveness.heard(0, kT0 + 21s);  // a worker is heard; the chief not yet
-  liveness.expire_chief(kT0 + 24s, [&](auto) { lost = true; });
-  CHECK_FALSE(lost);  // a whole fresh timeout from the check that found the ps stopped
+  liveness.heard(0, kT0 + 24s);
   liveness.expire_chief(kT0 + 25s, [&](auto) { lost = true; });
+  CHECK_FALSE(lost);  // a whole fresh timeout from the first word after the silence
+  liveness.expire_chief(kT0 + 26s, [&](auto) { lost = true; });
   CHECK(lost);
-  CHECK(liveness.chief_lost_since() == kT0 + 20s);
+  CHECK(liveness.chief_lost_since() == kT0 + 21s);
 }
 
 TEST_CASE("Liveness: a ps that heard nobody for a whole timeout gives every worker a fresh one") {
@@ -142,9 +143,10 @@ TEST_CASE("Liveness: a ps that was stopped longer than the timeout holds nobody 
   expire(kT0 + 20s);
   CHECK(lost.empty());
   liveness.heard(1, kT0 + 21s);  // worker 1's heartbeat comes through; worker 0's never does
-  expire(kT0 + 24s);
+  liveness.heard(1, kT0 + 24s);
+  expire(kT0 + 25s);
   CHECK(lost.empty());
-  expire(kT0 + 25s);  // a whole timeout from the check that found the ps had been stopped
+  expire(kT0 + 26s);  // a whole timeout from the first word after the silence
   CHECK(lost == std::vector<std::uint32_t>{0});
   // Every worker gone at once: held lost after two timeouts (the first is the grace).
   Liveness alone;
@@ -157,6 +159,29 @@ TEST_CASE("Liveness: a ps that was stopped longer than the timeout holds nobody 
   CHECK(gone.empty());
   alone.expire(kT0 + 10s, [&](std::uint32_t w, auto) { gone.push_back(w); });
   CHECK(gone == std::vector<std::uint32_t>{3});
+}
+
+TEST_CASE("Liveness: after a silence whose grace began, the first word heard gives every worker a fresh timeout") {
+  // A ps with copies that lost the chief's lease hears no task: its clock (Service::tick)
+  // finds the silence and begins the grace long before the chief is back. The workers,
+  // refused meanwhile, come back only after the chief: they must not be held lost for a
+  // silence that was the ps's own.
+  Liveness liveness;
+  liveness.set_timeout(5s);
+  liveness.heard(0, kT0);
+  liveness.heard(1, kT0);
+  liveness.heard_chief(kT0);
+  std::vector<std::uint32_t> lost;
+  auto expire = [&](auto at) { liveness.expire(at, [&](std::uint32_t w, auto) { lost.push_back(w); }); };
+  bool chief_lost = false;
+  liveness.expire_chief(kT0 + 6s, [&](auto) { chief_lost = true; });  // the tick: the grace begins
+  CHECK_FALSE(chief_lost);
+  CHECK_FALSE(liveness.heard_chief(kT0 + 10s));  // back before the grace ran out
+  liveness.heard(1, kT0 + 12s);                  // worker 1 is let in again; worker 0 never is
+  expire(kT0 + 14s);
+  CHECK(lost.empty());  // 8 s after the grace began, but within a timeout of the chief's word
+  expire(kT0 + 15s);
+  CHECK(lost == std::vector<std::uint32_t>{0});
 }
 
 TEST_CASE("Liveness: a worker that leaves is forgotten, one already lost stays lost") {
