@@ -767,6 +767,11 @@ class Tcp {
                                   "'s shard held by ps " + std::to_string(link.task) + " at " + link.address +
                                   " (" + why + "): it is served by the copy at " + links_[other]->address +
                                   " alone from now on");
+      // Closed with a reset, not a FIN: what the kernel still holds to send (held back by
+      // a silent cut, delivered when it heals) is discarded, so nothing this task sent
+      // before reaches a process it gave up (a chief's request would renew its lease).
+      std::error_code ignored;
+      link.socket.set_option(asio::socket_base::linger(true, 0), ignored);
       fail(link, "dropped: " + why);  // what it sent waits in parked_next
       Link& to = *links_[other];
       std::vector<PendingPtr> moved;
