@@ -10,17 +10,23 @@
 # (pushes sent again are counted in the chief's summary; exactly-once itself is checked
 # bit for bit by unit.tcp and unit.exactly_once). Prints what the tasks logged about the
 # cuts (workers held lost and back, waits) and how long training stood still.
+# With REPLICAS=1 the ps namespace holds 2 ps tasks keeping a copy of each other's shard
+# (--ps-replicas 1): the cut is shorter than the copy timeout, so nothing is given up, and
+# the job must end bit for bit where the same job ends uncut (run after it in the same
+# namespaces): the same parameters' CRC-32C.
 # Needs root and `ip netns`; skips (exit 77, a line "SKIP: ...") without them.
-#   tests/scripts/link_cut.sh FASHION_MNIST_BINARY
+#   [REPLICAS=0|1] tests/scripts/link_cut.sh FASHION_MNIST_BINARY
 set -uo pipefail
 binary=$1
 epochs=20
 cut_s=5
+replicas=${REPLICAS:-0}
 
 work=$(mktemp -d)
 ns_ps=pulley-ps-$$
 ns_wk=pulley-wk-$$
 pids=()
+uncut_pids=()
 source "$(dirname "$0")/netns.sh"
 cleanup() {
   for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null; done
@@ -41,12 +47,14 @@ wk_ip=$net.2
 echo "ps 0 at $ps_ip in $ns_ps; chief and workers at $wk_ip in $ns_wk"
 
 # Fresh namespaces: every port is free.
-cluster="{\"ps\": [\"$ps_ip:2222\"], \"worker\": [\"$wk_ip:2223\", \"$wk_ip:2224\"], \"chief\": [\"$wk_ip:2225\"]}"
+ps_list="\"$ps_ip:2222\""
+[ "$replicas" = 1 ] && ps_list="$ps_list, \"$ps_ip:2226\""
+cluster="{\"ps\": [$ps_list], \"worker\": [\"$wk_ip:2223\", \"$wk_ip:2224\"], \"chief\": [\"$wk_ip:2225\"]}"
 export PULLEY_SECRET=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
 # Default worker timeout (5 s) and heartbeats (1 s): a cut as long as the timeout may hold
 # the workers lost until their heartbeats come through again. A request deadline (60 s)
 # must not be reached; a wait that fails names its cause rather than hanging.
-flags=(--epochs "$epochs" --wait-timeout-ms 120000 --recovery-timeout-ms 60000)
+flags=(--epochs "$epochs" --wait-timeout-ms 120000 --recovery-timeout-ms 60000 --ps-replicas "$replicas")
 start() {  # start NAMESPACE TYPE INDEX: one task, its output in $work/TYPE-INDEX.log
   TF_CONFIG="{\"cluster\": $cluster, \"task\": {\"type\": \"$2\", \"index\": $3}}" \
     ip netns exec "$1" "$binary" "${flags[@]}" >"$work/$2-$3.log" 2>&1 &
@@ -54,6 +62,8 @@ start() {  # start NAMESPACE TYPE INDEX: one task, its output in $work/TYPE-INDE
   last_pid=$!
 }
 start "$ns_ps" ps 0; ps_pid=$last_pid
+ps1_pid=
+if [ "$replicas" = 1 ]; then start "$ns_ps" ps 1; ps1_pid=$last_pid; fi
 start "$ns_wk" worker 0; w0=$last_pid
 start "$ns_wk" worker 1; w1=$last_pid
 start "$ns_wk" chief 0; chief=$last_pid
@@ -109,14 +119,18 @@ wait "$w0"; w0_rc=$?
 wait "$w1"; w1_rc=$?
 for _ in $(seq 1 400); do kill -0 "$ps_pid" 2>/dev/null || break; sleep 0.05; done
 wait "$ps_pid"; ps_rc=$?
+if [ -n "$ps1_pid" ]; then
+  for _ in $(seq 1 400); do kill -0 "$ps1_pid" 2>/dev/null || break; sleep 0.05; done
+  wait "$ps1_pid"; ps_rc=$ps_rc$?
+fi
 for _ in $(seq 1 100); do kill -0 "$watcher" 2>/dev/null || break; sleep 0.05; done
 
 echo "--- what the tasks logged"
-for f in ps-0 worker-0 worker-1 chief-0; do
+for f in ps-0 ${ps1_pid:+ps-1} worker-0 worker-1 chief-0; do
   grep -E 'lost|is back|waiting|no progress|warning|error|failed' "$work/$f.log" | sed "s/^/$f: /"
 done
 echo "---"
-[ "$chief_rc$w0_rc$w1_rc$ps_rc" = 0000 ] ||
+[ "$chief_rc$w0_rc$w1_rc$ps_rc" = 000${ps1_pid:+0}0 ] ||
   fail "a task failed (chief $chief_rc, workers $w0_rc $w1_rc, ps $ps_rc)"
 python3 - "$work/epoch_times" "$cut_at" "$restored_at" "$cut_s" <<'PY'
 import statistics, sys
@@ -155,4 +169,28 @@ accuracy=$(echo "$final" | sed -n 's/.*test_accuracy=\([0-9.]*\).*/\1/p')
 [ -n "$accuracy" ] || fail "the chief printed no final accuracy"
 python3 -c "import sys; sys.exit(0 if float('$accuracy') >= 0.85 else 1)" \
   || fail "accuracy $accuracy is below 0.85"
+if [ "$replicas" = 1 ]; then
+  grep -q 'dropping the copy' "$work"/*.log && fail "a task gave a copy up across a cut shorter than the copy timeout"
+  # The same job uncut, in the same namespaces, for its parameters' CRC-32C.
+  crc_of() { sed -n 's/^final: .*parameters_crc32c=\([0-9a-f]*\).*/\1/p' "$1"; }
+  mkdir -p "$work/uncut"
+  for task in "ps 0" "ps 1" "worker 0" "worker 1" "chief 0"; do
+    set -- $task
+    ns=$ns_wk; [ "$1" = ps ] && ns=$ns_ps
+    TF_CONFIG="{\"cluster\": $cluster, \"task\": {\"type\": \"$1\", \"index\": $2}}" \
+      ip netns exec "$ns" "$binary" "${flags[@]}" >"$work/uncut/$1-$2.log" 2>&1 &
+    pids+=("$!")
+    uncut_pids+=("$!")
+  done
+  for pid in "${uncut_pids[@]}"; do
+    for _ in $(seq 1 3000); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
+    wait "$pid" || fail "the uncut job's task (pid $pid) failed"
+  done
+  cut_crc=$(crc_of "$work/chief-0.log") uncut_crc=$(crc_of "$work/uncut/chief-0.log")
+  echo "uncut: $(grep '^final:' "$work/uncut/chief-0.log")"
+  [ -n "$uncut_crc" ] && [ "$cut_crc" = "$uncut_crc" ] ||
+    fail "with copies the cut job ended elsewhere ($cut_crc) than the uncut one ($uncut_crc)"
+  echo "PASS: with copies the job ended bit for bit where the uncut one does (CRC-32C $cut_crc) across a $cut_s s link cut and $kills connection kills"
+  exit 0
+fi
 echo "PASS: the job finished at accuracy $accuracy across a $cut_s s link cut"
