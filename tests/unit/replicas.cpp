@@ -339,6 +339,25 @@ TEST_CASE("a ps process serves the tasks only within the chief's lease") {
   CHECK(copies.fenced(worker).empty());
 }
 
+TEST_CASE("a look of the chief's (GetStats) renews the lease on a ps but starts none") {
+  // A chief started again looks at every ps before it begins (runner/run.hpp); at a job's
+  // start that look must not start a lease that runs out while it waits for late ps tasks.
+  Copies copies(make_server(1), make_server(0));
+  copies.set_chief_lease(std::chrono::milliseconds(200));
+  const Node worker = Node::worker(0);
+  const auto as_chief = [&](Request request) {
+    copies.handle(std::move(request), RequestContext{true, Node::chief(), 1}, [](Response&&) {});
+  };
+  as_chief(GetStats{});
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  CHECK(copies.fenced(worker).empty());  // no lease started
+  as_chief(Heartbeat{0, false});         // the lease starts
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  CHECK(!copies.fenced(worker).empty());
+  as_chief(GetStats{});                  // and a look renews it
+  CHECK(copies.fenced(worker).empty());
+}
+
 TEST_CASE("a ps that serves no task still gives a lost chief up after the chief wait: its clock ticks") {
   // Fenced off (its lease ran out), a ps hears no task, so nothing it is sent drives its
   // watch of the chief: the transport's tick (every second at most, from TcpServer's

@@ -123,12 +123,15 @@ class ShardCopies {
  private:
   using Clock = std::chrono::steady_clock;
 
-  /// The chief sent `request`: its lease runs again (it ends when the chief leaves).
+  /// The chief sent `request`: its lease runs again (it ends when the chief leaves). A look
+  /// (GetStats) renews a lease but starts none: a chief started again looks at the ps
+  /// tasks before it begins (runner/run.hpp), and at a job's start it must not fence the
+  /// ones up while it waits for the others.
   void heard_chief(const Request& request) noexcept {
     const auto* beat = std::get_if<Heartbeat>(&request);
     if (beat != nullptr && beat->leaving) {
       chief_heard_.reset();
-    } else {
+    } else if (chief_heard_ || !std::holds_alternative<GetStats>(request)) {
       chief_heard_ = Clock::now();
     }
     if (std::exchange(fenced_, false)) {
