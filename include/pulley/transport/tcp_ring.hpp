@@ -563,18 +563,15 @@ class TcpRing {
           return;
         }
         socket.close(ec);
-        if (Clock::now() < tcp_after) {
-          why = "its local socket refused";
-          pollfd none{-1, 0, 0};
-          ::poll(&none, 0, 100);
-          continue;
-        }
+        why = "its local socket refused";
       }
 #endif
-      links_->next_local = false;
-      ec = transport_detail::connect_within(socket, endpoint, std::min(deadline, Clock::now() + std::chrono::seconds(1)));
-      if (!ec) return;
-      why = ec.message();
+      if (!local || Clock::now() >= tcp_after) {
+        links_->next_local = false;
+        ec = transport_detail::connect_within(socket, endpoint, std::min(deadline, Clock::now() + std::chrono::seconds(1)));
+        if (!ec) return;
+        why = ec.message();
+      }
       pollfd none{-1, 0, 0};
       ::poll(&none, 0, 100);
     }
