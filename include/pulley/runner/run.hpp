@@ -57,7 +57,7 @@ void abort_training(T& transport, const std::string& reason, std::chrono::millis
 /// chief then waits for the missing ones one connection attempt, not the connect timeout
 /// (meant for ps tasks that are still starting), before its rulings decide whether they are
 /// lost, as they would during training. False at a job's start.
-inline bool copies_under_way_with_one_missing(const std::vector<std::string>& ps, const TcpOptions& tcp) {
+inline bool copies_under_way_with_some_missing(const std::vector<std::string>& ps, const TcpOptions& tcp) {
   std::vector<std::uint32_t> serving;
   for (std::uint32_t k = 0; k < ps.size(); ++k) {
     if (probe_ps(ps[k], k, Node::chief(), tcp.credentials, tcp.attempt_timeout).kind == ProbeResult::Kind::kServes) {
@@ -195,7 +195,7 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
           },
           tcp.copy_timeout);
       chief_tcp.copy_referee = rulings->referee();
-      if (copies_under_way_with_one_missing(ps, chief_tcp)) {
+      if (copies_under_way_with_some_missing(ps, chief_tcp)) {
         log(LogLevel::kInfo, "chief: the ps tasks serve a job under way and some ps does not answer: the chief "
                              "waits for it one connection attempt, then rules whether its process is lost");
         chief_tcp.connect_timeout = chief_tcp.attempt_timeout;
