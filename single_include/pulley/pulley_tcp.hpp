@@ -10472,6 +10472,16 @@ class Liveness {
     return was_lost;
   }
 
+  /// Everyone counts as heard at `now`: the workers, and the chief unless held lost. For a
+  /// ps that refused every task but the chief for a while (ShardCopies' fence): their
+  /// silence meanwhile was its own doing.
+  void refresh(Clock::time_point now) {
+    for (auto& [w, heard] : workers_) heard.last = now;
+    if (chief_ && !chief_->lost) chief_->last = now;
+    last_heard_any_ = now;
+    grace_ = false;
+  }
+
   /// The chief ended normally (or never beat): nothing to hold lost.
   void chief_left() noexcept { chief_.reset(); }
 
@@ -10587,12 +10597,8 @@ class Liveness {
   /// Heard at `now`: after a silence of a whole timeout, everyone gets a fresh one (also
   /// when the grace for that silence began before: the first word after it counts).
   void heard_any(Clock::time_point now) {
-    if (grace_ || now - last_heard_any_ >= timeout_) {
-      for (auto& [w, heard] : workers_) heard.last = now;
-      if (chief_ && !chief_->lost) chief_->last = now;
-    }
+    if (grace_ || now - last_heard_any_ >= timeout_) return refresh(now);
     last_heard_any_ = now;
-    grace_ = false;
   }
 
   std::map<std::uint32_t, Heard> workers_;
@@ -13295,6 +13301,10 @@ class ParameterServer {
     }
   }
 
+  /// It serves the tasks again after refusing all but the chief (ShardCopies' fence):
+  /// every worker gets a fresh timeout, since their silence meanwhile was this ps's doing.
+  void fence_lifted() noexcept { liveness_.refresh(Clock::now()); }
+
   void disconnected(const Node& node, std::uint64_t session) noexcept {
     if (end_) return;
     try {
@@ -14195,7 +14205,8 @@ class ShardCopies {
  private:
   using Clock = std::chrono::steady_clock;
 
-  /// The chief sent `request`: its lease runs again (it ends when the chief leaves). A look
+  /// The chief sent `request`: its lease runs again (it ends when the chief leaves), and
+  /// after a fence every worker gets a fresh timeout in both copies. A look
   /// (GetStats) renews a lease but starts none: a chief started again looks at the ps
   /// tasks before it begins (runner/run.hpp), and at a job's start it must not fence the
   /// ones up while it waits for the others.
@@ -14207,6 +14218,8 @@ class ShardCopies {
       chief_heard_ = Clock::now();
     }
     if (std::exchange(fenced_, false)) {
+      own_.fence_lifted();
+      copy_.fence_lifted();
       try {
         log(LogLevel::kInfo, "ps " + std::to_string(own_.task()) + " heard the chief again: it serves the tasks again");
       } catch (...) {  // (no memory for a log line: the lease runs again all the same)

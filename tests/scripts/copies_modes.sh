@@ -5,8 +5,9 @@
 # 127.0.0.1 (2 ps, a chief, 2 workers). For each mode the same job runs unbroken, then
 # with ps 0 killed with SIGKILL at a random moment of epochs 2-3 and never started again:
 # every task turns to its copy, nothing is rolled back, every task exits 0, and the test
-# accuracy lands within 0.015 of the unbroken job's (neither mode is deterministic: pushes
-# are applied in the order they arrive).
+# accuracy lands within 0.025 of the unbroken job's (neither mode is deterministic: pushes
+# are applied in the order they arrive; the two jobs of one run differed by up to 0.0124
+# in 12 runs, some beside other jobs on 2 cores).
 #   tests/scripts/copies_modes.sh FASHION_MNIST_BINARY
 set -uo pipefail
 binary=$1
@@ -30,7 +31,7 @@ for mode in async ssp; do
   echo "$mode: unbroken: $(grep '^final:' "$work/$mode-unbroken/chief-0.log")"
   echo "$mode: killed:   $(grep '^final:' "$dir/chief-0.log")"
   [ -n "$unbroken" ] && [ -n "$killed" ] || fail "$mode: a job printed no final line"
-  python3 -c "import sys; sys.exit(0 if abs($killed - $unbroken) <= 0.015 else 1)" ||
+  python3 -c "import sys; sys.exit(0 if abs($killed - $unbroken) <= 0.025 else 1)" ||
     fail "$mode: with ps 0 killed the test accuracy is $killed, against $unbroken unbroken"
 done
-echo "PASS: under Async and BoundedStaleness, ps 0 killed mid-training was replaced by its copy: nothing rolled back, every task exited 0, the accuracy within 0.015 of the unbroken job's"
+echo "PASS: under Async and BoundedStaleness, ps 0 killed mid-training was replaced by its copy: nothing rolled back, every task exited 0, the accuracy within 0.025 of the unbroken job's"

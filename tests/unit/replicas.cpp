@@ -27,12 +27,14 @@
 #include "pulley/client/heartbeat.hpp"
 #include "pulley/client/worker.hpp"
 #include "pulley/optimizers/adam.hpp"
+#include "pulley/optimizers/sgd.hpp"
 #include "pulley/ps/parameter_server.hpp"
 #include "pulley/ps/shard_copies.hpp"
 #include "pulley/runner/copy_rulings.hpp"
 #include "pulley/runner/join_desk.hpp"
 #include "pulley/runner/leave.hpp"
 #include "pulley/sharding/partitioned.hpp"
+#include "pulley/sharding/round_robin.hpp"
 #include "pulley/sync/sync_replicas.hpp"
 #include "pulley/transport/in_process.hpp"
 #include "pulley/transport/tcp.hpp"
@@ -356,6 +358,55 @@ TEST_CASE("a look of the chief's (GetStats) renews the lease on a ps but starts 
   CHECK(!copies.fenced(worker).empty());
   as_chief(GetStats{});                  // and a look renews it
   CHECK(copies.fenced(worker).empty());
+}
+
+TEST_CASE("workers a fenced ps refused are not held lost for that silence once it serves again") {
+  // The chief stopped for longer than the worker timeout: the ps fenced itself and refused
+  // the workers. When the chief is back, its first request (here a look, GetStats) must not
+  // find the workers silent: the silence was the ps's doing.
+  using Small = ParameterServer<RoundRobin, Sgd, SyncReplicas>;
+  const auto make = [](std::uint32_t task) {
+    Small ps(task, 2, Sgd{0.1F}, SyncReplicas(2, 2), RoundRobin{});
+    ps.set_worker_timeout(std::chrono::milliseconds(400));
+    return ps;
+  };
+  ShardCopies<Small> copies(make(1), make(0));
+  copies.set_chief_lease(std::chrono::milliseconds(100));
+  const auto send = [&](Request request, Node from, std::optional<std::uint32_t> shard) {
+    auto out = std::make_shared<std::optional<Response>>();
+    copies.handle(std::move(request), RequestContext{true, from, 1, shard}, [out](Response&& r) { *out = std::move(r); });
+    return out;
+  };
+  const std::vector<VariableSpec> model{{"a", {2}, {}}, {"b", {2}, {}}};
+  for (const std::uint32_t part : {0U, 1U}) {  // RoundRobin: part 0 on ps 0 (the copy), 1 on ps 1
+    const std::optional<std::uint32_t> shard = part == 0 ? std::optional<std::uint32_t>(0) : std::nullopt;
+    REQUIRE(send(Register{model}, Node::chief(), shard)->has_value());
+    const auto init = send(Initialize{{{part, std::vector<float>{0, 0}}}}, Node::chief(), shard);
+    REQUIRE(init->has_value());
+    REQUIRE(std::holds_alternative<Ack>(**init));
+  }
+  send(Heartbeat{0, false}, Node::chief(), std::nullopt);
+  for (std::uint32_t w = 0; w < 2; ++w) send(Heartbeat{w, false}, Node::worker(w), std::nullopt);
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  REQUIRE(!copies.fenced(Node::worker(0)).empty());  // the workers are refused from here on
+  for (int i = 0; i < 40; ++i) {  // the chief stopped 800 ms, two worker timeouts; the clock ticks
+    copies.tick();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  send(GetStats{}, Node::chief(), std::nullopt);  // the chief is back: a look first
+  send(GetStats{}, Node::chief(), 0);
+  CHECK(copies.fenced(Node::worker(0)).empty());
+  CHECK(copies.own().stats().workers_lost == 0);
+  CHECK(copies.copy().stats().workers_lost == 0);
+  // A worker that stays silent is still held lost, a timeout after the fence was lifted.
+  send(Heartbeat{0, false}, Node::chief(), std::nullopt);
+  for (int i = 0; i < 30; ++i) {
+    send(Heartbeat{1, false}, Node::worker(1), std::nullopt);
+    send(Heartbeat{0, false}, Node::chief(), std::nullopt);
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  CHECK(copies.own().stats().workers_lost == 1);
+  CHECK(copies.copy().stats().workers_lost == 1);
 }
 
 TEST_CASE("a ps that serves no task still gives a lost chief up after the chief wait: its clock ticks") {

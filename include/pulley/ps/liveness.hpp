@@ -49,6 +49,16 @@ class Liveness {
     return was_lost;
   }
 
+  /// Everyone counts as heard at `now`: the workers, and the chief unless held lost. For a
+  /// ps that refused every task but the chief for a while (ShardCopies' fence): their
+  /// silence meanwhile was its own doing.
+  void refresh(Clock::time_point now) {
+    for (auto& [w, heard] : workers_) heard.last = now;
+    if (chief_ && !chief_->lost) chief_->last = now;
+    last_heard_any_ = now;
+    grace_ = false;
+  }
+
   /// The chief ended normally (or never beat): nothing to hold lost.
   void chief_left() noexcept { chief_.reset(); }
 
@@ -164,12 +174,8 @@ class Liveness {
   /// Heard at `now`: after a silence of a whole timeout, everyone gets a fresh one (also
   /// when the grace for that silence began before: the first word after it counts).
   void heard_any(Clock::time_point now) {
-    if (grace_ || now - last_heard_any_ >= timeout_) {
-      for (auto& [w, heard] : workers_) heard.last = now;
-      if (chief_ && !chief_->lost) chief_->last = now;
-    }
+    if (grace_ || now - last_heard_any_ >= timeout_) return refresh(now);
     last_heard_any_ = now;
-    grace_ = false;
   }
 
   std::map<std::uint32_t, Heard> workers_;

@@ -175,6 +175,10 @@ class ParameterServer {
     }
   }
 
+  /// It serves the tasks again after refusing all but the chief (ShardCopies' fence):
+  /// every worker gets a fresh timeout, since their silence meanwhile was this ps's doing.
+  void fence_lifted() noexcept { liveness_.refresh(Clock::now()); }
+
   void disconnected(const Node& node, std::uint64_t session) noexcept {
     if (end_) return;
     try {

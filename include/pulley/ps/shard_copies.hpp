@@ -123,7 +123,8 @@ class ShardCopies {
  private:
   using Clock = std::chrono::steady_clock;
 
-  /// The chief sent `request`: its lease runs again (it ends when the chief leaves). A look
+  /// The chief sent `request`: its lease runs again (it ends when the chief leaves), and
+  /// after a fence every worker gets a fresh timeout in both copies. A look
   /// (GetStats) renews a lease but starts none: a chief started again looks at the ps
   /// tasks before it begins (runner/run.hpp), and at a job's start it must not fence the
   /// ones up while it waits for the others.
@@ -135,6 +136,8 @@ class ShardCopies {
       chief_heard_ = Clock::now();
     }
     if (std::exchange(fenced_, false)) {
+      own_.fence_lifted();
+      copy_.fence_lifted();
       try {
         log(LogLevel::kInfo, "ps " + std::to_string(own_.task()) + " heard the chief again: it serves the tasks again");
       } catch (...) {  // (no memory for a log line: the lease runs again all the same)
