@@ -7903,7 +7903,7 @@ class HeartbeatSender {
         ++beats_;
         if (chief_lost != chief_lost_ && !leaving) {
           log(chief_lost ? LogLevel::kWarning : LogLevel::kInfo,
-              who_ + (chief_lost ? ": the ps tasks hold the chief lost: training goes on while they wait for a chief "
+              who_ + (chief_lost ? ": the ps tasks hold the chief lost: they keep the model and wait for a chief "
                                 "to come back"
                               : ": the chief is back"));
         }
@@ -13262,6 +13262,9 @@ class ParameterServer {
   /// training as aborted (every task fails, naming the chief). A chief that never beat is
   /// never held lost.
   void set_chief_wait(std::chrono::milliseconds wait) noexcept { chief_wait_ = wait; }
+  /// False: this ps serves no task while it misses the chief (ShardCopies' lease), so a
+  /// lost chief pauses the job here rather than letting the workers go on; its log says so.
+  void set_serves_without_chief(bool serves) noexcept { serves_without_chief_ = serves; }
 
   /// Counters, as GetStats answers them.
   [[nodiscard]] Stats stats() const noexcept {
@@ -13991,7 +13994,9 @@ class ParameterServer {
     liveness_.expire_chief(now, [&](Clock::time_point last) {
       log(LogLevel::kWarning,
           name_ + ": the chief is lost (last heard " + Liveness::seconds_between(last, now) +
-              " s ago): the model is kept and the workers go on; waiting up to " +
+              " s ago): the model is kept and " +
+              (serves_without_chief_ ? "the workers go on" : "no task is served meanwhile") +
+              "; waiting up to " +
               std::to_string(chief_wait_.count() / 1000) + " s for a chief to come back");
     });
     if (const auto since = liveness_.chief_lost_since(); since && now - *since >= chief_wait_ + liveness_.timeout()) {
@@ -14074,6 +14079,7 @@ class ParameterServer {
   Liveness liveness_;
   JobWorkers workers_;  ///< the job's workers once changed, and a change waiting for its step
   std::chrono::milliseconds chief_wait_{std::chrono::minutes(5)};  ///< see set_chief_wait
+  bool serves_without_chief_ = true;                                 ///< see set_serves_without_chief
   StepGate<Pull> pulls_;         ///< pulls waiting for their step
   StepGate<RowPull> row_pulls_;  ///< row pulls waiting for their step
   Stats stats_;
@@ -14145,7 +14151,11 @@ class ShardCopies {
   /// leaving heartbeat (training over). Keep it below the copy timeout of the chief's
   /// rulings by more than a request's way from the chief, and above the chief's heartbeat
   /// interval by some (the role runner's: TrainingOptions::chief_lease).
-  void set_chief_lease(std::chrono::milliseconds lease) noexcept { lease_ = lease; }
+  void set_chief_lease(std::chrono::milliseconds lease) noexcept {
+    lease_ = lease;
+    own_.set_serves_without_chief(lease.count() <= 0);
+    copy_.set_serves_without_chief(lease.count() <= 0);
+  }
 
   /// Why task `peer` may not be served now (its lease ran out: see the class comment), or
   /// "" when it may. The chief always may, and so may everyone once training ended here

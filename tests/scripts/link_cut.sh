@@ -14,13 +14,16 @@
 # (--ps-replicas 1): the cut is shorter than the copy timeout, so nothing is given up, and
 # the job must end bit for bit where the same job ends uncut (run after it in the same
 # namespaces): the same parameters' CRC-32C.
+# With MODE=async or ssp (BoundedStaleness, staleness 2) the job is not deterministic: it
+# must end at the accuracy goal, with every task exited 0 and, with copies, none given up.
 # Needs root and `ip netns`; skips (exit 77, a line "SKIP: ...") without them.
-#   [REPLICAS=0|1] tests/scripts/link_cut.sh FASHION_MNIST_BINARY
+#   [REPLICAS=0|1] [MODE=sync|async|ssp] [EPOCHS=20] tests/scripts/link_cut.sh FASHION_MNIST_BINARY
 set -uo pipefail
 binary=$1
-epochs=20
+epochs=${EPOCHS:-20}
 cut_s=5
 replicas=${REPLICAS:-0}
+mode=${MODE:-sync}
 
 work=$(mktemp -d)
 ns_ps=pulley-ps-$$
@@ -54,7 +57,8 @@ export PULLEY_SECRET=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
 # Default worker timeout (5 s) and heartbeats (1 s): a cut as long as the timeout may hold
 # the workers lost until their heartbeats come through again. A request deadline (60 s)
 # must not be reached; a wait that fails names its cause rather than hanging.
-flags=(--epochs "$epochs" --wait-timeout-ms 120000 --recovery-timeout-ms 60000 --ps-replicas "$replicas")
+flags=(--epochs "$epochs" --wait-timeout-ms 120000 --recovery-timeout-ms 60000 --ps-replicas "$replicas"
+       --mode "$mode" --staleness 2)
 start() {  # start NAMESPACE TYPE INDEX: one task, its output in $work/TYPE-INDEX.log
   TF_CONFIG="{\"cluster\": $cluster, \"task\": {\"type\": \"$2\", \"index\": $3}}" \
     ip netns exec "$1" "$binary" "${flags[@]}" >"$work/$2-$3.log" 2>&1 &
@@ -171,6 +175,10 @@ python3 -c "import sys; sys.exit(0 if float('$accuracy') >= 0.85 else 1)" \
   || fail "accuracy $accuracy is below 0.85"
 if [ "$replicas" = 1 ]; then
   grep -q 'dropping the copy' "$work"/*.log && fail "a task gave a copy up across a cut shorter than the copy timeout"
+  if [ "$mode" != sync ]; then  # pushes applied in the order they come: nothing to compare bit for bit
+    echo "PASS: $mode with copies: accuracy $accuracy, no copy given up, across a $cut_s s link cut and $kills connection kills"
+    exit 0
+  fi
   # The same job uncut, in the same namespaces, for its parameters' CRC-32C.
   crc_of() { sed -n 's/^final: .*parameters_crc32c=\([0-9a-f]*\).*/\1/p' "$1"; }
   mkdir -p "$work/uncut"

@@ -40,6 +40,7 @@
 #include "pulley/transport/tcp.hpp"
 #include "support/cut_proxy.hpp"
 #include "support/linear_model.hpp"
+#include "support/log_capture.hpp"
 #include "support/tcp.hpp"
 
 using namespace pulley;
@@ -414,10 +415,12 @@ TEST_CASE("a ps that serves no task still gives a lost chief up after the chief 
   // watch of the chief: the transport's tick (every second at most, from TcpServer's
   // sweep) does, and ends training as aborted once no chief came back in time.
   Copies copies(make_server(1), make_server(0));
+  copies.set_chief_lease(std::chrono::milliseconds(50));
   for (Server* ps : {&copies.own(), &copies.copy()}) {
     ps->set_worker_timeout(std::chrono::milliseconds(100));
     ps->set_chief_wait(std::chrono::milliseconds(200));
   }
+  pulley::testing::LogCapture captured;
   copies.handle(Heartbeat{0, false}, RequestContext{true, Node::chief(), 1}, [](Response&&) {});
   std::this_thread::sleep_for(std::chrono::milliseconds(600));  // the whole wait, and more
   CHECK(!copies.stopped());  // no request came: nothing looked at the clock
@@ -426,6 +429,10 @@ TEST_CASE("a ps that serves no task still gives a lost chief up after the chief 
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   REQUIRE(copies.stopped());
+  // Its log does not tell the operator that the workers go on: it served none meanwhile.
+  const auto lost = captured.find(LogLevel::kWarning, "the chief is lost");
+  REQUIRE(lost.size() == 2);  // once for each copy
+  for (const std::string& line : lost) CHECK(line.find("no task is served meanwhile") != std::string::npos);
   for (Server* ps : {&copies.own(), &copies.copy()}) {
     REQUIRE(ps->ended().has_value());
     CHECK(ps->ended()->code == ErrorCode::kAborted);

@@ -146,7 +146,7 @@ class HeartbeatSender {
         ++beats_;
         if (chief_lost != chief_lost_ && !leaving) {
           log(chief_lost ? LogLevel::kWarning : LogLevel::kInfo,
-              who_ + (chief_lost ? ": the ps tasks hold the chief lost: training goes on while they wait for a chief "
+              who_ + (chief_lost ? ": the ps tasks hold the chief lost: they keep the model and wait for a chief "
                                 "to come back"
                               : ": the chief is back"));
         }

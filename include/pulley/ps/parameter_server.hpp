@@ -136,6 +136,9 @@ class ParameterServer {
   /// training as aborted (every task fails, naming the chief). A chief that never beat is
   /// never held lost.
   void set_chief_wait(std::chrono::milliseconds wait) noexcept { chief_wait_ = wait; }
+  /// False: this ps serves no task while it misses the chief (ShardCopies' lease), so a
+  /// lost chief pauses the job here rather than letting the workers go on; its log says so.
+  void set_serves_without_chief(bool serves) noexcept { serves_without_chief_ = serves; }
 
   /// Counters, as GetStats answers them.
   [[nodiscard]] Stats stats() const noexcept {
@@ -865,7 +868,9 @@ class ParameterServer {
     liveness_.expire_chief(now, [&](Clock::time_point last) {
       log(LogLevel::kWarning,
           name_ + ": the chief is lost (last heard " + Liveness::seconds_between(last, now) +
-              " s ago): the model is kept and the workers go on; waiting up to " +
+              " s ago): the model is kept and " +
+              (serves_without_chief_ ? "the workers go on" : "no task is served meanwhile") +
+              "; waiting up to " +
               std::to_string(chief_wait_.count() / 1000) + " s for a chief to come back");
     });
     if (const auto since = liveness_.chief_lost_since(); since && now - *since >= chief_wait_ + liveness_.timeout()) {
@@ -948,6 +953,7 @@ class ParameterServer {
   Liveness liveness_;
   JobWorkers workers_;  ///< the job's workers once changed, and a change waiting for its step
   std::chrono::milliseconds chief_wait_{std::chrono::minutes(5)};  ///< see set_chief_wait
+  bool serves_without_chief_ = true;                                 ///< see set_serves_without_chief
   StepGate<Pull> pulls_;         ///< pulls waiting for their step
   StepGate<RowPull> row_pulls_;  ///< row pulls waiting for their step
   Stats stats_;

@@ -63,7 +63,11 @@ class ShardCopies {
   /// leaving heartbeat (training over). Keep it below the copy timeout of the chief's
   /// rulings by more than a request's way from the chief, and above the chief's heartbeat
   /// interval by some (the role runner's: TrainingOptions::chief_lease).
-  void set_chief_lease(std::chrono::milliseconds lease) noexcept { lease_ = lease; }
+  void set_chief_lease(std::chrono::milliseconds lease) noexcept {
+    lease_ = lease;
+    own_.set_serves_without_chief(lease.count() <= 0);
+    copy_.set_serves_without_chief(lease.count() <= 0);
+  }
 
   /// Why task `peer` may not be served now (its lease ran out: see the class comment), or
   /// "" when it may. The chief always may, and so may everyone once training ended here
