@@ -10472,12 +10472,14 @@ class Liveness {
     return was_lost;
   }
 
-  /// Everyone counts as heard at `now`: the workers, and the chief unless held lost. For a
-  /// ps that refused every task but the chief for a while (ShardCopies' fence): their
-  /// silence meanwhile was its own doing.
-  void refresh(Clock::time_point now) {
-    for (auto& [w, heard] : workers_) heard.last = now;
-    if (chief_ && !chief_->lost) chief_->last = now;
+  /// The ps refused every task but the chief from `since` to `now` (ShardCopies' fence):
+  /// that silence was its own doing, so it does not count against a worker not held lost
+  /// (its time since it was last heard before `since` still does).
+  void forgive(Clock::time_point since, Clock::time_point now) noexcept {
+    if (now <= since) return;
+    for (auto& [w, heard] : workers_) {
+      if (!heard.lost) heard.last = heard.last < since ? heard.last + (now - since) : now;
+    }
     last_heard_any_ = now;
     grace_ = false;
   }
@@ -10597,8 +10599,12 @@ class Liveness {
   /// Heard at `now`: after a silence of a whole timeout, everyone gets a fresh one (also
   /// when the grace for that silence began before: the first word after it counts).
   void heard_any(Clock::time_point now) {
-    if (grace_ || now - last_heard_any_ >= timeout_) return refresh(now);
+    if (grace_ || now - last_heard_any_ >= timeout_) {
+      for (auto& [w, heard] : workers_) heard.last = now;
+      if (chief_ && !chief_->lost) chief_->last = now;
+    }
     last_heard_any_ = now;
+    grace_ = false;
   }
 
   std::map<std::uint32_t, Heard> workers_;
@@ -13258,7 +13264,8 @@ class ParameterServer {
   void set_worker_timeout(std::chrono::milliseconds timeout) noexcept { liveness_.set_timeout(timeout); }
   /// How long this ps waits for a chief to come back once it holds the chief lost (its
   /// heartbeats stopped for the worker timeout; default 5 min): meanwhile it keeps the model
-  /// and serves the workers, and a chief started again goes on from it. Then it ends
+  /// and serves the workers (unless `set_serves_without_chief(false)`), and a chief
+  /// started again goes on from it. Then it ends
   /// training as aborted (every task fails, naming the chief). A chief that never beat is
   /// never held lost.
   void set_chief_wait(std::chrono::milliseconds wait) noexcept { chief_wait_ = wait; }
@@ -13304,9 +13311,12 @@ class ParameterServer {
     }
   }
 
-  /// It serves the tasks again after refusing all but the chief (ShardCopies' fence):
-  /// every worker gets a fresh timeout, since their silence meanwhile was this ps's doing.
-  void fence_lifted() noexcept { liveness_.refresh(Clock::now()); }
+  /// It serves the tasks again after refusing all but the chief since `since` (ShardCopies'
+  /// fence): the workers' silence meanwhile was this ps's doing and is not held against
+  /// them (Liveness::forgive).
+  void fence_lifted(std::chrono::steady_clock::time_point since) noexcept {
+    liveness_.forgive(since, Clock::now());
+  }
 
   void disconnected(const Node& node, std::uint64_t session) noexcept {
     if (end_) return;
@@ -14216,11 +14226,14 @@ class ShardCopies {
   using Clock = std::chrono::steady_clock;
 
   /// The chief sent `request`: its lease runs again (it ends when the chief leaves), and
-  /// after a fence every worker gets a fresh timeout in both copies. A look
+  /// after a fence both copies forgive the workers the fence's silence. A look
   /// (GetStats) renews a lease but starts none: a chief started again looks at the ps
   /// tasks before it begins (runner/run.hpp), and at a job's start it must not fence the
   /// ones up while it waits for the others.
   void heard_chief(const Request& request) noexcept {
+    // The fence began when the lease ran out (fenced_ is set only after it did).
+    const bool fence_ends = fenced_ && chief_heard_.has_value();
+    const Clock::time_point fence_began = fence_ends ? *chief_heard_ + lease_ : Clock::time_point{};
     const auto* beat = std::get_if<Heartbeat>(&request);
     if (beat != nullptr && beat->leaving) {
       chief_heard_.reset();
@@ -14228,8 +14241,10 @@ class ShardCopies {
       chief_heard_ = Clock::now();
     }
     if (std::exchange(fenced_, false)) {
-      own_.fence_lifted();
-      copy_.fence_lifted();
+      if (fence_ends) {
+        own_.fence_lifted(fence_began);
+        copy_.fence_lifted(fence_began);
+      }
       try {
         log(LogLevel::kInfo, "ps " + std::to_string(own_.task()) + " heard the chief again: it serves the tasks again");
       } catch (...) {  // (no memory for a log line: the lease runs again all the same)

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# A network link cut under a sync job of real processes on real (non-loopback) addresses:
-# ps 0 in one network namespace, the chief and 2 workers in another, joined by a veth
-# pair. After the chief's second epoch the link is cut for 5 s (the ps's end set down) and
-# brought back. TCP carries the open connections across the cut, so the job must finish
-# with a normal accuracy and every task must exit 0. Then, from epoch 5 on, the workers'
-# connections to the ps are destroyed (`ss -K`) at random moments, 12 times: each worker
-# reconnects and sends again what was unanswered, and the ps counts each push once
-# (pushes sent again are counted in the chief's summary; exactly-once itself is checked
-# bit for bit by unit.tcp and unit.exactly_once). Prints what the tasks logged about the
-# cuts (workers held lost and back, waits) and how long training stood still.
+# A network link cut under a job of real processes (sync, unless MODE says otherwise) on
+# real (non-loopback) addresses: ps 0 in one network namespace, the chief and 2 workers in
+# another, joined by a veth pair. After the chief's second epoch the link is cut for 5 s
+# (the ps's end set down) and brought back. TCP carries the open connections across the
+# cut, so the job must finish with a normal accuracy and every task must exit 0. Then,
+# from epoch 5 on, the workers' connections to the ps are destroyed (`ss -K`) at random
+# moments, 12 times: each worker reconnects and sends again what was unanswered, and the
+# ps counts each push once (pushes sent again are counted in the chief's summary;
+# exactly-once itself is checked bit for bit by unit.tcp and unit.exactly_once). Prints
+# what the tasks logged about the cuts (workers held lost and back, waits) and how long
+# training stood still.
 # With REPLICAS=1 the ps namespace holds 2 ps tasks keeping a copy of each other's shard
 # (--ps-replicas 1): the cut is shorter than the copy timeout, so nothing is given up, and
 # the job must end bit for bit where the same job ends uncut (run after it in the same
@@ -150,7 +151,8 @@ print("epochs took %.2f s (median); the one across the cut %.2f s: training stoo
       "about %.1f s for a %.1f s cut; epoch gaps: %s"
       % (typical, longest, longest - typical, restored - cut,
          " ".join("%.1f" % g for g in gaps)))
-# A cut that does not stop a sync job was no cut: the test would prove nothing.
+# A cut that does not stop the job (every ps is behind it) was no cut: the test would
+# prove nothing.
 if longest - typical < float(sys.argv[4]) / 2:
     print("FAIL: training went on through the cut: the link was not cut")
     sys.exit(1)

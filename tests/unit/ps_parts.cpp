@@ -184,6 +184,28 @@ TEST_CASE("Liveness: after a silence whose grace began, the first word heard giv
   CHECK(lost == std::vector<std::uint32_t>{0});
 }
 
+TEST_CASE("Liveness: a fence's silence is forgiven, not the silence before it") {
+  // A ps with copies refused every task from kT0 + 7 s to kT0 + 20 s (ShardCopies' fence).
+  Liveness liveness;
+  liveness.set_timeout(5s);
+  liveness.heard(0, kT0);
+  liveness.heard(2, kT0);
+  liveness.heard(1, kT0 + 4s);
+  std::vector<std::uint32_t> lost;
+  auto expire = [&](auto at) { liveness.expire(at, [&](std::uint32_t w, auto) { lost.push_back(w); }); };
+  liveness.heard(0, kT0 + 6s);
+  liveness.heard(1, kT0 + 6s);
+  expire(kT0 + 10500ms);  // worker 2 stayed silent
+  REQUIRE(lost == std::vector<std::uint32_t>{2});
+  lost.clear();
+  liveness.forgive(kT0 + 7s, kT0 + 20s);  // refused from 7 s on (the fence)
+  CHECK(liveness.is_lost(2));             // a verdict stands
+  expire(kT0 + 23s);
+  CHECK(lost.empty());  // 1 s of their own silence before the fence, 3 s after it
+  expire(kT0 + 24s);
+  CHECK(lost == std::vector<std::uint32_t>{0, 1});
+}
+
 TEST_CASE("Liveness: a worker that leaves is forgotten, one already lost stays lost") {
   Liveness liveness;
   liveness.set_timeout(1s);

@@ -49,12 +49,14 @@ class Liveness {
     return was_lost;
   }
 
-  /// Everyone counts as heard at `now`: the workers, and the chief unless held lost. For a
-  /// ps that refused every task but the chief for a while (ShardCopies' fence): their
-  /// silence meanwhile was its own doing.
-  void refresh(Clock::time_point now) {
-    for (auto& [w, heard] : workers_) heard.last = now;
-    if (chief_ && !chief_->lost) chief_->last = now;
+  /// The ps refused every task but the chief from `since` to `now` (ShardCopies' fence):
+  /// that silence was its own doing, so it does not count against a worker not held lost
+  /// (its time since it was last heard before `since` still does).
+  void forgive(Clock::time_point since, Clock::time_point now) noexcept {
+    if (now <= since) return;
+    for (auto& [w, heard] : workers_) {
+      if (!heard.lost) heard.last = heard.last < since ? heard.last + (now - since) : now;
+    }
     last_heard_any_ = now;
     grace_ = false;
   }
@@ -174,8 +176,12 @@ class Liveness {
   /// Heard at `now`: after a silence of a whole timeout, everyone gets a fresh one (also
   /// when the grace for that silence began before: the first word after it counts).
   void heard_any(Clock::time_point now) {
-    if (grace_ || now - last_heard_any_ >= timeout_) return refresh(now);
+    if (grace_ || now - last_heard_any_ >= timeout_) {
+      for (auto& [w, heard] : workers_) heard.last = now;
+      if (chief_ && !chief_->lost) chief_->last = now;
+    }
     last_heard_any_ = now;
+    grace_ = false;
   }
 
   std::map<std::uint32_t, Heard> workers_;

@@ -128,11 +128,14 @@ class ShardCopies {
   using Clock = std::chrono::steady_clock;
 
   /// The chief sent `request`: its lease runs again (it ends when the chief leaves), and
-  /// after a fence every worker gets a fresh timeout in both copies. A look
+  /// after a fence both copies forgive the workers the fence's silence. A look
   /// (GetStats) renews a lease but starts none: a chief started again looks at the ps
   /// tasks before it begins (runner/run.hpp), and at a job's start it must not fence the
   /// ones up while it waits for the others.
   void heard_chief(const Request& request) noexcept {
+    // The fence began when the lease ran out (fenced_ is set only after it did).
+    const bool fence_ends = fenced_ && chief_heard_.has_value();
+    const Clock::time_point fence_began = fence_ends ? *chief_heard_ + lease_ : Clock::time_point{};
     const auto* beat = std::get_if<Heartbeat>(&request);
     if (beat != nullptr && beat->leaving) {
       chief_heard_.reset();
@@ -140,8 +143,10 @@ class ShardCopies {
       chief_heard_ = Clock::now();
     }
     if (std::exchange(fenced_, false)) {
-      own_.fence_lifted();
-      copy_.fence_lifted();
+      if (fence_ends) {
+        own_.fence_lifted(fence_began);
+        copy_.fence_lifted(fence_began);
+      }
       try {
         log(LogLevel::kInfo, "ps " + std::to_string(own_.task()) + " heard the chief again: it serves the tasks again");
       } catch (...) {  // (no memory for a log line: the lease runs again all the same)
