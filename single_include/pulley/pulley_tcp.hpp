@@ -10424,6 +10424,7 @@ class CheckpointCut {
 // ---- end pulley/ps/checkpoint_cut.hpp ----
 // ---- begin pulley/ps/liveness.hpp ----
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -10473,9 +10474,12 @@ class Liveness {
   }
 
   /// The ps refused every task but the chief from `since` to `now` (ShardCopies' fence):
-  /// that silence was its own doing, so it does not count against a worker not held lost
-  /// (its time since it was last heard before `since` still does).
+  /// that silence was its own doing, and so was any time before it in which it heard
+  /// nobody at all (it was stopped or cut off: its lease ran out in that time). Neither
+  /// counts against a worker not held lost; a worker's silence while others were heard
+  /// still does.
   void forgive(Clock::time_point since, Clock::time_point now) noexcept {
+    since = std::min(since, last_heard_any_);
     if (now <= since) return;
     for (auto& [w, heard] : workers_) {
       if (!heard.lost) heard.last = heard.last < since ? heard.last + (now - since) : now;
@@ -13312,8 +13316,8 @@ class ParameterServer {
   }
 
   /// It serves the tasks again after refusing all but the chief since `since` (ShardCopies'
-  /// fence): the workers' silence meanwhile was this ps's doing and is not held against
-  /// them (Liveness::forgive).
+  /// fence): the workers' silence meanwhile, and before it while this ps heard nobody
+  /// at all, was this ps's doing and is not held against them (Liveness::forgive).
   void fence_lifted(std::chrono::steady_clock::time_point since) noexcept {
     liveness_.forgive(since, Clock::now());
   }
@@ -14226,7 +14230,8 @@ class ShardCopies {
   using Clock = std::chrono::steady_clock;
 
   /// The chief sent `request`: its lease runs again (it ends when the chief leaves), and
-  /// after a fence both copies forgive the workers the fence's silence. A look
+  /// after a fence both copies forgive the workers the silence that was the process's own
+  /// (Liveness::forgive). A look
   /// (GetStats) renews a lease but starts none: a chief started again looks at the ps
   /// tasks before it begins (runner/run.hpp), and at a job's start it must not fence the
   /// ones up while it waits for the others.

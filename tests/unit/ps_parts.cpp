@@ -195,7 +195,8 @@ TEST_CASE("Liveness: a fence's silence is forgiven, not the silence before it") 
   auto expire = [&](auto at) { liveness.expire(at, [&](std::uint32_t w, auto) { lost.push_back(w); }); };
   liveness.heard(0, kT0 + 6s);
   liveness.heard(1, kT0 + 6s);
-  expire(kT0 + 10500ms);  // worker 2 stayed silent
+  liveness.heard(3, kT0 + 7s);  // the ps heard a task up to the fence
+  expire(kT0 + 10500ms);        // worker 2 stayed silent
   REQUIRE(lost == std::vector<std::uint32_t>{2});
   lost.clear();
   liveness.forgive(kT0 + 7s, kT0 + 20s);  // refused from 7 s on (the fence)
@@ -204,6 +205,24 @@ TEST_CASE("Liveness: a fence's silence is forgiven, not the silence before it") 
   CHECK(lost.empty());  // 1 s of their own silence before the fence, 3 s after it
   expire(kT0 + 24s);
   CHECK(lost == std::vector<std::uint32_t>{0, 1});
+  CHECK(liveness.last_heard(3, kT0 + 24s) == " (last heard 4.0 s ago)");  // heard up to the fence
+}
+
+TEST_CASE("Liveness: a ps that heard nobody before its fence forgives that silence too") {
+  // The ps was stopped (or cut off) from 0 s to 5 s: its lease on the chief ran out at
+  // 1.125 s, in that time, and it fenced itself off once it ran again.
+  Liveness liveness;
+  liveness.set_timeout(1500ms);
+  liveness.heard(1, kT0 - 300ms);  // silent 0.3 s longer: that still counts
+  liveness.heard(0, kT0);
+  std::vector<std::uint32_t> lost;
+  auto expire = [&](auto at) { liveness.expire(at, [&](std::uint32_t w, auto) { lost.push_back(w); }); };
+  liveness.forgive(kT0 + 1125ms, kT0 + 5s);
+  expire(kT0 + 6100ms);
+  CHECK(lost.empty());  // not the 3.9 s from the lease's end to 5 s only: all 5 s
+  expire(kT0 + 6200ms);
+  CHECK(lost == std::vector<std::uint32_t>{1});
+  CHECK(liveness.last_heard(0, kT0 + 6200ms) == " (last heard 1.2 s ago)");
 }
 
 TEST_CASE("Liveness: a worker that leaves is forgotten, one already lost stays lost") {

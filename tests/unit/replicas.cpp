@@ -410,6 +410,54 @@ TEST_CASE("workers a fenced ps refused are not held lost for that silence once i
   CHECK(copies.copy().stats().workers_lost == 1);
 }
 
+TEST_CASE("a ps stopped past its lease holds no worker lost for the time it was stopped") {
+  // The ps itself was stopped 2 s (SIGSTOP; no tick, no request): its lease ran out 0.6 s
+  // in. Run again, it fences itself off, then hears the chief. The whole 2 s were its own
+  // silence, not only the 1.4 s after its lease ran out: the workers get a whole timeout.
+  using Small = ParameterServer<RoundRobin, Sgd, SyncReplicas>;
+  const auto make = [](std::uint32_t task) {
+    Small ps(task, 2, Sgd{0.1F}, SyncReplicas(2, 2), RoundRobin{});
+    ps.set_worker_timeout(std::chrono::milliseconds(800));
+    return ps;
+  };
+  ShardCopies<Small> copies(make(1), make(0));
+  copies.set_chief_lease(std::chrono::milliseconds(600));
+  const auto send = [&](Request request, Node from, std::optional<std::uint32_t> shard = {}) {
+    auto out = std::make_shared<std::optional<Response>>();
+    copies.handle(std::move(request), RequestContext{true, from, 1, shard}, [out](Response&& r) { *out = std::move(r); });
+    return out;
+  };
+  const std::vector<VariableSpec> model{{"a", {2}, {}}, {"b", {2}, {}}};
+  for (const std::uint32_t part : {0U, 1U}) {  // RoundRobin: part 0 on ps 0 (the copy), 1 on ps 1
+    const std::optional<std::uint32_t> shard = part == 0 ? std::optional<std::uint32_t>(0) : std::nullopt;
+    REQUIRE(send(Register{model}, Node::chief(), shard)->has_value());
+    const auto init = send(Initialize{{{part, std::vector<float>{0, 0}}}}, Node::chief(), shard);
+    REQUIRE(init->has_value());
+    REQUIRE(std::holds_alternative<Ack>(**init));
+  }
+  send(Heartbeat{0, false}, Node::chief());
+  for (std::uint32_t w = 0; w < 2; ++w) send(Heartbeat{w, false}, Node::worker(w));
+  std::this_thread::sleep_for(std::chrono::milliseconds(2000));  // stopped
+  REQUIRE(!copies.fenced(Node::worker(0)).empty());
+  send(Heartbeat{0, false}, Node::chief());
+  const auto resumed = std::chrono::steady_clock::now();
+  // The chief beats, the workers do not: they are held lost a whole timeout (800 ms) after
+  // the ps ran again, not 200 ms after, as they would be if only the fence were forgiven.
+  // (A loaded machine only makes the verdict come later.)
+  std::chrono::steady_clock::duration until_lost{};
+  while (std::chrono::steady_clock::now() - resumed < std::chrono::seconds(5)) {
+    send(Heartbeat{0, false}, Node::chief());
+    copies.tick();
+    if (copies.own().stats().workers_lost == 2 && copies.copy().stats().workers_lost == 2) {
+      until_lost = std::chrono::steady_clock::now() - resumed;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  REQUIRE(until_lost.count() > 0);
+  CHECK(until_lost >= std::chrono::milliseconds(750));
+}
+
 TEST_CASE("a ps that serves no task still gives a lost chief up after the chief wait: its clock ticks") {
   // Fenced off (its lease ran out), a ps hears no task, so nothing it is sent drives its
   // watch of the chief: the transport's tick (every second at most, from TcpServer's

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -50,9 +51,12 @@ class Liveness {
   }
 
   /// The ps refused every task but the chief from `since` to `now` (ShardCopies' fence):
-  /// that silence was its own doing, so it does not count against a worker not held lost
-  /// (its time since it was last heard before `since` still does).
+  /// that silence was its own doing, and so was any time before it in which it heard
+  /// nobody at all (it was stopped or cut off: its lease ran out in that time). Neither
+  /// counts against a worker not held lost; a worker's silence while others were heard
+  /// still does.
   void forgive(Clock::time_point since, Clock::time_point now) noexcept {
+    since = std::min(since, last_heard_any_);
     if (now <= since) return;
     for (auto& [w, heard] : workers_) {
       if (!heard.lost) heard.last = heard.last < since ? heard.last + (now - since) : now;

@@ -180,8 +180,8 @@ class ParameterServer {
   }
 
   /// It serves the tasks again after refusing all but the chief since `since` (ShardCopies'
-  /// fence): the workers' silence meanwhile was this ps's doing and is not held against
-  /// them (Liveness::forgive).
+  /// fence): the workers' silence meanwhile, and before it while this ps heard nobody
+  /// at all, was this ps's doing and is not held against them (Liveness::forgive).
   void fence_lifted(std::chrono::steady_clock::time_point since) noexcept {
     liveness_.forgive(since, Clock::now());
   }

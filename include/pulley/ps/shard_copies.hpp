@@ -128,7 +128,8 @@ class ShardCopies {
   using Clock = std::chrono::steady_clock;
 
   /// The chief sent `request`: its lease runs again (it ends when the chief leaves), and
-  /// after a fence both copies forgive the workers the fence's silence. A look
+  /// after a fence both copies forgive the workers the silence that was the process's own
+  /// (Liveness::forgive). A look
   /// (GetStats) renews a lease but starts none: a chief started again looks at the ps
   /// tasks before it begins (runner/run.hpp), and at a job's start it must not fence the
   /// ones up while it waits for the others.
