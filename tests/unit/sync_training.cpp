@@ -8,6 +8,8 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -28,6 +30,7 @@
 #include "support/log_capture.hpp"
 
 using namespace pulley;
+using namespace std::chrono_literals;
 using pulley::testing::Cluster;
 using pulley::testing::LinearBatch;
 using pulley::testing::LinearData;
@@ -116,32 +119,59 @@ TEST_CASE("sync R = N with 3 workers equals single-process SGD on the union of b
 }
 
 TEST_CASE("sync R < N: a slow backup worker's gradients are dropped as stale, never applied") {
-  // Workers 0 and 1 take ~1 ms per request, worker 2 ~40 ms: by the time its push lands,
-  // the others have finished its step many times over.
+  // Worker 2 computes each gradient only once workers 0 and 1 have had 4 more gradients
+  // taken (R = 2: at least one more step completed after its token's): each of its pushes
+  // lands after its step, however the threads are scheduled.
   constexpr std::int64_t kSteps = 150;
   const LinearData data(64, kIn, kOut, 1);
   Cluster<RoundRobin, Sgd, SyncReplicas> cluster(1, Sgd{0.01F}, SyncReplicas(2, 3));
   Chief chief(cluster.endpoint(Node::chief()), kSeed);
   chief.initialize(LinearModel(kIn, kOut).variables());
-  cluster.network().delay(Node::worker(0), std::chrono::milliseconds(1));
-  cluster.network().delay(Node::worker(1), std::chrono::milliseconds(1));
-  cluster.network().delay(Node::worker(2), std::chrono::milliseconds(40));
+
+  std::mutex mutex;
+  std::condition_variable progressed;
+  std::int64_t taken = 0;  // gradients of workers 0 and 1 not dropped
+  int finished = 0;        // of workers 0 and 1
+  bool gave_up = false;    // worker 2 waited 30 s for them
+  struct HeldBack : LinearModel {
+    using LinearModel::LinearModel;
+    std::function<void()> before;
+    float compute_gradients(const Batch& batch) {
+      before();
+      return LinearModel::compute_gradients(batch);
+    }
+  };
 
   std::vector<std::vector<StepResult>> results(3);
   std::vector<std::thread> threads;
   for (std::uint32_t w = 0; w < 3; ++w) {
     threads.emplace_back([&, w] {
-      Worker worker(w, LinearModel(kIn, kOut), cluster.endpoint(Node::worker(w)));
+      HeldBack model(kIn, kOut);
+      model.before = [&, w] {
+        if (w != 2) return;
+        std::unique_lock lock(mutex);
+        const std::int64_t until = taken + 4;
+        if (!progressed.wait_for(lock, 30s, [&] { return taken >= until || finished == 2; })) gave_up = true;
+      };
+      Worker worker(w, std::move(model), cluster.endpoint(Node::worker(w)));
       worker.wait_ready();
       for (std::size_t k = 0;; ++k) {
         const auto result = worker.step(rows_of(data, (k * 4) % 60, 4), kSteps);
-        if (!result) break;
+        const std::lock_guard lock(mutex);
+        if (!result) {
+          finished += w != 2 ? 1 : 0;
+          progressed.notify_all();
+          break;
+        }
         results[w].push_back(*result);
+        taken += w != 2 && result->stale_parts == 0 ? 1 : 0;
+        progressed.notify_all();
       }
     });
   }
   for (auto& t : threads) t.join();
 
+  CHECK_FALSE(gave_up);
   const Stats stats = chief.stats().at(0);
   CHECK(stats.global_step == kSteps);
   CHECK(stats.updates_applied == 2 * kSteps);  // two parts, one application per step each
