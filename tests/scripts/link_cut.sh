@@ -40,7 +40,14 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 1' INT TERM HUP  # the namespaces go with the EXIT trap
-fail() { echo "FAIL: $*"; for f in "$work"/*.log; do echo "--- $f"; tail -n 15 "$f"; done; exit 1; }
+# The verdict first (a CI summary may keep only a test's first lines), then what the tasks
+# logged about the cuts, then each log's tail.
+fail() {
+  echo "FAIL: $*"
+  [ -s "$work/logged" ] && cat "$work/logged"
+  for f in "$work"/*.log; do echo "--- $f"; tail -n 15 "$f"; done
+  exit 1
+}
 now() { date +%s.%N; }
 
 net=10.213.$((RANDOM % 250 + 1))
@@ -130,11 +137,11 @@ if [ -n "$ps1_pid" ]; then
 fi
 for _ in $(seq 1 100); do kill -0 "$watcher" 2>/dev/null || break; sleep 0.05; done
 
-echo "--- what the tasks logged"
-for f in ps-0 ${ps1_pid:+ps-1} worker-0 worker-1 chief-0; do
-  grep -E 'lost|is back|waiting|no progress|warning|error|failed' "$work/$f.log" | sed "s/^/$f: /"
-done
-echo "---"
+{ echo "--- what the tasks logged"
+  for f in ps-0 ${ps1_pid:+ps-1} worker-0 worker-1 chief-0; do
+    grep -E 'lost|is back|waiting|no progress|warning|error|failed' "$work/$f.log" | sed "s/^/$f: /"
+  done
+  echo "---"; } >"$work/logged"
 [ "$chief_rc$w0_rc$w1_rc$ps_rc" = 000${ps1_pid:+0}0 ] ||
   fail "a task failed (chief $chief_rc, workers $w0_rc $w1_rc, ps $ps_rc)"
 python3 - "$work/epoch_times" "$cut_at" "$restored_at" "$cut_s" <<'PY'
@@ -178,6 +185,7 @@ python3 -c "import sys; sys.exit(0 if float('$accuracy') >= 0.85 else 1)" \
 if [ "$replicas" = 1 ]; then
   grep -q 'dropping the copy' "$work"/*.log && fail "a task gave a copy up across a cut shorter than the copy timeout"
   if [ "$mode" != sync ]; then  # pushes applied in the order they come: nothing to compare bit for bit
+    cat "$work/logged"
     echo "PASS: $mode with copies: accuracy $accuracy, no copy given up, across a $cut_s s link cut and $kills connection kills"
     exit 0
   fi
@@ -200,7 +208,9 @@ if [ "$replicas" = 1 ]; then
   echo "uncut: $(grep '^final:' "$work/uncut/chief-0.log")"
   [ -n "$uncut_crc" ] && [ "$cut_crc" = "$uncut_crc" ] ||
     fail "with copies the cut job ended elsewhere ($cut_crc) than the uncut one ($uncut_crc)"
+  cat "$work/logged"
   echo "PASS: with copies the job ended bit for bit where the uncut one does (CRC-32C $cut_crc) across a $cut_s s link cut and $kills connection kills"
   exit 0
 fi
+cat "$work/logged"
 echo "PASS: the job finished at accuracy $accuracy across a $cut_s s link cut"

@@ -150,6 +150,39 @@ std::vector<std::vector<float>> in_process_result() {
   return train([&](Node n) { return InProcess(network, n); }, [](std::uint32_t, std::int64_t) {});
 }
 
+/// ps 1's process with copies, served by hand (no transport): ps 1's own shard and the copy
+/// of ps 0's, two workers, a chief that registered and initialized both; `send` hands it a
+/// request and keeps the answer.
+struct HandServed {
+  using Small = ParameterServer<RoundRobin, Sgd, SyncReplicas>;
+  ShardCopies<Small> copies;
+
+  HandServed(std::chrono::milliseconds worker_timeout, std::chrono::milliseconds lease)
+      : copies(make(1, worker_timeout), make(0, worker_timeout)) {
+    copies.set_chief_lease(lease);
+    const std::vector<VariableSpec> model{{"a", {2}, {}}, {"b", {2}, {}}};
+    for (const std::uint32_t part : {0U, 1U}) {  // RoundRobin: part 0 on ps 0 (the copy), 1 on ps 1
+      const std::optional<std::uint32_t> shard = part == 0 ? std::optional<std::uint32_t>(0) : std::nullopt;
+      REQUIRE(send(Register{model}, Node::chief(), shard)->has_value());
+      const auto init = send(Initialize{{{part, std::vector<float>{0, 0}}}}, Node::chief(), shard);
+      REQUIRE(init->has_value());
+      REQUIRE(std::holds_alternative<Ack>(**init));
+    }
+  }
+  std::shared_ptr<std::optional<Response>> send(Request request, Node from, std::optional<std::uint32_t> shard = {}) {
+    auto out = std::make_shared<std::optional<Response>>();
+    copies.handle(std::move(request), RequestContext{true, from, 1, shard}, [out](Response&& r) { *out = std::move(r); });
+    return out;
+  }
+
+ private:
+  static Small make(std::uint32_t task, std::chrono::milliseconds worker_timeout) {
+    Small ps(task, 2, Sgd{0.1F}, SyncReplicas(2, 2), RoundRobin{});
+    ps.set_worker_timeout(worker_timeout);
+    return ps;
+  }
+};
+
 }  // namespace
 
 TEST_CASE("with a copy of every shard, training over TCP gives the result without copies exactly") {
@@ -365,45 +398,26 @@ TEST_CASE("workers a fenced ps refused are not held lost for that silence once i
   // The chief stopped for longer than the worker timeout: the ps fenced itself and refused
   // the workers. When the chief is back, its first request (here a look, GetStats) must not
   // find the workers silent: the silence was the ps's doing.
-  using Small = ParameterServer<RoundRobin, Sgd, SyncReplicas>;
-  const auto make = [](std::uint32_t task) {
-    Small ps(task, 2, Sgd{0.1F}, SyncReplicas(2, 2), RoundRobin{});
-    ps.set_worker_timeout(std::chrono::milliseconds(400));
-    return ps;
-  };
-  ShardCopies<Small> copies(make(1), make(0));
-  copies.set_chief_lease(std::chrono::milliseconds(100));
-  const auto send = [&](Request request, Node from, std::optional<std::uint32_t> shard) {
-    auto out = std::make_shared<std::optional<Response>>();
-    copies.handle(std::move(request), RequestContext{true, from, 1, shard}, [out](Response&& r) { *out = std::move(r); });
-    return out;
-  };
-  const std::vector<VariableSpec> model{{"a", {2}, {}}, {"b", {2}, {}}};
-  for (const std::uint32_t part : {0U, 1U}) {  // RoundRobin: part 0 on ps 0 (the copy), 1 on ps 1
-    const std::optional<std::uint32_t> shard = part == 0 ? std::optional<std::uint32_t>(0) : std::nullopt;
-    REQUIRE(send(Register{model}, Node::chief(), shard)->has_value());
-    const auto init = send(Initialize{{{part, std::vector<float>{0, 0}}}}, Node::chief(), shard);
-    REQUIRE(init->has_value());
-    REQUIRE(std::holds_alternative<Ack>(**init));
-  }
-  send(Heartbeat{0, false}, Node::chief(), std::nullopt);
-  for (std::uint32_t w = 0; w < 2; ++w) send(Heartbeat{w, false}, Node::worker(w), std::nullopt);
+  HandServed ps(std::chrono::milliseconds(400), std::chrono::milliseconds(100));
+  auto& copies = ps.copies;
+  ps.send(Heartbeat{0, false}, Node::chief());
+  for (std::uint32_t w = 0; w < 2; ++w) ps.send(Heartbeat{w, false}, Node::worker(w));
   std::this_thread::sleep_for(std::chrono::milliseconds(150));
   REQUIRE(!copies.fenced(Node::worker(0)).empty());  // the workers are refused from here on
   for (int i = 0; i < 40; ++i) {  // the chief stopped 800 ms, two worker timeouts; the clock ticks
     copies.tick();
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  send(GetStats{}, Node::chief(), std::nullopt);  // the chief is back: a look first
-  send(GetStats{}, Node::chief(), 0);
+  ps.send(GetStats{}, Node::chief());  // the chief is back: a look first
+  ps.send(GetStats{}, Node::chief(), 0);
   CHECK(copies.fenced(Node::worker(0)).empty());
   CHECK(copies.own().stats().workers_lost == 0);
   CHECK(copies.copy().stats().workers_lost == 0);
   // A worker that stays silent is still held lost, a timeout after the fence was lifted.
-  send(Heartbeat{0, false}, Node::chief(), std::nullopt);
+  ps.send(Heartbeat{0, false}, Node::chief());
   for (int i = 0; i < 30; ++i) {
-    send(Heartbeat{1, false}, Node::worker(1), std::nullopt);
-    send(Heartbeat{0, false}, Node::chief(), std::nullopt);
+    ps.send(Heartbeat{1, false}, Node::worker(1));
+    ps.send(Heartbeat{0, false}, Node::chief());
     std::this_thread::sleep_for(std::chrono::milliseconds(25));
   }
   CHECK(copies.own().stats().workers_lost == 1);
@@ -414,39 +428,20 @@ TEST_CASE("a ps stopped past its lease holds no worker lost for the time it was 
   // The ps itself was stopped 2 s (SIGSTOP; no tick, no request): its lease ran out 0.6 s
   // in. Run again, it fences itself off, then hears the chief. The whole 2 s were its own
   // silence, not only the 1.4 s after its lease ran out: the workers get a whole timeout.
-  using Small = ParameterServer<RoundRobin, Sgd, SyncReplicas>;
-  const auto make = [](std::uint32_t task) {
-    Small ps(task, 2, Sgd{0.1F}, SyncReplicas(2, 2), RoundRobin{});
-    ps.set_worker_timeout(std::chrono::milliseconds(800));
-    return ps;
-  };
-  ShardCopies<Small> copies(make(1), make(0));
-  copies.set_chief_lease(std::chrono::milliseconds(600));
-  const auto send = [&](Request request, Node from, std::optional<std::uint32_t> shard = {}) {
-    auto out = std::make_shared<std::optional<Response>>();
-    copies.handle(std::move(request), RequestContext{true, from, 1, shard}, [out](Response&& r) { *out = std::move(r); });
-    return out;
-  };
-  const std::vector<VariableSpec> model{{"a", {2}, {}}, {"b", {2}, {}}};
-  for (const std::uint32_t part : {0U, 1U}) {  // RoundRobin: part 0 on ps 0 (the copy), 1 on ps 1
-    const std::optional<std::uint32_t> shard = part == 0 ? std::optional<std::uint32_t>(0) : std::nullopt;
-    REQUIRE(send(Register{model}, Node::chief(), shard)->has_value());
-    const auto init = send(Initialize{{{part, std::vector<float>{0, 0}}}}, Node::chief(), shard);
-    REQUIRE(init->has_value());
-    REQUIRE(std::holds_alternative<Ack>(**init));
-  }
-  send(Heartbeat{0, false}, Node::chief());
-  for (std::uint32_t w = 0; w < 2; ++w) send(Heartbeat{w, false}, Node::worker(w));
+  HandServed ps(std::chrono::milliseconds(800), std::chrono::milliseconds(600));
+  auto& copies = ps.copies;
+  ps.send(Heartbeat{0, false}, Node::chief());
+  for (std::uint32_t w = 0; w < 2; ++w) ps.send(Heartbeat{w, false}, Node::worker(w));
   std::this_thread::sleep_for(std::chrono::milliseconds(2000));  // stopped
   REQUIRE(!copies.fenced(Node::worker(0)).empty());
-  send(Heartbeat{0, false}, Node::chief());
+  ps.send(Heartbeat{0, false}, Node::chief());
   const auto resumed = std::chrono::steady_clock::now();
   // The chief beats, the workers do not: they are held lost a whole timeout (800 ms) after
   // the ps ran again, not 200 ms after, as they would be if only the fence were forgiven.
   // (A loaded machine only makes the verdict come later.)
   std::chrono::steady_clock::duration until_lost{};
   while (std::chrono::steady_clock::now() - resumed < std::chrono::seconds(5)) {
-    send(Heartbeat{0, false}, Node::chief());
+    ps.send(Heartbeat{0, false}, Node::chief());
     copies.tick();
     if (copies.own().stats().workers_lost == 2 && copies.copy().stats().workers_lost == 2) {
       until_lost = std::chrono::steady_clock::now() - resumed;

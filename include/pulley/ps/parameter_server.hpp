@@ -132,10 +132,9 @@ class ParameterServer {
   void set_worker_timeout(std::chrono::milliseconds timeout) noexcept { liveness_.set_timeout(timeout); }
   /// How long this ps waits for a chief to come back once it holds the chief lost (its
   /// heartbeats stopped for the worker timeout; default 5 min): meanwhile it keeps the model
-  /// and serves the workers (unless `set_serves_without_chief(false)`), and a chief
-  /// started again goes on from it. Then it ends
-  /// training as aborted (every task fails, naming the chief). A chief that never beat is
-  /// never held lost.
+  /// and serves the workers (unless `set_serves_without_chief(false)`), and a chief started
+  /// again goes on from it. Then it ends training as aborted (every task fails, naming the
+  /// chief). A chief that never beat is never held lost.
   void set_chief_wait(std::chrono::milliseconds wait) noexcept { chief_wait_ = wait; }
   /// False: this ps serves no task while it misses the chief (ShardCopies' lease), so a
   /// lost chief pauses the job here rather than letting the workers go on; its log says so.
@@ -182,7 +181,7 @@ class ParameterServer {
   /// It serves the tasks again after refusing all but the chief since `since` (ShardCopies'
   /// fence): the workers' silence meanwhile, and before it while this ps heard nobody
   /// at all, was this ps's doing and is not held against them (Liveness::forgive).
-  void fence_lifted(std::chrono::steady_clock::time_point since) noexcept {
+  void fence_lifted(Liveness::Clock::time_point since) noexcept {
     liveness_.forgive(since, Clock::now());
   }
 
