@@ -64,7 +64,7 @@ TEST_CASE("a pull that timed out never writes into the caller's buffers afterwar
   CHECK(code_of([&] { worker.pull(); }) == ErrorCode::kDeadlineExceeded);
   auto bias = worker.model().parameter(1);
   std::fill(bias.begin(), bias.end(), -7.0F);
-  std::this_thread::sleep_for(std::chrono::milliseconds(400));  // the ps answers meanwhile
+  (void)chief.stats();  // queued behind the pull at ps 1: once answered, the pull was too
   CHECK(bias[0] == -7.0F);
   CHECK(bias[1] == -7.0F);
   cluster.network().delay(Node::ps(1), std::chrono::microseconds(0));
@@ -316,11 +316,16 @@ TEST_CASE("the network owns its ps tasks: destroying it mid-training is safe") {
           ClientOptions options;
           options.recovery_timeout = std::chrono::milliseconds(300);
           Worker worker(0, LinearModel(3, 2), std::move(endpoint), options);
-          worker.wait_ready();
           // Worker 1 never comes: the step's pull waits until the network goes away.
-          worker_error = code_of([&] { worker.step({data.x, data.y}); });
+          worker_error = code_of([&] {
+            worker.wait_ready();
+            worker.step({data.x, data.y});
+          });
         });
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    // Gone once worker 0 pushed and waits.
+    for (int i = 0; i < 1000 && chief.stats().at(0).gradients_accepted + chief.stats().at(1).gradients_accepted < 2; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
   }
   worker_thread.join();
   CHECK(worker_error == ErrorCode::kUnavailable);

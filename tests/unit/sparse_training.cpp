@@ -8,9 +8,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
@@ -338,9 +340,12 @@ class CountingModel {
     ids.insert(ids.end(), batch.begin(), batch.end());
   }
   float compute_gradients(const Batch& batch, std::span<const TableBatch> tables) {
+    if (before_compute) before_compute();
     for (const std::uint64_t id : batch) tables[0].gradient(id)[0] += 1.0F;
     return 0.0F;
   }
+  /// Runs before each gradient is computed (between the step's pull and its push), if set.
+  std::function<void()> before_compute;
 
  private:
   std::vector<VariableSpec> variables_{{"b", {1}, Initializer::zeros()}};
@@ -355,18 +360,31 @@ CountingModel::Batch counting_batch(std::uint32_t w, std::int64_t k) {
   return {mix_id(999), mix_id(1000 * (w + 1) + c % 7), mix_id(1000 * (w + 1) + 100 + c % 3)};
 }
 
+/// Where a test may hold a worker of `train_counting` back (each optional): before its k-th
+/// step, before it computes a gradient, and after a step (nullptr: training is over).
+struct Pace {
+  std::function<void(std::uint32_t, std::int64_t)> before_step;
+  std::function<void(std::uint32_t)> before_compute;
+  std::function<void(std::uint32_t, const StepResult*)> after_step;
+};
+
 /// `workers` workers train CountingModel on `cluster` until global step `last`; returns
 /// each worker's step results.
 template <class C>
-std::vector<std::vector<StepResult>> train_counting(C& cluster, std::uint32_t workers, std::int64_t last) {
+std::vector<std::vector<StepResult>> train_counting(C& cluster, std::uint32_t workers, std::int64_t last,
+                                                    const Pace& pace = {}) {
   std::vector<std::vector<StepResult>> results(workers);
   std::vector<std::thread> threads;
   for (std::uint32_t w = 0; w < workers; ++w) {
     threads.emplace_back([&, w] {
-      Worker worker(w, CountingModel(), cluster.endpoint(Node::worker(w)));
+      CountingModel model;
+      if (pace.before_compute) model.before_compute = [&, w] { pace.before_compute(w); };
+      Worker worker(w, std::move(model), cluster.endpoint(Node::worker(w)));
       worker.wait_ready();
       for (std::int64_t k = 0;; ++k) {
+        if (pace.before_step) pace.before_step(w, k);
         const auto result = worker.step(counting_batch(w, k), last);
+        if (pace.after_step) pace.after_step(w, result ? &*result : nullptr);
         if (!result) break;
         results[w].push_back(*result);
       }
@@ -390,19 +408,54 @@ void check_rows(Chief<InProcess>& chief, const std::map<std::uint64_t, float>& e
 }  // namespace
 
 TEST_CASE("sync R < N with tables: a slow backup worker's rows are dropped as stale, the others' applied once a step") {
-  // Workers 0 and 1 answer in ~1 ms, worker 2 (the backup) in ~40 ms: its pushes mostly land
-  // after the others completed their step, and must change no row, its own rows included.
-  // Which pushes were fresh is the ps tasks' word (StepResult::stale_parts), not the delays':
-  // on a loaded machine a fast worker can come late too.
+  // Worker 2 (the backup) computes each gradient only once workers 0 and 1 had 4 more
+  // fresh pushes taken (a step completed after its token's), so its pushes land late
+  // however the threads run; workers 0 and 1 wait halfway for two of its pushes (taken
+  // fresh or not: it may not be held back while they wait), so it does push. Which pushes
+  // were fresh is the ps tasks' word (StepResult::stale_parts).
   constexpr std::int64_t kSteps = 60;
   Cluster<RoundRobin, Sgd, SyncReplicas> cluster(2, Sgd{1.0F}, SyncReplicas(2, 3));
   Chief chief(cluster.endpoint(Node::chief()), kSeed);
   const CountingModel shape;
   chief.initialize(shape.variables(), shape.tables());
-  cluster.network().delay(Node::worker(0), std::chrono::milliseconds(1));
-  cluster.network().delay(Node::worker(1), std::chrono::milliseconds(1));
-  cluster.network().delay(Node::worker(2), std::chrono::milliseconds(40));
-  const auto results = train_counting(cluster, 3, kSteps);
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::int64_t fresh_taken = 0;  // workers 0 and 1's fresh pushes
+  int halfway = 0;               // workers 0 and 1 waiting for worker 2
+  int finished = 0;              // workers 0 and 1 done
+  std::int64_t backup_pushes = 0;
+  bool backup_done = false;  // worker 2 heard that training is over
+  bool gave_up = false;
+  Pace pace;
+  pace.before_compute = [&](std::uint32_t w) {
+    if (w != 2) return;
+    std::unique_lock lock(mutex);
+    const std::int64_t until = fresh_taken + 4;
+    gave_up |= !changed.wait_for(lock, std::chrono::seconds(30),
+                                 [&] { return fresh_taken >= until || halfway + finished == 2; });
+  };
+  pace.before_step = [&](std::uint32_t w, std::int64_t k) {
+    if (w == 2 || k != kSteps / 2) return;
+    std::unique_lock lock(mutex);
+    ++halfway;
+    changed.notify_all();
+    gave_up |= !changed.wait_for(lock, std::chrono::seconds(30), [&] { return backup_pushes >= 2 || backup_done; });
+    --halfway;
+  };
+  pace.after_step = [&](std::uint32_t w, const StepResult* result) {
+    const std::lock_guard lock(mutex);
+    if (w == 2) {
+      backup_pushes += result != nullptr ? 1 : 0;
+      backup_done = result == nullptr;
+    } else if (result == nullptr) {
+      ++finished;
+    } else {
+      fresh_taken += result->stale_parts == 0 ? 1 : 0;
+    }
+    changed.notify_all();
+  };
+  const auto results = train_counting(cluster, 3, kSteps, pace);
+  CHECK_FALSE(gave_up);
   // A row's value is minus the steps whose fresh pushes used it (a row both fresh pushes of
   // a step carry is their mean: one update); rows only stale pushes carried stay at 0.
   std::map<std::int64_t, std::set<std::uint64_t>> used;  // by the step the push was for

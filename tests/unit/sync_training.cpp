@@ -263,12 +263,20 @@ TEST_CASE("sync R > N: a fast worker contributes several gradients to one step")
   CHECK(stats.updates_applied == 2 * kSteps);
   // Every applied update averaged exactly R = 3 fresh gradients.
   CHECK(stats.gradients_accepted == 3 * stats.updates_applied);
-  std::map<std::int64_t, int> fresh_per_step;
-  for (const StepResult& r : results[0]) {
-    if (r.stale_parts == 0) ++fresh_per_step[r.local_step];
+  // Three fresh gradients from two workers: at every step one worker gave two (whichever
+  // ran faster there, so the check holds however the threads are scheduled).
+  std::map<std::int64_t, std::array<int, 2>> fresh_per_step;
+  for (std::uint32_t w = 0; w < 2; ++w) {
+    for (const StepResult& r : results[w]) {
+      if (r.stale_parts == 0) ++fresh_per_step[r.local_step][w];
+    }
   }
-  CHECK(std::any_of(fresh_per_step.begin(), fresh_per_step.end(),
-                    [](const auto& kv) { return kv.second >= 2; }));
+  CHECK(fresh_per_step.size() == static_cast<std::size_t>(kSteps));
+  for (const auto& [step, fresh] : fresh_per_step) {
+    CAPTURE(step);
+    CHECK(fresh[0] + fresh[1] == 3);
+    CHECK(std::max(fresh[0], fresh[1]) >= 2);
+  }
   chief.shutdown();
 }
 
@@ -440,11 +448,16 @@ TEST_CASE("a long wait for a step while training advances is not reported as a s
   LogCapture log;
   constexpr std::int64_t kSteps = 100;
   std::atomic<std::int64_t> stepped{0};
+  std::chrono::steady_clock::duration longest_gap{};  // between two steps: a report is due past 500 ms
   std::thread stepping([&] {
     Worker worker(0, LinearModel(kIn, kOut), cluster.endpoint(Node::worker(0)));
     worker.wait_ready();
+    auto last = std::chrono::steady_clock::now();
     for (std::int64_t s = 0; s < kSteps; ++s) {
       CHECK(worker.step(rows_of(data, 0, 4)).has_value());
+      const auto now = std::chrono::steady_clock::now();
+      if (s > 0) longest_gap = std::max(longest_gap, now - last);
+      last = now;
       ++stepped;
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
@@ -453,8 +466,13 @@ TEST_CASE("a long wait for a step while training advances is not reported as a s
   REQUIRE(stepped > 0);  // the worker is stepping: the wait starts while the steps move
   const Snapshot shot = chief.snapshot(kSteps);
   CHECK(shot.step >= kSteps);
-  CHECK(log.find(LogLevel::kWarning, "no progress").empty());
   stepping.join();
+  if (longest_gap < std::chrono::milliseconds(400)) {
+    CHECK(log.find(LogLevel::kWarning, "no progress").empty());
+  } else {  // the machine held the worker back long enough that a report was right
+    MESSAGE("a step took " << std::chrono::duration_cast<std::chrono::milliseconds>(longest_gap).count()
+                           << " ms on this loaded machine: whether a stall was reported is not checked");
+  }
   // Nothing moves now: a wait for a step never reached is reported while it lasts, then
   // given up after wait_timeout.
   std::optional<ErrorCode> code;
@@ -485,7 +503,10 @@ TEST_CASE("a worker waiting for a step stops cleanly when the chief ends trainin
     stepped = stepped.value() && worker.step(rows_of(data, 0, 4)).has_value();
     finished = worker.finished();
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // Ended once worker 0 pushed and waits (not before it is ready: that is another case).
+  for (int i = 0; i < 1000 && chief.stats().at(0).gradients_accepted == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   chief.shutdown();
   lonely.join();
   CHECK(stepped == false);  // the end of training, not an error

@@ -786,7 +786,10 @@ TEST_CASE("over TCP a worker hears that training ended, and the ps ends once cli
       CHECK_FALSE(worker.step({data.x, data.y}).has_value());
       CHECK(worker.finished());
     });
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    // Ended once worker 0 pushed and waits (not before it is ready: that is another case).
+    for (int i = 0; i < 1000 && chief.stats().at(0).gradients_accepted == 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
     chief.shutdown();
     lonely.join();
     CHECK(serving.wait_for(std::chrono::milliseconds(300)) == std::future_status::timeout);

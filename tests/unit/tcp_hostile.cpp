@@ -18,6 +18,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -607,15 +608,25 @@ TEST_CASE("a second process claiming a live task is refused, and one in place of
   RawClient next;
   CHECK(next.join(ps.port, Node::worker(2), test_credentials(), 44).empty());
   next.socket.close();
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the ps sees it close
-  RawClient restarted;
-  CHECK(restarted.join(ps.port, Node::worker(2), test_credentials(), 55).empty());
-  // A real client refused so retries, and fails kUnavailable (recoverable) naming why.
+  // Refused only until the ps has seen it close: then let in, long before takeover_after.
+  std::optional<RawClient> restarted;
+  std::string refusal = "not tried";
+  for (int i = 0; i < 250 && !refusal.empty(); ++i) {
+    if (i > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    restarted.emplace();
+    refusal = restarted->join(ps.port, Node::worker(2), test_credentials(), 55);
+  }
+  CHECK(refusal.empty());
+  // A real client refused so retries, and fails kUnavailable (recoverable) naming why
+  // (worker 2's process was just heard, and stays live for takeover_after).
+  restarted->send(GetStats{}, 1);
+  std::vector<char> body;
+  REQUIRE(restarted->receive(body).call == 1);
   try {
     Tcp tcp(Node::worker(2), {ps.address}, [] {
       TcpOptions o = pulley::testing::test_client_options();
       o.credentials = test_credentials();
-      o.connect_timeout = std::chrono::milliseconds(200);
+      o.connect_timeout = std::chrono::milliseconds(600);
       return o;
     }());
     FAIL("a second process was let in as worker:2");
