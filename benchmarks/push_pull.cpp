@@ -11,7 +11,7 @@
 // alternating rounds, and the medians are compared: a ratio compares figures taken moments
 // apart. The range of the rounds' own ratios follows each line.
 //
-//   push_pull [--seconds-per-case 1.0] [--rounds 5] [--apply-only]
+//   push_pull [--seconds-per-case 1.0] [--rounds 5] [--apply-only] [--only TEXT]
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -246,11 +246,18 @@ double memcpy_time(std::size_t bytes) {
   return time_per_call(copy);
 }
 
+/// Only the cases whose name contains this are measured (`--only`; empty: every case): the
+/// transport's, or with `--apply-only` the apply's.
+std::string g_only;
+
 /// One line: the case's figure, its reference's, their ratio (of medians) and the range of
-/// the rounds' ratios. `per_second` turns seconds per call into the figure (e.g. GB/s);
-/// nullptr prints microseconds per call (latency) instead.
-void print(const std::string& what, const Paired& p, double (*per_second)(double), const char* unit,
-           const char* ref) {
+/// the rounds' ratios, unless `--only` leaves the case out (then nothing is measured).
+/// `measure` measures both (`paired`); `per_second` turns seconds per call into the figure
+/// (e.g. GB/s); nullptr prints microseconds per call (latency) instead.
+void print(const std::string& what, const std::function<Paired()>& measure,
+           double (*per_second)(double), const char* unit, const char* ref) {
+  if (what.find(g_only) == std::string::npos) return;
+  const Paired p = measure();
   const bool latency = per_second == nullptr;
   const double value = latency ? p.seconds * 1e6 : per_second(p.seconds);
   const double reference = latency ? p.reference * 1e6 : per_second(p.reference);
@@ -258,6 +265,7 @@ void print(const std::string& what, const Paired& p, double (*per_second)(double
   std::printf("%-40s %9.2f %-5s ref %-20s %9.2f %-5s ratio %.2f (rounds %.2f-%.2f)\n", what.c_str(),
               value, unit, ref, reference, unit, ratio, latency ? 1.0 / p.high : p.low,
               latency ? 1.0 / p.low : p.high);
+  std::fflush(stdout);
 }
 
 std::size_t g_bytes = 0;  ///< the tensor size of the case being printed
@@ -268,12 +276,15 @@ double two_gb_per_s(double seconds) { return 2.0 * gb_per_s(seconds); }  // push
 
 int main(int argc, char** argv) {
   const auto usage = [&](std::FILE* to) {
-    std::fprintf(to,
-                 "usage: %s [--seconds-per-case S (1.0)] [--rounds N (5)] [--apply-only]\n"
-                 "  pulley's push/pull throughput and latency, in-process and over TCP loopback,\n"
-                 "  each beside a reference measured in the same run (memcpy, a raw Asio echo, ...);\n"
-                 "  then the ps's update of a 16M-float part (--apply-only: that alone)\n",
-                 argv[0]);
+    std::fprintf(
+        to,
+        "usage: %s [--seconds-per-case S (1.0)] [--rounds N (5)] [--apply-only] [--only TEXT]\n"
+        "  pulley's push/pull throughput and latency, in-process and over TCP loopback,\n"
+        "  each beside a reference measured in the same run (memcpy, a raw Asio echo, ...);\n"
+        "  then the ps's update of a 16M-float part (--apply-only: that alone);\n"
+        "  --only TEXT: only the cases whose name contains TEXT, of the transport's (of the\n"
+        "  apply's, with --apply-only)\n",
+        argv[0]);
   };
   bool apply_only = false;
   for (int i = 1; i < argc; ++i) {
@@ -291,13 +302,20 @@ int main(int argc, char** argv) {
     if (flag == "--seconds-per-case" && has_value) {
       g_seconds = std::strtod(argv[++i], &end);
       if (*end == '\0' && g_seconds > 0 && g_seconds < 1e6) continue;
+    } else if (flag == "--only" && has_value) {
+      g_only = argv[++i];
+      continue;
     } else if (flag == "--rounds" && has_value) {
       g_rounds = static_cast<int>(std::strtol(argv[++i], &end, 10));
       if (*end == '\0' && g_rounds >= 1 && g_rounds <= 1000) continue;
     }
     const bool took_value = end != nullptr;  // argv[i] is then the flag's value
     std::fprintf(stderr, "push_pull: bad argument: %s%s%s\n", flag.c_str(), took_value ? " " : "",
-                 took_value ? argv[i] : (flag == "--rounds" || flag == "--seconds-per-case" ? " (no value)" : ""));
+                 took_value
+                     ? argv[i]
+                     : (flag == "--rounds" || flag == "--seconds-per-case" || flag == "--only"
+                            ? " (no value)"
+                            : ""));
     usage(stderr);
     return 2;
   }
@@ -320,29 +338,40 @@ int main(int argc, char** argv) {
       const double w = workers;
       const std::string who =
           std::to_string(workers) + " worker" + (workers > 1 ? "s" : "") + ", " + size;
-      print("in-process push+pull, " + who,
-            paired([&] { return in_process(n, workers, Op::kPushPull) / w; }, copy), two_gb_per_s,
-            "GB/s", "memcpy");
-      print("TCP push+pull, " + who,
-            paired([&] { return over_tcp(n, workers, Op::kPushPull) / w; }, echo), two_gb_per_s,
-            "GB/s", "raw loopback echo");
-      print("local-socket push+pull, " + who,
-            paired([&] { return over_tcp(n, workers, Op::kPushPull, true) / w; }, echo), two_gb_per_s,
-            "GB/s", "raw loopback echo");
+      print(
+          "in-process push+pull, " + who,
+          [&] { return paired([&] { return in_process(n, workers, Op::kPushPull) / w; }, copy); },
+          two_gb_per_s, "GB/s", "memcpy");
+      print(
+          "TCP push+pull, " + who,
+          [&] { return paired([&] { return over_tcp(n, workers, Op::kPushPull) / w; }, echo); },
+          two_gb_per_s, "GB/s", "raw loopback echo");
+      print(
+          "local-socket push+pull, " + who,
+          [&] {
+            return paired([&] { return over_tcp(n, workers, Op::kPushPull, true) / w; }, echo);
+          },
+          two_gb_per_s, "GB/s", "raw loopback echo");
       if (workers == 1) {
-        print("TCP push, " + who, paired([&] { return over_tcp(n, 1, Op::kPush); }, one_way),
-              gb_per_s, "GB/s", "raw one-way + ack");
-        print("TCP pull, " + who, paired([&] { return over_tcp(n, 1, Op::kPull); }, one_way),
-              gb_per_s, "GB/s", "raw one-way + ack");
+        print(
+            "TCP push, " + who,
+            [&] { return paired([&] { return over_tcp(n, 1, Op::kPush); }, one_way); }, gb_per_s,
+            "GB/s", "raw one-way + ack");
+        print(
+            "TCP pull, " + who,
+            [&] { return paired([&] { return over_tcp(n, 1, Op::kPull); }, one_way); }, gb_per_s,
+            "GB/s", "raw one-way + ack");
       }
       if (bytes == (std::size_t{4} << 10) && workers == 1) {
         auto ping_pong = [] { return raw_exchange(64, 64); };
-        print("TCP push+pull latency, " + size,
-              paired([&] { return over_tcp(n, 1, Op::kPushPull); }, ping_pong), nullptr, "us",
-              "64 B ping-pong");
-        print("in-process push+pull latency, " + size,
-              paired([&] { return in_process(n, 1, Op::kPushPull); }, ping_pong), nullptr, "us",
-              "64 B ping-pong");
+        print(
+            "TCP push+pull latency, " + size,
+            [&] { return paired([&] { return over_tcp(n, 1, Op::kPushPull); }, ping_pong); },
+            nullptr, "us", "64 B ping-pong");
+        print(
+            "in-process push+pull latency, " + size,
+            [&] { return paired([&] { return in_process(n, 1, Op::kPushPull); }, ping_pong); },
+            nullptr, "us", "64 B ping-pong");
       }
     }
   }
@@ -350,38 +379,50 @@ int main(int argc, char** argv) {
   // A connection's cost: TCP connect, the handshake (a nonce each way, two HMACs) and a
   // first round trip, against a raw connect and a 64-byte exchange.
   if (!apply_only) {
-    print("TCP connect + handshake + first call", paired(tcp_first_call, raw_first_exchange), nullptr, "us",
-          "connect + 64 B ping-pong");
+    print(
+        "TCP connect + handshake + first call",
+        [&] { return paired(tcp_first_call, raw_first_exchange); }, nullptr, "us",
+        "connect + 64 B ping-pong");
   }
 
+  // The transport's cases alone (`--only` without `--apply-only`): no apply case, and none
+  // of their gigabyte of inputs either, whose page faults would weigh on a profile.
+  if (!g_only.empty() && !apply_only) return 0;
   // Server-side application over 16M floats against a plain loop doing the same math.
   const std::size_t n = std::size_t{16} << 20;
   g_bytes = n;  // "bandwidth" in G floats per second
   std::vector<float> w(n, 1.0F), g(n, 1e-3F);
   const pulley::Sgd sgd{0.01F};
   auto sgd_state = sgd.make_state(n);
-  print("server Sgd::apply, 16M floats",
-        paired([&] { return time_per_call([&] { sgd.apply(sgd_state, w, g); }); },
-               [&] {
-                 return time_per_call([&] {
-                   for (std::size_t i = 0; i < n; ++i) w[i] -= 0.01F * g[i];
-                 });
-               }),
-        gb_per_s, "Gf/s", "plain loop");
+  print(
+      "server Sgd::apply, 16M floats",
+      [&] {
+        return paired([&] { return time_per_call([&] { sgd.apply(sgd_state, w, g); }); },
+                      [&] {
+                        return time_per_call([&] {
+                          for (std::size_t i = 0; i < n; ++i) w[i] -= 0.01F * g[i];
+                        });
+                      });
+      },
+      gb_per_s, "Gf/s", "plain loop");
   // What the ps does per push with a stock optimizer: ask it whether the update stays
   // finite (reads the weights, the slots and the gradient), then apply.
-  print("server Sgd check + apply, 16M floats",
-        paired([&] {
-          return time_per_call([&] {
-            if (sgd.stays_finite(sgd_state, w, g)) sgd.apply(sgd_state, w, g);
-          });
-        },
-               [&] {
-                 return time_per_call([&] {
-                   for (std::size_t i = 0; i < n; ++i) w[i] -= 0.01F * g[i];
-                 });
-               }),
-        gb_per_s, "Gf/s", "plain loop");
+  print(
+      "server Sgd check + apply, 16M floats",
+      [&] {
+        return paired(
+            [&] {
+              return time_per_call([&] {
+                if (sgd.stays_finite(sgd_state, w, g)) sgd.apply(sgd_state, w, g);
+              });
+            },
+            [&] {
+              return time_per_call([&] {
+                for (std::size_t i = 0; i < n; ++i) w[i] -= 0.01F * g[i];
+              });
+            });
+      },
+      gb_per_s, "Gf/s", "plain loop");
   // What the ps does now: its Update proves the push finite from magnitudes (the part's,
   // measured by its last update, and the gradient's: given by the TCP transport, which
   // measures a push as it checks it arrived finite, or by the client in the ps's process,
@@ -402,76 +443,100 @@ int main(int argc, char** argv) {
   };
   const float ordinary = pulley::kOrdinaryMagnitude;  // the gradient's bound, as TCP or the client tell it
   const float unknown = std::numeric_limits<float>::infinity();
-  print("ps Sgd update, gradient bound told (TCP, client)", ps_update(sgd, ordinary), gb_per_s, "Gf/s", "Sgd::apply alone");
-  print("ps Sgd update, gradient read again (hand-made push)", ps_update(sgd, unknown), gb_per_s, "Gf/s", "Sgd::apply alone");
+  print(
+      "ps Sgd update, gradient bound told (TCP, client)", [&] { return ps_update(sgd, ordinary); },
+      gb_per_s, "Gf/s", "Sgd::apply alone");
+  print(
+      "ps Sgd update, gradient read again (hand-made push)",
+      [&] { return ps_update(sgd, unknown); }, gb_per_s, "Gf/s", "Sgd::apply alone");
   const pulley::Adam adam{};
   auto adam_state = adam.make_state(n);
   std::vector<float> m(n), v(n);
-  print("server Adam::apply, 16M floats",
-        paired([&] { return time_per_call([&] { adam.apply(adam_state, w, g); }); },
-               [&] {
-                 return time_per_call([&] {
-                   const float lr = 0.001F;
-                   for (std::size_t i = 0; i < n; ++i) {
-                     m[i] = 0.9F * m[i] + 0.1F * g[i];
-                     v[i] = 0.999F * v[i] + 0.001F * g[i] * g[i];
-                     w[i] -= lr * m[i] / (std::sqrt(v[i]) + 1e-7F);
-                   }
-                 });
-               }),
-        gb_per_s, "Gf/s", "plain loop");
+  print(
+      "server Adam::apply, 16M floats",
+      [&] {
+        return paired([&] { return time_per_call([&] { adam.apply(adam_state, w, g); }); },
+                      [&] {
+                        return time_per_call([&] {
+                          const float lr = 0.001F;
+                          for (std::size_t i = 0; i < n; ++i) {
+                            m[i] = 0.9F * m[i] + 0.1F * g[i];
+                            v[i] = 0.999F * v[i] + 0.001F * g[i] * g[i];
+                            w[i] -= lr * m[i] / (std::sqrt(v[i]) + 1e-7F);
+                          }
+                        });
+                      });
+      },
+      gb_per_s, "Gf/s", "plain loop");
   // What Adam's check costs inside apply: its vector lanes alone, the same rule with no
   // check at all (what `apply` would be if nothing were checked).
-  print("server Adam::apply, 16M floats / no check",
-        paired([&] { return time_per_call([&] { adam.apply(adam_state, w, g); }); },
-               [&] {
-                 return time_per_call([&] {
-                   const float lr_t = 0.001F, b1 = adam.beta_1, b2 = adam.beta_2, eps = adam.epsilon;
-                   pulley::detail::lanewise(
-                       0, n,
-                       [=](auto gi, auto& wi, auto& mi, auto& vi) {
-                         using std::sqrt;
-                         mi = b1 * mi + (1.0F - b1) * gi;
-                         vi = b2 * vi + (1.0F - b2) * gi * gi;
-                         wi -= lr_t * mi / (sqrt(vi) + eps);
-                       },
-                       g.data(), w.data(), m.data(), v.data());
-                 });
-               }),
-        gb_per_s, "Gf/s", "the same lanes, unchecked");
-  print("server Adam check + apply, 16M floats",
-        paired([&] {
-          return time_per_call([&] {
-            if (adam.stays_finite(adam_state, w, g)) adam.apply(adam_state, w, g);
-          });
-        },
-               [&] {
-                 return time_per_call([&] {
-                   const float lr = 0.001F;
-                   for (std::size_t i = 0; i < n; ++i) {
-                     m[i] = 0.9F * m[i] + 0.1F * g[i];
-                     v[i] = 0.999F * v[i] + 0.001F * g[i] * g[i];
-                     w[i] -= lr * m[i] / (std::sqrt(v[i]) + 1e-7F);
-                   }
-                 });
-               }),
-        gb_per_s, "Gf/s", "plain loop");
-  print("ps Adam update, gradient bound told (TCP, client)", ps_update(adam, ordinary), gb_per_s, "Gf/s", "Adam::apply alone");
-  print("ps Adam update, gradient read again (hand-made push)", ps_update(adam, unknown), gb_per_s, "Gf/s", "Adam::apply alone");
+  print(
+      "server Adam::apply, 16M floats / no check",
+      [&] {
+        return paired([&] { return time_per_call([&] { adam.apply(adam_state, w, g); }); },
+                      [&] {
+                        return time_per_call([&] {
+                          const float lr_t = 0.001F, b1 = adam.beta_1, b2 = adam.beta_2,
+                                      eps = adam.epsilon;
+                          pulley::detail::lanewise(
+                              0, n,
+                              [=](auto gi, auto& wi, auto& mi, auto& vi) {
+                                using std::sqrt;
+                                mi = b1 * mi + (1.0F - b1) * gi;
+                                vi = b2 * vi + (1.0F - b2) * gi * gi;
+                                wi -= lr_t * mi / (sqrt(vi) + eps);
+                              },
+                              g.data(), w.data(), m.data(), v.data());
+                        });
+                      });
+      },
+      gb_per_s, "Gf/s", "the same lanes, unchecked");
+  print(
+      "server Adam check + apply, 16M floats",
+      [&] {
+        return paired(
+            [&] {
+              return time_per_call([&] {
+                if (adam.stays_finite(adam_state, w, g)) adam.apply(adam_state, w, g);
+              });
+            },
+            [&] {
+              return time_per_call([&] {
+                const float lr = 0.001F;
+                for (std::size_t i = 0; i < n; ++i) {
+                  m[i] = 0.9F * m[i] + 0.1F * g[i];
+                  v[i] = 0.999F * v[i] + 0.001F * g[i] * g[i];
+                  w[i] -= lr * m[i] / (std::sqrt(v[i]) + 1e-7F);
+                }
+              });
+            });
+      },
+      gb_per_s, "Gf/s", "plain loop");
+  print(
+      "ps Adam update, gradient bound told (TCP, client)",
+      [&] { return ps_update(adam, ordinary); }, gb_per_s, "Gf/s", "Adam::apply alone");
+  print(
+      "ps Adam update, gradient read again (hand-made push)",
+      [&] { return ps_update(adam, unknown); }, gb_per_s, "Gf/s", "Adam::apply alone");
   // FTRL (Keras' defaults: learning_rate_power -0.5, no regularization) proves nothing from
   // magnitudes: the ps asks its stays_finite, which runs the rule on copies, then applies.
   const pulley::Ftrl ftrl{};
   auto ftrl_state = ftrl.make_state(n);
   std::vector<float> accumulator(n, ftrl.initial_accumulator_value), linear(n);
-  print("server Ftrl::apply, 16M floats",
-        paired([&] { return time_per_call([&] { ftrl.apply(ftrl_state, w, g); }); },
-               [&] {
-                 return time_per_call([&] {
-                   pulley::bench::plain_ftrl(w.data(), accumulator.data(), linear.data(), g.data(), n,
-                                             ftrl.learning_rate);
-                 });
-               }),
-        gb_per_s, "Gf/s", "plain loop");
-  print("ps Ftrl update (stays_finite, then apply)", ps_update(ftrl, ordinary), gb_per_s, "Gf/s", "Ftrl::apply alone");
+  print(
+      "server Ftrl::apply, 16M floats",
+      [&] {
+        return paired([&] { return time_per_call([&] { ftrl.apply(ftrl_state, w, g); }); },
+                      [&] {
+                        return time_per_call([&] {
+                          pulley::bench::plain_ftrl(w.data(), accumulator.data(), linear.data(),
+                                                    g.data(), n, ftrl.learning_rate);
+                        });
+                      });
+      },
+      gb_per_s, "Gf/s", "plain loop");
+  print(
+      "ps Ftrl update (stays_finite, then apply)", [&] { return ps_update(ftrl, ordinary); },
+      gb_per_s, "Gf/s", "Ftrl::apply alone");
   return 0;
 }
