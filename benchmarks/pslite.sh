@@ -45,6 +45,10 @@ cmake -S "$pslite" -B "$build/pslite" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$build/pslite" --target pslite --parallel "$(nproc)" >/dev/null 2>&1
 c++ -O3 -DNDEBUG -std=c++17 -I"$pslite/include" "$root/benchmarks/pslite/pslite_push_pull.cc" \
   "$build/pslite/libpslite.a" -lzmq -lprotobuf -lpthread -o "$build/pslite/pslite_push_pull" 2>/dev/null
+if [[ ! -f $build/CMakeCache.txt ]]; then  # a fresh clone: pulley's own dependencies and build tree
+  bash "$root/scripts/setup.sh"
+  BUILD_DIR=$build bash "$root/scripts/configure.sh" >/dev/null
+fi
 cmake --build "$build" --target push_pull >/dev/null
 
 work=$(mktemp -d)
