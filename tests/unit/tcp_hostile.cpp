@@ -466,22 +466,24 @@ TEST_CASE("a frame that claims more than the ps holds, or than its budget, is cu
 TEST_CASE("silent, stalled and trickling connections are closed at their deadlines") {
   LogCapture log;
   TcpServerOptions options = test_server_options();
-  options.handshake_timeout = std::chrono::milliseconds(300);
-  options.frame_timeout = std::chrono::milliseconds(300);
-  options.idle_timeout = std::chrono::milliseconds(600);
+  // Deadlines a loaded host (or the sanitizer build) meets with room for the test's own
+  // handshakes, and well below the trickle's 3.2 s; the ps sweeps them once a second.
+  options.handshake_timeout = std::chrono::milliseconds(1000);
+  options.frame_timeout = std::chrono::milliseconds(1000);
+  options.idle_timeout = std::chrono::milliseconds(1500);
   Ps<AsyncServer> ps(AsyncServer(0, 1, Sgd{0.5F}, Async{}), options);
   Tcp chief_link = client(Node::chief(), {ps.address});
 
   RawClient silent;  // connects and says nothing
   silent.connect(ps.port);
-  CHECK(silent.closed_by_ps(std::chrono::seconds(3)));
-  CHECK(log.wait_for(LogLevel::kWarning, "no handshake within 300 ms"));
+  CHECK(silent.closed_by_ps(std::chrono::seconds(5)));
+  CHECK(log.wait_for(LogLevel::kWarning, "no handshake within 1000 ms"));
 
   RawClient stalled;  // half a frame, then nothing
   REQUIRE(stalled.join(ps.port, Node::worker(0)).empty());
   wire::Header half = wire::encode(Request{Shutdown{}}, 1).header;
   asio::write(stalled.socket, asio::buffer(&half, sizeof half));  // its metadata never comes
-  CHECK(stalled.closed_by_ps(std::chrono::seconds(3)));
+  CHECK(stalled.closed_by_ps(std::chrono::seconds(5)));
 
   RawClient trickle;  // one byte every 100 ms: the 32-byte header alone would take 3.2 s
   REQUIRE(trickle.join(ps.port, Node::worker(0)).empty());
@@ -499,7 +501,7 @@ TEST_CASE("silent, stalled and trickling connections are closed at their deadlin
 
   RawClient idle;  // in, and then idle
   REQUIRE(idle.join(ps.port, Node::evaluator()).empty());
-  CHECK(idle.closed_by_ps(std::chrono::seconds(3)));
+  CHECK(idle.closed_by_ps(std::chrono::seconds(5)));
   CHECK(log.wait_for(LogLevel::kInfo, "closing idle connection from evaluator:0"));
 
   // The chief's own connection went idle too; its next call reconnects, and is served.
