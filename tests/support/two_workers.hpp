@@ -49,15 +49,15 @@ void run_steps(Net& cluster, const LinearData& data, std::int64_t from, std::int
 }
 
 /// Starts two workers training from step `from` to `last` on threads of their own, each
-/// request of theirs 1 ms late (so that training is still on when a test breaks
-/// something), waiting out lost ps tasks for up to 30 s; `failures` counts those that gave
-/// up. The caller joins the threads.
+/// request of theirs 3 ms late (so that training is still on when a test breaks something,
+/// even once a loaded host held the test's thread back for a second), waiting out lost ps
+/// tasks for up to 30 s; `failures` counts those that gave up. The caller joins the threads.
 template <class Net>
 std::vector<std::thread> start_steps(Net& cluster, const LinearData& data, std::int64_t from, std::int64_t last,
                                      std::atomic<int>& failures) {
   std::vector<std::thread> workers;
   for (std::uint32_t w = 0; w < 2; ++w) {
-    cluster.network().delay(Node::worker(w), std::chrono::milliseconds(1));
+    cluster.network().delay(Node::worker(w), std::chrono::milliseconds(3));
     workers.emplace_back([&cluster, &data, &failures, from, last, w] {
       ClientOptions options;
       options.recovery_timeout = std::chrono::seconds(30);
