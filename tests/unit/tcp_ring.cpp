@@ -65,6 +65,21 @@ TcpRingOptions quick() {
   return o;
 }
 
+/// Calls `attempt` until it returns true (it reached a rank, which may not listen yet), for
+/// up to 5 s, then sets `done`: a stranger goes first, and rank 0 waits for it
+/// (`wait_for`), however late a loaded host starts rank 1. (A rank accepts its previous
+/// rank's connection once it has reached its next rank: strangers that connected before
+/// rank 0 started are accepted before it.)
+void as_stranger(const std::function<bool()>& attempt, std::atomic<bool>& done) {
+  for (int i = 0; i < 250 && !attempt(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  done = true;
+}
+
+/// Waits until `done`, for up to 6 s.
+void wait_for(const std::atomic<bool>& done) {
+  for (int i = 0; i < 300 && !done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+}
+
 }  // namespace
 
 TEST_CASE("a TCP ring sums as the in-process ring does, bit for bit, whatever order its ranks start in") {
@@ -131,19 +146,31 @@ TEST_CASE("a rank without the job's secret is refused, and its neighbour names t
 TEST_CASE("a stranger that connects first is refused and the ring forms around it") {
   testing::LogCapture log;
   const auto addresses = free_addresses(2);
+  std::atomic<bool> connected{false};
   std::jthread stranger([&] {
-    // Connects to rank 1 before rank 0 does, answers the challenge as another job, then idles.
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    testing::RawClient raw;
+    // Connects to rank 1 before rank 0 does (rank 1 accepts once it reached rank 0, the
+    // stranger first) and answers the challenge as another job.
+    const auto port = static_cast<std::uint16_t>(std::stoi(addresses[1].substr(10)));
+    std::optional<testing::RawClient> raw;
+    as_stranger(
+        [&] {
+          raw.emplace();
+          try {
+            raw->connect(port);
+            return true;
+          } catch (...) {
+            return false;  // rank 1 does not listen yet
+          }
+        },
+        connected);
     try {
-      const auto port = static_cast<std::uint16_t>(std::stoi(addresses[1].substr(10)));
-      (void)raw.join(port, Node::worker(0), Credentials{"another-job", "x"});
+      (void)raw->handshake(Node::worker(0), Credentials{"another-job", "x"});
     } catch (...) {
     }
   });
   std::vector<std::vector<float>> data(2, std::vector<float>(100, 1.0F));
   const auto failures = on_ranks(2, [&](std::size_t r) {
-    if (r == 0) std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    if (r == 0) wait_for(connected);
     TcpRingOptions o = quick();
     o.local_sockets = false;  // (rank 0 would come in on the local socket, ahead of the stranger)
     TcpRing link(r, addresses, testing::test_credentials(), o);
@@ -159,15 +186,19 @@ TEST_CASE("strangers that hang up, or send what is no handshake, are dropped and
   testing::LogCapture log;
   const auto addresses = free_addresses(2);
   const auto port = static_cast<std::uint16_t>(std::stoi(addresses[1].substr(10)));
+  std::atomic<bool> dropped{false};
   std::jthread strangers([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    for (int i = 0; i < 3; ++i) {  // a port probe: connect, close
-      testing::RawClient probe;
+    const auto probe = [&] {  // a port probe: connect, close
+      testing::RawClient raw;
       try {
-        probe.connect(port);
+        raw.connect(port);
+        return true;
       } catch (...) {
+        return false;  // rank 1 does not listen yet
       }
-    }
+    };
+    as_stranger(probe, dropped);
+    for (int i = 0; i < 2; ++i) (void)probe();
     testing::RawClient talker;  // reads the challenge, answers with bytes of another protocol
     try {
       talker.connect(port);
@@ -178,7 +209,10 @@ TEST_CASE("strangers that hang up, or send what is no handshake, are dropped and
   });
   std::vector<std::vector<float>> data(2, std::vector<float>(10, 1.0F));
   const auto failures = on_ranks(2, [&](std::size_t r) {
-    if (r == 0) std::this_thread::sleep_for(std::chrono::milliseconds(800));
+    if (r == 0) {
+      wait_for(dropped);
+      std::this_thread::sleep_for(std::chrono::milliseconds(400));  // the talker's turn
+    }
     TcpRingOptions o = quick();
     o.local_sockets = false;
     TcpRing link(r, addresses, testing::test_credentials(), o);
@@ -202,16 +236,23 @@ TEST_CASE("ranks on one host link through shared memory over local sockets, whic
     CAPTURE(rank_1_shares);
     testing::LogCapture log;
     const auto addresses = free_addresses(3);
+    std::atomic<bool> spoke{false};
     std::jthread stranger([&] {
-      // Before rank 0 is up, something of this host reaches rank 1's local socket and
-      // speaks another protocol there.
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      // Before rank 0 is up, something of this host reaches rank 1's local socket (none
+      // listens when local sockets are off) and speaks another protocol there.
       asio::io_context io;
       asio::local::stream_protocol::socket socket(io);
-      asio::error_code ec;
-      socket.connect(asio::local::stream_protocol::endpoint(transport_detail::ring_socket_name(addresses[1])), ec);
-      if (ec) return;  // none listens: local sockets are off
-      asio::write(socket, asio::buffer(std::string("GET / HTTP/1.1\r\nHost: x\r\n\r\n")), ec);
+      as_stranger(
+          [&] {
+            asio::error_code ec;
+            socket.close(ec);
+            socket.connect(asio::local::stream_protocol::endpoint(transport_detail::ring_socket_name(addresses[1])),
+                           ec);
+            if (ec) return !local;
+            asio::write(socket, asio::buffer(std::string("GET / HTTP/1.1\r\nHost: x\r\n\r\n")), ec);
+            return true;
+          },
+          spoke);
       std::this_thread::sleep_for(std::chrono::milliseconds(300));
     });
     std::vector<std::vector<float>> data(3, std::vector<float>(1000, 1.0F));
@@ -219,7 +260,10 @@ TEST_CASE("ranks on one host link through shared memory over local sockets, whic
     std::vector<int> linked_shared(3, -1);
     std::vector<int> shares_with_next(3, -1);
     const auto failures = on_ranks(3, [&](std::size_t r) {
-      if (r == 0) std::this_thread::sleep_for(std::chrono::milliseconds(600));
+      if (r == 0) {
+        wait_for(spoke);
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));  // rank 1 reads it
+      }
       TcpRingOptions o = quick();
       o.local_sockets = local;
       o.shared_memory = r == 1 ? rank_1_shares : shared;
