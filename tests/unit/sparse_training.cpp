@@ -409,10 +409,12 @@ void check_rows(Chief<InProcess>& chief, const std::map<std::uint64_t, float>& e
 
 TEST_CASE("sync R < N with tables: a slow backup worker's rows are dropped as stale, the others' applied once a step") {
   // Worker 2 (the backup) computes each gradient only once workers 0 and 1 had 4 more
-  // fresh pushes taken (a step completed after its token's), so its pushes land late
-  // however the threads run; workers 0 and 1 wait halfway for two of its pushes (taken
-  // fresh or not: it may not be held back while they wait), so it does push. Which pushes
-  // were fresh is the ps tasks' word (StepResult::stale_parts).
+  // fresh pushes taken (two steps completed after its token's), so each of its pushes lands
+  // late however the threads run; workers 0 and 1 wait halfway until worker 2 waits so
+  // (holding a token), or pushed late already, so that it pushes late before the end. They
+  // never wait for a push of its to complete (one could be waiting for them). Once one of
+  // them finished it is held no more: the other may need its push to end. Which pushes were
+  // fresh is the ps tasks' word (StepResult::stale_parts).
   constexpr std::int64_t kSteps = 60;
   Cluster<RoundRobin, Sgd, SyncReplicas> cluster(2, Sgd{1.0F}, SyncReplicas(2, 3));
   Chief chief(cluster.endpoint(Node::chief()), kSeed);
@@ -421,31 +423,31 @@ TEST_CASE("sync R < N with tables: a slow backup worker's rows are dropped as st
   std::mutex mutex;
   std::condition_variable changed;
   std::int64_t fresh_taken = 0;  // workers 0 and 1's fresh pushes
-  int halfway = 0;               // workers 0 and 1 waiting for worker 2
   int finished = 0;              // workers 0 and 1 done
-  std::int64_t backup_pushes = 0;
-  bool backup_done = false;  // worker 2 heard that training is over
+  bool backup_waiting = false;   // worker 2 holds a token and waits to compute
+  std::int64_t backup_late = 0;  // worker 2's pushes dropped as stale
+  bool backup_done = false;      // worker 2 heard that training is over
   bool gave_up = false;
   Pace pace;
   pace.before_compute = [&](std::uint32_t w) {
     if (w != 2) return;
     std::unique_lock lock(mutex);
     const std::int64_t until = fresh_taken + 4;
-    gave_up |= !changed.wait_for(lock, std::chrono::seconds(30),
-                                 [&] { return fresh_taken >= until || halfway + finished == 2; });
+    backup_waiting = true;
+    changed.notify_all();
+    gave_up |= !changed.wait_for(lock, std::chrono::seconds(30), [&] { return fresh_taken >= until || finished > 0; });
+    backup_waiting = false;
   };
   pace.before_step = [&](std::uint32_t w, std::int64_t k) {
     if (w == 2 || k != kSteps / 2) return;
     std::unique_lock lock(mutex);
-    ++halfway;
-    changed.notify_all();
-    gave_up |= !changed.wait_for(lock, std::chrono::seconds(30), [&] { return backup_pushes >= 2 || backup_done; });
-    --halfway;
+    gave_up |= !changed.wait_for(lock, std::chrono::seconds(30),
+                                 [&] { return backup_waiting || backup_late > 0 || backup_done; });
   };
   pace.after_step = [&](std::uint32_t w, const StepResult* result) {
     const std::lock_guard lock(mutex);
     if (w == 2) {
-      backup_pushes += result != nullptr ? 1 : 0;
+      backup_late += result != nullptr && result->stale_parts > 0 ? 1 : 0;
       backup_done = result == nullptr;
     } else if (result == nullptr) {
       ++finished;

@@ -121,7 +121,9 @@ TEST_CASE("sync R = N with 3 workers equals single-process SGD on the union of b
 TEST_CASE("sync R < N: a slow backup worker's gradients are dropped as stale, never applied") {
   // Worker 2 computes each gradient only once workers 0 and 1 have had 4 more gradients
   // taken (R = 2: at least one more step completed after its token's): each of its pushes
-  // lands after its step, however the threads are scheduled.
+  // lands after its step, however the threads are scheduled. Workers 0 and 1 wait halfway
+  // until worker 2 waits so (holding a token) or has pushed, so that it pushes before the
+  // end however late its thread starts.
   constexpr std::int64_t kSteps = 150;
   const LinearData data(64, kIn, kOut, 1);
   Cluster<RoundRobin, Sgd, SyncReplicas> cluster(1, Sgd{0.01F}, SyncReplicas(2, 3));
@@ -132,7 +134,8 @@ TEST_CASE("sync R < N: a slow backup worker's gradients are dropped as stale, ne
   std::condition_variable progressed;
   std::int64_t taken = 0;  // gradients of workers 0 and 1 not dropped
   int finished = 0;        // of workers 0 and 1
-  bool gave_up = false;    // worker 2 waited 30 s for them
+  bool backup_waiting = false;  // worker 2 holds a token and waits to compute
+  bool gave_up = false;    // worker 2 waited 30 s for them, or they for it
   struct HeldBack : LinearModel {
     using LinearModel::LinearModel;
     std::function<void()> before;
@@ -151,11 +154,18 @@ TEST_CASE("sync R < N: a slow backup worker's gradients are dropped as stale, ne
         if (w != 2) return;
         std::unique_lock lock(mutex);
         const std::int64_t until = taken + 4;
+        backup_waiting = true;
+        progressed.notify_all();
         if (!progressed.wait_for(lock, 30s, [&] { return taken >= until || finished == 2; })) gave_up = true;
+        backup_waiting = false;
       };
       Worker worker(w, std::move(model), cluster.endpoint(Node::worker(w)));
       worker.wait_ready();
       for (std::size_t k = 0;; ++k) {
+        if (w != 2 && k == kSteps / 2) {
+          std::unique_lock lock(mutex);
+          if (!progressed.wait_for(lock, 30s, [&] { return backup_waiting || !results[2].empty(); })) gave_up = true;
+        }
         const auto result = worker.step(rows_of(data, (k * 4) % 60, 4), kSteps);
         const std::lock_guard lock(mutex);
         if (!result) {
@@ -263,8 +273,8 @@ TEST_CASE("sync R > N: a fast worker contributes several gradients to one step")
   CHECK(stats.updates_applied == 2 * kSteps);
   // Every applied update averaged exactly R = 3 fresh gradients.
   CHECK(stats.gradients_accepted == 3 * stats.updates_applied);
-  // Three fresh gradients from two workers: at every step one worker gave two (whichever
-  // ran faster there, so the check holds however the threads are scheduled).
+  // Three fresh gradients from two workers at every step: each step took two of one worker's
+  // (whichever ran faster there, so the check holds however the threads are scheduled).
   std::map<std::int64_t, std::array<int, 2>> fresh_per_step;
   for (std::uint32_t w = 0; w < 2; ++w) {
     for (const StepResult& r : results[w]) {
@@ -275,7 +285,6 @@ TEST_CASE("sync R > N: a fast worker contributes several gradients to one step")
   for (const auto& [step, fresh] : fresh_per_step) {
     CAPTURE(step);
     CHECK(fresh[0] + fresh[1] == 3);
-    CHECK(std::max(fresh[0], fresh[1]) >= 2);
   }
   chief.shutdown();
 }
@@ -507,6 +516,7 @@ TEST_CASE("a worker waiting for a step stops cleanly when the chief ends trainin
   for (int i = 0; i < 1000 && chief.stats().at(0).gradients_accepted == 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+  CHECK(chief.stats().at(0).gradients_accepted > 0);  // else this ends another case
   chief.shutdown();
   lonely.join();
   CHECK(stepped == false);  // the end of training, not an error

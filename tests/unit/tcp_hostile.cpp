@@ -467,7 +467,7 @@ TEST_CASE("silent, stalled and trickling connections are closed at their deadlin
   LogCapture log;
   TcpServerOptions options = test_server_options();
   // Deadlines a loaded host (or the sanitizer build) meets with room for the test's own
-  // handshakes, and well below the trickle's 3.2 s; the ps sweeps them once a second.
+  // handshakes, and well below the trickle's 3.2 s (the ps sweeps every 250 ms here).
   options.handshake_timeout = std::chrono::milliseconds(1000);
   options.frame_timeout = std::chrono::milliseconds(1000);
   options.idle_timeout = std::chrono::milliseconds(1500);
@@ -585,7 +585,9 @@ TEST_CASE("a client with the job's secret that claims a task outside the cluster
 TEST_CASE("a second process claiming a live task is refused, and one in place of a dead one gets in") {
   LogCapture log;
   TcpServerOptions options = test_server_options();
-  options.takeover_after = std::chrono::milliseconds(1000);
+  // Long enough that a loaded host's pauses cannot pass for a process's silence: the
+  // checks below that a live process keeps its task rely on it.
+  options.takeover_after = std::chrono::milliseconds(2500);
   Ps<AsyncServer> ps(AsyncServer(0, 1, Sgd{0.5F}, Async{}), options);
   RawClient first, second_link, impostor, later;
   CHECK(first.join(ps.port, Node::worker(1), test_credentials(), 11).empty());
@@ -601,7 +603,7 @@ TEST_CASE("a second process claiming a live task is refused, and one in place of
   CHECK(other.join(ps.port, Node::worker(0), test_credentials(), 22).empty());
   // The first process's connections go silent: after takeover_after another process may be
   // worker 1 (a restarted task whose old host is gone).
-  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  std::this_thread::sleep_for(options.takeover_after + std::chrono::milliseconds(200));
   CHECK(later.join(ps.port, Node::worker(1), test_credentials(), 33).empty());
   // The silent connections of the process before are closed: one process is worker 1.
   CHECK(first.closed_by_ps(std::chrono::milliseconds(500)));
@@ -613,12 +615,14 @@ TEST_CASE("a second process claiming a live task is refused, and one in place of
   // Refused only until the ps has seen it close: then let in, long before takeover_after.
   std::optional<RawClient> restarted;
   std::string refusal = "not tried";
-  for (int i = 0; i < 250 && !refusal.empty(); ++i) {
+  const auto closed_at = std::chrono::steady_clock::now();
+  for (int i = 0; i < 100 && !refusal.empty(); ++i) {
     if (i > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     restarted.emplace();
     refusal = restarted->join(ps.port, Node::worker(2), test_credentials(), 55);
   }
   CHECK(refusal.empty());
+  CHECK(std::chrono::steady_clock::now() - closed_at < options.takeover_after);  // not let in by takeover
   // A real client refused so retries, and fails kUnavailable (recoverable) naming why
   // (worker 2's process was just heard, and stays live for takeover_after).
   restarted->send(GetStats{}, 1);

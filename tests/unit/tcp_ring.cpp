@@ -186,7 +186,7 @@ TEST_CASE("strangers that hang up, or send what is no handshake, are dropped and
   testing::LogCapture log;
   const auto addresses = free_addresses(2);
   const auto port = static_cast<std::uint16_t>(std::stoi(addresses[1].substr(10)));
-  std::atomic<bool> dropped{false};
+  std::atomic<bool> queued{false};  // every stranger reached rank 1
   std::jthread strangers([&] {
     const auto probe = [&] {  // a port probe: connect, close
       testing::RawClient raw;
@@ -197,22 +197,21 @@ TEST_CASE("strangers that hang up, or send what is no handshake, are dropped and
         return false;  // rank 1 does not listen yet
       }
     };
-    as_stranger(probe, dropped);
+    std::atomic<bool> listening{false};
+    as_stranger(probe, listening);
     for (int i = 0; i < 2; ++i) (void)probe();
-    testing::RawClient talker;  // reads the challenge, answers with bytes of another protocol
+    testing::RawClient talker;  // answers the challenge with bytes of another protocol
     try {
       talker.connect(port);
       asio::write(talker.socket, asio::buffer(std::string("GET / HTTP/1.1\r\nHost: x\r\n\r\n")));
-      std::this_thread::sleep_for(std::chrono::milliseconds(300));
     } catch (...) {
     }
+    queued = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
   });
   std::vector<std::vector<float>> data(2, std::vector<float>(10, 1.0F));
   const auto failures = on_ranks(2, [&](std::size_t r) {
-    if (r == 0) {
-      wait_for(dropped);
-      std::this_thread::sleep_for(std::chrono::milliseconds(400));  // the talker's turn
-    }
+    if (r == 0) wait_for(queued);
     TcpRingOptions o = quick();
     o.local_sockets = false;
     TcpRing link(r, addresses, testing::test_credentials(), o);
@@ -260,10 +259,7 @@ TEST_CASE("ranks on one host link through shared memory over local sockets, whic
     std::vector<int> linked_shared(3, -1);
     std::vector<int> shares_with_next(3, -1);
     const auto failures = on_ranks(3, [&](std::size_t r) {
-      if (r == 0) {
-        wait_for(spoke);
-        std::this_thread::sleep_for(std::chrono::milliseconds(300));  // rank 1 reads it
-      }
+      if (r == 0) wait_for(spoke);
       TcpRingOptions o = quick();
       o.local_sockets = local;
       o.shared_memory = r == 1 ? rank_1_shares : shared;
