@@ -6,15 +6,15 @@
 #   - one iperf3 stream over 127.0.0.1 (bytes per second, one way), 3 s;
 #   - ps-lite (a checkout of github.com/dmlc/ps-lite, built here against Debian's ZeroMQ and
 #     protobuf): a scheduler, one server and one worker, the worker's KVWorker::ZPushPull
-#     of one key of n floats, the server applying w -= 0 * g and answering w without a
-#     copy (benchmarks/pslite/pslite_push_pull.cc), over TCP and over ZeroMQ's ipc://
-#     (DMLC_LOCAL=1, Unix-domain sockets);
-#   - pulley's push+pull of n floats, 1 worker, 1 ps (Sgd with learning rate 0, Async), over
+#     of one key of n bytes of floats, the server applying w -= 0 * g and answering w
+#     without a copy (benchmarks/pslite/pslite_push_pull.cc), over TCP and over ZeroMQ's
+#     ipc:// (DMLC_LOCAL=1, Unix-domain sockets);
+#   - pulley's push+pull of n bytes, 1 worker, 1 ps (Sgd with learning rate 0, Async), over
 #     TCP and through the local socket (build/benchmarks/push_pull --only "push+pull, 1
 #     worker"), in-process beside it;
-# at 4 KB, 1 MB and 16 MB. Bandwidth counts the bytes pushed and pulled, as push_pull does;
-# iperf3's counts one stream's bytes. Prints each round's figures, then the medians and
-# the ratios.
+# at n = 4 KB, 1 MB and 16 MB. Bandwidth counts the bytes pushed and pulled (2n a call), as
+# push_pull does; iperf3's counts one stream's bytes, one way. Prints each round's figures,
+# then the medians and the ratios.
 #   bash benchmarks/pslite.sh PSLITE_SOURCE [BUILD_DIR (build)] [ROUNDS (3)] [SECONDS (1)]
 set -euo pipefail
 if [[ $# -lt 1 || ! -f ${1}/include/ps/ps.h ]]; then
@@ -40,17 +40,6 @@ if ((${#missing[@]} > 0)); then
   "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" </dev/null
 fi
 
-echo "building ps-lite ($(git -C "$pslite" log -1 --format=%h 2>/dev/null || echo "not a git checkout")) and the benchmarks" >&2
-cmake -S "$pslite" -B "$build/pslite" -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$build/pslite" --target pslite --parallel "$(nproc)" >/dev/null 2>&1
-c++ -O3 -DNDEBUG -std=c++17 -I"$pslite/include" "$root/benchmarks/pslite/pslite_push_pull.cc" \
-  "$build/pslite/libpslite.a" -lzmq -lprotobuf -lpthread -o "$build/pslite/pslite_push_pull" 2>/dev/null
-if [[ ! -f $build/CMakeCache.txt ]]; then  # a fresh clone: pulley's own dependencies and build tree
-  bash "$root/scripts/setup.sh"
-  BUILD_DIR=$build bash "$root/scripts/configure.sh" >/dev/null
-fi
-cmake --build "$build" --target push_pull >/dev/null
-
 work=$(mktemp -d)
 pids=()
 cleanup() {
@@ -59,47 +48,77 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# build WHAT COMMAND...: runs a build step, its output in a log that is shown if it fails.
+build() {
+  local what=$1
+  shift
+  if ! "$@" >"$work/build.log" 2>&1; then
+    tail -30 "$work/build.log" >&2
+    echo "pslite.sh: building $what failed" >&2
+    exit 1
+  fi
+}
+echo "building ps-lite ($(git -C "$pslite" log -1 --format=%h 2>/dev/null || echo "not a git checkout")) and the benchmarks" >&2
+build "ps-lite (configure)" cmake -S "$pslite" -B "$build/pslite" -DCMAKE_BUILD_TYPE=Release
+build "ps-lite" cmake --build "$build/pslite" --target pslite --parallel "$(nproc)"
+build "pslite_push_pull" c++ -O3 -DNDEBUG -std=c++17 -I"$pslite/include" \
+  "$root/benchmarks/pslite/pslite_push_pull.cc" "$build/pslite/libpslite.a" -lzmq -lprotobuf -lpthread \
+  -o "$build/pslite/pslite_push_pull"
+if [[ ! -f $build/CMakeCache.txt ]]; then  # a fresh clone: pulley's own dependencies and build tree
+  bash "$root/scripts/setup.sh"
+  build "pulley (configure)" env BUILD_DIR="$build" bash "$root/scripts/configure.sh"
+fi
+build "push_pull" cmake --build "$build" --target push_pull
 
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
-# pslite_run LOCAL: one ps-lite job (scheduler, server, worker); prints "pslite BYTES SECONDS CALLS"
-# lines; LOCAL=1 over ipc://.
+# pslite_run LOCAL: one ps-lite job (a scheduler, a server, a worker), each process within a
+# time limit; prints the worker's "pslite BYTES SECONDS CALLS" lines; LOCAL=1 over ipc://.
+# Fails if any of them failed (a port taken between free_port and the scheduler's bind).
 pslite_run() {
-  local port scheduler server
+  local limit=$((${#sizes[@]} * (${seconds%.*} + 2) + 60)) port status=0
   port=$(free_port)
   export DMLC_NUM_SERVER=1 DMLC_NUM_WORKER=1 DMLC_PS_ROOT_URI=127.0.0.1 DMLC_PS_ROOT_PORT=$port \
     DMLC_NODE_HOST=127.0.0.1 DMLC_LOCAL=$1
-  DMLC_ROLE=scheduler "$build/pslite/pslite_push_pull" "$seconds" "${sizes[@]}" &
-  scheduler=$!
-  DMLC_ROLE=server "$build/pslite/pslite_push_pull" "$seconds" "${sizes[@]}" &
-  server=$!
-  pids=("$scheduler" "$server")
-  DMLC_ROLE=worker timeout 120 "$build/pslite/pslite_push_pull" "$seconds" "${sizes[@]}"
-  wait "$scheduler" "$server"
+  DMLC_ROLE=scheduler timeout "$limit" "$build/pslite/pslite_push_pull" "$seconds" "${sizes[@]}" >/dev/null &
+  pids=($!)
+  DMLC_ROLE=server timeout "$limit" "$build/pslite/pslite_push_pull" "$seconds" "${sizes[@]}" >/dev/null &
+  pids+=($!)
+  DMLC_ROLE=worker timeout "$limit" "$build/pslite/pslite_push_pull" "$seconds" "${sizes[@]}" || status=$?
+  wait "${pids[@]}" || status=$?
   pids=()
+  return "$status"
 }
 
+# iperf3_run: one iperf3 stream over 127.0.0.1 for 3 s; prints "iperf3 GB/S".
 iperf3_run() {
-  local port server
+  local port i
   port=$(free_port)
   iperf3 -s -1 -B 127.0.0.1 -p "$port" >/dev/null 2>&1 &
-  server=$!
-  pids=("$server")
-  sleep 0.5
-  iperf3 -c 127.0.0.1 -p "$port" -t 3 -J |
-    python3 -c 'import json, sys; print("iperf3", json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"] / 8e9)'
-  wait "$server" || true
+  pids=($!)
+  for ((i = 0; i < 50; ++i)); do  # until the server listens (iperf3 -J exits 0 on a refusal too)
+    iperf3 -c 127.0.0.1 -p "$port" -t 3 -J >"$work/iperf3.json" 2>/dev/null || true
+    grep -q '"sum_received"' "$work/iperf3.json" && break
+    sleep 0.1
+  done
+  python3 -c 'import json, sys; print("iperf3", json.load(open(sys.argv[1]))["end"]["sum_received"]["bits_per_second"] / 8e9)' \
+    "$work/iperf3.json"
+  wait "${pids[@]}" || true
   pids=()
 }
 
 for ((r = 1; r <= rounds; ++r)); do
   echo "round $r of $rounds" >&2
-  {
-    iperf3_run
-    pslite_run 0 | sed 's/^pslite /pslite-tcp /'
-    pslite_run 1 | sed 's/^pslite /pslite-ipc /'
-    "$build/benchmarks/push_pull" --seconds-per-case "$seconds" --rounds 1 --only "push+pull, 1 worker"
-  } | tee "$work/round-$r" | sed 's/^/  /' >&2
+  out=$work/round-$r
+  iperf3_run >"$out"
+  pslite_run 0 >"$work/pslite"
+  sed 's/^pslite /pslite-tcp /' "$work/pslite" >>"$out"
+  pslite_run 1 >"$work/pslite"
+  sed 's/^pslite /pslite-ipc /' "$work/pslite" >>"$out"
+  "$build/benchmarks/push_pull" --seconds-per-case "$seconds" --rounds 1 --only "push+pull, 1 worker" >>"$out"
+  sed 's/^/  /' "$out" >&2
 done
 
 python3 - "$work" "$rounds" <<'EOF'
@@ -123,10 +142,12 @@ for r in range(1, rounds + 1):
 med = {k: statistics.median(v) for k, v in fig.items()}
 iperf = med.get(("iperf3", None), float("nan"))
 print(f"\nmedians of {rounds} rounds, GB/s (bytes pushed + pulled; iperf3: one stream's bytes): iperf3 {iperf:.2f}")
+print("(TCP/iperf3: pulley's bytes both ways against the stream's one way; per direction: half of them)")
 print(f"{'size':>6} {'pulley TCP':>11} {'ps-lite TCP':>12} {'ratio':>6} {'pulley local':>13} {'ps-lite ipc':>12} {'ratio':>6}"
-      f" {'TCP/iperf3':>11} {'local/iperf3':>13} {'in-process':>11}")
+      f" {'TCP/iperf3':>11} {'per direction':>14} {'local/iperf3':>13} {'in-process':>11}")
 for size, name in names.items():
     g = lambda k: med.get((k, size), float("nan"))
     t, pt, l, pl, ip = g("pulley-TCP"), g("pslite-tcp"), g("pulley-local-socket"), g("pslite-ipc"), g("pulley-in-process")
-    print(f"{name:>6} {t:11.2f} {pt:12.2f} {t / pt:6.2f} {l:13.2f} {pl:12.2f} {l / pl:6.2f} {t / iperf:11.2f} {l / iperf:13.2f} {ip:11.2f}")
+    print(f"{name:>6} {t:11.2f} {pt:12.2f} {t / pt:6.2f} {l:13.2f} {pl:12.2f} {l / pl:6.2f} {t / iperf:11.2f}"
+          f" {t / 2 / iperf:14.2f} {l / iperf:13.2f} {ip:11.2f}")
 EOF

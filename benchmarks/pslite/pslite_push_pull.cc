@@ -1,17 +1,18 @@
 // SPDX-License-Identifier: MIT
 // The reference of benchmarks/pslite.sh: ps-lite's (github.com/dmlc/ps-lite) zero-copy
-// push+pull (KVWorker::ZPushPull) of one key holding n floats, against one server that
-// does what pulley's push_pull benchmark's ps does: w -= lr * g with lr = 0 (Sgd under
-// Async), then answers w. Built against a ps-lite checkout by pslite.sh, never by pulley's
-// CMake. Every process runs this program; ps-lite's environment (DMLC_ROLE, ...) says which
+// push+pull (KVWorker::ZPushPull: the push is sent from the caller's buffer; the pulled
+// values are copied into `pulled`, as pulley's are into the model) of one key holding n
+// bytes of floats, against one server that does what pulley's push_pull benchmark's ps
+// does: w -= lr * g with lr = 0 (Sgd under Async), then answers w. Built against a ps-lite
+// checkout by pslite.sh, never by pulley's CMake. Every process runs this program; ps-lite's environment (DMLC_ROLE, ...) says which
 // role it plays. The worker prints one line per size:
 //   pslite BYTES SECONDS_PER_CALL CALLS
 //
 //   pslite_push_pull SECONDS_PER_SIZE BYTES...
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -41,7 +42,8 @@ class Store {
       const float* g = data.vals.data();
       float* out = w.data();
       const std::size_t n = w.size();
-      for (std::size_t i = 0; i < n; ++i) out[i] -= learning_rate_ * g[i];
+      const float lr = learning_rate_;  // read once: the loop vectorizes, as pulley's Sgd does
+      for (std::size_t i = 0; i < n; ++i) out[i] -= lr * g[i];
     }
     if (meta.pull) {
       reply.keys = data.keys;
@@ -54,7 +56,7 @@ class Store {
 
  private:
   std::unordered_map<ps::Key, ps::SArray<float>> weights_;
-  volatile float learning_rate_ = 0.0F;  // read each time: the loop is not elided
+  volatile float learning_rate_ = 0.0F;  // not known at compile time: the loop is not elided
 };
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
