@@ -21,6 +21,7 @@
 #include "pulley/sync/sync_replicas.hpp"
 #include "support/cluster.hpp"
 #include "support/linear_model.hpp"
+#include "support/wait.hpp"
 
 using namespace pulley;
 using pulley::testing::Cluster;
@@ -323,10 +324,10 @@ TEST_CASE("the network owns its ps tasks: destroying it mid-training is safe") {
           });
         });
     // Gone once worker 0 pushed and waits.
-    for (int i = 0; i < 1000 && chief.stats().at(0).gradients_accepted + chief.stats().at(1).gradients_accepted < 2; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    CHECK(chief.stats().at(0).gradients_accepted + chief.stats().at(1).gradients_accepted >= 2);  // else another case
+    CHECK(testing::wait_until([&] {
+      const std::vector<Stats> stats = chief.stats();
+      return stats.at(0).gradients_accepted + stats.at(1).gradients_accepted >= 2;
+    }));
   }
   worker_thread.join();
   CHECK(worker_error == ErrorCode::kUnavailable);

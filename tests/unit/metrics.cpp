@@ -5,6 +5,7 @@
 #include "pulley/core/metrics.hpp"
 #include "pulley/runner/metrics.hpp"
 #include "support/log_capture.hpp"
+#include "support/wait.hpp"
 
 #include <doctest/doctest.h>
 
@@ -238,10 +239,7 @@ TEST_CASE("the reporter appends each interval's lines to the task's file, and th
     MetricsReporter reporter(options, "worker-1");
     reporter.metrics().add("worker:1", "steps", 1, MetricKind::kRate);
     const std::uint64_t added_in = reporter.metrics().intervals();  // (some may have closed before)
-    for (int i = 0; i < 2000 && reporter.metrics().intervals() < added_in + 2; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    CHECK(reporter.metrics().intervals() >= added_in + 2);
+    CHECK(testing::wait_until([&] { return reporter.metrics().intervals() >= added_in + 2; }));
     reporter.metrics().add("worker:1", "steps", 41, MetricKind::kRate);
   }
   std::ifstream in(dir / "worker-1.jsonl");

@@ -28,6 +28,7 @@
 #include "support/cluster.hpp"
 #include "support/linear_model.hpp"
 #include "support/log_capture.hpp"
+#include "support/wait.hpp"
 
 using namespace pulley;
 using namespace std::chrono_literals;
@@ -513,10 +514,7 @@ TEST_CASE("a worker waiting for a step stops cleanly when the chief ends trainin
     finished = worker.finished();
   });
   // Ended once worker 0 pushed and waits (not before it is ready: that is another case).
-  for (int i = 0; i < 1000 && chief.stats().at(0).gradients_accepted == 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  CHECK(chief.stats().at(0).gradients_accepted > 0);  // else this ends another case
+  CHECK(testing::wait_until([&] { return chief.stats().at(0).gradients_accepted > 0; }));
   chief.shutdown();
   lonely.join();
   CHECK(stepped == false);  // the end of training, not an error

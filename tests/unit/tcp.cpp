@@ -35,6 +35,7 @@
 #include "support/cut_proxy.hpp"
 #include "support/linear_model.hpp"
 #include "support/tcp.hpp"
+#include "support/wait.hpp"
 
 using namespace pulley;
 using pulley::testing::LinearBatch;
@@ -787,10 +788,7 @@ TEST_CASE("over TCP a worker hears that training ended, and the ps ends once cli
       CHECK(worker.finished());
     });
     // Ended once worker 0 pushed and waits (not before it is ready: that is another case).
-    for (int i = 0; i < 1000 && chief.stats().at(0).gradients_accepted == 0; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    CHECK(chief.stats().at(0).gradients_accepted > 0);  // else this ends another case
+    CHECK(testing::wait_until([&] { return chief.stats().at(0).gradients_accepted > 0; }));
     chief.shutdown();
     lonely.join();
     CHECK(serving.wait_for(std::chrono::milliseconds(300)) == std::future_status::timeout);

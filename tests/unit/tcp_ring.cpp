@@ -29,6 +29,7 @@
 #include "support/linear_model.hpp"
 #include "support/log_capture.hpp"
 #include "support/tcp.hpp"
+#include "support/wait.hpp"
 
 using namespace pulley;
 using pulley::testing::free_addresses;
@@ -71,13 +72,13 @@ TcpRingOptions quick() {
 /// rank's connection once it has reached its next rank: strangers that connected before
 /// rank 0 started are accepted before it.)
 void as_stranger(const std::function<bool()>& attempt, std::atomic<bool>& done) {
-  for (int i = 0; i < 250 && !attempt(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  (void)testing::wait_until(attempt, std::chrono::seconds(5));
   done = true;
 }
 
 /// Waits until `done`, for up to 6 s.
 void wait_for(const std::atomic<bool>& done) {
-  for (int i = 0; i < 300 && !done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  (void)testing::wait_until([&] { return done.load(); }, std::chrono::seconds(6));
 }
 
 }  // namespace
