@@ -511,8 +511,8 @@ int main(int argc, char** argv) {
   print(
       "ps Adam update, gradient read again (hand-made push)",
       [&] { return ps_update(adam, unknown); }, gb_per_s, "Gf/s", "Adam::apply alone");
-  // FTRL (Keras' defaults: learning_rate_power -0.5, no regularization) proves nothing from
-  // magnitudes: the ps asks its stays_finite, which runs the rule on copies, then applies.
+  // FTRL (Keras' defaults: learning_rate_power -0.5, no regularization) proves its updates
+  // from magnitudes too, the weights solved from slots at or above their start.
   const pulley::Ftrl ftrl{};
   auto ftrl_state = ftrl.make_state(n);
   std::vector<float> accumulator(n, ftrl.initial_accumulator_value), linear(n);
@@ -528,8 +528,25 @@ int main(int argc, char** argv) {
                       });
       },
       gb_per_s, "Gf/s", "plain loop");
+  // What Ftrl's bound costs inside apply: the same rule in the same lanes with nothing
+  // judged, as apply_row runs it (a row of 16M elements, its two slots side by side).
+  std::vector<float> ftrl_slots(2 * n);
+  ftrl.init_row(ftrl_slots);
   print(
-      "ps Ftrl update (stays_finite, then apply)", [&] { return ps_update(ftrl, ordinary); },
-      gb_per_s, "Gf/s", "Ftrl::apply alone");
+      "server Ftrl::apply, 16M floats / no check",
+      [&] {
+        return paired(
+            [&] { return time_per_call([&] { ftrl.apply(ftrl_state, w, g); }); },
+            [&] {
+              return time_per_call([&] { ftrl.apply_row(w, ftrl_slots, g, pulley::RowContext{}); });
+            });
+      },
+      gb_per_s, "Gf/s", "the same lanes, unchecked");
+  print(
+      "ps Ftrl update, gradient bound told (TCP, client)",
+      [&] { return ps_update(ftrl, ordinary); }, gb_per_s, "Gf/s", "Ftrl::apply alone");
+  print(
+      "ps Ftrl update, gradient read again (hand-made push)",
+      [&] { return ps_update(ftrl, unknown); }, gb_per_s, "Gf/s", "Ftrl::apply alone");
   return 0;
 }

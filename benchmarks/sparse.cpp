@@ -2,9 +2,9 @@
 // Embedding tables on one ps, each figure with its reference measured in the same run:
 //
 //   apply     rows/s of EmbeddingTable::apply (sparse Adagrad: find each row by id and
-//             update it in place, proven finite in advance; FTRL, which proves nothing from
-//             magnitudes: update a copy, check it finite, write it back) on a batch of 4096 × 26
-//             distinct ids out of a table of 1 M rows, against a plain loop doing the same
+//             update it in place, proven finite in advance; FTRL, whose rows are not proven
+//             from magnitudes: update a copy, check it finite, write it back) on a batch of 4096 ×
+//             26 distinct ids out of a table of 1 M rows, against a plain loop doing the same
 //             optimizer math over as many rows stored contiguously, in batch order (what
 //             the arithmetic costs with no lookup, no copy and no check); and against the
 //             same loop over rows scattered over an array of the table's size, at known

@@ -2721,7 +2721,10 @@ concept PredictsFiniteness = Optimizer<O> &&
 ///     `apply` keeps every weight and slot within kFiniteBound whenever none of them is
 ///     larger than `largest` in magnitude (and the slots that must not be negative are
 ///     not) and no gradient element larger than `largest_gradient`. Conservative, never
-///     optimistic, as `stays_finite`.
+///     optimistic, as `stays_finite`. It is asked only of a part as this optimizer's
+///     `apply_bounded` last left it, having returned `largest`, so it may also count on
+///     what that pass made sure of (Ftrl: each weight solved from its slots, no
+///     accumulator below its start).
 /// The ps keeps each part's `largest` from its last `apply_bounded`, and asks
 /// `stays_finite` where `stays_finite_given` cannot tell (or the part was written
 /// otherwise since: initialized, restored): a refused update is refused as before.
@@ -9074,10 +9077,12 @@ inline constexpr bool kVectorLanes = false;
 #endif
 
 /// `lanewise` and `lanewise_ordinary` (below): with `kCheck`, also whether each value
-/// written is ordinary. On the values' bits, as `fold_ordinary` does (integer operations,
-/// which no floating-point option such as -ffinite-math-only lets the compiler rewrite):
-/// the exponent field plus 69 carries into the top bit exactly for magnitudes of 2^60 and
-/// up, Inf and NaN among them; for the arrays that must not be negative, the sign bit too.
+/// written is ordinary, and so is each value the rule returns, if it returns one (a
+/// condition it asserts, such as a slot at or above a floor: not negative either). On the
+/// values' bits, as `fold_ordinary` does (integer operations, which no floating-point
+/// option such as -ffinite-math-only lets the compiler rewrite): the exponent field plus 69
+/// carries into the top bit exactly for magnitudes of 2^60 and up, Inf and NaN among them;
+/// for the arrays that must not be negative, the sign bit too.
 template <bool kCheck, std::size_t kSigned, class Rule, std::same_as<float>... Out>
 bool lanes(std::size_t begin, std::size_t end, Rule rule, const float* in, Out*... out) {
   // `rule` is a copy of the caller's, local here: no store through `out` can reach what it
@@ -9092,6 +9097,7 @@ bool lanes(std::size_t begin, std::size_t end, Rule rule, const float* in, Out*.
       lane |= ((bits & kExponentBits) + kOrdinaryCarry) | (bits & kSignBit);
     }
   };
+  constexpr std::size_t kAsserted = kOut;  // fold's index of what the rule returns: not negative
   std::uint32_t lane = 0;  // the scalar values' fold
   const auto fold_scalars = [&](std::size_t i, const auto&... arrays) {
     [&]<std::size_t... k>(std::index_sequence<k...>) {
@@ -9109,10 +9115,20 @@ bool lanes(std::size_t begin, std::size_t end, Rule rule, const float* in, Out*.
   U lanes_folded = 0;
   // One vector: the rule over kWidth values of `x` and of each `ys[k]`, written back there
   // (with kCheck, the values written folded into `lanes_folded`).
+  // What the rule returns for the padded tail (below), checked for its elements only.
+  [[maybe_unused]] float asserted_tail[kWidth] = {};
   const auto run = [&](const float* x, const std::array<float*, kOut>& ys, bool check) {
     [&]<std::size_t... k>(std::index_sequence<k...>) {
       V values[kOut] = {V(ys[k], stdx::element_aligned)...};
-      rule(V(x, stdx::element_aligned), values[k]...);
+      if constexpr (std::is_void_v<decltype(rule(V(x, stdx::element_aligned), values[k]...))>) {
+        rule(V(x, stdx::element_aligned), values[k]...);
+      } else {
+        const V asserted = rule(V(x, stdx::element_aligned), values[k]...);
+        if (kCheck && check)
+          fold(std::integral_constant<std::size_t, kAsserted>{}, lanes_folded,
+               std::bit_cast<U>(asserted));
+        if (kCheck && !check) asserted.copy_to(asserted_tail, stdx::element_aligned);
+      }
       if (kCheck && check) (fold(std::integral_constant<std::size_t, k>{}, lanes_folded, std::bit_cast<U>(values[k])), ...);
       (values[k].copy_to(ys[k], stdx::element_aligned), ...);
     }(std::make_index_sequence<kOut>{});
@@ -9135,14 +9151,25 @@ bool lanes(std::size_t begin, std::size_t end, Rule rule, const float* in, Out*.
     run(padded_in, to_padded, false);
     for (std::size_t k = 0; k < kOut; ++k) std::copy_n(padded[k], n, arrays[k]);
     if constexpr (kCheck) {
-      for (std::size_t j = 0; j < n; ++j) fold_scalars(j, (out + i)...);
+      for (std::size_t j = 0; j < n; ++j) {
+        fold_scalars(j, (out + i)...);
+        fold(std::integral_constant<std::size_t, kAsserted>{}, lane,
+             std::bit_cast<std::uint32_t>(asserted_tail[j]));
+      }
     }
   }
   if constexpr (!kCheck) return true;
   return (lane & kSignBit) == 0 && stdx::none_of((lanes_folded & kSignBit) != 0U);
 #else
   for (std::size_t i = begin; i < end; ++i) {
-    rule(in[i], out[i]...);
+    if constexpr (std::is_void_v<decltype(rule(in[i], out[i]...))>) {
+      rule(in[i], out[i]...);
+    } else {
+      const float asserted = rule(in[i], out[i]...);
+      if constexpr (kCheck)
+        fold(std::integral_constant<std::size_t, kAsserted>{}, lane,
+             std::bit_cast<std::uint32_t>(asserted));
+    }
     if constexpr (kCheck) fold_scalars(i, out...);
   }
   return (lane & kSignBit) == 0;
@@ -9192,7 +9219,10 @@ std::experimental::simd<T, Abi> choose(const std::experimental::simd_mask<T, Abi
 /// `out` of any sign and those of the others not negative either, -0 included (sums of
 /// squares, whose square root an optimizer takes): what an optimizer's `apply_bounded` says
 /// of the values it leaves (BoundsMagnitudes), judged in the lanes that computed them,
-/// while they are in registers, not by reading them again.
+/// while they are in registers, not by reading them again. A rule may also return a value
+/// (a float, or a vector as its arguments are) that must be ordinary and not negative: a
+/// condition of the values it wrote that the proof of the next update needs (Ftrl returns
+/// its accumulator less the floor the proof assumes).
 template <std::size_t kSigned, class Rule, std::same_as<float>... Out>
 bool lanewise_ordinary(std::size_t begin, std::size_t end, Rule&& rule, const float* in, Out*... out) {
   static_assert(kSigned <= sizeof...(Out), "kSigned counts arrays of out");
@@ -9527,6 +9557,7 @@ static_assert(BoundsRowMagnitudes<Adam>);
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <span>
 #include <string>
@@ -9553,6 +9584,15 @@ namespace pulley {
 /// (`apply_row`, TF's SparseApplyFtrlV2), whose accumulator and linear are its two row
 /// slots. A row's weights can move on a zero gradient: its first update replaces its
 /// initial value with the solution from its slots, and l2_shrinkage keeps pulling it to 0.
+///
+/// Finiteness is proven from magnitudes (BoundsMagnitudes) for Keras' learning_rate_power
+/// of -0.5 and an initial_accumulator_value of about 2^-10 or more (or an L2 strength):
+/// `apply_bounded` judges in its pass that the weights and slots it wrote are ordinary and
+/// that no accumulator is below initial_accumulator_value (which the rule only adds to).
+/// The weight it wrote is then |linear| / quadratic at most, and quadratic at least
+/// sqrt(initial_accumulator_value) / lr + 2 * l2_adj, which bounds the next update's
+/// change of linear (at most |g| * |w| / lr) without reading the part. Other powers, and
+/// parts restored or initialized since, are checked by `stays_finite`.
 struct Ftrl {
   float learning_rate = 0.001F;                       ///< lr: step size
   float learning_rate_power = -0.5F;                  ///< p: how lr decays with the accumulator
@@ -9588,7 +9628,49 @@ struct Ftrl {
 
   /// Updates `w` in place from gradient `g` (same size as the state).
   void apply(State& state, std::span<float> w, std::span<const float> g) const {
-    update(w.data(), state.accumulator.data(), state.linear.data(), g.data(), w.size());
+    (void)apply_bounded(state, w, g);
+  }
+
+  /// `apply`, returning a bound of the magnitudes of the weights and slots afterwards:
+  /// kOrdinaryMagnitude when every one is below it and no accumulator is below
+  /// initial_accumulator_value (for learning_rate_power -0.5), else +infinity: nothing
+  /// known (BoundsMagnitudes).
+  float apply_bounded(State& state, std::span<float> w, std::span<const float> g) const {
+    return update<true>(w.data(), state.accumulator.data(), state.linear.data(), g.data(),
+                        w.size());
+  }
+
+  /// True if no weight or slot can leave kFiniteBound when each is at most `largest`, no
+  /// accumulator below initial_accumulator_value and each weight what the rule made of its
+  /// slots (as `apply_bounded` leaves them when it returns a finite bound), and each
+  /// gradient element at most `largest_gradient` in magnitude (BoundsMagnitudes). Bounds,
+  /// in double, with room for float's rounding:
+  ///   accumulator <= largest + g^2
+  ///   |linear|    <= largest + g + 2 * l2_shrinkage * |w| + root_step / lr * |w|, where
+  ///                  root_step = sqrt(accum_new) - sqrt(accum) is at most g, and |w| is at
+  ///                  most largest / q_least
+  ///   |w|         <= (l1 + |linear|) / q_least, where
+  ///                  q_least = sqrt(initial_accumulator_value) / lr + 2 * l2_adj
+  /// For another learning_rate_power nothing is proven.
+  [[nodiscard]] bool stays_finite_given(const State& /*state*/, float largest,
+                                        float largest_gradient) const {
+    if (learning_rate_power != -0.5F) return false;
+    const double lr = learning_rate;
+    const double held = largest;
+    const double g = largest_gradient;
+    const double q_least = std::sqrt(double{initial_accumulator_value}) / lr +
+                           2.0 * (double{l2_regularization_strength} + double{beta} / (2.0 * lr));
+    if (!(q_least > 0.0)) return false;  // a zero accumulator and no L2: a quotient by 0
+    constexpr double kRounding = 1.01;   // the float rule's roundings, each a part in 2^23
+    const double accumulator = held + g * g;
+    // sqrt(accum_new) - sqrt(accum) in float: at most g, and each root's rounding.
+    const double root_step = g + 0x1p-22 * std::sqrt(accumulator);
+    const double w = std::min(held, held / q_least * kRounding);
+    const double linear =
+        kRounding *
+        (held + g + 2.0 * double{l2_shrinkage_regularization_strength} * w + root_step * w / lr);
+    const double w_new = kRounding * (double{l1_regularization_strength} + linear) / q_least;
+    return proven_finite(accumulator) && proven_finite(linear) && proven_finite(w_new);
   }
 
   /// The accumulator and linear slots, for checkpoints.
@@ -9614,7 +9696,7 @@ struct Ftrl {
       std::copy_n(w.data() + begin, m, wb);
       std::copy_n(state.accumulator.data() + begin, m, ab);
       std::copy_n(state.linear.data() + begin, m, lb);
-      update(wb, ab, lb, g.data() + begin, m);
+      (void)update<false>(wb, ab, lb, g.data() + begin, m);
       const bool within = bounded(m, [&](std::size_t i, std::uint32_t& lane) {
         detail::fold_bound(lane, wb[i]);
         detail::fold_bound(lane, ab[i]);
@@ -9645,7 +9727,7 @@ struct Ftrl {
   void apply_row(std::span<float> w, std::span<float> slots, std::span<const float> g,
                  const RowContext& /*context*/) const {
     const std::size_t n = w.size();
-    update(w.data(), slots.data(), slots.data() + n, g.data(), n);
+    (void)update<false>(w.data(), slots.data(), slots.data() + n, g.data(), n);
   }
 
  private:
@@ -9655,6 +9737,7 @@ struct Ftrl {
     float l1;
     float two_l2_adj;        ///< 2 * (l2 + beta / (2 * lr))
     float two_l2_shrinkage;  ///< 2 * l2_shrinkage
+    float floor;             ///< initial_accumulator_value: no accumulator falls below it
   };
 
   /// This object's Terms.
@@ -9662,7 +9745,7 @@ struct Ftrl {
     const float lr = learning_rate;
     return {lr, l1_regularization_strength,
             2.0F * (l2_regularization_strength + beta / (2.0F * lr)),
-            2.0F * l2_shrinkage_regularization_strength};
+            2.0F * l2_shrinkage_regularization_strength, initial_accumulator_value};
   }
 
   /// Elements `stays_finite` updates in copies at a time.
@@ -9684,8 +9767,9 @@ struct Ftrl {
   };
 
   /// The rule for one element, or for a vector of them (detail::lanewise), behind `update`.
+  /// Returns the new accumulator less `floor`: not negative where the proof holds.
   template <class V, class Power>
-  static void step(const Terms& k, Power power, V& w, V& accumulator, V& linear, V g) {
+  static V step(const Terms& k, Power power, V& w, V& accumulator, V& linear, V g) {
     using std::abs;
     using detail::choose;
     const V zero(0.0F);
@@ -9697,27 +9781,39 @@ struct Ftrl {
     const V sign = choose(linear > zero, V(1.0F), choose(linear < zero, V(-1.0F), zero));
     w = choose(abs(linear) > V(k.l1), (sign * k.l1 - linear) / quadratic, zero);
     accumulator = accum_new;
+    return accum_new - k.floor;
   }
 
-  /// The rule over n elements, behind `apply`, `apply_row` and `stays_finite`: in vector
-  /// lanes for Keras' learning_rate_power of -0.5 (a square root, bit for bit the scalar
-  /// rule where no multiply and add are fused: detail::lanewise), else one element at a time
-  /// (std::pow has no vector form here).
-  void update(float* __restrict w, float* __restrict accumulator, float* __restrict linear,
-              const float* __restrict g, std::size_t n) const {
+  /// The rule over n elements, behind `apply_bounded`, `apply_row` and `stays_finite`: in
+  /// vector lanes for Keras' learning_rate_power of -0.5 (a square root, bit for bit the
+  /// scalar rule where no multiply and add are fused: detail::lanewise), else one element
+  /// at a time (std::pow has no vector form here). With `kBound`, returns `apply_bounded`'s
+  /// bound, judged in the lanes (detail::lanewise_ordinary: every value written ordinary,
+  /// and the accumulators not below the floor, which also keeps them from being negative);
+  /// without, +infinity.
+  template <bool kBound>
+  float update(float* __restrict w, float* __restrict accumulator, float* __restrict linear,
+               const float* __restrict g, std::size_t n) const {
     const Terms k = terms();
     if (learning_rate_power == -0.5F) {
-      detail::lanewise(
-          0, n, [k](auto gi, auto& wi, auto& ai, auto& li) { step(k, SqrtPower{}, wi, ai, li, gi); }, g, w,
-          accumulator, linear);
-      return;
+      const auto rule = [k](auto gi, auto& wi, auto& li, auto& ai) {
+        return step(k, SqrtPower{}, wi, ai, li, gi);
+      };
+      if constexpr (kBound) {
+        return magnitude_bound(detail::lanewise_ordinary<3>(0, n, rule, g, w, linear, accumulator));
+      } else {
+        detail::lanewise(0, n, rule, g, w, linear, accumulator);
+        return std::numeric_limits<float>::infinity();
+      }
     }
     const AnyPower power{-learning_rate_power};
-    for (std::size_t i = 0; i < n; ++i) step(k, power, w[i], accumulator[i], linear[i], g[i]);
+    for (std::size_t i = 0; i < n; ++i) (void)step(k, power, w[i], accumulator[i], linear[i], g[i]);
+    return std::numeric_limits<float>::infinity();
   }
 };
 static_assert(Optimizer<Ftrl>);
 static_assert(PredictsFiniteness<Ftrl>);
+static_assert(BoundsMagnitudes<Ftrl>);
 static_assert(RowWiseOptimizer<Ftrl>);
 
 }  // namespace pulley
@@ -12821,7 +12917,7 @@ namespace pulley {
 /// Optimizers with `stays_finite` are asked before applying; others apply into a copy of
 /// the part and its State that replaces them only if it stayed finite (or, if the State
 /// cannot be copied, fail the ps when the part goes non-finite). An optimizer that bounds
-/// magnitudes (BoundsMagnitudes, every stock one but Ftrl) is asked first with what its
+/// magnitudes (BoundsMagnitudes, every stock one) is asked first with what its
 /// last update measured and a bound of the gradient's magnitudes: what it proves finite is
 /// applied without reading the part twice, and `stays_finite` decides the rest.
 ///

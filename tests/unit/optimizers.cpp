@@ -500,6 +500,124 @@ TEST_CASE("stock optimizers bound magnitudes: apply_bounded bounds what apply wr
   CHECK(no_epsilon.stays_finite(zero, w2, std::vector<float>{1.0F, 1.0F}));
 }
 
+namespace {
+
+/// True if every weight and slot that `apply` leaves is within kFiniteBound.
+template <class O>
+bool apply_stays_within(const O& optimizer, const typename O::State& state, std::vector<float> w,
+                        const std::vector<float>& g) {
+  auto s = state;
+  optimizer.apply(s, w, g);
+  const auto within = [](float x) { return std::abs(x) <= pulley::kFiniteBound; };  // false for NaN
+  bool all = std::all_of(w.begin(), w.end(), within);
+  for (const pulley::OptimizerSlot& slot : pulley::slots_of(optimizer, s)) {
+    all = all && std::all_of(slot.values.begin(), slot.values.end(), within);
+  }
+  return all;
+}
+
+/// Ftrl's proof from magnitudes holds of a part as its last apply_bounded left it (the
+/// only parts a ps asks about): weights solved from slots that are ordinary, accumulators
+/// not below initial_accumulator_value. States of every scale are made so (apply_bounded
+/// with a zero gradient, the extremes of the bound among them: linear just under 2^60,
+/// accumulators at the floor), then every gradient scale is tried: never optimistic, and
+/// every update of an everyday size proven. (With an accumulator floor of 1e-6 and a
+/// learning rate of 0.001, a weight of 2^59 is solved from ordinary slots, and a gradient
+/// of 2^60 moves its linear past float's range: the proof must see the weight.)
+void check_ftrl_magnitudes(const pulley::Ftrl& ftrl, bool proves_ordinary = true) {
+  static_assert(pulley::BoundsMagnitudes<pulley::Ftrl>);
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<float> unit(-1.0F, 1.0F);
+  const float below_ordinary = std::nextafter(pulley::kOrdinaryMagnitude, 0.0F);
+  const float scales[] = {0.0F, 1e-3F, 1.0F, 1e3F, 0x1p59F, below_ordinary, 1e19F, 1e30F, 3e38F};
+  int proven_count = 0;
+  int unproven = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const float lscale = scales[static_cast<std::size_t>(trial) % std::size(scales)];
+    const float gscale = scales[static_cast<std::size_t>(trial / 9) % std::size(scales)];
+    const std::size_t n = 37;  // not a multiple of the lanes
+    std::vector<float> w(n), g(n);
+    auto state = ftrl.make_state(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      w[i] = unit(rng);  // replaced by the solution from the slots (l2 shrinkage reads it first)
+      state.linear[i] = i == 0 ? -lscale : unit(rng) * lscale;
+      state.accumulator[i] =
+          i <= 1 ? ftrl.initial_accumulator_value  // the largest weight linear allows
+                 : ftrl.initial_accumulator_value + std::abs(unit(rng)) * std::min(lscale, 1e30F);
+      g[i] = i == 2 ? gscale : unit(rng) * gscale;
+    }
+    CAPTURE(trial);
+    if (ftrl.apply_bounded(state, w, std::vector<float>(n, 0.0F)) != pulley::kOrdinaryMagnitude) {
+      CHECK(lscale > 1e18F);  // only slots beyond ordinary leave nothing known
+      continue;
+    }
+    float gmax = 0.0F;
+    for (const float x : g) gmax = std::max(gmax, std::abs(x));
+    const bool proven = ftrl.stays_finite_given(state, pulley::kOrdinaryMagnitude, gmax);
+    if (proven) CHECK(apply_stays_within(ftrl, state, w, g));
+    if (proven) CHECK(ftrl.stays_finite(state, w, g));
+    if (gscale <= 1e3F) CHECK(proven);
+    proven_count += proven ? 1 : 0;
+    unproven += proven ? 0 : 1;
+  }
+  CHECK(proven_count > 100);
+  CHECK(unproven > 0);  // the extremes were tried
+  // What a ps hands it, the gradient ordinary too: proven unless the floor is tiny.
+  CHECK(ftrl.stays_finite_given(ftrl.make_state(1), pulley::kOrdinaryMagnitude,
+                                pulley::kOrdinaryMagnitude) == proves_ordinary);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "Ftrl bounds magnitudes: each weight solved from its slots, accumulators at or above their "
+    "start") {
+  check_ftrl_magnitudes(pulley::Ftrl{});  // Keras' defaults
+  check_ftrl_magnitudes(pulley::Ftrl{0.1F});
+  check_ftrl_magnitudes(pulley::Ftrl{.learning_rate = 0.001F, .initial_accumulator_value = 1e-6F},
+                        false);
+  check_ftrl_magnitudes(pulley::Ftrl{.learning_rate = 0.05F,
+                                     .initial_accumulator_value = 0.01F,
+                                     .l1_regularization_strength = 0.01F,
+                                     .l2_regularization_strength = 0.1F,
+                                     .l2_shrinkage_regularization_strength = 0.1F,
+                                     .beta = 0.5F});
+  const pulley::Ftrl ftrl{0.1F};
+  const float inf = std::numeric_limits<float>::infinity();
+  // An accumulator below its start (restored so): the weight's quotient is not bounded
+  // away from 0, so nothing is known, though every value is ordinary.
+  auto below = ftrl.make_state(3);
+  below.accumulator[1] = ftrl.initial_accumulator_value / 2;
+  std::vector<float> w(3, 0.5F);
+  CHECK(ftrl.apply_bounded(below, w, std::vector<float>(3, 0.0F)) == inf);
+  CHECK(std::isfinite(w[1]));
+  // The bound is judged in the tail of the lanes too: one accumulator below, at each place.
+  for (std::size_t at = 0; at < 37; ++at) {
+    auto state = ftrl.make_state(37);
+    std::vector<float> w37(37, 0.5F);
+    state.accumulator[at] = -1.0F;
+    CAPTURE(at);
+    CHECK(ftrl.apply_bounded(state, w37, std::vector<float>(37, 1.0F)) ==
+          inf);  // -1 + 1 = 0, below 0.1
+  }
+  auto ordinary = ftrl.make_state(37);
+  std::vector<float> w37(37, 0.5F);
+  CHECK(ftrl.apply_bounded(ordinary, w37, std::vector<float>(37, 1.0F)) ==
+        pulley::kOrdinaryMagnitude);
+  // No accumulator to start from and no L2: the quotient may be 0, nothing proven.
+  const pulley::Ftrl from_zero{.learning_rate = 0.1F, .initial_accumulator_value = 0.0F};
+  CHECK_FALSE(from_zero.stays_finite_given(from_zero.make_state(1), 1.0F, 1.0F));
+  const pulley::Ftrl from_zero_l2{
+      .learning_rate = 0.1F, .initial_accumulator_value = 0.0F, .l2_regularization_strength = 0.5F};
+  CHECK(from_zero_l2.stays_finite_given(from_zero_l2.make_state(1), 1.0F, 1.0F));
+  // Another power (std::pow, one element at a time): nothing proven, nothing measured.
+  const pulley::Ftrl power{.learning_rate = 0.1F, .learning_rate_power = -0.25F};
+  auto pstate = power.make_state(3);
+  std::vector<float> pw(3, 0.5F);
+  CHECK(power.apply_bounded(pstate, pw, std::vector<float>(3, 1.0F)) == inf);
+  CHECK_FALSE(power.stays_finite_given(pstate, 1.0F, 1.0F));
+}
+
 TEST_CASE("Ftrl: linear and accumulator slots, the weight solved from them") {
   const auto w = two_steps(pulley::Ftrl{.learning_rate = 0.1F});
   // step 1, w0 = 1, g = 0.5: accum 0.1 -> 0.35, sqrt 0.3162278 -> 0.5916080

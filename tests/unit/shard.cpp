@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: MIT
 // A ps's Shard (the parts and table rows it holds, the unit a checkpoint reads and a restore
 // sets) and the Update that applies pushes to it, on their own: no ps, no transport.
+#include "pulley/ps/shard.hpp"
+
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -12,9 +14,9 @@
 #include <vector>
 
 #include "pulley/optimizers/adagrad.hpp"
+#include "pulley/optimizers/ftrl.hpp"
 #include "pulley/optimizers/momentum.hpp"
 #include "pulley/optimizers/sgd.hpp"
-#include "pulley/ps/shard.hpp"
 #include "pulley/ps/update.hpp"
 #include "pulley/sharding/round_robin.hpp"
 #include "pulley/sync/async.hpp"
@@ -209,6 +211,54 @@ TEST_CASE("an update proven finite from magnitudes is applied at once, one that 
   const std::vector<float> b{5, 6};
   shard.initialize({PartValues{1, b}});
   CHECK(shard.find(1)->largest == unknown);
+}
+
+namespace {
+
+/// Ftrl that counts the calls of its full check.
+struct CountedFtrl : Ftrl {
+  int* asked = nullptr;
+  [[nodiscard]] bool stays_finite(const State& state, std::span<const float> w,
+                                  std::span<const float> g) const {
+    ++*asked;
+    return Ftrl::stays_finite(state, w, g);
+  }
+};
+static_assert(BoundsMagnitudes<CountedFtrl>);
+
+}  // namespace
+
+TEST_CASE(
+    "Ftrl's updates are proven from magnitudes once an update measured the part, and one beyond is "
+    "checked and refused") {
+  const Async sync;
+  int asked = 0;
+  auto shard = shard_of(1, CountedFtrl{Ftrl{0.1F}, &asked}, sync);  // b = {5, 6}
+  Update<CountedFtrl, Async, NoTables> update;
+  Stats stats;
+  const std::vector<float> small{1, -2};
+  CHECK(update.take(shard, sync, Push{0, 0, {{1, small}}}, Verdict::kReady, 0, stats)
+            .refused.empty());
+  CHECK(asked == 1);  // initialized: the weights were not solved from the slots, checked in full
+  CHECK(shard.find(1)->largest == kOrdinaryMagnitude);
+  for (std::int64_t step = 1; step <= 3; ++step) {
+    CHECK(update.take(shard, sync, Push{0, step, {{1, small}}}, Verdict::kReady, step, stats)
+              .refused.empty());
+  }
+  CHECK(asked == 1);  // proven: the part read once per update
+  // A gradient whose square overflows the accumulator: not proven, refused by the check.
+  const std::vector<float> values_before = values_of(shard, 1);
+  const std::vector<float> huge{1e30F, 0};
+  const auto out = update.take(shard, sync, Push{0, 4, {{1, huge}}}, Verdict::kReady, 4, stats);
+  CHECK(out.refused.find("push from worker 0 refused") == 0);
+  CHECK(asked == 2);
+  CHECK(values_of(shard, 1) == values_before);
+  // Values set otherwise: the next update is checked in full again.
+  const std::vector<float> b{5, 6};
+  shard.initialize({PartValues{1, b}});
+  CHECK(update.take(shard, sync, Push{0, 5, {{1, small}}}, Verdict::kReady, 5, stats)
+            .refused.empty());
+  CHECK(asked == 3);
 }
 
 TEST_CASE("a shard with tables: rows are checked, pulled, and updated with the dense parts") {

@@ -297,7 +297,10 @@ concept PredictsFiniteness = Optimizer<O> &&
 ///     `apply` keeps every weight and slot within kFiniteBound whenever none of them is
 ///     larger than `largest` in magnitude (and the slots that must not be negative are
 ///     not) and no gradient element larger than `largest_gradient`. Conservative, never
-///     optimistic, as `stays_finite`.
+///     optimistic, as `stays_finite`. It is asked only of a part as this optimizer's
+///     `apply_bounded` last left it, having returned `largest`, so it may also count on
+///     what that pass made sure of (Ftrl: each weight solved from its slots, no
+///     accumulator below its start).
 /// The ps keeps each part's `largest` from its last `apply_bounded`, and asks
 /// `stays_finite` where `stays_finite_given` cannot tell (or the part was written
 /// otherwise since: initialized, restored): a refused update is refused as before.

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <span>
 #include <string>
@@ -35,6 +36,15 @@ namespace pulley {
 /// (`apply_row`, TF's SparseApplyFtrlV2), whose accumulator and linear are its two row
 /// slots. A row's weights can move on a zero gradient: its first update replaces its
 /// initial value with the solution from its slots, and l2_shrinkage keeps pulling it to 0.
+///
+/// Finiteness is proven from magnitudes (BoundsMagnitudes) for Keras' learning_rate_power
+/// of -0.5 and an initial_accumulator_value of about 2^-10 or more (or an L2 strength):
+/// `apply_bounded` judges in its pass that the weights and slots it wrote are ordinary and
+/// that no accumulator is below initial_accumulator_value (which the rule only adds to).
+/// The weight it wrote is then |linear| / quadratic at most, and quadratic at least
+/// sqrt(initial_accumulator_value) / lr + 2 * l2_adj, which bounds the next update's
+/// change of linear (at most |g| * |w| / lr) without reading the part. Other powers, and
+/// parts restored or initialized since, are checked by `stays_finite`.
 struct Ftrl {
   float learning_rate = 0.001F;                       ///< lr: step size
   float learning_rate_power = -0.5F;                  ///< p: how lr decays with the accumulator
@@ -70,7 +80,49 @@ struct Ftrl {
 
   /// Updates `w` in place from gradient `g` (same size as the state).
   void apply(State& state, std::span<float> w, std::span<const float> g) const {
-    update(w.data(), state.accumulator.data(), state.linear.data(), g.data(), w.size());
+    (void)apply_bounded(state, w, g);
+  }
+
+  /// `apply`, returning a bound of the magnitudes of the weights and slots afterwards:
+  /// kOrdinaryMagnitude when every one is below it and no accumulator is below
+  /// initial_accumulator_value (for learning_rate_power -0.5), else +infinity: nothing
+  /// known (BoundsMagnitudes).
+  float apply_bounded(State& state, std::span<float> w, std::span<const float> g) const {
+    return update<true>(w.data(), state.accumulator.data(), state.linear.data(), g.data(),
+                        w.size());
+  }
+
+  /// True if no weight or slot can leave kFiniteBound when each is at most `largest`, no
+  /// accumulator below initial_accumulator_value and each weight what the rule made of its
+  /// slots (as `apply_bounded` leaves them when it returns a finite bound), and each
+  /// gradient element at most `largest_gradient` in magnitude (BoundsMagnitudes). Bounds,
+  /// in double, with room for float's rounding:
+  ///   accumulator <= largest + g^2
+  ///   |linear|    <= largest + g + 2 * l2_shrinkage * |w| + root_step / lr * |w|, where
+  ///                  root_step = sqrt(accum_new) - sqrt(accum) is at most g, and |w| is at
+  ///                  most largest / q_least
+  ///   |w|         <= (l1 + |linear|) / q_least, where
+  ///                  q_least = sqrt(initial_accumulator_value) / lr + 2 * l2_adj
+  /// For another learning_rate_power nothing is proven.
+  [[nodiscard]] bool stays_finite_given(const State& /*state*/, float largest,
+                                        float largest_gradient) const {
+    if (learning_rate_power != -0.5F) return false;
+    const double lr = learning_rate;
+    const double held = largest;
+    const double g = largest_gradient;
+    const double q_least = std::sqrt(double{initial_accumulator_value}) / lr +
+                           2.0 * (double{l2_regularization_strength} + double{beta} / (2.0 * lr));
+    if (!(q_least > 0.0)) return false;  // a zero accumulator and no L2: a quotient by 0
+    constexpr double kRounding = 1.01;   // the float rule's roundings, each a part in 2^23
+    const double accumulator = held + g * g;
+    // sqrt(accum_new) - sqrt(accum) in float: at most g, and each root's rounding.
+    const double root_step = g + 0x1p-22 * std::sqrt(accumulator);
+    const double w = std::min(held, held / q_least * kRounding);
+    const double linear =
+        kRounding *
+        (held + g + 2.0 * double{l2_shrinkage_regularization_strength} * w + root_step * w / lr);
+    const double w_new = kRounding * (double{l1_regularization_strength} + linear) / q_least;
+    return proven_finite(accumulator) && proven_finite(linear) && proven_finite(w_new);
   }
 
   /// The accumulator and linear slots, for checkpoints.
@@ -96,7 +148,7 @@ struct Ftrl {
       std::copy_n(w.data() + begin, m, wb);
       std::copy_n(state.accumulator.data() + begin, m, ab);
       std::copy_n(state.linear.data() + begin, m, lb);
-      update(wb, ab, lb, g.data() + begin, m);
+      (void)update<false>(wb, ab, lb, g.data() + begin, m);
       const bool within = bounded(m, [&](std::size_t i, std::uint32_t& lane) {
         detail::fold_bound(lane, wb[i]);
         detail::fold_bound(lane, ab[i]);
@@ -127,7 +179,7 @@ struct Ftrl {
   void apply_row(std::span<float> w, std::span<float> slots, std::span<const float> g,
                  const RowContext& /*context*/) const {
     const std::size_t n = w.size();
-    update(w.data(), slots.data(), slots.data() + n, g.data(), n);
+    (void)update<false>(w.data(), slots.data(), slots.data() + n, g.data(), n);
   }
 
  private:
@@ -137,6 +189,7 @@ struct Ftrl {
     float l1;
     float two_l2_adj;        ///< 2 * (l2 + beta / (2 * lr))
     float two_l2_shrinkage;  ///< 2 * l2_shrinkage
+    float floor;             ///< initial_accumulator_value: no accumulator falls below it
   };
 
   /// This object's Terms.
@@ -144,7 +197,7 @@ struct Ftrl {
     const float lr = learning_rate;
     return {lr, l1_regularization_strength,
             2.0F * (l2_regularization_strength + beta / (2.0F * lr)),
-            2.0F * l2_shrinkage_regularization_strength};
+            2.0F * l2_shrinkage_regularization_strength, initial_accumulator_value};
   }
 
   /// Elements `stays_finite` updates in copies at a time.
@@ -166,8 +219,9 @@ struct Ftrl {
   };
 
   /// The rule for one element, or for a vector of them (detail::lanewise), behind `update`.
+  /// Returns the new accumulator less `floor`: not negative where the proof holds.
   template <class V, class Power>
-  static void step(const Terms& k, Power power, V& w, V& accumulator, V& linear, V g) {
+  static V step(const Terms& k, Power power, V& w, V& accumulator, V& linear, V g) {
     using std::abs;
     using detail::choose;
     const V zero(0.0F);
@@ -179,27 +233,39 @@ struct Ftrl {
     const V sign = choose(linear > zero, V(1.0F), choose(linear < zero, V(-1.0F), zero));
     w = choose(abs(linear) > V(k.l1), (sign * k.l1 - linear) / quadratic, zero);
     accumulator = accum_new;
+    return accum_new - k.floor;
   }
 
-  /// The rule over n elements, behind `apply`, `apply_row` and `stays_finite`: in vector
-  /// lanes for Keras' learning_rate_power of -0.5 (a square root, bit for bit the scalar
-  /// rule where no multiply and add are fused: detail::lanewise), else one element at a time
-  /// (std::pow has no vector form here).
-  void update(float* __restrict w, float* __restrict accumulator, float* __restrict linear,
-              const float* __restrict g, std::size_t n) const {
+  /// The rule over n elements, behind `apply_bounded`, `apply_row` and `stays_finite`: in
+  /// vector lanes for Keras' learning_rate_power of -0.5 (a square root, bit for bit the
+  /// scalar rule where no multiply and add are fused: detail::lanewise), else one element
+  /// at a time (std::pow has no vector form here). With `kBound`, returns `apply_bounded`'s
+  /// bound, judged in the lanes (detail::lanewise_ordinary: every value written ordinary,
+  /// and the accumulators not below the floor, which also keeps them from being negative);
+  /// without, +infinity.
+  template <bool kBound>
+  float update(float* __restrict w, float* __restrict accumulator, float* __restrict linear,
+               const float* __restrict g, std::size_t n) const {
     const Terms k = terms();
     if (learning_rate_power == -0.5F) {
-      detail::lanewise(
-          0, n, [k](auto gi, auto& wi, auto& ai, auto& li) { step(k, SqrtPower{}, wi, ai, li, gi); }, g, w,
-          accumulator, linear);
-      return;
+      const auto rule = [k](auto gi, auto& wi, auto& li, auto& ai) {
+        return step(k, SqrtPower{}, wi, ai, li, gi);
+      };
+      if constexpr (kBound) {
+        return magnitude_bound(detail::lanewise_ordinary<3>(0, n, rule, g, w, linear, accumulator));
+      } else {
+        detail::lanewise(0, n, rule, g, w, linear, accumulator);
+        return std::numeric_limits<float>::infinity();
+      }
     }
     const AnyPower power{-learning_rate_power};
-    for (std::size_t i = 0; i < n; ++i) step(k, power, w[i], accumulator[i], linear[i], g[i]);
+    for (std::size_t i = 0; i < n; ++i) (void)step(k, power, w[i], accumulator[i], linear[i], g[i]);
+    return std::numeric_limits<float>::infinity();
   }
 };
 static_assert(Optimizer<Ftrl>);
 static_assert(PredictsFiniteness<Ftrl>);
+static_assert(BoundsMagnitudes<Ftrl>);
 static_assert(RowWiseOptimizer<Ftrl>);
 
 }  // namespace pulley

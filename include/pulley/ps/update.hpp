@@ -41,7 +41,7 @@ namespace pulley {
 /// Optimizers with `stays_finite` are asked before applying; others apply into a copy of
 /// the part and its State that replaces them only if it stayed finite (or, if the State
 /// cannot be copied, fail the ps when the part goes non-finite). An optimizer that bounds
-/// magnitudes (BoundsMagnitudes, every stock one but Ftrl) is asked first with what its
+/// magnitudes (BoundsMagnitudes, every stock one) is asked first with what its
 /// last update measured and a bound of the gradient's magnitudes: what it proves finite is
 /// applied without reading the part twice, and `stays_finite` decides the rest.
 ///

@@ -29,10 +29,12 @@ inline constexpr bool kVectorLanes = false;
 #endif
 
 /// `lanewise` and `lanewise_ordinary` (below): with `kCheck`, also whether each value
-/// written is ordinary. On the values' bits, as `fold_ordinary` does (integer operations,
-/// which no floating-point option such as -ffinite-math-only lets the compiler rewrite):
-/// the exponent field plus 69 carries into the top bit exactly for magnitudes of 2^60 and
-/// up, Inf and NaN among them; for the arrays that must not be negative, the sign bit too.
+/// written is ordinary, and so is each value the rule returns, if it returns one (a
+/// condition it asserts, such as a slot at or above a floor: not negative either). On the
+/// values' bits, as `fold_ordinary` does (integer operations, which no floating-point
+/// option such as -ffinite-math-only lets the compiler rewrite): the exponent field plus 69
+/// carries into the top bit exactly for magnitudes of 2^60 and up, Inf and NaN among them;
+/// for the arrays that must not be negative, the sign bit too.
 template <bool kCheck, std::size_t kSigned, class Rule, std::same_as<float>... Out>
 bool lanes(std::size_t begin, std::size_t end, Rule rule, const float* in, Out*... out) {
   // `rule` is a copy of the caller's, local here: no store through `out` can reach what it
@@ -47,6 +49,7 @@ bool lanes(std::size_t begin, std::size_t end, Rule rule, const float* in, Out*.
       lane |= ((bits & kExponentBits) + kOrdinaryCarry) | (bits & kSignBit);
     }
   };
+  constexpr std::size_t kAsserted = kOut;  // fold's index of what the rule returns: not negative
   std::uint32_t lane = 0;  // the scalar values' fold
   const auto fold_scalars = [&](std::size_t i, const auto&... arrays) {
     [&]<std::size_t... k>(std::index_sequence<k...>) {
@@ -64,10 +67,20 @@ bool lanes(std::size_t begin, std::size_t end, Rule rule, const float* in, Out*.
   U lanes_folded = 0;
   // One vector: the rule over kWidth values of `x` and of each `ys[k]`, written back there
   // (with kCheck, the values written folded into `lanes_folded`).
+  // What the rule returns for the padded tail (below), checked for its elements only.
+  [[maybe_unused]] float asserted_tail[kWidth] = {};
   const auto run = [&](const float* x, const std::array<float*, kOut>& ys, bool check) {
     [&]<std::size_t... k>(std::index_sequence<k...>) {
       V values[kOut] = {V(ys[k], stdx::element_aligned)...};
-      rule(V(x, stdx::element_aligned), values[k]...);
+      if constexpr (std::is_void_v<decltype(rule(V(x, stdx::element_aligned), values[k]...))>) {
+        rule(V(x, stdx::element_aligned), values[k]...);
+      } else {
+        const V asserted = rule(V(x, stdx::element_aligned), values[k]...);
+        if (kCheck && check)
+          fold(std::integral_constant<std::size_t, kAsserted>{}, lanes_folded,
+               std::bit_cast<U>(asserted));
+        if (kCheck && !check) asserted.copy_to(asserted_tail, stdx::element_aligned);
+      }
       if (kCheck && check) (fold(std::integral_constant<std::size_t, k>{}, lanes_folded, std::bit_cast<U>(values[k])), ...);
       (values[k].copy_to(ys[k], stdx::element_aligned), ...);
     }(std::make_index_sequence<kOut>{});
@@ -90,14 +103,25 @@ bool lanes(std::size_t begin, std::size_t end, Rule rule, const float* in, Out*.
     run(padded_in, to_padded, false);
     for (std::size_t k = 0; k < kOut; ++k) std::copy_n(padded[k], n, arrays[k]);
     if constexpr (kCheck) {
-      for (std::size_t j = 0; j < n; ++j) fold_scalars(j, (out + i)...);
+      for (std::size_t j = 0; j < n; ++j) {
+        fold_scalars(j, (out + i)...);
+        fold(std::integral_constant<std::size_t, kAsserted>{}, lane,
+             std::bit_cast<std::uint32_t>(asserted_tail[j]));
+      }
     }
   }
   if constexpr (!kCheck) return true;
   return (lane & kSignBit) == 0 && stdx::none_of((lanes_folded & kSignBit) != 0U);
 #else
   for (std::size_t i = begin; i < end; ++i) {
-    rule(in[i], out[i]...);
+    if constexpr (std::is_void_v<decltype(rule(in[i], out[i]...))>) {
+      rule(in[i], out[i]...);
+    } else {
+      const float asserted = rule(in[i], out[i]...);
+      if constexpr (kCheck)
+        fold(std::integral_constant<std::size_t, kAsserted>{}, lane,
+             std::bit_cast<std::uint32_t>(asserted));
+    }
     if constexpr (kCheck) fold_scalars(i, out...);
   }
   return (lane & kSignBit) == 0;
@@ -147,7 +171,10 @@ std::experimental::simd<T, Abi> choose(const std::experimental::simd_mask<T, Abi
 /// `out` of any sign and those of the others not negative either, -0 included (sums of
 /// squares, whose square root an optimizer takes): what an optimizer's `apply_bounded` says
 /// of the values it leaves (BoundsMagnitudes), judged in the lanes that computed them,
-/// while they are in registers, not by reading them again.
+/// while they are in registers, not by reading them again. A rule may also return a value
+/// (a float, or a vector as its arguments are) that must be ordinary and not negative: a
+/// condition of the values it wrote that the proof of the next update needs (Ftrl returns
+/// its accumulator less the floor the proof assumes).
 template <std::size_t kSigned, class Rule, std::same_as<float>... Out>
 bool lanewise_ordinary(std::size_t begin, std::size_t end, Rule&& rule, const float* in, Out*... out) {
   static_assert(kSigned <= sizeof...(Out), "kSigned counts arrays of out");
