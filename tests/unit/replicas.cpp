@@ -8,14 +8,17 @@
 // a pause the furthest. With the chief ruling on lost processes (CopyRulings, as the role
 // runner's tasks ask it), a lost ps is given up once the chief rules it lost, a worker cut
 // off from a ps that the chief reaches gives nothing up, and a ps cut off from the chief
-// serves no task past its lease, so that the tasks that still reach it give it up too.
+// serves no task past its lease, so that the tasks that still reach it give it up too. A
+// worker lost after its push reached one copy of each shard only parts the copies, and the
+// chief's align_copies makes them alike again.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
-#include <mutex>
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -42,6 +45,7 @@
 #include "support/linear_model.hpp"
 #include "support/log_capture.hpp"
 #include "support/tcp.hpp"
+#include "support/wait.hpp"
 
 using namespace pulley;
 using pulley::testing::LinearBatch;
@@ -58,9 +62,11 @@ constexpr std::size_t kIn = 5, kOut = 3, kBatch = 4;
 constexpr std::int64_t kSteps = 60;
 constexpr std::uint32_t kPs = 3;
 
-Server make_server(std::uint32_t task) {
+/// `worker_timeout`: nobody is held lost in most of these tests.
+Server make_server(std::uint32_t task,
+                   std::chrono::milliseconds worker_timeout = std::chrono::seconds(30)) {
   Server server(task, kPs, Adam{0.01F}, SyncReplicas(2, 2), FixedShards{kPs});
-  server.set_worker_timeout(std::chrono::seconds(30));  // nobody is held lost in these tests
+  server.set_worker_timeout(worker_timeout);
   return server;
 }
 
@@ -72,10 +78,12 @@ struct CopiesCluster {
   std::vector<std::string> addresses;
 
   /// `chief_lease`: how long each ps process serves the tasks without hearing the chief
-  /// (ShardCopies::set_chief_lease; zero: always).
-  explicit CopiesCluster(std::chrono::milliseconds chief_lease = std::chrono::milliseconds(0)) {
+  /// (ShardCopies::set_chief_lease; zero: always); `worker_timeout`: each ps's.
+  explicit CopiesCluster(std::chrono::milliseconds chief_lease = std::chrono::milliseconds(0),
+                         std::chrono::milliseconds worker_timeout = std::chrono::seconds(30)) {
     for (std::uint32_t i = 0; i < kPs; ++i) {
-      Copies copies(make_server(i), make_server((i + kPs - 1) % kPs));
+      Copies copies(make_server(i, worker_timeout),
+                    make_server((i + kPs - 1) % kPs, worker_timeout));
       copies.set_chief_lease(chief_lease);
       listeners.push_back(std::make_unique<TcpServer<Copies>>(std::move(copies), "127.0.0.1", 0, test_server_options()));
       addresses.push_back("127.0.0.1:" + std::to_string(listeners.back()->port()));
@@ -230,6 +238,84 @@ TEST_CASE("a ps lost mid-training is replaced by its copy: training ends bit for
       CHECK(cluster.listeners[i]->service().own().stats().global_step == kSteps);
     }
   }
+}
+
+namespace {
+
+/// What the chief reads of the ps tasks at the end of a job that lost a worker whose last
+/// push reached one copy of each shard only: the variables from each shard's own copy, and
+/// again with ps 0 gone (its shard then read from its copy on ps 1).
+struct ReadBothWays {
+  std::vector<std::vector<float>> own;
+  std::vector<std::vector<float>> ps0_from_copy;
+};
+
+/// Sync R = N = 2 over copies, each ps holding a worker lost after 600 ms of silence:
+/// worker 1 pushes its first step through a transport without copies (to the ps tasks' own
+/// copies alone, as if it died between its sends to the two copies) and dies (its beats
+/// stop, no goodbye); worker 0 trains to kSteps. So each own copy completes step 1 with
+/// both gradients, and each other copy, once it holds worker 1 lost, with worker 0's alone.
+/// `chief_work(chief)` runs once every ps holds worker 1 lost and worker 0 is 5 steps on.
+template <class ChiefWork>
+ReadBothWays lose_worker_after_one_copy_took_its_push(ChiefWork chief_work) {
+  CopiesCluster cluster(std::chrono::milliseconds(0), std::chrono::milliseconds(600));
+  const LinearData data(2 * kBatch * kSteps, kIn, kOut, 42);
+  const auto read = [&](std::int64_t number) { return batch_of(data, number); };
+  Chief chief(client(Node::chief(), cluster.addresses, with_copies()), 7);
+  chief.initialize(LinearModel(kIn, kOut).variables());
+  const auto beats = std::chrono::milliseconds(50);
+  HeartbeatSender beat0(0, client(Node::worker(0), cluster.addresses, with_copies()), beats);
+  std::thread dying([&] {
+    HeartbeatSender beat1(1, client(Node::worker(1), cluster.addresses, with_copies()), beats);
+    Worker lone(1, LinearModel(kIn, kOut), client(Node::worker(1), cluster.addresses));
+    lone.wait_ready();
+    CHECK(lone.step(read, kSteps));
+    beat1.abandon();  // killed: held lost, not forgotten
+  });
+  std::thread training([&] {
+    Worker worker(0, LinearModel(kIn, kOut),
+                  client(Node::worker(0), cluster.addresses, with_copies()));
+    worker.wait_ready();
+    while (worker.step(read, kSteps)) {
+    }
+  });
+  dying.join();
+  CHECK(pulley::testing::wait_until([&] {
+    const std::vector<Stats> stats = chief.stats();
+    return chief.lost_workers() == std::vector<std::uint32_t>{1} &&
+           std::all_of(stats.begin(), stats.end(),
+                       [](const Stats& s) { return s.global_step >= 5; });
+  }));
+  chief_work(chief);
+  training.join();
+  ReadBothWays read_back;
+  read_back.own = chief.read_variables();
+  cluster.kill(0);
+  for (int attempt = 0; read_back.ps0_from_copy.empty();
+       ++attempt) {  // the lost ps's connection fails one call
+    try {
+      read_back.ps0_from_copy = chief.read_variables();
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kUnavailable || attempt > 0) throw;
+    }
+  }
+  for (const Stats& s : chief.stats()) CHECK(s.global_step == kSteps);
+  chief.shutdown();
+  return read_back;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a worker lost with a push that reached one copy only: the chief makes both copies of every "
+    "shard alike") {
+  // Left alone, the copies of each shard part for good: one counted the push, one did not.
+  const ReadBothWays parted = lose_worker_after_one_copy_took_its_push([](auto&) {});
+  CHECK(parted.own != parted.ps0_from_copy);
+  // Made alike from the copies the tasks read, they end on the same values.
+  const ReadBothWays alike =
+      lose_worker_after_one_copy_took_its_push([](auto& chief) { CHECK(chief.align_copies()); });
+  CHECK(alike.own == alike.ps0_from_copy);
 }
 
 /// The chief's desk serving its CopyRulings over `cluster`, and what the workers ask it: a

@@ -347,6 +347,47 @@ class Chief {
     }
   }
 
+  /// Makes both copies of every shard alike again, in a job whose ps tasks keep copies of
+  /// each other's shards (beyond TensorFlow; a CopyingTransport). Each copy judges the
+  /// workers on its own clock, so the two may part where a worker was lost: a push it sent
+  /// just before it died (or was cut off from one ps) can reach one copy only, which counts
+  /// it in its step while the other completes the step without it. Every ps is paused and
+  /// read at one cut, from the copies the tasks read (each shard's own, unless given up),
+  /// the model is registered over the same members at a membership one newer, and both
+  /// copies of every shard are restored from the cut, as `take_back` does; training stands
+  /// still from the cut to the end of the restore, and nothing the tasks read changes.
+  /// `sharding`: the ps tasks' IdSharding.
+  ///
+  /// True once done; false (logged) without copies, or when the cut or the restore failed
+  /// (the ps tasks go on as they were, or restored from the same cut: move_state). Throws
+  /// kUnavailable when a ps was lost on the way (roll them back).
+  template <IdSharding I = HashIds>
+  bool align_copies(const I& sharding = {}) {
+    if constexpr (!CopyingTransport<T>) {
+      (void)sharding;
+      return false;
+    } else {
+      const std::vector<std::uint32_t> members(client_.members().begin(), client_.members().end());
+      std::optional<ModelState> cut;
+      try {
+        cut = read_state(client_, 0, {}, true);  // the ps tasks stay paused (resumed if it throws)
+      } catch (const Error& e) {
+        if (e.code() == ErrorCode::kUnavailable) throw;  // a ps of the job lost: rolled back
+        log(LogLevel::kWarning,
+            std::string("chief: cannot make the copies of every shard alike, the cut failed: ") +
+                e.message());
+        return false;
+      }
+      if (const std::optional<Error> failed = move_state(*cut, members, members, {}, sharding)) {
+        log(LogLevel::kWarning,
+            std::string("chief: could not make the copies of every shard alike: ") +
+                failed->message());
+        return false;
+      }
+      return true;
+    }
+  }
+
   /// Takes member ps `ps` out of the job with its share moved to the other members (it
   /// asked to leave: the operator scaled the job down). Every ps is paused and read at one
   /// cut (as `join` reads it), the model is registered over the other members at a

@@ -31,7 +31,11 @@ namespace pulley {
 ///
 /// A connection names the shard it wants at its handshake (wire::Hello::shard,
 /// RequestContext::shard). Heartbeats reach both copies whichever connection brings them,
-/// as does a lost connection: each copy judges the workers and the chief on its own.
+/// as does a lost connection: each copy judges the workers and the chief on its own. A
+/// push a worker sent just before it was lost may have reached one copy of a shard only,
+/// which then counts it where the other completes the step without it: the role runner's
+/// chief makes both copies alike again once the lost workers stop changing
+/// (Chief::align_copies).
 ///
 /// The chief's lease (`set_chief_lease`): only the chief gives a ps process up for the
 /// job (CopyRulings), and it does so once it could not reach the process for the copy
@@ -41,9 +45,9 @@ namespace pulley {
 /// chief (any request of the chief's) within its lease: with the role runner, three
 /// quarters of the shorter of the copy timeout (so it ends before the chief can rule after
 /// a silence) and the worker timeout (before it may complete a step without a worker cut
-/// off with the chief); the chief beats every sixth of that (TrainingOptions::chief_lease). Then it refuses every task but the chief (`fenced`,
-/// which the transport asks: a connection is closed at its next request or reply, and new
-/// ones are refused for now) until it hears the chief again; a
+/// off with the chief); the chief beats every sixth of that (TrainingOptions::chief_lease). Then it
+/// refuses every task but the chief (`fenced`, which the transport asks: a connection is closed at
+/// its next request or reply, and new ones are refused for now) until it hears the chief again; a
 /// task refused so finds the process out of reach and asks the chief about it, as for a
 /// process gone. A chief lost or stopped therefore pauses a job with copies until a chief
 /// comes back: nobody else may rule which copies stand.

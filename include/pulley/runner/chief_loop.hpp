@@ -305,6 +305,7 @@ class ChiefLoop {
   /// membership is thrown (the caller rolls them back).
   void take_joins() {
     take_back();
+    align_copies();
     if (joins_ == nullptr) return;
     joins_->set_ps({chief_.members().begin(), chief_.members().end()});
     std::vector<JoinQueue::Asked> workers;
@@ -359,6 +360,35 @@ class ChiefLoop {
     }
     // Counted from the end: an attempt at a host that does not answer takes attempt_timeout.
     next_take_back_ = Clock::now() + kTakeBackEvery;
+  }
+
+  /// A job whose ps tasks keep copies: makes both copies of every shard alike again
+  /// (Chief::align_copies), logged once, when the workers the ps tasks hold lost changed
+  /// and stayed so for the worker timeout (by then every ps that stopped hearing a worker
+  /// held it lost too, and went past the step it was at). Each copy judges the workers on
+  /// its own clock, and a push a worker sent just before it was lost may have reached one
+  /// copy of a shard only: that copy counted it, the other completed the step without it.
+  /// Looked at every kLostLookEvery.
+  void align_copies() {
+    if constexpr (CopyingTransport<T>) {
+      if (training_.tcp.replicas == 0 || Clock::now() < next_lost_look_) return;
+      std::vector<std::uint32_t> lost = chief_.lost_workers(kLostLookEvery);
+      const auto now = Clock::now();
+      next_lost_look_ = now + kLostLookEvery;
+      if (lost != lost_seen_) {
+        lost_seen_ = std::move(lost);
+        lost_changed_ = now;
+        return;
+      }
+      if (!lost_changed_ || now - *lost_changed_ < training_.worker_timeout) return;
+      lost_changed_.reset();
+      if (!chief_.align_copies(id_sharding_)) return;
+      log(LogLevel::kInfo,
+          "chief: the workers held lost changed (now " + describe_members(lost_seen_) +
+              "): both copies of every shard were made alike from the copy the tasks read (one "
+              "may have counted a lost worker's last push that never reached the other); " +
+              new_shape(now));
+    }
   }
 
   /// Takes ps `asked.task`, which asked to leave, out of the job with its share moved to
@@ -751,6 +781,12 @@ class ChiefLoop {
   /// How often a ps whose copies were given up is looked for (take_back), and when next.
   static constexpr std::chrono::seconds kTakeBackEvery{2};
   Clock::time_point next_take_back_{};
+  /// How often the workers the ps tasks hold lost are looked at (align_copies), and when
+  /// next; those seen last, and when they changed (until the copies were made alike).
+  static constexpr std::chrono::milliseconds kLostLookEvery{500};
+  Clock::time_point next_lost_look_{};
+  std::vector<std::uint32_t> lost_seen_;
+  std::optional<Clock::time_point> lost_changed_;
   std::int64_t base_ = -1;  ///< the newest checkpoint saved or restored from (-1: none)
   std::int64_t incremental_in_a_row_ = 0;  ///< checkpoints since the last full one
   /// The wait for the ps tasks after connections broke, kept while they break again
