@@ -250,7 +250,7 @@ struct ReadBothWays {
   std::vector<std::vector<float>> ps0_from_copy;
 };
 
-/// Sync R = N = 2 over copies, each ps holding a worker lost after 600 ms of silence:
+/// Sync R = N = 2 over copies, each ps holding a worker lost after 1 s of silence (20 beats):
 /// worker 1 pushes its first step through a transport without copies (to the ps tasks' own
 /// copies alone, as if it died between its sends to the two copies) and dies (its beats
 /// stop, no goodbye); worker 0 trains to kSteps. So each own copy completes step 1 with
@@ -258,7 +258,7 @@ struct ReadBothWays {
 /// `chief_work(chief)` runs once every ps holds worker 1 lost and worker 0 is 5 steps on.
 template <class ChiefWork>
 ReadBothWays lose_worker_after_one_copy_took_its_push(ChiefWork chief_work) {
-  CopiesCluster cluster(std::chrono::milliseconds(0), std::chrono::milliseconds(600));
+  CopiesCluster cluster(std::chrono::milliseconds(0), std::chrono::milliseconds(1000));
   const LinearData data(2 * kBatch * kSteps, kIn, kOut, 42);
   const auto read = [&](std::int64_t number) { return batch_of(data, number); };
   Chief chief(client(Node::chief(), cluster.addresses, with_copies()), 7);
