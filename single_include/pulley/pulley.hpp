@@ -9689,7 +9689,8 @@ struct Ftrl {
   ///   accumulator <= largest + g^2
   ///   |linear|    <= largest + g + 2 * l2_shrinkage * |w| + root_step / lr * |w|, where
   ///                  root_step = sqrt(accum_new) - sqrt(accum) is at most g, and |w| is at
-  ///                  most largest / q_least
+  ///                  most largest / q_least; root_step / lr is worked out first (as the
+  ///                  rule does), so it too must stay finite (a learning rate below 1e-20)
   ///   |w|         <= (l1 + |linear|) / q_least, where
   ///                  q_least = sqrt(initial_accumulator_value) / lr + 2 * l2_adj
   /// For another learning_rate_power nothing is proven.
@@ -9711,7 +9712,8 @@ struct Ftrl {
         kRounding *
         (held + g + 2.0 * double{l2_shrinkage_regularization_strength} * w + root_step * w / lr);
     const double w_new = kRounding * (double{l1_regularization_strength} + linear) / q_least;
-    return proven_finite(accumulator) && proven_finite(linear) && proven_finite(w_new);
+    return proven_finite(accumulator) && proven_finite(kRounding * root_step / lr) &&
+           proven_finite(linear) && proven_finite(w_new);
   }
 
   /// The accumulator and linear slots, for checkpoints.

@@ -576,6 +576,9 @@ TEST_CASE(
   check_ftrl_magnitudes(pulley::Ftrl{0.1F});
   check_ftrl_magnitudes(pulley::Ftrl{.learning_rate = 0.001F, .initial_accumulator_value = 1e-6F},
                         false);
+  // A learning rate so small that g / lr overflows float before the weight scales it down.
+  check_ftrl_magnitudes(pulley::Ftrl{.learning_rate = 1e-30F, .initial_accumulator_value = 1.0F},
+                        false);
   check_ftrl_magnitudes(pulley::Ftrl{.learning_rate = 0.05F,
                                      .initial_accumulator_value = 0.01F,
                                      .l1_regularization_strength = 0.01F,
