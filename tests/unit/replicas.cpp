@@ -257,7 +257,8 @@ struct ReadBothWays {
 /// both gradients, and each other copy, once it holds worker 1 lost, with worker 0's alone.
 /// `chief_work(chief)` runs once every ps holds worker 1 lost and worker 0 is 5 steps on.
 template <class ChiefWork>
-ReadBothWays lose_worker_after_one_copy_took_its_push(ChiefWork chief_work) {
+ReadBothWays lose_worker_after_one_copy_took_its_push(ChiefWork chief_work,
+                                                      bool both_took_it = false) {
   CopiesCluster cluster(std::chrono::milliseconds(0), std::chrono::milliseconds(1000));
   const LinearData data(2 * kBatch * kSteps, kIn, kOut, 42);
   const auto read = [&](std::int64_t number) { return batch_of(data, number); };
@@ -267,7 +268,9 @@ ReadBothWays lose_worker_after_one_copy_took_its_push(ChiefWork chief_work) {
   HeartbeatSender beat0(0, client(Node::worker(0), cluster.addresses, with_copies()), beats);
   std::thread dying([&] {
     HeartbeatSender beat1(1, client(Node::worker(1), cluster.addresses, with_copies()), beats);
-    Worker lone(1, LinearModel(kIn, kOut), client(Node::worker(1), cluster.addresses));
+    Worker lone(1, LinearModel(kIn, kOut),
+                client(Node::worker(1), cluster.addresses,
+                       both_took_it ? with_copies() : pulley::testing::test_client_options()));
     lone.wait_ready();
     CHECK(lone.step(read, kSteps));
     beat1.abandon();  // killed: held lost, not forgotten
@@ -312,10 +315,20 @@ TEST_CASE(
   // Left alone, the copies of each shard part for good: one counted the push, one did not.
   const ReadBothWays parted = lose_worker_after_one_copy_took_its_push([](auto&) {});
   CHECK(parted.own != parted.ps0_from_copy);
-  // Made alike from the copies the tasks read, they end on the same values.
+  // Made alike from the copies the tasks read, they end on the same values, and on what
+  // the tasks read without the move: it changed nothing they read, and lost no update.
   const ReadBothWays alike =
       lose_worker_after_one_copy_took_its_push([](auto& chief) { CHECK(chief.align_copies()); });
   CHECK(alike.own == alike.ps0_from_copy);
+  CHECK(alike.own == parted.own);
+  // The same where worker 1's push reached both copies: they never part, and the move (made
+  // while worker 1 is held lost, every step a refill step) changes nothing either.
+  const ReadBothWays whole = lose_worker_after_one_copy_took_its_push([](auto&) {}, true);
+  CHECK(whole.own == whole.ps0_from_copy);
+  const ReadBothWays whole_moved = lose_worker_after_one_copy_took_its_push(
+      [](auto& chief) { CHECK(chief.align_copies()); }, true);
+  CHECK(whole_moved.own == whole.own);
+  CHECK(whole_moved.own == whole_moved.ps0_from_copy);
 }
 
 /// The chief's desk serving its CopyRulings over `cluster`, and what the workers ask it: a

@@ -350,9 +350,21 @@ TEST_CASE("SyncReplicas: the live workers take a lost worker's tokens, so every 
   CHECK(sync.on_push(pacer, 0, 3) == Verdict::kPending);
   CHECK_FALSE(sync.take_token(pacer, 0).has_value());
 
-  // A worker lost during a refill step gives its token to the live ones.
+  // A worker lost before anything of a step was taken or pushed: the step begins without
+  // it, a refill step (as the step a restore makes, while a worker is held lost, does).
   const pulley::SyncReplicas three{3, 3};
+  auto q = three.make_pacer();
+  CHECK(three.on_worker_lost(q, 2) == Verdict::kPending);
+  const std::optional<Token> first = three.take_token(q, 0);
+  REQUIRE(first.has_value());
+  CHECK(first->refill);
+  CHECK(three.on_push(q, 0, 0) == Verdict::kPending);
+  CHECK(three.on_push(q, 1, 0) == Verdict::kPending);  // three batches, as with three workers
+  CHECK(three.on_push(q, 0, 0) == Verdict::kReady);
+
+  // A worker lost during a refill step gives its token to the live ones.
   auto p = three.make_pacer();
+  REQUIRE(three.take_token(p, 0).has_value());  // step 0 under way
   CHECK(three.on_worker_lost(p, 2) == Verdict::kPending);
   CHECK(three.on_push(p, 0, 0) == Verdict::kPending);
   CHECK(three.on_push(p, 1, 0) == Verdict::kReady);  // step 0 was not a refill step: two of two

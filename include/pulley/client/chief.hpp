@@ -498,12 +498,20 @@ class Chief {
 
   /// The workers some member ps holds lost now (their heartbeats stopped), ascending. Each
   /// ps is asked alone; one that does not answer within `timeout` (stopped, or gone: the
-  /// chief learns that elsewhere) says nothing.
-  [[nodiscard]] std::vector<std::uint32_t> lost_workers(std::chrono::milliseconds timeout = std::chrono::seconds(2)) {
+  /// chief learns that elsewhere) says nothing. With `all_answered`, whether every member
+  /// answered.
+  [[nodiscard]] std::vector<std::uint32_t> lost_workers(
+      std::chrono::milliseconds timeout = std::chrono::seconds(2), bool* all_answered = nullptr) {
     std::vector<std::uint32_t> lost;
+    bool all = true;
     for (const std::optional<StatsReply>& r : client_.ask_each(std::min(timeouts().request_timeout, timeout))) {
-      if (r) lost.insert(lost.end(), r->lost.begin(), r->lost.end());
+      if (r) {
+        lost.insert(lost.end(), r->lost.begin(), r->lost.end());
+      } else {
+        all = false;
+      }
     }
+    if (all_answered != nullptr) *all_answered = all;
     std::sort(lost.begin(), lost.end());
     lost.erase(std::unique(lost.begin(), lost.end()), lost.end());
     return lost;

@@ -368,21 +368,28 @@ class ChiefLoop {
   /// held it lost too, and went past the step it was at). Each copy judges the workers on
   /// its own clock, and a push a worker sent just before it was lost may have reached one
   /// copy of a shard only: that copy counted it, the other completed the step without it.
-  /// Looked at every kLostLookEvery.
+  /// Looked at every kLostLookEvery (a look that some ps did not answer in time, busy
+  /// applying a large update, say, tells nothing); a move that failed is tried again
+  /// kTakeBackEvery later.
   void align_copies() {
     if constexpr (CopyingTransport<T>) {
       if (training_.tcp.replicas == 0 || Clock::now() < next_lost_look_) return;
-      std::vector<std::uint32_t> lost = chief_.lost_workers(kLostLookEvery);
+      bool all_answered = false;
+      std::vector<std::uint32_t> lost = chief_.lost_workers(kLostLookEvery, &all_answered);
       const auto now = Clock::now();
       next_lost_look_ = now + kLostLookEvery;
+      if (!all_answered) return;
       if (lost != lost_seen_) {
         lost_seen_ = std::move(lost);
         lost_changed_ = now;
         return;
       }
       if (!lost_changed_ || now - *lost_changed_ < training_.worker_timeout) return;
+      if (!chief_.align_copies(id_sharding_)) {
+        next_lost_look_ = Clock::now() + kTakeBackEvery;
+        return;
+      }
       lost_changed_.reset();
-      if (!chief_.align_copies(id_sharding_)) return;
       log(LogLevel::kInfo,
           "chief: the workers held lost changed (now " + describe_members(lost_seen_) +
               "): both copies of every shard were made alike from the copy the tasks read (one "

@@ -48,8 +48,10 @@ namespace pulley {
 /// Lost workers (a deviation from TensorFlow, which waits for them forever): when the ps
 /// holds a worker lost (its heartbeats stopped, parameter_server.hpp), training goes on
 /// without it, losing at most the batches of the step in progress:
-///   - a step that begins with L workers lost and N - L < R is a refill step: it still
-///     needs R fresh gradients, and the live workers take the lost ones' tokens (each its
+///   - a step that begins with L workers lost and N - L < R is a refill step (a step no
+///     token or push touched yet begins again when a worker is lost, so the step a restore
+///     makes is judged as the unbroken job judged it): it still needs R fresh gradients,
+///     and the live workers take the lost ones' tokens (each its
 ///     own first, then one more at a time while more tokens are left than live workers
 ///     still to take theirs), so every step keeps its R batches, the lost worker's among
 ///     them. Its tokens pull at once after their push (`next_pull_step` is the step), since
@@ -175,10 +177,18 @@ class SyncReplicas {
   }
 
   /// Stops waiting for `worker` (and gives back its tokens): the step completes now if the
-  /// others' fresh gradients are all it needs.
+  /// others' fresh gradients are all it needs. A step no token or push has touched yet
+  /// begins with the worker lost, and is judged as such (a refill step or not): a step
+  /// made by a restore (`load`, then every worker the ps still holds lost) is the step the
+  /// unbroken job had, not one that lost a worker on the way.
   Verdict on_worker_lost(Pacer& pacer, std::uint32_t worker) const {
+    const bool untouched = pacer.fresh == 0 && pacer.taken.empty() && pacer.pushed.empty();
     pacer.lost.insert(worker);
     release(pacer, worker);
+    if (untouched) {
+      judge_refill(pacer);
+      return Verdict::kPending;
+    }
     if (pacer.fresh == 0 || pacer.fresh < required(pacer)) return Verdict::kPending;
     next_step(pacer);
     return Verdict::kReady;
@@ -382,6 +392,11 @@ class SyncReplicas {
     pacer.taken.clear();
     pacer.held.clear();
     pacer.pushed.clear();
+    judge_refill(pacer);
+  }
+
+  /// Whether the step in progress, beginning with the workers lost now, is a refill step.
+  void judge_refill(Pacer& pacer) const {
     const auto lost = static_cast<int>(std::count_if(pacer.lost.begin(), pacer.lost.end(), [&](std::uint32_t w) {
       return member(pacer, w);
     }));
