@@ -7285,14 +7285,8 @@ class Chief {
       if (!transport.reach_again(ps, false)) return false;
       const std::string who = "ps " + std::to_string(ps);
       const std::vector<std::uint32_t> members(client_.members().begin(), client_.members().end());
-      std::optional<ModelState> cut;
-      try {
-        cut = read_state(client_, 0, {}, true);  // the ps tasks stay paused (resumed if it throws)
-      } catch (const Error& e) {
-        if (e.code() == ErrorCode::kUnavailable) throw;  // a ps of the job lost: rolled back
-        log(LogLevel::kWarning, "chief: " + who + " cannot take its shards back yet, the cut failed: " + e.message());
-        return false;
-      }
+      const std::optional<ModelState> cut = paused_cut(who + " cannot take its shards back yet");
+      if (!cut) return false;
       transport.serve_again(ps);
       const std::optional<Error> failed = move_state(*cut, members, members, {}, sharding, [&](const Error& e) {
         transport.give_up(ps, std::string("taking it back failed: ") + e.message());
@@ -7329,16 +7323,9 @@ class Chief {
       return false;
     } else {
       const std::vector<std::uint32_t> members(client_.members().begin(), client_.members().end());
-      std::optional<ModelState> cut;
-      try {
-        cut = read_state(client_, 0, {}, true);  // the ps tasks stay paused (resumed if it throws)
-      } catch (const Error& e) {
-        if (e.code() == ErrorCode::kUnavailable) throw;  // a ps of the job lost: rolled back
-        log(LogLevel::kWarning,
-            std::string("chief: cannot make the copies of every shard alike, the cut failed: ") +
-                e.message());
-        return false;
-      }
+      const std::optional<ModelState> cut =
+          paused_cut("cannot make the copies of every shard alike");
+      if (!cut) return false;
       if (const std::optional<Error> failed = move_state(*cut, members, members, {}, sharding)) {
         log(LogLevel::kWarning,
             std::string("chief: could not make the copies of every shard alike: ") +
@@ -7517,6 +7504,19 @@ class Chief {
   }
 
  private:
+  /// Every ps paused and read at one cut, and left paused (a take-back's or an alignment's
+  /// move follows); resumed if the cut fails: nullopt then, logged as "chief: `what`, the
+  /// cut failed: ...". Throws kUnavailable when a ps was lost (roll them back).
+  std::optional<ModelState> paused_cut(const std::string& what) {
+    try {
+      return read_state(client_, 0, {}, true);
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::kUnavailable) throw;
+      log(LogLevel::kWarning, "chief: " + what + ", the cut failed: " + e.message());
+      return std::nullopt;
+    }
+  }
+
   /// Moves the state of the paused ps tasks, read at `cut`, to `members`: the model
   /// registered over them at a membership one newer (reaching `addresses` first), then
   /// every member restored from the cut (a join's, a leave's or a take-back's move). Returns
