@@ -14007,10 +14007,14 @@ class ParameterServer {
     row_pulls_.answer_all(gone);
     cut_.answer_all(gone);
     // A rollback (a ps was lost) undoes what this ps applied since the checkpoint; a move
-    // (a ps joined or left) restores the step it was at.
+    // (a ps joined or left) restores the step it was at, or, for a copy of a shard one step
+    // behind its twin when the cut was read, the step its twin was at.
     std::string undone;
     if (step_before == step) {
       undone = ", the step it was at: nothing lost";
+    } else if (step_before >= 0 && step_before < step) {
+      undone =
+          ", ahead of global step " + std::to_string(step_before) + " where it was: nothing lost";
     } else if (step_before >= 0) {
       undone = ", rolled back from global step " + std::to_string(step_before) + ": " +
                std::to_string(std::max<std::int64_t>(step_before - step, 0)) + " steps' updates lost";
