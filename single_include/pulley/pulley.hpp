@@ -6803,6 +6803,7 @@ void restore_state(Client<T>& client, const ModelState& state, std::uint64_t tab
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -7620,12 +7621,58 @@ class Chief {
     }
   }
 
+  /// Tells every member ps `message`. A link that breaks on the way is connected again and
+  /// the message sent again, for `request_timeout` at most kEndPatience: a ps that took it
+  /// already answers with how it ended. A ps still out of reach then is named in a warning,
+  /// not thrown: it may have taken the message and stopped before its answer got out (an
+  /// ended ps stops serving once its clients' links are closed), and one that did not
+  /// fails on its own once it hears nothing from the chief. Any other refusal is thrown.
   void end(const Shutdown& message) {
-    client_.template broadcast<Ack>([&](std::size_t) { return message; },
-                                    timeouts().request_timeout, "shutdown");
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::min(timeouts().request_timeout, kEndPatience);
+    std::vector<std::uint32_t> left(client_.members().begin(), client_.members().end());
+    std::string why;
+    while (!left.empty()) {
+      std::vector<PendingCall> calls;
+      for (const std::uint32_t ps : left)
+        calls.push_back(client_.transport().call(ps, Request{message}, {}));
+      std::vector<std::uint32_t> again;
+      for (std::size_t k = 0; k < calls.size(); ++k) {
+        if (!calls[k].wait_until(deadline)) {
+          calls[k].cancel();
+          again.push_back(left[k]);
+          why = "no answer";
+          continue;
+        }
+        const Response answer = calls[k].take();
+        const auto* error = std::get_if<ErrorReply>(&answer);
+        if (error == nullptr || error->code == ErrorCode::kOutOfRange ||
+            error->code == ErrorCode::kAborted)
+          continue;
+        if (error->code != ErrorCode::kUnavailable) {
+          throw Error(error->code,
+                      "shutdown: ps " + std::to_string(left[k]) + ": " + error->message);
+        }
+        again.push_back(left[k]);
+        why = error->message;
+      }
+      left = std::move(again);
+      if (left.empty() || std::chrono::steady_clock::now() + kEndRetry >= deadline) break;
+      std::this_thread::sleep_for(kEndRetry);
+    }
+    if (!left.empty()) {
+      log(LogLevel::kWarning, "chief: the ps tasks " + describe_members(left) +
+                                  " could not be told that training " +
+                                  (message.aborted ? "was aborted" : "finished") + " (" + why +
+                                  "): it ended with its answer lost, or it is gone");
+    }
     // A ps that left the job and lives on (cut off for a while, or started again) ends too.
     client_.tell_others(Request{message}, std::min(timeouts().request_timeout, std::chrono::milliseconds(2000)));
   }
+
+  /// How long `end` sends again to a ps whose link broke, and how often.
+  static constexpr std::chrono::milliseconds kEndPatience{std::chrono::seconds(10)};
+  static constexpr std::chrono::milliseconds kEndRetry{100};
 
   std::uint64_t seed_;
   Client<T> client_;

@@ -34,6 +34,7 @@
 #include "pulley/transport/in_process.hpp"
 #include "support/cut_proxy.hpp"
 #include "support/linear_model.hpp"
+#include "support/log_capture.hpp"
 #include "support/tcp.hpp"
 #include "support/wait.hpp"
 
@@ -796,6 +797,53 @@ TEST_CASE("over TCP a worker hears that training ended, and the ps ends once cli
   CHECK(stepped == false);
   CHECK(serving.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
   CHECK(listener.service().ended()->code == ErrorCode::kOutOfRange);
+}
+
+TEST_CASE(
+    "a chief whose links break as the ps tasks answer its shutdown ends training all the same") {
+  pulley::testing::LogCapture log;
+  // ps 0 stops once its last client's link closes; ps 1 serves on for a client that stays.
+  TcpServerOptions stays = test_server_options();
+  stays.linger = std::chrono::seconds(60);
+  std::vector<std::unique_ptr<TcpServer<Server>>> listeners;
+  listeners.push_back(
+      std::make_unique<TcpServer<Server>>(make_server(0), "127.0.0.1", 0, test_server_options()));
+  listeners.push_back(std::make_unique<TcpServer<Server>>(make_server(1), "127.0.0.1", 0, stays));
+  std::vector<std::future<void>> serving;
+  for (auto& l : listeners) serving.push_back(std::async(std::launch::async, [&l] { l->run(); }));
+  // The chief reaches each ps through a proxy that will lose the Shutdown's answer with
+  // the link, after the ps took it.
+  std::vector<std::unique_ptr<pulley::testing::CutProxy>> proxies;
+  std::vector<std::string> addresses;
+  for (std::uint32_t ps = 0; ps < 2; ++ps) {
+    proxies.push_back(std::make_unique<pulley::testing::CutProxy>(listeners[ps]->port(), 0.0, ps));
+    addresses.push_back("127.0.0.1:" + std::to_string(proxies.back()->port()));
+  }
+  RawClient bystander;
+  REQUIRE(bystander.join(listeners[1]->port(), Node::worker(0)).empty());
+  ClientOptions quick;
+  quick.request_timeout = std::chrono::seconds(3);
+  {
+    Chief chief(client(Node::chief(), addresses), 7, quick);
+    chief.initialize(LinearModel(kIn, kOut).variables());
+    for (auto& p : proxies) p->cut_next(1);
+    chief.shutdown();  // does not throw
+  }
+  CHECK(proxies[0]->cuts() == 1);
+  CHECK(proxies[1]->cuts() == 1);
+  for (std::uint32_t ps = 0; ps < 2; ++ps) {
+    INFO("ps " << ps);
+    REQUIRE(listeners[ps]->service().ended().has_value());
+    CHECK(listeners[ps]->service().ended()->code == ErrorCode::kOutOfRange);
+  }
+  // ps 0 stopped with its answer lost: named. ps 1 answered the Shutdown sent again with
+  // its end: not named.
+  const auto named = log.find(LogLevel::kWarning, "could not be told that training finished");
+  REQUIRE(named.size() == 1);
+  CHECK(named[0].find("ps tasks {0}") != std::string::npos);
+  CHECK(serving[0].wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  bystander.socket.close();
+  CHECK(serving[1].wait_for(std::chrono::seconds(10)) == std::future_status::ready);
 }
 
 TEST_CASE("a ps whose clients all left without ending training gives up, and says so") {
