@@ -9209,10 +9209,10 @@ bool lanes(std::size_t begin, std::size_t end, Rule rule, const float* in, Out*.
                 "a vector of floats and one of their bits are bit casts of each other");
   constexpr std::size_t kWidth = V::size();
   U lanes_folded = 0;
-  // One vector: the rule over kWidth values of `x` and of each `ys[k]`, written back there
-  // (with kCheck, the values written folded into `lanes_folded`).
   // What the rule returns for the padded tail (below), checked for its elements only.
   [[maybe_unused]] float asserted_tail[kWidth] = {};
+  // One vector: the rule over kWidth values of `x` and of each `ys[k]`, written back there
+  // (with kCheck, the values written folded into `lanes_folded`).
   const auto run = [&](const float* x, const std::array<float*, kOut>& ys, bool check) {
     [&]<std::size_t... k>(std::index_sequence<k...>) {
       V values[kOut] = {V(ys[k], stdx::element_aligned)...};

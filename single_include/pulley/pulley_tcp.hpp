@@ -9209,10 +9209,10 @@ bool lanes(std::size_t begin, std::size_t end, Rule rule, const float* in, Out*.
                 "a vector of floats and one of their bits are bit casts of each other");
   constexpr std::size_t kWidth = V::size();
   U lanes_folded = 0;
-  // One vector: the rule over kWidth values of `x` and of each `ys[k]`, written back there
-  // (with kCheck, the values written folded into `lanes_folded`).
   // What the rule returns for the padded tail (below), checked for its elements only.
   [[maybe_unused]] float asserted_tail[kWidth] = {};
+  // One vector: the rule over kWidth values of `x` and of each `ys[k]`, written back there
+  // (with kCheck, the values written folded into `lanes_folded`).
   const auto run = [&](const float* x, const std::array<float*, kOut>& ys, bool check) {
     [&]<std::size_t... k>(std::index_sequence<k...>) {
       V values[kOut] = {V(ys[k], stdx::element_aligned)...};
@@ -17106,8 +17106,15 @@ struct TcpServerOptions {
   /// Once the service stopped, how long the server goes on answering (every request then
   /// gets the service's final answer, e.g. "training finished") before it ends while
   /// clients stay connected: clients in the middle of a step hear how training ended
-  /// instead of finding the connection closed. It ends sooner when every client has left.
+  /// instead of finding the connection closed. It ends sooner when every client has left
+  /// (`end_grace` after the last).
   std::chrono::milliseconds linger{std::chrono::seconds(60)};
+  /// Once the service stopped and every client has left, how long the server still takes
+  /// connections before it ends: a client whose link broke just as training ended (the
+  /// answer saying so lost with it) connects again and hears how training ended, instead
+  /// of finding nobody there and waiting for a lost ps. A client still connected when it
+  /// runs out starts it anew once it leaves; `linger` still bounds the whole.
+  std::chrono::milliseconds end_grace{std::chrono::seconds(3)};
   /// How long the server goes on once every client has left while the service still runs
   /// (the chief died before it ended training, say): then `run` returns and `orphaned()`
   /// says so, so the task can fail instead of waiting for ever. Counted only once a
@@ -21085,6 +21092,18 @@ class TcpServer {
   void maybe_stop() {
     if (clients_ > 0) return;
     if (!stopping_) return watch_orphan();
+    if (options_.end_grace.count() > 0 && !grace_over_) {
+      if (grace_armed_) return;
+      grace_armed_ = true;
+      grace_.expires_after(options_.end_grace);
+      grace_.async_wait([this](std::error_code ec) {
+        grace_armed_ = false;
+        if (ec) return;
+        grace_over_ = clients_ == 0;  // else the last client to leave starts it anew
+        maybe_stop();
+      });
+      return;
+    }
     std::error_code ignored;
     acceptor_.close(ignored);
     retry_accept_.cancel();
@@ -21093,6 +21112,7 @@ class TcpServer {
     retry_local_.cancel();
 #endif
     linger_.cancel();
+    grace_.cancel();
     orphan_.cancel();
     sweep_.cancel();
     io_.stop();
@@ -21122,6 +21142,7 @@ class TcpServer {
   asio::steady_timer retry_local_{io_};
 #endif
   asio::steady_timer linger_{io_};
+  asio::steady_timer grace_{io_};  ///< end_grace, once the service stopped and no client is left
   asio::steady_timer orphan_{io_};
   asio::steady_timer sweep_{io_};
   bool served_ = false;    ///< a request was handled: the job has started
@@ -21129,6 +21150,8 @@ class TcpServer {
   bool orphan_armed_ = false;  ///< orphan_ runs
   bool accept_failing_ = false;
   bool stopping_ = false;
+  bool grace_armed_ = false;    ///< grace_ runs
+  bool grace_over_ = false;     ///< end_grace passed with no client: it may end
   std::uint64_t sessions_ = 0;  ///< connections accepted so far
   /// This server, as its welcomes name it (wire::Welcome::server): random, never 0.
   std::uint64_t server_id_ = [] {

@@ -802,12 +802,14 @@ TEST_CASE("over TCP a worker hears that training ended, and the ps ends once cli
 TEST_CASE(
     "a chief whose links break as the ps tasks answer its shutdown ends training all the same") {
   pulley::testing::LogCapture log;
-  // ps 0 stops once its last client's link closes; ps 1 serves on for a client that stays.
+  // ps 0 stops at once when its last client's link closes (no end_grace: as a ps that
+  // ended, or died, before the chief came back); ps 1 serves on for a client that stays.
+  TcpServerOptions at_once = test_server_options();
+  at_once.end_grace = std::chrono::milliseconds(0);
   TcpServerOptions stays = test_server_options();
   stays.linger = std::chrono::seconds(60);
   std::vector<std::unique_ptr<TcpServer<Server>>> listeners;
-  listeners.push_back(
-      std::make_unique<TcpServer<Server>>(make_server(0), "127.0.0.1", 0, test_server_options()));
+  listeners.push_back(std::make_unique<TcpServer<Server>>(make_server(0), "127.0.0.1", 0, at_once));
   listeners.push_back(std::make_unique<TcpServer<Server>>(make_server(1), "127.0.0.1", 0, stays));
   std::vector<std::future<void>> serving;
   for (auto& l : listeners) serving.push_back(std::async(std::launch::async, [&l] { l->run(); }));
@@ -844,6 +846,53 @@ TEST_CASE(
   CHECK(serving[0].wait_for(std::chrono::seconds(10)) == std::future_status::ready);
   bystander.socket.close();
   CHECK(serving[1].wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+}
+
+TEST_CASE(
+    "a worker whose link breaks as training ends comes back to hear it ended, though every client "
+    "left") {
+  TcpServerOptions options = test_server_options();
+  options.linger = std::chrono::seconds(60);  // it ends with its clients, not before
+  TcpServer listener(Server(0, 1, Sgd{0.1F}, SyncReplicas(2, 2), FixedShards{1}), "127.0.0.1", 0,
+                     options);
+  auto serving = std::async(std::launch::async, [&] { listener.run(); });
+  const std::vector<std::string> address{"127.0.0.1:" + std::to_string(listener.port())};
+  // Worker 0 reaches the ps through a proxy that loses the answer "training finished" with
+  // the link; the chief goes straight, and leaves at once.
+  pulley::testing::CutProxy proxy(listener.port(), 0.0, 3);
+  const LinearData data(kBatch, kIn, kOut, 3);
+  std::optional<std::optional<StepResult>> stepped;
+  std::optional<Error> failed;
+  std::thread lonely;
+  {
+    Chief chief(client(Node::chief(), address), 7);
+    chief.initialize(LinearModel(kIn, kOut).variables());
+    lonely = std::thread([&] {  // worker 1 never comes: worker 0 waits for step 1
+      ClientOptions patience;
+      patience.recovery_timeout =
+          std::chrono::seconds(4);  // how long it tries to reach the ps again
+      Worker worker(0, LinearModel(kIn, kOut),
+                    client(Node::worker(0), {"127.0.0.1:" + std::to_string(proxy.port())}),
+                    patience);
+      worker.wait_ready();
+      try {
+        stepped.emplace(worker.step({data.x, data.y}));
+        CHECK(worker.finished());
+      } catch (const Error& e) {
+        failed.emplace(e);
+      }
+    });
+    CHECK(testing::wait_until([&] { return chief.stats().at(0).gradients_accepted > 0; }));
+    proxy.cut_next(1);
+    chief.shutdown();
+  }  // the chief leaves: no client is left on the ps
+  lonely.join();
+  CHECK(proxy.cuts() == 1);
+  CHECK_FALSE(failed.has_value());
+  if (failed) MESSAGE(std::string(failed->what()));
+  REQUIRE(stepped.has_value());
+  CHECK_FALSE(stepped->has_value());  // it heard that training finished
+  CHECK(serving.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
 }
 
 TEST_CASE("a ps whose clients all left without ending training gives up, and says so") {

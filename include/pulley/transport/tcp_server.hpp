@@ -732,6 +732,18 @@ class TcpServer {
   void maybe_stop() {
     if (clients_ > 0) return;
     if (!stopping_) return watch_orphan();
+    if (options_.end_grace.count() > 0 && !grace_over_) {
+      if (grace_armed_) return;
+      grace_armed_ = true;
+      grace_.expires_after(options_.end_grace);
+      grace_.async_wait([this](std::error_code ec) {
+        grace_armed_ = false;
+        if (ec) return;
+        grace_over_ = clients_ == 0;  // else the last client to leave starts it anew
+        maybe_stop();
+      });
+      return;
+    }
     std::error_code ignored;
     acceptor_.close(ignored);
     retry_accept_.cancel();
@@ -740,6 +752,7 @@ class TcpServer {
     retry_local_.cancel();
 #endif
     linger_.cancel();
+    grace_.cancel();
     orphan_.cancel();
     sweep_.cancel();
     io_.stop();
@@ -769,6 +782,7 @@ class TcpServer {
   asio::steady_timer retry_local_{io_};
 #endif
   asio::steady_timer linger_{io_};
+  asio::steady_timer grace_{io_};  ///< end_grace, once the service stopped and no client is left
   asio::steady_timer orphan_{io_};
   asio::steady_timer sweep_{io_};
   bool served_ = false;    ///< a request was handled: the job has started
@@ -776,6 +790,8 @@ class TcpServer {
   bool orphan_armed_ = false;  ///< orphan_ runs
   bool accept_failing_ = false;
   bool stopping_ = false;
+  bool grace_armed_ = false;    ///< grace_ runs
+  bool grace_over_ = false;     ///< end_grace passed with no client: it may end
   std::uint64_t sessions_ = 0;  ///< connections accepted so far
   /// This server, as its welcomes name it (wire::Welcome::server): random, never 0.
   std::uint64_t server_id_ = [] {
