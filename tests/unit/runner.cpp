@@ -256,6 +256,44 @@ TEST_CASE("over TCP a chief whose connections break goes on, rolling nothing bac
   CHECK(steps[2] == 60);
 }
 
+TEST_CASE(
+    "a task that gave its ps tasks up says the chief is lost too when nothing listens at its "
+    "address") {
+  const std::string chief = free_addresses(1)[0];
+  TcpOptions tcp;
+  tcp.attempt_timeout = std::chrono::milliseconds(500);
+  const auto lost_ps = [] {
+    throw Error(ErrorCode::kUnavailable, "the ps tasks were not back within 8 s");
+  };
+  // Nobody at the chief's address: the failure names the chief.
+  try {
+    runner_detail::naming_a_lost_chief(chief, tcp, lost_ps);
+    FAIL("it did not fail");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::kUnavailable);
+    CHECK(std::string(e.message()) ==
+          "the ps tasks were not back within 8 s; nothing listens at the chief's address " + chief +
+              " either: the chief is lost too");
+  }
+  // Another failure, or a chief that listens: the failure as it was.
+  try {
+    runner_detail::naming_a_lost_chief(
+        chief, tcp, [] { throw Error(ErrorCode::kAborted, "aborted by the chief"); });
+    FAIL("it did not fail");
+  } catch (const Error& e) {
+    CHECK(std::string(e.message()) == "aborted by the chief");
+  }
+  asio::io_context io;
+  const auto port = static_cast<std::uint16_t>(std::stoi(chief.substr(chief.rfind(':') + 1)));
+  asio::ip::tcp::acceptor listening(io, {asio::ip::make_address("127.0.0.1"), port});
+  try {
+    runner_detail::naming_a_lost_chief(chief, tcp, lost_ps);
+    FAIL("it did not fail");
+  } catch (const Error& e) {
+    CHECK(std::string(e.message()) == "the ps tasks were not back within 8 s");
+  }
+}
+
 TEST_CASE("a cluster without a chief task makes worker 0 the chief, as TensorFlow does") {
   const auto addresses = free_addresses(3);
   ClusterSpec cluster;

@@ -233,7 +233,10 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
       members = ask_shape(self, chief_address(config.cluster), tcp, training.client.recovery_timeout).members;
       reach_now = members;
     }
-    follow(training, [&] { return transport(self); }, id_sharding, metrics);
+    naming_a_lost_chief(chief_address(config.cluster), tcp, [&] {
+      follow(
+          training, [&] { return transport(self); }, id_sharding, metrics);
+    });
   } else if (chief_worker) {
     // No chief task: worker 0 is also the chief (TensorFlow's convention), on a thread.
     std::exception_ptr chief_failure;
@@ -267,7 +270,11 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
     if (may_leave) leave.emplace(chief_address(config.cluster), tcp);
     const auto worker = [&](const Training<M>& as) {
       const Node self = Node::worker(config.task.index);
-      work(as, config.task.index, num_workers, [&] { return transport(self); }, id_sharding, metrics, leave);
+      naming_a_lost_chief(chief_address(config.cluster), tcp, [&] {
+        work(
+            as, config.task.index, num_workers, [&] { return transport(self); }, id_sharding,
+            metrics, leave);
+      });
     };
     if (!join) return worker(training);
     // Counted in before it reaches a ps (which lets in the job's workers only), it runs the

@@ -301,6 +301,21 @@ inline std::string chief_address(const ClusterSpec& cluster) {
   return chief.empty() ? cluster.tasks("worker").at(0) : chief.front();
 }
 
+/// Runs `body` (a worker's or an evaluator's part); when it fails since the ps tasks stayed
+/// out of reach (kUnavailable) and nothing listens at the chief's address `chief` either,
+/// the error says so. Without a chief the ps tasks serve no task (with copies), or end once
+/// it stays lost: what the task waited for comes back only with a chief.
+template <class Body>
+void naming_a_lost_chief(const std::string& chief, const TcpOptions& tcp, Body&& body) {
+  try {
+    body();
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kUnavailable || listens_at(chief, tcp.attempt_timeout)) throw;
+    throw Error(e.code(), std::string(e.message()) + "; nothing listens at the chief's address " +
+                              chief + " either: the chief is lost too");
+  }
+}
+
 /// Asks the chief at `chief` to take ps `task`, serving at `address`, into the running job
 /// (Join); tries again while the chief cannot be reached, for `patience`, or until `stop`
 /// is set. Throws the chief's refusal, or kUnavailable.

@@ -84,4 +84,25 @@ inline ProbeResult probe_ps(const std::string& address, std::uint32_t ps, const 
   return seen;
 }
 
+/// True when a process at `address` ("host:port") takes a TCP connection within `timeout`
+/// (no handshake: whether anything listens there at all). A task that gave its ps tasks
+/// up asks it of the chief's address, to say whether the chief is gone too.
+inline bool listens_at(const std::string& address, std::chrono::milliseconds timeout) {
+  const auto deadline = transport_detail::HandshakeClock::now() + timeout;
+  try {
+    const Address where = parse_address(address);
+    asio::io_context io;
+    std::error_code ec;
+    asio::ip::tcp::resolver resolver(io);
+    const auto endpoints = resolver.resolve(where.host, std::to_string(where.port), ec);
+    if (ec) return false;
+    for (const auto& entry : endpoints) {
+      asio::ip::tcp::socket socket(io);
+      if (!transport_detail::connect_within(socket, entry.endpoint(), deadline)) return true;
+    }
+  } catch (const std::exception&) {  // a malformed address, no memory: nothing told
+  }
+  return false;
+}
+
 }  // namespace pulley
