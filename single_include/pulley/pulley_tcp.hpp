@@ -17114,7 +17114,7 @@ struct TcpServerOptions {
   /// answer saying so lost with it) connects again and hears how training ended, instead
   /// of finding nobody there and waiting for a lost ps. A client still connected when it
   /// runs out starts it anew once it leaves; `linger` still bounds the whole.
-  std::chrono::milliseconds end_grace{std::chrono::seconds(3)};
+  std::chrono::milliseconds end_grace{std::chrono::seconds(1)};
   /// How long the server goes on once every client has left while the service still runs
   /// (the chief died before it ended training, say): then `run` returns and `orphaned()`
   /// says so, so the task can fail instead of waiting for ever. Counted only once a
