@@ -68,8 +68,6 @@ inline TcpServerOptions test_server_options() {
   TcpServerOptions options;
   options.credentials = test_credentials();
   options.linger = std::chrono::milliseconds(100);
-  options.end_grace =
-      std::chrono::milliseconds(500);  // a client cut off at the end comes back within it
   return options;
 }
 

@@ -257,8 +257,8 @@ TEST_CASE("over TCP a chief whose connections break goes on, rolling nothing bac
 }
 
 TEST_CASE(
-    "a task that gave its ps tasks up says the chief is lost too when nothing listens at its "
-    "address") {
+    "a task that gave its ps tasks up says so of the chief too when its address takes no "
+    "connection") {
   const std::string chief = free_addresses(1)[0];
   TcpOptions tcp;
   tcp.attempt_timeout = std::chrono::milliseconds(500);
@@ -272,8 +272,8 @@ TEST_CASE(
   } catch (const Error& e) {
     CHECK(e.code() == ErrorCode::kUnavailable);
     CHECK(std::string(e.message()) ==
-          "the ps tasks were not back within 8 s; nothing listens at the chief's address " + chief +
-              " either: the chief is lost too");
+          "the ps tasks were not back within 8 s; the chief's address " + chief +
+              " takes no connection either: the chief has ended or is lost");
   }
   // Another failure, or a chief that listens: the failure as it was.
   try {

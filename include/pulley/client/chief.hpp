@@ -660,57 +660,66 @@ class Chief {
     }
   }
 
-  /// Tells every member ps `message`. A link that breaks on the way is connected again and
-  /// the message sent again, for `request_timeout` at most kEndPatience: a ps that took it
-  /// already answers with how it ended. A ps still out of reach then is named in a warning,
-  /// not thrown: it may have taken the message and stopped before its answer got out (an
-  /// ended ps stops serving once its clients' links are closed), and one that did not
-  /// fails on its own once it hears nothing from the chief. Any other refusal is thrown.
+  /// Tells every member ps `message`, each answer awaited for `request_timeout` (else
+  /// kDeadlineExceeded is thrown, as any refusal is). Shutdown (not an abort: that is told
+  /// once) is sent again to a ps whose link broke on the way, every kEndRetry for
+  /// kEndPatience: a ps that took it already answers that training finished. One that
+  /// still refuses connections then is named in a warning, not thrown: it may have taken
+  /// the message and stopped (a ps that ended takes connections for its end grace after
+  /// its last client left: TcpServerOptions::end_grace), and one that did not fails on
+  /// its own once it hears nothing from the chief.
   void end(const Shutdown& message) {
-    const auto deadline =
-        std::chrono::steady_clock::now() + std::min(timeouts().request_timeout, kEndPatience);
+    using Clock = std::chrono::steady_clock;
+    const auto answer_by = Clock::now() + timeouts().request_timeout;
+    const auto retry_until = Clock::now() + std::min(timeouts().request_timeout, kEndPatience);
+    // What a ps that ended already answers: finished, or (to an abort) either end.
+    const auto ended = [&](ErrorCode code) {
+      return code == ErrorCode::kOutOfRange || (message.aborted && code == ErrorCode::kAborted);
+    };
     std::vector<std::uint32_t> left(client_.members().begin(), client_.members().end());
-    std::string why;
+    std::vector<std::string> why;
     while (!left.empty()) {
       std::vector<PendingCall> calls;
       for (const std::uint32_t ps : left)
         calls.push_back(client_.transport().call(ps, Request{message}, {}));
       std::vector<std::uint32_t> again;
+      why.clear();
       for (std::size_t k = 0; k < calls.size(); ++k) {
-        if (!calls[k].wait_until(deadline)) {
+        const std::string ps = "ps " + std::to_string(left[k]);
+        if (!calls[k].wait_until(answer_by)) {
           calls[k].cancel();
-          again.push_back(left[k]);
-          why = "no answer";
-          continue;
+          throw Error(ErrorCode::kDeadlineExceeded,
+                      "shutdown: " + ps + ": no answer within " +
+                          std::to_string(timeouts().request_timeout.count()) + " ms");
         }
         const Response answer = calls[k].take();
         const auto* error = std::get_if<ErrorReply>(&answer);
-        if (error == nullptr || error->code == ErrorCode::kOutOfRange ||
-            error->code == ErrorCode::kAborted)
-          continue;
-        if (error->code != ErrorCode::kUnavailable) {
-          throw Error(error->code,
-                      "shutdown: ps " + std::to_string(left[k]) + ": " + error->message);
-        }
+        if (error == nullptr || ended(error->code)) continue;
+        if (error->code != ErrorCode::kUnavailable)
+          throw Error(error->code, "shutdown: " + ps + ": " + error->message);
         again.push_back(left[k]);
-        why = error->message;
+        why.push_back(ps + ": " + error->message);
       }
       left = std::move(again);
-      if (left.empty() || std::chrono::steady_clock::now() + kEndRetry >= deadline) break;
+      if (left.empty() || message.aborted || Clock::now() + kEndRetry >= retry_until) break;
       std::this_thread::sleep_for(kEndRetry);
     }
     if (!left.empty()) {
+      std::string reasons;
+      for (const std::string& w : why) reasons += (reasons.empty() ? "" : "; ") + w;
       log(LogLevel::kWarning, "chief: the ps tasks " + describe_members(left) +
                                   " could not be told that training " +
-                                  (message.aborted ? "was aborted" : "finished") + " (" + why +
-                                  "): it ended with its answer lost, or it is gone");
+                                  (message.aborted ? "was aborted" : "finished") + " (" + reasons +
+                                  "): each ended with its answer lost, or is gone");
     }
     // A ps that left the job and lives on (cut off for a while, or started again) ends too.
     client_.tell_others(Request{message}, std::min(timeouts().request_timeout, std::chrono::milliseconds(2000)));
   }
 
-  /// How long `end` sends again to a ps whose link broke, and how often.
-  static constexpr std::chrono::milliseconds kEndPatience{std::chrono::seconds(10)};
+  /// How long `end` sends Shutdown again to a ps whose link broke (a ps that ended takes
+  /// connections for its end grace, 1 s by default, and a connection attempt may take
+  /// TcpOptions::attempt_timeout), and how often.
+  static constexpr std::chrono::milliseconds kEndPatience{std::chrono::seconds(4)};
   static constexpr std::chrono::milliseconds kEndRetry{100};
 
   std::uint64_t seed_;

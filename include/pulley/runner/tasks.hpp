@@ -302,17 +302,19 @@ inline std::string chief_address(const ClusterSpec& cluster) {
 }
 
 /// Runs `body` (a worker's or an evaluator's part); when it fails since the ps tasks stayed
-/// out of reach (kUnavailable) and nothing listens at the chief's address `chief` either,
+/// out of reach (kUnavailable) and the chief's address `chief` takes no connection either,
 /// the error says so. Without a chief the ps tasks serve no task (with copies), or end once
-/// it stays lost: what the task waited for comes back only with a chief.
+/// it stays lost: what the task waited for comes back only with a chief. (The look is one
+/// connection attempt: a task cut off from every other host hears nothing from the chief's
+/// either, and says so.)
 template <class Body>
 void naming_a_lost_chief(const std::string& chief, const TcpOptions& tcp, Body&& body) {
   try {
     body();
   } catch (const Error& e) {
     if (e.code() != ErrorCode::kUnavailable || listens_at(chief, tcp.attempt_timeout)) throw;
-    throw Error(e.code(), std::string(e.message()) + "; nothing listens at the chief's address " +
-                              chief + " either: the chief is lost too");
+    throw Error(e.code(), std::string(e.message()) + "; the chief's address " + chief +
+                              " takes no connection either: the chief has ended or is lost");
   }
 }
 

@@ -739,7 +739,9 @@ class TcpServer {
       grace_.async_wait([this](std::error_code ec) {
         grace_armed_ = false;
         if (ec) return;
-        grace_over_ = clients_ == 0;  // else the last client to leave starts it anew
+        // A client still connected, or one still in its handshake (perhaps the one cut
+        // off, coming back), starts it anew.
+        grace_over_ = clients_ == 0 && connections_.empty();
         maybe_stop();
       });
       return;
