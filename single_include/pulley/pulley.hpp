@@ -10549,9 +10549,11 @@ class CheckpointCut {
 
   /// Takes held pushes (`take(push, reply)`), in the order they came, while their workers
   /// are short of the cut; once every worker is exactly at it, answers the pending read
-  /// with `state()` (a StateReply).
-  template <class Take, class State>
-  void advance(const PushLedger& ledger, Take&& take, State&& state) {
+  /// with `state()` (a StateReply). A worker for whom `awaited(w)` is false (held lost, or
+  /// no longer the job's) is not waited for: a push it sent another ps before it died may
+  /// never come here. What of it is held is still taken up to the cut.
+  template <class Take, class State, class Awaited>
+  void advance(const PushLedger& ledger, Take&& take, State&& state, Awaited&& awaited) {
     if (!pending_) return;
     const std::vector<std::uint64_t>& until = pending_->until;
     auto short_of_cut = [&](std::uint32_t w) { return ledger.taken(w) < (w < until.size() ? until[w] : 0); };
@@ -10569,7 +10571,7 @@ class CheckpointCut {
     }
     held_ = std::move(later);
     for (std::uint32_t w = 0; w < until.size(); ++w) {
-      if (short_of_cut(w)) return;  // its push is still on its way here
+      if (short_of_cut(w) && awaited(w)) return;  // its push is still on its way here
     }
     Responder reply = std::move(pending_->reply);
     pending_.reset();
@@ -13992,7 +13994,8 @@ class ParameterServer {
           // The rows at the cut, read next (ReadRows).
           shard_.tables().mark_cut(cut_since_, cut_forget_before_);
           return StateReply{pacing_.global_step(), pacing_.save(), shard_.read_state()};
-        });
+        },
+        [this](std::uint32_t w) { return workers_.counted(w) && !liveness_.is_lost(w); });
   }
 
   void on(ReadRows& r, const RequestContext& context, Responder& reply) {

@@ -310,6 +310,36 @@ TEST_CASE("a pause holds pushes, a cut takes the ones on their way, resume takes
   CHECK(waits->has_value());
 }
 
+TEST_CASE("a cut does not wait for a push that a worker held lost sent to another ps only") {
+  SgdSync ps(0, 1, Sgd{1.0F}, SyncReplicas(1, 2));  // every push is a step
+  ps.set_worker_timeout(std::chrono::milliseconds(50));
+  ask(ps, Register{kModel}, kChief);
+  const std::vector<float> w{0, 0}, g{1, 1};
+  ask(ps, Initialize{{{0, w}}}, kChief);
+  ask(ps, Heartbeat{0}, kW0);
+  ask(ps, Heartbeat{1}, kW1);
+  ask(ps, Push{0, 0, {{0, g}}}, kW0);
+  // Worker 1 falls silent (it died), and is held lost.
+  for (int i = 0; i < 200 && std::get<StatsReply>(ask(ps, GetStats{}, kChief)).lost.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ask(ps, Heartbeat{0}, kW0);
+    ps.tick();
+  }
+  REQUIRE(std::get<StatsReply>(ask(ps, GetStats{}, kChief)).lost == std::vector<std::uint32_t>{1});
+  // Another ps took one push of worker 1 before it died; this one never will: the cut does
+  // not wait for it. It waits for worker 0's, who lives.
+  REQUIRE(std::get<PauseReply>(ask(ps, Pause{}, kChief)).pushes == std::vector<std::uint64_t>{1});
+  auto cut = ask_later(ps, ReadState{{2, 1}}, kChief);
+  CHECK_FALSE(cut->has_value());
+  auto held0 = ask_later(ps, Push{0, 1, {{0, g}}}, kW0);
+  REQUIRE(cut->has_value());
+  const auto state = std::get<StateReply>(**cut);
+  CHECK(state.global_step == 2);
+  CHECK(std::vector<float>(state.parts.at(0).values.begin(), state.parts.at(0).values.end()) ==
+        std::vector<float>{-2, -2});
+  CHECK(std::holds_alternative<Ack>(ask(ps, Resume{}, kChief)));
+}
+
 TEST_CASE("an Initialize that holds pauses the ps at once: the cut reads step 0 however fast the workers are") {
   SgdSync ps(0, 1, Sgd{1.0F}, SyncReplicas(1, 2));  // every push is a step
   ask(ps, Register{kModel}, kChief);

@@ -653,7 +653,8 @@ class ParameterServer {
           // The rows at the cut, read next (ReadRows).
           shard_.tables().mark_cut(cut_since_, cut_forget_before_);
           return StateReply{pacing_.global_step(), pacing_.save(), shard_.read_state()};
-        });
+        },
+        [this](std::uint32_t w) { return workers_.counted(w) && !liveness_.is_lost(w); });
   }
 
   void on(ReadRows& r, const RequestContext& context, Responder& reply) {
