@@ -309,6 +309,9 @@ TEST_CASE("StepGate: requests are answered once their step comes, in the order t
   CHECK(d.code() == ErrorCode::kOutOfRange);
 }
 
+/// Every worker awaited by a cut (none held lost).
+constexpr auto kEveryWorker = [](std::uint32_t) { return true; };
+
 TEST_CASE("CheckpointCut: held pushes are taken up to the cut, in order, then the state is read") {
   CheckpointCut cut;
   PushLedger ledger;
@@ -333,7 +336,7 @@ TEST_CASE("CheckpointCut: held pushes are taken up to the cut, in order, then th
   auto state = [] { return StateReply{42, {}, {}}; };
   CHECK_FALSE(CheckpointCut::past(ledger, {1, 1}).has_value());
   cut.read_at({1, 1}, rr);
-  cut.advance(ledger, take, state);
+  cut.advance(ledger, take, state, kEveryWorker);
   CHECK(taken_sequences == std::vector<std::uint64_t>{1, 3});
   REQUIRE(read.is<StateReply>());
   CHECK(std::get<StateReply>(*read.response).global_step == 42);
@@ -345,6 +348,22 @@ TEST_CASE("CheckpointCut: held pushes are taken up to the cut, in order, then th
   CHECK_FALSE(cut.paused());
 }
 
+TEST_CASE("CheckpointCut: a worker the ps no longer awaits (held lost) is not waited for") {
+  CheckpointCut cut;
+  PushLedger ledger;
+  cut.pause(1);
+  Answer read;
+  Responder rr = read.responder();
+  cut.read_at({0, 1}, rr);  // another ps took a push of worker 1 that never comes here
+  const auto nothing = [](const Push&, Responder&) {};
+  const auto state = [] { return StateReply{7, {}, {}}; };
+  cut.advance(ledger, nothing, state, kEveryWorker);
+  CHECK_FALSE(read.response.has_value());  // waited for while awaited
+  cut.advance(ledger, nothing, state, [](std::uint32_t w) { return w != 1; });
+  REQUIRE(read.is<StateReply>());
+  CHECK(std::get<StateReply>(*read.response).global_step == 7);
+}
+
 TEST_CASE("CheckpointCut: a cut not reached is cancelled by Resume, and a failure answers everything") {
   CheckpointCut cut;
   PushLedger ledger;
@@ -352,7 +371,8 @@ TEST_CASE("CheckpointCut: a cut not reached is cancelled by Resume, and a failur
   Answer read, held, pause;
   Responder rr = read.responder(), rh = held.responder(), rp = pause.responder();
   cut.read_at({2}, rr);  // worker 0's second push never came
-  cut.advance(ledger, [](const Push&, Responder&) {}, [] { return StateReply{}; });
+  cut.advance(
+      ledger, [](const Push&, Responder&) {}, [] { return StateReply{}; }, kEveryWorker);
   CHECK_FALSE(read.response.has_value());
   cut.resume([](const Push&, Responder&) {});
   CHECK(read.code() == ErrorCode::kCancelled);
