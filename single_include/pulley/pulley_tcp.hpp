@@ -10549,9 +10549,10 @@ class CheckpointCut {
 
   /// Takes held pushes (`take(push, reply)`), in the order they came, while their workers
   /// are short of the cut; once every worker is exactly at it, answers the pending read
-  /// with `state()` (a StateReply). A worker for whom `awaited(w)` is false (held lost, or
-  /// no longer the job's) is not waited for: a push it sent another ps before it died may
-  /// never come here. What of it is held is still taken up to the cut.
+  /// with `state()` (a StateReply). A worker for whom `awaited(w)` is false (held lost,
+  /// silent for the worker timeout, or no longer the job's) is not waited for: a push it
+  /// sent another ps before it died may never come here. What of it is held is still taken
+  /// up to the cut. Called again as time passes (a worker falls silent while paused).
   template <class Take, class State, class Awaited>
   void advance(const PushLedger& ledger, Take&& take, State&& state, Awaited&& awaited) {
     if (!pending_) return;
@@ -10706,6 +10707,15 @@ class Liveness {
   [[nodiscard]] bool is_lost(std::uint32_t worker) const {
     const auto it = workers_.find(worker);
     return it != workers_.end() && it->second.lost;
+  }
+
+  /// True if `worker`, heard before and not held lost, has been silent for the timeout at
+  /// `now` while others were heard: `expire` would hold it lost at `now`. For a ps that
+  /// may not hold anyone lost now (paused for a cut) but must not wait for the dead.
+  [[nodiscard]] bool silent(std::uint32_t worker, Clock::time_point now) const {
+    const auto it = workers_.find(worker);
+    if (it == workers_.end() || it->second.lost || now - it->second.last < timeout_) return false;
+    return grace_ || now - last_heard_any_ < timeout_;  // else the silence may be the ps's own
   }
 
   /// A lost `worker` counts again, heard at `now`.
@@ -13995,7 +14005,9 @@ class ParameterServer {
           shard_.tables().mark_cut(cut_since_, cut_forget_before_);
           return StateReply{pacing_.global_step(), pacing_.save(), shard_.read_state()};
         },
-        [this](std::uint32_t w) { return workers_.counted(w) && !liveness_.is_lost(w); });
+        [this, now = Clock::now()](std::uint32_t w) {
+          return workers_.counted(w) && !liveness_.is_lost(w) && !liveness_.silent(w, now);
+        });
   }
 
   void on(ReadRows& r, const RequestContext& context, Responder& reply) {
@@ -14190,13 +14202,15 @@ class ParameterServer {
 
   /// Holds lost every worker heard before and silent for the worker timeout: the sync
   /// policy stops waiting for it, and an update that needed only it is applied now. Not
-  /// while paused for a checkpoint's cut, which must see no step complete on its own. The
+  /// while paused for a checkpoint's cut, which must see no step complete on its own; a
+  /// read of the cut then stops waiting for such a worker's pushes instead. The
   /// same for the chief, which is waited for (`set_chief_wait`), then given up on.
   void check_heartbeats() {
     const auto now = Clock::now();
     // The chief first, even while a cut it made is paused: a chief lost mid-cut ends the
     // job once nobody came back in its place.
-    if (!check_chief(now) || !registration_.ready() || cut_.paused()) return;
+    if (!check_chief(now) || !registration_.ready()) return;
+    if (cut_.paused()) return advance_cut();  // a worker that fell silent is no longer awaited
     liveness_.expire(now, [&](std::uint32_t worker, Clock::time_point last) {
       const std::int64_t step_before = pacing_.global_step();
       changing_ = true;

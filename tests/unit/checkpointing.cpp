@@ -340,6 +340,42 @@ TEST_CASE("a cut does not wait for a push that a worker held lost sent to anothe
   CHECK(std::holds_alternative<Ack>(ask(ps, Resume{}, kChief)));
 }
 
+TEST_CASE("a cut stops waiting for a push of a worker that falls silent while the ps is paused") {
+  SgdSync ps(0, 1, Sgd{1.0F}, SyncReplicas(1, 2));  // every push is a step
+  ps.set_worker_timeout(std::chrono::milliseconds(50));
+  ask(ps, Register{kModel}, kChief);
+  const std::vector<float> w{0, 0}, g{1, 1};
+  ask(ps, Initialize{{{0, w}}}, kChief);
+  ask(ps, Heartbeat{0}, kW0);
+  ask(ps, Heartbeat{1}, kW1);
+  const auto heard1 = std::chrono::steady_clock::now();
+  ask(ps, Push{0, 0, {{0, g}}}, kW0);
+  // The cut begins while worker 1 lives; it dies having pushed to another ps only. A paused
+  // ps holds nobody lost, but the read stops waiting once worker 1 was silent for the
+  // worker timeout while worker 0 was heard.
+  REQUIRE(std::get<PauseReply>(ask(ps, Pause{}, kChief)).pushes == std::vector<std::uint64_t>{1});
+  auto cut = ask_later(ps, ReadState{{2, 1}}, kChief);
+  auto held0 = ask_later(ps, Push{0, 1, {{0, g}}}, kW0);
+  ps.tick();
+  if (std::chrono::steady_clock::now() - heard1 < std::chrono::milliseconds(50)) {
+    CHECK_FALSE(cut->has_value());  // worker 1 was heard just now: its push may still come
+  }
+  for (int i = 0; i < 200 && !cut->has_value(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ask(ps, Heartbeat{0}, kW0);
+    ps.tick();
+  }
+  REQUIRE(cut->has_value());
+  const auto state = std::get<StateReply>(**cut);
+  CHECK(state.global_step == 2);
+  CHECK(std::vector<float>(state.parts.at(0).values.begin(), state.parts.at(0).values.end()) ==
+        std::vector<float>{-2, -2});
+  CHECK(std::get<StatsReply>(ask(ps, GetStats{}, kChief)).lost.empty());  // not while paused
+  CHECK(std::holds_alternative<Ack>(ask(ps, Resume{}, kChief)));
+  ps.tick();
+  CHECK(std::get<StatsReply>(ask(ps, GetStats{}, kChief)).lost == std::vector<std::uint32_t>{1});
+}
+
 TEST_CASE("an Initialize that holds pauses the ps at once: the cut reads step 0 however fast the workers are") {
   SgdSync ps(0, 1, Sgd{1.0F}, SyncReplicas(1, 2));  // every push is a step
   ask(ps, Register{kModel}, kChief);

@@ -64,6 +64,26 @@ TEST_CASE("Liveness: a worker heard once and then silent for the timeout is lost
   CHECK(liveness.lost().empty());
 }
 
+TEST_CASE("Liveness: silent says whom expire would hold lost, without holding anyone lost") {
+  Liveness liveness;
+  liveness.set_timeout(5s);
+  liveness.heard(0, kT0 + 1s);
+  liveness.heard(1, kT0 + 1s);
+  liveness.heard(0, kT0 + 5s);
+  CHECK_FALSE(liveness.silent(1, kT0 + 5900ms));
+  CHECK(liveness.silent(1, kT0 + 6s));
+  CHECK_FALSE(liveness.silent(0, kT0 + 6s));
+  CHECK_FALSE(liveness.silent(7, kT0 + 6s));  // never heard: never lost
+  CHECK_FALSE(liveness.is_lost(1));
+  // Nobody heard for a whole timeout: the silence may be the ps's own, nobody is silent.
+  CHECK_FALSE(liveness.silent(1, kT0 + 10s));
+  CHECK_FALSE(liveness.silent(0, kT0 + 10s));
+  std::vector<std::uint32_t> lost;
+  liveness.expire(kT0 + 6s, [&](std::uint32_t w, auto) { lost.push_back(w); });
+  CHECK(lost == std::vector<std::uint32_t>{1});
+  CHECK_FALSE(liveness.silent(1, kT0 + 6s));  // held lost already: is_lost says so
+}
+
 TEST_CASE("Liveness: a chief heard once and then silent for the timeout is lost, and back when heard") {
   Liveness liveness;
   liveness.set_timeout(5s);

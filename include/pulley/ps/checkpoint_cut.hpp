@@ -96,9 +96,10 @@ class CheckpointCut {
 
   /// Takes held pushes (`take(push, reply)`), in the order they came, while their workers
   /// are short of the cut; once every worker is exactly at it, answers the pending read
-  /// with `state()` (a StateReply). A worker for whom `awaited(w)` is false (held lost, or
-  /// no longer the job's) is not waited for: a push it sent another ps before it died may
-  /// never come here. What of it is held is still taken up to the cut.
+  /// with `state()` (a StateReply). A worker for whom `awaited(w)` is false (held lost,
+  /// silent for the worker timeout, or no longer the job's) is not waited for: a push it
+  /// sent another ps before it died may never come here. What of it is held is still taken
+  /// up to the cut. Called again as time passes (a worker falls silent while paused).
   template <class Take, class State, class Awaited>
   void advance(const PushLedger& ledger, Take&& take, State&& state, Awaited&& awaited) {
     if (!pending_) return;

@@ -80,6 +80,15 @@ class Liveness {
     return it != workers_.end() && it->second.lost;
   }
 
+  /// True if `worker`, heard before and not held lost, has been silent for the timeout at
+  /// `now` while others were heard: `expire` would hold it lost at `now`. For a ps that
+  /// may not hold anyone lost now (paused for a cut) but must not wait for the dead.
+  [[nodiscard]] bool silent(std::uint32_t worker, Clock::time_point now) const {
+    const auto it = workers_.find(worker);
+    if (it == workers_.end() || it->second.lost || now - it->second.last < timeout_) return false;
+    return grace_ || now - last_heard_any_ < timeout_;  // else the silence may be the ps's own
+  }
+
   /// A lost `worker` counts again, heard at `now`.
   void back(std::uint32_t worker, Clock::time_point now) {
     Heard& heard = workers_[worker];

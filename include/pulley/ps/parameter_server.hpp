@@ -654,7 +654,9 @@ class ParameterServer {
           shard_.tables().mark_cut(cut_since_, cut_forget_before_);
           return StateReply{pacing_.global_step(), pacing_.save(), shard_.read_state()};
         },
-        [this](std::uint32_t w) { return workers_.counted(w) && !liveness_.is_lost(w); });
+        [this, now = Clock::now()](std::uint32_t w) {
+          return workers_.counted(w) && !liveness_.is_lost(w) && !liveness_.silent(w, now);
+        });
   }
 
   void on(ReadRows& r, const RequestContext& context, Responder& reply) {
@@ -849,13 +851,15 @@ class ParameterServer {
 
   /// Holds lost every worker heard before and silent for the worker timeout: the sync
   /// policy stops waiting for it, and an update that needed only it is applied now. Not
-  /// while paused for a checkpoint's cut, which must see no step complete on its own. The
+  /// while paused for a checkpoint's cut, which must see no step complete on its own; a
+  /// read of the cut then stops waiting for such a worker's pushes instead. The
   /// same for the chief, which is waited for (`set_chief_wait`), then given up on.
   void check_heartbeats() {
     const auto now = Clock::now();
     // The chief first, even while a cut it made is paused: a chief lost mid-cut ends the
     // job once nobody came back in its place.
-    if (!check_chief(now) || !registration_.ready() || cut_.paused()) return;
+    if (!check_chief(now) || !registration_.ready()) return;
+    if (cut_.paused()) return advance_cut();  // a worker that fell silent is no longer awaited
     liveness_.expire(now, [&](std::uint32_t worker, Clock::time_point last) {
       const std::int64_t step_before = pacing_.global_step();
       changing_ = true;
