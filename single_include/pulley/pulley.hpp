@@ -8707,6 +8707,9 @@ struct RequestContext {
 ///     transport serves (its own clock: a deadline that must pass even while nobody sends,
 ///     such as the chief's recovery timeout at a ps no task may reach). Called between
 ///     requests, never during one.
+///   - `s.awaits_workers()` → bool: once stopped, true while a worker may still come to
+///     hear that it stopped (its answer lost with its link, its process stopped a while):
+///     the transport keeps taking connections for it, every client gone or not.
 ///   - `s.workers()` → `std::span<const std::uint32_t>`: the job's workers now, ascending,
 ///     once workers joined or left (ChangeWorkers); empty while they are the cluster
 ///     spec's. A transport that checks who connects lets a worker in only if it is one.
@@ -8767,6 +8770,19 @@ std::string fence_reason(S& service, const Node& node) {
     return service.fenced(node);
   } else {
     return {};
+  }
+}
+
+/// True if `service` stopped and a worker may still come to hear it (`awaits_workers`);
+/// false by default.
+template <Service S>
+bool awaits_workers(const S& service) {
+  if constexpr (requires {
+                  { service.awaits_workers() } -> std::convertible_to<bool>;
+                }) {
+    return service.awaits_workers();
+  } else {
+    return false;
   }
 }
 
@@ -10716,6 +10732,14 @@ class Liveness {
     const auto it = workers_.find(worker);
     if (it == workers_.end() || it->second.lost || now - it->second.last < timeout_) return false;
     return grace_ || now - last_heard_any_ < timeout_;  // else the silence may be the ps's own
+  }
+
+  /// True if some worker heard before, not held lost and not left, was heard within the
+  /// timeout at `now`: it may still come with a request.
+  [[nodiscard]] bool awaits_any(Clock::time_point now) const {
+    return std::any_of(workers_.begin(), workers_.end(), [&](const auto& entry) {
+      return !entry.second.lost && now - entry.second.last < timeout_;
+    });
   }
 
   /// A lost `worker` counts again, heard at `now`.
@@ -13445,6 +13469,8 @@ class ParameterServer {
   void handle(Request&& request, const RequestContext& context, Responder reply) noexcept {
     if (end_) {
       ++stats_.requests_rejected;
+      if (context.peer && context.peer->role == Node::Role::kWorker)
+        heard_after_end(context.peer->index, request);
       respond(reply, ErrorReply{*end_});
       return;
     }
@@ -13470,6 +13496,14 @@ class ParameterServer {
 
   /// True once it serves no more: shut down by the chief, or failed.
   [[nodiscard]] bool stopped() const noexcept { return end_.has_value(); }
+  /// Once it serves no more: true while a worker it heard has neither said it is leaving
+  /// (its last heartbeat, sent once it learnt that training ended) nor been silent for the
+  /// worker timeout. That worker may still come to hear the end: its answer was lost with
+  /// its link, or its process was stopped a while. The transport serves on for it (up to
+  /// TcpServerOptions::linger).
+  [[nodiscard]] bool awaits_workers() const {
+    return end_.has_value() && liveness_.awaits_any(Clock::now());
+  }
   /// How it ended, as it now answers every request: kOutOfRange (training finished),
   /// kAborted (the chief aborted training, or no chief came back in place of a lost one:
   /// set_chief_wait) or kInternal (it failed); nullopt while serving.
@@ -14124,6 +14158,20 @@ class ParameterServer {
 
   // ---- Heartbeat / GetStats: liveness.hpp ---------------------------------------------------
 
+  /// A request of worker `worker` after the end (answered with it): heard, or gone for good
+  /// with its leaving heartbeat (awaits_workers).
+  void heard_after_end(std::uint32_t worker, const Request& request) noexcept {
+    try {
+      const auto* beat = std::get_if<Heartbeat>(&request);
+      if (beat != nullptr && beat->leaving) {
+        liveness_.leave(worker);
+      } else if (liveness_.known(worker)) {
+        liveness_.heard(worker, Clock::now());
+      }
+    } catch (...) {  // (no memory for the map's node: the worker is awaited no longer)
+    }
+  }
+
   void on(Heartbeat& r, const RequestContext& context, Responder& reply) {
     if (!is_sender(r.worker, context, reply, "Heartbeat")) return;
     report();
@@ -14428,6 +14476,10 @@ class ShardCopies {
   [[nodiscard]] bool holds_copy(std::uint32_t shard) const noexcept { return shard == copy_.task(); }
   /// True once both copies serve no more (the chief shuts both down).
   [[nodiscard]] bool stopped() const noexcept { return own_.stopped() && copy_.stopped(); }
+  /// Once both serve no more: a worker may still come to hear it (ParameterServer::awaits_workers).
+  [[nodiscard]] bool awaits_workers() const {
+    return stopped() && (own_.awaits_workers() || copy_.awaits_workers());
+  }
   /// How it ended: its own shard's end, else the copy's.
   [[nodiscard]] const std::optional<ErrorReply>& ended() const noexcept {
     return own_.ended() ? own_.ended() : copy_.ended();

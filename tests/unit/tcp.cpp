@@ -895,6 +895,57 @@ TEST_CASE(
   CHECK(serving.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
 }
 
+TEST_CASE(
+    "a ps that ended waits for a worker it heard until it says it is leaving, or is silent for the "
+    "worker timeout") {
+  TcpServerOptions options = test_server_options();
+  options.end_grace = std::chrono::milliseconds(0);  // the wait below is the workers' alone
+  options.linger = std::chrono::seconds(60);
+  for (const bool comes_back : {true, false}) {
+    INFO("worker 0 comes back: " << comes_back);
+    Server ps(0, 1, Sgd{0.1F}, SyncReplicas(2, 2), FixedShards{1});
+    ps.set_worker_timeout(std::chrono::milliseconds(comes_back ? 5000 : 600));
+    TcpServer listener(std::move(ps), "127.0.0.1", 0, options);
+    auto serving = std::async(std::launch::async, [&] { listener.run(); });
+    std::vector<char> body;
+    {
+      RawClient worker;  // heard once; its link then breaks as training ends
+      REQUIRE(worker.join(listener.port(), Node::worker(0)).empty());
+      {
+        Chief chief(client(Node::chief(), {"127.0.0.1:" + std::to_string(listener.port())}), 7);
+        chief.initialize(LinearModel(kIn, kOut).variables());
+        worker.send(Heartbeat{0}, 1);
+        REQUIRE(worker.receive(body).call == 1);
+        chief.shutdown();
+      }
+      REQUIRE(listener.service().stopped());
+    }  // every client has left, worker 0 without hearing the end
+    const auto left = std::chrono::steady_clock::now();
+    if (comes_back) {
+      // Stopped a while, worker 0 comes back: the ps still takes it, says training
+      // finished, and ends once worker 0 says it leaves.
+      CHECK(serving.wait_for(std::chrono::milliseconds(800)) == std::future_status::timeout);
+      RawClient again;
+      REQUIRE(again.join(listener.port(), Node::worker(0)).empty());
+      again.send(Pull{0, {{0, {0, 1}}}, 0}, 2);
+      const wire::Header header = again.receive(body);
+      REQUIRE(header.call == 2);
+      const Response answer =
+          wire::decode_response(header, std::span(body).first(header.meta_bytes), {});
+      REQUIRE(std::holds_alternative<ErrorReply>(answer));
+      CHECK(std::get<ErrorReply>(answer).code == ErrorCode::kOutOfRange);
+      again.send(Heartbeat{0, true}, 3);
+      CHECK(again.receive(body).call == 3);
+      again.socket.close();
+      CHECK(serving.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+    } else {
+      // Silent for the worker timeout: held gone, and the ps ends (well before linger).
+      REQUIRE(serving.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+      CHECK(std::chrono::steady_clock::now() - left >= std::chrono::milliseconds(300));
+    }
+  }
+}
+
 TEST_CASE("a ps whose clients all left without ending training gives up, and says so") {
   TcpServerOptions options = test_server_options();
   options.orphaned_after = std::chrono::milliseconds(300);

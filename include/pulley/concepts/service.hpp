@@ -78,6 +78,9 @@ struct RequestContext {
 ///     transport serves (its own clock: a deadline that must pass even while nobody sends,
 ///     such as the chief's recovery timeout at a ps no task may reach). Called between
 ///     requests, never during one.
+///   - `s.awaits_workers()` → bool: once stopped, true while a worker may still come to
+///     hear that it stopped (its answer lost with its link, its process stopped a while):
+///     the transport keeps taking connections for it, every client gone or not.
 ///   - `s.workers()` → `std::span<const std::uint32_t>`: the job's workers now, ascending,
 ///     once workers joined or left (ChangeWorkers); empty while they are the cluster
 ///     spec's. A transport that checks who connects lets a worker in only if it is one.
@@ -138,6 +141,19 @@ std::string fence_reason(S& service, const Node& node) {
     return service.fenced(node);
   } else {
     return {};
+  }
+}
+
+/// True if `service` stopped and a worker may still come to hear it (`awaits_workers`);
+/// false by default.
+template <Service S>
+bool awaits_workers(const S& service) {
+  if constexpr (requires {
+                  { service.awaits_workers() } -> std::convertible_to<bool>;
+                }) {
+    return service.awaits_workers();
+  } else {
+    return false;
   }
 }
 

@@ -89,6 +89,14 @@ class Liveness {
     return grace_ || now - last_heard_any_ < timeout_;  // else the silence may be the ps's own
   }
 
+  /// True if some worker heard before, not held lost and not left, was heard within the
+  /// timeout at `now`: it may still come with a request.
+  [[nodiscard]] bool awaits_any(Clock::time_point now) const {
+    return std::any_of(workers_.begin(), workers_.end(), [&](const auto& entry) {
+      return !entry.second.lost && now - entry.second.last < timeout_;
+    });
+  }
+
   /// A lost `worker` counts again, heard at `now`.
   void back(std::uint32_t worker, Clock::time_point now) {
     Heard& heard = workers_[worker];

@@ -94,6 +94,8 @@ class ParameterServer {
   void handle(Request&& request, const RequestContext& context, Responder reply) noexcept {
     if (end_) {
       ++stats_.requests_rejected;
+      if (context.peer && context.peer->role == Node::Role::kWorker)
+        heard_after_end(context.peer->index, request);
       respond(reply, ErrorReply{*end_});
       return;
     }
@@ -119,6 +121,14 @@ class ParameterServer {
 
   /// True once it serves no more: shut down by the chief, or failed.
   [[nodiscard]] bool stopped() const noexcept { return end_.has_value(); }
+  /// Once it serves no more: true while a worker it heard has neither said it is leaving
+  /// (its last heartbeat, sent once it learnt that training ended) nor been silent for the
+  /// worker timeout. That worker may still come to hear the end: its answer was lost with
+  /// its link, or its process was stopped a while. The transport serves on for it (up to
+  /// TcpServerOptions::linger).
+  [[nodiscard]] bool awaits_workers() const {
+    return end_.has_value() && liveness_.awaits_any(Clock::now());
+  }
   /// How it ended, as it now answers every request: kOutOfRange (training finished),
   /// kAborted (the chief aborted training, or no chief came back in place of a lost one:
   /// set_chief_wait) or kInternal (it failed); nullopt while serving.
@@ -772,6 +782,20 @@ class ParameterServer {
   }
 
   // ---- Heartbeat / GetStats: liveness.hpp ---------------------------------------------------
+
+  /// A request of worker `worker` after the end (answered with it): heard, or gone for good
+  /// with its leaving heartbeat (awaits_workers).
+  void heard_after_end(std::uint32_t worker, const Request& request) noexcept {
+    try {
+      const auto* beat = std::get_if<Heartbeat>(&request);
+      if (beat != nullptr && beat->leaving) {
+        liveness_.leave(worker);
+      } else if (liveness_.known(worker)) {
+        liveness_.heard(worker, Clock::now());
+      }
+    } catch (...) {  // (no memory for the map's node: the worker is awaited no longer)
+    }
+  }
 
   void on(Heartbeat& r, const RequestContext& context, Responder& reply) {
     if (!is_sender(r.worker, context, reply, "Heartbeat")) return;

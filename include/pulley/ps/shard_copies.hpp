@@ -103,6 +103,10 @@ class ShardCopies {
   [[nodiscard]] bool holds_copy(std::uint32_t shard) const noexcept { return shard == copy_.task(); }
   /// True once both copies serve no more (the chief shuts both down).
   [[nodiscard]] bool stopped() const noexcept { return own_.stopped() && copy_.stopped(); }
+  /// Once both serve no more: a worker may still come to hear it (ParameterServer::awaits_workers).
+  [[nodiscard]] bool awaits_workers() const {
+    return stopped() && (own_.awaits_workers() || copy_.awaits_workers());
+  }
   /// How it ended: its own shard's end, else the copy's.
   [[nodiscard]] const std::optional<ErrorReply>& ended() const noexcept {
     return own_.ended() ? own_.ended() : copy_.ended();

@@ -135,13 +135,16 @@ struct TcpServerOptions {
   /// gets the service's final answer, e.g. "training finished") before it ends while
   /// clients stay connected: clients in the middle of a step hear how training ended
   /// instead of finding the connection closed. It ends sooner when every client has left
-  /// (`end_grace` after the last).
+  /// and no worker is awaited (`end_grace` after that).
   std::chrono::milliseconds linger{std::chrono::seconds(60)};
   /// Once the service stopped and every client has left, how long the server still takes
   /// connections before it ends: a client whose link broke just as training ended (the
   /// answer saying so lost with it) connects again and hears how training ended, instead
   /// of finding nobody there and waiting for a lost ps. A client still connected when it
-  /// runs out starts it anew once it leaves; `linger` still bounds the whole.
+  /// runs out starts it anew once it leaves; `linger` still bounds the whole. Before it,
+  /// the server waits for every worker the service still awaits (ParameterServer::
+  /// awaits_workers: heard, neither leaving nor silent for the worker timeout: a worker
+  /// stopped a while, or cut off, as training ended).
   std::chrono::milliseconds end_grace{std::chrono::seconds(1)};
   /// How long the server goes on once every client has left while the service still runs
   /// (the chief died before it ended training, say): then `run` returns and `orphaned()`

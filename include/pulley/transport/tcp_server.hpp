@@ -726,12 +726,23 @@ class TcpServer {
     maybe_stop();
   }
 
-  /// Stops once the service stopped and every client that proved itself has left (a
-  /// connection still in its handshake keeps no ps alive), or, while the service runs,
+  /// Stops once the service stopped, every client that proved itself has left (a
+  /// connection still in its handshake keeps no ps alive) and the service awaits no worker
+  /// (looked at every kAwaitedLook), then `end_grace` passed; or, while the service runs,
   /// starts waiting for one (`watch_orphan`).
   void maybe_stop() {
     if (clients_ > 0) return;
     if (!stopping_) return watch_orphan();
+    if (awaits_workers(service_)) {  // a worker that did not hear the end yet may still come
+      if (grace_armed_) return;
+      grace_armed_ = true;
+      grace_.expires_after(kAwaitedLook);
+      grace_.async_wait([this](std::error_code ec) {
+        grace_armed_ = false;
+        if (!ec) maybe_stop();
+      });
+      return;
+    }
     if (options_.end_grace.count() > 0 && !grace_over_) {
       if (grace_armed_) return;
       grace_armed_ = true;
@@ -784,7 +795,10 @@ class TcpServer {
   asio::steady_timer retry_local_{io_};
 #endif
   asio::steady_timer linger_{io_};
-  asio::steady_timer grace_{io_};  ///< end_grace, once the service stopped and no client is left
+  /// How often a server whose service stopped looks whether a worker is still awaited.
+  static constexpr std::chrono::milliseconds kAwaitedLook{50};
+  asio::steady_timer grace_{
+      io_};  ///< end_grace (or kAwaitedLook), once the service stopped and no client is left
   asio::steady_timer orphan_{io_};
   asio::steady_timer sweep_{io_};
   bool served_ = false;    ///< a request was handled: the job has started
