@@ -627,6 +627,48 @@ TEST_CASE("a ps cut off from the chief serves no task: those that still reach it
   CHECK(cluster.listeners[1]->service().own().stats().global_step < kSteps);
 }
 
+TEST_CASE(
+    "a transport made while one ps process is gone and another stalled waits for the stalled one "
+    "where it "
+    "holds a shard's last copy") {
+  CopiesCluster cluster;
+  cluster.kill(2);  // gone: its address refuses
+  // ps 1 out of reach for a while (a stopped process): it holds shard 1's last copy.
+  pulley::testing::CutProxy stalled(
+      static_cast<std::uint16_t>(std::stoi(cluster.addresses[1].substr(10))), 0.0, 1);
+  std::vector<std::string> addresses = cluster.addresses;
+  addresses[1] = "127.0.0.1:" + std::to_string(stalled.port());
+  TcpOptions options = with_copies();
+  options.attempt_timeout = std::chrono::milliseconds(200);
+  options.connect_timeout = std::chrono::seconds(20);
+  options.copy_connect_timeout =
+      std::chrono::milliseconds(200);  // as the runner's chief in a lost one's place
+  stalled.partition(true);
+  std::thread back([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    stalled.partition(false);
+  });
+  const auto began = std::chrono::steady_clock::now();
+  {
+    Tcp tcp = client(Node::chief(), addresses, options);
+    const auto took = std::chrono::steady_clock::now() - began;
+    CHECK(took >= std::chrono::milliseconds(1400));  // it waited for ps 1
+    CHECK(took < std::chrono::seconds(15));          // and not connect_timeout for ps 2's copies
+    CHECK(tcp.given_up() == std::vector<std::uint32_t>{2});  // ps 1's copies both served
+    PendingCall call = tcp.call(1, GetStats{}, {});
+    REQUIRE(call.wait_for(std::chrono::seconds(5)));
+    CHECK(std::holds_alternative<StatsReply>(call.take()));
+  }
+  back.join();
+  // Waiting for every process one attempt alone (connect_timeout short) gives the stalled
+  // one up, with the shard whose last copy it holds.
+  options.copy_connect_timeout = std::chrono::milliseconds(0);
+  options.connect_timeout = std::chrono::milliseconds(200);
+  stalled.partition(true);
+  CHECK_THROWS_AS(client(Node::chief(), addresses, options), Error);
+  stalled.partition(false);
+}
+
 TEST_CASE("a process started in a lost ps's place holds nothing, and no task reads from it") {
   const auto expected = in_process_result();
   CopiesCluster cluster;

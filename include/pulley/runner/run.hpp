@@ -198,7 +198,7 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
       if (copies_under_way_with_some_missing(ps, chief_tcp)) {
         log(LogLevel::kInfo, "chief: the ps tasks serve a job under way and some ps does not answer: the chief "
                              "waits for it one connection attempt, then rules whether its process is lost");
-        chief_tcp.connect_timeout = chief_tcp.attempt_timeout;
+        chief_tcp.copy_connect_timeout = chief_tcp.attempt_timeout;
       }
     }
     if (type != "chief") {

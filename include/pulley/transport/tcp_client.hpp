@@ -295,32 +295,7 @@ class Tcp {
           links_.push_back(std::make_unique<Link>(io_, addresses[(k + 1) % count], options_.limits, (k + 1) % count, k));
         }
       }
-      for (std::size_t i = 0; i < links_.size(); ++i) {
-        if (reach_now && std::find(reach_now->begin(), reach_now->end(), links_[i]->task) == reach_now->end()) continue;
-        try {
-          connect_with_backoff(*links_[i]);
-        } catch (const Error& e) {
-          // A copy unreachable for connect_timeout is dropped if the other one is there
-          // (and the referee, if any, rules its process lost; if it does not, the process
-          // is there after all, started or continued meanwhile: one more connect_timeout).
-          if (options_.replicas == 0 || e.code() != ErrorCode::kUnavailable) throw;
-          const std::size_t shard = i % shards_;
-          if (i >= shards_ && links_[shard]->dropped) throw;
-          if (options_.copy_referee && !ruled_lost_now(*links_[i], e.message())) {
-            try {
-              connect_with_backoff(*links_[i]);
-              continue;
-            } catch (const Error& again) {
-              if (again.code() != ErrorCode::kUnavailable) throw;
-              throw Error(again.code(), std::string(again.message()) +
-                                            "; its copy is not given up: the chief did not rule its process lost");
-            }
-          }
-          links_[i]->dropped = true;
-          log(LogLevel::kWarning, self_.name() + ": " + e.what() + ": ps " + std::to_string(shard) +
-                                      "'s shard is served by one copy only");
-        }
-      }
+      connect_all(reach_now);
     }
 
     Impl(const Impl&) = delete;
@@ -349,7 +324,7 @@ class Tcp {
       const auto task = static_cast<std::uint32_t>(shards_);
       links_.push_back(std::make_unique<Link>(io_, std::move(where), options_.limits, task, wire::Hello::kOwnShard));
       try {
-        if (connect_now) connect_with_backoff(*links_.back());
+        if (connect_now) connect_with_backoff(*links_.back(), options_.connect_timeout);
       } catch (...) {
         retired_.push_back(std::move(links_.back()));  // its handlers may still run: kept alive
         links_.pop_back();
@@ -807,8 +782,70 @@ class Tcp {
       return 0;
     }
 
-    void connect_with_backoff(Link& link) {
-      const auto deadline = std::chrono::steady_clock::now() + options_.connect_timeout;
+    /// Connects every link (those of `reach_now`'s tasks only, when given). Without copies,
+    /// each within connect_timeout, or throws. With copies, each first within
+    /// copy_connect_timeout (when set). A copy not reached then whose twin was not reached
+    /// either is the last of its shard that may still come: it is waited for
+    /// connect_timeout, as a ps without copies. One whose twin was reached is tried once more
+    /// (its process may have come meanwhile), then dropped (when the referee, if any, rules
+    /// its process lost; if it does not, the process is there after all, started or
+    /// continued meanwhile: one more connect_timeout).
+    void connect_all(std::optional<std::span<const std::uint32_t>> reach_now) {
+      const bool quick = options_.replicas != 0 && options_.copy_connect_timeout.count() > 0;
+      std::vector<std::optional<Error>> missed(links_.size());
+      for (std::size_t i = 0; i < links_.size(); ++i) {
+        if (reach_now &&
+            std::find(reach_now->begin(), reach_now->end(), links_[i]->task) == reach_now->end())
+          continue;
+        try {
+          connect_with_backoff(*links_[i],
+                               quick ? options_.copy_connect_timeout : options_.connect_timeout);
+        } catch (const Error& e) {
+          if (options_.replicas == 0 || e.code() != ErrorCode::kUnavailable) throw;
+          missed[i] = e;
+        }
+      }
+      const auto twin_reached = [&](std::size_t i) {
+        const Link& twin = *links_[i < shards_ ? shards_ + i : i - shards_];
+        return twin.state == State::kConnected && !twin.dropped;
+      };
+      for (std::size_t i = 0; i < links_.size(); ++i) {  // the last copies first
+        if (!missed[i] || twin_reached(i)) continue;
+        if (!quick) throw *missed[i];
+        connect_with_backoff(*links_[i], options_.connect_timeout);
+        missed[i].reset();
+      }
+      for (std::size_t i = 0; i < links_.size(); ++i) {
+        if (!missed[i]) continue;
+        if (quick) {
+          try {
+            connect_with_backoff(*links_[i], options_.copy_connect_timeout);
+            continue;
+          } catch (const Error& e) {
+            if (e.code() != ErrorCode::kUnavailable) throw;
+            missed[i] = e;
+          }
+        }
+        if (options_.copy_referee && !ruled_lost_now(*links_[i], missed[i]->message())) {
+          try {
+            connect_with_backoff(*links_[i], options_.connect_timeout);
+            continue;
+          } catch (const Error& again) {
+            if (again.code() != ErrorCode::kUnavailable) throw;
+            throw Error(again.code(),
+                        std::string(again.message()) +
+                            "; its copy is not given up: the chief did not rule its process lost");
+          }
+        }
+        links_[i]->dropped = true;
+        log(LogLevel::kWarning, self_.name() + ": " + missed[i]->what() + ": ps " +
+                                    std::to_string(i % shards_) +
+                                    "'s shard is served by one copy only");
+      }
+    }
+
+    void connect_with_backoff(Link& link, std::chrono::milliseconds patience) {
+      const auto deadline = std::chrono::steady_clock::now() + patience;
       auto backoff = options_.initial_backoff;
       for (;;) {
         bool done = false;
@@ -821,7 +858,7 @@ class Tcp {
         backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
       }
       throw Error(ErrorCode::kUnavailable, "ps at " + link.address + " unreachable for " +
-                                               std::to_string(options_.connect_timeout.count()) +
+                                               std::to_string(patience.count()) +
                                                " ms: " + link.broken_reason);
     }
 
