@@ -17101,11 +17101,13 @@ struct TcpOptions {
   /// one; a copy whose ps is lost for good is dropped and the other serves alone (Tcp).
   /// Every task of a job must say the same, and the ps tasks must hold the copies.
   std::uint32_t replicas = 0;
-  /// With replicas, when the transport is made: how long a copy of a shard whose other
-  /// copy is not given up is waited for before it is dropped (0, the default:
-  /// `connect_timeout`). The last copy of a shard is waited for `connect_timeout`, as a ps
-  /// without copies. The role runner's chief, started in a lost one's place while some ps
-  /// process is missing, waits one attempt (`attempt_timeout`) before it rules.
+  /// With replicas, when the transport is made: how long each copy is waited for at first
+  /// (0, the default: `connect_timeout`). A copy not reached then whose twin was is tried
+  /// once more, then dropped (as the referee rules); a shard neither of whose copies was
+  /// reached is waited for `connect_timeout` by whichever copy comes first, as a ps without
+  /// copies (one process may be gone, the other stopped a while). The role runner's chief,
+  /// started in a lost one's place while some ps process is missing, waits one attempt
+  /// (`attempt_timeout`) at first.
   std::chrono::milliseconds copy_connect_timeout{0};
   /// With replicas: how long WaitReady waits for ps k's own copy once the other copy is
   /// ready, so that every task reads from the same copy when both are well; a copy still
@@ -18008,7 +18010,8 @@ namespace pulley {
 ///     Resume, Restore, RestoreRows, Shutdown) goes to both copies and is
 ///     answered once both have answered: the answer of the copy it reads from (a row pull
 ///     reaches the other copy as `PullRows::touch_only`: it creates and touches the rows
-///     and sends none back);
+///     and sends none back; a Shutdown one copy answers with training's end while the
+///     other was not reached is answered kUnavailable, so that the chief sends it again);
 ///   - reads (TakeToken, Pull, GetStats, ReadState, ReadRows, the chief's row reads) and
 ///     heartbeats (a ps process hands them to both copies it holds) go to the copy it
 ///     reads from: ps k's own unless that one was dropped, so every task reads tokens from
@@ -18137,6 +18140,9 @@ class Tcp {
     std::array<bool, 2> waited{};                  ///< a half's connection was tried again once
     bool other_partial = false;  ///< the other copy's answer lacks what the caller asked (a gate, tensors unread)
     bool refusal_stands = false;  ///< ChangeWorkers: a refusal by one copy is the answer
+    /// Shutdown: a copy the call may not have reached (kUnavailable) is the answer, though
+    /// the other says training ended: the chief sends it again until both have it.
+    bool unreached_stands = false;
     std::unique_ptr<asio::steady_timer> grace;     ///< both_ready: the laggard's time
   };
 
@@ -18400,6 +18406,7 @@ class Tcp {
       PendingCall result(pair);
       pair->links = {reading, other};
       pair->refusal_stands = std::holds_alternative<ChangeWorkers>(request);
+      pair->unreached_stands = std::holds_alternative<Shutdown>(request);
       for (std::size_t half = 0; half < 2; ++half) {
         auto pending = std::make_shared<Pending>(this, pair->links[half]);
         pending->pair = pair;
@@ -18567,6 +18574,10 @@ class Tcp {
       const bool a_ok = !is_error(*a);
       const bool b_ok = !is_error(*b);
       if (a_ok && b_ok) transport_detail::merge_copy_answers(*a, *b);
+      if (!a_ok && !b_ok && pair.unreached_stands && is_unavailable(*a) != is_unavailable(*b)) {
+        return answer_pair(
+            pair, is_unavailable(*a) ? 0 : 1);  // the copy that ended took it; this one may not
+      }
       if (a_ok == b_ok) return answer_pair(pair, a_ok || !is_unavailable(*a) ? 0 : 1);
       const std::size_t ok = a_ok ? 0 : 1;
       const Response& refused = a_ok ? *b : *a;
@@ -18717,10 +18728,10 @@ class Tcp {
 
     /// Connects every link (those of `reach_now`'s tasks only, when given). Without copies,
     /// each within connect_timeout, or throws. With copies, each first within
-    /// copy_connect_timeout (when set). A copy not reached then whose twin was not reached
-    /// either is the last of its shard that may still come: it is waited for
-    /// connect_timeout, as a ps without copies. One whose twin was reached is tried once more
-    /// (its process may have come meanwhile), then dropped (when the referee, if any, rules
+    /// copy_connect_timeout (when set). A shard neither of whose copies was reached then is
+    /// waited for connect_timeout, as a ps without copies, by whichever copy comes first
+    /// (one may be gone for good, the other stalled). A copy whose twin was reached is tried once
+    /// more (its process may have come meanwhile), then dropped (when the referee, if any, rules
     /// its process lost; if it does not, the process is there after all, started or
     /// continued meanwhile: one more connect_timeout).
     void connect_all(std::optional<std::span<const std::uint32_t>> reach_now) {
@@ -18745,8 +18756,22 @@ class Tcp {
       for (std::size_t i = 0; i < links_.size(); ++i) {  // the last copies first
         if (!missed[i] || twin_reached(i)) continue;
         if (!quick) throw *missed[i];
-        connect_with_backoff(*links_[i], options_.connect_timeout);
-        missed[i].reset();
+        const std::size_t j = i < shards_ ? shards_ + i : i - shards_;
+        if (!missed[j]) {  // its twin was not tried (not among reach_now): this one alone
+          connect_with_backoff(*links_[i], options_.connect_timeout);
+          missed[i].reset();
+          continue;
+        }
+        // Neither copy reached: whichever comes first (one may be gone for good, the
+        // other stalled a while).
+        if (!connect_either(*links_[i], *links_[j], options_.connect_timeout)) {
+          throw Error(ErrorCode::kUnavailable,
+                      "neither copy of ps " + std::to_string(i % shards_) +
+                          "'s shard reached within " +
+                          std::to_string(options_.connect_timeout.count()) +
+                          " ms: " + missed[i]->message() + "; " + missed[j]->message());
+        }
+        missed[links_[i]->state == State::kConnected ? i : j].reset();
       }
       for (std::size_t i = 0; i < links_.size(); ++i) {
         if (!missed[i]) continue;
@@ -18774,6 +18799,26 @@ class Tcp {
         log(LogLevel::kWarning, self_.name() + ": " + missed[i]->what() + ": ps " +
                                     std::to_string(i % shards_) +
                                     "'s shard is served by one copy only");
+      }
+    }
+
+    /// Connects `a` or `b`, whichever answers first: one attempt at each in turn, with
+    /// backoff, for up to `patience`; false when neither did. Throws when one refuses this
+    /// task at its handshake (another job, say).
+    bool connect_either(Link& a, Link& b, std::chrono::milliseconds patience) {
+      const auto deadline = std::chrono::steady_clock::now() + patience;
+      auto backoff = options_.initial_backoff;
+      for (;;) {
+        for (Link* link : {&a, &b}) {
+          bool done = false;
+          connect(*link, [&](std::error_code) { done = true; });
+          while (!done) io_.run_one();
+          if (link->state == State::kConnected) return true;
+          if (link->refused) throw Error(link->refused->code, link->refused->message);
+        }
+        if (std::chrono::steady_clock::now() + backoff > deadline) return false;
+        std::this_thread::sleep_for(backoff);
+        backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
       }
     }
 

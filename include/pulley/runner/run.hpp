@@ -56,13 +56,22 @@ void abort_training(T& transport, const std::string& reason, std::chrono::millis
 /// that does not, and a ps that serves has been initialized (it serves training). The
 /// chief then waits for the missing ones one connection attempt, not the connect timeout
 /// (meant for ps tasks that are still starting), before its rulings decide whether they are
-/// lost, as they would during training. False at a job's start.
+/// lost, as they would during training. False at a job's start. While no ps serves and
+/// some is silent (a process stopped a while: neither serving nor gone), it looks again,
+/// for up to the copy timeout.
 inline bool copies_under_way_with_some_missing(const std::vector<std::string>& ps, const TcpOptions& tcp) {
+  const auto until = std::chrono::steady_clock::now() + tcp.copy_timeout;
   std::vector<std::uint32_t> serving;
-  for (std::uint32_t k = 0; k < ps.size(); ++k) {
-    if (probe_ps(ps[k], k, Node::chief(), tcp.credentials, tcp.attempt_timeout).kind == ProbeResult::Kind::kServes) {
-      serving.push_back(k);
+  for (;;) {
+    bool silent = false;
+    for (std::uint32_t k = 0; k < ps.size(); ++k) {
+      const auto kind =
+          probe_ps(ps[k], k, Node::chief(), tcp.credentials, tcp.attempt_timeout).kind;
+      if (kind == ProbeResult::Kind::kServes) serving.push_back(k);
+      silent = silent || kind == ProbeResult::Kind::kSilent;
     }
+    if (!serving.empty() || !silent || std::chrono::steady_clock::now() >= until) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   if (serving.empty() || serving.size() == ps.size()) return false;
   try {
