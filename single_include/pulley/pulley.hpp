@@ -10687,6 +10687,12 @@ class Liveness {
     workers_[worker].last = now;
   }
 
+  /// `worker`, heard before, was heard again at `now`: its clock alone (no fresh timeout for
+  /// the others after a silence: for a ps that ended, which holds nobody lost any more).
+  void touch(std::uint32_t worker, Clock::time_point now) {
+    if (const auto it = workers_.find(worker); it != workers_.end()) it->second.last = now;
+  }
+
   /// The chief was heard at `now`; true if it was held lost until then (it is back).
   bool heard_chief(Clock::time_point now) {
     heard_any(now);
@@ -14161,14 +14167,11 @@ class ParameterServer {
   /// A request of worker `worker` after the end (answered with it): heard, or gone for good
   /// with its leaving heartbeat (awaits_workers).
   void heard_after_end(std::uint32_t worker, const Request& request) noexcept {
-    try {
-      const auto* beat = std::get_if<Heartbeat>(&request);
-      if (beat != nullptr && beat->leaving) {
-        liveness_.leave(worker);
-      } else if (liveness_.known(worker)) {
-        liveness_.heard(worker, Clock::now());
-      }
-    } catch (...) {  // (no memory for the map's node: the worker is awaited no longer)
+    const auto* beat = std::get_if<Heartbeat>(&request);
+    if (beat != nullptr && beat->leaving) {
+      liveness_.leave(worker);  // (a find and an erase: nothing allocates)
+    } else {
+      liveness_.touch(worker, Clock::now());
     }
   }
 

@@ -10687,6 +10687,12 @@ class Liveness {
     workers_[worker].last = now;
   }
 
+  /// `worker`, heard before, was heard again at `now`: its clock alone (no fresh timeout for
+  /// the others after a silence: for a ps that ended, which holds nobody lost any more).
+  void touch(std::uint32_t worker, Clock::time_point now) {
+    if (const auto it = workers_.find(worker); it != workers_.end()) it->second.last = now;
+  }
+
   /// The chief was heard at `now`; true if it was held lost until then (it is back).
   bool heard_chief(Clock::time_point now) {
     heard_any(now);
@@ -14161,14 +14167,11 @@ class ParameterServer {
   /// A request of worker `worker` after the end (answered with it): heard, or gone for good
   /// with its leaving heartbeat (awaits_workers).
   void heard_after_end(std::uint32_t worker, const Request& request) noexcept {
-    try {
-      const auto* beat = std::get_if<Heartbeat>(&request);
-      if (beat != nullptr && beat->leaving) {
-        liveness_.leave(worker);
-      } else if (liveness_.known(worker)) {
-        liveness_.heard(worker, Clock::now());
-      }
-    } catch (...) {  // (no memory for the map's node: the worker is awaited no longer)
+    const auto* beat = std::get_if<Heartbeat>(&request);
+    if (beat != nullptr && beat->leaving) {
+      liveness_.leave(worker);  // (a find and an erase: nothing allocates)
+    } else {
+      liveness_.touch(worker, Clock::now());
     }
   }
 
@@ -18140,8 +18143,8 @@ class Tcp {
     std::array<bool, 2> waited{};                  ///< a half's connection was tried again once
     bool other_partial = false;  ///< the other copy's answer lacks what the caller asked (a gate, tensors unread)
     bool refusal_stands = false;  ///< ChangeWorkers: a refusal by one copy is the answer
-    /// Shutdown: a copy the call may not have reached (kUnavailable) is the answer, though
-    /// the other says training ended: the chief sends it again until both have it.
+    /// Shutdown: a copy the call may not have reached (kUnavailable) is the answer when the
+    /// other says training ended: the chief sends it again until both have it.
     bool unreached_stands = false;
     std::unique_ptr<asio::steady_timer> grace;     ///< both_ready: the laggard's time
   };
@@ -18527,6 +18530,12 @@ class Tcp {
     }
 
     static bool is_error(const Response& response) { return std::holds_alternative<ErrorReply>(response); }
+    /// Training's end: finished, or aborted.
+    static bool is_ended(const Response& response) {
+      const auto* error = std::get_if<ErrorReply>(&response);
+      return error != nullptr &&
+             (error->code == ErrorCode::kOutOfRange || error->code == ErrorCode::kAborted);
+    }
     static bool is_unavailable(const Response& response) {
       const auto* error = std::get_if<ErrorReply>(&response);
       return error != nullptr && error->code == ErrorCode::kUnavailable;
@@ -18574,9 +18583,11 @@ class Tcp {
       const bool a_ok = !is_error(*a);
       const bool b_ok = !is_error(*b);
       if (a_ok && b_ok) transport_detail::merge_copy_answers(*a, *b);
-      if (!a_ok && !b_ok && pair.unreached_stands && is_unavailable(*a) != is_unavailable(*b)) {
-        return answer_pair(
-            pair, is_unavailable(*a) ? 0 : 1);  // the copy that ended took it; this one may not
+      // A Shutdown that one copy took (it answers that training ended) and the other may not
+      // have: sent again until both have it.
+      if (!a_ok && !b_ok && pair.unreached_stands &&
+          (is_unavailable(*a) ? is_ended(*b) : is_ended(*a) && is_unavailable(*b))) {
+        return answer_pair(pair, is_unavailable(*a) ? 0 : 1);
       }
       if (a_ok == b_ok) return answer_pair(pair, a_ok || !is_unavailable(*a) ? 0 : 1);
       const std::size_t ok = a_ok ? 0 : 1;
@@ -21284,6 +21295,7 @@ class TcpServer {
     if (clients_ > 0) return;
     if (!stopping_) return watch_orphan();
     if (awaits_workers(service_)) {  // a worker that did not hear the end yet may still come
+      grace_over_ = false;           // the grace comes after it
       if (grace_armed_) return;
       grace_armed_ = true;
       grace_.expires_after(kAwaitedLook);

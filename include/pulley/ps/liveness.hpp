@@ -42,6 +42,12 @@ class Liveness {
     workers_[worker].last = now;
   }
 
+  /// `worker`, heard before, was heard again at `now`: its clock alone (no fresh timeout for
+  /// the others after a silence: for a ps that ended, which holds nobody lost any more).
+  void touch(std::uint32_t worker, Clock::time_point now) {
+    if (const auto it = workers_.find(worker); it != workers_.end()) it->second.last = now;
+  }
+
   /// The chief was heard at `now`; true if it was held lost until then (it is back).
   bool heard_chief(Clock::time_point now) {
     heard_any(now);

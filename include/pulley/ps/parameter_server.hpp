@@ -786,14 +786,11 @@ class ParameterServer {
   /// A request of worker `worker` after the end (answered with it): heard, or gone for good
   /// with its leaving heartbeat (awaits_workers).
   void heard_after_end(std::uint32_t worker, const Request& request) noexcept {
-    try {
-      const auto* beat = std::get_if<Heartbeat>(&request);
-      if (beat != nullptr && beat->leaving) {
-        liveness_.leave(worker);
-      } else if (liveness_.known(worker)) {
-        liveness_.heard(worker, Clock::now());
-      }
-    } catch (...) {  // (no memory for the map's node: the worker is awaited no longer)
+    const auto* beat = std::get_if<Heartbeat>(&request);
+    if (beat != nullptr && beat->leaving) {
+      liveness_.leave(worker);  // (a find and an erase: nothing allocates)
+    } else {
+      liveness_.touch(worker, Clock::now());
     }
   }
 

@@ -205,8 +205,10 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
           tcp.copy_timeout);
       chief_tcp.copy_referee = rulings->referee();
       if (copies_under_way_with_some_missing(ps, chief_tcp)) {
-        log(LogLevel::kInfo, "chief: the ps tasks serve a job under way and some ps does not answer: the chief "
-                             "waits for it one connection attempt, then rules whether its process is lost");
+        log(LogLevel::kInfo,
+            "chief: the ps tasks serve a job under way and some ps does not answer: the chief "
+            "waits for it one connection attempt, then rules whether its process is lost (a "
+            "shard neither of whose copies answers is waited for as at a start)");
         chief_tcp.copy_connect_timeout = chief_tcp.attempt_timeout;
       }
     }

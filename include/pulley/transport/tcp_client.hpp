@@ -205,8 +205,8 @@ class Tcp {
     std::array<bool, 2> waited{};                  ///< a half's connection was tried again once
     bool other_partial = false;  ///< the other copy's answer lacks what the caller asked (a gate, tensors unread)
     bool refusal_stands = false;  ///< ChangeWorkers: a refusal by one copy is the answer
-    /// Shutdown: a copy the call may not have reached (kUnavailable) is the answer, though
-    /// the other says training ended: the chief sends it again until both have it.
+    /// Shutdown: a copy the call may not have reached (kUnavailable) is the answer when the
+    /// other says training ended: the chief sends it again until both have it.
     bool unreached_stands = false;
     std::unique_ptr<asio::steady_timer> grace;     ///< both_ready: the laggard's time
   };
@@ -592,6 +592,12 @@ class Tcp {
     }
 
     static bool is_error(const Response& response) { return std::holds_alternative<ErrorReply>(response); }
+    /// Training's end: finished, or aborted.
+    static bool is_ended(const Response& response) {
+      const auto* error = std::get_if<ErrorReply>(&response);
+      return error != nullptr &&
+             (error->code == ErrorCode::kOutOfRange || error->code == ErrorCode::kAborted);
+    }
     static bool is_unavailable(const Response& response) {
       const auto* error = std::get_if<ErrorReply>(&response);
       return error != nullptr && error->code == ErrorCode::kUnavailable;
@@ -639,9 +645,11 @@ class Tcp {
       const bool a_ok = !is_error(*a);
       const bool b_ok = !is_error(*b);
       if (a_ok && b_ok) transport_detail::merge_copy_answers(*a, *b);
-      if (!a_ok && !b_ok && pair.unreached_stands && is_unavailable(*a) != is_unavailable(*b)) {
-        return answer_pair(
-            pair, is_unavailable(*a) ? 0 : 1);  // the copy that ended took it; this one may not
+      // A Shutdown that one copy took (it answers that training ended) and the other may not
+      // have: sent again until both have it.
+      if (!a_ok && !b_ok && pair.unreached_stands &&
+          (is_unavailable(*a) ? is_ended(*b) : is_ended(*a) && is_unavailable(*b))) {
+        return answer_pair(pair, is_unavailable(*a) ? 0 : 1);
       }
       if (a_ok == b_ok) return answer_pair(pair, a_ok || !is_unavailable(*a) ? 0 : 1);
       const std::size_t ok = a_ok ? 0 : 1;

@@ -734,6 +734,7 @@ class TcpServer {
     if (clients_ > 0) return;
     if (!stopping_) return watch_orphan();
     if (awaits_workers(service_)) {  // a worker that did not hear the end yet may still come
+      grace_over_ = false;           // the grace comes after it
       if (grace_armed_) return;
       grace_armed_ = true;
       grace_.expires_after(kAwaitedLook);
