@@ -16221,6 +16221,7 @@ static_assert(Ring<InProcessRing>);
 #include <cstdint>
 #include <deque>
 #include <future>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -18761,13 +18762,13 @@ class Tcp {
         }
       }
       const auto twin_reached = [&](std::size_t i) {
-        const Link& twin = *links_[i < shards_ ? shards_ + i : i - shards_];
+        const Link& twin = *links_[partner_of(*links_[i])];
         return twin.state == State::kConnected && !twin.dropped;
       };
       for (std::size_t i = 0; i < links_.size(); ++i) {  // the last copies first
         if (!missed[i] || twin_reached(i)) continue;
         if (!quick) throw *missed[i];
-        const std::size_t j = i < shards_ ? shards_ + i : i - shards_;
+        const std::size_t j = partner_of(*links_[i]);
         if (!missed[j]) {  // its twin was not tried (not among reach_now): this one alone
           connect_with_backoff(*links_[i], options_.connect_timeout);
           missed[i].reset();
@@ -18775,7 +18776,7 @@ class Tcp {
         }
         // Neither copy reached: whichever comes first (one may be gone for good, the
         // other stalled a while).
-        if (!connect_either(*links_[i], *links_[j], options_.connect_timeout)) {
+        if (!connect_first({links_[i].get(), links_[j].get()}, options_.connect_timeout)) {
           throw Error(ErrorCode::kUnavailable,
                       "neither copy of ps " + std::to_string(i % shards_) +
                           "'s shard reached within " +
@@ -18813,14 +18814,14 @@ class Tcp {
       }
     }
 
-    /// Connects `a` or `b`, whichever answers first: one attempt at each in turn, with
-    /// backoff, for up to `patience`; false when neither did. Throws when one refuses this
-    /// task at its handshake (another job, say).
-    bool connect_either(Link& a, Link& b, std::chrono::milliseconds patience) {
+    /// Connects one of `links`, whichever answers first: one attempt at each in turn,
+    /// with backoff, for up to `patience`; false when none did. Throws when one refuses
+    /// this task at its handshake (another job, say).
+    bool connect_first(std::initializer_list<Link*> links, std::chrono::milliseconds patience) {
       const auto deadline = std::chrono::steady_clock::now() + patience;
       auto backoff = options_.initial_backoff;
       for (;;) {
-        for (Link* link : {&a, &b}) {
+        for (Link* link : links) {
           bool done = false;
           connect(*link, [&](std::error_code) { done = true; });
           while (!done) io_.run_one();
@@ -18834,18 +18835,7 @@ class Tcp {
     }
 
     void connect_with_backoff(Link& link, std::chrono::milliseconds patience) {
-      const auto deadline = std::chrono::steady_clock::now() + patience;
-      auto backoff = options_.initial_backoff;
-      for (;;) {
-        bool done = false;
-        connect(link, [&](std::error_code) { done = true; });
-        while (!done) io_.run_one();
-        if (link.state == State::kConnected) return;
-        if (link.refused) throw Error(link.refused->code, link.refused->message);
-        if (std::chrono::steady_clock::now() + backoff > deadline) break;
-        std::this_thread::sleep_for(backoff);
-        backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
-      }
+      if (connect_first({&link}, patience)) return;
       throw Error(ErrorCode::kUnavailable, "ps at " + link.address + " unreachable for " +
                                                std::to_string(patience.count()) +
                                                " ms: " + link.broken_reason);
