@@ -13,8 +13,9 @@
 // the tables stay on the ps tasks), as recommender systems do.
 //
 // Ends with `final: auc=... planted_auc=... logloss=... samples_per_s=... workers=... ps=...
-// mode=...`, planted_auc being the planted model's own AUC on the same held-out examples, ps
-// the ps tasks the job ended with.
+// mode=... parameters_crc32c=...`, planted_auc being the planted model's own AUC on the same
+// held-out examples, ps the ps tasks the job ended with, and the CRC-32C that of the dense
+// parameters and the rows scored (two jobs that end bit for bit alike print the same).
 #include <CLI/CLI.hpp>
 #include <fcntl.h>
 #include <sys/file.h>
@@ -35,6 +36,7 @@
 
 #include "ctr/data.hpp"
 #include "ctr/wide_deep.hpp"
+#include "pulley/checkpoint/crc32c.hpp"
 #include "pulley/pulley.hpp"
 #include "pulley/runner/flags.hpp"
 #include "pulley/runner/hybrid.hpp"
@@ -181,6 +183,9 @@ class Shard {
 /// held-out examples, the rows read through `evaluation.rows`.
 struct Scores {
   double auc = 0.0, planted_auc = 0.0, logloss = 0.0;
+  /// CRC-32C of the dense parameters, then of the rows scored (every held-out id, sorted):
+  /// two runs that end bit for bit alike on what was scored print the same.
+  std::uint32_t crc32c = 0;
 };
 Scores score(ctr::WideDeep& model, const pulley::Evaluation& evaluation,
              std::span<const ctr::Example> test, const ctr::Planted& planted) {
@@ -213,6 +218,11 @@ Scores score(ctr::WideDeep& model, const pulley::Evaluation& evaluation,
   s.logloss /= static_cast<double>(test.size());
   s.auc = ctr::auc(logits, labels);
   s.planted_auc = ctr::auc(planted_logits, labels);
+  for (std::size_t v = 0; v < model.variables().size(); ++v) {
+    s.crc32c = pulley::checkpoint::crc32c(std::span<const float>(model.parameter(v)), s.crc32c);
+  }
+  s.crc32c = pulley::checkpoint::crc32c(std::span<const float>(wide), s.crc32c);
+  s.crc32c = pulley::checkpoint::crc32c(std::span<const float>(emb), s.crc32c);
   return s;
 }
 
@@ -241,9 +251,9 @@ int score_checkpoint(const Options& o, Data& data, const std::filesystem::path& 
   for (const pulley::TableState& t : state.tables) rows += t.ids.size();
   const Scores s = score(model, evaluation, data.test(), data.planted());
   std::printf("checkpoint of global step %lld (%s, %zu rows): auc=%.4f planted_auc=%.4f logloss=%.4f "
-              "on %zu held-out examples, no cluster\n",
+              "parameters_crc32c=%08x on %zu held-out examples, no cluster\n",
               static_cast<long long>(step), path.string().c_str(), rows, s.auc, s.planted_auc, s.logloss,
-              data.test().size());
+              s.crc32c, data.test().size());
   return 0;
 }
 
@@ -301,10 +311,11 @@ int train(const pulley::Job& job, const Options& o, Data& data, Sync sync, std::
                   "(%lld pushed rows dropped, %lld rows capped)\n",
                   static_cast<long long>(e.step), e.seconds, static_cast<long long>(rows / 2),
                   static_cast<long long>(dropped), static_cast<long long>(capped));
-      std::printf("final: auc=%.4f planted_auc=%.4f logloss=%.4f samples_per_s=%.0f workers=%u ps=%u mode=%s\n",
+      std::printf("final: auc=%.4f planted_auc=%.4f logloss=%.4f samples_per_s=%.0f workers=%u ps=%u mode=%s "
+                  "parameters_crc32c=%08x\n",
                   s.auc, s.planted_auc, s.logloss, e.samples_per_s,
                   e.workers.empty() ? workers : static_cast<unsigned>(e.workers.size()),  // joined or left: the job's now
-                  static_cast<unsigned>(e.stats.size()), o.mode.c_str());
+                  static_cast<unsigned>(e.stats.size()), o.mode.c_str(), s.crc32c);
     }
     std::fflush(stdout);
   };

@@ -38,8 +38,8 @@ run() {  # run LAUNCHER...: the launcher is "in-process" or a launch_local.sh co
     failures=$((failures + 1))
   fi
 }
-same_end() {  # same_end WHAT TCP_LINE IN_PROCESS_LINE: the figures before samples/s agree
-  if [ "${2%% samples_per_s*}" != "${3%% samples_per_s*}" ]; then
+same_end() {  # same_end WHAT TCP_LINE IN_PROCESS_LINE: every figure but samples/s agrees
+  if [ "$(sed 's/ samples_per_s=[0-9]*//' <<<"$2")" != "$(sed 's/ samples_per_s=[0-9]*//' <<<"$3")" ]; then
     echo "FAIL: $1 over TCP ended elsewhere than in-process: '$2' vs '$3'" >&2
     failures=$((failures + 1))
   fi
@@ -48,8 +48,8 @@ scores_as_final() {  # the newest checkpoint in $checkpoints, scored with no clu
   local scored want got
   scored=$("$binary" "${data[@]}" --score-checkpoint "$checkpoints" 2>&1 </dev/null)
   echo "$scored"
-  want=$(grep -o 'auc=[^ ]* planted_auc=[^ ]* logloss=[^ ]*' <<<"$last")
-  got=$(grep -o 'auc=[^ ]* planted_auc=[^ ]* logloss=[^ ]*' <<<"$scored")
+  want=$(grep -o 'auc=[^ ]* planted_auc=[^ ]* logloss=[^ ]*\|parameters_crc32c=[^ ]*' <<<"$last")
+  got=$(grep -o 'auc=[^ ]* planted_auc=[^ ]* logloss=[^ ]*\|parameters_crc32c=[^ ]*' <<<"$scored")
   if [ -z "$want" ] || [ "$want" != "$got" ]; then
     echo "FAIL: $1: the last checkpoint scored with no cluster: '$got', the job's final line: '$want'" >&2
     failures=$((failures + 1))
