@@ -4133,11 +4133,14 @@ struct PlacementReply {
   std::vector<std::uint32_t> members = {};  ///< the job's ps tasks, ascending (Register::members)
   std::uint64_t membership = 0;        ///< their version (Register::membership)
   std::vector<std::string> ps_addresses = {};  ///< every ps task's address (Register::ps_addresses)
+  /// The seed the tables' rows start from (Register::table_seed): a chief that takes over a
+  /// lost one's job keeps it in its checkpoints and restores.
+  std::uint64_t table_seed = 0;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(variables, placement, epoch, slot_names, counter_names, tables, id_sharding, members, membership,
-            ps_addresses);
+    archive(variables, placement, epoch, slot_names, counter_names, tables, id_sharding, members,
+            membership, ps_addresses, table_seed);
   }
 };
 
@@ -5762,7 +5765,7 @@ class Client {
                     "' on other ps tasks than the ps tasks' own does: give it the IdSharding of the ps "
                     "tasks' Tables policy (Worker<M, T, MyTables::Sharding>, read_rows(..., MyTables::Sharding{}))");
   }
-  /// The seed of the tables' rows, as this client registered it.
+  /// The seed of the tables' rows, as this client registered it or learned it from the ps tasks.
   [[nodiscard]] std::uint64_t table_seed() const noexcept { return table_seed_; }
   /// True once the placement is known.
   [[nodiscard]] bool has_placement() const noexcept { return !placement_.first_part.empty(); }
@@ -6242,6 +6245,8 @@ class Client {
     counter_names_ = std::move(replies[0].counter_names);
     tables_ = std::move(replies[0].tables);
     id_sharding_ = replies[0].id_sharding;
+    // A chief that did not register the model (it took over a lost one's) cuts with it.
+    table_seed_ = replies[0].table_seed;
   }
 
   T transport_;
@@ -12804,6 +12809,7 @@ class Shard {
   [[nodiscard]] const O& optimizer() const noexcept { return optimizer_; }
   [[nodiscard]] const std::vector<VariableSpec>& variables() const noexcept { return variables_; }
   [[nodiscard]] const std::vector<TableSpec>& table_specs() const noexcept { return table_specs_; }
+  [[nodiscard]] std::uint64_t table_seed() const noexcept { return table_seed_; }
   [[nodiscard]] const Placement& placement() const noexcept { return placement_; }
   [[nodiscard]] std::span<Part> parts() noexcept { return parts_; }
   [[nodiscard]] std::span<const Part> parts() const noexcept { return parts_; }
@@ -13784,9 +13790,17 @@ class ParameterServer {
   /// What Register and WaitReady answer: the model, where it lives, the epoch, and the
   /// names of the optimizer's slots and counters.
   PlacementReply placement_reply() const {
-    PlacementReply answer{shard_.variables(),  shard_.placement(), registration_.epoch(), {}, {},
-                          shard_.table_specs(), shard_.tables().id_sharding(shard_.table_specs()),
-                          registration_.members(), registration_.membership(), registration_.ps_addresses()};
+    PlacementReply answer{shard_.variables(),
+                          shard_.placement(),
+                          registration_.epoch(),
+                          {},
+                          {},
+                          shard_.table_specs(),
+                          shard_.tables().id_sharding(shard_.table_specs()),
+                          registration_.members(),
+                          registration_.membership(),
+                          registration_.ps_addresses(),
+                          shard_.table_seed()};
     shard_.state_names(answer.slot_names, answer.counter_names);
     return answer;
   }

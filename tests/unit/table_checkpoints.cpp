@@ -616,3 +616,26 @@ TEST_CASE("the cut's rows read as they were at the cut while training goes on, u
   ps.disconnected(chief, 5);
   CHECK(read_rows(5).empty());
 }
+
+TEST_CASE(
+    "a chief started in place of a lost one cuts and restores with the tables' seed the ps tasks "
+    "hold") {
+  Sync cluster(2, Adagrad{0.1F}, SyncReplicas(2, 2));
+  Chief chief(cluster.endpoint(Node::chief()), kSeed);
+  const TinyTableModel shape(kSpec);
+  chief.initialize(shape.variables(), shape.tables());
+  train(cluster, 0, 6);
+  const ModelState before = chief.save_state();
+  // The next chief registers nothing (it goes on from the live state), and was given
+  // another seed: the rows that are not held yet start from the registered one all the same.
+  Chief next(cluster.endpoint(Node::chief()), kSeed + 1);
+  REQUIRE(next.ps_serving());
+  CHECK(next.adopt(shape.variables(), shape.tables()) == 6);
+  const ModelState cut = next.save_state();
+  CHECK(cut.table_seed == kSeed);
+  check_same(cut, before);
+  next.restore(cut);  // the same model: registered again without "a different model"
+  train(cluster, 6, 8);
+  CHECK(next.save_state().global_step == 8);
+  next.shutdown();
+}

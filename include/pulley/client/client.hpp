@@ -84,7 +84,7 @@ class Client {
                     "' on other ps tasks than the ps tasks' own does: give it the IdSharding of the ps "
                     "tasks' Tables policy (Worker<M, T, MyTables::Sharding>, read_rows(..., MyTables::Sharding{}))");
   }
-  /// The seed of the tables' rows, as this client registered it.
+  /// The seed of the tables' rows, as this client registered it or learned it from the ps tasks.
   [[nodiscard]] std::uint64_t table_seed() const noexcept { return table_seed_; }
   /// True once the placement is known.
   [[nodiscard]] bool has_placement() const noexcept { return !placement_.first_part.empty(); }
@@ -564,6 +564,8 @@ class Client {
     counter_names_ = std::move(replies[0].counter_names);
     tables_ = std::move(replies[0].tables);
     id_sharding_ = replies[0].id_sharding;
+    // A chief that did not register the model (it took over a lost one's) cuts with it.
+    table_seed_ = replies[0].table_seed;
   }
 
   T transport_;

@@ -586,11 +586,14 @@ struct PlacementReply {
   std::vector<std::uint32_t> members = {};  ///< the job's ps tasks, ascending (Register::members)
   std::uint64_t membership = 0;        ///< their version (Register::membership)
   std::vector<std::string> ps_addresses = {};  ///< every ps task's address (Register::ps_addresses)
+  /// The seed the tables' rows start from (Register::table_seed): a chief that takes over a
+  /// lost one's job keeps it in its checkpoints and restores.
+  std::uint64_t table_seed = 0;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(variables, placement, epoch, slot_names, counter_names, tables, id_sharding, members, membership,
-            ps_addresses);
+    archive(variables, placement, epoch, slot_names, counter_names, tables, id_sharding, members,
+            membership, ps_addresses, table_seed);
   }
 };
 

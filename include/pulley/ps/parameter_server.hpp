@@ -403,9 +403,17 @@ class ParameterServer {
   /// What Register and WaitReady answer: the model, where it lives, the epoch, and the
   /// names of the optimizer's slots and counters.
   PlacementReply placement_reply() const {
-    PlacementReply answer{shard_.variables(),  shard_.placement(), registration_.epoch(), {}, {},
-                          shard_.table_specs(), shard_.tables().id_sharding(shard_.table_specs()),
-                          registration_.members(), registration_.membership(), registration_.ps_addresses()};
+    PlacementReply answer{shard_.variables(),
+                          shard_.placement(),
+                          registration_.epoch(),
+                          {},
+                          {},
+                          shard_.table_specs(),
+                          shard_.tables().id_sharding(shard_.table_specs()),
+                          registration_.members(),
+                          registration_.membership(),
+                          registration_.ps_addresses(),
+                          shard_.table_seed()};
     shard_.state_names(answer.slot_names, answer.counter_names);
     return answer;
   }

@@ -106,6 +106,7 @@ class Shard {
   [[nodiscard]] const O& optimizer() const noexcept { return optimizer_; }
   [[nodiscard]] const std::vector<VariableSpec>& variables() const noexcept { return variables_; }
   [[nodiscard]] const std::vector<TableSpec>& table_specs() const noexcept { return table_specs_; }
+  [[nodiscard]] std::uint64_t table_seed() const noexcept { return table_seed_; }
   [[nodiscard]] const Placement& placement() const noexcept { return placement_; }
   [[nodiscard]] std::span<Part> parts() noexcept { return parts_; }
   [[nodiscard]] std::span<const Part> parts() const noexcept { return parts_; }
