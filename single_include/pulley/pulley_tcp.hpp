@@ -16297,14 +16297,18 @@ inline void merge_copy_answers(Response& read, const Response& other) {
 #include <algorithm>
 #include <array>
 #include <asio.hpp>
+#include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -16477,6 +16481,58 @@ inline asio::ip::tcp::endpoint resolve_listen_endpoint(asio::io_context& io,
                 "cannot listen on '" + host + "': " + (ec ? ec.message() : "no address"));
   }
   return results.begin()->endpoint();
+}
+
+/// What `host`:`port` resolves to, or an error in `ec`, by `deadline`: a numeric address at
+/// once; a name by the system's resolver, which has no deadline of its own (a DNS server that
+/// does not answer holds getaddrinfo 10 s and more, a default resolv.conf's 5 s times 2
+/// tries), on a thread of its own that is left to finish alone when `deadline` comes first
+/// (`ec` then std::errc::timed_out). For the looks and connections that promise an answer in
+/// their time (probe_ps, listens_at, the ring's); a ps binding its own address resolves
+/// the plain way (resolve_listen_endpoint).
+template <class Clock, class Duration>
+asio::ip::tcp::resolver::results_type resolve_by(const std::string& host, std::uint16_t port,
+                                                 std::chrono::time_point<Clock, Duration> deadline,
+                                                 std::error_code& ec) {
+  using Results = asio::ip::tcp::resolver::results_type;
+  ec.clear();
+  std::error_code not_numeric;
+  const asio::ip::address numeric = asio::ip::make_address(host, not_numeric);
+  if (!not_numeric)
+    return Results::create(asio::ip::tcp::endpoint(numeric, port), host, std::to_string(port));
+  struct Answer {
+    std::mutex mutex;
+    std::condition_variable done_cv;
+    bool done = false;
+    Results results;
+    std::error_code ec;
+  };
+  const auto answer = std::make_shared<Answer>();
+  try {
+    std::thread([answer, host, port] {
+      asio::io_context io;
+      asio::ip::tcp::resolver resolver(io);
+      std::error_code resolved_ec;
+      Results results = resolver.resolve(host, std::to_string(port), resolved_ec);
+      const std::scoped_lock lock(answer->mutex);
+      answer->results = std::move(results);
+      answer->ec = resolved_ec;
+      answer->done = true;
+      answer->done_cv.notify_all();
+    }).detach();
+  } catch (const std::system_error& e) {  // no thread to be had: nothing resolved
+    ec = e.code();
+    return {};
+  }
+  std::unique_lock lock(answer->mutex);
+  while (!answer->done) {
+    if (answer->done_cv.wait_until(lock, deadline) == std::cv_status::timeout && !answer->done) {
+      ec = std::make_error_code(std::errc::timed_out);
+      return {};
+    }
+  }
+  ec = answer->ec;
+  return answer->results;
 }
 
 /// An acceptor listening on `endpoint`; throws kUnavailable naming it (e.g. a port in use).
@@ -19529,9 +19585,9 @@ struct ProbeResult {
 /// Looks once at who serves ps task `ps` at `address` ("host:port"), over TCP, as task
 /// `self` of the job of `credentials`: the handshake only (both sides prove the job's
 /// secret), then it hangs up, having sent no request. Every address the host name resolves
-/// to is tried, within `timeout` together: the first that serves decides; kGone only when
-/// every one refuses or holds something else. The chief looks when a task says a ps process
-/// is out of its reach (runner/copy_rulings.hpp).
+/// to is tried, within `timeout` together with the name's resolving: the first that serves decides;
+/// kGone only when every one refuses or holds something else. The chief looks when a task says a ps
+/// process is out of its reach (runner/copy_rulings.hpp).
 inline ProbeResult probe_ps(const std::string& address, std::uint32_t ps, const Node& self,
                             const Credentials& credentials, std::chrono::milliseconds timeout) {
   using Clock = transport_detail::HandshakeClock;
@@ -19539,10 +19595,13 @@ inline ProbeResult probe_ps(const std::string& address, std::uint32_t ps, const 
   const Address where = parse_address(address);
   asio::io_context io;
   std::error_code ec;
-  asio::ip::tcp::resolver resolver(io);
-  const auto endpoints = resolver.resolve(where.host, std::to_string(where.port), ec);
+  const auto endpoints = transport_detail::resolve_by(where.host, where.port, deadline, ec);
   if (ec || endpoints.empty()) {
-    return {ProbeResult::Kind::kSilent, 0, "cannot resolve " + address + (ec ? ": " + ec.message() : "")};
+    return {ProbeResult::Kind::kSilent, 0,
+            "cannot resolve " + address +
+                (ec == std::errc::timed_out ? " within " + std::to_string(timeout.count()) + " ms"
+                 : ec                       ? ": " + ec.message()
+                                            : "")};
   }
   const std::string who = "a look at ps " + std::to_string(ps) + " at " + address;
   ProbeResult seen{ProbeResult::Kind::kGone, 0, "its address refuses connections"};
@@ -19580,17 +19639,16 @@ inline ProbeResult probe_ps(const std::string& address, std::uint32_t ps, const 
   return seen;
 }
 
-/// True when a process at `address` ("host:port") takes a TCP connection within `timeout`
-/// (no handshake: whether anything listens there at all). A task that gave its ps tasks
-/// up asks it of the chief's address, to say whether the chief is gone too.
+/// True when a process at `address` ("host:port") takes a TCP connection within `timeout`,
+/// the name's resolving included (no handshake: whether anything listens there at all). A task that
+/// gave its ps tasks up asks it of the chief's address, to say whether the chief is gone too.
 inline bool listens_at(const std::string& address, std::chrono::milliseconds timeout) {
   const auto deadline = transport_detail::HandshakeClock::now() + timeout;
   try {
     const Address where = parse_address(address);
     asio::io_context io;
     std::error_code ec;
-    asio::ip::tcp::resolver resolver(io);
-    const auto endpoints = resolver.resolve(where.host, std::to_string(where.port), ec);
+    const auto endpoints = transport_detail::resolve_by(where.host, where.port, deadline, ec);
     if (ec) return false;
     for (const auto& entry : endpoints) {
       asio::ip::tcp::socket socket(io);
@@ -20410,9 +20468,12 @@ class TcpRing {
   /// Connects to the next rank, trying again every 100 ms until it listens: at its local
   /// socket first when its address is this host's, else (or when none listens) over TCP.
   void connect_next(const Address& where, Clock::time_point deadline) {
-    asio::ip::tcp::resolver resolver(links_->io);
     std::error_code ec;
-    const auto endpoints = resolver.resolve(where.host, std::to_string(where.port), ec);
+    const auto endpoints = transport_detail::resolve_by(where.host, where.port, deadline, ec);
+    if (ec == std::errc::timed_out) {
+      throw Error(ErrorCode::kDeadlineExceeded,
+                  "ring: " + where.to_string() + " did not resolve in time");
+    }
     if (ec || endpoints.empty()) {
       throw Error(ErrorCode::kInvalidArgument, "ring: cannot resolve " + where.to_string() + ": " +
                                                    (ec ? ec.message() : std::string("no address")));

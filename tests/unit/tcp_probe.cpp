@@ -2,17 +2,23 @@
 // probe_ps (transport/tcp_probe.hpp), the chief's look at a ps's address: a ps of the job
 // serves (naming its process); a refused address, another ps or something else is gone; a
 // listener that never answers, or whose accept queue is full, is silent, within the time
-// given (the kernel would wait minutes).
-#include <doctest/doctest.h>
-
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
+// given (the kernel would wait minutes); so is a name whose DNS server never answers (the
+// resolver would wait 10 s and more), for probe_ps and listens_at alike.
 #include <arpa/inet.h>
+#include <doctest/doctest.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <sched.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
@@ -128,4 +134,85 @@ TEST_CASE("something that is no ps is gone, and a listener that never speaks, or
     CHECK(std::chrono::steady_clock::now() - began < std::chrono::seconds(10));
     for (const int fd : queued) ::close(fd);
   }
+}
+
+namespace {
+
+/// In a child process with a network and mount namespace of its own (root only): the
+/// loopback up, a DNS "server" on 127.0.0.1:53 that takes queries and never answers, and
+/// /etc/resolv.conf (bound over, in that namespace only) naming it, 1 s a try, 2 tries. Runs
+/// `body`, whose return is the child's exit status. 77: no namespaces here (not root), 78:
+/// the stage could not be set.
+template <class Body>
+int with_a_mute_dns_server(Body body) {
+  const pid_t child = ::fork();
+  if (child < 0) return 78;
+  if (child == 0) {
+    if (::unshare(CLONE_NEWNS | CLONE_NEWNET) != 0) ::_exit(77);
+    if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) ::_exit(78);
+    char conf[] = "/tmp/pulley-resolv-XXXXXX";
+    const int conf_fd = ::mkstemp(conf);
+    const std::string text = "nameserver 127.0.0.1\noptions timeout:1 attempts:2\n";
+    if (conf_fd < 0 ||
+        ::write(conf_fd, text.data(), text.size()) != static_cast<ssize_t>(text.size()))
+      ::_exit(78);
+    ::close(conf_fd);
+    const bool bound = ::mount(conf, "/etc/resolv.conf", nullptr, MS_BIND, nullptr) == 0;
+    ::unlink(conf);  // (the bind mount keeps it)
+    if (!bound) ::_exit(78);
+    const int control = ::socket(AF_INET, SOCK_DGRAM, 0);
+    ifreq lo{};
+    std::snprintf(lo.ifr_name, IFNAMSIZ, "lo");
+    lo.ifr_flags = IFF_UP | IFF_LOOPBACK | IFF_RUNNING;
+    if (control < 0 || ::ioctl(control, SIOCSIFFLAGS, &lo) != 0) ::_exit(78);
+    const int dns = ::socket(AF_INET, SOCK_DGRAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(53);
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (dns < 0 || ::bind(dns, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0)
+      ::_exit(78);
+    ::_exit(body());
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a name whose DNS server never answers is silent within the look's time, and does not listen") {
+  // Exit codes: 0 all held; 1 the resolver itself did not wait (the stage proves nothing);
+  // 2 probe_ps took more than its time; 3 probe_ps said something else; 4 listens_at took
+  // more than its time or said yes. (No doctest in the child: its failures would be lost.)
+  const int status = with_a_mute_dns_server([] {
+    using Clock = std::chrono::steady_clock;
+    const std::string name = "pulley-test-host.example";
+    const auto plain = Clock::now();
+    {
+      asio::io_context io;
+      asio::ip::tcp::resolver resolver(io);
+      std::error_code ec;
+      (void)resolver.resolve(name, "2222", ec);
+    }
+    if (Clock::now() - plain < std::chrono::milliseconds(1500)) return 1;
+    const auto began = Clock::now();
+    const ProbeResult seen = look(name + ":2222", 0, std::chrono::milliseconds(300));
+    if (Clock::now() - began > std::chrono::milliseconds(1200)) return 2;
+    if (seen.kind != Kind::kSilent ||
+        seen.detail.find("cannot resolve " + name + ":2222 within 300 ms") != 0)
+      return 3;
+    const auto asked = Clock::now();
+    if (listens_at(name + ":2222", std::chrono::milliseconds(300)) ||
+        Clock::now() - asked > std::chrono::milliseconds(1200)) {
+      return 4;
+    }
+    return 0;
+  });
+  if (status == 77) {
+    MESSAGE("not run: no network namespace of its own to be had here (needs root)");
+    return;
+  }
+  CHECK(status == 0);
 }

@@ -13,6 +13,7 @@
 #include "pulley/core/error.hpp"
 #include "pulley/core/node.hpp"
 #include "pulley/transport/detail/handshake_io.hpp"
+#include "pulley/transport/detail/sockets.hpp"
 #include "pulley/transport/wire/codec.hpp"
 #include "pulley/transport/wire/handshake.hpp"
 
@@ -33,9 +34,9 @@ struct ProbeResult {
 /// Looks once at who serves ps task `ps` at `address` ("host:port"), over TCP, as task
 /// `self` of the job of `credentials`: the handshake only (both sides prove the job's
 /// secret), then it hangs up, having sent no request. Every address the host name resolves
-/// to is tried, within `timeout` together: the first that serves decides; kGone only when
-/// every one refuses or holds something else. The chief looks when a task says a ps process
-/// is out of its reach (runner/copy_rulings.hpp).
+/// to is tried, within `timeout` together with the name's resolving: the first that serves decides;
+/// kGone only when every one refuses or holds something else. The chief looks when a task says a ps
+/// process is out of its reach (runner/copy_rulings.hpp).
 inline ProbeResult probe_ps(const std::string& address, std::uint32_t ps, const Node& self,
                             const Credentials& credentials, std::chrono::milliseconds timeout) {
   using Clock = transport_detail::HandshakeClock;
@@ -43,10 +44,13 @@ inline ProbeResult probe_ps(const std::string& address, std::uint32_t ps, const 
   const Address where = parse_address(address);
   asio::io_context io;
   std::error_code ec;
-  asio::ip::tcp::resolver resolver(io);
-  const auto endpoints = resolver.resolve(where.host, std::to_string(where.port), ec);
+  const auto endpoints = transport_detail::resolve_by(where.host, where.port, deadline, ec);
   if (ec || endpoints.empty()) {
-    return {ProbeResult::Kind::kSilent, 0, "cannot resolve " + address + (ec ? ": " + ec.message() : "")};
+    return {ProbeResult::Kind::kSilent, 0,
+            "cannot resolve " + address +
+                (ec == std::errc::timed_out ? " within " + std::to_string(timeout.count()) + " ms"
+                 : ec                       ? ": " + ec.message()
+                                            : "")};
   }
   const std::string who = "a look at ps " + std::to_string(ps) + " at " + address;
   ProbeResult seen{ProbeResult::Kind::kGone, 0, "its address refuses connections"};
@@ -84,17 +88,16 @@ inline ProbeResult probe_ps(const std::string& address, std::uint32_t ps, const 
   return seen;
 }
 
-/// True when a process at `address` ("host:port") takes a TCP connection within `timeout`
-/// (no handshake: whether anything listens there at all). A task that gave its ps tasks
-/// up asks it of the chief's address, to say whether the chief is gone too.
+/// True when a process at `address` ("host:port") takes a TCP connection within `timeout`,
+/// the name's resolving included (no handshake: whether anything listens there at all). A task that
+/// gave its ps tasks up asks it of the chief's address, to say whether the chief is gone too.
 inline bool listens_at(const std::string& address, std::chrono::milliseconds timeout) {
   const auto deadline = transport_detail::HandshakeClock::now() + timeout;
   try {
     const Address where = parse_address(address);
     asio::io_context io;
     std::error_code ec;
-    asio::ip::tcp::resolver resolver(io);
-    const auto endpoints = resolver.resolve(where.host, std::to_string(where.port), ec);
+    const auto endpoints = transport_detail::resolve_by(where.host, where.port, deadline, ec);
     if (ec) return false;
     for (const auto& entry : endpoints) {
       asio::ip::tcp::socket socket(io);

@@ -537,9 +537,12 @@ class TcpRing {
   /// Connects to the next rank, trying again every 100 ms until it listens: at its local
   /// socket first when its address is this host's, else (or when none listens) over TCP.
   void connect_next(const Address& where, Clock::time_point deadline) {
-    asio::ip::tcp::resolver resolver(links_->io);
     std::error_code ec;
-    const auto endpoints = resolver.resolve(where.host, std::to_string(where.port), ec);
+    const auto endpoints = transport_detail::resolve_by(where.host, where.port, deadline, ec);
+    if (ec == std::errc::timed_out) {
+      throw Error(ErrorCode::kDeadlineExceeded,
+                  "ring: " + where.to_string() + " did not resolve in time");
+    }
     if (ec || endpoints.empty()) {
       throw Error(ErrorCode::kInvalidArgument, "ring: cannot resolve " + where.to_string() + ": " +
                                                    (ec ? ec.message() : std::string("no address")));

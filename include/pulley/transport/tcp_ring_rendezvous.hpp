@@ -483,9 +483,10 @@ class TcpRingRendezvous {
   /// Connects by `deadline`; kUnavailable if refused, kDeadlineExceeded if no answer.
   void connect(Socket& socket, const std::string& address, HandshakeClock::time_point deadline) {
     const Address at = parse_address(address);
-    asio::ip::tcp::resolver resolver(io_);
     std::error_code ec;
-    const auto endpoints = resolver.resolve(at.host, std::to_string(at.port), ec);
+    const auto endpoints = transport_detail::resolve_by(at.host, at.port, deadline, ec);
+    if (ec == std::errc::timed_out)
+      throw Error(ErrorCode::kDeadlineExceeded, "ring: " + address + " did not resolve in time");
     if (ec || endpoints.empty()) throw Error(ErrorCode::kInvalidArgument, "ring: cannot resolve " + address);
     ec = transport_detail::connect_within(socket, endpoints.begin()->endpoint(), deadline);
     if (ec == std::errc::timed_out) {

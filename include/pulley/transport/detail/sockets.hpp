@@ -8,14 +8,18 @@
 #include <algorithm>
 #include <array>
 #include <asio.hpp>
+#include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -43,6 +47,58 @@ inline asio::ip::tcp::endpoint resolve_listen_endpoint(asio::io_context& io,
                 "cannot listen on '" + host + "': " + (ec ? ec.message() : "no address"));
   }
   return results.begin()->endpoint();
+}
+
+/// What `host`:`port` resolves to, or an error in `ec`, by `deadline`: a numeric address at
+/// once; a name by the system's resolver, which has no deadline of its own (a DNS server that
+/// does not answer holds getaddrinfo 10 s and more, a default resolv.conf's 5 s times 2
+/// tries), on a thread of its own that is left to finish alone when `deadline` comes first
+/// (`ec` then std::errc::timed_out). For the looks and connections that promise an answer in
+/// their time (probe_ps, listens_at, the ring's); a ps binding its own address resolves
+/// the plain way (resolve_listen_endpoint).
+template <class Clock, class Duration>
+asio::ip::tcp::resolver::results_type resolve_by(const std::string& host, std::uint16_t port,
+                                                 std::chrono::time_point<Clock, Duration> deadline,
+                                                 std::error_code& ec) {
+  using Results = asio::ip::tcp::resolver::results_type;
+  ec.clear();
+  std::error_code not_numeric;
+  const asio::ip::address numeric = asio::ip::make_address(host, not_numeric);
+  if (!not_numeric)
+    return Results::create(asio::ip::tcp::endpoint(numeric, port), host, std::to_string(port));
+  struct Answer {
+    std::mutex mutex;
+    std::condition_variable done_cv;
+    bool done = false;
+    Results results;
+    std::error_code ec;
+  };
+  const auto answer = std::make_shared<Answer>();
+  try {
+    std::thread([answer, host, port] {
+      asio::io_context io;
+      asio::ip::tcp::resolver resolver(io);
+      std::error_code resolved_ec;
+      Results results = resolver.resolve(host, std::to_string(port), resolved_ec);
+      const std::scoped_lock lock(answer->mutex);
+      answer->results = std::move(results);
+      answer->ec = resolved_ec;
+      answer->done = true;
+      answer->done_cv.notify_all();
+    }).detach();
+  } catch (const std::system_error& e) {  // no thread to be had: nothing resolved
+    ec = e.code();
+    return {};
+  }
+  std::unique_lock lock(answer->mutex);
+  while (!answer->done) {
+    if (answer->done_cv.wait_until(lock, deadline) == std::cv_status::timeout && !answer->done) {
+      ec = std::make_error_code(std::errc::timed_out);
+      return {};
+    }
+  }
+  ec = answer->ec;
+  return answer->results;
 }
 
 /// An acceptor listening on `endpoint`; throws kUnavailable naming it (e.g. a port in use).
