@@ -50,23 +50,23 @@ void abort_training(T& transport, const std::string& reason, std::chrono::millis
   }
 }
 
-/// True when a chief starts in a lost one's place in a job with copies
-/// (`TcpOptions::replicas`) whose training is under way, and some ps process is gone or out
-/// of reach: one look at every ps address (probe_ps) finds some ps that serves and some
-/// that does not, and a ps that serves has been initialized (it serves training). The
-/// chief then waits for the missing ones one connection attempt, not the connect timeout
-/// (meant for ps tasks that are still starting), before its rulings decide whether they are
-/// lost, as they would during training. False at a job's start. While no ps serves and
-/// some is silent (a process stopped a while: neither serving nor gone), it looks again,
-/// for up to the copy timeout.
-inline bool copies_under_way_with_some_missing(const std::vector<std::string>& ps, const TcpOptions& tcp) {
+/// True when task `self` starts in a job with copies (`TcpOptions::replicas`) whose
+/// training is under way, and some ps process is gone or out of reach: one look at every ps
+/// address (probe_ps) finds some ps that serves and some that does not, and a ps that
+/// serves has been initialized (it serves training). A chief started in a lost one's place,
+/// or a worker or evaluator started again, then waits for the missing ones one connection
+/// attempt, not the connect timeout (meant for ps tasks that are still starting), before
+/// the chief's rulings decide whether they are lost, as they would during training. False
+/// at a job's start. While no ps serves and some is silent (a process stopped a while:
+/// neither serving nor gone), it looks again, for up to the copy timeout.
+inline bool copies_under_way_with_some_missing(const Node& self, const std::vector<std::string>& ps,
+                                               const TcpOptions& tcp) {
   const auto until = std::chrono::steady_clock::now() + tcp.copy_timeout;
   std::vector<std::uint32_t> serving;
   for (;;) {
     bool silent = false;
     for (std::uint32_t k = 0; k < ps.size(); ++k) {
-      const auto kind =
-          probe_ps(ps[k], k, Node::chief(), tcp.credentials, tcp.attempt_timeout).kind;
+      const auto kind = probe_ps(ps[k], k, self, tcp.credentials, tcp.attempt_timeout).kind;
       if (kind == ProbeResult::Kind::kServes) serving.push_back(k);
       silent = silent || kind == ProbeResult::Kind::kSilent;
     }
@@ -78,7 +78,7 @@ inline bool copies_under_way_with_some_missing(const std::vector<std::string>& p
     TcpOptions once = tcp;
     once.copy_referee = nullptr;
     once.connect_timeout = tcp.attempt_timeout;
-    Tcp look(Node::chief(), ps, once, serving);
+    Tcp look(self, ps, once, serving);
     PendingCall call = look.call(serving.front(), GetStats{}, {});
     if (!call.wait_for(tcp.attempt_timeout)) {
       call.cancel();
@@ -204,7 +204,7 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
           },
           tcp.copy_timeout);
       chief_tcp.copy_referee = rulings->referee();
-      if (copies_under_way_with_some_missing(ps, chief_tcp)) {
+      if (copies_under_way_with_some_missing(Node::chief(), ps, chief_tcp)) {
         log(LogLevel::kInfo,
             "chief: the ps tasks serve a job under way and some ps does not answer: the chief "
             "waits for it one connection attempt, then rules whether its process is lost (a "
@@ -216,6 +216,14 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
       const Node self{type == "evaluator" ? Node::Role::kEvaluator : Node::Role::kWorker, config.task.index};
       tcp.copy_referee = AskChief::referee(
           std::make_shared<AskChief>(self, chief_address(config.cluster), tcp, std::chrono::seconds(10)));
+      if (copies_under_way_with_some_missing(self, ps, tcp)) {  // (started again, say)
+        log(LogLevel::kInfo,
+            self.name() +
+                ": the ps tasks serve a job under way and some ps does not answer: this task "
+                "waits for it one connection attempt, then asks the chief whether its process is "
+                "lost");
+        tcp.copy_connect_timeout = tcp.attempt_timeout;
+      }
     }
   }
   std::optional<std::span<const std::uint32_t>> reach_now;  // none: every ps of the spec at once
