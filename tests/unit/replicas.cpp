@@ -36,6 +36,7 @@
 #include "pulley/runner/copy_rulings.hpp"
 #include "pulley/runner/join_desk.hpp"
 #include "pulley/runner/leave.hpp"
+#include "pulley/runner/run.hpp"
 #include "pulley/sharding/partitioned.hpp"
 #include "pulley/sharding/round_robin.hpp"
 #include "pulley/sync/sync_replicas.hpp"
@@ -494,6 +495,26 @@ TEST_CASE("a look of the chief's (GetStats) renews the lease on a ps but starts 
   CHECK(!copies.fenced(worker).empty());
   as_chief(GetStats{});                  // and a look renews it
   CHECK(copies.fenced(worker).empty());
+}
+
+TEST_CASE(
+    "a task started in a job with copies finds it under way once every ps serves training, whoever "
+    "is gone") {
+  // runner/run.hpp: a task that finds the job under way waits one connection attempt for
+  // a ps that does not answer, then asks for a ruling; at a job's start it waits as long
+  // as ps tasks take to start. A ps may go between the look and the connection: the job
+  // is under way whether every ps answered the look or not.
+  CopiesCluster cluster;
+  const TcpOptions options = with_copies();
+  CHECK_FALSE(runner_detail::copies_under_way(Node::worker(1), cluster.addresses,
+                                              options));  // no model yet
+  Chief chief(Tcp(Node::chief(), cluster.addresses, options), 7);
+  chief.initialize(LinearModel(kIn, kOut).variables());
+  CHECK(runner_detail::copies_under_way(Node::worker(1), cluster.addresses,
+                                        options));  // every ps there
+  cluster.kill(2);
+  CHECK(runner_detail::copies_under_way(Node::worker(1), cluster.addresses, options));  // one gone
+  CHECK(runner_detail::copies_under_way(Node::chief(), cluster.addresses, options));
 }
 
 TEST_CASE("workers a fenced ps refused are not held lost for that silence once it serves again") {

@@ -51,16 +51,16 @@ void abort_training(T& transport, const std::string& reason, std::chrono::millis
 }
 
 /// True when task `self` starts in a job with copies (`TcpOptions::replicas`) whose
-/// training is under way, and some ps process is gone or out of reach: one look at every ps
-/// address (probe_ps) finds some ps that serves and some that does not, and a ps that
-/// serves has been initialized (it serves training). A chief started in a lost one's place,
-/// or a worker or evaluator started again, then waits for the missing ones one connection
-/// attempt, not the connect timeout (meant for ps tasks that are still starting), before
-/// the chief's rulings decide whether they are lost, as they would during training. False
-/// at a job's start. While no ps serves and some is silent (a process stopped a while:
-/// neither serving nor gone), it looks again, for up to the copy timeout.
-inline bool copies_under_way_with_some_missing(const Node& self, const std::vector<std::string>& ps,
-                                               const TcpOptions& tcp) {
+/// training is under way: one look at every ps address (probe_ps) finds some ps that
+/// serves, and it has been initialized (it serves training). A chief started in a lost
+/// one's place, or a worker or evaluator started again, then waits for a ps that does not
+/// answer (gone, or gone between the look and its connection) one connection attempt, not
+/// the connect timeout (meant for ps tasks that are still starting), before the chief's
+/// rulings decide whether its process is lost, as they would during training. False at a
+/// job's start. While no ps serves and some is silent (a process stopped a while: neither
+/// serving nor gone), it looks again, for up to the copy timeout.
+inline bool copies_under_way(const Node& self, const std::vector<std::string>& ps,
+                             const TcpOptions& tcp) {
   const auto until = std::chrono::steady_clock::now() + tcp.copy_timeout;
   std::vector<std::uint32_t> serving;
   for (;;) {
@@ -73,7 +73,7 @@ inline bool copies_under_way_with_some_missing(const Node& self, const std::vect
     if (!serving.empty() || !silent || std::chrono::steady_clock::now() >= until) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  if (serving.empty() || serving.size() == ps.size()) return false;
+  if (serving.empty()) return false;
   try {
     TcpOptions once = tcp;
     once.copy_referee = nullptr;
@@ -204,11 +204,11 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
           },
           tcp.copy_timeout);
       chief_tcp.copy_referee = rulings->referee();
-      if (copies_under_way_with_some_missing(Node::chief(), ps, chief_tcp)) {
+      if (copies_under_way(Node::chief(), ps, chief_tcp)) {
         log(LogLevel::kInfo,
-            "chief: the ps tasks serve a job under way and some ps does not answer: the chief "
-            "waits for it one connection attempt, then rules whether its process is lost (a "
-            "shard neither of whose copies answers is waited for as at a start)");
+            "chief: the ps tasks serve a job under way: a ps that does not answer is waited for "
+            "one connection attempt, then the chief rules whether its process is lost (a shard "
+            "neither of whose copies answers is waited for as at a start)");
         chief_tcp.copy_connect_timeout = chief_tcp.attempt_timeout;
       }
     }
@@ -216,11 +216,11 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
       const Node self{type == "evaluator" ? Node::Role::kEvaluator : Node::Role::kWorker, config.task.index};
       tcp.copy_referee = AskChief::referee(
           std::make_shared<AskChief>(self, chief_address(config.cluster), tcp, std::chrono::seconds(10)));
-      if (copies_under_way_with_some_missing(self, ps, tcp)) {  // (started again, say)
+      if (copies_under_way(self, ps, tcp)) {  // (started again, say)
         log(LogLevel::kInfo,
             self.name() +
-                ": the ps tasks serve a job under way and some ps does not answer: this task "
-                "waits for it one connection attempt, then asks the chief whether its process is "
+                ": the ps tasks serve a job under way: a ps that does not answer is waited for "
+                "one connection attempt, then this task asks the chief whether its process is "
                 "lost");
         tcp.copy_connect_timeout = tcp.attempt_timeout;
       }
