@@ -4806,11 +4806,21 @@ concept CopyingTransport = Transport<T> && requires(T& transport, const T& ctran
 /// transport gave up whose ps is back (a process in its place: one the chief took back,
 /// Chief::take_back, since only a take-back changes the membership of a job with copies
 /// and keeps its members); true if it serves any again. Without copies, false.
+/// `first_look`: the task learns the job's membership for the first time (it started
+/// since): the copies it gave up were given up at that membership, and only those it
+/// reaches now are served again (a transport with `reach_again(ps, serve, unreached_too)`,
+/// as Tcp), not one it cannot reach (its process may have been taken back and lost since).
 template <Transport T>
-bool renew_copies(T& transport) {
+bool renew_copies(T& transport, bool first_look = false) {
   if constexpr (CopyingTransport<T>) {
     bool renewed = false;
-    for (const std::uint32_t ps : transport.given_up()) renewed = transport.reach_again(ps, true) || renewed;
+    for (const std::uint32_t ps : transport.given_up()) {
+      if constexpr (requires { transport.reach_again(ps, true, false); }) {
+        renewed = transport.reach_again(ps, true, !first_look) || renewed;
+      } else {
+        renewed = transport.reach_again(ps, true) || renewed;
+      }
+    }
     return renewed;
   } else {
     return false;
@@ -5868,13 +5878,18 @@ class Client {
   /// True if it took one.
   bool learn_membership() {
     std::optional<StatsReply> newest;
+    bool heard = false;
     // A few seconds: the ps tasks that answer do so at once; one that is gone may never.
     for (std::optional<StatsReply>& reply : ask_each(std::min(options_.request_timeout, kAskPatience))) {
+      heard = heard || reply.has_value();
       if (!reply || reply->members.empty()) continue;
       if (!newest || reply->membership > newest->membership) newest = std::move(reply);
     }
+    const bool first_look = !membership_heard_;
+    membership_heard_ = membership_heard_ || heard;
     if (!newest || newest->membership <= membership_) return false;
-    take_membership(std::move(newest->members), newest->membership, std::move(newest->ps_addresses));
+    take_membership(std::move(newest->members), newest->membership, std::move(newest->ps_addresses),
+                    first_look);
     return true;
   }
 
@@ -6130,12 +6145,14 @@ class Client {
 
   /// The job's ps tasks are `members` at version `membership`, with `ps_addresses`, as a
   /// ps said.
+  /// `first_look`: the first membership this client hears of (renew_copies).
   void take_membership(std::vector<std::uint32_t> members, std::uint64_t membership,
-                       std::vector<std::string> ps_addresses) {
+                       std::vector<std::string> ps_addresses, bool first_look) {
     log(LogLevel::kInfo, "the job's ps tasks are now " + describe_members(members) + " (membership " +
                              std::to_string(membership) + ", was " + std::to_string(membership_) + ")");
     set_members(std::move(members), membership, std::move(ps_addresses), ErrorCode::kFailedPrecondition);
-    (void)renew_copies(transport_);  // a ps the chief took back (Chief::take_back) is written to again
+    // A ps the chief took back (Chief::take_back) is written to again.
+    (void)renew_copies(transport_, first_look);
   }
 
   /// Takes `members` at `membership` after reaching every ps of `ps_addresses`; a member
@@ -6161,15 +6178,18 @@ class Client {
     const auto newest = std::max_element(replies.begin(), replies.end(), [](const auto& a, const auto& b) {
       return a.membership < b.membership;
     });
+    const bool first_look = !membership_heard_;
+    membership_heard_ = true;
     if (newest->membership < membership_) return false;  // a ps behind: `adopt` names the mismatch
     if (newest->membership == membership_ && newest->members == members_) return false;
     if (newest->members == members_) {
       membership_ = newest->membership;
       // A ps the chief took back (its shards restored beside their copies): asked again,
       // both copies, before anything of the new epoch is sent.
-      return renew_copies(transport_);
+      return renew_copies(transport_, first_look);
     }
-    take_membership(std::move(newest->members), newest->membership, std::move(newest->ps_addresses));
+    take_membership(std::move(newest->members), newest->membership, std::move(newest->ps_addresses),
+                    first_look);
     return true;
   }
 
@@ -6258,6 +6278,9 @@ class Client {
   std::uint64_t epoch_ = 0;  ///< the ps tasks' restores so far, as last learned
   std::vector<std::uint32_t> members_;  ///< the job's ps tasks, ascending, as last learned
   std::uint64_t membership_ = 0;        ///< their version
+  /// A ps told this client the membership (any, the spec's too): changes after this are
+  /// ones it lived through (renew_copies' `first_look` before).
+  bool membership_heard_ = false;
   std::vector<std::string> ps_addresses_;  ///< every ps task's, once one joined (else empty)
   std::vector<std::uint32_t> workers_;     ///< the job's workers, once they changed (else empty)
   std::vector<std::string> slot_names_;     ///< the optimizer's slots, as the ps tasks name them
@@ -8058,12 +8081,15 @@ class HeartbeatSender {
             members_ = stats->members;  // beaten from the next beat on
             membership_ = stats->membership;
             renewals_left_ = kRenewals;
+            first_look_ = !membership_heard_;
           }
+          membership_heard_ = true;
         }
       }
       // A ps the chief took back hears this task again: after every answer is read (it may
       // connect anew), and tried again at the next beats while it finds none to serve again.
-      if (renewals_left_ > 0) renewals_left_ = renew_copies(transport_) ? 0 : renewals_left_ - 1;
+      if (renewals_left_ > 0)
+        renewals_left_ = renew_copies(transport_, first_look_) ? 0 : renewals_left_ - 1;
       return heard;
     } catch (...) {  // no memory, a transport that throws: try again next beat
       return false;
@@ -8082,6 +8108,8 @@ class HeartbeatSender {
   /// Beats left that renew copies given up (`renew_copies`) since the membership changed.
   static constexpr int kRenewals = 5;
   int renewals_left_ = 0;
+  bool membership_heard_ = false;  ///< a ps told this sender the membership (Client's likewise)
+  bool first_look_ = false;  ///< the renewals are of the first membership heard (renew_copies)
   T transport_;
   std::string who_;
   mutable std::mutex mutex_;
@@ -18155,8 +18183,14 @@ class Tcp {
   /// again at once when `serve`, else left given up until serve_again(ps). False, with
   /// them given up, when one is not reached (in one attempt of `attempt_timeout`; with
   /// `serve`, within `copy_grace` unless its address refuses), refuses this task, or is the
-  /// process given up (alive but cut off: its state is old). See CopyingTransport.
-  bool reach_again(std::uint32_t ps, bool serve) { return impl_->reach_again(ps, serve); }
+  /// process given up (alive but cut off: its state is old). With `serve` a copy not
+  /// reached is served all the same (the chief reached it: this task may be cut off), unless
+  /// `unreached_too` is false: then only the copies reached serve again (a task that learns
+  /// the job's membership for the first time, whose copies were given up at that very
+  /// membership). See CopyingTransport.
+  bool reach_again(std::uint32_t ps, bool serve, bool unreached_too = true) {
+    return impl_->reach_again(ps, serve, unreached_too);
+  }
   /// The given-up copies of `ps` serve their shards again: what changes a shard goes to both
   /// copies from now on, and ps k's own copy is read from again. Logged once per copy.
   void serve_again(std::uint32_t ps) { impl_->serve_again(ps); }
@@ -18368,7 +18402,7 @@ class Tcp {
     /// the other copy alone would leave the one taken back behind. Its connection then takes
     /// whatever process it reaches next but the one given up (`Link::lost`), and its calls
     /// wait for it as for a ps without copies (a referee rules if it stays out of reach).
-    bool reach_again(std::uint32_t ps, bool serve) {
+    bool reach_again(std::uint32_t ps, bool serve, bool unreached_too) {
       if (options_.replicas == 0) return false;
       std::vector<Link*> copies;
       for (const auto& link : links_) {
@@ -18402,7 +18436,7 @@ class Tcp {
           if (link->state == State::kConnected) break;
           if (link->refused || attempt == asio::error::connection_refused ||
               std::chrono::steady_clock::now() + backoff > deadline) {
-            if (serve) break;  // served unreached (above)
+            if (serve && unreached_too) break;  // served unreached (above)
             return false;  // not there, or gone again: the next look tries again
           }
           std::this_thread::sleep_for(backoff);
@@ -18415,7 +18449,7 @@ class Tcp {
           // The very process given up (alive but cut off: its copies are old), or yet
           // another since: nothing served.
           fail(*link, "not the process taken back");
-          if (!serve) return false;
+          if (!serve || !unreached_too) return false;
           link->server = 0;
           continue;
         }

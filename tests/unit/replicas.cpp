@@ -498,23 +498,30 @@ TEST_CASE("a look of the chief's (GetStats) renews the lease on a ps but starts 
 }
 
 TEST_CASE(
-    "a task started in a job with copies finds it under way once every ps serves training, whoever "
-    "is gone") {
+    "a task started in a job with copies finds it under way whoever is gone, and ended once the "
+    "chief ended it") {
   // runner/run.hpp: a task that finds the job under way waits one connection attempt for
   // a ps that does not answer, then asks for a ruling; at a job's start it waits as long
   // as ps tasks take to start. A ps may go between the look and the connection: the job
-  // is under way whether every ps answered the look or not.
+  // is under way whether every ps answered the look or not. A task started after the end
+  // has nothing to do (the chief that could rule on a gone ps may be gone too).
   CopiesCluster cluster;
   const TcpOptions options = with_copies();
-  CHECK_FALSE(runner_detail::copies_under_way(Node::worker(1), cluster.addresses,
-                                              options));  // no model yet
+  const auto look = [&](Node self) {
+    return runner_detail::look_at_copies(self, cluster.addresses, options);
+  };
+  CHECK_FALSE(look(Node::worker(1)).under_way);  // no model yet
   Chief chief(Tcp(Node::chief(), cluster.addresses, options), 7);
   chief.initialize(LinearModel(kIn, kOut).variables());
-  CHECK(runner_detail::copies_under_way(Node::worker(1), cluster.addresses,
-                                        options));  // every ps there
+  CHECK(look(Node::worker(1)).under_way);  // every ps there
+  CHECK_FALSE(look(Node::worker(1)).ended);
   cluster.kill(2);
-  CHECK(runner_detail::copies_under_way(Node::worker(1), cluster.addresses, options));  // one gone
-  CHECK(runner_detail::copies_under_way(Node::chief(), cluster.addresses, options));
+  CHECK(look(Node::worker(1)).under_way);  // one gone
+  CHECK(look(Node::chief()).under_way);
+  chief.shutdown();
+  const runner_detail::CopiesLook after = look(Node::worker(1));
+  REQUIRE(after.ended);
+  CHECK(after.ended->code == ErrorCode::kOutOfRange);
 }
 
 TEST_CASE("workers a fenced ps refused are not held lost for that silence once it serves again") {
@@ -751,6 +758,50 @@ TEST_CASE("a process started in a lost ps's place holds nothing, and no task rea
   CHECK(restarted->service().own().stats().global_step == 0);  // never registered
   restarted->stop();
   serving.join();
+}
+
+TEST_CASE(
+    "a task started after a take-back whose process is gone again serves its copies from the other "
+    "alone") {
+  // ps 1 is lost and a process started in its place is taken back (membership 1); that
+  // process is lost too. A chief (or any task) started afterwards gives ps 1's copies up
+  // when it is made, then learns membership 1: a take-back it did not live through, of a
+  // process it cannot reach. Before, it served ps 1's copies again unreached (what a task
+  // cut off from a process the chief just took back must do), and its calls waited for it.
+  CopiesCluster cluster;
+  {
+    Chief chief(client(Node::chief(), cluster.addresses, with_copies()), 7);
+    chief.initialize(LinearModel(kIn, kOut).variables());
+    const auto port = cluster.listeners[1]->port();
+    cluster.kill(1);
+    TcpServer<Copies> restarted(Copies(make_server(1), make_server(0)), "127.0.0.1", port,
+                                test_server_options());
+    std::thread serving([&] { restarted.run(); });
+    bool back = false;
+    for (int i = 0; i < 1500 && !back; ++i) {
+      try {
+        (void)chief.stats();  // a call to ps 1 finds another process there: its copies are given up
+      } catch (const Error&) {
+      }
+      if (!chief.given_up().empty()) back = chief.take_back(1);
+      if (!back) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    REQUIRE(back);
+    CHECK(chief.membership() == 1);
+    restarted.stop();  // lost again
+    serving.join();
+  }
+  pulley::testing::LogCapture captured;
+  TcpOptions under_way = with_copies();  // as the role runner makes it for a job under way
+  under_way.copy_connect_timeout = under_way.attempt_timeout;
+  Chief next(client(Node::chief(), cluster.addresses, under_way), 7);
+  REQUIRE(next.ps_serving());
+  (void)next.adopt(LinearModel(kIn, kOut).variables());
+  CHECK(next.membership() == 1);
+  CHECK(next.given_up() == std::vector<std::uint32_t>{1});
+  CHECK(captured.find(LogLevel::kInfo, "served by two copies again").empty());
+  CHECK(next.stats().size() == kPs);  // answered, from ps 1's copies on ps 2 and ps 0
+  next.shutdown();
 }
 
 TEST_CASE("a process started in a lost ps's place is taken back by the chief: the job survives losing another") {

@@ -187,13 +187,18 @@ class Client {
   /// True if it took one.
   bool learn_membership() {
     std::optional<StatsReply> newest;
+    bool heard = false;
     // A few seconds: the ps tasks that answer do so at once; one that is gone may never.
     for (std::optional<StatsReply>& reply : ask_each(std::min(options_.request_timeout, kAskPatience))) {
+      heard = heard || reply.has_value();
       if (!reply || reply->members.empty()) continue;
       if (!newest || reply->membership > newest->membership) newest = std::move(reply);
     }
+    const bool first_look = !membership_heard_;
+    membership_heard_ = membership_heard_ || heard;
     if (!newest || newest->membership <= membership_) return false;
-    take_membership(std::move(newest->members), newest->membership, std::move(newest->ps_addresses));
+    take_membership(std::move(newest->members), newest->membership, std::move(newest->ps_addresses),
+                    first_look);
     return true;
   }
 
@@ -449,12 +454,14 @@ class Client {
 
   /// The job's ps tasks are `members` at version `membership`, with `ps_addresses`, as a
   /// ps said.
+  /// `first_look`: the first membership this client hears of (renew_copies).
   void take_membership(std::vector<std::uint32_t> members, std::uint64_t membership,
-                       std::vector<std::string> ps_addresses) {
+                       std::vector<std::string> ps_addresses, bool first_look) {
     log(LogLevel::kInfo, "the job's ps tasks are now " + describe_members(members) + " (membership " +
                              std::to_string(membership) + ", was " + std::to_string(membership_) + ")");
     set_members(std::move(members), membership, std::move(ps_addresses), ErrorCode::kFailedPrecondition);
-    (void)renew_copies(transport_);  // a ps the chief took back (Chief::take_back) is written to again
+    // A ps the chief took back (Chief::take_back) is written to again.
+    (void)renew_copies(transport_, first_look);
   }
 
   /// Takes `members` at `membership` after reaching every ps of `ps_addresses`; a member
@@ -480,15 +487,18 @@ class Client {
     const auto newest = std::max_element(replies.begin(), replies.end(), [](const auto& a, const auto& b) {
       return a.membership < b.membership;
     });
+    const bool first_look = !membership_heard_;
+    membership_heard_ = true;
     if (newest->membership < membership_) return false;  // a ps behind: `adopt` names the mismatch
     if (newest->membership == membership_ && newest->members == members_) return false;
     if (newest->members == members_) {
       membership_ = newest->membership;
       // A ps the chief took back (its shards restored beside their copies): asked again,
       // both copies, before anything of the new epoch is sent.
-      return renew_copies(transport_);
+      return renew_copies(transport_, first_look);
     }
-    take_membership(std::move(newest->members), newest->membership, std::move(newest->ps_addresses));
+    take_membership(std::move(newest->members), newest->membership, std::move(newest->ps_addresses),
+                    first_look);
     return true;
   }
 
@@ -577,6 +587,9 @@ class Client {
   std::uint64_t epoch_ = 0;  ///< the ps tasks' restores so far, as last learned
   std::vector<std::uint32_t> members_;  ///< the job's ps tasks, ascending, as last learned
   std::uint64_t membership_ = 0;        ///< their version
+  /// A ps told this client the membership (any, the spec's too): changes after this are
+  /// ones it lived through (renew_copies' `first_look` before).
+  bool membership_heard_ = false;
   std::vector<std::string> ps_addresses_;  ///< every ps task's, once one joined (else empty)
   std::vector<std::uint32_t> workers_;     ///< the job's workers, once they changed (else empty)
   std::vector<std::string> slot_names_;     ///< the optimizer's slots, as the ps tasks name them

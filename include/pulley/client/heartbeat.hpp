@@ -188,12 +188,15 @@ class HeartbeatSender {
             members_ = stats->members;  // beaten from the next beat on
             membership_ = stats->membership;
             renewals_left_ = kRenewals;
+            first_look_ = !membership_heard_;
           }
+          membership_heard_ = true;
         }
       }
       // A ps the chief took back hears this task again: after every answer is read (it may
       // connect anew), and tried again at the next beats while it finds none to serve again.
-      if (renewals_left_ > 0) renewals_left_ = renew_copies(transport_) ? 0 : renewals_left_ - 1;
+      if (renewals_left_ > 0)
+        renewals_left_ = renew_copies(transport_, first_look_) ? 0 : renewals_left_ - 1;
       return heard;
     } catch (...) {  // no memory, a transport that throws: try again next beat
       return false;
@@ -212,6 +215,8 @@ class HeartbeatSender {
   /// Beats left that renew copies given up (`renew_copies`) since the membership changed.
   static constexpr int kRenewals = 5;
   int renewals_left_ = 0;
+  bool membership_heard_ = false;  ///< a ps told this sender the membership (Client's likewise)
+  bool first_look_ = false;  ///< the renewals are of the first membership heard (renew_copies)
   T transport_;
   std::string who_;
   mutable std::mutex mutex_;

@@ -104,11 +104,21 @@ concept CopyingTransport = Transport<T> && requires(T& transport, const T& ctran
 /// transport gave up whose ps is back (a process in its place: one the chief took back,
 /// Chief::take_back, since only a take-back changes the membership of a job with copies
 /// and keeps its members); true if it serves any again. Without copies, false.
+/// `first_look`: the task learns the job's membership for the first time (it started
+/// since): the copies it gave up were given up at that membership, and only those it
+/// reaches now are served again (a transport with `reach_again(ps, serve, unreached_too)`,
+/// as Tcp), not one it cannot reach (its process may have been taken back and lost since).
 template <Transport T>
-bool renew_copies(T& transport) {
+bool renew_copies(T& transport, bool first_look = false) {
   if constexpr (CopyingTransport<T>) {
     bool renewed = false;
-    for (const std::uint32_t ps : transport.given_up()) renewed = transport.reach_again(ps, true) || renewed;
+    for (const std::uint32_t ps : transport.given_up()) {
+      if constexpr (requires { transport.reach_again(ps, true, false); }) {
+        renewed = transport.reach_again(ps, true, !first_look) || renewed;
+      } else {
+        renewed = transport.reach_again(ps, true) || renewed;
+      }
+    }
     return renewed;
   } else {
     return false;

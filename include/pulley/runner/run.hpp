@@ -50,17 +50,27 @@ void abort_training(T& transport, const std::string& reason, std::chrono::millis
   }
 }
 
-/// True when task `self` starts in a job with copies (`TcpOptions::replicas`) whose
-/// training is under way: one look at every ps address (probe_ps) finds some ps that
-/// serves, and it has been initialized (it serves training). A chief started in a lost
-/// one's place, or a worker or evaluator started again, then waits for a ps that does not
-/// answer (gone, or gone between the look and its connection) one connection attempt, not
-/// the connect timeout (meant for ps tasks that are still starting), before the chief's
-/// rulings decide whether its process is lost, as they would during training. False at a
-/// job's start. While no ps serves and some is silent (a process stopped a while: neither
+/// What a task started in a job with copies (`TcpOptions::replicas`) finds at the ps
+/// tasks (look_at_copies).
+struct CopiesLook {
+  /// Training is under way: some ps serves, and it has been initialized (it serves
+  /// training). A chief started in a lost one's place, or a worker or evaluator started
+  /// again, then waits for a ps that does not answer (gone, or gone between the look and
+  /// its connection) one connection attempt, not the connect timeout (meant for ps tasks
+  /// that are still starting), before the chief's rulings decide whether its process is
+  /// lost, as they would during training. False at a job's start.
+  bool under_way = false;
+  /// Training ended before the task started: what a ps answers since (kOutOfRange, training
+  /// finished; kAborted, with the chief's reason). The task has nothing to do: a ps of the
+  /// job may be gone for good, and so may the chief that could rule on it.
+  std::optional<ErrorReply> ended;
+};
+
+/// One look at every ps address (probe_ps), as task `self`, then a GetStats of one that
+/// serves. While no ps serves and some is silent (a process stopped a while: neither
 /// serving nor gone), it looks again, for up to the copy timeout.
-inline bool copies_under_way(const Node& self, const std::vector<std::string>& ps,
-                             const TcpOptions& tcp) {
+inline CopiesLook look_at_copies(const Node& self, const std::vector<std::string>& ps,
+                                 const TcpOptions& tcp) {
   const auto until = std::chrono::steady_clock::now() + tcp.copy_timeout;
   std::vector<std::uint32_t> serving;
   for (;;) {
@@ -73,7 +83,7 @@ inline bool copies_under_way(const Node& self, const std::vector<std::string>& p
     if (!serving.empty() || !silent || std::chrono::steady_clock::now() >= until) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  if (serving.empty()) return false;
+  if (serving.empty()) return {};
   try {
     TcpOptions once = tcp;
     once.copy_referee = nullptr;
@@ -82,14 +92,27 @@ inline bool copies_under_way(const Node& self, const std::vector<std::string>& p
     PendingCall call = look.call(serving.front(), GetStats{}, {});
     if (!call.wait_for(tcp.attempt_timeout)) {
       call.cancel();
-      return false;
+      return {};
     }
     const Response answer = call.take();
-    const auto* stats = std::get_if<StatsReply>(&answer);
-    return stats != nullptr && stats->ready;
-  } catch (const Error&) {  // not reached after all: the chief waits as at a start
-    return false;
+    if (const auto* stats = std::get_if<StatsReply>(&answer)) return {stats->ready, std::nullopt};
+    const auto* error = std::get_if<ErrorReply>(&answer);
+    if (error != nullptr &&
+        (error->code == ErrorCode::kOutOfRange || error->code == ErrorCode::kAborted)) {
+      return {true, *error};
+    }
+    return {};
+  } catch (const Error&) {  // not reached after all: the task waits as at a start
+    return {};
   }
+}
+
+/// A task that found training ended (CopiesLook::ended) before it started: returns when it
+/// finished (the task has nothing to do), throws the chief's reason when it was aborted.
+inline void nothing_to_do(const Node& self, const ErrorReply& ended) {
+  if (ended.code != ErrorCode::kOutOfRange) throw Error(ended.code, ended.message);
+  log(LogLevel::kInfo, self.name() + ": training finished before this task started (" +
+                           ended.message + "): nothing to do");
 }
 
 /// Where the ps tasks of table policy `tables` hold rows: its IdSharding (HashIds for
@@ -204,7 +227,9 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
           },
           tcp.copy_timeout);
       chief_tcp.copy_referee = rulings->referee();
-      if (copies_under_way(Node::chief(), ps, chief_tcp)) {
+      const CopiesLook look = look_at_copies(Node::chief(), ps, chief_tcp);
+      if (look.ended) return nothing_to_do(Node::chief(), *look.ended);
+      if (look.under_way) {
         log(LogLevel::kInfo,
             "chief: the ps tasks serve a job under way: a ps that does not answer is waited for "
             "one connection attempt, then the chief rules whether its process is lost (a shard "
@@ -216,7 +241,9 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
       const Node self{type == "evaluator" ? Node::Role::kEvaluator : Node::Role::kWorker, config.task.index};
       tcp.copy_referee = AskChief::referee(
           std::make_shared<AskChief>(self, chief_address(config.cluster), tcp, std::chrono::seconds(10)));
-      if (copies_under_way(self, ps, tcp)) {  // (started again, say)
+      const CopiesLook look = look_at_copies(self, ps, tcp);
+      if (look.ended) return nothing_to_do(self, *look.ended);
+      if (look.under_way) {  // (started again, say)
         log(LogLevel::kInfo,
             self.name() +
                 ": the ps tasks serve a job under way: a ps that does not answer is waited for "

@@ -147,8 +147,14 @@ class Tcp {
   /// again at once when `serve`, else left given up until serve_again(ps). False, with
   /// them given up, when one is not reached (in one attempt of `attempt_timeout`; with
   /// `serve`, within `copy_grace` unless its address refuses), refuses this task, or is the
-  /// process given up (alive but cut off: its state is old). See CopyingTransport.
-  bool reach_again(std::uint32_t ps, bool serve) { return impl_->reach_again(ps, serve); }
+  /// process given up (alive but cut off: its state is old). With `serve` a copy not
+  /// reached is served all the same (the chief reached it: this task may be cut off), unless
+  /// `unreached_too` is false: then only the copies reached serve again (a task that learns
+  /// the job's membership for the first time, whose copies were given up at that very
+  /// membership). See CopyingTransport.
+  bool reach_again(std::uint32_t ps, bool serve, bool unreached_too = true) {
+    return impl_->reach_again(ps, serve, unreached_too);
+  }
   /// The given-up copies of `ps` serve their shards again: what changes a shard goes to both
   /// copies from now on, and ps k's own copy is read from again. Logged once per copy.
   void serve_again(std::uint32_t ps) { impl_->serve_again(ps); }
@@ -360,7 +366,7 @@ class Tcp {
     /// the other copy alone would leave the one taken back behind. Its connection then takes
     /// whatever process it reaches next but the one given up (`Link::lost`), and its calls
     /// wait for it as for a ps without copies (a referee rules if it stays out of reach).
-    bool reach_again(std::uint32_t ps, bool serve) {
+    bool reach_again(std::uint32_t ps, bool serve, bool unreached_too) {
       if (options_.replicas == 0) return false;
       std::vector<Link*> copies;
       for (const auto& link : links_) {
@@ -394,7 +400,7 @@ class Tcp {
           if (link->state == State::kConnected) break;
           if (link->refused || attempt == asio::error::connection_refused ||
               std::chrono::steady_clock::now() + backoff > deadline) {
-            if (serve) break;  // served unreached (above)
+            if (serve && unreached_too) break;  // served unreached (above)
             return false;  // not there, or gone again: the next look tries again
           }
           std::this_thread::sleep_for(backoff);
@@ -407,7 +413,7 @@ class Tcp {
           // The very process given up (alive but cut off: its copies are old), or yet
           // another since: nothing served.
           fail(*link, "not the process taken back");
-          if (!serve) return false;
+          if (!serve || !unreached_too) return false;
           link->server = 0;
           continue;
         }
