@@ -241,7 +241,9 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
       const Node self{type == "evaluator" ? Node::Role::kEvaluator : Node::Role::kWorker, config.task.index};
       tcp.copy_referee = AskChief::referee(
           std::make_shared<AskChief>(self, chief_address(config.cluster), tcp, std::chrono::seconds(10)));
-      const CopiesLook look = look_at_copies(self, ps, tcp);
+      // A task that joins (--join) joins a job under way, and the ps tasks refuse it as
+      // itself until the chief counted it in: it does not look.
+      const CopiesLook look = join ? CopiesLook{true, std::nullopt} : look_at_copies(self, ps, tcp);
       if (look.ended) return nothing_to_do(self, *look.ended);
       if (look.under_way) {  // (started again, say)
         log(LogLevel::kInfo,
