@@ -104,9 +104,13 @@ for seed in $seeds; do
   killed=-1 restarts=0 worker_starts=0 ps_starts=0 faults=()
   while kill -0 "$chief" 2>/dev/null && ! grep -q '^final:' "$chief_log" 2>/dev/null; do
     sleep "$((RANDOM % 2)).$((RANDOM % 10))"
-    # Training over (the chief prints its final line before it shuts the ps tasks down):
-    # no more faults, or one would land on the job's end, which is not this test's case.
+    # Training over (the chief prints its final line before it shuts the ps tasks down; a
+    # worker says when it took the last step, which a chief started again may find done):
+    # no more faults, or one would land on the job's end, which is not this test's case (a
+    # task started after the ps tasks and the chief stopped cannot tell the end from a lost
+    # chief, and fails after its connect timeout).
     kill -0 "$chief" 2>/dev/null && ! grep -q '^final:' "$chief_log" 2>/dev/null || break
+    grep -q 'training finished after' "$dir"/worker-*.log 2>/dev/null && break
     draw=$((RANDOM % 100))
     epoch=$(cat "$dir"/chief-*.log | grep -c "$progress")
     if [ "$draw" -lt 25 ]; then
