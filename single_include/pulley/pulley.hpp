@@ -4779,12 +4779,14 @@ concept GrowingTransport = Transport<T> && requires(T& transport, const T& ctran
 /// Required, beyond Transport:
 ///   - `ct.given_up()` → std::vector<std::uint32_t>: the ps tasks some of whose copies this
 ///     transport gave up, ascending (none without copies)
-///   - `t.reach_again(ps, serve)` → bool: once a copy of ps task `ps` was given up, connects
-///     anew to every copy it holds (giving up those not given up yet: the process behind
-///     them is gone), and true once each reached one process other than the one given up
-///     (started in its place; the process given up may be alive but cut off, and its state
-///     is old); with `serve` they serve again at once, without they stay given up until
-///     `serve_again(ps)`; false, with every copy of `ps` given up, when one is not reached
+///   - `t.reach_again(ps, serve, unreached_too)` → bool: once a copy of ps task `ps` was
+///     given up, connects anew to every copy it holds (giving up those not given up yet:
+///     the process behind them is gone), and true once each reached one process other than
+///     the one given up (started in its place; the process given up may be alive but cut
+///     off, and its state is old); with `serve` they serve again at once, without they stay
+///     given up until `serve_again(ps)`; false, with every copy of `ps` given up, when one
+///     is not reached, unless `serve` and `unreached_too`: then a copy not reached serves
+///     again all the same (the chief reached it; this task may be the one cut off)
 ///   - `t.serve_again(ps)` → the copies of `ps` reached again serve their shards with the
 ///     other copies: what changes a shard goes to both from now on
 ///   - `t.give_up(ps, why)` → gives every copy of `ps` up again (taking it back failed)
@@ -4797,7 +4799,7 @@ template <class T>
 concept CopyingTransport = Transport<T> && requires(T& transport, const T& ctransport, std::uint32_t ps,
                                                     const std::string& why) {
   { ctransport.given_up() } -> std::same_as<std::vector<std::uint32_t>>;
-  { transport.reach_again(ps, true) } -> std::same_as<bool>;
+  { transport.reach_again(ps, true, true) } -> std::same_as<bool>;
   transport.serve_again(ps);
   transport.give_up(ps, why);
 };
@@ -4808,18 +4810,14 @@ concept CopyingTransport = Transport<T> && requires(T& transport, const T& ctran
 /// and keeps its members); true if it serves any again. Without copies, false.
 /// `first_look`: the task learns the job's membership for the first time (it started
 /// since): the copies it gave up were given up at that membership, and only those it
-/// reaches now are served again (a transport with `reach_again(ps, serve, unreached_too)`,
-/// as Tcp), not one it cannot reach (its process may have been taken back and lost since).
+/// reaches now are served again (`reach_again`'s `unreached_too` false), not one it cannot
+/// reach (its process may have been taken back and lost since).
 template <Transport T>
 bool renew_copies(T& transport, bool first_look = false) {
   if constexpr (CopyingTransport<T>) {
     bool renewed = false;
     for (const std::uint32_t ps : transport.given_up()) {
-      if constexpr (requires { transport.reach_again(ps, true, false); }) {
-        renewed = transport.reach_again(ps, true, !first_look) || renewed;
-      } else {
-        renewed = transport.reach_again(ps, true) || renewed;
-      }
+      renewed = transport.reach_again(ps, true, !first_look) || renewed;
     }
     return renewed;
   } else {
@@ -7311,7 +7309,7 @@ class Chief {
       return false;
     } else {
       T& transport = client_.transport();
-      if (!transport.reach_again(ps, false)) return false;
+      if (!transport.reach_again(ps, false, true)) return false;
       const std::string who = "ps " + std::to_string(ps);
       const std::vector<std::uint32_t> members(client_.members().begin(), client_.members().end());
       const std::optional<ModelState> cut = paused_cut(who + " cannot take its shards back yet");

@@ -322,7 +322,7 @@ class Chief {
       return false;
     } else {
       T& transport = client_.transport();
-      if (!transport.reach_again(ps, false)) return false;
+      if (!transport.reach_again(ps, false, true)) return false;
       const std::string who = "ps " + std::to_string(ps);
       const std::vector<std::uint32_t> members(client_.members().begin(), client_.members().end());
       const std::optional<ModelState> cut = paused_cut(who + " cannot take its shards back yet");

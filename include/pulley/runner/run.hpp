@@ -115,6 +115,31 @@ inline void nothing_to_do(const Node& self, const ErrorReply& ended) {
                            ended.message + "): nothing to do");
 }
 
+/// Fits the transport options `tcp` of task `self`, started in a job with copies, to what
+/// look_at_copies finds: in a job under way (started again, say) a ps that does not answer
+/// is waited for one connection attempt (`copy_connect_timeout`), then the chief rules
+/// whether its process is lost (the chief itself, or a task that asks it); a shard neither
+/// of whose copies answers is waited for as at a start. A task that joins (`join`) joins a
+/// job under way, and the ps tasks refuse it as itself until the chief counted it in: it
+/// does not look. Returns what a ps answered if training ended before the task started
+/// (nothing_to_do).
+inline std::optional<ErrorReply> fit_to_copies(const Node& self, const std::vector<std::string>& ps,
+                                               TcpOptions& tcp, bool join) {
+  const CopiesLook look = join ? CopiesLook{true, std::nullopt} : look_at_copies(self, ps, tcp);
+  if (look.ended) return look.ended;
+  if (look.under_way) {
+    const bool chief = self.role == Node::Role::kChief;
+    log(LogLevel::kInfo,
+        (chief ? std::string("chief") : self.name()) +
+            ": the ps tasks serve a job under way: a ps that does not answer is waited "
+            "for one connection attempt, then " +
+            (chief ? "the chief rules" : "this task asks the chief") +
+            " whether its process is lost");
+    tcp.copy_connect_timeout = tcp.attempt_timeout;
+  }
+  return std::nullopt;
+}
+
 /// Where the ps tasks of table policy `tables` hold rows: its IdSharding (HashIds for
 /// NoTables, whose ps tasks hold none).
 template <TablesOrNone T>
@@ -227,32 +252,15 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
           },
           tcp.copy_timeout);
       chief_tcp.copy_referee = rulings->referee();
-      const CopiesLook look = look_at_copies(Node::chief(), ps, chief_tcp);
-      if (look.ended) return nothing_to_do(Node::chief(), *look.ended);
-      if (look.under_way) {
-        log(LogLevel::kInfo,
-            "chief: the ps tasks serve a job under way: a ps that does not answer is waited for "
-            "one connection attempt, then the chief rules whether its process is lost (a shard "
-            "neither of whose copies answers is waited for as at a start)");
-        chief_tcp.copy_connect_timeout = chief_tcp.attempt_timeout;
+      if (const auto ended = fit_to_copies(Node::chief(), ps, chief_tcp, false)) {
+        return nothing_to_do(Node::chief(), *ended);
       }
     }
     if (type != "chief") {
       const Node self{type == "evaluator" ? Node::Role::kEvaluator : Node::Role::kWorker, config.task.index};
       tcp.copy_referee = AskChief::referee(
           std::make_shared<AskChief>(self, chief_address(config.cluster), tcp, std::chrono::seconds(10)));
-      // A task that joins (--join) joins a job under way, and the ps tasks refuse it as
-      // itself until the chief counted it in: it does not look.
-      const CopiesLook look = join ? CopiesLook{true, std::nullopt} : look_at_copies(self, ps, tcp);
-      if (look.ended) return nothing_to_do(self, *look.ended);
-      if (look.under_way) {  // (started again, say)
-        log(LogLevel::kInfo,
-            self.name() +
-                ": the ps tasks serve a job under way: a ps that does not answer is waited for "
-                "one connection attempt, then this task asks the chief whether its process is "
-                "lost");
-        tcp.copy_connect_timeout = tcp.attempt_timeout;
-      }
+      if (const auto ended = fit_to_copies(self, ps, tcp, join)) return nothing_to_do(self, *ended);
     }
   }
   std::optional<std::span<const std::uint32_t>> reach_now;  // none: every ps of the spec at once

@@ -152,7 +152,7 @@ class Tcp {
   /// `unreached_too` is false: then only the copies reached serve again (a task that learns
   /// the job's membership for the first time, whose copies were given up at that very
   /// membership). See CopyingTransport.
-  bool reach_again(std::uint32_t ps, bool serve, bool unreached_too = true) {
+  bool reach_again(std::uint32_t ps, bool serve, bool unreached_too) {
     return impl_->reach_again(ps, serve, unreached_too);
   }
   /// The given-up copies of `ps` serve their shards again: what changes a shard goes to both
