@@ -8864,7 +8864,8 @@ enum class Verdict : std::uint8_t {
 ///   - an `Accumulator` per part the ps holds (TF's ConditionalAccumulator): it gathers the
 ///     part's gradients of one update and hands the optimizer their mean;
 ///   - one `Pacer` per ps task: it counts push messages towards the ps's global step, judges
-///     them fresh or stale, and (on the pacing ps: the lowest member, ps 0 while none left) hands out sync tokens.
+///     them fresh or stale, and (on the pacing ps: the lowest member, ps 0 while none left) hands
+///     out sync tokens.
 ///
 /// Required:
 ///   - `typename P::Accumulator`, `typename P::Pacer` (both movable)
@@ -8902,6 +8903,18 @@ enum class Verdict : std::uint8_t {
 ///     void: its heartbeats came back; it counts again from the step in progress. A throw
 ///     from either fails the ps. Without them a lost worker is only released, and the
 ///     policy waits for it.
+///   - `p.on_pull_ahead(pacer, worker, min_step)` → `std::optional<Verdict>`: `worker`
+///     (not held lost) asks for the parameters of step `min_step`, the one after the step in
+///     progress, for which it has not pushed here. A worker pushes a step on a connection
+///     before it pulls the next there, so this one will not push it: its push was lost with
+///     its process (killed while it wrote the push to several ps tasks; those that took it
+///     went on, and the process started in its place pulls the step they are at). A policy
+///     whose step waits for that very worker stops waiting for it for this step alone (the
+///     update is the mean of the others' gradients, or none), and says so: kReady when that
+///     completes the step, else kPending; nullopt when the pull changes nothing (it waits,
+///     as any gated pull). A push of the worker for that step that comes all the same is
+///     stale. Without it, such a pull waits until the ps holds the worker lost, which it
+///     may never do while the worker's new process beats.
 ///   - `p.awaited(pacer)` → `std::vector<std::uint32_t>`: the workers the next step waits
 ///     for; the ps quotes each with how long ago it last heard it.
 ///   - `p.reshape(pacer, workers)` → void: the job's workers are now `workers` (task
@@ -8910,8 +8923,9 @@ enum class Verdict : std::uint8_t {
 ///     chief chose (ChangeWorkers), before it hands out a token of that step (under
 ///     SyncReplicas every ps is then at the same boundary, the step untouched), and after a
 ///     `load` when the job's workers are not the cluster spec's. A worker outside them is
-///     not waited for; its token requests may wait and its pushes be stale. A throw (`pulley::Error`) refuses the change and leaves the
-///     pacer as it was. Without it, no worker can join or leave the job for good.
+///     not waited for; its token requests may wait and its pushes be stale. A throw
+///     (`pulley::Error`) refuses the change and leaves the pacer as it was. Without it, no worker
+///     can join or leave the job for good.
 ///   - `p.follow(pacer, local_step, refill)` → void, noexcept: called before `on_push` with
 ///     what the token the push was made for said (`Token::refill`, which the pacing ps's
 ///     policy sets): every ps follows the pacing ps's word on the push's step.
@@ -9010,6 +9024,22 @@ Verdict worker_lost(const P& policy, typename P::Pacer& pacer, std::uint32_t wor
   } else {
     release(policy, pacer, worker);
     return Verdict::kPending;
+  }
+}
+
+/// Tells the policy `worker` pulls step `min_step` past the one in progress without having
+/// pushed for it (`on_pull_ahead`, if it has one): nullopt when that changes nothing.
+template <SyncPolicy P>
+std::optional<Verdict> pull_ahead(const P& policy, typename P::Pacer& pacer, std::uint32_t worker,
+                                  std::int64_t min_step) {
+  if constexpr (requires {
+                  {
+                    policy.on_pull_ahead(pacer, worker, min_step)
+                    } -> std::same_as<std::optional<Verdict>>;
+                }) {
+    return policy.on_pull_ahead(pacer, worker, min_step);
+  } else {
+    return std::nullopt;
   }
 }
 
@@ -11008,6 +11038,15 @@ class Pacing {
   Verdict lost(std::uint32_t worker) {
     const Verdict verdict = worker_lost(sync_, pacer_, worker);
     leases_.erase(worker);
+    return verdict;
+  }
+
+  /// `worker` pulls step `min_step` without a push for the step in progress here
+  /// (SyncPolicy::on_pull_ahead): nullopt when that changes nothing; else its lease goes
+  /// with its tokens, and kReady when the update in progress is complete without it.
+  std::optional<Verdict> pulled_ahead(std::uint32_t worker, std::int64_t min_step) {
+    const std::optional<Verdict> verdict = pull_ahead(sync_, pacer_, worker, min_step);
+    if (verdict) leases_.erase(worker);
     return verdict;
   }
 
@@ -13856,6 +13895,35 @@ class ParameterServer {
     changing_ = changing;
   }
 
+  /// A worker's pull gated at the step after the one in progress, from a worker that has
+  /// not pushed that step here: its push was lost with its process (killed while it wrote
+  /// the push to several ps tasks, which took it or not; the process started in its place
+  /// pulls the step the others are at, and will not push this one). The sync policy may
+  /// then go on without it for this step (SyncPolicy::on_pull_ahead), as the ps tasks that
+  /// took the push went on with it: otherwise the step would wait for a push that never
+  /// comes while the new process beats. Not while paused for a cut (which must see no step
+  /// complete on its own). Logged.
+  void pulls_ahead(const RequestContext& context, std::int64_t min_step) {
+    if (!context.peer || context.peer->role != Node::Role::kWorker ||
+        min_step <= pacing_.global_step() || cut_.paused()) {
+      return;
+    }
+    const std::int64_t step_before = pacing_.global_step();
+    changing_ = true;  // a throw from the policy leaves its pacer half changed
+    const std::optional<Verdict> verdict = pacing_.pulled_ahead(context.peer->index, min_step);
+    if (verdict == Verdict::kReady) update_.complete(shard_, pacing_.policy(), step_before, stats_);
+    changing_ = false;
+    if (!verdict) return;
+    log(LogLevel::kWarning,
+        name_ + ": " + context.peer->name() + " pulls step " + std::to_string(min_step) +
+            " without a push for step " + std::to_string(step_before) +
+            " here: its push was lost with its process (the ps tasks that took it went on); "
+            "this step goes on without it; " +
+            describe_wait());
+    hand_out_tokens();
+    if (pacing_.global_step() != step_before) release_step_gates();
+  }
+
   /// The global step moved: the pulls and pauses waiting for it are answered.
   void release_step_gates() {
     const std::int64_t step = pacing_.global_step();
@@ -13874,12 +13942,13 @@ class ParameterServer {
 
   // ---- Pull / PullRows: shard.hpp, table_shard.hpp ----------------------------------------
 
-  void on(Pull& r, const RequestContext&, Responder& reply) {
+  void on(Pull& r, const RequestContext& context, Responder& reply) {
     if (!is_ready(reply, "pull") ||
         (r.min_step > 0 && refused(reply, registration_.check_epoch(r.epoch, "pull"))) ||
         refused(reply, of_epoch(shard_.check(r.slices), r.epoch, "pull"))) {
       return;
     }
+    pulls_ahead(context, r.min_step);
     const std::int64_t step = pacing_.global_step();
     if (step < r.min_step) return pulls_.park(r.min_step, std::move(r), reply);
     respond(reply, shard_.read(r.slices, step, stats_));
@@ -13894,6 +13963,7 @@ class ParameterServer {
     }
     // Only a worker's pull creates, admits and touches rows: the chief and evaluators read.
     const bool create = !context.peer || context.peer->role == Node::Role::kWorker;
+    pulls_ahead(context, r.min_step);
     const std::int64_t step = pacing_.global_step();
     if (step < r.min_step) return row_pulls_.park(r.min_step, RowPull{std::move(r), create}, reply);
     answer_rows(r, create, step, reply);
@@ -15113,6 +15183,11 @@ namespace pulley {
 /// takes its own token from the next); what it pushes for a step that completed without
 /// it is stale and dropped.
 ///
+/// A worker whose push of a step was lost with its process (`on_pull_ahead`: killed while
+/// it wrote the push to several ps tasks, and started again): where every live worker's
+/// push is needed (R <= N, not a refill step, the step needing each of them), the step
+/// goes on without it, once, as if it had been lost for that step alone.
+///
 /// Workers that join or leave the job (`reshape`, at a step boundary every ps reaches
 /// alike): the workers are then a set of task indices, N its size, and "its own token" is
 /// a worker's rank in it. From that step on a step has max(R, N) tokens (R = N when made
@@ -15165,6 +15240,9 @@ class SyncReplicas {
     std::map<std::uint32_t, std::vector<std::uint32_t>> held;
     std::set<std::uint32_t> pushed;               ///< workers with a fresh push of `step`
     std::set<std::uint32_t> lost;                 ///< workers the ps holds lost
+    /// Workers whose push of `step` was lost with their process (`on_pull_ahead`): not
+    /// waited for in this step, their push of it stale.
+    std::set<std::uint32_t> forfeited;
     bool refill = false;  ///< `step` began short of workers: the live ones take the lost ones' tokens
     /// The job's workers, ascending, once they changed (`reshape`); empty: 0 .. N-1.
     std::vector<std::uint32_t> workers;
@@ -15207,7 +15285,10 @@ class SyncReplicas {
   /// Stale if tagged before the current step, or pushed by a worker outside the job's; the
   /// R-th fresh push completes the step.
   Verdict on_push(Pacer& pacer, std::uint32_t worker, std::int64_t local_step) const {
-    if (local_step < pacer.step || !member(pacer, worker)) return Verdict::kStale;
+    if (local_step < pacer.step || !member(pacer, worker) ||
+        (local_step == pacer.step && pacer.forfeited.contains(worker))) {
+      return Verdict::kStale;
+    }
     pacer.pushed.insert(worker);  // first: an insertion that throws leaves the pacer as it was
     if (const auto held = pacer.held.find(worker); held != pacer.held.end()) {
       if (held->second.size() <= 1) {
@@ -15227,7 +15308,8 @@ class SyncReplicas {
   /// made by a restore (`load`, then every worker the ps still holds lost) is the step the
   /// unbroken job had, not one that lost a worker on the way.
   Verdict on_worker_lost(Pacer& pacer, std::uint32_t worker) const {
-    const bool untouched = pacer.fresh == 0 && pacer.taken.empty() && pacer.pushed.empty();
+    const bool untouched =
+        pacer.fresh == 0 && pacer.taken.empty() && pacer.pushed.empty() && pacer.forfeited.empty();
     pacer.lost.insert(worker);
     release(pacer, worker);
     if (untouched) {
@@ -15246,6 +15328,33 @@ class SyncReplicas {
     if (local_step == pacer.step && pacer.fresh == 0) pacer.refill = refill && one_each(pacer);
   }
 
+  /// `worker` pulls step `min_step` without a push for the step in progress here: when the
+  /// step is the one before `min_step` and needs that worker's push in particular (see the
+  /// class comment), the step stops waiting for it, as `on_worker_lost` would for this step
+  /// alone (its tokens go back; a push of it for this step is stale from now on): kReady
+  /// when that completes the step. nullopt otherwise (backup workers, a refill step, R > N:
+  /// the step needs R gradients from whoever brings them, and the pull waits).
+  std::optional<Verdict> on_pull_ahead(Pacer& pacer, std::uint32_t worker,
+                                       std::int64_t min_step) const {
+    if (min_step != pacer.step + 1 || !member(pacer, worker) || pacer.lost.contains(worker) ||
+        pacer.pushed.contains(worker) || pacer.forfeited.contains(worker) || !one_each(pacer) ||
+        pacer.refill) {
+      return std::nullopt;
+    }
+    int live = 0;
+    for_each_worker(pacer, [&](std::uint32_t w) { live += pacer.lost.contains(w) ? 0 : 1; });
+    if (required(pacer) < live - static_cast<int>(pacer.forfeited.size())) return std::nullopt;
+    pacer.forfeited.insert(worker);  // first: an insertion that throws leaves the pacer as it was
+    release(pacer, worker);
+    // Complete with the others' gradients, or with none once no live worker owes one (a
+    // single worker's lost push: the step's update is empty here).
+    const bool complete =
+        pacer.fresh == 0 ? awaited(pacer).empty() : pacer.fresh >= required(pacer);
+    if (!complete) return Verdict::kPending;
+    next_step(pacer);
+    return Verdict::kReady;
+  }
+
   /// Waits for `worker` again, from the step in progress.
   void on_worker_back(Pacer& pacer, std::uint32_t worker) const { pacer.lost.erase(worker); }
 
@@ -15254,7 +15363,8 @@ class SyncReplicas {
   [[nodiscard]] std::vector<std::uint32_t> awaited(const Pacer& pacer) const {
     std::vector<std::uint32_t> workers;
     for_each_worker(pacer, [&](std::uint32_t w) {
-      if (!pacer.pushed.contains(w) && !pacer.lost.contains(w)) workers.push_back(w);
+      if (!pacer.pushed.contains(w) && !pacer.lost.contains(w) && !pacer.forfeited.contains(w))
+        workers.push_back(w);
     });
     return workers;
   }
@@ -15336,6 +15446,8 @@ class SyncReplicas {
   std::optional<Token> take_token(Pacer& pacer, std::uint32_t worker) const {
     if (pacer.free.empty() || !member(pacer, worker)) return std::nullopt;
     const bool each = one_each(pacer);
+    if (each && pacer.forfeited.contains(worker))
+      return std::nullopt;  // its next token is the next step's
     if (each && (pacer.taken.contains(worker) || pacer.pushed.contains(worker))) {
       const auto held = pacer.held.find(worker);
       if (!pacer.refill || (held != pacer.held.end() && !held->second.empty())) return std::nullopt;
@@ -15424,6 +15536,9 @@ class SyncReplicas {
     for (const std::uint32_t w : pacer.lost) {
       if (member(pacer, w) && !pacer.pushed.contains(w)) ++owing;
     }
+    for (const std::uint32_t w : pacer.forfeited) {
+      if (!pacer.lost.contains(w)) ++owing;
+    }
     return std::max(1, std::min(replicas(pacer), workers(pacer) - owing));
   }
 
@@ -15437,6 +15552,7 @@ class SyncReplicas {
     pacer.taken.clear();
     pacer.held.clear();
     pacer.pushed.clear();
+    pacer.forfeited.clear();
     judge_refill(pacer);
   }
 
@@ -17201,13 +17317,15 @@ struct TcpOptions {
   /// one; a copy whose ps is lost for good is dropped and the other serves alone (Tcp).
   /// Every task of a job must say the same, and the ps tasks must hold the copies.
   std::uint32_t replicas = 0;
-  /// With replicas, when the transport is made: how long each copy is waited for at first
-  /// (0, the default: `connect_timeout`). A copy not reached then whose twin was is tried
-  /// once more, then dropped (as the referee rules); a shard neither of whose copies was
-  /// reached is waited for `connect_timeout` by whichever copy comes first, as a ps without
-  /// copies (one process may be gone, the other stopped a while). The role runner's chief,
-  /// started in a lost one's place while some ps process is missing, waits one attempt
-  /// (`attempt_timeout`) at first.
+  /// With replicas, when the transport is made: how long each ps process is waited for at
+  /// first, in connection attempts with backoff, at least one (0, the default:
+  /// `connect_timeout`). A copy not reached then whose twin was is tried once more (one
+  /// attempt), then dropped (as the referee rules, asked once per process); a shard neither
+  /// of whose copies was reached is waited for `connect_timeout` by whichever copy comes
+  /// first, as a ps without copies (one process may be gone, the other stopped a while). The
+  /// role runner's tasks started in a job under way (a chief in a lost one's place, a worker
+  /// started again) make one attempt at first (1 ms: each attempt is bounded by
+  /// `attempt_timeout`), as a task in training asks the chief at its first refused attempt.
   std::chrono::milliseconds copy_connect_timeout{0};
   /// With replicas: how long WaitReady waits for ps k's own copy once the other copy is
   /// ready, so that every task reads from the same copy when both are well; a copy still
@@ -18842,19 +18960,34 @@ class Tcp {
 
     /// Connects every link (those of `reach_now`'s tasks only, when given). Without copies,
     /// each within connect_timeout, or throws. With copies, each first within
-    /// copy_connect_timeout (when set). A shard neither of whose copies was reached then is
-    /// waited for connect_timeout, as a ps without copies, by whichever copy comes first
-    /// (one may be gone for good, the other stalled). A copy whose twin was reached is tried once
-    /// more (its process may have come meanwhile), then dropped (when the referee, if any, rules
-    /// its process lost; if it does not, the process is there after all, started or
-    /// continued meanwhile: one more connect_timeout).
+    /// copy_connect_timeout (when set; a process is waited for once, not once per copy it
+    /// holds). A shard neither of whose copies was reached then is waited for
+    /// connect_timeout, as a ps without copies, by whichever copy comes first (one may be
+    /// gone for good, the other stalled). A copy whose twin was reached is tried once more
+    /// (one attempt: its process may have come meanwhile), then dropped (when the referee, if
+    /// any, rules its process lost, asked once per process; if it does not, the process is
+    /// there after all, started or continued meanwhile: one more connect_timeout). So a task
+    /// started in a job under way whose ps process is gone for good reaches its shards
+    /// within one attempt and the chief's ruling, and its heartbeats begin before the ps
+    /// tasks' worker timeout holds it lost.
     void connect_all(std::optional<std::span<const std::uint32_t>> reach_now) {
       const bool quick = options_.replicas != 0 && options_.copy_connect_timeout.count() > 0;
       std::vector<std::optional<Error>> missed(links_.size());
+      // The first link missed at each task: the others at its address are not waited for.
+      const auto missed_at = [&](std::size_t i) -> const std::optional<Error>* {
+        for (std::size_t j = 0; j < i; ++j) {
+          if (missed[j] && links_[j]->task == links_[i]->task) return &missed[j];
+        }
+        return nullptr;
+      };
       for (std::size_t i = 0; i < links_.size(); ++i) {
         if (reach_now &&
             std::find(reach_now->begin(), reach_now->end(), links_[i]->task) == reach_now->end())
           continue;
+        if (const std::optional<Error>* before = quick ? missed_at(i) : nullptr) {
+          missed[i] = **before;
+          continue;
+        }
         try {
           connect_with_backoff(*links_[i],
                                quick ? options_.copy_connect_timeout : options_.connect_timeout);
@@ -18887,18 +19020,20 @@ class Tcp {
         }
         missed[links_[i]->state == State::kConnected ? i : j].reset();
       }
+      std::vector<std::uint32_t> ruled_lost;  // the processes the referee ruled lost here
       for (std::size_t i = 0; i < links_.size(); ++i) {
         if (!missed[i]) continue;
-        if (quick) {
+        const bool ruled =
+            std::find(ruled_lost.begin(), ruled_lost.end(), links_[i]->task) != ruled_lost.end();
+        if (quick && !ruled) {
           try {
-            connect_with_backoff(*links_[i], options_.copy_connect_timeout);
+            connect_with_backoff(*links_[i], std::chrono::milliseconds(0));  // one attempt
             continue;
-          } catch (const Error& e) {
+          } catch (const Error& e) {  // (the first miss stays the one logged)
             if (e.code() != ErrorCode::kUnavailable) throw;
-            missed[i] = e;
           }
         }
-        if (options_.copy_referee && !ruled_lost_now(*links_[i], missed[i]->message())) {
+        if (options_.copy_referee && !ruled && !ruled_lost_now(*links_[i], missed[i]->message())) {
           try {
             connect_with_backoff(*links_[i], options_.connect_timeout);
             continue;
@@ -18909,6 +19044,7 @@ class Tcp {
                             "; its copy is not given up: the chief did not rule its process lost");
           }
         }
+        ruled_lost.push_back(links_[i]->task);
         links_[i]->dropped = true;
         log(LogLevel::kWarning, self_.name() + ": " + missed[i]->what() + ": ps " +
                                     std::to_string(i % shards_) +
@@ -18938,9 +19074,11 @@ class Tcp {
 
     void connect_with_backoff(Link& link, std::chrono::milliseconds patience) {
       if (connect_first({&link}, patience)) return;
-      throw Error(ErrorCode::kUnavailable, "ps at " + link.address + " unreachable for " +
-                                               std::to_string(patience.count()) +
-                                               " ms: " + link.broken_reason);
+      const std::string tried = patience < options_.attempt_timeout
+                                    ? " (one attempt)"
+                                    : " for " + std::to_string(patience.count()) + " ms";
+      throw Error(ErrorCode::kUnavailable,
+                  "ps at " + link.address + " unreachable" + tried + ": " + link.broken_reason);
     }
 
     /// One connection attempt of at most attempt_timeout, handshake included; `done(ec)`

@@ -418,7 +418,87 @@ Response call_as(Server& ps, Request request, Node peer, std::uint64_t session =
   return std::move(*out);
 }
 
+/// The same, as `peer`, for a request whose answer may come later.
+template <class Server>
+std::shared_ptr<std::optional<Response>> call_later_as(Server& ps, Request request, Node peer,
+                                                       std::uint64_t session = 1) {
+  auto out = std::make_shared<std::optional<Response>>();
+  ps.handle(std::move(request), RequestContext{false, peer, session},
+            [out](Response&& r) { *out = std::move(r); });
+  return out;
+}
+
 }  // namespace
+
+TEST_CASE(
+    "SyncReplicas at the message level: a worker whose push of a step was lost with its process is "
+    "not waited "
+    "for at that step") {
+  // R = N = 2. Worker 1 was killed while it wrote its push of step 0 to the ps tasks: another
+  // ps took it and went on to step 1, this one did not. The process started in its place
+  // pulls step 1 here (the step its token, from the other ps, names): it will never push
+  // step 0, so step 0 goes on with worker 0's gradient alone.
+  auto ps = ready_server(SyncReplicas{2, 2});
+  const std::vector<float> g{2, 4};
+  CHECK(std::get<PushReply>(call_as(ps, push_b(0, 0, g), Node::worker(0))).stale_parts == 0);
+  // A pull of step 1 from the chief, or from the worker that pushed, waits as ever.
+  auto chief = call_later_as(ps, Pull{1, {{1, {0, 2}}}}, Node::chief(), 2);
+  auto pushed = call_later_as(ps, Pull{1, {{1, {0, 2}}}}, Node::worker(0), 3);
+  CHECK_FALSE(chief->has_value());
+  CHECK_FALSE(pushed->has_value());
+  CHECK(ps.stats().global_step == 0);
+  // A pull of a later step than the next (a worker waiting for the end) changes nothing.
+  auto far = call_later_as(ps, Pull{5, {{1, {0, 2}}}}, Node::worker(1), 4);
+  CHECK_FALSE(far->has_value());
+  CHECK(ps.stats().global_step == 0);
+  const Response fresh = call_as(ps, Pull{1, {{1, {0, 2}}}}, Node::worker(1), 5);
+  REQUIRE(std::holds_alternative<PullReply>(fresh));
+  CHECK(std::get<PullReply>(fresh).global_step == 1);
+  CHECK(read(ps, 1) == std::vector<float>{3, 2});  // b = {5, 6} - worker 0's g alone
+  REQUIRE(chief->has_value());
+  REQUIRE(pushed->has_value());
+  CHECK(std::get<PullReply>(**pushed).global_step == 1);
+  CHECK_FALSE(far->has_value());
+  // Step 1 needs both workers again, worker 1's new process among them.
+  CHECK(std::get<PushReply>(call_as(ps, push_b(0, 1, g), Node::worker(0))).stale_parts == 0);
+  CHECK(ps.stats().global_step == 1);
+  CHECK(std::get<PushReply>(call_as(ps, push_b(1, 1, std::vector<float>{0, 0}), Node::worker(1), 5))
+            .stale_parts == 0);
+  CHECK(ps.stats().global_step == 2);
+  CHECK(read(ps, 1) == std::vector<float>{2, 0});  // {3, 2} - mean{g, 0}
+  CHECK(ps.stats().workers_lost == 0);
+}
+
+TEST_CASE(
+    "SyncReplicas at the message level: a step that waits for a worker whose push was lost takes "
+    "its late "
+    "push as stale, and backups are not told apart") {
+  SUBCASE("R = N = 3") {
+    auto ps = ready_server(SyncReplicas{3, 3});
+    const std::vector<float> g{2, 4};
+    CHECK(std::get<PushReply>(call_as(ps, push_b(0, 0, g), Node::worker(0))).stale_parts == 0);
+    auto ahead = call_later_as(ps, Pull{1, {{1, {0, 2}}}}, Node::worker(2), 2);
+    CHECK_FALSE(ahead->has_value());  // the step still needs worker 1's push
+    // Worker 2's push of step 0 arriving all the same (its old process's, late) is stale.
+    CHECK(std::get<PushReply>(call_as(ps, push_b(2, 0, g), Node::worker(2), 3)).stale_parts == 2);
+    CHECK(ps.stats().global_step == 0);
+    CHECK(std::get<PushReply>(call_as(ps, push_b(1, 0, g), Node::worker(1))).stale_parts == 0);
+    REQUIRE(ahead->has_value());
+    CHECK(ps.stats().global_step == 1);
+    CHECK(read(ps, 1) == std::vector<float>{3, 2});  // the mean of workers 0 and 1
+  }
+  SUBCASE("R = 2 of N = 3: a step needs two gradients from whoever brings them") {
+    auto ps = ready_server(SyncReplicas{2, 3});
+    const std::vector<float> g{2, 4};
+    CHECK(std::get<PushReply>(call_as(ps, push_b(0, 0, g), Node::worker(0))).stale_parts == 0);
+    auto ahead = call_later_as(ps, Pull{1, {{1, {0, 2}}}}, Node::worker(2), 2);
+    CHECK_FALSE(ahead->has_value());
+    CHECK(ps.stats().global_step == 0);
+    CHECK(std::get<PushReply>(call_as(ps, push_b(1, 0, g), Node::worker(1))).stale_parts == 0);
+    REQUIRE(ahead->has_value());
+    CHECK(ps.stats().global_step == 1);
+  }
+}
 
 TEST_CASE("each request is taken only from the jobs that may send it") {
   auto ps = ready_server(Async{});

@@ -396,6 +396,36 @@ struct RulingChief {
   std::atomic<int> lost_rulings{0};  ///< answers that a process is lost
 };
 
+TEST_CASE(
+    "a task made in a job under way while a ps process is gone for good tries it once and asks the "
+    "chief once, "
+    "not once per copy it held") {
+  // ps 1 holds shard 1 and the copy of shard 0: two links of a new task reach its address,
+  // which refuses. A worker started again must be heard by the ps tasks within their worker
+  // timeout: it may not wait a whole attempt for an address that refuses, nor once per link.
+  CopiesCluster cluster;
+  cluster.kill(1);
+  RulingChief chief(cluster);
+  TcpOptions options = chief.worker_options(Node::worker(0));
+  options.attempt_timeout = std::chrono::seconds(5);
+  options.connect_timeout = std::chrono::seconds(60);
+  options.copy_connect_timeout =
+      std::chrono::milliseconds(1);  // one attempt, as the role runner's (fit_to_copies)
+  const auto began = std::chrono::steady_clock::now();
+  Tcp tcp = client(Node::worker(0), cluster.addresses, options);
+  const auto took = std::chrono::steady_clock::now() - began;
+  CHECK(chief.asked == 1);
+  CHECK(chief.lost_rulings == 1);
+  CHECK(tcp.given_up() == std::vector<std::uint32_t>{1});
+  CHECK(took < options.attempt_timeout);  // a refused attempt ends at once
+  for (std::uint32_t ps = 0; ps < kPs;
+       ++ps) {  // every shard answers, shard 1 from its copy on ps 2
+    PendingCall call = tcp.call(ps, GetStats{}, {});
+    REQUIRE(call.wait_for(std::chrono::seconds(10)));
+    CHECK(std::holds_alternative<StatsReply>(call.take()));
+  }
+}
+
 TEST_CASE("with the chief ruling, a ps lost mid-training is given up once the chief rules it lost: bit for bit") {
   const auto expected = in_process_result();
   CopiesCluster cluster;
@@ -793,7 +823,7 @@ TEST_CASE(
   }
   pulley::testing::LogCapture captured;
   TcpOptions under_way = with_copies();  // as the role runner makes it for a job under way
-  under_way.copy_connect_timeout = under_way.attempt_timeout;
+  under_way.copy_connect_timeout = std::chrono::milliseconds(1);
   Chief next(client(Node::chief(), cluster.addresses, under_way), 7);
   REQUIRE(next.ps_serving());
   (void)next.adopt(LinearModel(kIn, kOut).variables());

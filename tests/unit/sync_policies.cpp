@@ -578,3 +578,42 @@ TEST_CASE("Async counts no workers: any may join") {
   async.reshape(pacer, std::vector<std::uint32_t>{0, 5});
   CHECK(async.take_token(pacer, 5).has_value());
 }
+
+TEST_CASE(
+    "SyncReplicas: a worker that pulls the next step without pushing this one is not waited for at "
+    "this step "
+    "alone") {
+  const pulley::SyncReplicas sync{2, 2};
+  auto pacer = sync.make_pacer();
+  REQUIRE(sync.take_token(pacer, 1).has_value());
+  // Only a pull of the very next step says the push is lost.
+  CHECK_FALSE(sync.on_pull_ahead(pacer, 1, 2).has_value());
+  CHECK(sync.on_pull_ahead(pacer, 1, 1) ==
+        Verdict::kPending);  // worker 0's gradient is still to come
+  CHECK(sync.awaited(pacer) == std::vector<std::uint32_t>{0});
+  CHECK_FALSE(sync.on_pull_ahead(pacer, 1, 1).has_value());  // said once
+  CHECK_FALSE(sync.take_token(pacer, 1).has_value());        // its next token is step 1's
+  CHECK(sync.on_push(pacer, 1, 0) == Verdict::kStale);       // the lost push, late
+  CHECK(sync.on_push(pacer, 0, 0) == Verdict::kReady);
+  CHECK(sync.global_step(pacer) == 1);
+  // Step 1 waits for both again; a worker that pushed is not taken for one that lost its push.
+  CHECK(sync.awaited(pacer) == std::vector<std::uint32_t>{0, 1});
+  CHECK(sync.on_push(pacer, 0, 1) == Verdict::kPending);
+  CHECK_FALSE(sync.on_pull_ahead(pacer, 0, 2).has_value());
+  CHECK(sync.on_push(pacer, 1, 1) == Verdict::kReady);
+  // A worker held lost is not waited for anyway.
+  CHECK(sync.on_worker_lost(pacer, 1) == Verdict::kPending);
+  CHECK_FALSE(sync.on_pull_ahead(pacer, 1, 3).has_value());
+
+  // A single worker's lost push: the step goes on with no update.
+  const pulley::SyncReplicas alone{1, 1};
+  auto one = alone.make_pacer();
+  CHECK(alone.on_pull_ahead(one, 0, 1) == Verdict::kReady);
+  CHECK(alone.global_step(one) == 1);
+
+  // With a backup worker the step needs R gradients from whoever brings them.
+  const pulley::SyncReplicas backups{2, 3};
+  auto spare = backups.make_pacer();
+  CHECK(backups.on_push(spare, 0, 0) == Verdict::kPending);
+  CHECK_FALSE(backups.on_pull_ahead(spare, 2, 1).has_value());
+}

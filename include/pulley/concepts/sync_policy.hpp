@@ -25,7 +25,8 @@ enum class Verdict : std::uint8_t {
 ///   - an `Accumulator` per part the ps holds (TF's ConditionalAccumulator): it gathers the
 ///     part's gradients of one update and hands the optimizer their mean;
 ///   - one `Pacer` per ps task: it counts push messages towards the ps's global step, judges
-///     them fresh or stale, and (on the pacing ps: the lowest member, ps 0 while none left) hands out sync tokens.
+///     them fresh or stale, and (on the pacing ps: the lowest member, ps 0 while none left) hands
+///     out sync tokens.
 ///
 /// Required:
 ///   - `typename P::Accumulator`, `typename P::Pacer` (both movable)
@@ -63,6 +64,18 @@ enum class Verdict : std::uint8_t {
 ///     void: its heartbeats came back; it counts again from the step in progress. A throw
 ///     from either fails the ps. Without them a lost worker is only released, and the
 ///     policy waits for it.
+///   - `p.on_pull_ahead(pacer, worker, min_step)` → `std::optional<Verdict>`: `worker`
+///     (not held lost) asks for the parameters of step `min_step`, the one after the step in
+///     progress, for which it has not pushed here. A worker pushes a step on a connection
+///     before it pulls the next there, so this one will not push it: its push was lost with
+///     its process (killed while it wrote the push to several ps tasks; those that took it
+///     went on, and the process started in its place pulls the step they are at). A policy
+///     whose step waits for that very worker stops waiting for it for this step alone (the
+///     update is the mean of the others' gradients, or none), and says so: kReady when that
+///     completes the step, else kPending; nullopt when the pull changes nothing (it waits,
+///     as any gated pull). A push of the worker for that step that comes all the same is
+///     stale. Without it, such a pull waits until the ps holds the worker lost, which it
+///     may never do while the worker's new process beats.
 ///   - `p.awaited(pacer)` → `std::vector<std::uint32_t>`: the workers the next step waits
 ///     for; the ps quotes each with how long ago it last heard it.
 ///   - `p.reshape(pacer, workers)` → void: the job's workers are now `workers` (task
@@ -71,8 +84,9 @@ enum class Verdict : std::uint8_t {
 ///     chief chose (ChangeWorkers), before it hands out a token of that step (under
 ///     SyncReplicas every ps is then at the same boundary, the step untouched), and after a
 ///     `load` when the job's workers are not the cluster spec's. A worker outside them is
-///     not waited for; its token requests may wait and its pushes be stale. A throw (`pulley::Error`) refuses the change and leaves the
-///     pacer as it was. Without it, no worker can join or leave the job for good.
+///     not waited for; its token requests may wait and its pushes be stale. A throw
+///     (`pulley::Error`) refuses the change and leaves the pacer as it was. Without it, no worker
+///     can join or leave the job for good.
 ///   - `p.follow(pacer, local_step, refill)` → void, noexcept: called before `on_push` with
 ///     what the token the push was made for said (`Token::refill`, which the pacing ps's
 ///     policy sets): every ps follows the pacing ps's word on the push's step.
@@ -171,6 +185,22 @@ Verdict worker_lost(const P& policy, typename P::Pacer& pacer, std::uint32_t wor
   } else {
     release(policy, pacer, worker);
     return Verdict::kPending;
+  }
+}
+
+/// Tells the policy `worker` pulls step `min_step` past the one in progress without having
+/// pushed for it (`on_pull_ahead`, if it has one): nullopt when that changes nothing.
+template <SyncPolicy P>
+std::optional<Verdict> pull_ahead(const P& policy, typename P::Pacer& pacer, std::uint32_t worker,
+                                  std::int64_t min_step) {
+  if constexpr (requires {
+                  {
+                    policy.on_pull_ahead(pacer, worker, min_step)
+                    } -> std::same_as<std::optional<Verdict>>;
+                }) {
+    return policy.on_pull_ahead(pacer, worker, min_step);
+  } else {
+    return std::nullopt;
   }
 }
 

@@ -119,6 +119,15 @@ class Pacing {
     return verdict;
   }
 
+  /// `worker` pulls step `min_step` without a push for the step in progress here
+  /// (SyncPolicy::on_pull_ahead): nullopt when that changes nothing; else its lease goes
+  /// with its tokens, and kReady when the update in progress is complete without it.
+  std::optional<Verdict> pulled_ahead(std::uint32_t worker, std::int64_t min_step) {
+    const std::optional<Verdict> verdict = pull_ahead(sync_, pacer_, worker, min_step);
+    if (verdict) leases_.erase(worker);
+    return verdict;
+  }
+
   /// A lost `worker` is back: it counts again from the step in progress.
   void back(std::uint32_t worker) { worker_back(sync_, pacer_, worker); }
 

@@ -443,6 +443,35 @@ class ParameterServer {
     changing_ = changing;
   }
 
+  /// A worker's pull gated at the step after the one in progress, from a worker that has
+  /// not pushed that step here: its push was lost with its process (killed while it wrote
+  /// the push to several ps tasks, which took it or not; the process started in its place
+  /// pulls the step the others are at, and will not push this one). The sync policy may
+  /// then go on without it for this step (SyncPolicy::on_pull_ahead), as the ps tasks that
+  /// took the push went on with it: otherwise the step would wait for a push that never
+  /// comes while the new process beats. Not while paused for a cut (which must see no step
+  /// complete on its own). Logged.
+  void pulls_ahead(const RequestContext& context, std::int64_t min_step) {
+    if (!context.peer || context.peer->role != Node::Role::kWorker ||
+        min_step <= pacing_.global_step() || cut_.paused()) {
+      return;
+    }
+    const std::int64_t step_before = pacing_.global_step();
+    changing_ = true;  // a throw from the policy leaves its pacer half changed
+    const std::optional<Verdict> verdict = pacing_.pulled_ahead(context.peer->index, min_step);
+    if (verdict == Verdict::kReady) update_.complete(shard_, pacing_.policy(), step_before, stats_);
+    changing_ = false;
+    if (!verdict) return;
+    log(LogLevel::kWarning,
+        name_ + ": " + context.peer->name() + " pulls step " + std::to_string(min_step) +
+            " without a push for step " + std::to_string(step_before) +
+            " here: its push was lost with its process (the ps tasks that took it went on); "
+            "this step goes on without it; " +
+            describe_wait());
+    hand_out_tokens();
+    if (pacing_.global_step() != step_before) release_step_gates();
+  }
+
   /// The global step moved: the pulls and pauses waiting for it are answered.
   void release_step_gates() {
     const std::int64_t step = pacing_.global_step();
@@ -461,12 +490,13 @@ class ParameterServer {
 
   // ---- Pull / PullRows: shard.hpp, table_shard.hpp ----------------------------------------
 
-  void on(Pull& r, const RequestContext&, Responder& reply) {
+  void on(Pull& r, const RequestContext& context, Responder& reply) {
     if (!is_ready(reply, "pull") ||
         (r.min_step > 0 && refused(reply, registration_.check_epoch(r.epoch, "pull"))) ||
         refused(reply, of_epoch(shard_.check(r.slices), r.epoch, "pull"))) {
       return;
     }
+    pulls_ahead(context, r.min_step);
     const std::int64_t step = pacing_.global_step();
     if (step < r.min_step) return pulls_.park(r.min_step, std::move(r), reply);
     respond(reply, shard_.read(r.slices, step, stats_));
@@ -481,6 +511,7 @@ class ParameterServer {
     }
     // Only a worker's pull creates, admits and touches rows: the chief and evaluators read.
     const bool create = !context.peer || context.peer->role == Node::Role::kWorker;
+    pulls_ahead(context, r.min_step);
     const std::int64_t step = pacing_.global_step();
     if (step < r.min_step) return row_pulls_.park(r.min_step, RowPull{std::move(r), create}, reply);
     answer_rows(r, create, step, reply);

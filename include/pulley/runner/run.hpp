@@ -135,7 +135,7 @@ inline std::optional<ErrorReply> fit_to_copies(const Node& self, const std::vect
             "for one connection attempt, then " +
             (chief ? "the chief rules" : "this task asks the chief") +
             " whether its process is lost");
-    tcp.copy_connect_timeout = tcp.attempt_timeout;
+    tcp.copy_connect_timeout = std::chrono::milliseconds(1);  // one attempt (TcpOptions)
   }
   return std::nullopt;
 }

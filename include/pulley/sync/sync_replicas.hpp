@@ -68,6 +68,11 @@ namespace pulley {
 /// takes its own token from the next); what it pushes for a step that completed without
 /// it is stale and dropped.
 ///
+/// A worker whose push of a step was lost with its process (`on_pull_ahead`: killed while
+/// it wrote the push to several ps tasks, and started again): where every live worker's
+/// push is needed (R <= N, not a refill step, the step needing each of them), the step
+/// goes on without it, once, as if it had been lost for that step alone.
+///
 /// Workers that join or leave the job (`reshape`, at a step boundary every ps reaches
 /// alike): the workers are then a set of task indices, N its size, and "its own token" is
 /// a worker's rank in it. From that step on a step has max(R, N) tokens (R = N when made
@@ -120,6 +125,9 @@ class SyncReplicas {
     std::map<std::uint32_t, std::vector<std::uint32_t>> held;
     std::set<std::uint32_t> pushed;               ///< workers with a fresh push of `step`
     std::set<std::uint32_t> lost;                 ///< workers the ps holds lost
+    /// Workers whose push of `step` was lost with their process (`on_pull_ahead`): not
+    /// waited for in this step, their push of it stale.
+    std::set<std::uint32_t> forfeited;
     bool refill = false;  ///< `step` began short of workers: the live ones take the lost ones' tokens
     /// The job's workers, ascending, once they changed (`reshape`); empty: 0 .. N-1.
     std::vector<std::uint32_t> workers;
@@ -162,7 +170,10 @@ class SyncReplicas {
   /// Stale if tagged before the current step, or pushed by a worker outside the job's; the
   /// R-th fresh push completes the step.
   Verdict on_push(Pacer& pacer, std::uint32_t worker, std::int64_t local_step) const {
-    if (local_step < pacer.step || !member(pacer, worker)) return Verdict::kStale;
+    if (local_step < pacer.step || !member(pacer, worker) ||
+        (local_step == pacer.step && pacer.forfeited.contains(worker))) {
+      return Verdict::kStale;
+    }
     pacer.pushed.insert(worker);  // first: an insertion that throws leaves the pacer as it was
     if (const auto held = pacer.held.find(worker); held != pacer.held.end()) {
       if (held->second.size() <= 1) {
@@ -182,7 +193,8 @@ class SyncReplicas {
   /// made by a restore (`load`, then every worker the ps still holds lost) is the step the
   /// unbroken job had, not one that lost a worker on the way.
   Verdict on_worker_lost(Pacer& pacer, std::uint32_t worker) const {
-    const bool untouched = pacer.fresh == 0 && pacer.taken.empty() && pacer.pushed.empty();
+    const bool untouched =
+        pacer.fresh == 0 && pacer.taken.empty() && pacer.pushed.empty() && pacer.forfeited.empty();
     pacer.lost.insert(worker);
     release(pacer, worker);
     if (untouched) {
@@ -201,6 +213,33 @@ class SyncReplicas {
     if (local_step == pacer.step && pacer.fresh == 0) pacer.refill = refill && one_each(pacer);
   }
 
+  /// `worker` pulls step `min_step` without a push for the step in progress here: when the
+  /// step is the one before `min_step` and needs that worker's push in particular (see the
+  /// class comment), the step stops waiting for it, as `on_worker_lost` would for this step
+  /// alone (its tokens go back; a push of it for this step is stale from now on): kReady
+  /// when that completes the step. nullopt otherwise (backup workers, a refill step, R > N:
+  /// the step needs R gradients from whoever brings them, and the pull waits).
+  std::optional<Verdict> on_pull_ahead(Pacer& pacer, std::uint32_t worker,
+                                       std::int64_t min_step) const {
+    if (min_step != pacer.step + 1 || !member(pacer, worker) || pacer.lost.contains(worker) ||
+        pacer.pushed.contains(worker) || pacer.forfeited.contains(worker) || !one_each(pacer) ||
+        pacer.refill) {
+      return std::nullopt;
+    }
+    int live = 0;
+    for_each_worker(pacer, [&](std::uint32_t w) { live += pacer.lost.contains(w) ? 0 : 1; });
+    if (required(pacer) < live - static_cast<int>(pacer.forfeited.size())) return std::nullopt;
+    pacer.forfeited.insert(worker);  // first: an insertion that throws leaves the pacer as it was
+    release(pacer, worker);
+    // Complete with the others' gradients, or with none once no live worker owes one (a
+    // single worker's lost push: the step's update is empty here).
+    const bool complete =
+        pacer.fresh == 0 ? awaited(pacer).empty() : pacer.fresh >= required(pacer);
+    if (!complete) return Verdict::kPending;
+    next_step(pacer);
+    return Verdict::kReady;
+  }
+
   /// Waits for `worker` again, from the step in progress.
   void on_worker_back(Pacer& pacer, std::uint32_t worker) const { pacer.lost.erase(worker); }
 
@@ -209,7 +248,8 @@ class SyncReplicas {
   [[nodiscard]] std::vector<std::uint32_t> awaited(const Pacer& pacer) const {
     std::vector<std::uint32_t> workers;
     for_each_worker(pacer, [&](std::uint32_t w) {
-      if (!pacer.pushed.contains(w) && !pacer.lost.contains(w)) workers.push_back(w);
+      if (!pacer.pushed.contains(w) && !pacer.lost.contains(w) && !pacer.forfeited.contains(w))
+        workers.push_back(w);
     });
     return workers;
   }
@@ -291,6 +331,8 @@ class SyncReplicas {
   std::optional<Token> take_token(Pacer& pacer, std::uint32_t worker) const {
     if (pacer.free.empty() || !member(pacer, worker)) return std::nullopt;
     const bool each = one_each(pacer);
+    if (each && pacer.forfeited.contains(worker))
+      return std::nullopt;  // its next token is the next step's
     if (each && (pacer.taken.contains(worker) || pacer.pushed.contains(worker))) {
       const auto held = pacer.held.find(worker);
       if (!pacer.refill || (held != pacer.held.end() && !held->second.empty())) return std::nullopt;
@@ -379,6 +421,9 @@ class SyncReplicas {
     for (const std::uint32_t w : pacer.lost) {
       if (member(pacer, w) && !pacer.pushed.contains(w)) ++owing;
     }
+    for (const std::uint32_t w : pacer.forfeited) {
+      if (!pacer.lost.contains(w)) ++owing;
+    }
     return std::max(1, std::min(replicas(pacer), workers(pacer) - owing));
   }
 
@@ -392,6 +437,7 @@ class SyncReplicas {
     pacer.taken.clear();
     pacer.held.clear();
     pacer.pushed.clear();
+    pacer.forfeited.clear();
     judge_refill(pacer);
   }
 

@@ -808,19 +808,34 @@ class Tcp {
 
     /// Connects every link (those of `reach_now`'s tasks only, when given). Without copies,
     /// each within connect_timeout, or throws. With copies, each first within
-    /// copy_connect_timeout (when set). A shard neither of whose copies was reached then is
-    /// waited for connect_timeout, as a ps without copies, by whichever copy comes first
-    /// (one may be gone for good, the other stalled). A copy whose twin was reached is tried once
-    /// more (its process may have come meanwhile), then dropped (when the referee, if any, rules
-    /// its process lost; if it does not, the process is there after all, started or
-    /// continued meanwhile: one more connect_timeout).
+    /// copy_connect_timeout (when set; a process is waited for once, not once per copy it
+    /// holds). A shard neither of whose copies was reached then is waited for
+    /// connect_timeout, as a ps without copies, by whichever copy comes first (one may be
+    /// gone for good, the other stalled). A copy whose twin was reached is tried once more
+    /// (one attempt: its process may have come meanwhile), then dropped (when the referee, if
+    /// any, rules its process lost, asked once per process; if it does not, the process is
+    /// there after all, started or continued meanwhile: one more connect_timeout). So a task
+    /// started in a job under way whose ps process is gone for good reaches its shards
+    /// within one attempt and the chief's ruling, and its heartbeats begin before the ps
+    /// tasks' worker timeout holds it lost.
     void connect_all(std::optional<std::span<const std::uint32_t>> reach_now) {
       const bool quick = options_.replicas != 0 && options_.copy_connect_timeout.count() > 0;
       std::vector<std::optional<Error>> missed(links_.size());
+      // The first link missed at each task: the others at its address are not waited for.
+      const auto missed_at = [&](std::size_t i) -> const std::optional<Error>* {
+        for (std::size_t j = 0; j < i; ++j) {
+          if (missed[j] && links_[j]->task == links_[i]->task) return &missed[j];
+        }
+        return nullptr;
+      };
       for (std::size_t i = 0; i < links_.size(); ++i) {
         if (reach_now &&
             std::find(reach_now->begin(), reach_now->end(), links_[i]->task) == reach_now->end())
           continue;
+        if (const std::optional<Error>* before = quick ? missed_at(i) : nullptr) {
+          missed[i] = **before;
+          continue;
+        }
         try {
           connect_with_backoff(*links_[i],
                                quick ? options_.copy_connect_timeout : options_.connect_timeout);
@@ -853,18 +868,20 @@ class Tcp {
         }
         missed[links_[i]->state == State::kConnected ? i : j].reset();
       }
+      std::vector<std::uint32_t> ruled_lost;  // the processes the referee ruled lost here
       for (std::size_t i = 0; i < links_.size(); ++i) {
         if (!missed[i]) continue;
-        if (quick) {
+        const bool ruled =
+            std::find(ruled_lost.begin(), ruled_lost.end(), links_[i]->task) != ruled_lost.end();
+        if (quick && !ruled) {
           try {
-            connect_with_backoff(*links_[i], options_.copy_connect_timeout);
+            connect_with_backoff(*links_[i], std::chrono::milliseconds(0));  // one attempt
             continue;
-          } catch (const Error& e) {
+          } catch (const Error& e) {  // (the first miss stays the one logged)
             if (e.code() != ErrorCode::kUnavailable) throw;
-            missed[i] = e;
           }
         }
-        if (options_.copy_referee && !ruled_lost_now(*links_[i], missed[i]->message())) {
+        if (options_.copy_referee && !ruled && !ruled_lost_now(*links_[i], missed[i]->message())) {
           try {
             connect_with_backoff(*links_[i], options_.connect_timeout);
             continue;
@@ -875,6 +892,7 @@ class Tcp {
                             "; its copy is not given up: the chief did not rule its process lost");
           }
         }
+        ruled_lost.push_back(links_[i]->task);
         links_[i]->dropped = true;
         log(LogLevel::kWarning, self_.name() + ": " + missed[i]->what() + ": ps " +
                                     std::to_string(i % shards_) +
@@ -904,9 +922,11 @@ class Tcp {
 
     void connect_with_backoff(Link& link, std::chrono::milliseconds patience) {
       if (connect_first({&link}, patience)) return;
-      throw Error(ErrorCode::kUnavailable, "ps at " + link.address + " unreachable for " +
-                                               std::to_string(patience.count()) +
-                                               " ms: " + link.broken_reason);
+      const std::string tried = patience < options_.attempt_timeout
+                                    ? " (one attempt)"
+                                    : " for " + std::to_string(patience.count()) + " ms";
+      throw Error(ErrorCode::kUnavailable,
+                  "ps at " + link.address + " unreachable" + tried + ": " + link.broken_reason);
     }
 
     /// One connection attempt of at most attempt_timeout, handshake included; `done(ec)`

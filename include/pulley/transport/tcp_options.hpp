@@ -51,13 +51,15 @@ struct TcpOptions {
   /// one; a copy whose ps is lost for good is dropped and the other serves alone (Tcp).
   /// Every task of a job must say the same, and the ps tasks must hold the copies.
   std::uint32_t replicas = 0;
-  /// With replicas, when the transport is made: how long each copy is waited for at first
-  /// (0, the default: `connect_timeout`). A copy not reached then whose twin was is tried
-  /// once more, then dropped (as the referee rules); a shard neither of whose copies was
-  /// reached is waited for `connect_timeout` by whichever copy comes first, as a ps without
-  /// copies (one process may be gone, the other stopped a while). The role runner's chief,
-  /// started in a lost one's place while some ps process is missing, waits one attempt
-  /// (`attempt_timeout`) at first.
+  /// With replicas, when the transport is made: how long each ps process is waited for at
+  /// first, in connection attempts with backoff, at least one (0, the default:
+  /// `connect_timeout`). A copy not reached then whose twin was is tried once more (one
+  /// attempt), then dropped (as the referee rules, asked once per process); a shard neither
+  /// of whose copies was reached is waited for `connect_timeout` by whichever copy comes
+  /// first, as a ps without copies (one process may be gone, the other stopped a while). The
+  /// role runner's tasks started in a job under way (a chief in a lost one's place, a worker
+  /// started again) make one attempt at first (1 ms: each attempt is bounded by
+  /// `attempt_timeout`), as a task in training asks the chief at its first refused attempt.
   std::chrono::milliseconds copy_connect_timeout{0};
   /// With replicas: how long WaitReady waits for ps k's own copy once the other copy is
   /// ready, so that every task reads from the same copy when both are well; a copy still
