@@ -467,6 +467,46 @@ TEST_CASE(
   CHECK(ps.stats().global_step == 2);
   CHECK(read(ps, 1) == std::vector<float>{2, 0});  // {3, 2} - mean{g, 0}
   CHECK(ps.stats().workers_lost == 0);
+  // The lost push counts as taken, as on the ps that took it: a checkpoint's cut finds
+  // every ps at the same counts.
+  CHECK(std::get<PauseReply>(call_as(ps, Pause{}, Node::chief(), 9)).pushes ==
+        std::vector<std::uint64_t>{2, 2});
+}
+
+TEST_CASE(
+    "SyncReplicas at the message level: a pull that says a push was lost while a cut is paused is "
+    "judged once "
+    "the pause ends") {
+  auto ps = ready_server(SyncReplicas{2, 2});
+  const std::vector<float> g{2, 4};
+  CHECK(std::get<PushReply>(call_as(ps, push_b(0, 0, g), Node::worker(0))).stale_parts == 0);
+  REQUIRE(std::holds_alternative<PauseReply>(call_as(ps, Pause{}, Node::chief(), 9)));
+  auto fresh = call_later_as(ps, Pull{1, {{1, {0, 2}}}}, Node::worker(1), 5);
+  CHECK_FALSE(fresh->has_value());  // a cut sees no step complete on its own
+  CHECK(ps.stats().global_step == 0);
+  CHECK(std::holds_alternative<Ack>(call_as(ps, Resume{}, Node::chief(), 9)));
+  REQUIRE(fresh->has_value());
+  CHECK(std::get<PullReply>(**fresh).global_step == 1);
+  CHECK(read(ps, 1) == std::vector<float>{3, 2});
+}
+
+TEST_CASE(
+    "SyncReplicas at the message level: a push a paused cut held is a push, whatever pull follows "
+    "it") {
+  auto ps = ready_server(SyncReplicas{2, 2});
+  REQUIRE(std::holds_alternative<PauseReply>(call_as(ps, Pause{}, Node::chief(), 9)));
+  auto held0 = call_later_as(ps, push_b(0, 0, std::vector<float>{2, 4}), Node::worker(0), 2);
+  auto held1 = call_later_as(ps, push_b(1, 0, std::vector<float>{0, 0}), Node::worker(1), 3);
+  auto pull1 = call_later_as(ps, Pull{1, {{1, {0, 2}}}}, Node::worker(1),
+                             3);  // after its push, as a worker sends
+  CHECK_FALSE(held0->has_value());
+  CHECK_FALSE(held1->has_value());
+  CHECK_FALSE(pull1->has_value());
+  CHECK(std::holds_alternative<Ack>(call_as(ps, Resume{}, Node::chief(), 9)));
+  REQUIRE(held1->has_value());
+  CHECK(std::get<PushReply>(**held1).stale_parts == 0);  // taken, not judged lost
+  REQUIRE(pull1->has_value());
+  CHECK(read(ps, 1) == std::vector<float>{4, 4});  // {5, 6} - mean{{2, 4}, {0, 0}}
 }
 
 TEST_CASE(

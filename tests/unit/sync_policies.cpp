@@ -601,9 +601,19 @@ TEST_CASE(
   CHECK(sync.on_push(pacer, 0, 1) == Verdict::kPending);
   CHECK_FALSE(sync.on_pull_ahead(pacer, 0, 2).has_value());
   CHECK(sync.on_push(pacer, 1, 1) == Verdict::kReady);
-  // A worker held lost is not waited for anyway.
+  // While this ps holds a worker lost, its count of live workers may not be the pacing
+  // ps's: nothing is judged.
   CHECK(sync.on_worker_lost(pacer, 1) == Verdict::kPending);
+  CHECK_FALSE(sync.on_pull_ahead(pacer, 0, 3).has_value());
   CHECK_FALSE(sync.on_pull_ahead(pacer, 1, 3).has_value());
+
+  // A step whose one push so far was lost, then its other worker held lost: done, with no
+  // update (as in the other order), not waiting for ever.
+  const pulley::SyncReplicas pair{2, 2};
+  auto both = pair.make_pacer();
+  CHECK(pair.on_pull_ahead(both, 1, 1) == Verdict::kPending);
+  CHECK(pair.on_worker_lost(both, 0) == Verdict::kReady);
+  CHECK(pair.global_step(both) == 1);
 
   // A single worker's lost push: the step goes on with no update.
   const pulley::SyncReplicas alone{1, 1};

@@ -368,6 +368,7 @@ class ParameterServer {
       cut_.answer_all(gone);
       update_.clear();
       ledger_.clear();
+      ahead_.clear();
       replaced_ = true;
       log(LogLevel::kInfo, name_ + ": the job's ps tasks are now " + describe_members(members) + " (membership " +
                                std::to_string(registration_.membership()) + "): holds " +
@@ -448,28 +449,56 @@ class ParameterServer {
   /// the push to several ps tasks, which took it or not; the process started in its place
   /// pulls the step the others are at, and will not push this one). The sync policy may
   /// then go on without it for this step (SyncPolicy::on_pull_ahead), as the ps tasks that
-  /// took the push went on with it: otherwise the step would wait for a push that never
-  /// comes while the new process beats. Not while paused for a cut (which must see no step
-  /// complete on its own). Logged.
+  /// took the push went on with it, counting it as a push taken (a checkpoint's cut brings
+  /// every ps to the same counts): otherwise the step would wait for a push that never
+  /// comes while the new process beats. The worker is remembered until the step moves, and
+  /// asked about again when what the policy judges by changed (a push taken, a worker
+  /// back, a cut's pause ended); never while paused for a cut, which must see no step
+  /// complete on its own. Logged.
   void pulls_ahead(const RequestContext& context, std::int64_t min_step) {
     if (!context.peer || context.peer->role != Node::Role::kWorker ||
-        min_step <= pacing_.global_step() || cut_.paused()) {
+        min_step != pacing_.global_step() + 1)
       return;
+    if (ahead_step_ != pacing_.global_step()) ahead_.clear();
+    ahead_step_ = pacing_.global_step();
+    if (std::find(ahead_.begin(), ahead_.end(), context.peer->index) == ahead_.end()) {
+      ahead_.push_back(context.peer->index);
     }
+    judge_pulls_ahead();
+  }
+
+  /// Asks the sync policy about each worker remembered by `pulls_ahead` at the step in
+  /// progress.
+  void judge_pulls_ahead() {
+    if (ahead_.empty() || cut_.paused()) return;
     const std::int64_t step_before = pacing_.global_step();
-    changing_ = true;  // a throw from the policy leaves its pacer half changed
-    const std::optional<Verdict> verdict = pacing_.pulled_ahead(context.peer->index, min_step);
-    if (verdict == Verdict::kReady) update_.complete(shard_, pacing_.policy(), step_before, stats_);
-    changing_ = false;
-    if (!verdict) return;
-    log(LogLevel::kWarning,
-        name_ + ": " + context.peer->name() + " pulls step " + std::to_string(min_step) +
-            " without a push for step " + std::to_string(step_before) +
-            " here: its push was lost with its process (the ps tasks that took it went on); "
-            "this step goes on without it; " +
-            describe_wait());
+    if (ahead_step_ != step_before) return ahead_.clear();
+    for (std::size_t i = 0; i < ahead_.size() && pacing_.global_step() == step_before;) {
+      const std::uint32_t worker = ahead_[i];
+      changing_ = true;  // a throw from the policy leaves its pacer half changed
+      const std::optional<Verdict> verdict = pacing_.pulled_ahead(worker, step_before + 1);
+      if (!verdict) {
+        changing_ = false;
+        ++i;
+        continue;
+      }
+      ledger_.count(worker, step_before);
+      if (verdict == Verdict::kReady)
+        update_.complete(shard_, pacing_.policy(), step_before, stats_);
+      changing_ = false;
+      ahead_.erase(ahead_.begin() + static_cast<std::ptrdiff_t>(i));
+      log(LogLevel::kWarning,
+          name_ + ": " + Node::worker(worker).name() + " pulls step " +
+              std::to_string(step_before + 1) + " without a push for step " +
+              std::to_string(step_before) +
+              " here: its push was lost with its process (the ps tasks that took it went "
+              "on); this step goes on without it; " +
+              describe_wait());
+    }
+    if (pacing_.global_step() == step_before) return;
+    ahead_.clear();
     hand_out_tokens();
-    if (pacing_.global_step() != step_before) release_step_gates();
+    release_step_gates();
   }
 
   /// The global step moved: the pulls and pauses waiting for it are answered.
@@ -572,6 +601,7 @@ class ParameterServer {
       return advance_cut();
     }
     take(r, reply, context.tensors_finite ? context.tensors_largest : std::numeric_limits<float>::infinity());
+    judge_pulls_ahead();  // (the push may have said whether the step is a refill step)
   }
 
   /// Takes a push that passed every check: the sync policy's verdict, then the update
@@ -731,6 +761,7 @@ class ParameterServer {
       rows_cut_session_ = 0;
     }
     cut_.resume([this](const Push& push, Responder& reply) { take(push, reply); });
+    judge_pulls_ahead();  // once every push the cut held was taken: a held push is a push
   }
 
   // ---- Restore: shard.hpp ------------------------------------------------------------------
@@ -764,6 +795,7 @@ class ParameterServer {
     }
     update_.clear();
     ledger_.clear();
+    ahead_.clear();
     // What waited belongs to the time before: its clients start their step again.
     const ErrorReply gone{ErrorCode::kFailedPrecondition,
                           name_ + ": the job was restored at global step " + std::to_string(step) +
@@ -907,6 +939,7 @@ class ParameterServer {
     log(LogLevel::kInfo, name_ + ": " + Node::worker(worker).name() + " is back; " +
                              describe_wait());
     hand_out_tokens();
+    judge_pulls_ahead();
   }
 
   /// Holds lost every worker heard before and silent for the worker timeout: the sync
@@ -1018,6 +1051,10 @@ class ParameterServer {
   Pacing<P> pacing_;
   Update<O, P, T> update_;
   PushLedger ledger_;
+  /// Workers that pulled step `ahead_step_` + 1 without a push of `ahead_step_` here, not
+  /// yet judged to have lost it (pulls_ahead).
+  std::vector<std::uint32_t> ahead_;
+  std::int64_t ahead_step_ = -1;
   CheckpointCut cut_;
   std::int64_t cut_since_ = -1;          ///< the cut read last: rows since (ReadState::since)
   std::uint64_t rows_cut_session_ = 0;   ///< the chief's connection reading the cut's rows

@@ -64,6 +64,8 @@ struct CopiesLook {
   /// finished; kAborted, with the chief's reason). The task has nothing to do: a ps of the
   /// job may be gone for good, and so may the chief that could rule on it.
   std::optional<ErrorReply> ended;
+  /// The ps tasks that served at the look, ascending.
+  std::vector<std::uint32_t> serving;
 };
 
 /// One look at every ps address (probe_ps), as task `self`, then a GetStats of one that
@@ -95,11 +97,12 @@ inline CopiesLook look_at_copies(const Node& self, const std::vector<std::string
       return {};
     }
     const Response answer = call.take();
-    if (const auto* stats = std::get_if<StatsReply>(&answer)) return {stats->ready, std::nullopt};
+    if (const auto* stats = std::get_if<StatsReply>(&answer))
+      return {stats->ready, std::nullopt, serving};
     const auto* error = std::get_if<ErrorReply>(&answer);
     if (error != nullptr &&
         (error->code == ErrorCode::kOutOfRange || error->code == ErrorCode::kAborted)) {
-      return {true, *error};
+      return {true, *error, serving};
     }
     return {};
   } catch (const Error&) {  // not reached after all: the task waits as at a start
@@ -121,12 +124,12 @@ inline void nothing_to_do(const Node& self, const ErrorReply& ended) {
 /// whether its process is lost (the chief itself, or a task that asks it); a shard neither
 /// of whose copies answers is waited for as at a start. A task that joins (`join`) joins a
 /// job under way, and the ps tasks refuse it as itself until the chief counted it in: it
-/// does not look. Returns what a ps answered if training ended before the task started
-/// (nothing_to_do).
-inline std::optional<ErrorReply> fit_to_copies(const Node& self, const std::vector<std::string>& ps,
-                                               TcpOptions& tcp, bool join) {
-  const CopiesLook look = join ? CopiesLook{true, std::nullopt} : look_at_copies(self, ps, tcp);
-  if (look.ended) return look.ended;
+/// does not look. Returns the look (`ended`: what a ps answered if training ended before the
+/// task started, for nothing_to_do).
+inline CopiesLook fit_to_copies(const Node& self, const std::vector<std::string>& ps,
+                                TcpOptions& tcp, bool join) {
+  CopiesLook look = join ? CopiesLook{true, std::nullopt, {}} : look_at_copies(self, ps, tcp);
+  if (look.ended) return look;
   if (look.under_way) {
     const bool chief = self.role == Node::Role::kChief;
     log(LogLevel::kInfo,
@@ -137,7 +140,7 @@ inline std::optional<ErrorReply> fit_to_copies(const Node& self, const std::vect
             " whether its process is lost");
     tcp.copy_connect_timeout = std::chrono::milliseconds(1);  // one attempt (TcpOptions)
   }
-  return std::nullopt;
+  return look;
 }
 
 /// Where the ps tasks of table policy `tables` hold rows: its IdSharding (HashIds for
@@ -238,6 +241,8 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
   // transports' findings stand, and every other task asks it at its desk (AskChief).
   std::shared_ptr<CopyRulings> rulings;
   TcpOptions chief_tcp = tcp;
+  std::vector<std::uint32_t>
+      beat_now;  // a worker's heartbeats: these ps tasks at once (none: as reach_now)
   if (tcp.replicas != 0 && type != "ps") {
     if (type == "chief" || chief_worker) {
       rulings = std::make_shared<CopyRulings>(
@@ -252,15 +257,21 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
           },
           tcp.copy_timeout);
       chief_tcp.copy_referee = rulings->referee();
-      if (const auto ended = fit_to_copies(Node::chief(), ps, chief_tcp, false)) {
-        return nothing_to_do(Node::chief(), *ended);
+      if (const CopiesLook look = fit_to_copies(Node::chief(), ps, chief_tcp, false); look.ended) {
+        return nothing_to_do(Node::chief(), *look.ended);
       }
     }
     if (type != "chief") {
       const Node self{type == "evaluator" ? Node::Role::kEvaluator : Node::Role::kWorker, config.task.index};
       tcp.copy_referee = AskChief::referee(
           std::make_shared<AskChief>(self, chief_address(config.cluster), tcp, std::chrono::seconds(10)));
-      if (const auto ended = fit_to_copies(self, ps, tcp, join)) return nothing_to_do(self, *ended);
+      const CopiesLook look = fit_to_copies(self, ps, tcp, join);
+      if (look.ended) return nothing_to_do(self, *look.ended);
+      // A worker started again beats the ps tasks that served at its look at once, and the
+      // others from its next beat on: its other transports wait for the chief's ruling on a
+      // ps process gone, and the ps tasks must hear it before their worker timeout.
+      if (look.under_way && !look.serving.empty() && look.serving.size() < ps.size())
+        beat_now = look.serving;
     }
   }
   std::optional<std::span<const std::uint32_t>> reach_now;  // none: every ps of the spec at once
@@ -329,7 +340,11 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
       naming_a_lost_chief(chief_address(config.cluster), tcp, [&] {
         work(
             as, config.task.index, num_workers, [&] { return transport(self); }, id_sharding,
-            metrics, leave);
+            metrics, leave,
+            [&] {
+              if (beat_now.empty()) return transport(self);
+              return Tcp(self, ps, tcp, std::span<const std::uint32_t>(beat_now));
+            });
       });
     };
     if (!join) return worker(training);

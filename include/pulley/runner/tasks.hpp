@@ -3,17 +3,18 @@
 
 #include <algorithm>
 #include <atomic>
-#include <map>
-#include <memory>
 #include <chrono>
 #include <cstdint>
 #include <exception>
 #include <filesystem>
+#include <map>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <thread>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -60,12 +61,23 @@ inline const std::optional<std::pair<std::string, TcpOptions>> kStaysToTheEnd{};
 /// (the chief's address), a SIGTERM asks the chief to take it out of the job
 /// (LeaveWatch), and it ends once the ps tasks count it no more. A worker that fails stops
 /// beating without the goodbye (HeartbeatSender::abandon): the ps tasks hold it lost once
-/// its silence lasts, and their sync policy stops waiting for it.
-template <Model M, class Connect, IdSharding I = HashIds>
+/// its silence lasts, and their sync policy stops waiting for it. `connect_beats`, when
+/// given, makes the heartbeats' transport instead: one that need not wait for every ps
+/// (a worker started again while a ps process is gone must be heard by the others before
+/// the chief rules on that process).
+template <Model M, class Connect, IdSharding I = HashIds, class ConnectBeats = std::nullptr_t>
 void work(const Training<M>& training, std::uint32_t index, std::uint32_t num_workers,
           Connect connect, I id_sharding = {}, Metrics* metrics = nullptr,
-          const std::optional<std::pair<std::string, TcpOptions>>& leave = kStaysToTheEnd) {
-  HeartbeatSender heartbeat(index, connect(), training.client.heartbeat_interval);
+          const std::optional<std::pair<std::string, TcpOptions>>& leave = kStaysToTheEnd,
+          ConnectBeats connect_beats = nullptr) {
+  const auto beats_transport = [&] {
+    if constexpr (std::is_same_v<ConnectBeats, std::nullptr_t>) {
+      return connect();
+    } else {
+      return connect_beats();
+    }
+  };
+  HeartbeatSender heartbeat(index, beats_transport(), training.client.heartbeat_interval);
   // Failed (an exception leaves): held lost by the ps tasks, not forgotten as one that ended.
   using Sender = decltype(heartbeat);
   struct AbandonOnFailure {

@@ -201,7 +201,11 @@ class SyncReplicas {
       judge_refill(pacer);
       return Verdict::kPending;
     }
-    if (pacer.fresh == 0 || pacer.fresh < required(pacer)) return Verdict::kPending;
+    // A step whose pushes were all lost with their workers' processes (on_pull_ahead) and
+    // that now owes none completes with no update, as it would in the other order.
+    const bool complete = pacer.fresh == 0 ? !pacer.forfeited.empty() && awaited(pacer).empty()
+                                           : pacer.fresh >= required(pacer);
+    if (!complete) return Verdict::kPending;
     next_step(pacer);
     return Verdict::kReady;
   }
@@ -218,17 +222,22 @@ class SyncReplicas {
   /// class comment), the step stops waiting for it, as `on_worker_lost` would for this step
   /// alone (its tokens go back; a push of it for this step is stale from now on): kReady
   /// when that completes the step. nullopt otherwise (backup workers, a refill step, R > N:
-  /// the step needs R gradients from whoever brings them, and the pull waits).
+  /// the step needs R gradients from whoever brings them, and the pull waits; or a worker
+  /// held lost here, which may make this ps's count of live workers differ).
   std::optional<Verdict> on_pull_ahead(Pacer& pacer, std::uint32_t worker,
                                        std::int64_t min_step) const {
-    if (min_step != pacer.step + 1 || !member(pacer, worker) || pacer.lost.contains(worker) ||
-        pacer.pushed.contains(worker) || pacer.forfeited.contains(worker) || !one_each(pacer) ||
-        pacer.refill) {
+    if (min_step != pacer.step + 1 || !member(pacer, worker) || pacer.pushed.contains(worker) ||
+        pacer.forfeited.contains(worker) || !one_each(pacer) || pacer.refill) {
       return std::nullopt;
     }
-    int live = 0;
-    for_each_worker(pacer, [&](std::uint32_t w) { live += pacer.lost.contains(w) ? 0 : 1; });
-    if (required(pacer) < live - static_cast<int>(pacer.forfeited.size())) return std::nullopt;
+    // Only while this ps holds no worker lost: its count of live workers may then differ
+    // from the pacing ps's for a heartbeat, and with backups the step would not need this
+    // worker in particular there.
+    bool any_lost = false;
+    for_each_worker(pacer, [&](std::uint32_t w) { any_lost = any_lost || pacer.lost.contains(w); });
+    if (any_lost || required(pacer) < workers(pacer) - static_cast<int>(pacer.forfeited.size())) {
+      return std::nullopt;
+    }
     pacer.forfeited.insert(worker);  // first: an insertion that throws leaves the pacer as it was
     release(pacer, worker);
     // Complete with the others' gradients, or with none once no live worker owes one (a

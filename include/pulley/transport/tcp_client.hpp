@@ -874,8 +874,16 @@ class Tcp {
         const bool ruled =
             std::find(ruled_lost.begin(), ruled_lost.end(), links_[i]->task) != ruled_lost.end();
         if (quick && !ruled) {
+          // One attempt, or the first wait's attempts when another link reached the process
+          // meanwhile (it was stalled, not gone).
+          const bool process_back =
+              std::any_of(links_.begin(), links_.end(), [&](const auto& other) {
+                return other->task == links_[i]->task && other->state == State::kConnected;
+              });
           try {
-            connect_with_backoff(*links_[i], std::chrono::milliseconds(0));  // one attempt
+            connect_with_backoff(*links_[i], process_back ? std::max(options_.copy_connect_timeout,
+                                                                     options_.attempt_timeout)
+                                                          : std::chrono::milliseconds(0));
             continue;
           } catch (const Error& e) {  // (the first miss stays the one logged)
             if (e.code() != ErrorCode::kUnavailable) throw;
