@@ -8176,6 +8176,7 @@ class Recovery {
                                   "(at most " + seconds + " s)");
     }
     const auto now = Clock::now();
+    if (std::exchange(answered_, false)) deadline_ = now + timeout_;
     if (now >= deadline_) {
       throw Error(ErrorCode::kUnavailable, who_ + ": the ps tasks were not back within " + seconds +
                                                " s (" + std::to_string(tries_) + " tries); last: " +
@@ -8185,7 +8186,11 @@ class Recovery {
     pause_ = std::min<std::chrono::milliseconds>(pause_ * 2, std::chrono::seconds(2));
   }
 
-  /// Time since the wait began.
+  /// The ps tasks answered since the last failure: the deadline runs afresh from the next
+  /// one (the pauses keep growing, so that a call that breaks again at once is no busy loop).
+  void answered() noexcept { answered_ = true; }
+
+  /// Time since the wait began (or since the ps tasks last answered).
   [[nodiscard]] Clock::duration waited() const noexcept { return Clock::now() - (deadline_ - timeout_); }
 
   /// Tries so far.
@@ -8197,6 +8202,7 @@ class Recovery {
   Clock::time_point deadline_;
   std::chrono::milliseconds pause_{100};
   int tries_ = 0;
+  bool answered_ = false;
 };
 
 }  // namespace pulley::detail
@@ -8333,8 +8339,9 @@ class Worker {
   /// ended the job (its last checkpoint and evaluation done). Returns true once it has
   /// (`ended()`), false when the job must train on (it was rolled back below `last_step`
   /// after a lost ps, or a ps went away: `step` again, which recovers; a ps that stays away
-  /// is waited for with the recovery's pauses, and fails the wait after
-  /// `ClientOptions::recovery_timeout`, counted over consecutive returns). Throws kAborted
+  /// is waited for with the recovery's pauses, and fails `step` after
+  /// `ClientOptions::recovery_timeout`; a wait that breaks again and again while the ps
+  /// tasks answer in between is waited again, with growing pauses). Throws kAborted
   /// when the chief aborted training, or the ps tasks gave up waiting for a lost chief;
   /// kDeadlineExceeded when no ps advanced for `ClientOptions::wait_timeout` (the chief's
   /// last checkpoint and evaluation take longer).
@@ -8431,7 +8438,12 @@ class Worker {
           }
         }
         std::optional<StepResult> result = try_step(read, last_step);
-        if (result) ending_.reset();  // training went on: a later wait for the end starts afresh
+        if (result) {
+          ending_.reset();  // training went on: a later wait for the end starts afresh
+        } else if (ending_) {
+          ending_->answered();  // the ps tasks answer: the next break of the wait is a fault of its
+                                // own
+        }
         return result;
       } catch (const Error& e) {
         if (e.code() == ErrorCode::kOutOfRange) {
@@ -18712,6 +18724,13 @@ class Tcp {
     void queue(Link& link, PendingPtr pending, const Request& request) {
       if (link.state == State::kConnected && link.pending.empty() && closed_while_quiet(link)) {
         fail(link, "closed by the ps while idle");  // reconnect below, not fail this call
+      }
+      // An attempt runs only while a caller waits (run_until). One left behind by a wait
+      // that ended on another link's failure, whose attempt_timeout passed since, would
+      // fail this call at once on the next wait: it is begun again instead.
+      if ((link.state == State::kConnecting || link.state == State::kHandshaking) &&
+          link.timer.expiry() <= std::chrono::steady_clock::now()) {
+        fail(link, "an attempt left behind by an earlier call outlived attempt_timeout");
       }
       const std::uint64_t id = next_call_++;
       // The payload views alias the request's tensors (the caller's buffers), which stay

@@ -257,6 +257,133 @@ TEST_CASE("over TCP a chief whose connections break goes on, rolling nothing bac
 }
 
 TEST_CASE(
+    "over TCP a chief cut off again and again while it waits goes on: each fault has its own "
+    "recovery deadline") {
+  LogCapture log;
+  const auto addresses = free_addresses(4);
+  ClusterSpec cluster;
+  cluster.roles["ps"] = {addresses[0], addresses[1]};
+  cluster.roles["worker"] = {addresses[2]};
+  cluster.roles["chief"] = {addresses[3]};
+  std::vector<std::unique_ptr<pulley::testing::CutProxy>> proxies;
+  ClusterSpec chief_view = cluster;
+  for (std::size_t ps = 0; ps < 2; ++ps) {
+    const auto port =
+        static_cast<std::uint16_t>(std::stoi(addresses[ps].substr(addresses[ps].rfind(':') + 1)));
+    proxies.push_back(std::make_unique<pulley::testing::CutProxy>(port, 0.0, ps));
+    chief_view.roles["ps"][ps] = "127.0.0.1:" + std::to_string(proxies.back()->port());
+  }
+  const LinearData data(4, 3, 2, 1);
+  Recorded recorded;
+  Training<LinearModel> training = linear_training(data, recorded);
+  // The worker stands still at its 10th batch until the faults are over, so the chief's
+  // wait for step 20 (its first evaluation) spans all of them.
+  std::atomic<int> batches{0};
+  std::atomic<bool> held{true};
+  training.data = [&](const DataShard&) {
+    return [&] {
+      for (int i = 0; i < 3000 && held && batches >= 10; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      ++batches;
+      return LinearBatch{data.x, data.y};
+    };
+  };
+  training.client.recovery_timeout = std::chrono::milliseconds(2500);
+  training.tcp.attempt_timeout = std::chrono::milliseconds(200);
+  std::vector<std::pair<Job, int>> tasks{{task_of(cluster, "ps", 0), -1},
+                                         {task_of(cluster, "ps", 1), -1},
+                                         {task_of(cluster, "worker", 0), -1},
+                                         {task_of(chief_view, "chief", 0), -1}};
+  std::vector<std::thread> threads;
+  for (auto& [job, status] : tasks) {
+    threads.emplace_back([&, &job = job, &status = status] {
+      status = run(job, training, RoundRobin{}, Sgd{0.05F}, SyncReplicas(1, 1));
+    });
+  }
+  // Four faults of 0.4 s, 1.5 s apart: 6.1 s from the first to the last, each over well
+  // within the recovery timeout; the chief's wait breaks at each.
+  for (int i = 0; i < 1000 && batches < 10; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  CHECK(batches >= 10);
+  for (int fault = 0; fault < 4; ++fault) {
+    for (auto& p : proxies) p->partition(true);
+    std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    for (auto& p : proxies) p->partition(false);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  }
+  held = false;
+  for (auto& t : threads) t.join();
+  for (const auto& [job, status] : tasks) {
+    INFO(job.name());
+    CHECK(status == 0);
+  }
+  // The chief saw the faults (each one's wait logged once) and came back from each.
+  CHECK(log.find(LogLevel::kWarning, "chief: unavailable").size() >= 3);
+  CHECK(log.find(LogLevel::kInfo, "every ps answers again and holds the job").size() >= 3);
+  CHECK(log.find(LogLevel::kWarning, "restored").empty());  // nothing rolled back
+  REQUIRE(recorded.evaluations.size() == 3);
+  CHECK(recorded.evaluations[2].step == 60);
+}
+
+TEST_CASE(
+    "over TCP a worker cut off again and again while it waits for the chief to end training ends "
+    "with 0") {
+  LogCapture log;
+  const auto addresses = free_addresses(4);
+  ClusterSpec cluster;
+  cluster.roles["ps"] = {addresses[0], addresses[1]};
+  cluster.roles["worker"] = {addresses[2]};
+  cluster.roles["chief"] = {addresses[3]};
+  // The worker reaches the ps tasks through proxies; the chief's last evaluation lasts
+  // while they cut the worker off four times, 0.4 s each, 1.5 s apart: 6.1 s from the first
+  // fault to the last, each over well within the worker's recovery timeout.
+  std::vector<std::unique_ptr<pulley::testing::CutProxy>> proxies;
+  ClusterSpec worker_view = cluster;
+  for (std::size_t ps = 0; ps < 2; ++ps) {
+    const auto port =
+        static_cast<std::uint16_t>(std::stoi(addresses[ps].substr(addresses[ps].rfind(':') + 1)));
+    proxies.push_back(std::make_unique<pulley::testing::CutProxy>(port, 0.0, ps));
+    worker_view.roles["ps"][ps] = "127.0.0.1:" + std::to_string(proxies.back()->port());
+  }
+  const LinearData data(4, 3, 2, 1);
+  Recorded recorded;
+  Training<LinearModel> training = linear_training(data, recorded);
+  training.evaluate = [&](LinearModel&, const Evaluation& e) {
+    if (e.last) {
+      for (int fault = 0; fault < 4; ++fault) {
+        for (auto& p : proxies) p->partition(true);
+        std::this_thread::sleep_for(std::chrono::milliseconds(400));
+        for (auto& p : proxies) p->partition(false);
+        std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      }
+    }
+    std::scoped_lock lock(recorded.mutex);
+    recorded.evaluations.push_back(e);
+  };
+  training.client.recovery_timeout = std::chrono::milliseconds(2500);
+  training.tcp.attempt_timeout = std::chrono::milliseconds(200);
+  std::vector<std::pair<Job, int>> tasks{{task_of(cluster, "ps", 0), -1},
+                                         {task_of(cluster, "ps", 1), -1},
+                                         {task_of(worker_view, "worker", 0), -1},
+                                         {task_of(cluster, "chief", 0), -1}};
+  std::vector<std::thread> threads;
+  for (auto& [job, status] : tasks) {
+    threads.emplace_back([&, &job = job, &status = status] {
+      status = run(job, training, RoundRobin{}, Sgd{0.05F}, SyncReplicas(1, 1));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& [job, status] : tasks) {
+    INFO(job.name());
+    CHECK(status == 0);
+  }
+  CHECK(log.find(LogLevel::kWarning, "worker 0: unavailable").size() >= 2);  // it saw the faults
+  CHECK(log.find(LogLevel::kInfo, "worker 0: training finished after 60 steps").size() == 1);
+  REQUIRE(recorded.evaluations.size() == 3);
+  CHECK(recorded.evaluations[2].step == 60);
+}
+
+TEST_CASE(
     "a task that gave its ps tasks up says so of the chief too when its address takes no "
     "connection") {
   const std::string chief = free_addresses(1)[0];

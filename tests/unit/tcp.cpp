@@ -1131,3 +1131,38 @@ TEST_CASE("an address of another host has no local socket names, this host's loo
   CHECK(names[2] == std::string("\0pulley/[::]:2222", 17));
   CHECK(transport_detail::local_socket_names(asio::ip::make_address("::1"), 2222).size() == 2);
 }
+
+TEST_CASE(
+    "a connection attempt left behind by a wait that ended is begun again by the next call, not "
+    "failed by it") {
+  TcpServer listener(Server(0, 1, Sgd{0.1F}, SyncReplicas(1, 1), FixedShards{1}), "127.0.0.1", 0,
+                     test_server_options());
+  auto serving = std::async(std::launch::async, [&] { listener.run(); });
+  pulley::testing::CutProxy proxy(listener.port(), 0.0, 5);
+  TcpOptions options = test_client_options();
+  options.attempt_timeout = std::chrono::milliseconds(200);
+  {
+    Tcp tcp = client(Node::chief(), {"127.0.0.1:" + std::to_string(proxy.port())}, options);
+    PendingCall first = tcp.call(0, GetStats{}, {});
+    REQUIRE(first.wait_for(std::chrono::seconds(5)));
+    CHECK(std::holds_alternative<StatsReply>(first.take()));
+    // Cut off: the connection breaks, and the attempt that follows hangs in its handshake.
+    proxy.partition(true);
+    for (int i = 0; i < 20; ++i) {
+      PendingCall broken = tcp.call(0, GetStats{}, {});
+      if (!broken.wait_for(std::chrono::milliseconds(50))) break;  // the attempt waits: left behind
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    // The caller pauses past attempt_timeout (a recovery's pause) while nobody waits on the
+    // transport, and the ps is reachable again by the time it calls.
+    std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    proxy.partition(false);
+    PendingCall again = tcp.call(0, GetStats{}, {});
+    REQUIRE(again.wait_for(std::chrono::seconds(5)));
+    const Response answer = again.take();
+    if (const auto* error = std::get_if<ErrorReply>(&answer)) MESSAGE(error->message);
+    CHECK(std::holds_alternative<StatsReply>(answer));
+  }
+  listener.stop();
+  CHECK(serving.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+}

@@ -151,8 +151,9 @@ class Worker {
   /// ended the job (its last checkpoint and evaluation done). Returns true once it has
   /// (`ended()`), false when the job must train on (it was rolled back below `last_step`
   /// after a lost ps, or a ps went away: `step` again, which recovers; a ps that stays away
-  /// is waited for with the recovery's pauses, and fails the wait after
-  /// `ClientOptions::recovery_timeout`, counted over consecutive returns). Throws kAborted
+  /// is waited for with the recovery's pauses, and fails `step` after
+  /// `ClientOptions::recovery_timeout`; a wait that breaks again and again while the ps
+  /// tasks answer in between is waited again, with growing pauses). Throws kAborted
   /// when the chief aborted training, or the ps tasks gave up waiting for a lost chief;
   /// kDeadlineExceeded when no ps advanced for `ClientOptions::wait_timeout` (the chief's
   /// last checkpoint and evaluation take longer).
@@ -249,7 +250,12 @@ class Worker {
           }
         }
         std::optional<StepResult> result = try_step(read, last_step);
-        if (result) ending_.reset();  // training went on: a later wait for the end starts afresh
+        if (result) {
+          ending_.reset();  // training went on: a later wait for the end starts afresh
+        } else if (ending_) {
+          ending_->answered();  // the ps tasks answer: the next break of the wait is a fault of its
+                                // own
+        }
         return result;
       } catch (const Error& e) {
         if (e.code() == ErrorCode::kOutOfRange) {

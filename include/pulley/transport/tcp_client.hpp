@@ -515,6 +515,13 @@ class Tcp {
       if (link.state == State::kConnected && link.pending.empty() && closed_while_quiet(link)) {
         fail(link, "closed by the ps while idle");  // reconnect below, not fail this call
       }
+      // An attempt runs only while a caller waits (run_until). One left behind by a wait
+      // that ended on another link's failure, whose attempt_timeout passed since, would
+      // fail this call at once on the next wait: it is begun again instead.
+      if ((link.state == State::kConnecting || link.state == State::kHandshaking) &&
+          link.timer.expiry() <= std::chrono::steady_clock::now()) {
+        fail(link, "an attempt left behind by an earlier call outlived attempt_timeout");
+      }
       const std::uint64_t id = next_call_++;
       // The payload views alias the request's tensors (the caller's buffers), which stay
       // valid until the call is answered or cancelled; the rest is serialized here.

@@ -39,6 +39,7 @@ class Recovery {
                                   "(at most " + seconds + " s)");
     }
     const auto now = Clock::now();
+    if (std::exchange(answered_, false)) deadline_ = now + timeout_;
     if (now >= deadline_) {
       throw Error(ErrorCode::kUnavailable, who_ + ": the ps tasks were not back within " + seconds +
                                                " s (" + std::to_string(tries_) + " tries); last: " +
@@ -48,7 +49,11 @@ class Recovery {
     pause_ = std::min<std::chrono::milliseconds>(pause_ * 2, std::chrono::seconds(2));
   }
 
-  /// Time since the wait began.
+  /// The ps tasks answered since the last failure: the deadline runs afresh from the next
+  /// one (the pauses keep growing, so that a call that breaks again at once is no busy loop).
+  void answered() noexcept { answered_ = true; }
+
+  /// Time since the wait began (or since the ps tasks last answered).
   [[nodiscard]] Clock::duration waited() const noexcept { return Clock::now() - (deadline_ - timeout_); }
 
   /// Tries so far.
@@ -60,6 +65,7 @@ class Recovery {
   Clock::time_point deadline_;
   std::chrono::milliseconds pause_{100};
   int tries_ = 0;
+  bool answered_ = false;
 };
 
 }  // namespace pulley::detail
