@@ -1,17 +1,21 @@
 // SPDX-License-Identifier: MIT
 // The parts every client is made of, on their own, with no ps and no transport: a pull split
-// over the ps tasks that hold the parts (client/detail/split.hpp) and a worker's gradients
-// cut into one push per ps (client/detail/push_builder.hpp).
+// over the ps tasks that hold the parts (client/detail/split.hpp), a worker's gradients
+// cut into one push per ps (client/detail/push_builder.hpp) and the wait for lost ps tasks
+// (client/detail/recovery.hpp).
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "pulley/client/detail/push_builder.hpp"
+#include "pulley/client/detail/recovery.hpp"
 #include "pulley/client/detail/split.hpp"
 #include "pulley/sharding/partitioned.hpp"
 
@@ -165,4 +169,31 @@ TEST_CASE("clipping scales every gradient, the rows' too, by clip_norm over thei
   CHECK(gw[0] == 3.0F);  // the caller's dense gradient is not touched: a copy is pushed
   CHECK(row[0] == doctest::Approx(0.8F));  // the rows are scaled where they are
   CHECK(pushes[0].rows[0].values[0] == doctest::Approx(0.8F));
+}
+
+TEST_CASE(
+    "a recovery gives each fault after the ps tasks answered its own deadline, twenty times at "
+    "most") {
+  ClientOptions options;
+  options.recovery_timeout = std::chrono::milliseconds(40);
+  const Error broke(ErrorCode::kUnavailable, "connection to ps at 127.0.0.1:1 lost");
+  {
+    // Without an answer between them, failures share one deadline.
+    detail::Recovery recovery("worker 0", options);
+    recovery.wait(broke);  // sleeps until the deadline at most
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    CHECK_THROWS_WITH(recovery.wait(broke), doctest::Contains("were not back within"));
+  }
+  detail::Recovery recovery("worker 0", options);
+  recovery.wait(broke);
+  for (int i = 0; i < detail::Recovery::kMaxAnswered; ++i) {
+    std::this_thread::sleep_for(
+        std::chrono::milliseconds(50));  // past the deadline before the answer
+    recovery.answered();
+    CHECK_NOTHROW(recovery.wait(broke));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  recovery.answered();  // one answer too many: the deadline runs on
+  CHECK_THROWS_WITH(recovery.wait(broke),
+                    doctest::Contains("answered again 20 times, and the call broke each time"));
 }

@@ -325,6 +325,77 @@ TEST_CASE(
   CHECK(recorded.evaluations[2].step == 60);
 }
 
+TEST_CASE("over TCP a worker cut off again and again within one long sync step trains on") {
+  LogCapture log;
+  const auto addresses = free_addresses(5);
+  ClusterSpec cluster;
+  cluster.roles["ps"] = {addresses[0], addresses[1]};
+  cluster.roles["worker"] = {addresses[2], addresses[3]};
+  cluster.roles["chief"] = {addresses[4]};
+  // Worker 0 reaches the ps tasks through proxies. Worker 1 stands still at its 10th batch
+  // while they cut worker 0 off four times, 0.4 s each, 1.5 s apart: worker 0's step (R = N
+  // = 2: it needs worker 1's push) spans all four faults, each over well within its
+  // recovery timeout.
+  std::vector<std::unique_ptr<pulley::testing::CutProxy>> proxies;
+  ClusterSpec worker_view = cluster;
+  for (std::size_t ps = 0; ps < 2; ++ps) {
+    const auto port =
+        static_cast<std::uint16_t>(std::stoi(addresses[ps].substr(addresses[ps].rfind(':') + 1)));
+    proxies.push_back(std::make_unique<pulley::testing::CutProxy>(port, 0.0, ps));
+    worker_view.roles["ps"][ps] = "127.0.0.1:" + std::to_string(proxies.back()->port());
+  }
+  const LinearData data(4, 3, 2, 1);
+  Recorded recorded;
+  Training<LinearModel> training = linear_training(data, recorded);
+  std::atomic<int> batches{0};
+  std::atomic<bool> held{true};
+  training.data = [&](const DataShard& shard) {
+    return [&, slow = shard.index == 1] {
+      if (slow) {
+        for (int i = 0; i < 3000 && held && batches >= 10; ++i)
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        ++batches;
+      }
+      return LinearBatch{data.x, data.y};
+    };
+  };
+  training.client.recovery_timeout = std::chrono::milliseconds(2500);
+  training.tcp.attempt_timeout = std::chrono::milliseconds(200);
+  std::vector<std::pair<Job, int>> tasks{{task_of(cluster, "ps", 0), -1},
+                                         {task_of(cluster, "ps", 1), -1},
+                                         {task_of(worker_view, "worker", 0), -1},
+                                         {task_of(cluster, "worker", 1), -1},
+                                         {task_of(cluster, "chief", 0), -1}};
+  std::vector<std::thread> threads;
+  for (auto& [job, status] : tasks) {
+    threads.emplace_back([&, &job = job, &status = status] {
+      status = run(job, training, RoundRobin{}, Sgd{0.05F}, SyncReplicas(2, 2));
+    });
+  }
+  for (int i = 0; i < 1000 && batches < 10; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  CHECK(batches >= 10);
+  std::this_thread::sleep_for(
+      std::chrono::milliseconds(200));  // worker 0 waits for worker 1's push
+  for (int fault = 0; fault < 4; ++fault) {
+    for (auto& p : proxies) p->partition(true);
+    std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    for (auto& p : proxies) p->partition(false);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  }
+  held = false;
+  for (auto& t : threads) t.join();
+  for (const auto& [job, status] : tasks) {
+    INFO(job.name());
+    CHECK(status == 0);
+  }
+  // It saw the faults (one step's wait is logged once) and came back from each.
+  CHECK(log.find(LogLevel::kWarning, "worker 0: unavailable").size() >= 1);
+  CHECK(log.find(LogLevel::kWarning, "lost (last heard").empty());  // nobody held lost
+  REQUIRE(recorded.evaluations.size() == 3);
+  CHECK(recorded.evaluations[2].step == 60);
+}
+
 TEST_CASE(
     "over TCP a worker cut off again and again while it waits for the chief to end training ends "
     "with 0") {

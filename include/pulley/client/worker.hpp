@@ -239,7 +239,10 @@ class Worker {
     std::optional<detail::Recovery> recovery;
     for (bool again = false;; again = true) {
       try {
-        if (again) recover();
+        if (again) {
+          recover();  // every ps answered: a break after this is a fault of its own
+          if (recovery) recovery->answered();
+        }
         if (again && pushing_ && client_.push_unanswered()) return finish_step();
         if constexpr (AppliesWhenComputed<M>) {
           if (again && pushing_) {

@@ -15,7 +15,9 @@ namespace pulley::detail {
 
 /// A client's wait for lost ps tasks to come back: retries with a growing pause (0.1 s to
 /// 2 s), logs the first failure, and gives up once `ClientOptions::recovery_timeout` has
-/// passed since it, naming the last failure.
+/// passed since it, naming the last failure. A failure after the ps tasks answered again
+/// (`answered`) is a fault of its own, whose deadline runs from it; after `kMaxAnswered`
+/// of those the deadline runs on (a call that breaks whenever it is made ends in time).
 class Recovery {
  public:
   using Clock = std::chrono::steady_clock;
@@ -39,11 +41,18 @@ class Recovery {
                                   "(at most " + seconds + " s)");
     }
     const auto now = Clock::now();
-    if (std::exchange(answered_, false)) deadline_ = now + timeout_;
+    if (std::exchange(answered_, false) && answers_ < kMaxAnswered) {
+      ++answers_;
+      deadline_ = now + timeout_;
+    }
     if (now >= deadline_) {
-      throw Error(ErrorCode::kUnavailable, who_ + ": the ps tasks were not back within " + seconds +
-                                               " s (" + std::to_string(tries_) + " tries); last: " +
-                                               failure.what());
+      throw Error(ErrorCode::kUnavailable,
+                  who_ +
+                      (answers_ < kMaxAnswered
+                           ? ": the ps tasks were not back within " + seconds + " s ("
+                           : ": the ps tasks answered again " + std::to_string(answers_) +
+                                 " times, and the call broke each time (") +
+                      std::to_string(tries_) + " tries); last: " + failure.what());
     }
     std::this_thread::sleep_for(std::min<Clock::duration>(pause_, deadline_ - now));
     pause_ = std::min<std::chrono::milliseconds>(pause_ * 2, std::chrono::seconds(2));
@@ -52,6 +61,9 @@ class Recovery {
   /// The ps tasks answered since the last failure: the deadline runs afresh from the next
   /// one (the pauses keep growing, so that a call that breaks again at once is no busy loop).
   void answered() noexcept { answered_ = true; }
+
+  /// How many times `answered` gives a failure a deadline of its own.
+  static constexpr int kMaxAnswered = 20;
 
   /// Time since the wait began (or since the ps tasks last answered).
   [[nodiscard]] Clock::duration waited() const noexcept { return Clock::now() - (deadline_ - timeout_); }
@@ -65,6 +77,7 @@ class Recovery {
   Clock::time_point deadline_;
   std::chrono::milliseconds pause_{100};
   int tries_ = 0;
+  int answers_ = 0;  ///< failures given a deadline of their own
   bool answered_ = false;
 };
 
