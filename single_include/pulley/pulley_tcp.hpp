@@ -8181,6 +8181,7 @@ class Recovery {
     if (std::exchange(answered_, false) && answers_ < kMaxAnswered) {
       ++answers_;
       deadline_ = now + timeout_;
+      pause_ = std::chrono::milliseconds(100);
     }
     if (now >= deadline_) {
       throw Error(ErrorCode::kUnavailable,
@@ -8195,8 +8196,8 @@ class Recovery {
     pause_ = std::min<std::chrono::milliseconds>(pause_ * 2, std::chrono::seconds(2));
   }
 
-  /// The ps tasks answered since the last failure: the deadline runs afresh from the next
-  /// one (the pauses keep growing, so that a call that breaks again at once is no busy loop).
+  /// The ps tasks answered since the last failure: the next one is a fault of its own, with
+  /// its own deadline and pauses.
   void answered() noexcept { answered_ = true; }
 
   /// How many times `answered` gives a failure a deadline of its own.
@@ -8352,9 +8353,9 @@ class Worker {
   /// ended the job (its last checkpoint and evaluation done). Returns true once it has
   /// (`ended()`), false when the job must train on (it was rolled back below `last_step`
   /// after a lost ps, or a ps went away: `step` again, which recovers; a ps that stays away
-  /// is waited for with the recovery's pauses, and fails `step` after
-  /// `ClientOptions::recovery_timeout`; a wait that breaks again and again while the ps
-  /// tasks answer in between is waited again, with growing pauses). Throws kAborted
+  /// is waited for with the recovery's pauses, and fails `step` or this wait (kUnavailable)
+  /// after `ClientOptions::recovery_timeout`; a break after every ps answered again is a
+  /// fault of its own, 20 times at most: detail::Recovery). Throws kAborted
   /// when the chief aborted training, or the ps tasks gave up waiting for a lost chief;
   /// kDeadlineExceeded when no ps advanced for `ClientOptions::wait_timeout` (the chief's
   /// last checkpoint and evaluation take longer).
@@ -8366,7 +8367,18 @@ class Worker {
       if (e.code() != ErrorCode::kOutOfRange) {
         if (e.code() != ErrorCode::kFailedPrecondition && !detail::Recovery::may_recover(e.code())) throw;
         if (!ending_) ending_.emplace("worker " + std::to_string(index_), client_.options());
-        if (e.code() != ErrorCode::kFailedPrecondition) ending_->wait(e);  // no busy loop while a ps is away
+        if (e.code() != ErrorCode::kFailedPrecondition) {
+          ending_->wait(e);  // no busy loop while a ps is away
+          try {
+            recover();
+            ending_->answered();  // every ps answered: the next break of the wait is a fault of its
+                                  // own
+          } catch (const Error& away) {
+            if (away.code() != ErrorCode::kFailedPrecondition &&
+                !detail::Recovery::may_recover(away.code()))
+              throw;
+          }
+        }
         finished_ = false;
         pulled_step_ = -1;
         return false;
@@ -8454,12 +8466,7 @@ class Worker {
           }
         }
         std::optional<StepResult> result = try_step(read, last_step);
-        if (result) {
-          ending_.reset();  // training went on: a later wait for the end starts afresh
-        } else if (ending_) {
-          ending_->answered();  // the ps tasks answer: the next break of the wait is a fault of its
-                                // own
-        }
+        if (result) ending_.reset();  // training went on: a later wait for the end starts afresh
         return result;
       } catch (const Error& e) {
         if (e.code() == ErrorCode::kOutOfRange) {
@@ -18691,7 +18698,9 @@ class Tcp {
         refused->answer(ErrorReply{ErrorCode::kInvalidArgument, "no ps task " + std::to_string(ps)});
         return result;
       }
+      begin_again_if_stale(*links_[ps]);
       if (options_.replicas == 0) return call_on(ps, std::move(request), std::move(targets));
+      begin_again_if_stale(*links_[link_of(ps, 1)]);  // (before a copy it may drop is chosen)
       // ps k's own copy is read from while it lives (every task then takes tokens from the
       // same pacer), the one ps k + 1 holds once it was dropped.
       const std::size_t reading = links_[ps]->dropped ? link_of(ps, 1) : ps;
@@ -18727,6 +18736,18 @@ class Tcp {
       return result;
     }
 
+    /// An attempt runs only while a caller waits (run_until). One left behind by a wait that
+    /// ended on another link's failure, whose attempt_timeout passed since, would fail the
+    /// next call at once, when the caller waits again: it ends now (as its timer would have:
+    /// a copy out of reach long enough may be dropped, and the call then goes to the other),
+    /// and the call begins a new one.
+    void begin_again_if_stale(Link& link) {
+      if ((link.state == State::kConnecting || link.state == State::kHandshaking) &&
+          link.timer.expiry() <= std::chrono::steady_clock::now()) {
+        fail(link, "an attempt left behind by an earlier call outlived attempt_timeout");
+      }
+    }
+
     /// Sends `request` on link `index` alone.
     PendingCall call_on(std::size_t index, Request&& request, PullTargets targets) {
       auto pending = std::make_shared<Pending>(this, index);
@@ -18740,13 +18761,6 @@ class Tcp {
     void queue(Link& link, PendingPtr pending, const Request& request) {
       if (link.state == State::kConnected && link.pending.empty() && closed_while_quiet(link)) {
         fail(link, "closed by the ps while idle");  // reconnect below, not fail this call
-      }
-      // An attempt runs only while a caller waits (run_until). One left behind by a wait
-      // that ended on another link's failure, whose attempt_timeout passed since, would
-      // fail this call at once on the next wait: it is begun again instead.
-      if ((link.state == State::kConnecting || link.state == State::kHandshaking) &&
-          link.timer.expiry() <= std::chrono::steady_clock::now()) {
-        fail(link, "an attempt left behind by an earlier call outlived attempt_timeout");
       }
       const std::uint64_t id = next_call_++;
       // The payload views alias the request's tensors (the caller's buffers), which stay

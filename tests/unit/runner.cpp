@@ -448,7 +448,8 @@ TEST_CASE(
     INFO(job.name());
     CHECK(status == 0);
   }
-  CHECK(log.find(LogLevel::kWarning, "worker 0: unavailable").size() >= 2);  // it saw the faults
+  CHECK(log.find(LogLevel::kWarning, "worker 0: unavailable").size() >=
+        1);  // it saw the faults (one wait, logged once)
   CHECK(log.find(LogLevel::kInfo, "worker 0: training finished after 60 steps").size() == 1);
   REQUIRE(recorded.evaluations.size() == 3);
   CHECK(recorded.evaluations[2].step == 60);

@@ -1140,22 +1140,28 @@ TEST_CASE(
   auto serving = std::async(std::launch::async, [&] { listener.run(); });
   pulley::testing::CutProxy proxy(listener.port(), 0.0, 5);
   TcpOptions options = test_client_options();
-  options.attempt_timeout = std::chrono::milliseconds(200);
+  options.attempt_timeout = std::chrono::milliseconds(1000);
   {
     Tcp tcp = client(Node::chief(), {"127.0.0.1:" + std::to_string(proxy.port())}, options);
     PendingCall first = tcp.call(0, GetStats{}, {});
     REQUIRE(first.wait_for(std::chrono::seconds(5)));
     CHECK(std::holds_alternative<StatsReply>(first.take()));
-    // Cut off: the connection breaks, and the attempt that follows hangs in its handshake.
+    // Cut off: the connection breaks (a call fails), and the attempt that follows hangs in
+    // its handshake while its call's wait ends first.
     proxy.partition(true);
-    for (int i = 0; i < 20; ++i) {
-      PendingCall broken = tcp.call(0, GetStats{}, {});
-      if (!broken.wait_for(std::chrono::milliseconds(50))) break;  // the attempt waits: left behind
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    bool broke = false, left_behind = false;
+    for (int i = 0; i < 100 && !left_behind; ++i) {
+      PendingCall call = tcp.call(0, GetStats{}, {});
+      if (call.wait_for(std::chrono::milliseconds(100))) {
+        broke = true;
+      } else {
+        left_behind = broke;
+      }
     }
+    REQUIRE(left_behind);
     // The caller pauses past attempt_timeout (a recovery's pause) while nobody waits on the
     // transport, and the ps is reachable again by the time it calls.
-    std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    std::this_thread::sleep_for(std::chrono::milliseconds(1300));
     proxy.partition(false);
     PendingCall again = tcp.call(0, GetStats{}, {});
     REQUIRE(again.wait_for(std::chrono::seconds(5)));

@@ -151,9 +151,9 @@ class Worker {
   /// ended the job (its last checkpoint and evaluation done). Returns true once it has
   /// (`ended()`), false when the job must train on (it was rolled back below `last_step`
   /// after a lost ps, or a ps went away: `step` again, which recovers; a ps that stays away
-  /// is waited for with the recovery's pauses, and fails `step` after
-  /// `ClientOptions::recovery_timeout`; a wait that breaks again and again while the ps
-  /// tasks answer in between is waited again, with growing pauses). Throws kAborted
+  /// is waited for with the recovery's pauses, and fails `step` or this wait (kUnavailable)
+  /// after `ClientOptions::recovery_timeout`; a break after every ps answered again is a
+  /// fault of its own, 20 times at most: detail::Recovery). Throws kAborted
   /// when the chief aborted training, or the ps tasks gave up waiting for a lost chief;
   /// kDeadlineExceeded when no ps advanced for `ClientOptions::wait_timeout` (the chief's
   /// last checkpoint and evaluation take longer).
@@ -165,7 +165,18 @@ class Worker {
       if (e.code() != ErrorCode::kOutOfRange) {
         if (e.code() != ErrorCode::kFailedPrecondition && !detail::Recovery::may_recover(e.code())) throw;
         if (!ending_) ending_.emplace("worker " + std::to_string(index_), client_.options());
-        if (e.code() != ErrorCode::kFailedPrecondition) ending_->wait(e);  // no busy loop while a ps is away
+        if (e.code() != ErrorCode::kFailedPrecondition) {
+          ending_->wait(e);  // no busy loop while a ps is away
+          try {
+            recover();
+            ending_->answered();  // every ps answered: the next break of the wait is a fault of its
+                                  // own
+          } catch (const Error& away) {
+            if (away.code() != ErrorCode::kFailedPrecondition &&
+                !detail::Recovery::may_recover(away.code()))
+              throw;
+          }
+        }
         finished_ = false;
         pulled_step_ = -1;
         return false;
@@ -253,12 +264,7 @@ class Worker {
           }
         }
         std::optional<StepResult> result = try_step(read, last_step);
-        if (result) {
-          ending_.reset();  // training went on: a later wait for the end starts afresh
-        } else if (ending_) {
-          ending_->answered();  // the ps tasks answer: the next break of the wait is a fault of its
-                                // own
-        }
+        if (result) ending_.reset();  // training went on: a later wait for the end starts afresh
         return result;
       } catch (const Error& e) {
         if (e.code() == ErrorCode::kOutOfRange) {

@@ -258,6 +258,7 @@ class ChiefLoop {
         }
         // A ps was lost: once it (or a task in its place) is back, every ps is restored from
         // the newest checkpoint, as TensorFlow's chief does, and training goes on from there.
+        reconnects_ = 0;
         const std::int64_t step =
             roll_back(chief_, e, checkpoints_ ? &*checkpoints_ : nullptr, initial_, training_.client, id_sharding_);
         note_restored(step);
@@ -271,11 +272,17 @@ class ChiefLoop {
   /// still holds the job (a connection broke; nothing was lost, and the schedule goes on
   /// where it was), false if one was restarted and is not initialized, or left the job
   /// (`ClientOptions::ps_leave_after`): every ps must be rolled back. Throws kUnavailable
-  /// once the recovery timeout passes first, or once the ps tasks answered again
-  /// `kMaxReconnects` times at one global step while what the chief does there failed each
-  /// time (a link that breaks whenever it is used ends the job; faults that each pass, however
-  /// many while training moves, do not).
+  /// once the recovery timeout passes first, or when `failure` came after the ps tasks
+  /// answered again `kMaxReconnects` times since the schedule last got anywhere (a link
+  /// that breaks whenever the chief uses it ends the job; faults that each pass do not).
   bool whole_again(const Error& failure) {
+    if (reconnects_ >= kMaxReconnects) {
+      throw Error(ErrorCode::kUnavailable,
+                  "chief: the ps tasks answered again " + std::to_string(reconnects_) +
+                      " times since its last checkpoint or evaluation, and its work "
+                      "failed after each; last: " +
+                      failure.what());
+    }
     // Each fault has its own deadline, counted from its first failure.
     detail::Recovery recovery("chief", training_.client);
     const ClientOptions& options = training_.client;
@@ -286,24 +293,15 @@ class ChiefLoop {
         leave_unreachable(chief_, options);
         if (chief_.membership() != before) return false;  // the others take its shard: a rollback
       }
-      std::int64_t step = 0;
       try {
-        step = chief_.wait_for_step(0);  // a ready ps answers at once, a restarted one refuses
+        (void)chief_.wait_for_step(0);  // a ready ps answers at once, a restarted one refuses
       } catch (const Error& e) {
         if (e.code() == ErrorCode::kFailedPrecondition) return false;
         if (!detail::Recovery::may_recover(e.code())) throw;
         last = e;
         continue;
       }
-      if (step != reconnected_at_) reconnects_ = 0;
-      reconnected_at_ = step;
-      if (++reconnects_ > kMaxReconnects) {
-        throw Error(
-            ErrorCode::kUnavailable,
-            "chief: the ps tasks answered again " + std::to_string(kMaxReconnects) +
-                " times at global step " + std::to_string(step) +
-                ", and what the chief does there failed each time; last: " + failure.what());
-      }
+      ++reconnects_;
       log(LogLevel::kInfo, "chief: every ps answers again and holds the job after " +
                                std::to_string(recovery.tries()) + " tries: training goes on");
       return true;
@@ -809,11 +807,9 @@ class ChiefLoop {
   std::optional<Clock::time_point> lost_changed_;
   std::int64_t base_ = -1;  ///< the newest checkpoint saved or restored from (-1: none)
   std::int64_t incremental_in_a_row_ = 0;  ///< checkpoints since the last full one
-  /// Times the ps tasks answered again while the schedule got nowhere, at global step
-  /// `reconnected_at_` (whole_again).
+  /// Times the ps tasks answered again since the schedule last got anywhere (whole_again).
   static constexpr int kMaxReconnects = 20;
   int reconnects_ = 0;
-  std::int64_t reconnected_at_ = -1;
   /// Workers the ps tasks hold lost, and since when the chief has seen them so.
   std::map<std::uint32_t, Clock::time_point> lost_since_;
 };

@@ -465,7 +465,9 @@ class Tcp {
         refused->answer(ErrorReply{ErrorCode::kInvalidArgument, "no ps task " + std::to_string(ps)});
         return result;
       }
+      begin_again_if_stale(*links_[ps]);
       if (options_.replicas == 0) return call_on(ps, std::move(request), std::move(targets));
+      begin_again_if_stale(*links_[link_of(ps, 1)]);  // (before a copy it may drop is chosen)
       // ps k's own copy is read from while it lives (every task then takes tokens from the
       // same pacer), the one ps k + 1 holds once it was dropped.
       const std::size_t reading = links_[ps]->dropped ? link_of(ps, 1) : ps;
@@ -501,6 +503,18 @@ class Tcp {
       return result;
     }
 
+    /// An attempt runs only while a caller waits (run_until). One left behind by a wait that
+    /// ended on another link's failure, whose attempt_timeout passed since, would fail the
+    /// next call at once, when the caller waits again: it ends now (as its timer would have:
+    /// a copy out of reach long enough may be dropped, and the call then goes to the other),
+    /// and the call begins a new one.
+    void begin_again_if_stale(Link& link) {
+      if ((link.state == State::kConnecting || link.state == State::kHandshaking) &&
+          link.timer.expiry() <= std::chrono::steady_clock::now()) {
+        fail(link, "an attempt left behind by an earlier call outlived attempt_timeout");
+      }
+    }
+
     /// Sends `request` on link `index` alone.
     PendingCall call_on(std::size_t index, Request&& request, PullTargets targets) {
       auto pending = std::make_shared<Pending>(this, index);
@@ -514,13 +528,6 @@ class Tcp {
     void queue(Link& link, PendingPtr pending, const Request& request) {
       if (link.state == State::kConnected && link.pending.empty() && closed_while_quiet(link)) {
         fail(link, "closed by the ps while idle");  // reconnect below, not fail this call
-      }
-      // An attempt runs only while a caller waits (run_until). One left behind by a wait
-      // that ended on another link's failure, whose attempt_timeout passed since, would
-      // fail this call at once on the next wait: it is begun again instead.
-      if ((link.state == State::kConnecting || link.state == State::kHandshaking) &&
-          link.timer.expiry() <= std::chrono::steady_clock::now()) {
-        fail(link, "an attempt left behind by an earlier call outlived attempt_timeout");
       }
       const std::uint64_t id = next_call_++;
       // The payload views alias the request's tensors (the caller's buffers), which stay

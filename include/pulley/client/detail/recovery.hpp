@@ -44,6 +44,7 @@ class Recovery {
     if (std::exchange(answered_, false) && answers_ < kMaxAnswered) {
       ++answers_;
       deadline_ = now + timeout_;
+      pause_ = std::chrono::milliseconds(100);
     }
     if (now >= deadline_) {
       throw Error(ErrorCode::kUnavailable,
@@ -58,8 +59,8 @@ class Recovery {
     pause_ = std::min<std::chrono::milliseconds>(pause_ * 2, std::chrono::seconds(2));
   }
 
-  /// The ps tasks answered since the last failure: the deadline runs afresh from the next
-  /// one (the pauses keep growing, so that a call that breaks again at once is no busy loop).
+  /// The ps tasks answered since the last failure: the next one is a fault of its own, with
+  /// its own deadline and pauses.
   void answered() noexcept { answered_ = true; }
 
   /// How many times `answered` gives a failure a deadline of its own.
