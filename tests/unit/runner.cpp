@@ -74,6 +74,33 @@ Job task_of(const ClusterSpec& cluster, const std::string& type, std::uint32_t i
   return job;
 }
 
+/// Proxies in front of a cluster's ps tasks (they pass everything until told otherwise),
+/// and the cluster as a task that reaches the ps tasks through them sees it.
+struct Proxied {
+  std::vector<std::unique_ptr<pulley::testing::CutProxy>> proxies;
+  ClusterSpec view;
+
+  explicit Proxied(const ClusterSpec& cluster) : view(cluster) {
+    const std::vector<std::string>& ps = cluster.roles.at("ps");
+    for (std::size_t i = 0; i < ps.size(); ++i) {
+      const auto port = static_cast<std::uint16_t>(std::stoi(ps[i].substr(ps[i].rfind(':') + 1)));
+      proxies.push_back(std::make_unique<pulley::testing::CutProxy>(port, 0.0, i));
+      view.roles["ps"][i] = "127.0.0.1:" + std::to_string(proxies.back()->port());
+    }
+  }
+
+  /// Cuts the tasks behind the proxies off `faults` times, 0.4 s each, 1.5 s apart: each
+  /// over well within a 2.5 s recovery timeout, four of them 6.1 s from first to last.
+  void cut_off(int faults) {
+    for (int fault = 0; fault < faults; ++fault) {
+      for (auto& p : proxies) p->partition(true);
+      std::this_thread::sleep_for(std::chrono::milliseconds(400));
+      for (auto& p : proxies) p->partition(false);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    }
+  }
+};
+
 }  // namespace
 
 TEST_CASE("an in-process job trains, evaluates at the steps asked, and ends with status 0") {
@@ -211,13 +238,9 @@ TEST_CASE("over TCP a chief whose connections break goes on, rolling nothing bac
   // The chief reaches the ps tasks through proxies; at its first evaluation (due at step
   // 20: a loaded machine may read it later), the next answer each ps sends it is lost with
   // its connection.
-  std::vector<std::unique_ptr<pulley::testing::CutProxy>> proxies;
-  ClusterSpec chief_view = cluster;
-  for (std::size_t ps = 0; ps < 2; ++ps) {
-    const auto port = static_cast<std::uint16_t>(std::stoi(addresses[ps].substr(addresses[ps].rfind(':') + 1)));
-    proxies.push_back(std::make_unique<pulley::testing::CutProxy>(port, 0.0, ps));
-    chief_view.roles["ps"][ps] = "127.0.0.1:" + std::to_string(proxies.back()->port());
-  }
+  Proxied proxied(cluster);
+  auto& proxies = proxied.proxies;
+  const ClusterSpec& chief_view = proxied.view;
   const LinearData data(4, 3, 2, 1);
   Recorded recorded;
   Training<LinearModel> training = linear_training(data, recorded);
@@ -265,14 +288,8 @@ TEST_CASE(
   cluster.roles["ps"] = {addresses[0], addresses[1]};
   cluster.roles["worker"] = {addresses[2]};
   cluster.roles["chief"] = {addresses[3]};
-  std::vector<std::unique_ptr<pulley::testing::CutProxy>> proxies;
-  ClusterSpec chief_view = cluster;
-  for (std::size_t ps = 0; ps < 2; ++ps) {
-    const auto port =
-        static_cast<std::uint16_t>(std::stoi(addresses[ps].substr(addresses[ps].rfind(':') + 1)));
-    proxies.push_back(std::make_unique<pulley::testing::CutProxy>(port, 0.0, ps));
-    chief_view.roles["ps"][ps] = "127.0.0.1:" + std::to_string(proxies.back()->port());
-  }
+  Proxied proxied(cluster);
+  const ClusterSpec& chief_view = proxied.view;
   const LinearData data(4, 3, 2, 1);
   Recorded recorded;
   Training<LinearModel> training = linear_training(data, recorded);
@@ -300,17 +317,11 @@ TEST_CASE(
       status = run(job, training, RoundRobin{}, Sgd{0.05F}, SyncReplicas(1, 1));
     });
   }
-  // Four faults of 0.4 s, 1.5 s apart: 6.1 s from the first to the last, each over well
-  // within the recovery timeout; the chief's wait breaks at each.
+  // Four faults (Proxied::cut_off): the chief's wait breaks at each.
   for (int i = 0; i < 1000 && batches < 10; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   CHECK(batches >= 10);
-  for (int fault = 0; fault < 4; ++fault) {
-    for (auto& p : proxies) p->partition(true);
-    std::this_thread::sleep_for(std::chrono::milliseconds(400));
-    for (auto& p : proxies) p->partition(false);
-    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-  }
+  proxied.cut_off(4);
   held = false;
   for (auto& t : threads) t.join();
   for (const auto& [job, status] : tasks) {
@@ -333,17 +344,10 @@ TEST_CASE("over TCP a worker cut off again and again within one long sync step t
   cluster.roles["worker"] = {addresses[2], addresses[3]};
   cluster.roles["chief"] = {addresses[4]};
   // Worker 0 reaches the ps tasks through proxies. Worker 1 stands still at its 10th batch
-  // while they cut worker 0 off four times, 0.4 s each, 1.5 s apart: worker 0's step (R = N
-  // = 2: it needs worker 1's push) spans all four faults, each over well within its
-  // recovery timeout.
-  std::vector<std::unique_ptr<pulley::testing::CutProxy>> proxies;
-  ClusterSpec worker_view = cluster;
-  for (std::size_t ps = 0; ps < 2; ++ps) {
-    const auto port =
-        static_cast<std::uint16_t>(std::stoi(addresses[ps].substr(addresses[ps].rfind(':') + 1)));
-    proxies.push_back(std::make_unique<pulley::testing::CutProxy>(port, 0.0, ps));
-    worker_view.roles["ps"][ps] = "127.0.0.1:" + std::to_string(proxies.back()->port());
-  }
+  // while they cut worker 0 off four times (Proxied::cut_off): worker 0's step (R = N = 2:
+  // it needs worker 1's push) spans all four faults.
+  Proxied proxied(cluster);
+  const ClusterSpec& worker_view = proxied.view;
   const LinearData data(4, 3, 2, 1);
   Recorded recorded;
   Training<LinearModel> training = linear_training(data, recorded);
@@ -377,12 +381,7 @@ TEST_CASE("over TCP a worker cut off again and again within one long sync step t
   CHECK(batches >= 10);
   std::this_thread::sleep_for(
       std::chrono::milliseconds(200));  // worker 0 waits for worker 1's push
-  for (int fault = 0; fault < 4; ++fault) {
-    for (auto& p : proxies) p->partition(true);
-    std::this_thread::sleep_for(std::chrono::milliseconds(400));
-    for (auto& p : proxies) p->partition(false);
-    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-  }
+  proxied.cut_off(4);
   held = false;
   for (auto& t : threads) t.join();
   for (const auto& [job, status] : tasks) {
@@ -406,28 +405,14 @@ TEST_CASE(
   cluster.roles["worker"] = {addresses[2]};
   cluster.roles["chief"] = {addresses[3]};
   // The worker reaches the ps tasks through proxies; the chief's last evaluation lasts
-  // while they cut the worker off four times, 0.4 s each, 1.5 s apart: 6.1 s from the first
-  // fault to the last, each over well within the worker's recovery timeout.
-  std::vector<std::unique_ptr<pulley::testing::CutProxy>> proxies;
-  ClusterSpec worker_view = cluster;
-  for (std::size_t ps = 0; ps < 2; ++ps) {
-    const auto port =
-        static_cast<std::uint16_t>(std::stoi(addresses[ps].substr(addresses[ps].rfind(':') + 1)));
-    proxies.push_back(std::make_unique<pulley::testing::CutProxy>(port, 0.0, ps));
-    worker_view.roles["ps"][ps] = "127.0.0.1:" + std::to_string(proxies.back()->port());
-  }
+  // while they cut the worker off four times (Proxied::cut_off).
+  Proxied proxied(cluster);
+  const ClusterSpec& worker_view = proxied.view;
   const LinearData data(4, 3, 2, 1);
   Recorded recorded;
   Training<LinearModel> training = linear_training(data, recorded);
   training.evaluate = [&](LinearModel&, const Evaluation& e) {
-    if (e.last) {
-      for (int fault = 0; fault < 4; ++fault) {
-        for (auto& p : proxies) p->partition(true);
-        std::this_thread::sleep_for(std::chrono::milliseconds(400));
-        for (auto& p : proxies) p->partition(false);
-        std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-      }
-    }
+    if (e.last) proxied.cut_off(4);
     std::scoped_lock lock(recorded.mutex);
     recorded.evaluations.push_back(e);
   };
