@@ -74,6 +74,40 @@ Job task_of(const ClusterSpec& cluster, const std::string& type, std::uint32_t i
   return job;
 }
 
+/// Runs each of `tasks` (pulley::run with RoundRobin and Sgd) on a thread of its own,
+/// which sets the task's status; join them before reading it.
+template <class M, class Sync>
+std::vector<std::thread> start_tasks(std::vector<std::pair<Job, int>>& tasks,
+                                     const Training<M>& training, const Sync& sync) {
+  std::vector<std::thread> threads;
+  for (auto& [job, status] : tasks) {
+    threads.emplace_back([&training, sync, &job = job, &status = status] {
+      status = run(job, training, RoundRobin{}, Sgd{0.05F}, sync);
+    });
+  }
+  return threads;
+}
+
+/// Stands a data source still at its 10th batch until released (15 s at most).
+struct Gate {
+  std::atomic<int> batches{0};
+  std::atomic<bool> held{true};
+
+  /// A batch's way through: waits here from the 10th on while held.
+  void pass() {
+    for (int i = 0; i < 3000 && held && batches >= 10; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    ++batches;
+  }
+  /// Waits (10 s at most) until a source stands at the gate; true once one does.
+  bool reached() const {
+    for (int i = 0; i < 1000 && batches < 10; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return batches >= 10;
+  }
+  void release() { held = false; }
+};
+
 /// Proxies in front of a cluster's ps tasks (they pass everything until told otherwise),
 /// and the cluster as a task that reaches the ps tasks through them sees it.
 struct Proxied {
@@ -176,12 +210,7 @@ TEST_CASE("one task per thread over TCP: ps, chief, workers and evaluator all en
   for (std::uint32_t i = 0; i < 2; ++i) tasks.emplace_back(task_of(cluster, "worker", i), -1);
   tasks.emplace_back(task_of(cluster, "chief", 0), -1);
   tasks.emplace_back(task_of(cluster, "evaluator", 0), -1);
-  std::vector<std::thread> threads;
-  for (auto& [job, status] : tasks) {
-    threads.emplace_back([&, &job = job, &status = status] {
-      status = run(job, training, RoundRobin{}, Sgd{0.05F}, BoundedStaleness(1, 2));
-    });
-  }
+  std::vector<std::thread> threads = start_tasks(tasks, training, BoundedStaleness(1, 2));
   for (auto& t : threads) t.join();
   for (const auto& [job, status] : tasks) {
     INFO(job.name());
@@ -211,12 +240,7 @@ TEST_CASE("over TCP a chief that fails aborts the job, and every task fails nami
   std::vector<std::pair<Job, int>> tasks{{task_of(cluster, "ps", 0), -1},
                                          {task_of(cluster, "worker", 0), -1},
                                          {task_of(cluster, "chief", 0), -1}};
-  std::vector<std::thread> threads;
-  for (auto& [job, status] : tasks) {
-    threads.emplace_back([&, &job = job, &status = status] {
-      status = run(job, training, RoundRobin{}, Sgd{0.05F}, SyncReplicas(1, 1));
-    });
-  }
+  std::vector<std::thread> threads = start_tasks(tasks, training, SyncReplicas(1, 1));
   for (auto& t : threads) t.join();
   for (const auto& [job, status] : tasks) {
     INFO(job.name());
@@ -255,12 +279,7 @@ TEST_CASE("over TCP a chief whose connections break goes on, rolling nothing bac
                                          {task_of(cluster, "ps", 1), -1},
                                          {task_of(cluster, "worker", 0), -1},
                                          {task_of(chief_view, "chief", 0), -1}};
-  std::vector<std::thread> threads;
-  for (auto& [job, status] : tasks) {
-    threads.emplace_back([&, &job = job, &status = status] {
-      status = run(job, training, RoundRobin{}, Sgd{0.05F}, SyncReplicas(1, 1));
-    });
-  }
+  std::vector<std::thread> threads = start_tasks(tasks, training, SyncReplicas(1, 1));
   for (auto& t : threads) t.join();
   for (const auto& [job, status] : tasks) {
     INFO(job.name());
@@ -295,13 +314,10 @@ TEST_CASE(
   Training<LinearModel> training = linear_training(data, recorded);
   // The worker stands still at its 10th batch until the faults are over, so the chief's
   // wait for step 20 (its first evaluation) spans all of them.
-  std::atomic<int> batches{0};
-  std::atomic<bool> held{true};
+  Gate gate;
   training.data = [&](const DataShard&) {
     return [&] {
-      for (int i = 0; i < 3000 && held && batches >= 10; ++i)
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      ++batches;
+      gate.pass();
       return LinearBatch{data.x, data.y};
     };
   };
@@ -311,18 +327,11 @@ TEST_CASE(
                                          {task_of(cluster, "ps", 1), -1},
                                          {task_of(cluster, "worker", 0), -1},
                                          {task_of(chief_view, "chief", 0), -1}};
-  std::vector<std::thread> threads;
-  for (auto& [job, status] : tasks) {
-    threads.emplace_back([&, &job = job, &status = status] {
-      status = run(job, training, RoundRobin{}, Sgd{0.05F}, SyncReplicas(1, 1));
-    });
-  }
+  std::vector<std::thread> threads = start_tasks(tasks, training, SyncReplicas(1, 1));
   // Four faults (Proxied::cut_off): the chief's wait breaks at each.
-  for (int i = 0; i < 1000 && batches < 10; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  CHECK(batches >= 10);
+  CHECK(gate.reached());
   proxied.cut_off(4);
-  held = false;
+  gate.release();
   for (auto& t : threads) t.join();
   for (const auto& [job, status] : tasks) {
     INFO(job.name());
@@ -351,15 +360,10 @@ TEST_CASE("over TCP a worker cut off again and again within one long sync step t
   const LinearData data(4, 3, 2, 1);
   Recorded recorded;
   Training<LinearModel> training = linear_training(data, recorded);
-  std::atomic<int> batches{0};
-  std::atomic<bool> held{true};
+  Gate gate;
   training.data = [&](const DataShard& shard) {
     return [&, slow = shard.index == 1] {
-      if (slow) {
-        for (int i = 0; i < 3000 && held && batches >= 10; ++i)
-          std::this_thread::sleep_for(std::chrono::milliseconds(5));
-        ++batches;
-      }
+      if (slow) gate.pass();
       return LinearBatch{data.x, data.y};
     };
   };
@@ -370,19 +374,12 @@ TEST_CASE("over TCP a worker cut off again and again within one long sync step t
                                          {task_of(worker_view, "worker", 0), -1},
                                          {task_of(cluster, "worker", 1), -1},
                                          {task_of(cluster, "chief", 0), -1}};
-  std::vector<std::thread> threads;
-  for (auto& [job, status] : tasks) {
-    threads.emplace_back([&, &job = job, &status = status] {
-      status = run(job, training, RoundRobin{}, Sgd{0.05F}, SyncReplicas(2, 2));
-    });
-  }
-  for (int i = 0; i < 1000 && batches < 10; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  CHECK(batches >= 10);
+  std::vector<std::thread> threads = start_tasks(tasks, training, SyncReplicas(2, 2));
+  CHECK(gate.reached());
   std::this_thread::sleep_for(
       std::chrono::milliseconds(200));  // worker 0 waits for worker 1's push
   proxied.cut_off(4);
-  held = false;
+  gate.release();
   for (auto& t : threads) t.join();
   for (const auto& [job, status] : tasks) {
     INFO(job.name());
@@ -422,12 +419,7 @@ TEST_CASE(
                                          {task_of(cluster, "ps", 1), -1},
                                          {task_of(worker_view, "worker", 0), -1},
                                          {task_of(cluster, "chief", 0), -1}};
-  std::vector<std::thread> threads;
-  for (auto& [job, status] : tasks) {
-    threads.emplace_back([&, &job = job, &status = status] {
-      status = run(job, training, RoundRobin{}, Sgd{0.05F}, SyncReplicas(1, 1));
-    });
-  }
+  std::vector<std::thread> threads = start_tasks(tasks, training, SyncReplicas(1, 1));
   for (auto& t : threads) t.join();
   for (const auto& [job, status] : tasks) {
     INFO(job.name());
@@ -489,12 +481,7 @@ TEST_CASE("a cluster without a chief task makes worker 0 the chief, as TensorFlo
   std::vector<std::pair<Job, int>> tasks{{task_of(cluster, "ps", 0), -1},
                                          {task_of(cluster, "worker", 0), -1},
                                          {task_of(cluster, "worker", 1), -1}};
-  std::vector<std::thread> threads;
-  for (auto& [job, status] : tasks) {
-    threads.emplace_back([&, &job = job, &status = status] {
-      status = run(job, training, RoundRobin{}, Sgd{0.05F}, SyncReplicas(2, 2));
-    });
-  }
+  std::vector<std::thread> threads = start_tasks(tasks, training, SyncReplicas(2, 2));
   for (auto& t : threads) t.join();
   for (const auto& [job, status] : tasks) CHECK(status == 0);
   CHECK(recorded.evaluations.size() == 3);
@@ -559,12 +546,7 @@ TEST_CASE("when worker 0 is also the chief and fails, it ends the job at once, n
                                          {task_of(cluster, "worker", 0), -1},
                                          {task_of(cluster, "worker", 1), -1}};
   const auto start = std::chrono::steady_clock::now();
-  std::vector<std::thread> threads;
-  for (auto& [job, status] : tasks) {
-    threads.emplace_back([&, &job = job, &status = status] {
-      status = run(job, training, RoundRobin{}, Sgd{0.05F}, SyncReplicas(2, 2));
-    });
-  }
+  std::vector<std::thread> threads = start_tasks(tasks, training, SyncReplicas(2, 2));
   for (auto& t : threads) t.join();
   // Without the abort, the chief's thread would wait for steps until its 30-minute deadline.
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(60));
