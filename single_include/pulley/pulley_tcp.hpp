@@ -8948,8 +8948,10 @@ enum class Verdict : std::uint8_t {
 ///     update is the mean of the others' gradients, or none), and says so: kReady when that
 ///     completes the step, else kPending; nullopt when the pull changes nothing (it waits,
 ///     as any gated pull). A push of the worker for that step that comes all the same is
-///     stale. Without it, such a pull waits until the ps holds the worker lost, which it
-///     may never do while the worker's new process beats.
+///     stale. The ps asks again while the pull waits, whenever what the policy judges by
+///     changed (a push taken, a worker held lost or back). Without it, such a pull waits
+///     until the ps holds the worker lost, which it may never do while the worker's new
+///     process beats.
 ///   - `p.awaited(pacer)` → `std::vector<std::uint32_t>`: the workers the next step waits
 ///     for; the ps quotes each with how long ago it last heard it.
 ///   - `p.reshape(pacer, workers)` → void: the job's workers are now `workers` (task
@@ -13962,17 +13964,15 @@ class ParameterServer {
     if (ahead_step_ != step_before) return ahead_.clear();
     for (std::size_t i = 0; i < ahead_.size() && pacing_.global_step() == step_before;) {
       const std::uint32_t worker = ahead_[i];
-      changing_ = true;  // a throw from the policy leaves its pacer half changed
-      const std::optional<Verdict> verdict = pacing_.pulled_ahead(worker, step_before + 1);
-      if (!verdict) {
-        changing_ = false;
+      const bool judged = go_on_without([&]() -> std::optional<Verdict> {
+        std::optional<Verdict> verdict = pacing_.pulled_ahead(worker, step_before + 1);
+        if (verdict) ledger_.count(worker, step_before);
+        return verdict;
+      });
+      if (!judged) {
         ++i;
         continue;
       }
-      ledger_.count(worker, step_before);
-      if (verdict == Verdict::kReady)
-        update_.complete(shard_, pacing_.policy(), step_before, stats_);
-      changing_ = false;
       ahead_.erase(ahead_.begin() + static_cast<std::ptrdiff_t>(i));
       log(LogLevel::kWarning,
           name_ + ": " + Node::worker(worker).name() + " pulls step " +
@@ -13982,10 +13982,23 @@ class ParameterServer {
               "on); this step goes on without it; " +
               describe_wait());
     }
-    if (pacing_.global_step() == step_before) return;
-    ahead_.clear();
+    if (pacing_.global_step() != step_before) ahead_.clear();
+  }
+
+  /// The sync policy stops waiting for a worker at the step in progress, as `change` (the
+  /// pacing call) says: an update that needed only that worker is applied now, and the
+  /// tokens and step gates that waited are answered. False when the policy still waits.
+  template <class Change>
+  bool go_on_without(Change change) {
+    const std::int64_t step_before = pacing_.global_step();
+    changing_ = true;  // a throw from the policy leaves its pacer half changed
+    const std::optional<Verdict> verdict = change();
+    if (verdict == Verdict::kReady) update_.complete(shard_, pacing_.policy(), step_before, stats_);
+    changing_ = false;
+    if (!verdict) return false;
     hand_out_tokens();
-    release_step_gates();
+    if (pacing_.global_step() != step_before) release_step_gates();
+    return true;
   }
 
   /// The global step moved: the pulls and pauses waiting for it are answered.
@@ -14441,16 +14454,11 @@ class ParameterServer {
     if (!check_chief(now) || !registration_.ready()) return;
     if (cut_.paused()) return advance_cut();  // a worker that fell silent is no longer awaited
     liveness_.expire(now, [&](std::uint32_t worker, Clock::time_point last) {
-      const std::int64_t step_before = pacing_.global_step();
-      changing_ = true;
       ++stats_.workers_lost;
-      if (pacing_.lost(worker) == Verdict::kReady) update_.complete(shard_, pacing_.policy(), step_before, stats_);
-      changing_ = false;
-      log(LogLevel::kWarning, name_ + ": " + Node::worker(worker).name() +
-                                  " lost (last heard " + Liveness::seconds_between(last, now) +
+      go_on_without([&]() -> std::optional<Verdict> { return pacing_.lost(worker); });
+      log(LogLevel::kWarning, name_ + ": " + Node::worker(worker).name() + " lost (last heard " +
+                                  Liveness::seconds_between(last, now) +
                                   " s ago): training goes on without it; " + describe_wait());
-      hand_out_tokens();
-      if (pacing_.global_step() != step_before) release_step_gates();
     });
   }
 
@@ -15388,13 +15396,7 @@ class SyncReplicas {
       judge_refill(pacer);
       return Verdict::kPending;
     }
-    // A step whose pushes were all lost with their workers' processes (on_pull_ahead) and
-    // that now owes none completes with no update, as it would in the other order.
-    const bool complete = pacer.fresh == 0 ? !pacer.forfeited.empty() && awaited(pacer).empty()
-                                           : pacer.fresh >= required(pacer);
-    if (!complete) return Verdict::kPending;
-    next_step(pacer);
-    return Verdict::kReady;
+    return complete_without(pacer);
   }
 
   /// A push for `local_step` says what the pacing ps decided about that step (Token::refill):
@@ -15427,13 +15429,7 @@ class SyncReplicas {
     }
     pacer.forfeited.insert(worker);  // first: an insertion that throws leaves the pacer as it was
     release(pacer, worker);
-    // Complete with the others' gradients, or with none once no live worker owes one (a
-    // single worker's lost push: the step's update is empty here).
-    const bool complete =
-        pacer.fresh == 0 ? awaited(pacer).empty() : pacer.fresh >= required(pacer);
-    if (!complete) return Verdict::kPending;
-    next_step(pacer);
-    return Verdict::kReady;
+    return complete_without(pacer);
   }
 
   /// Waits for `worker` again, from the step in progress.
@@ -15563,6 +15559,18 @@ class SyncReplicas {
   }
 
  private:
+  /// A step that stopped waiting for a worker (lost, or its push lost with its process)
+  /// completes with the others' fresh gradients once it has the R it needs, or with none
+  /// (an empty update) once its pushes were all lost with their workers' processes and no
+  /// live worker owes one, as it would in the other order.
+  Verdict complete_without(Pacer& pacer) const {
+    const bool complete = pacer.fresh == 0 ? !pacer.forfeited.empty() && awaited(pacer).empty()
+                                           : pacer.fresh >= required(pacer);
+    if (!complete) return Verdict::kPending;
+    next_step(pacer);
+    return Verdict::kReady;
+  }
+
   /// N: the job's workers now.
   [[nodiscard]] int workers(const Pacer& pacer) const noexcept {
     return pacer.workers.empty() ? total_num_replicas_ : static_cast<int>(pacer.workers.size());

@@ -475,17 +475,15 @@ class ParameterServer {
     if (ahead_step_ != step_before) return ahead_.clear();
     for (std::size_t i = 0; i < ahead_.size() && pacing_.global_step() == step_before;) {
       const std::uint32_t worker = ahead_[i];
-      changing_ = true;  // a throw from the policy leaves its pacer half changed
-      const std::optional<Verdict> verdict = pacing_.pulled_ahead(worker, step_before + 1);
-      if (!verdict) {
-        changing_ = false;
+      const bool judged = go_on_without([&]() -> std::optional<Verdict> {
+        std::optional<Verdict> verdict = pacing_.pulled_ahead(worker, step_before + 1);
+        if (verdict) ledger_.count(worker, step_before);
+        return verdict;
+      });
+      if (!judged) {
         ++i;
         continue;
       }
-      ledger_.count(worker, step_before);
-      if (verdict == Verdict::kReady)
-        update_.complete(shard_, pacing_.policy(), step_before, stats_);
-      changing_ = false;
       ahead_.erase(ahead_.begin() + static_cast<std::ptrdiff_t>(i));
       log(LogLevel::kWarning,
           name_ + ": " + Node::worker(worker).name() + " pulls step " +
@@ -495,10 +493,23 @@ class ParameterServer {
               "on); this step goes on without it; " +
               describe_wait());
     }
-    if (pacing_.global_step() == step_before) return;
-    ahead_.clear();
+    if (pacing_.global_step() != step_before) ahead_.clear();
+  }
+
+  /// The sync policy stops waiting for a worker at the step in progress, as `change` (the
+  /// pacing call) says: an update that needed only that worker is applied now, and the
+  /// tokens and step gates that waited are answered. False when the policy still waits.
+  template <class Change>
+  bool go_on_without(Change change) {
+    const std::int64_t step_before = pacing_.global_step();
+    changing_ = true;  // a throw from the policy leaves its pacer half changed
+    const std::optional<Verdict> verdict = change();
+    if (verdict == Verdict::kReady) update_.complete(shard_, pacing_.policy(), step_before, stats_);
+    changing_ = false;
+    if (!verdict) return false;
     hand_out_tokens();
-    release_step_gates();
+    if (pacing_.global_step() != step_before) release_step_gates();
+    return true;
   }
 
   /// The global step moved: the pulls and pauses waiting for it are answered.
@@ -954,16 +965,11 @@ class ParameterServer {
     if (!check_chief(now) || !registration_.ready()) return;
     if (cut_.paused()) return advance_cut();  // a worker that fell silent is no longer awaited
     liveness_.expire(now, [&](std::uint32_t worker, Clock::time_point last) {
-      const std::int64_t step_before = pacing_.global_step();
-      changing_ = true;
       ++stats_.workers_lost;
-      if (pacing_.lost(worker) == Verdict::kReady) update_.complete(shard_, pacing_.policy(), step_before, stats_);
-      changing_ = false;
-      log(LogLevel::kWarning, name_ + ": " + Node::worker(worker).name() +
-                                  " lost (last heard " + Liveness::seconds_between(last, now) +
+      go_on_without([&]() -> std::optional<Verdict> { return pacing_.lost(worker); });
+      log(LogLevel::kWarning, name_ + ": " + Node::worker(worker).name() + " lost (last heard " +
+                                  Liveness::seconds_between(last, now) +
                                   " s ago): training goes on without it; " + describe_wait());
-      hand_out_tokens();
-      if (pacing_.global_step() != step_before) release_step_gates();
     });
   }
 

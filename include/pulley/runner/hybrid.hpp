@@ -243,7 +243,7 @@ int run_hybrid(const Job& job, const Training<M>& training, O optimizer, T table
               dense.start_from(num_workers).start();
               return dense;
             });
-            runner_detail::work(mine, w, num_workers, connect, ids, metrics);
+            runner_detail::work(mine, w, num_workers, connect, connect, ids, metrics);
           },
           &follower);
       return 0;
@@ -293,8 +293,8 @@ int run_hybrid(const Job& job, const Training<M>& training, O optimizer, T table
         dense.start_from(num_workers).start();
         return dense;
       });
-      runner_detail::work(mine, index, num_workers, [&] { return transport(Node::worker(index)); }, id_sharding,
-                          metrics);
+      const auto connect = [&] { return transport(Node::worker(index)); };
+      runner_detail::work(mine, index, num_workers, connect, connect, id_sharding, metrics);
     }
     return 0;
   } catch (const std::exception& e) {

@@ -318,7 +318,8 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
       }
     });
     try {
-      work(training, 0, num_workers, [&] { return transport(Node::worker(0)); }, id_sharding, metrics);
+      const auto connect = [&] { return transport(Node::worker(0)); };
+      work(training, 0, num_workers, connect, connect, id_sharding, metrics);
     } catch (const std::exception& e) {
       // The chief thread may be waiting for steps this worker will not push: end the job.
       try {
@@ -338,13 +339,13 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
     const auto worker = [&](const Training<M>& as) {
       const Node self = Node::worker(config.task.index);
       naming_a_lost_chief(chief_address(config.cluster), tcp, [&] {
+        const auto beats = [&] {
+          if (beat_now.empty()) return transport(self);
+          return Tcp(self, ps, tcp, std::span<const std::uint32_t>(beat_now));
+        };
         work(
-            as, config.task.index, num_workers, [&] { return transport(self); }, id_sharding,
-            metrics, leave,
-            [&] {
-              if (beat_now.empty()) return transport(self);
-              return Tcp(self, ps, tcp, std::span<const std::uint32_t>(beat_now));
-            });
+            as, config.task.index, num_workers, [&] { return transport(self); }, beats, id_sharding,
+            metrics, leave);
       });
     };
     if (!join) return worker(training);
@@ -437,10 +438,11 @@ int run(const Job& job, const Training<M>& training, S sharding, O optimizer, P 
     check_optimizer_settings(optimizer);
     if constexpr (TablePolicy<T>) check_optimizer_settings(tables.optimizer, "the tables' optimizer");
     if (job.in_process()) {
-      runner_detail::run_in_process(job, training, std::move(sharding), std::move(optimizer), std::move(sync),
-                                    std::move(tables), [&](std::uint32_t w, auto connect, auto ids, Metrics* metrics) {
-                                      runner_detail::work(training, w, job.local_workers, connect, ids, metrics);
-                                    });
+      runner_detail::run_in_process(
+          job, training, std::move(sharding), std::move(optimizer), std::move(sync),
+          std::move(tables), [&](std::uint32_t w, auto connect, auto ids, Metrics* metrics) {
+            runner_detail::work(training, w, job.local_workers, connect, connect, ids, metrics);
+          });
     } else {
       runner_detail::run_task(*job.cluster, job.credentials, job.join, training, std::move(sharding),
                               std::move(optimizer), std::move(sync), std::move(tables));

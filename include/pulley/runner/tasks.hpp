@@ -54,30 +54,22 @@ namespace runner_detail {
 /// object, not a temporary: GCC 12 warns of the temporary's destructor once inlined.
 inline const std::optional<std::pair<std::string, TcpOptions>> kStaysToTheEnd{};
 
-/// A worker: steps until training is over, beating its heart on a transport of its own
-/// (`connect()` makes each); its rows go where `id_sharding` (the ps tasks') puts them. Each
-/// step is recorded in `metrics` (if any) as "worker:<index>": the global step, steps,
-/// the loss and the staleness (means over the interval), stale gradients. With `leave`
-/// (the chief's address), a SIGTERM asks the chief to take it out of the job
-/// (LeaveWatch), and it ends once the ps tasks count it no more. A worker that fails stops
-/// beating without the goodbye (HeartbeatSender::abandon): the ps tasks hold it lost once
-/// its silence lasts, and their sync policy stops waiting for it. `connect_beats`, when
-/// given, makes the heartbeats' transport instead: one that need not wait for every ps
-/// (a worker started again while a ps process is gone must be heard by the others before
-/// the chief rules on that process).
-template <Model M, class Connect, IdSharding I = HashIds, class ConnectBeats = std::nullptr_t>
+/// A worker: steps until training is over (`connect()` makes its transport), beating its
+/// heart on a transport of its own (`connect_beats()`, often `connect` again: one that need
+/// not wait for every ps when a worker started again while a ps process is gone must be
+/// heard by the others before the chief rules on that process); its rows go where
+/// `id_sharding` (the ps tasks') puts them. Each step is recorded in `metrics` (if any) as
+/// "worker:<index>": the global step, steps, the loss and the staleness (means over the
+/// interval), stale gradients. With `leave` (the chief's address), a SIGTERM asks the chief
+/// to take it out of the job (LeaveWatch), and it ends once the ps tasks count it no more.
+/// A worker that fails stops beating without the goodbye (HeartbeatSender::abandon): the
+/// ps tasks hold it lost once its silence lasts, and their sync policy stops waiting for it.
+template <Model M, class Connect, class ConnectBeats, IdSharding I = HashIds>
 void work(const Training<M>& training, std::uint32_t index, std::uint32_t num_workers,
-          Connect connect, I id_sharding = {}, Metrics* metrics = nullptr,
-          const std::optional<std::pair<std::string, TcpOptions>>& leave = kStaysToTheEnd,
-          ConnectBeats connect_beats = nullptr) {
-  const auto beats_transport = [&] {
-    if constexpr (std::is_same_v<ConnectBeats, std::nullptr_t>) {
-      return connect();
-    } else {
-      return connect_beats();
-    }
-  };
-  HeartbeatSender heartbeat(index, beats_transport(), training.client.heartbeat_interval);
+          Connect connect, ConnectBeats connect_beats, I id_sharding = {},
+          Metrics* metrics = nullptr,
+          const std::optional<std::pair<std::string, TcpOptions>>& leave = kStaysToTheEnd) {
+  HeartbeatSender heartbeat(index, connect_beats(), training.client.heartbeat_interval);
   // Failed (an exception leaves): held lost by the ps tasks, not forgotten as one that ended.
   using Sender = decltype(heartbeat);
   struct AbandonOnFailure {

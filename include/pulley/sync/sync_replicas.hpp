@@ -201,13 +201,7 @@ class SyncReplicas {
       judge_refill(pacer);
       return Verdict::kPending;
     }
-    // A step whose pushes were all lost with their workers' processes (on_pull_ahead) and
-    // that now owes none completes with no update, as it would in the other order.
-    const bool complete = pacer.fresh == 0 ? !pacer.forfeited.empty() && awaited(pacer).empty()
-                                           : pacer.fresh >= required(pacer);
-    if (!complete) return Verdict::kPending;
-    next_step(pacer);
-    return Verdict::kReady;
+    return complete_without(pacer);
   }
 
   /// A push for `local_step` says what the pacing ps decided about that step (Token::refill):
@@ -240,13 +234,7 @@ class SyncReplicas {
     }
     pacer.forfeited.insert(worker);  // first: an insertion that throws leaves the pacer as it was
     release(pacer, worker);
-    // Complete with the others' gradients, or with none once no live worker owes one (a
-    // single worker's lost push: the step's update is empty here).
-    const bool complete =
-        pacer.fresh == 0 ? awaited(pacer).empty() : pacer.fresh >= required(pacer);
-    if (!complete) return Verdict::kPending;
-    next_step(pacer);
-    return Verdict::kReady;
+    return complete_without(pacer);
   }
 
   /// Waits for `worker` again, from the step in progress.
@@ -376,6 +364,18 @@ class SyncReplicas {
   }
 
  private:
+  /// A step that stopped waiting for a worker (lost, or its push lost with its process)
+  /// completes with the others' fresh gradients once it has the R it needs, or with none
+  /// (an empty update) once its pushes were all lost with their workers' processes and no
+  /// live worker owes one, as it would in the other order.
+  Verdict complete_without(Pacer& pacer) const {
+    const bool complete = pacer.fresh == 0 ? !pacer.forfeited.empty() && awaited(pacer).empty()
+                                           : pacer.fresh >= required(pacer);
+    if (!complete) return Verdict::kPending;
+    next_step(pacer);
+    return Verdict::kReady;
+  }
+
   /// N: the job's workers now.
   [[nodiscard]] int workers(const Pacer& pacer) const noexcept {
     return pacer.workers.empty() ? total_num_replicas_ : static_cast<int>(pacer.workers.size());
