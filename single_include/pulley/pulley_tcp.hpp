@@ -13942,7 +13942,7 @@ class ParameterServer {
   /// every ps to the same counts): otherwise the step would wait for a push that never
   /// comes while the new process beats. The worker is remembered until the step moves, and
   /// asked about again when what the policy judges by changed (a push taken, a worker
-  /// back, a cut's pause ended); never while paused for a cut, which must see no step
+  /// held lost or back, a cut's pause ended); never while paused for a cut, which must see no step
   /// complete on its own. Logged.
   void pulls_ahead(const RequestContext& context, std::int64_t min_step) {
     if (!context.peer || context.peer->role != Node::Role::kWorker ||
@@ -14460,6 +14460,7 @@ class ParameterServer {
                                   Liveness::seconds_between(last, now) +
                                   " s ago): training goes on without it; " + describe_wait());
     });
+    judge_pulls_ahead();  // fewer workers may now bring a pulled-ahead worker's gradient
   }
 
   /// Holds the chief lost once silent for the worker timeout, and ends training as aborted
@@ -15264,9 +15265,10 @@ namespace pulley {
 /// it is stale and dropped.
 ///
 /// A worker whose push of a step was lost with its process (`on_pull_ahead`: killed while
-/// it wrote the push to several ps tasks, and started again): where every live worker's
-/// push is needed (R <= N, not a refill step, the step needing each of them), the step
-/// goes on without it, once, as if it had been lost for that step alone.
+/// it wrote the push to several ps tasks, and started again): where the step cannot
+/// complete without that push (R <= N, not a refill step, and the other workers that ps
+/// does not hold lost too few to bring R gradients), the step goes on without it, once,
+/// as if it had been lost for that step alone.
 ///
 /// Workers that join or leave the job (`reshape`, at a step boundary every ps reaches
 /// alike): the workers are then a set of task indices, N its size, and "its own token" is
@@ -15410,23 +15412,21 @@ class SyncReplicas {
   /// step is the one before `min_step` and needs that worker's push in particular (see the
   /// class comment), the step stops waiting for it, as `on_worker_lost` would for this step
   /// alone (its tokens go back; a push of it for this step is stale from now on): kReady
-  /// when that completes the step. nullopt otherwise (backup workers, a refill step, R > N:
-  /// the step needs R gradients from whoever brings them, and the pull waits; or a worker
-  /// held lost here, which may make this ps's count of live workers differ).
+  /// when that completes the step. nullopt otherwise: R > N or a refill step (the step
+  /// needs R gradients from whoever brings them, and the pull waits), or a step the other
+  /// workers this ps does not hold lost can still complete (backup workers: a lost push is
+  /// one they make up for). Workers held lost here count as this ps counts them; a ps that
+  /// holds one lost later asks again (its count of workers that can still push fell).
   std::optional<Verdict> on_pull_ahead(Pacer& pacer, std::uint32_t worker,
                                        std::int64_t min_step) const {
     if (min_step != pacer.step + 1 || !member(pacer, worker) || pacer.pushed.contains(worker) ||
-        pacer.forfeited.contains(worker) || !one_each(pacer) || pacer.refill) {
+        pacer.forfeited.contains(worker) || pacer.lost.contains(worker) || !one_each(pacer) ||
+        pacer.refill) {
       return std::nullopt;
     }
-    // Only while this ps holds no worker lost: its count of live workers may then differ
-    // from the pacing ps's for a heartbeat, and with backups the step would not need this
-    // worker in particular there.
-    bool any_lost = false;
-    for_each_worker(pacer, [&](std::uint32_t w) { any_lost = any_lost || pacer.lost.contains(w); });
-    if (any_lost || required(pacer) < workers(pacer) - static_cast<int>(pacer.forfeited.size())) {
-      return std::nullopt;
-    }
+    // Awaited: the workers that may still bring a fresh gradient of this step, this one too.
+    const auto others = static_cast<int>(awaited(pacer).size()) - 1;
+    if (pacer.fresh + others >= required(pacer)) return std::nullopt;
     pacer.forfeited.insert(worker);  // first: an insertion that throws leaves the pacer as it was
     release(pacer, worker);
     return complete_without(pacer);

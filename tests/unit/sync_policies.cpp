@@ -601,8 +601,8 @@ TEST_CASE(
   CHECK(sync.on_push(pacer, 0, 1) == Verdict::kPending);
   CHECK_FALSE(sync.on_pull_ahead(pacer, 0, 2).has_value());
   CHECK(sync.on_push(pacer, 1, 1) == Verdict::kReady);
-  // While this ps holds a worker lost, its count of live workers may not be the pacing
-  // ps's: nothing is judged.
+  // A worker held lost with R = N makes a refill step: the live workers bring R gradients,
+  // whoever brings them, and nothing is judged; nor is a pull of a worker held lost.
   CHECK(sync.on_worker_lost(pacer, 1) == Verdict::kPending);
   CHECK_FALSE(sync.on_pull_ahead(pacer, 0, 3).has_value());
   CHECK_FALSE(sync.on_pull_ahead(pacer, 1, 3).has_value());
@@ -626,4 +626,16 @@ TEST_CASE(
   auto spare = backups.make_pacer();
   CHECK(backups.on_push(spare, 0, 0) == Verdict::kPending);
   CHECK_FALSE(backups.on_pull_ahead(spare, 2, 1).has_value());
+  // Until the others that could bring it are held lost: then the step needs worker 2's push
+  // in particular, and goes on without it.
+  CHECK(backups.on_worker_lost(spare, 1) == Verdict::kPending);
+  CHECK(backups.on_pull_ahead(spare, 2, 1) == Verdict::kReady);
+  CHECK(backups.global_step(spare) == 1);
+  // Held lost first, the backup's count is this ps's: a pull ahead with no one left to
+  // bring the second gradient goes on at once.
+  auto short_of_one = backups.make_pacer();
+  CHECK(backups.on_push(short_of_one, 0, 0) == Verdict::kPending);
+  CHECK_FALSE(backups.on_pull_ahead(short_of_one, 0, 1).has_value());  // it pushed
+  CHECK(backups.on_worker_lost(short_of_one, 2) == Verdict::kPending);
+  CHECK(backups.on_pull_ahead(short_of_one, 1, 1) == Verdict::kReady);
 }

@@ -74,8 +74,10 @@ enum class Verdict : std::uint8_t {
 ///     update is the mean of the others' gradients, or none), and says so: kReady when that
 ///     completes the step, else kPending; nullopt when the pull changes nothing (it waits,
 ///     as any gated pull). A push of the worker for that step that comes all the same is
-///     stale. Without it, such a pull waits until the ps holds the worker lost, which it
-///     may never do while the worker's new process beats.
+///     stale. The ps asks again while the pull waits, whenever what the policy judges by
+///     changed (a push taken, a worker held lost or back). Without it, such a pull waits
+///     until the ps holds the worker lost, which it may never do while the worker's new
+///     process beats.
 ///   - `p.awaited(pacer)` → `std::vector<std::uint32_t>`: the workers the next step waits
 ///     for; the ps quotes each with how long ago it last heard it.
 ///   - `p.reshape(pacer, workers)` → void: the job's workers are now `workers` (task
