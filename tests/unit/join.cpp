@@ -7,7 +7,8 @@
 // refused with the job left as it was; and what the chief's JoinDesk and a ps refuse.
 // Workers that join or leave: every ps counts them from the step the chief chose, and the
 // chief's loop counts one in while it waits for its next evaluation. A ps or a worker that
-// asks to leave (SIGTERM, runner/leave.hpp) is taken out with nothing trained lost.
+// asks to leave (SIGTERM, runner/leave.hpp) is taken out with nothing trained lost. The
+// chief's loop gives up on ps tasks that answer its probe but break all its other work.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -835,4 +836,66 @@ TEST_CASE("under BoundedStaleness, every ps takes the same pushes of a worker th
     CHECK(std::get<StatsReply>(**stats).stats.pushes_taken == 10);  // a checkpoint's cut finds them alike
     CHECK(std::get<StatsReply>(**stats).workers == std::vector<std::uint32_t>{0, 2});
   }
+}
+
+namespace {
+
+/// A ps whose link breaks whenever the chief reads values: it answers the chief's probe (a
+/// pull of no values) and every other request, and refuses each of the chief's reads of
+/// values kUnavailable, as a ps out of reach does.
+template <class Ps>
+struct BreaksChiefReads {
+  Ps ps;
+  void handle(Request&& request, const RequestContext& context, Responder reply) noexcept {
+    const auto* pull = std::get_if<Pull>(&request);
+    if (pull != nullptr && !pull->slices.empty() && context.peer &&
+        context.peer->role == Node::Role::kChief) {
+      return respond(reply, ErrorReply{ErrorCode::kUnavailable, "ps 0: the link broke (a test's)"});
+    }
+    ps.handle(std::move(request), context, std::move(reply));
+  }
+  void disconnected(Node node, std::uint64_t session) noexcept { ps.disconnected(node, session); }
+  [[nodiscard]] std::uint32_t task() const { return ps.task(); }
+  [[nodiscard]] bool stopped() const { return ps.stopped(); }
+};
+
+}  // namespace
+
+TEST_CASE(
+    "the chief's loop ends the job once the ps tasks answered again 20 times and its work broke "
+    "after each") {
+  // Each fault has its own recovery deadline (ChiefLoop::whole_again), so a ps that answers
+  // the chief's probe at once and breaks each evaluation's read would keep the job going
+  // for ever: the chief gives up after 20 such returns with no progress between them.
+  InProcessNetwork network(1);
+  network.serve(BreaksChiefReads<ParameterServer<FixedShards, Sgd, SyncReplicas>>{
+      ParameterServer<FixedShards, Sgd, SyncReplicas>(0, 1, Sgd{0.1F}, SyncReplicas(1, 1),
+                                                      FixedShards{1})});
+  Chief<InProcess> chief{InProcess(network, Node::chief()), 1};
+  Training<LinearModel> training;
+  training.model = [] { return LinearModel(kIn, kOut); };
+  training.last_step = 1000;
+  training.evaluate_every = 10;
+  training.client.recovery_timeout = std::chrono::seconds(30);  // never reached: each fault passes
+  runner_detail::ChiefLoop loop(training, chief);
+  const LinearData data(kBatch * 20, kIn, kOut, 3);
+  std::thread worker_thread([&] {
+    Worker worker(0, LinearModel(kIn, kOut), InProcess(network, Node::worker(0)));
+    worker.wait_ready();
+    for (std::int64_t k = 0; worker.step(batch_of(data, 0, k % 20), 12); ++k) {
+    }
+  });
+  std::string failure;
+  std::optional<ErrorCode> code;
+  try {
+    loop.run();
+  } catch (const Error& e) {
+    failure = e.what();
+    code = e.code();
+  }
+  worker_thread.join();
+  CHECK(code == ErrorCode::kUnavailable);
+  CHECK(failure.find("answered again 20 times") != std::string::npos);
+  CHECK(failure.find("the link broke (a test's)") != std::string::npos);  // the last failure, named
+  chief.shutdown();
 }
