@@ -4791,6 +4791,13 @@ concept GrowingTransport = Transport<T> && requires(T& transport, const T& ctran
 ///     other copies: what changes a shard goes to both from now on
 ///   - `t.give_up(ps, why)` → gives every copy of `ps` up again (taking it back failed)
 ///
+/// Optional:
+///   - `ct.copies_whole()` → bool: false when the last WaitReady of some shard was answered
+///     by one copy while the other, not given up, was out of reach (reads go on; writes
+///     wait for that copy). A Worker counts the ps tasks as back after a failure only when
+///     it holds, so a task cut off from one process for good gives up within its recovery
+///     timeout rather than once per answer (detail::Recovery::answered).
+///
 /// Semantic contract: a copy is served again only once the chief restored it with the
 /// others from one cut (Chief::take_back), at a membership newer than the one it was given
 /// up at; the other tasks then follow when they learn that membership (`renew_copies`),
@@ -8371,8 +8378,8 @@ class Worker {
           ending_->wait(e);  // no busy loop while a ps is away
           try {
             recover();
-            ending_->answered();  // every ps answered: the next break of the wait is a fault of its
-                                  // own
+            if (whole_again())
+              ending_->answered();  // the next break of the wait is a fault of its own
           } catch (const Error& away) {
             if (away.code() != ErrorCode::kFailedPrecondition &&
                 !detail::Recovery::may_recover(away.code()))
@@ -8453,8 +8460,9 @@ class Worker {
     for (bool again = false;; again = true) {
       try {
         if (again) {
-          recover();  // every ps answered: a break after this is a fault of its own
-          if (recovery) recovery->answered();
+          recover();
+          if (recovery && whole_again())
+            recovery->answered();  // a break after this is a fault of its own
         }
         if (again && pushing_ && client_.push_unanswered()) return finish_step();
         if constexpr (AppliesWhenComputed<M>) {
@@ -8537,6 +8545,19 @@ class Worker {
     pulled_step_ = done.pulled_step;
     result.stale_parts = done.stale_parts;
     return result;
+  }
+
+  /// After `recover`: every ps answered, with every copy of its shard that a write needs
+  /// (with copies, one out of reach and not given up is the fault still under way: a
+  /// worker cut off from a process the chief still reaches; Tcp::copies_whole).
+  [[nodiscard]] bool whole_again() const {
+    if constexpr (requires(const T& t) {
+                    { t.copies_whole() } -> std::convertible_to<bool>;
+                  }) {
+      return client_.transport().copies_whole();
+    } else {
+      return true;
+    }
   }
 
   /// After a lost ps or a rollback: ready again, at the ps tasks' epoch, pulling afresh.

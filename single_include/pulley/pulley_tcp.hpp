@@ -4791,6 +4791,13 @@ concept GrowingTransport = Transport<T> && requires(T& transport, const T& ctran
 ///     other copies: what changes a shard goes to both from now on
 ///   - `t.give_up(ps, why)` → gives every copy of `ps` up again (taking it back failed)
 ///
+/// Optional:
+///   - `ct.copies_whole()` → bool: false when the last WaitReady of some shard was answered
+///     by one copy while the other, not given up, was out of reach (reads go on; writes
+///     wait for that copy). A Worker counts the ps tasks as back after a failure only when
+///     it holds, so a task cut off from one process for good gives up within its recovery
+///     timeout rather than once per answer (detail::Recovery::answered).
+///
 /// Semantic contract: a copy is served again only once the chief restored it with the
 /// others from one cut (Chief::take_back), at a membership newer than the one it was given
 /// up at; the other tasks then follow when they learn that membership (`renew_copies`),
@@ -8371,8 +8378,8 @@ class Worker {
           ending_->wait(e);  // no busy loop while a ps is away
           try {
             recover();
-            ending_->answered();  // every ps answered: the next break of the wait is a fault of its
-                                  // own
+            if (whole_again())
+              ending_->answered();  // the next break of the wait is a fault of its own
           } catch (const Error& away) {
             if (away.code() != ErrorCode::kFailedPrecondition &&
                 !detail::Recovery::may_recover(away.code()))
@@ -8453,8 +8460,9 @@ class Worker {
     for (bool again = false;; again = true) {
       try {
         if (again) {
-          recover();  // every ps answered: a break after this is a fault of its own
-          if (recovery) recovery->answered();
+          recover();
+          if (recovery && whole_again())
+            recovery->answered();  // a break after this is a fault of its own
         }
         if (again && pushing_ && client_.push_unanswered()) return finish_step();
         if constexpr (AppliesWhenComputed<M>) {
@@ -8537,6 +8545,19 @@ class Worker {
     pulled_step_ = done.pulled_step;
     result.stale_parts = done.stale_parts;
     return result;
+  }
+
+  /// After `recover`: every ps answered, with every copy of its shard that a write needs
+  /// (with copies, one out of reach and not given up is the fault still under way: a
+  /// worker cut off from a process the chief still reaches; Tcp::copies_whole).
+  [[nodiscard]] bool whole_again() const {
+    if constexpr (requires(const T& t) {
+                    { t.copies_whole() } -> std::convertible_to<bool>;
+                  }) {
+      return client_.transport().copies_whole();
+    } else {
+      return true;
+    }
   }
 
   /// After a lost ps or a rollback: ready again, at the ps tasks' epoch, pulling afresh.
@@ -18382,6 +18403,11 @@ class Tcp {
   /// The ps tasks some of whose copies this transport gave up (lost for good), ascending;
   /// none without `TcpOptions::replicas`. See CopyingTransport.
   [[nodiscard]] std::vector<std::uint32_t> given_up() const { return impl_->given_up(); }
+  /// False when the last WaitReady of some shard was answered by one copy while the other,
+  /// not given up, was out of reach: the shard reads, but a write waits for that copy (a
+  /// task cut off from a process the chief still reaches). True without copies. A client
+  /// counts the ps tasks as back after a failure only when this holds (detail::Recovery).
+  [[nodiscard]] bool copies_whole() const { return impl_->copies_whole(); }
   /// Once a copy of ps `ps` was given up, connects anew to every copy it holds (those not
   /// given up yet are given up first, but the last copy of a shard): true once each reached
   /// one process other than the one given up (started in its place), with the copies served
@@ -18583,6 +18609,10 @@ class Tcp {
         throw;
       }
       ++shards_;
+    }
+
+    [[nodiscard]] bool copies_whole() const {
+      return std::find(ready_alone_.begin(), ready_alone_.end(), true) == ready_alone_.end();
     }
 
     [[nodiscard]] std::vector<std::uint32_t> given_up() const {
@@ -18963,9 +18993,12 @@ class Tcp {
                                                                                                           : b_ready) = false;
       }
       if (!pair.has_answer()) {
+        // Ready by one copy while the other, not given up, is out of reach: copies_whole.
         if (a_ready && (b_ready || b_gone || (b && is_error(*b)))) {
+          ready_alone_.at(pair.shard) = !b_ready && !b_gone && is_unavailable(*b);
           answer_pair(pair, 0);
         } else if (b_ready && (a_gone || (a && is_error(*a)))) {
+          ready_alone_.at(pair.shard) = !a_gone && is_unavailable(*a);
           answer_pair(pair, 1);
         } else if (!a_ready && !b_ready && (a || a_gone) && (b || b_gone)) {  // neither is ready: an error
           answer_pair(pair, a && !a_gone && (!is_unavailable(*a) || b_gone) ? 0 : 1);
@@ -19695,6 +19728,8 @@ class Tcp {
     asio::executor_work_guard<asio::io_context::executor_type> work_ =
         asio::make_work_guard(io_);             ///< waits block until their deadline, never run dry
     std::size_t shards_;                        ///< ps tasks: their shards
+    /// Per shard: its last WaitReady was answered by one copy, the other out of reach.
+    std::vector<bool> ready_alone_ = std::vector<bool>(shards_, false);
     std::vector<std::unique_ptr<Link>> retired_;  ///< links of add_ps calls that failed
     std::vector<std::unique_ptr<Link>> links_;  ///< by ps task, then copies by shard; destroyed before io_
     bool closing_ = false;                      ///< the transport is being destroyed

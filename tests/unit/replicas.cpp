@@ -7,7 +7,8 @@
 // ready only once both copies of every shard are; a pull names the step both copies reached,
 // a pause the furthest. With the chief ruling on lost processes (CopyRulings, as the role
 // runner's tasks ask it), a lost ps is given up once the chief rules it lost, a worker cut
-// off from a ps that the chief reaches gives nothing up, and a ps cut off from the chief
+// off from a ps that the chief reaches gives nothing up (cut off for good, it fails within
+// one recovery timeout), and a ps cut off from the chief
 // serves no task past its lease, so that the tasks that still reach it give it up too. A
 // worker lost after its push reached one copy of each shard only parts the copies, and the
 // chief's align_copies makes them alike again.
@@ -483,6 +484,44 @@ TEST_CASE("a worker cut off from a ps the chief reaches gives nothing up: it wai
     CHECK(cluster.listeners[i]->service().own().stats().global_step == kSteps);
     CHECK(cluster.listeners[i]->service().copy().stats().global_step == kSteps);
   }
+}
+
+TEST_CASE(
+    "a worker cut off for good from a ps the chief reaches gives up within its recovery timeout: "
+    "the copy it still reads from does not make the ps tasks count as back") {
+  // Worker 0 reaches ps 1 through a proxy that cuts it off for good. Every shard stays
+  // readable (ps 1's from its copy on ps 2), so each of the worker's retries finds the ps
+  // tasks ready; but its writes need ps 1's copies, which the chief does not give up. Were
+  // that counted as the ps tasks answering again, each retry would start a fault of its own
+  // (detail::Recovery::answered), and the worker would retry 20 recovery timeouts long.
+  CopiesCluster cluster;
+  RulingChief ruling(cluster);
+  pulley::testing::CutProxy proxy(cluster.listeners[1]->port(), 0.0, 1);
+  std::vector<std::string> behind_proxy = cluster.addresses;
+  behind_proxy[1] = "127.0.0.1:" + std::to_string(proxy.port());
+  Chief chief(client(Node::chief(), cluster.addresses, ruling.chief_options()), 7);
+  chief.initialize(LinearModel(kIn, kOut).variables());
+  ClientOptions options;
+  options.recovery_timeout = std::chrono::milliseconds(1500);
+  Worker worker(0, LinearModel(kIn, kOut),
+                client(Node::worker(0), behind_proxy, ruling.worker_options(Node::worker(0))),
+                options);
+  worker.wait_ready();
+  proxy.partition(true);
+  const LinearData data(2 * kBatch * kSteps, kIn, kOut, 42);
+  const auto read = [&](std::int64_t number) { return batch_of(data, number); };
+  std::string failure;
+  try {
+    (void)worker.step(read, kSteps);
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::kUnavailable);
+    failure = e.what();
+  }
+  CAPTURE(failure);
+  CHECK(failure.find("were not back within 1 s") != std::string::npos);
+  CHECK(ruling.lost_rulings == 0);  // the chief reaches ps 1: nothing was given up
+  proxy.partition(false);
+  chief.shutdown();
 }
 
 TEST_CASE("a ps process serves the tasks only within the chief's lease") {

@@ -169,8 +169,8 @@ class Worker {
           ending_->wait(e);  // no busy loop while a ps is away
           try {
             recover();
-            ending_->answered();  // every ps answered: the next break of the wait is a fault of its
-                                  // own
+            if (whole_again())
+              ending_->answered();  // the next break of the wait is a fault of its own
           } catch (const Error& away) {
             if (away.code() != ErrorCode::kFailedPrecondition &&
                 !detail::Recovery::may_recover(away.code()))
@@ -251,8 +251,9 @@ class Worker {
     for (bool again = false;; again = true) {
       try {
         if (again) {
-          recover();  // every ps answered: a break after this is a fault of its own
-          if (recovery) recovery->answered();
+          recover();
+          if (recovery && whole_again())
+            recovery->answered();  // a break after this is a fault of its own
         }
         if (again && pushing_ && client_.push_unanswered()) return finish_step();
         if constexpr (AppliesWhenComputed<M>) {
@@ -335,6 +336,19 @@ class Worker {
     pulled_step_ = done.pulled_step;
     result.stale_parts = done.stale_parts;
     return result;
+  }
+
+  /// After `recover`: every ps answered, with every copy of its shard that a write needs
+  /// (with copies, one out of reach and not given up is the fault still under way: a
+  /// worker cut off from a process the chief still reaches; Tcp::copies_whole).
+  [[nodiscard]] bool whole_again() const {
+    if constexpr (requires(const T& t) {
+                    { t.copies_whole() } -> std::convertible_to<bool>;
+                  }) {
+      return client_.transport().copies_whole();
+    } else {
+      return true;
+    }
   }
 
   /// After a lost ps or a rollback: ready again, at the ps tasks' epoch, pulling afresh.

@@ -89,6 +89,13 @@ concept GrowingTransport = Transport<T> && requires(T& transport, const T& ctran
 ///     other copies: what changes a shard goes to both from now on
 ///   - `t.give_up(ps, why)` → gives every copy of `ps` up again (taking it back failed)
 ///
+/// Optional:
+///   - `ct.copies_whole()` → bool: false when the last WaitReady of some shard was answered
+///     by one copy while the other, not given up, was out of reach (reads go on; writes
+///     wait for that copy). A Worker counts the ps tasks as back after a failure only when
+///     it holds, so a task cut off from one process for good gives up within its recovery
+///     timeout rather than once per answer (detail::Recovery::answered).
+///
 /// Semantic contract: a copy is served again only once the chief restored it with the
 /// others from one cut (Chief::take_back), at a membership newer than the one it was given
 /// up at; the other tasks then follow when they learn that membership (`renew_copies`),

@@ -141,6 +141,11 @@ class Tcp {
   /// The ps tasks some of whose copies this transport gave up (lost for good), ascending;
   /// none without `TcpOptions::replicas`. See CopyingTransport.
   [[nodiscard]] std::vector<std::uint32_t> given_up() const { return impl_->given_up(); }
+  /// False when the last WaitReady of some shard was answered by one copy while the other,
+  /// not given up, was out of reach: the shard reads, but a write waits for that copy (a
+  /// task cut off from a process the chief still reaches). True without copies. A client
+  /// counts the ps tasks as back after a failure only when this holds (detail::Recovery).
+  [[nodiscard]] bool copies_whole() const { return impl_->copies_whole(); }
   /// Once a copy of ps `ps` was given up, connects anew to every copy it holds (those not
   /// given up yet are given up first, but the last copy of a shard): true once each reached
   /// one process other than the one given up (started in its place), with the copies served
@@ -342,6 +347,10 @@ class Tcp {
         throw;
       }
       ++shards_;
+    }
+
+    [[nodiscard]] bool copies_whole() const {
+      return std::find(ready_alone_.begin(), ready_alone_.end(), true) == ready_alone_.end();
     }
 
     [[nodiscard]] std::vector<std::uint32_t> given_up() const {
@@ -722,9 +731,12 @@ class Tcp {
                                                                                                           : b_ready) = false;
       }
       if (!pair.has_answer()) {
+        // Ready by one copy while the other, not given up, is out of reach: copies_whole.
         if (a_ready && (b_ready || b_gone || (b && is_error(*b)))) {
+          ready_alone_.at(pair.shard) = !b_ready && !b_gone && is_unavailable(*b);
           answer_pair(pair, 0);
         } else if (b_ready && (a_gone || (a && is_error(*a)))) {
+          ready_alone_.at(pair.shard) = !a_gone && is_unavailable(*a);
           answer_pair(pair, 1);
         } else if (!a_ready && !b_ready && (a || a_gone) && (b || b_gone)) {  // neither is ready: an error
           answer_pair(pair, a && !a_gone && (!is_unavailable(*a) || b_gone) ? 0 : 1);
@@ -1454,6 +1466,8 @@ class Tcp {
     asio::executor_work_guard<asio::io_context::executor_type> work_ =
         asio::make_work_guard(io_);             ///< waits block until their deadline, never run dry
     std::size_t shards_;                        ///< ps tasks: their shards
+    /// Per shard: its last WaitReady was answered by one copy, the other out of reach.
+    std::vector<bool> ready_alone_ = std::vector<bool>(shards_, false);
     std::vector<std::unique_ptr<Link>> retired_;  ///< links of add_ps calls that failed
     std::vector<std::unique_ptr<Link>> links_;  ///< by ps task, then copies by shard; destroyed before io_
     bool closing_ = false;                      ///< the transport is being destroyed
