@@ -4793,8 +4793,8 @@ concept GrowingTransport = Transport<T> && requires(T& transport, const T& ctran
 ///
 /// Optional:
 ///   - `ct.copies_whole()` → bool: false when the last WaitReady of some shard was answered
-///     by one copy while the other, not given up, was out of reach (reads go on; writes
-///     wait for that copy). A Worker counts the ps tasks as back after a failure only when
+///     by one copy while the other was out of reach, and that copy is still not given up
+///     (reads go on; writes wait for it). A Worker counts the ps tasks as back after a failure only when
 ///     it holds, so a task cut off from one process for good gives up within its recovery
 ///     timeout rather than once per answer (detail::Recovery::answered).
 ///
@@ -8970,7 +8970,7 @@ enum class Verdict : std::uint8_t {
 ///     completes the step, else kPending; nullopt when the pull changes nothing (it waits,
 ///     as any gated pull). A push of the worker for that step that comes all the same is
 ///     stale. The ps asks again while the pull waits, whenever what the policy judges by
-///     changed (a push taken, a worker held lost or back). Without it, such a pull waits
+///     changed (a push taken, a worker back). Without it, such a pull waits
 ///     until the ps holds the worker lost, which it may never do while the worker's new
 ///     process beats.
 ///   - `p.awaited(pacer)` → `std::vector<std::uint32_t>`: the workers the next step waits
@@ -13963,7 +13963,7 @@ class ParameterServer {
   /// every ps to the same counts): otherwise the step would wait for a push that never
   /// comes while the new process beats. The worker is remembered until the step moves, and
   /// asked about again when what the policy judges by changed (a push taken, a worker
-  /// held lost or back, a cut's pause ended); never while paused for a cut, which must see no step
+  /// back, a cut's pause ended); never while paused for a cut, which must see no step
   /// complete on its own. Logged.
   void pulls_ahead(const RequestContext& context, std::int64_t min_step) {
     if (!context.peer || context.peer->role != Node::Role::kWorker ||
@@ -14481,7 +14481,6 @@ class ParameterServer {
                                   Liveness::seconds_between(last, now) +
                                   " s ago): training goes on without it; " + describe_wait());
     });
-    judge_pulls_ahead();  // fewer workers may now bring a pulled-ahead worker's gradient
   }
 
   /// Holds the chief lost once silent for the worker timeout, and ends training as aborted
@@ -15286,10 +15285,9 @@ namespace pulley {
 /// it is stale and dropped.
 ///
 /// A worker whose push of a step was lost with its process (`on_pull_ahead`: killed while
-/// it wrote the push to several ps tasks, and started again): where the step cannot
-/// complete without that push (R <= N, not a refill step, and the other workers that ps
-/// does not hold lost too few to bring R gradients), the step goes on without it, once,
-/// as if it had been lost for that step alone.
+/// it wrote the push to several ps tasks, and started again): where every live worker's
+/// push is needed (R = N, not a refill step), the step goes on without it, once, as if it
+/// had been lost for that step alone, whatever other workers the ps holds lost.
 ///
 /// Workers that join or leave the job (`reshape`, at a step boundary every ps reaches
 /// alike): the workers are then a set of task indices, N its size, and "its own token" is
@@ -15430,24 +15428,21 @@ class SyncReplicas {
   }
 
   /// `worker` pulls step `min_step` without a push for the step in progress here: when the
-  /// step is the one before `min_step` and needs that worker's push in particular (see the
-  /// class comment), the step stops waiting for it, as `on_worker_lost` would for this step
-  /// alone (its tokens go back; a push of it for this step is stale from now on): kReady
-  /// when that completes the step. nullopt otherwise: R > N or a refill step (the step
-  /// needs R gradients from whoever brings them, and the pull waits), or a step the other
-  /// workers this ps does not hold lost can still complete (backup workers: a lost push is
-  /// one they make up for). Workers held lost here count as this ps counts them; a ps that
-  /// holds one lost later asks again (its count of workers that can still push fell).
+  /// step is the one before `min_step` and needs that worker's push (R = N, not a refill
+  /// step), the step stops waiting for it, as `on_worker_lost` would for this step alone
+  /// (its tokens go back; a push of it for this step is stale from now on): kReady when
+  /// that completes the step, whatever workers this ps holds lost. nullopt otherwise: R > N
+  /// or a refill step (the step needs R gradients from whoever brings them, and the pull
+  /// waits), a worker held lost here (the step does not wait for it), or backup workers
+  /// (R < N: a backup that was slow may have skipped the step, taking the next one's token
+  /// as the others went on, so such a pull says nothing of a push lost on the way).
   std::optional<Verdict> on_pull_ahead(Pacer& pacer, std::uint32_t worker,
                                        std::int64_t min_step) const {
     if (min_step != pacer.step + 1 || !member(pacer, worker) || pacer.pushed.contains(worker) ||
         pacer.forfeited.contains(worker) || pacer.lost.contains(worker) || !one_each(pacer) ||
-        pacer.refill) {
+        pacer.refill || replicas(pacer) < workers(pacer)) {
       return std::nullopt;
     }
-    // Awaited: the workers that may still bring a fresh gradient of this step, this one too.
-    const auto others = static_cast<int>(awaited(pacer).size()) - 1;
-    if (pacer.fresh + others >= required(pacer)) return std::nullopt;
     pacer.forfeited.insert(worker);  // first: an insertion that throws leaves the pacer as it was
     release(pacer, worker);
     return complete_without(pacer);
@@ -18403,10 +18398,11 @@ class Tcp {
   /// The ps tasks some of whose copies this transport gave up (lost for good), ascending;
   /// none without `TcpOptions::replicas`. See CopyingTransport.
   [[nodiscard]] std::vector<std::uint32_t> given_up() const { return impl_->given_up(); }
-  /// False when the last WaitReady of some shard was answered by one copy while the other,
-  /// not given up, was out of reach: the shard reads, but a write waits for that copy (a
-  /// task cut off from a process the chief still reaches). True without copies. A client
-  /// counts the ps tasks as back after a failure only when this holds (detail::Recovery).
+  /// False when the last WaitReady of some shard was answered by one copy while the other
+  /// was out of reach, and that copy is still not given up: the shard reads, but a write
+  /// waits for it (a task cut off from a process the chief still reaches). True without
+  /// copies. A Worker counts the ps tasks as back after a failure only when this holds
+  /// (detail::Recovery::answered).
   [[nodiscard]] bool copies_whole() const { return impl_->copies_whole(); }
   /// Once a copy of ps `ps` was given up, connects anew to every copy it holds (those not
   /// given up yet are given up first, but the last copy of a shard): true once each reached
@@ -18612,7 +18608,11 @@ class Tcp {
     }
 
     [[nodiscard]] bool copies_whole() const {
-      return std::find(ready_alone_.begin(), ready_alone_.end(), true) == ready_alone_.end();
+      // A shard with a copy given up since is served by the other alone: whole for writes.
+      for (std::size_t k = 0; k < ready_alone_.size(); ++k) {
+        if (ready_alone_[k] && !links_[k]->dropped && !links_[shards_ + k]->dropped) return false;
+      }
+      return true;
     }
 
     [[nodiscard]] std::vector<std::uint32_t> given_up() const {

@@ -75,7 +75,7 @@ enum class Verdict : std::uint8_t {
 ///     completes the step, else kPending; nullopt when the pull changes nothing (it waits,
 ///     as any gated pull). A push of the worker for that step that comes all the same is
 ///     stale. The ps asks again while the pull waits, whenever what the policy judges by
-///     changed (a push taken, a worker held lost or back). Without it, such a pull waits
+///     changed (a push taken, a worker back). Without it, such a pull waits
 ///     until the ps holds the worker lost, which it may never do while the worker's new
 ///     process beats.
 ///   - `p.awaited(pacer)` → `std::vector<std::uint32_t>`: the workers the next step waits

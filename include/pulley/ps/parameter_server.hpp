@@ -453,7 +453,7 @@ class ParameterServer {
   /// every ps to the same counts): otherwise the step would wait for a push that never
   /// comes while the new process beats. The worker is remembered until the step moves, and
   /// asked about again when what the policy judges by changed (a push taken, a worker
-  /// held lost or back, a cut's pause ended); never while paused for a cut, which must see no step
+  /// back, a cut's pause ended); never while paused for a cut, which must see no step
   /// complete on its own. Logged.
   void pulls_ahead(const RequestContext& context, std::int64_t min_step) {
     if (!context.peer || context.peer->role != Node::Role::kWorker ||
@@ -971,7 +971,6 @@ class ParameterServer {
                                   Liveness::seconds_between(last, now) +
                                   " s ago): training goes on without it; " + describe_wait());
     });
-    judge_pulls_ahead();  // fewer workers may now bring a pulled-ahead worker's gradient
   }
 
   /// Holds the chief lost once silent for the worker timeout, and ends training as aborted

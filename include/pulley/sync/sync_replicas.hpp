@@ -69,10 +69,9 @@ namespace pulley {
 /// it is stale and dropped.
 ///
 /// A worker whose push of a step was lost with its process (`on_pull_ahead`: killed while
-/// it wrote the push to several ps tasks, and started again): where the step cannot
-/// complete without that push (R <= N, not a refill step, and the other workers that ps
-/// does not hold lost too few to bring R gradients), the step goes on without it, once,
-/// as if it had been lost for that step alone.
+/// it wrote the push to several ps tasks, and started again): where every live worker's
+/// push is needed (R = N, not a refill step), the step goes on without it, once, as if it
+/// had been lost for that step alone, whatever other workers the ps holds lost.
 ///
 /// Workers that join or leave the job (`reshape`, at a step boundary every ps reaches
 /// alike): the workers are then a set of task indices, N its size, and "its own token" is
@@ -213,24 +212,21 @@ class SyncReplicas {
   }
 
   /// `worker` pulls step `min_step` without a push for the step in progress here: when the
-  /// step is the one before `min_step` and needs that worker's push in particular (see the
-  /// class comment), the step stops waiting for it, as `on_worker_lost` would for this step
-  /// alone (its tokens go back; a push of it for this step is stale from now on): kReady
-  /// when that completes the step. nullopt otherwise: R > N or a refill step (the step
-  /// needs R gradients from whoever brings them, and the pull waits), or a step the other
-  /// workers this ps does not hold lost can still complete (backup workers: a lost push is
-  /// one they make up for). Workers held lost here count as this ps counts them; a ps that
-  /// holds one lost later asks again (its count of workers that can still push fell).
+  /// step is the one before `min_step` and needs that worker's push (R = N, not a refill
+  /// step), the step stops waiting for it, as `on_worker_lost` would for this step alone
+  /// (its tokens go back; a push of it for this step is stale from now on): kReady when
+  /// that completes the step, whatever workers this ps holds lost. nullopt otherwise: R > N
+  /// or a refill step (the step needs R gradients from whoever brings them, and the pull
+  /// waits), a worker held lost here (the step does not wait for it), or backup workers
+  /// (R < N: a backup that was slow may have skipped the step, taking the next one's token
+  /// as the others went on, so such a pull says nothing of a push lost on the way).
   std::optional<Verdict> on_pull_ahead(Pacer& pacer, std::uint32_t worker,
                                        std::int64_t min_step) const {
     if (min_step != pacer.step + 1 || !member(pacer, worker) || pacer.pushed.contains(worker) ||
         pacer.forfeited.contains(worker) || pacer.lost.contains(worker) || !one_each(pacer) ||
-        pacer.refill) {
+        pacer.refill || replicas(pacer) < workers(pacer)) {
       return std::nullopt;
     }
-    // Awaited: the workers that may still bring a fresh gradient of this step, this one too.
-    const auto others = static_cast<int>(awaited(pacer).size()) - 1;
-    if (pacer.fresh + others >= required(pacer)) return std::nullopt;
     pacer.forfeited.insert(worker);  // first: an insertion that throws leaves the pacer as it was
     release(pacer, worker);
     return complete_without(pacer);
