@@ -141,10 +141,11 @@ class Tcp {
   /// The ps tasks some of whose copies this transport gave up (lost for good), ascending;
   /// none without `TcpOptions::replicas`. See CopyingTransport.
   [[nodiscard]] std::vector<std::uint32_t> given_up() const { return impl_->given_up(); }
-  /// False when the last WaitReady of some shard was answered by one copy while the other,
-  /// not given up, was out of reach: the shard reads, but a write waits for that copy (a
-  /// task cut off from a process the chief still reaches). True without copies. A client
-  /// counts the ps tasks as back after a failure only when this holds (detail::Recovery).
+  /// False when the last WaitReady of some shard was answered by one copy while the other
+  /// was out of reach, and that copy is still not given up: the shard reads, but a write
+  /// waits for it (a task cut off from a process the chief still reaches). True without
+  /// copies. A Worker counts the ps tasks as back after a failure only when this holds
+  /// (detail::Recovery::answered).
   [[nodiscard]] bool copies_whole() const { return impl_->copies_whole(); }
   /// Once a copy of ps `ps` was given up, connects anew to every copy it holds (those not
   /// given up yet are given up first, but the last copy of a shard): true once each reached
@@ -350,7 +351,11 @@ class Tcp {
     }
 
     [[nodiscard]] bool copies_whole() const {
-      return std::find(ready_alone_.begin(), ready_alone_.end(), true) == ready_alone_.end();
+      // A shard with a copy given up since is served by the other alone: whole for writes.
+      for (std::size_t k = 0; k < ready_alone_.size(); ++k) {
+        if (ready_alone_[k] && !links_[k]->dropped && !links_[shards_ + k]->dropped) return false;
+      }
+      return true;
     }
 
     [[nodiscard]] std::vector<std::uint32_t> given_up() const {
