@@ -4794,9 +4794,9 @@ concept GrowingTransport = Transport<T> && requires(T& transport, const T& ctran
 /// Optional:
 ///   - `ct.copies_whole()` → bool: false when the last WaitReady of some shard was answered
 ///     by one copy while the other was out of reach, and that copy is still not given up
-///     (reads go on; writes wait for it). A Worker counts the ps tasks as back after a failure only
-///     when it holds, so a task cut off from one process for good gives up within its recovery
-///     timeout rather than once per answer (detail::Recovery::answered).
+///     (reads go on; writes wait for it). A Worker counts the ps tasks as back after a
+///     failure only when it holds, so a task cut off from one process for good gives up
+///     within its recovery timeout rather than once per answer (detail::Recovery::answered).
 ///
 /// Semantic contract: a copy is served again only once the chief restored it with the
 /// others from one cut (Chief::take_back), at a membership newer than the one it was given
