@@ -353,7 +353,8 @@ class Tcp {
     [[nodiscard]] bool copies_whole() const {
       // A shard with a copy given up since is served by the other alone: whole for writes.
       for (std::size_t k = 0; k < ready_alone_.size(); ++k) {
-        if (ready_alone_[k] && !links_[k]->dropped && !links_[shards_ + k]->dropped) return false;
+        if (ready_alone_[k] && !links_[link_of(k, 0)]->dropped && !links_[link_of(k, 1)]->dropped)
+          return false;
       }
       return true;
     }
