@@ -3285,8 +3285,10 @@ class AllReduceWorker {
 
 // ---- begin pulley/core/placement.hpp ----
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <span>
 #include <vector>
 
@@ -3355,6 +3357,19 @@ class PlacementBuilder {
  private:
   Placement placement_;
 };
+
+/// Which ps task holds the copy of ps `shard`'s shard in a job whose ps tasks keep copies
+/// of each other's shards (`--ps-replicas 1`, ps/shard_copies.hpp), the job's ps tasks
+/// being `members` (ascending): the next member after `shard`, the first one after the
+/// last. `shard` itself when it is no member, or the only one: its shard has no copy then.
+/// With every ps task of the cluster a member, ps k's copy is on ps (k + 1) mod P; when
+/// a member leaves, only the copy it held moves (to the member after it).
+[[nodiscard]] inline std::uint32_t copy_holder(std::span<const std::uint32_t> members,
+                                               std::uint32_t shard) {
+  const auto at = std::lower_bound(members.begin(), members.end(), shard);
+  if (at == members.end() || *at != shard || members.size() < 2) return shard;
+  return std::next(at) == members.end() ? members.front() : *std::next(at);
+}
 
 }  // namespace pulley
 // ---- end pulley/core/placement.hpp ----
@@ -3663,6 +3678,9 @@ struct Slice {
 struct Register {
   static constexpr std::string_view kName = "Register";
   static constexpr RoleSet kSenders{Node::Role::kChief};
+  /// A registration of a later membership drops what the ps held (and may replace the
+  /// copy a ShardCopies holds): no reply may still view it.
+  static constexpr bool kChangesParameters = true;
   std::vector<VariableSpec> variables;
   /// The model's embedding tables: each ps creates the rows it holds as they are first
   /// pulled, from `table_seed` (no Initialize).
@@ -4790,6 +4808,10 @@ concept GrowingTransport = Transport<T> && requires(T& transport, const T& ctran
 ///   - `t.serve_again(ps)` → the copies of `ps` reached again serve their shards with the
 ///     other copies: what changes a shard goes to both from now on
 ///   - `t.give_up(ps, why)` → gives every copy of `ps` up again (taking it back failed)
+///   - `t.place_copies(members)` → the job's ps tasks are now `members` (a
+///     std::span<const std::uint32_t>, ascending, at least 2): member k's copy is reached at
+///     copy_holder(members, k), where the ps tasks hold it once the chief registered the
+///     model over them; a ps that is no member is reached alone
 ///
 /// Optional:
 ///   - `ct.copies_whole()` → bool: false when the last WaitReady of some shard was answered
@@ -4801,15 +4823,26 @@ concept GrowingTransport = Transport<T> && requires(T& transport, const T& ctran
 /// Semantic contract: a copy is served again only once the chief restored it with the
 /// others from one cut (Chief::take_back), at a membership newer than the one it was given
 /// up at; the other tasks then follow when they learn that membership (`renew_copies`),
-/// before their first request of the epoch the restore began.
+/// before their first request of the epoch the restore began. Likewise, copies move only
+/// with the membership (a ps that left: Chief::retire), and every task places them anew
+/// (`place_copies`) when it learns it, before its first request at it.
 template <class T>
-concept CopyingTransport = Transport<T> && requires(T& transport, const T& ctransport, std::uint32_t ps,
-                                                    const std::string& why) {
+concept CopyingTransport = Transport<T> &&
+    requires(T& transport, const T& ctransport, std::uint32_t ps, const std::string& why,
+             std::span<const std::uint32_t> members) {
   { ctransport.given_up() } -> std::same_as<std::vector<std::uint32_t>>;
   { transport.reach_again(ps, true, true) } -> std::same_as<bool>;
   transport.serve_again(ps);
   transport.give_up(ps, why);
+  transport.place_copies(members);
 };
+
+/// The job's ps tasks are now `members` (ascending): a CopyingTransport places the copies
+/// of their shards for them (`place_copies`); any other transport has nothing to place.
+template <Transport T>
+void place_copies(T& transport, std::span<const std::uint32_t> members) {
+  if constexpr (CopyingTransport<T>) transport.place_copies(members);
+}
 
 /// A task that learned a newer membership of the job's ps tasks serves again the copies its
 /// transport gave up whose ps is back (a process in its place: one the chief took back,
@@ -5166,8 +5199,10 @@ struct ClientOptions {
   std::chrono::milliseconds recovery_timeout{std::chrono::minutes(5)};
   /// The chief: how long a lost ps may stay away before the job goes on without it (it
   /// leaves for good: its shard is placed on the other ps tasks, restored from the newest
-  /// checkpoint: ChiefLoop). 0: never; the job waits for it as long as `recovery_timeout`.
-  /// Below `recovery_timeout`, so that the other tasks still wait when it happens.
+  /// checkpoint: ChiefLoop; with copies, `TcpOptions::replicas`, moved from the copies that
+  /// served it meanwhile, once 3 ps tasks or more are members). 0: never; the job waits for
+  /// it as long as `recovery_timeout` (with copies, the copies serve until a process takes
+  /// its place). Below `recovery_timeout`, so that the other tasks still wait when it happens.
   std::chrono::milliseconds ps_leave_after{0};
   /// The chief: a worker the ps tasks hold lost for this long (its heartbeats stopped)
   /// leaves the job for good: the sync policies stop counting it (Chief::change_workers),
@@ -6155,9 +6190,11 @@ class Client {
                        std::vector<std::string> ps_addresses, bool first_look) {
     log(LogLevel::kInfo, "the job's ps tasks are now " + describe_members(members) + " (membership " +
                              std::to_string(membership) + ", was " + std::to_string(membership_) + ")");
+    const bool same = members == members_;
     set_members(std::move(members), membership, std::move(ps_addresses), ErrorCode::kFailedPrecondition);
-    // A ps the chief took back (Chief::take_back) is written to again.
-    (void)renew_copies(transport_, first_look);
+    // A ps the chief took back (Chief::take_back, which keeps the members) is written to
+    // again; a ps that left or joined changes nobody's given-up copies.
+    if (same || first_look) (void)renew_copies(transport_, first_look);
   }
 
   /// Takes `members` at `membership` after reaching every ps of `ps_addresses`; a member
@@ -6170,6 +6207,7 @@ class Client {
       throw Error(code, "ps " + std::to_string(members.back()) + " is named a member of the job, and this task knows " +
                             std::to_string(num_ps()) + " ps tasks: are they configured with the same cluster?");
     }
+    place_copies(transport_, members);  // (before any request at the new membership)
     members_ = std::move(members);
     membership_ = membership;
     if (!ps_addresses.empty()) ps_addresses_ = std::move(ps_addresses);
@@ -7182,7 +7220,7 @@ class Chief {
   /// the model over the others, each part of theirs on the member that holds least
   /// (sharding/rebalance.hpp), at a membership one newer, and the workers follow when they
   /// get ready again. Throws kInvalidArgument for a ps that is not a member, or when none
-  /// would be left.
+  /// would be left (with copies, fewer than 2: Tcp::place_copies), with nothing changed.
   void leave(std::span<const std::uint32_t> gone) {
     const auto members = client_.members();
     for (const std::uint32_t ps : gone) {
@@ -7377,13 +7415,17 @@ class Chief {
   /// IdSharding puts them over them), and they are restored from the cut. Nothing trained
   /// is lost: training stands still from the cut to the end of the restore, and the
   /// workers follow when they get ready again. `ps` stays paused (what is sent to it waits
-  /// there, never taken) until it ends. `sharding`: the ps tasks' IdSharding.
+  /// there, never taken) until it ends; with copies (a CopyingTransport) the copy it held
+  /// of another's shard moves to the member after it (copy_holder), and the copy of its
+  /// own shard that the member after it held is let go. `sharding`: the ps tasks' IdSharding.
   ///
   /// Throws, with the job as it was: kInvalidArgument for a ps that is no member;
   /// kFailedPrecondition for the job's last ps, for tables whose IdSharding places rows
   /// over ps tasks 0 .. n-1 only and a ps that is not the last (nothing is cut), or when
-  /// the others refuse the registration or the restore: then every member, `ps` among
-  /// them, is restored from the same cut at a membership newer still. Throws kUnavailable
+  /// the others refuse the registration or the restore (with copies, also when fewer than
+  /// 2 members would be left: the transport refuses to place the copies, after the cut):
+  /// then every member, `ps` among them, is resumed or restored from the same cut at a
+  /// membership newer still. Throws kUnavailable
   /// when a ps was lost on the way and that restore failed too (roll them back).
   template <IdSharding I = HashIds>
   void retire(std::uint32_t ps, const I& sharding = {}) {
@@ -8082,14 +8124,24 @@ class HeartbeatSender {
           chief_lost = chief_lost || stats->chief_lost;
           if (workers.empty()) workers = stats->workers;  // the first member's word
           if (!stats->members.empty() && stats->membership > membership_) {
+            std::vector<std::uint32_t> before = members_;  // (none heard yet: every ps task)
+            for (std::uint32_t k = 0; membership_ == 0 && k < transport_.num_ps(); ++k)
+              before.push_back(k);
             reach_all(transport_, stats->ps_addresses);  // a ps that joined (throws: next beat)
+            first_look_ = !membership_heard_;
+            // (A take-back keeps the members: a ps that left or joined renews nothing.)
+            if (stats->members == before || first_look_) renewals_left_ = kRenewals;
             members_ = stats->members;  // beaten from the next beat on
             membership_ = stats->membership;
-            renewals_left_ = kRenewals;
-            first_look_ = !membership_heard_;
+            copies_placed_ = false;
           }
           membership_heard_ = true;
         }
+      }
+      // Copies that moved with the membership, after every answer is read (a link may move).
+      if (!copies_placed_) {
+        place_copies(transport_, members_);
+        copies_placed_ = true;
       }
       // A ps the chief took back hears this task again: after every answer is read (it may
       // connect anew), and tried again at the next beats while it finds none to serve again.
@@ -8115,6 +8167,7 @@ class HeartbeatSender {
   int renewals_left_ = 0;
   bool membership_heard_ = false;  ///< a ps told this sender the membership (Client's likewise)
   bool first_look_ = false;  ///< the renewals are of the first membership heard (renew_copies)
+  bool copies_placed_ = true;  ///< place_copies took the membership heard last
   T transport_;
   std::string who_;
   mutable std::mutex mutex_;
@@ -8759,7 +8812,7 @@ struct RequestContext {
   /// connection lives: see `disconnected`.
   std::uint64_t session = 0;
   /// The shard the connection asked for at its handshake (wire::Hello::shard): nullopt for
-  /// the service's own, or the index of a shard whose copy it holds (`holds_copy`).
+  /// the service's own, or the index of a shard whose copy it may hold (`holds_copy`).
   std::optional<std::uint32_t> shard = std::nullopt;
   /// With `tensors_finite`: no float of the request is larger in magnitude, as the
   /// transport measured it while checking (+infinity: not measured). A ps proves updates
@@ -8780,8 +8833,9 @@ struct RequestContext {
 ///     from task `node` (its process ended, or the link broke; session 0: every connection
 ///     of that task, e.g. an in-process task that was killed). The service gives back what
 ///     was taken on it, such as a sync token whose push will not come (a lease).
-///   - `s.holds_copy(shard)` → bool: it serves a copy of ps `shard`'s shard besides its own
-///     (ShardCopies); a transport refuses a connection that asks for any other shard.
+///   - `s.holds_copy(shard)` → bool: a connection may ask for a copy of ps `shard`'s shard
+///     besides its own (ShardCopies: the one it holds, or one the chief may move to it); a
+///     transport refuses a connection that asks for any other shard.
 ///   - `s.max_request_payload()` → std::uint64_t: the most tensor bytes a request can
 ///     legitimately carry now (a ParameterServer: the bytes of the parts it holds). A
 ///     transport refuses a frame that claims more before it receives any of it.
@@ -13705,6 +13759,14 @@ class ParameterServer {
     liveness_.forgive(since, Clock::now());
   }
 
+  /// Its shard moves elsewhere (a copy ShardCopies holds no more): every request waiting
+  /// here is answered kUnavailable with `why`, so that its sender asks the job's ps tasks
+  /// again. Then it may be destroyed.
+  void let_go(const std::string& why) {
+    end_ = ErrorReply{ErrorCode::kUnavailable, why};
+    answer_all_waiting(*end_);
+  }
+
   void disconnected(const Node& node, std::uint64_t session) noexcept {
     if (end_) return;
     try {
@@ -14595,8 +14657,10 @@ class ParameterServer {
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <variant>
 
@@ -14639,14 +14703,25 @@ namespace pulley {
 /// process gone. A chief lost or stopped therefore pauses a job with copies until a chief
 /// comes back: nobody else may rule which copies stand.
 ///
+/// Which copy it holds follows the job's ps tasks (copy_holder): when a ps leaves the job
+/// (Chief::retire), the member after it holds the copy the leaving one held, in place of
+/// the leaving one's. The chief's registration of the model at the new membership, sent on
+/// a connection that asks for that shard, makes the new copy (`make_copy`), empty until the
+/// chief restores it; what waited on the copy held before is answered kUnavailable, and
+/// so is what comes later on a connection to it (its sender learns the membership again).
+///
 /// @tparam PS the ParameterServer type of both copies
 template <class PS>
 class ShardCopies {
  public:
-  /// @param own  ps k, serving its own shard
-  /// @param copy the copy of ps (k − 1) mod P's shard, of the same type
-  ShardCopies(PS own, PS copy) : own_(std::move(own)), copy_(std::move(copy)) {
-    copy_.set_name("ps " + std::to_string(own_.task()) + "'s copy of ps " + std::to_string(copy_.task()));
+  /// @param own       ps k, serving its own shard
+  /// @param copy      the copy of ps (k − 1) mod P's shard, of the same type
+  /// @param make_copy makes an empty copy of ps j's shard (as `copy` was made for j =
+  ///                  k − 1), when the job's ps tasks change; none: the copy never moves
+  ShardCopies(PS own, PS copy,
+              std::type_identity_t<std::function<PS(std::uint32_t)>> make_copy = {})
+      : own_(std::move(own)), copy_(std::move(copy)), make_copy_(std::move(make_copy)) {
+    copy_.set_name(copy_name());
   }
 
   /// Serves the tasks only while the chief was heard within `lease` (zero, the default:
@@ -14674,20 +14749,42 @@ class ShardCopies {
     return why;
   }
 
-  /// Hands `request` to the copy its connection asked for; a heartbeat to both.
+  /// Hands `request` to the copy its connection asked for; a heartbeat to both. A
+  /// connection to a copy it holds no more is answered kUnavailable (but for heartbeats),
+  /// unless the chief registers the model there at a membership that places that copy
+  /// here: the copy then moves (see the class comment).
   void handle(Request&& request, const RequestContext& context, Responder reply) noexcept {
-    if (context.peer && context.peer->role == Node::Role::kChief) heard_chief(request);
+    const bool chief = context.peer && context.peer->role == Node::Role::kChief;
+    if (chief) heard_chief(request);
+    if (context.shard && *context.shard != copy_.task() &&
+        !take_copy_of(*context.shard, request, chief) &&
+        !std::holds_alternative<Heartbeat>(request)) {
+      std::string why;
+      try {
+        why = "ps " + std::to_string(own_.task()) + " holds no copy of ps " +
+              std::to_string(*context.shard) + "'s shard now (it holds ps " +
+              std::to_string(copy_.task()) + "'s): the job's ps tasks changed, ask them again";
+      } catch (...) {  // (no memory for the words: the code says enough)
+      }
+      respond(reply, ErrorReply{ErrorCode::kUnavailable, std::move(why)});
+      return;
+    }
+    const bool to_copy = context.shard && *context.shard == copy_.task();
     if (const auto* beat = std::get_if<Heartbeat>(&request)) {
       Heartbeat twin = *beat;
-      (context.shard ? own_ : copy_).handle(Request{std::move(twin)}, context, [](Response&&) {});
+      (to_copy ? own_ : copy_).handle(Request{std::move(twin)}, context, [](Response&&) {});
     }
-    (context.shard ? copy_ : own_).handle(std::move(request), context, std::move(reply));
+    (to_copy ? copy_ : own_).handle(std::move(request), context, std::move(reply));
   }
 
   /// ps k's index.
   [[nodiscard]] std::uint32_t task() const noexcept { return own_.task(); }
-  /// True for the shard whose copy it holds.
-  [[nodiscard]] bool holds_copy(std::uint32_t shard) const noexcept { return shard == copy_.task(); }
+  /// True if a task may connect to a copy of ps `shard`'s shard here: the one it holds, or,
+  /// when its copy may move (`make_copy`), any other than its own (the chief's registration
+  /// moves it; anyone else's request there is refused until then).
+  [[nodiscard]] bool holds_copy(std::uint32_t shard) const noexcept {
+    return shard == copy_.task() || (make_copy_ && shard != own_.task());
+  }
   /// True once both copies serve no more (the chief shuts both down).
   [[nodiscard]] bool stopped() const noexcept { return own_.stopped() && copy_.stopped(); }
   /// Once both serve no more: a worker may still come to hear it (ParameterServer::awaits_workers).
@@ -14716,7 +14813,8 @@ class ShardCopies {
 
   /// ps k's own shard.
   [[nodiscard]] PS& own() noexcept { return own_; }
-  /// The copy of ps k − 1's shard.
+  /// The copy it holds: of ps k − 1's shard (mod P), or of the member before it once the
+  /// job's ps tasks changed (copy_holder).
   [[nodiscard]] PS& copy() noexcept { return copy_; }
 
  private:
@@ -14750,8 +14848,51 @@ class ShardCopies {
     }
   }
 
+  /// The chief registers the model over members that place ps `shard`'s copy here (the
+  /// copy held until now went with a ps that left): the copy held is let go, and an empty
+  /// one of `shard` takes its place, for the chief to restore. True if it moved.
+  bool take_copy_of(std::uint32_t shard, const Request& request, bool chief) noexcept {
+    const auto* registration = std::get_if<Register>(&request);
+    if (!chief || registration == nullptr || !make_copy_ || shard == own_.task() ||
+        copy_holder(registration->members, shard) != own_.task()) {
+      return false;
+    }
+    std::string line;
+    try {  // everything that may throw, before the copy held is let go
+      PS fresh = make_copy_(shard);
+      const std::string now = "ps " + std::to_string(own_.task()) + " holds a copy of ps " +
+                              std::to_string(shard) + "'s shard";
+      const std::string instead = "in place of ps " + std::to_string(copy_.task()) + "'s";
+      line =
+          now + " from membership " + std::to_string(registration->membership) + " on, " + instead;
+      fresh.set_name("ps " + std::to_string(own_.task()) + "'s copy of ps " +
+                     std::to_string(shard));
+      fresh.set_serves_without_chief(lease_.count() <= 0);
+      copy_.let_go(now + " now, " + instead);
+      copy_ = std::move(fresh);
+    } catch (...) {  // (the request is refused: the chief's move fails, and it moves nothing)
+      try {
+        log(LogLevel::kError, "ps " + std::to_string(own_.task()) +
+                                  " could not make a copy of ps " + std::to_string(shard) +
+                                  "'s shard");
+      } catch (...) {
+      }
+      return false;
+    }
+    try {
+      log(LogLevel::kInfo, line);
+    } catch (...) {  // (no memory for the line: the copy moved all the same)
+    }
+    return true;
+  }
+
+  [[nodiscard]] std::string copy_name() const {
+    return "ps " + std::to_string(own_.task()) + "'s copy of ps " + std::to_string(copy_.task());
+  }
+
   PS own_;
   PS copy_;
+  std::function<PS(std::uint32_t)> make_copy_;  ///< an empty copy of ps j's shard (may be empty)
   std::chrono::milliseconds lease_{0};
   std::optional<Clock::time_point> chief_heard_;  ///< the chief's last request, once it sent one
   bool fenced_ = false;                           ///< the lease ran out: logged once
@@ -18327,8 +18468,9 @@ namespace pulley {
 /// connection, the only way to stop a transfer half done.
 ///
 /// With `TcpOptions::replicas` = 1 (a job whose ps tasks hold copies: ps/shard_copies.hpp)
-/// it also connects to the copy of ps k's shard that ps (k + 1) mod P holds, and `call(k)`
-/// reaches shard k wherever it is whole:
+/// it also connects to the copy of ps k's shard that the next member of the job holds
+/// (copy_holder: ps (k + 1) mod P while every ps is a member; `place_copies` moves it when
+/// the membership changes), and `call(k)` reaches shard k wherever it is whole:
 ///   - what changes a shard (Register, Initialize, Push, a worker's PullRows, Pause,
 ///     Resume, Restore, RestoreRows, Shutdown) goes to both copies and is
 ///     answered once both have answered: the answer of the copy it reads from (a row pull
@@ -18395,8 +18537,18 @@ class Tcp {
   /// (`TcpOptions::replicas`), whose pairs a new ps would change.
   void add_ps(const std::string& address, bool connect = true) { impl_->add_ps(parse_address(address), connect); }
 
-  /// The ps tasks some of whose copies this transport gave up (lost for good), ascending;
-  /// none without `TcpOptions::replicas`. See CopyingTransport.
+  /// Places the copies of the shards for the job's ps tasks `members` (ascending, at least
+  /// 2; with `TcpOptions::replicas`, else nothing changes): member k's copy is on the next
+  /// member (copy_holder), as the ps tasks place them once the chief registered the model
+  /// over those members; the shard of a ps that is no member is reached at that ps alone.
+  /// A copy that moved is reached at its new ps from its next call on: what waited on the
+  /// old connection fails with kUnavailable (the caller sends again). Every task does this
+  /// when it learns a new membership (Client), before its first request at it.
+  void place_copies(std::span<const std::uint32_t> members) { impl_->place_copies(members); }
+
+  /// The member ps tasks (place_copies; every ps task until then) some of whose copies this
+  /// transport gave up (lost for good), ascending; none without `TcpOptions::replicas`. See
+  /// CopyingTransport.
   [[nodiscard]] std::vector<std::uint32_t> given_up() const { return impl_->given_up(); }
   /// False when the last WaitReady of some shard was answered by one copy while the other
   /// was out of reach, and that copy is still not given up: the shard reads, but a write
@@ -18607,6 +18759,29 @@ class Tcp {
       ++shards_;
     }
 
+    void place_copies(std::span<const std::uint32_t> members) {
+      if (options_.replicas == 0) return;
+      if (members.size() < 2) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "a job whose ps tasks keep copies of each other's shards (--ps-replicas 1) "
+                    "keeps 2 ps tasks "
+                    "or more: each copy is on another ps than its shard's own");
+      }
+      if (!std::is_sorted(members.begin(), members.end()) || members.back() >= shards_) {
+        throw Error(
+            ErrorCode::kInvalidArgument,
+            "the job's ps tasks must be ascending task indices below " + std::to_string(shards_));
+      }
+      members_.assign(members.begin(), members.end());
+      for (std::uint32_t shard = 0; shard < shards_; ++shard) {
+        const std::uint32_t holder = copy_holder(members, shard);
+        Link& link = *links_[link_of(shard, 1)];
+        if (link.task != holder) move_copy(link, shard, holder);
+        // No member: its own ps alone (a courtesy Shutdown reaches it), never a Pair.
+        if (holder == shard) link.dropped = true;
+      }
+    }
+
     [[nodiscard]] bool copies_whole() const {
       // A shard with a copy given up since is served by the other alone: whole for writes.
       for (std::size_t k = 0; k < ready_alone_.size(); ++k) {
@@ -18619,7 +18794,7 @@ class Tcp {
     [[nodiscard]] std::vector<std::uint32_t> given_up() const {
       std::vector<std::uint32_t> tasks;
       for (const auto& link : links_) {
-        if (link->dropped) tasks.push_back(link->task);
+        if (link->dropped && member(link->task)) tasks.push_back(link->task);
       }
       std::sort(tasks.begin(), tasks.end());
       tasks.erase(std::unique(tasks.begin(), tasks.end()), tasks.end());
@@ -19086,6 +19261,53 @@ class Tcp {
         receive(to);
       }
       for (const auto& pair : halves) settle(pair);
+    }
+
+    /// Shard `shard`'s copy moved to ps `holder` (place_copies): the connection to the ps
+    /// that held it ends (reset, as drop closes one), what waited on it fails with
+    /// kUnavailable (a call to both copies then fails so too: the caller sends again), and
+    /// the link reaches `holder` at its next call. Until it first does, it counts as out of
+    /// reach since the move (copy_timeout), and a refusal there is "for now" where `holder`
+    /// let this task in before, as on `holder`'s own link.
+    void move_copy(Link& link, std::uint32_t shard, std::uint32_t holder) {
+      std::error_code ignored;
+      link.socket.set_option(asio::socket_base::linger(true, 0), ignored);
+      link.dropped = true;  // (no attempt at the old ps follows; Pairs settle without it)
+      fail(link, "ps " + std::to_string(shard) + "'s copy moved to ps " + std::to_string(holder));
+      fail_all(link, false);  // calls queued on a link that was broken already
+      for (auto* list : {&link.parked, &link.parked_next}) {
+        for (PendingPtr& p : std::exchange(*list, {})) {
+          deliver(*p, unavailable(link));
+          p->detach_driver();
+        }
+      }
+      for (const auto& weak : std::exchange(link.awaiting, {})) {
+        if (const std::shared_ptr<Pair> pair = weak.lock()) settle(pair);
+      }
+      const Link& at = *links_[holder];
+      if (holder != shard) {  // (a ps that is no member has no copy: nothing to say)
+        log(LogLevel::kInfo, self_.name() + ": ps " + std::to_string(shard) +
+                                 "'s copy is held by ps " + std::to_string(holder) + " at " +
+                                 at.address + " now (was ps " + std::to_string(link.task) + ")");
+      }
+      link.task = holder;
+      link.address = at.address;
+      link.host = at.host;
+      link.port = at.port;
+      link.local = false;
+      link.server = 0;
+      link.lost = 0;
+      link.renewed = false;
+      link.refused.reset();
+      link.failing_since = std::chrono::steady_clock::now();
+      link.ever_connected = at.ever_connected;
+      link.dropped = false;
+      ready_alone_.at(shard) = false;
+    }
+
+    /// True if ps `ps` is a member of the job, as place_copies last said (all until then).
+    [[nodiscard]] bool member(std::uint32_t ps) const {
+      return members_.empty() || std::binary_search(members_.begin(), members_.end(), ps);
     }
 
     [[nodiscard]] std::size_t index_of(const Link& link) const {
@@ -19732,6 +19954,7 @@ class Tcp {
     /// Per shard: its last WaitReady was answered by one copy, the other out of reach.
     std::vector<bool> ready_alone_ = std::vector<bool>(shards_, false);
     std::vector<std::unique_ptr<Link>> retired_;  ///< links of add_ps calls that failed
+    std::vector<std::uint32_t> members_;          ///< the job's ps tasks (place_copies); empty: all
     std::vector<std::unique_ptr<Link>> links_;  ///< by ps task, then copies by shard; destroyed before io_
     bool closing_ = false;                      ///< the transport is being destroyed
     std::vector<std::weak_ptr<Pair>> graced_;   ///< Pairs with a copy_grace timer on io_

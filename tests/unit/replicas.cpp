@@ -86,8 +86,9 @@ struct CopiesCluster {
                          std::chrono::milliseconds worker_timeout = std::chrono::seconds(30),
                          const TcpServerOptions& server = test_server_options()) {
     for (std::uint32_t i = 0; i < kPs; ++i) {
-      Copies copies(make_server(i, worker_timeout),
-                    make_server((i + kPs - 1) % kPs, worker_timeout));
+      Copies copies(
+          make_server(i, worker_timeout), make_server((i + kPs - 1) % kPs, worker_timeout),
+          [worker_timeout](std::uint32_t shard) { return make_server(shard, worker_timeout); });
       copies.set_chief_lease(chief_lease);
       listeners.push_back(
           std::make_unique<TcpServer<Copies>>(std::move(copies), "127.0.0.1", 0, server));
@@ -935,6 +936,68 @@ TEST_CASE("a process started in a lost ps's place is taken back by the chief: th
   CHECK(restarted->service().copy().stats().global_step == kSteps);
   restarted->stop();
   serving.join();
+}
+
+TEST_CASE(
+    "a ps lost for good leaves the job: its share moves from its copies, and the job survives "
+    "losing another") {
+  // ps 1 is lost for good; ps 2's copy serves shard 1 alone, and shard 0 has one copy
+  // left. The chief takes ps 1 out (Chief::retire): one cut from the copies that served,
+  // the model placed over ps 0 and ps 2, each holding its shard and a copy of the other's
+  // (ps 2's copy moved from shard 1 to shard 0). A third leave is refused (no copy of its
+  // own shard could be kept). Then ps 0 is lost too: ps 2 serves both shards, shard 0 from
+  // the copy that moved to it, and training ends bit for bit where the unbroken run ends.
+  const auto expected = in_process_result();
+  CopiesCluster cluster;
+  std::atomic<bool> retired{false}, killed{false};
+  const auto bounded_wait = [](const std::atomic<bool>& flag) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!flag && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return flag.load();
+  };
+  std::atomic<bool> lost{false};
+  const auto with = train(
+      [&](Node n) { return client(n, cluster.addresses, with_copies()); },
+      [&](std::uint32_t w, std::int64_t k) {
+        if (w != 1) return;
+        if (k == kSteps / 4) {
+          cluster.kill(1);
+          lost = true;
+        }
+        if (k == kSteps * 3 / 4 && bounded_wait(retired)) {
+          cluster.kill(0);
+          killed = true;
+        }
+      },
+      [&](auto& chief) {
+        if (!bounded_wait(lost)) return;
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+        while (chief.given_up().empty() && std::chrono::steady_clock::now() < deadline) {
+          try {
+            (void)chief
+                .stats();  // a call to ps 1 finds its address refusing: its copies are given up
+          } catch (const Error&) {
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+        REQUIRE(chief.given_up() == std::vector<std::uint32_t>{1});
+        chief.retire(1);
+        CHECK(chief.membership() == 1);
+        CHECK(std::vector<std::uint32_t>(chief.members().begin(), chief.members().end()) ==
+              std::vector<std::uint32_t>{0, 2});
+        CHECK(chief.given_up().empty());  // every member's shard has two copies again
+        CHECK_THROWS_WITH_AS(chief.retire(2), doctest::Contains("keeps 2 ps tasks or more"), Error);
+        CHECK(chief.membership() == 1);  // (the job went on as it was, from the same members)
+        retired = true;
+      });
+  REQUIRE(retired);
+  REQUIRE(killed);
+  CHECK(with == expected);
+  // ps 2 took every step with its own shard and the copy of ps 0's, which moved to it.
+  CHECK(cluster.listeners[2]->service().copy().task() == 0);
+  CHECK(cluster.listeners[2]->service().own().stats().global_step == kSteps);
+  CHECK(cluster.listeners[2]->service().copy().stats().global_step == kSteps);
 }
 
 TEST_CASE("a worker that cannot reach the process the chief took back writes neither copy alone: it waits for it") {

@@ -188,7 +188,7 @@ class Chief {
   /// the model over the others, each part of theirs on the member that holds least
   /// (sharding/rebalance.hpp), at a membership one newer, and the workers follow when they
   /// get ready again. Throws kInvalidArgument for a ps that is not a member, or when none
-  /// would be left.
+  /// would be left (with copies, fewer than 2: Tcp::place_copies), with nothing changed.
   void leave(std::span<const std::uint32_t> gone) {
     const auto members = client_.members();
     for (const std::uint32_t ps : gone) {
@@ -383,13 +383,17 @@ class Chief {
   /// IdSharding puts them over them), and they are restored from the cut. Nothing trained
   /// is lost: training stands still from the cut to the end of the restore, and the
   /// workers follow when they get ready again. `ps` stays paused (what is sent to it waits
-  /// there, never taken) until it ends. `sharding`: the ps tasks' IdSharding.
+  /// there, never taken) until it ends; with copies (a CopyingTransport) the copy it held
+  /// of another's shard moves to the member after it (copy_holder), and the copy of its
+  /// own shard that the member after it held is let go. `sharding`: the ps tasks' IdSharding.
   ///
   /// Throws, with the job as it was: kInvalidArgument for a ps that is no member;
   /// kFailedPrecondition for the job's last ps, for tables whose IdSharding places rows
   /// over ps tasks 0 .. n-1 only and a ps that is not the last (nothing is cut), or when
-  /// the others refuse the registration or the restore: then every member, `ps` among
-  /// them, is restored from the same cut at a membership newer still. Throws kUnavailable
+  /// the others refuse the registration or the restore (with copies, also when fewer than
+  /// 2 members would be left: the transport refuses to place the copies, after the cut):
+  /// then every member, `ps` among them, is resumed or restored from the same cut at a
+  /// membership newer still. Throws kUnavailable
   /// when a ps was lost on the way and that restore failed too (roll them back).
   template <IdSharding I = HashIds>
   void retire(std::uint32_t ps, const I& sharding = {}) {

@@ -459,9 +459,11 @@ class Client {
                        std::vector<std::string> ps_addresses, bool first_look) {
     log(LogLevel::kInfo, "the job's ps tasks are now " + describe_members(members) + " (membership " +
                              std::to_string(membership) + ", was " + std::to_string(membership_) + ")");
+    const bool same = members == members_;
     set_members(std::move(members), membership, std::move(ps_addresses), ErrorCode::kFailedPrecondition);
-    // A ps the chief took back (Chief::take_back) is written to again.
-    (void)renew_copies(transport_, first_look);
+    // A ps the chief took back (Chief::take_back, which keeps the members) is written to
+    // again; a ps that left or joined changes nobody's given-up copies.
+    if (same || first_look) (void)renew_copies(transport_, first_look);
   }
 
   /// Takes `members` at `membership` after reaching every ps of `ps_addresses`; a member
@@ -474,6 +476,7 @@ class Client {
       throw Error(code, "ps " + std::to_string(members.back()) + " is named a member of the job, and this task knows " +
                             std::to_string(num_ps()) + " ps tasks: are they configured with the same cluster?");
     }
+    place_copies(transport_, members);  // (before any request at the new membership)
     members_ = std::move(members);
     membership_ = membership;
     if (!ps_addresses.empty()) ps_addresses_ = std::move(ps_addresses);

@@ -184,14 +184,24 @@ class HeartbeatSender {
           chief_lost = chief_lost || stats->chief_lost;
           if (workers.empty()) workers = stats->workers;  // the first member's word
           if (!stats->members.empty() && stats->membership > membership_) {
+            std::vector<std::uint32_t> before = members_;  // (none heard yet: every ps task)
+            for (std::uint32_t k = 0; membership_ == 0 && k < transport_.num_ps(); ++k)
+              before.push_back(k);
             reach_all(transport_, stats->ps_addresses);  // a ps that joined (throws: next beat)
+            first_look_ = !membership_heard_;
+            // (A take-back keeps the members: a ps that left or joined renews nothing.)
+            if (stats->members == before || first_look_) renewals_left_ = kRenewals;
             members_ = stats->members;  // beaten from the next beat on
             membership_ = stats->membership;
-            renewals_left_ = kRenewals;
-            first_look_ = !membership_heard_;
+            copies_placed_ = false;
           }
           membership_heard_ = true;
         }
+      }
+      // Copies that moved with the membership, after every answer is read (a link may move).
+      if (!copies_placed_) {
+        place_copies(transport_, members_);
+        copies_placed_ = true;
       }
       // A ps the chief took back hears this task again: after every answer is read (it may
       // connect anew), and tried again at the next beats while it finds none to serve again.
@@ -217,6 +227,7 @@ class HeartbeatSender {
   int renewals_left_ = 0;
   bool membership_heard_ = false;  ///< a ps told this sender the membership (Client's likewise)
   bool first_look_ = false;  ///< the renewals are of the first membership heard (renew_copies)
+  bool copies_placed_ = true;  ///< place_copies took the membership heard last
   T transport_;
   std::string who_;
   mutable std::mutex mutex_;

@@ -27,8 +27,10 @@ struct ClientOptions {
   std::chrono::milliseconds recovery_timeout{std::chrono::minutes(5)};
   /// The chief: how long a lost ps may stay away before the job goes on without it (it
   /// leaves for good: its shard is placed on the other ps tasks, restored from the newest
-  /// checkpoint: ChiefLoop). 0: never; the job waits for it as long as `recovery_timeout`.
-  /// Below `recovery_timeout`, so that the other tasks still wait when it happens.
+  /// checkpoint: ChiefLoop; with copies, `TcpOptions::replicas`, moved from the copies that
+  /// served it meanwhile, once 3 ps tasks or more are members). 0: never; the job waits for
+  /// it as long as `recovery_timeout` (with copies, the copies serve until a process takes
+  /// its place). Below `recovery_timeout`, so that the other tasks still wait when it happens.
   std::chrono::milliseconds ps_leave_after{0};
   /// The chief: a worker the ps tasks hold lost for this long (its heartbeats stopped)
   /// leaves the job for good: the sync policies stop counting it (Chief::change_workers),

@@ -43,7 +43,7 @@ struct RequestContext {
   /// connection lives: see `disconnected`.
   std::uint64_t session = 0;
   /// The shard the connection asked for at its handshake (wire::Hello::shard): nullopt for
-  /// the service's own, or the index of a shard whose copy it holds (`holds_copy`).
+  /// the service's own, or the index of a shard whose copy it may hold (`holds_copy`).
   std::optional<std::uint32_t> shard = std::nullopt;
   /// With `tensors_finite`: no float of the request is larger in magnitude, as the
   /// transport measured it while checking (+infinity: not measured). A ps proves updates
@@ -64,8 +64,9 @@ struct RequestContext {
 ///     from task `node` (its process ended, or the link broke; session 0: every connection
 ///     of that task, e.g. an in-process task that was killed). The service gives back what
 ///     was taken on it, such as a sync token whose push will not come (a lease).
-///   - `s.holds_copy(shard)` → bool: it serves a copy of ps `shard`'s shard besides its own
-///     (ShardCopies); a transport refuses a connection that asks for any other shard.
+///   - `s.holds_copy(shard)` → bool: a connection may ask for a copy of ps `shard`'s shard
+///     besides its own (ShardCopies: the one it holds, or one the chief may move to it); a
+///     transport refuses a connection that asks for any other shard.
 ///   - `s.max_request_payload()` → std::uint64_t: the most tensor bytes a request can
 ///     legitimately carry now (a ParameterServer: the bytes of the parts it holds). A
 ///     transport refuses a frame that claims more before it receives any of it.

@@ -88,6 +88,10 @@ concept GrowingTransport = Transport<T> && requires(T& transport, const T& ctran
 ///   - `t.serve_again(ps)` → the copies of `ps` reached again serve their shards with the
 ///     other copies: what changes a shard goes to both from now on
 ///   - `t.give_up(ps, why)` → gives every copy of `ps` up again (taking it back failed)
+///   - `t.place_copies(members)` → the job's ps tasks are now `members` (a
+///     std::span<const std::uint32_t>, ascending, at least 2): member k's copy is reached at
+///     copy_holder(members, k), where the ps tasks hold it once the chief registered the
+///     model over them; a ps that is no member is reached alone
 ///
 /// Optional:
 ///   - `ct.copies_whole()` → bool: false when the last WaitReady of some shard was answered
@@ -99,15 +103,26 @@ concept GrowingTransport = Transport<T> && requires(T& transport, const T& ctran
 /// Semantic contract: a copy is served again only once the chief restored it with the
 /// others from one cut (Chief::take_back), at a membership newer than the one it was given
 /// up at; the other tasks then follow when they learn that membership (`renew_copies`),
-/// before their first request of the epoch the restore began.
+/// before their first request of the epoch the restore began. Likewise, copies move only
+/// with the membership (a ps that left: Chief::retire), and every task places them anew
+/// (`place_copies`) when it learns it, before its first request at it.
 template <class T>
-concept CopyingTransport = Transport<T> && requires(T& transport, const T& ctransport, std::uint32_t ps,
-                                                    const std::string& why) {
+concept CopyingTransport = Transport<T> &&
+    requires(T& transport, const T& ctransport, std::uint32_t ps, const std::string& why,
+             std::span<const std::uint32_t> members) {
   { ctransport.given_up() } -> std::same_as<std::vector<std::uint32_t>>;
   { transport.reach_again(ps, true, true) } -> std::same_as<bool>;
   transport.serve_again(ps);
   transport.give_up(ps, why);
+  transport.place_copies(members);
 };
+
+/// The job's ps tasks are now `members` (ascending): a CopyingTransport places the copies
+/// of their shards for them (`place_copies`); any other transport has nothing to place.
+template <Transport T>
+void place_copies(T& transport, std::span<const std::uint32_t> members) {
+  if constexpr (CopyingTransport<T>) transport.place_copies(members);
+}
 
 /// A task that learned a newer membership of the job's ps tasks serves again the copies its
 /// transport gave up whose ps is back (a process in its place: one the chief took back,

@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <span>
 #include <vector>
 
@@ -73,5 +75,18 @@ class PlacementBuilder {
  private:
   Placement placement_;
 };
+
+/// Which ps task holds the copy of ps `shard`'s shard in a job whose ps tasks keep copies
+/// of each other's shards (`--ps-replicas 1`, ps/shard_copies.hpp), the job's ps tasks
+/// being `members` (ascending): the next member after `shard`, the first one after the
+/// last. `shard` itself when it is no member, or the only one: its shard has no copy then.
+/// With every ps task of the cluster a member, ps k's copy is on ps (k + 1) mod P; when
+/// a member leaves, only the copy it held moves (to the member after it).
+[[nodiscard]] inline std::uint32_t copy_holder(std::span<const std::uint32_t> members,
+                                               std::uint32_t shard) {
+  const auto at = std::lower_bound(members.begin(), members.end(), shard);
+  if (at == members.end() || *at != shard || members.size() < 2) return shard;
+  return std::next(at) == members.end() ? members.front() : *std::next(at);
+}
 
 }  // namespace pulley

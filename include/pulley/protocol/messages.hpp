@@ -116,6 +116,9 @@ struct Slice {
 struct Register {
   static constexpr std::string_view kName = "Register";
   static constexpr RoleSet kSenders{Node::Role::kChief};
+  /// A registration of a later membership drops what the ps held (and may replace the
+  /// copy a ShardCopies holds): no reply may still view it.
+  static constexpr bool kChangesParameters = true;
   std::vector<VariableSpec> variables;
   /// The model's embedding tables: each ps creates the rows it holds as they are first
   /// pulled, from `table_seed` (no Initialize).

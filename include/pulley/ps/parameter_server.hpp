@@ -195,6 +195,14 @@ class ParameterServer {
     liveness_.forgive(since, Clock::now());
   }
 
+  /// Its shard moves elsewhere (a copy ShardCopies holds no more): every request waiting
+  /// here is answered kUnavailable with `why`, so that its sender asks the job's ps tasks
+  /// again. Then it may be destroyed.
+  void let_go(const std::string& why) {
+    end_ = ErrorReply{ErrorCode::kUnavailable, why};
+    answer_all_waiting(*end_);
+  }
+
   void disconnected(const Node& node, std::uint64_t session) noexcept {
     if (end_) return;
     try {

@@ -4,13 +4,16 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <variant>
 
 #include "pulley/concepts/service.hpp"
 #include "pulley/core/log.hpp"
+#include "pulley/core/placement.hpp"
 #include "pulley/protocol/messages.hpp"
 
 namespace pulley {
@@ -52,14 +55,25 @@ namespace pulley {
 /// process gone. A chief lost or stopped therefore pauses a job with copies until a chief
 /// comes back: nobody else may rule which copies stand.
 ///
+/// Which copy it holds follows the job's ps tasks (copy_holder): when a ps leaves the job
+/// (Chief::retire), the member after it holds the copy the leaving one held, in place of
+/// the leaving one's. The chief's registration of the model at the new membership, sent on
+/// a connection that asks for that shard, makes the new copy (`make_copy`), empty until the
+/// chief restores it; what waited on the copy held before is answered kUnavailable, and
+/// so is what comes later on a connection to it (its sender learns the membership again).
+///
 /// @tparam PS the ParameterServer type of both copies
 template <class PS>
 class ShardCopies {
  public:
-  /// @param own  ps k, serving its own shard
-  /// @param copy the copy of ps (k − 1) mod P's shard, of the same type
-  ShardCopies(PS own, PS copy) : own_(std::move(own)), copy_(std::move(copy)) {
-    copy_.set_name("ps " + std::to_string(own_.task()) + "'s copy of ps " + std::to_string(copy_.task()));
+  /// @param own       ps k, serving its own shard
+  /// @param copy      the copy of ps (k − 1) mod P's shard, of the same type
+  /// @param make_copy makes an empty copy of ps j's shard (as `copy` was made for j =
+  ///                  k − 1), when the job's ps tasks change; none: the copy never moves
+  ShardCopies(PS own, PS copy,
+              std::type_identity_t<std::function<PS(std::uint32_t)>> make_copy = {})
+      : own_(std::move(own)), copy_(std::move(copy)), make_copy_(std::move(make_copy)) {
+    copy_.set_name(copy_name());
   }
 
   /// Serves the tasks only while the chief was heard within `lease` (zero, the default:
@@ -87,20 +101,42 @@ class ShardCopies {
     return why;
   }
 
-  /// Hands `request` to the copy its connection asked for; a heartbeat to both.
+  /// Hands `request` to the copy its connection asked for; a heartbeat to both. A
+  /// connection to a copy it holds no more is answered kUnavailable (but for heartbeats),
+  /// unless the chief registers the model there at a membership that places that copy
+  /// here: the copy then moves (see the class comment).
   void handle(Request&& request, const RequestContext& context, Responder reply) noexcept {
-    if (context.peer && context.peer->role == Node::Role::kChief) heard_chief(request);
+    const bool chief = context.peer && context.peer->role == Node::Role::kChief;
+    if (chief) heard_chief(request);
+    if (context.shard && *context.shard != copy_.task() &&
+        !take_copy_of(*context.shard, request, chief) &&
+        !std::holds_alternative<Heartbeat>(request)) {
+      std::string why;
+      try {
+        why = "ps " + std::to_string(own_.task()) + " holds no copy of ps " +
+              std::to_string(*context.shard) + "'s shard now (it holds ps " +
+              std::to_string(copy_.task()) + "'s): the job's ps tasks changed, ask them again";
+      } catch (...) {  // (no memory for the words: the code says enough)
+      }
+      respond(reply, ErrorReply{ErrorCode::kUnavailable, std::move(why)});
+      return;
+    }
+    const bool to_copy = context.shard && *context.shard == copy_.task();
     if (const auto* beat = std::get_if<Heartbeat>(&request)) {
       Heartbeat twin = *beat;
-      (context.shard ? own_ : copy_).handle(Request{std::move(twin)}, context, [](Response&&) {});
+      (to_copy ? own_ : copy_).handle(Request{std::move(twin)}, context, [](Response&&) {});
     }
-    (context.shard ? copy_ : own_).handle(std::move(request), context, std::move(reply));
+    (to_copy ? copy_ : own_).handle(std::move(request), context, std::move(reply));
   }
 
   /// ps k's index.
   [[nodiscard]] std::uint32_t task() const noexcept { return own_.task(); }
-  /// True for the shard whose copy it holds.
-  [[nodiscard]] bool holds_copy(std::uint32_t shard) const noexcept { return shard == copy_.task(); }
+  /// True if a task may connect to a copy of ps `shard`'s shard here: the one it holds, or,
+  /// when its copy may move (`make_copy`), any other than its own (the chief's registration
+  /// moves it; anyone else's request there is refused until then).
+  [[nodiscard]] bool holds_copy(std::uint32_t shard) const noexcept {
+    return shard == copy_.task() || (make_copy_ && shard != own_.task());
+  }
   /// True once both copies serve no more (the chief shuts both down).
   [[nodiscard]] bool stopped() const noexcept { return own_.stopped() && copy_.stopped(); }
   /// Once both serve no more: a worker may still come to hear it (ParameterServer::awaits_workers).
@@ -129,7 +165,8 @@ class ShardCopies {
 
   /// ps k's own shard.
   [[nodiscard]] PS& own() noexcept { return own_; }
-  /// The copy of ps k − 1's shard.
+  /// The copy it holds: of ps k − 1's shard (mod P), or of the member before it once the
+  /// job's ps tasks changed (copy_holder).
   [[nodiscard]] PS& copy() noexcept { return copy_; }
 
  private:
@@ -163,8 +200,51 @@ class ShardCopies {
     }
   }
 
+  /// The chief registers the model over members that place ps `shard`'s copy here (the
+  /// copy held until now went with a ps that left): the copy held is let go, and an empty
+  /// one of `shard` takes its place, for the chief to restore. True if it moved.
+  bool take_copy_of(std::uint32_t shard, const Request& request, bool chief) noexcept {
+    const auto* registration = std::get_if<Register>(&request);
+    if (!chief || registration == nullptr || !make_copy_ || shard == own_.task() ||
+        copy_holder(registration->members, shard) != own_.task()) {
+      return false;
+    }
+    std::string line;
+    try {  // everything that may throw, before the copy held is let go
+      PS fresh = make_copy_(shard);
+      const std::string now = "ps " + std::to_string(own_.task()) + " holds a copy of ps " +
+                              std::to_string(shard) + "'s shard";
+      const std::string instead = "in place of ps " + std::to_string(copy_.task()) + "'s";
+      line =
+          now + " from membership " + std::to_string(registration->membership) + " on, " + instead;
+      fresh.set_name("ps " + std::to_string(own_.task()) + "'s copy of ps " +
+                     std::to_string(shard));
+      fresh.set_serves_without_chief(lease_.count() <= 0);
+      copy_.let_go(now + " now, " + instead);
+      copy_ = std::move(fresh);
+    } catch (...) {  // (the request is refused: the chief's move fails, and it moves nothing)
+      try {
+        log(LogLevel::kError, "ps " + std::to_string(own_.task()) +
+                                  " could not make a copy of ps " + std::to_string(shard) +
+                                  "'s shard");
+      } catch (...) {
+      }
+      return false;
+    }
+    try {
+      log(LogLevel::kInfo, line);
+    } catch (...) {  // (no memory for the line: the copy moved all the same)
+    }
+    return true;
+  }
+
+  [[nodiscard]] std::string copy_name() const {
+    return "ps " + std::to_string(own_.task()) + "'s copy of ps " + std::to_string(copy_.task());
+  }
+
   PS own_;
   PS copy_;
+  std::function<PS(std::uint32_t)> make_copy_;  ///< an empty copy of ps j's shard (may be empty)
   std::chrono::milliseconds lease_{0};
   std::optional<Clock::time_point> chief_heard_;  ///< the chief's last request, once it sent one
   bool fenced_ = false;                           ///< the lease ran out: logged once

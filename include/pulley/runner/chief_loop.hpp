@@ -3,13 +3,14 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <cstdint>
-#include <functional>
+#include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -18,8 +19,8 @@
 #include "pulley/checkpoint/directory.hpp"
 #include "pulley/checkpoint/rows.hpp"
 #include "pulley/client/chief.hpp"
-#include "pulley/client/heartbeat.hpp"
 #include "pulley/client/detail/recovery.hpp"
+#include "pulley/client/heartbeat.hpp"
 #include "pulley/concepts/model.hpp"
 #include "pulley/concepts/sharding.hpp"
 #include "pulley/concepts/transport.hpp"
@@ -128,7 +129,14 @@ void leave_unreachable(Chief<T>& chief, const ClientOptions& options) {
     if (std::find(first.begin(), first.end(), ps) != first.end()) gone.push_back(ps);
   }
   if (gone.empty() || gone.size() == chief.members().size()) return;
-  chief.leave(gone);
+  try {
+    chief.leave(gone);
+  } catch (const Error& e) {  // too few would be left to hold the copies of the shards
+    if (e.code() != ErrorCode::kInvalidArgument) throw;
+    log(LogLevel::kWarning,
+        std::string("chief: the ps tasks not back stay members of the job: ") + e.what());
+    return;
+  }
   const auto seconds = std::to_string(options.ps_leave_after.count() / 1000);
   std::string names;
   for (const std::uint32_t ps : gone) names += (names.empty() ? "ps " : ", ps ") + std::to_string(ps);
@@ -288,7 +296,9 @@ class ChiefLoop {
     const ClientOptions& options = training_.client;
     for (Error last = failure;;) {
       recovery.wait(last);
-      if (options.ps_leave_after.count() > 0 && recovery.waited() >= options.ps_leave_after) {
+      // (With copies a ps out of reach is ruled on, and leaves from its copies: take_back.)
+      if (options.ps_leave_after.count() > 0 && training_.tcp.replicas == 0 &&
+          recovery.waited() >= options.ps_leave_after) {
         const std::uint64_t before = chief_.membership();
         leave_unreachable(chief_, options);
         if (chief_.membership() != before) return false;  // the others take its shard: a rollback
@@ -363,14 +373,64 @@ class ChiefLoop {
   /// ps that is still gone costs one connection attempt (at most attempt_timeout) then.
   void take_back() {
     if (Clock::now() < next_take_back_) return;
-    for (const std::uint32_t ps : chief_.given_up()) {
+    const std::vector<std::uint32_t> given_up = chief_.given_up();
+    std::erase_if(given_up_since_, [&](const auto& seen) {
+      return !std::binary_search(given_up.begin(), given_up.end(), seen.first);
+    });
+    for (const std::uint32_t ps : given_up) {
       const auto began = Clock::now();
-      if (!chief_.take_back(ps, id_sharding_)) continue;
+      if (!chief_.take_back(ps, id_sharding_)) {
+        leave_for_good(ps);
+        continue;
+      }
+      given_up_since_.erase(ps);
       log(LogLevel::kInfo, "chief: ps " + std::to_string(ps) + " was started again and took its shards back (every "
                            "shard has two copies again); " + new_shape(began));
     }
     // Counted from the end: an attempt at a host that does not answer takes attempt_timeout.
     next_take_back_ = Clock::now() + kTakeBackEvery;
+  }
+
+  /// A job whose ps tasks keep copies, with `ClientOptions::ps_leave_after`: member `ps`,
+  /// whose copies were given up (and not taken back: no process in its place, or its
+  /// take-back failed), leaves the job for good once the chief has seen it so that long:
+  /// its share moves from the copies that served it to the other members (Chief::retire),
+  /// and its shard has two copies again, on the members left (as has every shard, unless
+  /// another member is given up too). Nothing is lost or rolled back. A job of 2 ps tasks
+  /// keeps both (one could hold no copy of its own shard): the one left serves both shards
+  /// until a process takes the other's place.
+  void leave_for_good(std::uint32_t ps) {
+    const ClientOptions& options = training_.client;
+    if (options.ps_leave_after.count() <= 0) return;
+    const auto now = Clock::now();
+    const auto seen = given_up_since_.try_emplace(ps, now).first;
+    if (now - seen->second < options.ps_leave_after) return;
+    const std::string who = "ps " + std::to_string(ps);
+    if (chief_.members().size() <= 2) {
+      if (told_stays_.insert(ps).second) {
+        log(LogLevel::kWarning,
+            "chief: " + who + " is still lost, and stays a member of the job: of 2 ps tasks " +
+                "with copies, the other serves both shards until a process takes its place");
+      }
+      return;
+    }
+    const auto began = Clock::now();
+    try {
+      chief_.retire(ps, id_sharding_);
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::kUnavailable) throw;  // another ps lost on the way: rolled back
+      log(LogLevel::kWarning, std::string("chief: ") + e.what());
+      seen->second = Clock::now();  // tried again after the grace
+      return;
+    }
+    given_up_since_.erase(ps);
+    if (joins_ != nullptr) joins_->set_ps({chief_.members().begin(), chief_.members().end()});
+    log(LogLevel::kWarning,
+        "chief: " + who + " was lost for " + std::to_string(options.ps_leave_after.count() / 1000) +
+            " s or more (--ps-leave-secs): it left the job, and its share moved from its copies "
+            "to the other ps tasks (" +
+            (chief_.given_up().empty() ? "every shard has two copies again, " : "") +
+            "nothing rolled back); " + new_shape(began));
   }
 
   /// A job whose ps tasks keep copies: makes both copies of every shard alike again
@@ -799,6 +859,10 @@ class ChiefLoop {
   /// How often a ps whose copies were given up is looked for (take_back), and when next.
   static constexpr std::chrono::seconds kTakeBackEvery{2};
   Clock::time_point next_take_back_{};
+  /// Member ps tasks whose copies were given up, since when the chief has seen them so
+  /// (leave_for_good), and those told to stay (one of 2 ps tasks).
+  std::map<std::uint32_t, Clock::time_point> given_up_since_;
+  std::set<std::uint32_t> told_stays_;
   /// How often the workers the ps tasks hold lost are looked at (align_copies), and when
   /// next; those seen last, and when they changed (until the copies were made alike).
   static constexpr std::chrono::milliseconds kLostLookEvery{500};

@@ -220,7 +220,10 @@ inline void add_limit_flags(CLI::App& app, ClientOptions& client, TcpOptions& tc
          "--ps-leave-secs",
          [&client](std::int64_t s) { client.ps_leave_after = std::chrono::seconds(s); },
          "chief: a lost ps not back within this long leaves the job for good, and the others take "
-         "its shard from the newest checkpoint (0, the default: wait for it up to the recovery timeout)")
+         "its shard from the newest checkpoint, or with --ps-replicas 1 from its copies with "
+         "nothing lost "
+         "(0, the default: wait for it up to the recovery timeout; with copies, until a process "
+         "takes its place)")
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 30))
       ->group("Durability");
   app.add_option_function<std::int64_t>(

@@ -282,9 +282,8 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
   Metrics* metrics = reporter.enabled() ? &reporter.metrics() : nullptr;
   // SIGTERM asks a ps task, or a worker whose sync policy counts workers that change, to
   // leave the job through the chief once it serves or trains (LeaveWatch): a job scaled
-  // down (not a ps with copies, whose pairs are fixed; not worker 0 acting as the chief).
-  const bool may_leave =
-      (type == "ps" && training.tcp.replicas == 0) || (type == "worker" && !chief_worker && kReshapes<P>);
+  // down (not worker 0 acting as the chief).
+  const bool may_leave = type == "ps" || (type == "worker" && !chief_worker && kReshapes<P>);
   if (type == "ps") {
     serve(training, config, credentials, std::move(sharding), std::move(optimizer),
           std::move(sync), std::move(tables), metrics, join, may_leave);
@@ -409,11 +408,6 @@ int run(const Job& job, const Training<M>& training, S sharding, O optimizer, P 
         throw Error(ErrorCode::kInvalidArgument,
                     "--ps-leave-secs must be below the recovery timeout (--recovery-timeout-ms): the workers "
                     "wait for the job to go on without the ps only that long");
-      }
-      if (training.tcp.replicas != 0) {
-        throw Error(ErrorCode::kInvalidArgument,
-                    "--ps-leave-secs and --ps-replicas 1 exclude each other: with copies a lost ps's copy "
-                    "takes its shard over, and the job keeps its ps tasks");
       }
     }
     if (!job.in_process() && job.num_ps() == 0) {

@@ -467,7 +467,8 @@ void serve(const Training<M>& training, const TfConfig& config, const Credential
                                                "least 2 ps tasks, the cluster has " + std::to_string(num_ps));
     }
     const std::uint32_t before = (task + num_ps - 1) % num_ps;
-    ShardCopies copies(reported(make(task)), make(before));
+    ShardCopies copies(reported(make(task)), make(before),
+                       make);  // (the copy moves when a ps leaves)
     copies.set_chief_lease(training.chief_lease());
     std::tie(end, orphaned) = run(std::move(copies), "its shard and a copy of ps " + std::to_string(before) + "'s");
   }

@@ -70,8 +70,9 @@ namespace pulley {
 /// connection, the only way to stop a transfer half done.
 ///
 /// With `TcpOptions::replicas` = 1 (a job whose ps tasks hold copies: ps/shard_copies.hpp)
-/// it also connects to the copy of ps k's shard that ps (k + 1) mod P holds, and `call(k)`
-/// reaches shard k wherever it is whole:
+/// it also connects to the copy of ps k's shard that the next member of the job holds
+/// (copy_holder: ps (k + 1) mod P while every ps is a member; `place_copies` moves it when
+/// the membership changes), and `call(k)` reaches shard k wherever it is whole:
 ///   - what changes a shard (Register, Initialize, Push, a worker's PullRows, Pause,
 ///     Resume, Restore, RestoreRows, Shutdown) goes to both copies and is
 ///     answered once both have answered: the answer of the copy it reads from (a row pull
@@ -138,8 +139,18 @@ class Tcp {
   /// (`TcpOptions::replicas`), whose pairs a new ps would change.
   void add_ps(const std::string& address, bool connect = true) { impl_->add_ps(parse_address(address), connect); }
 
-  /// The ps tasks some of whose copies this transport gave up (lost for good), ascending;
-  /// none without `TcpOptions::replicas`. See CopyingTransport.
+  /// Places the copies of the shards for the job's ps tasks `members` (ascending, at least
+  /// 2; with `TcpOptions::replicas`, else nothing changes): member k's copy is on the next
+  /// member (copy_holder), as the ps tasks place them once the chief registered the model
+  /// over those members; the shard of a ps that is no member is reached at that ps alone.
+  /// A copy that moved is reached at its new ps from its next call on: what waited on the
+  /// old connection fails with kUnavailable (the caller sends again). Every task does this
+  /// when it learns a new membership (Client), before its first request at it.
+  void place_copies(std::span<const std::uint32_t> members) { impl_->place_copies(members); }
+
+  /// The member ps tasks (place_copies; every ps task until then) some of whose copies this
+  /// transport gave up (lost for good), ascending; none without `TcpOptions::replicas`. See
+  /// CopyingTransport.
   [[nodiscard]] std::vector<std::uint32_t> given_up() const { return impl_->given_up(); }
   /// False when the last WaitReady of some shard was answered by one copy while the other
   /// was out of reach, and that copy is still not given up: the shard reads, but a write
@@ -350,6 +361,29 @@ class Tcp {
       ++shards_;
     }
 
+    void place_copies(std::span<const std::uint32_t> members) {
+      if (options_.replicas == 0) return;
+      if (members.size() < 2) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "a job whose ps tasks keep copies of each other's shards (--ps-replicas 1) "
+                    "keeps 2 ps tasks "
+                    "or more: each copy is on another ps than its shard's own");
+      }
+      if (!std::is_sorted(members.begin(), members.end()) || members.back() >= shards_) {
+        throw Error(
+            ErrorCode::kInvalidArgument,
+            "the job's ps tasks must be ascending task indices below " + std::to_string(shards_));
+      }
+      members_.assign(members.begin(), members.end());
+      for (std::uint32_t shard = 0; shard < shards_; ++shard) {
+        const std::uint32_t holder = copy_holder(members, shard);
+        Link& link = *links_[link_of(shard, 1)];
+        if (link.task != holder) move_copy(link, shard, holder);
+        // No member: its own ps alone (a courtesy Shutdown reaches it), never a Pair.
+        if (holder == shard) link.dropped = true;
+      }
+    }
+
     [[nodiscard]] bool copies_whole() const {
       // A shard with a copy given up since is served by the other alone: whole for writes.
       for (std::size_t k = 0; k < ready_alone_.size(); ++k) {
@@ -362,7 +396,7 @@ class Tcp {
     [[nodiscard]] std::vector<std::uint32_t> given_up() const {
       std::vector<std::uint32_t> tasks;
       for (const auto& link : links_) {
-        if (link->dropped) tasks.push_back(link->task);
+        if (link->dropped && member(link->task)) tasks.push_back(link->task);
       }
       std::sort(tasks.begin(), tasks.end());
       tasks.erase(std::unique(tasks.begin(), tasks.end()), tasks.end());
@@ -829,6 +863,53 @@ class Tcp {
         receive(to);
       }
       for (const auto& pair : halves) settle(pair);
+    }
+
+    /// Shard `shard`'s copy moved to ps `holder` (place_copies): the connection to the ps
+    /// that held it ends (reset, as drop closes one), what waited on it fails with
+    /// kUnavailable (a call to both copies then fails so too: the caller sends again), and
+    /// the link reaches `holder` at its next call. Until it first does, it counts as out of
+    /// reach since the move (copy_timeout), and a refusal there is "for now" where `holder`
+    /// let this task in before, as on `holder`'s own link.
+    void move_copy(Link& link, std::uint32_t shard, std::uint32_t holder) {
+      std::error_code ignored;
+      link.socket.set_option(asio::socket_base::linger(true, 0), ignored);
+      link.dropped = true;  // (no attempt at the old ps follows; Pairs settle without it)
+      fail(link, "ps " + std::to_string(shard) + "'s copy moved to ps " + std::to_string(holder));
+      fail_all(link, false);  // calls queued on a link that was broken already
+      for (auto* list : {&link.parked, &link.parked_next}) {
+        for (PendingPtr& p : std::exchange(*list, {})) {
+          deliver(*p, unavailable(link));
+          p->detach_driver();
+        }
+      }
+      for (const auto& weak : std::exchange(link.awaiting, {})) {
+        if (const std::shared_ptr<Pair> pair = weak.lock()) settle(pair);
+      }
+      const Link& at = *links_[holder];
+      if (holder != shard) {  // (a ps that is no member has no copy: nothing to say)
+        log(LogLevel::kInfo, self_.name() + ": ps " + std::to_string(shard) +
+                                 "'s copy is held by ps " + std::to_string(holder) + " at " +
+                                 at.address + " now (was ps " + std::to_string(link.task) + ")");
+      }
+      link.task = holder;
+      link.address = at.address;
+      link.host = at.host;
+      link.port = at.port;
+      link.local = false;
+      link.server = 0;
+      link.lost = 0;
+      link.renewed = false;
+      link.refused.reset();
+      link.failing_since = std::chrono::steady_clock::now();
+      link.ever_connected = at.ever_connected;
+      link.dropped = false;
+      ready_alone_.at(shard) = false;
+    }
+
+    /// True if ps `ps` is a member of the job, as place_copies last said (all until then).
+    [[nodiscard]] bool member(std::uint32_t ps) const {
+      return members_.empty() || std::binary_search(members_.begin(), members_.end(), ps);
     }
 
     [[nodiscard]] std::size_t index_of(const Link& link) const {
@@ -1475,6 +1556,7 @@ class Tcp {
     /// Per shard: its last WaitReady was answered by one copy, the other out of reach.
     std::vector<bool> ready_alone_ = std::vector<bool>(shards_, false);
     std::vector<std::unique_ptr<Link>> retired_;  ///< links of add_ps calls that failed
+    std::vector<std::uint32_t> members_;          ///< the job's ps tasks (place_copies); empty: all
     std::vector<std::unique_ptr<Link>> links_;  ///< by ps task, then copies by shard; destroyed before io_
     bool closing_ = false;                      ///< the transport is being destroyed
     std::vector<std::weak_ptr<Pair>> graced_;   ///< Pairs with a copy_grace timer on io_
