@@ -4824,8 +4824,8 @@ concept GrowingTransport = Transport<T> && requires(T& transport, const T& ctran
 /// others from one cut (Chief::take_back), at a membership newer than the one it was given
 /// up at; the other tasks then follow when they learn that membership (`renew_copies`),
 /// before their first request of the epoch the restore began. Likewise, copies move only
-/// with the membership (a ps that left: Chief::retire), and every task places them anew
-/// (`place_copies`) when it learns it, before its first request at it.
+/// with the membership (a ps that left or joined: Chief::retire, Chief::join), and every
+/// task places them anew (`place_copies`) when it learns it, before its first request at it.
 template <class T>
 concept CopyingTransport = Transport<T> &&
     requires(T& transport, const T& ctransport, std::uint32_t ps, const std::string& why,
@@ -7248,7 +7248,7 @@ class Chief {
   ///
   /// Throws, with the job as it was (every ps serving, nothing lost):
   ///   - kFailedPrecondition before the model is registered, for a transport that cannot
-  ///     grow (a GrowingTransport can; TcpOptions::replicas cannot), for a new ps that
+  ///     grow (a GrowingTransport can), for a new ps that
   ///     holds a model, or that refused the registration or its restore: then the members
   ///     before are restored from the same cut, at a membership newer still, and the new
   ///     ps is told to end (Shutdown, aborted, with the reason);
@@ -14705,10 +14705,12 @@ namespace pulley {
 ///
 /// Which copy it holds follows the job's ps tasks (copy_holder): when a ps leaves the job
 /// (Chief::retire), the member after it holds the copy the leaving one held, in place of
-/// the leaving one's. The chief's registration of the model at the new membership, sent on
-/// a connection that asks for that shard, makes the new copy (`make_copy`), empty until the
-/// chief restores it; what waited on the copy held before is answered kUnavailable, and
-/// so is what comes later on a connection to it (its sender learns the membership again).
+/// the leaving one's; when a ps joins (Chief::join) as the last task, the first member
+/// holds the new ps's copy in place of the last one's, which the new ps holds. The chief's
+/// registration of the model at the new membership, sent on a connection that asks for that shard,
+/// makes the new copy (`make_copy`), empty until the chief restores it; what waited on the copy
+/// held before is answered kUnavailable, and so is what comes later on a connection to it (its
+/// sender learns the membership again).
 ///
 /// @tparam PS the ParameterServer type of both copies
 template <class PS>

@@ -4824,8 +4824,8 @@ concept GrowingTransport = Transport<T> && requires(T& transport, const T& ctran
 /// others from one cut (Chief::take_back), at a membership newer than the one it was given
 /// up at; the other tasks then follow when they learn that membership (`renew_copies`),
 /// before their first request of the epoch the restore began. Likewise, copies move only
-/// with the membership (a ps that left: Chief::retire), and every task places them anew
-/// (`place_copies`) when it learns it, before its first request at it.
+/// with the membership (a ps that left or joined: Chief::retire, Chief::join), and every
+/// task places them anew (`place_copies`) when it learns it, before its first request at it.
 template <class T>
 concept CopyingTransport = Transport<T> &&
     requires(T& transport, const T& ctransport, std::uint32_t ps, const std::string& why,
@@ -7248,7 +7248,7 @@ class Chief {
   ///
   /// Throws, with the job as it was (every ps serving, nothing lost):
   ///   - kFailedPrecondition before the model is registered, for a transport that cannot
-  ///     grow (a GrowingTransport can; TcpOptions::replicas cannot), for a new ps that
+  ///     grow (a GrowingTransport can), for a new ps that
   ///     holds a model, or that refused the registration or its restore: then the members
   ///     before are restored from the same cut, at a membership newer still, and the new
   ///     ps is told to end (Shutdown, aborted, with the reason);
@@ -14705,10 +14705,12 @@ namespace pulley {
 ///
 /// Which copy it holds follows the job's ps tasks (copy_holder): when a ps leaves the job
 /// (Chief::retire), the member after it holds the copy the leaving one held, in place of
-/// the leaving one's. The chief's registration of the model at the new membership, sent on
-/// a connection that asks for that shard, makes the new copy (`make_copy`), empty until the
-/// chief restores it; what waited on the copy held before is answered kUnavailable, and
-/// so is what comes later on a connection to it (its sender learns the membership again).
+/// the leaving one's; when a ps joins (Chief::join) as the last task, the first member
+/// holds the new ps's copy in place of the last one's, which the new ps holds. The chief's
+/// registration of the model at the new membership, sent on a connection that asks for that shard,
+/// makes the new copy (`make_copy`), empty until the chief restores it; what waited on the copy
+/// held before is answered kUnavailable, and so is what comes later on a connection to it (its
+/// sender learns the membership again).
 ///
 /// @tparam PS the ParameterServer type of both copies
 template <class PS>
@@ -16628,6 +16630,7 @@ static_assert(Ring<InProcessRing>);
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <thread>
@@ -18532,9 +18535,9 @@ class Tcp {
   /// Reaches one more ps task, at `address`, as task num_ps() (a ps that joined the job:
   /// Chief::join). With `connect`, connects to it now as the constructor does, and throws
   /// as it does (the transport is unchanged then); else it connects at its first call, as
-  /// after a broken connection (a ps the job has known, which may be gone since).
-  /// kFailedPrecondition when the ps tasks keep copies of each other's shards
-  /// (`TcpOptions::replicas`), whose pairs a new ps would change.
+  /// after a broken connection (a ps the job has known, which may be gone since). With
+  /// `TcpOptions::replicas` it is no member until `place_copies` names it: its shard has
+  /// no copy until then.
   void add_ps(const std::string& address, bool connect = true) { impl_->add_ps(parse_address(address), connect); }
 
   /// Places the copies of the shards for the job's ps tasks `members` (ascending, at least
@@ -18621,6 +18624,7 @@ class Tcp {
     }
     std::size_t shard;
     bool both_ready;  ///< WaitReady: answered once both copies are ready (`copy_grace`)
+    bool followed = false;  ///< both_ready: answered by the newer membership (settle_ready)
     std::array<std::weak_ptr<Pending>, 2> halves;
     std::array<std::size_t, 2> links{};            ///< the link of each half
     std::array<std::optional<Response>, 2> answers;
@@ -18743,20 +18747,78 @@ class Tcp {
     [[nodiscard]] std::size_t num_ps() const noexcept { return shards_; }
 
     void add_ps(Address where, bool connect_now) {
-      if (options_.replicas != 0) {
-        throw Error(ErrorCode::kFailedPrecondition,
-                    "a ps cannot join a job whose ps tasks keep copies of each other's shards (--ps-replicas 1)");
-      }
       const auto task = static_cast<std::uint32_t>(shards_);
-      links_.push_back(std::make_unique<Link>(io_, std::move(where), options_.limits, task, wire::Hello::kOwnShard));
-      try {
-        if (connect_now) connect_with_backoff(*links_.back(), options_.connect_timeout);
-      } catch (...) {
-        retired_.push_back(std::move(links_.back()));  // its handlers may still run: kept alive
-        links_.pop_back();
-        throw;
+      if (options_.replicas == 0) {
+        links_.push_back(std::make_unique<Link>(io_, std::move(where), options_.limits, task,
+                                                wire::Hello::kOwnShard));
+      } else {
+        // Its own link goes before the copies' links (link_of), which move up one; its copy
+        // is reached at the new ps itself, as a shard of no member, until the chief's
+        // membership places it (place_copies).
+        auto copy = std::make_unique<Link>(io_, where, options_.limits, task, task);
+        copy->dropped = true;
+        if (members_.empty()) {  // (every ps known so far was a member: the new one is not yet)
+          for (std::uint32_t k = 0; k < task; ++k) members_.push_back(k);
+        }
+        renumber_copies(1);
+        links_.insert(links_.begin() + static_cast<std::ptrdiff_t>(shards_),
+                      std::make_unique<Link>(io_, std::move(where), options_.limits, task,
+                                             wire::Hello::kOwnShard));
+        links_.push_back(std::move(copy));
+        ready_alone_.push_back(false);
       }
       ++shards_;
+      try {
+        if (connect_now) connect_with_backoff(*links_[task], options_.connect_timeout);
+      } catch (...) {  // (the links are kept alive: their handlers may still run)
+        --shards_;
+        retired_.push_back(std::move(links_[task]));  // broken: its attempt ended
+        links_.erase(links_.begin() + static_cast<std::ptrdiff_t>(task));
+        if (options_.replicas != 0) {
+          retired_.push_back(std::move(links_.back()));  // never connected
+          links_.pop_back();
+          ready_alone_.pop_back();
+          renumber_copies(-1);
+        }
+        throw;
+      }
+    }
+
+    /// The copies' links move `by` places (a ps added before them, or taken back out): what
+    /// names them by place (each call's link, each Pair's two) follows.
+    void renumber_copies(std::ptrdiff_t by) {
+      const std::size_t first = shards_;  // (their place now)
+      std::set<Pending*> calls;
+      std::set<Pair*> pairs;
+      const auto note = [&](const PendingPtr& p) {
+        if (!p) return;
+        calls.insert(p.get());
+        if (p->pair) pairs.insert(p->pair.get());
+      };
+      for (const auto& link : links_) {
+        for (const auto& [id, p] : link->pending) note(p);
+        for (const auto* list : {&link->outbox, &link->writing}) {
+          for (const PendingPtr& p : *list) note(p);
+        }
+        for (const auto* list : {&link->parked, &link->parked_next}) {
+          for (const PendingPtr& p : *list) note(p);
+        }
+        note(link->reading);
+        for (const auto& weak : link->awaiting) {
+          if (const std::shared_ptr<Pair> pair = weak.lock()) pairs.insert(pair.get());
+        }
+      }
+      for (const auto& weak : graced_) {
+        if (const std::shared_ptr<Pair> pair = weak.lock()) pairs.insert(pair.get());
+      }
+      const auto moved = [&](std::size_t& index) {
+        if (index >= first)
+          index = static_cast<std::size_t>(static_cast<std::ptrdiff_t>(index) + by);
+      };
+      for (Pending* p : calls) moved(p->ps);
+      for (Pair* pair : pairs) {
+        for (std::size_t& index : pair->links) moved(index);
+      }
     }
 
     void place_copies(std::span<const std::uint32_t> members) {
@@ -19160,6 +19222,16 @@ class Tcp {
       bool b_ready = b && !is_error(*b) && !b_gone;
       const auto* a_placed = a_ready ? std::get_if<PlacementReply>(&*a) : nullptr;
       const auto* b_placed = b_ready ? std::get_if<PlacementReply>(&*b) : nullptr;
+      if (pair.followed || (!pair.has_answer() && a_placed != nullptr && b_placed != nullptr &&
+                            a_placed->members != b_placed->members)) {
+        // The job's ps tasks changed between the two answers (a ps left or joined): the newer
+        // one is the answer, and the caller follows it (placing the copies anew) and asks
+        // again; neither copy is given up for it, however late the grace's timer fires.
+        if (!std::exchange(pair.followed, true))
+          answer_pair(pair, a_placed->membership < b_placed->membership ? 1 : 0);
+        if (pair.grace) pair.grace->cancel();
+        return;
+      }
       if (a_placed != nullptr && b_placed != nullptr &&
           (a_placed->membership != b_placed->membership || a_placed->epoch != b_placed->epoch)) {
         // Both ready, one at an older restore (a process the chief began to take back and

@@ -1000,6 +1000,78 @@ TEST_CASE(
   CHECK(cluster.listeners[2]->service().copy().stats().global_step == kSteps);
 }
 
+TEST_CASE(
+    "a ps joins a job with copies: it holds its share and a copy, and the job survives losing "
+    "another") {
+  // Two ps processes with copies; a third (its own shard and a copy of ps 1's) joins
+  // (Chief::join): the model is placed over three, ps 0's copy moves from shard 1 to shard
+  // 2, and every task, the workers that knew two ps tasks included, writes both copies of
+  // each shard. Then ps 1 is lost: ps 2 serves shard 1 from its copy, and training ends
+  // bit for bit where the unbroken run ends.
+  const auto expected = in_process_result();
+  const auto make = [](std::uint32_t task, std::uint32_t num_ps) {
+    Server server(task, num_ps, Adam{0.01F}, SyncReplicas(2, 2), FixedShards{kPs});
+    server.set_worker_timeout(std::chrono::seconds(30));
+    return server;
+  };
+  const auto copies_of = [&](std::uint32_t task, std::uint32_t before, std::uint32_t num_ps) {
+    return Copies(make(task, num_ps), make(before, num_ps),
+                  [make](std::uint32_t shard) { return make(shard, std::max(kPs, shard + 1)); });
+  };
+  std::vector<std::unique_ptr<TcpServer<Copies>>> ps;
+  ps.push_back(std::make_unique<TcpServer<Copies>>(copies_of(0, 1, 2), "127.0.0.1", 0,
+                                                   test_server_options()));
+  ps.push_back(std::make_unique<TcpServer<Copies>>(copies_of(1, 0, 2), "127.0.0.1", 0,
+                                                   test_server_options()));
+  ps.push_back(std::make_unique<TcpServer<Copies>>(copies_of(2, 1, 3), "127.0.0.1", 0,
+                                                   test_server_options()));
+  std::vector<std::thread> serving;
+  for (auto& server : ps) serving.emplace_back([&server] { server->run(); });
+  struct Stop {  // (however the test ends)
+    std::vector<std::unique_ptr<TcpServer<Copies>>>& ps;
+    std::vector<std::thread>& serving;
+    ~Stop() {
+      for (std::size_t i = 0; i < ps.size(); ++i) {
+        if (ps[i]) ps[i]->stop();
+        if (serving[i].joinable()) serving[i].join();
+      }
+    }
+  } stop{ps, serving};
+  const auto address = [&](std::size_t i) { return "127.0.0.1:" + std::to_string(ps[i]->port()); };
+  const std::vector<std::string> two{address(0), address(1)};
+  std::atomic<bool> joined{false}, killed{false};
+  const auto with =
+      train([&](Node n) { return client(n, two, with_copies()); },
+            [&](std::uint32_t w, std::int64_t k) {
+              if (w != 1 || k != kSteps * 3 / 4) return;
+              const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+              while (!joined && std::chrono::steady_clock::now() < deadline)
+                std::this_thread::sleep_for(std::chrono::milliseconds(10));
+              if (!joined) return;
+              ps[1]->stop();
+              serving[1].join();
+              ps[1].reset();
+              killed = true;
+            },
+            [&](auto& chief) {
+              CHECK(chief.join(address(2)) == 2);
+              CHECK(chief.membership() == 1);
+              CHECK(std::vector<std::uint32_t>(chief.members().begin(), chief.members().end()) ==
+                    std::vector<std::uint32_t>{0, 1, 2});
+              CHECK(chief.given_up().empty());
+              joined = true;
+            });
+  REQUIRE(joined);
+  REQUIRE(killed);
+  CHECK(with == expected);
+  // ps 2 took every step since it joined, with its shard and the copy of ps 1's; ps 0's
+  // copy moved to shard 2.
+  CHECK(ps[2]->service().copy().task() == 1);
+  CHECK(ps[2]->service().own().stats().global_step == kSteps);
+  CHECK(ps[2]->service().copy().stats().global_step == kSteps);
+  CHECK(ps[0]->service().copy().task() == 2);
+}
+
 TEST_CASE("a worker that cannot reach the process the chief took back writes neither copy alone: it waits for it") {
   // ps 1 is lost and started again (a new process); worker 1 reaches ps 1 through a proxy
   // that cuts it off from then until 2 s after the chief took the new process back. Worker

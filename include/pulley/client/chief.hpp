@@ -216,7 +216,7 @@ class Chief {
   ///
   /// Throws, with the job as it was (every ps serving, nothing lost):
   ///   - kFailedPrecondition before the model is registered, for a transport that cannot
-  ///     grow (a GrowingTransport can; TcpOptions::replicas cannot), for a new ps that
+  ///     grow (a GrowingTransport can), for a new ps that
   ///     holds a model, or that refused the registration or its restore: then the members
   ///     before are restored from the same cut, at a membership newer still, and the new
   ///     ps is told to end (Shutdown, aborted, with the reason);

@@ -104,8 +104,8 @@ concept GrowingTransport = Transport<T> && requires(T& transport, const T& ctran
 /// others from one cut (Chief::take_back), at a membership newer than the one it was given
 /// up at; the other tasks then follow when they learn that membership (`renew_copies`),
 /// before their first request of the epoch the restore began. Likewise, copies move only
-/// with the membership (a ps that left: Chief::retire), and every task places them anew
-/// (`place_copies`) when it learns it, before its first request at it.
+/// with the membership (a ps that left or joined: Chief::retire, Chief::join), and every
+/// task places them anew (`place_copies`) when it learns it, before its first request at it.
 template <class T>
 concept CopyingTransport = Transport<T> &&
     requires(T& transport, const T& ctransport, std::uint32_t ps, const std::string& why,

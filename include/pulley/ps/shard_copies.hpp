@@ -57,10 +57,12 @@ namespace pulley {
 ///
 /// Which copy it holds follows the job's ps tasks (copy_holder): when a ps leaves the job
 /// (Chief::retire), the member after it holds the copy the leaving one held, in place of
-/// the leaving one's. The chief's registration of the model at the new membership, sent on
-/// a connection that asks for that shard, makes the new copy (`make_copy`), empty until the
-/// chief restores it; what waited on the copy held before is answered kUnavailable, and
-/// so is what comes later on a connection to it (its sender learns the membership again).
+/// the leaving one's; when a ps joins (Chief::join) as the last task, the first member
+/// holds the new ps's copy in place of the last one's, which the new ps holds. The chief's
+/// registration of the model at the new membership, sent on a connection that asks for that shard,
+/// makes the new copy (`make_copy`), empty until the chief restores it; what waited on the copy
+/// held before is answered kUnavailable, and so is what comes later on a connection to it (its
+/// sender learns the membership again).
 ///
 /// @tparam PS the ParameterServer type of both copies
 template <class PS>

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -89,6 +90,14 @@ class CopyRulings : public std::enable_shared_from_this<CopyRulings> {
     return [self = shared_from_this()](const LostProcess& lost, std::function<void(bool)> answer) {
       if (const std::optional<Ruling> ruling = self->rule(lost, &answer)) answer(ruling->lost);
     };
+  }
+
+  /// The job has `num_ps` ps tasks now (one joined: Chief::join): questions about it are
+  /// ruled from now on (`look_at` must then look at its address).
+  void grow(std::uint32_t num_ps) noexcept {
+    std::uint32_t known = num_ps_.load();
+    while (known < num_ps && !num_ps_.compare_exchange_weak(known, num_ps)) {
+    }
   }
 
   /// The ruling on a task's question, or nullopt while the chief looks at the ps's address
@@ -196,7 +205,7 @@ class CopyRulings : public std::enable_shared_from_this<CopyRulings> {
     }
   }
 
-  const std::uint32_t num_ps_;
+  std::atomic<std::uint32_t> num_ps_;
   const LookAt look_at_;
   const std::chrono::milliseconds silence_;
   std::mutex mutex_;

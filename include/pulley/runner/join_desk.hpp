@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -134,7 +135,15 @@ class JoinQueue {
   void expect(std::vector<std::string> ps_addresses) {
     std::scoped_lock lock(mutex_);
     next_ = static_cast<std::uint32_t>(ps_addresses.size());
+    if (on_expect_) on_expect_(ps_addresses);
     ps_addresses_ = std::move(ps_addresses);
+  }
+
+  /// Calls `told(ps_addresses)` with what each `expect` says from now on (the chief's
+  /// rulings learn the address of a ps that joined).
+  void on_expect(std::function<void(const std::vector<std::string>&)> told) {
+    std::scoped_lock lock(mutex_);
+    on_expect_ = std::move(told);
   }
 
   /// The job as the chief last said it, for a task that joins knowing only the chief's
@@ -204,6 +213,7 @@ class JoinQueue {
   std::deque<Asked> waiting_;
   std::optional<std::uint32_t> next_;
   std::vector<std::string> ps_addresses_;  ///< every ps task the job has known, by index
+  std::function<void(const std::vector<std::string>&)> on_expect_;  ///< on_expect
   std::vector<std::uint32_t> workers_;
   std::uint32_t known_;  ///< one past the highest worker index the job has counted
   std::vector<std::uint32_t> ps_;  ///< the job's ps tasks, as the chief last said

@@ -240,6 +240,13 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
   // With copies the chief rules which ps processes are lost (CopyRulings): its own
   // transports' findings stand, and every other task asks it at its desk (AskChief).
   std::shared_ptr<CopyRulings> rulings;
+  // Where the chief looks for a ruling: the spec's ps tasks, and those that joined since.
+  struct Known {
+    std::mutex mutex;
+    std::vector<std::string> addresses;
+  };
+  const auto known = std::make_shared<Known>();
+  known->addresses = ps;
   TcpOptions chief_tcp = tcp;
   std::vector<std::uint32_t>
       beat_now;  // a worker's heartbeats: these ps tasks at once (none: as reach_now)
@@ -247,8 +254,13 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
     if (type == "chief" || chief_worker) {
       rulings = std::make_shared<CopyRulings>(
           static_cast<std::uint32_t>(ps.size()),
-          [ps, tcp](std::uint32_t k) {
-            const ProbeResult look = probe_ps(ps.at(k), k, Node::chief(), tcp.credentials, tcp.attempt_timeout);
+          [known, tcp](std::uint32_t k) {
+            const std::string address = [&] {
+              const std::scoped_lock lock(known->mutex);
+              return known->addresses.at(k);
+            }();
+            const ProbeResult look =
+                probe_ps(address, k, Node::chief(), tcp.credentials, tcp.attempt_timeout);
             using Kind = CopyRulings::Sight::Kind;
             const Kind kind = look.kind == ProbeResult::Kind::kServes ? Kind::kServes
                               : look.kind == ProbeResult::Kind::kGone ? Kind::kGone
@@ -284,14 +296,26 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
   // leave the job through the chief once it serves or trains (LeaveWatch): a job scaled
   // down (not worker 0 acting as the chief).
   const bool may_leave = type == "ps" || (type == "worker" && !chief_worker && kReshapes<P>);
+  // The chief's part, with the desk where tasks ask to join.
+  const auto lead_taking_joins = [&](JoinQueue* joins) {
+    if (joins != nullptr && rulings != nullptr) {  // a ps that joins is ruled on as the others
+      joins->on_expect([known, rulings](const std::vector<std::string>& addresses) {
+        {
+          const std::scoped_lock lock(known->mutex);
+          if (addresses.size() > known->addresses.size()) known->addresses = addresses;
+        }
+        rulings->grow(static_cast<std::uint32_t>(addresses.size()));
+      });
+    }
+    lead(
+        training, [&] { return transport(Node::chief()); }, id_sharding, metrics, joins);
+  };
   if (type == "ps") {
     serve(training, config, credentials, std::move(sharding), std::move(optimizer),
           std::move(sync), std::move(tables), metrics, join, may_leave);
   } else if (type == "chief") {
-    with_join_desk(chief_address(config.cluster), with(training.server, credentials), num_workers, training.last_step,
-                   rulings, [&](JoinQueue* joins) {
-      lead(training, [&] { return transport(Node::chief()); }, id_sharding, metrics, joins);
-    });
+    with_join_desk(chief_address(config.cluster), with(training.server, credentials), num_workers,
+                   training.last_step, rulings, lead_taking_joins);
   } else if (type == "evaluator") {
     const Node self{Node::Role::kEvaluator, config.task.index};
     std::vector<std::uint32_t> members;  // a joiner reads the job's members: a ps listed may have left
@@ -308,10 +332,8 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
     std::exception_ptr chief_failure;
     std::thread chief([&] {
       try {
-        with_join_desk(chief_address(config.cluster), with(training.server, credentials), num_workers, training.last_step,
-                   rulings, [&](JoinQueue* joins) {
-          lead(training, [&] { return transport(Node::chief()); }, id_sharding, metrics, joins);
-        });
+        with_join_desk(chief_address(config.cluster), with(training.server, credentials),
+                       num_workers, training.last_step, rulings, lead_taking_joins);
       } catch (...) {
         chief_failure = std::current_exception();
       }
@@ -414,11 +436,6 @@ int run(const Job& job, const Training<M>& training, S sharding, O optimizer, P 
       throw Error(ErrorCode::kInvalidArgument,
                   "the cluster has no \"ps\" task: a parameter-server job needs one (a cluster of workers only "
                   "is an all-reduce job's: run_all_reduce, runner/all_reduce.hpp)");
-    }
-    if (job.join && job.cluster->task.type == "ps" && training.tcp.replicas != 0) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  "a ps's --join and --ps-replicas 1 exclude each other: a new ps would change which ps keeps "
-                  "whose copy");
     }
     if constexpr (!kReshapes<P>) {
       if (client.worker_leave_after.count() > 0 || (job.join && job.cluster->task.type == "worker")) {

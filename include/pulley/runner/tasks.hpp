@@ -408,12 +408,14 @@ void serve(const Training<M>& training, const TfConfig& config, const Credential
   const Address address = parse_address(hosts.at(task));
   const std::string bind = listen_host(address);
   const auto num_ps = static_cast<std::uint32_t>(hosts.size());
-  auto make = [&](std::uint32_t shard) {
-    ParameterServer<S, O, P, T> ps(shard, num_ps, optimizer, sync, sharding, tables);
-    ps.set_worker_timeout(training.worker_timeout);
-    ps.set_chief_wait(training.client.recovery_timeout);
-    return ps;
-  };
+  auto make =
+      [&](std::uint32_t shard) {  // (a copy may be of a ps that joined since: shard >= num_ps)
+        ParameterServer<S, O, P, T> ps(shard, std::max(num_ps, shard + 1), optimizer, sync,
+                                       sharding, tables);
+        ps.set_worker_timeout(training.worker_timeout);
+        ps.set_chief_wait(training.client.recovery_timeout);
+        return ps;
+      };
   TcpServerOptions options = with(training.server, credentials);
   if (options.tasks.empty()) options.tasks = job_tasks(config.cluster);
   std::optional<Error> refused;  // the chief's answer to a Join, when it refused
