@@ -34,16 +34,12 @@ PULLEY_SECRET=a-secret-for-this-test expect "at least 2 ps tasks" \
 PULLEY_SECRET=a-secret-for-this-test expect 'the cluster has no "ps" task: a parameter-server job needs one' \
   --role worker --task 0 --worker-hosts 127.0.0.1:2
 expect "must be below the recovery timeout" --ps-leave-secs 300
-expect "--ps-leave-secs and --ps-replicas 1 exclude each other" \
-  --ps-leave-secs 3 --ps-replicas 1
 expect "not in range" --ps-leave-secs -1
 expect "--join is for a ps task, a worker or an evaluator of a cluster of processes" --join
 PULLEY_SECRET=a-secret-for-this-test expect "--join needs the running job's name" \
   --join --role worker --task 1 --ps-hosts 127.0.0.1:1 --worker-hosts 127.0.0.1:2,127.0.0.1:3
 PULLEY_SECRET=a-secret-for-this-test expect "--join needs the running job's name" \
   --join --role ps --task 1 --ps-hosts 127.0.0.1:1,127.0.0.1:3 --worker-hosts 127.0.0.1:2
-PULLEY_SECRET=a-secret-for-this-test expect "a ps's --join and --ps-replicas 1 exclude each other" \
-  --join --job-name j --ps-replicas 1 --role ps --task 1 --ps-hosts 127.0.0.1:1,127.0.0.1:3 --worker-hosts 127.0.0.1:2
 PULLEY_SECRET=a-secret-for-this-test expect "needs the chief's address: --chief-host" --join --role worker --job-name j
 PULLEY_SECRET=a-secret-for-this-test expect "needs where it serves: --address" \
   --join --role ps --chief-host 127.0.0.1:1 --job-name j
