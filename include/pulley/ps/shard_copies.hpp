@@ -75,7 +75,7 @@ class ShardCopies {
   ShardCopies(PS own, PS copy,
               std::type_identity_t<std::function<PS(std::uint32_t)>> make_copy = {})
       : own_(std::move(own)), copy_(std::move(copy)), make_copy_(std::move(make_copy)) {
-    copy_.set_name(copy_name());
+    copy_.set_name(copy_name(copy_.task()));
   }
 
   /// Serves the tasks only while the chief was heard within `lease` (zero, the default:
@@ -219,8 +219,7 @@ class ShardCopies {
       const std::string instead = "in place of ps " + std::to_string(copy_.task()) + "'s";
       line =
           now + " from membership " + std::to_string(registration->membership) + " on, " + instead;
-      fresh.set_name("ps " + std::to_string(own_.task()) + "'s copy of ps " +
-                     std::to_string(shard));
+      fresh.set_name(copy_name(shard));
       fresh.set_serves_without_chief(lease_.count() <= 0);
       copy_.let_go(now + " now, " + instead);
       copy_ = std::move(fresh);
@@ -240,8 +239,9 @@ class ShardCopies {
     return true;
   }
 
-  [[nodiscard]] std::string copy_name() const {
-    return "ps " + std::to_string(own_.task()) + "'s copy of ps " + std::to_string(copy_.task());
+  /// How its copy of ps `shard`'s shard is named in log lines and errors.
+  [[nodiscard]] std::string copy_name(std::uint32_t shard) const {
+    return "ps " + std::to_string(own_.task()) + "'s copy of ps " + std::to_string(shard);
   }
 
   PS own_;
