@@ -33,9 +33,20 @@ job_pids=("$last_pid" "${job_pids[@]}")  # waited for too; the chief stays last
 job_cluster=$spec
 wait_for "$dir/chief-0.log" 'worker 2 joined' 60 || fail "the chief did not count worker 2 in"
 grep -h 'worker 2 joined' "$dir/chief-0.log" | sed 's/^[^:]*: //'
+# The chief answers worker 2 after it logs the join: stopping it in between would leave
+# worker 2 without its answer for the whole stop.
+wait_for "$dir/worker-2.log" 'counted it in' 60 || fail "worker 2 never heard that the chief counted it in"
 
 # ---- 2. ps 1 lost and started again ----------------------------------------------------------
-wait_for "$dir/chief-0.log" '^epoch  3/10' 180 || fail "the job never reached epoch 3"
+# ps 1 is killed at epoch 3 or later, once the chief has finished an epoch with worker 2
+# counted in (so worker 2 has met ps 1).
+epochs_at_join=$(grep -c '^epoch' "$dir/chief-0.log")
+for _ in $(seq 1 3600); do
+  epochs=$(grep -c '^epoch' "$dir/chief-0.log")
+  [ "$epochs" -gt "$epochs_at_join" ] && [ "$epochs" -ge 3 ] && break
+  sleep 0.05
+done
+[ "$epochs" -gt "$epochs_at_join" ] && [ "$epochs" -ge 3 ] || fail "the job never reached epoch 3 with worker 2"
 chief=${job_pids[-1]}
 kill -9 "$ps1"
 wait "$ps1" 2>/dev/null
