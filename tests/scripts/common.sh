@@ -79,7 +79,7 @@ kill_ps_for_copy() {
   kill -9 "$ps_pid"
   wait "$ps_pid" 2>/dev/null
   forget_task "$ps_pid"
-  echo "$label: killed ps $ps after: $(grep -h '^epoch' "$dir/chief-0.log" | tail -1)"
+  echo "$label: killed ps $ps after: $(grep -h '^epoch\|of [0-9]*: auc' "$dir/chief-0.log" | tail -1)"
   for who in "$@"; do
     wait_for "$dir/$who.log" "dropping the copy of ps $ps's shard held by ps $ps " 60 || fail "$label: $who did not turn to ps $ps's copy"
   done
