@@ -6337,6 +6337,58 @@ class Client {
 
 }  // namespace pulley
 // ---- end pulley/client/client.hpp ----
+// ---- begin pulley/core/detail/pages.hpp ----
+/// \file
+/// Large buffers on huge pages. Memory a process has not written yet costs a page fault per
+/// 4 KiB page at its first write; in a virtual machine that fault is dear (measured on the
+/// 2-vCPU VM of BENCHMARKS.md: 64 MiB of fresh memory took 190 ms to zero, 4 ms once
+/// resident). A buffer of megabytes that is filled once (a cut's values and rows at the
+/// chief, their gathering for a restore, a chunk of rows a ps sends) is advised onto
+/// transparent huge pages before its first write: one fault per 2 MiB, 5 ms for the same
+/// 64 MiB there. Not what a peer's bytes fill (wire::FrameReader): a huge page is resident
+/// whole once touched, so memory bounded by a budget would grow by up to 2 MiB a buffer.
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
+namespace pulley::detail {
+
+/// The size of a transparent huge page on x86-64 and most AArch64 kernels.
+inline constexpr std::size_t kHugePageBytes = std::size_t{2} << 20U;
+
+/// Asks the kernel to back the whole huge pages inside [data, data + bytes) with huge pages
+/// at their first write (Linux: madvise MADV_HUGEPAGE, which takes effect where the system
+/// enables transparent huge pages "always" or "madvise"). Advice only: nothing changes
+/// where the kernel declines, on other systems, or for a range under two huge pages.
+inline void advise_huge_pages(const void* data, std::size_t bytes) noexcept {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  if (data == nullptr || bytes < 2 * kHugePageBytes) return;
+  const auto from = reinterpret_cast<std::uintptr_t>(data);
+  const std::uintptr_t begin = (from + kHugePageBytes - 1) & ~(std::uintptr_t{kHugePageBytes} - 1);
+  const std::uintptr_t end = (from + bytes) & ~(std::uintptr_t{kHugePageBytes} - 1);
+  if (end > begin) (void)::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+#else
+  (void)data;
+  (void)bytes;
+#endif
+}
+
+/// `v.reserve(n)`, the new memory advised onto huge pages (advise_huge_pages) before any of
+/// it is written: for a vector about to be filled with megabytes.
+template <class T, class A>
+void reserve_on_huge_pages(std::vector<T, A>& v, std::size_t n) {
+  if (n <= v.capacity()) return;
+  v.reserve(n);
+  advise_huge_pages(v.data(), v.capacity() * sizeof(T));
+}
+
+}  // namespace pulley::detail
+// ---- end pulley/core/detail/pages.hpp ----
 // ---- begin pulley/sharding/ids.hpp ----
 
 #include <cstdint>
@@ -6470,6 +6522,7 @@ std::optional<TableState> read_table(Client<T>& client, std::uint32_t t, bool in
   for (const std::uint64_t n : total) rows += n;
   table.ids.reserve(rows);
   table.touched.reserve(rows);
+  detail::reserve_on_huge_pages(table.rows, rows * stride);
   table.rows.resize(rows * stride);
   // Chunks of every ps at once, round after round, each read straight into its place.
   std::vector<std::uint64_t> begin(num_ps, 0);
@@ -6574,6 +6627,10 @@ void restore_table(Client<T>& client, std::uint32_t t, const TableState& table, 
           m.candidates = candidates;
           if (routed) {
             values[ps].clear();
+            detail::reserve_on_huge_pages(values[ps], candidates ? 0 : mine[ps].size() * stride);
+            m.ids.reserve(mine[ps].size());
+            m.steps.reserve(mine[ps].size());
+            if (candidates) m.counts.reserve(mine[ps].size());
             for (const std::size_t i : mine[ps]) {
               if (candidates) {
                 m.ids.push_back(table.candidate_ids[i]);
@@ -6694,9 +6751,13 @@ ModelState read_state(Client<T>& client, std::int64_t at_step = 0, CutRows rows 
   for (const VariableSpec& spec : client.variables()) {
     VariableState v;
     v.spec = spec;
+    detail::reserve_on_huge_pages(v.values, spec.size());
     v.values.resize(spec.size());
     for (const std::string& name : paused[0].slot_names) {
-      v.slots.push_back({name, std::vector<float>(spec.size())});
+      std::vector<float> slot;
+      detail::reserve_on_huge_pages(slot, spec.size());
+      slot.resize(spec.size());
+      v.slots.push_back({name, std::move(slot)});
     }
     v.counter_names = paused[0].counter_names;
     state.variables.push_back(std::move(v));
@@ -11789,7 +11850,7 @@ class EmbeddingTable {
   void read_rows(std::size_t begin, std::size_t n, std::vector<std::uint64_t>& ids, std::vector<float>& rows,
                  std::vector<std::uint32_t>& touched) const {
     n = std::min(n, rows_ - std::min(begin, rows_));
-    rows.reserve(rows.size() + n * stride_);
+    detail::reserve_on_huge_pages(rows, rows.size() + n * stride_);
     for (std::size_t k = 0; k < n; ++k) read_row(static_cast<std::uint32_t>(begin + k), ids, rows, touched);
   }
 
@@ -11805,7 +11866,7 @@ class EmbeddingTable {
   /// Appends rows `numbers` (each < size()) to `ids`, `rows` and `touched`, as read_rows.
   void read_rows(std::span<const std::uint32_t> numbers, std::vector<std::uint64_t>& ids, std::vector<float>& rows,
                  std::vector<std::uint32_t>& touched) const {
-    rows.reserve(rows.size() + numbers.size() * stride_);
+    detail::reserve_on_huge_pages(rows, rows.size() + numbers.size() * stride_);
     for (const std::uint32_t row : numbers) read_row(row, ids, rows, touched);
   }
 

@@ -12,6 +12,7 @@
 #include "pulley/checkpoint/model_state.hpp"
 #include "pulley/client/client.hpp"
 #include "pulley/client/detail/stall.hpp"
+#include "pulley/core/detail/pages.hpp"
 #include "pulley/core/log.hpp"
 #include "pulley/sharding/ids.hpp"
 
@@ -59,6 +60,7 @@ std::optional<TableState> read_table(Client<T>& client, std::uint32_t t, bool in
   for (const std::uint64_t n : total) rows += n;
   table.ids.reserve(rows);
   table.touched.reserve(rows);
+  detail::reserve_on_huge_pages(table.rows, rows * stride);
   table.rows.resize(rows * stride);
   // Chunks of every ps at once, round after round, each read straight into its place.
   std::vector<std::uint64_t> begin(num_ps, 0);
@@ -163,6 +165,10 @@ void restore_table(Client<T>& client, std::uint32_t t, const TableState& table, 
           m.candidates = candidates;
           if (routed) {
             values[ps].clear();
+            detail::reserve_on_huge_pages(values[ps], candidates ? 0 : mine[ps].size() * stride);
+            m.ids.reserve(mine[ps].size());
+            m.steps.reserve(mine[ps].size());
+            if (candidates) m.counts.reserve(mine[ps].size());
             for (const std::size_t i : mine[ps]) {
               if (candidates) {
                 m.ids.push_back(table.candidate_ids[i]);
@@ -283,9 +289,13 @@ ModelState read_state(Client<T>& client, std::int64_t at_step = 0, CutRows rows 
   for (const VariableSpec& spec : client.variables()) {
     VariableState v;
     v.spec = spec;
+    detail::reserve_on_huge_pages(v.values, spec.size());
     v.values.resize(spec.size());
     for (const std::string& name : paused[0].slot_names) {
-      v.slots.push_back({name, std::vector<float>(spec.size())});
+      std::vector<float> slot;
+      detail::reserve_on_huge_pages(slot, spec.size());
+      slot.resize(spec.size());
+      v.slots.push_back({name, std::move(slot)});
     }
     v.counter_names = paused[0].counter_names;
     state.variables.push_back(std::move(v));

@@ -14,6 +14,7 @@
 
 #include "pulley/concepts/optimizer.hpp"
 #include "pulley/core/detail/finite.hpp"
+#include "pulley/core/detail/pages.hpp"
 #include "pulley/core/detail/random.hpp"
 #include "pulley/core/error.hpp"
 #include "pulley/core/id_index.hpp"
@@ -276,7 +277,7 @@ class EmbeddingTable {
   void read_rows(std::size_t begin, std::size_t n, std::vector<std::uint64_t>& ids, std::vector<float>& rows,
                  std::vector<std::uint32_t>& touched) const {
     n = std::min(n, rows_ - std::min(begin, rows_));
-    rows.reserve(rows.size() + n * stride_);
+    detail::reserve_on_huge_pages(rows, rows.size() + n * stride_);
     for (std::size_t k = 0; k < n; ++k) read_row(static_cast<std::uint32_t>(begin + k), ids, rows, touched);
   }
 
@@ -292,7 +293,7 @@ class EmbeddingTable {
   /// Appends rows `numbers` (each < size()) to `ids`, `rows` and `touched`, as read_rows.
   void read_rows(std::span<const std::uint32_t> numbers, std::vector<std::uint64_t>& ids, std::vector<float>& rows,
                  std::vector<std::uint32_t>& touched) const {
-    rows.reserve(rows.size() + numbers.size() * stride_);
+    detail::reserve_on_huge_pages(rows, rows.size() + numbers.size() * stride_);
     for (const std::uint32_t row : numbers) read_row(row, ids, rows, touched);
   }
 
