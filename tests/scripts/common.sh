@@ -6,7 +6,8 @@
 #   wait_for FILE PATTERN SECS  until PATTERN appears in FILE (status 1 if it never does)
 #   free_ports N                N free TCP ports on 127.0.0.1, one a line
 #   free_port_run N             the first of N consecutive free ports on 127.0.0.1
-#   start_job, start_task, forget_task, finish_job: a job of real processes (below)
+#   start_job, start_task, start_joining_ps, forget_task, finish_job: a job of real
+#                               processes (below)
 #   check_final JOB_DIR NAME PS   the chief's final line: Fashion-MNIST's test accuracy at
 #                                 least 0.875, or CTR's AUC within 0.05 of the planted
 #                                 model's; ended on PS ps tasks; sets `final`
@@ -65,6 +66,18 @@ start_task() {
     "$job_binary" "$@" >"$dir/$log" 2>&1 &
   last_pid=$!
   pids+=("$last_pid")
+}
+# start_joining_ps DIR INDEX FLAGS...: ps INDEX on a free port, its own cluster spec listing
+# it after the job's ps tasks, started with --join (writing DIR/ps-INDEX.log); put first in
+# job_pids, so it is waited for too and the chief stays last
+start_joining_ps() {
+  local dir=$1 index=$2 spec=$job_cluster
+  shift 2
+  job_cluster=$(python3 -c 'import json, sys; c = json.loads(sys.argv[1]); c["ps"].append(sys.argv[2]); print(json.dumps(c))' \
+    "$spec" "127.0.0.1:$(free_ports 1)")
+  start_task "$dir" ps "$index" "ps-$index.log" "$@" --join
+  job_cluster=$spec
+  job_pids=("$last_pid" "${job_pids[@]}")
 }
 forget_task() {
   local left=() pid

@@ -34,12 +34,7 @@ echo "undisturbed: $(grep -h '^final:' "$work/plain/chief-0.log")"
 dir=$work/elastic
 start_job "$dir" "$binary" 2 2 "${flags[@]}"  # ps 0, ps 1, worker 0, worker 1, chief
 wait_for "$dir/chief-0.log" 'of 3125: auc' 300 || fail "the job never printed its first progress line"
-spec=$job_cluster
-job_cluster=$(python3 -c 'import json, sys; c = json.loads(sys.argv[1]); c["ps"].append(sys.argv[2]); print(json.dumps(c))' \
-  "$spec" "127.0.0.1:$(free_ports 1)")
-start_task "$dir" ps 2 ps-2.log "${flags[@]}" --join
-job_cluster=$spec
-job_pids=("$last_pid" "${job_pids[@]}")  # ps 2, ps 0, ps 1, workers, chief
+start_joining_ps "$dir" 2 "${flags[@]}"  # job_pids: ps 2, ps 0, ps 1, workers, chief
 echo "started ps 2 with --join after: $(grep -h 'of 3125: auc' "$dir/chief-0.log" | tail -1)"
 wait_for "$dir/chief-0.log" 'ps 2 at 127.0.0.1:[0-9]* joined the job' 120 || fail "the chief did not take ps 2 in"
 echo "joined: $(grep -h -o 'ps 2 at .* joined the job.*' "$dir/chief-0.log")"

@@ -24,14 +24,7 @@ join_ps_after() {
   local dir=$1 pattern=$2 seconds=$3
   shift 3
   wait_for "$dir/chief-0.log" "$pattern" "$seconds" || fail "$dir: the chief never logged '$pattern'"
-  local port spec
-  port=$(free_ports 1)
-  spec=$job_cluster
-  job_cluster=$(python3 -c 'import json, sys; c = json.loads(sys.argv[1]); c["ps"].append(sys.argv[2]); print(json.dumps(c))' \
-    "$spec" "127.0.0.1:$port")
-  start_task "$dir" ps 2 ps-2.log "$@" --join
-  job_cluster=$spec
-  job_pids=("$last_pid" "${job_pids[@]}")  # waited for too; the chief stays last
+  start_joining_ps "$dir" 2 "$@"
   echo "started ps 2 with --join after: $(grep -h '^epoch\|checkpoint at' "$dir/chief-0.log" | tail -1)"
 }
 
