@@ -8,7 +8,6 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -58,6 +57,16 @@ TEST_CASE("a buffer of megabytes is advised onto transparent huge pages where Li
   if (!std::filesystem::exists("/sys/kernel/mm/transparent_hugepage/enabled")) {
     MESSAGE("this kernel has no transparent huge pages: nothing to advise");
     return;
+  }
+  {
+    std::ifstream status("/proc/self/status");
+    std::string line;
+    while (std::getline(status, line)) {
+      if (line.rfind("THP_enabled:", 0) == 0 && line.find('0') != std::string::npos) {
+        MESSAGE("transparent huge pages are off for this process (prctl PR_SET_THP_DISABLE)");
+        return;
+      }
+    }
   }
   std::vector<float> v;
   pulley::detail::reserve_on_huge_pages(v, std::size_t{4} << 20U);  // 16 MiB, not written yet
