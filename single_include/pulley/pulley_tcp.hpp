@@ -6387,6 +6387,14 @@ void reserve_on_huge_pages(std::vector<T, A>& v, std::size_t n) {
   advise_huge_pages(v.data(), v.capacity() * sizeof(T));
 }
 
+/// `v.resize(n)`, the memory advised onto huge pages before the new elements are written
+/// (reserve_on_huge_pages): for a vector about to hold megabytes, e.g. read straight into.
+template <class T, class A>
+void resize_on_huge_pages(std::vector<T, A>& v, std::size_t n) {
+  reserve_on_huge_pages(v, n);
+  v.resize(n);
+}
+
 }  // namespace pulley::detail
 // ---- end pulley/core/detail/pages.hpp ----
 // ---- begin pulley/sharding/ids.hpp ----
@@ -6522,8 +6530,7 @@ std::optional<TableState> read_table(Client<T>& client, std::uint32_t t, bool in
   for (const std::uint64_t n : total) rows += n;
   table.ids.reserve(rows);
   table.touched.reserve(rows);
-  detail::reserve_on_huge_pages(table.rows, rows * stride);
-  table.rows.resize(rows * stride);
+  detail::resize_on_huge_pages(table.rows, rows * stride);
   // Chunks of every ps at once, round after round, each read straight into its place.
   std::vector<std::uint64_t> begin(num_ps, 0);
   std::size_t filled = 0;
@@ -6751,12 +6758,10 @@ ModelState read_state(Client<T>& client, std::int64_t at_step = 0, CutRows rows 
   for (const VariableSpec& spec : client.variables()) {
     VariableState v;
     v.spec = spec;
-    detail::reserve_on_huge_pages(v.values, spec.size());
-    v.values.resize(spec.size());
+    detail::resize_on_huge_pages(v.values, spec.size());
     for (const std::string& name : paused[0].slot_names) {
       std::vector<float> slot;
-      detail::reserve_on_huge_pages(slot, spec.size());
-      slot.resize(spec.size());
+      detail::resize_on_huge_pages(slot, spec.size());
       v.slots.push_back({name, std::move(slot)});
     }
     v.counter_names = paused[0].counter_names;

@@ -52,6 +52,18 @@ TEST_CASE(
                                     std::size_t{64} << 20U);  // no memory: no advice, no fault
 }
 
+TEST_CASE("resize_on_huge_pages keeps the elements held and value-initializes the new ones") {
+  std::vector<float> v{1.0F, 2.0F};
+  pulley::detail::resize_on_huge_pages(v, std::size_t{2} << 20U);  // 8 MiB
+  REQUIRE(v.size() == (std::size_t{2} << 20U));
+  CHECK(v[0] == 1.0F);
+  CHECK(v[1] == 2.0F);
+  CHECK(v[2] == 0.0F);
+  CHECK(v.back() == 0.0F);
+  pulley::detail::resize_on_huge_pages(v, 1);  // shrinking keeps the first
+  CHECK(v == std::vector<float>{1.0F});
+}
+
 #if defined(__linux__)
 TEST_CASE("a buffer of megabytes is advised onto transparent huge pages where Linux has them") {
   if (!std::filesystem::exists("/sys/kernel/mm/transparent_hugepage/enabled")) {

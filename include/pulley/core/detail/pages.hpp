@@ -49,4 +49,12 @@ void reserve_on_huge_pages(std::vector<T, A>& v, std::size_t n) {
   advise_huge_pages(v.data(), v.capacity() * sizeof(T));
 }
 
+/// `v.resize(n)`, the memory advised onto huge pages before the new elements are written
+/// (reserve_on_huge_pages): for a vector about to hold megabytes, e.g. read straight into.
+template <class T, class A>
+void resize_on_huge_pages(std::vector<T, A>& v, std::size_t n) {
+  reserve_on_huge_pages(v, n);
+  v.resize(n);
+}
+
 }  // namespace pulley::detail
