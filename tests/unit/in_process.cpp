@@ -4,7 +4,10 @@
 
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <limits>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -28,6 +31,33 @@ using pulley::testing::Cluster;
 using pulley::testing::LinearModel;
 
 namespace {
+
+// A ps that notes who sent each request and on which thread it was handled, and holds
+// the first one until released (`Shared::release`).
+struct NotesThreads {
+  struct Shared {
+    std::mutex mutex;
+    std::condition_variable changed;
+    bool holding = false;  // the first request is being handled
+    bool release = false;
+    std::vector<std::pair<std::uint32_t, std::thread::id>> handled;  // sender's index, thread
+  };
+  std::shared_ptr<Shared> shared = std::make_shared<Shared>();
+
+  void handle(Request&& /*request*/, const RequestContext& context, Responder reply) noexcept {
+    std::unique_lock lock(shared->mutex);
+    if (shared->handled.empty() && !shared->holding) {
+      shared->holding = true;
+      shared->changed.notify_all();
+      shared->changed.wait(lock, [&] { return shared->release; });
+    }
+    shared->handled.emplace_back(context.peer->index, std::this_thread::get_id());
+    lock.unlock();
+    reply(Ack{});
+  }
+  [[nodiscard]] std::uint32_t task() const { return 0; }
+  [[nodiscard]] bool stopped() const { return false; }
+};
 
 ErrorCode code_of(auto&& f) {
   try {
@@ -416,4 +446,50 @@ TEST_CASE("with clip_norm a worker pushes its gradients scaled to that global no
   CHECK(other.clipped_steps() == 0);
   CHECK(other.last_gradient_norm() > 0.0);
   chief.shutdown();
+}
+
+TEST_CASE(
+    "requests that found the ps busy are handled next, in order, by the sender that held it") {
+  // Worker 0's request is handled on its own thread and held there; requests of workers 1
+  // and 2 sent meanwhile are queued. Worker 0's thread takes them on in their order once
+  // its own is done: no hand-off to the ps's own thread.
+  InProcessNetwork network(1);
+  NotesThreads ps;
+  const std::shared_ptr<NotesThreads::Shared> shared = ps.shared;
+  network.serve(std::move(ps));
+  InProcess w0(network, Node::worker(0));
+  InProcess w1(network, Node::worker(1));
+  InProcess w2(network, Node::worker(2));
+  std::thread::id holder;
+  std::thread first([&] {
+    holder = std::this_thread::get_id();
+    CHECK(std::holds_alternative<Ack>(w0.call(0, GetStats{}).get()));
+  });
+  {
+    std::unique_lock lock(shared->mutex);
+    REQUIRE(
+        shared->changed.wait_for(lock, std::chrono::seconds(10), [&] { return shared->holding; }));
+  }
+  std::vector<PendingCall> queued;
+  queued.push_back(w1.call(0, GetStats{}));
+  queued.push_back(w2.call(0, GetStats{}));
+  queued.push_back(w1.call(0, GetStats{}));
+  for (PendingCall& call : queued) CHECK_FALSE(call.ready());  // the ps is busy: queued
+  {
+    std::scoped_lock lock(shared->mutex);
+    shared->release = true;
+  }
+  shared->changed.notify_all();
+  first.join();
+  for (PendingCall& call : queued) {
+    REQUIRE(call.wait_for(std::chrono::seconds(10)));
+    CHECK(std::holds_alternative<Ack>(call.take()));
+  }
+  std::scoped_lock lock(shared->mutex);
+  REQUIRE(shared->handled.size() == 4);
+  const std::vector<std::uint32_t> senders{0, 1, 2, 1};
+  for (std::size_t i = 0; i < senders.size(); ++i) {
+    CHECK(shared->handled[i].first == senders[i]);
+    CHECK(shared->handled[i].second == holder);
+  }
 }
