@@ -3751,10 +3751,15 @@ struct Pull {
   /// The restore the client knows of: a pull that waits for a step of an earlier one is
   /// refused (`kFailedPrecondition`), as that step means something else now.
   std::uint64_t epoch = 0;
+  /// From a worker: `TokenReply::pushes_taken` of its latest token, the pushes of its task
+  /// the pacing ps had taken. A ps that took fewer, pulled the next step without this
+  /// worker's push of the one in progress, learns that its push was lost on the way here
+  /// and counts it as taken (on_pull_ahead: every ps then counts the same pushes).
+  std::uint64_t pushes_paced = 0;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(min_step, slices, epoch);
+    archive(min_step, slices, epoch, pushes_paced);
   }
 };
 
@@ -3809,10 +3814,12 @@ struct PullRows {
   /// rows back: the ps answers Ack. A client sends it to the copy of a shard it does not
   /// read from, which must see the same pulls (ShardCopies).
   bool touch_only = false;
+  /// From a worker: as Pull::pushes_paced.
+  std::uint64_t pushes_paced = 0;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(min_step, epoch, tables, touch_only);
+    archive(min_step, epoch, tables, touch_only, pushes_paced);
   }
 };
 
@@ -4168,10 +4175,13 @@ struct TokenReply {
   static constexpr std::string_view kName = "TokenReply";
   Token token;
   std::int64_t global_step = 0;
+  /// Pushes of the asking worker's task this ps had taken (since its last restore) when it
+  /// handed out the token: the worker's pulls carry it (Pull::pushes_paced).
+  std::uint64_t pushes_taken = 0;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(token, global_step);
+    archive(token, global_step, pushes_taken);
   }
 };
 
@@ -5973,7 +5983,9 @@ class Client {
     CallGroup group;
     group.add(transport_.call(pacing_ps(), TakeToken{worker, epoch_}, {}));
     (void)detail::wait_progressing(transport_, members_, options_, group, "worker " + std::to_string(worker) + ": take a sync token");
-    return group.take_as<TokenReply>(0);
+    TokenReply reply = group.take_as<TokenReply>(0);
+    paced_ = {epoch_, reply.pushes_taken};
+    return reply;
   }
 
   /// Pulls every request's rows into its destination, from all ps tasks at once; no ps
@@ -6116,6 +6128,7 @@ class Client {
   void send_row_pulls(CallGroup& group, std::span<const RowRequest> requests, std::int64_t min_step) {
     detail::split_row_pulls(tables_, num_ps(), requests, min_step, epoch_,
                             [&](std::size_t ps, PullRows&& message, PullTargets&& targets) {
+                              message.pushes_paced = pushes_paced();
                               group.add(transport_.call(ps, std::move(message), std::move(targets)));
                             });
   }
@@ -6136,7 +6149,16 @@ class Client {
 
  private:
   detail::PullSplit split(std::span<const PullRequest> requests, std::int64_t min_step) const {
-    return detail::split_pulls(placement_, variables_, num_ps(), requests, min_step, epoch_);
+    detail::PullSplit out =
+        detail::split_pulls(placement_, variables_, num_ps(), requests, min_step, epoch_);
+    for (Pull& pull : out.pulls) pull.pushes_paced = pushes_paced();
+    return out;
+  }
+
+  /// What the pulls say of this worker's pushes the pacing ps took: its latest token's
+  /// count, if taken at the restore the client is at (0: none known).
+  [[nodiscard]] std::uint64_t pushes_paced() const noexcept {
+    return paced_.epoch == epoch_ ? paced_.pushes : 0;
   }
 
   void send(CallGroup& group, detail::PullSplit&& split) {
@@ -6319,6 +6341,11 @@ class Client {
   /// a lost connection sends again.
   std::vector<Push> unanswered_;
   std::uint64_t epoch_ = 0;  ///< the ps tasks' restores so far, as last learned
+  /// The latest token's TokenReply::pushes_taken, and the epoch it was taken at.
+  struct Paced {
+    std::uint64_t epoch = 0;
+    std::uint64_t pushes = 0;
+  } paced_;
   std::vector<std::uint32_t> members_;  ///< the job's ps tasks, ascending, as last learned
   std::uint64_t membership_ = 0;        ///< their version
   /// A ps told this client the membership (any, the spec's too): changes after this are
@@ -9084,9 +9111,10 @@ enum class Verdict : std::uint8_t {
 ///     progress, for which it has not pushed here. A worker pushes a step on a connection
 ///     before it pulls the next there, so this one will not push it: its push was lost with
 ///     its process (killed while it wrote the push to several ps tasks; those that took it
-///     went on, and the process started in its place pulls the step they are at). A policy
-///     whose step waits for that very worker stops waiting for it for this step alone (the
-///     update is the mean of the others' gradients, or none), and says so: kReady when that
+///     went on, and the process started in its place pulls the step they are at), or it
+///     skipped the step (a backup worker, given the next step's token). A policy whose step
+///     waits for that very worker stops waiting for it for this step alone (the update is
+///     the mean of the others' gradients, or none), and says so: kReady when that
 ///     completes the step, else kPending; nullopt when the pull changes nothing (it waits,
 ///     as any gated pull). A push of the worker for that step that comes all the same is
 ///     stale. The ps asks again while the pull waits, whenever what the policy judges by
@@ -11146,11 +11174,13 @@ class Pacing {
   /// Parks a TakeToken of `worker`, which came on connection `session`, until `hand_out`
   /// gives it a token. Asked again on the connection that holds the worker's lease, for
   /// the step it took a token of and has not pushed for (its answer was lost), it is
-  /// answered that token again at once (`SyncPolicy::held_token`).
-  void wait_for_token(std::uint32_t worker, std::uint64_t session, Responder& reply) {
+  /// answered that token again at once (`SyncPolicy::held_token`). A token says how many
+  /// of the worker's pushes `ledger` holds taken (TokenReply::pushes_taken).
+  void wait_for_token(std::uint32_t worker, std::uint64_t session, Responder& reply,
+                      const PushLedger& ledger) {
     if (const auto lease = leases_.find(worker); lease != leases_.end() && lease->second == session) {
       if (const std::optional<Token> token = held_token(sync_, pacer_, worker)) {
-        return respond(reply, TokenReply{*token, global_step()});
+        return respond(reply, TokenReply{*token, global_step(), ledger.taken(worker)});
       }
     }
     TokenWaiter& waiter = waiters_.emplace_back(TokenWaiter{worker, session, nullptr});
@@ -11158,11 +11188,12 @@ class Pacing {
   }
 
   /// Asks the policy again for every waiting token request, in arrival order: a token is
-  /// answered (and the worker's lease moves to that connection), a refusal (`pulley::Error`)
-  /// goes to `refuse(reply, code, message)`, nullopt keeps waiting. Any other throw is the
+  /// answered (with the pushes `ledger` holds taken of its worker), a refusal
+  /// (`pulley::Error`) goes to `refuse(reply, code, message)`, nullopt keeps waiting. The
+  /// worker's lease moves to the connection it took the token on. Any other throw is the
   /// caller's to handle (the pacer may be half changed).
   template <class Refuse>
-  void hand_out(Refuse&& refuse) {
+  void hand_out(const PushLedger& ledger, Refuse&& refuse) {
     std::erase_if(waiters_, [&](TokenWaiter& w) {
       std::optional<Token> token;
       try {
@@ -11173,7 +11204,7 @@ class Pacing {
       }
       if (!token) return false;
       leases_[w.worker] = w.session;
-      respond(w.reply, TokenReply{*token, global_step()});
+      respond(w.reply, TokenReply{*token, global_step(), ledger.taken(w.worker)});
       return true;
     });
   }
@@ -14066,7 +14097,7 @@ class ParameterServer {
     }
     if (!workers_.counted(r.worker)) return reject(reply, ErrorCode::kPermissionDenied, workers_.left_message(r.worker));
     revive(r.worker);  // before its heartbeat, maybe: it starts from the step in progress
-    pacing_.wait_for_token(r.worker, context.session, reply);
+    pacing_.wait_for_token(r.worker, context.session, reply, ledger_);
     hand_out_tokens();
   }
 
@@ -14076,31 +14107,42 @@ class ParameterServer {
   void hand_out_tokens() {
     count_next_workers();
     const bool changing = std::exchange(changing_, true);
-    pacing_.hand_out([this](Responder& reply, ErrorCode code, const std::string& message) {
+    pacing_.hand_out(ledger_, [this](Responder& reply, ErrorCode code, const std::string& message) {
       reject(reply, code, message);
     });
     changing_ = changing;
   }
 
   /// A worker's pull gated at the step after the one in progress, from a worker that has
-  /// not pushed that step here: its push was lost with its process (killed while it wrote
-  /// the push to several ps tasks, which took it or not; the process started in its place
-  /// pulls the step the others are at, and will not push this one). The sync policy may
-  /// then go on without it for this step (SyncPolicy::on_pull_ahead), as the ps tasks that
-  /// took the push went on with it, counting it as a push taken (a checkpoint's cut brings
-  /// every ps to the same counts): otherwise the step would wait for a push that never
-  /// comes while the new process beats. The worker is remembered until the step moves, and
-  /// asked about again when what the policy judges by changed (a push taken, a worker
-  /// back, a cut's pause ended); never while paused for a cut, which must see no step
-  /// complete on its own. Logged.
-  void pulls_ahead(const RequestContext& context, std::int64_t min_step) {
+  /// not pushed that step here: it will not push it here (a worker pushes a step on a
+  /// connection before it pulls the next there). Either its push was lost with its process
+  /// (killed while it wrote the push to several ps tasks, which took it or not; the process
+  /// started in its place pulls the step the others are at), or, with backup workers, it
+  /// skipped the step. The sync policy may then go on without it for this step
+  /// (SyncPolicy::on_pull_ahead), as the ps tasks that took the push went on with it: a
+  /// step would otherwise wait for a push that never comes while the new process beats.
+  /// The push is counted as taken when the pacing ps took more of the worker's pushes than
+  /// this ps (`pushes_paced`, from the worker's token): a checkpoint's cut brings every ps to
+  /// the same counts. The worker is remembered until the step moves, and asked about again
+  /// when what the policy judges by changed (a push taken, a worker back, a cut's pause
+  /// ended); never while paused for a cut, which must see no step complete on its own.
+  /// Logged.
+  void pulls_ahead(const RequestContext& context, std::int64_t min_step,
+                   std::uint64_t pushes_paced) {
     if (!context.peer || context.peer->role != Node::Role::kWorker ||
         min_step != pacing_.global_step() + 1)
       return;
-    if (ahead_step_ != pacing_.global_step()) ahead_.clear();
+    if (ahead_step_ != pacing_.global_step()) forget_pulls_ahead();
     ahead_step_ = pacing_.global_step();
-    if (std::find(ahead_.begin(), ahead_.end(), context.peer->index) == ahead_.end()) {
-      ahead_.push_back(context.peer->index);
+    const std::uint32_t worker = context.peer->index;
+    const bool lost_here =
+        pushes_paced > ledger_.taken(worker);  // judged now: its later pushes count later
+    const auto known = std::find_if(ahead_.begin(), ahead_.end(),
+                                    [&](const Ahead& a) { return a.worker == worker; });
+    if (known == ahead_.end()) {
+      ahead_.push_back({worker, lost_here});
+    } else {
+      known->lost_here = known->lost_here || lost_here;
     }
     judge_pulls_ahead();
   }
@@ -14110,12 +14152,13 @@ class ParameterServer {
   void judge_pulls_ahead() {
     if (ahead_.empty() || cut_.paused()) return;
     const std::int64_t step_before = pacing_.global_step();
-    if (ahead_step_ != step_before) return ahead_.clear();
+    if (ahead_step_ != step_before) return forget_pulls_ahead();
     for (std::size_t i = 0; i < ahead_.size() && pacing_.global_step() == step_before;) {
-      const std::uint32_t worker = ahead_[i];
+      const std::uint32_t worker = ahead_[i].worker;
+      const bool lost_here = ahead_[i].lost_here;
       const bool judged = go_on_without([&]() -> std::optional<Verdict> {
         std::optional<Verdict> verdict = pacing_.pulled_ahead(worker, step_before + 1);
-        if (verdict) ledger_.count(worker, step_before);
+        if (verdict && lost_here) ledger_.count(worker, step_before);
         return verdict;
       });
       if (!judged) {
@@ -14123,15 +14166,27 @@ class ParameterServer {
         continue;
       }
       ahead_.erase(ahead_.begin() + static_cast<std::ptrdiff_t>(i));
+      // A backup that skipped the step (the pacing ps took no push of it either) is no news.
+      if (!lost_here) continue;
       log(LogLevel::kWarning,
           name_ + ": " + Node::worker(worker).name() + " pulls step " +
               std::to_string(step_before + 1) + " without a push for step " +
               std::to_string(step_before) +
-              " here: its push was lost with its process (the ps tasks that took it went "
-              "on); this step goes on without it; " +
+              " here: its push was lost with its process (the ps tasks that took it "
+              "went on); this step goes on without it; " +
               describe_wait());
     }
-    if (pacing_.global_step() != step_before) ahead_.clear();
+    if (pacing_.global_step() != step_before) forget_pulls_ahead();
+  }
+
+  /// Forgets the workers that pulled ahead of a step that went on without a verdict on them
+  /// (held lost here, or a refill step): a push of one that the pacing ps took and this ps
+  /// never did counts as taken all the same, so that a checkpoint's cut finds them alike.
+  void forget_pulls_ahead() {
+    for (const Ahead& a : ahead_) {
+      if (a.lost_here) ledger_.count(a.worker, ahead_step_);
+    }
+    ahead_.clear();
   }
 
   /// The sync policy stops waiting for a worker at the step in progress, as `change` (the
@@ -14174,7 +14229,7 @@ class ParameterServer {
         refused(reply, of_epoch(shard_.check(r.slices), r.epoch, "pull"))) {
       return;
     }
-    pulls_ahead(context, r.min_step);
+    pulls_ahead(context, r.min_step, r.pushes_paced);
     const std::int64_t step = pacing_.global_step();
     if (step < r.min_step) return pulls_.park(r.min_step, std::move(r), reply);
     respond(reply, shard_.read(r.slices, step, stats_));
@@ -14189,7 +14244,7 @@ class ParameterServer {
     }
     // Only a worker's pull creates, admits and touches rows: the chief and evaluators read.
     const bool create = !context.peer || context.peer->role == Node::Role::kWorker;
-    pulls_ahead(context, r.min_step);
+    pulls_ahead(context, r.min_step, r.pushes_paced);
     const std::int64_t step = pacing_.global_step();
     if (step < r.min_step) return row_pulls_.park(r.min_step, RowPull{std::move(r), create}, reply);
     answer_rows(r, create, step, reply);
@@ -14695,9 +14750,13 @@ class ParameterServer {
   Pacing<P> pacing_;
   Update<O, P, T> update_;
   PushLedger ledger_;
-  /// Workers that pulled step `ahead_step_` + 1 without a push of `ahead_step_` here, not
-  /// yet judged to have lost it (pulls_ahead).
-  std::vector<std::uint32_t> ahead_;
+  /// A worker that pulled step `ahead_step_` + 1 without a push of `ahead_step_` here.
+  struct Ahead {
+    std::uint32_t worker = 0;
+    bool lost_here = false;  ///< the pacing ps took a push of it this ps did not
+  };
+  /// Such workers, not judged yet (pulls_ahead).
+  std::vector<Ahead> ahead_;
   std::int64_t ahead_step_ = -1;
   CheckpointCut cut_;
   std::int64_t cut_since_ = -1;          ///< the cut read last: rows since (ReadState::since)
@@ -15493,10 +15552,13 @@ namespace pulley {
 /// takes its own token from the next); what it pushes for a step that completed without
 /// it is stale and dropped.
 ///
-/// A worker whose push of a step was lost with its process (`on_pull_ahead`: killed while
-/// it wrote the push to several ps tasks, and started again): where every live worker's
-/// push is needed (R = N, not a refill step), the step goes on without it, once, as if it
-/// had been lost for that step alone, whatever other workers the ps holds lost.
+/// A worker that pulls the next step without a push of this one here (`on_pull_ahead`:
+/// its push was lost with its process, killed while it wrote the push to several ps tasks
+/// and started again; or, with backup workers, it skipped the step): where each worker
+/// brings at most one gradient (R <= N, not a refill step), the step goes on without it,
+/// once, as if it had been lost for that step alone, whatever other workers the ps holds
+/// lost. With backups the step still needs R from the others while they can bring R (and
+/// this ps holds none of them lost).
 ///
 /// Workers that join or leave the job (`reshape`, at a step boundary every ps reaches
 /// alike): the workers are then a set of task indices, N its size, and "its own token" is
@@ -15637,19 +15699,23 @@ class SyncReplicas {
   }
 
   /// `worker` pulls step `min_step` without a push for the step in progress here: when the
-  /// step is the one before `min_step` and needs that worker's push (R = N, not a refill
-  /// step), the step stops waiting for it, as `on_worker_lost` would for this step alone
-  /// (its tokens go back; a push of it for this step is stale from now on): kReady when
-  /// that completes the step, whatever workers this ps holds lost. nullopt otherwise: R > N
-  /// or a refill step (the step needs R gradients from whoever brings them, and the pull
-  /// waits), a worker held lost here (the step does not wait for it), or backup workers
-  /// (R < N: a backup that was slow may have skipped the step, taking the next one's token
-  /// as the others went on, so such a pull says nothing of a push lost on the way).
+  /// step is the one before `min_step` and each worker brings at most one gradient to it
+  /// (R <= N, not a refill step), the step stops waiting for that worker, as
+  /// `on_worker_lost` would for this step alone (its tokens go back; a push of it for this
+  /// step is stale from now on): kReady when that completes the step, whatever workers this
+  /// ps holds lost. With backup workers (R < N) the worker may have skipped the step (the
+  /// others went on, and it took the next step's token) or lost its push on the way: either
+  /// way it brings none here, and the step needs min(R, N less those that owe one) of the
+  /// others'. At most N - R skip a step (R workers pushed it to the pacing ps, and to every
+  /// ps unless lost), so a step goes on short of R only when pushes were lost or this ps
+  /// holds workers lost (whose pushes it then stops waiting for, as ever). nullopt
+  /// otherwise: R > N or a refill step (the step needs R gradients from whoever brings them,
+  /// and the pull waits), or a worker held lost here (the step does not wait for it).
   std::optional<Verdict> on_pull_ahead(Pacer& pacer, std::uint32_t worker,
                                        std::int64_t min_step) const {
     if (min_step != pacer.step + 1 || !member(pacer, worker) || pacer.pushed.contains(worker) ||
         pacer.forfeited.contains(worker) || pacer.lost.contains(worker) || !one_each(pacer) ||
-        pacer.refill || replicas(pacer) < workers(pacer)) {
+        pacer.refill) {
       return std::nullopt;
     }
     pacer.forfeited.insert(worker);  // first: an insertion that throws leaves the pacer as it was

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # Random faults under a job of real processes, compared with the same job unfaulted: R = N
-# = 2 on 127.0.0.1 (2 ps, 2 workers, a chief; TCP, local sockets off so that connections can
+# = 2 on 127.0.0.1 (2 ps, 2 workers or 3 with MODE=backup, a chief; TCP, local sockets off so that connections can
 # be destroyed), with a copy of every shard unless REPLICAS=0. The job is Fashion-MNIST, or
 # the CTR example with its two embedding tables when the binary is `ctr` (then DATA_DIR is
 # where its generated data lives). For each seed, from the first progress line (an epoch,
@@ -29,10 +29,13 @@
 # without it (README, "A push lost with its worker's process"): that job must end within
 # 0.01 of the unfaulted job's test accuracy, or AUC, and says so. MODE=async and MODE=ssp (bounded
 # staleness 2) are not deterministic: there the job must end within TOLERANCE (0.025) of the
-# unfaulted job's test accuracy, or AUC. Prints each seed's faults. A seed draws the same
+# unfaulted job's test accuracy, or AUC. Nor is MODE=backup: sync with a backup worker (R =
+# 2 of N = 3 workers), where a step takes the first two pushes that come, and a worker
+# killed while it wrote its push, or a backup that skipped a step, must never leave a step
+# standing still (README, "A push lost with its worker's process"). Prints each seed's faults. A seed draws the same
 # faults while the job's pace lets it (which are drawn depends on the progress reached, and
 # the draws after them follow).
-#   [SEEDS="1 2"] [EPOCHS=25, CTR 2] [REPLICAS=1] [MODE=sync] [CHECKPOINTS=1]
+#   [SEEDS="1 2"] [EPOCHS=25, CTR 2] [REPLICAS=1] [MODE=sync|async|ssp|backup] [CHECKPOINTS=1]
 #     tests/scripts/chaos.sh BINARY [DATA_DIR]
 # Needs `ss -K` (the kernel's socket destroy) for the connection kills; without it they are
 # left out, and said so.
@@ -45,11 +48,13 @@ tolerance=${TOLERANCE:-0.025}
 checkpoints=${CHECKPOINTS:-1}
 source "$(dirname "$0")/common.sh"
 flags=(--wait-timeout-ms 120000 --recovery-timeout-ms 60000 --no-local-sockets --ps-replicas "$replicas")
+workers=2
 case $mode in
   sync) ;;
   async) flags+=(--mode async) ;;
   ssp) flags+=(--mode ssp --staleness 2) ;;
-  *) fail "MODE is sync, async or ssp, not '$mode'" ;;
+  backup) flags+=(--replicas-to-aggregate 2) workers=3 ;;
+  *) fail "MODE is sync, async, ssp or backup, not '$mode'" ;;
 esac
 if [ "$(basename "$binary")" = ctr ]; then
   [ $# -ge 2 ] || fail "the ctr example needs DATA_DIR, where its generated data lives"
@@ -71,7 +76,7 @@ job_flags() {  # job_flags DIR: the flags of the job in DIR (its checkpoints the
   [ "$checkpoints" = 0 ] || job+=(--checkpoint-dir "$1/checkpoints" --save-checkpoint-steps 300)
 }
 job_flags "$work/unfaulted"
-start_job "$work/unfaulted" "$binary" 2 2 "${job[@]}"
+start_job "$work/unfaulted" "$binary" 2 "$workers" "${job[@]}"
 finish_job unfaulted 600
 expected=$(crc_in "$work/unfaulted/chief-0.log") expected_score=$(score_in "$work/unfaulted/chief-0.log")
 [ -n "$expected" ] && [ -n "$expected_score" ] || fail "the unfaulted job printed no parameters' CRC-32C or $score"
@@ -99,10 +104,10 @@ for seed in $seeds; do
   RANDOM=$seed
   dir=$work/seed-$seed
   job_flags "$dir"
-  start_job "$dir" "$binary" 2 2 "${job[@]}"
+  start_job "$dir" "$binary" 2 "$workers" "${job[@]}"
   ps_pids=("${job_pids[0]}" "${job_pids[1]}")
-  worker_pids=("${job_pids[2]}" "${job_pids[3]}")
-  chief=${job_pids[4]}
+  worker_pids=("${job_pids[@]:2:$workers}")
+  chief=${job_pids[2 + workers]}
   chief_log=$dir/chief-0.log
   wait_for "$chief_log" "$progress" 300 || fail "seed $seed: the job never printed its first progress line"
   killed=-1 restarts=0 worker_starts=0 ps_starts=0 faults=()
@@ -123,11 +128,11 @@ for seed in $seeds; do
       faults+=("e$epoch:stop-ps$ps-${secs}s")
       kill -STOP "${ps_pids[$ps]}"; sleep "$secs"; kill -CONT "${ps_pids[$ps]}"
     elif [ "$draw" -lt 34 ]; then
-      worker=$((RANDOM % 2)) secs=$((RANDOM % 2)).$((RANDOM % 10))
+      worker=$((RANDOM % workers)) secs=$((RANDOM % 2)).$((RANDOM % 10))
       faults+=("e$epoch:stop-worker$worker-${secs}s")
       kill -STOP "${worker_pids[$worker]}"; sleep "$secs"; kill -CONT "${worker_pids[$worker]}"
     elif [ "$draw" -lt 40 ]; then
-      worker=$((RANDOM % 2)) secs=$((RANDOM % 2)).$((RANDOM % 10))
+      worker=$((RANDOM % workers)) secs=$((RANDOM % 2)).$((RANDOM % 10))
       worker_starts=$((worker_starts + 1))
       faults+=("e$epoch:kill-worker$worker-start-again-after-${secs}s")
       kill -9 "${worker_pids[$worker]}"; wait "${worker_pids[$worker]}" 2>/dev/null; forget_task "${worker_pids[$worker]}"
@@ -192,6 +197,10 @@ for seed in $seeds; do
     got=$(crc_in "$chief_log")
     [ "$got" = "$expected" ] || fail "seed $seed: the job ended on parameters $got, the unfaulted one on $expected"
   else
+    if grep -qh 'without a push for step' "$dir"/ps-*.log; then
+      echo "seed $seed: $(grep -h 'without a push for step' "$dir"/ps-*.log | head -1 | cut -c1-200)"
+      lost_push+=("$seed")
+    fi
     got=$(score_in "$chief_log")
     awk -v a="$got" -v b="$expected_score" -v t="$tolerance" 'BEGIN { d = a - b; exit !(a != "" && d <= t && -d <= t) }' ||
       fail "seed $seed: $score $got, the unfaulted job's $expected_score: more than $tolerance apart"
@@ -203,5 +212,5 @@ if [ "$mode" = sync ] && [ ${#lost_push[@]} -gt 0 ]; then
 elif [ "$mode" = sync ]; then
   echo "PASS: seeds $seeds: every task exited 0 and each job ended bit for bit where the unfaulted one does (CRC-32C $expected)"
 else
-  echo "PASS: seeds $seeds ($mode): every task exited 0 and each job ended within $tolerance of the unfaulted job's $score ($expected_score)"
+  echo "PASS: seeds $seeds ($mode): every task exited 0 and each job ended within $tolerance of the unfaulted job's $score ($expected_score)${lost_push[*]:+; a push lost with its worker's process was logged in seeds ${lost_push[*]}}"
 fi

@@ -453,7 +453,8 @@ TEST_CASE(
   auto far = call_later_as(ps, Pull{5, {{1, {0, 2}}}}, Node::worker(1), 4);
   CHECK_FALSE(far->has_value());
   CHECK(ps.stats().global_step == 0);
-  const Response fresh = call_as(ps, Pull{1, {{1, {0, 2}}}}, Node::worker(1), 5);
+  // Its token said the pacing ps took one push of worker 1 (Pull::pushes_paced).
+  const Response fresh = call_as(ps, Pull{1, {{1, {0, 2}}}, 0, 1}, Node::worker(1), 5);
   REQUIRE(std::holds_alternative<PullReply>(fresh));
   CHECK(std::get<PullReply>(fresh).global_step == 1);
   CHECK(read(ps, 1) == std::vector<float>{3, 2});  // b = {5, 6} - worker 0's g alone
@@ -529,19 +530,45 @@ TEST_CASE(
     CHECK(ps.stats().global_step == 1);
     CHECK(read(ps, 1) == std::vector<float>{3, 2});  // the mean of workers 0 and 1
   }
-  SUBCASE("R = 2 of N = 3: a step needs two gradients from whoever brings them") {
+  SUBCASE("R = 2 of N = 3: a step needs two gradients from the others while they can bring two") {
     auto ps = ready_server(SyncReplicas{2, 3});
     const std::vector<float> g{2, 4};
     CHECK(std::get<PushReply>(call_as(ps, push_b(0, 0, g), Node::worker(0))).stale_parts == 0);
+    // Worker 2 skipped step 0 (a backup), or lost its push: it brings nothing to it here.
     auto ahead = call_later_as(ps, Pull{1, {{1, {0, 2}}}}, Node::worker(2), 2);
     CHECK_FALSE(ahead->has_value());
     CHECK(ps.stats().global_step == 0);
-    // Not taken for a lost push: worker 2's own push of step 0 still counts, and is the
-    // second gradient the step needs.
-    CHECK(std::get<PushReply>(call_as(ps, push_b(2, 0, g), Node::worker(2), 3)).stale_parts == 0);
+    CHECK(std::get<PushReply>(call_as(ps, push_b(2, 0, g), Node::worker(2), 3)).stale_parts == 2);
+    CHECK(ps.stats().global_step == 0);
+    CHECK(std::get<PushReply>(call_as(ps, push_b(1, 0, std::vector<float>{0, 0}), Node::worker(1)))
+              .stale_parts == 0);
     REQUIRE(ahead->has_value());
     CHECK(ps.stats().global_step == 1);
+    CHECK(read(ps, 1) == std::vector<float>{4, 4});  // {5, 6} - mean{g, 0}: workers 0 and 1
   }
+}
+
+TEST_CASE(
+    "SyncReplicas at the message level: a backup step left short of R by a push lost on the way "
+    "goes on, and counts the lost push as the pacing ps did") {
+  // R = 2, N = 3. The pacing ps completed step 0 with the pushes of workers 0 and 2; worker
+  // 2's push never reached this ps (its process was killed while it wrote it), and worker
+  // 1, the backup, skipped step 0. Nobody will bring this ps a second gradient of step 0.
+  auto ps = ready_server(SyncReplicas{2, 3});
+  const std::vector<float> g{2, 4};
+  CHECK(std::get<PushReply>(call_as(ps, push_b(0, 0, g), Node::worker(0))).stale_parts == 0);
+  // The backup pulls step 1 with the token it took there: the pacing ps took no push of it.
+  auto skipped = call_later_as(ps, Pull{1, {{1, {0, 2}}}, 0, 0}, Node::worker(1), 2);
+  CHECK_FALSE(skipped->has_value());  // worker 2 could still bring the second gradient
+  // Worker 2's new process pulls step 1: its token said the pacing ps took one push of it.
+  const Response fresh = call_as(ps, Pull{1, {{1, {0, 2}}}, 0, 1}, Node::worker(2), 3);
+  REQUIRE(std::holds_alternative<PullReply>(fresh));
+  CHECK(std::get<PullReply>(fresh).global_step == 1);
+  REQUIRE(skipped->has_value());
+  CHECK(read(ps, 1) == std::vector<float>{3, 2});  // b = {5, 6} - worker 0's g alone
+  // The lost push counts as taken, as on the pacing ps; the skipped step does not.
+  CHECK(std::get<PauseReply>(call_as(ps, Pause{}, Node::chief(), 9)).pushes ==
+        std::vector<std::uint64_t>{1, 0, 1});
 }
 
 TEST_CASE(
@@ -570,6 +597,51 @@ TEST_CASE(
   REQUIRE(std::holds_alternative<PullReply>(ahead));
   CHECK(std::get<PullReply>(ahead).global_step == 1);
   CHECK(read(ps, 1) == std::vector<float>{3, 2});  // b = {5, 6} - worker 0's g alone
+}
+
+TEST_CASE(
+    "SyncReplicas at the message level: a pull ahead counts a push as taken only when the pacing "
+    "ps "
+    "took more of its worker's pushes") {
+  const std::vector<float> g{2, 4};
+  SUBCASE("R = N: the pacing ps took none (its worker was held lost there): not counted") {
+    auto ps = ready_server(SyncReplicas{2, 2});
+    CHECK(std::get<PushReply>(call_as(ps, push_b(0, 0, g), Node::worker(0))).stale_parts == 0);
+    const Response fresh = call_as(ps, Pull{1, {{1, {0, 2}}}, 0, 0}, Node::worker(1), 5);
+    REQUIRE(std::holds_alternative<PullReply>(fresh));
+    CHECK(std::get<PullReply>(fresh).global_step == 1);
+    // Worker 0's push alone (the counts end at the last worker with one).
+    CHECK(std::get<PauseReply>(call_as(ps, Pause{}, Node::chief(), 9)).pushes ==
+          std::vector<std::uint64_t>{1});
+  }
+  SUBCASE("a worker held lost here, whose pull is not judged: counted once the step goes on") {
+    // R = N = 2, worker 1 held lost before step 0 began here: a refill step, which worker 0
+    // completes alone. Worker 1's new process pulls step 1, and the pacing ps took one push
+    // of it that this ps never got: the policy does not wait for a worker held lost, so the
+    // pull is not judged, and the push is counted when the step moves.
+    auto ps = ready_server(SyncReplicas{2, 2});
+    ps.set_worker_timeout(std::chrono::milliseconds(400));
+    for (std::uint32_t w = 0; w < 2; ++w) call_as(ps, Heartbeat{w}, Node::worker(w), 10 + w);
+    for (int i = 0;
+         i < 300 && std::get<StatsReply>(call_as(ps, GetStats{}, Node::chief(), 9)).lost.empty();
+         ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      call_as(ps, Heartbeat{0}, Node::worker(0), 10);
+    }
+    REQUIRE(std::get<StatsReply>(call_as(ps, GetStats{}, Node::chief(), 9)).lost ==
+            std::vector<std::uint32_t>{1});
+    auto ahead = call_later_as(ps, Pull{1, {{1, {0, 2}}}, 0, 1}, Node::worker(1), 5);
+    CHECK_FALSE(ahead->has_value());
+    Push refill = push_b(0, 0, g);
+    refill.refill = true;  // as the pacing ps's tokens said: worker 0 brings both gradients
+    CHECK(std::get<PushReply>(call_as(ps, refill, Node::worker(0))).stale_parts == 0);
+    CHECK_FALSE(ahead->has_value());
+    CHECK(std::get<PushReply>(call_as(ps, refill, Node::worker(0))).stale_parts == 0);
+    REQUIRE(ahead->has_value());
+    CHECK(std::get<PullReply>(**ahead).global_step == 1);
+    CHECK(std::get<PauseReply>(call_as(ps, Pause{}, Node::chief(), 9)).pushes ==
+          std::vector<std::uint64_t>{2, 1});
+  }
 }
 
 TEST_CASE("each request is taken only from the jobs that may send it") {

@@ -408,24 +408,30 @@ TEST_CASE("CheckpointCut: a cut not reached is cancelled by Resume, and a failur
 TEST_CASE("Pacing: a token is a lease on the connection it was taken on") {
   Pacing<SyncReplicas> pacing(SyncReplicas(1, 2));
   const auto no_refusal = [](Responder&, ErrorCode, const std::string&) { FAIL("no refusal expected"); };
+  PushLedger ledger;
+  ledger.count(0, -1);
+  ledger.count(0, -1);  // two pushes of worker 0 taken: the token says so
   Answer first, again, other;
   Responder r1 = first.responder();
-  pacing.wait_for_token(0, /*session=*/5, r1);
-  pacing.hand_out(no_refusal);
+  pacing.wait_for_token(0, /*session=*/5, r1, ledger);
+  pacing.hand_out(ledger, no_refusal);
   REQUIRE(first.is<TokenReply>());
   CHECK(std::get<TokenReply>(*first.response).token.local_step == 0);
+  CHECK(std::get<TokenReply>(*first.response).pushes_taken == 2);
   // Asked again on the connection it was taken on (its answer was lost on the way): the
   // same token, at once, and no second one is taken.
   Responder r2 = again.responder();
-  pacing.wait_for_token(0, 5, r2);
+  ledger.count(0, -1);
+  pacing.wait_for_token(0, 5, r2, ledger);
   REQUIRE(again.is<TokenReply>());
   CHECK(std::get<TokenReply>(*again.response).token.local_step == 0);
+  CHECK(std::get<TokenReply>(*again.response).pushes_taken == 3);
   CHECK(pacing.waiting_for().find("1 of 2 tokens left") != std::string::npos);
   // Asked on another connection (a process in its place), it waits; that connection
   // closing answers it and gives no token back...
   Responder r3 = other.responder();
-  pacing.wait_for_token(0, 6, r3);
-  pacing.hand_out(no_refusal);
+  pacing.wait_for_token(0, 6, r3, ledger);
+  pacing.hand_out(ledger, no_refusal);
   CHECK_FALSE(other.response.has_value());
   CHECK_FALSE(pacing.disconnected(0, 6, "gone"));
   CHECK(other.code() == ErrorCode::kUnavailable);
@@ -440,7 +446,7 @@ TEST_CASE("Pacing: a token is a lease on the connection it was taken on") {
   const auto saved = pacing.save();
   Answer waiting;
   Responder rw = waiting.responder();
-  pacing.wait_for_token(1, 9, rw);
+  pacing.wait_for_token(1, 9, rw, ledger);
   pacing.reset(pacing.load(saved), ErrorReply{ErrorCode::kFailedPrecondition, "restored"});
   CHECK(waiting.code() == ErrorCode::kFailedPrecondition);
   CHECK(pacing.global_step() == 1);

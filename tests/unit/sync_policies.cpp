@@ -621,15 +621,34 @@ TEST_CASE(
   CHECK(alone.on_pull_ahead(one, 0, 1) == Verdict::kReady);
   CHECK(alone.global_step(one) == 1);
 
-  // With a backup worker the step needs R gradients from whoever brings them.
+  // With a backup worker (R = 2, N = 3): a worker that pulls ahead brings nothing to the
+  // step (it skipped it, or lost its push), and the step still needs R from the others
+  // while they can bring R.
   const pulley::SyncReplicas backups{2, 3};
   auto spare = backups.make_pacer();
   CHECK(backups.on_push(spare, 0, 0) == Verdict::kPending);
-  CHECK_FALSE(backups.on_pull_ahead(spare, 2, 1).has_value());
-  // Even once the others that could bring it are held lost: a slow backup may have skipped
-  // the step, so its pull says nothing of a lost push.
-  CHECK(backups.on_worker_lost(spare, 1) == Verdict::kPending);
-  CHECK_FALSE(backups.on_pull_ahead(spare, 2, 1).has_value());
+  CHECK(backups.on_pull_ahead(spare, 2, 1) == Verdict::kPending);
+  CHECK(backups.awaited(spare) == std::vector<std::uint32_t>{1});
+  CHECK(backups.waiting_for(spare).find("1 of 2 gradients in") != std::string::npos);
+  CHECK(backups.on_push(spare, 2, 0) == Verdict::kStale);  // its late push, if any
+  CHECK(backups.on_push(spare, 1, 0) == Verdict::kReady);
+  CHECK(backups.global_step(spare) == 1);
+  // Once the others that could bring R are held lost, or pull ahead too, the step goes on
+  // with what it has instead of standing still.
+  CHECK(backups.on_push(spare, 0, 1) == Verdict::kPending);
+  CHECK(backups.on_worker_lost(spare, 1) ==
+        Verdict::kPending);  // workers 0 and 2 can still bring 2
+  CHECK(backups.on_pull_ahead(spare, 2, 2) == Verdict::kReady);
+  CHECK(backups.global_step(spare) == 2);
+  auto skipped = backups.make_pacer();
+  CHECK(backups.on_push(skipped, 0, 0) == Verdict::kPending);
+  CHECK(backups.on_pull_ahead(skipped, 1, 1) == Verdict::kPending);
+  CHECK(backups.on_pull_ahead(skipped, 2, 1) == Verdict::kReady);  // nobody else can bring one
+  CHECK(backups.global_step(skipped) == 1);
+  // A pull of a step further on, or a worker that pushed, is no such word.
+  CHECK(backups.on_push(skipped, 1, 1) == Verdict::kPending);
+  CHECK_FALSE(backups.on_pull_ahead(skipped, 1, 2).has_value());
+  CHECK_FALSE(backups.on_pull_ahead(skipped, 2, 3).has_value());
 
   // R = N = 3, a worker held lost during the step (not a refill step: it began with every
   // worker live), then another's push lost: the step needs the third's push, and goes on

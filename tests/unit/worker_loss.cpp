@@ -7,11 +7,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <future>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "pulley/client/chief.hpp"
+#include "pulley/client/client.hpp"
 #include "pulley/client/heartbeat.hpp"
 #include "pulley/client/worker.hpp"
 #include "pulley/optimizers/sgd.hpp"
@@ -254,4 +257,76 @@ TEST_CASE("a worker that fails before its heartbeat thread first runs is still h
   CHECK(r.stats.workers_lost == 1);
   CHECK(r.lost == std::vector<std::uint32_t>{1});
   chief.shutdown();
+}
+
+TEST_CASE(
+    "a backup step that a push lost with its worker's process left short of R goes on, alike on "
+    "every ps") {
+  // R = 2, N = 3, two ps tasks (ps 0 hands out the tokens). Worker 2's process dies while it
+  // writes its push of step 0: ps 0 takes it, ps 1 never does. Worker 0 pushes step 0 to
+  // both, so ps 0 completes it with workers 0 and 2, and ps 1 holds worker 0's alone. Worker
+  // 1, the backup, comes late and takes a token of step 1. Nobody will bring ps 1 a second
+  // gradient of step 0: the pulls of step 1 say so.
+  using Sync = Cluster<RoundRobin, Sgd, SyncReplicas>;
+  Sync cluster(2, Sgd{0.05F}, SyncReplicas(2, 3), RoundRobin{},
+               std::chrono::seconds(60));  // nobody held lost
+  const LinearModel model(kIn, kOut);
+  Chief chief(cluster.endpoint(Node::chief()), 7);
+  chief.initialize(model.variables());
+  const std::vector<VariableSpec> variables(model.variables().begin(), model.variables().end());
+  std::vector<std::vector<float>> gradients, values;
+  std::vector<std::span<const float>> views;
+  std::vector<PullRequest> all;
+  for (const VariableSpec& v : variables) {
+    gradients.emplace_back(v.size(), 0.5F);
+    values.emplace_back(v.size(), 0.0F);
+  }
+  for (std::size_t v = 0; v < variables.size(); ++v) {
+    views.emplace_back(gradients[v]);
+    all.push_back({v, {0, variables[v].rows()}, values[v]});
+  }
+  ClientOptions options;
+  options.request_timeout = 5s;
+  options.wait_timeout = 10s;  // a pull that stood still fails here, not hangs
+  {
+    ClientOptions quick = options;
+    quick.request_timeout = 300ms;
+    Client<InProcess> old(cluster.endpoint(Node::worker(2)), quick);
+    old.wait_ready(variables);
+    CHECK(old.take_token(2).token.local_step == 0);
+    cluster.network().drop_next(1, 1, Node::worker(2));  // its push never reaches ps 1
+    CHECK_THROWS_AS(old.push(2, 0, views), Error);
+  }  // the process is gone
+  Client<InProcess> first(cluster.endpoint(Node::worker(0)), options);
+  first.wait_ready(variables);
+  CHECK(first.take_token(0).token.local_step == 0);
+  CHECK(first.push(0, 0, views) == 0);
+  Client<InProcess> backup(cluster.endpoint(Node::worker(1)), options);
+  backup.wait_ready(variables);
+  const TokenReply late = backup.take_token(1);
+  CHECK(late.token.local_step == 1);  // ps 0 completed step 0 without it
+  CHECK(late.pushes_taken == 0);
+  std::vector<std::vector<float>> backup_values = values;
+  std::vector<PullRequest> backup_all = all;
+  for (std::size_t v = 0; v < all.size(); ++v) backup_all[v].into = backup_values[v];
+  auto backup_pull = std::async(std::launch::async, [&] { return backup.pull(backup_all, 1); });
+  // Worker 2 could still bring ps 1 its second gradient: the backup's pull waits.
+  CHECK(backup_pull.wait_for(300ms) == std::future_status::timeout);
+  Client<InProcess> again(cluster.endpoint(Node::worker(2)), options);
+  again.wait_ready(variables);
+  const TokenReply token = again.take_token(2);
+  CHECK(token.token.local_step == 1);
+  CHECK(token.pushes_taken == 1);  // ps 0 took the push ps 1 lost
+  CHECK(again.pull(all, 1) == 1);
+  CHECK(backup_pull.get() == 1);
+  // Both ps tasks count the same pushes: a checkpoint's cut finds them alike.
+  InProcess chief_link = cluster.endpoint(Node::chief());
+  CallGroup paused;
+  for (std::uint32_t ps = 0; ps < 2; ++ps) paused.add(chief_link.call(ps, Pause{}, {}));
+  paused.wait(5s, "pause");
+  const PauseReply at0 = paused.take_as<PauseReply>(0), at1 = paused.take_as<PauseReply>(1);
+  CHECK(at0.global_step == 1);
+  CHECK(at1.global_step == 1);
+  CHECK(at0.pushes == std::vector<std::uint64_t>{1, 0, 1});
+  CHECK(at1.pushes == at0.pushes);
 }

@@ -242,7 +242,9 @@ class Client {
     CallGroup group;
     group.add(transport_.call(pacing_ps(), TakeToken{worker, epoch_}, {}));
     (void)detail::wait_progressing(transport_, members_, options_, group, "worker " + std::to_string(worker) + ": take a sync token");
-    return group.take_as<TokenReply>(0);
+    TokenReply reply = group.take_as<TokenReply>(0);
+    paced_ = {epoch_, reply.pushes_taken};
+    return reply;
   }
 
   /// Pulls every request's rows into its destination, from all ps tasks at once; no ps
@@ -385,6 +387,7 @@ class Client {
   void send_row_pulls(CallGroup& group, std::span<const RowRequest> requests, std::int64_t min_step) {
     detail::split_row_pulls(tables_, num_ps(), requests, min_step, epoch_,
                             [&](std::size_t ps, PullRows&& message, PullTargets&& targets) {
+                              message.pushes_paced = pushes_paced();
                               group.add(transport_.call(ps, std::move(message), std::move(targets)));
                             });
   }
@@ -405,7 +408,16 @@ class Client {
 
  private:
   detail::PullSplit split(std::span<const PullRequest> requests, std::int64_t min_step) const {
-    return detail::split_pulls(placement_, variables_, num_ps(), requests, min_step, epoch_);
+    detail::PullSplit out =
+        detail::split_pulls(placement_, variables_, num_ps(), requests, min_step, epoch_);
+    for (Pull& pull : out.pulls) pull.pushes_paced = pushes_paced();
+    return out;
+  }
+
+  /// What the pulls say of this worker's pushes the pacing ps took: its latest token's
+  /// count, if taken at the restore the client is at (0: none known).
+  [[nodiscard]] std::uint64_t pushes_paced() const noexcept {
+    return paced_.epoch == epoch_ ? paced_.pushes : 0;
   }
 
   void send(CallGroup& group, detail::PullSplit&& split) {
@@ -588,6 +600,11 @@ class Client {
   /// a lost connection sends again.
   std::vector<Push> unanswered_;
   std::uint64_t epoch_ = 0;  ///< the ps tasks' restores so far, as last learned
+  /// The latest token's TokenReply::pushes_taken, and the epoch it was taken at.
+  struct Paced {
+    std::uint64_t epoch = 0;
+    std::uint64_t pushes = 0;
+  } paced_;
   std::vector<std::uint32_t> members_;  ///< the job's ps tasks, ascending, as last learned
   std::uint64_t membership_ = 0;        ///< their version
   /// A ps told this client the membership (any, the spec's too): changes after this are

@@ -69,9 +69,10 @@ enum class Verdict : std::uint8_t {
 ///     progress, for which it has not pushed here. A worker pushes a step on a connection
 ///     before it pulls the next there, so this one will not push it: its push was lost with
 ///     its process (killed while it wrote the push to several ps tasks; those that took it
-///     went on, and the process started in its place pulls the step they are at). A policy
-///     whose step waits for that very worker stops waiting for it for this step alone (the
-///     update is the mean of the others' gradients, or none), and says so: kReady when that
+///     went on, and the process started in its place pulls the step they are at), or it
+///     skipped the step (a backup worker, given the next step's token). A policy whose step
+///     waits for that very worker stops waiting for it for this step alone (the update is
+///     the mean of the others' gradients, or none), and says so: kReady when that
 ///     completes the step, else kPending; nullopt when the pull changes nothing (it waits,
 ///     as any gated pull). A push of the worker for that step that comes all the same is
 ///     stale. The ps asks again while the pull waits, whenever what the policy judges by

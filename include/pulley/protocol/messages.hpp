@@ -189,10 +189,15 @@ struct Pull {
   /// The restore the client knows of: a pull that waits for a step of an earlier one is
   /// refused (`kFailedPrecondition`), as that step means something else now.
   std::uint64_t epoch = 0;
+  /// From a worker: `TokenReply::pushes_taken` of its latest token, the pushes of its task
+  /// the pacing ps had taken. A ps that took fewer, pulled the next step without this
+  /// worker's push of the one in progress, learns that its push was lost on the way here
+  /// and counts it as taken (on_pull_ahead: every ps then counts the same pushes).
+  std::uint64_t pushes_paced = 0;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(min_step, slices, epoch);
+    archive(min_step, slices, epoch, pushes_paced);
   }
 };
 
@@ -247,10 +252,12 @@ struct PullRows {
   /// rows back: the ps answers Ack. A client sends it to the copy of a shard it does not
   /// read from, which must see the same pulls (ShardCopies).
   bool touch_only = false;
+  /// From a worker: as Pull::pushes_paced.
+  std::uint64_t pushes_paced = 0;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(min_step, epoch, tables, touch_only);
+    archive(min_step, epoch, tables, touch_only, pushes_paced);
   }
 };
 
@@ -606,10 +613,13 @@ struct TokenReply {
   static constexpr std::string_view kName = "TokenReply";
   Token token;
   std::int64_t global_step = 0;
+  /// Pushes of the asking worker's task this ps had taken (since its last restore) when it
+  /// handed out the token: the worker's pulls carry it (Pull::pushes_paced).
+  std::uint64_t pushes_taken = 0;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(token, global_step);
+    archive(token, global_step, pushes_taken);
   }
 };
 

@@ -13,6 +13,7 @@
 #include "pulley/concepts/sync_policy.hpp"
 #include "pulley/core/error.hpp"
 #include "pulley/protocol/messages.hpp"
+#include "pulley/ps/push_ledger.hpp"
 
 namespace pulley {
 
@@ -46,11 +47,13 @@ class Pacing {
   /// Parks a TakeToken of `worker`, which came on connection `session`, until `hand_out`
   /// gives it a token. Asked again on the connection that holds the worker's lease, for
   /// the step it took a token of and has not pushed for (its answer was lost), it is
-  /// answered that token again at once (`SyncPolicy::held_token`).
-  void wait_for_token(std::uint32_t worker, std::uint64_t session, Responder& reply) {
+  /// answered that token again at once (`SyncPolicy::held_token`). A token says how many
+  /// of the worker's pushes `ledger` holds taken (TokenReply::pushes_taken).
+  void wait_for_token(std::uint32_t worker, std::uint64_t session, Responder& reply,
+                      const PushLedger& ledger) {
     if (const auto lease = leases_.find(worker); lease != leases_.end() && lease->second == session) {
       if (const std::optional<Token> token = held_token(sync_, pacer_, worker)) {
-        return respond(reply, TokenReply{*token, global_step()});
+        return respond(reply, TokenReply{*token, global_step(), ledger.taken(worker)});
       }
     }
     TokenWaiter& waiter = waiters_.emplace_back(TokenWaiter{worker, session, nullptr});
@@ -58,11 +61,12 @@ class Pacing {
   }
 
   /// Asks the policy again for every waiting token request, in arrival order: a token is
-  /// answered (and the worker's lease moves to that connection), a refusal (`pulley::Error`)
-  /// goes to `refuse(reply, code, message)`, nullopt keeps waiting. Any other throw is the
+  /// answered (with the pushes `ledger` holds taken of its worker), a refusal
+  /// (`pulley::Error`) goes to `refuse(reply, code, message)`, nullopt keeps waiting. The
+  /// worker's lease moves to the connection it took the token on. Any other throw is the
   /// caller's to handle (the pacer may be half changed).
   template <class Refuse>
-  void hand_out(Refuse&& refuse) {
+  void hand_out(const PushLedger& ledger, Refuse&& refuse) {
     std::erase_if(waiters_, [&](TokenWaiter& w) {
       std::optional<Token> token;
       try {
@@ -73,7 +77,7 @@ class Pacing {
       }
       if (!token) return false;
       leases_[w.worker] = w.session;
-      respond(w.reply, TokenReply{*token, global_step()});
+      respond(w.reply, TokenReply{*token, global_step(), ledger.taken(w.worker)});
       return true;
     });
   }

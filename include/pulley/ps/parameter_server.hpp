@@ -436,7 +436,7 @@ class ParameterServer {
     }
     if (!workers_.counted(r.worker)) return reject(reply, ErrorCode::kPermissionDenied, workers_.left_message(r.worker));
     revive(r.worker);  // before its heartbeat, maybe: it starts from the step in progress
-    pacing_.wait_for_token(r.worker, context.session, reply);
+    pacing_.wait_for_token(r.worker, context.session, reply, ledger_);
     hand_out_tokens();
   }
 
@@ -446,31 +446,42 @@ class ParameterServer {
   void hand_out_tokens() {
     count_next_workers();
     const bool changing = std::exchange(changing_, true);
-    pacing_.hand_out([this](Responder& reply, ErrorCode code, const std::string& message) {
+    pacing_.hand_out(ledger_, [this](Responder& reply, ErrorCode code, const std::string& message) {
       reject(reply, code, message);
     });
     changing_ = changing;
   }
 
   /// A worker's pull gated at the step after the one in progress, from a worker that has
-  /// not pushed that step here: its push was lost with its process (killed while it wrote
-  /// the push to several ps tasks, which took it or not; the process started in its place
-  /// pulls the step the others are at, and will not push this one). The sync policy may
-  /// then go on without it for this step (SyncPolicy::on_pull_ahead), as the ps tasks that
-  /// took the push went on with it, counting it as a push taken (a checkpoint's cut brings
-  /// every ps to the same counts): otherwise the step would wait for a push that never
-  /// comes while the new process beats. The worker is remembered until the step moves, and
-  /// asked about again when what the policy judges by changed (a push taken, a worker
-  /// back, a cut's pause ended); never while paused for a cut, which must see no step
-  /// complete on its own. Logged.
-  void pulls_ahead(const RequestContext& context, std::int64_t min_step) {
+  /// not pushed that step here: it will not push it here (a worker pushes a step on a
+  /// connection before it pulls the next there). Either its push was lost with its process
+  /// (killed while it wrote the push to several ps tasks, which took it or not; the process
+  /// started in its place pulls the step the others are at), or, with backup workers, it
+  /// skipped the step. The sync policy may then go on without it for this step
+  /// (SyncPolicy::on_pull_ahead), as the ps tasks that took the push went on with it: a
+  /// step would otherwise wait for a push that never comes while the new process beats.
+  /// The push is counted as taken when the pacing ps took more of the worker's pushes than
+  /// this ps (`pushes_paced`, from the worker's token): a checkpoint's cut brings every ps to
+  /// the same counts. The worker is remembered until the step moves, and asked about again
+  /// when what the policy judges by changed (a push taken, a worker back, a cut's pause
+  /// ended); never while paused for a cut, which must see no step complete on its own.
+  /// Logged.
+  void pulls_ahead(const RequestContext& context, std::int64_t min_step,
+                   std::uint64_t pushes_paced) {
     if (!context.peer || context.peer->role != Node::Role::kWorker ||
         min_step != pacing_.global_step() + 1)
       return;
-    if (ahead_step_ != pacing_.global_step()) ahead_.clear();
+    if (ahead_step_ != pacing_.global_step()) forget_pulls_ahead();
     ahead_step_ = pacing_.global_step();
-    if (std::find(ahead_.begin(), ahead_.end(), context.peer->index) == ahead_.end()) {
-      ahead_.push_back(context.peer->index);
+    const std::uint32_t worker = context.peer->index;
+    const bool lost_here =
+        pushes_paced > ledger_.taken(worker);  // judged now: its later pushes count later
+    const auto known = std::find_if(ahead_.begin(), ahead_.end(),
+                                    [&](const Ahead& a) { return a.worker == worker; });
+    if (known == ahead_.end()) {
+      ahead_.push_back({worker, lost_here});
+    } else {
+      known->lost_here = known->lost_here || lost_here;
     }
     judge_pulls_ahead();
   }
@@ -480,12 +491,13 @@ class ParameterServer {
   void judge_pulls_ahead() {
     if (ahead_.empty() || cut_.paused()) return;
     const std::int64_t step_before = pacing_.global_step();
-    if (ahead_step_ != step_before) return ahead_.clear();
+    if (ahead_step_ != step_before) return forget_pulls_ahead();
     for (std::size_t i = 0; i < ahead_.size() && pacing_.global_step() == step_before;) {
-      const std::uint32_t worker = ahead_[i];
+      const std::uint32_t worker = ahead_[i].worker;
+      const bool lost_here = ahead_[i].lost_here;
       const bool judged = go_on_without([&]() -> std::optional<Verdict> {
         std::optional<Verdict> verdict = pacing_.pulled_ahead(worker, step_before + 1);
-        if (verdict) ledger_.count(worker, step_before);
+        if (verdict && lost_here) ledger_.count(worker, step_before);
         return verdict;
       });
       if (!judged) {
@@ -493,15 +505,27 @@ class ParameterServer {
         continue;
       }
       ahead_.erase(ahead_.begin() + static_cast<std::ptrdiff_t>(i));
+      // A backup that skipped the step (the pacing ps took no push of it either) is no news.
+      if (!lost_here) continue;
       log(LogLevel::kWarning,
           name_ + ": " + Node::worker(worker).name() + " pulls step " +
               std::to_string(step_before + 1) + " without a push for step " +
               std::to_string(step_before) +
-              " here: its push was lost with its process (the ps tasks that took it went "
-              "on); this step goes on without it; " +
+              " here: its push was lost with its process (the ps tasks that took it "
+              "went on); this step goes on without it; " +
               describe_wait());
     }
-    if (pacing_.global_step() != step_before) ahead_.clear();
+    if (pacing_.global_step() != step_before) forget_pulls_ahead();
+  }
+
+  /// Forgets the workers that pulled ahead of a step that went on without a verdict on them
+  /// (held lost here, or a refill step): a push of one that the pacing ps took and this ps
+  /// never did counts as taken all the same, so that a checkpoint's cut finds them alike.
+  void forget_pulls_ahead() {
+    for (const Ahead& a : ahead_) {
+      if (a.lost_here) ledger_.count(a.worker, ahead_step_);
+    }
+    ahead_.clear();
   }
 
   /// The sync policy stops waiting for a worker at the step in progress, as `change` (the
@@ -544,7 +568,7 @@ class ParameterServer {
         refused(reply, of_epoch(shard_.check(r.slices), r.epoch, "pull"))) {
       return;
     }
-    pulls_ahead(context, r.min_step);
+    pulls_ahead(context, r.min_step, r.pushes_paced);
     const std::int64_t step = pacing_.global_step();
     if (step < r.min_step) return pulls_.park(r.min_step, std::move(r), reply);
     respond(reply, shard_.read(r.slices, step, stats_));
@@ -559,7 +583,7 @@ class ParameterServer {
     }
     // Only a worker's pull creates, admits and touches rows: the chief and evaluators read.
     const bool create = !context.peer || context.peer->role == Node::Role::kWorker;
-    pulls_ahead(context, r.min_step);
+    pulls_ahead(context, r.min_step, r.pushes_paced);
     const std::int64_t step = pacing_.global_step();
     if (step < r.min_step) return row_pulls_.park(r.min_step, RowPull{std::move(r), create}, reply);
     answer_rows(r, create, step, reply);
@@ -1065,9 +1089,13 @@ class ParameterServer {
   Pacing<P> pacing_;
   Update<O, P, T> update_;
   PushLedger ledger_;
-  /// Workers that pulled step `ahead_step_` + 1 without a push of `ahead_step_` here, not
-  /// yet judged to have lost it (pulls_ahead).
-  std::vector<std::uint32_t> ahead_;
+  /// A worker that pulled step `ahead_step_` + 1 without a push of `ahead_step_` here.
+  struct Ahead {
+    std::uint32_t worker = 0;
+    bool lost_here = false;  ///< the pacing ps took a push of it this ps did not
+  };
+  /// Such workers, not judged yet (pulls_ahead).
+  std::vector<Ahead> ahead_;
   std::int64_t ahead_step_ = -1;
   CheckpointCut cut_;
   std::int64_t cut_since_ = -1;          ///< the cut read last: rows since (ReadState::since)

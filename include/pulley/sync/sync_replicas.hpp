@@ -68,10 +68,13 @@ namespace pulley {
 /// takes its own token from the next); what it pushes for a step that completed without
 /// it is stale and dropped.
 ///
-/// A worker whose push of a step was lost with its process (`on_pull_ahead`: killed while
-/// it wrote the push to several ps tasks, and started again): where every live worker's
-/// push is needed (R = N, not a refill step), the step goes on without it, once, as if it
-/// had been lost for that step alone, whatever other workers the ps holds lost.
+/// A worker that pulls the next step without a push of this one here (`on_pull_ahead`:
+/// its push was lost with its process, killed while it wrote the push to several ps tasks
+/// and started again; or, with backup workers, it skipped the step): where each worker
+/// brings at most one gradient (R <= N, not a refill step), the step goes on without it,
+/// once, as if it had been lost for that step alone, whatever other workers the ps holds
+/// lost. With backups the step still needs R from the others while they can bring R (and
+/// this ps holds none of them lost).
 ///
 /// Workers that join or leave the job (`reshape`, at a step boundary every ps reaches
 /// alike): the workers are then a set of task indices, N its size, and "its own token" is
@@ -212,19 +215,23 @@ class SyncReplicas {
   }
 
   /// `worker` pulls step `min_step` without a push for the step in progress here: when the
-  /// step is the one before `min_step` and needs that worker's push (R = N, not a refill
-  /// step), the step stops waiting for it, as `on_worker_lost` would for this step alone
-  /// (its tokens go back; a push of it for this step is stale from now on): kReady when
-  /// that completes the step, whatever workers this ps holds lost. nullopt otherwise: R > N
-  /// or a refill step (the step needs R gradients from whoever brings them, and the pull
-  /// waits), a worker held lost here (the step does not wait for it), or backup workers
-  /// (R < N: a backup that was slow may have skipped the step, taking the next one's token
-  /// as the others went on, so such a pull says nothing of a push lost on the way).
+  /// step is the one before `min_step` and each worker brings at most one gradient to it
+  /// (R <= N, not a refill step), the step stops waiting for that worker, as
+  /// `on_worker_lost` would for this step alone (its tokens go back; a push of it for this
+  /// step is stale from now on): kReady when that completes the step, whatever workers this
+  /// ps holds lost. With backup workers (R < N) the worker may have skipped the step (the
+  /// others went on, and it took the next step's token) or lost its push on the way: either
+  /// way it brings none here, and the step needs min(R, N less those that owe one) of the
+  /// others'. At most N - R skip a step (R workers pushed it to the pacing ps, and to every
+  /// ps unless lost), so a step goes on short of R only when pushes were lost or this ps
+  /// holds workers lost (whose pushes it then stops waiting for, as ever). nullopt
+  /// otherwise: R > N or a refill step (the step needs R gradients from whoever brings them,
+  /// and the pull waits), or a worker held lost here (the step does not wait for it).
   std::optional<Verdict> on_pull_ahead(Pacer& pacer, std::uint32_t worker,
                                        std::int64_t min_step) const {
     if (min_step != pacer.step + 1 || !member(pacer, worker) || pacer.pushed.contains(worker) ||
         pacer.forfeited.contains(worker) || pacer.lost.contains(worker) || !one_each(pacer) ||
-        pacer.refill || replicas(pacer) < workers(pacer)) {
+        pacer.refill) {
       return std::nullopt;
     }
     pacer.forfeited.insert(worker);  // first: an insertion that throws leaves the pacer as it was

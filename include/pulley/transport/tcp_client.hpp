@@ -599,7 +599,8 @@ class Tcp {
         if (half == 1 && spread == Spread::kGate) {  // the other copy only says when it got there
           pair->other_partial = true;
           const Pull& pull = std::get<Pull>(request);
-          queue(*links_[pair->links[half]], std::move(pending), Request{Pull{pull.min_step, {}, pull.epoch}});
+          queue(*links_[pair->links[half]], std::move(pending),
+                Request{Pull{pull.min_step, {}, pull.epoch, pull.pushes_paced}});
         } else if (half == 1 && std::holds_alternative<PullRows>(request)) {  // it creates the rows, sends none
           pair->other_partial = true;
           PullRows touch = std::get<PullRows>(request);
