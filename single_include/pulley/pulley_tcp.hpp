@@ -3752,8 +3752,8 @@ struct Pull {
   /// refused (`kFailedPrecondition`), as that step means something else now.
   std::uint64_t epoch = 0;
   /// From a worker: `TokenReply::pushes_taken` of its latest token, the pushes of its task
-  /// the pacing ps had taken. A ps that took fewer, pulled the next step without this
-  /// worker's push of the one in progress, learns that its push was lost on the way here
+  /// the pacing ps had taken. A ps that took fewer, asked for the next step without this
+  /// worker's push of the one in progress, learns that the push was lost on the way here
   /// and counts it as taken (on_pull_ahead: every ps then counts the same pushes).
   std::uint64_t pushes_paced = 0;
 
@@ -14126,7 +14126,7 @@ class ParameterServer {
   /// the same counts. The worker is remembered until the step moves, and asked about again
   /// when what the policy judges by changed (a push taken, a worker back, a cut's pause
   /// ended); never while paused for a cut, which must see no step complete on its own.
-  /// Logged.
+  /// A lost push is logged; a skipped step is not.
   void pulls_ahead(const RequestContext& context, std::int64_t min_step,
                    std::uint64_t pushes_paced) {
     if (!context.peer || context.peer->role != Node::Role::kWorker ||

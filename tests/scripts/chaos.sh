@@ -99,6 +99,9 @@ PY
 )
 [ "$can_cut" = 1 ] || { can_cut=0; echo "ss -K does not destroy sockets here: no connection kills"; }
 
+# A task started again after the chief printed its final line would wait for a job that is
+# over (a ps for a chief to register it, for ever): the draw stands, the start is left out.
+over() { grep -q '^final:' "$chief_log" 2>/dev/null; }
 lost_push=()
 for seed in $seeds; do
   RANDOM=$seed
@@ -120,9 +123,6 @@ for seed in $seeds; do
     # chief, and fails after its connect timeout).
     kill -0 "$chief" 2>/dev/null && ! grep -q '^final:' "$chief_log" 2>/dev/null || break
     grep -q 'training finished after' "$dir"/worker-*.log 2>/dev/null && break
-    # A task started again after the chief printed its final line would wait for a job that
-    # is over (a ps for a chief to register it, for ever): the draw stands, the start is left out.
-    over() { grep -q '^final:' "$chief_log" 2>/dev/null; }
     draw=$((RANDOM % 100))
     epoch=$(cat "$dir"/chief-*.log | grep -c "$progress")
     if [ "$draw" -lt 25 ]; then

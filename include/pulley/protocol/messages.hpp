@@ -190,8 +190,8 @@ struct Pull {
   /// refused (`kFailedPrecondition`), as that step means something else now.
   std::uint64_t epoch = 0;
   /// From a worker: `TokenReply::pushes_taken` of its latest token, the pushes of its task
-  /// the pacing ps had taken. A ps that took fewer, pulled the next step without this
-  /// worker's push of the one in progress, learns that its push was lost on the way here
+  /// the pacing ps had taken. A ps that took fewer, asked for the next step without this
+  /// worker's push of the one in progress, learns that the push was lost on the way here
   /// and counts it as taken (on_pull_ahead: every ps then counts the same pushes).
   std::uint64_t pushes_paced = 0;
 

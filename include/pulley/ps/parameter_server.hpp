@@ -465,7 +465,7 @@ class ParameterServer {
   /// the same counts. The worker is remembered until the step moves, and asked about again
   /// when what the policy judges by changed (a push taken, a worker back, a cut's pause
   /// ended); never while paused for a cut, which must see no step complete on its own.
-  /// Logged.
+  /// A lost push is logged; a skipped step is not.
   void pulls_ahead(const RequestContext& context, std::int64_t min_step,
                    std::uint64_t pushes_paced) {
     if (!context.peer || context.peer->role != Node::Role::kWorker ||
