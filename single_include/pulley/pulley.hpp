@@ -2380,8 +2380,8 @@ concept AppliesWhenComputed = requires { requires M::kAppliesWhenComputed; };
 
 /// Ordinary magnitudes: what lets a ps prove an update finite without reading the part
 /// (BoundsMagnitudes, concepts/optimizer.hpp). The checks fold exponent fields in integer
-/// operations, as detail/finite.hpp does, so that their loops vectorize without
-/// -ffast-math and cost about what `all_finite` costs.
+/// operations in independent lanes (`detail::fold_lanes`), as detail/finite.hpp's
+/// `all_finite` does, so that their loops vectorize without -ffast-math and cost a read.
 
 namespace pulley {
 
@@ -2392,6 +2392,27 @@ namespace pulley {
 inline constexpr float kOrdinaryMagnitude = 0x1p60F;
 
 namespace detail {
+
+/// Runs `fold(i, lane)` for every i in [0, n), the values of 32 consecutive i folded into
+/// 32 independent lanes, and returns the lanes OR-ed together. The checks of pulley fold a
+/// value's bits with integer operations into a lane (its top bit set for a value out of
+/// bounds): written as one lane, the loop vectorizes but each vector waits on the OR of the
+/// one before; with 32 lanes the compiler keeps several vector accumulators, and a check
+/// alone reads at about twice the speed (a 1 MB gradient: 66-71 GB/s against 29-31 with
+/// one lane, SSE2, the host of BENCHMARKS.md), faster than memcpy copies it.
+template <class Fold>
+std::uint32_t fold_lanes(std::size_t n, Fold&& fold) noexcept {
+  constexpr std::size_t kLanes = 32;
+  std::uint32_t lanes[kLanes] = {};
+  std::size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (std::size_t l = 0; l < kLanes; ++l) fold(i + l, lanes[l]);
+  }
+  std::uint32_t all = 0;
+  for (; i < n; ++i) fold(i, all);
+  for (const std::uint32_t lane : lanes) all |= lane;
+  return all;
+}
 
 /// A float's exponent field, in its bits.
 inline constexpr std::uint32_t kExponentBits = 0x7F800000U;
@@ -2421,17 +2442,18 @@ inline void fold_ordinary_non_negative(std::uint32_t& lane, float x) noexcept {
 /// vectorized pass, as `all_finite`.
 inline bool all_ordinary(std::span<const float> values) noexcept {
   const float* p = values.data();
-  std::uint32_t lane = 0;
-  for (std::size_t i = 0; i < values.size(); ++i) fold_ordinary(lane, p[i]);
-  return (lane & kSignBit) == 0;
+  return (fold_lanes(values.size(),
+                     [p](std::size_t i, std::uint32_t& lane) { fold_ordinary(lane, p[i]); }) &
+          kSignBit) == 0;
 }
 
 /// True if every element is below kOrdinaryMagnitude in magnitude and none is negative.
 inline bool all_ordinary_non_negative(std::span<const float> values) noexcept {
   const float* p = values.data();
-  std::uint32_t lane = 0;
-  for (std::size_t i = 0; i < values.size(); ++i) fold_ordinary_non_negative(lane, p[i]);
-  return (lane & kSignBit) == 0;
+  return (fold_lanes(
+              values.size(),
+              [p](std::size_t i, std::uint32_t& lane) { fold_ordinary_non_negative(lane, p[i]); }) &
+          kSignBit) == 0;
 }
 
 }  // namespace detail
@@ -2501,20 +2523,11 @@ struct MemberOf<R (C::*)(A...) const noexcept> {
 [[nodiscard]] inline bool proven_finite(double x) noexcept { return x <= 0x1p126; }
 
 /// True if every value `fold(i, lane)` folds (with `detail::fold_bound`) for i in [0, n) is
-/// within kFiniteBound. The values of 16 consecutive i go to 16 independent lanes, so the
+/// within kFiniteBound. Consecutive i go to independent lanes (detail::fold_lanes), so the
 /// loop vectorizes: a stock optimizer's `stays_finite` costs about one read of its operands.
 template <class Fold>
 bool bounded(std::size_t n, Fold&& fold) noexcept {
-  constexpr std::size_t kLanes = 16;
-  std::uint32_t lanes[kLanes] = {};
-  std::size_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (std::size_t l = 0; l < kLanes; ++l) fold(i + l, lanes[l]);
-  }
-  std::uint32_t all = 0;
-  for (; i < n; ++i) fold(i, all);
-  for (const std::uint32_t lane : lanes) all |= lane;
-  return (all & 0x80000000U) == 0;
+  return (detail::fold_lanes(n, fold) & 0x80000000U) == 0;
 }
 
 /// An optimizer: a small value type holding hyper-parameters, plus a per-part `State`
@@ -2847,32 +2860,18 @@ void apply_update(const O& optimizer, typename O::State& state, std::span<float>
 namespace pulley::detail {
 
 /// True if no element is NaN or Inf: both have an all-ones exponent, so adding one to the
-/// exponent field carries into the sign bit exactly for them. Integer ops in 16 independent
-/// lanes keep the loop vectorizable (without -ffast-math) and free of a serial dependency:
-/// it checks a gradient faster than memcpy copies it, which matters since every push is
-/// checked on both sides.
+/// exponent field carries into the sign bit exactly for them. Every push is checked on
+/// both sides, so this runs at about a read's speed (`fold_lanes`), and on the values'
+/// bits, so no -ffast-math build can compile it away.
 inline bool all_finite(std::span<const float> values) noexcept {
-  constexpr std::size_t kLanes = 16;
   constexpr std::uint32_t kExponent = 0x7F800000U;
   constexpr std::uint32_t kExponentOne = 0x00800000U;
   const float* p = values.data();
-  const std::size_t n = values.size();
-  std::uint32_t lanes[kLanes] = {};
-  std::size_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (std::size_t l = 0; l < kLanes; ++l) {
-      std::uint32_t bits;
-      std::memcpy(&bits, p + i + l, sizeof bits);
-      lanes[l] |= (bits & kExponent) + kExponentOne;
-    }
-  }
-  std::uint32_t carried = 0;
-  for (; i < n; ++i) {
+  const std::uint32_t carried = fold_lanes(values.size(), [p](std::size_t i, std::uint32_t& lane) {
     std::uint32_t bits;
     std::memcpy(&bits, p + i, sizeof bits);
-    carried |= (bits & kExponent) + kExponentOne;
-  }
-  for (std::uint32_t lane : lanes) carried |= lane;
+    lane |= (bits & kExponent) + kExponentOne;
+  });
   return (carried & 0x80000000U) == 0;
 }
 
@@ -9442,6 +9441,7 @@ inline constexpr Version version{PULLEY_VERSION_MAJOR, PULLEY_VERSION_MINOR, PUL
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <cmath>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -9450,6 +9450,19 @@ inline constexpr Version version{PULLEY_VERSION_MAJOR, PULLEY_VERSION_MINOR, PUL
 
 #if __has_include(<experimental/simd>)
 #include <experimental/simd>
+#endif
+
+// GCC 12's AVX-512 square root (_mm512_sqrt_ps, reached through std::experimental::simd's
+// sqrt where the target has AVX-512, e.g. -march=native) starts from _mm512_undefined_ps,
+// which it defines as a variable initialized from itself: -Wuninitialized and
+// -Wmaybe-uninitialized then warn in every function it is inlined into (GCC bug 105593,
+// fixed in GCC 13), and a -Werror build of the user's own code fails. Off for this file's
+// code, where every rule's square root is taken (`lane_sqrt`), and for what it inlines
+// (tests/warnings/ builds the optimizers so).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
 namespace pulley::detail {
@@ -9500,12 +9513,18 @@ bool lanes(std::size_t begin, std::size_t end, Rule rule, const float* in, Out*.
   static_assert(sizeof(U) == sizeof(V) && std::is_trivially_copyable_v<U> && std::is_trivially_copyable_v<V>,
                 "a vector of floats and one of their bits are bit casts of each other");
   constexpr std::size_t kWidth = V::size();
-  U lanes_folded = 0;
+  // Two accumulators of folded lanes, a vector each: consecutive vectors fold into
+  // different ones, so that no vector waits on the fold of the one before. A light rule
+  // (Sgd's, Momentum's) runs a fifth faster than with one; four gained no more, and cost
+  // the heavy rules (Ftrl's) registers.
+  constexpr std::size_t kAccumulators = 2;
+  U folded[kAccumulators] = {};
   // What the rule returns for the padded tail (below), checked for its elements only.
   [[maybe_unused]] float asserted_tail[kWidth] = {};
   // One vector: the rule over kWidth values of `x` and of each `ys[k]`, written back there
-  // (with kCheck, the values written folded into `lanes_folded`).
-  const auto run = [&](const float* x, const std::array<float*, kOut>& ys, bool check) {
+  // (with kCheck, the values written folded into `lanes_folded`, one of `folded`).
+  const auto run = [&](const float* x, const std::array<float*, kOut>& ys, bool check,
+                       U& lanes_folded) {
     [&]<std::size_t... k>(std::index_sequence<k...>) {
       V values[kOut] = {V(ys[k], stdx::element_aligned)...};
       if constexpr (std::is_void_v<decltype(rule(V(x, stdx::element_aligned), values[k]...))>) {
@@ -9517,12 +9536,20 @@ bool lanes(std::size_t begin, std::size_t end, Rule rule, const float* in, Out*.
                std::bit_cast<U>(asserted));
         if (kCheck && !check) asserted.copy_to(asserted_tail, stdx::element_aligned);
       }
-      if (kCheck && check) (fold(std::integral_constant<std::size_t, k>{}, lanes_folded, std::bit_cast<U>(values[k])), ...);
+      if (kCheck && check)
+        (fold(std::integral_constant<std::size_t, k>{}, lanes_folded, std::bit_cast<U>(values[k])),
+         ...);
       (values[k].copy_to(ys[k], stdx::element_aligned), ...);
-    }(std::make_index_sequence<kOut>{});
+    }
+    (std::make_index_sequence<kOut>{});
   };
   std::size_t i = begin;
-  for (; i + kWidth <= end; i += kWidth) run(in + i, {(out + i)...}, true);
+  for (; i + kAccumulators * kWidth <= end; i += kAccumulators * kWidth) {
+    for (std::size_t a = 0; a < kAccumulators; ++a) {
+      run(in + i + a * kWidth, {(out + i + a * kWidth)...}, true, folded[a]);
+    }
+  }
+  for (; i + kWidth <= end; i += kWidth) run(in + i, {(out + i)...}, true, folded[0]);
   if (i < end) {
     // The last end - i < kWidth elements, in one vector padded with zeros; what the rule
     // makes of the padding is dropped, and only the elements written are checked.
@@ -9536,7 +9563,7 @@ bool lanes(std::size_t begin, std::size_t end, Rule rule, const float* in, Out*.
       std::copy_n(arrays[k], n, padded[k]);
       to_padded[k] = padded[k];
     }
-    run(padded_in, to_padded, false);
+    run(padded_in, to_padded, false, folded[0]);
     for (std::size_t k = 0; k < kOut; ++k) std::copy_n(padded[k], n, arrays[k]);
     if constexpr (kCheck) {
       for (std::size_t j = 0; j < n; ++j) {
@@ -9547,7 +9574,8 @@ bool lanes(std::size_t begin, std::size_t end, Rule rule, const float* in, Out*.
     }
   }
   if constexpr (!kCheck) return true;
-  return (lane & kSignBit) == 0 && stdx::none_of((lanes_folded & kSignBit) != 0U);
+  for (std::size_t a = 1; a < kAccumulators; ++a) folded[0] |= folded[a];
+  return (lane & kSignBit) == 0 && stdx::none_of((folded[0] & kSignBit) != 0U);
 #else
   for (std::size_t i = begin; i < end; ++i) {
     if constexpr (std::is_void_v<decltype(rule(in[i], out[i]...))>) {
@@ -9566,8 +9594,8 @@ bool lanes(std::size_t begin, std::size_t end, Rule rule, const float* in, Out*.
 
 /// Runs `rule(in[i], out[i]...)` for every i in [begin, end): `in` is read, each `out` is
 /// read and written through the references the rule gets. The rule is a generic lambda
-/// written once for a value and for a vector of them: it calls `sqrt` unqualified after
-/// `using std::sqrt;`, and mixes its arguments with plain floats. The rule is copied (so it
+/// written once for a value and for a vector of them: it takes square roots with
+/// `lane_sqrt` (below), and mixes its arguments with plain floats. The rule is copied (so it
 /// must be copyable, and a state of its own does not outlive the call): one that captures
 /// its constants by value has them kept in registers (captured by reference, they are read
 /// again for every vector, as a store through `out` might have changed them).
@@ -9587,6 +9615,15 @@ bool lanes(std::size_t begin, std::size_t end, Rule rule, const float* in, Out*.
 template <class Rule, std::same_as<float>... Out>
 void lanewise(std::size_t begin, std::size_t end, Rule&& rule, const float* in, Out*... out) {
   (void)lanes<false, 0>(begin, end, rule, in, out...);
+}
+
+/// The square root of one value, or of each lane of a vector of them: what a `lanewise`
+/// rule calls (std::sqrt, or std::experimental::sqrt, whose AVX-512 form GCC 12 warns about
+/// wherever it is inlined: see the top of this file).
+template <class V>
+V lane_sqrt(V x) {
+  using std::sqrt;
+  return sqrt(x);
 }
 
 /// `mask ? a : b` for one value: the conditional a `lanewise` rule writes, which for a
@@ -9618,6 +9655,10 @@ bool lanewise_ordinary(std::size_t begin, std::size_t end, Rule&& rule, const fl
 }
 
 }  // namespace pulley::detail
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 // ---- end pulley/core/detail/lanes.hpp ----
 
 namespace pulley {
@@ -9740,14 +9781,14 @@ struct Adagrad {
                std::size_t n) const {
     const float lr = learning_rate;
     const float eps = epsilon;
-    const bool ordinary = detail::lanewise_ordinary<1>(  // w of any sign, the accumulator not negative
-        0, n,
-        [=](auto gi, auto& wi, auto& ai) {  // (by value: the constants stay in registers)
-          using std::sqrt;  // or the vector one (detail::lanewise)
-          ai += gi * gi;
-          wi -= lr * gi / (sqrt(ai) + eps);
-        },
-        g, w, accumulator);
+    const bool ordinary =
+        detail::lanewise_ordinary<1>(  // w of any sign, the accumulator not negative
+            0, n,
+            [=](auto gi, auto& wi, auto& ai) {  // (by value: the constants stay in registers)
+              ai += gi * gi;
+              wi -= lr * gi / (detail::lane_sqrt(ai) + eps);
+            },
+            g, w, accumulator);
     return magnitude_bound(ordinary);
   }
 };
@@ -9915,10 +9956,9 @@ struct Adam {
     const bool ordinary = detail::lanewise_ordinary<2>(  // w and m of any sign, v not negative
         0, n,
         [=](auto gi, auto& wi, auto& mi, auto& vi) {  // (by value: the constants stay in registers)
-          using std::sqrt;  // or the vector one (detail::lanewise)
           mi = b1 * mi + (1.0F - b1) * gi;
           vi = b2 * vi + (1.0F - b2) * gi * gi;
-          wi -= lr_t * mi / (sqrt(vi) + eps);
+          wi -= lr_t * mi / (detail::lane_sqrt(vi) + eps);
         },
         g, w, m, v);
     return magnitude_bound(ordinary);
@@ -10146,8 +10186,7 @@ struct Ftrl {
   struct SqrtPower {
     template <class V>
     V operator()(V x) const {
-      using std::sqrt;
-      return sqrt(x);
+      return detail::lane_sqrt(x);
     }
   };
   /// x^(-p) for any other p.
@@ -10247,31 +10286,20 @@ struct Momentum {
   void apply(State& state, std::span<float> w, std::span<const float> g) const { (void)apply_bounded(state, w, g); }
 
   /// `apply`, returning a bound of the magnitudes of the weights and the accumulation
-  /// afterwards, folded in the same loop (BoundsMagnitudes).
+  /// afterwards, judged in the lanes that wrote them (BoundsMagnitudes).
   float apply_bounded(State& state, std::span<float> w, std::span<const float> g) const {
     const float lr = learning_rate;
     const float mu = momentum;
-    float* __restrict wp = w.data();
-    const float* __restrict gp = g.data();
-    float* __restrict ap = state.accumulation.data();
     const std::size_t n = w.size();
-    std::uint32_t lane = 0;
-    if (use_nesterov) {
-      for (std::size_t i = 0; i < n; ++i) {
-        ap[i] = mu * ap[i] + gp[i];
-        wp[i] -= lr * (gp[i] + mu * ap[i]);
-        detail::fold_ordinary(lane, ap[i]);
-        detail::fold_ordinary(lane, wp[i]);
-      }
-    } else {
-      for (std::size_t i = 0; i < n; ++i) {
-        ap[i] = mu * ap[i] + gp[i];
-        wp[i] -= lr * ap[i];
-        detail::fold_ordinary(lane, ap[i]);
-        detail::fold_ordinary(lane, wp[i]);
-      }
-    }
-    return magnitude_bound((lane & 0x80000000U) == 0);
+    const bool nesterov = use_nesterov;
+    const auto rule = [lr, mu, nesterov](auto gi, auto& ai, auto& wi) {
+      ai = mu * ai + gi;
+      wi -= lr * (nesterov ? gi + mu * ai : ai);
+    };
+    // Both arrays of any sign.
+    const bool ordinary =
+        detail::lanewise_ordinary<2>(0, n, rule, g.data(), state.accumulation.data(), w.data());
+    return magnitude_bound(ordinary);
   }
 
   /// True if no weight or accumulation can leave kFiniteBound when each is at most
@@ -10464,9 +10492,8 @@ struct RmsProp {
   /// and `stays_finite`.
   template <class V>
   static void step(const Terms& k, V& w, V& ms, V& mom, V g) {
-    using std::sqrt;
     ms = k.rho * ms + (1.0F - k.rho) * g * g;
-    mom = k.momentum * mom + k.lr * g / sqrt(ms + k.epsilon);
+    mom = k.momentum * mom + k.lr * g / detail::lane_sqrt(ms + k.epsilon);
     w -= mom;
   }
 
@@ -10570,14 +10597,10 @@ struct Sgd {
 
  private:
   /// The rule over n elements, behind `apply` and `apply_row`: a bound of the weights'
-  /// magnitudes after (kOrdinaryMagnitude or +infinity), folded in the same loop.
-  static float update(float lr, float* __restrict w, const float* __restrict g, std::size_t n) {
-    std::uint32_t lane = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-      w[i] -= lr * g[i];
-      detail::fold_ordinary(lane, w[i]);
-    }
-    return magnitude_bound((lane & 0x80000000U) == 0);
+  /// magnitudes after (kOrdinaryMagnitude or +infinity), judged in the lanes that wrote them.
+  static float update(float lr, float* w, const float* g, std::size_t n) {
+    return magnitude_bound(detail::lanewise_ordinary<1>(
+        0, n, [lr](auto gi, auto& wi) { wi -= lr * gi; }, g, w));
   }
 };
 static_assert(Optimizer<Sgd>);

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <iterator>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <span>
 #include <string>
@@ -92,7 +93,7 @@ TEST_CASE("Adam: bias correction folded into the step size, as TensorFlow does")
   CHECK(w[1][1] == doctest::Approx(-1.9559512).epsilon(1e-5));
 }
 
-TEST_CASE("Adam, Adagrad, RMSProp and FTRL compute every element as the scalar rule does, bit for bit") {
+TEST_CASE("every stock optimizer computes every element as the scalar rule does, bit for bit") {
   // Their updates run a vector of lanes at a time where the standard library has
   // std::experimental::simd (detail::lanewise_ordinary). 2 051 elements: whole vectors and
   // a short tail of 3, less than a vector of any width (the padded tail). The references
@@ -122,6 +123,30 @@ TEST_CASE("Adam, Adagrad, RMSProp and FTRL compute every element as the scalar r
 #endif
   };
 
+  SUBCASE("Sgd") {
+    const pulley::Sgd sgd{0.1F};
+    auto state = sgd.make_state(n);
+    std::vector<float> applied = w0, w = w0;
+    sgd.apply(state, applied, g);
+    for (std::size_t i = 0; i < n; ++i) w[i] -= 0.1F * g[i];
+    CHECK(same_bits(applied, w));
+  }
+  SUBCASE("Momentum, plain and Nesterov") {
+    for (const bool nesterov : {false, true}) {
+      const pulley::Momentum momentum{0.1F, 0.9F, nesterov};
+      auto state = momentum.make_state(n);
+      state.accumulation = s1;
+      std::vector<float> applied = w0, w = w0, a = s1;
+      momentum.apply(state, applied, g);
+      for (std::size_t i = 0; i < n; ++i) {
+        a[i] = 0.9F * a[i] + g[i];
+        w[i] -= nesterov ? 0.1F * (g[i] + 0.9F * a[i]) : 0.1F * a[i];
+      }
+      CAPTURE(nesterov);
+      CHECK(same_bits(state.accumulation, a));
+      CHECK(same_bits(applied, w));
+    }
+  }
   SUBCASE("Adam") {
     const pulley::Adam adam{0.01F, 0.9F, 0.999F, 1e-7F};
     auto state = adam.make_state(n);
@@ -211,8 +236,10 @@ TEST_CASE("lanewise_ordinary judges every value it wrote, in whole vectors and i
   // Two rules: `copy` writes its input to both arrays, `flip` writes it to the first and its
   // negation to the second. The first array may hold any sign; the second must not be
   // negative (kSigned = 1), or may (kSigned = 2). One value of every kind at every place of
-  // ranges of 1 to 40 elements (whole vectors of any width, every tail length); the rest
-  // 0.25. The verdict is worked out here from the values' magnitudes and sign bits.
+  // ranges of 1 to 40 elements (whole vectors of any width, every tail length) and of a few
+  // longer ones (the loop of four vectors at a time, up to AVX-512's 64 floats, and what
+  // follows it); the rest 0.25. The verdict is worked out here from the values' magnitudes
+  // and sign bits.
   const float limit = pulley::kOrdinaryMagnitude;
   const float inf = std::numeric_limits<float>::infinity();
   const float kinds[] = {0.5F,   std::nextafter(limit, 0.0F), limit, -std::nextafter(limit, 0.0F), -limit, -1.0F,
@@ -227,7 +254,10 @@ TEST_CASE("lanewise_ordinary judges every value it wrote, in whole vectors and i
     a = x;
     b = -x;
   };
-  for (std::size_t n = 1; n <= 40; ++n) {
+  std::vector<std::size_t> sizes(40);
+  std::iota(sizes.begin(), sizes.end(), std::size_t{1});
+  sizes.insert(sizes.end(), {63, 64, 65, 80, 81, 131});
+  for (const std::size_t n : sizes) {
     for (std::size_t at = 0; at < n; ++at) {
       for (const float kind : kinds) {
         std::vector<float> in(n, 0.25F), a(n), b(n);

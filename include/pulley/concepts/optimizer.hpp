@@ -77,20 +77,11 @@ struct MemberOf<R (C::*)(A...) const noexcept> {
 [[nodiscard]] inline bool proven_finite(double x) noexcept { return x <= 0x1p126; }
 
 /// True if every value `fold(i, lane)` folds (with `detail::fold_bound`) for i in [0, n) is
-/// within kFiniteBound. The values of 16 consecutive i go to 16 independent lanes, so the
+/// within kFiniteBound. Consecutive i go to independent lanes (detail::fold_lanes), so the
 /// loop vectorizes: a stock optimizer's `stays_finite` costs about one read of its operands.
 template <class Fold>
 bool bounded(std::size_t n, Fold&& fold) noexcept {
-  constexpr std::size_t kLanes = 16;
-  std::uint32_t lanes[kLanes] = {};
-  std::size_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (std::size_t l = 0; l < kLanes; ++l) fold(i + l, lanes[l]);
-  }
-  std::uint32_t all = 0;
-  for (; i < n; ++i) fold(i, all);
-  for (const std::uint32_t lane : lanes) all |= lane;
-  return (all & 0x80000000U) == 0;
+  return (detail::fold_lanes(n, fold) & 0x80000000U) == 0;
 }
 
 /// An optimizer: a small value type holding hyper-parameters, plus a per-part `State`

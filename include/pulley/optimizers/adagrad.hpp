@@ -135,14 +135,14 @@ struct Adagrad {
                std::size_t n) const {
     const float lr = learning_rate;
     const float eps = epsilon;
-    const bool ordinary = detail::lanewise_ordinary<1>(  // w of any sign, the accumulator not negative
-        0, n,
-        [=](auto gi, auto& wi, auto& ai) {  // (by value: the constants stay in registers)
-          using std::sqrt;  // or the vector one (detail::lanewise)
-          ai += gi * gi;
-          wi -= lr * gi / (sqrt(ai) + eps);
-        },
-        g, w, accumulator);
+    const bool ordinary =
+        detail::lanewise_ordinary<1>(  // w of any sign, the accumulator not negative
+            0, n,
+            [=](auto gi, auto& wi, auto& ai) {  // (by value: the constants stay in registers)
+              ai += gi * gi;
+              wi -= lr * gi / (detail::lane_sqrt(ai) + eps);
+            },
+            g, w, accumulator);
     return magnitude_bound(ordinary);
   }
 };

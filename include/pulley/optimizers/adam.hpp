@@ -159,10 +159,9 @@ struct Adam {
     const bool ordinary = detail::lanewise_ordinary<2>(  // w and m of any sign, v not negative
         0, n,
         [=](auto gi, auto& wi, auto& mi, auto& vi) {  // (by value: the constants stay in registers)
-          using std::sqrt;  // or the vector one (detail::lanewise)
           mi = b1 * mi + (1.0F - b1) * gi;
           vi = b2 * vi + (1.0F - b2) * gi * gi;
-          wi -= lr_t * mi / (sqrt(vi) + eps);
+          wi -= lr_t * mi / (detail::lane_sqrt(vi) + eps);
         },
         g, w, m, v);
     return magnitude_bound(ordinary);

@@ -210,8 +210,7 @@ struct Ftrl {
   struct SqrtPower {
     template <class V>
     V operator()(V x) const {
-      using std::sqrt;
-      return sqrt(x);
+      return detail::lane_sqrt(x);
     }
   };
   /// x^(-p) for any other p.

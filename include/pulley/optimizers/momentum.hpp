@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "pulley/concepts/optimizer.hpp"
+#include "pulley/core/detail/lanes.hpp"
 
 namespace pulley {
 
@@ -40,31 +41,20 @@ struct Momentum {
   void apply(State& state, std::span<float> w, std::span<const float> g) const { (void)apply_bounded(state, w, g); }
 
   /// `apply`, returning a bound of the magnitudes of the weights and the accumulation
-  /// afterwards, folded in the same loop (BoundsMagnitudes).
+  /// afterwards, judged in the lanes that wrote them (BoundsMagnitudes).
   float apply_bounded(State& state, std::span<float> w, std::span<const float> g) const {
     const float lr = learning_rate;
     const float mu = momentum;
-    float* __restrict wp = w.data();
-    const float* __restrict gp = g.data();
-    float* __restrict ap = state.accumulation.data();
     const std::size_t n = w.size();
-    std::uint32_t lane = 0;
-    if (use_nesterov) {
-      for (std::size_t i = 0; i < n; ++i) {
-        ap[i] = mu * ap[i] + gp[i];
-        wp[i] -= lr * (gp[i] + mu * ap[i]);
-        detail::fold_ordinary(lane, ap[i]);
-        detail::fold_ordinary(lane, wp[i]);
-      }
-    } else {
-      for (std::size_t i = 0; i < n; ++i) {
-        ap[i] = mu * ap[i] + gp[i];
-        wp[i] -= lr * ap[i];
-        detail::fold_ordinary(lane, ap[i]);
-        detail::fold_ordinary(lane, wp[i]);
-      }
-    }
-    return magnitude_bound((lane & 0x80000000U) == 0);
+    const bool nesterov = use_nesterov;
+    const auto rule = [lr, mu, nesterov](auto gi, auto& ai, auto& wi) {
+      ai = mu * ai + gi;
+      wi -= lr * (nesterov ? gi + mu * ai : ai);
+    };
+    // Both arrays of any sign.
+    const bool ordinary =
+        detail::lanewise_ordinary<2>(0, n, rule, g.data(), state.accumulation.data(), w.data());
+    return magnitude_bound(ordinary);
   }
 
   /// True if no weight or accumulation can leave kFiniteBound when each is at most

@@ -151,9 +151,8 @@ struct RmsProp {
   /// and `stays_finite`.
   template <class V>
   static void step(const Terms& k, V& w, V& ms, V& mom, V g) {
-    using std::sqrt;
     ms = k.rho * ms + (1.0F - k.rho) * g * g;
-    mom = k.momentum * mom + k.lr * g / sqrt(ms + k.epsilon);
+    mom = k.momentum * mom + k.lr * g / detail::lane_sqrt(ms + k.epsilon);
     w -= mom;
   }
 

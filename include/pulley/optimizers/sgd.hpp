@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "pulley/concepts/optimizer.hpp"
+#include "pulley/core/detail/lanes.hpp"
 
 namespace pulley {
 
@@ -84,14 +85,10 @@ struct Sgd {
 
  private:
   /// The rule over n elements, behind `apply` and `apply_row`: a bound of the weights'
-  /// magnitudes after (kOrdinaryMagnitude or +infinity), folded in the same loop.
-  static float update(float lr, float* __restrict w, const float* __restrict g, std::size_t n) {
-    std::uint32_t lane = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-      w[i] -= lr * g[i];
-      detail::fold_ordinary(lane, w[i]);
-    }
-    return magnitude_bound((lane & 0x80000000U) == 0);
+  /// magnitudes after (kOrdinaryMagnitude or +infinity), judged in the lanes that wrote them.
+  static float update(float lr, float* w, const float* g, std::size_t n) {
+    return magnitude_bound(detail::lanewise_ordinary<1>(
+        0, n, [lr](auto gi, auto& wi) { wi -= lr * gi; }, g, w));
   }
 };
 static_assert(Optimizer<Sgd>);
