@@ -2527,7 +2527,7 @@ struct MemberOf<R (C::*)(A...) const noexcept> {
 /// loop vectorizes: a stock optimizer's `stays_finite` costs about one read of its operands.
 template <class Fold>
 bool bounded(std::size_t n, Fold&& fold) noexcept {
-  return (detail::fold_lanes(n, fold) & 0x80000000U) == 0;
+  return (detail::fold_lanes(n, fold) & detail::kSignBit) == 0;
 }
 
 /// An optimizer: a small value type holding hyper-parameters, plus a per-part `State`
@@ -2864,15 +2864,14 @@ namespace pulley::detail {
 /// both sides, so this runs at about a read's speed (`fold_lanes`), and on the values'
 /// bits, so no -ffast-math build can compile it away.
 inline bool all_finite(std::span<const float> values) noexcept {
-  constexpr std::uint32_t kExponent = 0x7F800000U;
   constexpr std::uint32_t kExponentOne = 0x00800000U;
   const float* p = values.data();
   const std::uint32_t carried = fold_lanes(values.size(), [p](std::size_t i, std::uint32_t& lane) {
     std::uint32_t bits;
     std::memcpy(&bits, p + i, sizeof bits);
-    lane |= (bits & kExponent) + kExponentOne;
+    lane |= (bits & kExponentBits) + kExponentOne;
   });
-  return (carried & 0x80000000U) == 0;
+  return (carried & kSignBit) == 0;
 }
 
 }  // namespace pulley::detail
@@ -9514,9 +9513,9 @@ bool lanes(std::size_t begin, std::size_t end, Rule rule, const float* in, Out*.
                 "a vector of floats and one of their bits are bit casts of each other");
   constexpr std::size_t kWidth = V::size();
   // Two accumulators of folded lanes, a vector each: consecutive vectors fold into
-  // different ones, so that no vector waits on the fold of the one before. A light rule
-  // (Sgd's, Momentum's) runs a fifth faster than with one; four gained no more, and cost
-  // the heavy rules (Ftrl's) registers.
+  // different ones, so that no vector waits on the fold of the one before. Sgd's light
+  // rule runs a fifth faster than with one (Momentum's about a twentieth); four gained no
+  // more, and Ftrl's heavy rule measured slower with them (BENCHMARKS.md).
   constexpr std::size_t kAccumulators = 2;
   U folded[kAccumulators] = {};
   // What the rule returns for the padded tail (below), checked for its elements only.

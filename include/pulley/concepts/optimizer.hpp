@@ -81,7 +81,7 @@ struct MemberOf<R (C::*)(A...) const noexcept> {
 /// loop vectorizes: a stock optimizer's `stays_finite` costs about one read of its operands.
 template <class Fold>
 bool bounded(std::size_t n, Fold&& fold) noexcept {
-  return (detail::fold_lanes(n, fold) & 0x80000000U) == 0;
+  return (detail::fold_lanes(n, fold) & detail::kSignBit) == 0;
 }
 
 /// An optimizer: a small value type holding hyper-parameters, plus a per-part `State`

@@ -15,15 +15,14 @@ namespace pulley::detail {
 /// both sides, so this runs at about a read's speed (`fold_lanes`), and on the values'
 /// bits, so no -ffast-math build can compile it away.
 inline bool all_finite(std::span<const float> values) noexcept {
-  constexpr std::uint32_t kExponent = 0x7F800000U;
   constexpr std::uint32_t kExponentOne = 0x00800000U;
   const float* p = values.data();
   const std::uint32_t carried = fold_lanes(values.size(), [p](std::size_t i, std::uint32_t& lane) {
     std::uint32_t bits;
     std::memcpy(&bits, p + i, sizeof bits);
-    lane |= (bits & kExponent) + kExponentOne;
+    lane |= (bits & kExponentBits) + kExponentOne;
   });
-  return (carried & 0x80000000U) == 0;
+  return (carried & kSignBit) == 0;
 }
 
 }  // namespace pulley::detail

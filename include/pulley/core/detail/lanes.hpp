@@ -79,9 +79,9 @@ bool lanes(std::size_t begin, std::size_t end, Rule rule, const float* in, Out*.
                 "a vector of floats and one of their bits are bit casts of each other");
   constexpr std::size_t kWidth = V::size();
   // Two accumulators of folded lanes, a vector each: consecutive vectors fold into
-  // different ones, so that no vector waits on the fold of the one before. A light rule
-  // (Sgd's, Momentum's) runs a fifth faster than with one; four gained no more, and cost
-  // the heavy rules (Ftrl's) registers.
+  // different ones, so that no vector waits on the fold of the one before. Sgd's light
+  // rule runs a fifth faster than with one (Momentum's about a twentieth); four gained no
+  // more, and Ftrl's heavy rule measured slower with them (BENCHMARKS.md).
   constexpr std::size_t kAccumulators = 2;
   U folded[kAccumulators] = {};
   // What the rule returns for the padded tail (below), checked for its elements only.
