@@ -10645,9 +10645,11 @@ namespace pulley {
 
 /// What a ps task has taken from each worker since the last restore: how many pushes (a
 /// checkpoint's cut brings every ps to the same counts, see CheckpointCut), the furthest
-/// step one was made for, and the sequence number and answer of the last one, so that a push sent again after a lost
-/// connection is answered as the first was and counted once (a worker has one push in
-/// flight at a time, and sends again only its last).
+/// step one was made for, and the sequence number and answer of the last one, so that a push sent
+/// again after a lost connection is answered as the first was and counted once (a worker has one
+/// push in flight at a time, and sends again only its last). A push lost with its worker's process
+/// and counted all the same (`count_lost`) is counted once too: a copy of it that still
+/// comes, written before the process was lost and read after, is `counted_lost`.
 class PushLedger {
  public:
   /// What a push taken was answered.
@@ -10680,6 +10682,20 @@ class PushLedger {
     furthest_ = std::max(furthest_, local_step);
   }
 
+  /// Counts the push of `worker` for step `step` or before that its process was lost while
+  /// writing: the pacing ps took it, this ps never did (ParameterServer::pulls_ahead).
+  void count_lost(std::uint32_t worker, std::int64_t step) {
+    count(worker, step);
+    if (lost_.size() <= worker) lost_.resize(worker + 1, -1);
+    lost_[worker] = std::max(lost_[worker], step);
+  }
+
+  /// True if a push of `worker` for `local_step` would be one counted by `count_lost`
+  /// already: the process that wrote it was lost, and the one in its place pulled past it.
+  [[nodiscard]] bool counted_lost(std::uint32_t worker, std::int64_t local_step) const noexcept {
+    return worker < lost_.size() && local_step <= lost_[worker];
+  }
+
   /// Remembers the answer to push `sequence` of `series` of `worker` (0: unnumbered,
   /// nothing kept).
   void answered(std::uint32_t worker, std::uint64_t sequence, Answer answer, std::uint64_t series = 0) {
@@ -10701,6 +10717,7 @@ class PushLedger {
   void clear() noexcept {
     taken_.clear();
     last_.clear();
+    lost_.clear();
     furthest_ = -1;
   }
 
@@ -10712,6 +10729,7 @@ class PushLedger {
   };
   std::vector<std::uint64_t> taken_;
   std::vector<Last> last_;
+  std::vector<std::int64_t> lost_;  ///< by worker: the furthest step a lost push was counted for
   std::int64_t furthest_ = -1;
 };
 
@@ -14180,7 +14198,7 @@ class ParameterServer {
       const bool lost_here = ahead_[i].lost_here;
       const bool judged = go_on_without([&]() -> std::optional<Verdict> {
         std::optional<Verdict> verdict = pacing_.pulled_ahead(worker, step_before + 1);
-        if (verdict && lost_here) ledger_.count(worker, step_before);
+        if (verdict && lost_here) ledger_.count_lost(worker, step_before);
         return verdict;
       });
       if (!judged) {
@@ -14206,7 +14224,7 @@ class ParameterServer {
   /// never did counts as taken all the same, so that a checkpoint's cut finds them alike.
   void forget_pulls_ahead() {
     for (const Ahead& a : ahead_) {
-      if (a.lost_here) ledger_.count(a.worker, ahead_step_);
+      if (a.lost_here) ledger_.count_lost(a.worker, ahead_step_);
     }
     ahead_.clear();
   }
@@ -14318,6 +14336,7 @@ class ParameterServer {
                         " came after a later one of the same client: a late copy from a connection it gave "
                         "up (it sent the push again), not counted");
     }
+    if (counted_lost(r, reply)) return;
     if (cut_.paused()) {
       if (cut_.rehold(r, reply)) {
         ++stats_.pushes_repeated;  // the cut holds it already: this connection gets the answer
@@ -14330,9 +14349,25 @@ class ParameterServer {
     judge_pulls_ahead();  // (the push may have said whether the step is a refill step)
   }
 
+  /// Refuses `r` if it is the push of a process lost while writing it, counted when the
+  /// process in its place pulled past its step here (PushLedger::count_lost): its bytes
+  /// read late from the lost process's connection, or held by a cut meanwhile.
+  bool counted_lost(const Push& r, Responder& reply) {
+    if (!ledger_.counted_lost(r.worker, r.local_step)) return false;
+    ++stats_.pushes_repeated;
+    reject(reply, ErrorCode::kAborted,
+           "push of step " + std::to_string(r.local_step) + " of worker " +
+               std::to_string(r.worker) +
+               " came after the process in its place pulled past that step here, which "
+               "counted it then as a push lost with its process: a late copy, not counted again");
+    return true;
+  }
+
   /// Takes a push that passed every check: the sync policy's verdict, then the update
-  /// (`largest`: its largest magnitude, +infinity when not known: Update::take).
+  /// (`largest`: its largest magnitude, +infinity when not known: Update::take). A push a
+  /// cut held is checked again here for a lost push counted meanwhile.
   void take(const Push& r, Responder& reply, float largest = std::numeric_limits<float>::infinity()) {
+    if (counted_lost(r, reply)) return;
     const std::int64_t step_before = pacing_.global_step();
     changing_ = true;  // the policy's own refusal (pulley::Error) leaves its pacer unchanged
     Verdict verdict = Verdict::kStale;
@@ -14343,6 +14378,11 @@ class ParameterServer {
       return reject(reply, e.code(), std::string("Push refused: ") + e.message());
     }
     ledger_.count(r.worker, r.local_step);
+    // A push judged lost here when its worker pulled ahead came after all (read late from the
+    // connection of the process lost): counted now, it is not counted again when its step moves.
+    if (r.local_step <= ahead_step_) {
+      for (Ahead& a : ahead_) a.lost_here = a.lost_here && a.worker != r.worker;
+    }
     ++stats_.pushes_taken;
     const auto outcome = update_.take(shard_, pacing_.policy(), r, verdict, step_before, stats_, largest);
     ledger_.answered(r.worker, r.sequence, {outcome.stale_parts, outcome.refused}, r.series);

@@ -458,6 +458,10 @@ TEST_CASE(
   REQUIRE(std::holds_alternative<PullReply>(fresh));
   CHECK(std::get<PullReply>(fresh).global_step == 1);
   CHECK(read(ps, 1) == std::vector<float>{3, 2});  // b = {5, 6} - worker 0's g alone
+  // The old process's push of step 0, read from its connection only now, is the push just
+  // counted lost: refused, and not counted again.
+  CHECK(error_of(call_as(ps, push_b(1, 0, g), Node::worker(1), 6)) == ErrorCode::kAborted);
+  CHECK(read(ps, 1) == std::vector<float>{3, 2});
   REQUIRE(chief->has_value());
   REQUIRE(pushed->has_value());
   CHECK(std::get<PullReply>(**pushed).global_step == 1);
@@ -546,6 +550,31 @@ TEST_CASE(
     CHECK(ps.stats().global_step == 1);
     CHECK(read(ps, 1) == std::vector<float>{4, 4});  // {5, 6} - mean{g, 0}: workers 0 and 1
   }
+}
+
+TEST_CASE(
+    "SyncReplicas at the message level: a push said lost that comes before it was judged is "
+    "taken, and counted once") {
+  // R = N = 2, a cut paused. Worker 1's new process pulls step 1, its token saying the pacing
+  // ps took a push of it; a paused cut judges nothing. Then the old process's push of step 0
+  // is read after all (its connection was read late): the cut holds it, and at the resume it
+  // is a push of step 0 like any, which completes the step and counts once.
+  auto ps = ready_server(SyncReplicas{2, 2});
+  const std::vector<float> g{2, 4};
+  CHECK(std::get<PushReply>(call_as(ps, push_b(0, 0, g), Node::worker(0))).stale_parts == 0);
+  REQUIRE(std::holds_alternative<PauseReply>(call_as(ps, Pause{}, Node::chief(), 9)));
+  auto ahead = call_later_as(ps, Pull{1, {{1, {0, 2}}}, 0, 1}, Node::worker(1), 2);
+  auto late = call_later_as(ps, push_b(1, 0, std::vector<float>{0, 0}), Node::worker(1), 3);
+  CHECK_FALSE(ahead->has_value());
+  CHECK_FALSE(late->has_value());
+  CHECK(std::holds_alternative<Ack>(call_as(ps, Resume{}, Node::chief(), 9)));
+  REQUIRE(late->has_value());
+  CHECK(std::get<PushReply>(**late).stale_parts == 0);
+  REQUIRE(ahead->has_value());
+  CHECK(ps.stats().global_step == 1);
+  CHECK(read(ps, 1) == std::vector<float>{4, 4});  // {5, 6} - mean{g, 0}: both pushes
+  CHECK(std::get<PauseReply>(call_as(ps, Pause{}, Node::chief(), 9)).pushes ==
+        std::vector<std::uint64_t>{1, 1});
 }
 
 TEST_CASE(

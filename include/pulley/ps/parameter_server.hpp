@@ -497,7 +497,7 @@ class ParameterServer {
       const bool lost_here = ahead_[i].lost_here;
       const bool judged = go_on_without([&]() -> std::optional<Verdict> {
         std::optional<Verdict> verdict = pacing_.pulled_ahead(worker, step_before + 1);
-        if (verdict && lost_here) ledger_.count(worker, step_before);
+        if (verdict && lost_here) ledger_.count_lost(worker, step_before);
         return verdict;
       });
       if (!judged) {
@@ -523,7 +523,7 @@ class ParameterServer {
   /// never did counts as taken all the same, so that a checkpoint's cut finds them alike.
   void forget_pulls_ahead() {
     for (const Ahead& a : ahead_) {
-      if (a.lost_here) ledger_.count(a.worker, ahead_step_);
+      if (a.lost_here) ledger_.count_lost(a.worker, ahead_step_);
     }
     ahead_.clear();
   }
@@ -635,6 +635,7 @@ class ParameterServer {
                         " came after a later one of the same client: a late copy from a connection it gave "
                         "up (it sent the push again), not counted");
     }
+    if (counted_lost(r, reply)) return;
     if (cut_.paused()) {
       if (cut_.rehold(r, reply)) {
         ++stats_.pushes_repeated;  // the cut holds it already: this connection gets the answer
@@ -647,9 +648,25 @@ class ParameterServer {
     judge_pulls_ahead();  // (the push may have said whether the step is a refill step)
   }
 
+  /// Refuses `r` if it is the push of a process lost while writing it, counted when the
+  /// process in its place pulled past its step here (PushLedger::count_lost): its bytes
+  /// read late from the lost process's connection, or held by a cut meanwhile.
+  bool counted_lost(const Push& r, Responder& reply) {
+    if (!ledger_.counted_lost(r.worker, r.local_step)) return false;
+    ++stats_.pushes_repeated;
+    reject(reply, ErrorCode::kAborted,
+           "push of step " + std::to_string(r.local_step) + " of worker " +
+               std::to_string(r.worker) +
+               " came after the process in its place pulled past that step here, which "
+               "counted it then as a push lost with its process: a late copy, not counted again");
+    return true;
+  }
+
   /// Takes a push that passed every check: the sync policy's verdict, then the update
-  /// (`largest`: its largest magnitude, +infinity when not known: Update::take).
+  /// (`largest`: its largest magnitude, +infinity when not known: Update::take). A push a
+  /// cut held is checked again here for a lost push counted meanwhile.
   void take(const Push& r, Responder& reply, float largest = std::numeric_limits<float>::infinity()) {
+    if (counted_lost(r, reply)) return;
     const std::int64_t step_before = pacing_.global_step();
     changing_ = true;  // the policy's own refusal (pulley::Error) leaves its pacer unchanged
     Verdict verdict = Verdict::kStale;
@@ -660,6 +677,11 @@ class ParameterServer {
       return reject(reply, e.code(), std::string("Push refused: ") + e.message());
     }
     ledger_.count(r.worker, r.local_step);
+    // A push judged lost here when its worker pulled ahead came after all (read late from the
+    // connection of the process lost): counted now, it is not counted again when its step moves.
+    if (r.local_step <= ahead_step_) {
+      for (Ahead& a : ahead_) a.lost_here = a.lost_here && a.worker != r.worker;
+    }
     ++stats_.pushes_taken;
     const auto outcome = update_.take(shard_, pacing_.policy(), r, verdict, step_before, stats_, largest);
     ledger_.answered(r.worker, r.sequence, {outcome.stale_parts, outcome.refused}, r.series);

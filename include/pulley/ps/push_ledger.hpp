@@ -11,9 +11,11 @@ namespace pulley {
 
 /// What a ps task has taken from each worker since the last restore: how many pushes (a
 /// checkpoint's cut brings every ps to the same counts, see CheckpointCut), the furthest
-/// step one was made for, and the sequence number and answer of the last one, so that a push sent again after a lost
-/// connection is answered as the first was and counted once (a worker has one push in
-/// flight at a time, and sends again only its last).
+/// step one was made for, and the sequence number and answer of the last one, so that a push sent
+/// again after a lost connection is answered as the first was and counted once (a worker has one
+/// push in flight at a time, and sends again only its last). A push lost with its worker's process
+/// and counted all the same (`count_lost`) is counted once too: a copy of it that still
+/// comes, written before the process was lost and read after, is `counted_lost`.
 class PushLedger {
  public:
   /// What a push taken was answered.
@@ -46,6 +48,20 @@ class PushLedger {
     furthest_ = std::max(furthest_, local_step);
   }
 
+  /// Counts the push of `worker` for step `step` or before that its process was lost while
+  /// writing: the pacing ps took it, this ps never did (ParameterServer::pulls_ahead).
+  void count_lost(std::uint32_t worker, std::int64_t step) {
+    count(worker, step);
+    if (lost_.size() <= worker) lost_.resize(worker + 1, -1);
+    lost_[worker] = std::max(lost_[worker], step);
+  }
+
+  /// True if a push of `worker` for `local_step` would be one counted by `count_lost`
+  /// already: the process that wrote it was lost, and the one in its place pulled past it.
+  [[nodiscard]] bool counted_lost(std::uint32_t worker, std::int64_t local_step) const noexcept {
+    return worker < lost_.size() && local_step <= lost_[worker];
+  }
+
   /// Remembers the answer to push `sequence` of `series` of `worker` (0: unnumbered,
   /// nothing kept).
   void answered(std::uint32_t worker, std::uint64_t sequence, Answer answer, std::uint64_t series = 0) {
@@ -67,6 +83,7 @@ class PushLedger {
   void clear() noexcept {
     taken_.clear();
     last_.clear();
+    lost_.clear();
     furthest_ = -1;
   }
 
@@ -78,6 +95,7 @@ class PushLedger {
   };
   std::vector<std::uint64_t> taken_;
   std::vector<Last> last_;
+  std::vector<std::int64_t> lost_;  ///< by worker: the furthest step a lost push was counted for
   std::int64_t furthest_ = -1;
 };
 
