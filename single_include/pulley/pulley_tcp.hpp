@@ -17841,6 +17841,10 @@ struct TcpOptions {
   /// TCP always (`--no-local-sockets`), e.g. where the tasks' TCP traffic must cross a
   /// firewall rule or a traffic shaper on this host.
   bool local_sockets = true;
+  /// Log what changes about the copies (a copy dropped, held elsewhere, served again). A
+  /// task that reaches the same ps tasks through a second transport (the role runner's
+  /// heartbeats) turns it off there, so that each change is said once per task.
+  bool logs_copies = true;
 };
 
 /// How a TcpServer treats its clients. Every limit protects the ps from a client that is
@@ -19170,6 +19174,11 @@ class Tcp {
       return true;
     }
 
+    /// Logs a change of the copies, unless another transport of this task says it.
+    void log_copies(LogLevel level, const std::string& line) const {
+      if (options_.logs_copies) log(level, line);
+    }
+
     void serve_again(std::uint32_t ps) {
       for (const auto& link : links_) {
         if (!link->dropped || link->task != ps) continue;
@@ -19178,9 +19187,12 @@ class Tcp {
         link->renewed = false;
         link->failing_since.reset();
         const std::size_t shard = index_of(*link) % shards_;
-        log(LogLevel::kInfo, self_.name() + ": ps " + std::to_string(shard) + "'s shard is served by two copies again (ps " +
-                                 std::to_string(link->task) + " at " + link->address + " holds one again" +
-                                 (link->server == 0 ? "; not reached yet: this task waits for it" : "") + ")");
+        log_copies(LogLevel::kInfo,
+                   self_.name() + ": ps " + std::to_string(shard) +
+                       "'s shard is served by two copies again (ps " + std::to_string(link->task) +
+                       " at " + link->address + " holds one again" +
+                       (link->server == 0 ? "; not reached yet: this task waits for it" : "") +
+                       ")");
         if (link->server == 0) link->failing_since = std::chrono::steady_clock::now();
       }
     }
@@ -19536,10 +19548,11 @@ class Tcp {
       if (links_[other]->dropped) return;  // the last copy: waited for as a ps without copies
       link.dropped = true;
       link.lost = lost ? link.server : 0;
-      log(LogLevel::kWarning, self_.name() + ": dropping the copy of ps " + std::to_string(shard) +
-                                  "'s shard held by ps " + std::to_string(link.task) + " at " + link.address +
-                                  " (" + why + "): it is served by the copy at " + links_[other]->address +
-                                  " alone from now on");
+      log_copies(LogLevel::kWarning, self_.name() + ": dropping the copy of ps " +
+                                         std::to_string(shard) + "'s shard held by ps " +
+                                         std::to_string(link.task) + " at " + link.address + " (" +
+                                         why + "): it is served by the copy at " +
+                                         links_[other]->address + " alone from now on");
       // Closed with a reset, not a FIN: what the kernel still holds to send (held back by
       // a silent cut, delivered when it heals) is discarded, so nothing this task sent
       // before reaches a process it gave up (a chief's request would renew its lease).
@@ -19596,9 +19609,10 @@ class Tcp {
       }
       const Link& at = *links_[holder];
       if (holder != shard) {  // (a ps that is no member has no copy: nothing to say)
-        log(LogLevel::kInfo, self_.name() + ": ps " + std::to_string(shard) +
-                                 "'s copy is held by ps " + std::to_string(holder) + " at " +
-                                 at.address + " now (was ps " + std::to_string(link.task) + ")");
+        log_copies(LogLevel::kInfo, self_.name() + ": ps " + std::to_string(shard) +
+                                        "'s copy is held by ps " + std::to_string(holder) + " at " +
+                                        at.address + " now (was ps " + std::to_string(link.task) +
+                                        ")");
       }
       link.task = holder;
       link.address = at.address;
@@ -19723,9 +19737,9 @@ class Tcp {
         }
         ruled_lost.push_back(links_[i]->task);
         links_[i]->dropped = true;
-        log(LogLevel::kWarning, self_.name() + ": " + missed[i]->what() + ": ps " +
-                                    std::to_string(i % shards_) +
-                                    "'s shard is served by one copy only");
+        log_copies(LogLevel::kWarning, self_.name() + ": " + missed[i]->what() + ": ps " +
+                                           std::to_string(i % shards_) +
+                                           "'s shard is served by one copy only");
       }
     }
 
@@ -19909,8 +19923,10 @@ class Tcp {
       if (asked.in_flight || now - asked.answered < kAskAgainAfter) return;
       asked.in_flight = true;
       if (!std::exchange(asked.told, true)) {
-        log(LogLevel::kWarning, self_.name() + ": ps " + std::to_string(link.task) + " at " + link.address + ": " +
-                                    why + "; asks the chief whether it is lost for the job (until then, waits for it)");
+        log_copies(
+            LogLevel::kWarning,
+            self_.name() + ": ps " + std::to_string(link.task) + " at " + link.address + ": " +
+                why + "; asks the chief whether it is lost for the job (until then, waits for it)");
       }
       std::shared_ptr<Rulings> box = rulings_;
       options_.copy_referee(LostProcess{link.task, link.server, why},

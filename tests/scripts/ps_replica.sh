@@ -53,6 +53,14 @@ run_job killed 1 1
 
 grep -q 'every ps restored from' "$work"/killed/chief-0.log && fail "the killed job rolled back"
 grep -h "dropping the copy" "$work"/killed/*.log | sed 's/^/killed: /'
+# Each task says each change of the copies once, though a worker reaches the ps tasks
+# through two transports (its training and its heartbeats).
+for who in worker-0 worker-1 chief-0; do
+  for line in "dropping the copy of ps 1's shard held by ps 1 " "ps 0's shard is served by two copies again"; do
+    n=$(grep -c -F "$line" "$work/killed/$who.log")
+    [ "$n" = 1 ] || fail "killed: $who logged \"$line\" $n times, where it happened once"
+  done
+done
 final_of() { sed -n 's/^final: \(.*\)/\1/p' "$1/chief-0.log"; }
 crc_of() { sed -n 's/^final: .*parameters_crc32c=\([0-9a-f]*\).*/\1/p' "$1/chief-0.log"; }
 for job in plain copies killed; do echo "$job: $(final_of "$work/$job")"; done

@@ -880,15 +880,17 @@ class ChiefLoop {
 
 /// The chief task: runs the ChiefLoop, then ends training (or aborts it, with the reason,
 /// when anything fails: every task then hears why). It beats its heart on a transport of
-/// its own (`connect()` makes each), so that the ps tasks notice when it is lost; what the
-/// beats bring back feeds its progress line and its figures in `metrics` (ChiefProgress).
+/// its own (`connect_beats()`, often `connect` again: one that need not log what the other
+/// does), so that the ps tasks notice when it is lost; what the beats bring back feeds its
+/// progress line and its figures in `metrics` (ChiefProgress).
 /// `joins`: the ps tasks that ask to join (the chief's JoinDesk); may be null. `dense`: a
 /// hybrid job's dense variables (ChiefLoop); null in a ps job.
-template <Model M, class Connect, IdSharding I = HashIds>
-void lead(const Training<M>& training, Connect connect, I id_sharding = {}, Metrics* metrics = nullptr,
-          JoinQueue* joins = nullptr, DensePart* dense = nullptr) {
+template <Model M, class Connect, class ConnectBeats, IdSharding I = HashIds>
+void lead(const Training<M>& training, Connect connect, ConnectBeats connect_beats,
+          I id_sharding = {}, Metrics* metrics = nullptr, JoinQueue* joins = nullptr,
+          DensePart* dense = nullptr) {
   using T = decltype(connect());
-  HeartbeatSender heartbeat(0, connect(), training.chief_heartbeat_interval(), "chief");
+  HeartbeatSender heartbeat(0, connect_beats(), training.chief_heartbeat_interval(), "chief");
   Chief chief(connect(), training.seed, training.client);
   ChiefProgress progress([&heartbeat] { return heartbeat.heard(); }, metrics, training.metrics,
                          training.last_step, training.samples_per_step, training.steps_per_epoch);

@@ -282,7 +282,8 @@ int run_hybrid(const Job& job, const Training<M>& training, O optimizer, T table
       runner_detail::DenseFollower<M, O, TcpRing> follower(
           training.model(), optimizer, TcpRing(num_workers, ring_addresses, job.credentials, ring_options),
           training.last_step, seed);
-      runner_detail::lead(training, [&] { return transport(Node::chief()); }, id_sharding, metrics, nullptr, &follower);
+      const auto connect = [&] { return transport(Node::chief()); };
+      runner_detail::lead(training, connect, connect, id_sharding, metrics, nullptr, &follower);
     } else if (type == "evaluator") {
       runner_detail::follow_checkpoints(training, metrics);
     } else {

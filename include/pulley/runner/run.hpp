@@ -216,7 +216,8 @@ void run_in_process(const Job& job, const Training<M>& training, S sharding, O o
     });
   }
   try {
-    lead(training, [&] { return InProcess(network, Node::chief()); }, id_sharding, metrics, nullptr, dense);
+    const auto connect = [&] { return InProcess(network, Node::chief()); };
+    lead(training, connect, connect, id_sharding, metrics, nullptr, dense);
   } catch (const std::exception& e) {
     fail("chief", e);
   }
@@ -288,6 +289,13 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
   }
   std::optional<std::span<const std::uint32_t>> reach_now;  // none: every ps of the spec at once
   auto transport = [&](Node self) { return Tcp(self, ps, self.role == Node::Role::kChief ? chief_tcp : tcp, reach_now); };
+  // Heartbeats go on a transport of their own, which leaves the copies' log lines to the
+  // one the task works on; `reach`: as reach_now.
+  const auto beats = [&](Node self, std::optional<std::span<const std::uint32_t>> reach) {
+    TcpOptions options = self.role == Node::Role::kChief ? chief_tcp : tcp;
+    options.logs_copies = false;
+    return Tcp(self, ps, std::move(options), reach);
+  };
   const auto count = [&](std::string_view role) { return static_cast<std::uint32_t>(config.cluster.tasks(role).size()); };
   MetricsReporter reporter(training.metrics, type + "-" + std::to_string(config.task.index),
                            metrics_port_offset(type, config.task.index, count("ps"), count("chief"), num_workers, join));
@@ -308,7 +316,8 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
       });
     }
     lead(
-        training, [&] { return transport(Node::chief()); }, id_sharding, metrics, joins);
+        training, [&] { return transport(Node::chief()); },
+        [&] { return beats(Node::chief(), reach_now); }, id_sharding, metrics, joins);
   };
   if (type == "ps") {
     serve(training, config, credentials, std::move(sharding), std::move(optimizer),
@@ -340,7 +349,9 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
     });
     try {
       const auto connect = [&] { return transport(Node::worker(0)); };
-      work(training, 0, num_workers, connect, connect, id_sharding, metrics);
+      work(
+          training, 0, num_workers, connect, [&] { return beats(Node::worker(0), reach_now); },
+          id_sharding, metrics);
     } catch (const std::exception& e) {
       // The chief thread may be waiting for steps this worker will not push: end the job.
       try {
@@ -360,13 +371,13 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
     const auto worker = [&](const Training<M>& as) {
       const Node self = Node::worker(config.task.index);
       naming_a_lost_chief(chief_address(config.cluster), tcp, [&] {
-        const auto beats = [&] {
-          if (beat_now.empty()) return transport(self);
-          return Tcp(self, ps, tcp, std::span<const std::uint32_t>(beat_now));
+        const auto connect_beats = [&] {
+          return beats(self,
+                       beat_now.empty() ? reach_now : std::span<const std::uint32_t>(beat_now));
         };
         work(
-            as, config.task.index, num_workers, [&] { return transport(self); }, beats, id_sharding,
-            metrics, leave);
+            as, config.task.index, num_workers, [&] { return transport(self); }, connect_beats,
+            id_sharding, metrics, leave);
       });
     };
     if (!join) return worker(training);

@@ -89,6 +89,10 @@ struct TcpOptions {
   /// TCP always (`--no-local-sockets`), e.g. where the tasks' TCP traffic must cross a
   /// firewall rule or a traffic shaper on this host.
   bool local_sockets = true;
+  /// Log what changes about the copies (a copy dropped, held elsewhere, served again). A
+  /// task that reaches the same ps tasks through a second transport (the role runner's
+  /// heartbeats) turns it off there, so that each change is said once per task.
+  bool logs_copies = true;
 };
 
 /// How a TcpServer treats its clients. Every limit protects the ps from a client that is
