@@ -553,6 +553,29 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "SyncReplicas at the message level: a restore forgets the lost pushes counted, and takes the "
+    "step's pushes again") {
+  auto ps = ready_server(SyncReplicas{2, 2});
+  const std::vector<float> g{2, 4};
+  CHECK(std::get<PushReply>(call_as(ps, push_b(0, 0, g), Node::worker(0))).stale_parts == 0);
+  // Worker 1's push of step 0 was lost with its process: its new process pulls step 1.
+  REQUIRE(std::holds_alternative<PullReply>(
+      call_as(ps, Pull{1, {{1, {0, 2}}}, 0, 1}, Node::worker(1), 5)));
+  // The chief rolls the job back to step 0, epoch 1: step 0 is trained again, and worker 1's
+  // push of it is a push like any, not the lost one.
+  const std::vector<float> b{5, 6};
+  REQUIRE(std::holds_alternative<Ack>(
+      call_as(ps, Restore{1, {0}, {{0, kZeroW, {}, {}}, {1, b, {}, {}}}}, Node::chief(), 9)));
+  for (std::uint32_t w = 0; w < 2; ++w) {
+    Push again = push_b(w, 0, g);
+    again.epoch = 1;
+    CHECK(std::get<PushReply>(call_as(ps, again, Node::worker(w), 6 + w)).stale_parts == 0);
+  }
+  CHECK(ps.stats().global_step == 1);
+  CHECK(read(ps, 1) == std::vector<float>{3, 2});  // {5, 6} - mean{g, g}
+}
+
+TEST_CASE(
     "SyncReplicas at the message level: a push said lost that comes before it was judged is "
     "taken, and counted once") {
   // R = N = 2, a cut paused. Worker 1's new process pulls step 1, its token saying the pacing
