@@ -2393,15 +2393,23 @@ inline constexpr float kOrdinaryMagnitude = 0x1p60F;
 
 namespace detail {
 
+// Where the build targets x86-64 below AVX2 (its default: SSE2, 4 floats per instruction),
+// the loops that most pushes and pulls run (the checks, Sgd's and Momentum's updates) are
+// compiled a second time for AVX2 (8 floats) and that copy runs where the CPU has AVX2.
+// Not AVX-512 nor FMA: with FMA the compiler fuses a multiply and an add into one rounding,
+// and an update would differ in its last bit from the same update on a CPU without it,
+// where AVX2's lanes do each element's IEEE operations as SSE2's do, bit for bit. A build
+// for AVX2 or more (-mavx2, -march=native) takes what it asked for instead.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__AVX2__) && \
+    !defined(__FMA__)
+#define PULLEY_DETAIL_AVX2_COPY 1
+#endif
+
 /// Runs `fold(i, lane)` for every i in [0, n), the values of 32 consecutive i folded into
-/// 32 independent lanes, and returns the lanes OR-ed together. The checks of pulley fold a
-/// value's bits with integer operations into a lane (its top bit set for a value out of
-/// bounds): written as one lane, the loop vectorizes but each vector waits on the OR of the
-/// one before; with 32 lanes the compiler keeps several vector accumulators, and a check
-/// alone reads at about twice the speed (a 1 MB gradient: 66-71 GB/s against 29-31 with
-/// one lane, SSE2, the host of BENCHMARKS.md), faster than memcpy copies it.
+/// 32 independent lanes, and returns the lanes OR-ed together: `fold_lanes`'s loop, in the
+/// instruction set of the function it is inlined into.
 template <class Fold>
-std::uint32_t fold_lanes(std::size_t n, Fold&& fold) noexcept {
+std::uint32_t fold_in_lanes(std::size_t n, Fold& fold) noexcept {
   constexpr std::size_t kLanes = 32;
   std::uint32_t lanes[kLanes] = {};
   std::size_t i = 0;
@@ -2412,6 +2420,53 @@ std::uint32_t fold_lanes(std::size_t n, Fold&& fold) noexcept {
   for (; i < n; ++i) fold(i, all);
   for (const std::uint32_t lane : lanes) all |= lane;
   return all;
+}
+
+#if defined(PULLEY_DETAIL_AVX2_COPY)
+/// True if this CPU, and its OS, run AVX2 instructions. Read at static initialization; a
+/// loop run before that (another static initializer's) sees false and takes SSE2's copy,
+/// which gives the same values.
+inline const bool kCpuHasAvx2 = [] {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") != 0;
+}();
+
+/// Runs `kernel()` with everything it calls inlined (`flatten`) into this function,
+/// compiled for AVX2: the loops inside vectorize for 8 floats. GCC's -O2 vectorizes only
+/// loops that need no run-time check of overlap or trip count, which these loops need, so
+/// this function asks for the cost model of -O3.
+template <class Kernel>
+#if defined(__clang__)
+[[gnu::target("avx2"), gnu::flatten]]
+#else
+[[gnu::target("avx2"), gnu::flatten, gnu::optimize("vect-cost-model=dynamic")]]
+#endif
+auto run_avx2(Kernel& kernel) {
+  return kernel();
+}
+#endif
+
+/// Runs `kernel()`, a loop written a value at a time that the compiler vectorizes, in its
+/// AVX2 copy where the build targets less and the CPU has it (see above), else as built.
+template <class Kernel>
+auto on_widest_vectors(Kernel&& kernel) {
+#if defined(PULLEY_DETAIL_AVX2_COPY)
+  if (kCpuHasAvx2) return run_avx2(kernel);
+#endif
+  return kernel();
+}
+
+/// Runs `fold(i, lane)` for every i in [0, n), the values of 32 consecutive i folded into
+/// 32 independent lanes, and returns the lanes OR-ed together. The checks of pulley fold a
+/// value's bits with integer operations into a lane (its top bit set for a value out of
+/// bounds): written as one lane, the loop vectorizes but each vector waits on the OR of the
+/// one before; with 32 lanes the compiler keeps several vector accumulators, and a check
+/// alone reads at about twice the speed (a 1 MB gradient: 66-71 GB/s against 29-31 with
+/// one lane, SSE2, the host of BENCHMARKS.md), faster than memcpy copies it. With AVX2's
+/// 8 floats where the CPU has them (`on_widest_vectors`).
+template <class Fold>
+std::uint32_t fold_lanes(std::size_t n, Fold&& fold) noexcept {
+  return on_widest_vectors([n, &fold] { return fold_in_lanes(n, fold); });
 }
 
 /// A float's exponent field, in its bits.
@@ -9653,6 +9708,39 @@ bool lanewise_ordinary(std::size_t begin, std::size_t end, Rule&& rule, const fl
   return lanes<true, kSigned>(begin, end, rule, in, out...);
 }
 
+/// `lanewise_ordinary` for a rule of additions, subtractions, multiplications and
+/// divisions only (no `lane_sqrt`, no `choose`), such as Sgd's and Momentum's: where the
+/// build targets less than AVX2 and the CPU has it, the rule runs a value at a time in a
+/// loop the compiler vectorizes for AVX2 (`on_widest_vectors`, core/magnitude.hpp), each
+/// value folded as `lanes` folds it; elsewhere it is `lanewise_ordinary`. The values written
+/// are the same in both, bit for bit (no FMA in either). A rule with a square root would
+/// not vectorize so (std::sqrt may set errno), hence `lanewise_ordinary` for those.
+template <std::size_t kSigned, class Rule, std::same_as<float>... Out>
+bool arithmetic_lanewise_ordinary(std::size_t begin, std::size_t end, Rule&& rule, const float* in,
+                                  Out*... out) {
+  static_assert(kSigned <= sizeof...(Out), "kSigned counts arrays of out");
+#if defined(PULLEY_DETAIL_AVX2_COPY)
+  if (kCpuHasAvx2) {
+    const auto one_at_a_time = [&, r = rule] {
+      std::uint32_t lane = 0;
+      for (std::size_t i = begin; i < end; ++i) {
+        if constexpr (std::is_void_v<decltype(r(in[i], out[i]...))>) {
+          r(in[i], out[i]...);
+        } else {
+          fold_ordinary_non_negative(lane, r(in[i], out[i]...));
+        }
+        std::size_t k = 0;
+        ((k++ < kSigned ? fold_ordinary(lane, out[i]) : fold_ordinary_non_negative(lane, out[i])),
+         ...);
+      }
+      return (lane & kSignBit) == 0;
+    };
+    return run_avx2(one_at_a_time);
+  }
+#endif
+  return lanes<true, kSigned>(begin, end, rule, in, out...);
+}
+
 }  // namespace pulley::detail
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -10296,8 +10384,8 @@ struct Momentum {
       wi -= lr * (nesterov ? gi + mu * ai : ai);
     };
     // Both arrays of any sign.
-    const bool ordinary =
-        detail::lanewise_ordinary<2>(0, n, rule, g.data(), state.accumulation.data(), w.data());
+    const bool ordinary = detail::arithmetic_lanewise_ordinary<2>(
+        0, n, rule, g.data(), state.accumulation.data(), w.data());
     return magnitude_bound(ordinary);
   }
 
@@ -10598,7 +10686,7 @@ struct Sgd {
   /// The rule over n elements, behind `apply` and `apply_row`: a bound of the weights'
   /// magnitudes after (kOrdinaryMagnitude or +infinity), judged in the lanes that wrote them.
   static float update(float lr, float* w, const float* g, std::size_t n) {
-    return magnitude_bound(detail::lanewise_ordinary<1>(
+    return magnitude_bound(detail::arithmetic_lanewise_ordinary<1>(
         0, n, [lr](auto gi, auto& wi) { wi -= lr * gi; }, g, w));
   }
 };

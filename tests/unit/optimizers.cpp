@@ -232,14 +232,32 @@ TEST_CASE("every stock optimizer computes every element as the scalar rule does,
   }
 }
 
-TEST_CASE("lanewise_ordinary judges every value it wrote, in whole vectors and in the tail") {
+namespace {
+/// `lanewise_ordinary`, or with `arithmetic` `arithmetic_lanewise_ordinary` (AVX2's copy of
+/// the loop where this CPU has AVX2 and the build targets less), over two arrays.
+template <std::size_t kSigned, class Rule>
+bool judged(bool arithmetic, std::size_t begin, std::size_t end, const Rule& rule, const float* in,
+            float* a, float* b) {
+  return arithmetic
+             ? pulley::detail::arithmetic_lanewise_ordinary<kSigned>(begin, end, rule, in, a, b)
+             : pulley::detail::lanewise_ordinary<kSigned>(begin, end, rule, in, a, b);
+}
+}  // namespace
+
+TEST_CASE(
+    "lanewise_ordinary and its arithmetic form judge every value they wrote, in whole vectors and "
+    "in the tail") {
   // Two rules: `copy` writes its input to both arrays, `flip` writes it to the first and its
   // negation to the second. The first array may hold any sign; the second must not be
   // negative (kSigned = 1), or may (kSigned = 2). One value of every kind at every place of
   // ranges of 1 to 40 elements (whole vectors of any width, every tail length) and of a few
   // longer ones (the loop of four vectors at a time, up to AVX-512's 64 floats, and what
   // follows it); the rest 0.25. The verdict is worked out here from the values' magnitudes
-  // and sign bits.
+  // and sign bits. Both forms: `arithmetic_lanewise_ordinary` runs the loop a value at a
+  // time, in AVX2's copy where this CPU has it (core/magnitude.hpp).
+#if defined(PULLEY_DETAIL_AVX2_COPY)
+  MESSAGE("AVX2's copy of the loops runs here: " << pulley::detail::kCpuHasAvx2);
+#endif
   const float limit = pulley::kOrdinaryMagnitude;
   const float inf = std::numeric_limits<float>::infinity();
   const float kinds[] = {0.5F,   std::nextafter(limit, 0.0F), limit, -std::nextafter(limit, 0.0F), -limit, -1.0F,
@@ -257,34 +275,38 @@ TEST_CASE("lanewise_ordinary judges every value it wrote, in whole vectors and i
   std::vector<std::size_t> sizes(40);
   std::iota(sizes.begin(), sizes.end(), std::size_t{1});
   sizes.insert(sizes.end(), {63, 64, 65, 80, 81, 131});
-  for (const std::size_t n : sizes) {
-    for (std::size_t at = 0; at < n; ++at) {
-      for (const float kind : kinds) {
-        std::vector<float> in(n, 0.25F), a(n), b(n);
-        in[at] = kind;
-        CAPTURE(n);
-        CAPTURE(at);
-        CAPTURE(kind);
-        CHECK(pulley::detail::lanewise_ordinary<1>(0, n, copy, in.data(), a.data(), b.data()) ==
-              (ordinary(kind) && not_negative(kind)));
-        CHECK(pulley::detail::lanewise_ordinary<2>(0, n, copy, in.data(), a.data(), b.data()) == ordinary(kind));
-        CHECK(std::memcmp(a.data(), in.data(), n * sizeof(float)) == 0);  // written as lanewise writes
-        // The other 0.25s flip to -0.25: the second array is negative wherever n > 1.
-        CHECK(pulley::detail::lanewise_ordinary<1>(0, n, flip, in.data(), a.data(), b.data()) ==
-              (n == 1 && ordinary(kind) && not_negative(-kind)));
-        CHECK(pulley::detail::lanewise_ordinary<2>(0, n, flip, in.data(), a.data(), b.data()) == ordinary(kind));
+  for (const bool arithmetic : {false, true}) {
+    CAPTURE(arithmetic);
+    for (const std::size_t n : sizes) {
+      for (std::size_t at = 0; at < n; ++at) {
+        for (const float kind : kinds) {
+          std::vector<float> in(n, 0.25F), a(n), b(n);
+          in[at] = kind;
+          CAPTURE(n);
+          CAPTURE(at);
+          CAPTURE(kind);
+          CHECK(judged<1>(arithmetic, 0, n, copy, in.data(), a.data(), b.data()) ==
+                (ordinary(kind) && not_negative(kind)));
+          CHECK(judged<2>(arithmetic, 0, n, copy, in.data(), a.data(), b.data()) == ordinary(kind));
+          CHECK(std::memcmp(a.data(), in.data(), n * sizeof(float)) ==
+                0);  // written as lanewise writes
+          // The other 0.25s flip to -0.25: the second array is negative wherever n > 1.
+          CHECK(judged<1>(arithmetic, 0, n, flip, in.data(), a.data(), b.data()) ==
+                (n == 1 && ordinary(kind) && not_negative(-kind)));
+          CHECK(judged<2>(arithmetic, 0, n, flip, in.data(), a.data(), b.data()) == ordinary(kind));
+        }
       }
     }
+    // A range that starts past 0 (begin) checks only its own elements.
+    std::vector<float> in(20, 0.25F), a(20), b(20);
+    in[2] = std::numeric_limits<float>::quiet_NaN();
+    CHECK(judged<1>(arithmetic, 3, 20, copy, in.data(), a.data(), b.data()));
+    CHECK_FALSE(judged<1>(arithmetic, 2, 20, copy, in.data(), a.data(), b.data()));
+    // Only the second array negative, everywhere: flip of positives.
+    std::vector<float> positive(33, 0.5F), a33(33), b33(33);
+    CHECK_FALSE(judged<1>(arithmetic, 0, 33, flip, positive.data(), a33.data(), b33.data()));
+    CHECK(judged<2>(arithmetic, 0, 33, flip, positive.data(), a33.data(), b33.data()));
   }
-  // A range that starts past 0 (begin) checks only its own elements.
-  std::vector<float> in(20, 0.25F), a(20), b(20);
-  in[2] = std::numeric_limits<float>::quiet_NaN();
-  CHECK(pulley::detail::lanewise_ordinary<1>(3, 20, copy, in.data(), a.data(), b.data()));
-  CHECK_FALSE(pulley::detail::lanewise_ordinary<1>(2, 20, copy, in.data(), a.data(), b.data()));
-  // Only the second array negative, everywhere: flip of positives.
-  std::vector<float> positive(33, 0.5F), a33(33), b33(33);
-  CHECK_FALSE(pulley::detail::lanewise_ordinary<1>(0, 33, flip, positive.data(), a33.data(), b33.data()));
-  CHECK(pulley::detail::lanewise_ordinary<2>(0, 33, flip, positive.data(), a33.data(), b33.data()));
 }
 
 TEST_CASE("optimizer state is per part: two parts updated independently stay independent") {

@@ -22,15 +22,23 @@ inline constexpr float kOrdinaryMagnitude = 0x1p60F;
 
 namespace detail {
 
+// Where the build targets x86-64 below AVX2 (its default: SSE2, 4 floats per instruction),
+// the loops that most pushes and pulls run (the checks, Sgd's and Momentum's updates) are
+// compiled a second time for AVX2 (8 floats) and that copy runs where the CPU has AVX2.
+// Not AVX-512 nor FMA: with FMA the compiler fuses a multiply and an add into one rounding,
+// and an update would differ in its last bit from the same update on a CPU without it,
+// where AVX2's lanes do each element's IEEE operations as SSE2's do, bit for bit. A build
+// for AVX2 or more (-mavx2, -march=native) takes what it asked for instead.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__AVX2__) && \
+    !defined(__FMA__)
+#define PULLEY_DETAIL_AVX2_COPY 1
+#endif
+
 /// Runs `fold(i, lane)` for every i in [0, n), the values of 32 consecutive i folded into
-/// 32 independent lanes, and returns the lanes OR-ed together. The checks of pulley fold a
-/// value's bits with integer operations into a lane (its top bit set for a value out of
-/// bounds): written as one lane, the loop vectorizes but each vector waits on the OR of the
-/// one before; with 32 lanes the compiler keeps several vector accumulators, and a check
-/// alone reads at about twice the speed (a 1 MB gradient: 66-71 GB/s against 29-31 with
-/// one lane, SSE2, the host of BENCHMARKS.md), faster than memcpy copies it.
+/// 32 independent lanes, and returns the lanes OR-ed together: `fold_lanes`'s loop, in the
+/// instruction set of the function it is inlined into.
 template <class Fold>
-std::uint32_t fold_lanes(std::size_t n, Fold&& fold) noexcept {
+std::uint32_t fold_in_lanes(std::size_t n, Fold& fold) noexcept {
   constexpr std::size_t kLanes = 32;
   std::uint32_t lanes[kLanes] = {};
   std::size_t i = 0;
@@ -41,6 +49,53 @@ std::uint32_t fold_lanes(std::size_t n, Fold&& fold) noexcept {
   for (; i < n; ++i) fold(i, all);
   for (const std::uint32_t lane : lanes) all |= lane;
   return all;
+}
+
+#if defined(PULLEY_DETAIL_AVX2_COPY)
+/// True if this CPU, and its OS, run AVX2 instructions. Read at static initialization; a
+/// loop run before that (another static initializer's) sees false and takes SSE2's copy,
+/// which gives the same values.
+inline const bool kCpuHasAvx2 = [] {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") != 0;
+}();
+
+/// Runs `kernel()` with everything it calls inlined (`flatten`) into this function,
+/// compiled for AVX2: the loops inside vectorize for 8 floats. GCC's -O2 vectorizes only
+/// loops that need no run-time check of overlap or trip count, which these loops need, so
+/// this function asks for the cost model of -O3.
+template <class Kernel>
+#if defined(__clang__)
+[[gnu::target("avx2"), gnu::flatten]]
+#else
+[[gnu::target("avx2"), gnu::flatten, gnu::optimize("vect-cost-model=dynamic")]]
+#endif
+auto run_avx2(Kernel& kernel) {
+  return kernel();
+}
+#endif
+
+/// Runs `kernel()`, a loop written a value at a time that the compiler vectorizes, in its
+/// AVX2 copy where the build targets less and the CPU has it (see above), else as built.
+template <class Kernel>
+auto on_widest_vectors(Kernel&& kernel) {
+#if defined(PULLEY_DETAIL_AVX2_COPY)
+  if (kCpuHasAvx2) return run_avx2(kernel);
+#endif
+  return kernel();
+}
+
+/// Runs `fold(i, lane)` for every i in [0, n), the values of 32 consecutive i folded into
+/// 32 independent lanes, and returns the lanes OR-ed together. The checks of pulley fold a
+/// value's bits with integer operations into a lane (its top bit set for a value out of
+/// bounds): written as one lane, the loop vectorizes but each vector waits on the OR of the
+/// one before; with 32 lanes the compiler keeps several vector accumulators, and a check
+/// alone reads at about twice the speed (a 1 MB gradient: 66-71 GB/s against 29-31 with
+/// one lane, SSE2, the host of BENCHMARKS.md), faster than memcpy copies it. With AVX2's
+/// 8 floats where the CPU has them (`on_widest_vectors`).
+template <class Fold>
+std::uint32_t fold_lanes(std::size_t n, Fold&& fold) noexcept {
+  return on_widest_vectors([n, &fold] { return fold_in_lanes(n, fold); });
 }
 
 /// A float's exponent field, in its bits.

@@ -87,7 +87,7 @@ struct Sgd {
   /// The rule over n elements, behind `apply` and `apply_row`: a bound of the weights'
   /// magnitudes after (kOrdinaryMagnitude or +infinity), judged in the lanes that wrote them.
   static float update(float lr, float* w, const float* g, std::size_t n) {
-    return magnitude_bound(detail::lanewise_ordinary<1>(
+    return magnitude_bound(detail::arithmetic_lanewise_ordinary<1>(
         0, n, [lr](auto gi, auto& wi) { wi -= lr * gi; }, g, w));
   }
 };

@@ -219,6 +219,39 @@ bool lanewise_ordinary(std::size_t begin, std::size_t end, Rule&& rule, const fl
   return lanes<true, kSigned>(begin, end, rule, in, out...);
 }
 
+/// `lanewise_ordinary` for a rule of additions, subtractions, multiplications and
+/// divisions only (no `lane_sqrt`, no `choose`), such as Sgd's and Momentum's: where the
+/// build targets less than AVX2 and the CPU has it, the rule runs a value at a time in a
+/// loop the compiler vectorizes for AVX2 (`on_widest_vectors`, core/magnitude.hpp), each
+/// value folded as `lanes` folds it; elsewhere it is `lanewise_ordinary`. The values written
+/// are the same in both, bit for bit (no FMA in either). A rule with a square root would
+/// not vectorize so (std::sqrt may set errno), hence `lanewise_ordinary` for those.
+template <std::size_t kSigned, class Rule, std::same_as<float>... Out>
+bool arithmetic_lanewise_ordinary(std::size_t begin, std::size_t end, Rule&& rule, const float* in,
+                                  Out*... out) {
+  static_assert(kSigned <= sizeof...(Out), "kSigned counts arrays of out");
+#if defined(PULLEY_DETAIL_AVX2_COPY)
+  if (kCpuHasAvx2) {
+    const auto one_at_a_time = [&, r = rule] {
+      std::uint32_t lane = 0;
+      for (std::size_t i = begin; i < end; ++i) {
+        if constexpr (std::is_void_v<decltype(r(in[i], out[i]...))>) {
+          r(in[i], out[i]...);
+        } else {
+          fold_ordinary_non_negative(lane, r(in[i], out[i]...));
+        }
+        std::size_t k = 0;
+        ((k++ < kSigned ? fold_ordinary(lane, out[i]) : fold_ordinary_non_negative(lane, out[i])),
+         ...);
+      }
+      return (lane & kSignBit) == 0;
+    };
+    return run_avx2(one_at_a_time);
+  }
+#endif
+  return lanes<true, kSigned>(begin, end, rule, in, out...);
+}
+
 }  // namespace pulley::detail
 
 #if defined(__GNUC__) && !defined(__clang__)
