@@ -2394,8 +2394,8 @@ inline constexpr float kOrdinaryMagnitude = 0x1p60F;
 namespace detail {
 
 // Where the build targets x86-64 below AVX2 (its default: SSE2, 4 floats per instruction),
-// the loops that most pushes and pulls run (the checks, Sgd's and Momentum's updates) are
-// compiled a second time for AVX2 (8 floats) and that copy runs where the CPU has AVX2.
+// the loops that most pushes and pulls run (the checks, Sgd's update) are compiled a second
+// time for AVX2 (8 floats), and that copy runs where the CPU has AVX2.
 // Not AVX-512 nor FMA: with FMA the compiler fuses a multiply and an add into one rounding,
 // and an update would differ in its last bit from the same update on a CPU without it,
 // where AVX2's lanes do each element's IEEE operations as SSE2's do, bit for bit. A build
@@ -2409,7 +2409,7 @@ namespace detail {
 /// 32 independent lanes, and returns the lanes OR-ed together: `fold_lanes`'s loop, in the
 /// instruction set of the function it is inlined into.
 template <class Fold>
-std::uint32_t fold_in_lanes(std::size_t n, Fold& fold) noexcept {
+[[gnu::always_inline]] inline std::uint32_t fold_in_lanes(std::size_t n, Fold& fold) noexcept {
   constexpr std::size_t kLanes = 32;
   std::uint32_t lanes[kLanes] = {};
   std::size_t i = 0;
@@ -2431,10 +2431,13 @@ inline const bool kCpuHasAvx2 = [] {
   return __builtin_cpu_supports("avx2") != 0;
 }();
 
-/// Runs `kernel()` with everything it calls inlined (`flatten`) into this function,
-/// compiled for AVX2: the loops inside vectorize for 8 floats. GCC's -O2 vectorizes only
-/// loops that need no run-time check of overlap or trip count, which these loops need, so
-/// this function asks for the cost model of -O3.
+/// Runs `kernel()`, a loop written a value at a time, with what it calls inlined
+/// (`flatten`; clang inlines only the calls in this body, so what the kernel calls in turn
+/// is `always_inline`) into this function, compiled for AVX2: the loop vectorizes for 8
+/// floats. GCC's -O2 vectorizes only loops that need no run-time check of overlap or trip
+/// count, which these loops need, so this function asks GCC for the cost model of -O3
+/// (the `optimize` attribute, which GCC's manual calls meant for debugging: it works here
+/// as documented, adding one option to the command line's, and a test checks the values).
 template <class Kernel>
 #if defined(__clang__)
 [[gnu::target("avx2"), gnu::flatten]]
@@ -2446,16 +2449,6 @@ auto run_avx2(Kernel& kernel) {
 }
 #endif
 
-/// Runs `kernel()`, a loop written a value at a time that the compiler vectorizes, in its
-/// AVX2 copy where the build targets less and the CPU has it (see above), else as built.
-template <class Kernel>
-auto on_widest_vectors(Kernel&& kernel) {
-#if defined(PULLEY_DETAIL_AVX2_COPY)
-  if (kCpuHasAvx2) return run_avx2(kernel);
-#endif
-  return kernel();
-}
-
 /// Runs `fold(i, lane)` for every i in [0, n), the values of 32 consecutive i folded into
 /// 32 independent lanes, and returns the lanes OR-ed together. The checks of pulley fold a
 /// value's bits with integer operations into a lane (its top bit set for a value out of
@@ -2463,10 +2456,16 @@ auto on_widest_vectors(Kernel&& kernel) {
 /// one before; with 32 lanes the compiler keeps several vector accumulators, and a check
 /// alone reads at about twice the speed (a 1 MB gradient: 66-71 GB/s against 29-31 with
 /// one lane, SSE2, the host of BENCHMARKS.md), faster than memcpy copies it. With AVX2's
-/// 8 floats where the CPU has them (`on_widest_vectors`).
+/// 8 floats where the CPU has them (`run_avx2`).
 template <class Fold>
 std::uint32_t fold_lanes(std::size_t n, Fold&& fold) noexcept {
-  return on_widest_vectors([n, &fold] { return fold_in_lanes(n, fold); });
+#if defined(PULLEY_DETAIL_AVX2_COPY)
+  if (kCpuHasAvx2) {
+    const auto kernel = [n, &fold] { return fold_in_lanes(n, fold); };
+    return run_avx2(kernel);
+  }
+#endif
+  return fold_in_lanes(n, fold);
 }
 
 /// A float's exponent field, in its bits.
@@ -9562,7 +9561,13 @@ bool lanes(std::size_t begin, std::size_t end, Rule rule, const float* in, Out*.
   };
 #if defined(PULLEY_DETAIL_VECTOR_LANES)
   namespace stdx = std::experimental;
+  // AVX without AVX2 (-mavx, -march=sandybridge) has vectors of 8 floats but none of 8
+  // integers, so the folds of the values' bits run at SSE2's width of 4 there.
+#if defined(__AVX__) && !defined(__AVX2__)
+  using V = stdx::simd<float, stdx::simd_abi::deduce_t<float, 4>>;
+#else
   using V = stdx::native_simd<float>;
+#endif
   using U = stdx::rebind_simd_t<std::uint32_t, V>;
   static_assert(sizeof(U) == sizeof(V) && std::is_trivially_copyable_v<U> && std::is_trivially_copyable_v<V>,
                 "a vector of floats and one of their bits are bit casts of each other");
@@ -9708,13 +9713,16 @@ bool lanewise_ordinary(std::size_t begin, std::size_t end, Rule&& rule, const fl
   return lanes<true, kSigned>(begin, end, rule, in, out...);
 }
 
-/// `lanewise_ordinary` for a rule of additions, subtractions, multiplications and
-/// divisions only (no `lane_sqrt`, no `choose`), such as Sgd's and Momentum's: where the
-/// build targets less than AVX2 and the CPU has it, the rule runs a value at a time in a
-/// loop the compiler vectorizes for AVX2 (`on_widest_vectors`, core/magnitude.hpp), each
-/// value folded as `lanes` folds it; elsewhere it is `lanewise_ordinary`. The values written
-/// are the same in both, bit for bit (no FMA in either). A rule with a square root would
-/// not vectorize so (std::sqrt may set errno), hence `lanewise_ordinary` for those.
+/// `lanewise_ordinary` for a rule of additions, subtractions and multiplications only (no
+/// division, no `lane_sqrt`, no `choose`), such as Sgd's: where the build targets less than
+/// AVX2 and the CPU has it, the rule runs a value at a time in a loop the compiler
+/// vectorizes for AVX2 (`run_avx2`, core/magnitude.hpp), each value folded as `lanes` folds
+/// it; elsewhere it is `lanewise_ordinary`. The values written are
+/// the same in both, bit for bit (no FMA in either). Not for a rule with a square root,
+/// which would not vectorize so (std::sqrt may set errno), nor one with a division, which
+/// -ffast-math lets the compiler turn into an approximate reciprocal in the vectors and not
+/// in the loop's scalar tail; nor with a condition that changes from one element to the
+/// next (GCC does not vectorize the branch): make such a choice outside the loop.
 template <std::size_t kSigned, class Rule, std::same_as<float>... Out>
 bool arithmetic_lanewise_ordinary(std::size_t begin, std::size_t end, Rule&& rule, const float* in,
                                   Out*... out) {
@@ -10384,8 +10392,8 @@ struct Momentum {
       wi -= lr * (nesterov ? gi + mu * ai : ai);
     };
     // Both arrays of any sign.
-    const bool ordinary = detail::arithmetic_lanewise_ordinary<2>(
-        0, n, rule, g.data(), state.accumulation.data(), w.data());
+    const bool ordinary =
+        detail::lanewise_ordinary<2>(0, n, rule, g.data(), state.accumulation.data(), w.data());
     return magnitude_bound(ordinary);
   }
 

@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: MIT
-// Compiled, never run (warnings.native_optimizers): every stock optimizer's update with the
-// host's widest vectors (-march=native) and the optimizer on (-O2), where the compiler's
-// middle-end warnings run, under -Werror. A user who builds for the host and treats
-// warnings as errors must not have pulley's headers fail the build (GCC 12's AVX-512
-// square root warned in every caller of the vector lanes: core/detail/lanes.hpp).
+// Compiled, never run (warnings.native_optimizers, warnings.avx_optimizers): every stock
+// optimizer's update with the host's widest vectors (-march=native), or AVX's without AVX2
+// (-mavx), and the optimizer on (-O2), where the compiler's middle-end warnings run, under
+// -Werror. A user who builds for the host and treats warnings as errors must not have
+// pulley's headers fail the build (GCC 12's AVX-512 square root warned in every caller of
+// the vector lanes: core/detail/lanes.hpp; with -mavx the lanes' folds did not compile).
 #include <cstddef>
 #include <span>
 #include <vector>

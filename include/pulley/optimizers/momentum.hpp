@@ -52,8 +52,8 @@ struct Momentum {
       wi -= lr * (nesterov ? gi + mu * ai : ai);
     };
     // Both arrays of any sign.
-    const bool ordinary = detail::arithmetic_lanewise_ordinary<2>(
-        0, n, rule, g.data(), state.accumulation.data(), w.data());
+    const bool ordinary =
+        detail::lanewise_ordinary<2>(0, n, rule, g.data(), state.accumulation.data(), w.data());
     return magnitude_bound(ordinary);
   }
 

@@ -73,7 +73,13 @@ bool lanes(std::size_t begin, std::size_t end, Rule rule, const float* in, Out*.
   };
 #if defined(PULLEY_DETAIL_VECTOR_LANES)
   namespace stdx = std::experimental;
+  // AVX without AVX2 (-mavx, -march=sandybridge) has vectors of 8 floats but none of 8
+  // integers, so the folds of the values' bits run at SSE2's width of 4 there.
+#if defined(__AVX__) && !defined(__AVX2__)
+  using V = stdx::simd<float, stdx::simd_abi::deduce_t<float, 4>>;
+#else
   using V = stdx::native_simd<float>;
+#endif
   using U = stdx::rebind_simd_t<std::uint32_t, V>;
   static_assert(sizeof(U) == sizeof(V) && std::is_trivially_copyable_v<U> && std::is_trivially_copyable_v<V>,
                 "a vector of floats and one of their bits are bit casts of each other");
@@ -219,13 +225,16 @@ bool lanewise_ordinary(std::size_t begin, std::size_t end, Rule&& rule, const fl
   return lanes<true, kSigned>(begin, end, rule, in, out...);
 }
 
-/// `lanewise_ordinary` for a rule of additions, subtractions, multiplications and
-/// divisions only (no `lane_sqrt`, no `choose`), such as Sgd's and Momentum's: where the
-/// build targets less than AVX2 and the CPU has it, the rule runs a value at a time in a
-/// loop the compiler vectorizes for AVX2 (`on_widest_vectors`, core/magnitude.hpp), each
-/// value folded as `lanes` folds it; elsewhere it is `lanewise_ordinary`. The values written
-/// are the same in both, bit for bit (no FMA in either). A rule with a square root would
-/// not vectorize so (std::sqrt may set errno), hence `lanewise_ordinary` for those.
+/// `lanewise_ordinary` for a rule of additions, subtractions and multiplications only (no
+/// division, no `lane_sqrt`, no `choose`), such as Sgd's: where the build targets less than
+/// AVX2 and the CPU has it, the rule runs a value at a time in a loop the compiler
+/// vectorizes for AVX2 (`run_avx2`, core/magnitude.hpp), each value folded as `lanes` folds
+/// it; elsewhere it is `lanewise_ordinary`. The values written are
+/// the same in both, bit for bit (no FMA in either). Not for a rule with a square root,
+/// which would not vectorize so (std::sqrt may set errno), nor one with a division, which
+/// -ffast-math lets the compiler turn into an approximate reciprocal in the vectors and not
+/// in the loop's scalar tail; nor with a condition that changes from one element to the
+/// next (GCC does not vectorize the branch): make such a choice outside the loop.
 template <std::size_t kSigned, class Rule, std::same_as<float>... Out>
 bool arithmetic_lanewise_ordinary(std::size_t begin, std::size_t end, Rule&& rule, const float* in,
                                   Out*... out) {
