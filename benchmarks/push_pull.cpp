@@ -164,8 +164,14 @@ double in_process(std::size_t n, std::uint32_t workers, Op op) {
                    [&](pulley::Node node) { return pulley::InProcess(network, node); });
 }
 
-/// `local`: through the ps's local socket (TcpOptions::local_sockets), else TCP loopback.
-double over_tcp(std::size_t n, std::uint32_t workers, Op op, bool local = false) {
+/// How a client on the ps's host reaches it.
+enum class Link {
+  kTcp,     ///< TCP loopback
+  kLocal,   ///< the ps's local socket, its bytes on the socket (TcpOptions::shared_memory off)
+  kShared,  ///< the local socket, its bytes through shared memory (the default on one host)
+};
+
+double over_tcp(std::size_t n, std::uint32_t workers, Op op, Link link = Link::kTcp) {
   const pulley::Credentials job{"push-pull", "the benchmark's secret"};
   pulley::TcpServerOptions serving;
   serving.credentials = job;
@@ -175,7 +181,8 @@ double over_tcp(std::size_t n, std::uint32_t workers, Op op, bool local = false)
   std::thread serving_thread([&] { listener.run(); });
   pulley::TcpOptions options;
   options.credentials = job;
-  options.local_sockets = local;
+  options.local_sockets = link != Link::kTcp;
+  options.shared_memory = link == Link::kShared;
   const double t = push_pull(n, workers, op, [&](pulley::Node node) {
     return pulley::Tcp(node, {address}, options);
   });
@@ -349,9 +356,17 @@ int main(int argc, char** argv) {
       print(
           "local-socket push+pull, " + who,
           [&] {
-            return paired([&] { return over_tcp(n, workers, Op::kPushPull, true) / w; }, echo);
+            return paired([&] { return over_tcp(n, workers, Op::kPushPull, Link::kLocal) / w; },
+                          echo);
           },
           two_gb_per_s, "GB/s", "raw loopback echo");
+      print(
+          "shared-memory push+pull, " + who,
+          [&] {
+            return paired([&] { return over_tcp(n, workers, Op::kPushPull, Link::kShared) / w; },
+                          copy);
+          },
+          two_gb_per_s, "GB/s", "memcpy");
       if (workers == 1) {
         print(
             "TCP push, " + who,

@@ -17012,6 +17012,331 @@ inline void merge_copy_answers(Response& read, const Response& other) {
 
 }  // namespace pulley::transport_detail
 // ---- end pulley/transport/detail/copies.hpp ----
+// ---- begin pulley/transport/detail/shared_rings.hpp ----
+
+/// A TCP client's or server's connection through shared memory. Between two processes of one
+/// host, on a local socket, the ends agree in the handshake (`wire::kSharedMemoryFlag` on the
+/// hello and the welcome) and then hand each other a SharedRing, one per direction, over the
+/// socket (send_fd); from then on every frame crosses a ring in one copy at each end, and
+/// the socket carries only doorbells and the sign of a lost peer. The frames, the limits and
+/// every check stay as on the socket: only the bytes' path changes.
+
+#include <algorithm>
+#include <array>
+#include <asio.hpp>
+#include <cerrno>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <span>
+#include <system_error>
+#include <utility>
+
+#if defined(__linux__)
+#include <sys/socket.h>
+#endif
+
+// ---- begin pulley/transport/detail/shared_ring.hpp ----
+
+#if defined(__linux__)
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#endif
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <new>
+#include <span>
+#include <utility>
+
+namespace pulley::transport_detail {
+
+/// True where two processes of one host can share a SharedRing (Linux: memfd_create and
+/// SCM_RIGHTS).
+#if defined(__linux__)
+inline constexpr bool kSharedRings = true;
+#else
+inline constexpr bool kSharedRings = false;
+#endif
+
+/// A one-way byte stream between two processes of one host in memory they share: a ring
+/// buffer (`kCapacity` bytes unless its maker chose another power of 2) behind a memory file
+/// (memfd) that the writing end makes and hands to the reading end over the local socket they
+/// already share (SCM_RIGHTS). A byte crosses it in one copy at each end, with no system call while
+/// neither end waits; the socket stays the doorbell (an end about to sleep says so in the shared
+/// header, and the other end then writes one byte to wake it) and the sign of a lost peer (its end
+/// of the socket closes when the process dies).
+///
+/// One writer and one reader, each one thread: `write` and `read` move what fits now and
+/// never block; the owner of the socket polls it when neither can move. Each end keeps its
+/// own position to itself and reads only the other's from the shared header, clamped to
+/// the ring, so a peer that scribbles on the header can stall the stream or garble its
+/// bytes (as it could through a socket) but never make this end touch memory outside the
+/// ring; and the memory file is sealed at its size, so neither end can shrink it under
+/// the other (a bus error on the next touch).
+class SharedRing {
+ public:
+  static constexpr std::size_t kCapacity = std::size_t{4} << 20U;  ///< bytes, by default
+  /// The capacities a reading end accepts (powers of 2 between them).
+  static constexpr std::size_t kMinCapacity = std::size_t{64} << 10U;
+  static constexpr std::size_t kMaxCapacity = std::size_t{64} << 20U;
+
+  SharedRing() = default;
+  SharedRing(const SharedRing&) = delete;
+  SharedRing& operator=(const SharedRing&) = delete;
+  SharedRing(SharedRing&& other) noexcept
+      : mapping_(std::exchange(other.mapping_, nullptr)),
+        fd_(std::exchange(other.fd_, -1)),
+        capacity_(std::exchange(other.capacity_, 0)),
+        mine_(std::exchange(other.mine_, 0)) {}
+  SharedRing& operator=(SharedRing&& other) noexcept {
+    std::swap(mapping_, other.mapping_);
+    std::swap(fd_, other.fd_);
+    std::swap(capacity_, other.capacity_);
+    std::swap(mine_, other.mine_);
+    return *this;
+  }
+  ~SharedRing() { release(); }
+
+  /// Makes a ring of `capacity` bytes (a power of 2 from kMinCapacity to kMaxCapacity), the
+  /// writing end; empty where the memory cannot be had.
+  static SharedRing make(std::size_t capacity = kCapacity) {
+    SharedRing ring;
+    if (!accepted(capacity)) return ring;
+#if defined(__linux__)
+    const int fd = ::memfd_create("pulley-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0) return ring;
+    // Its pages are had now (or the link stays on its socket), not at a later touch.
+    const auto size = static_cast<off_t>(kHeader + capacity);
+    if (::ftruncate(fd, size) != 0 || ::fallocate(fd, 0, 0, size) != 0 ||
+        ::fcntl(fd, F_ADD_SEALS, kSeals) != 0) {
+      ::close(fd);
+      return ring;
+    }
+    ring.fd_ = fd;
+    ring.capacity_ = capacity;
+    ring.map();
+    if (ring.mapping_ != nullptr) new (ring.mapping_) Header{};
+#endif
+    return ring;
+  }
+
+  /// The reading end of the ring whose memory file is `fd` (taken over); empty if it cannot
+  /// be mapped, is not a ring's size (a header and an accepted capacity), or is not sealed
+  /// at it.
+  static SharedRing open(int fd) {
+    SharedRing ring;
+#if defined(__linux__)
+    ring.fd_ = fd;
+    // The seals first: once sealed, the size read next cannot change.
+    const int seals = ::fcntl(fd, F_GET_SEALS);
+    struct stat status {};
+    if (seals < 0 || (seals & kSeals) != kSeals || ::fstat(fd, &status) != 0 ||
+        status.st_size <= static_cast<off_t>(kHeader) ||
+        !accepted(static_cast<std::size_t>(status.st_size) - kHeader)) {
+      ring.release();
+      return ring;
+    }
+    ring.capacity_ = static_cast<std::size_t>(status.st_size) - kHeader;
+    ring.map();
+#else
+    (void)fd;
+#endif
+    return ring;
+  }
+
+  [[nodiscard]] explicit operator bool() const noexcept { return mapping_ != nullptr; }
+  /// The memory file, for handing to the reading end.
+  [[nodiscard]] int fd() const noexcept { return fd_; }
+  /// Its data bytes (0 when empty).
+  [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
+
+  /// Copies as much of `bytes` as fits now; returns how much. Wakes a reader that sleeps.
+  std::size_t write(std::span<const std::byte> bytes, int doorbell) noexcept {
+    Header& h = header();
+    const std::uint64_t head = mine_;
+    const std::uint64_t used =
+        std::min<std::uint64_t>(head - h.tail.load(std::memory_order_acquire), capacity_);
+    const std::size_t n = std::min<std::size_t>(bytes.size(), capacity_ - used);
+    if (n == 0) return 0;
+    const std::size_t at = head & (capacity_ - 1);
+    const std::size_t first = std::min(n, capacity_ - at);
+    std::memcpy(data() + at, bytes.data(), first);
+    std::memcpy(data(), bytes.data() + first, n - first);
+    mine_ = head + n;
+    h.head.store(mine_, std::memory_order_seq_cst);
+    if (h.reader_sleeps.load(std::memory_order_seq_cst) != 0 && h.reader_sleeps.exchange(0) != 0) ring(doorbell);
+    return n;
+  }
+
+  /// Copies as much into `bytes` as has arrived; returns how much. Wakes a writer that sleeps.
+  std::size_t read(std::span<std::byte> bytes, int doorbell) noexcept {
+    Header& h = header();
+    const std::uint64_t tail = mine_;
+    const std::uint64_t ready =
+        std::min<std::uint64_t>(h.head.load(std::memory_order_acquire) - tail, capacity_);
+    const std::size_t n = std::min<std::size_t>(bytes.size(), ready);
+    if (n == 0) return 0;
+    const std::size_t at = tail & (capacity_ - 1);
+    const std::size_t first = std::min(n, capacity_ - at);
+    std::memcpy(bytes.data(), data() + at, first);
+    std::memcpy(bytes.data() + first, data(), n - first);
+    mine_ = tail + n;
+    h.tail.store(mine_, std::memory_order_seq_cst);
+    if (h.writer_sleeps.load(std::memory_order_seq_cst) != 0 && h.writer_sleeps.exchange(0) != 0) ring(doorbell);
+    return n;
+  }
+
+  /// The reader is about to sleep until bytes arrive: true if it may (none came meanwhile;
+  /// the writer will ring), false if it should read again.
+  bool reader_sleeps() noexcept {
+    Header& h = header();
+    h.reader_sleeps.store(1, std::memory_order_seq_cst);
+    if (h.head.load(std::memory_order_seq_cst) != mine_) {
+      h.reader_sleeps.store(0, std::memory_order_relaxed);
+      return false;
+    }
+    return true;
+  }
+  /// The writer is about to sleep until there is room: true if it may, false if room came.
+  bool writer_sleeps() noexcept {
+    Header& h = header();
+    h.writer_sleeps.store(1, std::memory_order_seq_cst);
+    if (mine_ - h.tail.load(std::memory_order_seq_cst) < capacity_) {
+      h.writer_sleeps.store(0, std::memory_order_relaxed);
+      return false;
+    }
+    return true;
+  }
+
+ private:
+  struct Header {
+    alignas(64) std::atomic<std::uint64_t> head{0};  ///< bytes written, ever
+    alignas(64) std::atomic<std::uint64_t> tail{0};  ///< bytes read, ever
+    alignas(64) std::atomic<std::uint32_t> reader_sleeps{0};
+    alignas(64) std::atomic<std::uint32_t> writer_sleeps{0};
+  };
+  static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "a shared ring needs lock-free atomics");
+  static constexpr std::size_t kHeader = 4096;
+  static_assert(sizeof(Header) <= kHeader);
+  static constexpr bool accepted(std::size_t capacity) noexcept {
+    return std::has_single_bit(capacity) && capacity >= kMinCapacity && capacity <= kMaxCapacity;
+  }
+#if defined(__linux__)
+  static constexpr int kSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+#endif
+
+  Header& header() noexcept { return *std::launder(reinterpret_cast<Header*>(mapping_)); }
+  std::byte* data() noexcept { return static_cast<std::byte*>(mapping_) + kHeader; }
+
+  /// One byte on the socket: the other end looks again. A full socket already holds one.
+  static void ring(int doorbell) noexcept {
+#if defined(__linux__)
+    const char bell = 0;
+    [[maybe_unused]] const auto sent = ::send(doorbell, &bell, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+#else
+    (void)doorbell;
+#endif
+  }
+
+  void map() noexcept {
+#if defined(__linux__)
+    void* p = ::mmap(nullptr, kHeader + capacity_, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+    if (p == MAP_FAILED) {
+      release();
+      return;
+    }
+    mapping_ = p;
+#endif
+  }
+
+  void release() noexcept {
+#if defined(__linux__)
+    if (mapping_ != nullptr) ::munmap(mapping_, kHeader + capacity_);
+    if (fd_ >= 0) ::close(fd_);
+#endif
+    mapping_ = nullptr;
+    fd_ = -1;
+    capacity_ = 0;
+  }
+
+  void* mapping_ = nullptr;
+  int fd_ = -1;
+  std::size_t capacity_ = 0;  ///< data bytes: a power of 2
+  std::uint64_t mine_ = 0;  ///< the writer's head or the reader's tail: this end's own
+};
+
+#if defined(__linux__)
+/// Sends one byte on local socket `socket` with `fd` attached (none when `fd` < 0), blocking
+/// for at most a poll of the socket; false if it could not be sent.
+inline bool send_fd(int socket, int fd) noexcept {
+  char byte = fd >= 0 ? 'S' : 'N';
+  iovec io{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr message{};
+  message.msg_iov = &io;
+  message.msg_iovlen = 1;
+  if (fd >= 0) {
+    message.msg_control = control;
+    message.msg_controllen = sizeof(control);
+    cmsghdr* c = CMSG_FIRSTHDR(&message);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  }
+  return ::sendmsg(socket, &message, MSG_NOSIGNAL | MSG_DONTWAIT) == 1;
+}
+
+/// Receives the byte send_fd sent: 1 with the descriptor in `fd` ('S'), 1 with `fd` = −1
+/// ('N'), 0 when nothing has come yet, −2 when the peer closed its end first, −1 on a broken
+/// socket or anything else (another byte, more descriptors than one: every descriptor that
+/// came is closed).
+inline int receive_fd(int socket, int& fd) noexcept {
+  fd = -1;
+  char byte = 0;
+  iovec io{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)] = {};
+  msghdr message{};
+  message.msg_iov = &io;
+  message.msg_iovlen = 1;
+  message.msg_control = control;
+  message.msg_controllen = sizeof(control);
+  const auto n = ::recvmsg(socket, &message, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+  if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
+  if (n == 0) return -2;
+  int count = 0;  // descriptors that came
+  for (cmsghdr* c = CMSG_FIRSTHDR(&message); c != nullptr; c = CMSG_NXTHDR(&message, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const std::size_t fds = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (std::size_t i = 0; i < fds; ++i) {
+      int received = -1;
+      std::memcpy(&received, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      if (++count == 1) {
+        fd = received;
+      } else {
+        ::close(received);
+      }
+    }
+  }
+  const bool whole = n == 1 && (message.msg_flags & MSG_CTRUNC) == 0;
+  if (whole && byte == 'S' && count == 1) return 1;
+  if (fd >= 0) ::close(fd);
+  fd = -1;
+  return whole && byte == 'N' && count == 0 ? 1 : -1;
+}
+#endif
+
+}  // namespace pulley::transport_detail
+// ---- end pulley/transport/detail/shared_ring.hpp ----
 // ---- begin pulley/transport/detail/sockets.hpp ----
 
 /// What the TCP client and server share: addresses, listening, the local sockets of tasks
@@ -17078,6 +17403,12 @@ inline constexpr std::size_t kHandshakeKinds = 4;       ///< Challenge, Hello, W
 inline constexpr std::uint16_t kRendezvousKind = 0x300;
 inline constexpr std::size_t kRendezvousKinds = 3;
 
+/// `Header::flags` of a hello: the client, on a local socket, offers to move the
+/// connection's bytes through shared memory; of the welcome: the ps takes the offer. The two
+/// ends then hand each other a ring (transport/detail/shared_rings.hpp) before any request.
+/// A peer that never sets it (a raw client, another transport) talks on the socket as ever.
+inline constexpr std::uint32_t kSharedMemoryFlag = 1;
+
 /// What a receiver accepts in one frame, checked before it allocates anything for it. A
 /// frame's metadata is small: 4 MiB holds the placement of ~50 000 variables.
 struct FrameLimits {
@@ -17094,7 +17425,7 @@ struct Header {
   std::uint16_t kind = 0;
   std::uint64_t call = 0;
   std::uint32_t meta_bytes = 0;
-  std::uint32_t reserved = 0;
+  std::uint32_t flags = 0;  ///< a hello's or welcome's: kSharedMemoryFlag; else 0 (ignored)
   std::uint64_t payload_bytes = 0;
 };
 static_assert(sizeof(Header) == 32 && std::is_trivially_copyable_v<Header>);
@@ -17487,6 +17818,281 @@ class ReceiveBuffers {
 
 }  // namespace pulley::transport_detail
 // ---- end pulley/transport/detail/sockets.hpp ----
+
+namespace pulley::transport_detail {
+
+/// The ring each end of a connection writes into, and the largest it maps from the other
+/// end: a few strides of a large frame in flight at once (a frame larger than the ring
+/// streams through it), little memory for a ps with many clients (each connection holds
+/// two, had when made).
+inline constexpr std::size_t kLinkRingBytes = std::size_t{1} << 20U;
+
+/// The most bytes one copy into or out of a ring moves before the other end is told (rung,
+/// when it sleeps): a large frame then streams, the reader copying out while the writer
+/// copies in, instead of crossing in turns of a whole ring each.
+inline constexpr std::size_t kRingStride = kLinkRingBytes / 4;
+
+/// A connection's two rings, used in place of its socket's bytes once `start`ed: the three
+/// operations the client and server use (a write of what fits now, a read of what has come,
+/// a wait for room) go to the socket until then. One thread, the io_context's, uses it; at
+/// most one read and one wait for room are under way at a time, as on a socket.
+///
+/// A read or a wait that cannot go on says in its ring that it sleeps (the other end then
+/// rings) and parks in the one wait on the socket ("the watch"), which wakes on a doorbell or
+/// on the peer's end closing (its process died or closed the connection; what is left in the
+/// ring is still read before the end is reported). Doorbells are taken off the socket only
+/// while no watch is armed (before a first park) or by the watch's completion, which then
+/// looks at both directions again: a doorbell taken by one direction's look could otherwise
+/// be another's, whose armed wait would never see it (the socket no longer reads as ready
+/// when epoll looks). The watch owns what is parked, so the io_context owns it, as it owns a
+/// socket's handlers: nothing here keeps the connection alive. Every completion is posted,
+/// each on its own, as a socket's operations complete.
+class SharedRings {
+ public:
+  SharedRings() = default;
+  SharedRings(const SharedRings&) = delete;
+  SharedRings& operator=(const SharedRings&) = delete;
+  ~SharedRings() { stop(); }
+
+  /// True once started, until `stop`.
+  [[nodiscard]] bool active() const noexcept { return state_ != nullptr; }
+
+  /// From now on this end writes into `out` and reads from `in`; `socket` (which outlives the
+  /// use, until `stop`) is the doorbell.
+  void start(SharedRing out, SharedRing in, StreamSocket& socket) {
+    auto state = std::make_shared<State>(socket);
+    state->out = std::move(out);
+    state->in = std::move(in);
+    state_ = std::move(state);
+  }
+
+  /// Ends the use; the socket is closed or replaced next, which ends the watch, and with it
+  /// what is parked, with operation_aborted, without touching any buffer. The rings are
+  /// unmapped once the watch has ended.
+  void stop() noexcept {
+    if (!state_) return;
+    state_->stopped = true;
+    state_.reset();
+  }
+
+  /// As the socket's `async_read_some` (buffers: at most 16).
+  template <class Buffers, class Handler>
+  void async_read_some(StreamSocket& socket, const Buffers& buffers, Handler&& handler) {
+    if (!state_) return socket.async_read_some(buffers, std::forward<Handler>(handler));
+    ReadBuffers into;
+    std::size_t total = 0;
+    for (const asio::mutable_buffer& b : buffers) {
+      if (into.count == into.buffers.size()) break;
+      into.buffers[into.count++] = b;
+      total += b.size();
+    }
+    if (total == 0)
+      return post(*state_, ReadHandler(std::forward<Handler>(handler)), std::error_code(),
+                  std::size_t{0});
+    poll_read(state_, into, ReadHandler(std::forward<Handler>(handler)), true);
+  }
+
+  /// As the socket's `async_wait(wait_write)`: completes once there is room to write.
+  template <class Handler>
+  void async_wait_write(StreamSocket& socket, Handler&& handler) {
+    if (!state_)
+      return socket.async_wait(asio::socket_base::wait_write, std::forward<Handler>(handler));
+    poll_write(state_, WriteHandler(std::forward<Handler>(handler)), true);
+  }
+
+  /// As `list.write_now(socket, ec)`: writes what fits now.
+  bool write_now(GatherList& list, StreamSocket& socket, std::error_code& ec) {
+    if (!state_) return list.write_now(socket, ec);
+    Writer writer{*state_};
+    return list.write_now(writer, ec);
+  }
+
+  /// True if the peer closed its end. For a connection at rest (nothing parked).
+  [[nodiscard]] bool peer_closed() {
+    if (!state_) return false;
+    if (!state_->watching) drain(*state_);
+    return state_->peer_gone;
+  }
+
+ private:
+  using ReadHandler = std::function<void(std::error_code, std::size_t)>;
+  using WriteHandler = std::function<void(std::error_code)>;
+
+  struct ReadBuffers {
+    std::array<asio::mutable_buffer, 16> buffers{};
+    std::size_t count = 0;
+  };
+
+  /// What waits in the watch.
+  struct Parked {
+    ReadHandler read;
+    ReadBuffers into;
+    WriteHandler write;
+  };
+
+  struct State {
+    explicit State(StreamSocket& s)
+        : socket(&s), doorbell(s.native_handle()), executor(s.get_executor()) {}
+    SharedRing out;
+    SharedRing in;
+    StreamSocket* socket;  ///< valid while not `stopped`
+    int doorbell;
+    asio::any_io_executor executor;
+    bool watching = false;         ///< the watch is armed and its completion has not run
+    std::weak_ptr<Parked> parked;  ///< what it holds (it owns it)
+    bool peer_gone = false;
+    bool stopped = false;
+  };
+
+  /// What GatherList::write_now writes through.
+  struct Writer {
+    State& s;
+    std::size_t write_some(std::span<const asio::const_buffer> buffers, std::error_code& ec) {
+      ec.clear();
+      std::size_t n = 0;
+      for (const asio::const_buffer& b : buffers) {
+        const std::size_t m = move_in_strides(b.size(), [&](std::size_t at, std::size_t size) {
+          return s.out.write({static_cast<const std::byte*>(b.data()) + at, size}, s.doorbell);
+        });
+        n += m;
+        if (m < b.size()) break;
+      }
+      if (n == 0) ec = asio::error::would_block;
+      return n;
+    }
+  };
+
+  /// Moves `size` bytes with `move(at, n)` (which moves what it can of n bytes from `at`
+  /// and returns how many) in strides of at most kRingStride; returns how many moved.
+  template <class Move>
+  static std::size_t move_in_strides(std::size_t size, Move&& move) {
+    std::size_t done = 0;
+    while (done < size) {
+      const std::size_t want = std::min(size - done, kRingStride);
+      const std::size_t moved = move(done, want);
+      done += moved;
+      if (moved < want) break;
+    }
+    return done;
+  }
+
+  static std::size_t read_ring(State& s, const ReadBuffers& into) {
+    std::size_t n = 0;
+    for (std::size_t i = 0; i < into.count; ++i) {
+      const asio::mutable_buffer& b = into.buffers[i];
+      const std::size_t m = move_in_strides(b.size(), [&](std::size_t at, std::size_t size) {
+        return s.in.read({static_cast<std::byte*>(b.data()) + at, size}, s.doorbell);
+      });
+      n += m;
+      if (m < b.size()) break;
+    }
+    return n;
+  }
+
+  /// What parks in the watch: the one armed, else a new one.
+  static Parked& park(const std::shared_ptr<State>& state) {
+    State& s = *state;
+    if (s.watching) {
+      if (const std::shared_ptr<Parked> armed = s.parked.lock()) return *armed;
+    }
+    auto parked = std::make_shared<Parked>();
+    s.parked = parked;
+    s.watching = true;
+    Parked& slot = *parked;
+    s.socket->async_wait(asio::socket_base::wait_read,
+                         [state, parked = std::move(parked)](std::error_code ec) {
+                           State& w = *state;
+                           w.watching = false;
+                           ReadHandler read = std::move(parked->read);
+                           WriteHandler write = std::move(parked->write);
+                           if (w.stopped || ec == asio::error::operation_aborted) {
+                             const std::error_code aborted = asio::error::operation_aborted;
+                             if (read) post(w, std::move(read), aborted, std::size_t{0});
+                             if (write) post(w, std::move(write), aborted);
+                             return;
+                           }
+                           if (ec) {
+                             w.peer_gone = true;
+                           } else {
+                             drain(w);
+                           }
+                           if (read) poll_read(state, parked->into, std::move(read), false);
+                           if (write) poll_write(state, std::move(write), false);
+                         });
+    return slot;
+  }
+
+  template <class Handler, class... Args>
+  static void post(State& s, Handler handler, Args... args) {
+    asio::post(s.executor, [h = std::move(handler), args...] { h(args...); });
+  }
+
+  /// Reads what has come, or parks until the peer rings. `asked`: from the caller's call (not
+  /// from the watch's completion, which has just taken the doorbells).
+  static void poll_read(const std::shared_ptr<State>& state, const ReadBuffers& into,
+                        ReadHandler handler, bool asked) {
+    State& s = *state;
+    std::size_t n = read_ring(s, into);
+    if (n == 0 && asked && !s.watching) {  // (doorbells and an end that came while none watched)
+      drain(s);
+      n = read_ring(s, into);
+    }
+    std::error_code ec;
+    while (n == 0 && !s.peer_gone) {
+      if (s.in.reader_sleeps()) {
+        Parked& parked = park(state);
+        parked.read = std::move(handler);
+        parked.into = into;
+        return;
+      }
+      n = read_ring(s, into);  // bytes came meanwhile
+    }
+    if (n == 0) ec = asio::error::eof;
+    post(s, std::move(handler), ec, n);
+  }
+
+  /// Completes once there is room, or parks until the peer rings.
+  static void poll_write(const std::shared_ptr<State>& state, WriteHandler handler, bool asked) {
+    State& s = *state;
+    if (asked && !s.watching) drain(s);
+    std::error_code ec;
+    if (s.peer_gone) {
+      ec = asio::error::broken_pipe;
+    } else if (s.out.writer_sleeps()) {
+      park(state).write = std::move(handler);
+      return;
+    }
+    post(s, std::move(handler), ec);
+  }
+
+  /// Takes every doorbell that came, and notes the peer's end closing (seen only once the
+  /// bells before it are read). A peer rings once per sleep this end says it takes, so more
+  /// than kMostBells waiting is a peer that does not speak the protocol: it is taken for gone.
+  static void drain(State& s) {
+#if defined(__linux__)
+    constexpr std::size_t kMostBells = std::size_t{16} << 10U;
+    std::array<char, 256> bells{};
+    for (std::size_t taken = 0; taken <= kMostBells;) {
+      const ssize_t n = ::recv(s.doorbell, bells.data(), bells.size(), MSG_DONTWAIT);
+      if (n > 0) {
+        taken += static_cast<std::size_t>(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) s.peer_gone = true;
+      return;
+    }
+    s.peer_gone = true;
+#else
+    (void)s;
+#endif
+  }
+
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace pulley::transport_detail
+// ---- end pulley/transport/detail/shared_rings.hpp ----
 // ---- begin pulley/transport/tcp_options.hpp ----
 
 #include <chrono>
@@ -17503,6 +18109,12 @@ class ReceiveBuffers {
 ///   ps     → client   Challenge {job, ps task, server nonce}
 ///   client → ps       Hello     {job, client task, client nonce, proof}
 ///   ps     → client   Welcome   {proof}           or   Refusal {code, reason}, then close
+///
+/// On a local socket the hello's header may carry kSharedMemoryFlag, and the welcome's then
+/// says whether the ps takes it: if it does, the client's next byte on the socket brings its
+/// ring's memory file (or says it has none) and the ps's next byte its own, and where both
+/// ends sent one the frames that follow cross those rings instead of the socket
+/// (transport/detail/shared_rings.hpp).
 ///
 /// Each proof is an HMAC-SHA-256, keyed by the job's shared secret, over everything both
 /// sides said (both nonces, the job, both tasks) and which side proves: the client shows it
@@ -17937,6 +18549,14 @@ struct TcpOptions {
   /// TCP always (`--no-local-sockets`), e.g. where the tasks' TCP traffic must cross a
   /// firewall rule or a traffic shaper on this host.
   bool local_sockets = true;
+  /// On a local socket, move the connection's bytes through memory shared with the ps once
+  /// the handshake proved it (Linux: a ring buffer in a sealed memory file each way, handed
+  /// over the socket; transport/detail/shared_rings.hpp): a frame then crosses in one copy
+  /// at each end and without a system call while both ends are busy, and the socket carries
+  /// only wake-ups and the sign of a lost peer. Each connection holds 2 MiB of memory for
+  /// it. Used where the ps takes it too (TcpServerOptions::shared_memory); off:
+  /// `--no-shared-memory`.
+  bool shared_memory = true;
   /// Log what changes about the copies (a copy dropped, held elsewhere, served again). A
   /// task that reaches the same ps tasks through a second transport (the role runner's
   /// heartbeats) turns it off there, so that each change is said once per task.
@@ -18027,6 +18647,11 @@ struct TcpServerOptions {
   /// TcpOptions::local_sockets). Every limit above holds on it as on TCP. A name another
   /// process holds already is skipped with a log line, and TCP serves alone.
   bool local_socket = true;
+  /// Take a local client's offer to move its connection's bytes through shared memory
+  /// (TcpOptions::shared_memory). Both rings of such a connection (1 MiB each) are charged
+  /// to `max_buffered_bytes`; where the budget cannot hold it, the connection stays on its
+  /// socket.
+  bool shared_memory = true;
 };
 
 /// Serves one Service (a ParameterServer) on a TCP port, and owns it. All connections are
@@ -18922,6 +19547,9 @@ class Tcp {
   /// True if this task's connection to ps `ps` (to its own copy, with replicas) is through
   /// the ps's local socket (TcpOptions::local_sockets), false over TCP or not connected.
   [[nodiscard]] bool local(std::size_t ps) const { return impl_->local(ps); }
+  /// True if that connection moves its bytes through memory shared with the ps
+  /// (TcpOptions::shared_memory), false on a socket's bytes or not connected.
+  [[nodiscard]] bool shared_memory(std::size_t ps) const { return impl_->shared_memory(ps); }
 
  private:
   static std::vector<Address> parse_all(const std::vector<std::string>& addresses) {
@@ -19016,6 +19644,9 @@ class Tcp {
     std::string port;
     transport_detail::StreamSocket socket;
     bool local = false;  ///< `socket` is (being) connected to the ps's local socket
+    transport_detail::SharedRings rings;   ///< its bytes' path once both ends took shared memory
+    transport_detail::SharedRing offered;  ///< this side's ring, until the ps answers with its own
+    bool unshared = false;  ///< the ps's ring could not be used: no more offers to it
     asio::ip::tcp::resolver resolver;
     asio::steady_timer timer;  ///< bounds a connection attempt
     State state = State::kBroken;
@@ -19312,6 +19943,13 @@ class Tcp {
       return link.local && link.state == State::kConnected;
     }
 
+    [[nodiscard]] bool shared_memory(std::size_t ps) const {
+      if (ps >= shards_)
+        throw Error(ErrorCode::kInvalidArgument, "no ps task " + std::to_string(ps));
+      const Link& link = *links_[ps];
+      return link.rings.active() && link.state == State::kConnected;
+    }
+
     PendingCall call(std::size_t ps, Request&& request, PullTargets targets) {
       if (ps >= shards_) {
         auto refused = std::make_shared<Pending>(this, 0);
@@ -19416,6 +20054,7 @@ class Tcp {
       const auto now = std::chrono::steady_clock::now();
       if (now - link.last_active < std::chrono::seconds(1)) return false;
       link.last_active = now;
+      if (link.rings.active()) return link.rings.peer_closed();
       char byte = 0;
       const ssize_t n = ::recv(link.socket.native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
       return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
@@ -19651,7 +20290,9 @@ class Tcp {
                                          links_[other]->address + " alone from now on");
       // Closed with a reset, not a FIN: what the kernel still holds to send (held back by
       // a silent cut, delivered when it heals) is discarded, so nothing this task sent
-      // before reaches a process it gave up (a chief's request would renew its lease).
+      // before reaches a process it gave up (a chief's request would renew its lease). Over
+      // TCP only: on one host (a local socket, shared memory) what was sent is still read by
+      // a process that was only stopped, as there is no cut to heal.
       std::error_code ignored;
       link.socket.set_option(asio::socket_base::linger(true, 0), ignored);
       fail(link, "dropped: " + why);  // what it sent waits in parked_next
@@ -19875,6 +20516,8 @@ class Tcp {
     void connect(Link& link, Done done) {
       const std::uint64_t gen = ++link.generation;
       link.state = State::kConnecting;
+      link.rings.stop();  // (a link is connected again only once broken: stopped already)
+      link.offered = {};
       link.socket = transport_detail::StreamSocket(io_);
       link.local = false;
       link.refused.reset();
@@ -20101,6 +20744,7 @@ class Tcp {
         link.challenge = std::move(*challenge);
         link.said = wire::hello_for(options_.credentials, *link.challenge, self_, link.shard);
         link.hello = wire::encode(wire::Handshake{link.said}, 0);
+        if (offers_shared_memory(link)) link.hello.header.flags = wire::kSharedMemoryFlag;
         link.write_list.append(link.hello);
         return flush(link);
       }
@@ -20128,6 +20772,72 @@ class Tcp {
         return refuse(link, "it did not prove the job's shared secret (a ps of another job, or a "
                             "wrong PULLEY_SECRET?)");
       }
+      if ((frame.header.flags & wire::kSharedMemoryFlag) != 0) {
+        if (!offers_shared_memory(link))
+          throw wire::Malformed("the ps took an offer of shared memory never made");
+        return share_memory(link, welcome->server);
+      }
+      welcomed(link, welcome->server);
+    }
+
+    [[nodiscard]] bool offers_shared_memory(const Link& link) const {
+      return link.local && !link.unshared && options_.shared_memory &&
+             transport_detail::kSharedRings;
+    }
+
+    /// The ps took this side's offer of shared memory: this side's ring goes to it (or word
+    /// that there is none), then its own comes back; the connection is welcomed once both
+    /// are settled, on the rings where both ends have one, else on the socket's bytes.
+    void share_memory(Link& link, std::uint64_t server) {
+#if defined(__linux__)
+      link.offered = transport_detail::SharedRing::make(transport_detail::kLinkRingBytes);
+      if (!transport_detail::send_fd(link.socket.native_handle(),
+                                     link.offered ? link.offered.fd() : -1)) {
+        return fail(link, "cannot hand the ps the memory it took");
+      }
+      await_rings(link, server);
+#else
+      (void)server;
+      throw wire::Malformed("the ps took an offer of shared memory never made");
+#endif
+    }
+
+    void await_rings(Link& link, std::uint64_t server) {
+#if defined(__linux__)
+      link.receiving = true;  // (no receive may read the ps's answer as frame bytes)
+      link.socket.async_wait(asio::socket_base::wait_read, [this, &link, gen = link.generation,
+                                                            server](std::error_code ec) {
+        if (gen != link.generation) return;
+        link.receiving = false;
+        if (ec) return fail(link, ec.message());
+        int fd = -1;
+        const int got = transport_detail::receive_fd(link.socket.native_handle(), fd);
+        if (got == 0) return await_rings(link, server);  // (woken for nothing)
+        if (got == -2) return fail(link, "the ps closed the connection after its welcome");
+        if (got < 0) return fail(link, "the ps answered the memory it took with something else");
+        transport_detail::SharedRing in;
+        if (fd >= 0) {
+          in = transport_detail::SharedRing::open(fd);
+          if (!in || in.capacity() > transport_detail::kLinkRingBytes || !link.offered) {
+            // The ps uses its rings now: this connection cannot go on, and the next ones
+            // to this ps keep their bytes on the socket.
+            link.unshared = true;
+            return fail(link, "the ps's shared memory is not a ring this side can use");
+          }
+          link.rings.start(std::move(link.offered), std::move(in), link.socket);
+        }
+        link.offered = {};
+        welcomed(link, server);
+        if (gen == link.generation) receive(link);
+      });
+#else
+      (void)link, (void)server;
+#endif
+    }
+
+    /// The handshake is done: the link serves calls (or is dropped, for a process that is
+    /// no copy).
+    void welcomed(Link& link, std::uint64_t server) {
       link.challenge.reset();
       link.timer.cancel();
       link.state = State::kConnected;
@@ -20139,12 +20849,12 @@ class Tcp {
       // Another process than the one reached before: it holds nothing of the job. With a
       // copy elsewhere it is dropped (drop ends this attempt); as the last copy it is used,
       // and the job rolls back as without copies.
-      if (link.lost != 0 && welcome->server == link.lost && !link.dropped && !link.renewing) {
+      if (link.lost != 0 && server == link.lost && !link.dropped && !link.renewing) {
         // A copy served again unreached (reach_again): the process given up is no copy.
         return fail(link, "the process given up answers on its address, not the one the chief took back");
       }
-      const std::uint64_t before = std::exchange(link.server, welcome->server);
-      if (options_.replicas == 1 && before != 0 && before != welcome->server && !link.renewing &&
+      const std::uint64_t before = std::exchange(link.server, server);
+      if (options_.replicas == 1 && before != 0 && before != server && !link.renewing &&
           !links_[partner_of(link)]->dropped) {
         link.server = before;  // the process given up (reach_again takes only another)
         if (link.dropped) return fail(link, "another process answers on the address of a copy given up");
@@ -20181,7 +20891,7 @@ class Tcp {
       }
       if (link.write_waiting || link.write_list.empty()) return;
       std::error_code ec;
-      if (!link.write_list.write_now(link.socket, ec)) return fail(link, ec.message());
+      if (!link.rings.write_now(link.write_list, link.socket, ec)) return fail(link, ec.message());
       while (!link.writing.empty() &&
              link.writing.front()->frame_end <= link.write_list.written()) {
         end_writing(*link.writing.front());
@@ -20189,13 +20899,13 @@ class Tcp {
       }
       if (link.write_list.empty()) return link.write_list.clear();
       link.write_waiting = true;
-      link.socket.async_wait(asio::socket_base::wait_write,
-                             [this, &link, gen = link.generation](std::error_code wait) {
-                               if (gen != link.generation) return;  // fail() reset the link
-                               link.write_waiting = false;
-                               if (wait) return fail(link, wait.message());
-                               flush(link);
-                             });
+      link.rings.async_wait_write(link.socket,
+                                  [this, &link, gen = link.generation](std::error_code wait) {
+                                    if (gen != link.generation) return;  // fail() reset the link
+                                    link.write_waiting = false;
+                                    if (wait) return fail(link, wait.message());
+                                    flush(link);
+                                  });
     }
 
     static void end_writing(Pending& p) {
@@ -20224,8 +20934,8 @@ class Tcp {
       }
       link.receiving = true;
       if (!link.local) link.receive_buffers.watermark(link.socket, link.reader.payload_left());
-      link.socket.async_read_some(
-          link.receive_buffers.of(link.reader.buffers()),
+      link.rings.async_read_some(
+          link.socket, link.receive_buffers.of(link.reader.buffers()),
           [this, &link, gen = link.generation](std::error_code ec, std::size_t n) {
             if (gen != link.generation) return;
             link.receiving = false;
@@ -20245,7 +20955,8 @@ class Tcp {
                 } else {
                   on_reply(link, *frame);
                 }
-                if (gen != link.generation) break;  // failed or dropped meanwhile: the reader was reset
+                if (gen != link.generation)
+                  break;  // failed or dropped meanwhile: the reader was reset
               }
             } catch (const std::exception& e) {  // a bad frame, or no memory: this link only
               link.dispatching = false;
@@ -20352,6 +21063,8 @@ class Tcp {
       std::error_code ignored;
       link.timer.cancel();
       link.resolver.cancel();
+      link.rings.stop();
+      link.offered = {};
       link.socket.close(ignored);  // the operations under way end without touching buffers
       for (const PendingPtr& p : std::exchange(link.writing, {})) end_writing(*p);
       link.write_list.clear();
@@ -20643,285 +21356,6 @@ inline bool listens_at(const std::string& address, std::chrono::milliseconds tim
 #include <type_traits>
 #include <utility>
 #include <vector>
-
-// ---- begin pulley/transport/detail/shared_ring.hpp ----
-
-#if defined(__linux__)
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <unistd.h>
-#endif
-
-#include <algorithm>
-#include <atomic>
-#include <cerrno>
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <new>
-#include <span>
-#include <utility>
-
-namespace pulley::transport_detail {
-
-/// True where two processes of one host can share a SharedRing (Linux: memfd_create and
-/// SCM_RIGHTS).
-#if defined(__linux__)
-inline constexpr bool kSharedRings = true;
-#else
-inline constexpr bool kSharedRings = false;
-#endif
-
-/// A one-way byte stream between two processes of one host in memory they share: a ring
-/// buffer of `kCapacity` bytes behind a memory file (memfd) that the writing end makes and
-/// hands to the reading end over the local socket they already share (SCM_RIGHTS). A byte
-/// crosses it in one copy at each end, with no system call while neither end waits; the
-/// socket stays the doorbell (an end about to sleep says so in the shared header, and the
-/// other end then writes one byte to wake it) and the sign of a lost peer (its end of the
-/// socket closes when the process dies).
-///
-/// One writer and one reader, each one thread: `write` and `read` move what fits now and
-/// never block; the owner of the socket polls it when neither can move. Each end keeps its
-/// own position to itself and reads only the other's from the shared header, clamped to
-/// the ring, so a peer that scribbles on the header can stall the stream or garble its
-/// bytes (as it could through a socket) but never make this end touch memory outside the
-/// ring; and the memory file is sealed at its size, so neither end can shrink it under
-/// the other (a bus error on the next touch).
-class SharedRing {
- public:
-  static constexpr std::size_t kCapacity = std::size_t{4} << 20U;  ///< bytes; a power of 2
-
-  SharedRing() = default;
-  SharedRing(const SharedRing&) = delete;
-  SharedRing& operator=(const SharedRing&) = delete;
-  SharedRing(SharedRing&& other) noexcept
-      : mapping_(std::exchange(other.mapping_, nullptr)),
-        fd_(std::exchange(other.fd_, -1)),
-        mine_(std::exchange(other.mine_, 0)) {}
-  SharedRing& operator=(SharedRing&& other) noexcept {
-    std::swap(mapping_, other.mapping_);
-    std::swap(fd_, other.fd_);
-    std::swap(mine_, other.mine_);
-    return *this;
-  }
-  ~SharedRing() { release(); }
-
-  /// Makes a ring (the writing end); empty where the memory cannot be had.
-  static SharedRing make() {
-    SharedRing ring;
-#if defined(__linux__)
-    const int fd = ::memfd_create("pulley-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    if (fd < 0) return ring;
-    // Its pages are had now (or the link stays on its socket), not at a later touch.
-    if (::ftruncate(fd, static_cast<off_t>(kSize)) != 0 || ::fallocate(fd, 0, 0, static_cast<off_t>(kSize)) != 0 ||
-        ::fcntl(fd, F_ADD_SEALS, kSeals) != 0) {
-      ::close(fd);
-      return ring;
-    }
-    ring.fd_ = fd;
-    ring.map();
-    if (ring.mapping_ != nullptr) new (ring.mapping_) Header{};
-#endif
-    return ring;
-  }
-
-  /// The reading end of the ring whose memory file is `fd` (taken over); empty if it cannot
-  /// be mapped, is not a ring's size, or is not sealed at it.
-  static SharedRing open(int fd) {
-    SharedRing ring;
-#if defined(__linux__)
-    ring.fd_ = fd;
-    // The seals first: once sealed, the size read next cannot change.
-    const int seals = ::fcntl(fd, F_GET_SEALS);
-    struct stat status {};
-    if (seals < 0 || (seals & kSeals) != kSeals || ::fstat(fd, &status) != 0 ||
-        status.st_size != static_cast<off_t>(kSize)) {
-      ring.release();
-      return ring;
-    }
-    ring.map();
-#else
-    (void)fd;
-#endif
-    return ring;
-  }
-
-  [[nodiscard]] explicit operator bool() const noexcept { return mapping_ != nullptr; }
-  /// The memory file, for handing to the reading end.
-  [[nodiscard]] int fd() const noexcept { return fd_; }
-
-  /// Copies as much of `bytes` as fits now; returns how much. Wakes a reader that sleeps.
-  std::size_t write(std::span<const std::byte> bytes, int doorbell) noexcept {
-    Header& h = header();
-    const std::uint64_t head = mine_;
-    const std::uint64_t used = std::min<std::uint64_t>(head - h.tail.load(std::memory_order_acquire), kCapacity);
-    const std::size_t n = std::min<std::size_t>(bytes.size(), kCapacity - used);
-    if (n == 0) return 0;
-    const std::size_t at = head & (kCapacity - 1);
-    const std::size_t first = std::min(n, kCapacity - at);
-    std::memcpy(data() + at, bytes.data(), first);
-    std::memcpy(data(), bytes.data() + first, n - first);
-    mine_ = head + n;
-    h.head.store(mine_, std::memory_order_seq_cst);
-    if (h.reader_sleeps.load(std::memory_order_seq_cst) != 0 && h.reader_sleeps.exchange(0) != 0) ring(doorbell);
-    return n;
-  }
-
-  /// Copies as much into `bytes` as has arrived; returns how much. Wakes a writer that sleeps.
-  std::size_t read(std::span<std::byte> bytes, int doorbell) noexcept {
-    Header& h = header();
-    const std::uint64_t tail = mine_;
-    const std::uint64_t ready = std::min<std::uint64_t>(h.head.load(std::memory_order_acquire) - tail, kCapacity);
-    const std::size_t n = std::min<std::size_t>(bytes.size(), ready);
-    if (n == 0) return 0;
-    const std::size_t at = tail & (kCapacity - 1);
-    const std::size_t first = std::min(n, kCapacity - at);
-    std::memcpy(bytes.data(), data() + at, first);
-    std::memcpy(bytes.data() + first, data(), n - first);
-    mine_ = tail + n;
-    h.tail.store(mine_, std::memory_order_seq_cst);
-    if (h.writer_sleeps.load(std::memory_order_seq_cst) != 0 && h.writer_sleeps.exchange(0) != 0) ring(doorbell);
-    return n;
-  }
-
-  /// The reader is about to sleep until bytes arrive: true if it may (none came meanwhile;
-  /// the writer will ring), false if it should read again.
-  bool reader_sleeps() noexcept {
-    Header& h = header();
-    h.reader_sleeps.store(1, std::memory_order_seq_cst);
-    if (h.head.load(std::memory_order_seq_cst) != mine_) {
-      h.reader_sleeps.store(0, std::memory_order_relaxed);
-      return false;
-    }
-    return true;
-  }
-  /// The writer is about to sleep until there is room: true if it may, false if room came.
-  bool writer_sleeps() noexcept {
-    Header& h = header();
-    h.writer_sleeps.store(1, std::memory_order_seq_cst);
-    if (mine_ - h.tail.load(std::memory_order_seq_cst) < kCapacity) {
-      h.writer_sleeps.store(0, std::memory_order_relaxed);
-      return false;
-    }
-    return true;
-  }
-
- private:
-  struct Header {
-    alignas(64) std::atomic<std::uint64_t> head{0};  ///< bytes written, ever
-    alignas(64) std::atomic<std::uint64_t> tail{0};  ///< bytes read, ever
-    alignas(64) std::atomic<std::uint32_t> reader_sleeps{0};
-    alignas(64) std::atomic<std::uint32_t> writer_sleeps{0};
-  };
-  static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "a shared ring needs lock-free atomics");
-  static constexpr std::size_t kHeader = 4096;
-  static_assert(sizeof(Header) <= kHeader);
-  static constexpr std::size_t kSize = kHeader + kCapacity;
-#if defined(__linux__)
-  static constexpr int kSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
-#endif
-
-  Header& header() noexcept { return *std::launder(reinterpret_cast<Header*>(mapping_)); }
-  std::byte* data() noexcept { return static_cast<std::byte*>(mapping_) + kHeader; }
-
-  /// One byte on the socket: the other end looks again. A full socket already holds one.
-  static void ring(int doorbell) noexcept {
-#if defined(__linux__)
-    const char bell = 0;
-    [[maybe_unused]] const auto sent = ::send(doorbell, &bell, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
-#else
-    (void)doorbell;
-#endif
-  }
-
-  void map() noexcept {
-#if defined(__linux__)
-    void* p = ::mmap(nullptr, kSize, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
-    if (p == MAP_FAILED) {
-      release();
-      return;
-    }
-    mapping_ = p;
-#endif
-  }
-
-  void release() noexcept {
-#if defined(__linux__)
-    if (mapping_ != nullptr) ::munmap(mapping_, kSize);
-    if (fd_ >= 0) ::close(fd_);
-#endif
-    mapping_ = nullptr;
-    fd_ = -1;
-  }
-
-  void* mapping_ = nullptr;
-  int fd_ = -1;
-  std::uint64_t mine_ = 0;  ///< the writer's head or the reader's tail: this end's own
-};
-
-#if defined(__linux__)
-/// Sends one byte on local socket `socket` with `fd` attached (none when `fd` < 0), blocking
-/// for at most a poll of the socket; false if it could not be sent.
-inline bool send_fd(int socket, int fd) noexcept {
-  char byte = fd >= 0 ? 'S' : 'N';
-  iovec io{&byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr message{};
-  message.msg_iov = &io;
-  message.msg_iovlen = 1;
-  if (fd >= 0) {
-    message.msg_control = control;
-    message.msg_controllen = sizeof(control);
-    cmsghdr* c = CMSG_FIRSTHDR(&message);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
-  }
-  return ::sendmsg(socket, &message, MSG_NOSIGNAL | MSG_DONTWAIT) == 1;
-}
-
-/// Receives the byte send_fd sent: 1 with the descriptor in `fd` ('S'), 1 with `fd` = −1
-/// ('N'), 0 when nothing has come yet, −1 on a closed or broken socket or anything else
-/// (another byte, more descriptors than one: every descriptor that came is closed).
-inline int receive_fd(int socket, int& fd) noexcept {
-  fd = -1;
-  char byte = 0;
-  iovec io{&byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)] = {};
-  msghdr message{};
-  message.msg_iov = &io;
-  message.msg_iovlen = 1;
-  message.msg_control = control;
-  message.msg_controllen = sizeof(control);
-  const auto n = ::recvmsg(socket, &message, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-  if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
-  int count = 0;  // descriptors that came
-  for (cmsghdr* c = CMSG_FIRSTHDR(&message); c != nullptr; c = CMSG_NXTHDR(&message, c)) {
-    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-    const std::size_t fds = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    for (std::size_t i = 0; i < fds; ++i) {
-      int received = -1;
-      std::memcpy(&received, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-      if (++count == 1) {
-        fd = received;
-      } else {
-        ::close(received);
-      }
-    }
-  }
-  const bool whole = n == 1 && (message.msg_flags & MSG_CTRUNC) == 0;
-  if (whole && byte == 'S' && count == 1) return 1;
-  if (fd >= 0) ::close(fd);
-  fd = -1;
-  return whole && byte == 'N' && count == 0 ? 1 : -1;
-}
-#endif
-
-}  // namespace pulley::transport_detail
-// ---- end pulley/transport/detail/shared_ring.hpp ----
 
 namespace pulley {
 
@@ -21701,9 +22135,7 @@ class TcpServer {
           session(++server.sessions_),
           accepted(Clock::now()),
           last_heard(accepted) {}
-    ~Connection() {
-      owner.budget_.give(copy_size + spare_size);
-    }
+    ~Connection() { owner.budget_.give(copy_size + spare_size + ring_charge); }
 
     /// Too much of this connection's work is unfinished to take more requests: replies
     /// unsent, or requests unanswered. Reading resumes when either shrinks.
@@ -21729,6 +22161,9 @@ class TcpServer {
     TcpServer& owner;
     transport_detail::StreamSocket socket;
     bool local;           ///< on the local socket (no receive watermark: see ReceiveBuffers)
+    transport_detail::SharedRings rings;  ///< its bytes' path once both ends took shared memory
+    bool rings_awaited = false;   ///< the welcome took shared memory: the client's ring comes next
+    std::size_t ring_charge = 0;  ///< this side's ring, charged to the budget
     std::string address;  ///< the peer's, for log lines
     wire::FrameReader reader;
     transport_detail::ReceiveBuffers receive_buffers;
@@ -21885,21 +22320,22 @@ class TcpServer {
       if (c->frame_deadline) *c->frame_deadline += Clock::now() - *c->paused_at;
       c->paused_at.reset();
     }
+    if (c->rings_awaited) return await_rings(c);
     c->receiving = true;
     if (!c->local) c->receive_buffers.watermark(c->socket, c->reader.payload_left());
-    c->socket.async_read_some(c->receive_buffers.of(c->reader.buffers()),
-                              [this, c](std::error_code ec, std::size_t n) {
-                                c->receiving = false;
-                                if (c->closed) return;
-                                if (ec) return forget(*c);  // the peer left, or the link broke
-                                c->last_heard = Clock::now();
-                                try {
-                                  c->reader.commit(n);  // may fail to grow a payload buffer
-                                } catch (const wire::Malformed& e) {
-                                  return drop(*c, e.what());
-                                }
-                                process(c);
-                              });
+    c->rings.async_read_some(c->socket, c->receive_buffers.of(c->reader.buffers()),
+                             [this, c](std::error_code ec, std::size_t n) {
+                               c->receiving = false;
+                               if (c->closed) return;
+                               if (ec) return forget(*c);  // the peer left, or the link broke
+                               c->last_heard = Clock::now();
+                               try {
+                                 c->reader.commit(n);  // may fail to grow a payload buffer
+                               } catch (const wire::Malformed& e) {
+                                 return drop(*c, e.what());
+                               }
+                               process(c);
+                             });
   }
 
   /// Handles every complete request received (while not paused), writes the replies they
@@ -22046,11 +22482,65 @@ class TcpServer {
     take_over(*c);
     orphan_.cancel();
     c->reader.set_limits(options_.frames);
-    queue_frame(c, wire::encode(wire::Handshake{wire::Welcome{
-                                    wire::server_proof(options_.credentials.secret, *c->challenge, hello),
-                                    server_id_}},
-                                0));
+    wire::Frame welcome = wire::encode(
+        wire::Handshake{wire::Welcome{
+            wire::server_proof(options_.credentials.secret, *c->challenge, hello), server_id_}},
+        0);
+    // Shared memory, where the client offered it: its ring is the next byte it sends (it
+    // sends nothing else before the welcome), so nothing may be left unread behind the hello.
+    if ((frame.header.flags & wire::kSharedMemoryFlag) != 0 && options_.shared_memory && c->local &&
+        transport_detail::kSharedRings && !c->reader.mid_frame()) {
+      welcome.header.flags = wire::kSharedMemoryFlag;
+      c->rings_awaited = true;
+    }
+    queue_frame(c, std::move(welcome));
     c->challenge.reset();
+  }
+
+  /// The welcome took the client's offer of shared memory: its ring comes with the next byte
+  /// (send_fd), and this side answers with its own, or without one (no memory, or the budget
+  /// cannot hold it: the connection stays on its socket, as it does when the client's ring is
+  /// none). Until the answer, nothing else is read.
+  void await_rings(const ConnectionPtr& c) {
+#if defined(__linux__)
+    c->receiving = true;
+    c->socket.async_wait(asio::socket_base::wait_read, [this, c](std::error_code ec) {
+      c->receiving = false;
+      if (c->closed) return;
+      if (ec) return forget(*c);
+      int fd = -1;
+      const int got = transport_detail::receive_fd(c->socket.native_handle(), fd);
+      if (got == 0) return receive(c);   // (woken for nothing)
+      if (got == -2) return forget(*c);  // it left (its attempt's time ran out, say)
+      if (got < 0) return drop(*c, "it sent something else than the memory it offered to share");
+      c->rings_awaited = false;
+      c->last_heard = Clock::now();
+      transport_detail::SharedRing in =
+          fd >= 0 ? transport_detail::SharedRing::open(fd) : transport_detail::SharedRing{};
+      // Both rings count against the budget: this process has the client's pages as it reads
+      // them (a client may hand over a file with holes), and that ring may be no larger than
+      // this side's.
+      if (in && in.capacity() > transport_detail::kLinkRingBytes) in = {};
+      transport_detail::SharedRing out;
+      const std::size_t charge = in.capacity() + transport_detail::kLinkRingBytes;
+      if (in && budget_.take(charge)) {
+        out = transport_detail::SharedRing::make(transport_detail::kLinkRingBytes);
+        if (out) {
+          c->ring_charge = charge;
+        } else {
+          budget_.give(charge);
+        }
+      }
+      if (!transport_detail::send_fd(c->socket.native_handle(), out ? out.fd() : -1)) {
+        return drop(*c, "cannot answer its offer of shared memory");
+      }
+      if (in && out) c->rings.start(std::move(out), std::move(in), c->socket);
+      receive(c);
+    });
+#else
+    c->rings_awaited = false;
+    receive(c);
+#endif
   }
 
   /// Why `hello`'s process may not be its task now: another process is, with a connection
@@ -22147,7 +22637,7 @@ class TcpServer {
     if (c->closed || c->write_waiting) return;
     std::error_code ec;
     const std::uint64_t before = c->unsent.bytes();
-    if (!c->unsent.write_now(c->socket, ec)) return forget(*c);  // the peer is gone
+    if (!c->rings.write_now(c->unsent, c->socket, ec)) return forget(*c);  // the peer is gone
     if (c->unsent.bytes() != before) c->last_written = Clock::now();
     if (c->unsent.empty()) {
       c->unsent.clear();
@@ -22162,7 +22652,7 @@ class TcpServer {
       return maybe_resume(c);  // a pause for unsent bytes may have ended just now
     }
     c->write_waiting = true;
-    c->socket.async_wait(asio::socket_base::wait_write, [this, c](std::error_code wait) {
+    c->rings.async_wait_write(c->socket, [this, c](std::error_code wait) {
       c->write_waiting = false;
       if (c->closed) return;
       if (wait) return forget(*c);
@@ -22177,7 +22667,7 @@ class TcpServer {
   void detach(Connection& c) {
     if (c.closed || !std::exchange(c.views, false)) return;
     std::error_code ec;
-    if (!c.write_waiting && !c.unsent.write_now(c.socket, ec)) return forget(c);
+    if (!c.write_waiting && !c.rings.write_now(c.unsent, c.socket, ec)) return forget(c);
     const auto n = static_cast<std::size_t>(c.unsent.bytes());
     if (c.spare_size < n) {  // the spare may hold nothing still unsent: the copy does
       c.release_spare(budget_);
@@ -22222,6 +22712,7 @@ class TcpServer {
     stop_viewing(c);
     c.unsent.clear();
     c.replies.clear();
+    c.rings.stop();
     std::error_code ignored;
     c.socket.close(ignored);
     ConnectionPtr keep;  // alive until this returns

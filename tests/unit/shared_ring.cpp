@@ -179,7 +179,7 @@ TEST_CASE("a shared ring's memory is refused unless it is a sealed file of the r
 
   // A closed socket: the other end is gone.
   ::shutdown(sockets.fd[0], SHUT_WR);
-  CHECK(pulley::transport_detail::receive_fd(sockets.fd[1], fd) == -1);
+  CHECK(pulley::transport_detail::receive_fd(sockets.fd[1], fd) == -2);
 }
 
 TEST_CASE("a peer that scribbles on the shared header cannot make an end touch memory outside the ring") {

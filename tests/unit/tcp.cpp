@@ -5,13 +5,17 @@
 #include "pulley/transport/tcp.hpp"
 
 #include <doctest/doctest.h>
+#include <poll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
+#include <cerrno>
 #include <chrono>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <deque>
@@ -1117,6 +1121,206 @@ TEST_CASE("tasks on one host talk through the ps's local socket, proving themsel
   Tcp tcp = client(Node::worker(0), {"127.0.0.1:" + std::to_string(server.port())});
   CHECK(std::holds_alternative<StatsReply>(tcp.call(0, GetStats{}).get()));
   CHECK_FALSE(tcp.local(0));
+  server.stop();
+  serving.join();
+}
+
+TEST_CASE(
+    "tasks on one host move their bytes through shared memory, larger frames than its rings whole, "
+    "and on the socket where either side turns it off") {
+  if (!transport_detail::kLocalSockets || !transport_detail::kSharedRings) return;  // (Linux only)
+  // 3 MiB a tensor: each push and each pull crosses the 1 MiB rings in several turns.
+  constexpr std::size_t kFloats = std::size_t{3} << 18U;
+  static_assert(kFloats * sizeof(float) > 2 * transport_detail::kLinkRingBytes);
+  for (const bool server_shares : {true, false}) {
+    for (const bool client_shares : {true, false}) {
+      CAPTURE(server_shares);
+      CAPTURE(client_shares);
+      TcpServerOptions serving = test_server_options();
+      serving.shared_memory = server_shares;
+      auto server = std::make_unique<TcpServer<AsyncServer>>(
+          AsyncServer(0, 1, Sgd{0.5F}, Async{}, FixedShards{1}), "127.0.0.1", 0, serving);
+      const std::string address = "127.0.0.1:" + std::to_string(server->port());
+      std::thread serving_thread([&] { server->run(); });
+      TcpOptions options = test_client_options();
+      options.shared_memory = client_shares;
+      Chief chief(client(Node::chief(), {address}, options), 1);
+      chief.initialize(std::vector<VariableSpec>{{"blob", {kFloats}, Initializer::constant(1.0F)}});
+      Tcp worker = client(Node::worker(0), {address}, options);
+      std::vector<float> ramp(kFloats), pulled(kFloats, -1.0F);
+      for (std::size_t i = 0; i < kFloats; ++i) ramp[i] = static_cast<float>(i % 1024);
+      for (int step = 1; step <= 3; ++step) {
+        CAPTURE(step);
+        PendingCall push = worker.call(0, Push{0, step - 1, {{0, ramp}}});
+        PendingCall pull =
+            worker.call(0, Pull{0, {{0, {0, kFloats}}}}, PullTargets{std::span<float>(pulled)});
+        const Response pushed = push.get();
+        if (const auto* error = std::get_if<ErrorReply>(&pushed)) MESSAGE(error->message);
+        REQUIRE(std::holds_alternative<PushReply>(pushed));
+        REQUIRE(std::holds_alternative<PullReply>(pull.get()));
+        // w = 1 - 0.5 step ramp, exactly (halves of small integers), in every element.
+        std::size_t wrong = 0;
+        for (std::size_t i = 0; i < kFloats; ++i) {
+          wrong += pulled[i] != 1.0F - 0.5F * static_cast<float>(step) * ramp[i] ? 1 : 0;
+        }
+        CHECK(wrong == 0);
+      }
+      CHECK(worker.local(0));
+      CHECK(worker.shared_memory(0) == (server_shares && client_shares));
+      server->stop();
+      serving_thread.join();
+      // The ps's rings (one per client) are charged to its buffer budget while they last.
+      if (server_shares && client_shares)
+        CHECK(server->buffered_bytes() >= 2 * transport_detail::kLinkRingBytes);
+      server.reset();
+      // The ps is gone: a call through shared memory learns it from the socket, at once.
+      PendingCall after = worker.call(0, GetStats{});
+      REQUIRE(after.wait_for(std::chrono::seconds(5)));
+      CHECK(std::holds_alternative<ErrorReply>(after.get()));
+    }
+  }
+}
+
+namespace {
+
+/// A raw client on a ps's local socket (blocking, 5 s per receive), for what a real client
+/// would not send once it offered shared memory.
+struct RawLocal {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+  explicit RawLocal(const std::string& name) {
+    sockaddr_un at{};
+    at.sun_family = AF_UNIX;
+    std::memcpy(at.sun_path, name.data(), name.size());
+    REQUIRE(::connect(fd, reinterpret_cast<const sockaddr*>(&at),
+                      static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name.size())) == 0);
+    const timeval limit{5, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+  }
+  RawLocal(const RawLocal&) = delete;
+  RawLocal& operator=(const RawLocal&) = delete;
+  ~RawLocal() { ::close(fd); }
+
+  bool read_exact(void* into, std::size_t n) {
+    auto* at = static_cast<char*>(into);
+    while (n > 0) {
+      const ssize_t got = ::recv(fd, at, n, 0);
+      if (got <= 0) return false;
+      at += got;
+      n -= static_cast<std::size_t>(got);
+    }
+    return true;
+  }
+  void write_frame(const wire::Frame& frame) {
+    transport_detail::GatherList list;
+    list.append(frame);
+    for (const asio::const_buffer& b : list.remaining()) {
+      REQUIRE(::send(fd, b.data(), b.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(b.size()));
+    }
+  }
+  std::optional<wire::Header> read_frame(std::vector<char>& body) {
+    wire::Header header;
+    if (!read_exact(&header, sizeof header)) return std::nullopt;
+    body.resize(wire::head_bytes(header) - sizeof header + header.payload_bytes);
+    if (!read_exact(body.data(), body.size())) return std::nullopt;
+    return header;
+  }
+  /// The handshake as `self`, its hello offering shared memory: the welcome's flags.
+  std::uint32_t join_offering_shared_memory(Node self) {
+    std::vector<char> body;
+    const auto first = read_frame(body);
+    REQUIRE(first);
+    const auto challenge = wire::decode_handshake_as<wire::Challenge>(
+        *first, std::span(body).first(first->meta_bytes));
+    const Credentials job = pulley::testing::test_credentials();
+    const std::string nonce = wire::make_nonce();
+    wire::Frame hello = wire::encode(
+        wire::Handshake{wire::Hello{job.job, self, nonce,
+                                    wire::client_proof(job.secret, challenge, self, nonce),
+                                    wire::incarnation()}},
+        0);
+    hello.header.flags = wire::kSharedMemoryFlag;
+    write_frame(hello);
+    const auto welcome = read_frame(body);
+    REQUIRE(welcome);
+    REQUIRE(std::holds_alternative<wire::Welcome>(
+        wire::decode_handshake(*welcome, std::span(body).first(welcome->meta_bytes))));
+    return welcome->flags;
+  }
+  /// The ps's answer to this side's ring (send_fd): its memory file, -1 for none; -2 if none came.
+  int answer() {
+    pollfd wait{fd, POLLIN, 0};
+    if (::poll(&wait, 1, 5000) != 1) return -2;
+    int ring = -1;
+    return transport_detail::receive_fd(fd, ring) == 1 ? ring : -2;
+  }
+  /// True once the ps closed the connection (within the receive limit).
+  bool closed_by_ps() {
+    std::array<char, 256> sink{};
+    for (;;) {
+      const ssize_t got = ::recv(fd, sink.data(), sink.size(), 0);
+      if (got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+        return true;
+      if (got < 0 && errno != EINTR) return false;  // the limit passed
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE(
+    "a ps refuses what is not a ring after a welcome that took shared memory, and reads a ring's "
+    "garbage as it reads a socket's") {
+  if (!transport_detail::kLocalSockets || !transport_detail::kSharedRings) return;  // (Linux only)
+  TcpServer<AsyncServer> server(AsyncServer(0, 1, Sgd{0.5F}, Async{}, FixedShards{1}), "127.0.0.1",
+                                0, test_server_options());
+  const std::string address = "127.0.0.1:" + std::to_string(server.port());
+  std::thread serving([&] { server.run(); });
+  const std::string name =
+      transport_detail::local_socket_name(asio::ip::make_address("127.0.0.1"), server.port());
+  {  // A byte that brings no memory file, where one was due: the connection closes.
+    RawLocal raw(name);
+    REQUIRE(raw.join_offering_shared_memory(Node::worker(0)) == wire::kSharedMemoryFlag);
+    REQUIRE(::send(raw.fd, "X", 1, MSG_NOSIGNAL) == 1);
+    CHECK(raw.closed_by_ps());
+  }
+  {  // A file that is no ring (a pipe): the ps answers with none, and the socket's bytes serve.
+    RawLocal raw(name);
+    REQUIRE(raw.join_offering_shared_memory(Node::worker(0)) == wire::kSharedMemoryFlag);
+    int pipe_ends[2];
+    REQUIRE(::pipe(pipe_ends) == 0);
+    REQUIRE(transport_detail::send_fd(raw.fd, pipe_ends[0]));
+    ::close(pipe_ends[0]);
+    ::close(pipe_ends[1]);
+    CHECK(raw.answer() == -1);
+    raw.write_frame(wire::encode(Request{GetStats{}}, 7));
+    std::vector<char> body;
+    const auto reply = raw.read_frame(body);
+    REQUIRE(reply);
+    CHECK(reply->call == 7);
+    CHECK(std::holds_alternative<StatsReply>(
+        wire::decode_response(*reply, std::span(body).first(reply->meta_bytes), {})));
+  }
+  {  // A ring, then garbage through it: the ps drops the connection, as for garbage on a socket.
+    RawLocal raw(name);
+    REQUIRE(raw.join_offering_shared_memory(Node::worker(0)) == wire::kSharedMemoryFlag);
+    transport_detail::SharedRing mine =
+        transport_detail::SharedRing::make(transport_detail::kLinkRingBytes);
+    REQUIRE(mine);
+    REQUIRE(transport_detail::send_fd(raw.fd, mine.fd()));
+    const int theirs = raw.answer();
+    REQUIRE(theirs >= 0);
+    const transport_detail::SharedRing from_ps = transport_detail::SharedRing::open(theirs);
+    CHECK(from_ps);
+    const std::vector<std::byte> garbage(4096, std::byte{'x'});
+    CHECK(mine.write(garbage, raw.fd) == garbage.size());
+    ::send(raw.fd, "", 1, MSG_NOSIGNAL);  // (a doorbell, whether or not the ps sleeps yet)
+    CHECK(raw.closed_by_ps());
+  }
+  // The ps serves on, through shared memory.
+  Tcp after = client(Node::worker(0), {address});
+  CHECK(std::holds_alternative<StatsReply>(after.call(0, GetStats{}).get()));
+  CHECK(after.shared_memory(0));
   server.stop();
   serving.join();
 }

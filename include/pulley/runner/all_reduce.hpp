@@ -352,6 +352,7 @@ int run_all_reduce(const Job& job, const Training<M>& training, O optimizer) {
     options.form_timeout = training.client.recovery_timeout;
     options.timeout = training.client.request_timeout;
     options.local_sockets = training.tcp.local_sockets;
+    options.shared_memory = training.tcp.shared_memory;
     TcpRingRendezvous rendezvous(workers.at(cluster.task.index), job.credentials, options);
     RingView view;
     if (job.join) {

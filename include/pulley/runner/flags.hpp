@@ -181,6 +181,15 @@ inline void add_limit_flags(CLI::App& app, ClientOptions& client, TcpOptions& tc
          "TCP between tasks on one host too (default: ps tasks and all-reduce ranks also listen on a "
          "local socket, which tasks on their host use)")
       ->group(group);
+  app.add_flag_callback(
+         "--no-shared-memory",
+         [&tcp, &server] {
+           tcp.shared_memory = false;
+           server.shared_memory = false;
+         },
+         "tasks on one host keep their bytes on the local socket (default: after the handshake, "
+         "a ring buffer each way in memory they share)")
+      ->group(group);
   millis("--connect-timeout-ms", tcp.connect_timeout, "waiting for a ps that is not up");
   millis("--attempt-timeout-ms", tcp.attempt_timeout, "one connection attempt, handshake included");
   millis("--copy-timeout-ms", tcp.copy_timeout,

@@ -268,6 +268,7 @@ int run_hybrid(const Job& job, const Training<M>& training, O optimizer, T table
     ring_options.form_timeout = training.client.recovery_timeout;
     ring_options.timeout = training.client.request_timeout;
     ring_options.local_sockets = training.tcp.local_sockets;
+    ring_options.shared_memory = training.tcp.shared_memory;
     const TcpOptions tcp = runner_detail::with(training.tcp, job.credentials);
     auto transport = [&](Node self) { return Tcp(self, cluster.tasks("ps"), tcp); };
     const auto count = [&](std::string_view role) { return static_cast<std::uint32_t>(cluster.tasks(role).size()); };

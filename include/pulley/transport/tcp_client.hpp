@@ -31,6 +31,7 @@
 #include "pulley/protocol/call.hpp"
 #include "pulley/transport/detail/copies.hpp"
 #include "pulley/transport/detail/reply_targets.hpp"
+#include "pulley/transport/detail/shared_rings.hpp"
 #include "pulley/transport/detail/sockets.hpp"
 #include "pulley/transport/tcp_options.hpp"
 #include "pulley/transport/wire/codec.hpp"
@@ -185,6 +186,9 @@ class Tcp {
   /// True if this task's connection to ps `ps` (to its own copy, with replicas) is through
   /// the ps's local socket (TcpOptions::local_sockets), false over TCP or not connected.
   [[nodiscard]] bool local(std::size_t ps) const { return impl_->local(ps); }
+  /// True if that connection moves its bytes through memory shared with the ps
+  /// (TcpOptions::shared_memory), false on a socket's bytes or not connected.
+  [[nodiscard]] bool shared_memory(std::size_t ps) const { return impl_->shared_memory(ps); }
 
  private:
   static std::vector<Address> parse_all(const std::vector<std::string>& addresses) {
@@ -279,6 +283,9 @@ class Tcp {
     std::string port;
     transport_detail::StreamSocket socket;
     bool local = false;  ///< `socket` is (being) connected to the ps's local socket
+    transport_detail::SharedRings rings;   ///< its bytes' path once both ends took shared memory
+    transport_detail::SharedRing offered;  ///< this side's ring, until the ps answers with its own
+    bool unshared = false;  ///< the ps's ring could not be used: no more offers to it
     asio::ip::tcp::resolver resolver;
     asio::steady_timer timer;  ///< bounds a connection attempt
     State state = State::kBroken;
@@ -575,6 +582,13 @@ class Tcp {
       return link.local && link.state == State::kConnected;
     }
 
+    [[nodiscard]] bool shared_memory(std::size_t ps) const {
+      if (ps >= shards_)
+        throw Error(ErrorCode::kInvalidArgument, "no ps task " + std::to_string(ps));
+      const Link& link = *links_[ps];
+      return link.rings.active() && link.state == State::kConnected;
+    }
+
     PendingCall call(std::size_t ps, Request&& request, PullTargets targets) {
       if (ps >= shards_) {
         auto refused = std::make_shared<Pending>(this, 0);
@@ -679,6 +693,7 @@ class Tcp {
       const auto now = std::chrono::steady_clock::now();
       if (now - link.last_active < std::chrono::seconds(1)) return false;
       link.last_active = now;
+      if (link.rings.active()) return link.rings.peer_closed();
       char byte = 0;
       const ssize_t n = ::recv(link.socket.native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
       return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
@@ -914,7 +929,9 @@ class Tcp {
                                          links_[other]->address + " alone from now on");
       // Closed with a reset, not a FIN: what the kernel still holds to send (held back by
       // a silent cut, delivered when it heals) is discarded, so nothing this task sent
-      // before reaches a process it gave up (a chief's request would renew its lease).
+      // before reaches a process it gave up (a chief's request would renew its lease). Over
+      // TCP only: on one host (a local socket, shared memory) what was sent is still read by
+      // a process that was only stopped, as there is no cut to heal.
       std::error_code ignored;
       link.socket.set_option(asio::socket_base::linger(true, 0), ignored);
       fail(link, "dropped: " + why);  // what it sent waits in parked_next
@@ -1138,6 +1155,8 @@ class Tcp {
     void connect(Link& link, Done done) {
       const std::uint64_t gen = ++link.generation;
       link.state = State::kConnecting;
+      link.rings.stop();  // (a link is connected again only once broken: stopped already)
+      link.offered = {};
       link.socket = transport_detail::StreamSocket(io_);
       link.local = false;
       link.refused.reset();
@@ -1364,6 +1383,7 @@ class Tcp {
         link.challenge = std::move(*challenge);
         link.said = wire::hello_for(options_.credentials, *link.challenge, self_, link.shard);
         link.hello = wire::encode(wire::Handshake{link.said}, 0);
+        if (offers_shared_memory(link)) link.hello.header.flags = wire::kSharedMemoryFlag;
         link.write_list.append(link.hello);
         return flush(link);
       }
@@ -1391,6 +1411,72 @@ class Tcp {
         return refuse(link, "it did not prove the job's shared secret (a ps of another job, or a "
                             "wrong PULLEY_SECRET?)");
       }
+      if ((frame.header.flags & wire::kSharedMemoryFlag) != 0) {
+        if (!offers_shared_memory(link))
+          throw wire::Malformed("the ps took an offer of shared memory never made");
+        return share_memory(link, welcome->server);
+      }
+      welcomed(link, welcome->server);
+    }
+
+    [[nodiscard]] bool offers_shared_memory(const Link& link) const {
+      return link.local && !link.unshared && options_.shared_memory &&
+             transport_detail::kSharedRings;
+    }
+
+    /// The ps took this side's offer of shared memory: this side's ring goes to it (or word
+    /// that there is none), then its own comes back; the connection is welcomed once both
+    /// are settled, on the rings where both ends have one, else on the socket's bytes.
+    void share_memory(Link& link, std::uint64_t server) {
+#if defined(__linux__)
+      link.offered = transport_detail::SharedRing::make(transport_detail::kLinkRingBytes);
+      if (!transport_detail::send_fd(link.socket.native_handle(),
+                                     link.offered ? link.offered.fd() : -1)) {
+        return fail(link, "cannot hand the ps the memory it took");
+      }
+      await_rings(link, server);
+#else
+      (void)server;
+      throw wire::Malformed("the ps took an offer of shared memory never made");
+#endif
+    }
+
+    void await_rings(Link& link, std::uint64_t server) {
+#if defined(__linux__)
+      link.receiving = true;  // (no receive may read the ps's answer as frame bytes)
+      link.socket.async_wait(asio::socket_base::wait_read, [this, &link, gen = link.generation,
+                                                            server](std::error_code ec) {
+        if (gen != link.generation) return;
+        link.receiving = false;
+        if (ec) return fail(link, ec.message());
+        int fd = -1;
+        const int got = transport_detail::receive_fd(link.socket.native_handle(), fd);
+        if (got == 0) return await_rings(link, server);  // (woken for nothing)
+        if (got == -2) return fail(link, "the ps closed the connection after its welcome");
+        if (got < 0) return fail(link, "the ps answered the memory it took with something else");
+        transport_detail::SharedRing in;
+        if (fd >= 0) {
+          in = transport_detail::SharedRing::open(fd);
+          if (!in || in.capacity() > transport_detail::kLinkRingBytes || !link.offered) {
+            // The ps uses its rings now: this connection cannot go on, and the next ones
+            // to this ps keep their bytes on the socket.
+            link.unshared = true;
+            return fail(link, "the ps's shared memory is not a ring this side can use");
+          }
+          link.rings.start(std::move(link.offered), std::move(in), link.socket);
+        }
+        link.offered = {};
+        welcomed(link, server);
+        if (gen == link.generation) receive(link);
+      });
+#else
+      (void)link, (void)server;
+#endif
+    }
+
+    /// The handshake is done: the link serves calls (or is dropped, for a process that is
+    /// no copy).
+    void welcomed(Link& link, std::uint64_t server) {
       link.challenge.reset();
       link.timer.cancel();
       link.state = State::kConnected;
@@ -1402,12 +1488,12 @@ class Tcp {
       // Another process than the one reached before: it holds nothing of the job. With a
       // copy elsewhere it is dropped (drop ends this attempt); as the last copy it is used,
       // and the job rolls back as without copies.
-      if (link.lost != 0 && welcome->server == link.lost && !link.dropped && !link.renewing) {
+      if (link.lost != 0 && server == link.lost && !link.dropped && !link.renewing) {
         // A copy served again unreached (reach_again): the process given up is no copy.
         return fail(link, "the process given up answers on its address, not the one the chief took back");
       }
-      const std::uint64_t before = std::exchange(link.server, welcome->server);
-      if (options_.replicas == 1 && before != 0 && before != welcome->server && !link.renewing &&
+      const std::uint64_t before = std::exchange(link.server, server);
+      if (options_.replicas == 1 && before != 0 && before != server && !link.renewing &&
           !links_[partner_of(link)]->dropped) {
         link.server = before;  // the process given up (reach_again takes only another)
         if (link.dropped) return fail(link, "another process answers on the address of a copy given up");
@@ -1444,7 +1530,7 @@ class Tcp {
       }
       if (link.write_waiting || link.write_list.empty()) return;
       std::error_code ec;
-      if (!link.write_list.write_now(link.socket, ec)) return fail(link, ec.message());
+      if (!link.rings.write_now(link.write_list, link.socket, ec)) return fail(link, ec.message());
       while (!link.writing.empty() &&
              link.writing.front()->frame_end <= link.write_list.written()) {
         end_writing(*link.writing.front());
@@ -1452,13 +1538,13 @@ class Tcp {
       }
       if (link.write_list.empty()) return link.write_list.clear();
       link.write_waiting = true;
-      link.socket.async_wait(asio::socket_base::wait_write,
-                             [this, &link, gen = link.generation](std::error_code wait) {
-                               if (gen != link.generation) return;  // fail() reset the link
-                               link.write_waiting = false;
-                               if (wait) return fail(link, wait.message());
-                               flush(link);
-                             });
+      link.rings.async_wait_write(link.socket,
+                                  [this, &link, gen = link.generation](std::error_code wait) {
+                                    if (gen != link.generation) return;  // fail() reset the link
+                                    link.write_waiting = false;
+                                    if (wait) return fail(link, wait.message());
+                                    flush(link);
+                                  });
     }
 
     static void end_writing(Pending& p) {
@@ -1487,8 +1573,8 @@ class Tcp {
       }
       link.receiving = true;
       if (!link.local) link.receive_buffers.watermark(link.socket, link.reader.payload_left());
-      link.socket.async_read_some(
-          link.receive_buffers.of(link.reader.buffers()),
+      link.rings.async_read_some(
+          link.socket, link.receive_buffers.of(link.reader.buffers()),
           [this, &link, gen = link.generation](std::error_code ec, std::size_t n) {
             if (gen != link.generation) return;
             link.receiving = false;
@@ -1508,7 +1594,8 @@ class Tcp {
                 } else {
                   on_reply(link, *frame);
                 }
-                if (gen != link.generation) break;  // failed or dropped meanwhile: the reader was reset
+                if (gen != link.generation)
+                  break;  // failed or dropped meanwhile: the reader was reset
               }
             } catch (const std::exception& e) {  // a bad frame, or no memory: this link only
               link.dispatching = false;
@@ -1615,6 +1702,8 @@ class Tcp {
       std::error_code ignored;
       link.timer.cancel();
       link.resolver.cancel();
+      link.rings.stop();
+      link.offered = {};
       link.socket.close(ignored);  // the operations under way end without touching buffers
       for (const PendingPtr& p : std::exchange(link.writing, {})) end_writing(*p);
       link.write_list.clear();

@@ -89,6 +89,14 @@ struct TcpOptions {
   /// TCP always (`--no-local-sockets`), e.g. where the tasks' TCP traffic must cross a
   /// firewall rule or a traffic shaper on this host.
   bool local_sockets = true;
+  /// On a local socket, move the connection's bytes through memory shared with the ps once
+  /// the handshake proved it (Linux: a ring buffer in a sealed memory file each way, handed
+  /// over the socket; transport/detail/shared_rings.hpp): a frame then crosses in one copy
+  /// at each end and without a system call while both ends are busy, and the socket carries
+  /// only wake-ups and the sign of a lost peer. Each connection holds 2 MiB of memory for
+  /// it. Used where the ps takes it too (TcpServerOptions::shared_memory); off:
+  /// `--no-shared-memory`.
+  bool shared_memory = true;
   /// Log what changes about the copies (a copy dropped, held elsewhere, served again). A
   /// task that reaches the same ps tasks through a second transport (the role runner's
   /// heartbeats) turns it off there, so that each change is said once per task.
@@ -179,6 +187,11 @@ struct TcpServerOptions {
   /// TcpOptions::local_sockets). Every limit above holds on it as on TCP. A name another
   /// process holds already is skipped with a log line, and TCP serves alone.
   bool local_socket = true;
+  /// Take a local client's offer to move its connection's bytes through shared memory
+  /// (TcpOptions::shared_memory). Both rings of such a connection (1 MiB each) are charged
+  /// to `max_buffered_bytes`; where the budget cannot hold it, the connection stays on its
+  /// socket.
+  bool shared_memory = true;
 };
 
 /// Serves one Service (a ParameterServer) on a TCP port, and owns it. All connections are

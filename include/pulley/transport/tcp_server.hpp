@@ -20,6 +20,7 @@
 #include "pulley/core/log.hpp"
 #include "pulley/core/node.hpp"
 #include "pulley/protocol/messages.hpp"
+#include "pulley/transport/detail/shared_rings.hpp"
 #include "pulley/transport/detail/sockets.hpp"
 #include "pulley/transport/tcp_options.hpp"
 #include "pulley/transport/wire/codec.hpp"
@@ -113,9 +114,7 @@ class TcpServer {
           session(++server.sessions_),
           accepted(Clock::now()),
           last_heard(accepted) {}
-    ~Connection() {
-      owner.budget_.give(copy_size + spare_size);
-    }
+    ~Connection() { owner.budget_.give(copy_size + spare_size + ring_charge); }
 
     /// Too much of this connection's work is unfinished to take more requests: replies
     /// unsent, or requests unanswered. Reading resumes when either shrinks.
@@ -141,6 +140,9 @@ class TcpServer {
     TcpServer& owner;
     transport_detail::StreamSocket socket;
     bool local;           ///< on the local socket (no receive watermark: see ReceiveBuffers)
+    transport_detail::SharedRings rings;  ///< its bytes' path once both ends took shared memory
+    bool rings_awaited = false;   ///< the welcome took shared memory: the client's ring comes next
+    std::size_t ring_charge = 0;  ///< this side's ring, charged to the budget
     std::string address;  ///< the peer's, for log lines
     wire::FrameReader reader;
     transport_detail::ReceiveBuffers receive_buffers;
@@ -297,21 +299,22 @@ class TcpServer {
       if (c->frame_deadline) *c->frame_deadline += Clock::now() - *c->paused_at;
       c->paused_at.reset();
     }
+    if (c->rings_awaited) return await_rings(c);
     c->receiving = true;
     if (!c->local) c->receive_buffers.watermark(c->socket, c->reader.payload_left());
-    c->socket.async_read_some(c->receive_buffers.of(c->reader.buffers()),
-                              [this, c](std::error_code ec, std::size_t n) {
-                                c->receiving = false;
-                                if (c->closed) return;
-                                if (ec) return forget(*c);  // the peer left, or the link broke
-                                c->last_heard = Clock::now();
-                                try {
-                                  c->reader.commit(n);  // may fail to grow a payload buffer
-                                } catch (const wire::Malformed& e) {
-                                  return drop(*c, e.what());
-                                }
-                                process(c);
-                              });
+    c->rings.async_read_some(c->socket, c->receive_buffers.of(c->reader.buffers()),
+                             [this, c](std::error_code ec, std::size_t n) {
+                               c->receiving = false;
+                               if (c->closed) return;
+                               if (ec) return forget(*c);  // the peer left, or the link broke
+                               c->last_heard = Clock::now();
+                               try {
+                                 c->reader.commit(n);  // may fail to grow a payload buffer
+                               } catch (const wire::Malformed& e) {
+                                 return drop(*c, e.what());
+                               }
+                               process(c);
+                             });
   }
 
   /// Handles every complete request received (while not paused), writes the replies they
@@ -458,11 +461,65 @@ class TcpServer {
     take_over(*c);
     orphan_.cancel();
     c->reader.set_limits(options_.frames);
-    queue_frame(c, wire::encode(wire::Handshake{wire::Welcome{
-                                    wire::server_proof(options_.credentials.secret, *c->challenge, hello),
-                                    server_id_}},
-                                0));
+    wire::Frame welcome = wire::encode(
+        wire::Handshake{wire::Welcome{
+            wire::server_proof(options_.credentials.secret, *c->challenge, hello), server_id_}},
+        0);
+    // Shared memory, where the client offered it: its ring is the next byte it sends (it
+    // sends nothing else before the welcome), so nothing may be left unread behind the hello.
+    if ((frame.header.flags & wire::kSharedMemoryFlag) != 0 && options_.shared_memory && c->local &&
+        transport_detail::kSharedRings && !c->reader.mid_frame()) {
+      welcome.header.flags = wire::kSharedMemoryFlag;
+      c->rings_awaited = true;
+    }
+    queue_frame(c, std::move(welcome));
     c->challenge.reset();
+  }
+
+  /// The welcome took the client's offer of shared memory: its ring comes with the next byte
+  /// (send_fd), and this side answers with its own, or without one (no memory, or the budget
+  /// cannot hold it: the connection stays on its socket, as it does when the client's ring is
+  /// none). Until the answer, nothing else is read.
+  void await_rings(const ConnectionPtr& c) {
+#if defined(__linux__)
+    c->receiving = true;
+    c->socket.async_wait(asio::socket_base::wait_read, [this, c](std::error_code ec) {
+      c->receiving = false;
+      if (c->closed) return;
+      if (ec) return forget(*c);
+      int fd = -1;
+      const int got = transport_detail::receive_fd(c->socket.native_handle(), fd);
+      if (got == 0) return receive(c);   // (woken for nothing)
+      if (got == -2) return forget(*c);  // it left (its attempt's time ran out, say)
+      if (got < 0) return drop(*c, "it sent something else than the memory it offered to share");
+      c->rings_awaited = false;
+      c->last_heard = Clock::now();
+      transport_detail::SharedRing in =
+          fd >= 0 ? transport_detail::SharedRing::open(fd) : transport_detail::SharedRing{};
+      // Both rings count against the budget: this process has the client's pages as it reads
+      // them (a client may hand over a file with holes), and that ring may be no larger than
+      // this side's.
+      if (in && in.capacity() > transport_detail::kLinkRingBytes) in = {};
+      transport_detail::SharedRing out;
+      const std::size_t charge = in.capacity() + transport_detail::kLinkRingBytes;
+      if (in && budget_.take(charge)) {
+        out = transport_detail::SharedRing::make(transport_detail::kLinkRingBytes);
+        if (out) {
+          c->ring_charge = charge;
+        } else {
+          budget_.give(charge);
+        }
+      }
+      if (!transport_detail::send_fd(c->socket.native_handle(), out ? out.fd() : -1)) {
+        return drop(*c, "cannot answer its offer of shared memory");
+      }
+      if (in && out) c->rings.start(std::move(out), std::move(in), c->socket);
+      receive(c);
+    });
+#else
+    c->rings_awaited = false;
+    receive(c);
+#endif
   }
 
   /// Why `hello`'s process may not be its task now: another process is, with a connection
@@ -559,7 +616,7 @@ class TcpServer {
     if (c->closed || c->write_waiting) return;
     std::error_code ec;
     const std::uint64_t before = c->unsent.bytes();
-    if (!c->unsent.write_now(c->socket, ec)) return forget(*c);  // the peer is gone
+    if (!c->rings.write_now(c->unsent, c->socket, ec)) return forget(*c);  // the peer is gone
     if (c->unsent.bytes() != before) c->last_written = Clock::now();
     if (c->unsent.empty()) {
       c->unsent.clear();
@@ -574,7 +631,7 @@ class TcpServer {
       return maybe_resume(c);  // a pause for unsent bytes may have ended just now
     }
     c->write_waiting = true;
-    c->socket.async_wait(asio::socket_base::wait_write, [this, c](std::error_code wait) {
+    c->rings.async_wait_write(c->socket, [this, c](std::error_code wait) {
       c->write_waiting = false;
       if (c->closed) return;
       if (wait) return forget(*c);
@@ -589,7 +646,7 @@ class TcpServer {
   void detach(Connection& c) {
     if (c.closed || !std::exchange(c.views, false)) return;
     std::error_code ec;
-    if (!c.write_waiting && !c.unsent.write_now(c.socket, ec)) return forget(c);
+    if (!c.write_waiting && !c.rings.write_now(c.unsent, c.socket, ec)) return forget(c);
     const auto n = static_cast<std::size_t>(c.unsent.bytes());
     if (c.spare_size < n) {  // the spare may hold nothing still unsent: the copy does
       c.release_spare(budget_);
@@ -634,6 +691,7 @@ class TcpServer {
     stop_viewing(c);
     c.unsent.clear();
     c.replies.clear();
+    c.rings.stop();
     std::error_code ignored;
     c.socket.close(ignored);
     ConnectionPtr keep;  // alive until this returns

@@ -38,6 +38,12 @@ inline constexpr std::size_t kHandshakeKinds = 4;       ///< Challenge, Hello, W
 inline constexpr std::uint16_t kRendezvousKind = 0x300;
 inline constexpr std::size_t kRendezvousKinds = 3;
 
+/// `Header::flags` of a hello: the client, on a local socket, offers to move the
+/// connection's bytes through shared memory; of the welcome: the ps takes the offer. The two
+/// ends then hand each other a ring (transport/detail/shared_rings.hpp) before any request.
+/// A peer that never sets it (a raw client, another transport) talks on the socket as ever.
+inline constexpr std::uint32_t kSharedMemoryFlag = 1;
+
 /// What a receiver accepts in one frame, checked before it allocates anything for it. A
 /// frame's metadata is small: 4 MiB holds the placement of ~50 000 variables.
 struct FrameLimits {
@@ -54,7 +60,7 @@ struct Header {
   std::uint16_t kind = 0;
   std::uint64_t call = 0;
   std::uint32_t meta_bytes = 0;
-  std::uint32_t reserved = 0;
+  std::uint32_t flags = 0;  ///< a hello's or welcome's: kSharedMemoryFlag; else 0 (ignored)
   std::uint64_t payload_bytes = 0;
 };
 static_assert(sizeof(Header) == 32 && std::is_trivially_copyable_v<Header>);

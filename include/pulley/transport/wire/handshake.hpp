@@ -7,6 +7,12 @@
 ///   client → ps       Hello     {job, client task, client nonce, proof}
 ///   ps     → client   Welcome   {proof}           or   Refusal {code, reason}, then close
 ///
+/// On a local socket the hello's header may carry kSharedMemoryFlag, and the welcome's then
+/// says whether the ps takes it: if it does, the client's next byte on the socket brings its
+/// ring's memory file (or says it has none) and the ps's next byte its own, and where both
+/// ends sent one the frames that follow cross those rings instead of the socket
+/// (transport/detail/shared_rings.hpp).
+///
 /// Each proof is an HMAC-SHA-256, keyed by the job's shared secret, over everything both
 /// sides said (both nonces, the job, both tasks) and which side proves: the client shows it
 /// knows the secret without sending it, for this connection only (the server's nonce is
