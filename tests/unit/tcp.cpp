@@ -1301,6 +1301,21 @@ TEST_CASE(
     CHECK(std::holds_alternative<StatsReply>(
         wire::decode_response(*reply, std::span(body).first(reply->meta_bytes), {})));
   }
+  {  // A ring larger than the ps's own: it maps none such (its pages would be had here,
+     // beyond what the budget counts), answers with none, and the socket's bytes serve.
+    RawLocal raw(name);
+    REQUIRE(raw.join_offering_shared_memory(Node::worker(0)) == wire::kSharedMemoryFlag);
+    const transport_detail::SharedRing large =
+        transport_detail::SharedRing::make(4 * transport_detail::kLinkRingBytes);
+    REQUIRE(large);
+    REQUIRE(transport_detail::send_fd(raw.fd, large.fd()));
+    CHECK(raw.answer() == -1);
+    raw.write_frame(wire::encode(Request{GetStats{}}, 8));
+    std::vector<char> body;
+    const auto reply = raw.read_frame(body);
+    REQUIRE(reply);
+    CHECK(reply->call == 8);
+  }
   {  // A ring, then garbage through it: the ps drops the connection, as for garbage on a socket.
     RawLocal raw(name);
     REQUIRE(raw.join_offering_shared_memory(Node::worker(0)) == wire::kSharedMemoryFlag);
