@@ -1254,6 +1254,15 @@ struct RawLocal {
     int ring = -1;
     return transport_detail::receive_fd(fd, ring) == 1 ? ring : -2;
   }
+  /// True if a request sent on the socket, as call `call`, is answered there (stats).
+  bool answers_on_socket(std::uint64_t call) {
+    write_frame(wire::encode(Request{GetStats{}}, call));
+    std::vector<char> body;
+    const auto reply = read_frame(body);
+    return reply && reply->call == call &&
+           std::holds_alternative<StatsReply>(
+               wire::decode_response(*reply, std::span(body).first(reply->meta_bytes), {}));
+  }
   /// True once the ps closed the connection (within the receive limit).
   bool closed_by_ps() {
     std::array<char, 256> sink{};
@@ -1293,13 +1302,7 @@ TEST_CASE(
     ::close(pipe_ends[0]);
     ::close(pipe_ends[1]);
     CHECK(raw.answer() == -1);
-    raw.write_frame(wire::encode(Request{GetStats{}}, 7));
-    std::vector<char> body;
-    const auto reply = raw.read_frame(body);
-    REQUIRE(reply);
-    CHECK(reply->call == 7);
-    CHECK(std::holds_alternative<StatsReply>(
-        wire::decode_response(*reply, std::span(body).first(reply->meta_bytes), {})));
+    CHECK(raw.answers_on_socket(7));
   }
   {  // A ring larger than the ps's own: it maps none such (its pages would be had here,
      // beyond what the budget counts), answers with none, and the socket's bytes serve.
@@ -1310,11 +1313,7 @@ TEST_CASE(
     REQUIRE(large);
     REQUIRE(transport_detail::send_fd(raw.fd, large.fd()));
     CHECK(raw.answer() == -1);
-    raw.write_frame(wire::encode(Request{GetStats{}}, 8));
-    std::vector<char> body;
-    const auto reply = raw.read_frame(body);
-    REQUIRE(reply);
-    CHECK(reply->call == 8);
+    CHECK(raw.answers_on_socket(8));
   }
   {  // A ring, then garbage through it: the ps drops the connection, as for garbage on a socket.
     RawLocal raw(name);
