@@ -17025,11 +17025,13 @@ inline void merge_copy_answers(Response& read, const Response& other) {
 #include <array>
 #include <asio.hpp>
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <functional>
 #include <memory>
 #include <span>
 #include <system_error>
+#include <thread>
 #include <utility>
 
 #if defined(__linux__)
@@ -17050,6 +17052,7 @@ inline void merge_copy_answers(Response& read, const Response& other) {
 #include <atomic>
 #include <bit>
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -17066,6 +17069,14 @@ inline constexpr bool kSharedRings = true;
 #else
 inline constexpr bool kSharedRings = false;
 #endif
+
+/// How long an end that can move nothing looks again before it says it sleeps, giving its
+/// core away between looks: the other process's bytes, or room, often come within it (the
+/// answer to a request, a neighbour's next chunk) and are then taken at once, without a
+/// doorbell's two system calls and a sleeping core's wake-up: tens of microseconds, more on a
+/// virtual machine whose idle core the host halted. As long as CallSignal's spin, for the
+/// same reason.
+inline constexpr std::chrono::microseconds kRingSpin{200};
 
 /// A one-way byte stream between two processes of one host in memory they share: a ring
 /// buffer (`kCapacity` bytes unless its maker chose another power of 2) behind a memory file
@@ -17193,6 +17204,15 @@ class SharedRing {
     h.tail.store(mine_, std::memory_order_seq_cst);
     if (h.writer_sleeps.load(std::memory_order_seq_cst) != 0 && h.writer_sleeps.exchange(0) != 0) ring(doorbell);
     return n;
+  }
+
+  /// True if a read now would move a byte.
+  [[nodiscard]] bool has_data() noexcept {
+    return header().head.load(std::memory_order_acquire) != mine_;
+  }
+  /// True if a write now would move a byte.
+  [[nodiscard]] bool has_room() noexcept {
+    return mine_ - header().tail.load(std::memory_order_acquire) < capacity_;
   }
 
   /// The reader is about to sleep until bytes arrive: true if it may (none came meanwhile;
@@ -17837,10 +17857,11 @@ inline constexpr std::size_t kRingStride = kLinkRingBytes / 4;
 /// a wait for room) go to the socket until then. One thread, the io_context's, uses it; at
 /// most one read and one wait for room are under way at a time, as on a socket.
 ///
-/// A read or a wait that cannot go on says in its ring that it sleeps (the other end then
-/// rings) and parks in the one wait on the socket ("the watch"), which wakes on a doorbell or
-/// on the peer's end closing (its process died or closed the connection; what is left in the
-/// ring is still read before the end is reported). Doorbells are taken off the socket only
+/// A read or a wait that cannot go on looks again for up to kRingSpin; then it says in its
+/// ring that it sleeps (the other end then rings) and parks in the one wait on the socket
+/// ("the watch"), which wakes on a doorbell or on the peer's end closing (its process died or
+/// closed the connection; what is left in the ring is still read before the end is
+/// reported). Doorbells are taken off the socket only
 /// while no watch is armed (before a first park) or by the watch's completion, which then
 /// looks at both directions again: a doorbell taken by one direction's look could otherwise
 /// be another's, whose armed wait would never see it (the socket no longer reads as ready
@@ -17889,7 +17910,8 @@ class SharedRings {
     if (total == 0)
       return post(*state_, ReadHandler(std::forward<Handler>(handler)), std::error_code(),
                   std::size_t{0});
-    poll_read(state_, into, ReadHandler(std::forward<Handler>(handler)), true);
+    poll_read(state_, into, ReadHandler(std::forward<Handler>(handler)), true,
+              Clock::now() + kRingSpin);
   }
 
   /// As the socket's `async_wait(wait_write)`: completes once there is room to write.
@@ -17897,7 +17919,8 @@ class SharedRings {
   void async_wait_write(StreamSocket& socket, Handler&& handler) {
     if (!state_)
       return socket.async_wait(asio::socket_base::wait_write, std::forward<Handler>(handler));
-    poll_write(state_, WriteHandler(std::forward<Handler>(handler)), true);
+    poll_write(state_, WriteHandler(std::forward<Handler>(handler)), true,
+               Clock::now() + kRingSpin);
   }
 
   /// As `list.write_now(socket, ec)`: writes what fits now.
@@ -17915,6 +17938,7 @@ class SharedRings {
   }
 
  private:
+  using Clock = std::chrono::steady_clock;
   using ReadHandler = std::function<void(std::error_code, std::size_t)>;
   using WriteHandler = std::function<void(std::error_code)>;
 
@@ -18016,8 +18040,8 @@ class SharedRings {
                            } else {
                              drain(w);
                            }
-                           if (read) poll_read(state, parked->into, std::move(read), false);
-                           if (write) poll_write(state, std::move(write), false);
+                           if (read) poll_read(state, parked->into, std::move(read), false, {});
+                           if (write) poll_write(state, std::move(write), false, {});
                          });
     return slot;
   }
@@ -18027,12 +18051,36 @@ class SharedRings {
     asio::post(s.executor, [h = std::move(handler), args...] { h(args...); });
   }
 
-  /// Reads what has come, or parks until the peer rings. `asked`: from the caller's call (not
-  /// from the watch's completion, which has just taken the doorbells).
+  /// Looks again once the io_context has run what else is ready, the core given away first:
+  /// `look(state, handler, last)`, `last` once `spin_end` has passed. Aborted once stopped
+  /// (the socket, and with it the doorbell, may be gone).
+  template <class Handler, class Look>
+  static void look_again(const std::shared_ptr<State>& state, Handler handler,
+                         Clock::time_point spin_end, Look look) {
+    asio::post(state->executor, [state, h = std::move(handler), spin_end, look]() mutable {
+      if (state->stopped) return aborted(h);
+      std::this_thread::yield();
+      look(state, std::move(h), Clock::now() >= spin_end);
+    });
+  }
+  static void aborted(const ReadHandler& h) { h(asio::error::operation_aborted, 0); }
+  static void aborted(const WriteHandler& h) { h(asio::error::operation_aborted); }
+
+  /// Reads what has come, or looks again until `spin_end`, or parks until the peer rings.
+  /// `asked`: from the caller's call or the spin's last look (not from the watch's
+  /// completion, which has just taken the doorbells, nor from a look within the spin, which
+  /// makes no system call).
   static void poll_read(const std::shared_ptr<State>& state, const ReadBuffers& into,
-                        ReadHandler handler, bool asked) {
+                        ReadHandler handler, bool asked, Clock::time_point spin_end) {
     State& s = *state;
     std::size_t n = read_ring(s, into);
+    if (n == 0 && !s.peer_gone && Clock::now() < spin_end) {
+      return look_again(
+          state, std::move(handler), spin_end,
+          [into, spin_end](const std::shared_ptr<State>& st, ReadHandler h, bool last) {
+            poll_read(st, into, std::move(h), last, spin_end);
+          });
+    }
     if (n == 0 && asked && !s.watching) {  // (doorbells and an end that came while none watched)
       drain(s);
       n = read_ring(s, into);
@@ -18051,9 +18099,17 @@ class SharedRings {
     post(s, std::move(handler), ec, n);
   }
 
-  /// Completes once there is room, or parks until the peer rings.
-  static void poll_write(const std::shared_ptr<State>& state, WriteHandler handler, bool asked) {
+  /// Completes once there is room, or looks again until `spin_end`, or parks until the peer
+  /// rings. `asked`: as for poll_read.
+  static void poll_write(const std::shared_ptr<State>& state, WriteHandler handler, bool asked,
+                         Clock::time_point spin_end) {
     State& s = *state;
+    if (!s.peer_gone && !s.out.has_room() && Clock::now() < spin_end) {
+      return look_again(state, std::move(handler), spin_end,
+                        [spin_end](const std::shared_ptr<State>& st, WriteHandler h, bool last) {
+                          poll_write(st, std::move(h), last, spin_end);
+                        });
+    }
     if (asked && !s.watching) drain(s);
     std::error_code ec;
     if (s.peer_gone) {
@@ -21353,6 +21409,7 @@ inline bool listens_at(const std::string& address, std::chrono::milliseconds tim
 #include <span>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -21584,6 +21641,7 @@ class TcpRing {
   /// neighbour once its ring holds nothing more to read (or, towards the next rank, at once).
   bool wait(bool reading, Clock::time_point last) {
     const bool writing = !links_->out.empty();
+    if (looked_again(reading, writing)) return true;
     if (reading && links_->from_previous && !links_->from_previous.reader_sleeps()) return true;
     if (writing && links_->to_next && !links_->to_next.writer_sleeps()) return true;
     if (reading && links_->from_previous && links_->previous_closed) {
@@ -21599,6 +21657,19 @@ class TcpRing {
       throw lost(links_->next_name, "closed the connection");
     }
     return Clock::now() - last < options_.timeout;  // (a neighbour that rings and moves nothing is silent)
+  }
+
+  /// While every wait is on a shared link: looks again for up to kRingSpin, giving the core
+  /// away between looks, and is true as soon as one can move (before `wait` says it sleeps).
+  bool looked_again(bool reading, bool writing) {
+    if ((reading && !links_->from_previous) || (writing && !links_->to_next)) return false;
+    const auto end = Clock::now() + transport_detail::kRingSpin;
+    do {
+      if (reading && links_->from_previous.has_data()) return true;
+      if (writing && links_->to_next.has_room()) return true;
+      std::this_thread::yield();
+    } while (Clock::now() < end);
+    return false;
   }
 
   /// Reads the doorbells waiting on a shared link's socket; false once it is closed.

@@ -63,7 +63,8 @@ echo "tcp: $final"
 # evaluator task (beside the workers, no ps) scoring the checkpoints worker 0 writes.
 mapfile -t portsw < <(free_ports 3)
 clusterw="{\"worker\": [\"127.0.0.1:${portsw[0]}\", \"127.0.0.1:${portsw[1]}\"], \"evaluator\": [\"127.0.0.1:${portsw[2]}\"]}"
-watched=(--mode allreduce --epochs 3 --checkpoint-dir "$work/watched" --save-checkpoint-steps 300
+# (10 epochs: 3 s or more here, so that a progress line falls within even on a faster host)
+watched=(--mode allreduce --epochs 10 --checkpoint-dir "$work/watched" --save-checkpoint-steps 1200
   --metrics-file "$work/metrics-{task}.jsonl" --metrics-interval-ms 200 --progress-secs 1)
 start_in "$clusterw" watch-0.log 0 "${watched[@]}"; w0=$last_pid
 start_in "$clusterw" watch-1.log 1 "${watched[@]}"; w1=$last_pid
@@ -72,10 +73,10 @@ TF_CONFIG="{\"cluster\": $clusterw, \"task\": {\"type\": \"evaluator\", \"index\
 we=$!
 pids+=("$we")
 for pid in "$w0" "$w1" "$we"; do wait "$pid" || fail "watched: a task exited $?"; done
-grep -q 'all-reduce: global step [0-9]* of 1404 (epoch [0-9] of 3), [0-9]* examples/s' "$work/watch-0.log" ||
+grep -Eq 'all-reduce: global step [0-9]+ of 4680 \(epoch [0-9]+ of 10\), [0-9]+ examples/s' "$work/watch-0.log" ||
   fail "watched: no progress line"
 grep 'all-reduce: global step' "$work/watch-0.log" | tail -1
-grep -q '^evaluation at step 1404: ' "$work/watch-evaluator.log" || fail "watched: the evaluator did not score the last checkpoint"
+grep -q '^evaluation at step 4680: ' "$work/watch-evaluator.log" || fail "watched: the evaluator did not score the last checkpoint"
 grep '^evaluation at step' "$work/watch-evaluator.log" | tail -1
 for w in 0 1; do
   figures=$(tail -1 "$work/metrics-worker-$w.jsonl")

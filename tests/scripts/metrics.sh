@@ -17,7 +17,8 @@ command -v curl >/dev/null || fail "curl is not installed (scripts/setup.sh inst
 base=$(free_port_run 5)
 [ -n "$base" ] || fail "found no 5 consecutive free ports"
 
-start_job "$work" "$binary" 2 2 --epochs 3 --metrics-file "$work/{task}.jsonl" --metrics-port "$base" \
+# (10 epochs: 3 s or more of training here, so that a progress line falls within it)
+start_job "$work" "$binary" 2 2 --epochs 10 --metrics-file "$work/{task}.jsonl" --metrics-port "$base" \
   --metrics-interval-ms 300 --progress-secs 1
 # ps tasks at base + 0, 1; the chief at base + 2; the workers at base + 3, 4.
 declare -A expect=([0]=pulley_pushes_taken [1]=pulley_apply_seconds [2]=pulley_examples_per_s
@@ -50,7 +51,7 @@ for name in ["ps-0", "ps-1", "chief-0", "worker-0", "worker-1"]:
     assert len(lines) >= 2, f"{name}: {len(lines)} lines"
     for l in lines:
         last[l["task"]] = l
-steps = 3 * 468
+steps = 10 * 468
 for ps in ["ps:0", "ps:1"]:
     assert last[ps]["global_step"] == steps, last[ps]
     assert last[ps]["pushes_taken"] == 2 * steps, last[ps]
@@ -67,7 +68,7 @@ printed = float(final.split("test_accuracy=")[1].split()[0])
 assert abs(chief["test_accuracy"] - printed) < 1e-4, (chief, final)
 print(f"files add up: {steps} steps, {last['ps:0']['pushes_taken']} pushes on ps 0, test_accuracy {chief['test_accuracy']:.4f}")
 PY
-grep -Eq 'chief: global step [0-9]+ of 1404 \(epoch [1-3] of 3\)' "$work/chief-0.log" || fail "the chief printed no progress line"
+grep -Eq 'chief: global step [0-9]+ of 4680 \(epoch [0-9]+ of 10\)' "$work/chief-0.log" || fail "the chief printed no progress line"
 grep -E 'chief: global step' "$work/chief-0.log" | head -2
 python3 "$root/scripts/plot_metrics.py" "$work"/*.jsonl -o "$work/metrics.png" || fail "plot_metrics.py failed"
 [ "$(head -c 8 "$work/metrics.png" | od -An -tx1 | tr -d ' ')" = 89504e470d0a1a0a ] || fail "no PNG was written"

@@ -16,6 +16,7 @@
 #include <span>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -257,6 +258,7 @@ class TcpRing {
   /// neighbour once its ring holds nothing more to read (or, towards the next rank, at once).
   bool wait(bool reading, Clock::time_point last) {
     const bool writing = !links_->out.empty();
+    if (looked_again(reading, writing)) return true;
     if (reading && links_->from_previous && !links_->from_previous.reader_sleeps()) return true;
     if (writing && links_->to_next && !links_->to_next.writer_sleeps()) return true;
     if (reading && links_->from_previous && links_->previous_closed) {
@@ -272,6 +274,19 @@ class TcpRing {
       throw lost(links_->next_name, "closed the connection");
     }
     return Clock::now() - last < options_.timeout;  // (a neighbour that rings and moves nothing is silent)
+  }
+
+  /// While every wait is on a shared link: looks again for up to kRingSpin, giving the core
+  /// away between looks, and is true as soon as one can move (before `wait` says it sleeps).
+  bool looked_again(bool reading, bool writing) {
+    if ((reading && !links_->from_previous) || (writing && !links_->to_next)) return false;
+    const auto end = Clock::now() + transport_detail::kRingSpin;
+    do {
+      if (reading && links_->from_previous.has_data()) return true;
+      if (writing && links_->to_next.has_room()) return true;
+      std::this_thread::yield();
+    } while (Clock::now() < end);
+    return false;
   }
 
   /// Reads the doorbells waiting on a shared link's socket; false once it is closed.

@@ -12,11 +12,13 @@
 #include <array>
 #include <asio.hpp>
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <functional>
 #include <memory>
 #include <span>
 #include <system_error>
+#include <thread>
 #include <utility>
 
 #if defined(__linux__)
@@ -44,10 +46,11 @@ inline constexpr std::size_t kRingStride = kLinkRingBytes / 4;
 /// a wait for room) go to the socket until then. One thread, the io_context's, uses it; at
 /// most one read and one wait for room are under way at a time, as on a socket.
 ///
-/// A read or a wait that cannot go on says in its ring that it sleeps (the other end then
-/// rings) and parks in the one wait on the socket ("the watch"), which wakes on a doorbell or
-/// on the peer's end closing (its process died or closed the connection; what is left in the
-/// ring is still read before the end is reported). Doorbells are taken off the socket only
+/// A read or a wait that cannot go on looks again for up to kRingSpin; then it says in its
+/// ring that it sleeps (the other end then rings) and parks in the one wait on the socket
+/// ("the watch"), which wakes on a doorbell or on the peer's end closing (its process died or
+/// closed the connection; what is left in the ring is still read before the end is
+/// reported). Doorbells are taken off the socket only
 /// while no watch is armed (before a first park) or by the watch's completion, which then
 /// looks at both directions again: a doorbell taken by one direction's look could otherwise
 /// be another's, whose armed wait would never see it (the socket no longer reads as ready
@@ -96,7 +99,8 @@ class SharedRings {
     if (total == 0)
       return post(*state_, ReadHandler(std::forward<Handler>(handler)), std::error_code(),
                   std::size_t{0});
-    poll_read(state_, into, ReadHandler(std::forward<Handler>(handler)), true);
+    poll_read(state_, into, ReadHandler(std::forward<Handler>(handler)), true,
+              Clock::now() + kRingSpin);
   }
 
   /// As the socket's `async_wait(wait_write)`: completes once there is room to write.
@@ -104,7 +108,8 @@ class SharedRings {
   void async_wait_write(StreamSocket& socket, Handler&& handler) {
     if (!state_)
       return socket.async_wait(asio::socket_base::wait_write, std::forward<Handler>(handler));
-    poll_write(state_, WriteHandler(std::forward<Handler>(handler)), true);
+    poll_write(state_, WriteHandler(std::forward<Handler>(handler)), true,
+               Clock::now() + kRingSpin);
   }
 
   /// As `list.write_now(socket, ec)`: writes what fits now.
@@ -122,6 +127,7 @@ class SharedRings {
   }
 
  private:
+  using Clock = std::chrono::steady_clock;
   using ReadHandler = std::function<void(std::error_code, std::size_t)>;
   using WriteHandler = std::function<void(std::error_code)>;
 
@@ -223,8 +229,8 @@ class SharedRings {
                            } else {
                              drain(w);
                            }
-                           if (read) poll_read(state, parked->into, std::move(read), false);
-                           if (write) poll_write(state, std::move(write), false);
+                           if (read) poll_read(state, parked->into, std::move(read), false, {});
+                           if (write) poll_write(state, std::move(write), false, {});
                          });
     return slot;
   }
@@ -234,12 +240,36 @@ class SharedRings {
     asio::post(s.executor, [h = std::move(handler), args...] { h(args...); });
   }
 
-  /// Reads what has come, or parks until the peer rings. `asked`: from the caller's call (not
-  /// from the watch's completion, which has just taken the doorbells).
+  /// Looks again once the io_context has run what else is ready, the core given away first:
+  /// `look(state, handler, last)`, `last` once `spin_end` has passed. Aborted once stopped
+  /// (the socket, and with it the doorbell, may be gone).
+  template <class Handler, class Look>
+  static void look_again(const std::shared_ptr<State>& state, Handler handler,
+                         Clock::time_point spin_end, Look look) {
+    asio::post(state->executor, [state, h = std::move(handler), spin_end, look]() mutable {
+      if (state->stopped) return aborted(h);
+      std::this_thread::yield();
+      look(state, std::move(h), Clock::now() >= spin_end);
+    });
+  }
+  static void aborted(const ReadHandler& h) { h(asio::error::operation_aborted, 0); }
+  static void aborted(const WriteHandler& h) { h(asio::error::operation_aborted); }
+
+  /// Reads what has come, or looks again until `spin_end`, or parks until the peer rings.
+  /// `asked`: from the caller's call or the spin's last look (not from the watch's
+  /// completion, which has just taken the doorbells, nor from a look within the spin, which
+  /// makes no system call).
   static void poll_read(const std::shared_ptr<State>& state, const ReadBuffers& into,
-                        ReadHandler handler, bool asked) {
+                        ReadHandler handler, bool asked, Clock::time_point spin_end) {
     State& s = *state;
     std::size_t n = read_ring(s, into);
+    if (n == 0 && !s.peer_gone && Clock::now() < spin_end) {
+      return look_again(
+          state, std::move(handler), spin_end,
+          [into, spin_end](const std::shared_ptr<State>& st, ReadHandler h, bool last) {
+            poll_read(st, into, std::move(h), last, spin_end);
+          });
+    }
     if (n == 0 && asked && !s.watching) {  // (doorbells and an end that came while none watched)
       drain(s);
       n = read_ring(s, into);
@@ -258,9 +288,17 @@ class SharedRings {
     post(s, std::move(handler), ec, n);
   }
 
-  /// Completes once there is room, or parks until the peer rings.
-  static void poll_write(const std::shared_ptr<State>& state, WriteHandler handler, bool asked) {
+  /// Completes once there is room, or looks again until `spin_end`, or parks until the peer
+  /// rings. `asked`: as for poll_read.
+  static void poll_write(const std::shared_ptr<State>& state, WriteHandler handler, bool asked,
+                         Clock::time_point spin_end) {
     State& s = *state;
+    if (!s.peer_gone && !s.out.has_room() && Clock::now() < spin_end) {
+      return look_again(state, std::move(handler), spin_end,
+                        [spin_end](const std::shared_ptr<State>& st, WriteHandler h, bool last) {
+                          poll_write(st, std::move(h), last, spin_end);
+                        });
+    }
     if (asked && !s.watching) drain(s);
     std::error_code ec;
     if (s.peer_gone) {
