@@ -207,7 +207,10 @@ class ParameterServer {
     if (end_) return;
     try {
       if (node.role == Node::Role::kChief && cut_.paused_by(session)) {
-        log(LogLevel::kWarning, name_ + ": the chief left while it paused this ps: resuming");
+        // (the chief ended, or it moved this shard's copy elsewhere and closed its
+        // connection here before letting go of it)
+        log(LogLevel::kWarning,
+            name_ + ": the chief's connection closed while it paused this ps: resuming");
         changing_ = true;
         resume();
       } else if (node.role == Node::Role::kChief && rows_cut_session_ == session && session != 0) {
