@@ -17913,8 +17913,7 @@ class SharedRings {
     if (total == 0)
       return post(*state_, ReadHandler(std::forward<Handler>(handler)), std::error_code(),
                   std::size_t{0});
-    poll_read(state_, into, ReadHandler(std::forward<Handler>(handler)), true,
-              Clock::now() + kRingSpin);
+    poll_read(state_, into, ReadHandler(std::forward<Handler>(handler)), Clock::now() + kRingSpin);
   }
 
   /// As the socket's `async_wait(wait_write)`: completes once there is room to write.
@@ -17922,8 +17921,7 @@ class SharedRings {
   void async_wait_write(StreamSocket& socket, Handler&& handler) {
     if (!state_)
       return socket.async_wait(asio::socket_base::wait_write, std::forward<Handler>(handler));
-    poll_write(state_, WriteHandler(std::forward<Handler>(handler)), true,
-               Clock::now() + kRingSpin);
+    poll_write(state_, WriteHandler(std::forward<Handler>(handler)), Clock::now() + kRingSpin);
   }
 
   /// As `list.write_now(socket, ec)`: writes what fits now.
@@ -18043,8 +18041,8 @@ class SharedRings {
                            } else {
                              drain(w);
                            }
-                           if (read) poll_read(state, parked->into, std::move(read), false, {});
-                           if (write) poll_write(state, std::move(write), false, {});
+                           if (read) poll_read(state, parked->into, std::move(read), kWoken);
+                           if (write) poll_write(state, std::move(write), kWoken);
                          });
     return slot;
   }
@@ -18054,37 +18052,39 @@ class SharedRings {
     asio::post(s.executor, [h = std::move(handler), args...] { h(args...); });
   }
 
-  /// Looks again once the io_context has run what else is ready, the core given away first:
-  /// `look(state, handler, last)`, `last` once `spin_end` has passed. Aborted once stopped
-  /// (the socket, and with it the doorbell, may be gone).
+  /// The `spin_end` of a look that the watch's completion makes: it has just taken the
+  /// doorbells, so it neither looks again nor takes them.
+  static constexpr Clock::time_point kWoken{};
+
+  /// Looks again, `look(state, handler)`, once the io_context has run what else is ready, the
+  /// core given away first. Aborted once stopped (the socket, and with it the doorbell, may
+  /// be gone).
   template <class Handler, class Look>
-  static void look_again(const std::shared_ptr<State>& state, Handler handler,
-                         Clock::time_point spin_end, Look look) {
-    asio::post(state->executor, [state, h = std::move(handler), spin_end, look]() mutable {
+  static void look_again(const std::shared_ptr<State>& state, Handler handler, Look look) {
+    asio::post(state->executor, [state, h = std::move(handler), look]() mutable {
       if (state->stopped) return aborted(h);
       std::this_thread::yield();
-      look(state, std::move(h), Clock::now() >= spin_end);
+      look(state, std::move(h));
     });
   }
   static void aborted(const ReadHandler& h) { h(asio::error::operation_aborted, 0); }
   static void aborted(const WriteHandler& h) { h(asio::error::operation_aborted); }
 
-  /// Reads what has come, or looks again until `spin_end`, or parks until the peer rings.
-  /// `asked`: from the caller's call or the spin's last look (not from the watch's
-  /// completion, which has just taken the doorbells, nor from a look within the spin, which
-  /// makes no system call).
+  /// Reads what has come; else looks again until `spin_end` (kWoken: from the watch's
+  /// completion); else takes the doorbells, unless the watch is armed and will, and parks
+  /// until the peer rings. The doorbells are taken once a spin ends, whichever look ends
+  /// it: an end that closed while no wait was armed gave its one edge to nobody.
   static void poll_read(const std::shared_ptr<State>& state, const ReadBuffers& into,
-                        ReadHandler handler, bool asked, Clock::time_point spin_end) {
+                        ReadHandler handler, Clock::time_point spin_end) {
     State& s = *state;
     std::size_t n = read_ring(s, into);
     if (n == 0 && !s.peer_gone && Clock::now() < spin_end) {
-      return look_again(
-          state, std::move(handler), spin_end,
-          [into, spin_end](const std::shared_ptr<State>& st, ReadHandler h, bool last) {
-            poll_read(st, into, std::move(h), last, spin_end);
-          });
+      return look_again(state, std::move(handler),
+                        [into, spin_end](const std::shared_ptr<State>& st, ReadHandler h) {
+                          poll_read(st, into, std::move(h), spin_end);
+                        });
     }
-    if (n == 0 && asked && !s.watching) {  // (doorbells and an end that came while none watched)
+    if (n == 0 && spin_end != kWoken && !s.watching) {
       drain(s);
       n = read_ring(s, into);
     }
@@ -18102,18 +18102,17 @@ class SharedRings {
     post(s, std::move(handler), ec, n);
   }
 
-  /// Completes once there is room, or looks again until `spin_end`, or parks until the peer
-  /// rings. `asked`: as for poll_read.
-  static void poll_write(const std::shared_ptr<State>& state, WriteHandler handler, bool asked,
+  /// Completes once there is room; else as poll_read.
+  static void poll_write(const std::shared_ptr<State>& state, WriteHandler handler,
                          Clock::time_point spin_end) {
     State& s = *state;
     if (!s.peer_gone && !s.out.has_room() && Clock::now() < spin_end) {
-      return look_again(state, std::move(handler), spin_end,
-                        [spin_end](const std::shared_ptr<State>& st, WriteHandler h, bool last) {
-                          poll_write(st, std::move(h), last, spin_end);
+      return look_again(state, std::move(handler),
+                        [spin_end](const std::shared_ptr<State>& st, WriteHandler h) {
+                          poll_write(st, std::move(h), spin_end);
                         });
     }
-    if (asked && !s.watching) drain(s);
+    if (spin_end != kWoken && !s.watching) drain(s);
     std::error_code ec;
     if (s.peer_gone) {
       ec = asio::error::broken_pipe;

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstddef>
 #include <optional>
+#include <span>
 #include <system_error>
 #include <vector>
 
@@ -35,8 +36,8 @@ struct Link {
   asio::io_context io;
   StreamSocket near{io};
   StreamSocket far{io};
-  SharedRing to_near = SharedRing::make();
-  SharedRing from_near = SharedRing::make();
+  SharedRing to_near = SharedRing::make(pulley::transport_detail::kLinkRingBytes);
+  SharedRing from_near = SharedRing::make(pulley::transport_detail::kLinkRingBytes);
   SharedRings rings;
 
   Link() {
@@ -80,7 +81,8 @@ struct Link {
   }
 
   /// Runs the io_context until `done` or 10 s.
-  void run_until(const std::optional<Read>& done) {
+  template <class Done>
+  void run_until(const std::optional<Done>& done) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while (!done && std::chrono::steady_clock::now() < deadline) {
       io.restart();
@@ -88,8 +90,30 @@ struct Link {
     }
   }
 
-  /// Runs the io_context (without blocking) until a read started before has looked for
-  /// longer than kRingSpin, and so sleeps.
+  /// Fills the near end's ring from `floats` (a frame larger than the ring): true if it is
+  /// full and bytes wait in `list`.
+  bool fill(pulley::transport_detail::GatherList& list, pulley::wire::Frame& frame,
+            const std::vector<float>& floats) {
+    frame.header.payload_bytes = floats.size() * sizeof(float);
+    frame.payload = {std::span<const float>(floats)};
+    list.append(frame);
+    std::error_code ec;
+    return rings.write_now(list, near, ec) && !ec && !list.empty();
+  }
+
+  /// Starts a wait for room in the near end's ring.
+  void wait_for_room(std::optional<std::error_code>& done) {
+    rings.async_wait_write(near, [&done](std::error_code ec) { done = ec; });
+  }
+
+  /// The peer reads `n` bytes from the near end's ring.
+  void peer_reads(std::size_t n) {
+    std::vector<std::byte> bytes(n);
+    REQUIRE(from_near.read(bytes, far.native_handle()) == n);
+  }
+
+  /// Runs the io_context (without blocking) until a read or wait started before has looked
+  /// for longer than kRingSpin, and so sleeps.
   void wait_past_spin() {
     const auto until = std::chrono::steady_clock::now() + 20 * pulley::transport_detail::kRingSpin;
     while (std::chrono::steady_clock::now() < until) {
@@ -138,6 +162,39 @@ TEST_CASE(
   REQUIRE(second);
   CHECK_FALSE(second->ec);
   CHECK(second->n == answer.size());
+}
+
+TEST_CASE(
+    "a wait for room in shared memory looks again before it sleeps: room made meanwhile rings no "
+    "doorbell") {
+  Link link;
+  const std::vector<float> floats(2 * pulley::transport_detail::kLinkRingBytes / sizeof(float),
+                                  1.0F);
+  pulley::wire::Frame frame;
+  pulley::transport_detail::GatherList list;
+  REQUIRE(link.fill(list, frame, floats));
+
+  std::optional<std::error_code> first;
+  link.wait_for_room(first);
+  link.peer_reads(4096);
+  CHECK(link.bells() == 0);  // the writer never said it sleeps
+  link.run_until(first);
+  REQUIRE(first);
+  CHECK_FALSE(*first);
+
+  // Full again; a wait left longer than kRingSpin sleeps, and the peer's next read rings it.
+  std::error_code ec;
+  REQUIRE(link.rings.write_now(list, link.near, ec));
+  REQUIRE_FALSE(list.empty());
+  std::optional<std::error_code> second;
+  link.wait_for_room(second);
+  link.wait_past_spin();
+  CHECK_FALSE(second);
+  link.peer_reads(4096);
+  CHECK(link.bells() == 1);
+  link.run_until(second);
+  REQUIRE(second);
+  CHECK_FALSE(*second);
 }
 
 TEST_CASE(
