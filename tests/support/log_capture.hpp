@@ -37,6 +37,15 @@ class LogCapture {
     return found;
   }
 
+  /// Every line so far, one per line as stderr shows them, for a failed check to print.
+  std::string text() {
+    static constexpr const char* kPrefix[] = {"", "warning: ", "error: "};
+    std::scoped_lock lock(mutex_);
+    std::string all;
+    for (const auto& [l, line] : lines_) all += kPrefix[static_cast<int>(l)] + line + '\n';
+    return all;
+  }
+
   /// Waits up to `limit` for a line of `level` containing `text`; true once there is one.
   bool wait_for(LogLevel level, const std::string& text,
                 std::chrono::milliseconds limit = std::chrono::seconds(10)) {

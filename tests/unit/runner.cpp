@@ -243,7 +243,7 @@ TEST_CASE("over TCP a chief that fails aborts the job, and every task fails nami
   std::vector<std::thread> threads = start_tasks(tasks, training, SyncReplicas(1, 1));
   for (auto& t : threads) t.join();
   for (const auto& [job, status] : tasks) {
-    INFO(job.name());
+    INFO(job.name(), " ended so; the log:\n", log.text());
     CHECK(status == 1);
   }
   CHECK(log.find(LogLevel::kError, "chief:0 failed: the evaluation set is corrupt").size() == 1);
@@ -282,7 +282,7 @@ TEST_CASE("over TCP a chief whose connections break goes on, rolling nothing bac
   std::vector<std::thread> threads = start_tasks(tasks, training, SyncReplicas(1, 1));
   for (auto& t : threads) t.join();
   for (const auto& [job, status] : tasks) {
-    INFO(job.name());
+    INFO(job.name(), " ended so; the log:\n", log.text());
     CHECK(status == 0);
   }
   CHECK(proxies[0]->cuts() + proxies[1]->cuts() >= 1);
@@ -334,7 +334,7 @@ TEST_CASE(
   gate.release();
   for (auto& t : threads) t.join();
   for (const auto& [job, status] : tasks) {
-    INFO(job.name());
+    INFO(job.name(), " ended so; the log:\n", log.text());
     CHECK(status == 0);
   }
   // The chief saw the faults (each one's wait logged once) and came back from each.
@@ -382,7 +382,7 @@ TEST_CASE("over TCP a worker cut off again and again within one long sync step t
   gate.release();
   for (auto& t : threads) t.join();
   for (const auto& [job, status] : tasks) {
-    INFO(job.name());
+    INFO(job.name(), " ended so; the log:\n", log.text());
     CHECK(status == 0);
   }
   // It saw the faults (one step's wait is logged once) and came back from each.
@@ -422,7 +422,7 @@ TEST_CASE(
   std::vector<std::thread> threads = start_tasks(tasks, training, SyncReplicas(1, 1));
   for (auto& t : threads) t.join();
   for (const auto& [job, status] : tasks) {
-    INFO(job.name());
+    INFO(job.name(), " ended so; the log:\n", log.text());
     CHECK(status == 0);
   }
   CHECK(log.find(LogLevel::kWarning, "worker 0: unavailable").size() >=

@@ -165,18 +165,7 @@ class Worker {
       if (e.code() != ErrorCode::kOutOfRange) {
         if (e.code() != ErrorCode::kFailedPrecondition && !detail::Recovery::may_recover(e.code())) throw;
         if (!ending_) ending_.emplace("worker " + std::to_string(index_), client_.options());
-        if (e.code() != ErrorCode::kFailedPrecondition) {
-          ending_->wait(e);  // no busy loop while a ps is away
-          try {
-            recover();
-            if (whole_again())
-              ending_->answered();  // the next break of the wait is a fault of its own
-          } catch (const Error& away) {
-            if (away.code() != ErrorCode::kFailedPrecondition &&
-                !detail::Recovery::may_recover(away.code()))
-              throw;
-          }
-        }
+        if (e.code() != ErrorCode::kFailedPrecondition) wait_whole_again(e);
         finished_ = false;
         pulled_step_ = -1;
         return false;
@@ -356,6 +345,27 @@ class Worker {
     pulled_step_ = -1;
     paced_ = true;
     wait_ready();
+  }
+
+  /// `wait_for_end`'s wait for the ps tasks after `failure`: tries `recover` with the
+  /// recovery's pauses until every ps answers (the next break is then a fault of its own),
+  /// it answers a rollback to come (kFailedPrecondition), or `ending_`'s deadline passes
+  /// (kUnavailable). Trying once and leaving the rest to `step` would let the step's token
+  /// (one ps) answer while another ps stays unreached, and the deadline run out across
+  /// faults that were each over long before it.
+  void wait_whole_again(Error failure) {
+    while (true) {
+      ending_->wait(failure);  // no busy loop while a ps is away
+      try {
+        recover();
+        if (whole_again()) ending_->answered();
+        return;
+      } catch (const Error& away) {
+        if (away.code() == ErrorCode::kFailedPrecondition) return;
+        if (!detail::Recovery::may_recover(away.code())) throw;
+        failure = away;
+      }
+    }
   }
 
   /// After a kFailedPrecondition: true if the ps tasks were restored since this worker
