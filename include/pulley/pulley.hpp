@@ -46,6 +46,7 @@
 #include "pulley/core/node.hpp"
 #include "pulley/core/placement.hpp"
 #include "pulley/core/prefetch.hpp"
+#include "pulley/core/spin.hpp"
 #include "pulley/core/variable.hpp"
 #include "pulley/core/version.hpp"
 #include "pulley/optimizers/adagrad.hpp"

@@ -3468,9 +3468,58 @@ struct RowRequest {
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <thread>
 #include <utility>
 
+// ---- begin pulley/core/spin.hpp ----
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <thread>
+
+namespace pulley {
+
+namespace spin_detail {
+inline std::atomic<std::int64_t>& microseconds() noexcept {
+  static std::atomic<std::int64_t> spin{200};
+  return spin;
+}
+}  // namespace spin_detail
+
+/// How long a wait whose answer may come at any moment looks again before it sleeps, giving
+/// its core away between looks (default 200 µs): a worker's wait for its push's answers,
+/// either end of a shared-memory link, an all-reduce rank's wait for its neighbours. The
+/// answer often comes within it (the other worker's push that completes a sync step, the
+/// other process's bytes) and is then taken at once, where a sleep and its wake-up cost tens
+/// of microseconds, more on a virtual machine whose idle core the host halted. The price is
+/// up to this much of a core's time per wait, which any other thread that wants the core
+/// gets first.
+[[nodiscard]] inline std::chrono::microseconds spin_before_sleep() noexcept {
+  return std::chrono::microseconds(spin_detail::microseconds().load(std::memory_order_relaxed));
+}
+
+/// Sets `spin_before_sleep` for every wait this process starts from now on; 0 (or less)
+/// makes a wait sleep at once. Less suits a host with many more busy threads than cores,
+/// whose waits then yield to each other; the runner's flag `--spin-us` sets it.
+inline void set_spin_before_sleep(std::chrono::microseconds spin) noexcept {
+  spin_detail::microseconds().store(std::max<std::int64_t>(spin.count(), 0),
+                                    std::memory_order_relaxed);
+}
+
+/// Looks at `ready()` until it is true (true) or `end` has passed (false), yielding the core
+/// between looks.
+template <class Ready>
+bool spin_until(Ready&& ready, std::chrono::steady_clock::time_point end) {
+  while (!ready()) {
+    if (std::chrono::steady_clock::now() >= end) return ready();
+    std::this_thread::yield();
+  }
+  return true;
+}
+
+}  // namespace pulley
+// ---- end pulley/core/spin.hpp ----
 // ---- begin pulley/protocol/messages.hpp ----
 
 #include <algorithm>
@@ -4566,27 +4615,19 @@ class CallSignal {
   /// Answers so far.
   [[nodiscard]] std::uint64_t count() const { return count_.load(); }
   /// Waits until `count()` differs from `seen` or `deadline` passes: first for up to
-  /// kSpin without sleeping (giving the core to any other thread that wants it), then
-  /// asleep. The answer to a call in one process often comes within that time (the other
-  /// worker's push that completes a sync step, on the other core): it is taken at once,
-  /// where a sleep and its wake-up cost tens of microseconds, more on a virtual machine
-  /// whose idle core the host halted.
+  /// spin_before_sleep() without sleeping (spin_until), then asleep.
   void wait_until(std::uint64_t seen, std::chrono::steady_clock::time_point deadline) {
-    const auto spin_end = std::min(deadline, std::chrono::steady_clock::now() + kSpin);
-    while (count_.load() == seen) {
-      if (std::chrono::steady_clock::now() >= spin_end) break;
-      std::this_thread::yield();
-    }
-    if (count_.load() != seen) return;
+    const auto changed = [&] { return count_.load() != seen; };
+    if (spin_until(changed,
+                   std::min(deadline, std::chrono::steady_clock::now() + spin_before_sleep())))
+      return;
     std::unique_lock lock(mutex_);
     waiters_.fetch_add(1);
-    changed_.wait_until(lock, deadline, [&] { return count_.load() != seen; });
+    changed_.wait_until(lock, deadline, changed);
     waiters_.fetch_sub(1);
   }
 
  private:
-  static constexpr std::chrono::microseconds kSpin{200};
-
   std::mutex mutex_;
   std::condition_variable changed_;
   std::atomic<std::uint64_t> count_{0};

@@ -3468,9 +3468,58 @@ struct RowRequest {
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <thread>
 #include <utility>
 
+// ---- begin pulley/core/spin.hpp ----
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <thread>
+
+namespace pulley {
+
+namespace spin_detail {
+inline std::atomic<std::int64_t>& microseconds() noexcept {
+  static std::atomic<std::int64_t> spin{200};
+  return spin;
+}
+}  // namespace spin_detail
+
+/// How long a wait whose answer may come at any moment looks again before it sleeps, giving
+/// its core away between looks (default 200 µs): a worker's wait for its push's answers,
+/// either end of a shared-memory link, an all-reduce rank's wait for its neighbours. The
+/// answer often comes within it (the other worker's push that completes a sync step, the
+/// other process's bytes) and is then taken at once, where a sleep and its wake-up cost tens
+/// of microseconds, more on a virtual machine whose idle core the host halted. The price is
+/// up to this much of a core's time per wait, which any other thread that wants the core
+/// gets first.
+[[nodiscard]] inline std::chrono::microseconds spin_before_sleep() noexcept {
+  return std::chrono::microseconds(spin_detail::microseconds().load(std::memory_order_relaxed));
+}
+
+/// Sets `spin_before_sleep` for every wait this process starts from now on; 0 (or less)
+/// makes a wait sleep at once. Less suits a host with many more busy threads than cores,
+/// whose waits then yield to each other; the runner's flag `--spin-us` sets it.
+inline void set_spin_before_sleep(std::chrono::microseconds spin) noexcept {
+  spin_detail::microseconds().store(std::max<std::int64_t>(spin.count(), 0),
+                                    std::memory_order_relaxed);
+}
+
+/// Looks at `ready()` until it is true (true) or `end` has passed (false), yielding the core
+/// between looks.
+template <class Ready>
+bool spin_until(Ready&& ready, std::chrono::steady_clock::time_point end) {
+  while (!ready()) {
+    if (std::chrono::steady_clock::now() >= end) return ready();
+    std::this_thread::yield();
+  }
+  return true;
+}
+
+}  // namespace pulley
+// ---- end pulley/core/spin.hpp ----
 // ---- begin pulley/protocol/messages.hpp ----
 
 #include <algorithm>
@@ -4566,27 +4615,19 @@ class CallSignal {
   /// Answers so far.
   [[nodiscard]] std::uint64_t count() const { return count_.load(); }
   /// Waits until `count()` differs from `seen` or `deadline` passes: first for up to
-  /// kSpin without sleeping (giving the core to any other thread that wants it), then
-  /// asleep. The answer to a call in one process often comes within that time (the other
-  /// worker's push that completes a sync step, on the other core): it is taken at once,
-  /// where a sleep and its wake-up cost tens of microseconds, more on a virtual machine
-  /// whose idle core the host halted.
+  /// spin_before_sleep() without sleeping (spin_until), then asleep.
   void wait_until(std::uint64_t seen, std::chrono::steady_clock::time_point deadline) {
-    const auto spin_end = std::min(deadline, std::chrono::steady_clock::now() + kSpin);
-    while (count_.load() == seen) {
-      if (std::chrono::steady_clock::now() >= spin_end) break;
-      std::this_thread::yield();
-    }
-    if (count_.load() != seen) return;
+    const auto changed = [&] { return count_.load() != seen; };
+    if (spin_until(changed,
+                   std::min(deadline, std::chrono::steady_clock::now() + spin_before_sleep())))
+      return;
     std::unique_lock lock(mutex_);
     waiters_.fetch_add(1);
-    changed_.wait_until(lock, deadline, [&] { return count_.load() != seen; });
+    changed_.wait_until(lock, deadline, changed);
     waiters_.fetch_sub(1);
   }
 
  private:
-  static constexpr std::chrono::microseconds kSpin{200};
-
   std::mutex mutex_;
   std::condition_variable changed_;
   std::atomic<std::uint64_t> count_{0};
@@ -17065,7 +17106,6 @@ inline void merge_copy_answers(Response& read, const Response& other) {
 #include <atomic>
 #include <bit>
 #include <cerrno>
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -17082,14 +17122,6 @@ inline constexpr bool kSharedRings = true;
 #else
 inline constexpr bool kSharedRings = false;
 #endif
-
-/// How long an end that can move nothing looks again before it says it sleeps, giving its
-/// core away between looks: the other process's bytes, or room, often come within it (the
-/// answer to a request, a neighbour's next chunk) and are then taken at once, without a
-/// doorbell's two system calls and a sleeping core's wake-up: tens of microseconds, more on a
-/// virtual machine whose idle core the host halted. As long as CallSignal's spin, for the
-/// same reason.
-inline constexpr std::chrono::microseconds kRingSpin{200};
 
 /// A one-way byte stream between two processes of one host in memory they share: a ring
 /// buffer (`kCapacity` bytes unless its maker chose another power of 2) behind a memory file
@@ -17219,13 +17251,15 @@ class SharedRing {
     return n;
   }
 
-  /// True if a read now would move a byte.
+  /// True if a read now would move a byte. (Sequentially consistent, as `reader_sleeps`
+  /// needs: its flag's store must not pass this look. On x86 it costs what acquire does.)
   [[nodiscard]] bool has_data() noexcept {
-    return header().head.load(std::memory_order_acquire) != mine_;
+    return header().head.load(std::memory_order_seq_cst) != mine_;
   }
-  /// True if a write now would move a byte.
+  /// True if a write now would move a byte (sequentially consistent, as `writer_sleeps`
+  /// needs).
   [[nodiscard]] bool has_room() noexcept {
-    return mine_ - header().tail.load(std::memory_order_acquire) < capacity_;
+    return mine_ - header().tail.load(std::memory_order_seq_cst) < capacity_;
   }
 
   /// The reader is about to sleep until bytes arrive: true if it may (none came meanwhile;
@@ -17233,21 +17267,17 @@ class SharedRing {
   bool reader_sleeps() noexcept {
     Header& h = header();
     h.reader_sleeps.store(1, std::memory_order_seq_cst);
-    if (h.head.load(std::memory_order_seq_cst) != mine_) {
-      h.reader_sleeps.store(0, std::memory_order_relaxed);
-      return false;
-    }
-    return true;
+    if (!has_data()) return true;
+    h.reader_sleeps.store(0, std::memory_order_relaxed);
+    return false;
   }
   /// The writer is about to sleep until there is room: true if it may, false if room came.
   bool writer_sleeps() noexcept {
     Header& h = header();
     h.writer_sleeps.store(1, std::memory_order_seq_cst);
-    if (mine_ - h.tail.load(std::memory_order_seq_cst) < capacity_) {
-      h.writer_sleeps.store(0, std::memory_order_relaxed);
-      return false;
-    }
-    return true;
+    if (!has_room()) return true;
+    h.writer_sleeps.store(0, std::memory_order_relaxed);
+    return false;
   }
 
  private:
@@ -17870,8 +17900,8 @@ inline constexpr std::size_t kRingStride = kLinkRingBytes / 4;
 /// a wait for room) go to the socket until then. One thread, the io_context's, uses it; at
 /// most one read and one wait for room are under way at a time, as on a socket.
 ///
-/// A read or a wait that cannot go on looks again for up to kRingSpin; then it says in its
-/// ring that it sleeps (the other end then rings) and parks in the one wait on the socket
+/// A read or a wait that cannot go on looks again for up to spin_before_sleep(); then it says in
+/// its ring that it sleeps (the other end then rings) and parks in the one wait on the socket
 /// ("the watch"), which wakes on a doorbell or on the peer's end closing (its process died or
 /// closed the connection; what is left in the ring is still read before the end is
 /// reported). Doorbells are taken off the socket only
@@ -17923,7 +17953,8 @@ class SharedRings {
     if (total == 0)
       return post(*state_, ReadHandler(std::forward<Handler>(handler)), std::error_code(),
                   std::size_t{0});
-    poll_read(state_, into, ReadHandler(std::forward<Handler>(handler)), Clock::now() + kRingSpin);
+    poll_read(state_, into, ReadHandler(std::forward<Handler>(handler)),
+              Clock::now() + spin_before_sleep());
   }
 
   /// As the socket's `async_wait(wait_write)`: completes once there is room to write.
@@ -17931,7 +17962,8 @@ class SharedRings {
   void async_wait_write(StreamSocket& socket, Handler&& handler) {
     if (!state_)
       return socket.async_wait(asio::socket_base::wait_write, std::forward<Handler>(handler));
-    poll_write(state_, WriteHandler(std::forward<Handler>(handler)), Clock::now() + kRingSpin);
+    poll_write(state_, WriteHandler(std::forward<Handler>(handler)),
+               Clock::now() + spin_before_sleep());
   }
 
   /// As `list.write_now(socket, ec)`: writes what fits now.
@@ -21421,7 +21453,6 @@ inline bool listens_at(const std::string& address, std::chrono::milliseconds tim
 #include <span>
 #include <string>
 #include <system_error>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -21671,17 +21702,16 @@ class TcpRing {
     return Clock::now() - last < options_.timeout;  // (a neighbour that rings and moves nothing is silent)
   }
 
-  /// While every wait is on a shared link: looks again for up to kRingSpin, giving the core
-  /// away between looks, and is true as soon as one can move (before `wait` says it sleeps).
+  /// While every wait is on a shared link: looks again for up to spin_before_sleep()
+  /// (spin_until), and is true as soon as one can move (before `wait` says it sleeps).
   bool looked_again(bool reading, bool writing) {
     if ((reading && !links_->from_previous) || (writing && !links_->to_next)) return false;
-    const auto end = Clock::now() + transport_detail::kRingSpin;
-    do {
-      if (reading && links_->from_previous.has_data()) return true;
-      if (writing && links_->to_next.has_room()) return true;
-      std::this_thread::yield();
-    } while (Clock::now() < end);
-    return false;
+    return spin_until(
+        [&] {
+          return (reading && links_->from_previous.has_data()) ||
+                 (writing && links_->to_next.has_room());
+        },
+        Clock::now() + spin_before_sleep());
   }
 
   /// Reads the doorbells waiting on a shared link's socket; false once it is closed.

@@ -21,6 +21,7 @@
 #include <unistd.h>
 #endif
 
+#include "pulley/core/spin.hpp"
 #include "pulley/transport/detail/shared_rings.hpp"
 
 #if defined(__linux__)
@@ -113,9 +114,9 @@ struct Link {
   }
 
   /// Runs the io_context (without blocking) until a read or wait started before has looked
-  /// for longer than kRingSpin, and so sleeps.
+  /// for longer than spin_before_sleep(), and so sleeps.
   void wait_past_spin() {
-    const auto until = std::chrono::steady_clock::now() + 20 * pulley::transport_detail::kRingSpin;
+    const auto until = std::chrono::steady_clock::now() + 20 * pulley::spin_before_sleep();
     while (std::chrono::steady_clock::now() < until) {
       io.restart();
       io.poll();
@@ -139,7 +140,7 @@ TEST_CASE(
 
   // Asked while the ring is empty, the read does not say it sleeps: the peer's answer, written
   // before the read's next look, is taken without a doorbell. (Its next look comes when the
-  // io_context runs: a look that came after kRingSpin, on a busy host, would sleep.)
+  // io_context runs: a look that came after spin_before_sleep(), on a busy host, would sleep.)
   std::optional<Link::Read> first;
   link.read(into, first);
   CHECK_FALSE(first);
@@ -151,7 +152,8 @@ TEST_CASE(
   CHECK(first->n == answer.size());
   CHECK(std::equal(answer.begin(), answer.end(), into.begin()));
 
-  // A read left waiting longer than kRingSpin sleeps; the peer's next write rings it awake.
+  // A read left waiting longer than spin_before_sleep() sleeps; the peer's next write rings it
+  // awake.
   std::optional<Link::Read> second;
   link.read(into, second);
   link.wait_past_spin();
@@ -182,7 +184,8 @@ TEST_CASE(
   REQUIRE(first);
   CHECK_FALSE(*first);
 
-  // Full again; a wait left longer than kRingSpin sleeps, and the peer's next read rings it.
+  // Full again; a wait left longer than spin_before_sleep() sleeps, and the peer's next read rings
+  // it.
   std::error_code ec;
   REQUIRE(link.rings.write_now(list, link.near, ec));
   REQUIRE_FALSE(list.empty());
@@ -195,6 +198,26 @@ TEST_CASE(
   link.run_until(second);
   REQUIRE(second);
   CHECK_FALSE(*second);
+}
+
+TEST_CASE("with set_spin_before_sleep(0) a read through shared memory sleeps at once") {
+  struct Restore {
+    std::chrono::microseconds spin = pulley::spin_before_sleep();
+    ~Restore() { pulley::set_spin_before_sleep(spin); }
+  } restore;
+  pulley::set_spin_before_sleep(std::chrono::microseconds(-5));  // less than 0 is 0
+  CHECK(pulley::spin_before_sleep().count() == 0);
+  Link link;
+  std::vector<std::byte> into(16);
+  std::optional<Link::Read> read;
+  link.read(into, read);  // asked on an empty ring: says at once that it sleeps
+  CHECK_FALSE(read);
+  link.peer_writes({std::byte{7}, std::byte{8}});
+  CHECK(link.bells() == 1);  // so the peer's write rang, with no wait past a spin
+  link.run_until(read);
+  REQUIRE(read);
+  CHECK_FALSE(read->ec);
+  CHECK(read->n == 2);
 }
 
 TEST_CASE(

@@ -10,9 +10,9 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <thread>
 #include <utility>
 
+#include "pulley/core/spin.hpp"
 #include "pulley/protocol/messages.hpp"
 
 namespace pulley {
@@ -38,27 +38,19 @@ class CallSignal {
   /// Answers so far.
   [[nodiscard]] std::uint64_t count() const { return count_.load(); }
   /// Waits until `count()` differs from `seen` or `deadline` passes: first for up to
-  /// kSpin without sleeping (giving the core to any other thread that wants it), then
-  /// asleep. The answer to a call in one process often comes within that time (the other
-  /// worker's push that completes a sync step, on the other core): it is taken at once,
-  /// where a sleep and its wake-up cost tens of microseconds, more on a virtual machine
-  /// whose idle core the host halted.
+  /// spin_before_sleep() without sleeping (spin_until), then asleep.
   void wait_until(std::uint64_t seen, std::chrono::steady_clock::time_point deadline) {
-    const auto spin_end = std::min(deadline, std::chrono::steady_clock::now() + kSpin);
-    while (count_.load() == seen) {
-      if (std::chrono::steady_clock::now() >= spin_end) break;
-      std::this_thread::yield();
-    }
-    if (count_.load() != seen) return;
+    const auto changed = [&] { return count_.load() != seen; };
+    if (spin_until(changed,
+                   std::min(deadline, std::chrono::steady_clock::now() + spin_before_sleep())))
+      return;
     std::unique_lock lock(mutex_);
     waiters_.fetch_add(1);
-    changed_.wait_until(lock, deadline, [&] { return count_.load() != seen; });
+    changed_.wait_until(lock, deadline, changed);
     waiters_.fetch_sub(1);
   }
 
  private:
-  static constexpr std::chrono::microseconds kSpin{200};
-
   std::mutex mutex_;
   std::condition_variable changed_;
   std::atomic<std::uint64_t> count_{0};

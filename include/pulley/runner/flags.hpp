@@ -8,6 +8,7 @@
 
 #include "pulley/client/options.hpp"
 #include "pulley/cluster/slurm.hpp"
+#include "pulley/core/spin.hpp"
 #include "pulley/runner/job.hpp"
 #include "pulley/runner/metrics.hpp"
 #include "pulley/runner/run.hpp"
@@ -189,6 +190,12 @@ inline void add_limit_flags(CLI::App& app, ClientOptions& client, TcpOptions& tc
          },
          "tasks on one host keep their bytes on the local socket (default: after the handshake, "
          "a ring buffer each way in memory they share)")
+      ->group(group);
+  app.add_option_function<std::int64_t>(
+         "--spin-us", [](std::int64_t us) { set_spin_before_sleep(std::chrono::microseconds(us)); },
+         "how long a waiting task looks again before it sleeps, in microseconds (default 200; 0: "
+         "sleeps at once, which suits a host with many more busy tasks than cores)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1000000}))
       ->group(group);
   millis("--connect-timeout-ms", tcp.connect_timeout, "waiting for a ps that is not up");
   millis("--attempt-timeout-ms", tcp.attempt_timeout, "one connection attempt, handshake included");

@@ -16,7 +16,6 @@
 #include <span>
 #include <string>
 #include <system_error>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -25,6 +24,7 @@
 #include "pulley/core/address.hpp"
 #include "pulley/core/error.hpp"
 #include "pulley/core/log.hpp"
+#include "pulley/core/spin.hpp"
 #include "pulley/transport/detail/handshake_io.hpp"
 #include "pulley/transport/detail/shared_ring.hpp"
 #include "pulley/transport/detail/sockets.hpp"
@@ -276,17 +276,16 @@ class TcpRing {
     return Clock::now() - last < options_.timeout;  // (a neighbour that rings and moves nothing is silent)
   }
 
-  /// While every wait is on a shared link: looks again for up to kRingSpin, giving the core
-  /// away between looks, and is true as soon as one can move (before `wait` says it sleeps).
+  /// While every wait is on a shared link: looks again for up to spin_before_sleep()
+  /// (spin_until), and is true as soon as one can move (before `wait` says it sleeps).
   bool looked_again(bool reading, bool writing) {
     if ((reading && !links_->from_previous) || (writing && !links_->to_next)) return false;
-    const auto end = Clock::now() + transport_detail::kRingSpin;
-    do {
-      if (reading && links_->from_previous.has_data()) return true;
-      if (writing && links_->to_next.has_room()) return true;
-      std::this_thread::yield();
-    } while (Clock::now() < end);
-    return false;
+    return spin_until(
+        [&] {
+          return (reading && links_->from_previous.has_data()) ||
+                 (writing && links_->to_next.has_room());
+        },
+        Clock::now() + spin_before_sleep());
   }
 
   /// Reads the doorbells waiting on a shared link's socket; false once it is closed.

@@ -13,7 +13,6 @@
 #include <atomic>
 #include <bit>
 #include <cerrno>
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -30,14 +29,6 @@ inline constexpr bool kSharedRings = true;
 #else
 inline constexpr bool kSharedRings = false;
 #endif
-
-/// How long an end that can move nothing looks again before it says it sleeps, giving its
-/// core away between looks: the other process's bytes, or room, often come within it (the
-/// answer to a request, a neighbour's next chunk) and are then taken at once, without a
-/// doorbell's two system calls and a sleeping core's wake-up: tens of microseconds, more on a
-/// virtual machine whose idle core the host halted. As long as CallSignal's spin, for the
-/// same reason.
-inline constexpr std::chrono::microseconds kRingSpin{200};
 
 /// A one-way byte stream between two processes of one host in memory they share: a ring
 /// buffer (`kCapacity` bytes unless its maker chose another power of 2) behind a memory file
@@ -167,13 +158,15 @@ class SharedRing {
     return n;
   }
 
-  /// True if a read now would move a byte.
+  /// True if a read now would move a byte. (Sequentially consistent, as `reader_sleeps`
+  /// needs: its flag's store must not pass this look. On x86 it costs what acquire does.)
   [[nodiscard]] bool has_data() noexcept {
-    return header().head.load(std::memory_order_acquire) != mine_;
+    return header().head.load(std::memory_order_seq_cst) != mine_;
   }
-  /// True if a write now would move a byte.
+  /// True if a write now would move a byte (sequentially consistent, as `writer_sleeps`
+  /// needs).
   [[nodiscard]] bool has_room() noexcept {
-    return mine_ - header().tail.load(std::memory_order_acquire) < capacity_;
+    return mine_ - header().tail.load(std::memory_order_seq_cst) < capacity_;
   }
 
   /// The reader is about to sleep until bytes arrive: true if it may (none came meanwhile;
@@ -181,21 +174,17 @@ class SharedRing {
   bool reader_sleeps() noexcept {
     Header& h = header();
     h.reader_sleeps.store(1, std::memory_order_seq_cst);
-    if (h.head.load(std::memory_order_seq_cst) != mine_) {
-      h.reader_sleeps.store(0, std::memory_order_relaxed);
-      return false;
-    }
-    return true;
+    if (!has_data()) return true;
+    h.reader_sleeps.store(0, std::memory_order_relaxed);
+    return false;
   }
   /// The writer is about to sleep until there is room: true if it may, false if room came.
   bool writer_sleeps() noexcept {
     Header& h = header();
     h.writer_sleeps.store(1, std::memory_order_seq_cst);
-    if (mine_ - h.tail.load(std::memory_order_seq_cst) < capacity_) {
-      h.writer_sleeps.store(0, std::memory_order_relaxed);
-      return false;
-    }
-    return true;
+    if (!has_room()) return true;
+    h.writer_sleeps.store(0, std::memory_order_relaxed);
+    return false;
   }
 
  private:

@@ -25,6 +25,7 @@
 #include <sys/socket.h>
 #endif
 
+#include "pulley/core/spin.hpp"
 #include "pulley/transport/detail/shared_ring.hpp"
 #include "pulley/transport/detail/sockets.hpp"
 
@@ -46,8 +47,8 @@ inline constexpr std::size_t kRingStride = kLinkRingBytes / 4;
 /// a wait for room) go to the socket until then. One thread, the io_context's, uses it; at
 /// most one read and one wait for room are under way at a time, as on a socket.
 ///
-/// A read or a wait that cannot go on looks again for up to kRingSpin; then it says in its
-/// ring that it sleeps (the other end then rings) and parks in the one wait on the socket
+/// A read or a wait that cannot go on looks again for up to spin_before_sleep(); then it says in
+/// its ring that it sleeps (the other end then rings) and parks in the one wait on the socket
 /// ("the watch"), which wakes on a doorbell or on the peer's end closing (its process died or
 /// closed the connection; what is left in the ring is still read before the end is
 /// reported). Doorbells are taken off the socket only
@@ -99,7 +100,8 @@ class SharedRings {
     if (total == 0)
       return post(*state_, ReadHandler(std::forward<Handler>(handler)), std::error_code(),
                   std::size_t{0});
-    poll_read(state_, into, ReadHandler(std::forward<Handler>(handler)), Clock::now() + kRingSpin);
+    poll_read(state_, into, ReadHandler(std::forward<Handler>(handler)),
+              Clock::now() + spin_before_sleep());
   }
 
   /// As the socket's `async_wait(wait_write)`: completes once there is room to write.
@@ -107,7 +109,8 @@ class SharedRings {
   void async_wait_write(StreamSocket& socket, Handler&& handler) {
     if (!state_)
       return socket.async_wait(asio::socket_base::wait_write, std::forward<Handler>(handler));
-    poll_write(state_, WriteHandler(std::forward<Handler>(handler)), Clock::now() + kRingSpin);
+    poll_write(state_, WriteHandler(std::forward<Handler>(handler)),
+               Clock::now() + spin_before_sleep());
   }
 
   /// As `list.write_now(socket, ec)`: writes what fits now.
