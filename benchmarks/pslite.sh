@@ -10,8 +10,9 @@
 #     without a copy (benchmarks/pslite/pslite_push_pull.cc), over TCP and over ZeroMQ's
 #     ipc:// (DMLC_LOCAL=1, Unix-domain sockets);
 #   - pulley's push+pull of n bytes, 1 worker, 1 ps (Sgd with learning rate 0, Async), over
-#     TCP and through the local socket (build/benchmarks/push_pull --only "push+pull, 1
-#     worker"), in-process beside it;
+#     TCP, through the local socket alone, and through shared memory (the path tasks on one
+#     host take by default; build/benchmarks/push_pull --only "push+pull, 1 worker"),
+#     in-process beside it;
 # at n = 4 KB, 1 MB and 16 MB. Bandwidth counts the bytes pushed and pulled (2n a call), as
 # push_pull does; iperf3's counts one stream's bytes, one way. Prints each round's figures,
 # then the medians and the ratios.
@@ -135,7 +136,7 @@ for r in range(1, rounds + 1):
             size, seconds = int(f[1]), float(f[2])
             fig.setdefault((f[0], size), []).append(2 * size / seconds / 1e9)
         else:
-            m = re.match(r"(in-process|TCP|local-socket) push\+pull, 1 worker, (\d+) (KB|MB)\s+([\d.]+) GB/s", line)
+            m = re.match(r"(in-process|TCP|local-socket|shared-memory) push\+pull, 1 worker, (\d+) (KB|MB)\s+([\d.]+) GB/s", line)
             if m:
                 size = int(m.group(2)) << (10 if m.group(3) == "KB" else 20)
                 fig.setdefault(("pulley-" + m.group(1), size), []).append(float(m.group(4)))
@@ -143,11 +144,13 @@ med = {k: statistics.median(v) for k, v in fig.items()}
 iperf = med.get(("iperf3", None), float("nan"))
 print(f"\nmedians of {rounds} rounds, GB/s (bytes pushed + pulled; iperf3: one stream's bytes): iperf3 {iperf:.2f}")
 print("(TCP/iperf3: pulley's bytes both ways against the stream's one way; per direction: half of them)")
-print(f"{'size':>6} {'pulley TCP':>11} {'ps-lite TCP':>12} {'ratio':>6} {'pulley local':>13} {'ps-lite ipc':>12} {'ratio':>6}"
-      f" {'TCP/iperf3':>11} {'per direction':>14} {'local/iperf3':>13} {'in-process':>11}")
+print(f"{'size':>6} {'pulley TCP':>11} {'ps-lite TCP':>12} {'ratio':>6} {'pulley local':>13} {'pulley shared':>14}"
+      f" {'ps-lite ipc':>12} {'ratio':>6} {'TCP/iperf3':>11} {'per direction':>14} {'in-process':>11}")
+print("(the ipc ratio: pulley's same-host default, shared memory, against ps-lite's ipc://)")
 for size, name in names.items():
     g = lambda k: med.get((k, size), float("nan"))
-    t, pt, l, pl, ip = g("pulley-TCP"), g("pslite-tcp"), g("pulley-local-socket"), g("pslite-ipc"), g("pulley-in-process")
-    print(f"{name:>6} {t:11.2f} {pt:12.2f} {t / pt:6.2f} {l:13.2f} {pl:12.2f} {l / pl:6.2f} {t / iperf:11.2f}"
-          f" {t / 2 / iperf:14.2f} {l / iperf:13.2f} {ip:11.2f}")
+    t, pt, l, sh, pl, ip = (g("pulley-TCP"), g("pslite-tcp"), g("pulley-local-socket"), g("pulley-shared-memory"),
+                            g("pslite-ipc"), g("pulley-in-process"))
+    print(f"{name:>6} {t:11.2f} {pt:12.2f} {t / pt:6.2f} {l:13.2f} {sh:14.2f} {pl:12.2f} {sh / pl:6.2f}"
+          f" {t / iperf:11.2f} {t / 2 / iperf:14.2f} {ip:11.2f}")
 EOF
