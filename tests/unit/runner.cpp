@@ -123,12 +123,12 @@ struct Proxied {
     }
   }
 
-  /// Cuts the tasks behind the proxies off `faults` times, 0.4 s each, 1.5 s apart: each
-  /// over well within a 2.5 s recovery timeout, four of them 6.1 s from first to last.
-  void cut_off(int faults) {
+  /// Cuts the tasks behind the proxies off `faults` times, `cut` each (0.4 s: well within a
+  /// 2.5 s recovery timeout), 1.5 s apart: four of 0.4 s 6.1 s from first to last.
+  void cut_off(int faults, std::chrono::milliseconds cut = std::chrono::milliseconds(400)) {
     for (int fault = 0; fault < faults; ++fault) {
       for (auto& p : proxies) p->partition(true);
-      std::this_thread::sleep_for(std::chrono::milliseconds(400));
+      std::this_thread::sleep_for(cut);
       for (auto& p : proxies) p->partition(false);
       std::this_thread::sleep_for(std::chrono::milliseconds(1500));
     }
@@ -427,6 +427,56 @@ TEST_CASE(
   }
   CHECK(log.find(LogLevel::kWarning, "worker 0: unavailable").size() >=
         1);  // it saw the faults (one wait, logged once)
+  CHECK(log.find(LogLevel::kInfo, "worker 0: training finished after 60 steps").size() == 1);
+  REQUIRE(recorded.evaluations.size() == 3);
+  CHECK(recorded.evaluations[2].step == 60);
+}
+
+TEST_CASE(
+    "over TCP a worker cut off while the chief ends training hears the end once the cut heals, "
+    "and ends with 0") {
+  LogCapture log;
+  const auto addresses = free_addresses(4);
+  ClusterSpec cluster;
+  cluster.roles["ps"] = {addresses[0], addresses[1]};
+  cluster.roles["worker"] = {addresses[2]};
+  cluster.roles["chief"] = {addresses[3]};
+  // The worker reaches the ps tasks through proxies. At the last evaluation, once the worker
+  // waits for the chief to end training, they cut it off for 1.5 s; the chief ends training
+  // inside the cut, so the worker's tries to reach the ps tasks again fail until it heals,
+  // and the first that gets through hears that training ended.
+  Proxied proxied(cluster);
+  const ClusterSpec& worker_view = proxied.view;
+  const LinearData data(4, 3, 2, 1);
+  Recorded recorded;
+  Training<LinearModel> training = linear_training(data, recorded);
+  std::thread cutter;
+  training.evaluate = [&](LinearModel&, const Evaluation& e) {
+    if (e.last) {
+      cutter = std::thread([&] {
+        std::this_thread::sleep_for(
+            std::chrono::milliseconds(200));  // the worker waits for the end
+        proxied.cut_off(1, std::chrono::milliseconds(1500));
+      });
+      std::this_thread::sleep_for(std::chrono::milliseconds(400));  // the cut has begun
+    }
+    std::scoped_lock lock(recorded.mutex);
+    recorded.evaluations.push_back(e);
+  };
+  training.client.recovery_timeout = std::chrono::milliseconds(5000);
+  training.tcp.attempt_timeout = std::chrono::milliseconds(200);
+  std::vector<std::pair<Job, int>> tasks{{task_of(cluster, "ps", 0), -1},
+                                         {task_of(cluster, "ps", 1), -1},
+                                         {task_of(worker_view, "worker", 0), -1},
+                                         {task_of(cluster, "chief", 0), -1}};
+  std::vector<std::thread> threads = start_tasks(tasks, training, SyncReplicas(1, 1));
+  for (auto& t : threads) t.join();
+  if (cutter.joinable()) cutter.join();
+  for (const auto& [job, status] : tasks) {
+    INFO(job.name(), " ended so; the log:\n", log.text());
+    CHECK(status == 0);
+  }
+  CHECK(log.find(LogLevel::kWarning, "worker 0: unavailable").size() == 1);  // it saw the cut
   CHECK(log.find(LogLevel::kInfo, "worker 0: training finished after 60 steps").size() == 1);
   REQUIRE(recorded.evaluations.size() == 3);
   CHECK(recorded.evaluations[2].step == 60);

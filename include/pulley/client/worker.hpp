@@ -150,10 +150,11 @@ class Worker {
   /// training: waits until it does, so that no worker ends successfully unless the chief
   /// ended the job (its last checkpoint and evaluation done). Returns true once it has
   /// (`ended()`), false when the job must train on (it was rolled back below `last_step`
-  /// after a lost ps, or a ps went away: `step` again, which recovers; a ps that stays away
-  /// is waited for with the recovery's pauses, and fails `step` or this wait (kUnavailable)
-  /// after `ClientOptions::recovery_timeout`; a break after every ps answered again is a
-  /// fault of its own, 20 times at most: detail::Recovery). Throws kAborted
+  /// after a lost ps, or a ps went away and is back: `step` again). A ps that is away is
+  /// waited for here with the recovery's pauses, and fails this wait (kUnavailable) after
+  /// `ClientOptions::recovery_timeout`; a break after every ps answered again is a fault of
+  /// its own, 20 times at most (detail::Recovery); a ps that answers, once back, that the
+  /// chief ended training meanwhile ends this wait with true. Throws kAborted
   /// when the chief aborted training, or the ps tasks gave up waiting for a lost chief;
   /// kDeadlineExceeded when no ps advanced for `ClientOptions::wait_timeout` (the chief's
   /// last checkpoint and evaluation take longer).
@@ -165,10 +166,11 @@ class Worker {
       if (e.code() != ErrorCode::kOutOfRange) {
         if (e.code() != ErrorCode::kFailedPrecondition && !detail::Recovery::may_recover(e.code())) throw;
         if (!ending_) ending_.emplace("worker " + std::to_string(index_), client_.options());
-        if (e.code() != ErrorCode::kFailedPrecondition) wait_whole_again(e);
-        finished_ = false;
-        pulled_step_ = -1;
-        return false;
+        if (e.code() == ErrorCode::kFailedPrecondition || !ended_while_away(e)) {
+          finished_ = false;
+          pulled_step_ = -1;
+          return false;
+        }
       }
     }
     ending_.reset();
@@ -348,20 +350,22 @@ class Worker {
   }
 
   /// `wait_for_end`'s wait for the ps tasks after `failure`: tries `recover` with the
-  /// recovery's pauses until every ps answers (the next break is then a fault of its own),
-  /// it answers a rollback to come (kFailedPrecondition), or `ending_`'s deadline passes
+  /// recovery's pauses until it succeeds (with every copy whole, the next break is then a
+  /// fault of its own), a rollback is coming (kFailedPrecondition), a ps says the chief
+  /// ended training meanwhile (kOutOfRange: true), or `ending_`'s deadline passes
   /// (kUnavailable). Trying once and leaving the rest to `step` would let the step's token
   /// (one ps) answer while another ps stays unreached, and the deadline run out across
   /// faults that were each over long before it.
-  void wait_whole_again(Error failure) {
+  bool ended_while_away(Error failure) {
     while (true) {
       ending_->wait(failure);  // no busy loop while a ps is away
       try {
         recover();
         if (whole_again()) ending_->answered();
-        return;
+        return false;
       } catch (const Error& away) {
-        if (away.code() == ErrorCode::kFailedPrecondition) return;
+        if (away.code() == ErrorCode::kOutOfRange) return true;
+        if (away.code() == ErrorCode::kFailedPrecondition) return false;
         if (!detail::Recovery::may_recover(away.code())) throw;
         failure = away;
       }
