@@ -108,6 +108,26 @@ struct Gate {
   void release() { held = false; }
 };
 
+/// Two ps tasks, `workers` workers and a chief on free addresses of 127.0.0.1.
+ClusterSpec two_ps_cluster(std::size_t workers) {
+  const auto addresses = free_addresses(3 + workers);
+  ClusterSpec cluster;
+  cluster.roles["ps"] = {addresses[0], addresses[1]};
+  cluster.roles["worker"].assign(addresses.begin() + 2,
+                                 addresses.begin() + 2 + static_cast<std::ptrdiff_t>(workers));
+  cluster.roles["chief"] = {addresses[2 + workers]};
+  return cluster;
+}
+
+/// Checks that every task ended with `expected`; prints the captured log beside one that
+/// did not.
+void check_statuses(const std::vector<std::pair<Job, int>>& tasks, LogCapture& log, int expected) {
+  for (const auto& [job, status] : tasks) {
+    INFO(job.name(), " ended so; the log:\n", log.text());
+    CHECK(status == expected);
+  }
+}
+
 /// Proxies in front of a cluster's ps tasks (they pass everything until told otherwise),
 /// and the cluster as a task that reaches the ps tasks through them sees it.
 struct Proxied {
@@ -197,11 +217,7 @@ TEST_CASE("an in-process job whose worker fails ends every task and names the wo
 }
 
 TEST_CASE("one task per thread over TCP: ps, chief, workers and evaluator all end with 0") {
-  const auto addresses = free_addresses(5);
-  ClusterSpec cluster;
-  cluster.roles["ps"] = {addresses[0], addresses[1]};
-  cluster.roles["worker"] = {addresses[2], addresses[3]};
-  cluster.roles["chief"] = {addresses[4]};
+  const ClusterSpec cluster = two_ps_cluster(2);
   const LinearData data(4, 3, 2, 1);
   Recorded recorded;
   const Training<LinearModel> training = linear_training(data, recorded);
@@ -242,10 +258,7 @@ TEST_CASE("over TCP a chief that fails aborts the job, and every task fails nami
                                          {task_of(cluster, "chief", 0), -1}};
   std::vector<std::thread> threads = start_tasks(tasks, training, SyncReplicas(1, 1));
   for (auto& t : threads) t.join();
-  for (const auto& [job, status] : tasks) {
-    INFO(job.name(), " ended so; the log:\n", log.text());
-    CHECK(status == 1);
-  }
+  check_statuses(tasks, log, 1);
   CHECK(log.find(LogLevel::kError, "chief:0 failed: the evaluation set is corrupt").size() == 1);
   CHECK(log.find(LogLevel::kError, "worker:0 failed: aborted").size() == 1);
   CHECK(log.find(LogLevel::kError, "ps:0 failed: aborted").size() == 1);
@@ -254,11 +267,7 @@ TEST_CASE("over TCP a chief that fails aborts the job, and every task fails nami
 
 TEST_CASE("over TCP a chief whose connections break goes on, rolling nothing back") {
   LogCapture log;
-  const auto addresses = free_addresses(4);
-  ClusterSpec cluster;
-  cluster.roles["ps"] = {addresses[0], addresses[1]};
-  cluster.roles["worker"] = {addresses[2]};
-  cluster.roles["chief"] = {addresses[3]};
+  const ClusterSpec cluster = two_ps_cluster(1);
   // The chief reaches the ps tasks through proxies; at its first evaluation (due at step
   // 20: a loaded machine may read it later), the next answer each ps sends it is lost with
   // its connection.
@@ -281,10 +290,7 @@ TEST_CASE("over TCP a chief whose connections break goes on, rolling nothing bac
                                          {task_of(chief_view, "chief", 0), -1}};
   std::vector<std::thread> threads = start_tasks(tasks, training, SyncReplicas(1, 1));
   for (auto& t : threads) t.join();
-  for (const auto& [job, status] : tasks) {
-    INFO(job.name(), " ended so; the log:\n", log.text());
-    CHECK(status == 0);
-  }
+  check_statuses(tasks, log, 0);
   CHECK(proxies[0]->cuts() + proxies[1]->cuts() >= 1);
   CHECK(log.find(LogLevel::kInfo, "every ps answers again and holds the job").size() >= 1);
   CHECK(log.find(LogLevel::kWarning, "restored").empty());  // nothing rolled back
@@ -302,11 +308,7 @@ TEST_CASE(
     "over TCP a chief cut off again and again while it waits goes on: each fault has its own "
     "recovery deadline") {
   LogCapture log;
-  const auto addresses = free_addresses(4);
-  ClusterSpec cluster;
-  cluster.roles["ps"] = {addresses[0], addresses[1]};
-  cluster.roles["worker"] = {addresses[2]};
-  cluster.roles["chief"] = {addresses[3]};
+  const ClusterSpec cluster = two_ps_cluster(1);
   Proxied proxied(cluster);
   const ClusterSpec& chief_view = proxied.view;
   const LinearData data(4, 3, 2, 1);
@@ -333,10 +335,7 @@ TEST_CASE(
   proxied.cut_off(4);
   gate.release();
   for (auto& t : threads) t.join();
-  for (const auto& [job, status] : tasks) {
-    INFO(job.name(), " ended so; the log:\n", log.text());
-    CHECK(status == 0);
-  }
+  check_statuses(tasks, log, 0);
   // The chief saw the faults (each one's wait logged once) and came back from each.
   CHECK(log.find(LogLevel::kWarning, "chief: unavailable").size() >= 3);
   CHECK(log.find(LogLevel::kInfo, "every ps answers again and holds the job").size() >= 3);
@@ -347,11 +346,7 @@ TEST_CASE(
 
 TEST_CASE("over TCP a worker cut off again and again within one long sync step trains on") {
   LogCapture log;
-  const auto addresses = free_addresses(5);
-  ClusterSpec cluster;
-  cluster.roles["ps"] = {addresses[0], addresses[1]};
-  cluster.roles["worker"] = {addresses[2], addresses[3]};
-  cluster.roles["chief"] = {addresses[4]};
+  const ClusterSpec cluster = two_ps_cluster(2);
   // Worker 0 reaches the ps tasks through proxies. Worker 1 stands still at its 10th batch
   // while they cut worker 0 off four times (Proxied::cut_off): worker 0's step (R = N = 2:
   // it needs worker 1's push) spans all four faults.
@@ -381,10 +376,7 @@ TEST_CASE("over TCP a worker cut off again and again within one long sync step t
   proxied.cut_off(4);
   gate.release();
   for (auto& t : threads) t.join();
-  for (const auto& [job, status] : tasks) {
-    INFO(job.name(), " ended so; the log:\n", log.text());
-    CHECK(status == 0);
-  }
+  check_statuses(tasks, log, 0);
   // It saw the faults (one step's wait is logged once) and came back from each.
   CHECK(log.find(LogLevel::kWarning, "worker 0: unavailable").size() >= 1);
   CHECK(log.find(LogLevel::kWarning, "lost (last heard").empty());  // nobody held lost
@@ -396,11 +388,7 @@ TEST_CASE(
     "over TCP a worker cut off again and again while it waits for the chief to end training ends "
     "with 0") {
   LogCapture log;
-  const auto addresses = free_addresses(4);
-  ClusterSpec cluster;
-  cluster.roles["ps"] = {addresses[0], addresses[1]};
-  cluster.roles["worker"] = {addresses[2]};
-  cluster.roles["chief"] = {addresses[3]};
+  const ClusterSpec cluster = two_ps_cluster(1);
   // The worker reaches the ps tasks through proxies; the chief's last evaluation lasts
   // while they cut the worker off four times (Proxied::cut_off).
   Proxied proxied(cluster);
@@ -421,10 +409,7 @@ TEST_CASE(
                                          {task_of(cluster, "chief", 0), -1}};
   std::vector<std::thread> threads = start_tasks(tasks, training, SyncReplicas(1, 1));
   for (auto& t : threads) t.join();
-  for (const auto& [job, status] : tasks) {
-    INFO(job.name(), " ended so; the log:\n", log.text());
-    CHECK(status == 0);
-  }
+  check_statuses(tasks, log, 0);
   CHECK(log.find(LogLevel::kWarning, "worker 0: unavailable").size() >=
         1);  // it saw the faults (one wait, logged once)
   CHECK(log.find(LogLevel::kInfo, "worker 0: training finished after 60 steps").size() == 1);
@@ -436,11 +421,7 @@ TEST_CASE(
     "over TCP a worker cut off while the chief ends training hears the end once the cut heals, "
     "and ends with 0") {
   LogCapture log;
-  const auto addresses = free_addresses(4);
-  ClusterSpec cluster;
-  cluster.roles["ps"] = {addresses[0], addresses[1]};
-  cluster.roles["worker"] = {addresses[2]};
-  cluster.roles["chief"] = {addresses[3]};
+  const ClusterSpec cluster = two_ps_cluster(1);
   // The worker reaches the ps tasks through proxies. At the last evaluation, once the worker
   // waits for the chief to end training, they cut it off for 1.5 s; the chief ends training
   // inside the cut, so the worker's tries to reach the ps tasks again fail until it heals,
@@ -472,10 +453,7 @@ TEST_CASE(
   std::vector<std::thread> threads = start_tasks(tasks, training, SyncReplicas(1, 1));
   for (auto& t : threads) t.join();
   if (cutter.joinable()) cutter.join();
-  for (const auto& [job, status] : tasks) {
-    INFO(job.name(), " ended so; the log:\n", log.text());
-    CHECK(status == 0);
-  }
+  check_statuses(tasks, log, 0);
   CHECK(log.find(LogLevel::kWarning, "worker 0: unavailable").size() == 1);  // it saw the cut
   CHECK(log.find(LogLevel::kInfo, "worker 0: training finished after 60 steps").size() == 1);
   REQUIRE(recorded.evaluations.size() == 3);
