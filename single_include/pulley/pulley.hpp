@@ -14078,14 +14078,12 @@ class ParameterServer {
   }
 
  private:
-  // The handlers and their helpers are defined in ps/detail/, one header per concern:
-  // parameter_server_answers.hpp (the first section below), parameter_server_state.hpp
-  // (Register, Pause, Restore, Shutdown), parameter_server_training.hpp (TakeToken, Pull,
-  // Push, ChangeWorkers) and parameter_server_liveness.hpp (Heartbeat, disconnected).
+  // Every handler and helper below is defined in ps/impl/, in the header its section
+  // names (included at the end of this one).
 
   using Clock = Liveness::Clock;
 
-  // ---- answering, refusing, failing ----------------------------------------------------
+  // ---- answering, refusing, failing: impl/parameter_server_answers.hpp -----------------
 
   /// Refuses a request: answers the error, counts it, and logs it (at most 20 lines a
   /// second), so that an operator sees what a careless or hostile client tried.
@@ -14119,7 +14117,7 @@ class ParameterServer {
   /// True if the ps is ready for `what`; otherwise refuses it.
   bool is_ready(Responder& reply, std::string_view what);
 
-  // ---- Register / Initialize / WaitReady: registration.hpp -------------------------------
+  // ---- Register / Initialize / WaitReady (registration.hpp): impl/parameter_server_state.hpp
 
   void on(Register& r, const RequestContext&, Responder& reply);
 
@@ -14133,7 +14131,7 @@ class ParameterServer {
   /// names of the optimizer's slots and counters.
   PlacementReply placement_reply() const;
 
-  // ---- TakeToken: pacing.hpp -------------------------------------------------------------
+  // ---- TakeToken (pacing.hpp): impl/parameter_server_training.hpp --------------------------
 
   void on(TakeToken& r, const RequestContext& context, Responder& reply);
 
@@ -14177,7 +14175,7 @@ class ParameterServer {
   /// The global step moved: the pulls and pauses waiting for it are answered.
   void release_step_gates();
 
-  // ---- Pull / PullRows: shard.hpp, table_shard.hpp ----------------------------------------
+  // ---- Pull / PullRows (shard.hpp, table_shard.hpp): impl/parameter_server_training.hpp ----
 
   void on(Pull& r, const RequestContext& context, Responder& reply);
 
@@ -14187,7 +14185,7 @@ class ParameterServer {
   /// (`PullRows::touch_only`: what the pull does to them is done all the same).
   void answer_rows(const PullRows& r, bool create, std::int64_t step, Responder& reply);
 
-  // ---- Push: update.hpp, push_ledger.hpp --------------------------------------------------
+  // ---- Push (update.hpp, push_ledger.hpp): impl/parameter_server_training.hpp -------------
 
   void on(Push& r, const RequestContext& context, Responder& reply);
 
@@ -14202,7 +14200,7 @@ class ParameterServer {
   void take(const Push& r, Responder& reply,
             float largest = std::numeric_limits<float>::infinity());
 
-  // ---- ChangeWorkers: pacing.hpp -----------------------------------------------------------
+  // ---- ChangeWorkers (pacing.hpp): impl/parameter_server_training.hpp ----------------------
 
   void on(ChangeWorkers& r, const RequestContext& context, Responder& reply);
 
@@ -14215,7 +14213,8 @@ class ParameterServer {
   /// A throw from the policy fails the ps (it would disagree with the others).
   void count_next_workers();
 
-  // ---- Pause / ReadState / Resume: checkpoint_cut.hpp --------------------------------------
+  // ---- Pause / ReadState / ReadRows / Resume (checkpoint_cut.hpp):
+  //      impl/parameter_server_state.hpp
 
   void on(Pause& r, const RequestContext& context, Responder& reply);
 
@@ -14232,13 +14231,14 @@ class ParameterServer {
   /// Ends the pause; with `keep_rows`, the cut's rows stay readable while training goes on.
   void resume(bool keep_rows = false);
 
-  // ---- Restore: shard.hpp ------------------------------------------------------------------
+  // ---- Restore / RestoreRows (shard.hpp): impl/parameter_server_state.hpp ------------------
 
   void on(Restore& r, const RequestContext&, Responder& reply);
 
   void on(RestoreRows& r, const RequestContext&, Responder& reply);
 
-  // ---- Heartbeat / GetStats: liveness.hpp ---------------------------------------------------
+  // ---- Heartbeat / GetStats / Join / Leave / Shape / LostPs (liveness.hpp):
+  //      impl/parameter_server_liveness.hpp
 
   /// A request of worker `worker` after the end (answered with it): heard, or gone for good
   /// with its leaving heartbeat (awaits_workers).
@@ -14286,7 +14286,7 @@ class ParameterServer {
   /// 14.2 s ago)".
   std::string describe_wait() const;
 
-  // ---- Shutdown ------------------------------------------------------------------------------
+  // ---- Shutdown: impl/parameter_server_state.hpp ---------------------------------------------
 
   void on(Shutdown& r, const RequestContext&, Responder& reply);
 
@@ -14336,7 +14336,7 @@ class ParameterServer {
 }  // namespace pulley
 
 // The member functions' definitions, by concern.
-// ---- begin pulley/ps/detail/parameter_server_answers.hpp ----
+// ---- begin pulley/ps/impl/parameter_server_answers.hpp ----
 
 /// ParameterServer's answers, refusals and failure (declared in ps/parameter_server.hpp,
 /// which includes this header after the class): what every handler replies with, and the
@@ -14434,8 +14434,8 @@ bool ParameterServer<S, O, P, T>::is_ready(Responder& reply, std::string_view wh
 }
 
 }  // namespace pulley
-// ---- end pulley/ps/detail/parameter_server_answers.hpp ----
-// ---- begin pulley/ps/detail/parameter_server_liveness.hpp ----
+// ---- end pulley/ps/impl/parameter_server_answers.hpp ----
+// ---- begin pulley/ps/impl/parameter_server_liveness.hpp ----
 
 /// ParameterServer's tasks heard and lost (declared in ps/parameter_server.hpp, which
 /// includes this header after the class): connections that close, heartbeats and the
@@ -14647,8 +14647,8 @@ std::string ParameterServer<S, O, P, T>::describe_wait() const {
 }
 
 }  // namespace pulley
-// ---- end pulley/ps/detail/parameter_server_liveness.hpp ----
-// ---- begin pulley/ps/detail/parameter_server_state.hpp ----
+// ---- end pulley/ps/impl/parameter_server_liveness.hpp ----
+// ---- begin pulley/ps/impl/parameter_server_state.hpp ----
 
 /// ParameterServer's state as it is set, cut and moved (declared in
 /// ps/parameter_server.hpp, which includes this header after the class): registration
@@ -14956,8 +14956,8 @@ void ParameterServer<S, O, P, T>::on(Shutdown& r, const RequestContext&, Respond
 }
 
 }  // namespace pulley
-// ---- end pulley/ps/detail/parameter_server_state.hpp ----
-// ---- begin pulley/ps/detail/parameter_server_training.hpp ----
+// ---- end pulley/ps/impl/parameter_server_state.hpp ----
+// ---- begin pulley/ps/impl/parameter_server_training.hpp ----
 
 /// ParameterServer's training path (declared in ps/parameter_server.hpp, which includes
 /// this header after the class): tokens (TakeToken, pacing.hpp), pulls (Pull, PullRows),
@@ -15283,7 +15283,7 @@ void ParameterServer<S, O, P, T>::count_next_workers() {
 }
 
 }  // namespace pulley
-// ---- end pulley/ps/detail/parameter_server_training.hpp ----
+// ---- end pulley/ps/impl/parameter_server_training.hpp ----
 // ---- end pulley/ps/parameter_server.hpp ----
 // ---- begin pulley/ps/shard_copies.hpp ----
 

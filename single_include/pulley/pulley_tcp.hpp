@@ -14078,14 +14078,12 @@ class ParameterServer {
   }
 
  private:
-  // The handlers and their helpers are defined in ps/detail/, one header per concern:
-  // parameter_server_answers.hpp (the first section below), parameter_server_state.hpp
-  // (Register, Pause, Restore, Shutdown), parameter_server_training.hpp (TakeToken, Pull,
-  // Push, ChangeWorkers) and parameter_server_liveness.hpp (Heartbeat, disconnected).
+  // Every handler and helper below is defined in ps/impl/, in the header its section
+  // names (included at the end of this one).
 
   using Clock = Liveness::Clock;
 
-  // ---- answering, refusing, failing ----------------------------------------------------
+  // ---- answering, refusing, failing: impl/parameter_server_answers.hpp -----------------
 
   /// Refuses a request: answers the error, counts it, and logs it (at most 20 lines a
   /// second), so that an operator sees what a careless or hostile client tried.
@@ -14119,7 +14117,7 @@ class ParameterServer {
   /// True if the ps is ready for `what`; otherwise refuses it.
   bool is_ready(Responder& reply, std::string_view what);
 
-  // ---- Register / Initialize / WaitReady: registration.hpp -------------------------------
+  // ---- Register / Initialize / WaitReady (registration.hpp): impl/parameter_server_state.hpp
 
   void on(Register& r, const RequestContext&, Responder& reply);
 
@@ -14133,7 +14131,7 @@ class ParameterServer {
   /// names of the optimizer's slots and counters.
   PlacementReply placement_reply() const;
 
-  // ---- TakeToken: pacing.hpp -------------------------------------------------------------
+  // ---- TakeToken (pacing.hpp): impl/parameter_server_training.hpp --------------------------
 
   void on(TakeToken& r, const RequestContext& context, Responder& reply);
 
@@ -14177,7 +14175,7 @@ class ParameterServer {
   /// The global step moved: the pulls and pauses waiting for it are answered.
   void release_step_gates();
 
-  // ---- Pull / PullRows: shard.hpp, table_shard.hpp ----------------------------------------
+  // ---- Pull / PullRows (shard.hpp, table_shard.hpp): impl/parameter_server_training.hpp ----
 
   void on(Pull& r, const RequestContext& context, Responder& reply);
 
@@ -14187,7 +14185,7 @@ class ParameterServer {
   /// (`PullRows::touch_only`: what the pull does to them is done all the same).
   void answer_rows(const PullRows& r, bool create, std::int64_t step, Responder& reply);
 
-  // ---- Push: update.hpp, push_ledger.hpp --------------------------------------------------
+  // ---- Push (update.hpp, push_ledger.hpp): impl/parameter_server_training.hpp -------------
 
   void on(Push& r, const RequestContext& context, Responder& reply);
 
@@ -14202,7 +14200,7 @@ class ParameterServer {
   void take(const Push& r, Responder& reply,
             float largest = std::numeric_limits<float>::infinity());
 
-  // ---- ChangeWorkers: pacing.hpp -----------------------------------------------------------
+  // ---- ChangeWorkers (pacing.hpp): impl/parameter_server_training.hpp ----------------------
 
   void on(ChangeWorkers& r, const RequestContext& context, Responder& reply);
 
@@ -14215,7 +14213,8 @@ class ParameterServer {
   /// A throw from the policy fails the ps (it would disagree with the others).
   void count_next_workers();
 
-  // ---- Pause / ReadState / Resume: checkpoint_cut.hpp --------------------------------------
+  // ---- Pause / ReadState / ReadRows / Resume (checkpoint_cut.hpp):
+  //      impl/parameter_server_state.hpp
 
   void on(Pause& r, const RequestContext& context, Responder& reply);
 
@@ -14232,13 +14231,14 @@ class ParameterServer {
   /// Ends the pause; with `keep_rows`, the cut's rows stay readable while training goes on.
   void resume(bool keep_rows = false);
 
-  // ---- Restore: shard.hpp ------------------------------------------------------------------
+  // ---- Restore / RestoreRows (shard.hpp): impl/parameter_server_state.hpp ------------------
 
   void on(Restore& r, const RequestContext&, Responder& reply);
 
   void on(RestoreRows& r, const RequestContext&, Responder& reply);
 
-  // ---- Heartbeat / GetStats: liveness.hpp ---------------------------------------------------
+  // ---- Heartbeat / GetStats / Join / Leave / Shape / LostPs (liveness.hpp):
+  //      impl/parameter_server_liveness.hpp
 
   /// A request of worker `worker` after the end (answered with it): heard, or gone for good
   /// with its leaving heartbeat (awaits_workers).
@@ -14286,7 +14286,7 @@ class ParameterServer {
   /// 14.2 s ago)".
   std::string describe_wait() const;
 
-  // ---- Shutdown ------------------------------------------------------------------------------
+  // ---- Shutdown: impl/parameter_server_state.hpp ---------------------------------------------
 
   void on(Shutdown& r, const RequestContext&, Responder& reply);
 
@@ -14336,7 +14336,7 @@ class ParameterServer {
 }  // namespace pulley
 
 // The member functions' definitions, by concern.
-// ---- begin pulley/ps/detail/parameter_server_answers.hpp ----
+// ---- begin pulley/ps/impl/parameter_server_answers.hpp ----
 
 /// ParameterServer's answers, refusals and failure (declared in ps/parameter_server.hpp,
 /// which includes this header after the class): what every handler replies with, and the
@@ -14434,8 +14434,8 @@ bool ParameterServer<S, O, P, T>::is_ready(Responder& reply, std::string_view wh
 }
 
 }  // namespace pulley
-// ---- end pulley/ps/detail/parameter_server_answers.hpp ----
-// ---- begin pulley/ps/detail/parameter_server_liveness.hpp ----
+// ---- end pulley/ps/impl/parameter_server_answers.hpp ----
+// ---- begin pulley/ps/impl/parameter_server_liveness.hpp ----
 
 /// ParameterServer's tasks heard and lost (declared in ps/parameter_server.hpp, which
 /// includes this header after the class): connections that close, heartbeats and the
@@ -14647,8 +14647,8 @@ std::string ParameterServer<S, O, P, T>::describe_wait() const {
 }
 
 }  // namespace pulley
-// ---- end pulley/ps/detail/parameter_server_liveness.hpp ----
-// ---- begin pulley/ps/detail/parameter_server_state.hpp ----
+// ---- end pulley/ps/impl/parameter_server_liveness.hpp ----
+// ---- begin pulley/ps/impl/parameter_server_state.hpp ----
 
 /// ParameterServer's state as it is set, cut and moved (declared in
 /// ps/parameter_server.hpp, which includes this header after the class): registration
@@ -14956,8 +14956,8 @@ void ParameterServer<S, O, P, T>::on(Shutdown& r, const RequestContext&, Respond
 }
 
 }  // namespace pulley
-// ---- end pulley/ps/detail/parameter_server_state.hpp ----
-// ---- begin pulley/ps/detail/parameter_server_training.hpp ----
+// ---- end pulley/ps/impl/parameter_server_state.hpp ----
+// ---- begin pulley/ps/impl/parameter_server_training.hpp ----
 
 /// ParameterServer's training path (declared in ps/parameter_server.hpp, which includes
 /// this header after the class): tokens (TakeToken, pacing.hpp), pulls (Pull, PullRows),
@@ -15283,7 +15283,7 @@ void ParameterServer<S, O, P, T>::count_next_workers() {
 }
 
 }  // namespace pulley
-// ---- end pulley/ps/detail/parameter_server_training.hpp ----
+// ---- end pulley/ps/impl/parameter_server_training.hpp ----
 // ---- end pulley/ps/parameter_server.hpp ----
 // ---- begin pulley/ps/shard_copies.hpp ----
 
@@ -17306,21 +17306,19 @@ static_assert(Ring<InProcessRing>);
 #include <utility>
 #include <vector>
 
-// ---- begin pulley/transport/detail/tcp_client_calls.hpp ----
-
-/// TcpClient's calls (detail/tcp_client.hpp declares them): making a call, writing its
-/// frame, reading its reply, and failing what waited on a connection that was lost.
-
 // ---- begin pulley/transport/detail/tcp_client.hpp ----
 
 /// The TCP client's machinery behind `Tcp` (transport/tcp_client.hpp): its connections
 /// (links), the calls on them, and the pairs of calls that reach both copies of a shard.
-/// The member functions are defined by concern in three headers that include this one:
-///   - tcp_client_calls.hpp: making calls, writing their frames, reading their replies,
-///     failing what waited on a lost connection;
-///   - tcp_client_connect.hpp: connecting, the handshake, local sockets and shared memory;
+/// The class is declared here, every member with its comment; the member functions are
+/// defined by concern in three headers included at the end of this one:
+///   - tcp_client_calls.hpp: the transport made and closed, calls made, their frames
+///     written and their replies read, what waited on a lost connection failed, and what
+///     `Tcp` answers about a connection (address, local, shared_memory);
+///   - tcp_client_connect.hpp: a ps added, connecting, the handshake, local sockets and
+///     shared memory;
 ///   - tcp_client_copies.hpp: the copies of each shard: where a call goes, how the answers
-///     of both copies settle into one, and when a copy is given up.
+///     of both copies settle into one, when a copy is given up, and what the referee rules.
 /// `Tcp` documents the behaviour; the comments here say how each part gets it.
 
 #include <sys/socket.h>
@@ -19076,35 +19074,6 @@ struct TcpServerOptions {
   bool shared_memory = true;
 };
 
-/// Serves one Service (a ParameterServer) on a TCP port, and owns it. All connections are
-/// handled by one thread (the one that calls `run`), so the service sees its requests one
-/// at a time, as in-process.
-///
-/// Every connection begins with the handshake (wire/handshake.hpp): until a client has
-/// proved its job and the job's secret, nothing it sends reaches the service, and a frame
-/// may carry only a few hundred bytes. The task it proved is the request's `peer`, so the
-/// service refuses what that task's job may not send. When a task's connection closes, the
-/// service hears of it (`Service::disconnected`: a token taken on it comes back).
-///
-/// Requests are received many at a time when they are small (a push and its pull arrive in
-/// one receive), and every reply they produce leaves in one gather-write at the end of the
-/// batch, straight from the ps's parameters. What the kernel does not take at once goes
-/// out as the socket drains, still from the parameters, unless a request that changes them
-/// (`changes_parameters`: a push, an initialization) comes first: then the rest is copied,
-/// so a reply never sees the parameters change under it.
-///
-/// A client cannot make the ps use memory or time without bound: a frame that fails
-/// wire::check, does not decode, claims more tensor bytes than the service holds, or would
-/// overdraw `max_buffered_bytes` closes that connection with a logged reason, as do a
-/// handshake, a frame or an idleness that outlasts its deadline; a connection whose peer
-/// does not read its replies stops being read once `max_unsent_bytes` of them wait, and so
-/// does one with `max_unanswered_requests` requests waiting in the service. Nothing a
-/// client does ends the server: every other connection is served on. Once the service
-/// stopped (shut down by the chief, or failed), `run` returns when every client has left,
-/// or after `linger`.
-///
-/// @tparam S the Service it serves
-
 }  // namespace pulley
 // ---- end pulley/transport/tcp_options.hpp ----
 // ---- begin pulley/transport/wire/codec.hpp ----
@@ -20141,9 +20110,8 @@ class TcpClient final : public CallDriver {
   /// Logs a change of the copies, unless another transport of this task says it.
   void log_copies(LogLevel level, const std::string& line) const;
 
-  static bool is_error(const Response& response) {
-    return std::holds_alternative<ErrorReply>(response);
-  }
+  /// An error, of any code.
+  static bool is_error(const Response& response);
   /// Training's end: finished, or aborted.
   static bool is_ended(const Response& response);
   static bool is_unavailable(const Response& response);
@@ -20198,7 +20166,7 @@ class TcpClient final : public CallDriver {
   /// The referee's answers, handed from whatever thread gives them to this transport's.
   struct Rulings {
     std::mutex mutex;
-    TcpClient* impl = nullptr;  ///< null once the transport is gone
+    TcpClient* client = nullptr;  ///< null once the transport is gone
   };
 
   /// Asks the referee whether the process behind `link` (and every copy it holds) is lost
@@ -20236,14 +20204,20 @@ class TcpClient final : public CallDriver {
 };
 
 }  // namespace pulley::transport_detail
-// ---- end pulley/transport/detail/tcp_client.hpp ----
+
+// The member functions' definitions, by concern.
+// ---- begin pulley/transport/detail/tcp_client_calls.hpp ----
+
+/// TcpClient's calls (declared in detail/tcp_client.hpp, which includes this header after
+/// the class): the transport made and closed, a call made, its frame written and its reply
+/// read, what waited on a lost connection failed, and what Tcp answers about a connection.
 
 namespace pulley::transport_detail {
 
 inline TcpClient::TcpClient(Node self, std::vector<Address> addresses, TcpOptions options,
                             std::optional<std::span<const std::uint32_t>> reach_now)
     : self_(self), options_(std::move(options)), shards_(addresses.size()) {
-  rulings_->impl = this;
+  rulings_->client = this;
   wire::check_credentials(options_.credentials);
   if (options_.replicas > 1) {
     throw Error(ErrorCode::kInvalidArgument,
@@ -20269,7 +20243,7 @@ inline TcpClient::TcpClient(Node self, std::vector<Address> addresses, TcpOption
 inline TcpClient::~TcpClient() {
   {  // a ruling that comes later finds no transport
     const std::scoped_lock lock(rulings_->mutex);
-    rulings_->impl = nullptr;
+    rulings_->client = nullptr;
   }
   // Every call still waiting is answered kUnavailable, so none waits on this driver.
   closing_ = true;
@@ -20613,8 +20587,9 @@ inline void TcpClient::fail(Link& link, const std::string& reason) {
 // ---- end pulley/transport/detail/tcp_client_calls.hpp ----
 // ---- begin pulley/transport/detail/tcp_client_connect.hpp ----
 
-/// TcpClient's connections (detail/tcp_client.hpp declares them): an attempt and its
-/// deadline, local sockets, the handshake, and the rings of shared memory.
+/// TcpClient's connections (declared in detail/tcp_client.hpp, which includes this header
+/// after the class): a ps added, an attempt and its deadline, local sockets, the handshake,
+/// and the rings of shared memory.
 
 namespace pulley::transport_detail {
 
@@ -21045,9 +21020,9 @@ inline void TcpClient::refuse(Link& link, const std::string& why) {
 // ---- end pulley/transport/detail/tcp_client_connect.hpp ----
 // ---- begin pulley/transport/detail/tcp_client_copies.hpp ----
 
-/// TcpClient's copies of each shard (detail/tcp_client.hpp declares them): where a call
-/// goes, how the answers of both copies settle into one, when a copy is given up, and what
-/// the referee rules.
+/// TcpClient's copies of each shard (declared in detail/tcp_client.hpp, which includes this
+/// header after the class): where a call goes, how the answers of both copies settle into
+/// one, when a copy is given up, and what the referee rules.
 
 namespace pulley::transport_detail {
 
@@ -21240,6 +21215,10 @@ inline TcpClient::Spread TcpClient::spread_of(const Request& request) const noex
 
 inline std::size_t TcpClient::link_of(std::size_t shard, std::size_t copy) const noexcept {
   return copy == 0 ? shard : shards_ + shard;
+}
+
+inline bool TcpClient::is_error(const Response& response) {
+  return std::holds_alternative<ErrorReply>(response);
 }
 
 inline bool TcpClient::is_ended(const Response& response) {
@@ -21514,10 +21493,10 @@ inline void TcpClient::ask_referee(Link& link, std::string why) {
   options_.copy_referee(LostProcess{link.task, link.server, why},
                         [box, task = link.task, process = link.server, why](bool lost) {
                           const std::scoped_lock lock(box->mutex);
-                          if (box->impl == nullptr) return;
-                          TcpClient* impl = box->impl;
-                          asio::post(impl->io_, [impl, task, process, why, lost] {
-                            impl->ruled(task, process, why, lost);
+                          if (box->client == nullptr) return;
+                          TcpClient* client = box->client;
+                          asio::post(client->io_, [client, task, process, why, lost] {
+                            client->ruled(task, process, why, lost);
                           });
                         });
 }
@@ -21558,6 +21537,7 @@ inline std::size_t TcpClient::partner_of(const Link& link) const {
 
 }  // namespace pulley::transport_detail
 // ---- end pulley/transport/detail/tcp_client_copies.hpp ----
+// ---- end pulley/transport/detail/tcp_client.hpp ----
 
 namespace pulley {
 
@@ -22685,6 +22665,34 @@ static_assert(Ring<TcpRing>);
 
 namespace pulley {
 
+/// Serves one Service (a ParameterServer) on a TCP port, and owns it. All connections are
+/// handled by one thread (the one that calls `run`), so the service sees its requests one
+/// at a time, as in-process.
+///
+/// Every connection begins with the handshake (wire/handshake.hpp): until a client has
+/// proved its job and the job's secret, nothing it sends reaches the service, and a frame
+/// may carry only a few hundred bytes. The task it proved is the request's `peer`, so the
+/// service refuses what that task's job may not send. When a task's connection closes, the
+/// service hears of it (`Service::disconnected`: a token taken on it comes back).
+///
+/// Requests are received many at a time when they are small (a push and its pull arrive in
+/// one receive), and every reply they produce leaves in one gather-write at the end of the
+/// batch, straight from the ps's parameters. What the kernel does not take at once goes
+/// out as the socket drains, still from the parameters, unless a request that changes them
+/// (`changes_parameters`: a push, an initialization) comes first: then the rest is copied,
+/// so a reply never sees the parameters change under it.
+///
+/// A client cannot make the ps use memory or time without bound: a frame that fails
+/// wire::check, does not decode, claims more tensor bytes than the service holds, or would
+/// overdraw `max_buffered_bytes` closes that connection with a logged reason, as do a
+/// handshake, a frame or an idleness that outlasts its deadline; a connection whose peer
+/// does not read its replies stops being read once `max_unsent_bytes` of them wait, and so
+/// does one with `max_unanswered_requests` requests waiting in the service. Nothing a
+/// client does ends the server: every other connection is served on. Once the service
+/// stopped (shut down by the chief, or failed), `run` returns when every client has left,
+/// or after `linger`.
+///
+/// @tparam S the Service it serves
 template <Service S>
 class TcpServer {
  public:
@@ -22830,7 +22838,7 @@ class TcpServer {
   };
   using ConnectionPtr = std::shared_ptr<Connection>;
 
-  // Accepting connections, and the handshake (detail/tcp_server_accept.hpp).
+  // Accepting connections, and the handshake (impl/tcp_server_accept.hpp).
 
   /// Listens on the local socket of this TCP address and port too, unless its name is taken
   /// (logged: TCP then serves alone).
@@ -22872,7 +22880,7 @@ class TcpServer {
   /// tasks (`TcpServerOptions::tasks`); an empty reason lets it in.
   [[nodiscard]] wire::Refusal outside_job(const Node& peer) const;
 
-  // Requests read and handed to the service, replies written (detail/tcp_server_frames.hpp).
+  // Requests read and handed to the service, replies written (impl/tcp_server_frames.hpp).
 
   /// Arms one receive into the connection's reader, unless one is armed or it is paused.
   void receive(const ConnectionPtr& c);
@@ -22900,7 +22908,7 @@ class TcpServer {
   /// and the parameters they view), and waits for it to take the rest.
   void write(const ConnectionPtr& c);
 
-  // Deadlines, closing connections, and stopping (detail/tcp_server_lifetime.hpp).
+  // Deadlines, closing connections, and stopping (impl/tcp_server_lifetime.hpp).
 
   /// The parameters are about to change: what is unsent of `c`'s replies stops viewing
   /// them. The kernel takes what it can first; the rest is copied, charged to the budget.
@@ -22984,7 +22992,7 @@ class TcpServer {
 }  // namespace pulley
 
 // The member functions' definitions, by concern.
-// ---- begin pulley/transport/detail/tcp_server_accept.hpp ----
+// ---- begin pulley/transport/impl/tcp_server_accept.hpp ----
 
 /// TcpServer's connections accepted, and their handshake (declared in
 /// transport/tcp_server.hpp, which includes this header after the class): the port and the
@@ -23272,8 +23280,8 @@ wire::Refusal TcpServer<S>::outside_job(const Node& peer) const {
 }
 
 }  // namespace pulley
-// ---- end pulley/transport/detail/tcp_server_accept.hpp ----
-// ---- begin pulley/transport/detail/tcp_server_frames.hpp ----
+// ---- end pulley/transport/impl/tcp_server_accept.hpp ----
+// ---- begin pulley/transport/impl/tcp_server_frames.hpp ----
 
 /// TcpServer's frames (declared in transport/tcp_server.hpp, which includes this header
 /// after the class): requests read and handed to the service one at a time, and replies
@@ -23476,8 +23484,8 @@ void TcpServer<S>::write(const ConnectionPtr& c) {
 }
 
 }  // namespace pulley
-// ---- end pulley/transport/detail/tcp_server_frames.hpp ----
-// ---- begin pulley/transport/detail/tcp_server_lifetime.hpp ----
+// ---- end pulley/transport/impl/tcp_server_frames.hpp ----
+// ---- begin pulley/transport/impl/tcp_server_lifetime.hpp ----
 
 /// TcpServer's deadlines and endings (declared in transport/tcp_server.hpp, which
 /// includes this header after the class): replies detached from parameters about to
@@ -23680,6 +23688,6 @@ void TcpServer<S>::watch_orphan() {
 }
 
 }  // namespace pulley
-// ---- end pulley/transport/detail/tcp_server_lifetime.hpp ----
+// ---- end pulley/transport/impl/tcp_server_lifetime.hpp ----
 // ---- end pulley/transport/tcp_server.hpp ----
 // ---- end pulley/transport/tcp.hpp ----

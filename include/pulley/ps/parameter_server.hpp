@@ -226,14 +226,12 @@ class ParameterServer {
   }
 
  private:
-  // The handlers and their helpers are defined in ps/detail/, one header per concern:
-  // parameter_server_answers.hpp (the first section below), parameter_server_state.hpp
-  // (Register, Pause, Restore, Shutdown), parameter_server_training.hpp (TakeToken, Pull,
-  // Push, ChangeWorkers) and parameter_server_liveness.hpp (Heartbeat, disconnected).
+  // Every handler and helper below is defined in ps/impl/, in the header its section
+  // names (included at the end of this one).
 
   using Clock = Liveness::Clock;
 
-  // ---- answering, refusing, failing ----------------------------------------------------
+  // ---- answering, refusing, failing: impl/parameter_server_answers.hpp -----------------
 
   /// Refuses a request: answers the error, counts it, and logs it (at most 20 lines a
   /// second), so that an operator sees what a careless or hostile client tried.
@@ -267,7 +265,7 @@ class ParameterServer {
   /// True if the ps is ready for `what`; otherwise refuses it.
   bool is_ready(Responder& reply, std::string_view what);
 
-  // ---- Register / Initialize / WaitReady: registration.hpp -------------------------------
+  // ---- Register / Initialize / WaitReady (registration.hpp): impl/parameter_server_state.hpp
 
   void on(Register& r, const RequestContext&, Responder& reply);
 
@@ -281,7 +279,7 @@ class ParameterServer {
   /// names of the optimizer's slots and counters.
   PlacementReply placement_reply() const;
 
-  // ---- TakeToken: pacing.hpp -------------------------------------------------------------
+  // ---- TakeToken (pacing.hpp): impl/parameter_server_training.hpp --------------------------
 
   void on(TakeToken& r, const RequestContext& context, Responder& reply);
 
@@ -325,7 +323,7 @@ class ParameterServer {
   /// The global step moved: the pulls and pauses waiting for it are answered.
   void release_step_gates();
 
-  // ---- Pull / PullRows: shard.hpp, table_shard.hpp ----------------------------------------
+  // ---- Pull / PullRows (shard.hpp, table_shard.hpp): impl/parameter_server_training.hpp ----
 
   void on(Pull& r, const RequestContext& context, Responder& reply);
 
@@ -335,7 +333,7 @@ class ParameterServer {
   /// (`PullRows::touch_only`: what the pull does to them is done all the same).
   void answer_rows(const PullRows& r, bool create, std::int64_t step, Responder& reply);
 
-  // ---- Push: update.hpp, push_ledger.hpp --------------------------------------------------
+  // ---- Push (update.hpp, push_ledger.hpp): impl/parameter_server_training.hpp -------------
 
   void on(Push& r, const RequestContext& context, Responder& reply);
 
@@ -350,7 +348,7 @@ class ParameterServer {
   void take(const Push& r, Responder& reply,
             float largest = std::numeric_limits<float>::infinity());
 
-  // ---- ChangeWorkers: pacing.hpp -----------------------------------------------------------
+  // ---- ChangeWorkers (pacing.hpp): impl/parameter_server_training.hpp ----------------------
 
   void on(ChangeWorkers& r, const RequestContext& context, Responder& reply);
 
@@ -363,7 +361,8 @@ class ParameterServer {
   /// A throw from the policy fails the ps (it would disagree with the others).
   void count_next_workers();
 
-  // ---- Pause / ReadState / Resume: checkpoint_cut.hpp --------------------------------------
+  // ---- Pause / ReadState / ReadRows / Resume (checkpoint_cut.hpp):
+  //      impl/parameter_server_state.hpp
 
   void on(Pause& r, const RequestContext& context, Responder& reply);
 
@@ -380,13 +379,14 @@ class ParameterServer {
   /// Ends the pause; with `keep_rows`, the cut's rows stay readable while training goes on.
   void resume(bool keep_rows = false);
 
-  // ---- Restore: shard.hpp ------------------------------------------------------------------
+  // ---- Restore / RestoreRows (shard.hpp): impl/parameter_server_state.hpp ------------------
 
   void on(Restore& r, const RequestContext&, Responder& reply);
 
   void on(RestoreRows& r, const RequestContext&, Responder& reply);
 
-  // ---- Heartbeat / GetStats: liveness.hpp ---------------------------------------------------
+  // ---- Heartbeat / GetStats / Join / Leave / Shape / LostPs (liveness.hpp):
+  //      impl/parameter_server_liveness.hpp
 
   /// A request of worker `worker` after the end (answered with it): heard, or gone for good
   /// with its leaving heartbeat (awaits_workers).
@@ -434,7 +434,7 @@ class ParameterServer {
   /// 14.2 s ago)".
   std::string describe_wait() const;
 
-  // ---- Shutdown ------------------------------------------------------------------------------
+  // ---- Shutdown: impl/parameter_server_state.hpp ---------------------------------------------
 
   void on(Shutdown& r, const RequestContext&, Responder& reply);
 
@@ -484,7 +484,7 @@ class ParameterServer {
 }  // namespace pulley
 
 // The member functions' definitions, by concern.
-#include "pulley/ps/detail/parameter_server_answers.hpp"
-#include "pulley/ps/detail/parameter_server_liveness.hpp"
-#include "pulley/ps/detail/parameter_server_state.hpp"
-#include "pulley/ps/detail/parameter_server_training.hpp"
+#include "pulley/ps/impl/parameter_server_answers.hpp"
+#include "pulley/ps/impl/parameter_server_liveness.hpp"
+#include "pulley/ps/impl/parameter_server_state.hpp"
+#include "pulley/ps/impl/parameter_server_training.hpp"

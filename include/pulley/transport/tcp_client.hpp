@@ -13,9 +13,7 @@
 #include "pulley/core/address.hpp"
 #include "pulley/core/node.hpp"
 #include "pulley/protocol/call.hpp"
-#include "pulley/transport/detail/tcp_client_calls.hpp"
-#include "pulley/transport/detail/tcp_client_connect.hpp"
-#include "pulley/transport/detail/tcp_client_copies.hpp"
+#include "pulley/transport/detail/tcp_client.hpp"
 #include "pulley/transport/tcp_options.hpp"
 
 namespace pulley {

@@ -194,33 +194,4 @@ struct TcpServerOptions {
   bool shared_memory = true;
 };
 
-/// Serves one Service (a ParameterServer) on a TCP port, and owns it. All connections are
-/// handled by one thread (the one that calls `run`), so the service sees its requests one
-/// at a time, as in-process.
-///
-/// Every connection begins with the handshake (wire/handshake.hpp): until a client has
-/// proved its job and the job's secret, nothing it sends reaches the service, and a frame
-/// may carry only a few hundred bytes. The task it proved is the request's `peer`, so the
-/// service refuses what that task's job may not send. When a task's connection closes, the
-/// service hears of it (`Service::disconnected`: a token taken on it comes back).
-///
-/// Requests are received many at a time when they are small (a push and its pull arrive in
-/// one receive), and every reply they produce leaves in one gather-write at the end of the
-/// batch, straight from the ps's parameters. What the kernel does not take at once goes
-/// out as the socket drains, still from the parameters, unless a request that changes them
-/// (`changes_parameters`: a push, an initialization) comes first: then the rest is copied,
-/// so a reply never sees the parameters change under it.
-///
-/// A client cannot make the ps use memory or time without bound: a frame that fails
-/// wire::check, does not decode, claims more tensor bytes than the service holds, or would
-/// overdraw `max_buffered_bytes` closes that connection with a logged reason, as do a
-/// handshake, a frame or an idleness that outlasts its deadline; a connection whose peer
-/// does not read its replies stops being read once `max_unsent_bytes` of them wait, and so
-/// does one with `max_unanswered_requests` requests waiting in the service. Nothing a
-/// client does ends the server: every other connection is served on. Once the service
-/// stopped (shut down by the chief, or failed), `run` returns when every client has left,
-/// or after `linger`.
-///
-/// @tparam S the Service it serves
-
 }  // namespace pulley

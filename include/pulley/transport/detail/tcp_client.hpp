@@ -3,12 +3,15 @@
 
 /// The TCP client's machinery behind `Tcp` (transport/tcp_client.hpp): its connections
 /// (links), the calls on them, and the pairs of calls that reach both copies of a shard.
-/// The member functions are defined by concern in three headers that include this one:
-///   - tcp_client_calls.hpp: making calls, writing their frames, reading their replies,
-///     failing what waited on a lost connection;
-///   - tcp_client_connect.hpp: connecting, the handshake, local sockets and shared memory;
+/// The class is declared here, every member with its comment; the member functions are
+/// defined by concern in three headers included at the end of this one:
+///   - tcp_client_calls.hpp: the transport made and closed, calls made, their frames
+///     written and their replies read, what waited on a lost connection failed, and what
+///     `Tcp` answers about a connection (address, local, shared_memory);
+///   - tcp_client_connect.hpp: a ps added, connecting, the handshake, local sockets and
+///     shared memory;
 ///   - tcp_client_copies.hpp: the copies of each shard: where a call goes, how the answers
-///     of both copies settle into one, and when a copy is given up.
+///     of both copies settle into one, when a copy is given up, and what the referee rules.
 /// `Tcp` documents the behaviour; the comments here say how each part gets it.
 
 #include <sys/socket.h>
@@ -35,6 +38,7 @@
 #include <variant>
 #include <vector>
 
+#include "pulley/concepts/transport.hpp"
 #include "pulley/core/address.hpp"
 #include "pulley/core/log.hpp"
 #include "pulley/core/node.hpp"
@@ -368,9 +372,8 @@ class TcpClient final : public CallDriver {
   /// Logs a change of the copies, unless another transport of this task says it.
   void log_copies(LogLevel level, const std::string& line) const;
 
-  static bool is_error(const Response& response) {
-    return std::holds_alternative<ErrorReply>(response);
-  }
+  /// An error, of any code.
+  static bool is_error(const Response& response);
   /// Training's end: finished, or aborted.
   static bool is_ended(const Response& response);
   static bool is_unavailable(const Response& response);
@@ -425,7 +428,7 @@ class TcpClient final : public CallDriver {
   /// The referee's answers, handed from whatever thread gives them to this transport's.
   struct Rulings {
     std::mutex mutex;
-    TcpClient* impl = nullptr;  ///< null once the transport is gone
+    TcpClient* client = nullptr;  ///< null once the transport is gone
   };
 
   /// Asks the referee whether the process behind `link` (and every copy it holds) is lost
@@ -463,3 +466,8 @@ class TcpClient final : public CallDriver {
 };
 
 }  // namespace pulley::transport_detail
+
+// The member functions' definitions, by concern.
+#include "pulley/transport/detail/tcp_client_calls.hpp"
+#include "pulley/transport/detail/tcp_client_connect.hpp"
+#include "pulley/transport/detail/tcp_client_copies.hpp"

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
-/// TcpClient's calls (detail/tcp_client.hpp declares them): making a call, writing its
-/// frame, reading its reply, and failing what waited on a connection that was lost.
+/// TcpClient's calls (declared in detail/tcp_client.hpp, which includes this header after
+/// the class): the transport made and closed, a call made, its frame written and its reply
+/// read, what waited on a lost connection failed, and what Tcp answers about a connection.
 
 #include "pulley/transport/detail/tcp_client.hpp"
 
@@ -11,7 +12,7 @@ namespace pulley::transport_detail {
 inline TcpClient::TcpClient(Node self, std::vector<Address> addresses, TcpOptions options,
                             std::optional<std::span<const std::uint32_t>> reach_now)
     : self_(self), options_(std::move(options)), shards_(addresses.size()) {
-  rulings_->impl = this;
+  rulings_->client = this;
   wire::check_credentials(options_.credentials);
   if (options_.replicas > 1) {
     throw Error(ErrorCode::kInvalidArgument,
@@ -37,7 +38,7 @@ inline TcpClient::TcpClient(Node self, std::vector<Address> addresses, TcpOption
 inline TcpClient::~TcpClient() {
   {  // a ruling that comes later finds no transport
     const std::scoped_lock lock(rulings_->mutex);
-    rulings_->impl = nullptr;
+    rulings_->client = nullptr;
   }
   // Every call still waiting is answered kUnavailable, so none waits on this driver.
   closing_ = true;

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
-/// TcpClient's connections (detail/tcp_client.hpp declares them): an attempt and its
-/// deadline, local sockets, the handshake, and the rings of shared memory.
+/// TcpClient's connections (declared in detail/tcp_client.hpp, which includes this header
+/// after the class): a ps added, an attempt and its deadline, local sockets, the handshake,
+/// and the rings of shared memory.
 
 #include "pulley/transport/detail/tcp_client.hpp"
 

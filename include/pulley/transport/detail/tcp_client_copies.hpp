@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
-/// TcpClient's copies of each shard (detail/tcp_client.hpp declares them): where a call
-/// goes, how the answers of both copies settle into one, when a copy is given up, and what
-/// the referee rules.
+/// TcpClient's copies of each shard (declared in detail/tcp_client.hpp, which includes this
+/// header after the class): where a call goes, how the answers of both copies settle into
+/// one, when a copy is given up, and what the referee rules.
 
 #include "pulley/transport/detail/tcp_client.hpp"
 
@@ -198,6 +198,10 @@ inline TcpClient::Spread TcpClient::spread_of(const Request& request) const noex
 
 inline std::size_t TcpClient::link_of(std::size_t shard, std::size_t copy) const noexcept {
   return copy == 0 ? shard : shards_ + shard;
+}
+
+inline bool TcpClient::is_error(const Response& response) {
+  return std::holds_alternative<ErrorReply>(response);
 }
 
 inline bool TcpClient::is_ended(const Response& response) {
@@ -472,10 +476,10 @@ inline void TcpClient::ask_referee(Link& link, std::string why) {
   options_.copy_referee(LostProcess{link.task, link.server, why},
                         [box, task = link.task, process = link.server, why](bool lost) {
                           const std::scoped_lock lock(box->mutex);
-                          if (box->impl == nullptr) return;
-                          TcpClient* impl = box->impl;
-                          asio::post(impl->io_, [impl, task, process, why, lost] {
-                            impl->ruled(task, process, why, lost);
+                          if (box->client == nullptr) return;
+                          TcpClient* client = box->client;
+                          asio::post(client->io_, [client, task, process, why, lost] {
+                            client->ruled(task, process, why, lost);
                           });
                         });
 }
