@@ -155,6 +155,19 @@ struct Proxied {
   }
 };
 
+/// What the proxied jobs below share: a captured log, two ps tasks, `Workers` workers and a
+/// chief on 127.0.0.1 with proxies in front of the ps tasks (Proxied), and the linear
+/// model's training, whose evaluations are recorded.
+template <std::size_t Workers>
+struct ProxiedJob {
+  LogCapture log;
+  const ClusterSpec cluster = two_ps_cluster(Workers);
+  Proxied proxied{cluster};
+  const LinearData data{4, 3, 2, 1};
+  Recorded recorded;
+  Training<LinearModel> training = linear_training(data, recorded);
+};
+
 }  // namespace
 
 TEST_CASE("an in-process job trains, evaluates at the steps asked, and ends with status 0") {
@@ -265,18 +278,13 @@ TEST_CASE("over TCP a chief that fails aborts the job, and every task fails nami
   CHECK(log.find(LogLevel::kError, "the evaluation set is corrupt").size() == 3);
 }
 
-TEST_CASE("over TCP a chief whose connections break goes on, rolling nothing back") {
-  LogCapture log;
-  const ClusterSpec cluster = two_ps_cluster(1);
+TEST_CASE_FIXTURE(ProxiedJob<1>,
+                  "over TCP a chief whose connections break goes on, rolling nothing back") {
   // The chief reaches the ps tasks through proxies; at its first evaluation (due at step
   // 20: a loaded machine may read it later), the next answer each ps sends it is lost with
   // its connection.
-  Proxied proxied(cluster);
   auto& proxies = proxied.proxies;
   const ClusterSpec& chief_view = proxied.view;
-  const LinearData data(4, 3, 2, 1);
-  Recorded recorded;
-  Training<LinearModel> training = linear_training(data, recorded);
   training.evaluate = [&](LinearModel&, const Evaluation& e) {
     std::scoped_lock lock(recorded.mutex);
     recorded.evaluations.push_back(e);
@@ -304,16 +312,11 @@ TEST_CASE("over TCP a chief whose connections break goes on, rolling nothing bac
   CHECK(steps[2] == 60);
 }
 
-TEST_CASE(
+TEST_CASE_FIXTURE(
+    ProxiedJob<1>,
     "over TCP a chief cut off again and again while it waits goes on: each fault has its own "
     "recovery deadline") {
-  LogCapture log;
-  const ClusterSpec cluster = two_ps_cluster(1);
-  Proxied proxied(cluster);
   const ClusterSpec& chief_view = proxied.view;
-  const LinearData data(4, 3, 2, 1);
-  Recorded recorded;
-  Training<LinearModel> training = linear_training(data, recorded);
   // The worker stands still at its 10th batch until the faults are over, so the chief's
   // wait for step 20 (its first evaluation) spans all of them.
   Gate gate;
@@ -344,17 +347,12 @@ TEST_CASE(
   CHECK(recorded.evaluations[2].step == 60);
 }
 
-TEST_CASE("over TCP a worker cut off again and again within one long sync step trains on") {
-  LogCapture log;
-  const ClusterSpec cluster = two_ps_cluster(2);
+TEST_CASE_FIXTURE(ProxiedJob<2>,
+                  "over TCP a worker cut off again and again within one long sync step trains on") {
   // Worker 0 reaches the ps tasks through proxies. Worker 1 stands still at its 10th batch
   // while they cut worker 0 off four times (Proxied::cut_off): worker 0's step (R = N = 2:
   // it needs worker 1's push) spans all four faults.
-  Proxied proxied(cluster);
   const ClusterSpec& worker_view = proxied.view;
-  const LinearData data(4, 3, 2, 1);
-  Recorded recorded;
-  Training<LinearModel> training = linear_training(data, recorded);
   Gate gate;
   training.data = [&](const DataShard& shard) {
     return [&, slow = shard.index == 1] {
@@ -384,18 +382,13 @@ TEST_CASE("over TCP a worker cut off again and again within one long sync step t
   CHECK(recorded.evaluations[2].step == 60);
 }
 
-TEST_CASE(
+TEST_CASE_FIXTURE(
+    ProxiedJob<1>,
     "over TCP a worker cut off again and again while it waits for the chief to end training ends "
     "with 0") {
-  LogCapture log;
-  const ClusterSpec cluster = two_ps_cluster(1);
   // The worker reaches the ps tasks through proxies; the chief's last evaluation lasts
   // while they cut the worker off four times (Proxied::cut_off).
-  Proxied proxied(cluster);
   const ClusterSpec& worker_view = proxied.view;
-  const LinearData data(4, 3, 2, 1);
-  Recorded recorded;
-  Training<LinearModel> training = linear_training(data, recorded);
   training.evaluate = [&](LinearModel&, const Evaluation& e) {
     if (e.last) proxied.cut_off(4);
     std::scoped_lock lock(recorded.mutex);
@@ -417,20 +410,15 @@ TEST_CASE(
   CHECK(recorded.evaluations[2].step == 60);
 }
 
-TEST_CASE(
+TEST_CASE_FIXTURE(
+    ProxiedJob<1>,
     "over TCP a worker cut off while the chief ends training hears the end once the cut heals, "
     "and ends with 0") {
-  LogCapture log;
-  const ClusterSpec cluster = two_ps_cluster(1);
   // The worker reaches the ps tasks through proxies. At the last evaluation, once the worker
   // waits for the chief to end training, they cut it off for 1.5 s; the chief ends training
   // inside the cut, so the worker's tries to reach the ps tasks again fail until it heals,
   // and the first that gets through hears that training ended.
-  Proxied proxied(cluster);
   const ClusterSpec& worker_view = proxied.view;
-  const LinearData data(4, 3, 2, 1);
-  Recorded recorded;
-  Training<LinearModel> training = linear_training(data, recorded);
   std::thread cutter;
   training.evaluate = [&](LinearModel&, const Evaluation& e) {
     if (e.last) {
