@@ -3522,16 +3522,24 @@ bool spin_until(Ready&& ready, std::chrono::steady_clock::time_point end) {
 // ---- end pulley/core/spin.hpp ----
 // ---- begin pulley/protocol/messages.hpp ----
 
-#include <algorithm>
-#include <cstddef>
-#include <cstdint>
-#include <limits>
-#include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
 #include <utility>
 #include <variant>
+
+// ---- begin pulley/protocol/messages/checkpoint.hpp ----
+
+/// The messages of a checkpoint's cut and of a restore (protocol/messages.hpp lists every
+/// message): the chief pauses every ps, reads its state and its tables' rows in chunks and
+/// lets it go on; or sets a state and rows from a checkpoint.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
 // ---- begin pulley/core/node.hpp ----
@@ -3639,75 +3647,18 @@ inline void require_task_set(std::span<const std::uint32_t> tasks, std::string_v
 
 }  // namespace pulley
 // ---- end pulley/core/node.hpp ----
-// ---- begin pulley/protocol/token.hpp ----
+// ---- begin pulley/protocol/messages/fields.hpp ----
 
+/// The fields that messages share (protocol/messages.hpp lists the messages): a part's
+/// values and its optimizer state, an embedding table's rows, a slice of a part, and the
+/// most that one message may carry.
+
+#include <cstddef>
 #include <cstdint>
+#include <span>
+#include <vector>
 
 namespace pulley {
-
-/// A sync token: leave for one step, and what that step must read. TF's `sync_token_queue`
-/// holds only the step number; pulley's tokens also say which parameters to pull, so that
-/// one mechanism serves every pacing rule.
-struct Token {
-  /// Tags the step's push (TF's `local_step`): the policy judges staleness by it.
-  std::int64_t local_step = 0;
-  /// The step's parameters must include every update of the global steps before this one:
-  /// the worker pulls with `Pull::min_step = pull_step` (0: whatever the ps holds).
-  std::int64_t pull_step = 0;
-  /// What the worker pulls together with this step's push, for its next step: the earliest
-  /// `pull_step` its next token can have, so that the prefetch can serve it.
-  std::int64_t next_pull_step = 0;
-  /// False when tokens never wait (Async): the worker need not ask for another.
-  bool paced = true;
-  /// Which batch of the job's data the step reads, counted from the job's start, when the
-  /// policy numbers them (-1: it does not, and each worker reads its own share). A step's
-  /// batches are numbered by the step, not by who takes its tokens: under SyncReplicas,
-  /// step s reads batches s × max(R, N) ... s × max(R, N) + max(R, N) - 1, so a token a
-  /// lost worker gave back reads, in whichever worker takes it, the batch the lost worker
-  /// would have read (DataShard::batch, runner/training.hpp).
-  std::int64_t batch = -1;
-  /// The step needs all R gradients although workers are lost (a SyncReplicas refill
-  /// step): the live workers bring the lost ones'. The pacing ps (the lowest member: ps 0 while none left) decides it; the
-  /// worker's push carries it (Push::refill), and every ps follows the pacing ps's word for the
-  /// step (`SyncPolicy::follow`), so that no ps waits for gradients the tokens will not bring.
-  bool refill = false;
-
-  template <class Archive>
-  void serialize(Archive& archive) {
-    archive(local_step, pull_step, next_pull_step, paced, batch, refill);
-  }
-  friend bool operator==(const Token&, const Token&) = default;
-};
-
-}  // namespace pulley
-// ---- end pulley/protocol/token.hpp ----
-
-namespace pulley {
-
-// The protocol between clients (workers, the chief, the evaluator) and ps tasks. Every
-// transport carries exactly these structs: in-process they are moved, over TCP they are
-// encoded. A message is declared here and nowhere else:
-//
-//   - `kName`, for logs and errors;
-//   - `serialize(archive)` lists its fields in wire order, for cereal and for pulley's own
-//     walkers. A `std::span<const float>` field is a tensor: its size travels with the
-//     other fields, its values in the frame's payload, in field order, so that a sender
-//     writes them from its own buffers and a receiver reads them into place;
-//   - `kChangesParameters = true` on a request that may change the ps's parameters, by
-//     itself or by what it sets off (a push held, a step that waited for a worker found
-//     lost): a transport must not let a reply still being sent see them change;
-//   - `kSenders`, on a request: the roles whose tasks may send it (the ps refuses it from
-//     any other with `kPermissionDenied`): only the chief registers, initializes and ends
-//     training, only workers take tokens and push, evaluators only read.
-//
-// Adding a message is its declaration here, its place in Request or Response, and its
-// handler in the ps (an `on` overload in ps/parameter_server.hpp, which hands it to the
-// part that owns what it reads or changes).
-//
-// Tensors are views, never owned vectors. A view in a request stays valid until its call
-// is answered or cancelled. A view in a reply stays valid and unchanged until the service
-// handles a request that `changes_parameters` (see Responder, concepts/service.hpp): a
-// transport copies it to the caller's destination, or writes it onto the wire, before then.
 
 /// Values for one part, addressed by its global index in `Placement::parts`.
 struct PartValues {
@@ -3725,8 +3676,8 @@ struct PartValues {
 /// counters.
 struct PartState {
   std::uint32_t part = 0;
-  std::span<const float> values;               ///< a tensor
-  std::vector<std::span<const float>> slots;   ///< tensors
+  std::span<const float> values;              ///< a tensor
+  std::vector<std::span<const float>> slots;  ///< tensors
   std::vector<std::int64_t> counters;
 
   template <class Archive>
@@ -3746,9 +3697,9 @@ inline constexpr std::size_t kMaxRowBytesPerMessage = std::size_t{256} << 20U;
 /// Rows of one embedding table: which ids, and in a push one row of the table's dim floats
 /// per id. The ids ride in the metadata (8 bytes each); the rows are a tensor.
 struct TableRows {
-  std::uint32_t table = 0;          ///< index into the model's tables
-  std::vector<std::uint64_t> ids;   ///< distinct
-  std::span<const float> values;    ///< a tensor: ids.size() × dim (empty in a pull)
+  std::uint32_t table = 0;         ///< index into the model's tables
+  std::vector<std::uint64_t> ids;  ///< distinct
+  std::span<const float> values;   ///< a tensor: ids.size() × dim (empty in a pull)
 
   template <class Archive>
   void serialize(Archive& archive) {
@@ -3767,211 +3718,12 @@ struct Slice {
   }
 };
 
+}  // namespace pulley
+// ---- end pulley/protocol/messages/fields.hpp ----
+
+namespace pulley {
+
 // ---- requests ---------------------------------------------------------------------------
-
-/// Chief → every ps: the model's variables. Each ps computes the placement with its Sharding
-/// policy and answers with it, so the chief can check that all ps tasks agree. Repeating the
-/// same registration is harmless; a different one is refused.
-///
-/// A registration of a later membership (a ps task left the job for good) places the same
-/// model over `members` (sharding/rebalance.hpp): each member drops what it held and waits,
-/// unready, for the Restore that fills its new share.
-struct Register {
-  static constexpr std::string_view kName = "Register";
-  static constexpr RoleSet kSenders{Node::Role::kChief};
-  /// A registration of a later membership drops what the ps held (and may replace the
-  /// copy a ShardCopies holds): no reply may still view it.
-  static constexpr bool kChangesParameters = true;
-  std::vector<VariableSpec> variables;
-  /// The model's embedding tables: each ps creates the rows it holds as they are first
-  /// pulled, from `table_seed` (no Initialize).
-  std::vector<TableSpec> tables = {};
-  std::uint64_t table_seed = 0;
-  /// The ps tasks of the job, ascending task indices; empty: every ps task of the cluster.
-  std::vector<std::uint32_t> members = {};
-  /// The membership's version: 0 for the cluster's first shape, one more for each change.
-  std::uint64_t membership = 0;
-  /// Every ps task's address by task index, once a ps joined beyond the cluster spec
-  /// (Chief::join); empty: the spec's. The placement is computed over this many tasks.
-  std::vector<std::string> ps_addresses = {};
-
-  template <class Archive>
-  void serialize(Archive& archive) {
-    archive(variables, tables, table_seed, members, membership, ps_addresses);
-  }
-};
-
-/// Chief → ps: initial values of parts this ps holds. Each part is initialized once.
-struct Initialize {
-  static constexpr std::string_view kName = "Initialize";
-  static constexpr RoleSet kSenders{Node::Role::kChief};
-  static constexpr bool kChangesParameters = true;
-  std::vector<PartValues> parts;
-  /// True: the ps is paused for the sender's checkpoint cut from the moment it is
-  /// initialized (pushes are held until Resume), so the chief reads global step 0 exactly
-  /// however fast the workers start.
-  bool hold = false;
-
-  template <class Archive>
-  void serialize(Archive& archive) {
-    archive(parts, hold);
-  }
-};
-
-/// Client → ps: answered with the placement once every part on this ps is initialized.
-struct WaitReady {
-  static constexpr std::string_view kName = "WaitReady";
-  static constexpr RoleSet kSenders{Node::Role::kWorker, Node::Role::kChief, Node::Role::kEvaluator};
-
-  template <class Archive>
-  void serialize(Archive& /*archive*/) {}
-};
-
-/// Worker → the pacing ps (the lowest member, ps 0 while none left): take a sync token before a step (TF's `sync_token_queue.dequeue()`).
-/// Waits while the sync policy has no token to give this worker.
-struct TakeToken {
-  static constexpr std::string_view kName = "TakeToken";
-  static constexpr RoleSet kSenders{Node::Role::kWorker};
-  std::uint32_t worker = 0;
-  std::uint64_t epoch = 0;  ///< the restore the worker knows of (PlacementReply::epoch)
-
-  template <class Archive>
-  void serialize(Archive& archive) {
-    archive(worker, epoch);
-  }
-};
-
-/// Client → ps: read slices. Waits until the ps has completed `min_step` global steps, so a
-/// worker holding a token reads parameters that include every update its token requires.
-/// A pull that waits is answered the moment the step completes, before any later push.
-struct Pull {
-  static constexpr std::string_view kName = "Pull";
-  static constexpr RoleSet kSenders{Node::Role::kWorker, Node::Role::kChief, Node::Role::kEvaluator};
-  std::int64_t min_step = 0;
-  std::vector<Slice> slices;
-  /// The restore the client knows of: a pull that waits for a step of an earlier one is
-  /// refused (`kFailedPrecondition`), as that step means something else now.
-  std::uint64_t epoch = 0;
-  /// From a worker: `TokenReply::pushes_taken` of its latest token, the pushes of its task
-  /// the pacing ps had taken. A ps that took fewer, asked for the next step without this
-  /// worker's push of the one in progress, learns that the push was lost on the way here
-  /// and counts it as taken (on_pull_ahead: every ps then counts the same pushes).
-  std::uint64_t pushes_paced = 0;
-
-  template <class Archive>
-  void serialize(Archive& archive) {
-    archive(min_step, slices, epoch, pushes_paced);
-  }
-};
-
-/// Worker → ps: gradients computed from parameters of `local_step`. Every worker pushes to
-/// every ps once per step (possibly with no parts): the message also counts towards the
-/// ps's global step (`SyncPolicy::on_push`).
-struct Push {
-  static constexpr std::string_view kName = "Push";
-  static constexpr bool kChangesParameters = true;
-  static constexpr RoleSet kSenders{Node::Role::kWorker};
-  std::uint32_t worker = 0;
-  std::int64_t local_step = 0;
-  std::vector<PartValues> gradients;
-  /// The restore the worker knows of: a push of an earlier one is refused.
-  std::uint64_t epoch = 0;
-  /// Numbers the worker's pushes (0: none): a push sent again after a lost connection (the
-  /// same push: same number, same gradients) is answered as the first was, counted once.
-  std::uint64_t sequence = 0;
-  /// Gradient rows of embedding tables held here, duplicates summed by the worker; they
-  /// share the push's verdict (stale rows are dropped with its parts).
-  std::vector<TableRows> rows = {};
-  /// Whose numbers `sequence` counts in: drawn at random by each client (0: none). A push
-  /// numbered below the last one the ps took of the same series is an old copy that came
-  /// late on a connection its worker gave up (the worker sent it again and went on): it is
-  /// refused, never counted.
-  std::uint64_t series = 0;
-  /// The token it was made for said its step is a refill step (Token::refill).
-  bool refill = false;
-  /// No element of `gradients` is larger in magnitude, as the client that made the push
-  /// measured it while checking it finite (kOrdinaryMagnitude, or +infinity: not known).
-  /// Not on the wire: it serves a ps in the client's own process, which trusts its checks
-  /// (RequestContext::tensors_finite); over TCP the ps measures the push as it reads it.
-  float largest = std::numeric_limits<float>::infinity();
-
-  template <class Archive>
-  void serialize(Archive& archive) {
-    archive(worker, local_step, gradients, epoch, sequence, rows, series, refill);
-  }
-};
-
-/// Client → ps: read rows of embedding tables (`TableRows::values` empty), gated on
-/// `min_step` and `epoch` as Pull is. Rows not held yet are created (or read as their
-/// initial value until admitted), so it counts as changing the ps.
-struct PullRows {
-  static constexpr std::string_view kName = "PullRows";
-  static constexpr RoleSet kSenders{Node::Role::kWorker, Node::Role::kChief, Node::Role::kEvaluator};
-  static constexpr bool kChangesParameters = true;
-  std::int64_t min_step = 0;
-  std::uint64_t epoch = 0;
-  std::vector<TableRows> tables;  ///< distinct ids per table, each table at most once
-  /// Only what the pull does to the rows (a worker's creates, admits and touches them), no
-  /// rows back: the ps answers Ack. A client sends it to the copy of a shard it does not
-  /// read from, which must see the same pulls (ShardCopies).
-  bool touch_only = false;
-  /// From a worker: as Pull::pushes_paced.
-  std::uint64_t pushes_paced = 0;
-
-  template <class Archive>
-  void serialize(Archive& archive) {
-    archive(min_step, epoch, tables, touch_only, pushes_paced);
-  }
-};
-
-/// Any client → ps: counters for monitoring and tests.
-struct GetStats {
-  static constexpr std::string_view kName = "GetStats";
-  /// A worker found lost on the way may complete the step that waited for it.
-  static constexpr bool kChangesParameters = true;
-  static constexpr RoleSet kSenders{Node::Role::kWorker, Node::Role::kChief, Node::Role::kEvaluator};
-
-  template <class Archive>
-  void serialize(Archive& /*archive*/) {}
-};
-
-/// Worker or chief → every ps, every second or so from a thread of its own
-/// (`HeartbeatSender`, heartbeat.hpp): the task is alive. A ps that heard a worker once and
-/// then hears nothing for its worker timeout holds it lost: the sync policy stops waiting
-/// for it (`SyncPolicy::on_worker_lost`) until its heartbeats come back. A chief silent for
-/// as long is held lost too: the ps keeps the model and waits for a chief to come back
-/// (ParameterServer::set_chief_wait), then gives up and ends training as aborted. Answered
-/// with a StatsReply, whose `lost` and `chief_lost` tell the task who is gone.
-struct Heartbeat {
-  static constexpr std::string_view kName = "Heartbeat";
-  /// Another worker found lost on the way may complete the step that waited for it.
-  static constexpr bool kChangesParameters = true;
-  static constexpr RoleSet kSenders{Node::Role::kWorker, Node::Role::kChief};
-  std::uint32_t worker = 0;  ///< the sender's task index (its worker index; 0 for the chief)
-  /// The worker ends (its training is over): the ps forgets it instead of holding it lost
-  /// once it is quiet.
-  bool leaving = false;
-
-  template <class Archive>
-  void serialize(Archive& archive) {
-    archive(worker, leaving);
-  }
-};
-
-/// Chief → ps: training is over. Every request waiting there and every later one is
-/// answered `kOutOfRange` ("training finished"), or `kAborted` with `reason` when the chief
-/// gave up, so each task learns how the job ended; the ps then stops serving.
-struct Shutdown {
-  static constexpr std::string_view kName = "Shutdown";
-  static constexpr RoleSet kSenders{Node::Role::kChief};
-  bool aborted = false;  ///< the job failed: tasks end with an error, not with success
-  std::string reason;    ///< why it was aborted
-
-  template <class Archive>
-  void serialize(Archive& archive) {
-    archive(aborted, reason);
-  }
-};
 
 /// Chief → every ps, to read a checkpoint's cut: once the ps has completed `at_step` global
 /// steps (at once for 0; the moment that step completes otherwise, as a step-gated pull),
@@ -4062,7 +3814,8 @@ inline constexpr std::size_t kMaxCandidatesPerMessage = std::size_t{1} << 17U;
 /// Rows of `stride` floats one ReadRows answer carries at most: kMaxIdsPerMessage, and 64 MiB.
 inline std::size_t rows_per_chunk(std::size_t stride) noexcept {
   constexpr std::size_t kBytes = std::size_t{64} << 20U;
-  return std::max<std::size_t>(1, std::min(kMaxIdsPerMessage, kBytes / (std::max<std::size_t>(stride, 1) * sizeof(float))));
+  return std::max<std::size_t>(
+      1, std::min(kMaxIdsPerMessage, kBytes / (std::max<std::size_t>(stride, 1) * sizeof(float))));
 }
 
 /// Chief → a ps paused at a checkpoint's cut, after its ReadState: the rows of table `table`
@@ -4104,9 +3857,9 @@ struct RestoreRows {
   std::int64_t updates = -1;
   std::vector<std::string> slot_names;
   std::vector<std::uint64_t> ids;
-  std::span<const float> rows;          ///< a tensor: ids.size() × (1 + slot_names.size()) × dim
-  std::vector<std::uint32_t> steps;     ///< per id: last touched (rows) or last pulled (candidates)
-  std::vector<std::uint32_t> counts;    ///< per id, candidates only
+  std::span<const float> rows;        ///< a tensor: ids.size() × (1 + slot_names.size()) × dim
+  std::vector<std::uint32_t> steps;   ///< per id: last touched (rows) or last pulled (candidates)
+  std::vector<std::uint32_t> counts;  ///< per id, candidates only
   bool candidates = false;
   bool done = false;
 
@@ -4115,6 +3868,82 @@ struct RestoreRows {
     archive(epoch, table, updates, slot_names, ids, rows, steps, counts, candidates, done);
   }
 };
+
+// ---- replies ----------------------------------------------------------------------------
+
+/// Answer to Pause: where this ps stands, and what its parts' optimizer state is made of.
+struct PauseReply {
+  static constexpr std::string_view kName = "PauseReply";
+  std::int64_t global_step = 0;
+  std::uint64_t epoch = 0;
+  std::vector<std::uint64_t> pushes;       ///< by worker: pushes taken so far
+  std::vector<std::string> slot_names;     ///< the optimizer's slots, in PartState order
+  std::vector<std::string> counter_names;  ///< the optimizer's counters
+  bool whole = true;  ///< the optimizer's State is all in the slots and counters
+  /// The global step from which this ps knows every row its tables evicted: the earliest
+  /// an incremental checkpoint's cut may be since (ReadState::since).
+  std::int64_t evictions_since = 0;
+  /// The furthest step a push taken since the last restore was made for (Push::local_step;
+  /// -1: none). Under BoundedStaleness it may be past `global_step`: a change of workers is
+  /// set for a step no push was taken for yet, so that every ps takes the same pushes of a
+  /// worker that leaves (those made for earlier steps).
+  std::int64_t furthest_pushed = -1;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(global_step, epoch, pushes, slot_names, counter_names, whole, evictions_since,
+            furthest_pushed);
+  }
+};
+
+/// Answer to ReadState: this ps's part of the cut.
+struct StateReply {
+  static constexpr std::string_view kName = "StateReply";
+  std::int64_t global_step = 0;
+  std::vector<std::int64_t> pacer;  ///< SyncPolicy::save's
+  std::vector<PartState> parts;     ///< every part held here, in part order
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(global_step, pacer, parts);
+  }
+};
+
+/// Answer to ReadRows: one chunk of a table's rows at the cut (or of its candidates).
+struct RowsChunk {
+  static constexpr std::string_view kName = "RowsChunk";
+  std::uint64_t total = 0;   ///< rows (or candidates) at the cut: read until `begin` reaches it
+  std::int64_t updates = 0;  ///< the table's update count on this ps
+  std::vector<std::string> slot_names;  ///< the row-wise optimizer's, in row order
+  std::vector<std::uint64_t> ids;
+  std::span<const float> rows;        ///< a tensor: ids.size() × stride (empty for candidates)
+  std::vector<std::uint32_t> steps;   ///< per id: last touched (rows) or last pulled (candidates)
+  std::vector<std::uint32_t> counts;  ///< per id, candidates only
+  std::int64_t since = -1;            ///< the cut's ReadState::since
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(total, updates, slot_names, ids, rows, steps, counts, since);
+  }
+};
+
+}  // namespace pulley
+// ---- end pulley/protocol/messages/checkpoint.hpp ----
+// ---- begin pulley/protocol/messages/membership.hpp ----
+
+/// The messages that change who is in the job (protocol/messages.hpp lists every message):
+/// a task that joins or leaves, or asks the job's shape (all three at the chief's JoinDesk),
+/// a question whether a ps is lost, and the chief's change of the job's workers; the
+/// requests, then their replies.
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace pulley {
+
+// ---- requests ---------------------------------------------------------------------------
 
 /// A new task → the chief (its JoinDesk, runner/join_desk.hpp; never a ps). The task index
 /// is the one its handshake proved.
@@ -4195,9 +4024,9 @@ struct LostPs {
 /// Chief → every ps, paused (Pause): the job's workers are `workers` (task indices,
 /// ascending) from global step `from_step` on: workers joined, or left for good. Each ps
 /// counts them (SyncPolicy::reshape) the moment its global step reaches `from_step`, and
-/// lets a new worker connect at once (its requests wait until then). The chief picks a step beyond every ps's while they are
-/// paused; a ps already there refuses it (kFailedPrecondition). A later ChangeWorkers
-/// replaces one still waiting for its step; one with no workers takes back the one of
+/// lets a new worker connect at once (its requests wait until then). The chief picks a step beyond
+/// every ps's while they are paused; a ps already there refuses it (kFailedPrecondition). A later
+/// ChangeWorkers replaces one still waiting for its step; one with no workers takes back the one of
 /// `from_step` (another ps refused it). Under SyncReplicas every ps counts them at the
 /// same step boundary (a push of that step needs a pull of it, which waits until the ps
 /// is there); see BoundedStaleness for how its clocks take a change.
@@ -4216,118 +4045,15 @@ struct ChangeWorkers {
   }
 };
 
-/// Everything a ps task (or the chief's JoinDesk: Join, Leave, Shape, LostPs) is asked.
-using Request = std::variant<Register, Initialize, WaitReady, TakeToken, Pull, Push, GetStats,
-                             Shutdown, Pause, ReadState, Resume, Restore, Heartbeat, PullRows,
-                             ReadRows, RestoreRows, Join, ChangeWorkers, Leave, Shape, LostPs>;
-
-// ---- responses --------------------------------------------------------------------------
-
-/// Success with nothing to say.
-struct Ack {
-  static constexpr std::string_view kName = "Ack";
-
-  template <class Archive>
-  void serialize(Archive& /*archive*/) {}
-};
-
-/// A refused or failed request.
-struct ErrorReply {
-  static constexpr std::string_view kName = "ErrorReply";
-  ErrorCode code = ErrorCode::kInvalidArgument;
-  std::string message;
-
-  template <class Archive>
-  void serialize(Archive& archive) {
-    archive(code, message);
-  }
-};
-
-/// Answer to Register and WaitReady: the registered variables and where they live, so a
-/// client can check that its model is the one the chief registered.
-struct PlacementReply {
-  static constexpr std::string_view kName = "PlacementReply";
-  std::vector<VariableSpec> variables;
-  Placement placement;
-  std::uint64_t epoch = 0;  ///< restores so far: requests carry it
-  std::vector<std::string> slot_names;     ///< the optimizer's slots, in PartState order
-  std::vector<std::string> counter_names;  ///< the optimizer's counters
-  std::vector<TableSpec> tables = {};      ///< the registered embedding tables
-  /// Where the ps's IdSharding puts the tables' rows (`id_sharding_fingerprint`): a worker
-  /// with another one is refused when it gets ready.
-  std::uint64_t id_sharding = 0;
-  std::vector<std::uint32_t> members = {};  ///< the job's ps tasks, ascending (Register::members)
-  std::uint64_t membership = 0;        ///< their version (Register::membership)
-  std::vector<std::string> ps_addresses = {};  ///< every ps task's address (Register::ps_addresses)
-  /// The seed the tables' rows start from (Register::table_seed): a chief that takes over a
-  /// lost one's job keeps it in its checkpoints and restores.
-  std::uint64_t table_seed = 0;
-
-  template <class Archive>
-  void serialize(Archive& archive) {
-    archive(variables, placement, epoch, slot_names, counter_names, tables, id_sharding, members,
-            membership, ps_addresses, table_seed);
-  }
-};
-
-/// Answer to TakeToken: the sync policy's token, and the global step (steps completed), for
-/// progress and stopping.
-struct TokenReply {
-  static constexpr std::string_view kName = "TokenReply";
-  Token token;
-  std::int64_t global_step = 0;
-  /// Pushes of the asking worker's task this ps had taken (since its last restore) when it
-  /// handed out the token: the worker's pulls carry it (Pull::pushes_paced).
-  std::uint64_t pushes_taken = 0;
-
-  template <class Archive>
-  void serialize(Archive& archive) {
-    archive(token, global_step, pushes_taken);
-  }
-};
-
-/// Answer to Pull: one tensor per requested slice, in request order.
-struct PullReply {
-  static constexpr std::string_view kName = "PullReply";
-  std::int64_t global_step = 0;
-  std::vector<std::span<const float>> values;
-
-  template <class Archive>
-  void serialize(Archive& archive) {
-    archive(global_step, values);
-  }
-};
-
-/// Answer to PullRows: one tensor per requested table, its rows in the order of its ids.
-struct RowsReply {
-  static constexpr std::string_view kName = "RowsReply";
-  std::int64_t global_step = 0;
-  std::vector<std::span<const float>> rows;
-
-  template <class Archive>
-  void serialize(Archive& archive) {
-    archive(global_step, rows);
-  }
-};
-
-/// Answer to Push: how many of its part gradients were dropped as stale.
-struct PushReply {
-  static constexpr std::string_view kName = "PushReply";
-  std::uint32_t stale_parts = 0;
-
-  template <class Archive>
-  void serialize(Archive& archive) {
-    archive(stale_parts);
-  }
-};
+// ---- replies ----------------------------------------------------------------------------
 
 /// The chief's answer to a worker's Join once it counted the worker in: the job's
 /// schedule as the chief runs it, which the new worker follows rather than what its own
 /// flags give (they may derive it from another count of workers).
 struct JoinReply {
   static constexpr std::string_view kName = "JoinReply";
-  std::int64_t last_step = 0;            ///< training ends at this global step
-  std::vector<std::uint32_t> workers;    ///< the job's workers now, ascending
+  std::int64_t last_step = 0;          ///< training ends at this global step
+  std::vector<std::uint32_t> workers;  ///< the job's workers now, ascending
 
   template <class Archive>
   void serialize(Archive& archive) {
@@ -4364,16 +4090,70 @@ struct LostPsReply {
 /// index `ps.size()`, the next worker `next_worker`.
 struct ShapeReply {
   static constexpr std::string_view kName = "ShapeReply";
-  std::vector<std::string> ps;          ///< every ps task's address by task index, members or not
-  std::vector<std::uint32_t> members;   ///< the job's ps tasks now, ascending
-  std::vector<std::uint32_t> workers;   ///< the job's workers now, ascending
-  std::uint32_t next_worker = 0;        ///< the task index the next worker to join takes
+  std::vector<std::string> ps;         ///< every ps task's address by task index, members or not
+  std::vector<std::uint32_t> members;  ///< the job's ps tasks now, ascending
+  std::vector<std::uint32_t> workers;  ///< the job's workers now, ascending
+  std::uint32_t next_worker = 0;       ///< the task index the next worker to join takes
 
   template <class Archive>
   void serialize(Archive& archive) {
     archive(ps, members, workers, next_worker);
   }
 };
+
+}  // namespace pulley
+// ---- end pulley/protocol/messages/membership.hpp ----
+// ---- begin pulley/protocol/messages/monitoring.hpp ----
+
+/// The messages by which tasks watch each other (protocol/messages.hpp lists every
+/// message): a ps's counters (GetStats), a task's heartbeat, and the StatsReply that answers
+/// both.
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace pulley {
+
+// ---- requests ---------------------------------------------------------------------------
+
+/// Any client → ps: counters for monitoring and tests.
+struct GetStats {
+  static constexpr std::string_view kName = "GetStats";
+  /// A worker found lost on the way may complete the step that waited for it.
+  static constexpr bool kChangesParameters = true;
+  static constexpr RoleSet kSenders{Node::Role::kWorker, Node::Role::kChief,
+                                    Node::Role::kEvaluator};
+
+  template <class Archive>
+  void serialize(Archive& /*archive*/) {}
+};
+
+/// Worker or chief → every ps, every second or so from a thread of its own
+/// (`HeartbeatSender`, heartbeat.hpp): the task is alive. A ps that heard a worker once and
+/// then hears nothing for its worker timeout holds it lost: the sync policy stops waiting
+/// for it (`SyncPolicy::on_worker_lost`) until its heartbeats come back. A chief silent for
+/// as long is held lost too: the ps keeps the model and waits for a chief to come back
+/// (ParameterServer::set_chief_wait), then gives up and ends training as aborted. Answered
+/// with a StatsReply, whose `lost` and `chief_lost` tell the task who is gone.
+struct Heartbeat {
+  static constexpr std::string_view kName = "Heartbeat";
+  /// Another worker found lost on the way may complete the step that waited for it.
+  static constexpr bool kChangesParameters = true;
+  static constexpr RoleSet kSenders{Node::Role::kWorker, Node::Role::kChief};
+  std::uint32_t worker = 0;  ///< the sender's task index (its worker index; 0 for the chief)
+  /// The worker ends (its training is over): the ps forgets it instead of holding it lost
+  /// once it is quiet.
+  bool leaving = false;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(worker, leaving);
+  }
+};
+
+// ---- replies ----------------------------------------------------------------------------
 
 /// Counters of one ps task.
 struct Stats {
@@ -4440,62 +4220,384 @@ struct StatsReply {
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(stats, waiting_for, lost, chief_lost, ready, epoch, members, membership, ps_addresses, workers);
+    archive(stats, waiting_for, lost, chief_lost, ready, epoch, members, membership, ps_addresses,
+            workers);
   }
 };
 
-/// Answer to Pause: where this ps stands, and what its parts' optimizer state is made of.
-struct PauseReply {
-  static constexpr std::string_view kName = "PauseReply";
-  std::int64_t global_step = 0;
+}  // namespace pulley
+// ---- end pulley/protocol/messages/monitoring.hpp ----
+// ---- begin pulley/protocol/messages/training.hpp ----
+
+/// The messages of setting up and training (protocol/messages.hpp lists every message):
+/// the chief's registration of the model and its initial values, a client's wait for them,
+/// a worker's token, pulls and pushes, and the end of training; the requests, then their
+/// replies.
+
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+// ---- begin pulley/protocol/token.hpp ----
+
+#include <cstdint>
+
+namespace pulley {
+
+/// A sync token: leave for one step, and what that step must read. TF's `sync_token_queue`
+/// holds only the step number; pulley's tokens also say which parameters to pull, so that
+/// one mechanism serves every pacing rule.
+struct Token {
+  /// Tags the step's push (TF's `local_step`): the policy judges staleness by it.
+  std::int64_t local_step = 0;
+  /// The step's parameters must include every update of the global steps before this one:
+  /// the worker pulls with `Pull::min_step = pull_step` (0: whatever the ps holds).
+  std::int64_t pull_step = 0;
+  /// What the worker pulls together with this step's push, for its next step: the earliest
+  /// `pull_step` its next token can have, so that the prefetch can serve it.
+  std::int64_t next_pull_step = 0;
+  /// False when tokens never wait (Async): the worker need not ask for another.
+  bool paced = true;
+  /// Which batch of the job's data the step reads, counted from the job's start, when the
+  /// policy numbers them (-1: it does not, and each worker reads its own share). A step's
+  /// batches are numbered by the step, not by who takes its tokens: under SyncReplicas,
+  /// step s reads batches s × max(R, N) ... s × max(R, N) + max(R, N) - 1, so a token a
+  /// lost worker gave back reads, in whichever worker takes it, the batch the lost worker
+  /// would have read (DataShard::batch, runner/training.hpp).
+  std::int64_t batch = -1;
+  /// The step needs all R gradients although workers are lost (a SyncReplicas refill
+  /// step): the live workers bring the lost ones'. The pacing ps (the lowest member: ps 0 while none left) decides it; the
+  /// worker's push carries it (Push::refill), and every ps follows the pacing ps's word for the
+  /// step (`SyncPolicy::follow`), so that no ps waits for gradients the tokens will not bring.
+  bool refill = false;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(local_step, pull_step, next_pull_step, paced, batch, refill);
+  }
+  friend bool operator==(const Token&, const Token&) = default;
+};
+
+}  // namespace pulley
+// ---- end pulley/protocol/token.hpp ----
+
+namespace pulley {
+
+// ---- requests ---------------------------------------------------------------------------
+
+/// Chief → every ps: the model's variables. Each ps computes the placement with its Sharding
+/// policy and answers with it, so the chief can check that all ps tasks agree. Repeating the
+/// same registration is harmless; a different one is refused.
+///
+/// A registration of a later membership (a ps task left the job for good) places the same
+/// model over `members` (sharding/rebalance.hpp): each member drops what it held and waits,
+/// unready, for the Restore that fills its new share.
+struct Register {
+  static constexpr std::string_view kName = "Register";
+  static constexpr RoleSet kSenders{Node::Role::kChief};
+  /// A registration of a later membership drops what the ps held (and may replace the
+  /// copy a ShardCopies holds): no reply may still view it.
+  static constexpr bool kChangesParameters = true;
+  std::vector<VariableSpec> variables;
+  /// The model's embedding tables: each ps creates the rows it holds as they are first
+  /// pulled, from `table_seed` (no Initialize).
+  std::vector<TableSpec> tables = {};
+  std::uint64_t table_seed = 0;
+  /// The ps tasks of the job, ascending task indices; empty: every ps task of the cluster.
+  std::vector<std::uint32_t> members = {};
+  /// The membership's version: 0 for the cluster's first shape, one more for each change.
+  std::uint64_t membership = 0;
+  /// Every ps task's address by task index, once a ps joined beyond the cluster spec
+  /// (Chief::join); empty: the spec's. The placement is computed over this many tasks.
+  std::vector<std::string> ps_addresses = {};
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(variables, tables, table_seed, members, membership, ps_addresses);
+  }
+};
+
+/// Chief → ps: initial values of parts this ps holds. Each part is initialized once.
+struct Initialize {
+  static constexpr std::string_view kName = "Initialize";
+  static constexpr RoleSet kSenders{Node::Role::kChief};
+  static constexpr bool kChangesParameters = true;
+  std::vector<PartValues> parts;
+  /// True: the ps is paused for the sender's checkpoint cut from the moment it is
+  /// initialized (pushes are held until Resume), so the chief reads global step 0 exactly
+  /// however fast the workers start.
+  bool hold = false;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(parts, hold);
+  }
+};
+
+/// Client → ps: answered with the placement once every part on this ps is initialized.
+struct WaitReady {
+  static constexpr std::string_view kName = "WaitReady";
+  static constexpr RoleSet kSenders{Node::Role::kWorker, Node::Role::kChief,
+                                    Node::Role::kEvaluator};
+
+  template <class Archive>
+  void serialize(Archive& /*archive*/) {}
+};
+
+/// Worker → the pacing ps (the lowest member, ps 0 while none left): take a sync token before a
+/// step (TF's `sync_token_queue.dequeue()`). Waits while the sync policy has no token to give this
+/// worker.
+struct TakeToken {
+  static constexpr std::string_view kName = "TakeToken";
+  static constexpr RoleSet kSenders{Node::Role::kWorker};
+  std::uint32_t worker = 0;
+  std::uint64_t epoch = 0;  ///< the restore the worker knows of (PlacementReply::epoch)
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(worker, epoch);
+  }
+};
+
+/// Client → ps: read slices. Waits until the ps has completed `min_step` global steps, so a
+/// worker holding a token reads parameters that include every update its token requires.
+/// A pull that waits is answered the moment the step completes, before any later push.
+struct Pull {
+  static constexpr std::string_view kName = "Pull";
+  static constexpr RoleSet kSenders{Node::Role::kWorker, Node::Role::kChief,
+                                    Node::Role::kEvaluator};
+  std::int64_t min_step = 0;
+  std::vector<Slice> slices;
+  /// The restore the client knows of: a pull that waits for a step of an earlier one is
+  /// refused (`kFailedPrecondition`), as that step means something else now.
   std::uint64_t epoch = 0;
-  std::vector<std::uint64_t> pushes;       ///< by worker: pushes taken so far
+  /// From a worker: `TokenReply::pushes_taken` of its latest token, the pushes of its task
+  /// the pacing ps had taken. A ps that took fewer, asked for the next step without this
+  /// worker's push of the one in progress, learns that the push was lost on the way here
+  /// and counts it as taken (on_pull_ahead: every ps then counts the same pushes).
+  std::uint64_t pushes_paced = 0;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(min_step, slices, epoch, pushes_paced);
+  }
+};
+
+/// Worker → ps: gradients computed from parameters of `local_step`. Every worker pushes to
+/// every ps once per step (possibly with no parts): the message also counts towards the
+/// ps's global step (`SyncPolicy::on_push`).
+struct Push {
+  static constexpr std::string_view kName = "Push";
+  static constexpr bool kChangesParameters = true;
+  static constexpr RoleSet kSenders{Node::Role::kWorker};
+  std::uint32_t worker = 0;
+  std::int64_t local_step = 0;
+  std::vector<PartValues> gradients;
+  /// The restore the worker knows of: a push of an earlier one is refused.
+  std::uint64_t epoch = 0;
+  /// Numbers the worker's pushes (0: none): a push sent again after a lost connection (the
+  /// same push: same number, same gradients) is answered as the first was, counted once.
+  std::uint64_t sequence = 0;
+  /// Gradient rows of embedding tables held here, duplicates summed by the worker; they
+  /// share the push's verdict (stale rows are dropped with its parts).
+  std::vector<TableRows> rows = {};
+  /// Whose numbers `sequence` counts in: drawn at random by each client (0: none). A push
+  /// numbered below the last one the ps took of the same series is an old copy that came
+  /// late on a connection its worker gave up (the worker sent it again and went on): it is
+  /// refused, never counted.
+  std::uint64_t series = 0;
+  /// The token it was made for said its step is a refill step (Token::refill).
+  bool refill = false;
+  /// No element of `gradients` is larger in magnitude, as the client that made the push
+  /// measured it while checking it finite (kOrdinaryMagnitude, or +infinity: not known).
+  /// Not on the wire: it serves a ps in the client's own process, which trusts its checks
+  /// (RequestContext::tensors_finite); over TCP the ps measures the push as it reads it.
+  float largest = std::numeric_limits<float>::infinity();
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(worker, local_step, gradients, epoch, sequence, rows, series, refill);
+  }
+};
+
+/// Client → ps: read rows of embedding tables (`TableRows::values` empty), gated on
+/// `min_step` and `epoch` as Pull is. Rows not held yet are created (or read as their
+/// initial value until admitted), so it counts as changing the ps.
+struct PullRows {
+  static constexpr std::string_view kName = "PullRows";
+  static constexpr RoleSet kSenders{Node::Role::kWorker, Node::Role::kChief,
+                                    Node::Role::kEvaluator};
+  static constexpr bool kChangesParameters = true;
+  std::int64_t min_step = 0;
+  std::uint64_t epoch = 0;
+  std::vector<TableRows> tables;  ///< distinct ids per table, each table at most once
+  /// Only what the pull does to the rows (a worker's creates, admits and touches them), no
+  /// rows back: the ps answers Ack. A client sends it to the copy of a shard it does not
+  /// read from, which must see the same pulls (ShardCopies).
+  bool touch_only = false;
+  /// From a worker: as Pull::pushes_paced.
+  std::uint64_t pushes_paced = 0;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(min_step, epoch, tables, touch_only, pushes_paced);
+  }
+};
+
+/// Chief → ps: training is over. Every request waiting there and every later one is
+/// answered `kOutOfRange` ("training finished"), or `kAborted` with `reason` when the chief
+/// gave up, so each task learns how the job ended; the ps then stops serving.
+struct Shutdown {
+  static constexpr std::string_view kName = "Shutdown";
+  static constexpr RoleSet kSenders{Node::Role::kChief};
+  bool aborted = false;  ///< the job failed: tasks end with an error, not with success
+  std::string reason;    ///< why it was aborted
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(aborted, reason);
+  }
+};
+
+// ---- replies ----------------------------------------------------------------------------
+
+/// Answer to Register and WaitReady: the registered variables and where they live, so a
+/// client can check that its model is the one the chief registered.
+struct PlacementReply {
+  static constexpr std::string_view kName = "PlacementReply";
+  std::vector<VariableSpec> variables;
+  Placement placement;
+  std::uint64_t epoch = 0;                 ///< restores so far: requests carry it
   std::vector<std::string> slot_names;     ///< the optimizer's slots, in PartState order
   std::vector<std::string> counter_names;  ///< the optimizer's counters
-  bool whole = true;  ///< the optimizer's State is all in the slots and counters
-  /// The global step from which this ps knows every row its tables evicted: the earliest
-  /// an incremental checkpoint's cut may be since (ReadState::since).
-  std::int64_t evictions_since = 0;
-  /// The furthest step a push taken since the last restore was made for (Push::local_step;
-  /// -1: none). Under BoundedStaleness it may be past `global_step`: a change of workers is
-  /// set for a step no push was taken for yet, so that every ps takes the same pushes of a
-  /// worker that leaves (those made for earlier steps).
-  std::int64_t furthest_pushed = -1;
+  std::vector<TableSpec> tables = {};      ///< the registered embedding tables
+  /// Where the ps's IdSharding puts the tables' rows (`id_sharding_fingerprint`): a worker
+  /// with another one is refused when it gets ready.
+  std::uint64_t id_sharding = 0;
+  std::vector<std::uint32_t> members = {};  ///< the job's ps tasks, ascending (Register::members)
+  std::uint64_t membership = 0;             ///< their version (Register::membership)
+  std::vector<std::string> ps_addresses = {};  ///< every ps task's address (Register::ps_addresses)
+  /// The seed the tables' rows start from (Register::table_seed): a chief that takes over a
+  /// lost one's job keeps it in its checkpoints and restores.
+  std::uint64_t table_seed = 0;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(global_step, epoch, pushes, slot_names, counter_names, whole, evictions_since, furthest_pushed);
+    archive(variables, placement, epoch, slot_names, counter_names, tables, id_sharding, members,
+            membership, ps_addresses, table_seed);
   }
 };
 
-/// Answer to ReadState: this ps's part of the cut.
-struct StateReply {
-  static constexpr std::string_view kName = "StateReply";
+/// Answer to TakeToken: the sync policy's token, and the global step (steps completed), for
+/// progress and stopping.
+struct TokenReply {
+  static constexpr std::string_view kName = "TokenReply";
+  Token token;
   std::int64_t global_step = 0;
-  std::vector<std::int64_t> pacer;  ///< SyncPolicy::save's
-  std::vector<PartState> parts;     ///< every part held here, in part order
+  /// Pushes of the asking worker's task this ps had taken (since its last restore) when it
+  /// handed out the token: the worker's pulls carry it (Pull::pushes_paced).
+  std::uint64_t pushes_taken = 0;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(global_step, pacer, parts);
+    archive(token, global_step, pushes_taken);
   }
 };
 
-/// Answer to ReadRows: one chunk of a table's rows at the cut (or of its candidates).
-struct RowsChunk {
-  static constexpr std::string_view kName = "RowsChunk";
-  std::uint64_t total = 0;    ///< rows (or candidates) at the cut: read until `begin` reaches it
-  std::int64_t updates = 0;   ///< the table's update count on this ps
-  std::vector<std::string> slot_names;  ///< the row-wise optimizer's, in row order
-  std::vector<std::uint64_t> ids;
-  std::span<const float> rows;          ///< a tensor: ids.size() × stride (empty for candidates)
-  std::vector<std::uint32_t> steps;     ///< per id: last touched (rows) or last pulled (candidates)
-  std::vector<std::uint32_t> counts;    ///< per id, candidates only
-  std::int64_t since = -1;              ///< the cut's ReadState::since
+/// Answer to Pull: one tensor per requested slice, in request order.
+struct PullReply {
+  static constexpr std::string_view kName = "PullReply";
+  std::int64_t global_step = 0;
+  std::vector<std::span<const float>> values;
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(total, updates, slot_names, ids, rows, steps, counts, since);
+    archive(global_step, values);
+  }
+};
+
+/// Answer to PullRows: one tensor per requested table, its rows in the order of its ids.
+struct RowsReply {
+  static constexpr std::string_view kName = "RowsReply";
+  std::int64_t global_step = 0;
+  std::vector<std::span<const float>> rows;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(global_step, rows);
+  }
+};
+
+/// Answer to Push: how many of its part gradients were dropped as stale.
+struct PushReply {
+  static constexpr std::string_view kName = "PushReply";
+  std::uint32_t stale_parts = 0;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(stale_parts);
+  }
+};
+
+}  // namespace pulley
+// ---- end pulley/protocol/messages/training.hpp ----
+
+namespace pulley {
+
+// The protocol between clients (workers, the chief, the evaluator) and ps tasks. Every
+// transport carries exactly these structs: in-process they are moved, over TCP they are
+// encoded. A message is declared once, in the header of its concern under
+// protocol/messages/ (training, checkpoint, membership, monitoring; the fields they share
+// in fields.hpp), and listed here in Request or Response, whose order gives each message
+// its tag on the wire. A message declares:
+//
+//   - `kName`, for logs and errors;
+//   - `serialize(archive)` lists its fields in wire order, for cereal and for pulley's own
+//     walkers. A `std::span<const float>` field is a tensor: its size travels with the
+//     other fields, its values in the frame's payload, in field order, so that a sender
+//     writes them from its own buffers and a receiver reads them into place;
+//   - `kChangesParameters = true` on a request that may change the ps's parameters, by
+//     itself or by what it sets off (a push held, a step that waited for a worker found
+//     lost): a transport must not let a reply still being sent see them change;
+//   - `kSenders`, on a request: the roles whose tasks may send it (the ps refuses it from
+//     any other with `kPermissionDenied`): only the chief registers, initializes and ends
+//     training, only workers take tokens and push, evaluators only read.
+//
+// Adding a message is its declaration in the header of its concern, its place in Request
+// or Response here (with `wire::kVersion` bumped: the tags change), and its handler in the
+// ps (an `on` overload in ps/parameter_server.hpp, which hands it to the part that owns
+// what it reads or changes).
+//
+// Tensors are views, never owned vectors. A view in a request stays valid until its call
+// is answered or cancelled. A view in a reply stays valid and unchanged until the service
+// handles a request that `changes_parameters` (see Responder, concepts/service.hpp): a
+// transport copies it to the caller's destination, or writes it onto the wire, before then.
+
+/// Everything a ps task (or the chief's JoinDesk: Join, Leave, Shape, LostPs) is asked.
+using Request = std::variant<Register, Initialize, WaitReady, TakeToken, Pull, Push, GetStats,
+                             Shutdown, Pause, ReadState, Resume, Restore, Heartbeat, PullRows,
+                             ReadRows, RestoreRows, Join, ChangeWorkers, Leave, Shape, LostPs>;
+
+/// Success with nothing to say.
+struct Ack {
+  static constexpr std::string_view kName = "Ack";
+
+  template <class Archive>
+  void serialize(Archive& /*archive*/) {}
+};
+
+/// A refused or failed request.
+struct ErrorReply {
+  static constexpr std::string_view kName = "ErrorReply";
+  ErrorCode code = ErrorCode::kInvalidArgument;
+  std::string message;
+
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(code, message);
   }
 };
 
@@ -7281,15 +7383,7 @@ class Chief {
   /// (however fast they start). It is the checkpoint TensorFlow's saver writes before the
   /// first step, and what a lost ps rolls the job back to when there is no checkpoint.
   ModelState initialize_and_save(std::span<const VariableSpec> variables,
-                                 std::span<const TableSpec> tables = {}) {
-    try {
-      send_initial(variables, initial_values(variables), tables, true);
-    } catch (const Error&) {
-      resume_all();  // the ps tasks that were initialized, and so paused, go on
-      throw;
-    }
-    return read_state(client_);  // resumes every ps, whatever happens
-  }
+                                 std::span<const TableSpec> tables = {});
 
   /// Current values of every variable, as each ps holds them now (while training runs, the
   /// ps tasks may be at different steps: use `snapshot` for one step's values).
@@ -7366,60 +7460,27 @@ class Chief {
   /// epoch: this chief was started again in place of a lost one, and may go on from their
   /// live state (`adopt`). False when any does not (a restore its predecessor left half
   /// done, a ps restarted), or cannot be reached within the request timeout.
-  [[nodiscard]] bool ps_serving() {
-    try {
-      (void)client_.learn_membership();  // a ps its predecessor let go is not waited for
-      const auto replies = client_.template broadcast<StatsReply>([](std::size_t) { return GetStats{}; },
-                                                                  timeouts().request_timeout, "look at the ps tasks");
-      for (const StatsReply& r : replies) client_.set_workers(r.workers);  // as its predecessor left them
-      return std::all_of(replies.begin(), replies.end(), [&](const StatsReply& r) {
-        return r.ready && r.epoch == replies.front().epoch;
-      });
-    } catch (const Error&) {
-      return false;
-    }
-  }
+  [[nodiscard]] bool ps_serving();
 
   /// Takes over a job that every ps serves (`ps_serving`), in place of a lost chief:
   /// learns where each variable lives and the epoch (kFailedPrecondition when the ps tasks
   /// hold another model), and returns the lowest global step of the ps tasks.
-  std::int64_t adopt(std::span<const VariableSpec> variables, std::span<const TableSpec> tables = {}) {
-    client_.wait_ready(variables, tables);
-    return client_.wait_for_step(0);
-  }
+  std::int64_t adopt(std::span<const VariableSpec> variables,
+                     std::span<const TableSpec> tables = {});
 
   /// Ends training as failed, for `reason`: the ps tasks answer `kAborted` with it, so every
   /// task stops with an error naming it.
   void abort(const std::string& reason) { end({true, reason}); }
 
   /// The member ps tasks that do not answer within `timeout` (each asked alone), ascending.
-  std::vector<std::uint32_t> unreachable(std::chrono::milliseconds timeout) {
-    const auto answers = client_.ask_each(timeout);
-    std::vector<std::uint32_t> gone;
-    for (std::size_t k = 0; k < answers.size(); ++k) {
-      if (!answers[k]) gone.push_back(client_.members()[k]);
-    }
-    return gone;
-  }
+  std::vector<std::uint32_t> unreachable(std::chrono::milliseconds timeout);
 
   /// Takes the member ps tasks `gone` out of the job for good: the next `restore` places
   /// the model over the others, each part of theirs on the member that holds least
   /// (sharding/rebalance.hpp), at a membership one newer, and the workers follow when they
   /// get ready again. Throws kInvalidArgument for a ps that is not a member, or when none
   /// would be left (with copies, fewer than 2: Tcp::place_copies), with nothing changed.
-  void leave(std::span<const std::uint32_t> gone) {
-    const auto members = client_.members();
-    for (const std::uint32_t ps : gone) {
-      if (!std::binary_search(members.begin(), members.end(), ps)) {
-        throw Error(ErrorCode::kInvalidArgument, "ps " + std::to_string(ps) + " is not a member of the job");
-      }
-    }
-    std::vector<std::uint32_t> left;
-    std::copy_if(members.begin(), members.end(), std::back_inserter(left),
-                 [&](std::uint32_t ps) { return std::find(gone.begin(), gone.end(), ps) == gone.end(); });
-    if (left.empty()) throw Error(ErrorCode::kInvalidArgument, "a job cannot go on without any ps task");
-    client_.change_members(std::move(left), client_.membership() + 1);
-  }
+  void leave(std::span<const std::uint32_t> gone);
 
   /// Takes the ps task serving at `address` into the job, as task `num_ps()` (the next
   /// index), and returns that index. The new ps is reached first (and must hold no model
@@ -7442,77 +7503,12 @@ class Chief {
   /// Throws kUnavailable when a ps was lost on the way: the ps tasks may then wait for a
   /// restore (roll them back, as ChiefLoop does); a join tried again takes the same index.
   template <IdSharding I = HashIds>
-  std::uint32_t join(const std::string& address, const I& sharding = {}) {
-    if constexpr (!GrowingTransport<T>) {
-      throw Error(ErrorCode::kFailedPrecondition,
-                  "ps at " + address + " cannot join: this chief's transport cannot reach ps tasks beyond those "
-                  "it was made with (not a GrowingTransport)");
-    } else {
-      if (!client_.has_placement()) {
-        throw Error(ErrorCode::kFailedPrecondition, "a ps joins a job whose model is registered: initialize first");
-      }
-      T& transport = client_.transport();
-      const std::vector<std::uint32_t> before(client_.members().begin(), client_.members().end());
-      const auto task = static_cast<std::uint32_t>(join_index(address));
-      if (task == transport.num_ps()) {
-        try {
-          transport.add_ps(address, true);
-        } catch (const Error& e) {  // nothing changed: not a lost ps of the job
-          throw Error(ErrorCode::kFailedPrecondition, "ps at " + address + " cannot join: " + e.message());
-        }
-      }
-      unfinished_join_.emplace(task, address);  // until it joined, or was told to end
-      const std::string who = "ps " + std::to_string(task) + " at " + address;
-      const auto refuse = [&](const std::string& why) {  // the new ps ends, saying why
-        unfinished_join_.reset();
-        (void)ask_one(task, Shutdown{true, who + " could not join the job: " + why}, std::chrono::seconds(2));
-        return Error(ErrorCode::kFailedPrecondition, who + " cannot join: " + why + "; the job goes on as it was");
-      };
-      {
-        const Response answer = ask_one(task, GetStats{}, timeouts().request_timeout);
-        const auto* stats = std::get_if<StatsReply>(&answer);
-        if (const auto* error = std::get_if<ErrorReply>(&answer)) throw refuse("it answered: " + error->message);
-        if (stats == nullptr) throw refuse("it answered GetStats with something else");
-        if (stats->ready || !stats->members.empty()) throw refuse("it holds a model already (another job's?)");
-      }
-      std::vector<std::string> addresses;
-      for (std::uint32_t ps = 0; ps <= task; ++ps) addresses.push_back(transport.address(ps));
-      std::vector<std::uint32_t> members = before;
-      members.push_back(task);
-      std::optional<ModelState> cut;
-      try {
-        cut = read_state(client_, 0, {}, true);  // the ps tasks stay paused (resumed if it throws)
-      } catch (const Error& e) {
-        if (e.code() == ErrorCode::kUnavailable) throw;  // a ps of the job lost: tried again after
-        throw refuse(std::string("the cut failed: ") + e.message());
-      }
-      std::optional<Error> failed;
-      try {
-        failed = move_state(*cut, std::move(members), before, addresses, sharding);
-      } catch (const Error& e) {
-        (void)refuse(e.message());
-        throw Error(ErrorCode::kUnavailable, who + " was registered: " + e.message());
-      }
-      if (failed) throw refuse(failed->message());
-      unfinished_join_.reset();
-      return task;
-    }
-  }
+  std::uint32_t join(const std::string& address, const I& sharding = {});
 
   /// The member ps tasks some of whose copies this chief's transport gave up (lost for
   /// good: their shards are served by one copy only), ascending; none without copies
   /// (a CopyingTransport's `given_up`).
-  [[nodiscard]] std::vector<std::uint32_t> given_up() const {
-    if constexpr (CopyingTransport<T>) {
-      std::vector<std::uint32_t> members;
-      for (const std::uint32_t ps : client_.transport().given_up()) {
-        if (std::binary_search(client_.members().begin(), client_.members().end(), ps)) members.push_back(ps);
-      }
-      return members;
-    } else {
-      return {};
-    }
-  }
+  [[nodiscard]] std::vector<std::uint32_t> given_up() const;
 
   /// Takes member ps `ps` back into a job whose ps tasks keep copies of each other's shards,
   /// after it was lost and a process was started in its place (beyond TensorFlow; a
@@ -7533,32 +7529,7 @@ class Chief {
   /// and epoch newer still: move_state). Throws kUnavailable when a ps was lost on the way
   /// (roll them back).
   template <IdSharding I = HashIds>
-  bool take_back(std::uint32_t ps, const I& sharding = {}) {
-    if constexpr (!CopyingTransport<T>) {
-      (void)ps;
-      (void)sharding;
-      return false;
-    } else {
-      T& transport = client_.transport();
-      if (!transport.reach_again(ps, false, true)) return false;
-      const std::string who = "ps " + std::to_string(ps);
-      const std::vector<std::uint32_t> members(client_.members().begin(), client_.members().end());
-      const std::optional<ModelState> cut = paused_cut(who + " cannot take its shards back yet");
-      if (!cut) return false;
-      transport.serve_again(ps);
-      const std::optional<Error> failed = move_state(*cut, members, members, {}, sharding, [&](const Error& e) {
-        transport.give_up(ps, std::string("taking it back failed: ") + e.message());
-      });
-      const std::vector<std::uint32_t> still = transport.given_up();
-      if (!failed && !std::binary_search(still.begin(), still.end(), ps)) return true;
-      // A copy it holds was given up again on the way (lost, or not ready in time): the
-      // restore went to the other copies alone.
-      log(LogLevel::kWarning, "chief: " + who + " could not take its shards back (" +
-                                  (failed ? std::string(failed->message()) : "a copy it holds was given up on the way") +
-                                  "): they stay served by one copy each");
-      return false;
-    }
-  }
+  bool take_back(std::uint32_t ps, const I& sharding = {});
 
   /// Makes both copies of every shard alike again, in a job whose ps tasks keep copies of
   /// each other's shards (beyond TensorFlow; a CopyingTransport). Each copy judges the
@@ -7575,24 +7546,7 @@ class Chief {
   /// (the ps tasks go on as they were, or restored from the same cut: move_state). Throws
   /// kUnavailable when a ps was lost on the way (roll them back).
   template <IdSharding I = HashIds>
-  bool align_copies(const I& sharding = {}) {
-    if constexpr (!CopyingTransport<T>) {
-      (void)sharding;
-      return false;
-    } else {
-      const std::vector<std::uint32_t> members(client_.members().begin(), client_.members().end());
-      const std::optional<ModelState> cut =
-          paused_cut("cannot make the copies of every shard alike");
-      if (!cut) return false;
-      if (const std::optional<Error> failed = move_state(*cut, members, members, {}, sharding)) {
-        log(LogLevel::kWarning,
-            std::string("chief: could not make the copies of every shard alike: ") +
-                failed->message());
-        return false;
-      }
-      return true;
-    }
-  }
+  bool align_copies(const I& sharding = {});
 
   /// Takes member ps `ps` out of the job with its share moved to the other members (it
   /// asked to leave: the operator scaled the job down). Every ps is paused and read at one
@@ -7614,34 +7568,7 @@ class Chief {
   /// membership newer still. Throws kUnavailable
   /// when a ps was lost on the way and that restore failed too (roll them back).
   template <IdSharding I = HashIds>
-  void retire(std::uint32_t ps, const I& sharding = {}) {
-    const std::vector<std::uint32_t> before(client_.members().begin(), client_.members().end());
-    if (!std::binary_search(before.begin(), before.end(), ps)) {
-      throw Error(ErrorCode::kInvalidArgument, "ps " + std::to_string(ps) + " is not a member of the job");
-    }
-    const std::string who = "ps " + std::to_string(ps);
-    if (before.size() == 1) throw Error(ErrorCode::kFailedPrecondition, who + " is the job's last ps task: it cannot leave");
-    std::vector<std::uint32_t> after;
-    std::copy_if(before.begin(), before.end(), std::back_inserter(after), [ps](std::uint32_t m) { return m != ps; });
-    if constexpr (!ElasticIdSharding<I>) {
-      if (!client_.tables().empty() && !first_tasks(after)) {
-        throw Error(ErrorCode::kFailedPrecondition,
-                    who + " cannot leave: the tables' IdSharding places rows over ps tasks 0 .. n-1 only (an "
-                          "ElasticIdSharding, HashIds or RangeIds, can place them over the others)");
-      }
-    }
-    const ModelState cut = read_state(client_, 0, {}, true);  // the ps tasks stay paused (resumed if it throws)
-    std::optional<Error> failed;
-    try {
-      failed = move_state(cut, std::move(after), before, {}, sharding);
-    } catch (const Error& e) {
-      throw Error(ErrorCode::kUnavailable, who + " could not leave: " + e.message());
-    }
-    if (failed) {
-      throw Error(ErrorCode::kFailedPrecondition,
-                  who + " cannot leave: " + failed->message() + "; the job goes on as it was");
-    }
-  }
+  void retire(std::uint32_t ps, const I& sharding = {});
 
   /// The job's workers are `workers` (task indices, ascending, not empty) from the next
   /// global step on: workers joined (a worker started beyond the cluster spec's asks the
@@ -7660,72 +7587,14 @@ class Chief {
   /// when a ps was lost on the way, or one that took the change cannot be told to take it
   /// back: it may then count the new workers from that step alone, until the next change
   /// (the ChiefLoop tries again) or a restore (which carries the workers) sets them all.
-  std::int64_t change_workers(std::vector<std::uint32_t> workers) {
-    require_task_set(workers, "worker");
-    const std::span<const std::uint32_t> members = client_.members();
-    std::int64_t furthest = 0;
-    try {
-      const auto paused = client_.template broadcast<PauseReply>([](std::size_t) { return Pause{0}; },
-                                                                 timeouts().request_timeout, "pause the ps tasks");
-      for (const PauseReply& p : paused) furthest = std::max({furthest, p.global_step, p.furthest_pushed});
-      const std::int64_t from = furthest + 1;
-      const std::vector<std::uint32_t> before(client_.workers().begin(), client_.workers().end());
-      // Each ps is asked alone: every answer is looked at. One that refused is told to take
-      // the change back too: with no answer in time it may have taken it (the change is
-      // given up as a lost ps's would be, and tried again), and with copies one copy may
-      // have taken what the other refused. Taking back a change never taken changes nothing.
-      std::vector<std::uint32_t> took;
-      std::optional<Error> refused;
-      for (const std::uint32_t ps : members) {
-        const Response answer = ask_one(ps, ChangeWorkers{workers, from, before}, timeouts().request_timeout);
-        took.push_back(ps);
-        if (std::holds_alternative<Ack>(answer)) continue;
-        const auto* error = std::get_if<ErrorReply>(&answer);
-        const ErrorCode code = error != nullptr ? error->code : ErrorCode::kInternal;
-        refused.emplace(code == ErrorCode::kDeadlineExceeded ? ErrorCode::kUnavailable : code,
-                        "ps " + std::to_string(ps) + " cannot count the workers " + describe_members(workers) + ": " +
-                            (error != nullptr ? error->message : std::string("it answered something else")));
-        break;
-      }
-      if (refused) {  // those that took it take it back, before anyone trains on
-        for (const std::uint32_t ps : took) {
-          if (!std::holds_alternative<Ack>(ask_one(ps, ChangeWorkers{{}, from}, timeouts().request_timeout))) {
-            throw Error(ErrorCode::kUnavailable, std::string(refused->message()) + "; and ps " + std::to_string(ps) +
-                                                     ", which took the change, could not be told to take it back");
-          }
-        }
-        throw *refused;
-      }
-      client_.template broadcast<Ack>([](std::size_t) { return Resume{}; }, timeouts().request_timeout,
-                                      "resume the ps tasks");
-      client_.set_workers(std::move(workers));
-      return from;
-    } catch (const Error&) {
-      resume_all();  // a ps that is gone resumes when the chief's link closes
-      throw;
-    }
-  }
+  std::int64_t change_workers(std::vector<std::uint32_t> workers);
 
   /// The workers some member ps holds lost now (their heartbeats stopped), ascending. Each
   /// ps is asked alone; one that does not answer within `timeout` (stopped, or gone: the
   /// chief learns that elsewhere) says nothing. With `all_answered`, whether every member
   /// answered.
   [[nodiscard]] std::vector<std::uint32_t> lost_workers(
-      std::chrono::milliseconds timeout = std::chrono::seconds(2), bool* all_answered = nullptr) {
-    std::vector<std::uint32_t> lost;
-    bool all = true;
-    for (const std::optional<StatsReply>& r : client_.ask_each(std::min(timeouts().request_timeout, timeout))) {
-      if (r) {
-        lost.insert(lost.end(), r->lost.begin(), r->lost.end());
-      } else {
-        all = false;
-      }
-    }
-    if (all_answered != nullptr) *all_answered = all;
-    std::sort(lost.begin(), lost.end());
-    lost.erase(std::unique(lost.begin(), lost.end()), lost.end());
-    return lost;
-  }
+      std::chrono::milliseconds timeout = std::chrono::seconds(2), bool* all_answered = nullptr);
 
   /// Takes `workers` (ascending) as the job's, before this chief hears the ps tasks (the
   /// cluster spec's): restores carry them, and the ps tasks' own word replaces them
@@ -7739,20 +7608,13 @@ class Chief {
   /// The task index a `join(address)` takes now: the next one (`num_ps()`), or the last
   /// one known when it has that address and is no member (a join tried again after a ps
   /// was lost on the way).
-  [[nodiscard]] std::size_t join_index(const std::string& address) const {
-    if (unfinished_join_ && unfinished_join_->second == address) return unfinished_join_->first;
-    return client_.num_ps();
-  }
+  [[nodiscard]] std::size_t join_index(const std::string& address) const;
 
   /// The ps tasks the job has known, members or not: the cluster spec's, and those that
   /// joined since (the next to join gets this index).
   [[nodiscard]] std::size_t num_ps() const { return client_.num_ps(); }
   /// Where each of them serves, by task index (`GrowingTransport::address`).
-  [[nodiscard]] std::vector<std::string> ps_addresses() const {
-    std::vector<std::string> addresses;
-    for (std::size_t ps = 0; ps < client_.num_ps(); ++ps) addresses.push_back(client_.transport().address(ps));
-    return addresses;
-  }
+  [[nodiscard]] std::vector<std::string> ps_addresses() const;
 
   /// The job's ps tasks (ascending) and their version (Client::members).
   [[nodiscard]] std::span<const std::uint32_t> members() const noexcept { return client_.members(); }
@@ -7769,15 +7631,7 @@ class Chief {
   /// Every ps paused and read at one cut, and left paused (a take-back's or an alignment's
   /// move follows); resumed if the cut fails: nullopt then, logged as "chief: `what`, the
   /// cut failed: ...". Throws kUnavailable when a ps was lost (roll them back).
-  std::optional<ModelState> paused_cut(const std::string& what) {
-    try {
-      return read_state(client_, 0, {}, true);
-    } catch (const Error& e) {
-      if (e.code() == ErrorCode::kUnavailable) throw;
-      log(LogLevel::kWarning, "chief: " + what + ", the cut failed: " + e.message());
-      return std::nullopt;
-    }
-  }
+  std::optional<ModelState> paused_cut(const std::string& what);
 
   /// Moves the state of the paused ps tasks, read at `cut`, to `members`: the model
   /// registered over them at a membership one newer (reaching `addresses` first), then
@@ -7789,98 +7643,27 @@ class Chief {
   /// take-back gives the copies it served again up). Throws kUnavailable when that restore
   /// fails too (a ps lost: roll them back).
   template <IdSharding I, class Undo = void (*)(const Error&)>
-  std::optional<Error> move_state(const ModelState& cut, std::vector<std::uint32_t> members,
-                                  const std::vector<std::uint32_t>& before, const std::vector<std::string>& addresses,
-                                  const I& sharding, Undo undo = [](const Error&) {}) {
-    try {
-      client_.change_members(std::move(members), client_.membership() + 1, addresses);
-    } catch (const Error& e) {
-      undo(e);
-      resume_all();
-      return e;
-    }
-    try {
-      restore_state(client_, cut, seed_, sharding);
-      return std::nullopt;
-    } catch (const Error& e) {
-      undo(e);
-      try {
-        client_.adopt_epoch(client_.epoch() + 1);
-        client_.change_members(before, client_.membership() + 1, addresses);
-        restore_state(client_, cut, seed_, sharding);
-      } catch (const Error& again) {
-        throw Error(ErrorCode::kUnavailable, "its restore failed (" + std::string(e.message()) +
-                                                 "), and so did restoring the ps tasks before: " + again.message());
-      }
-      return e;
-    }
-  }
+  std::optional<Error> move_state(
+      const ModelState& cut, std::vector<std::uint32_t> members,
+      const std::vector<std::uint32_t>& before, const std::vector<std::string>& addresses,
+      const I& sharding, Undo undo = [](const Error&) {});
 
   [[nodiscard]] const ClientOptions& timeouts() const { return client_.options(); }
 
   /// `request` to ps task `ps` alone, its answer awaited until `timeout` passes (then the
   /// call is given up, and the answer is kDeadlineExceeded).
-  Response ask_one(std::uint32_t ps, Request request, std::chrono::milliseconds timeout) {
-    PendingCall call = client_.transport().call(ps, std::move(request), {});
-    if (call.wait_until(std::chrono::steady_clock::now() + timeout)) return call.take();
-    call.cancel();
-    return ErrorReply{ErrorCode::kDeadlineExceeded, "no answer within " + std::to_string(timeout.count()) + " ms"};
-  }
+  Response ask_one(std::uint32_t ps, Request request, std::chrono::milliseconds timeout);
 
   /// Every variable filled by its initializer, from the job's seed.
-  std::vector<std::vector<float>> initial_values(std::span<const VariableSpec> variables) const {
-    std::vector<std::vector<float>> values;
-    values.reserve(variables.size());
-    for (const VariableSpec& spec : variables) {
-      values.emplace_back(spec.size());
-      pulley::initialize(spec, seed_, values.back());
-    }
-    return values;
-  }
+  std::vector<std::vector<float>> initial_values(std::span<const VariableSpec> variables) const;
 
   /// Registers the model and sends each ps its parts' values (`hold`: see Initialize::hold).
   const Placement& send_initial(std::span<const VariableSpec> variables,
                                 std::span<const std::vector<float>> values,
-                                std::span<const TableSpec> tables, bool hold) {
-    if (values.size() != variables.size()) {
-      throw Error(ErrorCode::kInvalidArgument, "initialize needs one value vector per variable");
-    }
-    for (std::size_t v = 0; v < variables.size(); ++v) {
-      if (values[v].size() != variables[v].size()) {
-        throw Error(ErrorCode::kInvalidArgument, "initial value of '" + variables[v].name +
-                                                     "' has " + std::to_string(values[v].size()) +
-                                                     " elements, expected " +
-                                                     std::to_string(variables[v].size()));
-      }
-      if (!detail::all_finite(values[v])) {
-        throw Error(ErrorCode::kInvalidArgument,
-                    "initial value of '" + variables[v].name + "' is not finite (NaN or Inf)");
-      }
-    }
-    client_.register_model(variables, tables, seed_);
-    const Placement& placement = client_.placement();
-    std::vector<Initialize> messages(client_.num_ps());
-    for (Initialize& m : messages) m.hold = hold;
-    for (const Part& part : placement.parts) {
-      const std::size_t row_size = variables[part.variable].row_size();
-      messages[part.ps].parts.push_back(
-          {static_cast<std::uint32_t>(&part - placement.parts.data()),
-           std::span<const float>(values[part.variable])
-               .subspan(part.rows.begin * row_size, part.rows.size() * row_size)});
-    }
-    client_.template broadcast<Ack>([&](std::size_t ps) { return std::move(messages[ps]); },
-                                    timeouts().request_timeout, "initialize");
-    return placement;
-  }
+                                std::span<const TableSpec> tables, bool hold);
 
   /// Resumes every ps that answers (after a failed `initialize_and_save`).
-  void resume_all() noexcept {
-    try {
-      client_.template broadcast<Ack>([](std::size_t) { return Resume{}; }, timeouts().request_timeout,
-                                      "resume the ps tasks");
-    } catch (const Error&) {  // a ps that is gone resumes when the chief's link closes
-    }
-  }
+  void resume_all() noexcept;
 
   /// Tells every member ps `message`, each answer awaited for `request_timeout` (else
   /// kDeadlineExceeded is thrown, as any refusal is). Shutdown (not an abort: that is told
@@ -7890,53 +7673,7 @@ class Chief {
   /// the message and stopped (a ps that ended takes connections for its end grace after
   /// its last client left: TcpServerOptions::end_grace), and one that did not fails on
   /// its own once it hears nothing from the chief.
-  void end(const Shutdown& message) {
-    using Clock = std::chrono::steady_clock;
-    const auto answer_by = Clock::now() + timeouts().request_timeout;
-    const auto retry_until = Clock::now() + std::min(timeouts().request_timeout, kEndPatience);
-    // What a ps that ended already answers: finished, or (to an abort) either end.
-    const auto ended = [&](ErrorCode code) {
-      return code == ErrorCode::kOutOfRange || (message.aborted && code == ErrorCode::kAborted);
-    };
-    std::vector<std::uint32_t> left(client_.members().begin(), client_.members().end());
-    std::vector<std::string> why;
-    while (!left.empty()) {
-      std::vector<PendingCall> calls;
-      for (const std::uint32_t ps : left)
-        calls.push_back(client_.transport().call(ps, Request{message}, {}));
-      std::vector<std::uint32_t> again;
-      why.clear();
-      for (std::size_t k = 0; k < calls.size(); ++k) {
-        const std::string ps = "ps " + std::to_string(left[k]);
-        if (!calls[k].wait_until(answer_by)) {
-          calls[k].cancel();
-          throw Error(ErrorCode::kDeadlineExceeded,
-                      "shutdown: " + ps + ": no answer within " +
-                          std::to_string(timeouts().request_timeout.count()) + " ms");
-        }
-        const Response answer = calls[k].take();
-        const auto* error = std::get_if<ErrorReply>(&answer);
-        if (error == nullptr || ended(error->code)) continue;
-        if (error->code != ErrorCode::kUnavailable)
-          throw Error(error->code, "shutdown: " + ps + ": " + error->message);
-        again.push_back(left[k]);
-        why.push_back(ps + ": " + error->message);
-      }
-      left = std::move(again);
-      if (left.empty() || message.aborted || Clock::now() + kEndRetry >= retry_until) break;
-      std::this_thread::sleep_for(kEndRetry);
-    }
-    if (!left.empty()) {
-      std::string reasons;
-      for (const std::string& w : why) reasons += (reasons.empty() ? "" : "; ") + w;
-      log(LogLevel::kWarning, "chief: the ps tasks " + describe_members(left) +
-                                  " could not be told that training " +
-                                  (message.aborted ? "was aborted" : "finished") + " (" + reasons +
-                                  "): each ended with its answer lost, or is gone");
-    }
-    // A ps that left the job and lives on (cut off for a while, or started again) ends too.
-    client_.tell_others(Request{message}, std::min(timeouts().request_timeout, std::chrono::milliseconds(2000)));
-  }
+  void end(const Shutdown& message);
 
   /// How long `end` sends Shutdown again to a ps whose link broke (a ps that ended takes
   /// connections for its end grace, 1 s by default, and a connection attempt may take
@@ -7951,6 +7688,507 @@ class Chief {
 };
 
 }  // namespace pulley
+
+// Chief's member functions' definitions, by concern.
+// ---- begin pulley/client/impl/chief_membership.hpp ----
+
+/// Chief's handling of the job's shape (declared in client/chief.hpp, which includes this
+/// header after the class): ps tasks that cannot be reached, leave, join, are taken back or
+/// retire (unreachable, leave, join, given_up, take_back, retire), the copies of every shard
+/// made alike (align_copies), the job's workers changed or lost (change_workers,
+/// lost_workers), where the ps tasks serve (join_index, ps_addresses), and the cut and
+/// move of the state that those changes share (paused_cut, move_state, ask_one).
+
+namespace pulley {
+
+template <Transport T>
+std::vector<std::uint32_t> Chief<T>::unreachable(std::chrono::milliseconds timeout) {
+  const auto answers = client_.ask_each(timeout);
+  std::vector<std::uint32_t> gone;
+  for (std::size_t k = 0; k < answers.size(); ++k) {
+    if (!answers[k]) gone.push_back(client_.members()[k]);
+  }
+  return gone;
+}
+
+template <Transport T>
+void Chief<T>::leave(std::span<const std::uint32_t> gone) {
+  const auto members = client_.members();
+  for (const std::uint32_t ps : gone) {
+    if (!std::binary_search(members.begin(), members.end(), ps)) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "ps " + std::to_string(ps) + " is not a member of the job");
+    }
+  }
+  std::vector<std::uint32_t> left;
+  std::copy_if(members.begin(), members.end(), std::back_inserter(left), [&](std::uint32_t ps) {
+    return std::find(gone.begin(), gone.end(), ps) == gone.end();
+  });
+  if (left.empty())
+    throw Error(ErrorCode::kInvalidArgument, "a job cannot go on without any ps task");
+  client_.change_members(std::move(left), client_.membership() + 1);
+}
+
+template <Transport T>
+template <IdSharding I>
+std::uint32_t Chief<T>::join(const std::string& address, const I& sharding) {
+  if constexpr (!GrowingTransport<T>) {
+    throw Error(ErrorCode::kFailedPrecondition,
+                "ps at " + address +
+                    " cannot join: this chief's transport cannot reach ps tasks beyond those "
+                    "it was made with (not a GrowingTransport)");
+  } else {
+    if (!client_.has_placement()) {
+      throw Error(ErrorCode::kFailedPrecondition,
+                  "a ps joins a job whose model is registered: initialize first");
+    }
+    T& transport = client_.transport();
+    const std::vector<std::uint32_t> before(client_.members().begin(), client_.members().end());
+    const auto task = static_cast<std::uint32_t>(join_index(address));
+    if (task == transport.num_ps()) {
+      try {
+        transport.add_ps(address, true);
+      } catch (const Error& e) {  // nothing changed: not a lost ps of the job
+        throw Error(ErrorCode::kFailedPrecondition,
+                    "ps at " + address + " cannot join: " + e.message());
+      }
+    }
+    unfinished_join_.emplace(task, address);  // until it joined, or was told to end
+    const std::string who = "ps " + std::to_string(task) + " at " + address;
+    const auto refuse = [&](const std::string& why) {  // the new ps ends, saying why
+      unfinished_join_.reset();
+      (void)ask_one(task, Shutdown{true, who + " could not join the job: " + why},
+                    std::chrono::seconds(2));
+      return Error(ErrorCode::kFailedPrecondition,
+                   who + " cannot join: " + why + "; the job goes on as it was");
+    };
+    {
+      const Response answer = ask_one(task, GetStats{}, timeouts().request_timeout);
+      const auto* stats = std::get_if<StatsReply>(&answer);
+      if (const auto* error = std::get_if<ErrorReply>(&answer))
+        throw refuse("it answered: " + error->message);
+      if (stats == nullptr) throw refuse("it answered GetStats with something else");
+      if (stats->ready || !stats->members.empty())
+        throw refuse("it holds a model already (another job's?)");
+    }
+    std::vector<std::string> addresses;
+    for (std::uint32_t ps = 0; ps <= task; ++ps) addresses.push_back(transport.address(ps));
+    std::vector<std::uint32_t> members = before;
+    members.push_back(task);
+    std::optional<ModelState> cut;
+    try {
+      cut = read_state(client_, 0, {}, true);  // the ps tasks stay paused (resumed if it throws)
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::kUnavailable) throw;  // a ps of the job lost: tried again after
+      throw refuse(std::string("the cut failed: ") + e.message());
+    }
+    std::optional<Error> failed;
+    try {
+      failed = move_state(*cut, std::move(members), before, addresses, sharding);
+    } catch (const Error& e) {
+      (void)refuse(e.message());
+      throw Error(ErrorCode::kUnavailable, who + " was registered: " + e.message());
+    }
+    if (failed) throw refuse(failed->message());
+    unfinished_join_.reset();
+    return task;
+  }
+}
+
+template <Transport T>
+std::vector<std::uint32_t> Chief<T>::given_up() const {
+  if constexpr (CopyingTransport<T>) {
+    std::vector<std::uint32_t> members;
+    for (const std::uint32_t ps : client_.transport().given_up()) {
+      if (std::binary_search(client_.members().begin(), client_.members().end(), ps))
+        members.push_back(ps);
+    }
+    return members;
+  } else {
+    return {};
+  }
+}
+
+template <Transport T>
+template <IdSharding I>
+bool Chief<T>::take_back(std::uint32_t ps, const I& sharding) {
+  if constexpr (!CopyingTransport<T>) {
+    (void)ps;
+    (void)sharding;
+    return false;
+  } else {
+    T& transport = client_.transport();
+    if (!transport.reach_again(ps, false, true)) return false;
+    const std::string who = "ps " + std::to_string(ps);
+    const std::vector<std::uint32_t> members(client_.members().begin(), client_.members().end());
+    const std::optional<ModelState> cut = paused_cut(who + " cannot take its shards back yet");
+    if (!cut) return false;
+    transport.serve_again(ps);
+    const std::optional<Error> failed =
+        move_state(*cut, members, members, {}, sharding, [&](const Error& e) {
+          transport.give_up(ps, std::string("taking it back failed: ") + e.message());
+        });
+    const std::vector<std::uint32_t> still = transport.given_up();
+    if (!failed && !std::binary_search(still.begin(), still.end(), ps)) return true;
+    // A copy it holds was given up again on the way (lost, or not ready in time): the
+    // restore went to the other copies alone.
+    log(LogLevel::kWarning,
+        "chief: " + who + " could not take its shards back (" +
+            (failed ? std::string(failed->message()) : "a copy it holds was given up on the way") +
+            "): they stay served by one copy each");
+    return false;
+  }
+}
+
+template <Transport T>
+template <IdSharding I>
+bool Chief<T>::align_copies(const I& sharding) {
+  if constexpr (!CopyingTransport<T>) {
+    (void)sharding;
+    return false;
+  } else {
+    const std::vector<std::uint32_t> members(client_.members().begin(), client_.members().end());
+    const std::optional<ModelState> cut = paused_cut("cannot make the copies of every shard alike");
+    if (!cut) return false;
+    if (const std::optional<Error> failed = move_state(*cut, members, members, {}, sharding)) {
+      log(LogLevel::kWarning,
+          std::string("chief: could not make the copies of every shard alike: ") +
+              failed->message());
+      return false;
+    }
+    return true;
+  }
+}
+
+template <Transport T>
+template <IdSharding I>
+void Chief<T>::retire(std::uint32_t ps, const I& sharding) {
+  const std::vector<std::uint32_t> before(client_.members().begin(), client_.members().end());
+  if (!std::binary_search(before.begin(), before.end(), ps)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "ps " + std::to_string(ps) + " is not a member of the job");
+  }
+  const std::string who = "ps " + std::to_string(ps);
+  if (before.size() == 1)
+    throw Error(ErrorCode::kFailedPrecondition,
+                who + " is the job's last ps task: it cannot leave");
+  std::vector<std::uint32_t> after;
+  std::copy_if(before.begin(), before.end(), std::back_inserter(after),
+               [ps](std::uint32_t m) { return m != ps; });
+  if constexpr (!ElasticIdSharding<I>) {
+    if (!client_.tables().empty() && !first_tasks(after)) {
+      throw Error(
+          ErrorCode::kFailedPrecondition,
+          who +
+              " cannot leave: the tables' IdSharding places rows over ps tasks 0 .. n-1 only (an "
+              "ElasticIdSharding, HashIds or RangeIds, can place them over the others)");
+    }
+  }
+  const ModelState cut =
+      read_state(client_, 0, {}, true);  // the ps tasks stay paused (resumed if it throws)
+  std::optional<Error> failed;
+  try {
+    failed = move_state(cut, std::move(after), before, {}, sharding);
+  } catch (const Error& e) {
+    throw Error(ErrorCode::kUnavailable, who + " could not leave: " + e.message());
+  }
+  if (failed) {
+    throw Error(ErrorCode::kFailedPrecondition,
+                who + " cannot leave: " + failed->message() + "; the job goes on as it was");
+  }
+}
+
+template <Transport T>
+std::int64_t Chief<T>::change_workers(std::vector<std::uint32_t> workers) {
+  require_task_set(workers, "worker");
+  const std::span<const std::uint32_t> members = client_.members();
+  std::int64_t furthest = 0;
+  try {
+    const auto paused = client_.template broadcast<PauseReply>(
+        [](std::size_t) { return Pause{0}; }, timeouts().request_timeout, "pause the ps tasks");
+    for (const PauseReply& p : paused)
+      furthest = std::max({furthest, p.global_step, p.furthest_pushed});
+    const std::int64_t from = furthest + 1;
+    const std::vector<std::uint32_t> before(client_.workers().begin(), client_.workers().end());
+    // Each ps is asked alone: every answer is looked at. One that refused is told to take
+    // the change back too: with no answer in time it may have taken it (the change is
+    // given up as a lost ps's would be, and tried again), and with copies one copy may
+    // have taken what the other refused. Taking back a change never taken changes nothing.
+    std::vector<std::uint32_t> took;
+    std::optional<Error> refused;
+    for (const std::uint32_t ps : members) {
+      const Response answer =
+          ask_one(ps, ChangeWorkers{workers, from, before}, timeouts().request_timeout);
+      took.push_back(ps);
+      if (std::holds_alternative<Ack>(answer)) continue;
+      const auto* error = std::get_if<ErrorReply>(&answer);
+      const ErrorCode code = error != nullptr ? error->code : ErrorCode::kInternal;
+      refused.emplace(
+          code == ErrorCode::kDeadlineExceeded ? ErrorCode::kUnavailable : code,
+          "ps " + std::to_string(ps) + " cannot count the workers " + describe_members(workers) +
+              ": " +
+              (error != nullptr ? error->message : std::string("it answered something else")));
+      break;
+    }
+    if (refused) {  // those that took it take it back, before anyone trains on
+      for (const std::uint32_t ps : took) {
+        if (!std::holds_alternative<Ack>(
+                ask_one(ps, ChangeWorkers{{}, from}, timeouts().request_timeout))) {
+          throw Error(ErrorCode::kUnavailable,
+                      std::string(refused->message()) + "; and ps " + std::to_string(ps) +
+                          ", which took the change, could not be told to take it back");
+        }
+      }
+      throw *refused;
+    }
+    client_.template broadcast<Ack>([](std::size_t) { return Resume{}; },
+                                    timeouts().request_timeout, "resume the ps tasks");
+    client_.set_workers(std::move(workers));
+    return from;
+  } catch (const Error&) {
+    resume_all();  // a ps that is gone resumes when the chief's link closes
+    throw;
+  }
+}
+
+template <Transport T>
+std::vector<std::uint32_t> Chief<T>::lost_workers(std::chrono::milliseconds timeout,
+                                                  bool* all_answered) {
+  std::vector<std::uint32_t> lost;
+  bool all = true;
+  for (const std::optional<StatsReply>& r :
+       client_.ask_each(std::min(timeouts().request_timeout, timeout))) {
+    if (r) {
+      lost.insert(lost.end(), r->lost.begin(), r->lost.end());
+    } else {
+      all = false;
+    }
+  }
+  if (all_answered != nullptr) *all_answered = all;
+  std::sort(lost.begin(), lost.end());
+  lost.erase(std::unique(lost.begin(), lost.end()), lost.end());
+  return lost;
+}
+
+template <Transport T>
+std::size_t Chief<T>::join_index(const std::string& address) const {
+  if (unfinished_join_ && unfinished_join_->second == address) return unfinished_join_->first;
+  return client_.num_ps();
+}
+
+template <Transport T>
+std::vector<std::string> Chief<T>::ps_addresses() const {
+  std::vector<std::string> addresses;
+  for (std::size_t ps = 0; ps < client_.num_ps(); ++ps)
+    addresses.push_back(client_.transport().address(ps));
+  return addresses;
+}
+
+template <Transport T>
+std::optional<ModelState> Chief<T>::paused_cut(const std::string& what) {
+  try {
+    return read_state(client_, 0, {}, true);
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::kUnavailable) throw;
+    log(LogLevel::kWarning, "chief: " + what + ", the cut failed: " + e.message());
+    return std::nullopt;
+  }
+}
+
+template <Transport T>
+template <IdSharding I, class Undo>
+std::optional<Error> Chief<T>::move_state(const ModelState& cut, std::vector<std::uint32_t> members,
+                                          const std::vector<std::uint32_t>& before,
+                                          const std::vector<std::string>& addresses,
+                                          const I& sharding, Undo undo) {
+  try {
+    client_.change_members(std::move(members), client_.membership() + 1, addresses);
+  } catch (const Error& e) {
+    undo(e);
+    resume_all();
+    return e;
+  }
+  try {
+    restore_state(client_, cut, seed_, sharding);
+    return std::nullopt;
+  } catch (const Error& e) {
+    undo(e);
+    try {
+      client_.adopt_epoch(client_.epoch() + 1);
+      client_.change_members(before, client_.membership() + 1, addresses);
+      restore_state(client_, cut, seed_, sharding);
+    } catch (const Error& again) {
+      throw Error(ErrorCode::kUnavailable,
+                  "its restore failed (" + std::string(e.message()) +
+                      "), and so did restoring the ps tasks before: " + again.message());
+    }
+    return e;
+  }
+}
+
+template <Transport T>
+Response Chief<T>::ask_one(std::uint32_t ps, Request request, std::chrono::milliseconds timeout) {
+  PendingCall call = client_.transport().call(ps, std::move(request), {});
+  if (call.wait_until(std::chrono::steady_clock::now() + timeout)) return call.take();
+  call.cancel();
+  return ErrorReply{ErrorCode::kDeadlineExceeded,
+                    "no answer within " + std::to_string(timeout.count()) + " ms"};
+}
+
+}  // namespace pulley
+// ---- end pulley/client/impl/chief_membership.hpp ----
+// ---- begin pulley/client/impl/chief_state.hpp ----
+
+/// Chief's state as it is set, taken over and ended (declared in client/chief.hpp, which
+/// includes this header after the class): the first values sent and read back
+/// (initialize_and_save, initial_values, send_initial), a lost chief's job taken over
+/// (ps_serving, adopt), and the end of training (end, resume_all).
+
+namespace pulley {
+
+template <Transport T>
+ModelState Chief<T>::initialize_and_save(std::span<const VariableSpec> variables,
+                                         std::span<const TableSpec> tables) {
+  try {
+    send_initial(variables, initial_values(variables), tables, true);
+  } catch (const Error&) {
+    resume_all();  // the ps tasks that were initialized, and so paused, go on
+    throw;
+  }
+  return read_state(client_);  // resumes every ps, whatever happens
+}
+
+template <Transport T>
+bool Chief<T>::ps_serving() {
+  try {
+    (void)client_.learn_membership();  // a ps its predecessor let go is not waited for
+    const auto replies = client_.template broadcast<StatsReply>(
+        [](std::size_t) { return GetStats{}; }, timeouts().request_timeout, "look at the ps tasks");
+    for (const StatsReply& r : replies)
+      client_.set_workers(r.workers);  // as its predecessor left them
+    return std::all_of(replies.begin(), replies.end(), [&](const StatsReply& r) {
+      return r.ready && r.epoch == replies.front().epoch;
+    });
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+template <Transport T>
+std::int64_t Chief<T>::adopt(std::span<const VariableSpec> variables,
+                             std::span<const TableSpec> tables) {
+  client_.wait_ready(variables, tables);
+  return client_.wait_for_step(0);
+}
+
+template <Transport T>
+std::vector<std::vector<float>> Chief<T>::initial_values(
+    std::span<const VariableSpec> variables) const {
+  std::vector<std::vector<float>> values;
+  values.reserve(variables.size());
+  for (const VariableSpec& spec : variables) {
+    values.emplace_back(spec.size());
+    pulley::initialize(spec, seed_, values.back());
+  }
+  return values;
+}
+
+template <Transport T>
+const Placement& Chief<T>::send_initial(std::span<const VariableSpec> variables,
+                                        std::span<const std::vector<float>> values,
+                                        std::span<const TableSpec> tables, bool hold) {
+  if (values.size() != variables.size()) {
+    throw Error(ErrorCode::kInvalidArgument, "initialize needs one value vector per variable");
+  }
+  for (std::size_t v = 0; v < variables.size(); ++v) {
+    if (values[v].size() != variables[v].size()) {
+      throw Error(ErrorCode::kInvalidArgument, "initial value of '" + variables[v].name + "' has " +
+                                                   std::to_string(values[v].size()) +
+                                                   " elements, expected " +
+                                                   std::to_string(variables[v].size()));
+    }
+    if (!detail::all_finite(values[v])) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "initial value of '" + variables[v].name + "' is not finite (NaN or Inf)");
+    }
+  }
+  client_.register_model(variables, tables, seed_);
+  const Placement& placement = client_.placement();
+  std::vector<Initialize> messages(client_.num_ps());
+  for (Initialize& m : messages) m.hold = hold;
+  for (const Part& part : placement.parts) {
+    const std::size_t row_size = variables[part.variable].row_size();
+    messages[part.ps].parts.push_back(
+        {static_cast<std::uint32_t>(&part - placement.parts.data()),
+         std::span<const float>(values[part.variable])
+             .subspan(part.rows.begin * row_size, part.rows.size() * row_size)});
+  }
+  client_.template broadcast<Ack>([&](std::size_t ps) { return std::move(messages[ps]); },
+                                  timeouts().request_timeout, "initialize");
+  return placement;
+}
+
+template <Transport T>
+void Chief<T>::resume_all() noexcept {
+  try {
+    client_.template broadcast<Ack>([](std::size_t) { return Resume{}; },
+                                    timeouts().request_timeout, "resume the ps tasks");
+  } catch (const Error&) {  // a ps that is gone resumes when the chief's link closes
+  }
+}
+
+template <Transport T>
+void Chief<T>::end(const Shutdown& message) {
+  using Clock = std::chrono::steady_clock;
+  const auto answer_by = Clock::now() + timeouts().request_timeout;
+  const auto retry_until = Clock::now() + std::min(timeouts().request_timeout, kEndPatience);
+  // What a ps that ended already answers: finished, or (to an abort) either end.
+  const auto ended = [&](ErrorCode code) {
+    return code == ErrorCode::kOutOfRange || (message.aborted && code == ErrorCode::kAborted);
+  };
+  std::vector<std::uint32_t> left(client_.members().begin(), client_.members().end());
+  std::vector<std::string> why;
+  while (!left.empty()) {
+    std::vector<PendingCall> calls;
+    for (const std::uint32_t ps : left)
+      calls.push_back(client_.transport().call(ps, Request{message}, {}));
+    std::vector<std::uint32_t> again;
+    why.clear();
+    for (std::size_t k = 0; k < calls.size(); ++k) {
+      const std::string ps = "ps " + std::to_string(left[k]);
+      if (!calls[k].wait_until(answer_by)) {
+        calls[k].cancel();
+        throw Error(ErrorCode::kDeadlineExceeded,
+                    "shutdown: " + ps + ": no answer within " +
+                        std::to_string(timeouts().request_timeout.count()) + " ms");
+      }
+      const Response answer = calls[k].take();
+      const auto* error = std::get_if<ErrorReply>(&answer);
+      if (error == nullptr || ended(error->code)) continue;
+      if (error->code != ErrorCode::kUnavailable)
+        throw Error(error->code, "shutdown: " + ps + ": " + error->message);
+      again.push_back(left[k]);
+      why.push_back(ps + ": " + error->message);
+    }
+    left = std::move(again);
+    if (left.empty() || message.aborted || Clock::now() + kEndRetry >= retry_until) break;
+    std::this_thread::sleep_for(kEndRetry);
+  }
+  if (!left.empty()) {
+    std::string reasons;
+    for (const std::string& w : why) reasons += (reasons.empty() ? "" : "; ") + w;
+    log(LogLevel::kWarning, "chief: the ps tasks " + describe_members(left) +
+                                " could not be told that training " +
+                                (message.aborted ? "was aborted" : "finished") + " (" + reasons +
+                                "): each ended with its answer lost, or is gone");
+  }
+  // A ps that left the job and lives on (cut off for a while, or started again) ends too.
+  client_.tell_others(Request{message},
+                      std::min(timeouts().request_timeout, std::chrono::milliseconds(2000)));
+}
+
+}  // namespace pulley
+// ---- end pulley/client/impl/chief_state.hpp ----
 // ---- end pulley/client/chief.hpp ----
 // ---- begin pulley/client/dense_on_ring.hpp ----
 
@@ -11859,6 +12097,11 @@ struct TableStats {
 template <RowWiseOptimizer O>
 class EmbeddingTable {
  public:
+  // The longer bodies are defined in ps/impl/ (included at the end of this header), by
+  // concern: the rows, their index and the counters in embedding_table_rows.hpp; updates
+  // and the proven rows in embedding_table_updates.hpp; a checkpoint's cut, its reads, the
+  // eviction log and a restore in embedding_table_cut.hpp.
+
   static constexpr std::size_t kChunkRows = 1024;  ///< rows allocated at a time
 
   /// An empty table of `spec` (its dim must be positive), updated by `optimizer`, whose rows
@@ -11888,27 +12131,7 @@ class EmbeddingTable {
   /// max_rows, and failing that the row is not created. An empty `out` reads nothing: the
   /// pull's effects on the table alone (PullRows::touch_only).
   void pull(std::span<const std::uint64_t> ids, std::span<float> out, std::int64_t step,
-            bool create = true, std::uint64_t* headroom = nullptr) {
-    const std::size_t d = spec_.dim;
-    headroom_ = headroom;
-    struct Reset {  // whatever happens (a failed allocation throws), the pointer goes
-      std::uint64_t*& headroom;
-      ~Reset() { headroom = nullptr; }
-    } reset{headroom_};
-    const bool read = !out.empty();
-    for_each_found(ids, [&](std::size_t i, std::uint32_t row) {
-      if (row == kNone && create && admit(ids[i], step) && make_room(step)) row = this->create(ids[i]);
-      if (row != kNone && create) touch(row, step);
-      if (!read) return;
-      const std::span<float> into = out.subspan(i * d, d);
-      if (row == kNone) {
-        initialize_row(spec_, seed_, ids[i], into);
-        return;
-      }
-      const float* values = at(row);
-      std::copy(values, values + d, into.begin());
-    });
-  }
+            bool create = true, std::uint64_t* headroom = nullptr);
 
   /// What a row costs against a ps's table budget: its record and its index entry.
   [[nodiscard]] std::uint64_t budget_row_bytes() const noexcept { return record_ * sizeof(float) + 8; }
@@ -11931,11 +12154,7 @@ class EmbeddingTable {
   /// before a row is read, and each row is updated in place in one pass, the pass judging
   /// the values it writes; only the rows not proven are updated in a copy first and checked.
   bool apply(std::span<const std::uint64_t> ids, std::span<const float> gradients,
-             std::int64_t step, std::int64_t updates) {
-    if (!prepare(ids, gradients, step, updates)) return false;
-    commit(step);
-    return true;
-  }
+             std::int64_t step, std::int64_t updates);
 
   /// The first half of `apply`: returns true if every updated row stays finite, having
   /// computed the rows it could not prove finite in advance into scratch memory; nothing
@@ -11943,124 +12162,22 @@ class EmbeddingTable {
   /// prepares every table of an update, and commits them only if all (and its dense parts)
   /// stay finite.
   bool prepare(std::span<const std::uint64_t> ids, std::span<const float> gradients,
-               std::int64_t step, std::int64_t updates) {
-    const std::size_t d = spec_.dim;
-    scratch_rows_.clear();
-    in_place_rows_.clear();
-    pending_ = Pending{ids, gradients, updates, false, false};
-    if constexpr (BoundsRowMagnitudes<O>) {
-      const RowContext context{step, updates, spec_.name, 0};
-      pending_.in_place = optimizer_.row_stays_finite_given(kOrdinaryMagnitude, kOrdinaryMagnitude, context) &&
-                          detail::all_ordinary(gradients);
-      if (pending_.in_place && unproven_ == 0) {
-        pending_.one_pass = true;  // every row held is proven: commit finds and updates them
-        return true;
-      }
-    }
-    // A row not proven is updated into a copy first, so that a row going non-finite changes
-    // nothing; each is copied the moment it is found, while its prefetched record is in
-    // cache.
-    scratch_.resize(ids.size() * stride_);
-    for_each_found(ids, [&](std::size_t i, std::uint32_t row) {
-      if (row == kNone) {
-        ++stats_.pushes_dropped;
-        return;
-      }
-      if (pending_.in_place && proven(row)) {
-        in_place_rows_.push_back({row, i});
-        return;
-      }
-      std::copy(at(row), at(row) + stride_, scratch_.data() + scratch_rows_.size() * stride_);
-      scratch_rows_.push_back({row, i});
-    });
-    scratch_.resize(scratch_rows_.size() * stride_);
-    scratch_proven_.assign(scratch_rows_.size(), false);
-    for (std::size_t k = 0; k < scratch_rows_.size(); ++k) {
-      const std::size_t i = scratch_rows_[k].second;
-      float* copy = scratch_.data() + k * stride_;
-      const RowContext context{step, updates, spec_.name, ids[i]};
-      const std::span<float> values(copy, d);
-      const std::span<float> slots(copy + d, stride_ - d);
-      if constexpr (BoundsRowMagnitudes<O>) {
-        scratch_proven_[k] =
-            optimizer_.apply_row_bounded(values, slots, gradients.subspan(i * d, d), context) <= kOrdinaryMagnitude;
-      } else {
-        optimizer_.apply_row(values, slots, gradients.subspan(i * d, d), context);
-      }
-    }
-    if (!detail::all_finite(scratch_)) {
-      ++stats_.updates_refused;
-      scratch_rows_.clear();
-      in_place_rows_.clear();
-      pending_ = Pending{};
-      return false;
-    }
-    return true;
-  }
+               std::int64_t step, std::int64_t updates);
 
   /// The second half of `apply`: updates the proven rows in place and writes the others'
   /// copies back (nothing if the last `prepare` failed or was committed already).
-  void commit(std::int64_t step) {
-    constexpr std::size_t kAhead = 8;
-    if constexpr (BoundsRowMagnitudes<O>) {  // (only then are rows updated in place)
-      if (pending_.one_pass) {
-        for_each_found(pending_.ids, [&](std::size_t i, std::uint32_t row) {
-          if (row == kNone) {
-            ++stats_.pushes_dropped;
-            return;
-          }
-          update_in_place(row, i, step);
-        });
-      }
-      for (std::size_t k = 0; k < in_place_rows_.size(); ++k) {
-        if (k + kAhead < in_place_rows_.size()) prefetch_record(in_place_rows_[k + kAhead].first);
-        update_in_place(in_place_rows_[k].first, in_place_rows_[k].second, step);
-      }
-    }
-    for (std::size_t k = 0; k < scratch_rows_.size(); ++k) {
-      if (k + kAhead < scratch_rows_.size()) prefetch_record(scratch_rows_[k + kAhead].first);
-      const std::uint32_t row = scratch_rows_[k].first;
-      if (frozen_ && row < cut_rows_) keep_for_cut(row);
-      std::copy(scratch_.data() + k * stride_, scratch_.data() + (k + 1) * stride_, at(row));
-      if constexpr (BoundsRowMagnitudes<O>) set_proven(row, scratch_proven_[k]);
-      touch(row, step);
-    }
-    scratch_rows_.clear();
-    in_place_rows_.clear();
-    pending_ = Pending{};
-  }
+  void commit(std::int64_t step);
 
   /// True if `row` (< size()) is proven (BoundsRowMagnitudes): its last update returned a
   /// bound of kOrdinaryMagnitude or less, or, created or restored since, each of its values
   /// and slots is ordinary and no slot is negative. Always false for other optimizers.
-  [[nodiscard]] bool proven(std::uint32_t row) const noexcept {
-    std::uint32_t flag = 0;
-    std::memcpy(&flag, record(row) + 3, sizeof flag);
-    return flag != 0;
-  }
+  [[nodiscard]] bool proven(std::uint32_t row) const noexcept;
   /// Rows held that are not proven.
   [[nodiscard]] std::size_t unproven() const noexcept { return unproven_; }
   /// Removes the rows untouched (neither pulled nor pushed) since global step
   /// `step - spec.evict_after_steps`, and forgets admission counts as old; returns the rows
   /// removed. Does nothing when the spec keeps rows for ever.
-  std::size_t evict(std::int64_t step) {
-    if (spec_.evict_after_steps <= 0 || frozen_) return 0;  // (no row goes during a cut)
-    const std::int64_t before = step - spec_.evict_after_steps;
-    if (before <= 0) return 0;
-    std::size_t removed = 0;
-    for (std::uint32_t row = 0; row < rows_;) {
-      if (static_cast<std::int64_t>(touched_step(row)) < before) {
-        log_eviction(id_of(row), step);
-        erase(row);  // the last row moves here: look at this row again
-        ++removed;
-      } else {
-        ++row;
-      }
-    }
-    std::erase_if(candidates_, [&](const auto& c) { return static_cast<std::int64_t>(c.second.last) < before; });
-    stats_.rows_evicted += removed;
-    return removed;
-  }
+  std::size_t evict(std::int64_t step);
 
   /// Floats per row: its values and slots.
   [[nodiscard]] std::size_t stride() const noexcept { return stride_; }
@@ -12074,28 +12191,16 @@ class EmbeddingTable {
 
   /// Appends rows [begin, begin + n) to `ids`, `rows` (stride() floats each: values, then
   /// slots) and `touched` (the step each was last pulled or pushed).
-  void read_rows(std::size_t begin, std::size_t n, std::vector<std::uint64_t>& ids, std::vector<float>& rows,
-                 std::vector<std::uint32_t>& touched) const {
-    n = std::min(n, rows_ - std::min(begin, rows_));
-    detail::reserve_on_huge_pages(rows, rows.size() + n * stride_);
-    for (std::size_t k = 0; k < n; ++k) read_row(static_cast<std::uint32_t>(begin + k), ids, rows, touched);
-  }
+  void read_rows(std::size_t begin, std::size_t n, std::vector<std::uint64_t>& ids,
+                 std::vector<float>& rows, std::vector<std::uint32_t>& touched) const;
 
   /// Appends the numbers of the rows touched at or after global step `since` to `out`: the
   /// rows an incremental checkpoint since then holds.
-  void rows_touched_since(std::int64_t since, std::vector<std::uint32_t>& out) const {
-    const std::uint32_t from = clamp_step(since);
-    for (std::uint32_t row = 0; row < rows_; ++row) {
-      if (touched_step(row) >= from) out.push_back(row);
-    }
-  }
+  void rows_touched_since(std::int64_t since, std::vector<std::uint32_t>& out) const;
 
   /// Appends rows `numbers` (each < size()) to `ids`, `rows` and `touched`, as read_rows.
-  void read_rows(std::span<const std::uint32_t> numbers, std::vector<std::uint64_t>& ids, std::vector<float>& rows,
-                 std::vector<std::uint32_t>& touched) const {
-    detail::reserve_on_huge_pages(rows, rows.size() + numbers.size() * stride_);
-    for (const std::uint32_t row : numbers) read_row(row, ids, rows, touched);
-  }
+  void read_rows(std::span<const std::uint32_t> numbers, std::vector<std::uint64_t>& ids,
+                 std::vector<float>& rows, std::vector<std::uint32_t>& touched) const;
 
   // ---- evictions, for incremental checkpoints -------------------------------------------
   // Every row removed (by evict_after_steps or by max_rows) is logged with its step, so that
@@ -12111,109 +12216,46 @@ class EmbeddingTable {
   [[nodiscard]] std::int64_t evictions_since() const noexcept { return evictions_since_; }
 
   /// Appends the ids evicted at or after global step `since` (≥ evictions_since()).
-  void read_evicted(std::int64_t since, std::vector<std::uint64_t>& out) const {
-    for (const auto& [id, step] : evicted_) {
-      if (static_cast<std::int64_t>(step) >= since) out.push_back(id);
-    }
-  }
+  void read_evicted(std::int64_t since, std::vector<std::uint64_t>& out) const;
 
   /// Forgets the evictions before global step `step`: no checkpoint since an earlier step
   /// will be asked for.
-  void forget_evictions_before(std::int64_t step) {
-    if (step <= evictions_since_) return;
-    std::erase_if(evicted_, [&](const auto& e) { return static_cast<std::int64_t>(e.second) < step; });
-    evictions_since_ = step;
-  }
+  void forget_evictions_before(std::int64_t step);
 
   /// Appends the ids admission is counting, each with its count and the step last pulled.
   void read_candidates(std::vector<std::uint64_t>& ids, std::vector<std::uint32_t>& counts,
-                       std::vector<std::uint32_t>& steps) const {
-    for (const auto& [id, c] : candidates_) {
-      ids.push_back(id);
-      counts.push_back(c.count);
-      steps.push_back(c.last);
-    }
-  }
+                       std::vector<std::uint32_t>& steps) const;
 
   /// A checkpoint's cut begins: until end_cut, read_rows gives rows [0, size()) as they are
   /// now, however training changes them meanwhile (an update copies a row aside the first
   /// time it changes it: copy-on-write), and no row is evicted or renumbered (the max_rows
   /// cap and evict_after_steps wait). So the ps trains on while the cut is read; the memory
   /// it costs is the rows updated meanwhile.
-  void begin_cut() {
-    end_cut();
-    frozen_ = true;
-    cut_rows_ = rows_;
-  }
+  void begin_cut();
   /// The cut has been read: what it kept aside goes.
-  void end_cut() noexcept {
-    frozen_ = false;
-    cut_rows_ = 0;
-    kept_at_.clear();
-    std::vector<float>().swap(kept_);
-    std::vector<std::uint32_t>().swap(kept_touched_);
-  }
+  void end_cut() noexcept;
   /// Rows copied aside for the cut (updated since it began).
   [[nodiscard]] std::size_t kept_for_cut() const noexcept { return kept_touched_.size(); }
 
   /// Forgets every row and candidate: a restore at global step `step` follows (whose
   /// evictions are logged from then on).
-  void clear(std::int64_t step) noexcept {
-    chunks_.clear();
-    index_.clear();
-    rows_ = 0;
-    candidates_.clear();
-    scratch_rows_.clear();
-    in_place_rows_.clear();
-    pending_ = Pending{};
-    unproven_ = 0;
-    evicted_.clear();
-    evictions_since_ = step;
-  }
+  void clear(std::int64_t step) noexcept;
 
   /// Sets the row of `id` to `row` (stride() floats: values, then slots; or dim() floats:
   /// values, with fresh slots), last touched at `touched`, creating it if it is not held.
   /// Throws kResourceExhausted at the row limit.
-  void restore_row(std::uint64_t id, std::span<const float> row, std::uint32_t touched) {
-    std::uint32_t r = find(id);
-    if (r == kNone) {
-      r = create(id, true);
-      --stats_.rows_created;  // restored, not created
-    } else if (row.size() < stride_) {
-      optimizer_.init_row(std::span<float>(at(r) + spec_.dim, stride_ - spec_.dim));
-    }
-    std::copy(row.begin(), row.begin() + static_cast<std::ptrdiff_t>(std::min(row.size(), stride_)), at(r));
-    set_touched(r, clamp_step(touched));
-    prove_as_held(r);
-  }
+  void restore_row(std::uint64_t id, std::span<const float> row, std::uint32_t touched);
 
   /// Sets the admission count of `id`, which has no row, to `count` pulls, the last at `step`.
-  void restore_candidate(std::uint64_t id, std::uint32_t count, std::uint32_t step) {
-    if (spec_.admit_after <= 1 || find(id) != kNone) return;
-    candidates_[id] = Candidate{std::min(count, spec_.admit_after - 1), clamp_step(step)};
-  }
+  void restore_candidate(std::uint64_t id, std::uint32_t count, std::uint32_t step);
 
   /// Calls `f(id, values, slots)` for every row held (values: dim floats; slots:
   /// kRowSlots × dim floats), in no particular order: what a checkpoint saves.
   template <class F>
-  void for_each_row(F&& f) const {
-    const std::size_t d = spec_.dim;
-    for (std::uint32_t row = 0; row < rows_; ++row) {
-      const float* r = at(row);
-      f(id_of(row), std::span<const float>(r, d), std::span<const float>(r + d, stride_ - d));
-    }
-  }
+  void for_each_row(F&& f) const;
 
   /// Counters and the memory held now.
-  [[nodiscard]] TableStats stats() const noexcept {
-    TableStats s = stats_;
-    s.rows = rows_;
-    s.candidates = candidates_.size();
-    s.bytes = chunks_.size() * kChunkRows * record_ * sizeof(float) +
-              index_.bytes() +
-              candidates_.size() * (sizeof(std::uint64_t) + sizeof(Candidate) + 2 * sizeof(void*));
-    return s;
-  }
+  [[nodiscard]] TableStats stats() const noexcept;
 
  private:
   static constexpr std::uint32_t kNone = IdIndex::kNone;
@@ -12259,46 +12301,16 @@ class EmbeddingTable {
     return static_cast<std::uint32_t>(std::clamp<std::int64_t>(step, 0, kNone - 1));
   }
   /// Marks `row` proven or not, keeping unproven_.
-  void set_proven(std::uint32_t row, bool is) noexcept {
-    if (proven(row) == is) return;
-    const std::uint32_t flag = is ? 1 : 0;
-    std::memcpy(record(row) + 3, &flag, sizeof flag);
-    if (is) {
-      --unproven_;
-    } else {
-      ++unproven_;
-    }
-  }
+  void set_proven(std::uint32_t row, bool is) noexcept;
   /// Marks `row`, just created or restored, proven if every value and slot of it is
   /// ordinary and no slot is negative (a slot that must not be negative is then not):
   /// BoundsRowMagnitudes. Does nothing for other optimizers.
-  void prove_as_held(std::uint32_t row) noexcept {
-    if constexpr (BoundsRowMagnitudes<O>) {
-      const float* r = at(row);
-      set_proven(row, detail::all_ordinary(std::span<const float>(r, spec_.dim)) &&
-                          detail::all_ordinary_non_negative(std::span<const float>(r + spec_.dim, stride_ - spec_.dim)));
-    }
-  }
+  void prove_as_held(std::uint32_t row) noexcept;
   /// Updates `row` in place from the pending update's gradient of `ids[i]` (proven finite
   /// in advance), keeping it for a cut first, and marks it proven by the bound it returns.
-  void update_in_place(std::uint32_t row, std::size_t i, std::int64_t step)
-    requires BoundsRowMagnitudes<O>
-  {
-    const std::size_t d = spec_.dim;
-    if (frozen_ && row < cut_rows_) keep_for_cut(row);
-    float* r = at(row);
-    const RowContext context{step, pending_.updates, spec_.name, pending_.ids[i]};
-    const float bound = optimizer_.apply_row_bounded(std::span<float>(r, d), std::span<float>(r + d, stride_ - d),
-                                                     pending_.gradients.subspan(i * d, d), context);
-    set_proven(row, bound <= kOrdinaryMagnitude);
-    touch(row, step);
-  }
-  void touch(std::uint32_t row, std::int64_t step) {
-    const std::uint32_t now = clamp_step(step);
-    if (now <= touched_step(row)) return;
-    if (frozen_ && row < cut_rows_) keep_for_cut(row);  // the cut reads the step it saw
-    set_touched(row, now);
-  }
+  void update_in_place(std::uint32_t row, std::size_t i,
+                       std::int64_t step) requires BoundsRowMagnitudes<O>;
+  void touch(std::uint32_t row, std::int64_t step);
 
   /// Asks the cache for the first lines of `row`'s record, at most kPrefetchBytes of it (the
   /// hardware prefetcher streams the rest of a long one; more would overrun the few line
@@ -12313,19 +12325,7 @@ class EmbeddingTable {
   /// ahead (prefetch_record): a batch's lookups then wait for memory in parallel, not one
   /// after the other.
   template <class F>
-  void for_each_found(std::span<const std::uint64_t> ids, F&& f) {
-    constexpr std::size_t kIndexAhead = 16;
-    constexpr std::size_t kRecordAhead = 8;
-    const std::size_t n = ids.size();
-    for (std::size_t i = 0; i < n; ++i) {
-      if (i + kIndexAhead < n) index_.prefetch(ids[i + kIndexAhead]);
-      if (i + kRecordAhead < n) {
-        const std::uint32_t row = index_.first_entry(ids[i + kRecordAhead]);
-        if (row != kNone) prefetch_record(row);
-      }
-      f(i, find(ids[i]));
-    }
-  }
+  void for_each_found(std::span<const std::uint64_t> ids, F&& f);
 
   /// Reads a row's id from its record: what the index hashes.
   struct IdOf {
@@ -12338,152 +12338,31 @@ class EmbeddingTable {
   [[nodiscard]] std::uint32_t find(std::uint64_t id) const noexcept { return index_.find(id, ids()); }
 
   /// Counts a pull of `id`, which has no row: true once it is admitted.
-  bool admit(std::uint64_t id, std::int64_t step) {
-    if (spec_.admit_after <= 1) return true;
-    if (!candidates_.contains(id)) {
-      if (spec_.max_rows > 0 && candidates_.size() >= spec_.max_rows) forget_oldest_candidates();
-      if (headroom_ != nullptr && *headroom_ < kCandidateBytes) {
-        const std::size_t before = candidates_.size();
-        if (before > 0) forget_oldest_candidates();
-        *headroom_ += (before - candidates_.size()) * kCandidateBytes;
-        if (*headroom_ < kCandidateBytes) {
-          ++stats_.rows_capped;  // not even its count fits: it is not counted
-          return false;
-        }
-      }
-      if (headroom_ != nullptr) *headroom_ -= kCandidateBytes;
-    }
-    Candidate& c = candidates_[id];
-    ++c.count;
-    c.last = clamp_step(step);
-    return c.count >= spec_.admit_after;  // its count goes once its row exists (create)
-  }
+  bool admit(std::uint64_t id, std::int64_t step);
 
   /// True if a row can be created under the spec's max_rows: when the table is full, the
   /// least recently touched eighth of its rows go first (rows touched at `step`, which the
   /// step in progress may push, stay; none goes while rows are frozen for a cut).
-  bool make_room(std::int64_t step) {
-    const std::uint64_t cap = spec_.max_rows;
-    auto fits = [&] {
-      return (cap == 0 || rows_ < cap) && (headroom_ == nullptr || *headroom_ >= budget_row_bytes());
-    };
-    if (fits()) return true;
-    const std::uint32_t now = clamp_step(step);
-    if (!frozen_ && full_at_ != now && rows_ > 0) {  // one fruitless pass per step is enough
-      std::vector<std::uint32_t> steps(rows_);
-      for (std::uint32_t row = 0; row < rows_; ++row) steps[row] = touched_step(row);
-      const std::size_t k = std::max<std::size_t>(1, rows_ / 8) - 1;
-      std::nth_element(steps.begin(), steps.begin() + static_cast<std::ptrdiff_t>(k), steps.end());
-      const std::uint32_t oldest = steps[k];  // an eighth of the rows were touched at or before it
-      // Those touched before it, then those touched at it, up to an eighth in all.
-      std::size_t removed = 0;
-      for (const bool ties : {false, true}) {
-        for (std::uint32_t row = 0; row < rows_ && removed <= k;) {
-          const std::uint32_t touched = touched_step(row);
-          if (touched < now && (ties ? touched == oldest : touched < oldest)) {
-            log_eviction(id_of(row), now);
-            erase(row);  // the last row moves here: look at this row again
-            ++removed;
-          } else {
-            ++row;
-          }
-        }
-      }
-      stats_.rows_capped += removed;
-      if (headroom_ != nullptr) *headroom_ += removed * budget_row_bytes();
-      if (removed == 0) full_at_ = now;
-    }
-    if (fits()) return true;
-    ++stats_.rows_capped;  // nothing could go: this row is not created
-    return false;
-  }
+  bool make_room(std::int64_t step);
 
   /// A new row for `id` (absent), with its initial value and fresh slots.
   /// With `values_only`, the values are left for the caller to set (a restore).
-  std::uint32_t create(std::uint64_t id, bool values_only = false) {
-    if (rows_ >= kNone - 1) {
-      throw Error(ErrorCode::kResourceExhausted, "table '" + spec_.name + "' holds 2^32 - 2 rows on this ps");
-    }
-    if (rows_ == chunks_.size() * kChunkRows) {
-      chunks_.push_back(Chunk{std::vector<float>(kChunkRows * record_)});
-    }
-    const auto row = static_cast<std::uint32_t>(rows_);
-    float* r = at(row);
-    if (!values_only) initialize_row(spec_, seed_, id, std::span<float>(r, spec_.dim));
-    optimizer_.init_row(std::span<float>(r + spec_.dim, stride_ - spec_.dim));
-    set_id(row, id);
-    set_touched(row, 0);
-    const std::uint32_t not_proven = 0;  // (a fresh chunk's records hold 0; a reused one's may not)
-    std::memcpy(record(row) + 3, &not_proven, sizeof not_proven);
-    index_.insert(row, ids());  // (a failed allocation leaves the row unused)
-    ++rows_;
-    ++unproven_;
-    if (!values_only) prove_as_held(row);  // (a restore proves it once its values are in)
-    if (headroom_ != nullptr) *headroom_ -= std::min(*headroom_, budget_row_bytes());
-    ++stats_.rows_created;
-    if (spec_.admit_after > 1 && candidates_.erase(id) > 0 && headroom_ != nullptr) {
-      *headroom_ += kCandidateBytes;  // admitted: its count is done
-    }
-    return row;
-  }
+  std::uint32_t create(std::uint64_t id, bool values_only = false);
 
   /// Forgets the admission counts of the ids pulled longest ago: at least half of them.
-  void forget_oldest_candidates() {
-    std::vector<std::uint32_t> last;
-    last.reserve(candidates_.size());
-    for (const auto& entry : candidates_) last.push_back(entry.second.last);
-    const auto middle = last.begin() + static_cast<std::ptrdiff_t>(last.size() / 2);
-    std::nth_element(last.begin(), middle, last.end());
-    const std::uint32_t keep_after = *middle;
-    std::erase_if(candidates_, [&](const auto& c) { return c.second.last <= keep_after; });
-  }
+  void forget_oldest_candidates();
 
   /// Copies `row` aside as the cut saw it, unless it was already.
-  void keep_for_cut(std::uint32_t row) {
-    const auto [it, fresh] = kept_at_.try_emplace(row, kept_touched_.size());
-    if (!fresh) return;
-    kept_.insert(kept_.end(), at(row), at(row) + stride_);
-    kept_touched_.push_back(touched_step(row));
-  }
+  void keep_for_cut(std::uint32_t row);
 
   /// Appends `row` as the cut saw it (its copy, if an update changed it since).
   void read_row(std::uint32_t row, std::vector<std::uint64_t>& ids, std::vector<float>& rows,
-                std::vector<std::uint32_t>& touched) const {
-    ids.push_back(id_of(row));
-    if (!kept_at_.empty()) {
-      if (const auto it = kept_at_.find(row); it != kept_at_.end()) {
-        const float* from = kept_.data() + it->second * stride_;
-        rows.insert(rows.end(), from, from + stride_);
-        touched.push_back(kept_touched_[it->second]);
-        return;
-      }
-    }
-    rows.insert(rows.end(), at(row), at(row) + stride_);
-    touched.push_back(touched_step(row));
-  }
+                std::vector<std::uint32_t>& touched) const;
 
-  void log_eviction(std::uint64_t id, std::int64_t step) {
-    if (evicted_.size() >= std::max(kMaxEvictionLog, rows_)) {  // too many: a full checkpoint is next
-      evicted_.clear();
-      evictions_since_ = step + 1;
-      return;
-    }
-    evicted_.emplace_back(id, clamp_step(step));
-  }
+  void log_eviction(std::uint64_t id, std::int64_t step);
 
   /// Removes `row`: its index entry goes, and the last row moves into its place.
-  void erase(std::uint32_t row) {
-    if (!proven(row)) --unproven_;
-    index_.erase(row, ids());
-    const auto last = static_cast<std::uint32_t>(rows_ - 1);
-    if (row != last) {
-      index_.renumber(last, row, ids());
-      std::copy(record(last), record(last) + record_, record(row));
-    }
-    --rows_;
-    const std::size_t needed = (rows_ + kChunkRows - 1) / kChunkRows;
-    while (chunks_.size() > needed + 1) chunks_.pop_back();  // one spare chunk at most
-  }
+  void erase(std::uint32_t row);
 
   TableSpec spec_;
   [[no_unique_address]] O optimizer_;
@@ -12521,6 +12400,528 @@ class EmbeddingTable {
 };
 
 }  // namespace pulley
+
+// EmbeddingTable's member functions' definitions, by concern.
+// ---- begin pulley/ps/impl/embedding_table_cut.hpp ----
+
+/// EmbeddingTable's state for a checkpoint (declared in ps/embedding_table.hpp, which
+/// includes this header after the class): a checkpoint's cut (begin_cut, keep_for_cut,
+/// end_cut), the rows and admission counts it reads (read_rows, read_row,
+/// rows_touched_since, read_candidates, for_each_row), the eviction log (log_eviction,
+/// read_evicted, forget_evictions_before) and a restore (clear, restore_row,
+/// restore_candidate).
+
+namespace pulley {
+
+template <RowWiseOptimizer O>
+void EmbeddingTable<O>::read_rows(std::size_t begin, std::size_t n, std::vector<std::uint64_t>& ids,
+                                  std::vector<float>& rows,
+                                  std::vector<std::uint32_t>& touched) const {
+  n = std::min(n, rows_ - std::min(begin, rows_));
+  detail::reserve_on_huge_pages(rows, rows.size() + n * stride_);
+  for (std::size_t k = 0; k < n; ++k)
+    read_row(static_cast<std::uint32_t>(begin + k), ids, rows, touched);
+}
+
+template <RowWiseOptimizer O>
+void EmbeddingTable<O>::rows_touched_since(std::int64_t since,
+                                           std::vector<std::uint32_t>& out) const {
+  const std::uint32_t from = clamp_step(since);
+  for (std::uint32_t row = 0; row < rows_; ++row) {
+    if (touched_step(row) >= from) out.push_back(row);
+  }
+}
+
+template <RowWiseOptimizer O>
+void EmbeddingTable<O>::read_rows(std::span<const std::uint32_t> numbers,
+                                  std::vector<std::uint64_t>& ids, std::vector<float>& rows,
+                                  std::vector<std::uint32_t>& touched) const {
+  detail::reserve_on_huge_pages(rows, rows.size() + numbers.size() * stride_);
+  for (const std::uint32_t row : numbers) read_row(row, ids, rows, touched);
+}
+
+template <RowWiseOptimizer O>
+void EmbeddingTable<O>::read_evicted(std::int64_t since, std::vector<std::uint64_t>& out) const {
+  for (const auto& [id, step] : evicted_) {
+    if (static_cast<std::int64_t>(step) >= since) out.push_back(id);
+  }
+}
+
+template <RowWiseOptimizer O>
+void EmbeddingTable<O>::forget_evictions_before(std::int64_t step) {
+  if (step <= evictions_since_) return;
+  std::erase_if(evicted_,
+                [&](const auto& e) { return static_cast<std::int64_t>(e.second) < step; });
+  evictions_since_ = step;
+}
+
+template <RowWiseOptimizer O>
+void EmbeddingTable<O>::read_candidates(std::vector<std::uint64_t>& ids,
+                                        std::vector<std::uint32_t>& counts,
+                                        std::vector<std::uint32_t>& steps) const {
+  for (const auto& [id, c] : candidates_) {
+    ids.push_back(id);
+    counts.push_back(c.count);
+    steps.push_back(c.last);
+  }
+}
+
+template <RowWiseOptimizer O>
+void EmbeddingTable<O>::begin_cut() {
+  end_cut();
+  frozen_ = true;
+  cut_rows_ = rows_;
+}
+
+template <RowWiseOptimizer O>
+void EmbeddingTable<O>::end_cut() noexcept {
+  frozen_ = false;
+  cut_rows_ = 0;
+  kept_at_.clear();
+  std::vector<float>().swap(kept_);
+  std::vector<std::uint32_t>().swap(kept_touched_);
+}
+
+template <RowWiseOptimizer O>
+void EmbeddingTable<O>::clear(std::int64_t step) noexcept {
+  chunks_.clear();
+  index_.clear();
+  rows_ = 0;
+  candidates_.clear();
+  scratch_rows_.clear();
+  in_place_rows_.clear();
+  pending_ = Pending{};
+  unproven_ = 0;
+  evicted_.clear();
+  evictions_since_ = step;
+}
+
+template <RowWiseOptimizer O>
+void EmbeddingTable<O>::restore_row(std::uint64_t id, std::span<const float> row,
+                                    std::uint32_t touched) {
+  std::uint32_t r = find(id);
+  if (r == kNone) {
+    r = create(id, true);
+    --stats_.rows_created;  // restored, not created
+  } else if (row.size() < stride_) {
+    optimizer_.init_row(std::span<float>(at(r) + spec_.dim, stride_ - spec_.dim));
+  }
+  std::copy(row.begin(), row.begin() + static_cast<std::ptrdiff_t>(std::min(row.size(), stride_)),
+            at(r));
+  set_touched(r, clamp_step(touched));
+  prove_as_held(r);
+}
+
+template <RowWiseOptimizer O>
+void EmbeddingTable<O>::restore_candidate(std::uint64_t id, std::uint32_t count,
+                                          std::uint32_t step) {
+  if (spec_.admit_after <= 1 || find(id) != kNone) return;
+  candidates_[id] = Candidate{std::min(count, spec_.admit_after - 1), clamp_step(step)};
+}
+
+template <RowWiseOptimizer O>
+template <class F>
+void EmbeddingTable<O>::for_each_row(F&& f) const {
+  const std::size_t d = spec_.dim;
+  for (std::uint32_t row = 0; row < rows_; ++row) {
+    const float* r = at(row);
+    f(id_of(row), std::span<const float>(r, d), std::span<const float>(r + d, stride_ - d));
+  }
+}
+
+template <RowWiseOptimizer O>
+void EmbeddingTable<O>::keep_for_cut(std::uint32_t row) {
+  const auto [it, fresh] = kept_at_.try_emplace(row, kept_touched_.size());
+  if (!fresh) return;
+  kept_.insert(kept_.end(), at(row), at(row) + stride_);
+  kept_touched_.push_back(touched_step(row));
+}
+
+template <RowWiseOptimizer O>
+void EmbeddingTable<O>::read_row(std::uint32_t row, std::vector<std::uint64_t>& ids,
+                                 std::vector<float>& rows,
+                                 std::vector<std::uint32_t>& touched) const {
+  ids.push_back(id_of(row));
+  if (!kept_at_.empty()) {
+    if (const auto it = kept_at_.find(row); it != kept_at_.end()) {
+      const float* from = kept_.data() + it->second * stride_;
+      rows.insert(rows.end(), from, from + stride_);
+      touched.push_back(kept_touched_[it->second]);
+      return;
+    }
+  }
+  rows.insert(rows.end(), at(row), at(row) + stride_);
+  touched.push_back(touched_step(row));
+}
+
+template <RowWiseOptimizer O>
+void EmbeddingTable<O>::log_eviction(std::uint64_t id, std::int64_t step) {
+  if (evicted_.size() >= std::max(kMaxEvictionLog, rows_)) {  // too many: a full checkpoint is next
+    evicted_.clear();
+    evictions_since_ = step + 1;
+    return;
+  }
+  evicted_.emplace_back(id, clamp_step(step));
+}
+
+}  // namespace pulley
+// ---- end pulley/ps/impl/embedding_table_cut.hpp ----
+// ---- begin pulley/ps/impl/embedding_table_rows.hpp ----
+
+/// EmbeddingTable's rows (declared in ps/embedding_table.hpp, which includes this header
+/// after the class): a pull (pull: admit, make_room, create), the index's lookups
+/// (for_each_found), a row touched (touch), rows removed (evict, erase) and admission
+/// counts forgotten (forget_oldest_candidates), and the counters (stats).
+
+namespace pulley {
+
+template <RowWiseOptimizer O>
+void EmbeddingTable<O>::pull(std::span<const std::uint64_t> ids, std::span<float> out,
+                             std::int64_t step, bool create, std::uint64_t* headroom) {
+  const std::size_t d = spec_.dim;
+  headroom_ = headroom;
+  struct Reset {  // whatever happens (a failed allocation throws), the pointer goes
+    std::uint64_t*& headroom;
+    ~Reset() { headroom = nullptr; }
+  } reset{headroom_};
+  const bool read = !out.empty();
+  for_each_found(ids, [&](std::size_t i, std::uint32_t row) {
+    if (row == kNone && create && admit(ids[i], step) && make_room(step))
+      row = this->create(ids[i]);
+    if (row != kNone && create) touch(row, step);
+    if (!read) return;
+    const std::span<float> into = out.subspan(i * d, d);
+    if (row == kNone) {
+      initialize_row(spec_, seed_, ids[i], into);
+      return;
+    }
+    const float* values = at(row);
+    std::copy(values, values + d, into.begin());
+  });
+}
+
+template <RowWiseOptimizer O>
+std::size_t EmbeddingTable<O>::evict(std::int64_t step) {
+  if (spec_.evict_after_steps <= 0 || frozen_) return 0;  // (no row goes during a cut)
+  const std::int64_t before = step - spec_.evict_after_steps;
+  if (before <= 0) return 0;
+  std::size_t removed = 0;
+  for (std::uint32_t row = 0; row < rows_;) {
+    if (static_cast<std::int64_t>(touched_step(row)) < before) {
+      log_eviction(id_of(row), step);
+      erase(row);  // the last row moves here: look at this row again
+      ++removed;
+    } else {
+      ++row;
+    }
+  }
+  std::erase_if(candidates_,
+                [&](const auto& c) { return static_cast<std::int64_t>(c.second.last) < before; });
+  stats_.rows_evicted += removed;
+  return removed;
+}
+
+template <RowWiseOptimizer O>
+TableStats EmbeddingTable<O>::stats() const noexcept {
+  TableStats s = stats_;
+  s.rows = rows_;
+  s.candidates = candidates_.size();
+  s.bytes = chunks_.size() * kChunkRows * record_ * sizeof(float) + index_.bytes() +
+            candidates_.size() * (sizeof(std::uint64_t) + sizeof(Candidate) + 2 * sizeof(void*));
+  return s;
+}
+
+template <RowWiseOptimizer O>
+void EmbeddingTable<O>::touch(std::uint32_t row, std::int64_t step) {
+  const std::uint32_t now = clamp_step(step);
+  if (now <= touched_step(row)) return;
+  if (frozen_ && row < cut_rows_) keep_for_cut(row);  // the cut reads the step it saw
+  set_touched(row, now);
+}
+
+template <RowWiseOptimizer O>
+template <class F>
+void EmbeddingTable<O>::for_each_found(std::span<const std::uint64_t> ids, F&& f) {
+  constexpr std::size_t kIndexAhead = 16;
+  constexpr std::size_t kRecordAhead = 8;
+  const std::size_t n = ids.size();
+  for (std::size_t i = 0; i < n; ++i) {
+    if (i + kIndexAhead < n) index_.prefetch(ids[i + kIndexAhead]);
+    if (i + kRecordAhead < n) {
+      const std::uint32_t row = index_.first_entry(ids[i + kRecordAhead]);
+      if (row != kNone) prefetch_record(row);
+    }
+    f(i, find(ids[i]));
+  }
+}
+
+template <RowWiseOptimizer O>
+bool EmbeddingTable<O>::admit(std::uint64_t id, std::int64_t step) {
+  if (spec_.admit_after <= 1) return true;
+  if (!candidates_.contains(id)) {
+    if (spec_.max_rows > 0 && candidates_.size() >= spec_.max_rows) forget_oldest_candidates();
+    if (headroom_ != nullptr && *headroom_ < kCandidateBytes) {
+      const std::size_t before = candidates_.size();
+      if (before > 0) forget_oldest_candidates();
+      *headroom_ += (before - candidates_.size()) * kCandidateBytes;
+      if (*headroom_ < kCandidateBytes) {
+        ++stats_.rows_capped;  // not even its count fits: it is not counted
+        return false;
+      }
+    }
+    if (headroom_ != nullptr) *headroom_ -= kCandidateBytes;
+  }
+  Candidate& c = candidates_[id];
+  ++c.count;
+  c.last = clamp_step(step);
+  return c.count >= spec_.admit_after;  // its count goes once its row exists (create)
+}
+
+template <RowWiseOptimizer O>
+bool EmbeddingTable<O>::make_room(std::int64_t step) {
+  const std::uint64_t cap = spec_.max_rows;
+  auto fits = [&] {
+    return (cap == 0 || rows_ < cap) && (headroom_ == nullptr || *headroom_ >= budget_row_bytes());
+  };
+  if (fits()) return true;
+  const std::uint32_t now = clamp_step(step);
+  if (!frozen_ && full_at_ != now && rows_ > 0) {  // one fruitless pass per step is enough
+    std::vector<std::uint32_t> steps(rows_);
+    for (std::uint32_t row = 0; row < rows_; ++row) steps[row] = touched_step(row);
+    const std::size_t k = std::max<std::size_t>(1, rows_ / 8) - 1;
+    std::nth_element(steps.begin(), steps.begin() + static_cast<std::ptrdiff_t>(k), steps.end());
+    const std::uint32_t oldest = steps[k];  // an eighth of the rows were touched at or before it
+    // Those touched before it, then those touched at it, up to an eighth in all.
+    std::size_t removed = 0;
+    for (const bool ties : {false, true}) {
+      for (std::uint32_t row = 0; row < rows_ && removed <= k;) {
+        const std::uint32_t touched = touched_step(row);
+        if (touched < now && (ties ? touched == oldest : touched < oldest)) {
+          log_eviction(id_of(row), now);
+          erase(row);  // the last row moves here: look at this row again
+          ++removed;
+        } else {
+          ++row;
+        }
+      }
+    }
+    stats_.rows_capped += removed;
+    if (headroom_ != nullptr) *headroom_ += removed * budget_row_bytes();
+    if (removed == 0) full_at_ = now;
+  }
+  if (fits()) return true;
+  ++stats_.rows_capped;  // nothing could go: this row is not created
+  return false;
+}
+
+template <RowWiseOptimizer O>
+std::uint32_t EmbeddingTable<O>::create(std::uint64_t id, bool values_only) {
+  if (rows_ >= kNone - 1) {
+    throw Error(ErrorCode::kResourceExhausted,
+                "table '" + spec_.name + "' holds 2^32 - 2 rows on this ps");
+  }
+  if (rows_ == chunks_.size() * kChunkRows) {
+    chunks_.push_back(Chunk{std::vector<float>(kChunkRows * record_)});
+  }
+  const auto row = static_cast<std::uint32_t>(rows_);
+  float* r = at(row);
+  if (!values_only) initialize_row(spec_, seed_, id, std::span<float>(r, spec_.dim));
+  optimizer_.init_row(std::span<float>(r + spec_.dim, stride_ - spec_.dim));
+  set_id(row, id);
+  set_touched(row, 0);
+  const std::uint32_t not_proven = 0;  // (a fresh chunk's records hold 0; a reused one's may not)
+  std::memcpy(record(row) + 3, &not_proven, sizeof not_proven);
+  index_.insert(row, ids());  // (a failed allocation leaves the row unused)
+  ++rows_;
+  ++unproven_;
+  if (!values_only) prove_as_held(row);  // (a restore proves it once its values are in)
+  if (headroom_ != nullptr) *headroom_ -= std::min(*headroom_, budget_row_bytes());
+  ++stats_.rows_created;
+  if (spec_.admit_after > 1 && candidates_.erase(id) > 0 && headroom_ != nullptr) {
+    *headroom_ += kCandidateBytes;  // admitted: its count is done
+  }
+  return row;
+}
+
+template <RowWiseOptimizer O>
+void EmbeddingTable<O>::forget_oldest_candidates() {
+  std::vector<std::uint32_t> last;
+  last.reserve(candidates_.size());
+  for (const auto& entry : candidates_) last.push_back(entry.second.last);
+  const auto middle = last.begin() + static_cast<std::ptrdiff_t>(last.size() / 2);
+  std::nth_element(last.begin(), middle, last.end());
+  const std::uint32_t keep_after = *middle;
+  std::erase_if(candidates_, [&](const auto& c) { return c.second.last <= keep_after; });
+}
+
+template <RowWiseOptimizer O>
+void EmbeddingTable<O>::erase(std::uint32_t row) {
+  if (!proven(row)) --unproven_;
+  index_.erase(row, ids());
+  const auto last = static_cast<std::uint32_t>(rows_ - 1);
+  if (row != last) {
+    index_.renumber(last, row, ids());
+    std::copy(record(last), record(last) + record_, record(row));
+  }
+  --rows_;
+  const std::size_t needed = (rows_ + kChunkRows - 1) / kChunkRows;
+  while (chunks_.size() > needed + 1) chunks_.pop_back();  // one spare chunk at most
+}
+
+}  // namespace pulley
+// ---- end pulley/ps/impl/embedding_table_rows.hpp ----
+// ---- begin pulley/ps/impl/embedding_table_updates.hpp ----
+
+/// EmbeddingTable's updates (declared in ps/embedding_table.hpp, which includes this
+/// header after the class): an update applied (apply), or prepared and committed (prepare,
+/// commit: update_in_place for the rows proven finite in advance), and the proven rows'
+/// bookkeeping (proven, set_proven, prove_as_held).
+
+namespace pulley {
+
+template <RowWiseOptimizer O>
+bool EmbeddingTable<O>::apply(std::span<const std::uint64_t> ids, std::span<const float> gradients,
+                              std::int64_t step, std::int64_t updates) {
+  if (!prepare(ids, gradients, step, updates)) return false;
+  commit(step);
+  return true;
+}
+
+template <RowWiseOptimizer O>
+bool EmbeddingTable<O>::prepare(std::span<const std::uint64_t> ids,
+                                std::span<const float> gradients, std::int64_t step,
+                                std::int64_t updates) {
+  const std::size_t d = spec_.dim;
+  scratch_rows_.clear();
+  in_place_rows_.clear();
+  pending_ = Pending{ids, gradients, updates, false, false};
+  if constexpr (BoundsRowMagnitudes<O>) {
+    const RowContext context{step, updates, spec_.name, 0};
+    pending_.in_place =
+        optimizer_.row_stays_finite_given(kOrdinaryMagnitude, kOrdinaryMagnitude, context) &&
+        detail::all_ordinary(gradients);
+    if (pending_.in_place && unproven_ == 0) {
+      pending_.one_pass = true;  // every row held is proven: commit finds and updates them
+      return true;
+    }
+  }
+  // A row not proven is updated into a copy first, so that a row going non-finite changes
+  // nothing; each is copied the moment it is found, while its prefetched record is in
+  // cache.
+  scratch_.resize(ids.size() * stride_);
+  for_each_found(ids, [&](std::size_t i, std::uint32_t row) {
+    if (row == kNone) {
+      ++stats_.pushes_dropped;
+      return;
+    }
+    if (pending_.in_place && proven(row)) {
+      in_place_rows_.push_back({row, i});
+      return;
+    }
+    std::copy(at(row), at(row) + stride_, scratch_.data() + scratch_rows_.size() * stride_);
+    scratch_rows_.push_back({row, i});
+  });
+  scratch_.resize(scratch_rows_.size() * stride_);
+  scratch_proven_.assign(scratch_rows_.size(), false);
+  for (std::size_t k = 0; k < scratch_rows_.size(); ++k) {
+    const std::size_t i = scratch_rows_[k].second;
+    float* copy = scratch_.data() + k * stride_;
+    const RowContext context{step, updates, spec_.name, ids[i]};
+    const std::span<float> values(copy, d);
+    const std::span<float> slots(copy + d, stride_ - d);
+    if constexpr (BoundsRowMagnitudes<O>) {
+      scratch_proven_[k] = optimizer_.apply_row_bounded(values, slots, gradients.subspan(i * d, d),
+                                                        context) <= kOrdinaryMagnitude;
+    } else {
+      optimizer_.apply_row(values, slots, gradients.subspan(i * d, d), context);
+    }
+  }
+  if (!detail::all_finite(scratch_)) {
+    ++stats_.updates_refused;
+    scratch_rows_.clear();
+    in_place_rows_.clear();
+    pending_ = Pending{};
+    return false;
+  }
+  return true;
+}
+
+template <RowWiseOptimizer O>
+void EmbeddingTable<O>::commit(std::int64_t step) {
+  constexpr std::size_t kAhead = 8;
+  if constexpr (BoundsRowMagnitudes<O>) {  // (only then are rows updated in place)
+    if (pending_.one_pass) {
+      for_each_found(pending_.ids, [&](std::size_t i, std::uint32_t row) {
+        if (row == kNone) {
+          ++stats_.pushes_dropped;
+          return;
+        }
+        update_in_place(row, i, step);
+      });
+    }
+    for (std::size_t k = 0; k < in_place_rows_.size(); ++k) {
+      if (k + kAhead < in_place_rows_.size()) prefetch_record(in_place_rows_[k + kAhead].first);
+      update_in_place(in_place_rows_[k].first, in_place_rows_[k].second, step);
+    }
+  }
+  for (std::size_t k = 0; k < scratch_rows_.size(); ++k) {
+    if (k + kAhead < scratch_rows_.size()) prefetch_record(scratch_rows_[k + kAhead].first);
+    const std::uint32_t row = scratch_rows_[k].first;
+    if (frozen_ && row < cut_rows_) keep_for_cut(row);
+    std::copy(scratch_.data() + k * stride_, scratch_.data() + (k + 1) * stride_, at(row));
+    if constexpr (BoundsRowMagnitudes<O>) set_proven(row, scratch_proven_[k]);
+    touch(row, step);
+  }
+  scratch_rows_.clear();
+  in_place_rows_.clear();
+  pending_ = Pending{};
+}
+
+template <RowWiseOptimizer O>
+bool EmbeddingTable<O>::proven(std::uint32_t row) const noexcept {
+  std::uint32_t flag = 0;
+  std::memcpy(&flag, record(row) + 3, sizeof flag);
+  return flag != 0;
+}
+
+template <RowWiseOptimizer O>
+void EmbeddingTable<O>::set_proven(std::uint32_t row, bool is) noexcept {
+  if (proven(row) == is) return;
+  const std::uint32_t flag = is ? 1 : 0;
+  std::memcpy(record(row) + 3, &flag, sizeof flag);
+  if (is) {
+    --unproven_;
+  } else {
+    ++unproven_;
+  }
+}
+
+template <RowWiseOptimizer O>
+void EmbeddingTable<O>::prove_as_held(std::uint32_t row) noexcept {
+  if constexpr (BoundsRowMagnitudes<O>) {
+    const float* r = at(row);
+    set_proven(row, detail::all_ordinary(std::span<const float>(r, spec_.dim)) &&
+                        detail::all_ordinary_non_negative(
+                            std::span<const float>(r + spec_.dim, stride_ - spec_.dim)));
+  }
+}
+
+template <RowWiseOptimizer O>
+void EmbeddingTable<O>::update_in_place(std::uint32_t row, std::size_t i,
+                                        std::int64_t step) requires BoundsRowMagnitudes<O> {
+  const std::size_t d = spec_.dim;
+  if (frozen_ && row < cut_rows_) keep_for_cut(row);
+  float* r = at(row);
+  const RowContext context{step, pending_.updates, spec_.name, pending_.ids[i]};
+  const float bound =
+      optimizer_.apply_row_bounded(std::span<float>(r, d), std::span<float>(r + d, stride_ - d),
+                                   pending_.gradients.subspan(i * d, d), context);
+  set_proven(row, bound <= kOrdinaryMagnitude);
+  touch(row, step);
+}
+
+}  // namespace pulley
+// ---- end pulley/ps/impl/embedding_table_updates.hpp ----
 // ---- end pulley/ps/embedding_table.hpp ----
 // ---- begin pulley/tables/tables.hpp ----
 
@@ -22092,140 +22493,39 @@ class TcpRing {
   /// no local socket), else on acceptors of its own. `incarnations`, when given, are the
   /// processes (wire::incarnation()) the ranks must be: a link from or to another process,
   /// one left over from an older ring say, is refused.
-  TcpRing(std::size_t rank, const std::vector<std::string>& addresses, const Credentials& credentials,
-          TcpRingOptions options, asio::ip::tcp::acceptor* listening,
-          asio::local::stream_protocol::acceptor* listening_locally, std::vector<std::uint64_t> incarnations)
-      : links_(std::make_unique<Links>()),
-        rank_(rank),
-        size_(addresses.size()),
-        options_(options),
-        incarnations_(std::move(incarnations)) {
-    if (addresses.empty() || rank >= addresses.size() || (!incarnations_.empty() && incarnations_.size() != size_)) {
-      throw Error(ErrorCode::kInvalidArgument, "ring: rank " + std::to_string(rank) + " of a ring of " +
-                                                   std::to_string(addresses.size()) + " addresses");
-    }
-    transport_detail::check_ring_credentials(credentials, options);
-    if (size_ == 1) return;
-    std::vector<Address> parsed;
-    for (const std::string& a : addresses) parsed.push_back(parse_address(a));
-    links_->next_name = "rank " + std::to_string(next()) + " at " + addresses[next()];
-    links_->previous_name = "rank " + std::to_string(previous());
-    links_->next_local_name = transport_detail::ring_socket_name(addresses[next()]);
-    std::optional<asio::local::stream_protocol::acceptor> own_local;
-    if (listening == nullptr && options_.local_sockets) {
-      own_local = transport_detail::listen_locally(links_->io, transport_detail::ring_socket_name(addresses[rank_]));
-      if (own_local) listening_locally = &*own_local;
-    }
-    form(parsed, credentials, listening, options_.local_sockets ? listening_locally : nullptr);
-  }
+  TcpRing(std::size_t rank, const std::vector<std::string>& addresses,
+          const Credentials& credentials, TcpRingOptions options,
+          asio::ip::tcp::acceptor* listening,
+          asio::local::stream_protocol::acceptor* listening_locally,
+          std::vector<std::uint64_t> incarnations);
+
+  // Bytes sent and received, the waits on the neighbours, and failures
+  // (impl/tcp_ring_transfer.hpp).
 
   /// Runs `body`; if it throws, the link is broken for good first: its queue (views of the
   /// caller's memory, which unwinding may free) is dropped and its sockets closed, so that
   /// no later call writes stale bytes into a stream the neighbours can no longer follow.
   template <class Body>
-  void guarded(Body body) {
-    try {
-      body();
-    } catch (...) {
-      links_->out.clear();
-      std::error_code ignored;
-      links_->next.close(ignored);
-      links_->previous.close(ignored);
-      links_->broken = true;
-      throw;
-    }
-  }
+  void guarded(Body body);
 
-  void usable() const {
-    if (links_->broken) {
-      throw Error(ErrorCode::kFailedPrecondition,
-                  "ring: rank " + std::to_string(rank_) + "'s link failed before: form the ring again");
-    }
-  }
+  void usable() const;
 
-  void receive_now(std::span<std::byte> bytes) {
-    auto last = Clock::now();
-    while (!bytes.empty()) {
-      if (links_->from_previous) {
-        if (const std::size_t n = links_->from_previous.read(bytes, links_->previous.native_handle())) {
-          bytes = bytes.subspan(n);
-          last = Clock::now();
-          continue;
-        }
-      } else {
-        std::error_code ec;
-        const std::size_t n = links_->previous.read_some(asio::buffer(bytes.data(), bytes.size()), ec);
-        if (!ec) {
-          bytes = bytes.subspan(n);
-          last = Clock::now();
-          continue;
-        }
-        if (ec != asio::error::would_block && ec != asio::error::try_again) {
-          throw lost(links_->previous_name, ec == asio::error::eof ? "closed the connection" : ec.message());
-        }
-      }
-      if (!links_->out.empty() && write_now()) continue;
-      if (!wait(true, last)) throw silent(links_->previous_name, "send");
-    }
-  }
+  void receive_now(std::span<std::byte> bytes);
 
-  void flush_now() {
-    auto last = Clock::now();
-    while (!links_->out.empty()) {
-      if (write_now()) {
-        last = Clock::now();
-        continue;
-      }
-      if (!wait(false, last)) throw silent(links_->next_name, "receive");
-    }
-  }
+  void flush_now();
 
   /// Waits until the previous rank may have sent more (`reading`) or the next may have room
   /// for what is queued, for up to a second; false once nothing has moved since `last` for
   /// the timeout. A shared link's doorbells are read here, and its closed socket is a lost
   /// neighbour once its ring holds nothing more to read (or, towards the next rank, at once).
-  bool wait(bool reading, Clock::time_point last) {
-    const bool writing = !links_->out.empty();
-    if (looked_again(reading, writing)) return true;
-    if (reading && links_->from_previous && !links_->from_previous.reader_sleeps()) return true;
-    if (writing && links_->to_next && !links_->to_next.writer_sleeps()) return true;
-    if (reading && links_->from_previous && links_->previous_closed) {
-      throw lost(links_->previous_name, "closed the connection");
-    }
-    std::array<pollfd, 2> fds{pollfd{links_->previous.native_handle(), POLLIN, 0},
-                              pollfd{links_->next.native_handle(), links_->to_next ? short{POLLIN} : short{POLLOUT}, 0}};
-    if (!reading) fds[0].fd = -1;
-    if (!writing) fds[1].fd = -1;
-    if (::poll(fds.data(), fds.size(), wait_ms(last)) == 0) return Clock::now() - last < options_.timeout;
-    if (links_->from_previous && fds[0].revents != 0 && !ring_off(links_->previous)) links_->previous_closed = true;
-    if (links_->to_next && fds[1].revents != 0 && !ring_off(links_->next)) {
-      throw lost(links_->next_name, "closed the connection");
-    }
-    return Clock::now() - last < options_.timeout;  // (a neighbour that rings and moves nothing is silent)
-  }
+  bool wait(bool reading, Clock::time_point last);
 
   /// While every wait is on a shared link: looks again for up to spin_before_sleep()
   /// (spin_until), and is true as soon as one can move (before `wait` says it sleeps).
-  bool looked_again(bool reading, bool writing) {
-    if ((reading && !links_->from_previous) || (writing && !links_->to_next)) return false;
-    return spin_until(
-        [&] {
-          return (reading && links_->from_previous.has_data()) ||
-                 (writing && links_->to_next.has_room());
-        },
-        Clock::now() + spin_before_sleep());
-  }
+  bool looked_again(bool reading, bool writing);
 
   /// Reads the doorbells waiting on a shared link's socket; false once it is closed.
-  static bool ring_off(transport_detail::StreamSocket& socket) {
-    std::array<std::byte, 64> bells;
-    while (true) {
-      std::error_code ec;
-      const std::size_t n = socket.read_some(asio::buffer(bells), ec);
-      if (ec == asio::error::would_block || ec == asio::error::try_again) return true;
-      if (ec || n == 0) return false;
-    }
-  }
+  static bool ring_off(transport_detail::StreamSocket& socket);
 
   struct Links {
     asio::io_context io;
@@ -22247,148 +22547,24 @@ class TcpRing {
   [[nodiscard]] std::size_t previous() const noexcept { return (rank_ + size_ - 1) % size_; }
 
   /// Writes what the kernel (or the shared ring) takes now; true if it took anything.
-  bool write_now() {
-    auto& out = links_->out;
-    bool wrote = false;
-    if (links_->to_next) {
-      while (!out.empty()) {
-        const std::size_t n = links_->to_next.write(out.front(), links_->next.native_handle());
-        if (n == 0) break;
-        wrote = true;
-        links_->written += n;
-        if (n < out.front().size()) {
-          out.front() = out.front().subspan(n);
-        } else {
-          out.pop_front();
-        }
-      }
-      return wrote;
-    }
-    while (!out.empty()) {
-      std::array<asio::const_buffer, 16> buffers;
-      std::size_t count = 0;
-      for (auto it = out.begin(); it != out.end() && count < buffers.size(); ++it) {
-        buffers[count++] = asio::const_buffer(it->data(), it->size());
-      }
-      std::error_code ec;
-      std::size_t n = links_->next.write_some(std::span(buffers.data(), count), ec);
-      if (ec == asio::error::would_block || ec == asio::error::try_again) return wrote;
-      if (ec) throw lost(links_->next_name, ec.message());
-      wrote = true;
-      links_->written += n;
-      while (n > 0) {
-        if (n < out.front().size()) {
-          out.front() = out.front().subspan(n);
-          break;
-        }
-        n -= out.front().size();
-        out.pop_front();
-      }
-    }
-    return wrote;
-  }
+  bool write_now();
 
-  [[nodiscard]] int wait_ms(Clock::time_point last) const {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(last + options_.timeout - Clock::now());
-    return static_cast<int>(std::clamp<std::int64_t>(left.count(), 0, 1000));
-  }
+  [[nodiscard]] int wait_ms(Clock::time_point last) const;
 
-  [[nodiscard]] Error lost(const std::string& who, const std::string& why) const {
-    return Error(ErrorCode::kUnavailable, "ring: rank " + std::to_string(rank_) + " lost " + who + ": " + why);
-  }
-  [[nodiscard]] Error silent(const std::string& who, const char* what) const {
-    return Error(ErrorCode::kDeadlineExceeded, "ring: rank " + std::to_string(rank_) + " waited " +
-                                                   std::to_string(options_.timeout.count()) + " ms for " + who +
-                                                   " to " + what + " (stopped, or cut off?)");
-  }
+  [[nodiscard]] Error lost(const std::string& who, const std::string& why) const;
+  [[nodiscard]] Error silent(const std::string& who, const char* what) const;
 
   // ---- forming the ring ----------------------------------------------------------------
+  // The ring formed, the previous rank's hello checked, memory shared, and forming's reads and
+  // writes by a deadline (impl/tcp_ring_form.hpp, with the private constructor above).
 
   /// Listens, connects to the next rank, accepts the previous one, and proves both links.
   /// The order is free of waits in a cycle: every rank sends its challenge before it
   /// reads anything, answers the next rank's challenge before it checks the previous rank's
   /// hello, and checks that before it reads the next rank's welcome.
-  void form(const std::vector<Address>& addresses, const Credentials& credentials, asio::ip::tcp::acceptor* listening,
-            asio::local::stream_protocol::acceptor* listening_locally) {
-    const auto deadline = Clock::now() + options_.form_timeout;
-    auto& io = links_->io;
-    std::optional<asio::ip::tcp::acceptor> own;
-    if (listening == nullptr) {
-      own.emplace(transport_detail::listen(
-          io, transport_detail::resolve_listen_endpoint(io, addresses[rank_].host, addresses[rank_].port)));
-      own->non_blocking(true);
-      listening = &*own;
-    }
-    asio::ip::tcp::acceptor& acceptor = *listening;
-    connect_next(addresses[next()], deadline);
-    const Node self = Node::worker(static_cast<std::uint32_t>(rank_));
-    const Node expected = Node::worker(static_cast<std::uint32_t>(previous()));
-    while (true) {
-      accept_previous(acceptor, listening_locally, credentials, deadline);
-      const auto until = std::min(deadline, Clock::now() + std::chrono::seconds(10));
-      const wire::Challenge challenge{credentials.job, static_cast<std::uint32_t>(rank_), wire::make_nonce()};
-      // Whatever goes wrong on an accepted connection (a stranger that hangs up, stalls or
-      // speaks another protocol) drops it, and the next one is accepted; the next rank's
-      // link is another matter: its failures end the forming.
-      const auto drop = [&](const char* what) {
-        log(LogLevel::kWarning, "ring: rank " + std::to_string(rank_) + " dropped a connection: " + what);
-        std::error_code ignored;
-        links_->previous.close(ignored);
-      };
-      try {
-        write_frame(links_->previous, wire::encode(wire::Handshake{challenge}, 0), until);
-      } catch (const std::exception& e) {
-        if (Clock::now() >= deadline) throw;
-        drop(e.what());
-        continue;
-      }
-      if (!answered_) answer_next(credentials, self, deadline);
-      try {
-        const auto hello = read_handshake<wire::Hello>(links_->previous, until);
-        std::string refusal = wire::refusal_reason(credentials, challenge, hello);
-        ErrorCode code = ErrorCode::kUnauthenticated;
-        if (refusal.empty() && hello.shard == wire::Hello::kRingRendezvous) {
-          // A worker checking in (TcpRingRendezvous) while this one forms: it asks again.
-          refusal = "rank " + std::to_string(rank_) + " is forming a ring: check in again";
-          code = ErrorCode::kUnavailable;
-        } else if (refusal.empty() && (hello.shard != wire::Hello::kRingLink || !(hello.peer == expected))) {
-          refusal = hello.peer.name() + " is not " + expected.name() + " of the ring";
-        } else if (refusal.empty() && !incarnations_.empty() && hello.incarnation != incarnations_[previous()]) {
-          // A worker of the job that forms another ring (an older view): it regroups.
-          refusal = "the process that claims " + expected.name() + " is not the ring's (one of an older ring?)";
-          code = ErrorCode::kUnavailable;
-        }
-        if (!refusal.empty()) {
-          if (code == ErrorCode::kUnauthenticated) {
-            log(LogLevel::kWarning, "ring: rank " + std::to_string(rank_) + " refused a connection: " + refusal);
-          }
-          try {
-            write_frame(links_->previous, wire::encode(wire::Handshake{wire::Refusal{code, refusal}}, 0), until);
-          } catch (const Error&) {  // it hung up first
-          }
-          std::error_code ignored;
-          links_->previous.close(ignored);
-          continue;
-        }
-        write_frame(links_->previous,
-                    wire::encode(wire::Handshake{wire::Welcome{
-                                     wire::server_proof(credentials.secret, challenge, hello), wire::incarnation()}},
-                                 0),
-                    until);
-        break;
-      } catch (const std::exception& e) {
-        if (Clock::now() >= deadline) throw;
-        drop(e.what());
-      }
-    }
-    if (!welcomed_) check_welcome(credentials, deadline);
-    std::error_code ignored;  // (TCP's option; a local socket has no delay to turn off)
-    if (!links_->next_local) links_->next.set_option(asio::ip::tcp::no_delay(true), ignored);
-    if (!links_->previous_local) links_->previous.set_option(asio::ip::tcp::no_delay(true), ignored);
-    if (links_->next_local) transport_detail::widen_local_buffers(links_->next);
-    if (links_->previous_local) transport_detail::widen_local_buffers(links_->previous);
-    if (transport_detail::kSharedRings) share_memory(deadline);
-  }
+  void form(const std::vector<Address>& addresses, const Credentials& credentials,
+            asio::ip::tcp::acceptor* listening,
+            asio::local::stream_protocol::acceptor* listening_locally);
 
   /// Moves the local links' bytes into shared memory (TcpRingOptions::shared_memory): each
   /// rank offers the next a ring it made (or says it has none: the option is off, or no
@@ -22396,228 +22572,45 @@ class TcpRing {
   /// next rank's answer. Every local link makes this exchange, whatever the option, so ranks
   /// set apart share nothing and still agree. Every rank offers before it waits, so no wait
   /// is in a cycle. A link that does not share goes on through its socket.
-  void share_memory(Clock::time_point deadline) {
-#if defined(__linux__)
-    transport_detail::SharedRing offered;
-    if (links_->next_local) {
-      if (options_.shared_memory) offered = transport_detail::SharedRing::make();
-      if (!transport_detail::send_fd(links_->next.native_handle(), offered ? offered.fd() : -1)) {
-        throw lost(links_->next_name, "could not offer it shared memory");
-      }
-    }
-    if (links_->previous_local) {
-      int fd = -1;
-      int got = 0;
-      while ((got = transport_detail::receive_fd(links_->previous.native_handle(), fd)) == 0) {
-        await(links_->previous, deadline, links_->previous_name);
-      }
-      if (got < 0) throw lost(links_->previous_name, "closed the connection before sharing memory");
-      if (fd >= 0 && options_.shared_memory) {
-        links_->from_previous = transport_detail::SharedRing::open(fd);
-      } else if (fd >= 0) {
-        ::close(fd);
-      }
-      const std::array<std::byte, 1> answer{links_->from_previous ? std::byte{'Y'} : std::byte{'N'}};
-      write_frame_bytes(links_->previous, answer, deadline);
-    }
-    if (links_->next_local) {
-      std::array<std::byte, 1> answer{};
-      read_bytes(links_->next, answer, deadline, links_->next_name);
-      if (answer[0] == std::byte{'Y'} && offered) links_->to_next = std::move(offered);
-    }
-#else
-    (void)deadline;
-#endif
-  }
+  void share_memory(Clock::time_point deadline);
 
   /// Waits until `socket` has something to read, or throws once `deadline` has passed.
-  void await(transport_detail::StreamSocket& socket, Clock::time_point deadline, const std::string& who) const {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    if (left <= 0) {
-      throw Error(ErrorCode::kDeadlineExceeded, "ring: rank " + std::to_string(rank_) + ": " + who +
-                                                    " did not finish forming the ring in time");
-    }
-    pollfd fd{socket.native_handle(), POLLIN, 0};
-    ::poll(&fd, 1, static_cast<int>(std::min<std::int64_t>(left, 1000)));
-  }
+  void await(transport_detail::StreamSocket& socket, Clock::time_point deadline,
+             const std::string& who) const;
 
   /// Reads exactly `bytes` from `socket` (non-blocking) by `deadline`.
-  void read_bytes(transport_detail::StreamSocket& socket, std::span<std::byte> bytes, Clock::time_point deadline,
-                  const std::string& who) const {
-    while (!bytes.empty()) {
-      std::error_code ec;
-      const std::size_t n = socket.read_some(asio::buffer(bytes.data(), bytes.size()), ec);
-      if (!ec) {
-        bytes = bytes.subspan(n);
-        continue;
-      }
-      if (ec != asio::error::would_block && ec != asio::error::try_again) {
-        throw lost(who, ec == asio::error::eof ? "closed the connection" : ec.message());
-      }
-      await(socket, deadline, who);
-    }
-  }
+  void read_bytes(transport_detail::StreamSocket& socket, std::span<std::byte> bytes,
+                  Clock::time_point deadline, const std::string& who) const;
 
   /// Writes `bytes` whole to `socket` (a few bytes into an empty socket buffer: at once).
   void write_frame_bytes(transport_detail::StreamSocket& socket, std::span<const std::byte> bytes,
-                         Clock::time_point deadline) const {
-    while (!bytes.empty()) {
-      std::error_code ec;
-      const std::size_t n = socket.write_some(asio::buffer(bytes.data(), bytes.size()), ec);
-      if (!ec) {
-        bytes = bytes.subspan(n);
-        continue;
-      }
-      if ((ec != asio::error::would_block && ec != asio::error::try_again) || Clock::now() >= deadline) {
-        throw lost(links_->previous_name, ec.message());
-      }
-      pollfd fd{socket.native_handle(), POLLOUT, 0};
-      ::poll(&fd, 1, 100);
-    }
-  }
+                         Clock::time_point deadline) const;
+
+  // The connections to the neighbours, and the next rank's handshake
+  // (impl/tcp_ring_connect.hpp).
 
   /// Connects to the next rank, trying again every 100 ms until it listens: at its local
   /// socket first when its address is this host's, else (or when none listens) over TCP.
-  void connect_next(const Address& where, Clock::time_point deadline) {
-    std::error_code ec;
-    const auto endpoints = transport_detail::resolve_by(where.host, where.port, deadline, ec);
-    if (ec == std::errc::timed_out) {
-      throw Error(ErrorCode::kDeadlineExceeded,
-                  "ring: " + where.to_string() + " did not resolve in time");
-    }
-    if (ec || endpoints.empty()) {
-      throw Error(ErrorCode::kInvalidArgument, "ring: cannot resolve " + where.to_string() + ": " +
-                                                   (ec ? ec.message() : std::string("no address")));
-    }
-    const asio::generic::stream_protocol::endpoint endpoint(endpoints.begin()->endpoint());
-    const bool local = options_.local_sockets && transport_detail::kLocalSockets &&
-                       transport_detail::is_this_hosts(endpoints.begin()->endpoint().address());
-    std::string why = "no attempt";
-    // A rank binds its local socket before its TCP port, but may bind both between this
-    // rank's local attempt and its TCP one: TCP is tried only once the local socket has
-    // refused for a second (a next rank that does not listen there, with local_sockets off).
-    const auto tcp_after = Clock::now() + std::chrono::seconds(1);
-    while (Clock::now() < deadline) {
-      auto& socket = links_->next;
-      if (socket.is_open()) socket.close();
-#if defined(__linux__)
-      if (local) {  // a local connection is taken or refused at once
-        const asio::generic::stream_protocol::endpoint named{asio::local::stream_protocol::endpoint(links_->next_local_name)};
-        if (!transport_detail::connect_within(socket, named, std::min(deadline, Clock::now() + std::chrono::seconds(1)))) {
-          links_->next_local = true;
-          return;
-        }
-        socket.close(ec);
-        why = "its local socket refused";
-      }
-#endif
-      if (!local || Clock::now() >= tcp_after) {
-        links_->next_local = false;
-        ec = transport_detail::connect_within(socket, endpoint, std::min(deadline, Clock::now() + std::chrono::seconds(1)));
-        if (!ec) return;
-        why = ec.message();
-      }
-      pollfd none{-1, 0, 0};
-      ::poll(&none, 0, 100);
-    }
-    throw Error(ErrorCode::kDeadlineExceeded, "ring: rank " + std::to_string(rank_) + " could not connect to " +
-                                                  links_->next_name + " within " +
-                                                  std::to_string(options_.form_timeout.count()) + " ms: " + why);
-  }
+  void connect_next(const Address& where, Clock::time_point deadline);
 
   /// Accepts a connection for the previous rank, on the TCP port or the local socket.
   /// Meanwhile the next rank's challenge is answered and its answer read if they come: a
   /// refusal fails at once, naming the reason, instead of waiting for a previous rank that
   /// may never connect (or was refused itself).
-  void accept_previous(asio::ip::tcp::acceptor& acceptor, asio::local::stream_protocol::acceptor* locally,
-                       const Credentials& credentials, Clock::time_point deadline) {
-    while (true) {
-      std::error_code ec;
-      if (locally != nullptr) {
-        asio::local::stream_protocol::socket accepted(links_->io);
-        locally->accept(accepted, ec);
-        if (!ec) {
-          links_->previous = transport_detail::StreamSocket(std::move(accepted));
-          links_->previous.non_blocking(true);
-          links_->previous_local = true;
-          return;
-        }
-      }
-      asio::ip::tcp::socket accepted(links_->io);
-      acceptor.accept(accepted, ec);
-      if (!ec) {
-        links_->previous = transport_detail::StreamSocket(std::move(accepted));
-        links_->previous.non_blocking(true);
-        links_->previous_local = false;
-        return;
-      }
-      if (ec != asio::error::would_block && ec != asio::error::try_again) {
-        throw Error(ErrorCode::kUnavailable, "ring: rank " + std::to_string(rank_) + " cannot accept: " + ec.message());
-      }
-      if (Clock::now() >= deadline) {
-        throw Error(ErrorCode::kDeadlineExceeded,
-                    "ring: rank " + std::to_string(rank_) + ": " + links_->previous_name + " did not connect within " +
-                        std::to_string(options_.form_timeout.count()) + " ms");
-      }
-      std::array<pollfd, 3> fds{pollfd{acceptor.native_handle(), POLLIN, 0},
-                                pollfd{links_->next.native_handle(), welcomed_ ? short{0} : short{POLLIN}, 0},
-                                pollfd{locally != nullptr ? locally->native_handle() : -1, POLLIN, 0}};
-      ::poll(fds.data(), fds.size(), 100);
-      if (!welcomed_ && fds[1].revents != 0) {
-        if (answered_) {
-          check_welcome(credentials, deadline);
-        } else {
-          answer_next(credentials, Node::worker(static_cast<std::uint32_t>(rank_)), deadline);
-        }
-      }
-    }
-  }
+  void accept_previous(asio::ip::tcp::acceptor& acceptor,
+                       asio::local::stream_protocol::acceptor* locally,
+                       const Credentials& credentials, Clock::time_point deadline);
 
   /// Reads the next rank's challenge and sends this rank's hello.
-  void answer_next(const Credentials& credentials, const Node& self, Clock::time_point deadline) {
-    challenge_ = from_next([&] { return read_handshake<wire::Challenge>(links_->next, deadline); });
-    if (challenge_.job != credentials.job || challenge_.ps != next()) {
-      throw Error(ErrorCode::kUnauthenticated, "ring: " + links_->next_name + " answered as rank " +
-                                                   std::to_string(challenge_.ps) + " of job '" +
-                                                   challenge_.job.substr(0, wire::kMaxJobName) + "'");
-    }
-    said_ = wire::hello_for(credentials, challenge_, self, wire::Hello::kRingLink);
-    write_frame(links_->next, wire::encode(wire::Handshake{said_}, 0), deadline);
-    answered_ = true;
-  }
+  void answer_next(const Credentials& credentials, const Node& self, Clock::time_point deadline);
 
   /// Reads the next rank's welcome (or refusal) and checks its proof.
-  void check_welcome(const Credentials& credentials, Clock::time_point deadline) {
-    wire::Handshake message = from_next([&] {
-      const auto bytes = read_frame(links_->next, deadline);
-      return wire::decode_handshake(bytes.first, bytes.second);
-    });
-    if (auto* refusal = std::get_if<wire::Refusal>(&message)) {
-      // kUnavailable: the next rank forms another ring now (this one's view is stale).
-      throw Error(refusal->code == ErrorCode::kUnavailable ? ErrorCode::kUnavailable : ErrorCode::kUnauthenticated,
-                  "ring: " + links_->next_name + " refused rank " + std::to_string(rank_) + ": " + refusal->reason);
-    }
-    const auto* welcome = std::get_if<wire::Welcome>(&message);
-    if (welcome == nullptr || !wire::welcome_proves(credentials, challenge_, said_, *welcome)) {
-      throw Error(ErrorCode::kUnauthenticated,
-                  "ring: " + links_->next_name + " did not prove the job's shared secret (a wrong PULLEY_SECRET?)");
-    }
-    if (!incarnations_.empty() && welcome->server != incarnations_[next()]) {
-      throw Error(ErrorCode::kUnavailable, "ring: " + links_->next_name + " is another process than the ring's");
-    }
-    welcomed_ = true;
-  }
+  void check_welcome(const Credentials& credentials, Clock::time_point deadline);
 
   /// What `read` reads from the next rank; a frame that is no handshake of this protocol
   /// fails with kUnavailable naming it (something else listens at its address).
   template <class Read>
-  std::invoke_result_t<Read&> from_next(Read read) {
-    try {
-      return read();
-    } catch (const wire::Malformed& e) {
-      throw Error(ErrorCode::kUnavailable, "ring: " + links_->next_name + " is not a pulley ring rank: " + e.what());
-    }
-  }
+  std::invoke_result_t<Read&> from_next(Read read);
 
   [[nodiscard]] std::string who() const { return "ring: rank " + std::to_string(rank_); }
 
@@ -22646,6 +22639,555 @@ class TcpRing {
 static_assert(Ring<TcpRing>);
 
 }  // namespace pulley
+
+// The member functions' definitions, by concern.
+// ---- begin pulley/transport/impl/tcp_ring_connect.hpp ----
+
+/// TcpRing's connections to its neighbours (declared in transport/tcp_ring.hpp, which includes
+/// this header after the class): the next rank connected (local socket or TCP), the previous
+/// rank's connection accepted, and the next rank's challenge answered and its welcome checked.
+
+namespace pulley {
+
+inline void TcpRing::connect_next(const Address& where, Clock::time_point deadline) {
+  std::error_code ec;
+  const auto endpoints = transport_detail::resolve_by(where.host, where.port, deadline, ec);
+  if (ec == std::errc::timed_out) {
+    throw Error(ErrorCode::kDeadlineExceeded,
+                "ring: " + where.to_string() + " did not resolve in time");
+  }
+  if (ec || endpoints.empty()) {
+    throw Error(ErrorCode::kInvalidArgument, "ring: cannot resolve " + where.to_string() + ": " +
+                                                 (ec ? ec.message() : std::string("no address")));
+  }
+  const asio::generic::stream_protocol::endpoint endpoint(endpoints.begin()->endpoint());
+  const bool local = options_.local_sockets && transport_detail::kLocalSockets &&
+                     transport_detail::is_this_hosts(endpoints.begin()->endpoint().address());
+  std::string why = "no attempt";
+  // A rank binds its local socket before its TCP port, but may bind both between this
+  // rank's local attempt and its TCP one: TCP is tried only once the local socket has
+  // refused for a second (a next rank that does not listen there, with local_sockets off).
+  const auto tcp_after = Clock::now() + std::chrono::seconds(1);
+  while (Clock::now() < deadline) {
+    auto& socket = links_->next;
+    if (socket.is_open()) socket.close();
+#if defined(__linux__)
+    if (local) {  // a local connection is taken or refused at once
+      const asio::generic::stream_protocol::endpoint named{
+          asio::local::stream_protocol::endpoint(links_->next_local_name)};
+      if (!transport_detail::connect_within(
+              socket, named, std::min(deadline, Clock::now() + std::chrono::seconds(1)))) {
+        links_->next_local = true;
+        return;
+      }
+      socket.close(ec);
+      why = "its local socket refused";
+    }
+#endif
+    if (!local || Clock::now() >= tcp_after) {
+      links_->next_local = false;
+      ec = transport_detail::connect_within(
+          socket, endpoint, std::min(deadline, Clock::now() + std::chrono::seconds(1)));
+      if (!ec) return;
+      why = ec.message();
+    }
+    pollfd none{-1, 0, 0};
+    ::poll(&none, 0, 100);
+  }
+  throw Error(ErrorCode::kDeadlineExceeded,
+              "ring: rank " + std::to_string(rank_) + " could not connect to " + links_->next_name +
+                  " within " + std::to_string(options_.form_timeout.count()) + " ms: " + why);
+}
+
+inline void TcpRing::accept_previous(asio::ip::tcp::acceptor& acceptor,
+                                     asio::local::stream_protocol::acceptor* locally,
+                                     const Credentials& credentials, Clock::time_point deadline) {
+  while (true) {
+    std::error_code ec;
+    if (locally != nullptr) {
+      asio::local::stream_protocol::socket accepted(links_->io);
+      locally->accept(accepted, ec);
+      if (!ec) {
+        links_->previous = transport_detail::StreamSocket(std::move(accepted));
+        links_->previous.non_blocking(true);
+        links_->previous_local = true;
+        return;
+      }
+    }
+    asio::ip::tcp::socket accepted(links_->io);
+    acceptor.accept(accepted, ec);
+    if (!ec) {
+      links_->previous = transport_detail::StreamSocket(std::move(accepted));
+      links_->previous.non_blocking(true);
+      links_->previous_local = false;
+      return;
+    }
+    if (ec != asio::error::would_block && ec != asio::error::try_again) {
+      throw Error(ErrorCode::kUnavailable,
+                  "ring: rank " + std::to_string(rank_) + " cannot accept: " + ec.message());
+    }
+    if (Clock::now() >= deadline) {
+      throw Error(ErrorCode::kDeadlineExceeded,
+                  "ring: rank " + std::to_string(rank_) + ": " + links_->previous_name +
+                      " did not connect within " + std::to_string(options_.form_timeout.count()) +
+                      " ms");
+    }
+    std::array<pollfd, 3> fds{
+        pollfd{acceptor.native_handle(), POLLIN, 0},
+        pollfd{links_->next.native_handle(), welcomed_ ? short{0} : short{POLLIN}, 0},
+        pollfd{locally != nullptr ? locally->native_handle() : -1, POLLIN, 0}};
+    ::poll(fds.data(), fds.size(), 100);
+    if (!welcomed_ && fds[1].revents != 0) {
+      if (answered_) {
+        check_welcome(credentials, deadline);
+      } else {
+        answer_next(credentials, Node::worker(static_cast<std::uint32_t>(rank_)), deadline);
+      }
+    }
+  }
+}
+
+inline void TcpRing::answer_next(const Credentials& credentials, const Node& self,
+                                 Clock::time_point deadline) {
+  challenge_ = from_next([&] { return read_handshake<wire::Challenge>(links_->next, deadline); });
+  if (challenge_.job != credentials.job || challenge_.ps != next()) {
+    throw Error(ErrorCode::kUnauthenticated, "ring: " + links_->next_name + " answered as rank " +
+                                                 std::to_string(challenge_.ps) + " of job '" +
+                                                 challenge_.job.substr(0, wire::kMaxJobName) + "'");
+  }
+  said_ = wire::hello_for(credentials, challenge_, self, wire::Hello::kRingLink);
+  write_frame(links_->next, wire::encode(wire::Handshake{said_}, 0), deadline);
+  answered_ = true;
+}
+
+inline void TcpRing::check_welcome(const Credentials& credentials, Clock::time_point deadline) {
+  wire::Handshake message = from_next([&] {
+    const auto bytes = read_frame(links_->next, deadline);
+    return wire::decode_handshake(bytes.first, bytes.second);
+  });
+  if (auto* refusal = std::get_if<wire::Refusal>(&message)) {
+    // kUnavailable: the next rank forms another ring now (this one's view is stale).
+    throw Error(refusal->code == ErrorCode::kUnavailable ? ErrorCode::kUnavailable
+                                                         : ErrorCode::kUnauthenticated,
+                "ring: " + links_->next_name + " refused rank " + std::to_string(rank_) + ": " +
+                    refusal->reason);
+  }
+  const auto* welcome = std::get_if<wire::Welcome>(&message);
+  if (welcome == nullptr || !wire::welcome_proves(credentials, challenge_, said_, *welcome)) {
+    throw Error(ErrorCode::kUnauthenticated,
+                "ring: " + links_->next_name +
+                    " did not prove the job's shared secret (a wrong PULLEY_SECRET?)");
+  }
+  if (!incarnations_.empty() && welcome->server != incarnations_[next()]) {
+    throw Error(ErrorCode::kUnavailable,
+                "ring: " + links_->next_name + " is another process than the ring's");
+  }
+  welcomed_ = true;
+}
+
+template <class Read>
+std::invoke_result_t<Read&> TcpRing::from_next(Read read) {
+  try {
+    return read();
+  } catch (const wire::Malformed& e) {
+    throw Error(ErrorCode::kUnavailable,
+                "ring: " + links_->next_name + " is not a pulley ring rank: " + e.what());
+  }
+}
+
+}  // namespace pulley
+// ---- end pulley/transport/impl/tcp_ring_connect.hpp ----
+// ---- begin pulley/transport/impl/tcp_ring_form.hpp ----
+
+/// TcpRing's forming (declared in transport/tcp_ring.hpp, which includes this header after the
+/// class): the constructor that forms the ring, the forming itself (listening, the previous
+/// rank's hello checked, welcomed or refused), the shared memory the local links agree on, and
+/// forming's reads and writes by a deadline.
+
+namespace pulley {
+
+inline TcpRing::TcpRing(std::size_t rank, const std::vector<std::string>& addresses,
+                        const Credentials& credentials, TcpRingOptions options,
+                        asio::ip::tcp::acceptor* listening,
+                        asio::local::stream_protocol::acceptor* listening_locally,
+                        std::vector<std::uint64_t> incarnations)
+    : links_(std::make_unique<Links>()),
+      rank_(rank),
+      size_(addresses.size()),
+      options_(options),
+      incarnations_(std::move(incarnations)) {
+  if (addresses.empty() || rank >= addresses.size() ||
+      (!incarnations_.empty() && incarnations_.size() != size_)) {
+    throw Error(ErrorCode::kInvalidArgument, "ring: rank " + std::to_string(rank) +
+                                                 " of a ring of " +
+                                                 std::to_string(addresses.size()) + " addresses");
+  }
+  transport_detail::check_ring_credentials(credentials, options);
+  if (size_ == 1) return;
+  std::vector<Address> parsed;
+  for (const std::string& a : addresses) parsed.push_back(parse_address(a));
+  links_->next_name = "rank " + std::to_string(next()) + " at " + addresses[next()];
+  links_->previous_name = "rank " + std::to_string(previous());
+  links_->next_local_name = transport_detail::ring_socket_name(addresses[next()]);
+  std::optional<asio::local::stream_protocol::acceptor> own_local;
+  if (listening == nullptr && options_.local_sockets) {
+    own_local = transport_detail::listen_locally(
+        links_->io, transport_detail::ring_socket_name(addresses[rank_]));
+    if (own_local) listening_locally = &*own_local;
+  }
+  form(parsed, credentials, listening, options_.local_sockets ? listening_locally : nullptr);
+}
+
+inline void TcpRing::form(const std::vector<Address>& addresses, const Credentials& credentials,
+                          asio::ip::tcp::acceptor* listening,
+                          asio::local::stream_protocol::acceptor* listening_locally) {
+  const auto deadline = Clock::now() + options_.form_timeout;
+  auto& io = links_->io;
+  std::optional<asio::ip::tcp::acceptor> own;
+  if (listening == nullptr) {
+    own.emplace(
+        transport_detail::listen(io, transport_detail::resolve_listen_endpoint(
+                                         io, addresses[rank_].host, addresses[rank_].port)));
+    own->non_blocking(true);
+    listening = &*own;
+  }
+  asio::ip::tcp::acceptor& acceptor = *listening;
+  connect_next(addresses[next()], deadline);
+  const Node self = Node::worker(static_cast<std::uint32_t>(rank_));
+  const Node expected = Node::worker(static_cast<std::uint32_t>(previous()));
+  while (true) {
+    accept_previous(acceptor, listening_locally, credentials, deadline);
+    const auto until = std::min(deadline, Clock::now() + std::chrono::seconds(10));
+    const wire::Challenge challenge{credentials.job, static_cast<std::uint32_t>(rank_),
+                                    wire::make_nonce()};
+    // Whatever goes wrong on an accepted connection (a stranger that hangs up, stalls or
+    // speaks another protocol) drops it, and the next one is accepted; the next rank's
+    // link is another matter: its failures end the forming.
+    const auto drop = [&](const char* what) {
+      log(LogLevel::kWarning,
+          "ring: rank " + std::to_string(rank_) + " dropped a connection: " + what);
+      std::error_code ignored;
+      links_->previous.close(ignored);
+    };
+    try {
+      write_frame(links_->previous, wire::encode(wire::Handshake{challenge}, 0), until);
+    } catch (const std::exception& e) {
+      if (Clock::now() >= deadline) throw;
+      drop(e.what());
+      continue;
+    }
+    if (!answered_) answer_next(credentials, self, deadline);
+    try {
+      const auto hello = read_handshake<wire::Hello>(links_->previous, until);
+      std::string refusal = wire::refusal_reason(credentials, challenge, hello);
+      ErrorCode code = ErrorCode::kUnauthenticated;
+      if (refusal.empty() && hello.shard == wire::Hello::kRingRendezvous) {
+        // A worker checking in (TcpRingRendezvous) while this one forms: it asks again.
+        refusal = "rank " + std::to_string(rank_) + " is forming a ring: check in again";
+        code = ErrorCode::kUnavailable;
+      } else if (refusal.empty() &&
+                 (hello.shard != wire::Hello::kRingLink || !(hello.peer == expected))) {
+        refusal = hello.peer.name() + " is not " + expected.name() + " of the ring";
+      } else if (refusal.empty() && !incarnations_.empty() &&
+                 hello.incarnation != incarnations_[previous()]) {
+        // A worker of the job that forms another ring (an older view): it regroups.
+        refusal = "the process that claims " + expected.name() +
+                  " is not the ring's (one of an older ring?)";
+        code = ErrorCode::kUnavailable;
+      }
+      if (!refusal.empty()) {
+        if (code == ErrorCode::kUnauthenticated) {
+          log(LogLevel::kWarning,
+              "ring: rank " + std::to_string(rank_) + " refused a connection: " + refusal);
+        }
+        try {
+          write_frame(links_->previous,
+                      wire::encode(wire::Handshake{wire::Refusal{code, refusal}}, 0), until);
+        } catch (const Error&) {  // it hung up first
+        }
+        std::error_code ignored;
+        links_->previous.close(ignored);
+        continue;
+      }
+      write_frame(links_->previous,
+                  wire::encode(wire::Handshake{wire::Welcome{
+                                   wire::server_proof(credentials.secret, challenge, hello),
+                                   wire::incarnation()}},
+                               0),
+                  until);
+      break;
+    } catch (const std::exception& e) {
+      if (Clock::now() >= deadline) throw;
+      drop(e.what());
+    }
+  }
+  if (!welcomed_) check_welcome(credentials, deadline);
+  std::error_code ignored;  // (TCP's option; a local socket has no delay to turn off)
+  if (!links_->next_local) links_->next.set_option(asio::ip::tcp::no_delay(true), ignored);
+  if (!links_->previous_local) links_->previous.set_option(asio::ip::tcp::no_delay(true), ignored);
+  if (links_->next_local) transport_detail::widen_local_buffers(links_->next);
+  if (links_->previous_local) transport_detail::widen_local_buffers(links_->previous);
+  if (transport_detail::kSharedRings) share_memory(deadline);
+}
+
+inline void TcpRing::share_memory(Clock::time_point deadline) {
+#if defined(__linux__)
+  transport_detail::SharedRing offered;
+  if (links_->next_local) {
+    if (options_.shared_memory) offered = transport_detail::SharedRing::make();
+    if (!transport_detail::send_fd(links_->next.native_handle(), offered ? offered.fd() : -1)) {
+      throw lost(links_->next_name, "could not offer it shared memory");
+    }
+  }
+  if (links_->previous_local) {
+    int fd = -1;
+    int got = 0;
+    while ((got = transport_detail::receive_fd(links_->previous.native_handle(), fd)) == 0) {
+      await(links_->previous, deadline, links_->previous_name);
+    }
+    if (got < 0) throw lost(links_->previous_name, "closed the connection before sharing memory");
+    if (fd >= 0 && options_.shared_memory) {
+      links_->from_previous = transport_detail::SharedRing::open(fd);
+    } else if (fd >= 0) {
+      ::close(fd);
+    }
+    const std::array<std::byte, 1> answer{links_->from_previous ? std::byte{'Y'} : std::byte{'N'}};
+    write_frame_bytes(links_->previous, answer, deadline);
+  }
+  if (links_->next_local) {
+    std::array<std::byte, 1> answer{};
+    read_bytes(links_->next, answer, deadline, links_->next_name);
+    if (answer[0] == std::byte{'Y'} && offered) links_->to_next = std::move(offered);
+  }
+#else
+  (void)deadline;
+#endif
+}
+
+inline void TcpRing::await(transport_detail::StreamSocket& socket, Clock::time_point deadline,
+                           const std::string& who) const {
+  const auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  if (left <= 0) {
+    throw Error(ErrorCode::kDeadlineExceeded, "ring: rank " + std::to_string(rank_) + ": " + who +
+                                                  " did not finish forming the ring in time");
+  }
+  pollfd fd{socket.native_handle(), POLLIN, 0};
+  ::poll(&fd, 1, static_cast<int>(std::min<std::int64_t>(left, 1000)));
+}
+
+inline void TcpRing::read_bytes(transport_detail::StreamSocket& socket, std::span<std::byte> bytes,
+                                Clock::time_point deadline, const std::string& who) const {
+  while (!bytes.empty()) {
+    std::error_code ec;
+    const std::size_t n = socket.read_some(asio::buffer(bytes.data(), bytes.size()), ec);
+    if (!ec) {
+      bytes = bytes.subspan(n);
+      continue;
+    }
+    if (ec != asio::error::would_block && ec != asio::error::try_again) {
+      throw lost(who, ec == asio::error::eof ? "closed the connection" : ec.message());
+    }
+    await(socket, deadline, who);
+  }
+}
+
+inline void TcpRing::write_frame_bytes(transport_detail::StreamSocket& socket,
+                                       std::span<const std::byte> bytes,
+                                       Clock::time_point deadline) const {
+  while (!bytes.empty()) {
+    std::error_code ec;
+    const std::size_t n = socket.write_some(asio::buffer(bytes.data(), bytes.size()), ec);
+    if (!ec) {
+      bytes = bytes.subspan(n);
+      continue;
+    }
+    if ((ec != asio::error::would_block && ec != asio::error::try_again) ||
+        Clock::now() >= deadline) {
+      throw lost(links_->previous_name, ec.message());
+    }
+    pollfd fd{socket.native_handle(), POLLOUT, 0};
+    ::poll(&fd, 1, 100);
+  }
+}
+
+}  // namespace pulley
+// ---- end pulley/transport/impl/tcp_ring_form.hpp ----
+// ---- begin pulley/transport/impl/tcp_ring_transfer.hpp ----
+
+/// TcpRing's bytes moved (declared in transport/tcp_ring.hpp, which includes this header after
+/// the class): a call's failure that breaks the link for good, bytes received from the previous
+/// rank and written to the next (through the socket or the shared ring), the waits on both
+/// neighbours, and the errors of a neighbour lost or silent.
+
+namespace pulley {
+
+template <class Body>
+void TcpRing::guarded(Body body) {
+  try {
+    body();
+  } catch (...) {
+    links_->out.clear();
+    std::error_code ignored;
+    links_->next.close(ignored);
+    links_->previous.close(ignored);
+    links_->broken = true;
+    throw;
+  }
+}
+
+inline void TcpRing::usable() const {
+  if (links_->broken) {
+    throw Error(ErrorCode::kFailedPrecondition, "ring: rank " + std::to_string(rank_) +
+                                                    "'s link failed before: form the ring again");
+  }
+}
+
+inline void TcpRing::receive_now(std::span<std::byte> bytes) {
+  auto last = Clock::now();
+  while (!bytes.empty()) {
+    if (links_->from_previous) {
+      if (const std::size_t n =
+              links_->from_previous.read(bytes, links_->previous.native_handle())) {
+        bytes = bytes.subspan(n);
+        last = Clock::now();
+        continue;
+      }
+    } else {
+      std::error_code ec;
+      const std::size_t n =
+          links_->previous.read_some(asio::buffer(bytes.data(), bytes.size()), ec);
+      if (!ec) {
+        bytes = bytes.subspan(n);
+        last = Clock::now();
+        continue;
+      }
+      if (ec != asio::error::would_block && ec != asio::error::try_again) {
+        throw lost(links_->previous_name,
+                   ec == asio::error::eof ? "closed the connection" : ec.message());
+      }
+    }
+    if (!links_->out.empty() && write_now()) continue;
+    if (!wait(true, last)) throw silent(links_->previous_name, "send");
+  }
+}
+
+inline void TcpRing::flush_now() {
+  auto last = Clock::now();
+  while (!links_->out.empty()) {
+    if (write_now()) {
+      last = Clock::now();
+      continue;
+    }
+    if (!wait(false, last)) throw silent(links_->next_name, "receive");
+  }
+}
+
+inline bool TcpRing::wait(bool reading, Clock::time_point last) {
+  const bool writing = !links_->out.empty();
+  if (looked_again(reading, writing)) return true;
+  if (reading && links_->from_previous && !links_->from_previous.reader_sleeps()) return true;
+  if (writing && links_->to_next && !links_->to_next.writer_sleeps()) return true;
+  if (reading && links_->from_previous && links_->previous_closed) {
+    throw lost(links_->previous_name, "closed the connection");
+  }
+  std::array<pollfd, 2> fds{
+      pollfd{links_->previous.native_handle(), POLLIN, 0},
+      pollfd{links_->next.native_handle(), links_->to_next ? short{POLLIN} : short{POLLOUT}, 0}};
+  if (!reading) fds[0].fd = -1;
+  if (!writing) fds[1].fd = -1;
+  if (::poll(fds.data(), fds.size(), wait_ms(last)) == 0)
+    return Clock::now() - last < options_.timeout;
+  if (links_->from_previous && fds[0].revents != 0 && !ring_off(links_->previous))
+    links_->previous_closed = true;
+  if (links_->to_next && fds[1].revents != 0 && !ring_off(links_->next)) {
+    throw lost(links_->next_name, "closed the connection");
+  }
+  return Clock::now() - last <
+         options_.timeout;  // (a neighbour that rings and moves nothing is silent)
+}
+
+inline bool TcpRing::looked_again(bool reading, bool writing) {
+  if ((reading && !links_->from_previous) || (writing && !links_->to_next)) return false;
+  return spin_until(
+      [&] {
+        return (reading && links_->from_previous.has_data()) ||
+               (writing && links_->to_next.has_room());
+      },
+      Clock::now() + spin_before_sleep());
+}
+
+inline bool TcpRing::ring_off(transport_detail::StreamSocket& socket) {
+  std::array<std::byte, 64> bells;
+  while (true) {
+    std::error_code ec;
+    const std::size_t n = socket.read_some(asio::buffer(bells), ec);
+    if (ec == asio::error::would_block || ec == asio::error::try_again) return true;
+    if (ec || n == 0) return false;
+  }
+}
+
+inline bool TcpRing::write_now() {
+  auto& out = links_->out;
+  bool wrote = false;
+  if (links_->to_next) {
+    while (!out.empty()) {
+      const std::size_t n = links_->to_next.write(out.front(), links_->next.native_handle());
+      if (n == 0) break;
+      wrote = true;
+      links_->written += n;
+      if (n < out.front().size()) {
+        out.front() = out.front().subspan(n);
+      } else {
+        out.pop_front();
+      }
+    }
+    return wrote;
+  }
+  while (!out.empty()) {
+    std::array<asio::const_buffer, 16> buffers;
+    std::size_t count = 0;
+    for (auto it = out.begin(); it != out.end() && count < buffers.size(); ++it) {
+      buffers[count++] = asio::const_buffer(it->data(), it->size());
+    }
+    std::error_code ec;
+    std::size_t n = links_->next.write_some(std::span(buffers.data(), count), ec);
+    if (ec == asio::error::would_block || ec == asio::error::try_again) return wrote;
+    if (ec) throw lost(links_->next_name, ec.message());
+    wrote = true;
+    links_->written += n;
+    while (n > 0) {
+      if (n < out.front().size()) {
+        out.front() = out.front().subspan(n);
+        break;
+      }
+      n -= out.front().size();
+      out.pop_front();
+    }
+  }
+  return wrote;
+}
+
+inline int TcpRing::wait_ms(Clock::time_point last) const {
+  const auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(last + options_.timeout - Clock::now());
+  return static_cast<int>(std::clamp<std::int64_t>(left.count(), 0, 1000));
+}
+
+inline Error TcpRing::lost(const std::string& who, const std::string& why) const {
+  return Error(ErrorCode::kUnavailable,
+               "ring: rank " + std::to_string(rank_) + " lost " + who + ": " + why);
+}
+
+inline Error TcpRing::silent(const std::string& who, const char* what) const {
+  return Error(ErrorCode::kDeadlineExceeded, "ring: rank " + std::to_string(rank_) + " waited " +
+                                                 std::to_string(options_.timeout.count()) +
+                                                 " ms for " + who + " to " + what +
+                                                 " (stopped, or cut off?)");
+}
+
+}  // namespace pulley
+// ---- end pulley/transport/impl/tcp_ring_transfer.hpp ----
 // ---- end pulley/transport/tcp_ring.hpp ----
 // ---- begin pulley/transport/tcp_server.hpp ----
 

@@ -59,6 +59,11 @@ struct TableStats {
 template <RowWiseOptimizer O>
 class EmbeddingTable {
  public:
+  // The longer bodies are defined in ps/impl/ (included at the end of this header), by
+  // concern: the rows, their index and the counters in embedding_table_rows.hpp; updates
+  // and the proven rows in embedding_table_updates.hpp; a checkpoint's cut, its reads, the
+  // eviction log and a restore in embedding_table_cut.hpp.
+
   static constexpr std::size_t kChunkRows = 1024;  ///< rows allocated at a time
 
   /// An empty table of `spec` (its dim must be positive), updated by `optimizer`, whose rows
@@ -88,27 +93,7 @@ class EmbeddingTable {
   /// max_rows, and failing that the row is not created. An empty `out` reads nothing: the
   /// pull's effects on the table alone (PullRows::touch_only).
   void pull(std::span<const std::uint64_t> ids, std::span<float> out, std::int64_t step,
-            bool create = true, std::uint64_t* headroom = nullptr) {
-    const std::size_t d = spec_.dim;
-    headroom_ = headroom;
-    struct Reset {  // whatever happens (a failed allocation throws), the pointer goes
-      std::uint64_t*& headroom;
-      ~Reset() { headroom = nullptr; }
-    } reset{headroom_};
-    const bool read = !out.empty();
-    for_each_found(ids, [&](std::size_t i, std::uint32_t row) {
-      if (row == kNone && create && admit(ids[i], step) && make_room(step)) row = this->create(ids[i]);
-      if (row != kNone && create) touch(row, step);
-      if (!read) return;
-      const std::span<float> into = out.subspan(i * d, d);
-      if (row == kNone) {
-        initialize_row(spec_, seed_, ids[i], into);
-        return;
-      }
-      const float* values = at(row);
-      std::copy(values, values + d, into.begin());
-    });
-  }
+            bool create = true, std::uint64_t* headroom = nullptr);
 
   /// What a row costs against a ps's table budget: its record and its index entry.
   [[nodiscard]] std::uint64_t budget_row_bytes() const noexcept { return record_ * sizeof(float) + 8; }
@@ -131,11 +116,7 @@ class EmbeddingTable {
   /// before a row is read, and each row is updated in place in one pass, the pass judging
   /// the values it writes; only the rows not proven are updated in a copy first and checked.
   bool apply(std::span<const std::uint64_t> ids, std::span<const float> gradients,
-             std::int64_t step, std::int64_t updates) {
-    if (!prepare(ids, gradients, step, updates)) return false;
-    commit(step);
-    return true;
-  }
+             std::int64_t step, std::int64_t updates);
 
   /// The first half of `apply`: returns true if every updated row stays finite, having
   /// computed the rows it could not prove finite in advance into scratch memory; nothing
@@ -143,124 +124,22 @@ class EmbeddingTable {
   /// prepares every table of an update, and commits them only if all (and its dense parts)
   /// stay finite.
   bool prepare(std::span<const std::uint64_t> ids, std::span<const float> gradients,
-               std::int64_t step, std::int64_t updates) {
-    const std::size_t d = spec_.dim;
-    scratch_rows_.clear();
-    in_place_rows_.clear();
-    pending_ = Pending{ids, gradients, updates, false, false};
-    if constexpr (BoundsRowMagnitudes<O>) {
-      const RowContext context{step, updates, spec_.name, 0};
-      pending_.in_place = optimizer_.row_stays_finite_given(kOrdinaryMagnitude, kOrdinaryMagnitude, context) &&
-                          detail::all_ordinary(gradients);
-      if (pending_.in_place && unproven_ == 0) {
-        pending_.one_pass = true;  // every row held is proven: commit finds and updates them
-        return true;
-      }
-    }
-    // A row not proven is updated into a copy first, so that a row going non-finite changes
-    // nothing; each is copied the moment it is found, while its prefetched record is in
-    // cache.
-    scratch_.resize(ids.size() * stride_);
-    for_each_found(ids, [&](std::size_t i, std::uint32_t row) {
-      if (row == kNone) {
-        ++stats_.pushes_dropped;
-        return;
-      }
-      if (pending_.in_place && proven(row)) {
-        in_place_rows_.push_back({row, i});
-        return;
-      }
-      std::copy(at(row), at(row) + stride_, scratch_.data() + scratch_rows_.size() * stride_);
-      scratch_rows_.push_back({row, i});
-    });
-    scratch_.resize(scratch_rows_.size() * stride_);
-    scratch_proven_.assign(scratch_rows_.size(), false);
-    for (std::size_t k = 0; k < scratch_rows_.size(); ++k) {
-      const std::size_t i = scratch_rows_[k].second;
-      float* copy = scratch_.data() + k * stride_;
-      const RowContext context{step, updates, spec_.name, ids[i]};
-      const std::span<float> values(copy, d);
-      const std::span<float> slots(copy + d, stride_ - d);
-      if constexpr (BoundsRowMagnitudes<O>) {
-        scratch_proven_[k] =
-            optimizer_.apply_row_bounded(values, slots, gradients.subspan(i * d, d), context) <= kOrdinaryMagnitude;
-      } else {
-        optimizer_.apply_row(values, slots, gradients.subspan(i * d, d), context);
-      }
-    }
-    if (!detail::all_finite(scratch_)) {
-      ++stats_.updates_refused;
-      scratch_rows_.clear();
-      in_place_rows_.clear();
-      pending_ = Pending{};
-      return false;
-    }
-    return true;
-  }
+               std::int64_t step, std::int64_t updates);
 
   /// The second half of `apply`: updates the proven rows in place and writes the others'
   /// copies back (nothing if the last `prepare` failed or was committed already).
-  void commit(std::int64_t step) {
-    constexpr std::size_t kAhead = 8;
-    if constexpr (BoundsRowMagnitudes<O>) {  // (only then are rows updated in place)
-      if (pending_.one_pass) {
-        for_each_found(pending_.ids, [&](std::size_t i, std::uint32_t row) {
-          if (row == kNone) {
-            ++stats_.pushes_dropped;
-            return;
-          }
-          update_in_place(row, i, step);
-        });
-      }
-      for (std::size_t k = 0; k < in_place_rows_.size(); ++k) {
-        if (k + kAhead < in_place_rows_.size()) prefetch_record(in_place_rows_[k + kAhead].first);
-        update_in_place(in_place_rows_[k].first, in_place_rows_[k].second, step);
-      }
-    }
-    for (std::size_t k = 0; k < scratch_rows_.size(); ++k) {
-      if (k + kAhead < scratch_rows_.size()) prefetch_record(scratch_rows_[k + kAhead].first);
-      const std::uint32_t row = scratch_rows_[k].first;
-      if (frozen_ && row < cut_rows_) keep_for_cut(row);
-      std::copy(scratch_.data() + k * stride_, scratch_.data() + (k + 1) * stride_, at(row));
-      if constexpr (BoundsRowMagnitudes<O>) set_proven(row, scratch_proven_[k]);
-      touch(row, step);
-    }
-    scratch_rows_.clear();
-    in_place_rows_.clear();
-    pending_ = Pending{};
-  }
+  void commit(std::int64_t step);
 
   /// True if `row` (< size()) is proven (BoundsRowMagnitudes): its last update returned a
   /// bound of kOrdinaryMagnitude or less, or, created or restored since, each of its values
   /// and slots is ordinary and no slot is negative. Always false for other optimizers.
-  [[nodiscard]] bool proven(std::uint32_t row) const noexcept {
-    std::uint32_t flag = 0;
-    std::memcpy(&flag, record(row) + 3, sizeof flag);
-    return flag != 0;
-  }
+  [[nodiscard]] bool proven(std::uint32_t row) const noexcept;
   /// Rows held that are not proven.
   [[nodiscard]] std::size_t unproven() const noexcept { return unproven_; }
   /// Removes the rows untouched (neither pulled nor pushed) since global step
   /// `step - spec.evict_after_steps`, and forgets admission counts as old; returns the rows
   /// removed. Does nothing when the spec keeps rows for ever.
-  std::size_t evict(std::int64_t step) {
-    if (spec_.evict_after_steps <= 0 || frozen_) return 0;  // (no row goes during a cut)
-    const std::int64_t before = step - spec_.evict_after_steps;
-    if (before <= 0) return 0;
-    std::size_t removed = 0;
-    for (std::uint32_t row = 0; row < rows_;) {
-      if (static_cast<std::int64_t>(touched_step(row)) < before) {
-        log_eviction(id_of(row), step);
-        erase(row);  // the last row moves here: look at this row again
-        ++removed;
-      } else {
-        ++row;
-      }
-    }
-    std::erase_if(candidates_, [&](const auto& c) { return static_cast<std::int64_t>(c.second.last) < before; });
-    stats_.rows_evicted += removed;
-    return removed;
-  }
+  std::size_t evict(std::int64_t step);
 
   /// Floats per row: its values and slots.
   [[nodiscard]] std::size_t stride() const noexcept { return stride_; }
@@ -274,28 +153,16 @@ class EmbeddingTable {
 
   /// Appends rows [begin, begin + n) to `ids`, `rows` (stride() floats each: values, then
   /// slots) and `touched` (the step each was last pulled or pushed).
-  void read_rows(std::size_t begin, std::size_t n, std::vector<std::uint64_t>& ids, std::vector<float>& rows,
-                 std::vector<std::uint32_t>& touched) const {
-    n = std::min(n, rows_ - std::min(begin, rows_));
-    detail::reserve_on_huge_pages(rows, rows.size() + n * stride_);
-    for (std::size_t k = 0; k < n; ++k) read_row(static_cast<std::uint32_t>(begin + k), ids, rows, touched);
-  }
+  void read_rows(std::size_t begin, std::size_t n, std::vector<std::uint64_t>& ids,
+                 std::vector<float>& rows, std::vector<std::uint32_t>& touched) const;
 
   /// Appends the numbers of the rows touched at or after global step `since` to `out`: the
   /// rows an incremental checkpoint since then holds.
-  void rows_touched_since(std::int64_t since, std::vector<std::uint32_t>& out) const {
-    const std::uint32_t from = clamp_step(since);
-    for (std::uint32_t row = 0; row < rows_; ++row) {
-      if (touched_step(row) >= from) out.push_back(row);
-    }
-  }
+  void rows_touched_since(std::int64_t since, std::vector<std::uint32_t>& out) const;
 
   /// Appends rows `numbers` (each < size()) to `ids`, `rows` and `touched`, as read_rows.
-  void read_rows(std::span<const std::uint32_t> numbers, std::vector<std::uint64_t>& ids, std::vector<float>& rows,
-                 std::vector<std::uint32_t>& touched) const {
-    detail::reserve_on_huge_pages(rows, rows.size() + numbers.size() * stride_);
-    for (const std::uint32_t row : numbers) read_row(row, ids, rows, touched);
-  }
+  void read_rows(std::span<const std::uint32_t> numbers, std::vector<std::uint64_t>& ids,
+                 std::vector<float>& rows, std::vector<std::uint32_t>& touched) const;
 
   // ---- evictions, for incremental checkpoints -------------------------------------------
   // Every row removed (by evict_after_steps or by max_rows) is logged with its step, so that
@@ -311,109 +178,46 @@ class EmbeddingTable {
   [[nodiscard]] std::int64_t evictions_since() const noexcept { return evictions_since_; }
 
   /// Appends the ids evicted at or after global step `since` (≥ evictions_since()).
-  void read_evicted(std::int64_t since, std::vector<std::uint64_t>& out) const {
-    for (const auto& [id, step] : evicted_) {
-      if (static_cast<std::int64_t>(step) >= since) out.push_back(id);
-    }
-  }
+  void read_evicted(std::int64_t since, std::vector<std::uint64_t>& out) const;
 
   /// Forgets the evictions before global step `step`: no checkpoint since an earlier step
   /// will be asked for.
-  void forget_evictions_before(std::int64_t step) {
-    if (step <= evictions_since_) return;
-    std::erase_if(evicted_, [&](const auto& e) { return static_cast<std::int64_t>(e.second) < step; });
-    evictions_since_ = step;
-  }
+  void forget_evictions_before(std::int64_t step);
 
   /// Appends the ids admission is counting, each with its count and the step last pulled.
   void read_candidates(std::vector<std::uint64_t>& ids, std::vector<std::uint32_t>& counts,
-                       std::vector<std::uint32_t>& steps) const {
-    for (const auto& [id, c] : candidates_) {
-      ids.push_back(id);
-      counts.push_back(c.count);
-      steps.push_back(c.last);
-    }
-  }
+                       std::vector<std::uint32_t>& steps) const;
 
   /// A checkpoint's cut begins: until end_cut, read_rows gives rows [0, size()) as they are
   /// now, however training changes them meanwhile (an update copies a row aside the first
   /// time it changes it: copy-on-write), and no row is evicted or renumbered (the max_rows
   /// cap and evict_after_steps wait). So the ps trains on while the cut is read; the memory
   /// it costs is the rows updated meanwhile.
-  void begin_cut() {
-    end_cut();
-    frozen_ = true;
-    cut_rows_ = rows_;
-  }
+  void begin_cut();
   /// The cut has been read: what it kept aside goes.
-  void end_cut() noexcept {
-    frozen_ = false;
-    cut_rows_ = 0;
-    kept_at_.clear();
-    std::vector<float>().swap(kept_);
-    std::vector<std::uint32_t>().swap(kept_touched_);
-  }
+  void end_cut() noexcept;
   /// Rows copied aside for the cut (updated since it began).
   [[nodiscard]] std::size_t kept_for_cut() const noexcept { return kept_touched_.size(); }
 
   /// Forgets every row and candidate: a restore at global step `step` follows (whose
   /// evictions are logged from then on).
-  void clear(std::int64_t step) noexcept {
-    chunks_.clear();
-    index_.clear();
-    rows_ = 0;
-    candidates_.clear();
-    scratch_rows_.clear();
-    in_place_rows_.clear();
-    pending_ = Pending{};
-    unproven_ = 0;
-    evicted_.clear();
-    evictions_since_ = step;
-  }
+  void clear(std::int64_t step) noexcept;
 
   /// Sets the row of `id` to `row` (stride() floats: values, then slots; or dim() floats:
   /// values, with fresh slots), last touched at `touched`, creating it if it is not held.
   /// Throws kResourceExhausted at the row limit.
-  void restore_row(std::uint64_t id, std::span<const float> row, std::uint32_t touched) {
-    std::uint32_t r = find(id);
-    if (r == kNone) {
-      r = create(id, true);
-      --stats_.rows_created;  // restored, not created
-    } else if (row.size() < stride_) {
-      optimizer_.init_row(std::span<float>(at(r) + spec_.dim, stride_ - spec_.dim));
-    }
-    std::copy(row.begin(), row.begin() + static_cast<std::ptrdiff_t>(std::min(row.size(), stride_)), at(r));
-    set_touched(r, clamp_step(touched));
-    prove_as_held(r);
-  }
+  void restore_row(std::uint64_t id, std::span<const float> row, std::uint32_t touched);
 
   /// Sets the admission count of `id`, which has no row, to `count` pulls, the last at `step`.
-  void restore_candidate(std::uint64_t id, std::uint32_t count, std::uint32_t step) {
-    if (spec_.admit_after <= 1 || find(id) != kNone) return;
-    candidates_[id] = Candidate{std::min(count, spec_.admit_after - 1), clamp_step(step)};
-  }
+  void restore_candidate(std::uint64_t id, std::uint32_t count, std::uint32_t step);
 
   /// Calls `f(id, values, slots)` for every row held (values: dim floats; slots:
   /// kRowSlots × dim floats), in no particular order: what a checkpoint saves.
   template <class F>
-  void for_each_row(F&& f) const {
-    const std::size_t d = spec_.dim;
-    for (std::uint32_t row = 0; row < rows_; ++row) {
-      const float* r = at(row);
-      f(id_of(row), std::span<const float>(r, d), std::span<const float>(r + d, stride_ - d));
-    }
-  }
+  void for_each_row(F&& f) const;
 
   /// Counters and the memory held now.
-  [[nodiscard]] TableStats stats() const noexcept {
-    TableStats s = stats_;
-    s.rows = rows_;
-    s.candidates = candidates_.size();
-    s.bytes = chunks_.size() * kChunkRows * record_ * sizeof(float) +
-              index_.bytes() +
-              candidates_.size() * (sizeof(std::uint64_t) + sizeof(Candidate) + 2 * sizeof(void*));
-    return s;
-  }
+  [[nodiscard]] TableStats stats() const noexcept;
 
  private:
   static constexpr std::uint32_t kNone = IdIndex::kNone;
@@ -459,46 +263,16 @@ class EmbeddingTable {
     return static_cast<std::uint32_t>(std::clamp<std::int64_t>(step, 0, kNone - 1));
   }
   /// Marks `row` proven or not, keeping unproven_.
-  void set_proven(std::uint32_t row, bool is) noexcept {
-    if (proven(row) == is) return;
-    const std::uint32_t flag = is ? 1 : 0;
-    std::memcpy(record(row) + 3, &flag, sizeof flag);
-    if (is) {
-      --unproven_;
-    } else {
-      ++unproven_;
-    }
-  }
+  void set_proven(std::uint32_t row, bool is) noexcept;
   /// Marks `row`, just created or restored, proven if every value and slot of it is
   /// ordinary and no slot is negative (a slot that must not be negative is then not):
   /// BoundsRowMagnitudes. Does nothing for other optimizers.
-  void prove_as_held(std::uint32_t row) noexcept {
-    if constexpr (BoundsRowMagnitudes<O>) {
-      const float* r = at(row);
-      set_proven(row, detail::all_ordinary(std::span<const float>(r, spec_.dim)) &&
-                          detail::all_ordinary_non_negative(std::span<const float>(r + spec_.dim, stride_ - spec_.dim)));
-    }
-  }
+  void prove_as_held(std::uint32_t row) noexcept;
   /// Updates `row` in place from the pending update's gradient of `ids[i]` (proven finite
   /// in advance), keeping it for a cut first, and marks it proven by the bound it returns.
-  void update_in_place(std::uint32_t row, std::size_t i, std::int64_t step)
-    requires BoundsRowMagnitudes<O>
-  {
-    const std::size_t d = spec_.dim;
-    if (frozen_ && row < cut_rows_) keep_for_cut(row);
-    float* r = at(row);
-    const RowContext context{step, pending_.updates, spec_.name, pending_.ids[i]};
-    const float bound = optimizer_.apply_row_bounded(std::span<float>(r, d), std::span<float>(r + d, stride_ - d),
-                                                     pending_.gradients.subspan(i * d, d), context);
-    set_proven(row, bound <= kOrdinaryMagnitude);
-    touch(row, step);
-  }
-  void touch(std::uint32_t row, std::int64_t step) {
-    const std::uint32_t now = clamp_step(step);
-    if (now <= touched_step(row)) return;
-    if (frozen_ && row < cut_rows_) keep_for_cut(row);  // the cut reads the step it saw
-    set_touched(row, now);
-  }
+  void update_in_place(std::uint32_t row, std::size_t i,
+                       std::int64_t step) requires BoundsRowMagnitudes<O>;
+  void touch(std::uint32_t row, std::int64_t step);
 
   /// Asks the cache for the first lines of `row`'s record, at most kPrefetchBytes of it (the
   /// hardware prefetcher streams the rest of a long one; more would overrun the few line
@@ -513,19 +287,7 @@ class EmbeddingTable {
   /// ahead (prefetch_record): a batch's lookups then wait for memory in parallel, not one
   /// after the other.
   template <class F>
-  void for_each_found(std::span<const std::uint64_t> ids, F&& f) {
-    constexpr std::size_t kIndexAhead = 16;
-    constexpr std::size_t kRecordAhead = 8;
-    const std::size_t n = ids.size();
-    for (std::size_t i = 0; i < n; ++i) {
-      if (i + kIndexAhead < n) index_.prefetch(ids[i + kIndexAhead]);
-      if (i + kRecordAhead < n) {
-        const std::uint32_t row = index_.first_entry(ids[i + kRecordAhead]);
-        if (row != kNone) prefetch_record(row);
-      }
-      f(i, find(ids[i]));
-    }
-  }
+  void for_each_found(std::span<const std::uint64_t> ids, F&& f);
 
   /// Reads a row's id from its record: what the index hashes.
   struct IdOf {
@@ -538,152 +300,31 @@ class EmbeddingTable {
   [[nodiscard]] std::uint32_t find(std::uint64_t id) const noexcept { return index_.find(id, ids()); }
 
   /// Counts a pull of `id`, which has no row: true once it is admitted.
-  bool admit(std::uint64_t id, std::int64_t step) {
-    if (spec_.admit_after <= 1) return true;
-    if (!candidates_.contains(id)) {
-      if (spec_.max_rows > 0 && candidates_.size() >= spec_.max_rows) forget_oldest_candidates();
-      if (headroom_ != nullptr && *headroom_ < kCandidateBytes) {
-        const std::size_t before = candidates_.size();
-        if (before > 0) forget_oldest_candidates();
-        *headroom_ += (before - candidates_.size()) * kCandidateBytes;
-        if (*headroom_ < kCandidateBytes) {
-          ++stats_.rows_capped;  // not even its count fits: it is not counted
-          return false;
-        }
-      }
-      if (headroom_ != nullptr) *headroom_ -= kCandidateBytes;
-    }
-    Candidate& c = candidates_[id];
-    ++c.count;
-    c.last = clamp_step(step);
-    return c.count >= spec_.admit_after;  // its count goes once its row exists (create)
-  }
+  bool admit(std::uint64_t id, std::int64_t step);
 
   /// True if a row can be created under the spec's max_rows: when the table is full, the
   /// least recently touched eighth of its rows go first (rows touched at `step`, which the
   /// step in progress may push, stay; none goes while rows are frozen for a cut).
-  bool make_room(std::int64_t step) {
-    const std::uint64_t cap = spec_.max_rows;
-    auto fits = [&] {
-      return (cap == 0 || rows_ < cap) && (headroom_ == nullptr || *headroom_ >= budget_row_bytes());
-    };
-    if (fits()) return true;
-    const std::uint32_t now = clamp_step(step);
-    if (!frozen_ && full_at_ != now && rows_ > 0) {  // one fruitless pass per step is enough
-      std::vector<std::uint32_t> steps(rows_);
-      for (std::uint32_t row = 0; row < rows_; ++row) steps[row] = touched_step(row);
-      const std::size_t k = std::max<std::size_t>(1, rows_ / 8) - 1;
-      std::nth_element(steps.begin(), steps.begin() + static_cast<std::ptrdiff_t>(k), steps.end());
-      const std::uint32_t oldest = steps[k];  // an eighth of the rows were touched at or before it
-      // Those touched before it, then those touched at it, up to an eighth in all.
-      std::size_t removed = 0;
-      for (const bool ties : {false, true}) {
-        for (std::uint32_t row = 0; row < rows_ && removed <= k;) {
-          const std::uint32_t touched = touched_step(row);
-          if (touched < now && (ties ? touched == oldest : touched < oldest)) {
-            log_eviction(id_of(row), now);
-            erase(row);  // the last row moves here: look at this row again
-            ++removed;
-          } else {
-            ++row;
-          }
-        }
-      }
-      stats_.rows_capped += removed;
-      if (headroom_ != nullptr) *headroom_ += removed * budget_row_bytes();
-      if (removed == 0) full_at_ = now;
-    }
-    if (fits()) return true;
-    ++stats_.rows_capped;  // nothing could go: this row is not created
-    return false;
-  }
+  bool make_room(std::int64_t step);
 
   /// A new row for `id` (absent), with its initial value and fresh slots.
   /// With `values_only`, the values are left for the caller to set (a restore).
-  std::uint32_t create(std::uint64_t id, bool values_only = false) {
-    if (rows_ >= kNone - 1) {
-      throw Error(ErrorCode::kResourceExhausted, "table '" + spec_.name + "' holds 2^32 - 2 rows on this ps");
-    }
-    if (rows_ == chunks_.size() * kChunkRows) {
-      chunks_.push_back(Chunk{std::vector<float>(kChunkRows * record_)});
-    }
-    const auto row = static_cast<std::uint32_t>(rows_);
-    float* r = at(row);
-    if (!values_only) initialize_row(spec_, seed_, id, std::span<float>(r, spec_.dim));
-    optimizer_.init_row(std::span<float>(r + spec_.dim, stride_ - spec_.dim));
-    set_id(row, id);
-    set_touched(row, 0);
-    const std::uint32_t not_proven = 0;  // (a fresh chunk's records hold 0; a reused one's may not)
-    std::memcpy(record(row) + 3, &not_proven, sizeof not_proven);
-    index_.insert(row, ids());  // (a failed allocation leaves the row unused)
-    ++rows_;
-    ++unproven_;
-    if (!values_only) prove_as_held(row);  // (a restore proves it once its values are in)
-    if (headroom_ != nullptr) *headroom_ -= std::min(*headroom_, budget_row_bytes());
-    ++stats_.rows_created;
-    if (spec_.admit_after > 1 && candidates_.erase(id) > 0 && headroom_ != nullptr) {
-      *headroom_ += kCandidateBytes;  // admitted: its count is done
-    }
-    return row;
-  }
+  std::uint32_t create(std::uint64_t id, bool values_only = false);
 
   /// Forgets the admission counts of the ids pulled longest ago: at least half of them.
-  void forget_oldest_candidates() {
-    std::vector<std::uint32_t> last;
-    last.reserve(candidates_.size());
-    for (const auto& entry : candidates_) last.push_back(entry.second.last);
-    const auto middle = last.begin() + static_cast<std::ptrdiff_t>(last.size() / 2);
-    std::nth_element(last.begin(), middle, last.end());
-    const std::uint32_t keep_after = *middle;
-    std::erase_if(candidates_, [&](const auto& c) { return c.second.last <= keep_after; });
-  }
+  void forget_oldest_candidates();
 
   /// Copies `row` aside as the cut saw it, unless it was already.
-  void keep_for_cut(std::uint32_t row) {
-    const auto [it, fresh] = kept_at_.try_emplace(row, kept_touched_.size());
-    if (!fresh) return;
-    kept_.insert(kept_.end(), at(row), at(row) + stride_);
-    kept_touched_.push_back(touched_step(row));
-  }
+  void keep_for_cut(std::uint32_t row);
 
   /// Appends `row` as the cut saw it (its copy, if an update changed it since).
   void read_row(std::uint32_t row, std::vector<std::uint64_t>& ids, std::vector<float>& rows,
-                std::vector<std::uint32_t>& touched) const {
-    ids.push_back(id_of(row));
-    if (!kept_at_.empty()) {
-      if (const auto it = kept_at_.find(row); it != kept_at_.end()) {
-        const float* from = kept_.data() + it->second * stride_;
-        rows.insert(rows.end(), from, from + stride_);
-        touched.push_back(kept_touched_[it->second]);
-        return;
-      }
-    }
-    rows.insert(rows.end(), at(row), at(row) + stride_);
-    touched.push_back(touched_step(row));
-  }
+                std::vector<std::uint32_t>& touched) const;
 
-  void log_eviction(std::uint64_t id, std::int64_t step) {
-    if (evicted_.size() >= std::max(kMaxEvictionLog, rows_)) {  // too many: a full checkpoint is next
-      evicted_.clear();
-      evictions_since_ = step + 1;
-      return;
-    }
-    evicted_.emplace_back(id, clamp_step(step));
-  }
+  void log_eviction(std::uint64_t id, std::int64_t step);
 
   /// Removes `row`: its index entry goes, and the last row moves into its place.
-  void erase(std::uint32_t row) {
-    if (!proven(row)) --unproven_;
-    index_.erase(row, ids());
-    const auto last = static_cast<std::uint32_t>(rows_ - 1);
-    if (row != last) {
-      index_.renumber(last, row, ids());
-      std::copy(record(last), record(last) + record_, record(row));
-    }
-    --rows_;
-    const std::size_t needed = (rows_ + kChunkRows - 1) / kChunkRows;
-    while (chunks_.size() > needed + 1) chunks_.pop_back();  // one spare chunk at most
-  }
+  void erase(std::uint32_t row);
 
   TableSpec spec_;
   [[no_unique_address]] O optimizer_;
@@ -721,3 +362,8 @@ class EmbeddingTable {
 };
 
 }  // namespace pulley
+
+// EmbeddingTable's member functions' definitions, by concern.
+#include "pulley/ps/impl/embedding_table_cut.hpp"
+#include "pulley/ps/impl/embedding_table_rows.hpp"
+#include "pulley/ps/impl/embedding_table_updates.hpp"
