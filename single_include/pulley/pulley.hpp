@@ -467,15 +467,44 @@ inline void apply_delta(ModelState& base, ModelState delta) {
 /// returns; `read_checkpoint` checks every length against what is left and every CRC, and
 /// throws `kDataLoss` naming what is wrong, so a checkpoint cut short by a crash or damaged
 /// on disk is never taken for a good one. Integers are little-endian.
+///
+/// The format's constants are in checkpoint/format_constants.hpp, write_checkpoint in
+/// checkpoint/write.hpp, the reading side in checkpoint/read.hpp; this header includes them
+/// all.
+
+// ---- begin pulley/checkpoint/format_constants.hpp ----
+
+/// The checkpoint format's constants (the format is described in checkpoint/format.hpp):
+/// the index's magic and format versions, and how the data file lays out its tensors and
+/// the tables' arrays. The format is little-endian, so big-endian hosts are refused here.
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+
+static_assert(std::endian::native == std::endian::little,
+              "pulley's checkpoint format is little-endian; big-endian hosts are not supported");
+
+namespace pulley::checkpoint {
+
+inline constexpr char kMagic[8] = {'P', 'U', 'L', 'L', 'E', 'Y', 'C', 'K'};
+inline constexpr std::uint32_t kFormatVersion = 3;  ///< bumped on any incompatible change
+inline constexpr std::uint32_t kOldestVersion = 1;  ///< the oldest version read
+inline constexpr std::size_t kChunkBytes = std::size_t{64} << 20U;  ///< of a table's arrays
+inline constexpr std::size_t kAlignment = 64;  ///< of each tensor in the data file
+
+}  // namespace pulley::checkpoint
+// ---- end pulley/checkpoint/format_constants.hpp ----
+// ---- begin pulley/checkpoint/read.hpp ----
+
+/// The reading side of a checkpoint (checkpoint/format.hpp describes the format):
+/// read_checkpoint, the whole state or only its index, and read_checkpoint_into, which reads
+/// into the memory of the tensors a state already holds; every length and CRC is checked.
 
 #include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <bit>
-#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -483,8 +512,7 @@ inline void apply_delta(ModelState& base, ModelState delta) {
 #include <optional>
 #include <span>
 #include <string>
-#include <string_view>
-#include <type_traits>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -638,19 +666,25 @@ inline std::uint32_t crc32c(std::span<const float> values, std::uint32_t crc = 0
 
 }  // namespace pulley::checkpoint
 // ---- end pulley/checkpoint/crc32c.hpp ----
+// ---- begin pulley/checkpoint/detail/file.hpp ----
 
-static_assert(std::endian::native == std::endian::little,
-              "pulley's checkpoint format is little-endian; big-endian hosts are not supported");
+/// detail::File, a file descriptor whose writes, reads and flushes are checked (throwing
+/// kUnavailable when the system refuses, kDataLoss when a read finds the file cut short),
+/// and detail::sync_directory: the disk access shared by the checkpoint writer and reader.
 
-namespace pulley::checkpoint {
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
-inline constexpr char kMagic[8] = {'P', 'U', 'L', 'L', 'E', 'Y', 'C', 'K'};
-inline constexpr std::uint32_t kFormatVersion = 3;  ///< bumped on any incompatible change
-inline constexpr std::uint32_t kOldestVersion = 1;  ///< the oldest version read
-inline constexpr std::size_t kChunkBytes = std::size_t{64} << 20U;  ///< of a table's arrays
-inline constexpr std::size_t kAlignment = 64;       ///< of each tensor in the data file
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <span>
+#include <string>
 
-namespace detail {
+namespace pulley::checkpoint::detail {
 
 /// A file descriptor, closed when it goes.
 class File {
@@ -698,8 +732,8 @@ class File {
 
  private:
   [[noreturn]] void fail(const char* what) const {
-    throw Error(ErrorCode::kUnavailable, std::string(what) + " " + path_.string() + ": " +
-                                             std::strerror(errno));
+    throw Error(ErrorCode::kUnavailable,
+                std::string(what) + " " + path_.string() + ": " + std::strerror(errno));
   }
 
   int fd_;
@@ -711,6 +745,26 @@ inline void sync_directory(const std::filesystem::path& dir) {
   File d(dir, O_RDONLY | O_DIRECTORY);
   d.sync();
 }
+
+}  // namespace pulley::checkpoint::detail
+// ---- end pulley/checkpoint/detail/file.hpp ----
+// ---- begin pulley/checkpoint/detail/index_fields.hpp ----
+
+/// The fields of a checkpoint's index: detail::IndexWriter appends little-endian fields to
+/// a byte string, detail::IndexReader reads them back, each checked against the bytes left,
+/// and detail::TensorRef (where a tensor lies in the data file) is written and read with
+/// put_ref and get_ref.
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+
+namespace pulley::checkpoint::detail {
 
 /// Appends little-endian fields to a byte string.
 class IndexWriter {
@@ -754,7 +808,8 @@ class IndexReader {
   /// A count of items of at least `bytes_each` bytes each: no more than can follow.
   std::uint32_t get_count(std::size_t bytes_each) {
     const auto n = get<std::uint32_t>();
-    if (static_cast<std::uint64_t>(n) * bytes_each > bytes_.size()) bad("a count larger than the index");
+    if (static_cast<std::uint64_t>(n) * bytes_each > bytes_.size())
+      bad("a count larger than the index");
     return n;
   }
   [[nodiscard]] std::size_t left() const noexcept { return bytes_.size(); }
@@ -793,7 +848,343 @@ inline TensorRef get_ref(IndexReader& r) {
   return ref;
 }
 
+}  // namespace pulley::checkpoint::detail
+// ---- end pulley/checkpoint/detail/index_fields.hpp ----
+
+namespace pulley::checkpoint {
+
+namespace detail {
+
+/// Reads `count` bytes at `offset` into `out` and returns their CRC-32C, a chunk at a time so
+/// that each is summed while it is still in the processor's cache.
+inline std::uint32_t read_summed(const File& file, std::span<std::byte> out, std::uint64_t offset) {
+  constexpr std::size_t kChunk = std::size_t{256} << 10U;
+  std::uint32_t crc = 0;
+  while (!out.empty()) {
+    const std::span<std::byte> chunk = out.first(std::min(kChunk, out.size()));
+    file.read_at(chunk, offset);
+    crc = crc32c(std::span<const std::byte>(chunk), crc);
+    offset += chunk.size();
+    out = out.subspan(chunk.size());
+  }
+  return crc;
+}
+
+/// Makes `tensor` hold `n` floats. New memory of 4 MiB or more is first asked to be backed by
+/// huge pages (madvise; where transparent huge pages are on "madvise", as Debian's default):
+/// a read into memory not touched yet is bound by its page faults, 512 times fewer so.
+inline void size_for_read(std::vector<float>& tensor, std::size_t n) {
+#if defined(MADV_HUGEPAGE)
+  constexpr std::uintptr_t kHuge = std::uintptr_t{2} << 20U;
+  if (tensor.capacity() < n && n * sizeof(float) >= 2 * kHuge) {
+    std::vector<float> fresh;
+    fresh.reserve(n);
+    const auto begin = reinterpret_cast<std::uintptr_t>(fresh.data());
+    const std::uintptr_t from = (begin + kHuge - 1) & ~(kHuge - 1);
+    const std::uintptr_t to = (begin + n * sizeof(float)) & ~(kHuge - 1);
+    if (to > from) ::madvise(reinterpret_cast<void*>(from), to - from, MADV_HUGEPAGE);  // a hint
+    tensor = std::move(fresh);
+  }
+#endif
+  tensor.resize(n);
+}
+
+/// Takes the tensors of `old`, by variable name and slot name, to read into again.
+class TensorPool {
+ public:
+  explicit TensorPool(ModelState& old) {
+    for (VariableState& v : old.variables) {
+      tensors_.push_back({v.spec.name, {}, &v.values});
+      for (SlotState& s : v.slots) tensors_.push_back({v.spec.name, s.name, &s.values});
+    }
+  }
+  /// Moves the pooled tensor of `variable` (its slot `slot`, or its values when empty) into
+  /// `into`, if there is one.
+  void take(const std::string& variable, const std::string& slot, std::vector<float>& into) {
+    for (Entry& e : tensors_) {
+      if (e.from != nullptr && e.variable == variable && e.slot == slot) {
+        into = std::move(*e.from);
+        e.from = nullptr;
+        return;
+      }
+    }
+  }
+
+ private:
+  struct Entry {
+    std::string variable, slot;
+    std::vector<float>* from;
+  };
+  std::vector<Entry> tensors_;
+};
+
+/// `table_rows`, if given, gets each table's row count and then its count of evicted ids
+/// from the index (read with or without the values): two numbers per table.
+inline ModelState read_checkpoint(const std::filesystem::path& dir, bool values, ModelState* reuse,
+                                  std::vector<std::uint64_t>* table_rows = nullptr);
+
 }  // namespace detail
+
+/// Reads the checkpoint in `dir`. With `values` false only the index is read (every field
+/// checked, the tensors left empty): what the checkpoint holds, without its weight. Throws
+/// kDataLoss naming the problem for anything incomplete or damaged (a missing index, a
+/// wrong magic or version, a bad CRC, a data file shorter than the index says).
+inline ModelState read_checkpoint(const std::filesystem::path& dir, bool values = true) {
+  return detail::read_checkpoint(dir, values, nullptr);
+}
+
+/// Reads the checkpoint in `dir` into `into`, reading each tensor into the memory of the
+/// tensor of the same variable and slot that `into` holds, if any: an evaluator that scores
+/// checkpoint after checkpoint, or a ps restored again, touches no new memory (on a machine
+/// where first touching memory costs more than reading it, several times as fast). `into`
+/// is replaced whole, and on an error (as read_checkpoint) left valid but unspecified.
+inline void read_checkpoint_into(const std::filesystem::path& dir, ModelState& into) {
+  into = detail::read_checkpoint(dir, true, &into);
+}
+
+inline ModelState detail::read_checkpoint(const std::filesystem::path& dir, bool values,
+                                          ModelState* reuse,
+                                          std::vector<std::uint64_t>* table_rows) {
+  const std::string where = "checkpoint " + dir.string();
+  std::string bytes;
+  {
+    std::error_code ec;
+    if (!std::filesystem::exists(dir / "index", ec)) {
+      throw Error(ErrorCode::kDataLoss, where + " has no index (it was never finished)");
+    }
+    detail::File file(dir / "index", O_RDONLY);
+    const std::uint64_t size = file.size();
+    if (size > (std::uint64_t{1} << 32U))
+      throw Error(ErrorCode::kDataLoss, where + ": an index of 4 GiB or more");
+    bytes.resize(static_cast<std::size_t>(size));
+    file.read_at(std::as_writable_bytes(std::span(bytes.data(), bytes.size())), 0);
+  }
+  if (bytes.size() < sizeof kMagic + 8 || std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0) {
+    throw Error(ErrorCode::kDataLoss, where + ": not a pulley checkpoint index");
+  }
+  std::uint32_t stored_crc = 0;
+  std::memcpy(&stored_crc, bytes.data() + bytes.size() - 4, 4);
+  const auto body = std::span(bytes.data(), bytes.size() - 4);
+  if (crc32c(std::as_bytes(body)) != stored_crc) {
+    throw Error(ErrorCode::kDataLoss,
+                where + ": the index is damaged (its CRC-32C does not match)");
+  }
+  detail::IndexReader in(body.subspan(sizeof kMagic), where);
+  const auto version = in.get<std::uint32_t>();
+  if (version < kOldestVersion || version > kFormatVersion) {
+    in.bad("format version " + std::to_string(version) + ", this pulley reads versions " +
+           std::to_string(kOldestVersion) + " to " + std::to_string(kFormatVersion));
+  }
+  ModelState state;
+  state.global_step = in.get<std::int64_t>();
+  for (std::uint32_t i = 0, n = in.get_count(8); i < n; ++i)
+    state.pacer.push_back(in.get<std::int64_t>());
+  struct Pending {
+    std::vector<float>* into;
+    detail::TensorRef ref;
+    std::string what;
+  };
+  std::vector<Pending> tensors;
+  const std::uint32_t num_variables = in.get_count(20);
+  state.variables.resize(num_variables);
+  for (VariableState& v : state.variables) {
+    v.spec.name = in.get_string();
+    for (std::uint32_t d = 0, rank = in.get_count(8); d < rank; ++d) {
+      v.spec.shape.push_back(static_cast<std::size_t>(in.get<std::uint64_t>()));
+    }
+    v.spec.initializer.kind = static_cast<Initializer::Kind>(in.get<std::uint8_t>());
+    v.spec.initializer.value = in.get<float>();
+    tensors.push_back({&v.values, detail::get_ref(in), "'" + v.spec.name + "'"});
+    for (std::uint32_t s = 0, n = in.get_count(24); s < n; ++s) {
+      v.slots.push_back({in.get_string(), {}});
+      tensors.push_back({nullptr, detail::get_ref(in),
+                         "slot '" + v.slots.back().name + "' of '" + v.spec.name + "'"});
+    }
+    for (std::uint32_t c = 0, n = in.get_count(4); c < n; ++c)
+      v.counter_names.push_back(in.get_string());
+    for (std::uint32_t p = 0, n = in.get_count(16); p < n; ++p) {
+      PartCounters part;
+      part.rows.begin = static_cast<std::size_t>(in.get<std::uint64_t>());
+      part.rows.end = static_cast<std::size_t>(in.get<std::uint64_t>());
+      for (std::size_t c = 0; c < v.counter_names.size(); ++c)
+        part.values.push_back(in.get<std::int64_t>());
+      v.counters.push_back(std::move(part));
+    }
+  }
+  // Tables (version 2): their specs and where their arrays' chunks lie.
+  struct PendingArray {
+    std::vector<detail::TensorRef> chunks;
+    std::string what;
+  };
+  std::vector<PendingArray> arrays;
+  struct Counts {
+    std::uint64_t rows, candidates, evicted;
+  };
+  std::vector<Counts> counts;     // per table
+  std::uint64_t array_bytes = 0;  // of every table, in all
+  if (version >= 2) {
+    const std::uint32_t num_tables = in.get_count(40);
+    state.table_seed = in.get<std::uint64_t>();
+    if (version >= 3) state.base_step = in.get<std::int64_t>();
+    if (state.base_step < -1 || (state.base_step >= 0 && state.base_step >= state.global_step)) {
+      in.bad("an incremental checkpoint over global step " + std::to_string(state.base_step) +
+             ", not before its own " + std::to_string(state.global_step));
+    }
+    state.tables.resize(num_tables);
+    for (TableState& t : state.tables) {
+      t.spec.name = in.get_string();
+      t.spec.dim = static_cast<std::size_t>(in.get<std::uint64_t>());
+      t.spec.initializer.kind = static_cast<Initializer::Kind>(in.get<std::uint8_t>());
+      t.spec.initializer.value = in.get<float>();
+      t.spec.admit_after = in.get<std::uint32_t>();
+      t.spec.evict_after_steps = in.get<std::int64_t>();
+      t.spec.max_rows = in.get<std::uint64_t>();
+      for (std::uint32_t k = 0, n = in.get_count(4); k < n; ++k)
+        t.slot_names.push_back(in.get_string());
+      for (std::uint32_t k = 0, n = in.get_count(8); k < n; ++k)
+        t.updates.push_back(in.get<std::int64_t>());
+      const auto rows = in.get<std::uint64_t>();
+      const auto candidates = in.get<std::uint64_t>();
+      const std::uint64_t evicted = version >= 3 ? in.get<std::uint64_t>() : 0;
+      if (table_rows != nullptr) table_rows->insert(table_rows->end(), {rows, evicted});
+      counts.push_back({rows, candidates, evicted});
+      if (t.spec.dim == 0 || t.spec.dim > (std::size_t{1} << 16U) || t.slot_names.size() > 64) {
+        in.bad("table '" + t.spec.name + "' has dim " + std::to_string(t.spec.dim) + " and " +
+               std::to_string(t.slot_names.size()) + " slots");
+      }
+      // Sizes are checked against the data file before anything is allocated.
+      const std::uint64_t stride_bytes = t.stride() * sizeof(float);
+      const std::string what = "table '" + t.spec.name + "'";
+      auto array = [&](std::uint64_t count, std::uint64_t each, std::string part) {
+        PendingArray a;
+        a.what = what + " (" + std::move(part) + ")";
+        if (count > (std::uint64_t{1} << 48U) / each) in.bad(a.what + " has too many elements");
+        // Laid out as the writer does: whole chunks of kChunkBytes, the last one shorter.
+        const std::uint64_t bytes_n = count * each;
+        const std::uint64_t chunks = (bytes_n + kChunkBytes - 1) / kChunkBytes;
+        if (in.get_count(20) != chunks) in.bad(a.what + " is not cut into chunks of 64 MiB");
+        for (std::uint64_t c = 0; c < chunks; ++c) {
+          a.chunks.push_back(detail::get_ref(in));
+          if (a.chunks.back().floats !=
+              std::min<std::uint64_t>(kChunkBytes, bytes_n - c * kChunkBytes)) {
+            in.bad(a.what + " is not cut into chunks of 64 MiB");
+          }
+        }
+        array_bytes += bytes_n;
+        if (array_bytes > (std::uint64_t{1} << 62U)) in.bad("tables larger than any data file");
+        arrays.push_back(std::move(a));
+      };
+      array(rows, 8, "ids");
+      array(rows, stride_bytes, "rows");
+      array(rows, 4, "steps");
+      array(candidates, 8, "candidate ids");
+      array(candidates, 4, "candidate counts");
+      array(candidates, 4, "candidate steps");
+      if (version >= 3) array(evicted, 8, "evicted ids");
+    }
+  }
+  if (in.left() != 0) in.bad("bytes after the last table");
+  // Slot tensors point into the slots now that the vectors will not move.
+  {
+    std::size_t t = 0;
+    for (VariableState& v : state.variables) {
+      ++t;
+      for (SlotState& s : v.slots) tensors[t++].into = &s.values;
+    }
+  }
+  for (const VariableState& v : state.variables) {
+    for (const PartCounters& c : v.counters) {
+      if (c.rows.empty() || c.rows.end > v.spec.rows())
+        in.bad("counters of '" + v.spec.name + "' for rows it does not have");
+    }
+  }
+  std::optional<detail::TensorPool> pool;
+  if (reuse != nullptr && values) pool.emplace(*reuse);
+  detail::File data(dir / "data", O_RDONLY);
+  const std::uint64_t data_size = data.size();
+  for (std::size_t t = 0, vi = 0; t < tensors.size(); ++vi) {
+    const VariableState& v = state.variables[vi];
+    for (std::size_t k = 0; k <= v.slots.size(); ++k, ++t) {
+      const Pending& p = tensors[t];
+      if (p.ref.floats != v.spec.size()) in.bad(p.what + " has the wrong number of elements");
+      const std::uint64_t bytes_n = p.ref.floats * sizeof(float);
+      if (p.ref.offset > data_size || bytes_n > data_size - p.ref.offset) {
+        throw Error(ErrorCode::kDataLoss, where + ": the data file is truncated (" + p.what + ")");
+      }
+      if (!values) continue;
+      if (pool) pool->take(v.spec.name, k == 0 ? std::string() : v.slots[k - 1].name, *p.into);
+      detail::size_for_read(*p.into, static_cast<std::size_t>(p.ref.floats));
+      if (detail::read_summed(data, std::as_writable_bytes(std::span(*p.into)), p.ref.offset) !=
+          p.ref.crc) {
+        throw Error(ErrorCode::kDataLoss, where + ": " + p.what + " is damaged (CRC-32C mismatch)");
+      }
+    }
+  }
+  // The tables' arrays: each chunk checked to lie in the data file, and all of them to fit
+  // it, before anything is allocated; then read and summed.
+  if (array_bytes > data_size)
+    throw Error(ErrorCode::kDataLoss, where + ": the data file is truncated (tables)");
+  for (const PendingArray& a : arrays) {
+    for (const detail::TensorRef& c : a.chunks) {
+      if (c.offset > data_size || c.floats > data_size - c.offset) {
+        throw Error(ErrorCode::kDataLoss, where + ": the data file is truncated (" + a.what + ")");
+      }
+    }
+  }
+  if (values) {
+    std::size_t k = 0;
+    for (TableState& t : state.tables) {
+      auto bytes_of = [](auto& vector, std::size_t n) {
+        vector.resize(n);
+        return std::as_writable_bytes(std::span(vector));
+      };
+      const Counts& n = counts[static_cast<std::size_t>(&t - state.tables.data())];
+      const std::span<std::byte> into[7] = {bytes_of(t.ids, n.rows),
+                                            bytes_of(t.rows, n.rows * t.stride()),
+                                            bytes_of(t.touched, n.rows),
+                                            bytes_of(t.candidate_ids, n.candidates),
+                                            bytes_of(t.candidate_counts, n.candidates),
+                                            bytes_of(t.candidate_steps, n.candidates),
+                                            bytes_of(t.evicted, n.evicted)};
+      for (const std::span<std::byte> target : std::span(into).first(version >= 3 ? 7 : 6)) {
+        const PendingArray& a = arrays[k++];
+        std::size_t at = 0;
+        for (const detail::TensorRef& c : a.chunks) {
+          if (c.floats > target.size() - at)
+            throw Error(ErrorCode::kInternal, where + ": " + a.what + " overflows");
+          const std::span<std::byte> chunk = target.subspan(at, c.floats);
+          if (detail::read_summed(data, chunk, c.offset) != c.crc) {
+            throw Error(ErrorCode::kDataLoss,
+                        where + ": " + a.what + " is damaged (CRC-32C mismatch)");
+          }
+          at += chunk.size();
+        }
+      }
+    }
+  }
+  return state;
+}
+
+}  // namespace pulley::checkpoint
+// ---- end pulley/checkpoint/read.hpp ----
+// ---- begin pulley/checkpoint/write.hpp ----
+
+/// write_checkpoint: a ModelState written as a checkpoint (checkpoint/format.hpp describes
+/// the format), both files flushed to the disk before it returns.
+
+#include <fcntl.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+namespace pulley::checkpoint {
 
 /// Writes `state` as a checkpoint in the directory `dir`, which must not exist yet (it is
 /// created): the data file, then the index, each flushed to the disk, then the directory.
@@ -804,7 +1195,8 @@ inline void write_checkpoint(const std::filesystem::path& dir, const ModelState&
     const std::size_t n = v.spec.size();
     bool fits = v.values.size() == n;
     for (const SlotState& s : v.slots) fits = fits && s.values.size() == n;
-    for (const PartCounters& c : v.counters) fits = fits && c.values.size() == v.counter_names.size();
+    for (const PartCounters& c : v.counters)
+      fits = fits && c.values.size() == v.counter_names.size();
     if (!fits) {
       throw Error(ErrorCode::kInvalidArgument,
                   "checkpoint: the tensors of '" + v.spec.name + "' do not fit its shape");
@@ -814,7 +1206,8 @@ inline void write_checkpoint(const std::filesystem::path& dir, const ModelState&
     const std::size_t n = t.ids.size(), c = t.candidate_ids.size();
     if (t.spec.dim == 0 || t.rows.size() != n * t.stride() || t.touched.size() != n ||
         t.candidate_counts.size() != c || t.candidate_steps.size() != c) {
-      throw Error(ErrorCode::kInvalidArgument, "checkpoint: the rows of table '" + t.spec.name + "' do not fit it");
+      throw Error(ErrorCode::kInvalidArgument,
+                  "checkpoint: the rows of table '" + t.spec.name + "' do not fit it");
     }
   }
   std::error_code ec;
@@ -916,302 +1309,8 @@ inline void write_checkpoint(const std::filesystem::path& dir, const ModelState&
   detail::sync_directory(dir);
 }
 
-namespace detail {
-
-/// Reads `count` bytes at `offset` into `out` and returns their CRC-32C, a chunk at a time so
-/// that each is summed while it is still in the processor's cache.
-inline std::uint32_t read_summed(const File& file, std::span<std::byte> out, std::uint64_t offset) {
-  constexpr std::size_t kChunk = std::size_t{256} << 10U;
-  std::uint32_t crc = 0;
-  while (!out.empty()) {
-    const std::span<std::byte> chunk = out.first(std::min(kChunk, out.size()));
-    file.read_at(chunk, offset);
-    crc = crc32c(std::span<const std::byte>(chunk), crc);
-    offset += chunk.size();
-    out = out.subspan(chunk.size());
-  }
-  return crc;
-}
-
-/// Makes `tensor` hold `n` floats. New memory of 4 MiB or more is first asked to be backed by
-/// huge pages (madvise; where transparent huge pages are on "madvise", as Debian's default):
-/// a read into memory not touched yet is bound by its page faults, 512 times fewer so.
-inline void size_for_read(std::vector<float>& tensor, std::size_t n) {
-#if defined(MADV_HUGEPAGE)
-  constexpr std::uintptr_t kHuge = std::uintptr_t{2} << 20U;
-  if (tensor.capacity() < n && n * sizeof(float) >= 2 * kHuge) {
-    std::vector<float> fresh;
-    fresh.reserve(n);
-    const auto begin = reinterpret_cast<std::uintptr_t>(fresh.data());
-    const std::uintptr_t from = (begin + kHuge - 1) & ~(kHuge - 1);
-    const std::uintptr_t to = (begin + n * sizeof(float)) & ~(kHuge - 1);
-    if (to > from) ::madvise(reinterpret_cast<void*>(from), to - from, MADV_HUGEPAGE);  // a hint
-    tensor = std::move(fresh);
-  }
-#endif
-  tensor.resize(n);
-}
-
-/// Takes the tensors of `old`, by variable name and slot name, to read into again.
-class TensorPool {
- public:
-  explicit TensorPool(ModelState& old) {
-    for (VariableState& v : old.variables) {
-      tensors_.push_back({v.spec.name, {}, &v.values});
-      for (SlotState& s : v.slots) tensors_.push_back({v.spec.name, s.name, &s.values});
-    }
-  }
-  /// Moves the pooled tensor of `variable` (its slot `slot`, or its values when empty) into
-  /// `into`, if there is one.
-  void take(const std::string& variable, const std::string& slot, std::vector<float>& into) {
-    for (Entry& e : tensors_) {
-      if (e.from != nullptr && e.variable == variable && e.slot == slot) {
-        into = std::move(*e.from);
-        e.from = nullptr;
-        return;
-      }
-    }
-  }
-
- private:
-  struct Entry {
-    std::string variable, slot;
-    std::vector<float>* from;
-  };
-  std::vector<Entry> tensors_;
-};
-
-/// `table_rows`, if given, gets each table's row count and then its count of evicted ids
-/// from the index (read with or without the values): two numbers per table.
-inline ModelState read_checkpoint(const std::filesystem::path& dir, bool values, ModelState* reuse,
-                                  std::vector<std::uint64_t>* table_rows = nullptr);
-
-}  // namespace detail
-
-/// Reads the checkpoint in `dir`. With `values` false only the index is read (every field
-/// checked, the tensors left empty): what the checkpoint holds, without its weight. Throws
-/// kDataLoss naming the problem for anything incomplete or damaged (a missing index, a
-/// wrong magic or version, a bad CRC, a data file shorter than the index says).
-inline ModelState read_checkpoint(const std::filesystem::path& dir, bool values = true) {
-  return detail::read_checkpoint(dir, values, nullptr);
-}
-
-/// Reads the checkpoint in `dir` into `into`, reading each tensor into the memory of the
-/// tensor of the same variable and slot that `into` holds, if any: an evaluator that scores
-/// checkpoint after checkpoint, or a ps restored again, touches no new memory (on a machine
-/// where first touching memory costs more than reading it, several times as fast). `into`
-/// is replaced whole, and on an error (as read_checkpoint) left valid but unspecified.
-inline void read_checkpoint_into(const std::filesystem::path& dir, ModelState& into) {
-  into = detail::read_checkpoint(dir, true, &into);
-}
-
-inline ModelState detail::read_checkpoint(const std::filesystem::path& dir, bool values,
-                                          ModelState* reuse, std::vector<std::uint64_t>* table_rows) {
-  const std::string where = "checkpoint " + dir.string();
-  std::string bytes;
-  {
-    std::error_code ec;
-    if (!std::filesystem::exists(dir / "index", ec)) {
-      throw Error(ErrorCode::kDataLoss, where + " has no index (it was never finished)");
-    }
-    detail::File file(dir / "index", O_RDONLY);
-    const std::uint64_t size = file.size();
-    if (size > (std::uint64_t{1} << 32U)) throw Error(ErrorCode::kDataLoss, where + ": an index of 4 GiB or more");
-    bytes.resize(static_cast<std::size_t>(size));
-    file.read_at(std::as_writable_bytes(std::span(bytes.data(), bytes.size())), 0);
-  }
-  if (bytes.size() < sizeof kMagic + 8 || std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0) {
-    throw Error(ErrorCode::kDataLoss, where + ": not a pulley checkpoint index");
-  }
-  std::uint32_t stored_crc = 0;
-  std::memcpy(&stored_crc, bytes.data() + bytes.size() - 4, 4);
-  const auto body = std::span(bytes.data(), bytes.size() - 4);
-  if (crc32c(std::as_bytes(body)) != stored_crc) {
-    throw Error(ErrorCode::kDataLoss, where + ": the index is damaged (its CRC-32C does not match)");
-  }
-  detail::IndexReader in(body.subspan(sizeof kMagic), where);
-  const auto version = in.get<std::uint32_t>();
-  if (version < kOldestVersion || version > kFormatVersion) {
-    in.bad("format version " + std::to_string(version) + ", this pulley reads versions " +
-           std::to_string(kOldestVersion) + " to " + std::to_string(kFormatVersion));
-  }
-  ModelState state;
-  state.global_step = in.get<std::int64_t>();
-  for (std::uint32_t i = 0, n = in.get_count(8); i < n; ++i) state.pacer.push_back(in.get<std::int64_t>());
-  struct Pending {
-    std::vector<float>* into;
-    detail::TensorRef ref;
-    std::string what;
-  };
-  std::vector<Pending> tensors;
-  const std::uint32_t num_variables = in.get_count(20);
-  state.variables.resize(num_variables);
-  for (VariableState& v : state.variables) {
-    v.spec.name = in.get_string();
-    for (std::uint32_t d = 0, rank = in.get_count(8); d < rank; ++d) {
-      v.spec.shape.push_back(static_cast<std::size_t>(in.get<std::uint64_t>()));
-    }
-    v.spec.initializer.kind = static_cast<Initializer::Kind>(in.get<std::uint8_t>());
-    v.spec.initializer.value = in.get<float>();
-    tensors.push_back({&v.values, detail::get_ref(in), "'" + v.spec.name + "'"});
-    for (std::uint32_t s = 0, n = in.get_count(24); s < n; ++s) {
-      v.slots.push_back({in.get_string(), {}});
-      tensors.push_back({nullptr, detail::get_ref(in), "slot '" + v.slots.back().name + "' of '" + v.spec.name + "'"});
-    }
-    for (std::uint32_t c = 0, n = in.get_count(4); c < n; ++c) v.counter_names.push_back(in.get_string());
-    for (std::uint32_t p = 0, n = in.get_count(16); p < n; ++p) {
-      PartCounters part;
-      part.rows.begin = static_cast<std::size_t>(in.get<std::uint64_t>());
-      part.rows.end = static_cast<std::size_t>(in.get<std::uint64_t>());
-      for (std::size_t c = 0; c < v.counter_names.size(); ++c) part.values.push_back(in.get<std::int64_t>());
-      v.counters.push_back(std::move(part));
-    }
-  }
-  // Tables (version 2): their specs and where their arrays' chunks lie.
-  struct PendingArray {
-    std::vector<detail::TensorRef> chunks;
-    std::string what;
-  };
-  std::vector<PendingArray> arrays;
-  struct Counts {
-    std::uint64_t rows, candidates, evicted;
-  };
-  std::vector<Counts> counts;  // per table
-  std::uint64_t array_bytes = 0;                                 // of every table, in all
-  if (version >= 2) {
-    const std::uint32_t num_tables = in.get_count(40);
-    state.table_seed = in.get<std::uint64_t>();
-    if (version >= 3) state.base_step = in.get<std::int64_t>();
-    if (state.base_step < -1 || (state.base_step >= 0 && state.base_step >= state.global_step)) {
-      in.bad("an incremental checkpoint over global step " + std::to_string(state.base_step) +
-             ", not before its own " + std::to_string(state.global_step));
-    }
-    state.tables.resize(num_tables);
-    for (TableState& t : state.tables) {
-      t.spec.name = in.get_string();
-      t.spec.dim = static_cast<std::size_t>(in.get<std::uint64_t>());
-      t.spec.initializer.kind = static_cast<Initializer::Kind>(in.get<std::uint8_t>());
-      t.spec.initializer.value = in.get<float>();
-      t.spec.admit_after = in.get<std::uint32_t>();
-      t.spec.evict_after_steps = in.get<std::int64_t>();
-      t.spec.max_rows = in.get<std::uint64_t>();
-      for (std::uint32_t k = 0, n = in.get_count(4); k < n; ++k) t.slot_names.push_back(in.get_string());
-      for (std::uint32_t k = 0, n = in.get_count(8); k < n; ++k) t.updates.push_back(in.get<std::int64_t>());
-      const auto rows = in.get<std::uint64_t>();
-      const auto candidates = in.get<std::uint64_t>();
-      const std::uint64_t evicted = version >= 3 ? in.get<std::uint64_t>() : 0;
-      if (table_rows != nullptr) table_rows->insert(table_rows->end(), {rows, evicted});
-      counts.push_back({rows, candidates, evicted});
-      if (t.spec.dim == 0 || t.spec.dim > (std::size_t{1} << 16U) || t.slot_names.size() > 64) {
-        in.bad("table '" + t.spec.name + "' has dim " + std::to_string(t.spec.dim) + " and " +
-               std::to_string(t.slot_names.size()) + " slots");
-      }
-      // Sizes are checked against the data file before anything is allocated.
-      const std::uint64_t stride_bytes = t.stride() * sizeof(float);
-      const std::string what = "table '" + t.spec.name + "'";
-      auto array = [&](std::uint64_t count, std::uint64_t each, std::string part) {
-        PendingArray a;
-        a.what = what + " (" + std::move(part) + ")";
-        if (count > (std::uint64_t{1} << 48U) / each) in.bad(a.what + " has too many elements");
-        // Laid out as the writer does: whole chunks of kChunkBytes, the last one shorter.
-        const std::uint64_t bytes_n = count * each;
-        const std::uint64_t chunks = (bytes_n + kChunkBytes - 1) / kChunkBytes;
-        if (in.get_count(20) != chunks) in.bad(a.what + " is not cut into chunks of 64 MiB");
-        for (std::uint64_t c = 0; c < chunks; ++c) {
-          a.chunks.push_back(detail::get_ref(in));
-          if (a.chunks.back().floats != std::min<std::uint64_t>(kChunkBytes, bytes_n - c * kChunkBytes)) {
-            in.bad(a.what + " is not cut into chunks of 64 MiB");
-          }
-        }
-        array_bytes += bytes_n;
-        if (array_bytes > (std::uint64_t{1} << 62U)) in.bad("tables larger than any data file");
-        arrays.push_back(std::move(a));
-      };
-      array(rows, 8, "ids");
-      array(rows, stride_bytes, "rows");
-      array(rows, 4, "steps");
-      array(candidates, 8, "candidate ids");
-      array(candidates, 4, "candidate counts");
-      array(candidates, 4, "candidate steps");
-      if (version >= 3) array(evicted, 8, "evicted ids");
-    }
-  }
-  if (in.left() != 0) in.bad("bytes after the last table");
-  // Slot tensors point into the slots now that the vectors will not move.
-  {
-    std::size_t t = 0;
-    for (VariableState& v : state.variables) {
-      ++t;
-      for (SlotState& s : v.slots) tensors[t++].into = &s.values;
-    }
-  }
-  for (const VariableState& v : state.variables) {
-    for (const PartCounters& c : v.counters) {
-      if (c.rows.empty() || c.rows.end > v.spec.rows()) in.bad("counters of '" + v.spec.name + "' for rows it does not have");
-    }
-  }
-  std::optional<detail::TensorPool> pool;
-  if (reuse != nullptr && values) pool.emplace(*reuse);
-  detail::File data(dir / "data", O_RDONLY);
-  const std::uint64_t data_size = data.size();
-  for (std::size_t t = 0, vi = 0; t < tensors.size(); ++vi) {
-    const VariableState& v = state.variables[vi];
-    for (std::size_t k = 0; k <= v.slots.size(); ++k, ++t) {
-      const Pending& p = tensors[t];
-      if (p.ref.floats != v.spec.size()) in.bad(p.what + " has the wrong number of elements");
-      const std::uint64_t bytes_n = p.ref.floats * sizeof(float);
-      if (p.ref.offset > data_size || bytes_n > data_size - p.ref.offset) {
-        throw Error(ErrorCode::kDataLoss, where + ": the data file is truncated (" + p.what + ")");
-      }
-      if (!values) continue;
-      if (pool) pool->take(v.spec.name, k == 0 ? std::string() : v.slots[k - 1].name, *p.into);
-      detail::size_for_read(*p.into, static_cast<std::size_t>(p.ref.floats));
-      if (detail::read_summed(data, std::as_writable_bytes(std::span(*p.into)), p.ref.offset) != p.ref.crc) {
-        throw Error(ErrorCode::kDataLoss, where + ": " + p.what + " is damaged (CRC-32C mismatch)");
-      }
-    }
-  }
-  // The tables' arrays: each chunk checked to lie in the data file, and all of them to fit
-  // it, before anything is allocated; then read and summed.
-  if (array_bytes > data_size) throw Error(ErrorCode::kDataLoss, where + ": the data file is truncated (tables)");
-  for (const PendingArray& a : arrays) {
-    for (const detail::TensorRef& c : a.chunks) {
-      if (c.offset > data_size || c.floats > data_size - c.offset) {
-        throw Error(ErrorCode::kDataLoss, where + ": the data file is truncated (" + a.what + ")");
-      }
-    }
-  }
-  if (values) {
-    std::size_t k = 0;
-    for (TableState& t : state.tables) {
-      auto bytes_of = [](auto& vector, std::size_t n) {
-        vector.resize(n);
-        return std::as_writable_bytes(std::span(vector));
-      };
-      const Counts& n = counts[static_cast<std::size_t>(&t - state.tables.data())];
-      const std::span<std::byte> into[7] = {
-          bytes_of(t.ids, n.rows),           bytes_of(t.rows, n.rows * t.stride()),
-          bytes_of(t.touched, n.rows),       bytes_of(t.candidate_ids, n.candidates),
-          bytes_of(t.candidate_counts, n.candidates), bytes_of(t.candidate_steps, n.candidates),
-          bytes_of(t.evicted, n.evicted)};
-      for (const std::span<std::byte> target : std::span(into).first(version >= 3 ? 7 : 6)) {
-        const PendingArray& a = arrays[k++];
-        std::size_t at = 0;
-        for (const detail::TensorRef& c : a.chunks) {
-          if (c.floats > target.size() - at) throw Error(ErrorCode::kInternal, where + ": " + a.what + " overflows");
-          const std::span<std::byte> chunk = target.subspan(at, c.floats);
-          if (detail::read_summed(data, chunk, c.offset) != c.crc) {
-            throw Error(ErrorCode::kDataLoss, where + ": " + a.what + " is damaged (CRC-32C mismatch)");
-          }
-          at += chunk.size();
-        }
-      }
-    }
-  }
-  return state;
-}
-
 }  // namespace pulley::checkpoint
+// ---- end pulley/checkpoint/write.hpp ----
 // ---- end pulley/checkpoint/format.hpp ----
 // ---- begin pulley/core/log.hpp ----
 
@@ -5981,6 +6080,12 @@ namespace pulley {
 template <Transport T>
 class Client {
  public:
+  // The members whose bodies are longer than a line or two are defined in client/impl/, by
+  // concern (included at the end of this header): client_model.hpp (the model: looking it
+  // up, registering it, waiting until the ps tasks are ready, adopting their placement),
+  // client_membership.hpp (the job's ps tasks and the copies) and client_calls.hpp (the
+  // calls to every ps and their answers).
+
   Client(T transport, ClientOptions options)
       : transport_(std::move(transport)), options_(options), pushes_(options.clip_norm) {
     for (std::uint32_t ps = 0; ps < transport_.num_ps(); ++ps) members_.push_back(ps);
@@ -6006,20 +6111,11 @@ class Client {
   /// True if `sharding` puts the tables' rows where the ps tasks' own IdSharding does (or
   /// the model has no tables).
   template <IdSharding I>
-  [[nodiscard]] bool same_id_sharding(const I& sharding) const {
-    return tables_.empty() ||
-           id_sharding_fingerprint(sharding, tables_, std::span<const std::uint32_t>(members_)) == id_sharding_;
-  }
+  [[nodiscard]] bool same_id_sharding(const I& sharding) const;
   /// Throws kFailedPrecondition, naming the fix, unless `sharding` (a worker's, or the
   /// chief's read_rows') puts the tables' rows where the ps tasks' own sharding does.
   template <IdSharding I>
-  void check_id_sharding(const I& sharding) const {
-    if (same_id_sharding(sharding)) return;
-    throw Error(ErrorCode::kFailedPrecondition,
-                "this task's IdSharding puts rows of table '" + tables_.front().name +
-                    "' on other ps tasks than the ps tasks' own does: give it the IdSharding of the ps "
-                    "tasks' Tables policy (Worker<M, T, MyTables::Sharding>, read_rows(..., MyTables::Sharding{}))");
-  }
+  void check_id_sharding(const I& sharding) const;
   /// The seed of the tables' rows, as this client registered it or learned it from the ps tasks.
   [[nodiscard]] std::uint64_t table_seed() const noexcept { return table_seed_; }
   /// True once the placement is known.
@@ -6036,37 +6132,18 @@ class Client {
   [[nodiscard]] const ClientOptions& options() const noexcept { return options_; }
 
   /// Index of the variable called `name`; throws kNotFound naming it.
-  [[nodiscard]] std::size_t variable_index(std::string_view name) const {
-    for (std::size_t i = 0; i < variables_.size(); ++i) {
-      if (variables_[i].name == name) return i;
-    }
-    throw Error(ErrorCode::kNotFound, "unknown variable '" + std::string(name) + "'");
-  }
+  [[nodiscard]] std::size_t variable_index(std::string_view name) const;
 
   /// Sends `make_request(ps)` to every member ps at once and returns the replies of type
   /// R, in member order.
   template <class R, class MakeRequest>
-  std::vector<R> broadcast(MakeRequest make_request, std::chrono::milliseconds timeout, std::string_view what) {
-    CallGroup group;
-    for (const std::uint32_t ps : members_) group.add(transport_.call(ps, Request{make_request(ps)}, {}));
-    group.wait(timeout, what);
-    std::vector<R> replies;
-    for (std::size_t k = 0; k < members_.size(); ++k) replies.push_back(group.take_as<R>(k));
-    return replies;
-  }
+  std::vector<R> broadcast(MakeRequest make_request, std::chrono::milliseconds timeout,
+                           std::string_view what);
 
   /// Registers the model (its variables, and its embedding tables with the seed of their
   /// rows) on every member ps, over the members, and checks that their placements agree.
-  void register_model(std::span<const VariableSpec> variables, std::span<const TableSpec> tables = {},
-                      std::uint64_t table_seed = 0) {
-    std::vector<VariableSpec> list(variables.begin(), variables.end());
-    std::vector<TableSpec> table_list(tables.begin(), tables.end());
-    adopt(broadcast<PlacementReply>(
-              [&](std::size_t) { return Register{list, table_list, table_seed, members_, membership_, ps_addresses_}; },
-              options_.request_timeout, "register"),
-          list, &table_list);
-    table_seed_ = table_seed;
-  }
+  void register_model(std::span<const VariableSpec> variables,
+                      std::span<const TableSpec> tables = {}, std::uint64_t table_seed = 0);
 
   /// The job's ps tasks are now `members` (ascending task indices, not empty), at version
   /// `membership` (above the one known), with every ps task's address `ps_addresses` once
@@ -6074,13 +6151,7 @@ class Client {
   /// the next `register_model` places the model over. For the chief, which decides it
   /// (Chief::leave, Chief::join).
   void change_members(std::vector<std::uint32_t> members, std::uint64_t membership,
-                      std::vector<std::string> ps_addresses = {}) {
-    if (membership <= membership_) {
-      throw Error(ErrorCode::kInvalidArgument, "membership " + std::to_string(membership) + " is not newer than " +
-                                                   std::to_string(membership_));
-    }
-    set_members(std::move(members), membership, std::move(ps_addresses), ErrorCode::kInvalidArgument);
-  }
+                      std::vector<std::string> ps_addresses = {});
 
   /// Every ps task's address, once a ps joined beyond the cluster spec (empty before).
   [[nodiscard]] const std::vector<std::string>& ps_addresses() const noexcept { return ps_addresses_; }
@@ -6098,140 +6169,47 @@ class Client {
   /// first which ps tasks the job has (a ps that left it for good, or a process started
   /// again in its place, is not waited for), and again when one cannot be reached
   /// (kUnavailable): it may have left meanwhile.
-  void wait_ready(std::span<const VariableSpec> variables, std::optional<std::span<const TableSpec>> tables = std::nullopt) {
-    std::vector<VariableSpec> list(variables.begin(), variables.end());
-    std::optional<std::vector<TableSpec>> table_list;
-    if (tables) table_list.emplace(tables->begin(), tables->end());
-    (void)learn_membership();
-    for (std::size_t round = 0;; ++round) {
-      std::vector<PlacementReply> replies;
-      try {
-        replies = broadcast<PlacementReply>([](std::size_t) { return WaitReady{}; }, options_.wait_timeout,
-                                            "wait for initialization");
-      } catch (const Error& e) {
-        if (e.code() != ErrorCode::kUnavailable || round >= kMembershipRounds || !learn_membership()) throw;
-        continue;
-      }
-      if (round < kMembershipRounds && follow_membership(replies)) continue;
-      adopt(std::move(replies), list, table_list ? &*table_list : nullptr);
-      return;
-    }
-  }
+  void wait_ready(std::span<const VariableSpec> variables,
+                  std::optional<std::span<const TableSpec>> tables = std::nullopt);
 
   /// Asks every member ps it can reach (each alone: one that is gone hides no other's
   /// answer) which ps tasks the job has now, and takes a newer membership than it knows.
   /// True if it took one.
-  bool learn_membership() {
-    std::optional<StatsReply> newest;
-    bool heard = false;
-    // A few seconds: the ps tasks that answer do so at once; one that is gone may never.
-    for (std::optional<StatsReply>& reply : ask_each(std::min(options_.request_timeout, kAskPatience))) {
-      heard = heard || reply.has_value();
-      if (!reply || reply->members.empty()) continue;
-      if (!newest || reply->membership > newest->membership) newest = std::move(reply);
-    }
-    const bool first_look = !membership_heard_;
-    membership_heard_ = membership_heard_ || heard;
-    if (!newest || newest->membership <= membership_) return false;
-    take_membership(std::move(newest->members), newest->membership, std::move(newest->ps_addresses),
-                    first_look);
-    return true;
-  }
+  bool learn_membership();
 
   /// Sends `request` to every ps task of the cluster that is no member of the job (one that
   /// left it, or a process started in its place), each awaited alone until `timeout`
   /// passes; answers and failures are ignored: a courtesy (a Shutdown, so that it ends too).
-  void tell_others(const Request& request, std::chrono::milliseconds timeout) noexcept {
-    try {
-      std::vector<PendingCall> calls;
-      for (std::uint32_t ps = 0; ps < num_ps(); ++ps) {
-        if (!std::binary_search(members_.begin(), members_.end(), ps)) calls.push_back(transport_.call(ps, Request(request), {}));
-      }
-      const auto deadline = std::chrono::steady_clock::now() + timeout;
-      for (PendingCall& call : calls) {
-        if (!call.wait_until(deadline)) call.cancel();
-      }
-    } catch (...) {  // no memory, a transport that throws: it was a courtesy
-    }
-  }
+  void tell_others(const Request& request, std::chrono::milliseconds timeout) noexcept;
 
   /// GetStats to every member ps, each answer awaited alone until `timeout` passes: the
   /// answers in member order, nullopt for a ps that did not answer in time or refused.
-  std::vector<std::optional<StatsReply>> ask_each(std::chrono::milliseconds timeout) {
-    std::vector<PendingCall> calls;
-    for (const std::uint32_t ps : members_) calls.push_back(transport_.call(ps, GetStats{}, {}));
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    std::vector<std::optional<StatsReply>> answers(calls.size());
-    for (std::size_t k = 0; k < calls.size(); ++k) {
-      if (!calls[k].wait_until(deadline)) {
-        calls[k].cancel();
-        continue;
-      }
-      Response answer = calls[k].take();
-      if (auto* reply = std::get_if<StatsReply>(&answer)) answers[k] = std::move(*reply);
-    }
-    return answers;
-  }
+  std::vector<std::optional<StatsReply>> ask_each(std::chrono::milliseconds timeout);
 
   /// Takes a sync token from the pacing ps (the lowest member).
-  TokenReply take_token(std::uint32_t worker) {
-    CallGroup group;
-    group.add(transport_.call(pacing_ps(), TakeToken{worker, epoch_}, {}));
-    (void)detail::wait_progressing(transport_, members_, options_, group, "worker " + std::to_string(worker) + ": take a sync token");
-    TokenReply reply = group.take_as<TokenReply>(0);
-    paced_ = {epoch_, reply.pushes_taken};
-    return reply;
-  }
+  TokenReply take_token(std::uint32_t worker);
 
   /// Pulls every request's rows into its destination, from all ps tasks at once; no ps
   /// answers before it completed `min_step` steps. Returns the lowest global step the ps
   /// tasks reported: every value pulled is at least that recent.
-  std::int64_t pull(std::span<const PullRequest> requests, std::int64_t min_step) {
-    CallGroup group;
-    send_pulls(group, requests, min_step);
-    detail::wait_gated(transport_, members_, options_, group, min_step, "pull");
-    return lowest_step<PullReply>(group, 0, group.size());
-  }
+  std::int64_t pull(std::span<const PullRequest> requests, std::int64_t min_step);
 
   /// Pulls the rows of every request into its values, from all ps tasks at once; no ps
   /// answers before it completed `min_step` steps. Returns the lowest global step the ps
   /// tasks reported.
-  std::int64_t pull_rows(std::span<const RowRequest> requests, std::int64_t min_step) {
-    CallGroup group;
-    send_row_pulls(group, requests, min_step);
-    detail::wait_gated(transport_, members_, options_, group, min_step, "pull rows");
-    return lowest_step<RowsReply>(group, 0, group.size());
-  }
+  std::int64_t pull_rows(std::span<const RowRequest> requests, std::int64_t min_step);
 
   /// `pull` and `pull_rows` together, in one round trip; returns the lowest global step
   /// reported.
-  std::int64_t pull_with_rows(std::span<const PullRequest> requests, std::span<const RowRequest> rows,
-                              std::int64_t min_step) {
-    // The rows first: a row pull counts as changing the ps (it may create rows), which makes
-    // a TCP server copy whatever of the dense replies before it is still unsent.
-    CallGroup group;
-    send_row_pulls(group, rows, min_step);
-    const std::size_t row_pulls = group.size();
-    send_pulls(group, requests, min_step);
-    detail::wait_gated(transport_, members_, options_, group, min_step, "pull");
-    std::int64_t step = std::numeric_limits<std::int64_t>::max();
-    for (std::size_t i = 0; i < row_pulls; ++i) step = std::min(step, group.take_as<RowsReply>(i).global_step);
-    for (std::size_t i = row_pulls; i < group.size(); ++i) step = std::min(step, group.take_as<PullReply>(i).global_step);
-    return group.size() == 0 ? 0 : step;
-  }
+  std::int64_t pull_with_rows(std::span<const PullRequest> requests,
+                              std::span<const RowRequest> rows, std::int64_t min_step);
 
   /// Pushes the gradients of whole variables (one span per variable, in variable order)
   /// tagged with `local_step`; every ps gets a message, which counts towards its step.
   /// Returns the number of part gradients dropped as stale.
-  std::uint32_t push(std::uint32_t worker, std::int64_t local_step, std::span<const std::span<const float>> gradients,
-                     std::span<const RowRequest> rows = {}) {
-    build_pushes(worker, local_step, gradients, rows);
-    CallGroup group;
-    send_pushes(group);
-    group.wait(options_.request_timeout, "push");
-    unanswered_.clear();
-    return stale_parts(group, 0, group.size());
-  }
+  std::uint32_t push(std::uint32_t worker, std::int64_t local_step,
+                     std::span<const std::span<const float>> gradients,
+                     std::span<const RowRequest> rows = {});
 
   /// What push_pull did.
   struct PushPullResult {
@@ -6245,13 +6223,9 @@ class Client {
   /// although its pull may be waiting for a step that will not come. Both are checked
   /// before either is sent.
   PushPullResult push_pull(std::uint32_t worker, std::int64_t local_step,
-                           std::span<const std::span<const float>> gradients, std::span<const PullRequest> requests,
-                           std::int64_t min_step, std::span<const RowRequest> rows = {}, bool refill = false) {
-    detail::PullSplit pulls = split(requests, min_step);
-    build_pushes(worker, local_step, gradients, rows);
-    for (Push& p : unanswered_) p.refill = refill;  // the token's word, for every ps (Token::refill)
-    return push_pull_sent(std::move(pulls), min_step);
-  }
+                           std::span<const std::span<const float>> gradients,
+                           std::span<const PullRequest> requests, std::int64_t min_step,
+                           std::span<const RowRequest> rows = {}, bool refill = false);
 
   /// True if the last push was not answered by every ps (a connection was lost while it was
   /// on its way) and the ps tasks are still at the restore it was sent at: the same push
@@ -6266,10 +6240,7 @@ class Client {
   /// Sends the last push again as it was (its number and gradients: the buffers it views
   /// must hold what they held), then pulls as `push_pull` does. A ps that took it answers
   /// as it did the first time; one that did not takes it now. Needs `push_unanswered()`.
-  PushPullResult push_pull_again(std::span<const PullRequest> requests, std::int64_t min_step) {
-    if (!push_unanswered()) throw Error(ErrorCode::kFailedPrecondition, "no unanswered push to send again");
-    return push_pull_sent(split(requests, min_step), min_step);
-  }
+  PushPullResult push_pull_again(std::span<const PullRequest> requests, std::int64_t min_step);
 
   /// Blocks until every ps has completed `step` steps; returns the lowest global step they
   /// report.
@@ -6279,39 +6250,19 @@ class Client {
 
   /// Like wait_for_step, but nullopt once `deadline` passes first, or `meanwhile` voided
   /// the wait (detail::wait_progressing).
-  std::optional<std::int64_t> wait_for_step_until(std::int64_t step, std::chrono::steady_clock::time_point deadline,
-                                                  const std::function<bool()>& meanwhile = {}) {
-    CallGroup group;
-    for (const std::uint32_t ps : members_) group.add(transport_.call(ps, Pull{step, {}, epoch_}, {}));
-    if (step <= 0) {
-      group.wait(options_.request_timeout, "read the global step");
-    } else if (!detail::wait_progressing(transport_, members_, options_, group, "wait for step " + std::to_string(step), deadline, meanwhile)) {
-      return std::nullopt;
-    }
-    return lowest_step<PullReply>(group, 0, group.size());
-  }
+  std::optional<std::int64_t> wait_for_step_until(std::int64_t step,
+                                                  std::chrono::steady_clock::time_point deadline,
+                                                  const std::function<bool()>& meanwhile = {});
 
   /// Blocks until the chief ends training: returns when the ps tasks answer kOutOfRange,
   /// throws anything else they answer (kAborted: the chief aborted training, or the ps
   /// tasks gave up waiting for a lost chief; kFailedPrecondition: the job was rolled back;
   /// kUnavailable: a ps was lost). A wait during which no ps advances for `wait_timeout`
   /// fails kDeadlineExceeded; long waits are logged as any step-gated one.
-  void wait_for_end() {
-    CallGroup group;
-    constexpr std::int64_t kNever = std::numeric_limits<std::int64_t>::max() / 2;  // a step no job reaches
-    for (const std::uint32_t ps : members_) group.add(transport_.call(ps, Pull{kNever, {}, epoch_}, {}));
-    (void)detail::wait_progressing(transport_, members_, options_, group, "wait for the chief to end training");
-    for (std::size_t ps = 0; ps < group.size(); ++ps) (void)group.take_as<PullReply>(ps);  // throws its error
-  }
+  void wait_for_end();
 
   /// Counters of every member ps, in member order (by task index while no ps left).
-  std::vector<Stats> stats() {
-    std::vector<Stats> all;
-    for (auto& r : broadcast<StatsReply>([](std::size_t) { return GetStats{}; }, options_.request_timeout, "stats")) {
-      all.push_back(r.stats);
-    }
-    return all;
-  }
+  std::vector<Stats> stats();
 
   /// Sends each ps its share of `requests` (checked), answered once it completed
   /// `min_step` steps, into `group`: the pulls of one round trip, awaited by the caller.
@@ -6320,22 +6271,13 @@ class Client {
   }
 
   /// Sends each ps its share of row pulls (checked) into `group`.
-  void send_row_pulls(CallGroup& group, std::span<const RowRequest> requests, std::int64_t min_step) {
-    detail::split_row_pulls(tables_, num_ps(), requests, min_step, epoch_,
-                            [&](std::size_t ps, PullRows&& message, PullTargets&& targets) {
-                              message.pushes_paced = pushes_paced();
-                              group.add(transport_.call(ps, std::move(message), std::move(targets)));
-                            });
-  }
+  void send_row_pulls(CallGroup& group, std::span<const RowRequest> requests,
+                      std::int64_t min_step);
 
   /// The lowest global step of the replies of type R in `group` from `first` to `end`
   /// (0 when there are none).
   template <class R>
-  static std::int64_t lowest_step(CallGroup& group, std::size_t first, std::size_t end) {
-    std::int64_t step = std::numeric_limits<std::int64_t>::max();
-    for (std::size_t i = first; i < end; ++i) step = std::min(step, group.take_as<R>(i).global_step);
-    return first == end ? 0 : step;
-  }
+  static std::int64_t lowest_step(CallGroup& group, std::size_t first, std::size_t end);
 
   /// Pushes whose gradients `ClientOptions::clip_norm` scaled down.
   [[nodiscard]] std::int64_t clipped_steps() const noexcept { return pushes_.clipped_steps(); }
@@ -6343,12 +6285,7 @@ class Client {
   [[nodiscard]] double last_gradient_norm() const noexcept { return pushes_.last_gradient_norm(); }
 
  private:
-  detail::PullSplit split(std::span<const PullRequest> requests, std::int64_t min_step) const {
-    detail::PullSplit out =
-        detail::split_pulls(placement_, variables_, num_ps(), requests, min_step, epoch_);
-    for (Pull& pull : out.pulls) pull.pushes_paced = pushes_paced();
-    return out;
-  }
+  detail::PullSplit split(std::span<const PullRequest> requests, std::int64_t min_step) const;
 
   /// What the pulls say of this worker's pushes the pacing ps took: its latest token's
   /// count, if taken at the restore the client is at (0: none known).
@@ -6356,20 +6293,12 @@ class Client {
     return paced_.epoch == epoch_ ? paced_.pushes : 0;
   }
 
-  void send(CallGroup& group, detail::PullSplit&& split) {
-    for (const std::uint32_t ps : members_) {
-      if (split.pulls[ps].slices.empty()) continue;
-      group.add(transport_.call(ps, std::move(split.pulls[ps]), std::move(split.targets[ps])));
-    }
-  }
+  void send(CallGroup& group, detail::PullSplit&& split);
 
   /// Builds one push per ps, kept (in `unanswered_`) until every ps has answered them.
-  void build_pushes(std::uint32_t worker, std::int64_t local_step, std::span<const std::span<const float>> gradients,
-                    std::span<const RowRequest> rows) {
-    unanswered_.clear();
-    unanswered_ =
-        pushes_.build(placement_, variables_, tables_, num_ps(), worker, local_step, epoch_, gradients, rows);
-  }
+  void build_pushes(std::uint32_t worker, std::int64_t local_step,
+                    std::span<const std::span<const float>> gradients,
+                    std::span<const RowRequest> rows);
 
   /// Sends a copy of each kept push (the copies view the same tensors).
   void send_pushes(CallGroup& group) {
@@ -6378,21 +6307,9 @@ class Client {
 
   /// The kept pushes, then `pulls`, in one round trip; the pushes are forgotten once every
   /// ps has answered.
-  PushPullResult push_pull_sent(detail::PullSplit&& pulls, std::int64_t min_step) {
-    CallGroup group;
-    send_pushes(group);
-    const std::size_t pushes = group.size();
-    send(group, std::move(pulls));
-    detail::wait_gated(transport_, members_, options_, group, min_step, "push and pull");
-    unanswered_.clear();
-    return {stale_parts(group, 0, pushes), lowest_step<PullReply>(group, pushes, group.size())};
-  }
+  PushPullResult push_pull_sent(detail::PullSplit&& pulls, std::int64_t min_step);
 
-  static std::uint32_t stale_parts(CallGroup& group, std::size_t first, std::size_t end) {
-    std::uint32_t stale = 0;
-    for (std::size_t i = first; i < end; ++i) stale += group.take_as<PushReply>(i).stale_parts;
-    return stale;
-  }
+  static std::uint32_t stale_parts(CallGroup& group, std::size_t first, std::size_t end);
 
   /// Rounds of `wait_ready` that may follow a change of the ps tasks: changes come one at a
   /// time, and each takes a round or two.
@@ -6404,130 +6321,22 @@ class Client {
   /// ps said.
   /// `first_look`: the first membership this client hears of (renew_copies).
   void take_membership(std::vector<std::uint32_t> members, std::uint64_t membership,
-                       std::vector<std::string> ps_addresses, bool first_look) {
-    log(LogLevel::kInfo, "the job's ps tasks are now " + describe_members(members) + " (membership " +
-                             std::to_string(membership) + ", was " + std::to_string(membership_) + ")");
-    const bool same = members == members_;
-    set_members(std::move(members), membership, std::move(ps_addresses), ErrorCode::kFailedPrecondition);
-    // A ps the chief took back (Chief::take_back, which keeps the members) is written to
-    // again; a ps that left or joined changes nobody's given-up copies.
-    if (same || first_look) (void)renew_copies(transport_, first_look);
-  }
+                       std::vector<std::string> ps_addresses, bool first_look);
 
   /// Takes `members` at `membership` after reaching every ps of `ps_addresses`; a member
   /// this client cannot reach is refused with `code`.
   void set_members(std::vector<std::uint32_t> members, std::uint64_t membership,
-                   std::vector<std::string> ps_addresses, ErrorCode code) {
-    require_task_set(members, "ps task");
-    reach_all(transport_, ps_addresses);
-    if (members.back() >= num_ps()) {
-      throw Error(code, "ps " + std::to_string(members.back()) + " is named a member of the job, and this task knows " +
-                            std::to_string(num_ps()) + " ps tasks: are they configured with the same cluster?");
-    }
-    place_copies(transport_, members);  // (before any request at the new membership)
-    members_ = std::move(members);
-    membership_ = membership;
-    if (!ps_addresses.empty()) ps_addresses_ = std::move(ps_addresses);
-    unanswered_.clear();  // a push of the shape before is not sent again
-  }
+                   std::vector<std::string> ps_addresses, ErrorCode code);
 
   /// True if a reply of `replies` (one per member) names a newer membership with other
   /// members than were asked, or with the same members and copies that serve again (a ps
   /// the chief took back): they are taken, to be asked again.
-  bool follow_membership(std::vector<PlacementReply>& replies) {
-    const auto newest = std::max_element(replies.begin(), replies.end(), [](const auto& a, const auto& b) {
-      return a.membership < b.membership;
-    });
-    const bool first_look = !membership_heard_;
-    membership_heard_ = true;
-    if (newest->membership < membership_) return false;  // a ps behind: `adopt` names the mismatch
-    if (newest->membership == membership_ && newest->members == members_) return false;
-    if (newest->members == members_) {
-      membership_ = newest->membership;
-      // A ps the chief took back (its shards restored beside their copies): asked again,
-      // both copies, before anything of the new epoch is sent.
-      return renew_copies(transport_, first_look);
-    }
-    take_membership(std::move(newest->members), newest->membership, std::move(newest->ps_addresses),
-                    first_look);
-    return true;
-  }
+  bool follow_membership(std::vector<PlacementReply>& replies);
 
   /// Learns the model from every member ps's PlacementReply, checking that they agree with
   /// each other and with `variables` (and `tables`, when given).
   void adopt(std::vector<PlacementReply> replies, std::vector<VariableSpec>& variables,
-             const std::vector<TableSpec>* tables = nullptr) {
-    if (replies.empty()) throw Error(ErrorCode::kInvalidArgument, "the cluster has no ps task");
-    if (tables != nullptr && replies[0].tables != *tables) {
-      throw Error(ErrorCode::kFailedPrecondition,
-                  "the ps tasks hold " + std::to_string(replies[0].tables.size()) +
-                      " embedding table(s), and this model declares " + std::to_string(tables->size()) +
-                      " that differ from them (name, dim, initializer, admission, eviction must match)");
-    }
-    for (std::size_t k = 1; k < replies.size(); ++k) {
-      const std::string ps = std::to_string(members_[k]);
-      const std::string first = std::to_string(members_[0]);
-      if (replies[k].members != replies[0].members || replies[k].membership != replies[0].membership) {
-        throw Error(ErrorCode::kUnavailable, "ps " + first + " and ps " + ps +
-                                                 " are at different memberships of the job's ps tasks (" +
-                                                 std::to_string(replies[0].membership) + " and " +
-                                                 std::to_string(replies[k].membership) + "): a change is under way");
-      }
-      if (replies[k].id_sharding != replies[0].id_sharding) {
-        throw Error(ErrorCode::kFailedPrecondition,
-                    "ps " + first + " and ps " + ps +
-                        " spread the rows of embedding tables differently: are they configured with the same "
-                        "Tables policy (IdSharding)?");
-      }
-      if (!(replies[k].placement == replies[0].placement)) {
-        throw Error(ErrorCode::kFailedPrecondition,
-                    "ps " + first + " and ps " + ps +
-                        " place the variables differently: are they configured with the same sharding policy "
-                        "and number of ps tasks?");
-      }
-    }
-    const auto& registered = replies[0].variables;
-    if (registered.size() != variables.size()) {
-      throw Error(ErrorCode::kFailedPrecondition, "the ps tasks hold " + std::to_string(registered.size()) +
-                                                      " variables but this model has " +
-                                                      std::to_string(variables.size()));
-    }
-    for (std::size_t v = 0; v < variables.size(); ++v) {
-      if (!(registered[v] == variables[v])) {
-        throw Error(ErrorCode::kFailedPrecondition,
-                    "variable " + std::to_string(v) + " of this model ('" + variables[v].name +
-                        "') differs from the one the chief registered ('" + registered[v].name +
-                        "'): name, shape and initializer must match");
-      }
-    }
-    if (replies[0].members != members_) {
-      throw Error(ErrorCode::kFailedPrecondition,
-                  "the ps tasks say the job's ps tasks are " + describe_members(replies[0].members) + ", not " +
-                      describe_members(members_) + ": are they configured with the same cluster?");
-    }
-    for (const Part& part : replies[0].placement.parts) {
-      if (!std::binary_search(members_.begin(), members_.end(), part.ps)) {
-        throw Error(ErrorCode::kFailedPrecondition,
-                    "the ps tasks place parts on ps " + std::to_string(part.ps) + ", which is not among the job's " +
-                        describe_members(members_) + ": are they configured with the same cluster?");
-      }
-    }
-    if (replies[0].placement.num_variables() != variables.size()) {
-      throw Error(ErrorCode::kFailedPrecondition, "the ps tasks' placement does not cover this model's variables");
-    }
-    membership_ = replies[0].membership;
-    if (!replies[0].ps_addresses.empty()) ps_addresses_ = std::move(replies[0].ps_addresses);
-    placement_ = std::move(replies[0].placement);
-    variables_ = std::move(variables);
-    epoch_ = 0;
-    for (const PlacementReply& r : replies) epoch_ = std::max(epoch_, r.epoch);
-    slot_names_ = std::move(replies[0].slot_names);
-    counter_names_ = std::move(replies[0].counter_names);
-    tables_ = std::move(replies[0].tables);
-    id_sharding_ = replies[0].id_sharding;
-    // A chief that did not register the model (it took over a lost one's) cuts with it.
-    table_seed_ = replies[0].table_seed;
-  }
+             const std::vector<TableSpec>* tables = nullptr);
 
   T transport_;
   ClientOptions options_;
@@ -6558,6 +6367,495 @@ class Client {
 };
 
 }  // namespace pulley
+
+// Client's member functions' definitions, by concern.
+// ---- begin pulley/client/impl/client_calls.hpp ----
+
+/// Client's calls to the ps tasks and their answers (declared in client/client.hpp, which
+/// includes this header after the class): a request to every member, tokens, pulls of
+/// values and rows, pushes (kept until answered, sent again), the waits for a step or for
+/// the end, and the counters.
+
+namespace pulley {
+
+template <Transport T>
+template <class R, class MakeRequest>
+std::vector<R> Client<T>::broadcast(MakeRequest make_request, std::chrono::milliseconds timeout,
+                                    std::string_view what) {
+  CallGroup group;
+  for (const std::uint32_t ps : members_)
+    group.add(transport_.call(ps, Request{make_request(ps)}, {}));
+  group.wait(timeout, what);
+  std::vector<R> replies;
+  for (std::size_t k = 0; k < members_.size(); ++k) replies.push_back(group.take_as<R>(k));
+  return replies;
+}
+
+template <Transport T>
+TokenReply Client<T>::take_token(std::uint32_t worker) {
+  CallGroup group;
+  group.add(transport_.call(pacing_ps(), TakeToken{worker, epoch_}, {}));
+  (void)detail::wait_progressing(transport_, members_, options_, group,
+                                 "worker " + std::to_string(worker) + ": take a sync token");
+  TokenReply reply = group.take_as<TokenReply>(0);
+  paced_ = {epoch_, reply.pushes_taken};
+  return reply;
+}
+
+template <Transport T>
+std::int64_t Client<T>::pull(std::span<const PullRequest> requests, std::int64_t min_step) {
+  CallGroup group;
+  send_pulls(group, requests, min_step);
+  detail::wait_gated(transport_, members_, options_, group, min_step, "pull");
+  return lowest_step<PullReply>(group, 0, group.size());
+}
+
+template <Transport T>
+std::int64_t Client<T>::pull_rows(std::span<const RowRequest> requests, std::int64_t min_step) {
+  CallGroup group;
+  send_row_pulls(group, requests, min_step);
+  detail::wait_gated(transport_, members_, options_, group, min_step, "pull rows");
+  return lowest_step<RowsReply>(group, 0, group.size());
+}
+
+template <Transport T>
+std::int64_t Client<T>::pull_with_rows(std::span<const PullRequest> requests,
+                                       std::span<const RowRequest> rows, std::int64_t min_step) {
+  // The rows first: a row pull counts as changing the ps (it may create rows), which makes
+  // a TCP server copy whatever of the dense replies before it is still unsent.
+  CallGroup group;
+  send_row_pulls(group, rows, min_step);
+  const std::size_t row_pulls = group.size();
+  send_pulls(group, requests, min_step);
+  detail::wait_gated(transport_, members_, options_, group, min_step, "pull");
+  std::int64_t step = std::numeric_limits<std::int64_t>::max();
+  for (std::size_t i = 0; i < row_pulls; ++i)
+    step = std::min(step, group.take_as<RowsReply>(i).global_step);
+  for (std::size_t i = row_pulls; i < group.size(); ++i)
+    step = std::min(step, group.take_as<PullReply>(i).global_step);
+  return group.size() == 0 ? 0 : step;
+}
+
+template <Transport T>
+std::uint32_t Client<T>::push(std::uint32_t worker, std::int64_t local_step,
+                              std::span<const std::span<const float>> gradients,
+                              std::span<const RowRequest> rows) {
+  build_pushes(worker, local_step, gradients, rows);
+  CallGroup group;
+  send_pushes(group);
+  group.wait(options_.request_timeout, "push");
+  unanswered_.clear();
+  return stale_parts(group, 0, group.size());
+}
+
+template <Transport T>
+auto Client<T>::push_pull(std::uint32_t worker, std::int64_t local_step,
+                          std::span<const std::span<const float>> gradients,
+                          std::span<const PullRequest> requests, std::int64_t min_step,
+                          std::span<const RowRequest> rows, bool refill) -> PushPullResult {
+  detail::PullSplit pulls = split(requests, min_step);
+  build_pushes(worker, local_step, gradients, rows);
+  for (Push& p : unanswered_) p.refill = refill;  // the token's word, for every ps (Token::refill)
+  return push_pull_sent(std::move(pulls), min_step);
+}
+
+template <Transport T>
+auto Client<T>::push_pull_again(std::span<const PullRequest> requests, std::int64_t min_step)
+    -> PushPullResult {
+  if (!push_unanswered())
+    throw Error(ErrorCode::kFailedPrecondition, "no unanswered push to send again");
+  return push_pull_sent(split(requests, min_step), min_step);
+}
+
+template <Transport T>
+std::optional<std::int64_t> Client<T>::wait_for_step_until(
+    std::int64_t step, std::chrono::steady_clock::time_point deadline,
+    const std::function<bool()>& meanwhile) {
+  CallGroup group;
+  for (const std::uint32_t ps : members_)
+    group.add(transport_.call(ps, Pull{step, {}, epoch_}, {}));
+  if (step <= 0) {
+    group.wait(options_.request_timeout, "read the global step");
+  } else if (!detail::wait_progressing(transport_, members_, options_, group,
+                                       "wait for step " + std::to_string(step), deadline,
+                                       meanwhile)) {
+    return std::nullopt;
+  }
+  return lowest_step<PullReply>(group, 0, group.size());
+}
+
+template <Transport T>
+void Client<T>::wait_for_end() {
+  CallGroup group;
+  constexpr std::int64_t kNever =
+      std::numeric_limits<std::int64_t>::max() / 2;  // a step no job reaches
+  for (const std::uint32_t ps : members_)
+    group.add(transport_.call(ps, Pull{kNever, {}, epoch_}, {}));
+  (void)detail::wait_progressing(transport_, members_, options_, group,
+                                 "wait for the chief to end training");
+  for (std::size_t ps = 0; ps < group.size(); ++ps)
+    (void)group.take_as<PullReply>(ps);  // throws its error
+}
+
+template <Transport T>
+std::vector<Stats> Client<T>::stats() {
+  std::vector<Stats> all;
+  for (auto& r : broadcast<StatsReply>([](std::size_t) { return GetStats{}; },
+                                       options_.request_timeout, "stats")) {
+    all.push_back(r.stats);
+  }
+  return all;
+}
+
+template <Transport T>
+void Client<T>::send_row_pulls(CallGroup& group, std::span<const RowRequest> requests,
+                               std::int64_t min_step) {
+  detail::split_row_pulls(tables_, num_ps(), requests, min_step, epoch_,
+                          [&](std::size_t ps, PullRows&& message, PullTargets&& targets) {
+                            message.pushes_paced = pushes_paced();
+                            group.add(transport_.call(ps, std::move(message), std::move(targets)));
+                          });
+}
+
+template <Transport T>
+template <class R>
+std::int64_t Client<T>::lowest_step(CallGroup& group, std::size_t first, std::size_t end) {
+  std::int64_t step = std::numeric_limits<std::int64_t>::max();
+  for (std::size_t i = first; i < end; ++i) step = std::min(step, group.take_as<R>(i).global_step);
+  return first == end ? 0 : step;
+}
+
+template <Transport T>
+detail::PullSplit Client<T>::split(std::span<const PullRequest> requests,
+                                   std::int64_t min_step) const {
+  detail::PullSplit out =
+      detail::split_pulls(placement_, variables_, num_ps(), requests, min_step, epoch_);
+  for (Pull& pull : out.pulls) pull.pushes_paced = pushes_paced();
+  return out;
+}
+
+template <Transport T>
+void Client<T>::send(CallGroup& group, detail::PullSplit&& split) {
+  for (const std::uint32_t ps : members_) {
+    if (split.pulls[ps].slices.empty()) continue;
+    group.add(transport_.call(ps, std::move(split.pulls[ps]), std::move(split.targets[ps])));
+  }
+}
+
+template <Transport T>
+void Client<T>::build_pushes(std::uint32_t worker, std::int64_t local_step,
+                             std::span<const std::span<const float>> gradients,
+                             std::span<const RowRequest> rows) {
+  unanswered_.clear();
+  unanswered_ = pushes_.build(placement_, variables_, tables_, num_ps(), worker, local_step, epoch_,
+                              gradients, rows);
+}
+
+template <Transport T>
+auto Client<T>::push_pull_sent(detail::PullSplit&& pulls, std::int64_t min_step) -> PushPullResult {
+  CallGroup group;
+  send_pushes(group);
+  const std::size_t pushes = group.size();
+  send(group, std::move(pulls));
+  detail::wait_gated(transport_, members_, options_, group, min_step, "push and pull");
+  unanswered_.clear();
+  return {stale_parts(group, 0, pushes), lowest_step<PullReply>(group, pushes, group.size())};
+}
+
+template <Transport T>
+std::uint32_t Client<T>::stale_parts(CallGroup& group, std::size_t first, std::size_t end) {
+  std::uint32_t stale = 0;
+  for (std::size_t i = first; i < end; ++i) stale += group.take_as<PushReply>(i).stale_parts;
+  return stale;
+}
+
+}  // namespace pulley
+// ---- end pulley/client/impl/client_calls.hpp ----
+// ---- begin pulley/client/impl/client_membership.hpp ----
+
+/// Client's view of the job's ps tasks (declared in client/client.hpp, which includes this
+/// header after the class): the members the chief sets or a ps names, asking each ps
+/// which members the job has, telling the ps tasks outside it, and the copies placed or
+/// renewed when the members change.
+
+namespace pulley {
+
+template <Transport T>
+void Client<T>::change_members(std::vector<std::uint32_t> members, std::uint64_t membership,
+                               std::vector<std::string> ps_addresses) {
+  if (membership <= membership_) {
+    throw Error(ErrorCode::kInvalidArgument, "membership " + std::to_string(membership) +
+                                                 " is not newer than " +
+                                                 std::to_string(membership_));
+  }
+  set_members(std::move(members), membership, std::move(ps_addresses), ErrorCode::kInvalidArgument);
+}
+
+template <Transport T>
+bool Client<T>::learn_membership() {
+  std::optional<StatsReply> newest;
+  bool heard = false;
+  // A few seconds: the ps tasks that answer do so at once; one that is gone may never.
+  for (std::optional<StatsReply>& reply :
+       ask_each(std::min(options_.request_timeout, kAskPatience))) {
+    heard = heard || reply.has_value();
+    if (!reply || reply->members.empty()) continue;
+    if (!newest || reply->membership > newest->membership) newest = std::move(reply);
+  }
+  const bool first_look = !membership_heard_;
+  membership_heard_ = membership_heard_ || heard;
+  if (!newest || newest->membership <= membership_) return false;
+  take_membership(std::move(newest->members), newest->membership, std::move(newest->ps_addresses),
+                  first_look);
+  return true;
+}
+
+template <Transport T>
+void Client<T>::tell_others(const Request& request, std::chrono::milliseconds timeout) noexcept {
+  try {
+    std::vector<PendingCall> calls;
+    for (std::uint32_t ps = 0; ps < num_ps(); ++ps) {
+      if (!std::binary_search(members_.begin(), members_.end(), ps))
+        calls.push_back(transport_.call(ps, Request(request), {}));
+    }
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (PendingCall& call : calls) {
+      if (!call.wait_until(deadline)) call.cancel();
+    }
+  } catch (...) {  // no memory, a transport that throws: it was a courtesy
+  }
+}
+
+template <Transport T>
+std::vector<std::optional<StatsReply>> Client<T>::ask_each(std::chrono::milliseconds timeout) {
+  std::vector<PendingCall> calls;
+  for (const std::uint32_t ps : members_) calls.push_back(transport_.call(ps, GetStats{}, {}));
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::vector<std::optional<StatsReply>> answers(calls.size());
+  for (std::size_t k = 0; k < calls.size(); ++k) {
+    if (!calls[k].wait_until(deadline)) {
+      calls[k].cancel();
+      continue;
+    }
+    Response answer = calls[k].take();
+    if (auto* reply = std::get_if<StatsReply>(&answer)) answers[k] = std::move(*reply);
+  }
+  return answers;
+}
+
+template <Transport T>
+void Client<T>::take_membership(std::vector<std::uint32_t> members, std::uint64_t membership,
+                                std::vector<std::string> ps_addresses, bool first_look) {
+  log(LogLevel::kInfo, "the job's ps tasks are now " + describe_members(members) + " (membership " +
+                           std::to_string(membership) + ", was " + std::to_string(membership_) +
+                           ")");
+  const bool same = members == members_;
+  set_members(std::move(members), membership, std::move(ps_addresses),
+              ErrorCode::kFailedPrecondition);
+  // A ps the chief took back (Chief::take_back, which keeps the members) is written to
+  // again; a ps that left or joined changes nobody's given-up copies.
+  if (same || first_look) (void)renew_copies(transport_, first_look);
+}
+
+template <Transport T>
+void Client<T>::set_members(std::vector<std::uint32_t> members, std::uint64_t membership,
+                            std::vector<std::string> ps_addresses, ErrorCode code) {
+  require_task_set(members, "ps task");
+  reach_all(transport_, ps_addresses);
+  if (members.back() >= num_ps()) {
+    throw Error(code, "ps " + std::to_string(members.back()) +
+                          " is named a member of the job, and this task knows " +
+                          std::to_string(num_ps()) +
+                          " ps tasks: are they configured with the same cluster?");
+  }
+  place_copies(transport_, members);  // (before any request at the new membership)
+  members_ = std::move(members);
+  membership_ = membership;
+  if (!ps_addresses.empty()) ps_addresses_ = std::move(ps_addresses);
+  unanswered_.clear();  // a push of the shape before is not sent again
+}
+
+template <Transport T>
+bool Client<T>::follow_membership(std::vector<PlacementReply>& replies) {
+  const auto newest =
+      std::max_element(replies.begin(), replies.end(),
+                       [](const auto& a, const auto& b) { return a.membership < b.membership; });
+  const bool first_look = !membership_heard_;
+  membership_heard_ = true;
+  if (newest->membership < membership_) return false;  // a ps behind: `adopt` names the mismatch
+  if (newest->membership == membership_ && newest->members == members_) return false;
+  if (newest->members == members_) {
+    membership_ = newest->membership;
+    // A ps the chief took back (its shards restored beside their copies): asked again,
+    // both copies, before anything of the new epoch is sent.
+    return renew_copies(transport_, first_look);
+  }
+  take_membership(std::move(newest->members), newest->membership, std::move(newest->ps_addresses),
+                  first_look);
+  return true;
+}
+
+}  // namespace pulley
+// ---- end pulley/client/impl/client_membership.hpp ----
+// ---- begin pulley/client/impl/client_model.hpp ----
+
+/// Client's model as the ps tasks hold it (declared in client/client.hpp, which includes
+/// this header after the class): looking a variable up, checking a task's IdSharding,
+/// registering the model, waiting until every member ps is ready, and adopting their
+/// placement once their answers agree.
+
+namespace pulley {
+
+template <Transport T>
+template <IdSharding I>
+bool Client<T>::same_id_sharding(const I& sharding) const {
+  return tables_.empty() ||
+         id_sharding_fingerprint(sharding, tables_, std::span<const std::uint32_t>(members_)) ==
+             id_sharding_;
+}
+
+template <Transport T>
+template <IdSharding I>
+void Client<T>::check_id_sharding(const I& sharding) const {
+  if (same_id_sharding(sharding)) return;
+  throw Error(
+      ErrorCode::kFailedPrecondition,
+      "this task's IdSharding puts rows of table '" + tables_.front().name +
+          "' on other ps tasks than the ps tasks' own does: give it the IdSharding of the ps "
+          "tasks' Tables policy (Worker<M, T, MyTables::Sharding>, read_rows(..., "
+          "MyTables::Sharding{}))");
+}
+
+template <Transport T>
+std::size_t Client<T>::variable_index(std::string_view name) const {
+  for (std::size_t i = 0; i < variables_.size(); ++i) {
+    if (variables_[i].name == name) return i;
+  }
+  throw Error(ErrorCode::kNotFound, "unknown variable '" + std::string(name) + "'");
+}
+
+template <Transport T>
+void Client<T>::register_model(std::span<const VariableSpec> variables,
+                               std::span<const TableSpec> tables, std::uint64_t table_seed) {
+  std::vector<VariableSpec> list(variables.begin(), variables.end());
+  std::vector<TableSpec> table_list(tables.begin(), tables.end());
+  adopt(broadcast<PlacementReply>(
+            [&](std::size_t) {
+              return Register{list, table_list, table_seed, members_, membership_, ps_addresses_};
+            },
+            options_.request_timeout, "register"),
+        list, &table_list);
+  table_seed_ = table_seed;
+}
+
+template <Transport T>
+void Client<T>::wait_ready(std::span<const VariableSpec> variables,
+                           std::optional<std::span<const TableSpec>> tables) {
+  std::vector<VariableSpec> list(variables.begin(), variables.end());
+  std::optional<std::vector<TableSpec>> table_list;
+  if (tables) table_list.emplace(tables->begin(), tables->end());
+  (void)learn_membership();
+  for (std::size_t round = 0;; ++round) {
+    std::vector<PlacementReply> replies;
+    try {
+      replies = broadcast<PlacementReply>([](std::size_t) { return WaitReady{}; },
+                                          options_.wait_timeout, "wait for initialization");
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kUnavailable || round >= kMembershipRounds || !learn_membership())
+        throw;
+      continue;
+    }
+    if (round < kMembershipRounds && follow_membership(replies)) continue;
+    adopt(std::move(replies), list, table_list ? &*table_list : nullptr);
+    return;
+  }
+}
+
+template <Transport T>
+void Client<T>::adopt(std::vector<PlacementReply> replies, std::vector<VariableSpec>& variables,
+                      const std::vector<TableSpec>* tables) {
+  if (replies.empty()) throw Error(ErrorCode::kInvalidArgument, "the cluster has no ps task");
+  if (tables != nullptr && replies[0].tables != *tables) {
+    throw Error(
+        ErrorCode::kFailedPrecondition,
+        "the ps tasks hold " + std::to_string(replies[0].tables.size()) +
+            " embedding table(s), and this model declares " + std::to_string(tables->size()) +
+            " that differ from them (name, dim, initializer, admission, eviction must match)");
+  }
+  for (std::size_t k = 1; k < replies.size(); ++k) {
+    const std::string ps = std::to_string(members_[k]);
+    const std::string first = std::to_string(members_[0]);
+    if (replies[k].members != replies[0].members ||
+        replies[k].membership != replies[0].membership) {
+      throw Error(ErrorCode::kUnavailable,
+                  "ps " + first + " and ps " + ps +
+                      " are at different memberships of the job's ps tasks (" +
+                      std::to_string(replies[0].membership) + " and " +
+                      std::to_string(replies[k].membership) + "): a change is under way");
+    }
+    if (replies[k].id_sharding != replies[0].id_sharding) {
+      throw Error(
+          ErrorCode::kFailedPrecondition,
+          "ps " + first + " and ps " + ps +
+              " spread the rows of embedding tables differently: are they configured with the same "
+              "Tables policy (IdSharding)?");
+    }
+    if (!(replies[k].placement == replies[0].placement)) {
+      throw Error(
+          ErrorCode::kFailedPrecondition,
+          "ps " + first + " and ps " + ps +
+              " place the variables differently: are they configured with the same sharding policy "
+              "and number of ps tasks?");
+    }
+  }
+  const auto& registered = replies[0].variables;
+  if (registered.size() != variables.size()) {
+    throw Error(ErrorCode::kFailedPrecondition,
+                "the ps tasks hold " + std::to_string(registered.size()) +
+                    " variables but this model has " + std::to_string(variables.size()));
+  }
+  for (std::size_t v = 0; v < variables.size(); ++v) {
+    if (!(registered[v] == variables[v])) {
+      throw Error(ErrorCode::kFailedPrecondition,
+                  "variable " + std::to_string(v) + " of this model ('" + variables[v].name +
+                      "') differs from the one the chief registered ('" + registered[v].name +
+                      "'): name, shape and initializer must match");
+    }
+  }
+  if (replies[0].members != members_) {
+    throw Error(ErrorCode::kFailedPrecondition, "the ps tasks say the job's ps tasks are " +
+                                                    describe_members(replies[0].members) +
+                                                    ", not " + describe_members(members_) +
+                                                    ": are they configured with the same cluster?");
+  }
+  for (const Part& part : replies[0].placement.parts) {
+    if (!std::binary_search(members_.begin(), members_.end(), part.ps)) {
+      throw Error(ErrorCode::kFailedPrecondition,
+                  "the ps tasks place parts on ps " + std::to_string(part.ps) +
+                      ", which is not among the job's " + describe_members(members_) +
+                      ": are they configured with the same cluster?");
+    }
+  }
+  if (replies[0].placement.num_variables() != variables.size()) {
+    throw Error(ErrorCode::kFailedPrecondition,
+                "the ps tasks' placement does not cover this model's variables");
+  }
+  membership_ = replies[0].membership;
+  if (!replies[0].ps_addresses.empty()) ps_addresses_ = std::move(replies[0].ps_addresses);
+  placement_ = std::move(replies[0].placement);
+  variables_ = std::move(variables);
+  epoch_ = 0;
+  for (const PlacementReply& r : replies) epoch_ = std::max(epoch_, r.epoch);
+  slot_names_ = std::move(replies[0].slot_names);
+  counter_names_ = std::move(replies[0].counter_names);
+  tables_ = std::move(replies[0].tables);
+  id_sharding_ = replies[0].id_sharding;
+  // A chief that did not register the model (it took over a lost one's) cuts with it.
+  table_seed_ = replies[0].table_seed;
+}
+
+}  // namespace pulley
+// ---- end pulley/client/impl/client_model.hpp ----
 // ---- end pulley/client/client.hpp ----
 // ---- begin pulley/core/detail/pages.hpp ----
 /// \file
@@ -17060,17 +17358,8 @@ class InProcessNetwork {
     /// becomes this kUnavailable.
     std::optional<std::string> lost_reply;
 
-    void complete(Response&& response) {
-      unless_cancelled([&] {
-        if (has_answer()) return;
-        if (lost_reply) response = ErrorReply{ErrorCode::kUnavailable, *lost_reply};
-        if (!std::holds_alternative<ErrorReply>(response) &&
-            !detail::copy_into(response, targets)) {
-          response = ErrorReply{ErrorCode::kInvalidArgument, "reply does not fit its targets"};
-        }
-        answer(std::move(response));
-      });
-    }
+    // Defined in impl/in_process_requests.hpp.
+    void complete(Response&& response);
   };
   using CallPtr = std::shared_ptr<Call>;
 
@@ -17119,218 +17408,60 @@ class InProcessNetwork {
       return static_cast<std::uint32_t>(mailboxes_.size());
     }
 
-    void serve(std::unique_ptr<Host> host) {
-      const std::uint32_t task = host->task();
-      if (task >= num_ps()) {
-        throw Error(ErrorCode::kInvalidArgument, "no ps task " + std::to_string(task) + " here");
-      }
-      Mailbox& box = *mailboxes_[task];
-      {
-        std::scoped_lock lock(box.serving, box.mutex);
-        if (box.host) {
-          throw Error(ErrorCode::kAlreadyExists,
-                      "ps task " + std::to_string(task) + " is served already");
-        }
-        if (box.closed) return;
-        box.host = std::move(host);
-        box.thread_running = true;
-      }
-      std::scoped_lock lock(threads_mutex_);
-      threads_.emplace_back([this, &box, task] { run(box, task); });
-    }
+    // A ps task served: its thread and its queue, and the network's close
+    // (impl/in_process_serving.hpp).
 
-    void join() {
-      std::vector<std::thread> threads;
-      {
-        std::scoped_lock lock(threads_mutex_);
-        threads.swap(threads_);
-      }
-      for (std::thread& t : threads) t.join();
-    }
+    void serve(std::unique_ptr<Host> host);
+
+    void join();
 
     /// The network is going away: everything waiting fails, the threads end, the services
     /// are destroyed; later calls fail.
-    void close() {
-      for (auto& box : mailboxes_) {
-        std::scoped_lock lock(box->mutex);
-        box->closed = true;
-        fail_held(*box, "the in-process network was shut down");
-        box->wake.notify_all();
-      }
-      join();
-      for (auto& box : mailboxes_) {
-        std::scoped_lock serving(box->serving);
-        box->host.reset();
-      }
-    }
+    void close();
 
-    void drop_next(std::uint32_t ps, std::size_t count, std::optional<Node> from) {
-      std::scoped_lock lock(faults_mutex_);
-      drops_.push_back({ps, count, from});
-    }
+    // Faults injected, and a killed ps task served again (impl/in_process_faults.hpp).
 
-    void lose_replies(std::uint32_t ps, std::size_t count, std::optional<Node> from) {
-      std::scoped_lock lock(faults_mutex_);
-      reply_losses_.push_back({ps, count, from});
-    }
+    void drop_next(std::uint32_t ps, std::size_t count, std::optional<Node> from);
+
+    void lose_replies(std::uint32_t ps, std::size_t count, std::optional<Node> from);
 
     void lose_replies_at_random(std::uint32_t ps, double probability, std::uint64_t seed,
-                                std::optional<Node> from) {
-      std::scoped_lock lock(faults_mutex_);
-      std::erase_if(random_losses_, [&](const RandomLoss& r) { return r.ps == ps && r.from == from; });
-      if (probability > 0.0) random_losses_.push_back({ps, probability, from, std::mt19937_64(seed)});
-    }
+                                std::optional<Node> from);
 
     /// True if connection `session` was broken by `lose_replies` (its endpoint opens a new
     /// one; what was sent on it and not handled yet is lost).
-    bool is_broken(std::uint64_t session) const {
-      if (!any_broken_.load(std::memory_order_acquire)) return false;
-      std::scoped_lock lock(faults_mutex_);
-      return broken_.contains(session);
-    }
+    bool is_broken(std::uint64_t session) const;
 
-    void set_delay(Node node, std::chrono::microseconds delay) {
-      std::scoped_lock lock(faults_mutex_);
-      delays_[node] = delay;
-    }
+    void set_delay(Node node, std::chrono::microseconds delay);
 
-    void kill(Node node) {
-      {
-        std::scoped_lock lock(faults_mutex_);
-        dead_[node] = true;
-      }
-      if (node.role != Node::Role::kPs) {
-        // Its connections break: what it sent and no ps handled yet is lost, and every ps
-        // hears that it left, as a TCP ps would. (handle() refuses what slips past.)
-        for (auto& box : mailboxes_) {
-          std::scoped_lock lock(box->serving, box->mutex);
-          std::erase_if(box->queue, [&](Envelope& e) {
-            if (e.from != node) return false;
-            e.call->complete(unavailable(node.name() + " is unavailable (killed)"));
-            return true;
-          });
-          if (box->host && !box->closed) box->host->disconnected(node, 0);
-        }
-        return;
-      }
-      if (node.index >= num_ps()) return;
-      Mailbox& box = *mailboxes_[node.index];
-      std::scoped_lock lock(box.mutex);
-      box.killed = true;
-      fail_held(box, node.name() + " is unavailable (killed)");
-      box.wake.notify_all();
-    }
+    void kill(Node node);
 
-    void restart(std::unique_ptr<Host> host) {
-      const std::uint32_t task = host->task();
-      if (task >= num_ps() || !is_dead(Node::ps(task))) {
-        throw Error(ErrorCode::kFailedPrecondition,
-                    "ps task " + std::to_string(task) + " was not killed: nothing to restart");
-      }
-      Mailbox& box = *mailboxes_[task];
-      for (;;) {  // the killed task's thread sees the kill and ends
-        std::scoped_lock lock(box.mutex);
-        if (!box.thread_running) break;
-        box.wake.notify_all();
-        std::this_thread::yield();
-      }
-      std::unique_ptr<Host> old;
-      {
-        std::scoped_lock lock(box.serving, box.mutex);
-        if (box.closed) return;
-        old = std::exchange(box.host, std::move(host));
-        box.killed = false;
-        box.stopped = false;
-        box.thread_running = true;
-      }
-      {
-        std::scoped_lock lock(faults_mutex_);
-        dead_[Node::ps(task)] = false;
-      }
-      std::scoped_lock lock(threads_mutex_);
-      threads_.emplace_back([this, &box, task] { run(box, task); });
-    }
+    void restart(std::unique_ptr<Host> host);
 
-    [[nodiscard]] bool is_dead(Node node) const {
-      std::scoped_lock lock(faults_mutex_);
-      auto it = dead_.find(node);
-      return it != dead_.end() && it->second;
-    }
+    [[nodiscard]] bool is_dead(Node node) const;
 
     /// A session id for a new connection.
     std::uint64_t new_session() noexcept { return next_session_.fetch_add(1) + 1; }
 
+    // A request sent, handed to the service and answered (impl/in_process_requests.hpp).
+
     PendingCall send(Node from, std::uint64_t session, std::uint32_t ps, Request&& request,
-                     PullTargets&& targets) {
-      auto call = std::make_shared<Call>();
-      call->targets = std::move(targets);
-      PendingCall pending(call);
-      if (ps >= num_ps()) {
-        call->complete(ErrorReply{ErrorCode::kInvalidArgument,
-                                  "no ps task " + std::to_string(ps) + " in this cluster"});
-        return pending;
-      }
-      if (is_dead(from)) {
-        call->complete(unavailable(from.name() + " is unavailable (killed)"));
-        return pending;
-      }
-      if (auto d = delay_of(from); d.count() > 0) std::this_thread::sleep_for(d);
-      if (take_drop(ps, from)) {
-        std::scoped_lock lock(faults_mutex_);
-        lost_.push_back(std::move(call));  // never answered; the caller's deadline fires
-        return pending;
-      }
-      if (take_reply_loss(ps, from)) {
-        call->lost_reply = "the connection to " + Node::ps(ps).name() + " was lost before its answer came";
-      }
-      Mailbox& box = *mailboxes_[ps];
-      std::unique_lock serving(box.serving, std::try_to_lock);
-      bool idle = false;
-      {
-        std::scoped_lock lock(box.mutex);
-        if (const auto gone = gone_reason(box, ps)) {
-          call->complete(unavailable(*gone));
-          return pending;
-        }
-        idle = serving.owns_lock() && box.host && box.queue.empty() &&
-               delay_of(Node::ps(ps)).count() == 0;
-        if (!idle && (box.thread_running || !box.host)) {
-          box.queue.push_back({std::move(request), std::move(call), from, session});
-          if (!box.combining) box.wake.notify_one();  // (else the sender serving takes it)
-          return pending;
-        }
-        if (idle) box.combining = true;
-      }
-      // Idle, or stopped with no thread left: handled here (a stopped service answers at
-      // once, so waiting for another sender's turn is short).
-      if (!serving.owns_lock()) serving.lock();
-      try {
-        handle(*this, box, ps, std::move(request), from, session, call);
-        if (idle) handle_queued(box, ps);
-      } catch (...) {  // (an allocation failed): what is queued goes to the task's thread
-        if (idle) stop_combining(box);
-        throw;
-      }
-      return pending;
-    }
+                     PullTargets&& targets);
 
    private:
     static Response unavailable(const std::string& why) {
       return ErrorReply{ErrorCode::kUnavailable, why};
     }
 
-    static std::optional<std::string> gone_reason(const Mailbox& box, std::uint32_t ps) {
-      if (box.closed) return "the in-process network was shut down";
-      if (box.killed) return Node::ps(ps).name() + " is unavailable (killed)";
-      return std::nullopt;
-    }
+    // Defined in impl/: gone_reason, fail_held, delay_of, take_reply_loss, take_rule and
+    // break_session in in_process_faults.hpp; handle_queued, stop_combining and run in
+    // in_process_serving.hpp; handle in in_process_requests.hpp.
+
+    static std::optional<std::string> gone_reason(const Mailbox& box, std::uint32_t ps);
 
     /// Fails every request the task holds, queued or handed to its service (as a crashed
     /// process's connections would break). The caller holds `box.mutex`.
-    static void fail_held(Mailbox& box, const std::string& why) {
-      for (Envelope& e : std::exchange(box.queue, {})) e.call->complete(unavailable(why));
-      for (const CallPtr& c : std::exchange(box.in_service, {})) c->complete(unavailable(why));
-    }
+    static void fail_held(Mailbox& box, const std::string& why);
 
     /// After a sender handled its request here (`send`, holding `box.serving`): what other
     /// senders queued meanwhile, in order, on this thread rather than the task's own. With
@@ -17338,134 +17469,27 @@ class InProcessNetwork {
     /// the ps busy (a quarter of an async job's requests) and waited for a core for it.
     /// At most kMaxCombined, so that the sender's own caller is not held up by a busy job's
     /// stream of requests: the task's thread takes the rest (as it does for a slowed task).
-    void handle_queued(Mailbox& box, std::uint32_t task) {
-      constexpr int kMaxCombined = 8;
-      for (int handled = 0;; ++handled) {
-        Envelope next;
-        {
-          std::scoped_lock lock(box.mutex);
-          if (box.queue.empty() || box.killed || box.closed || handled == kMaxCombined ||
-              delay_of(Node::ps(task)).count() > 0) {
-            box.combining = false;
-            if (!box.queue.empty()) box.wake.notify_one();
-            return;
-          }
-          next = std::move(box.queue.front());
-          box.queue.pop_front();
-        }
-        handle(*this, box, task, std::move(next.request), next.from, next.session, next.call);
-      }
-    }
+    void handle_queued(Mailbox& box, std::uint32_t task);
 
     /// Ends a sender's turn at the queue (handle_queued) early: the task's thread takes it.
-    static void stop_combining(Mailbox& box) noexcept {
-      std::scoped_lock lock(box.mutex);
-      box.combining = false;
-      box.wake.notify_one();
-    }
+    static void stop_combining(Mailbox& box) noexcept;
 
     /// Hands one request to the service; the caller holds `box.serving`.
     static void handle(Fabric& fabric, Mailbox& box, std::uint32_t task, Request&& request,
-                       Node from, std::uint64_t session, const CallPtr& call) {
-      {
-        std::scoped_lock lock(box.mutex);
-        if (const auto gone = gone_reason(box, task)) {
-          call->complete(unavailable(*gone));
-          return;
-        }
-        if (fabric.is_dead(from)) {  // killed after it sent this: a dead process sends nothing
-          call->complete(unavailable(from.name() + " is unavailable (killed)"));
-          return;
-        }
-        if (fabric.is_broken(session)) {  // sent on a connection that broke before its turn
-          call->complete(unavailable("the connection to " + Node::ps(task).name() + " was lost"));
-          return;
-        }
-        std::erase_if(box.in_service, [](const CallPtr& c) { return c->has_answer(); });
-        box.in_service.push_back(call);
-      }
-      // One use while the service reads the request's views: a caller that gives up waits
-      // for it.
-      call->unless_cancelled([&] {
-        box.host->handle(std::move(request), from, session,
-                         [call](Response&& r) { call->complete(std::move(r)); });
-      });
-      if (call->lost_reply) {  // its connection breaks now: the caller and the ps hear it
-        fabric.break_session(session);
-        call->complete(ErrorReply{ErrorCode::kUnavailable, *call->lost_reply});
-        box.host->disconnected(from, session);
-      }
-      if (box.host->stopped()) {
-        std::scoped_lock lock(box.mutex);
-        box.stopped = true;
-        box.wake.notify_all();
-      }
-    }
+                       Node from, std::uint64_t session, const CallPtr& call);
 
     /// The task's own thread: serves the queue until the service stops (and the queue is
     /// drained) or the task is killed.
-    void run(Mailbox& box, std::uint32_t task) {
-      for (;;) {
-        {
-          std::unique_lock lock(box.mutex);
-          box.wake.wait(lock, [&] {
-            return box.killed || box.closed || box.stopped || !box.queue.empty();
-          });
-          if (box.killed || box.closed || box.queue.empty()) {
-            box.thread_running = false;
-            return;
-          }
-        }
-        if (auto d = delay_of(Node::ps(task)); d.count() > 0) std::this_thread::sleep_for(d);
-        std::scoped_lock serving(box.serving);
-        Envelope envelope;
-        {
-          std::scoped_lock lock(box.mutex);
-          if (box.queue.empty()) continue;
-          envelope = std::move(box.queue.front());
-          box.queue.pop_front();
-        }
-        handle(*this, box, task, std::move(envelope.request), envelope.from, envelope.session,
-               envelope.call);
-      }
-    }
+    void run(Mailbox& box, std::uint32_t task);
 
-    std::chrono::microseconds delay_of(Node node) const {
-      std::scoped_lock lock(faults_mutex_);
-      auto it = delays_.find(node);
-      return it == delays_.end() ? std::chrono::microseconds{0} : it->second;
-    }
+    std::chrono::microseconds delay_of(Node node) const;
 
     bool take_drop(std::uint32_t ps, Node from) { return take_rule(drops_, ps, from); }
-    bool take_reply_loss(std::uint32_t ps, Node from) {
-      if (take_rule(reply_losses_, ps, from)) return true;
-      std::scoped_lock lock(faults_mutex_);
-      for (RandomLoss& r : random_losses_) {
-        if (r.ps == ps && (!r.from || *r.from == from) &&
-            std::uniform_real_distribution<double>(0.0, 1.0)(r.rng) < r.probability) {
-          return true;
-        }
-      }
-      return false;
-    }
+    bool take_reply_loss(std::uint32_t ps, Node from);
 
-    bool take_rule(std::vector<DropRule>& rules, std::uint32_t ps, Node from) {
-      std::scoped_lock lock(faults_mutex_);
-      for (DropRule& rule : rules) {
-        if (rule.ps == ps && rule.remaining > 0 && (!rule.from || *rule.from == from)) {
-          --rule.remaining;
-          std::erase_if(rules, [](const DropRule& r) { return r.remaining == 0; });
-          return true;
-        }
-      }
-      return false;
-    }
+    bool take_rule(std::vector<DropRule>& rules, std::uint32_t ps, Node from);
 
-    void break_session(std::uint64_t session) {
-      std::scoped_lock lock(faults_mutex_);
-      broken_.insert(session);
-      any_broken_.store(true, std::memory_order_release);
-    }
+    void break_session(std::uint64_t session);
 
     std::vector<std::unique_ptr<Mailbox>> mailboxes_;
     std::mutex threads_mutex_;
@@ -17533,6 +17557,382 @@ class InProcess {
 static_assert(GrowingTransport<InProcess>);
 
 }  // namespace pulley
+
+// InProcessNetwork's member functions' definitions, by concern.
+// ---- begin pulley/transport/impl/in_process_faults.hpp ----
+
+/// InProcessNetwork's faults and failures (declared in transport/in_process.hpp, which
+/// includes this header after the class): requests dropped, replies lost (counted or at
+/// random) and the connections they break, delays, kills, a killed ps task served again,
+/// and what a task gone answers.
+
+namespace pulley {
+
+inline void InProcessNetwork::Fabric::drop_next(std::uint32_t ps, std::size_t count,
+                                                std::optional<Node> from) {
+  std::scoped_lock lock(faults_mutex_);
+  drops_.push_back({ps, count, from});
+}
+
+inline void InProcessNetwork::Fabric::lose_replies(std::uint32_t ps, std::size_t count,
+                                                   std::optional<Node> from) {
+  std::scoped_lock lock(faults_mutex_);
+  reply_losses_.push_back({ps, count, from});
+}
+
+inline void InProcessNetwork::Fabric::lose_replies_at_random(std::uint32_t ps, double probability,
+                                                             std::uint64_t seed,
+                                                             std::optional<Node> from) {
+  std::scoped_lock lock(faults_mutex_);
+  std::erase_if(random_losses_, [&](const RandomLoss& r) { return r.ps == ps && r.from == from; });
+  if (probability > 0.0) random_losses_.push_back({ps, probability, from, std::mt19937_64(seed)});
+}
+
+inline bool InProcessNetwork::Fabric::is_broken(std::uint64_t session) const {
+  if (!any_broken_.load(std::memory_order_acquire)) return false;
+  std::scoped_lock lock(faults_mutex_);
+  return broken_.contains(session);
+}
+
+inline void InProcessNetwork::Fabric::set_delay(Node node, std::chrono::microseconds delay) {
+  std::scoped_lock lock(faults_mutex_);
+  delays_[node] = delay;
+}
+
+inline void InProcessNetwork::Fabric::kill(Node node) {
+  {
+    std::scoped_lock lock(faults_mutex_);
+    dead_[node] = true;
+  }
+  if (node.role != Node::Role::kPs) {
+    // Its connections break: what it sent and no ps handled yet is lost, and every ps
+    // hears that it left, as a TCP ps would. (handle() refuses what slips past.)
+    for (auto& box : mailboxes_) {
+      std::scoped_lock lock(box->serving, box->mutex);
+      std::erase_if(box->queue, [&](Envelope& e) {
+        if (e.from != node) return false;
+        e.call->complete(unavailable(node.name() + " is unavailable (killed)"));
+        return true;
+      });
+      if (box->host && !box->closed) box->host->disconnected(node, 0);
+    }
+    return;
+  }
+  if (node.index >= num_ps()) return;
+  Mailbox& box = *mailboxes_[node.index];
+  std::scoped_lock lock(box.mutex);
+  box.killed = true;
+  fail_held(box, node.name() + " is unavailable (killed)");
+  box.wake.notify_all();
+}
+
+inline void InProcessNetwork::Fabric::restart(std::unique_ptr<Host> host) {
+  const std::uint32_t task = host->task();
+  if (task >= num_ps() || !is_dead(Node::ps(task))) {
+    throw Error(ErrorCode::kFailedPrecondition,
+                "ps task " + std::to_string(task) + " was not killed: nothing to restart");
+  }
+  Mailbox& box = *mailboxes_[task];
+  for (;;) {  // the killed task's thread sees the kill and ends
+    std::scoped_lock lock(box.mutex);
+    if (!box.thread_running) break;
+    box.wake.notify_all();
+    std::this_thread::yield();
+  }
+  std::unique_ptr<Host> old;
+  {
+    std::scoped_lock lock(box.serving, box.mutex);
+    if (box.closed) return;
+    old = std::exchange(box.host, std::move(host));
+    box.killed = false;
+    box.stopped = false;
+    box.thread_running = true;
+  }
+  {
+    std::scoped_lock lock(faults_mutex_);
+    dead_[Node::ps(task)] = false;
+  }
+  std::scoped_lock lock(threads_mutex_);
+  threads_.emplace_back([this, &box, task] { run(box, task); });
+}
+
+inline bool InProcessNetwork::Fabric::is_dead(Node node) const {
+  std::scoped_lock lock(faults_mutex_);
+  auto it = dead_.find(node);
+  return it != dead_.end() && it->second;
+}
+
+inline std::optional<std::string> InProcessNetwork::Fabric::gone_reason(const Mailbox& box,
+                                                                        std::uint32_t ps) {
+  if (box.closed) return "the in-process network was shut down";
+  if (box.killed) return Node::ps(ps).name() + " is unavailable (killed)";
+  return std::nullopt;
+}
+
+inline void InProcessNetwork::Fabric::fail_held(Mailbox& box, const std::string& why) {
+  for (Envelope& e : std::exchange(box.queue, {})) e.call->complete(unavailable(why));
+  for (const CallPtr& c : std::exchange(box.in_service, {})) c->complete(unavailable(why));
+}
+
+inline std::chrono::microseconds InProcessNetwork::Fabric::delay_of(Node node) const {
+  std::scoped_lock lock(faults_mutex_);
+  auto it = delays_.find(node);
+  return it == delays_.end() ? std::chrono::microseconds{0} : it->second;
+}
+
+inline bool InProcessNetwork::Fabric::take_reply_loss(std::uint32_t ps, Node from) {
+  if (take_rule(reply_losses_, ps, from)) return true;
+  std::scoped_lock lock(faults_mutex_);
+  for (RandomLoss& r : random_losses_) {
+    if (r.ps == ps && (!r.from || *r.from == from) &&
+        std::uniform_real_distribution<double>(0.0, 1.0)(r.rng) < r.probability) {
+      return true;
+    }
+  }
+  return false;
+}
+
+inline bool InProcessNetwork::Fabric::take_rule(std::vector<DropRule>& rules, std::uint32_t ps,
+                                                Node from) {
+  std::scoped_lock lock(faults_mutex_);
+  for (DropRule& rule : rules) {
+    if (rule.ps == ps && rule.remaining > 0 && (!rule.from || *rule.from == from)) {
+      --rule.remaining;
+      std::erase_if(rules, [](const DropRule& r) { return r.remaining == 0; });
+      return true;
+    }
+  }
+  return false;
+}
+
+inline void InProcessNetwork::Fabric::break_session(std::uint64_t session) {
+  std::scoped_lock lock(faults_mutex_);
+  broken_.insert(session);
+  any_broken_.store(true, std::memory_order_release);
+}
+
+}  // namespace pulley
+// ---- end pulley/transport/impl/in_process_faults.hpp ----
+// ---- begin pulley/transport/impl/in_process_requests.hpp ----
+
+/// InProcessNetwork's requests (declared in transport/in_process.hpp, which includes this
+/// header after the class): a request sent, on the sender's thread when the ps task is
+/// idle or queued for it when not, handed to the service, and its answer copied into the
+/// caller's targets (or lost, when its connection breaks).
+
+namespace pulley {
+
+inline void InProcessNetwork::Call::complete(Response&& response) {
+  unless_cancelled([&] {
+    if (has_answer()) return;
+    if (lost_reply) response = ErrorReply{ErrorCode::kUnavailable, *lost_reply};
+    if (!std::holds_alternative<ErrorReply>(response) && !detail::copy_into(response, targets)) {
+      response = ErrorReply{ErrorCode::kInvalidArgument, "reply does not fit its targets"};
+    }
+    answer(std::move(response));
+  });
+}
+
+inline PendingCall InProcessNetwork::Fabric::send(Node from, std::uint64_t session,
+                                                  std::uint32_t ps, Request&& request,
+                                                  PullTargets&& targets) {
+  auto call = std::make_shared<Call>();
+  call->targets = std::move(targets);
+  PendingCall pending(call);
+  if (ps >= num_ps()) {
+    call->complete(ErrorReply{ErrorCode::kInvalidArgument,
+                              "no ps task " + std::to_string(ps) + " in this cluster"});
+    return pending;
+  }
+  if (is_dead(from)) {
+    call->complete(unavailable(from.name() + " is unavailable (killed)"));
+    return pending;
+  }
+  if (auto d = delay_of(from); d.count() > 0) std::this_thread::sleep_for(d);
+  if (take_drop(ps, from)) {
+    std::scoped_lock lock(faults_mutex_);
+    lost_.push_back(std::move(call));  // never answered; the caller's deadline fires
+    return pending;
+  }
+  if (take_reply_loss(ps, from)) {
+    call->lost_reply =
+        "the connection to " + Node::ps(ps).name() + " was lost before its answer came";
+  }
+  Mailbox& box = *mailboxes_[ps];
+  std::unique_lock serving(box.serving, std::try_to_lock);
+  bool idle = false;
+  {
+    std::scoped_lock lock(box.mutex);
+    if (const auto gone = gone_reason(box, ps)) {
+      call->complete(unavailable(*gone));
+      return pending;
+    }
+    idle =
+        serving.owns_lock() && box.host && box.queue.empty() && delay_of(Node::ps(ps)).count() == 0;
+    if (!idle && (box.thread_running || !box.host)) {
+      box.queue.push_back({std::move(request), std::move(call), from, session});
+      if (!box.combining) box.wake.notify_one();  // (else the sender serving takes it)
+      return pending;
+    }
+    if (idle) box.combining = true;
+  }
+  // Idle, or stopped with no thread left: handled here (a stopped service answers at
+  // once, so waiting for another sender's turn is short).
+  if (!serving.owns_lock()) serving.lock();
+  try {
+    handle(*this, box, ps, std::move(request), from, session, call);
+    if (idle) handle_queued(box, ps);
+  } catch (...) {  // (an allocation failed): what is queued goes to the task's thread
+    if (idle) stop_combining(box);
+    throw;
+  }
+  return pending;
+}
+
+inline void InProcessNetwork::Fabric::handle(Fabric& fabric, Mailbox& box, std::uint32_t task,
+                                             Request&& request, Node from, std::uint64_t session,
+                                             const CallPtr& call) {
+  {
+    std::scoped_lock lock(box.mutex);
+    if (const auto gone = gone_reason(box, task)) {
+      call->complete(unavailable(*gone));
+      return;
+    }
+    if (fabric.is_dead(from)) {  // killed after it sent this: a dead process sends nothing
+      call->complete(unavailable(from.name() + " is unavailable (killed)"));
+      return;
+    }
+    if (fabric.is_broken(session)) {  // sent on a connection that broke before its turn
+      call->complete(unavailable("the connection to " + Node::ps(task).name() + " was lost"));
+      return;
+    }
+    std::erase_if(box.in_service, [](const CallPtr& c) { return c->has_answer(); });
+    box.in_service.push_back(call);
+  }
+  // One use while the service reads the request's views: a caller that gives up waits
+  // for it.
+  call->unless_cancelled([&] {
+    box.host->handle(std::move(request), from, session,
+                     [call](Response&& r) { call->complete(std::move(r)); });
+  });
+  if (call->lost_reply) {  // its connection breaks now: the caller and the ps hear it
+    fabric.break_session(session);
+    call->complete(ErrorReply{ErrorCode::kUnavailable, *call->lost_reply});
+    box.host->disconnected(from, session);
+  }
+  if (box.host->stopped()) {
+    std::scoped_lock lock(box.mutex);
+    box.stopped = true;
+    box.wake.notify_all();
+  }
+}
+
+}  // namespace pulley
+// ---- end pulley/transport/impl/in_process_requests.hpp ----
+// ---- begin pulley/transport/impl/in_process_serving.hpp ----
+
+/// InProcessNetwork's ps tasks served (declared in transport/in_process.hpp, which includes
+/// this header after the class): a service taken on and its thread started, the queue served
+/// by that thread or by a sender that found the task idle, the threads joined, and the
+/// network's close.
+
+namespace pulley {
+
+inline void InProcessNetwork::Fabric::serve(std::unique_ptr<Host> host) {
+  const std::uint32_t task = host->task();
+  if (task >= num_ps()) {
+    throw Error(ErrorCode::kInvalidArgument, "no ps task " + std::to_string(task) + " here");
+  }
+  Mailbox& box = *mailboxes_[task];
+  {
+    std::scoped_lock lock(box.serving, box.mutex);
+    if (box.host) {
+      throw Error(ErrorCode::kAlreadyExists,
+                  "ps task " + std::to_string(task) + " is served already");
+    }
+    if (box.closed) return;
+    box.host = std::move(host);
+    box.thread_running = true;
+  }
+  std::scoped_lock lock(threads_mutex_);
+  threads_.emplace_back([this, &box, task] { run(box, task); });
+}
+
+inline void InProcessNetwork::Fabric::join() {
+  std::vector<std::thread> threads;
+  {
+    std::scoped_lock lock(threads_mutex_);
+    threads.swap(threads_);
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+inline void InProcessNetwork::Fabric::close() {
+  for (auto& box : mailboxes_) {
+    std::scoped_lock lock(box->mutex);
+    box->closed = true;
+    fail_held(*box, "the in-process network was shut down");
+    box->wake.notify_all();
+  }
+  join();
+  for (auto& box : mailboxes_) {
+    std::scoped_lock serving(box->serving);
+    box->host.reset();
+  }
+}
+
+inline void InProcessNetwork::Fabric::handle_queued(Mailbox& box, std::uint32_t task) {
+  constexpr int kMaxCombined = 8;
+  for (int handled = 0;; ++handled) {
+    Envelope next;
+    {
+      std::scoped_lock lock(box.mutex);
+      if (box.queue.empty() || box.killed || box.closed || handled == kMaxCombined ||
+          delay_of(Node::ps(task)).count() > 0) {
+        box.combining = false;
+        if (!box.queue.empty()) box.wake.notify_one();
+        return;
+      }
+      next = std::move(box.queue.front());
+      box.queue.pop_front();
+    }
+    handle(*this, box, task, std::move(next.request), next.from, next.session, next.call);
+  }
+}
+
+inline void InProcessNetwork::Fabric::stop_combining(Mailbox& box) noexcept {
+  std::scoped_lock lock(box.mutex);
+  box.combining = false;
+  box.wake.notify_one();
+}
+
+inline void InProcessNetwork::Fabric::run(Mailbox& box, std::uint32_t task) {
+  for (;;) {
+    {
+      std::unique_lock lock(box.mutex);
+      box.wake.wait(lock,
+                    [&] { return box.killed || box.closed || box.stopped || !box.queue.empty(); });
+      if (box.killed || box.closed || box.queue.empty()) {
+        box.thread_running = false;
+        return;
+      }
+    }
+    if (auto d = delay_of(Node::ps(task)); d.count() > 0) std::this_thread::sleep_for(d);
+    std::scoped_lock serving(box.serving);
+    Envelope envelope;
+    {
+      std::scoped_lock lock(box.mutex);
+      if (box.queue.empty()) continue;
+      envelope = std::move(box.queue.front());
+      box.queue.pop_front();
+    }
+    handle(*this, box, task, std::move(envelope.request), envelope.from, envelope.session,
+           envelope.call);
+  }
+}
+
+}  // namespace pulley
+// ---- end pulley/transport/impl/in_process_serving.hpp ----
 // ---- end pulley/transport/in_process.hpp ----
 // ---- begin pulley/transport/in_process_ring.hpp ----
 

@@ -45,6 +45,12 @@ namespace pulley {
 template <Transport T>
 class Client {
  public:
+  // The members whose bodies are longer than a line or two are defined in client/impl/, by
+  // concern (included at the end of this header): client_model.hpp (the model: looking it
+  // up, registering it, waiting until the ps tasks are ready, adopting their placement),
+  // client_membership.hpp (the job's ps tasks and the copies) and client_calls.hpp (the
+  // calls to every ps and their answers).
+
   Client(T transport, ClientOptions options)
       : transport_(std::move(transport)), options_(options), pushes_(options.clip_norm) {
     for (std::uint32_t ps = 0; ps < transport_.num_ps(); ++ps) members_.push_back(ps);
@@ -70,20 +76,11 @@ class Client {
   /// True if `sharding` puts the tables' rows where the ps tasks' own IdSharding does (or
   /// the model has no tables).
   template <IdSharding I>
-  [[nodiscard]] bool same_id_sharding(const I& sharding) const {
-    return tables_.empty() ||
-           id_sharding_fingerprint(sharding, tables_, std::span<const std::uint32_t>(members_)) == id_sharding_;
-  }
+  [[nodiscard]] bool same_id_sharding(const I& sharding) const;
   /// Throws kFailedPrecondition, naming the fix, unless `sharding` (a worker's, or the
   /// chief's read_rows') puts the tables' rows where the ps tasks' own sharding does.
   template <IdSharding I>
-  void check_id_sharding(const I& sharding) const {
-    if (same_id_sharding(sharding)) return;
-    throw Error(ErrorCode::kFailedPrecondition,
-                "this task's IdSharding puts rows of table '" + tables_.front().name +
-                    "' on other ps tasks than the ps tasks' own does: give it the IdSharding of the ps "
-                    "tasks' Tables policy (Worker<M, T, MyTables::Sharding>, read_rows(..., MyTables::Sharding{}))");
-  }
+  void check_id_sharding(const I& sharding) const;
   /// The seed of the tables' rows, as this client registered it or learned it from the ps tasks.
   [[nodiscard]] std::uint64_t table_seed() const noexcept { return table_seed_; }
   /// True once the placement is known.
@@ -100,37 +97,18 @@ class Client {
   [[nodiscard]] const ClientOptions& options() const noexcept { return options_; }
 
   /// Index of the variable called `name`; throws kNotFound naming it.
-  [[nodiscard]] std::size_t variable_index(std::string_view name) const {
-    for (std::size_t i = 0; i < variables_.size(); ++i) {
-      if (variables_[i].name == name) return i;
-    }
-    throw Error(ErrorCode::kNotFound, "unknown variable '" + std::string(name) + "'");
-  }
+  [[nodiscard]] std::size_t variable_index(std::string_view name) const;
 
   /// Sends `make_request(ps)` to every member ps at once and returns the replies of type
   /// R, in member order.
   template <class R, class MakeRequest>
-  std::vector<R> broadcast(MakeRequest make_request, std::chrono::milliseconds timeout, std::string_view what) {
-    CallGroup group;
-    for (const std::uint32_t ps : members_) group.add(transport_.call(ps, Request{make_request(ps)}, {}));
-    group.wait(timeout, what);
-    std::vector<R> replies;
-    for (std::size_t k = 0; k < members_.size(); ++k) replies.push_back(group.take_as<R>(k));
-    return replies;
-  }
+  std::vector<R> broadcast(MakeRequest make_request, std::chrono::milliseconds timeout,
+                           std::string_view what);
 
   /// Registers the model (its variables, and its embedding tables with the seed of their
   /// rows) on every member ps, over the members, and checks that their placements agree.
-  void register_model(std::span<const VariableSpec> variables, std::span<const TableSpec> tables = {},
-                      std::uint64_t table_seed = 0) {
-    std::vector<VariableSpec> list(variables.begin(), variables.end());
-    std::vector<TableSpec> table_list(tables.begin(), tables.end());
-    adopt(broadcast<PlacementReply>(
-              [&](std::size_t) { return Register{list, table_list, table_seed, members_, membership_, ps_addresses_}; },
-              options_.request_timeout, "register"),
-          list, &table_list);
-    table_seed_ = table_seed;
-  }
+  void register_model(std::span<const VariableSpec> variables,
+                      std::span<const TableSpec> tables = {}, std::uint64_t table_seed = 0);
 
   /// The job's ps tasks are now `members` (ascending task indices, not empty), at version
   /// `membership` (above the one known), with every ps task's address `ps_addresses` once
@@ -138,13 +116,7 @@ class Client {
   /// the next `register_model` places the model over. For the chief, which decides it
   /// (Chief::leave, Chief::join).
   void change_members(std::vector<std::uint32_t> members, std::uint64_t membership,
-                      std::vector<std::string> ps_addresses = {}) {
-    if (membership <= membership_) {
-      throw Error(ErrorCode::kInvalidArgument, "membership " + std::to_string(membership) + " is not newer than " +
-                                                   std::to_string(membership_));
-    }
-    set_members(std::move(members), membership, std::move(ps_addresses), ErrorCode::kInvalidArgument);
-  }
+                      std::vector<std::string> ps_addresses = {});
 
   /// Every ps task's address, once a ps joined beyond the cluster spec (empty before).
   [[nodiscard]] const std::vector<std::string>& ps_addresses() const noexcept { return ps_addresses_; }
@@ -162,140 +134,47 @@ class Client {
   /// first which ps tasks the job has (a ps that left it for good, or a process started
   /// again in its place, is not waited for), and again when one cannot be reached
   /// (kUnavailable): it may have left meanwhile.
-  void wait_ready(std::span<const VariableSpec> variables, std::optional<std::span<const TableSpec>> tables = std::nullopt) {
-    std::vector<VariableSpec> list(variables.begin(), variables.end());
-    std::optional<std::vector<TableSpec>> table_list;
-    if (tables) table_list.emplace(tables->begin(), tables->end());
-    (void)learn_membership();
-    for (std::size_t round = 0;; ++round) {
-      std::vector<PlacementReply> replies;
-      try {
-        replies = broadcast<PlacementReply>([](std::size_t) { return WaitReady{}; }, options_.wait_timeout,
-                                            "wait for initialization");
-      } catch (const Error& e) {
-        if (e.code() != ErrorCode::kUnavailable || round >= kMembershipRounds || !learn_membership()) throw;
-        continue;
-      }
-      if (round < kMembershipRounds && follow_membership(replies)) continue;
-      adopt(std::move(replies), list, table_list ? &*table_list : nullptr);
-      return;
-    }
-  }
+  void wait_ready(std::span<const VariableSpec> variables,
+                  std::optional<std::span<const TableSpec>> tables = std::nullopt);
 
   /// Asks every member ps it can reach (each alone: one that is gone hides no other's
   /// answer) which ps tasks the job has now, and takes a newer membership than it knows.
   /// True if it took one.
-  bool learn_membership() {
-    std::optional<StatsReply> newest;
-    bool heard = false;
-    // A few seconds: the ps tasks that answer do so at once; one that is gone may never.
-    for (std::optional<StatsReply>& reply : ask_each(std::min(options_.request_timeout, kAskPatience))) {
-      heard = heard || reply.has_value();
-      if (!reply || reply->members.empty()) continue;
-      if (!newest || reply->membership > newest->membership) newest = std::move(reply);
-    }
-    const bool first_look = !membership_heard_;
-    membership_heard_ = membership_heard_ || heard;
-    if (!newest || newest->membership <= membership_) return false;
-    take_membership(std::move(newest->members), newest->membership, std::move(newest->ps_addresses),
-                    first_look);
-    return true;
-  }
+  bool learn_membership();
 
   /// Sends `request` to every ps task of the cluster that is no member of the job (one that
   /// left it, or a process started in its place), each awaited alone until `timeout`
   /// passes; answers and failures are ignored: a courtesy (a Shutdown, so that it ends too).
-  void tell_others(const Request& request, std::chrono::milliseconds timeout) noexcept {
-    try {
-      std::vector<PendingCall> calls;
-      for (std::uint32_t ps = 0; ps < num_ps(); ++ps) {
-        if (!std::binary_search(members_.begin(), members_.end(), ps)) calls.push_back(transport_.call(ps, Request(request), {}));
-      }
-      const auto deadline = std::chrono::steady_clock::now() + timeout;
-      for (PendingCall& call : calls) {
-        if (!call.wait_until(deadline)) call.cancel();
-      }
-    } catch (...) {  // no memory, a transport that throws: it was a courtesy
-    }
-  }
+  void tell_others(const Request& request, std::chrono::milliseconds timeout) noexcept;
 
   /// GetStats to every member ps, each answer awaited alone until `timeout` passes: the
   /// answers in member order, nullopt for a ps that did not answer in time or refused.
-  std::vector<std::optional<StatsReply>> ask_each(std::chrono::milliseconds timeout) {
-    std::vector<PendingCall> calls;
-    for (const std::uint32_t ps : members_) calls.push_back(transport_.call(ps, GetStats{}, {}));
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    std::vector<std::optional<StatsReply>> answers(calls.size());
-    for (std::size_t k = 0; k < calls.size(); ++k) {
-      if (!calls[k].wait_until(deadline)) {
-        calls[k].cancel();
-        continue;
-      }
-      Response answer = calls[k].take();
-      if (auto* reply = std::get_if<StatsReply>(&answer)) answers[k] = std::move(*reply);
-    }
-    return answers;
-  }
+  std::vector<std::optional<StatsReply>> ask_each(std::chrono::milliseconds timeout);
 
   /// Takes a sync token from the pacing ps (the lowest member).
-  TokenReply take_token(std::uint32_t worker) {
-    CallGroup group;
-    group.add(transport_.call(pacing_ps(), TakeToken{worker, epoch_}, {}));
-    (void)detail::wait_progressing(transport_, members_, options_, group, "worker " + std::to_string(worker) + ": take a sync token");
-    TokenReply reply = group.take_as<TokenReply>(0);
-    paced_ = {epoch_, reply.pushes_taken};
-    return reply;
-  }
+  TokenReply take_token(std::uint32_t worker);
 
   /// Pulls every request's rows into its destination, from all ps tasks at once; no ps
   /// answers before it completed `min_step` steps. Returns the lowest global step the ps
   /// tasks reported: every value pulled is at least that recent.
-  std::int64_t pull(std::span<const PullRequest> requests, std::int64_t min_step) {
-    CallGroup group;
-    send_pulls(group, requests, min_step);
-    detail::wait_gated(transport_, members_, options_, group, min_step, "pull");
-    return lowest_step<PullReply>(group, 0, group.size());
-  }
+  std::int64_t pull(std::span<const PullRequest> requests, std::int64_t min_step);
 
   /// Pulls the rows of every request into its values, from all ps tasks at once; no ps
   /// answers before it completed `min_step` steps. Returns the lowest global step the ps
   /// tasks reported.
-  std::int64_t pull_rows(std::span<const RowRequest> requests, std::int64_t min_step) {
-    CallGroup group;
-    send_row_pulls(group, requests, min_step);
-    detail::wait_gated(transport_, members_, options_, group, min_step, "pull rows");
-    return lowest_step<RowsReply>(group, 0, group.size());
-  }
+  std::int64_t pull_rows(std::span<const RowRequest> requests, std::int64_t min_step);
 
   /// `pull` and `pull_rows` together, in one round trip; returns the lowest global step
   /// reported.
-  std::int64_t pull_with_rows(std::span<const PullRequest> requests, std::span<const RowRequest> rows,
-                              std::int64_t min_step) {
-    // The rows first: a row pull counts as changing the ps (it may create rows), which makes
-    // a TCP server copy whatever of the dense replies before it is still unsent.
-    CallGroup group;
-    send_row_pulls(group, rows, min_step);
-    const std::size_t row_pulls = group.size();
-    send_pulls(group, requests, min_step);
-    detail::wait_gated(transport_, members_, options_, group, min_step, "pull");
-    std::int64_t step = std::numeric_limits<std::int64_t>::max();
-    for (std::size_t i = 0; i < row_pulls; ++i) step = std::min(step, group.take_as<RowsReply>(i).global_step);
-    for (std::size_t i = row_pulls; i < group.size(); ++i) step = std::min(step, group.take_as<PullReply>(i).global_step);
-    return group.size() == 0 ? 0 : step;
-  }
+  std::int64_t pull_with_rows(std::span<const PullRequest> requests,
+                              std::span<const RowRequest> rows, std::int64_t min_step);
 
   /// Pushes the gradients of whole variables (one span per variable, in variable order)
   /// tagged with `local_step`; every ps gets a message, which counts towards its step.
   /// Returns the number of part gradients dropped as stale.
-  std::uint32_t push(std::uint32_t worker, std::int64_t local_step, std::span<const std::span<const float>> gradients,
-                     std::span<const RowRequest> rows = {}) {
-    build_pushes(worker, local_step, gradients, rows);
-    CallGroup group;
-    send_pushes(group);
-    group.wait(options_.request_timeout, "push");
-    unanswered_.clear();
-    return stale_parts(group, 0, group.size());
-  }
+  std::uint32_t push(std::uint32_t worker, std::int64_t local_step,
+                     std::span<const std::span<const float>> gradients,
+                     std::span<const RowRequest> rows = {});
 
   /// What push_pull did.
   struct PushPullResult {
@@ -309,13 +188,9 @@ class Client {
   /// although its pull may be waiting for a step that will not come. Both are checked
   /// before either is sent.
   PushPullResult push_pull(std::uint32_t worker, std::int64_t local_step,
-                           std::span<const std::span<const float>> gradients, std::span<const PullRequest> requests,
-                           std::int64_t min_step, std::span<const RowRequest> rows = {}, bool refill = false) {
-    detail::PullSplit pulls = split(requests, min_step);
-    build_pushes(worker, local_step, gradients, rows);
-    for (Push& p : unanswered_) p.refill = refill;  // the token's word, for every ps (Token::refill)
-    return push_pull_sent(std::move(pulls), min_step);
-  }
+                           std::span<const std::span<const float>> gradients,
+                           std::span<const PullRequest> requests, std::int64_t min_step,
+                           std::span<const RowRequest> rows = {}, bool refill = false);
 
   /// True if the last push was not answered by every ps (a connection was lost while it was
   /// on its way) and the ps tasks are still at the restore it was sent at: the same push
@@ -330,10 +205,7 @@ class Client {
   /// Sends the last push again as it was (its number and gradients: the buffers it views
   /// must hold what they held), then pulls as `push_pull` does. A ps that took it answers
   /// as it did the first time; one that did not takes it now. Needs `push_unanswered()`.
-  PushPullResult push_pull_again(std::span<const PullRequest> requests, std::int64_t min_step) {
-    if (!push_unanswered()) throw Error(ErrorCode::kFailedPrecondition, "no unanswered push to send again");
-    return push_pull_sent(split(requests, min_step), min_step);
-  }
+  PushPullResult push_pull_again(std::span<const PullRequest> requests, std::int64_t min_step);
 
   /// Blocks until every ps has completed `step` steps; returns the lowest global step they
   /// report.
@@ -343,39 +215,19 @@ class Client {
 
   /// Like wait_for_step, but nullopt once `deadline` passes first, or `meanwhile` voided
   /// the wait (detail::wait_progressing).
-  std::optional<std::int64_t> wait_for_step_until(std::int64_t step, std::chrono::steady_clock::time_point deadline,
-                                                  const std::function<bool()>& meanwhile = {}) {
-    CallGroup group;
-    for (const std::uint32_t ps : members_) group.add(transport_.call(ps, Pull{step, {}, epoch_}, {}));
-    if (step <= 0) {
-      group.wait(options_.request_timeout, "read the global step");
-    } else if (!detail::wait_progressing(transport_, members_, options_, group, "wait for step " + std::to_string(step), deadline, meanwhile)) {
-      return std::nullopt;
-    }
-    return lowest_step<PullReply>(group, 0, group.size());
-  }
+  std::optional<std::int64_t> wait_for_step_until(std::int64_t step,
+                                                  std::chrono::steady_clock::time_point deadline,
+                                                  const std::function<bool()>& meanwhile = {});
 
   /// Blocks until the chief ends training: returns when the ps tasks answer kOutOfRange,
   /// throws anything else they answer (kAborted: the chief aborted training, or the ps
   /// tasks gave up waiting for a lost chief; kFailedPrecondition: the job was rolled back;
   /// kUnavailable: a ps was lost). A wait during which no ps advances for `wait_timeout`
   /// fails kDeadlineExceeded; long waits are logged as any step-gated one.
-  void wait_for_end() {
-    CallGroup group;
-    constexpr std::int64_t kNever = std::numeric_limits<std::int64_t>::max() / 2;  // a step no job reaches
-    for (const std::uint32_t ps : members_) group.add(transport_.call(ps, Pull{kNever, {}, epoch_}, {}));
-    (void)detail::wait_progressing(transport_, members_, options_, group, "wait for the chief to end training");
-    for (std::size_t ps = 0; ps < group.size(); ++ps) (void)group.take_as<PullReply>(ps);  // throws its error
-  }
+  void wait_for_end();
 
   /// Counters of every member ps, in member order (by task index while no ps left).
-  std::vector<Stats> stats() {
-    std::vector<Stats> all;
-    for (auto& r : broadcast<StatsReply>([](std::size_t) { return GetStats{}; }, options_.request_timeout, "stats")) {
-      all.push_back(r.stats);
-    }
-    return all;
-  }
+  std::vector<Stats> stats();
 
   /// Sends each ps its share of `requests` (checked), answered once it completed
   /// `min_step` steps, into `group`: the pulls of one round trip, awaited by the caller.
@@ -384,22 +236,13 @@ class Client {
   }
 
   /// Sends each ps its share of row pulls (checked) into `group`.
-  void send_row_pulls(CallGroup& group, std::span<const RowRequest> requests, std::int64_t min_step) {
-    detail::split_row_pulls(tables_, num_ps(), requests, min_step, epoch_,
-                            [&](std::size_t ps, PullRows&& message, PullTargets&& targets) {
-                              message.pushes_paced = pushes_paced();
-                              group.add(transport_.call(ps, std::move(message), std::move(targets)));
-                            });
-  }
+  void send_row_pulls(CallGroup& group, std::span<const RowRequest> requests,
+                      std::int64_t min_step);
 
   /// The lowest global step of the replies of type R in `group` from `first` to `end`
   /// (0 when there are none).
   template <class R>
-  static std::int64_t lowest_step(CallGroup& group, std::size_t first, std::size_t end) {
-    std::int64_t step = std::numeric_limits<std::int64_t>::max();
-    for (std::size_t i = first; i < end; ++i) step = std::min(step, group.take_as<R>(i).global_step);
-    return first == end ? 0 : step;
-  }
+  static std::int64_t lowest_step(CallGroup& group, std::size_t first, std::size_t end);
 
   /// Pushes whose gradients `ClientOptions::clip_norm` scaled down.
   [[nodiscard]] std::int64_t clipped_steps() const noexcept { return pushes_.clipped_steps(); }
@@ -407,12 +250,7 @@ class Client {
   [[nodiscard]] double last_gradient_norm() const noexcept { return pushes_.last_gradient_norm(); }
 
  private:
-  detail::PullSplit split(std::span<const PullRequest> requests, std::int64_t min_step) const {
-    detail::PullSplit out =
-        detail::split_pulls(placement_, variables_, num_ps(), requests, min_step, epoch_);
-    for (Pull& pull : out.pulls) pull.pushes_paced = pushes_paced();
-    return out;
-  }
+  detail::PullSplit split(std::span<const PullRequest> requests, std::int64_t min_step) const;
 
   /// What the pulls say of this worker's pushes the pacing ps took: its latest token's
   /// count, if taken at the restore the client is at (0: none known).
@@ -420,20 +258,12 @@ class Client {
     return paced_.epoch == epoch_ ? paced_.pushes : 0;
   }
 
-  void send(CallGroup& group, detail::PullSplit&& split) {
-    for (const std::uint32_t ps : members_) {
-      if (split.pulls[ps].slices.empty()) continue;
-      group.add(transport_.call(ps, std::move(split.pulls[ps]), std::move(split.targets[ps])));
-    }
-  }
+  void send(CallGroup& group, detail::PullSplit&& split);
 
   /// Builds one push per ps, kept (in `unanswered_`) until every ps has answered them.
-  void build_pushes(std::uint32_t worker, std::int64_t local_step, std::span<const std::span<const float>> gradients,
-                    std::span<const RowRequest> rows) {
-    unanswered_.clear();
-    unanswered_ =
-        pushes_.build(placement_, variables_, tables_, num_ps(), worker, local_step, epoch_, gradients, rows);
-  }
+  void build_pushes(std::uint32_t worker, std::int64_t local_step,
+                    std::span<const std::span<const float>> gradients,
+                    std::span<const RowRequest> rows);
 
   /// Sends a copy of each kept push (the copies view the same tensors).
   void send_pushes(CallGroup& group) {
@@ -442,21 +272,9 @@ class Client {
 
   /// The kept pushes, then `pulls`, in one round trip; the pushes are forgotten once every
   /// ps has answered.
-  PushPullResult push_pull_sent(detail::PullSplit&& pulls, std::int64_t min_step) {
-    CallGroup group;
-    send_pushes(group);
-    const std::size_t pushes = group.size();
-    send(group, std::move(pulls));
-    detail::wait_gated(transport_, members_, options_, group, min_step, "push and pull");
-    unanswered_.clear();
-    return {stale_parts(group, 0, pushes), lowest_step<PullReply>(group, pushes, group.size())};
-  }
+  PushPullResult push_pull_sent(detail::PullSplit&& pulls, std::int64_t min_step);
 
-  static std::uint32_t stale_parts(CallGroup& group, std::size_t first, std::size_t end) {
-    std::uint32_t stale = 0;
-    for (std::size_t i = first; i < end; ++i) stale += group.take_as<PushReply>(i).stale_parts;
-    return stale;
-  }
+  static std::uint32_t stale_parts(CallGroup& group, std::size_t first, std::size_t end);
 
   /// Rounds of `wait_ready` that may follow a change of the ps tasks: changes come one at a
   /// time, and each takes a round or two.
@@ -468,130 +286,22 @@ class Client {
   /// ps said.
   /// `first_look`: the first membership this client hears of (renew_copies).
   void take_membership(std::vector<std::uint32_t> members, std::uint64_t membership,
-                       std::vector<std::string> ps_addresses, bool first_look) {
-    log(LogLevel::kInfo, "the job's ps tasks are now " + describe_members(members) + " (membership " +
-                             std::to_string(membership) + ", was " + std::to_string(membership_) + ")");
-    const bool same = members == members_;
-    set_members(std::move(members), membership, std::move(ps_addresses), ErrorCode::kFailedPrecondition);
-    // A ps the chief took back (Chief::take_back, which keeps the members) is written to
-    // again; a ps that left or joined changes nobody's given-up copies.
-    if (same || first_look) (void)renew_copies(transport_, first_look);
-  }
+                       std::vector<std::string> ps_addresses, bool first_look);
 
   /// Takes `members` at `membership` after reaching every ps of `ps_addresses`; a member
   /// this client cannot reach is refused with `code`.
   void set_members(std::vector<std::uint32_t> members, std::uint64_t membership,
-                   std::vector<std::string> ps_addresses, ErrorCode code) {
-    require_task_set(members, "ps task");
-    reach_all(transport_, ps_addresses);
-    if (members.back() >= num_ps()) {
-      throw Error(code, "ps " + std::to_string(members.back()) + " is named a member of the job, and this task knows " +
-                            std::to_string(num_ps()) + " ps tasks: are they configured with the same cluster?");
-    }
-    place_copies(transport_, members);  // (before any request at the new membership)
-    members_ = std::move(members);
-    membership_ = membership;
-    if (!ps_addresses.empty()) ps_addresses_ = std::move(ps_addresses);
-    unanswered_.clear();  // a push of the shape before is not sent again
-  }
+                   std::vector<std::string> ps_addresses, ErrorCode code);
 
   /// True if a reply of `replies` (one per member) names a newer membership with other
   /// members than were asked, or with the same members and copies that serve again (a ps
   /// the chief took back): they are taken, to be asked again.
-  bool follow_membership(std::vector<PlacementReply>& replies) {
-    const auto newest = std::max_element(replies.begin(), replies.end(), [](const auto& a, const auto& b) {
-      return a.membership < b.membership;
-    });
-    const bool first_look = !membership_heard_;
-    membership_heard_ = true;
-    if (newest->membership < membership_) return false;  // a ps behind: `adopt` names the mismatch
-    if (newest->membership == membership_ && newest->members == members_) return false;
-    if (newest->members == members_) {
-      membership_ = newest->membership;
-      // A ps the chief took back (its shards restored beside their copies): asked again,
-      // both copies, before anything of the new epoch is sent.
-      return renew_copies(transport_, first_look);
-    }
-    take_membership(std::move(newest->members), newest->membership, std::move(newest->ps_addresses),
-                    first_look);
-    return true;
-  }
+  bool follow_membership(std::vector<PlacementReply>& replies);
 
   /// Learns the model from every member ps's PlacementReply, checking that they agree with
   /// each other and with `variables` (and `tables`, when given).
   void adopt(std::vector<PlacementReply> replies, std::vector<VariableSpec>& variables,
-             const std::vector<TableSpec>* tables = nullptr) {
-    if (replies.empty()) throw Error(ErrorCode::kInvalidArgument, "the cluster has no ps task");
-    if (tables != nullptr && replies[0].tables != *tables) {
-      throw Error(ErrorCode::kFailedPrecondition,
-                  "the ps tasks hold " + std::to_string(replies[0].tables.size()) +
-                      " embedding table(s), and this model declares " + std::to_string(tables->size()) +
-                      " that differ from them (name, dim, initializer, admission, eviction must match)");
-    }
-    for (std::size_t k = 1; k < replies.size(); ++k) {
-      const std::string ps = std::to_string(members_[k]);
-      const std::string first = std::to_string(members_[0]);
-      if (replies[k].members != replies[0].members || replies[k].membership != replies[0].membership) {
-        throw Error(ErrorCode::kUnavailable, "ps " + first + " and ps " + ps +
-                                                 " are at different memberships of the job's ps tasks (" +
-                                                 std::to_string(replies[0].membership) + " and " +
-                                                 std::to_string(replies[k].membership) + "): a change is under way");
-      }
-      if (replies[k].id_sharding != replies[0].id_sharding) {
-        throw Error(ErrorCode::kFailedPrecondition,
-                    "ps " + first + " and ps " + ps +
-                        " spread the rows of embedding tables differently: are they configured with the same "
-                        "Tables policy (IdSharding)?");
-      }
-      if (!(replies[k].placement == replies[0].placement)) {
-        throw Error(ErrorCode::kFailedPrecondition,
-                    "ps " + first + " and ps " + ps +
-                        " place the variables differently: are they configured with the same sharding policy "
-                        "and number of ps tasks?");
-      }
-    }
-    const auto& registered = replies[0].variables;
-    if (registered.size() != variables.size()) {
-      throw Error(ErrorCode::kFailedPrecondition, "the ps tasks hold " + std::to_string(registered.size()) +
-                                                      " variables but this model has " +
-                                                      std::to_string(variables.size()));
-    }
-    for (std::size_t v = 0; v < variables.size(); ++v) {
-      if (!(registered[v] == variables[v])) {
-        throw Error(ErrorCode::kFailedPrecondition,
-                    "variable " + std::to_string(v) + " of this model ('" + variables[v].name +
-                        "') differs from the one the chief registered ('" + registered[v].name +
-                        "'): name, shape and initializer must match");
-      }
-    }
-    if (replies[0].members != members_) {
-      throw Error(ErrorCode::kFailedPrecondition,
-                  "the ps tasks say the job's ps tasks are " + describe_members(replies[0].members) + ", not " +
-                      describe_members(members_) + ": are they configured with the same cluster?");
-    }
-    for (const Part& part : replies[0].placement.parts) {
-      if (!std::binary_search(members_.begin(), members_.end(), part.ps)) {
-        throw Error(ErrorCode::kFailedPrecondition,
-                    "the ps tasks place parts on ps " + std::to_string(part.ps) + ", which is not among the job's " +
-                        describe_members(members_) + ": are they configured with the same cluster?");
-      }
-    }
-    if (replies[0].placement.num_variables() != variables.size()) {
-      throw Error(ErrorCode::kFailedPrecondition, "the ps tasks' placement does not cover this model's variables");
-    }
-    membership_ = replies[0].membership;
-    if (!replies[0].ps_addresses.empty()) ps_addresses_ = std::move(replies[0].ps_addresses);
-    placement_ = std::move(replies[0].placement);
-    variables_ = std::move(variables);
-    epoch_ = 0;
-    for (const PlacementReply& r : replies) epoch_ = std::max(epoch_, r.epoch);
-    slot_names_ = std::move(replies[0].slot_names);
-    counter_names_ = std::move(replies[0].counter_names);
-    tables_ = std::move(replies[0].tables);
-    id_sharding_ = replies[0].id_sharding;
-    // A chief that did not register the model (it took over a lost one's) cuts with it.
-    table_seed_ = replies[0].table_seed;
-  }
+             const std::vector<TableSpec>* tables = nullptr);
 
   T transport_;
   ClientOptions options_;
@@ -622,3 +332,8 @@ class Client {
 };
 
 }  // namespace pulley
+
+// Client's member functions' definitions, by concern.
+#include "pulley/client/impl/client_calls.hpp"
+#include "pulley/client/impl/client_membership.hpp"
+#include "pulley/client/impl/client_model.hpp"

@@ -160,17 +160,8 @@ class InProcessNetwork {
     /// becomes this kUnavailable.
     std::optional<std::string> lost_reply;
 
-    void complete(Response&& response) {
-      unless_cancelled([&] {
-        if (has_answer()) return;
-        if (lost_reply) response = ErrorReply{ErrorCode::kUnavailable, *lost_reply};
-        if (!std::holds_alternative<ErrorReply>(response) &&
-            !detail::copy_into(response, targets)) {
-          response = ErrorReply{ErrorCode::kInvalidArgument, "reply does not fit its targets"};
-        }
-        answer(std::move(response));
-      });
-    }
+    // Defined in impl/in_process_requests.hpp.
+    void complete(Response&& response);
   };
   using CallPtr = std::shared_ptr<Call>;
 
@@ -219,218 +210,60 @@ class InProcessNetwork {
       return static_cast<std::uint32_t>(mailboxes_.size());
     }
 
-    void serve(std::unique_ptr<Host> host) {
-      const std::uint32_t task = host->task();
-      if (task >= num_ps()) {
-        throw Error(ErrorCode::kInvalidArgument, "no ps task " + std::to_string(task) + " here");
-      }
-      Mailbox& box = *mailboxes_[task];
-      {
-        std::scoped_lock lock(box.serving, box.mutex);
-        if (box.host) {
-          throw Error(ErrorCode::kAlreadyExists,
-                      "ps task " + std::to_string(task) + " is served already");
-        }
-        if (box.closed) return;
-        box.host = std::move(host);
-        box.thread_running = true;
-      }
-      std::scoped_lock lock(threads_mutex_);
-      threads_.emplace_back([this, &box, task] { run(box, task); });
-    }
+    // A ps task served: its thread and its queue, and the network's close
+    // (impl/in_process_serving.hpp).
 
-    void join() {
-      std::vector<std::thread> threads;
-      {
-        std::scoped_lock lock(threads_mutex_);
-        threads.swap(threads_);
-      }
-      for (std::thread& t : threads) t.join();
-    }
+    void serve(std::unique_ptr<Host> host);
+
+    void join();
 
     /// The network is going away: everything waiting fails, the threads end, the services
     /// are destroyed; later calls fail.
-    void close() {
-      for (auto& box : mailboxes_) {
-        std::scoped_lock lock(box->mutex);
-        box->closed = true;
-        fail_held(*box, "the in-process network was shut down");
-        box->wake.notify_all();
-      }
-      join();
-      for (auto& box : mailboxes_) {
-        std::scoped_lock serving(box->serving);
-        box->host.reset();
-      }
-    }
+    void close();
 
-    void drop_next(std::uint32_t ps, std::size_t count, std::optional<Node> from) {
-      std::scoped_lock lock(faults_mutex_);
-      drops_.push_back({ps, count, from});
-    }
+    // Faults injected, and a killed ps task served again (impl/in_process_faults.hpp).
 
-    void lose_replies(std::uint32_t ps, std::size_t count, std::optional<Node> from) {
-      std::scoped_lock lock(faults_mutex_);
-      reply_losses_.push_back({ps, count, from});
-    }
+    void drop_next(std::uint32_t ps, std::size_t count, std::optional<Node> from);
+
+    void lose_replies(std::uint32_t ps, std::size_t count, std::optional<Node> from);
 
     void lose_replies_at_random(std::uint32_t ps, double probability, std::uint64_t seed,
-                                std::optional<Node> from) {
-      std::scoped_lock lock(faults_mutex_);
-      std::erase_if(random_losses_, [&](const RandomLoss& r) { return r.ps == ps && r.from == from; });
-      if (probability > 0.0) random_losses_.push_back({ps, probability, from, std::mt19937_64(seed)});
-    }
+                                std::optional<Node> from);
 
     /// True if connection `session` was broken by `lose_replies` (its endpoint opens a new
     /// one; what was sent on it and not handled yet is lost).
-    bool is_broken(std::uint64_t session) const {
-      if (!any_broken_.load(std::memory_order_acquire)) return false;
-      std::scoped_lock lock(faults_mutex_);
-      return broken_.contains(session);
-    }
+    bool is_broken(std::uint64_t session) const;
 
-    void set_delay(Node node, std::chrono::microseconds delay) {
-      std::scoped_lock lock(faults_mutex_);
-      delays_[node] = delay;
-    }
+    void set_delay(Node node, std::chrono::microseconds delay);
 
-    void kill(Node node) {
-      {
-        std::scoped_lock lock(faults_mutex_);
-        dead_[node] = true;
-      }
-      if (node.role != Node::Role::kPs) {
-        // Its connections break: what it sent and no ps handled yet is lost, and every ps
-        // hears that it left, as a TCP ps would. (handle() refuses what slips past.)
-        for (auto& box : mailboxes_) {
-          std::scoped_lock lock(box->serving, box->mutex);
-          std::erase_if(box->queue, [&](Envelope& e) {
-            if (e.from != node) return false;
-            e.call->complete(unavailable(node.name() + " is unavailable (killed)"));
-            return true;
-          });
-          if (box->host && !box->closed) box->host->disconnected(node, 0);
-        }
-        return;
-      }
-      if (node.index >= num_ps()) return;
-      Mailbox& box = *mailboxes_[node.index];
-      std::scoped_lock lock(box.mutex);
-      box.killed = true;
-      fail_held(box, node.name() + " is unavailable (killed)");
-      box.wake.notify_all();
-    }
+    void kill(Node node);
 
-    void restart(std::unique_ptr<Host> host) {
-      const std::uint32_t task = host->task();
-      if (task >= num_ps() || !is_dead(Node::ps(task))) {
-        throw Error(ErrorCode::kFailedPrecondition,
-                    "ps task " + std::to_string(task) + " was not killed: nothing to restart");
-      }
-      Mailbox& box = *mailboxes_[task];
-      for (;;) {  // the killed task's thread sees the kill and ends
-        std::scoped_lock lock(box.mutex);
-        if (!box.thread_running) break;
-        box.wake.notify_all();
-        std::this_thread::yield();
-      }
-      std::unique_ptr<Host> old;
-      {
-        std::scoped_lock lock(box.serving, box.mutex);
-        if (box.closed) return;
-        old = std::exchange(box.host, std::move(host));
-        box.killed = false;
-        box.stopped = false;
-        box.thread_running = true;
-      }
-      {
-        std::scoped_lock lock(faults_mutex_);
-        dead_[Node::ps(task)] = false;
-      }
-      std::scoped_lock lock(threads_mutex_);
-      threads_.emplace_back([this, &box, task] { run(box, task); });
-    }
+    void restart(std::unique_ptr<Host> host);
 
-    [[nodiscard]] bool is_dead(Node node) const {
-      std::scoped_lock lock(faults_mutex_);
-      auto it = dead_.find(node);
-      return it != dead_.end() && it->second;
-    }
+    [[nodiscard]] bool is_dead(Node node) const;
 
     /// A session id for a new connection.
     std::uint64_t new_session() noexcept { return next_session_.fetch_add(1) + 1; }
 
+    // A request sent, handed to the service and answered (impl/in_process_requests.hpp).
+
     PendingCall send(Node from, std::uint64_t session, std::uint32_t ps, Request&& request,
-                     PullTargets&& targets) {
-      auto call = std::make_shared<Call>();
-      call->targets = std::move(targets);
-      PendingCall pending(call);
-      if (ps >= num_ps()) {
-        call->complete(ErrorReply{ErrorCode::kInvalidArgument,
-                                  "no ps task " + std::to_string(ps) + " in this cluster"});
-        return pending;
-      }
-      if (is_dead(from)) {
-        call->complete(unavailable(from.name() + " is unavailable (killed)"));
-        return pending;
-      }
-      if (auto d = delay_of(from); d.count() > 0) std::this_thread::sleep_for(d);
-      if (take_drop(ps, from)) {
-        std::scoped_lock lock(faults_mutex_);
-        lost_.push_back(std::move(call));  // never answered; the caller's deadline fires
-        return pending;
-      }
-      if (take_reply_loss(ps, from)) {
-        call->lost_reply = "the connection to " + Node::ps(ps).name() + " was lost before its answer came";
-      }
-      Mailbox& box = *mailboxes_[ps];
-      std::unique_lock serving(box.serving, std::try_to_lock);
-      bool idle = false;
-      {
-        std::scoped_lock lock(box.mutex);
-        if (const auto gone = gone_reason(box, ps)) {
-          call->complete(unavailable(*gone));
-          return pending;
-        }
-        idle = serving.owns_lock() && box.host && box.queue.empty() &&
-               delay_of(Node::ps(ps)).count() == 0;
-        if (!idle && (box.thread_running || !box.host)) {
-          box.queue.push_back({std::move(request), std::move(call), from, session});
-          if (!box.combining) box.wake.notify_one();  // (else the sender serving takes it)
-          return pending;
-        }
-        if (idle) box.combining = true;
-      }
-      // Idle, or stopped with no thread left: handled here (a stopped service answers at
-      // once, so waiting for another sender's turn is short).
-      if (!serving.owns_lock()) serving.lock();
-      try {
-        handle(*this, box, ps, std::move(request), from, session, call);
-        if (idle) handle_queued(box, ps);
-      } catch (...) {  // (an allocation failed): what is queued goes to the task's thread
-        if (idle) stop_combining(box);
-        throw;
-      }
-      return pending;
-    }
+                     PullTargets&& targets);
 
    private:
     static Response unavailable(const std::string& why) {
       return ErrorReply{ErrorCode::kUnavailable, why};
     }
 
-    static std::optional<std::string> gone_reason(const Mailbox& box, std::uint32_t ps) {
-      if (box.closed) return "the in-process network was shut down";
-      if (box.killed) return Node::ps(ps).name() + " is unavailable (killed)";
-      return std::nullopt;
-    }
+    // Defined in impl/: gone_reason, fail_held, delay_of, take_reply_loss, take_rule and
+    // break_session in in_process_faults.hpp; handle_queued, stop_combining and run in
+    // in_process_serving.hpp; handle in in_process_requests.hpp.
+
+    static std::optional<std::string> gone_reason(const Mailbox& box, std::uint32_t ps);
 
     /// Fails every request the task holds, queued or handed to its service (as a crashed
     /// process's connections would break). The caller holds `box.mutex`.
-    static void fail_held(Mailbox& box, const std::string& why) {
-      for (Envelope& e : std::exchange(box.queue, {})) e.call->complete(unavailable(why));
-      for (const CallPtr& c : std::exchange(box.in_service, {})) c->complete(unavailable(why));
-    }
+    static void fail_held(Mailbox& box, const std::string& why);
 
     /// After a sender handled its request here (`send`, holding `box.serving`): what other
     /// senders queued meanwhile, in order, on this thread rather than the task's own. With
@@ -438,134 +271,27 @@ class InProcessNetwork {
     /// the ps busy (a quarter of an async job's requests) and waited for a core for it.
     /// At most kMaxCombined, so that the sender's own caller is not held up by a busy job's
     /// stream of requests: the task's thread takes the rest (as it does for a slowed task).
-    void handle_queued(Mailbox& box, std::uint32_t task) {
-      constexpr int kMaxCombined = 8;
-      for (int handled = 0;; ++handled) {
-        Envelope next;
-        {
-          std::scoped_lock lock(box.mutex);
-          if (box.queue.empty() || box.killed || box.closed || handled == kMaxCombined ||
-              delay_of(Node::ps(task)).count() > 0) {
-            box.combining = false;
-            if (!box.queue.empty()) box.wake.notify_one();
-            return;
-          }
-          next = std::move(box.queue.front());
-          box.queue.pop_front();
-        }
-        handle(*this, box, task, std::move(next.request), next.from, next.session, next.call);
-      }
-    }
+    void handle_queued(Mailbox& box, std::uint32_t task);
 
     /// Ends a sender's turn at the queue (handle_queued) early: the task's thread takes it.
-    static void stop_combining(Mailbox& box) noexcept {
-      std::scoped_lock lock(box.mutex);
-      box.combining = false;
-      box.wake.notify_one();
-    }
+    static void stop_combining(Mailbox& box) noexcept;
 
     /// Hands one request to the service; the caller holds `box.serving`.
     static void handle(Fabric& fabric, Mailbox& box, std::uint32_t task, Request&& request,
-                       Node from, std::uint64_t session, const CallPtr& call) {
-      {
-        std::scoped_lock lock(box.mutex);
-        if (const auto gone = gone_reason(box, task)) {
-          call->complete(unavailable(*gone));
-          return;
-        }
-        if (fabric.is_dead(from)) {  // killed after it sent this: a dead process sends nothing
-          call->complete(unavailable(from.name() + " is unavailable (killed)"));
-          return;
-        }
-        if (fabric.is_broken(session)) {  // sent on a connection that broke before its turn
-          call->complete(unavailable("the connection to " + Node::ps(task).name() + " was lost"));
-          return;
-        }
-        std::erase_if(box.in_service, [](const CallPtr& c) { return c->has_answer(); });
-        box.in_service.push_back(call);
-      }
-      // One use while the service reads the request's views: a caller that gives up waits
-      // for it.
-      call->unless_cancelled([&] {
-        box.host->handle(std::move(request), from, session,
-                         [call](Response&& r) { call->complete(std::move(r)); });
-      });
-      if (call->lost_reply) {  // its connection breaks now: the caller and the ps hear it
-        fabric.break_session(session);
-        call->complete(ErrorReply{ErrorCode::kUnavailable, *call->lost_reply});
-        box.host->disconnected(from, session);
-      }
-      if (box.host->stopped()) {
-        std::scoped_lock lock(box.mutex);
-        box.stopped = true;
-        box.wake.notify_all();
-      }
-    }
+                       Node from, std::uint64_t session, const CallPtr& call);
 
     /// The task's own thread: serves the queue until the service stops (and the queue is
     /// drained) or the task is killed.
-    void run(Mailbox& box, std::uint32_t task) {
-      for (;;) {
-        {
-          std::unique_lock lock(box.mutex);
-          box.wake.wait(lock, [&] {
-            return box.killed || box.closed || box.stopped || !box.queue.empty();
-          });
-          if (box.killed || box.closed || box.queue.empty()) {
-            box.thread_running = false;
-            return;
-          }
-        }
-        if (auto d = delay_of(Node::ps(task)); d.count() > 0) std::this_thread::sleep_for(d);
-        std::scoped_lock serving(box.serving);
-        Envelope envelope;
-        {
-          std::scoped_lock lock(box.mutex);
-          if (box.queue.empty()) continue;
-          envelope = std::move(box.queue.front());
-          box.queue.pop_front();
-        }
-        handle(*this, box, task, std::move(envelope.request), envelope.from, envelope.session,
-               envelope.call);
-      }
-    }
+    void run(Mailbox& box, std::uint32_t task);
 
-    std::chrono::microseconds delay_of(Node node) const {
-      std::scoped_lock lock(faults_mutex_);
-      auto it = delays_.find(node);
-      return it == delays_.end() ? std::chrono::microseconds{0} : it->second;
-    }
+    std::chrono::microseconds delay_of(Node node) const;
 
     bool take_drop(std::uint32_t ps, Node from) { return take_rule(drops_, ps, from); }
-    bool take_reply_loss(std::uint32_t ps, Node from) {
-      if (take_rule(reply_losses_, ps, from)) return true;
-      std::scoped_lock lock(faults_mutex_);
-      for (RandomLoss& r : random_losses_) {
-        if (r.ps == ps && (!r.from || *r.from == from) &&
-            std::uniform_real_distribution<double>(0.0, 1.0)(r.rng) < r.probability) {
-          return true;
-        }
-      }
-      return false;
-    }
+    bool take_reply_loss(std::uint32_t ps, Node from);
 
-    bool take_rule(std::vector<DropRule>& rules, std::uint32_t ps, Node from) {
-      std::scoped_lock lock(faults_mutex_);
-      for (DropRule& rule : rules) {
-        if (rule.ps == ps && rule.remaining > 0 && (!rule.from || *rule.from == from)) {
-          --rule.remaining;
-          std::erase_if(rules, [](const DropRule& r) { return r.remaining == 0; });
-          return true;
-        }
-      }
-      return false;
-    }
+    bool take_rule(std::vector<DropRule>& rules, std::uint32_t ps, Node from);
 
-    void break_session(std::uint64_t session) {
-      std::scoped_lock lock(faults_mutex_);
-      broken_.insert(session);
-      any_broken_.store(true, std::memory_order_release);
-    }
+    void break_session(std::uint64_t session);
 
     std::vector<std::unique_ptr<Mailbox>> mailboxes_;
     std::mutex threads_mutex_;
@@ -633,3 +359,8 @@ class InProcess {
 static_assert(GrowingTransport<InProcess>);
 
 }  // namespace pulley
+
+// InProcessNetwork's member functions' definitions, by concern.
+#include "pulley/transport/impl/in_process_faults.hpp"
+#include "pulley/transport/impl/in_process_requests.hpp"
+#include "pulley/transport/impl/in_process_serving.hpp"
