@@ -3407,6 +3407,7 @@ class AllReduceWorker {
 #include <string>
 #include <string_view>
 #include <utility>
+#include <variant>
 #include <vector>
 
 // ---- begin pulley/client/detail/push_builder.hpp ----
@@ -3621,24 +3622,12 @@ bool spin_until(Ready&& ready, std::chrono::steady_clock::time_point end) {
 // ---- end pulley/core/spin.hpp ----
 // ---- begin pulley/protocol/messages.hpp ----
 
+#include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
 #include <utility>
 #include <variant>
-
-// ---- begin pulley/protocol/messages/checkpoint.hpp ----
-
-/// The messages of a checkpoint's cut and of a restore (protocol/messages.hpp lists every
-/// message): the chief pauses every ps, reads its state and its tables' rows in chunks and
-/// lets it go on; or sets a state and rows from a checkpoint.
-
-#include <algorithm>
-#include <cstddef>
-#include <cstdint>
-#include <span>
-#include <string>
-#include <string_view>
 #include <vector>
 
 // ---- begin pulley/core/node.hpp ----
@@ -3687,7 +3676,7 @@ struct Node {
   friend constexpr auto operator<=>(const Node&, const Node&) = default;
 };
 
-/// A set of roles: who may send a message (`kSenders` in protocol/messages.hpp).
+/// A set of roles: who may send a message (`kSenders` on each request, in protocol/messages/).
 class RoleSet {
  public:
   /// The roles listed.
@@ -3746,6 +3735,20 @@ inline void require_task_set(std::span<const std::uint32_t> tasks, std::string_v
 
 }  // namespace pulley
 // ---- end pulley/core/node.hpp ----
+// ---- begin pulley/protocol/messages/checkpoint.hpp ----
+
+/// The messages of a checkpoint's cut and of a restore (protocol/messages.hpp lists every
+/// message): the chief pauses every ps, reads its state and its tables' rows in chunks and
+/// lets it go on; or sets a state and rows from a checkpoint.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
 // ---- begin pulley/protocol/messages/fields.hpp ----
 
 /// The fields that messages share (protocol/messages.hpp lists the messages): a part's
@@ -4650,8 +4653,8 @@ namespace pulley {
 // transport carries exactly these structs: in-process they are moved, over TCP they are
 // encoded. A message is declared once, in the header of its concern under
 // protocol/messages/ (training, checkpoint, membership, monitoring; the fields they share
-// in fields.hpp), and listed here in Request or Response, whose order gives each message
-// its tag on the wire. A message declares:
+// in fields.hpp; Ack and ErrorReply, which answer any request, here), and listed here in Request or
+// Response, whose order gives each message its tag on the wire. A message declares:
 //
 //   - `kName`, for logs and errors;
 //   - `serialize(archive)` lists its fields in wire order, for cereal and for pulley's own
@@ -7462,6 +7465,7 @@ void restore_state(Client<T>& client, const ModelState& state, std::uint64_t tab
 #include <string_view>
 #include <thread>
 #include <utility>
+#include <variant>
 #include <vector>
 
 // ---- begin pulley/client/snapshot.hpp ----
@@ -7655,6 +7659,11 @@ namespace pulley {
 template <Transport T>
 class Chief {
  public:
+  // The longer bodies are defined in client/impl/ (included at the end of this header), by
+  // concern: initializing, taking over and ending the job in chief_state.hpp; the job's
+  // shape (ps tasks and workers that leave, join or come back, and the copies) in
+  // chief_membership.hpp.
+
   /// @param seed initial values depend only on it and the variables' names
   Chief(T transport, std::uint64_t seed, ClientOptions options = {})
       : seed_(seed), client_(std::move(transport), options) {}
@@ -17180,6 +17189,7 @@ static_assert(SyncPolicy<SyncReplicas>);
 #include <string>
 #include <thread>
 #include <utility>
+#include <variant>
 #include <vector>
 
 // ---- begin pulley/transport/detail/reply_targets.hpp ----
@@ -19879,8 +19889,9 @@ struct TcpServerOptions {
 // ---- end pulley/transport/tcp_options.hpp ----
 // ---- begin pulley/transport/wire/codec.hpp ----
 
-/// Encoding and decoding whole messages, as their declarations in messages.hpp say: a
-/// message's `serialize` is its metadata, its tensor fields its payload.
+/// Encoding and decoding whole messages, as their declarations (protocol/messages/, listed in
+/// protocol/messages.hpp) say: a message's `serialize` is its metadata, its tensor fields its
+/// payload.
 
 #include <cstddef>
 #include <cstdint>
@@ -22751,6 +22762,7 @@ inline bool listens_at(const std::string& address, std::chrono::milliseconds tim
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <span>
@@ -22954,9 +22966,8 @@ class TcpRing {
   [[nodiscard]] Error lost(const std::string& who, const std::string& why) const;
   [[nodiscard]] Error silent(const std::string& who, const char* what) const;
 
-  // ---- forming the ring ----------------------------------------------------------------
-  // The ring formed, the previous rank's hello checked, memory shared, and forming's reads and
-  // writes by a deadline (impl/tcp_ring_form.hpp, with the private constructor above).
+  // Forming the ring: the previous rank's hello checked, memory shared, and forming's reads
+  // and writes by a deadline (impl/tcp_ring_form.hpp, with the private constructor above).
 
   /// Listens, connects to the next rank, accepts the previous one, and proves both links.
   /// The order is free of waits in a cycle: every rank sends its challenge before it

@@ -14,6 +14,7 @@
 #include <string_view>
 #include <thread>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "pulley/client/checkpoint_cut.hpp"
@@ -37,6 +38,11 @@ namespace pulley {
 template <Transport T>
 class Chief {
  public:
+  // The longer bodies are defined in client/impl/ (included at the end of this header), by
+  // concern: initializing, taking over and ending the job in chief_state.hpp; the job's
+  // shape (ps tasks and workers that leave, join or come back, and the copies) in
+  // chief_membership.hpp.
+
   /// @param seed initial values depend only on it and the variables' names
   Chief(T transport, std::uint64_t seed, ClientOptions options = {})
       : seed_(seed), client_(std::move(transport), options) {}

@@ -12,6 +12,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "pulley/client/detail/push_builder.hpp"
@@ -21,11 +22,11 @@
 #include "pulley/client/requests.hpp"
 #include "pulley/concepts/sharding.hpp"
 #include "pulley/concepts/transport.hpp"
+#include "pulley/core/log.hpp"
+#include "pulley/core/node.hpp"
 #include "pulley/protocol/call_group.hpp"
 #include "pulley/protocol/messages.hpp"
 #include "pulley/sharding/rebalance.hpp"
-#include "pulley/core/log.hpp"
-#include "pulley/core/node.hpp"
 
 namespace pulley {
 

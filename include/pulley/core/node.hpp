@@ -47,7 +47,7 @@ struct Node {
   friend constexpr auto operator<=>(const Node&, const Node&) = default;
 };
 
-/// A set of roles: who may send a message (`kSenders` in protocol/messages.hpp).
+/// A set of roles: who may send a message (`kSenders` on each request, in protocol/messages/).
 class RoleSet {
  public:
   /// The roles listed.

@@ -1,13 +1,16 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
+#include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
 #include <utility>
 #include <variant>
+#include <vector>
 
 #include "pulley/core/error.hpp"
+#include "pulley/core/node.hpp"
 #include "pulley/protocol/messages/checkpoint.hpp"
 #include "pulley/protocol/messages/fields.hpp"
 #include "pulley/protocol/messages/membership.hpp"
@@ -20,8 +23,8 @@ namespace pulley {
 // transport carries exactly these structs: in-process they are moved, over TCP they are
 // encoded. A message is declared once, in the header of its concern under
 // protocol/messages/ (training, checkpoint, membership, monitoring; the fields they share
-// in fields.hpp), and listed here in Request or Response, whose order gives each message
-// its tag on the wire. A message declares:
+// in fields.hpp; Ack and ErrorReply, which answer any request, here), and listed here in Request or
+// Response, whose order gives each message its tag on the wire. A message declares:
 //
 //   - `kName`, for logs and errors;
 //   - `serialize(archive)` lists its fields in wire order, for cereal and for pulley's own

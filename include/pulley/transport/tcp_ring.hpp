@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <span>
@@ -225,9 +226,8 @@ class TcpRing {
   [[nodiscard]] Error lost(const std::string& who, const std::string& why) const;
   [[nodiscard]] Error silent(const std::string& who, const char* what) const;
 
-  // ---- forming the ring ----------------------------------------------------------------
-  // The ring formed, the previous rank's hello checked, memory shared, and forming's reads and
-  // writes by a deadline (impl/tcp_ring_form.hpp, with the private constructor above).
+  // Forming the ring: the previous rank's hello checked, memory shared, and forming's reads
+  // and writes by a deadline (impl/tcp_ring_form.hpp, with the private constructor above).
 
   /// Listens, connects to the next rank, accepts the previous one, and proves both links.
   /// The order is free of waits in a cycle: every rank sends its challenge before it

@@ -15,6 +15,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "pulley/checkpoint/format_constants.hpp"  // the format is little-endian (asserted there)
 #include "pulley/core/error.hpp"
 
 namespace pulley::checkpoint::detail {

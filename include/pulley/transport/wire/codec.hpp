@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
-/// Encoding and decoding whole messages, as their declarations in messages.hpp say: a
-/// message's `serialize` is its metadata, its tensor fields its payload.
+/// Encoding and decoding whole messages, as their declarations (protocol/messages/, listed in
+/// protocol/messages.hpp) say: a message's `serialize` is its metadata, its tensor fields its
+/// payload.
 
 #include <cstddef>
 #include <cstdint>
