@@ -18122,14 +18122,18 @@ static_assert(Ring<InProcessRing>);
 /// The TCP client's machinery behind `Tcp` (transport/tcp_client.hpp): its connections
 /// (links), the calls on them, and the pairs of calls that reach both copies of a shard.
 /// The class is declared here, every member with its comment; the member functions are
-/// defined by concern in three headers included at the end of this one:
+/// defined by concern in five headers included at the end of this one:
 ///   - tcp_client_calls.hpp: the transport made and closed, calls made, their frames
 ///     written and their replies read, what waited on a lost connection failed, and what
 ///     `Tcp` answers about a connection (address, local, shared_memory);
 ///   - tcp_client_connect.hpp: a ps added, connecting, the handshake, local sockets and
 ///     shared memory;
-///   - tcp_client_copies.hpp: the copies of each shard: where a call goes, how the answers
-///     of both copies settle into one, when a copy is given up, and what the referee rules.
+///   - tcp_client_copies.hpp: the copies of each shard: where each copy is (placed, moved,
+///     renumbered), where a call goes, and which copies are whole or given up;
+///   - tcp_client_pairs.hpp: how the answers of both copies settle into one (WaitReady's
+///     too, and the grace a copy not ready is given);
+///   - tcp_client_losses.hpp: when a copy is dropped or given up, what the referee rules,
+///     and a ps's copies reached and served again.
 /// `Tcp` documents the behaviour; the comments here say how each part gets it.
 
 #include <sys/socket.h>
@@ -19758,7 +19762,10 @@ struct TcpOptions {
   std::chrono::milliseconds copy_grace{std::chrono::seconds(5)};
   /// With replicas: how long a copy whose connection broke may stay out of reach (attempts
   /// time out: a host gone, a process stopped) before it is dropped and the other copy
-  /// serves alone. A copy whose address refuses connections is dropped at once. Keep it
+  /// serves alone. A copy whose address refuses connections is dropped at once. A copy
+  /// whose connection stays open but that sends nothing this long while calls wait on it,
+  /// a question it answers at once included (asked at half of it), counts as broken since
+  /// its last byte (a process stopped or hung). Keep it
   /// longer than the stalls a ps may live through. With a `copy_referee`, these are the
   /// moments the task asks it, and it drops the copy only when told to (the role runner's
   /// chief rules a silent process lost once its own looks saw nothing this long).
@@ -20763,6 +20770,11 @@ class TcpClient final : public CallDriver {
     Response reading_response;       ///< that reply, decoded but for its tensors' values
     std::vector<std::size_t> sizes;  ///< scratch: tensor sizes of a reply to route
     std::chrono::steady_clock::time_point last_active;  ///< the last reply, or connection
+    /// Replicas: when bytes last came from the ps (its handshake, a reply), and since when
+    /// the process, silent while calls wait, has been asked a question it answers at once
+    /// (look_at_silence).
+    std::chrono::steady_clock::time_point heard;
+    std::optional<std::chrono::steady_clock::time_point> asked_since;
   };
 
   // Calls and their bytes (tcp_client_calls.hpp).
@@ -20895,7 +20907,8 @@ class TcpClient final : public CallDriver {
   /// This side refuses the ps it reached, for good.
   void refuse(Link& link, const std::string& why);
 
-  // The copies of each shard (tcp_client_copies.hpp).
+  // The copies of each shard (tcp_client_copies.hpp; the answers of both settled,
+  // tcp_client_pairs.hpp; a copy dropped, given up or ruled on, tcp_client_losses.hpp).
 
   /// Where a request goes when the job keeps copies: to the copy read from, to both, to
   /// both and answered once both are ready (WaitReady), or its values from the copy read from
@@ -20963,6 +20976,19 @@ class TcpClient final : public CallDriver {
   /// let this task in before, as on `holder`'s own link.
   void move_copy(Link& link, std::uint32_t shard, std::uint32_t holder);
 
+  /// With copies, while a caller waits: arms look_at_silence, every quarter of
+  /// `copy_timeout`, unless it is armed already.
+  void watch_silence();
+
+  /// A process stopped or hung keeps its connections open, so no error ever says that a
+  /// copy is out of reach: a connected copy with calls waiting (a step's pull may wait
+  /// long) that has sent nothing for half of `copy_timeout` is asked a question it answers
+  /// at once (GetStats), and one that still sends nothing, `copy_timeout` after its last
+  /// byte, is out of reach since that byte: its connection ends as a broken one does, and
+  /// the next attempt that fails asks the referee (drop_if_lost), which rules by its own
+  /// look.
+  void look_at_silence();
+
   /// After an attempt that failed with `ec`: a copy reached before and not now is lost for
   /// good once its address refuses (no process listens there), or after `copy_timeout`
   /// out of reach (a host gone): it is dropped, or, with a referee, the referee is asked
@@ -21006,6 +21032,8 @@ class TcpClient final : public CallDriver {
   std::vector<std::uint32_t> members_;          ///< the job's ps tasks (place_copies); empty: all
   /// By ps task, then the copies by shard; destroyed before io_.
   std::vector<std::unique_ptr<Link>> links_;
+  asio::steady_timer watch_{io_};  ///< look_at_silence's, while armed (`watching_`)
+  bool watching_ = false;
   bool closing_ = false;                     ///< the transport is being destroyed
   std::vector<std::weak_ptr<Pair>> graced_;  ///< Pairs with a copy_grace timer on io_
   std::uint64_t next_call_ = 1;
@@ -21059,6 +21087,7 @@ inline TcpClient::~TcpClient() {
   }
   // Every call still waiting is answered kUnavailable, so none waits on this driver.
   closing_ = true;
+  watch_.cancel();
   for (auto& link : links_) fail(*link, "transport closed");
   for (const auto& weak : graced_) {
     if (const std::shared_ptr<Pair> pair = weak.lock()) pair->grace.reset();
@@ -21163,6 +21192,7 @@ inline void TcpClient::run_until(const std::function<bool()>& done,
     flush(*link);
     receive(*link);
   }
+  watch_silence();
   while (!done()) {
     if (deadline <= std::chrono::steady_clock::now()) {
       io_.poll();  // what already arrived
@@ -21270,6 +21300,7 @@ inline void TcpClient::receive(Link& link) {
         if (gen != link.generation) return;
         link.receiving = false;
         if (ec) return fail(link, ec.message());
+        link.heard = std::chrono::steady_clock::now();
         // While it hands frames on, an answer may lead elsewhere to this link again (a
         // Pair settled): no second receive may start into the reader's buffers.
         link.dispatching = true;
@@ -21799,6 +21830,8 @@ inline void TcpClient::welcomed(Link& link, std::uint64_t server) {
   link.failing_since.reset();
   if (const auto asked = asked_.find(link.task); asked != asked_.end()) asked->second.told = false;
   link.last_active = std::chrono::steady_clock::now();
+  link.heard = link.last_active;
+  link.asked_since.reset();
   link.reader.set_limits(options_.limits);
   // Another process than the one reached before: it holds nothing of the job. With a
   // copy elsewhere it is dropped (drop ends this attempt); as the last copy it is used,
@@ -21833,8 +21866,10 @@ inline void TcpClient::refuse(Link& link, const std::string& why) {
 // ---- begin pulley/transport/detail/tcp_client_copies.hpp ----
 
 /// TcpClient's copies of each shard (declared in detail/tcp_client.hpp, which includes this
-/// header after the class): where a call goes, how the answers of both copies settle into
-/// one, when a copy is given up, and what the referee rules.
+/// header after the class): where each copy is (placed by the job's membership, moved, its
+/// link renumbered), where a call goes, and which copies are whole or given up. How the
+/// answers of both copies settle is in tcp_client_pairs.hpp; a copy lost, given up and
+/// served again, in tcp_client_losses.hpp.
 
 namespace pulley::transport_detail {
 
@@ -21914,6 +21949,95 @@ inline std::vector<std::uint32_t> TcpClient::given_up() const {
   return tasks;
 }
 
+inline void TcpClient::log_copies(LogLevel level, const std::string& line) const {
+  if (options_.logs_copies) log(level, line);
+}
+
+inline TcpClient::Spread TcpClient::spread_of(const Request& request) const noexcept {
+  if (std::holds_alternative<WaitReady>(request)) return Spread::kBothReady;
+  if (std::holds_alternative<PullRows>(request)) {  // a worker's creates rows: both copies must
+    return self_.role == Node::Role::kWorker ? Spread::kBoth : Spread::kOne;
+  }
+  // A pull for a step waits for both copies to complete it: no worker then pushes for the
+  // next step before both took every push of this one (each completes steps on its own).
+  if (const auto* pull = std::get_if<Pull>(&request))
+    return pull->min_step > 0 ? Spread::kGate : Spread::kOne;
+  // A heartbeat reaches both copies a ps process holds (ShardCopies hands it to each).
+  if (std::holds_alternative<TakeToken>(request) || std::holds_alternative<Heartbeat>(request) ||
+      std::holds_alternative<GetStats>(request) || std::holds_alternative<ReadState>(request) ||
+      std::holds_alternative<ReadRows>(request)) {
+    return Spread::kOne;
+  }
+  return Spread::kBoth;
+}
+
+inline std::size_t TcpClient::link_of(std::size_t shard, std::size_t copy) const noexcept {
+  return copy == 0 ? shard : shards_ + shard;
+}
+
+inline void TcpClient::move_copy(Link& link, std::uint32_t shard, std::uint32_t holder) {
+  std::error_code ignored;
+  link.socket.set_option(asio::socket_base::linger(true, 0), ignored);
+  link.dropped = true;  // (no attempt at the old ps follows; Pairs settle without it)
+  fail(link, "ps " + std::to_string(shard) + "'s copy moved to ps " + std::to_string(holder));
+  fail_all(link, false);  // calls queued on a link that was broken already
+  for (auto* list : {&link.parked, &link.parked_next}) {
+    for (PendingPtr& p : std::exchange(*list, {})) {
+      deliver(*p, unavailable(link));
+      p->detach_driver();
+    }
+  }
+  for (const auto& weak : std::exchange(link.awaiting, {})) {
+    if (const std::shared_ptr<Pair> pair = weak.lock()) settle(pair);
+  }
+  const Link& at = *links_[holder];
+  if (holder != shard) {  // (a ps that is no member has no copy: nothing to say)
+    log_copies(LogLevel::kInfo, self_.name() + ": ps " + std::to_string(shard) +
+                                    "'s copy is held by ps " + std::to_string(holder) + " at " +
+                                    at.address + " now (was ps " + std::to_string(link.task) + ")");
+  }
+  link.task = holder;
+  link.address = at.address;
+  link.host = at.host;
+  link.port = at.port;
+  link.local = false;
+  link.server = 0;
+  link.lost = 0;
+  link.renewed = false;
+  link.refused.reset();
+  link.failing_since = std::chrono::steady_clock::now();
+  link.ever_connected = at.ever_connected;
+  link.dropped = false;
+  ready_alone_.at(shard) = false;
+}
+
+inline bool TcpClient::member(std::uint32_t ps) const {
+  return members_.empty() || std::binary_search(members_.begin(), members_.end(), ps);
+}
+
+inline std::size_t TcpClient::index_of(const Link& link) const {
+  for (std::size_t i = 0; i < links_.size(); ++i) {
+    if (links_[i].get() == &link) return i;
+  }
+  return 0;
+}
+
+inline std::size_t TcpClient::partner_of(const Link& link) const {
+  const std::size_t index = index_of(link);
+  return index < shards_ ? shards_ + index : index - shards_;
+}
+
+}  // namespace pulley::transport_detail
+// ---- end pulley/transport/detail/tcp_client_copies.hpp ----
+// ---- begin pulley/transport/detail/tcp_client_losses.hpp ----
+
+/// TcpClient's copies lost and taken back (declared in detail/tcp_client.hpp, which includes
+/// this header after the class): a copy dropped when lost for good or asked of the referee
+/// first, the referee's rulings, a copy given up, and the copies of a ps reached and served
+/// again.
+
+namespace pulley::transport_detail {
+
 inline bool TcpClient::reach_again(std::uint32_t ps, bool serve, bool unreached_too) {
   if (options_.replicas == 0) return false;
   std::vector<Link*> copies;
@@ -21977,10 +22101,6 @@ inline bool TcpClient::reach_again(std::uint32_t ps, bool serve, bool unreached_
   return true;
 }
 
-inline void TcpClient::log_copies(LogLevel level, const std::string& line) const {
-  if (options_.logs_copies) log(level, line);
-}
-
 inline void TcpClient::serve_again(std::uint32_t ps) {
   for (const auto& link : links_) {
     if (!link->dropped || link->task != ps) continue;
@@ -22007,27 +22127,179 @@ inline void TcpClient::give_up(std::uint32_t ps, const std::string& why) {
   }
 }
 
-inline TcpClient::Spread TcpClient::spread_of(const Request& request) const noexcept {
-  if (std::holds_alternative<WaitReady>(request)) return Spread::kBothReady;
-  if (std::holds_alternative<PullRows>(request)) {  // a worker's creates rows: both copies must
-    return self_.role == Node::Role::kWorker ? Spread::kBoth : Spread::kOne;
+inline void TcpClient::drop(Link& link, const std::string& why, bool lost) {
+  if (link.dropped || options_.replicas == 0) return;
+  const std::size_t index = index_of(link);
+  const std::size_t shard = index % shards_;
+  const std::size_t other = partner_of(link);
+  if (links_[other]->dropped) return;  // the last copy: waited for as a ps without copies
+  link.dropped = true;
+  link.lost = lost ? link.server : 0;
+  log_copies(LogLevel::kWarning, self_.name() + ": dropping the copy of ps " +
+                                     std::to_string(shard) + "'s shard held by ps " +
+                                     std::to_string(link.task) + " at " + link.address + " (" +
+                                     why + "): it is served by the copy at " +
+                                     links_[other]->address + " alone from now on");
+  // Closed with a reset, not a FIN: what the kernel still holds to send (held back by
+  // a silent cut, delivered when it heals) is discarded, so nothing this task sent
+  // before reaches a process it gave up (a chief's request would renew its lease). Over
+  // TCP only: on one host (a local socket, shared memory) what was sent is still read by
+  // a process that was only stopped, as there is no cut to heal.
+  std::error_code ignored;
+  link.socket.set_option(asio::socket_base::linger(true, 0), ignored);
+  fail(link, "dropped: " + why);  // what it sent waits in parked_next
+  Link& to = *links_[other];
+  std::vector<PendingPtr> moved;
+  for (auto& [id, out] : std::exchange(link.pending, {})) moved.push_back(out);
+  link.outbox.clear();
+  for (auto* list : {&link.parked, &link.parked_next}) {
+    for (PendingPtr& out : std::exchange(*list, {})) moved.push_back(std::move(out));
   }
-  // A pull for a step waits for both copies to complete it: no worker then pushes for the
-  // next step before both took every push of this one (each completes steps on its own).
-  if (const auto* pull = std::get_if<Pull>(&request))
-    return pull->min_step > 0 ? Spread::kGate : Spread::kOne;
-  // A heartbeat reaches both copies a ps process holds (ShardCopies hands it to each).
-  if (std::holds_alternative<TakeToken>(request) || std::holds_alternative<Heartbeat>(request) ||
-      std::holds_alternative<GetStats>(request) || std::holds_alternative<ReadState>(request) ||
-      std::holds_alternative<ReadRows>(request)) {
-    return Spread::kOne;
+  std::vector<std::shared_ptr<Pair>> halves;  // no longer waited for
+  for (PendingPtr& out : moved) {
+    if (out->pair) {
+      halves.push_back(out->pair);
+      continue;
+    }
+    out->ps = other;
+    out->sent = false;
+    to.pending.emplace(out->frame.header.call, out);
+    to.outbox.push_back(std::move(out));
   }
-  return Spread::kBoth;
+  if (to.state == State::kBroken) {
+    connect(to, [](std::error_code) {});
+  } else {
+    flush(to);  // the caller may be waiting already
+    receive(to);
+  }
+  for (const auto& pair : halves) settle(pair);
 }
 
-inline std::size_t TcpClient::link_of(std::size_t shard, std::size_t copy) const noexcept {
-  return copy == 0 ? shard : shards_ + shard;
+inline void TcpClient::drop_if_lost(Link& link, std::error_code ec) {
+  if (!ec || options_.replicas == 0 || !link.ever_connected || link.dropped || closing_) return;
+  const bool refused = ec == asio::error::connection_refused;
+  if (refused || (link.failing_since && std::chrono::steady_clock::now() - *link.failing_since >=
+                                            options_.copy_timeout)) {
+    std::string why =
+        refused ? "its address refuses connections"
+                : "out of reach for " + std::to_string(options_.copy_timeout.count()) + " ms";
+    if (options_.copy_referee) return ask_referee(link, std::move(why));
+    drop(link, why);
+  }
 }
+
+inline void TcpClient::watch_silence() {
+  if (options_.replicas == 0 || watching_ || closing_) return;
+  watching_ = true;
+  watch_.expires_after(std::max<std::chrono::milliseconds>(options_.copy_timeout / 4,
+                                                           std::chrono::milliseconds(10)));
+  watch_.async_wait([this](std::error_code ec) {
+    watching_ = false;
+    if (ec || closing_) return;
+    look_at_silence();
+    for (const auto& link : links_) {
+      if (!link->pending.empty()) return watch_silence();
+    }
+  });
+}
+
+inline void TcpClient::look_at_silence() {
+  const auto now = std::chrono::steady_clock::now();
+  const auto half = options_.copy_timeout / 2;
+  std::vector<std::uint32_t> said;  // processes logged in this look (one line each)
+  for (std::size_t index = 0; index < links_.size(); ++index) {
+    Link& link = *links_[index];
+    if (link.state != State::kConnected || link.dropped || link.pending.empty() ||
+        links_[partner_of(link)]->dropped || now - link.heard < half) {
+      link.asked_since.reset();  // answering, idle, or the last copy (waited for as one)
+      continue;
+    }
+    if (!link.asked_since) {
+      link.asked_since = now;
+      queue(link, std::make_shared<Pending>(this, index), Request{GetStats{}});
+      flush(link);
+      receive(link);
+      continue;
+    }
+    if (now - link.heard < options_.copy_timeout || now - *link.asked_since < half) continue;
+    const auto silent =
+        std::chrono::duration_cast<std::chrono::milliseconds>(now - link.heard).count();
+    const auto since = link.heard;
+    if (std::find(said.begin(), said.end(), link.task) == said.end()) {
+      said.push_back(link.task);
+      log_copies(LogLevel::kWarning,
+                 self_.name() + ": ps " + std::to_string(link.task) + " at " + link.address +
+                     " has sent nothing for " + std::to_string(silent) +
+                     " ms, though asked a question it answers at once: its process may be "
+                     "stopped or hung, and its connections end as lost ones do");
+    }
+    fail(link, "silent for " + std::to_string(silent) + " ms (a process stopped or hung?)");
+    link.failing_since = since;  // out of reach since its last byte
+  }
+}
+
+inline void TcpClient::ask_referee(Link& link, std::string why) {
+  if (links_[partner_of(link)]->dropped) return;  // the last copy of a shard: waited for
+  Asked& asked = asked_[link.task];
+  const auto now = std::chrono::steady_clock::now();
+  if (asked.in_flight || now - asked.answered < kAskAgainAfter) return;
+  asked.in_flight = true;
+  if (!std::exchange(asked.told, true)) {
+    log_copies(LogLevel::kWarning,
+               self_.name() + ": ps " + std::to_string(link.task) + " at " + link.address + ": " +
+                   why +
+                   "; asks the chief whether it is lost for the job (until then, waits for it)");
+  }
+  std::shared_ptr<Rulings> box = rulings_;
+  options_.copy_referee(LostProcess{link.task, link.server, why},
+                        [box, task = link.task, process = link.server, why](bool lost) {
+                          const std::scoped_lock lock(box->mutex);
+                          if (box->client == nullptr) return;
+                          TcpClient* client = box->client;
+                          asio::post(client->io_, [client, task, process, why, lost] {
+                            client->ruled(task, process, why, lost);
+                          });
+                        });
+}
+
+inline void TcpClient::ruled(std::uint32_t task, std::uint64_t process, const std::string& why,
+                             bool lost) {
+  Asked& asked = asked_[task];
+  asked.in_flight = false;
+  asked.answered = std::chrono::steady_clock::now();
+  if (!lost) return;
+  for (const auto& link : links_) {
+    // (A link that reached another process since, one the chief took back, stays.)
+    if (link->task == task && !link->dropped && (process == 0 || link->server == process)) {
+      drop(*link, why + "; the chief ruled it lost for the job");
+    }
+  }
+}
+
+inline bool TcpClient::ruled_lost_now(const Link& link, const std::string& why) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + options_.copy_timeout + 4 * options_.attempt_timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto promise = std::make_shared<std::promise<bool>>();
+    std::future<bool> ruling = promise->get_future();
+    options_.copy_referee(LostProcess{link.task, 0, why},
+                          [promise](bool lost) { promise->set_value(lost); });
+    if (ruling.wait_until(deadline) != std::future_status::ready) return false;
+    if (ruling.get()) return true;
+    std::this_thread::sleep_for(kAskAgainAfter);
+  }
+  return false;
+}
+
+}  // namespace pulley::transport_detail
+// ---- end pulley/transport/detail/tcp_client_losses.hpp ----
+// ---- begin pulley/transport/detail/tcp_client_pairs.hpp ----
+
+/// TcpClient's pairs of calls (declared in detail/tcp_client.hpp, which includes this header
+/// after the class): how the answers of both copies of a shard settle into one, WaitReady's
+/// answers and the grace a copy not ready is given, and which half answers the caller.
+
+namespace pulley::transport_detail {
 
 inline bool TcpClient::is_error(const Response& response) {
   return std::holds_alternative<ErrorReply>(response);
@@ -22181,174 +22453,8 @@ inline void TcpClient::answer_pair(Pair& pair, std::size_t half) {
   pair.answer(std::move(response));
 }
 
-inline void TcpClient::drop(Link& link, const std::string& why, bool lost) {
-  if (link.dropped || options_.replicas == 0) return;
-  const std::size_t index = index_of(link);
-  const std::size_t shard = index % shards_;
-  const std::size_t other = partner_of(link);
-  if (links_[other]->dropped) return;  // the last copy: waited for as a ps without copies
-  link.dropped = true;
-  link.lost = lost ? link.server : 0;
-  log_copies(LogLevel::kWarning, self_.name() + ": dropping the copy of ps " +
-                                     std::to_string(shard) + "'s shard held by ps " +
-                                     std::to_string(link.task) + " at " + link.address + " (" +
-                                     why + "): it is served by the copy at " +
-                                     links_[other]->address + " alone from now on");
-  // Closed with a reset, not a FIN: what the kernel still holds to send (held back by
-  // a silent cut, delivered when it heals) is discarded, so nothing this task sent
-  // before reaches a process it gave up (a chief's request would renew its lease). Over
-  // TCP only: on one host (a local socket, shared memory) what was sent is still read by
-  // a process that was only stopped, as there is no cut to heal.
-  std::error_code ignored;
-  link.socket.set_option(asio::socket_base::linger(true, 0), ignored);
-  fail(link, "dropped: " + why);  // what it sent waits in parked_next
-  Link& to = *links_[other];
-  std::vector<PendingPtr> moved;
-  for (auto& [id, out] : std::exchange(link.pending, {})) moved.push_back(out);
-  link.outbox.clear();
-  for (auto* list : {&link.parked, &link.parked_next}) {
-    for (PendingPtr& out : std::exchange(*list, {})) moved.push_back(std::move(out));
-  }
-  std::vector<std::shared_ptr<Pair>> halves;  // no longer waited for
-  for (PendingPtr& out : moved) {
-    if (out->pair) {
-      halves.push_back(out->pair);
-      continue;
-    }
-    out->ps = other;
-    out->sent = false;
-    to.pending.emplace(out->frame.header.call, out);
-    to.outbox.push_back(std::move(out));
-  }
-  if (to.state == State::kBroken) {
-    connect(to, [](std::error_code) {});
-  } else {
-    flush(to);  // the caller may be waiting already
-    receive(to);
-  }
-  for (const auto& pair : halves) settle(pair);
-}
-
-inline void TcpClient::move_copy(Link& link, std::uint32_t shard, std::uint32_t holder) {
-  std::error_code ignored;
-  link.socket.set_option(asio::socket_base::linger(true, 0), ignored);
-  link.dropped = true;  // (no attempt at the old ps follows; Pairs settle without it)
-  fail(link, "ps " + std::to_string(shard) + "'s copy moved to ps " + std::to_string(holder));
-  fail_all(link, false);  // calls queued on a link that was broken already
-  for (auto* list : {&link.parked, &link.parked_next}) {
-    for (PendingPtr& p : std::exchange(*list, {})) {
-      deliver(*p, unavailable(link));
-      p->detach_driver();
-    }
-  }
-  for (const auto& weak : std::exchange(link.awaiting, {})) {
-    if (const std::shared_ptr<Pair> pair = weak.lock()) settle(pair);
-  }
-  const Link& at = *links_[holder];
-  if (holder != shard) {  // (a ps that is no member has no copy: nothing to say)
-    log_copies(LogLevel::kInfo, self_.name() + ": ps " + std::to_string(shard) +
-                                    "'s copy is held by ps " + std::to_string(holder) + " at " +
-                                    at.address + " now (was ps " + std::to_string(link.task) + ")");
-  }
-  link.task = holder;
-  link.address = at.address;
-  link.host = at.host;
-  link.port = at.port;
-  link.local = false;
-  link.server = 0;
-  link.lost = 0;
-  link.renewed = false;
-  link.refused.reset();
-  link.failing_since = std::chrono::steady_clock::now();
-  link.ever_connected = at.ever_connected;
-  link.dropped = false;
-  ready_alone_.at(shard) = false;
-}
-
-inline bool TcpClient::member(std::uint32_t ps) const {
-  return members_.empty() || std::binary_search(members_.begin(), members_.end(), ps);
-}
-
-inline std::size_t TcpClient::index_of(const Link& link) const {
-  for (std::size_t i = 0; i < links_.size(); ++i) {
-    if (links_[i].get() == &link) return i;
-  }
-  return 0;
-}
-
-inline void TcpClient::drop_if_lost(Link& link, std::error_code ec) {
-  if (!ec || options_.replicas == 0 || !link.ever_connected || link.dropped || closing_) return;
-  const bool refused = ec == asio::error::connection_refused;
-  if (refused || (link.failing_since && std::chrono::steady_clock::now() - *link.failing_since >=
-                                            options_.copy_timeout)) {
-    std::string why =
-        refused ? "its address refuses connections"
-                : "out of reach for " + std::to_string(options_.copy_timeout.count()) + " ms";
-    if (options_.copy_referee) return ask_referee(link, std::move(why));
-    drop(link, why);
-  }
-}
-
-inline void TcpClient::ask_referee(Link& link, std::string why) {
-  if (links_[partner_of(link)]->dropped) return;  // the last copy of a shard: waited for
-  Asked& asked = asked_[link.task];
-  const auto now = std::chrono::steady_clock::now();
-  if (asked.in_flight || now - asked.answered < kAskAgainAfter) return;
-  asked.in_flight = true;
-  if (!std::exchange(asked.told, true)) {
-    log_copies(LogLevel::kWarning,
-               self_.name() + ": ps " + std::to_string(link.task) + " at " + link.address + ": " +
-                   why +
-                   "; asks the chief whether it is lost for the job (until then, waits for it)");
-  }
-  std::shared_ptr<Rulings> box = rulings_;
-  options_.copy_referee(LostProcess{link.task, link.server, why},
-                        [box, task = link.task, process = link.server, why](bool lost) {
-                          const std::scoped_lock lock(box->mutex);
-                          if (box->client == nullptr) return;
-                          TcpClient* client = box->client;
-                          asio::post(client->io_, [client, task, process, why, lost] {
-                            client->ruled(task, process, why, lost);
-                          });
-                        });
-}
-
-inline void TcpClient::ruled(std::uint32_t task, std::uint64_t process, const std::string& why,
-                             bool lost) {
-  Asked& asked = asked_[task];
-  asked.in_flight = false;
-  asked.answered = std::chrono::steady_clock::now();
-  if (!lost) return;
-  for (const auto& link : links_) {
-    // (A link that reached another process since, one the chief took back, stays.)
-    if (link->task == task && !link->dropped && (process == 0 || link->server == process)) {
-      drop(*link, why + "; the chief ruled it lost for the job");
-    }
-  }
-}
-
-inline bool TcpClient::ruled_lost_now(const Link& link, const std::string& why) {
-  const auto deadline =
-      std::chrono::steady_clock::now() + options_.copy_timeout + 4 * options_.attempt_timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    auto promise = std::make_shared<std::promise<bool>>();
-    std::future<bool> ruling = promise->get_future();
-    options_.copy_referee(LostProcess{link.task, 0, why},
-                          [promise](bool lost) { promise->set_value(lost); });
-    if (ruling.wait_until(deadline) != std::future_status::ready) return false;
-    if (ruling.get()) return true;
-    std::this_thread::sleep_for(kAskAgainAfter);
-  }
-  return false;
-}
-
-inline std::size_t TcpClient::partner_of(const Link& link) const {
-  const std::size_t index = index_of(link);
-  return index < shards_ ? shards_ + index : index - shards_;
-}
-
 }  // namespace pulley::transport_detail
-// ---- end pulley/transport/detail/tcp_client_copies.hpp ----
+// ---- end pulley/transport/detail/tcp_client_pairs.hpp ----
 // ---- end pulley/transport/detail/tcp_client.hpp ----
 
 namespace pulley {
@@ -22671,20 +22777,21 @@ struct ProbeResult {
   std::string detail;         ///< what was seen, for a log line
 };
 
-/// Looks once at who serves ps task `ps` at `address` ("host:port"), over TCP, as task
-/// `self` of the job of `credentials`: the handshake only (both sides prove the job's
-/// secret), then it hangs up, having sent no request. Every address the host name resolves
-/// to is tried, within `timeout` together with the name's resolving: the first that serves decides;
-/// kGone only when every one refuses or holds something else. The chief looks when a task says a ps
-/// process is out of its reach (runner/copy_rulings.hpp).
-inline ProbeResult probe_ps(const std::string& address, std::uint32_t ps, const Node& self,
-                            const Credentials& credentials, std::chrono::milliseconds timeout) {
-  using Clock = transport_detail::HandshakeClock;
+namespace transport_detail {
+
+/// Looks once at who serves ps task `ps` at `address`, as probe_ps says, and calls
+/// `serves(socket, deadline, who)` on the connection of the first process that proved
+/// itself that ps (before it hangs up): probe_ps's and tell_ps's common part.
+template <class Serves>
+ProbeResult look_at_ps(const std::string& address, std::uint32_t ps, const Node& self,
+                       const Credentials& credentials, std::chrono::milliseconds timeout,
+                       Serves serves) {
+  using Clock = HandshakeClock;
   const auto deadline = Clock::now() + timeout;
   const Address where = parse_address(address);
   asio::io_context io;
   std::error_code ec;
-  const auto endpoints = transport_detail::resolve_by(where.host, where.port, deadline, ec);
+  const auto endpoints = resolve_by(where.host, where.port, deadline, ec);
   if (ec || endpoints.empty()) {
     return {ProbeResult::Kind::kSilent, 0,
             "cannot resolve " + address +
@@ -22696,7 +22803,7 @@ inline ProbeResult probe_ps(const std::string& address, std::uint32_t ps, const 
   ProbeResult seen{ProbeResult::Kind::kGone, 0, "its address refuses connections"};
   for (const auto& entry : endpoints) {
     asio::ip::tcp::socket socket(io);
-    ec = transport_detail::connect_within(socket, entry.endpoint(), deadline);
+    ec = connect_within(socket, entry.endpoint(), deadline);
     if (ec == asio::error::connection_refused) continue;
     if (ec) {
       seen = {ProbeResult::Kind::kSilent, 0,
@@ -22704,18 +22811,20 @@ inline ProbeResult probe_ps(const std::string& address, std::uint32_t ps, const 
       continue;
     }
     try {
-      const auto challenge = transport_detail::read_handshake_by<wire::Challenge>(socket, deadline, who);
+      const auto challenge = read_handshake_by<wire::Challenge>(socket, deadline, who);
       if (challenge.job != credentials.job || challenge.ps != ps) {
         if (seen.kind == ProbeResult::Kind::kGone) seen.detail = "another task answers there";
         continue;
       }
       const wire::Hello hello = wire::hello_for(credentials, challenge, self);
-      transport_detail::write_frame_by(socket, wire::encode(wire::Handshake{hello}, 0), deadline, who);
-      const auto frame = transport_detail::read_frame_by(socket, deadline, who);
+      write_frame_by(socket, wire::encode(wire::Handshake{hello}, 0), deadline, who);
+      const auto frame = read_frame_by(socket, deadline, who);
       const wire::Handshake answer = wire::decode_handshake(frame.first, frame.second);
       const auto* welcome = std::get_if<wire::Welcome>(&answer);
       if (welcome != nullptr && wire::welcome_proves(credentials, challenge, hello, *welcome)) {
-        return {ProbeResult::Kind::kServes, welcome->server, "it serves"};
+        ProbeResult served{ProbeResult::Kind::kServes, welcome->server, "it serves"};
+        serves(socket, deadline, who, served);
+        return served;
       }
       // A refusal for now (its connections are full, say) or a proof that fails: nothing told.
       seen = {ProbeResult::Kind::kSilent, 0, "it did not let the look in"};
@@ -22726,6 +22835,41 @@ inline ProbeResult probe_ps(const std::string& address, std::uint32_t ps, const 
     }
   }
   return seen;
+}
+
+}  // namespace transport_detail
+
+/// Looks once at who serves ps task `ps` at `address` ("host:port"), over TCP, as task
+/// `self` of the job of `credentials`: the handshake only (both sides prove the job's
+/// secret), then it hangs up, having sent no request. Every address the host name resolves
+/// to is tried, within `timeout` together with the name's resolving: the first that serves decides;
+/// kGone only when every one refuses or holds something else. The chief looks when a task says a ps
+/// process is out of its reach (runner/copy_rulings.hpp).
+inline ProbeResult probe_ps(const std::string& address, std::uint32_t ps, const Node& self,
+                            const Credentials& credentials, std::chrono::milliseconds timeout) {
+  return transport_detail::look_at_ps(address, ps, self, credentials, timeout,
+                                      [](auto&, auto, const std::string&, ProbeResult&) {});
+}
+
+/// Sends `request` to the process that serves ps task `ps` at `address`, on a connection
+/// of its own (probe_ps's look, then the request and its answer), within `timeout`: how the
+/// chief tells a process it gave up, which no task reaches any more, that training ended
+/// (a process stopped or cut off for longer than the copy timeout that came back). True if
+/// a process of the job answered it (with anything: its answer is not read further);
+/// false if none was reached, or none answered in time.
+inline bool tell_ps(const std::string& address, std::uint32_t ps, const Node& self,
+                    const Credentials& credentials, const Request& request,
+                    std::chrono::milliseconds timeout) {
+  bool answered = false;
+  (void)transport_detail::look_at_ps(
+      address, ps, self, credentials, timeout,
+      [&](asio::ip::tcp::socket& socket, transport_detail::HandshakeClock::time_point deadline,
+          const std::string& who, ProbeResult&) {
+        transport_detail::write_frame_by(socket, wire::encode(request, 1), deadline, who);
+        (void)transport_detail::read_frame_by(socket, deadline, who);
+        answered = true;
+      });
+  return answered;
 }
 
 /// True when a process at `address` ("host:port") takes a TCP connection within `timeout`,

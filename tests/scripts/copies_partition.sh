@@ -50,7 +50,8 @@ cluster="{\"ps\": [\"$main_ip:$ps0\", \"$main_ip:$ps1\"], \"worker\": [\"$w0_ip:
 # take exactly the uncut job's steps. The rule rejects (a reset for every packet worker 0
 # sends ps 1): its connections break and its new ones are refused, as when ps 1's process
 # is gone, so it asks the chief at once. (A rule that drops packets silently breaks no
-# connection: the tasks wait for their replies, and nothing is given up either way.)
+# connection: worker 0 finds ps 1 silent after the copy timeout and asks the chief then,
+# and nothing is given up either way.)
 flags=(--epochs "$epochs" --ps-replicas 1 --copy-timeout-ms 2000 --worker-timeout-ms 60000
        --wait-timeout-ms 120000 --recovery-timeout-ms 60000)
 start_in() {  # start_in NAMESPACE DIR TYPE INDEX: one task, its output in DIR/TYPE-INDEX.log

@@ -30,10 +30,12 @@ struct Addresses {
   std::mutex mutex;
   std::map<std::uint32_t, CopyRulings::Sight> at;
   std::atomic<int> looks{0};
+  std::chrono::milliseconds lasts{0};  ///< how long each look takes (set before the first)
 
   CopyRulings::LookAt look_at() {
     return [this](std::uint32_t ps) {
       ++looks;
+      std::this_thread::sleep_for(lasts);
       const std::scoped_lock lock(mutex);
       return at[ps];
     };
@@ -114,6 +116,28 @@ TEST_CASE("silence is lost only once the chief's looks have seen nothing for the
   std::this_thread::sleep_for(std::chrono::milliseconds(1050));
   addresses.set(0, {Kind::kSilent, 0, "no connection"});
   CHECK(ruling(*again, LostProcess{0, kProcess, "out of reach"}) == std::optional<bool>(false));  // 0 ms silent
+}
+
+TEST_CASE("silence is lost even when each look lasts longer than the copy timeout") {
+  // A look at a stopped process waits out its attempt timeout (its kernel takes the
+  // connection, no handshake comes), which may be longer than the copy timeout: the
+  // silence counts from the start of the first such look, and looks that follow each
+  // other with no gap as long as the silence keep counting it. (Counted from each look's
+  // end, with the gap measured end to end, such a process was never ruled lost.)
+  Addresses addresses;
+  addresses.lasts = std::chrono::milliseconds(1600);
+  auto rulings =
+      std::make_shared<CopyRulings>(1, addresses.look_at(), std::chrono::milliseconds(1500));
+  addresses.set(0, {Kind::kSilent, 0, "the handshake's read did not complete in time"});
+  const auto began = std::chrono::steady_clock::now();
+  std::optional<bool> last;
+  while (std::chrono::steady_clock::now() - began < std::chrono::seconds(12)) {
+    last = ruling(*rulings, LostProcess{0, kProcess, "silent"});
+    if (last == std::optional<bool>(true)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  CHECK(last == std::optional<bool>(true));
+  CHECK(std::chrono::steady_clock::now() - began >= std::chrono::milliseconds(1500));
 }
 
 TEST_CASE("one look answers every task that lost the same ps at once") {

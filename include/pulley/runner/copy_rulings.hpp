@@ -104,6 +104,16 @@ class CopyRulings : public std::enable_shared_from_this<CopyRulings> {
   /// (ask again).
   std::optional<Ruling> rule(const LostProcess& lost) { return rule(lost, nullptr); }
 
+  /// The ps tasks a process of which was ruled lost, ascending.
+  [[nodiscard]] std::vector<std::uint32_t> ruled_lost() const {
+    const std::scoped_lock lock(mutex_);
+    std::vector<std::uint32_t> tasks;
+    for (const auto& [ps, processes] : lost_) {
+      if (!processes.empty()) tasks.push_back(ps);
+    }
+    return tasks;
+  }
+
  private:
   using Clock = std::chrono::steady_clock;
   /// A look answers the questions of this long after it (one look serves every task that
@@ -177,6 +187,7 @@ class CopyRulings : public std::enable_shared_from_this<CopyRulings> {
       const std::uint32_t ps = queue_.front();
       queue_.pop_front();
       lock.unlock();
+      const auto began = Clock::now();
       Sight sight;
       try {
         sight = look_at_(ps);
@@ -187,10 +198,11 @@ class CopyRulings : public std::enable_shared_from_this<CopyRulings> {
       const auto now = Clock::now();
       Look& look = looks_[ps];
       // Silence counts from the first of silent looks in a row (the askers look again every
-      // second or so: a gap longer than the limit starts it again).
-      const bool silent_before = look.sight.kind == Sight::Kind::kSilent && look.at != Clock::time_point{} &&
-                                 now - look.at < silence_;
-      if (sight.kind != Sight::Kind::kSilent || !silent_before) look.silent_since = now;
+      // second or so: a gap between two looks longer than the limit starts it again; a look
+      // itself may last longer, an attempt timeout at a process that never answers).
+      const bool silent_before = look.sight.kind == Sight::Kind::kSilent &&
+                                 look.at != Clock::time_point{} && began - look.at < silence_;
+      if (sight.kind != Sight::Kind::kSilent || !silent_before) look.silent_since = began;
       look.at = now;
       look.sight = std::move(sight);
       // The chief's own transports that asked about this ps hear the ruling now.
@@ -208,7 +220,7 @@ class CopyRulings : public std::enable_shared_from_this<CopyRulings> {
   std::atomic<std::uint32_t> num_ps_;
   const LookAt look_at_;
   const std::chrono::milliseconds silence_;
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::map<std::uint32_t, std::set<std::uint64_t>> lost_;  ///< by ps: processes ruled lost
   std::map<std::uint32_t, Look> looks_;                    ///< by ps: the last look

@@ -318,6 +318,23 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
     lead(
         training, [&] { return transport(Node::chief()); },
         [&] { return beats(Node::chief(), reach_now); }, id_sharding, metrics, joins);
+    // A process ruled lost that lives on (stopped or cut off past the copy timeout, then
+    // back) is reached by no task, and would wait for a chief until its orphan timeout and
+    // fail: it hears that training finished, as the members did.
+    if (rulings != nullptr) {
+      for (const std::uint32_t k : rulings->ruled_lost()) {
+        const std::string address = [&] {
+          const std::scoped_lock lock(known->mutex);
+          return known->addresses.at(k);
+        }();
+        if (tell_ps(address, k, Node::chief(), tcp.credentials, Request{Shutdown{false, {}}},
+                    tcp.attempt_timeout)) {
+          log(LogLevel::kInfo,
+              "chief: told ps " + std::to_string(k) + "'s process at " + address +
+                  ", given up for the job and still alive, that training finished");
+        }
+      }
+    }
   };
   if (type == "ps") {
     serve(training, config, credentials, std::move(sharding), std::move(optimizer),

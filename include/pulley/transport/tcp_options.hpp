@@ -67,7 +67,10 @@ struct TcpOptions {
   std::chrono::milliseconds copy_grace{std::chrono::seconds(5)};
   /// With replicas: how long a copy whose connection broke may stay out of reach (attempts
   /// time out: a host gone, a process stopped) before it is dropped and the other copy
-  /// serves alone. A copy whose address refuses connections is dropped at once. Keep it
+  /// serves alone. A copy whose address refuses connections is dropped at once. A copy
+  /// whose connection stays open but that sends nothing this long while calls wait on it,
+  /// a question it answers at once included (asked at half of it), counts as broken since
+  /// its last byte (a process stopped or hung). Keep it
   /// longer than the stalls a ps may live through. With a `copy_referee`, these are the
   /// moments the task asks it, and it drops the copy only when told to (the role runner's
   /// chief rules a silent process lost once its own looks saw nothing this long).

@@ -31,20 +31,21 @@ struct ProbeResult {
   std::string detail;         ///< what was seen, for a log line
 };
 
-/// Looks once at who serves ps task `ps` at `address` ("host:port"), over TCP, as task
-/// `self` of the job of `credentials`: the handshake only (both sides prove the job's
-/// secret), then it hangs up, having sent no request. Every address the host name resolves
-/// to is tried, within `timeout` together with the name's resolving: the first that serves decides;
-/// kGone only when every one refuses or holds something else. The chief looks when a task says a ps
-/// process is out of its reach (runner/copy_rulings.hpp).
-inline ProbeResult probe_ps(const std::string& address, std::uint32_t ps, const Node& self,
-                            const Credentials& credentials, std::chrono::milliseconds timeout) {
-  using Clock = transport_detail::HandshakeClock;
+namespace transport_detail {
+
+/// Looks once at who serves ps task `ps` at `address`, as probe_ps says, and calls
+/// `serves(socket, deadline, who)` on the connection of the first process that proved
+/// itself that ps (before it hangs up): probe_ps's and tell_ps's common part.
+template <class Serves>
+ProbeResult look_at_ps(const std::string& address, std::uint32_t ps, const Node& self,
+                       const Credentials& credentials, std::chrono::milliseconds timeout,
+                       Serves serves) {
+  using Clock = HandshakeClock;
   const auto deadline = Clock::now() + timeout;
   const Address where = parse_address(address);
   asio::io_context io;
   std::error_code ec;
-  const auto endpoints = transport_detail::resolve_by(where.host, where.port, deadline, ec);
+  const auto endpoints = resolve_by(where.host, where.port, deadline, ec);
   if (ec || endpoints.empty()) {
     return {ProbeResult::Kind::kSilent, 0,
             "cannot resolve " + address +
@@ -56,7 +57,7 @@ inline ProbeResult probe_ps(const std::string& address, std::uint32_t ps, const 
   ProbeResult seen{ProbeResult::Kind::kGone, 0, "its address refuses connections"};
   for (const auto& entry : endpoints) {
     asio::ip::tcp::socket socket(io);
-    ec = transport_detail::connect_within(socket, entry.endpoint(), deadline);
+    ec = connect_within(socket, entry.endpoint(), deadline);
     if (ec == asio::error::connection_refused) continue;
     if (ec) {
       seen = {ProbeResult::Kind::kSilent, 0,
@@ -64,18 +65,20 @@ inline ProbeResult probe_ps(const std::string& address, std::uint32_t ps, const 
       continue;
     }
     try {
-      const auto challenge = transport_detail::read_handshake_by<wire::Challenge>(socket, deadline, who);
+      const auto challenge = read_handshake_by<wire::Challenge>(socket, deadline, who);
       if (challenge.job != credentials.job || challenge.ps != ps) {
         if (seen.kind == ProbeResult::Kind::kGone) seen.detail = "another task answers there";
         continue;
       }
       const wire::Hello hello = wire::hello_for(credentials, challenge, self);
-      transport_detail::write_frame_by(socket, wire::encode(wire::Handshake{hello}, 0), deadline, who);
-      const auto frame = transport_detail::read_frame_by(socket, deadline, who);
+      write_frame_by(socket, wire::encode(wire::Handshake{hello}, 0), deadline, who);
+      const auto frame = read_frame_by(socket, deadline, who);
       const wire::Handshake answer = wire::decode_handshake(frame.first, frame.second);
       const auto* welcome = std::get_if<wire::Welcome>(&answer);
       if (welcome != nullptr && wire::welcome_proves(credentials, challenge, hello, *welcome)) {
-        return {ProbeResult::Kind::kServes, welcome->server, "it serves"};
+        ProbeResult served{ProbeResult::Kind::kServes, welcome->server, "it serves"};
+        serves(socket, deadline, who, served);
+        return served;
       }
       // A refusal for now (its connections are full, say) or a proof that fails: nothing told.
       seen = {ProbeResult::Kind::kSilent, 0, "it did not let the look in"};
@@ -86,6 +89,41 @@ inline ProbeResult probe_ps(const std::string& address, std::uint32_t ps, const 
     }
   }
   return seen;
+}
+
+}  // namespace transport_detail
+
+/// Looks once at who serves ps task `ps` at `address` ("host:port"), over TCP, as task
+/// `self` of the job of `credentials`: the handshake only (both sides prove the job's
+/// secret), then it hangs up, having sent no request. Every address the host name resolves
+/// to is tried, within `timeout` together with the name's resolving: the first that serves decides;
+/// kGone only when every one refuses or holds something else. The chief looks when a task says a ps
+/// process is out of its reach (runner/copy_rulings.hpp).
+inline ProbeResult probe_ps(const std::string& address, std::uint32_t ps, const Node& self,
+                            const Credentials& credentials, std::chrono::milliseconds timeout) {
+  return transport_detail::look_at_ps(address, ps, self, credentials, timeout,
+                                      [](auto&, auto, const std::string&, ProbeResult&) {});
+}
+
+/// Sends `request` to the process that serves ps task `ps` at `address`, on a connection
+/// of its own (probe_ps's look, then the request and its answer), within `timeout`: how the
+/// chief tells a process it gave up, which no task reaches any more, that training ended
+/// (a process stopped or cut off for longer than the copy timeout that came back). True if
+/// a process of the job answered it (with anything: its answer is not read further);
+/// false if none was reached, or none answered in time.
+inline bool tell_ps(const std::string& address, std::uint32_t ps, const Node& self,
+                    const Credentials& credentials, const Request& request,
+                    std::chrono::milliseconds timeout) {
+  bool answered = false;
+  (void)transport_detail::look_at_ps(
+      address, ps, self, credentials, timeout,
+      [&](asio::ip::tcp::socket& socket, transport_detail::HandshakeClock::time_point deadline,
+          const std::string& who, ProbeResult&) {
+        transport_detail::write_frame_by(socket, wire::encode(request, 1), deadline, who);
+        (void)transport_detail::read_frame_by(socket, deadline, who);
+        answered = true;
+      });
+  return answered;
 }
 
 /// True when a process at `address` ("host:port") takes a TCP connection within `timeout`,

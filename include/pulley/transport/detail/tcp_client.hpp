@@ -4,14 +4,18 @@
 /// The TCP client's machinery behind `Tcp` (transport/tcp_client.hpp): its connections
 /// (links), the calls on them, and the pairs of calls that reach both copies of a shard.
 /// The class is declared here, every member with its comment; the member functions are
-/// defined by concern in three headers included at the end of this one:
+/// defined by concern in five headers included at the end of this one:
 ///   - tcp_client_calls.hpp: the transport made and closed, calls made, their frames
 ///     written and their replies read, what waited on a lost connection failed, and what
 ///     `Tcp` answers about a connection (address, local, shared_memory);
 ///   - tcp_client_connect.hpp: a ps added, connecting, the handshake, local sockets and
 ///     shared memory;
-///   - tcp_client_copies.hpp: the copies of each shard: where a call goes, how the answers
-///     of both copies settle into one, when a copy is given up, and what the referee rules.
+///   - tcp_client_copies.hpp: the copies of each shard: where each copy is (placed, moved,
+///     renumbered), where a call goes, and which copies are whole or given up;
+///   - tcp_client_pairs.hpp: how the answers of both copies settle into one (WaitReady's
+///     too, and the grace a copy not ready is given);
+///   - tcp_client_losses.hpp: when a copy is dropped or given up, what the referee rules,
+///     and a ps's copies reached and served again.
 /// `Tcp` documents the behaviour; the comments here say how each part gets it.
 
 #include <sys/socket.h>
@@ -213,6 +217,11 @@ class TcpClient final : public CallDriver {
     Response reading_response;       ///< that reply, decoded but for its tensors' values
     std::vector<std::size_t> sizes;  ///< scratch: tensor sizes of a reply to route
     std::chrono::steady_clock::time_point last_active;  ///< the last reply, or connection
+    /// Replicas: when bytes last came from the ps (its handshake, a reply), and since when
+    /// the process, silent while calls wait, has been asked a question it answers at once
+    /// (look_at_silence).
+    std::chrono::steady_clock::time_point heard;
+    std::optional<std::chrono::steady_clock::time_point> asked_since;
   };
 
   // Calls and their bytes (tcp_client_calls.hpp).
@@ -345,7 +354,8 @@ class TcpClient final : public CallDriver {
   /// This side refuses the ps it reached, for good.
   void refuse(Link& link, const std::string& why);
 
-  // The copies of each shard (tcp_client_copies.hpp).
+  // The copies of each shard (tcp_client_copies.hpp; the answers of both settled,
+  // tcp_client_pairs.hpp; a copy dropped, given up or ruled on, tcp_client_losses.hpp).
 
   /// Where a request goes when the job keeps copies: to the copy read from, to both, to
   /// both and answered once both are ready (WaitReady), or its values from the copy read from
@@ -413,6 +423,19 @@ class TcpClient final : public CallDriver {
   /// let this task in before, as on `holder`'s own link.
   void move_copy(Link& link, std::uint32_t shard, std::uint32_t holder);
 
+  /// With copies, while a caller waits: arms look_at_silence, every quarter of
+  /// `copy_timeout`, unless it is armed already.
+  void watch_silence();
+
+  /// A process stopped or hung keeps its connections open, so no error ever says that a
+  /// copy is out of reach: a connected copy with calls waiting (a step's pull may wait
+  /// long) that has sent nothing for half of `copy_timeout` is asked a question it answers
+  /// at once (GetStats), and one that still sends nothing, `copy_timeout` after its last
+  /// byte, is out of reach since that byte: its connection ends as a broken one does, and
+  /// the next attempt that fails asks the referee (drop_if_lost), which rules by its own
+  /// look.
+  void look_at_silence();
+
   /// After an attempt that failed with `ec`: a copy reached before and not now is lost for
   /// good once its address refuses (no process listens there), or after `copy_timeout`
   /// out of reach (a host gone): it is dropped, or, with a referee, the referee is asked
@@ -456,6 +479,8 @@ class TcpClient final : public CallDriver {
   std::vector<std::uint32_t> members_;          ///< the job's ps tasks (place_copies); empty: all
   /// By ps task, then the copies by shard; destroyed before io_.
   std::vector<std::unique_ptr<Link>> links_;
+  asio::steady_timer watch_{io_};  ///< look_at_silence's, while armed (`watching_`)
+  bool watching_ = false;
   bool closing_ = false;                     ///< the transport is being destroyed
   std::vector<std::weak_ptr<Pair>> graced_;  ///< Pairs with a copy_grace timer on io_
   std::uint64_t next_call_ = 1;
@@ -471,3 +496,5 @@ class TcpClient final : public CallDriver {
 #include "pulley/transport/detail/tcp_client_calls.hpp"
 #include "pulley/transport/detail/tcp_client_connect.hpp"
 #include "pulley/transport/detail/tcp_client_copies.hpp"
+#include "pulley/transport/detail/tcp_client_losses.hpp"
+#include "pulley/transport/detail/tcp_client_pairs.hpp"

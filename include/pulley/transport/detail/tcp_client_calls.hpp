@@ -42,6 +42,7 @@ inline TcpClient::~TcpClient() {
   }
   // Every call still waiting is answered kUnavailable, so none waits on this driver.
   closing_ = true;
+  watch_.cancel();
   for (auto& link : links_) fail(*link, "transport closed");
   for (const auto& weak : graced_) {
     if (const std::shared_ptr<Pair> pair = weak.lock()) pair->grace.reset();
@@ -146,6 +147,7 @@ inline void TcpClient::run_until(const std::function<bool()>& done,
     flush(*link);
     receive(*link);
   }
+  watch_silence();
   while (!done()) {
     if (deadline <= std::chrono::steady_clock::now()) {
       io_.poll();  // what already arrived
@@ -253,6 +255,7 @@ inline void TcpClient::receive(Link& link) {
         if (gen != link.generation) return;
         link.receiving = false;
         if (ec) return fail(link, ec.message());
+        link.heard = std::chrono::steady_clock::now();
         // While it hands frames on, an answer may lead elsewhere to this link again (a
         // Pair settled): no second receive may start into the reader's buffers.
         link.dispatching = true;

@@ -403,6 +403,8 @@ inline void TcpClient::welcomed(Link& link, std::uint64_t server) {
   link.failing_since.reset();
   if (const auto asked = asked_.find(link.task); asked != asked_.end()) asked->second.told = false;
   link.last_active = std::chrono::steady_clock::now();
+  link.heard = link.last_active;
+  link.asked_since.reset();
   link.reader.set_limits(options_.limits);
   // Another process than the one reached before: it holds nothing of the job. With a
   // copy elsewhere it is dropped (drop ends this attempt); as the last copy it is used,
