@@ -120,6 +120,9 @@ class SharedRings {
     return list.write_now(writer, ec);
   }
 
+  /// True if bytes wait in the ring this end reads (once started).
+  [[nodiscard]] bool has_data() const noexcept { return state_ && state_->in.has_data(); }
+
   /// True if the peer closed its end. For a connection at rest (nothing parked).
   [[nodiscard]] bool peer_closed() {
     if (!state_) return false;

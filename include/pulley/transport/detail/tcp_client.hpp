@@ -217,9 +217,9 @@ class TcpClient final : public CallDriver {
     Response reading_response;       ///< that reply, decoded but for its tensors' values
     std::vector<std::size_t> sizes;  ///< scratch: tensor sizes of a reply to route
     std::chrono::steady_clock::time_point last_active;  ///< the last reply, or connection
-    /// Replicas: when bytes last came from the ps (its handshake, a reply), and since when
-    /// the process, silent while calls wait, has been asked a question it answers at once
-    /// (look_at_silence).
+    /// Replicas: when the ps last showed life (bytes came: its handshake, a reply; or it
+    /// took bytes this side waited to write), and since when the process, silent while
+    /// calls wait, has been asked a question it answers at once (look_at_silence).
     std::chrono::steady_clock::time_point heard;
     std::optional<std::chrono::steady_clock::time_point> asked_since;
   };
@@ -429,11 +429,12 @@ class TcpClient final : public CallDriver {
 
   /// A process stopped or hung keeps its connections open, so no error ever says that a
   /// copy is out of reach: a connected copy with calls waiting (a step's pull may wait
-  /// long) that has sent nothing for half of `copy_timeout` is asked a question it answers
-  /// at once (GetStats), and one that still sends nothing, `copy_timeout` after its last
-  /// byte, is out of reach since that byte: its connection ends as a broken one does, and
-  /// the next attempt that fails asks the referee (drop_if_lost), which rules by its own
-  /// look.
+  /// long) that has shown no life (Link::heard) for half of `copy_timeout` is asked a
+  /// question it answers at once (GetStats), and one that still shows none, `copy_timeout`
+  /// after the last sign, is out of reach since then: its connection ends as a broken one
+  /// does, and the next attempt that fails asks the referee (drop_if_lost), which rules by
+  /// its own look. Bytes that wait unread (this side's caller was away) are a sign of
+  /// life.
   void look_at_silence();
 
   /// After an attempt that failed with `ec`: a copy reached before and not now is lost for

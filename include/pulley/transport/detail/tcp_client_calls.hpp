@@ -224,6 +224,9 @@ inline void TcpClient::flush(Link& link) {
                                 if (gen != link.generation) return;  // fail() reset the link
                                 link.write_waiting = false;
                                 if (wait) return fail(link, wait.message());
+                                // Room again: the ps took bytes, so it lives (a large
+                                // frame may cross for longer than the copy timeout).
+                                link.heard = std::chrono::steady_clock::now();
                                 flush(link);
                               });
 }

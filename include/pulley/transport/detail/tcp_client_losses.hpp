@@ -186,6 +186,14 @@ inline void TcpClient::look_at_silence() {
       link.asked_since.reset();  // answering, idle, or the last copy (waited for as one)
       continue;
     }
+    // Bytes that came while no caller waited (nothing read them yet) are heard: this side
+    // was away, not the ps silent.
+    std::error_code ec;
+    if (link.rings.active() ? link.rings.has_data() : link.socket.available(ec) > 0) {
+      link.heard = now;
+      link.asked_since.reset();
+      continue;
+    }
     if (!link.asked_since) {
       link.asked_since = now;
       queue(link, std::make_shared<Pending>(this, index), Request{GetStats{}});
