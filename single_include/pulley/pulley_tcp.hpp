@@ -22800,7 +22800,7 @@ namespace transport_detail {
 template <class Serves>
 ProbeResult look_at_ps(const std::string& address, std::uint32_t ps, const Node& self,
                        const Credentials& credentials, std::chrono::milliseconds timeout,
-                       Serves serves) {
+                       Serves serves, std::uint32_t shard = wire::Hello::kOwnShard) {
   using Clock = HandshakeClock;
   const auto deadline = Clock::now() + timeout;
   const Address where = parse_address(address);
@@ -22831,7 +22831,7 @@ ProbeResult look_at_ps(const std::string& address, std::uint32_t ps, const Node&
         if (seen.kind == ProbeResult::Kind::kGone) seen.detail = "another task answers there";
         continue;
       }
-      const wire::Hello hello = wire::hello_for(credentials, challenge, self);
+      const wire::Hello hello = wire::hello_for(credentials, challenge, self, shard);
       write_frame_by(socket, wire::encode(wire::Handshake{hello}, 0), deadline, who);
       const auto frame = read_frame_by(socket, deadline, who);
       const wire::Handshake answer = wire::decode_handshake(frame.first, frame.second);
@@ -22866,25 +22866,36 @@ inline ProbeResult probe_ps(const std::string& address, std::uint32_t ps, const 
                                       [](auto&, auto, const std::string&, ProbeResult&) {});
 }
 
-/// Sends `request` to the process that serves ps task `ps` at `address`, on a connection
-/// of its own (probe_ps's look, then the request and its answer), within `timeout`: how the
-/// chief tells a process it gave up, which no task reaches any more, that training ended
-/// (a process stopped or cut off for longer than the copy timeout that came back). True if
-/// a process of the job answered it (with anything: its answer is not read further);
-/// false if none was reached, or none answered in time.
-inline bool tell_ps(const std::string& address, std::uint32_t ps, const Node& self,
-                    const Credentials& credentials, const Request& request,
+/// Sends `request` to the process that serves ps task `ps` at `address`, within `timeout`
+/// per connection: probe_ps's look, then the request and its answer, on a connection of its
+/// own to its own shard, then, if that was answered, to each other shard of the job's
+/// `num_ps` (wire::Hello::shard), since a process may hold a copy of one of them (and
+/// refuses the others at once). How the chief tells a process it gave up, which no task
+/// reaches any more, that training ended (a process stopped or cut off for longer than the
+/// copy timeout that came back), as its Shutdown reaches both copies of every shard. True
+/// if the process answered at its own shard (with anything, a refusal too: answers are not
+/// read further); false if none was reached there, or none answered in time.
+inline bool tell_ps(const std::string& address, std::uint32_t ps, std::uint32_t num_ps,
+                    const Node& self, const Credentials& credentials, const Request& request,
                     std::chrono::milliseconds timeout) {
-  bool answered = false;
-  (void)transport_detail::look_at_ps(
-      address, ps, self, credentials, timeout,
-      [&](asio::ip::tcp::socket& socket, transport_detail::HandshakeClock::time_point deadline,
-          const std::string& who, ProbeResult&) {
-        transport_detail::write_frame_by(socket, wire::encode(request, 1), deadline, who);
-        (void)transport_detail::read_frame_by(socket, deadline, who);
-        answered = true;
-      });
-  return answered;
+  const auto tell = [&](std::uint32_t shard) {
+    bool answered = false;
+    (void)transport_detail::look_at_ps(
+        address, ps, self, credentials, timeout,
+        [&](asio::ip::tcp::socket& socket, transport_detail::HandshakeClock::time_point deadline,
+            const std::string& who, ProbeResult&) {
+          transport_detail::write_frame_by(socket, wire::encode(request, 1), deadline, who);
+          (void)transport_detail::read_frame_by(socket, deadline, who);
+          answered = true;
+        },
+        shard);
+    return answered;
+  };
+  if (!tell(wire::Hello::kOwnShard)) return false;
+  for (std::uint32_t shard = 0; shard < num_ps; ++shard) {
+    if (shard != ps) (void)tell(shard);
+  }
+  return true;
 }
 
 /// True when a process at `address` ("host:port") takes a TCP connection within `timeout`,

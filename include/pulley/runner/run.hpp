@@ -322,13 +322,14 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
     // back) is reached by no task, and would wait for a chief until its orphan timeout and
     // fail: it hears that training finished, as the members did.
     if (rulings != nullptr) {
+      const std::vector<std::string> addresses = [&] {
+        const std::scoped_lock lock(known->mutex);
+        return known->addresses;
+      }();
       for (const std::uint32_t k : rulings->ruled_lost()) {
-        const std::string address = [&] {
-          const std::scoped_lock lock(known->mutex);
-          return known->addresses.at(k);
-        }();
-        if (tell_ps(address, k, Node::chief(), tcp.credentials, Request{Shutdown{false, {}}},
-                    tcp.attempt_timeout)) {
+        const std::string& address = addresses.at(k);
+        if (tell_ps(address, k, static_cast<std::uint32_t>(addresses.size()), Node::chief(),
+                    tcp.credentials, Request{Shutdown{false, {}}}, tcp.attempt_timeout)) {
           log(LogLevel::kInfo,
               "chief: told ps " + std::to_string(k) + "'s process at " + address +
                   ", given up for the job and still alive, that training finished");
