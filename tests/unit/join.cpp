@@ -878,7 +878,8 @@ TEST_CASE(
   training.evaluate_every = 10;
   training.client.recovery_timeout = std::chrono::seconds(30);  // never reached: each fault passes
   runner_detail::ChiefLoop loop(training, chief);
-  const LinearData data(kBatch * 20, kIn, kOut, 3);
+  const LinearData data(2 * kBatch * 20, kIn, kOut,
+                        3);  // batch_of(data, 0, k) reads rows 2k·kBatch on
   std::thread worker_thread([&] {
     Worker worker(0, LinearModel(kIn, kOut), InProcess(network, Node::worker(0)));
     worker.wait_ready();
