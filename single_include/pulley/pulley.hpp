@@ -4552,15 +4552,21 @@ struct PullRows {
 /// Chief → ps: training is over. Every request waiting there and every later one is
 /// answered `kOutOfRange` ("training finished"), or `kAborted` with `reason` when the chief
 /// gave up, so each task learns how the job ended; the ps then stops serving.
+///
+/// With `restart`, training goes on without this process: the chief ruled it lost (a job
+/// with copies: it was stopped, hung or cut off past the copy timeout) and it came back.
+/// Both copies it holds end, answering `kUnavailable`, and the process serves again empty,
+/// as one started in its place would, for the chief to take it back (Chief::take_back).
 struct Shutdown {
   static constexpr std::string_view kName = "Shutdown";
   static constexpr RoleSet kSenders{Node::Role::kChief};
   bool aborted = false;  ///< the job failed: tasks end with an error, not with success
   std::string reason;    ///< why it was aborted
+  bool restart = false;  ///< the job gave this process up: it starts again empty
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(aborted, reason);
+    archive(aborted, reason, restart);
   }
 };
 
@@ -5121,6 +5127,9 @@ concept GrowingTransport = Transport<T> && requires(T& transport, const T& ctran
 ///     model over them; a ps that is no member is reached alone
 ///
 /// Optional:
+///   - `ct.given_up_whole(ps)` → bool: every copy it reaches at member ps `ps` is given up
+///     (none is read there as the last copy of its shard). Then the process given up, if
+///     it lives on, may start again empty (Chief::given_up_whole); without it, never.
 ///   - `ct.copies_whole()` → bool: false when the last WaitReady of some shard was answered
 ///     by one copy while the other was out of reach, and that copy is still not given up
 ///     (reads go on; writes wait for it). A Worker counts the ps tasks as back after a
@@ -7816,6 +7825,11 @@ class Chief {
   /// good: their shards are served by one copy only), ascending; none without copies
   /// (a CopyingTransport's `given_up`).
   [[nodiscard]] std::vector<std::uint32_t> given_up() const;
+  /// True when this chief's transport gave up every copy member ps `ps`'s process holds
+  /// (a CopyingTransport's optional `given_up_whole`): no shard is read there as its last
+  /// copy, so that process, if it lives on, may start again empty (Shutdown::restart) and
+  /// be taken back. False without copies.
+  [[nodiscard]] bool given_up_whole(std::uint32_t ps) const;
 
   /// Takes member ps `ps` back into a job whose ps tasks keep copies of each other's shards,
   /// after it was lost and a process was started in its place (beyond TensorFlow; a
@@ -8113,6 +8127,18 @@ std::vector<std::uint32_t> Chief<T>::given_up() const {
     return members;
   } else {
     return {};
+  }
+}
+
+template <Transport T>
+bool Chief<T>::given_up_whole(std::uint32_t ps) const {
+  if constexpr (requires(const T& t) {
+                  { t.given_up_whole(std::uint32_t{}) } -> std::convertible_to<bool>;
+                }) {
+    return client_.transport().given_up_whole(ps);
+  } else {
+    (void)ps;
+    return false;
   }
 }
 
@@ -14690,8 +14716,11 @@ class ParameterServer {
   /// its link, or its process was stopped a while. The transport serves on for it (up to
   /// TcpServerOptions::linger).
   [[nodiscard]] bool awaits_workers() const {
-    return end_.has_value() && liveness_.awaits_any(Clock::now());
+    return end_.has_value() && !restarts_ && liveness_.awaits_any(Clock::now());
   }
+  /// True once the chief told it to start again empty (Shutdown::restart): its process
+  /// serves anew, as one started in its place (the role runner's ps task does).
+  [[nodiscard]] bool restarts() const noexcept { return restarts_; }
   /// How it ended, as it now answers every request: kOutOfRange (training finished),
   /// kAborted (the chief aborted training, or no chief came back in place of a lost one:
   /// set_chief_wait) or kInternal (it failed); nullopt while serving.
@@ -15011,6 +15040,7 @@ class ParameterServer {
   std::optional<std::uint64_t> restoring_rows_;  ///< a Restore of this epoch awaits its rows
   std::size_t restored_rows_ = 0;                ///< rows of that restore kept so far
   std::optional<ErrorReply> end_;  ///< set once stopped: what every request is answered
+  bool restarts_ = false;          ///< stopped by a Shutdown with `restart`
   Registration<S> registration_;
   Shard<O, P, T> shard_;
   Pacing<P> pacing_;
@@ -15653,7 +15683,11 @@ template <Sharding S, Optimizer O, SyncPolicy P, TablesOrNone T>
 void ParameterServer<S, O, P, T>::on(Shutdown& r, const RequestContext&, Responder& reply) {
   report(true);  // the figures end where training did
   const std::string ps = name_;
-  end_ = r.aborted
+  restarts_ = r.restart;
+  end_ = r.restart ? ErrorReply{ErrorCode::kUnavailable,
+                                ps + ": the job gave this process up and went on without it: it "
+                                     "starts again empty, to be taken back by the chief"}
+         : r.aborted
              ? ErrorReply{ErrorCode::kAborted, ps + ": training aborted by the chief: " + r.reason}
              : ErrorReply{
                    ErrorCode::kOutOfRange,
@@ -16092,7 +16126,8 @@ class ShardCopies {
     return why;
   }
 
-  /// Hands `request` to the copy its connection asked for; a heartbeat to both. A
+  /// Hands `request` to the copy its connection asked for; a heartbeat, and a Shutdown that
+  /// restarts the process, to both. A
   /// connection to a copy it holds no more is answered kUnavailable (but for heartbeats),
   /// unless the chief registers the model there at a membership that places that copy
   /// here: the copy then moves (see the class comment).
@@ -16117,6 +16152,9 @@ class ShardCopies {
       Heartbeat twin = *beat;
       (to_copy ? own_ : copy_).handle(Request{std::move(twin)}, context, [](Response&&) {});
     }
+    if (const auto* end = std::get_if<Shutdown>(&request); end != nullptr && end->restart) {
+      (to_copy ? own_ : copy_).handle(Request{Shutdown{*end}}, context, [](Response&&) {});
+    }
     (to_copy ? copy_ : own_).handle(std::move(request), context, std::move(reply));
   }
 
@@ -16134,6 +16172,8 @@ class ShardCopies {
   [[nodiscard]] bool awaits_workers() const {
     return stopped() && (own_.awaits_workers() || copy_.awaits_workers());
   }
+  /// True once the chief told the process to start again empty (Shutdown::restart).
+  [[nodiscard]] bool restarts() const noexcept { return own_.restarts(); }
   /// How it ended: its own shard's end, else the copy's.
   [[nodiscard]] const std::optional<ErrorReply>& ended() const noexcept {
     return own_.ended() ? own_.ended() : copy_.ended();

@@ -4552,15 +4552,21 @@ struct PullRows {
 /// Chief → ps: training is over. Every request waiting there and every later one is
 /// answered `kOutOfRange` ("training finished"), or `kAborted` with `reason` when the chief
 /// gave up, so each task learns how the job ended; the ps then stops serving.
+///
+/// With `restart`, training goes on without this process: the chief ruled it lost (a job
+/// with copies: it was stopped, hung or cut off past the copy timeout) and it came back.
+/// Both copies it holds end, answering `kUnavailable`, and the process serves again empty,
+/// as one started in its place would, for the chief to take it back (Chief::take_back).
 struct Shutdown {
   static constexpr std::string_view kName = "Shutdown";
   static constexpr RoleSet kSenders{Node::Role::kChief};
   bool aborted = false;  ///< the job failed: tasks end with an error, not with success
   std::string reason;    ///< why it was aborted
+  bool restart = false;  ///< the job gave this process up: it starts again empty
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(aborted, reason);
+    archive(aborted, reason, restart);
   }
 };
 
@@ -5121,6 +5127,9 @@ concept GrowingTransport = Transport<T> && requires(T& transport, const T& ctran
 ///     model over them; a ps that is no member is reached alone
 ///
 /// Optional:
+///   - `ct.given_up_whole(ps)` → bool: every copy it reaches at member ps `ps` is given up
+///     (none is read there as the last copy of its shard). Then the process given up, if
+///     it lives on, may start again empty (Chief::given_up_whole); without it, never.
 ///   - `ct.copies_whole()` → bool: false when the last WaitReady of some shard was answered
 ///     by one copy while the other was out of reach, and that copy is still not given up
 ///     (reads go on; writes wait for it). A Worker counts the ps tasks as back after a
@@ -7816,6 +7825,11 @@ class Chief {
   /// good: their shards are served by one copy only), ascending; none without copies
   /// (a CopyingTransport's `given_up`).
   [[nodiscard]] std::vector<std::uint32_t> given_up() const;
+  /// True when this chief's transport gave up every copy member ps `ps`'s process holds
+  /// (a CopyingTransport's optional `given_up_whole`): no shard is read there as its last
+  /// copy, so that process, if it lives on, may start again empty (Shutdown::restart) and
+  /// be taken back. False without copies.
+  [[nodiscard]] bool given_up_whole(std::uint32_t ps) const;
 
   /// Takes member ps `ps` back into a job whose ps tasks keep copies of each other's shards,
   /// after it was lost and a process was started in its place (beyond TensorFlow; a
@@ -8113,6 +8127,18 @@ std::vector<std::uint32_t> Chief<T>::given_up() const {
     return members;
   } else {
     return {};
+  }
+}
+
+template <Transport T>
+bool Chief<T>::given_up_whole(std::uint32_t ps) const {
+  if constexpr (requires(const T& t) {
+                  { t.given_up_whole(std::uint32_t{}) } -> std::convertible_to<bool>;
+                }) {
+    return client_.transport().given_up_whole(ps);
+  } else {
+    (void)ps;
+    return false;
   }
 }
 
@@ -14690,8 +14716,11 @@ class ParameterServer {
   /// its link, or its process was stopped a while. The transport serves on for it (up to
   /// TcpServerOptions::linger).
   [[nodiscard]] bool awaits_workers() const {
-    return end_.has_value() && liveness_.awaits_any(Clock::now());
+    return end_.has_value() && !restarts_ && liveness_.awaits_any(Clock::now());
   }
+  /// True once the chief told it to start again empty (Shutdown::restart): its process
+  /// serves anew, as one started in its place (the role runner's ps task does).
+  [[nodiscard]] bool restarts() const noexcept { return restarts_; }
   /// How it ended, as it now answers every request: kOutOfRange (training finished),
   /// kAborted (the chief aborted training, or no chief came back in place of a lost one:
   /// set_chief_wait) or kInternal (it failed); nullopt while serving.
@@ -15011,6 +15040,7 @@ class ParameterServer {
   std::optional<std::uint64_t> restoring_rows_;  ///< a Restore of this epoch awaits its rows
   std::size_t restored_rows_ = 0;                ///< rows of that restore kept so far
   std::optional<ErrorReply> end_;  ///< set once stopped: what every request is answered
+  bool restarts_ = false;          ///< stopped by a Shutdown with `restart`
   Registration<S> registration_;
   Shard<O, P, T> shard_;
   Pacing<P> pacing_;
@@ -15653,7 +15683,11 @@ template <Sharding S, Optimizer O, SyncPolicy P, TablesOrNone T>
 void ParameterServer<S, O, P, T>::on(Shutdown& r, const RequestContext&, Responder& reply) {
   report(true);  // the figures end where training did
   const std::string ps = name_;
-  end_ = r.aborted
+  restarts_ = r.restart;
+  end_ = r.restart ? ErrorReply{ErrorCode::kUnavailable,
+                                ps + ": the job gave this process up and went on without it: it "
+                                     "starts again empty, to be taken back by the chief"}
+         : r.aborted
              ? ErrorReply{ErrorCode::kAborted, ps + ": training aborted by the chief: " + r.reason}
              : ErrorReply{
                    ErrorCode::kOutOfRange,
@@ -16092,7 +16126,8 @@ class ShardCopies {
     return why;
   }
 
-  /// Hands `request` to the copy its connection asked for; a heartbeat to both. A
+  /// Hands `request` to the copy its connection asked for; a heartbeat, and a Shutdown that
+  /// restarts the process, to both. A
   /// connection to a copy it holds no more is answered kUnavailable (but for heartbeats),
   /// unless the chief registers the model there at a membership that places that copy
   /// here: the copy then moves (see the class comment).
@@ -16117,6 +16152,9 @@ class ShardCopies {
       Heartbeat twin = *beat;
       (to_copy ? own_ : copy_).handle(Request{std::move(twin)}, context, [](Response&&) {});
     }
+    if (const auto* end = std::get_if<Shutdown>(&request); end != nullptr && end->restart) {
+      (to_copy ? own_ : copy_).handle(Request{Shutdown{*end}}, context, [](Response&&) {});
+    }
     (to_copy ? copy_ : own_).handle(std::move(request), context, std::move(reply));
   }
 
@@ -16134,6 +16172,8 @@ class ShardCopies {
   [[nodiscard]] bool awaits_workers() const {
     return stopped() && (own_.awaits_workers() || copy_.awaits_workers());
   }
+  /// True once the chief told the process to start again empty (Shutdown::restart).
+  [[nodiscard]] bool restarts() const noexcept { return own_.restarts(); }
   /// How it ended: its own shard's end, else the copy's.
   [[nodiscard]] const std::optional<ErrorReply>& ended() const noexcept {
     return own_.ended() ? own_.ended() : copy_.ended();
@@ -18593,7 +18633,7 @@ static_assert(std::endian::native == std::endian::little,
 namespace pulley::wire {
 
 inline constexpr std::uint32_t kMagic = 0x594C4C50;    ///< "PLLY" in a little-endian dump
-inline constexpr std::uint16_t kVersion = 24;          ///< bumped on any incompatible change
+inline constexpr std::uint16_t kVersion = 25;          ///< bumped on any incompatible change
 inline constexpr std::uint16_t kResponseKind = 0x100;  ///< response kinds start here
 inline constexpr std::uint16_t kHandshakeKind = 0x200;  ///< handshake kinds start here
 inline constexpr std::size_t kHandshakeKinds = 4;       ///< Challenge, Hello, Welcome, Refusal
@@ -20633,6 +20673,7 @@ class TcpClient final : public CallDriver {
   void add_ps(Address where, bool connect_now);
   void place_copies(std::span<const std::uint32_t> members);
   [[nodiscard]] std::vector<std::uint32_t> given_up() const;
+  [[nodiscard]] bool given_up_whole(std::uint32_t ps) const;
   [[nodiscard]] bool copies_whole() const;
   /// Reaches every copy that ps `ps` holds anew. Once one of them was given up, every
   /// connection to `ps` is to a process that is gone (one address, one process), seen
@@ -21956,6 +21997,17 @@ inline std::vector<std::uint32_t> TcpClient::given_up() const {
   return tasks;
 }
 
+inline bool TcpClient::given_up_whole(std::uint32_t ps) const {
+  if (!member(ps)) return false;
+  bool any = false;
+  for (const auto& link : links_) {
+    if (link->task != ps) continue;
+    if (!link->dropped) return false;  // (the last copy of its shard, say)
+    any = true;
+  }
+  return any;
+}
+
 inline void TcpClient::log_copies(LogLevel level, const std::string& line) const {
   if (options_.logs_copies) log(level, line);
 }
@@ -22592,6 +22644,9 @@ class Tcp {
   /// transport gave up (lost for good), ascending; none without `TcpOptions::replicas`. See
   /// CopyingTransport.
   [[nodiscard]] std::vector<std::uint32_t> given_up() const { return impl_->given_up(); }
+  /// True when every copy this transport reaches at member ps `ps` is given up: none is
+  /// read there as the last copy of its shard. See CopyingTransport.
+  [[nodiscard]] bool given_up_whole(std::uint32_t ps) const { return impl_->given_up_whole(ps); }
   /// False when the last WaitReady of some shard was answered by one copy while the other
   /// was out of reach, and that copy is still not given up: the shard reads, but a write
   /// waits for it (a task cut off from a process the chief still reaches). True without
@@ -22648,6 +22703,8 @@ static_assert(CopyingTransport<Tcp>);
 #include <asio.hpp>
 #include <chrono>
 #include <cstdint>
+#include <set>
+#include <span>
 #include <string>
 #include <system_error>
 #include <variant>
@@ -22795,8 +22852,8 @@ struct ProbeResult {
 namespace transport_detail {
 
 /// Looks once at who serves ps task `ps` at `address`, as probe_ps says, and calls
-/// `serves(socket, deadline, who)` on the connection of the first process that proved
-/// itself that ps (before it hangs up): probe_ps's and tell_ps's common part.
+/// `serves(socket, deadline, who, seen)` on the connection of the first process that proved
+/// itself that ps (`seen` names it), before it hangs up: probe_ps's and tell_ps's common part.
 template <class Serves>
 ProbeResult look_at_ps(const std::string& address, std::uint32_t ps, const Node& self,
                        const Credentials& credentials, std::chrono::milliseconds timeout,
@@ -22863,39 +22920,43 @@ ProbeResult look_at_ps(const std::string& address, std::uint32_t ps, const Node&
 inline ProbeResult probe_ps(const std::string& address, std::uint32_t ps, const Node& self,
                             const Credentials& credentials, std::chrono::milliseconds timeout) {
   return transport_detail::look_at_ps(address, ps, self, credentials, timeout,
-                                      [](auto&, auto, const std::string&, ProbeResult&) {});
+                                      [](auto&, auto, const std::string&, const ProbeResult&) {});
 }
 
-/// Sends `request` to the process that serves ps task `ps` at `address`, within `timeout`
-/// per connection: probe_ps's look, then the request and its answer, on a connection of its
-/// own to its own shard, then, if that was answered, to each other shard of the job's
-/// `num_ps` (wire::Hello::shard), since a process may hold a copy of one of them (and
-/// refuses the others at once). How the chief tells a process it gave up, which no task
-/// reaches any more, that training ended (a process stopped or cut off for longer than the
-/// copy timeout that came back), as its Shutdown reaches both copies of every shard. True
-/// if the process answered at its own shard (with anything, a refusal too: answers are not
-/// read further); false if none was reached there, or none answered in time.
-inline bool tell_ps(const std::string& address, std::uint32_t ps, std::uint32_t num_ps,
-                    const Node& self, const Credentials& credentials, const Request& request,
-                    std::chrono::milliseconds timeout) {
+/// Sends `request` to the process that serves ps task `ps` at `address`, if it is one of
+/// `only` (wire::Welcome::server; empty: whichever serves there), within `timeout` per
+/// connection: probe_ps's look, then the request and its answer, on a connection of its own
+/// to its own shard, then, if that was answered, to each shard of `copies` (wire::Hello::
+/// shard), since a process may hold a copy of one of them (and refuses the others at once).
+/// How the chief speaks to a process it gave up, which no task reaches any more (one stopped
+/// or cut off for longer than the copy timeout that came back): it tells it to start again
+/// empty, or, at the end, that training finished, as its Shutdown reaches both copies of
+/// every shard. Returns the look at its own shard: the process was told, and answered (with
+/// anything, a refusal too: answers are not read further), when it is kServes with a
+/// process of `only`.
+inline ProbeResult tell_ps(const std::string& address, std::uint32_t ps, const Node& self,
+                           const Credentials& credentials, const Request& request,
+                           std::chrono::milliseconds timeout,
+                           const std::set<std::uint64_t>& only = {},
+                           std::span<const std::uint32_t> copies = {}) {
   const auto tell = [&](std::uint32_t shard) {
-    bool answered = false;
-    (void)transport_detail::look_at_ps(
+    return transport_detail::look_at_ps(
         address, ps, self, credentials, timeout,
         [&](asio::ip::tcp::socket& socket, transport_detail::HandshakeClock::time_point deadline,
-            const std::string& who, ProbeResult&) {
+            const std::string& who, const ProbeResult& served) {
+          if (!only.empty() && !only.contains(served.process)) return;
           transport_detail::write_frame_by(socket, wire::encode(request, 1), deadline, who);
           (void)transport_detail::read_frame_by(socket, deadline, who);
-          answered = true;
         },
         shard);
-    return answered;
   };
-  if (!tell(wire::Hello::kOwnShard)) return false;
-  for (std::uint32_t shard = 0; shard < num_ps; ++shard) {
+  const ProbeResult own = tell(wire::Hello::kOwnShard);
+  if (own.kind != ProbeResult::Kind::kServes || (!only.empty() && !only.contains(own.process)))
+    return own;
+  for (const std::uint32_t shard : copies) {
     if (shard != ps) (void)tell(shard);
   }
-  return true;
+  return own;
 }
 
 /// True when a process at `address` ("host:port") takes a TCP connection within `timeout`,

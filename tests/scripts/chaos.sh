@@ -9,7 +9,9 @@
 # where its generated data lives). For each seed, from the first progress line (an epoch,
 # or CTR's quarter epoch) to the end, one fault at a time drawn from a seeded RANDOM:
 #   - a ps stopped (SIGSTOP) for 1-12.9 s, then continued: longer than the worker timeout
-#     (5 s), so a ps must not blame the workers for its own silence;
+#     (5 s), so a ps must not blame the workers for its own silence; with copies and
+#     COPY_TIMEOUT_MS short enough, past the copy timeout too: the chief rules its process
+#     lost, and once continued it starts again and is taken back (the next fault waits);
 #   - a worker stopped for up to 2 s (a worker stopped past the worker timeout is held lost
 #     and the job changes by design: not drawn);
 #   - a worker killed (SIGKILL) and started again 0-2 s later, within the worker timeout:
@@ -38,7 +40,7 @@
 # faults while the job's pace lets it (which are drawn depends on the progress reached, and
 # the draws after them follow).
 #   [SEEDS="1 2"] [EPOCHS=25, CTR 2] [REPLICAS=1] [MODE=sync|async|ssp|backup] [CHECKPOINTS=1]
-#   [SHARED_MEMORY=0] tests/scripts/chaos.sh BINARY [DATA_DIR]
+#   [SHARED_MEMORY=0] [COPY_TIMEOUT_MS] tests/scripts/chaos.sh BINARY [DATA_DIR]
 # Needs `ss -K` (the kernel's socket destroy) for the connection kills; without it they are
 # left out, and said so.
 set -uo pipefail
@@ -51,6 +53,7 @@ checkpoints=${CHECKPOINTS:-1}
 shared_memory=${SHARED_MEMORY:-0}
 source "$(dirname "$0")/common.sh"
 flags=(--wait-timeout-ms 120000 --recovery-timeout-ms 60000 --ps-replicas "$replicas")
+[ -z "${COPY_TIMEOUT_MS:-}" ] || flags+=(--copy-timeout-ms "$COPY_TIMEOUT_MS")
 [ "$shared_memory" = 1 ] || flags+=(--no-local-sockets)
 workers=2
 case $mode in
@@ -112,6 +115,19 @@ fi
 # A task started again after the chief printed its final line would wait for a job that is
 # over (a ps for a chief to register it, for ever): the draw stands, the start is left out.
 over() { grep -q '^final:' "$chief_log" 2>/dev/null; }
+# wait_back PS [LINE COUNT]: waits (2 min at most, or until training is over) until the
+# chief logged LINE (with copies: PS taken back) more than COUNT times (now's count by
+# default); prints the seconds waited.
+wait_back() {
+  local line=${2:-"ps $1 was started again and took its shards back"} began=$SECONDS
+  local count=${3:-$(cat "$dir"/chief-*.log | grep -c "$line")}
+  for _ in $(seq 1 1200); do
+    [ "$(cat "$dir"/chief-*.log | grep -c "$line")" -gt "$count" ] && break
+    grep -q '^final:' "$chief_log" 2>/dev/null && break
+    sleep 0.1
+  done
+  echo $((SECONDS - began))
+}
 lost_push=()
 for seed in $seeds; do
   RANDOM=$seed
@@ -139,7 +155,14 @@ for seed in $seeds; do
       ps=$((RANDOM % 2)) secs=$((RANDOM % 12 + 1)).$((RANDOM % 10))
       [ "$ps" = "$killed" ] && continue
       faults+=("e$epoch:stop-ps$ps-${secs}s")
+      ruled="ps $ps's process is lost for the job"
+      rulings=$(cat "$dir"/chief-*.log | grep -c "$ruled")
       kill -STOP "${ps_pids[$ps]}"; sleep "$secs"; kill -CONT "${ps_pids[$ps]}"
+      # Stopped past COPY_TIMEOUT_MS: given up, then told to start again and taken back;
+      # the next fault waits for that, as for a ps started again.
+      if [ "$(cat "$dir"/chief-*.log | grep -c "$ruled")" -gt "$rulings" ]; then
+        faults+=("(given up; taken back after $(wait_back "$ps") s)")
+      fi
     elif [ "$draw" -lt 34 ]; then
       worker=$((RANDOM % workers)) secs=$((RANDOM % 2)).$((RANDOM % 10))
       faults+=("e$epoch:stop-worker$worker-${secs}s")
@@ -188,11 +211,7 @@ for seed in $seeds; do
       start_task "$dir" ps "$ps" "ps-$ps-again.log" "${job[@]}"
       ps_pids[$ps]=$last_pid
       job_pids=("$last_pid" "${job_pids[@]}")
-      for _ in $(seq 1 1200); do
-        [ "$(cat "$dir"/chief-*.log | grep -c "$back")" -gt "$backs" ] && break
-        grep -q '^final:' "$chief_log" 2>/dev/null && break
-        sleep 0.1
-      done
+      wait_back "$ps" "$back" "$backs" >/dev/null
     elif [ "$replicas" = 1 ] && [ "$killed" = -1 ] && [ "$epoch" -ge 2 ]; then
       killed=$((RANDOM % 2))
       faults+=("e$epoch:kill-ps$killed")

@@ -13,8 +13,8 @@
 # past the copy timeout (2 s here), until the chief scores an epoch more (12 epochs): a
 # process stopped or hung keeps its connections open, yet the tasks must find it silent,
 # the chief must rule it lost, and training must go on from the copies while it is
-# stopped; once continued it is reached by no task, and the chief tells it at the end that
-# training finished, so that it too exits 0.
+# stopped; once continued, the chief tells it to start again empty and takes it back (every
+# shard has two copies again), and it exits 0 with the others.
 #   [REPLICAS=0|1] [STOP=ps1|chief|ps1-past] tests/scripts/ps_stall.sh FASHION_MNIST_BINARY
 set -uo pipefail
 binary=$1
@@ -54,6 +54,12 @@ run_job() {  # run_job NAME STOP: one job in $work/NAME; STOP=1 stops ps 1 (or t
       sleep "$stop_s"
     fi
     kill -CONT "$stopped"
+    if [ "$past" = 1 ]; then  # how long until the chief took it back (60 s at most)
+      local continued
+      continued=$(date +%s%N)
+      wait_for "$dir/chief-0.log" 'ps 1 was started again and took its shards back' 60 &&
+        back_ms=$((($(date +%s%N) - continued) / 1000000))
+    fi
   fi
   finish_job "$1" 180
 }
@@ -70,6 +76,13 @@ if [ "$past" = 1 ]; then
   done
   [ "$stop_scored" -ge 1 ] || fail "training stood still while ps 1 was stopped (no epoch scored in $stop_s s)"
   echo "stalled: ps 1 stopped $stop_s s, until the chief scored an epoch more without it"
+  grep -q "ps 1's process, ruled lost for the job, answers again" "$work/stalled/chief-0.log" ||
+    fail "the chief did not tell ps 1's process, continued, to start again"
+  grep -q "starts again empty" "$work/stalled/ps-1.log" || fail "ps 1's process did not start again"
+  grep -q "ps 1 was started again and took its shards back" "$work/stalled/chief-0.log" ||
+    fail "the chief did not take ps 1 back once it started again"
+  grep -h -E "answers again|took its shards back" "$work/stalled/chief-0.log" | sed 's/^/stalled: /'
+  echo "stalled: ps 1's process restarted $(grep -c 'starts again empty' "$work/stalled/ps-1.log") time(s) and was taken back ${back_ms:-?} ms after it was continued"
 else
   grep -q 'dropping the copy' "$work"/stalled/*.log && fail "a task gave a copy up for a stall shorter than the copy timeout"
 fi
@@ -102,7 +115,7 @@ while read -r c_epoch c_step c_loss c_accuracy && read -r s_epoch s_step s_loss 
 done < <(echo "$clean") 3< <(echo "$stalled")
 [ "$late" = 0 ] || echo "the chief scored $late epoch(s) late, at a later step (not compared)"
 if [ "$past" = 1 ]; then
-  echo "PASS: ps 1 stopped for $stop_s s, past the copy timeout: given up by every task, training went on from its copies, every task exited 0, and the job ended exactly where the clean one did"
+  echo "PASS: ps 1 stopped for $stop_s s, past the copy timeout: given up by every task, training went on from its copies, ps 1's process was taken back once continued, every task exited 0, and the job ended exactly where the clean one did"
 else
   echo "PASS: $stop_task stopped for $stop_s s (worker timeout $timeout_ms ms, copies: $replicas) held nobody lost, and the job ended exactly where the clean one did"
 fi

@@ -3,7 +3,11 @@
 // ps's address made up: the chief rules by its own look, not by what it is told. A process
 // that serves there is not lost; one replaced there is gone; an address that refuses, or
 // where something else answers, is lost; silence is lost only once it lasts; "lost" stands
-// for good; the chief's own transports hear the same rulings once the chief has looked.
+// for good; the chief's own transports hear the same rulings once the chief has looked; a
+// process ruled lost that answers again is told to start again, and the end of training
+// reaches whichever process serves the address of one ruled lost.
+#include "pulley/runner/copy_rulings.hpp"
+
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -14,11 +18,11 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
-
-#include "pulley/runner/copy_rulings.hpp"
+#include <vector>
 
 using namespace pulley;
 using Kind = CopyRulings::Sight::Kind;
@@ -39,6 +43,24 @@ struct Addresses {
       const std::scoped_lock lock(mutex);
       return at[ps];
     };
+  }
+  /// What the chief told at each address (CopyRulings::Tell): whatever a look finds there.
+  struct Told {
+    std::uint32_t ps;
+    std::set<std::uint64_t> only;
+    bool restart;
+  };
+  std::vector<Told> told;
+  CopyRulings::Tell tell() {
+    return [this](std::uint32_t ps, const std::set<std::uint64_t>& only, bool restart) {
+      const std::scoped_lock lock(mutex);
+      told.push_back({ps, only, restart});
+      return at[ps];
+    };
+  }
+  std::vector<Told> told_so_far() {
+    const std::scoped_lock lock(mutex);
+    return told;
   }
   void set(std::uint32_t ps, CopyRulings::Sight sight) {
     const std::scoped_lock lock(mutex);
@@ -174,4 +196,78 @@ TEST_CASE("the chief's own transports hear the same rulings, once the chief has 
   }
   const std::scoped_lock lock(mutex);
   CHECK(answered == std::map<std::uint32_t, bool>{{0, false}, {1, true}});
+}
+
+TEST_CASE(
+    "a process ruled lost that answers again is told to start again, and one in its place is "
+    "left alone") {
+  // ps 0's process was stopped past the copy timeout and is continued; ps 1's was killed
+  // and another process started in its place (the chief takes that one back by itself);
+  // ps 2's process was never ruled lost. The chief's loop asks for each (`revive`).
+  constexpr std::uint64_t kKilled = 0xABCDF0;  // ps 1's process ruled lost
+  constexpr std::uint64_t kOther = 0x123456;   // the one started in its place
+  Addresses addresses;
+  auto rulings = std::make_shared<CopyRulings>(3, addresses.look_at(), kSilence, addresses.tell());
+  addresses.set(0, {Kind::kGone, 0, "its address refuses connections"});
+  addresses.set(1, {Kind::kGone, 0, "its address refuses connections"});
+  CHECK(ruling(*rulings, LostProcess{0, kProcess, "out of reach"}) == std::optional<bool>(true));
+  CHECK(ruling(*rulings, LostProcess{1, kKilled, "out of reach"}) == std::optional<bool>(true));
+  addresses.set(0, {Kind::kServes, kProcess, "at ps 0's address"});
+  addresses.set(1, {Kind::kServes, kOther, "at ps 1's address"});
+  addresses.set(2, {Kind::kServes, 0x777, "at ps 2's address"});
+  const auto told = [&](std::size_t n) {  // the first n tells, once made (3 s at most)
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+    while (addresses.told_so_far().size() < n && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    return addresses.told_so_far();
+  };
+  CHECK(addresses.told_so_far().empty());  // nothing before the chief's loop asks
+  rulings->revive(2);                      // never ruled lost: nothing to tell
+  rulings->revive(0);
+  REQUIRE(told(1).size() == 1);
+  CHECK(told(1)[0].ps == 0);
+  CHECK(told(1)[0].restart);
+  CHECK(told(1)[0].only == std::set<std::uint64_t>{kProcess});  // only the process ruled lost
+  rulings->revive(1);  // the look finds another process: told nothing (the fake's kOther)
+  REQUIRE(told(2).size() == 2);
+  CHECK(told(2)[1].ps == 1);
+  CHECK(told(2)[1].only == std::set<std::uint64_t>{kKilled});
+  // ps 0's process, told once, is not told again while it starts again.
+  rulings->revive(0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  CHECK(addresses.told_so_far().size() == 2);
+  // The end of training reaches whichever process serves each address of a ps ruled lost.
+  rulings->finish();
+  const auto all = addresses.told_so_far();
+  REQUIRE(all.size() == 4);
+  for (std::size_t i = 2; i < 4; ++i) {
+    CHECK(all[i].ps == i - 2);
+    CHECK(!all[i].restart);
+    CHECK(all[i].only.empty());
+  }
+  rulings->revive(1);  // after the end: nothing
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  CHECK(addresses.told_so_far().size() == 4);
+}
+
+TEST_CASE("a process ruled lost and still stopped is told nothing until it answers") {
+  Addresses addresses;
+  auto rulings = std::make_shared<CopyRulings>(1, addresses.look_at(), kSilence, addresses.tell());
+  addresses.set(0, {Kind::kGone, 0, "its address refuses connections"});
+  CHECK(ruling(*rulings, LostProcess{0, kProcess, "out of reach"}) == std::optional<bool>(true));
+  addresses.set(0, {Kind::kSilent, 0, "the handshake's read did not complete in time"});
+  const auto looks = [&](std::size_t n) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+    while (addresses.told_so_far().size() < n && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    return addresses.told_so_far().size();
+  };
+  rulings->revive(0);
+  CHECK(looks(1) == 1);  // silent: nothing told, asked again at the loop's next look
+  rulings->revive(0);
+  CHECK(looks(2) == 2);
+  addresses.set(0, {Kind::kServes, kProcess, "at ps 0's address"});
+  rulings->revive(0);
+  REQUIRE(looks(3) == 3);
+  CHECK(addresses.told_so_far().back().restart);
 }

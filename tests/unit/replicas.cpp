@@ -548,6 +548,37 @@ TEST_CASE("a ps process serves the tasks only within the chief's lease") {
   CHECK(copies.fenced(worker).empty());
 }
 
+TEST_CASE(
+    "a process the chief tells to start again ends both copies it holds, and awaits no worker") {
+  // The chief gave the process up (stopped past the copy timeout, then continued): its
+  // copies are old. Told on one shard's connection, both end, and the role runner serves
+  // anew at once, without waiting for workers that never come back to it.
+  for (const bool restart : {false, true}) {
+    CAPTURE(restart);
+    HandServed ps(std::chrono::milliseconds(5000), std::chrono::milliseconds(0));
+    REQUIRE(ps.send(Heartbeat{0, false}, Node::worker(0))->has_value());  // a worker it awaits
+    const auto told = ps.send(Shutdown{false, {}, restart}, Node::chief());
+    REQUIRE(told->has_value());
+    CHECK(std::holds_alternative<Ack>(**told));
+    CHECK(ps.copies.stopped() == restart);  // a plain Shutdown ends the shard it names only
+    CHECK(ps.copies.restarts() == restart);
+    CHECK(ps.copies.awaits_workers() == false);  // (a plain one: the copy still serves)
+    REQUIRE(ps.copies.own().ended());
+    CHECK(ps.copies.own().awaits_workers() == !restart);
+    CHECK(ps.copies.own().ended()->code ==
+          (restart ? ErrorCode::kUnavailable : ErrorCode::kOutOfRange));
+    const auto asked = ps.send(GetStats{}, Node::worker(1), 0);  // the copy of ps 0's shard
+    REQUIRE(asked->has_value());
+    if (restart) {
+      REQUIRE(std::holds_alternative<ErrorReply>(**asked));
+      CHECK(std::get<ErrorReply>(**asked).code == ErrorCode::kUnavailable);
+      CHECK(std::get<ErrorReply>(**asked).message.find("starts again empty") != std::string::npos);
+    } else {
+      CHECK(std::holds_alternative<StatsReply>(**asked));
+    }
+  }
+}
+
 TEST_CASE("a look of the chief's (GetStats) renews the lease on a ps but starts none") {
   // A chief started again looks at every ps before it begins (runner/run.hpp); at a job's
   // start that look must not start a lease that runs out while it waits for late ps tasks.

@@ -116,6 +116,8 @@ TEST_CASE("every request survives a round trip, tensors included") {
   const auto bye = std::get<Shutdown>(round_trip(Request{Shutdown{true, "out of data"}}, storage));
   CHECK(bye.aborted);
   CHECK(bye.reason == "out of data");
+  CHECK(!bye.restart);
+  CHECK(std::get<Shutdown>(round_trip(Request{Shutdown{false, {}, true}}, storage)).restart);
 }
 
 TEST_CASE("every response survives a round trip, tensors included") {

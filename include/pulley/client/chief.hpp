@@ -195,6 +195,11 @@ class Chief {
   /// good: their shards are served by one copy only), ascending; none without copies
   /// (a CopyingTransport's `given_up`).
   [[nodiscard]] std::vector<std::uint32_t> given_up() const;
+  /// True when this chief's transport gave up every copy member ps `ps`'s process holds
+  /// (a CopyingTransport's optional `given_up_whole`): no shard is read there as its last
+  /// copy, so that process, if it lives on, may start again empty (Shutdown::restart) and
+  /// be taken back. False without copies.
+  [[nodiscard]] bool given_up_whole(std::uint32_t ps) const;
 
   /// Takes member ps `ps` back into a job whose ps tasks keep copies of each other's shards,
   /// after it was lost and a process was started in its place (beyond TensorFlow; a

@@ -94,6 +94,9 @@ concept GrowingTransport = Transport<T> && requires(T& transport, const T& ctran
 ///     model over them; a ps that is no member is reached alone
 ///
 /// Optional:
+///   - `ct.given_up_whole(ps)` → bool: every copy it reaches at member ps `ps` is given up
+///     (none is read there as the last copy of its shard). Then the process given up, if
+///     it lives on, may start again empty (Chief::given_up_whole); without it, never.
 ///   - `ct.copies_whole()` → bool: false when the last WaitReady of some shard was answered
 ///     by one copy while the other was out of reach, and that copy is still not given up
 ///     (reads go on; writes wait for it). A Worker counts the ps tasks as back after a

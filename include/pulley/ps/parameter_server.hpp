@@ -130,8 +130,11 @@ class ParameterServer {
   /// its link, or its process was stopped a while. The transport serves on for it (up to
   /// TcpServerOptions::linger).
   [[nodiscard]] bool awaits_workers() const {
-    return end_.has_value() && liveness_.awaits_any(Clock::now());
+    return end_.has_value() && !restarts_ && liveness_.awaits_any(Clock::now());
   }
+  /// True once the chief told it to start again empty (Shutdown::restart): its process
+  /// serves anew, as one started in its place (the role runner's ps task does).
+  [[nodiscard]] bool restarts() const noexcept { return restarts_; }
   /// How it ended, as it now answers every request: kOutOfRange (training finished),
   /// kAborted (the chief aborted training, or no chief came back in place of a lost one:
   /// set_chief_wait) or kInternal (it failed); nullopt while serving.
@@ -451,6 +454,7 @@ class ParameterServer {
   std::optional<std::uint64_t> restoring_rows_;  ///< a Restore of this epoch awaits its rows
   std::size_t restored_rows_ = 0;                ///< rows of that restore kept so far
   std::optional<ErrorReply> end_;  ///< set once stopped: what every request is answered
+  bool restarts_ = false;          ///< stopped by a Shutdown with `restart`
   Registration<S> registration_;
   Shard<O, P, T> shard_;
   Pacing<P> pacing_;

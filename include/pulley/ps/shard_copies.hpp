@@ -103,7 +103,8 @@ class ShardCopies {
     return why;
   }
 
-  /// Hands `request` to the copy its connection asked for; a heartbeat to both. A
+  /// Hands `request` to the copy its connection asked for; a heartbeat, and a Shutdown that
+  /// restarts the process, to both. A
   /// connection to a copy it holds no more is answered kUnavailable (but for heartbeats),
   /// unless the chief registers the model there at a membership that places that copy
   /// here: the copy then moves (see the class comment).
@@ -128,6 +129,9 @@ class ShardCopies {
       Heartbeat twin = *beat;
       (to_copy ? own_ : copy_).handle(Request{std::move(twin)}, context, [](Response&&) {});
     }
+    if (const auto* end = std::get_if<Shutdown>(&request); end != nullptr && end->restart) {
+      (to_copy ? own_ : copy_).handle(Request{Shutdown{*end}}, context, [](Response&&) {});
+    }
     (to_copy ? copy_ : own_).handle(std::move(request), context, std::move(reply));
   }
 
@@ -145,6 +149,8 @@ class ShardCopies {
   [[nodiscard]] bool awaits_workers() const {
     return stopped() && (own_.awaits_workers() || copy_.awaits_workers());
   }
+  /// True once the chief told the process to start again empty (Shutdown::restart).
+  [[nodiscard]] bool restarts() const noexcept { return own_.restarts(); }
   /// How it ended: its own shard's end, else the copy's.
   [[nodiscard]] const std::optional<ErrorReply>& ended() const noexcept {
     return own_.ended() ? own_.ended() : copy_.ended();

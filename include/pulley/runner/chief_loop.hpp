@@ -153,8 +153,10 @@ class ChiefLoop {
 
   /// A job whose ps tasks keep copies: takes back every member ps whose copies this
   /// chief's transport gave up and in whose place a process now serves (Chief::take_back),
-  /// logged once with the new shape. Looked for kTakeBackEvery after the last look ended: a
-  /// ps that is still gone costs one connection attempt (at most attempt_timeout) then.
+  /// logged once with the new shape. Where none does and every copy there is given up, a
+  /// process given up that lives on may start again (JoinQueue::may_restart). Looked for
+  /// kTakeBackEvery after the last look ended: a ps that is still gone costs one connection attempt
+  /// (at most attempt_timeout) then.
   void take_back();
 
   /// A job whose ps tasks keep copies, with `ClientOptions::ps_leave_after`: member `ps`,

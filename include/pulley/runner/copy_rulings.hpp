@@ -9,6 +9,7 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -44,6 +45,14 @@ namespace pulley {
 /// same. A task that lies (it holds the job's secret) cannot have a live process ruled
 /// lost: the chief looks for itself.
 ///
+/// A process ruled lost may come back (stopped or hung past the copy timeout, then
+/// continued; a cut that healed). No task reaches it any more, and its copies are old.
+/// While the chief's loop finds every copy it holds given up and nothing to take back
+/// there, it asks for it (`revive`, every 2 s), and a process ruled lost that serves there
+/// is told to start again empty (`Tell`; Shutdown::restart): the chief then takes it back
+/// as a process started in its place (Chief::take_back). At the end of training
+/// (`finish`) whichever process serves such an address hears that training finished.
+///
 /// Thread-safe: the desk asks on its server's thread, the chief's transports on theirs;
 /// looks run on a thread of its own, one at a time. A question whose look has not come back
 /// is answered later (`referee()`), or "ask again" (`rule`).
@@ -59,6 +68,12 @@ class CopyRulings : public std::enable_shared_from_this<CopyRulings> {
   /// Looks at ps task `ps`'s address once (the role runner's: probe_ps, within the attempt
   /// timeout).
   using LookAt = std::function<Sight(std::uint32_t ps)>;
+  /// Tells the process that serves ps task `ps`'s address, if it is one of `only` (any,
+  /// when empty), to start again empty (`restart`) or that training finished, and returns
+  /// what it saw there as a look does (kServes: that process, told if one of `only`). The
+  /// role runner's: tell_ps, within the attempt timeout.
+  using Tell =
+      std::function<Sight(std::uint32_t ps, const std::set<std::uint64_t>& only, bool restart)>;
   /// A ruling, and why, in words for the asker's log.
   struct Ruling {
     bool lost = false;
@@ -68,8 +83,11 @@ class CopyRulings : public std::enable_shared_from_this<CopyRulings> {
   /// @param num_ps  the job's ps tasks: a question about another is answered "not lost"
   /// @param look_at how the chief looks at a ps's address
   /// @param silence how long the chief's looks may see nothing before a process is lost
-  CopyRulings(std::uint32_t num_ps, LookAt look_at, std::chrono::milliseconds silence)
-      : num_ps_(num_ps), look_at_(std::move(look_at)), silence_(silence) {}
+  /// @param tell    how the chief speaks to a process ruled lost that comes back (none:
+  ///                it is never told anything)
+  CopyRulings(std::uint32_t num_ps, LookAt look_at, std::chrono::milliseconds silence,
+              Tell tell = {})
+      : num_ps_(num_ps), look_at_(std::move(look_at)), silence_(silence), tell_(std::move(tell)) {}
   CopyRulings(const CopyRulings&) = delete;
   CopyRulings& operator=(const CopyRulings&) = delete;
   ~CopyRulings() {
@@ -78,7 +96,9 @@ class CopyRulings : public std::enable_shared_from_this<CopyRulings> {
       stop_ = true;
     }
     wake_.notify_all();
+    revive_wake_.notify_all();
     if (looking_.joinable()) looking_.join();
+    if (reviving_.joinable()) reviving_.join();
     for (auto& [ps, waiting] : waiting_) {  // (no transport of the chief asks any more)
       for (auto& [lost, answer] : waiting) answer(false);
     }
@@ -103,6 +123,42 @@ class CopyRulings : public std::enable_shared_from_this<CopyRulings> {
   /// The ruling on a task's question, or nullopt while the chief looks at the ps's address
   /// (ask again).
   std::optional<Ruling> rule(const LostProcess& lost) { return rule(lost, nullptr); }
+
+  /// The chief's loop gave up every copy ps `ps`'s process holds (no shard is read there as
+  /// its last copy) and found no process to take back there: a process ruled lost that
+  /// serves its address is told to start again empty, once, on a thread of its own (a look
+  /// at a process still stopped lasts the attempt timeout: the loop must not wait on it).
+  void revive(std::uint32_t ps) {
+    const std::scoped_lock lock(mutex_);
+    const auto lost = lost_.find(ps);
+    if (!tell_ || stop_ || stop_reviving_ || lost == lost_.end() || lost->second.empty()) return;
+    revive_.insert(ps);
+    if (!reviving_.joinable()) reviving_ = std::thread([this] { revive_loop(); });
+    revive_wake_.notify_one();
+  }
+
+  /// Training ended: whichever process serves the address of a ps a process of which was
+  /// ruled lost hears it (one ruled lost that lives on, or one started again that the
+  /// chief did not take back yet, would wait for a chief until its orphan timeout, then
+  /// fail; a member hears it twice). Looks for processes coming back end first. A process
+  /// still stopped is not told (the look lasts the attempt timeout, and ends silent).
+  void finish() {
+    {
+      const std::scoped_lock lock(mutex_);
+      stop_reviving_ = true;
+    }
+    revive_wake_.notify_all();
+    if (reviving_.joinable()) reviving_.join();
+    if (!tell_) return;
+    for (const std::uint32_t ps : ruled_lost()) {
+      const std::set<std::uint64_t> lost = processes(ps);
+      const Sight seen = told(ps, {}, false);
+      if (seen.kind == Sight::Kind::kServes && lost.contains(seen.process)) {
+        log(LogLevel::kInfo, "chief: told ps " + std::to_string(ps) + "'s process (" + seen.detail +
+                                 "), given up for the job and still alive, that training finished");
+      }
+    }
+  }
 
   /// The ps tasks a process of which was ruled lost, ascending.
   [[nodiscard]] std::vector<std::uint32_t> ruled_lost() const {
@@ -217,18 +273,65 @@ class CopyRulings : public std::enable_shared_from_this<CopyRulings> {
     }
   }
 
+  /// The processes of ps `ps` ruled lost.
+  [[nodiscard]] std::set<std::uint64_t> processes(std::uint32_t ps) const {
+    const std::scoped_lock lock(mutex_);
+    const auto found = lost_.find(ps);
+    return found == lost_.end() ? std::set<std::uint64_t>{} : found->second;
+  }
+
+  /// tell_, with what it throws as a silent look.
+  Sight told(std::uint32_t ps, const std::set<std::uint64_t>& only, bool restart) {
+    try {
+      return tell_(ps, only, restart);
+    } catch (const std::exception& e) {
+      return Sight{Sight::Kind::kSilent, 0, e.what()};
+    }
+  }
+
+  /// Looks at the address of each ps `revive` asked for, and tells a process ruled lost
+  /// there to start again (each such process once).
+  void revive_loop() {
+    std::unique_lock lock(mutex_);
+    while (true) {
+      revive_wake_.wait(lock, [&] { return stop_ || stop_reviving_ || !revive_.empty(); });
+      if (stop_ || stop_reviving_) return;
+      const std::uint32_t ps = *revive_.begin();
+      revive_.erase(revive_.begin());
+      std::set<std::uint64_t> lost;
+      std::set_difference(lost_[ps].begin(), lost_[ps].end(), restarted_.begin(), restarted_.end(),
+                          std::inserter(lost, lost.end()));
+      if (lost.empty()) continue;
+      lock.unlock();
+      const Sight seen = told(ps, lost, true);
+      lock.lock();
+      if (seen.kind != Sight::Kind::kServes || !lost.contains(seen.process)) continue;
+      restarted_.insert(seen.process);
+      log(LogLevel::kWarning, "chief: ps " + std::to_string(ps) +
+                                  "'s process, ruled lost for the job, answers again (" +
+                                  seen.detail +
+                                  "): told it to start again empty, to be taken back");
+    }
+  }
+
   std::atomic<std::uint32_t> num_ps_;
   const LookAt look_at_;
   const std::chrono::milliseconds silence_;
+  const Tell tell_;
   mutable std::mutex mutex_;
-  std::condition_variable wake_;
+  std::condition_variable wake_;                           ///< the looks' (look_loop)
+  std::condition_variable revive_wake_;                    ///< revive_loop's
   std::map<std::uint32_t, std::set<std::uint64_t>> lost_;  ///< by ps: processes ruled lost
   std::map<std::uint32_t, Look> looks_;                    ///< by ps: the last look
   std::deque<std::uint32_t> queue_;                        ///< ps tasks to look at
   /// By ps: the chief's own transports' questions waiting for its look.
   std::map<std::uint32_t, std::vector<std::pair<LostProcess, std::function<void(bool)>>>> waiting_;
+  std::set<std::uint32_t> revive_;     ///< ps tasks `revive` asked for, not looked at yet
+  std::set<std::uint64_t> restarted_;  ///< processes ruled lost told to start again
   bool stop_ = false;
-  std::thread looking_;  ///< started at the first question that needs a look
+  bool stop_reviving_ = false;  ///< training ended (finish)
+  std::thread looking_;         ///< started at the first question that needs a look
+  std::thread reviving_;        ///< started at the first `revive` (revive_loop)
 };
 
 }  // namespace pulley

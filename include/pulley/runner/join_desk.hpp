@@ -146,6 +146,25 @@ class JoinQueue {
     on_expect_ = std::move(told);
   }
 
+  /// The chief's loop gave up every copy ps `ps`'s process holds and found no process to
+  /// take back there (Chief::given_up_whole): calls what `on_may_restart` set (the role
+  /// runner's: CopyRulings::revive, which tells a process ruled lost there that lives on to
+  /// start again empty).
+  void may_restart(std::uint32_t ps) {
+    std::function<void(std::uint32_t)> told;
+    {
+      std::scoped_lock lock(mutex_);
+      told = on_may_restart_;
+    }
+    if (told) told(ps);
+  }
+
+  /// Calls `told(ps)` at each `may_restart` from now on.
+  void on_may_restart(std::function<void(std::uint32_t)> told) {
+    std::scoped_lock lock(mutex_);
+    on_may_restart_ = std::move(told);
+  }
+
   /// The job as the chief last said it, for a task that joins knowing only the chief's
   /// address (Shape).
   [[nodiscard]] ShapeReply shape() const {
@@ -214,6 +233,7 @@ class JoinQueue {
   std::optional<std::uint32_t> next_;
   std::vector<std::string> ps_addresses_;  ///< every ps task the job has known, by index
   std::function<void(const std::vector<std::string>&)> on_expect_;  ///< on_expect
+  std::function<void(std::uint32_t)> on_may_restart_;               ///< on_may_restart
   std::vector<std::uint32_t> workers_;
   std::uint32_t known_;  ///< one past the highest worker index the job has counted
   std::vector<std::uint32_t> ps_;  ///< the job's ps tasks, as the chief last said

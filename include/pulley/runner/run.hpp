@@ -10,6 +10,7 @@
 #include <limits>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <thread>
@@ -253,22 +254,34 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
       beat_now;  // a worker's heartbeats: these ps tasks at once (none: as reach_now)
   if (tcp.replicas != 0 && type != "ps") {
     if (type == "chief" || chief_worker) {
+      const auto addresses = [known] {
+        const std::scoped_lock lock(known->mutex);
+        return known->addresses;
+      };
+      using Kind = CopyRulings::Sight::Kind;
+      const auto sight = [](const ProbeResult& seen, std::string detail) {
+        const Kind kind = seen.kind == ProbeResult::Kind::kServes ? Kind::kServes
+                          : seen.kind == ProbeResult::Kind::kGone ? Kind::kGone
+                                                                  : Kind::kSilent;
+        return CopyRulings::Sight{kind, seen.process, std::move(detail)};
+      };
       rulings = std::make_shared<CopyRulings>(
           static_cast<std::uint32_t>(ps.size()),
-          [known, tcp](std::uint32_t k) {
-            const std::string address = [&] {
-              const std::scoped_lock lock(known->mutex);
-              return known->addresses.at(k);
-            }();
+          [=](std::uint32_t k) {
             const ProbeResult look =
-                probe_ps(address, k, Node::chief(), tcp.credentials, tcp.attempt_timeout);
-            using Kind = CopyRulings::Sight::Kind;
-            const Kind kind = look.kind == ProbeResult::Kind::kServes ? Kind::kServes
-                              : look.kind == ProbeResult::Kind::kGone ? Kind::kGone
-                                                                       : Kind::kSilent;
-            return CopyRulings::Sight{kind, look.process, look.detail};
+                probe_ps(addresses().at(k), k, Node::chief(), tcp.credentials, tcp.attempt_timeout);
+            return sight(look, look.detail);
           },
-          tcp.copy_timeout);
+          tcp.copy_timeout,
+          [=](std::uint32_t k, const std::set<std::uint64_t>& only, bool restart) {
+            const std::vector<std::string> all = addresses();
+            std::vector<std::uint32_t> copies;  // at the end, each shard whose copy it may hold
+            for (std::uint32_t j = 0; j < all.size() && !restart; ++j) copies.push_back(j);
+            return sight(
+                tell_ps(all.at(k), k, Node::chief(), tcp.credentials,
+                        Request{Shutdown{false, {}, restart}}, tcp.attempt_timeout, only, copies),
+                "at " + all.at(k));
+          });
       chief_tcp.copy_referee = rulings->referee();
       if (const CopiesLook look = fit_to_copies(Node::chief(), ps, chief_tcp, false); look.ended) {
         return nothing_to_do(Node::chief(), *look.ended);
@@ -314,28 +327,12 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
         }
         rulings->grow(static_cast<std::uint32_t>(addresses.size()));
       });
+      joins->on_may_restart([rulings](std::uint32_t k) { rulings->revive(k); });
     }
     lead(
         training, [&] { return transport(Node::chief()); },
         [&] { return beats(Node::chief(), reach_now); }, id_sharding, metrics, joins);
-    // A process ruled lost that lives on (stopped or cut off past the copy timeout, then
-    // back) is reached by no task, and would wait for a chief until its orphan timeout and
-    // fail: it hears that training finished, as the members did.
-    if (rulings != nullptr) {
-      const std::vector<std::string> addresses = [&] {
-        const std::scoped_lock lock(known->mutex);
-        return known->addresses;
-      }();
-      for (const std::uint32_t k : rulings->ruled_lost()) {
-        const std::string& address = addresses.at(k);
-        if (tell_ps(address, k, static_cast<std::uint32_t>(addresses.size()), Node::chief(),
-                    tcp.credentials, Request{Shutdown{false, {}}}, tcp.attempt_timeout)) {
-          log(LogLevel::kInfo,
-              "chief: told ps " + std::to_string(k) + "'s process at " + address +
-                  ", given up for the job and still alive, that training finished");
-        }
-      }
-    }
+    if (rulings != nullptr) rulings->finish();  // a process given up that lives on hears it too
   };
   if (type == "ps") {
     serve(training, config, credentials, std::move(sharding), std::move(optimizer),

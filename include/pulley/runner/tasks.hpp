@@ -398,7 +398,10 @@ void with_join_desk(const std::string& address, TcpServerOptions options, std::u
 /// A ps task of a cluster of processes, until the chief shuts it down. With `join`, it
 /// asks the chief to take it into the running job once it listens (Job::join). With
 /// `leave`, a SIGTERM asks the chief to take it out of the job (LeaveWatch): it ends once
-/// the others hold its share.
+/// the others hold its share. A process the chief gave up that came back (with copies: it
+/// was stopped, hung or cut off past the copy timeout) is told to start again
+/// (Shutdown::restart): it serves anew, empty, on the same address, and the chief takes it
+/// back as a process started in its place.
 template <Model M, Sharding S, Optimizer O, SyncPolicy P, TablesOrNone T>
 void serve(const Training<M>& training, const TfConfig& config, const Credentials& credentials,
            S sharding, O optimizer, P sync, T tables, Metrics* metrics = nullptr, bool join = false,
@@ -421,7 +424,7 @@ void serve(const Training<M>& training, const TfConfig& config, const Credential
   std::optional<Error> refused;  // the chief's answer to a Join, when it refused
   std::atomic<bool> left{false};  // the chief took it out of the job at its request
   const auto run = [&](auto service, const std::string& holds) {
-    TcpServer server(std::move(service), bind, address.port, std::move(options));
+    TcpServer server(std::move(service), bind, address.port, options);
     log(LogLevel::kInfo, "ps " + std::to_string(task) + " serving " + holds + " on " + address.to_string() +
                              " (listening on " + bind + ":" + std::to_string(server.port()) + ")");
     std::thread asking;
@@ -450,30 +453,43 @@ void serve(const Training<M>& training, const TfConfig& config, const Credential
     served = true;
     leaving.reset();
     if (asking.joinable()) asking.join();
-    if (refused) throw Error(refused->code(), "ps " + std::to_string(task) + " could not join the job: " + refused->message());
-    return std::pair{server.service().ended(), server.orphaned()};
+    if (refused)
+      throw Error(refused->code(),
+                  "ps " + std::to_string(task) + " could not join the job: " + refused->message());
+    return std::tuple{server.service().ended(), server.orphaned(), server.service().restarts()};
   };
   std::optional<ErrorReply> end;
   bool orphaned = false;
+  bool restarts = false;  // the chief gave this process up, and it came back (Shutdown::restart)
   auto reported = [&](ParameterServer<S, O, P, T> ps) {
     if (metrics != nullptr) {
       ps.report_stats([metrics, name = Node::ps(task).name()](const Stats& s) { record_stats(*metrics, name, s); });
     }
     return ps;
   };
-  if (training.tcp.replicas == 0) {
-    std::tie(end, orphaned) = run(reported(make(task)), "its shard");
-  } else {
-    if (num_ps < 2) {
-      throw Error(ErrorCode::kInvalidArgument, "--ps-replicas 1 keeps each ps's shard on another ps: it needs at "
-                                               "least 2 ps tasks, the cluster has " + std::to_string(num_ps));
-    }
-    const std::uint32_t before = (task + num_ps - 1) % num_ps;
-    ShardCopies copies(reported(make(task)), make(before),
-                       make);  // (the copy moves when a ps leaves)
-    copies.set_chief_lease(training.chief_lease());
-    std::tie(end, orphaned) = run(std::move(copies), "its shard and a copy of ps " + std::to_string(before) + "'s");
+  if (training.tcp.replicas != 0 && num_ps < 2) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "--ps-replicas 1 keeps each ps's shard on another ps: it needs at "
+                "least 2 ps tasks, the cluster has " +
+                    std::to_string(num_ps));
   }
+  do {
+    if (training.tcp.replicas == 0) {
+      std::tie(end, orphaned, restarts) = run(reported(make(task)), "its shard");
+    } else {
+      const std::uint32_t before = (task + num_ps - 1) % num_ps;
+      ShardCopies copies(reported(make(task)), make(before),
+                         make);  // (the copy moves when a ps leaves)
+      copies.set_chief_lease(training.chief_lease());
+      std::tie(end, orphaned, restarts) =
+          run(std::move(copies), "its shard and a copy of ps " + std::to_string(before) + "'s");
+    }
+    // Again as a process started in its place: empty, on the same address, under a new name
+    // (wire::Welcome::server: every task tells it from the one given up). A member already,
+    // one that joined too: the chief takes it back, it asks to join nothing.
+    if (restarts) log(LogLevel::kWarning, end->message);
+    join = false;
+  } while (restarts && !left);
   if (left) {
     log(LogLevel::kInfo, "ps " + std::to_string(task) + " left the job at its request: the others hold its share");
     return;

@@ -136,6 +136,9 @@ class Tcp {
   /// transport gave up (lost for good), ascending; none without `TcpOptions::replicas`. See
   /// CopyingTransport.
   [[nodiscard]] std::vector<std::uint32_t> given_up() const { return impl_->given_up(); }
+  /// True when every copy this transport reaches at member ps `ps` is given up: none is
+  /// read there as the last copy of its shard. See CopyingTransport.
+  [[nodiscard]] bool given_up_whole(std::uint32_t ps) const { return impl_->given_up_whole(ps); }
   /// False when the last WaitReady of some shard was answered by one copy while the other
   /// was out of reach, and that copy is still not given up: the shard reads, but a write
   /// waits for it (a task cut off from a process the chief still reaches). True without

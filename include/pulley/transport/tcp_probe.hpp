@@ -5,6 +5,8 @@
 #include <asio.hpp>
 #include <chrono>
 #include <cstdint>
+#include <set>
+#include <span>
 #include <string>
 #include <system_error>
 #include <variant>
@@ -34,8 +36,8 @@ struct ProbeResult {
 namespace transport_detail {
 
 /// Looks once at who serves ps task `ps` at `address`, as probe_ps says, and calls
-/// `serves(socket, deadline, who)` on the connection of the first process that proved
-/// itself that ps (before it hangs up): probe_ps's and tell_ps's common part.
+/// `serves(socket, deadline, who, seen)` on the connection of the first process that proved
+/// itself that ps (`seen` names it), before it hangs up: probe_ps's and tell_ps's common part.
 template <class Serves>
 ProbeResult look_at_ps(const std::string& address, std::uint32_t ps, const Node& self,
                        const Credentials& credentials, std::chrono::milliseconds timeout,
@@ -102,39 +104,43 @@ ProbeResult look_at_ps(const std::string& address, std::uint32_t ps, const Node&
 inline ProbeResult probe_ps(const std::string& address, std::uint32_t ps, const Node& self,
                             const Credentials& credentials, std::chrono::milliseconds timeout) {
   return transport_detail::look_at_ps(address, ps, self, credentials, timeout,
-                                      [](auto&, auto, const std::string&, ProbeResult&) {});
+                                      [](auto&, auto, const std::string&, const ProbeResult&) {});
 }
 
-/// Sends `request` to the process that serves ps task `ps` at `address`, within `timeout`
-/// per connection: probe_ps's look, then the request and its answer, on a connection of its
-/// own to its own shard, then, if that was answered, to each other shard of the job's
-/// `num_ps` (wire::Hello::shard), since a process may hold a copy of one of them (and
-/// refuses the others at once). How the chief tells a process it gave up, which no task
-/// reaches any more, that training ended (a process stopped or cut off for longer than the
-/// copy timeout that came back), as its Shutdown reaches both copies of every shard. True
-/// if the process answered at its own shard (with anything, a refusal too: answers are not
-/// read further); false if none was reached there, or none answered in time.
-inline bool tell_ps(const std::string& address, std::uint32_t ps, std::uint32_t num_ps,
-                    const Node& self, const Credentials& credentials, const Request& request,
-                    std::chrono::milliseconds timeout) {
+/// Sends `request` to the process that serves ps task `ps` at `address`, if it is one of
+/// `only` (wire::Welcome::server; empty: whichever serves there), within `timeout` per
+/// connection: probe_ps's look, then the request and its answer, on a connection of its own
+/// to its own shard, then, if that was answered, to each shard of `copies` (wire::Hello::
+/// shard), since a process may hold a copy of one of them (and refuses the others at once).
+/// How the chief speaks to a process it gave up, which no task reaches any more (one stopped
+/// or cut off for longer than the copy timeout that came back): it tells it to start again
+/// empty, or, at the end, that training finished, as its Shutdown reaches both copies of
+/// every shard. Returns the look at its own shard: the process was told, and answered (with
+/// anything, a refusal too: answers are not read further), when it is kServes with a
+/// process of `only`.
+inline ProbeResult tell_ps(const std::string& address, std::uint32_t ps, const Node& self,
+                           const Credentials& credentials, const Request& request,
+                           std::chrono::milliseconds timeout,
+                           const std::set<std::uint64_t>& only = {},
+                           std::span<const std::uint32_t> copies = {}) {
   const auto tell = [&](std::uint32_t shard) {
-    bool answered = false;
-    (void)transport_detail::look_at_ps(
+    return transport_detail::look_at_ps(
         address, ps, self, credentials, timeout,
         [&](asio::ip::tcp::socket& socket, transport_detail::HandshakeClock::time_point deadline,
-            const std::string& who, ProbeResult&) {
+            const std::string& who, const ProbeResult& served) {
+          if (!only.empty() && !only.contains(served.process)) return;
           transport_detail::write_frame_by(socket, wire::encode(request, 1), deadline, who);
           (void)transport_detail::read_frame_by(socket, deadline, who);
-          answered = true;
         },
         shard);
-    return answered;
   };
-  if (!tell(wire::Hello::kOwnShard)) return false;
-  for (std::uint32_t shard = 0; shard < num_ps; ++shard) {
+  const ProbeResult own = tell(wire::Hello::kOwnShard);
+  if (own.kind != ProbeResult::Kind::kServes || (!only.empty() && !only.contains(own.process)))
+    return own;
+  for (const std::uint32_t shard : copies) {
     if (shard != ps) (void)tell(shard);
   }
-  return true;
+  return own;
 }
 
 /// True when a process at `address` ("host:port") takes a TCP connection within `timeout`,

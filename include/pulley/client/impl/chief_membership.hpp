@@ -121,6 +121,18 @@ std::vector<std::uint32_t> Chief<T>::given_up() const {
 }
 
 template <Transport T>
+bool Chief<T>::given_up_whole(std::uint32_t ps) const {
+  if constexpr (requires(const T& t) {
+                  { t.given_up_whole(std::uint32_t{}) } -> std::convertible_to<bool>;
+                }) {
+    return client_.transport().given_up_whole(ps);
+  } else {
+    (void)ps;
+    return false;
+  }
+}
+
+template <Transport T>
 template <IdSharding I>
 bool Chief<T>::take_back(std::uint32_t ps, const I& sharding) {
   if constexpr (!CopyingTransport<T>) {

@@ -185,15 +185,21 @@ struct PullRows {
 /// Chief → ps: training is over. Every request waiting there and every later one is
 /// answered `kOutOfRange` ("training finished"), or `kAborted` with `reason` when the chief
 /// gave up, so each task learns how the job ended; the ps then stops serving.
+///
+/// With `restart`, training goes on without this process: the chief ruled it lost (a job
+/// with copies: it was stopped, hung or cut off past the copy timeout) and it came back.
+/// Both copies it holds end, answering `kUnavailable`, and the process serves again empty,
+/// as one started in its place would, for the chief to take it back (Chief::take_back).
 struct Shutdown {
   static constexpr std::string_view kName = "Shutdown";
   static constexpr RoleSet kSenders{Node::Role::kChief};
   bool aborted = false;  ///< the job failed: tasks end with an error, not with success
   std::string reason;    ///< why it was aborted
+  bool restart = false;  ///< the job gave this process up: it starts again empty
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(aborted, reason);
+    archive(aborted, reason, restart);
   }
 };
 

@@ -298,7 +298,11 @@ template <Sharding S, Optimizer O, SyncPolicy P, TablesOrNone T>
 void ParameterServer<S, O, P, T>::on(Shutdown& r, const RequestContext&, Responder& reply) {
   report(true);  // the figures end where training did
   const std::string ps = name_;
-  end_ = r.aborted
+  restarts_ = r.restart;
+  end_ = r.restart ? ErrorReply{ErrorCode::kUnavailable,
+                                ps + ": the job gave this process up and went on without it: it "
+                                     "starts again empty, to be taken back by the chief"}
+         : r.aborted
              ? ErrorReply{ErrorCode::kAborted, ps + ": training aborted by the chief: " + r.reason}
              : ErrorReply{
                    ErrorCode::kOutOfRange,

@@ -101,6 +101,8 @@ void ChiefLoop<M, T, I>::take_back() {
   for (const std::uint32_t ps : given_up) {
     const auto began = Clock::now();
     if (!chief_.take_back(ps, id_sharding_)) {
+      // Nobody reads from the process given up there: if it lives on, it starts again.
+      if (joins_ != nullptr && chief_.given_up_whole(ps)) joins_->may_restart(ps);
       leave_for_good(ps);
       continue;
     }

@@ -77,6 +77,7 @@ class TcpClient final : public CallDriver {
   void add_ps(Address where, bool connect_now);
   void place_copies(std::span<const std::uint32_t> members);
   [[nodiscard]] std::vector<std::uint32_t> given_up() const;
+  [[nodiscard]] bool given_up_whole(std::uint32_t ps) const;
   [[nodiscard]] bool copies_whole() const;
   /// Reaches every copy that ps `ps` holds anew. Once one of them was given up, every
   /// connection to `ps` is to a process that is gone (one address, one process), seen

@@ -87,6 +87,17 @@ inline std::vector<std::uint32_t> TcpClient::given_up() const {
   return tasks;
 }
 
+inline bool TcpClient::given_up_whole(std::uint32_t ps) const {
+  if (!member(ps)) return false;
+  bool any = false;
+  for (const auto& link : links_) {
+    if (link->task != ps) continue;
+    if (!link->dropped) return false;  // (the last copy of its shard, say)
+    any = true;
+  }
+  return any;
+}
+
 inline void TcpClient::log_copies(LogLevel level, const std::string& line) const {
   if (options_.logs_copies) log(level, line);
 }
