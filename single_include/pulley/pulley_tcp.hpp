@@ -9622,6 +9622,9 @@ struct RequestContext {
 ///   - `s.awaits_workers()` → bool: once stopped, true while a worker may still come to
 ///     hear that it stopped (its answer lost with its link, its process stopped a while):
 ///     the transport keeps taking connections for it, every client gone or not.
+///   - `s.restarts()` → bool: it stopped to start again empty (the job gave its process
+///     up: Shutdown::restart). Whoever is still connected holds a process given up: the
+///     transport ends within a second, not `linger`, so that it serves anew at once.
 ///   - `s.workers()` → `std::span<const std::uint32_t>`: the job's workers now, ascending,
 ///     once workers joined or left (ChangeWorkers); empty while they are the cluster
 ///     spec's. A transport that checks who connects lets a worker in only if it is one.
@@ -9682,6 +9685,18 @@ std::string fence_reason(S& service, const Node& node) {
     return service.fenced(node);
   } else {
     return {};
+  }
+}
+
+/// True if `service` stopped to start again empty (`restarts`); false by default.
+template <Service S>
+bool restarts(const S& service) {
+  if constexpr (requires {
+                  { service.restarts() } -> std::convertible_to<bool>;
+                }) {
+    return service.restarts();
+  } else {
+    return false;
   }
 }
 
@@ -24144,6 +24159,9 @@ class TcpServer {
   asio::steady_timer retry_local_{io_};
 #endif
   asio::steady_timer linger_{io_};
+  /// How long a server whose service stopped to start again (Service's `restarts`) still
+  /// serves clients left connected.
+  static constexpr std::chrono::milliseconds kRestartLinger{1000};
   /// How often a server whose service stopped looks whether a worker is still awaited.
   static constexpr std::chrono::milliseconds kAwaitedLook{50};
   asio::steady_timer grace_{
@@ -24808,7 +24826,10 @@ template <Service S>
 void TcpServer<S>::begin_stopping() {
   if (stopping_) return;
   stopping_ = true;
-  linger_.expires_after(options_.linger);
+  // A process told to start again: its clients hold a process given up (their answer,
+  // the chief's Ack, goes out within the second).
+  linger_.expires_after(restarts(service_) ? std::min(options_.linger, kRestartLinger)
+                                           : options_.linger);
   linger_.async_wait([this](std::error_code ec) {
     if (!ec) io_.stop();
   });

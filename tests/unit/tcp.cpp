@@ -803,6 +803,30 @@ TEST_CASE("over TCP a worker hears that training ended, and the ps ends once cli
   CHECK(listener.service().ended()->code == ErrorCode::kOutOfRange);
 }
 
+TEST_CASE("a ps told to start again ends within a second though a client stays connected") {
+  // A process the job gave up: whoever is still connected holds it given up, so it serves
+  // anew at once instead of lingering for them (Shutdown::restart). A plain Shutdown waits
+  // for that client, up to its linger.
+  for (const bool restart : {true, false}) {
+    CAPTURE(restart);
+    TcpServerOptions options = test_server_options();
+    options.linger = std::chrono::seconds(60);
+    TcpServer listener(make_server(0), "127.0.0.1", 0, options);
+    auto serving = std::async(std::launch::async, [&] { listener.run(); });
+    RawClient bystander;
+    REQUIRE(bystander.join(listener.port(), Node::worker(0)).empty());
+    {
+      Tcp chief = client(Node::chief(), {"127.0.0.1:" + std::to_string(listener.port())});
+      CHECK(std::holds_alternative<Ack>(chief.call(0, Shutdown{false, {}, restart}).get()));
+    }
+    CHECK(listener.service().restarts() == restart);
+    const auto ended = serving.wait_for(std::chrono::seconds(restart ? 5 : 2));
+    CHECK((ended == std::future_status::ready) == restart);
+    bystander.socket.close();
+    CHECK(serving.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  }
+}
+
 TEST_CASE(
     "a chief whose links break as the ps tasks answer its shutdown ends training all the same") {
   pulley::testing::LogCapture log;

@@ -82,6 +82,9 @@ struct RequestContext {
 ///   - `s.awaits_workers()` → bool: once stopped, true while a worker may still come to
 ///     hear that it stopped (its answer lost with its link, its process stopped a while):
 ///     the transport keeps taking connections for it, every client gone or not.
+///   - `s.restarts()` → bool: it stopped to start again empty (the job gave its process
+///     up: Shutdown::restart). Whoever is still connected holds a process given up: the
+///     transport ends within a second, not `linger`, so that it serves anew at once.
 ///   - `s.workers()` → `std::span<const std::uint32_t>`: the job's workers now, ascending,
 ///     once workers joined or left (ChangeWorkers); empty while they are the cluster
 ///     spec's. A transport that checks who connects lets a worker in only if it is one.
@@ -142,6 +145,18 @@ std::string fence_reason(S& service, const Node& node) {
     return service.fenced(node);
   } else {
     return {};
+  }
+}
+
+/// True if `service` stopped to start again empty (`restarts`); false by default.
+template <Service S>
+bool restarts(const S& service) {
+  if constexpr (requires {
+                  { service.restarts() } -> std::convertible_to<bool>;
+                }) {
+    return service.restarts();
+  } else {
+    return false;
   }
 }
 

@@ -324,6 +324,9 @@ class TcpServer {
   asio::steady_timer retry_local_{io_};
 #endif
   asio::steady_timer linger_{io_};
+  /// How long a server whose service stopped to start again (Service's `restarts`) still
+  /// serves clients left connected.
+  static constexpr std::chrono::milliseconds kRestartLinger{1000};
   /// How often a server whose service stopped looks whether a worker is still awaited.
   static constexpr std::chrono::milliseconds kAwaitedLook{50};
   asio::steady_timer grace_{

@@ -140,7 +140,10 @@ template <Service S>
 void TcpServer<S>::begin_stopping() {
   if (stopping_) return;
   stopping_ = true;
-  linger_.expires_after(options_.linger);
+  // A process told to start again: its clients hold a process given up (their answer,
+  // the chief's Ack, goes out within the second).
+  linger_.expires_after(restarts(service_) ? std::min(options_.linger, kRestartLinger)
+                                           : options_.linger);
   linger_.async_wait([this](std::error_code ec) {
     if (!ec) io_.stop();
   });
