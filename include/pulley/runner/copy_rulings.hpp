@@ -304,13 +304,15 @@ class CopyRulings : public std::enable_shared_from_this<CopyRulings> {
       if (lost.empty()) continue;
       lock.unlock();
       const Sight seen = told(ps, lost, true);
+      const bool restarted = seen.kind == Sight::Kind::kServes && lost.contains(seen.process);
+      if (restarted) {  // (logged before the lock: a ruling asked meanwhile waits on no write)
+        log(LogLevel::kWarning, "chief: ps " + std::to_string(ps) +
+                                    "'s process, ruled lost for the job, answers again (" +
+                                    seen.detail +
+                                    "): told it to start again empty, to be taken back");
+      }
       lock.lock();
-      if (seen.kind != Sight::Kind::kServes || !lost.contains(seen.process)) continue;
-      restarted_.insert(seen.process);
-      log(LogLevel::kWarning, "chief: ps " + std::to_string(ps) +
-                                  "'s process, ruled lost for the job, answers again (" +
-                                  seen.detail +
-                                  "): told it to start again empty, to be taken back");
+      if (restarted) restarted_.insert(seen.process);
     }
   }
 
