@@ -3845,8 +3845,9 @@ struct Pause {
 
 /// Chief → a paused ps: once it has taken exactly `until[w]` pushes of each worker w (taking
 /// held ones as needed, in order), answer with its state: every part it holds with its
-/// optimizer state, and the sync policy's. With the largest counts over all ps tasks as
-/// `until`, every ps answers at the same cut.
+/// optimizer state, and the sync policy's. With each ps's `until` from cut_counts (the
+/// largest counts over all ps tasks, less what a ps will never take), every ps answers at
+/// the same cut.
 struct ReadState {
   static constexpr std::string_view kName = "ReadState";
   /// Held pushes taken to reach the cut are applied.
@@ -3990,11 +3991,17 @@ struct PauseReply {
   /// set for a step no push was taken for yet, so that every ps takes the same pushes of a
   /// worker that leaves (those made for earlier steps).
   std::int64_t furthest_pushed = -1;
+  /// By worker: the number (Push::sequence) and series of the last push taken, 0 and 0 when
+  /// none was numbered. A ps short of another's count whose last push is the other's took
+  /// every push still to come: what it lacks was lost with its worker's process (written
+  /// to another ps only), and the cut does not wait for it (cut_counts).
+  std::vector<std::uint64_t> last_sequences = {};
+  std::vector<std::uint64_t> last_series = {};
 
   template <class Archive>
   void serialize(Archive& archive) {
     archive(global_step, epoch, pushes, slot_names, counter_names, whole, evictions_since,
-            furthest_pushed);
+            furthest_pushed, last_sequences, last_series);
   }
 };
 
@@ -7222,6 +7229,48 @@ inline std::string check_table(const TableState& table, const TableSpec& spec) {
   return {};
 }
 
+/// Each ps's `until` (ReadState) at a cut, from what each answered to Pause, in the same
+/// order: the largest count of each worker's pushes taken over all ps tasks, which a ps
+/// short of it reaches by taking the pushes still on their way to it (held while paused),
+/// less what a ps will never take. A worker has one push in flight at a time and sends
+/// again only its last, so a ps short of the largest count whose last push of that worker
+/// is the furthest ps's last (the same number and series) has taken every push that is
+/// still to come: what it lacks was lost with an earlier process of that worker, written
+/// to other ps tasks only, and it stays at its own count. (Under sync a ps counts such a
+/// push when the worker pulls past it; under Async and BoundedStaleness nothing does, and
+/// waiting for it stood a cut still until the request timeout once no push came any more,
+/// as at the end of training.) One whose last push differs waits for that one push.
+/// Unnumbered pushes (sequence 0): the largest count.
+inline std::vector<std::vector<std::uint64_t>> cut_counts(std::span<const PauseReply> paused) {
+  const auto at = [](const std::vector<std::uint64_t>& v, std::size_t w) {
+    return w < v.size() ? v[w] : 0;
+  };
+  std::size_t workers = 0;
+  for (const PauseReply& p : paused) workers = std::max(workers, p.pushes.size());
+  std::vector<std::vector<std::uint64_t>> until(paused.size(),
+                                                std::vector<std::uint64_t>(workers, 0));
+  for (std::size_t w = 0; w < workers; ++w) {
+    std::size_t furthest = 0;
+    for (std::size_t k = 1; k < paused.size(); ++k) {
+      if (at(paused[k].pushes, w) > at(paused[furthest].pushes, w)) furthest = k;
+    }
+    const PauseReply& f = paused[furthest];
+    const std::uint64_t most = at(f.pushes, w), sequence = at(f.last_sequences, w);
+    for (std::size_t k = 0; k < paused.size(); ++k) {
+      const PauseReply& p = paused[k];
+      const std::uint64_t count = at(p.pushes, w);
+      if (count >= most || sequence == 0) {
+        until[k][w] = most;
+        continue;
+      }
+      const bool took_last =
+          at(p.last_sequences, w) == sequence && at(p.last_series, w) == at(f.last_series, w);
+      until[k][w] = took_last ? count : count + 1;
+    }
+  }
+  return until;
+}
+
 }  // namespace detail
 
 /// Which of the tables' rows a checkpoint's cut reads.
@@ -7239,11 +7288,13 @@ struct CutRows {
 /// variable with its optimizer state, and the sync policy's state, read as one cut across
 /// all ps tasks. Every ps is paused (at once, or the moment it completes `at_step`; pushes
 /// that arrive then wait), each is brought to the same count of pushes taken from every
-/// worker (the largest any had), read there, and resumed. Training stands still only while
+/// worker (the largest any had, less a push lost with its worker's process: cut_counts),
+/// read there, and resumed. Training stands still only while
 /// the dense state is read: the tables' rows are read after the ps tasks resume, each ps
-/// answering with the rows as they were at the cut (copy-on-write). With `rows.since` ≥ 0 the tables' part is incremental (ModelState::
-/// base_step); when a ps no longer knows every eviction since then (its log overflowed,
-/// or it was restored later), the cut reads every row instead, with a log line.
+/// answering with the rows as they were at the cut (copy-on-write). With `rows.since` ≥ 0 the
+/// tables' part is incremental (ModelState:: base_step); when a ps no longer knows every eviction
+/// since then (its log overflowed, or it was restored later), the cut reads every row instead, with
+/// a log line.
 ///
 /// With `hold`, the ps tasks stay paused once the state is read (every row at the cut
 /// included): nothing trains until the caller registers the model again (which ends the
@@ -7280,11 +7331,7 @@ ModelState read_state(Client<T>& client, std::int64_t at_step = 0, CutRows rows 
       break;
     }
   }
-  std::vector<std::uint64_t> until;
-  for (const PauseReply& p : paused) {
-    if (until.size() < p.pushes.size()) until.resize(p.pushes.size(), 0);
-    for (std::size_t w = 0; w < p.pushes.size(); ++w) until[w] = std::max(until[w], p.pushes[w]);
-  }
+  std::vector<std::vector<std::uint64_t>> until = detail::cut_counts(paused);
   ModelState state;
   const std::size_t num_slots = paused[0].slot_names.size();
   for (const VariableSpec& spec : client.variables()) {
@@ -7301,7 +7348,8 @@ ModelState read_state(Client<T>& client, std::int64_t at_step = 0, CutRows rows 
   }
   const Placement& placement = client.placement();
   CallGroup group;
-  for (const std::uint32_t ps : client.members()) {
+  for (std::size_t m = 0; m < client.members().size(); ++m) {
+    const std::uint32_t ps = client.members()[m];
     PullTargets targets;
     for (const Part& part : placement.parts) {
       if (part.ps != ps) continue;
@@ -7313,8 +7361,9 @@ ModelState read_state(Client<T>& client, std::int64_t at_step = 0, CutRows rows 
         targets.push_back(std::span(v.slots[k].values).subspan(at, n));
       }
     }
-    group.add(client.transport().call(ps, ReadState{until, rows.since, rows.forget_evictions_before},
-                                      std::move(targets)));
+    group.add(client.transport().call(
+        ps, ReadState{std::move(until[m]), rows.since, rows.forget_evictions_before},
+        std::move(targets)));
   }
   group.wait(client.options().request_timeout, "read the ps tasks' state at one cut");
   for (std::size_t k = 0; k < group.size(); ++k) {
@@ -11447,6 +11496,18 @@ class PushLedger {
   }
   /// Pushes taken so far, by worker.
   [[nodiscard]] const std::vector<std::uint64_t>& taken() const noexcept { return taken_; }
+  /// The number and series of the last numbered push taken of each worker, by worker (0
+  /// and 0: none); what PauseReply says beside `taken`.
+  [[nodiscard]] std::vector<std::uint64_t> last_sequences() const {
+    std::vector<std::uint64_t> out;
+    for (const Last& last : last_) out.push_back(last.sequence);
+    return out;
+  }
+  [[nodiscard]] std::vector<std::uint64_t> last_series() const {
+    std::vector<std::uint64_t> out;
+    for (const Last& last : last_) out.push_back(last.series);
+    return out;
+  }
   /// The furthest step a push taken so far was made for (Push::local_step), -1 if none.
   [[nodiscard]] std::int64_t furthest() const noexcept { return furthest_; }
 
@@ -11531,7 +11592,8 @@ namespace pulley {
 /// A ps task's half of a checkpoint's cut (Pause, ReadState, Resume; the chief's half is
 /// `client/checkpoint_cut.hpp`): while paused, pushes that arrive are held, copied out of
 /// the transport's buffers; a ReadState names how many pushes of each worker the cut holds
-/// (the largest count any ps had taken), and the ps takes held pushes, in the order they
+/// (the largest count any ps had taken, less a push lost with its worker's process that
+/// never comes here: the chief's cut_counts), and the ps takes held pushes, in the order they
 /// came, until it has taken exactly that many of every worker, then answers with its state.
 /// So every ps is read at the same pushes, under any sync policy.
 ///
@@ -15532,7 +15594,9 @@ void ParameterServer<S, O, P, T>::pause(std::uint64_t session, Responder& reply)
                     {},
                     checkpoints_whole_state_v<O>,
                     shard_.tables().evictions_since(),
-                    ledger_.furthest()};
+                    ledger_.furthest(),
+                    ledger_.last_sequences(),
+                    ledger_.last_series()};
   shard_.state_names(answer.slot_names, answer.counter_names);
   cut_.pause(session);
   respond(reply, std::move(answer));
@@ -18648,7 +18712,7 @@ static_assert(std::endian::native == std::endian::little,
 namespace pulley::wire {
 
 inline constexpr std::uint32_t kMagic = 0x594C4C50;    ///< "PLLY" in a little-endian dump
-inline constexpr std::uint16_t kVersion = 25;          ///< bumped on any incompatible change
+inline constexpr std::uint16_t kVersion = 26;          ///< bumped on any incompatible change
 inline constexpr std::uint16_t kResponseKind = 0x100;  ///< response kinds start here
 inline constexpr std::uint16_t kHandshakeKind = 0x200;  ///< handshake kinds start here
 inline constexpr std::size_t kHandshakeKinds = 4;       ///< Challenge, Hello, Welcome, Refusal

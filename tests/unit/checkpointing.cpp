@@ -255,7 +255,8 @@ namespace {
 
 using SgdSync = ParameterServer<RoundRobin, Sgd, SyncReplicas>;
 
-Response ask(SgdSync& ps, Request request, Node from, std::uint64_t session = 1) {
+template <class PS>
+Response ask(PS& ps, Request request, Node from, std::uint64_t session = 1) {
   std::optional<Response> out;
   ps.handle(std::move(request), RequestContext{false, from, session},
             [&](Response&& r) { out = std::move(r); });
@@ -263,7 +264,8 @@ Response ask(SgdSync& ps, Request request, Node from, std::uint64_t session = 1)
   return std::move(*out);
 }
 
-std::shared_ptr<std::optional<Response>> ask_later(SgdSync& ps, Request request, Node from,
+template <class PS>
+std::shared_ptr<std::optional<Response>> ask_later(PS& ps, Request request, Node from,
                                                    std::uint64_t session = 1) {
   auto out = std::make_shared<std::optional<Response>>();
   ps.handle(std::move(request), RequestContext{false, from, session},
@@ -273,6 +275,12 @@ std::shared_ptr<std::optional<Response>> ask_later(SgdSync& ps, Request request,
 
 const std::vector<VariableSpec> kModel{{"w", {2}, {}}};
 const Node kChief = Node::chief(), kW0 = Node::worker(0), kW1 = Node::worker(1);
+
+/// Sets worker 0's last push in `p`.
+void paused_last(PauseReply& p, std::uint64_t sequence, std::uint64_t series) {
+  p.last_sequences.at(0) = sequence;
+  p.last_series.at(0) = series;
+}
 
 }  // namespace
 
@@ -308,6 +316,96 @@ TEST_CASE("a pause holds pushes, a cut takes the ones on their way, resume takes
   CHECK_FALSE(waits->has_value());
   ps.disconnected(kChief, 7);
   CHECK(waits->has_value());
+}
+
+TEST_CASE(
+    "a cut's counts: a ps short of the furthest by a push lost with an earlier process is not "
+    "waited for") {
+  // Worker 0's last push is number 5 of series 9 on both ps; the first ps counts one more:
+  // a push of the process before, which the second never took and never will.
+  PauseReply first{}, second{};
+  first.pushes = {12, 4};
+  first.last_sequences = {5, 4};
+  first.last_series = {9, 3};
+  second.pushes = {11, 4};
+  second.last_sequences = {5, 4};
+  second.last_series = {9, 3};
+  const std::vector<PauseReply> paused{first, second};
+  CHECK(detail::cut_counts(paused) == std::vector<std::vector<std::uint64_t>>{{12, 4}, {11, 4}});
+  // Its last push is still on its way to the second (another number, or the same number of
+  // another series): the second waits for that one push, and only that one.
+  paused_last(second, 4, 9);
+  CHECK(detail::cut_counts(std::vector<PauseReply>{first, second}) ==
+        std::vector<std::vector<std::uint64_t>>{{12, 4}, {12, 4}});
+  second.pushes = {10, 4};  // one lost before, and the last on its way
+  CHECK(detail::cut_counts(std::vector<PauseReply>{first, second}) ==
+        std::vector<std::vector<std::uint64_t>>{{12, 4}, {11, 4}});
+  paused_last(second, 5, 8);  // the same number, of the process before
+  CHECK(detail::cut_counts(std::vector<PauseReply>{first, second}) ==
+        std::vector<std::vector<std::uint64_t>>{{12, 4}, {11, 4}});
+  // Unnumbered pushes say nothing of which: the largest count, as a cut always took.
+  first.last_sequences = {0, 0};
+  first.last_series = {0, 0};
+  CHECK(detail::cut_counts(std::vector<PauseReply>{first, second}) ==
+        std::vector<std::vector<std::uint64_t>>{{12, 4}, {12, 4}});
+  // A worker that one ps never heard of.
+  PauseReply third{};
+  third.pushes = {12};
+  third.last_sequences = {5};
+  third.last_series = {9};
+  CHECK(detail::cut_counts(std::vector<PauseReply>{third, first}) ==
+        std::vector<std::vector<std::uint64_t>>{{12, 4}, {12, 4}});
+}
+
+TEST_CASE(
+    "under Async a cut does not wait for a push lost with its worker's process once no push "
+    "comes") {
+  // Two ps holding the same parts, as the two copies of a shard do (or two shards: each
+  // ps counts every worker's pushes). Worker 0's process pushes to both, then writes its
+  // second push to the first ps only and dies; the process started in its place pushes to
+  // both. The ps counts differ by one for good, and no push is on its way (the end of
+  // training): the cut must not wait for one.
+  using SgdAsync = ParameterServer<RoundRobin, Sgd, Async>;
+  SgdAsync a(0, 1, Sgd{1.0F}, Async{}), b(0, 1, Sgd{1.0F}, Async{});
+  const std::vector<float> w{0, 0}, g{1, 1};
+  for (SgdAsync* ps : {&a, &b}) {
+    ask(*ps, Register{kModel}, kChief);
+    ask(*ps, Initialize{{{0, w}}}, kChief);
+    ask(*ps, Push{0, 0, {{0, g}}, 0, 1, {}, 7}, kW0);
+  }
+  ask(a, Push{0, 1, {{0, g}}, 0, 2, {}, 7}, kW0);  // lost with its process on the way to b
+  for (SgdAsync* ps : {&a, &b}) ask(*ps, Push{0, 1, {{0, g}}, 0, 1, {}, 9}, kW0);
+  const std::vector<PauseReply> paused{std::get<PauseReply>(ask(a, Pause{}, kChief)),
+                                       std::get<PauseReply>(ask(b, Pause{}, kChief))};
+  CHECK(paused[0].pushes == std::vector<std::uint64_t>{3});
+  CHECK(paused[1].pushes == std::vector<std::uint64_t>{2});
+  CHECK(paused[1].last_sequences == std::vector<std::uint64_t>{1});
+  CHECK(paused[1].last_series == std::vector<std::uint64_t>{9});
+  std::vector<std::vector<std::uint64_t>> until = detail::cut_counts(paused);
+  auto cut_a = ask_later(a, ReadState{until[0]}, kChief);
+  auto cut_b = ask_later(b, ReadState{until[1]}, kChief);
+  REQUIRE(cut_a->has_value());
+  REQUIRE(cut_b->has_value());  // at once: nothing of worker 0's is to come
+  CHECK(std::get<StateReply>(**cut_a).global_step == 3);
+  CHECK(std::get<StateReply>(**cut_b).global_step == 2);
+  for (SgdAsync* ps : {&a, &b}) CHECK(std::holds_alternative<Ack>(ask(*ps, Resume{}, kChief)));
+
+  // The next push reaches the first ps and is on its way to the second: that one push is
+  // waited for, and the second takes it while paused (its worker waits on the first).
+  ask(a, Push{0, 2, {{0, g}}, 0, 2, {}, 9}, kW0);
+  const std::vector<PauseReply> again{std::get<PauseReply>(ask(a, Pause{}, kChief)),
+                                      std::get<PauseReply>(ask(b, Pause{}, kChief))};
+  until = detail::cut_counts(again);
+  CHECK(until == std::vector<std::vector<std::uint64_t>>{{4}, {3}});
+  cut_a = ask_later(a, ReadState{until[0]}, kChief);
+  cut_b = ask_later(b, ReadState{until[1]}, kChief);
+  REQUIRE(cut_a->has_value());
+  CHECK_FALSE(cut_b->has_value());
+  auto pushed = ask_later(b, Push{0, 2, {{0, g}}, 0, 2, {}, 9}, kW0);
+  REQUIRE(cut_b->has_value());
+  CHECK(pushed->has_value());  // taken for the cut
+  CHECK(std::get<StateReply>(**cut_b).global_step == 3);
+  for (SgdAsync* ps : {&a, &b}) CHECK(std::holds_alternative<Ack>(ask(*ps, Resume{}, kChief)));
 }
 
 TEST_CASE("a cut does not wait for a push that a worker held lost sent to another ps only") {

@@ -146,11 +146,16 @@ TEST_CASE("every response survives a round trip, tensors included") {
   CHECK(placed.slot_names == std::vector<std::string>{"m", "v"});
   CHECK(placed.counter_names == std::vector<std::string>{"t"});
 
-  const auto paused = std::get<PauseReply>(
-      round_trip(Response{PauseReply{12, 2, {4, 0, 7}, {"m"}, {"t"}, false}}, storage));
+  const auto paused = std::get<PauseReply>(round_trip(
+      Response{PauseReply{12, 2, {4, 0, 7}, {"m"}, {"t"}, false, 3, 11, {9, 0, 2}, {5, 0, 6}}},
+      storage));
   CHECK(paused.global_step == 12);
   CHECK(paused.pushes == std::vector<std::uint64_t>{4, 0, 7});
   CHECK_FALSE(paused.whole);
+  CHECK(paused.evictions_since == 3);
+  CHECK(paused.furthest_pushed == 11);
+  CHECK(paused.last_sequences == std::vector<std::uint64_t>{9, 0, 2});
+  CHECK(paused.last_series == std::vector<std::uint64_t>{5, 0, 6});
   const std::vector<float> m{7, 8, 9};
   auto state = std::get<StateReply>(
       round_trip(Response{StateReply{5, {5}, {{2, a, {m}, {5}}, {6, b, {}, {}}}}}, storage));

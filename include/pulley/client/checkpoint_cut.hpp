@@ -220,6 +220,48 @@ inline std::string check_table(const TableState& table, const TableSpec& spec) {
   return {};
 }
 
+/// Each ps's `until` (ReadState) at a cut, from what each answered to Pause, in the same
+/// order: the largest count of each worker's pushes taken over all ps tasks, which a ps
+/// short of it reaches by taking the pushes still on their way to it (held while paused),
+/// less what a ps will never take. A worker has one push in flight at a time and sends
+/// again only its last, so a ps short of the largest count whose last push of that worker
+/// is the furthest ps's last (the same number and series) has taken every push that is
+/// still to come: what it lacks was lost with an earlier process of that worker, written
+/// to other ps tasks only, and it stays at its own count. (Under sync a ps counts such a
+/// push when the worker pulls past it; under Async and BoundedStaleness nothing does, and
+/// waiting for it stood a cut still until the request timeout once no push came any more,
+/// as at the end of training.) One whose last push differs waits for that one push.
+/// Unnumbered pushes (sequence 0): the largest count.
+inline std::vector<std::vector<std::uint64_t>> cut_counts(std::span<const PauseReply> paused) {
+  const auto at = [](const std::vector<std::uint64_t>& v, std::size_t w) {
+    return w < v.size() ? v[w] : 0;
+  };
+  std::size_t workers = 0;
+  for (const PauseReply& p : paused) workers = std::max(workers, p.pushes.size());
+  std::vector<std::vector<std::uint64_t>> until(paused.size(),
+                                                std::vector<std::uint64_t>(workers, 0));
+  for (std::size_t w = 0; w < workers; ++w) {
+    std::size_t furthest = 0;
+    for (std::size_t k = 1; k < paused.size(); ++k) {
+      if (at(paused[k].pushes, w) > at(paused[furthest].pushes, w)) furthest = k;
+    }
+    const PauseReply& f = paused[furthest];
+    const std::uint64_t most = at(f.pushes, w), sequence = at(f.last_sequences, w);
+    for (std::size_t k = 0; k < paused.size(); ++k) {
+      const PauseReply& p = paused[k];
+      const std::uint64_t count = at(p.pushes, w);
+      if (count >= most || sequence == 0) {
+        until[k][w] = most;
+        continue;
+      }
+      const bool took_last =
+          at(p.last_sequences, w) == sequence && at(p.last_series, w) == at(f.last_series, w);
+      until[k][w] = took_last ? count : count + 1;
+    }
+  }
+  return until;
+}
+
 }  // namespace detail
 
 /// Which of the tables' rows a checkpoint's cut reads.
@@ -237,11 +279,13 @@ struct CutRows {
 /// variable with its optimizer state, and the sync policy's state, read as one cut across
 /// all ps tasks. Every ps is paused (at once, or the moment it completes `at_step`; pushes
 /// that arrive then wait), each is brought to the same count of pushes taken from every
-/// worker (the largest any had), read there, and resumed. Training stands still only while
+/// worker (the largest any had, less a push lost with its worker's process: cut_counts),
+/// read there, and resumed. Training stands still only while
 /// the dense state is read: the tables' rows are read after the ps tasks resume, each ps
-/// answering with the rows as they were at the cut (copy-on-write). With `rows.since` ≥ 0 the tables' part is incremental (ModelState::
-/// base_step); when a ps no longer knows every eviction since then (its log overflowed,
-/// or it was restored later), the cut reads every row instead, with a log line.
+/// answering with the rows as they were at the cut (copy-on-write). With `rows.since` ≥ 0 the
+/// tables' part is incremental (ModelState:: base_step); when a ps no longer knows every eviction
+/// since then (its log overflowed, or it was restored later), the cut reads every row instead, with
+/// a log line.
 ///
 /// With `hold`, the ps tasks stay paused once the state is read (every row at the cut
 /// included): nothing trains until the caller registers the model again (which ends the
@@ -278,11 +322,7 @@ ModelState read_state(Client<T>& client, std::int64_t at_step = 0, CutRows rows 
       break;
     }
   }
-  std::vector<std::uint64_t> until;
-  for (const PauseReply& p : paused) {
-    if (until.size() < p.pushes.size()) until.resize(p.pushes.size(), 0);
-    for (std::size_t w = 0; w < p.pushes.size(); ++w) until[w] = std::max(until[w], p.pushes[w]);
-  }
+  std::vector<std::vector<std::uint64_t>> until = detail::cut_counts(paused);
   ModelState state;
   const std::size_t num_slots = paused[0].slot_names.size();
   for (const VariableSpec& spec : client.variables()) {
@@ -299,7 +339,8 @@ ModelState read_state(Client<T>& client, std::int64_t at_step = 0, CutRows rows 
   }
   const Placement& placement = client.placement();
   CallGroup group;
-  for (const std::uint32_t ps : client.members()) {
+  for (std::size_t m = 0; m < client.members().size(); ++m) {
+    const std::uint32_t ps = client.members()[m];
     PullTargets targets;
     for (const Part& part : placement.parts) {
       if (part.ps != ps) continue;
@@ -311,8 +352,9 @@ ModelState read_state(Client<T>& client, std::int64_t at_step = 0, CutRows rows 
         targets.push_back(std::span(v.slots[k].values).subspan(at, n));
       }
     }
-    group.add(client.transport().call(ps, ReadState{until, rows.since, rows.forget_evictions_before},
-                                      std::move(targets)));
+    group.add(client.transport().call(
+        ps, ReadState{std::move(until[m]), rows.since, rows.forget_evictions_before},
+        std::move(targets)));
   }
   group.wait(client.options().request_timeout, "read the ps tasks' state at one cut");
   for (std::size_t k = 0; k < group.size(); ++k) {

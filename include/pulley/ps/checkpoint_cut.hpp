@@ -18,7 +18,8 @@ namespace pulley {
 /// A ps task's half of a checkpoint's cut (Pause, ReadState, Resume; the chief's half is
 /// `client/checkpoint_cut.hpp`): while paused, pushes that arrive are held, copied out of
 /// the transport's buffers; a ReadState names how many pushes of each worker the cut holds
-/// (the largest count any ps had taken), and the ps takes held pushes, in the order they
+/// (the largest count any ps had taken, less a push lost with its worker's process that
+/// never comes here: the chief's cut_counts), and the ps takes held pushes, in the order they
 /// came, until it has taken exactly that many of every worker, then answers with its state.
 /// So every ps is read at the same pushes, under any sync policy.
 ///

@@ -76,6 +76,18 @@ class PushLedger {
   }
   /// Pushes taken so far, by worker.
   [[nodiscard]] const std::vector<std::uint64_t>& taken() const noexcept { return taken_; }
+  /// The number and series of the last numbered push taken of each worker, by worker (0
+  /// and 0: none); what PauseReply says beside `taken`.
+  [[nodiscard]] std::vector<std::uint64_t> last_sequences() const {
+    std::vector<std::uint64_t> out;
+    for (const Last& last : last_) out.push_back(last.sequence);
+    return out;
+  }
+  [[nodiscard]] std::vector<std::uint64_t> last_series() const {
+    std::vector<std::uint64_t> out;
+    for (const Last& last : last_) out.push_back(last.series);
+    return out;
+  }
   /// The furthest step a push taken so far was made for (Push::local_step), -1 if none.
   [[nodiscard]] std::int64_t furthest() const noexcept { return furthest_; }
 

@@ -38,8 +38,9 @@ struct Pause {
 
 /// Chief → a paused ps: once it has taken exactly `until[w]` pushes of each worker w (taking
 /// held ones as needed, in order), answer with its state: every part it holds with its
-/// optimizer state, and the sync policy's. With the largest counts over all ps tasks as
-/// `until`, every ps answers at the same cut.
+/// optimizer state, and the sync policy's. With each ps's `until` from cut_counts (the
+/// largest counts over all ps tasks, less what a ps will never take), every ps answers at
+/// the same cut.
 struct ReadState {
   static constexpr std::string_view kName = "ReadState";
   /// Held pushes taken to reach the cut are applied.
@@ -183,11 +184,17 @@ struct PauseReply {
   /// set for a step no push was taken for yet, so that every ps takes the same pushes of a
   /// worker that leaves (those made for earlier steps).
   std::int64_t furthest_pushed = -1;
+  /// By worker: the number (Push::sequence) and series of the last push taken, 0 and 0 when
+  /// none was numbered. A ps short of another's count whose last push is the other's took
+  /// every push still to come: what it lacks was lost with its worker's process (written
+  /// to another ps only), and the cut does not wait for it (cut_counts).
+  std::vector<std::uint64_t> last_sequences = {};
+  std::vector<std::uint64_t> last_series = {};
 
   template <class Archive>
   void serialize(Archive& archive) {
     archive(global_step, epoch, pushes, slot_names, counter_names, whole, evictions_since,
-            furthest_pushed);
+            furthest_pushed, last_sequences, last_series);
   }
 };
 

@@ -132,7 +132,9 @@ void ParameterServer<S, O, P, T>::pause(std::uint64_t session, Responder& reply)
                     {},
                     checkpoints_whole_state_v<O>,
                     shard_.tables().evictions_since(),
-                    ledger_.furthest()};
+                    ledger_.furthest(),
+                    ledger_.last_sequences(),
+                    ledger_.last_series()};
   shard_.state_names(answer.slot_names, answer.counter_names);
   cut_.pause(session);
   respond(reply, std::move(answer));
