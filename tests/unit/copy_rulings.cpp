@@ -271,3 +271,45 @@ TEST_CASE("a process ruled lost and still stopped is told nothing until it answe
   REQUIRE(looks(3) == 3);
   CHECK(addresses.told_so_far().back().restart);
 }
+
+TEST_CASE(
+    "the end of training tells a process ruled lost that is there but silent again, within its "
+    "grace") {
+  // ps 0's process was stopped past the copy timeout and is still stopped when training
+  // ends: its address takes connections, its handshake does not come. ps 1's address
+  // takes none (its host is gone). ps 0's is continued while the chief still tells.
+  Addresses addresses;
+  auto rulings = std::make_shared<CopyRulings>(2, addresses.look_at(), kSilence, addresses.tell());
+  addresses.set(0, {Kind::kGone, 0, "its address refuses connections"});
+  addresses.set(1, {Kind::kGone, 0, "its address refuses connections"});
+  REQUIRE(ruling(*rulings, LostProcess{0, kProcess, "out of reach"}) == std::optional<bool>(true));
+  REQUIRE(ruling(*rulings, LostProcess{1, kProcess + 1, "out of reach"}) ==
+          std::optional<bool>(true));
+  addresses.set(0, {Kind::kSilent, 0, "the handshake's read did not complete in time", true});
+  addresses.set(1, {Kind::kSilent, 0, "no connection within 1000 ms", false});
+  std::thread end([&] { rulings->finish(std::chrono::minutes(1)); });
+  const auto told_at = [&](std::uint32_t ps) {
+    std::size_t n = 0;
+    for (const auto& t : addresses.told_so_far()) n += t.ps == ps ? 1 : 0;
+    return n;
+  };
+  for (int i = 0; i < 600 && told_at(0) < 2; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  CHECK(told_at(0) >= 2);  // told again while it is there and silent
+  addresses.set(0, {Kind::kServes, kProcess, "at ps 0's address"});  // continued
+  end.join();  // once told, the end is over: well within the minute
+  const auto all = addresses.told_so_far();
+  REQUIRE(!all.empty());
+  CHECK(told_at(1) == 1);  // an address that takes no connection is told once
+  CHECK(all.back().ps == 0);
+  for (const auto& t : all) CHECK(!t.restart);
+
+  // A process that stays silent is told until the grace ends, and the end goes on without it.
+  Addresses stopped;
+  auto again = std::make_shared<CopyRulings>(1, stopped.look_at(), kSilence, stopped.tell());
+  stopped.set(0, {Kind::kGone, 0, "its address refuses connections"});
+  REQUIRE(ruling(*again, LostProcess{0, kProcess, "out of reach"}) == std::optional<bool>(true));
+  stopped.set(0, {Kind::kSilent, 0, "the handshake's read did not complete in time", true});
+  again->finish(std::chrono::milliseconds(1500));
+  CHECK(stopped.told_so_far().size() >= 2);
+}

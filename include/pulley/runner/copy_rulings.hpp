@@ -64,6 +64,9 @@ class CopyRulings : public std::enable_shared_from_this<CopyRulings> {
     Kind kind = Kind::kSilent;
     std::uint64_t process = 0;  ///< kServes: the process that proved itself that ps
     std::string detail;         ///< what was seen, for the log
+    /// kSilent: a connection was made (a process is there, stopped or hung) though nothing
+    /// could be told.
+    bool reached = false;
   };
   /// Looks at ps task `ps`'s address once (the role runner's: probe_ps, within the attempt
   /// timeout).
@@ -139,10 +142,14 @@ class CopyRulings : public std::enable_shared_from_this<CopyRulings> {
 
   /// Training ended: whichever process serves the address of a ps a process of which was
   /// ruled lost hears it (one ruled lost that lives on, or one started again that the
-  /// chief did not take back yet, would wait for a chief until its orphan timeout, then
-  /// fail; a member hears it twice). Looks for processes coming back end first. A process
-  /// still stopped is not told (the look lasts the attempt timeout, and ends silent).
-  void finish() {
+  /// chief did not take back yet, would wait for a chief until its recovery timeout, then
+  /// fail; a member hears it twice). Looks for processes coming back end first. Where a
+  /// process is there but does not answer (a look's connection is taken, its handshake is
+  /// not: a process stopped or hung when training ended), it is told again every second
+  /// for up to `grace` (the role runner's: the recovery timeout, as long as such a process
+  /// would wait for a chief once continued); an address that refuses or takes no
+  /// connection is told once.
+  void finish(std::chrono::milliseconds grace = std::chrono::milliseconds(0)) {
     {
       const std::scoped_lock lock(mutex_);
       stop_reviving_ = true;
@@ -150,13 +157,43 @@ class CopyRulings : public std::enable_shared_from_this<CopyRulings> {
     revive_wake_.notify_all();
     if (reviving_.joinable()) reviving_.join();
     if (!tell_) return;
-    for (const std::uint32_t ps : ruled_lost()) {
-      const std::set<std::uint64_t> lost = processes(ps);
-      const Sight seen = told(ps, {}, false);
-      if (seen.kind == Sight::Kind::kServes && lost.contains(seen.process)) {
-        log(LogLevel::kInfo, "chief: told ps " + std::to_string(ps) + "'s process (" + seen.detail +
-                                 "), given up for the job and still alive, that training finished");
+    const auto deadline = Clock::now() + grace;
+    std::vector<std::uint32_t> left = ruled_lost();
+    for (bool said = false; !left.empty();) {
+      std::vector<std::uint32_t> there;  // a process there that did not answer
+      for (const std::uint32_t ps : left) {
+        const std::set<std::uint64_t> lost = processes(ps);
+        const Sight seen = told(ps, {}, false);
+        const std::string who = "ps " + std::to_string(ps) + "'s process";
+        if (seen.kind == Sight::Kind::kServes && lost.contains(seen.process)) {
+          log(LogLevel::kInfo,
+              "chief: told " + who + " (" + seen.detail +
+                  "), given up for the job and still alive, that training finished");
+        } else if (seen.kind == Sight::Kind::kSilent && seen.reached) {
+          there.push_back(ps);
+          if (!said && grace.count() > 0) {
+            log(LogLevel::kInfo,
+                "chief: " + who +
+                    ", given up for the job, takes connections but does not answer (" +
+                    seen.detail +
+                    "; stopped or hung?): it is told that training finished if it answers within " +
+                    std::to_string(grace.count()) + " ms");
+          }
+        }
       }
+      said = true;
+      const auto now = Clock::now();
+      if (there.empty() || now >= deadline) {
+        for (const std::uint32_t ps : there) {
+          log(LogLevel::kWarning, "chief: ps " + std::to_string(ps) +
+                                      "'s process, given up for the job, never answered: it was "
+                                      "not told that training finished");
+        }
+        return;
+      }
+      std::this_thread::sleep_for(
+          std::min<Clock::duration>(deadline - now, std::chrono::seconds(1)));
+      left = std::move(there);
     }
   }
 

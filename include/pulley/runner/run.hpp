@@ -9,6 +9,7 @@
 #include <functional>
 #include <limits>
 #include <mutex>
+#include <numeric>
 #include <optional>
 #include <set>
 #include <span>
@@ -263,7 +264,7 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
         const Kind kind = seen.kind == ProbeResult::Kind::kServes ? Kind::kServes
                           : seen.kind == ProbeResult::Kind::kGone ? Kind::kGone
                                                                   : Kind::kSilent;
-        return CopyRulings::Sight{kind, seen.process, std::move(detail)};
+        return CopyRulings::Sight{kind, seen.process, std::move(detail), seen.reached};
       };
       rulings = std::make_shared<CopyRulings>(
           static_cast<std::uint32_t>(ps.size()),
@@ -275,8 +276,9 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
           tcp.copy_timeout,
           [=](std::uint32_t k, const std::set<std::uint64_t>& only, bool restart) {
             const std::vector<std::string> all = addresses();
-            std::vector<std::uint32_t> copies;  // at the end, each shard whose copy it may hold
-            for (std::uint32_t j = 0; j < all.size() && !restart; ++j) copies.push_back(j);
+            // At the end, each shard whose copy it may hold; a restart, its own shard alone.
+            std::vector<std::uint32_t> copies(restart ? 0 : all.size());
+            std::iota(copies.begin(), copies.end(), 0U);
             return sight(
                 tell_ps(all.at(k), k, Node::chief(), tcp.credentials,
                         Request{Shutdown{false, {}, restart}}, tcp.attempt_timeout, only, copies),
@@ -332,7 +334,8 @@ void run_task(const TfConfig& config, const Credentials& credentials, bool join,
     lead(
         training, [&] { return transport(Node::chief()); },
         [&] { return beats(Node::chief(), reach_now); }, id_sharding, metrics, joins);
-    if (rulings != nullptr) rulings->finish();  // a process given up that lives on hears it too
+    // A process given up that lives on hears it too (one stopped, within the recovery timeout).
+    if (rulings != nullptr) rulings->finish(training.client.recovery_timeout);
   };
   if (type == "ps") {
     serve(training, config, credentials, std::move(sharding), std::move(optimizer),

@@ -31,6 +31,9 @@ struct ProbeResult {
   Kind kind = Kind::kSilent;
   std::uint64_t process = 0;  ///< kServes: the process (wire::Welcome::server)
   std::string detail;         ///< what was seen, for a log line
+  /// kSilent: a connection was made, so something listens there (a process stopped or hung,
+  /// whose kernel still takes connections), though nothing could be told.
+  bool reached = false;
 };
 
 namespace transport_detail {
@@ -83,11 +86,11 @@ ProbeResult look_at_ps(const std::string& address, std::uint32_t ps, const Node&
         return served;
       }
       // A refusal for now (its connections are full, say) or a proof that fails: nothing told.
-      seen = {ProbeResult::Kind::kSilent, 0, "it did not let the look in"};
+      seen = {ProbeResult::Kind::kSilent, 0, "it did not let the look in", true};
     } catch (const wire::Malformed& e) {
       if (seen.kind == ProbeResult::Kind::kGone) seen.detail = std::string("something else answers there: ") + e.what();
     } catch (const Error& e) {  // no challenge in time, or the connection cut short
-      seen = {ProbeResult::Kind::kSilent, 0, e.message()};
+      seen = {ProbeResult::Kind::kSilent, 0, e.message(), true};
     }
   }
   return seen;
