@@ -20849,6 +20849,7 @@ class TcpClient final : public CallDriver {
     bool dropped = false;         ///< a copy given up (replicas), until served again
     bool renewing = false;        ///< reach_again's attempt: a new process is what it looks for
     bool renewed = false;         ///< given up, and reached again in a new process (not served yet)
+    std::string not_back;         ///< why reach_again last failed here, as logged (once a reason)
     /// Replicas: calls whose connection broke, waiting for the attempt to reach the copy
     /// again (`parked`, then `parked_next` for the attempt after it): dropped, the other
     /// copy takes them; reached, they fail kUnavailable as without copies.
@@ -21087,6 +21088,8 @@ class TcpClient final : public CallDriver {
   /// one is dropped: every task reads ps k's own copy while it can, tokens included.)
   void answer_pair(Pair& pair, std::size_t half);
 
+  /// Logs why reach_again failed at `link`, once for each reason in a row.
+  void not_back(Link& link, const std::string& why);
   /// Gives up a copy for good: calls waiting on it go to the other copy (halves of a
   /// Pair are just no longer waited for), and the other copy is read from.
   void drop(Link& link, const std::string& why, bool lost = true);
@@ -22216,7 +22219,8 @@ inline bool TcpClient::reach_again(std::uint32_t ps, bool serve, bool unreached_
       if (link->refused || attempt == asio::error::connection_refused ||
           std::chrono::steady_clock::now() + backoff > deadline) {
         if (serve && unreached_too) break;  // served unreached (above)
-        return false;                       // not there, or gone again: the next look tries again
+        not_back(*link, link->broken_reason);
+        return false;  // not there, or gone again: the next look tries again
       }
       std::this_thread::sleep_for(backoff);
     }
@@ -22228,15 +22232,28 @@ inline bool TcpClient::reach_again(std::uint32_t ps, bool serve, bool unreached_
       // The very process given up (alive but cut off: its copies are old), or yet
       // another since: nothing served.
       fail(*link, "not the process taken back");
-      if (!serve || !unreached_too) return false;
+      if (!serve || !unreached_too) {
+        not_back(*link, fresh != 0 && link->server != fresh
+                            ? "another process than its other link's answers there"
+                            : "the process given up answers there (its copies are old)");
+        return false;
+      }
       link->server = 0;
       continue;
     }
     fresh = link->server;
     link->renewed = true;
+    link->not_back.clear();
   }
   if (serve) serve_again(ps);
   return true;
+}
+
+inline void TcpClient::not_back(Link& link, const std::string& why) {
+  if (link.not_back == why) return;  // said already: the next look is every 2 s or so
+  link.not_back = why;
+  log_copies(LogLevel::kInfo, self_.name() + ": ps " + std::to_string(link.task) + " at " +
+                                  link.address + " is not reached again yet: " + why);
 }
 
 inline void TcpClient::serve_again(std::uint32_t ps) {

@@ -902,6 +902,13 @@ TEST_CASE(
   CHECK(next.given_up() == std::vector<std::uint32_t>{1});
   CHECK(captured.find(LogLevel::kInfo, "served by two copies again").empty());
   CHECK(next.stats().size() == kPs);  // answered, from ps 1's copies on ps 2 and ps 0
+  // Nothing serves ps 1's address: the chief's looks to take it back fail, and say why
+  // once, not at every look.
+  CHECK_FALSE(next.take_back(1));
+  CHECK_FALSE(next.take_back(1));
+  CHECK(captured
+            .find(LogLevel::kInfo, "ps 1 at " + cluster.addresses[1] + " is not reached again yet")
+            .size() == 1);
   next.shutdown();
 }
 

@@ -174,6 +174,7 @@ class TcpClient final : public CallDriver {
     bool dropped = false;         ///< a copy given up (replicas), until served again
     bool renewing = false;        ///< reach_again's attempt: a new process is what it looks for
     bool renewed = false;         ///< given up, and reached again in a new process (not served yet)
+    std::string not_back;         ///< why reach_again last failed here, as logged (once a reason)
     /// Replicas: calls whose connection broke, waiting for the attempt to reach the copy
     /// again (`parked`, then `parked_next` for the attempt after it): dropped, the other
     /// copy takes them; reached, they fail kUnavailable as without copies.
@@ -412,6 +413,8 @@ class TcpClient final : public CallDriver {
   /// one is dropped: every task reads ps k's own copy while it can, tokens included.)
   void answer_pair(Pair& pair, std::size_t half);
 
+  /// Logs why reach_again failed at `link`, once for each reason in a row.
+  void not_back(Link& link, const std::string& why);
   /// Gives up a copy for good: calls waiting on it go to the other copy (halves of a
   /// Pair are just no longer waited for), and the other copy is read from.
   void drop(Link& link, const std::string& why, bool lost = true);

@@ -50,7 +50,8 @@ inline bool TcpClient::reach_again(std::uint32_t ps, bool serve, bool unreached_
       if (link->refused || attempt == asio::error::connection_refused ||
           std::chrono::steady_clock::now() + backoff > deadline) {
         if (serve && unreached_too) break;  // served unreached (above)
-        return false;                       // not there, or gone again: the next look tries again
+        not_back(*link, link->broken_reason);
+        return false;  // not there, or gone again: the next look tries again
       }
       std::this_thread::sleep_for(backoff);
     }
@@ -62,15 +63,28 @@ inline bool TcpClient::reach_again(std::uint32_t ps, bool serve, bool unreached_
       // The very process given up (alive but cut off: its copies are old), or yet
       // another since: nothing served.
       fail(*link, "not the process taken back");
-      if (!serve || !unreached_too) return false;
+      if (!serve || !unreached_too) {
+        not_back(*link, fresh != 0 && link->server != fresh
+                            ? "another process than its other link's answers there"
+                            : "the process given up answers there (its copies are old)");
+        return false;
+      }
       link->server = 0;
       continue;
     }
     fresh = link->server;
     link->renewed = true;
+    link->not_back.clear();
   }
   if (serve) serve_again(ps);
   return true;
+}
+
+inline void TcpClient::not_back(Link& link, const std::string& why) {
+  if (link.not_back == why) return;  // said already: the next look is every 2 s or so
+  link.not_back = why;
+  log_copies(LogLevel::kInfo, self_.name() + ": ps " + std::to_string(link.task) + " at " +
+                                  link.address + " is not reached again yet: " + why);
 }
 
 inline void TcpClient::serve_again(std::uint32_t ps) {
