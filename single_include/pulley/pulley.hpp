@@ -3843,11 +3843,15 @@ struct Pause {
   }
 };
 
-/// Chief → a paused ps: once it has taken exactly `until[w]` pushes of each worker w (taking
-/// held ones as needed, in order), answer with its state: every part it holds with its
-/// optimizer state, and the sync policy's. With each ps's `until` from cut_counts (the
-/// largest counts over all ps tasks, less what a ps will never take), every ps answers at
-/// the same cut.
+/// Chief → a paused ps: once it has taken the cut's pushes of each worker w (taking held
+/// ones as needed, in order), answer with its state: every part it holds with its optimizer
+/// state, and the sync policy's. The cut is `until[w]` pushes, the largest count over all
+/// ps tasks, less a push this ps will never take: one that is short of `until[w]` and whose
+/// own last push of w is the one named here (the furthest ps's last) took every push still
+/// to come, and what it lacks was lost with an earlier process of w, written to other ps
+/// tasks only; one whose last differs waits for that one push (CheckpointCut::own_until).
+/// Each ps, and each copy of a shard, judges by what it took itself, so every one answers
+/// at the same cut.
 struct ReadState {
   static constexpr std::string_view kName = "ReadState";
   /// Held pushes taken to reach the cut are applied.
@@ -3861,10 +3865,14 @@ struct ReadState {
   /// Evictions before this global step are forgotten: no later cut will be since an
   /// earlier step (the newest checkpoint on disk). -1: none.
   std::int64_t forget_evictions_before = -1;
+  /// By worker: the number (Push::sequence) and series of the last push taken by the ps
+  /// with the most (PauseReply::last_sequences); 0 and 0: unnumbered, `until` stands.
+  std::vector<std::uint64_t> last_sequences = {};
+  std::vector<std::uint64_t> last_series = {};
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(until, since, forget_evictions_before);
+    archive(until, since, forget_evictions_before, last_sequences, last_series);
   }
 };
 
@@ -3992,9 +4000,7 @@ struct PauseReply {
   /// worker that leaves (those made for earlier steps).
   std::int64_t furthest_pushed = -1;
   /// By worker: the number (Push::sequence) and series of the last push taken, 0 and 0 when
-  /// none was numbered. A ps short of another's count whose last push is the other's took
-  /// every push still to come: what it lacks was lost with its worker's process (written
-  /// to another ps only), and the cut does not wait for it (cut_counts).
+  /// none was numbered. The cut names the furthest ps's (ReadState::last_sequences).
   std::vector<std::uint64_t> last_sequences = {};
   std::vector<std::uint64_t> last_series = {};
 
@@ -7229,46 +7235,31 @@ inline std::string check_table(const TableState& table, const TableSpec& spec) {
   return {};
 }
 
-/// Each ps's `until` (ReadState) at a cut, from what each answered to Pause, in the same
-/// order: the largest count of each worker's pushes taken over all ps tasks, which a ps
-/// short of it reaches by taking the pushes still on their way to it (held while paused),
-/// less what a ps will never take. A worker has one push in flight at a time and sends
-/// again only its last, so a ps short of the largest count whose last push of that worker
-/// is the furthest ps's last (the same number and series) has taken every push that is
-/// still to come: what it lacks was lost with an earlier process of that worker, written
-/// to other ps tasks only, and it stays at its own count. (Under sync a ps counts such a
-/// push when the worker pulls past it; under Async and BoundedStaleness nothing does, and
-/// waiting for it stood a cut still until the request timeout once no push came any more,
-/// as at the end of training.) One whose last push differs waits for that one push.
-/// Unnumbered pushes (sequence 0): the largest count.
-inline std::vector<std::vector<std::uint64_t>> cut_counts(std::span<const PauseReply> paused) {
-  const auto at = [](const std::vector<std::uint64_t>& v, std::size_t w) {
+/// The cut that every ps is read at (ReadState), from what each answered to Pause: for
+/// each worker, the largest count of its pushes taken over all ps tasks, and the last push
+/// taken by the ps with that count. Each ps holds itself to it by its own ledger (a ps
+/// short of the count by a push lost with an earlier process is not waited for:
+/// CheckpointCut::own_until).
+inline ReadState cut_of(std::span<const PauseReply> paused) {
+  const auto at = [](const std::vector<std::uint64_t>& v, std::size_t w) -> std::uint64_t {
     return w < v.size() ? v[w] : 0;
   };
   std::size_t workers = 0;
   for (const PauseReply& p : paused) workers = std::max(workers, p.pushes.size());
-  std::vector<std::vector<std::uint64_t>> until(paused.size(),
-                                                std::vector<std::uint64_t>(workers, 0));
+  ReadState cut;
+  cut.until.assign(workers, 0);
+  cut.last_sequences.assign(workers, 0);
+  cut.last_series.assign(workers, 0);
   for (std::size_t w = 0; w < workers; ++w) {
-    std::size_t furthest = 0;
-    for (std::size_t k = 1; k < paused.size(); ++k) {
-      if (at(paused[k].pushes, w) > at(paused[furthest].pushes, w)) furthest = k;
+    const PauseReply* furthest = &paused.front();
+    for (const PauseReply& p : paused) {
+      if (at(p.pushes, w) > at(furthest->pushes, w)) furthest = &p;
     }
-    const PauseReply& f = paused[furthest];
-    const std::uint64_t most = at(f.pushes, w), sequence = at(f.last_sequences, w);
-    for (std::size_t k = 0; k < paused.size(); ++k) {
-      const PauseReply& p = paused[k];
-      const std::uint64_t count = at(p.pushes, w);
-      if (count >= most || sequence == 0) {
-        until[k][w] = most;
-        continue;
-      }
-      const bool took_last =
-          at(p.last_sequences, w) == sequence && at(p.last_series, w) == at(f.last_series, w);
-      until[k][w] = took_last ? count : count + 1;
-    }
+    cut.until[w] = at(furthest->pushes, w);
+    cut.last_sequences[w] = at(furthest->last_sequences, w);
+    cut.last_series[w] = at(furthest->last_series, w);
   }
-  return until;
+  return cut;
 }
 
 }  // namespace detail
@@ -7288,7 +7279,7 @@ struct CutRows {
 /// variable with its optimizer state, and the sync policy's state, read as one cut across
 /// all ps tasks. Every ps is paused (at once, or the moment it completes `at_step`; pushes
 /// that arrive then wait), each is brought to the same count of pushes taken from every
-/// worker (the largest any had, less a push lost with its worker's process: cut_counts),
+/// worker (the largest any had, less a push lost with its worker's process: cut_of),
 /// read there, and resumed. Training stands still only while
 /// the dense state is read: the tables' rows are read after the ps tasks resume, each ps
 /// answering with the rows as they were at the cut (copy-on-write). With `rows.since` ≥ 0 the
@@ -7331,7 +7322,9 @@ ModelState read_state(Client<T>& client, std::int64_t at_step = 0, CutRows rows 
       break;
     }
   }
-  std::vector<std::vector<std::uint64_t>> until = detail::cut_counts(paused);
+  ReadState cut = detail::cut_of(paused);
+  cut.since = rows.since;
+  cut.forget_evictions_before = rows.forget_evictions_before;
   ModelState state;
   const std::size_t num_slots = paused[0].slot_names.size();
   for (const VariableSpec& spec : client.variables()) {
@@ -7361,9 +7354,7 @@ ModelState read_state(Client<T>& client, std::int64_t at_step = 0, CutRows rows 
         targets.push_back(std::span(v.slots[k].values).subspan(at, n));
       }
     }
-    group.add(client.transport().call(
-        ps, ReadState{std::move(until[m]), rows.since, rows.forget_evictions_before},
-        std::move(targets)));
+    group.add(client.transport().call(ps, cut, std::move(targets)));
   }
   group.wait(client.options().request_timeout, "read the ps tasks' state at one cut");
   for (std::size_t k = 0; k < group.size(); ++k) {
@@ -11496,17 +11487,21 @@ class PushLedger {
   }
   /// Pushes taken so far, by worker.
   [[nodiscard]] const std::vector<std::uint64_t>& taken() const noexcept { return taken_; }
-  /// The number and series of the last numbered push taken of each worker, by worker (0
-  /// and 0: none); what PauseReply says beside `taken`.
-  [[nodiscard]] std::vector<std::uint64_t> last_sequences() const {
-    std::vector<std::uint64_t> out;
-    for (const Last& last : last_) out.push_back(last.sequence);
-    return out;
+  /// The number and series of the last numbered push taken of `worker` (0 and 0: none).
+  [[nodiscard]] std::pair<std::uint64_t, std::uint64_t> last(std::uint32_t worker) const noexcept {
+    if (worker >= last_.size()) return {0, 0};
+    return {last_[worker].sequence, last_[worker].series};
   }
-  [[nodiscard]] std::vector<std::uint64_t> last_series() const {
-    std::vector<std::uint64_t> out;
-    for (const Last& last : last_) out.push_back(last.series);
-    return out;
+  /// last() of every worker, into `sequences` and `series` (what PauseReply says beside
+  /// `taken`).
+  void last_pushes(std::vector<std::uint64_t>& sequences,
+                   std::vector<std::uint64_t>& series) const {
+    sequences.clear();
+    series.clear();
+    for (const Last& l : last_) {
+      sequences.push_back(l.sequence);
+      series.push_back(l.series);
+    }
   }
   /// The furthest step a push taken so far was made for (Push::local_step), -1 if none.
   [[nodiscard]] std::int64_t furthest() const noexcept { return furthest_; }
@@ -11593,8 +11588,8 @@ namespace pulley {
 /// `client/checkpoint_cut.hpp`): while paused, pushes that arrive are held, copied out of
 /// the transport's buffers; a ReadState names how many pushes of each worker the cut holds
 /// (the largest count any ps had taken, less a push lost with its worker's process that
-/// never comes here: the chief's cut_counts), and the ps takes held pushes, in the order they
-/// came, until it has taken exactly that many of every worker, then answers with its state.
+/// never comes here: own_until), and the ps takes held pushes, in the order they came,
+/// until it has taken exactly that many of every worker, then answers with its state.
 /// So every ps is read at the same pushes, under any sync policy.
 ///
 /// The part keeps the pause, the held pushes and the pending read; the ps takes the pushes
@@ -11657,6 +11652,30 @@ class CheckpointCut {
   void read_at(std::vector<std::uint64_t> until, Responder& reply) {
     if (pending_) respond(pending_->reply, ErrorReply{ErrorCode::kCancelled, "a newer ReadState came"});
     pending_.emplace(PendingRead{std::move(until), std::exchange(reply, nullptr)});
+  }
+
+  /// The pushes of each worker that `read` holds this ps to, by what its `ledger` took: the
+  /// cut's count (ReadState::until), but a worker of whom it took fewer is waited for one
+  /// push at most, and none when its own last push is the one the cut names (the furthest
+  /// ps's last). A worker has one push in flight at a time and sends again only its last,
+  /// so what such a ps lacks was lost with an earlier process of that worker, written to
+  /// other ps tasks only: under Async and BoundedStaleness nothing counts it here, and
+  /// waiting for it stood the cut still until the request timeout once no push came any
+  /// more, as at the end of training. The ps judges by its own ledger, so each copy of a
+  /// shard judges for itself. An unnumbered last push (sequence 0): the cut's count.
+  [[nodiscard]] static std::vector<std::uint64_t> own_until(const PushLedger& ledger,
+                                                            const ReadState& read) {
+    std::vector<std::uint64_t> until = read.until;
+    const auto at = [](const std::vector<std::uint64_t>& v, std::size_t w) -> std::uint64_t {
+      return w < v.size() ? v[w] : 0;
+    };
+    for (std::uint32_t w = 0; w < until.size(); ++w) {
+      const std::uint64_t taken = ledger.taken(w), sequence = at(read.last_sequences, w);
+      if (taken >= until[w] || sequence == 0) continue;
+      const bool took_last = ledger.last(w) == std::pair{sequence, at(read.last_series, w)};
+      until[w] = took_last ? taken : taken + 1;
+    }
+    return until;
   }
 
   /// A worker of whom the ps has taken more pushes than `until` allows, if any.
@@ -15594,9 +15613,8 @@ void ParameterServer<S, O, P, T>::pause(std::uint64_t session, Responder& reply)
                     {},
                     checkpoints_whole_state_v<O>,
                     shard_.tables().evictions_since(),
-                    ledger_.furthest(),
-                    ledger_.last_sequences(),
-                    ledger_.last_series()};
+                    ledger_.furthest()};
+  ledger_.last_pushes(answer.last_sequences, answer.last_series);
   shard_.state_names(answer.slot_names, answer.counter_names);
   cut_.pause(session);
   respond(reply, std::move(answer));
@@ -15606,6 +15624,7 @@ template <Sharding S, Optimizer O, SyncPolicy P, TablesOrNone T>
 void ParameterServer<S, O, P, T>::on(ReadState& r, const RequestContext&, Responder& reply) {
   if (!cut_.paused())
     return reject(reply, ErrorCode::kFailedPrecondition, "ReadState without Pause");
+  r.until = CheckpointCut::own_until(ledger_, r);
   if (const auto worker = CheckpointCut::past(ledger_, r.until)) {
     return reject(reply, ErrorCode::kFailedPrecondition,
                   "ReadState: this ps has taken more pushes of worker " + std::to_string(*worker) +

@@ -28,10 +28,11 @@
 #include "pulley/sync/async.hpp"
 #include "pulley/sync/bounded_staleness.hpp"
 #include "pulley/sync/sync_replicas.hpp"
+#include "pulley/transport/detail/copies.hpp"
 #include "support/cluster.hpp"
 #include "support/linear_model.hpp"
-#include "support/two_workers.hpp"
 #include "support/log_capture.hpp"
+#include "support/two_workers.hpp"
 
 using namespace pulley;
 using pulley::testing::Cluster;
@@ -276,12 +277,6 @@ std::shared_ptr<std::optional<Response>> ask_later(PS& ps, Request request, Node
 const std::vector<VariableSpec> kModel{{"w", {2}, {}}};
 const Node kChief = Node::chief(), kW0 = Node::worker(0), kW1 = Node::worker(1);
 
-/// Sets worker 0's last push in `p`.
-void paused_last(PauseReply& p, std::uint64_t sequence, std::uint64_t series) {
-  p.last_sequences.at(0) = sequence;
-  p.last_series.at(0) = series;
-}
-
 }  // namespace
 
 TEST_CASE("a pause holds pushes, a cut takes the ones on their way, resume takes the rest") {
@@ -318,43 +313,83 @@ TEST_CASE("a pause holds pushes, a cut takes the ones on their way, resume takes
   CHECK(waits->has_value());
 }
 
-TEST_CASE(
-    "a cut's counts: a ps short of the furthest by a push lost with an earlier process is not "
-    "waited for") {
-  // Worker 0's last push is number 5 of series 9 on both ps; the first ps counts one more:
-  // a push of the process before, which the second never took and never will.
+TEST_CASE("a cut holds each ps to the furthest count, less a push lost with an earlier process") {
+  // Worker 0's last push is number 5 of series 9 on every ps; this ps took 11 of worker 0's
+  // pushes, another 12: one of the process before, which this one never took and never will.
+  PushLedger ledger;
+  for (int i = 0; i < 11; ++i) ledger.count(0, i);
+  ledger.answered(0, 5, {}, 9);
+  for (int i = 0; i < 4; ++i) ledger.count(1, i);
+  ledger.answered(1, 4, {}, 3);
+  const auto cut = [](std::vector<std::uint64_t> sequences, std::vector<std::uint64_t> series) {
+    ReadState r;
+    r.until = {12, 4};
+    r.last_sequences = std::move(sequences);
+    r.last_series = std::move(series);
+    return r;
+  };
+  using Counts = std::vector<std::uint64_t>;
+  CHECK(CheckpointCut::own_until(ledger, cut({5, 4}, {9, 3})) == Counts{11, 4});
+  // The furthest ps's last is another push (another number, or the same number of another
+  // series): it is on its way here, and this ps waits for that one push, and only that one.
+  CHECK(CheckpointCut::own_until(ledger, cut({6, 4}, {9, 3})) == Counts{12, 4});
+  CHECK(CheckpointCut::own_until(ledger, cut({5, 4}, {10, 3})) == Counts{12, 4});
+  ReadState two_short = cut({6, 4}, {9, 3});
+  two_short.until = {13, 4};  // one lost before, and the last on its way
+  CHECK(CheckpointCut::own_until(ledger, two_short) == Counts{12, 4});
+  // Unnumbered pushes say nothing of which: the cut's count, as a cut always took.
+  CHECK(CheckpointCut::own_until(ledger, cut({0, 0}, {0, 0})) == Counts{12, 4});
+  CHECK(CheckpointCut::own_until(ledger, cut({}, {})) == Counts{12, 4});
+  // A worker this ps never heard of: its pushes are on their way.
+  ReadState more = cut({5, 4, 2}, {9, 3, 1});
+  more.until = {11, 4, 1};
+  CHECK(CheckpointCut::own_until(ledger, more) == Counts{11, 4, 1});
+
+  // The chief's half: the furthest count of each worker, with that ps's last push.
   PauseReply first{}, second{};
   first.pushes = {12, 4};
-  first.last_sequences = {5, 4};
+  first.last_sequences = {6, 4};
   first.last_series = {9, 3};
-  second.pushes = {11, 4};
-  second.last_sequences = {5, 4};
+  second.pushes = {11, 5, 2};
+  second.last_sequences = {5, 7};
   second.last_series = {9, 3};
-  const std::vector<PauseReply> paused{first, second};
-  CHECK(detail::cut_counts(paused) == std::vector<std::vector<std::uint64_t>>{{12, 4}, {11, 4}});
-  // Its last push is still on its way to the second (another number, or the same number of
-  // another series): the second waits for that one push, and only that one.
-  paused_last(second, 4, 9);
-  CHECK(detail::cut_counts(std::vector<PauseReply>{first, second}) ==
-        std::vector<std::vector<std::uint64_t>>{{12, 4}, {12, 4}});
-  second.pushes = {10, 4};  // one lost before, and the last on its way
-  CHECK(detail::cut_counts(std::vector<PauseReply>{first, second}) ==
-        std::vector<std::vector<std::uint64_t>>{{12, 4}, {11, 4}});
-  paused_last(second, 5, 8);  // the same number, of the process before
-  CHECK(detail::cut_counts(std::vector<PauseReply>{first, second}) ==
-        std::vector<std::vector<std::uint64_t>>{{12, 4}, {11, 4}});
-  // Unnumbered pushes say nothing of which: the largest count, as a cut always took.
-  first.last_sequences = {0, 0};
-  first.last_series = {0, 0};
-  CHECK(detail::cut_counts(std::vector<PauseReply>{first, second}) ==
-        std::vector<std::vector<std::uint64_t>>{{12, 4}, {12, 4}});
-  // A worker that one ps never heard of.
-  PauseReply third{};
-  third.pushes = {12};
-  third.last_sequences = {5};
-  third.last_series = {9};
-  CHECK(detail::cut_counts(std::vector<PauseReply>{third, first}) ==
-        std::vector<std::vector<std::uint64_t>>{{12, 4}, {12, 4}});
+  const ReadState named = detail::cut_of(std::vector<PauseReply>{first, second});
+  CHECK(named.until == Counts{12, 5, 2});
+  CHECK(named.last_sequences == Counts{6, 7, 0});
+  CHECK(named.last_series == Counts{9, 3, 0});
+}
+
+TEST_CASE(
+    "a cut over copies waits for the push that one copy of a shard took and the other ps not") {
+  // Shard X has two copies, `xa` (the copy read from) and `xb`; shard Y one, `y`. Worker 0's
+  // push 2 reached xb only, and is on its way to xa and y. Both copies' pause answers fold
+  // into one (the transport's merge_copy_answers); the cut must hold every ps to push 2.
+  using SgdAsync = ParameterServer<RoundRobin, Sgd, Async>;
+  SgdAsync xa(0, 1, Sgd{1.0F}, Async{}), xb(0, 1, Sgd{1.0F}, Async{}), y(0, 1, Sgd{1.0F}, Async{});
+  const std::vector<float> w{0, 0}, g{1, 1};
+  for (SgdAsync* ps : {&xa, &xb, &y}) {
+    ask(*ps, Register{kModel}, kChief);
+    ask(*ps, Initialize{{{0, w}}}, kChief);
+    ask(*ps, Push{0, 0, {{0, g}}, 0, 1, {}, 7}, kW0);
+  }
+  ask(xb, Push{0, 1, {{0, g}}, 0, 2, {}, 7}, kW0);
+  Response x = ask(xa, Pause{}, kChief);
+  transport_detail::merge_copy_answers(x, ask(xb, Pause{}, kChief));
+  CHECK(std::get<PauseReply>(x).pushes == std::vector<std::uint64_t>{2});
+  CHECK(std::get<PauseReply>(x).last_sequences == std::vector<std::uint64_t>{2});
+  const std::vector<PauseReply> paused{std::get<PauseReply>(x),
+                                       std::get<PauseReply>(ask(y, Pause{}, kChief))};
+  const ReadState cut = detail::cut_of(paused);
+  auto cut_xa = ask_later(xa, cut, kChief), cut_xb = ask_later(xb, cut, kChief),
+       cut_y = ask_later(y, cut, kChief);
+  REQUIRE(cut_xb->has_value());
+  CHECK_FALSE(cut_xa->has_value());
+  CHECK_FALSE(cut_y->has_value());  // a cut with xa's last push would read y a push short
+  for (SgdAsync* ps : {&xa, &y}) ask_later(*ps, Push{0, 1, {{0, g}}, 0, 2, {}, 7}, kW0);
+  for (const auto* answer : {&cut_xa, &cut_xb, &cut_y}) {
+    REQUIRE((*answer)->has_value());
+    CHECK(std::get<StateReply>(***answer).global_step == 2);
+  }
 }
 
 TEST_CASE(
@@ -381,9 +416,9 @@ TEST_CASE(
   CHECK(paused[1].pushes == std::vector<std::uint64_t>{2});
   CHECK(paused[1].last_sequences == std::vector<std::uint64_t>{1});
   CHECK(paused[1].last_series == std::vector<std::uint64_t>{9});
-  std::vector<std::vector<std::uint64_t>> until = detail::cut_counts(paused);
-  auto cut_a = ask_later(a, ReadState{until[0]}, kChief);
-  auto cut_b = ask_later(b, ReadState{until[1]}, kChief);
+  ReadState cut = detail::cut_of(paused);
+  auto cut_a = ask_later(a, cut, kChief);
+  auto cut_b = ask_later(b, cut, kChief);
   REQUIRE(cut_a->has_value());
   REQUIRE(cut_b->has_value());  // at once: nothing of worker 0's is to come
   CHECK(std::get<StateReply>(**cut_a).global_step == 3);
@@ -395,10 +430,10 @@ TEST_CASE(
   ask(a, Push{0, 2, {{0, g}}, 0, 2, {}, 9}, kW0);
   const std::vector<PauseReply> again{std::get<PauseReply>(ask(a, Pause{}, kChief)),
                                       std::get<PauseReply>(ask(b, Pause{}, kChief))};
-  until = detail::cut_counts(again);
-  CHECK(until == std::vector<std::vector<std::uint64_t>>{{4}, {3}});
-  cut_a = ask_later(a, ReadState{until[0]}, kChief);
-  cut_b = ask_later(b, ReadState{until[1]}, kChief);
+  cut = detail::cut_of(again);
+  CHECK(cut.until == std::vector<std::uint64_t>{4});
+  cut_a = ask_later(a, cut, kChief);
+  cut_b = ask_later(b, cut, kChief);
   REQUIRE(cut_a->has_value());
   CHECK_FALSE(cut_b->has_value());
   auto pushed = ask_later(b, Push{0, 2, {{0, g}}, 0, 2, {}, 9}, kW0);

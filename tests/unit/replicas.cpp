@@ -1280,7 +1280,9 @@ TEST_CASE("a pull answered by both copies names the step both reached, not the o
   for (const Stats& s : chief.stats()) CHECK(s.global_step == 2);  // (read from ps k's own)
 }
 
-TEST_CASE("answers of both copies: a pull names the lower step, a pause the furthest step and the most pushes") {
+TEST_CASE(
+    "answers of both copies: a pull names the lower step, a pause the furthest step and the most "
+    "pushes, with their last") {
   using transport_detail::merge_copy_answers;
   Response pull = PullReply{};
   std::get<PullReply>(pull).global_step = 5;
@@ -1302,11 +1304,19 @@ TEST_CASE("answers of both copies: a pull names the lower step, a pause the furt
   Response paused = pause_reply(7, {14, 13}, 2);
   Response twin = pause_reply(8, {14, 15, 1}, 1);
   std::get<PauseReply>(twin).furthest_pushed = 9;
+  // Each count goes with the last push of the copy that took it (a cut names it: with the
+  // other copy's last, a ps one push short of it would not wait for that push).
+  std::get<PauseReply>(paused).last_sequences = {3, 4};
+  std::get<PauseReply>(paused).last_series = {1, 1};
+  std::get<PauseReply>(twin).last_sequences = {8, 5, 6};
+  std::get<PauseReply>(twin).last_series = {2, 1, 2};
   merge_copy_answers(paused, twin);
   CHECK(std::get<PauseReply>(paused).furthest_pushed == 9);
   const auto& merged = std::get<PauseReply>(paused);
   CHECK(merged.global_step == 8);
   CHECK(merged.pushes == std::vector<std::uint64_t>{14, 15, 1});
+  CHECK(merged.last_sequences == std::vector<std::uint64_t>{3, 5, 6});  // a tie: the copy read's
+  CHECK(merged.last_series == std::vector<std::uint64_t>{1, 1, 2});
   CHECK(merged.evictions_since == 2);
   CHECK(merged.epoch == 3);
 

@@ -98,8 +98,13 @@ TEST_CASE("every request survives a round trip, tensors included") {
   CHECK(restore.pacer == std::vector<std::int64_t>{10, 11});
   CHECK(restore.parts.at(0).values[2] == 3.0F);
   CHECK(restore.parts.at(0).slots.at(0)[1] == 5.0F);
-  CHECK(std::get<ReadState>(round_trip(Request{ReadState{{1, 2}}}, storage)).until ==
-        std::vector<std::uint64_t>{1, 2});
+  const auto read =
+      std::get<ReadState>(round_trip(Request{ReadState{{1, 2}, 3, 4, {5, 0}, {6, 0}}}, storage));
+  CHECK(read.until == std::vector<std::uint64_t>{1, 2});
+  CHECK(read.since == 3);
+  CHECK(read.forget_evictions_before == 4);
+  CHECK(read.last_sequences == std::vector<std::uint64_t>{5, 0});
+  CHECK(read.last_series == std::vector<std::uint64_t>{6, 0});
   CHECK(std::holds_alternative<Pause>(round_trip(Request{Pause{}}, storage)));
   CHECK(std::holds_alternative<Resume>(round_trip(Request{Resume{}}, storage)));
   const auto beat = std::get<Heartbeat>(round_trip(Request{Heartbeat{5, true}}, storage));

@@ -220,46 +220,31 @@ inline std::string check_table(const TableState& table, const TableSpec& spec) {
   return {};
 }
 
-/// Each ps's `until` (ReadState) at a cut, from what each answered to Pause, in the same
-/// order: the largest count of each worker's pushes taken over all ps tasks, which a ps
-/// short of it reaches by taking the pushes still on their way to it (held while paused),
-/// less what a ps will never take. A worker has one push in flight at a time and sends
-/// again only its last, so a ps short of the largest count whose last push of that worker
-/// is the furthest ps's last (the same number and series) has taken every push that is
-/// still to come: what it lacks was lost with an earlier process of that worker, written
-/// to other ps tasks only, and it stays at its own count. (Under sync a ps counts such a
-/// push when the worker pulls past it; under Async and BoundedStaleness nothing does, and
-/// waiting for it stood a cut still until the request timeout once no push came any more,
-/// as at the end of training.) One whose last push differs waits for that one push.
-/// Unnumbered pushes (sequence 0): the largest count.
-inline std::vector<std::vector<std::uint64_t>> cut_counts(std::span<const PauseReply> paused) {
-  const auto at = [](const std::vector<std::uint64_t>& v, std::size_t w) {
+/// The cut that every ps is read at (ReadState), from what each answered to Pause: for
+/// each worker, the largest count of its pushes taken over all ps tasks, and the last push
+/// taken by the ps with that count. Each ps holds itself to it by its own ledger (a ps
+/// short of the count by a push lost with an earlier process is not waited for:
+/// CheckpointCut::own_until).
+inline ReadState cut_of(std::span<const PauseReply> paused) {
+  const auto at = [](const std::vector<std::uint64_t>& v, std::size_t w) -> std::uint64_t {
     return w < v.size() ? v[w] : 0;
   };
   std::size_t workers = 0;
   for (const PauseReply& p : paused) workers = std::max(workers, p.pushes.size());
-  std::vector<std::vector<std::uint64_t>> until(paused.size(),
-                                                std::vector<std::uint64_t>(workers, 0));
+  ReadState cut;
+  cut.until.assign(workers, 0);
+  cut.last_sequences.assign(workers, 0);
+  cut.last_series.assign(workers, 0);
   for (std::size_t w = 0; w < workers; ++w) {
-    std::size_t furthest = 0;
-    for (std::size_t k = 1; k < paused.size(); ++k) {
-      if (at(paused[k].pushes, w) > at(paused[furthest].pushes, w)) furthest = k;
+    const PauseReply* furthest = &paused.front();
+    for (const PauseReply& p : paused) {
+      if (at(p.pushes, w) > at(furthest->pushes, w)) furthest = &p;
     }
-    const PauseReply& f = paused[furthest];
-    const std::uint64_t most = at(f.pushes, w), sequence = at(f.last_sequences, w);
-    for (std::size_t k = 0; k < paused.size(); ++k) {
-      const PauseReply& p = paused[k];
-      const std::uint64_t count = at(p.pushes, w);
-      if (count >= most || sequence == 0) {
-        until[k][w] = most;
-        continue;
-      }
-      const bool took_last =
-          at(p.last_sequences, w) == sequence && at(p.last_series, w) == at(f.last_series, w);
-      until[k][w] = took_last ? count : count + 1;
-    }
+    cut.until[w] = at(furthest->pushes, w);
+    cut.last_sequences[w] = at(furthest->last_sequences, w);
+    cut.last_series[w] = at(furthest->last_series, w);
   }
-  return until;
+  return cut;
 }
 
 }  // namespace detail
@@ -279,7 +264,7 @@ struct CutRows {
 /// variable with its optimizer state, and the sync policy's state, read as one cut across
 /// all ps tasks. Every ps is paused (at once, or the moment it completes `at_step`; pushes
 /// that arrive then wait), each is brought to the same count of pushes taken from every
-/// worker (the largest any had, less a push lost with its worker's process: cut_counts),
+/// worker (the largest any had, less a push lost with its worker's process: cut_of),
 /// read there, and resumed. Training stands still only while
 /// the dense state is read: the tables' rows are read after the ps tasks resume, each ps
 /// answering with the rows as they were at the cut (copy-on-write). With `rows.since` ≥ 0 the
@@ -322,7 +307,9 @@ ModelState read_state(Client<T>& client, std::int64_t at_step = 0, CutRows rows 
       break;
     }
   }
-  std::vector<std::vector<std::uint64_t>> until = detail::cut_counts(paused);
+  ReadState cut = detail::cut_of(paused);
+  cut.since = rows.since;
+  cut.forget_evictions_before = rows.forget_evictions_before;
   ModelState state;
   const std::size_t num_slots = paused[0].slot_names.size();
   for (const VariableSpec& spec : client.variables()) {
@@ -352,9 +339,7 @@ ModelState read_state(Client<T>& client, std::int64_t at_step = 0, CutRows rows 
         targets.push_back(std::span(v.slots[k].values).subspan(at, n));
       }
     }
-    group.add(client.transport().call(
-        ps, ReadState{std::move(until[m]), rows.since, rows.forget_evictions_before},
-        std::move(targets)));
+    group.add(client.transport().call(ps, cut, std::move(targets)));
   }
   group.wait(client.options().request_timeout, "read the ps tasks' state at one cut");
   for (std::size_t k = 0; k < group.size(); ++k) {

@@ -19,8 +19,8 @@ namespace pulley {
 /// `client/checkpoint_cut.hpp`): while paused, pushes that arrive are held, copied out of
 /// the transport's buffers; a ReadState names how many pushes of each worker the cut holds
 /// (the largest count any ps had taken, less a push lost with its worker's process that
-/// never comes here: the chief's cut_counts), and the ps takes held pushes, in the order they
-/// came, until it has taken exactly that many of every worker, then answers with its state.
+/// never comes here: own_until), and the ps takes held pushes, in the order they came,
+/// until it has taken exactly that many of every worker, then answers with its state.
 /// So every ps is read at the same pushes, under any sync policy.
 ///
 /// The part keeps the pause, the held pushes and the pending read; the ps takes the pushes
@@ -83,6 +83,30 @@ class CheckpointCut {
   void read_at(std::vector<std::uint64_t> until, Responder& reply) {
     if (pending_) respond(pending_->reply, ErrorReply{ErrorCode::kCancelled, "a newer ReadState came"});
     pending_.emplace(PendingRead{std::move(until), std::exchange(reply, nullptr)});
+  }
+
+  /// The pushes of each worker that `read` holds this ps to, by what its `ledger` took: the
+  /// cut's count (ReadState::until), but a worker of whom it took fewer is waited for one
+  /// push at most, and none when its own last push is the one the cut names (the furthest
+  /// ps's last). A worker has one push in flight at a time and sends again only its last,
+  /// so what such a ps lacks was lost with an earlier process of that worker, written to
+  /// other ps tasks only: under Async and BoundedStaleness nothing counts it here, and
+  /// waiting for it stood the cut still until the request timeout once no push came any
+  /// more, as at the end of training. The ps judges by its own ledger, so each copy of a
+  /// shard judges for itself. An unnumbered last push (sequence 0): the cut's count.
+  [[nodiscard]] static std::vector<std::uint64_t> own_until(const PushLedger& ledger,
+                                                            const ReadState& read) {
+    std::vector<std::uint64_t> until = read.until;
+    const auto at = [](const std::vector<std::uint64_t>& v, std::size_t w) -> std::uint64_t {
+      return w < v.size() ? v[w] : 0;
+    };
+    for (std::uint32_t w = 0; w < until.size(); ++w) {
+      const std::uint64_t taken = ledger.taken(w), sequence = at(read.last_sequences, w);
+      if (taken >= until[w] || sequence == 0) continue;
+      const bool took_last = ledger.last(w) == std::pair{sequence, at(read.last_series, w)};
+      until[w] = took_last ? taken : taken + 1;
+    }
+    return until;
   }
 
   /// A worker of whom the ps has taken more pushes than `until` allows, if any.

@@ -76,17 +76,21 @@ class PushLedger {
   }
   /// Pushes taken so far, by worker.
   [[nodiscard]] const std::vector<std::uint64_t>& taken() const noexcept { return taken_; }
-  /// The number and series of the last numbered push taken of each worker, by worker (0
-  /// and 0: none); what PauseReply says beside `taken`.
-  [[nodiscard]] std::vector<std::uint64_t> last_sequences() const {
-    std::vector<std::uint64_t> out;
-    for (const Last& last : last_) out.push_back(last.sequence);
-    return out;
+  /// The number and series of the last numbered push taken of `worker` (0 and 0: none).
+  [[nodiscard]] std::pair<std::uint64_t, std::uint64_t> last(std::uint32_t worker) const noexcept {
+    if (worker >= last_.size()) return {0, 0};
+    return {last_[worker].sequence, last_[worker].series};
   }
-  [[nodiscard]] std::vector<std::uint64_t> last_series() const {
-    std::vector<std::uint64_t> out;
-    for (const Last& last : last_) out.push_back(last.series);
-    return out;
+  /// last() of every worker, into `sequences` and `series` (what PauseReply says beside
+  /// `taken`).
+  void last_pushes(std::vector<std::uint64_t>& sequences,
+                   std::vector<std::uint64_t>& series) const {
+    sequences.clear();
+    series.clear();
+    for (const Last& l : last_) {
+      sequences.push_back(l.sequence);
+      series.push_back(l.series);
+    }
   }
   /// The furthest step a push taken so far was made for (Push::local_step), -1 if none.
   [[nodiscard]] std::int64_t furthest() const noexcept { return furthest_; }

@@ -36,11 +36,15 @@ struct Pause {
   }
 };
 
-/// Chief → a paused ps: once it has taken exactly `until[w]` pushes of each worker w (taking
-/// held ones as needed, in order), answer with its state: every part it holds with its
-/// optimizer state, and the sync policy's. With each ps's `until` from cut_counts (the
-/// largest counts over all ps tasks, less what a ps will never take), every ps answers at
-/// the same cut.
+/// Chief → a paused ps: once it has taken the cut's pushes of each worker w (taking held
+/// ones as needed, in order), answer with its state: every part it holds with its optimizer
+/// state, and the sync policy's. The cut is `until[w]` pushes, the largest count over all
+/// ps tasks, less a push this ps will never take: one that is short of `until[w]` and whose
+/// own last push of w is the one named here (the furthest ps's last) took every push still
+/// to come, and what it lacks was lost with an earlier process of w, written to other ps
+/// tasks only; one whose last differs waits for that one push (CheckpointCut::own_until).
+/// Each ps, and each copy of a shard, judges by what it took itself, so every one answers
+/// at the same cut.
 struct ReadState {
   static constexpr std::string_view kName = "ReadState";
   /// Held pushes taken to reach the cut are applied.
@@ -54,10 +58,14 @@ struct ReadState {
   /// Evictions before this global step are forgotten: no later cut will be since an
   /// earlier step (the newest checkpoint on disk). -1: none.
   std::int64_t forget_evictions_before = -1;
+  /// By worker: the number (Push::sequence) and series of the last push taken by the ps
+  /// with the most (PauseReply::last_sequences); 0 and 0: unnumbered, `until` stands.
+  std::vector<std::uint64_t> last_sequences = {};
+  std::vector<std::uint64_t> last_series = {};
 
   template <class Archive>
   void serialize(Archive& archive) {
-    archive(until, since, forget_evictions_before);
+    archive(until, since, forget_evictions_before, last_sequences, last_series);
   }
 };
 
@@ -185,9 +193,7 @@ struct PauseReply {
   /// worker that leaves (those made for earlier steps).
   std::int64_t furthest_pushed = -1;
   /// By worker: the number (Push::sequence) and series of the last push taken, 0 and 0 when
-  /// none was numbered. A ps short of another's count whose last push is the other's took
-  /// every push still to come: what it lacks was lost with its worker's process (written
-  /// to another ps only), and the cut does not wait for it (cut_counts).
+  /// none was numbered. The cut names the furthest ps's (ReadState::last_sequences).
   std::vector<std::uint64_t> last_sequences = {};
   std::vector<std::uint64_t> last_series = {};
 

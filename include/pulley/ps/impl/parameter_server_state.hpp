@@ -132,9 +132,8 @@ void ParameterServer<S, O, P, T>::pause(std::uint64_t session, Responder& reply)
                     {},
                     checkpoints_whole_state_v<O>,
                     shard_.tables().evictions_since(),
-                    ledger_.furthest(),
-                    ledger_.last_sequences(),
-                    ledger_.last_series()};
+                    ledger_.furthest()};
+  ledger_.last_pushes(answer.last_sequences, answer.last_series);
   shard_.state_names(answer.slot_names, answer.counter_names);
   cut_.pause(session);
   respond(reply, std::move(answer));
@@ -144,6 +143,7 @@ template <Sharding S, Optimizer O, SyncPolicy P, TablesOrNone T>
 void ParameterServer<S, O, P, T>::on(ReadState& r, const RequestContext&, Responder& reply) {
   if (!cut_.paused())
     return reject(reply, ErrorCode::kFailedPrecondition, "ReadState without Pause");
+  r.until = CheckpointCut::own_until(ledger_, r);
   if (const auto worker = CheckpointCut::past(ledger_, r.until)) {
     return reject(reply, ErrorCode::kFailedPrecondition,
                   "ReadState: this ps has taken more pushes of worker " + std::to_string(*worker) +

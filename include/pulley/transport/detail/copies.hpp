@@ -18,9 +18,11 @@ namespace pulley::transport_detail {
 ///   worker that skipped its next pull on the higher step's word would push for the next
 ///   step to a copy still in this one, which would count it for this step;
 /// - a pause (PauseReply) names the furthest step, the furthest step pushed for, the most
-///   pushes taken of each worker and the later start of known evictions of either copy: a change of workers "from the
-///   next step" must be to come on both copies, and a cut must wait for every push either
-///   copy took.
+///   pushes taken of each worker, with the last push of the copy that took them, and the
+///   later start of known evictions of either copy: a change of workers "from the next step"
+///   must be to come on both copies, and a cut must wait for every push either copy took
+///   (the cut names the furthest ps's last push: a count with another copy's last would let
+///   a ps one push short hold itself at its count, CheckpointCut::own_until).
 /// Other answers are left as they are.
 inline void merge_copy_answers(Response& read, const Response& other) {
   const auto lower = [](auto* r, const auto* o) {
@@ -34,9 +36,15 @@ inline void merge_copy_answers(Response& read, const Response& other) {
   paused->global_step = std::max(paused->global_step, twin->global_step);
   paused->evictions_since = std::max(paused->evictions_since, twin->evictions_since);
   paused->furthest_pushed = std::max(paused->furthest_pushed, twin->furthest_pushed);
-  if (paused->pushes.size() < twin->pushes.size()) paused->pushes.resize(twin->pushes.size(), 0);
+  const std::size_t workers = std::max(paused->pushes.size(), twin->pushes.size());
+  paused->pushes.resize(workers, 0);
+  paused->last_sequences.resize(workers, 0);
+  paused->last_series.resize(workers, 0);
   for (std::size_t w = 0; w < twin->pushes.size(); ++w) {
-    paused->pushes[w] = std::max(paused->pushes[w], twin->pushes[w]);
+    if (twin->pushes[w] <= paused->pushes[w]) continue;
+    paused->pushes[w] = twin->pushes[w];
+    paused->last_sequences[w] = w < twin->last_sequences.size() ? twin->last_sequences[w] : 0;
+    paused->last_series[w] = w < twin->last_series.size() ? twin->last_series[w] : 0;
   }
 }
 
