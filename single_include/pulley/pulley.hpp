@@ -11404,6 +11404,7 @@ static_assert(BoundsRowMagnitudes<Sgd>);
 // ---- begin pulley/ps/checkpoint_cut.hpp ----
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <optional>
@@ -11596,6 +11597,8 @@ namespace pulley {
 /// and builds the state (the callbacks of `advance` and `resume`).
 class CheckpointCut {
  public:
+  using Clock = std::chrono::steady_clock;
+
   /// A push that arrived while paused, with its tensors copied.
   struct HeldPush {
     Push push;
@@ -11651,7 +11654,25 @@ class CheckpointCut {
   /// `reply` by `advance`; a read asked before is cancelled.
   void read_at(std::vector<std::uint64_t> until, Responder& reply) {
     if (pending_) respond(pending_->reply, ErrorReply{ErrorCode::kCancelled, "a newer ReadState came"});
-    pending_.emplace(PendingRead{std::move(until), std::exchange(reply, nullptr)});
+    pending_.emplace(PendingRead{std::move(until), std::exchange(reply, nullptr), Clock::now()});
+  }
+
+  /// A worker that the pending read, asked `patience` before `now` or earlier, still waits
+  /// for (short of the cut and `awaited`), with the count of its pushes the cut holds: once
+  /// per read (what an operator is told of a cut that stands still), else nullopt.
+  template <class Awaited>
+  std::optional<std::pair<std::uint32_t, std::uint64_t>> overdue(const PushLedger& ledger,
+                                                                 Clock::time_point now,
+                                                                 Clock::duration patience,
+                                                                 Awaited&& awaited) {
+    if (!pending_ || pending_->told || now - pending_->asked < patience) return std::nullopt;
+    const std::vector<std::uint64_t>& until = pending_->until;
+    for (std::uint32_t w = 0; w < until.size(); ++w) {
+      if (ledger.taken(w) >= until[w] || !awaited(w)) continue;
+      pending_->told = true;
+      return std::pair{w, until[w]};
+    }
+    return std::nullopt;
   }
 
   /// The pushes of each worker that `read` holds this ps to, by what its `ledger` took: the
@@ -11758,6 +11779,8 @@ class CheckpointCut {
   struct PendingRead {
     std::vector<std::uint64_t> until;
     Responder reply;
+    Clock::time_point asked;
+    bool told = false;  ///< overdue() said it
   };
 
   bool paused_ = false;
@@ -15055,7 +15078,10 @@ class ParameterServer {
 
   void on(ReadState& r, const RequestContext&, Responder& reply);
 
+  /// Takes held pushes toward the pending cut, and answers it once reached; tells the
+  /// operator once of a cut that waited kCutPatience for a worker's push.
   void advance_cut();
+  static constexpr std::chrono::seconds kCutPatience{2};
 
   void on(ReadRows& r, const RequestContext& context, Responder& reply);
 
@@ -15624,7 +15650,17 @@ template <Sharding S, Optimizer O, SyncPolicy P, TablesOrNone T>
 void ParameterServer<S, O, P, T>::on(ReadState& r, const RequestContext&, Responder& reply) {
   if (!cut_.paused())
     return reject(reply, ErrorCode::kFailedPrecondition, "ReadState without Pause");
+  const std::vector<std::uint64_t> furthest = r.until;
   r.until = CheckpointCut::own_until(ledger_, r);
+  for (std::uint32_t w = 0; w < r.until.size(); ++w) {
+    if (r.until[w] >= furthest[w] || r.until[w] != ledger_.taken(w)) continue;
+    log(LogLevel::kInfo,
+        name_ + ": the cut holds " + Node::worker(w).name() + " at the " +
+            std::to_string(r.until[w]) + " pushes taken here, " +
+            std::to_string(furthest[w] - r.until[w]) +
+            " fewer than another ps took: its last push here is that ps's last, and what "
+            "this ps lacks was lost with an earlier process of that worker");
+  }
   if (const auto worker = CheckpointCut::past(ledger_, r.until)) {
     return reject(reply, ErrorCode::kFailedPrecondition,
                   "ReadState: this ps has taken more pushes of worker " + std::to_string(*worker) +
@@ -15640,6 +15676,10 @@ void ParameterServer<S, O, P, T>::on(ReadState& r, const RequestContext&, Respon
 
 template <Sharding S, Optimizer O, SyncPolicy P, TablesOrNone T>
 void ParameterServer<S, O, P, T>::advance_cut() {
+  const auto now = Clock::now();
+  const auto awaited = [this, now](std::uint32_t w) {
+    return workers_.counted(w) && !liveness_.is_lost(w) && !liveness_.silent(w, now);
+  };
   cut_.advance(
       ledger_, [this](const Push& push, Responder& reply) { take(push, reply); },
       [this] {
@@ -15647,9 +15687,17 @@ void ParameterServer<S, O, P, T>::advance_cut() {
         shard_.tables().mark_cut(cut_since_, cut_forget_before_);
         return StateReply{pacing_.global_step(), pacing_.save(), shard_.read_state()};
       },
-      [this, now = Clock::now()](std::uint32_t w) {
-        return workers_.counted(w) && !liveness_.is_lost(w) && !liveness_.silent(w, now);
-      });
+      awaited);
+  if (const auto waits = cut_.overdue(ledger_, now, kCutPatience, awaited)) {
+    log(LogLevel::kInfo,
+        name_ + ": the chief's cut has waited " +
+            std::to_string(std::chrono::duration_cast<std::chrono::seconds>(kCutPatience).count()) +
+            " s for a push of " + Node::worker(waits->first).name() + " (taken here " +
+            std::to_string(ledger_.taken(waits->first)) + " of the cut's " +
+            std::to_string(waits->second) +
+            "): it is on its way, or the worker is held lost after the worker timeout and the "
+            "cut goes on without it");
+  }
 }
 
 template <Sharding S, Optimizer O, SyncPolicy P, TablesOrNone T>

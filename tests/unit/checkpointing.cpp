@@ -359,6 +359,28 @@ TEST_CASE("a cut holds each ps to the furthest count, less a push lost with an e
   CHECK(named.last_series == Counts{9, 3, 0});
 }
 
+TEST_CASE("a cut that stands still for a worker's push is told once, naming the worker") {
+  PushLedger ledger;
+  ledger.count(0, 0);
+  ledger.count(1, 0);
+  CheckpointCut cut;
+  cut.pause(1);
+  Responder reply = [](Response&&) {};
+  const auto asked = CheckpointCut::Clock::now();
+  cut.read_at({1, 2}, reply);
+  const auto awaited = [](std::uint32_t) { return true; };
+  const std::chrono::seconds patience{2};
+  CHECK_FALSE(cut.overdue(ledger, asked, patience, awaited).has_value());  // not yet
+  const auto later = asked + std::chrono::seconds(3);
+  CHECK_FALSE(
+      cut.overdue(ledger, later, patience, [](std::uint32_t) { return false; }).has_value());
+  const auto waits = cut.overdue(ledger, later, patience, awaited);
+  REQUIRE(waits.has_value());
+  CHECK(waits->first == 1);  // worker 0 is at the cut
+  CHECK(waits->second == 2);
+  CHECK_FALSE(cut.overdue(ledger, later, patience, awaited).has_value());  // told once
+}
+
 TEST_CASE(
     "a cut over copies waits for the push that one copy of a shard took and the other ps not") {
   // Shard X has two copies, `xa` (the copy read from) and `xb`; shard Y one, `y`. Worker 0's
@@ -417,10 +439,14 @@ TEST_CASE(
   CHECK(paused[1].last_sequences == std::vector<std::uint64_t>{1});
   CHECK(paused[1].last_series == std::vector<std::uint64_t>{9});
   ReadState cut = detail::cut_of(paused);
+  pulley::testing::LogCapture captured;
   auto cut_a = ask_later(a, cut, kChief);
   auto cut_b = ask_later(b, cut, kChief);
   REQUIRE(cut_a->has_value());
   REQUIRE(cut_b->has_value());  // at once: nothing of worker 0's is to come
+  // The operator is told which ps was held short of the furthest, and why.
+  CHECK(captured.find(LogLevel::kInfo, "the cut holds worker:0 at the 2 pushes taken here, 1 fewer")
+            .size() == 1);
   CHECK(std::get<StateReply>(**cut_a).global_step == 3);
   CHECK(std::get<StateReply>(**cut_b).global_step == 2);
   for (SgdAsync* ps : {&a, &b}) CHECK(std::holds_alternative<Ack>(ask(*ps, Resume{}, kChief)));

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <optional>
@@ -27,6 +28,8 @@ namespace pulley {
 /// and builds the state (the callbacks of `advance` and `resume`).
 class CheckpointCut {
  public:
+  using Clock = std::chrono::steady_clock;
+
   /// A push that arrived while paused, with its tensors copied.
   struct HeldPush {
     Push push;
@@ -82,7 +85,25 @@ class CheckpointCut {
   /// `reply` by `advance`; a read asked before is cancelled.
   void read_at(std::vector<std::uint64_t> until, Responder& reply) {
     if (pending_) respond(pending_->reply, ErrorReply{ErrorCode::kCancelled, "a newer ReadState came"});
-    pending_.emplace(PendingRead{std::move(until), std::exchange(reply, nullptr)});
+    pending_.emplace(PendingRead{std::move(until), std::exchange(reply, nullptr), Clock::now()});
+  }
+
+  /// A worker that the pending read, asked `patience` before `now` or earlier, still waits
+  /// for (short of the cut and `awaited`), with the count of its pushes the cut holds: once
+  /// per read (what an operator is told of a cut that stands still), else nullopt.
+  template <class Awaited>
+  std::optional<std::pair<std::uint32_t, std::uint64_t>> overdue(const PushLedger& ledger,
+                                                                 Clock::time_point now,
+                                                                 Clock::duration patience,
+                                                                 Awaited&& awaited) {
+    if (!pending_ || pending_->told || now - pending_->asked < patience) return std::nullopt;
+    const std::vector<std::uint64_t>& until = pending_->until;
+    for (std::uint32_t w = 0; w < until.size(); ++w) {
+      if (ledger.taken(w) >= until[w] || !awaited(w)) continue;
+      pending_->told = true;
+      return std::pair{w, until[w]};
+    }
+    return std::nullopt;
   }
 
   /// The pushes of each worker that `read` holds this ps to, by what its `ledger` took: the
@@ -189,6 +210,8 @@ class CheckpointCut {
   struct PendingRead {
     std::vector<std::uint64_t> until;
     Responder reply;
+    Clock::time_point asked;
+    bool told = false;  ///< overdue() said it
   };
 
   bool paused_ = false;

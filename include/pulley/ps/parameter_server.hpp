@@ -373,7 +373,10 @@ class ParameterServer {
 
   void on(ReadState& r, const RequestContext&, Responder& reply);
 
+  /// Takes held pushes toward the pending cut, and answers it once reached; tells the
+  /// operator once of a cut that waited kCutPatience for a worker's push.
   void advance_cut();
+  static constexpr std::chrono::seconds kCutPatience{2};
 
   void on(ReadRows& r, const RequestContext& context, Responder& reply);
 

@@ -143,7 +143,17 @@ template <Sharding S, Optimizer O, SyncPolicy P, TablesOrNone T>
 void ParameterServer<S, O, P, T>::on(ReadState& r, const RequestContext&, Responder& reply) {
   if (!cut_.paused())
     return reject(reply, ErrorCode::kFailedPrecondition, "ReadState without Pause");
+  const std::vector<std::uint64_t> furthest = r.until;
   r.until = CheckpointCut::own_until(ledger_, r);
+  for (std::uint32_t w = 0; w < r.until.size(); ++w) {
+    if (r.until[w] >= furthest[w] || r.until[w] != ledger_.taken(w)) continue;
+    log(LogLevel::kInfo,
+        name_ + ": the cut holds " + Node::worker(w).name() + " at the " +
+            std::to_string(r.until[w]) + " pushes taken here, " +
+            std::to_string(furthest[w] - r.until[w]) +
+            " fewer than another ps took: its last push here is that ps's last, and what "
+            "this ps lacks was lost with an earlier process of that worker");
+  }
   if (const auto worker = CheckpointCut::past(ledger_, r.until)) {
     return reject(reply, ErrorCode::kFailedPrecondition,
                   "ReadState: this ps has taken more pushes of worker " + std::to_string(*worker) +
@@ -159,6 +169,10 @@ void ParameterServer<S, O, P, T>::on(ReadState& r, const RequestContext&, Respon
 
 template <Sharding S, Optimizer O, SyncPolicy P, TablesOrNone T>
 void ParameterServer<S, O, P, T>::advance_cut() {
+  const auto now = Clock::now();
+  const auto awaited = [this, now](std::uint32_t w) {
+    return workers_.counted(w) && !liveness_.is_lost(w) && !liveness_.silent(w, now);
+  };
   cut_.advance(
       ledger_, [this](const Push& push, Responder& reply) { take(push, reply); },
       [this] {
@@ -166,9 +180,17 @@ void ParameterServer<S, O, P, T>::advance_cut() {
         shard_.tables().mark_cut(cut_since_, cut_forget_before_);
         return StateReply{pacing_.global_step(), pacing_.save(), shard_.read_state()};
       },
-      [this, now = Clock::now()](std::uint32_t w) {
-        return workers_.counted(w) && !liveness_.is_lost(w) && !liveness_.silent(w, now);
-      });
+      awaited);
+  if (const auto waits = cut_.overdue(ledger_, now, kCutPatience, awaited)) {
+    log(LogLevel::kInfo,
+        name_ + ": the chief's cut has waited " +
+            std::to_string(std::chrono::duration_cast<std::chrono::seconds>(kCutPatience).count()) +
+            " s for a push of " + Node::worker(waits->first).name() + " (taken here " +
+            std::to_string(ledger_.taken(waits->first)) + " of the cut's " +
+            std::to_string(waits->second) +
+            "): it is on its way, or the worker is held lost after the worker timeout and the "
+            "cut goes on without it");
+  }
 }
 
 template <Sharding S, Optimizer O, SyncPolicy P, TablesOrNone T>
