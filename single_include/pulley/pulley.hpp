@@ -3850,8 +3850,8 @@ struct Pause {
 /// own last push of w is the one named here (the furthest ps's last) took every push still
 /// to come, and what it lacks was lost with an earlier process of w, written to other ps
 /// tasks only; one whose last differs waits for that one push (CheckpointCut::own_until).
-/// Each ps, and each copy of a shard, judges by what it took itself, so every one answers
-/// at the same cut.
+/// Each ps judges by what it took itself (with copies, the copy read from, which is the
+/// one that gets it), so every one answers at the same cut.
 struct ReadState {
   static constexpr std::string_view kName = "ReadState";
   /// Held pushes taken to reach the cut are applied.
@@ -7279,7 +7279,8 @@ struct CutRows {
 /// variable with its optimizer state, and the sync policy's state, read as one cut across
 /// all ps tasks. Every ps is paused (at once, or the moment it completes `at_step`; pushes
 /// that arrive then wait), each is brought to the same count of pushes taken from every
-/// worker (the largest any had, less a push lost with its worker's process: cut_of),
+/// worker (the largest any had, with that ps's last push, cut_of; each ps less a push lost
+/// with its worker's process, CheckpointCut::own_until),
 /// read there, and resumed. Training stands still only while
 /// the dense state is read: the tables' rows are read after the ps tasks resume, each ps
 /// answering with the rows as they were at the cut (copy-on-write). With `rows.since` ≥ 0 the
@@ -11587,10 +11588,11 @@ namespace pulley {
 
 /// A ps task's half of a checkpoint's cut (Pause, ReadState, Resume; the chief's half is
 /// `client/checkpoint_cut.hpp`): while paused, pushes that arrive are held, copied out of
-/// the transport's buffers; a ReadState names how many pushes of each worker the cut holds
-/// (the largest count any ps had taken, less a push lost with its worker's process that
-/// never comes here: own_until), and the ps takes held pushes, in the order they came,
-/// until it has taken exactly that many of every worker, then answers with its state.
+/// the transport's buffers; a ReadState names the largest count of each worker's pushes any
+/// ps had taken and that ps's last push, the ps works out its own count from them (less a
+/// push lost with its worker's process that never comes here: own_until), and takes held
+/// pushes, in the order they came, until it has taken exactly that many of every worker,
+/// then answers with its state.
 /// So every ps is read at the same pushes, under any sync policy.
 ///
 /// The part keeps the pause, the held pushes and the pending read; the ps takes the pushes
@@ -11682,8 +11684,13 @@ class CheckpointCut {
   /// so what such a ps lacks was lost with an earlier process of that worker, written to
   /// other ps tasks only: under Async and BoundedStaleness nothing counts it here, and
   /// waiting for it stood the cut still until the request timeout once no push came any
-  /// more, as at the end of training. The ps judges by its own ledger, so each copy of a
-  /// shard judges for itself. An unnumbered last push (sequence 0): the cut's count.
+  /// more, as at the end of training. The ps judges by its own ledger: with copies, the
+  /// copy read from (the one ReadState goes to) by its own, not by the answer folded from
+  /// both copies' pauses. An unnumbered last push (sequence 0): the cut's count.
+  ///
+  /// Left as it was: a ps at the cut's count whose last push differs from the one named
+  /// (the furthest ps took a push lost with an earlier process and one more, this ps the
+  /// new process's push and holds its next) is read without the push it holds.
   [[nodiscard]] static std::vector<std::uint64_t> own_until(const PushLedger& ledger,
                                                             const ReadState& read) {
     std::vector<std::uint64_t> until = read.until;
@@ -15652,19 +15659,20 @@ void ParameterServer<S, O, P, T>::on(ReadState& r, const RequestContext&, Respon
     return reject(reply, ErrorCode::kFailedPrecondition, "ReadState without Pause");
   const std::vector<std::uint64_t> furthest = r.until;
   r.until = CheckpointCut::own_until(ledger_, r);
+  if (const auto worker = CheckpointCut::past(ledger_, r.until)) {
+    return reject(reply, ErrorCode::kFailedPrecondition,
+                  "ReadState: this ps has taken more pushes of worker " + std::to_string(*worker) +
+                      " than the cut");
+  }
   for (std::uint32_t w = 0; w < r.until.size(); ++w) {
     if (r.until[w] >= furthest[w] || r.until[w] != ledger_.taken(w)) continue;
     log(LogLevel::kInfo,
         name_ + ": the cut holds " + Node::worker(w).name() + " at the " +
             std::to_string(r.until[w]) + " pushes taken here, " +
             std::to_string(furthest[w] - r.until[w]) +
-            " fewer than another ps took: its last push here is that ps's last, and what "
-            "this ps lacks was lost with an earlier process of that worker");
-  }
-  if (const auto worker = CheckpointCut::past(ledger_, r.until)) {
-    return reject(reply, ErrorCode::kFailedPrecondition,
-                  "ReadState: this ps has taken more pushes of worker " + std::to_string(*worker) +
-                      " than the cut");
+            " fewer than the furthest ps (or this shard's other copy): its last push here is "
+            "the furthest's last, and what this ps lacks was lost with an earlier process of "
+            "that worker");
   }
   shard_.tables().end_cut();  // a cut read before is given up
   rows_cut_session_ = 0;
@@ -15690,7 +15698,7 @@ void ParameterServer<S, O, P, T>::advance_cut() {
       awaited);
   if (const auto waits = cut_.overdue(ledger_, now, kCutPatience, awaited)) {
     log(LogLevel::kInfo,
-        name_ + ": the chief's cut has waited " +
+        name_ + ": the chief's cut has waited over " +
             std::to_string(std::chrono::duration_cast<std::chrono::seconds>(kCutPatience).count()) +
             " s for a push of " + Node::worker(waits->first).name() + " (taken here " +
             std::to_string(ledger_.taken(waits->first)) + " of the cut's " +

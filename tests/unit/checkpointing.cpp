@@ -337,9 +337,16 @@ TEST_CASE("a cut holds each ps to the furthest count, less a push lost with an e
   ReadState two_short = cut({6, 4}, {9, 3});
   two_short.until = {13, 4};  // one lost before, and the last on its way
   CHECK(CheckpointCut::own_until(ledger, two_short) == Counts{12, 4});
-  // Unnumbered pushes say nothing of which: the cut's count, as a cut always took.
-  CHECK(CheckpointCut::own_until(ledger, cut({0, 0}, {0, 0})) == Counts{12, 4});
-  CHECK(CheckpointCut::own_until(ledger, cut({}, {})) == Counts{12, 4});
+  // Unnumbered pushes say nothing of which: the cut's count, as a cut always took (even
+  // two short of it).
+  ReadState unnumbered = cut({0, 0}, {0, 0});
+  unnumbered.until = {13, 4};
+  CHECK(CheckpointCut::own_until(ledger, unnumbered) == Counts{13, 4});
+  unnumbered.last_sequences.clear();
+  unnumbered.last_series.clear();
+  CHECK(CheckpointCut::own_until(ledger, unnumbered) == Counts{13, 4});
+  // At the cut's count already: it stays there, whatever the furthest's last push.
+  CHECK(CheckpointCut::own_until(ledger, cut({5, 9}, {9, 3})) == Counts{11, 4});
   // A worker this ps never heard of: its pushes are on their way.
   ReadState more = cut({5, 4, 2}, {9, 3, 1});
   more.until = {11, 4, 1};

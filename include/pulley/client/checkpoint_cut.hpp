@@ -264,7 +264,8 @@ struct CutRows {
 /// variable with its optimizer state, and the sync policy's state, read as one cut across
 /// all ps tasks. Every ps is paused (at once, or the moment it completes `at_step`; pushes
 /// that arrive then wait), each is brought to the same count of pushes taken from every
-/// worker (the largest any had, less a push lost with its worker's process: cut_of),
+/// worker (the largest any had, with that ps's last push, cut_of; each ps less a push lost
+/// with its worker's process, CheckpointCut::own_until),
 /// read there, and resumed. Training stands still only while
 /// the dense state is read: the tables' rows are read after the ps tasks resume, each ps
 /// answering with the rows as they were at the cut (copy-on-write). With `rows.since` ≥ 0 the

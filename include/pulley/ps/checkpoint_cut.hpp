@@ -18,10 +18,11 @@ namespace pulley {
 
 /// A ps task's half of a checkpoint's cut (Pause, ReadState, Resume; the chief's half is
 /// `client/checkpoint_cut.hpp`): while paused, pushes that arrive are held, copied out of
-/// the transport's buffers; a ReadState names how many pushes of each worker the cut holds
-/// (the largest count any ps had taken, less a push lost with its worker's process that
-/// never comes here: own_until), and the ps takes held pushes, in the order they came,
-/// until it has taken exactly that many of every worker, then answers with its state.
+/// the transport's buffers; a ReadState names the largest count of each worker's pushes any
+/// ps had taken and that ps's last push, the ps works out its own count from them (less a
+/// push lost with its worker's process that never comes here: own_until), and takes held
+/// pushes, in the order they came, until it has taken exactly that many of every worker,
+/// then answers with its state.
 /// So every ps is read at the same pushes, under any sync policy.
 ///
 /// The part keeps the pause, the held pushes and the pending read; the ps takes the pushes
@@ -113,8 +114,13 @@ class CheckpointCut {
   /// so what such a ps lacks was lost with an earlier process of that worker, written to
   /// other ps tasks only: under Async and BoundedStaleness nothing counts it here, and
   /// waiting for it stood the cut still until the request timeout once no push came any
-  /// more, as at the end of training. The ps judges by its own ledger, so each copy of a
-  /// shard judges for itself. An unnumbered last push (sequence 0): the cut's count.
+  /// more, as at the end of training. The ps judges by its own ledger: with copies, the
+  /// copy read from (the one ReadState goes to) by its own, not by the answer folded from
+  /// both copies' pauses. An unnumbered last push (sequence 0): the cut's count.
+  ///
+  /// Left as it was: a ps at the cut's count whose last push differs from the one named
+  /// (the furthest ps took a push lost with an earlier process and one more, this ps the
+  /// new process's push and holds its next) is read without the push it holds.
   [[nodiscard]] static std::vector<std::uint64_t> own_until(const PushLedger& ledger,
                                                             const ReadState& read) {
     std::vector<std::uint64_t> until = read.until;

@@ -43,8 +43,8 @@ struct Pause {
 /// own last push of w is the one named here (the furthest ps's last) took every push still
 /// to come, and what it lacks was lost with an earlier process of w, written to other ps
 /// tasks only; one whose last differs waits for that one push (CheckpointCut::own_until).
-/// Each ps, and each copy of a shard, judges by what it took itself, so every one answers
-/// at the same cut.
+/// Each ps judges by what it took itself (with copies, the copy read from, which is the
+/// one that gets it), so every one answers at the same cut.
 struct ReadState {
   static constexpr std::string_view kName = "ReadState";
   /// Held pushes taken to reach the cut are applied.

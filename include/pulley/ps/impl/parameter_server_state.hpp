@@ -145,19 +145,20 @@ void ParameterServer<S, O, P, T>::on(ReadState& r, const RequestContext&, Respon
     return reject(reply, ErrorCode::kFailedPrecondition, "ReadState without Pause");
   const std::vector<std::uint64_t> furthest = r.until;
   r.until = CheckpointCut::own_until(ledger_, r);
+  if (const auto worker = CheckpointCut::past(ledger_, r.until)) {
+    return reject(reply, ErrorCode::kFailedPrecondition,
+                  "ReadState: this ps has taken more pushes of worker " + std::to_string(*worker) +
+                      " than the cut");
+  }
   for (std::uint32_t w = 0; w < r.until.size(); ++w) {
     if (r.until[w] >= furthest[w] || r.until[w] != ledger_.taken(w)) continue;
     log(LogLevel::kInfo,
         name_ + ": the cut holds " + Node::worker(w).name() + " at the " +
             std::to_string(r.until[w]) + " pushes taken here, " +
             std::to_string(furthest[w] - r.until[w]) +
-            " fewer than another ps took: its last push here is that ps's last, and what "
-            "this ps lacks was lost with an earlier process of that worker");
-  }
-  if (const auto worker = CheckpointCut::past(ledger_, r.until)) {
-    return reject(reply, ErrorCode::kFailedPrecondition,
-                  "ReadState: this ps has taken more pushes of worker " + std::to_string(*worker) +
-                      " than the cut");
+            " fewer than the furthest ps (or this shard's other copy): its last push here is "
+            "the furthest's last, and what this ps lacks was lost with an earlier process of "
+            "that worker");
   }
   shard_.tables().end_cut();  // a cut read before is given up
   rows_cut_session_ = 0;
@@ -183,7 +184,7 @@ void ParameterServer<S, O, P, T>::advance_cut() {
       awaited);
   if (const auto waits = cut_.overdue(ledger_, now, kCutPatience, awaited)) {
     log(LogLevel::kInfo,
-        name_ + ": the chief's cut has waited " +
+        name_ + ": the chief's cut has waited over " +
             std::to_string(std::chrono::duration_cast<std::chrono::seconds>(kCutPatience).count()) +
             " s for a push of " + Node::worker(waits->first).name() + " (taken here " +
             std::to_string(ledger_.taken(waits->first)) + " of the cut's " +
