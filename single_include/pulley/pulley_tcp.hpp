@@ -19916,7 +19916,8 @@ namespace pulley {
 
 /// A ps process that a task of a job with copies (`TcpOptions::replicas`) reached before
 /// and cannot reach now, as the task asks whoever rules on lost ps processes
-/// (`TcpOptions::copy_referee`).
+/// (`TcpOptions::copy_referee`); or one it reaches where it never reached the process it
+/// gave up there, asked whether it is that one (a process ruled lost, continued since).
 struct LostProcess {
   std::uint32_t ps = 0;        ///< the ps task
   std::uint64_t process = 0;   ///< the process this task reached there (wire::Welcome::server); 0: none yet
@@ -19983,7 +19984,9 @@ struct TcpOptions {
   /// runner sets it: the chief rules (runner/copy_rulings.hpp). Unset, each task decides
   /// alone, which guards against lost processes and hosts, not partitions. A process
   /// started in a lost one's place, or a copy still not ready `copy_grace` after its twin,
-  /// is dropped without asking: nobody can write to a process that holds nothing.
+  /// is dropped without asking: nobody can write to a process that holds nothing. A task
+  /// that reaches a ps process late (its first attempt missed) or again where it never
+  /// reached the one it gave up asks it too, and gives that process up if it is lost.
   CopyReferee copy_referee;
   /// Reach a ps on this host through its local socket (Linux: a Unix-domain socket with an
   /// abstract name, transport/detail/sockets.hpp) rather than TCP loopback: the same
@@ -20940,8 +20943,9 @@ class TcpClient final : public CallDriver {
     std::vector<std::weak_ptr<Pair>> awaiting;  ///< Pairs that wait for that attempt too
     std::uint64_t server = 0;  ///< the ps process it reached (wire::Welcome::server), 0: none yet
     /// The process it was given up for losing (its `server` then), 0: none, or one given up
-    /// only for not being ready yet (it may be the one the chief takes back): reach_again
-    /// takes any process but this one.
+    /// only for not being ready yet (it may be the one the chief takes back), or unreached:
+    /// reach_again takes any process but this one (and, when 0, asks the referee about
+    /// the one it reaches: reached_ruled_lost).
     std::uint64_t lost = 0;
     /// Replicas: since when the copy has been out of reach (a connection broke and no new
     /// one completed), for `TcpOptions::copy_timeout`.
@@ -21229,6 +21233,20 @@ class TcpClient final : public CallDriver {
   /// never reached (`why`), lost; asked every second for as long as a silent process
   /// takes to be ruled lost (`copy_timeout`, and a few looks of `attempt_timeout`).
   bool ruled_lost_now(const Link& link, const std::string& why);
+
+  /// The referee's answer, waited for until `deadline`, on process `process` of ps `task`
+  /// (0: whichever process this task would reach there); nullopt when none came in time.
+  std::optional<bool> ask_referee_now(std::uint32_t task, std::uint64_t process,
+                                      const std::string& why,
+                                      std::chrono::steady_clock::time_point deadline);
+
+  /// True if the referee ruled the process `link` reached lost for the job: one stopped or
+  /// cut off past the copy timeout, then continued, whose copies are old. A link reaches
+  /// one so where this task never reached the process given up there: at construction,
+  /// after its first attempt missed (the process was stopped, and continued since), and in
+  /// reach_again when the copy was given up unreached (`Link::lost` is 0). Asked once,
+  /// waited for a look or two (`attempt_timeout` each); no answer in time: not lost.
+  bool reached_ruled_lost(const Link& link);
 
   Node self_;
   TcpOptions options_;
@@ -21737,6 +21755,21 @@ inline void TcpClient::connect_all(std::optional<std::span<const std::uint32_t>>
     missed[links_[i]->state == State::kConnected ? i : j].reset();
   }
   std::vector<std::uint32_t> ruled_lost;  // the processes the referee ruled lost here
+  // A link that reached late a process the referee ruled lost (stopped past the copy
+  // timeout, continued since): given up as that process, whose copies are old.
+  const auto given_up_old = [&](std::size_t i) {
+    Link& link = *links_[i];
+    ruled_lost.push_back(link.task);
+    if (links_[partner_of(link)]->dropped) return;  // the last copy of its shard
+    link.dropped = true;
+    link.lost = link.server;
+    fail(link, "its process was ruled lost for the job");
+    log_copies(LogLevel::kWarning,
+               self_.name() + ": ps " + std::to_string(link.task) + " at " + link.address +
+                   " answers again, but its process was ruled lost for the job (stopped or cut "
+                   "off past the copy timeout: its copies are old): ps " +
+                   std::to_string(i % shards_) + "'s shard is served by one copy only");
+  };
   for (std::size_t i = 0; i < links_.size(); ++i) {
     if (!missed[i]) continue;
     const bool ruled =
@@ -21751,6 +21784,7 @@ inline void TcpClient::connect_all(std::optional<std::span<const std::uint32_t>>
         connect_with_backoff(*links_[i], process_back ? std::max(options_.copy_connect_timeout,
                                                                  options_.attempt_timeout)
                                                       : std::chrono::milliseconds(0));
+        if (reached_ruled_lost(*links_[i])) given_up_old(i);
         continue;
       } catch (const Error& e) {  // (the first miss stays the one logged)
         if (e.code() != ErrorCode::kUnavailable) throw;
@@ -21759,6 +21793,7 @@ inline void TcpClient::connect_all(std::optional<std::span<const std::uint32_t>>
     if (options_.copy_referee && !ruled && !ruled_lost_now(*links_[i], missed[i]->message())) {
       try {
         connect_with_backoff(*links_[i], options_.connect_timeout);
+        if (reached_ruled_lost(*links_[i])) given_up_old(i);
         continue;
       } catch (const Error& again) {
         if (again.code() != ErrorCode::kUnavailable) throw;
@@ -22311,6 +22346,8 @@ inline bool TcpClient::reach_again(std::uint32_t ps, bool serve, bool unreached_
       link->server = 0;  // the next process it reaches is taken, but the one given up
       continue;
     }
+    // A copy given up unreached knows no process given up: the referee does.
+    if (link->lost == 0 && fresh == 0 && reached_ruled_lost(*link)) link->lost = link->server;
     if ((link->lost != 0 && link->server == link->lost) || (fresh != 0 && link->server != fresh)) {
       // The very process given up (alive but cut off: its copies are old), or yet
       // another since: nothing served.
@@ -22522,19 +22559,36 @@ inline void TcpClient::ruled(std::uint32_t task, std::uint64_t process, const st
   }
 }
 
+inline std::optional<bool> TcpClient::ask_referee_now(
+    std::uint32_t task, std::uint64_t process, const std::string& why,
+    std::chrono::steady_clock::time_point deadline) {
+  auto promise = std::make_shared<std::promise<bool>>();  // (an answer after the deadline
+  std::future<bool> ruling = promise->get_future();       // is dropped with it)
+  options_.copy_referee(LostProcess{task, process, why},
+                        [promise](bool lost) { promise->set_value(lost); });
+  if (ruling.wait_until(deadline) != std::future_status::ready) return std::nullopt;
+  return ruling.get();
+}
+
 inline bool TcpClient::ruled_lost_now(const Link& link, const std::string& why) {
   const auto deadline =
       std::chrono::steady_clock::now() + options_.copy_timeout + 4 * options_.attempt_timeout;
   while (std::chrono::steady_clock::now() < deadline) {
-    auto promise = std::make_shared<std::promise<bool>>();
-    std::future<bool> ruling = promise->get_future();
-    options_.copy_referee(LostProcess{link.task, 0, why},
-                          [promise](bool lost) { promise->set_value(lost); });
-    if (ruling.wait_until(deadline) != std::future_status::ready) return false;
-    if (ruling.get()) return true;
+    const std::optional<bool> lost = ask_referee_now(link.task, 0, why, deadline);
+    if (!lost) return false;
+    if (*lost) return true;
     std::this_thread::sleep_for(kAskAgainAfter);
   }
   return false;
+}
+
+inline bool TcpClient::reached_ruled_lost(const Link& link) {
+  if (!options_.copy_referee || link.server == 0) return false;
+  const auto deadline =
+      std::chrono::steady_clock::now() + 2 * options_.attempt_timeout + std::chrono::seconds(1);
+  return ask_referee_now(link.task, link.server,
+                         "reached after it was out of reach: is it the process given up?", deadline)
+      .value_or(false);
 }
 
 }  // namespace pulley::transport_detail

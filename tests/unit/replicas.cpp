@@ -428,6 +428,112 @@ TEST_CASE(
   }
 }
 
+/// A referee that rules lost only ps 1's process `old` (and, when `unreached_lost`, any
+/// question about a process the task never reached), and keeps the questions.
+struct OldProcessReferee {
+  std::uint64_t old = 0;
+  bool unreached_lost = false;
+  std::mutex mutex;
+  std::vector<LostProcess> asked;
+
+  CopyReferee referee() {
+    return [this](const LostProcess& lost, std::function<void(bool)> answer) {
+      {
+        const std::scoped_lock lock(mutex);
+        asked.push_back(lost);
+      }
+      answer(lost.process == 0 ? unreached_lost : lost.ps == 1 && lost.process == old);
+    };
+  }
+  bool asked_about(std::uint64_t process) {
+    const std::scoped_lock lock(mutex);
+    return std::any_of(asked.begin(), asked.end(),
+                       [&](const LostProcess& l) { return l.process == process; });
+  }
+};
+
+/// Options of a task made in a job under way (one attempt first, as fit_to_copies sets),
+/// quick to give up, asking `referee`.
+TcpOptions under_way_options(OldProcessReferee& referee) {
+  TcpOptions options = with_copies();
+  options.attempt_timeout = std::chrono::milliseconds(300);
+  options.copy_timeout = std::chrono::milliseconds(300);
+  options.connect_timeout = std::chrono::seconds(30);
+  options.copy_connect_timeout = std::chrono::milliseconds(1);
+  options.copy_referee = referee.referee();
+  return options;
+}
+
+std::uint64_t process_at(const std::string& address, std::uint32_t ps) {
+  const ProbeResult look = probe_ps(address, ps, Node::chief(), pulley::testing::test_credentials(),
+                                    std::chrono::seconds(5));
+  REQUIRE(look.kind == ProbeResult::Kind::kServes);
+  return look.process;
+}
+
+TEST_CASE(
+    "a task made while a ps process is stopped, which reaches it once continued, gives it up when "
+    "it was ruled "
+    "lost") {
+  // ps 1 is behind a proxy that holds every new connection unanswered (a process stopped):
+  // the task's first attempts miss, the referee cannot say of a process never reached, and
+  // the task waits for it. Once it answers, the process it reaches is the one the job ruled
+  // lost meanwhile (its copies are old): the task must not serve from it.
+  CopiesCluster cluster;
+  pulley::testing::CutProxy proxy(cluster.listeners[1]->port(), 0.0, 1);
+  std::vector<std::string> behind_proxy = cluster.addresses;
+  behind_proxy[1] = "127.0.0.1:" + std::to_string(proxy.port());
+  OldProcessReferee referee;
+  referee.old = process_at(cluster.addresses[1], 1);
+  proxy.partition(true);
+  std::thread continuing([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+    proxy.partition(false);
+  });
+  Tcp tcp = client(Node::worker(0), behind_proxy, under_way_options(referee));
+  continuing.join();
+  CHECK(referee.asked_about(referee.old));
+  CHECK(tcp.given_up() == std::vector<std::uint32_t>{1});
+  for (std::uint32_t ps = 0; ps < kPs; ++ps) {  // every shard answers, shard 1 from its copy
+    PendingCall call = tcp.call(ps, GetStats{}, {});
+    REQUIRE(call.wait_for(std::chrono::seconds(10)));
+    CHECK(std::holds_alternative<StatsReply>(call.take()));
+  }
+  CHECK_FALSE(tcp.reach_again(1, false, true));  // still the process given up
+}
+
+TEST_CASE(
+    "a ps copy given up before its process was ever reached is not reached again at that process "
+    "if it was "
+    "ruled lost, but a process started in its place is") {
+  // The task gives ps 1 up unreached (its process stopped, ruled lost for the job). The
+  // process continued answers there: the referee knows it, the task did not.
+  CopiesCluster cluster;
+  pulley::testing::CutProxy proxy(cluster.listeners[1]->port(), 0.0, 1);
+  std::vector<std::string> behind_proxy = cluster.addresses;
+  behind_proxy[1] = "127.0.0.1:" + std::to_string(proxy.port());
+  OldProcessReferee referee;
+  referee.old = process_at(cluster.addresses[1], 1);
+  referee.unreached_lost = true;
+  proxy.partition(true);
+  Tcp tcp = client(Node::chief(), behind_proxy, under_way_options(referee));
+  CHECK(tcp.given_up() == std::vector<std::uint32_t>{1});
+  proxy.partition(false);
+  CHECK_FALSE(tcp.reach_again(1, false, true));
+  CHECK(referee.asked_about(referee.old));
+  // A process started in its place is reached again.
+  const auto port = cluster.listeners[1]->port();
+  cluster.kill(1);
+  TcpServer<Copies> restarted(Copies(make_server(1), make_server(0)), "127.0.0.1", port,
+                              test_server_options());
+  std::thread serving([&] { restarted.run(); });
+  const std::uint64_t fresh = process_at(cluster.addresses[1], 1);
+  CHECK(fresh != referee.old);
+  CHECK(tcp.reach_again(1, false, true));
+  restarted.stop();
+  serving.join();
+}
+
 TEST_CASE("with the chief ruling, a ps lost mid-training is given up once the chief rules it lost: bit for bit") {
   const auto expected = in_process_result();
   CopiesCluster cluster;

@@ -16,7 +16,8 @@ namespace pulley {
 
 /// A ps process that a task of a job with copies (`TcpOptions::replicas`) reached before
 /// and cannot reach now, as the task asks whoever rules on lost ps processes
-/// (`TcpOptions::copy_referee`).
+/// (`TcpOptions::copy_referee`); or one it reaches where it never reached the process it
+/// gave up there, asked whether it is that one (a process ruled lost, continued since).
 struct LostProcess {
   std::uint32_t ps = 0;        ///< the ps task
   std::uint64_t process = 0;   ///< the process this task reached there (wire::Welcome::server); 0: none yet
@@ -83,7 +84,9 @@ struct TcpOptions {
   /// runner sets it: the chief rules (runner/copy_rulings.hpp). Unset, each task decides
   /// alone, which guards against lost processes and hosts, not partitions. A process
   /// started in a lost one's place, or a copy still not ready `copy_grace` after its twin,
-  /// is dropped without asking: nobody can write to a process that holds nothing.
+  /// is dropped without asking: nobody can write to a process that holds nothing. A task
+  /// that reaches a ps process late (its first attempt missed) or again where it never
+  /// reached the one it gave up asks it too, and gives that process up if it is lost.
   CopyReferee copy_referee;
   /// Reach a ps on this host through its local socket (Linux: a Unix-domain socket with an
   /// abstract name, transport/detail/sockets.hpp) rather than TCP loopback: the same

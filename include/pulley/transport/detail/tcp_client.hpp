@@ -182,8 +182,9 @@ class TcpClient final : public CallDriver {
     std::vector<std::weak_ptr<Pair>> awaiting;  ///< Pairs that wait for that attempt too
     std::uint64_t server = 0;  ///< the ps process it reached (wire::Welcome::server), 0: none yet
     /// The process it was given up for losing (its `server` then), 0: none, or one given up
-    /// only for not being ready yet (it may be the one the chief takes back): reach_again
-    /// takes any process but this one.
+    /// only for not being ready yet (it may be the one the chief takes back), or unreached:
+    /// reach_again takes any process but this one (and, when 0, asks the referee about
+    /// the one it reaches: reached_ruled_lost).
     std::uint64_t lost = 0;
     /// Replicas: since when the copy has been out of reach (a connection broke and no new
     /// one completed), for `TcpOptions::copy_timeout`.
@@ -471,6 +472,20 @@ class TcpClient final : public CallDriver {
   /// never reached (`why`), lost; asked every second for as long as a silent process
   /// takes to be ruled lost (`copy_timeout`, and a few looks of `attempt_timeout`).
   bool ruled_lost_now(const Link& link, const std::string& why);
+
+  /// The referee's answer, waited for until `deadline`, on process `process` of ps `task`
+  /// (0: whichever process this task would reach there); nullopt when none came in time.
+  std::optional<bool> ask_referee_now(std::uint32_t task, std::uint64_t process,
+                                      const std::string& why,
+                                      std::chrono::steady_clock::time_point deadline);
+
+  /// True if the referee ruled the process `link` reached lost for the job: one stopped or
+  /// cut off past the copy timeout, then continued, whose copies are old. A link reaches
+  /// one so where this task never reached the process given up there: at construction,
+  /// after its first attempt missed (the process was stopped, and continued since), and in
+  /// reach_again when the copy was given up unreached (`Link::lost` is 0). Asked once,
+  /// waited for a look or two (`attempt_timeout` each); no answer in time: not lost.
+  bool reached_ruled_lost(const Link& link);
 
   Node self_;
   TcpOptions options_;

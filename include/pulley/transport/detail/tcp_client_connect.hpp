@@ -97,6 +97,21 @@ inline void TcpClient::connect_all(std::optional<std::span<const std::uint32_t>>
     missed[links_[i]->state == State::kConnected ? i : j].reset();
   }
   std::vector<std::uint32_t> ruled_lost;  // the processes the referee ruled lost here
+  // A link that reached late a process the referee ruled lost (stopped past the copy
+  // timeout, continued since): given up as that process, whose copies are old.
+  const auto given_up_old = [&](std::size_t i) {
+    Link& link = *links_[i];
+    ruled_lost.push_back(link.task);
+    if (links_[partner_of(link)]->dropped) return;  // the last copy of its shard
+    link.dropped = true;
+    link.lost = link.server;
+    fail(link, "its process was ruled lost for the job");
+    log_copies(LogLevel::kWarning,
+               self_.name() + ": ps " + std::to_string(link.task) + " at " + link.address +
+                   " answers again, but its process was ruled lost for the job (stopped or cut "
+                   "off past the copy timeout: its copies are old): ps " +
+                   std::to_string(i % shards_) + "'s shard is served by one copy only");
+  };
   for (std::size_t i = 0; i < links_.size(); ++i) {
     if (!missed[i]) continue;
     const bool ruled =
@@ -111,6 +126,7 @@ inline void TcpClient::connect_all(std::optional<std::span<const std::uint32_t>>
         connect_with_backoff(*links_[i], process_back ? std::max(options_.copy_connect_timeout,
                                                                  options_.attempt_timeout)
                                                       : std::chrono::milliseconds(0));
+        if (reached_ruled_lost(*links_[i])) given_up_old(i);
         continue;
       } catch (const Error& e) {  // (the first miss stays the one logged)
         if (e.code() != ErrorCode::kUnavailable) throw;
@@ -119,6 +135,7 @@ inline void TcpClient::connect_all(std::optional<std::span<const std::uint32_t>>
     if (options_.copy_referee && !ruled && !ruled_lost_now(*links_[i], missed[i]->message())) {
       try {
         connect_with_backoff(*links_[i], options_.connect_timeout);
+        if (reached_ruled_lost(*links_[i])) given_up_old(i);
         continue;
       } catch (const Error& again) {
         if (again.code() != ErrorCode::kUnavailable) throw;

@@ -59,6 +59,8 @@ inline bool TcpClient::reach_again(std::uint32_t ps, bool serve, bool unreached_
       link->server = 0;  // the next process it reaches is taken, but the one given up
       continue;
     }
+    // A copy given up unreached knows no process given up: the referee does.
+    if (link->lost == 0 && fresh == 0 && reached_ruled_lost(*link)) link->lost = link->server;
     if ((link->lost != 0 && link->server == link->lost) || (fresh != 0 && link->server != fresh)) {
       // The very process given up (alive but cut off: its copies are old), or yet
       // another since: nothing served.
@@ -270,19 +272,36 @@ inline void TcpClient::ruled(std::uint32_t task, std::uint64_t process, const st
   }
 }
 
+inline std::optional<bool> TcpClient::ask_referee_now(
+    std::uint32_t task, std::uint64_t process, const std::string& why,
+    std::chrono::steady_clock::time_point deadline) {
+  auto promise = std::make_shared<std::promise<bool>>();  // (an answer after the deadline
+  std::future<bool> ruling = promise->get_future();       // is dropped with it)
+  options_.copy_referee(LostProcess{task, process, why},
+                        [promise](bool lost) { promise->set_value(lost); });
+  if (ruling.wait_until(deadline) != std::future_status::ready) return std::nullopt;
+  return ruling.get();
+}
+
 inline bool TcpClient::ruled_lost_now(const Link& link, const std::string& why) {
   const auto deadline =
       std::chrono::steady_clock::now() + options_.copy_timeout + 4 * options_.attempt_timeout;
   while (std::chrono::steady_clock::now() < deadline) {
-    auto promise = std::make_shared<std::promise<bool>>();
-    std::future<bool> ruling = promise->get_future();
-    options_.copy_referee(LostProcess{link.task, 0, why},
-                          [promise](bool lost) { promise->set_value(lost); });
-    if (ruling.wait_until(deadline) != std::future_status::ready) return false;
-    if (ruling.get()) return true;
+    const std::optional<bool> lost = ask_referee_now(link.task, 0, why, deadline);
+    if (!lost) return false;
+    if (*lost) return true;
     std::this_thread::sleep_for(kAskAgainAfter);
   }
   return false;
+}
+
+inline bool TcpClient::reached_ruled_lost(const Link& link) {
+  if (!options_.copy_referee || link.server == 0) return false;
+  const auto deadline =
+      std::chrono::steady_clock::now() + 2 * options_.attempt_timeout + std::chrono::seconds(1);
+  return ask_referee_now(link.task, link.server,
+                         "reached after it was out of reach: is it the process given up?", deadline)
+      .value_or(false);
 }
 
 }  // namespace pulley::transport_detail
