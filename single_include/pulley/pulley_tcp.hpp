@@ -19922,6 +19922,9 @@ struct LostProcess {
   std::uint32_t ps = 0;        ///< the ps task
   std::uint64_t process = 0;   ///< the process this task reached there (wire::Welcome::server); 0: none yet
   std::string why;             ///< what this task saw ("its address refuses connections")
+  /// The task reaches `process` now and asks whether the job ruled it lost (a process it
+  /// never saw given up, continued since): "not lost" is the common answer, and not news.
+  bool reached = false;
 };
 
 /// Rules whether a LostProcess is lost for the whole job: calls `answer(true)` (it is: give
@@ -21235,10 +21238,12 @@ class TcpClient final : public CallDriver {
   bool ruled_lost_now(const Link& link, const std::string& why);
 
   /// The referee's answer, waited for until `deadline`, on process `process` of ps `task`
-  /// (0: whichever process this task would reach there); nullopt when none came in time.
+  /// (0: whichever process this task would reach there; `reached`: LostProcess::reached);
+  /// nullopt when none came in time.
   std::optional<bool> ask_referee_now(std::uint32_t task, std::uint64_t process,
                                       const std::string& why,
-                                      std::chrono::steady_clock::time_point deadline);
+                                      std::chrono::steady_clock::time_point deadline,
+                                      bool reached = false);
 
   /// True if the referee ruled the process `link` reached lost for the job: one stopped or
   /// cut off past the copy timeout, then continued, whose copies are old. A link reaches
@@ -21755,8 +21760,17 @@ inline void TcpClient::connect_all(std::optional<std::span<const std::uint32_t>>
     missed[links_[i]->state == State::kConnected ? i : j].reset();
   }
   std::vector<std::uint32_t> ruled_lost;  // the processes the referee ruled lost here
-  // A link that reached late a process the referee ruled lost (stopped past the copy
-  // timeout, continued since): given up as that process, whose copies are old.
+  // Whether link i reached late a process the referee ruled lost (stopped past the copy
+  // timeout, continued since); asked once per process, the other links hear the same.
+  std::vector<std::uint64_t> cleared;  // processes reached late and not ruled lost
+  const auto old_process = [&](std::size_t i) {
+    const std::uint64_t server = links_[i]->server;
+    if (std::find(cleared.begin(), cleared.end(), server) != cleared.end()) return false;
+    if (reached_ruled_lost(*links_[i])) return true;
+    cleared.push_back(server);
+    return false;
+  };
+  // Link i is given up as that process, whose copies are old.
   const auto given_up_old = [&](std::size_t i) {
     Link& link = *links_[i];
     ruled_lost.push_back(link.task);
@@ -21784,7 +21798,7 @@ inline void TcpClient::connect_all(std::optional<std::span<const std::uint32_t>>
         connect_with_backoff(*links_[i], process_back ? std::max(options_.copy_connect_timeout,
                                                                  options_.attempt_timeout)
                                                       : std::chrono::milliseconds(0));
-        if (reached_ruled_lost(*links_[i])) given_up_old(i);
+        if (old_process(i)) given_up_old(i);
         continue;
       } catch (const Error& e) {  // (the first miss stays the one logged)
         if (e.code() != ErrorCode::kUnavailable) throw;
@@ -21793,7 +21807,7 @@ inline void TcpClient::connect_all(std::optional<std::span<const std::uint32_t>>
     if (options_.copy_referee && !ruled && !ruled_lost_now(*links_[i], missed[i]->message())) {
       try {
         connect_with_backoff(*links_[i], options_.connect_timeout);
-        if (reached_ruled_lost(*links_[i])) given_up_old(i);
+        if (old_process(i)) given_up_old(i);
         continue;
       } catch (const Error& again) {
         if (again.code() != ErrorCode::kUnavailable) throw;
@@ -22561,10 +22575,10 @@ inline void TcpClient::ruled(std::uint32_t task, std::uint64_t process, const st
 
 inline std::optional<bool> TcpClient::ask_referee_now(
     std::uint32_t task, std::uint64_t process, const std::string& why,
-    std::chrono::steady_clock::time_point deadline) {
+    std::chrono::steady_clock::time_point deadline, bool reached) {
   auto promise = std::make_shared<std::promise<bool>>();  // (an answer after the deadline
   std::future<bool> ruling = promise->get_future();       // is dropped with it)
-  options_.copy_referee(LostProcess{task, process, why},
+  options_.copy_referee(LostProcess{task, process, why, reached},
                         [promise](bool lost) { promise->set_value(lost); });
   if (ruling.wait_until(deadline) != std::future_status::ready) return std::nullopt;
   return ruling.get();
@@ -22587,7 +22601,8 @@ inline bool TcpClient::reached_ruled_lost(const Link& link) {
   const auto deadline =
       std::chrono::steady_clock::now() + 2 * options_.attempt_timeout + std::chrono::seconds(1);
   return ask_referee_now(link.task, link.server,
-                         "reached after it was out of reach: is it the process given up?", deadline)
+                         "reached after it was out of reach: is it the process given up?", deadline,
+                         true)
       .value_or(false);
 }
 

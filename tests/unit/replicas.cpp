@@ -534,6 +534,37 @@ TEST_CASE(
   serving.join();
 }
 
+TEST_CASE(
+    "a task made while a ps process is stopped serves it once it answers, when the chief did not "
+    "rule it lost") {
+  // The same start, with the role runner's chief ruling: it reaches ps 1 itself (not through
+  // the proxy), so the process the task reaches late is not lost, and nothing is given up.
+  CopiesCluster cluster;
+  RulingChief chief(cluster);
+  pulley::testing::CutProxy proxy(cluster.listeners[1]->port(), 0.0, 1);
+  std::vector<std::string> behind_proxy = cluster.addresses;
+  behind_proxy[1] = "127.0.0.1:" + std::to_string(proxy.port());
+  TcpOptions options = chief.worker_options(Node::worker(0));
+  options.connect_timeout = std::chrono::seconds(30);
+  options.copy_connect_timeout = std::chrono::milliseconds(1);
+  std::atomic<int> asked_reached{0};
+  options.copy_referee = [&asked_reached, ask = options.copy_referee](
+                             const LostProcess& lost, std::function<void(bool)> answer) {
+    if (lost.reached && lost.process != 0) ++asked_reached;
+    ask(lost, std::move(answer));
+  };
+  proxy.partition(true);
+  std::thread continuing([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+    proxy.partition(false);
+  });
+  Tcp tcp = client(Node::worker(0), behind_proxy, options);
+  continuing.join();
+  CHECK(asked_reached == 1);
+  CHECK(chief.lost_rulings == 0);
+  CHECK(tcp.given_up().empty());
+}
+
 TEST_CASE("with the chief ruling, a ps lost mid-training is given up once the chief rules it lost: bit for bit") {
   const auto expected = in_process_result();
   CopiesCluster cluster;

@@ -165,13 +165,13 @@ class AskChief {
                                   return !stop_;
                                 });
       if (!ruling) return false;  // this task ends
-      if (!ruling->lost && now_and_then(lost.ps)) {
+      if (!ruling->lost && !lost.reached && now_and_then(lost.ps)) {
         log(LogLevel::kWarning, self_.name() + ": " + ps + " is not lost for the job (" + ruling->why.substr(0, 256) +
                                     "): this task waits for it");
       }
       return ruling->lost;
     } catch (const Error& e) {
-      if (now_and_then(lost.ps)) {
+      if (!lost.reached && now_and_then(lost.ps)) {
         log(LogLevel::kWarning, self_.name() + ": the chief could not rule whether " + ps + " is lost (" +
                                     e.message() + "): nothing is given up, and this task waits for it");
       }

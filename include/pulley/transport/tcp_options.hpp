@@ -22,6 +22,9 @@ struct LostProcess {
   std::uint32_t ps = 0;        ///< the ps task
   std::uint64_t process = 0;   ///< the process this task reached there (wire::Welcome::server); 0: none yet
   std::string why;             ///< what this task saw ("its address refuses connections")
+  /// The task reaches `process` now and asks whether the job ruled it lost (a process it
+  /// never saw given up, continued since): "not lost" is the common answer, and not news.
+  bool reached = false;
 };
 
 /// Rules whether a LostProcess is lost for the whole job: calls `answer(true)` (it is: give

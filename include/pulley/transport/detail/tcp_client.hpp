@@ -474,10 +474,12 @@ class TcpClient final : public CallDriver {
   bool ruled_lost_now(const Link& link, const std::string& why);
 
   /// The referee's answer, waited for until `deadline`, on process `process` of ps `task`
-  /// (0: whichever process this task would reach there); nullopt when none came in time.
+  /// (0: whichever process this task would reach there; `reached`: LostProcess::reached);
+  /// nullopt when none came in time.
   std::optional<bool> ask_referee_now(std::uint32_t task, std::uint64_t process,
                                       const std::string& why,
-                                      std::chrono::steady_clock::time_point deadline);
+                                      std::chrono::steady_clock::time_point deadline,
+                                      bool reached = false);
 
   /// True if the referee ruled the process `link` reached lost for the job: one stopped or
   /// cut off past the copy timeout, then continued, whose copies are old. A link reaches

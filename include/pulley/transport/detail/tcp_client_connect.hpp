@@ -97,8 +97,17 @@ inline void TcpClient::connect_all(std::optional<std::span<const std::uint32_t>>
     missed[links_[i]->state == State::kConnected ? i : j].reset();
   }
   std::vector<std::uint32_t> ruled_lost;  // the processes the referee ruled lost here
-  // A link that reached late a process the referee ruled lost (stopped past the copy
-  // timeout, continued since): given up as that process, whose copies are old.
+  // Whether link i reached late a process the referee ruled lost (stopped past the copy
+  // timeout, continued since); asked once per process, the other links hear the same.
+  std::vector<std::uint64_t> cleared;  // processes reached late and not ruled lost
+  const auto old_process = [&](std::size_t i) {
+    const std::uint64_t server = links_[i]->server;
+    if (std::find(cleared.begin(), cleared.end(), server) != cleared.end()) return false;
+    if (reached_ruled_lost(*links_[i])) return true;
+    cleared.push_back(server);
+    return false;
+  };
+  // Link i is given up as that process, whose copies are old.
   const auto given_up_old = [&](std::size_t i) {
     Link& link = *links_[i];
     ruled_lost.push_back(link.task);
@@ -126,7 +135,7 @@ inline void TcpClient::connect_all(std::optional<std::span<const std::uint32_t>>
         connect_with_backoff(*links_[i], process_back ? std::max(options_.copy_connect_timeout,
                                                                  options_.attempt_timeout)
                                                       : std::chrono::milliseconds(0));
-        if (reached_ruled_lost(*links_[i])) given_up_old(i);
+        if (old_process(i)) given_up_old(i);
         continue;
       } catch (const Error& e) {  // (the first miss stays the one logged)
         if (e.code() != ErrorCode::kUnavailable) throw;
@@ -135,7 +144,7 @@ inline void TcpClient::connect_all(std::optional<std::span<const std::uint32_t>>
     if (options_.copy_referee && !ruled && !ruled_lost_now(*links_[i], missed[i]->message())) {
       try {
         connect_with_backoff(*links_[i], options_.connect_timeout);
-        if (reached_ruled_lost(*links_[i])) given_up_old(i);
+        if (old_process(i)) given_up_old(i);
         continue;
       } catch (const Error& again) {
         if (again.code() != ErrorCode::kUnavailable) throw;

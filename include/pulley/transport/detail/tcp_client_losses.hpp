@@ -274,10 +274,10 @@ inline void TcpClient::ruled(std::uint32_t task, std::uint64_t process, const st
 
 inline std::optional<bool> TcpClient::ask_referee_now(
     std::uint32_t task, std::uint64_t process, const std::string& why,
-    std::chrono::steady_clock::time_point deadline) {
+    std::chrono::steady_clock::time_point deadline, bool reached) {
   auto promise = std::make_shared<std::promise<bool>>();  // (an answer after the deadline
   std::future<bool> ruling = promise->get_future();       // is dropped with it)
-  options_.copy_referee(LostProcess{task, process, why},
+  options_.copy_referee(LostProcess{task, process, why, reached},
                         [promise](bool lost) { promise->set_value(lost); });
   if (ruling.wait_until(deadline) != std::future_status::ready) return std::nullopt;
   return ruling.get();
@@ -300,7 +300,8 @@ inline bool TcpClient::reached_ruled_lost(const Link& link) {
   const auto deadline =
       std::chrono::steady_clock::now() + 2 * options_.attempt_timeout + std::chrono::seconds(1);
   return ask_referee_now(link.task, link.server,
-                         "reached after it was out of reach: is it the process given up?", deadline)
+                         "reached after it was out of reach: is it the process given up?", deadline,
+                         true)
       .value_or(false);
 }
 
