@@ -3825,6 +3825,15 @@ struct Slice {
 
 namespace pulley {
 
+/// Worker `w`'s entry of a cut's by-worker vector (PauseReply::pushes, ReadState::until,
+/// the last pushes' numbers and series), 0 past its end: a vector may be shorter than the
+/// workers another ps knows of, and a ps that never heard of a worker took none of its
+/// pushes.
+inline std::uint64_t of_worker(const std::vector<std::uint64_t>& by_worker,
+                               std::size_t w) noexcept {
+  return w < by_worker.size() ? by_worker[w] : 0;
+}
+
 // ---- requests ---------------------------------------------------------------------------
 
 /// Chief → every ps, to read a checkpoint's cut: once the ps has completed `at_step` global
@@ -7241,9 +7250,6 @@ inline std::string check_table(const TableState& table, const TableSpec& spec) {
 /// short of the count by a push lost with an earlier process is not waited for:
 /// CheckpointCut::own_until).
 inline ReadState cut_of(std::span<const PauseReply> paused) {
-  const auto at = [](const std::vector<std::uint64_t>& v, std::size_t w) -> std::uint64_t {
-    return w < v.size() ? v[w] : 0;
-  };
   std::size_t workers = 0;
   for (const PauseReply& p : paused) workers = std::max(workers, p.pushes.size());
   ReadState cut;
@@ -7253,11 +7259,11 @@ inline ReadState cut_of(std::span<const PauseReply> paused) {
   for (std::size_t w = 0; w < workers; ++w) {
     const PauseReply* furthest = &paused.front();
     for (const PauseReply& p : paused) {
-      if (at(p.pushes, w) > at(furthest->pushes, w)) furthest = &p;
+      if (of_worker(p.pushes, w) > of_worker(furthest->pushes, w)) furthest = &p;
     }
-    cut.until[w] = at(furthest->pushes, w);
-    cut.last_sequences[w] = at(furthest->last_sequences, w);
-    cut.last_series[w] = at(furthest->last_series, w);
+    cut.until[w] = of_worker(furthest->pushes, w);
+    cut.last_sequences[w] = of_worker(furthest->last_sequences, w);
+    cut.last_series[w] = of_worker(furthest->last_series, w);
   }
   return cut;
 }
@@ -11668,13 +11674,10 @@ class CheckpointCut {
                                                                  Clock::duration patience,
                                                                  Awaited&& awaited) {
     if (!pending_ || pending_->told || now - pending_->asked < patience) return std::nullopt;
-    const std::vector<std::uint64_t>& until = pending_->until;
-    for (std::uint32_t w = 0; w < until.size(); ++w) {
-      if (ledger.taken(w) >= until[w] || !awaited(w)) continue;
-      pending_->told = true;
-      return std::pair{w, until[w]};
-    }
-    return std::nullopt;
+    const std::optional<std::uint32_t> w = awaited_short(ledger, awaited);
+    if (!w) return std::nullopt;
+    pending_->told = true;
+    return std::pair{*w, pending_->until[*w]};
   }
 
   /// The pushes of each worker that `read` holds this ps to, by what its `ledger` took: the
@@ -11694,13 +11697,10 @@ class CheckpointCut {
   [[nodiscard]] static std::vector<std::uint64_t> own_until(const PushLedger& ledger,
                                                             const ReadState& read) {
     std::vector<std::uint64_t> until = read.until;
-    const auto at = [](const std::vector<std::uint64_t>& v, std::size_t w) -> std::uint64_t {
-      return w < v.size() ? v[w] : 0;
-    };
     for (std::uint32_t w = 0; w < until.size(); ++w) {
-      const std::uint64_t taken = ledger.taken(w), sequence = at(read.last_sequences, w);
+      const std::uint64_t taken = ledger.taken(w), sequence = of_worker(read.last_sequences, w);
       if (taken >= until[w] || sequence == 0) continue;
-      const bool took_last = ledger.last(w) == std::pair{sequence, at(read.last_series, w)};
+      const bool took_last = ledger.last(w) == std::pair{sequence, of_worker(read.last_series, w)};
       until[w] = took_last ? taken : taken + 1;
     }
     return until;
@@ -11711,7 +11711,7 @@ class CheckpointCut {
                                                          const std::vector<std::uint64_t>& until) {
     const auto& taken = ledger.taken();
     for (std::size_t w = 0; w < taken.size(); ++w) {
-      if (taken[w] > (w < until.size() ? until[w] : 0)) return static_cast<std::uint32_t>(w);
+      if (taken[w] > of_worker(until, w)) return static_cast<std::uint32_t>(w);
     }
     return std::nullopt;
   }
@@ -11726,7 +11726,7 @@ class CheckpointCut {
   void advance(const PushLedger& ledger, Take&& take, State&& state, Awaited&& awaited) {
     if (!pending_) return;
     const std::vector<std::uint64_t>& until = pending_->until;
-    auto short_of_cut = [&](std::uint32_t w) { return ledger.taken(w) < (w < until.size() ? until[w] : 0); };
+    auto short_of_cut = [&](std::uint32_t w) { return ledger.taken(w) < of_worker(until, w); };
     std::deque<HeldPush> later;
     for (HeldPush& held : std::exchange(held_, {})) {
       // A worker's pushes are taken in the order they came: one held back holds back the rest.
@@ -11740,9 +11740,7 @@ class CheckpointCut {
       }
     }
     held_ = std::move(later);
-    for (std::uint32_t w = 0; w < until.size(); ++w) {
-      if (short_of_cut(w) && awaited(w)) return;  // its push is still on its way here
-    }
+    if (awaited_short(ledger, awaited)) return;  // its push is still on its way here
     Responder reply = std::move(pending_->reply);
     pending_.reset();
     respond(reply, state());
@@ -11789,6 +11787,16 @@ class CheckpointCut {
     Clock::time_point asked;
     bool told = false;  ///< overdue() said it
   };
+
+  /// The first worker the pending read still waits for: short of the cut and `awaited`.
+  template <class Awaited>
+  std::optional<std::uint32_t> awaited_short(const PushLedger& ledger, Awaited&& awaited) const {
+    const std::vector<std::uint64_t>& until = pending_->until;
+    for (std::uint32_t w = 0; w < until.size(); ++w) {
+      if (ledger.taken(w) < until[w] && awaited(w)) return w;
+    }
+    return std::nullopt;
+  }
 
   bool paused_ = false;
   std::uint64_t session_ = 0;        ///< the chief's connection that paused it
@@ -18396,8 +18404,8 @@ inline void merge_copy_answers(Response& read, const Response& other) {
   for (std::size_t w = 0; w < twin->pushes.size(); ++w) {
     if (twin->pushes[w] <= paused->pushes[w]) continue;
     paused->pushes[w] = twin->pushes[w];
-    paused->last_sequences[w] = w < twin->last_sequences.size() ? twin->last_sequences[w] : 0;
-    paused->last_series[w] = w < twin->last_series.size() ? twin->last_series[w] : 0;
+    paused->last_sequences[w] = of_worker(twin->last_sequences, w);
+    paused->last_series[w] = of_worker(twin->last_series, w);
   }
 }
 

@@ -226,9 +226,6 @@ inline std::string check_table(const TableState& table, const TableSpec& spec) {
 /// short of the count by a push lost with an earlier process is not waited for:
 /// CheckpointCut::own_until).
 inline ReadState cut_of(std::span<const PauseReply> paused) {
-  const auto at = [](const std::vector<std::uint64_t>& v, std::size_t w) -> std::uint64_t {
-    return w < v.size() ? v[w] : 0;
-  };
   std::size_t workers = 0;
   for (const PauseReply& p : paused) workers = std::max(workers, p.pushes.size());
   ReadState cut;
@@ -238,11 +235,11 @@ inline ReadState cut_of(std::span<const PauseReply> paused) {
   for (std::size_t w = 0; w < workers; ++w) {
     const PauseReply* furthest = &paused.front();
     for (const PauseReply& p : paused) {
-      if (at(p.pushes, w) > at(furthest->pushes, w)) furthest = &p;
+      if (of_worker(p.pushes, w) > of_worker(furthest->pushes, w)) furthest = &p;
     }
-    cut.until[w] = at(furthest->pushes, w);
-    cut.last_sequences[w] = at(furthest->last_sequences, w);
-    cut.last_series[w] = at(furthest->last_series, w);
+    cut.until[w] = of_worker(furthest->pushes, w);
+    cut.last_sequences[w] = of_worker(furthest->last_sequences, w);
+    cut.last_series[w] = of_worker(furthest->last_series, w);
   }
   return cut;
 }

@@ -98,13 +98,10 @@ class CheckpointCut {
                                                                  Clock::duration patience,
                                                                  Awaited&& awaited) {
     if (!pending_ || pending_->told || now - pending_->asked < patience) return std::nullopt;
-    const std::vector<std::uint64_t>& until = pending_->until;
-    for (std::uint32_t w = 0; w < until.size(); ++w) {
-      if (ledger.taken(w) >= until[w] || !awaited(w)) continue;
-      pending_->told = true;
-      return std::pair{w, until[w]};
-    }
-    return std::nullopt;
+    const std::optional<std::uint32_t> w = awaited_short(ledger, awaited);
+    if (!w) return std::nullopt;
+    pending_->told = true;
+    return std::pair{*w, pending_->until[*w]};
   }
 
   /// The pushes of each worker that `read` holds this ps to, by what its `ledger` took: the
@@ -124,13 +121,10 @@ class CheckpointCut {
   [[nodiscard]] static std::vector<std::uint64_t> own_until(const PushLedger& ledger,
                                                             const ReadState& read) {
     std::vector<std::uint64_t> until = read.until;
-    const auto at = [](const std::vector<std::uint64_t>& v, std::size_t w) -> std::uint64_t {
-      return w < v.size() ? v[w] : 0;
-    };
     for (std::uint32_t w = 0; w < until.size(); ++w) {
-      const std::uint64_t taken = ledger.taken(w), sequence = at(read.last_sequences, w);
+      const std::uint64_t taken = ledger.taken(w), sequence = of_worker(read.last_sequences, w);
       if (taken >= until[w] || sequence == 0) continue;
-      const bool took_last = ledger.last(w) == std::pair{sequence, at(read.last_series, w)};
+      const bool took_last = ledger.last(w) == std::pair{sequence, of_worker(read.last_series, w)};
       until[w] = took_last ? taken : taken + 1;
     }
     return until;
@@ -141,7 +135,7 @@ class CheckpointCut {
                                                          const std::vector<std::uint64_t>& until) {
     const auto& taken = ledger.taken();
     for (std::size_t w = 0; w < taken.size(); ++w) {
-      if (taken[w] > (w < until.size() ? until[w] : 0)) return static_cast<std::uint32_t>(w);
+      if (taken[w] > of_worker(until, w)) return static_cast<std::uint32_t>(w);
     }
     return std::nullopt;
   }
@@ -156,7 +150,7 @@ class CheckpointCut {
   void advance(const PushLedger& ledger, Take&& take, State&& state, Awaited&& awaited) {
     if (!pending_) return;
     const std::vector<std::uint64_t>& until = pending_->until;
-    auto short_of_cut = [&](std::uint32_t w) { return ledger.taken(w) < (w < until.size() ? until[w] : 0); };
+    auto short_of_cut = [&](std::uint32_t w) { return ledger.taken(w) < of_worker(until, w); };
     std::deque<HeldPush> later;
     for (HeldPush& held : std::exchange(held_, {})) {
       // A worker's pushes are taken in the order they came: one held back holds back the rest.
@@ -170,9 +164,7 @@ class CheckpointCut {
       }
     }
     held_ = std::move(later);
-    for (std::uint32_t w = 0; w < until.size(); ++w) {
-      if (short_of_cut(w) && awaited(w)) return;  // its push is still on its way here
-    }
+    if (awaited_short(ledger, awaited)) return;  // its push is still on its way here
     Responder reply = std::move(pending_->reply);
     pending_.reset();
     respond(reply, state());
@@ -219,6 +211,16 @@ class CheckpointCut {
     Clock::time_point asked;
     bool told = false;  ///< overdue() said it
   };
+
+  /// The first worker the pending read still waits for: short of the cut and `awaited`.
+  template <class Awaited>
+  std::optional<std::uint32_t> awaited_short(const PushLedger& ledger, Awaited&& awaited) const {
+    const std::vector<std::uint64_t>& until = pending_->until;
+    for (std::uint32_t w = 0; w < until.size(); ++w) {
+      if (ledger.taken(w) < until[w] && awaited(w)) return w;
+    }
+    return std::nullopt;
+  }
 
   bool paused_ = false;
   std::uint64_t session_ = 0;        ///< the chief's connection that paused it

@@ -18,6 +18,15 @@
 
 namespace pulley {
 
+/// Worker `w`'s entry of a cut's by-worker vector (PauseReply::pushes, ReadState::until,
+/// the last pushes' numbers and series), 0 past its end: a vector may be shorter than the
+/// workers another ps knows of, and a ps that never heard of a worker took none of its
+/// pushes.
+inline std::uint64_t of_worker(const std::vector<std::uint64_t>& by_worker,
+                               std::size_t w) noexcept {
+  return w < by_worker.size() ? by_worker[w] : 0;
+}
+
 // ---- requests ---------------------------------------------------------------------------
 
 /// Chief → every ps, to read a checkpoint's cut: once the ps has completed `at_step` global

@@ -43,8 +43,8 @@ inline void merge_copy_answers(Response& read, const Response& other) {
   for (std::size_t w = 0; w < twin->pushes.size(); ++w) {
     if (twin->pushes[w] <= paused->pushes[w]) continue;
     paused->pushes[w] = twin->pushes[w];
-    paused->last_sequences[w] = w < twin->last_sequences.size() ? twin->last_sequences[w] : 0;
-    paused->last_series[w] = w < twin->last_series.size() ? twin->last_series[w] : 0;
+    paused->last_sequences[w] = of_worker(twin->last_sequences, w);
+    paused->last_series[w] = of_worker(twin->last_series, w);
   }
 }
 
