@@ -471,27 +471,43 @@ std::uint64_t process_at(const std::string& address, std::uint32_t ps) {
   return look.process;
 }
 
+/// A cluster whose ps 1 is reached through a proxy that holds every new connection
+/// unanswered, as a stopped process's address does, until it is continued.
+struct Ps1Stopped {
+  CopiesCluster cluster;
+  pulley::testing::CutProxy proxy{cluster.listeners[1]->port(), 0.0, 1};
+  std::vector<std::string> addresses;  ///< the cluster's, ps 1's through the proxy
+  std::uint64_t process = process_at(cluster.addresses[1], 1);  ///< ps 1's
+  std::thread continuing;
+
+  Ps1Stopped() : addresses(cluster.addresses) {
+    addresses[1] = "127.0.0.1:" + std::to_string(proxy.port());
+    proxy.partition(true);
+  }
+  ~Ps1Stopped() {
+    if (continuing.joinable()) continuing.join();
+  }
+  /// Lets connections through `after` from now, on a thread of its own.
+  void continue_after(std::chrono::milliseconds after) {
+    continuing = std::thread([this, after] {
+      std::this_thread::sleep_for(after);
+      proxy.partition(false);
+    });
+  }
+};
+
 TEST_CASE(
-    "a task made while a ps process is stopped, which reaches it once continued, gives it up when "
-    "it was ruled "
-    "lost") {
+    "a task made while a ps process is stopped, which reaches it once continued, gives it up "
+    "when it was ruled lost") {
   // ps 1 is behind a proxy that holds every new connection unanswered (a process stopped):
   // the task's first attempts miss, the referee cannot say of a process never reached, and
   // the task waits for it. Once it answers, the process it reaches is the one the job ruled
   // lost meanwhile (its copies are old): the task must not serve from it.
-  CopiesCluster cluster;
-  pulley::testing::CutProxy proxy(cluster.listeners[1]->port(), 0.0, 1);
-  std::vector<std::string> behind_proxy = cluster.addresses;
-  behind_proxy[1] = "127.0.0.1:" + std::to_string(proxy.port());
+  Ps1Stopped stopped;
   OldProcessReferee referee;
-  referee.old = process_at(cluster.addresses[1], 1);
-  proxy.partition(true);
-  std::thread continuing([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1200));
-    proxy.partition(false);
-  });
-  Tcp tcp = client(Node::worker(0), behind_proxy, under_way_options(referee));
-  continuing.join();
+  referee.old = stopped.process;
+  stopped.continue_after(std::chrono::milliseconds(1200));
+  Tcp tcp = client(Node::worker(0), stopped.addresses, under_way_options(referee));
   CHECK(referee.asked_about(referee.old));
   CHECK(tcp.given_up() == std::vector<std::uint32_t>{1});
   for (std::uint32_t ps = 0; ps < kPs; ++ps) {  // every shard answers, shard 1 from its copy
@@ -503,31 +519,26 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "a ps copy given up before its process was ever reached is not reached again at that process "
-    "if it was "
-    "ruled lost, but a process started in its place is") {
+    "a ps copy given up before its process was ever reached is not reached again at that "
+    "process if it was ruled lost, but a process started in its place is") {
   // The task gives ps 1 up unreached (its process stopped, ruled lost for the job). The
   // process continued answers there: the referee knows it, the task did not.
-  CopiesCluster cluster;
-  pulley::testing::CutProxy proxy(cluster.listeners[1]->port(), 0.0, 1);
-  std::vector<std::string> behind_proxy = cluster.addresses;
-  behind_proxy[1] = "127.0.0.1:" + std::to_string(proxy.port());
+  Ps1Stopped stopped;
   OldProcessReferee referee;
-  referee.old = process_at(cluster.addresses[1], 1);
+  referee.old = stopped.process;
   referee.unreached_lost = true;
-  proxy.partition(true);
-  Tcp tcp = client(Node::chief(), behind_proxy, under_way_options(referee));
+  Tcp tcp = client(Node::chief(), stopped.addresses, under_way_options(referee));
   CHECK(tcp.given_up() == std::vector<std::uint32_t>{1});
-  proxy.partition(false);
+  stopped.proxy.partition(false);
   CHECK_FALSE(tcp.reach_again(1, false, true));
   CHECK(referee.asked_about(referee.old));
   // A process started in its place is reached again.
-  const auto port = cluster.listeners[1]->port();
-  cluster.kill(1);
+  const auto port = stopped.cluster.listeners[1]->port();
+  stopped.cluster.kill(1);
   TcpServer<Copies> restarted(Copies(make_server(1), make_server(0)), "127.0.0.1", port,
                               test_server_options());
   std::thread serving([&] { restarted.run(); });
-  const std::uint64_t fresh = process_at(cluster.addresses[1], 1);
+  const std::uint64_t fresh = process_at(stopped.cluster.addresses[1], 1);
   CHECK(fresh != referee.old);
   CHECK(tcp.reach_again(1, false, true));
   restarted.stop();
@@ -539,11 +550,8 @@ TEST_CASE(
     "rule it lost") {
   // The same start, with the role runner's chief ruling: it reaches ps 1 itself (not through
   // the proxy), so the process the task reaches late is not lost, and nothing is given up.
-  CopiesCluster cluster;
-  RulingChief chief(cluster);
-  pulley::testing::CutProxy proxy(cluster.listeners[1]->port(), 0.0, 1);
-  std::vector<std::string> behind_proxy = cluster.addresses;
-  behind_proxy[1] = "127.0.0.1:" + std::to_string(proxy.port());
+  Ps1Stopped stopped;
+  RulingChief chief(stopped.cluster);
   TcpOptions options = chief.worker_options(Node::worker(0));
   options.connect_timeout = std::chrono::seconds(30);
   options.copy_connect_timeout = std::chrono::milliseconds(1);
@@ -553,13 +561,8 @@ TEST_CASE(
     if (lost.reached && lost.process != 0) ++asked_reached;
     ask(lost, std::move(answer));
   };
-  proxy.partition(true);
-  std::thread continuing([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1200));
-    proxy.partition(false);
-  });
-  Tcp tcp = client(Node::worker(0), behind_proxy, options);
-  continuing.join();
+  stopped.continue_after(std::chrono::milliseconds(1200));
+  Tcp tcp = client(Node::worker(0), stopped.addresses, options);
   CHECK(asked_reached == 1);
   CHECK(chief.lost_rulings == 0);
   CHECK(tcp.given_up().empty());
