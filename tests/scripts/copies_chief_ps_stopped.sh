@@ -3,9 +3,9 @@
 # A ps stopped across a chief's restart, in a job that keeps a copy of every shard
 # (--ps-replicas 1): sync R = N = 2 Fashion-MNIST, real processes on 127.0.0.1 (2 ps, a
 # chief, 2 workers). At epoch 3 the chief is killed (SIGKILL) and ps 1 stopped (SIGSTOP) at
-# once; a chief is started again 0.7 s later. It never reaches ps 1's process: it rules it
-# lost (its look gets no handshake), the workers turn to the copies, and the chief goes on
-# from the live state. ps 1 is continued 1 s later, while training goes on. The chief must
+# once; a chief is started again 0.7 s later. It never reaches ps 1's process: the workers,
+# which had, ask it about that process by name, it rules it lost (its looks get no
+# handshake), the workers turn to the copies, and the chief goes on from the live state. ps 1 is continued 1 s later, while training goes on. The chief must
 # tell that process from one started in its place, though it never reached it: it tells it
 # to start again empty and takes it back, before training ends, and the job ends bit for
 # bit where the same job ends unbroken, every task exiting 0.
